@@ -1,0 +1,128 @@
+"""The registry: every implementation behind one interface.
+
+A rung module defines a module-level ``IMPLEMENTATION = Implementation(...)``. The registry imports
+the modules listed in :data:`RUNG_MODULES` lazily; a module that cannot be imported (for example the
+CuTe DSL is not installed) is reported as unavailable with the import error as the reason, never
+silently dropped and never replaced by another implementation.
+
+The contract of an implementation:
+
+* ``supports(problem, device) -> (ok, reason)``: ``ok`` False means "skipped", and ``reason`` says why.
+* ``prepare(q, k, v, problem) -> run``: everything that is not the kernel (compilation, autotuning,
+  quantisation, layout changes, descriptors, allocation) happens here, untimed. ``run()`` launches
+  the kernel(s) and returns O of shape (B, H, Sq, D) in the problem's dtype (bf16 for FP8 rungs).
+* ``compile_sm90(problem) -> [KernelBinary]`` (optional): compile for sm_90a without a GPU, so the
+  PTX and resource usage can be inspected on any machine.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from common.metrics import ErrorRule, SDPA_RELATIVE_RULE
+from common.problem import Problem
+
+STACKS = ("triton", "cute", "sdpa")
+RUNGS = ("naive", "online", "tiled", "pipelined", "hopper", "fp8")
+# Ladder order of the rung modules; SDPA baselines come last as references.
+RUNG_MODULES = tuple(f"{stack}_impl.{rung}" for stack in ("triton", "cute") for rung in RUNGS)
+BASELINE_MODULE = "common.sdpa"
+
+Runner = Callable[[], torch.Tensor]
+Prepare = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Problem], Runner]
+Supports = Callable[[Problem, torch.device], tuple[bool, str]]
+
+
+@dataclass(frozen=True)
+class KernelBinary:
+    """One kernel compiled for sm_90a: its PTX text and, when available, its cubin."""
+
+    name: str
+    ptx: str
+    cubin: bytes | None = None
+    threads_per_cta: int | None = None
+    shared_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str
+    stack: str
+    rung: str
+    prepare: Prepare
+    supports: Supports
+    compile_sm90: Callable[[Problem], list[KernelBinary]] | None = None
+    error_rule: ErrorRule = SDPA_RELATIVE_RULE
+    # True when the Triton interpreter can run it on CPU tensors (TRITON_INTERPRET=1).
+    runs_on_cpu: bool = False
+    # Instruction families its PTX must contain / must not contain (checked by the tests).
+    required_ptx: tuple[str, ...] = ()
+    forbidden_ptx: tuple[str, ...] = ()
+    source_file: str | None = None
+    notes: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.stack not in STACKS:
+            raise ValueError(f"stack must be one of {STACKS}, got {self.stack!r}")
+        if self.stack != "sdpa" and self.rung not in RUNGS:
+            raise ValueError(f"rung must be one of {RUNGS}, got {self.rung!r}")
+
+    def check(self, problem: Problem, device: torch.device) -> tuple[bool, str]:
+        """The capability check, with the device type checked first."""
+        if device.type == "cpu" and not self.runs_on_cpu:
+            return False, f"{self.name} needs a CUDA GPU (it has no CPU or interpreter path)"
+        return self.supports(problem, device)
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A rung module that could not be imported; compare.py reports it as skipped."""
+
+    module: str
+    reason: str
+
+    @property
+    def name(self) -> str:
+        package, rung = self.module.split(".")
+        return f"{package.removesuffix('_impl')}/{rung}"
+
+
+def _load(module_name: str) -> list[Implementation] | Unavailable:
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name == module_name:
+            return Unavailable(module_name, "not implemented yet")
+        return Unavailable(module_name, f"import failed: {error}")
+    except ImportError as error:
+        return Unavailable(module_name, f"import failed: {error}")
+    found = getattr(module, "IMPLEMENTATIONS", None) or [module.IMPLEMENTATION]
+    return list(found)
+
+
+def discover(include_baselines: bool = True) -> tuple[list[Implementation], list[Unavailable]]:
+    """All implementations in ladder order, plus the rung modules that could not be loaded."""
+    available: list[Implementation] = []
+    missing: list[Unavailable] = []
+    modules = RUNG_MODULES + ((BASELINE_MODULE,) if include_baselines else ())
+    for module_name in modules:
+        loaded = _load(module_name)
+        if isinstance(loaded, Unavailable):
+            missing.append(loaded)
+        else:
+            available.extend(loaded)
+    return available, missing
+
+
+def get(name: str) -> Implementation:
+    """The implementation called ``name``; an unknown name lists the valid ones."""
+    available, _ = discover()
+    for impl in available:
+        if impl.name == name:
+            return impl
+    valid = ", ".join(impl.name for impl in available)
+    raise ValueError(f"unknown implementation {name!r}; valid names: {valid}")

@@ -1,0 +1,1 @@
+"""CuTe DSL FlashAttention-forward ladder: one rung per file."""

@@ -1,0 +1,37 @@
+"""Every registered rung on the GPU against the fp64 reference (run on the H200)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.check import check_implementation
+from common.problem import Problem
+from common.registry import discover
+
+AVAILABLE, _ = discover(include_baselines=False)
+BY_NAME = {impl.name: impl for impl in AVAILABLE}
+# Odd lengths, a length just below a power of two, and Sq != Sk both ways.
+SEQLENS = [(1, 1), (77, 77), (1000, 1000), (8191, 8191), (77, 1000), (1000, 77), (300, 4100)]
+HEAD_DIMS = [64, 128]
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=[f"d{d}" for d in HEAD_DIMS])
+@pytest.mark.parametrize("seqlens", SEQLENS, ids=[f"sq{q}-sk{k}" for q, k in SEQLENS])
+@pytest.mark.parametrize("impl_name", list(BY_NAME))
+def test_gpu_matches_reference(
+    impl_name: str, seqlens: tuple[int, int], head_dim: int, dtype: torch.dtype, causal: bool
+):
+    seqlen_q, seqlen_k = seqlens
+    batch, heads = (1, 2) if max(seqlens) > 4096 else (2, 3)
+    problem = Problem(batch, heads, seqlen_q, seqlen_k, head_dim, dtype=dtype, causal=causal)
+    impl = BY_NAME[impl_name]
+    ok, reason = impl.check(problem, torch.device("cuda"))
+    if not ok:
+        pytest.skip(reason)
+    result = check_implementation(impl, problem, device="cuda", seed=seqlen_q + 7 * seqlen_k + head_dim)
+    assert result.ok, f"{impl_name} {problem.describe()}: {result.summary()}"

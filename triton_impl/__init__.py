@@ -1,0 +1,1 @@
+"""Triton FlashAttention-forward ladder: one rung per file."""
