@@ -25,8 +25,13 @@ def attention(
     """
     implementation = get(impl)
     problem = validate_attention_inputs(
-        q, k, v, causal=causal, softmax_scale=softmax_scale,
-        dtypes=(torch.float16, torch.bfloat16, torch.float32), device_types=("cuda", "cpu"),
+        q,
+        k,
+        v,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        dtypes=(torch.float16, torch.bfloat16, torch.float32),
+        device_types=("cuda", "cpu"),
     )
     ok, reason = implementation.check(problem, q.device)
     if not ok:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from common.metrics import ErrorRule, SDPA_RELATIVE_RULE
+from common.metrics import SDPA_RELATIVE_RULE, ErrorRule
 from common.problem import Problem
 
 STACKS = ("triton", "cute", "sdpa")
@@ -98,10 +98,12 @@ def _load(module_name: str) -> list[Implementation] | Unavailable:
         if error.name == module_name:
             return Unavailable(module_name, "not implemented yet")
         return Unavailable(module_name, f"import failed: {error}")
-    except ImportError as error:
-        return Unavailable(module_name, f"import failed: {error}")
-    found = getattr(module, "IMPLEMENTATIONS", None) or [module.IMPLEMENTATION]
-    return list(found)
+    except Exception as error:  # noqa: BLE001 - a rung that fails to import is reported, not fatal
+        return Unavailable(module_name, f"import failed: {type(error).__name__}: {error}")
+    found = getattr(module, "IMPLEMENTATIONS", None) or getattr(module, "IMPLEMENTATION", None)
+    if found is None:
+        return Unavailable(module_name, "module defines no IMPLEMENTATION")
+    return list(found) if isinstance(found, (list, tuple)) else [found]
 
 
 def discover(include_baselines: bool = True) -> tuple[list[Implementation], list[Unavailable]]:

@@ -26,9 +26,7 @@ def _check_tensor(name: str, tensor: object) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dim() != 4:
-        raise ValueError(
-            f"{name} must have rank 4 (batch, heads, seqlen, head_dim), got shape {tuple(tensor.shape)}"
-        )
+        raise ValueError(f"{name} must have rank 4 (batch, heads, seqlen, head_dim), got shape {tuple(tensor.shape)}")
     if tensor.numel() == 0:
         raise ValueError(f"{name} must not be empty, got shape {tuple(tensor.shape)}")
     return tensor
@@ -38,9 +36,7 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
     if q.shape[:2] != k.shape[:2]:
-        raise ValueError(
-            f"q and k must agree on (batch, heads), got q {tuple(q.shape[:2])} and k {tuple(k.shape[:2])}"
-        )
+        raise ValueError(f"q and k must agree on (batch, heads), got q {tuple(q.shape[:2])} and k {tuple(k.shape[:2])}")
     if q.shape[3] != k.shape[3]:
         raise ValueError(f"q and k must have the same head_dim, got q {q.shape[3]} and k {k.shape[3]}")
 

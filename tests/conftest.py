@@ -35,3 +35,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if impl_name is None or fnmatch.fnmatch(impl_name, pattern):
             kept.append(item)
     items[:] = kept
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A run where nothing passed (everything skipped or deselected) must not look green."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    passed = len(reporter.stats.get("passed", [])) if reporter else 0
+    if exitstatus == 0 and passed == 0:
+        session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED

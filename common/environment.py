@@ -1,0 +1,97 @@
+"""The environment manifest written next to every run (env.json)."""
+
+from __future__ import annotations
+
+import platform
+import shlex
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _git_commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None
+
+
+def gpu_clocks() -> dict[str, str] | None:
+    """Current SM and memory clocks from nvidia-smi (read-only), or None where unavailable."""
+    query = "clocks.sm,clocks.mem,temperature.gpu,power.draw"
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    values = [value.strip() for value in done.stdout.strip().split(",")]
+    return dict(zip(query.split(","), values, strict=True)) if len(values) == 4 else None
+
+
+def _cutlass_dsl_version() -> str | None:
+    version = _version("nvidia-cutlass-dsl")
+    if version is None:
+        try:
+            import cutlass
+
+            version = getattr(cutlass, "__version__", None)
+        except ImportError:
+            return None
+    return version
+
+
+def manifest(device: torch.device) -> dict[str, Any]:
+    """GPU, clocks, driver and library versions, git commit and the full command line."""
+    info: dict[str, Any] = {
+        "command": " ".join(shlex.quote(arg) for arg in sys.argv),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "nvidia_cutlass_dsl": _cutlass_dsl_version(),
+        "git_commit": _git_commit(),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(
+            gpu=props.name,
+            sm_count=props.multi_processor_count,
+            capability=f"{props.major}.{props.minor}",
+            memory_gib=round(props.total_memory / 2**30, 1),
+            cuda=torch.version.cuda,
+            cudnn=torch.backends.cudnn.version(),
+            driver=_driver_version(),
+            clocks_start=gpu_clocks(),
+        )
+    else:
+        info.update(gpu=None, note="CPU run: Triton rungs under the interpreter; timings are not GPU timings")
+    return info
+
+
+def _driver_version() -> str | None:
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None

@@ -1,0 +1,274 @@
+"""The harness itself: problem arithmetic, reference, metrics, registry, validation, runner."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from common.inputs import make_inputs
+from common.metrics import FP8_RULE, SDPA_RELATIVE_RULE, ErrorStats, error_stats
+from common.peaks import Peaks
+from common.problem import Problem, visible_keys
+from common.reference import reference_attention
+from common.registry import Implementation, discover, get
+from common.runner import TimingOptions, Workload, measure
+from common.validation import is_kernel_addressable, kernel_operand, validate_attention_inputs
+
+
+def _brute_visible(seqlen_q: int, seqlen_k: int) -> int:
+    return int(torch.ones(seqlen_q, seqlen_k).tril().sum().item())
+
+
+# ---------------------------------------------------------------- problem
+@pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(1, 1), (7, 7), (5, 9), (9, 5), (128, 77)])
+def test_causal_visible_keys_match_a_brute_force_count(seqlen_q: int, seqlen_k: int):
+    assert visible_keys(seqlen_q, seqlen_k, causal=True) == _brute_visible(seqlen_q, seqlen_k)
+    assert visible_keys(seqlen_q, seqlen_k, causal=False) == seqlen_q * seqlen_k
+
+
+def test_flops_and_bytes_of_the_canonical_problem():
+    problem = Problem.canonical(8192)
+    assert (problem.batch, problem.heads, problem.head_dim) == (2, 16, 128)
+    assert problem.flops == 4 * 2 * 16 * 8192 * 8192 * 128
+    assert problem.min_bytes == 2 * 2 * 16 * 128 * (4 * 8192)
+    causal = problem.with_(causal=True)
+    assert causal.flops == 4 * 128 * 2 * 16 * (8192 * 8193 // 2)
+    assert Problem.canonical(16384).batch == 1
+    assert Problem.canonical(8192, head_dim=64).heads == 32
+    assert Problem.canonical(4096).score_buffer_bytes == 4 * 4 * 16 * 4096 * 4096
+
+
+@pytest.mark.parametrize("field", ["batch", "heads", "seqlen_q", "seqlen_k", "head_dim"])
+def test_problem_rejects_non_positive_sizes(field: str):
+    sizes = dict(batch=1, heads=1, seqlen_q=1, seqlen_k=1, head_dim=64)
+    sizes[field] = 0
+    with pytest.raises(ValueError, match=field):
+        Problem(**sizes)
+
+
+def test_default_scale_is_inverse_sqrt_head_dim():
+    assert Problem(1, 1, 4, 4, 64).scale == pytest.approx(0.125)
+    assert Problem(1, 1, 4, 4, 64, softmax_scale=0.3).scale == pytest.approx(0.3)
+
+
+# ---------------------------------------------------------------- reference
+def _formula(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    scores = scale * torch.einsum("bhqd,bhkd->bhqk", q.double(), k.double())
+    if causal:
+        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()
+        scores = scores.masked_fill(~keep, -math.inf)
+    weights = scores.exp() / scores.exp().sum(-1, keepdim=True)
+    return weights @ v.double()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(1, 1), (5, 5), (3, 8), (8, 3)])
+def test_reference_matches_the_textbook_formula_and_sdpa(seqlen_q: int, seqlen_k: int, causal: bool):
+    problem = Problem(2, 3, seqlen_q, seqlen_k, 16, dtype=torch.float32, causal=causal)
+    q, k, v = make_inputs(problem, seed=3, device="cpu", offset=0.5)
+    out, lse = reference_attention(q, k, v, problem, with_lse=True)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, _formula(q, k, v, problem.scale, causal), rtol=1e-12, atol=1e-12)
+    sdpa64 = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+    torch.testing.assert_close(out, sdpa64, rtol=1e-10, atol=1e-10)
+    assert lse.shape == (2, 3, seqlen_q)
+
+
+def test_reference_chunks_query_rows(monkeypatch: pytest.MonkeyPatch):
+    problem = Problem(1, 2, 37, 29, 8, dtype=torch.float32, causal=True)
+    q, k, v = make_inputs(problem, seed=4, device="cpu")
+    whole = reference_attention(q, k, v, problem)
+    monkeypatch.setattr("common.reference.QUERY_CHUNK", 5)
+    torch.testing.assert_close(reference_attention(q, k, v, problem), whole, rtol=0, atol=1e-14)
+
+
+def test_inputs_are_seeded_and_offset():
+    problem = Problem(1, 2, 16, 16, 8, dtype=torch.float32)
+    first = make_inputs(problem, seed=1, device="cpu")
+    again = make_inputs(problem, seed=1, device="cpu")
+    other = make_inputs(problem, seed=2, device="cpu")
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not torch.equal(first[0], other[0])
+    shifted = make_inputs(problem, seed=1, device="cpu", offset=3.0)
+    torch.testing.assert_close(shifted[2] - 3.0, first[2], rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------- metrics and rules
+def test_error_stats_of_identical_and_perturbed_outputs():
+    ref = torch.randn(2, 2, 8, 4, dtype=torch.float64)
+    assert error_stats(ref.float(), ref).max_abs_err < 1e-6
+    bumped = ref.clone()
+    bumped[0, 0, 0, 0] += 0.5
+    stats = error_stats(bumped, ref)
+    assert stats.max_abs_err == pytest.approx(0.5)
+    assert stats.rel_l2_err == pytest.approx(0.5 / ref.norm().item())
+
+
+def test_nan_is_counted_and_never_passes():
+    ref = torch.randn(1, 1, 4, 4, dtype=torch.float64)
+    broken = ref.clone()
+    broken[0, 0, 1, 1] = math.nan
+    stats = error_stats(broken, ref)
+    assert stats.nonfinite == 1
+    ok, reason = SDPA_RELATIVE_RULE.judge(stats, ErrorStats(1.0, 1.0, 1.0, 0))
+    assert not ok and "non-finite" in reason
+    assert not FP8_RULE.judge(stats, None)[0]
+
+
+def test_sdpa_relative_rule_boundaries():
+    sdpa = ErrorStats(max_abs_err=1e-3, rmse=1e-4, rel_l2_err=2e-3, nonfinite=0)
+    assert SDPA_RELATIVE_RULE.judge(ErrorStats(2e-3, 1e-4, 4e-3, 0), sdpa)[0]
+    ok, reason = SDPA_RELATIVE_RULE.judge(ErrorStats(5e-3, 1e-4, 4e-3, 0), sdpa)
+    assert not ok and "max_abs" in reason
+    ok, reason = SDPA_RELATIVE_RULE.judge(ErrorStats(1e-3, 1e-4, 9e-3, 0), sdpa)
+    assert not ok and "rel_l2" in reason
+
+
+def test_fp8_rule_is_an_absolute_relative_l2_cap():
+    assert FP8_RULE.judge(ErrorStats(0.1, 0.01, 0.029, 0), None)[0]
+    assert not FP8_RULE.judge(ErrorStats(0.1, 0.01, 0.031, 0), None)[0]
+
+
+# ---------------------------------------------------------------- validation
+def _qkv(shape_q=(1, 2, 8, 64), shape_kv=(1, 2, 8, 64), dtype=torch.float16):
+    return torch.zeros(shape_q, dtype=dtype), torch.zeros(shape_kv, dtype=dtype), torch.zeros(shape_kv, dtype=dtype)
+
+
+CPU_OK = dict(device_types=("cpu",))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "error", "words"),
+    [
+        (lambda q, k, v: (q[0], k, v), ValueError, "rank 4"),
+        (lambda q, k, v: (q, k[:, :, :4], v), ValueError, "same shape"),
+        (lambda q, k, v: (q, k[:1, :1], v[:1, :1]), ValueError, "(batch, heads)"),
+        (lambda q, k, v: (q[..., :32], k, v), ValueError, "head_dim"),
+        (lambda q, k, v: (q.float(), k, v), TypeError, "one dtype"),
+        (lambda q, k, v: (q.double(), k.double(), v.double()), TypeError, "dtype must be one of"),
+        (lambda q, k, v: (q[:, :, :0], k, v), ValueError, "empty"),
+        (lambda q, k, v: (q.numpy(), k, v), TypeError, "torch.Tensor"),
+    ],
+)
+def test_validation_names_expected_and_given(mutate, error, words):
+    q, k, v = mutate(*_qkv())
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
+        validate_attention_inputs(q, k, v, **CPU_OK)
+
+
+def test_validation_of_scale_causal_device_and_head_dim():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="finite"):
+        validate_attention_inputs(q, k, v, softmax_scale=math.inf, **CPU_OK)
+    with pytest.raises(TypeError, match="softmax_scale"):
+        validate_attention_inputs(q, k, v, softmax_scale="0.1", **CPU_OK)
+    with pytest.raises(TypeError, match="causal"):
+        validate_attention_inputs(q, k, v, causal=1, **CPU_OK)
+    with pytest.raises(ValueError, match="cuda device, got cpu"):
+        validate_attention_inputs(q, k, v)
+    with pytest.raises(ValueError, match=r"head_dim must be one of \[128\], got 64"):
+        validate_attention_inputs(q, k, v, head_dims=(128,), **CPU_OK)
+    problem = validate_attention_inputs(q, k[:, :, :5], v[:, :, :5], causal=True, softmax_scale=0.5, **CPU_OK)
+    assert (problem.seqlen_q, problem.seqlen_k, problem.causal, problem.scale) == (8, 5, True, 0.5)
+
+
+def test_strided_views_are_copied_only_when_a_kernel_cannot_address_them():
+    bshd = torch.randn(2, 16, 4, 64, dtype=torch.float16)
+    view = bshd.transpose(1, 2)  # (B, H, S, D) view with a head stride of 64 elements
+    assert is_kernel_addressable(view) and kernel_operand(view) is view
+    inner_strided = torch.randn(2, 4, 16, 64, dtype=torch.float16).transpose(2, 3)
+    assert not is_kernel_addressable(inner_strided)
+    copied = kernel_operand(inner_strided)
+    assert copied.is_contiguous() and torch.equal(copied, inner_strided)
+
+
+# ---------------------------------------------------------------- registry
+def test_registry_names_are_unique_and_well_formed():
+    available, missing = discover()
+    names = [impl.name for impl in available] + [item.name for item in missing]
+    assert len(names) == len(set(names))
+    assert {"sdpa/flash", "sdpa/cudnn", "sdpa/efficient", "sdpa/math"} <= set(names)
+    for impl in available:
+        assert impl.name == f"{impl.stack}/{impl.rung}"
+
+
+def test_unknown_name_lists_the_valid_ones():
+    with pytest.raises(ValueError, match=r"valid names: .*sdpa/math"):
+        get("triton/warp-drive")
+
+
+def test_implementation_rejects_unknown_stack_and_rung():
+    with pytest.raises(ValueError, match="stack"):
+        Implementation("x/naive", "jax", "naive", prepare=None, supports=None)
+    with pytest.raises(ValueError, match="rung"):
+        Implementation("triton/x", "triton", "x", prepare=None, supports=None)
+
+
+# ---------------------------------------------------------------- runner resilience
+def _fake(name: str, run_factory) -> Implementation:
+    return Implementation(
+        name=f"triton/{name}",
+        stack="triton",
+        rung="naive",
+        runs_on_cpu=True,
+        prepare=lambda q, k, v, problem: run_factory(q, k, v, problem),
+        supports=lambda problem, device: (True, ""),
+    )
+
+
+def _workload() -> Workload:
+    problem = Problem(1, 2, 16, 16, 8, dtype=torch.float32)
+    q, k, v = make_inputs(problem, device="cpu", seed=5)
+    ref = reference_attention(q, k, v, problem)
+    return Workload(problem, q, k, v, ref, error_stats(F.scaled_dot_product_attention(q, k, v), ref))
+
+
+def _good(q, k, v, problem):
+    out = torch.empty_like(q)
+    return lambda: out.copy_(F.scaled_dot_product_attention(q, k, v))
+
+
+def _raises(q, k, v, problem):
+    raise RuntimeError("kernel exploded")
+
+
+def _nan(q, k, v, problem):
+    return lambda: torch.full_like(q, math.nan)
+
+
+def _wrong(q, k, v, problem):
+    return lambda: torch.zeros_like(q)
+
+
+def _skips_writes(q, k, v, problem):
+    """Writes O once, then never again: the poisoned second call must expose it."""
+    out = torch.empty_like(q)
+    calls = []
+
+    def run():
+        if not calls:
+            out.copy_(F.scaled_dot_product_attention(q, k, v))
+        calls.append(1)
+        return out
+
+    return run
+
+
+@pytest.mark.parametrize(
+    ("factory", "status", "words"),
+    [
+        (_good, "ok", ""),
+        (_raises, "failed", "kernel exploded"),
+        (_nan, "wrong", "non-finite"),
+        (_wrong, "wrong", "max_abs"),
+        (_skips_writes, "wrong", "non-finite"),
+    ],
+)
+def test_runner_turns_every_outcome_into_a_status(factory, status, words):
+    options = TimingOptions(warmup_ms=1, rep_ms=1)
+    row = measure(_fake(factory.__name__, factory), _workload(), torch.device("cpu"), options, Peaks(None, None, None))
+    assert row.status == status, row.reason
+    assert words in row.reason
