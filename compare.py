@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=_positive_float, default=100.0, help="warm-up time per measurement, ms")
     parser.add_argument("--rep", type=_positive_float, default=500.0, help="timed repetitions per measurement, ms")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument(
+        "--isolate", action="store_true", help="run each measurement in its own process (survives hangs and crashes)"
+    )
+    parser.add_argument("--timeout", type=_positive_float, default=600.0, help="seconds per isolated measurement")
     return parser
 
 
@@ -191,6 +195,17 @@ def print_table(rows: list) -> None:
     Console(width=160).print(table)
 
 
+def _measurer(args: argparse.Namespace, problem, device, options, peaks):
+    """A function impl -> row for one problem: in this process, or each in its own (--isolate)."""
+    from common.isolation import measure_isolated
+    from common.runner import measure
+
+    if args.isolate:
+        return lambda impl: measure_isolated(impl.name, impl, problem, device.type, options, peaks, args.timeout)
+    workload = make_workload(problem, device.type)
+    return lambda impl: measure(impl, workload, device, options, peaks)
+
+
 def run_all(args: argparse.Namespace, device_name: str) -> tuple[list, Path]:
     """Measure every selected implementation on every problem; rows are written as they finish."""
     import torch
@@ -200,7 +215,7 @@ def run_all(args: argparse.Namespace, device_name: str) -> tuple[list, Path]:
     from common.peaks import measure_peaks
     from common.registry import discover
     from common.results import CsvLog
-    from common.runner import TimingOptions, blank_row, measure
+    from common.runner import TimingOptions, blank_row
 
     available, missing = discover()
     selected = select(available, args.only, args.skip)
@@ -223,19 +238,17 @@ def run_all(args: argparse.Namespace, device_name: str) -> tuple[list, Path]:
                 rows.append(blank_row(item.name, stack, rung, problem, "skipped", item.reason))
                 log.append(rows[-1])
                 progress.advance(task)
-            progress.update(task, description=f"reference {problem.describe()}")
-            workload = make_workload(problem, device_name)
+            measure_one = _measurer(args, problem, device, options, peaks)
             for impl in selected:
                 progress.update(task, description=f"{impl.name} {problem.describe()}")
-                row = measure(impl, workload, device, options, peaks)
+                row = measure_one(impl)
                 rows.append(row)
                 log.append(row)
                 progress.console.print(
-                    f"{impl.name:18s} {problem.describe():40s} {row.status:8s} "
-                    f"{row.tflops:8.1f} TFLOP/s {row.reason[:80]}"
+                    f"{impl.name:18s} {problem.describe():40s} {row.status:8s} {row.tflops:8.1f} TFLOP/s "
+                    f"{row.reason[:80]}"
                 )
                 progress.advance(task)
-            del workload
     if device.type == "cuda":
         from common.environment import gpu_clocks
 

@@ -126,7 +126,7 @@ def measure(
     problem = workload.problem
     try:
         ok, reason = impl.check(problem, device)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - a broken capability check is a result too
         ok, reason = False, f"capability check raised {type(error).__name__}: {error}"
     if not ok:
         return blank_row(impl.name, impl.stack, impl.rung, problem, "skipped", reason)
@@ -134,7 +134,7 @@ def measure(
         return _measure(impl, workload, device, options, peaks)
     except torch.cuda.OutOfMemoryError as error:
         return blank_row(impl.name, impl.stack, impl.rung, problem, "oom", str(error).splitlines()[0])
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - record the failure and keep going
         last = traceback.extract_tb(error.__traceback__)[-1]
         where = f"{last.filename.rsplit('/', 1)[-1]}:{last.lineno}"
         return blank_row(

@@ -272,3 +272,34 @@ def test_runner_turns_every_outcome_into_a_status(factory, status, words):
     row = measure(_fake(factory.__name__, factory), _workload(), torch.device("cpu"), options, Peaks(None, None, None))
     assert row.status == status, row.reason
     assert words in row.reason
+
+
+# ---------------------------------------------------------------- isolation (compare.py --isolate)
+def test_isolated_hang_becomes_a_timeout_row():
+    from common.isolation import measure_isolated
+    from tests.fakes import HANGS
+
+    problem = Problem(1, 1, 8, 8, 8, dtype=torch.float32)
+    options = TimingOptions(warmup_ms=1, rep_ms=1)
+    row = measure_isolated("tests.fakes:HANGS", HANGS, problem, "cpu", options, Peaks(None, None, None), 20)
+    assert row.status == "timeout" and "20 s" in row.reason
+
+
+def test_isolated_crash_becomes_a_failed_row():
+    from common.isolation import measure_isolated
+    from tests.fakes import CRASH_EXIT_CODE, CRASHES
+
+    problem = Problem(1, 1, 8, 8, 8, dtype=torch.float32)
+    options = TimingOptions(warmup_ms=1, rep_ms=1)
+    row = measure_isolated("tests.fakes:CRASHES", CRASHES, problem, "cpu", options, Peaks(None, None, None), 120)
+    assert row.status == "failed" and f"exited with {CRASH_EXIT_CODE}" in row.reason
+
+
+def test_isolated_good_implementation_round_trips_its_row():
+    from common.isolation import measure_isolated
+
+    problem = Problem(1, 2, 16, 16, 8, dtype=torch.float32)
+    options = TimingOptions(warmup_ms=1, rep_ms=1)
+    row = measure_isolated("sdpa/math", get("sdpa/math"), problem, "cpu", options, Peaks(None, None, None), 120)
+    assert row.status == "ok", row.reason
+    assert row.rel_l2_err < 1e-5
