@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--isolate", action="store_true", help="run each measurement in its own process (survives hangs and crashes)"
     )
     parser.add_argument("--timeout", type=_positive_float, default=600.0, help="seconds per isolated measurement")
+    parser.add_argument(
+        "--no-static", action="store_true", help="skip the sm_90a compile analysis (tradeoff table's static half)"
+    )
     return parser
 
 
@@ -257,16 +260,52 @@ def run_all(args: argparse.Namespace, device_name: str) -> tuple[list, Path]:
     return rows, out_dir, env, peaks
 
 
-def write_outputs(rows: list, out_dir: Path, env: dict, peaks, cpu_only: bool) -> None:
+def write_outputs(rows: list, out_dir: Path, env: dict, peaks, cpu_only: bool, with_static: bool) -> None:
     import pandas as pd
 
-    from common.plots import write_run_plots
+    from common.plots import write_run_plots, write_sweep_plots, write_tradeoff_plot
     from common.report import write_report
 
     frame = pd.read_csv(out_dir / "results.csv")
     frame["reason"] = frame["reason"].fillna("")
-    plots = write_run_plots(_plot_subset(frame), out_dir)
-    write_report(frame, env, peaks, plots, out_dir, cpu_only)
+    shape = _plot_subset(frame)
+    plots = write_run_plots(shape, out_dir) + write_sweep_plots(frame, out_dir)
+    sections = []
+    if with_static:
+        table, tradeoff_sections = tradeoff_outputs(shape, out_dir)
+        sections += tradeoff_sections
+        tradeoff_plot = write_tradeoff_plot(table, out_dir)
+        plots += [tradeoff_plot] if tradeoff_plot else []
+    write_report(frame, env, peaks, plots, out_dir, cpu_only, sections)
+
+
+def tradeoff_outputs(shape, out_dir: Path):
+    """tradeoffs.csv and the report sections: compile every rung for sm_90a, join the timed rows."""
+    from common.problem import DTYPE_NAMES, Problem
+    from common.report import markdown_table
+    from common.static import static_report_subprocess
+    from common.tradeoffs import feature_matrix, implementation_table, side_by_side
+
+    first = shape.sort_values("causal").iloc[0]
+    problem = Problem(
+        int(first["batch"]),
+        int(first["heads"]),
+        int(first["seqlen_q"]),
+        int(first["seqlen_k"]),
+        int(first["head_dim"]),
+        dtype=DTYPE_NAMES[first["dtype"]],
+        causal=bool(first["causal"]),
+    )
+    static_rows = static_report_subprocess(problem)
+    table = implementation_table(static_rows, shape[shape["causal"] == first["causal"]], Path(__file__).parent)
+    pairs = side_by_side(table)
+    pairs.to_csv(out_dir / "tradeoffs.csv", index=False)
+    columns = tuple((c, c) for c in ("rung", "metric", "triton", "cute", "cute/triton"))
+    sections = [
+        (f"Triton vs CuTe, rung by rung ({problem.describe()})", markdown_table(pairs, columns)),
+        ("Instructions in the PTX of each rung (compiled for sm_90a)", feature_matrix(static_rows)),
+    ]
+    return table, sections
 
 
 def _plot_subset(frame):
@@ -284,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_implementations(*discover())
         return 0
     rows, out_dir, env, peaks = run_all(args, device_name)
-    write_outputs(rows, out_dir, env, peaks, cpu_only=device_name == "cpu")
+    write_outputs(rows, out_dir, env, peaks, cpu_only=device_name == "cpu", with_static=not args.no_static)
     print_table(rows)
     print(f"wrote {out_dir}/results.csv, env.json, report.md and plots")
     bad = [row.impl for row in rows if row.status in ("wrong", "failed")]

@@ -77,3 +77,68 @@ def write_run_plots(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
         _draw_metric(measured, metric, label, out_dir / name, log=log or metric == "rel_l2_err")
         paths.append(out_dir / name)
     return paths
+
+
+def _line_facets(frame: pd.DataFrame, metric: str, ylabel: str, path: Path, log: bool) -> Path:
+    """One line per implementation against sequence length, faceted by head dim (rows) and causal."""
+    grid = sns.relplot(
+        data=frame,
+        x="seqlen_q",
+        y=metric,
+        hue="impl",
+        style="stack",
+        kind="line",
+        marker="o",
+        row="head_dim",
+        col="causal",
+        height=3.4,
+        aspect=1.4,
+        facet_kws={"sharey": False},
+    )
+    grid.set(xscale="log")
+    if log:
+        grid.set(yscale="log")
+    grid.set_axis_labels("sequence length", ylabel)
+    grid.savefig(path, dpi=DPI)
+    plt.close(grid.figure)
+    return path
+
+
+def write_sweep_plots(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """tflops_vs_seqlen.png and memory_vs_seqlen.png when a run covers several sequence lengths."""
+    measured = frame[frame["status"].isin(["ok", "wrong"])]
+    if measured["seqlen_q"].nunique() < 2:
+        return []
+    paths = [_line_facets(measured, "tflops", "TFLOP/s", out_dir / "tflops_vs_seqlen.png", log=False)]
+    memory = measured.dropna(subset=["extra_mem_bytes"])
+    memory = memory[memory["extra_mem_bytes"] > 0]
+    if not memory.empty:
+        paths.append(
+            _line_facets(memory, "extra_mem_bytes", "extra memory (bytes)", out_dir / "memory_vs_seqlen.png", True)
+        )
+    return paths
+
+
+def write_tradeoff_plot(table: pd.DataFrame, out_dir: Path) -> Path | None:
+    """Per rung, TFLOP/s against lines of code for both stacks (LOC alone on a CPU run)."""
+    known = table.dropna(subset=["loc"])
+    if known.empty:
+        return None
+    fig, axis = plt.subplots(figsize=(6.5, 4.5))
+    timed = known.dropna(subset=["tflops"])
+    if timed.empty:
+        sns.barplot(data=known, x="rung", y="loc", hue="stack", palette=STACK_COLOURS, ax=axis)
+        axis.set_ylabel("lines of code (no blanks, comments, docstrings)")
+    else:
+        sns.scatterplot(data=timed, x="loc", y="tflops", hue="stack", palette=STACK_COLOURS, s=60, ax=axis)
+        for _, row in timed.iterrows():
+            axis.annotate(
+                row["rung"], (row["loc"], row["tflops"]), fontsize=7, xytext=(4, 2), textcoords="offset points"
+            )
+        axis.set_xlabel("lines of code (no blanks, comments, docstrings)")
+        axis.set_ylabel("TFLOP/s")
+    fig.tight_layout()
+    path = out_dir / "tradeoffs.png"
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path

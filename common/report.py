@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from common.peaks import Peaks
+from common.registry import RUNGS, STACKS
 
 TABLE_COLUMNS = (
     ("impl", "impl"),
@@ -34,13 +35,21 @@ def _cell(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")[:160]
 
 
-def markdown_table(frame: pd.DataFrame) -> str:
-    header = "| " + " | ".join(label for _, label in TABLE_COLUMNS) + " |"
-    rule = "|" + "---|" * len(TABLE_COLUMNS)
+def markdown_table(frame: pd.DataFrame, columns: tuple[tuple[str, str], ...] = TABLE_COLUMNS) -> str:
+    header = "| " + " | ".join(label for _, label in columns) + " |"
+    rule = "|" + "---|" * len(columns)
     lines = [header, rule]
     for _, row in frame.iterrows():
-        lines.append("| " + " | ".join(_cell(row[column]) for column, _ in TABLE_COLUMNS) + " |")
+        lines.append("| " + " | ".join(_cell(row[column]) for column, _ in columns) + " |")
     return "\n".join(lines)
+
+
+def ladder_order(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows sorted by stack (Triton, CuTe, then SDPA) and rung order, keeping the shape order."""
+    stack_rank = {stack: index for index, stack in enumerate(STACKS)}
+    rung_rank = {rung: index for index, rung in enumerate(RUNGS)}
+    ranks = frame["stack"].map(stack_rank).fillna(len(STACKS)) * 100 + frame["rung"].map(rung_rank).fillna(99)
+    return frame.assign(_rank=ranks).sort_values("_rank", kind="stable").drop(columns="_rank")
 
 
 def _shape_title(group: pd.DataFrame) -> str:
@@ -65,7 +74,13 @@ def _peaks_text(peaks: Peaks) -> str:
 
 
 def write_report(
-    frame: pd.DataFrame, env: dict[str, Any], peaks: Peaks, plots: list[Path], out_dir: Path, cpu_only: bool
+    frame: pd.DataFrame,
+    env: dict[str, Any],
+    peaks: Peaks,
+    plots: list[Path],
+    out_dir: Path,
+    cpu_only: bool,
+    sections: list[tuple[str, str]] = (),
 ) -> Path:
     lines = ["# FlashAttention forward: Triton vs CuTe DSL ladder", ""]
     if cpu_only:
@@ -85,8 +100,10 @@ def write_report(
         "",
     ]
     keys = ["batch", "heads", "seqlen_q", "seqlen_k", "head_dim", "dtype", "causal"]
-    for _, group in frame.groupby(keys, sort=False):
+    for _, group in ladder_order(frame).groupby(keys, sort=False):
         lines += [f"## {_shape_title(group)}", "", markdown_table(group), ""]
+    for title, body in sections:
+        lines += [f"## {title}", "", body, ""]
     for plot in plots:
         lines += [f"![{plot.stem}]({plot.name})", ""]
     path = out_dir / "report.md"

@@ -39,6 +39,8 @@ CSV_COLUMNS = (
     "error_rule",
     "timing",
     "device",
+    "first_call_ms",
+    "host_launch_us",
 )
 STATUSES = ("ok", "wrong", "failed", "skipped", "oom", "timeout")
 NAN = math.nan
@@ -76,6 +78,8 @@ class ResultRow:
     error_rule: str = ""
     timing: str = ""
     device: str = ""
+    first_call_ms: float = NAN
+    host_launch_us: float = NAN
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

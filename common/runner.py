@@ -22,6 +22,9 @@ from common.registry import Implementation
 from common.results import ResultRow
 from common.timing import Timing, tflops, time_cuda, time_host
 
+# Calls enqueued back to back to estimate per-call host overhead.
+HOST_LAUNCH_CALLS = 20
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -72,6 +75,28 @@ def _time(run, device: torch.device, options: TimingOptions) -> tuple[Timing, st
     return time_host(run), "cpu-interpreter"
 
 
+def _synced_ms(run, device: torch.device) -> float:
+    """Wall time of one call including device completion (the warm first call after prepare)."""
+    start = time.perf_counter()
+    run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def _host_launch_us(run, device: torch.device) -> float:
+    """Host time per call when calls are only enqueued: the launch overhead a user pays per call."""
+    if device.type != "cuda":
+        return math.nan
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(HOST_LAUNCH_CALLS):
+        run()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize(device)
+    return elapsed / HOST_LAUNCH_CALLS * 1e6
+
+
 def _peak_for(impl: Implementation, peaks: Peaks) -> float | None:
     return peaks.fp8_tflops if impl.rung == "fp8" else peaks.bf16_tflops
 
@@ -98,10 +123,9 @@ def _measure(
     baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     start = time.perf_counter()
     run = impl.prepare(workload.q, workload.k, workload.v, problem)
-    out = run_poisoned(run)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
     row.prepare_s = time.perf_counter() - start
+    row.first_call_ms = _synced_ms(run, device)
+    out = run_poisoned(run)
     err = error_stats(out, workload.reference)
     _fill_errors(row, err, workload, impl)
     ok, reason = impl.error_rule.judge(err, workload.sdpa_error)
@@ -110,6 +134,7 @@ def _measure(
     if device.type == "cuda":
         row.extra_mem_bytes = torch.cuda.max_memory_allocated(device) - baseline - out.numel() * out.element_size()
     del out
+    row.host_launch_us = _host_launch_us(run, device)
     timing, row.timing = _time(run, device, options)
     row.ms, row.ms_p20, row.ms_p80 = timing.ms, timing.ms_p20, timing.ms_p80
     row.tflops = tflops(problem.flops, timing.ms)

@@ -176,6 +176,8 @@ def static_report(problem: Problem) -> list[StaticRow]:
 def static_report_subprocess(problem: Problem, timeout_s: float = 1800.0) -> list[StaticRow]:
     """:func:`static_report` in a child process without ``TRITON_INTERPRET`` (see module doc)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    # A fresh cache directory, so the compile times are cold compiles, not disk-cache hits.
+    env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cold-")
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     spec = json.dumps(
