@@ -221,7 +221,9 @@ def run_all(args: argparse.Namespace, device_name: str) -> tuple[list, Path]:
     from common.runner import TimingOptions, blank_row
 
     available, missing = discover()
-    selected = select(available, args.only, args.skip)
+    selected = select(available + missing, args.only, args.skip)
+    missing = [item for item in selected if item in missing]
+    selected = [impl for impl in selected if impl not in missing]
     problems = build_problems(args, device_name)
     out_dir = args.out or default_out_dir(device_name, sorted({p.seqlen_q for p in problems}))
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -23,11 +25,15 @@ def _version(package: str) -> str | None:
 
 
 def _git_commit() -> str | None:
+    """HEAD of the checkout; LADDER_GIT_COMMIT overrides it where the tree was copied without history."""
+    if os.environ.get("LADDER_GIT_COMMIT"):
+        return os.environ["LADDER_GIT_COMMIT"]
     try:
         done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout.strip() or None
+    commit = done.stdout.strip()
+    return commit if re.fullmatch(r"[0-9a-f]{40}", commit) else None
 
 
 def gpu_clocks() -> dict[str, str] | None:
@@ -94,4 +100,5 @@ def _driver_version() -> str | None:
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout.strip() or None
+    commit = done.stdout.strip()
+    return commit if re.fullmatch(r"[0-9a-f]{40}", commit) else None
