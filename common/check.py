@@ -49,6 +49,13 @@ def check_implementation(
 ) -> CheckResult:
     """Fresh seeded inputs, poisoned output, error vs fp64 reference, judged by the impl's rule."""
     q, k, v = make_inputs(problem, seed=seed, device=device, offset=offset)
+    return check_on_inputs(impl, q, k, v, problem)
+
+
+def check_on_inputs(
+    impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem
+) -> CheckResult:
+    """Poisoned run of ``impl`` on the given tensors, judged against the fp64 reference and SDPA."""
     ref = reference_attention(q, k, v, problem)
     out = run_poisoned(impl.prepare(q, k, v, problem))
     err = error_stats(out, ref)

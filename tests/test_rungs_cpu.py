@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.check import check_implementation
+from common.check import check_implementation, check_on_inputs
 from common.problem import Problem
 from common.registry import discover
+from tests.numerics import HARD_INPUTS
 
 AVAILABLE, _ = discover(include_baselines=False)
 CPU_RUNGS = [impl.name for impl in AVAILABLE if impl.runs_on_cpu]
@@ -30,3 +31,17 @@ def test_interpreter_matches_reference(impl_name: str, seqlens: tuple[int, int],
         pytest.skip(reason)
     result = check_implementation(impl, problem, device="cpu", seed=seqlen_q * 31 + seqlen_k)
     assert result.ok, f"{impl_name} {problem.describe()}: {result.summary()}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run on CPU-only machines")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("inputs", sorted(HARD_INPUTS))
+@pytest.mark.parametrize("impl_name", CPU_RUNGS)
+def test_interpreter_hard_inputs(impl_name: str, inputs: str, causal: bool):
+    problem = Problem(1, 2, 77, 90, 64, dtype=torch.float16, causal=causal)
+    impl = BY_NAME[impl_name]
+    ok, reason = impl.check(problem, torch.device("cpu"))
+    if not ok:
+        pytest.skip(reason)
+    result = check_on_inputs(impl, *HARD_INPUTS[inputs](problem, "cpu"), problem)
+    assert result.ok, f"{impl_name} {inputs} {problem.describe()}: {result.summary()}"

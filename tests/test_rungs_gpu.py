@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.check import check_implementation
+from common.check import check_implementation, check_on_inputs
+from common.inputs import make_inputs
 from common.problem import Problem
 from common.registry import discover
+from tests.numerics import HARD_INPUTS
 
 AVAILABLE, _ = discover(include_baselines=False)
 BY_NAME = {impl.name: impl for impl in AVAILABLE}
@@ -35,3 +37,30 @@ def test_gpu_matches_reference(
         pytest.skip(reason)
     result = check_implementation(impl, problem, device="cuda", seed=seqlen_q + 7 * seqlen_k + head_dim)
     assert result.ok, f"{impl_name} {problem.describe()}: {result.summary()}"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("inputs", sorted(HARD_INPUTS))
+@pytest.mark.parametrize("impl_name", list(BY_NAME))
+def test_gpu_hard_inputs(impl_name: str, inputs: str, causal: bool):
+    problem = Problem(2, 3, 333, 517, 128, dtype=torch.bfloat16, causal=causal)
+    impl = BY_NAME[impl_name]
+    ok, reason = impl.check(problem, torch.device("cuda"))
+    if not ok:
+        pytest.skip(reason)
+    result = check_on_inputs(impl, *HARD_INPUTS[inputs](problem, "cuda"), problem)
+    assert result.ok, f"{impl_name} {inputs} {problem.describe()}: {result.summary()}"
+
+
+@pytest.mark.parametrize("impl_name", list(BY_NAME))
+def test_gpu_output_is_bitwise_deterministic(impl_name: str):
+    problem = Problem(2, 4, 1000, 1000, 128, dtype=torch.bfloat16, causal=True)
+    impl = BY_NAME[impl_name]
+    ok, reason = impl.check(problem, torch.device("cuda"))
+    if not ok:
+        pytest.skip(reason)
+    q, k, v = make_inputs(problem, seed=21)
+    run = impl.prepare(q, k, v, problem)
+    first = run().clone()
+    for _ in range(3):
+        assert torch.equal(run(), first), f"{impl_name}: repeated runs differ bitwise"

@@ -1,0 +1,100 @@
+"""compute-sanitizer memcheck and racecheck over every CUDA rung at small ragged shapes.
+
+    python -m common.sanitize --impl '*' --out results/h200/sanitizer.md
+
+Each (rung, tool) pair runs in its own ``compute-sanitizer`` process that checks the rung on a few
+small problems (ragged lengths, Sq != Sk, causal and not); the summary records the verdict and the
+first error lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from common.check import check_implementation
+from common.problem import Problem
+from common.registry import discover
+
+TOOLS = ("memcheck", "racecheck")
+ROOT = Path(__file__).resolve().parent.parent
+SMALL_PROBLEMS = (
+    Problem(1, 2, 77, 77, 64, dtype=torch.bfloat16, causal=True),
+    Problem(1, 2, 130, 77, 128, dtype=torch.float16, causal=False),
+    Problem(1, 1, 77, 200, 128, dtype=torch.bfloat16, causal=True),
+)
+TIMEOUT_S = 900
+
+
+def _child(impl_name: str) -> int:
+    available, _ = discover(include_baselines=False)
+    impl = next(candidate for candidate in available if candidate.name == impl_name)
+    failures = 0
+    for problem in SMALL_PROBLEMS:
+        ok, reason = impl.check(problem, torch.device("cuda"))
+        if not ok:
+            print(f"skip {problem.describe()}: {reason}")
+            continue
+        result = check_implementation(impl, problem, seed=problem.seqlen_q)
+        torch.cuda.synchronize()
+        print(f"{problem.describe()}: {result.summary()}")
+        failures += not result.ok
+    return 1 if failures else 0
+
+
+def _sanitize(impl_name: str, tool: str) -> tuple[str, str]:
+    command = [
+        "compute-sanitizer",
+        f"--tool={tool}",
+        "--error-exitcode=99",
+        "--target-processes=all",
+        sys.executable,
+        "-m",
+        "common.sanitize",
+        "--child",
+        impl_name,
+    ]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return "timeout", f"no verdict within {TIMEOUT_S} s"
+    output = done.stdout + done.stderr
+    summary_lines = [line for line in output.splitlines() if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line]
+    errors = [line for line in output.splitlines() if line.startswith("========= ") and "SUMMARY" not in line][:3]
+    verdict = {0: "clean", 99: "errors"}.get(done.returncode, f"exit {done.returncode}")
+    detail = "; ".join(summary_lines[-1:] + errors) or (output.strip().splitlines() or [""])[-1]
+    return verdict, detail.replace("|", "/")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--impl", default="*")
+    parser.add_argument("--tools", default=",".join(TOOLS))
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        sys.exit(_child(args.child))
+    available, _ = discover(include_baselines=False)
+    lines = ["# compute-sanitizer sweep", "", "Problems: " + "; ".join(p.describe() for p in SMALL_PROBLEMS), ""]
+    lines += ["| impl | tool | verdict | detail |", "|---|---|---|---|"]
+    for impl in available:
+        if not fnmatch.fnmatch(impl.name, args.impl):
+            continue
+        for tool in args.tools.split(","):
+            verdict, detail = _sanitize(impl.name, tool)
+            print(f"{impl.name:18s} {tool:10s} {verdict:8s} {detail[:150]}", flush=True)
+            lines.append(f"| {impl.name} | {tool} | {verdict} | {detail[:300]} |")
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

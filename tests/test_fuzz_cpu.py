@@ -1,0 +1,50 @@
+"""Property-based fuzzing of every CPU-runnable rung against the fp64 reference (Triton interpreter).
+
+CI uses a bounded example count; ``HYPOTHESIS_PROFILE=thorough pytest tests/test_fuzz_cpu.py`` runs
+many more for a manual session.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from common.check import check_implementation
+from common.problem import Problem
+from common.registry import discover
+
+settings.register_profile(
+    "ci", max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("thorough", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+AVAILABLE, _ = discover(include_baselines=False)
+CPU_RUNGS = {impl.name: impl for impl in AVAILABLE if impl.runs_on_cpu}
+
+problems = st.builds(
+    Problem,
+    batch=st.integers(1, 2),
+    heads=st.integers(1, 2),
+    seqlen_q=st.integers(1, 150),
+    seqlen_k=st.integers(1, 150),
+    head_dim=st.sampled_from([32, 64]),
+    dtype=st.sampled_from([torch.float16, torch.float32]),
+    causal=st.booleans(),
+    softmax_scale=st.one_of(st.none(), st.floats(0.02, 0.5)),
+)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter fuzzing runs on CPU-only machines")
+@pytest.mark.parametrize("impl_name", sorted(CPU_RUNGS))
+@given(problem=problems, seed=st.integers(0, 2**16), offset=st.floats(-2.0, 2.0))
+def test_random_problems_match_the_reference(impl_name: str, problem: Problem, seed: int, offset: float):
+    impl = CPU_RUNGS[impl_name]
+    ok, _ = impl.check(problem, torch.device("cpu"))
+    assume(ok)
+    result = check_implementation(impl, problem, device="cpu", seed=seed, offset=offset)
+    assert result.ok, f"{impl_name} {problem.describe()} seed={seed} offset={offset}: {result.summary()}"
