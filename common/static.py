@@ -118,9 +118,13 @@ def compile_triton_sm90(
 def compile_cute_sm90(jit_function: Callable[..., Any], *fake_args: Any, name: str, threads: int) -> KernelBinary:
     """Compile a ``@cute.jit`` launcher for sm_90a on fake tensors; keeps PTX and cubin."""
     import cutlass.cute as cute
+    from cutlass.base_dsl.compiler import DumpDir
 
-    compiled = cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX, cute.KeepCUBIN](jit_function, *fake_args)
-    return KernelBinary(name=name, ptx=compiled.__ptx__, cubin=compiled.__cubin__, threads_per_cta=threads)
+    # KeepPTX/KeepCUBIN also write files; send them to a scratch folder, not the working directory.
+    with tempfile.TemporaryDirectory(prefix="cute-sm90-") as scratch:
+        options = cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX, cute.KeepCUBIN, DumpDir(scratch)]
+        compiled = options(jit_function, *fake_args)
+        return KernelBinary(name=name, ptx=compiled.__ptx__, cubin=compiled.__cubin__, threads_per_cta=threads)
 
 
 @dataclass(frozen=True)
