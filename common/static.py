@@ -115,8 +115,14 @@ def compile_triton_sm90(
     )
 
 
-def compile_cute_sm90(jit_function: Callable[..., Any], *fake_args: Any, name: str, threads: int) -> KernelBinary:
-    """Compile a ``@cute.jit`` launcher for sm_90a on fake tensors; keeps PTX and cubin."""
+def compile_cute_sm90(
+    jit_function: Callable[..., Any], *fake_args: Any, name: str, threads: int, shared_bytes: int | None = None
+) -> KernelBinary:
+    """Compile a ``@cute.jit`` launcher for sm_90a on fake tensors; keeps PTX and cubin.
+
+    The cubin records only static shared memory; a rung that knows its dynamic shared-memory size
+    passes it as ``shared_bytes`` so the tradeoff table shows what a CTA really occupies.
+    """
     import cutlass.cute as cute
     from cutlass.base_dsl.compiler import DumpDir
 
@@ -124,7 +130,13 @@ def compile_cute_sm90(jit_function: Callable[..., Any], *fake_args: Any, name: s
     with tempfile.TemporaryDirectory(prefix="cute-sm90-") as scratch:
         options = cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX, cute.KeepCUBIN, DumpDir(scratch)]
         compiled = options(jit_function, *fake_args)
-        return KernelBinary(name=name, ptx=compiled.__ptx__, cubin=compiled.__cubin__, threads_per_cta=threads)
+        return KernelBinary(
+            name=name,
+            ptx=compiled.__ptx__,
+            cubin=compiled.__cubin__,
+            threads_per_cta=threads,
+            shared_bytes=shared_bytes,
+        )
 
 
 @dataclass(frozen=True)
@@ -149,7 +161,8 @@ def _summarise(impl: Implementation, binaries: list[KernelBinary], seconds: floa
         features = {name: features[name] or found for name, found in ptx_features(binary.ptx).items()}
         for usage in cubin_resources(binary.cubin).values() if binary.cubin else ():
             registers = max(registers, usage["registers"])
-            spills = max(spills, usage["local_bytes"])
+            # ptxas puts register spills in the stack frame (STACK); LOCAL is other local memory.
+            spills = max(spills, usage["stack_bytes"] + usage["local_bytes"])
             shared = max(shared, usage["static_shared_bytes"])
         shared = max(shared, binary.shared_bytes or 0)
         threads = max(threads, binary.threads_per_cta or 0)
