@@ -12,6 +12,8 @@ import torch
 
 from common.problem import Problem, dtype_name
 
+DEVICE_NAMES = {"cuda": "CUDA", "cpu": "CPU"}
+
 
 def _architecture(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
@@ -29,7 +31,8 @@ def check_common(
 ) -> tuple[bool, str]:
     """Device type, minimum SM architecture (CUDA only), dtype and head dim, in that order."""
     if device.type not in device_types:
-        return False, f"{name} needs a {' or '.join(sorted(device_types))} device, got {device}"
+        wanted = " or ".join(DEVICE_NAMES.get(kind, kind) for kind in sorted(device_types))
+        return False, f"{name} needs a {wanted} device, got {device}"
     if device.type == "cuda":
         major, minor = _architecture(device)
         if (major, minor) < min_capability:

@@ -1,0 +1,299 @@
+"""cute/naive — attention as three plain SIMT kernels (counterpart: ``triton_impl/naive.py``).
+
+What it is
+----------
+The first step of the ladder: the textbook definition, one kernel per line of it, with every
+intermediate in HBM. Nothing is fused, no tile is reused from shared memory and no tensor core is
+used, so each later rung can be read as "this, minus one bottleneck".
+
+Algorithm (three launches; the numbers match the kernels below)
+1. ``scores_kernel``: S = softmax_scale_log2 · Q Kᵀ into an fp32 buffer of shape (B, H, Sq, Sk), one
+   thread per score, a dot product over D with fp32 FMAs. Causal entries (key j > query i) are set
+   to ``-inf``. S is kept in base-2 units (``softmax_scale_log2 = softmax_scale * LOG2_E``) so the
+   softmax can use ``exp2``, the instruction the hardware has.
+2. ``softmax_kernel``: row-wise softmax in place, one warp per row: (a) row max, (b) P = exp2(S - max)
+   and the row sum, (c) P /= sum. The lanes stride along the row so every pass reads HBM coalesced,
+   and the warp combines its partial max and sum with butterfly shuffles. A row whose every key is
+   masked has max ``-inf``; it uses 0 instead, so it gets P = 0 rather than NaN.
+3. ``pv_kernel``: O = P V, one thread per output element, fp32 accumulation over Sk, written in the
+   input dtype.
+
+Data movement
+-------------
+Everything is HBM/L2 → registers → HBM with ``ld.global``/``st.global``; the caches are the only
+reuse. The scores kernel reads Q and K rows 16 bytes at a time (``ld.global.v4``; ``head_view``
+tells the compiler the strides are multiples of 8 elements, which ``kernel_operand`` guarantees),
+because the 32 lanes of a warp read 32 different K rows. S is written once, read and written twice
+by the softmax and read once by PV. No shared memory, no ``mma``, no ``cp.async``.
+
+Constraints: fp16/bf16, head_dim in {32, 64, 128, 256}, any Sq, Sk ≥ 1, causal top-left aligned like
+SDPA, sm_80 or newer. The fp32 S buffer must fit in free device memory; the capability check
+refuses with the bytes it needs otherwise. batch·heads ≤ 65535 (it is a grid dimension).
+
+Measured (H200, B=2 H=16 S=8192 D=128 bf16, ``python -m common.quickbench`` and torch.profiler)
+--------------------------------------------------------------------------------------------
+* 266 ms = 4.1 TFLOP/s non-causal; causal takes the same 266 ms (every score is computed, then
+  masked), which counts as 2.1 TFLOP/s of useful work.
+* Per kernel: scores 149 ms, softmax 13.6 ms, PV 103 ms. The softmax, the only kernel that streams
+  the 8.6 GB S buffer (43 GB moved in its three passes), runs at ~3.2 TB/s and is 5% of the time.
+  The two GEMM-shaped kernels dominate because nothing is tiled: each of the 2.1 G scores re-reads
+  a 256-byte K row, and each output element walks a whole column of V and a row of P, so both move
+  about 550 GB through L2. Reuse through on-chip memory, not the S round trip alone, is what the
+  online rung buys.
+* The first version read K one 16-bit element per load and took 1221 ms in total: with 32 rows per
+  warp instruction every load was 32 separate requests. 128-bit loads alone gave 4.6x.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.runtime import from_dlpack, make_fake_tensor
+
+from common.capability import check_common
+from common.problem import Problem
+from common.registry import Implementation, KernelBinary, Runner
+from common.static import compile_cute_sm90
+from common.validation import OPERAND_ALIGNMENT_BYTES, kernel_operand, validate_attention_inputs
+
+LOG2_E = math.log2(math.e)
+SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+MIN_COMPUTE_CAPABILITY = (8, 0)
+# CUDA grid limit on gridDim.y and gridDim.z.
+MAX_GRID_YZ = 65535
+WARP_SIZE = 32
+# Elements per global vector load in the scores kernel (8 x 16-bit = 128 bits).
+GMEM_VEC = 8
+# validation.kernel_operand guarantees 16-byte aligned strides: 8 elements of 16 bits.
+STRIDE_DIVISIBILITY = 8
+CUTLASS_DTYPES = {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}
+
+
+class NaiveAttention:
+    """Three launches: scores to HBM, softmax in place, P V."""
+
+    def __init__(self, head_dim: int, causal: bool) -> None:
+        self.head_dim = head_dim
+        self.causal = causal
+        self.scores_threads = 128
+        self.softmax_rows_per_cta = 4
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mS: cute.Tensor,
+        mO: cute.Tensor,
+        softmax_scale_log2: Float32,
+        stream: cuda.CUstream,
+    ) -> None:
+        batch_heads = mQ.shape[0] * mQ.shape[1]
+        seqlen_q, seqlen_k = mQ.shape[2], mK.shape[2]
+        self.scores_kernel(mQ, mK, mS, softmax_scale_log2).launch(
+            grid=[seqlen_q, cute.ceil_div(seqlen_k, self.scores_threads), batch_heads],
+            block=[self.scores_threads, 1, 1],
+            stream=stream,
+        )
+        self.softmax_kernel(mS).launch(
+            grid=[cute.ceil_div(seqlen_q, self.softmax_rows_per_cta), batch_heads, 1],
+            block=[self.softmax_rows_per_cta * WARP_SIZE, 1, 1],
+            stream=stream,
+        )
+        self.pv_kernel(mS, mV, mO).launch(
+            grid=[seqlen_q, batch_heads, 1],
+            block=[self.head_dim, 1, 1],
+            stream=stream,
+        )
+
+    @cute.jit
+    def head_view(self, mX: cute.Tensor, batch: Int32, head: Int32) -> cute.Tensor:
+        """(seqlen, D) view of one head whose strides are known to be multiples of 8 elements."""
+        batch_stride, head_stride, row_stride = (cute.assume(s, divby=STRIDE_DIVISIBILITY) for s in mX.stride[:3])
+        head_start = mX.iterator + batch * batch_stride + head * head_stride
+        return cute.make_tensor(head_start, cute.make_layout((mX.shape[2], self.head_dim), stride=(row_stride, 1)))
+
+    # ---- 1. S = softmax_scale_log2 · Q Kᵀ, one thread per (row, col) ----
+    @cute.kernel
+    def scores_kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mS: cute.Tensor, softmax_scale_log2: Float32) -> None:
+        tidx, _, _ = cute.arch.thread_idx()
+        row, col_block, batch_head = cute.arch.block_idx()
+        batch, head = batch_head // mQ.shape[1], batch_head % mQ.shape[1]
+        col = col_block * self.scores_threads + tidx
+        gQ = self.head_view(mQ, batch, head)
+        gK = self.head_view(mK, batch, head)
+        # The 32 lanes of a warp read 32 different K rows; 128-bit loads make that 8x fewer requests.
+        rQ = cute.make_rmem_tensor((1, GMEM_VEC), mQ.element_type)
+        rK = cute.make_rmem_tensor((1, GMEM_VEC), mK.element_type)
+        if col < mK.shape[2]:
+            dot = Float32(0.0)
+            for chunk in cutlass.range(self.head_dim // GMEM_VEC, unroll=2):
+                cute.autovec_copy(cute.local_tile(gQ, (1, GMEM_VEC), (row, chunk)), rQ)
+                cute.autovec_copy(cute.local_tile(gK, (1, GMEM_VEC), (col, chunk)), rK)
+                for e in cutlass.range_constexpr(GMEM_VEC):
+                    dot += rQ[0, e].to(Float32) * rK[0, e].to(Float32)
+            score = dot * softmax_scale_log2
+            # const_expr is resolved while tracing; the inner test runs on the GPU, so they stay apart.
+            if const_expr(self.causal):  # noqa: SIM102
+                if col > row:
+                    score = -Float32.inf
+            mS[batch, head, row, col] = score
+
+    # ---- 2. softmax in place, one warp per row ----
+    @cute.kernel
+    def softmax_kernel(self, mS: cute.Tensor) -> None:
+        row_block, batch_head, _ = cute.arch.block_idx()
+        lane = cute.arch.lane_idx()
+        row = row_block * self.softmax_rows_per_cta + cute.arch.warp_idx()
+        batch, head = batch_head // mS.shape[1], batch_head % mS.shape[1]
+        seqlen_k = mS.shape[3]
+        if row < mS.shape[2]:
+            # (a) row max
+            row_max = -Float32.inf
+            for col in cutlass.range(lane, seqlen_k, WARP_SIZE):
+                row_max = cute.arch.fmax(row_max, mS[batch, head, row, col])
+            row_max = cute.arch.warp_reduction_max(row_max)
+            if row_max == -Float32.inf:
+                row_max = Float32(0.0)
+            # (b) P = exp2(S - max), row sum
+            row_sum = Float32(0.0)
+            for col in cutlass.range(lane, seqlen_k, WARP_SIZE):
+                p = cute.math.exp2(mS[batch, head, row, col] - row_max, fastmath=True)
+                mS[batch, head, row, col] = p
+                row_sum += p
+            row_sum = cute.arch.warp_reduction_sum(row_sum)
+            # (c) normalise
+            inv_sum = Float32(0.0)
+            if row_sum > 0.0:
+                inv_sum = 1.0 / row_sum
+            for col in cutlass.range(lane, seqlen_k, WARP_SIZE):
+                mS[batch, head, row, col] = mS[batch, head, row, col] * inv_sum
+
+    # ---- 3. O = P V, one thread per output element ----
+    @cute.kernel
+    def pv_kernel(self, mP: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor) -> None:
+        d, _, _ = cute.arch.thread_idx()
+        row, batch_head, _ = cute.arch.block_idx()
+        batch, head = batch_head // mO.shape[1], batch_head % mO.shape[1]
+        acc = Float32(0.0)
+        for col in cutlass.range(mV.shape[2], unroll=4):
+            acc += mP[batch, head, row, col] * mV[batch, head, col, d].to(Float32)
+        mO[batch, head, row, d] = acc.to(mO.element_type)
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side: validate, compile once per configuration, allocate, launch.
+# ---------------------------------------------------------------------------------------------
+
+# Compiled launchers keyed on everything that changes the generated code: dtype, head_dim, causal.
+# Shapes and strides are dynamic, so one compilation serves every sequence length and batch.
+_COMPILED: dict[tuple[torch.dtype, int, bool], Any] = {}
+
+
+def _cute_tensor(tensor: torch.Tensor) -> cute.Tensor:
+    """A (B, H, S, D) torch tensor as a CuTe tensor with dynamic shape and strides."""
+    return from_dlpack(tensor, assumed_align=OPERAND_ALIGNMENT_BYTES).mark_layout_dynamic(leading_dim=3)
+
+
+def _fake_tensor(dtype: type[cutlass.Numeric]) -> Any:
+    """A (B, H, S, D) stand-in with the same dynamic layout as :func:`_cute_tensor`, for CPU compiles."""
+    sym = cute.sym_int
+    return make_fake_tensor(
+        dtype, (sym(), sym(), sym(), sym()), (sym(64), sym(64), sym(64), 1), assumed_align=OPERAND_ALIGNMENT_BYTES
+    )
+
+
+def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+    """Validate, compile (cached), allocate S and O; the returned ``run()`` only launches."""
+    checked = validate_attention_inputs(
+        q,
+        k,
+        v,
+        causal=problem.causal,
+        softmax_scale=problem.softmax_scale,
+        dtypes=SUPPORTED_DTYPES,
+        head_dims=SUPPORTED_HEAD_DIMS,
+    )
+    q, k, v = (kernel_operand(t) for t in (q, k, v))
+    scores = torch.empty(
+        (checked.batch, checked.heads, checked.seqlen_q, checked.seqlen_k), dtype=torch.float32, device=q.device
+    )
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    mQ, mK, mV, mS, mO = (_cute_tensor(t) for t in (q, k, v, scores, out))
+    softmax_scale_log2 = Float32(checked.scale * LOG2_E)
+    key = (checked.dtype, checked.head_dim, checked.causal)
+    if key not in _COMPILED:
+        launcher = NaiveAttention(checked.head_dim, checked.causal)
+        stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+        _COMPILED[key] = cute.compile(launcher, mQ, mK, mV, mS, mO, softmax_scale_log2, stream)
+    compiled = _COMPILED[key]
+    device = q.device
+
+    def run() -> torch.Tensor:
+        # The stream is read at launch so that a CUDA-graph capture on a side stream records this launch.
+        compiled(mQ, mK, mV, mS, mO, softmax_scale_log2, cuda.CUstream(torch.cuda.current_stream(device).cuda_stream))
+        return out
+
+    return run
+
+
+def score_buffer_fits(problem: Problem, free_bytes: int) -> tuple[bool, str]:
+    """Whether the fp32 S buffer (B·H·Sq·Sk·4 bytes) fits in ``free_bytes`` of device memory."""
+    needed = problem.score_buffer_bytes
+    if needed > free_bytes:
+        return False, (
+            f"the fp32 score buffer needs {needed:,} bytes (B·H·Sq·Sk·4) but only {free_bytes:,} bytes "
+            "of device memory are free"
+        )
+    return True, ""
+
+
+def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
+    """The capability check: a CUDA device of sm_80+, fp16/bf16, a supported head_dim, S fits."""
+    ok, reason = check_common(
+        "cute/naive", problem, device,
+        dtypes=SUPPORTED_DTYPES, head_dims=SUPPORTED_HEAD_DIMS, min_capability=MIN_COMPUTE_CAPABILITY,
+    )  # fmt: skip
+    if not ok:
+        return ok, reason
+    if problem.batch * problem.heads > MAX_GRID_YZ:
+        return False, f"batch * heads must be <= {MAX_GRID_YZ} (CUDA grid limit), got {problem.batch * problem.heads}"
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    return score_buffer_fits(problem, free_bytes)
+
+
+def compile_sm90(problem: Problem) -> list[KernelBinary]:
+    """Compile the three kernels for sm_90a on fake tensors (no GPU needed)."""
+    element = CUTLASS_DTYPES[problem.dtype]
+    launcher = NaiveAttention(problem.head_dim, problem.causal)
+    fakes = [_fake_tensor(element) for _ in range(3)] + [_fake_tensor(Float32), _fake_tensor(element)]
+    binary = compile_cute_sm90(
+        launcher,
+        *fakes,
+        Float32(problem.scale * LOG2_E),
+        cuda.CUstream(0),
+        name="cute_naive",
+        threads=max(launcher.scores_threads, launcher.softmax_rows_per_cta * WARP_SIZE, problem.head_dim),
+    )
+    return [binary]
+
+
+IMPLEMENTATION = Implementation(
+    name="cute/naive",
+    stack="cute",
+    rung="naive",
+    prepare=prepare,
+    supports=supports,
+    compile_sm90=compile_sm90,
+    runs_on_cpu=False,
+    forbidden_ptx=("mma.sync", "wgmma.mma_async"),
+    source_file=__file__,
+)

@@ -1,0 +1,101 @@
+"""Rung-specific tests of ``cute/hopper`` and ``cute/fp8``: refusals, FP8 V layout, LSE, FP8 error."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass")
+
+from common.check import check_implementation
+from common.inputs import make_inputs
+from common.metrics import error_stats
+from common.problem import Problem
+from common.reference import reference_attention
+from cute_impl import fp8, hopper
+
+
+# ----------------------------------------------------------------------------------------------------
+# CPU
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("impl", [hopper.IMPLEMENTATION, fp8.IMPLEMENTATION], ids=lambda impl: impl.name)
+def test_refuses_what_it_cannot_run(impl):
+    assert impl.check(Problem(1, 1, 64, 64, 128), torch.device("cpu"))[0] is False
+    ok, reason = hopper.common_problem_supported(Problem(1, 1, 64, 64, 256))
+    assert not ok and "head_dim" in reason and "256" in reason
+    ok, reason = hopper.common_problem_supported(Problem(1, 1, 64, 64, 64, softmax_scale=-0.5))
+    assert not ok and "softmax_scale" in reason
+
+
+def test_fp8_key_order_is_a_permutation_of_each_group():
+    assert sorted(fp8.PERMUTED_KEY_ORDER) == list(range(fp8.KEY_GROUP))
+
+
+def test_fp8_value_operand_is_transposed_padded_and_permuted():
+    seqlen_k, head_dim = 37, 64
+    v = torch.randn(2, 3, seqlen_k, head_dim)
+    v8, _ = fp8.quantize(v)
+    vt = fp8.value_operand(v8).view(torch.uint8)
+    padded = 48
+    assert vt.shape == (2, 3, head_dim, padded) and vt.stride(-1) == 1
+    source = v8.view(torch.uint8)
+    for slot in range(padded):
+        key = (slot // fp8.KEY_GROUP) * fp8.KEY_GROUP + fp8.PERMUTED_KEY_ORDER[slot % fp8.KEY_GROUP]
+        expected = source[:, :, key] if key < seqlen_k else torch.zeros_like(source[:, :, 0])
+        assert torch.equal(vt[:, :, :, slot], expected), f"slot {slot} should hold key {key}"
+
+
+def test_fp8_quantize_round_trip_error():
+    x = torch.randn(4, 1000)
+    x8, scale = fp8.quantize(x)
+    err = ((x8.float() * scale - x).norm() / x.norm()).item()
+    assert err < 3e-2, f"e4m3 round trip rel error {err:.3e}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlens", [(1, 1), (77, 1000), (1000, 77), (333, 333)], ids=str)
+def test_hopper_lse_matches_reference(seqlens: tuple[int, int], causal: bool):
+    problem = Problem(2, 3, *seqlens, 128, dtype=torch.bfloat16, causal=causal)
+    q, k, v = make_inputs(problem, seed=5)
+    run = hopper.prepare(q, k, v, problem)
+    run()
+    scores = (q.double() @ k.double().transpose(-1, -2)) * problem.scale
+    if causal:
+        rows = torch.arange(problem.seqlen_q, device=q.device)[:, None]
+        cols = torch.arange(problem.seqlen_k, device=q.device)[None, :]
+        scores = scores.masked_fill(cols > rows, -math.inf)
+    expected = torch.logsumexp(scores, dim=-1)
+    assert torch.allclose(run.lse.double(), expected, atol=2e-2, rtol=1e-3), (run.lse.double() - expected).abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(
+    strict=True,
+    reason="measured rel L2 4.7e-2 to 5.4e-2: e4m3 rounding of V, P and the scores alone predicts about 5e-2 "
+    "on zero-mean inputs (see the Error section of cute_impl/fp8.py)",
+)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fp8_error_target_on_standard_normal(head_dim: int, causal: bool):
+    """The issue's target (rel L2 <= 3e-2 on standard-normal inputs), not reached by plain e4m3."""
+    problem = Problem(2, 4, 2048, 2048, head_dim, dtype=torch.bfloat16, causal=causal)
+    result = check_implementation(fp8.IMPLEMENTATION, problem, offset=0.0, seed=11)
+    print(f"fp8 {problem.describe()}: {result.summary()}")
+    assert result.ok, result.summary()
+
+
+@pytest.mark.gpu
+def test_hopper_reads_strided_views():
+    """q, k, v as (B, S, H, D) storage viewed as (B, H, S, D): TMA takes the strides as they are."""
+    problem = Problem(2, 4, 300, 500, 64, dtype=torch.float16)
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in make_inputs(problem, seed=3, offset=0.5))
+    out = hopper.prepare(q, k, v, problem)()
+    ref = reference_attention(q, k, v, problem)
+    err = error_stats(out, ref)
+    assert err.rel_l2_err < 1e-2, err.summary()

@@ -1,0 +1,202 @@
+"""Checks specific to the Triton Hopper rungs (triton/hopper, triton/fp8) beyond the shared rung tests."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.devices import triton_interpreting
+from common.inputs import make_inputs
+from common.metrics import FP8_RULE, error_stats
+from common.problem import Problem
+from common.reference import reference_attention
+from triton_impl import fp8, hopper
+
+ROOT = Path(__file__).resolve().parent.parent
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+FP8_INTERPRETER_SKIP = (
+    "the interpreter's e4m3 cast does not round to nearest, so fp8 accuracy is checked on the GPU only"
+)
+
+
+def _reference_lse(q: torch.Tensor, k: torch.Tensor, problem: Problem) -> torch.Tensor:
+    scores = torch.matmul(q.double(), k.double().transpose(-1, -2)) * problem.scale
+    if problem.causal:
+        hidden = torch.ones(problem.seqlen_q, problem.seqlen_k, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(hidden, -math.inf)
+    return torch.logsumexp(scores, dim=-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation and capability checks (CPU)
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("module", [hopper, fp8], ids=["hopper", "fp8"])
+def test_unsupported_head_dim_is_refused_with_reason(module):
+    problem = Problem(1, 2, 64, 64, 96)
+    ok, reason = module.supports(problem, torch.device(DEVICE))
+    assert not ok
+    assert "head_dim" in reason and "96" in reason
+
+
+@pytest.mark.parametrize("module", [hopper, fp8], ids=["hopper", "fp8"])
+def test_unsupported_head_dim_raises_value_error(module):
+    q = torch.zeros(1, 2, 16, 96, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"head_dim must be one of \[64, 128, 256\], got 96"):
+        module.prepare(q, q, q, Problem(1, 2, 16, 16, 96, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("module", [hopper, fp8], ids=["hopper", "fp8"])
+def test_negative_scale_is_refused(module):
+    problem = Problem(1, 2, 16, 16, 64, dtype=torch.float16, softmax_scale=-0.1)
+    ok, reason = module.supports(problem, torch.device(DEVICE))
+    assert not ok and "softmax_scale >= 0" in reason
+    q = torch.zeros(1, 2, 16, 64, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(ValueError, match="softmax_scale must be >= 0"):
+        module.prepare(q, q, q, problem)
+
+
+def test_fp8_refuses_fp32_inputs():
+    ok, reason = fp8.supports(Problem(1, 2, 16, 16, 64, dtype=torch.float32), torch.device(DEVICE))
+    assert not ok and "fp32" in reason
+
+
+# ----------------------------------------------------------------------------------------------
+# Static: warp specialisation shows up in the PTX only with num_warps=4 and BLOCK_M=64 on sm_90
+# ----------------------------------------------------------------------------------------------
+_WS_PROBE = """
+import json, sys
+from common.problem import Problem
+from common.static import ptx_features, cubin_resources
+from triton_impl import fp8, hopper
+rows = {}
+for module in (hopper, fp8):
+    for warp_specialize in (False, True):
+        config = hopper.HopperConfig(64, 64, 4, 2, warp_specialize)
+        binary = module.compile_sm90(Problem.canonical(8192, causal=True), config)[0]
+        spills = max(usage["local_bytes"] for usage in cubin_resources(binary.cubin).values())
+        rows[f"{module.__name__}/{warp_specialize}"] = [ptx_features(binary.ptx)["setmaxnreg"], spills]
+print(json.dumps(rows))
+"""
+
+
+def test_warp_specialised_configs_use_setmaxnreg():
+    # Compiling needs a process without TRITON_INTERPRET (see common/static.py).
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", _WS_PROBE], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(done.stdout.splitlines()[-1])
+    for name, (has_setmaxnreg, spills) in rows.items():
+        assert has_setmaxnreg == name.endswith("True"), f"{name}: setmaxnreg present = {has_setmaxnreg}"
+        assert spills == 0, f"{name} spills {spills} bytes"
+
+
+def test_candidate_configs_fit_shared_memory():
+    for head_dim in hopper.HEAD_DIMS:
+        for config in hopper.candidate_configs(head_dim, torch.bfloat16):
+            assert config.shared_bytes(head_dim, 2) <= hopper.SHARED_MEMORY_BUDGET
+
+
+# ----------------------------------------------------------------------------------------------
+# Interpreter (CPU): lse, and the warp-specialised loop structure (one masked loop)
+# ----------------------------------------------------------------------------------------------
+needs_interpreter = pytest.mark.skipif(not triton_interpreting(), reason="interpreter tests run on CPU-only machines")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("warp_specialize", [False, True], ids=["two-loops", "one-masked-loop"])
+def test_interpreter_output_and_lse(causal: bool, warp_specialize: bool):
+    problem = Problem(1, 2, 77, 130, 64, dtype=torch.float32, causal=causal)
+    q, k, v = make_inputs(problem, seed=5, device="cpu", offset=0.5)
+    config = hopper.HopperConfig(64, 32, 4, 1, warp_specialize)
+    prepared = hopper.hopper_attention(q, k, v, problem, config=config)
+    err = error_stats(prepared(), reference_attention(q, k, v, problem))
+    assert err.max_abs_err < 1e-5, err.summary()
+    lse_err = (prepared.lse.double() - _reference_lse(q, k, problem)).abs().max().item()
+    assert lse_err < 1e-5, f"lse max abs error {lse_err:.3e}"
+
+
+@needs_interpreter
+def test_fp8_interpreter_is_skipped_for_a_reason():
+    assert not fp8.IMPLEMENTATION.runs_on_cpu
+    pytest.skip(FP8_INTERPRETER_SKIP)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: lse, strided inputs, fp8 accuracy, memcheck
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_lse_matches_reference(causal: bool):
+    problem = Problem(2, 3, 1000, 777, 128, dtype=torch.bfloat16, causal=causal)
+    q, k, v = make_inputs(problem, seed=11)
+    out, lse = hopper.attention_with_lse(q, k, v, causal=causal)
+    ref = reference_attention(q, k, v, problem)
+    assert error_stats(out, ref).rel_l2_err < 1e-2
+    lse_err = (lse.double() - _reference_lse(q, k, problem)).abs().max().item()
+    assert lse_err < 1e-2, f"lse max abs error {lse_err:.3e}"
+
+
+@pytest.mark.gpu
+def test_gpu_strided_bshd_inputs():
+    # (B, S, H, D) storage viewed as (B, H, S, D): the 4-D descriptors take the strides as they are.
+    problem = Problem(2, 4, 333, 333, 64, dtype=torch.float16)
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in make_inputs(problem, seed=3, offset=0.5))
+    out = hopper.prepare(q, k, v, problem)()
+    err = error_stats(out, reference_attention(q, k, v, problem))
+    assert err.rel_l2_err < 1e-2, err.summary()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_fp8_meets_target_with_offset_values(causal: bool):
+    problem = Problem(2, 4, 2048, 2048, 128, dtype=torch.bfloat16, causal=causal)
+    q, k, v = make_inputs(problem, seed=7, offset=0.5)
+    out = fp8.prepare(q, k, v, problem)()
+    assert out.dtype == torch.bfloat16
+    err = error_stats(out, reference_attention(q, k, v, problem))
+    ok, reason = FP8_RULE.judge(err, None)
+    assert ok, f"{reason}: {err.summary()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(
+    reason="zero-mean values: e4m3 rounding of Q, K, V and P gives ~5% relative L2 with per-head scales",
+    strict=False,
+)
+def test_gpu_fp8_standard_normal_target():
+    problem = Problem(2, 4, 2048, 2048, 128, dtype=torch.bfloat16)
+    q, k, v = make_inputs(problem, seed=7)
+    err = error_stats(fp8.prepare(q, k, v, problem)(), reference_attention(q, k, v, problem))
+    assert err.rel_l2_err <= 3e-2, err.summary()
+
+
+_MEMCHECK_PROBE = """
+import torch
+from common.check import check_implementation
+from common.problem import Problem
+from triton_impl import fp8, hopper
+for impl in (hopper.IMPLEMENTATION, fp8.IMPLEMENTATION):
+    for causal in (False, True):
+        result = check_implementation(impl, Problem(1, 2, 77, 130, 64, dtype=torch.bfloat16, causal=causal))
+        assert result.ok, result.summary()
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
+def test_gpu_memcheck_clean_on_ragged_shape():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    command = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", sys.executable, "-c"]
+    done = subprocess.run([*command, _MEMCHECK_PROBE], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]

@@ -1,0 +1,356 @@
+"""Rung 6, FP8 attention in Triton: e4m3 operands on the Hopper kernel (counterpart: ``cute_impl/fp8.py``).
+
+What it adds over ``hopper``: both GEMMs read e4m3 operands, which doubles the tensor-core rate
+(dense fp8 wgmma runs at twice the bf16 rate on sm_90) and halves the bytes every TMA copy and
+shared-memory stage moves, so deeper pipelines fit. The price is accuracy: e4m3 keeps 3 mantissa
+bits, so the result is judged by a relative-L2 bound (3e-2) instead of SDPA's error.
+
+What Triton decides for you that ``cute_impl/fp8.py`` writes by hand: the fp8 wgmma shapes and the
+register layout of P for the second GEMM; here, as there, the operand layouts are our choice. fp8
+``wgmma`` reads both shared-memory operands K-major only, so V is stored transposed (Vᵀ, keys
+contiguous): for O += P V the reduction runs over keys, and a (D, Sk) tile is K-major. Without it
+Triton would insert a shared-memory transpose of every V tile.
+
+Algorithm:
+  0. In ``prepare`` (untimed): per-(batch, head) scales s_x = amax(|x|) / 448 for x in Q, K, V;
+     Q8 = Q / s_q, K8 = K / s_k, V8ᵀ = (V / s_v)ᵀ in e4m3, Vᵀ padded to a 16-element multiple of Sk so
+     its rows are 16-byte aligned for TMA.
+  1. Load the Q8 tile by TMA; fold s_q · s_k into the softmax scale: softmax_scale_log2 · s_q s_k.
+  2. Unmasked KV blocks: S = Q8 K8ᵀ (fp8 wgmma, fp32 accumulate), online softmax with exp2, and
+     P computed as exp2(S·scale - row_max + P_EXPONENT): the 2^8 headroom lifts P from [0, 1] to
+     [0, 256], where e4m3 keeps full precision (its normals start at 2^-6), and cancels exactly
+     because row_sum is accumulated from the same scaled P. O += P8 V8 (fp8 wgmma, Vᵀ tile read
+     K-major).
+  3. Masked blocks (causal diagonal, ragged last block): the same with -inf masking and the guard
+     for rows with no visible key, as in ``hopper``.
+  4. O = acc · s_v / row_sum in bf16 by a TMA store; lse = (row_max + log2(row_sum) - P_EXPONENT) · ln 2.
+
+Data movement: as in ``hopper`` (4-D TMA descriptors, per-(batch, head) bounds, ``wgmma`` from
+shared memory), with e4m3 tiles: a BLOCK_N × D K tile and a D × BLOCK_N Vᵀ tile per stage.
+
+Constraints: fp16 or bf16 inputs, bf16 output; D ∈ {64, 128, 256}; any Sq, Sk ≥ 1; causal or not;
+softmax_scale ≥ 0; sm_90. Error target: relative L2 ≤ 3e-2 against the fp64 reference of the
+unquantised inputs.
+
+Measured (H200, B=2, H=16, S=8192, D=128, bf16 inputs; prediction ~1.35× the bf16 rung, since the
+softmax does not get faster): 128 × 128 tiles, 8 warps, 3 stages: 664 TFLOP/s non-causal, 607
+causal (first version, acc chained through the wgmma); 2 stages 598 / 538; warp-specialised
+64 × 128: 337 / 283. The first version failed the 3e-2 target at S = 8191 (rel. L2 3.3e-2) although
+short sequences passed: fp8 wgmma's accumulation is not full fp32, and the error grows with the number
+of blocks chained through the accumulator; hence the fresh per-block accumulator added in fp32,
+which passes every shared GPU shape but costs 3-5%: 642 TFLOP/s non-causal, 577-580 causal (below
+the 650 floor). Inputs of large magnitude still fail (rel. L2 0.33): e4m3's ~3% relative error on
+large scores flips a peaked softmax, which no per-head scale can fix.
+On zero-mean (standard-normal) values the e4m3 rounding of Q, K, V and P alone gives ≈ 5% relative
+L2 in an fp64 emulation; with the harness's value offset it stays below 2.6%.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from common.devices import triton_device_supported, triton_device_types, triton_interpreting
+from common.metrics import FP8_RULE
+from common.problem import Problem
+from common.registry import Implementation, KernelBinary
+from common.static import compile_triton_sm90
+from common.validation import kernel_operand, validate_attention_inputs
+from triton_impl.hopper import HEAD_DIMS, HOPPER_CAPABILITY, LN_2, LOG2_E, HopperConfig
+
+# Largest finite e4m3 value: scales map each tensor's amax onto it.
+E4M3_MAX = 448.0
+# P = 2^(S·scale - row_max + P_EXPONENT) lies in [0, 2^8] ⊂ e4m3 range and stays clear of subnormals.
+P_EXPONENT = tl.constexpr(8.0)
+# TMA needs 16-byte row strides: the keys of Vᵀ are padded to this many e4m3 elements.
+VT_ROW_ALIGN = 16
+FP8_CANDIDATES = tuple(
+    HopperConfig(block_m, block_n, num_warps, num_stages, warp_specialize)
+    for block_m, block_n, num_warps, warp_specialize in (
+        (128, 128, 8, False),
+        (128, 64, 8, False),
+        (64, 128, 4, True),
+        (64, 64, 4, True),
+    )
+    for num_stages in (2, 3, 4)
+)
+DEFAULT_CONFIGS = {
+    64: HopperConfig(128, 128, 8, 3, False),
+    128: HopperConfig(128, 128, 8, 3, False),
+    256: HopperConfig(64, 64, 4, 2, False),
+}
+INTERPRETER_CONFIG = HopperConfig(64, 32, 4, 1, False)
+
+
+def default_config(head_dim: int) -> HopperConfig:
+    return INTERPRETER_CONFIG if triton_interpreting() else DEFAULT_CONFIGS[head_dim]
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _fp8_attention_step(
+    acc, row_sum, row_max, q, desc_k, desc_vt, batch, head, offs_m, n_block, seqlen_k, softmax_scale_log2,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """One KV block: S = Q8 K8ᵀ, (mask), online softmax with 2^P_EXPONENT headroom, O += P8 V8."""
+    start_n = n_block * BLOCK_N
+    k = desc_k.load([batch, head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+    S = tl.dot(q, k.T)
+    if MASKED:
+        S = S * softmax_scale_log2
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        visible = offs_n[None, :] < seqlen_k
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= offs_m[:, None])
+        S = tl.where(visible, S, float("-inf"))
+        row_max_new = tl.maximum(row_max, tl.max(S, 1))
+        # Guard: a row with no visible key so far subtracts 0, so exp2(-inf) = 0 and not NaN.
+        row_max_base = tl.where(row_max_new == float("-inf"), 0.0, row_max_new)
+        P = tl.math.exp2(S - (row_max_base - P_EXPONENT)[:, None])
+    else:
+        row_max_new = tl.maximum(row_max, tl.max(S, 1) * softmax_scale_log2)
+        row_max_base = row_max_new
+        P = tl.math.exp2(S * softmax_scale_log2 - (row_max_base - P_EXPONENT)[:, None])
+    alpha = tl.math.exp2(row_max - row_max_base)
+    row_sum = row_sum * alpha + tl.sum(P, 1)
+    vt = desc_vt.load([batch, head, 0, start_n]).reshape(HEAD_DIM, BLOCK_N)
+    # A fresh accumulator per block, added in fp32 on the CUDA cores: fp8 wgmma accumulates with
+    # reduced precision, so chaining acc through it over thousands of keys loses accuracy.
+    acc = acc * alpha[:, None] + tl.dot(P.to(vt.dtype), vt.T)
+    return acc, row_sum, row_max_new
+
+
+@triton.jit
+def _fp8_attention_kernel(
+    desc_q, desc_k, desc_vt, desc_o, LSE, QK_DESCALE, V_DESCALE,
+    heads, seqlen_q, seqlen_k, softmax_scale_log2,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+):  # fmt: skip
+    m_block = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
+    batch_head = tl.program_id(1)
+    batch = batch_head // heads
+    head = batch_head % heads
+    start_m = m_block * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+
+    # 1. Q8 tile; the per-head descale of Q Kᵀ folded into the softmax scale.
+    q = desc_q.load([batch, head, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
+    softmax_scale_log2 = softmax_scale_log2 * tl.load(QK_DESCALE + batch_head)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+
+    n_full = seqlen_k // BLOCK_N
+    if CAUSAL:
+        n_unmasked = tl.minimum((start_m + 1) // BLOCK_N, n_full)
+        n_stop = (tl.minimum(start_m + BLOCK_M, seqlen_k) + BLOCK_N - 1) // BLOCK_N
+    else:
+        n_unmasked = n_full
+        n_stop = (seqlen_k + BLOCK_N - 1) // BLOCK_N
+
+    if WARP_SPECIALIZE:
+        # One masked loop: Triton 3.6 on sm_90 specialises only a single branch-free loop of dots.
+        for n_block in tl.range(0, n_stop, warp_specialize=True):
+            acc, row_sum, row_max = _fp8_attention_step(
+                acc, row_sum, row_max, q, desc_k, desc_vt, batch, head, offs_m, n_block, seqlen_k,
+                softmax_scale_log2, HEAD_DIM, BLOCK_N, True, CAUSAL,
+            )  # fmt: skip
+    else:
+        # 2. Blocks every row sees in full.
+        for n_block in tl.range(0, n_unmasked):
+            acc, row_sum, row_max = _fp8_attention_step(
+                acc, row_sum, row_max, q, desc_k, desc_vt, batch, head, offs_m, n_block, seqlen_k,
+                softmax_scale_log2, HEAD_DIM, BLOCK_N, False, CAUSAL,
+            )  # fmt: skip
+        # 3. The causal diagonal and the ragged last block.
+        for n_block in tl.range(n_unmasked, n_stop):
+            acc, row_sum, row_max = _fp8_attention_step(
+                acc, row_sum, row_max, q, desc_k, desc_vt, batch, head, offs_m, n_block, seqlen_k,
+                softmax_scale_log2, HEAD_DIM, BLOCK_N, True, CAUSAL,
+            )  # fmt: skip
+
+    # 4. O = acc · s_v / row_sum in bf16; the 2^P_EXPONENT headroom cancels in acc / row_sum.
+    has_keys = row_sum > 0.0
+    out_scale = tl.where(has_keys, tl.load(V_DESCALE + batch_head) / row_sum, 0.0)
+    out = acc * out_scale[:, None]
+    desc_o.store([batch, head, start_m, 0], out.to(desc_o.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
+    lse = tl.where(has_keys, (row_max + tl.math.log2(row_sum) - P_EXPONENT) * LN_2, float("-inf"))
+    tl.store(LSE + batch_head.to(tl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
+
+
+# ----------------------------------------------------------------------------------------------
+# Host: quantise once, build descriptors, launch
+# ----------------------------------------------------------------------------------------------
+def _per_head_scale(x: torch.Tensor) -> torch.Tensor:
+    """amax(|x|) / E4M3_MAX per (batch, head), fp32 (B, H); an all-zero head gets scale 1."""
+    amax = x.abs().amax(dim=(2, 3)).float()
+    return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+
+
+def _quantise(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (x.float() / scale[:, :, None, None]).to(torch.float8_e4m3fn)
+
+
+def _transposed_values(v8: torch.Tensor) -> torch.Tensor:
+    """Vᵀ as (B, H, D, Sk) whose rows are padded to VT_ROW_ALIGN keys (a strided view)."""
+    batch, heads, seqlen_k, head_dim = v8.shape
+    padded = triton.cdiv(seqlen_k, VT_ROW_ALIGN) * VT_ROW_ALIGN
+    vt = torch.zeros((batch, heads, head_dim, padded), device=v8.device, dtype=v8.dtype)
+    vt[..., :seqlen_k] = v8.transpose(2, 3)
+    return vt[..., :seqlen_k]
+
+
+def _descriptor(tensor: torch.Tensor, box_rows: int, box_cols: int) -> TensorDescriptor:
+    return TensorDescriptor(tensor, list(tensor.shape), list(tensor.stride()), [1, 1, box_rows, box_cols])
+
+
+class Fp8Attention:
+    """Prepared launch over quantised operands; calling it launches the kernel and returns O (bf16)."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, config: HopperConfig):
+        batch, heads, seqlen_q, head_dim = q.shape
+        self.config = config
+        q_scale, k_scale, v_scale = (_per_head_scale(t) for t in (q, k, v))
+        # Kept as attributes: the descriptors point into these buffers.
+        self.q8 = _quantise(q, q_scale)
+        self.k8 = _quantise(k, k_scale)
+        self.vt8 = _transposed_values(_quantise(v, v_scale))
+        self.qk_descale = (q_scale * k_scale).contiguous()
+        self.v_descale = v_scale.contiguous()
+        self.out = torch.empty(q.shape, device=q.device, dtype=torch.bfloat16)
+        self.lse = torch.empty((batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
+        self._args = (
+            _descriptor(self.q8, config.block_m, head_dim),
+            _descriptor(self.k8, config.block_n, head_dim),
+            _descriptor(self.vt8, head_dim, config.block_n),
+            _descriptor(self.out, config.block_m, head_dim),
+            self.lse,
+            self.qk_descale,
+            self.v_descale,
+            heads,
+            seqlen_q,
+            problem.seqlen_k,
+            problem.scale * LOG2_E,
+        )
+        self._constexprs = {
+            "HEAD_DIM": head_dim,
+            "BLOCK_M": config.block_m,
+            "BLOCK_N": config.block_n,
+            "CAUSAL": problem.causal,
+            "WARP_SPECIALIZE": config.warp_specialize,
+            "num_warps": config.num_warps,
+            "num_stages": config.num_stages,
+        }
+        self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
+
+    def __call__(self) -> torch.Tensor:
+        _fp8_attention_kernel[self._grid](*self._args, **self._constexprs)
+        return self.out
+
+
+def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Problem:
+    checked = validate_attention_inputs(
+        q,
+        k,
+        v,
+        causal=problem.causal,
+        softmax_scale=problem.softmax_scale,
+        dtypes=(torch.float16, torch.bfloat16),
+        head_dims=HEAD_DIMS,
+        device_types=triton_device_types(),
+    )
+    if checked.scale < 0:
+        raise ValueError(f"softmax_scale must be >= 0 for triton/fp8, got {checked.scale}")
+    return checked
+
+
+def fp8_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, config: HopperConfig | None = None
+) -> Fp8Attention:
+    """Validate, quantise, compile by one warm-up launch; the result's call is run()."""
+    checked = _validate(q, k, v, problem)
+    q, k, v = (kernel_operand(t) for t in (q, k, v))
+    prepared = Fp8Attention(q, k, v, checked, config or default_config(checked.head_dim))
+    prepared()
+    return prepared
+
+
+def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Fp8Attention:
+    return fp8_attention(q, k, v, problem)
+
+
+# ----------------------------------------------------------------------------------------------
+# Capability check and static compile
+# ----------------------------------------------------------------------------------------------
+def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
+    ok, reason = triton_device_supported(device)
+    if not ok:
+        return ok, reason
+    if problem.dtype not in (torch.float16, torch.bfloat16):
+        return False, f"triton/fp8 quantises fp16 or bf16 inputs, got {problem.dtype_name}"
+    if problem.head_dim not in HEAD_DIMS:
+        return False, f"triton/fp8 needs head_dim in {list(HEAD_DIMS)}, got {problem.head_dim}"
+    if problem.scale < 0:
+        return False, f"triton/fp8 needs softmax_scale >= 0, got {problem.scale}"
+    if device.type == "cuda":
+        capability = torch.cuda.get_device_capability(device)
+        if capability < HOPPER_CAPABILITY:
+            return False, f"triton/fp8 needs e4m3 wgmma (sm_90+), got sm_{capability[0]}{capability[1]}"
+    return True, ""
+
+
+def compile_sm90(problem: Problem, config: HopperConfig | None = None) -> list[KernelBinary]:
+    """The kernel for sm_90a at the default configuration of this head dim (no GPU needed)."""
+    config = config or DEFAULT_CONFIGS[problem.head_dim]
+    head_dim = problem.head_dim
+    signature = {
+        "desc_q": f"tensordesc<fp8e4nv[1,1,{config.block_m},{head_dim}]>",
+        "desc_k": f"tensordesc<fp8e4nv[1,1,{config.block_n},{head_dim}]>",
+        "desc_vt": f"tensordesc<fp8e4nv[1,1,{head_dim},{config.block_n}]>",
+        "desc_o": f"tensordesc<bf16[1,1,{config.block_m},{head_dim}]>",
+        "LSE": "*fp32",
+        "QK_DESCALE": "*fp32",
+        "V_DESCALE": "*fp32",
+        "heads": "i32",
+        "seqlen_q": "i32",
+        "seqlen_k": "i32",
+        "softmax_scale_log2": "fp32",
+    }
+    constexprs = {
+        "HEAD_DIM": head_dim,
+        "BLOCK_M": config.block_m,
+        "BLOCK_N": config.block_n,
+        "CAUSAL": problem.causal,
+        "WARP_SPECIALIZE": config.warp_specialize,
+    }
+    binary = compile_triton_sm90(
+        _fp8_attention_kernel,
+        signature,
+        constexprs,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        aligned=("LSE",),
+    )
+    return [binary]
+
+
+IMPLEMENTATION = Implementation(
+    name="triton/fp8",
+    stack="triton",
+    rung="fp8",
+    prepare=prepare,
+    supports=supports,
+    compile_sm90=compile_sm90,
+    error_rule=FP8_RULE,
+    # The interpreter's e4m3 cast does not round to nearest (5.4% rel. error vs torch's 2.7% on
+    # normal data), so it cannot judge the 3e-2 target: this rung is checked on the GPU only.
+    runs_on_cpu=False,
+    required_ptx=("cp.async.bulk.tensor", "wgmma.mma_async", "e4m3 mma"),
+    forbidden_ptx=("cp.async",),
+    source_file=__file__,
+)

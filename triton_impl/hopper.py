@@ -1,0 +1,423 @@
+"""Rung 5, Hopper attention in Triton: TMA + warp-specialised KV loop (counterpart: ``cute_impl/hopper.py``).
+
+What it adds over ``pipelined``: every tile moves through the Tensor Memory Accelerator instead of
+per-thread ``cp.async`` copies, and both GEMMs run as asynchronous warpgroup MMAs (``wgmma``)
+reading their operands straight from shared memory. A TMA copy is one instruction issued by one
+thread for a whole BLOCK_N × D tile, with address generation and out-of-bounds zero-fill done by
+the copy engine, so the warps that do the softmax no longer spend issue slots on address math.
+Optionally the KV loop is warp-specialised (``tl.range(..., warp_specialize=True)``): Triton splits
+the loop into a producer warp that only issues TMA loads and consumer warps that only compute, and
+rebalances registers between them with ``setmaxnreg``. Causal attention is split into a loop over
+unmasked blocks and a loop over the diagonal blocks, and the blocks above the diagonal are never
+visited.
+
+What Triton decides for you that ``cute_impl/hopper.py`` writes by hand: the shared-memory layout
+and swizzle of every tile, the mbarrier ring that pipelines the TMA loads (``num_stages`` deep), the
+wgmma instruction shape and the fragment layout of S, P and O, the wait depth of the asynchronous
+MMAs, and, with warp specialisation, the producer/consumer split and register budgets.
+
+Algorithm (one program per BLOCK_M query rows of one (batch, head); sections of the kernel):
+  1. Load the Q tile once by TMA (rows past Sq are zero-filled by the descriptor's bounds).
+  2. Unmasked loop over KV blocks that every row of the tile sees completely: S = Q Kᵀ (wgmma),
+     row_max_new = max(row_max, rowmax(S) · softmax_scale_log2), P = exp2(S · softmax_scale_log2 -
+     row_max_new) (the scale folded into one FMA), rescale O and row_sum by exp2(row_max -
+     row_max_new), O += P V (wgmma, P from registers).
+  3. Masked loop over the remaining blocks (the causal diagonal, and the last block when Sk is not
+     a multiple of BLOCK_N): the same step with S set to -inf where a key is past Sk or after the
+     query row; a row that has seen only masked keys keeps row_max = -inf and subtracts 0 instead,
+     so exp2 gives 0, never NaN.
+  4. O /= row_sum, written by a TMA store (rows past Sq are clipped by the descriptor);
+     lse = (row_max + log2(row_sum)) · ln 2 (natural log) to an fp32 (B, H, Sq) buffer.
+
+Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` (4-D host descriptors over (B, H, S, D) with a
+[1, 1, BLOCK, D] box, so each (batch, head) is bounded by its own S: a ragged tail reads zeros, not
+the next head's rows), completion signalled on ``mbarrier``s; SMEM → tensor cores by
+``wgmma.mma_async`` (Q and K from SMEM for S = Q Kᵀ; P from registers and V from SMEM for O += P V);
+fp32 accumulators in registers; O registers → SMEM → HBM by a TMA store.
+
+Constraints: fp16 and bf16 (fp32 only under the interpreter, for the CPU tests); D ∈ {64, 128, 256};
+any Sq, Sk ≥ 1, Sq ≠ Sk; causal (top-left) or not; softmax_scale ≥ 0 (row maxima are taken before
+scaling, which needs a non-negative scale); sm_90 or newer. Row strides must be 16-byte aligned
+(``kernel_operand`` copies otherwise).
+
+Measured (H200, B=2, H=16, S=8192, D=128, bf16, do_bench with L2 flush; prediction was ~500,
+the Triton tutorial's 506 fp16):
+  BLOCK_M × BLOCK_N, warps, stages          non-causal    causal
+  128 × 128, 8 warps, 3 stages (default)    504-510       472-473 TFLOP/s
+  128 × 128, 8 warps, 2 stages              467           420
+  128 × 64,  8 warps, 3 stages              479           452
+  64 × 128,  4 warps, 2 stages, specialised 261           231
+  64 × 64,   4 warps, 2 stages, specialised 242           224
+What it taught us: on sm_90 Triton 3.6's warp specialisation is limited to one consumer warpgroup
+(BLOCK_M=64): each CTA then issues m64 wgmmas from a single warpgroup with the whole softmax on its
+critical path, and it runs at half the speed of the software-pipelined two-warpgroup kernel, so the
+default is not specialised (the flag is kept, tested and documented). The third pipeline stage is
+worth 8% (it hides the TMA latency behind a full S = Q Kᵀ). The remaining gap to cuDNN (≈ 610) is
+the overlap of softmax with the MMAs across the two warpgroups (FA3's ping-pong), which Triton's
+scheduler does not do here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.errors import OutOfResources
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from common.devices import triton_device_supported, triton_device_types, triton_interpreting
+from common.problem import Problem
+from common.registry import Implementation, KernelBinary
+from common.static import compile_triton_sm90
+from common.validation import kernel_operand, validate_attention_inputs
+
+LOG2_E = 1.4426950408889634
+# Natural log of 2, read inside the kernel (hence a constexpr): lse = log2-domain lse · ln 2.
+LN_2 = tl.constexpr(0.6931471805599453)
+HEAD_DIMS = (64, 128, 256)
+HOPPER_CAPABILITY = (9, 0)
+# Dynamic shared memory one CTA may use on sm_90 (227 KiB).
+SHARED_MEMORY_BUDGET = 232_448
+TRITON_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Configurations: tile sizes, warps, pipeline depth, warp specialisation
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HopperConfig:
+    """One point of the tuning space; every field changes the generated code."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    warp_specialize: bool
+
+    def shared_bytes(self, head_dim: int, element_bytes: int) -> int:
+        """Shared memory estimate: the Q tile and a K and a V tile per stage (O reuses freed buffers)."""
+        q_tile = self.block_m * head_dim
+        k_and_v = 2 * self.num_stages * self.block_n * head_dim
+        return element_bytes * (q_tile + k_and_v)
+
+    def fits(self, head_dim: int, element_bytes: int) -> bool:
+        return self.shared_bytes(head_dim, element_bytes) <= SHARED_MEMORY_BUDGET
+
+
+# On sm_90, Triton 3.6 warp-specialises the loop only with num_warps=4 and BLOCK_M=64 (one consumer
+# warpgroup): BLOCK_M=128 with 4 warps fails in its data-partition pass, and with 8 warps the flag
+# is ignored and the loop is software-pipelined instead (no setmaxnreg in the PTX).
+CANDIDATE_CONFIGS = tuple(
+    HopperConfig(block_m, block_n, num_warps, num_stages, warp_specialize)
+    for block_m, block_n, num_warps, warp_specialize in (
+        (128, 128, 8, False),
+        (128, 64, 8, False),
+        (64, 128, 4, True),
+        (64, 64, 4, True),
+        (64, 64, 4, False),
+    )
+    for num_stages in (2, 3, 4)
+)
+# Reproducible defaults per head dim (the canonical shape uses D=128); chosen by measurement.
+DEFAULT_CONFIGS = {
+    64: HopperConfig(128, 128, 8, 3, False),
+    128: HopperConfig(128, 128, 8, 3, False),
+    256: HopperConfig(64, 64, 4, 2, False),
+}
+# Interpreter runs use small tiles: the CPU tests need a ragged tail, not speed.
+INTERPRETER_CONFIG = HopperConfig(64, 32, 4, 1, False)
+
+
+def default_config(head_dim: int) -> HopperConfig:
+    """The fixed configuration used unless autotuning is asked for."""
+    return INTERPRETER_CONFIG if triton_interpreting() else DEFAULT_CONFIGS[head_dim]
+
+
+def candidate_configs(head_dim: int, dtype: torch.dtype) -> list[HopperConfig]:
+    """Candidates that fit the shared-memory budget for this head dim and dtype."""
+    element_bytes = torch.empty((), dtype=dtype).element_size()
+    return [config for config in CANDIDATE_CONFIGS if config.fits(head_dim, element_bytes)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _attention_step(
+    acc, row_sum, row_max, q, desc_k, desc_v, batch, head, offs_m, n_block, seqlen_k, softmax_scale_log2,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """One KV block of steps 2 and 3: S = Q Kᵀ, (mask), online softmax, O += P V."""
+    start_n = n_block * BLOCK_N
+    k = desc_k.load([batch, head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+    S = tl.dot(q, k.T)
+    if MASKED:
+        # Scale before masking: -inf · 0 would be NaN for softmax_scale = 0.
+        S = S * softmax_scale_log2
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        visible = offs_n[None, :] < seqlen_k
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= offs_m[:, None])
+        S = tl.where(visible, S, float("-inf"))
+        row_max_new = tl.maximum(row_max, tl.max(S, 1))
+        # Guard: a row with no visible key so far subtracts 0, so exp2(-inf) = 0 and not NaN.
+        row_max_base = tl.where(row_max_new == float("-inf"), 0.0, row_max_new)
+        P = tl.math.exp2(S - row_max_base[:, None])
+    else:
+        row_max_new = tl.maximum(row_max, tl.max(S, 1) * softmax_scale_log2)
+        row_max_base = row_max_new
+        P = tl.math.exp2(S * softmax_scale_log2 - row_max_base[:, None])
+    alpha = tl.math.exp2(row_max - row_max_base)
+    row_sum = row_sum * alpha + tl.sum(P, 1)
+    acc = acc * alpha[:, None]
+    v = desc_v.load([batch, head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+    acc = tl.dot(P.to(v.dtype), v, acc)
+    return acc, row_sum, row_max_new
+
+
+@triton.jit
+def _hopper_attention_kernel(
+    desc_q, desc_k, desc_v, desc_o, LSE,
+    heads, seqlen_q, seqlen_k, softmax_scale_log2,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+):  # fmt: skip
+    # Causal tiles near the bottom do the most work: launching them first shortens the tail.
+    m_block = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
+    batch_head = tl.program_id(1)
+    batch = batch_head // heads
+    head = batch_head % heads
+    start_m = m_block * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+
+    # 1. Q tile, loaded once; rows past Sq read as zeros.
+    q = desc_q.load([batch, head, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+
+    # KV block ranges: [0, n_unmasked) needs no mask, [n_unmasked, n_stop) needs one.
+    n_full = seqlen_k // BLOCK_N
+    if CAUSAL:
+        # Block n is unmasked for every row of the tile when its last key (n+1)·BLOCK_N - 1 <= start_m.
+        n_unmasked = tl.minimum((start_m + 1) // BLOCK_N, n_full)
+        n_stop = (tl.minimum(start_m + BLOCK_M, seqlen_k) + BLOCK_N - 1) // BLOCK_N
+    else:
+        n_unmasked = n_full
+        n_stop = (seqlen_k + BLOCK_N - 1) // BLOCK_N
+
+    if WARP_SPECIALIZE:
+        # 2+3 in one warp-specialised loop with the mask on every block: Triton 3.6 on sm_90
+        # specialises a kernel only when one loop holds the dots and that loop has no branch.
+        for n_block in tl.range(0, n_stop, warp_specialize=True):
+            acc, row_sum, row_max = _attention_step(
+                acc, row_sum, row_max, q, desc_k, desc_v, batch, head, offs_m, n_block, seqlen_k,
+                softmax_scale_log2, HEAD_DIM, BLOCK_N, True, CAUSAL,
+            )  # fmt: skip
+    else:
+        # 2. Blocks every row sees in full.
+        for n_block in tl.range(0, n_unmasked):
+            acc, row_sum, row_max = _attention_step(
+                acc, row_sum, row_max, q, desc_k, desc_v, batch, head, offs_m, n_block, seqlen_k,
+                softmax_scale_log2, HEAD_DIM, BLOCK_N, False, CAUSAL,
+            )  # fmt: skip
+        # 3. The causal diagonal and the ragged last block.
+        for n_block in tl.range(n_unmasked, n_stop):
+            acc, row_sum, row_max = _attention_step(
+                acc, row_sum, row_max, q, desc_k, desc_v, batch, head, offs_m, n_block, seqlen_k,
+                softmax_scale_log2, HEAD_DIM, BLOCK_N, True, CAUSAL,
+            )  # fmt: skip
+
+    # 4. Normalise and store; a row that saw no key (only rows past Sq) writes 0 and lse = -inf.
+    has_keys = row_sum > 0.0
+    inv_sum = tl.where(has_keys, 1.0 / row_sum, 0.0)
+    out = acc * inv_sum[:, None]
+    desc_o.store([batch, head, start_m, 0], out.to(desc_o.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
+    lse = tl.where(has_keys, (row_max + tl.math.log2(row_sum)) * LN_2, float("-inf"))
+    lse_rows = LSE + batch_head.to(tl.int64) * seqlen_q + offs_m
+    tl.store(lse_rows, lse, mask=offs_m < seqlen_q)
+
+
+# ----------------------------------------------------------------------------------------------
+# Host: validate, build descriptors and buffers once, launch
+# ----------------------------------------------------------------------------------------------
+def _accepted_dtypes() -> tuple[torch.dtype, ...]:
+    # fp32 is an interpreter-only test dtype; on the GPU this rung runs fp16 and bf16.
+    if triton_interpreting():
+        return (torch.float16, torch.bfloat16, torch.float32)
+    return (torch.float16, torch.bfloat16)
+
+
+def _descriptor(tensor: torch.Tensor, block_rows: int) -> TensorDescriptor:
+    """A 4-D TMA descriptor over (B, H, S, D): one (batch, head) box of block_rows × D per copy."""
+    head_dim = tensor.shape[-1]
+    return TensorDescriptor(tensor, list(tensor.shape), list(tensor.stride()), [1, 1, block_rows, head_dim])
+
+
+class HopperAttention:
+    """Prepared launch: descriptors, O and lse allocated once; calling it launches the kernel and returns O."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, config: HopperConfig):
+        batch, heads, seqlen_q, head_dim = q.shape
+        self.config = config
+        self.out = torch.empty_like(q)
+        self.lse = torch.empty((batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
+        self._args = (
+            _descriptor(q, config.block_m),
+            _descriptor(k, config.block_n),
+            _descriptor(v, config.block_n),
+            _descriptor(self.out, config.block_m),
+            self.lse,
+            heads,
+            seqlen_q,
+            problem.seqlen_k,
+            problem.scale * LOG2_E,
+        )
+        self._constexprs = {
+            "HEAD_DIM": head_dim,
+            "BLOCK_M": config.block_m,
+            "BLOCK_N": config.block_n,
+            "CAUSAL": problem.causal,
+            "WARP_SPECIALIZE": config.warp_specialize,
+            "num_warps": config.num_warps,
+            "num_stages": config.num_stages,
+        }
+        self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
+
+    def __call__(self) -> torch.Tensor:
+        _hopper_attention_kernel[self._grid](*self._args, **self._constexprs)
+        return self.out
+
+
+def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Problem:
+    checked = validate_attention_inputs(
+        q,
+        k,
+        v,
+        causal=problem.causal,
+        softmax_scale=problem.softmax_scale,
+        dtypes=_accepted_dtypes(),
+        head_dims=HEAD_DIMS,
+        device_types=triton_device_types(),
+    )
+    if checked.scale < 0:
+        raise ValueError(f"softmax_scale must be >= 0 for triton/hopper, got {checked.scale}")
+    return checked
+
+
+def _autotune(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> HopperConfig:
+    """Time every fitting candidate once, here in prepare, and keep the fastest."""
+    timings = {}
+    for config in candidate_configs(problem.head_dim, problem.dtype):
+        try:
+            timings[config] = triton.testing.do_bench(HopperAttention(q, k, v, problem, config))
+        except OutOfResources:
+            # The estimate is a pre-filter; warp-specialised kernels use more than it counts.
+            continue
+    return min(timings, key=timings.__getitem__)
+
+
+def hopper_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    config: HopperConfig | None = None,
+    autotune: bool = False,
+) -> HopperAttention:
+    """Validate, choose the configuration, compile by one warm-up launch; the result's call is run()."""
+    checked = _validate(q, k, v, problem)
+    q, k, v = (kernel_operand(t) for t in (q, k, v))
+    if config is None:
+        config = _autotune(q, k, v, checked) if autotune else default_config(checked.head_dim)
+    prepared = HopperAttention(q, k, v, checked, config)
+    prepared()
+    return prepared
+
+
+def attention_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, softmax_scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """O (B, H, Sq, D) and the natural-log lse (B, H, Sq) in fp32, for callers that need both."""
+    problem = _validate(q, k, v, Problem(1, 1, 1, 1, q.shape[-1], causal=causal, softmax_scale=softmax_scale))
+    prepared = hopper_attention(q, k, v, problem)
+    return prepared.out, prepared.lse
+
+
+def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> HopperAttention:
+    return hopper_attention(q, k, v, problem)
+
+
+# ----------------------------------------------------------------------------------------------
+# Capability check and static compile
+# ----------------------------------------------------------------------------------------------
+def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
+    ok, reason = triton_device_supported(device)
+    if not ok:
+        return ok, reason
+    if problem.dtype not in _accepted_dtypes():
+        return False, f"triton/hopper runs fp16 and bf16, got {problem.dtype_name}"
+    if problem.head_dim not in HEAD_DIMS:
+        return False, f"triton/hopper needs head_dim in {list(HEAD_DIMS)}, got {problem.head_dim}"
+    if problem.scale < 0:
+        return False, f"triton/hopper needs softmax_scale >= 0, got {problem.scale}"
+    if device.type == "cuda":
+        capability = torch.cuda.get_device_capability(device)
+        if capability < HOPPER_CAPABILITY:
+            return False, f"triton/hopper needs TMA and wgmma (sm_90+), got sm_{capability[0]}{capability[1]}"
+    return True, ""
+
+
+def _descriptor_type(dtype_name: str, block_rows: int, head_dim: int) -> str:
+    return f"tensordesc<{dtype_name}[1,1,{block_rows},{head_dim}]>"
+
+
+def compile_sm90(problem: Problem, config: HopperConfig | None = None) -> list[KernelBinary]:
+    """The kernel for sm_90a at the default configuration of this head dim (no GPU needed)."""
+    config = config or DEFAULT_CONFIGS[problem.head_dim]
+    dtype_name = TRITON_DTYPES[problem.dtype]
+    q_type = _descriptor_type(dtype_name, config.block_m, problem.head_dim)
+    kv_type = _descriptor_type(dtype_name, config.block_n, problem.head_dim)
+    signature = {
+        "desc_q": q_type,
+        "desc_k": kv_type,
+        "desc_v": kv_type,
+        "desc_o": q_type,
+        "LSE": "*fp32",
+        "heads": "i32",
+        "seqlen_q": "i32",
+        "seqlen_k": "i32",
+        "softmax_scale_log2": "fp32",
+    }
+    constexprs = {
+        "HEAD_DIM": problem.head_dim,
+        "BLOCK_M": config.block_m,
+        "BLOCK_N": config.block_n,
+        "CAUSAL": problem.causal,
+        "WARP_SPECIALIZE": config.warp_specialize,
+    }
+    binary = compile_triton_sm90(
+        _hopper_attention_kernel,
+        signature,
+        constexprs,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        aligned=("LSE",),
+    )
+    return [binary]
+
+
+IMPLEMENTATION = Implementation(
+    name="triton/hopper",
+    stack="triton",
+    rung="hopper",
+    prepare=prepare,
+    supports=supports,
+    compile_sm90=compile_sm90,
+    runs_on_cpu=True,
+    required_ptx=("cp.async.bulk.tensor", "wgmma.mma_async"),
+    forbidden_ptx=("cp.async",),
+    source_file=__file__,
+)
