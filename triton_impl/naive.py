@@ -1,0 +1,317 @@
+"""Rung 1, naive attention in Triton: materialise S in HBM (counterpart: ``cute_impl/naive.py``).
+
+The starting point of the ladder: attention computed exactly as the formula reads, one full pass
+per operation, with the whole score matrix written to HBM in fp32. It adds nothing over a textbook
+implementation; it exists to show what every later rung removes. Its GEMMs run on CUDA cores
+(broadcast multiply + ``tl.sum`` in fp32, no ``tl.dot``), like the online rung, so that the step
+naive → online isolates the algorithmic change: no S in HBM, one pass over K and V.
+
+Algorithm (three launches, each a section below):
+  1. ``_scores_kernel``: S = softmax_scale · Q Kᵀ into an fp32 buffer of shape (B·H, Sq, Sk); causal
+     entries (key j > query row i) are set to -inf. One program per BLOCK_M × BLOCK_N tile of S,
+     summing BLOCK_D-wide slices of the head dimension.
+  2. ``_softmax_kernel``: one program per row of S, in place: the row max, then the sum of
+     exp(S - max) (as exp2 with LOG2_E folded in), then P = exp(S - max) / sum written over S.
+  3. ``_pv_kernel``: O = P V with fp32 accumulation over BLOCK_N-wide slices of the keys, written in
+     the input dtype. One program per BLOCK_M rows of O.
+
+Data movement: every operand goes HBM → registers through plain ``ld.global`` (no shared-memory
+staging, no tensor cores; the PTX holds neither ``mma.sync`` nor ``wgmma``). The fp32 S buffer is
+written once and read four times (max, sum, normalise, P·V) and P written once: for B=2, H=16,
+S=8192 that is 8.6 GB per round trip, so the rung is bound by HBM traffic on S long before the
+FLOPs matter, and by HBM capacity as S grows.
+
+Constraints: fp16 and bf16 on a CUDA GPU (fp32 too under the Triton interpreter); D ∈ {32, 64, 128,
+256}; any Sq, Sk ≥ 1; causal (top-left) or not. The capability check refuses problems whose S
+buffer (B·H·Sq·Sk·4 bytes) does not fit in free device memory.
+
+Measured (H200, B=2, H=16, S=8192, D=128, bf16, common.quickbench): 76.5 ms = 14.4 TFLOP/s full,
+76.0 ms = 7.2 TFLOP/s causal. The time does not change with the mask: every score is computed,
+stored and read back, and causal only halves the FLOPs that count.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from common.devices import triton_device_supported, triton_device_types, triton_interpreting
+from common.problem import Problem
+from common.registry import Implementation, KernelBinary, Runner
+from common.static import compile_triton_sm90
+from common.validation import kernel_operand, validate_attention_inputs
+
+# A constexpr: the softmax kernel reads it (the scale is applied when S is written, in natural units).
+LOG2_E = tl.constexpr(1.4426950408889634)
+HEAD_DIMS = (32, 64, 128, 256)
+# Score tiles: a 32 × 32 tile of S per program, summing 8-wide slices of D per step.
+SCORES_BLOCK_M, SCORES_BLOCK_N, SCORES_BLOCK_D = 32, 32, 8
+# Softmax: one row per program, read in chunks of this many keys.
+SOFTMAX_BLOCK_N = 1024
+# P·V: 16 rows of O per program, 8 keys per step (the 16 × 8 × D product stays in registers).
+PV_BLOCK_M, PV_BLOCK_N = 16, 8
+NUM_WARPS = 4
+FP32_BYTES = 4
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. S = softmax_scale · Q Kᵀ (causal entries -inf), fp32 in HBM
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _scores_kernel(
+    Q, K, S,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    heads, seqlen_q, seqlen_k, softmax_scale,
+    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    m_block = tl.program_id(0)
+    n_block = tl.program_id(1)
+    batch_head = tl.program_id(2)
+    batch = batch_head // heads
+    head = batch_head % heads
+    q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+    k_base = K + batch.to(tl.int64) * stride_kb + head.to(tl.int64) * stride_kh
+
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < seqlen_q
+    col_ok = offs_n < seqlen_k
+
+    # Dot products over D, one BLOCK_D slice at a time so the 3-D product stays small.
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for d_start in range(0, HEAD_DIM, BLOCK_D):
+        # Slices are read transposed (BLOCK_D × rows) so the sum runs over the first axis: inside
+        # each thread, and not rewritten into a tensor-core dot by Triton (see the online rung).
+        q_t = tl.load(
+            q_base + offs_m[None, :] * stride_qm + (d_start + offs_d)[:, None], mask=row_ok[None, :], other=0.0
+        )
+        k_t = tl.load(
+            k_base + offs_n[None, :] * stride_kn + (d_start + offs_d)[:, None], mask=col_ok[None, :], other=0.0
+        )
+        acc += tl.sum(q_t.to(tl.float32)[:, :, None] * k_t.to(tl.float32)[:, None, :], axis=0)
+
+    scores = acc * softmax_scale
+    if CAUSAL:
+        scores = tl.where(offs_n[None, :] <= offs_m[:, None], scores, float("-inf"))
+
+    # S is (B·H, Sq, Sk) contiguous; offsets in int64 because B·H·Sq·Sk passes 2³¹ at S=8192.
+    s_rows = (batch_head.to(tl.int64) * seqlen_q + offs_m) * seqlen_k
+    tl.store(S + s_rows[:, None] + offs_n[None, :], scores, mask=row_ok[:, None] & col_ok[None, :])
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. Row softmax of S in place: max, exp and sum, normalise
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _softmax_kernel(S, seqlen_k, BLOCK_N: tl.constexpr):
+    row = S + tl.program_id(0).to(tl.int64) * seqlen_k
+    offs_n = tl.arange(0, BLOCK_N)
+
+    row_max = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
+    for n_start in tl.range(0, seqlen_k, BLOCK_N):
+        s = tl.load(row + n_start + offs_n, mask=n_start + offs_n < seqlen_k, other=float("-inf"))
+        row_max = tl.maximum(row_max, s)
+    row_max = tl.max(row_max, axis=0)
+    # Guard: a row with every key masked has max -inf; subtracting 0 instead keeps exp2 at 0, not NaN.
+    row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
+
+    row_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for n_start in tl.range(0, seqlen_k, BLOCK_N):
+        s = tl.load(row + n_start + offs_n, mask=n_start + offs_n < seqlen_k, other=float("-inf"))
+        row_sum += tl.exp2((s - row_max) * LOG2_E)
+    row_sum = tl.sum(row_sum, axis=0)
+    # Same guard: a fully masked row gets P = 0 (output 0) instead of 0 / 0.
+    inv_sum = tl.where(row_sum > 0.0, 1.0 / row_sum, 0.0)
+
+    for n_start in tl.range(0, seqlen_k, BLOCK_N):
+        in_row = n_start + offs_n < seqlen_k
+        s = tl.load(row + n_start + offs_n, mask=in_row, other=float("-inf"))
+        tl.store(row + n_start + offs_n, tl.exp2((s - row_max) * LOG2_E) * inv_sum, mask=in_row)
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. O = P V, fp32 accumulation, stored in the input dtype
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _pv_kernel(
+    P, V, Out,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om,
+    heads, seqlen_q, seqlen_k,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    m_block = tl.program_id(0)
+    batch_head = tl.program_id(1)
+    batch = batch_head // heads
+    head = batch_head % heads
+    v_base = V + batch.to(tl.int64) * stride_vb + head.to(tl.int64) * stride_vh
+    o_base = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
+
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < seqlen_q
+    p_rows = (batch_head.to(tl.int64) * seqlen_q + offs_m) * seqlen_k
+
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    for n_start in tl.range(0, seqlen_k, BLOCK_N):
+        col_ok = n_start + offs_n < seqlen_k
+        p_t = tl.load(
+            P + p_rows[None, :] + (n_start + offs_n)[:, None], mask=row_ok[None, :] & col_ok[:, None], other=0.0
+        )
+        v = tl.load(v_base + (n_start + offs_n)[:, None] * stride_vn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        # Pᵀ slice (BLOCK_N × BLOCK_M) times V slice, summed over keys on the first axis.
+        acc += tl.sum(p_t[:, :, None] * v.to(tl.float32)[:, None, :], axis=0)
+
+    o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :]
+    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ----------------------------------------------------------------------------------------------
+# Host: validate, allocate S and O once, launch the three kernels
+# ----------------------------------------------------------------------------------------------
+def _accepted_dtypes() -> tuple[torch.dtype, ...]:
+    # fp32 is an interpreter-only test dtype; on the GPU the ladder runs fp16 and bf16.
+    if triton_interpreting():
+        return (torch.float16, torch.bfloat16, torch.float32)
+    return (torch.float16, torch.bfloat16)
+
+
+def _interpreter_dtype_reason(problem: Problem) -> str:
+    # The interpreter's bf16 rounding doubles the error of the fp16 path (measured against SDPA's),
+    # so bf16 results are only trusted from the GPU.
+    if triton_interpreting() and problem.dtype == torch.bfloat16:
+        return "bf16 is not exact under the Triton interpreter (about 2x SDPA's error); bf16 is tested on the GPU"
+    return ""
+
+
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+    """Validate q, k, v (B, H, S, D), allocate S and O, and return ``run()`` launching the three kernels."""
+    checked = validate_attention_inputs(
+        q,
+        k,
+        v,
+        causal=problem.causal,
+        softmax_scale=problem.softmax_scale,
+        dtypes=_accepted_dtypes(),
+        head_dims=HEAD_DIMS,
+        device_types=triton_device_types(),
+    )
+    q, k, v = (kernel_operand(t) for t in (q, k, v))
+    batch, heads, seqlen_q, seqlen_k = checked.batch, checked.heads, checked.seqlen_q, checked.seqlen_k
+    scores = torch.empty((batch * heads, seqlen_q, seqlen_k), dtype=torch.float32, device=q.device)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    scores_grid = (triton.cdiv(seqlen_q, SCORES_BLOCK_M), triton.cdiv(seqlen_k, SCORES_BLOCK_N), batch * heads)
+    pv_grid = (triton.cdiv(seqlen_q, PV_BLOCK_M), batch * heads)
+
+    def run() -> torch.Tensor:
+        _scores_kernel[scores_grid](
+            q, k, scores,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            heads, seqlen_q, seqlen_k, checked.scale,
+            CAUSAL=checked.causal, HEAD_DIM=checked.head_dim,
+            BLOCK_M=SCORES_BLOCK_M, BLOCK_N=SCORES_BLOCK_N, BLOCK_D=SCORES_BLOCK_D,
+            num_warps=NUM_WARPS,
+        )  # fmt: skip
+        _softmax_kernel[(batch * heads * seqlen_q,)](scores, seqlen_k, BLOCK_N=SOFTMAX_BLOCK_N, num_warps=NUM_WARPS)
+        _pv_kernel[pv_grid](
+            scores, v, out,
+            v.stride(0), v.stride(1), v.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            heads, seqlen_q, seqlen_k,
+            HEAD_DIM=checked.head_dim, BLOCK_M=PV_BLOCK_M, BLOCK_N=PV_BLOCK_N,
+            num_warps=NUM_WARPS,
+        )  # fmt: skip
+        return out
+
+    return run
+
+
+# ----------------------------------------------------------------------------------------------
+# Capability check and sm_90a compile path
+# ----------------------------------------------------------------------------------------------
+def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
+    ok, reason = triton_device_supported(device)
+    if not ok:
+        return False, reason
+    if problem.dtype not in _accepted_dtypes():
+        return False, f"dtype {problem.dtype_name} not supported (fp16, bf16; fp32 only under the interpreter)"
+    interpreter_reason = _interpreter_dtype_reason(problem)
+    if interpreter_reason:
+        return False, interpreter_reason
+    if problem.head_dim not in HEAD_DIMS:
+        return False, f"head_dim {problem.head_dim} not supported (supported: {list(HEAD_DIMS)})"
+    if device.type == "cuda":
+        free_bytes, _ = torch.cuda.mem_get_info(device)
+        if problem.score_buffer_bytes > free_bytes:
+            return False, (
+                f"the fp32 S buffer needs {problem.score_buffer_bytes:,} bytes (B·H·Sq·Sk·4) "
+                f"but only {free_bytes:,} bytes of device memory are free"
+            )
+    return True, ""
+
+
+def _divisible_by_16(**values: int) -> tuple[str, ...]:
+    # Triton specialises integer arguments divisible by 16; the static compile must match a real launch.
+    return tuple(name for name, value in values.items() if value % 16 == 0)
+
+
+def compile_sm90(problem: Problem) -> list[KernelBinary]:
+    """The three kernels compiled for sm_90a at ``problem``'s head dim, dtype and mask."""
+    element = "*fp16" if problem.dtype == torch.float16 else "*bf16"
+    aligned = ("stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn")
+    scores = compile_triton_sm90(
+        _scores_kernel,
+        {
+            "Q": element, "K": element, "S": "*fp32",
+            **{name: "i32" for name in aligned},
+            "heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "softmax_scale": "fp32",
+        },
+        {
+            "CAUSAL": problem.causal, "HEAD_DIM": problem.head_dim,
+            "BLOCK_M": SCORES_BLOCK_M, "BLOCK_N": SCORES_BLOCK_N, "BLOCK_D": SCORES_BLOCK_D,
+        },
+        num_warps=NUM_WARPS,
+        num_stages=1,
+        aligned=("Q", "K", "S", *aligned),
+    )  # fmt: skip
+    softmax = compile_triton_sm90(
+        _softmax_kernel,
+        {"S": "*fp32", "seqlen_k": "i32"},
+        {"BLOCK_N": SOFTMAX_BLOCK_N},
+        num_warps=NUM_WARPS,
+        num_stages=1,
+        aligned=("S", *_divisible_by_16(seqlen_k=problem.seqlen_k)),
+    )
+    pv_strides = ("stride_vb", "stride_vh", "stride_vn", "stride_ob", "stride_oh", "stride_om")
+    pv = compile_triton_sm90(
+        _pv_kernel,
+        {
+            "P": "*fp32", "V": element, "Out": element,
+            **{name: "i32" for name in pv_strides},
+            "heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32",
+        },
+        {"HEAD_DIM": problem.head_dim, "BLOCK_M": PV_BLOCK_M, "BLOCK_N": PV_BLOCK_N},
+        num_warps=NUM_WARPS,
+        num_stages=1,
+        aligned=("P", "V", "Out", *pv_strides, *_divisible_by_16(seqlen_k=problem.seqlen_k)),
+    )  # fmt: skip
+    return [scores, softmax, pv]
+
+
+IMPLEMENTATION = Implementation(
+    name="triton/naive",
+    stack="triton",
+    rung="naive",
+    prepare=naive_attention,
+    supports=supports,
+    compile_sm90=compile_sm90,
+    runs_on_cpu=True,
+    forbidden_ptx=("mma.sync", "wgmma.mma_async"),
+    source_file=__file__,
+)

@@ -1,0 +1,212 @@
+"""Rung 3, FlashAttention-2 tiled on tensor cores in Triton (counterpart: ``cute_impl/tiled.py``).
+
+What it adds over ``online``: the two products run on tensor cores. The online rung spends one fp32
+FMA per multiply-add on CUDA cores; here S = Q Kᵀ and O += P V are ``tl.dot`` on fp16/bf16 operands
+with fp32 accumulation, which Triton lowers to warpgroup MMAs on sm_90a. The algorithm is the same
+one-pass online softmax; only the engine under the products changes, on bigger tiles (BLOCK_M = 128
+query rows) because a tensor-core tile is large. P is cast to the input dtype before P V, as in
+FlashAttention-2. One pipeline stage (``num_stages=1``): each K/V block is loaded and then used,
+with no overlap of loads and math — the next rung's lesson.
+
+Algorithm (one program per BLOCK_M query rows of one (batch, head)):
+  1. Load the Q tile (BLOCK_M × D) once.
+  2. For each BLOCK_N block of keys up to the last one any row of the tile can see (causal tiles
+     stop at the diagonal; blocks wholly above it are never loaded):
+     a. S = tl.dot(Q, Kᵀ) · softmax_scale_log2; keys past Sk and, when causal, keys after the row
+        are set to -inf (every block is masked here; the pipelined rung splits that off).
+     b. new_max = max(row_max, rowmax(S)); P = exp2(S - new_max); alpha = exp2(row_max - new_max).
+     c. row_sum = alpha · row_sum + rowsum(P); acc = alpha · acc + tl.dot(P in the input dtype, V).
+  3. O = acc / row_sum, stored in the input dtype (rows past Sq are not stored).
+
+Data movement: Q, K and V go HBM → registers with ``ld.global`` (K read as Kᵀ, D × BLOCK_N), then
+into shared memory for the MMA operands; S and the O accumulator live in registers. The MMA
+instruction is a lesson about the stack: for ``tl.dot`` on sm_90a Triton 3.6 emits
+``wgmma.mma_async`` (Hopper warpgroup MMA, operands in shared memory, fenced and waited on right
+away), not the Ampere-style ``mma.sync`` a CUDA programmer might expect from "FA2".
+
+Constraints: fp16 and bf16 on a CUDA GPU (fp32 under the Triton interpreter only, which mishandles
+bf16 ``tl.dot``); D ∈ {32, 64, 128, 256}; any Sq, Sk ≥ 1; causal (top-left) or not.
+
+Measured (H200, B=2, H=16, S=8192, D=128, bf16, common.quickbench): 3.47 ms = 316.5 TFLOP/s full,
+2.16 ms = 254.9 TFLOP/s causal: 27x the online rung, all of it from tensor cores. Without
+pipelining the warps stall on every K/V load, and every causal block pays for the mask.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from common.devices import triton_device_supported, triton_device_types, triton_interpreting
+from common.problem import Problem
+from common.registry import Implementation, KernelBinary, Runner
+from common.static import compile_triton_sm90
+from common.validation import kernel_operand, validate_attention_inputs
+
+LOG2_E = 1.4426950408889634
+# Per head dim: (BLOCK_M, BLOCK_N, num_warps). Fixed on purpose (tuning is the next rung's job);
+# each compiles for sm_90a with no spills.
+BLOCKS: dict[int, tuple[int, int, int]] = {32: (128, 64, 4), 64: (128, 64, 4), 128: (128, 64, 8), 256: (64, 32, 4)}
+HEAD_DIMS = tuple(BLOCKS)
+NUM_STAGES = 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel: FA2 forward, one masked step per K/V block
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _tiled_kernel(
+    Q, K, V, Out,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om,
+    heads, seqlen_q, seqlen_k, softmax_scale_log2,
+    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    m_block = tl.program_id(0)
+    batch_head = tl.program_id(1)
+    batch = (batch_head // heads).to(tl.int64)
+    head = (batch_head % heads).to(tl.int64)
+    q_base = Q + batch * stride_qb + head * stride_qh
+    k_base = K + batch * stride_kb + head * stride_kh
+    v_base = V + batch * stride_vb + head * stride_vh
+    o_base = Out + batch * stride_ob + head * stride_oh
+
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < seqlen_q
+
+    # 1. The Q tile, loaded once.
+    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+
+    row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+
+    # 2. Causal: keys at or past the tile's last row + 1 are masked for every row, so stop there.
+    n_end = tl.minimum(seqlen_k, (m_block + 1) * BLOCK_M) if CAUSAL else seqlen_k
+    for n_start in tl.range(0, n_end, BLOCK_N):
+        offs_k = n_start + offs_n
+        col_ok = offs_k < seqlen_k
+        k_t = tl.load(k_base + offs_k[None, :] * stride_kn + offs_d[:, None], mask=col_ok[None, :], other=0.0)
+        v = tl.load(v_base + offs_k[:, None] * stride_vn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+
+        # 2a. S = Q Kᵀ on tensor cores, in the log2 domain, then the sequence and causal masks.
+        scores = tl.dot(q, k_t) * softmax_scale_log2
+        visible = col_ok[None, :]
+        if CAUSAL:
+            visible = visible & (offs_k[None, :] <= offs_m[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+
+        # 2b. Online softmax. Guard: a row that has seen no visible key keeps max -inf; shifting by
+        # 0 instead gives P = 0 and alpha = 0 rather than exp2(-inf - -inf) = NaN.
+        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        p = tl.exp2(scores - shift[:, None])
+        alpha = tl.exp2(row_max - shift)
+
+        # 2c. Rescale, then O += P V on tensor cores with P in the input dtype.
+        row_sum = row_sum * alpha + tl.sum(p, axis=1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        row_max = new_max
+
+    # 3. Normalise once; a row with no visible key (row_sum 0) is written as 0, not 0 / 0.
+    inv_sum = tl.where(row_sum > 0.0, 1.0 / row_sum, 0.0)
+    out = acc * inv_sum[:, None]
+    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ----------------------------------------------------------------------------------------------
+# Host: validate, allocate O once, launch
+# ----------------------------------------------------------------------------------------------
+def _accepted_dtypes() -> tuple[torch.dtype, ...]:
+    # fp32 is an interpreter-only test dtype; on the GPU the ladder runs fp16 and bf16.
+    if triton_interpreting():
+        return (torch.float16, torch.bfloat16, torch.float32)
+    return (torch.float16, torch.bfloat16)
+
+
+def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+    """Validate q, k, v (B, H, S, D), allocate O, and return ``run()`` launching the FA2 kernel."""
+    checked = validate_attention_inputs(
+        q,
+        k,
+        v,
+        causal=problem.causal,
+        softmax_scale=problem.softmax_scale,
+        dtypes=_accepted_dtypes(),
+        head_dims=HEAD_DIMS,
+        device_types=triton_device_types(),
+    )
+    q, k, v = (kernel_operand(t) for t in (q, k, v))
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    block_m, block_n, num_warps = BLOCKS[checked.head_dim]
+    grid = (triton.cdiv(checked.seqlen_q, block_m), checked.batch * checked.heads)
+    softmax_scale_log2 = checked.scale * LOG2_E
+
+    def run() -> torch.Tensor:
+        _tiled_kernel[grid](
+            q, k, v, out,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            checked.heads, checked.seqlen_q, checked.seqlen_k, softmax_scale_log2,
+            CAUSAL=checked.causal, HEAD_DIM=checked.head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+            num_warps=num_warps, num_stages=NUM_STAGES,
+        )  # fmt: skip
+        return out
+
+    return run
+
+
+# ----------------------------------------------------------------------------------------------
+# Capability check and sm_90a compile path
+# ----------------------------------------------------------------------------------------------
+def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
+    ok, reason = triton_device_supported(device)
+    if not ok:
+        return False, reason
+    if problem.dtype not in _accepted_dtypes():
+        return False, f"dtype {problem.dtype_name} not supported (fp16, bf16; fp32 only under the interpreter)"
+    if triton_interpreting() and problem.dtype == torch.bfloat16:
+        return False, "the Triton interpreter computes bf16 tl.dot wrongly; bf16 is tested on the GPU"
+    if problem.head_dim not in HEAD_DIMS:
+        return False, f"head_dim {problem.head_dim} not supported (supported: {list(HEAD_DIMS)})"
+    return True, ""
+
+
+def compile_sm90(problem: Problem) -> list[KernelBinary]:
+    """The FA2 kernel compiled for sm_90a at ``problem``'s head dim, dtype and mask."""
+    element = "*fp16" if problem.dtype == torch.float16 else "*bf16"
+    strides = tuple(f"stride_{t}{dim}" for t, last in zip("qkvo", "mnnm", strict=True) for dim in ("b", "h", last))
+    block_m, block_n, num_warps = BLOCKS[problem.head_dim]
+    binary = compile_triton_sm90(
+        _tiled_kernel,
+        {
+            "Q": element, "K": element, "V": element, "Out": element,
+            **{name: "i32" for name in strides},
+            "heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "softmax_scale_log2": "fp32",
+        },
+        {"CAUSAL": problem.causal, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n},
+        num_warps=num_warps,
+        num_stages=NUM_STAGES,
+        aligned=("Q", "K", "V", "Out", *strides),
+    )  # fmt: skip
+    return [binary]
+
+
+IMPLEMENTATION = Implementation(
+    name="triton/tiled",
+    stack="triton",
+    rung="tiled",
+    prepare=tiled_attention,
+    supports=supports,
+    compile_sm90=compile_sm90,
+    runs_on_cpu=True,
+    required_ptx=("wgmma.mma_async",),
+    source_file=__file__,
+)
