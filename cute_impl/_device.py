@@ -1,0 +1,154 @@
+"""Device helpers shared by the CuTe rungs from ``pipelined`` on: KV-block range, masking, online
+softmax, and views of the ``mma.sync.m16n8k16`` register fragments.
+
+The m16n8k16 accumulator gives each thread a fragment ((2 cols, 2 rows), MMA_M, MMA_N): within an
+m16n8 tile, lane ``l`` holds rows ``l / 4`` and ``l / 4 + 8``, columns ``2 (l % 4)`` and ``+1``.
+A row is therefore spread over the quad of 4 lanes ``4 (l / 4) .. 4 (l / 4) + 3``, which is why
+row reductions are two butterfly shuffles.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import cutlass
+import cutlass.cute as cute
+
+LOG2_E = math.log2(math.e)
+# Lane distances of the butterfly shuffles that combine the 4 lanes holding one accumulator row.
+QUAD_SHUFFLE_OFFSETS = (2, 1)
+
+
+def rows_by_cols(acc: cute.Tensor) -> cute.Tensor:
+    """View an accumulator-shaped fragment ((2, 2), MMA_M, MMA_N) as (rows, cols) of this thread."""
+    flat = cute.make_layout(acc.shape)
+    by_rows = cute.make_layout(
+        ((flat.shape[0][1], flat.shape[1]), (flat.shape[0][0], flat.shape[2])),
+        stride=((flat.stride[0][1], flat.stride[1]), (flat.stride[0][0], flat.stride[2])),
+    )
+    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, by_rows))
+
+
+def accumulator_as_operand_a(rP: cute.Tensor) -> cute.Tensor:
+    """Regroup an m16n8 accumulator ((2, 2), MMA_M, MMA_N) as m16k16 A operands
+    ((2, 2, 2), MMA_M, MMA_N / 2): two neighbouring n8 tiles are the two k8 halves of one k16."""
+    divided = cute.logical_divide(rP.layout, (None, None, 2))
+    shape = ((divided.shape[0], divided.shape[2][0]), divided.shape[1], divided.shape[2][1])
+    stride = ((divided.stride[0], divided.stride[2][0]), divided.stride[1], divided.stride[2][1])
+    return cute.make_tensor(rP.iterator, cute.make_layout(shape, stride=stride))
+
+
+def quad_allreduce(
+    value: cutlass.Float32, op: Callable[[cutlass.Float32, cutlass.Float32], cutlass.Float32]
+) -> cutlass.Float32:
+    """Combine the values of the 4 lanes that hold one accumulator row; all 4 get the result."""
+    for offset in QUAD_SHUFFLE_OFFSETS:
+        value = op(value, cute.arch.shuffle_sync_bfly(value, offset=offset))
+    return value
+
+
+def _add(a: cutlass.Float32, b: cutlass.Float32) -> cutlass.Float32:
+    return a + b
+
+
+class KVBlockRange:
+    """Which K/V blocks a ``tile_m``-row Q tile visits, and how many of them need a mask."""
+
+    def __init__(self, tile_m: int, tile_n: int, causal: bool):
+        self.tile_m = tile_m
+        self.tile_n = tile_n
+        self.causal = causal
+        # Visited last block first: causal tiles cross the diagonal in their last tile_m / tile_n
+        # blocks; otherwise only the last block can be cut by Sk.
+        self.mask_steps = tile_m // tile_n if causal else 1
+
+    @cute.jit
+    def n_block_max(self, m_block: cutlass.Int32, seqlen_k: cutlass.Int32) -> cutlass.Int32:
+        """Blocks ``[0, n_block_max)``: the causal mask drops blocks right of the tile's last row."""
+        n_blocks = cute.ceil_div(seqlen_k, self.tile_n)
+        if cutlass.const_expr(self.causal):
+            n_blocks = cutlass.min(n_blocks, cute.ceil_div((m_block + 1) * self.tile_m, self.tile_n))
+        return n_blocks
+
+
+class AttentionMask:
+    """-inf for keys past Sk and, when causal, for keys right of the diagonal (row i sees j <= i)."""
+
+    def __init__(self, tile_m: int, tile_n: int, causal: bool):
+        self.tile_m = tile_m
+        self.tile_n = tile_n
+        self.causal = causal
+
+    @cute.jit
+    def apply(
+        self,
+        acc_S: cute.Tensor,
+        thr_mma: cute.ThrMma,
+        m_block: cutlass.Int32,
+        n_block: cutlass.Int32,
+        seqlen_q: cutlass.Int32,
+        seqlen_k: cutlass.Int32,
+    ):
+        coords = cute.make_identity_tensor((seqlen_q, seqlen_k))
+        cS = cute.local_tile(coords, (self.tile_m, self.tile_n), (m_block, n_block))  # (tile_m, tile_n)
+        tScS = rows_by_cols(thr_mma.partition_C(cS))  # (rows, cols) of (row, key) coordinates
+        acc_S_mn = rows_by_cols(acc_S)
+        for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+            key_limit = seqlen_k
+            if cutlass.const_expr(self.causal):
+                key_limit = cutlass.min(tScS[r, 0][0] + 1, seqlen_k)
+            for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+                if tScS[0, c][1] >= key_limit:
+                    acc_S_mn[r, c] = -cutlass.Float32.inf
+
+
+class OnlineSoftmax:
+    """Running row maximum and row sum of the rows this thread holds, in registers.
+
+    Row sums stay per-thread partial sums during the loop (each lane sums its own columns) and are
+    reduced across the quad once, in :meth:`normalize`; the maximum must agree across the quad at
+    every step, so it is reduced each block.
+    """
+
+    def __init__(self, rows: int, softmax_scale_log2: cutlass.Float32):
+        self.softmax_scale_log2 = softmax_scale_log2
+        self.row_max = cute.make_rmem_tensor(rows, cutlass.Float32)
+        self.row_sum = cute.make_rmem_tensor(rows, cutlass.Float32)
+        self.row_max.fill(-cutlass.Float32.inf)
+        self.row_sum.fill(0.0)
+
+    @cute.jit
+    def update(self, acc_S: cute.Tensor, acc_O: cute.Tensor):
+        """S → P = exp2(S·scale_log2 − m_new) in place; O and the row sum rescaled to m_new."""
+        acc_S_mn = rows_by_cols(acc_S)
+        acc_O_mn = rows_by_cols(acc_O)
+        scale_log2 = self.softmax_scale_log2
+        for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+            block_max = acc_S_mn[r, 0]
+            for c in cutlass.range_constexpr(1, cute.size(acc_S_mn, mode=[1])):
+                block_max = cute.arch.fmax(block_max, acc_S_mn[r, c])
+            new_max = cute.arch.fmax(self.row_max[r], quad_allreduce(block_max, cute.arch.fmax))
+            # Guard: a row that has seen only masked keys keeps -inf; subtract 0 instead so that
+            # exp2(-inf - -inf) = NaN never happens (its P and rescale factor become 0).
+            max_scaled = 0.0 if new_max == -cutlass.Float32.inf else new_max * scale_log2
+            rescale = cute.math.exp2(self.row_max[r] * scale_log2 - max_scaled, fastmath=True)
+            block_sum = cutlass.Float32(0.0)
+            for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+                p = cute.math.exp2(acc_S_mn[r, c] * scale_log2 - max_scaled, fastmath=True)
+                acc_S_mn[r, c] = p
+                block_sum = block_sum + p
+            self.row_sum[r] = self.row_sum[r] * rescale + block_sum
+            self.row_max[r] = new_max
+            for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                acc_O_mn[r, c] = acc_O_mn[r, c] * rescale
+
+    @cute.jit
+    def normalize(self, acc_O: cute.Tensor):
+        """O /= row_sum; a row with no visible key (sum 0) is written as zeros, not inf/NaN."""
+        acc_O_mn = rows_by_cols(acc_O)
+        for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
+            total = quad_allreduce(self.row_sum[r], _add)
+            inv_total = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
+            for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                acc_O_mn[r, c] = acc_O_mn[r, c] * inv_total

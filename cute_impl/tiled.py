@@ -1,0 +1,512 @@
+"""cute/tiled — FlashAttention-2 on tensor cores, Ampere-style (counterpart: ``triton_impl/tiled.py``).
+
+What it adds over ``cute/online``: both GEMMs of the inner step (``S = Q Kᵀ`` and ``O += P V``) run on
+the tensor cores through the warp-level ``mma.sync.m16n8k16`` (``MmaF16BF16Op``) with fp32
+accumulators, instead of fp32 FMAs on the CUDA cores. S and P never leave the registers: the
+accumulator fragment of the first MMA is, after a cast to fp16/bf16, exactly the A-operand fragment
+of the second one, so P is reinterpreted in place. Global→shared copies use ``cp.async`` so the
+loads bypass the registers. This removes the CUDA-core FLOP ceiling of the previous rung.
+
+What it deliberately leaves out (the next rung, ``cute/pipelined``, adds them): shared memory is
+plain row-major, so the shared→register loads are scalar ``ld.shared`` with bank conflicts; there is
+one K/V buffer and every tile is loaded with "commit, wait for all, barrier", so the tensor cores
+idle while the next tile streams in.
+
+Shapes: q (B, H, Sq, D), k and v (B, H, Sk, D), o (B, H, Sq, D), SDPA's layout. One CTA of
+``num_threads`` threads computes one ``tile_m``-row block of O for one (batch, head).
+
+Algorithm (the sections of :meth:`TiledAttentionKernel.kernel`):
+1. Tiles of this CTA: Q rows ``[m_block * tile_m, +tile_m)``; the K/V blocks it must visit are
+   ``n_block < n_block_max``, where causal masking (top-left, row i sees keys j <= i) drops every
+   block to the right of the diagonal: fully masked tiles are never loaded.
+2. Load Q to shared memory with ``cp.async`` (rows past Sq are zero-filled).
+3. For each K/V block, last block first (it carries the masks, see 4):
+   a. ``cp.async`` K and V to shared memory, commit, wait for all groups, barrier.
+   b. ``S = Q Kᵀ`` with ``mma.sync``; operands read from shared memory into registers per k-step.
+   c. Mask: keys past Sk and, when causal, keys right of the diagonal get ``-inf``. Only the first
+      ``mask_steps`` iterations can need it; the rest run the unmasked variant.
+   d. Online softmax in registers: the row maximum is reduced across the quad of 4 lanes that
+      shares a row of the MMA accumulator (``shfl.bfly`` 2 and 1), ``P = exp2(S * scale_log2 - m)``,
+      the accumulator and the row sum are rescaled by ``exp2(m_old - m_new)``; a row whose maximum
+      is still ``-inf`` (all keys masked so far) uses 0 as its maximum so no NaN appears.
+   e. ``O += P V``: P cast to the input dtype and viewed as the A operand; V read transposed
+      through a (D, tile_n) view of its shared tile. Barrier before the buffers are overwritten.
+4. Epilogue: row sums reduced across the quad, ``O /= row_sum``, cast, stored to global memory
+   from the accumulator fragment with a per-row predicate (rows past Sq are not written).
+
+Data movement: HBM →(cp.async.cg, 16 B per thread)→ SMEM →(ld.shared, 32-bit pairs for Q/K and
+16-bit scalars for the transposed V)→ registers →(mma.sync m16n8k16)→ fp32 registers → HBM (st.global).
+
+Tiles: tile_m = 64 rows of Q over 4 warps (each warp owns 16 rows), tile_n = 64 keys.
+Shared memory at D = 128: Q 64·128·2 B = 16 KiB + K 16 KiB + V 16 KiB = 48 KiB (24 KiB at D = 64);
+registers per thread at D = 128: O accumulator 16·128/32 = 64 fp32, S accumulator 16·64/32 = 32
+fp32, P 16 packed registers, plus the operands of one k-step and the scalar loads of V. ptxas
+allocates 166 registers (bf16; 206 fp16) with no stack: three CTAs per SM (two at fp16). The earlier
+128-row tile (each warp 32 rows, O 128 + S 64 fp32) needed 255 registers and spilled a 24-88
+byte stack frame; a 32-key tile at 128 rows still spilled 40-48 bytes.
+
+Constraints: fp16/bf16, D in {64, 128}; any Sq, Sk >= 1; causal top-left; compute capability
+>= 8.0 (``mma.sync`` bf16 and ``cp.async`` are sm_80 features; Hopper runs them too).
+
+Measured (H200, B=2 H=16 S=8192 D=128 bf16, common.quickbench) with the earlier 128-row tile:
+89.4 TFLOP/s non-causal (12.30 ms), 79.7 TFLOP/s causal (6.90 ms); SDPA's FA2 backend does
+348 / 317 on the same problem. The spill-free 64-row tile has not been timed on the H200 yet.
+The tensor cores are fed, but not fast enough: per 16-wide k-step every warp issues scalar
+``ld.shared`` (832 in the D = 128 PTX, 8-way bank conflicts on the unswizzled rows) and each K/V
+tile is waited for in full before any MMA starts. ``cute/pipelined`` removes exactly these two
+stalls and ran 4.1x faster.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
+
+from common.problem import Problem
+from common.registry import Implementation, KernelBinary, Runner
+from common.static import compile_cute_sm90
+from common.validation import kernel_operand, validate_attention_inputs
+
+LOG2_E = math.log2(math.e)
+HEAD_DIMS = (64, 128)
+MIN_COMPUTE_CAPABILITY = (8, 0)
+CUTE_DTYPES = {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}
+# cp.async moves 16 bytes per thread per instruction; strides must be multiples of it.
+COPY_BITS = 128
+WARP_THREADS = 32
+# Lanes of an m16n8k16 accumulator that hold pieces of the same row: a quad of 4, combined by
+# butterfly shuffles with these lane distances.
+QUAD_SHUFFLE_OFFSETS = (2, 1)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Everything that changes the generated code (the compile-cache key, with dtype)."""
+
+    head_dim: int
+    causal: bool
+    tile_m: int = 64
+    tile_n: int = 64
+    num_threads: int = 128
+
+
+class TiledAttentionKernel:
+    """FA2 forward with ``mma.sync``, single-stage ``cp.async`` and unswizzled shared memory."""
+
+    def __init__(self, config: TileConfig):
+        self.head_dim = config.head_dim
+        self.causal = config.causal
+        self.tile_m = config.tile_m
+        self.tile_n = config.tile_n
+        self.num_threads = config.num_threads
+        # Causal: the blocks that cross the diagonal of a tile_m-row tile; otherwise the last
+        # block, the only one that can be cut by Sk.
+        self.mask_steps = self.tile_m // self.tile_n if self.causal else 1
+
+    # ------------------------------------------------------------------------------------------
+    # Host side of the launch: layouts, copy atoms, tiled MMA, grid.
+    # ------------------------------------------------------------------------------------------
+    def _with_static_head_dim(self, tensor: cute.Tensor) -> cute.Tensor:
+        """(B, H, S, D) view whose D is the compile-time head dim and whose outer strides are
+        known multiples of 16 bytes (kernel_operand guarantees it), so copies can vectorise."""
+        elems = COPY_BITS // tensor.element_type.width
+        shape = (tensor.shape[0], tensor.shape[1], tensor.shape[2], self.head_dim)
+        stride = (*(cute.assume(s, divby=elems) for s in tensor.stride[:3]), 1)
+        return cute.make_tensor(tensor.iterator, cute.make_layout(shape, stride=stride))
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        softmax_scale: cutlass.Float32,
+        stream: cuda.CUstream,
+    ):
+        dtype = mQ.element_type
+        mQ, mK, mV, mO = [self._with_static_head_dim(t) for t in (mQ, mK, mV, mO)]
+        # Plain row-major tiles: consecutive rows of 128 (or 64) elements share banks, which is
+        # what the swizzle of the next rung removes.
+        sQ_layout = cute.make_layout((self.tile_m, self.head_dim), stride=(self.head_dim, 1))
+        sKV_layout = cute.make_layout((self.tile_n, self.head_dim), stride=(self.head_dim, 1))
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 128]
+            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sKV_layout)], 128]
+            sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sKV_layout)], 128]
+
+        # G→S: each thread moves 16 B (8 elements) per cp.async; a row of D elements takes
+        # D / 8 threads, so one copy step covers num_threads * 8 / D rows.
+        elems = COPY_BITS // dtype.width
+        threads_per_row = self.head_dim // elems
+        copy_atom = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=COPY_BITS
+        )
+        gmem_tiled_copy = cute.make_tiled_copy_tv(
+            copy_atom,
+            cute.make_layout((self.num_threads // threads_per_row, threads_per_row), stride=(threads_per_row, 1)),
+            cute.make_layout((1, elems)),
+        )
+        # Warps tile M; the permutation makes one tiled-MMA step 16 wide in N and K.
+        num_warps = self.num_threads // WARP_THREADS
+        tiled_mma = cute.make_tiled_mma(
+            warp.MmaF16BF16Op(dtype, cutlass.Float32, (16, 8, 16)),
+            (num_warps, 1, 1),
+            permutation_mnk=(num_warps * 16, 16, 16),
+        )
+        grid = (cute.ceil_div(mQ.shape[2], self.tile_m), mQ.shape[1], mQ.shape[0])
+        self.kernel(
+            mQ,
+            mK,
+            mV,
+            mO,
+            softmax_scale * LOG2_E,
+            sQ_layout,
+            sKV_layout,
+            gmem_tiled_copy,
+            tiled_mma,
+            SharedStorage,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream)
+
+    # ------------------------------------------------------------------------------------------
+    # Device side.
+    # ------------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        softmax_scale_log2: cutlass.Float32,
+        sQ_layout: cute.Layout,
+        sKV_layout: cute.Layout,
+        gmem_tiled_copy: cute.TiledCopy,
+        tiled_mma: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = cute.arch.block_idx()
+        seqlen_q = mQ.shape[2]
+        seqlen_k = mK.shape[2]
+
+        # ---- 1. Tiles of this CTA and the range of K/V blocks it visits ----------------------
+        n_block_max = cute.ceil_div(seqlen_k, self.tile_n)
+        if cutlass.const_expr(self.causal):
+            # Keys beyond the last row of this tile are masked for every row: skip those tiles.
+            n_block_max = cutlass.min(n_block_max, cute.ceil_div((m_block + 1) * self.tile_m, self.tile_n))
+        tile_q = (self.tile_m, self.head_dim)
+        tile_kv = (self.tile_n, self.head_dim)
+        gQ = cute.local_tile(mQ[batch, head, None, None], tile_q, (m_block, 0))  # (tile_m, D)
+        gK = cute.local_tile(mK[batch, head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
+        gV = cute.local_tile(mV[batch, head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
+        gO = cute.local_tile(mO[batch, head, None, None], tile_q, (m_block, 0))  # (tile_m, D)
+        # Identity tensors: each element holds its own (row, col) coordinate, for predicates.
+        cQ = cute.local_tile(cute.make_identity_tensor((seqlen_q, self.head_dim)), tile_q, (m_block, 0))
+        cKV = cute.local_tile(cute.make_identity_tensor((seqlen_k, self.head_dim)), tile_kv, (None, 0))
+
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout)  # (tile_m, D)
+        sK = storage.sK.get_tensor(sKV_layout)  # (tile_n, D)
+        sV = storage.sV.get_tensor(sKV_layout)  # (tile_n, D)
+        # V as the B operand of O += P V must be indexed (D, tile_n): same memory, transposed view.
+        sVt = cute.composition(sV, cute.make_layout((self.head_dim, self.tile_n), stride=(self.tile_n, 1)))
+
+        gmem_thr_copy = gmem_tiled_copy.get_slice(tidx)
+        tQgQ = gmem_thr_copy.partition_S(gQ)  # (CPY, CPY_M, CPY_D)
+        tQsQ = gmem_thr_copy.partition_D(sQ)  # (CPY, CPY_M, CPY_D)
+        tQcQ = gmem_thr_copy.partition_S(cQ)  # (CPY, CPY_M, CPY_D)
+        tKgK = gmem_thr_copy.partition_S(gK)  # (CPY, CPY_N, CPY_D, n_blocks)
+        tKsK = gmem_thr_copy.partition_D(sK)  # (CPY, CPY_N, CPY_D)
+        tVgV = gmem_thr_copy.partition_S(gV)  # (CPY, CPY_N, CPY_D, n_blocks)
+        tVsV = gmem_thr_copy.partition_D(sV)  # (CPY, CPY_N, CPY_D)
+        tKVcKV = gmem_thr_copy.partition_S(cKV)  # (CPY, CPY_N, CPY_D, n_blocks)
+
+        thr_mma = tiled_mma.get_slice(tidx)
+        tSsQ = thr_mma.partition_A(sQ)  # (MMA, MMA_M, MMA_K)
+        tSsK = thr_mma.partition_B(sK)  # (MMA, MMA_N, MMA_K)
+        tOsVt = thr_mma.partition_B(sVt)  # (MMA, MMA_D, MMA_K)
+        tSrQ = thr_mma.make_fragment_A(tSsQ)
+        tSrK = thr_mma.make_fragment_B(tSsK)
+        tOrVt = thr_mma.make_fragment_B(tOsVt)
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.tile_m, self.head_dim)), cutlass.Float32)
+        acc_O.fill(0.0)
+        rows_per_thread = cute.size(acc_O, mode=[0, 1]) * cute.size(acc_O, mode=[1])
+        row_max = cute.make_rmem_tensor(rows_per_thread, cutlass.Float32)
+        row_sum = cute.make_rmem_tensor(rows_per_thread, cutlass.Float32)
+        row_max.fill(-cutlass.Float32.inf)
+        row_sum.fill(0.0)
+
+        # ---- 2. Q to shared memory (joins the first K/V group of 3a) --------------------------
+        for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
+            if tQcQ[0, m, 0][0] < seqlen_q:
+                cute.copy(gmem_tiled_copy, tQgQ[None, m, None], tQsQ[None, m, None])
+            else:
+                tQsQ[None, m, None].fill(0)
+
+        # ---- 3. K/V blocks, last first: masked iterations, then the unmasked rest ------------
+        for step in cutlass.range_constexpr(self.mask_steps):
+            if step < n_block_max:
+                n_block = n_block_max - 1 - step
+                self.load_kv(gmem_tiled_copy, tKgK, tKsK, tVgV, tVsV, tKVcKV, n_block, seqlen_k)
+                self.attend_block(
+                    tiled_mma, thr_mma, tSsQ, tSrQ, tSsK, tSrK, tOsVt, tOrVt, acc_O, row_max, row_sum,
+                    softmax_scale_log2, m_block, n_block, seqlen_q, seqlen_k, True,
+                )  # fmt: skip
+        for step in cutlass.range(self.mask_steps, n_block_max, 1):
+            n_block = n_block_max - 1 - step
+            self.load_kv(gmem_tiled_copy, tKgK, tKsK, tVgV, tVsV, tKVcKV, n_block, seqlen_k)
+            self.attend_block(
+                tiled_mma, thr_mma, tSsQ, tSrQ, tSsK, tSrK, tOsVt, tOrVt, acc_O, row_max, row_sum,
+                softmax_scale_log2, m_block, n_block, seqlen_q, seqlen_k, False,
+            )  # fmt: skip
+
+        # ---- 4. Epilogue: normalise, cast, predicated store ----------------------------------
+        acc_O_mn = _rows_by_cols(acc_O)
+        for r in cutlass.range_constexpr(rows_per_thread):
+            total = _quad_allreduce(row_sum[r], _add)
+            # A row with no visible key would have total 0; write zeros rather than inf/NaN.
+            inv_total = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
+            for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                acc_O_mn[r, c] = acc_O_mn[r, c] * inv_total
+        rO = cute.make_fragment_like(acc_O, mO.element_type)
+        rO.store(acc_O.load().to(mO.element_type))
+        tOgO = thr_mma.partition_C(gO)  # (MMA, MMA_M, MMA_D)
+        tOcO = thr_mma.partition_C(cute.make_identity_tensor(tile_q))  # (row, col) inside the tile
+        for i in cutlass.range_constexpr(cute.size(rO)):
+            if m_block * self.tile_m + tOcO[i][0] < seqlen_q:
+                tOgO[i] = rO[i]
+
+    @cute.jit
+    def load_kv(
+        self,
+        gmem_tiled_copy: cute.TiledCopy,
+        tKgK: cute.Tensor,
+        tKsK: cute.Tensor,
+        tVgV: cute.Tensor,
+        tVsV: cute.Tensor,
+        tKVcKV: cute.Tensor,
+        n_block: cutlass.Int32,
+        seqlen_k: cutlass.Int32,
+    ):
+        """Single stage: every thread must be done with the previous tile before it is
+        overwritten, and the new tile must have landed before anyone reads it."""
+        cute.arch.barrier()
+        for n in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
+            if tKVcKV[0, n, 0, n_block][0] < seqlen_k:
+                cute.copy(gmem_tiled_copy, tKgK[None, n, None, n_block], tKsK[None, n, None])
+                cute.copy(gmem_tiled_copy, tVgV[None, n, None, n_block], tVsV[None, n, None])
+            else:
+                # Past Sk: zeros, since P = 0 times uninitialised shared memory could be NaN.
+                tKsK[None, n, None].fill(0)
+                tVsV[None, n, None].fill(0)
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()
+
+    @cute.jit
+    def attend_block(
+        self,
+        tiled_mma: cute.TiledMma,
+        thr_mma: cute.ThrMma,
+        tSsQ: cute.Tensor,
+        tSrQ: cute.Tensor,
+        tSsK: cute.Tensor,
+        tSrK: cute.Tensor,
+        tOsVt: cute.Tensor,
+        tOrVt: cute.Tensor,
+        acc_O: cute.Tensor,
+        row_max: cute.Tensor,
+        row_sum: cute.Tensor,
+        softmax_scale_log2: cutlass.Float32,
+        m_block: cutlass.Int32,
+        n_block: cutlass.Int32,
+        seqlen_q: cutlass.Int32,
+        seqlen_k: cutlass.Int32,
+        masked: cutlass.Constexpr,
+    ):
+        """One K/V block: S = Q Kᵀ → mask → online softmax → rescale O → O += P V."""
+        # ---- 3b. S = Q Kᵀ, one 16-wide k-step of D at a time ---------------------------------
+        acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.tile_m, self.tile_n)), cutlass.Float32)
+        acc_S.fill(0.0)
+        for k in cutlass.range_constexpr(cute.size(tSsQ, mode=[2])):
+            cute.autovec_copy(tSsQ[None, None, k], tSrQ[None, None, k])
+            cute.autovec_copy(tSsK[None, None, k], tSrK[None, None, k])
+            cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
+
+        # ---- 3c. Mask keys past Sk and, when causal, right of the diagonal --------------------
+        acc_S_mn = _rows_by_cols(acc_S)  # (rows of this thread, cols of this thread)
+        if cutlass.const_expr(masked):
+            cS = cute.local_tile(
+                cute.make_identity_tensor((seqlen_q, seqlen_k)), (self.tile_m, self.tile_n), (m_block, n_block)
+            )
+            tScS_mn = _rows_by_cols(thr_mma.partition_C(cS))
+            for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+                key_limit = seqlen_k
+                if cutlass.const_expr(self.causal):
+                    key_limit = cutlass.min(tScS_mn[r, 0][0] + 1, seqlen_k)
+                for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+                    if tScS_mn[0, c][1] >= key_limit:
+                        acc_S_mn[r, c] = -cutlass.Float32.inf
+
+        # ---- 3d. Online softmax, row by row of this thread -----------------------------------
+        acc_O_mn = _rows_by_cols(acc_O)
+        for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+            block_max = acc_S_mn[r, 0]
+            for c in cutlass.range_constexpr(1, cute.size(acc_S_mn, mode=[1])):
+                block_max = cute.arch.fmax(block_max, acc_S_mn[r, c])
+            new_max = cute.arch.fmax(row_max[r], _quad_allreduce(block_max, cute.arch.fmax))
+            # Guard: a row that has seen only masked keys keeps -inf; subtract 0 instead so that
+            # exp2(-inf - -inf) = NaN never happens (its P and rescale factor become 0).
+            max_scaled = 0.0 if new_max == -cutlass.Float32.inf else new_max * softmax_scale_log2
+            rescale = cute.math.exp2(row_max[r] * softmax_scale_log2 - max_scaled, fastmath=True)
+            block_sum = cutlass.Float32(0.0)
+            for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+                p = cute.math.exp2(acc_S_mn[r, c] * softmax_scale_log2 - max_scaled, fastmath=True)
+                acc_S_mn[r, c] = p
+                block_sum = block_sum + p
+            # Row sums stay per-thread partial sums; they are reduced across the quad once, at the end.
+            row_sum[r] = row_sum[r] * rescale + block_sum
+            row_max[r] = new_max
+            for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                acc_O_mn[r, c] = acc_O_mn[r, c] * rescale
+
+        # ---- 3e. O += P V, P reused in registers as the A operand ----------------------------
+        rP = cute.make_fragment_like(acc_S, tSrQ.element_type)
+        rP.store(acc_S.load().to(tSrQ.element_type))
+        tOrP = _accumulator_as_operand_a(rP)  # (MMA, MMA_M, MMA_K = tile_n / 16)
+        for k in cutlass.range_constexpr(cute.size(tOsVt, mode=[2])):
+            cute.autovec_copy(tOsVt[None, None, k], tOrVt[None, None, k])
+            cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)
+
+
+# ----------------------------------------------------------------------------------------------
+# Register-fragment helpers (the m16n8k16 accumulator layout).
+# ----------------------------------------------------------------------------------------------
+def _rows_by_cols(acc: cute.Tensor) -> cute.Tensor:
+    """View an accumulator ((2 cols, 2 rows), MMA_M, MMA_N) as (rows, cols) of this thread."""
+    flat = cute.make_layout(acc.shape)
+    rows = ((flat.shape[0][1], flat.shape[1]), (flat.stride[0][1], flat.stride[1]))
+    cols = ((flat.shape[0][0], flat.shape[2]), (flat.stride[0][0], flat.stride[2]))
+    by_rows = cute.make_layout((rows[0], cols[0]), stride=(rows[1], cols[1]))
+    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, by_rows))
+
+
+def _accumulator_as_operand_a(rP: cute.Tensor) -> cute.Tensor:
+    """Regroup an m16n8 accumulator ((2, 2), MMA_M, MMA_N) as m16k16 A operands
+    ((2, 2, 2), MMA_M, MMA_N / 2): two neighbouring n8 tiles are the two k8 halves of one k16."""
+    divided = cute.logical_divide(rP.layout, (None, None, 2))
+    shape = ((divided.shape[0], divided.shape[2][0]), divided.shape[1], divided.shape[2][1])
+    stride = ((divided.stride[0], divided.stride[2][0]), divided.stride[1], divided.stride[2][1])
+    return cute.make_tensor(rP.iterator, cute.make_layout(shape, stride=stride))
+
+
+def _add(a: cutlass.Float32, b: cutlass.Float32) -> cutlass.Float32:
+    return a + b
+
+
+def _quad_allreduce(value: cutlass.Float32, op: Any) -> cutlass.Float32:
+    """Combine the values of the 4 lanes that hold one accumulator row; all 4 get the result."""
+    for offset in QUAD_SHUFFLE_OFFSETS:
+        value = op(value, cute.arch.shuffle_sync_bfly(value, offset=offset))
+    return value
+
+
+# ----------------------------------------------------------------------------------------------
+# Host function: validate, compile once per configuration, allocate O, launch.
+# ----------------------------------------------------------------------------------------------
+_COMPILED: dict[tuple[torch.dtype, TileConfig], Any] = {}
+
+
+def tile_config(problem: Problem) -> TileConfig:
+    return TileConfig(head_dim=problem.head_dim, causal=problem.causal)
+
+
+def _cute_tensor(tensor: torch.Tensor) -> cute.Tensor:
+    return from_dlpack(tensor, assumed_align=16).mark_layout_dynamic(leading_dim=3)
+
+
+def _current_stream() -> cuda.CUstream:
+    return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+
+
+def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+    """Validate, compile (cached), allocate O; the returned ``run()`` only launches."""
+    checked = validate_attention_inputs(
+        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, head_dims=HEAD_DIMS
+    )
+    q, k, v = (kernel_operand(t) for t in (q, k, v))
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    operands = [_cute_tensor(t) for t in (q, k, v, out)]
+    scale = cutlass.Float32(checked.scale)
+    config = tile_config(checked)
+    key = (q.dtype, config)
+    if key not in _COMPILED:
+        _COMPILED[key] = cute.compile(TiledAttentionKernel(config), *operands, scale, _current_stream())
+    compiled = _COMPILED[key]
+
+    def run() -> torch.Tensor:
+        compiled(*operands, scale, _current_stream())
+        return out
+
+    return run
+
+
+def fake_operands(problem: Problem) -> list[Any]:
+    """Fake q, k, v, o with dynamic B, H, S and strides, for compiling without a GPU."""
+    dtype = CUTE_DTYPES[problem.dtype]
+    batch, heads = cute.sym_int(), cute.sym_int()
+    fakes = []
+    for seqlen in (cute.sym_int(), cute.sym_int()):
+        stride = (cute.sym_int64(), cute.sym_int64(), cute.sym_int64(), 1)
+        fakes.append(make_fake_tensor(dtype, (batch, heads, seqlen, problem.head_dim), stride, assumed_align=16))
+    fake_q, fake_k = fakes
+    return [fake_q, fake_k, fake_k, fake_q]
+
+
+def compile_sm90(problem: Problem) -> list[KernelBinary]:
+    config = tile_config(problem)
+    args = [*fake_operands(problem), cutlass.Float32(problem.scale), make_fake_stream()]
+    return [compile_cute_sm90(TiledAttentionKernel(config), *args, name="cute_tiled", threads=config.num_threads)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Capability check.
+# ----------------------------------------------------------------------------------------------
+def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
+    if device.type != "cuda":
+        return False, f"cute/tiled needs a CUDA device, got {device}"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MIN_COMPUTE_CAPABILITY:
+        return False, f"cute/tiled needs compute capability >= 8.0 (mma.sync bf16, cp.async), got {capability}"
+    if problem.dtype not in CUTE_DTYPES:
+        return False, f"cute/tiled supports fp16 and bf16, got {problem.dtype_name}"
+    if problem.head_dim not in HEAD_DIMS:
+        return False, (
+            f"cute/tiled supports head_dim in {list(HEAD_DIMS)}, got {problem.head_dim} "
+            "(D=256 has not been validated on the GPU for this rung)"
+        )
+    return True, ""
+
+
+IMPLEMENTATION = Implementation(
+    name="cute/tiled",
+    stack="cute",
+    rung="tiled",
+    prepare=prepare,
+    supports=supports,
+    compile_sm90=compile_sm90,
+    required_ptx=("mma.sync", "cp.async"),
+    runs_on_cpu=False,
+    source_file=__file__,
+)

@@ -1,0 +1,107 @@
+"""Rung-specific checks of cute/tiled and cute/pipelined beyond the shared registry tests."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass")
+
+from common.check import check_implementation
+from common.metrics import error_stats
+from common.problem import Problem
+from common.reference import reference_attention
+from common.sdpa import sdpa
+from common.static import cubin_resources
+from cute_impl import pipelined, tiled
+
+MODULES = {"cute/tiled": tiled, "cute/pipelined": pipelined}
+# Shared memory per SM on the H100/H200 available to CTAs, in bytes.
+SM90_SMEM_PER_SM = 227 * 1024
+
+
+def _kv_bytes_per_stage(head_dim: int, tile_n: int) -> int:
+    return 2 * tile_n * head_dim * 2
+
+
+@pytest.mark.parametrize("head_dim", sorted(pipelined.TILE_CONFIGS))
+def test_pipelined_tiles_leave_room_for_two_ctas_per_sm(head_dim: int):
+    tile_m, tile_n, stages = pipelined.TILE_CONFIGS[head_dim]
+    smem = tile_m * head_dim * 2 + stages * _kv_bytes_per_stage(head_dim, tile_n)
+    assert 2 * smem <= SM90_SMEM_PER_SM, f"D={head_dim}: {smem} B of shared memory per CTA"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_refuses_cpu_and_unsupported_head_dim(name: str):
+    module = MODULES[name]
+    ok, reason = module.supports(Problem(1, 1, 64, 64, 128), torch.device("cpu"))
+    assert not ok and "CUDA" in reason
+    if torch.cuda.is_available():
+        ok, reason = module.supports(Problem(1, 1, 64, 64, 256), torch.device("cuda"))
+        assert not ok and "head_dim" in reason
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_bad_inputs_raise_before_any_kernel(name: str):
+    prepare = MODULES[name].prepare
+    q = torch.zeros(1, 1, 8, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="cuda"):
+        prepare(q, q, q, Problem(1, 1, 8, 8, 128))
+    with pytest.raises(TypeError, match="dtype"):
+        prepare(q.float(), q.float(), q.float(), Problem(1, 1, 8, 8, 128))
+    if torch.cuda.is_available():
+        odd = torch.zeros(1, 1, 8, 96, dtype=torch.bfloat16, device="cuda")
+        with pytest.raises(ValueError, match="head_dim"):
+            prepare(odd, odd, odd, Problem(1, 1, 8, 8, 96))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_spills_at_any_supported_configuration(name: str, head_dim: int, dtype: torch.dtype, causal: bool):
+    """The shared static test checks the canonical problem only; every tile config must be spill-free."""
+    problem = Problem(1, 1, 1024, 1024, head_dim, dtype=dtype, causal=causal)
+    for binary in MODULES[name].compile_sm90(problem):
+        for usage in cubin_resources(binary.cubin).values():
+            spills = usage["stack_bytes"] + usage["local_bytes"]
+            assert spills == 0, f"{name} {problem.describe()}: {usage['registers']} registers, {spills} B stack/local"
+
+
+def test_pipelined_waits_for_one_block_not_for_all():
+    """The ring's point: the main loop waits with wait_group(stages-1), tiled with wait_group(0)."""
+    problem = Problem(1, 1, 256, 256, 64, causal=True)
+    stages = pipelined.tile_config(problem).stages
+    pipelined_ptx = pipelined.compile_sm90(problem)[0].ptx
+    tiled_ptx = tiled.compile_sm90(problem)[0].ptx
+    waits = set(re.findall(r"cp\.async\.wait_group\s+(\d+)", pipelined_ptx))
+    assert str(stages - 1) in waits, f"pipelined waits {waits}"
+    assert set(re.findall(r"cp\.async\.wait_group\s+(\d+)", tiled_ptx)) == {"0"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_strided_inputs_and_custom_scale(name: str):
+    """q/k/v as (B, S, H, D) transposed views (non-contiguous heads) and a non-default scale."""
+    torch.manual_seed(0)
+    batch, heads, seqlen_q, seqlen_k, head_dim = 2, 3, 333, 517, 64
+    q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=torch.float16).transpose(1, 2)
+    k = torch.randn(batch, seqlen_k, heads, head_dim, device="cuda", dtype=torch.float16).transpose(1, 2)
+    v = torch.randn(batch, seqlen_k, heads, head_dim, device="cuda", dtype=torch.float16).transpose(1, 2) + 0.5
+    problem = Problem(batch, heads, seqlen_q, seqlen_k, head_dim, dtype=torch.float16, causal=True, softmax_scale=0.3)
+    out = MODULES[name].prepare(q, k, v, problem)()
+    ref = reference_attention(q, k, v, problem)
+    err, sdpa_err = error_stats(out, ref), error_stats(sdpa(q, k, v, problem), ref)
+    ok, reason = MODULES[name].IMPLEMENTATION.error_rule.judge(err, sdpa_err)
+    assert ok, f"{name}: {reason}; {err.summary()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlens", [(129, 63), (64, 700), (5000, 130)], ids=["q129-k63", "q64-k700", "q5000-k130"])
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_tile_boundaries_causal(name: str, seqlens: tuple[int, int]):
+    problem = Problem(1, 2, *seqlens, 128, dtype=torch.bfloat16, causal=True)
+    result = check_implementation(MODULES[name].IMPLEMENTATION, problem, device="cuda", seed=sum(seqlens))
+    assert result.ok, f"{name} {problem.describe()}: {result.summary()}"
