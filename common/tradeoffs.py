@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import io
 import math
+import numbers
 import tokenize
 from pathlib import Path
 
@@ -74,6 +75,10 @@ def implementation_table(static_rows: list[StaticRow], timed: pd.DataFrame, root
     return pd.DataFrame.from_records(records)
 
 
+def _missing(value: object) -> bool:
+    return isinstance(value, numbers.Real) and math.isnan(value)
+
+
 def side_by_side(table: pd.DataFrame) -> pd.DataFrame:
     """Per rung and metric: the Triton value, the CuTe value and CuTe / Triton."""
     rows = []
@@ -82,9 +87,9 @@ def side_by_side(table: pd.DataFrame) -> pd.DataFrame:
         pair = {stack: table[(table["rung"] == rung) & (table["stack"] == stack)] for stack in STACK_PAIR}
         for metric in metrics:
             values = [pair[s][metric].iloc[0] if len(pair[s]) and metric in pair[s] else math.nan for s in STACK_PAIR]
-            numeric = all(isinstance(v, (int, float)) and not math.isnan(v) for v in values)
-            if all(isinstance(v, float) and math.isnan(v) for v in values):
+            if all(_missing(v) for v in values):
                 continue
+            numeric = all(isinstance(v, numbers.Real) and not _missing(v) for v in values)
             ratio = values[1] / values[0] if numeric and values[0] else math.nan
             rows.append({"rung": rung, "metric": metric, "triton": values[0], "cute": values[1], "cute/triton": ratio})
     return pd.DataFrame.from_records(rows)

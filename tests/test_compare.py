@@ -85,7 +85,8 @@ def test_cpu_run_end_to_end(tmp_path: Path):
         timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    for name in ("results.csv", "env.json", "latency.png", "tflops.png", "error.png", "report.md"):
+    produced = ("results.csv", "env.json", "latency.png", "tflops.png", "error.png", "report.md", "tradeoffs.csv")
+    for name in (*produced, "tradeoffs.png"):
         assert (out / name).stat().st_size > 0, name
     with (out / "results.csv").open() as handle:
         rows = list(csv.DictReader(handle))
@@ -94,4 +95,10 @@ def test_cpu_run_end_to_end(tmp_path: Path):
     assert by_impl[("sdpa/math", "True")]["status"] == "ok"
     assert by_impl[("sdpa/flash", "False")]["status"] == "skipped"
     assert all(row["status"] in ("ok", "skipped") for row in rows), [r for r in rows if r["status"] != "ok"]
-    assert "CPU run" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "CPU run" in report
+    assert "Triton vs CuTe, rung by rung" in report and "Instructions in the PTX" in report
+    with (out / "tradeoffs.csv").open() as handle:
+        static = {(row["rung"], row["metric"]): row for row in csv.DictReader(handle)}
+    assert float(static[("tiled", "loc")]["triton"]) > 0 and float(static[("tiled", "loc")]["cute"]) > 0
+    assert float(static[("hopper", "registers")]["cute"]) > 0

@@ -1,0 +1,54 @@
+"""The static half of the tradeoff table: code-line counting and the side-by-side pairing."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from common.static import PTX_FEATURES, StaticRow, ptx_features
+from common.tradeoffs import code_lines, side_by_side
+
+SOURCE = '''"""Module docstring,
+over two lines."""
+
+import math  # a comment
+
+
+def area(radius: float) -> float:
+    """Docstring."""
+    # a comment line
+    return math.pi * (
+        radius**2
+    )
+'''
+
+
+def test_code_lines_skip_blanks_comments_and_docstrings():
+    assert code_lines(SOURCE) == 5
+
+
+def test_ptx_features_recognise_the_ladder_instructions():
+    ptx = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {...};\ncp.async.cg.shared.global [a], [b], 16;"
+    found = ptx_features(ptx)
+    assert found["mma.sync"] and found["cp.async"]
+    assert not found["wgmma.mma_async"] and not found["cp.async.bulk.tensor"]
+    assert ptx_features("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {...};")["e4m3 mma"]
+
+
+def test_side_by_side_pairs_stacks_per_rung_with_ratio():
+    table = pd.DataFrame(
+        [
+            {"impl": "triton/tiled", "stack": "triton", "rung": "tiled", "loc": 100, "tflops": 300.0},
+            {"impl": "cute/tiled", "stack": "cute", "rung": "tiled", "loc": 250, "tflops": 90.0},
+        ]
+    )
+    pairs = side_by_side(table).set_index(["rung", "metric"])
+    assert pairs.loc[("tiled", "loc"), "cute/triton"] == 2.5
+    assert math.isclose(pairs.loc[("tiled", "tflops"), "cute/triton"], 0.3)
+    assert ("naive", "loc") not in pairs.index
+
+
+def test_static_row_features_cover_every_family():
+    row = StaticRow("cute/hopper", 1, 0.5, 168, 0, 1024, 384, dict.fromkeys(PTX_FEATURES, False))
+    assert set(row.features) == set(PTX_FEATURES)
