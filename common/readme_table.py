@@ -19,6 +19,9 @@ from common.registry import RUNGS
 ROOT = Path(__file__).resolve().parent.parent
 CANONICAL_DIR = ROOT / "results" / "h200" / "canonical"
 README = ROOT / "README.md"
+LADDER_GUIDE = ROOT / "docs" / "ladder.md"
+# Every document that carries the results table between the markers.
+DOCUMENTS = (README, LADDER_GUIDE)
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 STACK_TITLES = {"triton": "Triton", "cute": "CuTe DSL"}
 
@@ -75,14 +78,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
-    current = README.read_text()
-    wanted = regenerate(current, results_table(CANONICAL_DIR / "results.csv", CANONICAL_DIR / "env.json"))
-    if args.check:
-        if wanted != current:
-            print("README.md results table is stale: run python -m common.readme_table", file=sys.stderr)
-            return 1
-        return 0
-    README.write_text(wanted)
+    table = results_table(CANONICAL_DIR / "results.csv", CANONICAL_DIR / "env.json")
+    stale = []
+    for document in DOCUMENTS:
+        current = document.read_text()
+        wanted = regenerate(current, table)
+        if wanted == current:
+            continue
+        if args.check:
+            stale.append(document.name)
+        else:
+            document.write_text(wanted)
+    if stale:
+        print(f"stale results table in {', '.join(stale)}: run python -m common.readme_table", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -3,8 +3,8 @@
     python -m common.sanitize --impl '*' --out results/h200/sanitizer.md
 
 Each (rung, tool) pair runs in its own ``compute-sanitizer`` process that checks the rung on a few
-small problems (ragged lengths, Sq != Sk, causal and not); the summary records the verdict and the
-first error lines.
+small problems (ragged lengths, Sq != Sk, causal and not) and runs nothing but the rung's own
+kernels; the summary records the verdict and the first error lines.
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ import fnmatch
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-from common.check import check_implementation
+from common.check import run_poisoned
+from common.inputs import make_inputs
 from common.problem import Problem
 from common.registry import discover
 
@@ -26,13 +28,16 @@ TOOLS = ("memcheck", "racecheck")
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_PROBLEMS = (
     Problem(1, 2, 77, 77, 64, dtype=torch.bfloat16, causal=True),
-    Problem(1, 2, 130, 77, 128, dtype=torch.float16, causal=False),
-    Problem(1, 1, 77, 200, 128, dtype=torch.bfloat16, causal=True),
+    Problem(1, 1, 130, 200, 128, dtype=torch.float16, causal=True),
+    Problem(1, 1, 200, 77, 128, dtype=torch.bfloat16, causal=False),
 )
-TIMEOUT_S = 900
+TIMEOUT_S = 300
+# Sanitised processes are mostly host-bound (instrumented launches, JIT): a few run side by side.
+PARALLEL_RUNS = 4
 
 
 def _child(impl_name: str) -> int:
+    """Run only the rung (no reference, no SDPA), so every report is about its own kernels."""
     available, _ = discover(include_baselines=False)
     impl = next(candidate for candidate in available if candidate.name == impl_name)
     failures = 0
@@ -41,10 +46,12 @@ def _child(impl_name: str) -> int:
         if not ok:
             print(f"skip {problem.describe()}: {reason}")
             continue
-        result = check_implementation(impl, problem, seed=problem.seqlen_q)
+        q, k, v = make_inputs(problem, seed=problem.seqlen_q)
+        out = run_poisoned(impl.prepare(q, k, v, problem))
         torch.cuda.synchronize()
-        print(f"{problem.describe()}: {result.summary()}")
-        failures += not result.ok
+        unwritten = int((~torch.isfinite(out)).sum().item())
+        print(f"{problem.describe()}: {unwritten} non-finite output elements")
+        failures += unwritten > 0
     return 1 if failures else 0
 
 
@@ -85,13 +92,17 @@ def main() -> None:
     available, _ = discover(include_baselines=False)
     lines = ["# compute-sanitizer sweep", "", "Problems: " + "; ".join(p.describe() for p in SMALL_PROBLEMS), ""]
     lines += ["| impl | tool | verdict | detail |", "|---|---|---|---|"]
-    for impl in available:
-        if not fnmatch.fnmatch(impl.name, args.impl):
-            continue
-        for tool in args.tools.split(","):
-            verdict, detail = _sanitize(impl.name, tool)
-            print(f"{impl.name:18s} {tool:10s} {verdict:8s} {detail[:150]}", flush=True)
-            lines.append(f"| {impl.name} | {tool} | {verdict} | {detail[:300]} |")
+    jobs = [
+        (impl.name, tool)
+        for impl in available
+        if fnmatch.fnmatch(impl.name, args.impl)
+        for tool in args.tools.split(",")
+    ]
+    with ThreadPoolExecutor(PARALLEL_RUNS) as pool:
+        verdicts = pool.map(lambda job: _sanitize(*job), jobs)
+        for (impl_name, tool), (verdict, detail) in zip(jobs, verdicts, strict=True):
+            print(f"{impl_name:18s} {tool:10s} {verdict:8s} {detail[:150]}", flush=True)
+            lines.append(f"| {impl_name} | {tool} | {verdict} | {detail[:300]} |")
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
 
