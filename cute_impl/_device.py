@@ -84,22 +84,30 @@ class AttentionMask:
     def apply(
         self,
         acc_S: cute.Tensor,
-        thr_mma: cute.ThrMma,
+        tiled_mma: cute.TiledMma,
+        tidx: cutlass.Int32,
         m_block: cutlass.Int32,
         n_block: cutlass.Int32,
         seqlen_q: cutlass.Int32,
         seqlen_k: cutlass.Int32,
     ):
-        coords = cute.make_identity_tensor((seqlen_q, seqlen_k))
-        cS = cute.local_tile(coords, (self.tile_m, self.tile_n), (m_block, n_block))  # (tile_m, tile_n)
-        tScS = rows_by_cols(thr_mma.partition_C(cS))  # (rows, cols) of (row, key) coordinates
+        # A fragment coordinate is (this thread's first coordinate) + (thread 0's coordinate): the
+        # thread and value bits of the mma.sync layouts are disjoint. Thread 0's coordinates are
+        # compile-time constants, so each element costs one compare with an immediate; comparing
+        # full (row, key) coordinates made ptxas keep 32 of them live and spill at 128 registers.
+        tile = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        tScS = rows_by_cols(tiled_mma.get_slice(tidx).partition_C(tile))  # (rows, cols) of (row, key)
+        offsets = rows_by_cols(tiled_mma.get_slice(0).partition_C(tile))  # same, thread 0: static
+        first_key = n_block * self.tile_n + tScS[0, 0][1]
         acc_S_mn = rows_by_cols(acc_S)
         for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
             key_limit = seqlen_k
             if cutlass.const_expr(self.causal):
-                key_limit = cutlass.min(tScS[r, 0][0] + 1, seqlen_k)
+                key_limit = cutlass.min(m_block * self.tile_m + tScS[r, 0][0] + 1, seqlen_k)
+            # Keys this thread may keep in row r, counted from its first key.
+            keys_left = key_limit - first_key
             for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-                if tScS[0, c][1] >= key_limit:
+                if offsets[0, c][1] >= keys_left:
                     acc_S_mn[r, c] = -cutlass.Float32.inf
 
 

@@ -19,8 +19,9 @@ What it adds over ``cute/tiled``, and which bottleneck each step removes:
 * Causal CTAs are launched heaviest first (largest ``m_block`` first) so the short diagonal tiles
   fill the tail of the grid.
 
-Shapes: q (B, H, Sq, D), k and v (B, H, Sk, D), o (B, H, Sq, D). One CTA of 4 warps computes one
-``tile_m``-row block of O for one (batch, head).
+Shapes: q (B, H, Sq, D), k and v (B, H, Sk, D), o (B, H, Sq, D). One CTA of ``num_warps`` warps
+computes one ``tile_m``-row block of O for one (batch, head); each warp owns ``tile_m / num_warps``
+rows, and its accumulator rows sit in quads of 4 lanes, as ``_device`` describes.
 
 Algorithm (the sections of :meth:`PipelinedAttentionKernel.kernel`):
 1. Tiles of this CTA and its K/V block range (fully masked causal blocks are never visited).
@@ -40,11 +41,11 @@ Algorithm (the sections of :meth:`PipelinedAttentionKernel.kernel`):
 Data movement: HBM →(cp.async.cg 16 B)→ swizzled SMEM ring →(ldmatrix.x4 / ldmatrix.x4.trans)→
 registers →(mma.sync.m16n8k16, fp32 accumulate)→ registers → HBM (st.global, rows < Sq).
 
-Tile budget (the comment on :data:`TILE_CONFIGS` has the arithmetic): tile_m = 128, 4 warps, each
-warp owns 32 rows of Q. D = 128: tile_n = 32, 2 stages, 64 KiB of shared memory, 2 CTAs per SM
-(register-bound). D = 64: tile_n = 64, 3 stages, 64 KiB. D = 256 is refused: the O accumulator
-alone would be 256 fp32 registers per thread at tile_m = 128 (or a 64-row tile with half the MMA
-work per barrier).
+Tile budget (the comment on :data:`TILE_CONFIGS` has the arithmetic): tile_m = 128. D = 128: 8
+warps of 16 rows, tile_n = 64, 2 stages, 96 KiB of shared memory, one CTA per SM; halving the rows
+per warp halves the O and S registers, which is FA2's way to a 64-key tile without spills. D = 64:
+4 warps of 32 rows, tile_n = 64, 3 stages, 64 KiB. D = 256 is refused: the O accumulator alone
+would be 256 fp32 registers per thread with 32 rows per warp.
 
 Constraints: fp16/bf16, D in {64, 128}, any Sq, Sk >= 1, causal top-left, compute capability
 >= 8.0.
@@ -57,17 +58,19 @@ worth 4.1x, and the result matches the hand-written CUDA of FA2. That tile used 
 and a 72-byte stack frame (48 causal): ptxas spilled the four row sums and a few swizzled
 ldmatrix addresses. Compiled for sm_90a, the spills stayed (16 to 80 bytes) at tile_n = 64 for
 every split of the double-buffering we tried, and with whole-k-step buffers even at tile_n = 32
-(8 bytes); tile_n = 32 with half-step buffers is the first spill-free D = 128 configuration (255
-registers, no stack, fp16 and bf16, causal or not); a third ring stage brings 48 bytes of stack
-back. The spill-free tile has not been timed on the H200 yet; it reads Q from shared memory once
-per 32 keys instead of per 64 and rescales O twice as often. The ceiling left is the ``mma.sync`` path
+(8 bytes). Later H200 runs of 4-warp tiles: tile_n = 32 with half-step buffers (spill-free) 343 /
+312 TFLOP/s; tile_n = 64 with half-step buffers 381 / 345 but 16-48 bytes of stack. The 8-warp
+tile_n = 64 default compiles without stack for fp16 and bf16, causal or not; its speed is not
+measured yet (predicted: near the 4-warp tile_n = 64 numbers, since the MMA work per key block is
+the same; each warp reads the whole K and V tile for 16 rows instead of 32, so shared-memory
+traffic per FLOP doubles). The ceiling left is the ``mma.sync`` path
 itself: Hopper's ``wgmma`` (``cute/hopper``) issues warpgroup-wide MMAs straight from shared memory.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -96,8 +99,19 @@ WARP_THREADS = 32
 # row index within the atom, so 8 rows read together by ldmatrix hit 8 distinct bank groups.
 SWIZZLE_ROWS, SWIZZLE_COLS, SWIZZLE_BITS = 8, 64, 3
 SMEM_ALIGN_BYTES = 1024
-# Register double-buffering granularity: the N columns of a k-step's B operand load in this many pieces.
-N_PIECES_PER_K_STEP = 2
+# All of the unified L1/shared array as shared memory: two CTAs of the largest tile need 192 KiB.
+SMEM_CARVEOUT_PERCENT = 100
+
+
+class TileShape(NamedTuple):
+    """One entry of :data:`TILE_CONFIGS`: the tile and the warps that compute it."""
+
+    tile_m: int
+    tile_n: int
+    stages: int  # depth of the K/V cp.async ring
+    num_warps: int  # each warp owns tile_m / num_warps rows of Q (a multiple of 16)
+    pieces_per_k_step: int  # register double-buffering: a k-step's B operand loads in this many pieces
+    min_ctas_per_sm: int  # launch bound, 0 = none: ptxas caps registers at 65536 / (this · threads)
 
 
 @dataclass(frozen=True)
@@ -106,37 +120,41 @@ class TileConfig:
 
     head_dim: int
     causal: bool
-    tile_m: int
-    tile_n: int
-    stages: int
-    num_threads: int = 128
+    shape: TileShape
 
 
-# Budget per head dim (bf16/fp16, 4 warps, each warp 32 rows of Q; H200 SM: 227 KiB smem, 64 Ki regs):
-#   D = 128: registers bind first: 2 CTAs of 128 threads allow 255 per thread (65536 / 256).
-#            O 32·128/32 = 128 fp32, row max and sum 8, about 15 loop-invariant addresses (four
-#            swizzle patterns each for the Q, K and V ldmatrix, the K/V global pointers). With
-#            tile_n = 64, S adds 32·64/32 = 64 fp32 and the QKᵀ operands Q 2·8 + K 2·8 (half-step
-#            buffers): ptxas spilled 16-80 bytes. With tile_n = 32: S 32 fp32, Q 2·8 + K 2·4 during
-#            QKᵀ, then P 16 + V 2·16 during PV: no spills (ptxas fills the rest with early loads).
-#            smem = Q 128·128·2 = 32 KiB + 2 stages · (K 32·128·2 + V 32·128·2) = 32 KiB → 64 KiB.
-#            A third stage (dynamic slot arithmetic) brought a 48-byte stack frame back.
-#   D = 64:  smem = Q 16 KiB + 3 stages · 16 KiB = 64 KiB; O 64 fp32 + S 64 fp32 per thread.
-TILE_CONFIGS = {128: (128, 32, 2), 64: (128, 64, 3)}
+# Budget per head dim (bf16/fp16; H200 SM: 227 KiB smem, 64 Ki registers; sm_90a compile, ptxas counts):
+#   D = 128, 8 warps (each warp 16 rows of Q), tile_n = 64, 2 stages, no launch bound:
+#            O 16·128/32 = 64 fp32 + S 16·64/32 = 32 fp32 per thread; ptxas takes 196-210 registers,
+#            no stack, so one 256-thread CTA per SM (8 warps, as many as two 4-warp CTAs).
+#            smem = Q 128·128·2 = 32 KiB + 2 stages · (K 64·128·2 + V 64·128·2) = 64 KiB → 96 KiB.
+#            Capped at 128 registers for two CTAs per SM (min_ctas_per_sm = 2) it spills 8-32 bytes.
+#   D = 128, 4 warps (each warp 32 rows), the previous default (128, 32, 2, 4, 2, 0): O 128 fp32 +
+#            S 32 fp32, 254-255 registers, no stack, two CTAs per SM, 64 KiB smem; at tile_n = 64
+#            (S 64 fp32) ptxas spills 16-40 bytes.
+#   D = 64:  4 warps, smem = Q 16 KiB + 3 stages · 16 KiB = 64 KiB; O 64 fp32 + S 64 fp32 per thread.
+# A bench script may replace an entry (and clear _COMPILED) before prepare(): tile_config reads it there.
+TILE_CONFIGS = {
+    128: TileShape(tile_m=128, tile_n=64, stages=2, num_warps=8, pieces_per_k_step=2, min_ctas_per_sm=0),
+    64: TileShape(tile_m=128, tile_n=64, stages=3, num_warps=4, pieces_per_k_step=2, min_ctas_per_sm=0),
+}
 
 
 class PipelinedAttentionKernel:
     """FA2 forward: swizzled SMEM, ldmatrix, ``stages``-deep cp.async ring, register double-buffering."""
 
     def __init__(self, config: TileConfig):
+        shape = config.shape
         self.head_dim = config.head_dim
         self.causal = config.causal
-        self.tile_m = config.tile_m
-        self.tile_n = config.tile_n
-        self.stages = config.stages
-        self.num_threads = config.num_threads
-        self.blocks = KVBlockRange(config.tile_m, config.tile_n, config.causal)
-        self.mask = AttentionMask(config.tile_m, config.tile_n, config.causal)
+        self.tile_m = shape.tile_m
+        self.tile_n = shape.tile_n
+        self.stages = shape.stages
+        self.num_threads = shape.num_warps * WARP_THREADS
+        self.pieces_per_k_step = shape.pieces_per_k_step
+        self.min_ctas_per_sm = shape.min_ctas_per_sm
+        self.blocks = KVBlockRange(shape.tile_m, shape.tile_n, config.causal)
+        self.mask = AttentionMask(shape.tile_m, shape.tile_n, config.causal)
 
     # ------------------------------------------------------------------------------------------
     # Host side of the launch: layouts, copy atoms, tiled MMA, grid.
@@ -202,7 +220,14 @@ class PipelinedAttentionKernel:
             gmem_tiled_copy,
             tiled_mma,
             SharedStorage,
-        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream)
+        ).launch(
+            grid=grid,
+            block=[self.num_threads, 1, 1],
+            min_blocks_per_mp=self.min_ctas_per_sm,
+            # Only a launch bound above 1 needs the carveout (the DSL would otherwise query the device).
+            preferred_smem_carveout=SMEM_CARVEOUT_PERCENT if self.min_ctas_per_sm > 1 else None,
+            stream=stream,
+        )
 
     # ------------------------------------------------------------------------------------------
     # Device side.
@@ -306,12 +331,12 @@ class PipelinedAttentionKernel:
         for step in cutlass.range_constexpr(self.blocks.mask_steps):
             if step < n_block_max:
                 self.attend_block(
-                    kv_copy, tiled_mma, thr_mma, smem_operands, tSrQ, tSrK, tOrVt, acc_O, softmax,
+                    kv_copy, tiled_mma, tidx, smem_operands, tSrQ, tSrK, tOrVt, acc_O, softmax,
                     step, n_block_max, m_block, seqlen_q, seqlen_k, True,
                 )  # fmt: skip
         for step in cutlass.range(self.blocks.mask_steps, n_block_max, 1):
             self.attend_block(
-                kv_copy, tiled_mma, thr_mma, smem_operands, tSrQ, tSrK, tOrVt, acc_O, softmax,
+                kv_copy, tiled_mma, tidx, smem_operands, tSrQ, tSrK, tOrVt, acc_O, softmax,
                 step, n_block_max, m_block, seqlen_q, seqlen_k, False,
             )  # fmt: skip
         # Retire the empty trailing groups so no cp.async is outstanding at exit.
@@ -356,7 +381,7 @@ class PipelinedAttentionKernel:
         self,
         kv_copy: tuple,
         tiled_mma: cute.TiledMma,
-        thr_mma: cute.ThrMma,
+        tidx: cutlass.Int32,
         smem_operands: tuple,
         tSrQ: cute.Tensor,
         tSrK: cute.Tensor,
@@ -387,27 +412,35 @@ class PipelinedAttentionKernel:
         cute.arch.barrier()
 
         # ---- 3b. S = Q Kᵀ -------------------------------------------------------------------
-        acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.tile_m, self.tile_n)), cutlass.Float32)
+        acc_S = cute.make_rmem_tensor(tiled_mma.partition_shape_C((self.tile_m, self.tile_n)), cutlass.Float32)
         acc_S.fill(0.0)
         _gemm_double_buffered(
             tiled_mma,
             acc_S,
             tSrQ,
             tSrK,
+            self.pieces_per_k_step,
             b_load=(copy_K, tSsK[None, None, None, slot], tSrK_view),
             a_load=(copy_Q, tSsQ, tSrQ_view),
         )
 
         # ---- 3c./3d. Mask, online softmax (rescales O) ----------------------------------------
         if cutlass.const_expr(masked):
-            self.mask.apply(acc_S, thr_mma, m_block, n_block, seqlen_q, seqlen_k)
+            self.mask.apply(acc_S, tiled_mma, tidx, m_block, n_block, seqlen_q, seqlen_k)
         softmax.update(acc_S, acc_O)
 
         # ---- 3e. O += P V ---------------------------------------------------------------------
         rP = cute.make_fragment_like(acc_S, tSrQ.element_type)
         rP.store(acc_S.load().to(tSrQ.element_type))
         tOrP = accumulator_as_operand_a(rP)  # (MMA, MMA_M, MMA_K = tile_n / 16)
-        _gemm_double_buffered(tiled_mma, acc_O, tOrP, tOrVt, b_load=(copy_V, tOsVt[None, None, None, slot], tOrVt_view))
+        _gemm_double_buffered(
+            tiled_mma,
+            acc_O,
+            tOrP,
+            tOrVt,
+            self.pieces_per_k_step,
+            b_load=(copy_V, tOsVt[None, None, None, slot], tOrVt_view),
+        )
 
 
 def _split_mode(tensor: cute.Tensor, mode: int, parts: int) -> cute.Tensor:
@@ -422,12 +455,13 @@ def _gemm_double_buffered(
     acc: cute.Tensor,
     tCrA: cute.Tensor,
     tCrB: cute.Tensor,
+    pieces: int,
     b_load: tuple[cute.TiledCopy, cute.Tensor, cute.Tensor],
     a_load: tuple[cute.TiledCopy, cute.Tensor, cute.Tensor] | None = None,
 ) -> None:
     """acc += A B, each ldmatrix issued one piece ahead of the MMAs that consume it.
 
-    A piece is 1 / N_PIECES_PER_K_STEP of the N columns of one k-step: B of piece (k, j) is loaded
+    A piece is 1 / ``pieces`` of the N columns of one k-step: B of piece (k, j) is loaded
     before the MMAs of the previous piece run, and A of step k (Q; P is already in registers) with
     piece (k, 0). Double-buffering half-steps rather than whole k-steps halves the operand registers that are
     live next to the O and S accumulators (see the budget at :data:`TILE_CONFIGS`).
@@ -436,10 +470,10 @@ def _gemm_double_buffered(
     """
     k_steps = cute.size(tCrB, mode=[2])
     b_copy, b_src, b_dst = b_load
-    acc_n = _split_mode(acc, 2, N_PIECES_PER_K_STEP)  # (MMA, MMA_M, (MMA_N / pieces, pieces))
+    acc_n = _split_mode(acc, 2, pieces)  # (MMA, MMA_M, (MMA_N / pieces, pieces))
     # (MMA or CPY, (N / pieces, pieces), K): B's register fragment, its shared source and its copy view.
-    rB, sB, vB = (_split_mode(t, 1, N_PIECES_PER_K_STEP) for t in (tCrB, b_src, b_dst))
-    order = [(k, piece) for k in range(k_steps) for piece in range(N_PIECES_PER_K_STEP)]
+    rB, sB, vB = (_split_mode(t, 1, pieces) for t in (tCrB, b_src, b_dst))
+    order = [(k, piece) for k in range(k_steps) for piece in range(pieces)]
 
     def load(k: int, piece: int) -> None:
         if a_load is not None and piece == 0:
@@ -462,8 +496,8 @@ _COMPILED: dict[tuple[torch.dtype, TileConfig], Any] = {}
 
 
 def tile_config(problem: Problem) -> TileConfig:
-    tile_m, tile_n, stages = TILE_CONFIGS[problem.head_dim]
-    return TileConfig(problem.head_dim, problem.causal, tile_m, tile_n, stages)
+    """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every prepare)."""
+    return TileConfig(problem.head_dim, problem.causal, TILE_CONFIGS[problem.head_dim])
 
 
 def _cute_tensor(tensor: torch.Tensor) -> cute.Tensor:
@@ -512,7 +546,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     config = tile_config(problem)
     args = [*fake_operands(problem), cutlass.Float32(problem.scale), make_fake_stream()]
     kernel = PipelinedAttentionKernel(config)
-    return [compile_cute_sm90(kernel, *args, name="cute_pipelined", threads=config.num_threads)]
+    return [compile_cute_sm90(kernel, *args, name="cute_pipelined", threads=kernel.num_threads)]
 
 
 # ----------------------------------------------------------------------------------------------

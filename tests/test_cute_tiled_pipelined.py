@@ -28,8 +28,8 @@ def _kv_bytes_per_stage(head_dim: int, tile_n: int) -> int:
 
 @pytest.mark.parametrize("head_dim", sorted(pipelined.TILE_CONFIGS))
 def test_pipelined_tiles_leave_room_for_two_ctas_per_sm(head_dim: int):
-    tile_m, tile_n, stages = pipelined.TILE_CONFIGS[head_dim]
-    smem = tile_m * head_dim * 2 + stages * _kv_bytes_per_stage(head_dim, tile_n)
+    shape = pipelined.TILE_CONFIGS[head_dim]
+    smem = shape.tile_m * head_dim * 2 + shape.stages * _kv_bytes_per_stage(head_dim, shape.tile_n)
     assert 2 * smem <= SM90_SMEM_PER_SM, f"D={head_dim}: {smem} B of shared memory per CTA"
 
 
@@ -73,7 +73,7 @@ def test_no_spills_at_any_supported_configuration(name: str, head_dim: int, dtyp
 def test_pipelined_waits_for_one_block_not_for_all():
     """The ring's point: the main loop waits with wait_group(stages-1), tiled with wait_group(0)."""
     problem = Problem(1, 1, 256, 256, 64, causal=True)
-    stages = pipelined.tile_config(problem).stages
+    stages = pipelined.tile_config(problem).shape.stages
     pipelined_ptx = pipelined.compile_sm90(problem)[0].ptx
     tiled_ptx = tiled.compile_sm90(problem)[0].ptx
     waits = set(re.findall(r"cp\.async\.wait_group\s+(\d+)", pipelined_ptx))
