@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +33,7 @@ SMALL_PROBLEMS = (
     Problem(1, 1, 200, 77, 128, dtype=torch.bfloat16, causal=False),
 )
 TIMEOUT_S = 300
+SANITIZER_ERROR_EXIT = 99
 # Sanitised processes are mostly host-bound (instrumented launches, JIT): a few run side by side.
 PARALLEL_RUNS = 4
 
@@ -59,7 +61,7 @@ def _sanitize(impl_name: str, tool: str) -> tuple[str, str]:
     command = [
         "compute-sanitizer",
         f"--tool={tool}",
-        "--error-exitcode=99",
+        f"--error-exitcode={SANITIZER_ERROR_EXIT}",
         "--target-processes=all",
         sys.executable,
         "-m",
@@ -72,12 +74,33 @@ def _sanitize(impl_name: str, tool: str) -> tuple[str, str]:
         done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return "timeout", f"no verdict within {TIMEOUT_S} s"
-    output = done.stdout + done.stderr
-    summary_lines = [line for line in output.splitlines() if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line]
-    errors = [line for line in output.splitlines() if line.startswith("========= ") and "SUMMARY" not in line][:3]
-    verdict = {0: "clean", 99: "errors"}.get(done.returncode, f"exit {done.returncode}")
-    detail = "; ".join(summary_lines[-1:] + errors) or (output.strip().splitlines() or [""])[-1]
-    return verdict, detail.replace("|", "/")
+    return _verdict(done.returncode, done.stdout + done.stderr)
+
+
+# Reports about the kernels' own memory accesses and shared-memory hazards.
+DEVICE_ERROR = re.compile(r"Invalid __\w+__ (?:read|write)|Misaligned|out of bounds|[Hh]azard|Race reported")
+# Failed host API calls: cuda-python probes optional driver entry points (cuGetProcAddress) at import.
+HOST_API_ERROR = re.compile(r"Program hit (CUDA_ERROR_\w+).*?on CUDA API call to (\w+)")
+
+
+def _verdict(returncode: int, output: str) -> tuple[str, str]:
+    """ "clean" means no device-side error; host API failures are counted in the detail, not hidden."""
+    lines = output.splitlines()
+    device_errors = [line for line in lines if DEVICE_ERROR.search(line) and "SUMMARY" not in line]
+    host_calls = sorted({f"{m.group(1)} from {m.group(2)}" for m in map(HOST_API_ERROR.search, lines) if m})
+    summary = [line for line in lines if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line][-1:]
+    if device_errors:
+        verdict = "errors"
+    elif returncode in (0, SANITIZER_ERROR_EXIT) and summary:
+        verdict = "clean"
+    else:
+        verdict = f"exit {returncode}"
+    detail = summary + device_errors[:3]
+    if host_calls:
+        detail.append(f"host API errors only: {', '.join(host_calls)}")
+    if not summary:
+        detail.append((lines or [""])[-1])
+    return verdict, "; ".join(detail).replace("|", "/")
 
 
 def main() -> None:

@@ -41,10 +41,10 @@ Algorithm (the sections of :meth:`PipelinedAttentionKernel.kernel`):
 Data movement: HBM →(cp.async.cg 16 B)→ swizzled SMEM ring →(ldmatrix.x4 / ldmatrix.x4.trans)→
 registers →(mma.sync.m16n8k16, fp32 accumulate)→ registers → HBM (st.global, rows < Sq).
 
-Tile budget (the comment on :data:`TILE_CONFIGS` has the arithmetic): tile_m = 128. D = 128: 8
-warps of 16 rows, tile_n = 64, 2 stages, 96 KiB of shared memory, one CTA per SM; halving the rows
-per warp halves the O and S registers, which is FA2's way to a 64-key tile without spills. D = 64:
-4 warps of 32 rows, tile_n = 64, 3 stages, 64 KiB. D = 256 is refused: the O accumulator alone
+Tile budget (the comment on :data:`TILE_CONFIGS` has the arithmetic): tile_m = 128. D = 128: 4
+warps of 32 rows, tile_n = 32, 2 stages, 64 KiB of shared memory, two CTAs per SM, 254-255
+registers and no spills (a 64-key tile spills; an 8-warp 64-key tile does not, but measured
+slower). D = 64: 4 warps of 32 rows, tile_n = 64, 3 stages, 64 KiB. D = 256 is refused: the O accumulator alone
 would be 256 fp32 registers per thread with 32 rows per warp.
 
 Constraints: fp16/bf16, D in {64, 128}, any Sq, Sk >= 1, causal top-left, compute capability
@@ -58,12 +58,14 @@ worth 4.1x, and the result matches the hand-written CUDA of FA2. That tile used 
 and a 72-byte stack frame (48 causal): ptxas spilled the four row sums and a few swizzled
 ldmatrix addresses. Compiled for sm_90a, the spills stayed (16 to 80 bytes) at tile_n = 64 for
 every split of the double-buffering we tried, and with whole-k-step buffers even at tile_n = 32
-(8 bytes). Later H200 runs of 4-warp tiles: tile_n = 32 with half-step buffers (spill-free) 343 /
-312 TFLOP/s; tile_n = 64 with half-step buffers 381 / 345 but 16-48 bytes of stack. The 8-warp
-tile_n = 64 default compiles without stack for fp16 and bf16, causal or not; its speed is not
-measured yet (predicted: near the 4-warp tile_n = 64 numbers, since the MMA work per key block is
-the same; each warp reads the whole K and V tile for 16 rows instead of 32, so shared-memory
-traffic per FLOP doubles). The ceiling left is the ``mma.sync`` path
+(8 bytes). Later H200 runs (2026-11-22, same problem, TFLOP/s non-causal / causal): 4 warps, tile_n = 32,
+half-step buffers, spill-free (the default): 340-343 / 312; 4 warps, tile_n = 64, half-step
+buffers: 381 / 345 but 16-48 bytes of stack; 8 warps, tile_n = 64 (spill-free, 197 registers):
+298 / 279, since each warp now reads the whole K and V tile for only 16 rows, doubling shared-memory
+traffic per FLOP, and one 8-warp CTA per SM stalls all its warps at each barrier; the same with a
+2-CTA launch bound (spills 8-32 bytes): 311 / 281. So the spill-free default sits 3-4% under the
+353 TFLOP/s of SDPA's FA2 backend, and the fastest tile needs a small stack frame: the register
+file, not the algorithm, is the limit of this design at D = 128. The ceiling left is the ``mma.sync`` path
 itself: Hopper's ``wgmma`` (``cute/hopper``) issues warpgroup-wide MMAs straight from shared memory.
 """
 
@@ -124,18 +126,16 @@ class TileConfig:
 
 
 # Budget per head dim (bf16/fp16; H200 SM: 227 KiB smem, 64 Ki registers; sm_90a compile, ptxas counts):
-#   D = 128, 8 warps (each warp 16 rows of Q), tile_n = 64, 2 stages, no launch bound:
-#            O 16·128/32 = 64 fp32 + S 16·64/32 = 32 fp32 per thread; ptxas takes 196-210 registers,
-#            no stack, so one 256-thread CTA per SM (8 warps, as many as two 4-warp CTAs).
-#            smem = Q 128·128·2 = 32 KiB + 2 stages · (K 64·128·2 + V 64·128·2) = 64 KiB → 96 KiB.
-#            Capped at 128 registers for two CTAs per SM (min_ctas_per_sm = 2) it spills 8-32 bytes.
-#   D = 128, 4 warps (each warp 32 rows), the previous default (128, 32, 2, 4, 2, 0): O 128 fp32 +
-#            S 32 fp32, 254-255 registers, no stack, two CTAs per SM, 64 KiB smem; at tile_n = 64
-#            (S 64 fp32) ptxas spills 16-40 bytes.
+#   D = 128, 4 warps (each warp 32 rows), the default (128, 32, 2, 4, 2, 0): O 32·128/32 = 128 fp32
+#            + S 32·32/32 = 32 fp32 per thread, 254-255 registers, no stack, two CTAs per SM;
+#            smem = Q 128·128·2 = 32 KiB + 2 stages · (K 32·128·2 + V 32·128·2) = 32 KiB → 64 KiB.
+#            At tile_n = 64 (S 64 fp32) ptxas spills 16-40 bytes.
+#   D = 128, 8 warps (each warp 16 rows), tile_n = 64: O 64 + S 32 fp32, 196-210 registers, no
+#            stack, 96 KiB smem, one CTA per SM; measured 12% slower than the default (docstring).
 #   D = 64:  4 warps, smem = Q 16 KiB + 3 stages · 16 KiB = 64 KiB; O 64 fp32 + S 64 fp32 per thread.
 # A bench script may replace an entry (and clear _COMPILED) before prepare(): tile_config reads it there.
 TILE_CONFIGS = {
-    128: TileShape(tile_m=128, tile_n=64, stages=2, num_warps=8, pieces_per_k_step=2, min_ctas_per_sm=0),
+    128: TileShape(tile_m=128, tile_n=32, stages=2, num_warps=4, pieces_per_k_step=2, min_ctas_per_sm=0),
     64: TileShape(tile_m=128, tile_n=64, stages=3, num_warps=4, pieces_per_k_step=2, min_ctas_per_sm=0),
 }
 

@@ -50,7 +50,9 @@ Constraints: fp16/bf16, D in {64, 128}; any Sq, Sk >= 1; causal top-left; comput
 
 Measured (H200, B=2 H=16 S=8192 D=128 bf16, common.quickbench) with the earlier 128-row tile:
 89.4 TFLOP/s non-causal (12.30 ms), 79.7 TFLOP/s causal (6.90 ms); SDPA's FA2 backend does
-348 / 317 on the same problem. The spill-free 64-row tile has not been timed on the H200 yet.
+348 / 317 on the same problem. The spill-free 64-row tile used now ran 50.7 / 48.2 TFLOP/s
+(2026-11-22): half the rows per CTA means every K/V tile is loaded and read from shared memory for
+half as much MMA work.
 The tensor cores are fed, but not fast enough: per 16-wide k-step every warp issues scalar
 ``ld.shared`` (832 in the D = 128 PTX, 8-way bank conflicts on the unswizzled rows) and each K/V
 tile is waited for in full before any MMA starts. ``cute/pipelined`` removes exactly these two

@@ -33,13 +33,15 @@ only by Triton's layout conversions.
 Constraints: fp16 and bf16 on a CUDA GPU (fp32 too under the Triton interpreter); D ∈ {32, 64, 128,
 256}; any Sq, Sk ≥ 1; causal (top-left) or not.
 
-Measured (H200, B=2, H=16, S=8192, D=128, bf16, common.quickbench): 94.7 ms = 11.6 TFLOP/s full,
-47.5 ms = 11.6 TFLOP/s causal. Causal halves the time (blocks above the diagonal are skipped), so
-it beats naive there (7.2); full, it is slower than naive (14.4): the ladder is NOT monotone at
-this step. From the compiled PTX (not a profile), the limit is the instruction mix: Triton's
-layout conversions cost 20 barriers per 256 FMAs per thread and key block, where naive's 32 × 32
-score tiles sliced over D get 56 FMAs per 4 barriers. The untransposed first version measured
-7.9 TFLOP/s full and 7.8 causal.
+Measured (H200, B=2, H=16, S=8192, D=128, bf16): the 32×8-row, 8-warp tile ran 94.7 ms = 11.6
+TFLOP/s full and 11.6 causal; the 32×4, 4-warp tile now used ran 12.9 full (see ``results/h200``
+for the canonical run). Causal halves the time (blocks above the diagonal are skipped), so it beats
+naive there (7.2); full, it is slower than naive (14.4): the ladder is NOT monotone at this step in
+Triton. The SASS (not a profile) says why: Triton's default layouts give each thread a 1×1 tile of
+both products, so every K or V element a thread converts from bf16 feeds a single FMA (about 1.5
+conversion instructions per FMA), and at 218-255 registers one or two CTAs fit per SM with no
+prefetch of the next K/V block to cover L2 latency. Barriers are not the limiter (11 per 256 FMAs
+in SASS, fewer than naive's 4 per 56). The untransposed first version measured 7.9 TFLOP/s.
 """
 
 from __future__ import annotations
@@ -55,10 +57,11 @@ from common.static import compile_triton_sm90
 from common.validation import kernel_operand, validate_attention_inputs
 
 LOG2_E = 1.4426950408889634
-# Per head dim: (BLOCK_M, BLOCK_N, num_warps), the largest tiles compiled for sm_90a with no
-# spills. Each thread holds its share of the two 3-D products (D × BLOCK_N × BLOCK_M), so tiles
-# shrink as D grows (D=128: 218 registers, 0 spill bytes, 256 FMAs per thread per key block).
-BLOCKS: dict[int, tuple[int, int, int]] = {32: (64, 16, 8), 64: (64, 8, 8), 128: (32, 8, 8), 256: (16, 8, 8)}
+# Per head dim: (BLOCK_M, BLOCK_N, num_warps), tiles that compile for sm_90a with no spills. Each
+# thread holds its share of the two 3-D products (D × BLOCK_N × BLOCK_M), so tiles shrink as D
+# grows. D=128 was timed on the H200 among spill-free candidates (32×8×8 warps 11.6 TFLOP/s,
+# 16×8×4 12.4, 32×4×4 12.9 at 225 registers); 32×8×4 ran 15.7 but spills 152 bytes per thread.
+BLOCKS: dict[int, tuple[int, int, int]] = {32: (64, 16, 8), 64: (64, 8, 8), 128: (32, 4, 4), 256: (16, 8, 8)}
 HEAD_DIMS = tuple(BLOCKS)
 
 
