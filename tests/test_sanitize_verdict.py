@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from common.sanitize import SANITIZER_ERROR_EXIT, _verdict
 
-HOST_ONLY = """========= Program hit CUDA_ERROR_INVALID_VALUE (error 1) due to "invalid argument" on CUDA API call to cuGetProcAddress_v2.
-=========     Saved host backtrace up to driver entry point at error
-========= ERROR SUMMARY: 34 errors"""
+HOST_ONLY = "\n".join(
+    [
+        '========= Program hit CUDA_ERROR_INVALID_VALUE (error 1) due to "invalid argument" '
+        "on CUDA API call to cuGetProcAddress_v2.",
+        "=========     Saved host backtrace up to driver entry point at error",
+        "========= ERROR SUMMARY: 34 errors",
+    ]
+)
 DEVICE = """========= Invalid __global__ write of size 2 bytes
 =========     at attention_kernel+0x1a0
 ========= ERROR SUMMARY: 1 error"""
