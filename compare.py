@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+CONSOLE_WIDTH = 160
 CPU_DEFAULTS = {"batch": 1, "heads": 2, "seqlen": [128], "head_dim": [64]}
 CAUSAL_MODES = {"true": (True,), "false": (False,), "both": (False, True)}
 DTYPE_CHOICES = ("bf16", "fp16")
@@ -195,7 +196,7 @@ def print_table(rows: list) -> None:
             f"{row.rel_l2_err:.2e}" if measured else "",
             row.reason[:60],
         )
-    Console(width=160).print(table)
+    Console(width=CONSOLE_WIDTH).print(table)
 
 
 def _measurer(args: argparse.Namespace, problem, device, options, peaks):
@@ -235,7 +236,9 @@ def run_all(args: argparse.Namespace, device_name: str) -> tuple[list, Path]:
     log = CsvLog(out_dir / "results.csv")
     options = TimingOptions(args.warmup, args.rep, args.cuda_graph)
     rows = []
-    with Progress(transient=True) as progress:
+    from rich.console import Console
+
+    with Progress(transient=True, console=Console(width=CONSOLE_WIDTH)) as progress:
         task = progress.add_task("measuring", total=len(problems) * (len(selected) + len(missing)))
         for problem in problems:
             for item in missing:

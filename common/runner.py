@@ -126,13 +126,15 @@ def _measure(
     row.prepare_s = time.perf_counter() - start
     row.first_call_ms = _synced_ms(run, device)
     out = run_poisoned(run)
+    if device.type == "cuda":
+        # Read before the fp64 error computation below, whose temporaries are the harness's, not the rung's.
+        torch.cuda.synchronize(device)
+        row.extra_mem_bytes = torch.cuda.max_memory_allocated(device) - baseline - out.numel() * out.element_size()
     err = error_stats(out, workload.reference)
     _fill_errors(row, err, workload, impl)
     ok, reason = impl.error_rule.judge(err, workload.sdpa_error)
     if not ok:
         row.status, row.reason = "wrong", reason
-    if device.type == "cuda":
-        row.extra_mem_bytes = torch.cuda.max_memory_allocated(device) - baseline - out.numel() * out.element_size()
     del out
     row.host_launch_us = _host_launch_us(run, device)
     timing, row.timing = _time(run, device, options)
