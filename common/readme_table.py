@@ -31,9 +31,10 @@ def _speed(frame: pd.DataFrame, impl: str, causal: bool) -> str:
     if row.empty:
         return "–"
     status, tflops = row["status"].iloc[0], row["tflops"].iloc[0]
-    if status == "ok" and not math.isnan(tflops):
-        return f"{tflops:.0f}"
-    return status
+    if math.isnan(tflops):
+        return status
+    # A measured but wrong result keeps its speed, marked, so the table never hides a failed check.
+    return f"{tflops:.0f}" if status == "ok" else f"{tflops:.0f} ({status})"
 
 
 def results_table(csv_path: Path, env_path: Path) -> str:
@@ -52,6 +53,9 @@ def results_table(csv_path: Path, env_path: Path) -> str:
     for rung in RUNGS:
         cells = [_speed(frame, f"{stack}/{rung}", causal) for stack in STACK_TITLES for causal in (False, True)]
         lines.append(f"| {rung} | " + " | ".join(cells) + " |")
+    wrong = frame[frame["status"] == "wrong"]
+    for _, row in wrong.drop_duplicates("impl").iterrows():
+        lines.append(f"\n{row['impl']} is marked wrong by its rule ({row['error_rule']}): {row['reason']}.")
     lines += ["", "| SDPA backend | non-causal | causal |", "|---|---|---|"]
     for impl in sorted(frame.loc[frame["stack"] == "sdpa", "impl"].unique()):
         lines.append(f"| {impl} | {_speed(frame, impl, False)} | {_speed(frame, impl, True)} |")

@@ -148,7 +148,9 @@ class StaticRow:
     compile_s: float
     registers: int
     spill_bytes: int
-    shared_bytes: int
+    # Total shared memory per CTA; None where only the static part is known (CuTe sizes its dynamic
+    # shared memory at launch, and the cubin records only the static part).
+    shared_bytes: int | None
     threads_per_cta: int
     features: dict[str, bool]
     error: str = ""
@@ -157,6 +159,7 @@ class StaticRow:
 def _summarise(impl: Implementation, binaries: list[KernelBinary], seconds: float) -> StaticRow:
     features = {name: False for name in PTX_FEATURES}
     registers = spills = shared = threads = 0
+    total_known = all(binary.shared_bytes is not None for binary in binaries)
     for binary in binaries:
         features = {name: features[name] or found for name, found in ptx_features(binary.ptx).items()}
         for usage in cubin_resources(binary.cubin).values() if binary.cubin else ():
@@ -166,7 +169,9 @@ def _summarise(impl: Implementation, binaries: list[KernelBinary], seconds: floa
             shared = max(shared, usage["static_shared_bytes"])
         shared = max(shared, binary.shared_bytes or 0)
         threads = max(threads, binary.threads_per_cta or 0)
-    return StaticRow(impl.name, len(binaries), seconds, registers, spills, shared, threads, features)
+    return StaticRow(
+        impl.name, len(binaries), seconds, registers, spills, shared if total_known else None, threads, features
+    )
 
 
 def static_row(impl: Implementation, problem: Problem) -> StaticRow:

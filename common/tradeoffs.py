@@ -22,6 +22,7 @@ from common.static import PTX_FEATURES, StaticRow
 STACK_PAIR = ("triton", "cute")
 NON_CODE_TOKENS = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
 DYNAMIC_COLUMNS = ("tflops", "pct_peak", "gbps", "extra_mem_bytes", "rel_l2_err", "first_call_ms", "host_launch_us")
+# "loc" first: it comes from the source, the rest from the compiled kernels.
 STATIC_COLUMNS = ("loc", "compile_s", "registers", "shared_bytes", "spill_bytes", "threads_per_cta")
 
 
@@ -66,7 +67,9 @@ def implementation_table(static_rows: list[StaticRow], timed: pd.DataFrame, root
         record["loc"] = code_lines(path.read_text()) if path.exists() else math.nan
         static = by_impl.get(name)
         if static is not None and not static.error:
-            record.update({column: getattr(static, column) for column in STATIC_COLUMNS if column != "loc"})
+            for column in STATIC_COLUMNS[1:]:
+                value = getattr(static, column)
+                record[column] = math.nan if value is None else value
             record["instructions"] = ", ".join(f for f, used in static.features.items() if used) or "none"
         measured = timed[(timed["impl"] == name) & (timed["status"].isin(["ok", "wrong"]))]
         for column in DYNAMIC_COLUMNS:
