@@ -70,17 +70,17 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass.cute.nvgpu import cpasync, warp
-from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
+from cutlass.cute.runtime import make_fake_stream
 
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner
 from common.static import compile_cute_sm90
 from common.validation import kernel_operand, validate_attention_inputs
+from cute_impl._host import CUTE_DTYPES, compiled_runner, fake_operands
 
 LOG2_E = math.log2(math.e)
 HEAD_DIMS = (64, 128)
 MIN_COMPUTE_CAPABILITY = (8, 0)
-CUTE_DTYPES = {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}
 # cp.async moves 16 bytes per thread per instruction; strides must be multiples of it.
 COPY_BITS = 128
 WARP_THREADS = 32
@@ -434,46 +434,14 @@ def tile_config(problem: Problem) -> TileConfig:
     return TileConfig(head_dim=problem.head_dim, causal=problem.causal)
 
 
-def _cute_tensor(tensor: torch.Tensor) -> cute.Tensor:
-    return from_dlpack(tensor, assumed_align=16).mark_layout_dynamic(leading_dim=3)
-
-
-def _current_stream() -> cuda.CUstream:
-    return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-
-
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
     """Validate, compile (cached), allocate O; the returned ``run()`` only launches."""
     checked = validate_attention_inputs(
         q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, head_dims=HEAD_DIMS
     )
     q, k, v = (kernel_operand(t) for t in (q, k, v))
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    operands = [_cute_tensor(t) for t in (q, k, v, out)]
-    scale = cutlass.Float32(checked.scale)
     config = tile_config(checked)
-    key = (q.dtype, config)
-    if key not in _COMPILED:
-        _COMPILED[key] = cute.compile(TiledAttentionKernel(config), *operands, scale, _current_stream())
-    compiled = _COMPILED[key]
-
-    def run() -> torch.Tensor:
-        compiled(*operands, scale, _current_stream())
-        return out
-
-    return run
-
-
-def fake_operands(problem: Problem) -> list[Any]:
-    """Fake q, k, v, o with dynamic B, H, S and strides, for compiling without a GPU."""
-    dtype = CUTE_DTYPES[problem.dtype]
-    batch, heads = cute.sym_int(), cute.sym_int()
-    fakes = []
-    for seqlen in (cute.sym_int(), cute.sym_int()):
-        stride = (cute.sym_int64(), cute.sym_int64(), cute.sym_int64(), 1)
-        fakes.append(make_fake_tensor(dtype, (batch, heads, seqlen, problem.head_dim), stride, assumed_align=16))
-    fake_q, fake_k = fakes
-    return [fake_q, fake_k, fake_k, fake_q]
+    return compiled_runner(_COMPILED, (q.dtype, config), lambda: TiledAttentionKernel(config), q, k, v, checked.scale)
 
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:

@@ -1,0 +1,70 @@
+"""Host-side glue shared by the CuTe FA2 rungs (tiled, pipelined): operands, streams, compile cache.
+
+None of this is kernel code. It turns torch tensors into CuTe tensors with dynamic (B, H, S) and
+strides, so one compilation serves every shape; builds the matching fake tensors for compiling on a
+machine without a GPU; and compiles once per key, returning a ``run()`` that only launches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.runtime import from_dlpack, make_fake_tensor
+
+from common.problem import Problem
+from common.registry import Runner
+from common.validation import OPERAND_ALIGNMENT_BYTES
+
+CUTE_DTYPES = {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}
+
+
+def to_cute_tensor(tensor: torch.Tensor) -> cute.Tensor:
+    """A (B, H, S, D) tensor with dynamic shape and strides; D is contiguous and 16-byte aligned."""
+    return from_dlpack(tensor, assumed_align=OPERAND_ALIGNMENT_BYTES).mark_layout_dynamic(leading_dim=3)
+
+
+def current_stream() -> cuda.CUstream:
+    """torch's current stream, read at every launch so CUDA-graph capture records the launch."""
+    return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+
+
+def fake_operands(problem: Problem) -> list[Any]:
+    """Fake q, k, v, o with dynamic B, H, S and strides, for compiling without a GPU."""
+    dtype = CUTE_DTYPES[problem.dtype]
+    batch, heads = cute.sym_int(), cute.sym_int()
+    fakes = []
+    for seqlen in (cute.sym_int(), cute.sym_int()):
+        stride = (cute.sym_int64(), cute.sym_int64(), cute.sym_int64(), 1)
+        shape = (batch, heads, seqlen, problem.head_dim)
+        fakes.append(make_fake_tensor(dtype, shape, stride, assumed_align=OPERAND_ALIGNMENT_BYTES))
+    fake_q, fake_k = fakes
+    return [fake_q, fake_k, fake_k, fake_q]
+
+
+def compiled_runner(
+    cache: dict[Any, Any],
+    key: Any,
+    make_kernel: Callable[[], Any],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float,
+) -> Runner:
+    """Allocate O, compile ``make_kernel()`` once per ``key``; the returned ``run()`` only launches."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    operands = [to_cute_tensor(t) for t in (q, k, v, out)]
+    scale = cutlass.Float32(softmax_scale)
+    if key not in cache:
+        cache[key] = cute.compile(make_kernel(), *operands, scale, current_stream())
+    compiled = cache[key]
+
+    def run() -> torch.Tensor:
+        compiled(*operands, scale, current_stream())
+        return out
+
+    return run
