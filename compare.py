@@ -321,12 +321,12 @@ def _plot_subset(frame):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    device_name = resolve_device(args.device)
     if args.list:
         from common.registry import discover
 
         print_implementations(*discover())
         return 0
+    device_name = resolve_device(args.device)
     rows, out_dir, env, peaks = run_all(args, device_name)
     write_outputs(rows, out_dir, env, peaks, cpu_only=device_name == "cpu", with_static=not args.no_static)
     print_table(rows)
