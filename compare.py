@@ -210,16 +210,42 @@ def _measurer(args: argparse.Namespace, problem, device, options, peaks):
     return lambda impl: measure(impl, workload, device, options, peaks)
 
 
-def run_all(args: argparse.Namespace, device_name: str) -> tuple[list, Path]:
-    """Measure every selected implementation on every problem; rows are written as they finish."""
+def _measure_problem(problem, selected: list, missing: list, measure_one, log, progress, task) -> list:
+    """Rows for one problem: unavailable rungs as skipped, then every selected implementation."""
+    from common.runner import blank_row
+
+    rows = []
+    for item in missing:
+        stack, rung = item.name.split("/")
+        rows.append(blank_row(item.name, stack, rung, problem, "skipped", item.reason))
+        log.append(rows[-1])
+        progress.advance(task)
+    for impl in selected:
+        progress.update(task, description=f"{impl.name} {problem.describe()}")
+        row = measure_one(impl)
+        rows.append(row)
+        log.append(row)
+        progress.console.print(
+            f"{impl.name:18s} {problem.describe():40s} {row.status:8s} {row.tflops:8.1f} TFLOP/s {row.reason[:80]}"
+        )
+        progress.advance(task)
+    return rows
+
+
+def run_all(args: argparse.Namespace, device_name: str) -> tuple[list, Path, dict, object]:
+    """Measure every selected implementation on every problem; rows are written as they finish.
+
+    Returns the rows, the output folder, the environment manifest and the measured peaks.
+    """
     import torch
+    from rich.console import Console
     from rich.progress import Progress
 
     from common.environment import manifest
     from common.peaks import measure_peaks
     from common.registry import discover
     from common.results import CsvLog
-    from common.runner import TimingOptions, blank_row
+    from common.runner import TimingOptions
 
     available, missing = discover()
     selected = select(available + missing, args.only, args.skip)
@@ -236,27 +262,11 @@ def run_all(args: argparse.Namespace, device_name: str) -> tuple[list, Path]:
     log = CsvLog(out_dir / "results.csv")
     options = TimingOptions(args.warmup, args.rep, args.cuda_graph)
     rows = []
-    from rich.console import Console
-
     with Progress(transient=True, console=Console(width=CONSOLE_WIDTH)) as progress:
         task = progress.add_task("measuring", total=len(problems) * (len(selected) + len(missing)))
         for problem in problems:
-            for item in missing:
-                stack, rung = item.name.split("/")
-                rows.append(blank_row(item.name, stack, rung, problem, "skipped", item.reason))
-                log.append(rows[-1])
-                progress.advance(task)
             measure_one = _measurer(args, problem, device, options, peaks)
-            for impl in selected:
-                progress.update(task, description=f"{impl.name} {problem.describe()}")
-                row = measure_one(impl)
-                rows.append(row)
-                log.append(row)
-                progress.console.print(
-                    f"{impl.name:18s} {problem.describe():40s} {row.status:8s} {row.tflops:8.1f} TFLOP/s "
-                    f"{row.reason[:80]}"
-                )
-                progress.advance(task)
+            rows += _measure_problem(problem, selected, missing, measure_one, log, progress, task)
     if device.type == "cuda":
         from common.environment import gpu_clocks
 
