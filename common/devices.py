@@ -6,6 +6,8 @@ import os
 
 import torch
 
+from common.problem import dtype_name
+
 
 def triton_interpreting() -> bool:
     """True when ``TRITON_INTERPRET=1``: kernels then run in NumPy on CPU tensors."""
@@ -22,3 +24,22 @@ def triton_device_supported(device: torch.device) -> tuple[bool, str]:
     if device.type in triton_device_types():
         return True, ""
     return False, f"Triton needs a CUDA device, or TRITON_INTERPRET=1 for CPU tensors; got {device}"
+
+
+def triton_dtypes() -> tuple[torch.dtype, ...]:
+    """Dtypes a Triton rung accepts here: fp16 and bf16, plus fp32 under the interpreter (a CPU-test dtype)."""
+    if triton_interpreting():
+        return (torch.float16, torch.bfloat16, torch.float32)
+    return (torch.float16, torch.bfloat16)
+
+
+def triton_dtype_supported(dtype: torch.dtype) -> tuple[bool, str]:
+    """The ladder rungs' dtype check. bf16 is refused under the interpreter, which computes it wrongly."""
+    if dtype not in triton_dtypes():
+        return False, f"dtype {dtype_name(dtype)} not supported (fp16, bf16; fp32 only under the interpreter)"
+    if triton_interpreting() and dtype == torch.bfloat16:
+        return (
+            False,
+            "bf16 is not exact under the Triton interpreter (about 2x SDPA's error); bf16 is tested on the GPU",
+        )
+    return True, ""

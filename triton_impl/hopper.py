@@ -67,7 +67,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from common.devices import triton_device_supported, triton_device_types, triton_interpreting
+from common.devices import triton_device_supported, triton_device_types, triton_dtypes, triton_interpreting
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary
 from common.static import compile_triton_sm90
@@ -243,11 +243,6 @@ def _hopper_attention_kernel(
 # ----------------------------------------------------------------------------------------------
 # Host: validate, build descriptors and buffers once, launch
 # ----------------------------------------------------------------------------------------------
-def _accepted_dtypes() -> tuple[torch.dtype, ...]:
-    # fp32 is an interpreter-only test dtype; on the GPU this rung runs fp16 and bf16.
-    if triton_interpreting():
-        return (torch.float16, torch.bfloat16, torch.float32)
-    return (torch.float16, torch.bfloat16)
 
 
 def _descriptor(tensor: torch.Tensor, block_rows: int) -> TensorDescriptor:
@@ -298,7 +293,7 @@ def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Proble
         v,
         causal=problem.causal,
         softmax_scale=problem.softmax_scale,
-        dtypes=_accepted_dtypes(),
+        dtypes=triton_dtypes(),
         head_dims=HEAD_DIMS,
         device_types=triton_device_types(),
     )
@@ -357,7 +352,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     ok, reason = triton_device_supported(device)
     if not ok:
         return ok, reason
-    if problem.dtype not in _accepted_dtypes():
+    if problem.dtype not in triton_dtypes():
         return False, f"triton/hopper runs fp16 and bf16, got {problem.dtype_name}"
     if problem.head_dim not in HEAD_DIMS:
         return False, f"triton/hopper needs head_dim in {list(HEAD_DIMS)}, got {problem.head_dim}"

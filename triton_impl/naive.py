@@ -36,7 +36,12 @@ import torch
 import triton
 import triton.language as tl
 
-from common.devices import triton_device_supported, triton_device_types, triton_interpreting
+from common.devices import (
+    triton_device_supported,
+    triton_device_types,
+    triton_dtype_supported,
+    triton_dtypes,
+)
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner
 from common.static import compile_triton_sm90
@@ -174,19 +179,6 @@ def _pv_kernel(
 # ----------------------------------------------------------------------------------------------
 # Host: validate, allocate S and O once, launch the three kernels
 # ----------------------------------------------------------------------------------------------
-def _accepted_dtypes() -> tuple[torch.dtype, ...]:
-    # fp32 is an interpreter-only test dtype; on the GPU the ladder runs fp16 and bf16.
-    if triton_interpreting():
-        return (torch.float16, torch.bfloat16, torch.float32)
-    return (torch.float16, torch.bfloat16)
-
-
-def _interpreter_dtype_reason(problem: Problem) -> str:
-    # The interpreter's bf16 rounding doubles the error of the fp16 path (measured against SDPA's),
-    # so bf16 results are only trusted from the GPU.
-    if triton_interpreting() and problem.dtype == torch.bfloat16:
-        return "bf16 is not exact under the Triton interpreter (about 2x SDPA's error); bf16 is tested on the GPU"
-    return ""
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
@@ -197,7 +189,7 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: 
         v,
         causal=problem.causal,
         softmax_scale=problem.softmax_scale,
-        dtypes=_accepted_dtypes(),
+        dtypes=triton_dtypes(),
         head_dims=HEAD_DIMS,
         device_types=triton_device_types(),
     )
@@ -239,11 +231,9 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     ok, reason = triton_device_supported(device)
     if not ok:
         return False, reason
-    if problem.dtype not in _accepted_dtypes():
-        return False, f"dtype {problem.dtype_name} not supported (fp16, bf16; fp32 only under the interpreter)"
-    interpreter_reason = _interpreter_dtype_reason(problem)
-    if interpreter_reason:
-        return False, interpreter_reason
+    ok, reason = triton_dtype_supported(problem.dtype)
+    if not ok:
+        return False, reason
     if problem.head_dim not in HEAD_DIMS:
         return False, f"head_dim {problem.head_dim} not supported (supported: {list(HEAD_DIMS)})"
     if device.type == "cuda":

@@ -50,7 +50,12 @@ import torch
 import triton
 import triton.language as tl
 
-from common.devices import triton_device_supported, triton_device_types, triton_interpreting
+from common.devices import (
+    triton_device_supported,
+    triton_device_types,
+    triton_dtype_supported,
+    triton_dtypes,
+)
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner
 from common.static import compile_triton_sm90
@@ -140,11 +145,6 @@ def _online_kernel(
 # ----------------------------------------------------------------------------------------------
 # Host: validate, allocate O once, launch
 # ----------------------------------------------------------------------------------------------
-def _accepted_dtypes() -> tuple[torch.dtype, ...]:
-    # fp32 is an interpreter-only test dtype; on the GPU the ladder runs fp16 and bf16.
-    if triton_interpreting():
-        return (torch.float16, torch.bfloat16, torch.float32)
-    return (torch.float16, torch.bfloat16)
 
 
 def online_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
@@ -155,7 +155,7 @@ def online_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem:
         v,
         causal=problem.causal,
         softmax_scale=problem.softmax_scale,
-        dtypes=_accepted_dtypes(),
+        dtypes=triton_dtypes(),
         head_dims=HEAD_DIMS,
         device_types=triton_device_types(),
     )
@@ -188,14 +188,9 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     ok, reason = triton_device_supported(device)
     if not ok:
         return False, reason
-    if problem.dtype not in _accepted_dtypes():
-        return False, f"dtype {problem.dtype_name} not supported (fp16, bf16; fp32 only under the interpreter)"
-    if triton_interpreting() and problem.dtype == torch.bfloat16:
-        # Measured on the naive rung: the interpreter's bf16 rounding doubles SDPA's error.
-        return (
-            False,
-            "bf16 is not exact under the Triton interpreter (about 2x SDPA's error); bf16 is tested on the GPU",
-        )
+    ok, reason = triton_dtype_supported(problem.dtype)
+    if not ok:
+        return False, reason
     if problem.head_dim not in HEAD_DIMS:
         return False, f"head_dim {problem.head_dim} not supported (supported: {list(HEAD_DIMS)})"
     return True, ""
