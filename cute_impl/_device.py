@@ -18,6 +18,9 @@ import cutlass.cute as cute
 LOG2_E = math.log2(math.e)
 # Lane distances of the butterfly shuffles that combine the 4 lanes holding one accumulator row.
 QUAD_SHUFFLE_OFFSETS = (2, 1)
+# Lazy rescaling (see OnlineSoftmax): the running max moves only when a block's max exceeds it by
+# more than this many powers of two, so P stays <= 2^8 = 256.
+RESCALE_THRESHOLD_LOG2 = 8.0
 
 
 def rows_by_cols(acc: cute.Tensor) -> cute.Tensor:
@@ -117,39 +120,62 @@ class OnlineSoftmax:
     Row sums stay per-thread partial sums during the loop (each lane sums its own columns) and are
     reduced across the quad once, in :meth:`normalize`; the maximum must agree across the quad at
     every step, so it is reduced each block.
+
+    Lazy rescaling: the running maximum (kept scaled, in log2 units) only moves when a block's
+    maximum exceeds it by more than :data:`RESCALE_THRESHOLD_LOG2`. Until then P = exp2(S - stale
+    max) is at most 2^threshold, harmless in fp32 sums and bf16/fp16 P, and O keeps its scale, so
+    the 128 multiplies that rescale a thread's O rows are skipped. On random data the maximum
+    settles within the first few blocks, so almost every block skips them; the result is exact
+    because O and the row sum always share one reference maximum and cancel in the final division.
     """
 
     def __init__(self, rows: int, softmax_scale_log2: cutlass.Float32):
         self.softmax_scale_log2 = softmax_scale_log2
-        self.row_max = cute.make_rmem_tensor(rows, cutlass.Float32)
+        self.row_max_scaled = cute.make_rmem_tensor(rows, cutlass.Float32)
         self.row_sum = cute.make_rmem_tensor(rows, cutlass.Float32)
-        self.row_max.fill(-cutlass.Float32.inf)
+        self.row_max_scaled.fill(-cutlass.Float32.inf)
         self.row_sum.fill(0.0)
 
     @cute.jit
     def update(self, acc_S: cute.Tensor, acc_O: cute.Tensor):
-        """S → P = exp2(S·scale_log2 − m_new) in place; O and the row sum rescaled to m_new."""
+        """S → P = exp2(S·scale_log2 − m) in place; m, O and the row sum move only when m must."""
         acc_S_mn = rows_by_cols(acc_S)
         acc_O_mn = rows_by_cols(acc_O)
+        rows = cute.size(acc_S_mn, mode=[0])
         scale_log2 = self.softmax_scale_log2
-        for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+        # Local names: the DSL's dynamic `if` below may write tensors, but not attributes of self.
+        row_max_scaled, row_sum = self.row_max_scaled, self.row_sum
+        rescale = cute.make_rmem_tensor(rows, cutlass.Float32)
+        moved = cutlass.Boolean(False)
+        for r in cutlass.range_constexpr(rows):
             block_max = acc_S_mn[r, 0]
             for c in cutlass.range_constexpr(1, cute.size(acc_S_mn, mode=[1])):
                 block_max = cute.arch.fmax(block_max, acc_S_mn[r, c])
-            new_max = cute.arch.fmax(self.row_max[r], quad_allreduce(block_max, cute.arch.fmax))
+            block_max_scaled = quad_allreduce(block_max, cute.arch.fmax) * scale_log2
+            rescale[r] = cutlass.Float32(1.0)
+            # All four lanes of the row see the same values, so they agree. The first block with a
+            # visible key always moves the maximum (-inf + threshold = -inf; the factor is then 0).
+            if block_max_scaled > row_max_scaled[r] + RESCALE_THRESHOLD_LOG2:
+                rescale[r] = cute.math.exp2(row_max_scaled[r] - block_max_scaled, fastmath=True)
+                row_max_scaled[r] = block_max_scaled
+                moved = cutlass.Boolean(True)
+            row_sum[r] = row_sum[r] * rescale[r]
             # Guard: a row that has seen only masked keys keeps -inf; subtract 0 instead so that
-            # exp2(-inf - -inf) = NaN never happens (its P and rescale factor become 0).
-            max_scaled = 0.0 if new_max == -cutlass.Float32.inf else new_max * scale_log2
-            rescale = cute.math.exp2(self.row_max[r] * scale_log2 - max_scaled, fastmath=True)
+            # exp2(-inf - -inf) = NaN never happens (its P is then 0).
+            max_scaled = row_max_scaled[r]
+            if max_scaled == -cutlass.Float32.inf:
+                max_scaled = cutlass.Float32(0.0)
             block_sum = cutlass.Float32(0.0)
             for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
                 p = cute.math.exp2(acc_S_mn[r, c] * scale_log2 - max_scaled, fastmath=True)
                 acc_S_mn[r, c] = p
                 block_sum = block_sum + p
-            self.row_sum[r] = self.row_sum[r] * rescale + block_sum
-            self.row_max[r] = new_max
-            for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
-                acc_O_mn[r, c] = acc_O_mn[r, c] * rescale
+            row_sum[r] = row_sum[r] + block_sum
+        # One warp-uniform branch for all rows: no divergence, and the multiplies stay one block.
+        if cute.arch.vote_any_sync(moved):
+            for r in cutlass.range_constexpr(rows):
+                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                    acc_O_mn[r, c] = acc_O_mn[r, c] * rescale[r]
 
     @cute.jit
     def normalize(self, acc_O: cute.Tensor):

@@ -153,12 +153,21 @@ class OnlineSoftmax:
 
     ``row_sum`` stays a per-thread partial sum until :meth:`finalize`: the rescale factor is the same
     for the four lanes of a row, so the cross-lane sum is needed only once, at the end.
+
+    Lazy rescaling: ``row_max`` is the reference P is taken against, and it only moves when a block's
+    maximum exceeds it by more than ``rescale_threshold`` (log2 units of the scaled scores). Until
+    then P = exp2(scaled S - scaled reference) stays <= 2^threshold and O keeps its scale, so
+    :meth:`rescale_output` skips the row; on random data the maximum settles within a few blocks.
+    The result is exact: O, ``row_sum`` and the log-sum-exp always share one reference.
     """
 
-    def __init__(self, softmax_scale_log2: Float32, rows: int, p_exponent_offset: float = 0.0):
+    def __init__(
+        self, softmax_scale_log2: Float32, rows: int, p_exponent_offset: float = 0.0, rescale_threshold: float = 0.0
+    ):
         self.softmax_scale_log2 = softmax_scale_log2
         # P = exp2(scaled S - scaled max + offset); the offset cancels in O / row_sum.
         self.p_exponent_offset = p_exponent_offset
+        self.rescale_threshold = rescale_threshold
         self.row_max = cute.make_rmem_tensor(rows, Float32)
         self.row_sum = cute.make_rmem_tensor(rows, Float32)
         self.correction = cute.make_rmem_tensor(rows, Float32)
@@ -166,45 +175,56 @@ class OnlineSoftmax:
         self.row_sum.fill(0.0)
 
     @cute.jit
-    def step(self, acc_S: cute.Tensor, is_first: cutlass.Constexpr[bool]):
+    def step(self, acc_S: cute.Tensor):
         """S -> P in place (exp2 with the scale folded in) and row_sum; O's rescale factor is kept in
-        ``correction`` for :meth:`rescale_output`, which runs once the in-flight O += P V has retired."""
+        ``correction`` (exactly 1 where the reference did not move) for :meth:`rescale_output`, which
+        runs once the in-flight O += P V has retired."""
         rS = rows_cols_view(acc_S)
+        scale_log2 = self.softmax_scale_log2
+        # Local names: the DSL's dynamic `if` below may write tensors, but not attributes of self.
+        row_max, row_sum, correction = self.row_max, self.row_sum, self.correction
         for r in cutlass.range_constexpr(cute.size(rS, mode=[0])):
             block_max = tree_reduce(row_values(rS, r), cute.arch.fmax)
             block_max = cute.arch.warp_reduction_max(block_max, threads_in_group=THREADS_PER_ROW)
-            previous_max = self.row_max[r]
-            new_max = cute.arch.fmax(previous_max, block_max)
+            correction[r] = Float32(1.0)
+            # The first block with a visible key always moves the reference (-inf + threshold = -inf).
+            # The factor is then exp2(-inf) = 0 for a reference of -inf: nothing was accumulated yet.
+            if block_max * scale_log2 > row_max[r] * scale_log2 + self.rescale_threshold:
+                factor = cute.math.exp2((row_max[r] - block_max) * scale_log2, fastmath=True)
+                row_sum[r] = row_sum[r] * factor
+                correction[r] = factor
+                row_max[r] = block_max
             # A row with every key masked so far has max -inf: 0 in its place keeps exp2(-inf) = 0, not NaN.
-            max_scaled = new_max * self.softmax_scale_log2
-            if new_max == -Float32.inf:
+            max_scaled = row_max[r] * scale_log2
+            if row_max[r] == -Float32.inf:
                 max_scaled = Float32(0.0)
             p_base = max_scaled - self.p_exponent_offset
             for c in cutlass.range_constexpr(cute.size(rS, mode=[1])):
-                rS[r, c] = cute.math.exp2(rS[r, c] * self.softmax_scale_log2 - p_base, fastmath=True)
-            block_sum = tree_reduce(row_values(rS, r), operator.add)
-            if cutlass.const_expr(is_first):
-                self.row_sum[r] = block_sum
-            else:
-                correction = cute.math.exp2(previous_max * self.softmax_scale_log2 - max_scaled, fastmath=True)
-                self.row_sum[r] = self.row_sum[r] * correction + block_sum
-                self.correction[r] = correction
-            self.row_max[r] = new_max
+                rS[r, c] = cute.math.exp2(rS[r, c] * scale_log2 - p_base, fastmath=True)
+            row_sum[r] = row_sum[r] + tree_reduce(row_values(rS, r), operator.add)
 
     @cute.jit
     def rescale_output(self, acc_O: cute.Tensor, acc_PV: cute.Tensor | None = None):
-        """O *= exp2(old max - new max) row by row (scaled), the factor from the last :meth:`step`.
+        """O *= correction row by row, skipped when no row of this warp moved its reference in the
+        last :meth:`step` (one warp-uniform branch: no divergence, and ptxas keeps the block whole).
 
-        With ``acc_PV`` (the previous block's P V accumulated apart), O = (O + P V) * factor.
+        With ``acc_PV`` (the previous block's P V accumulated apart), O = (O + P V) * correction.
         """
         rO = rows_cols_view(acc_O)
-        rPV = rows_cols_view(acc_PV) if cutlass.const_expr(acc_PV is not None) else None
-        for r in cutlass.range_constexpr(cute.size(rO, mode=[0])):
-            for c in cutlass.range_constexpr(cute.size(rO, mode=[1])):
-                if cutlass.const_expr(acc_PV is not None):
-                    rO[r, c] = (rO[r, c] + rPV[r, c]) * self.correction[r]
-                else:
-                    rO[r, c] = rO[r, c] * self.correction[r]
+        rows = cute.size(rO, mode=[0])
+        if cutlass.const_expr(acc_PV is not None):
+            rPV = rows_cols_view(acc_PV)
+            for r in cutlass.range_constexpr(rows):
+                for c in cutlass.range_constexpr(cute.size(rO, mode=[1])):
+                    rO[r, c] = rO[r, c] + rPV[r, c]
+        correction = self.correction
+        moved = correction[0] != 1.0
+        for r in cutlass.range_constexpr(1, rows):
+            moved = moved | (correction[r] != 1.0)
+        if cute.arch.vote_any_sync(moved):
+            for r in cutlass.range_constexpr(rows):
+                for c in cutlass.range_constexpr(cute.size(rO, mode=[1])):
+                    rO[r, c] = rO[r, c] * correction[r]
 
     @cute.jit
     def finalize(self, acc_O: cute.Tensor, output_scale: Float32, lse: cute.Tensor):

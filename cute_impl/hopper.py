@@ -38,10 +38,13 @@ Algorithm (each consumer warpgroup; numbers match the kernel's sections)
 2. Key blocks n = last .. 0, so the blocks that need a mask come first (``KeyBlockRange``):
    a. wait K[n];  S = Q Kᵀ (WGMMA, both operands from SMEM, fp32 accumulator in registers)
    b. only on the first blocks: -inf for keys >= Sk and, causal, keys after the row
-   c. online softmax on the accumulator: row_max (tree + two lane shuffles), P = exp2(S *
-      scale_log2 - row_max * scale_log2), row_sum, correction = exp2(old - new max, scaled)
+   c. online softmax on the accumulator: block max (tree + two lane shuffles); the reference
+      row_max moves only when the block max exceeds it by more than 2^8 (lazy rescaling; 16-bit P
+      may then reach 256; fp8 moves it on any increase, its P already spans [0, 2^8]);
+      P = exp2(S * scale_log2 - row_max * scale_log2), row_sum, correction = exp2(old - new, scaled)
    d. P -> bf16/fp16 in the WGMMA A-operand register layout (no shared-memory round trip)
-   e. wait V[n];  O = O * correction + P V (WGMMA, P from registers)
+   e. wait V[n];  O = O * correction + P V (WGMMA, P from registers); the multiply is skipped,
+      by one warp-uniform branch (``vote.any``), when no row of the warp moved its reference
    Steps overlap: block n's S = Q K[n]ᵀ is issued together with block n+1's O += P V, and the
    softmax of S runs while that PV WGMMA is still in flight (``next_block``); O is rescaled only
    after the PV has retired.
@@ -87,6 +90,11 @@ What the steps taught us (same problem, non-causal / causal):
 * tile_n = 176 (FlashAttention-3's choice for D=128): 527 / 272, far slower (not profiled; likely
   the 88-register S tile plus P and O leave ptxas too little room at 240); a third K/V stage: 631 vs
   628, within noise. D=64 with tile_n = 192 vs 128: 423 vs 415; kept 192.
+* Lazy rescaling (2026-11-22, one A/B run): 628.5 / 576.9 vs 620.0 / 570.6 always rescaling;
+  D=64 425.6 / 354.5 vs 419.0 / 365.4; fp8 826 / 749 vs 824 / 763. Within run-to-run noise except
+  the causal rows (-2 to -3 %), where diagonal blocks move the max more often: the 64 multiplies it
+  saves per thread and block are FMA-pipe work, and this kernel is bound by the tensor cores and
+  exp2. A per-row branch instead of one per warp measured 613 / 579.
 * At D=64 a 128 x 128 block costs as many exp2 (MUFU, 16/clk/SM) as WGMMA cycles, so exp2
   throughput bounds it; closing the gap needs exp2 partly on the FMA pipes (polynomial), not done.
 """
@@ -148,6 +156,10 @@ MAX_GRID_YZ = 65535
 # Keys per block: 128 for D=128 and FP8; 192 for 16-bit D=64.
 DEFAULT_TILE_N = 128
 WIDE_TILE_N = 192
+# Lazy rescaling (OnlineSoftmax): 16-bit P may exceed 1 by up to 2^8 before O is rescaled.
+RESCALE_THRESHOLD_LOG2 = 8.0
+# FP8 P is scaled into [0, 2^8]: small probabilities stay above e4m3's subnormal range (2^-6).
+FP8_P_EXPONENT_OFFSET = 8.0
 
 
 @dataclass(frozen=True)
@@ -429,8 +441,15 @@ class HopperAttention:
             store_atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.out_dtype)
             thr_store = cute.make_tiled_copy_C(store_atom, pv_mma).get_slice(wg_tidx)
             row_start = m_block * self.tile_m + w * rows
-            # FP8: P in [0, 2^8] rather than [0, 1] keeps small probabilities out of e4m3's subnormals.
-            softmax = OnlineSoftmax(softmax_scale_log2, rows=2, p_exponent_offset=8.0 if self.separate_pv else 0.0)
+            # FP8: P in [0, 2^8] rather than [0, 1] keeps small probabilities out of e4m3's subnormals,
+            # so the reference max must move whenever it grows (P > 448 would overflow e4m3); 16-bit P
+            # has range to spare and lets it lag by 2^8 (RESCALE_THRESHOLD_LOG2).
+            softmax = OnlineSoftmax(
+                softmax_scale_log2,
+                rows=2,
+                p_exponent_offset=FP8_P_EXPONENT_OFFSET if self.separate_pv else 0.0,
+                rescale_threshold=0.0 if self.separate_pv else RESCALE_THRESHOLD_LOG2,
+            )
             mask = AttentionMask(self.tile_n, self.causal)
 
             # 1. This warpgroup's Q box.
@@ -512,7 +531,7 @@ class HopperAttention:
         warpgroup.wait_group(0)
         k_slot.release()
         mask.apply(acc_S, tScS, row_start, n_block, seqlen_k)
-        softmax.step(acc_S, is_first=True)
+        softmax.step(acc_S)
         scores_to_operand_a(acc_S, tOrP)
         return k_consumer
 
@@ -552,7 +571,7 @@ class HopperAttention:
         k_slot.release()
         if cutlass.const_expr(masked):
             mask.apply(acc_S, tScS, row_start, n_block, seqlen_k)
-        softmax.step(acc_S, is_first=False)
+        softmax.step(acc_S)
         # P's registers and O are rewritten below: the O += P V that reads them must retire first.
         warpgroup.wait_group(0)
         v_slot.release()

@@ -16,6 +16,12 @@ What it adds over ``cute/tiled``, and which bottleneck each step removes:
 * **Register double-buffering** inside the k-loops: the ldmatrix of the next piece (half the N
   columns of a k-step) is issued before the MMAs of the current one, so shared-memory latency
   hides behind tensor-core work while only two half-step operand buffers are live.
+* **Lazy rescaling of O**: the running row max (the reference P is taken against) only moves
+  when a block's max exceeds it by more than 2^8; until then P <= 256 (safe in bf16/fp16 and the
+  fp32 sums) and the 128 multiplies that rescale a thread's O rows are skipped, decided by one
+  warp-uniform branch (``vote.any``). The maximum of random scores settles within a few blocks, so
+  almost every block skips the rescale; the result is exact, since O and the row sum share one
+  reference and it cancels in the final division.
 * Causal CTAs are launched heaviest first (largest ``m_block`` first) so the short diagonal tiles
   fill the tail of the grid.
 
@@ -34,7 +40,8 @@ Algorithm (the sections of :meth:`PipelinedAttentionKernel.kernel`):
    b. ``S = Q Kᵀ``: ldmatrix Q and K half k-step by half k-step, double-buffered, ``mma.sync``
       m16n8k16.
    c. Mask (masked iterations only): -inf past Sk and right of the causal diagonal.
-   d. Online softmax: quad-reduced row max, ``P = exp2(S·scale_log2 − m)``, rescale O and the sum.
+   d. Online softmax: quad-reduced row max, ``P = exp2(S·scale_log2 − m)``; O and the sum are
+      rescaled only if some row of the warp moved its reference max (lazy rescaling).
    e. ``O += P V``: P cast and reused in registers as the A operand; V via ``ldmatrix.trans``.
 4. Epilogue: quad-reduce the row sums, ``O /= row_sum``, cast, per-row predicated store.
 
@@ -42,7 +49,7 @@ Data movement: HBM →(cp.async.cg 16 B)→ swizzled SMEM ring →(ldmatrix.x4 /
 registers →(mma.sync.m16n8k16, fp32 accumulate)→ registers → HBM (st.global, rows < Sq).
 
 Tile budget (the comment on :data:`TILE_CONFIGS` has the arithmetic): tile_m = 128. D = 128: 4
-warps of 32 rows, tile_n = 32, 2 stages, 64 KiB of shared memory, two CTAs per SM, 254-255
+warps of 32 rows, tile_n = 32, 3 stages, 80 KiB of shared memory, two CTAs per SM, 255
 registers and no spills (a 64-key tile spills; an 8-warp 64-key tile does not, but measured
 slower). D = 64: 4 warps of 32 rows, tile_n = 64, 3 stages, 64 KiB. D = 256 is refused: the O accumulator alone
 would be 256 fp32 registers per thread with 32 rows per warp.
@@ -63,10 +70,13 @@ half-step buffers, spill-free (the default): 340-343 / 312; 4 warps, tile_n = 64
 buffers: 381 / 345 but 16-48 bytes of stack; 8 warps, tile_n = 64 (spill-free, 197 registers):
 298 / 279, since each warp now reads the whole K and V tile for only 16 rows, doubling shared-memory
 traffic per FLOP, and one 8-warp CTA per SM stalls all its warps at each barrier; the same with a
-2-CTA launch bound (spills 8-32 bytes): 311 / 281. So the spill-free default sits 3-4% under the
-353 TFLOP/s of SDPA's FA2 backend, and the fastest tile needs a small stack frame: the register
-file, not the algorithm, is the limit of this design at D = 128. The ceiling left is the ``mma.sync`` path
-itself: Hopper's ``wgmma`` (``cute/hopper``) issues warpgroup-wide MMAs straight from shared memory.
+2-CTA launch bound (spills 8-32 bytes): 311 / 281. That left the spill-free tile 3-4% under the
+353 TFLOP/s of SDPA's FA2 backend. Two changes closed the gap (one A/B run, 2026-11-22, non-causal /
+causal): lazy rescaling (O rescaled only when a row's max grows by more than 2^8) 339.8 / 312.6 →
+352.7 / 320.2, then a third K/V stage → 361.5 / 327.5 (the default; a third stage without lazy
+rescaling: 342.5 / 318.2). The 64-key tile with lazy rescaling ran 367-387 / 345-349 but spills 56
+bytes. The ceiling left is the ``mma.sync`` path itself: Hopper's ``wgmma`` (``cute/hopper``)
+issues warpgroup-wide MMAs straight from shared memory.
 """
 
 from __future__ import annotations
@@ -126,16 +136,16 @@ class TileConfig:
 
 
 # Budget per head dim (bf16/fp16; H200 SM: 227 KiB smem, 64 Ki registers; sm_90a compile, ptxas counts):
-#   D = 128, 4 warps (each warp 32 rows), the default (128, 32, 2, 4, 2, 0): O 32·128/32 = 128 fp32
-#            + S 32·32/32 = 32 fp32 per thread, 254-255 registers, no stack, two CTAs per SM;
-#            smem = Q 128·128·2 = 32 KiB + 2 stages · (K 32·128·2 + V 32·128·2) = 32 KiB → 64 KiB.
-#            At tile_n = 64 (S 64 fp32) ptxas spills 16-40 bytes.
+#   D = 128, 4 warps (each warp 32 rows), the default (128, 32, 3, 4, 2, 0): O 32·128/32 = 128 fp32
+#            + S 32·32/32 = 32 fp32 per thread, 255 registers, no stack, two CTAs per SM;
+#            smem = Q 128·128·2 = 32 KiB + 3 stages · (K 32·128·2 + V 32·128·2) = 48 KiB → 80 KiB
+#            (2 CTAs: 160 of 227 KiB). At tile_n = 64 (S 64 fp32) ptxas spills 16-56 bytes.
 #   D = 128, 8 warps (each warp 16 rows), tile_n = 64: O 64 + S 32 fp32, 196-210 registers, no
 #            stack, 96 KiB smem, one CTA per SM; measured 12% slower than the default (docstring).
 #   D = 64:  4 warps, smem = Q 16 KiB + 3 stages · 16 KiB = 64 KiB; O 64 fp32 + S 64 fp32 per thread.
 # A bench script may replace an entry (and clear _COMPILED) before prepare(): tile_config reads it there.
 TILE_CONFIGS = {
-    128: TileShape(tile_m=128, tile_n=32, stages=2, num_warps=4, pieces_per_k_step=2, min_ctas_per_sm=0),
+    128: TileShape(tile_m=128, tile_n=32, stages=3, num_warps=4, pieces_per_k_step=2, min_ctas_per_sm=0),
     64: TileShape(tile_m=128, tile_n=64, stages=3, num_warps=4, pieces_per_k_step=2, min_ctas_per_sm=0),
 }
 

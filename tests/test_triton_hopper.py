@@ -69,6 +69,14 @@ def test_fp8_refuses_fp32_inputs():
     assert not ok and "fp32" in reason
 
 
+def test_fp8_refuses_the_overlapped_loop():
+    problem = Problem(1, 2, 16, 16, 64, dtype=torch.float16)
+    q = torch.zeros(1, 2, 16, 64, dtype=torch.float16, device=DEVICE)
+    overlapped = hopper.HopperConfig(64, 32, 4, 1, False, overlap=True)
+    with pytest.raises(ValueError, match="overlap"):
+        fp8.Fp8Attention(q, q, q, problem, overlapped)
+
+
 # ----------------------------------------------------------------------------------------------
 # Static: warp specialisation shows up in the PTX only with num_warps=4 and BLOCK_M=64 on sm_90
 # ----------------------------------------------------------------------------------------------
@@ -114,11 +122,15 @@ needs_interpreter = pytest.mark.skipif(not triton_interpreting(), reason="interp
 
 @needs_interpreter
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("warp_specialize", [False, True], ids=["two-loops", "one-masked-loop"])
-def test_interpreter_output_and_lse(causal: bool, warp_specialize: bool):
-    problem = Problem(1, 2, 77, 130, 64, dtype=torch.float32, causal=causal)
+@pytest.mark.parametrize(
+    ("warp_specialize", "overlap"), [(False, False), (True, False), (False, True)],
+    ids=["two-loops", "one-masked-loop", "overlapped"],
+)  # fmt: skip
+@pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(77, 130), (130, 77), (1, 33)])
+def test_interpreter_output_and_lse(causal: bool, warp_specialize: bool, overlap: bool, seqlen_q: int, seqlen_k: int):
+    problem = Problem(1, 2, seqlen_q, seqlen_k, 64, dtype=torch.float32, causal=causal)
     q, k, v = make_inputs(problem, seed=5, device="cpu", offset=0.5)
-    config = hopper.HopperConfig(64, 32, 4, 1, warp_specialize)
+    config = hopper.HopperConfig(64, 32, 4, 1, warp_specialize, overlap=overlap)
     prepared = hopper.hopper_attention(q, k, v, problem, config=config)
     err = error_stats(prepared(), reference_attention(q, k, v, problem))
     assert err.max_abs_err < 1e-5, err.summary()

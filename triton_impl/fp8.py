@@ -39,7 +39,11 @@ causal (first version, acc chained through the wgmma); 2 stages 598 / 538; warp-
 short sequences passed: fp8 wgmma's accumulation is not full fp32, and the error grows with the number
 of blocks chained through the accumulator; hence the fresh per-block accumulator added in fp32,
 which passes every shared GPU shape but costs 3-5%: 642 TFLOP/s non-causal, 577-580 causal (below
-the 650 floor). Inputs of large magnitude still fail (rel. L2 0.33): e4m3's ~3% relative error on
+the 650 floor). The hand-pipelined loop of ``hopper.py`` (P V of block n-1 under the softmax of
+block n) needs the accumulator chained through the fp8 wgmma again, since a fresh one added in fp32
+makes Triton wait for it at once: 704 / 599 TFLOP/s, but rel. L2 5.8e-2 at S = 8191 (3.3e-2
+causal), so this rung refuses ``HopperConfig.overlap`` (same run: this kernel 644 / 581; 4 stages
+623 / 576). Inputs of large magnitude still fail (rel. L2 0.33): e4m3's ~3% relative error on
 large scores flips a peaked softmax, which no per-head scale can fix.
 On zero-mean (standard-normal) values the e4m3 rounding of Q, K, V and P alone gives ≈ 5% relative
 L2 in an fp64 emulation; with the harness's value offset it stays below 2.6%.
@@ -214,6 +218,11 @@ class Fp8Attention:
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, config: HopperConfig):
         batch, heads, seqlen_q, head_dim = q.shape
+        if config.overlap:
+            raise ValueError(
+                "fp8 attention has no overlapped KV loop (HopperConfig.overlap=True): it would chain the "
+                "accumulator through fp8 wgmma, whose reduced-precision accumulation fails the error target"
+            )
         self.config = config
         q_scale, k_scale, v_scale = (_per_head_scale(t) for t in (q, k, v))
         # Kept as attributes: the descriptors point into these buffers.

@@ -9,7 +9,10 @@ Optionally the KV loop is warp-specialised (``tl.range(..., warp_specialize=True
 the loop into a producer warp that only issues TMA loads and consumer warps that only compute, and
 rebalances registers between them with ``setmaxnreg``. Causal attention is split into a loop over
 unmasked blocks and a loop over the diagonal blocks, and the blocks above the diagonal are never
-visited.
+visited. ``HopperConfig.overlap`` selects a KV loop software-pipelined by hand (``_overlapped_step``):
+each step issues S_n = Q K_nᵀ, then O += P V of block n-1, then the softmax of S_n, so Triton's
+wait for S_n comes before the P V wgmma is issued and that wgmma runs under the softmax (FA3's
+intra-warpgroup overlap); the default loop waits for P V together with the next S.
 
 What Triton decides for you that ``cute_impl/hopper.py`` writes by hand: the shared-memory layout
 and swizzle of every tile, the mbarrier ring that pipelines the TMA loads (``num_stages`` deep), the
@@ -41,13 +44,22 @@ scaling, which needs a non-negative scale); sm_90 or newer. Row strides must be 
 (``kernel_operand`` copies otherwise).
 
 Measured (H200, B=2, H=16, S=8192, D=128, bf16, do_bench with L2 flush; prediction was ~500,
-the Triton tutorial's 506 fp16):
+the Triton tutorial's 506 fp16; the first block of rows is one run of 2026-11-22):
   BLOCK_M × BLOCK_N, warps, stages          non-causal    causal
-  128 × 128, 8 warps, 3 stages (default)    504-510       472-473 TFLOP/s
+  128 × 128, 8 warps, 3 stages, overlap     521.5         470.7 TFLOP/s (default at D=128)
+  128 × 128, 8 warps, 3 stages              497.6         460.5
+  128 × 128, 8 warps, 2 stages, overlap     475.9         426.6
+  128 × 64,  8 warps, 3 stages, overlap     462.4         436.7
+  128 × 64,  4 warps, 2 stages              522.9         473.1 (88 B of stack: spills)
+  64 × 64,   4 warps, 2 stages              454.8         410.7
+  earlier runs:
+  128 × 128, 8 warps, 3 stages              504-510       472-473
   128 × 128, 8 warps, 2 stages              467           420
   128 × 64,  8 warps, 3 stages              479           452
   64 × 128,  4 warps, 2 stages, specialised 261           231
   64 × 64,   4 warps, 2 stages, specialised 242           224
+The hand-pipelined loop is worth 5% (2% causal): without it, the wait for S_n also retires the
+P V of block n-1, so the tensor cores idle through every softmax.
 What it taught us: on sm_90 Triton 3.6's warp specialisation is limited to one consumer warpgroup
 (BLOCK_M=64): each CTA then issues m64 wgmmas from a single warpgroup with the whole softmax on its
 critical path, and it runs at half the speed of the software-pipelined two-warpgroup kernel, so the
@@ -95,6 +107,8 @@ class HopperConfig:
     num_warps: int
     num_stages: int
     warp_specialize: bool
+    # Software-pipelined KV loop (``_overlapped_step``): P V of block n-1 runs under the softmax of n.
+    overlap: bool = False
 
     def shared_bytes(self, head_dim: int, element_bytes: int) -> int:
         """Shared memory estimate: the Q tile and a K and a V tile per stage (O reuses freed buffers)."""
@@ -109,21 +123,24 @@ class HopperConfig:
 # On sm_90, Triton 3.6 warp-specialises the loop only with num_warps=4 and BLOCK_M=64 (one consumer
 # warpgroup): BLOCK_M=128 with 4 warps fails in its data-partition pass, and with 8 warps the flag
 # is ignored and the loop is software-pipelined instead (no setmaxnreg in the PTX).
+# The hand-pipelined loop (overlap) is a candidate for the two-warpgroup tiles, where it pays.
 CANDIDATE_CONFIGS = tuple(
-    HopperConfig(block_m, block_n, num_warps, num_stages, warp_specialize)
-    for block_m, block_n, num_warps, warp_specialize in (
-        (128, 128, 8, False),
-        (128, 64, 8, False),
-        (64, 128, 4, True),
-        (64, 64, 4, True),
-        (64, 64, 4, False),
+    HopperConfig(block_m, block_n, num_warps, num_stages, warp_specialize, overlap)
+    for block_m, block_n, num_warps, warp_specialize, overlap in (
+        (128, 128, 8, False, True),
+        (128, 128, 8, False, False),
+        (128, 64, 8, False, True),
+        (128, 64, 8, False, False),
+        (64, 128, 4, True, False),
+        (64, 64, 4, True, False),
+        (64, 64, 4, False, False),
     )
     for num_stages in (2, 3, 4)
 )
 # Reproducible defaults per head dim (the canonical shape uses D=128); chosen by measurement.
 DEFAULT_CONFIGS = {
     64: HopperConfig(128, 128, 8, 3, False),
-    128: HopperConfig(128, 128, 8, 3, False),
+    128: HopperConfig(128, 128, 8, 3, False, overlap=True),
     256: HopperConfig(64, 64, 4, 2, False),
 }
 # Interpreter runs use small tiles: the CPU tests need a ragged tail, not speed.
@@ -145,14 +162,11 @@ def candidate_configs(head_dim: int, dtype: torch.dtype) -> list[HopperConfig]:
 # Kernel
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _attention_step(
-    acc, row_sum, row_max, q, desc_k, desc_v, batch, head, offs_m, n_block, seqlen_k, softmax_scale_log2,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+def _online_softmax(
+    S, row_max, row_sum, offs_m, start_n, seqlen_k, softmax_scale_log2,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
 ):  # fmt: skip
-    """One KV block of steps 2 and 3: S = Q Kᵀ, (mask), online softmax, O += P V."""
-    start_n = n_block * BLOCK_N
-    k = desc_k.load([batch, head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-    S = tl.dot(q, k.T)
+    """(mask), row_max_new, P = exp2(S · scale - row_max_new), alpha = exp2(row_max - row_max_new), row_sum."""
     if MASKED:
         # Scale before masking: -inf · 0 would be NaN for softmax_scale = 0.
         S = S * softmax_scale_log2
@@ -171,6 +185,21 @@ def _attention_step(
         P = tl.math.exp2(S * softmax_scale_log2 - row_max_base[:, None])
     alpha = tl.math.exp2(row_max - row_max_base)
     row_sum = row_sum * alpha + tl.sum(P, 1)
+    return P, alpha, row_max_new, row_sum
+
+
+@triton.jit
+def _attention_step(
+    acc, row_sum, row_max, q, desc_k, desc_v, batch, head, offs_m, n_block, seqlen_k, softmax_scale_log2,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """One KV block of steps 2 and 3: S = Q Kᵀ, (mask), online softmax, O += P V."""
+    start_n = n_block * BLOCK_N
+    k = desc_k.load([batch, head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+    S = tl.dot(q, k.T)
+    P, alpha, row_max_new, row_sum = _online_softmax(
+        S, row_max, row_sum, offs_m, start_n, seqlen_k, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL
+    )
     acc = acc * alpha[:, None]
     v = desc_v.load([batch, head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     acc = tl.dot(P.to(v.dtype), v, acc)
@@ -178,11 +207,33 @@ def _attention_step(
 
 
 @triton.jit
+def _overlapped_step(
+    acc, row_sum, row_max, P, alpha, q, desc_k, desc_v, batch, head, offs_m, n_block, seqlen_k,
+    softmax_scale_log2,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """One KV block, software-pipelined by hand: S = Q K_nᵀ, then O = O · alpha + P V_(n-1) with the P
+    and alpha of the previous block, then the softmax of S_n. Triton waits for S before the softmax
+    (wait_group 0, which also retires the previous P V), but issues P V_(n-1) asynchronously and waits
+    for it only at the next S: that wgmma runs under this block's softmax."""
+    start_n = n_block * BLOCK_N
+    k = desc_k.load([batch, head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+    S = tl.dot(q, k.T)
+    # Block n-1 = -1 lies before the sequence: the TMA box reads zeros (and P is 0 there anyway).
+    v = desc_v.load([batch, head, start_n - BLOCK_N, 0]).reshape(BLOCK_N, HEAD_DIM)
+    acc = tl.dot(P.to(v.dtype), v, acc * alpha[:, None])
+    P, alpha, row_max, row_sum = _online_softmax(
+        S, row_max, row_sum, offs_m, start_n, seqlen_k, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL
+    )
+    return acc, row_sum, row_max, P, alpha
+
+
+@triton.jit
 def _hopper_attention_kernel(
     desc_q, desc_k, desc_v, desc_o, LSE,
     heads, seqlen_q, seqlen_k, softmax_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    CAUSAL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, OVERLAP: tl.constexpr,
 ):  # fmt: skip
     # Causal tiles near the bottom do the most work: launching them first shortens the tail.
     m_block = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
@@ -214,6 +265,24 @@ def _hopper_attention_kernel(
         for n_block in tl.range(0, n_stop, warp_specialize=True):
             acc, row_sum, row_max = _attention_step(
                 acc, row_sum, row_max, q, desc_k, desc_v, batch, head, offs_m, n_block, seqlen_k,
+                softmax_scale_log2, HEAD_DIM, BLOCK_N, True, CAUSAL,
+            )  # fmt: skip
+    elif OVERLAP:
+        # 2+3 software-pipelined: each step issues S_n, then P V of block n-1, then the softmax of
+        # S_n. P starts at 0 (the first step adds nothing), and one extra masked step past the last
+        # block (every key hidden: P = 0, alpha = 1) adds the last block's P V.
+        # P is carried in fp32: converted inside the step, it stays in registers as the wgmma A
+        # operand (a carried 16-bit P would be staged through shared memory).
+        P = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        alpha = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        for n_block in tl.range(0, n_unmasked):
+            acc, row_sum, row_max, P, alpha = _overlapped_step(
+                acc, row_sum, row_max, P, alpha, q, desc_k, desc_v, batch, head, offs_m, n_block, seqlen_k,
+                softmax_scale_log2, HEAD_DIM, BLOCK_N, False, CAUSAL,
+            )  # fmt: skip
+        for n_block in tl.range(n_unmasked, n_stop + 1):
+            acc, row_sum, row_max, P, alpha = _overlapped_step(
+                acc, row_sum, row_max, P, alpha, q, desc_k, desc_v, batch, head, offs_m, n_block, seqlen_k,
                 softmax_scale_log2, HEAD_DIM, BLOCK_N, True, CAUSAL,
             )  # fmt: skip
     else:
@@ -276,6 +345,7 @@ class HopperAttention:
             "BLOCK_N": config.block_n,
             "CAUSAL": problem.causal,
             "WARP_SPECIALIZE": config.warp_specialize,
+            "OVERLAP": config.overlap,
             "num_warps": config.num_warps,
             "num_stages": config.num_stages,
         }
@@ -392,6 +462,7 @@ def compile_sm90(problem: Problem, config: HopperConfig | None = None) -> list[K
         "BLOCK_N": config.block_n,
         "CAUSAL": problem.causal,
         "WARP_SPECIALIZE": config.warp_specialize,
+        "OVERLAP": config.overlap,
     }
     binary = compile_triton_sm90(
         _hopper_attention_kernel,

@@ -7,12 +7,13 @@ traffic drops to reading Q, K, V and writing O. The products are still broadcast
 ``tl.sum`` in fp32 — deliberately no ``tl.dot`` — so this step isolates the algorithm (online
 softmax) from the hardware (tensor cores, the next rung).
 
-Algorithm (one program per BLOCK_M query rows of one (batch, head)):
-  1. Load the Q tile (BLOCK_M × D) once into registers, in fp32.
+Algorithm (one program per BLOCK_M = ROWS_REP · ROWS_LANE query rows of one (batch, head)):
+  1. Point at the Q tile; it is read BLOCK_D columns at a time (from L1 after the first key block).
   2. For each BLOCK_N block of keys up to the last one any row of the tile can see (causal tiles
      stop at the diagonal; blocks wholly above it are never loaded):
-     a. S = Q Kᵀ · softmax_scale_log2 (scores in the log2 domain, so exp2 needs no extra multiply);
-        keys past Sk and, when causal, keys after the row are set to -inf.
+     a. S = Q Kᵀ · softmax_scale_log2 (scores in the log2 domain, so exp2 needs no extra multiply),
+        summed over D one BLOCK_D slice at a time; keys past Sk and, when causal, keys after the
+        row are set to -inf.
      b. new_max = max(row_max, rowmax(S)); P = exp2(S - new_max); alpha = exp2(row_max - new_max).
      c. row_sum = alpha · row_sum + rowsum(P); acc = alpha · acc + P V.
   3. O = acc / row_sum, stored in the input dtype (rows past Sq are not stored).
@@ -20,31 +21,46 @@ Algorithm (one program per BLOCK_M query rows of one (batch, head)):
 Data movement: Q, K and V go HBM → registers through ``ld.global``; every FLOP is an fp32 FMA on
 CUDA cores (the PTX holds no ``mma.sync`` or ``wgmma``). Each K/V block is re-read from L2/HBM by
 every program of the same head: without tensor cores the FMAs, not that traffic, set the pace.
+Shared memory is used only by Triton's layout conversions.
+
 A lesson about the stack: Triton gives no say over register layouts, so the shape of the code
 decides the instructions. Written as ``tl.sum(a[:, :, None] * b[None, :, :], axis=1)``, Triton's
-combiner turns the product into ``tl.dot`` (tf32 ``mma.sync`` in the PTX) whenever both outer
-extents are ≥ 16; summed over the last axis, the sum is spread over a warp (five times more
-shuffles than FMAs). Summing over the first axis keeps every sum inside a thread, and working on
-transposed tiles (Sᵀ = K Qᵀ, Oᵀ += Vᵀ Pᵀ) lets both products do so without a register transpose:
-compiled for sm_90a at D=128, that gives 2.4x the FMAs per barrier of the untransposed form
-(256 FMAs and 20 barriers per thread per key block, against 128 and 24). Shared memory is used
-only by Triton's layout conversions.
+combiner turns a 3-D product into ``tl.dot`` (tf32 ``mma.sync``) whenever both outer extents are
+≥ 16; summed over the last axis, the sum is spread over a warp (shuffles). The default layout of an
+N-D op puts lanes on the last axis, then warps, and leaves the leading axes inside each thread. So
+the products here are 4-D, with the summed axis first and the query rows split as (ROWS_REP,
+ROWS_LANE) at the two ends: Q Kᵀ is (BLOCK_D, ROWS_REP, BLOCK_N, ROWS_LANE), P V is (BLOCK_N,
+ROWS_REP, D, ROWS_LANE). Every sum stays inside a thread, and each thread owns a 2-D tile of both
+products (ROWS_REP rows × 2 keys of S, ROWS_REP rows × 16 columns of O at D=128), so a K or V
+element it converts from bf16 feeds ROWS_REP FMAs. Q no longer fits in registers next to such a
+tile (D · ROWS_REP values), so it is re-read one D-slice at a time; the D-slice loop is a real
+loop, not unrolled, or the compiler hoists every slice's loads and spills. Loading K/V or Q as 4-D
+pointer tensors instead of 2-D/3-D ones lets the loads' coalesced layout propagate into the
+product (D across lanes: shuffles, and spills): keep the expand_dims (``x[:, None]``) form.
 
 Constraints: fp16 and bf16 on a CUDA GPU (fp32 too under the Triton interpreter); D ∈ {32, 64, 128,
 256}; any Sq, Sk ≥ 1; causal (top-left) or not.
 
-Measured (H200, B=2, H=16, S=8192, D=128, bf16): the 32×8-row, 8-warp tile ran 94.7 ms = 11.6
-TFLOP/s full and 11.6 causal; the 32×4, 4-warp tile now used ran 12.9 full (see ``results/h200``
-for the canonical run). Causal halves the time (blocks above the diagonal are skipped), so it beats
-naive there (7.2); full, it is slower than naive (14.4): the ladder is NOT monotone at this step in
-Triton. The SASS (not a profile) says why: Triton's default layouts give each thread a 1×1 tile of
-both products, so every K or V element a thread converts from bf16 feeds a single FMA (about 1.5
-conversion instructions per FMA), and at 218-255 registers one or two CTAs fit per SM with no
-prefetch of the next K/V block to cover L2 latency. Barriers are not the limiter (11 per 256 FMAs
-in SASS, fewer than naive's 4 per 56). The untransposed first version measured 7.9 TFLOP/s.
+Measured (H200, B=2, H=16, S=8192, D=128, bf16, TFLOP/s full / causal, one run, 2026-11-22):
+  tile (rows rep × lane, keys, D-slice, warps)      full   causal   registers
+  4×16, 16, 16, 4 (default)                          17.2   16.2     255, no spills
+  2×16, 32, 8, 4                                     16.0   15.5     226
+  2×16, 16, 8, 2 warps                               16.0   14.5     216
+  4×8, 32, 8, 4                                      15.5   15.1     254
+  4×16, 16, 8, 4                                     15.3   14.8     255
+  4×8, 16, 8, 4                                      11.7   11.2     181
+  previous kernel: 3-D product, 1×1 thread tile      13.0   14.0     225
+naive runs at 14.4 full (7.2 causal), so the ladder is monotone here only with the 2-D thread
+tile: the previous kernel gave each thread one query row and one key of both products, so every K/V
+element it converted from bf16 fed a single FMA (FFMA was 32% of the SASS of a key block, 256 in
+790 instructions; the default tile's key block is 48% FFMA, 2048 in ~4300). What is left: the Q Kᵀ
+slice loop is 37% FFMA (Q and K converted per slice, plus the barriers of Triton's layout
+conversions), and nothing prefetches the next K/V block.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -62,12 +78,39 @@ from common.static import compile_triton_sm90
 from common.validation import kernel_operand, validate_attention_inputs
 
 LOG2_E = 1.4426950408889634
-# Per head dim: (BLOCK_M, BLOCK_N, num_warps), tiles that compile for sm_90a with no spills. Each
-# thread holds its share of the two 3-D products (D × BLOCK_N × BLOCK_M), so tiles shrink as D
-# grows. D=128 was timed on the H200 among spill-free candidates (32×8×8 warps 11.6 TFLOP/s,
-# 16×8×4 12.4, 32×4×4 12.9 at 225 registers); 32×8×4 ran 15.7 but spills 152 bytes per thread.
-BLOCKS: dict[int, tuple[int, int, int]] = {32: (64, 16, 8), 64: (64, 8, 8), 128: (32, 4, 4), 256: (16, 8, 8)}
-HEAD_DIMS = tuple(BLOCKS)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One program's tile: BLOCK_M = rows_rep · rows_lane query rows, BLOCK_N keys per step.
+
+    The rows are indexed (rows_rep, rows_lane): Triton spreads lanes over the last axis and leaves
+    the first axes in each thread, so a thread owns rows_rep rows of every product and reuses each
+    K or V element it converts for rows_rep FMAs. ``block_d`` is the slice of D summed per step of
+    Q Kᵀ (Q is re-read from L1 per slice, it does not fit in registers next to a 2-D tile).
+    """
+
+    rows_rep: int
+    rows_lane: int
+    block_n: int
+    block_d: int
+    num_warps: int
+
+    @property
+    def block_m(self) -> int:
+        return self.rows_rep * self.rows_lane
+
+
+# Per head dim; D=128 compiles for sm_90a with no spills (255 registers, two CTAs per SM). The
+# 1-D-tile kernel this replaced ran 32×4×4 warps at 12.9 TFLOP/s (H200, canonical; 16×8×4 12.4,
+# 32×8×8 11.6, 16×4×2 12.9; 32×8×4 15.7 but 152 B of spills).
+CONFIGS: dict[int, TileConfig] = {
+    32: TileConfig(4, 16, 16, 8, 4),
+    64: TileConfig(4, 16, 16, 16, 4),
+    128: TileConfig(4, 16, 16, 16, 4),
+    256: TileConfig(2, 16, 16, 16, 4),
+}
+HEAD_DIMS = tuple(CONFIGS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -81,8 +124,10 @@ def _online_kernel(
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om,
     heads, seqlen_q, seqlen_k, softmax_scale_log2,
-    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS_REP: tl.constexpr, ROWS_LANE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
+    BLOCK_M: tl.constexpr = ROWS_REP * ROWS_LANE
     m_block = tl.program_id(0)
     batch_head = tl.program_id(1)
     batch = (batch_head // heads).to(tl.int64)
@@ -92,59 +137,73 @@ def _online_kernel(
     v_base = V + batch * stride_vb + head * stride_vh
     o_base = Out + batch * stride_ob + head * stride_oh
 
-    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
+    # Query rows as a (ROWS_REP, ROWS_LANE) grid: row = m_block · BLOCK_M + r · ROWS_LANE + l.
+    offs_m = m_block * BLOCK_M + tl.arange(0, ROWS_REP)[:, None] * ROWS_LANE + tl.arange(0, ROWS_LANE)[None, :]
     row_ok = offs_m < seqlen_q
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_dd = tl.arange(0, BLOCK_D)
+    offs_d = tl.arange(0, HEAD_DIM)
+    # 1. Pointers to one D-slice of the Q tile, (BLOCK_D, ROWS_REP, ROWS_LANE).
+    q_ptrs = q_base + offs_m[None, :, :] * stride_qm + offs_dd[:, None, None]
 
-    # 1. The Q tile, read as Qᵀ (D × BLOCK_M), stays in registers for the whole pass.
-    q_t = tl.load(q_base + offs_m[None, :] * stride_qm + offs_d[:, None], mask=row_ok[None, :], other=0.0)
-    q_t = q_t.to(tl.float32)
-
-    # Per query row (kept as a BLOCK_M vector) and Oᵀ (D × BLOCK_M): see the module doc for why
-    # the kernel works on transposed tiles.
-    row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc_t = tl.zeros((HEAD_DIM, BLOCK_M), dtype=tl.float32)
+    # Per query row: (ROWS_REP, ROWS_LANE); O is kept as (ROWS_REP, D, ROWS_LANE).
+    row_max = tl.full((ROWS_REP, ROWS_LANE), float("-inf"), dtype=tl.float32)
+    row_sum = tl.zeros((ROWS_REP, ROWS_LANE), dtype=tl.float32)
+    acc = tl.zeros((ROWS_REP, HEAD_DIM, ROWS_LANE), dtype=tl.float32)
 
     # 2. Causal: keys at or past the tile's last row + 1 are masked for every row, so stop there.
     n_end = tl.minimum(seqlen_k, (m_block + 1) * BLOCK_M) if CAUSAL else seqlen_k
     for n_start in tl.range(0, n_end, BLOCK_N):
         offs_k = n_start + offs_n
         col_ok = offs_k < seqlen_k
-        k_t = tl.load(k_base + offs_k[None, :] * stride_kn + offs_d[:, None], mask=col_ok[None, :], other=0.0)
-        v = tl.load(v_base + offs_k[:, None] * stride_vn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
 
-        # 2a. Sᵀ = K Qᵀ (BLOCK_N × BLOCK_M): the D × BLOCK_N × BLOCK_M product summed over D, in the
-        # log2 domain; keys past Sk and, when causal, keys after the row are set to -inf.
-        scores_t = tl.sum(k_t.to(tl.float32)[:, :, None] * q_t[:, None, :], axis=0) * softmax_scale_log2
-        visible = col_ok[:, None]
+        # 2a. S = Q Kᵀ (ROWS_REP, BLOCK_N, ROWS_LANE), BLOCK_D columns of D at a time: the
+        # (BLOCK_D, ROWS_REP, BLOCK_N, ROWS_LANE) product summed over its first axis, inside each
+        # thread. Then the log2 domain, and -inf for keys past Sk and (causal) keys after the row.
+        scores = tl.zeros((ROWS_REP, BLOCK_N, ROWS_LANE), dtype=tl.float32)
+        k_ptrs = k_base + offs_k[None, :] * stride_kn + offs_dd[:, None]
+        for d_start in tl.range(0, HEAD_DIM, BLOCK_D):
+            q_slice = tl.load(q_ptrs + d_start, mask=row_ok[None, :, :], other=0.0).to(tl.float32)
+            k_slice = tl.load(k_ptrs + d_start, mask=col_ok[None, :], other=0.0).to(tl.float32)
+            scores += tl.sum(q_slice[:, :, None, :] * k_slice[:, None, :, None], axis=0)
+        scores = scores * softmax_scale_log2
+        visible = col_ok[None, :, None]
         if CAUSAL:
-            visible = visible & (offs_k[:, None] <= offs_m[None, :])
-        scores_t = tl.where(visible, scores_t, float("-inf"))
+            visible = visible & (offs_k[None, :, None] <= offs_m[:, None, :])
+        scores = tl.where(visible, scores, float("-inf"))
 
-        # 2b. Online softmax down the key axis. Guard: a row that has seen no visible key keeps max
+        # 2b. Online softmax along the key axis. Guard: a row that has seen no visible key keeps max
         # -inf; shifting by 0 instead gives P = 0 and alpha = 0 rather than exp2(-inf - -inf) = NaN.
-        new_max = tl.maximum(row_max, tl.max(scores_t, axis=0))
+        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-        p_t = tl.exp2(scores_t - shift[None, :])
+        p = tl.exp2(scores - shift[:, None, :])
         alpha = tl.exp2(row_max - shift)
 
-        # 2c. Rescale what was accumulated under the old max, then Oᵀ += Vᵀ Pᵀ: the
-        # BLOCK_N × D × BLOCK_M product summed over the keys.
-        row_sum = row_sum * alpha + tl.sum(p_t, axis=0)
-        acc_t = acc_t * alpha[None, :] + tl.sum(p_t[:, None, :] * v.to(tl.float32)[:, :, None], axis=0)
+        # 2c. Rescale what was accumulated under the old max, then O += P V: the
+        # (BLOCK_N, ROWS_REP, D, ROWS_LANE) product summed over the keys, inside each thread.
+        row_sum = row_sum * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + offs_k[:, None] * stride_vn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        p_by_key = tl.permute(p, (1, 0, 2))
+        pv = tl.sum(p_by_key[:, :, None, :] * v.to(tl.float32)[:, None, :, None], axis=0)
+        acc = acc * alpha[:, None, :] + pv
         row_max = new_max
 
     # 3. Normalise once; a row with no visible key (row_sum 0) is written as 0, not 0 / 0.
     inv_sum = tl.where(row_sum > 0.0, 1.0 / row_sum, 0.0)
-    out_t = (acc_t * inv_sum[None, :]).to(Out.dtype.element_ty)
-    tl.store(o_base + offs_m[None, :] * stride_om + offs_d[:, None], out_t, mask=row_ok[None, :])
+    out = (acc * inv_sum[:, None, :]).to(Out.dtype.element_ty)
+    tl.store(o_base + offs_m[:, None, :] * stride_om + offs_d[None, :, None], out, mask=row_ok[:, None, :])
 
 
 # ----------------------------------------------------------------------------------------------
 # Host: validate, allocate O once, launch
 # ----------------------------------------------------------------------------------------------
+
+
+def _constexprs(config: TileConfig) -> dict[str, int]:
+    return {
+        "ROWS_REP": config.rows_rep, "ROWS_LANE": config.rows_lane,
+        "BLOCK_N": config.block_n, "BLOCK_D": config.block_d,
+    }  # fmt: skip
 
 
 def online_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
@@ -161,8 +220,8 @@ def online_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem:
     )
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    block_m, block_n, num_warps = BLOCKS[checked.head_dim]
-    grid = (triton.cdiv(checked.seqlen_q, block_m), checked.batch * checked.heads)
+    config = CONFIGS[checked.head_dim]
+    grid = (triton.cdiv(checked.seqlen_q, config.block_m), checked.batch * checked.heads)
     softmax_scale_log2 = checked.scale * LOG2_E
 
     def run() -> torch.Tensor:
@@ -173,8 +232,8 @@ def online_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem:
             v.stride(0), v.stride(1), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2),
             checked.heads, checked.seqlen_q, checked.seqlen_k, softmax_scale_log2,
-            CAUSAL=checked.causal, HEAD_DIM=checked.head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-            num_warps=num_warps,
+            CAUSAL=checked.causal, HEAD_DIM=checked.head_dim, **_constexprs(config),
+            num_warps=config.num_warps,
         )  # fmt: skip
         return out
 
@@ -200,7 +259,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """The fused kernel compiled for sm_90a at ``problem``'s head dim, dtype and mask."""
     element = "*fp16" if problem.dtype == torch.float16 else "*bf16"
     strides = tuple(f"stride_{t}{dim}" for t, last in zip("qkvo", "mnnm", strict=True) for dim in ("b", "h", last))
-    block_m, block_n, num_warps = BLOCKS[problem.head_dim]
+    config = CONFIGS[problem.head_dim]
     binary = compile_triton_sm90(
         _online_kernel,
         {
@@ -208,8 +267,8 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
             **{name: "i32" for name in strides},
             "heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "softmax_scale_log2": "fp32",
         },
-        {"CAUSAL": problem.causal, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n},
-        num_warps=num_warps,
+        {"CAUSAL": problem.causal, "HEAD_DIM": problem.head_dim, **_constexprs(config)},
+        num_warps=config.num_warps,
         num_stages=1,
         aligned=("Q", "K", "V", "Out", *strides),
     )  # fmt: skip
