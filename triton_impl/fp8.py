@@ -62,7 +62,7 @@ from common.problem import Problem
 from common.registry import Implementation, KernelBinary
 from common.static import compile_triton_sm90
 from common.validation import kernel_operand, validate_attention_inputs
-from triton_impl.hopper import HEAD_DIMS, HOPPER_CAPABILITY, LN_2, LOG2_E, HopperConfig
+from triton_impl.hopper import HEAD_DIMS, HOPPER_CAPABILITY, LN_2, LOG2_E, HopperConfig, _online_softmax
 
 # Largest finite e4m3 value: scales map each tensor's amax onto it.
 E4M3_MAX = 448.0
@@ -104,23 +104,9 @@ def _fp8_attention_step(
     start_n = n_block * BLOCK_N
     k = desc_k.load([batch, head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     S = tl.dot(q, k.T)
-    if MASKED:
-        S = S * softmax_scale_log2
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        visible = offs_n[None, :] < seqlen_k
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= offs_m[:, None])
-        S = tl.where(visible, S, float("-inf"))
-        row_max_new = tl.maximum(row_max, tl.max(S, 1))
-        # Guard: a row with no visible key so far subtracts 0, so exp2(-inf) = 0 and not NaN.
-        row_max_base = tl.where(row_max_new == float("-inf"), 0.0, row_max_new)
-        P = tl.math.exp2(S - (row_max_base - P_EXPONENT)[:, None])
-    else:
-        row_max_new = tl.maximum(row_max, tl.max(S, 1) * softmax_scale_log2)
-        row_max_base = row_max_new
-        P = tl.math.exp2(S * softmax_scale_log2 - (row_max_base - P_EXPONENT)[:, None])
-    alpha = tl.math.exp2(row_max - row_max_base)
-    row_sum = row_sum * alpha + tl.sum(P, 1)
+    P, alpha, row_max_new, row_sum = _online_softmax(
+        S, row_max, row_sum, offs_m, start_n, seqlen_k, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL, P_EXPONENT
+    )
     vt = desc_vt.load([batch, head, 0, start_n]).reshape(HEAD_DIM, BLOCK_N)
     # A fresh accumulator per block, added in fp32 on the CUDA cores: fp8 wgmma accumulates with
     # reduced precision, so chaining acc through it over thousands of keys loses accuracy.

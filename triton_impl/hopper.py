@@ -164,9 +164,10 @@ def candidate_configs(head_dim: int, dtype: torch.dtype) -> list[HopperConfig]:
 @triton.jit
 def _online_softmax(
     S, row_max, row_sum, offs_m, start_n, seqlen_k, softmax_scale_log2,
-    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, P_EXPONENT: tl.constexpr = 0.0,
 ):  # fmt: skip
-    """(mask), row_max_new, P = exp2(S · scale - row_max_new), alpha = exp2(row_max - row_max_new), row_sum."""
+    """(mask), row_max_new, P = exp2(S · scale - row_max_new + P_EXPONENT), alpha = exp2(row_max -
+    row_max_new), row_sum. P_EXPONENT > 0 (fp8) scales P up by a constant that cancels in O / row_sum."""
     if MASKED:
         # Scale before masking: -inf · 0 would be NaN for softmax_scale = 0.
         S = S * softmax_scale_log2
@@ -178,11 +179,11 @@ def _online_softmax(
         row_max_new = tl.maximum(row_max, tl.max(S, 1))
         # Guard: a row with no visible key so far subtracts 0, so exp2(-inf) = 0 and not NaN.
         row_max_base = tl.where(row_max_new == float("-inf"), 0.0, row_max_new)
-        P = tl.math.exp2(S - row_max_base[:, None])
+        P = tl.math.exp2(S - (row_max_base - P_EXPONENT)[:, None])
     else:
         row_max_new = tl.maximum(row_max, tl.max(S, 1) * softmax_scale_log2)
         row_max_base = row_max_new
-        P = tl.math.exp2(S * softmax_scale_log2 - row_max_base[:, None])
+        P = tl.math.exp2(S * softmax_scale_log2 - (row_max_base - P_EXPONENT)[:, None])
     alpha = tl.math.exp2(row_max - row_max_base)
     row_sum = row_sum * alpha + tl.sum(P, 1)
     return P, alpha, row_max_new, row_sum
