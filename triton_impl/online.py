@@ -222,6 +222,7 @@ def online_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem:
     config = CONFIGS[checked.head_dim]
     grid = (triton.cdiv(checked.seqlen_q, config.block_m), checked.batch * checked.heads)
     softmax_scale_log2 = checked.scale * LOG2_E
+    constexprs = _constexprs(config)
 
     def run() -> torch.Tensor:
         _online_kernel[grid](
@@ -231,7 +232,7 @@ def online_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem:
             v.stride(0), v.stride(1), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2),
             checked.heads, checked.seqlen_q, checked.seqlen_k, softmax_scale_log2,
-            CAUSAL=checked.causal, HEAD_DIM=checked.head_dim, **_constexprs(config),
+            CAUSAL=checked.causal, HEAD_DIM=checked.head_dim, **constexprs,
             num_warps=config.num_warps,
         )  # fmt: skip
         return out
