@@ -13,10 +13,10 @@ Algorithm
 2. ``prepare`` stores V transposed, (B, H, D, Sk') with Sk' = Sk rounded up to 16 and zero padding:
    FP8 WGMMA reads a shared-memory B operand only K-major, and for O = P V the K dimension is the
    key index, so V must be key-contiguous.
-3. Inside each group of 16 keys, V's key order is permuted (``PERMUTED_KEY_ORDER``). The m64k32 FP8
-   A operand wants each lane to hold four *consecutive* k, while the S accumulator gives each lane
-   column *pairs* (2t, 2t+1, 2t+8, 2t+9). Renaming registers (``scores_to_operand_a``) plus this
-   permutation of V makes the product exact without any cross-lane shuffle.
+3. Inside each group of 16 keys, V's key order is permuted (``common.fp8.PERMUTED_KEY_ORDER``). The
+   m64k32 FP8 A operand wants each lane to hold four *consecutive* k, while the S accumulator gives
+   each lane column *pairs* (2t, 2t+1, 2t+8, 2t+9). Renaming registers (``scores_to_operand_a``) plus
+   this permutation of V makes the product exact without any cross-lane shuffle.
 4. The kernel runs as in ``hopper``; the Q and K descales are folded into ``softmax_scale_log2``
    (``scale * LOG2_E * q_scale * k_scale``) and V's descale multiplies O in the epilogue. P is
    computed as exp2(... + 8), i.e. in [0, 256] instead of [0, 1], so that small probabilities stay
@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import torch
 
+from common.fp8 import E4M3_MAX, value_operand
 from common.metrics import FP8_RULE
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner
@@ -79,31 +80,12 @@ from cute_impl.hopper import (
     launcher,
 )
 
-E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max
-# Keys per permutation group: one 16-wide half of the 32-wide FP8 k-block.
-KEY_GROUP = 16
-# Slot s = 4 t + i of a key group (lane t's four consecutive k) holds key 8 (i // 2) + 2 t + i % 2,
-# the key whose score lane t holds in accumulator register i of that group.
-PERMUTED_KEY_ORDER = tuple(8 * ((slot % 4) // 2) + 2 * (slot // 4) + slot % 2 for slot in range(KEY_GROUP))
-
 
 def quantize(tensor: torch.Tensor) -> tuple[torch.Tensor, float]:
     """Per-tensor e4m3 quantisation: (values / scale) in e4m3 and ``scale`` (= amax / 448)."""
     amax = tensor.abs().amax().float().item()
     scale = amax / E4M3_MAX if amax > 0 else 1.0
     return (tensor.float() / scale).to(torch.float8_e4m3fn), scale
-
-
-def value_operand(v8: torch.Tensor) -> torch.Tensor:
-    """(B, H, Sk, D) e4m3 -> (B, H, D, Sk') key-contiguous, zero-padded, keys permuted per group."""
-    batch, heads, seqlen_k, head_dim = v8.shape
-    padded = -(-seqlen_k // KEY_GROUP) * KEY_GROUP
-    order = torch.tensor(PERMUTED_KEY_ORDER, device=v8.device)
-    keys = (torch.arange(padded // KEY_GROUP, device=v8.device)[:, None] * KEY_GROUP + order).flatten()
-    # e4m3 has no torch kernels for indexing or padding: move the bytes as uint8.
-    v_bytes = torch.zeros((batch, heads, padded, head_dim), dtype=torch.uint8, device=v8.device)
-    v_bytes[:, :, :seqlen_k] = v8.view(torch.uint8)
-    return v_bytes[:, :, keys].transpose(2, 3).contiguous().view(torch.float8_e4m3fn)
 
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:

@@ -29,24 +29,6 @@ def test_refuses_what_it_cannot_run(impl):
     assert not ok and "softmax_scale" in reason
 
 
-def test_fp8_key_order_is_a_permutation_of_each_group():
-    assert sorted(fp8.PERMUTED_KEY_ORDER) == list(range(fp8.KEY_GROUP))
-
-
-def test_fp8_value_operand_is_transposed_padded_and_permuted():
-    seqlen_k, head_dim = 37, 64
-    v = torch.randn(2, 3, seqlen_k, head_dim)
-    v8, _ = fp8.quantize(v)
-    vt = fp8.value_operand(v8).view(torch.uint8)
-    padded = 48
-    assert vt.shape == (2, 3, head_dim, padded) and vt.stride(-1) == 1
-    source = v8.view(torch.uint8)
-    for slot in range(padded):
-        key = (slot // fp8.KEY_GROUP) * fp8.KEY_GROUP + fp8.PERMUTED_KEY_ORDER[slot % fp8.KEY_GROUP]
-        expected = source[:, :, key] if key < seqlen_k else torch.zeros_like(source[:, :, 0])
-        assert torch.equal(vt[:, :, :, slot], expected), f"slot {slot} should hold key {key}"
-
-
 def test_fp8_quantize_round_trip_error():
     x = torch.randn(4, 1000)
     x8, scale = fp8.quantize(x)

@@ -57,6 +57,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from common.devices import triton_device_supported, triton_device_types, triton_interpreting
+from common.fp8 import E4M3_MAX
 from common.metrics import FP8_RULE
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary
@@ -64,8 +65,6 @@ from common.static import compile_triton_sm90
 from common.validation import kernel_operand, validate_attention_inputs
 from triton_impl.hopper import HEAD_DIMS, HOPPER_CAPABILITY, LN_2, LOG2_E, HopperConfig, _online_softmax
 
-# Largest finite e4m3 value: scales map each tensor's amax onto it.
-E4M3_MAX = 448.0
 # P = 2^(S·scale - row_max + P_EXPONENT) lies in [0, 2^8] ⊂ e4m3 range and stays clear of subnormals.
 P_EXPONENT = tl.constexpr(8.0)
 # TMA needs 16-byte row strides: the keys of Vᵀ are padded to this many e4m3 elements.
