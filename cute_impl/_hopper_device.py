@@ -247,17 +247,20 @@ class OnlineSoftmax:
 # Ping-pong scheduling
 # ----------------------------------------------------------------------------------------------------
 class WarpgroupTurns:
-    """The two consumer warpgroups take turns issuing WGMMA (one named barrier per warpgroup).
+    """The consumer warpgroups take turns issuing WGMMA, round robin (one named barrier each).
 
-    ``wait`` blocks until the other warpgroup has issued its GEMMs (``pass_on``), so the tensor cores
-    run one warpgroup's GEMMs while the other computes its softmax. Each barrier completes with the
-    128 threads that wait plus the 128 that arrive. Warpgroup 1 arrives once up front (warpgroup 0
-    goes first) and warpgroup 0 consumes the last arrive in ``finish``, so every barrier balances.
+    ``wait`` blocks until the previous warpgroup has issued its GEMMs (``pass_on``), so the tensor
+    cores run one warpgroup's GEMMs while the others compute their softmax. Each barrier completes
+    with the 128 threads that wait plus the 128 that arrive. The last warpgroup arrives once up front
+    (warpgroup 0 goes first) and warpgroup 0 consumes the last arrive in ``finish``, so every barrier
+    balances. A warpgroup cannot arrive twice on its successor's barrier before the successor has
+    waited once: its own next turn needs the turn to come all the way round.
     """
 
-    def __init__(self, enabled: bool, warpgroup: Int32, barrier_base: int, threads_per_warpgroup: int):
+    def __init__(self, enabled: bool, warpgroup: Int32, count: int, barrier_base: int, threads_per_warpgroup: int):
         self.enabled = enabled
         self.warpgroup = warpgroup
+        self.count = count
         self.barrier_base = barrier_base
         self.threads = 2 * threads_per_warpgroup
 
@@ -265,7 +268,7 @@ class WarpgroupTurns:
     def start(self):
         # A compile-time and a runtime test cannot share one `if` in the DSL.
         if cutlass.const_expr(self.enabled):  # noqa: SIM102
-            if self.warpgroup == 1:
+            if self.warpgroup == self.count - 1:
                 cute.arch.barrier_arrive(barrier_id=self.barrier_base, number_of_threads=self.threads)
 
     @cute.jit
@@ -276,7 +279,8 @@ class WarpgroupTurns:
     @cute.jit
     def pass_on(self):
         if cutlass.const_expr(self.enabled):
-            cute.arch.barrier_arrive(barrier_id=self.barrier_base + 1 - self.warpgroup, number_of_threads=self.threads)
+            successor = (self.warpgroup + 1) % self.count
+            cute.arch.barrier_arrive(barrier_id=self.barrier_base + successor, number_of_threads=self.threads)
 
     @cute.jit
     def finish(self):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from common.inputs import make_inputs
 from common.metrics import error_stats
 from common.problem import Problem
 from common.reference import reference_attention
+from common.static import cubin_resources
 from cute_impl import fp8, hopper
 
 
@@ -29,6 +31,18 @@ def test_refuses_what_it_cannot_run(impl):
     assert not ok and "softmax_scale" in reason
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_d64_runs_three_consumer_warpgroups_at_160_registers(causal: bool):
+    """D=64's default: 512 threads, consumers raised to 160 registers; the non-causal build does not spill."""
+    binary = hopper.compile_sm90(Problem(4, 32, 8192, 8192, 64, causal=causal))[0]
+    assert ".reqntid 512, 1, 1" in binary.ptx
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+160;", binary.ptx)
+    stack = max(usage["stack_bytes"] for usage in cubin_resources(binary.cubin).values())
+    print(f"cute/hopper D=64 {'causal' if causal else 'full'}: {stack} stack bytes")
+    if not causal:
+        assert stack == 0, f"non-causal D=64 spills {stack} bytes"
+
+
 def test_fp8_quantize_round_trip_error():
     x = torch.randn(4, 1000)
     x8, scale = fp8.quantize(x)
@@ -42,8 +56,9 @@ def test_fp8_quantize_round_trip_error():
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("seqlens", [(1, 1), (77, 1000), (1000, 77), (333, 333)], ids=str)
-def test_hopper_lse_matches_reference(seqlens: tuple[int, int], causal: bool):
-    problem = Problem(2, 3, *seqlens, 128, dtype=torch.bfloat16, causal=causal)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_hopper_lse_matches_reference(seqlens: tuple[int, int], head_dim: int, causal: bool):
+    problem = Problem(2, 3, *seqlens, head_dim, dtype=torch.bfloat16, causal=causal)
     q, k, v = make_inputs(problem, seed=5)
     run = hopper.prepare(q, k, v, problem)
     run()
