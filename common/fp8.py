@@ -15,14 +15,27 @@ Why the 3e-2 error target is out of reach on standard-normal inputs
 softmax, P unrounded) against the unquantised inputs: no kernel that reads e4m3 Q, K, V can do
 better. On standard-normal inputs it is about 4.8e-2 (each operand's 2.7 % rounding noise reaches O
 undamped when V has zero mean); the kernels, which also round P, measure about 5.3e-2.
+
+Incoherent processing
+---------------------
+Q Kᵀ = (Q R)(K R)ᵀ for any orthogonal R. With R a Hadamard matrix times random signs
+(``random_hadamard``), an outlier entry of Q or K is spread over all D channels before rounding,
+which lowers the rounding error of the large scores it would otherwise dominate. Standard-normal
+data is unchanged in distribution by a rotation, so there it neither helps nor hurts.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from common.problem import Problem
 from common.reference import reference_attention
+
+# Injected outliers (``with_outliers``): this share of the entries of Q and K, scaled by this much.
+OUTLIER_FRACTION = 1e-3
+OUTLIER_MAGNITUDE = 10.0
 
 # Largest finite e4m3 value: scales map each tensor's amax onto it.
 E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max
@@ -57,10 +70,40 @@ def round_to_e4m3(x: torch.Tensor, per_head: bool) -> torch.Tensor:
     return (x.double() / scale).to(torch.float8_e4m3fn).double() * scale
 
 
+def random_hadamard(head_dim: int, seed: int, device: str | torch.device = "cpu") -> torch.Tensor:
+    """(D, D) orthogonal fp32 matrix H diag(s) / sqrt(D): Sylvester's Hadamard H, random signs s."""
+    if head_dim < 1 or head_dim & (head_dim - 1):
+        raise ValueError(f"a Hadamard rotation needs a power-of-two head_dim, got {head_dim}")
+    hadamard = torch.ones(1, 1, dtype=torch.float64)
+    while hadamard.shape[0] < head_dim:
+        hadamard = torch.cat([torch.cat([hadamard, hadamard], 1), torch.cat([hadamard, -hadamard], 1)], 0)
+    generator = torch.Generator().manual_seed(seed)
+    signs = torch.randint(0, 2, (head_dim,), generator=generator, dtype=torch.float64) * 2 - 1
+    return (hadamard * signs[None, :] / math.sqrt(head_dim)).float().to(device)
+
+
+def with_outliers(x: torch.Tensor, seed: int) -> torch.Tensor:
+    """A copy of ``x`` with ``OUTLIER_FRACTION`` of its entries scaled by ``OUTLIER_MAGNITUDE``."""
+    generator = torch.Generator().manual_seed(seed)
+    hit = torch.rand(x.shape, generator=generator) < OUTLIER_FRACTION
+    return torch.where(hit.to(x.device), x * OUTLIER_MAGNITUDE, x)
+
+
 def input_rounding_error(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, per_head: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    per_head: bool = False,
+    rotation: torch.Tensor | None = None,
 ) -> float:
-    """Relative L2 error of exact attention on e4m3-rounded Q, K, V: the floor for any e4m3 kernel."""
+    """Relative L2 error of exact attention on e4m3-rounded Q, K, V: the floor for any e4m3 kernel.
+
+    With ``rotation``, Q and K are rotated before rounding (the result is still compared with the
+    unrotated exact attention, which the rotation leaves unchanged).
+    """
     exact = reference_attention(q, k, v, problem)
+    if rotation is not None:
+        q, k = (t.double() @ rotation.double() for t in (q, k))
     rounded = reference_attention(*(round_to_e4m3(t, per_head) for t in (q, k, v)), problem)
     return ((rounded - exact).norm() / exact.norm()).item()

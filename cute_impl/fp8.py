@@ -54,6 +54,13 @@ Measured (H200, B=2 H=16 S=8192 D=128 from bf16 inputs; TFLOP/s on visible score
   non-causal, 4.8e-2 / 4.7e-2 causal: the 3e-2 target is not met, as the budget above predicts.
   Floor 800 TFLOP/s met, goal 1000 not.
 
+Incoherent processing (``prepare_incoherent``)
+----------------------------------------------
+Q and K multiplied by a random Hadamard rotation (``common.fp8.random_hadamard``) before quantising:
+Q Kᵀ is unchanged and the kernel is the same, but an outlier entry is spread over all D channels
+before it is rounded. ``python -m common.fp8_outliers`` measures both on standard-normal inputs and
+on inputs with 0.1 % of Q, K entries scaled by 10 (``results/h200/fp8-outliers.md``).
+
 Constraints
 -----------
 sm_90, fp16/bf16 inputs, head_dim 64 or 128, softmax_scale > 0, any Sq, Sk >= 1, causal.
@@ -63,7 +70,7 @@ from __future__ import annotations
 
 import torch
 
-from common.fp8 import E4M3_MAX, value_operand
+from common.fp8 import E4M3_MAX, random_hadamard, value_operand
 from common.metrics import FP8_RULE
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner
@@ -95,10 +102,29 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem)
     return quantized_launcher(default_config(problem, fp8=True), q, k, v, problem)
 
 
+def prepare_incoherent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, seed: int = 0) -> Runner:
+    """``prepare`` with incoherent processing: Q and K rotated by a random Hadamard matrix first."""
+    validate_attention_inputs(
+        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, dtypes=DTYPES, head_dims=HEAD_DIMS
+    )
+    rotation = random_hadamard(problem.head_dim, seed, q.device)
+    return quantized_launcher(default_config(problem, fp8=True), q, k, v, problem, rotation)
+
+
 def quantized_launcher(
-    config: HopperConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem
+    config: HopperConfig,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    rotation: torch.Tensor | None = None,
 ) -> Runner:
-    """Steps 1-2 (quantise, transpose and permute V), then the ``hopper`` launcher with the descales."""
+    """Steps 1-2 (quantise, transpose and permute V), then the ``hopper`` launcher with the descales.
+
+    ``rotation`` (orthogonal, D x D) multiplies Q and K before quantisation; Q Kᵀ is unchanged.
+    """
+    if rotation is not None:
+        q, k = (t.float() @ rotation for t in (q, k))
     (q8, q_scale), (k8, k_scale), (v8, v_scale) = (quantize(kernel_operand(t)) for t in (q, k, v))
     bytes_view = [t.view(torch.uint8) for t in (q8, k8, value_operand(v8))]
     return launcher(config, *bytes_view, problem.scale * LOG2_E * q_scale * k_scale, v_scale)

@@ -51,3 +51,32 @@ def test_input_rounding_floor_is_small_when_values_have_a_mean():
     problem = Problem(1, 2, 1024, 1024, 128, dtype=torch.float32)
     q, k, v = make_inputs(problem, seed=3, device="cpu", offset=0.5)
     assert fp8.input_rounding_error(q, k, v, problem) < FP8_RULE.max_rel_l2 / 2
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_random_hadamard_is_orthogonal(head_dim: int):
+    rotation = fp8.random_hadamard(head_dim, seed=3).double()
+    assert torch.allclose(rotation @ rotation.T, torch.eye(head_dim, dtype=torch.float64), atol=1e-6)
+    assert not torch.equal(rotation, fp8.random_hadamard(head_dim, seed=4))
+
+
+def test_random_hadamard_refuses_other_sizes():
+    with pytest.raises(ValueError, match="power-of-two head_dim, got 96"):
+        fp8.random_hadamard(96, seed=0)
+
+
+def test_with_outliers_scales_a_small_share_of_entries():
+    x = torch.randn(4, 8, 256, 128)
+    hit = fp8.with_outliers(x, seed=1) != x
+    assert 0.5 * fp8.OUTLIER_FRACTION < hit.float().mean().item() < 2 * fp8.OUTLIER_FRACTION
+
+
+def test_rotation_lowers_the_rounding_floor_on_outlier_inputs():
+    problem = Problem(1, 2, 1024, 1024, 128, dtype=torch.float32)
+    q, k, v = make_inputs(problem, seed=5, device="cpu", offset=0.5)
+    q, k = fp8.with_outliers(q, seed=6), fp8.with_outliers(k, seed=7)
+    rotation = fp8.random_hadamard(problem.head_dim, seed=0)
+    plain = fp8.input_rounding_error(q, k, v, problem)
+    rotated = fp8.input_rounding_error(q, k, v, problem, rotation=rotation)
+    print(f"e4m3 input-rounding floor with outliers: plain {plain:.3e}, rotated {rotated:.3e}")
+    assert rotated < 0.8 * plain
