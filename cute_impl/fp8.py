@@ -53,6 +53,8 @@ Measured (H200, B=2 H=16 S=8192 D=128 from bf16 inputs; TFLOP/s on visible score
 * Standard-normal inputs without offset, S=2048: rel L2 5.4e-2 (D=64) and 5.3e-2 (D=128)
   non-causal, 4.8e-2 / 4.7e-2 causal: the 3e-2 target is not met, as the budget above predicts.
   Floor 800 TFLOP/s met, goal 1000 not.
+* D=64 (B=4, H=32) with three consumer warpgroups, as ``hopper`` at D=64: 629 / 558 vs 528 / 500
+  with two, identical errors (one run, 2026-11-22).
 
 Incoherent processing (``prepare_incoherent``)
 ----------------------------------------------
