@@ -9,6 +9,7 @@ import torch
 from common.check import check_implementation
 from common.devices import triton_interpreting
 from common.problem import Problem
+from triton_impl import _host as triton_host
 from triton_impl import naive, online, pipelined, tiled
 
 RUNGS = {"naive": naive, "online": online, "tiled": tiled, "pipelined": pipelined}
@@ -64,7 +65,7 @@ def test_naive_refuses_a_score_buffer_larger_than_free_memory(monkeypatch: pytes
     problem = Problem(4, 32, 65536, 65536, 128, dtype=torch.float16)
     free_bytes = 80 * 2**30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free_bytes, 2 * free_bytes))
-    monkeypatch.setattr(naive, "triton_device_supported", lambda device: (True, ""))
+    monkeypatch.setattr(triton_host, "triton_device_supported", lambda device: (True, ""))
     ok, reason = naive.supports(problem, torch.device("cuda"))
     assert not ok
     assert f"{problem.score_buffer_bytes:,} bytes" in reason

@@ -54,17 +54,26 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
-from common.devices import triton_device_supported, triton_device_types, triton_interpreting
+from common.devices import triton_device_supported, triton_interpreting
 from common.fp8 import E4M3_MAX
 from common.metrics import FP8_RULE
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary
 from common.static import compile_triton_sm90
-from common.validation import kernel_operand, validate_attention_inputs
-from triton_impl.hopper import HEAD_DIMS, HOPPER_CAPABILITY, LN_2, LOG2_E, HopperConfig, _online_softmax
+from common.validation import kernel_operand
+from triton_impl.hopper import (
+    LN_2,
+    LOG2_E,
+    HopperConfig,
+    _descriptor,
+    _online_softmax,
+    _validate,
+    hopper_supported,
+)
 
+# Inputs this rung quantises (whatever the interpreter would accept).
+INPUT_DTYPES = (torch.float16, torch.bfloat16)
 # P = 2^(S·scale - row_max + P_EXPONENT) lies in [0, 2^8] ⊂ e4m3 range and stays clear of subnormals.
 P_EXPONENT = tl.constexpr(8.0)
 # TMA needs 16-byte row strides: the keys of Vᵀ are padded to this many e4m3 elements.
@@ -194,10 +203,6 @@ def _transposed_values(v8: torch.Tensor) -> torch.Tensor:
     return vt[..., :seqlen_k]
 
 
-def _descriptor(tensor: torch.Tensor, box_rows: int, box_cols: int) -> TensorDescriptor:
-    return TensorDescriptor(tensor, list(tensor.shape), list(tensor.stride()), [1, 1, box_rows, box_cols])
-
-
 class Fp8Attention:
     """Prepared launch over quantised operands; calling it launches the kernel and returns O (bf16)."""
 
@@ -247,27 +252,11 @@ class Fp8Attention:
         return self.out
 
 
-def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Problem:
-    checked = validate_attention_inputs(
-        q,
-        k,
-        v,
-        causal=problem.causal,
-        softmax_scale=problem.softmax_scale,
-        dtypes=(torch.float16, torch.bfloat16),
-        head_dims=HEAD_DIMS,
-        device_types=triton_device_types(),
-    )
-    if checked.scale < 0:
-        raise ValueError(f"softmax_scale must be >= 0 for triton/fp8, got {checked.scale}")
-    return checked
-
-
 def fp8_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, config: HopperConfig | None = None
 ) -> Fp8Attention:
     """Validate, quantise, compile by one warm-up launch; the result's call is run()."""
-    checked = _validate(q, k, v, problem)
+    checked = _validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES)
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     prepared = Fp8Attention(q, k, v, checked, config or default_config(checked.head_dim))
     prepared()
@@ -285,17 +274,9 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     ok, reason = triton_device_supported(device)
     if not ok:
         return ok, reason
-    if problem.dtype not in (torch.float16, torch.bfloat16):
+    if problem.dtype not in INPUT_DTYPES:
         return False, f"triton/fp8 quantises fp16 or bf16 inputs, got {problem.dtype_name}"
-    if problem.head_dim not in HEAD_DIMS:
-        return False, f"triton/fp8 needs head_dim in {list(HEAD_DIMS)}, got {problem.head_dim}"
-    if problem.scale < 0:
-        return False, f"triton/fp8 needs softmax_scale >= 0, got {problem.scale}"
-    if device.type == "cuda":
-        capability = torch.cuda.get_device_capability(device)
-        if capability < HOPPER_CAPABILITY:
-            return False, f"triton/fp8 needs e4m3 wgmma (sm_90+), got sm_{capability[0]}{capability[1]}"
-    return True, ""
+    return hopper_supported(problem, device, "triton/fp8", "e4m3 wgmma")
 
 
 def compile_sm90(problem: Problem, config: HopperConfig | None = None) -> list[KernelBinary]:

@@ -79,13 +79,13 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from common.devices import triton_device_supported, triton_device_types, triton_dtypes, triton_interpreting
+from common.devices import triton_device_supported, triton_dtypes, triton_interpreting
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary
 from common.static import compile_triton_sm90
-from common.validation import kernel_operand, validate_attention_inputs
+from common.validation import kernel_operand
+from triton_impl._host import LOG2_E, validate_triton_inputs
 
-LOG2_E = 1.4426950408889634
 # Natural log of 2, read inside the kernel (hence a constexpr): lse = log2-domain lse · ln 2.
 LN_2 = tl.constexpr(0.6931471805599453)
 HEAD_DIMS = (64, 128, 256)
@@ -315,10 +315,11 @@ def _hopper_attention_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def _descriptor(tensor: torch.Tensor, block_rows: int) -> TensorDescriptor:
-    """A 4-D TMA descriptor over (B, H, S, D): one (batch, head) box of block_rows × D per copy."""
-    head_dim = tensor.shape[-1]
-    return TensorDescriptor(tensor, list(tensor.shape), list(tensor.stride()), [1, 1, block_rows, head_dim])
+def _descriptor(tensor: torch.Tensor, box_rows: int, box_cols: int | None = None) -> TensorDescriptor:
+    """A 4-D TMA descriptor over (B, H, rows, cols): one (batch, head) box of box_rows × box_cols
+    (default: all columns) per copy, so every (batch, head) keeps its own bounds."""
+    box_cols = box_cols or tensor.shape[-1]
+    return TensorDescriptor(tensor, list(tensor.shape), list(tensor.stride()), [1, 1, box_rows, box_cols])
 
 
 class HopperAttention:
@@ -357,19 +358,18 @@ class HopperAttention:
         return self.out
 
 
-def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Problem:
-    checked = validate_attention_inputs(
-        q,
-        k,
-        v,
-        causal=problem.causal,
-        softmax_scale=problem.softmax_scale,
-        dtypes=triton_dtypes(),
-        head_dims=HEAD_DIMS,
-        device_types=triton_device_types(),
-    )
+def _validate(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    rung: str = "triton/hopper",
+    dtypes: tuple[torch.dtype, ...] | None = None,
+) -> Problem:
+    """The inputs checks of both Triton Hopper rungs (``dtypes``: the fp8 rung's own)."""
+    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, dtypes)
     if checked.scale < 0:
-        raise ValueError(f"softmax_scale must be >= 0 for triton/hopper, got {checked.scale}")
+        raise ValueError(f"softmax_scale must be >= 0 for {rung}, got {checked.scale}")
     return checked
 
 
@@ -419,21 +419,26 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem)
 # ----------------------------------------------------------------------------------------------
 # Capability check and static compile
 # ----------------------------------------------------------------------------------------------
+def hopper_supported(problem: Problem, device: torch.device, rung: str, needs: str) -> tuple[bool, str]:
+    """Head dim, scale and sm_90 checks of both Triton Hopper rungs (after their own dtype check)."""
+    if problem.head_dim not in HEAD_DIMS:
+        return False, f"{rung} needs head_dim in {list(HEAD_DIMS)}, got {problem.head_dim}"
+    if problem.scale < 0:
+        return False, f"{rung} needs softmax_scale >= 0, got {problem.scale}"
+    if device.type == "cuda":
+        capability = torch.cuda.get_device_capability(device)
+        if capability < HOPPER_CAPABILITY:
+            return False, f"{rung} needs {needs} (sm_90+), got sm_{capability[0]}{capability[1]}"
+    return True, ""
+
+
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     ok, reason = triton_device_supported(device)
     if not ok:
         return ok, reason
     if problem.dtype not in triton_dtypes():
         return False, f"triton/hopper runs fp16 and bf16, got {problem.dtype_name}"
-    if problem.head_dim not in HEAD_DIMS:
-        return False, f"triton/hopper needs head_dim in {list(HEAD_DIMS)}, got {problem.head_dim}"
-    if problem.scale < 0:
-        return False, f"triton/hopper needs softmax_scale >= 0, got {problem.scale}"
-    if device.type == "cuda":
-        capability = torch.cuda.get_device_capability(device)
-        if capability < HOPPER_CAPABILITY:
-            return False, f"triton/hopper needs TMA and wgmma (sm_90+), got sm_{capability[0]}{capability[1]}"
-    return True, ""
+    return hopper_supported(problem, device, "triton/hopper", "TMA and wgmma")
 
 
 def _descriptor_type(dtype_name: str, block_rows: int, head_dim: int) -> str:

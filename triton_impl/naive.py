@@ -36,16 +36,11 @@ import torch
 import triton
 import triton.language as tl
 
-from common.devices import (
-    triton_device_supported,
-    triton_device_types,
-    triton_dtype_supported,
-    triton_dtypes,
-)
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner
 from common.static import compile_triton_sm90
-from common.validation import kernel_operand, validate_attention_inputs
+from common.validation import kernel_operand
+from triton_impl._host import ladder_supported, validate_triton_inputs
 
 # A constexpr: the softmax kernel reads it (the scale is applied when S is written, in natural units).
 LOG2_E = tl.constexpr(1.4426950408889634)
@@ -183,16 +178,7 @@ def _pv_kernel(
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
     """Validate q, k, v (B, H, S, D), allocate S and O, and return ``run()`` launching the three kernels."""
-    checked = validate_attention_inputs(
-        q,
-        k,
-        v,
-        causal=problem.causal,
-        softmax_scale=problem.softmax_scale,
-        dtypes=triton_dtypes(),
-        head_dims=HEAD_DIMS,
-        device_types=triton_device_types(),
-    )
+    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS)
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     batch, heads, seqlen_q, seqlen_k = checked.batch, checked.heads, checked.seqlen_q, checked.seqlen_k
     scores = torch.empty((batch * heads, seqlen_q, seqlen_k), dtype=torch.float32, device=q.device)
@@ -228,14 +214,9 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: 
 # Capability check and sm_90a compile path
 # ----------------------------------------------------------------------------------------------
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
-    ok, reason = triton_device_supported(device)
+    ok, reason = ladder_supported(problem, device, HEAD_DIMS)
     if not ok:
         return False, reason
-    ok, reason = triton_dtype_supported(problem.dtype)
-    if not ok:
-        return False, reason
-    if problem.head_dim not in HEAD_DIMS:
-        return False, f"head_dim {problem.head_dim} not supported (supported: {list(HEAD_DIMS)})"
     if device.type == "cuda":
         free_bytes, _ = torch.cuda.mem_get_info(device)
         if problem.score_buffer_bytes > free_bytes:

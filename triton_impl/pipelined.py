@@ -47,20 +47,19 @@ import torch
 import triton
 import triton.language as tl
 
-from common.devices import (
-    triton_device_supported,
-    triton_device_types,
-    triton_dtype_supported,
-    triton_dtypes,
-    triton_interpreting,
-)
+from common.devices import triton_interpreting
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner
 from common.static import compile_triton_sm90
-from common.validation import kernel_operand, validate_attention_inputs
+from common.validation import kernel_operand
 from triton_impl._device import attend_key_blocks, key_block_range
-
-LOG2_E = 1.4426950408889634
+from triton_impl._host import (
+    POINTER_ALIGNED,
+    ladder_supported,
+    pointer_arguments,
+    pointer_signature,
+    validate_triton_inputs,
+)
 
 
 @dataclass(frozen=True)
@@ -161,37 +160,21 @@ def _pipelined_kernel(
 # ----------------------------------------------------------------------------------------------
 # Host: launch with a configuration, choose the configuration, prepare
 # ----------------------------------------------------------------------------------------------
-def _launch(
-    config: TileConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, problem: Problem
-) -> None:
+def _launch_options(config: TileConfig, problem: Problem) -> dict[str, int | bool]:
+    return {
+        "CAUSAL": problem.causal, "HEAD_DIM": problem.head_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
+        "num_warps": config.num_warps, "num_stages": config.num_stages,
+    }  # fmt: skip
+
+
+def _launch(config: TileConfig, args: tuple, problem: Problem) -> None:
     grid = (triton.cdiv(problem.seqlen_q, config.block_m), problem.batch * problem.heads)
-    _pipelined_kernel[grid](
-        q, k, v, out,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        problem.heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E,
-        CAUSAL=problem.causal, HEAD_DIM=problem.head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )  # fmt: skip
+    _pipelined_kernel[grid](*args, **_launch_options(config, problem))
 
 
-def _compiled_shared_bytes(
-    config: TileConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, problem: Problem
-) -> int:
+def _compiled_shared_bytes(config: TileConfig, args: tuple, problem: Problem) -> int:
     """Shared memory the compiled kernel needs: exact, from compiling it (no launch)."""
-    compiled = _pipelined_kernel.warmup(
-        q, k, v, out,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        problem.heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E,
-        CAUSAL=problem.causal, HEAD_DIM=problem.head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        num_warps=config.num_warps, num_stages=config.num_stages, grid=(1,),
-    )  # fmt: skip
-    return compiled.metadata.shared
+    return _pipelined_kernel.warmup(*args, **_launch_options(config, problem), grid=(1,)).metadata.shared
 
 
 def shared_memory_budget(device: torch.device) -> int:
@@ -227,12 +210,13 @@ def tune(
 ) -> list[tuple[TileConfig, float]]:
     """Median milliseconds of every candidate that fits the device's shared memory, fastest first."""
     budget = shared_memory_budget(q.device)
+    args = pointer_arguments(q, k, v, out, problem)
     timings = []
     for config in CANDIDATES:
-        if _compiled_shared_bytes(config, q, k, v, out, problem) > budget:
+        if _compiled_shared_bytes(config, args, problem) > budget:
             continue
         ms = triton.testing.do_bench(
-            lambda config=config: _launch(config, q, k, v, out, problem), warmup=TUNE_WARMUP_MS, rep=TUNE_REP_MS
+            lambda config=config: _launch(config, args, problem), warmup=TUNE_WARMUP_MS, rep=TUNE_REP_MS
         )
         timings.append((config, ms))
     return sorted(timings, key=lambda timing: timing[1])
@@ -256,22 +240,14 @@ def choose_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
 def pipelined_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
     """Validate q, k, v (B, H, S, D), choose the tiles (autotuning here, once), allocate O, and
     return ``run()`` launching the pipelined kernel."""
-    checked = validate_attention_inputs(
-        q,
-        k,
-        v,
-        causal=problem.causal,
-        softmax_scale=problem.softmax_scale,
-        dtypes=triton_dtypes(),
-        head_dims=HEAD_DIMS,
-        device_types=triton_device_types(),
-    )
+    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS)
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     config = choose_config(q, k, v, out, checked)
+    args = pointer_arguments(q, k, v, out, checked)
 
     def run() -> torch.Tensor:
-        _launch(config, q, k, v, out, checked)
+        _launch(config, args, checked)
         return out
 
     return run
@@ -288,14 +264,9 @@ def _estimated_shared_bytes(config: TileConfig, problem: Problem) -> int:
 
 
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
-    ok, reason = triton_device_supported(device)
+    ok, reason = ladder_supported(problem, device, HEAD_DIMS)
     if not ok:
         return False, reason
-    ok, reason = triton_dtype_supported(problem.dtype)
-    if not ok:
-        return False, reason
-    if problem.head_dim not in HEAD_DIMS:
-        return False, f"head_dim {problem.head_dim} not supported (supported: {list(HEAD_DIMS)})"
     if device.type == "cuda":
         budget = shared_memory_budget(device)
         config = DEFAULT_CONFIGS[problem.head_dim, problem.causal]
@@ -310,21 +281,15 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """The kernel compiled for sm_90a at ``problem``'s head dim, dtype and mask, fixed configuration."""
-    element = "*fp16" if problem.dtype == torch.float16 else "*bf16"
-    strides = tuple(f"stride_{t}{dim}" for t, last in zip("qkvo", "mnnm", strict=True) for dim in ("b", "h", last))
     config = DEFAULT_CONFIGS[problem.head_dim, problem.causal]
     binary = compile_triton_sm90(
         _pipelined_kernel,
-        {
-            "Q": element, "K": element, "V": element, "Out": element,
-            **{name: "i32" for name in strides},
-            "heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "softmax_scale_log2": "fp32",
-        },
+        pointer_signature(problem.dtype),
         {"CAUSAL": problem.causal, "HEAD_DIM": problem.head_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n},
         num_warps=config.num_warps,
         num_stages=config.num_stages,
-        aligned=("Q", "K", "V", "Out", *strides),
-    )  # fmt: skip
+        aligned=POINTER_ALIGNED,
+    )
     return [binary]
 
 

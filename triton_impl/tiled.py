@@ -38,18 +38,18 @@ import torch
 import triton
 import triton.language as tl
 
-from common.devices import (
-    triton_device_supported,
-    triton_device_types,
-    triton_dtype_supported,
-    triton_dtypes,
-)
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner
 from common.static import compile_triton_sm90
-from common.validation import kernel_operand, validate_attention_inputs
+from common.validation import kernel_operand
+from triton_impl._host import (
+    POINTER_ALIGNED,
+    ladder_supported,
+    pointer_arguments,
+    pointer_signature,
+    validate_triton_inputs,
+)
 
-LOG2_E = 1.4426950408889634
 # Per head dim: (BLOCK_M, BLOCK_N, num_warps). Fixed on purpose (tuning is the next rung's job);
 # each compiles for sm_90a with no spills.
 BLOCKS: dict[int, tuple[int, int, int]] = {32: (128, 64, 4), 64: (128, 64, 4), 128: (128, 64, 8), 256: (64, 32, 4)}
@@ -131,33 +131,16 @@ def _tiled_kernel(
 
 def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
     """Validate q, k, v (B, H, S, D), allocate O, and return ``run()`` launching the FA2 kernel."""
-    checked = validate_attention_inputs(
-        q,
-        k,
-        v,
-        causal=problem.causal,
-        softmax_scale=problem.softmax_scale,
-        dtypes=triton_dtypes(),
-        head_dims=HEAD_DIMS,
-        device_types=triton_device_types(),
-    )
+    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS)
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     block_m, block_n, num_warps = BLOCKS[checked.head_dim]
     grid = (triton.cdiv(checked.seqlen_q, block_m), checked.batch * checked.heads)
-    softmax_scale_log2 = checked.scale * LOG2_E
+    args = pointer_arguments(q, k, v, out, checked)
+    constexprs = {"CAUSAL": checked.causal, "HEAD_DIM": checked.head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n}
 
     def run() -> torch.Tensor:
-        _tiled_kernel[grid](
-            q, k, v, out,
-            q.stride(0), q.stride(1), q.stride(2),
-            k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            out.stride(0), out.stride(1), out.stride(2),
-            checked.heads, checked.seqlen_q, checked.seqlen_k, softmax_scale_log2,
-            CAUSAL=checked.causal, HEAD_DIM=checked.head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-            num_warps=num_warps, num_stages=NUM_STAGES,
-        )  # fmt: skip
+        _tiled_kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=NUM_STAGES)
         return out
 
     return run
@@ -167,34 +150,20 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: 
 # Capability check and sm_90a compile path
 # ----------------------------------------------------------------------------------------------
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
-    ok, reason = triton_device_supported(device)
-    if not ok:
-        return False, reason
-    ok, reason = triton_dtype_supported(problem.dtype)
-    if not ok:
-        return False, reason
-    if problem.head_dim not in HEAD_DIMS:
-        return False, f"head_dim {problem.head_dim} not supported (supported: {list(HEAD_DIMS)})"
-    return True, ""
+    return ladder_supported(problem, device, HEAD_DIMS)
 
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """The FA2 kernel compiled for sm_90a at ``problem``'s head dim, dtype and mask."""
-    element = "*fp16" if problem.dtype == torch.float16 else "*bf16"
-    strides = tuple(f"stride_{t}{dim}" for t, last in zip("qkvo", "mnnm", strict=True) for dim in ("b", "h", last))
     block_m, block_n, num_warps = BLOCKS[problem.head_dim]
     binary = compile_triton_sm90(
         _tiled_kernel,
-        {
-            "Q": element, "K": element, "V": element, "Out": element,
-            **{name: "i32" for name in strides},
-            "heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "softmax_scale_log2": "fp32",
-        },
+        pointer_signature(problem.dtype),
         {"CAUSAL": problem.causal, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n},
         num_warps=num_warps,
         num_stages=NUM_STAGES,
-        aligned=("Q", "K", "V", "Out", *strides),
-    )  # fmt: skip
+        aligned=POINTER_ALIGNED,
+    )
     return [binary]
 
 
