@@ -1,6 +1,7 @@
-"""Host-side glue shared by the CuTe FA2 rungs (tiled, pipelined): operands, streams, compile cache.
+"""Host-side glue shared by the CuTe rungs: dtypes, operands, streams; for the FA2 rungs (tiled,
+pipelined) also fake operands and the compile cache.
 
-None of this is kernel code. It turns torch tensors into CuTe tensors with dynamic (B, H, S) and
+None of this is kernel code. It turns torch tensors into CuTe tensors with dynamic shape and
 strides, so one compilation serves every shape; builds the matching fake tensors for compiling on a
 machine without a GPU; and compiles once per key, returning a ``run()`` that only launches.
 """
@@ -23,14 +24,19 @@ from common.validation import OPERAND_ALIGNMENT_BYTES
 CUTE_DTYPES = {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}
 
 
-def to_cute_tensor(tensor: torch.Tensor) -> cute.Tensor:
-    """A (B, H, S, D) tensor with dynamic shape and strides; D is contiguous and 16-byte aligned."""
-    return from_dlpack(tensor, assumed_align=OPERAND_ALIGNMENT_BYTES).mark_layout_dynamic(leading_dim=3)
+def to_cute_tensor(tensor: torch.Tensor, element_type: type | None = None) -> cute.Tensor:
+    """A tensor with dynamic shape and strides (one compile serves all sizes); its last dimension is
+    contiguous and 16-byte aligned. ``element_type`` overrides the dlpack one: torch has no e4m3
+    dlpack type, so FP8 travels as uint8."""
+    converted = from_dlpack(tensor, assumed_align=OPERAND_ALIGNMENT_BYTES)
+    if element_type is not None:
+        converted.element_type = element_type
+    return converted.mark_layout_dynamic(leading_dim=tensor.dim() - 1)
 
 
-def current_stream() -> cuda.CUstream:
-    """torch's current stream, read at every launch so CUDA-graph capture records the launch."""
-    return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+def current_stream(device: torch.device | None = None) -> cuda.CUstream:
+    """torch's current stream (on ``device``), read at every launch so CUDA-graph capture records it."""
+    return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
 
 
 def fake_operands(problem: Problem) -> list[Any]:

@@ -135,7 +135,7 @@ try:  # The DSL is optional for the rest of the suite; the registry reports the 
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass import Float32, Int32
     from cutlass.cute.nvgpu import cpasync, warp, warpgroup
-    from cutlass.cute.runtime import from_dlpack, make_fake_tensor
+    from cutlass.cute.runtime import make_fake_tensor
     from cutlass.memory import SmemAllocator
     from cutlass.tensor_utils import LayoutEnum
 except ImportError as error:  # pragma: no cover - depends on the environment
@@ -150,10 +150,10 @@ from cute_impl._hopper_device import (
     rows_cols_view,
     scores_to_operand_a,
 )
+from cute_impl._host import CUTE_DTYPES, current_stream, to_cute_tensor
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
-TORCH_TO_CUTLASS = {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}
 FP8_CUTLASS = cutlass.Float8E4M3FN
 # Query rows per consumer warpgroup: the M of one WGMMA instruction.
 ROWS_PER_WARPGROUP = 64
@@ -675,8 +675,8 @@ _COMPILED: dict[HopperConfig, Callable[..., None]] = {}
 
 def make_kernel(config: HopperConfig) -> HopperAttention:
     return HopperAttention(
-        dtype=FP8_CUTLASS if config.fp8 else TORCH_TO_CUTLASS[config.dtype],
-        out_dtype=TORCH_TO_CUTLASS[config.out_dtype],
+        dtype=FP8_CUTLASS if config.fp8 else CUTE_DTYPES[config.dtype],
+        out_dtype=CUTE_DTYPES[config.out_dtype],
         head_dim=config.head_dim,
         causal=config.causal,
         tile_n=config.tile_n,
@@ -685,18 +685,6 @@ def make_kernel(config: HopperConfig) -> HopperAttention:
         pingpong=config.pingpong,
         consumer_warpgroups=config.consumer_warpgroups,
     )
-
-
-def to_cute(tensor: torch.Tensor, element_type: type | None = None) -> cute.Tensor:
-    """A torch tensor as a CuTe tensor with dynamic shape and strides (one compile serves all sizes)."""
-    converted = from_dlpack(tensor, assumed_align=OPERAND_ALIGNMENT_BYTES)
-    if element_type is not None:  # torch has no e4m3 dlpack type: FP8 travels as uint8
-        converted.element_type = element_type
-    return converted.mark_layout_dynamic(leading_dim=tensor.dim() - 1)
-
-
-def current_stream() -> cuda.CUstream:
-    return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
 
 
 def launcher(
@@ -712,7 +700,7 @@ def launcher(
     o = torch.empty((batch, heads, seqlen_q, head_dim), dtype=config.out_dtype, device=q.device)
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
     element = FP8_CUTLASS if config.fp8 else None
-    args = (to_cute(q, element), to_cute(k, element), to_cute(v, element), to_cute(o), to_cute(lse))
+    args = (*(to_cute_tensor(t, element) for t in (q, k, v)), to_cute_tensor(o), to_cute_tensor(lse))
     scales = (Float32(softmax_scale_log2), Float32(output_scale))
     if config not in _COMPILED:
         _COMPILED[config] = cute.compile(make_kernel(config), *args, *scales, current_stream())

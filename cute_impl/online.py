@@ -69,13 +69,14 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.runtime import from_dlpack, make_fake_tensor
+from cutlass.cute.runtime import make_fake_tensor
 
 from common.capability import check_common
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner
 from common.static import compile_cute_sm90
 from common.validation import OPERAND_ALIGNMENT_BYTES, kernel_operand, validate_attention_inputs
+from cute_impl._host import CUTE_DTYPES, current_stream, to_cute_tensor
 
 LOG2_E = math.log2(math.e)
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -93,8 +94,6 @@ VEC = 4
 GMEM_VEC = 8
 # validation.kernel_operand guarantees 16-byte aligned strides: 8 elements of 16 bits.
 STRIDE_DIVISIBILITY = 8
-
-CUTLASS_DTYPES = {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}
 
 
 class OnlineAttention:
@@ -335,13 +334,8 @@ class OnlineAttention:
 _COMPILED: dict[tuple[torch.dtype, int, bool], Any] = {}
 
 
-def _cute_tensor(tensor: torch.Tensor) -> cute.Tensor:
-    """A (B, H, S, D) torch tensor as a CuTe tensor with dynamic shape and strides."""
-    return from_dlpack(tensor, assumed_align=OPERAND_ALIGNMENT_BYTES).mark_layout_dynamic(leading_dim=3)
-
-
 def _fake_tensor(dtype: type[cutlass.Numeric]) -> Any:
-    """A (B, H, S, D) stand-in with the same dynamic layout as :func:`_cute_tensor`, for CPU compiles."""
+    """A (B, H, S, D) stand-in with the dynamic layout of ``to_cute_tensor``, for CPU compiles."""
     sym = cute.sym_int
     return make_fake_tensor(
         dtype, (sym(), sym(), sym(), sym()), (sym(64), sym(64), sym(64), 1), assumed_align=OPERAND_ALIGNMENT_BYTES
@@ -362,19 +356,18 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem)
     # kernel_operand guarantees what head_view assumes: 16-byte aligned base and strides.
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    mQ, mK, mV, mO = (_cute_tensor(t) for t in (q, k, v, out))
+    mQ, mK, mV, mO = (to_cute_tensor(t) for t in (q, k, v, out))
     softmax_scale_log2 = Float32(checked.scale * LOG2_E)
     key = (checked.dtype, checked.head_dim, checked.causal)
     if key not in _COMPILED:
         launcher = OnlineAttention(checked.head_dim, checked.causal)
-        stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-        _COMPILED[key] = cute.compile(launcher, mQ, mK, mV, mO, softmax_scale_log2, stream)
+        _COMPILED[key] = cute.compile(launcher, mQ, mK, mV, mO, softmax_scale_log2, current_stream(q.device))
     compiled = _COMPILED[key]
     device = q.device
 
     def run() -> torch.Tensor:
         # The stream is read at launch so that a CUDA-graph capture on a side stream records this launch.
-        compiled(mQ, mK, mV, mO, softmax_scale_log2, cuda.CUstream(torch.cuda.current_stream(device).cuda_stream))
+        compiled(mQ, mK, mV, mO, softmax_scale_log2, current_stream(device))
         return out
 
     return run
@@ -400,7 +393,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """Compile the fused kernel for sm_90a on fake tensors (no GPU needed)."""
-    element = CUTLASS_DTYPES[problem.dtype]
+    element = CUTE_DTYPES[problem.dtype]
     launcher = OnlineAttention(problem.head_dim, problem.causal)
     binary = compile_cute_sm90(
         launcher,
