@@ -39,6 +39,15 @@ def current_stream(device: torch.device | None = None) -> cuda.CUstream:
     return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
 
 
+def fake_bhsd_tensor(dtype: type[cutlass.Numeric]) -> Any:
+    """A (B, H, S, D) stand-in with the dynamic layout of ``to_cute_tensor`` (every dimension and
+    stride symbolic, strides 64-element divisible), for CPU compiles of the naive and online rungs."""
+    sym = cute.sym_int
+    return make_fake_tensor(
+        dtype, (sym(), sym(), sym(), sym()), (sym(64), sym(64), sym(64), 1), assumed_align=OPERAND_ALIGNMENT_BYTES
+    )
+
+
 def fake_operands(problem: Problem) -> list[Any]:
     """Fake q, k, v, o with dynamic B, H, S and strides, for compiling without a GPU."""
     dtype = CUTE_DTYPES[problem.dtype]

@@ -69,14 +69,13 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.runtime import make_fake_tensor
 
 from common.capability import check_common
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner
 from common.static import compile_cute_sm90
-from common.validation import OPERAND_ALIGNMENT_BYTES, kernel_operand, validate_attention_inputs
-from cute_impl._host import CUTE_DTYPES, current_stream, to_cute_tensor
+from common.validation import kernel_operand, validate_attention_inputs
+from cute_impl._host import CUTE_DTYPES, current_stream, fake_bhsd_tensor, to_cute_tensor
 
 LOG2_E = math.log2(math.e)
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -334,14 +333,6 @@ class OnlineAttention:
 _COMPILED: dict[tuple[torch.dtype, int, bool], Any] = {}
 
 
-def _fake_tensor(dtype: type[cutlass.Numeric]) -> Any:
-    """A (B, H, S, D) stand-in with the dynamic layout of ``to_cute_tensor``, for CPU compiles."""
-    sym = cute.sym_int
-    return make_fake_tensor(
-        dtype, (sym(), sym(), sym(), sym()), (sym(64), sym(64), sym(64), 1), assumed_align=OPERAND_ALIGNMENT_BYTES
-    )
-
-
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
     """Validate, compile (cached), allocate O; the returned ``run()`` only launches."""
     checked = validate_attention_inputs(
@@ -397,7 +388,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     launcher = OnlineAttention(problem.head_dim, problem.causal)
     binary = compile_cute_sm90(
         launcher,
-        *(_fake_tensor(element) for _ in range(4)),
+        *(fake_bhsd_tensor(element) for _ in range(4)),
         Float32(problem.scale * LOG2_E),
         cuda.CUstream(0),
         name="cute_online",
