@@ -83,8 +83,31 @@ def tree_reduce(values: list[Float32], combine: Callable[[Float32, Float32], Flo
 
 
 # ----------------------------------------------------------------------------------------------------
-# Key block range
+# Tile order and key block range
 # ----------------------------------------------------------------------------------------------------
+class TileOrder:
+    """Linear tile index -> (query block, (head, batch)), for ``count(...)`` tiles.
+
+    The query blocks of one (batch, head) are consecutive, so the CTAs running at the same time share
+    that head's K and V in L2. Causal query blocks go longest first within a head: the short ones then
+    fill the end of the schedule instead of leaving SMs idle behind a long one.
+    """
+
+    def __init__(self, tile_m: int, causal: bool):
+        self.tile_m = tile_m
+        self.causal = causal
+
+    def query_blocks(self, seqlen_q: Int32) -> Int32:
+        return (seqlen_q + self.tile_m - 1) // self.tile_m
+
+    def coordinates(self, tile: Int32, query_blocks: Int32, heads: Int32) -> tuple[Int32, tuple[Int32, Int32]]:
+        m_block = tile % query_blocks
+        if cutlass.const_expr(self.causal):
+            m_block = query_blocks - 1 - m_block
+        head_batch = tile // query_blocks
+        return m_block, (head_batch % heads, head_batch // heads)
+
+
 class KeyBlockRange:
     """Key blocks [0, count) visited by one query block; the last ``masked`` ones need a mask.
 

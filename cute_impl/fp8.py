@@ -125,11 +125,19 @@ def quantized_launcher(
 
     ``rotation`` (orthogonal, D x D) multiplies Q and K before quantisation; Q Kᵀ is unchanged.
     """
+    q8, k8, v8, qk_scale, v_scale = quantized_operands(q, k, v, rotation)
+    return launcher(config, q8, k8, v8, problem.scale * LOG2_E * qk_scale, v_scale)
+
+
+def quantized_operands(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotation: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, float]:
+    """e4m3 Q, K and permuted Vᵀ as the bytes the kernel reads, with the Q·K descale and V's descale."""
     if rotation is not None:
         q, k = (t.float() @ rotation for t in (q, k))
     (q8, q_scale), (k8, k_scale), (v8, v_scale) = (quantize(kernel_operand(t)) for t in (q, k, v))
-    bytes_view = [t.view(torch.uint8) for t in (q8, k8, value_operand(v8))]
-    return launcher(config, *bytes_view, problem.scale * LOG2_E * q_scale * k_scale, v_scale)
+    q8, k8, vt8 = (t.view(torch.uint8) for t in (q8, k8, value_operand(v8)))
+    return q8, k8, vt8, q_scale * k_scale, v_scale
 
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:

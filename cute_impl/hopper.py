@@ -146,6 +146,7 @@ from cute_impl._hopper_device import (
     AttentionMask,
     KeyBlockRange,
     OnlineSoftmax,
+    TileOrder,
     WarpgroupTurns,
     rows_cols_view,
     scores_to_operand_a,
@@ -166,8 +167,10 @@ SMEM_ALIGN_BYTES = 1024
 # Named barrier 0 is __syncthreads; the epilogue of consumer warpgroup w uses 1 + w, its WGMMA turn 4 + w.
 EPILOGUE_BARRIER_BASE = 1
 SCHEDULER_BARRIER_BASE = EPILOGUE_BARRIER_BASE + max(CONSUMER_REGISTERS)
-# The grid is (query blocks, heads, batch); CUDA caps grid y and z at 65535.
-MAX_GRID_YZ = 65535
+# The grid is one-dimensional over (query block, head, batch) tiles, indexed by a signed 32-bit int.
+MAX_TILES = 2**31 - 1
+# The SM count passed when compiling on a CPU (H200); launches pass the real device's.
+STATIC_SM_COUNT = 132
 # Keys per block: S (tile_n / 2 registers), P and O must fit in the consumers' registers.
 DEFAULT_TILE_N = 128
 # Lazy rescaling (OnlineSoftmax): 16-bit P may exceed 1 by up to 2^8 before O is rescaled.
@@ -192,6 +195,9 @@ class HopperConfig:
     # FP8 (``fp8.py``): e4m3 operands, V transposed to (B, H, D, Sk) so that both WGMMA operands are
     # K-major, output in bf16.
     fp8: bool = False
+    # One CTA per SM looping over query tiles (the SM count is a launch argument), instead of one CTA
+    # per tile: the next tile's loads overlap this tile's last GEMM and epilogue.
+    persistent: bool = False
 
     @property
     def out_dtype(self) -> torch.dtype:
@@ -212,6 +218,7 @@ class HopperAttention:
         v_transposed: bool,
         pingpong: bool,
         consumer_warpgroups: int = 2,
+        persistent: bool = False,
     ):
         self.dtype = dtype
         self.out_dtype = out_dtype
@@ -223,11 +230,15 @@ class HopperAttention:
         self.tile_n = tile_n
         self.kv_stages = kv_stages
         self.v_transposed = v_transposed
-        self.o_aliases_q = dtype == out_dtype
+        self.persistent = persistent
+        # O may reuse Q's shared memory only when no next tile's Q is loaded while O is stored.
+        self.o_aliases_q = dtype == out_dtype and not persistent
         # FP8 only: accumulate each block's P V from zero and add it to O in fp32 registers, because the
         # FP8 tensor-core accumulator keeps fewer mantissa bits than fp32 (see fp8.py's measurements).
         self.separate_pv = dtype.width == 8
         self.pingpong = pingpong
+        self.tile_order = TileOrder(self.tile_m, causal)
+        self.key_blocks = KeyBlockRange(self.tile_m, tile_n, causal)
 
     # ------------------------------------------------------------------------------------------------
     # Host side: layouts, TMA descriptors, launch
@@ -261,6 +272,7 @@ class HopperAttention:
         mLSE: cute.Tensor,
         softmax_scale_log2: Float32,
         output_scale: Float32,
+        sm_count: Int32,
         stream: cuda.CUstream,
     ):
         q_seq, k_seq, o_seq = (self._sequence_major(t) for t in (mQ, mK, mO))
@@ -319,6 +331,7 @@ class HopperAttention:
         @cute.struct
         class SharedStorage:
             q_full: cute.struct.MemRange[cutlass.Int64, self.consumer_warpgroups]
+            q_empty: cute.struct.MemRange[cutlass.Int64, self.consumer_warpgroups]
             k_barriers: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
             v_barriers: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], SMEM_ALIGN_BYTES]
@@ -332,12 +345,13 @@ class HopperAttention:
             ]
 
         self.shared_storage = SharedStorage
-        m_blocks = (q_seq.shape[0] + self.tile_m - 1) // self.tile_m
+        tiles = self.tile_order.query_blocks(q_seq.shape[0]) * q_seq.shape[2][0] * q_seq.shape[2][1]
+        ctas = cutlass.min(tiles, sm_count) if cutlass.const_expr(self.persistent) else tiles
         self.kernel(
             qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_V, tma_o, tma_O, LSE,
             softmax_scale_log2, output_scale, sQ_layout, sK_layout, sV_layout, sO_layout,
         ).launch(
-            grid=[m_blocks, q_seq.shape[2][0], q_seq.shape[2][1]],
+            grid=[ctas, 1, 1],
             block=[self.threads_per_cta, 1, 1],
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
@@ -371,21 +385,24 @@ class HopperAttention:
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         warp_group = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
-        m_block, head, batch = cute.arch.block_idx()
-        if cutlass.const_expr(self.causal):
-            # Causal work grows with m_block: launch the longest query blocks first so the short ones
-            # fill the last wave instead of leaving SMs idle behind a long one.
-            m_block = cute.arch.grid_dim()[0] - 1 - m_block
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
         rows, D = ROWS_PER_WARPGROUP, self.head_dim
+        heads = mQ.shape[2][0]
+        query_blocks = self.tile_order.query_blocks(seqlen_q)
+        tile_count = query_blocks * heads * mQ.shape[2][1]
+        first_tile, _, _ = cute.arch.block_idx()
+        tile_stride, _, _ = cute.arch.grid_dim()
 
         # ==== Shared memory and barriers ==================================================================
         storage = SmemAllocator().allocate(self.shared_storage)
         q_full = storage.q_full.data_ptr()
+        q_empty = storage.q_empty.data_ptr()
         if warp_idx == 0:
             with cute.arch.elect_one():
                 for w in cutlass.range_constexpr(self.consumer_warpgroups):
                     cute.arch.mbarrier_init(q_full + w, 1)
+                    # One elected lane per warp of the warpgroup that read the Q box.
+                    cute.arch.mbarrier_init(q_empty + w, 4)
         producer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         # One elected lane per consumer warp releases a stage.
         consumer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.consumer_warpgroups * 4)
@@ -416,29 +433,36 @@ class HopperAttention:
         else:
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # (64, D, warpgroup)
 
-        n_block_count, masked_count = KeyBlockRange(self.tile_m, self.tile_n, self.causal).counts(m_block, seqlen_k)
-        bh = (head, batch)
-
         # ==== Producer warp: all TMA loads =================================================================
         if warp_group == 0:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
             if warp_idx == 0:
-                gQ = cute.local_tile(mQ[None, None, bh], (rows, D), (None, 0))  # (64, D, Sq/64)
-                gK = cute.local_tile(mK[None, None, bh], (self.tile_n, D), (None, 0))  # (tile_n, D, n)
-                gV = cute.local_tile(mV[None, None, bh], (D, self.tile_n), (0, None))  # (D, tile_n, n)
-                tQsQ, tQgQ = self._tma_partition(tma_q, sQ, gQ)  # (TMA, warpgroup), (TMA, Sq/64)
-                tKsK, tKgK = self._tma_partition(tma_k, sK, gK)  # (TMA, stage), (TMA, n)
-                tVsV, tVgV = self._tma_partition(tma_v, sV, gV)  # (TMA, stage), (TMA, n)
-                for w in cutlass.range_constexpr(self.consumer_warpgroups):
-                    with cute.arch.elect_one():
-                        cute.arch.mbarrier_arrive_and_expect_tx(q_full + w, self.q_bytes)
-                    cute.copy(
-                        tma_q, tQgQ[None, m_block * self.consumer_warpgroups + w], tQsQ[None, w], tma_bar_ptr=q_full + w
-                    )
-                for i in cutlass.range(n_block_count, unroll=1):
-                    n_block = n_block_count - 1 - i
-                    k_producer = load_block(tma_k, tKgK[None, n_block], tKsK, k_producer)
-                    v_producer = load_block(tma_v, tVgV[None, n_block], tVsV, v_producer)
+                for tile in cutlass.range(first_tile, tile_count, tile_stride, unroll=1):
+                    m_block, bh = self.tile_order.coordinates(tile, query_blocks, heads)
+                    gQ = cute.local_tile(mQ[None, None, bh], (rows, D), (None, 0))  # (64, D, Sq/64)
+                    gK = cute.local_tile(mK[None, None, bh], (self.tile_n, D), (None, 0))  # (tile_n, D, n)
+                    gV = cute.local_tile(mV[None, None, bh], (D, self.tile_n), (0, None))  # (D, tile_n, n)
+                    tQsQ, tQgQ = self._tma_partition(tma_q, sQ, gQ)  # (TMA, warpgroup), (TMA, Sq/64)
+                    tKsK, tKgK = self._tma_partition(tma_k, sK, gK)  # (TMA, stage), (TMA, n)
+                    tVsV, tVgV = self._tma_partition(tma_v, sV, gV)  # (TMA, stage), (TMA, n)
+                    local_tile = (tile - first_tile) // tile_stride
+                    for w in cutlass.range_constexpr(self.consumer_warpgroups):
+                        # A persistent CTA's next Q waits until the warpgroup's last S = Q Kᵀ has retired.
+                        if local_tile > 0:
+                            cute.arch.mbarrier_wait(q_empty + w, (local_tile - 1) % 2)
+                        with cute.arch.elect_one():
+                            cute.arch.mbarrier_arrive_and_expect_tx(q_full + w, self.q_bytes)
+                        cute.copy(
+                            tma_q,
+                            tQgQ[None, m_block * self.consumer_warpgroups + w],
+                            tQsQ[None, w],
+                            tma_bar_ptr=q_full + w,
+                        )
+                    n_block_count = self.key_blocks.count(m_block, seqlen_k)
+                    for i in cutlass.range(n_block_count, unroll=1):
+                        n_block = n_block_count - 1 - i
+                        k_producer = load_block(tma_k, tKgK[None, n_block], tKsK, k_producer)
+                        v_producer = load_block(tma_v, tVgV[None, n_block], tVsV, v_producer)
 
         # ==== Consumer warpgroups: S = Q Kᵀ -> mask -> online softmax -> O += P V =========================
         if warp_group > 0:
@@ -452,66 +476,99 @@ class HopperAttention:
             tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, 1, tile_n/16, stage)
             acc_S_shape = qk_thr.partition_shape_C((rows, self.tile_n))  # ((2, 2, tile_n/8), 1, 1)
             acc_O = pv_thr.make_fragment_C(pv_thr.partition_shape_C((rows, D)))  # ((2, 2, D/8), 1, 1)
-            acc_O.fill(0.0)
             tOrP = cute.make_rmem_tensor(pv_thr.partition_shape_A((rows, self.tile_n)), self.dtype)
             tScS = qk_thr.partition_C(cute.make_identity_tensor((rows, self.tile_n)))  # (row, col) per value
             tOcO = pv_thr.partition_C(cute.make_identity_tensor((rows, D)))  # (row, col) per value
             # Built before the main loop: warpgroup_gemm flips the MMA's accumulate field inside it.
             store_atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.out_dtype)
             thr_store = cute.make_tiled_copy_C(store_atom, pv_mma).get_slice(wg_tidx)
-            row_start = m_block * self.tile_m + w * rows
-            # FP8: P in [0, 2^8] rather than [0, 1] keeps small probabilities out of e4m3's subnormals,
-            # so the reference max must move whenever it grows (P > 448 would overflow e4m3); 16-bit P
-            # has range to spare and lets it lag by 2^8 (RESCALE_THRESHOLD_LOG2).
-            softmax = OnlineSoftmax(
-                softmax_scale_log2,
-                rows=2,
-                p_exponent_offset=FP8_P_EXPONENT_OFFSET if self.separate_pv else 0.0,
-                rescale_threshold=0.0 if self.separate_pv else RESCALE_THRESHOLD_LOG2,
-            )
             mask = AttentionMask(self.tile_n, self.causal)
-
-            # 1. This warpgroup's Q box.
-            cute.arch.mbarrier_wait(q_full + w, 0)
             turns = WarpgroupTurns(
                 self.pingpong, w, self.consumer_warpgroups, SCHEDULER_BARRIER_BASE, THREADS_PER_WARPGROUP
             )
+            # Every warpgroup of the CTA visits the same key blocks of every tile, so the turns balance
+            # over the whole tile loop.
             turns.start()
-            mma = (qk_mma, pv_mma, tSrQ, tSrK, tOrV, tOrP, acc_S_shape, acc_O, softmax, turns)
-            where = (mask, tScS, row_start, seqlen_k)
-            # 2. Key blocks from the last. The first needs the sequence mask and starts the softmax;
-            # then the causal diagonal blocks (masked), then the rest (no mask). Each later step issues
-            # its S = Q Kᵀ together with the previous block's O += P V.
-            k_consumer = self.first_block(*mma, *where, k_consumer, n_block_count - 1)
-            for i in cutlass.range(1, masked_count, unroll=1):
-                k_consumer, v_consumer = self.next_block(
-                    *mma, *where, k_consumer, v_consumer, n_block_count - 1 - i, masked=True
+            for tile in cutlass.range(first_tile, tile_count, tile_stride, unroll=1):
+                m_block, bh = self.tile_order.coordinates(tile, query_blocks, heads)
+                local_tile = (tile - first_tile) // tile_stride
+                n_block_count, masked_count = self.key_blocks.counts(m_block, seqlen_k)
+                row_start = m_block * self.tile_m + w * rows
+                acc_O.fill(0.0)
+                # FP8: P in [0, 2^8] rather than [0, 1] keeps small probabilities out of e4m3's subnormals,
+                # so the reference max must move whenever it grows (P > 448 would overflow e4m3); 16-bit P
+                # has range to spare and lets it lag by 2^8 (RESCALE_THRESHOLD_LOG2).
+                softmax = OnlineSoftmax(
+                    softmax_scale_log2,
+                    rows=2,
+                    p_exponent_offset=FP8_P_EXPONENT_OFFSET if self.separate_pv else 0.0,
+                    rescale_threshold=0.0 if self.separate_pv else RESCALE_THRESHOLD_LOG2,
                 )
-            for i in cutlass.range(masked_count, n_block_count, unroll=1):
-                k_consumer, v_consumer = self.next_block(
-                    *mma, *where, k_consumer, v_consumer, n_block_count - 1 - i, masked=False
-                )
-            self.last_product(*mma, v_consumer)
+
+                # 1. This warpgroup's Q box.
+                cute.arch.mbarrier_wait(q_full + w, local_tile % 2)
+                mma = (qk_mma, pv_mma, tSrQ, tSrK, tOrV, tOrP, acc_S_shape, acc_O, softmax, turns)
+                where = (mask, tScS, row_start, seqlen_k)
+                # 2. Key blocks from the last. The first needs the sequence mask and starts the softmax;
+                # then the causal diagonal blocks (masked), then the rest (no mask). Each later step
+                # issues its S = Q Kᵀ together with the previous block's O += P V.
+                k_consumer = self.first_block(*mma, *where, k_consumer, n_block_count - 1)
+                for i in cutlass.range(1, masked_count, unroll=1):
+                    k_consumer, v_consumer = self.next_block(
+                        *mma, *where, k_consumer, v_consumer, n_block_count - 1 - i, masked=True
+                    )
+                for i in cutlass.range(masked_count, n_block_count, unroll=1):
+                    k_consumer, v_consumer = self.next_block(
+                        *mma, *where, k_consumer, v_consumer, n_block_count - 1 - i, masked=False
+                    )
+                # Every S = Q Kᵀ of this tile has retired: the producer may load the next tile's Q.
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive(q_empty + w)
+                self.last_product(*mma, v_consumer)
+
+                # 3. Normalise, log-sum-exp.
+                lse = cute.make_rmem_tensor(2, Float32)
+                softmax.finalize(acc_O, output_scale, lse)
+                self.store_lse(mLSE[None, bh], lse, tOcO, row_start, seqlen_q)
+
+                # 4. O -> SMEM (stmatrix) -> TMA store.
+                self.store_output(tma_o, thr_store, acc_O, sO, mO[None, None, bh], m_block, w, wg_tidx)
             turns.finish()
-
-            # 3. Normalise, log-sum-exp.
-            lse = cute.make_rmem_tensor(2, Float32)
-            softmax.finalize(acc_O, output_scale, lse)
-            self.store_lse(mLSE[None, bh], lse, tOcO, row_start, seqlen_q)
-
-            # 4. O -> SMEM (stmatrix) -> TMA store.
-            rO = cute.make_rmem_tensor_like(acc_O, self.out_dtype)
-            rO.store(acc_O.load().to(self.out_dtype))
-            cute.copy(thr_store, thr_store.retile(rO), thr_store.partition_D(sO[None, None, w]))
-            # The TMA unit reads SMEM through the async proxy: make the generic-proxy writes visible.
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=EPILOGUE_BARRIER_BASE + w, number_of_threads=THREADS_PER_WARPGROUP)
             if wg_tidx < cute.arch.WARP_SIZE:
-                gO = cute.local_tile(mO[None, None, bh], (rows, D), (None, 0))  # (64, D, Sq/64)
-                tOsO, tOgO = self._tma_partition(tma_o, sO, gO)
-                cute.copy(tma_o, tOsO[None, w], tOgO[None, m_block * self.consumer_warpgroups + w])
-                cute.arch.cp_async_bulk_commit_group()
+                # The last TMA store must have read shared memory before the CTA exits.
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def store_output(
+        self,
+        tma_o: cute.CopyAtom,
+        thr_store: Any,
+        acc_O: cute.Tensor,
+        sO: cute.Tensor,
+        gO_head: cute.Tensor,
+        m_block: Int32,
+        w: Int32,
+        wg_tidx: Int32,
+    ):
+        """Step 4: O in the output dtype -> stmatrix into the warpgroup's O box -> TMA store, issued by
+        the warpgroup's first warp. The store is left in flight; a persistent CTA waits for it to have
+        read the box only before it writes the next tile's O there."""
+        epilogue_barrier = EPILOGUE_BARRIER_BASE + w
+        if cutlass.const_expr(self.persistent):
+            if wg_tidx < cute.arch.WARP_SIZE:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.barrier(barrier_id=epilogue_barrier, number_of_threads=THREADS_PER_WARPGROUP)
+        rO = cute.make_rmem_tensor_like(acc_O, self.out_dtype)
+        rO.store(acc_O.load().to(self.out_dtype))
+        cute.copy(thr_store, thr_store.retile(rO), thr_store.partition_D(sO[None, None, w]))
+        # The TMA unit reads SMEM through the async proxy: make the generic-proxy writes visible.
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=epilogue_barrier, number_of_threads=THREADS_PER_WARPGROUP)
+        if wg_tidx < cute.arch.WARP_SIZE:
+            gO = cute.local_tile(gO_head, (ROWS_PER_WARPGROUP, self.head_dim), (None, 0))  # (64, D, Sq/64)
+            tOsO, tOgO = self._tma_partition(tma_o, sO, gO)
+            cute.copy(tma_o, tOsO[None, w], tOgO[None, m_block * self.consumer_warpgroups + w])
+            cute.arch.cp_async_bulk_commit_group()
 
     @staticmethod
     def _tma_partition(atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor) -> tuple[cute.Tensor, cute.Tensor]:
@@ -684,6 +741,7 @@ def make_kernel(config: HopperConfig) -> HopperAttention:
         v_transposed=config.fp8,
         pingpong=config.pingpong,
         consumer_warpgroups=config.consumer_warpgroups,
+        persistent=config.persistent,
     )
 
 
@@ -694,20 +752,26 @@ def launcher(
     v: torch.Tensor,
     softmax_scale_log2: float,
     output_scale: float,
+    sm_count: int | None = None,
 ) -> Runner:
-    """Compile (cached on ``config``), allocate O and LSE once, and return the launch-only ``run``."""
+    """Compile (cached on ``config``), allocate O and LSE once, and return the launch-only ``run``.
+
+    ``sm_count`` caps a persistent grid (default: the device's SMs; tests pass fewer so that every
+    CTA walks many tiles)."""
     batch, heads, seqlen_q, head_dim = q.shape
     o = torch.empty((batch, heads, seqlen_q, head_dim), dtype=config.out_dtype, device=q.device)
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
     element = FP8_CUTLASS if config.fp8 else None
     args = (*(to_cute_tensor(t, element) for t in (q, k, v)), to_cute_tensor(o), to_cute_tensor(lse))
-    scales = (Float32(softmax_scale_log2), Float32(output_scale))
+    # The SM count is a launch argument (read here, at run time), so compiling never queries a device.
+    sm_count = sm_count or torch.cuda.get_device_properties(q.device).multi_processor_count
+    scalars = (Float32(softmax_scale_log2), Float32(output_scale), Int32(sm_count))
     if config not in _COMPILED:
-        _COMPILED[config] = cute.compile(make_kernel(config), *args, *scales, current_stream())
+        _COMPILED[config] = cute.compile(make_kernel(config), *args, *scalars, current_stream())
     compiled = _COMPILED[config]
 
     def run() -> torch.Tensor:
-        compiled(*args, *scales, current_stream())
+        compiled(*args, *scalars, current_stream())
         return o
 
     run.lse = lse  # for a future backward pass and for tests
@@ -725,6 +789,9 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem)
 def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
     """Tile sizes, warpgroups and ring depth per head dim, as measured on the H200 (module docstring)."""
     config = HopperConfig(dtype=problem.dtype, head_dim=problem.head_dim, causal=problem.causal, fp8=fp8)
+    # Persistent CTAs walk a static round robin of tiles: balanced only when every tile does the same
+    # work, so causal keeps one CTA per tile and the hardware's dynamic scheduling.
+    config = dataclasses.replace(config, persistent=not problem.causal)
     if problem.head_dim == 64:
         # Half the GEMM work per score leaves the softmax's latency exposed with two warpgroups; a
         # third hides it (+22 %, FP8 +19 %). Ping-pong pays off only without the causal mask's work.
@@ -763,9 +830,10 @@ def compile_config_sm90(config: HopperConfig, name: str) -> list[KernelBinary]:
         stride=(cute.sym_int64(), cute.sym_int64(), 1),
         assumed_align=4,
     )
-    scales = (Float32(1.0), Float32(1.0))
+    # Any SM count will do: it only sizes the persistent grid at launch.
+    scalars = (Float32(1.0), Float32(1.0), Int32(STATIC_SM_COUNT))
     binary = compile_cute_sm90(
-        kernel, q, k, v, o, lse, *scales, make_fake_stream(), name=name, threads=kernel.threads_per_cta
+        kernel, q, k, v, o, lse, *scalars, make_fake_stream(), name=name, threads=kernel.threads_per_cta
     )
     return [binary]
 
@@ -792,11 +860,9 @@ def hopper_device_supported(device: torch.device) -> tuple[bool, str]:
 
 def common_problem_supported(problem: Problem) -> tuple[bool, str]:
     """Checks shared with ``fp8.py``: head dim, scale sign, grid limits."""
-    if problem.heads > MAX_GRID_YZ or problem.batch > MAX_GRID_YZ:
-        return (
-            False,
-            f"heads and batch index grid y and z (at most {MAX_GRID_YZ}), got H={problem.heads} B={problem.batch}",
-        )
+    query_blocks = -(-problem.seqlen_q // ROWS_PER_WARPGROUP)
+    if query_blocks * problem.heads * problem.batch > MAX_TILES:
+        return False, f"B * H * ceil(Sq / 64) must be <= {MAX_TILES} (tile index), got {problem.describe()}"
     if problem.head_dim not in HEAD_DIMS:
         return (
             False,

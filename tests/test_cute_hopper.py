@@ -44,6 +44,18 @@ def test_d64_runs_three_consumer_warpgroups_at_160_registers(causal: bool):
         assert stack == 0, f"non-causal D=64 spills {stack} bytes"
 
 
+@pytest.mark.parametrize("fp8_operands", [False, True], ids=["bf16", "fp8"])
+def test_persistent_kernel_loops_over_tiles(fp8_operands: bool):
+    """Non-causal defaults are persistent: the tile loop reloads Q only after its Q-empty barrier."""
+    problem = Problem(2, 16, 8192, 8192, 128)
+    config = hopper.default_config(problem, fp8=fp8_operands)
+    assert config.persistent and not hopper.default_config(problem.with_(causal=True)).persistent
+    ptx = hopper.compile_config_sm90(config, "persistent_probe")[0].ptx
+    # Q-full and Q-empty waits plus the K and V rings: more mbarrier waits than the per-tile kernel.
+    assert "%nctaid.x" in ptx, "the tile loop strides by the grid size"
+    assert len(re.findall(r"mbarrier\.try_wait", ptx)) >= 4
+
+
 def test_fp8_quantize_round_trip_error():
     x = torch.randn(4, 1000)
     x8, scale = fp8.quantize(x)
@@ -86,6 +98,28 @@ def test_fp8_error_target_on_standard_normal(head_dim: int, causal: bool):
     result = check_implementation(fp8.IMPLEMENTATION, problem, offset=0.0, seed=11)
     print(f"fp8 {problem.describe()}: {result.summary()}")
     assert result.ok, result.summary()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8_operands", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("seqlens", [(1, 1), (77, 1000), (1000, 77), (700, 700)], ids=str)
+def test_persistent_ctas_walking_many_tiles(seqlens: tuple[int, int], head_dim: int, fp8_operands: bool):
+    """Three persistent CTAs for dozens of tiles: every CTA reuses its Q boxes, K/V ring and O boxes
+    across tiles, so a missed barrier phase or an O box rewritten under its TMA store shows up here."""
+    problem = Problem(3, 5, *seqlens, head_dim, dtype=torch.bfloat16)
+    q, k, v = make_inputs(problem, seed=7, offset=0.5)
+    config = hopper.default_config(problem, fp8=fp8_operands)
+    assert config.persistent
+    if fp8_operands:
+        q8, k8, v8, qk_scale, v_scale = fp8.quantized_operands(q, k, v)
+        run = hopper.launcher(config, q8, k8, v8, problem.scale * hopper.LOG2_E * qk_scale, v_scale, sm_count=3)
+        limit = 3e-2
+    else:
+        run = hopper.launcher(config, q, k, v, problem.scale * hopper.LOG2_E, 1.0, sm_count=3)
+        limit = 1e-2
+    err = error_stats(run_poisoned(run), reference_attention(q, k, v, problem))
+    assert err.nonfinite == 0 and err.rel_l2_err < limit, err.summary()
 
 
 @pytest.mark.gpu

@@ -96,15 +96,49 @@ print(json.dumps(rows))
 """
 
 
-def test_warp_specialised_configs_use_setmaxnreg():
-    # Compiling needs a process without TRITON_INTERPRET (see common/static.py).
+def _compile_probe(code: str) -> dict:
+    """Run a compile probe in a process without TRITON_INTERPRET (see common/static.py); its last line is JSON."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", _WS_PROBE], capture_output=True, text=True, env=env, timeout=900)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(done.stdout.splitlines()[-1])
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_warp_specialised_configs_use_setmaxnreg():
+    rows = _compile_probe(_WS_PROBE)
     for name, (has_setmaxnreg, spills) in rows.items():
         assert has_setmaxnreg == name.endswith("True"), f"{name}: setmaxnreg present = {has_setmaxnreg}"
+        assert spills == 0, f"{name} spills {spills} bytes"
+
+
+_FP8_OCCUPANCY_PROBE = """
+import json
+from common.problem import Problem
+from common.static import cubin_resources
+from triton_impl import fp8
+rows = {}
+for head_dim in (64, 128):
+    for causal in (False, True):
+        binary = fp8.compile_sm90(Problem.canonical(8192, head_dim=head_dim, causal=causal))[0]
+        usage = next(iter(cubin_resources(binary.cubin).values()))
+        rows[f"D={head_dim} causal={causal}"] = [binary.threads_per_cta, usage["registers"], usage["local_bytes"],
+                                                 binary.shared_bytes + usage["static_shared_bytes"]]
+print(json.dumps(rows))
+"""
+# sm_90: 64K registers (allocated per warp in units of 256) and 228 KiB of shared memory per SM,
+# of which the driver reserves 1 KiB per CTA.
+SM90_REGISTERS = 65536
+SM90_SHARED_BYTES = 233_472
+CTA_RESERVED_SHARED_BYTES = 1024
+
+
+def test_fp8_default_configs_fit_two_ctas_per_sm():
+    # The fp8 defaults rely on two independent one-warpgroup CTAs per SM (triton_impl/fp8.py).
+    for name, (threads, registers, spills, shared) in _compile_probe(_FP8_OCCUPANCY_PROBE).items():
+        registers_per_warp = -(-registers * 32 // 256) * 256
+        assert 2 * (threads // 32) * registers_per_warp <= SM90_REGISTERS, f"{name}: {registers} registers"
+        assert 2 * (shared + CTA_RESERVED_SHARED_BYTES) <= SM90_SHARED_BYTES, f"{name}: {shared} B shared"
         assert spills == 0, f"{name} spills {spills} bytes"
 
 

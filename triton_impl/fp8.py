@@ -19,8 +19,8 @@ Algorithm:
   2. Unmasked KV blocks: S = Q8 K8ᵀ (fp8 wgmma, fp32 accumulate), online softmax with exp2, and
      P computed as exp2(S·scale - row_max + P_EXPONENT): the 2^8 headroom lifts P from [0, 1] to
      [0, 256], where e4m3 keeps full precision (its normals start at 2^-6), and cancels exactly
-     because row_sum is accumulated from the same scaled P. O += P8 V8 (fp8 wgmma, Vᵀ tile read
-     K-major).
+     because row_sum is accumulated from the same scaled P. Then O = (O + pv) · alpha adds the
+     previous block's P V, and pv = P8 V8 (fp8 wgmma, Vᵀ tile read K-major) starts from zero.
   3. Masked blocks (causal diagonal, ragged last block): the same with -inf masking and the guard
      for rows with no visible key, as in ``hopper``.
   4. O = acc · s_v / row_sum in bf16 by a TMA store; lse = (row_max + log2(row_sum) - P_EXPONENT) · ln 2.
@@ -33,20 +33,30 @@ softmax_scale ≥ 0; sm_90. Error target: relative L2 ≤ 3e-2 against the fp64 
 unquantised inputs.
 
 Measured (H200, B=2, H=16, S=8192, D=128, bf16 inputs; prediction ~1.35× the bf16 rung, since the
-softmax does not get faster): 128 × 128 tiles, 8 warps, 3 stages: 664 TFLOP/s non-causal, 607
-causal (first version, acc chained through the wgmma); 2 stages 598 / 538; warp-specialised
-64 × 128: 337 / 283. The first version failed the 3e-2 target at S = 8191 (rel. L2 3.3e-2) although
-short sequences passed: fp8 wgmma's accumulation is not full fp32, and the error grows with the number
-of blocks chained through the accumulator; hence the fresh per-block accumulator added in fp32,
-which passes every shared GPU shape but costs 3-5%: 642 TFLOP/s non-causal, 577-580 causal (below
-the 650 floor). The hand-pipelined loop of ``hopper.py`` (P V of block n-1 under the softmax of
-block n) needs the accumulator chained through the fp8 wgmma again, since a fresh one added in fp32
-makes Triton wait for it at once: 704 / 599 TFLOP/s, but rel. L2 5.8e-2 at S = 8191 (3.3e-2
-causal), so this rung refuses ``HopperConfig.overlap`` (same run: this kernel 644 / 581; 4 stages
-623 / 576). Inputs of large magnitude still fail (rel. L2 0.33): e4m3's ~3% relative error on
-large scores flips a peaked softmax, which no per-head scale can fix.
-On zero-mean (standard-normal) values the e4m3 rounding of Q, K, V and P alone gives ≈ 5% relative
-L2 in an fp64 emulation; with the harness's value offset it stays below 2.6%.
+softmax does not get faster), TFLOP/s non-causal / causal:
+  * First version, 128 × 128 tiles, 8 warps, 3 stages, O chained through the wgmma accumulator:
+    664 / 607 (2 stages 598 / 538; warp-specialised 64 × 128: 337 / 283). It failed the 3e-2 target
+    at S = 8191 (rel. L2 3.3e-2 with the harness's value offset) although short sequences passed:
+    fp8 wgmma's accumulation is not full fp32, and the error grows with the number of blocks chained
+    through the accumulator.
+  * A fresh P V accumulator per block, added in fp32 at once: every shared GPU shape passes, but
+    642 / 577: Triton waits for that wgmma right after issuing it.
+  * The same, added one step late (this kernel): 652 / 619 vs 643 / 581 in one run (2026-11-22),
+    identical errors. The wgmma now retires with the next S = Q Kᵀ instead of at once.
+  * One warpgroup per CTA, 64 × 128 tiles, 4 warps, 3 stages (default): 743 / 693 vs 651 / 616 for
+    128 × 128 with 8 warps in the same run (2026-11-22); D=64 (B=4, H=32): 499 / 461 vs 409 / 382.
+    255 registers and 105 KiB of shared memory let two CTAs share an SM, and being independent they
+    drift apart: one CTA's softmax runs while the other's wgmmas occupy the tensor cores, the overlap
+    that the 8-warp CTA, whose two warpgroups Triton keeps in lockstep with barriers, never gets.
+    2 stages: 688 / 630; 4 stages (one CTA per SM): 555 / 515.
+  * The hand-pipelined loop of ``hopper.py`` (P V of block n-1 under the softmax of block n) needs
+    the accumulator chained through the fp8 wgmma: 704 / 599 at 128 × 128 but rel. L2 5.8e-2 at
+    S = 8191 (3.3e-2 causal), so this rung refuses ``HopperConfig.overlap``. Keeping a separate pv in
+    that loop too needs S, P, O and pv live at once, 256 registers: it spills (288 / 279).
+Inputs of large magnitude still fail (rel. L2 0.33): e4m3's ~3% relative error on large scores flips
+a peaked softmax, which no per-head scale can fix. On zero-mean (standard-normal) values the e4m3
+rounding of Q, K, V and P alone gives ≈ 5% relative L2 in an fp64 emulation
+(``common.fp8.input_rounding_error``); with the harness's value offset it stays below 2.6%.
 """
 
 from __future__ import annotations
@@ -81,6 +91,7 @@ VT_ROW_ALIGN = 16
 FP8_CANDIDATES = tuple(
     HopperConfig(block_m, block_n, num_warps, num_stages, warp_specialize)
     for block_m, block_n, num_warps, warp_specialize in (
+        (64, 128, 4, False),
         (128, 128, 8, False),
         (128, 64, 8, False),
         (64, 128, 4, True),
@@ -88,9 +99,11 @@ FP8_CANDIDATES = tuple(
     )
     for num_stages in (2, 3, 4)
 )
+# One warpgroup per CTA and two CTAs per SM (e4m3 tiles leave room for both in shared memory):
+# the two CTAs run independently, so one's softmax overlaps the other's wgmmas (measured below).
 DEFAULT_CONFIGS = {
-    64: HopperConfig(128, 128, 8, 3, False),
-    128: HopperConfig(128, 128, 8, 3, False),
+    64: HopperConfig(64, 128, 4, 3, False),
+    128: HopperConfig(64, 128, 4, 3, False),
     256: HopperConfig(64, 64, 4, 2, False),
 }
 INTERPRETER_CONFIG = HopperConfig(64, 32, 4, 1, False)
@@ -105,10 +118,17 @@ def default_config(head_dim: int) -> HopperConfig:
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _fp8_attention_step(
-    acc, row_sum, row_max, q, desc_k, desc_vt, batch, head, offs_m, n_block, seqlen_k, softmax_scale_log2,
+    acc, pv, row_sum, row_max, q, desc_k, desc_vt, batch, head, offs_m, n_block, seqlen_k, softmax_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
 ):  # fmt: skip
-    """One KV block: S = Q8 K8ᵀ, (mask), online softmax with 2^P_EXPONENT headroom, O += P8 V8."""
+    """One KV block: S = Q8 K8ᵀ, (mask), online softmax with 2^P_EXPONENT headroom, then the previous
+    block's P V (``pv``) is added to O in fp32 and this block's P8 V8 is issued into a fresh ``pv``.
+
+    fp8 wgmma accumulates with reduced precision, so chaining O through it over thousands of keys
+    loses accuracy; each block's P V starts from zero instead. It is added one step late: Triton then
+    lets that wgmma run asynchronously and retires it with the next S = Q Kᵀ, whereas adding it at
+    once would make every step wait for it.
+    """
     start_n = n_block * BLOCK_N
     k = desc_k.load([batch, head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     S = tl.dot(q, k.T)
@@ -116,10 +136,9 @@ def _fp8_attention_step(
         S, row_max, row_sum, offs_m, start_n, seqlen_k, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL, P_EXPONENT
     )
     vt = desc_vt.load([batch, head, 0, start_n]).reshape(HEAD_DIM, BLOCK_N)
-    # A fresh accumulator per block, added in fp32 on the CUDA cores: fp8 wgmma accumulates with
-    # reduced precision, so chaining acc through it over thousands of keys loses accuracy.
-    acc = acc * alpha[:, None] + tl.dot(P.to(vt.dtype), vt.T)
-    return acc, row_sum, row_max_new
+    acc = (acc + pv) * alpha[:, None]
+    pv = tl.dot(P.to(vt.dtype), vt.T)
+    return acc, pv, row_sum, row_max_new
 
 
 @triton.jit
@@ -140,6 +159,8 @@ def _fp8_attention_kernel(
     q = desc_q.load([batch, head, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
     softmax_scale_log2 = softmax_scale_log2 * tl.load(QK_DESCALE + batch_head)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # The last block's P V, in flight until the next step adds it (zero before the first block).
+    pv = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
 
@@ -154,25 +175,26 @@ def _fp8_attention_kernel(
     if WARP_SPECIALIZE:
         # One masked loop: Triton 3.6 on sm_90 specialises only a single branch-free loop of dots.
         for n_block in tl.range(0, n_stop, warp_specialize=True):
-            acc, row_sum, row_max = _fp8_attention_step(
-                acc, row_sum, row_max, q, desc_k, desc_vt, batch, head, offs_m, n_block, seqlen_k,
+            acc, pv, row_sum, row_max = _fp8_attention_step(
+                acc, pv, row_sum, row_max, q, desc_k, desc_vt, batch, head, offs_m, n_block, seqlen_k,
                 softmax_scale_log2, HEAD_DIM, BLOCK_N, True, CAUSAL,
             )  # fmt: skip
     else:
         # 2. Blocks every row sees in full.
         for n_block in tl.range(0, n_unmasked):
-            acc, row_sum, row_max = _fp8_attention_step(
-                acc, row_sum, row_max, q, desc_k, desc_vt, batch, head, offs_m, n_block, seqlen_k,
+            acc, pv, row_sum, row_max = _fp8_attention_step(
+                acc, pv, row_sum, row_max, q, desc_k, desc_vt, batch, head, offs_m, n_block, seqlen_k,
                 softmax_scale_log2, HEAD_DIM, BLOCK_N, False, CAUSAL,
             )  # fmt: skip
         # 3. The causal diagonal and the ragged last block.
         for n_block in tl.range(n_unmasked, n_stop):
-            acc, row_sum, row_max = _fp8_attention_step(
-                acc, row_sum, row_max, q, desc_k, desc_vt, batch, head, offs_m, n_block, seqlen_k,
+            acc, pv, row_sum, row_max = _fp8_attention_step(
+                acc, pv, row_sum, row_max, q, desc_k, desc_vt, batch, head, offs_m, n_block, seqlen_k,
                 softmax_scale_log2, HEAD_DIM, BLOCK_N, True, CAUSAL,
             )  # fmt: skip
 
-    # 4. O = acc · s_v / row_sum in bf16; the 2^P_EXPONENT headroom cancels in acc / row_sum.
+    # 4. O = (acc + the last block's P V) · s_v / row_sum in bf16; the 2^P_EXPONENT headroom cancels.
+    acc = acc + pv
     has_keys = row_sum > 0.0
     out_scale = tl.where(has_keys, tl.load(V_DESCALE + batch_head) / row_sum, 0.0)
     out = acc * out_scale[:, None]
