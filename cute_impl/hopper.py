@@ -14,16 +14,24 @@ and runs warp-level ``mma.sync`` whose operands all pass through registers. On H
   the producer (24) to the consumers (240, or 160 with three), which hold the 64 x tile_n fp32
   scores and the 64 x D fp32 output.
 
-Warp roles (n consumer warpgroups: 384 or 512 threads, one CTA per 64 n query rows of one (b, h))
--------------------------------------------------------------------------------------------------
-* warpgroup 0, warp 0: producer. Loads Q (n 64-row boxes), then K and V of every key block.
-  Warps 1-3 give their registers back and exit.
-* warpgroups 1 .. n: consumers; warpgroup ``1 + w`` owns query rows ``[64 w, 64 w + 64)``.
+Warp roles (n consumer warpgroups: 384 or 512 threads)
+-----------------------------------------------------
+A tile is 64 n query rows of one (b, h). Causal launches one CTA per tile (longest tiles first);
+non-causal launches are persistent: ``min(tiles, SM count)`` CTAs (the SM count is a launch
+argument), CTA c takes tiles c, c + grid, c + 2 grid, ... (``TileOrder``: the tiles of one head are
+consecutive, so the CTAs running together share its K and V in L2).
+
+* warpgroup 0, warp 0: producer. Per tile: loads Q (n 64-row boxes), then K and V of every key
+  block. Warps 1-3 give their registers back and exit.
+* warpgroups 1 .. n: consumers; warpgroup ``1 + w`` owns the tile's query rows ``[64 w, 64 w + 64)``.
 
 Pipelines and barriers (producer -> consumer, arrive counts)
 ------------------------------------------------------------
-* ``q_full[w]`` (mbarrier, one phase): producer arrive+expect_tx (1 arrive, Q box bytes) ->
-  consumer warpgroup ``w`` waits.
+* ``q_full[w]`` (mbarrier, one phase per tile): producer arrive+expect_tx (1 arrive, Q box bytes)
+  -> consumer warpgroup ``w`` waits.
+* ``q_empty[w]`` (mbarrier, one phase per tile): 4 arrives, one elected lane per warp of consumer
+  ``w`` once its last S = Q Kᵀ of the tile has retired -> the producer waits before loading the
+  next tile's Q box (persistent CTAs only; K and V rings simply run on across tiles).
 * K ring and V ring (``PipelineTmaAsync``, ``kv_stages`` = 2 each): full barrier: 1 producer arrive
   with expect_tx(tile bytes), completed by TMA; empty barrier: 4 n arrives, one elected lane per
   consumer warp, released as soon as the WGMMA that read the stage has retired.
@@ -32,7 +40,9 @@ Pipelines and barriers (producer -> consumer, arrive counts)
   last consumer arrives once up front so consumer 0 goes first, and consumer 0 consumes the last
   arrive at the end.
 * Epilogue: named barrier ``1 + w`` (128 threads) between the shared-memory writes of O and the
-  TMA store issued by one warp of the warpgroup.
+  TMA store issued by one warp of the warpgroup. The store is left in flight; a persistent CTA's
+  storing warp waits for it to have read the O box (``cp.async.bulk.wait_group.read``), then the
+  same barrier, before the next tile's O is written there.
 
 Algorithm (each consumer warpgroup; numbers match the kernel's sections)
 ------------------------------------------------------------------------
@@ -51,17 +61,19 @@ Algorithm (each consumer warpgroup; numbers match the kernel's sections)
    softmax of S runs while that PV WGMMA is still in flight (``next_block``); O is rescaled only
    after the PV has retired.
 3. O /= row_sum; lse = ln(sum exp(scaled S)) = (row_max * scale_log2 + log2(row_sum)) * ln 2.
-4. O -> registers in the output dtype -> ``stmatrix`` into the warpgroup's (now dead) Q box ->
-   fence.proxy.async -> named barrier -> TMA store (rows past Sq clipped by the TMA unit). LSE is
-   stored directly from registers.
+4. O -> registers in the output dtype -> ``stmatrix`` into the warpgroup's O box (one CTA per
+   tile: the now dead Q box; persistent: a box of its own, since the next tile's Q is already
+   loading) -> fence.proxy.async -> named barrier -> TMA store (rows past Sq clipped by the TMA
+   unit). LSE is stored directly from registers.
 
 Data movement
 -------------
 HBM -> SMEM: TMA boxes (64 x D for Q, tile_n x D for K, D x tile_n for V) into 128-byte-swizzled
 layouts that WGMMA reads without bank conflicts; boxes past Sq/Sk are zero-filled by TMA, which is
 why any S >= 1 works. SMEM -> tensor cores: WGMMA descriptors (no ldmatrix). Registers -> SMEM ->
-HBM for O: stmatrix then ``cp.async.bulk.tensor`` store. Shared memory at D=128: Q/O 32 KB +
-2 x (K 32 KB + V 32 KB) = 160 KB; at D=64 (three consumers): Q/O 24 KB + 2 x (16 + 16 KB) = 88 KB.
+HBM for O: stmatrix then ``cp.async.bulk.tensor`` store. Shared memory at D=128: Q 32 KB (+ O
+32 KB when persistent) + 2 x (K 32 KB + V 32 KB) = 160 (192) KB; at D=64 (three consumers): Q 24 KB
+(+ O 24 KB) + 2 x (16 + 16 KB) = 88 (112) KB.
 
 Steady-state timeline
 ---------------------
@@ -70,7 +82,9 @@ WG1: [issue QKᵀ(n) + PV(n+1)] softmax(n) ....... [issue QKᵀ(n-1) + PV(n)] so
 WG2: ........ [issue QKᵀ(n) + PV(n+1)] softmax(n) ....... [issue QKᵀ(n-1) + PV(n)] ...
 The tensor cores alternate between the warpgroups' GEMMs while the other warpgroup runs exp2.
 With three consumers (D=64) the turn goes round WG1 -> WG2 -> WG3, and two softmaxes run under
-each warpgroup's GEMMs.
+each warpgroup's GEMMs. Persistent: as soon as every consumer has issued its last S = Q Kᵀ of a
+tile, the producer loads the next tile's Q and first K/V blocks under that tile's last P V,
+normalisation and O store.
 
 Constraints
 -----------
@@ -82,9 +96,10 @@ second stage; it would need a different tiling that this rung does not attempt.
 
 Measured (H200, ``common.quickbench``, TFLOP/s on visible scores)
 -----------------------------------------------------------------
-B=2 H=16 S=8192 D=128 bf16: 628 non-causal, 582 causal (FA4's SM90 kernel: 657 / 585; floor
-600 / 550 met, goals 700 / 620 not). D=64, B=4 H=32: 515-519 non-causal, 437 causal with three
-consumer warpgroups (floor 540 not met; two warpgroups: 422 / 348).
+B=2 H=16 S=8192 D=128 bf16: 634 non-causal, 580 causal in compare.py at 522a840, SDPA cuDNN 600 /
+542 in the same run (FA4's SM90 kernel: 657 / 585; floor 600 / 550 met, goals 700 / 620 not).
+D=64, B=4 H=32: 506 non-causal, 430 causal (cuDNN 457 / 430) with three consumer warpgroups (floor
+540 not met; two warpgroups: 422 / 348).
 What the steps taught us (same problem, non-causal / causal):
 
 * First version (ping-pong, overlapped QKᵀ/PV, running-loop row max): 584 / 521. Ping-pong on vs
@@ -111,6 +126,15 @@ What the steps taught us (same problem, non-causal / causal):
   warp. With three, tile_n 96 / 160 / 192 measured 485 / 367 / 256 (160 and 192 spill), a third
   K/V stage +0.2 %, the polynomial exp2 again worse (490 / 471), and ping-pong off 511 / 437
   (so causal runs without it). The causal build spills 176 bytes (its mask code); non-causal none.
+* Persistent CTAs (2026-11-22, one A/B run, two rounds): D=128 635-637 vs 623-624 for one CTA per
+  tile, D=64 510 vs 514-515, fp8 D=128 819 vs 802, fp8 D=64 642 vs 626. The tile loop itself costs
+  D=64 about 2 % (one tile per CTA inside it: 504-506): the loop-carried state takes registers
+  from the 160 the three consumers have. Causal, persistent: 568 vs 583, because a static round
+  robin cannot balance tiles of unequal length, so causal keeps one CTA per tile.
+* Four consumer warpgroups at D=64 (more warps to hide latency): 640 threads launch at 96 registers,
+  so setmaxnreg can give the consumers 112 (``registers_fit``; asking for 120 hung the kernel).
+  The 64-, 80- and 96-key blocks that fit measured 487 / 312 / 342 non-causal against 505 (causal
+  440 / 392 / 370 against 427): not kept.
 """
 
 from __future__ import annotations
@@ -161,8 +185,11 @@ ROWS_PER_WARPGROUP = 64
 THREADS_PER_WARPGROUP = 128
 PRODUCER_REGISTERS = 24
 # Registers per consumer thread after setmaxnreg, by consumer warpgroups per CTA: the producer
-# warpgroup keeps 24, and 128 * (24 + n * registers) must fit the 64K-entry register file.
+# warpgroup keeps 24, and the total must fit what the CTA was given at launch (``registers_fit``).
 CONSUMER_REGISTERS = {2: 240, 3: 160}
+REGISTER_FILE = 65536
+# Per-thread register counts come in multiples of 8.
+REGISTER_GRANULE = 8
 SMEM_ALIGN_BYTES = 1024
 # Named barrier 0 is __syncthreads; the epilogue of consumer warpgroup w uses 1 + w, its WGMMA turn 4 + w.
 EPILOGUE_BARRIER_BASE = 1
@@ -204,6 +231,20 @@ class HopperConfig:
         return torch.bfloat16 if self.fp8 else self.dtype
 
 
+def registers_fit(consumer_warpgroups: int, consumer_registers: int) -> bool:
+    """Whether setmaxnreg can raise every consumer to ``consumer_registers``.
+
+    ``setmaxnreg`` only moves registers inside the CTA's launch allocation: threads x the largest
+    per-thread count that fits the register file (rounded down to a multiple of 8). An increase that
+    the registers given back by the producer cannot cover never completes: the kernel hangs. Four
+    consumer warpgroups (640 threads) launch at 96 registers each, so they reach 112, not 120.
+    """
+    threads = (1 + consumer_warpgroups) * THREADS_PER_WARPGROUP
+    launch_registers = REGISTER_FILE // threads // REGISTER_GRANULE * REGISTER_GRANULE
+    needed = THREADS_PER_WARPGROUP * (PRODUCER_REGISTERS + consumer_warpgroups * consumer_registers)
+    return needed <= threads * launch_registers
+
+
 class HopperAttention:
     """Warp-specialised FlashAttention forward for sm_90a: compile-time configuration only."""
 
@@ -220,6 +261,8 @@ class HopperAttention:
         consumer_warpgroups: int = 2,
         persistent: bool = False,
     ):
+        if consumer_warpgroups not in CONSUMER_REGISTERS:
+            raise ValueError(f"consumer_warpgroups must be in {sorted(CONSUMER_REGISTERS)}, got {consumer_warpgroups}")
         self.dtype = dtype
         self.out_dtype = out_dtype
         self.head_dim = head_dim

@@ -56,6 +56,14 @@ def test_persistent_kernel_loops_over_tiles(fp8_operands: bool):
     assert len(re.findall(r"mbarrier\.try_wait", ptx)) >= 4
 
 
+def test_register_split_fits_the_launch_allocation():
+    for warpgroups, registers in hopper.CONSUMER_REGISTERS.items():
+        assert hopper.registers_fit(warpgroups, registers), f"{warpgroups} warpgroups at {registers}"
+        assert not hopper.registers_fit(warpgroups, registers + hopper.REGISTER_GRANULE)
+    # The hang found on the H200: four consumer warpgroups asking for 120 registers.
+    assert hopper.registers_fit(4, 112) and not hopper.registers_fit(4, 120)
+
+
 def test_fp8_quantize_round_trip_error():
     x = torch.randn(4, 1000)
     x8, scale = fp8.quantize(x)
