@@ -146,6 +146,10 @@ def test_candidate_configs_fit_shared_memory():
     for head_dim in hopper.HEAD_DIMS:
         for config in hopper.candidate_configs(head_dim, torch.bfloat16):
             assert config.shared_bytes(head_dim, 2) <= hopper.SHARED_MEMORY_BUDGET
+        fp8_candidates = fp8.candidate_configs(head_dim)
+        assert fp8.DEFAULT_CONFIGS[head_dim] in fp8_candidates or head_dim == 256
+        for config in fp8_candidates:
+            assert config.shared_bytes(head_dim, 1) <= hopper.SHARED_MEMORY_BUDGET
 
 
 # ----------------------------------------------------------------------------------------------
@@ -191,6 +195,22 @@ def test_gpu_lse_matches_reference(causal: bool):
     assert error_stats(out, ref).rel_l2_err < 1e-2
     lse_err = (lse.double() - _reference_lse(q, k, problem)).abs().max().item()
     assert lse_err < 1e-2, f"lse max abs error {lse_err:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("module", [hopper, fp8], ids=["hopper", "fp8"])
+def test_gpu_autotune_keeps_a_fitting_candidate(module):
+    problem = Problem(1, 3, 300, 555, 128, dtype=torch.bfloat16, causal=True)
+    q, k, v = make_inputs(problem, seed=13, offset=0.5)
+    if module is fp8:
+        prepared = fp8.fp8_attention(q, k, v, problem, autotune=True)
+        candidates, limit = fp8.candidate_configs(128), 3e-2
+    else:
+        prepared = hopper.hopper_attention(q, k, v, problem, autotune=True)
+        candidates, limit = hopper.candidate_configs(128, torch.bfloat16), 1e-2
+    assert prepared.config in candidates
+    err = error_stats(prepared(), reference_attention(q, k, v, problem))
+    assert err.rel_l2_err < limit, f"{prepared.config}: {err.summary()}"
 
 
 @pytest.mark.gpu

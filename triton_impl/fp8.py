@@ -48,7 +48,8 @@ softmax does not get faster), TFLOP/s non-causal / causal:
     255 registers and 105 KiB of shared memory let two CTAs share an SM, and being independent they
     drift apart: one CTA's softmax runs while the other's wgmmas occupy the tensor cores, the overlap
     that the 8-warp CTA, whose two warpgroups Triton keeps in lockstep with barriers, never gets.
-    2 stages: 688 / 630; 4 stages (one CTA per SM): 555 / 515.
+    2 stages: 688 / 630; 4 stages (one CTA per SM): 555 / 515. ``fp8_attention(..., autotune=True)``
+    times every candidate that fits (``candidate_configs``) instead of taking this default.
   * The hand-pipelined loop of ``hopper.py`` (P V of block n-1 under the softmax of block n) needs
     the accumulator chained through the fp8 wgmma: 704 / 599 at 128 × 128 but rel. L2 5.8e-2 at
     S = 8191 (3.3e-2 causal), so this rung refuses ``HopperConfig.overlap``. Keeping a separate pv in
@@ -60,6 +61,8 @@ rounding of Q, K, V and P alone gives ≈ 5% relative L2 in an fp64 emulation
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 import triton
@@ -79,6 +82,7 @@ from triton_impl.hopper import (
     _descriptor,
     _online_softmax,
     _validate,
+    fastest_config,
     hopper_supported,
 )
 
@@ -111,6 +115,11 @@ INTERPRETER_CONFIG = HopperConfig(64, 32, 4, 1, False)
 
 def default_config(head_dim: int) -> HopperConfig:
     return INTERPRETER_CONFIG if triton_interpreting() else DEFAULT_CONFIGS[head_dim]
+
+
+def candidate_configs(head_dim: int) -> list[HopperConfig]:
+    """The fp8 candidates whose one-byte tiles fit the shared-memory budget at this head dim."""
+    return [config for config in FP8_CANDIDATES if config.fits(head_dim, element_bytes=1)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -275,12 +284,22 @@ class Fp8Attention:
 
 
 def fp8_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, config: HopperConfig | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    config: HopperConfig | None = None,
+    autotune: bool = False,
 ) -> Fp8Attention:
-    """Validate, quantise, compile by one warm-up launch; the result's call is run()."""
+    """Validate, quantise, choose the configuration (``autotune``: time every fitting candidate),
+    compile by one warm-up launch; the result's call is run()."""
     checked = _validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES)
     q, k, v = (kernel_operand(t) for t in (q, k, v))
-    prepared = Fp8Attention(q, k, v, checked, config or default_config(checked.head_dim))
+    if config is None:
+        config = default_config(checked.head_dim)
+        if autotune:
+            config = fastest_config(partial(Fp8Attention, q, k, v, checked), candidate_configs(checked.head_dim))
+    prepared = Fp8Attention(q, k, v, checked, config)
     prepared()
     return prepared
 

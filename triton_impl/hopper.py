@@ -71,7 +71,9 @@ scheduler does not do here.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import triton
@@ -373,12 +375,14 @@ def _validate(
     return checked
 
 
-def _autotune(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> HopperConfig:
-    """Time every fitting candidate once, here in prepare, and keep the fastest."""
+def fastest_config(
+    build: Callable[[HopperConfig], Callable[[], object]], candidates: Iterable[HopperConfig]
+) -> HopperConfig:
+    """Time every candidate's launch (``build(config)``) once, here in prepare, and keep the fastest."""
     timings = {}
-    for config in candidate_configs(problem.head_dim, problem.dtype):
+    for config in candidates:
         try:
-            timings[config] = triton.testing.do_bench(HopperAttention(q, k, v, problem, config))
+            timings[config] = triton.testing.do_bench(build(config))
         except OutOfResources:
             # The estimate is a pre-filter; warp-specialised kernels use more than it counts.
             continue
@@ -397,7 +401,10 @@ def hopper_attention(
     checked = _validate(q, k, v, problem)
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     if config is None:
-        config = _autotune(q, k, v, checked) if autotune else default_config(checked.head_dim)
+        config = default_config(checked.head_dim)
+        if autotune:
+            candidates = candidate_configs(checked.head_dim, checked.dtype)
+            config = fastest_config(partial(HopperAttention, q, k, v, checked), candidates)
     prepared = HopperAttention(q, k, v, checked, config)
     prepared()
     return prepared
