@@ -86,7 +86,7 @@ def tree_reduce(values: list[Float32], combine: Callable[[Float32, Float32], Flo
 # Tile order and key block range
 # ----------------------------------------------------------------------------------------------------
 class TileOrder:
-    """Linear tile index -> (query block, (head, batch)), for ``count(...)`` tiles.
+    """Linear tile index in [0, query_blocks * heads * batch) -> (query block, (head, batch)).
 
     The query blocks of one (batch, head) are consecutive, so the CTAs running at the same time share
     that head's K and V in L2. Causal query blocks go longest first within a head: the short ones then
