@@ -135,6 +135,10 @@ What the steps taught us (same problem, non-causal / causal):
   so setmaxnreg can give the consumers 112 (``registers_fit``; asking for 120 hung the kernel).
   The 64-, 80- and 96-key blocks that fit measured 487 / 312 / 342 non-causal against 505 (causal
   440 / 392 / 370 against 427): not kept.
+* FP8 at D=128 without ping-pong (two A/B rounds): 838-839 / 758-764 vs 818-820 / 752 with it;
+  bf16 634.5 / 578-580 either way. FP8's GEMMs take half the bf16 time, so each warpgroup's wait
+  for its turn costs more than the overlap it enforces; FP8 at D=128 now runs without it. In the
+  same run: a third K/V stage 812 / 752, tile_n 160 816-818 / 745-750 (no spill), both noise.
 """
 
 from __future__ import annotations
@@ -839,6 +843,10 @@ def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
         # Half the GEMM work per score leaves the softmax's latency exposed with two warpgroups; a
         # third hides it (+22 %, FP8 +19 %). Ping-pong pays off only without the causal mask's work.
         return dataclasses.replace(config, consumer_warpgroups=3, pingpong=not problem.causal)
+    if fp8:
+        # FP8 GEMMs take half the bf16 time: waiting for the turn then costs more than the overlap it
+        # enforces (+2.4 % without it; bf16 measures the same either way).
+        return dataclasses.replace(config, pingpong=False)
     return config
 
 
