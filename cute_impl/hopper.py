@@ -96,8 +96,8 @@ second stage; it would need a different tiling that this rung does not attempt.
 
 Measured (H200, ``common.quickbench``, TFLOP/s on visible scores)
 -----------------------------------------------------------------
-B=2 H=16 S=8192 D=128 bf16: 634 non-causal, 580 causal in compare.py at 522a840, SDPA cuDNN 600 /
-542 in the same run (FA4's SM90 kernel: 657 / 585; floor 600 / 550 met, goals 700 / 620 not).
+B=2 H=16 S=8192 D=128 bf16: 640 non-causal, 584 causal in compare.py at dcea822, SDPA cuDNN 610 /
+544 in the same run (FA4's SM90 kernel: 657 / 585; floor 600 / 550 met, goals 700 / 620 not).
 D=64, B=4 H=32: 506 non-causal, 430 causal (cuDNN 457 / 430) with three consumer warpgroups (floor
 540 not met; two warpgroups: 422 / 348).
 What the steps taught us (same problem, non-causal / causal):
