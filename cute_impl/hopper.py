@@ -835,10 +835,11 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem)
 
 def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
     """Tile sizes, warpgroups and ring depth per head dim, as measured on the H200 (module docstring)."""
-    config = HopperConfig(dtype=problem.dtype, head_dim=problem.head_dim, causal=problem.causal, fp8=fp8)
     # Persistent CTAs walk a static round robin of tiles: balanced only when every tile does the same
     # work, so causal keeps one CTA per tile and the hardware's dynamic scheduling.
-    config = dataclasses.replace(config, persistent=not problem.causal)
+    config = HopperConfig(
+        dtype=problem.dtype, head_dim=problem.head_dim, causal=problem.causal, fp8=fp8, persistent=not problem.causal
+    )
     if problem.head_dim == 64:
         # Half the GEMM work per score leaves the softmax's latency exposed with two warpgroups; a
         # third hides it (+22 %, FP8 +19 %). Ping-pong pays off only without the causal mask's work.
