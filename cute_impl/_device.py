@@ -110,8 +110,8 @@ class AttentionMask:
             # Keys this thread may keep in row r, counted from its first key.
             keys_left = key_limit - first_key
             for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-                if offsets[0, c][1] >= keys_left:
-                    acc_S_mn[r, c] = -cutlass.Float32.inf
+                masked = offsets[0, c][1] >= keys_left
+                acc_S_mn[r, c] = cutlass.Float32(cutlass.select_(masked, -cutlass.Float32.inf, acc_S_mn[r, c]))
 
 
 class OnlineSoftmax:

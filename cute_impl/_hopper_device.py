@@ -164,8 +164,9 @@ class AttentionMask:
             if cutlass.const_expr(self.causal):
                 key_limit = cutlass.min(key_limit, row_start + cS[r, 0][0] + 1 - col_start)
             for c in cutlass.range_constexpr(cute.size(rS, mode=[1])):
-                if cS[r, c][1] >= key_limit:
-                    rS[r, c] = -Float32.inf
+                # A select, not an `if`: the DSL lowers a dynamic `if` that writes one element of a
+                # register tensor to selects over the whole tensor (16 FSEL per element here).
+                rS[r, c] = Float32(cutlass.select_(cS[r, c][1] >= key_limit, -Float32.inf, rS[r, c]))
 
 
 # ----------------------------------------------------------------------------------------------------

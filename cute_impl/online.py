@@ -269,8 +269,7 @@ class OnlineAttention:
                     masked = col >= seqlen_k
                     if const_expr(self.causal):
                         masked = masked | (col > row)
-                    if masked:
-                        acc_s[i, j] = -Float32.inf
+                    acc_s[i, j] = Float32(cutlass.select_(masked, -Float32.inf, acc_s[i, j]))
                     tile_max = cute.arch.fmax(tile_max, acc_s[i, j])
                 tile_max = cute.arch.warp_reduction_max(tile_max, threads_in_group=self.col_groups)
                 new_max = cute.arch.fmax(row_max[i], tile_max)

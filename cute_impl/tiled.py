@@ -358,8 +358,10 @@ class TiledAttentionKernel:
                 if cutlass.const_expr(self.causal):
                     key_limit = cutlass.min(tScS_mn[r, 0][0] + 1, seqlen_k)
                 for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-                    if tScS_mn[0, c][1] >= key_limit:
-                        acc_S_mn[r, c] = -cutlass.Float32.inf
+                    masked = tScS_mn[0, c][1] >= key_limit
+                    # A select, not an `if`: the DSL lowers a dynamic `if` that writes one element of a
+                    # register tensor to selects over the whole tensor.
+                    acc_S_mn[r, c] = cutlass.Float32(cutlass.select_(masked, -cutlass.Float32.inf, acc_S_mn[r, c]))
 
         # ---- 3d. Online softmax, row by row of this thread -----------------------------------
         acc_O_mn = _rows_by_cols(acc_O)
