@@ -100,6 +100,25 @@ class TileOrder:
     def query_blocks(self, seqlen_q: Int32) -> Int32:
         return (seqlen_q + self.tile_m - 1) // self.tile_m
 
+    @staticmethod
+    def tile_of_cta(local: Int32, cta: Int32, ctas: Int32) -> Int32:
+        """The ``local``-th tile of CTA ``cta`` out of ``ctas``: tiles are dealt in rounds of ``ctas``,
+        forwards in even rounds and backwards in odd ones (a snake). With causal tiles sorted longest
+        first, a CTA that drew a long tile in one round draws a short one in the next, so the CTAs
+        finish together; a plain round robin gives CTA 0 the longest tile of every round."""
+        backwards = local % 2
+        return local * ctas + cta + backwards * (ctas - 1 - 2 * cta)
+
+    @staticmethod
+    def tiles_of_cta(cta: Int32, ctas: Int32, tile_count: Int32) -> Int32:
+        """How many tiles :meth:`tile_of_cta` gives CTA ``cta``: every full round, and the last partial
+        round if its slot there is below ``tile_count``."""
+        rounds = tile_count // ctas
+        # 1 if the slot in the partial round is inside the grid of tiles, else 0 (plain arithmetic, so
+        # that it also runs on Python ints in tests).
+        in_last_round = cutlass.min(1, cutlass.max(0, tile_count - TileOrder.tile_of_cta(rounds, cta, ctas)))
+        return rounds + in_last_round
+
     def coordinates(self, tile: Int32, query_blocks: Int32, heads: Int32) -> tuple[Int32, tuple[Int32, Int32]]:
         m_block = tile % query_blocks
         if cutlass.const_expr(self.causal):

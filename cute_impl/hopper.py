@@ -16,10 +16,11 @@ and runs warp-level ``mma.sync`` whose operands all pass through registers. On H
 
 Warp roles (n consumer warpgroups: 384 or 512 threads)
 -----------------------------------------------------
-A tile is 64 n query rows of one (b, h). Causal launches one CTA per tile (longest tiles first);
-non-causal launches are persistent: ``min(tiles, SM count)`` CTAs (the SM count is a launch
-argument), CTA c takes tiles c, c + grid, c + 2 grid, ... (``TileOrder``: the tiles of one head are
-consecutive, so the CTAs running together share its K and V in L2).
+A tile is 64 n query rows of one (b, h). Launches are persistent (causal D=64 excepted, which runs
+one CTA per tile): ``min(tiles, SM count)`` CTAs (the SM count is a launch argument) deal the tiles
+in rounds of one tile each, forwards then backwards (a snake, ``TileOrder``), so that causal tiles,
+sorted longest first, even out over the CTAs. The tiles of one head are consecutive, so the CTAs
+running together share its K and V in L2.
 
 * warpgroup 0, warp 0: producer. Per tile: loads Q (n 64-row boxes), then K and V of every key
   block. Warps 1-3 give their registers back and exit.
@@ -437,8 +438,9 @@ class HopperAttention:
         heads = mQ.shape[2][0]
         query_blocks = self.tile_order.query_blocks(seqlen_q)
         tile_count = query_blocks * heads * mQ.shape[2][1]
-        first_tile, _, _ = cute.arch.block_idx()
-        tile_stride, _, _ = cute.arch.grid_dim()
+        cta, _, _ = cute.arch.block_idx()
+        ctas, _, _ = cute.arch.grid_dim()
+        local_tiles = self.tile_order.tiles_of_cta(cta, ctas, tile_count)
 
         # ==== Shared memory and barriers ==================================================================
         storage = SmemAllocator().allocate(self.shared_storage)
@@ -484,7 +486,8 @@ class HopperAttention:
         if warp_group == 0:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
             if warp_idx == 0:
-                for tile in cutlass.range(first_tile, tile_count, tile_stride, unroll=1):
+                for local_tile in cutlass.range(local_tiles, unroll=1):
+                    tile = self.tile_order.tile_of_cta(local_tile, cta, ctas)
                     m_block, bh = self.tile_order.coordinates(tile, query_blocks, heads)
                     gQ = cute.local_tile(mQ[None, None, bh], (rows, D), (None, 0))  # (64, D, Sq/64)
                     gK = cute.local_tile(mK[None, None, bh], (self.tile_n, D), (None, 0))  # (tile_n, D, n)
@@ -492,7 +495,6 @@ class HopperAttention:
                     tQsQ, tQgQ = self._tma_partition(tma_q, sQ, gQ)  # (TMA, warpgroup), (TMA, Sq/64)
                     tKsK, tKgK = self._tma_partition(tma_k, sK, gK)  # (TMA, stage), (TMA, n)
                     tVsV, tVgV = self._tma_partition(tma_v, sV, gV)  # (TMA, stage), (TMA, n)
-                    local_tile = (tile - first_tile) // tile_stride
                     for w in cutlass.range_constexpr(self.consumer_warpgroups):
                         # A persistent CTA's next Q waits until the warpgroup's last S = Q Kᵀ has retired.
                         if local_tile > 0:
@@ -536,9 +538,9 @@ class HopperAttention:
             # Every warpgroup of the CTA visits the same key blocks of every tile, so the turns balance
             # over the whole tile loop.
             turns.start()
-            for tile in cutlass.range(first_tile, tile_count, tile_stride, unroll=1):
+            for local_tile in cutlass.range(local_tiles, unroll=1):
+                tile = self.tile_order.tile_of_cta(local_tile, cta, ctas)
                 m_block, bh = self.tile_order.coordinates(tile, query_blocks, heads)
-                local_tile = (tile - first_tile) // tile_stride
                 n_block_count, masked_count = self.key_blocks.counts(m_block, seqlen_k)
                 row_start = m_block * self.tile_m + w * rows
                 acc_O.fill(0.0)
@@ -835,10 +837,11 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem)
 
 def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
     """Tile sizes, warpgroups and ring depth per head dim, as measured on the H200 (module docstring)."""
-    # Persistent CTAs walk a static round robin of tiles: balanced only when every tile does the same
-    # work, so causal keeps one CTA per tile and the hardware's dynamic scheduling.
+    # Persistent CTAs (a static snake over the tiles) overlap the next tile's loads with this tile's
+    # epilogue: +2 % causal D=128, +4 % FP8 causal; causal D=64 is 3 % faster with one CTA per tile.
+    persistent = not (problem.causal and problem.head_dim == 64)
     config = HopperConfig(
-        dtype=problem.dtype, head_dim=problem.head_dim, causal=problem.causal, fp8=fp8, persistent=not problem.causal
+        dtype=problem.dtype, head_dim=problem.head_dim, causal=problem.causal, fp8=fp8, persistent=persistent
     )
     if problem.head_dim == 64:
         # Half the GEMM work per score leaves the softmax's latency exposed with two warpgroups; a

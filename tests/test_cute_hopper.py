@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -18,6 +19,7 @@ from common.problem import Problem
 from common.reference import reference_attention
 from common.static import cubin_resources
 from cute_impl import fp8, hopper
+from cute_impl._hopper_device import TileOrder
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -46,14 +48,47 @@ def test_d64_runs_three_consumer_warpgroups_at_160_registers(causal: bool):
 
 @pytest.mark.parametrize("fp8_operands", [False, True], ids=["bf16", "fp8"])
 def test_persistent_kernel_loops_over_tiles(fp8_operands: bool):
-    """Non-causal defaults are persistent: the tile loop reloads Q only after its Q-empty barrier."""
-    problem = Problem(2, 16, 8192, 8192, 128)
+    """D=128 defaults are persistent, causal too; causal D=64 keeps one CTA per tile. The tile loop
+    reloads Q only after its Q-empty barrier."""
+    problem = Problem(2, 16, 8192, 8192, 128, causal=True)
     config = hopper.default_config(problem, fp8=fp8_operands)
-    assert config.persistent and not hopper.default_config(problem.with_(causal=True)).persistent
+    assert config.persistent and hopper.default_config(problem.with_(causal=False), fp8=fp8_operands).persistent
+    assert not hopper.default_config(problem.with_(head_dim=64), fp8=fp8_operands).persistent
     ptx = hopper.compile_config_sm90(config, "persistent_probe")[0].ptx
     # Q-full and Q-empty waits plus the K and V rings: more mbarrier waits than the per-tile kernel.
-    assert "%nctaid.x" in ptx, "the tile loop strides by the grid size"
+    assert "%nctaid.x" in ptx, "the snake over tiles is dealt by the grid size"
     assert len(re.findall(r"mbarrier\.try_wait", ptx)) >= 4
+
+
+@pytest.mark.parametrize(("ctas", "tiles"), [(3, 10), (132, 2048), (132, 132), (7, 1000)])
+def test_snake_deals_every_tile_once(ctas: int, tiles: int):
+    dealt = [
+        TileOrder.tile_of_cta(local, cta, ctas)
+        for cta in range(ctas)
+        for local in range(TileOrder.tiles_of_cta(cta, ctas, tiles))
+    ]
+    assert sorted(dealt) == list(range(tiles))
+
+
+def test_snake_balances_longest_first_causal_tiles():
+    """B=2 H=16 S=8192 causal at 128 rows per tile: 64 query blocks per head, longest (64 key blocks)
+    first. Dealt as a snake over 132 CTAs, the busiest CTA has 3 % more key blocks than the average; a
+    plain round robin gives CTA 0 the longest tile of every round (+8 %)."""
+    ctas, query_blocks, heads = 132, 64, 32
+    blocks = [query_blocks - tile % query_blocks for tile in range(query_blocks * heads)]
+
+    def busiest(tiles_per_cta: list[list[int]]) -> float:
+        work = [sum(blocks[tile] for tile in tiles) for tiles in tiles_per_cta]
+        return max(work) / (sum(work) / ctas)
+
+    snake = busiest(
+        [
+            [TileOrder.tile_of_cta(local, cta, ctas) for local in range(TileOrder.tiles_of_cta(cta, ctas, len(blocks)))]
+            for cta in range(ctas)
+        ]
+    )
+    round_robin = busiest([list(range(cta, len(blocks), ctas)) for cta in range(ctas)])
+    assert snake < 1.04 < 1.07 < round_robin, (snake, round_robin)
 
 
 def test_register_split_fits_the_launch_allocation():
@@ -109,16 +144,17 @@ def test_fp8_error_target_on_standard_normal(head_dim: int, causal: bool):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("fp8_operands", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("seqlens", [(1, 1), (77, 1000), (1000, 77), (700, 700)], ids=str)
-def test_persistent_ctas_walking_many_tiles(seqlens: tuple[int, int], head_dim: int, fp8_operands: bool):
+def test_persistent_ctas_walking_many_tiles(seqlens: tuple[int, int], head_dim: int, fp8_operands: bool, causal: bool):
     """Three persistent CTAs for dozens of tiles: every CTA reuses its Q boxes, K/V ring and O boxes
-    across tiles, so a missed barrier phase or an O box rewritten under its TMA store shows up here."""
-    problem = Problem(3, 5, *seqlens, head_dim, dtype=torch.bfloat16)
+    across tiles, so a missed barrier phase or an O box rewritten under its TMA store shows up here.
+    Causal tiles differ in length, so the CTAs also drift apart."""
+    problem = Problem(3, 5, *seqlens, head_dim, dtype=torch.bfloat16, causal=causal)
     q, k, v = make_inputs(problem, seed=7, offset=0.5)
-    config = hopper.default_config(problem, fp8=fp8_operands)
-    assert config.persistent
+    config = dataclasses.replace(hopper.default_config(problem, fp8=fp8_operands), persistent=True)
     if fp8_operands:
         q8, k8, v8, qk_scale, v_scale = fp8.quantized_operands(q, k, v)
         run = hopper.launcher(config, q8, k8, v8, problem.scale * hopper.LOG2_E * qk_scale, v_scale, sm_count=3)
