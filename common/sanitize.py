@@ -33,6 +33,8 @@ SMALL_PROBLEMS = (
     Problem(1, 1, 200, 77, 128, dtype=torch.bfloat16, causal=False),
     # More query tiles (160) than the H200 has SMs (132): some persistent CTAs run two tiles.
     Problem(2, 40, 200, 200, 64, dtype=torch.bfloat16, causal=False),
+    # The same with causal tiles of unequal length, dealt forwards then backwards (D=128 is persistent).
+    Problem(2, 40, 200, 200, 128, dtype=torch.bfloat16, causal=True),
 )
 TIMEOUT_S = 300
 SANITIZER_ERROR_EXIT = 99
