@@ -57,7 +57,8 @@ Measured (H200, B=2 H=16 S=8192 D=128 from bf16 inputs; TFLOP/s on visible score
   with two, identical errors (one run, 2026-11-22).
 * Persistent CTAs (``hopper``'s tile loop): 819 vs 802 at D=128, 642 vs 626 at D=64. Without
   ping-pong at D=128: 838-839 / 758-764 vs 818-820 / 752 (FP8's GEMMs are too short for the turn
-  to pay). compare.py at dcea822: 840 / 767 (SDPA cuDNN 610 / 544 in the same run).
+  to pay). compare.py at a35d75f: 857 / 804 (SDPA cuDNN 617 / 555 in the same run); causal is
+  persistent since that commit (799 vs 768 with one CTA per tile in one A/B run).
 
 Incoherent processing (``prepare_incoherent``)
 ----------------------------------------------

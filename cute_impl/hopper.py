@@ -97,10 +97,11 @@ second stage; it would need a different tiling that this rung does not attempt.
 
 Measured (H200, ``common.quickbench``, TFLOP/s on visible scores)
 -----------------------------------------------------------------
-B=2 H=16 S=8192 D=128 bf16: 640 non-causal, 584 causal in compare.py at dcea822, SDPA cuDNN 610 /
-544 in the same run (FA4's SM90 kernel: 657 / 585; floor 600 / 550 met, goals 700 / 620 not).
-D=64, B=4 H=32: 506 non-causal, 430 causal (cuDNN 457 / 430) with three consumer warpgroups (floor
-540 not met; two warpgroups: 422 / 348).
+B=2 H=16 S=8192 D=128 bf16: 652 non-causal, 628 causal in compare.py at a35d75f, SDPA cuDNN 617 /
+555 and the bf16 GEMM 678 in the same run (FA4's SM90 kernel: 657 / 585; floor 600 / 550 met, goal
+620 causal met, 700 not). D=64, B=4 H=32: 534 non-causal, 479 causal (cuDNN 463 / 442) with three
+consumer warpgroups (floor 540 missed by 1 %; two warpgroups: 422 / 348). H200s differ: the same
+commit measured 708 / 604 at D=128 and 567 / 494 at D=64 on another one.
 What the steps taught us (same problem, non-causal / causal):
 
 * First version (ping-pong, overlapped QKᵀ/PV, running-loop row max): 584 / 521. Ping-pong on vs
@@ -140,6 +141,24 @@ What the steps taught us (same problem, non-causal / causal):
   bf16 634.5 / 578-580 either way. FP8's GEMMs take half the bf16 time, so each warpgroup's wait
   for its turn costs more than the overlap it enforces; FP8 at D=128 now runs without it. In the
   same run: a third K/V stage 812 / 752, tile_n 160 816-818 / 745-750 (no spill), both noise.
+* The mask as one select per score (2026-11-22, session 5). ``if key >= limit: s = -inf`` on one
+  element of a register tensor is lowered by the DSL to selects over the whole fragment: the
+  masked block had 1060 FSEL (16 per score) and the causal D=64 build spilled. A select per score:
+  68 FSEL, no spill; one A/B run: D=64 520 / 476 vs 508 / 426, D=128 645 / 589 vs 634 / 582.
+  The SASS listing (nvdisasm on the CPU-compiled cubin) showed it, not the profile.
+* Causal persistent, with the tiles dealt as a snake (forwards, then backwards) instead of a
+  round robin: 612 vs 601 one CTA per tile (FP8 799 vs 768), and without ping-pong 617 vs 607.
+  Snake and round robin measured the same here (612 / 615) although the snake's worst CTA has 3 %
+  more key blocks than the mean against 8 %. Causal D=64 stays one CTA per tile (470 vs 482).
+* Two D=64 ideas that measured nothing (one A/B run each, both removed): exp2 on the FMA pipes for
+  every 8th / 16th score (FlashAttention-4's trick) 484 / 500 vs 514, causal 401 / 405 vs 434, FP8
+  D=128 806 / 811 vs 848; and skipping the block max on unmasked blocks (exp2 against the running
+  reference at once, a warpgroup vote with ``bar.red.and``, S recomputed in the rare block where
+  some P would pass 2^8): 100 fewer instructions per block and thread, 567 vs 567. Together with
+  the ncu stall sampling (the exp2 instructions carry most samples, as fixed-latency waits and a
+  full MUFU queue; waiting for S, for the turn and for K/V take 4 %, 4 % and 3 %), this says that
+  D=64 is bound by the exp2 unit's throughput in the phases when all three warpgroups' softmaxes
+  overlap, not by instruction count.
 """
 
 from __future__ import annotations
