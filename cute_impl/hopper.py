@@ -36,10 +36,10 @@ Pipelines and barriers (producer -> consumer, arrive counts)
 * K ring and V ring (``PipelineTmaAsync``, ``kv_stages`` = 2 each): full barrier: 1 producer arrive
   with expect_tx(tile bytes), completed by TMA; empty barrier: 4 n arrives, one elected lane per
   consumer warp, released as soon as the WGMMA that read the stage has retired.
-* Ping-pong (``WarpgroupTurns``, round robin): named barrier ``4 + w`` (256 threads: 128 of
-  consumer ``w`` wait, 128 of consumer ``w - 1`` arrive) gates consumer ``w``'s WGMMA issue; the
-  last consumer arrives once up front so consumer 0 goes first, and consumer 0 consumes the last
-  arrive at the end.
+* Ping-pong (``WarpgroupTurns``, round robin; non-causal only, and not FP8 at D=128): named barrier
+  ``4 + w`` (256 threads: 128 of consumer ``w`` wait, 128 of consumer ``w - 1`` arrive) gates
+  consumer ``w``'s WGMMA issue; the last consumer arrives once up front so consumer 0 goes first,
+  and consumer 0 consumes the last arrive at the end.
 * Epilogue: named barrier ``1 + w`` (128 threads) between the shared-memory writes of O and the
   TMA store issued by one warp of the warpgroup. The store is left in flight; a persistent CTA's
   storing warp waits for it to have read the O box (``cp.async.bulk.wait_group.read``), then the
@@ -131,8 +131,8 @@ What the steps taught us (same problem, non-causal / causal):
 * Persistent CTAs (2026-11-22, one A/B run, two rounds): D=128 635-637 vs 623-624 for one CTA per
   tile, D=64 510 vs 514-515, fp8 D=128 819 vs 802, fp8 D=64 642 vs 626. The tile loop itself costs
   D=64 about 2 % (one tile per CTA inside it: 504-506): the loop-carried state takes registers
-  from the 160 the three consumers have. Causal, persistent: 568 vs 583, because a static round
-  robin cannot balance tiles of unequal length, so causal keeps one CTA per tile.
+  from the 160 the three consumers have. Causal, persistent: 568 vs 583 then (a static round
+  robin, and the mask still expensive), so causal kept one CTA per tile until the snake below.
 * Four consumer warpgroups at D=64 (more warps to hide latency): 640 threads launch at 96 registers,
   so setmaxnreg can give the consumers 112 (``registers_fit``; asking for 120 hung the kernel).
   The 64-, 80- and 96-key blocks that fit measured 487 / 312 / 342 non-causal against 505 (causal
@@ -163,7 +163,6 @@ What the steps taught us (same problem, non-causal / causal):
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -859,20 +858,22 @@ def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
     # Persistent CTAs (a static snake over the tiles) overlap the next tile's loads with this tile's
     # epilogue: +2 % causal D=128, +4 % FP8 causal; causal D=64 is 3 % faster with one CTA per tile.
     persistent = not (problem.causal and problem.head_dim == 64)
-    config = HopperConfig(
-        dtype=problem.dtype, head_dim=problem.head_dim, causal=problem.causal, fp8=fp8, persistent=persistent
+    # Ping-pong pays off only without the causal mask's work (causal D=128 617 vs 607 without it), and
+    # not for FP8 at D=128: its GEMMs take half the bf16 time, so waiting for the turn costs more than
+    # the overlap it enforces (+2.4 % without it; bf16 measures the same either way).
+    pingpong = not problem.causal and not (fp8 and problem.head_dim == 128)
+    # D=64 has half the GEMM work per score: two warpgroups leave the softmax's latency exposed, a
+    # third hides it (+22 %, FP8 +19 %).
+    consumer_warpgroups = 3 if problem.head_dim == 64 else 2
+    return HopperConfig(
+        dtype=problem.dtype,
+        head_dim=problem.head_dim,
+        causal=problem.causal,
+        consumer_warpgroups=consumer_warpgroups,
+        pingpong=pingpong,
+        fp8=fp8,
+        persistent=persistent,
     )
-    # Ping-pong pays off only without the causal mask's work (causal D=128 617 vs 607 without it).
-    config = dataclasses.replace(config, pingpong=not problem.causal)
-    if problem.head_dim == 64:
-        # Half the GEMM work per score leaves the softmax's latency exposed with two warpgroups; a
-        # third hides it (+22 %, FP8 +19 %).
-        return dataclasses.replace(config, consumer_warpgroups=3)
-    if fp8:
-        # FP8 GEMMs take half the bf16 time: waiting for the turn then costs more than the overlap it
-        # enforces (+2.4 % without it; bf16 measures the same either way).
-        return dataclasses.replace(config, pingpong=False)
-    return config
 
 
 # ----------------------------------------------------------------------------------------------------
