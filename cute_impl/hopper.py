@@ -159,6 +159,10 @@ What the steps taught us (same problem, non-causal / causal):
   full MUFU queue; waiting for S, for the turn and for K/V take 4 %, 4 % and 3 %), this says that
   D=64 is bound by the exp2 unit's throughput in the phases when all three warpgroups' softmaxes
   overlap, not by instruction count.
+* S one key block ahead (session 6, D=64): two S accumulators so that a warpgroup's softmax never
+  waits for a GEMM; it fits only two consumer warpgroups (240 registers) and measured 374-427 vs
+  521: the third warpgroup hides more than the lookahead does. ptxas serialises every WGMMA when an
+  accumulator in flight crosses a loop's back edge by copy or as O itself (C7514 / C7515).
 """
 
 from __future__ import annotations
