@@ -163,6 +163,8 @@ What the steps taught us (same problem, non-causal / causal):
   waits for a GEMM; it fits only two consumer warpgroups (240 registers) and measured 374-427 vs
   521: the third warpgroup hides more than the lookahead does. ptxas serialises every WGMMA when an
   accumulator in flight crosses a loop's back edge by copy or as O itself (C7514 / C7515).
+  Turn-taking for the exp2 phase (a second barrier ring) measured 477 vs 521: overlapping exp2
+  phases hide each other's MUFU latency.
 """
 
 from __future__ import annotations
