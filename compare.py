@@ -152,18 +152,6 @@ def default_out_dir(device: str, seqlens: list[int]) -> Path:
     return Path("runs") / f"{date}-{gpu_slug}-s{'-'.join(map(str, seqlens))}"
 
 
-def make_workload(problem, device: str):
-    """Inputs (standard normal), fp64 reference and SDPA's same-dtype error for one problem."""
-    from common.check import sdpa_error
-    from common.inputs import make_inputs
-    from common.reference import reference_attention
-    from common.runner import Workload
-
-    q, k, v = make_inputs(problem, seed=0, device=device)
-    reference = reference_attention(q, k, v, problem)
-    return Workload(problem, q, k, v, reference, sdpa_error(q, k, v, problem, reference))
-
-
 def print_implementations(implementations: list, missing: list) -> None:
     for impl in implementations:
         print(f"{impl.name:20s} stack={impl.stack:7s} rung={impl.rung}")
@@ -202,7 +190,7 @@ def print_table(rows: list) -> None:
 def _measurer(args: argparse.Namespace, problem, device, options, peaks):
     """A function impl -> row for one problem: in this process, or each in its own (--isolate)."""
     from common.isolation import measure_isolated
-    from common.runner import measure
+    from common.runner import make_workload, measure
 
     if args.isolate:
         return lambda impl: measure_isolated(impl.name, impl, problem, device.type, options, peaks, args.timeout)

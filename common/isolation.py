@@ -83,8 +83,7 @@ def measure_isolated(
 def _child(spec_json: str) -> None:
     import torch
 
-    from common.runner import measure
-    from compare import make_workload
+    from common.runner import make_workload, measure
 
     spec = json.loads(spec_json)
     problem_fields = dict(spec["problem"], dtype=DTYPE_NAMES[spec["problem"]["dtype"]])

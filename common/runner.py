@@ -14,10 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
-from common.check import run_poisoned
+from common.check import run_poisoned, sdpa_error
+from common.inputs import make_inputs
 from common.metrics import ErrorStats, error_stats, ratio_vs_sdpa
 from common.peaks import Peaks
 from common.problem import Problem
+from common.reference import reference_attention
 from common.registry import Implementation
 from common.results import ResultRow
 from common.timing import Timing, tflops, time_cuda, time_host
@@ -36,6 +38,13 @@ class Workload:
     v: torch.Tensor
     reference: torch.Tensor
     sdpa_error: ErrorStats | None
+
+
+def make_workload(problem: Problem, device: str) -> Workload:
+    """Inputs (standard normal, seed 0), fp64 reference and SDPA's same-dtype error for one problem."""
+    q, k, v = make_inputs(problem, seed=0, device=device)
+    reference = reference_attention(q, k, v, problem)
+    return Workload(problem, q, k, v, reference, sdpa_error(q, k, v, problem, reference))
 
 
 @dataclass(frozen=True)
