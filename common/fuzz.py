@@ -10,6 +10,7 @@ import argparse
 import fnmatch
 import math
 import random
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,6 +92,10 @@ def main() -> None:
     parser.add_argument("--reproduce", type=int, help="run the single problem of this seed")
     parser.add_argument("--out", type=Path, help="write the markdown summary here")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        # Without a GPU every rung would only be skipped: say so instead of a CUDA traceback.
+        print("common.fuzz needs a CUDA GPU, and torch sees none (torch.cuda.is_available() is False)", file=sys.stderr)
+        sys.exit(2)
     available, _ = discover(include_baselines=False)
     chosen = [impl for impl in available if fnmatch.fnmatch(impl.name, args.impl)]
     summaries = []

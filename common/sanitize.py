@@ -13,6 +13,7 @@ import argparse
 import fnmatch
 import os
 import re
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -107,6 +108,15 @@ def _verdict(returncode: int, output: str) -> tuple[str, str]:
     return verdict, "; ".join(detail).replace("|", "/")
 
 
+def _missing_tool() -> str | None:
+    """What the sweep lacks to run at all (compute-sanitizer on PATH, a CUDA GPU), or None."""
+    if shutil.which("compute-sanitizer") is None:
+        return "common.sanitize needs compute-sanitizer (from the CUDA toolkit) on PATH; it was not found"
+    if not torch.cuda.is_available():
+        return "common.sanitize needs a CUDA GPU, and torch sees none (torch.cuda.is_available() is False)"
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--impl", default="*")
@@ -116,6 +126,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         sys.exit(_child(args.child))
+    missing = _missing_tool()
+    if missing:
+        print(missing, file=sys.stderr)
+        sys.exit(2)
     available, _ = discover(include_baselines=False)
     lines = ["# compute-sanitizer sweep", "", "Problems: " + "; ".join(p.describe() for p in SMALL_PROBLEMS), ""]
     lines += ["| impl | tool | verdict | detail |", "|---|---|---|---|"]

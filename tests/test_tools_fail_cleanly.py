@@ -1,0 +1,46 @@
+"""The GPU tools, started where they cannot run, print one line naming what is missing and exit 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MISSING_EXIT = 2
+
+
+def _run_tool(module: str, path: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    # CUDA hidden, so the test means the same on the GPU machine as on a CPU-only one.
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PATH=path, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", module], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
+
+
+def _fake_sanitizer(folder: Path) -> None:
+    tool = folder / "compute-sanitizer"
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    tool.chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    ("module", "with_sanitizer", "missing"),
+    [
+        ("common.fuzz", False, "needs a CUDA GPU"),
+        ("common.sanitize", False, "needs compute-sanitizer"),
+        ("common.sanitize", True, "needs a CUDA GPU"),
+    ],
+)
+def test_tool_names_what_is_missing_and_exits_2(module: str, with_sanitizer: bool, missing: str, tmp_path: Path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if with_sanitizer:
+        _fake_sanitizer(bin_dir)
+    done = _run_tool(module, str(bin_dir), tmp_path)
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.returncode == MISSING_EXIT, f"exit {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    assert len(lines) == 1 and missing in lines[0], f"expected one line saying {missing!r}, got:\n{lines}"
