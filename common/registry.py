@@ -8,9 +8,17 @@ silently dropped and never replaced by another implementation.
 The contract of an implementation:
 
 * ``supports(problem, device) -> (ok, reason)``: ``ok`` False means "skipped", and ``reason`` says why.
-* ``prepare(q, k, v, problem) -> run``: everything that is not the kernel (compilation, autotuning,
-  quantisation, layout changes, descriptors, allocation) happens here, untimed. ``run()`` launches
+* ``prepare(q, k, v, problem) -> run``: everything that is not the kernel (validation, choosing
+  the configuration, autotuning, compilation, quantisation, layout changes, descriptors,
+  allocation) happens here, untimed, ending with one warm-up launch on a GPU. ``run()`` launches
   the kernel(s) and returns O of shape (B, H, Sq, D) in the problem's dtype (bf16 for FP8 rungs).
+* ``bind(q, k, v, problem) -> run``: the per-call part of ``prepare`` alone, for tensors of a
+  signature that ``prepare`` has already planned (validated, configured, compiled): it builds the
+  operands, descriptors and output for these tensors and returns the same kind of ``run()``, with
+  no validation beyond cheap checks, no warm-up launch and no autotuning (kernels come from the
+  rung's compile cache or Triton's JIT cache). A rung's ``prepare`` is its validation, then
+  ``bind``, then :func:`warmed_up`, so the two cannot drift. ``common.attention`` calls ``prepare``
+  once per signature and ``bind`` on every later call (``common/api.py``).
 * ``compile_sm90(problem) -> [KernelBinary]`` (optional): compile for sm_90a without a GPU, so the
   PTX and resource usage can be inspected on any machine.
 """
@@ -26,14 +34,17 @@ import torch
 from common.metrics import SDPA_RELATIVE_RULE, ErrorRule
 from common.problem import Problem
 
-STACKS = ("triton", "cute", "sdpa")
+STACKS = ("triton", "cute", "sdpa", "fa4")
+# Stacks of external kernels measured as references: their rows are named by backend, not by rung.
+BASELINE_STACKS = ("sdpa", "fa4")
 RUNGS = ("naive", "online", "tiled", "pipelined", "hopper", "fp8")
-# Ladder order of the rung modules; SDPA baselines come last as references.
+# Ladder order of the rung modules; the baselines (SDPA backends, FlashAttention-4) come last.
 RUNG_MODULES = tuple(f"{stack}_impl.{rung}" for stack in ("triton", "cute") for rung in RUNGS)
-BASELINE_MODULE = "common.sdpa"
+BASELINE_MODULES = ("common.sdpa", "common.fa4")
 
 Runner = Callable[[], torch.Tensor]
 Prepare = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Problem], Runner]
+Bind = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Problem], Runner]
 Supports = Callable[[Problem, torch.device], tuple[bool, str]]
 
 
@@ -56,6 +67,8 @@ class Implementation:
     prepare: Prepare
     supports: Supports
     compile_sm90: Callable[[Problem], list[KernelBinary]] | None = None
+    # The per-call part of prepare, for an already-prepared signature (see the module docstring).
+    bind: Bind | None = None
     error_rule: ErrorRule = SDPA_RELATIVE_RULE
     # True when the Triton interpreter can run it on CPU tensors (TRITON_INTERPRET=1).
     runs_on_cpu: bool = False
@@ -68,7 +81,7 @@ class Implementation:
     def __post_init__(self) -> None:
         if self.stack not in STACKS:
             raise ValueError(f"stack must be one of {STACKS}, got {self.stack!r}")
-        if self.stack != "sdpa" and self.rung not in RUNGS:
+        if self.stack not in BASELINE_STACKS and self.rung not in RUNGS:
             raise ValueError(f"rung must be one of {RUNGS}, got {self.rung!r}")
 
     def check(self, problem: Problem, device: torch.device) -> tuple[bool, str]:
@@ -91,6 +104,14 @@ class Unavailable:
         return f"{package.removesuffix('_impl')}/{rung}"
 
 
+def warmed_up(run: Runner, device: torch.device) -> Runner:
+    """``run`` after one launch on a GPU, so that the first timed call finds the kernel compiled
+    and loaded; under the Triton interpreter nothing is compiled and the launch is skipped."""
+    if device.type == "cuda":
+        run()
+    return run
+
+
 def _load(module_name: str) -> list[Implementation] | Unavailable:
     try:
         module = importlib.import_module(module_name)
@@ -110,7 +131,7 @@ def discover(include_baselines: bool = True) -> tuple[list[Implementation], list
     """All implementations in ladder order, plus the rung modules that could not be loaded."""
     available: list[Implementation] = []
     missing: list[Unavailable] = []
-    modules = RUNG_MODULES + ((BASELINE_MODULE,) if include_baselines else ())
+    modules = RUNG_MODULES + (BASELINE_MODULES if include_baselines else ())
     for module_name in modules:
         loaded = _load(module_name)
         if isinstance(loaded, Unavailable):

@@ -176,7 +176,7 @@ from typing import Any
 import torch
 
 from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner
+from common.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.static import SM90_CAPABILITY
 from common.validation import OPERAND_ALIGNMENT_BYTES, kernel_operand, validate_attention_inputs
 
@@ -197,11 +197,13 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 from cute_impl._hopper_device import (
     LOG2_E,
     AttentionMask,
+    BlockScales,
     KeyBlockRange,
     OnlineSoftmax,
     TileOrder,
     WarpgroupTurns,
     rows_cols_view,
+    add_block_product,
     scores_to_operand_a,
 )
 from cute_impl._host import CUTE_DTYPES, current_stream, to_cute_tensor
@@ -254,6 +256,9 @@ class HopperConfig:
     # One CTA per SM looping over query tiles (the SM count is a launch argument), instead of one CTA
     # per tile: the next tile's loads overlap this tile's last GEMM and epilogue.
     persistent: bool = False
+    # FP8 block quantisation: Q's scale per consumer warpgroup's 64 rows, K's and V's per key block,
+    # read in the kernel (``fp8.py``); per-tensor scales are read once per tile.
+    block_scales: bool = False
 
     @property
     def out_dtype(self) -> torch.dtype:
@@ -289,6 +294,7 @@ class HopperAttention:
         pingpong: bool,
         consumer_warpgroups: int = 2,
         persistent: bool = False,
+        block_scales: bool = False,
     ):
         if consumer_warpgroups not in CONSUMER_REGISTERS:
             raise ValueError(f"consumer_warpgroups must be in {sorted(CONSUMER_REGISTERS)}, got {consumer_warpgroups}")
@@ -307,7 +313,9 @@ class HopperAttention:
         self.o_aliases_q = dtype == out_dtype and not persistent
         # FP8 only: accumulate each block's P V from zero and add it to O in fp32 registers, because the
         # FP8 tensor-core accumulator keeps fewer mantissa bits than fp32 (see fp8.py's measurements).
-        self.separate_pv = dtype.width == 8
+        self.fp8 = dtype.width == 8
+        self.separate_pv = self.fp8
+        self.block_scales = block_scales
         self.pingpong = pingpong
         self.tile_order = TileOrder(self.tile_m, causal)
         self.key_blocks = KeyBlockRange(self.tile_m, tile_n, causal)
@@ -334,6 +342,14 @@ class HopperAttention:
         layout = cute.make_layout((*shape, (t.shape[1], t.shape[0])), stride=(*stride, (t.stride[1], t.stride[0])))
         return cute.make_tensor(t.iterator, layout)
 
+    @staticmethod
+    def _head_major(t: cute.Tensor | None) -> cute.Tensor | None:
+        """(B, H, X) -> (X, (H, B)), the (head, batch) mode indexed like the operands' (LSE, FP8 scales)."""
+        if t is None:
+            return None
+        layout = cute.make_layout((t.shape[2], (t.shape[1], t.shape[0])), stride=(t.stride[2], (t.stride[1], t.stride[0])))
+        return cute.make_tensor(t.iterator, layout)
+
     @cute.jit
     def __call__(
         self,
@@ -342,21 +358,19 @@ class HopperAttention:
         mV: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
+        mQScale: cute.Tensor | None,
+        mKScale: cute.Tensor | None,
+        mVScale: cute.Tensor | None,
         softmax_scale_log2: Float32,
         output_scale: Float32,
         sm_count: Int32,
         stream: cuda.CUstream,
     ):
+        """FP8 passes its e4m3 scales as (B, H, blocks) fp32 tensors (one block each when per tensor);
+        16-bit passes None for them."""
         q_seq, k_seq, o_seq = (self._sequence_major(t) for t in (mQ, mK, mO))
         v_op = self._value_operand(mV, self.v_transposed)
-        # (B, H, Sq) -> (Sq, (H, B))
-        LSE = cute.make_tensor(
-            mLSE.iterator,
-            cute.make_layout(
-                (mLSE.shape[2], (mLSE.shape[1], mLSE.shape[0])),
-                stride=(mLSE.stride[2], (mLSE.stride[1], mLSE.stride[0])),
-            ),
-        )
+        LSE, q_scales, k_scales, v_scales = (self._head_major(t) for t in (mLSE, mQScale, mKScale, mVScale))
         D, rows = self.head_dim, ROWS_PER_WARPGROUP
         v_layout = LayoutEnum.ROW_MAJOR if self.v_transposed else LayoutEnum.COL_MAJOR
         k_major = cute.nvgpu.OperandMajorMode.K
@@ -420,8 +434,8 @@ class HopperAttention:
         tiles = self.tile_order.query_blocks(q_seq.shape[0]) * q_seq.shape[2][0] * q_seq.shape[2][1]
         ctas = cutlass.min(tiles, sm_count) if cutlass.const_expr(self.persistent) else tiles
         self.kernel(
-            qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_V, tma_o, tma_O, LSE,
-            softmax_scale_log2, output_scale, sQ_layout, sK_layout, sV_layout, sO_layout,
+            qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_V, tma_o, tma_O, LSE, q_scales, k_scales,
+            v_scales, softmax_scale_log2, output_scale, sQ_layout, sK_layout, sV_layout, sO_layout,
         ).launch(
             grid=[ctas, 1, 1],
             block=[self.threads_per_cta, 1, 1],
@@ -447,6 +461,9 @@ class HopperAttention:
         tma_o: cute.CopyAtom,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
+        mQScale: cute.Tensor | None,
+        mKScale: cute.Tensor | None,
+        mVScale: cute.Tensor | None,
         softmax_scale_log2: Float32,
         output_scale: Float32,
         sQ_layout: cute.ComposedLayout,
@@ -567,12 +584,15 @@ class HopperAttention:
                 m_block, bh = self.tile_order.coordinates(tile, query_blocks, heads)
                 n_block_count, masked_count = self.key_blocks.counts(m_block, seqlen_k)
                 row_start = m_block * self.tile_m + w * rows
+                tile_scale_log2, tile_output_scale, scales = self.descales(
+                    mQScale, mKScale, mVScale, softmax_scale_log2, output_scale, m_block * self.consumer_warpgroups + w, bh
+                )
                 acc_O.fill(0.0)
                 # FP8: P in [0, 2^8] rather than [0, 1] keeps small probabilities out of e4m3's subnormals,
                 # so the reference max must move whenever it grows (P > 448 would overflow e4m3); 16-bit P
                 # has range to spare and lets it lag by 2^8 (RESCALE_THRESHOLD_LOG2).
                 softmax = OnlineSoftmax(
-                    softmax_scale_log2,
+                    tile_scale_log2,
                     rows=2,
                     p_exponent_offset=FP8_P_EXPONENT_OFFSET if self.separate_pv else 0.0,
                     rescale_threshold=0.0 if self.separate_pv else RESCALE_THRESHOLD_LOG2,
@@ -581,7 +601,7 @@ class HopperAttention:
                 # 1. This warpgroup's Q box.
                 cute.arch.mbarrier_wait(q_full + w, local_tile % 2)
                 mma = (qk_mma, pv_mma, tSrQ, tSrK, tOrV, tOrP, acc_S_shape, acc_O, softmax, turns)
-                where = (mask, tScS, row_start, seqlen_k)
+                where = (mask, tScS, row_start, seqlen_k, scales)
                 # 2. Key blocks from the last. The first needs the sequence mask and starts the softmax;
                 # then the causal diagonal blocks (masked), then the rest (no mask). Each later step
                 # issues its S = Q Kᵀ together with the previous block's O += P V.
@@ -597,11 +617,11 @@ class HopperAttention:
                 # Every S = Q Kᵀ of this tile has retired: the producer may load the next tile's Q.
                 with cute.arch.elect_one():
                     cute.arch.mbarrier_arrive(q_empty + w)
-                self.last_product(*mma, v_consumer)
+                self.last_product(*mma, v_consumer, scales)
 
                 # 3. Normalise, log-sum-exp.
                 lse = cute.make_rmem_tensor(2, Float32)
-                softmax.finalize(acc_O, output_scale, lse)
+                softmax.finalize(acc_O, tile_output_scale, lse)
                 self.store_lse(mLSE[None, bh], lse, tOcO, row_start, seqlen_q)
 
                 # 4. O -> SMEM (stmatrix) -> TMA store.
@@ -610,6 +630,26 @@ class HopperAttention:
             if wg_tidx < cute.arch.WARP_SIZE:
                 # The last TMA store must have read shared memory before the CTA exits.
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    def descales(
+        self,
+        mQScale: cute.Tensor | None,
+        mKScale: cute.Tensor | None,
+        mVScale: cute.Tensor | None,
+        softmax_scale_log2: Float32,
+        output_scale: Float32,
+        q_block: Int32,
+        bh: Any,
+    ) -> tuple[Float32, Float32, BlockScales | None]:
+        """FP8: fold this warpgroup's e4m3 descales into the tile's softmax scale and output scale.
+        Block scales: Q's 64-row block scale here, K's and V's per key block in the main loop
+        (``BlockScales``); per tensor: all three here. 16-bit: the launch scalars unchanged."""
+        if not self.fp8:
+            return softmax_scale_log2, output_scale, None
+        if self.block_scales:
+            scales = BlockScales(mKScale[None, bh], mVScale[None, bh])
+            return softmax_scale_log2 * mQScale[q_block, bh], output_scale, scales
+        return softmax_scale_log2 * mQScale[0, bh] * mKScale[0, bh], output_scale * mVScale[0, bh], None
 
     @cute.jit
     def store_output(
@@ -670,6 +710,7 @@ class HopperAttention:
         tScS: cute.Tensor,
         row_start: Int32,
         seqlen_k: Int32,
+        scales: BlockScales | None,
         k_consumer: pipeline.PipelineConsumer,
         n_block: Int32,
     ) -> pipeline.PipelineConsumer:
@@ -682,7 +723,10 @@ class HopperAttention:
         warpgroup.wait_group(0)
         k_slot.release()
         mask.apply(acc_S, tScS, row_start, n_block, seqlen_k)
-        softmax.step(acc_S)
+        key_scale = None
+        if cutlass.const_expr(scales is not None):
+            key_scale = scales.key(n_block)
+        softmax.step(acc_S, key_scale)
         scores_to_operand_a(acc_S, tOrP)
         return k_consumer
 
@@ -703,12 +747,17 @@ class HopperAttention:
         tScS: cute.Tensor,
         row_start: Int32,
         seqlen_k: Int32,
+        scales: BlockScales | None,
         k_consumer: pipeline.PipelineConsumer,
         v_consumer: pipeline.PipelineConsumer,
         n_block: Int32,
         masked: cutlass.Constexpr[bool],
     ) -> tuple[pipeline.PipelineConsumer, pipeline.PipelineConsumer]:
-        """2a-e overlapped: issue S = Q K[n]ᵀ and O += P V[previous]; softmax S while O's WGMMA runs."""
+        """2a-e overlapped: issue S = Q K[n]ᵀ and O += P V[previous]; softmax S while O's WGMMA runs.
+        With block scales, K[n]'s scale joins the softmax and V[n + 1]'s multiplies its P V."""
+        key_scale, pv_scale = None, None
+        if cutlass.const_expr(scales is not None):
+            key_scale, pv_scale = scales.key(n_block), scales.value(n_block + 1)
         acc_S = cute.make_rmem_tensor(acc_S_shape, Float32)
         k_slot = k_consumer.wait_and_advance()
         v_slot = v_consumer.wait_and_advance()
@@ -722,12 +771,12 @@ class HopperAttention:
         k_slot.release()
         if cutlass.const_expr(masked):
             mask.apply(acc_S, tScS, row_start, n_block, seqlen_k)
-        softmax.step(acc_S)
+        softmax.step(acc_S, key_scale)
         # P's registers and O are rewritten below: the O += P V that reads them must retire first.
         warpgroup.wait_group(0)
         v_slot.release()
         if cutlass.const_expr(self.separate_pv):
-            softmax.rescale_output(acc_O, acc_PV)
+            softmax.rescale_output(acc_O, acc_PV, pv_scale)
         else:
             softmax.rescale_output(acc_O)
         scores_to_operand_a(acc_S, tOrP)
@@ -747,8 +796,9 @@ class HopperAttention:
         softmax: OnlineSoftmax,
         turns: WarpgroupTurns,
         v_consumer: pipeline.PipelineConsumer,
+        scales: BlockScales | None,
     ) -> None:
-        """2e for the last block: O += P V."""
+        """2e for the last block (key block 0): O += P V."""
         v_slot = v_consumer.wait_and_advance()
         acc_PV = cute.make_rmem_tensor(acc_O.layout, Float32) if cutlass.const_expr(self.separate_pv) else acc_O
         turns.wait()
@@ -757,7 +807,10 @@ class HopperAttention:
         warpgroup.wait_group(0)
         v_slot.release()
         if cutlass.const_expr(self.separate_pv):
-            acc_O.store(acc_O.load() + acc_PV.load())
+            pv_scale = None
+            if cutlass.const_expr(scales is not None):
+                pv_scale = scales.value(0)
+            add_block_product(acc_O, acc_PV, pv_scale)
 
     @cute.jit
     def store_lse(self, gLSE: cute.Tensor, lse: cute.Tensor, tOcO: cute.Tensor, row_start: Int32, seqlen_q: Int32):
@@ -815,6 +868,7 @@ def make_kernel(config: HopperConfig) -> HopperAttention:
         pingpong=config.pingpong,
         consumer_warpgroups=config.consumer_warpgroups,
         persistent=config.persistent,
+        block_scales=config.block_scales,
     )
 
 
@@ -826,16 +880,20 @@ def launcher(
     softmax_scale_log2: float,
     output_scale: float,
     sm_count: int | None = None,
+    scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> Runner:
     """Compile (cached on ``config``), allocate O and LSE once, and return the launch-only ``run``.
 
     ``sm_count`` caps a persistent grid (default: the device's SMs; tests pass fewer so that every
-    CTA walks many tiles)."""
+    CTA walks many tiles). ``scales`` (FP8 only): Q's, K's and V's e4m3 scales, (B, H, blocks) fp32."""
     batch, heads, seqlen_q, head_dim = q.shape
     o = torch.empty((batch, heads, seqlen_q, head_dim), dtype=config.out_dtype, device=q.device)
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
     element = FP8_CUTLASS if config.fp8 else None
-    args = (*(to_cute_tensor(t, element) for t in (q, k, v)), to_cute_tensor(o), to_cute_tensor(lse))
+    if config.fp8 != (scales is not None):
+        raise ValueError(f"FP8 operands need their scales and 16-bit ones none (fp8={config.fp8}, scales given: {scales is not None})")
+    scale_args = (None,) * 3 if scales is None else tuple(to_cute_tensor(t) for t in scales)
+    args = (*(to_cute_tensor(t, element) for t in (q, k, v)), to_cute_tensor(o), to_cute_tensor(lse), *scale_args)
     # The SM count is a launch argument (read here, at run time), so compiling never queries a device.
     sm_count = sm_count or torch.cuda.get_device_properties(q.device).multi_processor_count
     scalars = (Float32(softmax_scale_log2), Float32(output_scale), Int32(sm_count))
@@ -852,9 +910,15 @@ def launcher(
 
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    validate_attention_inputs(
+    """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up."""
+    checked = validate_attention_inputs(
         q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, dtypes=DTYPES, head_dims=HEAD_DIMS
     )
+    return warmed_up(bind(q, k, v, checked), q.device)
+
+
+def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+    """The launch-only ``run`` of validated q, k, v at the default configuration (compiled once)."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     return launcher(default_config(problem), q, k, v, problem.scale * LOG2_E, 1.0)
 
@@ -895,6 +959,16 @@ def fake_operand(element_type: type, shape_tail: tuple[int, ...], leading: Any) 
     )
 
 
+def fake_rows(length: Any) -> Any:
+    """A (B, H, length) fp32 fake tensor, last dimension contiguous (LSE, FP8 scales)."""
+    return make_fake_tensor(
+        Float32,
+        (cute.sym_int(), cute.sym_int(), length),
+        stride=(cute.sym_int64(), cute.sym_int64(), 1),
+        assumed_align=4,
+    )
+
+
 def compile_config_sm90(config: HopperConfig, name: str) -> list[KernelBinary]:
     from cutlass.runtime import make_fake_stream
 
@@ -907,16 +981,12 @@ def compile_config_sm90(config: HopperConfig, name: str) -> list[KernelBinary]:
     k = fake_operand(kernel.dtype, (D,), (seqlen_k,))
     v = fake_operand(kernel.dtype, (seqlen_k,), (D,)) if config.fp8 else fake_operand(kernel.dtype, (D,), (seqlen_k,))
     o = fake_operand(kernel.out_dtype, (D,), (seqlen_q,))
-    lse = make_fake_tensor(
-        Float32,
-        (cute.sym_int(), cute.sym_int(), seqlen_q),
-        stride=(cute.sym_int64(), cute.sym_int64(), 1),
-        assumed_align=4,
-    )
+    lse = fake_rows(seqlen_q)
+    scales = tuple(fake_rows(cute.sym_int()) for _ in range(3)) if config.fp8 else (None,) * 3
     # Any SM count will do: it only sizes the persistent grid at launch.
     scalars = (Float32(1.0), Float32(1.0), Int32(STATIC_SM_COUNT))
     binary = compile_cute_sm90(
-        kernel, q, k, v, o, lse, *scalars, make_fake_stream(), name=name, threads=kernel.threads_per_cta
+        kernel, q, k, v, o, lse, *scales, *scalars, make_fake_stream(), name=name, threads=kernel.threads_per_cta
     )
     return [binary]
 
@@ -970,6 +1040,7 @@ IMPLEMENTATION = Implementation(
     stack="cute",
     rung="hopper",
     prepare=prepare,
+    bind=bind,
     supports=supports,
     compile_sm90=compile_sm90,
     runs_on_cpu=False,

@@ -57,7 +57,7 @@ from cutlass import Float32, Int32, const_expr
 
 from common.capability import check_common
 from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner
+from common.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.static import compile_cute_sm90
 from common.validation import kernel_operand, validate_attention_inputs
 from cute_impl._host import CUTE_DTYPES, current_stream, fake_bhsd_tensor, to_cute_tensor
@@ -198,7 +198,7 @@ _COMPILED: dict[tuple[torch.dtype, int, bool], Any] = {}
 
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate, compile (cached), allocate S and O; the returned ``run()`` only launches."""
+    """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up."""
     checked = validate_attention_inputs(
         q,
         k,
@@ -208,16 +208,21 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem)
         dtypes=SUPPORTED_DTYPES,
         head_dims=SUPPORTED_HEAD_DIMS,
     )
+    return warmed_up(bind(q, k, v, checked), q.device)
+
+
+def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+    """Compile (cached), allocate S and O for validated q, k, v; the returned ``run()`` only launches."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     scores = torch.empty(
-        (checked.batch, checked.heads, checked.seqlen_q, checked.seqlen_k), dtype=torch.float32, device=q.device
+        (problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k), dtype=torch.float32, device=q.device
     )
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     mQ, mK, mV, mS, mO = (to_cute_tensor(t) for t in (q, k, v, scores, out))
-    softmax_scale_log2 = Float32(checked.scale * LOG2_E)
-    key = (checked.dtype, checked.head_dim, checked.causal)
+    softmax_scale_log2 = Float32(problem.scale * LOG2_E)
+    key = (problem.dtype, problem.head_dim, problem.causal)
     if key not in _COMPILED:
-        launcher = NaiveAttention(checked.head_dim, checked.causal)
+        launcher = NaiveAttention(problem.head_dim, problem.causal)
         _COMPILED[key] = cute.compile(launcher, mQ, mK, mV, mS, mO, softmax_scale_log2, current_stream(q.device))
     compiled = _COMPILED[key]
     device = q.device
@@ -276,6 +281,7 @@ IMPLEMENTATION = Implementation(
     stack="cute",
     rung="naive",
     prepare=prepare,
+    bind=bind,
     supports=supports,
     compile_sm90=compile_sm90,
     runs_on_cpu=False,

@@ -72,7 +72,7 @@ from cutlass import Float32, Int32, const_expr
 
 from common.capability import check_common
 from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner
+from common.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.static import compile_cute_sm90
 from common.validation import kernel_operand, validate_attention_inputs
 from cute_impl._host import CUTE_DTYPES, current_stream, fake_bhsd_tensor, to_cute_tensor
@@ -333,7 +333,7 @@ _COMPILED: dict[tuple[torch.dtype, int, bool], Any] = {}
 
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate, compile (cached), allocate O; the returned ``run()`` only launches."""
+    """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up."""
     checked = validate_attention_inputs(
         q,
         k,
@@ -343,14 +343,19 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem)
         dtypes=SUPPORTED_DTYPES,
         head_dims=SUPPORTED_HEAD_DIMS,
     )
+    return warmed_up(bind(q, k, v, checked), q.device)
+
+
+def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+    """Compile (cached), allocate O for validated q, k, v; the returned ``run()`` only launches."""
     # kernel_operand guarantees what head_view assumes: 16-byte aligned base and strides.
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     mQ, mK, mV, mO = (to_cute_tensor(t) for t in (q, k, v, out))
-    softmax_scale_log2 = Float32(checked.scale * LOG2_E)
-    key = (checked.dtype, checked.head_dim, checked.causal)
+    softmax_scale_log2 = Float32(problem.scale * LOG2_E)
+    key = (problem.dtype, problem.head_dim, problem.causal)
     if key not in _COMPILED:
-        launcher = OnlineAttention(checked.head_dim, checked.causal)
+        launcher = OnlineAttention(problem.head_dim, problem.causal)
         _COMPILED[key] = cute.compile(launcher, mQ, mK, mV, mO, softmax_scale_log2, current_stream(q.device))
     compiled = _COMPILED[key]
     device = q.device
@@ -401,6 +406,7 @@ IMPLEMENTATION = Implementation(
     stack="cute",
     rung="online",
     prepare=prepare,
+    bind=bind,
     supports=supports,
     compile_sm90=compile_sm90,
     runs_on_cpu=False,

@@ -92,7 +92,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cute.runtime import make_fake_stream
 
 from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner
+from common.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.static import compile_cute_sm90
 from common.validation import kernel_operand, validate_attention_inputs
 from cute_impl._device import (
@@ -511,14 +511,19 @@ def tile_config(problem: Problem) -> TileConfig:
 
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate, compile (cached), allocate O; the returned ``run()`` only launches."""
+    """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up."""
     checked = validate_attention_inputs(
         q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, head_dims=tuple(TILE_CONFIGS)
     )
+    return warmed_up(bind(q, k, v, checked), q.device)
+
+
+def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+    """Compile (cached), allocate O for validated q, k, v; the returned ``run()`` only launches."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
-    config = tile_config(checked)
+    config = tile_config(problem)
     return compiled_runner(
-        _COMPILED, (q.dtype, config), lambda: PipelinedAttentionKernel(config), q, k, v, checked.scale
+        _COMPILED, (q.dtype, config), lambda: PipelinedAttentionKernel(config), q, k, v, problem.scale
     )
 
 
@@ -553,6 +558,7 @@ IMPLEMENTATION = Implementation(
     stack="cute",
     rung="pipelined",
     prepare=prepare,
+    bind=bind,
     supports=supports,
     compile_sm90=compile_sm90,
     required_ptx=("mma.sync", "ldmatrix", "cp.async"),

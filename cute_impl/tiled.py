@@ -73,7 +73,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cute.runtime import make_fake_stream
 
 from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner
+from common.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.static import compile_cute_sm90
 from common.validation import kernel_operand, validate_attention_inputs
 from cute_impl._host import CUTE_DTYPES, compiled_runner, fake_operands
@@ -437,13 +437,18 @@ def tile_config(problem: Problem) -> TileConfig:
 
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate, compile (cached), allocate O; the returned ``run()`` only launches."""
+    """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up."""
     checked = validate_attention_inputs(
         q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, head_dims=HEAD_DIMS
     )
+    return warmed_up(bind(q, k, v, checked), q.device)
+
+
+def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+    """Compile (cached), allocate O for validated q, k, v; the returned ``run()`` only launches."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
-    config = tile_config(checked)
-    return compiled_runner(_COMPILED, (q.dtype, config), lambda: TiledAttentionKernel(config), q, k, v, checked.scale)
+    config = tile_config(problem)
+    return compiled_runner(_COMPILED, (q.dtype, config), lambda: TiledAttentionKernel(config), q, k, v, problem.scale)
 
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
@@ -476,6 +481,7 @@ IMPLEMENTATION = Implementation(
     stack="cute",
     rung="tiled",
     prepare=prepare,
+    bind=bind,
     supports=supports,
     compile_sm90=compile_sm90,
     required_ptx=("mma.sync", "cp.async"),

@@ -74,6 +74,7 @@ from common.metrics import FP8_RULE
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary
 from common.static import compile_triton_sm90
+from common.toolchain import release_configs
 from common.validation import kernel_operand
 from triton_impl.hopper import (
     LN_2,
@@ -105,11 +106,17 @@ FP8_CANDIDATES = tuple(
 )
 # One warpgroup per CTA and two CTAs per SM (e4m3 tiles leave room for both in shared memory):
 # the two CTAs run independently, so one's softmax overlaps the other's wgmmas (measured below).
-DEFAULT_CONFIGS = {
-    64: HopperConfig(64, 128, 4, 3, False),
-    128: HopperConfig(64, 128, 4, 3, False),
-    256: HopperConfig(64, 64, 4, 2, False),
-}
+# D=256 takes 8 warps: with 4, the fresh P V accumulator next to O needs 2 × 128 fp32 registers per
+# thread and spills (~350 B on Triton 3.6 and 3.9). Chosen under Triton 3.6; ``release_configs``
+# applies another release's spill-free replacements.
+DEFAULT_CONFIGS = release_configs(
+    "triton/fp8",
+    {
+        64: HopperConfig(64, 128, 4, 3, False),
+        128: HopperConfig(64, 128, 4, 3, False),
+        256: HopperConfig(64, 64, 8, 2, False),
+    },
+)
 INTERPRETER_CONFIG = HopperConfig(64, 32, 4, 1, False)
 
 

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner
+from common.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.static import compile_triton_sm90
 from common.validation import kernel_operand
 from triton_impl._host import ladder_supported, validate_triton_inputs
@@ -177,10 +177,15 @@ def _pv_kernel(
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate q, k, v (B, H, S, D), allocate S and O, and return ``run()`` launching the three kernels."""
+    """Validate q, k, v (B, H, S, D), bind them, and compile by one warm-up launch on a GPU."""
     checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS)
+    return warmed_up(bind(q, k, v, checked), q.device)
+
+
+def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+    """Allocate S and O for validated q, k, v and return ``run()`` launching the three kernels."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
-    batch, heads, seqlen_q, seqlen_k = checked.batch, checked.heads, checked.seqlen_q, checked.seqlen_k
+    batch, heads, seqlen_q, seqlen_k = problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k
     scores = torch.empty((batch * heads, seqlen_q, seqlen_k), dtype=torch.float32, device=q.device)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     scores_grid = (triton.cdiv(seqlen_q, SCORES_BLOCK_M), triton.cdiv(seqlen_k, SCORES_BLOCK_N), batch * heads)
@@ -191,8 +196,8 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: 
             q, k, scores,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
-            heads, seqlen_q, seqlen_k, checked.scale,
-            CAUSAL=checked.causal, HEAD_DIM=checked.head_dim,
+            heads, seqlen_q, seqlen_k, problem.scale,
+            CAUSAL=problem.causal, HEAD_DIM=problem.head_dim,
             BLOCK_M=SCORES_BLOCK_M, BLOCK_N=SCORES_BLOCK_N, BLOCK_D=SCORES_BLOCK_D,
             num_warps=NUM_WARPS,
         )  # fmt: skip
@@ -202,7 +207,7 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: 
             v.stride(0), v.stride(1), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2),
             heads, seqlen_q, seqlen_k,
-            HEAD_DIM=checked.head_dim, BLOCK_M=PV_BLOCK_M, BLOCK_N=PV_BLOCK_N,
+            HEAD_DIM=problem.head_dim, BLOCK_M=PV_BLOCK_M, BLOCK_N=PV_BLOCK_N,
             num_warps=NUM_WARPS,
         )  # fmt: skip
         return out
@@ -280,6 +285,7 @@ IMPLEMENTATION = Implementation(
     stack="triton",
     rung="naive",
     prepare=naive_attention,
+    bind=bind,
     supports=supports,
     compile_sm90=compile_sm90,
     runs_on_cpu=True,

@@ -67,8 +67,9 @@ import triton
 import triton.language as tl
 
 from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner
+from common.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.static import compile_triton_sm90
+from common.toolchain import release_configs
 from common.validation import kernel_operand
 from triton_impl._host import (
     POINTER_ALIGNED,
@@ -100,14 +101,20 @@ class TileConfig:
         return self.rows_rep * self.rows_lane
 
 
-# Per head dim; D=128 compiles for sm_90a with no spills (255 registers, two CTAs per SM) and was
-# the fastest of six spill-free tiles timed on the H200 (17.2 TFLOP/s; the table in the docstring).
-CONFIGS: dict[int, TileConfig] = {
-    32: TileConfig(4, 16, 16, 8, 4),
-    64: TileConfig(4, 16, 16, 16, 4),
-    128: TileConfig(4, 16, 16, 16, 4),
-    256: TileConfig(2, 16, 16, 16, 4),
-}
+# Per head dim, chosen under Triton 3.6; ``release_configs`` swaps in the tiles another Triton
+# release needs to stay spill-free (``common.toolchain``). D=128 compiles for sm_90a with no spills
+# (255 registers, two CTAs per SM) and was the fastest of six spill-free tiles timed on the H200
+# (17.2 TFLOP/s; the table in the docstring). D=64 sums Q Kᵀ over 8 columns of D per step: with 16,
+# Triton 3.6 spills 16 bytes in the causal build.
+CONFIGS: dict[int, TileConfig] = release_configs(
+    "triton/online",
+    {
+        32: TileConfig(4, 16, 16, 8, 4),
+        64: TileConfig(4, 16, 16, 8, 4),
+        128: TileConfig(4, 16, 16, 16, 4),
+        256: TileConfig(2, 16, 16, 16, 4),
+    },
+)
 HEAD_DIMS = tuple(CONFIGS)
 
 
@@ -205,14 +212,19 @@ def _constexprs(config: TileConfig) -> dict[str, int]:
 
 
 def online_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate q, k, v (B, H, S, D), allocate O, and return ``run()`` launching the fused kernel."""
+    """Validate q, k, v (B, H, S, D), bind them, and compile by one warm-up launch on a GPU."""
     checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS)
+    return warmed_up(bind(q, k, v, checked), q.device)
+
+
+def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+    """Allocate O for validated q, k, v and return ``run()`` launching the fused kernel."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    config = CONFIGS[checked.head_dim]
-    grid = (triton.cdiv(checked.seqlen_q, config.block_m), checked.batch * checked.heads)
-    args = pointer_arguments(q, k, v, out, checked)
-    constexprs = {"CAUSAL": checked.causal, "HEAD_DIM": checked.head_dim, **_constexprs(config)}
+    config = CONFIGS[problem.head_dim]
+    grid = (triton.cdiv(problem.seqlen_q, config.block_m), problem.batch * problem.heads)
+    args = pointer_arguments(q, k, v, out, problem)
+    constexprs = {"CAUSAL": problem.causal, "HEAD_DIM": problem.head_dim, **_constexprs(config)}
 
     def run() -> torch.Tensor:
         _online_kernel[grid](*args, **constexprs, num_warps=config.num_warps)
@@ -247,6 +259,7 @@ IMPLEMENTATION = Implementation(
     stack="triton",
     rung="online",
     prepare=online_attention,
+    bind=bind,
     supports=supports,
     compile_sm90=compile_sm90,
     runs_on_cpu=True,

@@ -49,8 +49,9 @@ import triton.language as tl
 
 from common.devices import triton_interpreting
 from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner
+from common.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.static import compile_triton_sm90
+from common.toolchain import release_configs
 from common.validation import kernel_operand
 from triton_impl._device import attend_key_blocks, key_block_range
 from triton_impl._host import (
@@ -81,16 +82,20 @@ class TileConfig:
 # takes the one shape whose K/V stages fit; neither was measured.
 _WIDE = TileConfig(128, 128, 8, 3)
 _NARROW = TileConfig(64, 64, 4, 3)
-DEFAULT_CONFIGS: dict[tuple[int, bool], TileConfig] = {
-    (32, False): _NARROW,
-    (32, True): _NARROW,
-    (64, False): _NARROW,
-    (64, True): _NARROW,
-    (128, False): _WIDE,
-    (128, True): _NARROW,
-    (256, False): TileConfig(64, 32, 4, 2),
-    (256, True): TileConfig(64, 32, 4, 2),
-}
+# Chosen under Triton 3.6; ``release_configs`` applies another release's spill-free replacements.
+DEFAULT_CONFIGS: dict[tuple[int, bool], TileConfig] = release_configs(
+    "triton/pipelined",
+    {
+        (32, False): _NARROW,
+        (32, True): _NARROW,
+        (64, False): _NARROW,
+        (64, True): _NARROW,
+        (128, False): _WIDE,
+        (128, True): _NARROW,
+        (256, False): TileConfig(64, 32, 4, 2),
+        (256, True): TileConfig(64, 32, 4, 2),
+    },
+)
 HEAD_DIMS = tuple(sorted({head_dim for head_dim, _ in DEFAULT_CONFIGS}))
 # What the autotuner times: tile shapes that map onto one or two warpgroups, two or three stages.
 CANDIDATES: tuple[TileConfig, ...] = tuple(
@@ -222,32 +227,47 @@ def tune(
     return sorted(timings, key=lambda timing: timing[1])
 
 
-def choose_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, problem: Problem) -> TileConfig:
-    """The fixed configuration under the interpreter and for canonical problems, else the tuned one."""
+def planned_config(problem: Problem, device: torch.device) -> TileConfig | None:
+    """The configuration of ``problem``: fixed under the interpreter and for canonical problems,
+    else the one tuned for its bucket (None until ``choose_config`` has tuned it)."""
     if triton_interpreting() or _is_canonical(problem):
         return DEFAULT_CONFIGS[problem.head_dim, problem.causal]
-    key = _tuning_key(problem, q.device)
-    if key not in _TUNED:
+    return _TUNED.get(_tuning_key(problem, device))
+
+
+def choose_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, problem: Problem) -> TileConfig:
+    """``planned_config``, autotuning on these tensors first where the bucket has no choice yet."""
+    config = planned_config(problem, q.device)
+    if config is None:
         timings = tune(q, k, v, out, problem)
         if not timings:
             raise ValueError(
                 f"no pipelined configuration fits the shared memory of {q.device} for {problem.describe()}"
             )
-        _TUNED[key] = timings[0][0]
-    return _TUNED[key]
+        config = _TUNED[_tuning_key(problem, q.device)] = timings[0][0]
+    return config
 
 
 def pipelined_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate q, k, v (B, H, S, D), choose the tiles (autotuning here, once), allocate O, and
-    return ``run()`` launching the pipelined kernel."""
+    """Validate q, k, v (B, H, S, D), choose the tiles (autotuning here, once per bucket), bind them,
+    and compile by one warm-up launch on a GPU."""
     checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS)
+    operands = [kernel_operand(t) for t in (q, k, v)]
+    choose_config(*operands, torch.empty_like(operands[0], memory_format=torch.contiguous_format), checked)
+    return warmed_up(bind(q, k, v, checked), q.device)
+
+
+def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+    """Allocate O for validated q, k, v and return ``run()`` launching the kernel with the planned tiles."""
+    config = planned_config(problem, q.device)
+    if config is None:
+        raise RuntimeError(f"triton/pipelined has not tuned {problem.describe()} yet: prepare it before binding")
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    config = choose_config(q, k, v, out, checked)
-    args = pointer_arguments(q, k, v, out, checked)
+    args = pointer_arguments(q, k, v, out, problem)
 
     def run() -> torch.Tensor:
-        _launch(config, args, checked)
+        _launch(config, args, problem)
         return out
 
     return run
@@ -298,6 +318,7 @@ IMPLEMENTATION = Implementation(
     stack="triton",
     rung="pipelined",
     prepare=pipelined_attention,
+    bind=bind,
     supports=supports,
     compile_sm90=compile_sm90,
     runs_on_cpu=True,

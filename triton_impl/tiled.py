@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner
+from common.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.static import compile_triton_sm90
 from common.validation import kernel_operand
 from triton_impl._host import (
@@ -130,14 +130,19 @@ def _tiled_kernel(
 
 
 def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate q, k, v (B, H, S, D), allocate O, and return ``run()`` launching the FA2 kernel."""
+    """Validate q, k, v (B, H, S, D), bind them, and compile by one warm-up launch on a GPU."""
     checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS)
+    return warmed_up(bind(q, k, v, checked), q.device)
+
+
+def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+    """Allocate O for validated q, k, v and return ``run()`` launching the FA2 kernel."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    block_m, block_n, num_warps = BLOCKS[checked.head_dim]
-    grid = (triton.cdiv(checked.seqlen_q, block_m), checked.batch * checked.heads)
-    args = pointer_arguments(q, k, v, out, checked)
-    constexprs = {"CAUSAL": checked.causal, "HEAD_DIM": checked.head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n}
+    block_m, block_n, num_warps = BLOCKS[problem.head_dim]
+    grid = (triton.cdiv(problem.seqlen_q, block_m), problem.batch * problem.heads)
+    args = pointer_arguments(q, k, v, out, problem)
+    constexprs = {"CAUSAL": problem.causal, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n}
 
     def run() -> torch.Tensor:
         _tiled_kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=NUM_STAGES)
@@ -172,6 +177,7 @@ IMPLEMENTATION = Implementation(
     stack="triton",
     rung="tiled",
     prepare=tiled_attention,
+    bind=bind,
     supports=supports,
     compile_sm90=compile_sm90,
     runs_on_cpu=True,

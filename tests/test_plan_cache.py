@@ -1,0 +1,221 @@
+"""``common.attention``'s plan cache: prepare once per signature, bind and launch on every later call.
+
+Counting wrappers around each implementation's ``prepare`` and ``bind`` (and the ``run`` they return)
+show what a call does: a second call with new tensors of the same signature must not prepare
+(compile, tune, warm up) again, only bind and launch once. Run on CPU under the Triton interpreter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import pytest
+import torch
+
+import common.api as api
+from common import attention, clear_plan_cache, plan_cache_info
+from common.inputs import make_inputs
+from common.problem import Problem
+from common.registry import BASELINE_STACKS, Implementation, discover, get, warmed_up
+
+IMPLEMENTATIONS, _ = discover()
+CPU_IMPLS = [impl.name for impl in IMPLEMENTATIONS if impl.runs_on_cpu]
+# Small, ragged (S=48 is not a multiple of any tile), a head dim every CPU rung supports, fp32 (the
+# interpreter's exact dtype).
+PROBLEM = Problem(batch=1, heads=2, seqlen_q=48, seqlen_k=48, head_dim=64, dtype=torch.float32)
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts from an empty cache of the default size."""
+    monkeypatch.setattr(api, "_PLANS", api.PlanCache())
+
+
+def counted(impl_name: str, calls: Counter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``attention`` see ``impl_name`` with prepare, bind and their runs counted in ``calls``."""
+    impl = get(impl_name)
+
+    def counting(kind: str, make):
+        def wrapper(*args):
+            calls[kind] += 1
+            run = make(*args)
+
+            def counted_run():
+                calls[f"{kind} run"] += 1
+                return run()
+
+            return counted_run
+
+        return wrapper
+
+    wrapped = dataclasses.replace(
+        impl,
+        prepare=counting("prepare", impl.prepare),
+        bind=impl.bind and counting("bind", impl.bind),
+    )
+    monkeypatch.setattr(api, "get", lambda name: wrapped if name == impl_name else get(name))
+
+
+def inputs(problem: Problem = PROBLEM, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return make_inputs(problem, seed=seed, device="cpu")
+
+
+@pytest.mark.parametrize("impl_name", [impl.name for impl in IMPLEMENTATIONS])
+def test_every_implementation_has_bind(impl_name: str) -> None:
+    """The plan cache needs bind; without it attention() re-prepares (and warms up) at every call."""
+    impl = get(impl_name)
+    assert impl.bind is not None, f"{impl_name} has no bind: common.attention re-prepares it on every call"
+
+
+@pytest.mark.parametrize("impl_name", CPU_IMPLS)
+def test_second_call_binds_without_preparing(impl_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: Counter = Counter()
+    counted(impl_name, calls, monkeypatch)
+    first = attention(*inputs(seed=0), impl=impl_name)
+    assert calls == Counter({"prepare": 1, "prepare run": 1})
+    q, k, v = inputs(seed=1)
+    second = attention(q, k, v, impl=impl_name)
+    assert calls == Counter({"prepare": 1, "prepare run": 1, "bind": 1, "bind run": 1}), (
+        f"a second call of the same signature must bind and launch once, not prepare: {dict(calls)}"
+    )
+    assert plan_cache_info() == api.PlanCacheInfo(hits=1, misses=1, size=1, max_size=api.PLAN_CACHE_SIZE)
+    # The new tensors' answer, bit for bit the prepared launch's on the same tensors.
+    expected = get(impl_name).prepare(q, k, v, PROBLEM)()
+    assert torch.equal(second, expected)
+    assert not torch.equal(first, second)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"seqlen_q": 40, "seqlen_k": 40},
+        {"batch": 2},
+        {"dtype": torch.float16},
+        {"causal": True},
+        {"softmax_scale": 0.25},
+    ],
+    ids=lambda change: ",".join(change),
+)
+def test_a_different_signature_builds_a_new_plan(change: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: Counter = Counter()
+    counted("triton/online", calls, monkeypatch)
+    problem = PROBLEM.with_(**change)
+    attention(*inputs(), impl="triton/online")
+    q, k, v = inputs(problem)
+    out = attention(q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, impl="triton/online")
+    assert calls["prepare"] == 2 and calls["bind"] == 0
+    assert plan_cache_info().size == 2
+    assert torch.equal(out, get("triton/online").prepare(q, k, v, problem)())
+
+
+def test_strides_and_alignment_are_part_of_the_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: Counter = Counter()
+    counted("triton/online", calls, monkeypatch)
+    q, k, v = inputs()
+    attention(q, k, v, impl="triton/online")
+    # Same shape, another layout: (B, S, H, D) memory viewed as (B, H, S, D).
+    strided = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    out = attention(*strided, impl="triton/online")
+    # Same shape and strides, a base 4 bytes off 16-byte alignment.
+    misaligned = [torch.empty(t.numel() + 1)[1:].view_as(t).copy_(t) for t in (q, k, v)]
+    misaligned_out = attention(*misaligned, impl="triton/online")
+    assert calls["prepare"] == 3 and calls["bind"] == 0
+    torch.testing.assert_close(out, misaligned_out, rtol=0, atol=0)
+
+
+def test_the_cache_is_bounded_least_recently_used_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(api, "_PLANS", api.PlanCache(max_size=2))
+    calls: Counter = Counter()
+    counted("triton/online", calls, monkeypatch)
+    small = [PROBLEM.with_(seqlen_q=s, seqlen_k=s) for s in (16, 24, 32)]
+    for problem in small:
+        attention(*inputs(problem), impl="triton/online")
+    assert plan_cache_info().size == 2 and calls["prepare"] == 3
+    attention(*inputs(small[2]), impl="triton/online")  # still cached
+    attention(*inputs(small[0]), impl="triton/online")  # evicted first, prepared again
+    assert calls["prepare"] == 4 and calls["bind"] == 1
+    assert plan_cache_info().size == 2
+
+
+def test_clear_plan_cache_forgets_plans_and_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: Counter = Counter()
+    counted("triton/online", calls, monkeypatch)
+    attention(*inputs(), impl="triton/online")
+    attention(*inputs(seed=1), impl="triton/online")
+    clear_plan_cache()
+    assert plan_cache_info() == api.PlanCacheInfo(hits=0, misses=0, size=0, max_size=api.PLAN_CACHE_SIZE)
+    attention(*inputs(seed=2), impl="triton/online")
+    assert calls["prepare"] == 2
+
+
+def test_a_toolchain_change_misses(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: Counter = Counter()
+    counted("triton/online", calls, monkeypatch)
+    attention(*inputs(), impl="triton/online")
+    monkeypatch.setattr(api, "toolchain_versions", lambda: ("another triton", "another cutlass"))
+    attention(*inputs(seed=1), impl="triton/online")
+    assert calls["prepare"] == 2
+
+
+def test_validation_still_runs_for_arguments_a_plan_was_not_made_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    q, k, v = inputs()
+    attention(q, k, v, causal=True, impl="triton/online")
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        attention(q, k, v, causal=1, impl="triton/online")
+    attention(q, k, v, softmax_scale=1.0, impl="triton/online")
+    with pytest.raises(TypeError, match="softmax_scale must be a float"):
+        attention(q, k, v, softmax_scale=True, impl="triton/online")
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        attention(q.numpy(), k, v, impl="triton/online")
+    with pytest.raises(ValueError, match="unknown implementation"):
+        attention(q, k, v, impl="triton/nonexistent")
+
+
+def test_a_failed_prepare_leaves_no_plan() -> None:
+    q, k, v = inputs(PROBLEM.with_(head_dim=48))
+    with pytest.raises(ValueError, match="cannot run"):
+        attention(q, k, v, impl="triton/online")
+    assert plan_cache_info().size == 0
+
+
+def test_tensors_that_require_grad_are_refused_as_forward_only() -> None:
+    q, k, v = inputs()
+    q.requires_grad_(True)
+    with pytest.raises(NotImplementedError, match="forward-only"):
+        attention(q, k, v, impl="triton/online")
+    with torch.no_grad():
+        out = attention(q, k, v, impl="triton/online")
+    assert not out.requires_grad
+
+
+def test_without_bind_every_call_prepares(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rung that has no bind yet is still correct through attention(), at prepare's cost."""
+    calls: Counter = Counter()
+    counted("triton/online", calls, monkeypatch)
+    wrapped = dataclasses.replace(api.get("triton/online"), bind=None)
+    monkeypatch.setattr(api, "get", lambda name: wrapped)
+    attention(*inputs(), impl="triton/online")
+    q, k, v = inputs(seed=1)
+    out = attention(q, k, v, impl="triton/online")
+    assert calls["prepare"] == 2
+    assert torch.equal(out, get("triton/online").prepare(q, k, v, PROBLEM)())
+
+
+def test_warmed_up_launches_once_on_a_gpu_only() -> None:
+    launches = Counter()
+
+    def run() -> torch.Tensor:
+        launches["run"] += 1
+        return torch.zeros(1)
+
+    assert warmed_up(run, torch.device("cpu")) is run and launches["run"] == 0
+    warmed_up(run, torch.device("cuda"))
+    assert launches["run"] == 1
+
+
+def test_baseline_stacks_are_registered() -> None:
+    stacks = {impl.stack for impl in IMPLEMENTATIONS}
+    assert set(BASELINE_STACKS) <= stacks
+    with pytest.raises(ValueError, match="rung must be one of"):
+        Implementation("x/y", "triton", "sm90", prepare=get("triton/online").prepare, supports=lambda p, d: (True, ""))
