@@ -1,0 +1,374 @@
+"""Device code shared by the Gluon rungs: the warp-specialised Hopper attention kernel and its parts.
+
+The kernel is one CTA per BLOCK_M query rows of one (batch, head), split by ``gl.warp_specialize``
+into two partitions that talk only through shared memory and mbarriers:
+
+* ``_load_partition`` (1 warp, ``LOAD_REGISTERS`` registers per thread): issues the TMA copy of the
+  Q tile once, then K and V tiles into two rings of ``NUM_STAGES`` slots. Each slot has a ready
+  barrier (``k_ready``/``v_ready``, completed by the TMA byte count) and an empty barrier
+  (``k_empty``/``v_empty``, arrived by the consumers once the wgmma reading it has retired). K_n's
+  slot frees one step before V_n's, so the next K copy is issued a whole step before it is needed.
+* ``_softmax_partition`` (the default partition: ``num_warps`` = 8, two warpgroups of 64 rows each,
+  the registers the load warp gave up): S = Q Kᵀ and O += P V by ``warpgroup_mma``, the online
+  softmax in registers, then the epilogue (O through shared memory and a TMA store, LSE by pointer).
+
+Its KV loop is software-pipelined by hand (FA3's intra-warpgroup overlap): step n issues
+S_n = Q K_nᵀ, then O += P_(n-1) V_(n-1), waits only for S_n (``warpgroup_mma_wait(1)``) and runs
+the softmax of S_n while the P V wgmma still runs on the tensor cores.
+
+Block ranges: [0, n_block_max) blocks are visited; blocks before ``n_unmasked`` are seen in full by
+every row of the tile and skip the mask; the causal diagonal and the ragged last block are masked.
+Block 0 is peeled (it starts the pipeline) and always masked, which costs one masked block per tile.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+# Natural log of 2 (lse = log2-domain lse · ln 2), read inside the kernel.
+LN_2 = gl.constexpr(0.6931471805599453)
+# The load partition's register budget per thread (setmaxnreg): it holds only scalars.
+LOAD_REGISTERS = gl.constexpr(24)
+LOAD_WARPS = gl.constexpr(1)
+
+# Triton 3.9 renamed the TMA copies (async_copy_global_to_shared -> async_load,
+# async_copy_shared_to_global -> async_store); the old names still exist there but raise.
+if hasattr(tma, "async_load"):
+    _tma_load = tma.async_load
+    _tma_store = tma.async_store
+else:
+    _tma_load = tma.async_copy_global_to_shared
+    _tma_store = tma.async_copy_shared_to_global
+# and gl.thread_barrier -> gl.barrier (a bar.sync over the warps of the calling partition).
+_partition_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+
+
+@gluon.jit
+def _as_box(tile):
+    """A (rows, D) shared tile seen as the descriptors' (1, 1, rows, D) box of one (batch, head)."""
+    return tile.reshape([1, 1, tile.shape[0], tile.shape[1]])
+
+
+# ----------------------------------------------------------------------------------------------
+# Block ranges
+# ----------------------------------------------------------------------------------------------
+@gluon.jit
+def _block_range(start_m, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """(n_unmasked, n_block_max): blocks [0, n_unmasked) need no mask, [n_unmasked, n_block_max) do."""
+    n_full = seqlen_k // BLOCK_N
+    if CAUSAL:
+        # Block n is unmasked for every row when its last key (n + 1) · BLOCK_N - 1 <= start_m.
+        n_unmasked = gl.minimum((start_m + 1) // BLOCK_N, n_full)
+        n_block_max = (gl.minimum(start_m + BLOCK_M, seqlen_k) + BLOCK_N - 1) // BLOCK_N
+    else:
+        n_unmasked = n_full
+        n_block_max = (seqlen_k + BLOCK_N - 1) // BLOCK_N
+    return n_unmasked, n_block_max
+
+
+# ----------------------------------------------------------------------------------------------
+# Load partition: one warp issuing TMA copies
+# ----------------------------------------------------------------------------------------------
+@gluon.jit
+def _load_partition(descs, smem, barriers, coords, NUM_STAGES: gl.constexpr):
+    desc_q, desc_k, desc_v, _ = descs
+    q_smem, k_ring, v_ring = smem
+    q_ready, k_ready, v_ready, k_empty, v_empty = barriers
+    batch, head, start_m, n_block_max = coords
+    BLOCK_N: gl.constexpr = k_ring.shape[1]
+
+    mbarrier.expect(q_ready, desc_q.block_type.nbytes)
+    _tma_load(desc_q, [batch, head, start_m, 0], q_ready, _as_box(q_smem))
+    for n_block in range(n_block_max):
+        stage = n_block % NUM_STAGES
+        # A fresh mbarrier counts as having completed the phase before phase 0: the first lap waits on
+        # phase 1 and passes at once.
+        empty_phase = ((n_block // NUM_STAGES) & 1) ^ 1
+        start_n = n_block * BLOCK_N
+        mbarrier.wait(k_empty.index(stage), empty_phase)
+        mbarrier.expect(k_ready.index(stage), desc_k.block_type.nbytes)
+        _tma_load(desc_k, [batch, head, start_n, 0], k_ready.index(stage), _as_box(k_ring.index(stage)))
+        mbarrier.wait(v_empty.index(stage), empty_phase)
+        mbarrier.expect(v_ready.index(stage), desc_v.block_type.nbytes)
+        _tma_load(desc_v, [batch, head, start_n, 0], v_ready.index(stage), _as_box(v_ring.index(stage)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Softmax partition: wgmma, online softmax, epilogue
+# ----------------------------------------------------------------------------------------------
+@gluon.jit
+def _online_softmax(
+    S, row_max, row_sum, offs_m, start_n, seqlen_k, softmax_scale_log2, MASKED: gl.constexpr, CAUSAL: gl.constexpr
+):
+    """(mask), row_max_new, P = exp2(S · scale - row_max_new), alpha = exp2(row_max - row_max_new)."""
+    BLOCK_N: gl.constexpr = S.shape[1]
+    if MASKED:
+        # Scale before masking: -inf · 0 would be NaN for softmax_scale = 0.
+        S = S * softmax_scale_log2
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S.type.layout))
+        visible = offs_n[None, :] < seqlen_k
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= offs_m[:, None])
+        S = gl.where(visible, S, float("-inf"))
+        row_max_new = gl.maximum(row_max, gl.max(S, 1))
+        # Guard: a row with no visible key so far subtracts 0, so exp2(-inf) = 0 and not NaN.
+        row_max_base = gl.where(row_max_new == float("-inf"), 0.0, row_max_new)
+        P = gl.exp2(S - row_max_base[:, None])
+    else:
+        row_max_new = gl.maximum(row_max, gl.max(S, 1) * softmax_scale_log2)
+        row_max_base = row_max_new
+        P = gl.exp2(S * softmax_scale_log2 - row_max_base[:, None])
+    alpha = gl.exp2(row_max - row_max_base)
+    row_sum = row_sum * alpha + gl.sum(P, 1)
+    return P, alpha, row_max_new, row_sum
+
+
+@gluon.jit
+def _issue_scores(q_smem, k_ring, k_ready, n_block, s_layout: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """Wait for K_n, then issue S_n = Q K_nᵀ asynchronously (a wgmma token, not yet a tensor)."""
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_ring.shape[1]
+    stage = n_block % NUM_STAGES
+    mbarrier.wait(k_ready.index(stage), (n_block // NUM_STAGES) & 1)
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    k_t = k_ring.index(stage).permute((1, 0))
+    return warpgroup_mma(q_smem, k_t, zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _issue_pv(acc, P, v_ring, v_ready, n_block, NUM_STAGES: gl.constexpr):
+    """Wait for V_n, then issue O += P V_n asynchronously with P from registers."""
+    stage = n_block % NUM_STAGES
+    mbarrier.wait(v_ready.index(stage), (n_block // NUM_STAGES) & 1)
+    return warpgroup_mma(P, v_ring.index(stage), acc, is_async=True)
+
+
+@gluon.jit
+def _release(k_empty, v_empty, n_block, NUM_STAGES: gl.constexpr):
+    """Hand K_n's and V_(n-1)'s slots back to the load warp (both wgmmas on them have retired).
+
+    Gluon lowers an arrive to one thread of the partition after a barrier over the partition's
+    warps, so the slot is free only once both warpgroups have passed their ``warpgroup_mma_wait``."""
+    mbarrier.arrive(k_empty.index(n_block % NUM_STAGES), count=1)
+    mbarrier.arrive(v_empty.index((n_block - 1) % NUM_STAGES), count=1)
+
+
+@gluon.jit
+def _pipelined_step(
+    carry,
+    smem,
+    barriers,
+    n_block,
+    offs_m,
+    seqlen_k,
+    softmax_scale_log2,
+    s_layout: gl.constexpr,
+    p_layout: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    MASKED: gl.constexpr,
+    CAUSAL: gl.constexpr,
+):
+    """Issue S_n, issue O += P_(n-1) V_(n-1), softmax of S_n under that wgmma, free slot n-1."""
+    acc, P, alpha, row_max, row_sum = carry
+    q_smem, k_ring, v_ring = smem
+    _, k_ready, v_ready, k_empty, v_empty = barriers
+    BLOCK_N: gl.constexpr = k_ring.shape[1]
+
+    s_token = _issue_scores(q_smem, k_ring, k_ready, n_block, s_layout, NUM_STAGES)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+    acc_token = _issue_pv(acc, P, v_ring, v_ready, n_block - 1, NUM_STAGES)
+    # wgmmas retire in order: waiting until one is in flight retires S_n, leaves P V running.
+    S = warpgroup_mma_wait(1, deps=[s_token])
+    P_f32, alpha, row_max, row_sum = _online_softmax(
+        S, row_max, row_sum, offs_m, n_block * BLOCK_N, seqlen_k, softmax_scale_log2, MASKED, CAUSAL
+    )
+    P = gl.convert_layout(P_f32.to(v_ring.dtype), p_layout)
+    acc = warpgroup_mma_wait(0, deps=[acc_token])
+    _release(k_empty, v_empty, n_block, NUM_STAGES)
+    return acc, P, alpha, row_max, row_sum
+
+
+@gluon.jit
+def _softmax_partition(
+    descs,
+    smem,
+    barriers,
+    coords,
+    LSE,
+    seqlen_q,
+    seqlen_k,
+    softmax_scale_log2,
+    s_layout: gl.constexpr,
+    o_layout: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr,
+):
+    desc_o = descs[3]
+    q_smem, k_ring, v_ring = smem
+    q_ready, k_ready, v_ready, k_empty, _ = barriers
+    batch, head, start_m, n_block_max, n_unmasked, batch_head = coords
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    HEAD_DIM: gl.constexpr = q_smem.shape[1]
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
+
+    # Block 0 starts the pipeline: its S and softmax run before the loop (masked: it may be ragged
+    # or on the causal diagonal).
+    mbarrier.wait(q_ready, 0)
+    row_max = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
+    row_sum = gl.zeros([BLOCK_M], gl.float32, row_layout)
+    s_token = _issue_scores(q_smem, k_ring, k_ready, 0, s_layout, NUM_STAGES)
+    S = warpgroup_mma_wait(0, deps=[s_token])
+    mbarrier.arrive(k_empty.index(0), count=1)
+    P_f32, alpha, row_max, row_sum = _online_softmax(
+        S, row_max, row_sum, offs_m, 0, seqlen_k, softmax_scale_log2, True, CAUSAL
+    )
+    P = gl.convert_layout(P_f32.to(v_ring.dtype), p_layout)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    carry = (acc, P, alpha, row_max, row_sum)
+
+    # Blocks every row sees in full, then the causal diagonal and the ragged last block.
+    for n_block in range(1, n_unmasked):
+        carry = _pipelined_step(
+            carry,
+            smem,
+            barriers,
+            n_block,
+            offs_m,
+            seqlen_k,
+            softmax_scale_log2,
+            s_layout,
+            p_layout,
+            NUM_STAGES,
+            False,
+            CAUSAL,
+        )
+    for n_block in range(gl.maximum(n_unmasked, 1), n_block_max):
+        carry = _pipelined_step(
+            carry,
+            smem,
+            barriers,
+            n_block,
+            offs_m,
+            seqlen_k,
+            softmax_scale_log2,
+            s_layout,
+            p_layout,
+            NUM_STAGES,
+            True,
+            CAUSAL,
+        )
+
+    # The last block's P V, then normalise.
+    acc, P, alpha, row_max, row_sum = carry
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    acc_token = _issue_pv(acc, P, v_ring, v_ready, n_block_max - 1, NUM_STAGES)
+    acc = warpgroup_mma_wait(0, deps=[acc_token])
+
+    # A row that saw no key (only rows past Sq) writes 0 and lse = -inf.
+    has_keys = row_sum > 0.0
+    inv_sum = gl.where(has_keys, 1.0 / row_sum, 0.0)
+    out = acc * gl.convert_layout(inv_sum, gl.SliceLayout(1, o_layout))[:, None]
+    lse = gl.where(has_keys, (row_max + gl.log2(row_sum)) * LN_2, float("-inf"))
+    gl.store(LSE + batch_head.to(gl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
+
+    # O through shared memory (the Q tile's buffer, free now) and one TMA store; rows past Sq are
+    # clipped by the descriptor's per-(batch, head) bounds.
+    _partition_barrier()
+    q_smem.store(out.to(desc_o.dtype))
+    fence_async_shared()
+    _partition_barrier()
+    _tma_store(desc_o, [batch, head, start_m, 0], _as_box(q_smem))
+    tma.store_wait(0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel: allocate shared memory and barriers, fork the partitions
+# ----------------------------------------------------------------------------------------------
+@gluon.jit
+def attention_kernel(
+    desc_q,
+    desc_k,
+    desc_v,
+    desc_o,
+    LSE,
+    heads,
+    seqlen_q,
+    seqlen_k,
+    softmax_scale_log2,
+    NUM_STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    BLOCK_M: gl.constexpr = desc_q.block_type.shape[2]
+    BLOCK_N: gl.constexpr = desc_k.block_type.shape[2]
+    HEAD_DIM: gl.constexpr = desc_q.block_type.shape[3]
+    dtype: gl.constexpr = desc_q.dtype
+    # Each warp owns 16 rows of S and O: num_warps // 4 warpgroups split BLOCK_M, each issuing m64 wgmmas.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+
+    # Causal tiles near the bottom do the most work: launching them first shortens the tail.
+    m_block = gl.num_programs(0) - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)
+    batch_head = gl.program_id(1)
+    batch = batch_head // heads
+    head = batch_head % heads
+    start_m = m_block * BLOCK_M
+    n_unmasked, n_block_max = _block_range(start_m, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], tile_layout)
+    k_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
+    v_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    for stage in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(stage), count=1)
+        mbarrier.init(v_ready.index(stage), count=1)
+        mbarrier.init(k_empty.index(stage), count=1)
+        mbarrier.init(v_empty.index(stage), count=1)
+
+    descs = (desc_q, desc_k, desc_v, desc_o)
+    smem = (q_smem, k_ring, v_ring)
+    barriers = (q_ready, k_ready, v_ready, k_empty, v_empty)
+    gl.warp_specialize(
+        [
+            (
+                _softmax_partition,
+                (
+                    descs,
+                    smem,
+                    barriers,
+                    (batch, head, start_m, n_block_max, n_unmasked, batch_head),
+                    LSE,
+                    seqlen_q,
+                    seqlen_k,
+                    softmax_scale_log2,
+                    s_layout,
+                    o_layout,
+                    NUM_STAGES,
+                    CAUSAL,
+                ),
+            ),
+            (_load_partition, (descs, smem, barriers, (batch, head, start_m, n_block_max), NUM_STAGES)),
+        ],
+        [LOAD_WARPS],
+        [LOAD_REGISTERS],
+    )

@@ -1,0 +1,247 @@
+"""Gluon rung ``hopper``: Triton's explicit dialect, warp-specialised by hand (counterparts:
+``triton_impl/hopper.py``, ``cute_impl/hopper.py``; device code in ``triton_impl/gluon/_device.py``).
+
+What it adds over ``triton/hopper``: the same algorithm (TMA tiles, wgmma from shared memory, online
+softmax with exp2 and the folded scale, causal block skipping) with every decision that Triton's
+compiler makes for ``triton/hopper`` written out. A producer warp issues the TMA copies into a K/V
+ring guarded by mbarriers; the two consumer warpgroups own the 128-row query tile (64 rows each)
+and only compute. On sm_90 Triton 3.6's automatic ``warp_specialize`` takes one consumer warpgroup
+only (``triton_impl/hopper.py`` measures it at half speed); Gluon's ``gl.warp_specialize`` takes any
+partitioning, with a register budget per partition (``setmaxnreg``: 24 for the load warp, 240 for
+the consumers).
+
+The three stacks side by side (what Triton decides / what Gluon makes you write / what CuTe makes
+you write):
+  * TMA: ``desc.load`` in ``_attention_step``, Triton builds the copies and their barriers /
+    ``_load_partition`` calls ``tma.async_load`` into a ring slot with ``mbarrier.expect`` /
+    ``cute_impl/hopper.py`` builds TMA atoms and partitions (``cpasync.tma_partition``).
+  * Barriers: Triton's pipeliner allocates and phases them / ``k_ready``, ``v_ready``, ``kv_empty``
+    allocated, initialised and phased by name in ``attention_kernel`` and ``_load_partition`` /
+    ``PipelineTmaAsync`` objects in ``cute_impl/hopper.py``.
+  * Warpgroup MMA: ``tl.dot`` with layouts and wait depths chosen by the compiler /
+    ``warpgroup_mma(..., is_async=True)`` and ``warpgroup_mma_wait(n, deps)`` in ``_pipelined_step`` /
+    ``cute.gemm`` on tiled-MMA fragments with explicit ``warpgroup.wait_group``.
+  * Warp specialisation: ``tl.range(warp_specialize=True)`` (one consumer warpgroup on sm_90) /
+    ``gl.warp_specialize`` with one function per partition / a ``warp_idx`` branch per role.
+  * Register budgets: chosen by the compiler / ``LOAD_REGISTERS`` and the kernel's ``maxnreg`` /
+    ``setmaxnreg`` calls (``warpgroup_reg_alloc`` / ``dealloc``) per role.
+  * Layouts: inferred / ``NVMMADistributedLayout`` for S and O, ``DotOperandLayout`` for P in
+    registers, ``NVMMASharedLayout`` for tiles / tiled MMAs, ``make_smem_layout`` and swizzles.
+
+Algorithm (``attention_kernel``: one CTA per 128 query rows of one (batch, head)):
+  1. Load warp: TMA Q once; for each key block, wait until its ring slot is empty, then TMA K and
+     V into it, each completing its own ready barrier (S = Q Kᵀ can start before V lands).
+  2. Consumers, block 0: S = Q K₀ᵀ, masked online softmax, P in registers (bf16/fp16).
+  3. Consumers, block n ≥ 1 (``_pipelined_step``): issue S_n = Q K_nᵀ, rescale O by the previous
+     alpha and issue O += P_(n-1) V_(n-1) (P from registers), wait for S_n only, online softmax of
+     S_n (unmasked blocks first, then the causal diagonal and ragged last block with the mask)
+     while that P V runs, then wait for it and release slot n-1 to the load warp.
+  4. The last P V; O /= row_sum through shared memory (Q's buffer) and one TMA store; lse to an
+     fp32 (B, H, Sq) buffer.
+
+Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` on 4-D descriptors over (B, H, S, D) with a
+(1, 1, rows, D) box, so each (batch, head) has its own bounds (a ragged tail reads zeros and the O
+store clips rows past Sq); SMEM → tensor cores by ``wgmma.mma_async``; O registers → SMEM → HBM by
+a TMA store.
+
+Constraints: fp16 and bf16; D ∈ {64, 128}; any Sq, Sk ≥ 1, Sq ≠ Sk; causal (top-left) or not;
+softmax_scale ≥ 0; exactly sm_90 (``warpgroup_mma`` is Hopper's instruction); Triton 3.6 or 3.9
+(the TMA and barrier names differ between them, ``_device.py`` picks the one present). There is no
+interpreter path: Gluon kernels compile only for a GPU target.
+Not done: lazy O rescaling, ping-pong scheduling of the two warpgroups, a persistent scheduler
+(``docs/perf-log.md`` has the measurements).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.runtime.jit import mangle_type
+
+from common.problem import Problem
+from common.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.static import SM90_CAPABILITY, WARP_SIZE
+from common.validation import kernel_operand, validate_attention_inputs
+from triton_impl._host import LOG2_E
+from triton_impl.gluon._device import LOAD_WARPS, attention_kernel
+
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+HOPPER_CAPABILITY = (9, 0)
+# Registers per thread of the whole CTA: 65536 / (8 consumer + 4 load-warpgroup warps) / 32, rounded
+# down to a multiple of 8; setmaxnreg then moves the load warpgroup's share to the consumers.
+CTA_REGISTERS = 65536
+GLUON_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    """Tile sizes, ring depth and consumer warps; every field changes the generated code."""
+
+    block_m: int
+    block_n: int
+    num_stages: int
+    num_warps: int = 8
+
+    @property
+    def maxnreg(self) -> int:
+        # The load partition's warp is padded to a whole warpgroup.
+        warps = self.num_warps + 4 * ((LOAD_WARPS + 3) // 4)
+        return CTA_REGISTERS // (warps * WARP_SIZE) // 8 * 8
+
+
+DEFAULT_CONFIGS = {64: GluonConfig(128, 128, 3), 128: GluonConfig(128, 128, 2)}
+
+
+def _descriptor(tensor: torch.Tensor, box_rows: int, dtype: gl.dtype) -> TensorDescriptor:
+    """A 4-D TMA descriptor over (B, H, rows, D): one (batch, head) box of box_rows × D per copy."""
+    box = [1, 1, box_rows, tensor.shape[-1]]
+    layout = gl.NVMMASharedLayout.get_default_for(box, dtype)
+    return TensorDescriptor(tensor, list(tensor.shape), list(tensor.stride()), box, layout)
+
+
+class GluonAttention:
+    """Prepared launch: descriptors, O and lse built once; calling it launches and returns O."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, config: GluonConfig):
+        batch, heads, seqlen_q, _ = q.shape
+        dtype = GLUON_DTYPES[q.dtype]
+        self.out = torch.empty_like(q)
+        self.lse = torch.empty((batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
+        self._args = (
+            _descriptor(q, config.block_m, dtype),
+            _descriptor(k, config.block_n, dtype),
+            _descriptor(v, config.block_n, dtype),
+            _descriptor(self.out, config.block_m, dtype),
+            self.lse,
+            heads,
+            seqlen_q,
+            problem.seqlen_k,
+            problem.scale * LOG2_E,
+        )
+        self._options = {
+            "NUM_STAGES": config.num_stages,
+            "CAUSAL": problem.causal,
+            "num_warps": config.num_warps,
+            "maxnreg": config.maxnreg,
+        }
+        self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
+
+    def __call__(self) -> torch.Tensor:
+        attention_kernel[self._grid](*self._args, **self._options)
+        return self.out
+
+
+def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Problem:
+    checked = validate_attention_inputs(
+        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, dtypes=DTYPES, head_dims=HEAD_DIMS
+    )
+    if checked.scale < 0:
+        raise ValueError(f"softmax_scale must be >= 0 for gluon/hopper, got {checked.scale}")
+    return checked
+
+
+def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> GluonAttention:
+    """Descriptors, O and lse for validated q, k, v at the default configuration; no launch."""
+    q, k, v = (kernel_operand(t) for t in (q, k, v))
+    return GluonAttention(q, k, v, problem, DEFAULT_CONFIGS[problem.head_dim])
+
+
+def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+    """Validate, bind at the default configuration, and compile by one warm-up launch."""
+    return warmed_up(bind(q, k, v, _validate(q, k, v, problem)), q.device)
+
+
+# ----------------------------------------------------------------------------------------------
+# Capability check and static compile
+# ----------------------------------------------------------------------------------------------
+def gluon_supported(problem: Problem, device: torch.device, rung: str) -> tuple[bool, str]:
+    """Device, head-dim and scale checks of both Gluon rungs (after their own dtype check)."""
+    if problem.head_dim not in HEAD_DIMS:
+        return False, f"{rung} needs head_dim in {list(HEAD_DIMS)}, got {problem.head_dim}"
+    if problem.scale < 0:
+        return False, f"{rung} needs softmax_scale >= 0, got {problem.scale}"
+    if device.type != "cuda":
+        return False, f"{rung} needs a CUDA GPU: Gluon has no interpreter path, got {device}"
+    capability = torch.cuda.get_device_capability(device)
+    if capability != HOPPER_CAPABILITY:
+        return False, f"{rung} needs sm_90 (warpgroup_mma is Hopper's), got sm_{capability[0]}{capability[1]}"
+    return True, ""
+
+
+def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
+    if problem.dtype not in DTYPES:
+        return False, f"gluon/hopper runs fp16 and bf16, got {problem.dtype_name}"
+    return gluon_supported(problem, device, "gluon/hopper")
+
+
+def descriptor_type(dtype: torch.dtype, box_rows: int, head_dim: int, box_cols: int | None = None) -> str:
+    """The signature type of a 4-D descriptor, as the JIT would derive it from a real one."""
+    cols = box_cols or head_dim
+    sample = torch.empty((1, 1, box_rows, cols), dtype=dtype)
+    gluon_dtype = gl.float8e4nv if dtype == torch.float8_e4m3fn else GLUON_DTYPES[dtype]
+    return mangle_type(_descriptor(sample, box_rows, gluon_dtype))
+
+
+def compile_kernel_sm90(
+    signature: dict[str, str], constexprs: dict[str, object], config: GluonConfig, kernel: object = attention_kernel
+) -> KernelBinary:
+    """Compile a Gluon kernel for sm_90a without a GPU (``common.static`` does the same for Triton)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    full_signature = {**signature, **{name: "constexpr" for name in constexprs}}
+    lse_index = kernel.arg_names.index("LSE")
+    source = GluonASTSource(kernel, full_signature, constexprs, {(lse_index,): [["tt.divisibility", 16]]})
+    compiled = triton.compile(
+        source,
+        target=GPUTarget("cuda", SM90_CAPABILITY, WARP_SIZE),
+        options={"num_warps": config.num_warps, "maxnreg": config.maxnreg},
+    )
+    return KernelBinary(
+        name=kernel.__name__,
+        ptx=compiled.asm["ptx"],
+        cubin=compiled.asm["cubin"],
+        threads_per_cta=compiled.metadata.num_warps * WARP_SIZE,
+        shared_bytes=compiled.metadata.shared,
+    )
+
+
+def compile_sm90(problem: Problem, config: GluonConfig | None = None) -> list[KernelBinary]:
+    """The kernel for sm_90a at the default configuration of this head dim (no GPU needed)."""
+    config = config or DEFAULT_CONFIGS[problem.head_dim]
+    q_type = descriptor_type(problem.dtype, config.block_m, problem.head_dim)
+    kv_type = descriptor_type(problem.dtype, config.block_n, problem.head_dim)
+    signature = {
+        "desc_q": q_type,
+        "desc_k": kv_type,
+        "desc_v": kv_type,
+        "desc_o": q_type,
+        "LSE": "*fp32",
+        "heads": "i32",
+        "seqlen_q": "i32",
+        "seqlen_k": "i32",
+        "softmax_scale_log2": "fp32",
+    }
+    constexprs = {"NUM_STAGES": config.num_stages, "CAUSAL": problem.causal, "num_warps": config.num_warps}
+    return [compile_kernel_sm90(signature, constexprs, config)]
+
+
+IMPLEMENTATION = Implementation(
+    name="gluon/hopper",
+    stack="gluon",
+    rung="hopper",
+    prepare=prepare,
+    bind=bind,
+    supports=supports,
+    compile_sm90=compile_sm90,
+    runs_on_cpu=False,
+    required_ptx=("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier", "setmaxnreg"),
+    forbidden_ptx=("cp.async",),
+    source_file=__file__,
+    notes="Gluon has no interpreter path: it runs only on an sm_90 GPU",
+)
