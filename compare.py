@@ -1,11 +1,18 @@
-"""Run every rung of both stacks and every SDPA backend on one problem family; write CSV, plots, report.
+"""Run every rung of every stack and the baselines (SDPA backends, FlashAttention-4) on one problem
+family; write CSV, plots and a report.
 
     python compare.py --seqlen 8192                 # canonical problem, bf16, causal and non-causal
     python compare.py --seqlen 1024,8192 --only 'triton/*' --causal false
+    python compare.py --list                        # what can run on this machine, and why not
     python compare.py --device cpu                  # no GPU: Triton under the interpreter + SDPA math
 
+Without a GPU (and without ``--device``) the run is capped to the CPU teaching size and says what it
+ran instead of what was asked; ``--device cuda`` without a GPU is refused (exit 2); ``--device cpu``
+runs the sizes asked for and prints an estimate first.
+
 Outputs go to ``--out`` (default ``runs/<date>-<gpu>-s<seqlen>/``): results.csv (rows appended as
-they finish), env.json, latency.png, tflops.png, error.png and report.md.
+they finish), env.json, latency.png, tflops.png, error.png and report.md. Ctrl-C keeps the rows
+measured so far and writes the report and plots for them, marked as interrupted (exit 130).
 """
 
 from __future__ import annotations
@@ -18,12 +25,35 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 CONSOLE_WIDTH = 160
-CPU_DEFAULTS = {"batch": 1, "heads": 2, "seqlen": [128], "head_dim": [64]}
 CAUSAL_MODES = {"true": (True,), "false": (False,), "both": (False, True)}
 DTYPE_CHOICES = ("bf16", "fp16")
+GPU_DEFAULT_SEQLEN, GPU_DEFAULT_HEAD_DIM = 8192, 128
+
+
+@dataclass(frozen=True)
+class TeachingSize:
+    """The CPU teaching size: every Triton rung finishes under the interpreter in seconds."""
+
+    batch: int = 1
+    heads: int = 2
+    seqlen: int = 128
+    head_dim: int = 64
+
+
+CPU_TEACHING = TeachingSize()
+# Rough cost of the slowest interpreted rung (triton/naive) on a 2-core machine, and how many times
+# one measurement calls it (prepare, first call, two poisoned runs, warm-up and three timed runs).
+INTERPRETER_SECONDS_PER_GFLOP = 330.0
+INTERPRETER_CALLS_PER_MEASUREMENT = 7
+# compare.py's exit statuses beyond 0 (all selected rows ran and passed) and 1 (some row did not).
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+# Optional third-party packages whose absence is a stated capability, not a broken rung.
+OPTIONAL_PACKAGES = {"cutlass": "the CuTe DSL (nvidia-cutlass-dsl)"}
 
 
 def _positive_int_list(text: str) -> list[int]:
@@ -55,28 +85,53 @@ def _fail(message: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every option says what it does and its default, once."""
     parser = argparse.ArgumentParser(
-        description="Compare the Triton and CuTe DSL FlashAttention ladders with PyTorch SDPA backends.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Compare the Triton, Gluon and CuTe DSL FlashAttention ladders with SDPA and FlashAttention-4.",
+        epilog="Exit status: 0 every selected row ran and passed (capability skips are fine); 1 a row was wrong, "
+        "failed, timed out, ran out of memory or its module failed to import; 2 bad arguments or a refused "
+        "request; 130 interrupted (rows measured so far are kept, with report and plots).",
     )
-    parser.add_argument("--seqlen", type=_positive_int_list, help="sequence length(s), e.g. 8192 or 1024,8192")
-    parser.add_argument("--batch", type=_positive_int, help="batch (default: max(1, 16384 / seqlen))")
-    parser.add_argument("--heads", type=_positive_int, help="heads (default: 2048 / head_dim)")
-    parser.add_argument("--head-dim", type=_positive_int_list, help="head dim(s) (default 128)")
-    parser.add_argument("--dtype", choices=DTYPE_CHOICES, help="input dtype (default bf16; fp16 on --device cpu)")
-    parser.add_argument("--causal", choices=tuple(CAUSAL_MODES), default="both")
+    parser.add_argument(
+        "--seqlen",
+        type=_positive_int_list,
+        help="sequence length(s), e.g. 8192 or 1024,8192 (default 8192 on a GPU, 128 on the CPU)",
+    )
+    parser.add_argument("--batch", type=_positive_int, help="batch (default max(1, 16384 / seqlen); 1 on the CPU)")
+    parser.add_argument("--heads", type=_positive_int, help="heads (default 2048 / head_dim; 2 on the CPU)")
+    parser.add_argument("--head-dim", type=_positive_int_list, help="head dim(s) (default 128; 64 on the CPU)")
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, help="input dtype (default bf16; fp16 on the CPU)")
+    parser.add_argument(
+        "--causal",
+        choices=tuple(CAUSAL_MODES),
+        default="both",
+        help="causal mask (top-left aligned, like SDPA's is_causal): true, false or both (default both)",
+    )
     parser.add_argument("--only", action="append", default=[], help="glob on implementation names (repeatable)")
-    parser.add_argument("--skip", action="append", default=[], help="glob on implementation names to leave out")
-    parser.add_argument("--list", action="store_true", help="list implementations and exit")
+    parser.add_argument("--skip", action="append", default=[], help="glob on names to leave out (repeatable)")
+    parser.add_argument(
+        "--list", action="store_true", help="list implementations, whether each can run here and why not, and exit"
+    )
     parser.add_argument("--out", type=Path, help="output folder (default runs/<date>-<gpu>-s<seqlen>/)")
     parser.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays of each call")
-    parser.add_argument("--warmup", type=_positive_float, default=100.0, help="warm-up time per measurement, ms")
-    parser.add_argument("--rep", type=_positive_float, default=500.0, help="timed repetitions per measurement, ms")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument(
+        "--warmup", type=_positive_float, default=100.0, help="warm-up time per measurement, ms (default 100)"
+    )
+    parser.add_argument(
+        "--rep", type=_positive_float, default=500.0, help="timed repetitions per measurement, ms (default 500)"
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        help="cuda: refuse to run without a GPU; cpu: the Triton interpreter at the size asked for (prints an "
+        "estimate first). Default: the GPU when there is one, else the CPU teaching mode at a capped size",
+    )
     parser.add_argument(
         "--isolate", action="store_true", help="run each measurement in its own process (survives hangs and crashes)"
     )
-    parser.add_argument("--timeout", type=_positive_float, default=600.0, help="seconds per isolated measurement")
+    parser.add_argument(
+        "--timeout", type=_positive_float, default=600.0, help="seconds per isolated measurement (default 600)"
+    )
     parser.add_argument(
         "--no-static", action="store_true", help="skip the sm_90a compile analysis (tradeoff table's static half)"
     )
@@ -92,22 +147,100 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def resolve_device(requested: str) -> str:
-    """'cuda' when a GPU is present; otherwise say so and switch to the CPU teaching mode."""
+class RefusedError(Exception):
+    """A request compare.py will not run as asked (exit status 2), with the reason for the user."""
+
+
+def resolve_device(requested: str | None) -> tuple[str, bool]:
+    """(device, teaching): the GPU when there is one; without one, the CPU teaching mode, unless the
+    user asked for ``--device cuda``, which is refused. ``teaching`` means the sizes get capped."""
     import torch
 
-    if requested == "cuda" and not torch.cuda.is_available():
-        print(
-            "compare.py: no CUDA GPU found. GPU timings need an NVIDIA GPU (Hopper for the top rungs).\n"
-            "Running the CPU teaching mode instead (same as --device cpu): Triton rungs under the Triton\n"
-            "interpreter and SDPA math at a small size; timings are labelled as CPU interpreter timings.",
-            file=sys.stderr,
+    has_gpu = torch.cuda.is_available()
+    if requested == "cuda" and not has_gpu:
+        raise RefusedError(
+            "--device cuda was asked for, but no CUDA GPU is visible (torch.cuda.is_available() is False). "
+            "Leave out --device for the CPU teaching mode at a small size, or pass --device cpu to run the "
+            "sizes you ask for under the Triton interpreter."
         )
-        requested = "cpu"
-    if requested == "cpu":
+    device = requested or ("cuda" if has_gpu else "cpu")
+    if device == "cpu":
         # Must be set before any Triton kernel is decorated (the registry imports rungs lazily).
         os.environ["TRITON_INTERPRET"] = "1"
-    return requested
+    return device, requested is None and not has_gpu
+
+
+def build_problems(args: argparse.Namespace, device: str, teaching: bool = False) -> list:
+    """The problems to run: the arguments, with the GPU or CPU defaults filled in; ``teaching``
+    caps batch, heads and sequence lengths to the CPU teaching size (head dims and dtype stay)."""
+    import torch
+
+    from common.problem import DTYPE_NAMES, Problem
+
+    cpu = device == "cpu"
+    seqlens = args.seqlen or ([CPU_TEACHING.seqlen] if cpu else [GPU_DEFAULT_SEQLEN])
+    head_dims = args.head_dim or ([CPU_TEACHING.head_dim] if cpu else [GPU_DEFAULT_HEAD_DIM])
+    dtype = DTYPE_NAMES[args.dtype] if args.dtype else (torch.float16 if cpu else torch.bfloat16)
+    batch = args.batch or (CPU_TEACHING.batch if cpu else None)
+    heads = args.heads or (CPU_TEACHING.heads if cpu else None)
+    if teaching:
+        seqlens = sorted({min(seqlen, CPU_TEACHING.seqlen) for seqlen in seqlens})
+        batch, heads = min(batch, CPU_TEACHING.batch), min(heads, CPU_TEACHING.heads)
+    return [
+        Problem.canonical(seqlen, head_dim=head_dim, batch=batch, heads=heads, dtype=dtype, causal=causal)
+        for head_dim in head_dims
+        for seqlen in seqlens
+        for causal in CAUSAL_MODES[args.causal]
+    ]
+
+
+def _sizes(problems: list) -> str:
+    """The distinct sizes of a problem list, without the mask: 'B=2 H=16 S=8192 D=128 bf16'."""
+    described = [problem.with_(causal=False).describe().removesuffix(" full") for problem in problems]
+    return ", ".join(dict.fromkeys(described))
+
+
+def teaching_note(args: argparse.Namespace, ran: list) -> str:
+    """What was asked for and what the CPU teaching mode runs instead."""
+    asked = _sizes(build_problems(args, "cuda"))
+    return f"requested {asked}; running {_sizes(ran)} on the Triton interpreter (no CUDA GPU: CPU teaching size)"
+
+
+def interpreter_estimate_s(problems: list) -> float:
+    """A rough wall-clock estimate of the slowest interpreted rung (triton/naive) on these problems."""
+    gflop = sum(problem.flops for problem in problems) / 1e9
+    return gflop * INTERPRETER_SECONDS_PER_GFLOP * INTERPRETER_CALLS_PER_MEASUREMENT
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def _beyond_teaching_size(problems: list) -> bool:
+    return any(
+        problem.seqlen_q > CPU_TEACHING.seqlen
+        or problem.batch > CPU_TEACHING.batch
+        or problem.heads > CPU_TEACHING.heads
+        for problem in problems
+    )
+
+
+def plan_problems(args: argparse.Namespace, device: str, teaching: bool) -> tuple[list, str]:
+    """The problems to run and a note for the user and the report ('' when nothing needs saying)."""
+    problems = build_problems(args, device, teaching)
+    if teaching:
+        return problems, teaching_note(args, problems)
+    if device == "cpu" and _beyond_teaching_size(problems):
+        estimate = _duration(interpreter_estimate_s(problems))
+        return problems, (
+            f"running {_sizes(problems)} under the Triton interpreter as asked (--device cpu): estimate for "
+            f"triton/naive alone, about {estimate} on a 2-core machine; the CPU teaching size is "
+            f"S={CPU_TEACHING.seqlen}"
+        )
+    return problems, ""
 
 
 def select(implementations: list, only: list[str], skip: list[str]) -> list:
@@ -124,23 +257,19 @@ def select(implementations: list, only: list[str], skip: list[str]) -> list:
     return [impl for impl in implementations if wanted(impl.name)]
 
 
-def build_problems(args: argparse.Namespace, device: str) -> list:
-    import torch
+def broken_import(item) -> bool:
+    """True when an unavailable module is broken rather than absent by a stated capability reason.
 
-    from common.problem import DTYPE_NAMES, Problem
+    Stated reasons: the rung is not implemented yet, or an optional third-party package (the CuTe DSL,
+    FlashAttention-4) is not installed here. Anything else that stops a module importing is a failure.
+    """
+    import importlib.util
 
-    cpu = device == "cpu"
-    seqlens = args.seqlen or (CPU_DEFAULTS["seqlen"] if cpu else [8192])
-    head_dims = args.head_dim or (CPU_DEFAULTS["head_dim"] if cpu else [128])
-    dtype = DTYPE_NAMES[args.dtype] if args.dtype else (torch.float16 if cpu else torch.bfloat16)
-    batch = args.batch or (CPU_DEFAULTS["batch"] if cpu else None)
-    heads = args.heads or (CPU_DEFAULTS["heads"] if cpu else None)
-    return [
-        Problem.canonical(seqlen, head_dim=head_dim, batch=batch, heads=heads, dtype=dtype, causal=causal)
-        for head_dim in head_dims
-        for seqlen in seqlens
-        for causal in CAUSAL_MODES[args.causal]
-    ]
+    if item.reason == "not implemented yet":
+        return False
+    missing = re.search(r"No module named '([\w.]+)'", item.reason)
+    package = missing.group(1).split(".")[0] if missing else None
+    return not (package in OPTIONAL_PACKAGES and importlib.util.find_spec(package) is None)
 
 
 def default_out_dir(device: str, seqlens: list[int]) -> Path:
@@ -152,78 +281,153 @@ def default_out_dir(device: str, seqlens: list[int]) -> Path:
     return Path("runs") / f"{date}-{gpu_slug}-s{'-'.join(map(str, seqlens))}"
 
 
-def print_implementations(implementations: list, missing: list) -> None:
-    for impl in implementations:
-        print(f"{impl.name:20s} stack={impl.stack:7s} rung={impl.rung}")
-    for item in missing:
-        print(f"{item.name:20s} unavailable: {item.reason}")
+def availability(chosen: list, problem, device) -> list[tuple[str, str, str]]:
+    """(name, can run here: yes / no / failed, reason) per implementation or unavailable module."""
+    from common.registry import Unavailable
+
+    rows = []
+    for item in chosen:
+        if isinstance(item, Unavailable):
+            verdict = "failed" if broken_import(item) else "no"
+            rows.append((item.name, verdict, f"unavailable: {item.reason}"))
+            continue
+        try:
+            ok, reason = item.check(problem, device)
+        except Exception as error:  # noqa: BLE001 - a broken capability check is an answer too
+            ok, reason = False, f"capability check raised {type(error).__name__}: {error}"
+        rows.append((item.name, "yes" if ok else "no", reason))
+    return rows
+
+
+def list_implementations(args: argparse.Namespace) -> int:
+    """--list: every implementation, whether it can run on this machine at the default problem, and why not."""
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from common.registry import discover
+
+    device, teaching = resolve_device(args.device)
+    problem = build_problems(args, device, teaching)[0]
+    where = torch.cuda.get_device_name() if device == "cuda" else "CPU, Triton interpreter"
+    table = Table(title=f"Implementations on this machine ({where}) at {problem.describe()}")
+    for column in ("impl", "runs here", "reason"):
+        table.add_column(column, overflow="fold")
+    available, missing = discover()
+    for name, verdict, reason in availability(ladder_sorted(available + missing), problem, torch.device(device)):
+        table.add_row(name, verdict, reason)
+    Console(width=CONSOLE_WIDTH).print(table)
+    return 0
 
 
 def _status_colour(status: str) -> str:
     return {"ok": "green", "wrong": "red", "failed": "red", "oom": "yellow", "skipped": "dim"}.get(status, "white")
 
 
-def print_table(rows: list) -> None:
+def _number(value: float, spec: str) -> str:
+    return "—" if value != value else format(value, spec)
+
+
+def stream_line(row, problem_text: str) -> str:
+    """The line printed as a row finishes: timings for measured rows, the reason for the others."""
+    head = f"{row.impl:18s} {problem_text:40s} {row.status:8s}"
+    if row.status not in ("ok", "wrong"):
+        return f"{head} {row.reason}"
+    speed = f"{row.ms:10.3f} ms {_number(row.tflops, '8.4g')} TFLOP/s"
+    return f"{head} {speed} {row.reason}".rstrip()
+
+
+def print_table(rows: list, console=None) -> None:
+    """The final table; long reasons wrap inside their column instead of being cut."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="FlashAttention forward")
-    for column in ("impl", "shape", "status", "ms", "TFLOP/s", "% peak", "rel L2 err", "reason"):
-        table.add_column(column)
+    from common.row_extras import NO_END_TO_END
+
+    table = Table(title="FlashAttention forward", caption=f"e2e TFLOP/s {NO_END_TO_END}")
+    for column in ("impl", "shape", "status", "ms", "TFLOP/s", "e2e TFLOP/s", "% peak", "rel L2 err"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("reason", overflow="fold", ratio=1)
     for row in rows:
         mask = "causal" if row.causal else "full"
         shape = f"S={row.seqlen_q} D={row.head_dim} {row.dtype} {mask}"
         measured = row.status in ("ok", "wrong")
-        table.add_row(
-            row.impl,
-            shape,
-            f"[{_status_colour(row.status)}]{row.status}[/]",
-            f"{row.ms:.3f}" if measured else "",
-            f"{row.tflops:.1f}" if measured else "",
-            f"{row.pct_peak:.0f}" if measured and row.pct_peak == row.pct_peak else "",
-            f"{row.rel_l2_err:.2e}" if measured else "",
-            row.reason[:60],
+        cells = (
+            (row.ms, ".3f"),
+            (row.tflops, ".4g"),
+            (row.tflops_end_to_end, ".4g"),
+            (row.pct_peak, ".0f"),
+            (row.rel_l2_err, ".2e"),
         )
-    Console(width=CONSOLE_WIDTH).print(table)
+        numbers = [_number(value, spec) if measured else "—" for value, spec in cells]
+        table.add_row(row.impl, shape, f"[{_status_colour(row.status)}]{row.status}[/]", *numbers, row.reason)
+    (console or Console(width=CONSOLE_WIDTH)).print(table)
 
 
 def _measurer(args: argparse.Namespace, problem, device, options, peaks):
     """A function impl -> row for one problem: in this process, or each in its own (--isolate)."""
     from common.isolation import measure_isolated
+    from common.row_extras import complete_row
     from common.runner import make_workload, measure
 
     if args.isolate:
         return lambda impl: measure_isolated(impl.name, impl, problem, device.type, options, peaks, args.timeout)
     workload = make_workload(problem, device.type)
-    return lambda impl: measure(impl, workload, device, options, peaks)
+    return lambda impl: complete_row(measure(impl, workload, device, options, peaks), impl, workload, device, options)
 
 
-def _measure_problem(problem, selected: list, missing: list, measure_one, log, progress, task) -> list:
-    """Rows for one problem: unavailable rungs as skipped, then every selected implementation."""
+@dataclass
+class Run:
+    """What a run measured so far; ``interrupted`` is set when Ctrl-C stopped it."""
+
+    out_dir: Path
+    env: dict
+    peaks: object
+    rows: list = field(default_factory=list)
+    planned: int = 0
+    interrupted: bool = False
+
+
+def ladder_sorted(items: list) -> list:
+    """Implementations and unavailable modules in ladder order: stacks as the registry lists them,
+    rungs in ladder order, baselines in their registry order."""
+    from common.registry import RUNGS, STACKS
+
+    def key(item) -> tuple[int, int]:
+        stack, rung = item.name.split("/")
+        return (STACKS.index(stack) if stack in STACKS else len(STACKS), RUNGS.index(rung) if rung in RUNGS else 0)
+
+    return sorted(items, key=key)
+
+
+def _measure_problem(problem, chosen: list, measure_one, run: Run, log, progress, task) -> None:
+    """Rows for one problem in ladder order; an unavailable module is skipped, or failed when broken."""
+    from common.registry import Unavailable
     from common.runner import blank_row
 
-    rows = []
-    for item in missing:
-        stack, rung = item.name.split("/")
-        rows.append(blank_row(item.name, stack, rung, problem, "skipped", item.reason))
-        log.append(rows[-1])
+    for item in chosen:
+        progress.update(task, description=f"{item.name} {problem.describe()}")
+        if isinstance(item, Unavailable):
+            stack, rung = item.name.split("/")
+            status = "failed" if broken_import(item) else "skipped"
+            row = blank_row(item.name, stack, rung, problem, status, f"unavailable: {item.reason}")
+        else:
+            row = measure_one(item)
+        _record(row, run, log, progress)
         progress.advance(task)
-    for impl in selected:
-        progress.update(task, description=f"{impl.name} {problem.describe()}")
-        row = measure_one(impl)
-        rows.append(row)
-        log.append(row)
-        progress.console.print(
-            f"{impl.name:18s} {problem.describe():40s} {row.status:8s} {row.tflops:8.1f} TFLOP/s {row.reason[:80]}"
-        )
-        progress.advance(task)
-    return rows
 
 
-def run_all(args: argparse.Namespace, device_name: str) -> tuple[list, Path, dict, object]:
+def _record(row, run: Run, log, progress) -> None:
+    run.rows.append(row)
+    log.append(row)
+    mask = "causal" if row.causal else "full"
+    progress.console.print(stream_line(row, f"S={row.seqlen_q} D={row.head_dim} {row.dtype} {mask}"), markup=False)
+
+
+def run_all(args: argparse.Namespace, device_name: str, problems: list, note: str) -> Run:
     """Measure every selected implementation on every problem; rows are written as they finish.
 
-    Returns the rows, the output folder, the environment manifest and the measured peaks.
+    Ctrl-C stops the measuring: the rows done so far stay, and the run is marked interrupted.
     """
     import torch
     from rich.console import Console
@@ -236,50 +440,55 @@ def run_all(args: argparse.Namespace, device_name: str) -> tuple[list, Path, dic
     from common.runner import TimingOptions
 
     available, missing = discover()
-    selected = select(available + missing, args.only, args.skip)
-    missing = [item for item in selected if item in missing]
-    selected = [impl for impl in selected if impl not in missing]
-    problems = build_problems(args, device_name)
+    chosen = ladder_sorted(select(available + missing, args.only, args.skip))
     out_dir = args.out or default_out_dir(device_name, sorted({p.seqlen_q for p in problems}))
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device(device_name)
     env = manifest(device)
+    if note:
+        env["size_note"] = note
     (out_dir / "env.json").write_text(json.dumps(env, indent=2))
     peaks = measure_peaks(device)
-    env["peaks"] = {"bf16_tflops": peaks.bf16_tflops, "fp8_tflops": peaks.fp8_tflops, "copy_gbps": peaks.copy_gbps}
+    env["peaks"] = peaks.as_dict()
+    run = Run(out_dir, env, peaks, planned=len(problems) * len(chosen))
     log = CsvLog(out_dir / "results.csv")
     options = TimingOptions(args.warmup, args.rep, args.cuda_graph)
-    rows = []
-    with Progress(transient=True, console=Console(width=CONSOLE_WIDTH)) as progress:
-        task = progress.add_task("measuring", total=len(problems) * (len(selected) + len(missing)))
-        for problem in problems:
-            measure_one = _measurer(args, problem, device, options, peaks)
-            rows += _measure_problem(problem, selected, missing, measure_one, log, progress, task)
+    try:
+        with Progress(transient=True, console=Console(width=CONSOLE_WIDTH)) as progress:
+            task = progress.add_task("measuring", total=run.planned)
+            for problem in problems:
+                measure_one = _measurer(args, problem, device, options, peaks)
+                _measure_problem(problem, chosen, measure_one, run, log, progress, task)
+    except KeyboardInterrupt:
+        run.interrupted = True
+        env["interrupted"] = f"Ctrl-C after {len(run.rows)} of {run.planned} measurements"
     if device.type == "cuda":
         from common.environment import gpu_clocks
 
         env["clocks_end"] = gpu_clocks()
     (out_dir / "env.json").write_text(json.dumps(env, indent=2))
-    return rows, out_dir, env, peaks
+    return run
 
 
-def write_outputs(rows: list, out_dir: Path, env: dict, peaks, cpu_only: bool, with_static: bool) -> None:
+def write_outputs(run: Run, cpu_only: bool, with_static: bool) -> None:
+    """Plots and report.md from results.csv; an interrupted run skips the slow static analysis."""
     import pandas as pd
 
-    from common.plots import write_run_plots, write_sweep_plots, write_tradeoff_plot
+    from common.plots import PlotContext, shape_text, write_run_plots, write_sweep_plots, write_tradeoff_plot
     from common.report import write_report
 
-    frame = pd.read_csv(out_dir / "results.csv")
+    frame = pd.read_csv(run.out_dir / "results.csv", dtype={"reason": str})
     frame["reason"] = frame["reason"].fillna("")
     shape = _plot_subset(frame)
-    plots = write_run_plots(shape, out_dir) + write_sweep_plots(frame, out_dir)
+    context = PlotContext.from_env(run.env, cpu_only)
+    plots = write_run_plots(shape, run.out_dir, context) + write_sweep_plots(frame, run.out_dir, context)
     sections = []
-    if with_static:
-        table, tradeoff_sections = tradeoff_outputs(shape, out_dir)
+    if with_static and not run.interrupted and not shape.empty:
+        table, tradeoff_sections = tradeoff_outputs(shape, run.out_dir)
         sections += tradeoff_sections
-        tradeoff_plot = write_tradeoff_plot(table, out_dir)
+        tradeoff_plot = write_tradeoff_plot(table, run.out_dir, context, shape_text(shape))
         plots += [tradeoff_plot] if tradeoff_plot else []
-    write_report(frame, env, peaks, plots, out_dir, cpu_only, sections)
+    write_report(frame, run.env, run.peaks, plots, run.out_dir, cpu_only, sections)
 
 
 def tradeoff_outputs(shape, out_dir: Path):
@@ -303,9 +512,9 @@ def tradeoff_outputs(shape, out_dir: Path):
     table = implementation_table(static_rows, shape[shape["causal"] == first["causal"]], Path(__file__).parent)
     pairs = side_by_side(table)
     pairs.to_csv(out_dir / "tradeoffs.csv", index=False)
-    columns = tuple((c, c) for c in ("rung", "metric", "triton", "cute", "cute/triton"))
+    columns = tuple((c, c) for c in pairs.columns)
     sections = [
-        (f"Triton vs CuTe, rung by rung ({problem.describe()})", markdown_table(pairs, columns)),
+        (f"The stacks, rung by rung ({problem.describe()})", markdown_table(pairs, columns)),
         ("Instructions in the PTX of each rung (compiled for sm_90a)", feature_matrix(static_rows)),
     ]
     return table, sections
@@ -317,22 +526,40 @@ def _plot_subset(frame):
     return largest[largest["head_dim"] == largest["head_dim"].max()]
 
 
+def exit_status(run: Run) -> int:
+    """0 when every selected row ran and passed or was skipped for a stated reason; 130 when
+    interrupted; 1 when any row was wrong, failed, timed out, ran out of memory or failed to import."""
+    from common.results import BAD_STATUSES
+
+    bad = sorted({f"{row.impl} ({row.status})" for row in run.rows if row.status in BAD_STATUSES})
+    if bad:
+        print(f"compare.py: did not pass: {', '.join(bad)}", file=sys.stderr)
+    if run.interrupted:
+        print(f"compare.py: interrupted; {run.env['interrupted']}; kept in {run.out_dir}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 1 if bad else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.list:
-        from common.registry import discover
-
-        print_implementations(*discover())
-        return 0
-    device_name = resolve_device(args.device)
-    rows, out_dir, env, peaks = run_all(args, device_name)
-    write_outputs(rows, out_dir, env, peaks, cpu_only=device_name == "cpu", with_static=not args.no_static)
-    print_table(rows)
-    print(f"wrote {out_dir}/results.csv, env.json, report.md and plots")
-    bad = [row.impl for row in rows if row.status in ("wrong", "failed")]
-    if bad:
-        print(f"compare.py: wrong or failed: {', '.join(sorted(set(bad)))}", file=sys.stderr)
-    return 1 if bad else 0
+    try:
+        if args.list:
+            return list_implementations(args)
+        device_name, teaching = resolve_device(args.device)
+        problems, note = plan_problems(args, device_name, teaching)
+        if note:
+            print(f"compare.py: {note}", file=sys.stderr)
+        run = run_all(args, device_name, problems, note)
+        write_outputs(run, cpu_only=device_name == "cpu", with_static=not args.no_static)
+    except RefusedError as refusal:
+        print(f"compare.py: {refusal}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("compare.py: interrupted; rows measured so far, if any, are in results.csv", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print_table(run.rows)
+    print(f"wrote {run.out_dir}/results.csv, env.json, report.md and plots")
+    return exit_status(run)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,32 @@ def _cutlass_dsl_version() -> str | None:
     return version
 
 
+def _fa4_info() -> dict[str, Any] | None:
+    """FlashAttention-4's version or source fingerprint (``common.fa4``), None before that module exists."""
+    try:
+        from common.fa4 import fa4_version_info
+    except ModuleNotFoundError as error:
+        if error.name != "common.fa4":
+            raise
+        return None
+    return fa4_version_info()
+
+
+def _triton_toolchain() -> dict[str, Any]:
+    """Whether the installed Triton is a tested release, and the Triton tile configurations in force."""
+    try:
+        from common.toolchain import tested_triton_status, triton_config_record
+    except ModuleNotFoundError as error:
+        if error.name != "common.toolchain":
+            raise
+        return {}
+    try:
+        configs: Any = triton_config_record()
+    except Exception as error:  # noqa: BLE001 - a rung that fails to import shows in its row; env.json says so
+        configs = f"not recorded: {type(error).__name__}: {error}"
+    return {"triton_status": tested_triton_status(), "triton_configs": configs}
+
+
 def manifest(device: torch.device) -> dict[str, Any]:
     """GPU, clocks, driver and library versions, git commit and the full command line."""
     info: dict[str, Any] = {
@@ -72,6 +98,8 @@ def manifest(device: torch.device) -> dict[str, Any]:
         "nvidia_cutlass_dsl": _cutlass_dsl_version(),
         "git_commit": _git_commit(),
         "device": str(device),
+        "fa4": _fa4_info(),
+        **_triton_toolchain(),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -100,5 +128,5 @@ def _driver_version() -> str | None:
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    commit = done.stdout.strip()
-    return commit if re.fullmatch(r"[0-9a-f]{40}", commit) else None
+    version = done.stdout.strip().splitlines()[0] if done.stdout.strip() else ""
+    return version if re.fullmatch(r"\d+(\.\d+)+", version) else None

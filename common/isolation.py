@@ -83,6 +83,7 @@ def measure_isolated(
 def _child(spec_json: str) -> None:
     import torch
 
+    from common.row_extras import complete_row
     from common.runner import make_workload, measure
 
     spec = json.loads(spec_json)
@@ -90,8 +91,9 @@ def _child(spec_json: str) -> None:
     problem = Problem(**problem_fields)
     impl = resolve(spec["impl"])
     workload = make_workload(problem, spec["device"])
-    row = measure(
-        impl, workload, torch.device(spec["device"]), TimingOptions(**spec["options"]), Peaks(**spec["peaks"])
+    device, options = torch.device(spec["device"]), TimingOptions(**spec["options"])
+    row = complete_row(
+        measure(impl, workload, device, options, Peaks(**spec["peaks"])), impl, workload, device, options
     )
     print(json.dumps(dataclasses.asdict(row)))
 

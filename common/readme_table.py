@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from common.registry import RUNGS
+from common.results import baseline_stacks, ladder_stacks
 
 ROOT = Path(__file__).resolve().parent.parent
 CANONICAL_DIR = ROOT / "results" / "h200" / "canonical"
@@ -23,13 +24,17 @@ LADDER_GUIDE = ROOT / "docs" / "ladder.md"
 # Every document that carries the results table between the markers.
 DOCUMENTS = (README, LADDER_GUIDE)
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-STACK_TITLES = {"triton": "Triton", "cute": "CuTe DSL"}
+STACK_TITLES = {"triton": "Triton", "gluon": "Gluon", "cute": "CuTe DSL"}
+# Runs of the same suite on another toolchain (e.g. a newer Triton) sit next to the canonical run as
+# results/h200/canonical-<label>/ and get their own, labelled table.
+COMPANION_GLOB = "canonical-*"
+MISSING = "—"
 
 
 def _speed(frame: pd.DataFrame, impl: str, causal: bool) -> str:
     row = frame[(frame["impl"] == impl) & (frame["causal"] == causal)]
     if row.empty:
-        return "–"
+        return MISSING
     status, tflops = row["status"].iloc[0], row["tflops"].iloc[0]
     if math.isnan(tflops):
         return status
@@ -37,36 +42,85 @@ def _speed(frame: pd.DataFrame, impl: str, causal: bool) -> str:
     return f"{tflops:.0f}" if status == "ok" else f"{tflops:.0f} ({status})"
 
 
-def results_table(csv_path: Path, env_path: Path) -> str:
-    """Markdown: rungs in ladder order, TFLOP/s per stack and mask, then SDPA backends and peaks."""
-    if not csv_path.exists():
-        return "_No canonical run committed yet._"
+def _ladder(frame: pd.DataFrame) -> list[str]:
+    """Rungs in ladder order, one column pair per stack that has rows; '—' where a stack lacks a rung."""
+    stacks = [stack for stack in ladder_stacks() if stack in set(frame["stack"])]
+    titles = [STACK_TITLES.get(stack, stack) for stack in stacks]
+    header = " | ".join(f"{title} | {title} causal" for title in titles)
+    lines = [f"| rung | {header} |", "|---|" + "---|" * (2 * len(stacks))]
+    for rung in RUNGS:
+        cells = [_speed(frame, f"{stack}/{rung}", causal) for stack in stacks for causal in (False, True)]
+        lines.append(f"| {rung} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _baselines(frame: pd.DataFrame) -> list[str]:
+    """SDPA backends and FlashAttention-4, in the registry's stack order."""
+    rank = {stack: index for index, stack in enumerate(baseline_stacks())}
+    rows = frame[frame["stack"].isin(rank)].drop_duplicates("impl")
+    ordered = sorted(rows["impl"], key=lambda impl: (rank[impl.split("/")[0]], impl))
+    lines = ["| baseline | non-causal | causal |", "|---|---|---|"]
+    return lines + [f"| {impl} | {_speed(frame, impl, False)} | {_speed(frame, impl, True)} |" for impl in ordered]
+
+
+def _peaks(env: dict) -> str:
+    peaks = env.get("peaks", {})
+    shown = []
+    for label, burst_key, sustained_key in (
+        ("bf16 GEMM", "bf16_tflops", "bf16_sustained_tflops"),
+        ("fp8 GEMM", "fp8_tflops", "fp8_sustained_tflops"),
+    ):
+        if not peaks.get(burst_key):
+            continue
+        if sustained_key in peaks:
+            sustained = peaks.get(sustained_key)
+            tail = f" / {sustained:.0f} sustained" if sustained else ""
+            shown.append(f"{label} {peaks[burst_key]:.0f} burst{tail}")
+        else:
+            # Runs before the burst figure measured one GEMM figure, after a 1.5 s warm-up over 1 s.
+            shown.append(f"{label} {peaks[burst_key]:.0f} (1 s sustained)")
+    return f"Measured peaks in the same run (TFLOP/s): {', '.join(shown)}." if shown else ""
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _toolchain(env: dict) -> str:
+    return f"Triton {env.get('triton') or '?'}, CuTe DSL {env.get('nvidia_cutlass_dsl') or '?'}"
+
+
+def run_table(csv_path: Path, env_path: Path) -> list[str]:
+    """One run's tables: the ladder per stack, wrong rows explained, the baselines and the peaks."""
     frame = pd.read_csv(csv_path)
+    env = json.loads(env_path.read_text()) if env_path.exists() else {}
     first = frame.iloc[0]
     lines = [
         f"TFLOP/s on the H200, B={first['batch']} H={first['heads']} S={first['seqlen_q']} "
-        f"D={first['head_dim']} {first['dtype']} (from `{csv_path.relative_to(ROOT)}`; causal counts unmasked work).",
+        f"D={first['head_dim']} {first['dtype']}, {_toolchain(env)} (from `{_shown(csv_path)}`; "
+        "causal counts unmasked work; — where a stack has no such rung).",
         "",
-        "| rung | Triton | Triton causal | CuTe DSL | CuTe DSL causal |",
-        "|---|---|---|---|---|",
+        *_ladder(frame),
     ]
-    for rung in RUNGS:
-        cells = [_speed(frame, f"{stack}/{rung}", causal) for stack in STACK_TITLES for causal in (False, True)]
-        lines.append(f"| {rung} | " + " | ".join(cells) + " |")
     wrong = frame[frame["status"] == "wrong"]
     for _, row in wrong.drop_duplicates("impl").iterrows():
         lines.append(f"\n{row['impl']} is marked wrong by its rule ({row['error_rule']}): {row['reason']}.")
-    lines += ["", "| SDPA backend | non-causal | causal |", "|---|---|---|"]
-    for impl in sorted(frame.loc[frame["stack"] == "sdpa", "impl"].unique()):
-        lines.append(f"| {impl} | {_speed(frame, impl, False)} | {_speed(frame, impl, True)} |")
-    if env_path.exists():
-        peaks = json.loads(env_path.read_text()).get("peaks", {})
-        shown = ", ".join(
-            f"{label} {value:.0f}"
-            for label, value in (("bf16 GEMM", peaks.get("bf16_tflops")), ("fp8 GEMM", peaks.get("fp8_tflops")))
-            if value
-        )
-        lines += ["", f"Measured peaks in the same run (TFLOP/s): {shown}."]
+    lines += ["", *_baselines(frame)]
+    peaks = _peaks(env)
+    return lines + (["", peaks] if peaks else [])
+
+
+def results_table(csv_path: Path, env_path: Path) -> str:
+    """Markdown for the canonical run, then one labelled table per companion run beside it."""
+    if not csv_path.exists():
+        return "_No canonical run committed yet._"
+    lines = run_table(csv_path, env_path)
+    for companion in sorted(csv_path.parent.parent.glob(COMPANION_GLOB)):
+        if (companion / "results.csv").exists():
+            env = companion / "env.json"
+            toolchain = _toolchain(json.loads(env.read_text())) if env.exists() else companion.name
+            lines += ["", f"**The same suite on {toolchain}** (`{_shown(companion)}`):", ""]
+            lines += run_table(companion / "results.csv", env)
     return "\n".join(lines)
 
 

@@ -41,8 +41,16 @@ CSV_COLUMNS = (
     "device",
     "first_call_ms",
     "host_launch_us",
+    "ms_end_to_end",
+    "tflops_end_to_end",
+    "rel_l2_bound",
+    "emulation_rel_l2_err",
 )
 STATUSES = ("ok", "wrong", "failed", "skipped", "oom", "timeout")
+# Statuses that make compare.py exit non-zero: the row ran (or should have) and did not pass.
+BAD_STATUSES = ("wrong", "failed", "oom", "timeout")
+# Statuses whose timings and errors were measured.
+MEASURED_STATUSES = ("ok", "wrong")
 NAN = math.nan
 
 
@@ -80,6 +88,12 @@ class ResultRow:
     device: str = ""
     first_call_ms: float = NAN
     host_launch_us: float = NAN
+    # FP8 rungs: quantisation + rotation + kernel timed together (NaN where a rung has no such path).
+    ms_end_to_end: float = NAN
+    tflops_end_to_end: float = NAN
+    # The largest rel-L2 error the row's rule passes, and (FP8 rules) the emulation's own error.
+    rel_l2_bound: float = NAN
+    emulation_rel_l2_err: float = NAN
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -100,3 +114,21 @@ class CsvLog:
     def append(self, row: ResultRow) -> None:
         with self.path.open("a", newline="") as handle:
             csv.DictWriter(handle, fieldnames=CSV_COLUMNS).writerow(asdict(row))
+
+
+def _registry_stacks() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    from common import registry
+
+    # Registries before the FA4 baseline named only "sdpa" as a baseline stack.
+    baselines = tuple(getattr(registry, "BASELINE_STACKS", ("sdpa",)))
+    return tuple(stack for stack in registry.STACKS if stack not in baselines), baselines
+
+
+def ladder_stacks() -> tuple[str, ...]:
+    """Stacks that implement the ladder's rungs, in the registry's order (Triton, Gluon, CuTe...)."""
+    return _registry_stacks()[0]
+
+
+def baseline_stacks() -> tuple[str, ...]:
+    """Stacks of external reference kernels (SDPA backends, FlashAttention-4)."""
+    return _registry_stacks()[1]

@@ -1,4 +1,6 @@
-"""The stack-comparison table: per rung, Triton | CuTe | ratio, from source, compiler and timed run.
+"""The stack-comparison table: per rung, one column per stack (Triton, Gluon, CuTe DSL: the
+registry's ladder stacks) and each stack's ratio to the first, from source, compiler and timed run.
+A stack without that rung shows NaN ("—" in the report).
 
 Static columns (lines of code, cold compile time, registers, shared memory, spills, threads, PTX
 instruction families) need no GPU; the dynamic ones (TFLOP/s, % of peak, GB/s, extra memory, error,
@@ -16,10 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from common.registry import RUNGS
+from common.registry import RUNG_MODULES, RUNGS
+from common.results import MEASURED_STATUSES, ladder_stacks
 from common.static import PTX_FEATURES, StaticRow
 
-STACK_PAIR = ("triton", "cute")
 NON_CODE_TOKENS = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
 DYNAMIC_COLUMNS = ("tflops", "pct_peak", "gbps", "extra_mem_bytes", "rel_l2_err", "first_call_ms", "host_launch_us")
 # "loc" first: it comes from the source, the rest from the compiled kernels.
@@ -54,7 +56,12 @@ def code_lines(source: str) -> int:
 
 
 def _rung_files(root: Path) -> dict[str, Path]:
-    return {f"{stack}/{rung}": root / f"{stack}_impl" / f"{rung}.py" for stack in STACK_PAIR for rung in RUNGS}
+    """Registry name -> source file of every rung module ('triton_impl.gluon.hopper' is gluon/hopper)."""
+    files = {}
+    for module in RUNG_MODULES:
+        *packages, rung = module.split(".")
+        files[f"{packages[-1].removesuffix('_impl')}/{rung}"] = root.joinpath(*packages, f"{rung}.py")
+    return files
 
 
 def implementation_table(static_rows: list[StaticRow], timed: pd.DataFrame, root: Path) -> pd.DataFrame:
@@ -71,7 +78,7 @@ def implementation_table(static_rows: list[StaticRow], timed: pd.DataFrame, root
                 value = getattr(static, column)
                 record[column] = math.nan if value is None else value
             record["instructions"] = ", ".join(f for f, used in static.features.items() if used) or "none"
-        measured = timed[(timed["impl"] == name) & (timed["status"].isin(["ok", "wrong"]))]
+        measured = timed[(timed["impl"] == name) & (timed["status"].isin(MEASURED_STATUSES))]
         for column in DYNAMIC_COLUMNS:
             record[column] = measured[column].iloc[0] if len(measured) else math.nan
         records.append(record)
@@ -82,20 +89,36 @@ def _missing(value: object) -> bool:
     return isinstance(value, numbers.Real) and math.isnan(value)
 
 
+def _table_stacks(table: pd.DataFrame) -> list[str]:
+    present = set(table["stack"])
+    return [stack for stack in ladder_stacks() if stack in present]
+
+
 def side_by_side(table: pd.DataFrame) -> pd.DataFrame:
-    """Per rung and metric: the Triton value, the CuTe value and CuTe / Triton."""
+    """Per rung and metric: each stack's value and its ratio to the first stack's (Triton's)."""
+    stacks = _table_stacks(table)
+    reference, others = stacks[0], stacks[1:]
     rows = []
     metrics = [*STATIC_COLUMNS, *DYNAMIC_COLUMNS, "instructions"]
     for rung in RUNGS:
-        pair = {stack: table[(table["rung"] == rung) & (table["stack"] == stack)] for stack in STACK_PAIR}
+        per_stack = {stack: table[(table["rung"] == rung) & (table["stack"] == stack)] for stack in stacks}
         for metric in metrics:
-            values = [pair[s][metric].iloc[0] if len(pair[s]) and metric in pair[s] else math.nan for s in STACK_PAIR]
-            if all(_missing(v) for v in values):
+            values = {
+                s: per_stack[s][metric].iloc[0] if len(per_stack[s]) and metric in per_stack[s] else math.nan
+                for s in stacks
+            }
+            if all(_missing(v) for v in values.values()):
                 continue
-            numeric = all(isinstance(v, numbers.Real) and not _missing(v) for v in values)
-            ratio = values[1] / values[0] if numeric and values[0] else math.nan
-            rows.append({"rung": rung, "metric": metric, "triton": values[0], "cute": values[1], "cute/triton": ratio})
+            record: dict[str, object] = {"rung": rung, "metric": metric, **values}
+            for stack in others:
+                record[f"{stack}/{reference}"] = _ratio(values[stack], values[reference])
+            rows.append(record)
     return pd.DataFrame.from_records(rows)
+
+
+def _ratio(value: object, reference: object) -> float:
+    numeric = all(isinstance(v, numbers.Real) and not _missing(v) for v in (value, reference))
+    return value / reference if numeric and reference else math.nan
 
 
 def feature_matrix(static_rows: list[StaticRow]) -> str:

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
+import io
+import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
+from rich.console import Console
 
 import compare
-from common.results import CSV_COLUMNS
+from common.problem import Problem
+from common.registry import Implementation, Unavailable
+from common.results import CSV_COLUMNS, ResultRow
+from common.runner import blank_row
 
 ROOT = Path(__file__).resolve().parent.parent
 ISSUE_COLUMNS = [
@@ -85,7 +95,8 @@ def test_cpu_run_end_to_end(tmp_path: Path):
         timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    produced = ("results.csv", "env.json", "latency.png", "tflops.png", "error.png", "report.md", "tradeoffs.csv")
+    # On the CPU the plots are interpreter latency and error; TFLOP/s of an interpreter says nothing.
+    produced = ("results.csv", "env.json", "latency.png", "error.png", "report.md", "tradeoffs.csv")
     for name in (*produced, "tradeoffs.png"):
         assert (out / name).stat().st_size > 0, name
     with (out / "results.csv").open() as handle:
@@ -97,8 +108,196 @@ def test_cpu_run_end_to_end(tmp_path: Path):
     assert all(row["status"] in ("ok", "skipped") for row in rows), [r for r in rows if r["status"] != "ok"]
     report = (out / "report.md").read_text()
     assert "CPU run" in report
-    assert "Triton vs CuTe, rung by rung" in report and "Instructions in the PTX" in report
+    assert "The stacks, rung by rung" in report and "Instructions in the PTX" in report
+    assert not (out / "tflops.png").exists()
     with (out / "tradeoffs.csv").open() as handle:
         static = {(row["rung"], row["metric"]): row for row in csv.DictReader(handle)}
     assert float(static[("tiled", "loc")]["triton"]) > 0 and float(static[("tiled", "loc")]["cute"]) > 0
     assert float(static[("hopper", "registers")]["cute"]) > 0
+
+
+# ---------------------------------------------------------------- driver UX (help, --list, lines, table)
+def test_every_option_has_help_and_states_its_default_once():
+    parser = compare.build_parser()
+    assert parser.formatter_class is not argparse.ArgumentDefaultsHelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        assert action.help, f"{action.option_strings} has no help text"
+        assert action.help.count("default") <= 1, f"{action.option_strings}: doubled default in {action.help!r}"
+    for option in ("--causal", "--device"):
+        assert option in parser.format_help()
+
+
+def test_list_says_what_runs_here_and_why_not(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert compare.main(["--list"]) == 0
+    lines = {line.split("│")[1].strip(): line for line in capsys.readouterr().out.splitlines() if "│" in line}
+    assert "yes" in lines["sdpa/math"]
+    assert " no " in lines["sdpa/flash"] and "needs a CUDA GPU" in lines["sdpa/flash"]
+    assert "yes" in lines["triton/tiled"]
+
+
+def _row(status: str, reason: str = "", **values: float) -> ResultRow:
+    problem = Problem.canonical(128, head_dim=64, batch=1, heads=2, dtype=torch.float16)
+    row = blank_row("cute/hopper", "cute", "hopper", problem, status, reason)
+    for name, value in values.items():
+        setattr(row, name, value)
+    return row
+
+
+LONG_REASON = "cute/hopper needs sm_90 or newer, got sm_80; " + "padding words " * 12 + "TAIL_OF_THE_REASON"
+
+
+def test_streamed_line_shows_a_skip_reason_not_nan():
+    line = compare.stream_line(_row("skipped", LONG_REASON), "S=128")
+    assert "nan" not in line.lower() and line.endswith("TAIL_OF_THE_REASON")
+    measured = compare.stream_line(_row("ok", ms=2.0, tflops=123.4), "S=128")
+    assert "123.4 TFLOP/s" in measured and "2.000 ms" in measured
+
+
+def test_final_table_wraps_reasons_instead_of_cutting_them():
+    console = Console(width=120, record=True, file=io.StringIO())
+    compare.print_table([_row("skipped", LONG_REASON), _row("ok", ms=2.0, tflops=100.0, rel_l2_err=1e-3)], console)
+    text = console.export_text()
+    reason_cells = "".join(line.split("│")[-2].strip() for line in text.splitlines() if line.count("│") > 2)
+    assert LONG_REASON.replace(" ", "") in reason_cells.replace(" ", "")
+    assert "nan" not in text.lower()
+
+
+# ---------------------------------------------------------------- no GPU: capped, refused or estimated
+def test_without_a_gpu_a_large_request_runs_capped_and_says_so(tmp_path: Path):
+    out = tmp_path / "run"
+    argv = ["--seqlen", "8192", "--only", "triton/tiled", "--only", "sdpa/math", "--causal", "false"]
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "compare.py", *argv, "--no-static", "--rep", "1", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    elapsed = time.perf_counter() - start
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "requested B=2 H=16 S=8192 D=128 bf16; running B=1 H=2 S=128 D=64 fp16 on the Triton interpreter" in (
+        done.stderr
+    )
+    assert elapsed < 180, f"the capped run took {elapsed:.0f} s"
+    with (out / "results.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert {row["seqlen_q"] for row in rows} == {"128"}
+    assert "requested B=2 H=16 S=8192" in (out / "report.md").read_text()
+
+
+def test_device_cuda_without_a_gpu_is_refused_with_status_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert compare.main(["--device", "cuda", "--seqlen", "8192"]) == compare.EXIT_USAGE
+    assert "--device cuda was asked for, but no CUDA GPU is visible" in capsys.readouterr().err
+
+
+def test_explicit_cpu_run_of_a_large_size_states_an_estimate():
+    args = compare.parse_args(["--device", "cpu", "--seqlen", "8192"])
+    problems, note = compare.plan_problems(args, "cpu", teaching=False)
+    assert {problem.seqlen_q for problem in problems} == {8192}
+    assert "estimate" in note and "days" in note
+    small = compare.parse_args(["--device", "cpu", "--seqlen", "64"])
+    assert compare.plan_problems(small, "cpu", teaching=False)[1] == ""
+
+
+# ---------------------------------------------------------------- exit statuses
+def _cpu_problem_args(out: Path) -> list[str]:
+    return ["--device", "cpu", "--seqlen", "32", "--causal", "false", "--no-static", "--rep", "1", "--out", str(out)]
+
+
+def _fake(name: str, prepare, runs_on_cpu: bool = True) -> Implementation:
+    stack, rung = name.split("/")
+    return Implementation(name, stack, rung, prepare=prepare, supports=lambda p, d: (True, ""), runs_on_cpu=runs_on_cpu)
+
+
+def _right(q, k, v, problem):
+    from common.reference import reference_attention
+
+    return lambda: reference_attention(q, k, v, problem).to(q.dtype)
+
+
+def _wrong_scale(q, k, v, problem):
+    from common.reference import reference_attention
+
+    return lambda: reference_attention(q, k, v, problem.with_(softmax_scale=1.1 * problem.scale)).to(q.dtype)
+
+
+def _raises(q, k, v, problem):
+    raise RuntimeError("planted failure in prepare")
+
+
+def _skipped(problem, device):
+    return False, "planted capability reason"
+
+
+SKIPPED = Implementation("cute/hopper", "cute", "hopper", prepare=_right, supports=_skipped)
+EXIT_CASES = {
+    "all ok": ([_fake("triton/tiled", _right)], [], 0),
+    "capability skip": ([_fake("triton/tiled", _right), SKIPPED], [], 0),
+    "not implemented yet": ([_fake("triton/tiled", _right)], [Unavailable("cute_impl.fp8", "not implemented yet")], 0),
+    "wrong": ([_fake("triton/tiled", _wrong_scale)], [], 1),
+    "failed": ([_fake("triton/tiled", _raises)], [], 1),
+    "broken import": (
+        [_fake("triton/tiled", _right)],
+        [Unavailable("cute_impl.fp8", "import failed: SyntaxError: invalid syntax (fp8.py, line 3)")],
+        1,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", EXIT_CASES)
+def test_exit_status_says_whether_every_row_passed(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    available, missing, expected = EXIT_CASES[case]
+    monkeypatch.setattr("common.registry.discover", lambda: (available, missing))
+    assert compare.main(_cpu_problem_args(tmp_path)) == expected
+    with (tmp_path / "results.csv").open() as handle:
+        statuses = [row["status"] for row in csv.DictReader(handle)]
+    assert len(statuses) == len(available) + len(missing)
+
+
+@pytest.mark.parametrize(("status", "expected"), [("ok", 0), ("skipped", 0), ("wrong", 1), ("failed", 1),
+                                                  ("timeout", 1), ("oom", 1)])  # fmt: skip
+def test_exit_status_of_each_row_status(status: str, expected: int, tmp_path: Path):
+    run = compare.Run(tmp_path, {}, None, rows=[_row("ok"), _row(status, "planted")])
+    assert compare.exit_status(run) == expected
+
+
+def test_broken_import_is_told_apart_from_an_absent_optional_package(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(compare.OPTIONAL_PACKAGES, "surely_absent_package", "a package this machine lacks")
+    assert not compare.broken_import(Unavailable("cute_impl.naive", "not implemented yet"))
+    absent = "import failed: No module named 'surely_absent_package'"
+    assert not compare.broken_import(Unavailable("cute_impl.naive", absent))
+    # A typo in a rung's import names no optional package: that is a broken rung.
+    assert compare.broken_import(Unavailable("cute_impl.naive", "import failed: No module named 'cutlas'"))
+    assert compare.broken_import(Unavailable("cute_impl.naive", "import failed: NameError: name 'x' is not defined"))
+
+
+# ---------------------------------------------------------------- Ctrl-C
+def test_ctrl_c_keeps_the_rows_measured_and_exits_130(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import common.runner
+
+    calls = []
+    real_measure = common.runner.measure
+
+    def measure_then_interrupt(impl, *args, **kwargs):
+        calls.append(impl.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_measure(impl, *args, **kwargs)
+
+    monkeypatch.setattr(common.runner, "measure", measure_then_interrupt)
+    argv = [*_cpu_problem_args(tmp_path), "--only", "triton/tiled", "--only", "sdpa/math"]
+    assert compare.main(argv) == compare.EXIT_INTERRUPTED
+    with (tmp_path / "results.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(row["impl"], row["status"]) for row in rows] == [("triton/tiled", "ok")]
+    assert "Interrupted run" in (tmp_path / "report.md").read_text()
+    assert json.loads((tmp_path / "env.json").read_text())["interrupted"] == "Ctrl-C after 1 of 2 measurements"
+    assert (tmp_path / "latency.png").stat().st_size > 0

@@ -52,3 +52,21 @@ def test_side_by_side_pairs_stacks_per_rung_with_ratio():
 def test_static_row_features_cover_every_family():
     row = StaticRow("cute/hopper", 1, 0.5, 168, 0, 1024, 384, dict.fromkeys(PTX_FEATURES, False))
     assert set(row.features) == set(PTX_FEATURES)
+
+
+def test_side_by_side_has_a_column_per_stack_and_nan_where_a_stack_lacks_the_rung():
+    table = pd.DataFrame(
+        [
+            {"impl": "triton/tiled", "stack": "triton", "rung": "tiled", "loc": 100, "tflops": 300.0},
+            {"impl": "cute/tiled", "stack": "cute", "rung": "tiled", "loc": 250, "tflops": 90.0},
+            {"impl": "triton/hopper", "stack": "triton", "rung": "hopper", "loc": 200, "tflops": 500.0},
+            {"impl": "gluon/hopper", "stack": "gluon", "rung": "hopper", "loc": 300, "tflops": 600.0},
+            {"impl": "cute/hopper", "stack": "cute", "rung": "hopper", "loc": 400, "tflops": 650.0},
+        ]
+    )
+    pairs = side_by_side(table)
+    assert list(pairs.columns) == ["rung", "metric", "triton", "gluon", "cute", "gluon/triton", "cute/triton"]
+    pairs = pairs.set_index(["rung", "metric"])
+    tiled = pairs.loc[("tiled", "tflops")]
+    assert math.isnan(tiled["gluon"]) and math.isnan(tiled["gluon/triton"])
+    assert math.isclose(pairs.loc[("hopper", "tflops"), "gluon/triton"], 1.2)
