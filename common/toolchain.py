@@ -1,0 +1,112 @@
+"""The Triton releases this project is tested on, and the tile configurations that differ between them.
+
+Two releases are tested, in CI (``.ci/run``, one leg each) and on the H200:
+
+* Triton 3.6 (torch 2.11), the GPU machine's toolchain, pinned in ``.ci/gpu-machine-constraints.txt``;
+* Triton 3.9 (torch 2.15), what a fresh ``pip install`` resolves to.
+
+Each Triton rung keeps its own table of tiles, chosen on the H200 under Triton 3.6. A newer release
+allocates registers differently, and a tile that fitted in 255 registers per thread may spill to
+local memory under it. :data:`RELEASE_OVERRIDES` is the one place where a release replaces fields of
+a rung's tile: each rung builds its table through :func:`release_configs`. A Triton between or past
+the tested releases gets the overrides of the newest tested release not newer than it (below them
+all, the oldest one's), and :func:`tested_triton_status` warns that it is untested.
+:func:`triton_config_record` lists the tiles in force, for the results' ``env.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Hashable, Mapping
+from typing import Any, TypeVar
+
+TESTED_TRITON = ("3.6", "3.9")
+
+# release -> (rung, the key of the rung's own table) -> fields that replace the table's entry.
+# Every entry here is a tile that spills under that release (ptxas, sm_90a) and one that does not.
+RELEASE_OVERRIDES: dict[str, dict[tuple[str, Hashable], dict[str, Any]]] = {
+    "3.6": {},
+    "3.9": {
+        ("triton/online", 128): {"rows_rep": 2, "block_n": 32, "block_d": 8},
+        ("triton/online", 256): {"rows_lane": 8},
+        ("triton/pipelined", (256, False)): {"num_warps": 8},
+        ("triton/hopper", 128): {"overlap": False},
+        ("triton/fp8", 128): {"num_stages": 2},
+    },
+}
+
+ConfigT = TypeVar("ConfigT")
+KeyT = TypeVar("KeyT", bound=Hashable)
+
+
+def installed_triton() -> str:
+    """The version string of the Triton that ``import triton`` finds (may be a PYTHONPATH copy)."""
+    import triton
+
+    return triton.__version__
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        raise ValueError(f"expected a Triton version like '3.9.0', got {version!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+@functools.cache
+def triton_release(version: str | None = None) -> str:
+    """The tested release whose tile configurations apply to ``version`` (default: the installed one)."""
+    wanted = _major_minor(version or installed_triton())
+    older = [release for release in TESTED_TRITON if _major_minor(release) <= wanted]
+    return max(older, key=_major_minor) if older else TESTED_TRITON[0]
+
+
+def tested_triton_status(version: str | None = None) -> str | None:
+    """None when ``version`` (default: the installed Triton) is a tested release, else a warning."""
+    version = version or installed_triton()
+    major, minor = _major_minor(version)
+    if f"{major}.{minor}" in TESTED_TRITON:
+        return None
+    return (
+        f"Triton {version} is not a tested release (tested: {', '.join(TESTED_TRITON)}); the Triton rungs use "
+        f"the tiles chosen for {triton_release(version)}, which may spill or run slower on it"
+    )
+
+
+def release_configs(rung: str, table: Mapping[KeyT, ConfigT]) -> dict[KeyT, ConfigT]:
+    """A rung's tile table with the installed release's overrides applied (a new dict)."""
+    overrides = RELEASE_OVERRIDES[triton_release()]
+    return {
+        key: dataclasses.replace(config, **overrides[rung, key]) if (rung, key) in overrides else config
+        for key, config in table.items()
+    }
+
+
+def tile_key_name(key: Hashable) -> str:
+    """A rung table's key as the record names it: ``D=128`` or, for (head_dim, causal) keys, ``D=128 causal``."""
+    head_dim, causal = key if isinstance(key, tuple) else (key, False)
+    return f"D={head_dim}" + (" causal" if causal else "")
+
+
+def triton_config_record() -> dict[str, Any]:
+    """For env.json: the Triton version, whose tile table applies, and each Triton rung's default tiles."""
+    from triton_impl import fp8, hopper, online, pipelined, tiled
+
+    def by_key(table: Mapping[Any, Any]) -> dict[str, Any]:
+        return {
+            tile_key_name(key): dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
+            for key, config in table.items()
+        }
+
+    return {
+        "triton": installed_triton(),
+        "config_release": triton_release(),
+        "untested": tested_triton_status(),
+        "triton/online": by_key(online.CONFIGS),
+        "triton/tiled": by_key(tiled.BLOCKS),
+        "triton/pipelined": by_key(pipelined.DEFAULT_CONFIGS),
+        "triton/hopper": by_key(hopper.DEFAULT_CONFIGS),
+        "triton/fp8": by_key(fp8.DEFAULT_CONFIGS),
+    }

@@ -1,0 +1,155 @@
+"""The Triton release table (``common.toolchain``) and what it promises.
+
+Every Triton rung's default tile, at every head dim it supports, causal and not, compiles for sm_90a
+without spills under the installed release (bf16; fp16 builds allocate the same registers). CI runs
+this on both tested releases, one per leg. The installed release must be one the table was checked
+against, and any other version gets a warning naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+
+from common.toolchain import (
+    RELEASE_OVERRIDES,
+    TESTED_TRITON,
+    tested_triton_status,
+    tile_key_name,
+    triton_config_record,
+    triton_release,
+)
+from triton_impl import fp8, hopper, naive, online, pipelined, tiled
+
+ROOT = Path(__file__).resolve().parent.parent
+# One worker compiles them all (pytest-xdist's --dist loadgroup), not one copy per worker.
+pytestmark = pytest.mark.xdist_group("sm90-compile")
+
+HEAD_DIMS = {
+    "naive": naive.HEAD_DIMS,
+    "online": online.HEAD_DIMS,
+    "tiled": tiled.HEAD_DIMS,
+    "pipelined": pipelined.HEAD_DIMS,
+    "hopper": hopper.HEAD_DIMS,
+    "fp8": hopper.HEAD_DIMS,
+}
+TABLES = {
+    "triton/online": online.CONFIGS,
+    "triton/tiled": tiled.BLOCKS,
+    "triton/pipelined": pipelined.DEFAULT_CONFIGS,
+    "triton/hopper": hopper.DEFAULT_CONFIGS,
+    "triton/fp8": fp8.DEFAULT_CONFIGS,
+}
+# A tile that spills on every tested release (fp8 at D=256 with one warpgroup: O and the fresh P V
+# accumulator need 2 × 128 fp32 registers per thread), so the probe is seen to catch a spill.
+PLANTED = "planted: triton/fp8 D=256 HopperConfig(64, 64, 4, 2)"
+
+_SPILL_PROBE = """
+import json, sys
+from common.problem import Problem
+from common.static import cubin_resources
+from triton_impl import fp8, hopper, naive, online, pipelined, tiled
+
+def usage(binaries):
+    found = [u for b in binaries for u in cubin_resources(b.cubin).values()]
+    return [max(u["registers"] for u in found), max(u["stack_bytes"] + u["local_bytes"] for u in found)]
+
+rows = {}
+for name, head_dims in json.loads(sys.argv[1]).items():
+    for head_dim in head_dims:
+        for causal in (False, True):
+            problem = Problem.canonical(8192, head_dim=head_dim, causal=causal)
+            rows[f"triton/{name} D={head_dim}" + (" causal" if causal else "")] = usage(
+                globals()[name].compile_sm90(problem))
+planted = hopper.HopperConfig(64, 64, 4, 2, False)
+rows[sys.argv[2]] = usage(fp8.compile_sm90(Problem.canonical(8192, head_dim=256), planted))
+print(json.dumps(rows))
+"""
+CASES = [
+    f"triton/{name} D={head_dim}" + (" causal" if causal else "")
+    for name, head_dims in HEAD_DIMS.items()
+    for head_dim in head_dims
+    for causal in (False, True)
+]
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, list[int]]:
+    """Registers and spill bytes of every case, compiled in a process without TRITON_INTERPRET."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    command = [sys.executable, "-c", _SPILL_PROBE, json.dumps(HEAD_DIMS), PLANTED]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_default_tile_does_not_spill(case: str, compiled: dict[str, list[int]]):
+    registers, spills = compiled[case]
+    assert spills == 0, (
+        f"{case} spills {spills} bytes per thread ({registers} registers) under Triton {triton.__version__}: "
+        f"give it a spill-free tile in common.toolchain.RELEASE_OVERRIDES[{triton_release()!r}]"
+    )
+
+
+def test_probe_catches_a_spilling_tile(compiled: dict[str, list[int]]):
+    registers, spills = compiled[PLANTED]
+    assert spills > 0, f"{PLANTED}: {registers} registers and no spill; the probe would miss one"
+
+
+def test_installed_triton_is_a_tested_release():
+    status = tested_triton_status()
+    assert status is None, status
+
+
+@pytest.mark.parametrize(
+    ("version", "release", "tested"),
+    [
+        ("3.6.0", "3.6", True),
+        ("3.9.0", "3.9", True),
+        ("3.9.1+gitabc123", "3.9", True),
+        ("3.7.1", "3.6", False),
+        ("3.10.0", "3.9", False),
+        ("4.0.0", "3.9", False),
+        ("3.5.0", "3.6", False),
+    ],
+)
+def test_versions_map_to_a_release_and_untested_ones_warn(version: str, release: str, tested: bool):
+    assert triton_release(version) == release
+    status = tested_triton_status(version)
+    if tested:
+        assert status is None, status
+    else:
+        assert status is not None and version in status and ", ".join(TESTED_TRITON) in status, status
+
+
+def test_version_that_is_not_a_version_is_named():
+    with pytest.raises(ValueError, match="'main'"):
+        triton_release("main")
+
+
+def test_overrides_replace_fields_of_existing_tiles():
+    assert set(RELEASE_OVERRIDES) == set(TESTED_TRITON)
+    for release, overrides in RELEASE_OVERRIDES.items():
+        for (rung, key), fields in overrides.items():
+            assert key in TABLES[rung], f"{release}: {rung} has no tile {key!r}"
+            names = {field.name for field in dataclasses.fields(TABLES[rung][key])}
+            assert set(fields) <= names, f"{release}: {rung} {key!r}: {set(fields) - names} are not tile fields"
+
+
+def test_config_record_shows_the_tiles_in_force():
+    record = triton_config_record()
+    json.dumps(record)
+    assert record["triton"] == triton.__version__ and record["config_release"] == triton_release()
+    assert set(TABLES) <= set(record)
+    for (rung, key), fields in RELEASE_OVERRIDES[triton_release()].items():
+        entry = record[rung][tile_key_name(key)]
+        assert all(entry[field] == value for field, value in fields.items()), (rung, key, entry)
