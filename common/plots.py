@@ -36,6 +36,8 @@ PEAK_COLOUR = "#C44E52"
 # Small PNGs: the repository carries committed plots and travels to the GPU machine.
 DPI = 90
 SLOT_WIDTH = 0.8
+# Latencies spanning more than this ratio get a log axis; errors and TFLOP/s never do.
+LOG_SPAN = 30
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,11 @@ def _peak_lines(axis, panel: pd.DataFrame, peaks: dict[str, Any]) -> None:
             axis.axhline(value, color=PEAK_COLOUR, linewidth=1.5, label=f"{label} GEMM peak (burst) {value:.0f}")
 
 
+def _spans_decades(values: pd.Series) -> bool:
+    positive = values[values > 0].dropna()
+    return len(positive) > 1 and positive.max() / positive.min() > LOG_SPAN
+
+
 def _panel(axis, panel: pd.DataFrame, metric: str, context: PlotContext, slots: _Slots) -> None:
     is_error = metric == "rel_l2_err"
     _draw_slots(axis, panel, slots, metric, with_bounds=is_error)
@@ -185,7 +192,12 @@ def _panel(axis, panel: pd.DataFrame, metric: str, context: PlotContext, slots: 
         _peak_lines(axis, panel, context.peaks)
     axis.set_xticks(range(len(slots.rungs)), slots.rungs)
     axis.set_xlim(-0.6, len(slots.rungs) - 0.4)
-    axis.set_ylim(bottom=0)
+    if metric == "ms" and _spans_decades(panel.loc[panel["status"].isin(MEASURED_STATUSES), metric]):
+        # Latencies of a ladder span decades (naive to hopper); a log axis, said in the label, shows them all.
+        axis.set_yscale("log")
+        axis.set_ylabel(f"{axis.get_ylabel()} (log scale)")
+    else:
+        axis.set_ylim(bottom=0)
     if is_error:
         # Linear from zero with headroom, so bar heights compare honestly.
         top = pd.concat([panel[metric], panel.get("rel_l2_bound", pd.Series(dtype=float))]).dropna()
@@ -196,7 +208,7 @@ def _panel(axis, panel: pd.DataFrame, metric: str, context: PlotContext, slots: 
     axis.set_xlabel("rung (ladder order)")
     handles = [Patch(color=stack_colour(s, slots.stacks), label=s) for s in slots.stacks]
     extra, labels = axis.get_legend_handles_labels()
-    axis.legend(handles=handles + extra, labels=[h.get_label() for h in handles] + labels, fontsize=7, loc="upper left")
+    axis.legend(handles=handles + extra, labels=[h.get_label() for h in handles] + labels, fontsize=7, loc="best")
     if absent:
         axis.text(
             0.99, 0.99, "not drawn: " + ", ".join(absent), transform=axis.transAxes, ha="right", va="top", fontsize=6
@@ -210,9 +222,9 @@ def metric_figure(frame: pd.DataFrame, metric: str, ylabel: str, what: str, cont
     present = set(frame["rung"])
     slots = _Slots([rung for rung in RUNGS if rung in present], _rung_stacks(frame))
     for axis, causal in zip(axes[0], modes, strict=True):
+        axis.set_ylabel(ylabel)
         if slots.rungs and slots.stacks:
             _panel(axis, frame[frame["causal"] == causal], metric, context, slots)
-        axis.set_ylabel(ylabel)
     fig.suptitle(context.title(what, shape_text(frame)), fontsize=9)
     fig.tight_layout()
     return fig

@@ -166,7 +166,7 @@ def write_report(
     if frame.empty:
         lines += ["No rows were measured.", ""]
     else:
-        lines += [f"Rows: {_status_summary(frame)} (measured: {', '.join(MEASURED_STATUSES)}).", ""]
+        lines += [f"Rows: {_status_summary(frame)}.", ""]
     keys = ["batch", "heads", "seqlen_q", "seqlen_k", "head_dim", "dtype", "causal"]
     for _, group in ladder_order(frame).groupby(keys, sort=False):
         lines += [f"## {_shape_title(group)}", "", markdown_table(group), ""]
