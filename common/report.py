@@ -15,7 +15,6 @@ import pandas as pd
 
 from common.peaks import Peaks
 from common.registry import RUNGS, STACKS
-from common.results import MEASURED_STATUSES
 from common.row_extras import NO_END_TO_END
 
 TABLE_COLUMNS = (
