@@ -248,7 +248,7 @@ def select(implementations: list, only: list[str], skip: list[str]) -> list:
     names = [impl.name for impl in implementations]
     for pattern in [*only, *skip]:
         if not fnmatch.filter(names, pattern):
-            raise SystemExit(f"compare.py: no implementation matches {pattern!r}; valid names: {', '.join(names)}")
+            raise RefusedError(f"no implementation matches {pattern!r}; valid names: {', '.join(names)}")
 
     def wanted(name: str) -> bool:
         chosen = not only or any(fnmatch.fnmatch(name, pattern) for pattern in only)

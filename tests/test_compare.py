@@ -75,8 +75,11 @@ def test_unknown_implementation_lists_valid_names():
     from common.registry import discover
 
     available, _ = discover()
-    with pytest.raises(SystemExit, match=r"no implementation matches 'triton/nope'; valid names: .*sdpa/math"):
+    with pytest.raises(
+        compare.RefusedError, match=r"no implementation matches 'triton/nope'; valid names: .*sdpa/math"
+    ):
         compare.select(available, ["triton/nope"], [])
+    assert compare.main(["--only", "triton/nope", "--no-static"]) == compare.EXIT_USAGE
     chosen = compare.select(available, ["sdpa/*"], ["sdpa/math"])
     assert [impl.name for impl in chosen] == ["sdpa/flash", "sdpa/cudnn", "sdpa/efficient"]
 
