@@ -26,6 +26,8 @@ from triton_impl.gluon import hopper
 from triton_impl.gluon._device import LOAD_REGISTERS
 
 ROOT = Path(__file__).resolve().parent.parent
+# The compile fixture runs once per variant in one pytest-xdist worker (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("gluon-compile")
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 # (head_dim, causal, dtype name) variants compiled on the CPU.

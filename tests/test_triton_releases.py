@@ -30,7 +30,7 @@ from triton_impl import fp8, hopper, naive, online, pipelined, tiled
 
 ROOT = Path(__file__).resolve().parent.parent
 # One worker compiles them all (pytest-xdist's --dist loadgroup), not one copy per worker.
-pytestmark = pytest.mark.xdist_group("sm90-compile")
+pytestmark = pytest.mark.xdist_group("triton-releases")
 
 HEAD_DIMS = {
     "naive": naive.HEAD_DIMS,
