@@ -152,6 +152,9 @@ def _draw_slots(axis, panel: pd.DataFrame, slots: _Slots, metric: str, with_boun
                 half = slots.width / 2
                 axis.hlines(bound, x - half, x + half, colors="black", linestyles="--", linewidth=1.2)
                 bound_drawn = True
+            elif with_bounds and row["status"] in MEASURED_STATUSES:
+                # Say so rather than leave a bar that looks unjudged.
+                axis.text(x, 0.5, "bound not recorded", transform=at_bottom, rotation=90, ha="center", fontsize=6)
     if bound_drawn:
         axis.plot([], [], color="black", linestyle="--", label="pass threshold (per rung)")
 

@@ -104,6 +104,14 @@ def test_error_plot_is_linear_from_zero_with_the_pass_threshold(figures):
     assert len(thresholds) == 2 * 3  # per panel, the three measured ladder rows, each with its bound
 
 
+def test_error_plot_says_when_a_rows_bound_was_not_recorded():
+    frame = _run_rows()
+    frame.loc[frame["impl"] == "gluon/hopper", "rel_l2_bound"] = math.nan
+    figure = run_figures(frame, GPU_CONTEXT)["error.png"]
+    assert _texts(figure).count("bound not recorded") == 2
+    plt.close("all")
+
+
 def test_cpu_run_plots_interpreter_latency_only():
     context = PlotContext(gpu="CPU (Triton interpreter)", toolchain="Triton 3.9.0, CuTe DSL 4.8.1", cpu_only=True)
     built = run_figures(_run_rows(), context)
