@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from common.inputs import make_inputs, poison_
-from common.metrics import ErrorStats, error_stats
+from common.metrics import EmulationStats, ErrorStats, emulation_stats, error_stats
 from common.problem import Problem
 from common.reference import reference_attention
 from common.registry import Implementation, Runner
@@ -20,11 +20,13 @@ class CheckResult:
     reason: str
     error: ErrorStats
     sdpa_error: ErrorStats | None
+    emulation: EmulationStats | None = None
 
     def summary(self) -> str:
         sdpa_text = self.sdpa_error.summary() if self.sdpa_error else "n/a"
         verdict = "ok" if self.ok else f"WRONG ({self.reason})"
-        return f"{verdict}: {self.error.summary()} | sdpa: {sdpa_text}"
+        emulation_text = f" | {self.emulation.summary()}" if self.emulation else ""
+        return f"{verdict}: {self.error.summary()} | sdpa: {sdpa_text}{emulation_text}"
 
 
 def run_poisoned(run: Runner) -> torch.Tensor:
@@ -37,6 +39,25 @@ def run_poisoned(run: Runner) -> torch.Tensor:
 def sdpa_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, ref: torch.Tensor) -> ErrorStats:
     """SDPA's own error in the problem's dtype on the same inputs (the tolerance's yardstick)."""
     return error_stats(sdpa(q, k, v, problem), ref)
+
+
+def judge_output(
+    impl: Implementation,
+    out: torch.Tensor,
+    err: ErrorStats,
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    problem: Problem,
+    ref: torch.Tensor,
+    sdpa_err: ErrorStats | None,
+) -> tuple[bool, str, EmulationStats | None]:
+    """(ok, reason, emulation stats) of ``out`` by ``impl``'s rule. An FP8 rule's yardstick is the
+    rung's fp64 emulation of its own quantisation of ``inputs`` (``impl.emulate``), computed here."""
+    emulation = None
+    if impl.error_rule.needs_emulation and impl.emulate is not None:
+        emulated = impl.emulate(*inputs, problem)
+        emulation = emulation_stats(out, emulated.out, emulated.bound, ref)
+    ok, reason = impl.error_rule.judge(err, sdpa_err, emulation)
+    return ok, reason, emulation
 
 
 def check_implementation(
@@ -60,5 +81,5 @@ def check_on_inputs(
     out = run_poisoned(impl.prepare(q, k, v, problem))
     err = error_stats(out, ref)
     yardstick = sdpa_error(q, k, v, problem, ref)
-    ok, reason = impl.error_rule.judge(err, yardstick)
-    return CheckResult(ok, reason, err, yardstick)
+    ok, reason, emulation = judge_output(impl, out, err, (q, k, v), problem, ref, yardstick)
+    return CheckResult(ok, reason, err, yardstick, emulation)

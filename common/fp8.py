@@ -1,73 +1,142 @@
-"""What both FP8 rungs share: the e4m3 range, V's key-permuted operand layout, the input-rounding floor.
+"""What both FP8 rungs share: the host quantiser, FA3's input distribution, and the fp64 emulation
+that judges them.
 
-Why V's keys are permuted
--------------------------
-For O += P V the FP8 WGMMA takes P from registers as its A operand (m64 x k32, e4m3). That layout
-gives lane t of a quad the four *consecutive* keys 4t..4t+3 of each 16-key half, but the S
-accumulator that P is computed in gives the same lane the key *pairs* 2t, 2t+1, 2t+8, 2t+9. Reading
-P's registers as the A operand therefore multiplies slot 4t+i by the key the lane holds in register
-i; storing V's keys in that same order (``PERMUTED_KEY_ORDER``) makes the product exact with no
-cross-lane shuffle (``cute_impl/_hopper_device.scores_to_operand_a`` renames the registers).
+Quantisation (``Quantisation``, ``quantise``)
+---------------------------------------------
+Q, K and V are rounded to e4m3 after dividing by a scale that maps a group's amax onto 448 (e4m3's
+largest finite value). Two choices, the same in both stacks:
 
-Why the 3e-2 error target is out of reach on standard-normal inputs
--------------------------------------------------------------------
-``input_rounding_error`` computes attention in float64 on the e4m3-rounded Q, K, V (exact
-softmax, P unrounded) against the unquantised inputs: no kernel that reads e4m3 Q, K, V can do
-better. On standard-normal inputs it is about 4.8e-2 (each operand's 2.7 % rounding noise reaches O
-undamped when V has zero mean); the kernels, which also round P, measure about 5.3e-2.
+* Scale granularity. Per tensor: one scale for all of Q (K, V). Per block (FlashAttention-3's
+  block quantisation): one scale per ``q_block_rows`` rows of Q and per ``kv_block_rows`` rows of K
+  and of V, per (batch, head). The blocks match the kernels' tiles (64 query rows: one Triton CTA,
+  one CuTe consumer warpgroup; 128 keys: one key block), so each scale is a scalar where it is
+  applied: Q's folds into the softmax scale of the tile, K's multiplies the scores of its key block
+  before the running max (a positive factor, so the max commutes with it), V's multiplies that
+  block's fp32 P V partial when it is added to O. A block whose values are small is no longer
+  rounded on the scale of the tensor's largest outlier, so its relative rounding error stays at
+  e4m3's 2^-4 instead of growing with the outlier's size.
+* Incoherent processing (``rotation``): Q and K multiplied by one random orthogonal matrix
+  (Hadamard times random signs, ``random_hadamard``) before quantising. Q Kᵀ is unchanged in exact
+  arithmetic, but an outlier channel is spread over all D channels, so the amax that sets each
+  scale drops and the other entries keep more bits.
 
-Incoherent processing
----------------------
-Q Kᵀ = (Q R)(K R)ᵀ for any orthogonal R. With R a Hadamard matrix times random signs
-(``random_hadamard``), an outlier entry of Q or K is spread over all D channels before rounding,
-which lowers the rounding error of the large scores it would otherwise dominate. Standard-normal
-data is unchanged in distribution by a rotation, so there it neither helps nor hurts.
+``results/h200/fp8_error.md`` (``python -m common.fp8_error``, FA3's Table 3 experiment) measures
+what each buys on FA3's input distribution (``fa3_inputs``).
+
+The emulation (``emulate``)
+---------------------------
+The yardstick of an fp8 rung is the float64 attention of exactly what its kernel reads (the same
+e4m3 bytes and scales) with P rounded to e4m3 the way the kernel rounds it: P = 2^(s - m_b + 8),
+where s is the score in log2 units and m_b the running row maximum after key block b in the
+kernel's visiting order (both kernels move the maximum on every increase), rounded to e4m3 for the
+P V product, while the row sum adds the unrounded P. O is the sum over blocks of the rounded P V,
+rescaled to the final maximum, over that row sum.
+
+``emulate`` also returns an elementwise bound on |kernel - emulation|, derived from what the
+kernel does in finite precision that the emulation does exactly:
+
+* The scores: the tensor cores accumulate Q8 K8ᵀ with reduced precision (``MMA_ACCUMULATION_EPS``
+  of the sum of |products|), and exp2's argument is rounded to fp32 and evaluated approximately
+  (``EXP2_EPS``). A score error δ (log2 units, doubled because the running max carries the same
+  error) can move P across an e4m3 rounding boundary: the bound adds, for each key, how far the
+  rounded P moves when P is scaled by 2^±δ, times |v|.
+* P V: the per-block product is accumulated by the tensor cores with the same reduced precision
+  (``MMA_ACCUMULATION_EPS`` of Σ P8 |v|).
+* The row sum of unrounded P carries P's relative error (δ ln 2), and O is rounded to bf16
+  (``OUTPUT_EPS``, twice bf16's half ulp).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from common.problem import Problem
-from common.reference import reference_attention
 
-# Injected outliers (``with_outliers``): this share of the entries of Q and K, scaled by this much.
-OUTLIER_FRACTION = 1e-3
-OUTLIER_MAGNITUDE = 10.0
-
-# Largest finite e4m3 value: scales map each tensor's amax onto it.
+# Largest finite e4m3 value: scales map each group's amax onto it.
 E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max
-# Keys per permutation group: one 16-wide half of the 32-wide FP8 k-block.
-KEY_GROUP = 16
-# Slot s = 4 t + i of a key group (lane t's four consecutive k) holds key 8 (i // 2) + 2 t + i % 2,
-# the key whose score lane t holds in accumulator register i of that group.
-PERMUTED_KEY_ORDER = tuple(8 * ((slot % 4) // 2) + 2 * (slot // 4) + slot % 2 for slot in range(KEY_GROUP))
+# Both kernels compute P = 2^(s - m + P_EXPONENT): P spans [0, 2^8], clear of e4m3's subnormals (< 2^-6).
+P_EXPONENT = 8.0
+# Quantisation blocks: one CTA's (Triton) or one consumer warpgroup's (CuTe) query rows, one key block.
+Q_BLOCK_ROWS = 64
+KV_BLOCK_ROWS = 128
+
+# FA3's Table 3 inputs: N(0, 1) + N(0, 100) * Bernoulli(0.001) in Q, K and V.
+FA3_OUTLIER_PROBABILITY = 1e-3
+FA3_OUTLIER_STD = 10.0
+
+# Relative accumulation error of an fp8 wgmma: DeepSeek-V3 (section 3.3.2) measured that H800 fp8
+# GEMMs keep about 14 bits while accumulating; 2^-11 leaves a factor 8 of room.
+MMA_ACCUMULATION_EPS = 2.0**-11
+# ex2.approx.f32 (relative 2^-22) and fp32 rounding of exp2's argument (relative 2^-24 of |argument|).
+EXP2_EPS = 2.0**-21
+FP32_EPS = 2.0**-24
+# bf16 output rounding (half ulp 2^-9), doubled for the fp32 normalisation before it.
+OUTPUT_EPS = 2.0**-8
+# fp64 scores held at once by the emulation: QUERY_CHUNK x Sk per (batch, head).
+QUERY_CHUNK = 1024
 
 
-def value_operand(v8: torch.Tensor) -> torch.Tensor:
-    """(B, H, Sk, D) e4m3 -> (B, H, D, Sk') key-contiguous, zero-padded to Sk' = Sk rounded up to 16,
-    keys permuted per group by ``PERMUTED_KEY_ORDER``.
+# ----------------------------------------------------------------------------------------------------
+# Quantisation
+# ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Quantisation:
+    """How Q, K, V become e4m3: per-tensor or per-block scales, with or without a Hadamard rotation."""
 
-    The padding is real zeros, not out-of-bounds fill: a permuted group can move a key below Sk to a
-    slot above it, so kernels must read the whole padded group.
-    """
-    batch, heads, seqlen_k, head_dim = v8.shape
-    padded = -(-seqlen_k // KEY_GROUP) * KEY_GROUP
-    order = torch.tensor(PERMUTED_KEY_ORDER, device=v8.device)
-    keys = (torch.arange(padded // KEY_GROUP, device=v8.device)[:, None] * KEY_GROUP + order).flatten()
-    # e4m3 has no torch kernels for indexing or padding: move the bytes as uint8.
-    v_bytes = torch.zeros((batch, heads, padded, head_dim), dtype=torch.uint8, device=v8.device)
-    v_bytes[:, :, :seqlen_k] = v8.view(torch.uint8)
-    return v_bytes[:, :, keys].transpose(2, 3).contiguous().view(torch.float8_e4m3fn)
+    block: bool = True
+    rotation: bool = True
+    q_block_rows: int = Q_BLOCK_ROWS
+    kv_block_rows: int = KV_BLOCK_ROWS
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        """``per-tensor``, ``block``, ``rotation`` or ``block+rotation`` (the results' variant column)."""
+        parts = (["block"] if self.block else []) + (["rotation"] if self.rotation else [])
+        return "+".join(parts) or "per-tensor"
+
+    def describe(self) -> str:
+        scales = (
+            f"block scales ({self.q_block_rows} Q rows, {self.kv_block_rows} K/V rows)"
+            if self.block
+            else "per-tensor scales"
+        )
+        rotation = f", Hadamard rotation of Q, K (seed {self.seed})" if self.rotation else ""
+        return f"e4m3, {scales}{rotation}"
 
 
-def round_to_e4m3(x: torch.Tensor, per_head: bool) -> torch.Tensor:
-    """x quantised to e4m3 (amax -> E4M3_MAX, per tensor or per (batch, head)) and scaled back, fp64."""
-    amax = x.abs().amax(dim=(-2, -1), keepdim=True) if per_head else x.abs().amax()
-    scale = torch.where(amax > 0, amax.double() / E4M3_MAX, torch.ones_like(amax, dtype=torch.float64))
-    return (x.double() / scale).to(torch.float8_e4m3fn).double() * scale
+VARIANTS = {
+    variant.name: variant
+    for variant in (
+        Quantisation(block=False, rotation=False),
+        Quantisation(block=True, rotation=False),
+        Quantisation(block=False, rotation=True),
+        Quantisation(block=True, rotation=True),
+    )
+}
+
+
+def quantisation_named(name: str) -> Quantisation:
+    if name not in VARIANTS:
+        raise ValueError(f"unknown fp8 quantisation {name!r}; valid: {', '.join(VARIANTS)}")
+    return VARIANTS[name]
+
+
+@dataclass(frozen=True)
+class QuantisedOperands:
+    """e4m3 Q, K, V (B, H, S, D) and fp32 scales per (B, H, block): value = e4m3 x scale of its block.
+    Per-tensor quantisation fills every block of a tensor with the one scale."""
+
+    q8: torch.Tensor
+    k8: torch.Tensor
+    v8: torch.Tensor
+    q_scale: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+    quantisation: Quantisation
 
 
 def random_hadamard(head_dim: int, seed: int, device: str | torch.device = "cpu") -> torch.Tensor:
@@ -82,28 +151,141 @@ def random_hadamard(head_dim: int, seed: int, device: str | torch.device = "cpu"
     return (hadamard * signs[None, :] / math.sqrt(head_dim)).float().to(device)
 
 
-def with_outliers(x: torch.Tensor, seed: int) -> torch.Tensor:
-    """A copy of ``x`` with ``OUTLIER_FRACTION`` of its entries scaled by ``OUTLIER_MAGNITUDE``."""
+def block_scales(x: torch.Tensor, block_rows: int, per_block: bool) -> torch.Tensor:
+    """fp32 (B, H, ceil(S / block_rows)) scales amax / E4M3_MAX; an all-zero group gets scale 1."""
+    batch, heads, seqlen, head_dim = x.shape
+    blocks = -(-seqlen // block_rows)
+    if per_block:
+        padded = torch.nn.functional.pad(x.abs(), (0, 0, 0, blocks * block_rows - seqlen))
+        amax = padded.view(batch, heads, blocks, block_rows * head_dim).amax(dim=-1).float()
+    else:
+        amax = x.abs().amax().float().expand(batch, heads, blocks)
+    return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax)).contiguous()
+
+
+def quantise_with(x: torch.Tensor, scales: torch.Tensor, block_rows: int) -> torch.Tensor:
+    """x / (its block's scale) in e4m3, (B, H, S, D) contiguous."""
+    row_scale = scales.repeat_interleave(block_rows, dim=-1)[..., : x.shape[2], None]
+    return (x.float() / row_scale).to(torch.float8_e4m3fn)
+
+
+def quantise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, quantisation: Quantisation) -> QuantisedOperands:
+    """Rotate Q and K (if asked), then scale and round Q, K, V to e4m3 (see the module docstring)."""
+    if quantisation.rotation:
+        rotation = random_hadamard(q.shape[-1], quantisation.seed, q.device)
+        q, k = q.float() @ rotation, k.float() @ rotation
+    rows = (quantisation.q_block_rows, quantisation.kv_block_rows, quantisation.kv_block_rows)
+    scales = [block_scales(t, r, quantisation.block) for t, r in zip((q, k, v), rows, strict=True)]
+    q8, k8, v8 = (quantise_with(t, s, r) for t, s, r in zip((q, k, v), scales, rows, strict=True))
+    return QuantisedOperands(q8, k8, v8, *scales, quantisation)
+
+
+def dequantised(x8: torch.Tensor, scales: torch.Tensor, block_rows: int) -> torch.Tensor:
+    """float64 values the kernel multiplies: e4m3 x its block's scale."""
+    row_scale = scales.double().repeat_interleave(block_rows, dim=-1)[..., : x8.shape[2], None]
+    return x8.double() * row_scale
+
+
+def fa3_inputs(
+    problem: Problem, seed: int, device: str | torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashAttention-3's Table 3 distribution: N(0, 1) + N(0, 100) x Bernoulli(0.001), for Q, K and V."""
     generator = torch.Generator().manual_seed(seed)
-    hit = torch.rand(x.shape, generator=generator) < OUTLIER_FRACTION
-    return torch.where(hit.to(x.device), x * OUTLIER_MAGNITUDE, x)
+    tensors = []
+    for seqlen in (problem.seqlen_q, problem.seqlen_k, problem.seqlen_k):
+        shape = (problem.batch, problem.heads, seqlen, problem.head_dim)
+        base = torch.randn(shape, generator=generator)
+        outlier = torch.randn(shape, generator=generator) * FA3_OUTLIER_STD
+        hit = torch.rand(shape, generator=generator) < FA3_OUTLIER_PROBABILITY
+        tensors.append((base + outlier * hit).to(device=device, dtype=problem.dtype))
+    return tuple(tensors)
 
 
-def input_rounding_error(
+# ----------------------------------------------------------------------------------------------------
+# Emulation
+# ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Emulation:
+    """float64 O of the emulated kernel and the elementwise bound on |kernel O - emulated O|."""
+
+    out: torch.Tensor
+    bound: torch.Tensor
+
+
+def round_p(p: torch.Tensor) -> torch.Tensor:
+    """P (float64) as the kernel rounds it: to fp32 (where exp2 computes it), then to e4m3."""
+    return p.float().to(torch.float8_e4m3fn).double()
+
+
+@dataclass(frozen=True)
+class KernelOrder:
+    """What the emulation must copy from a kernel: key-block size and visiting order of the online softmax."""
+
+    block_n: int
+    reverse: bool
+
+
+def _emulate_rows(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    first_row: int,
     problem: Problem,
-    per_head: bool = False,
-    rotation: torch.Tensor | None = None,
-) -> float:
-    """Relative L2 error of exact attention on e4m3-rounded Q, K, V: the floor for any e4m3 kernel.
+    order: KernelOrder,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Emulated O and bound for query rows [first_row, first_row + len) of one (batch, head)."""
+    seqlen_k = k.shape[0]
+    scale_log2 = problem.scale / math.log(2.0)
+    s = (q @ k.T) * scale_log2
+    # Reduced-precision accumulation of Q8 K8ᵀ: at most EPS of the sum of |products|.
+    s_error = MMA_ACCUMULATION_EPS * (q.abs() @ k.abs().T) * scale_log2
+    rows = torch.arange(first_row, first_row + q.shape[0], device=q.device)[:, None]
+    cols = torch.arange(seqlen_k, device=q.device)[None, :]
+    visible = cols <= rows if problem.causal else torch.ones_like(s, dtype=torch.bool)
+    s = s.masked_fill(~visible, -math.inf)
 
-    With ``rotation``, Q and K are rotated before rounding (the result is still compared with the
-    unrotated exact attention, which the rotation leaves unchanged).
-    """
-    exact = reference_attention(q, k, v, problem)
-    if rotation is not None:
-        q, k = (t.double() @ rotation.double() for t in (q, k))
-    rounded = reference_attention(*(round_to_e4m3(t, per_head) for t in (q, k, v)), problem)
-    return ((rounded - exact).norm() / exact.norm()).item()
+    # Running max in the kernel's block order; every key takes the max of its own block's step.
+    blocks = -(-seqlen_k // order.block_n)
+    padded = torch.nn.functional.pad(s, (0, blocks * order.block_n - seqlen_k), value=-math.inf)
+    block_max = padded.view(s.shape[0], blocks, order.block_n).amax(dim=-1)
+    running = block_max.flip(-1).cummax(dim=-1).values.flip(-1) if order.reverse else block_max.cummax(dim=-1).values
+    final_max = running[:, 0] if order.reverse else running[:, -1]
+    key_max = running.repeat_interleave(order.block_n, dim=-1)[:, :seqlen_k]
+    # Rows with no visible key in a block's step so far subtract 0 (the kernels' guard), giving P = 0.
+    key_max = torch.where(torch.isfinite(key_max), key_max, torch.zeros_like(key_max))
+
+    exponent = s - key_max + P_EXPONENT
+    p = torch.exp2(exponent)
+    p8 = round_p(p)
+    # Undo each step's reference: the kernels' alpha factors, exact here.
+    to_final = torch.exp2(key_max - final_max[:, None]).masked_fill(~visible, 0.0)
+    row_sum = (p * to_final).sum(dim=-1, keepdim=True)
+    out = ((p8 * to_final) @ v) / row_sum
+
+    # Bound (module docstring): score error in log2 units, twice for the running max's own error.
+    delta = 2 * (s_error + EXP2_EPS + FP32_EPS * (exponent.abs() + key_max.abs())).masked_fill(~visible, 0.0)
+    delta = delta.amax(dim=-1, keepdim=True)
+    flip = torch.maximum((round_p(p * torch.exp2(delta)) - p8).abs(), (round_p(p * torch.exp2(-delta)) - p8).abs())
+    per_key = (flip + MMA_ACCUMULATION_EPS * p8) * to_final
+    bound = (per_key @ v.abs()) / row_sum + (OUTPUT_EPS + delta * math.log(2.0)) * out.abs()
+    return out, bound
+
+
+def emulate(operands: QuantisedOperands, problem: Problem, order: KernelOrder) -> Emulation:
+    """float64 attention of the quantised operands with P rounded as a kernel visiting key blocks of
+    ``order.block_n`` in ``order`` rounds it, and the bound on the kernel's distance to it."""
+    quantisation = operands.quantisation
+    q = dequantised(operands.q8, operands.q_scale, quantisation.q_block_rows)
+    k = dequantised(operands.k8, operands.k_scale, quantisation.kv_block_rows)
+    v = dequantised(operands.v8, operands.v_scale, quantisation.kv_block_rows)
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    bound = torch.empty_like(out)
+    for b in range(problem.batch):
+        for h in range(problem.heads):
+            for start in range(0, problem.seqlen_q, QUERY_CHUNK):
+                stop = min(start + QUERY_CHUNK, problem.seqlen_q)
+                rows = slice(start, stop)
+                out[b, h, rows], bound[b, h, rows] = _emulate_rows(
+                    q[b, h, rows], k[b, h], v[b, h], start, problem, order
+                )
+    return Emulation(out, bound)

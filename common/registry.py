@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -69,6 +70,12 @@ class Implementation:
     compile_sm90: Callable[[Problem], list[KernelBinary]] | None = None
     # The per-call part of prepare, for an already-prepared signature (see the module docstring).
     bind: Bind | None = None
+    # FP8: the fp64 emulation of the rung's own quantisation, ``emulate(q, k, v, problem) ->
+    # common.fp8.Emulation``, which its error rule judges against (``common.check.judge_output``).
+    emulate: Callable[..., Any] | None = None
+    # Rungs that transform their inputs in prepare (FP8): a prepare whose run() quantises, rotates and
+    # launches in every call, timed end to end by ``common.end_to_end``.
+    prepare_end_to_end: Prepare | None = None
     error_rule: ErrorRule = SDPA_RELATIVE_RULE
     # True when the Triton interpreter can run it on CPU tensors (TRITON_INTERPRET=1).
     runs_on_cpu: bool = False

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common.check import run_poisoned, sdpa_error
+from common.check import judge_output, run_poisoned, sdpa_error
 from common.inputs import make_inputs
 from common.metrics import ErrorStats, error_stats, ratio_vs_sdpa
 from common.peaks import Peaks
@@ -141,7 +141,8 @@ def _measure(
         row.extra_mem_bytes = torch.cuda.max_memory_allocated(device) - baseline - out.numel() * out.element_size()
     err = error_stats(out, workload.reference)
     _fill_errors(row, err, workload, impl)
-    ok, reason = impl.error_rule.judge(err, workload.sdpa_error)
+    inputs = (workload.q, workload.k, workload.v)
+    ok, reason, _ = judge_output(impl, out, err, inputs, problem, workload.reference, workload.sdpa_error)
     if not ok:
         row.status, row.reason = "wrong", reason
     del out

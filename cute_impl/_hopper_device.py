@@ -218,17 +218,26 @@ class OnlineSoftmax:
         self.row_sum.fill(0.0)
 
     @cute.jit
-    def step(self, acc_S: cute.Tensor):
+    def step(self, acc_S: cute.Tensor, key_scale: Float32 | None = None):
         """S -> P in place (exp2 with the scale folded in) and row_sum; O's rescale factor is kept in
         ``correction`` (exactly 1 where the reference did not move) for :meth:`rescale_output`, which
-        runs once the in-flight O += P V has retired."""
+        runs once the in-flight O += P V has retired.
+
+        ``key_scale`` (FP8 block quantisation): this key block's K scale. It multiplies the block max
+        (positive, so it commutes with the max) and joins the exp2 factor, so ``row_max`` stays in
+        units that every block shares at no cost per score."""
         rS = rows_cols_view(acc_S)
         scale_log2 = self.softmax_scale_log2
+        score_scale_log2 = scale_log2
+        if cutlass.const_expr(key_scale is not None):
+            score_scale_log2 = scale_log2 * key_scale
         # Local names: the DSL's dynamic `if` below may write tensors, but not attributes of self.
         row_max, row_sum, correction = self.row_max, self.row_sum, self.correction
         for r in cutlass.range_constexpr(cute.size(rS, mode=[0])):
             block_max = tree_reduce(row_values(rS, r), cute.arch.fmax)
             block_max = cute.arch.warp_reduction_max(block_max, threads_in_group=THREADS_PER_ROW)
+            if cutlass.const_expr(key_scale is not None):
+                block_max = block_max * key_scale
             correction[r] = Float32(1.0)
             # The first block with a visible key always moves the reference (-inf + threshold = -inf).
             # The factor is then exp2(-inf) = 0 for a reference of -inf: nothing was accumulated yet.
@@ -243,23 +252,21 @@ class OnlineSoftmax:
                 max_scaled = Float32(0.0)
             p_base = max_scaled - self.p_exponent_offset
             for c in cutlass.range_constexpr(cute.size(rS, mode=[1])):
-                rS[r, c] = cute.math.exp2(rS[r, c] * scale_log2 - p_base, fastmath=True)
+                rS[r, c] = cute.math.exp2(rS[r, c] * score_scale_log2 - p_base, fastmath=True)
             row_sum[r] = row_sum[r] + tree_reduce(row_values(rS, r), operator.add)
 
     @cute.jit
-    def rescale_output(self, acc_O: cute.Tensor, acc_PV: cute.Tensor | None = None):
+    def rescale_output(self, acc_O: cute.Tensor, acc_PV: cute.Tensor | None = None, pv_scale: Float32 | None = None):
         """O *= correction row by row, skipped when no row of this warp moved its reference in the
         last :meth:`step` (one warp-uniform branch: no divergence, and ptxas keeps the block whole).
 
-        With ``acc_PV`` (the previous block's P V accumulated apart), O = (O + P V) * correction.
+        With ``acc_PV`` (the previous block's P V accumulated apart), O = (O + P V) * correction; with
+        ``pv_scale`` (FP8 block quantisation: that block's V scale), O = (O + P V * pv_scale) * correction.
         """
         rO = rows_cols_view(acc_O)
         rows = cute.size(rO, mode=[0])
         if cutlass.const_expr(acc_PV is not None):
-            rPV = rows_cols_view(acc_PV)
-            for r in cutlass.range_constexpr(rows):
-                for c in cutlass.range_constexpr(cute.size(rO, mode=[1])):
-                    rO[r, c] = rO[r, c] + rPV[r, c]
+            add_block_product(acc_O, acc_PV, pv_scale)
         correction = self.correction
         moved = correction[0] != 1.0
         for r in cutlass.range_constexpr(1, rows):
@@ -284,6 +291,30 @@ class OnlineSoftmax:
                 lse[r] = (self.row_max[r] * self.softmax_scale_log2 + log2_sum) * LN_2
             for c in cutlass.range_constexpr(cute.size(rO, mode=[1])):
                 rO[r, c] = rO[r, c] * inverse
+
+
+@cute.jit
+def add_block_product(acc_O: cute.Tensor, acc_PV: cute.Tensor, pv_scale: Float32 | None = None):
+    """O += P V of one key block (times its V scale with FP8 block quantisation: one FMA per value)."""
+    if cutlass.const_expr(pv_scale is None):
+        acc_O.store(acc_O.load() + acc_PV.load())
+    else:
+        acc_O.store(acc_O.load() + acc_PV.load() * pv_scale)
+
+
+class BlockScales:
+    """FP8 block quantisation: the scales of one (batch, head)'s key blocks of K and of V, read from
+    global memory (L1-cached, two floats per block) where each block is processed."""
+
+    def __init__(self, key_scales: cute.Tensor, value_scales: cute.Tensor):
+        self.key_scales = key_scales
+        self.value_scales = value_scales
+
+    def key(self, n_block: Int32) -> Float32:
+        return self.key_scales[n_block]
+
+    def value(self, n_block: Int32) -> Float32:
+        return self.value_scales[n_block]
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -74,17 +74,21 @@ sm_90, fp16/bf16 inputs, head_dim 64 or 128, softmax_scale > 0, any Sq, Sk >= 1,
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from common.fp8 import E4M3_MAX, random_hadamard, value_operand
+from common.fp8 import Emulation, KernelOrder, Quantisation, QuantisedOperands, quantise
+from common.fp8 import emulate as emulate_quantised
 from common.metrics import FP8_RULE
 from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner
+from common.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.validation import kernel_operand, validate_attention_inputs
 from cute_impl._hopper_device import LOG2_E
 from cute_impl.hopper import (
     DTYPES,
     HEAD_DIMS,
+    ROWS_PER_WARPGROUP,
     HopperConfig,
     common_problem_supported,
     compile_config_sm90,
@@ -93,59 +97,123 @@ from cute_impl.hopper import (
     launcher,
 )
 
-
-def quantize(tensor: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """Per-tensor e4m3 quantisation: (values / scale) in e4m3 and ``scale`` (= amax / 448)."""
-    amax = tensor.abs().amax().float().item()
-    scale = amax / E4M3_MAX if amax > 0 else 1.0
-    return (tensor.float() / scale).to(torch.float8_e4m3fn), scale
-
-
-def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    validate_attention_inputs(
-        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, dtypes=DTYPES, head_dims=HEAD_DIMS
-    )
-    return quantized_launcher(default_config(problem, fp8=True), q, k, v, problem)
+# Keys per permutation group: one 16-wide half of the 32-wide FP8 k-block.
+KEY_GROUP = 16
+# Slot s = 4 t + i of a key group (lane t's four consecutive k) holds key 8 (i // 2) + 2 t + i % 2,
+# the key whose score lane t holds in accumulator register i of that group.
+PERMUTED_KEY_ORDER = tuple(8 * ((slot % 4) // 2) + 2 * (slot // 4) + slot % 2 for slot in range(KEY_GROUP))
+# What compare.py and the tests run: the most accurate variant, at a kernel speed within the 5 % the
+# issue allows of per-tensor scaling (docs/perf-log.md).
+DEFAULT_QUANTISATION = Quantisation(block=True, rotation=True)
 
 
-def prepare_incoherent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, seed: int = 0) -> Runner:
-    """``prepare`` with incoherent processing: Q and K rotated by a random Hadamard matrix first."""
-    validate_attention_inputs(
-        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, dtypes=DTYPES, head_dims=HEAD_DIMS
-    )
-    rotation = random_hadamard(problem.head_dim, seed, q.device)
-    return quantized_launcher(default_config(problem, fp8=True), q, k, v, problem, rotation)
+def value_operand(v8: torch.Tensor) -> torch.Tensor:
+    """(B, H, Sk, D) e4m3 -> (B, H, D, Sk') key-contiguous, zero-padded to Sk' = Sk rounded up to 16,
+    keys permuted per group by ``PERMUTED_KEY_ORDER``.
+
+    The padding is real zeros, not out-of-bounds fill: a permuted group can move a key below Sk to a
+    slot above it, so kernels must read the whole padded group.
+    """
+    batch, heads, seqlen_k, head_dim = v8.shape
+    padded = -(-seqlen_k // KEY_GROUP) * KEY_GROUP
+    order = torch.tensor(PERMUTED_KEY_ORDER, device=v8.device)
+    keys = (torch.arange(padded // KEY_GROUP, device=v8.device)[:, None] * KEY_GROUP + order).flatten()
+    # e4m3 has no torch kernels for indexing or padding: move the bytes as uint8.
+    v_bytes = torch.zeros((batch, heads, padded, head_dim), dtype=torch.uint8, device=v8.device)
+    v_bytes[:, :, :seqlen_k] = v8.view(torch.uint8)
+    return v_bytes[:, :, keys].transpose(2, 3).contiguous().view(torch.float8_e4m3fn)
 
 
-def quantized_launcher(
-    config: HopperConfig,
+def fp8_config(problem: Problem, quantisation: Quantisation) -> HopperConfig:
+    """``hopper``'s FP8 configuration, reading block scales when ``quantisation`` has them."""
+    config = dataclasses.replace(default_config(problem, fp8=True), block_scales=quantisation.block)
+    if quantisation.block and (
+        quantisation.q_block_rows != ROWS_PER_WARPGROUP or quantisation.kv_block_rows != config.tile_n
+    ):
+        raise ValueError(
+            f"cute/fp8 block scales must match its tiles ({ROWS_PER_WARPGROUP} Q rows per warpgroup, "
+            f"{config.tile_n} keys per block), got {quantisation.q_block_rows} / {quantisation.kv_block_rows}"
+        )
+    return config
+
+
+def quantised(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, quantisation: Quantisation) -> QuantisedOperands:
+    return quantise(*(kernel_operand(t) for t in (q, k, v)), quantisation)
+
+
+def quantised_launcher(
+    config: HopperConfig, operands: QuantisedOperands, problem: Problem, sm_count: int | None = None
+) -> Runner:
+    """Steps 1-3: e4m3 bytes of Q, K and permuted Vᵀ, then the ``hopper`` launcher with the scales."""
+    q8, k8, vt8 = (t.view(torch.uint8) for t in (operands.q8, operands.k8, value_operand(operands.v8)))
+    scales = (operands.q_scale, operands.k_scale, operands.v_scale)
+    run = launcher(config, q8, k8, vt8, problem.scale * LOG2_E, 1.0, sm_count=sm_count, scales=scales)
+    run.variant = operands.quantisation.name
+    return run
+
+
+def bind(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     problem: Problem,
-    rotation: torch.Tensor | None = None,
+    quantisation: Quantisation = DEFAULT_QUANTISATION,
 ) -> Runner:
-    """Steps 1-2 (quantise, transpose and permute V), then the ``hopper`` launcher with the descales.
-
-    ``rotation`` (orthogonal, D x D) multiplies Q and K before quantisation; Q Kᵀ is unchanged.
-    """
-    q8, k8, v8, qk_scale, v_scale = quantized_operands(q, k, v, rotation)
-    return launcher(config, q8, k8, v8, problem.scale * LOG2_E * qk_scale, v_scale)
+    """Quantise validated q, k, v (values change per call, so this is per-call work) and return the
+    launch-only ``run`` (compiled once per configuration); no launch."""
+    return quantised_launcher(fp8_config(problem, quantisation), quantised(q, k, v, quantisation), problem)
 
 
-def quantized_operands(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotation: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, float]:
-    """e4m3 Q, K and permuted Vᵀ as the bytes the kernel reads, with the Q·K descale and V's descale."""
-    if rotation is not None:
-        q, k = (t.float() @ rotation for t in (q, k))
-    (q8, q_scale), (k8, k_scale), (v8, v_scale) = (quantize(kernel_operand(t)) for t in (q, k, v))
-    q8, k8, vt8 = (t.view(torch.uint8) for t in (q8, k8, value_operand(v8)))
-    return q8, k8, vt8, q_scale * k_scale, v_scale
+def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Problem:
+    return validate_attention_inputs(
+        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, dtypes=DTYPES, head_dims=HEAD_DIMS
+    )
 
 
-def compile_sm90(problem: Problem) -> list[KernelBinary]:
-    return compile_config_sm90(default_config(problem, fp8=True), "cute_fp8_attention")
+def prepare(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    quantisation: Quantisation = DEFAULT_QUANTISATION,
+) -> Runner:
+    """Validate, quantise (``quantisation``: ``common.fp8.VARIANTS``), bind, warm up; run() is the kernel."""
+    return warmed_up(bind(q, k, v, _validate(q, k, v, problem), quantisation), q.device)
+
+
+def prepare_end_to_end(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    quantisation: Quantisation = DEFAULT_QUANTISATION,
+) -> Runner:
+    """Like ``prepare``, but every run() quantises, rotates and launches: the per-call cost of fp8."""
+    checked = _validate(q, k, v, problem)
+    prepare(q, k, v, checked, quantisation)
+
+    def run() -> torch.Tensor:
+        return bind(q, k, v, checked, quantisation)()
+
+    run.variant = quantisation.name
+    return run
+
+
+def emulate(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    quantisation: Quantisation = DEFAULT_QUANTISATION,
+) -> Emulation:
+    """The fp64 emulation this rung is judged against: the same quantisation, key blocks of
+    ``tile_n`` visited from the last to the first."""
+    order = KernelOrder(block_n=default_config(problem, fp8=True).tile_n, reverse=True)
+    return emulate_quantised(quantised(q, k, v, quantisation), problem, order)
+
+
+def compile_sm90(problem: Problem, quantisation: Quantisation = DEFAULT_QUANTISATION) -> list[KernelBinary]:
+    return compile_config_sm90(fp8_config(problem, quantisation), "cute_fp8_attention")
 
 
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
@@ -162,11 +230,15 @@ IMPLEMENTATION = Implementation(
     stack="cute",
     rung="fp8",
     prepare=prepare,
+    bind=bind,
     supports=supports,
     compile_sm90=compile_sm90,
     error_rule=FP8_RULE,
+    emulate=emulate,
+    prepare_end_to_end=prepare_end_to_end,
     runs_on_cpu=False,
     required_ptx=("e4m3 mma", "wgmma.mma_async"),
     forbidden_ptx=("mma.sync",),
     source_file=__file__,
+    notes=f"quantisation: {DEFAULT_QUANTISATION.describe()}",
 )

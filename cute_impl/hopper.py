@@ -202,8 +202,8 @@ from cute_impl._hopper_device import (
     OnlineSoftmax,
     TileOrder,
     WarpgroupTurns,
-    rows_cols_view,
     add_block_product,
+    rows_cols_view,
     scores_to_operand_a,
 )
 from cute_impl._host import CUTE_DTYPES, current_stream, to_cute_tensor
@@ -347,7 +347,9 @@ class HopperAttention:
         """(B, H, X) -> (X, (H, B)), the (head, batch) mode indexed like the operands' (LSE, FP8 scales)."""
         if t is None:
             return None
-        layout = cute.make_layout((t.shape[2], (t.shape[1], t.shape[0])), stride=(t.stride[2], (t.stride[1], t.stride[0])))
+        layout = cute.make_layout(
+            (t.shape[2], (t.shape[1], t.shape[0])), stride=(t.stride[2], (t.stride[1], t.stride[0]))
+        )
         return cute.make_tensor(t.iterator, layout)
 
     @cute.jit
@@ -585,7 +587,13 @@ class HopperAttention:
                 n_block_count, masked_count = self.key_blocks.counts(m_block, seqlen_k)
                 row_start = m_block * self.tile_m + w * rows
                 tile_scale_log2, tile_output_scale, scales = self.descales(
-                    mQScale, mKScale, mVScale, softmax_scale_log2, output_scale, m_block * self.consumer_warpgroups + w, bh
+                    mQScale,
+                    mKScale,
+                    mVScale,
+                    softmax_scale_log2,
+                    output_scale,
+                    m_block * self.consumer_warpgroups + w,
+                    bh,
                 )
                 acc_O.fill(0.0)
                 # FP8: P in [0, 2^8] rather than [0, 1] keeps small probabilities out of e4m3's subnormals,
@@ -891,7 +899,9 @@ def launcher(
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
     element = FP8_CUTLASS if config.fp8 else None
     if config.fp8 != (scales is not None):
-        raise ValueError(f"FP8 operands need their scales and 16-bit ones none (fp8={config.fp8}, scales given: {scales is not None})")
+        raise ValueError(
+            f"FP8 operands need their scales and 16-bit ones none: fp8={config.fp8}, scales given={scales is not None}"
+        )
     scale_args = (None,) * 3 if scales is None else tuple(to_cute_tensor(t) for t in scales)
     args = (*(to_cute_tensor(t, element) for t in (q, k, v)), to_cute_tensor(o), to_cute_tensor(lse), *scale_args)
     # The SM count is a launch argument (read here, at run time), so compiling never queries a device.

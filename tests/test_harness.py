@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from common.inputs import make_inputs
-from common.metrics import FP8_RULE, SDPA_RELATIVE_RULE, ErrorStats, error_stats
+from common.metrics import FP8_RULE, SDPA_RELATIVE_RULE, EmulationStats, ErrorStats, error_stats
 from common.peaks import Peaks
 from common.problem import Problem, visible_keys
 from common.reference import reference_attention
@@ -127,9 +127,16 @@ def test_sdpa_relative_rule_boundaries():
     assert not ok and "rel_l2" in reason
 
 
-def test_fp8_rule_is_an_absolute_relative_l2_cap():
-    assert FP8_RULE.judge(ErrorStats(0.1, 0.01, 0.029, 0), None)[0]
-    assert not FP8_RULE.judge(ErrorStats(0.1, 0.01, 0.031, 0), None)[0]
+def test_fp8_rule_boundaries_against_the_emulation():
+    """Planted bugs through the whole emulation: tests/test_error_rules.py. Here the two limits."""
+    emulation = EmulationStats(ErrorStats(0.1, 0.01, 0.05, 0), max_abs_diff=1e-3, max_bound_ratio=0.5)
+    limit = (1 + FP8_RULE.emulation_margin) * 0.05 + FP8_RULE.atol
+    assert FP8_RULE.judge(ErrorStats(0.1, 0.01, limit * 0.999, 0), None, emulation)[0]
+    ok, reason = FP8_RULE.judge(ErrorStats(0.1, 0.01, limit * 1.001, 0), None, emulation)
+    assert not ok and "emulation" in reason
+    outside = EmulationStats(emulation.error, max_abs_diff=1e-3, max_bound_ratio=1.01)
+    ok, reason = FP8_RULE.judge(ErrorStats(0.1, 0.01, 0.05, 0), None, outside)
+    assert not ok and "bound" in reason
 
 
 # ---------------------------------------------------------------- validation

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from common.devices import triton_interpreting
+from common.fp8 import KernelOrder, emulate, quantise
 from common.inputs import make_inputs
-from common.metrics import FP8_RULE, error_stats
+from common.metrics import FP8_RULE, emulation_stats, error_stats
 from common.problem import Problem
 from common.reference import reference_attention
 from triton_impl import fp8, hopper
@@ -74,7 +75,7 @@ def test_fp8_refuses_the_overlapped_loop():
     q = torch.zeros(1, 2, 16, 64, dtype=torch.float16, device=DEVICE)
     overlapped = hopper.HopperConfig(64, 32, 4, 1, False, overlap=True)
     with pytest.raises(ValueError, match="overlap"):
-        fp8.Fp8Attention(q, q, q, problem, overlapped)
+        fp8.Fp8Attention(quantise(q, q, q, fp8.DEFAULT_QUANTISATION), problem, overlapped)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -202,15 +203,21 @@ def test_gpu_lse_matches_reference(causal: bool):
 def test_gpu_autotune_keeps_a_fitting_candidate(module):
     problem = Problem(1, 3, 300, 555, 128, dtype=torch.bfloat16, causal=True)
     q, k, v = make_inputs(problem, seed=13, offset=0.5)
+    ref = reference_attention(q, k, v, problem)
     if module is fp8:
         prepared = fp8.fp8_attention(q, k, v, problem, autotune=True)
-        candidates, limit = fp8.candidate_configs(128), 3e-2
-    else:
-        prepared = hopper.hopper_attention(q, k, v, problem, autotune=True)
-        candidates, limit = hopper.candidate_configs(128, torch.bfloat16), 1e-2
-    assert prepared.config in candidates
-    err = error_stats(prepared(), reference_attention(q, k, v, problem))
-    assert err.rel_l2_err < limit, f"{prepared.config}: {err.summary()}"
+        assert prepared.config in fp8.candidate_configs(128)
+        out = prepared()
+        emulated = emulate(prepared.operands, problem, KernelOrder(prepared.config.block_n, reverse=False))
+        ok, reason = FP8_RULE.judge(
+            error_stats(out, ref), None, emulation_stats(out, emulated.out, emulated.bound, ref)
+        )
+        assert ok, f"{prepared.config}: {reason}"
+        return
+    prepared = hopper.hopper_attention(q, k, v, problem, autotune=True)
+    assert prepared.config in hopper.candidate_configs(128, torch.bfloat16)
+    err = error_stats(prepared(), ref)
+    assert err.rel_l2_err < 1e-2, f"{prepared.config}: {err.summary()}"
 
 
 @pytest.mark.gpu
@@ -221,30 +228,6 @@ def test_gpu_strided_bshd_inputs():
     out = hopper.prepare(q, k, v, problem)()
     err = error_stats(out, reference_attention(q, k, v, problem))
     assert err.rel_l2_err < 1e-2, err.summary()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_gpu_fp8_meets_target_with_offset_values(causal: bool):
-    problem = Problem(2, 4, 2048, 2048, 128, dtype=torch.bfloat16, causal=causal)
-    q, k, v = make_inputs(problem, seed=7, offset=0.5)
-    out = fp8.prepare(q, k, v, problem)()
-    assert out.dtype == torch.bfloat16
-    err = error_stats(out, reference_attention(q, k, v, problem))
-    ok, reason = FP8_RULE.judge(err, None)
-    assert ok, f"{reason}: {err.summary()}"
-
-
-@pytest.mark.gpu
-@pytest.mark.xfail(
-    reason="zero-mean values: e4m3 rounding of Q, K, V and P gives ~5% relative L2 with per-head scales",
-    strict=False,
-)
-def test_gpu_fp8_standard_normal_target():
-    problem = Problem(2, 4, 2048, 2048, 128, dtype=torch.bfloat16)
-    q, k, v = make_inputs(problem, seed=7)
-    err = error_stats(fp8.prepare(q, k, v, problem)(), reference_attention(q, k, v, problem))
-    assert err.rel_l2_err <= 3e-2, err.summary()
 
 
 _MEMCHECK_PROBE = """

@@ -1,0 +1,193 @@
+"""Both FP8 rungs (``triton/fp8``, ``cute/fp8``) in every quantisation variant, judged by ``FP8_RULE``
+against the fp64 emulation of their own quantisation; static checks of every variant's build."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.check import check_on_inputs, run_poisoned
+from common.fp8 import VARIANTS, fa3_inputs
+from common.inputs import make_inputs
+from common.metrics import FP8_RULE, error_stats
+from common.problem import Problem
+from common.reference import reference_attention
+
+ROOT = Path(__file__).resolve().parent.parent
+HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
+# The CuTe rung is tested wherever its DSL is installed; a broken import then fails here, not skips.
+MODULES = ["triton_impl.fp8", *(["cute_impl.fp8"] if HAS_CUTLASS else [])]
+CAUSAL_STACK_BYTES = 8
+SEQLENS = [(1, 1), (77, 1000), (1000, 77), (8191, 8191)]
+INPUTS = {
+    "normal": lambda problem, seed: make_inputs(problem, seed=seed),
+    "fa3": lambda problem, seed: fa3_inputs(problem, seed=seed, device="cuda"),
+}
+
+
+def _module(name: str):
+    return importlib.import_module(name)
+
+
+# ----------------------------------------------------------------------------------------------------
+# CPU
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("module_name", MODULES)
+def test_fp8_rungs_are_judged_against_their_emulation(module_name: str):
+    impl = _module(module_name).IMPLEMENTATION
+    assert impl.error_rule is FP8_RULE and FP8_RULE.needs_emulation
+    assert impl.emulate is not None and impl.prepare_end_to_end is not None and impl.bind is not None
+    assert "block scales" in impl.notes and "Hadamard" in impl.notes
+
+
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+def test_cute_value_operand_is_transposed_padded_and_permuted():
+    fp8 = _module("cute_impl.fp8")
+    assert sorted(fp8.PERMUTED_KEY_ORDER) == list(range(fp8.KEY_GROUP))
+    seqlen_k, head_dim = 37, 64
+    v8 = torch.randn(2, 3, seqlen_k, head_dim).to(torch.float8_e4m3fn)
+    vt = fp8.value_operand(v8).view(torch.uint8)
+    padded = 48
+    assert vt.shape == (2, 3, head_dim, padded) and vt.stride(-1) == 1
+    source = v8.view(torch.uint8)
+    for slot in range(padded):
+        key = (slot // fp8.KEY_GROUP) * fp8.KEY_GROUP + fp8.PERMUTED_KEY_ORDER[slot % fp8.KEY_GROUP]
+        expected = source[:, :, key] if key < seqlen_k else torch.zeros_like(source[:, :, 0])
+        assert torch.equal(vt[:, :, :, slot], expected), f"slot {slot} should hold key {key}"
+
+
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+def test_cute_block_scales_must_match_its_tiles():
+    fp8 = _module("cute_impl.fp8")
+    odd = VARIANTS["block"].__class__(block=True, rotation=False, q_block_rows=128, kv_block_rows=128)
+    with pytest.raises(ValueError, match="must match its tiles"):
+        fp8.fp8_config(Problem(1, 1, 64, 64, 128), odd)
+
+
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("variant", ["per-tensor", "block"])
+def test_cute_fp8_variants_compile_to_e4m3_wgmma(variant: str, head_dim: int, causal: bool):
+    from common.static import cubin_resources, ptx_features
+
+    fp8 = _module("cute_impl.fp8")
+    binary = fp8.compile_sm90(Problem(2, 16, 8192, 8192, head_dim, causal=causal), VARIANTS[variant])[0]
+    assert ptx_features(binary.ptx)["e4m3 mma"], "no e4m3 wgmma in the PTX"
+    stack = max(usage["stack_bytes"] for usage in cubin_resources(binary.cubin).values())
+    print(f"cute/fp8 {variant} D={head_dim} causal={causal}: {stack} stack bytes")
+    # The causal per-tensor build had an 8-byte stack frame before block scales existed; no more.
+    assert stack <= (CAUSAL_STACK_BYTES if causal else 0), f"{stack} bytes of stack"
+
+
+_TRITON_PROBE = """
+import json
+from common.fp8 import VARIANTS
+from common.problem import Problem
+from common.static import cubin_resources, ptx_features
+from triton_impl import fp8
+rows = {}
+for variant in ("per-tensor", "block"):
+    for head_dim in (64, 128, 256):
+        for causal in (False, True):
+            problem = Problem.canonical(8192, head_dim=head_dim, causal=causal)
+            binary = fp8.compile_sm90(problem, quantisation=VARIANTS[variant])[0]
+            spills = max(usage["local_bytes"] for usage in cubin_resources(binary.cubin).values())
+            rows[f"{variant} D={head_dim} causal={causal}"] = [ptx_features(binary.ptx)["e4m3 mma"], spills]
+print(json.dumps(rows))
+"""
+
+
+def test_triton_fp8_variants_compile_to_e4m3_wgmma_without_spills():
+    """The interpreter's e4m3 cast does not round to nearest, so on a CPU the Triton rung is checked
+    by compiling every variant for sm_90a (in a process without TRITON_INTERPRET)."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", _TRITON_PROBE], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name, (has_e4m3, spills) in json.loads(done.stdout.splitlines()[-1]).items():
+        assert has_e4m3 and spills == 0, f"{name}: e4m3 wgmma {has_e4m3}, {spills} bytes spilled"
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU
+# ----------------------------------------------------------------------------------------------------
+def _check(module_name: str, problem: Problem, inputs: str, variant: str, seed: int):
+    module = _module(module_name)
+    impl = module.IMPLEMENTATION
+    ok, reason = impl.check(problem, torch.device("cuda"))
+    if not ok:
+        pytest.skip(reason)
+    quantisation = VARIANTS[variant]
+    variant_impl = impl.__class__(
+        **{
+            **impl.__dict__,
+            "prepare": lambda q, k, v, p: module.prepare(q, k, v, p, quantisation),
+            "emulate": lambda q, k, v, p: module.emulate(q, k, v, p, quantisation),
+        }
+    )
+    result = check_on_inputs(variant_impl, *INPUTS[inputs](problem, seed), problem)
+    print(f"{impl.name} {variant} {inputs} {problem.describe()}: {result.summary()}")
+    return result
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("inputs", sorted(INPUTS))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("seqlens", SEQLENS, ids=str)
+@pytest.mark.parametrize("module_name", MODULES)
+def test_gpu_fp8_default_variant_meets_its_rule(module_name: str, seqlens, head_dim: int, causal: bool, inputs: str):
+    batch, heads = (1, 2) if max(seqlens) > 4096 else (2, 3)
+    problem = Problem(batch, heads, *seqlens, head_dim, dtype=torch.bfloat16, causal=causal)
+    module = _module(module_name)
+    result = _check(module_name, problem, inputs, module.DEFAULT_QUANTISATION.name, seed=sum(seqlens) + head_dim)
+    assert result.ok, result.summary()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlens", [(77, 1000), (1000, 1000)], ids=str)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("module_name", MODULES)
+def test_gpu_fp8_every_variant_meets_its_rule(module_name: str, variant: str, seqlens, causal: bool):
+    problem = Problem(2, 3, *seqlens, 128, dtype=torch.float16, causal=causal)
+    result = _check(module_name, problem, "fa3", variant, seed=3)
+    assert result.ok, result.summary()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("module_name", MODULES)
+def test_gpu_fp8_block_quantisation_and_rotation_lower_the_error(module_name: str):
+    """FA3's Table 3 in small: on its outlier inputs both techniques together cut the error."""
+    module = _module(module_name)
+    problem = Problem(1, 4, 2048, 2048, 128, dtype=torch.bfloat16)
+    q, k, v = fa3_inputs(problem, seed=9, device="cuda")
+    ref = reference_attention(q, k, v, problem)
+    rmse = {
+        name: error_stats(run_poisoned(module.prepare(q, k, v, problem, VARIANTS[name])), ref).rmse
+        for name in ("per-tensor", "block+rotation")
+    }
+    print(f"{module_name}: {rmse}")
+    assert rmse["block+rotation"] < 0.7 * rmse["per-tensor"], rmse
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("module_name", MODULES)
+def test_gpu_fp8_end_to_end_equals_kernel_only_and_records_its_variant(module_name: str, variant: str):
+    module = _module(module_name)
+    problem = Problem(2, 3, 333, 517, 64, dtype=torch.bfloat16, causal=True)
+    q, k, v = fa3_inputs(problem, seed=4, device="cuda")
+    kernel_only = module.prepare(q, k, v, problem, VARIANTS[variant])
+    end_to_end = module.prepare_end_to_end(q, k, v, problem, VARIANTS[variant])
+    assert kernel_only.variant == end_to_end.variant == variant
+    assert torch.equal(run_poisoned(end_to_end), run_poisoned(kernel_only).clone())
