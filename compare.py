@@ -344,7 +344,8 @@ def print_table(rows: list, console=None) -> None:
 
     from common.row_extras import NO_END_TO_END
 
-    table = Table(title="FlashAttention forward", caption=f"e2e TFLOP/s {NO_END_TO_END}")
+    caption = f"e2e TFLOP/s: input transformation and kernel timed together; {NO_END_TO_END}"
+    table = Table(title="FlashAttention forward", caption=caption)
     for column in ("impl", "shape", "status", "ms", "TFLOP/s", "e2e TFLOP/s", "% peak", "rel L2 err"):
         table.add_column(column, no_wrap=True)
     table.add_column("reason", overflow="fold", ratio=1)

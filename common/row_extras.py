@@ -24,7 +24,7 @@ from common.runner import TimingOptions, Workload
 from common.timing import Timing, tflops, time_cuda, time_host
 
 HOOK = "prepare_end_to_end"
-NO_END_TO_END = "— : the rung has no per-call input transformation to time (no prepare_end_to_end)"
+NO_END_TO_END = "— where a rung has no per-call input transformation to time (no prepare_end_to_end)"
 
 
 def end_to_end_path(impl: object):

@@ -149,9 +149,12 @@ def test_run_and_sweep_plots_are_written(tmp_path: Path):
     assert all(path.stat().st_size > 0 for path in run_plots + sweep_plots)
 
 
-def test_sweep_figures_are_titled():
+def test_sweep_figures_are_titled_and_cpu_sweeps_plot_latency():
     built = sweep_figures(_sweep_rows(), GPU_CONTEXT)
     assert all("NVIDIA H200" in figure._suptitle.get_text() for figure in built.values())
+    cpu = sweep_figures(_sweep_rows(), PlotContext(cpu_only=True))
+    assert "latency_vs_seqlen.png" in cpu and "tflops_vs_seqlen.png" not in cpu
+    built.update({f"cpu-{name}": figure for name, figure in cpu.items()})
     for figure in built.values():
         plt.close(figure)
 
