@@ -23,7 +23,7 @@ from common.problem import Problem
 from common.reference import reference_attention
 from common.registry import discover
 from triton_impl.gluon import hopper
-from triton_impl.gluon._device import LOAD_REGISTERS
+from triton_impl.gluon._device import CONSUMER_REGISTERS, LOAD_REGISTERS
 
 ROOT = Path(__file__).resolve().parent.parent
 # The compile fixture runs once per variant in one pytest-xdist worker (--dist loadgroup).
@@ -81,10 +81,9 @@ def test_ptx_has_tma_barriers_wgmma_and_register_budgets(compiled: dict):
     for name in ("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier", "setmaxnreg"):
         assert features[name], f"PTX lacks {name}"
     assert not features["cp.async"], "PTX uses per-thread cp.async copies instead of TMA"
-    # The load warpgroup gives registers up (its budget), the consumers take the rest.
-    consumer = hopper.DEFAULT_CONFIGS[128].num_warps
-    expected_consumer = (hopper.CTA_REGISTERS // 32 - 4 * LOAD_REGISTERS.value) // consumer // 8 * 8
-    assert compiled["setmaxnreg"] == sorted({LOAD_REGISTERS.value, expected_consumer}), compiled["setmaxnreg"]
+    # The load warp gives registers up, the consumer warpgroups take them (setmaxnreg per partition).
+    assert LOAD_REGISTERS.value in compiled["setmaxnreg"], compiled["setmaxnreg"]
+    assert CONSUMER_REGISTERS.value in compiled["setmaxnreg"], compiled["setmaxnreg"]
 
 
 def test_no_spills_and_shared_memory_fits(compiled: dict):

@@ -38,6 +38,10 @@ LN_2 = gl.constexpr(0.6931471805599453)
 # The load partition's register budget per thread (setmaxnreg): it holds only scalars.
 LOAD_REGISTERS = gl.constexpr(24)
 LOAD_WARPS = gl.constexpr(1)
+# Two consumer warpgroups, one the default partition and one a worker, each with its own query rows.
+CONSUMERS = gl.constexpr(2)
+CONSUMER_WARPS = gl.constexpr(4)
+CONSUMER_REGISTERS = gl.constexpr(240)
 
 # Triton 3.9 renamed the TMA copies (async_copy_global_to_shared -> async_load,
 # async_copy_shared_to_global -> async_store); the old names still exist there but raise.
@@ -78,15 +82,18 @@ def _block_range(start_m, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr
 # Load partition: one warp issuing TMA copies
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
-def _load_partition(descs, smem, barriers, coords, NUM_STAGES: gl.constexpr):
+def _load_partition(descs, smem, barriers, coords, NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
     desc_q, desc_k, desc_v, _ = descs
     q_smem, k_ring, v_ring = smem
     q_ready, k_ready, v_ready, k_empty, v_empty = barriers
     batch, head, start_m, n_block_max = coords
     BLOCK_N: gl.constexpr = k_ring.shape[1]
 
-    mbarrier.expect(q_ready, desc_q.block_type.nbytes)
-    _tma_load(desc_q, [batch, head, start_m, 0], q_ready, _as_box(q_smem))
+    # One Q tile per consumer warpgroup, each with its own barrier.
+    for consumer in gl.static_range(CONSUMERS):
+        mbarrier.expect(q_ready.index(consumer), desc_q.block_type.nbytes)
+        consumer_m = start_m + consumer * q_smem.shape[1]
+        _tma_load(desc_q, [batch, head, consumer_m, 0], q_ready.index(consumer), _as_box(q_smem.index(consumer)))
     for n_block in range(n_block_max):
         stage = n_block % NUM_STAGES
         # A fresh mbarrier counts as having completed the phase before phase 0: the first lap waits on
@@ -132,33 +139,51 @@ def _online_softmax(
 
 
 @gluon.jit
-def _issue_scores(q_smem, k_ring, k_ready, n_block, s_layout: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """Wait for K_n, then issue S_n = Q K_nᵀ asynchronously (a wgmma token, not yet a tensor)."""
-    BLOCK_M: gl.constexpr = q_smem.shape[0]
-    BLOCK_N: gl.constexpr = k_ring.shape[1]
+def _ready_tile(ring, ready, n_block, NUM_STAGES: gl.constexpr):
+    """Block n's tile of a K or V ring, once its TMA copy has landed."""
     stage = n_block % NUM_STAGES
-    mbarrier.wait(k_ready.index(stage), (n_block // NUM_STAGES) & 1)
-    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    k_t = k_ring.index(stage).permute((1, 0))
-    return warpgroup_mma(q_smem, k_t, zero, use_acc=False, is_async=True)
+    mbarrier.wait(ready.index(stage), (n_block // NUM_STAGES) & 1)
+    return ring.index(stage)
 
 
 @gluon.jit
-def _issue_pv(acc, P, v_ring, v_ready, n_block, NUM_STAGES: gl.constexpr):
-    """Wait for V_n, then issue O += P V_n asynchronously with P from registers."""
-    stage = n_block % NUM_STAGES
-    mbarrier.wait(v_ready.index(stage), (n_block // NUM_STAGES) & 1)
-    return warpgroup_mma(P, v_ring.index(stage), acc, is_async=True)
+def _take_turn(turn, event, PINGPONG: gl.constexpr):
+    """Ping-pong: wait until the other consumer has issued its wgmmas of the same event."""
+    if PINGPONG:
+        mbarrier.wait(turn[0], event & 1)
+
+
+@gluon.jit
+def _pass_turn(turn, PINGPONG: gl.constexpr):
+    """Ping-pong: let the other consumer issue its wgmmas while this one runs its softmax."""
+    if PINGPONG:
+        mbarrier.arrive(turn[1], count=1)
+
+
+@gluon.jit
+def _scores(q_smem, k_tile, s_layout: gl.constexpr):
+    """Issue S = Q Kᵀ asynchronously: a wgmma token, not yet a tensor."""
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_tile.shape[0]
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    return warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
 
 
 @gluon.jit
 def _release(k_empty, v_empty, n_block, NUM_STAGES: gl.constexpr):
-    """Hand K_n's and V_(n-1)'s slots back to the load warp (both wgmmas on them have retired).
+    """Hand K_n's and V_(n-1)'s slots back to the load warp (the wgmmas reading them have retired).
 
     Gluon lowers an arrive to one thread of the partition after a barrier over the partition's
-    warps, so the slot is free only once both warpgroups have passed their ``warpgroup_mma_wait``."""
+    warps, so this warpgroup's arrival comes after all four of its warps passed their wait; the
+    slot's barrier completes when every consumer warpgroup has arrived."""
     mbarrier.arrive(k_empty.index(n_block % NUM_STAGES), count=1)
     mbarrier.arrive(v_empty.index((n_block - 1) % NUM_STAGES), count=1)
+
+
+@gluon.jit
+def _rescale(acc, alpha):
+    """O · alpha, row by row (alpha comes in the layout of S's rows)."""
+    return acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
 
 
 @gluon.jit
@@ -166,6 +191,7 @@ def _pipelined_step(
     carry,
     smem,
     barriers,
+    turn,
     n_block,
     offs_m,
     seqlen_k,
@@ -175,16 +201,21 @@ def _pipelined_step(
     NUM_STAGES: gl.constexpr,
     MASKED: gl.constexpr,
     CAUSAL: gl.constexpr,
+    PINGPONG: gl.constexpr,
 ):
-    """Issue S_n, issue O += P_(n-1) V_(n-1), softmax of S_n under that wgmma, free slot n-1."""
+    """Issue S_n, issue O += P_(n-1) V_(n-1), softmax of S_n under that wgmma, free the slots."""
     acc, P, alpha, row_max, row_sum = carry
     q_smem, k_ring, v_ring = smem
     _, k_ready, v_ready, k_empty, v_empty = barriers
     BLOCK_N: gl.constexpr = k_ring.shape[1]
 
-    s_token = _issue_scores(q_smem, k_ring, k_ready, n_block, s_layout, NUM_STAGES)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
-    acc_token = _issue_pv(acc, P, v_ring, v_ready, n_block - 1, NUM_STAGES)
+    acc = _rescale(acc, alpha)
+    k_tile = _ready_tile(k_ring, k_ready, n_block, NUM_STAGES)
+    v_tile = _ready_tile(v_ring, v_ready, n_block - 1, NUM_STAGES)
+    _take_turn(turn, n_block, PINGPONG)
+    s_token = _scores(q_smem, k_tile, s_layout)
+    acc_token = warpgroup_mma(P, v_tile, acc, is_async=True)
+    _pass_turn(turn, PINGPONG)
     # wgmmas retire in order: waiting until one is in flight retires S_n, leaves P V running.
     S = warpgroup_mma_wait(1, deps=[s_token])
     P_f32, alpha, row_max, row_sum = _online_softmax(
@@ -201,6 +232,7 @@ def _softmax_partition(
     descs,
     smem,
     barriers,
+    turn,
     coords,
     LSE,
     seqlen_q,
@@ -210,23 +242,37 @@ def _softmax_partition(
     o_layout: gl.constexpr,
     NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
+    PINGPONG: gl.constexpr,
+    LEADS: gl.constexpr,
 ):
+    """One consumer warpgroup: its own BLOCK_M query rows (its Q tile and q_ready barrier), the
+    CTA's K/V rings shared with the other consumer. With PINGPONG the two consumers take turns
+    issuing their wgmmas (the leader first), so one's softmax runs under the other's GEMMs."""
     desc_o = descs[3]
     q_smem, k_ring, v_ring = smem
     q_ready, k_ready, v_ready, k_empty, _ = barriers
-    batch, head, start_m, n_block_max, n_unmasked, batch_head = coords
+    batch, head, start_m, n_block_max, batch_head = coords
     BLOCK_M: gl.constexpr = q_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_ring.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[1]
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
+    # This warpgroup's unmasked blocks; it visits the CTA's n_block_max blocks, as the load warp
+    # loads them (blocks past its own causal range are masked out in full).
+    n_unmasked, _ = _block_range(start_m, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+    if not LEADS:
+        _pass_turn(turn, PINGPONG)
 
     # Block 0 starts the pipeline: its S and softmax run before the loop (masked: it may be ragged
     # or on the causal diagonal).
     mbarrier.wait(q_ready, 0)
     row_max = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
     row_sum = gl.zeros([BLOCK_M], gl.float32, row_layout)
-    s_token = _issue_scores(q_smem, k_ring, k_ready, 0, s_layout, NUM_STAGES)
+    k_tile = _ready_tile(k_ring, k_ready, 0, NUM_STAGES)
+    _take_turn(turn, 0, PINGPONG)
+    s_token = _scores(q_smem, k_tile, s_layout)
+    _pass_turn(turn, PINGPONG)
     S = warpgroup_mma_wait(0, deps=[s_token])
     mbarrier.arrive(k_empty.index(0), count=1)
     P_f32, alpha, row_max, row_sum = _online_softmax(
@@ -239,50 +285,33 @@ def _softmax_partition(
     # Blocks every row sees in full, then the causal diagonal and the ragged last block.
     for n_block in range(1, n_unmasked):
         carry = _pipelined_step(
-            carry,
-            smem,
-            barriers,
-            n_block,
-            offs_m,
-            seqlen_k,
-            softmax_scale_log2,
-            s_layout,
-            p_layout,
-            NUM_STAGES,
-            False,
-            CAUSAL,
-        )
+            carry, smem, barriers, turn, n_block, offs_m, seqlen_k, softmax_scale_log2, s_layout, p_layout,
+            NUM_STAGES, False, CAUSAL, PINGPONG,
+        )  # fmt: skip
     for n_block in range(gl.maximum(n_unmasked, 1), n_block_max):
         carry = _pipelined_step(
-            carry,
-            smem,
-            barriers,
-            n_block,
-            offs_m,
-            seqlen_k,
-            softmax_scale_log2,
-            s_layout,
-            p_layout,
-            NUM_STAGES,
-            True,
-            CAUSAL,
-        )
+            carry, smem, barriers, turn, n_block, offs_m, seqlen_k, softmax_scale_log2, s_layout, p_layout,
+            NUM_STAGES, True, CAUSAL, PINGPONG,
+        )  # fmt: skip
 
     # The last block's P V, then normalise.
     acc, P, alpha, row_max, row_sum = carry
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    acc_token = _issue_pv(acc, P, v_ring, v_ready, n_block_max - 1, NUM_STAGES)
+    acc = _rescale(acc, alpha)
+    v_tile = _ready_tile(v_ring, v_ready, n_block_max - 1, NUM_STAGES)
+    _take_turn(turn, n_block_max, PINGPONG)
+    acc_token = warpgroup_mma(P, v_tile, acc, is_async=True)
+    _pass_turn(turn, PINGPONG)
     acc = warpgroup_mma_wait(0, deps=[acc_token])
 
     # A row that saw no key (only rows past Sq) writes 0 and lse = -inf.
     has_keys = row_sum > 0.0
     inv_sum = gl.where(has_keys, 1.0 / row_sum, 0.0)
-    out = acc * gl.convert_layout(inv_sum, gl.SliceLayout(1, o_layout))[:, None]
+    out = _rescale(acc, inv_sum)
     lse = gl.where(has_keys, (row_max + gl.log2(row_sum)) * LN_2, float("-inf"))
     gl.store(LSE + batch_head.to(gl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
 
-    # O through shared memory (the Q tile's buffer, free now) and one TMA store; rows past Sq are
-    # clipped by the descriptor's per-(batch, head) bounds.
+    # O through shared memory (this warpgroup's Q buffer, free now) and one TMA store; rows past Sq
+    # are clipped by the descriptor's per-(batch, head) bounds.
     _partition_barrier()
     q_smem.store(out.to(desc_o.dtype))
     fence_async_shared()
@@ -307,13 +336,15 @@ def attention_kernel(
     softmax_scale_log2,
     NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
+    PINGPONG: gl.constexpr,
     num_warps: gl.constexpr,
 ):
-    BLOCK_M: gl.constexpr = desc_q.block_type.shape[2]
+    # Each consumer warpgroup (num_warps = 4) owns WG_M = 64 query rows: one m64 wgmma per GEMM.
+    WG_M: gl.constexpr = desc_q.block_type.shape[2]
+    BLOCK_M: gl.constexpr = CONSUMERS * WG_M
     BLOCK_N: gl.constexpr = desc_k.block_type.shape[2]
     HEAD_DIM: gl.constexpr = desc_q.block_type.shape[3]
     dtype: gl.constexpr = desc_q.dtype
-    # Each warp owns 16 rows of S and O: num_warps // 4 warpgroups split BLOCK_M, each issuing m64 wgmmas.
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
     )
@@ -328,35 +359,39 @@ def attention_kernel(
     batch = batch_head // heads
     head = batch_head % heads
     start_m = m_block * BLOCK_M
-    n_unmasked, n_block_max = _block_range(start_m, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+    _, n_block_max = _block_range(start_m, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
 
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], tile_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, HEAD_DIM], tile_layout)
     k_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
     v_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready, count=1)
+    # turn.index(i): consumer i may issue its wgmmas (ping-pong), arrived by the other consumer.
+    turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    for consumer in gl.static_range(CONSUMERS):
+        mbarrier.init(q_ready.index(consumer), count=1)
+        mbarrier.init(turn.index(consumer), count=1)
     for stage in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(stage), count=1)
         mbarrier.init(v_ready.index(stage), count=1)
-        mbarrier.init(k_empty.index(stage), count=1)
-        mbarrier.init(v_empty.index(stage), count=1)
+        # A slot is empty once every consumer warpgroup has arrived.
+        mbarrier.init(k_empty.index(stage), count=CONSUMERS)
+        mbarrier.init(v_empty.index(stage), count=CONSUMERS)
 
     descs = (desc_q, desc_k, desc_v, desc_o)
-    smem = (q_smem, k_ring, v_ring)
-    barriers = (q_ready, k_ready, v_ready, k_empty, v_empty)
     gl.warp_specialize(
         [
             (
                 _softmax_partition,
                 (
                     descs,
-                    smem,
-                    barriers,
-                    (batch, head, start_m, n_block_max, n_unmasked, batch_head),
+                    (q_smem.index(0), k_ring, v_ring),
+                    (q_ready.index(0), k_ready, v_ready, k_empty, v_empty),
+                    (turn.index(0), turn.index(1)),
+                    (batch, head, start_m, n_block_max, batch_head),
                     LSE,
                     seqlen_q,
                     seqlen_k,
@@ -365,10 +400,42 @@ def attention_kernel(
                     o_layout,
                     NUM_STAGES,
                     CAUSAL,
+                    PINGPONG,
+                    True,
                 ),
             ),
-            (_load_partition, (descs, smem, barriers, (batch, head, start_m, n_block_max), NUM_STAGES)),
+            (
+                _softmax_partition,
+                (
+                    descs,
+                    (q_smem.index(1), k_ring, v_ring),
+                    (q_ready.index(1), k_ready, v_ready, k_empty, v_empty),
+                    (turn.index(1), turn.index(0)),
+                    (batch, head, start_m + WG_M, n_block_max, batch_head),
+                    LSE,
+                    seqlen_q,
+                    seqlen_k,
+                    softmax_scale_log2,
+                    s_layout,
+                    o_layout,
+                    NUM_STAGES,
+                    CAUSAL,
+                    PINGPONG,
+                    False,
+                ),
+            ),
+            (
+                _load_partition,
+                (
+                    descs,
+                    (q_smem, k_ring, v_ring),
+                    (q_ready, k_ready, v_ready, k_empty, v_empty),
+                    (batch, head, start_m, n_block_max),
+                    NUM_STAGES,
+                    CONSUMERS,
+                ),
+            ),
         ],
-        [LOAD_WARPS],
-        [LOAD_REGISTERS],
+        [CONSUMER_WARPS, LOAD_WARPS],
+        [CONSUMER_REGISTERS, LOAD_REGISTERS],
     )

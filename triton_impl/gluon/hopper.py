@@ -67,7 +67,7 @@ from common.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.static import SM90_CAPABILITY, WARP_SIZE
 from common.validation import kernel_operand, validate_attention_inputs
 from triton_impl._host import LOG2_E
-from triton_impl.gluon._device import LOAD_WARPS, attention_kernel
+from triton_impl.gluon._device import CONSUMER_WARPS, CONSUMERS, LOAD_WARPS, attention_kernel
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -80,17 +80,29 @@ GLUON_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 @dataclass(frozen=True)
 class GluonConfig:
-    """Tile sizes, ring depth and consumer warps; every field changes the generated code."""
+    """Tile sizes and ring depth; every field changes the generated code.
+
+    ``block_m`` is the CTA's query tile, split between the ``CONSUMERS`` warpgroups."""
 
     block_m: int
     block_n: int
     num_stages: int
-    num_warps: int = 8
+    # The two consumer warpgroups take turns issuing their wgmmas (FA3's ping-pong).
+    pingpong: bool = False
+
+    @property
+    def consumer_rows(self) -> int:
+        return self.block_m // CONSUMERS.value
+
+    @property
+    def num_warps(self) -> int:
+        """The default partition's warps: one consumer warpgroup (the other partitions add theirs)."""
+        return CONSUMER_WARPS.value
 
     @property
     def maxnreg(self) -> int:
-        # The load partition's warp is padded to a whole warpgroup.
-        warps = self.num_warps + 4 * ((LOAD_WARPS + 3) // 4)
+        # Every partition is padded to whole warpgroups: consumers plus the load warp's warpgroup.
+        warps = CONSUMERS.value * CONSUMER_WARPS.value + 4 * ((LOAD_WARPS.value + 3) // 4)
         return CTA_REGISTERS // (warps * WARP_SIZE) // 8 * 8
 
 
@@ -113,10 +125,10 @@ class GluonAttention:
         self.out = torch.empty_like(q)
         self.lse = torch.empty((batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
         self._args = (
-            _descriptor(q, config.block_m, dtype),
+            _descriptor(q, config.consumer_rows, dtype),
             _descriptor(k, config.block_n, dtype),
             _descriptor(v, config.block_n, dtype),
-            _descriptor(self.out, config.block_m, dtype),
+            _descriptor(self.out, config.consumer_rows, dtype),
             self.lse,
             heads,
             seqlen_q,
@@ -126,6 +138,7 @@ class GluonAttention:
         self._options = {
             "NUM_STAGES": config.num_stages,
             "CAUSAL": problem.causal,
+            "PINGPONG": config.pingpong,
             "num_warps": config.num_warps,
             "maxnreg": config.maxnreg,
         }
@@ -214,7 +227,7 @@ def compile_kernel_sm90(
 def compile_sm90(problem: Problem, config: GluonConfig | None = None) -> list[KernelBinary]:
     """The kernel for sm_90a at the default configuration of this head dim (no GPU needed)."""
     config = config or DEFAULT_CONFIGS[problem.head_dim]
-    q_type = descriptor_type(problem.dtype, config.block_m, problem.head_dim)
+    q_type = descriptor_type(problem.dtype, config.consumer_rows, problem.head_dim)
     kv_type = descriptor_type(problem.dtype, config.block_n, problem.head_dim)
     signature = {
         "desc_q": q_type,
@@ -227,7 +240,12 @@ def compile_sm90(problem: Problem, config: GluonConfig | None = None) -> list[Ke
         "seqlen_k": "i32",
         "softmax_scale_log2": "fp32",
     }
-    constexprs = {"NUM_STAGES": config.num_stages, "CAUSAL": problem.causal, "num_warps": config.num_warps}
+    constexprs = {
+        "NUM_STAGES": config.num_stages,
+        "CAUSAL": problem.causal,
+        "PINGPONG": config.pingpong,
+        "num_warps": config.num_warps,
+    }
     return [compile_kernel_sm90(signature, constexprs, config)]
 
 
