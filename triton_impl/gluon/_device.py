@@ -38,10 +38,8 @@ LN_2 = gl.constexpr(0.6931471805599453)
 # The load partition's register budget per thread (setmaxnreg): it holds only scalars.
 LOAD_REGISTERS = gl.constexpr(24)
 LOAD_WARPS = gl.constexpr(1)
-# Two consumer warpgroups, one the default partition and one a worker, each with its own query rows.
-CONSUMERS = gl.constexpr(2)
+# Consumer warpgroups: the default partition and one or two workers, each with its own query rows.
 CONSUMER_WARPS = gl.constexpr(4)
-CONSUMER_REGISTERS = gl.constexpr(240)
 
 # Triton 3.9 renamed the TMA copies (async_copy_global_to_shared -> async_load,
 # async_copy_shared_to_global -> async_store); the old names still exist there but raise.
@@ -82,7 +80,8 @@ def _block_range(start_m, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr
 # Load partition: one warp issuing TMA copies
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
-def _load_partition(descs, smem, barriers, coords, NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+def _load_partition(operands, NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    descs, smem, barriers, coords = operands
     desc_q, desc_k, desc_v, _ = descs
     q_smem, k_ring, v_ring = smem
     q_ready, k_ready, v_ready, k_empty, v_empty = barriers
@@ -243,11 +242,12 @@ def _softmax_partition(
     NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
     PINGPONG: gl.constexpr,
-    LEADS: gl.constexpr,
+    HANDS_FIRST_TURN: gl.constexpr,
 ):
     """One consumer warpgroup: its own BLOCK_M query rows (its Q tile and q_ready barrier), the
     CTA's K/V rings shared with the other consumer. With PINGPONG the two consumers take turns
-    issuing their wgmmas (the leader first), so one's softmax runs under the other's GEMMs."""
+    issuing their wgmmas in a ring (consumer 0 first: the last one hands it the first turn), so
+    one's softmax runs under the others' GEMMs."""
     desc_o = descs[3]
     q_smem, k_ring, v_ring = smem
     q_ready, k_ready, v_ready, k_empty, _ = barriers
@@ -261,7 +261,7 @@ def _softmax_partition(
     # This warpgroup's unmasked blocks; it visits the CTA's n_block_max blocks, as the load warp
     # loads them (blocks past its own causal range are masked out in full).
     n_unmasked, _ = _block_range(start_m, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
-    if not LEADS:
+    if HANDS_FIRST_TURN:
         _pass_turn(turn, PINGPONG)
 
     # Block 0 starts the pipeline: its S and softmax run before the loop (masked: it may be ragged
@@ -320,6 +320,49 @@ def _softmax_partition(
     tma.store_wait(0)
 
 
+@gluon.jit
+def _consumer(
+    index: gl.constexpr,
+    descs,
+    q_smem,
+    q_ready,
+    turn,
+    rings,
+    ring_barriers,
+    tile,
+    shapes,
+    s_layout: gl.constexpr,
+    o_layout: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    PINGPONG: gl.constexpr,
+    NUM_CONSUMERS: gl.constexpr,
+):
+    """Consumer ``index``: its slice of the CTA's query rows, Q buffer, Q barrier and turn."""
+    k_ring, v_ring = rings
+    k_ready, v_ready, k_empty, v_empty = ring_barriers
+    batch, head, start_m, n_block_max, batch_head = tile
+    LSE, seqlen_q, seqlen_k, softmax_scale_log2 = shapes
+    WG_M: gl.constexpr = q_smem.shape[1]
+    _softmax_partition(
+        descs,
+        (q_smem.index(index), k_ring, v_ring),
+        (q_ready.index(index), k_ready, v_ready, k_empty, v_empty),
+        (turn.index(index), turn.index((index + 1) % NUM_CONSUMERS)),
+        (batch, head, start_m + index * WG_M, n_block_max, batch_head),
+        LSE,
+        seqlen_q,
+        seqlen_k,
+        softmax_scale_log2,
+        s_layout,
+        o_layout,
+        NUM_STAGES,
+        CAUSAL,
+        PINGPONG,
+        index == NUM_CONSUMERS - 1,
+    )
+
+
 # ----------------------------------------------------------------------------------------------
 # Kernel: allocate shared memory and barriers, fork the partitions
 # ----------------------------------------------------------------------------------------------
@@ -337,11 +380,13 @@ def attention_kernel(
     NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
     PINGPONG: gl.constexpr,
+    NUM_CONSUMERS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     # Each consumer warpgroup (num_warps = 4) owns WG_M = 64 query rows: one m64 wgmma per GEMM.
     WG_M: gl.constexpr = desc_q.block_type.shape[2]
-    BLOCK_M: gl.constexpr = CONSUMERS * WG_M
+    BLOCK_M: gl.constexpr = NUM_CONSUMERS * WG_M
     BLOCK_N: gl.constexpr = desc_k.block_type.shape[2]
     HEAD_DIM: gl.constexpr = desc_q.block_type.shape[3]
     dtype: gl.constexpr = desc_q.dtype
@@ -361,81 +406,150 @@ def attention_kernel(
     start_m = m_block * BLOCK_M
     _, n_block_max = _block_range(start_m, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
 
-    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, HEAD_DIM], tile_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, WG_M, HEAD_DIM], tile_layout)
     k_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
     v_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     # turn.index(i): consumer i may issue its wgmmas (ping-pong), arrived by the other consumer.
-    turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-    for consumer in gl.static_range(CONSUMERS):
+    turn = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    for consumer in gl.static_range(NUM_CONSUMERS):
         mbarrier.init(q_ready.index(consumer), count=1)
         mbarrier.init(turn.index(consumer), count=1)
     for stage in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(stage), count=1)
         mbarrier.init(v_ready.index(stage), count=1)
         # A slot is empty once every consumer warpgroup has arrived.
-        mbarrier.init(k_empty.index(stage), count=CONSUMERS)
-        mbarrier.init(v_empty.index(stage), count=CONSUMERS)
+        mbarrier.init(k_empty.index(stage), count=NUM_CONSUMERS)
+        mbarrier.init(v_empty.index(stage), count=NUM_CONSUMERS)
 
     descs = (desc_q, desc_k, desc_v, desc_o)
-    gl.warp_specialize(
-        [
-            (
-                _softmax_partition,
-                (
-                    descs,
-                    (q_smem.index(0), k_ring, v_ring),
-                    (q_ready.index(0), k_ready, v_ready, k_empty, v_empty),
-                    (turn.index(0), turn.index(1)),
-                    (batch, head, start_m, n_block_max, batch_head),
-                    LSE,
-                    seqlen_q,
-                    seqlen_k,
-                    softmax_scale_log2,
-                    s_layout,
-                    o_layout,
-                    NUM_STAGES,
-                    CAUSAL,
-                    PINGPONG,
-                    True,
-                ),
-            ),
-            (
-                _softmax_partition,
-                (
-                    descs,
-                    (q_smem.index(1), k_ring, v_ring),
-                    (q_ready.index(1), k_ready, v_ready, k_empty, v_empty),
-                    (turn.index(1), turn.index(0)),
-                    (batch, head, start_m + WG_M, n_block_max, batch_head),
-                    LSE,
-                    seqlen_q,
-                    seqlen_k,
-                    softmax_scale_log2,
-                    s_layout,
-                    o_layout,
-                    NUM_STAGES,
-                    CAUSAL,
-                    PINGPONG,
-                    False,
-                ),
-            ),
-            (
-                _load_partition,
-                (
-                    descs,
-                    (q_smem, k_ring, v_ring),
-                    (q_ready, k_ready, v_ready, k_empty, v_empty),
-                    (batch, head, start_m, n_block_max),
-                    NUM_STAGES,
-                    CONSUMERS,
-                ),
-            ),
-        ],
-        [CONSUMER_WARPS, LOAD_WARPS],
-        [CONSUMER_REGISTERS, LOAD_REGISTERS],
+    rings = (k_ring, v_ring)
+    ring_barriers = (k_ready, v_ready, k_empty, v_empty)
+    tile = (batch, head, start_m, n_block_max, batch_head)
+    shapes = (LSE, seqlen_q, seqlen_k, softmax_scale_log2)
+    loader = (
+        descs,
+        (q_smem, k_ring, v_ring),
+        (q_ready, k_ready, v_ready, k_empty, v_empty),
+        (batch, head, start_m, n_block_max),
     )
+    if NUM_CONSUMERS == 2:
+        gl.warp_specialize(
+            [
+                (
+                    _consumer,
+                    (
+                        0,
+                        descs,
+                        q_smem,
+                        q_ready,
+                        turn,
+                        rings,
+                        ring_barriers,
+                        tile,
+                        shapes,
+                        s_layout,
+                        o_layout,
+                        NUM_STAGES,
+                        CAUSAL,
+                        PINGPONG,
+                        2,
+                    ),
+                ),
+                (
+                    _consumer,
+                    (
+                        1,
+                        descs,
+                        q_smem,
+                        q_ready,
+                        turn,
+                        rings,
+                        ring_barriers,
+                        tile,
+                        shapes,
+                        s_layout,
+                        o_layout,
+                        NUM_STAGES,
+                        CAUSAL,
+                        PINGPONG,
+                        2,
+                    ),
+                ),
+                (_load_partition, (loader, NUM_STAGES, NUM_CONSUMERS)),
+            ],
+            [CONSUMER_WARPS, LOAD_WARPS],
+            [CONSUMER_REGS, LOAD_REGISTERS],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (
+                    _consumer,
+                    (
+                        0,
+                        descs,
+                        q_smem,
+                        q_ready,
+                        turn,
+                        rings,
+                        ring_barriers,
+                        tile,
+                        shapes,
+                        s_layout,
+                        o_layout,
+                        NUM_STAGES,
+                        CAUSAL,
+                        PINGPONG,
+                        3,
+                    ),
+                ),
+                (
+                    _consumer,
+                    (
+                        1,
+                        descs,
+                        q_smem,
+                        q_ready,
+                        turn,
+                        rings,
+                        ring_barriers,
+                        tile,
+                        shapes,
+                        s_layout,
+                        o_layout,
+                        NUM_STAGES,
+                        CAUSAL,
+                        PINGPONG,
+                        3,
+                    ),
+                ),
+                (
+                    _consumer,
+                    (
+                        2,
+                        descs,
+                        q_smem,
+                        q_ready,
+                        turn,
+                        rings,
+                        ring_barriers,
+                        tile,
+                        shapes,
+                        s_layout,
+                        o_layout,
+                        NUM_STAGES,
+                        CAUSAL,
+                        PINGPONG,
+                        3,
+                    ),
+                ),
+                (_load_partition, (loader, NUM_STAGES, NUM_CONSUMERS)),
+            ],
+            [CONSUMER_WARPS, CONSUMER_WARPS, LOAD_WARPS],
+            [CONSUMER_REGS, CONSUMER_REGS, LOAD_REGISTERS],
+        )

@@ -67,32 +67,35 @@ from common.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.static import SM90_CAPABILITY, WARP_SIZE
 from common.validation import kernel_operand, validate_attention_inputs
 from triton_impl._host import LOG2_E
-from triton_impl.gluon._device import CONSUMER_WARPS, CONSUMERS, LOAD_WARPS, attention_kernel
+from triton_impl.gluon._device import CONSUMER_WARPS, LOAD_REGISTERS, LOAD_WARPS, attention_kernel
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
 HOPPER_CAPABILITY = (9, 0)
-# Registers per thread of the whole CTA: 65536 / (8 consumer + 4 load-warpgroup warps) / 32, rounded
-# down to a multiple of 8; setmaxnreg then moves the load warpgroup's share to the consumers.
+# The register file one CTA may use (one CTA per SM).
 CTA_REGISTERS = 65536
+WARPGROUP_THREADS = 128
+# setmaxnreg's ceiling, and the query rows of one consumer warpgroup (one m64 wgmma).
+MAX_REGISTERS = 240
+CONSUMER_ROWS = 64
 GLUON_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 
 @dataclass(frozen=True)
 class GluonConfig:
-    """Tile sizes and ring depth; every field changes the generated code.
+    """Tile sizes, ring depth and consumer warpgroups; every field changes the generated code.
 
-    ``block_m`` is the CTA's query tile, split between the ``CONSUMERS`` warpgroups."""
+    The CTA's query tile is ``consumers`` × ``CONSUMER_ROWS`` rows, one slice per consumer."""
 
-    block_m: int
     block_n: int
     num_stages: int
-    # The two consumer warpgroups take turns issuing their wgmmas (FA3's ping-pong).
+    consumers: int = 2
+    # The consumer warpgroups take turns issuing their wgmmas (FA3's ping-pong).
     pingpong: bool = False
 
     @property
-    def consumer_rows(self) -> int:
-        return self.block_m // CONSUMERS.value
+    def block_m(self) -> int:
+        return self.consumers * CONSUMER_ROWS
 
     @property
     def num_warps(self) -> int:
@@ -101,12 +104,22 @@ class GluonConfig:
 
     @property
     def maxnreg(self) -> int:
-        # Every partition is padded to whole warpgroups: consumers plus the load warp's warpgroup.
-        warps = CONSUMERS.value * CONSUMER_WARPS.value + 4 * ((LOAD_WARPS.value + 3) // 4)
-        return CTA_REGISTERS // (warps * WARP_SIZE) // 8 * 8
+        """Registers per thread at launch: the register file over every partition's warps, each
+        partition padded to whole warpgroups (the load warp's included)."""
+        return CTA_REGISTERS // (self._warpgroups * WARPGROUP_THREADS) // 8 * 8
+
+    @property
+    def consumer_registers(self) -> int:
+        """setmaxnreg of each consumer: what the load warpgroup's budget leaves, in steps of 8."""
+        left = CTA_REGISTERS - LOAD_REGISTERS.value * WARPGROUP_THREADS
+        return min(MAX_REGISTERS, left // (self.consumers * WARPGROUP_THREADS) // 8 * 8)
+
+    @property
+    def _warpgroups(self) -> int:
+        return self.consumers + (LOAD_WARPS.value + 3) // 4
 
 
-DEFAULT_CONFIGS = {64: GluonConfig(128, 128, 3), 128: GluonConfig(128, 128, 2)}
+DEFAULT_CONFIGS = {64: GluonConfig(128, 3), 128: GluonConfig(128, 2)}
 
 
 def _descriptor(tensor: torch.Tensor, box_rows: int, dtype: gl.dtype) -> TensorDescriptor:
@@ -125,10 +138,10 @@ class GluonAttention:
         self.out = torch.empty_like(q)
         self.lse = torch.empty((batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
         self._args = (
-            _descriptor(q, config.consumer_rows, dtype),
+            _descriptor(q, CONSUMER_ROWS, dtype),
             _descriptor(k, config.block_n, dtype),
             _descriptor(v, config.block_n, dtype),
-            _descriptor(self.out, config.consumer_rows, dtype),
+            _descriptor(self.out, CONSUMER_ROWS, dtype),
             self.lse,
             heads,
             seqlen_q,
@@ -139,6 +152,8 @@ class GluonAttention:
             "NUM_STAGES": config.num_stages,
             "CAUSAL": problem.causal,
             "PINGPONG": config.pingpong,
+            "NUM_CONSUMERS": config.consumers,
+            "CONSUMER_REGS": config.consumer_registers,
             "num_warps": config.num_warps,
             "maxnreg": config.maxnreg,
         }
@@ -227,7 +242,7 @@ def compile_kernel_sm90(
 def compile_sm90(problem: Problem, config: GluonConfig | None = None) -> list[KernelBinary]:
     """The kernel for sm_90a at the default configuration of this head dim (no GPU needed)."""
     config = config or DEFAULT_CONFIGS[problem.head_dim]
-    q_type = descriptor_type(problem.dtype, config.consumer_rows, problem.head_dim)
+    q_type = descriptor_type(problem.dtype, CONSUMER_ROWS, problem.head_dim)
     kv_type = descriptor_type(problem.dtype, config.block_n, problem.head_dim)
     signature = {
         "desc_q": q_type,
@@ -244,6 +259,8 @@ def compile_sm90(problem: Problem, config: GluonConfig | None = None) -> list[Ke
         "NUM_STAGES": config.num_stages,
         "CAUSAL": problem.causal,
         "PINGPONG": config.pingpong,
+        "NUM_CONSUMERS": config.consumers,
+        "CONSUMER_REGS": config.consumer_registers,
         "num_warps": config.num_warps,
     }
     return [compile_kernel_sm90(signature, constexprs, config)]
