@@ -54,6 +54,14 @@ def _ladder(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
+def _variants(frame: pd.DataFrame) -> str:
+    """'triton/fp8 block+rotation, cute/fp8 block+rotation' from the variant column, where recorded."""
+    if "variant" not in frame:
+        return ""
+    recorded = frame[frame["variant"].astype("string").fillna("") != ""].drop_duplicates("impl")
+    return ", ".join(f"{row['impl']} {row['variant']}" for _, row in recorded.iterrows())
+
+
 def _baselines(frame: pd.DataFrame) -> list[str]:
     """SDPA backends and FlashAttention-4, in the registry's stack order."""
     rank = {stack: index for index, stack in enumerate(baseline_stacks())}
@@ -102,6 +110,9 @@ def run_table(csv_path: Path, env_path: Path) -> list[str]:
         "",
         *_ladder(frame),
     ]
+    variants = _variants(frame)
+    if variants:
+        lines += ["", f"FP8 quantisation that ran: {variants}."]
     wrong = frame[frame["status"] == "wrong"]
     for _, row in wrong.drop_duplicates("impl").iterrows():
         lines.append(f"\n{row['impl']} is marked wrong by its rule ({row['error_rule']}): {row['reason']}.")

@@ -60,6 +60,14 @@ def ladder_order(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(_rank=ranks).sort_values("_rank", kind="stable").drop(columns="_rank")
 
 
+def with_variants(frame: pd.DataFrame) -> pd.DataFrame:
+    """The impl column names the FP8 quantisation variant that ran: ``triton/fp8 (block+rotation)``."""
+    if "variant" not in frame:
+        return frame
+    variant = frame["variant"].astype("string").fillna("")
+    return frame.assign(impl=frame["impl"].where(variant == "", frame["impl"] + " (" + variant + ")"))
+
+
 def _shape_title(group: pd.DataFrame) -> str:
     first = group.iloc[0]
     mask = "causal" if bool(first["causal"]) else "non-causal"
@@ -167,7 +175,7 @@ def write_report(
     else:
         lines += [f"Rows: {_status_summary(frame)}.", ""]
     keys = ["batch", "heads", "seqlen_q", "seqlen_k", "head_dim", "dtype", "causal"]
-    for _, group in ladder_order(frame).groupby(keys, sort=False):
+    for _, group in ladder_order(with_variants(frame)).groupby(keys, sort=False):
         lines += [f"## {_shape_title(group)}", "", markdown_table(group), ""]
     for title, body in sections:
         lines += [f"## {title}", "", body, ""]

@@ -45,6 +45,7 @@ CSV_COLUMNS = (
     "tflops_end_to_end",
     "rel_l2_bound",
     "emulation_rel_l2_err",
+    "variant",
 )
 STATUSES = ("ok", "wrong", "failed", "skipped", "oom", "timeout")
 # Statuses that make compare.py exit non-zero: the row ran (or should have) and did not pass.
@@ -94,6 +95,8 @@ class ResultRow:
     # The largest rel-L2 error the row's rule passes, and (FP8 rules) the emulation's own error.
     rel_l2_bound: float = NAN
     emulation_rel_l2_err: float = NAN
+    # FP8: the quantisation that ran (per-tensor, block, rotation, block+rotation); empty otherwise.
+    variant: str = ""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

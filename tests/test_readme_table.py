@@ -26,7 +26,7 @@ def _write_run(folder: Path, triton: str, rows: list[tuple[str, str, bool, float
         records.append(
             {"impl": impl, "stack": stack, "rung": rung, "batch": 2, "heads": 16, "seqlen_q": 8192,
              "seqlen_k": 8192, "head_dim": 128, "dtype": "bf16", "causal": causal, "status": status,
-             "reason": "", "tflops": tflops, "error_rule": ""}
+             "reason": "", "tflops": tflops, "error_rule": "", "variant": "block+rotation" if rung == "fp8" else ""}
         )  # fmt: skip
     pd.DataFrame.from_records(records).to_csv(folder / "results.csv", index=False)
     peaks = {"bf16_tflops": 788.0, "bf16_sustained_tflops": 678.0, "fp8_tflops": 1300.0, "fp8_sustained_tflops": None}
@@ -36,7 +36,7 @@ def _write_run(folder: Path, triton: str, rows: list[tuple[str, str, bool, float
 def test_table_has_a_column_per_stack_dashes_where_a_rung_is_absent_and_fa4_beside_sdpa(tmp_path: Path):
     rows = [
         (impl, "ok", causal, 500.0)
-        for impl in ("triton/hopper", "gluon/hopper", "cute/hopper", "sdpa/cudnn", "fa4/sm90")
+        for impl in ("triton/hopper", "gluon/hopper", "cute/hopper", "cute/fp8", "sdpa/cudnn", "fa4/sm90")
         for causal in (False, True)
     ]
     _write_run(tmp_path / "canonical", "3.6.0", rows)
@@ -49,3 +49,4 @@ def test_table_has_a_column_per_stack_dashes_where_a_rung_is_absent_and_fa4_besi
     assert [line.split("|")[1].strip() for line in baselines[2:4]] == ["sdpa/cudnn", "fa4/sm90"]
     assert "bf16 GEMM 788 burst / 678 sustained, fp8 GEMM 1300 burst" in table
     assert "**The same suite on Triton 3.9.0, CuTe DSL 4.8.1**" in table
+    assert "FP8 quantisation that ran: cute/fp8 block+rotation." in table

@@ -50,7 +50,7 @@ def test_report_shows_skipped_rows_with_dashes_and_the_whole_reason(tmp_path: Pa
     frame = pd.DataFrame.from_records(
         [
             {**base, "impl": "triton/fp8", "stack": "triton", "rung": "fp8", "status": "ok", "reason": "",
-             "ms": 1.0, "tflops": 700.0, "tflops_end_to_end": 600.0, "rel_l2_err": 2e-2},
+             "ms": 1.0, "tflops": 700.0, "tflops_end_to_end": 600.0, "rel_l2_err": 2e-2, "variant": "block+rotation"},
             {**base, "impl": "gluon/hopper", "stack": "gluon", "rung": "hopper", "status": "ok", "reason": "",
              "ms": 1.0, "tflops": 500.0, "tflops_end_to_end": float("nan"), "rel_l2_err": 2e-3},
             {**base, "impl": "cute/hopper", "stack": "cute", "rung": "hopper", "status": "skipped",
@@ -64,4 +64,4 @@ def test_report_shows_skipped_rows_with_dashes_and_the_whole_reason(tmp_path: Pa
     # Ladder order follows the registry's stacks: Triton, Gluon, CuTe DSL.
     rows = [line for line in text.splitlines() if line.startswith(("| triton", "| gluon", "| cute"))]
     order = [line.split("|")[1].strip() for line in rows]
-    assert order == ["triton/fp8", "gluon/hopper", "cute/hopper"]
+    assert order == ["triton/fp8 (block+rotation)", "gluon/hopper", "cute/hopper"]
