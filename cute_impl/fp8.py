@@ -4,24 +4,30 @@ What it adds over ``hopper``
 ----------------------------
 FP8 WGMMA (``wgmma.mma_async ... .e4m3.e4m3``) runs at twice the bf16 rate and halves the bytes of
 Q, K and V in HBM and shared memory. The kernel is ``cute_impl/hopper.py``'s ``HopperAttention``
-compiled for ``Float8E4M3FN``; what changes is in ``prepare`` and in how P reaches the second GEMM.
+compiled for ``Float8E4M3FN``; what changes is the quantisation in ``bind``, how the scales enter
+the kernel, and how P reaches the second GEMM.
 
 Algorithm
 ---------
-1. ``prepare`` (untimed; quickbench reports its time): per-tensor scales ``amax / 448`` for Q, K, V;
-   quantise to e4m3.
-2. ``prepare`` stores V transposed, (B, H, D, Sk') with Sk' = Sk rounded up to 16 and zero padding:
-   FP8 WGMMA reads a shared-memory B operand only K-major, and for O = P V the K dimension is the
-   key index, so V must be key-contiguous.
-3. Inside each group of 16 keys, V's key order is permuted (``common.fp8.PERMUTED_KEY_ORDER``). The
-   m64k32 FP8 A operand wants each lane to hold four *consecutive* k, while the S accumulator gives
-   each lane column *pairs* (2t, 2t+1, 2t+8, 2t+9). Renaming registers (``scores_to_operand_a``) plus
-   this permutation of V makes the product exact without any cross-lane shuffle.
-4. The kernel runs as in ``hopper``; the Q and K descales are folded into ``softmax_scale_log2``
-   (``scale * LOG2_E * q_scale * k_scale``) and V's descale multiplies O in the epilogue. P is
-   computed as exp2(... + 8), i.e. in [0, 256] instead of [0, 1], so that small probabilities stay
-   out of e4m3's subnormal range (the factor cancels in O / row_sum and is removed from the LSE),
-   then converted to e4m3 in registers. O is written in bf16; LSE in fp32.
+1. ``bind`` (per call: the values change): ``common.fp8.quantise``, shared with the Triton rung.
+   Default (``DEFAULT_QUANTISATION``): Q and K rotated by a seeded random Hadamard matrix, then one
+   e4m3 scale per 64 rows of Q (one consumer warpgroup's rows) and per 128 rows of K and of V (one
+   key block), per (batch, head). ``quantisation=`` selects the other variants of
+   ``common.fp8.VARIANTS`` (per-tensor scales, no rotation).
+2. V stored transposed, (B, H, D, Sk') with Sk' = Sk rounded up to 16 and zero padding: FP8 WGMMA
+   reads a shared-memory B operand only K-major, and for O = P V the K dimension is the key index.
+3. Inside each group of 16 keys, V's key order is permuted (``PERMUTED_KEY_ORDER``). The m64k32 FP8
+   A operand wants each lane to hold four *consecutive* k, while the S accumulator gives each lane
+   column *pairs* (2t, 2t+1, 2t+8, 2t+9). Renaming registers (``scores_to_operand_a``) plus this
+   permutation of V makes the product exact without any cross-lane shuffle.
+4. The kernel runs as in ``hopper``, reading the scales from (B, H, blocks) fp32 tensors
+   (``HopperAttention.descales``): Q's block scale folds into the warpgroup's softmax scale; K's
+   scale of key block n multiplies that block's max and exp2 factor (``OnlineSoftmax.step``, no
+   cost per score: a positive factor commutes with the max); V's scale multiplies the block's
+   fp32 P V when it is added to O (``add_block_product``, an FMA instead of an add). Per-tensor
+   scales are read once per tile instead. P is computed as exp2(... + 8), i.e. in [0, 256] instead
+   of [0, 1], so that small probabilities stay out of e4m3's subnormal range (the factor cancels in
+   O / row_sum and is removed from the LSE), then converted to e4m3 in registers. O is bf16.
 5. Each block's P V is accumulated from zero in its own registers and added to O in fp32
    (``separate_pv``): accumulating all blocks inside the FP8 WGMMA loses precision block after
    block (measurements below).
@@ -30,16 +36,20 @@ Data movement
 -------------
 As ``hopper``: TMA boxes into swizzled shared memory (64 x D Q, tile_n x D K, D x tile_n Vᵀ, all
 K-major, one byte per element), WGMMA from shared memory for QKᵀ and from registers (P) for PV,
-stmatrix + TMA store for O.
+stmatrix + TMA store for O. The block scales are two fp32 loads per key block and thread (L1).
 
-Error
------
-Judged by ``FP8_RULE`` (rel L2 <= 3e-2) against the fp64 reference of the *unquantised* inputs.
-e4m3 keeps 3 mantissa bits: round-to-nearest leaves about 2.6 % RMS relative error per element.
-O is linear in V and in P, and the scores' error (about 0.04 in scaled units for standard-normal
-Q, K) becomes about 4 % noise in P, so with zero-mean V (nothing to average the error against)
-the expected rel L2 is about sqrt(2.6² + 2.6² + 4²) ≈ 5 %: above the 3e-2 target, whatever the
-kernel does. Inputs whose output has a mean (the harness adds 0.5 to V) stay far below it.
+Error: what each technique buys
+-------------------------------
+Judged by ``FP8_RULE`` against ``emulate``: the fp64 attention of the same e4m3 operands and
+scales with P rounded as this kernel rounds it (key blocks visited last to first). e4m3 keeps 3
+mantissa bits, so even exact attention of the rounded operands misses fp64 by about 5 % relative
+L2 on zero-mean inputs; no kernel reading e4m3 can do better than its emulation.
+On FlashAttention-3's outlier inputs (``results/h200/fp8_error.md``, ``python -m common.fp8_error``):
+a per-tensor scale is set by the largest outlier, so ordinary entries fall towards e4m3's
+subnormals and lose bits. Block scales keep that damage inside the blocks that hold an outlier;
+the rotation spreads each outlier of Q and K over all D channels before rounding, lowering every
+amax. The table gives the RMSE of each variant, its emulation's, and FA3's own numbers;
+``results/h200/fp8_speed.md`` their speed, kernel only and end to end (quantisation included).
 
 Measured (H200, B=2 H=16 S=8192 D=128 from bf16 inputs; TFLOP/s on visible scores)
 ----------------------------------------------------------------------------------
@@ -47,29 +57,20 @@ Measured (H200, B=2 H=16 S=8192 D=128 from bf16 inputs; TFLOP/s on visible score
   878 non-causal / 801 causal, but rel L2 grew with the number of key blocks: 7.8e-3 at S=1000,
   5.75e-2 at S=8191 (V offset 0.5) -- about 2.4e-4 lost per accumulating WGMMA, linear in steps,
   the signature of the FP8 tensor-core accumulator's reduced precision.
-* Per-block PV accumulator + P offset (this version): 836 non-causal / 786 causal (-5 %), rel L2
-  6.1e-3 at S=1000 and every shared GPU test passes (S up to 8191, Sq != Sk, hard inputs). The two
+* Per-block PV accumulator + P offset (this version): 836 non-causal / 786 causal (-5 %). The two
   fixes were measured together, not apart.
-* Standard-normal inputs without offset, S=2048: rel L2 5.4e-2 (D=64) and 5.3e-2 (D=128)
-  non-causal, 4.8e-2 / 4.7e-2 causal: the 3e-2 target is not met, as the budget above predicts.
-  Floor 800 TFLOP/s met, goal 1000 not.
 * D=64 (B=4, H=32) with three consumer warpgroups, as ``hopper`` at D=64: 629 / 558 vs 528 / 500
   with two, identical errors (one run, 2026-11-22).
 * Persistent CTAs (``hopper``'s tile loop): 819 vs 802 at D=128, 642 vs 626 at D=64. Without
   ping-pong at D=128: 838-839 / 758-764 vs 818-820 / 752 (FP8's GEMMs are too short for the turn
   to pay). compare.py at a35d75f: 857 / 804 (SDPA cuDNN 617 / 555 in the same run); causal is
   persistent since that commit (799 vs 768 with one CTA per tile in one A/B run).
-
-Incoherent processing (``prepare_incoherent``)
-----------------------------------------------
-Q and K multiplied by a random Hadamard rotation (``common.fp8.random_hadamard``) before quantising:
-Q Kᵀ is unchanged and the kernel is the same, but an outlier entry is spread over all D channels
-before it is rounded. ``python -m common.fp8_outliers`` measures both on standard-normal inputs and
-on inputs with 0.1 % of Q, K entries scaled by 10 (``results/h200/fp8-outliers.md``).
+* Block scales and rotation: ``results/h200/fp8_speed.md`` and ``docs/perf-log.md``.
 
 Constraints
 -----------
-sm_90, fp16/bf16 inputs, head_dim 64 or 128, softmax_scale > 0, any Sq, Sk >= 1, causal.
+sm_90, fp16/bf16 inputs, head_dim 64 or 128, softmax_scale > 0, any Sq, Sk >= 1, causal. Block
+scales must match the tiles (64 Q rows, 128 keys).
 """
 
 from __future__ import annotations
