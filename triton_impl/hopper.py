@@ -67,6 +67,10 @@ default is not specialised (the flag is kept, tested and documented). The third 
 worth 8% (it hides the TMA latency behind a full S = Q Kᵀ). The remaining gap to cuDNN (≈ 610) is
 the overlap of softmax with the MMAs across the two warpgroups (FA3's ping-pong), which Triton's
 scheduler does not do here.
+Triton releases (``common.toolchain``): under Triton 3.9 the hand-pipelined loop at 128 × 128 spills
+(104 bytes per thread, 88 causal), as it must hold S, P, O and the P V in flight at once; 3.9 runs
+the plain loop (222 registers), the fastest spill-free tile of the three timed under 3.9 (the
+overlapped loop with 2 stages, or with 128 × 64 tiles, was slower; docs/perf-log.md).
 """
 
 from __future__ import annotations

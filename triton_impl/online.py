@@ -56,6 +56,12 @@ element it converted from bf16 fed a single FMA (FFMA was 32% of the SASS of a k
 790 instructions; the default tile's key block is 48% FFMA, 2048 in ~4300). What is left: the Q Kᵀ
 slice loop is 37% FFMA (Q and K converted per slice, plus the barriers of Triton's layout
 conversions), and nothing prefetches the next K/V block.
+
+Triton releases (the tile table passes through ``common.toolchain.release_configs``): Triton 3.9
+keeps more of the 4-D products live than 3.6, and the 4×16 tile spills there (440 bytes per thread
+at D=128; 2×16 spills 520 at D=256). Under 3.9 the rung runs 2×16 rows, 32 keys and 8-column
+D-slices at D=128 (228 registers) and 2×8 rows at D=256: each converted K/V element now feeds 2
+FMAs instead of 4, which costs speed (docs/perf-log.md, "Triton 3.6 and 3.9").
 """
 
 from __future__ import annotations

@@ -36,6 +36,8 @@ Measured (H200, B=2, H=16, S=8192, D=128, bf16, common.quickbench): 2.20 ms = 50
 The tuner's own timings rank configurations by up to 2x (289-552 TFLOP/s full): stages matter most
 (2 → 3 stages: +13 % at 128 × 128), and 128 × 64 tiles with 4 warps are the worst choice. An
 earlier default (128 × 64, 8 warps, 3 stages) measured 480.2 full and 454.5 causal.
+Triton releases (``common.toolchain``): at D=256 non-causal Triton 3.9 spills 56 bytes per thread
+with 4 warps, so it runs 8 warps there (204 registers; like all of D=256, not timed).
 """
 
 from __future__ import annotations
