@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import triton
@@ -109,6 +110,8 @@ CANDIDATES: tuple[TileConfig, ...] = tuple(
 TUNE_WARMUP_MS, TUNE_REP_MS = 5, 25
 # Tuned configurations, keyed on everything that changes the best choice (see _tuning_key).
 _TUNED: dict[tuple, TileConfig] = {}
+# Problems whose canonical test and tuning key are remembered (the hot path of bind).
+PLANNED_PROBLEMS = 1024
 
 
 # ----------------------------------------------------------------------------------------------
@@ -189,6 +192,8 @@ def shared_memory_budget(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
 
 
+# Memoised (bind asks at every call of common.attention): problems and devices are hashable.
+@lru_cache(maxsize=PLANNED_PROBLEMS)
 def _is_canonical(problem: Problem) -> bool:
     canonical = Problem.canonical(
         problem.seqlen_q, head_dim=problem.head_dim, dtype=problem.dtype, causal=problem.causal
@@ -196,6 +201,7 @@ def _is_canonical(problem: Problem) -> bool:
     return problem == canonical
 
 
+@lru_cache(maxsize=PLANNED_PROBLEMS)
 def _tuning_key(problem: Problem, device: torch.device) -> tuple:
     # Shapes within a power of two share a tuned choice; everything compiled in is in the key.
     def bucket(n: int) -> int:
