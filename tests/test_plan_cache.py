@@ -86,6 +86,22 @@ def test_second_call_binds_without_preparing(impl_name: str, monkeypatch: pytest
     assert not torch.equal(first, second)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl_name", [impl.name for impl in IMPLEMENTATIONS if not impl.runs_on_cpu])
+def test_second_call_binds_without_preparing_on_the_gpu(impl_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    problem = PROBLEM.with_(seqlen_q=200, seqlen_k=200, dtype=torch.bfloat16)
+    ok, reason = get(impl_name).check(problem, torch.device("cuda"))
+    if not ok:
+        pytest.skip(f"{impl_name} cannot run {problem.describe()} here: {reason}")
+    calls: Counter = Counter()
+    counted(impl_name, calls, monkeypatch)
+    attention(*make_inputs(problem, seed=0, device="cuda"), impl=impl_name)
+    q, k, v = make_inputs(problem, seed=1, device="cuda")
+    second = attention(q, k, v, impl=impl_name)
+    assert calls == Counter({"prepare": 1, "prepare run": 1, "bind": 1, "bind run": 1}), dict(calls)
+    assert torch.equal(second, get(impl_name).prepare(q, k, v, problem)())
+
+
 @pytest.mark.parametrize(
     "change",
     [
