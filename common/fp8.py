@@ -35,13 +35,19 @@ rescaled to the final maximum, over that row sum.
 ``emulate`` also returns an elementwise bound on |kernel - emulation|, derived from what the
 kernel does in finite precision that the emulation does exactly:
 
-* The scores: the tensor cores accumulate Q8 K8ᵀ with reduced precision (``MMA_ACCUMULATION_EPS``
-  of the sum of |products|), and exp2's argument is rounded to fp32 and evaluated approximately
-  (``EXP2_EPS``). A score error δ (log2 units, doubled because the running max carries the same
-  error) can move P across an e4m3 rounding boundary: the bound adds, for each key, how far the
-  rounded P moves when P is scaled by 2^±δ, times |v|.
-* P V: the per-block product is accumulated by the tensor cores with the same reduced precision
-  (``MMA_ACCUMULATION_EPS`` of Σ P8 |v|).
+* Tensor-core accumulation (``mma_error``). An fp8 wgmma adds the products of each k-group of
+  ``MMA_K`` = 32 aligned to the largest of them, keeping about 14 bits (DeepSeek-V3, section 3.3.2,
+  measured this on H800): each term loses up to ``MMA_TRUNCATION`` = 2^-13 of the group's largest
+  product, one-sided (truncation), so a group can be off by 32 x 2^-13 = 2^-8 of its largest
+  product, bounded here by 2^-8 of the group's L2 norm. Adding each group's sum to the accumulator
+  loses up to 2^-13 of the sum of |products| so far, once per group.
+  A single outlier product (FA3's inputs) therefore costs its whole group up to 2^-8 of the
+  outlier: a bound proportional to the sum of |products| alone was exceeded up to 21x on the H200.
+* The scores: that error on Q8 K8ᵀ, plus exp2's argument rounded to fp32 and evaluated
+  approximately (``EXP2_EPS``), is a score error δ (log2 units, doubled because the running max
+  carries the same error), which can move P across an e4m3 rounding boundary: the bound adds, for
+  each key, how far the rounded P moves when P is scaled by 2^±δ, times |v|.
+* P V: the same accumulation error on each block's P8 V8.
 * The row sum of unrounded P carries P's relative error (δ ln 2), and O is rounded to bf16
   (``OUTPUT_EPS``, twice bf16's half ulp).
 """
@@ -67,9 +73,10 @@ KV_BLOCK_ROWS = 128
 FA3_OUTLIER_PROBABILITY = 1e-3
 FA3_OUTLIER_STD = 10.0
 
-# Relative accumulation error of an fp8 wgmma: DeepSeek-V3 (section 3.3.2) measured that H800 fp8
-# GEMMs keep about 14 bits while accumulating; 2^-11 leaves a factor 8 of room.
-MMA_ACCUMULATION_EPS = 2.0**-11
+# fp8 wgmma accumulation (module docstring): k-groups of MMA_K products, each product truncated to
+# MMA_TRUNCATION of the group's largest (DeepSeek-V3, section 3.3.2: about 14 bits kept on H800).
+MMA_K = 32
+MMA_TRUNCATION = 2.0**-13
 # ex2.approx.f32 (relative 2^-22) and fp32 rounding of exp2's argument (relative 2^-24 of |argument|).
 EXP2_EPS = 2.0**-21
 FP32_EPS = 2.0**-24
@@ -237,8 +244,7 @@ def _emulate_rows(
     seqlen_k = k.shape[0]
     scale_log2 = problem.scale / math.log(2.0)
     s = (q @ k.T) * scale_log2
-    # Reduced-precision accumulation of Q8 K8ᵀ: at most EPS of the sum of |products|.
-    s_error = MMA_ACCUMULATION_EPS * (q.abs() @ k.abs().T) * scale_log2
+    s_error = mma_error(q, k.T, q.shape[-1]) * scale_log2
     rows = torch.arange(first_row, first_row + q.shape[0], device=q.device)[:, None]
     cols = torch.arange(seqlen_k, device=q.device)[None, :]
     visible = cols <= rows if problem.causal else torch.ones_like(s, dtype=torch.bool)
@@ -266,9 +272,25 @@ def _emulate_rows(
     delta = 2 * (s_error + EXP2_EPS + FP32_EPS * (exponent.abs() + key_max.abs())).masked_fill(~visible, 0.0)
     delta = delta.amax(dim=-1, keepdim=True)
     flip = torch.maximum((round_p(p * torch.exp2(delta)) - p8).abs(), (round_p(p * torch.exp2(-delta)) - p8).abs())
-    per_key = (flip + MMA_ACCUMULATION_EPS * p8) * to_final
-    bound = (per_key @ v.abs()) / row_sum + (OUTPUT_EPS + delta * math.log(2.0)) * out.abs()
+    pv_error = mma_error(p8 * to_final, v, order.block_n)
+    bound = ((flip * to_final) @ v.abs() + pv_error) / row_sum + (OUTPUT_EPS + delta * math.log(2.0)) * out.abs()
     return out, bound
+
+
+def mma_error(a: torch.Tensor, b: torch.Tensor, accumulated: int) -> torch.Tensor:
+    """Bound on |fp8-wgmma(a @ b) - a @ b| (module docstring): per k-group of MMA_K products 2^-8 of
+    their L2 norm, plus MMA_TRUNCATION of the sum of |products| for each group added to an
+    accumulator that runs over ``accumulated`` k (one wgmma chain; longer sums add in fp32)."""
+    rows, depth = a.shape
+    groups = depth // MMA_K
+    padded = groups * MMA_K
+    grouped_a = a[:, :padded].square().reshape(rows, groups, MMA_K)
+    grouped_b = b[:padded].square().reshape(groups, MMA_K, b.shape[-1])
+    within = torch.einsum("rgk,gkc->rgc", grouped_a, grouped_b).sqrt().sum(dim=1) * (MMA_K * MMA_TRUNCATION)
+    if padded < depth:
+        within = within + (a[:, padded:].square() @ b[padded:].square()).sqrt() * (MMA_K * MMA_TRUNCATION)
+    across = (a.abs() @ b.abs()) * (MMA_TRUNCATION * accumulated / MMA_K)
+    return within + across
 
 
 def emulate(operands: QuantisedOperands, problem: Problem, order: KernelOrder) -> Emulation:

@@ -76,7 +76,8 @@ def emulation_stats(
     out64 = out.detach().to(torch.float64)
     diff = (out64 - emulated.to(out64.device)).abs()
     diff = torch.where(torch.isfinite(diff), diff, torch.full_like(diff, math.inf))
-    ratio = diff / bound.to(out64.device)
+    # An exact match passes even where the bound is 0 (0 / 0 would be NaN).
+    ratio = torch.where(diff == 0, torch.zeros_like(diff), diff / bound.to(out64.device))
     return EmulationStats(error_stats(emulated, ref), diff.max().item(), ratio.max().item())
 
 

@@ -131,5 +131,6 @@ def test_emulation_error_is_e4m3s_and_its_bound_is_small(reverse: bool):
     ref = reference_attention(q, k, v, problem)
     err = ((emulated.out - ref).norm() / ref.norm()).item()
     assert 3e-2 < err < 7e-2, err
-    # Measured 0.15: the bound adds every key's possible rounding flip, aligned (a worst case).
-    assert (emulated.bound.mean() / ref.abs().mean()).item() < 0.25
+    # Measured 0.37: the bound adds every key's possible rounding flip and every product's possible
+    # truncation, aligned (a worst case); the planted bugs of test_error_rules.py exceed it 3-1000x.
+    assert (emulated.bound.mean() / ref.abs().mean()).item() < 0.5
