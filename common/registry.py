@@ -35,12 +35,18 @@ import torch
 from common.metrics import SDPA_RELATIVE_RULE, ErrorRule
 from common.problem import Problem
 
-STACKS = ("triton", "cute", "sdpa", "fa4")
+STACKS = ("triton", "gluon", "cute", "sdpa", "fa4")
 # Stacks of external kernels measured as references: their rows are named by backend, not by rung.
 BASELINE_STACKS = ("sdpa", "fa4")
 RUNGS = ("naive", "online", "tiled", "pipelined", "hopper", "fp8")
 # Ladder order of the rung modules; the baselines (SDPA backends, FlashAttention-4) come last.
-RUNG_MODULES = tuple(f"{stack}_impl.{rung}" for stack in ("triton", "cute") for rung in RUNGS)
+# Gluon (Triton's explicit dialect, under triton_impl/) has only the Hopper rungs.
+GLUON_RUNGS = ("hopper", "fp8")
+RUNG_MODULES = (
+    *(f"triton_impl.{rung}" for rung in RUNGS),
+    *(f"triton_impl.gluon.{rung}" for rung in GLUON_RUNGS),
+    *(f"cute_impl.{rung}" for rung in RUNGS),
+)
 BASELINE_MODULES = ("common.sdpa", "common.fa4")
 
 Runner = Callable[[], torch.Tensor]
@@ -107,8 +113,8 @@ class Unavailable:
 
     @property
     def name(self) -> str:
-        package, rung = self.module.split(".")
-        return f"{package.removesuffix('_impl')}/{rung}"
+        *packages, rung = self.module.split(".")
+        return f"{packages[-1].removesuffix('_impl')}/{rung}"
 
 
 def warmed_up(run: Runner, device: torch.device) -> Runner:

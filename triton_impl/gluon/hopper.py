@@ -119,7 +119,7 @@ class GluonConfig:
         return self.consumers + (LOAD_WARPS.value + 3) // 4
 
 
-DEFAULT_CONFIGS = {64: GluonConfig(128, 3, consumers=3, pingpong=True), 128: GluonConfig(128, 2, pingpong=True)}
+DEFAULT_CONFIGS = {64: GluonConfig(128, 2, consumers=3, pingpong=True), 128: GluonConfig(128, 2)}
 
 
 def _descriptor(tensor: torch.Tensor, box_rows: int, dtype: gl.dtype) -> TensorDescriptor:
