@@ -1,23 +1,26 @@
 """Device code shared by the Gluon rungs: the warp-specialised Hopper attention kernel and its parts.
 
-The kernel is one CTA per BLOCK_M query rows of one (batch, head), split by ``gl.warp_specialize``
-into two partitions that talk only through shared memory and mbarriers:
+The kernel is one CTA per NUM_CONSUMERS × 64 query rows of one (batch, head), split by
+``gl.warp_specialize`` into partitions that talk only through shared memory and mbarriers:
 
-* ``_load_partition`` (1 warp, ``LOAD_REGISTERS`` registers per thread): issues the TMA copy of the
-  Q tile once, then K and V tiles into two rings of ``NUM_STAGES`` slots. Each slot has a ready
-  barrier (``k_ready``/``v_ready``, completed by the TMA byte count) and an empty barrier
-  (``k_empty``/``v_empty``, arrived by the consumers once the wgmma reading it has retired). K_n's
-  slot frees one step before V_n's, so the next K copy is issued a whole step before it is needed.
-* ``_softmax_partition`` (the default partition: ``num_warps`` = 8, two warpgroups of 64 rows each,
-  the registers the load warp gave up): S = Q Kᵀ and O += P V by ``warpgroup_mma``, the online
-  softmax in registers, then the epilogue (O through shared memory and a TMA store, LSE by pointer).
+* ``_load_partition`` (1 warp, ``LOAD_REGISTERS`` registers per thread): issues the TMA copy of
+  each consumer's Q tile once, then K and V tiles into two rings of ``NUM_STAGES`` slots. Each slot
+  has a ready barrier (``k_ready``/``v_ready``, completed by the TMA byte count) and an empty
+  barrier (``k_empty``/``v_empty``, one arrival per consumer once the wgmma reading it has
+  retired). K_n's slot frees one step before V_n's, so the next K copy is issued a step early.
+* ``_consumer`` / ``_softmax_partition``, NUM_CONSUMERS times (the default partition and one or
+  two workers, 4 warps each, ``CONSUMER_REGS`` registers): its own 64 query rows, S = Q Kᵀ and
+  O += P V by ``warpgroup_mma`` (one m64 wgmma per GEMM), the online softmax in registers, then
+  the epilogue (O through shared memory and a TMA store, LSE by pointer). Optionally (PINGPONG)
+  the consumers pass a ``turn`` mbarrier round so that they issue their wgmmas one after another.
 
-Its KV loop is software-pipelined by hand (FA3's intra-warpgroup overlap): step n issues
-S_n = Q K_nᵀ, then O += P_(n-1) V_(n-1), waits only for S_n (``warpgroup_mma_wait(1)``) and runs
-the softmax of S_n while the P V wgmma still runs on the tensor cores.
+Each consumer's KV loop is software-pipelined by hand (FA3's intra-warpgroup overlap): step n
+issues S_n = Q K_nᵀ, then O += P_(n-1) V_(n-1), waits only for S_n (``warpgroup_mma_wait(1)``) and
+runs the softmax of S_n while the P V wgmma still runs on the tensor cores.
 
-Block ranges: [0, n_block_max) blocks are visited; blocks before ``n_unmasked`` are seen in full by
-every row of the tile and skip the mask; the causal diagonal and the ragged last block are masked.
+Block ranges: every consumer visits the CTA's [0, n_block_max) blocks, as the load warp loads them;
+its blocks before its own ``n_unmasked`` are seen in full by all its rows and skip the mask; the
+causal diagonal, the ragged last block and blocks past its own causal range are masked.
 Block 0 is peeled (it starts the pipeline) and always masked, which costs one masked block per tile.
 """
 

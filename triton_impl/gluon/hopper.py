@@ -3,41 +3,47 @@
 
 What it adds over ``triton/hopper``: the same algorithm (TMA tiles, wgmma from shared memory, online
 softmax with exp2 and the folded scale, causal block skipping) with every decision that Triton's
-compiler makes for ``triton/hopper`` written out. A producer warp issues the TMA copies into a K/V
-ring guarded by mbarriers; the two consumer warpgroups own the 128-row query tile (64 rows each)
-and only compute. On sm_90 Triton 3.6's automatic ``warp_specialize`` takes one consumer warpgroup
-only (``triton_impl/hopper.py`` measures it at half speed); Gluon's ``gl.warp_specialize`` takes any
-partitioning, with a register budget per partition (``setmaxnreg``: 24 for the load warp, 240 for
-the consumers).
+compiler makes for ``triton/hopper`` written out, and the warp specialisation that Triton 3.6's
+automatic ``warp_specialize`` cannot do on sm_90 (it takes one consumer warpgroup, at half speed):
+one TMA load warp and two (D=128) or three (D=64) consumer warpgroups, each its own partition with
+its own query rows and register budget (``setmaxnreg``: 24 for the load warp, 240 or 160 for each
+consumer), so the consumers drift apart and one's softmax runs under another's wgmmas.
 
 The three stacks side by side (what Triton decides / what Gluon makes you write / what CuTe makes
 you write):
-  * TMA: ``desc.load`` in ``_attention_step``, Triton builds the copies and their barriers /
-    ``_load_partition`` calls ``tma.async_load`` into a ring slot with ``mbarrier.expect`` /
-    ``cute_impl/hopper.py`` builds TMA atoms and partitions (``cpasync.tma_partition``).
-  * Barriers: Triton's pipeliner allocates and phases them / ``k_ready``, ``v_ready``, ``kv_empty``
-    allocated, initialised and phased by name in ``attention_kernel`` and ``_load_partition`` /
-    ``PipelineTmaAsync`` objects in ``cute_impl/hopper.py``.
-  * Warpgroup MMA: ``tl.dot`` with layouts and wait depths chosen by the compiler /
-    ``warpgroup_mma(..., is_async=True)`` and ``warpgroup_mma_wait(n, deps)`` in ``_pipelined_step`` /
-    ``cute.gemm`` on tiled-MMA fragments with explicit ``warpgroup.wait_group``.
-  * Warp specialisation: ``tl.range(warp_specialize=True)`` (one consumer warpgroup on sm_90) /
-    ``gl.warp_specialize`` with one function per partition / a ``warp_idx`` branch per role.
-  * Register budgets: chosen by the compiler / ``LOAD_REGISTERS`` and the kernel's ``maxnreg`` /
-    ``setmaxnreg`` calls (``warpgroup_reg_alloc`` / ``dealloc``) per role.
+  * TMA: ``desc.load`` in ``triton_impl/hopper._attention_step``, the compiler builds the copies
+    and their barriers / ``_load_partition`` calls ``tma.async_load`` into a ring slot after
+    ``mbarrier.expect`` / ``HopperAttention.kernel`` in ``cute_impl/hopper.py`` builds TMA atoms
+    and partitions them (``_tma_partition``).
+  * Barriers: Triton's pipeliner allocates and phases them / ``q_ready``, ``k_ready``, ``v_ready``,
+    ``k_empty``, ``v_empty`` and ``turn`` allocated and initialised in ``attention_kernel``, phased
+    by block index in ``_load_partition`` and ``_ready_tile`` / ``PipelineTmaAsync`` producer and
+    consumer objects in ``cute_impl/hopper.py``.
+  * Warpgroup MMA: ``tl.dot``, with wait depths chosen by the compiler / ``warpgroup_mma(...,
+    is_async=True)`` and ``warpgroup_mma_wait(n, deps)`` in ``_pipelined_step`` / ``cute.gemm`` on
+    tiled-MMA fragments and ``warpgroup.wait_group`` (``next_block``).
+  * Warp specialisation: ``tl.range(warp_specialize=True)`` / ``gl.warp_specialize`` with one
+    function per partition (``_consumer``, ``_load_partition``) / a ``warp_idx`` branch per role.
+  * Register budgets: chosen by the compiler / ``LOAD_REGISTERS`` and ``consumer_registers`` per
+    partition, ``maxnreg`` at launch / ``setmaxregister_decrease`` / ``_increase`` per role.
   * Layouts: inferred / ``NVMMADistributedLayout`` for S and O, ``DotOperandLayout`` for P in
-    registers, ``NVMMASharedLayout`` for tiles / tiled MMAs, ``make_smem_layout`` and swizzles.
+    registers, ``NVMMASharedLayout`` for tiles / ``make_smem_layout_a`` / ``_b`` and tiled MMAs.
+  What Gluon still decides: register allocation and instruction order inside a partition, and
+  where a barrier goes. An ``mbarrier.arrive`` from a multi-warp partition is lowered to a barrier
+  over that partition plus one elected thread; this is why each consumer warpgroup is its own
+  partition (one 8-warp partition kept the two warpgroups in lockstep).
 
-Algorithm (``attention_kernel``: one CTA per 128 query rows of one (batch, head)):
-  1. Load warp: TMA Q once; for each key block, wait until its ring slot is empty, then TMA K and
-     V into it, each completing its own ready barrier (S = Q Kᵀ can start before V lands).
-  2. Consumers, block 0: S = Q K₀ᵀ, masked online softmax, P in registers (bf16/fp16).
-  3. Consumers, block n ≥ 1 (``_pipelined_step``): issue S_n = Q K_nᵀ, rescale O by the previous
-     alpha and issue O += P_(n-1) V_(n-1) (P from registers), wait for S_n only, online softmax of
-     S_n (unmasked blocks first, then the causal diagonal and ragged last block with the mask)
-     while that P V runs, then wait for it and release slot n-1 to the load warp.
-  4. The last P V; O /= row_sum through shared memory (Q's buffer) and one TMA store; lse to an
-     fp32 (B, H, Sq) buffer.
+Algorithm (``attention_kernel``: one CTA per ``consumers`` × 64 query rows of one (batch, head)):
+  1. Load warp: TMA each consumer's Q tile once; for each key block, wait until its K slot is
+     empty, TMA K; wait until its V slot is empty, TMA V; each copy completes its ready barrier.
+  2. Each consumer, block 0: S = Q K₀ᵀ, masked online softmax, P in registers (bf16/fp16).
+  3. Each consumer, block n ≥ 1 (``_pipelined_step``): rescale O by the previous alpha, issue
+     S_n = Q K_nᵀ and O += P_(n-1) V_(n-1) (P from registers), wait for S_n only, online softmax of
+     S_n (unmasked blocks first, then the causal diagonal and the ragged last block with the mask)
+     while that P V runs, wait for it, free K_n's and V_(n-1)'s slots. With ``pingpong`` the
+     consumers issue their wgmmas in turn (FA3's schedule; it pays at D=64 only).
+  4. The last P V; O /= row_sum through shared memory (the consumer's Q buffer) and a TMA store; lse
+     to an fp32 (B, H, Sq) buffer.
 
 Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` on 4-D descriptors over (B, H, S, D) with a
 (1, 1, rows, D) box, so each (batch, head) has its own bounds (a ragged tail reads zeros and the O
@@ -48,8 +54,12 @@ Constraints: fp16 and bf16; D ∈ {64, 128}; any Sq, Sk ≥ 1, Sq ≠ Sk; causal
 softmax_scale ≥ 0; exactly sm_90 (``warpgroup_mma`` is Hopper's instruction); Triton 3.6 or 3.9
 (the TMA and barrier names differ between them, ``_device.py`` picks the one present). There is no
 interpreter path: Gluon kernels compile only for a GPU target.
-Not done: lazy O rescaling, ping-pong scheduling of the two warpgroups, a persistent scheduler
-(``docs/perf-log.md`` has the measurements).
+
+What the measurements taught (``docs/perf-log.md``, "Gluon ``hopper``"): separate consumer
+partitions took the kernel from triton/hopper's speed to about 18% above it at D=128; a third
+consumer is what D=64 needs; ping-pong costs more than it gives at D=128, and on Triton 3.9 the
+same source runs about 8% slower than on 3.6. Not done: lazy O rescaling and a persistent tile
+scheduler.
 """
 
 from __future__ import annotations
