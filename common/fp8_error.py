@@ -244,11 +244,12 @@ def main() -> None:
     rows: list[ErrorRow] = []
     problem = Problem(args.batch, args.heads, args.seqlen, args.seqlen, args.head_dim)
     for causal in (False, True):
+        rows.extend(fp8_rows(problem.with_(dtype=torch.bfloat16, causal=causal)))
         for dtype_name, dtype in DTYPES.items():
             rows.extend(sixteen_bit_rows(problem.with_(dtype=dtype, causal=causal), dtype_name))
-        rows.extend(fp8_rows(problem.with_(dtype=torch.bfloat16, causal=causal)))
-    write_csv(args.out_dir / "fp8_error.csv", rows)
-    (args.out_dir / "fp8_error.md").write_text(error_table(rows, problem))
+        # Written after each mask, so that a run cut short keeps what it measured.
+        write_csv(args.out_dir / "fp8_error.csv", rows)
+        (args.out_dir / "fp8_error.md").write_text(error_table(rows, problem))
     print(error_table(rows, problem))
     if args.speed:
         timed = [row for causal in (False, True) for row in speed_rows(causal, args.warmup_ms, args.rep_ms)]
