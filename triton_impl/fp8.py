@@ -44,8 +44,10 @@ softmax_scale ≥ 0; sm_90. Block scales need BLOCK_M | 64 and BLOCK_N | 128.
 What block quantisation and the rotation buy: on FlashAttention-3's outlier inputs a per-tensor
 scale is set by the largest outlier and ordinary entries lose bits; block scales confine that to
 the blocks holding an outlier, and the rotation spreads each outlier of Q and K over all D channels
-before rounding. ``results/h200/fp8_error.md`` (``python -m common.fp8_error``) has each variant's
-RMSE, its emulation's and FA3's; ``results/h200/fp8_speed.md`` the speed, kernel only and end to end.
+before rounding. FA3's outliers sit in single channels, so the rotation does almost all of the
+gain and block scales add little on top of it. ``results/h200/fp8_error.md`` (``python -m
+common.fp8_error``) has each variant's RMSE, its emulation's and FA3's; ``results/h200/fp8_speed.md``
+the speed, kernel only and end to end.
 
 Measured (H200, B=2, H=16, S=8192, D=128, bf16 inputs; prediction ~1.35× the bf16 rung, since the
 softmax does not get faster), TFLOP/s non-causal / causal:
