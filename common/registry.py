@@ -80,7 +80,7 @@ class Implementation:
     # common.fp8.Emulation``, which its error rule judges against (``common.check.judge_output``).
     emulate: Callable[..., Any] | None = None
     # Rungs that transform their inputs in prepare (FP8): a prepare whose run() quantises, rotates and
-    # launches in every call, timed end to end by ``common.end_to_end``.
+    # launches in every call, timed end to end by ``common.row_extras``.
     prepare_end_to_end: Prepare | None = None
     error_rule: ErrorRule = SDPA_RELATIVE_RULE
     # True when the Triton interpreter can run it on CPU tensors (TRITON_INTERPRET=1).
