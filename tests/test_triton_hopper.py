@@ -221,6 +221,23 @@ def test_gpu_autotune_keeps_a_fitting_candidate(module):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(
+    "config", hopper.candidate_configs(128, torch.bfloat16), ids=lambda config: str(config).replace(" ", "")
+)
+def test_gpu_every_autotune_candidate_is_correct(config, causal: bool):
+    # Autotuning keeps whichever candidate is fastest, so each one must be right on its own.
+    problem = Problem(1, 3, 300, 555, 128, dtype=torch.bfloat16, causal=causal)
+    q, k, v = make_inputs(problem, seed=17)
+    ref = reference_attention(q, k, v, problem)
+    prepared = hopper.hopper_attention(q, k, v, problem, config=config)
+    out = prepared()
+    out.fill_(math.nan)
+    err = error_stats(prepared(), ref)
+    assert err.nonfinite == 0 and err.rel_l2_err < 1e-2, f"{config}: {err.summary()}"
+
+
+@pytest.mark.gpu
 def test_gpu_strided_bshd_inputs():
     # (B, S, H, D) storage viewed as (B, H, S, D): the 4-D descriptors take the strides as they are.
     problem = Problem(2, 4, 333, 333, 64, dtype=torch.float16)
