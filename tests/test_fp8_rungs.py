@@ -1,4 +1,4 @@
-"""Both FP8 rungs (``triton/fp8``, ``cute/fp8``) in every quantisation variant, judged by ``FP8_RULE``
+"""The FP8 rungs (``triton/fp8``, ``gluon/fp8``, ``cute/fp8``) in every quantisation variant, judged by ``FP8_RULE``
 against the fp64 emulation of their own quantisation; static checks of every variant's build."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from common.reference import reference_attention
 ROOT = Path(__file__).resolve().parent.parent
 HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
 # The CuTe rung is tested wherever its DSL is installed; a broken import then fails here, not skips.
-MODULES = ["triton_impl.fp8", *(["cute_impl.fp8"] if HAS_CUTLASS else [])]
+MODULES = ["triton_impl.fp8", "triton_impl.gluon.fp8", *(["cute_impl.fp8"] if HAS_CUTLASS else [])]
 CAUSAL_STACK_BYTES = 8
 SEQLENS = [(1, 1), (77, 1000), (1000, 77), (8191, 8191)]
 INPUTS = {

@@ -1,10 +1,13 @@
 """Checks specific to the Gluon rungs (gluon/hopper, gluon/fp8) beyond the shared rung tests.
 
-CPU: every supported variant compiles for sm_90a with the instructions its design claims (TMA,
-mbarriers, wgmma, setmaxnreg with the partition budgets) and without spills; capability checks and
-input validation. Gluon has no interpreter path, and the interpreter that the CPU test session
-turns on breaks Gluon compilation, so the compiles run in a child process without it.
-GPU (``gpu`` marker): LSE against the fp64 reference, and the prepared launch reused on new inputs.
+CPU: every supported variant of both rungs compiles for sm_90a with the instructions its design
+claims (TMA, mbarriers, wgmma, setmaxnreg with the partition budgets; e4m3 wgmma for gluon/fp8, in
+every quantisation variant) and without spills; capability checks and input validation. Gluon has
+no interpreter path, and the interpreter that the CPU test session turns on breaks Gluon
+compilation, so the compiles run in a child process without it.
+GPU (``gpu`` marker): LSE against the fp64 reference (gluon/fp8: of its dequantised operands), and
+the prepared launch reused on new inputs. gluon/fp8's O is judged by ``tests/test_fp8_rungs.py`` and
+the shared rung tests (``FP8_RULE`` against ``common.fp8.emulate``).
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.fp8 import VARIANTS, KernelOrder, dequantised, quantise
 from common.inputs import make_inputs
 from common.problem import Problem
 from common.reference import reference_attention
 from common.registry import discover
-from triton_impl.gluon import hopper
+from triton_impl.gluon import fp8, hopper
 from triton_impl.gluon._device import LOAD_REGISTERS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,35 +34,49 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.xdist_group("gluon-compile")
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
-# (head_dim, causal, dtype name) variants compiled on the CPU.
-VARIANTS = [(128, False, "bf16"), (128, True, "bf16"), (64, False, "fp16"), (64, True, "bf16")]
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# (rung, head_dim, causal, dtype name, fp8 quantisation) variants compiled on the CPU.
+COMPILED = [
+    ("hopper", 128, False, "bf16", None),
+    ("hopper", 128, True, "bf16", None),
+    ("hopper", 64, False, "fp16", None),
+    ("hopper", 64, True, "bf16", None),
+    ("fp8", 128, False, "bf16", "rotation"),
+    ("fp8", 128, True, "bf16", "block+rotation"),
+    ("fp8", 64, False, "fp16", "per-tensor"),
+    ("fp8", 64, True, "bf16", "block"),
+]
+RUNGS = {"hopper": hopper, "fp8": fp8}
 
 _COMPILE_SCRIPT = """
 import json, re, sys
 import torch
 from common.problem import Problem
 from common.static import cubin_resources, ptx_features
-from triton_impl.gluon import hopper
-head_dim, causal, dtype = json.loads(sys.argv[1])
+from common.fp8 import VARIANTS
+from triton_impl.gluon import fp8, hopper
+rung, head_dim, causal, dtype, variant = json.loads(sys.argv[1])
 problem = Problem(1, 1, 256, 256, head_dim, dtype=getattr(torch, dtype), causal=causal)
-(binary,) = hopper.compile_sm90(problem)
+if rung == "fp8":
+    (binary,) = fp8.compile_sm90(problem, quantisation=VARIANTS[variant])
+else:
+    (binary,) = hopper.compile_sm90(problem)
 (resources,) = cubin_resources(binary.cubin).values()
 print(json.dumps({
     "features": ptx_features(binary.ptx),
     "setmaxnreg": sorted({int(n) for n in re.findall(r"setmaxnreg\\S*\\s+(\\d+)", binary.ptx)}),
-    "local_bytes": resources["local_bytes"],
+    "spill_bytes": resources["local_bytes"] + resources["stack_bytes"],
+    "rung": rung,
     "head_dim": head_dim,
     "shared_bytes": binary.shared_bytes,
 }))
 """
 
 
-def _compile_in_child(head_dim: int, causal: bool, dtype_name: str) -> dict:
+def _compile_in_child(rung: str, head_dim: int, causal: bool, dtype_name: str, variant: str | None) -> dict:
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     torch_dtype = {"bf16": "bfloat16", "fp16": "float16"}[dtype_name]
     done = subprocess.run(
-        [sys.executable, "-c", _COMPILE_SCRIPT, json.dumps([head_dim, causal, torch_dtype])],
+        [sys.executable, "-c", _COMPILE_SCRIPT, json.dumps([rung, head_dim, causal, torch_dtype, variant])],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -69,7 +87,11 @@ def _compile_in_child(head_dim: int, causal: bool, dtype_name: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module", params=VARIANTS, ids=[f"d{d}-{'causal' if c else 'full'}-{t}" for d, c, t in VARIANTS])
+@pytest.fixture(
+    scope="module",
+    params=COMPILED,
+    ids=[f"{r}-d{d}-{'causal' if c else 'full'}-{t}{'-' + v if v else ''}" for r, d, c, t, v in COMPILED],
+)
 def compiled(request: pytest.FixtureRequest) -> dict:
     return _compile_in_child(*request.param)
 
@@ -82,15 +104,80 @@ def test_ptx_has_tma_barriers_wgmma_and_register_budgets(compiled: dict):
     for name in ("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier", "setmaxnreg"):
         assert features[name], f"PTX lacks {name}"
     assert not features["cp.async"], "PTX uses per-thread cp.async copies instead of TMA"
+    # gluon/fp8's wgmmas read e4m3; gluon/hopper's, from the same kernel source, do not.
+    assert features["e4m3 mma"] == (compiled["rung"] == "fp8"), "e4m3 wgmma where it does not belong, or missing"
     # The load warp gives registers up, the consumer warpgroups take them (setmaxnreg per partition).
     assert LOAD_REGISTERS.value in compiled["setmaxnreg"], compiled["setmaxnreg"]
-    consumer_registers = hopper.DEFAULT_CONFIGS[compiled["head_dim"]].consumer_registers
+    consumer_registers = RUNGS[compiled["rung"]].DEFAULT_CONFIGS[compiled["head_dim"]].consumer_registers
     assert consumer_registers in compiled["setmaxnreg"], compiled["setmaxnreg"]
 
 
 def test_no_spills_and_shared_memory_fits(compiled: dict):
-    assert compiled["local_bytes"] == 0, f"spills {compiled['local_bytes']} bytes per thread"
+    # ptxas puts a setmaxnreg kernel's spills on the stack (common.static counts both the same way).
+    assert compiled["spill_bytes"] == 0, f"spills {compiled['spill_bytes']} bytes per thread"
     assert compiled["shared_bytes"] <= 232_448, f"needs {compiled['shared_bytes']} B of shared memory"
+
+
+_LAUNCH_SCRIPT = """
+import json, sys
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import make_backend
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import create_function_from_signature
+from common.inputs import make_inputs
+from common.problem import Problem
+from common.static import cubin_resources, ptx_features
+from triton_impl.gluon import fp8, hopper
+from triton_impl.gluon._device import attention_kernel as kernel
+rung, seqlen_q, seqlen_k, head_dim, causal = json.loads(sys.argv[1])
+problem = Problem(2, 3, seqlen_q, seqlen_k, head_dim, dtype=torch.bfloat16, causal=causal)
+q, k, v = make_inputs(problem, seed=1, device="cpu")
+if rung == "fp8":
+    launch = fp8.bind(q, k, v, problem)
+else:
+    launch = hopper.GluonAttention(q, k, v, problem, hopper.DEFAULT_CONFIGS[head_dim])
+target = GPUTarget("cuda", 90, 32)
+backend = make_backend(target)
+kwargs = {**launch._options, "debug": False}
+binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+bound, specialization, options = binder(*launch._args, **kwargs)
+options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
+(resources,) = cubin_resources(compiled.asm["cubin"]).values()
+print(json.dumps({
+    "e4m3": ptx_features(compiled.asm["ptx"])["e4m3 mma"],
+    "spill_bytes": resources["local_bytes"] + resources["stack_bytes"],
+    "scale_types": [signature[name] for name in hopper.SCALE_ARGS],
+}))
+"""
+
+
+@pytest.mark.parametrize(
+    "rung, seqlens, head_dim, causal",
+    [("hopper", (300, 517), 128, False), ("fp8", (300, 517), 128, False), ("fp8", (1, 1), 64, True)],
+)
+def test_launch_arguments_compile_through_the_jit_binder(
+    rung: str, seqlens: tuple[int, int], head_dim: int, causal: bool
+):
+    """What ``attention_kernel[grid](*args, **options)`` would compile from each rung's prepared
+    launch (on CPU tensors: Triton's own binder and argument packing, no driver): the host
+    arguments and the kernel's parameters agree, fp16/bf16 passes the FP8 scales as None constexprs."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", _LAUNCH_SCRIPT, json.dumps([rung, *seqlens, head_dim, causal])],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"launch compile failed:\n{done.stderr[-4000:]}"
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["e4m3"] == (rung == "fp8")
+    assert result["spill_bytes"] == 0, result
+    if rung == "hopper":
+        assert result["scale_types"] == ["constexpr"] * len(hopper.SCALE_ARGS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -101,7 +188,8 @@ def test_registry_lists_the_gluon_stack():
     names = {impl.name: impl for impl in available}
     assert names["gluon/hopper"].stack == "gluon"
     assert names["gluon/hopper"].bind is not None
-    assert all("gluon" not in m.name or m.name == "gluon/fp8" for m in missing), missing
+    assert names["gluon/fp8"].stack == "gluon" and names["gluon/fp8"].rung == "fp8"
+    assert not [m for m in missing if "gluon" in m.module], missing
 
 
 def test_cpu_is_refused_with_reason():
@@ -141,6 +229,46 @@ def test_bad_head_dim_raises_naming_expected_and_given():
         hopper.prepare(q, q, q, Problem(1, 2, 16, 16, 96, dtype=torch.float16))
 
 
+def test_fp8_capability_checks_give_reasons():
+    cuda = torch.device("cuda")
+    ok, reason = fp8.IMPLEMENTATION.check(Problem(1, 2, 64, 64, 128), torch.device("cpu"))
+    assert not ok and "GPU" in reason
+    ok, reason = fp8.supports(Problem(1, 2, 64, 64, 256), cuda)
+    assert not ok and "gluon/fp8" in reason and "256" in reason
+    ok, reason = fp8.supports(Problem(1, 2, 64, 64, 128, dtype=torch.float32), cuda)
+    assert not ok and "fp16 or bf16" in reason and "fp32" in reason
+
+
+def test_fp8_bad_inputs_raise_naming_expected_and_given():
+    q = torch.zeros(1, 2, 16, 64, dtype=torch.float32, device=DEVICE)
+    with pytest.raises(TypeError, match=r"bf16, fp16.*got fp32"):
+        fp8.prepare(q, q, q, Problem(1, 2, 16, 16, 64, dtype=torch.float32))
+    q = torch.zeros(1, 2, 16, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"tensors must be on a cuda device, got cpu"):
+        fp8.prepare(q, q, q, Problem(1, 2, 16, 16, 64))
+
+
+def test_fp8_block_scales_must_cover_whole_tiles():
+    config = fp8.DEFAULT_CONFIGS[128]
+    for q_rows, kv_rows in ((32, 128), (64, config.block_n // 2)):
+        odd = VARIANTS["block"].__class__(block=True, rotation=False, q_block_rows=q_rows, kv_block_rows=kv_rows)
+        with pytest.raises(ValueError, match=r"gluon/fp8: block quantisation.*consumer tile \(64 rows\)"):
+            fp8.check_quantisation_blocks(odd, config)
+    # Per-tensor scales are one value per tensor: any block rows will do.
+    fp8.check_quantisation_blocks(VARIANTS["per-tensor"].__class__(block=False, q_block_rows=32), config)
+
+
+def test_fp8_emulation_follows_the_kernel_order(monkeypatch: pytest.MonkeyPatch):
+    """gluon/fp8 has triton/fp8's numerics (P from fp32 to e4m3 with 2^8 headroom, one fresh P V per
+    key block, blocks first to last), so it is judged by the shared emulation with its own block size."""
+    seen = {}
+    monkeypatch.setattr(fp8, "emulate_quantised", lambda operands, problem, order: seen.setdefault("order", order))
+    problem = Problem(1, 1, 70, 300, 64, dtype=torch.bfloat16, causal=True)
+    q, k, v = make_inputs(problem, seed=3, device="cpu")
+    fp8.emulate(q, k, v, problem)
+    assert seen["order"] == KernelOrder(block_n=fp8.DEFAULT_CONFIGS[64].block_n, reverse=False)
+
+
 # ----------------------------------------------------------------------------------------------
 # GPU
 # ----------------------------------------------------------------------------------------------
@@ -173,3 +301,41 @@ def test_gpu_bind_runs_new_inputs_of_a_prepared_signature():
     expected = reference_attention(q, k, v, problem)
     error = (out.double() - expected).abs().max().item()
     assert error < 2e-2, f"max |O - reference| = {error:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["per-tensor", "block+rotation"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlens", [(77, 1000), (1000, 77), (333, 333)], ids=lambda s: f"sq{s[0]}-sk{s[1]}")
+def test_gpu_fp8_lse_matches_its_dequantised_operands(seqlens: tuple[int, int], causal: bool, variant: str):
+    """LSE of the e4m3 scores: against fp64 attention of the dequantised Q and K, the kernel's only
+    error is the fp8 wgmma's accumulation (a missed 2^P_EXPONENT would be off by 5.5)."""
+    problem = Problem(2, 3, *seqlens, 128, dtype=torch.bfloat16, causal=causal)
+    ok, reason = fp8.IMPLEMENTATION.check(problem, torch.device("cuda"))
+    if not ok:
+        pytest.skip(reason)
+    q, k, v = make_inputs(problem, seed=6)
+    quantisation = VARIANTS[variant]
+    run = fp8.prepare(q, k, v, problem, quantisation)
+    run.lse.fill_(float("nan"))
+    run()
+    operands = quantise(q, k, v, quantisation)
+    q64 = dequantised(operands.q8, operands.q_scale, quantisation.q_block_rows)
+    k64 = dequantised(operands.k8, operands.k_scale, quantisation.kv_block_rows)
+    _, lse_ref = reference_attention(q64, k64, k64, problem, with_lse=True)
+    error = (run.lse.double() - lse_ref).abs().max().item()
+    assert error < 1e-2, f"max |lse - lse of the dequantised operands| = {error:.3g}"
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_bind_runs_new_inputs_of_a_prepared_signature():
+    problem = Problem(1, 2, 500, 700, 64, dtype=torch.float16, causal=True)
+    ok, reason = fp8.IMPLEMENTATION.check(problem, torch.device("cuda"))
+    if not ok:
+        pytest.skip(reason)
+    fp8.prepare(*make_inputs(problem, seed=1), problem)
+    q, k, v = make_inputs(problem, seed=2)
+    out = fp8.bind(q, k, v, problem)()
+    emulated = fp8.emulate(q, k, v, problem)
+    excess = ((out.double() - emulated.out).abs() - emulated.bound).max().item()
+    assert excess <= 0, f"O exceeds the emulation's bound by {excess:.3g}"

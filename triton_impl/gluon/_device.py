@@ -36,6 +36,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from common import fp8
+
+# FP8: P = 2^(S · scale - row_max + P_EXPONENT) lies in [0, 2^8], clear of e4m3's subnormals; the
+# factor cancels because row_sum adds the same scaled P (common/fp8.py, shared with the other fp8 rungs).
+P_EXPONENT = gl.constexpr(fp8.P_EXPONENT)
 # Natural log of 2 (lse = log2-domain lse · ln 2), read inside the kernel.
 LN_2 = gl.constexpr(0.6931471805599453)
 # The load partition's register budget per thread (setmaxnreg): it holds only scalars.
@@ -83,7 +88,7 @@ def _block_range(start_m, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr
 # Load partition: one warp issuing TMA copies
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
-def _load_partition(operands, NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+def _load_partition(operands, NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr, FP8: gl.constexpr):
     descs, smem, barriers, coords = operands
     desc_q, desc_k, desc_v, _ = descs
     q_smem, k_ring, v_ring = smem
@@ -107,7 +112,9 @@ def _load_partition(operands, NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr)
         _tma_load(desc_k, [batch, head, start_n, 0], k_ready.index(stage), _as_box(k_ring.index(stage)))
         mbarrier.wait(v_empty.index(stage), empty_phase)
         mbarrier.expect(v_ready.index(stage), desc_v.block_type.nbytes)
-        _tma_load(desc_v, [batch, head, start_n, 0], v_ready.index(stage), _as_box(v_ring.index(stage)))
+        # FP8 reads Vᵀ (B, H, D, Sk): its key block is a column block.
+        v_coords = [batch, head, 0, start_n] if FP8 else [batch, head, start_n, 0]
+        _tma_load(desc_v, v_coords, v_ready.index(stage), _as_box(v_ring.index(stage)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -115,9 +122,19 @@ def _load_partition(operands, NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr)
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
 def _online_softmax(
-    S, row_max, row_sum, offs_m, start_n, seqlen_k, softmax_scale_log2, MASKED: gl.constexpr, CAUSAL: gl.constexpr
+    S,
+    row_max,
+    row_sum,
+    offs_m,
+    start_n,
+    seqlen_k,
+    softmax_scale_log2,
+    MASKED: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    FP8: gl.constexpr,
 ):
-    """(mask), row_max_new, P = exp2(S · scale - row_max_new), alpha = exp2(row_max - row_max_new)."""
+    """(mask), row_max_new, P = exp2(S · scale - row_max_new), alpha = exp2(row_max - row_max_new);
+    FP8 lifts P by 2^P_EXPONENT (row_sum adds the lifted P, so the factor cancels in O / row_sum)."""
     BLOCK_N: gl.constexpr = S.shape[1]
     if MASKED:
         # Scale before masking: -inf · 0 would be NaN for softmax_scale = 0.
@@ -130,11 +147,13 @@ def _online_softmax(
         row_max_new = gl.maximum(row_max, gl.max(S, 1))
         # Guard: a row with no visible key so far subtracts 0, so exp2(-inf) = 0 and not NaN.
         row_max_base = gl.where(row_max_new == float("-inf"), 0.0, row_max_new)
-        P = gl.exp2(S - row_max_base[:, None])
+        p_base = row_max_base - P_EXPONENT if FP8 else row_max_base
+        P = gl.exp2(S - p_base[:, None])
     else:
         row_max_new = gl.maximum(row_max, gl.max(S, 1) * softmax_scale_log2)
         row_max_base = row_max_new
-        P = gl.exp2(S * softmax_scale_log2 - row_max_base[:, None])
+        p_base = row_max_base - P_EXPONENT if FP8 else row_max_base
+        P = gl.exp2(S * softmax_scale_log2 - p_base[:, None])
     alpha = gl.exp2(row_max - row_max_base)
     row_sum = row_sum * alpha + gl.sum(P, 1)
     return P, alpha, row_max_new, row_sum
@@ -172,6 +191,25 @@ def _scores(q_smem, k_tile, s_layout: gl.constexpr):
 
 
 @gluon.jit
+def _fp8_values_product(P, vt_tile):
+    """Issue one key block's P8 V8 into a fresh fp32 accumulator (a wgmma token). fp8 wgmma
+    accumulates with reduced precision, so O is not chained through it: each block's product starts
+    from zero and is added to O in fp32 (see triton_impl/fp8.py). Vᵀ's tile is read K-major."""
+    BLOCK_M: gl.constexpr = P.shape[0]
+    HEAD_DIM: gl.constexpr = vt_tile.shape[0]
+    # P's operand layout is derived from O's accumulator layout, which the product takes.
+    o_layout: gl.constexpr = P.type.layout.parent
+    zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    return warpgroup_mma(P, vt_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _block_scale(scales, n_block, BLOCK_N: gl.constexpr, KV_QUANT_BLOCK: gl.constexpr):
+    """FP8: key block n's scale (K's or V's) of this (batch, head); a key block lies in one quantisation block."""
+    return gl.load(scales + n_block * BLOCK_N // KV_QUANT_BLOCK)
+
+
+@gluon.jit
 def _release(k_empty, v_empty, n_block, NUM_STAGES: gl.constexpr):
     """Hand K_n's and V_(n-1)'s slots back to the load warp (the wgmmas reading them have retired).
 
@@ -198,14 +236,20 @@ def _pipelined_step(
     offs_m,
     seqlen_k,
     softmax_scale_log2,
+    fp8_scales,
     s_layout: gl.constexpr,
     p_layout: gl.constexpr,
     NUM_STAGES: gl.constexpr,
     MASKED: gl.constexpr,
     CAUSAL: gl.constexpr,
     PINGPONG: gl.constexpr,
+    FP8: gl.constexpr,
+    KV_QUANT_BLOCK: gl.constexpr,
 ):
-    """Issue S_n, issue O += P_(n-1) V_(n-1), softmax of S_n under that wgmma, free the slots."""
+    """Issue S_n, issue O += P_(n-1) V_(n-1), softmax of S_n under that wgmma, free the slots.
+
+    FP8: P_(n-1) V_(n-1) goes into a fresh accumulator, added to O times V_(n-1)'s scale after its
+    wait; K_n's scale joins the softmax scale of S_n (positive, so the row max commutes with it)."""
     acc, P, alpha, row_max, row_sum = carry
     q_smem, k_ring, v_ring = smem
     _, k_ready, v_ready, k_empty, v_empty = barriers
@@ -216,15 +260,23 @@ def _pipelined_step(
     v_tile = _ready_tile(v_ring, v_ready, n_block - 1, NUM_STAGES)
     _take_turn(turn, n_block, PINGPONG)
     s_token = _scores(q_smem, k_tile, s_layout)
-    acc_token = warpgroup_mma(P, v_tile, acc, is_async=True)
+    pv_token = _fp8_values_product(P, v_tile) if FP8 else warpgroup_mma(P, v_tile, acc, is_async=True)
     _pass_turn(turn, PINGPONG)
+    if FP8:
+        k_scales, v_scales = fp8_scales
+        softmax_scale_log2 = softmax_scale_log2 * _block_scale(k_scales, n_block, BLOCK_N, KV_QUANT_BLOCK)
     # wgmmas retire in order: waiting until one is in flight retires S_n, leaves P V running.
     S = warpgroup_mma_wait(1, deps=[s_token])
     P_f32, alpha, row_max, row_sum = _online_softmax(
-        S, row_max, row_sum, offs_m, n_block * BLOCK_N, seqlen_k, softmax_scale_log2, MASKED, CAUSAL
+        S, row_max, row_sum, offs_m, n_block * BLOCK_N, seqlen_k, softmax_scale_log2, MASKED, CAUSAL, FP8
     )
+    # Gluon makes the layout change explicit: S's accumulator layout to the A-operand layout of P V.
     P = gl.convert_layout(P_f32.to(v_ring.dtype), p_layout)
-    acc = warpgroup_mma_wait(0, deps=[acc_token])
+    if FP8:
+        pv = warpgroup_mma_wait(0, deps=[pv_token])
+        acc = acc + pv * _block_scale(v_scales, n_block - 1, BLOCK_N, KV_QUANT_BLOCK)
+    else:
+        acc = warpgroup_mma_wait(0, deps=[pv_token])
     _release(k_empty, v_empty, n_block, NUM_STAGES)
     return acc, P, alpha, row_max, row_sum
 
@@ -233,6 +285,7 @@ def _pipelined_step(
 def _softmax_partition(
     descs,
     smem,
+    o_smem,
     barriers,
     turn,
     coords,
@@ -240,17 +293,25 @@ def _softmax_partition(
     seqlen_q,
     seqlen_k,
     softmax_scale_log2,
+    scales,
     s_layout: gl.constexpr,
     o_layout: gl.constexpr,
     NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
     PINGPONG: gl.constexpr,
     HANDS_FIRST_TURN: gl.constexpr,
+    FP8: gl.constexpr,
+    Q_QUANT_BLOCK: gl.constexpr,
+    KV_QUANT_BLOCK: gl.constexpr,
 ):
     """One consumer warpgroup: its own BLOCK_M query rows (its Q tile and q_ready barrier), the
     CTA's K/V rings shared with the other consumer. With PINGPONG the two consumers take turns
     issuing their wgmmas in a ring (consumer 0 first: the last one hands it the first turn), so
-    one's softmax runs under the others' GEMMs."""
+    one's softmax runs under the others' GEMMs. O leaves through ``o_smem`` (the Q buffer itself
+    for fp16/bf16; FP8 writes bf16 O, twice the bytes of its e4m3 Q tile, through its own buffer).
+
+    FP8 (``scales``: the (B, H, blocks) fp32 scales of Q, K, V and the block counts): this
+    warpgroup's 64 rows lie in one Q quantisation block, whose scale joins the softmax scale."""
     desc_o = descs[3]
     q_smem, k_ring, v_ring = smem
     q_ready, k_ready, v_ready, k_empty, _ = barriers
@@ -258,7 +319,8 @@ def _softmax_partition(
     BLOCK_M: gl.constexpr = q_smem.shape[0]
     BLOCK_N: gl.constexpr = k_ring.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[1]
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    # P as wgmma's A operand from registers: 32 bits of k per thread and register (2 × 16-bit, 4 × e4m3).
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if FP8 else 2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
     # This warpgroup's unmasked blocks; it visits the CTA's n_block_max blocks, as the load warp
@@ -266,6 +328,16 @@ def _softmax_partition(
     n_unmasked, _ = _block_range(start_m, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
     if HANDS_FIRST_TURN:
         _pass_turn(turn, PINGPONG)
+    if FP8:
+        Q_SCALE, K_SCALE, V_SCALE, q_blocks, kv_blocks = scales
+        fp8_scales = (K_SCALE + batch_head * kv_blocks, V_SCALE + batch_head * kv_blocks)
+        # The CTA's last consumer may start past Sq (its rows are never stored): clamp to the last block.
+        q_block = gl.minimum(start_m // Q_QUANT_BLOCK, q_blocks - 1)
+        softmax_scale_log2 = softmax_scale_log2 * gl.load(Q_SCALE + batch_head * q_blocks + q_block)
+        first_scale_log2 = softmax_scale_log2 * _block_scale(fp8_scales[0], 0, BLOCK_N, KV_QUANT_BLOCK)
+    else:
+        fp8_scales = scales
+        first_scale_log2 = softmax_scale_log2
 
     # Block 0 starts the pipeline: its S and softmax run before the loop (masked: it may be ragged
     # or on the causal diagonal).
@@ -279,7 +351,7 @@ def _softmax_partition(
     S = warpgroup_mma_wait(0, deps=[s_token])
     mbarrier.arrive(k_empty.index(0), count=1)
     P_f32, alpha, row_max, row_sum = _online_softmax(
-        S, row_max, row_sum, offs_m, 0, seqlen_k, softmax_scale_log2, True, CAUSAL
+        S, row_max, row_sum, offs_m, 0, seqlen_k, first_scale_log2, True, CAUSAL, FP8
     )
     P = gl.convert_layout(P_f32.to(v_ring.dtype), p_layout)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
@@ -288,13 +360,13 @@ def _softmax_partition(
     # Blocks every row sees in full, then the causal diagonal and the ragged last block.
     for n_block in range(1, n_unmasked):
         carry = _pipelined_step(
-            carry, smem, barriers, turn, n_block, offs_m, seqlen_k, softmax_scale_log2, s_layout, p_layout,
-            NUM_STAGES, False, CAUSAL, PINGPONG,
+            carry, smem, barriers, turn, n_block, offs_m, seqlen_k, softmax_scale_log2, fp8_scales, s_layout,
+            p_layout, NUM_STAGES, False, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK,
         )  # fmt: skip
     for n_block in range(gl.maximum(n_unmasked, 1), n_block_max):
         carry = _pipelined_step(
-            carry, smem, barriers, turn, n_block, offs_m, seqlen_k, softmax_scale_log2, s_layout, p_layout,
-            NUM_STAGES, True, CAUSAL, PINGPONG,
+            carry, smem, barriers, turn, n_block, offs_m, seqlen_k, softmax_scale_log2, fp8_scales, s_layout,
+            p_layout, NUM_STAGES, True, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK,
         )  # fmt: skip
 
     # The last block's P V, then normalise.
@@ -302,24 +374,30 @@ def _softmax_partition(
     acc = _rescale(acc, alpha)
     v_tile = _ready_tile(v_ring, v_ready, n_block_max - 1, NUM_STAGES)
     _take_turn(turn, n_block_max, PINGPONG)
-    acc_token = warpgroup_mma(P, v_tile, acc, is_async=True)
+    pv_token = _fp8_values_product(P, v_tile) if FP8 else warpgroup_mma(P, v_tile, acc, is_async=True)
     _pass_turn(turn, PINGPONG)
-    acc = warpgroup_mma_wait(0, deps=[acc_token])
+    if FP8:
+        pv = warpgroup_mma_wait(0, deps=[pv_token])
+        acc = acc + pv * _block_scale(fp8_scales[1], n_block_max - 1, BLOCK_N, KV_QUANT_BLOCK)
+    else:
+        acc = warpgroup_mma_wait(0, deps=[pv_token])
 
     # A row that saw no key (only rows past Sq) writes 0 and lse = -inf.
     has_keys = row_sum > 0.0
     inv_sum = gl.where(has_keys, 1.0 / row_sum, 0.0)
     out = _rescale(acc, inv_sum)
-    lse = gl.where(has_keys, (row_max + gl.log2(row_sum)) * LN_2, float("-inf"))
+    # FP8's row_sum carries the 2^P_EXPONENT of P.
+    lse_log2 = row_max + gl.log2(row_sum) - P_EXPONENT if FP8 else row_max + gl.log2(row_sum)
+    lse = gl.where(has_keys, lse_log2 * LN_2, float("-inf"))
     gl.store(LSE + batch_head.to(gl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
 
-    # O through shared memory (this warpgroup's Q buffer, free now) and one TMA store; rows past Sq
-    # are clipped by the descriptor's per-(batch, head) bounds.
+    # O through shared memory (o_smem: this warpgroup's Q buffer, free now, for fp16/bf16) and one
+    # TMA store; rows past Sq are clipped by the descriptor's per-(batch, head) bounds.
     _partition_barrier()
-    q_smem.store(out.to(desc_o.dtype))
+    o_smem.store(out.to(desc_o.dtype))
     fence_async_shared()
     _partition_barrier()
-    _tma_store(desc_o, [batch, head, start_m, 0], _as_box(q_smem))
+    _tma_store(desc_o, [batch, head, start_m, 0], _as_box(o_smem))
     tma.store_wait(0)
 
 
@@ -327,7 +405,7 @@ def _softmax_partition(
 def _consumer(
     index: gl.constexpr,
     descs,
-    q_smem,
+    io_smem,
     q_ready,
     turn,
     rings,
@@ -340,16 +418,21 @@ def _consumer(
     CAUSAL: gl.constexpr,
     PINGPONG: gl.constexpr,
     NUM_CONSUMERS: gl.constexpr,
+    FP8: gl.constexpr,
+    Q_QUANT_BLOCK: gl.constexpr,
+    KV_QUANT_BLOCK: gl.constexpr,
 ):
-    """Consumer ``index``: its slice of the CTA's query rows, Q buffer, Q barrier and turn."""
+    """Consumer ``index``: its slice of the CTA's query rows, Q and O buffers, Q barrier and turn."""
+    q_smem, o_smem = io_smem
     k_ring, v_ring = rings
     k_ready, v_ready, k_empty, v_empty = ring_barriers
     batch, head, start_m, n_block_max, batch_head = tile
-    LSE, seqlen_q, seqlen_k, softmax_scale_log2 = shapes
+    LSE, seqlen_q, seqlen_k, softmax_scale_log2, scales = shapes
     WG_M: gl.constexpr = q_smem.shape[1]
     _softmax_partition(
         descs,
         (q_smem.index(index), k_ring, v_ring),
+        o_smem.index(index),
         (q_ready.index(index), k_ready, v_ready, k_empty, v_empty),
         (turn.index(index), turn.index((index + 1) % NUM_CONSUMERS)),
         (batch, head, start_m + index * WG_M, n_block_max, batch_head),
@@ -357,12 +440,16 @@ def _consumer(
         seqlen_q,
         seqlen_k,
         softmax_scale_log2,
+        scales,
         s_layout,
         o_layout,
         NUM_STAGES,
         CAUSAL,
         PINGPONG,
         index == NUM_CONSUMERS - 1,
+        FP8,
+        Q_QUANT_BLOCK,
+        KV_QUANT_BLOCK,
     )
 
 
@@ -380,24 +467,36 @@ def attention_kernel(
     seqlen_q,
     seqlen_k,
     softmax_scale_log2,
+    Q_SCALE,
+    K_SCALE,
+    V_SCALE,
+    q_blocks,
+    kv_blocks,
     NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
     PINGPONG: gl.constexpr,
     NUM_CONSUMERS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
+    FP8: gl.constexpr,
+    Q_QUANT_BLOCK: gl.constexpr,
+    KV_QUANT_BLOCK: gl.constexpr,
     num_warps: gl.constexpr,
 ):
+    """fp16/bf16, or (FP8) e4m3 Q, K and Vᵀ with fp32 scales per (batch, head, quantisation block)
+    (Q_SCALE etc., None for fp16/bf16) and O in bf16."""
     # Each consumer warpgroup (num_warps = 4) owns WG_M = 64 query rows: one m64 wgmma per GEMM.
     WG_M: gl.constexpr = desc_q.block_type.shape[2]
     BLOCK_M: gl.constexpr = NUM_CONSUMERS * WG_M
     BLOCK_N: gl.constexpr = desc_k.block_type.shape[2]
     HEAD_DIM: gl.constexpr = desc_q.block_type.shape[3]
     dtype: gl.constexpr = desc_q.dtype
+    # wgmma's k per instruction: 32 bytes of operand (16 fp16/bf16, 32 e4m3).
+    INSTR_K: gl.constexpr = 32 if FP8 else 16
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, INSTR_K]
     )
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, INSTR_K]
     )
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
 
@@ -411,7 +510,15 @@ def attention_kernel(
 
     q_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, WG_M, HEAD_DIM], tile_layout)
     k_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
-    v_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
+    if FP8:
+        # fp8 wgmma reads B K-major only: the host stores Vᵀ, and a V tile is D × BLOCK_N (keys contiguous).
+        vt_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HEAD_DIM, BLOCK_N], dtype)
+        v_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, HEAD_DIM, BLOCK_N], vt_layout)
+        o_tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_M, HEAD_DIM], desc_o.dtype)
+        o_smem = gl.allocate_shared_memory(desc_o.dtype, [NUM_CONSUMERS, WG_M, HEAD_DIM], o_tile_layout)
+    else:
+        v_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
+        o_smem = q_smem
     q_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -433,7 +540,7 @@ def attention_kernel(
     rings = (k_ring, v_ring)
     ring_barriers = (k_ready, v_ready, k_empty, v_empty)
     tile = (batch, head, start_m, n_block_max, batch_head)
-    shapes = (LSE, seqlen_q, seqlen_k, softmax_scale_log2)
+    shapes = (LSE, seqlen_q, seqlen_k, softmax_scale_log2, (Q_SCALE, K_SCALE, V_SCALE, q_blocks, kv_blocks))
     loader = (
         descs,
         (q_smem, k_ring, v_ring),
@@ -448,7 +555,7 @@ def attention_kernel(
                     (
                         0,
                         descs,
-                        q_smem,
+                        (q_smem, o_smem),
                         q_ready,
                         turn,
                         rings,
@@ -461,6 +568,9 @@ def attention_kernel(
                         CAUSAL,
                         PINGPONG,
                         2,
+                        FP8,
+                        Q_QUANT_BLOCK,
+                        KV_QUANT_BLOCK,
                     ),
                 ),
                 (
@@ -468,7 +578,7 @@ def attention_kernel(
                     (
                         1,
                         descs,
-                        q_smem,
+                        (q_smem, o_smem),
                         q_ready,
                         turn,
                         rings,
@@ -481,9 +591,12 @@ def attention_kernel(
                         CAUSAL,
                         PINGPONG,
                         2,
+                        FP8,
+                        Q_QUANT_BLOCK,
+                        KV_QUANT_BLOCK,
                     ),
                 ),
-                (_load_partition, (loader, NUM_STAGES, NUM_CONSUMERS)),
+                (_load_partition, (loader, NUM_STAGES, NUM_CONSUMERS, FP8)),
             ],
             [CONSUMER_WARPS, LOAD_WARPS],
             [CONSUMER_REGS, LOAD_REGISTERS],
@@ -496,7 +609,7 @@ def attention_kernel(
                     (
                         0,
                         descs,
-                        q_smem,
+                        (q_smem, o_smem),
                         q_ready,
                         turn,
                         rings,
@@ -509,6 +622,9 @@ def attention_kernel(
                         CAUSAL,
                         PINGPONG,
                         3,
+                        FP8,
+                        Q_QUANT_BLOCK,
+                        KV_QUANT_BLOCK,
                     ),
                 ),
                 (
@@ -516,7 +632,7 @@ def attention_kernel(
                     (
                         1,
                         descs,
-                        q_smem,
+                        (q_smem, o_smem),
                         q_ready,
                         turn,
                         rings,
@@ -529,6 +645,9 @@ def attention_kernel(
                         CAUSAL,
                         PINGPONG,
                         3,
+                        FP8,
+                        Q_QUANT_BLOCK,
+                        KV_QUANT_BLOCK,
                     ),
                 ),
                 (
@@ -536,7 +655,7 @@ def attention_kernel(
                     (
                         2,
                         descs,
-                        q_smem,
+                        (q_smem, o_smem),
                         q_ready,
                         turn,
                         rings,
@@ -549,9 +668,12 @@ def attention_kernel(
                         CAUSAL,
                         PINGPONG,
                         3,
+                        FP8,
+                        Q_QUANT_BLOCK,
+                        KV_QUANT_BLOCK,
                     ),
                 ),
-                (_load_partition, (loader, NUM_STAGES, NUM_CONSUMERS)),
+                (_load_partition, (loader, NUM_STAGES, NUM_CONSUMERS, FP8)),
             ],
             [CONSUMER_WARPS, CONSUMER_WARPS, LOAD_WARPS],
             [CONSUMER_REGS, CONSUMER_REGS, LOAD_REGISTERS],

@@ -130,11 +130,30 @@ class GluonConfig:
 
 
 DEFAULT_CONFIGS = {64: GluonConfig(128, 2, consumers=3, pingpong=True), 128: GluonConfig(128, 2)}
+# The kernel's FP8 scale arguments (Q_SCALE, K_SCALE, V_SCALE, q_blocks, kv_blocks), absent here.
+FP16_SCALES = (None,) * 5
+SCALE_ARGS = ("Q_SCALE", "K_SCALE", "V_SCALE", "q_blocks", "kv_blocks")
 
 
-def _descriptor(tensor: torch.Tensor, box_rows: int, dtype: gl.dtype) -> TensorDescriptor:
-    """A 4-D TMA descriptor over (B, H, rows, D): one (batch, head) box of box_rows × D per copy."""
-    box = [1, 1, box_rows, tensor.shape[-1]]
+def launch_constexprs(config: GluonConfig, causal: bool, quant_blocks: tuple[int, int] | None = None) -> dict:
+    """The kernel's constexprs but num_warps; ``quant_blocks`` (FP8): the Q and K/V quantisation block rows."""
+    q_rows, kv_rows = quant_blocks or (1, 1)
+    return {
+        "NUM_STAGES": config.num_stages,
+        "CAUSAL": causal,
+        "PINGPONG": config.pingpong,
+        "NUM_CONSUMERS": config.consumers,
+        "CONSUMER_REGS": config.consumer_registers,
+        "FP8": quant_blocks is not None,
+        "Q_QUANT_BLOCK": q_rows,
+        "KV_QUANT_BLOCK": kv_rows,
+    }
+
+
+def _descriptor(tensor: torch.Tensor, box_rows: int, dtype: gl.dtype, box_cols: int | None = None) -> TensorDescriptor:
+    """A 4-D TMA descriptor over (B, H, rows, cols): one (batch, head) box of box_rows × box_cols
+    (default: all cols, D) per copy."""
+    box = [1, 1, box_rows, box_cols or tensor.shape[-1]]
     layout = gl.NVMMASharedLayout.get_default_for(box, dtype)
     return TensorDescriptor(tensor, list(tensor.shape), list(tensor.stride()), box, layout)
 
@@ -157,13 +176,10 @@ class GluonAttention:
             seqlen_q,
             problem.seqlen_k,
             problem.scale * LOG2_E,
+            *FP16_SCALES,
         )
         self._options = {
-            "NUM_STAGES": config.num_stages,
-            "CAUSAL": problem.causal,
-            "PINGPONG": config.pingpong,
-            "NUM_CONSUMERS": config.consumers,
-            "CONSUMER_REGS": config.consumer_registers,
+            **launch_constexprs(config, problem.causal),
             "num_warps": config.num_warps,
             "maxnreg": config.maxnreg,
         }
@@ -264,13 +280,11 @@ def compile_sm90(problem: Problem, config: GluonConfig | None = None) -> list[Ke
         "seqlen_q": "i32",
         "seqlen_k": "i32",
         "softmax_scale_log2": "fp32",
+        **dict.fromkeys(SCALE_ARGS, "constexpr"),
     }
     constexprs = {
-        "NUM_STAGES": config.num_stages,
-        "CAUSAL": problem.causal,
-        "PINGPONG": config.pingpong,
-        "NUM_CONSUMERS": config.consumers,
-        "CONSUMER_REGS": config.consumer_registers,
+        **dict.fromkeys(SCALE_ARGS),
+        **launch_constexprs(config, problem.causal),
         "num_warps": config.num_warps,
     }
     return [compile_kernel_sm90(signature, constexprs, config)]

@@ -1,0 +1,284 @@
+"""Gluon rung ``fp8``: the ``gluon/hopper`` kernel on e4m3 operands (counterparts:
+``triton_impl/fp8.py``, ``cute_impl/fp8.py``; device code in ``triton_impl/gluon/_device.py``,
+the same kernel as ``gluon/hopper`` with its ``FP8`` constexpr set).
+
+What it adds over ``gluon/hopper``: both GEMMs read e4m3 operands, which doubles the tensor-core
+rate (dense fp8 wgmma runs at twice the bf16 rate on sm_90) and halves the bytes of every TMA copy
+and ring slot. The warp specialisation stays as it is (one TMA load warp, two consumer warpgroups
+of 64 query rows each, ``setmaxnreg`` budgets, the hand-pipelined S_n / P_(n-1) V_(n-1) overlap);
+what changes is the FP8 contract that ``triton/fp8`` and ``cute/fp8`` follow too:
+
+  * Quantisation on the host, in ``bind``: ``common.fp8.quantise`` (shared by all three fp8 rungs):
+    optionally Q and K rotated by a seeded random Hadamard matrix, then scales amax / 448 per tensor
+    or per block (64 rows of Q: one consumer warpgroup's tile; 128 rows of K and of V: two key
+    blocks), per (batch, head). ``DEFAULT_QUANTISATION`` is ``triton/fp8``'s (rotation, per-tensor
+    scales); ``quantisation=`` selects the other ``common.fp8.VARIANTS``.
+  * V stored transposed (Vᵀ, (B, H, D, Sk) with keys contiguous, rows padded to 16 keys for TMA's
+    16-byte strides): fp8 wgmma reads shared-memory operands K-major only, and for O += P V the
+    reduction runs over keys. The load warp copies D × BLOCK_N boxes of Vᵀ; the consumer hands
+    wgmma the tile's transposed view.
+  * The scales as scalars in the kernel: the consumer's Q block scale joins its softmax scale once;
+    K's scale of key block n joins the scale of S_n before the row max and exp2 (a positive factor
+    commutes with the max); V's scale of block n multiplies that block's P V when it is added to O.
+    Per-tensor scales are the same arrays with one value, so both variants run the same code.
+  * P = exp2(S · scale - row_max + P_EXPONENT) with P_EXPONENT = 8: P lies in [0, 256], where e4m3
+    has full precision (its normals start at 2^-6); row_sum adds the same scaled P, so the factor
+    cancels in O / row_sum, and the LSE subtracts it.
+  * A fresh fp32 accumulator per key block: fp8 wgmma does not accumulate in full fp32, so chaining O
+    through it loses accuracy block after block (``triton_impl/fp8.py`` measured 5.8e-2 at S = 8191).
+    Step n issues S_n = Q Kᵀ_n and pv = P_(n-1) V_(n-1) from zero, runs the softmax of S_n under
+    that wgmma, waits for pv and adds pv · s_v into O in fp32. O is not an operand of the wgmma any
+    more, so O and pv are both live: 64 more fp32 registers per thread at D=128, which is why the
+    key blocks here are 64 wide (``DEFAULT_CONFIGS``).
+
+The FP8-specific mechanisms in the three stacks (what Triton decides / what Gluon makes you write /
+what CuTe makes you write):
+  * P as the A operand of the second GEMM. An e4m3 m64n?k32 wgmma wants each thread to hold four
+    consecutive k per register, while S's accumulator gives each thread column pairs (2t, 2t+1,
+    2t+8, 2t+9). Triton (``triton_impl/fp8._fp8_attention_step``: ``tl.dot(P.to(fp8), vt.T)``)
+    picks the register layout and inserts the shuffles. Gluon (``_device._pipelined_step``) makes you
+    name the target layout, ``DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)``, and
+    write ``gl.convert_layout`` from S's ``NVMMADistributedLayout`` to it; the compiler then emits
+    the cross-lane exchange. CuTe (``cute_impl/fp8.py``, ``scores_to_operand_a`` and
+    ``PERMUTED_KEY_ORDER``) renames registers instead and permutes V's keys on the host inside each
+    group of 16 to match, so no data crosses lanes.
+  * K-major V: all three store Vᵀ on the host; Triton transposes the loaded tile with ``vt.T``,
+    Gluon with ``tile.permute((1, 0))`` on a shared-memory descriptor, CuTe by choosing the B
+    operand's K-major shared layout.
+  * The per-block accumulator: Triton's ``tl.dot(..., acc=None)`` plus an fp32 add; Gluon's
+    ``warpgroup_mma(..., use_acc=False, is_async=True)`` and its own ``warpgroup_mma_wait``;
+    CuTe's ``separate_pv`` fragment zeroed per block.
+
+Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` on 4-D descriptors (e4m3 Q: 64 × D per
+consumer, K: BLOCK_N × D, Vᵀ: D × BLOCK_N; per-(batch, head) bounds give the ragged tails zeros);
+SMEM → tensor cores by ``wgmma.mma_async ... e4m3.e4m3`` (P from registers); O in bf16 through a
+shared buffer of its own (twice the bytes of the e4m3 Q tile it replaced in ``gluon/hopper``) and a
+TMA store; the scales are fp32 scalar loads (two per key block, L1 hits).
+
+Judged by ``FP8_RULE`` against ``common.fp8.emulate`` with this kernel's order (key blocks of
+BLOCK_N = 64 first to last, the maximum moved on every increase, P rounded from fp32 to e4m3 and
+the row sum of the unrounded P): the same numerics as ``triton/fp8``, so the shared emulation
+applies unchanged.
+
+Constraints: fp16 or bf16 inputs, bf16 output; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal or not;
+softmax_scale ≥ 0; exactly sm_90; Triton 3.6 or 3.9. Block scales need Q blocks that are whole
+consumer tiles (a multiple of 64 rows) and K/V blocks that are whole key blocks (a multiple of
+BLOCK_N = 64). No interpreter path, as for ``gluon/hopper``. Not done: the gluon/hopper list (lazy O
+rescaling, a persistent scheduler); the consumer count and ring depth are chosen to compile without
+spills, not yet by measurement (``docs/perf-log.md``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from common.fp8 import Emulation, KernelOrder, Quantisation, QuantisedOperands, quantise
+from common.fp8 import emulate as emulate_quantised
+from common.metrics import FP8_RULE
+from common.problem import Problem
+from common.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.validation import kernel_operand, validate_attention_inputs
+from triton_impl._host import LOG2_E
+from triton_impl.fp8 import DEFAULT_QUANTISATION, INPUT_DTYPES, _transposed_values
+from triton_impl.gluon import hopper
+from triton_impl.gluon.hopper import CONSUMER_ROWS, GluonConfig, descriptor_type, gluon_supported
+
+RUNG = "gluon/fp8"
+FP8_DTYPE = hopper.gl.float8e4nv
+OUTPUT_DTYPE = torch.bfloat16
+# gluon/hopper's measured partitioning (D=128: two consumers; D=64: three with ping-pong, since each
+# key block has half the GEMM work per softmax) with key blocks of 64: O and the fresh P V accumulator
+# are both live while S_n's softmax runs, and with 128-key blocks S (64 more fp32 registers) pushes a
+# consumer past its setmaxnreg budget (240: 264-272 B of stack spills at D=128 on Triton 3.9, 40 B
+# causal on 3.6; 160 with three consumers: 416 B at D=64). A third ring slot: e4m3 tiles are half the
+# bytes of bf16 ones. Chosen to compile without spills on both releases, not yet by measurement.
+DEFAULT_CONFIGS = {64: GluonConfig(64, 3, consumers=3, pingpong=True), 128: GluonConfig(64, 3)}
+
+
+def check_quantisation_blocks(quantisation: Quantisation, config: GluonConfig) -> None:
+    """Block scales are scalars per tile only if each consumer's Q tile and each key block lie inside
+    one quantisation block."""
+    if quantisation.block and (
+        quantisation.q_block_rows % CONSUMER_ROWS or quantisation.kv_block_rows % config.block_n
+    ):
+        raise ValueError(
+            f"{RUNG}: block quantisation of {quantisation.q_block_rows} Q rows / {quantisation.kv_block_rows} "
+            f"K/V rows needs multiples of the consumer tile ({CONSUMER_ROWS} rows) and of BLOCK_N "
+            f"({config.block_n}), got {quantisation.q_block_rows} / {quantisation.kv_block_rows}"
+        )
+
+
+class GluonFp8Attention:
+    """Prepared launch over quantised operands: descriptors, Vᵀ, O (bf16) and lse built once;
+    calling it launches and returns O."""
+
+    def __init__(self, operands: QuantisedOperands, problem: Problem, config: GluonConfig):
+        batch, heads, seqlen_q, head_dim = operands.q8.shape
+        quantisation = operands.quantisation
+        check_quantisation_blocks(quantisation, config)
+        self.variant = quantisation.name
+        # Kept as attributes: the descriptors point into these buffers.
+        self.operands = operands
+        self.vt8 = _transposed_values(operands.v8)
+        self.out = torch.empty(operands.q8.shape, device=operands.q8.device, dtype=OUTPUT_DTYPE)
+        self.lse = torch.empty((batch, heads, seqlen_q), device=operands.q8.device, dtype=torch.float32)
+        self._args = (
+            hopper._descriptor(operands.q8, CONSUMER_ROWS, FP8_DTYPE),
+            hopper._descriptor(operands.k8, config.block_n, FP8_DTYPE),
+            hopper._descriptor(self.vt8, head_dim, FP8_DTYPE, box_cols=config.block_n),
+            hopper._descriptor(self.out, CONSUMER_ROWS, hopper.GLUON_DTYPES[OUTPUT_DTYPE]),
+            self.lse,
+            heads,
+            seqlen_q,
+            problem.seqlen_k,
+            problem.scale * LOG2_E,
+            operands.q_scale,
+            operands.k_scale,
+            operands.v_scale,
+            operands.q_scale.shape[-1],
+            operands.k_scale.shape[-1],
+        )
+        quant_blocks = (quantisation.q_block_rows, quantisation.kv_block_rows)
+        self._options = {
+            **hopper.launch_constexprs(config, problem.causal, quant_blocks),
+            "num_warps": config.num_warps,
+            "maxnreg": config.maxnreg,
+        }
+        self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
+
+    def __call__(self) -> torch.Tensor:
+        hopper.attention_kernel[self._grid](*self._args, **self._options)
+        return self.out
+
+
+def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Problem:
+    checked = validate_attention_inputs(
+        q,
+        k,
+        v,
+        causal=problem.causal,
+        softmax_scale=problem.softmax_scale,
+        dtypes=INPUT_DTYPES,
+        head_dims=hopper.HEAD_DIMS,
+    )
+    if checked.scale < 0:
+        raise ValueError(f"softmax_scale must be >= 0 for {RUNG}, got {checked.scale}")
+    return checked
+
+
+def _quantised(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, quantisation: Quantisation) -> QuantisedOperands:
+    return quantise(*(kernel_operand(t) for t in (q, k, v)), quantisation)
+
+
+def bind(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    quantisation: Quantisation = DEFAULT_QUANTISATION,
+) -> GluonFp8Attention:
+    """Quantise validated q, k, v (per call: the values change) and build the descriptors at the
+    default configuration; no launch."""
+    return GluonFp8Attention(_quantised(q, k, v, quantisation), problem, DEFAULT_CONFIGS[problem.head_dim])
+
+
+def prepare(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    quantisation: Quantisation = DEFAULT_QUANTISATION,
+) -> Runner:
+    """Validate, quantise (``quantisation``: ``common.fp8.VARIANTS``), bind, warm up; run() is the kernel."""
+    checked = _validate(q, k, v, problem)
+    return warmed_up(bind(q, k, v, checked, quantisation), q.device)
+
+
+def prepare_end_to_end(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    quantisation: Quantisation = DEFAULT_QUANTISATION,
+) -> Runner:
+    """Like ``prepare``, but every run() quantises, rotates and launches: the per-call cost of fp8."""
+    checked = _validate(q, k, v, problem)
+    prepare(q, k, v, checked, quantisation)
+
+    def run() -> torch.Tensor:
+        return bind(q, k, v, checked, quantisation)()
+
+    run.variant = quantisation.name
+    return run
+
+
+def emulate(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    quantisation: Quantisation = DEFAULT_QUANTISATION,
+) -> Emulation:
+    """The fp64 emulation this rung is judged against: the same quantisation, key blocks of the
+    default configuration visited first to last (every consumer walks its blocks upwards)."""
+    order = KernelOrder(block_n=DEFAULT_CONFIGS[problem.head_dim].block_n, reverse=False)
+    return emulate_quantised(_quantised(q, k, v, quantisation), problem, order)
+
+
+# ----------------------------------------------------------------------------------------------
+# Capability check and static compile
+# ----------------------------------------------------------------------------------------------
+def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
+    if problem.dtype not in INPUT_DTYPES:
+        return False, f"{RUNG} quantises fp16 or bf16 inputs, got {problem.dtype_name}"
+    return gluon_supported(problem, device, RUNG)
+
+
+def compile_sm90(
+    problem: Problem, config: GluonConfig | None = None, quantisation: Quantisation = DEFAULT_QUANTISATION
+) -> list[KernelBinary]:
+    """The kernel for sm_90a at the default configuration of this head dim (no GPU needed)."""
+    config = config or DEFAULT_CONFIGS[problem.head_dim]
+    check_quantisation_blocks(quantisation, config)
+    head_dim = problem.head_dim
+    q_type = descriptor_type(torch.float8_e4m3fn, CONSUMER_ROWS, head_dim)
+    signature = {
+        "desc_q": q_type,
+        "desc_k": descriptor_type(torch.float8_e4m3fn, config.block_n, head_dim),
+        "desc_v": descriptor_type(torch.float8_e4m3fn, head_dim, head_dim, box_cols=config.block_n),
+        "desc_o": descriptor_type(OUTPUT_DTYPE, CONSUMER_ROWS, head_dim),
+        "LSE": "*fp32",
+        "heads": "i32",
+        "seqlen_q": "i32",
+        "seqlen_k": "i32",
+        "softmax_scale_log2": "fp32",
+        "Q_SCALE": "*fp32",
+        "K_SCALE": "*fp32",
+        "V_SCALE": "*fp32",
+        "q_blocks": "i32",
+        "kv_blocks": "i32",
+    }
+    quant_blocks = (quantisation.q_block_rows, quantisation.kv_block_rows)
+    constexprs = {**hopper.launch_constexprs(config, problem.causal, quant_blocks), "num_warps": config.num_warps}
+    return [hopper.compile_kernel_sm90(signature, constexprs, config)]
+
+
+IMPLEMENTATION = Implementation(
+    name=RUNG,
+    stack="gluon",
+    rung="fp8",
+    prepare=prepare,
+    bind=bind,
+    supports=supports,
+    compile_sm90=compile_sm90,
+    error_rule=FP8_RULE,
+    emulate=emulate,
+    prepare_end_to_end=prepare_end_to_end,
+    runs_on_cpu=False,
+    required_ptx=("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier", "setmaxnreg", "e4m3 mma"),
+    # Q, K, Vᵀ come by TMA; the scales are plain scalar loads.
+    forbidden_ptx=("cp.async",),
+    source_file=__file__,
+    notes=f"quantisation: {DEFAULT_QUANTISATION.describe()}; Gluon has no interpreter path: sm_90 GPU only",
+)
