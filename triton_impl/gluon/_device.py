@@ -22,6 +22,14 @@ Block ranges: every consumer visits the CTA's [0, n_block_max) blocks, as the lo
 its blocks before its own ``n_unmasked`` are seen in full by all its rows and skip the mask; the
 causal diagonal, the ragged last block and blocks past its own causal range are masked.
 Block 0 is peeled (it starts the pipeline) and always masked, which costs one masked block per tile.
+
+``FP8`` (``gluon/fp8``, ``triton_impl/gluon/fp8.py``) switches the same kernel to e4m3 operands:
+the V ring holds Vᵀ tiles (D × BLOCK_N, read K-major as fp8 wgmma requires), each consumer folds its
+Q block's scale into the softmax scale and each key block's K scale into that block's, P is lifted
+by 2^P_EXPONENT before its e4m3 conversion, each P V goes into a fresh fp32 accumulator that is
+added to O times the block's V scale (``_fp8_values_product``), and O (bf16) leaves through a
+shared buffer of its own. With ``FP8`` off the generated code is gluon/hopper's (the same wgmma and
+ex2 counts on Triton 3.6 and 3.9).
 """
 
 from __future__ import annotations
