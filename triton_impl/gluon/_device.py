@@ -28,8 +28,8 @@ the V ring holds Vᵀ tiles (D × BLOCK_N, read K-major as fp8 wgmma requires), 
 Q block's scale into the softmax scale and each key block's K scale into that block's, P is lifted
 by 2^P_EXPONENT before its e4m3 conversion, each P V goes into a fresh fp32 accumulator that is
 added to O times the block's V scale (``_fp8_values_product``), and O (bf16) leaves through a
-shared buffer of its own. With ``FP8`` off the generated code is gluon/hopper's (the same wgmma and
-ex2 counts on Triton 3.6 and 3.9).
+shared buffer of its own. With ``FP8`` off the generated code is gluon/hopper's as it was before the
+flag (the same PTX instructions on Triton 3.6 and 3.9).
 """
 
 from __future__ import annotations
