@@ -45,7 +45,7 @@ what CuTe makes you write):
   * K-major V: all three store Vᵀ on the host; Triton transposes the loaded tile with ``vt.T``,
     Gluon with ``tile.permute((1, 0))`` on a shared-memory descriptor, CuTe by choosing the B
     operand's K-major shared layout.
-  * The per-block accumulator: Triton's ``tl.dot(..., acc=None)`` plus an fp32 add; Gluon's
+  * The per-block accumulator: Triton's ``tl.dot`` without an accumulator plus an fp32 add; Gluon's
     ``warpgroup_mma(..., use_acc=False, is_async=True)`` and its own ``warpgroup_mma_wait``;
     CuTe's ``separate_pv`` fragment zeroed per block.
 
@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import torch
 import triton
+from triton.experimental.gluon import language as gl
 
 from common.fp8 import Emulation, KernelOrder, Quantisation, QuantisedOperands, quantise
 from common.fp8 import emulate as emulate_quantised
@@ -85,7 +86,7 @@ from triton_impl.gluon import hopper
 from triton_impl.gluon.hopper import CONSUMER_ROWS, GluonConfig, descriptor_type, gluon_supported
 
 RUNG = "gluon/fp8"
-FP8_DTYPE = hopper.gl.float8e4nv
+FP8_DTYPE = gl.float8e4nv
 OUTPUT_DTYPE = torch.bfloat16
 # gluon/hopper's measured partitioning (D=128: two consumers; D=64: three with ping-pong, since each
 # key block has half the GEMM work per softmax) with key blocks of 64: O and the fresh P V accumulator
