@@ -95,76 +95,25 @@ like SDPA. head_dim 256 is refused: its 64 x 256 fp32 O alone takes 128 of the 2
 consumer thread, and Q plus one K/V stage (64 + 128 KB at tile_n = 128) leaves no room for a
 second stage; it would need a different tiling that this rung does not attempt.
 
-Measured (H200, ``common.quickbench``, TFLOP/s on visible scores)
------------------------------------------------------------------
-B=2 H=16 S=8192 D=128 bf16: 652 non-causal, 628 causal in compare.py at a35d75f, SDPA cuDNN 617 /
-555 and the bf16 GEMM 678 in the same run (FA4's SM90 kernel: 657 / 585; floor 600 / 550 met, goal
-620 causal met, 700 not). D=64, B=4 H=32: 534 non-causal, 479 causal (cuDNN 463 / 442) with three
-consumer warpgroups (floor 540 missed by 1 %; two warpgroups: 422 / 348). H200s differ: the same
-commit measured 708 / 604 at D=128 and 567 / 494 at D=64 on another one.
-What the steps taught us (same problem, non-causal / causal):
+What the measurements taught
+----------------------------
+Current figures are in the generated table of ``docs/ladder.md``; every A/B run behind the choices
+below is in ``docs/perf-log.md`` ("Figures moved out of rung docstrings").
 
-* First version (ping-pong, overlapped QKᵀ/PV, running-loop row max): 584 / 521. Ping-pong on vs
-  off: 584 vs 570 non-causal, 521 vs 525 causal: worth 2 % at most once the GEMMs already overlap
-  softmax inside each warpgroup.
-* Row max and row sum as pairwise trees (log2 n dependent steps instead of n), O written into Q's
-  shared memory, causal query blocks launched longest first: 628 / 581 (+7.5 % / +11.5 %).
-* tile_n = 176 (FlashAttention-3's choice for D=128): 527 / 272, far slower (not profiled; likely
-  the 88-register S tile plus P and O leave ptxas too little room at 240); a third K/V stage: 631 vs
-  628, within noise. D=64 with tile_n = 192 vs 128: 423 vs 415 (with two consumer warpgroups).
-* Lazy rescaling (2026-11-22, one A/B run): 628.5 / 576.9 vs 620.0 / 570.6 always rescaling;
-  D=64 425.6 / 354.5 vs 419.0 / 365.4; fp8 826 / 749 vs 824 / 763. Within run-to-run noise except
-  the causal rows (-2 to -3 %), where diagonal blocks move the max more often: the 64 multiplies it
-  saves per thread and block are FMA-pipe work, and this kernel is bound by the tensor cores and
-  exp2. A per-row branch instead of one per warp measured 613 / 579.
-* D=64, 2026-11-22. The prediction was that exp2 bounds it: a 64 x 128 block costs as many
-  MUFU cycles (16 exp2 per clock per SM) as WGMMA cycles. A cubic exp2 on the FMA pipes for every
-  8th / 4th / 2nd score measured 425 / 415 / 399 vs 422 without (D=128: 619 / 593 vs 633), so the
-  SFU was not the limit. ncu (--clock-control none, S=4096): tensor pipe 40 %, SFU 42 %, issue
-  slots 37 % busy, 62 % of cycles with no eligible warp, top stall "wait" (fixed-latency
-  dependencies): latency-bound, with 8 consumer warps per SM. A third consumer warpgroup
-  (512 threads, setmaxnreg 160, tile_n back to 128 so S + P + O fit in 160 registers) gives 12:
-  515-519 / 429 (+22 % / +24 %); SFU 57 %, issue slots 47 %, still 51 % of cycles with no eligible
-  warp. With three, tile_n 96 / 160 / 192 measured 485 / 367 / 256 (160 and 192 spill), a third
-  K/V stage +0.2 %, the polynomial exp2 again worse (490 / 471), and ping-pong off 511 / 437
-  (so causal runs without it). The causal build spills 176 bytes (its mask code); non-causal none.
-* Persistent CTAs (2026-11-22, one A/B run, two rounds): D=128 635-637 vs 623-624 for one CTA per
-  tile, D=64 510 vs 514-515, fp8 D=128 819 vs 802, fp8 D=64 642 vs 626. The tile loop itself costs
-  D=64 about 2 % (one tile per CTA inside it: 504-506): the loop-carried state takes registers
-  from the 160 the three consumers have. Causal, persistent: 568 vs 583 then (a static round
-  robin, and the mask still expensive), so causal kept one CTA per tile until the snake below.
-* Four consumer warpgroups at D=64 (more warps to hide latency): 640 threads launch at 96 registers,
-  so setmaxnreg can give the consumers 112 (``registers_fit``; asking for 120 hung the kernel).
-  The 64-, 80- and 96-key blocks that fit measured 487 / 312 / 342 non-causal against 505 (causal
-  440 / 392 / 370 against 427): not kept.
-* FP8 at D=128 without ping-pong (two A/B rounds): 838-839 / 758-764 vs 818-820 / 752 with it;
-  bf16 634.5 / 578-580 either way. FP8's GEMMs take half the bf16 time, so each warpgroup's wait
-  for its turn costs more than the overlap it enforces; FP8 at D=128 now runs without it. In the
-  same run: a third K/V stage 812 / 752, tile_n 160 816-818 / 745-750 (no spill), both noise.
-* The mask as one select per score (2026-11-22, session 5). ``if key >= limit: s = -inf`` on one
-  element of a register tensor is lowered by the DSL to selects over the whole fragment: the
-  masked block had 1060 FSEL (16 per score) and the causal D=64 build spilled. A select per score:
-  68 FSEL, no spill; one A/B run: D=64 520 / 476 vs 508 / 426, D=128 645 / 589 vs 634 / 582.
-  The SASS listing (nvdisasm on the CPU-compiled cubin) showed it, not the profile.
-* Causal persistent, with the tiles dealt as a snake (forwards, then backwards) instead of a
-  round robin: 612 vs 601 one CTA per tile (FP8 799 vs 768), and without ping-pong 617 vs 607.
-  Snake and round robin measured the same here (612 / 615) although the snake's worst CTA has 3 %
-  more key blocks than the mean against 8 %. Causal D=64 stays one CTA per tile (470 vs 482).
-* Two D=64 ideas that measured nothing (one A/B run each, both removed): exp2 on the FMA pipes for
-  every 8th / 16th score (FlashAttention-4's trick) 484 / 500 vs 514, causal 401 / 405 vs 434, FP8
-  D=128 806 / 811 vs 848; and skipping the block max on unmasked blocks (exp2 against the running
-  reference at once, a warpgroup vote with ``bar.red.and``, S recomputed in the rare block where
-  some P would pass 2^8): 100 fewer instructions per block and thread, 567 vs 567. Together with
-  the ncu stall sampling (the exp2 instructions carry most samples, as fixed-latency waits and a
-  full MUFU queue; waiting for S, for the turn and for K/V take 4 %, 4 % and 3 %), this says that
-  D=64 is bound by the exp2 unit's throughput in the phases when all three warpgroups' softmaxes
-  overlap, not by instruction count.
-* S one key block ahead (session 6, D=64): two S accumulators so that a warpgroup's softmax never
-  waits for a GEMM; it fits only two consumer warpgroups (240 registers) and measured 374-427 vs
-  521: the third warpgroup hides more than the lookahead does. ptxas serialises every WGMMA when an
-  accumulator in flight crosses a loop's back edge by copy or as O itself (C7514 / C7515).
-  Turn-taking for the exp2 phase (a second barrier ring) measured 477 vs 521: overlapping exp2
-  phases hide each other's MUFU latency.
+* The kernel is bound by the tensor cores and exp2, not by instruction count: overlapping the next
+  S = Q Kᵀ with this block's P V inside each warpgroup is the big win; ping-pong between warpgroups
+  adds little once that overlap exists (and costs FP8 at D=128 more than it gives, so it is off there).
+* Pairwise-tree row max and row sum, and causal query tiles launched longest first, pay off;
+  larger key blocks (FlashAttention-3's 176 at D=128) and a third K/V stage do not.
+* D=64 is latency-bound with two consumer warpgroups; a third (setmaxnreg 160, 128-key blocks) is
+  what fits and helps. A fourth cannot get enough registers; exp2 emulated on the FMA pipes and an
+  S accumulator one block ahead measured slower.
+* A dynamic ``if`` that writes one element of a register tensor becomes selects over the whole
+  fragment: the mask is written as one select per score. The SASS (nvdisasm on the CPU-compiled
+  cubin) showed it, not the profile.
+* Lazy rescaling measured mostly within noise (the multiplies it saves are FMA-pipe work; the perf
+  log has the causal rows). Persistent CTAs with a snake tile order are used everywhere except
+  causal D=64, where one CTA per tile measured faster.
 """
 
 from __future__ import annotations
@@ -934,7 +883,7 @@ def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) ->
 
 
 def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
-    """Tile sizes, warpgroups and ring depth per head dim, as measured on the H200 (module docstring)."""
+    """Tile sizes, warpgroups and ring depth per head dim, as measured on the H200 (docs/perf-log.md)."""
     # Persistent CTAs (a static snake over the tiles) overlap the next tile's loads with this tile's
     # epilogue: +2 % causal D=128, +4 % FP8 causal; causal D=64 is 3 % faster with one CTA per tile.
     persistent = not (problem.causal and problem.head_dim == 64)

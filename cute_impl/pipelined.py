@@ -57,26 +57,17 @@ would be 256 fp32 registers per thread with 32 rows per warp.
 Constraints: fp16/bf16, D in {64, 128}, any Sq, Sk >= 1, causal top-left, compute capability
 >= 8.0.
 
-Measured (H200, B=2 H=16 S=8192 D=128 bf16, common.quickbench), with the earlier D = 128 tile of
-tile_n = 64 and whole-k-step double-buffering: 365.0 TFLOP/s non-causal (3.01 ms) and 334.7
-TFLOP/s causal (1.64 ms), against SDPA's FA2 backend at 347.7 / 316.5 and ``cute/tiled`` at
-89.4 / 79.7: removing the bank-conflicted scalar shared loads and the exposed K/V load latency is
-worth 4.1x, and the result matches the hand-written CUDA of FA2. That tile used 255 registers
-and a 72-byte stack frame (48 causal): ptxas spilled the four row sums and a few swizzled
-ldmatrix addresses. Compiled for sm_90a, the spills stayed (16 to 80 bytes) at tile_n = 64 for
-every split of the double-buffering we tried, and with whole-k-step buffers even at tile_n = 32
-(8 bytes). Later H200 runs (2026-11-22, same problem, TFLOP/s non-causal / causal): 4 warps, tile_n = 32,
-half-step buffers, spill-free (the default): 340-343 / 312; 4 warps, tile_n = 64, half-step
-buffers: 381 / 345 but 16-48 bytes of stack; 8 warps, tile_n = 64 (spill-free, 197 registers):
-298 / 279, since each warp now reads the whole K and V tile for only 16 rows, doubling shared-memory
-traffic per FLOP, and one 8-warp CTA per SM stalls all its warps at each barrier; the same with a
-2-CTA launch bound (spills 8-32 bytes): 311 / 281. That left the spill-free tile 3-4% under the
-353 TFLOP/s of SDPA's FA2 backend. Two changes closed the gap (one A/B run, 2026-11-22, non-causal /
-causal): lazy rescaling (O rescaled only when a row's max grows by more than 2^8) 339.8 / 312.6 →
-352.7 / 320.2, then a third K/V stage → 361.5 / 327.5 (the default; a third stage without lazy
-rescaling: 342.5 / 318.2). The 64-key tile with lazy rescaling ran 367-387 / 345-349 but spills 56
-bytes. The ceiling left is the ``mma.sync`` path itself: Hopper's ``wgmma`` (``cute/hopper``)
-issues warpgroup-wide MMAs straight from shared memory.
+What the measurements taught (A/B runs in ``docs/perf-log.md``, "Figures moved out of rung
+docstrings"; current figures in the generated table of ``docs/ladder.md``): removing the
+bank-conflicted scalar shared loads and the exposed K/V load latency of ``cute/tiled`` is worth
+several times its speed and reaches the hand-written CUDA of FA2. A 64-key tile at D = 128 is
+faster but spills (ptxas spills the row sums and swizzled ldmatrix addresses) for every split of
+the double-buffering tried; 8 warps of 16 rows do not spill but are slower, because each warp reads
+the whole K and V tile for half the rows and one 8-warp CTA per SM stalls all its warps at each
+barrier. The spill-free 32-key tile passes SDPA's FA2 backend through two changes: lazy rescaling
+(O rescaled only when a row's max grows by more than 2^8) and a third K/V stage. The ceiling left
+is the ``mma.sync`` path itself: Hopper's ``wgmma`` (``cute/hopper``) issues warpgroup-wide MMAs
+straight from shared memory.
 """
 
 from __future__ import annotations
@@ -141,9 +132,10 @@ class TileConfig:
 #            smem = Q 128·128·2 = 32 KiB + 3 stages · (K 32·128·2 + V 32·128·2) = 48 KiB → 80 KiB
 #            (2 CTAs: 160 of 227 KiB). At tile_n = 64 (S 64 fp32) ptxas spills 16-56 bytes.
 #   D = 128, 8 warps (each warp 16 rows), tile_n = 64: O 64 + S 32 fp32, 196-210 registers, no
-#            stack, 96 KiB smem, one CTA per SM; measured 12% slower than the default (docstring).
+#            stack, 96 KiB smem, one CTA per SM; measured slower than the default (docs/perf-log.md).
 #   D = 64:  4 warps, smem = Q 16 KiB + 3 stages · 16 KiB = 64 KiB; O 64 fp32 + S 64 fp32 per thread.
-# A bench script may replace an entry (and clear _COMPILED) before prepare(): tile_config reads it there.
+# A bench script may replace an entry before prepare(): tile_config reads it there, and the compile
+# cache is keyed on the whole TileConfig, so a replaced entry compiles afresh.
 TILE_CONFIGS = {
     128: TileShape(tile_m=128, tile_n=32, stages=3, num_warps=4, pieces_per_k_step=2, min_ctas_per_sm=0),
     64: TileShape(tile_m=128, tile_n=64, stages=3, num_warps=4, pieces_per_k_step=2, min_ctas_per_sm=0),

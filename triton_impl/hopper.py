@@ -1,4 +1,4 @@
-"""Rung 5, Hopper attention in Triton: TMA + warp-specialised KV loop (counterpart: ``cute_impl/hopper.py``).
+"""Rung 5, Hopper attention in Triton: TMA + wgmma, a hand-pipelined KV loop (counterpart: ``cute_impl/hopper.py``).
 
 What it adds over ``pipelined``: every tile moves through the Tensor Memory Accelerator instead of
 per-thread ``cp.async`` copies, and both GEMMs run as asynchronous warpgroup MMAs (``wgmma``)
@@ -43,30 +43,16 @@ any Sq, Sk ≥ 1, Sq ≠ Sk; causal (top-left) or not; softmax_scale ≥ 0 (row 
 scaling, which needs a non-negative scale); sm_90 or newer. Row strides must be 16-byte aligned
 (``kernel_operand`` copies otherwise).
 
-Measured (H200, B=2, H=16, S=8192, D=128, bf16, do_bench with L2 flush; prediction was ~500,
-the Triton tutorial's 506 fp16; the first block of rows is one run of 2026-11-22):
-  BLOCK_M × BLOCK_N, warps, stages          non-causal    causal
-  128 × 128, 8 warps, 3 stages, overlap     521.5         470.7 TFLOP/s (default at D=128)
-  128 × 128, 8 warps, 3 stages              497.6         460.5
-  128 × 128, 8 warps, 2 stages, overlap     475.9         426.6
-  128 × 64,  8 warps, 3 stages, overlap     462.4         436.7
-  128 × 64,  4 warps, 2 stages              522.9         473.1 (88 B of stack: spills)
-  64 × 64,   4 warps, 2 stages              454.8         410.7
-  earlier runs:
-  128 × 128, 8 warps, 3 stages              504-510       472-473
-  128 × 128, 8 warps, 2 stages              467           420
-  128 × 64,  8 warps, 3 stages              479           452
-  64 × 128,  4 warps, 2 stages, specialised 261           231
-  64 × 64,   4 warps, 2 stages, specialised 242           224
-The hand-pipelined loop is worth 5% (2% causal): without it, the wait for S_n also retires the
-P V of block n-1, so the tensor cores idle through every softmax.
-What it taught us: on sm_90 Triton 3.6's warp specialisation is limited to one consumer warpgroup
-(BLOCK_M=64): each CTA then issues m64 wgmmas from a single warpgroup with the whole softmax on its
-critical path, and it runs at half the speed of the software-pipelined two-warpgroup kernel, so the
-default is not specialised (the flag is kept, tested and documented). The third pipeline stage is
-worth 8% (it hides the TMA latency behind a full S = Q Kᵀ). The remaining gap to cuDNN (≈ 610) is
-the overlap of softmax with the MMAs across the two warpgroups (FA3's ping-pong), which Triton's
-scheduler does not do here.
+What the measurements taught (the A/B tables are in ``docs/perf-log.md``, "Figures moved out of
+rung docstrings"; current figures in the generated table of ``docs/ladder.md``): the hand-pipelined
+loop is the largest single gain, because without it the wait for S_n also retires the P V of block
+n-1 and the tensor cores idle through every softmax. On sm_90 Triton 3.6's warp specialisation is
+limited to one consumer warpgroup (BLOCK_M=64): each CTA then issues m64 wgmmas from a single
+warpgroup with the whole softmax on its critical path, and it runs at half the speed of the
+software-pipelined two-warpgroup kernel, so the default is not specialised (the flag is kept, tested
+and documented). The third pipeline stage hides the TMA latency behind a full S = Q Kᵀ. The
+remaining gap to cuDNN is the overlap of softmax with the MMAs across the two warpgroups (FA3's
+ping-pong), which Triton's scheduler does not do here.
 Triton releases (``common.toolchain``): under Triton 3.9 the hand-pipelined loop at 128 × 128 spills
 (104 bytes per thread, 88 causal), as it must hold S, P, O and the P V in flight at once; 3.9 runs
 the plain loop (222 registers), the fastest spill-free tile of the three timed under 3.9 (the

@@ -31,11 +31,10 @@ bf16 ``tl.dot``; there autotuning is skipped and the fixed configuration runs); 
 256} (256 only where a candidate fits the device's shared memory, else the capability check says
 so); any Sq, Sk ≥ 1; causal (top-left) or not.
 
-Measured (H200, B=2, H=16, S=8192, D=128, bf16, common.quickbench): 2.20 ms = 500.5 TFLOP/s full
-(128 × 128 tiles, 8 warps, 3 stages), 1.25 ms = 441.6 TFLOP/s causal (64 × 64, 4 warps, 3 stages).
-The tuner's own timings rank configurations by up to 2x (289-552 TFLOP/s full): stages matter most
-(2 → 3 stages: +13 % at 128 × 128), and 128 × 64 tiles with 4 warps are the worst choice. An
-earlier default (128 × 64, 8 warps, 3 stages) measured 480.2 full and 454.5 causal.
+What the measurements taught (figures in the generated table of ``docs/ladder.md``; the tuner's
+timings and earlier defaults in ``docs/perf-log.md``, "Figures moved out of rung docstrings"): the
+tuner's timings rank configurations by up to 2x, the pipeline depth matters most (a third stage
+beats a larger tile), and 128 × 64 tiles with 4 warps are the worst choice.
 Triton releases (``common.toolchain``): at D=256 non-causal Triton 3.9 spills 56 bytes per thread
 with 4 warps, so it runs 8 warps there (204 registers; like all of D=256, not timed).
 """
@@ -80,9 +79,9 @@ class TileConfig:
 
 
 # Fixed configurations per (head dim, causal): the canonical problems and the interpreter run
-# these. Chosen from the tuner's timings on the H200 at the canonical shape (bf16): D=128 full
-# 552 TFLOP/s and causal 503; D=64 full 466 and causal 429. D=32 reuses D=64's choice and D=256
-# takes the one shape whose K/V stages fit; neither was measured.
+# these. D=128 and D=64 were chosen from the tuner's timings on the H200 at the canonical shape
+# (bf16; docs/perf-log.md). D=32 reuses D=64's choice and D=256 takes the one shape whose K/V
+# stages fit; neither was measured.
 _WIDE = TileConfig(128, 128, 8, 3)
 _NARROW = TileConfig(64, 64, 4, 3)
 # Chosen under Triton 3.6; ``release_configs`` applies another release's spill-free replacements.

@@ -27,9 +27,10 @@ away), not the Ampere-style ``mma.sync`` a CUDA programmer might expect from "FA
 Constraints: fp16 and bf16 on a CUDA GPU (fp32 under the Triton interpreter only, which mishandles
 bf16 ``tl.dot``); D ∈ {32, 64, 128, 256}; any Sq, Sk ≥ 1; causal (top-left) or not.
 
-Measured (H200, B=2, H=16, S=8192, D=128, bf16, common.quickbench): 3.47 ms = 316.5 TFLOP/s full,
-2.16 ms = 254.9 TFLOP/s causal: 27x the online rung, all of it from tensor cores. Without
-pipelining the warps stall on every K/V load, and every causal block pays for the mask.
+What the measurements taught (figures in the generated table of ``docs/ladder.md``, history in
+``docs/perf-log.md``): moving the two products onto tensor cores is worth more than an order of
+magnitude over the online rung, all of it from the engine, not the algorithm. Without pipelining the
+warps stall on every K/V load, and every causal block pays for the mask.
 """
 
 from __future__ import annotations
