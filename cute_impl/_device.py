@@ -15,6 +15,8 @@ from collections.abc import Callable
 import cutlass
 import cutlass.cute as cute
 
+# The CuTe stack defines its constants once, here (hopper and fp8 import them too); naive, online and
+# tiled keep their own LOG2_E so that each reads alone (STYLE.md: rungs up to tiled are self-contained).
 LOG2_E = math.log2(math.e)
 # Lane distances of the butterfly shuffles that combine the 4 lanes holding one accumulator row.
 QUAD_SHUFFLE_OFFSETS = (2, 1)

@@ -22,7 +22,6 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 # Lanes that share one accumulator row (t = lane % 4).
 THREADS_PER_ROW = 4

@@ -88,7 +88,7 @@ from common.metrics import FP8_RULE
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.validation import kernel_operand, validate_attention_inputs
-from cute_impl._hopper_device import LOG2_E
+from cute_impl._device import LOG2_E
 from cute_impl.hopper import (
     DTYPES,
     HEAD_DIMS,

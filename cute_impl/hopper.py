@@ -143,8 +143,8 @@ try:  # The DSL is optional for the rest of the suite; the registry reports the 
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError(f"cute/hopper needs nvidia-cutlass-dsl: {error}") from error
 
+from cute_impl._device import LOG2_E, RESCALE_THRESHOLD_LOG2
 from cute_impl._hopper_device import (
-    LOG2_E,
     AttentionMask,
     BlockScales,
     KeyBlockRange,
@@ -180,8 +180,6 @@ MAX_TILES = 2**31 - 1
 STATIC_SM_COUNT = 132
 # Keys per block: S (tile_n / 2 registers), P and O must fit in the consumers' registers.
 DEFAULT_TILE_N = 128
-# Lazy rescaling (OnlineSoftmax): 16-bit P may exceed 1 by up to 2^8 before O is rescaled.
-RESCALE_THRESHOLD_LOG2 = 8.0
 # FP8 P is scaled into [0, 2^8]: small probabilities stay above e4m3's subnormal range (2^-6).
 FP8_P_EXPONENT_OFFSET = 8.0
 

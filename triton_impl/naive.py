@@ -52,7 +52,6 @@ SOFTMAX_BLOCK_N = 1024
 # P·V: 16 rows of O per program, 8 keys per step (the 16 × 8 × D product stays in registers).
 PV_BLOCK_M, PV_BLOCK_N = 16, 8
 NUM_WARPS = 4
-FP32_BYTES = 4
 
 
 # ----------------------------------------------------------------------------------------------
