@@ -87,11 +87,10 @@ from common.fp8 import emulate as emulate_quantised
 from common.metrics import FP8_RULE
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.validation import kernel_operand, validate_attention_inputs
+from common.validation import kernel_operand
 from cute_impl._device import LOG2_E
 from cute_impl.hopper import (
     DTYPES,
-    HEAD_DIMS,
     ROWS_PER_WARPGROUP,
     HopperConfig,
     common_problem_supported,
@@ -99,6 +98,7 @@ from cute_impl.hopper import (
     default_config,
     hopper_device_supported,
     launcher,
+    validated_problem,
 )
 
 # Keys per permutation group: one 16-wide half of the 32-wide FP8 k-block.
@@ -169,12 +169,6 @@ def bind(
     return quantised_launcher(fp8_config(problem, quantisation), quantised(q, k, v, quantisation), problem)
 
 
-def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Problem:
-    return validate_attention_inputs(
-        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, dtypes=DTYPES, head_dims=HEAD_DIMS
-    )
-
-
 def prepare(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -183,7 +177,7 @@ def prepare(
     quantisation: Quantisation = DEFAULT_QUANTISATION,
 ) -> Runner:
     """Validate, quantise (``quantisation``: ``common.fp8.VARIANTS``), bind, warm up; run() is the kernel."""
-    return warmed_up(bind(q, k, v, _validate(q, k, v, problem), quantisation), q.device)
+    return warmed_up(bind(q, k, v, validated_problem(q, k, v, problem), quantisation), q.device)
 
 
 def prepare_end_to_end(
@@ -194,7 +188,7 @@ def prepare_end_to_end(
     quantisation: Quantisation = DEFAULT_QUANTISATION,
 ) -> Runner:
     """Like ``prepare``, but every run() quantises, rotates and launches: the per-call cost of fp8."""
-    checked = _validate(q, k, v, problem)
+    checked = validated_problem(q, k, v, problem)
     prepare(q, k, v, checked, quantisation)
 
     def run() -> torch.Tensor:

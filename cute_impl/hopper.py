@@ -866,12 +866,21 @@ def launcher(
     return run
 
 
-def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up."""
+def validated_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Problem:
+    """The Problem that q, k, v (B, H, S, D) describe, refused with a ValueError where ``supports``
+    would refuse it (head dim, softmax_scale <= 0, grid size); no GPU work. Shared with ``fp8.py``."""
     checked = validate_attention_inputs(
         q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, dtypes=DTYPES, head_dims=HEAD_DIMS
     )
-    return warmed_up(bind(q, k, v, checked), q.device)
+    ok, reason = common_problem_supported(checked)
+    if not ok:
+        raise ValueError(reason)
+    return checked
+
+
+def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+    """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up."""
+    return warmed_up(bind(q, k, v, validated_problem(q, k, v, problem)), q.device)
 
 
 def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:

@@ -1,0 +1,70 @@
+"""CuTe hopper/fp8 ``prepare`` refuses what ``supports`` refuses, on the validated Problem, before GPU work.
+
+The refusal happens after the input checks and before ``bind`` (compile, allocation, launch), so it
+runs on a CPU: the tests let the input checks accept CPU tensors and make ``bind`` fail loudly if
+it is ever reached.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import cute_impl.fp8 as cute_fp8
+import cute_impl.hopper as cute_hopper
+from common.problem import Problem
+
+RUNGS = {"cute/hopper": cute_hopper, "cute/fp8": cute_fp8}
+
+
+class BindReachedError(Exception):
+    """Raised by the stand-in ``bind``: validation let the problem through."""
+
+
+def _never_bind(*args: object, **kwargs: object) -> None:
+    raise BindReachedError
+
+
+@pytest.fixture
+def cpu_validation(monkeypatch: pytest.MonkeyPatch) -> None:
+    validate = functools.partial(cute_hopper.validate_attention_inputs, device_types=("cpu",))
+    monkeypatch.setattr(cute_hopper, "validate_attention_inputs", validate)
+    for module in RUNGS.values():
+        monkeypatch.setattr(module, "bind", _never_bind)
+
+
+def _tensors(problem: Problem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    shape = (problem.batch, problem.heads, problem.seqlen_q, problem.head_dim)
+    return tuple(torch.randn(shape, dtype=problem.dtype) for _ in range(3))
+
+
+@pytest.mark.parametrize("scale", [-0.125, 0.0])
+@pytest.mark.parametrize("rung", sorted(RUNGS))
+def test_non_positive_scale_is_refused_before_bind(rung: str, scale: float, cpu_validation: None):
+    problem = Problem(1, 2, 16, 16, 64, dtype=torch.bfloat16, softmax_scale=scale)
+    ok, reason = cute_hopper.common_problem_supported(problem)
+    assert not ok and reason.startswith("softmax_scale must be > 0")
+    with pytest.raises(ValueError, match=rf"softmax_scale must be > 0 .*got {scale}") as error:
+        RUNGS[rung].prepare(*_tensors(problem), problem)
+    assert reason in str(error.value)
+
+
+@pytest.mark.parametrize("rung", sorted(RUNGS))
+def test_positive_scale_reaches_bind_with_the_validated_problem(
+    rung: str, cpu_validation: None, monkeypatch: pytest.MonkeyPatch
+):
+    # The caller's Problem says D=128; the tensors say D=64: bind must get the tensors' Problem.
+    seen: list[Problem] = []
+
+    def record(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *rest: object) -> None:
+        seen.append(problem)
+        raise BindReachedError
+
+    monkeypatch.setattr(RUNGS[rung], "bind", record)
+    tensors = _tensors(Problem(1, 2, 16, 16, 64, dtype=torch.bfloat16))
+    caller = Problem(1, 2, 16, 16, 128, dtype=torch.bfloat16, softmax_scale=0.125)
+    with pytest.raises(BindReachedError):
+        RUNGS[rung].prepare(*tensors, caller)
+    assert seen and seen[0].head_dim == 64 and seen[0].scale == 0.125
