@@ -48,15 +48,14 @@ byte stack frame; a 32-key tile at 128 rows still spilled 40-48 bytes.
 Constraints: fp16/bf16, D in {64, 128}; any Sq, Sk >= 1; causal top-left; compute capability
 >= 8.0 (``mma.sync`` bf16 and ``cp.async`` are sm_80 features; Hopper runs them too).
 
-Measured (H200, B=2 H=16 S=8192 D=128 bf16, common.quickbench) with the earlier 128-row tile:
-89.4 TFLOP/s non-causal (12.30 ms), 79.7 TFLOP/s causal (6.90 ms); SDPA's FA2 backend does
-348 / 317 on the same problem. The spill-free 64-row tile used now ran 50.7 / 48.2 TFLOP/s
-(2026-11-22): half the rows per CTA means every K/V tile is loaded and read from shared memory for
-half as much MMA work.
+What the measurements taught (figures in the generated table of ``docs/ladder.md``; the A/B of the
+128-row and 64-row tiles in ``docs/perf-log.md``, "Figures moved out of rung docstrings"): the
+spill-free 64-row tile is slower than the spilling 128-row one, because half the rows per CTA means
+every K/V tile is loaded and read from shared memory for half as much MMA work.
 The tensor cores are fed, but not fast enough: per 16-wide k-step every warp issues scalar
 ``ld.shared`` (832 in the D = 128 PTX, 8-way bank conflicts on the unswizzled rows) and each K/V
 tile is waited for in full before any MMA starts. ``cute/pipelined`` removes exactly these two
-stalls and ran 4.1x faster.
+stalls.
 """
 
 from __future__ import annotations

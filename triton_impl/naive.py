@@ -25,9 +25,9 @@ Constraints: fp16 and bf16 on a CUDA GPU (fp32 too under the Triton interpreter)
 256}; any Sq, Sk ≥ 1; causal (top-left) or not. The capability check refuses problems whose S
 buffer (B·H·Sq·Sk·4 bytes) does not fit in free device memory.
 
-Measured (H200, B=2, H=16, S=8192, D=128, bf16, common.quickbench): 76.5 ms = 14.4 TFLOP/s full,
-76.0 ms = 7.2 TFLOP/s causal. The time does not change with the mask: every score is computed,
-stored and read back, and causal only halves the FLOPs that count.
+What the measurements taught (figures in the generated table of ``docs/ladder.md``, history in
+``docs/perf-log.md``): the time does not change with the mask: every score is computed, stored and
+read back, and causal only halves the FLOPs that count.
 """
 
 from __future__ import annotations
