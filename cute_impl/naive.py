@@ -30,18 +30,18 @@ Constraints: fp16/bf16, head_dim in {32, 64, 128, 256}, any Sq, Sk ≥ 1, causal
 SDPA, sm_80 or newer. The fp32 S buffer must fit in free device memory; the capability check
 refuses with the bytes it needs otherwise. batch·heads ≤ 65535 (it is a grid dimension).
 
-Measured (H200, B=2 H=16 S=8192 D=128 bf16, ``python -m common.quickbench`` and torch.profiler)
---------------------------------------------------------------------------------------------
-* 266 ms = 4.1 TFLOP/s non-causal; causal takes the same 266 ms (every score is computed, then
-  masked), which counts as 2.1 TFLOP/s of useful work.
-* Per kernel: scores 149 ms, softmax 13.6 ms, PV 103 ms. The softmax, the only kernel that streams
-  the 8.6 GB S buffer (43 GB moved in its three passes), runs at ~3.2 TB/s and is 5% of the time.
-  The two GEMM-shaped kernels dominate because nothing is tiled: each of the 2.1 G scores re-reads
-  a 256-byte K row, and each output element walks a whole column of V and a row of P, so both move
-  about 550 GB through L2. Reuse through on-chip memory, not the S round trip alone, is what the
-  online rung buys.
-* The first version read K one 16-bit element per load and took 1221 ms in total: with 32 rows per
-  warp instruction every load was 32 separate requests. 128-bit loads alone gave 4.6x.
+What the measurements taught
+----------------------------
+Figures are in the generated table of ``docs/ladder.md``; the measurements behind these lessons are
+in ``docs/perf-log.md`` ("Figures moved out of rung docstrings").
+
+* Causal takes as long as non-causal: every score is computed, then masked.
+* The softmax, the only kernel that streams the S buffer, is a small part of the time. The two
+  GEMM-shaped kernels dominate because nothing is tiled: each score re-reads a K row, and each
+  output element walks a whole column of V and a row of P, all through L2. Reuse through on-chip
+  memory, not the S round trip alone, is what the online rung buys.
+* Loading K one 16-bit element at a time made every warp load 32 separate requests; 128-bit loads
+  were worth several times the speed.
 """
 
 from __future__ import annotations

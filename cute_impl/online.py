@@ -43,20 +43,20 @@ Constraints: fp16/bf16 inputs, head_dim 64 or 128 (the O accumulator is 8·D/16 
 thread; D=256 would need 128 of them and spill), any Sq, Sk ≥ 1, causal top-left aligned like SDPA,
 sm_80 or newer (nothing here needs Hopper).
 
-Measured (H200, B=2 H=16 S=8192 D=128 bf16, ``python -m common.quickbench``)
-----------------------------------------------------------------------------
-* 34.5 ms = 31.9 TFLOP/s non-causal, 16.9 ms = 32.4 TFLOP/s causal, against 266 ms for
-  ``cute/naive`` (7.7x): K and V tiles in shared memory are reused by 64 query rows, Q by every key,
-  and S never leaves the chip, all before any tensor core is used. D=64 (H=32): 31.7 TFLOP/s
-  non-causal, 29.2 causal.
-* 32 TFLOP/s is about half of what the H200's CUDA cores can do in fp32 FMAs (~67 TFLOP/s). The
-  kernel uses 252 registers (no spills), so two CTAs (8 warps) share an SM. Not profiled; the likely
-  losses are the four barriers per key block and the exposed latency of the synchronous K and V
-  loads, which the next rungs hide with asynchronous copies while moving the GEMMs to tensor cores.
+What the measurements taught
+----------------------------
+Figures are in the generated table of ``docs/ladder.md``; the measurements behind these lessons are
+in ``docs/perf-log.md`` ("Figures moved out of rung docstrings").
+
+* K and V tiles in shared memory are reused by 64 query rows, Q by every key, and S never leaves
+  the chip: several times ``cute/naive``'s speed before any tensor core is used.
+* That is still about half of what the CUDA cores can do in fp32 FMAs. The kernel uses 252
+  registers (no spills), so two CTAs (8 warps) share an SM. Not profiled; the likely losses are the
+  four barriers per key block and the exposed latency of the synchronous K and V loads, which the
+  next rungs hide with asynchronous copies while moving the GEMMs to tensor cores.
 * Causal runs at the same rate as non-causal: skipped blocks right of the diagonal remove half the
   work and launching the longest rows first keeps the tail short.
-* Keeping S and O in fp32 and P unrounded makes the error slightly below SDPA's (rel. L2 1.78e-3 vs
-  1.79e-3 at S=1000).
+* Keeping S and O in fp32 and P unrounded makes the error slightly below SDPA's.
 """
 
 from __future__ import annotations

@@ -41,21 +41,13 @@ product (D across lanes: shuffles, and spills): keep the expand_dims (``x[:, Non
 Constraints: fp16 and bf16 on a CUDA GPU (fp32 too under the Triton interpreter); D ∈ {32, 64, 128,
 256}; any Sq, Sk ≥ 1; causal (top-left) or not.
 
-Measured (H200, B=2, H=16, S=8192, D=128, bf16, TFLOP/s full / causal, one run, 2026-11-22):
-  tile (rows rep × lane, keys, D-slice, warps)      full   causal   registers
-  4×16, 16, 16, 4 (default)                          17.2   16.2     255, no spills
-  2×16, 32, 8, 4                                     16.0   15.5     226
-  2×16, 16, 8, 2 warps                               16.0   14.5     216
-  4×8, 32, 8, 4                                      15.5   15.1     254
-  4×16, 16, 8, 4                                     15.3   14.8     255
-  4×8, 16, 8, 4                                      11.7   11.2     181
-  previous kernel: 3-D product, 1×1 thread tile      13.0   14.0     225
-naive runs at 14.4 full (7.2 causal), so the ladder is monotone here only with the 2-D thread
-tile: the previous kernel gave each thread one query row and one key of both products, so every K/V
-element it converted from bf16 fed a single FMA (FFMA was 32% of the SASS of a key block, 256 in
-790 instructions; the default tile's key block is 48% FFMA, 2048 in ~4300). What is left: the Q Kᵀ
-slice loop is 37% FFMA (Q and K converted per slice, plus the barriers of Triton's layout
-conversions), and nothing prefetches the next K/V block.
+What the measurements taught (the tile study, six spill-free tiles timed on the H200, is in
+``docs/perf-log.md``, "Figures moved out of rung docstrings"; current figures in the generated table
+of ``docs/ladder.md``): the ladder is monotone here only with the 2-D thread tile. The previous
+kernel gave each thread one query row and one key of both products, so every K/V element it
+converted from bf16 fed a single FMA, and it ran slower than naive without the mask; the default
+tile's key block is about half FFMA. What is left: the Q Kᵀ slice loop (Q and K converted per
+slice, plus the barriers of Triton's layout conversions), and nothing prefetches the next K/V block.
 
 Triton releases (the tile table passes through ``common.toolchain.release_configs``): Triton 3.9
 keeps more of the 4-D products live than 3.6, and the 4×16 tile spills there (440 bytes per thread
@@ -110,7 +102,7 @@ class TileConfig:
 # Per head dim, chosen under Triton 3.6; ``release_configs`` swaps in the tiles another Triton
 # release needs to stay spill-free (``common.toolchain``). D=128 compiles for sm_90a with no spills
 # (255 registers, two CTAs per SM) and was the fastest of six spill-free tiles timed on the H200
-# (17.2 TFLOP/s; the table in the docstring). D=64 sums Q Kᵀ over 8 columns of D per step: with 16,
+# (docs/perf-log.md). D=64 sums Q Kᵀ over 8 columns of D per step: with 16,
 # Triton 3.6 spills 16 bytes in the causal build.
 CONFIGS: dict[int, TileConfig] = release_configs(
     "triton/online",
