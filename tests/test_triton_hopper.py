@@ -220,6 +220,15 @@ def test_gpu_autotune_keeps_a_fitting_candidate(module):
     assert err.rel_l2_err < 1e-2, f"{prepared.config}: {err.summary()}"
 
 
+def test_warp_specialised_configs_are_refused_on_a_gpu_and_not_autotuned():
+    warp_specialised = hopper.HopperConfig(64, 64, 4, 3, True)
+    with pytest.raises(ValueError, match="left query rows unwritten"):
+        hopper.check_launchable(warp_specialised, torch.device("cuda"))
+    hopper.check_launchable(warp_specialised, torch.device("cpu"))
+    hopper.check_launchable(hopper.default_config(128), torch.device("cuda"))
+    assert not any(config.warp_specialize for config in hopper.CANDIDATE_CONFIGS)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize(

@@ -7,7 +7,8 @@ thread for a whole BLOCK_N × D tile, with address generation and out-of-bounds 
 the copy engine, so the warps that do the softmax no longer spend issue slots on address math.
 Optionally the KV loop is warp-specialised (``tl.range(..., warp_specialize=True)``): Triton splits
 the loop into a producer warp that only issues TMA loads and consumer warps that only compute, and
-rebalances registers between them with ``setmaxnreg``. Causal attention is split into a loop over
+rebalances registers between them with ``setmaxnreg`` (refused on a GPU, where Triton's warp-specialised
+loop left rows unwritten: ``check_launchable``). Causal attention is split into a loop over
 unmasked blocks and a loop over the diagonal blocks, and the blocks above the diagonal are never
 visited. ``HopperConfig.overlap`` selects a KV loop software-pipelined by hand (``_overlapped_step``):
 each step issues S_n = Q K_nᵀ, then O += P V of block n-1, then the softmax of S_n, so Triton's
@@ -116,20 +117,33 @@ class HopperConfig:
 # On sm_90, Triton 3.6 warp-specialises the loop only with num_warps=4 and BLOCK_M=64 (one consumer
 # warpgroup): BLOCK_M=128 with 4 warps fails in its data-partition pass, and with 8 warps the flag
 # is ignored and the loop is software-pipelined instead (no setmaxnreg in the PTX).
+# Warp-specialised configurations are not candidates: on the H200 they left query rows unwritten
+# (docs/perf-log.md, 2026-11-24), so ``check_launchable`` refuses them on a GPU.
 # The hand-pipelined loop (overlap) is a candidate for the two-warpgroup tiles, where it pays.
 CANDIDATE_CONFIGS = tuple(
-    HopperConfig(block_m, block_n, num_warps, num_stages, warp_specialize, overlap)
-    for block_m, block_n, num_warps, warp_specialize, overlap in (
-        (128, 128, 8, False, True),
-        (128, 128, 8, False, False),
-        (128, 64, 8, False, True),
-        (128, 64, 8, False, False),
-        (64, 128, 4, True, False),
-        (64, 64, 4, True, False),
-        (64, 64, 4, False, False),
+    HopperConfig(block_m, block_n, num_warps, num_stages, False, overlap)
+    for block_m, block_n, num_warps, overlap in (
+        (128, 128, 8, True),
+        (128, 128, 8, False),
+        (128, 64, 8, True),
+        (128, 64, 8, False),
+        (64, 64, 4, False),
     )
     for num_stages in (2, 3, 4)
 )
+WARP_SPECIALIZE_REFUSAL = (
+    "warp_specialize=True is refused on a GPU: Triton's warp-specialised KV loop left query rows "
+    "unwritten on the H200 (64x128 and 64x64 tiles, 3 stages, Triton 3.6; docs/perf-log.md 2026-11-24). "
+    "It stays available under TRITON_INTERPRET=1 and for sm_90a compiles, to study its PTX."
+)
+
+
+def check_launchable(config: HopperConfig, device: torch.device) -> None:
+    """Refuse a configuration known to give wrong answers on the GPU, naming why."""
+    if config.warp_specialize and device.type == "cuda":
+        raise ValueError(f"{config}: {WARP_SPECIALIZE_REFUSAL}")
+
+
 # Reproducible defaults per head dim (the canonical shape uses D=128), chosen by measurement under
 # Triton 3.6; ``release_configs`` applies another release's spill-free replacements.
 DEFAULT_CONFIGS = release_configs(
@@ -400,6 +414,7 @@ def hopper_attention(
         if autotune:
             candidates = candidate_configs(checked.head_dim, checked.dtype)
             config = fastest_config(partial(HopperAttention, q, k, v, checked), candidates)
+    check_launchable(config, q.device)
     prepared = HopperAttention(q, k, v, checked, config)
     prepared()
     return prepared
