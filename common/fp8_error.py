@@ -33,7 +33,7 @@ from common.sdpa import sdpa
 from common.timing import tflops, time_cuda
 
 # The FP8 rungs that take a ``quantisation`` in prepare, emulate and prepare_end_to_end.
-VARIANT_RUNGS = ("triton/fp8", "cute/fp8")
+VARIANT_RUNGS = ("triton/fp8", "gluon/fp8", "cute/fp8")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 INPUT_SEED = 0
 # FlashAttention-3 (Shah et al., 2024), Table 3: RMSE on the same input distribution.
