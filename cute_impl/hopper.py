@@ -675,12 +675,13 @@ class HopperAttention:
         turns.wait()
         warpgroup_gemm(qk_mma, acc_S, tSrQ, tSrK[None, None, None, k_slot.index], accumulate=False)
         turns.pass_on()
-        warpgroup.wait_group(0)
-        k_slot.release()
-        mask.apply(acc_S, tScS, row_start, n_block, seqlen_k)
+        # Block scales are loaded while the GEMM runs, so that their latency hides behind it.
         key_scale = None
         if cutlass.const_expr(scales is not None):
             key_scale = scales.key(n_block)
+        warpgroup.wait_group(0)
+        k_slot.release()
+        mask.apply(acc_S, tScS, row_start, n_block, seqlen_k)
         softmax.step(acc_S, key_scale)
         scores_to_operand_a(acc_S, tOrP)
         return k_consumer
@@ -710,9 +711,6 @@ class HopperAttention:
     ) -> tuple[pipeline.PipelineConsumer, pipeline.PipelineConsumer]:
         """2a-e overlapped: issue S = Q K[n]ᵀ and O += P V[previous]; softmax S while O's WGMMA runs.
         With block scales, K[n]'s scale joins the softmax and V[n + 1]'s multiplies its P V."""
-        key_scale, pv_scale = None, None
-        if cutlass.const_expr(scales is not None):
-            key_scale, pv_scale = scales.key(n_block), scales.value(n_block + 1)
         acc_S = cute.make_rmem_tensor(acc_S_shape, Float32)
         k_slot = k_consumer.wait_and_advance()
         v_slot = v_consumer.wait_and_advance()
@@ -721,9 +719,17 @@ class HopperAttention:
         warpgroup_gemm(qk_mma, acc_S, tSrQ, tSrK[None, None, None, k_slot.index], accumulate=False)
         warpgroup_gemm(pv_mma, acc_PV, tOrP, tOrV[None, None, None, v_slot.index], accumulate=not self.separate_pv)
         turns.pass_on()
+        # Block scales are loaded once the GEMMs are issued: ptxas copies each into a uniform register
+        # right after its load, and loaded before them, that wait held up their issue every block
+        # (docs/perf-log.md, issue #17). V's scale is needed only after the softmax.
+        key_scale, pv_scale = None, None
+        if cutlass.const_expr(scales is not None):
+            key_scale = scales.key(n_block)
         # S is ready when at most the (later) O group is still in flight.
         warpgroup.wait_group(1)
         k_slot.release()
+        if cutlass.const_expr(scales is not None):
+            pv_scale = scales.value(n_block + 1)
         if cutlass.const_expr(masked):
             mask.apply(acc_S, tScS, row_start, n_block, seqlen_k)
         softmax.step(acc_S, key_scale)
@@ -759,12 +765,12 @@ class HopperAttention:
         turns.wait()
         warpgroup_gemm(pv_mma, acc_PV, tOrP, tOrV[None, None, None, v_slot.index], accumulate=not self.separate_pv)
         turns.pass_on()
+        pv_scale = None
+        if cutlass.const_expr(scales is not None):
+            pv_scale = scales.value(0)
         warpgroup.wait_group(0)
         v_slot.release()
         if cutlass.const_expr(self.separate_pv):
-            pv_scale = None
-            if cutlass.const_expr(scales is not None):
-                pv_scale = scales.value(0)
             add_block_product(acc_O, acc_PV, pv_scale)
 
     @cute.jit
