@@ -54,20 +54,16 @@ the main loop slows the causal kernel (``DEFAULT_QUANTISATION`` is therefore the
 per-tensor scales). The table gives the RMSE of each variant, its emulation's, and FA3's own
 numbers; ``results/h200/fp8_speed.md`` their speed, kernel only and end to end.
 
-Measured (H200, B=2 H=16 S=8192 D=128 from bf16 inputs; TFLOP/s on visible scores)
-----------------------------------------------------------------------------------
-* First version (PV accumulated across all blocks in the WGMMA accumulator, P in [0, 1]):
-  878 non-causal / 801 causal, but rel L2 grew with the number of key blocks: 7.8e-3 at S=1000,
-  5.75e-2 at S=8191 (V offset 0.5) -- about 2.4e-4 lost per accumulating WGMMA, linear in steps,
-  the signature of the FP8 tensor-core accumulator's reduced precision.
-* Per-block PV accumulator + P offset (this version): 836 non-causal / 786 causal (-5 %). The two
-  fixes were measured together, not apart.
-* D=64 (B=4, H=32) with three consumer warpgroups, as ``hopper`` at D=64: 629 / 558 vs 528 / 500
-  with two, identical errors (one run, 2026-11-22).
-* Persistent CTAs (``hopper``'s tile loop): 819 vs 802 at D=128, 642 vs 626 at D=64. Without
-  ping-pong at D=128: 838-839 / 758-764 vs 818-820 / 752 (FP8's GEMMs are too short for the turn
-  to pay). compare.py at a35d75f: 857 / 804 (SDPA cuDNN 617 / 555 in the same run); causal is
-  persistent since that commit (799 vs 768 with one CTA per tile in one A/B run).
+What the measurements taught
+----------------------------
+Figures are in the generated table of ``docs/ladder.md``; the A/B runs behind these lessons are in
+``docs/perf-log.md`` ("Figures moved out of rung docstrings").
+
+* Accumulating P V across all key blocks in the WGMMA accumulator loses precision linearly in the
+  number of blocks (the FP8 tensor-core accumulator is not full fp32): a per-block P V accumulator
+  and the P offset fix it for a few percent of speed (the two fixes were measured together).
+* As for ``hopper``, a third consumer warpgroup at D=64 and persistent CTAs pay off; ping-pong does
+  not at D=128, where FP8's GEMMs are too short for the turn to pay.
 * Block scales and rotation: ``results/h200/fp8_speed.md`` and ``docs/perf-log.md``.
 
 Constraints

@@ -49,28 +49,19 @@ gain and block scales add little on top of it. ``results/h200/fp8_error.md`` (``
 common.fp8_error``) has each variant's RMSE, its emulation's and FA3's; ``results/h200/fp8_speed.md``
 the speed, kernel only and end to end.
 
-Measured (H200, B=2, H=16, S=8192, D=128, bf16 inputs; prediction ~1.35× the bf16 rung, since the
-softmax does not get faster), TFLOP/s non-causal / causal:
-  * First version, 128 × 128 tiles, 8 warps, 3 stages, O chained through the wgmma accumulator:
-    664 / 607 (2 stages 598 / 538; warp-specialised 64 × 128: 337 / 283). It failed the 3e-2 target
-    at S = 8191 (rel. L2 3.3e-2 with the harness's value offset) although short sequences passed:
-    fp8 wgmma's accumulation is not full fp32, and the error grows with the number of blocks chained
-    through the accumulator.
-  * A fresh P V accumulator per block, added in fp32 at once: every shared GPU shape passes, but
-    642 / 577: Triton waits for that wgmma right after issuing it.
-  * The same, added one step late (this kernel): 652 / 619 vs 643 / 581 in one run (2026-11-22),
-    identical errors. The wgmma now retires with the next S = Q Kᵀ instead of at once.
-  * One warpgroup per CTA, 64 × 128 tiles, 4 warps, 3 stages (default): 743 / 693 vs 651 / 616 for
-    128 × 128 with 8 warps in the same run (2026-11-22); D=64 (B=4, H=32): 499 / 461 vs 409 / 382.
-    255 registers and 105 KiB of shared memory let two CTAs share an SM, and being independent they
-    drift apart: one CTA's softmax runs while the other's wgmmas occupy the tensor cores, the overlap
-    that the 8-warp CTA, whose two warpgroups Triton keeps in lockstep with barriers, never gets.
-    2 stages: 688 / 630; 4 stages (one CTA per SM): 555 / 515. ``fp8_attention(..., autotune=True)``
-    times every candidate that fits (``candidate_configs``) instead of taking this default.
-  * The hand-pipelined loop of ``hopper.py`` (P V of block n-1 under the softmax of block n) needs
-    the accumulator chained through the fp8 wgmma: 704 / 599 at 128 × 128 but rel. L2 5.8e-2 at
-    S = 8191 (3.3e-2 causal), so this rung refuses ``HopperConfig.overlap``. Keeping a separate pv in
-    that loop too needs S, P, O and pv live at once, 256 registers: it spills (288 / 279).
+What the measurements taught (the A/B runs are in ``docs/perf-log.md``, "Figures moved out of rung
+docstrings"; current figures in the generated table of ``docs/ladder.md``):
+  * fp8 wgmma's accumulation is not full fp32: chaining P V through the accumulator lets the error
+    grow with the number of key blocks, so each block's P V gets a fresh accumulator, added in fp32.
+  * Adding it one step late lets that wgmma retire with the next S = Q Kᵀ instead of being waited
+    for at once.
+  * One warpgroup per CTA (64 × 128 tiles, 4 warps, 3 stages) beats 128 × 128 with 8 warps: two
+    independent CTAs share an SM and drift apart, so one's softmax runs under the other's wgmmas,
+    the overlap that the 8-warp CTA, whose two warpgroups Triton keeps in lockstep, never gets.
+    ``fp8_attention(..., autotune=True)`` times every candidate that fits (``candidate_configs``).
+  * The hand-pipelined loop of ``hopper.py`` needs the accumulator chained through the fp8 wgmma
+    and fails the error rule, so this rung refuses ``HopperConfig.overlap``; a separate pv in that
+    loop needs S, P, O and pv live at once and spills.
   * Block scales and rotation: ``results/h200/fp8_speed.md`` and ``docs/perf-log.md``.
 On zero-mean (standard-normal) values the e4m3 rounding of Q, K, V and P alone gives ≈ 5% relative
 L2 against fp64: the emulation sets that floor, and the rule asks the kernel to match it.
