@@ -12,8 +12,8 @@ Algorithm
 1. ``bind`` (per call: the values change): ``common.fp8.quantise``, shared with the Triton rung.
    Optionally Q and K rotated by a seeded random Hadamard matrix, then one e4m3 scale per tensor
    or, with block quantisation, per 64 rows of Q (one consumer warpgroup's rows) and per 128 rows
-   of K and of V (one key block), per (batch, head). ``DEFAULT_QUANTISATION`` (rotation, per-tensor
-   scales) is what compare.py runs; ``quantisation=`` selects the other ``common.fp8.VARIANTS``.
+   of K and of V (one key block), per (batch, head). ``DEFAULT_QUANTISATION`` (block scales and
+   rotation) is what compare.py runs; ``quantisation=`` selects the other ``common.fp8.VARIANTS``.
 2. V stored transposed, (B, H, D, Sk') with Sk' = Sk rounded up to 16 and zero padding: FP8 WGMMA
    reads a shared-memory B operand only K-major, and for O = P V the K dimension is the key index.
 3. Inside each group of 16 keys, V's key order is permuted (``PERMUTED_KEY_ORDER``). The m64k32 FP8
@@ -49,10 +49,10 @@ a per-tensor scale is set by the largest outlier, so ordinary entries fall towar
 subnormals and lose bits. Block scales keep that damage inside the blocks that hold an outlier;
 the rotation spreads each outlier of Q and K over all D channels before rounding, lowering every
 amax. FA3's outliers sit in single channels, so the rotation does almost all of the gain; block
-scales help only the blocks without an outlier and add little on top of it, while reading them in
-the main loop slows the causal kernel (``DEFAULT_QUANTISATION`` is therefore the rotation with
-per-tensor scales). The table gives the RMSE of each variant, its emulation's, and FA3's own
-numbers; ``results/h200/fp8_speed.md`` their speed, kernel only and end to end.
+scales help only the blocks without an outlier and add little on top of it, for a few percent of
+kernel speed (``DEFAULT_QUANTISATION`` takes both: the most accurate variant within 5 %). The
+table gives the RMSE of each variant, its emulation's, and FA3's own numbers;
+``results/h200/fp8_speed.md`` their speed, kernel only and end to end.
 
 What the measurements taught
 ----------------------------
@@ -103,9 +103,9 @@ KEY_GROUP = 16
 # the key whose score lane t holds in accumulator register i of that group.
 PERMUTED_KEY_ORDER = tuple(8 * ((slot % 4) // 2) + 2 * (slot // 4) + slot % 2 for slot in range(KEY_GROUP))
 # What compare.py and the tests run: the most accurate variant whose kernel is within 5 % of the
-# per-tensor kernel's speed in both stacks. The rotation costs the kernel nothing (it runs in bind);
-# block scales add 1 % accuracy on top of it but cost cute/fp8 6-7 % causal (docs/perf-log.md).
-DEFAULT_QUANTISATION = Quantisation(block=False, rotation=True)
+# per-tensor kernel's speed in every stack (issue #17): block scales + rotation, the most accurate on
+# FA3's inputs, cost at most 4 % (results/h200/fp8_speed.md; docs/perf-log.md).
+DEFAULT_QUANTISATION = Quantisation(block=True, rotation=True)
 
 
 def value_operand(v8: torch.Tensor) -> torch.Tensor:

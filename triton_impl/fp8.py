@@ -18,7 +18,7 @@ Algorithm:
      ``common.fp8.quantise``, shared with the CuTe rung: optionally Q and K rotated by a seeded
      random Hadamard matrix, then scales s = amax / 448 per tensor or, with block quantisation, per
      64 rows of Q (one CTA's BLOCK_M) and per 128 rows of K and of V (a BLOCK_N key block or two),
-     per (batch, head). ``DEFAULT_QUANTISATION`` (rotation, per-tensor scales) is what compare.py
+     per (batch, head). ``DEFAULT_QUANTISATION`` (block scales and rotation) is what compare.py
      runs; ``quantisation=`` selects the others. Vᵀ padded to a 16-element multiple of Sk so its
      rows are 16-byte aligned for TMA.
   1. Load the Q8 tile by TMA; fold its block's s_q (per tensor: s_q · s_k) into the softmax scale.
@@ -127,9 +127,9 @@ DEFAULT_CONFIGS = release_configs(
 )
 INTERPRETER_CONFIG = HopperConfig(64, 32, 4, 1, False)
 # What compare.py and the tests run: the most accurate variant whose kernel is within 5 % of the
-# per-tensor kernel's speed in both stacks. The rotation costs the kernel nothing (it runs in bind);
-# block scales add 1 % accuracy on top of it but cost cute/fp8 6-7 % causal (docs/perf-log.md).
-DEFAULT_QUANTISATION = Quantisation(block=False, rotation=True)
+# per-tensor kernel's speed in every stack (issue #17): block scales + rotation, the most accurate on
+# FA3's inputs, cost at most 4 % (results/h200/fp8_speed.md; docs/perf-log.md).
+DEFAULT_QUANTISATION = Quantisation(block=True, rotation=True)
 
 
 def default_config(head_dim: int) -> HopperConfig:
@@ -321,8 +321,7 @@ class Fp8Attention:
             "BLOCK_SCALED": quantisation.block,
             "Q_QUANT_BLOCK": quantisation.q_block_rows,
             "KV_QUANT_BLOCK": quantisation.kv_block_rows,
-            "num_warps": config.num_warps,
-            "num_stages": config.num_stages,
+            **config.launch_options(),
         }
         self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
 
@@ -466,8 +465,7 @@ def compile_sm90(
         _fp8_attention_kernel,
         signature,
         constexprs,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        options=config.launch_options(),
         aligned=("LSE",),
     )
     return [binary]

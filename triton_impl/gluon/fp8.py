@@ -11,8 +11,8 @@ what changes is the FP8 contract that ``triton/fp8`` and ``cute/fp8`` follow too
   * Quantisation on the host, in ``bind``: ``common.fp8.quantise`` (shared by all three fp8 rungs):
     optionally Q and K rotated by a seeded random Hadamard matrix, then scales amax / 448 per tensor
     or per block (64 rows of Q: one consumer warpgroup's tile; 128 rows of K and of V: two key
-    blocks), per (batch, head). ``DEFAULT_QUANTISATION`` is ``triton/fp8``'s (rotation, per-tensor
-    scales); ``quantisation=`` selects the other ``common.fp8.VARIANTS``.
+    blocks), per (batch, head). ``DEFAULT_QUANTISATION`` is ``triton/fp8``'s (block scales and
+    rotation); ``quantisation=`` selects the other ``common.fp8.VARIANTS``.
   * V stored transposed (Vᵀ, (B, H, D, Sk) with keys contiguous, rows padded to 16 keys for TMA's
     16-byte strides): fp8 wgmma reads shared-memory operands K-major only, and for O += P V the
     reduction runs over keys. The load warp copies D × BLOCK_N boxes of Vᵀ; the consumer hands
