@@ -88,11 +88,13 @@ def compile_triton_sm90(
     signature: Mapping[str, str],
     constexprs: Mapping[str, Any],
     *,
-    num_warps: int,
-    num_stages: int,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     aligned: tuple[str, ...] = (),
+    options: Mapping[str, Any] | None = None,
 ) -> KernelBinary:
-    """Compile a ``@triton.jit`` kernel for sm_90a. ``aligned`` names pointer/int args divisible by 16."""
+    """Compile a ``@triton.jit`` kernel for sm_90a. ``aligned`` names pointer/int args divisible by 16;
+    ``options`` (Triton's compile options, e.g. ``num_warps``, ``ptx_options``) replaces the two counts."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -104,13 +106,13 @@ def compile_triton_sm90(
     compiled = triton.compile(
         source,
         target=GPUTarget("cuda", SM90_CAPABILITY, WARP_SIZE),
-        options={"num_warps": num_warps, "num_stages": num_stages},
+        options=dict(options or {"num_warps": num_warps, "num_stages": num_stages}),
     )
     return KernelBinary(
         name=kernel.__name__,
         ptx=compiled.asm["ptx"],
         cubin=compiled.asm["cubin"],
-        threads_per_cta=num_warps * WARP_SIZE,
+        threads_per_cta=compiled.metadata.num_warps * WARP_SIZE,
         shared_bytes=compiled.metadata.shared,
     )
 

@@ -103,6 +103,15 @@ class HopperConfig:
     warp_specialize: bool
     # Software-pipelined KV loop (``_overlapped_step``): P V of block n-1 runs under the softmax of n.
     overlap: bool = False
+    # Extra ptxas flags (Triton's ``ptx_options``), set per release by ``common.toolchain``.
+    ptx_options: str | None = None
+
+    def launch_options(self) -> dict[str, int | str]:
+        """Triton's compile options of this configuration (warps, stages and, if set, ptxas flags)."""
+        options: dict[str, int | str] = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.ptx_options:
+            options["ptx_options"] = self.ptx_options
+        return options
 
     def shared_bytes(self, head_dim: int, element_bytes: int) -> int:
         """Shared memory estimate: the Q tile and a K and a V tile per stage (O reuses freed buffers)."""
@@ -359,8 +368,7 @@ class HopperAttention:
             "CAUSAL": problem.causal,
             "WARP_SPECIALIZE": config.warp_specialize,
             "OVERLAP": config.overlap,
-            "num_warps": config.num_warps,
-            "num_stages": config.num_stages,
+            **config.launch_options(),
         }
         self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
 
@@ -498,8 +506,7 @@ def compile_sm90(problem: Problem, config: HopperConfig | None = None) -> list[K
         _hopper_attention_kernel,
         signature,
         constexprs,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        options=config.launch_options(),
         aligned=("LSE",),
     )
     return [binary]
