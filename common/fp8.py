@@ -58,6 +58,7 @@ How close the kernels come to this bound on the H200: ``bound_ratio`` in
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -319,3 +320,24 @@ def emulate(operands: QuantisedOperands, problem: Problem, order: KernelOrder) -
                     q[b, h, rows], k[b, h], v[b, h], start, problem, order
                 )
     return Emulation(out.to(OUTPUT_DTYPE).double(), bound)
+
+
+def end_to_end_runner(
+    bind: Callable[..., Callable[[], torch.Tensor]],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    checked: Problem,
+    quantisation: Quantisation,
+) -> Callable[[], torch.Tensor]:
+    """A run() that quantises, rotates and launches in every call (an FP8 rung's per-call cost, timed
+    end to end) from the rung's ``bind`` and its validated problem; launched once here on a GPU so
+    the first timed call finds the kernel compiled."""
+
+    def run() -> torch.Tensor:
+        return bind(q, k, v, checked, quantisation)()
+
+    if q.is_cuda:
+        run()
+    run.variant = quantisation.name
+    return run

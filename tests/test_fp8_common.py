@@ -134,3 +134,20 @@ def test_emulation_error_is_e4m3s_and_its_bound_is_small(reverse: bool):
     # Measured 0.37: the bound adds every key's possible rounding flip and every product's possible
     # truncation, aligned (a worst case); the planted bugs of test_error_rules.py exceed it 3-1000x.
     assert (emulated.bound.mean() / ref.abs().mean()).item() < 0.5
+
+
+def test_end_to_end_runner_binds_and_launches_in_every_call():
+    problem = Problem(1, 1, 8, 8, 64, dtype=torch.float16)
+    q, k, v = make_inputs(problem, seed=3, device="cpu")
+    calls = []
+
+    def bind(*args):
+        calls.append(args)
+        return lambda: q
+
+    run = fp8.end_to_end_runner(bind, q, k, v, problem, BLOCKS)
+    assert calls == [], "no warm-up launch without a GPU"
+    run()
+    run()
+    assert len(calls) == 2 and calls[0] == (q, k, v, problem, BLOCKS)
+    assert run.variant == BLOCKS.name

@@ -76,7 +76,7 @@ import triton
 import triton.language as tl
 
 from common.devices import triton_device_supported, triton_interpreting
-from common.fp8 import Emulation, KernelOrder, Quantisation, QuantisedOperands, quantise
+from common.fp8 import Emulation, KernelOrder, Quantisation, QuantisedOperands, end_to_end_runner, quantise
 from common.fp8 import emulate as emulate_quantised
 from common.metrics import FP8_RULE
 from common.problem import Problem
@@ -395,13 +395,7 @@ def prepare_end_to_end(
     quantisation: Quantisation = DEFAULT_QUANTISATION,
 ) -> Runner:
     """Like ``prepare``, but every run() quantises, rotates and launches: the per-call cost of fp8."""
-    prepare(q, k, v, problem, quantisation)
-
-    def run() -> torch.Tensor:
-        return bind(q, k, v, problem, quantisation)()
-
-    run.variant = quantisation.name
-    return run
+    return end_to_end_runner(bind, q, k, v, _validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES), quantisation)
 
 
 def emulate(

@@ -74,7 +74,7 @@ import torch
 import triton
 from triton.experimental.gluon import language as gl
 
-from common.fp8 import Emulation, KernelOrder, Quantisation, QuantisedOperands, quantise
+from common.fp8 import Emulation, KernelOrder, Quantisation, QuantisedOperands, end_to_end_runner, quantise
 from common.fp8 import emulate as emulate_quantised
 from common.metrics import FP8_RULE
 from common.problem import Problem
@@ -204,14 +204,7 @@ def prepare_end_to_end(
     quantisation: Quantisation = DEFAULT_QUANTISATION,
 ) -> Runner:
     """Like ``prepare``, but every run() quantises, rotates and launches: the per-call cost of fp8."""
-    checked = _validate(q, k, v, problem)
-    prepare(q, k, v, checked, quantisation)
-
-    def run() -> torch.Tensor:
-        return bind(q, k, v, checked, quantisation)()
-
-    run.variant = quantisation.name
-    return run
+    return end_to_end_runner(bind, q, k, v, _validate(q, k, v, problem), quantisation)
 
 
 def emulate(
