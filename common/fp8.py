@@ -57,6 +57,7 @@ How close the kernels come to this bound on the H200: ``bound_ratio`` in
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -153,7 +154,16 @@ class QuantisedOperands:
 
 
 def random_hadamard(head_dim: int, seed: int, device: str | torch.device = "cpu") -> torch.Tensor:
-    """(D, D) orthogonal fp32 matrix H diag(s) / sqrt(D): Sylvester's Hadamard H, random signs s."""
+    """(D, D) orthogonal fp32 matrix H diag(s) / sqrt(D): Sylvester's Hadamard H, random signs s.
+
+    Built once per (D, seed, device) and shared (callers must not modify it): building it on the host
+    and copying it to the GPU in every call would make each call wait for the work queued before it.
+    """
+    return _random_hadamard(head_dim, seed, torch.device(device))
+
+
+@functools.cache
+def _random_hadamard(head_dim: int, seed: int, device: torch.device) -> torch.Tensor:
     if head_dim < 1 or head_dim & (head_dim - 1):
         raise ValueError(f"a Hadamard rotation needs a power-of-two head_dim, got {head_dim}")
     hadamard = torch.ones(1, 1, dtype=torch.float64)

@@ -75,6 +75,7 @@ scales must match the tiles (64 Q rows, 128 keys).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -108,6 +109,12 @@ PERMUTED_KEY_ORDER = tuple(8 * ((slot % 4) // 2) + 2 * (slot // 4) + slot % 2 fo
 DEFAULT_QUANTISATION = Quantisation(block=True, rotation=True)
 
 
+@functools.cache
+def _key_order(device: torch.device) -> torch.Tensor:
+    """``PERMUTED_KEY_ORDER`` on ``device``, copied once: a copy per call would wait for queued work."""
+    return torch.tensor(PERMUTED_KEY_ORDER, device=device)
+
+
 def value_operand(v8: torch.Tensor) -> torch.Tensor:
     """(B, H, Sk, D) e4m3 -> (B, H, D, Sk') key-contiguous, zero-padded to Sk' = Sk rounded up to 16,
     keys permuted per group by ``PERMUTED_KEY_ORDER``.
@@ -117,7 +124,7 @@ def value_operand(v8: torch.Tensor) -> torch.Tensor:
     """
     batch, heads, seqlen_k, head_dim = v8.shape
     padded = -(-seqlen_k // KEY_GROUP) * KEY_GROUP
-    order = torch.tensor(PERMUTED_KEY_ORDER, device=v8.device)
+    order = _key_order(v8.device)
     keys = (torch.arange(padded // KEY_GROUP, device=v8.device)[:, None] * KEY_GROUP + order).flatten()
     # e4m3 has no torch kernels for indexing or padding: move the bytes as uint8.
     v_bytes = torch.zeros((batch, heads, padded, head_dim), dtype=torch.uint8, device=v8.device)
