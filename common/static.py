@@ -92,9 +92,11 @@ def compile_triton_sm90(
     num_stages: int | None = None,
     aligned: tuple[str, ...] = (),
     options: Mapping[str, Any] | None = None,
+    source_type: Any = None,
 ) -> KernelBinary:
     """Compile a ``@triton.jit`` kernel for sm_90a. ``aligned`` names pointer/int args divisible by 16;
-    ``options`` (Triton's compile options, e.g. ``num_warps``, ``ptx_options``) replaces the two counts."""
+    ``options`` (Triton's compile options, e.g. ``num_warps``, ``ptx_options``) replaces the two counts;
+    ``source_type`` is Gluon's ``GluonASTSource`` for ``@gluon.jit`` kernels (default: Triton's)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -102,7 +104,7 @@ def compile_triton_sm90(
     full_signature = {**signature, **{name: "constexpr" for name in constexprs}}
     arg_names = kernel.arg_names
     attrs = {(arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-    source = ASTSource(fn=kernel, signature=full_signature, constexprs=dict(constexprs), attrs=attrs)
+    source = (source_type or ASTSource)(kernel, full_signature, dict(constexprs), attrs)
     compiled = triton.compile(
         source,
         target=GPUTarget("cuda", SM90_CAPABILITY, WARP_SIZE),

@@ -74,7 +74,7 @@ from triton.runtime.jit import mangle_type
 
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.static import SM90_CAPABILITY, WARP_SIZE
+from common.static import compile_triton_sm90
 from common.validation import kernel_operand, validate_attention_inputs
 from triton_impl._host import LOG2_E
 from triton_impl.gluon._device import CONSUMER_WARPS, LOAD_REGISTERS, LOAD_WARPS, attention_kernel
@@ -244,24 +244,12 @@ def descriptor_type(dtype: torch.dtype, box_rows: int, head_dim: int, box_cols: 
 def compile_kernel_sm90(
     signature: dict[str, str], constexprs: dict[str, object], config: GluonConfig, kernel: object = attention_kernel
 ) -> KernelBinary:
-    """Compile a Gluon kernel for sm_90a without a GPU (``common.static`` does the same for Triton)."""
-    from triton.backends.compiler import GPUTarget
+    """Compile a Gluon kernel for sm_90a without a GPU, through ``common.static``'s Triton path."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    full_signature = {**signature, **{name: "constexpr" for name in constexprs}}
-    lse_index = kernel.arg_names.index("LSE")
-    source = GluonASTSource(kernel, full_signature, constexprs, {(lse_index,): [["tt.divisibility", 16]]})
-    compiled = triton.compile(
-        source,
-        target=GPUTarget("cuda", SM90_CAPABILITY, WARP_SIZE),
-        options={"num_warps": config.num_warps, "maxnreg": config.maxnreg},
-    )
-    return KernelBinary(
-        name=kernel.__name__,
-        ptx=compiled.asm["ptx"],
-        cubin=compiled.asm["cubin"],
-        threads_per_cta=compiled.metadata.num_warps * WARP_SIZE,
-        shared_bytes=compiled.metadata.shared,
+    options = {"num_warps": config.num_warps, "maxnreg": config.maxnreg}
+    return compile_triton_sm90(
+        kernel, signature, constexprs, aligned=("LSE",), options=options, source_type=GluonASTSource
     )
 
 
