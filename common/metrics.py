@@ -97,6 +97,16 @@ class ErrorRule:
     def needs_emulation(self) -> bool:
         return self.emulation_margin is not None
 
+    def rel_l2_limit(self, sdpa_rel_l2: float | None, emulation_rel_l2: float | None = None) -> float:
+        """The largest rel-L2 error this rule passes, given its yardstick's own error (SDPA's, or the
+        emulation's for an emulation rule); NaN when that yardstick is missing."""
+        if self.needs_emulation:
+            return math.nan if emulation_rel_l2 is None else (1 + self.emulation_margin) * emulation_rel_l2 + self.atol
+        limits = [self.max_rel_l2] if self.max_rel_l2 is not None else []
+        if self.sdpa_factor is not None:
+            limits.append(math.nan if sdpa_rel_l2 is None else self.sdpa_factor * sdpa_rel_l2 + self.atol)
+        return min(limits, default=math.nan)
+
     def judge(
         self, err: ErrorStats, sdpa_err: ErrorStats | None, emulation: EmulationStats | None = None
     ) -> tuple[bool, str]:
@@ -124,8 +134,7 @@ class ErrorRule:
     def _judge_against_emulation(self, err: ErrorStats, emulation: EmulationStats | None) -> tuple[bool, str]:
         if emulation is None:
             return False, "no emulation of the quantisation to compare against"
-        limit = (1 + self.emulation_margin) * emulation.error.rel_l2_err + self.atol
-        if err.rel_l2_err > limit:
+        if err.rel_l2_err > self.rel_l2_limit(None, emulation.error.rel_l2_err):
             return False, (
                 f"rel_l2 {err.rel_l2_err:.3e} > (1 + {self.emulation_margin:g}) x emulation "
                 f"{emulation.error.rel_l2_err:.3e} + {self.atol:g}"

@@ -13,12 +13,10 @@ the rung's own rule. Rows of rungs without the hook keep NaN there, shown as "â€
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from common.check import judge_output, run_poisoned
-from common.metrics import error_stats
+from common.metrics import ErrorRule, error_stats
 from common.results import MEASURED_STATUSES, ResultRow
 from common.runner import TimingOptions, Workload
 from common.timing import Timing, tflops, time_cuda, time_host
@@ -69,17 +67,12 @@ def _measure_end_to_end(row, impl, prepare, workload: Workload, device: torch.de
     row.tflops_end_to_end = tflops(problem.flops, timing.ms)
 
 
-def rel_l2_bound(rule: object, row: ResultRow) -> float:
+def rel_l2_bound(rule: ErrorRule, row: ResultRow) -> float:
     """The largest rel-L2 error ``rule`` passes on this row; NaN where the row lacks the yardstick.
 
     An emulation rule (FP8) needs the emulation's own error in ``row.emulation_rel_l2_err``.
     """
-    if getattr(rule, "emulation_margin", None) is not None:
-        return (1 + rule.emulation_margin) * row.emulation_rel_l2_err + rule.atol
-    bounds = [rule.max_rel_l2] if rule.max_rel_l2 is not None else []
-    if rule.sdpa_factor is not None:
-        bounds.append(rule.sdpa_factor * row.sdpa_rel_l2_err + rule.atol)
-    return min(bounds, default=math.nan)
+    return rule.rel_l2_limit(row.sdpa_rel_l2_err, row.emulation_rel_l2_err)
 
 
 def complete_row(
