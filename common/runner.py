@@ -142,7 +142,11 @@ def _measure(
     err = error_stats(out, workload.reference)
     _fill_errors(row, err, workload, impl)
     inputs = (workload.q, workload.k, workload.v)
-    ok, reason, _ = judge_output(impl, out, err, inputs, problem, workload.reference, workload.sdpa_error)
+    ok, reason, emulation = judge_output(impl, out, err, inputs, problem, workload.reference, workload.sdpa_error)
+    if emulation is not None:
+        row.emulation_rel_l2_err = emulation.error.rel_l2_err
+    # FP8 runners name the quantisation they ran (common.fp8.Quantisation.name).
+    row.variant = getattr(run, "variant", "")
     if not ok:
         row.status, row.reason = "wrong", reason
     del out

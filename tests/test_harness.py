@@ -281,6 +281,36 @@ def test_runner_turns_every_outcome_into_a_status(factory, status, words):
     assert words in row.reason
 
 
+def test_runner_records_an_emulation_rules_yardstick_and_the_variant():
+    """An FP8-style row keeps the emulation's error (its pass limit) and the quantisation it ran."""
+    from common.fp8 import Emulation
+
+    def prepare(q, k, v, problem):
+        run = _good(q, k, v, problem)
+        run.variant = "block+rotation"
+        return run
+
+    def emulate(q, k, v, problem):
+        exact = reference_attention(q, k, v, problem)
+        return Emulation(exact * 1.01, torch.full_like(exact, 0.1))
+
+    impl = Implementation(
+        name="triton/fp8",
+        stack="triton",
+        rung="fp8",
+        runs_on_cpu=True,
+        prepare=prepare,
+        supports=lambda problem, device: (True, ""),
+        error_rule=FP8_RULE,
+        emulate=emulate,
+    )
+    options = TimingOptions(warmup_ms=1, rep_ms=1)
+    row = measure(impl, _workload(), torch.device("cpu"), options, Peaks(None, None, None))
+    assert row.status == "ok", row.reason
+    assert row.variant == "block+rotation"
+    assert 9e-3 < row.emulation_rel_l2_err < 1.1e-2
+
+
 # ---------------------------------------------------------------- isolation (compare.py --isolate)
 def test_isolated_hang_becomes_a_timeout_row():
     from common.isolation import measure_isolated
