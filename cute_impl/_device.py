@@ -21,8 +21,10 @@ LOG2_E = math.log2(math.e)
 # Lane distances of the butterfly shuffles that combine the 4 lanes holding one accumulator row.
 QUAD_SHUFFLE_OFFSETS = (2, 1)
 # Lazy rescaling (see OnlineSoftmax): the running max moves only when a block's max exceeds it by
-# more than this many powers of two, so P stays <= 2^8 = 256.
-RESCALE_THRESHOLD_LOG2 = 8.0
+# more than this many powers of two (log2 units, like row_max), so P stays <= 2^8 = 256.
+RESCALE_THRESHOLD = 8.0
+# The former name, kept only until cute_impl/hopper.py imports RESCALE_THRESHOLD (issue #19).
+RESCALE_THRESHOLD_LOG2 = RESCALE_THRESHOLD
 
 
 def rows_by_cols(acc: cute.Tensor) -> cute.Tensor:
@@ -124,7 +126,7 @@ class OnlineSoftmax:
     every step, so it is reduced each block.
 
     Lazy rescaling: the running maximum (kept scaled, in log2 units) only moves when a block's
-    maximum exceeds it by more than :data:`RESCALE_THRESHOLD_LOG2`. Until then P = exp2(S - stale
+    maximum exceeds it by more than :data:`RESCALE_THRESHOLD`. Until then P = exp2(S - stale
     max) is at most 2^threshold, harmless in fp32 sums and bf16/fp16 P, and O keeps its scale, so
     the 128 multiplies that rescale a thread's O rows are skipped. On random data the maximum
     settles within the first few blocks, so almost every block skips them; the result is exact
@@ -157,7 +159,7 @@ class OnlineSoftmax:
             rescale[r] = cutlass.Float32(1.0)
             # All four lanes of the row see the same values, so they agree. The first block with a
             # visible key always moves the maximum (-inf + threshold = -inf; the factor is then 0).
-            if block_max_scaled > row_max_scaled[r] + RESCALE_THRESHOLD_LOG2:
+            if block_max_scaled > row_max_scaled[r] + RESCALE_THRESHOLD:
                 rescale[r] = cute.math.exp2(row_max_scaled[r] - block_max_scaled, fastmath=True)
                 row_max_scaled[r] = block_max_scaled
                 moved = cutlass.Boolean(True)
