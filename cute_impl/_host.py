@@ -1,25 +1,26 @@
-"""Host-side glue shared by the CuTe rungs: dtypes, operands, streams; for the FA2 rungs (tiled,
-pipelined) also fake operands and the compile cache.
+"""Host-side glue shared by the CuTe rungs: dtypes, operands, streams, the compile cache, the
+validating ``prepare``, fake operands for CPU compiles, and the launch setup of the ``mma.sync``
+rungs (tiled, pipelined).
 
 None of this is kernel code. It turns torch tensors into CuTe tensors with dynamic shape and
 strides, so one compilation serves every shape; builds the matching fake tensors for compiling on a
 machine without a GPU; and compiles once per key, returning a ``run()`` that only launches.
 """
 
-from __future__ import annotations
-
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass.cute.runtime import from_dlpack, make_fake_tensor
+from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 
 from common.problem import Problem
-from common.registry import Runner
-from common.validation import OPERAND_ALIGNMENT_BYTES
+from common.registry import KernelBinary, Runner, warmed_up
+from common.static import compile_cute_sm90
+from common.validation import OPERAND_ALIGNMENT_BYTES, validate_attention_inputs
 
 CUTE_DTYPES = {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}
 
@@ -64,22 +65,112 @@ def fake_operands(problem: Problem) -> list[Any]:
 def compiled_runner(
     cache: dict[Any, Any],
     key: Any,
-    make_kernel: Callable[[], Any],
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    softmax_scale: float,
+    make_launcher: Callable[[], Any],
+    tensors: Sequence[torch.Tensor],
+    scale: float,
+    result: torch.Tensor,
 ) -> Runner:
-    """Allocate O, compile ``make_kernel()`` once per ``key``; the returned ``run()`` only launches."""
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    operands = [to_cute_tensor(t) for t in (q, k, v, out)]
-    scale = cutlass.Float32(softmax_scale)
+    """Compile ``make_launcher()`` once per ``key`` for ``tensors`` (inputs and outputs, in the
+    launcher's order) and the fp32 ``scale``; the returned ``run()`` only launches and returns ``result``."""
+    operands = [to_cute_tensor(t) for t in tensors]
+    scale_arg = cutlass.Float32(scale)
+    device = result.device
     if key not in cache:
-        cache[key] = cute.compile(make_kernel(), *operands, scale, current_stream())
+        cache[key] = cute.compile(make_launcher(), *operands, scale_arg, current_stream(device))
     compiled = cache[key]
 
     def run() -> torch.Tensor:
-        compiled(*operands, scale, current_stream())
-        return out
+        # The stream is read at launch so that a CUDA-graph capture on a side stream records this launch.
+        compiled(*operands, scale_arg, current_stream(device))
+        return result
 
     return run
+
+
+def validated_prepare(
+    bind: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Problem], Runner],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    *,
+    head_dims: Collection[int],
+) -> Runner:
+    """A rung's ``prepare``: validate q, k, v (B, H, S, D) against the rung's head dims, ``bind`` them
+    to the Problem they describe (compiling on first use), and launch once to warm up."""
+    checked = validate_attention_inputs(
+        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, head_dims=head_dims
+    )
+    return warmed_up(bind(q, k, v, checked), q.device)
+
+
+def compile_on_fakes_sm90(
+    launcher: Any, fakes: Sequence[Any], scale: float, *, name: str, threads: int
+) -> list[KernelBinary]:
+    """A rung's ``compile_sm90``: compile ``launcher`` for sm_90a on fake operands (no GPU needed)."""
+    return [compile_cute_sm90(launcher, *fakes, cutlass.Float32(scale), make_fake_stream(), name=name, threads=threads)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch setup of the mma.sync rungs (tiled, pipelined): operand views, copy atom, tiled MMA,
+# shared storage and grid, built while tracing their ``@cute.jit __call__``.
+# ----------------------------------------------------------------------------------------------
+COPY_BITS = 128  # cp.async moves 16 B per thread and instruction; strides must be multiples of it
+WARP_THREADS = 32
+# m16n8k16: the MMA instruction shape of mma.sync for fp16/bf16 with fp32 accumulators.
+MMA_SYNC_SHAPE = (16, 8, 16)
+
+
+def static_head_dim_view(tensor: cute.Tensor, head_dim: int) -> cute.Tensor:
+    """(B, H, S, D) view whose D is the compile-time ``head_dim`` and whose outer strides are known
+    multiples of 16 bytes (``kernel_operand`` guarantees it), so copies can vectorise."""
+    elems = COPY_BITS // tensor.element_type.width
+    shape = (tensor.shape[0], tensor.shape[1], tensor.shape[2], head_dim)
+    stride = (*(cute.assume(s, divby=elems) for s in tensor.stride[:3]), 1)
+    return cute.make_tensor(tensor.iterator, cute.make_layout(shape, stride=stride))
+
+
+def cp_async_tiled_copy(dtype: type[cutlass.Numeric], num_threads: int, row_elems: int) -> cute.TiledCopy:
+    """G→S with ``cp.async.cg``: each thread moves 16 B (8 elements) per instruction, ``row_elems / 8``
+    threads cover ``row_elems`` consecutive elements of a row, so one copy step covers
+    ``num_threads * 8 / row_elems`` rows."""
+    elems = COPY_BITS // dtype.width
+    threads_per_row = row_elems // elems
+    copy_atom = cute.make_copy_atom(
+        cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=COPY_BITS
+    )
+    return cute.make_tiled_copy_tv(
+        copy_atom,
+        cute.make_layout((num_threads // threads_per_row, threads_per_row), stride=(threads_per_row, 1)),
+        cute.make_layout((1, elems)),
+    )
+
+
+def warp_tiled_mma(dtype: type[cutlass.Numeric], num_threads: int) -> cute.TiledMma:
+    """``mma.sync.m16n8k16`` with fp32 accumulators; warps tile M (each owns 16-row slices of the
+    tile) and the permutation makes one tiled-MMA step 16 wide in N and K."""
+    num_warps = num_threads // WARP_THREADS
+    return cute.make_tiled_mma(
+        warp.MmaF16BF16Op(dtype, cutlass.Float32, MMA_SYNC_SHAPE),
+        (num_warps, 1, 1),
+        permutation_mnk=(num_warps * MMA_SYNC_SHAPE[0], 16, 16),
+    )
+
+
+def qkv_shared_storage(dtype: type[cutlass.Numeric], sQ_layout: Any, sKV_layout: Any, align_bytes: int) -> Any:
+    """The shared-memory struct of one CTA: a Q tile, and K and V buffers of ``sKV_layout`` each.
+    (This module has no ``from __future__ import annotations``: ``cute.struct`` reads the field
+    annotations as objects, and string annotations would name this function's locals.)"""
+
+    @cute.struct
+    class SharedStorage:
+        sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], align_bytes]
+        sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sKV_layout)], align_bytes]
+        sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sKV_layout)], align_bytes]
+
+    return SharedStorage
+
+
+def query_tile_grid(mQ: cute.Tensor, tile_m: int) -> tuple[Any, Any, Any]:
+    """One CTA per (``tile_m``-row query tile, head, batch)."""
+    return (cute.ceil_div(mQ.shape[2], tile_m), mQ.shape[1], mQ.shape[0])

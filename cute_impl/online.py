@@ -62,6 +62,7 @@ in ``docs/perf-log.md`` ("Figures moved out of rung docstrings").
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import cuda.bindings.driver as cuda
@@ -72,10 +73,9 @@ from cutlass import Float32, Int32, const_expr
 
 from common.capability import check_common
 from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.static import compile_cute_sm90
-from common.validation import kernel_operand, validate_attention_inputs
-from cute_impl._host import CUTE_DTYPES, current_stream, fake_bhsd_tensor, to_cute_tensor
+from common.registry import Implementation, KernelBinary, Runner
+from common.validation import kernel_operand
+from cute_impl._host import CUTE_DTYPES, compile_on_fakes_sm90, compiled_runner, fake_bhsd_tensor, validated_prepare
 
 LOG2_E = math.log2(math.e)
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -334,16 +334,7 @@ _COMPILED: dict[tuple[torch.dtype, int, bool], Any] = {}
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
     """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up."""
-    checked = validate_attention_inputs(
-        q,
-        k,
-        v,
-        causal=problem.causal,
-        softmax_scale=problem.softmax_scale,
-        dtypes=SUPPORTED_DTYPES,
-        head_dims=SUPPORTED_HEAD_DIMS,
-    )
-    return warmed_up(bind(q, k, v, checked), q.device)
+    return validated_prepare(bind, q, k, v, problem, head_dims=SUPPORTED_HEAD_DIMS)
 
 
 def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
@@ -351,21 +342,15 @@ def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) ->
     # kernel_operand guarantees what head_view assumes: 16-byte aligned base and strides.
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    mQ, mK, mV, mO = (to_cute_tensor(t) for t in (q, k, v, out))
-    softmax_scale_log2 = Float32(problem.scale * LOG2_E)
     key = (problem.dtype, problem.head_dim, problem.causal)
-    if key not in _COMPILED:
-        launcher = OnlineAttention(problem.head_dim, problem.causal)
-        _COMPILED[key] = cute.compile(launcher, mQ, mK, mV, mO, softmax_scale_log2, current_stream(q.device))
-    compiled = _COMPILED[key]
-    device = q.device
-
-    def run() -> torch.Tensor:
-        # The stream is read at launch so that a CUDA-graph capture on a side stream records this launch.
-        compiled(mQ, mK, mV, mO, softmax_scale_log2, current_stream(device))
-        return out
-
-    return run
+    return compiled_runner(
+        _COMPILED,
+        key,
+        partial(OnlineAttention, problem.head_dim, problem.causal),
+        (q, k, v, out),
+        problem.scale * LOG2_E,
+        out,
+    )
 
 
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
@@ -388,17 +373,11 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """Compile the fused kernel for sm_90a on fake tensors (no GPU needed)."""
-    element = CUTE_DTYPES[problem.dtype]
     launcher = OnlineAttention(problem.head_dim, problem.causal)
-    binary = compile_cute_sm90(
-        launcher,
-        *(fake_bhsd_tensor(element) for _ in range(4)),
-        Float32(problem.scale * LOG2_E),
-        cuda.CUstream(0),
-        name="cute_online",
-        threads=launcher.num_threads,
+    fakes = [fake_bhsd_tensor(CUTE_DTYPES[problem.dtype]) for _ in range(4)]
+    return compile_on_fakes_sm90(
+        launcher, fakes, problem.scale * LOG2_E, name="cute_online", threads=launcher.num_threads
     )
-    return [binary]
 
 
 IMPLEMENTATION = Implementation(

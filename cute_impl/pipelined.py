@@ -73,19 +73,19 @@ straight from shared memory.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass.cute.nvgpu import cpasync, warp
-from cutlass.cute.runtime import make_fake_stream
+from cutlass.cute.nvgpu import warp
 
+from common.capability import check_common
 from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.static import compile_cute_sm90
-from common.validation import kernel_operand, validate_attention_inputs
+from common.registry import Implementation, KernelBinary, Runner
+from common.validation import kernel_operand
 from cute_impl._device import (
     LOG2_E,
     AttentionMask,
@@ -93,11 +93,21 @@ from cute_impl._device import (
     OnlineSoftmax,
     accumulator_as_operand_a,
 )
-from cute_impl._host import CUTE_DTYPES, compiled_runner, fake_operands
+from cute_impl._host import (
+    CUTE_DTYPES,
+    WARP_THREADS,
+    compile_on_fakes_sm90,
+    compiled_runner,
+    cp_async_tiled_copy,
+    fake_operands,
+    qkv_shared_storage,
+    query_tile_grid,
+    static_head_dim_view,
+    validated_prepare,
+    warp_tiled_mma,
+)
 
 MIN_COMPUTE_CAPABILITY = (8, 0)
-COPY_BITS = 128  # cp.async moves 16 B per thread and instruction
-WARP_THREADS = 32
 # Swizzle atom: 8 rows of 64 elements (128 B); Swizzle<3,3,3> XORs the 16 B chunk index with the
 # row index within the atom, so 8 rows read together by ldmatrix hit 8 distinct bank groups.
 SWIZZLE_ROWS, SWIZZLE_COLS, SWIZZLE_BITS = 8, 64, 3
@@ -159,15 +169,8 @@ class PipelinedAttentionKernel:
         self.mask = AttentionMask(shape.tile_m, shape.tile_n, config.causal)
 
     # ------------------------------------------------------------------------------------------
-    # Host side of the launch: layouts, copy atoms, tiled MMA, grid.
+    # Host side of the launch: layouts, copy atoms, tiled MMA, grid (shared with cute/tiled).
     # ------------------------------------------------------------------------------------------
-    def _with_static_head_dim(self, tensor: cute.Tensor) -> cute.Tensor:
-        """(B, H, S, D) view with compile-time D and outer strides known to be 16-byte multiples."""
-        elems = COPY_BITS // tensor.element_type.width
-        shape = (tensor.shape[0], tensor.shape[1], tensor.shape[2], self.head_dim)
-        stride = (*(cute.assume(s, divby=elems) for s in tensor.stride[:3]), 1)
-        return cute.make_tensor(tensor.iterator, cute.make_layout(shape, stride=stride))
-
     @cute.jit
     def __call__(
         self,
@@ -179,7 +182,7 @@ class PipelinedAttentionKernel:
         stream: cuda.CUstream,
     ):
         dtype = mQ.element_type
-        mQ, mK, mV, mO = [self._with_static_head_dim(t) for t in (mQ, mK, mV, mO)]
+        mQ, mK, mV, mO = [static_head_dim_view(t, self.head_dim) for t in (mQ, mK, mV, mO)]
         swizzle_atom = cute.make_composed_layout(
             cute.make_swizzle(SWIZZLE_BITS, 3, 3),
             0,
@@ -187,30 +190,6 @@ class PipelinedAttentionKernel:
         )
         sQ_layout = cute.tile_to_shape(swizzle_atom, (self.tile_m, self.head_dim), (0, 1))
         sKV_layout = cute.tile_to_shape(swizzle_atom, (self.tile_n, self.head_dim, self.stages), (0, 1, 2))
-
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], SMEM_ALIGN_BYTES]
-            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sKV_layout)], SMEM_ALIGN_BYTES]
-            sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sKV_layout)], SMEM_ALIGN_BYTES]
-
-        # G→S: 8 threads cover one 64-element swizzle row with 16 B each; one step = 16 rows × 64.
-        elems = COPY_BITS // dtype.width
-        threads_per_row = SWIZZLE_COLS // elems
-        gmem_tiled_copy = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(
-                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=COPY_BITS
-            ),
-            cute.make_layout((self.num_threads // threads_per_row, threads_per_row), stride=(threads_per_row, 1)),
-            cute.make_layout((1, elems)),
-        )
-        num_warps = self.num_threads // WARP_THREADS
-        tiled_mma = cute.make_tiled_mma(
-            warp.MmaF16BF16Op(dtype, cutlass.Float32, (16, 8, 16)),
-            (num_warps, 1, 1),
-            permutation_mnk=(num_warps * 16, 16, 16),
-        )
-        grid = (cute.ceil_div(mQ.shape[2], self.tile_m), mQ.shape[1], mQ.shape[0])
         self.kernel(
             mQ,
             mK,
@@ -219,11 +198,12 @@ class PipelinedAttentionKernel:
             softmax_scale * LOG2_E,
             sQ_layout,
             sKV_layout,
-            gmem_tiled_copy,
-            tiled_mma,
-            SharedStorage,
+            # 8 threads cover one 64-element swizzle row with 16 B each.
+            cp_async_tiled_copy(dtype, self.num_threads, row_elems=SWIZZLE_COLS),
+            warp_tiled_mma(dtype, self.num_threads),
+            qkv_shared_storage(dtype, sQ_layout, sKV_layout, SMEM_ALIGN_BYTES),
         ).launch(
-            grid=grid,
+            grid=query_tile_grid(mQ, self.tile_m),
             block=[self.num_threads, 1, 1],
             min_blocks_per_mp=self.min_ctas_per_sm,
             # Only a launch bound above 1 needs the carveout (the DSL would otherwise query the device).
@@ -504,45 +484,36 @@ def tile_config(problem: Problem) -> TileConfig:
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
     """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up."""
-    checked = validate_attention_inputs(
-        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, head_dims=tuple(TILE_CONFIGS)
-    )
-    return warmed_up(bind(q, k, v, checked), q.device)
+    return validated_prepare(bind, q, k, v, problem, head_dims=tuple(TILE_CONFIGS))
 
 
 def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
     """Compile (cached), allocate O for validated q, k, v; the returned ``run()`` only launches."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     config = tile_config(problem)
-    return compiled_runner(
-        _COMPILED, (q.dtype, config), lambda: PipelinedAttentionKernel(config), q, k, v, problem.scale
-    )
+    make_kernel = partial(PipelinedAttentionKernel, config)
+    return compiled_runner(_COMPILED, (q.dtype, config), make_kernel, (q, k, v, out), problem.scale, out)
 
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
-    config = tile_config(problem)
-    args = [*fake_operands(problem), cutlass.Float32(problem.scale), make_fake_stream()]
-    kernel = PipelinedAttentionKernel(config)
-    return [compile_cute_sm90(kernel, *args, name="cute_pipelined", threads=kernel.num_threads)]
+    """Compile the kernel for sm_90a on fake tensors (no GPU needed)."""
+    kernel = PipelinedAttentionKernel(tile_config(problem))
+    return compile_on_fakes_sm90(
+        kernel, fake_operands(problem), problem.scale, name="cute_pipelined", threads=kernel.num_threads
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # Capability check.
 # ----------------------------------------------------------------------------------------------
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
-    if device.type != "cuda":
-        return False, f"cute/pipelined needs a CUDA device, got {device}"
-    capability = torch.cuda.get_device_capability(device)
-    if capability < MIN_COMPUTE_CAPABILITY:
-        return False, f"cute/pipelined needs compute capability >= 8.0 (mma.sync bf16, cp.async), got {capability}"
-    if problem.dtype not in CUTE_DTYPES:
-        return False, f"cute/pipelined supports fp16 and bf16, got {problem.dtype_name}"
-    if problem.head_dim not in TILE_CONFIGS:
-        return False, (
-            f"cute/pipelined supports head_dim in {sorted(TILE_CONFIGS)}, got {problem.head_dim} "
-            "(D=256 needs 256 fp32 O-accumulator registers per thread at tile_m=128)"
-        )
-    return True, ""
+    """The capability check: a CUDA device of sm_80+ (mma.sync bf16, cp.async), fp16/bf16, a head dim
+    of :data:`TILE_CONFIGS` (D=256 would need 256 fp32 O-accumulator registers per thread at tile_m=128)."""
+    return check_common(
+        "cute/pipelined", problem, device,
+        dtypes=tuple(CUTE_DTYPES), head_dims=tuple(TILE_CONFIGS), min_capability=MIN_COMPUTE_CAPABILITY,
+    )  # fmt: skip
 
 
 IMPLEMENTATION = Implementation(

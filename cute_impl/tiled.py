@@ -62,27 +62,35 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass.cute.nvgpu import cpasync, warp
-from cutlass.cute.runtime import make_fake_stream
 
+from common.capability import check_common
 from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.static import compile_cute_sm90
-from common.validation import kernel_operand, validate_attention_inputs
-from cute_impl._host import CUTE_DTYPES, compiled_runner, fake_operands
+from common.registry import Implementation, KernelBinary, Runner
+from common.validation import kernel_operand
+from cute_impl._host import (
+    CUTE_DTYPES,
+    compile_on_fakes_sm90,
+    compiled_runner,
+    cp_async_tiled_copy,
+    fake_operands,
+    qkv_shared_storage,
+    query_tile_grid,
+    static_head_dim_view,
+    validated_prepare,
+    warp_tiled_mma,
+)
 
 LOG2_E = math.log2(math.e)
 HEAD_DIMS = (64, 128)
 MIN_COMPUTE_CAPABILITY = (8, 0)
-# cp.async moves 16 bytes per thread per instruction; strides must be multiples of it.
-COPY_BITS = 128
-WARP_THREADS = 32
+SMEM_ALIGN_BYTES = 128
 # Lanes of an m16n8k16 accumulator that hold pieces of the same row: a quad of 4, combined by
 # butterfly shuffles with these lane distances.
 QUAD_SHUFFLE_OFFSETS = (2, 1)
@@ -113,16 +121,8 @@ class TiledAttentionKernel:
         self.mask_steps = self.tile_m // self.tile_n if self.causal else 1
 
     # ------------------------------------------------------------------------------------------
-    # Host side of the launch: layouts, copy atoms, tiled MMA, grid.
+    # Host side of the launch: layouts, copy atoms, tiled MMA, grid (shared with cute/pipelined).
     # ------------------------------------------------------------------------------------------
-    def _with_static_head_dim(self, tensor: cute.Tensor) -> cute.Tensor:
-        """(B, H, S, D) view whose D is the compile-time head dim and whose outer strides are
-        known multiples of 16 bytes (kernel_operand guarantees it), so copies can vectorise."""
-        elems = COPY_BITS // tensor.element_type.width
-        shape = (tensor.shape[0], tensor.shape[1], tensor.shape[2], self.head_dim)
-        stride = (*(cute.assume(s, divby=elems) for s in tensor.stride[:3]), 1)
-        return cute.make_tensor(tensor.iterator, cute.make_layout(shape, stride=stride))
-
     @cute.jit
     def __call__(
         self,
@@ -134,38 +134,11 @@ class TiledAttentionKernel:
         stream: cuda.CUstream,
     ):
         dtype = mQ.element_type
-        mQ, mK, mV, mO = [self._with_static_head_dim(t) for t in (mQ, mK, mV, mO)]
+        mQ, mK, mV, mO = [static_head_dim_view(t, self.head_dim) for t in (mQ, mK, mV, mO)]
         # Plain row-major tiles: consecutive rows of 128 (or 64) elements share banks, which is
         # what the swizzle of the next rung removes.
         sQ_layout = cute.make_layout((self.tile_m, self.head_dim), stride=(self.head_dim, 1))
         sKV_layout = cute.make_layout((self.tile_n, self.head_dim), stride=(self.head_dim, 1))
-
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 128]
-            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sKV_layout)], 128]
-            sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sKV_layout)], 128]
-
-        # G→S: each thread moves 16 B (8 elements) per cp.async; a row of D elements takes
-        # D / 8 threads, so one copy step covers num_threads * 8 / D rows.
-        elems = COPY_BITS // dtype.width
-        threads_per_row = self.head_dim // elems
-        copy_atom = cute.make_copy_atom(
-            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=COPY_BITS
-        )
-        gmem_tiled_copy = cute.make_tiled_copy_tv(
-            copy_atom,
-            cute.make_layout((self.num_threads // threads_per_row, threads_per_row), stride=(threads_per_row, 1)),
-            cute.make_layout((1, elems)),
-        )
-        # Warps tile M; the permutation makes one tiled-MMA step 16 wide in N and K.
-        num_warps = self.num_threads // WARP_THREADS
-        tiled_mma = cute.make_tiled_mma(
-            warp.MmaF16BF16Op(dtype, cutlass.Float32, (16, 8, 16)),
-            (num_warps, 1, 1),
-            permutation_mnk=(num_warps * 16, 16, 16),
-        )
-        grid = (cute.ceil_div(mQ.shape[2], self.tile_m), mQ.shape[1], mQ.shape[0])
         self.kernel(
             mQ,
             mK,
@@ -174,10 +147,10 @@ class TiledAttentionKernel:
             softmax_scale * LOG2_E,
             sQ_layout,
             sKV_layout,
-            gmem_tiled_copy,
-            tiled_mma,
-            SharedStorage,
-        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream)
+            cp_async_tiled_copy(dtype, self.num_threads, row_elems=self.head_dim),
+            warp_tiled_mma(dtype, self.num_threads),
+            qkv_shared_storage(dtype, sQ_layout, sKV_layout, SMEM_ALIGN_BYTES),
+        ).launch(grid=query_tile_grid(mQ, self.tile_m), block=[self.num_threads, 1, 1], stream=stream)
 
     # ------------------------------------------------------------------------------------------
     # Device side.
@@ -437,42 +410,37 @@ def tile_config(problem: Problem) -> TileConfig:
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
     """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up."""
-    checked = validate_attention_inputs(
-        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, head_dims=HEAD_DIMS
-    )
-    return warmed_up(bind(q, k, v, checked), q.device)
+    return validated_prepare(bind, q, k, v, problem, head_dims=HEAD_DIMS)
 
 
 def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
     """Compile (cached), allocate O for validated q, k, v; the returned ``run()`` only launches."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     config = tile_config(problem)
-    return compiled_runner(_COMPILED, (q.dtype, config), lambda: TiledAttentionKernel(config), q, k, v, problem.scale)
+    make_kernel = partial(TiledAttentionKernel, config)
+    return compiled_runner(_COMPILED, (q.dtype, config), make_kernel, (q, k, v, out), problem.scale, out)
 
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
+    """Compile the kernel for sm_90a on fake tensors (no GPU needed)."""
     config = tile_config(problem)
-    args = [*fake_operands(problem), cutlass.Float32(problem.scale), make_fake_stream()]
-    return [compile_cute_sm90(TiledAttentionKernel(config), *args, name="cute_tiled", threads=config.num_threads)]
+    kernel = TiledAttentionKernel(config)
+    return compile_on_fakes_sm90(
+        kernel, fake_operands(problem), problem.scale, name="cute_tiled", threads=config.num_threads
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # Capability check.
 # ----------------------------------------------------------------------------------------------
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
-    if device.type != "cuda":
-        return False, f"cute/tiled needs a CUDA device, got {device}"
-    capability = torch.cuda.get_device_capability(device)
-    if capability < MIN_COMPUTE_CAPABILITY:
-        return False, f"cute/tiled needs compute capability >= 8.0 (mma.sync bf16, cp.async), got {capability}"
-    if problem.dtype not in CUTE_DTYPES:
-        return False, f"cute/tiled supports fp16 and bf16, got {problem.dtype_name}"
-    if problem.head_dim not in HEAD_DIMS:
-        return False, (
-            f"cute/tiled supports head_dim in {list(HEAD_DIMS)}, got {problem.head_dim} "
-            "(D=256 has not been validated on the GPU for this rung)"
-        )
-    return True, ""
+    """The capability check: a CUDA device of sm_80+ (mma.sync bf16, cp.async), fp16/bf16, D 64 or 128
+    (D=256 has not been validated on the GPU for this rung)."""
+    return check_common(
+        "cute/tiled", problem, device,
+        dtypes=tuple(CUTE_DTYPES), head_dims=HEAD_DIMS, min_capability=MIN_COMPUTE_CAPABILITY,
+    )  # fmt: skip
 
 
 IMPLEMENTATION = Implementation(
