@@ -1,5 +1,16 @@
-"""Device helpers shared by the CuTe rungs from ``pipelined`` on: KV-block range, masking, online
-softmax, and views of the ``mma.sync.m16n8k16`` register fragments.
+"""The device vocabulary of the CuTe stack, used by the rungs from ``pipelined`` on; the names are the
+ones the Triton and Gluon stacks use, so that a diff of two rungs teaches:
+
+* :class:`BlockRange`: the key blocks ``[n_block_min, n_block_max)`` one query tile visits, last
+  first, and ``n_masked_blocks``, how many at the top end of the range need the mask.
+* :class:`AttentionMask`: ``apply`` writes -inf for keys past Sk and, causal, right of the diagonal.
+* :class:`OnlineSoftmax`: ``row_max`` (the maximum of S · softmax_scale_log2, log2 units of the
+  scaled scores, as in every stack) and ``row_sum``; ``update`` turns a block of S into P and returns
+  the rescale factor, ``rescale`` moves O to the new maximum, ``finalize`` divides O by ``row_sum``.
+* The constants :data:`LOG2_E` and :data:`RESCALE_THRESHOLD`, defined once for the stack.
+
+The objects here speak the ``mma.sync.m16n8k16`` fragment layout of ``pipelined``; the Hopper rungs'
+WGMMA counterparts live in ``_hopper_device.py``.
 
 The m16n8k16 accumulator gives each thread a fragment ((2 cols, 2 rows), MMA_M, MMA_N): within an
 m16n8 tile, lane ``l`` holds rows ``l / 4`` and ``l / 4 + 8``, columns ``2 (l % 4)`` and ``+1``.
@@ -17,6 +28,7 @@ import cutlass.cute as cute
 
 # The CuTe stack defines its constants once, here (hopper and fp8 import them too); naive, online and
 # tiled keep their own LOG2_E so that each reads alone (STYLE.md: rungs up to tiled are self-contained).
+# softmax_scale_log2 = softmax_scale · LOG2_E: exp(x · scale) = exp2(x · softmax_scale_log2).
 LOG2_E = math.log2(math.e)
 # Lane distances of the butterfly shuffles that combine the 4 lanes holding one accumulator row.
 QUAD_SHUFFLE_OFFSETS = (2, 1)
@@ -59,58 +71,71 @@ def _add(a: cutlass.Float32, b: cutlass.Float32) -> cutlass.Float32:
     return a + b
 
 
-class KVBlockRange:
-    """Which K/V blocks a ``tile_m``-row Q tile visits, and how many of them need a mask."""
+class BlockRange:
+    """Key blocks ``[n_block_min, n_block_max)`` one query tile visits (``n_block_max`` exclusive),
+    visited last first, and ``n_masked_blocks``: how many blocks at the top end of the range need the
+    sequence-tail or causal mask. Blocks from ``n_block_max`` on are masked for every row and never
+    loaded. This stack always starts at key 0: ``n_block_min = 0``.
 
-    def __init__(self, tile_m: int, tile_n: int, causal: bool):
-        self.tile_m = tile_m
-        self.tile_n = tile_n
-        self.causal = causal
-        # Visited last block first: causal tiles cross the diagonal in their last tile_m / tile_n
-        # blocks; otherwise only the last block can be cut by Sk.
-        self.mask_steps = tile_m // tile_n if causal else 1
+    ``n_masked_blocks`` is known at compile time, because the masked iterations are unrolled: the
+    ``tile_m / tile_n`` blocks that cross a causal tile's diagonal, or the one block that Sk may cut.
+    A range shorter than that is masked throughout, and a counted block that happens to be full is
+    masked to no effect. (A runtime count would make the ring slot of every later iteration, ``step
+    % stages``, runtime arithmetic too; the static one keeps it folded.)
+    """
 
-    @cute.jit
-    def n_block_max(self, m_block: cutlass.Int32, seqlen_k: cutlass.Int32) -> cutlass.Int32:
-        """Blocks ``[0, n_block_max)``: the causal mask drops blocks right of the tile's last row."""
-        n_blocks = cute.ceil_div(seqlen_k, self.tile_n)
-        if cutlass.const_expr(self.causal):
-            n_blocks = cutlass.min(n_blocks, cute.ceil_div((m_block + 1) * self.tile_m, self.tile_n))
-        return n_blocks
+    def __init__(self, n_block_min: int, n_block_max: cutlass.Int32, n_masked_blocks: int):
+        self.n_block_min = n_block_min
+        self.n_block_max = n_block_max
+        self.n_masked_blocks = n_masked_blocks
+
+    @staticmethod
+    def create(m_block: cutlass.Int32, seqlen_k: cutlass.Int32, tile_m: int, tile_n: int, causal: bool) -> BlockRange:
+        """The range of query tile ``m_block`` (``tile_m`` a multiple of ``tile_n``)."""
+        n_block_max = cute.ceil_div(seqlen_k, tile_n)
+        if causal:
+            # Row i sees keys j <= i: blocks right of the tile's last row are masked for every row.
+            n_block_max = cutlass.min(n_block_max, cute.ceil_div((m_block + 1) * tile_m, tile_n))
+        return BlockRange(0, n_block_max, tile_m // tile_n if causal else 1)
 
 
 class AttentionMask:
-    """-inf for keys past Sk and, when causal, for keys right of the diagonal (row i sees j <= i)."""
+    """-inf for keys past Sk and, when causal, for keys right of the diagonal (row i sees j <= i),
+    in the S fragment of one query tile; bound to that tile once, :meth:`apply` takes the key block."""
 
-    def __init__(self, tile_m: int, tile_n: int, causal: bool):
-        self.tile_m = tile_m
-        self.tile_n = tile_n
-        self.causal = causal
-
-    @cute.jit
-    def apply(
+    def __init__(
         self,
-        acc_S: cute.Tensor,
+        tile_m: int,
+        tile_n: int,
+        causal: bool,
         tiled_mma: cute.TiledMma,
         tidx: cutlass.Int32,
         m_block: cutlass.Int32,
-        n_block: cutlass.Int32,
-        seqlen_q: cutlass.Int32,
         seqlen_k: cutlass.Int32,
     ):
+        self.tile_m = tile_m
+        self.tile_n = tile_n
+        self.causal = causal
+        self.tiled_mma = tiled_mma
+        self.tidx = tidx
+        self.m_block = m_block
+        self.seqlen_k = seqlen_k
+
+    @cute.jit
+    def apply(self, acc_S: cute.Tensor, n_block: cutlass.Int32):
         # A fragment coordinate is (this thread's first coordinate) + (thread 0's coordinate): the
         # thread and value bits of the mma.sync layouts are disjoint. Thread 0's coordinates are
         # compile-time constants, so each element costs one compare with an immediate; comparing
         # full (row, key) coordinates made ptxas keep 32 of them live and spill at 128 registers.
         tile = cute.make_identity_tensor((self.tile_m, self.tile_n))
-        tScS = rows_by_cols(tiled_mma.get_slice(tidx).partition_C(tile))  # (rows, cols) of (row, key)
-        offsets = rows_by_cols(tiled_mma.get_slice(0).partition_C(tile))  # same, thread 0: static
+        tScS = rows_by_cols(self.tiled_mma.get_slice(self.tidx).partition_C(tile))  # (rows, cols) of (row, key)
+        offsets = rows_by_cols(self.tiled_mma.get_slice(0).partition_C(tile))  # same, thread 0: static
         first_key = n_block * self.tile_n + tScS[0, 0][1]
         acc_S_mn = rows_by_cols(acc_S)
         for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-            key_limit = seqlen_k
+            key_limit = self.seqlen_k
             if cutlass.const_expr(self.causal):
-                key_limit = cutlass.min(m_block * self.tile_m + tScS[r, 0][0] + 1, seqlen_k)
+                key_limit = cutlass.min(self.m_block * self.tile_m + tScS[r, 0][0] + 1, self.seqlen_k)
             # Keys this thread may keep in row r, counted from its first key.
             keys_left = key_limit - first_key
             for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
@@ -119,71 +144,81 @@ class AttentionMask:
 
 
 class OnlineSoftmax:
-    """Running row maximum and row sum of the rows this thread holds, in registers.
+    """Running ``row_max`` and ``row_sum`` of the rows this thread holds, in registers.
 
-    Row sums stay per-thread partial sums during the loop (each lane sums its own columns) and are
-    reduced across the quad once, in :meth:`normalize`; the maximum must agree across the quad at
+    ``row_max`` is the maximum of S · softmax_scale_log2: log2 units of the scaled scores, as in every
+    stack. Row sums stay per-thread partial sums during the loop (each lane sums its own columns) and
+    are reduced across the quad once, in :meth:`finalize`; the maximum must agree across the quad at
     every step, so it is reduced each block.
 
-    Lazy rescaling: the running maximum (kept scaled, in log2 units) only moves when a block's
-    maximum exceeds it by more than :data:`RESCALE_THRESHOLD`. Until then P = exp2(S - stale
-    max) is at most 2^threshold, harmless in fp32 sums and bf16/fp16 P, and O keeps its scale, so
-    the 128 multiplies that rescale a thread's O rows are skipped. On random data the maximum
-    settles within the first few blocks, so almost every block skips them; the result is exact
-    because O and the row sum always share one reference maximum and cancel in the final division.
+    Lazy rescaling: ``row_max`` is the reference P is taken against, and it only moves when a block's
+    maximum exceeds it by more than :data:`RESCALE_THRESHOLD`. Until then P = exp2(S · scale_log2 -
+    row_max) is at most 2^threshold, harmless in fp32 sums and bf16/fp16 P, and O keeps its scale, so
+    :meth:`rescale` skips the 128 multiplies of a thread's O rows. On random data the maximum settles
+    within the first few blocks, so almost every block skips them; the result is exact because O and
+    the row sum always share one reference maximum and it cancels in the final division.
     """
 
     def __init__(self, rows: int, softmax_scale_log2: cutlass.Float32):
         self.softmax_scale_log2 = softmax_scale_log2
-        self.row_max_scaled = cute.make_rmem_tensor(rows, cutlass.Float32)
+        self.row_max = cute.make_rmem_tensor(rows, cutlass.Float32)
         self.row_sum = cute.make_rmem_tensor(rows, cutlass.Float32)
-        self.row_max_scaled.fill(-cutlass.Float32.inf)
+        self.row_max.fill(-cutlass.Float32.inf)
         self.row_sum.fill(0.0)
+        # Whether some row of this thread moved its row_max in the last update (read by rescale).
+        self.moved = cute.make_rmem_tensor(1, cutlass.Boolean)
 
     @cute.jit
-    def update(self, acc_S: cute.Tensor, acc_O: cute.Tensor):
-        """S → P = exp2(S·scale_log2 − m) in place; m, O and the row sum move only when m must."""
+    def update(self, acc_S: cute.Tensor) -> cute.Tensor:
+        """S → P = exp2(S · scale_log2 − row_max) in place and the row sums; returns the rescale factor
+        of each row (exactly 1 where ``row_max`` did not move) for :meth:`rescale`."""
         acc_S_mn = rows_by_cols(acc_S)
-        acc_O_mn = rows_by_cols(acc_O)
         rows = cute.size(acc_S_mn, mode=[0])
         scale_log2 = self.softmax_scale_log2
         # Local names: the DSL's dynamic `if` below may write tensors, but not attributes of self.
-        row_max_scaled, row_sum = self.row_max_scaled, self.row_sum
-        rescale = cute.make_rmem_tensor(rows, cutlass.Float32)
-        moved = cutlass.Boolean(False)
+        row_max, row_sum, moved = self.row_max, self.row_sum, self.moved
+        row_scale = cute.make_rmem_tensor(rows, cutlass.Float32)
+        moved[0] = cutlass.Boolean(False)
         for r in cutlass.range_constexpr(rows):
             block_max = acc_S_mn[r, 0]
             for c in cutlass.range_constexpr(1, cute.size(acc_S_mn, mode=[1])):
                 block_max = cute.arch.fmax(block_max, acc_S_mn[r, c])
             block_max_scaled = quad_allreduce(block_max, cute.arch.fmax) * scale_log2
-            rescale[r] = cutlass.Float32(1.0)
+            row_scale[r] = cutlass.Float32(1.0)
             # All four lanes of the row see the same values, so they agree. The first block with a
             # visible key always moves the maximum (-inf + threshold = -inf; the factor is then 0).
-            if block_max_scaled > row_max_scaled[r] + RESCALE_THRESHOLD:
-                rescale[r] = cute.math.exp2(row_max_scaled[r] - block_max_scaled, fastmath=True)
-                row_max_scaled[r] = block_max_scaled
-                moved = cutlass.Boolean(True)
-            row_sum[r] = row_sum[r] * rescale[r]
+            if block_max_scaled > row_max[r] + RESCALE_THRESHOLD:
+                row_scale[r] = cute.math.exp2(row_max[r] - block_max_scaled, fastmath=True)
+                row_max[r] = block_max_scaled
+                moved[0] = cutlass.Boolean(True)
+            row_sum[r] = row_sum[r] * row_scale[r]
             # Guard: a row that has seen only masked keys keeps -inf; subtract 0 instead so that
             # exp2(-inf - -inf) = NaN never happens (its P is then 0).
-            max_scaled = row_max_scaled[r]
-            if max_scaled == -cutlass.Float32.inf:
-                max_scaled = cutlass.Float32(0.0)
+            reference = row_max[r]
+            if reference == -cutlass.Float32.inf:
+                reference = cutlass.Float32(0.0)
             block_sum = cutlass.Float32(0.0)
             for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-                p = cute.math.exp2(acc_S_mn[r, c] * scale_log2 - max_scaled, fastmath=True)
+                p = cute.math.exp2(acc_S_mn[r, c] * scale_log2 - reference, fastmath=True)
                 acc_S_mn[r, c] = p
                 block_sum = block_sum + p
             row_sum[r] = row_sum[r] + block_sum
-        # One warp-uniform branch for all rows: no divergence, and the multiplies stay one block.
-        if cute.arch.vote_any_sync(moved):
-            for r in cutlass.range_constexpr(rows):
-                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
-                    acc_O_mn[r, c] = acc_O_mn[r, c] * rescale[r]
+        return row_scale
 
     @cute.jit
-    def normalize(self, acc_O: cute.Tensor):
-        """O /= row_sum; a row with no visible key (sum 0) is written as zeros, not inf/NaN."""
+    def rescale(self, acc_O: cute.Tensor, row_scale: cute.Tensor):
+        """O *= row_scale row by row, skipped when no row of this warp moved its ``row_max``: one
+        warp-uniform branch for all rows, so no divergence, and the multiplies stay one block."""
+        acc_O_mn = rows_by_cols(acc_O)
+        if cute.arch.vote_any_sync(self.moved[0]):
+            for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
+                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                    acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
+
+    @cute.jit
+    def finalize(self, acc_O: cute.Tensor):
+        """O /= row_sum; a row with no visible key (sum 0) is written as zeros, not inf/NaN. The
+        ``mma.sync`` rungs return O only, so no LSE is formed here."""
         acc_O_mn = rows_by_cols(acc_O)
         for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
             total = quad_allreduce(self.row_sum[r], _add)

@@ -89,7 +89,7 @@ from common.validation import kernel_operand
 from cute_impl._device import (
     LOG2_E,
     AttentionMask,
-    KVBlockRange,
+    BlockRange,
     OnlineSoftmax,
     accumulator_as_operand_a,
 )
@@ -165,8 +165,6 @@ class PipelinedAttentionKernel:
         self.num_threads = shape.num_warps * WARP_THREADS
         self.pieces_per_k_step = shape.pieces_per_k_step
         self.min_ctas_per_sm = shape.min_ctas_per_sm
-        self.blocks = KVBlockRange(shape.tile_m, shape.tile_n, config.causal)
-        self.mask = AttentionMask(shape.tile_m, shape.tile_n, config.causal)
 
     # ------------------------------------------------------------------------------------------
     # Host side of the launch: layouts, copy atoms, tiled MMA, grid (shared with cute/tiled).
@@ -238,7 +236,8 @@ class PipelinedAttentionKernel:
         # ---- 1. Tiles of this CTA and its K/V block range ------------------------------------
         # Largest m_block first: under causal masking it has the most blocks to visit.
         m_block = grid_m - 1 - block_m
-        n_block_max = self.blocks.n_block_max(m_block, seqlen_k)
+        block_range = BlockRange.create(m_block, seqlen_k, self.tile_m, self.tile_n, self.causal)
+        n_block_max = block_range.n_block_max
         tile_q = (self.tile_m, self.head_dim)
         tile_kv = (self.tile_n, self.head_dim)
         gQ = cute.local_tile(mQ[batch, head, None, None], tile_q, (m_block, 0))  # (tile_m, D)
@@ -296,6 +295,7 @@ class PipelinedAttentionKernel:
 
         rows_per_thread = cute.size(acc_O, mode=[0, 1]) * cute.size(acc_O, mode=[1])
         softmax = OnlineSoftmax(rows_per_thread, softmax_scale_log2)
+        mask = AttentionMask(self.tile_m, self.tile_n, self.causal, tiled_mma, tidx, m_block, seqlen_k)
 
         # ---- 2. Prologue: Q and the first stages-1 K/V blocks in flight ----------------------
         for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
@@ -309,23 +309,21 @@ class PipelinedAttentionKernel:
                 self.load_kv(kv_copy, n_block_max - 1 - stage, stage, seqlen_k, stage == 0)
             cute.arch.cp_async_commit_group()
 
-        # ---- 3. Main loop: masked iterations first, then the unmasked rest -------------------
-        for step in cutlass.range_constexpr(self.blocks.mask_steps):
-            if step < n_block_max:
-                self.attend_block(
-                    kv_copy, tiled_mma, tidx, smem_operands, tSrQ, tSrK, tOrVt, acc_O, softmax,
-                    step, n_block_max, m_block, seqlen_q, seqlen_k, True,
-                )  # fmt: skip
-        for step in cutlass.range(self.blocks.mask_steps, n_block_max, 1):
-            self.attend_block(
-                kv_copy, tiled_mma, tidx, smem_operands, tSrQ, tSrK, tOrVt, acc_O, softmax,
-                step, n_block_max, m_block, seqlen_q, seqlen_k, False,
-            )  # fmt: skip
+        # ---- 3. Main loop: the masked blocks first (they top the range), then the unmasked rest ---
+        # Operands bound once: an iteration passes only its step and whether it masks.
+        attend = partial(
+            self.attend_block, kv_copy, tiled_mma, smem_operands, tSrQ, tSrK, tOrVt, acc_O, softmax, mask, n_block_max
+        )
+        for step in cutlass.range_constexpr(block_range.n_masked_blocks):
+            if step < n_block_max - block_range.n_block_min:
+                attend(step, True)
+        for step in cutlass.range(block_range.n_masked_blocks, n_block_max - block_range.n_block_min, 1):
+            attend(step, False)
         # Retire the empty trailing groups so no cp.async is outstanding at exit.
         cute.arch.cp_async_wait_group(0)
 
         # ---- 4. Epilogue: normalise, cast, predicated store ----------------------------------
-        softmax.normalize(acc_O)
+        softmax.finalize(acc_O)
         rO = cute.make_fragment_like(acc_O, dtype)
         rO.store(acc_O.load().to(dtype))
         tOgO = thr_mma.partition_C(gO)  # (MMA, MMA_M, MMA_D)
@@ -363,18 +361,15 @@ class PipelinedAttentionKernel:
         self,
         kv_copy: tuple,
         tiled_mma: cute.TiledMma,
-        tidx: cutlass.Int32,
         smem_operands: tuple,
         tSrQ: cute.Tensor,
         tSrK: cute.Tensor,
         tOrVt: cute.Tensor,
         acc_O: cute.Tensor,
         softmax: OnlineSoftmax,
-        step: cutlass.Int32,
+        mask: AttentionMask,
         n_block_max: cutlass.Int32,
-        m_block: cutlass.Int32,
-        seqlen_q: cutlass.Int32,
-        seqlen_k: cutlass.Int32,
+        step: cutlass.Int32,
         masked: cutlass.Constexpr,
     ):
         """Iteration ``step`` (block ``n_block_max - 1 - step``): refill the ring, then
@@ -387,7 +382,7 @@ class PipelinedAttentionKernel:
         cute.arch.barrier()
         ahead = step + self.stages - 1
         if ahead < n_block_max:
-            self.load_kv(kv_copy, n_block_max - 1 - ahead, ahead % self.stages, seqlen_k, False)
+            self.load_kv(kv_copy, n_block_max - 1 - ahead, ahead % self.stages, mask.seqlen_k, False)
         # Always commit (possibly an empty group) so that "stages-1 groups pending" means block i landed.
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(self.stages - 1)
@@ -406,10 +401,11 @@ class PipelinedAttentionKernel:
             a_load=(copy_Q, tSsQ, tSrQ_view),
         )
 
-        # ---- 3c./3d. Mask, online softmax (rescales O) ----------------------------------------
+        # ---- 3c./3d. Mask, online softmax, rescale O ------------------------------------------
         if cutlass.const_expr(masked):
-            self.mask.apply(acc_S, tiled_mma, tidx, m_block, n_block, seqlen_q, seqlen_k)
-        softmax.update(acc_S, acc_O)
+            mask.apply(acc_S, n_block)
+        row_scale = softmax.update(acc_S)
+        softmax.rescale(acc_O, row_scale)
 
         # ---- 3e. O += P V ---------------------------------------------------------------------
         rP = cute.make_fragment_like(acc_S, tSrQ.element_type)
