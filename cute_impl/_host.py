@@ -95,13 +95,31 @@ def validated_prepare(
     problem: Problem,
     *,
     head_dims: Collection[int],
+    problem_check: Callable[[Problem], tuple[bool, str]] | None = None,
 ) -> Runner:
-    """A rung's ``prepare``: validate q, k, v (B, H, S, D) against the rung's head dims, ``bind`` them
-    to the Problem they describe (compiling on first use), and launch once to warm up."""
+    """A rung's ``prepare``: validate q, k, v (B, H, S, D) against the rung's head dims and, if given,
+    ``problem_check`` (the rung's own limits, as its ``supports`` states them), ``bind`` them to the
+    Problem they describe (compiling on first use), and launch once to warm up."""
     checked = validate_attention_inputs(
         q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, head_dims=head_dims
     )
+    if problem_check is not None:
+        ok, reason = problem_check(checked)
+        if not ok:
+            raise ValueError(reason)
     return warmed_up(bind(q, k, v, checked), q.device)
+
+
+def positive_scale(problem: Problem) -> tuple[bool, str]:
+    """The ``mma.sync`` rungs take ``row_max`` (the maximum of S · softmax_scale_log2) as max(S) ·
+    softmax_scale_log2, which is that maximum only for a positive scale; a zero scale would also turn
+    the mask's -inf into NaN in the exp2 FMA."""
+    if problem.scale <= 0:
+        return False, (
+            "softmax_scale must be > 0 (row_max is taken as max(S) * softmax_scale_log2, and a zero scale "
+            f"turns the mask's -inf into NaN in the exp2 FMA), got {problem.scale}"
+        )
+    return True, ""
 
 
 def compile_on_fakes_sm90(

@@ -100,6 +100,7 @@ from cute_impl._host import (
     compiled_runner,
     cp_async_tiled_copy,
     fake_operands,
+    positive_scale,
     qkv_shared_storage,
     query_tile_grid,
     static_head_dim_view,
@@ -480,7 +481,7 @@ def tile_config(problem: Problem) -> TileConfig:
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
     """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up."""
-    return validated_prepare(bind, q, k, v, problem, head_dims=tuple(TILE_CONFIGS))
+    return validated_prepare(bind, q, k, v, problem, head_dims=tuple(TILE_CONFIGS), problem_check=positive_scale)
 
 
 def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
@@ -505,11 +506,15 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
 # ----------------------------------------------------------------------------------------------
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     """The capability check: a CUDA device of sm_80+ (mma.sync bf16, cp.async), fp16/bf16, a head dim
-    of :data:`TILE_CONFIGS` (D=256 would need 256 fp32 O-accumulator registers per thread at tile_m=128)."""
-    return check_common(
+    of :data:`TILE_CONFIGS` (D=256 would need 256 fp32 O-accumulator registers per thread at tile_m=128),
+    softmax_scale > 0."""
+    ok, reason = check_common(
         "cute/pipelined", problem, device,
         dtypes=tuple(CUTE_DTYPES), head_dims=tuple(TILE_CONFIGS), min_capability=MIN_COMPUTE_CAPABILITY,
     )  # fmt: skip
+    if not ok:
+        return ok, reason
+    return positive_scale(problem)
 
 
 IMPLEMENTATION = Implementation(

@@ -24,7 +24,7 @@ Algorithm (the sections of :meth:`TiledAttentionKernel.kernel`):
    a. ``cp.async`` K and V to shared memory, commit, wait for all groups, barrier.
    b. ``S = Q Kᵀ`` with ``mma.sync``; operands read from shared memory into registers per k-step.
    c. Mask: keys past Sk and, when causal, keys right of the diagonal get ``-inf``. Only the first
-      ``mask_steps`` iterations can need it; the rest run the unmasked variant.
+      ``n_masked_blocks`` iterations can need it; the rest run the unmasked variant.
    d. Online softmax in registers: the row maximum is reduced across the quad of 4 lanes that
       shares a row of the MMA accumulator (``shfl.bfly`` 2 and 1), ``P = exp2(S * scale_log2 - m)``,
       the accumulator and the row sum are rescaled by ``exp2(m_old - m_new)``; a row whose maximum
@@ -80,6 +80,7 @@ from cute_impl._host import (
     compiled_runner,
     cp_async_tiled_copy,
     fake_operands,
+    positive_scale,
     qkv_shared_storage,
     query_tile_grid,
     static_head_dim_view,
@@ -118,7 +119,7 @@ class TiledAttentionKernel:
         self.num_threads = config.num_threads
         # Causal: the blocks that cross the diagonal of a tile_m-row tile; otherwise the last
         # block, the only one that can be cut by Sk.
-        self.mask_steps = self.tile_m // self.tile_n if self.causal else 1
+        self.n_masked_blocks = self.tile_m // self.tile_n if self.causal else 1
 
     # ------------------------------------------------------------------------------------------
     # Host side of the launch: layouts, copy atoms, tiled MMA, grid (shared with cute/pipelined).
@@ -229,7 +230,7 @@ class TiledAttentionKernel:
                 tQsQ[None, m, None].fill(0)
 
         # ---- 3. K/V blocks, last first: masked iterations, then the unmasked rest ------------
-        for step in cutlass.range_constexpr(self.mask_steps):
+        for step in cutlass.range_constexpr(self.n_masked_blocks):
             if step < n_block_max:
                 n_block = n_block_max - 1 - step
                 self.load_kv(gmem_tiled_copy, tKgK, tKsK, tVgV, tVsV, tKVcKV, n_block, seqlen_k)
@@ -237,7 +238,7 @@ class TiledAttentionKernel:
                     tiled_mma, thr_mma, tSsQ, tSrQ, tSsK, tSrK, tOsVt, tOrVt, acc_O, row_max, row_sum,
                     softmax_scale_log2, m_block, n_block, seqlen_q, seqlen_k, True,
                 )  # fmt: skip
-        for step in cutlass.range(self.mask_steps, n_block_max, 1):
+        for step in cutlass.range(self.n_masked_blocks, n_block_max, 1):
             n_block = n_block_max - 1 - step
             self.load_kv(gmem_tiled_copy, tKgK, tKsK, tVgV, tVsV, tKVcKV, n_block, seqlen_k)
             self.attend_block(
@@ -341,14 +342,17 @@ class TiledAttentionKernel:
             block_max = acc_S_mn[r, 0]
             for c in cutlass.range_constexpr(1, cute.size(acc_S_mn, mode=[1])):
                 block_max = cute.arch.fmax(block_max, acc_S_mn[r, c])
-            new_max = cute.arch.fmax(row_max[r], _quad_allreduce(block_max, cute.arch.fmax))
+            # row_max is the maximum of S · softmax_scale_log2 (log2 units of the scaled scores); a
+            # positive scale commutes with the maximum, so the block maximum is scaled once per row.
+            block_max_scaled = _quad_allreduce(block_max, cute.arch.fmax) * softmax_scale_log2
+            new_max = cute.arch.fmax(row_max[r], block_max_scaled)
             # Guard: a row that has seen only masked keys keeps -inf; subtract 0 instead so that
             # exp2(-inf - -inf) = NaN never happens (its P and rescale factor become 0).
-            max_scaled = 0.0 if new_max == -cutlass.Float32.inf else new_max * softmax_scale_log2
-            rescale = cute.math.exp2(row_max[r] * softmax_scale_log2 - max_scaled, fastmath=True)
+            reference = 0.0 if new_max == -cutlass.Float32.inf else new_max
+            rescale = cute.math.exp2(row_max[r] - reference, fastmath=True)
             block_sum = cutlass.Float32(0.0)
             for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-                p = cute.math.exp2(acc_S_mn[r, c] * softmax_scale_log2 - max_scaled, fastmath=True)
+                p = cute.math.exp2(acc_S_mn[r, c] * softmax_scale_log2 - reference, fastmath=True)
                 acc_S_mn[r, c] = p
                 block_sum = block_sum + p
             # Row sums stay per-thread partial sums; they are reduced across the quad once, at the end.
@@ -410,7 +414,7 @@ def tile_config(problem: Problem) -> TileConfig:
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
     """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up."""
-    return validated_prepare(bind, q, k, v, problem, head_dims=HEAD_DIMS)
+    return validated_prepare(bind, q, k, v, problem, head_dims=HEAD_DIMS, problem_check=positive_scale)
 
 
 def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
@@ -436,11 +440,14 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
 # ----------------------------------------------------------------------------------------------
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     """The capability check: a CUDA device of sm_80+ (mma.sync bf16, cp.async), fp16/bf16, D 64 or 128
-    (D=256 has not been validated on the GPU for this rung)."""
-    return check_common(
+    (D=256 has not been validated on the GPU for this rung), softmax_scale > 0."""
+    ok, reason = check_common(
         "cute/tiled", problem, device,
         dtypes=tuple(CUTE_DTYPES), head_dims=HEAD_DIMS, min_capability=MIN_COMPUTE_CAPABILITY,
     )  # fmt: skip
+    if not ok:
+        return ok, reason
+    return positive_scale(problem)
 
 
 IMPLEMENTATION = Implementation(

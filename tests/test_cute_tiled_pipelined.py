@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -15,7 +16,8 @@ from common.problem import Problem
 from common.reference import reference_attention
 from common.sdpa import sdpa
 from common.static import cubin_resources
-from cute_impl import pipelined, tiled
+from cute_impl import _host, pipelined, tiled
+from cute_impl._device import BlockRange
 
 MODULES = {"cute/tiled": tiled, "cute/pipelined": pipelined}
 # Shared memory per SM on the H100/H200 available to CTAs, in bytes.
@@ -79,6 +81,70 @@ def test_pipelined_waits_for_one_block_not_for_all():
     waits = set(re.findall(r"cp\.async\.wait_group\s+(\d+)", pipelined_ptx))
     assert str(stages - 1) in waits, f"pipelined waits {waits}"
     assert set(re.findall(r"cp\.async\.wait_group\s+(\d+)", tiled_ptx)) == {"0"}
+
+
+class BindReachedError(Exception):
+    pass
+
+
+def _never_bind(*args: object) -> None:
+    raise BindReachedError
+
+
+@pytest.fixture
+def cpu_prepare(monkeypatch: pytest.MonkeyPatch) -> None:
+    """prepare() validates CPU tensors and stops at bind: what it refuses, it refuses before any GPU work."""
+    validate = functools.partial(_host.validate_attention_inputs, device_types=("cpu",))
+    monkeypatch.setattr(_host, "validate_attention_inputs", validate)
+    for module in MODULES.values():
+        monkeypatch.setattr(module, "bind", _never_bind)
+
+
+@pytest.mark.parametrize("scale", [-0.125, 0.0])
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_non_positive_scale_is_refused(name: str, scale: float, cpu_prepare: None, monkeypatch: pytest.MonkeyPatch):
+    """row_max is taken as max(S) * softmax_scale_log2, the maximum of the scaled scores only for scale > 0."""
+    problem = Problem(1, 2, 16, 16, 64, dtype=torch.bfloat16, softmax_scale=scale)
+    monkeypatch.setattr("common.capability._architecture", lambda device: (9, 0))
+    ok, reason = MODULES[name].supports(problem, torch.device("cuda"))
+    assert not ok and reason.startswith("softmax_scale must be > 0"), reason
+    q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=rf"softmax_scale must be > 0 .*got {scale}"):
+        MODULES[name].prepare(q, q, q, problem)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_positive_scale_reaches_bind(name: str, cpu_prepare: None):
+    q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
+    with pytest.raises(BindReachedError):
+        MODULES[name].prepare(q, q, q, Problem(1, 2, 16, 16, 64, dtype=torch.bfloat16, softmax_scale=0.125))
+
+
+def _visible(row: int, key: int, *, seqlen_k: int, causal: bool) -> bool:
+    return key < seqlen_k and (not causal or key <= row)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("tile_n", [32, 64])
+def test_block_range_visits_every_visible_key_and_masks_where_needed(tile_n: int, causal: bool):
+    """cute/pipelined's BlockRange: blocks from n_block_max on are masked for every row of the tile,
+    every visible key lies below n_block_max, and the blocks below the top n_masked_blocks are seen in
+    full by every row (so skipping their mask is safe)."""
+    tile_m = 128
+    for seqlen_q, seqlen_k in [(1, 1), (77, 1000), (1000, 77), (1000, 1000), (512, 512), (300, 129)]:
+        for m_block in range(-(-seqlen_q // tile_m)):
+            blocks = BlockRange.create(m_block, seqlen_k, tile_m, tile_n, causal)
+            # Every row of the tile, the padding past Sq included: the kernel computes those too.
+            rows = range(m_block * tile_m, (m_block + 1) * tile_m)
+            visible = functools.partial(_visible, seqlen_k=seqlen_k, causal=causal)
+            where = f"m_block={m_block} Sq={seqlen_q} Sk={seqlen_k}"
+            assert blocks.n_block_min == 0
+            last_visible = max((key for row in rows for key in range(seqlen_k) if visible(row, key)), default=-1)
+            assert last_visible < blocks.n_block_max * tile_n, f"{where}: a visible key is never loaded"
+            assert last_visible >= (blocks.n_block_max - 1) * tile_n, f"{where}: a fully masked block is loaded"
+            unmasked_end = max(blocks.n_block_max - blocks.n_masked_blocks, 0) * tile_n
+            hidden = [(row, key) for row in rows for key in range(unmasked_end) if not visible(row, key)]
+            assert not hidden, f"{where}: block of (row, key) {hidden[0]} runs without the mask it needs"
 
 
 @pytest.mark.gpu
