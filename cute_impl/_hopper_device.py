@@ -1,9 +1,13 @@
 """Device helpers shared by the CuTe DSL Hopper rungs (``hopper.py`` and ``fp8.py``).
 
-Three small objects keep the kernel readable: :class:`KeyBlockRange` says which key blocks a query
-block visits and which of them need a mask, :class:`AttentionMask` writes ``-inf`` where a score must
-not count, and :class:`OnlineSoftmax` carries ``row_max``/``row_sum`` across key blocks. The
-fragment helpers translate between the WGMMA accumulator layout and (row, column) views.
+The kernel only orchestrates; these small objects do the work, with the names every stack uses
+(issue #19): :class:`BlockRange` says which key blocks a query tile visits and how many of them need
+a mask, :class:`AttentionMask` writes ``-inf`` where a score must not count, :class:`OnlineSoftmax`
+carries ``row_max`` (log2 units of the scaled scores) and ``row_sum`` across key blocks,
+:class:`NamedBarrier` names the barrier ids, :class:`TileScheduler` deals query tiles to CTAs,
+:class:`QueryBoxes` is the Q pipeline, :class:`WarpgroupTurns` the ping-pong between consumer
+warpgroups. The fragment helpers translate between the WGMMA accumulator layout and (row, column)
+views.
 
 WGMMA accumulator layout (m64nNk16, one warpgroup): a thread holds, for every 8-column block ``c``,
 the four values ``(row r0, col 8c + 2t)``, ``(r0, 8c + 2t + 1)``, ``(r0 + 8, 8c + 2t)``,
@@ -14,23 +18,37 @@ row, so a row reduction is a thread-local loop plus two butterfly shuffles.
 
 from __future__ import annotations
 
+import enum
 import math
 import operator
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
 
 LN_2 = math.log(2.0)
 # Lanes that share one accumulator row (t = lane % 4).
 THREADS_PER_ROW = 4
+# Accumulator rows per thread in an m64 WGMMA: r0 and r0 + 8.
+ROWS_PER_THREAD = 2
+# Values per row and 8-column block of the accumulator (a column pair 2t, 2t + 1).
+VALUES_PER_PAIR = 2
+# 8-column accumulator blocks per 32-wide FP8 k-block.
+COLUMN_BLOCKS_PER_FP8_K = 4
+WARPS_PER_WARPGROUP = 4
+THREADS_PER_WARPGROUP = 128
+# Query rows per consumer warpgroup: the M of one WGMMA instruction.
+ROWS_PER_WARPGROUP = 64
 
 
 # ----------------------------------------------------------------------------------------------------
 # Fragment views
 # ----------------------------------------------------------------------------------------------------
-def rows_cols_view(tensor: cute.Tensor) -> cute.Tensor:
+def rows_by_cols(tensor: cute.Tensor) -> cute.Tensor:
     """View an accumulator-shaped fragment ((2, 2, N/8), MMA_M, MMA_N) as (rows, cols)."""
     shape, stride = tensor.layout.shape, tensor.layout.stride
     layout = cute.make_layout(
@@ -57,12 +75,13 @@ def scores_to_operand_a(acc_S: cute.Tensor, tOrP: cute.Tensor) -> None:
     else:
         # fp32 staging in A order: pure register renaming, then one vectorised conversion.
         staged = cute.make_rmem_tensor(tOrP.layout, Float32)
-        columns_per_chunk = 4  # 8-column accumulator blocks per 32-wide fp8 k-block
-        for k in cutlass.range_constexpr(cute.size(acc_S, mode=[0]) // (4 * columns_per_chunk)):
-            for c in cutlass.range_constexpr(columns_per_chunk):
-                for r in cutlass.range_constexpr(2):
-                    for j in cutlass.range_constexpr(2):
-                        source = j + 2 * r + 4 * (columns_per_chunk * k + c)
+        blocks = COLUMN_BLOCKS_PER_FP8_K
+        values_per_block = ROWS_PER_THREAD * VALUES_PER_PAIR
+        for k in cutlass.range_constexpr(cute.size(acc_S, mode=[0]) // (values_per_block * blocks)):
+            for c in cutlass.range_constexpr(blocks):
+                for r in cutlass.range_constexpr(ROWS_PER_THREAD):
+                    for j in cutlass.range_constexpr(VALUES_PER_PAIR):
+                        source = j + 2 * r + 4 * (blocks * k + c)
                         target = (j + 2 * (c % 2)) + 4 * r + 8 * (c // 2) + 16 * k
                         staged[target] = acc_S[source]
         tOrP.store(staged.load().to(tOrP.element_type))
@@ -82,29 +101,66 @@ def tree_reduce(values: list[Float32], combine: Callable[[Float32, Float32], Flo
 
 
 # ----------------------------------------------------------------------------------------------------
-# Tile order and key block range
+# Named barriers, tile scheduler, Q pipeline
 # ----------------------------------------------------------------------------------------------------
-class TileOrder:
-    """Linear tile index in [0, query_blocks * heads * batch) -> (query block, (head, batch)).
+class ReadOnlyInRegions:
+    """Base of the helper objects that a kernel builds once, before its warp-role branches and tile
+    loops, and only reads inside them. The DSL asks every object that crosses a runtime ``if`` or
+    loop for the staged values it must carry; these carry none (their values are defined before the
+    region and never rebound), like the pipeline objects of ``cutlass.pipeline``."""
 
-    The query blocks of one (batch, head) are consecutive, so the CTAs running at the same time share
-    that head's K and V in L2. Causal query blocks go longest first within a head: the short ones then
-    fill the end of the schedule instead of leaving SMs idle behind a long one.
+    def __extract_mlir_values__(self) -> list:
+        return []
+
+    def __new_from_mlir_values__(self, values: list) -> ReadOnlyInRegions:
+        return self
+
+
+class NamedBarrier(enum.IntEnum):
+    """Named barrier ids (0 is ``__syncthreads``); the ``_WG1`` members are offset by the consumer
+    warpgroup index (0, 1, 2), so each warpgroup has its own epilogue and WGMMA-turn barrier."""
+
+    EPILOGUE_WG1 = 1
+    EPILOGUE_WG2 = 2
+    EPILOGUE_WG3 = 3
+    TURN_WG1 = 4
+    TURN_WG2 = 5
+    TURN_WG3 = 6
+
+
+class WorkTile(NamedTuple):
+    m_block: Int32
+    # (head, batch): indexes the last mode of every (S, X, (H, B)) view.
+    head_batch: tuple[Int32, Int32]
+
+
+class TileScheduler(ReadOnlyInRegions):
+    """Deals the query tiles (``query_blocks * heads * batch`` of them) to the CTAs of the grid.
+
+    Tiles are dealt in rounds of one per CTA, forwards in even rounds and backwards in odd ones (a
+    snake). The query blocks of one (batch, head) are consecutive, so the CTAs running at the same
+    time share that head's K and V in L2; causal query blocks go longest first within a head, and the
+    snake then hands a CTA that drew a long tile in one round a short one in the next, so the CTAs
+    finish together (a plain round robin gives CTA 0 the longest tile of every round). With one CTA
+    per tile (grid = tiles) every CTA gets exactly its own tile.
     """
 
-    def __init__(self, tile_m: int, causal: bool):
-        self.tile_m = tile_m
+    def __init__(self, tile_m: int, causal: bool, seqlen_q: Int32, heads: Int32, batch: Int32):
         self.causal = causal
+        self.heads = heads
+        self.query_blocks = (seqlen_q + tile_m - 1) // tile_m
+        self.tile_count = self.query_blocks * heads * batch
+        self.cta, _, _ = cute.arch.block_idx()
+        self.ctas, _, _ = cute.arch.grid_dim()
 
-    def query_blocks(self, seqlen_q: Int32) -> Int32:
-        return (seqlen_q + self.tile_m - 1) // self.tile_m
+    @staticmethod
+    def tile_total(tile_m: int, seqlen_q: Int32, heads: Int32, batch: Int32) -> Int32:
+        """All query tiles of the launch (host side: sizes the grid)."""
+        return (seqlen_q + tile_m - 1) // tile_m * heads * batch
 
     @staticmethod
     def tile_of_cta(local: Int32, cta: Int32, ctas: Int32) -> Int32:
-        """The ``local``-th tile of CTA ``cta`` out of ``ctas``: tiles are dealt in rounds of ``ctas``,
-        forwards in even rounds and backwards in odd ones (a snake). With causal tiles sorted longest
-        first, a CTA that drew a long tile in one round draws a short one in the next, so the CTAs
-        finish together; a plain round robin gives CTA 0 the longest tile of every round."""
+        """The ``local``-th tile of CTA ``cta`` out of ``ctas`` (the snake)."""
         backwards = local % 2
         return local * ctas + cta + backwards * (ctas - 1 - 2 * cta)
 
@@ -115,72 +171,127 @@ class TileOrder:
         rounds = tile_count // ctas
         # 1 if the slot in the partial round is inside the grid of tiles, else 0 (plain arithmetic, so
         # that it also runs on Python ints in tests).
-        in_last_round = cutlass.min(1, cutlass.max(0, tile_count - TileOrder.tile_of_cta(rounds, cta, ctas)))
+        in_last_round = cutlass.min(1, cutlass.max(0, tile_count - TileScheduler.tile_of_cta(rounds, cta, ctas)))
         return rounds + in_last_round
 
-    def coordinates(self, tile: Int32, query_blocks: Int32, heads: Int32) -> tuple[Int32, tuple[Int32, Int32]]:
-        m_block = tile % query_blocks
-        if cutlass.const_expr(self.causal):
-            m_block = query_blocks - 1 - m_block
-        head_batch = tile // query_blocks
-        return m_block, (head_batch % heads, head_batch // heads)
-
-
-class KeyBlockRange:
-    """Key blocks [0, count) visited by one query block; the last ``masked`` ones need a mask.
-
-    Blocks are visited from the last to the first, so the blocks that need a mask (the ragged end of
-    Sk and, when causal, the diagonal) come first and the rest of the loop runs without one.
-    """
-
-    def __init__(self, tile_m: int, tile_n: int, causal: bool):
-        self.tile_m = tile_m
-        self.tile_n = tile_n
-        self.causal = causal
-
-    def count(self, m_block: Int32, seqlen_k: Int32) -> Int32:
-        visible_keys = seqlen_k
-        if cutlass.const_expr(self.causal):
-            # Causal (top-left): the block's last row (m_block + 1) * tile_m - 1 sees keys up to itself.
-            visible_keys = cutlass.min(seqlen_k, (m_block + 1) * self.tile_m)
-        return (visible_keys + self.tile_n - 1) // self.tile_n
-
-    def counts(self, m_block: Int32, seqlen_k: Int32) -> tuple[Int32, Int32]:
-        """(blocks visited, blocks that need a mask)."""
-        n_block_count = self.count(m_block, seqlen_k)
-        return n_block_count, self.masked(m_block, n_block_count)
-
-    def masked(self, m_block: Int32, n_block_count: Int32) -> Int32:
-        if cutlass.const_expr(not self.causal):
-            # Only the last key block can be ragged.
-            return Int32(1)
-        # Blocks that reach past the block's first row cross the diagonal; at least one block is
-        # masked so that a ragged Sk is always covered.
-        first_crossing = cutlass.min(n_block_count, (m_block * self.tile_m) // self.tile_n)
-        return cutlass.max(n_block_count - first_crossing, 1)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Masking
-# ----------------------------------------------------------------------------------------------------
-class AttentionMask:
-    """Writes -inf into scores of keys past Sk and, when causal, keys after the query row."""
-
-    def __init__(self, tile_n: int, causal: bool):
-        self.tile_n = tile_n
-        self.causal = causal
+    @cute.jit
+    def local_tile_count(self) -> Int32:
+        return self.tiles_of_cta(self.cta, self.ctas, self.tile_count)
 
     @cute.jit
-    def apply(self, acc_S: cute.Tensor, tScS: cute.Tensor, row_start: Int32, n_block: Int32, seqlen_k: Int32):
-        """``tScS``: (row, col) of every accumulator element inside the tile; ``row_start``: its first row."""
-        rS = rows_cols_view(acc_S)
-        cS = rows_cols_view(tScS)
+    def work_tile(self, local_tile: Int32) -> WorkTile:
+        tile = self.tile_of_cta(local_tile, self.cta, self.ctas)
+        m_block = tile % self.query_blocks
+        if cutlass.const_expr(self.causal):
+            m_block = self.query_blocks - 1 - m_block
+        head_batch = tile // self.query_blocks
+        return WorkTile(m_block, (head_batch % self.heads, head_batch // self.heads))
+
+
+class QueryBoxes(ReadOnlyInRegions):
+    """The Q pipeline: one box per consumer warpgroup, reloaded once per tile.
+
+    ``full[w]``: 1 producer arrive with expect_tx (the box's bytes), completed by the TMA load.
+    ``empty[w]``: one arrive from an elected lane of each of warpgroup ``w``'s 4 warps once its last
+    S = Q Kᵀ of the tile has retired. Phases come from one-stage ``PipelineState`` objects that the
+    tile loops advance (the producer's starts at phase 1, so its first wait passes at once).
+    """
+
+    def __init__(self, full: cute.Pointer, empty: cute.Pointer, warpgroups: int, box_bytes: int):
+        self.full = full
+        self.empty = empty
+        self.warpgroups = warpgroups
+        self.box_bytes = box_bytes
+
+    @cute.jit
+    def init_barriers(self) -> None:
+        """Called by one elected thread before the CTA-wide barrier that publishes the inits."""
+        for w in cutlass.range_constexpr(self.warpgroups):
+            cute.arch.mbarrier_init(self.full + w, 1)
+            cute.arch.mbarrier_init(self.empty + w, WARPS_PER_WARPGROUP)
+
+    @staticmethod
+    def producer_state() -> pipeline.PipelineState:
+        return pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+
+    @staticmethod
+    def consumer_state() -> pipeline.PipelineState:
+        return pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+
+    @cute.jit
+    def load(self, atom: cute.CopyAtom, source: cute.Tensor, box: cute.Tensor, w: int, state: pipeline.PipelineState):
+        """Wait until warpgroup ``w`` has released its box, then TMA the next Q box into it."""
+        cute.arch.mbarrier_wait(self.empty + w, state.phase)
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(self.full + w, self.box_bytes)
+        cute.copy(atom, source, box, tma_bar_ptr=self.full + w)
+
+    @cute.jit
+    def wait(self, w: Int32, state: pipeline.PipelineState) -> None:
+        cute.arch.mbarrier_wait(self.full + w, state.phase)
+
+    @cute.jit
+    def release(self, w: Int32) -> None:
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive(self.empty + w)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Block range and masking
+# ----------------------------------------------------------------------------------------------------
+class BlockRange:
+    """Key blocks ``[n_block_min, n_block_max)`` of one query tile; the top ``n_masked_blocks`` of
+    them need the mask (the ragged end of Sk and, causal, the diagonal).
+
+    Blocks are visited from the top down, so the masked blocks come first and the rest of the loop
+    runs without a mask. This rung always starts at key 0 (no sliding window): ``n_block_min = 0``.
+    """
+
+    def __init__(self, n_block_min: int, n_block_max: Int32, n_masked_blocks: Int32):
+        self.n_block_min = n_block_min
+        self.n_block_max = n_block_max
+        self.n_masked_blocks = n_masked_blocks
+
+    @staticmethod
+    def create(m_block: Int32, seqlen_k: Int32, tile_m: int, tile_n: int, causal: bool) -> BlockRange:
+        visible_keys = seqlen_k
+        if cutlass.const_expr(causal):
+            # Causal (top-left): the tile's last row (m_block + 1) * tile_m - 1 sees keys up to itself.
+            visible_keys = cutlass.min(seqlen_k, (m_block + 1) * tile_m)
+        n_block_max = (visible_keys + tile_n - 1) // tile_n
+        if cutlass.const_expr(not causal):
+            # Only the last key block can be ragged.
+            return BlockRange(0, n_block_max, Int32(1))
+        # Blocks that reach past the tile's first row cross the diagonal; at least one block is
+        # masked so that a ragged Sk is always covered.
+        first_crossing = cutlass.min(n_block_max, (m_block * tile_m) // tile_n)
+        return BlockRange(0, n_block_max, cutlass.max(n_block_max - first_crossing, 1))
+
+
+class AttentionMask:
+    """Writes -inf into scores of keys past Sk and, when causal, keys after the query row.
+
+    ``tScS``: (row, col) inside the tile of every accumulator value; ``row_start``: the first query
+    row of this warpgroup's 64 rows. Both are bound per tile, so :meth:`apply` takes only the block.
+    """
+
+    def __init__(self, tile_n: int, causal: bool, tScS: cute.Tensor, row_start: Int32, seqlen_k: Int32):
+        self.tile_n = tile_n
+        self.causal = causal
+        self.tScS = tScS
+        self.row_start = row_start
+        self.seqlen_k = seqlen_k
+
+    @cute.jit
+    def apply(self, acc_S: cute.Tensor, n_block: Int32):
+        rS = rows_by_cols(acc_S)
+        cS = rows_by_cols(self.tScS)
         col_start = n_block * self.tile_n
         for r in cutlass.range_constexpr(cute.size(rS, mode=[0])):
             # Keys col < key_limit count for this row.
-            key_limit = seqlen_k - col_start
+            key_limit = self.seqlen_k - col_start
             if cutlass.const_expr(self.causal):
-                key_limit = cutlass.min(key_limit, row_start + cS[r, 0][0] + 1 - col_start)
+                key_limit = cutlass.min(key_limit, self.row_start + cS[r, 0][0] + 1 - col_start)
             for c in cutlass.range_constexpr(cute.size(rS, mode=[1])):
                 # A select, not an `if`: the DSL lowers a dynamic `if` that writes one element of a
                 # register tensor to selects over the whole tensor (16 FSEL per element here).
@@ -193,92 +304,100 @@ class AttentionMask:
 class OnlineSoftmax:
     """Running ``row_max`` and (thread-partial) ``row_sum`` of one warpgroup's rows.
 
-    ``row_sum`` stays a per-thread partial sum until :meth:`finalize`: the rescale factor is the same
-    for the four lanes of a row, so the cross-lane sum is needed only once, at the end.
+    ``row_max`` is the maximum of S * softmax_scale_log2: log2 units of the scaled scores, as in every
+    stack. ``row_sum`` stays a per-thread partial sum until :meth:`finalize`: the rescale factor is
+    the same for the four lanes of a row, so the cross-lane sum is needed only once, at the end.
 
     Lazy rescaling: ``row_max`` is the reference P is taken against, and it only moves when a block's
-    maximum exceeds it by more than ``rescale_threshold`` (log2 units of the scaled scores). Until
-    then P = exp2(scaled S - scaled reference) stays <= 2^threshold and O keeps its scale, so
-    :meth:`rescale_output` skips the row; on random data the maximum settles within a few blocks.
-    The result is exact: O, ``row_sum`` and the log-sum-exp always share one reference.
+    maximum exceeds it by more than ``rescale_threshold`` (log2 units). Until then P = exp2(scaled S -
+    row_max) stays <= 2^threshold and O keeps its scale, so :meth:`rescale` skips the row; on random
+    data the maximum settles within a few blocks. The result is exact: O, ``row_sum`` and the
+    log-sum-exp always share one reference.
     """
 
     def __init__(
-        self, softmax_scale_log2: Float32, rows: int, p_exponent_offset: float = 0.0, rescale_threshold: float = 0.0
+        self, rows: int, softmax_scale_log2: Float32, p_exponent_offset: float = 0.0, rescale_threshold: float = 0.0
     ):
         self.softmax_scale_log2 = softmax_scale_log2
-        # P = exp2(scaled S - scaled max + offset); the offset cancels in O / row_sum.
+        # P = exp2(scaled S - row_max + offset); the offset cancels in O / row_sum.
         self.p_exponent_offset = p_exponent_offset
         self.rescale_threshold = rescale_threshold
+        self.rows = rows
         self.row_max = cute.make_rmem_tensor(rows, Float32)
         self.row_sum = cute.make_rmem_tensor(rows, Float32)
-        self.correction = cute.make_rmem_tensor(rows, Float32)
         self.row_max.fill(-Float32.inf)
         self.row_sum.fill(0.0)
 
     @cute.jit
-    def step(self, acc_S: cute.Tensor, key_scale: Float32 | None = None):
-        """S -> P in place (exp2 with the scale folded in) and row_sum; O's rescale factor is kept in
-        ``correction`` (exactly 1 where the reference did not move) for :meth:`rescale_output`, which
-        runs once the in-flight O += P V has retired.
+    def update(self, acc_S: cute.Tensor, key_scale: Float32 | None = None) -> cute.Tensor:
+        """S -> P in place (exp2 with the scale folded in) and row_sum; returns O's rescale factor
+        per row (exactly 1 where the reference did not move) for :meth:`rescale`, which runs once the
+        in-flight O += P V has retired.
 
-        ``key_scale`` (FP8 block quantisation): this key block's K scale. It multiplies the block max
-        (positive, so it commutes with the max) and joins the exp2 factor, so ``row_max`` stays in
-        units that every block shares at no cost per score."""
-        rS = rows_cols_view(acc_S)
-        scale_log2 = self.softmax_scale_log2
-        score_scale_log2 = scale_log2
+        ``key_scale`` (FP8 block quantisation): this key block's K scale. It joins the scale of the
+        block's scores, so ``row_max`` stays in units that every block shares at no cost per score."""
+        rS = rows_by_cols(acc_S)
+        score_scale_log2 = self.softmax_scale_log2
         if cutlass.const_expr(key_scale is not None):
-            score_scale_log2 = scale_log2 * key_scale
+            score_scale_log2 = self.softmax_scale_log2 * key_scale
         # Local names: the DSL's dynamic `if` below may write tensors, but not attributes of self.
-        row_max, row_sum, correction = self.row_max, self.row_sum, self.correction
+        row_max, row_sum = self.row_max, self.row_sum
+        row_scale = cute.make_rmem_tensor(self.rows, Float32)
         for r in cutlass.range_constexpr(cute.size(rS, mode=[0])):
             block_max = tree_reduce(row_values(rS, r), cute.arch.fmax)
             block_max = cute.arch.warp_reduction_max(block_max, threads_in_group=THREADS_PER_ROW)
-            if cutlass.const_expr(key_scale is not None):
-                block_max = block_max * key_scale
-            correction[r] = Float32(1.0)
+            # The maximum of the scaled scores: a positive scale commutes with the max.
+            block_max = block_max * score_scale_log2
+            row_scale[r] = Float32(1.0)
             # The first block with a visible key always moves the reference (-inf + threshold = -inf).
             # The factor is then exp2(-inf) = 0 for a reference of -inf: nothing was accumulated yet.
-            if block_max * scale_log2 > row_max[r] * scale_log2 + self.rescale_threshold:
-                factor = cute.math.exp2((row_max[r] - block_max) * scale_log2, fastmath=True)
+            if block_max > row_max[r] + self.rescale_threshold:
+                factor = cute.math.exp2(row_max[r] - block_max, fastmath=True)
                 row_sum[r] = row_sum[r] * factor
-                correction[r] = factor
+                row_scale[r] = factor
                 row_max[r] = block_max
             # A row with every key masked so far has max -inf: 0 in its place keeps exp2(-inf) = 0, not NaN.
-            max_scaled = row_max[r] * scale_log2
+            reference = row_max[r]
             if row_max[r] == -Float32.inf:
-                max_scaled = Float32(0.0)
-            p_base = max_scaled - self.p_exponent_offset
+                reference = Float32(0.0)
+            p_base = reference - self.p_exponent_offset
             for c in cutlass.range_constexpr(cute.size(rS, mode=[1])):
                 rS[r, c] = cute.math.exp2(rS[r, c] * score_scale_log2 - p_base, fastmath=True)
             row_sum[r] = row_sum[r] + tree_reduce(row_values(rS, r), operator.add)
+        return row_scale
 
     @cute.jit
-    def rescale_output(self, acc_O: cute.Tensor, acc_PV: cute.Tensor | None = None, pv_scale: Float32 | None = None):
-        """O *= correction row by row, skipped when no row of this warp moved its reference in the
-        last :meth:`step` (one warp-uniform branch: no divergence, and ptxas keeps the block whole).
+    def rescale(
+        self,
+        acc_O: cute.Tensor,
+        row_scale: cute.Tensor,
+        acc_PV: cute.Tensor | None = None,
+        pv_scale: Float32 | None = None,
+    ):
+        """O *= row_scale row by row, skipped when no row of this warp moved its reference in the
+        last :meth:`update` (one warp-uniform branch: no divergence, and ptxas keeps the block whole).
 
-        With ``acc_PV`` (the previous block's P V accumulated apart), O = (O + P V) * correction; with
-        ``pv_scale`` (FP8 block quantisation: that block's V scale), O = (O + P V * pv_scale) * correction.
+        With ``acc_PV`` (the previous block's P V accumulated apart), O = (O + P V) * row_scale; with
+        ``pv_scale`` (FP8 block quantisation: that block's V scale), O = (O + P V * pv_scale) * row_scale.
         """
-        rO = rows_cols_view(acc_O)
+        rO = rows_by_cols(acc_O)
         rows = cute.size(rO, mode=[0])
         if cutlass.const_expr(acc_PV is not None):
             add_block_product(acc_O, acc_PV, pv_scale)
-        correction = self.correction
-        moved = correction[0] != 1.0
+        moved = row_scale[0] != 1.0
         for r in cutlass.range_constexpr(1, rows):
-            moved = moved | (correction[r] != 1.0)
+            moved = moved | (row_scale[r] != 1.0)
         if cute.arch.vote_any_sync(moved):
             for r in cutlass.range_constexpr(rows):
                 for c in cutlass.range_constexpr(cute.size(rO, mode=[1])):
-                    rO[r, c] = rO[r, c] * correction[r]
+                    rO[r, c] = rO[r, c] * row_scale[r]
 
     @cute.jit
-    def finalize(self, acc_O: cute.Tensor, output_scale: Float32, lse: cute.Tensor):
-        """O /= row_sum (times ``output_scale``, the FP8 V descale) and lse = ln(sum exp(scaled S))."""
-        rO = rows_cols_view(acc_O)
+    def finalize(self, acc_O: cute.Tensor, output_scale: Float32) -> cute.Tensor:
+        """O /= row_sum (times ``output_scale``, the FP8 V descale); returns each row's natural-log
+        LSE = ln(sum exp(scaled S)) = (row_max + log2(row_sum)) * ln 2."""
+        rO = rows_by_cols(acc_O)
+        lse = cute.make_rmem_tensor(self.rows, Float32)
         for r in cutlass.range_constexpr(cute.size(rO, mode=[0])):
             total = cute.arch.warp_reduction_sum(self.row_sum[r], threads_in_group=THREADS_PER_ROW)
             # Rows past Sq (padding of the last query block) have total 0: write 0 and lse -inf.
@@ -287,9 +406,10 @@ class OnlineSoftmax:
             if total > 0.0:
                 inverse = output_scale / total
                 log2_sum = cute.math.log2(total, fastmath=True) - self.p_exponent_offset
-                lse[r] = (self.row_max[r] * self.softmax_scale_log2 + log2_sum) * LN_2
+                lse[r] = (self.row_max[r] + log2_sum) * LN_2
             for c in cutlass.range_constexpr(cute.size(rO, mode=[1])):
                 rO[r, c] = rO[r, c] * inverse
+        return lse
 
 
 @cute.jit
@@ -316,11 +436,152 @@ class BlockScales:
         return self.value_scales[n_block]
 
 
+class Fp8Descales(ReadOnlyInRegions):
+    """FP8: the e4m3 descales of Q, K and V, ``(blocks, (H, B))`` fp32 views (one block when per
+    tensor). :meth:`for_tile` folds what is constant over a tile into its softmax and output scales:
+    per tensor all three; with block scales Q's 64-row scale, while K's and V's are read per key block
+    (``BlockScales``)."""
+
+    def __init__(self, q_scales: cute.Tensor, k_scales: cute.Tensor, v_scales: cute.Tensor, block: bool):
+        self.q_scales = q_scales
+        self.k_scales = k_scales
+        self.v_scales = v_scales
+        self.block = block
+
+    def for_tile(
+        self, softmax_scale_log2: Float32, output_scale: Float32, q_block: Int32, bh: tuple[Int32, Int32]
+    ) -> tuple[Float32, Float32, BlockScales | None]:
+        if self.block:
+            scales = BlockScales(self.k_scales[None, bh], self.v_scales[None, bh])
+            return softmax_scale_log2 * self.q_scales[q_block, bh], output_scale, scales
+        scale_log2 = softmax_scale_log2 * self.q_scales[0, bh] * self.k_scales[0, bh]
+        return scale_log2, output_scale * self.v_scales[0, bh], None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Views, copies, GEMMs, epilogue
+# ----------------------------------------------------------------------------------------------------
+def sequence_major(t: cute.Tensor) -> cute.Tensor:
+    """(B, H, S, D) -> (S, D, (H, B)): TMA boxes tile (S, D); head and batch index the rest."""
+    layout = cute.make_layout(
+        (t.shape[2], t.shape[3], (t.shape[1], t.shape[0])),
+        stride=(t.stride[2], t.stride[3], (t.stride[1], t.stride[0])),
+    )
+    return cute.make_tensor(t.iterator, layout)
+
+
+def value_operand_view(t: cute.Tensor, transposed: bool) -> cute.Tensor:
+    """V as the B operand of O = P V, shaped (D, Sk, (H, B)) whatever its memory order."""
+    if transposed:  # (B, H, D, Sk): Sk contiguous, K-major
+        shape, stride = (t.shape[2], t.shape[3]), (t.stride[2], t.stride[3])
+    else:  # (B, H, Sk, D): D contiguous, MN-major
+        shape, stride = (t.shape[3], t.shape[2]), (t.stride[3], t.stride[2])
+    layout = cute.make_layout((*shape, (t.shape[1], t.shape[0])), stride=(*stride, (t.stride[1], t.stride[0])))
+    return cute.make_tensor(t.iterator, layout)
+
+
+def head_major(t: cute.Tensor | None) -> cute.Tensor | None:
+    """(B, H, X) -> (X, (H, B)), the (head, batch) mode indexed like the operands' (LSE, FP8 scales)."""
+    if t is None:
+        return None
+    layout = cute.make_layout((t.shape[2], (t.shape[1], t.shape[0])), stride=(t.stride[2], (t.stride[1], t.stride[0])))
+    return cute.make_tensor(t.iterator, layout)
+
+
+def tma_partition(atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor) -> tuple[cute.Tensor, cute.Tensor]:
+    """(TMA, stage) view of a staged SMEM tensor and (TMA, tile) view of a tiled global one."""
+    return cpasync.tma_partition(
+        atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2), cute.group_modes(gmem, 0, 2)
+    )
+
+
+@cute.jit
+def load_block(
+    atom: cute.CopyAtom, source: cute.Tensor, ring: cute.Tensor, producer: pipeline.PipelineProducer
+) -> pipeline.PipelineProducer:
+    """Wait for a free ring slot, then TMA one block into it; returns the producer so loops carry it."""
+    slot = producer.acquire_and_advance()
+    cute.copy(atom, source, ring[None, slot.index], tma_bar_ptr=slot.barrier)
+    return producer
+
+
+@cute.jit
+def warpgroup_gemm(
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    *,
+    tA: cute.Tensor,
+    tB: cute.Tensor,
+    stage: Int32,
+    accumulate: cutlass.Constexpr[bool],
+):
+    """Issue one warpgroup GEMM acc (+)= A B[stage] over all k-blocks (async); the caller waits on the
+    group. The accumulate flag lives on a fresh MMA atom: flipping it on the shared tiled MMA inside a
+    runtime loop would leak a loop-local value out of the loop."""
+    mma_atom = cute.make_mma_atom(tiled_mma.op)
+    tB_stage = tB[None, None, None, stage]
+    warpgroup.fence()
+    for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+        mma_atom.set(warpgroup.Field.ACCUMULATE, accumulate or k != 0)
+        cute.gemm(mma_atom, acc, tA[None, None, k], tB_stage[None, None, k], acc)
+    warpgroup.commit_group()
+
+
+class OutputEpilogue(ReadOnlyInRegions):
+    """Step 4 of one consumer warpgroup: O in the output dtype -> ``stmatrix`` into the warpgroup's O
+    box -> TMA store issued by its first warp, and the LSE straight from registers.
+
+    The store is left in flight; a persistent CTA waits for it to have read the box only before it
+    writes the next tile's O there (``cp.async.bulk.wait_group.read``, then the epilogue barrier).
+    """
+
+    def __init__(
+        self, tma_o: cute.CopyAtom, thr_store: Any, sO: cute.Tensor, w: Int32, wg_tidx: Int32, persistent: bool
+    ):
+        self.tma_o = tma_o
+        self.thr_store = thr_store
+        self.sO = sO  # (64, D, warpgroup)
+        self.w = w
+        self.wg_tidx = wg_tidx
+        self.persistent = persistent
+        self.barrier = NamedBarrier.EPILOGUE_WG1 + w
+
+    @cute.jit
+    def store_lse(self, gLSE: cute.Tensor, lse: cute.Tensor, tOcO: cute.Tensor, row_start: Int32, seqlen_q: Int32):
+        """One lane of each row's four writes its rows' log-sum-exp (rows past Sq are skipped)."""
+        cO = rows_by_cols(tOcO)
+        if cO[0, 0][1] == 0:
+            for r in cutlass.range_constexpr(ROWS_PER_THREAD):
+                row = row_start + cO[r, 0][0]
+                if row < seqlen_q:
+                    gLSE[row] = lse[r]
+
+    @cute.jit
+    def store_output(self, acc_O: cute.Tensor, gO_head: cute.Tensor, m_block: Int32):
+        first_warp = self.wg_tidx < cute.arch.WARP_SIZE
+        if cutlass.const_expr(self.persistent):
+            if first_warp:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.barrier(barrier_id=self.barrier, number_of_threads=THREADS_PER_WARPGROUP)
+        rO = cute.make_rmem_tensor_like(acc_O, self.sO.element_type)
+        rO.store(acc_O.load().to(self.sO.element_type))
+        cute.copy(self.thr_store, self.thr_store.retile(rO), self.thr_store.partition_D(self.sO[None, None, self.w]))
+        # The TMA unit reads SMEM through the async proxy: make the generic-proxy writes visible.
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=self.barrier, number_of_threads=THREADS_PER_WARPGROUP)
+        if first_warp:
+            head_dim, warpgroups = cute.size(self.sO, mode=[1]), cute.size(self.sO, mode=[2])
+            gO = cute.local_tile(gO_head, (ROWS_PER_WARPGROUP, head_dim), (None, 0))  # (64, D, Sq/64)
+            tOsO, tOgO = tma_partition(self.tma_o, self.sO, gO)
+            cute.copy(self.tma_o, tOsO[None, self.w], tOgO[None, m_block * warpgroups + self.w])
+            cute.arch.cp_async_bulk_commit_group()
+
+
 # ----------------------------------------------------------------------------------------------------
 # Ping-pong scheduling
 # ----------------------------------------------------------------------------------------------------
 class WarpgroupTurns:
-    """The consumer warpgroups take turns issuing WGMMA, round robin (one named barrier each).
+    """The consumer warpgroups take turns issuing WGMMA, round robin (``NamedBarrier.TURN_WG1 + w``).
 
     ``wait`` blocks until the previous warpgroup has issued its GEMMs (``pass_on``), so the tensor
     cores run one warpgroup's GEMMs while the others compute their softmax. Each barrier completes
@@ -330,11 +591,10 @@ class WarpgroupTurns:
     waited once: its own next turn needs the turn to come all the way round.
     """
 
-    def __init__(self, enabled: bool, warpgroup: Int32, count: int, barrier_base: int, threads_per_warpgroup: int):
+    def __init__(self, enabled: bool, warpgroup: Int32, count: int, threads_per_warpgroup: int):
         self.enabled = enabled
         self.warpgroup = warpgroup
         self.count = count
-        self.barrier_base = barrier_base
         self.threads = 2 * threads_per_warpgroup
 
     @cute.jit
@@ -342,21 +602,21 @@ class WarpgroupTurns:
         # A compile-time and a runtime test cannot share one `if` in the DSL.
         if cutlass.const_expr(self.enabled):  # noqa: SIM102
             if self.warpgroup == self.count - 1:
-                cute.arch.barrier_arrive(barrier_id=self.barrier_base, number_of_threads=self.threads)
+                cute.arch.barrier_arrive(barrier_id=NamedBarrier.TURN_WG1, number_of_threads=self.threads)
 
     @cute.jit
     def wait(self):
         if cutlass.const_expr(self.enabled):
-            cute.arch.barrier(barrier_id=self.barrier_base + self.warpgroup, number_of_threads=self.threads)
+            cute.arch.barrier(barrier_id=NamedBarrier.TURN_WG1 + self.warpgroup, number_of_threads=self.threads)
 
     @cute.jit
     def pass_on(self):
         if cutlass.const_expr(self.enabled):
             successor = (self.warpgroup + 1) % self.count
-            cute.arch.barrier_arrive(barrier_id=self.barrier_base + successor, number_of_threads=self.threads)
+            cute.arch.barrier_arrive(barrier_id=NamedBarrier.TURN_WG1 + successor, number_of_threads=self.threads)
 
     @cute.jit
     def finish(self):
         if cutlass.const_expr(self.enabled):  # noqa: SIM102
             if self.warpgroup == 0:
-                cute.arch.barrier(barrier_id=self.barrier_base, number_of_threads=self.threads)
+                cute.arch.barrier(barrier_id=NamedBarrier.TURN_WG1, number_of_threads=self.threads)

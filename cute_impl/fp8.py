@@ -21,9 +21,9 @@ Algorithm
    column *pairs* (2t, 2t+1, 2t+8, 2t+9). Renaming registers (``scores_to_operand_a``) plus this
    permutation of V makes the product exact without any cross-lane shuffle.
 4. The kernel runs as in ``hopper``, reading the scales from (B, H, blocks) fp32 tensors
-   (``HopperAttention.descales``): Q's block scale folds into the warpgroup's softmax scale; K's
-   scale of key block n multiplies that block's max and exp2 factor (``OnlineSoftmax.step``, no
-   cost per score: a positive factor commutes with the max); V's scale multiplies the block's
+   (``Fp8Descales``): Q's block scale folds into the warpgroup's softmax scale; K's scale of key
+   block n joins that block's score scale (``OnlineSoftmax.update``, no cost per score: a positive
+   factor commutes with the max); V's scale multiplies the block's
    fp32 P V when it is added to O (``add_block_product``, an FMA instead of an add). Per-tensor
    scales are read once per tile instead. P is computed as exp2(... + 8), i.e. in [0, 256] instead
    of [0, 1], so that small probabilities stay out of e4m3's subnormal range (the factor cancels in

@@ -10,123 +10,108 @@ and runs warp-level ``mma.sync`` whose operands all pass through registers. On H
 * WGMMA (``wgmma.mma_async``) lets a warpgroup (128 threads) multiply a 64-row tile straight from
   shared memory (QKᵀ: both operands; PV: P from registers, V from shared memory), asynchronously.
 * Warp specialisation: one producer warp only issues TMA and runs ahead through a K/V ring; two
-  (D=128) or three (D=64) consumer warpgroups only compute. ``setmaxnreg`` moves registers from
-  the producer (24) to the consumers (240, or 160 with three), which hold the 64 x tile_n fp32
-  scores and the 64 x D fp32 output.
+  (D=128) or three (D=64) consumer warpgroups only compute. ``setmaxnreg`` moves registers from the
+  producer (24) to the consumers (240, or 160 with three), which hold the 64 x tile_n fp32 scores
+  and the 64 x D fp32 output.
 
 Warp roles (n consumer warpgroups: 384 or 512 threads)
 -----------------------------------------------------
-A tile is 64 n query rows of one (b, h). Launches are persistent (causal D=64 excepted, which runs
-one CTA per tile): ``min(tiles, SM count)`` CTAs (the SM count is a launch argument) deal the tiles
-in rounds of one tile each, forwards then backwards (a snake, ``TileOrder``), so that causal tiles,
-sorted longest first, even out over the CTAs. The tiles of one head are consecutive, so the CTAs
-running together share its K and V in L2.
+A tile is 64 n query rows of one (b, h). Launches are persistent (causal D=64 excepted: one CTA per
+tile): ``min(tiles, SM count)`` CTAs take the tiles from a ``TileScheduler`` (a snake over the CTAs,
+so that causal tiles, sorted longest first, even out; a head's tiles are consecutive, so the CTAs
+running together share its K and V in L2).
 
-* warpgroup 0, warp 0: producer. Per tile: loads Q (n 64-row boxes), then K and V of every key
-  block. Warps 1-3 give their registers back and exit.
+* warpgroup 0, warp 0: producer. Per tile: Q (n 64-row boxes), then K and V of every key block.
+  Warps 1-3 give their registers back and exit.
 * warpgroups 1 .. n: consumers; warpgroup ``1 + w`` owns the tile's query rows ``[64 w, 64 w + 64)``.
 
 Pipelines and barriers (producer -> consumer, arrive counts)
 ------------------------------------------------------------
-* ``q_full[w]`` (mbarrier, one phase per tile): producer arrive+expect_tx (1 arrive, Q box bytes)
-  -> consumer warpgroup ``w`` waits.
-* ``q_empty[w]`` (mbarrier, one phase per tile): 4 arrives, one elected lane per warp of consumer
-  ``w`` once its last S = Q Kᵀ of the tile has retired -> the producer waits before loading the
-  next tile's Q box (persistent CTAs only; K and V rings simply run on across tiles).
-* K ring and V ring (``PipelineTmaAsync``, ``kv_stages`` = 2 each): full barrier: 1 producer arrive
-  with expect_tx(tile bytes), completed by TMA; empty barrier: 4 n arrives, one elected lane per
-  consumer warp, released as soon as the WGMMA that read the stage has retired.
-* Ping-pong (``WarpgroupTurns``, round robin; non-causal only, and not FP8 at D=128): named barrier
-  ``4 + w`` (256 threads: 128 of consumer ``w`` wait, 128 of consumer ``w - 1`` arrive) gates
-  consumer ``w``'s WGMMA issue; the last consumer arrives once up front so consumer 0 goes first,
-  and consumer 0 consumes the last arrive at the end.
-* Epilogue: named barrier ``1 + w`` (128 threads) between the shared-memory writes of O and the
-  TMA store issued by one warp of the warpgroup. The store is left in flight; a persistent CTA's
-  storing warp waits for it to have read the O box (``cp.async.bulk.wait_group.read``), then the
-  same barrier, before the next tile's O is written there.
+* Q (``QueryBoxes``, one box per consumer, one phase per tile): full: 1 producer arrive + expect_tx
+  (the box's bytes), completed by TMA; empty: 4 arrives, one elected lane per warp of consumer ``w``
+  once its last S = Q Kᵀ of the tile has retired; the producer then loads the next tile's Q box.
+* K ring and V ring (``PipelineTmaAsync``, ``kv_stages`` = 2 each): full: 1 producer arrive with
+  expect_tx (the tile's bytes), completed by TMA; empty: 4 n arrives, one elected lane per consumer
+  warp, as soon as the WGMMA that read the stage has retired. The rings run on across tiles.
+* Ping-pong (``WarpgroupTurns``; non-causal, and not FP8 at D=128): named barrier ``TURN_WG1 + w``
+  (256 threads: 128 of consumer ``w`` wait, 128 of consumer ``w - 1`` arrive) gates consumer ``w``'s
+  WGMMA issue; the last consumer arrives once up front, so consumer 0 goes first.
+* Epilogue (``OutputEpilogue``): named barrier ``EPILOGUE_WG1 + w`` (128 threads) between the
+  shared-memory writes of O and the TMA store that one warp issues. The store stays in flight; a
+  persistent CTA waits for it to have read the box before writing the next tile's O there.
 
 Algorithm (each consumer warpgroup; numbers match the kernel's sections)
 ------------------------------------------------------------------------
 1. Wait for its Q box.
-2. Key blocks n = last .. 0, so the blocks that need a mask come first (``KeyBlockRange``):
+2. Key blocks from ``n_block_max - 1`` down (``BlockRange``), so the blocks that need a mask come
+   first: the top one (sequence tail), the rest of the causal diagonal, then the unmasked rest.
    a. wait K[n];  S = Q Kᵀ (WGMMA, both operands from SMEM, fp32 accumulator in registers)
-   b. only on the first blocks: -inf for keys >= Sk and, causal, keys after the row
-   c. online softmax on the accumulator: block max (tree + two lane shuffles); the reference
-      row_max moves only when the block max exceeds it by more than 2^8 (lazy rescaling; 16-bit P
-      may then reach 256; fp8 moves it on any increase, its P already spans [0, 2^8]);
-      P = exp2(S * scale_log2 - row_max * scale_log2), row_sum, correction = exp2(old - new, scaled)
+   b. masked blocks only (``AttentionMask``): -inf for keys >= Sk and, causal, keys after the row
+   c. ``OnlineSoftmax.update``: block max (tree + two lane shuffles) times softmax_scale_log2. The
+      reference ``row_max`` (log2 units of the scaled scores) moves only when the block max exceeds
+      it by more than ``RESCALE_THRESHOLD`` (lazy rescaling: 16-bit P may reach 2^8; fp8 moves it on
+      any increase, its P already spans [0, 2^8]). P = exp2(S * scale_log2 - row_max), row_sum, and
+      the rescale factor exp2(old row_max - new row_max)
    d. P -> bf16/fp16 in the WGMMA A-operand register layout (no shared-memory round trip)
-   e. wait V[n];  O = O * correction + P V (WGMMA, P from registers); the multiply is skipped,
-      by one warp-uniform branch (``vote.any``), when no row of the warp moved its reference
-   Steps overlap: block n's S = Q K[n]ᵀ is issued together with block n+1's O += P V, and the
-   softmax of S runs while that PV WGMMA is still in flight (``next_block``); O is rescaled only
-   after the PV has retired.
-3. O /= row_sum; lse = ln(sum exp(scaled S)) = (row_max * scale_log2 + log2(row_sum)) * ln 2.
-4. O -> registers in the output dtype -> ``stmatrix`` into the warpgroup's O box (one CTA per
-   tile: the now dead Q box; persistent: a box of its own, since the next tile's Q is already
-   loading) -> fence.proxy.async -> named barrier -> TMA store (rows past Sq clipped by the TMA
-   unit). LSE is stored directly from registers.
+   e. wait V[n];  O = O * factor + P V (``OnlineSoftmax.rescale``; WGMMA, P from registers); the
+      multiply is skipped by one warp-uniform branch when no row of the warp moved its reference
+   Steps overlap (``next_block``): block n's S = Q K[n]ᵀ is issued together with block n+1's
+   O += P V, the softmax of S runs while that WGMMA is in flight, and O is rescaled once it retired.
+3. ``OnlineSoftmax.finalize``: O /= row_sum; lse = (row_max + log2(row_sum)) * ln 2.
+4. O -> registers in the output dtype -> ``stmatrix`` into the warpgroup's O box (one CTA per tile:
+   the dead Q box; persistent: a box of its own, since the next tile's Q is already loading) ->
+   fence.proxy.async -> named barrier -> TMA store (rows past Sq clipped). LSE from registers.
 
 Data movement
 -------------
 HBM -> SMEM: TMA boxes (64 x D for Q, tile_n x D for K, D x tile_n for V) into 128-byte-swizzled
-layouts that WGMMA reads without bank conflicts; boxes past Sq/Sk are zero-filled by TMA, which is
-why any S >= 1 works. SMEM -> tensor cores: WGMMA descriptors (no ldmatrix). Registers -> SMEM ->
-HBM for O: stmatrix then ``cp.async.bulk.tensor`` store. Shared memory at D=128: Q 32 KB (+ O
-32 KB when persistent) + 2 x (K 32 KB + V 32 KB) = 160 (192) KB; at D=64 (three consumers): Q 24 KB
-(+ O 24 KB) + 2 x (16 + 16 KB) = 88 (112) KB.
+layouts that WGMMA reads without bank conflicts; TMA zero-fills boxes past Sq/Sk, so any S >= 1
+works. SMEM -> tensor cores: WGMMA descriptors (no ldmatrix). O: stmatrix, then a TMA store. Shared
+memory at D=128: Q 32 KB (+ O 32 KB when persistent) + 2 x (K 32 KB + V 32 KB) = 160 (192) KB; at
+D=64 (three consumers): Q 24 KB (+ O 24 KB) + 2 x (16 + 16 KB) = 88 (112) KB.
 
 Steady-state timeline
 ---------------------
 Producer:  Q | K0 V0 | K1 V1 | K2 V2 ...  (runs up to two blocks ahead; waits on empty barriers)
 WG1: [issue QKᵀ(n) + PV(n+1)] softmax(n) ....... [issue QKᵀ(n-1) + PV(n)] softmax(n-1) ...
 WG2: ........ [issue QKᵀ(n) + PV(n+1)] softmax(n) ....... [issue QKᵀ(n-1) + PV(n)] ...
-The tensor cores alternate between the warpgroups' GEMMs while the other warpgroup runs exp2.
-With three consumers (D=64) the turn goes round WG1 -> WG2 -> WG3, and two softmaxes run under
-each warpgroup's GEMMs. Persistent: as soon as every consumer has issued its last S = Q Kᵀ of a
-tile, the producer loads the next tile's Q and first K/V blocks under that tile's last P V,
-normalisation and O store.
+The tensor cores alternate between the warpgroups' GEMMs while the other warpgroup runs exp2; with
+three consumers (D=64) the turn goes round WG1 -> WG2 -> WG3. Persistent: once every consumer has
+issued its last S = Q Kᵀ of a tile, the producer loads the next tile's Q and first K/V blocks under
+that tile's last P V, normalisation and O store.
 
 Constraints
 -----------
-sm_90 (sm_90a features), fp16/bf16, head_dim 64 or 128, softmax_scale > 0 (the running max is taken
-on unscaled scores), 16-byte aligned row strides (TMA). Any Sq, Sk >= 1; causal is top-left aligned
-like SDPA. head_dim 256 is refused: its 64 x 256 fp32 O alone takes 128 of the 240 registers per
-consumer thread, and Q plus one K/V stage (64 + 128 KB at tile_n = 128) leaves no room for a
-second stage; it would need a different tiling that this rung does not attempt.
+sm_90 (sm_90a features), fp16/bf16, head_dim 64 or 128, softmax_scale > 0 (a positive scale commutes
+with the block max; a zero one would turn the mask's -inf into NaN in the exp2 FMA), 16-byte aligned
+row strides (TMA). Any Sq, Sk >= 1; causal is top-left aligned like SDPA. head_dim 256 is refused:
+its 64 x 256 fp32 O alone takes 128 of the 240 registers per consumer thread, and Q plus one K/V
+stage (64 + 128 KB at tile_n = 128) leaves no room for a second stage.
 
-What the measurements taught
-----------------------------
-Current figures are in the generated table of ``docs/ladder.md``; every A/B run behind the choices
-below is in ``docs/perf-log.md`` ("Figures moved out of rung docstrings").
-
-* The kernel is bound by the tensor cores and exp2, not by instruction count: overlapping the next
-  S = Q Kᵀ with this block's P V inside each warpgroup is the big win; ping-pong between warpgroups
-  adds little once that overlap exists (and costs FP8 at D=128 more than it gives, so it is off there).
-* Pairwise-tree row max and row sum, and causal query tiles launched longest first, pay off;
-  larger key blocks (FlashAttention-3's 176 at D=128) and a third K/V stage do not.
-* D=64 is latency-bound with two consumer warpgroups; a third (setmaxnreg 160, 128-key blocks) is
-  what fits and helps. A fourth cannot get enough registers; exp2 emulated on the FMA pipes and an
-  S accumulator one block ahead measured slower.
+What the measurements taught (figures: ``docs/ladder.md``; A/B runs: ``docs/perf-log.md``)
+------------------------------------------------------------------------------------------
+* The kernel is bound by the tensor cores and exp2: overlapping the next S = Q Kᵀ with this block's
+  P V inside each warpgroup is the big win; ping-pong adds little on top (and costs FP8 at D=128).
+* Pairwise-tree row max and sum and longest-first causal tiles pay off; larger key blocks (FA3's
+  176 at D=128) and a third K/V stage do not. D=64 needs a third consumer warpgroup to hide the
+  softmax latency; a fourth cannot get enough registers.
 * A dynamic ``if`` that writes one element of a register tensor becomes selects over the whole
-  fragment: the mask is written as one select per score. The SASS (nvdisasm on the CPU-compiled
-  cubin) showed it, not the profile.
-* Lazy rescaling measured mostly within noise (the multiplies it saves are FMA-pipe work; the perf
-  log has the causal rows). Persistent CTAs with a snake tile order are used everywhere except
-  causal D=64, where one CTA per tile measured faster.
+  fragment, so the mask is one select per score (the SASS of the CPU-compiled cubin showed it).
+* Lazy rescaling measured mostly within noise; persistent CTAs pay off except at causal D=64.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.static import SM90_CAPABILITY
+from common.static import SM90_CAPABILITY, compile_cute_sm90
 from common.validation import OPERAND_ALIGNMENT_BYTES, kernel_operand, validate_attention_inputs
 
 try:  # The DSL is optional for the rest of the suite; the registry reports the import error.
@@ -137,32 +122,42 @@ try:  # The DSL is optional for the rest of the suite; the registry reports the 
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass import Float32, Int32
     from cutlass.cute.nvgpu import cpasync, warp, warpgroup
-    from cutlass.cute.runtime import make_fake_tensor
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+    from cutlass.cute.typing import AddressSpace
     from cutlass.memory import SmemAllocator
     from cutlass.tensor_utils import LayoutEnum
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError(f"cute/hopper needs nvidia-cutlass-dsl: {error}") from error
 
-from cute_impl._device import LOG2_E, RESCALE_THRESHOLD_LOG2
+from cute_impl._device import LOG2_E, RESCALE_THRESHOLD
 from cute_impl._hopper_device import (
+    ROWS_PER_THREAD,
+    ROWS_PER_WARPGROUP,
+    THREADS_PER_WARPGROUP,
+    WARPS_PER_WARPGROUP,
     AttentionMask,
+    BlockRange,
     BlockScales,
-    KeyBlockRange,
+    Fp8Descales,
     OnlineSoftmax,
-    TileOrder,
+    OutputEpilogue,
+    QueryBoxes,
+    TileScheduler,
     WarpgroupTurns,
     add_block_product,
-    rows_cols_view,
+    head_major,
+    load_block,
     scores_to_operand_a,
+    sequence_major,
+    tma_partition,
+    value_operand_view,
+    warpgroup_gemm,
 )
 from cute_impl._host import CUTE_DTYPES, current_stream, to_cute_tensor
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
 FP8_CUTLASS = cutlass.Float8E4M3FN
-# Query rows per consumer warpgroup: the M of one WGMMA instruction.
-ROWS_PER_WARPGROUP = 64
-THREADS_PER_WARPGROUP = 128
 PRODUCER_REGISTERS = 24
 # Registers per consumer thread after setmaxnreg, by consumer warpgroups per CTA: the producer
 # warpgroup keeps 24, and the total must fit what the CTA was given at launch (``registers_fit``).
@@ -171,13 +166,12 @@ REGISTER_FILE = 65536
 # Per-thread register counts come in multiples of 8.
 REGISTER_GRANULE = 8
 SMEM_ALIGN_BYTES = 1024
-# Named barrier 0 is __syncthreads; the epilogue of consumer warpgroup w uses 1 + w, its WGMMA turn 4 + w.
-EPILOGUE_BARRIER_BASE = 1
-SCHEDULER_BARRIER_BASE = EPILOGUE_BARRIER_BASE + max(CONSUMER_REGISTERS)
 # The grid is one-dimensional over (query block, head, batch) tiles, indexed by a signed 32-bit int.
 MAX_TILES = 2**31 - 1
-# The SM count passed when compiling on a CPU (H200); launches pass the real device's.
+# The SM count passed when compiling (it only sizes the persistent grid); launches pass the device's.
 STATIC_SM_COUNT = 132
+# The one target: WGMMA and setmaxnreg are sm_90a features.
+SM90A = "sm_90a"
 # Keys per block: S (tile_n / 2 registers), P and O must fit in the consumers' registers.
 DEFAULT_TILE_N = 128
 # FP8 P is scaled into [0, 2^8]: small probabilities stay above e4m3's subnormal range (2^-6).
@@ -229,76 +223,35 @@ def registers_fit(consumer_warpgroups: int, consumer_registers: int) -> bool:
 class HopperAttention:
     """Warp-specialised FlashAttention forward for sm_90a: compile-time configuration only."""
 
-    def __init__(
-        self,
-        dtype: type,
-        out_dtype: type,
-        head_dim: int,
-        causal: bool,
-        tile_n: int,
-        kv_stages: int,
-        v_transposed: bool,
-        pingpong: bool,
-        consumer_warpgroups: int = 2,
-        persistent: bool = False,
-        block_scales: bool = False,
-    ):
-        if consumer_warpgroups not in CONSUMER_REGISTERS:
-            raise ValueError(f"consumer_warpgroups must be in {sorted(CONSUMER_REGISTERS)}, got {consumer_warpgroups}")
-        self.dtype = dtype
-        self.out_dtype = out_dtype
-        self.head_dim = head_dim
-        self.causal = causal
-        self.consumer_warpgroups = consumer_warpgroups
-        self.tile_m = ROWS_PER_WARPGROUP * consumer_warpgroups
-        self.threads_per_cta = (1 + consumer_warpgroups) * THREADS_PER_WARPGROUP
-        self.tile_n = tile_n
-        self.kv_stages = kv_stages
-        self.v_transposed = v_transposed
-        self.persistent = persistent
+    def __init__(self, config: HopperConfig):
+        if config.consumer_warpgroups not in CONSUMER_REGISTERS:
+            raise ValueError(
+                f"consumer_warpgroups must be in {sorted(CONSUMER_REGISTERS)}, got {config.consumer_warpgroups}"
+            )
+        self.dtype = FP8_CUTLASS if config.fp8 else CUTE_DTYPES[config.dtype]
+        self.out_dtype = CUTE_DTYPES[config.out_dtype]
+        self.head_dim = config.head_dim
+        self.causal = config.causal
+        self.consumer_warpgroups = config.consumer_warpgroups
+        self.tile_m = ROWS_PER_WARPGROUP * config.consumer_warpgroups
+        self.threads_per_cta = (1 + config.consumer_warpgroups) * THREADS_PER_WARPGROUP
+        self.tile_n = config.tile_n
+        self.kv_stages = config.kv_stages
+        # FP8 reads V transposed, (B, H, D, Sk): both WGMMA operands K-major.
+        self.v_transposed = config.fp8
+        self.persistent = config.persistent
         # O may reuse Q's shared memory only when no next tile's Q is loaded while O is stored.
-        self.o_aliases_q = dtype == out_dtype and not persistent
+        self.o_aliases_q = self.dtype == self.out_dtype and not config.persistent
         # FP8 only: accumulate each block's P V from zero and add it to O in fp32 registers, because the
         # FP8 tensor-core accumulator keeps fewer mantissa bits than fp32 (see fp8.py's measurements).
-        self.fp8 = dtype.width == 8
-        self.separate_pv = self.fp8
-        self.block_scales = block_scales
-        self.pingpong = pingpong
-        self.tile_order = TileOrder(self.tile_m, causal)
-        self.key_blocks = KeyBlockRange(self.tile_m, tile_n, causal)
+        self.fp8 = config.fp8
+        self.separate_pv = config.fp8
+        self.block_scales = config.block_scales
+        self.pingpong = config.pingpong
 
     # ------------------------------------------------------------------------------------------------
     # Host side: layouts, TMA descriptors, launch
     # ------------------------------------------------------------------------------------------------
-    @staticmethod
-    def _sequence_major(t: cute.Tensor) -> cute.Tensor:
-        """(B, H, S, D) -> (S, D, (H, B)): TMA boxes tile (S, D); head and batch index the rest."""
-        layout = cute.make_layout(
-            (t.shape[2], t.shape[3], (t.shape[1], t.shape[0])),
-            stride=(t.stride[2], t.stride[3], (t.stride[1], t.stride[0])),
-        )
-        return cute.make_tensor(t.iterator, layout)
-
-    @staticmethod
-    def _value_operand(t: cute.Tensor, transposed: bool) -> cute.Tensor:
-        """V as the B operand of O = P V, shaped (D, Sk, (H, B)) whatever its memory order."""
-        if transposed:  # (B, H, D, Sk): Sk contiguous, K-major
-            shape, stride = (t.shape[2], t.shape[3]), (t.stride[2], t.stride[3])
-        else:  # (B, H, Sk, D): D contiguous, MN-major
-            shape, stride = (t.shape[3], t.shape[2]), (t.stride[3], t.stride[2])
-        layout = cute.make_layout((*shape, (t.shape[1], t.shape[0])), stride=(*stride, (t.stride[1], t.stride[0])))
-        return cute.make_tensor(t.iterator, layout)
-
-    @staticmethod
-    def _head_major(t: cute.Tensor | None) -> cute.Tensor | None:
-        """(B, H, X) -> (X, (H, B)), the (head, batch) mode indexed like the operands' (LSE, FP8 scales)."""
-        if t is None:
-            return None
-        layout = cute.make_layout(
-            (t.shape[2], (t.shape[1], t.shape[0])), stride=(t.stride[2], (t.stride[1], t.stride[0]))
-        )
-        return cute.make_tensor(t.iterator, layout)
-
     @cute.jit
     def __call__(
         self,
@@ -317,9 +270,9 @@ class HopperAttention:
     ):
         """FP8 passes its e4m3 scales as (B, H, blocks) fp32 tensors (one block each when per tensor);
         16-bit passes None for them."""
-        q_seq, k_seq, o_seq = (self._sequence_major(t) for t in (mQ, mK, mO))
-        v_op = self._value_operand(mV, self.v_transposed)
-        LSE, q_scales, k_scales, v_scales = (self._head_major(t) for t in (mLSE, mQScale, mKScale, mVScale))
+        q_seq, k_seq, o_seq = (sequence_major(t) for t in (mQ, mK, mO))
+        v_op = value_operand_view(mV, self.v_transposed)
+        LSE, q_scales, k_scales, v_scales = (head_major(t) for t in (mLSE, mQScale, mKScale, mVScale))
         D, rows = self.head_dim, ROWS_PER_WARPGROUP
         v_layout = LayoutEnum.ROW_MAJOR if self.v_transposed else LayoutEnum.COL_MAJOR
         k_major = cute.nvgpu.OperandMajorMode.K
@@ -380,7 +333,7 @@ class HopperAttention:
             ]
 
         self.shared_storage = SharedStorage
-        tiles = self.tile_order.query_blocks(q_seq.shape[0]) * q_seq.shape[2][0] * q_seq.shape[2][1]
+        tiles = TileScheduler.tile_total(self.tile_m, q_seq.shape[0], q_seq.shape[2][0], q_seq.shape[2][1])
         ctas = cutlass.min(tiles, sm_count) if cutlass.const_expr(self.persistent) else tiles
         self.kernel(
             qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_V, tma_o, tma_O, LSE, q_scales, k_scales,
@@ -424,27 +377,21 @@ class HopperAttention:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         warp_group = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
-        rows, D = ROWS_PER_WARPGROUP, self.head_dim
-        heads = mQ.shape[2][0]
-        query_blocks = self.tile_order.query_blocks(seqlen_q)
-        tile_count = query_blocks * heads * mQ.shape[2][1]
-        cta, _, _ = cute.arch.block_idx()
-        ctas, _, _ = cute.arch.grid_dim()
-        local_tiles = self.tile_order.tiles_of_cta(cta, ctas, tile_count)
+        rows, D, W = ROWS_PER_WARPGROUP, self.head_dim, self.consumer_warpgroups
+        scheduler = TileScheduler(self.tile_m, self.causal, seqlen_q, mQ.shape[2][0], mQ.shape[2][1])
+        block_range = functools.partial(
+            BlockRange.create, seqlen_k=seqlen_k, tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal
+        )
 
         # ==== Shared memory and barriers ==================================================================
         storage = SmemAllocator().allocate(self.shared_storage)
-        q_full = storage.q_full.data_ptr()
-        q_empty = storage.q_empty.data_ptr()
+        q_boxes = QueryBoxes(storage.q_full.data_ptr(), storage.q_empty.data_ptr(), W, self.q_bytes)
         if warp_idx == 0:
             with cute.arch.elect_one():
-                for w in cutlass.range_constexpr(self.consumer_warpgroups):
-                    cute.arch.mbarrier_init(q_full + w, 1)
-                    # One elected lane per warp of the warpgroup that read the Q box.
-                    cute.arch.mbarrier_init(q_empty + w, 4)
+                q_boxes.init_barriers()
         producer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         # One elected lane per consumer warp releases a stage.
-        consumer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.consumer_warpgroups * 4)
+        consumer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, W * WARPS_PER_WARPGROUP)
         k_producer, k_consumer = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.k_barriers.data_ptr(),
             num_stages=self.kv_stages,
@@ -476,36 +423,27 @@ class HopperAttention:
         if warp_group == 0:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
             if warp_idx == 0:
-                for local_tile in cutlass.range(local_tiles, unroll=1):
-                    tile = self.tile_order.tile_of_cta(local_tile, cta, ctas)
-                    m_block, bh = self.tile_order.coordinates(tile, query_blocks, heads)
+                q_state = QueryBoxes.producer_state()
+                for local_tile in cutlass.range(scheduler.local_tile_count(), unroll=1):
+                    m_block, bh = scheduler.work_tile(local_tile)
                     gQ = cute.local_tile(mQ[None, None, bh], (rows, D), (None, 0))  # (64, D, Sq/64)
                     gK = cute.local_tile(mK[None, None, bh], (self.tile_n, D), (None, 0))  # (tile_n, D, n)
                     gV = cute.local_tile(mV[None, None, bh], (D, self.tile_n), (0, None))  # (D, tile_n, n)
-                    tQsQ, tQgQ = self._tma_partition(tma_q, sQ, gQ)  # (TMA, warpgroup), (TMA, Sq/64)
-                    tKsK, tKgK = self._tma_partition(tma_k, sK, gK)  # (TMA, stage), (TMA, n)
-                    tVsV, tVgV = self._tma_partition(tma_v, sV, gV)  # (TMA, stage), (TMA, n)
-                    for w in cutlass.range_constexpr(self.consumer_warpgroups):
-                        # A persistent CTA's next Q waits until the warpgroup's last S = Q Kᵀ has retired.
-                        if local_tile > 0:
-                            cute.arch.mbarrier_wait(q_empty + w, (local_tile - 1) % 2)
-                        with cute.arch.elect_one():
-                            cute.arch.mbarrier_arrive_and_expect_tx(q_full + w, self.q_bytes)
-                        cute.copy(
-                            tma_q,
-                            tQgQ[None, m_block * self.consumer_warpgroups + w],
-                            tQsQ[None, w],
-                            tma_bar_ptr=q_full + w,
-                        )
-                    n_block_count = self.key_blocks.count(m_block, seqlen_k)
-                    for i in cutlass.range(n_block_count, unroll=1):
-                        n_block = n_block_count - 1 - i
+                    tQsQ, tQgQ = tma_partition(tma_q, sQ, gQ)  # (TMA, warpgroup), (TMA, Sq/64)
+                    tKsK, tKgK = tma_partition(tma_k, sK, gK)  # (TMA, stage), (TMA, n)
+                    tVsV, tVgV = tma_partition(tma_v, sV, gV)  # (TMA, stage), (TMA, n)
+                    for w in cutlass.range_constexpr(W):
+                        q_boxes.load(tma_q, tQgQ[None, m_block * W + w], tQsQ[None, w], w, q_state)
+                    q_state.advance()
+                    blocks = block_range(m_block)
+                    for i in cutlass.range(blocks.n_block_max - blocks.n_block_min, unroll=1):
+                        n_block = blocks.n_block_max - 1 - i
                         k_producer = load_block(tma_k, tKgK[None, n_block], tKsK, k_producer)
                         v_producer = load_block(tma_v, tVgV[None, n_block], tVsV, v_producer)
 
         # ==== Consumer warpgroups: S = Q Kᵀ -> mask -> online softmax -> O += P V =========================
         if warp_group > 0:
-            cute.arch.setmaxregister_increase(CONSUMER_REGISTERS[self.consumer_warpgroups])
+            cute.arch.setmaxregister_increase(CONSUMER_REGISTERS[W])
             w = warp_group - 1
             wg_tidx = tidx % THREADS_PER_WARPGROUP
             qk_thr = qk_mma.get_slice(wg_tidx)
@@ -521,204 +459,125 @@ class HopperAttention:
             # Built before the main loop: warpgroup_gemm flips the MMA's accumulate field inside it.
             store_atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.out_dtype)
             thr_store = cute.make_tiled_copy_C(store_atom, pv_mma).get_slice(wg_tidx)
-            mask = AttentionMask(self.tile_n, self.causal)
-            turns = WarpgroupTurns(
-                self.pingpong, w, self.consumer_warpgroups, SCHEDULER_BARRIER_BASE, THREADS_PER_WARPGROUP
+            turns = WarpgroupTurns(self.pingpong, w, W, THREADS_PER_WARPGROUP)
+            epilogue = OutputEpilogue(tma_o, thr_store, sO, w, wg_tidx, self.persistent)
+            descales = Fp8Descales(mQScale, mKScale, mVScale, self.block_scales) if self.fp8 else None
+            gemms = WarpgroupGemms(
+                qk=functools.partial(warpgroup_gemm, qk_mma, tA=tSrQ, tB=tSrK, accumulate=False),
+                pv=functools.partial(warpgroup_gemm, pv_mma, tA=tOrP, tB=tOrV, accumulate=not self.separate_pv),
+                acc_S_shape=acc_S_shape,
+                acc_O=acc_O,
+                tOrP=tOrP,
+                turns=turns,
             )
+            q_state = QueryBoxes.consumer_state()
             # Every warpgroup of the CTA visits the same key blocks of every tile, so the turns balance
             # over the whole tile loop.
             turns.start()
-            for local_tile in cutlass.range(local_tiles, unroll=1):
-                tile = self.tile_order.tile_of_cta(local_tile, cta, ctas)
-                m_block, bh = self.tile_order.coordinates(tile, query_blocks, heads)
-                n_block_count, masked_count = self.key_blocks.counts(m_block, seqlen_k)
+            for local_tile in cutlass.range(scheduler.local_tile_count(), unroll=1):
+                m_block, bh = scheduler.work_tile(local_tile)
+                blocks = block_range(m_block)
                 row_start = m_block * self.tile_m + w * rows
-                tile_scale_log2, tile_output_scale, scales = self.descales(
-                    mQScale,
-                    mKScale,
-                    mVScale,
-                    softmax_scale_log2,
-                    output_scale,
-                    m_block * self.consumer_warpgroups + w,
-                    bh,
-                )
+                tile_scale_log2, tile_output_scale, scales = softmax_scale_log2, output_scale, None
+                if cutlass.const_expr(self.fp8):
+                    tile_scale_log2, tile_output_scale, scales = descales.for_tile(
+                        softmax_scale_log2, output_scale, m_block * W + w, bh
+                    )
                 acc_O.fill(0.0)
                 # FP8: P in [0, 2^8] rather than [0, 1] keeps small probabilities out of e4m3's subnormals,
                 # so the reference max must move whenever it grows (P > 448 would overflow e4m3); 16-bit P
-                # has range to spare and lets it lag by 2^8 (RESCALE_THRESHOLD_LOG2).
+                # has range to spare and lets it lag by 2^8 (RESCALE_THRESHOLD).
                 softmax = OnlineSoftmax(
+                    ROWS_PER_THREAD,
                     tile_scale_log2,
-                    rows=2,
                     p_exponent_offset=FP8_P_EXPONENT_OFFSET if self.separate_pv else 0.0,
-                    rescale_threshold=0.0 if self.separate_pv else RESCALE_THRESHOLD_LOG2,
+                    rescale_threshold=0.0 if self.separate_pv else RESCALE_THRESHOLD,
                 )
+                mask = AttentionMask(self.tile_n, self.causal, tScS, row_start, seqlen_k)
+                first_block = functools.partial(self.first_block, gemms, softmax, scales, mask)
+                masked_block = functools.partial(self.next_block, gemms, softmax, scales, mask)
+                unmasked_block = functools.partial(self.next_block, gemms, softmax, scales, None)
+                last_block = functools.partial(self.last_block, gemms, scales)
 
                 # 1. This warpgroup's Q box.
-                cute.arch.mbarrier_wait(q_full + w, local_tile % 2)
-                mma = (qk_mma, pv_mma, tSrQ, tSrK, tOrV, tOrP, acc_S_shape, acc_O, softmax, turns)
-                where = (mask, tScS, row_start, seqlen_k, scales)
-                # 2. Key blocks from the last. The first needs the sequence mask and starts the softmax;
-                # then the causal diagonal blocks (masked), then the rest (no mask). Each later step
+                q_boxes.wait(w, q_state)
+                # 2. Key blocks from the top: the first needs the sequence mask and starts the softmax,
+                # then the rest of the causal diagonal (masked), then the rest (no mask). Each later step
                 # issues its S = Q Kᵀ together with the previous block's O += P V.
-                k_consumer = self.first_block(*mma, *where, k_consumer, n_block_count - 1)
-                for i in cutlass.range(1, masked_count, unroll=1):
-                    k_consumer, v_consumer = self.next_block(
-                        *mma, *where, k_consumer, v_consumer, n_block_count - 1 - i, masked=True
-                    )
-                for i in cutlass.range(masked_count, n_block_count, unroll=1):
-                    k_consumer, v_consumer = self.next_block(
-                        *mma, *where, k_consumer, v_consumer, n_block_count - 1 - i, masked=False
-                    )
+                n_top = blocks.n_block_max - 1
+                k_consumer = first_block(k_consumer, n_top)
+                for i in cutlass.range(1, blocks.n_masked_blocks, unroll=1):
+                    k_consumer, v_consumer = masked_block(k_consumer, v_consumer, n_top - i)
+                for i in cutlass.range(blocks.n_masked_blocks, blocks.n_block_max - blocks.n_block_min, unroll=1):
+                    k_consumer, v_consumer = unmasked_block(k_consumer, v_consumer, n_top - i)
                 # Every S = Q Kᵀ of this tile has retired: the producer may load the next tile's Q.
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive(q_empty + w)
-                self.last_product(*mma, v_consumer, scales)
+                q_boxes.release(w)
+                q_state.advance()
+                v_consumer = last_block(v_consumer, blocks.n_block_min)
 
                 # 3. Normalise, log-sum-exp.
-                lse = cute.make_rmem_tensor(2, Float32)
-                softmax.finalize(acc_O, tile_output_scale, lse)
-                self.store_lse(mLSE[None, bh], lse, tOcO, row_start, seqlen_q)
+                lse = softmax.finalize(acc_O, tile_output_scale)
+                epilogue.store_lse(mLSE[None, bh], lse, tOcO, row_start, seqlen_q)
 
                 # 4. O -> SMEM (stmatrix) -> TMA store.
-                self.store_output(tma_o, thr_store, acc_O, sO, mO[None, None, bh], m_block, w, wg_tidx)
+                epilogue.store_output(acc_O, mO[None, None, bh], m_block)
             turns.finish()
             if wg_tidx < cute.arch.WARP_SIZE:
                 # The last TMA store must have read shared memory before the CTA exits.
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
 
-    def descales(
-        self,
-        mQScale: cute.Tensor | None,
-        mKScale: cute.Tensor | None,
-        mVScale: cute.Tensor | None,
-        softmax_scale_log2: Float32,
-        output_scale: Float32,
-        q_block: Int32,
-        bh: Any,
-    ) -> tuple[Float32, Float32, BlockScales | None]:
-        """FP8: fold this warpgroup's e4m3 descales into the tile's softmax scale and output scale.
-        Block scales: Q's 64-row block scale here, K's and V's per key block in the main loop
-        (``BlockScales``); per tensor: all three here. 16-bit: the launch scalars unchanged."""
-        if not self.fp8:
-            return softmax_scale_log2, output_scale, None
-        if self.block_scales:
-            scales = BlockScales(mKScale[None, bh], mVScale[None, bh])
-            return softmax_scale_log2 * mQScale[q_block, bh], output_scale, scales
-        return softmax_scale_log2 * mQScale[0, bh] * mKScale[0, bh], output_scale * mVScale[0, bh], None
-
-    @cute.jit
-    def store_output(
-        self,
-        tma_o: cute.CopyAtom,
-        thr_store: Any,
-        acc_O: cute.Tensor,
-        sO: cute.Tensor,
-        gO_head: cute.Tensor,
-        m_block: Int32,
-        w: Int32,
-        wg_tidx: Int32,
-    ):
-        """Step 4: O in the output dtype -> stmatrix into the warpgroup's O box -> TMA store, issued by
-        the warpgroup's first warp. The store is left in flight; a persistent CTA waits for it to have
-        read the box only before it writes the next tile's O there."""
-        epilogue_barrier = EPILOGUE_BARRIER_BASE + w
-        if cutlass.const_expr(self.persistent):
-            if wg_tidx < cute.arch.WARP_SIZE:
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
-            cute.arch.barrier(barrier_id=epilogue_barrier, number_of_threads=THREADS_PER_WARPGROUP)
-        rO = cute.make_rmem_tensor_like(acc_O, self.out_dtype)
-        rO.store(acc_O.load().to(self.out_dtype))
-        cute.copy(thr_store, thr_store.retile(rO), thr_store.partition_D(sO[None, None, w]))
-        # The TMA unit reads SMEM through the async proxy: make the generic-proxy writes visible.
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=epilogue_barrier, number_of_threads=THREADS_PER_WARPGROUP)
-        if wg_tidx < cute.arch.WARP_SIZE:
-            gO = cute.local_tile(gO_head, (ROWS_PER_WARPGROUP, self.head_dim), (None, 0))  # (64, D, Sq/64)
-            tOsO, tOgO = self._tma_partition(tma_o, sO, gO)
-            cute.copy(tma_o, tOsO[None, w], tOgO[None, m_block * self.consumer_warpgroups + w])
-            cute.arch.cp_async_bulk_commit_group()
-
-    @staticmethod
-    def _tma_partition(atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor) -> tuple[cute.Tensor, cute.Tensor]:
-        """(TMA, stage) view of a staged SMEM tensor and (TMA, tile) view of a tiled global one."""
-        return cpasync.tma_partition(
-            atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2), cute.group_modes(gmem, 0, 2)
-        )
-
-    # The three mainloop steps share their operands: ``mma`` = (qk_mma, pv_mma, tSrQ, tSrK, tOrV, tOrP,
-    # acc_S_shape, acc_O, softmax, turns) and ``where`` = (mask, tScS, row_start, seqlen_k). Each returns
-    # the pipeline consumers it advanced, so that the runtime loops carry their state.
+    # The three main-loop steps, with their operands bound by functools.partial (``gemms`` once, the
+    # tile's softmax, scales and mask per tile). Each takes the pipeline consumers it advances and
+    # returns them, so that the runtime loops carry their state.
     @cute.jit
     def first_block(
         self,
-        qk_mma: cute.TiledMma,
-        pv_mma: cute.TiledMma,
-        tSrQ: cute.Tensor,
-        tSrK: cute.Tensor,
-        tOrV: cute.Tensor,
-        tOrP: cute.Tensor,
-        acc_S_shape: cute.Shape,
-        acc_O: cute.Tensor,
+        gemms: WarpgroupGemms,
         softmax: OnlineSoftmax,
-        turns: WarpgroupTurns,
-        mask: AttentionMask,
-        tScS: cute.Tensor,
-        row_start: Int32,
-        seqlen_k: Int32,
         scales: BlockScales | None,
+        mask: AttentionMask,
         k_consumer: pipeline.PipelineConsumer,
         n_block: Int32,
     ) -> pipeline.PipelineConsumer:
-        """2a-d for the first block: S = Q Kᵀ, mask, first softmax step, P. No O yet."""
-        acc_S = cute.make_rmem_tensor(acc_S_shape, Float32)
+        """2a-d for the first block: S = Q Kᵀ, mask, first softmax update, P. No O yet."""
+        acc_S = cute.make_rmem_tensor(gemms.acc_S_shape, Float32)
         k_slot = k_consumer.wait_and_advance()
-        turns.wait()
-        warpgroup_gemm(qk_mma, acc_S, tSrQ, tSrK[None, None, None, k_slot.index], accumulate=False)
-        turns.pass_on()
+        gemms.turns.wait()
+        gemms.qk(acc_S, stage=k_slot.index)
+        gemms.turns.pass_on()
         # Block scales are loaded while the GEMM runs, so that their latency hides behind it.
         key_scale = None
         if cutlass.const_expr(scales is not None):
             key_scale = scales.key(n_block)
         warpgroup.wait_group(0)
         k_slot.release()
-        mask.apply(acc_S, tScS, row_start, n_block, seqlen_k)
-        softmax.step(acc_S, key_scale)
-        scores_to_operand_a(acc_S, tOrP)
+        mask.apply(acc_S, n_block)
+        softmax.update(acc_S, key_scale)
+        scores_to_operand_a(acc_S, gemms.tOrP)
         return k_consumer
 
     @cute.jit
     def next_block(
         self,
-        qk_mma: cute.TiledMma,
-        pv_mma: cute.TiledMma,
-        tSrQ: cute.Tensor,
-        tSrK: cute.Tensor,
-        tOrV: cute.Tensor,
-        tOrP: cute.Tensor,
-        acc_S_shape: cute.Shape,
-        acc_O: cute.Tensor,
+        gemms: WarpgroupGemms,
         softmax: OnlineSoftmax,
-        turns: WarpgroupTurns,
-        mask: AttentionMask,
-        tScS: cute.Tensor,
-        row_start: Int32,
-        seqlen_k: Int32,
         scales: BlockScales | None,
+        mask: AttentionMask | None,
         k_consumer: pipeline.PipelineConsumer,
         v_consumer: pipeline.PipelineConsumer,
         n_block: Int32,
-        masked: cutlass.Constexpr[bool],
     ) -> tuple[pipeline.PipelineConsumer, pipeline.PipelineConsumer]:
-        """2a-e overlapped: issue S = Q K[n]ᵀ and O += P V[previous]; softmax S while O's WGMMA runs.
+        """2a-e overlapped: issue S = Q K[n]ᵀ and O += P V[n + 1]; softmax S while O's WGMMA runs.
         With block scales, K[n]'s scale joins the softmax and V[n + 1]'s multiplies its P V."""
-        acc_S = cute.make_rmem_tensor(acc_S_shape, Float32)
+        acc_S = cute.make_rmem_tensor(gemms.acc_S_shape, Float32)
         k_slot = k_consumer.wait_and_advance()
         v_slot = v_consumer.wait_and_advance()
+        acc_O = gemms.acc_O
         acc_PV = cute.make_rmem_tensor(acc_O.layout, Float32) if cutlass.const_expr(self.separate_pv) else acc_O
-        turns.wait()
-        warpgroup_gemm(qk_mma, acc_S, tSrQ, tSrK[None, None, None, k_slot.index], accumulate=False)
-        warpgroup_gemm(pv_mma, acc_PV, tOrP, tOrV[None, None, None, v_slot.index], accumulate=not self.separate_pv)
-        turns.pass_on()
+        gemms.turns.wait()
+        gemms.qk(acc_S, stage=k_slot.index)
+        gemms.pv(acc_PV, stage=v_slot.index)
+        gemms.turns.pass_on()
         # Block scales are loaded once the GEMMs are issued: ptxas copies each into a uniform register
         # right after its load, and loaded before them, that wait held up their issue every block
         # (docs/perf-log.md, issue #17). V's scale is needed only after the softmax.
@@ -730,107 +589,97 @@ class HopperAttention:
         k_slot.release()
         if cutlass.const_expr(scales is not None):
             pv_scale = scales.value(n_block + 1)
-        if cutlass.const_expr(masked):
-            mask.apply(acc_S, tScS, row_start, n_block, seqlen_k)
-        softmax.step(acc_S, key_scale)
+        if cutlass.const_expr(mask is not None):
+            mask.apply(acc_S, n_block)
+        row_scale = softmax.update(acc_S, key_scale)
         # P's registers and O are rewritten below: the O += P V that reads them must retire first.
         warpgroup.wait_group(0)
         v_slot.release()
         if cutlass.const_expr(self.separate_pv):
-            softmax.rescale_output(acc_O, acc_PV, pv_scale)
+            softmax.rescale(acc_O, row_scale, acc_PV, pv_scale)
         else:
-            softmax.rescale_output(acc_O)
-        scores_to_operand_a(acc_S, tOrP)
+            softmax.rescale(acc_O, row_scale)
+        scores_to_operand_a(acc_S, gemms.tOrP)
         return k_consumer, v_consumer
 
     @cute.jit
-    def last_product(
+    def last_block(
         self,
-        qk_mma: cute.TiledMma,
-        pv_mma: cute.TiledMma,
-        tSrQ: cute.Tensor,
-        tSrK: cute.Tensor,
-        tOrV: cute.Tensor,
-        tOrP: cute.Tensor,
-        acc_S_shape: cute.Shape,
-        acc_O: cute.Tensor,
-        softmax: OnlineSoftmax,
-        turns: WarpgroupTurns,
-        v_consumer: pipeline.PipelineConsumer,
+        gemms: WarpgroupGemms,
         scales: BlockScales | None,
-    ) -> None:
-        """2e for the last block (key block 0): O += P V."""
+        v_consumer: pipeline.PipelineConsumer,
+        n_block: Int32,
+    ) -> pipeline.PipelineConsumer:
+        """2e for the last block (the lowest, ``n_block_min``): O += P V."""
         v_slot = v_consumer.wait_and_advance()
+        acc_O = gemms.acc_O
         acc_PV = cute.make_rmem_tensor(acc_O.layout, Float32) if cutlass.const_expr(self.separate_pv) else acc_O
-        turns.wait()
-        warpgroup_gemm(pv_mma, acc_PV, tOrP, tOrV[None, None, None, v_slot.index], accumulate=not self.separate_pv)
-        turns.pass_on()
+        gemms.turns.wait()
+        gemms.pv(acc_PV, stage=v_slot.index)
+        gemms.turns.pass_on()
         pv_scale = None
         if cutlass.const_expr(scales is not None):
-            pv_scale = scales.value(0)
+            pv_scale = scales.value(n_block)
         warpgroup.wait_group(0)
         v_slot.release()
         if cutlass.const_expr(self.separate_pv):
             add_block_product(acc_O, acc_PV, pv_scale)
-
-    @cute.jit
-    def store_lse(self, gLSE: cute.Tensor, lse: cute.Tensor, tOcO: cute.Tensor, row_start: Int32, seqlen_q: Int32):
-        """One lane of each row's four writes its two rows' log-sum-exp (rows past Sq are skipped)."""
-        cO = rows_cols_view(tOcO)
-        if cO[0, 0][1] == 0:
-            for r in cutlass.range_constexpr(2):
-                row = row_start + cO[r, 0][0]
-                if row < seqlen_q:
-                    gLSE[row] = lse[r]
+        return v_consumer
 
 
-@cute.jit
-def load_block(
-    atom: cute.CopyAtom, source: cute.Tensor, ring: cute.Tensor, producer: pipeline.PipelineProducer
-) -> pipeline.PipelineProducer:
-    """Wait for a free ring slot, then TMA one block into it; returns the producer so loops carry it."""
-    slot = producer.acquire_and_advance()
-    cute.copy(atom, source, ring[None, slot.index], tma_bar_ptr=slot.barrier)
-    return producer
+class WarpgroupGemms(NamedTuple):
+    """One consumer warpgroup's GEMMs with their operands bound once: ``qk(acc_S, stage)`` issues
+    S = Q K[stage]ᵀ, ``pv(acc, stage)`` O (+)= P V[stage]; the turns gate their issue (ping-pong)."""
 
-
-@cute.jit
-def warpgroup_gemm(
-    tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, accumulate: cutlass.Constexpr[bool]
-):
-    """Issue one warpgroup GEMM over all k-blocks (async); the caller waits on the group.
-
-    The accumulate flag lives on a fresh MMA atom: flipping it on the shared tiled MMA inside a
-    runtime loop would leak a loop-local value out of the loop.
-    """
-    mma_atom = cute.make_mma_atom(tiled_mma.op)
-    warpgroup.fence()
-    for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
-        mma_atom.set(warpgroup.Field.ACCUMULATE, accumulate or k != 0)
-        cute.gemm(mma_atom, acc, tA[None, None, k], tB[None, None, k], acc)
-    warpgroup.commit_group()
+    qk: Callable[..., None]
+    pv: Callable[..., None]
+    acc_S_shape: cute.Shape
+    acc_O: cute.Tensor  # ((2, 2, D/8), 1, 1) fp32
+    tOrP: cute.Tensor  # P in the A-operand register layout
+    turns: WarpgroupTurns
 
 
 # ----------------------------------------------------------------------------------------------------
-# Host: validate, compile once, launch
+# Host: validate, compile once per configuration (from fake tensors, GPU and CPU alike), launch
 # ----------------------------------------------------------------------------------------------------
 _COMPILED: dict[HopperConfig, Callable[..., None]] = {}
 
 
-def make_kernel(config: HopperConfig) -> HopperAttention:
-    return HopperAttention(
-        dtype=FP8_CUTLASS if config.fp8 else CUTE_DTYPES[config.dtype],
-        out_dtype=CUTE_DTYPES[config.out_dtype],
-        head_dim=config.head_dim,
-        causal=config.causal,
-        tile_n=config.tile_n,
-        kv_stages=config.kv_stages,
-        v_transposed=config.fp8,
-        pingpong=config.pingpong,
-        consumer_warpgroups=config.consumer_warpgroups,
-        persistent=config.persistent,
-        block_scales=config.block_scales,
+def fake_tensor(element_type: type, rank: int) -> Any:
+    """What ``to_cute_tensor`` passes at launch, without data: every dimension and outer stride
+    symbolic, the last dimension contiguous, 16-byte aligned, generic address space. The compiled
+    function reads each tensor's sizes and strides in the order this type declares, so the two
+    must agree exactly (the CPU PTX of this type is byte-identical to a compile from real tensors)."""
+    sizes = tuple(cute.sym_int() for _ in range(rank))
+    strides = (*(cute.sym_int64() for _ in range(rank - 1)), 1)
+    return make_fake_tensor(
+        element_type, sizes, strides, memspace=AddressSpace.generic, assumed_align=OPERAND_ALIGNMENT_BYTES
     )
+
+
+def fake_arguments(config: HopperConfig) -> tuple[Any, ...]:
+    """The kernel's arguments for compiling ``config``: q, k, v (V transposed for FP8), o, lse, the
+    three FP8 scale tensors (None for 16-bit), the scalars and the stream."""
+    element = FP8_CUTLASS if config.fp8 else CUTE_DTYPES[config.dtype]
+    operands = [fake_tensor(element, 4) for _ in range(3)]
+    outputs = [fake_tensor(CUTE_DTYPES[config.out_dtype], 4), fake_tensor(Float32, 3)]
+    scales = [fake_tensor(Float32, 3) for _ in range(3)] if config.fp8 else [None] * 3
+    # The scalars' values do not enter the code: softmax_scale_log2, output_scale, SM count.
+    scalars = [Float32(1.0), Float32(1.0), Int32(STATIC_SM_COUNT)]
+    return (*operands, *outputs, *scales, *scalars, make_fake_stream())
+
+
+def compiled_kernel(config: HopperConfig) -> Callable[..., None]:
+    """The kernel of ``config`` (the one compile key), compiled for sm_90a on first use."""
+    if config not in _COMPILED:
+        _COMPILED[config] = cute.compile[cute.GPUArch(SM90A)](HopperAttention(config), *fake_arguments(config))
+    return _COMPILED[config]
+
+
+def compile_config_sm90(config: HopperConfig, name: str) -> list[KernelBinary]:
+    """The same compile on a CPU, keeping PTX and cubin for the static analysis."""
+    kernel = HopperAttention(config)
+    return [compile_cute_sm90(kernel, *fake_arguments(config), name=name, threads=kernel.threads_per_cta)]
 
 
 def launcher(
@@ -860,9 +709,7 @@ def launcher(
     # The SM count is a launch argument (read here, at run time), so compiling never queries a device.
     sm_count = sm_count or torch.cuda.get_device_properties(q.device).multi_processor_count
     scalars = (Float32(softmax_scale_log2), Float32(output_scale), Int32(sm_count))
-    if config not in _COMPILED:
-        _COMPILED[config] = cute.compile(make_kernel(config), *args, *scalars, current_stream())
-    compiled = _COMPILED[config]
+    compiled = compiled_kernel(config)
 
     def run() -> torch.Tensor:
         compiled(*args, *scalars, current_stream())
@@ -896,16 +743,15 @@ def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) ->
 
 
 def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
-    """Tile sizes, warpgroups and ring depth per head dim, as measured on the H200 (docs/perf-log.md)."""
-    # Persistent CTAs (a static snake over the tiles) overlap the next tile's loads with this tile's
-    # epilogue: +2 % causal D=128, +4 % FP8 causal; causal D=64 is 3 % faster with one CTA per tile.
+    """Tile sizes, warpgroups and ring depth per head dim, as measured on the H200 (the A/B runs are in
+    docs/perf-log.md)."""
+    # Persistent CTAs overlap the next tile's loads with this tile's epilogue; causal D=64 measured
+    # faster with one CTA per tile.
     persistent = not (problem.causal and problem.head_dim == 64)
-    # Ping-pong pays off only without the causal mask's work (causal D=128 617 vs 607 without it), and
-    # not for FP8 at D=128: its GEMMs take half the bf16 time, so waiting for the turn costs more than
-    # the overlap it enforces (+2.4 % without it; bf16 measures the same either way).
+    # Ping-pong pays off only without the causal mask's work, and not for FP8 at D=128: its GEMMs take
+    # half the bf16 time, so waiting for the turn costs more than the overlap it enforces.
     pingpong = not problem.causal and not (fp8 and problem.head_dim == 128)
-    # D=64 has half the GEMM work per score: two warpgroups leave the softmax's latency exposed, a
-    # third hides it (+22 %, FP8 +19 %).
+    # D=64 has half the GEMM work per score: two warpgroups leave the softmax's latency exposed.
     consumer_warpgroups = 3 if problem.head_dim == 64 else 2
     return HopperConfig(
         dtype=problem.dtype,
@@ -916,51 +762,6 @@ def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
         fp8=fp8,
         persistent=persistent,
     )
-
-
-# ----------------------------------------------------------------------------------------------------
-# sm_90a compile on a CPU (static analysis)
-# ----------------------------------------------------------------------------------------------------
-def fake_operand(element_type: type, shape_tail: tuple[int, ...], leading: Any) -> Any:
-    """A (B, H, S, X) fake tensor with symbolic B, H, S and outer strides, unit inner stride."""
-    alignment = OPERAND_ALIGNMENT_BYTES * 8 // element_type.width
-    sizes = (cute.sym_int(), cute.sym_int(), *leading)
-    strides = tuple(cute.sym_int64(divisibility=alignment) for _ in sizes)
-    return make_fake_tensor(
-        element_type, (*sizes, *shape_tail), stride=(*strides, 1), assumed_align=OPERAND_ALIGNMENT_BYTES
-    )
-
-
-def fake_rows(length: Any) -> Any:
-    """A (B, H, length) fp32 fake tensor, last dimension contiguous (LSE, FP8 scales)."""
-    return make_fake_tensor(
-        Float32,
-        (cute.sym_int(), cute.sym_int(), length),
-        stride=(cute.sym_int64(), cute.sym_int64(), 1),
-        assumed_align=4,
-    )
-
-
-def compile_config_sm90(config: HopperConfig, name: str) -> list[KernelBinary]:
-    from cutlass.runtime import make_fake_stream
-
-    from common.static import compile_cute_sm90
-
-    kernel = make_kernel(config)
-    seqlen_q, seqlen_k = cute.sym_int(), cute.sym_int()
-    D = config.head_dim
-    q = fake_operand(kernel.dtype, (D,), (seqlen_q,))
-    k = fake_operand(kernel.dtype, (D,), (seqlen_k,))
-    v = fake_operand(kernel.dtype, (seqlen_k,), (D,)) if config.fp8 else fake_operand(kernel.dtype, (D,), (seqlen_k,))
-    o = fake_operand(kernel.out_dtype, (D,), (seqlen_q,))
-    lse = fake_rows(seqlen_q)
-    scales = tuple(fake_rows(cute.sym_int()) for _ in range(3)) if config.fp8 else (None,) * 3
-    # Any SM count will do: it only sizes the persistent grid at launch.
-    scalars = (Float32(1.0), Float32(1.0), Int32(STATIC_SM_COUNT))
-    binary = compile_cute_sm90(
-        kernel, q, k, v, o, lse, *scales, *scalars, make_fake_stream(), name=name, threads=kernel.threads_per_cta
-    )
-    return [binary]
 
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
@@ -994,7 +795,10 @@ def common_problem_supported(problem: Problem) -> tuple[bool, str]:
             f"head_dim must be one of {list(HEAD_DIMS)}, got {problem.head_dim} (256 exceeds registers and SMEM)",
         )
     if problem.scale <= 0:
-        return False, f"softmax_scale must be > 0 (the running max is taken before scaling), got {problem.scale}"
+        return False, (
+            "softmax_scale must be > 0 (the block max is taken before scaling, and a zero scale turns the "
+            f"mask's -inf into NaN in the exp2 FMA), got {problem.scale}"
+        )
     return True, ""
 
 

@@ -19,7 +19,7 @@ from common.problem import Problem
 from common.reference import reference_attention
 from common.static import cubin_resources
 from cute_impl import fp8, hopper
-from cute_impl._hopper_device import TileOrder
+from cute_impl._hopper_device import BlockRange, TileScheduler
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -63,9 +63,9 @@ def test_persistent_kernel_loops_over_tiles(fp8_operands: bool):
 @pytest.mark.parametrize(("ctas", "tiles"), [(3, 10), (132, 2048), (132, 132), (7, 1000)])
 def test_snake_deals_every_tile_once(ctas: int, tiles: int):
     dealt = [
-        TileOrder.tile_of_cta(local, cta, ctas)
+        TileScheduler.tile_of_cta(local, cta, ctas)
         for cta in range(ctas)
-        for local in range(TileOrder.tiles_of_cta(cta, ctas, tiles))
+        for local in range(TileScheduler.tiles_of_cta(cta, ctas, tiles))
     ]
     assert sorted(dealt) == list(range(tiles))
 
@@ -83,12 +83,40 @@ def test_snake_balances_longest_first_causal_tiles():
 
     snake = busiest(
         [
-            [TileOrder.tile_of_cta(local, cta, ctas) for local in range(TileOrder.tiles_of_cta(cta, ctas, len(blocks)))]
+            [
+                TileScheduler.tile_of_cta(local, cta, ctas)
+                for local in range(TileScheduler.tiles_of_cta(cta, ctas, len(blocks)))
+            ]
             for cta in range(ctas)
         ]
     )
     round_robin = busiest([list(range(cta, len(blocks), ctas)) for cta in range(ctas)])
     assert snake < 1.04 < 1.07 < round_robin, (snake, round_robin)
+
+
+def _unmasked_blocks_are_fully_visible(blocks: BlockRange, m_block: int, seqlen_k: int, tile_m: int, tile_n: int):
+    """Every key of every block below the masked top ones is visible to every row of the tile."""
+    last_unmasked = blocks.n_block_max - blocks.n_masked_blocks
+    first_row = m_block * tile_m
+    return all((n + 1) * tile_n <= min(seqlen_k, first_row + 1) for n in range(blocks.n_block_min, last_unmasked))
+
+
+@pytest.mark.parametrize(("tile_m", "tile_n"), [(128, 128), (192, 128)], ids=["D128", "D64"])
+def test_causal_block_range_visits_every_visible_key_and_masks_every_partial_block(tile_m: int, tile_n: int):
+    """BlockRange on Python ints against brute force: n_block_max is one past the last block holding a
+    key that some row of the tile sees (causal, top-left), and the unmasked blocks are fully visible.
+    Planted bug: one masked block fewer leaves a partial block unmasked somewhere."""
+    one_fewer_fails = False
+    for seqlen_k in (1, 77, 128, 1000, 1024):
+        for m_block in range(-(-1100 // tile_m)):
+            blocks = BlockRange.create(m_block, seqlen_k, tile_m, tile_n, causal=True)
+            last_row = (m_block + 1) * tile_m - 1
+            assert blocks.n_block_min == 0
+            assert blocks.n_block_max == min(seqlen_k - 1, last_row) // tile_n + 1, (m_block, seqlen_k)
+            assert _unmasked_blocks_are_fully_visible(blocks, m_block, seqlen_k, tile_m, tile_n), (m_block, seqlen_k)
+            fewer = BlockRange(0, blocks.n_block_max, blocks.n_masked_blocks - 1)
+            one_fewer_fails |= not _unmasked_blocks_are_fully_visible(fewer, m_block, seqlen_k, tile_m, tile_n)
+    assert one_fewer_fails
 
 
 def test_register_split_fits_the_launch_allocation():
