@@ -3,13 +3,14 @@
 What it adds over ``cute/naive``
 --------------------------------
 The naive rung writes the whole fp32 score matrix S (B·H·Sq·Sk·4 bytes, 8.6 GB at S=8192) to HBM,
-and worse, reuses nothing: every score re-reads a K row and every output element a V column from
-L2 (its two GEMM kernels take 252 of its 266 ms). This rung fuses the three steps into one kernel
-that never materialises S and reuses every tile it loads: a CTA owns ``tile_m`` query rows, keeps
-them in shared memory, and streams K and V through shared memory ``tile_n`` keys at a time. The
-softmax is computed *online*: each row keeps a running maximum and a running sum, and the output
-accumulator is rescaled whenever the maximum grows, so one pass over the keys suffices. HBM traffic
-drops to reading Q, K, V and writing O; the limiter becomes the fp32 FMA rate of the CUDA cores.
+and worse, reuses nothing: every score re-reads a K row and every output element a V column from L2
+(its two GEMM-shaped kernels take almost all of its time; ``docs/perf-log.md``). This rung fuses the
+three steps into one kernel that never materialises S and reuses every tile it loads: a CTA owns
+``tile_m`` query rows, keeps them in shared memory, and streams K and V through shared memory
+``tile_n`` keys at a time. The softmax is computed *online*: each row keeps a running maximum and a
+running sum, and the output accumulator is rescaled whenever the maximum grows, so one pass over the
+keys suffices. HBM traffic drops to reading Q, K, V and writing O; the limiter becomes the fp32 FMA
+rate of the CUDA cores.
 
 Algorithm (one CTA = ``tile_m`` rows of one (batch, head); the numbers match the code's sections)
 1. Load the Q tile to shared memory once, converted to fp32 and multiplied by
@@ -50,8 +51,9 @@ in ``docs/perf-log.md`` ("Figures moved out of rung docstrings").
 
 * K and V tiles in shared memory are reused by 64 query rows, Q by every key, and S never leaves
   the chip: several times ``cute/naive``'s speed before any tensor core is used.
-* That is still about half of what the CUDA cores can do in fp32 FMAs. The kernel uses 252
-  registers (no spills), so two CTAs (8 warps) share an SM. Not profiled; the likely losses are the
+* That is still about half of what the CUDA cores can do in fp32 FMAs. At D = 128 the kernel needs
+  nearly all 255 registers a thread may have (no spills; the static table has the count), so only
+  two CTAs (8 warps) share an SM. Not profiled; the likely losses are the
   four barriers per key block and the exposed latency of the synchronous K and V loads, which the
   next rungs hide with asynchronous copies while moving the GEMMs to tensor cores.
 * Causal runs at the same rate as non-causal: skipped blocks right of the diagonal remove half the

@@ -16,12 +16,12 @@ What it adds over ``cute/tiled``, and which bottleneck each step removes:
 * **Register double-buffering** inside the k-loops: the ldmatrix of the next piece (half the N
   columns of a k-step) is issued before the MMAs of the current one, so shared-memory latency
   hides behind tensor-core work while only two half-step operand buffers are live.
-* **Lazy rescaling of O**: the running row max (the reference P is taken against) only moves
-  when a block's max exceeds it by more than 2^8; until then P <= 256 (safe in bf16/fp16 and the
-  fp32 sums) and the 128 multiplies that rescale a thread's O rows are skipped, decided by one
-  warp-uniform branch (``vote.any``). The maximum of random scores settles within a few blocks, so
-  almost every block skips the rescale; the result is exact, since O and the row sum share one
-  reference and it cancels in the final division.
+* **Lazy rescaling of O**: ``row_max`` (the reference P is taken against) only moves when a
+  block's max exceeds it by more than ``RESCALE_THRESHOLD`` = 8 (log2 units, so 2^8); until then
+  P <= 256 (safe in bf16/fp16 and the fp32 sums) and the multiplies that rescale a thread's O rows
+  are skipped, decided by one warp-uniform branch (``vote.any``). The maximum of random scores
+  settles within a few blocks, so almost every block skips the rescale; the result is exact, since
+  O and the row sum share one reference and it cancels in the final division.
 * Causal CTAs are launched heaviest first (largest ``m_block`` first) so the short diagonal tiles
   fill the tail of the grid.
 
@@ -29,45 +29,52 @@ Shapes: q (B, H, Sq, D), k and v (B, H, Sk, D), o (B, H, Sq, D). One CTA of ``nu
 computes one ``tile_m``-row block of O for one (batch, head); each warp owns ``tile_m / num_warps``
 rows, and its accumulator rows sit in quads of 4 lanes, as ``_device`` describes.
 
+The kernel only orchestrates; the step's pieces are the CuTe stack's shared objects of
+``_device.py``, named as in every stack: ``BlockRange``, ``AttentionMask``, ``OnlineSoftmax``
+(``update``, ``rescale``, ``finalize``). ``attend_block`` has its operands bound once
+(``functools.partial``), so the main loop passes only the step and whether it masks.
+
 Algorithm (the sections of :meth:`PipelinedAttentionKernel.kernel`):
-1. Tiles of this CTA and its K/V block range (fully masked causal blocks are never visited).
+1. Tiles of this CTA and its ``BlockRange`` (fully masked causal blocks are never visited).
 2. Prologue: cp.async Q (rows past Sq zero-filled) and the first ``stages-1`` K/V blocks, one
    commit group per block; the first block visited is the last one, the only one cut by Sk, so only
    it needs row predicates (its rows past Sk are zero-filled).
-3. Main loop over K/V blocks, last first; the first ``mask_steps`` iterations are the masked variant:
+3. Main loop over K/V blocks, last first; the top ``n_masked_blocks`` of the range run the masked
+   variant (they come first), the rest the unmasked one:
    a. barrier (everyone is done with the slot about to be refilled), issue block ``i+stages-1``,
       commit, ``wait_group(stages-1)``, barrier: block ``i`` is in shared memory.
    b. ``S = Q Kᵀ``: ldmatrix Q and K half k-step by half k-step, double-buffered, ``mma.sync``
       m16n8k16.
-   c. Mask (masked iterations only): -inf past Sk and right of the causal diagonal.
-   d. Online softmax: quad-reduced row max, ``P = exp2(S·scale_log2 − m)``; O and the sum are
-      rescaled only if some row of the warp moved its reference max (lazy rescaling).
+   c. ``AttentionMask.apply`` (masked iterations only): -inf past Sk and right of the causal diagonal.
+   d. ``OnlineSoftmax.update``: quad-reduced ``row_max`` (the maximum of S · softmax_scale_log2),
+      ``P = exp2(S · softmax_scale_log2 − row_max)``, the row sums; it returns the rescale factor,
+      and ``rescale`` multiplies O by it only if some row of the warp moved its ``row_max``.
    e. ``O += P V``: P cast and reused in registers as the A operand; V via ``ldmatrix.trans``.
-4. Epilogue: quad-reduce the row sums, ``O /= row_sum``, cast, per-row predicated store.
+4. Epilogue: ``OnlineSoftmax.finalize`` (quad-reduced row sums, ``O /= row_sum``), cast, per-row
+   predicated store.
 
 Data movement: HBM →(cp.async.cg 16 B)→ swizzled SMEM ring →(ldmatrix.x4 / ldmatrix.x4.trans)→
 registers →(mma.sync.m16n8k16, fp32 accumulate)→ registers → HBM (st.global, rows < Sq).
 
-Tile budget (the comment on :data:`TILE_CONFIGS` has the arithmetic): tile_m = 128. D = 128: 4
-warps of 32 rows, tile_n = 32, 3 stages, 80 KiB of shared memory, two CTAs per SM, 255
-registers and no spills (a 64-key tile spills; an 8-warp 64-key tile does not, but measured
-slower). D = 64: 4 warps of 32 rows, tile_n = 64, 3 stages, 64 KiB. D = 256 is refused: the O accumulator alone
-would be 256 fp32 registers per thread with 32 rows per warp.
+Tile budget (the comment on :data:`TILE_CONFIGS` has the arithmetic): tile_m = 128, 4 warps of
+32 rows, 3 stages. D = 128: tile_n = 32, 80 KiB of shared memory, two CTAs per SM. D = 64:
+tile_n = 64, 64 KiB. Every configuration is spill-free (``tests/test_cute_tiled_pipelined.py``
+checks it; the registers per thread are in the static table). D = 256 is refused: the O
+accumulator alone would be 256 fp32 registers per thread with 32 rows per warp.
 
-Constraints: fp16/bf16, D in {64, 128}, any Sq, Sk >= 1, causal top-left, compute capability
->= 8.0.
+Constraints: fp16/bf16, D in {64, 128}, any Sq, Sk >= 1, causal top-left, softmax_scale > 0
+(``row_max`` is taken as max(S) · softmax_scale_log2), compute capability >= 8.0.
 
 What the measurements taught (A/B runs in ``docs/perf-log.md``, "Figures moved out of rung
 docstrings"; current figures in the generated table of ``docs/ladder.md``): removing the
 bank-conflicted scalar shared loads and the exposed K/V load latency of ``cute/tiled`` is worth
-several times its speed and reaches the hand-written CUDA of FA2. A 64-key tile at D = 128 is
-faster but spills (ptxas spills the row sums and swizzled ldmatrix addresses) for every split of
+several times its speed and reaches the hand-written CUDA of FA2. Why this tile at D = 128: a
+64-key tile is faster but spills (the row sums and swizzled ldmatrix addresses) for every split of
 the double-buffering tried; 8 warps of 16 rows do not spill but are slower, because each warp reads
 the whole K and V tile for half the rows and one 8-warp CTA per SM stalls all its warps at each
-barrier. The spill-free 32-key tile passes SDPA's FA2 backend through two changes: lazy rescaling
-(O rescaled only when a row's max grows by more than 2^8) and a third K/V stage. The ceiling left
-is the ``mma.sync`` path itself: Hopper's ``wgmma`` (``cute/hopper``) issues warpgroup-wide MMAs
-straight from shared memory.
+barrier. The spill-free 32-key tile catches up with SDPA's FA2 backend through two changes: lazy
+rescaling and a third K/V stage. The ceiling left is the ``mma.sync`` path itself: Hopper's
+``wgmma`` (``cute/hopper``) issues warpgroup-wide MMAs straight from shared memory.
 """
 
 from __future__ import annotations
@@ -137,13 +144,13 @@ class TileConfig:
     shape: TileShape
 
 
-# Budget per head dim (bf16/fp16; H200 SM: 227 KiB smem, 64 Ki registers; sm_90a compile, ptxas counts):
+# Budget per head dim (bf16/fp16; H200 SM: 227 KiB smem, 64 Ki registers):
 #   D = 128, 4 warps (each warp 32 rows), the default (128, 32, 3, 4, 2, 0): O 32·128/32 = 128 fp32
-#            + S 32·32/32 = 32 fp32 per thread, 255 registers, no stack, two CTAs per SM;
+#            + S 32·32/32 = 32 fp32 per thread, no spills, two CTAs per SM;
 #            smem = Q 128·128·2 = 32 KiB + 3 stages · (K 32·128·2 + V 32·128·2) = 48 KiB → 80 KiB
-#            (2 CTAs: 160 of 227 KiB). At tile_n = 64 (S 64 fp32) ptxas spills 16-56 bytes.
-#   D = 128, 8 warps (each warp 16 rows), tile_n = 64: O 64 + S 32 fp32, 196-210 registers, no
-#            stack, 96 KiB smem, one CTA per SM; measured slower than the default (docs/perf-log.md).
+#            (2 CTAs: 160 of 227 KiB). At tile_n = 64 (S 64 fp32) ptxas spills.
+#   D = 128, 8 warps (each warp 16 rows), tile_n = 64: O 64 + S 32 fp32, no spills, 96 KiB smem,
+#            one CTA per SM; measured slower than the default (docs/perf-log.md).
 #   D = 64:  4 warps, smem = Q 16 KiB + 3 stages · 16 KiB = 64 KiB; O 64 fp32 + S 64 fp32 per thread.
 # A bench script may replace an entry before prepare(): tile_config reads it there, and the compile
 # cache is keyed on the whole TileConfig, so a replaced entry compiles afresh.

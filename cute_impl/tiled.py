@@ -18,7 +18,8 @@ Shapes: q (B, H, Sq, D), k and v (B, H, Sk, D), o (B, H, Sq, D), SDPA's layout. 
 Algorithm (the sections of :meth:`TiledAttentionKernel.kernel`):
 1. Tiles of this CTA: Q rows ``[m_block * tile_m, +tile_m)``; the K/V blocks it must visit are
    ``n_block < n_block_max``, where causal masking (top-left, row i sees keys j <= i) drops every
-   block to the right of the diagonal: fully masked tiles are never loaded.
+   block to the right of the diagonal: fully masked tiles are never loaded. (``cute/pipelined``
+   calls this the ``BlockRange``; here it is two lines, so the rung reads alone.)
 2. Load Q to shared memory with ``cp.async`` (rows past Sq are zero-filled).
 3. For each K/V block, last block first (it carries the masks, see 4):
    a. ``cp.async`` K and V to shared memory, commit, wait for all groups, barrier.
@@ -26,9 +27,11 @@ Algorithm (the sections of :meth:`TiledAttentionKernel.kernel`):
    c. Mask: keys past Sk and, when causal, keys right of the diagonal get ``-inf``. Only the first
       ``n_masked_blocks`` iterations can need it; the rest run the unmasked variant.
    d. Online softmax in registers: the row maximum is reduced across the quad of 4 lanes that
-      shares a row of the MMA accumulator (``shfl.bfly`` 2 and 1), ``P = exp2(S * scale_log2 - m)``,
-      the accumulator and the row sum are rescaled by ``exp2(m_old - m_new)``; a row whose maximum
-      is still ``-inf`` (all keys masked so far) uses 0 as its maximum so no NaN appears.
+      shares a row of the MMA accumulator (``shfl.bfly`` 2 and 1) and kept as ``row_max``, the
+      maximum of ``S * softmax_scale_log2`` (log2 units of the scaled scores, as in every stack);
+      ``P = exp2(S * softmax_scale_log2 - row_max)``, the accumulator and the row sum are rescaled
+      by ``exp2(row_max_old - row_max_new)``; a row whose maximum is still ``-inf`` (all keys
+      masked so far) uses 0 as its maximum so no NaN appears.
    e. ``O += P V``: P cast to the input dtype and viewed as the A operand; V read transposed
       through a (D, tile_n) view of its shared tile. Barrier before the buffers are overwritten.
 4. Epilogue: row sums reduced across the quad, ``O /= row_sum``, cast, stored to global memory
@@ -40,22 +43,21 @@ Data movement: HBM →(cp.async.cg, 16 B per thread)→ SMEM →(ld.shared, 32-b
 Tiles: tile_m = 64 rows of Q over 4 warps (each warp owns 16 rows), tile_n = 64 keys.
 Shared memory at D = 128: Q 64·128·2 B = 16 KiB + K 16 KiB + V 16 KiB = 48 KiB (24 KiB at D = 64);
 registers per thread at D = 128: O accumulator 16·128/32 = 64 fp32, S accumulator 16·64/32 = 32
-fp32, P 16 packed registers, plus the operands of one k-step and the scalar loads of V. ptxas
-allocates 166 registers (bf16; 206 fp16) with no stack: three CTAs per SM (two at fp16). The earlier
-128-row tile (each warp 32 rows, O 128 + S 64 fp32) needed 255 registers and spilled a 24-88
-byte stack frame; a 32-key tile at 128 rows still spilled 40-48 bytes.
+fp32, P 16 packed registers, plus the operands of one k-step and the scalar loads of V. This fits
+without spills at every supported configuration (``tests/test_cute_tiled_pipelined.py`` checks it;
+the registers per thread are in the static table), while 32 rows per warp would hold twice the O
+and S accumulators and spill.
 
-Constraints: fp16/bf16, D in {64, 128}; any Sq, Sk >= 1; causal top-left; compute capability
->= 8.0 (``mma.sync`` bf16 and ``cp.async`` are sm_80 features; Hopper runs them too).
+Constraints: fp16/bf16, D in {64, 128}; any Sq, Sk >= 1; causal top-left; softmax_scale > 0
+(``row_max`` is taken as max(S) · softmax_scale_log2); compute capability >= 8.0 (``mma.sync`` bf16
+and ``cp.async`` are sm_80 features; Hopper runs them too).
 
 What the measurements taught (figures in the generated table of ``docs/ladder.md``; the A/B of the
-128-row and 64-row tiles in ``docs/perf-log.md``, "Figures moved out of rung docstrings"): the
-spill-free 64-row tile is slower than the spilling 128-row one, because half the rows per CTA means
-every K/V tile is loaded and read from shared memory for half as much MMA work.
-The tensor cores are fed, but not fast enough: per 16-wide k-step every warp issues scalar
-``ld.shared`` (832 in the D = 128 PTX, 8-way bank conflicts on the unswizzled rows) and each K/V
-tile is waited for in full before any MMA starts. ``cute/pipelined`` removes exactly these two
-stalls.
+tiles in ``docs/perf-log.md``, "Figures moved out of rung docstrings"): halving the rows per CTA to
+avoid spills costs speed, because every K/V tile is then loaded and read from shared memory for
+half as much MMA work. The tensor cores are fed, but not fast enough: per 16-wide k-step every warp
+issues scalar ``ld.shared`` (8-way bank conflicts on the unswizzled rows) and each K/V tile is
+waited for in full before any MMA starts. ``cute/pipelined`` removes exactly these two stalls.
 """
 
 from __future__ import annotations
