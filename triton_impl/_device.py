@@ -1,33 +1,130 @@
-"""Device helpers shared by the Triton rungs from ``pipelined`` on: key-block ranges and the
-FlashAttention step (S = Q Kᵀ → mask → online softmax → rescale O → O += P V).
+"""The device vocabulary of the Triton stack, used by every rung from ``pipelined`` on.
 
-The rungs up to ``tiled`` spell all of this out inline so that each file reads alone; from
-``pipelined`` on the kernel only orchestrates, and the step lives here.
+The names are the ones the CuTe and Gluon stacks use, so that a diff of two rungs teaches:
+
+* ``BlockRange`` → :func:`block_range`: the key blocks one query tile visits,
+  ``(n_block_min, n_block_max, n_masked_blocks)``. Blocks [n_block_min, n_block_max) hold every key
+  some row of the tile sees (n_block_max exclusive); the last ``n_masked_blocks`` of them need the
+  mask, the blocks before them are seen in full by every row; blocks from n_block_max on are never
+  loaded.
+* ``AttentionMask.apply`` → :func:`attention_mask`: S set to -inf where the key lies past the
+  sequence (the ragged tail) or, causal, after the query row (top-left diagonal).
+* ``OnlineSoftmax`` → :func:`online_softmax_update`, :func:`online_softmax_rescale`,
+  :func:`online_softmax_finalize`. ``row_max`` is the running maximum of S · softmax_scale_log2,
+  i.e. in log2 units of the scaled scores; ``row_sum`` the running sum of P in the same frame.
+  ``update`` takes a new block of S and returns P, the rescale factor ``alpha`` and the new state;
+  ``rescale`` moves O to the new maximum; ``finalize`` returns O / row_sum and the LSE.
+* ``LOG2_E`` (the host folds it into ``softmax_scale_log2 = softmax_scale · LOG2_E``, so the kernels
+  use ``exp2``) and ``LN_2`` (the kernels turn the log2-domain LSE into a natural log with it).
+
+Triton inlines every ``@triton.jit`` call, so these functions cost nothing at run time. They are
+functions that take and return their state, not objects as in the other stacks: Triton's struct
+type (``triton.language.core._aggregate``) is private in both tested releases (3.6 and 3.9).
+There is no ``RESCALE_THRESHOLD`` in this stack: every Triton rung rescales O at every key block.
+
+The rungs up to ``tiled`` spell all of this out inline so that each file reads alone.
 """
 
 from __future__ import annotations
 
+import math
+
 import triton
 import triton.language as tl
 
+# softmax_scale_log2 = softmax_scale · LOG2_E: exp(x · scale) = exp2(x · softmax_scale_log2).
+LOG2_E = math.log2(math.e)
+# Natural log of 2, read inside the kernels (hence a constexpr): lse = log2-domain lse · ln 2.
+LN_2 = tl.constexpr(math.log(2.0))
+
+
+# ----------------------------------------------------------------------------------------------
+# BlockRange
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def block_range(m_block, seqlen_k, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """BlockRange of query tile ``m_block``: ``(n_block_min, n_block_max, n_masked_blocks)``."""
+    start_m = m_block * BLOCK_M
+    if CAUSAL:
+        # Row i sees keys j <= i. Block n is seen in full by every row of the tile when its last key
+        # (n + 1) · BLOCK_N - 1 <= start_m; the tile's last row bounds the blocks worth loading.
+        n_unmasked = tl.minimum(seqlen_k, start_m + 1) // BLOCK_N
+        n_block_max = (tl.minimum(start_m + BLOCK_M, seqlen_k) + BLOCK_N - 1) // BLOCK_N
+    else:
+        # Only the ragged last block (Sk not a multiple of BLOCK_N) needs the mask.
+        n_unmasked = seqlen_k // BLOCK_N
+        n_block_max = (seqlen_k + BLOCK_N - 1) // BLOCK_N
+    return 0, n_block_max, n_block_max - n_unmasked
+
+
+# ----------------------------------------------------------------------------------------------
+# AttentionMask
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def attention_mask(S, offs_m, offs_n, seqlen_k, CAUSAL: tl.constexpr):
+    """AttentionMask.apply: S (BLOCK_M × BLOCK_N, query rows ``offs_m``, keys ``offs_n``) with -inf
+    where the key is past ``seqlen_k`` or, causal, after the query row. Apply it to scaled scores:
+    scaling after it would give -inf · 0 = NaN for softmax_scale = 0."""
+    visible = (offs_n < seqlen_k)[None, :]
+    if CAUSAL:
+        visible = visible & (offs_n[None, :] <= offs_m[:, None])
+    return tl.where(visible, S, float("-inf"))
+
+
+# ----------------------------------------------------------------------------------------------
+# OnlineSoftmax
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def online_softmax_update(
+    S, row_max, row_sum, softmax_scale_log2,
+    S_SCALED: tl.constexpr, MASKED: tl.constexpr, P_EXPONENT: tl.constexpr = 0.0,
+):  # fmt: skip
+    """OnlineSoftmax.update with one block of scores: ``(P, alpha, row_max, row_sum)``.
+
+    row_max_new = max(row_max, rowmax(S · scale)); P = exp2(S · scale - row_max_new + P_EXPONENT);
+    alpha = exp2(row_max - row_max_new), the factor that rescales O and row_sum to the new maximum.
+
+    ``S_SCALED``: S arrives as S · softmax_scale_log2 (masked blocks, and rungs that accept any sign
+    of the scale). Otherwise S arrives unscaled and the scale must be >= 0: it then commutes with the
+    row maximum, so the maximum is scaled once per row and P's exponent is one FMA per score.
+    ``MASKED``: a row may have seen no visible key yet (row_max -inf); it subtracts 0 instead, so
+    exp2(-inf) gives P = 0 and alpha = 0, not exp2(-inf - -inf) = NaN.
+    ``P_EXPONENT`` > 0 (fp8) lifts P by a constant factor that cancels in O / row_sum.
+    """
+    if S_SCALED:
+        row_max_new = tl.maximum(row_max, tl.max(S, 1))
+    else:
+        row_max_new = tl.maximum(row_max, tl.max(S, 1) * softmax_scale_log2)
+    row_max_base = tl.where(row_max_new == float("-inf"), 0.0, row_max_new) if MASKED else row_max_new
+    if S_SCALED:
+        P = tl.math.exp2(S - (row_max_base - P_EXPONENT)[:, None])
+    else:
+        P = tl.math.exp2(S * softmax_scale_log2 - (row_max_base - P_EXPONENT)[:, None])
+    alpha = tl.math.exp2(row_max - row_max_base)
+    row_sum = row_sum * alpha + tl.sum(P, 1)
+    return P, alpha, row_max_new, row_sum
+
 
 @triton.jit
-def key_block_range(m_block, seqlen_k, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(full_end, n_end) for query tile ``m_block``: keys [0, full_end) are visible to every row of
-    the tile (no mask needed), keys [full_end, n_end) need the mask, keys from n_end on are masked
-    for every row and never loaded. full_end is a multiple of BLOCK_N."""
-    if CAUSAL:
-        # Row i sees keys j <= i: the tile's first row bounds the unmasked blocks, its last row
-        # bounds the blocks worth loading at all.
-        first_row = m_block * BLOCK_M
-        n_end = tl.minimum(seqlen_k, first_row + BLOCK_M)
-        full_end = tl.minimum(seqlen_k, first_row + 1) // BLOCK_N * BLOCK_N
-    else:
-        n_end = seqlen_k
-        full_end = seqlen_k // BLOCK_N * BLOCK_N
-    return full_end, n_end
+def online_softmax_rescale(acc, alpha):
+    """OnlineSoftmax.rescale: O accumulated under the old row maximum, moved to the new one."""
+    return acc * alpha[:, None]
 
 
+@triton.jit
+def online_softmax_finalize(acc, row_max, row_sum, out_scale, P_EXPONENT: tl.constexpr = 0.0):
+    """OnlineSoftmax.finalize: ``(O, lse)`` with O = acc · out_scale / row_sum and the natural-log
+    lse = (row_max + log2(row_sum) - P_EXPONENT) · ln 2. A row that saw no key (only rows past Sq)
+    gets O = 0 and lse = -inf instead of 0 / 0."""
+    has_keys = row_sum > 0.0
+    out = acc * tl.where(has_keys, out_scale / row_sum, 0.0)[:, None]
+    lse = tl.where(has_keys, (row_max + tl.math.log2(row_sum) - P_EXPONENT) * LN_2, float("-inf"))
+    return out, lse
+
+
+# ----------------------------------------------------------------------------------------------
+# The FlashAttention step over a range of key blocks (strided pointers, ``pipelined``)
+# ----------------------------------------------------------------------------------------------
 @triton.jit
 def attend_key_blocks(
     acc, row_max, row_sum, q,
@@ -35,10 +132,12 @@ def attend_key_blocks(
     offs_m, n_begin, n_end, seqlen_k, softmax_scale_log2,
     CAUSAL: tl.constexpr, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """Fold key blocks [n_begin, n_end) into (acc, row_max, row_sum) of one query tile.
+    """Fold key blocks [n_block_begin, n_block_end) into (acc, row_max, row_sum) of one query tile:
+    S = Q Kᵀ → mask → online softmax → rescale O → O += P V.
 
     ``MASKED=False`` is the hot loop: every key in range is visible, so loads are unmasked and the
     softmax needs no -inf guard. ``MASKED=True`` handles the sequence tail and the causal diagonal.
+    S is scaled before the maximum, so any sign of the softmax scale works.
     """
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -55,22 +154,10 @@ def attend_key_blocks(
             v = tl.load(v_ptrs)
 
         # S = Q Kᵀ on tensor cores, in the log2 domain.
-        scores = tl.dot(q, k_t) * softmax_scale_log2
+        S = tl.dot(q, k_t) * softmax_scale_log2
         if MASKED:
-            visible = col_ok[None, :]
-            if CAUSAL:
-                visible = visible & (offs_k[None, :] <= offs_m[:, None])
-            scores = tl.where(visible, scores, float("-inf"))
-
-        # Online softmax. In masked blocks a row may have seen no visible key yet (max -inf):
-        # shifting by 0 then gives P = 0 and alpha = 0 instead of exp2(-inf - -inf) = NaN.
-        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
-        shift = tl.where(new_max == float("-inf"), 0.0, new_max) if MASKED else new_max
-        p = tl.exp2(scores - shift[:, None])
-        alpha = tl.exp2(row_max - shift)
-
-        # Rescale what was accumulated under the old max, then O += P V with P in the input dtype.
-        row_sum = row_sum * alpha + tl.sum(p, axis=1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        row_max = new_max
+            S = attention_mask(S, offs_m, offs_k, seqlen_k, CAUSAL)
+        P, alpha, row_max, row_sum = online_softmax_update(S, row_max, row_sum, softmax_scale_log2, True, MASKED)
+        # O += P V with P in the input dtype, onto O rescaled to the new maximum.
+        acc = tl.dot(P.to(v.dtype), v, online_softmax_rescale(acc, alpha))
     return acc, row_max, row_sum

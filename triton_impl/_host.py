@@ -8,15 +8,13 @@ compile-only warm-up and the static sm_90a signature of every rung in agreement.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from common.devices import triton_device_supported, triton_device_types, triton_dtype_supported, triton_dtypes
 from common.problem import Problem
 from common.validation import validate_attention_inputs
+from triton_impl._device import LOG2_E
 
-LOG2_E = math.log2(math.e)
 # (batch, head, row) stride arguments of Q, K, V and O, in kernel-argument order.
 POINTER_STRIDES = tuple(f"stride_{t}{dim}" for t, last in zip("qkvo", "mnnm", strict=True) for dim in ("b", "h", last))
 # Pointer and stride arguments a real launch passes 16-divisible, so the static compile assumes it too.

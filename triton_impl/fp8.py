@@ -13,7 +13,11 @@ register layout of P for the second GEMM; here, as there, the operand layouts ar
 contiguous): for O += P V the reduction runs over keys, and a (D, Sk) tile is K-major. Without it
 Triton would insert a shared-memory transpose of every V tile.
 
-Algorithm:
+The kernel is ``hopper``'s (``triton_impl/hopper.py``, ``_hopper_attention_kernel`` with
+``FP8=True``): the same prologue, block ranges, loops and epilogue, and the fp8 branch of its
+``_attention_step``. This file holds what is fp8's own: quantisation, configurations and launch.
+
+Algorithm (steps 1-4 are the sections of the shared kernel):
   0. In ``bind`` (per call, since the values change; ``prepare`` = validate + bind + warm-up):
      ``common.fp8.quantise``, shared with the CuTe rung: optionally Q and K rotated by a seeded
      random Hadamard matrix, then scales s = amax / 448 per tensor or, with block quantisation, per
@@ -24,8 +28,8 @@ Algorithm:
   1. Load the Q8 tile by TMA; fold its block's s_q (per tensor: s_q · s_k) into the softmax scale.
   2. Unmasked KV blocks: S = Q8 K8ᵀ (fp8 wgmma), the block's s_k joined to the softmax scale (a
      positive factor commutes with the row max, so row_max keeps one unit for every block; no cost
-     per score), online softmax with exp2, and
-     P computed as exp2(S·scale - row_max + P_EXPONENT): the 2^8 headroom lifts P from [0, 1] to
+     per score), online softmax with exp2, and P computed as exp2(S·scale - row_max + P_EXPONENT)
+     (``common.fp8.P_EXPONENT`` = 8): the 2^8 headroom lifts P from [0, 1] to
      [0, 256], where e4m3 keeps full precision (its normals start at 2^-6), and cancels exactly
      because row_sum is accumulated from the same scaled P. Then O = (O + pv · s_v) · alpha adds the
      previous block's P V times its V scale, and pv = P8 V8 (fp8 wgmma, Vᵀ tile read K-major) starts
@@ -73,7 +77,6 @@ from functools import partial
 
 import torch
 import triton
-import triton.language as tl
 
 from common.devices import triton_device_supported, triton_interpreting
 from common.fp8 import Emulation, KernelOrder, Quantisation, QuantisedOperands, end_to_end_runner, quantise
@@ -84,12 +87,11 @@ from common.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.static import compile_triton_sm90
 from common.toolchain import release_configs
 from common.validation import kernel_operand
+from triton_impl._device import LOG2_E
 from triton_impl.hopper import (
-    LN_2,
-    LOG2_E,
     HopperConfig,
     _descriptor,
-    _online_softmax,
+    _hopper_attention_kernel,
     _validate,
     fastest_config,
     hopper_supported,
@@ -97,8 +99,6 @@ from triton_impl.hopper import (
 
 # Inputs this rung quantises (whatever the interpreter would accept).
 INPUT_DTYPES = (torch.float16, torch.bfloat16)
-# P = 2^(S·scale - row_max + P_EXPONENT) lies in [0, 2^8] ⊂ e4m3 range and stays clear of subnormals.
-P_EXPONENT = tl.constexpr(8.0)
 # TMA needs 16-byte row strides: the keys of Vᵀ are padded to this many e4m3 elements.
 VT_ROW_ALIGN = 16
 FP8_CANDIDATES = tuple(
@@ -142,119 +142,6 @@ def candidate_configs(head_dim: int) -> list[HopperConfig]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Kernel
-# ----------------------------------------------------------------------------------------------
-@triton.jit
-def _fp8_attention_step(
-    acc, pv, pv_scale, row_sum, row_max, q, desc_k, desc_vt, K_SCALE, V_SCALE, batch, head, offs_m, n_block,
-    seqlen_k, softmax_scale_log2,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-    BLOCK_SCALED: tl.constexpr, KV_QUANT_BLOCK: tl.constexpr,
-):  # fmt: skip
-    """One KV block: S = Q8 K8ᵀ, (mask), online softmax with 2^P_EXPONENT headroom, then the previous
-    block's P V (``pv``, its V scale ``pv_scale``) is added to O in fp32 and this block's P8 V8 is
-    issued into a fresh ``pv``.
-
-    fp8 wgmma accumulates with reduced precision, so chaining O through it over thousands of keys
-    loses accuracy; each block's P V starts from zero instead. It is added one step late: Triton then
-    lets that wgmma run asynchronously and retires it with the next S = Q Kᵀ, whereas adding it at
-    once would make every step wait for it. Block scales: K's scale of this block joins the softmax
-    scale (positive, so the row max commutes with it); V's multiplies this block's P V when it is added.
-    """
-    start_n = n_block * BLOCK_N
-    k = desc_k.load([batch, head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-    S = tl.dot(q, k.T)
-    if BLOCK_SCALED:
-        block_scale_log2 = softmax_scale_log2 * tl.load(K_SCALE + start_n // KV_QUANT_BLOCK)
-        v_scale = tl.load(V_SCALE + start_n // KV_QUANT_BLOCK)
-    else:
-        block_scale_log2 = softmax_scale_log2
-        v_scale = pv_scale
-    P, alpha, row_max_new, row_sum = _online_softmax(
-        S, row_max, row_sum, offs_m, start_n, seqlen_k, block_scale_log2, BLOCK_N, MASKED, CAUSAL, P_EXPONENT
-    )
-    vt = desc_vt.load([batch, head, 0, start_n]).reshape(HEAD_DIM, BLOCK_N)
-    acc = (acc + pv * pv_scale) * alpha[:, None] if BLOCK_SCALED else (acc + pv) * alpha[:, None]
-    pv = tl.dot(P.to(vt.dtype), vt.T)
-    return acc, pv, v_scale, row_sum, row_max_new
-
-
-@triton.jit
-def _fp8_attention_kernel(
-    desc_q, desc_k, desc_vt, desc_o, LSE, Q_SCALE, K_SCALE, V_SCALE,
-    heads, seqlen_q, seqlen_k, q_blocks, kv_blocks, softmax_scale_log2,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-    BLOCK_SCALED: tl.constexpr, Q_QUANT_BLOCK: tl.constexpr, KV_QUANT_BLOCK: tl.constexpr,
-):  # fmt: skip
-    m_block = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
-    batch_head = tl.program_id(1)
-    batch = batch_head // heads
-    head = batch_head % heads
-    start_m = m_block * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    # This (batch, head)'s scales: (B, H, blocks) fp32, contiguous.
-    Q_SCALE += batch_head * q_blocks
-    K_SCALE += batch_head * kv_blocks
-    V_SCALE += batch_head * kv_blocks
-
-    # 1. Q8 tile; its descale (and, per tensor, K's) folded into the softmax scale.
-    q = desc_q.load([batch, head, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
-    if BLOCK_SCALED:
-        softmax_scale_log2 = softmax_scale_log2 * tl.load(Q_SCALE + start_m // Q_QUANT_BLOCK)
-    else:
-        softmax_scale_log2 = softmax_scale_log2 * tl.load(Q_SCALE) * tl.load(K_SCALE)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    # The last block's P V and its V scale, in flight until the next step adds it (zero before the first block).
-    pv = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    pv_scale = tl.load(V_SCALE)
-    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
-    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-
-    n_full = seqlen_k // BLOCK_N
-    if CAUSAL:
-        n_unmasked = tl.minimum((start_m + 1) // BLOCK_N, n_full)
-        n_stop = (tl.minimum(start_m + BLOCK_M, seqlen_k) + BLOCK_N - 1) // BLOCK_N
-    else:
-        n_unmasked = n_full
-        n_stop = (seqlen_k + BLOCK_N - 1) // BLOCK_N
-
-    if WARP_SPECIALIZE:
-        # One masked loop: Triton 3.6 on sm_90 specialises only a single branch-free loop of dots.
-        for n_block in tl.range(0, n_stop, warp_specialize=True):
-            acc, pv, pv_scale, row_sum, row_max = _fp8_attention_step(
-                acc, pv, pv_scale, row_sum, row_max, q, desc_k, desc_vt, K_SCALE, V_SCALE, batch, head, offs_m,
-                n_block, seqlen_k, softmax_scale_log2, HEAD_DIM, BLOCK_N, True, CAUSAL, BLOCK_SCALED, KV_QUANT_BLOCK,
-            )  # fmt: skip
-    else:
-        # 2. Blocks every row sees in full.
-        for n_block in tl.range(0, n_unmasked):
-            acc, pv, pv_scale, row_sum, row_max = _fp8_attention_step(
-                acc, pv, pv_scale, row_sum, row_max, q, desc_k, desc_vt, K_SCALE, V_SCALE, batch, head, offs_m,
-                n_block, seqlen_k, softmax_scale_log2, HEAD_DIM, BLOCK_N, False, CAUSAL, BLOCK_SCALED, KV_QUANT_BLOCK,
-            )  # fmt: skip
-        # 3. The causal diagonal and the ragged last block.
-        for n_block in tl.range(n_unmasked, n_stop):
-            acc, pv, pv_scale, row_sum, row_max = _fp8_attention_step(
-                acc, pv, pv_scale, row_sum, row_max, q, desc_k, desc_vt, K_SCALE, V_SCALE, batch, head, offs_m,
-                n_block, seqlen_k, softmax_scale_log2, HEAD_DIM, BLOCK_N, True, CAUSAL, BLOCK_SCALED, KV_QUANT_BLOCK,
-            )  # fmt: skip
-
-    # 4. O = (acc + the last block's P V) · s_v / row_sum in bf16; the 2^P_EXPONENT headroom cancels.
-    has_keys = row_sum > 0.0
-    if BLOCK_SCALED:
-        acc = acc + pv * pv_scale
-        out_scale = tl.where(has_keys, 1.0 / row_sum, 0.0)
-    else:
-        acc = acc + pv
-        out_scale = tl.where(has_keys, pv_scale / row_sum, 0.0)
-    out = acc * out_scale[:, None]
-    desc_o.store([batch, head, start_m, 0], out.to(desc_o.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
-    lse = tl.where(has_keys, (row_max + tl.math.log2(row_sum) - P_EXPONENT) * LN_2, float("-inf"))
-    tl.store(LSE + batch_head.to(tl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
-
-
-# ----------------------------------------------------------------------------------------------
 # Host: quantise (common.fp8.quantise), build descriptors, launch
 # ----------------------------------------------------------------------------------------------
 def _transposed_values(v8: torch.Tensor) -> torch.Tensor:
@@ -264,6 +151,16 @@ def _transposed_values(v8: torch.Tensor) -> torch.Tensor:
     vt = torch.zeros((batch, heads, head_dim, padded), device=v8.device, dtype=v8.dtype)
     vt[..., :seqlen_k] = v8.transpose(2, 3)
     return vt[..., :seqlen_k]
+
+
+def fp8_constexprs(quantisation: Quantisation) -> dict[str, bool | int]:
+    """The shared kernel's fp8 switches for ``quantisation``."""
+    return {
+        "FP8": True,
+        "BLOCK_SCALED": quantisation.block,
+        "Q_QUANT_BLOCK": quantisation.q_block_rows,
+        "KV_QUANT_BLOCK": quantisation.kv_block_rows,
+    }
 
 
 def check_quantisation_blocks(quantisation: Quantisation, config: HopperConfig) -> None:
@@ -318,15 +215,14 @@ class Fp8Attention:
             "BLOCK_N": config.block_n,
             "CAUSAL": problem.causal,
             "WARP_SPECIALIZE": config.warp_specialize,
-            "BLOCK_SCALED": quantisation.block,
-            "Q_QUANT_BLOCK": quantisation.q_block_rows,
-            "KV_QUANT_BLOCK": quantisation.kv_block_rows,
+            "OVERLAP": False,
+            **fp8_constexprs(quantisation),
             **config.launch_options(),
         }
         self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
 
     def __call__(self) -> torch.Tensor:
-        _fp8_attention_kernel[self._grid](*self._args, **self._constexprs)
+        _hopper_attention_kernel[self._grid](*self._args, **self._constexprs)
         return self.out
 
 
@@ -432,7 +328,7 @@ def compile_sm90(
     signature = {
         "desc_q": f"tensordesc<fp8e4nv[1,1,{config.block_m},{head_dim}]>",
         "desc_k": f"tensordesc<fp8e4nv[1,1,{config.block_n},{head_dim}]>",
-        "desc_vt": f"tensordesc<fp8e4nv[1,1,{head_dim},{config.block_n}]>",
+        "desc_v": f"tensordesc<fp8e4nv[1,1,{head_dim},{config.block_n}]>",
         "desc_o": f"tensordesc<bf16[1,1,{config.block_m},{head_dim}]>",
         "LSE": "*fp32",
         "Q_SCALE": "*fp32",
@@ -451,12 +347,11 @@ def compile_sm90(
         "BLOCK_N": config.block_n,
         "CAUSAL": problem.causal,
         "WARP_SPECIALIZE": config.warp_specialize,
-        "BLOCK_SCALED": quantisation.block,
-        "Q_QUANT_BLOCK": quantisation.q_block_rows,
-        "KV_QUANT_BLOCK": quantisation.kv_block_rows,
+        "OVERLAP": False,
+        **fp8_constexprs(quantisation),
     }
     binary = compile_triton_sm90(
-        _fp8_attention_kernel,
+        _hopper_attention_kernel,
         signature,
         constexprs,
         options=config.launch_options(),

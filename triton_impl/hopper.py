@@ -1,37 +1,46 @@
-"""Rung 5, Hopper attention in Triton: TMA + wgmma, a hand-pipelined KV loop (counterpart: ``cute_impl/hopper.py``).
+"""Rung 5, Hopper attention in Triton: TMA + wgmma (counterpart: ``cute_impl/hopper.py``).
 
 What it adds over ``pipelined``: every tile moves through the Tensor Memory Accelerator instead of
 per-thread ``cp.async`` copies, and both GEMMs run as asynchronous warpgroup MMAs (``wgmma``)
 reading their operands straight from shared memory. A TMA copy is one instruction issued by one
 thread for a whole BLOCK_N × D tile, with address generation and out-of-bounds zero-fill done by
 the copy engine, so the warps that do the softmax no longer spend issue slots on address math.
-Optionally the KV loop is warp-specialised (``tl.range(..., warp_specialize=True)``): Triton splits
-the loop into a producer warp that only issues TMA loads and consumer warps that only compute, and
-rebalances registers between them with ``setmaxnreg`` (refused on a GPU, where Triton's warp-specialised
-loop left rows unwritten: ``check_launchable``). Causal attention is split into a loop over
-unmasked blocks and a loop over the diagonal blocks, and the blocks above the diagonal are never
-visited. ``HopperConfig.overlap`` selects a KV loop software-pipelined by hand (``_overlapped_step``):
-each step issues S_n = Q K_nᵀ, then O += P V of block n-1, then the softmax of S_n, so Triton's
-wait for S_n comes before the P V wgmma is issued and that wgmma runs under the softmax (FA3's
-intra-warpgroup overlap); the default loop waits for P V together with the next S.
+Causal attention is split into a loop over unmasked blocks and a loop over the diagonal blocks,
+and the blocks above the diagonal are never visited. ``HopperConfig.overlap`` (the D=128 default)
+selects a KV loop software-pipelined by hand (``_overlapped_step``): each step issues
+S_n = Q K_nᵀ, then O += P V of block n-1, then the softmax of S_n, so Triton's wait for S_n comes
+before the P V wgmma is issued and that wgmma runs under the softmax (FA3's intra-warpgroup
+overlap); the plain loop waits for P V together with the next S. Optionally the KV loop is
+warp-specialised (``tl.range(..., warp_specialize=True)``): Triton splits it into a producer warp
+that only issues TMA loads and consumer warps that only compute, with ``setmaxnreg`` register
+budgets. No default uses it, and it is refused on a GPU, where Triton's warp-specialised loop left
+rows unwritten (``check_launchable``); it stays for the interpreter and sm_90a compiles.
+
+The kernel is shared with ``triton_impl/fp8.py``: ``FP8=True`` switches it to e4m3 operands (block
+scales, P lifted by 2^P_EXPONENT, a fresh accumulator per block's P V, Vᵀ tiles; that file's
+docstring says why). With ``FP8=False`` its fp8 arguments are None and compile away.
 
 What Triton decides for you that ``cute_impl/hopper.py`` writes by hand: the shared-memory layout
 and swizzle of every tile, the mbarrier ring that pipelines the TMA loads (``num_stages`` deep), the
 wgmma instruction shape and the fragment layout of S, P and O, the wait depth of the asynchronous
 MMAs, and, with warp specialisation, the producer/consumer split and register budgets.
 
-Algorithm (one program per BLOCK_M query rows of one (batch, head); sections of the kernel):
+Algorithm (one program per BLOCK_M query rows of one (batch, head); sections of the kernel; the
+names in ``code`` are the stack's shared vocabulary in ``triton_impl/_device.py``):
   1. Load the Q tile once by TMA (rows past Sq are zero-filled by the descriptor's bounds).
+     ``block_range`` gives the key blocks [n_block_min, n_block_max) the tile visits; the last
+     ``n_masked_blocks`` of them need the mask.
   2. Unmasked loop over KV blocks that every row of the tile sees completely: S = Q Kᵀ (wgmma),
-     row_max_new = max(row_max, rowmax(S) · softmax_scale_log2), P = exp2(S · softmax_scale_log2 -
-     row_max_new) (the scale folded into one FMA), rescale O and row_sum by exp2(row_max -
-     row_max_new), O += P V (wgmma, P from registers).
+     ``online_softmax_update``: row_max_new = max(row_max, rowmax(S) · softmax_scale_log2),
+     P = exp2(S · softmax_scale_log2 - row_max_new) (the scale folded into one FMA);
+     ``online_softmax_rescale`` of O and row_sum by exp2(row_max - row_max_new); O += P V (wgmma,
+     P from registers).
   3. Masked loop over the remaining blocks (the causal diagonal, and the last block when Sk is not
-     a multiple of BLOCK_N): the same step with S set to -inf where a key is past Sk or after the
-     query row; a row that has seen only masked keys keeps row_max = -inf and subtracts 0 instead,
-     so exp2 gives 0, never NaN.
-  4. O /= row_sum, written by a TMA store (rows past Sq are clipped by the descriptor);
-     lse = (row_max + log2(row_sum)) · ln 2 (natural log) to an fp32 (B, H, Sq) buffer.
+     a multiple of BLOCK_N): the same step after ``attention_mask`` sets S to -inf where a key is
+     past Sk or after the query row; a row that has seen only masked keys keeps row_max = -inf and
+     subtracts 0 instead, so exp2 gives 0, never NaN.
+  4. ``online_softmax_finalize``: O /= row_sum, written by a TMA store (rows past Sq are clipped by
+     the descriptor); lse = (row_max + log2(row_sum)) · ln 2 (natural log) to an fp32 (B, H, Sq) buffer.
 
 Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` (4-D host descriptors over (B, H, S, D) with a
 [1, 1, BLOCK, D] box, so each (batch, head) is bounded by its own S: a ragged tail reads zeros, not
@@ -44,20 +53,17 @@ any Sq, Sk ≥ 1, Sq ≠ Sk; causal (top-left) or not; softmax_scale ≥ 0 (row 
 scaling, which needs a non-negative scale); sm_90 or newer. Row strides must be 16-byte aligned
 (``kernel_operand`` copies otherwise).
 
-What the measurements taught (the A/B tables are in ``docs/perf-log.md``, "Figures moved out of
-rung docstrings"; current figures in the generated table of ``docs/ladder.md``): the hand-pipelined
-loop is the largest single gain, because without it the wait for S_n also retires the P V of block
-n-1 and the tensor cores idle through every softmax. On sm_90 Triton 3.6's warp specialisation is
-limited to one consumer warpgroup (BLOCK_M=64): each CTA then issues m64 wgmmas from a single
-warpgroup with the whole softmax on its critical path, and it runs at half the speed of the
-software-pipelined two-warpgroup kernel, so the default is not specialised (the flag is kept, tested
-and documented). The third pipeline stage hides the TMA latency behind a full S = Q Kᵀ. The
-remaining gap to cuDNN is the overlap of softmax with the MMAs across the two warpgroups (FA3's
-ping-pong), which Triton's scheduler does not do here.
-Triton releases (``common.toolchain``): under Triton 3.9 the hand-pipelined loop at 128 × 128 spills
-(104 bytes per thread, 88 causal), as it must hold S, P, O and the P V in flight at once; 3.9 runs
-the plain loop (222 registers), the fastest spill-free tile of the three timed under 3.9 (the
-overlapped loop with 2 stages, or with 128 × 64 tiles, was slower; docs/perf-log.md).
+What the measurements taught (the A/B runs are in ``docs/perf-log.md``; current figures in the
+generated table of ``docs/ladder.md``): the hand-pipelined loop is the largest single gain, because
+without it the wait for S_n also retires the P V of block n-1 and the tensor cores idle through
+every softmax. On sm_90 Triton 3.6 warp-specialises only with one consumer warpgroup (BLOCK_M=64):
+each CTA then issues m64 wgmmas from a single warpgroup with the whole softmax on its critical path,
+and it ran well behind the software-pipelined two-warpgroup kernel. The third pipeline stage hides
+the TMA latency behind a full S = Q Kᵀ. The remaining gap to cuDNN is the overlap of softmax with
+the MMAs across the two warpgroups (FA3's ping-pong), which Triton's scheduler does not do here.
+Triton releases (``common.toolchain``): the hand-pipelined loop holds S, P, O and the P V in flight
+at once and spills under Triton 3.9's default ptxas register allocation; 3.9 assembles it with
+``--regAllocOptLevel=4`` (``HopperConfig.ptx_options``), spill-free.
 """
 
 from __future__ import annotations
@@ -72,16 +78,26 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from common import fp8 as fp8_quantisation
 from common.devices import triton_device_supported, triton_dtypes, triton_interpreting
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.static import compile_triton_sm90
 from common.toolchain import release_configs
 from common.validation import kernel_operand
-from triton_impl._host import LOG2_E, validate_triton_inputs
+from triton_impl._device import (
+    LOG2_E,
+    attention_mask,
+    block_range,
+    online_softmax_finalize,
+    online_softmax_rescale,
+    online_softmax_update,
+)
+from triton_impl._host import validate_triton_inputs
 
-# Natural log of 2, read inside the kernel (hence a constexpr): lse = log2-domain lse · ln 2.
-LN_2 = tl.constexpr(0.6931471805599453)
+# FP8: P = 2^(S·scale - row_max + P_EXPONENT) lies in [0, 2^8], clear of e4m3's subnormals
+# (common/fp8.py, shared with the other fp8 rungs and the emulation).
+P_EXPONENT = tl.constexpr(fp8_quantisation.P_EXPONENT)
 HEAD_DIMS = (64, 128, 256)
 HOPPER_CAPABILITY = (9, 0)
 # Dynamic shared memory one CTA may use on sm_90 (227 KiB).
@@ -163,6 +179,18 @@ DEFAULT_CONFIGS = release_configs(
         256: HopperConfig(64, 64, 4, 2, False),
     },
 )
+# The kernel's fp8 arguments, unset for fp16 and bf16 (None arguments compile away; ``fp8.py`` sets them).
+WITHOUT_FP8 = {
+    "Q_SCALE": None,
+    "K_SCALE": None,
+    "V_SCALE": None,
+    "q_blocks": None,
+    "kv_blocks": None,
+    "FP8": False,
+    "BLOCK_SCALED": False,
+    "Q_QUANT_BLOCK": None,
+    "KV_QUANT_BLOCK": None,
+}
 # Interpreter runs use small tiles: the CPU tests need a ragged tail, not speed.
 INTERPRETER_CONFIG = HopperConfig(64, 32, 4, 1, False)
 
@@ -179,82 +207,96 @@ def candidate_configs(head_dim: int, dtype: torch.dtype) -> list[HopperConfig]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Kernel
+# Kernel (shared with ``triton_impl/fp8.py``: FP8=True)
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _online_softmax(
+def _block_softmax(
     S, row_max, row_sum, offs_m, start_n, seqlen_k, softmax_scale_log2,
-    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, P_EXPONENT: tl.constexpr = 0.0,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, P_EXPONENT: tl.constexpr,
 ):  # fmt: skip
-    """(mask), row_max_new, P = exp2(S · scale - row_max_new + P_EXPONENT), alpha = exp2(row_max -
-    row_max_new), row_sum. P_EXPONENT > 0 (fp8) scales P up by a constant that cancels in O / row_sum."""
+    """Mask (masked blocks) and online-softmax update of one block of S = Q Kᵀ: (P, alpha, row_max,
+    row_sum). Unmasked blocks leave S unscaled (the scale is >= 0, so the row max is scaled once per
+    row); masked blocks scale S before the mask, as ``attention_mask`` asks."""
     if MASKED:
-        # Scale before masking: -inf · 0 would be NaN for softmax_scale = 0.
         S = S * softmax_scale_log2
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        visible = offs_n[None, :] < seqlen_k
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= offs_m[:, None])
-        S = tl.where(visible, S, float("-inf"))
-        row_max_new = tl.maximum(row_max, tl.max(S, 1))
-        # Guard: a row with no visible key so far subtracts 0, so exp2(-inf) = 0 and not NaN.
-        row_max_base = tl.where(row_max_new == float("-inf"), 0.0, row_max_new)
-        P = tl.math.exp2(S - (row_max_base - P_EXPONENT)[:, None])
-    else:
-        row_max_new = tl.maximum(row_max, tl.max(S, 1) * softmax_scale_log2)
-        row_max_base = row_max_new
-        P = tl.math.exp2(S * softmax_scale_log2 - (row_max_base - P_EXPONENT)[:, None])
-    alpha = tl.math.exp2(row_max - row_max_base)
-    row_sum = row_sum * alpha + tl.sum(P, 1)
-    return P, alpha, row_max_new, row_sum
+        S = attention_mask(S, offs_m, start_n + tl.arange(0, BLOCK_N), seqlen_k, CAUSAL)
+    return online_softmax_update(S, row_max, row_sum, softmax_scale_log2, MASKED, MASKED, P_EXPONENT)
 
 
 @triton.jit
 def _attention_step(
-    acc, row_sum, row_max, q, desc_k, desc_v, batch, head, offs_m, n_block, seqlen_k, softmax_scale_log2,
+    acc, pv, pv_scale, row_sum, row_max, q, kv, coords, n_block, softmax_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    FP8: tl.constexpr, BLOCK_SCALED: tl.constexpr, KV_QUANT_BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """One KV block of steps 2 and 3: S = Q Kᵀ, (mask), online softmax, O += P V."""
+    """One KV block of steps 2 and 3: S = Q Kᵀ, (mask), online softmax, O += P V.
+
+    FP8: the block's K scale joins the softmax scale (positive, so the row max commutes with it), P
+    is lifted by 2^P_EXPONENT, and P V goes into a fresh fp32 accumulator ``pv`` that the next step
+    adds to O times its V scale ``pv_scale``: fp8 wgmma accumulates with reduced precision, so chaining
+    O through it over thousands of keys would lose accuracy, and adding it one step late lets that
+    wgmma retire with the next S = Q Kᵀ instead of being waited for at once. Other dtypes carry
+    ``pv`` and ``pv_scale`` through unchanged (the compiler drops them).
+    """
+    desc_k, desc_v, K_SCALE, V_SCALE = kv
+    batch, head, offs_m, seqlen_k = coords
     start_n = n_block * BLOCK_N
     k = desc_k.load([batch, head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     S = tl.dot(q, k.T)
-    P, alpha, row_max_new, row_sum = _online_softmax(
-        S, row_max, row_sum, offs_m, start_n, seqlen_k, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL
-    )
-    acc = acc * alpha[:, None]
-    v = desc_v.load([batch, head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-    acc = tl.dot(P.to(v.dtype), v, acc)
-    return acc, row_sum, row_max_new
+    if FP8:
+        if BLOCK_SCALED:
+            softmax_scale_log2 = softmax_scale_log2 * tl.load(K_SCALE + start_n // KV_QUANT_BLOCK)
+            v_scale = tl.load(V_SCALE + start_n // KV_QUANT_BLOCK)
+        else:
+            v_scale = pv_scale
+        P, alpha, row_max_new, row_sum = _block_softmax(
+            S, row_max, row_sum, offs_m, start_n, seqlen_k, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL, P_EXPONENT
+        )
+        # desc_v holds Vᵀ (B, H, D, Sk): fp8 wgmma reads its shared-memory B operand K-major only.
+        vt = desc_v.load([batch, head, 0, start_n]).reshape(HEAD_DIM, BLOCK_N)
+        acc = online_softmax_rescale(acc + pv * pv_scale if BLOCK_SCALED else acc + pv, alpha)
+        pv = tl.dot(P.to(vt.dtype), vt.T)
+        pv_scale = v_scale
+    else:
+        P, alpha, row_max_new, row_sum = _block_softmax(
+            S, row_max, row_sum, offs_m, start_n, seqlen_k, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL, 0.0
+        )
+        acc = online_softmax_rescale(acc, alpha)
+        v = desc_v.load([batch, head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+        acc = tl.dot(P.to(v.dtype), v, acc)
+    return acc, pv, pv_scale, row_sum, row_max_new
 
 
 @triton.jit
 def _overlapped_step(
-    acc, row_sum, row_max, P, alpha, q, desc_k, desc_v, batch, head, offs_m, n_block, seqlen_k,
-    softmax_scale_log2,
+    acc, row_sum, row_max, P, alpha, q, kv, coords, n_block, softmax_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
 ):  # fmt: skip
     """One KV block, software-pipelined by hand: S = Q K_nᵀ, then O = O · alpha + P V_(n-1) with the P
     and alpha of the previous block, then the softmax of S_n. Triton waits for S before the softmax
     (wait_group 0, which also retires the previous P V), but issues P V_(n-1) asynchronously and waits
     for it only at the next S: that wgmma runs under this block's softmax."""
+    desc_k, desc_v, _, _ = kv
+    batch, head, offs_m, seqlen_k = coords
     start_n = n_block * BLOCK_N
     k = desc_k.load([batch, head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     S = tl.dot(q, k.T)
     # Block n-1 = -1 lies before the sequence: the TMA box reads zeros (and P is 0 there anyway).
     v = desc_v.load([batch, head, start_n - BLOCK_N, 0]).reshape(BLOCK_N, HEAD_DIM)
-    acc = tl.dot(P.to(v.dtype), v, acc * alpha[:, None])
-    P, alpha, row_max, row_sum = _online_softmax(
-        S, row_max, row_sum, offs_m, start_n, seqlen_k, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL
+    acc = tl.dot(P.to(v.dtype), v, online_softmax_rescale(acc, alpha))
+    P, alpha, row_max, row_sum = _block_softmax(
+        S, row_max, row_sum, offs_m, start_n, seqlen_k, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL, 0.0
     )
     return acc, row_sum, row_max, P, alpha
 
 
 @triton.jit
 def _hopper_attention_kernel(
-    desc_q, desc_k, desc_v, desc_o, LSE,
-    heads, seqlen_q, seqlen_k, softmax_scale_log2,
+    desc_q, desc_k, desc_v, desc_o, LSE, Q_SCALE, K_SCALE, V_SCALE,
+    heads, seqlen_q, seqlen_k, q_blocks, kv_blocks, softmax_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, OVERLAP: tl.constexpr,
+    FP8: tl.constexpr, BLOCK_SCALED: tl.constexpr, Q_QUANT_BLOCK: tl.constexpr, KV_QUANT_BLOCK: tl.constexpr,
 ):  # fmt: skip
     # Causal tiles near the bottom do the most work: launching them first shortens the tail.
     m_block = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
@@ -263,32 +305,43 @@ def _hopper_attention_kernel(
     head = batch_head % heads
     start_m = m_block * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
+    if FP8:
+        # This (batch, head)'s block scales: (B, H, blocks) fp32, contiguous.
+        Q_SCALE += batch_head * q_blocks
+        K_SCALE += batch_head * kv_blocks
+        V_SCALE += batch_head * kv_blocks
 
-    # 1. Q tile, loaded once; rows past Sq read as zeros.
+    # 1. Q tile, loaded once; rows past Sq read as zeros. FP8: its descale (per tensor: s_q · s_k)
+    # folds into the softmax scale.
     q = desc_q.load([batch, head, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
+    if FP8:
+        if BLOCK_SCALED:
+            softmax_scale_log2 = softmax_scale_log2 * tl.load(Q_SCALE + start_m // Q_QUANT_BLOCK)
+        else:
+            softmax_scale_log2 = softmax_scale_log2 * tl.load(Q_SCALE) * tl.load(K_SCALE)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # FP8: the last block's P V and its V scale, in flight until the next step adds them.
+    pv = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    pv_scale = tl.load(V_SCALE) if FP8 else tl.full([], 1.0, dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    kv = (desc_k, desc_v, K_SCALE, V_SCALE)
+    coords = (batch, head, offs_m, seqlen_k)
 
-    # KV block ranges: [0, n_unmasked) needs no mask, [n_unmasked, n_stop) needs one.
-    n_full = seqlen_k // BLOCK_N
-    if CAUSAL:
-        # Block n is unmasked for every row of the tile when its last key (n+1)·BLOCK_N - 1 <= start_m.
-        n_unmasked = tl.minimum((start_m + 1) // BLOCK_N, n_full)
-        n_stop = (tl.minimum(start_m + BLOCK_M, seqlen_k) + BLOCK_N - 1) // BLOCK_N
-    else:
-        n_unmasked = n_full
-        n_stop = (seqlen_k + BLOCK_N - 1) // BLOCK_N
+    # Key blocks [n_block_min, n_block_max); the last n_masked_blocks need the mask.
+    n_block_min, n_block_max, n_masked_blocks = block_range(m_block, seqlen_k, CAUSAL, BLOCK_M, BLOCK_N)
+    n_block_masked = n_block_max - n_masked_blocks
 
     if WARP_SPECIALIZE:
         # 2+3 in one warp-specialised loop with the mask on every block: Triton 3.6 on sm_90
         # specialises a kernel only when one loop holds the dots and that loop has no branch.
-        for n_block in tl.range(0, n_stop, warp_specialize=True):
-            acc, row_sum, row_max = _attention_step(
-                acc, row_sum, row_max, q, desc_k, desc_v, batch, head, offs_m, n_block, seqlen_k,
-                softmax_scale_log2, HEAD_DIM, BLOCK_N, True, CAUSAL,
+        for n_block in tl.range(n_block_min, n_block_max, warp_specialize=True):
+            acc, pv, pv_scale, row_sum, row_max = _attention_step(
+                acc, pv, pv_scale, row_sum, row_max, q, kv, coords, n_block, softmax_scale_log2,
+                HEAD_DIM, BLOCK_N, True, CAUSAL, FP8, BLOCK_SCALED, KV_QUANT_BLOCK,
             )  # fmt: skip
     elif OVERLAP:
+        tl.static_assert(not FP8, "the overlapped loop would chain O through fp8 wgmma")
         # 2+3 software-pipelined: each step issues S_n, then P V of block n-1, then the softmax of
         # S_n. P starts at 0 (the first step adds nothing), and one extra masked step past the last
         # block (every key hidden: P = 0, alpha = 1) adds the last block's P V.
@@ -296,36 +349,39 @@ def _hopper_attention_kernel(
         # operand (a carried 16-bit P would be staged through shared memory).
         P = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         alpha = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
-        for n_block in tl.range(0, n_unmasked):
+        for n_block in tl.range(n_block_min, n_block_masked):
             acc, row_sum, row_max, P, alpha = _overlapped_step(
-                acc, row_sum, row_max, P, alpha, q, desc_k, desc_v, batch, head, offs_m, n_block, seqlen_k,
-                softmax_scale_log2, HEAD_DIM, BLOCK_N, False, CAUSAL,
+                acc, row_sum, row_max, P, alpha, q, kv, coords, n_block, softmax_scale_log2,
+                HEAD_DIM, BLOCK_N, False, CAUSAL,
             )  # fmt: skip
-        for n_block in tl.range(n_unmasked, n_stop + 1):
+        for n_block in tl.range(n_block_masked, n_block_max + 1):
             acc, row_sum, row_max, P, alpha = _overlapped_step(
-                acc, row_sum, row_max, P, alpha, q, desc_k, desc_v, batch, head, offs_m, n_block, seqlen_k,
-                softmax_scale_log2, HEAD_DIM, BLOCK_N, True, CAUSAL,
+                acc, row_sum, row_max, P, alpha, q, kv, coords, n_block, softmax_scale_log2,
+                HEAD_DIM, BLOCK_N, True, CAUSAL,
             )  # fmt: skip
     else:
         # 2. Blocks every row sees in full.
-        for n_block in tl.range(0, n_unmasked):
-            acc, row_sum, row_max = _attention_step(
-                acc, row_sum, row_max, q, desc_k, desc_v, batch, head, offs_m, n_block, seqlen_k,
-                softmax_scale_log2, HEAD_DIM, BLOCK_N, False, CAUSAL,
+        for n_block in tl.range(n_block_min, n_block_masked):
+            acc, pv, pv_scale, row_sum, row_max = _attention_step(
+                acc, pv, pv_scale, row_sum, row_max, q, kv, coords, n_block, softmax_scale_log2,
+                HEAD_DIM, BLOCK_N, False, CAUSAL, FP8, BLOCK_SCALED, KV_QUANT_BLOCK,
             )  # fmt: skip
         # 3. The causal diagonal and the ragged last block.
-        for n_block in tl.range(n_unmasked, n_stop):
-            acc, row_sum, row_max = _attention_step(
-                acc, row_sum, row_max, q, desc_k, desc_v, batch, head, offs_m, n_block, seqlen_k,
-                softmax_scale_log2, HEAD_DIM, BLOCK_N, True, CAUSAL,
+        for n_block in tl.range(n_block_masked, n_block_max):
+            acc, pv, pv_scale, row_sum, row_max = _attention_step(
+                acc, pv, pv_scale, row_sum, row_max, q, kv, coords, n_block, softmax_scale_log2,
+                HEAD_DIM, BLOCK_N, True, CAUSAL, FP8, BLOCK_SCALED, KV_QUANT_BLOCK,
             )  # fmt: skip
 
-    # 4. Normalise and store; a row that saw no key (only rows past Sq) writes 0 and lse = -inf.
-    has_keys = row_sum > 0.0
-    inv_sum = tl.where(has_keys, 1.0 / row_sum, 0.0)
-    out = acc * inv_sum[:, None]
+    # 4. O = acc / row_sum and the lse; a row that saw no key (only rows past Sq) writes 0 and -inf.
+    # FP8: add the last block's P V first; a per-tensor V scale multiplies O once, here; the
+    # 2^P_EXPONENT headroom cancels in O and is taken out of the lse.
+    if FP8:
+        acc = acc + pv * pv_scale if BLOCK_SCALED else acc + pv
+        out, lse = online_softmax_finalize(acc, row_max, row_sum, 1.0 if BLOCK_SCALED else pv_scale, P_EXPONENT)
+    else:
+        out, lse = online_softmax_finalize(acc, row_max, row_sum, 1.0)
     desc_o.store([batch, head, start_m, 0], out.to(desc_o.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
-    lse = tl.where(has_keys, (row_max + tl.math.log2(row_sum)) * LN_2, float("-inf"))
     lse_rows = LSE + batch_head.to(tl.int64) * seqlen_q + offs_m
     tl.store(lse_rows, lse, mask=offs_m < seqlen_q)
 
@@ -356,24 +412,26 @@ class HopperAttention:
             _descriptor(v, config.block_n),
             _descriptor(self.out, config.block_m),
             self.lse,
-            heads,
-            seqlen_q,
-            problem.seqlen_k,
-            problem.scale * LOG2_E,
         )
-        self._constexprs = {
+        # By keyword: the fp8 arguments between them are left unset (None).
+        self._kwargs = {
+            "heads": heads,
+            "seqlen_q": seqlen_q,
+            "seqlen_k": problem.seqlen_k,
+            "softmax_scale_log2": problem.scale * LOG2_E,
             "HEAD_DIM": head_dim,
             "BLOCK_M": config.block_m,
             "BLOCK_N": config.block_n,
             "CAUSAL": problem.causal,
             "WARP_SPECIALIZE": config.warp_specialize,
             "OVERLAP": config.overlap,
+            **WITHOUT_FP8,
             **config.launch_options(),
         }
         self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
 
     def __call__(self) -> torch.Tensor:
-        _hopper_attention_kernel[self._grid](*self._args, **self._constexprs)
+        _hopper_attention_kernel[self._grid](*self._args, **self._kwargs)
         return self.out
 
 
@@ -501,6 +559,7 @@ def compile_sm90(problem: Problem, config: HopperConfig | None = None) -> list[K
         "CAUSAL": problem.causal,
         "WARP_SPECIALIZE": config.warp_specialize,
         "OVERLAP": config.overlap,
+        **WITHOUT_FP8,
     }
     binary = compile_triton_sm90(
         _hopper_attention_kernel,

@@ -15,11 +15,14 @@ What it adds over ``tiled``, three things, each removing a bottleneck of that ru
 
 Algorithm (one program per BLOCK_M query rows of one (batch, head)):
   1. Pick the query tile (heaviest first when causal) and load its Q tile once.
-  2. ``key_block_range`` splits the keys into [0, full_end), visible to every row of the tile, and
-     [full_end, n_end), which needs the sequence and causal mask.
-  3. ``attend_key_blocks`` (``_device.py``) folds the unmasked blocks, then the masked ones, into the
-     running (acc, row_max, row_sum): S = Q Kᵀ → mask → online softmax → rescale O → O += P V.
-  4. O = acc / row_sum, stored in the input dtype (rows past Sq are not stored).
+  2. ``block_range`` (the BlockRange of ``_device.py``) gives the key blocks [n_block_min,
+     n_block_max) the tile visits; the last ``n_masked_blocks`` of them need the sequence and causal
+     mask, the ones before are visible to every row of the tile.
+  3. ``attend_key_blocks`` folds the unmasked blocks, then the masked ones, into the running (acc,
+     row_max, row_sum): S = Q Kᵀ → ``attention_mask`` → ``online_softmax_update`` →
+     ``online_softmax_rescale`` of O → O += P V.
+  4. ``online_softmax_finalize``: O = acc / row_sum, stored in the input dtype (rows past Sq are not
+     stored).
 
 Data movement: Q goes HBM → shared memory once; K (read as Kᵀ) and V stream HBM → shared memory
 through ``cp.async`` into ``num_stages`` buffers, tracked by async-copy groups; ``wgmma.mma_async``
@@ -55,7 +58,7 @@ from common.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.static import compile_triton_sm90
 from common.toolchain import release_configs
 from common.validation import kernel_operand
-from triton_impl._device import attend_key_blocks, key_block_range
+from triton_impl._device import attend_key_blocks, block_range, online_softmax_finalize
 from triton_impl._host import (
     POINTER_ALIGNED,
     ladder_supported,
@@ -145,24 +148,26 @@ def _pipelined_kernel(
     row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
 
-    # 2. Which key blocks need no mask, which need one, and where to stop.
-    full_end, n_end = key_block_range(m_block, seqlen_k, CAUSAL, BLOCK_M, BLOCK_N)
+    # 2. Which key blocks need no mask, which need one, and where to stop. The loops below step over
+    # key offsets; the masked range ends at the last key a row of the tile sees (Sk when not causal).
+    n_block_min, n_block_max, n_masked_blocks = block_range(m_block, seqlen_k, CAUSAL, BLOCK_M, BLOCK_N)
+    unmasked_end = (n_block_max - n_masked_blocks) * BLOCK_N
+    key_end = tl.minimum(seqlen_k, m_block * BLOCK_M + BLOCK_M) if CAUSAL else seqlen_k
 
     # 3. The unmasked blocks first (the bulk of the work), then the diagonal and the sequence tail.
     acc, row_max, row_sum = attend_key_blocks(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        offs_m, 0, full_end, seqlen_k, softmax_scale_log2,
+        offs_m, n_block_min * BLOCK_N, unmasked_end, seqlen_k, softmax_scale_log2,
         CAUSAL=CAUSAL, MASKED=False, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
     )  # fmt: skip
     acc, row_max, row_sum = attend_key_blocks(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        offs_m, full_end, n_end, seqlen_k, softmax_scale_log2,
+        offs_m, unmasked_end, key_end, seqlen_k, softmax_scale_log2,
         CAUSAL=CAUSAL, MASKED=True, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
     )  # fmt: skip
 
     # 4. Normalise once; a row with no visible key (row_sum 0) is written as 0, not 0 / 0.
-    inv_sum = tl.where(row_sum > 0.0, 1.0 / row_sum, 0.0)
-    out = acc * inv_sum[:, None]
+    out, _ = online_softmax_finalize(acc, row_max, row_sum, 1.0)
     tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
 
 
