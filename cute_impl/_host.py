@@ -17,12 +17,15 @@ import torch
 from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 
+from common.capability import check_common
 from common.problem import Problem
 from common.registry import KernelBinary, Runner, warmed_up
 from common.static import compile_cute_sm90
 from common.validation import OPERAND_ALIGNMENT_BYTES, validate_attention_inputs
 
 CUTE_DTYPES = {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}
+# mma.sync with bf16 operands and cp.async are sm_80 features (Hopper runs them too).
+MMA_SYNC_MIN_CAPABILITY = (8, 0)
 
 
 def to_cute_tensor(tensor: torch.Tensor, element_type: type | None = None) -> cute.Tensor:
@@ -108,6 +111,19 @@ def validated_prepare(
         if not ok:
             raise ValueError(reason)
     return warmed_up(bind(q, k, v, checked), q.device)
+
+
+def mma_sync_supports(
+    name: str, problem: Problem, device: torch.device, head_dims: Collection[int]
+) -> tuple[bool, str]:
+    """The capability check of the ``mma.sync`` rungs (tiled, pipelined): a CUDA device of sm_80+
+    (``mma.sync`` bf16 and ``cp.async``), fp16/bf16, one of ``head_dims``, softmax_scale > 0."""
+    ok, reason = check_common(
+        name, problem, device, dtypes=tuple(CUTE_DTYPES), head_dims=head_dims, min_capability=MMA_SYNC_MIN_CAPABILITY
+    )
+    if not ok:
+        return ok, reason
+    return positive_scale(problem)
 
 
 def positive_scale(problem: Problem) -> tuple[bool, str]:

@@ -89,7 +89,6 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.nvgpu import warp
 
-from common.capability import check_common
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner
 from common.validation import kernel_operand
@@ -101,12 +100,12 @@ from cute_impl._device import (
     accumulator_as_operand_a,
 )
 from cute_impl._host import (
-    CUTE_DTYPES,
     WARP_THREADS,
     compile_on_fakes_sm90,
     compiled_runner,
     cp_async_tiled_copy,
     fake_operands,
+    mma_sync_supports,
     positive_scale,
     qkv_shared_storage,
     query_tile_grid,
@@ -115,7 +114,6 @@ from cute_impl._host import (
     warp_tiled_mma,
 )
 
-MIN_COMPUTE_CAPABILITY = (8, 0)
 # Swizzle atom: 8 rows of 64 elements (128 B); Swizzle<3,3,3> XORs the 16 B chunk index with the
 # row index within the atom, so 8 rows read together by ldmatrix hit 8 distinct bank groups.
 SWIZZLE_ROWS, SWIZZLE_COLS, SWIZZLE_BITS = 8, 64, 3
@@ -515,13 +513,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     """The capability check: a CUDA device of sm_80+ (mma.sync bf16, cp.async), fp16/bf16, a head dim
     of :data:`TILE_CONFIGS` (D=256 would need 256 fp32 O-accumulator registers per thread at tile_m=128),
     softmax_scale > 0."""
-    ok, reason = check_common(
-        "cute/pipelined", problem, device,
-        dtypes=tuple(CUTE_DTYPES), head_dims=tuple(TILE_CONFIGS), min_capability=MIN_COMPUTE_CAPABILITY,
-    )  # fmt: skip
-    if not ok:
-        return ok, reason
-    return positive_scale(problem)
+    return mma_sync_supports("cute/pipelined", problem, device, head_dims=tuple(TILE_CONFIGS))
 
 
 IMPLEMENTATION = Implementation(

@@ -72,16 +72,15 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
-from common.capability import check_common
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner
 from common.validation import kernel_operand
 from cute_impl._host import (
-    CUTE_DTYPES,
     compile_on_fakes_sm90,
     compiled_runner,
     cp_async_tiled_copy,
     fake_operands,
+    mma_sync_supports,
     positive_scale,
     qkv_shared_storage,
     query_tile_grid,
@@ -92,7 +91,6 @@ from cute_impl._host import (
 
 LOG2_E = math.log2(math.e)
 HEAD_DIMS = (64, 128)
-MIN_COMPUTE_CAPABILITY = (8, 0)
 SMEM_ALIGN_BYTES = 128
 # Lanes of an m16n8k16 accumulator that hold pieces of the same row: a quad of 4, combined by
 # butterfly shuffles with these lane distances.
@@ -443,13 +441,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     """The capability check: a CUDA device of sm_80+ (mma.sync bf16, cp.async), fp16/bf16, D 64 or 128
     (D=256 has not been validated on the GPU for this rung), softmax_scale > 0."""
-    ok, reason = check_common(
-        "cute/tiled", problem, device,
-        dtypes=tuple(CUTE_DTYPES), head_dims=HEAD_DIMS, min_capability=MIN_COMPUTE_CAPABILITY,
-    )  # fmt: skip
-    if not ok:
-        return ok, reason
-    return positive_scale(problem)
+    return mma_sync_supports("cute/tiled", problem, device, head_dims=HEAD_DIMS)
 
 
 IMPLEMENTATION = Implementation(
