@@ -527,6 +527,34 @@ def warpgroup_gemm(
     warpgroup.commit_group()
 
 
+def tma_ring(
+    barriers: cute.Pointer, *, stages: int, consumer_warps: int, tx_bytes: int
+) -> tuple[pipeline.PipelineProducer, pipeline.PipelineConsumer]:
+    """A ring of ``stages`` shared-memory slots filled by TMA: full barrier 1 producer arrive +
+    expect_tx(``tx_bytes``); empty barrier one arrive per consumer warp. Initialised without a CTA
+    barrier: the kernel fences and syncs once after all its barriers."""
+    return pipeline.PipelineTmaAsync.create(
+        barrier_storage=barriers,
+        num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
+        tx_count=tx_bytes,
+        defer_sync=True,
+    ).make_participants()
+
+
+class WarpgroupGemms(NamedTuple):
+    """One consumer warpgroup's GEMMs with their operands bound once: ``qk(acc_S, stage)`` issues
+    S = Q K[stage]ᵀ, ``pv(acc, stage)`` O (+)= P V[stage]; the turns gate their issue (ping-pong)."""
+
+    qk: Callable[..., None]
+    pv: Callable[..., None]
+    acc_S_shape: cute.Shape
+    acc_O: cute.Tensor  # ((2, 2, D/8), 1, 1) fp32
+    tOrP: cute.Tensor  # P in the A-operand register layout
+    turns: WarpgroupTurns
+
+
 class OutputEpilogue(ReadOnlyInRegions):
     """Step 4 of one consumer warpgroup: O in the output dtype -> ``stmatrix`` into the warpgroup's O
     box -> TMA store issued by its first warp, and the LSE straight from registers.

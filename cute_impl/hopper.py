@@ -105,7 +105,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -143,6 +143,7 @@ from cute_impl._hopper_device import (
     OutputEpilogue,
     QueryBoxes,
     TileScheduler,
+    WarpgroupGemms,
     WarpgroupTurns,
     add_block_product,
     head_major,
@@ -150,6 +151,7 @@ from cute_impl._hopper_device import (
     scores_to_operand_a,
     sequence_major,
     tma_partition,
+    tma_ring,
     value_operand_view,
     warpgroup_gemm,
 )
@@ -389,25 +391,10 @@ class HopperAttention:
         if warp_idx == 0:
             with cute.arch.elect_one():
                 q_boxes.init_barriers()
-        producer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        # One elected lane per consumer warp releases a stage.
-        consumer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, W * WARPS_PER_WARPGROUP)
-        k_producer, k_consumer = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.k_barriers.data_ptr(),
-            num_stages=self.kv_stages,
-            producer_group=producer_group,
-            consumer_group=consumer_group,
-            tx_count=self.k_bytes,
-            defer_sync=True,
-        ).make_participants()
-        v_producer, v_consumer = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.v_barriers.data_ptr(),
-            num_stages=self.kv_stages,
-            producer_group=producer_group,
-            consumer_group=consumer_group,
-            tx_count=self.v_bytes,
-            defer_sync=True,
-        ).make_participants()
+        # K and V rings: one elected lane per consumer warp releases a stage.
+        kv_ring = functools.partial(tma_ring, stages=self.kv_stages, consumer_warps=W * WARPS_PER_WARPGROUP)
+        k_producer, k_consumer = kv_ring(storage.k_barriers.data_ptr(), tx_bytes=self.k_bytes)
+        v_producer, v_consumer = kv_ring(storage.v_barriers.data_ptr(), tx_bytes=self.v_bytes)
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
@@ -627,18 +614,6 @@ class HopperAttention:
         return v_consumer
 
 
-class WarpgroupGemms(NamedTuple):
-    """One consumer warpgroup's GEMMs with their operands bound once: ``qk(acc_S, stage)`` issues
-    S = Q K[stage]ᵀ, ``pv(acc, stage)`` O (+)= P V[stage]; the turns gate their issue (ping-pong)."""
-
-    qk: Callable[..., None]
-    pv: Callable[..., None]
-    acc_S_shape: cute.Shape
-    acc_O: cute.Tensor  # ((2, 2, D/8), 1, 1) fp32
-    tOrP: cute.Tensor  # P in the A-operand register layout
-    turns: WarpgroupTurns
-
-
 # ----------------------------------------------------------------------------------------------------
 # Host: validate, compile once per configuration (from fake tensors, GPU and CPU alike), launch
 # ----------------------------------------------------------------------------------------------------
@@ -682,6 +657,23 @@ def compile_config_sm90(config: HopperConfig, name: str) -> list[KernelBinary]:
     return [compile_cute_sm90(kernel, *fake_arguments(config), name=name, threads=kernel.threads_per_cta)]
 
 
+def tensor_arguments(
+    config: HopperConfig,
+    tensors: tuple[torch.Tensor, ...],
+    scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+) -> tuple[Any, ...]:
+    """q, k, v, o, lse (and the FP8 scales, else None) as the kernel takes them at launch: the
+    runtime counterparts of ``fake_arguments``' tensors (e4m3 travels as uint8, retyped here)."""
+    if config.fp8 != (scales is not None):
+        raise ValueError(
+            f"FP8 operands need their scales and 16-bit ones none: fp8={config.fp8}, scales given={scales is not None}"
+        )
+    q, k, v, o, lse = tensors
+    element = FP8_CUTLASS if config.fp8 else None
+    scale_args = (None,) * 3 if scales is None else tuple(to_cute_tensor(t) for t in scales)
+    return (*(to_cute_tensor(t, element) for t in (q, k, v)), to_cute_tensor(o), to_cute_tensor(lse), *scale_args)
+
+
 def launcher(
     config: HopperConfig,
     q: torch.Tensor,
@@ -699,13 +691,7 @@ def launcher(
     batch, heads, seqlen_q, head_dim = q.shape
     o = torch.empty((batch, heads, seqlen_q, head_dim), dtype=config.out_dtype, device=q.device)
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
-    element = FP8_CUTLASS if config.fp8 else None
-    if config.fp8 != (scales is not None):
-        raise ValueError(
-            f"FP8 operands need their scales and 16-bit ones none: fp8={config.fp8}, scales given={scales is not None}"
-        )
-    scale_args = (None,) * 3 if scales is None else tuple(to_cute_tensor(t) for t in scales)
-    args = (*(to_cute_tensor(t, element) for t in (q, k, v)), to_cute_tensor(o), to_cute_tensor(lse), *scale_args)
+    args = tensor_arguments(config, (q, k, v, o, lse), scales)
     # The SM count is a launch argument (read here, at run time), so compiling never queries a device.
     sm_count = sm_count or torch.cuda.get_device_properties(q.device).multi_processor_count
     scalars = (Float32(softmax_scale_log2), Float32(output_scale), Int32(sm_count))

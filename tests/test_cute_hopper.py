@@ -60,6 +60,34 @@ def test_persistent_kernel_loops_over_tiles(fp8_operands: bool):
     assert len(re.findall(r"mbarrier\.try_wait", ptx)) >= 4
 
 
+@pytest.mark.parametrize("fp8_operands", [False, True], ids=["bf16", "fp8"])
+def test_fake_arguments_compile_like_the_launch_tensors(fp8_operands: bool):
+    """The kernel is compiled once from ``fake_arguments`` and then called with ``tensor_arguments``;
+    the call passes each tensor's sizes and strides as its runtime type lays them out, so a fake that
+    declared a different layout (a static head dim, a global address space) would read them wrongly.
+    A compile from the launch tensors themselves (here on CPU memory) must give the same PTX."""
+    from cutlass import Float32, Int32
+    from cutlass.cute.runtime import make_fake_stream
+
+    from common.static import compile_cute_sm90
+
+    problem = Problem(1, 2, 256, 256, 128)
+    config = hopper.default_config(problem, fp8=fp8_operands)
+    q = torch.zeros(1, 2, 256, 128, dtype=torch.uint8 if fp8_operands else torch.bfloat16)
+    outputs = (torch.zeros(1, 2, 256, 128, dtype=config.out_dtype), torch.zeros(1, 2, 256))
+    scales = tuple(torch.ones(1, 2, 4) for _ in range(3)) if fp8_operands else None
+    launched = hopper.tensor_arguments(config, (q, q.clone(), q.clone(), *outputs), scales)
+    scalars = (Float32(1.0), Float32(1.0), Int32(hopper.STATIC_SM_COUNT), make_fake_stream())
+    kernel = hopper.HopperAttention(config)
+    from_tensors = compile_cute_sm90(kernel, *launched, *scalars, name="launch", threads=kernel.threads_per_cta)
+    from_fakes = hopper.compile_config_sm90(config, "fake")[0]
+
+    def body(ptx: str) -> str:
+        return re.sub(r"kernel_cutlass\w*", "kernel", ptx)
+
+    assert body(from_tensors.ptx) == body(from_fakes.ptx)
+
+
 @pytest.mark.parametrize(("ctas", "tiles"), [(3, 10), (132, 2048), (132, 132), (7, 1000)])
 def test_snake_deals_every_tile_once(ctas: int, tiles: int):
     dealt = [
