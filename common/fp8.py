@@ -23,6 +23,16 @@ largest finite value). Two choices, the same in both stacks:
 ``results/h200/fp8_error.md`` (``python -m common.fp8_error``, FA3's Table 3 experiment) measures
 what each buys on FA3's input distribution (``fa3_inputs``).
 
+V's key order (``value_operand``)
+---------------------------------
+An e4m3 wgmma's A operand from registers (P in O += P V, k = 32 per instruction) wants each lane to
+hold four consecutive k per register, while the accumulator of S = Q Kᵀ gives lane t, per group of
+16 keys, the keys 2t, 2t+1, 2t+8 and 2t+9. Kernels that take P straight from S's registers (cute/fp8,
+gluon/fp8) rename the registers instead of exchanging data across lanes, and read V with its keys
+permuted the same way inside each group of 16 (``PERMUTED_KEY_ORDER``), transposed (Vᵀ: fp8 wgmma
+reads a shared-memory B operand only K-major). The product is the same sum in another order inside
+each 32-key group, which the emulation's per-group bound already covers.
+
 The emulation (``emulate``)
 ---------------------------
 The yardstick of an fp8 rung is the float64 attention of exactly what its kernel reads (the same
@@ -208,6 +218,39 @@ def dequantised(x8: torch.Tensor, scales: torch.Tensor, block_rows: int) -> torc
     """float64 values the kernel multiplies: e4m3 x its block's scale."""
     row_scale = scales.double().repeat_interleave(block_rows, dim=-1)[..., : x8.shape[2], None]
     return x8.double() * row_scale
+
+
+# ----------------------------------------------------------------------------------------------------
+# V as the B operand of P V, keys permuted (``value_operand``)
+# ----------------------------------------------------------------------------------------------------
+# Keys per permutation group: one 16-wide half of the 32-wide FP8 k-block.
+KEY_GROUP = 16
+# Slot s = 4 t + i of a key group (lane t's four consecutive k) holds key 8 (i // 2) + 2 t + i % 2,
+# the key whose score lane t holds in accumulator register i of that group.
+PERMUTED_KEY_ORDER = tuple(8 * ((slot % 4) // 2) + 2 * (slot // 4) + slot % 2 for slot in range(KEY_GROUP))
+
+
+@functools.cache
+def _key_order(device: torch.device) -> torch.Tensor:
+    """``PERMUTED_KEY_ORDER`` on ``device``, copied once: a copy per call would wait for queued work."""
+    return torch.tensor(PERMUTED_KEY_ORDER, device=device)
+
+
+def value_operand(v8: torch.Tensor) -> torch.Tensor:
+    """(B, H, Sk, D) e4m3 -> (B, H, D, Sk') key-contiguous, zero-padded to Sk' = Sk rounded up to 16,
+    keys permuted per group by ``PERMUTED_KEY_ORDER`` (the module docstring says why).
+
+    The padding is real zeros, not out-of-bounds fill: a permuted group can move a key below Sk to a
+    slot above it, so kernels must read the whole padded group.
+    """
+    batch, heads, seqlen_k, head_dim = v8.shape
+    padded = -(-seqlen_k // KEY_GROUP) * KEY_GROUP
+    order = _key_order(v8.device)
+    keys = (torch.arange(padded // KEY_GROUP, device=v8.device)[:, None] * KEY_GROUP + order).flatten()
+    # e4m3 has no torch kernels for indexing or padding: move the bytes as uint8.
+    v_bytes = torch.zeros((batch, heads, padded, head_dim), dtype=torch.uint8, device=v8.device)
+    v_bytes[:, :, :seqlen_k] = v8.view(torch.uint8)
+    return v_bytes[:, :, keys].transpose(2, 3).contiguous().view(torch.float8_e4m3fn)
 
 
 def fa3_inputs(

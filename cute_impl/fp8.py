@@ -16,7 +16,7 @@ Algorithm
    rotation) is what compare.py runs; ``quantisation=`` selects the other ``common.fp8.VARIANTS``.
 2. V stored transposed, (B, H, D, Sk') with Sk' = Sk rounded up to 16 and zero padding: FP8 WGMMA
    reads a shared-memory B operand only K-major, and for O = P V the K dimension is the key index.
-3. Inside each group of 16 keys, V's key order is permuted (``PERMUTED_KEY_ORDER``). The m64k32 FP8
+3. Inside each group of 16 keys, V's key order is permuted (``common.fp8.PERMUTED_KEY_ORDER``). The m64k32 FP8
    A operand wants each lane to hold four *consecutive* k, while the S accumulator gives each lane
    column *pairs* (2t, 2t+1, 2t+8, 2t+9). Renaming registers (``scores_to_operand_a``) plus this
    permutation of V makes the product exact without any cross-lane shuffle.
@@ -75,11 +75,18 @@ scales must match the tiles (64 Q rows, 128 keys).
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 
-from common.fp8 import Emulation, KernelOrder, Quantisation, QuantisedOperands, end_to_end_runner, quantise
+from common.fp8 import (
+    Emulation,
+    KernelOrder,
+    Quantisation,
+    QuantisedOperands,
+    end_to_end_runner,
+    quantise,
+    value_operand,
+)
 from common.fp8 import emulate as emulate_quantised
 from common.metrics import FP8_RULE
 from common.problem import Problem
@@ -98,38 +105,10 @@ from cute_impl.hopper import (
     validated_problem,
 )
 
-# Keys per permutation group: one 16-wide half of the 32-wide FP8 k-block.
-KEY_GROUP = 16
-# Slot s = 4 t + i of a key group (lane t's four consecutive k) holds key 8 (i // 2) + 2 t + i % 2,
-# the key whose score lane t holds in accumulator register i of that group.
-PERMUTED_KEY_ORDER = tuple(8 * ((slot % 4) // 2) + 2 * (slot // 4) + slot % 2 for slot in range(KEY_GROUP))
 # What compare.py and the tests run: the most accurate variant whose kernel is within 5 % of the
 # per-tensor kernel's speed in every stack (issue #17): block scales + rotation, the most accurate on
 # FA3's inputs, cost at most 4 % (results/h200/fp8_speed.md; docs/perf-log.md).
 DEFAULT_QUANTISATION = Quantisation(block=True, rotation=True)
-
-
-@functools.cache
-def _key_order(device: torch.device) -> torch.Tensor:
-    """``PERMUTED_KEY_ORDER`` on ``device``, copied once: a copy per call would wait for queued work."""
-    return torch.tensor(PERMUTED_KEY_ORDER, device=device)
-
-
-def value_operand(v8: torch.Tensor) -> torch.Tensor:
-    """(B, H, Sk, D) e4m3 -> (B, H, D, Sk') key-contiguous, zero-padded to Sk' = Sk rounded up to 16,
-    keys permuted per group by ``PERMUTED_KEY_ORDER``.
-
-    The padding is real zeros, not out-of-bounds fill: a permuted group can move a key below Sk to a
-    slot above it, so kernels must read the whole padded group.
-    """
-    batch, heads, seqlen_k, head_dim = v8.shape
-    padded = -(-seqlen_k // KEY_GROUP) * KEY_GROUP
-    order = _key_order(v8.device)
-    keys = (torch.arange(padded // KEY_GROUP, device=v8.device)[:, None] * KEY_GROUP + order).flatten()
-    # e4m3 has no torch kernels for indexing or padding: move the bytes as uint8.
-    v_bytes = torch.zeros((batch, heads, padded, head_dim), dtype=torch.uint8, device=v8.device)
-    v_bytes[:, :, :seqlen_k] = v8.view(torch.uint8)
-    return v_bytes[:, :, keys].transpose(2, 3).contiguous().view(torch.float8_e4m3fn)
 
 
 def fp8_config(problem: Problem, quantisation: Quantisation) -> HopperConfig:

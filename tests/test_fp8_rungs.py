@@ -49,9 +49,9 @@ def test_fp8_rungs_are_judged_against_their_emulation(module_name: str):
     assert module.DEFAULT_QUANTISATION.describe() in impl.notes
 
 
-@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
-def test_cute_value_operand_is_transposed_padded_and_permuted():
-    fp8 = _module("cute_impl.fp8")
+def test_value_operand_is_transposed_padded_and_permuted():
+    """V as cute/fp8 and gluon/fp8 read it (``common.fp8.value_operand``)."""
+    fp8 = _module("common.fp8")
     assert sorted(fp8.PERMUTED_KEY_ORDER) == list(range(fp8.KEY_GROUP))
     seqlen_k, head_dim = 37, 64
     v8 = torch.randn(2, 3, seqlen_k, head_dim).to(torch.float8_e4m3fn)

@@ -183,6 +183,22 @@ def test_launch_arguments_compile_through_the_jit_binder(
 # ----------------------------------------------------------------------------------------------
 # Registry, capability checks and validation (CPU)
 # ----------------------------------------------------------------------------------------------
+def test_fp8_register_rename_matches_the_host_key_order():
+    """gluon/fp8 hands P to P V by renaming S's registers (``_device._scores_as_operand``: a reshape /
+    permute of the key bits); V's keys must be stored in the order that permutation gives
+    (``common.fp8.value_operand``), or the product pairs P and V of different keys."""
+    from common.fp8 import KEY_GROUP, PERMUTED_KEY_ORDER
+    from triton_impl.gluon._device import KEY_BIT_ORDER
+
+    block_n = 128
+    keys = torch.arange(block_n).reshape(1, block_n // KEY_GROUP, 2, 2, 2, 2)
+    renamed = keys.permute(KEY_BIT_ORDER.value).reshape(block_n)
+    expected = torch.tensor([g * KEY_GROUP + k for g in range(block_n // KEY_GROUP) for k in PERMUTED_KEY_ORDER])
+    assert torch.equal(renamed, expected), (renamed[:KEY_GROUP], expected[:KEY_GROUP])
+    # The identity order (V not permuted) would not match: the check can fail.
+    assert not torch.equal(torch.arange(block_n), expected)
+
+
 def test_registry_lists_the_gluon_stack():
     available, missing = discover(include_baselines=False)
     names = {impl.name: impl for impl in available}

@@ -26,10 +26,12 @@ Block 0 is peeled (it starts the pipeline) and always masked, which costs one ma
 ``FP8`` (``gluon/fp8``, ``triton_impl/gluon/fp8.py``) switches the same kernel to e4m3 operands:
 the V ring holds Vᵀ tiles (D × BLOCK_N, read K-major as fp8 wgmma requires), each consumer folds its
 Q block's scale into the softmax scale and each key block's K scale into that block's, P is lifted
-by 2^P_EXPONENT before its e4m3 conversion, each P V goes into a fresh fp32 accumulator that is
-added to O times the block's V scale (``_fp8_values_product``), and O (bf16) leaves through a
-shared buffer of its own. With ``FP8`` off the generated code is gluon/hopper's as it was before the
-flag (the same PTX instructions on Triton 3.6 and 3.9).
+by 2^P_EXPONENT before its e4m3 conversion and handed to P V in S's own registers (a renaming of
+the key index, ``_scores_as_operand``, matched by V's key order on the host), each P V goes into a
+fresh fp32 accumulator that is added to O times the block's V scale (``_fp8_values_product``), and O
+(bf16) leaves through a shared buffer of its own. With ``FP8`` off (and ``UNROLL_PAIRS`` off) the
+generated code is gluon/hopper's as it was before the flag (the same PTX instructions on Triton 3.6
+and 3.9).
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ from common import fp8
 P_EXPONENT = gl.constexpr(fp8.P_EXPONENT)
 # Natural log of 2 (lse = log2-domain lse · ln 2), read inside the kernel.
 LN_2 = gl.constexpr(0.6931471805599453)
+# FP8: keys per group of the register rename of P (``_scores_as_operand``; common.fp8.KEY_GROUP), and
+# the permutation of [rows, groups, key bit 3, bit 2, bit 1, bit 0] that puts slot k = 4t + i on key
+# 8 (i // 2) + 2t + i % 2 (common.fp8.PERMUTED_KEY_ORDER; tests/test_gluon.py checks they agree).
+KEY_GROUP = gl.constexpr(fp8.KEY_GROUP)
+KEY_BIT_ORDER = gl.constexpr((0, 1, 3, 4, 2, 5))
 # The load partition's register budget per thread (setmaxnreg): it holds only scalars.
 LOAD_REGISTERS = gl.constexpr(24)
 LOAD_WARPS = gl.constexpr(1)
@@ -212,6 +219,36 @@ def _fp8_values_product(P, vt_tile):
 
 
 @gluon.jit
+def _scores_as_operand(P, p_layout: gl.constexpr):
+    """FP8: P (e4m3, in S's accumulator layout) as the A operand of P V without moving data.
+
+    Per 16 keys, S's accumulator gives lane t the keys 2t, 2t+1, 2t+8, 2t+9 (key bits 1-2 from the
+    lane, bits 0 and 3 from the register), while the e4m3 A operand wants lane t to hold four
+    consecutive k, 4t..4t+3 (k bits 2-3 from the lane, bits 0-1 from the register). Swapping the key
+    bits so that slot k = 4t + i holds key 8 (i // 2) + 2t + i % 2 makes the two layouts the same
+    registers: the reshape / permute below only renames them, and ``assert_trivial`` makes the
+    compiler refuse a conversion that would exchange data. V's keys are stored in the same order
+    (``common.fp8.permuted_key_values``), so the product is unchanged."""
+    BLOCK_M: gl.constexpr = P.shape[0]
+    BLOCK_N: gl.constexpr = P.shape[1]
+    # Key bits (from the top) 3, 2, 1, 0 of each group of 16 -> slot bits 1, 3, 2, 0.
+    P = gl.reshape(P, [BLOCK_M, BLOCK_N // KEY_GROUP, 2, 2, 2, 2])
+    P = gl.permute(P, KEY_BIT_ORDER.value)
+    P = gl.reshape(P, [BLOCK_M, BLOCK_N])
+    return gl.convert_layout(P, p_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _operand_p(P_f32, dtype: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr):
+    """P in the A-operand layout of P V: renamed registers for e4m3, a layout change for fp16/bf16."""
+    if FP8:
+        return _scores_as_operand(P_f32.to(dtype), p_layout)
+    else:
+        # Gluon makes the layout change explicit: S's accumulator layout to the A-operand layout of P V.
+        return gl.convert_layout(P_f32.to(dtype), p_layout)
+
+
+@gluon.jit
 def _block_scale(scales, n_block, BLOCK_N: gl.constexpr, KV_QUANT_BLOCK: gl.constexpr):
     """FP8: key block n's scale (K's or V's) of this (batch, head); a key block lies in one quantisation block."""
     return gl.load(scales + n_block * BLOCK_N // KV_QUANT_BLOCK)
@@ -278,8 +315,8 @@ def _pipelined_step(
     P_f32, alpha, row_max, row_sum = _online_softmax(
         S, row_max, row_sum, offs_m, n_block * BLOCK_N, seqlen_k, softmax_scale_log2, MASKED, CAUSAL, FP8
     )
-    # Gluon makes the layout change explicit: S's accumulator layout to the A-operand layout of P V.
-    P = gl.convert_layout(P_f32.to(v_ring.dtype), p_layout)
+    # P_n is made before P_(n-1) V_(n-1) retires: e4m3 P takes a quarter of fp32 P's registers.
+    P = _operand_p(P_f32, v_ring.dtype, p_layout, FP8)
     if FP8:
         pv = warpgroup_mma_wait(0, deps=[pv_token])
         acc = acc + pv * _block_scale(v_scales, n_block - 1, BLOCK_N, KV_QUANT_BLOCK)
@@ -311,6 +348,7 @@ def _softmax_partition(
     FP8: gl.constexpr,
     Q_QUANT_BLOCK: gl.constexpr,
     KV_QUANT_BLOCK: gl.constexpr,
+    UNROLL_PAIRS: gl.constexpr,
 ):
     """One consumer warpgroup: its own BLOCK_M query rows (its Q tile and q_ready barrier), the
     CTA's K/V rings shared with the other consumer. With PINGPONG the two consumers take turns
@@ -361,24 +399,45 @@ def _softmax_partition(
     P_f32, alpha, row_max, row_sum = _online_softmax(
         S, row_max, row_sum, offs_m, 0, seqlen_k, first_scale_log2, True, CAUSAL, FP8
     )
-    P = gl.convert_layout(P_f32.to(v_ring.dtype), p_layout)
+    P = _operand_p(P_f32, v_ring.dtype, p_layout, FP8)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-    carry = (acc, P, alpha, row_max, row_sum)
-
     # Blocks every row sees in full, then the causal diagonal and the ragged last block.
-    for n_block in range(1, n_unmasked):
-        carry = _pipelined_step(
-            carry, smem, barriers, turn, n_block, offs_m, seqlen_k, softmax_scale_log2, fp8_scales, s_layout,
-            p_layout, NUM_STAGES, False, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK,
-        )  # fmt: skip
+    carry = (acc, P, alpha, row_max, row_sum)
+    if UNROLL_PAIRS:
+        # Two unmasked blocks per iteration: P_n reaches P_n V_n inside the iteration, where LLVM keeps
+        # it as packed 32-bit registers; a P carried across the loop's back edge becomes loose bytes
+        # that are unpacked after the softmax and packed again before the wgmma (about 3 integer
+        # instructions per 4 values of e4m3 P).
+        n_first = gl.maximum(n_unmasked, 1)
+        n_pairs_end = 1 + (n_first - 1) // 2 * 2
+        for n_block in range(1, n_pairs_end, 2):
+            carry = _pipelined_step(
+                carry, smem, barriers, turn, n_block, offs_m, seqlen_k, softmax_scale_log2, fp8_scales, s_layout,
+                p_layout, NUM_STAGES, False, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK,
+            )  # fmt: skip
+            carry = _pipelined_step(
+                carry, smem, barriers, turn, n_block + 1, offs_m, seqlen_k, softmax_scale_log2, fp8_scales, s_layout,
+                p_layout, NUM_STAGES, False, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK,
+            )  # fmt: skip
+        if n_pairs_end < n_first:
+            carry = _pipelined_step(
+                carry, smem, barriers, turn, n_pairs_end, offs_m, seqlen_k, softmax_scale_log2, fp8_scales, s_layout,
+                p_layout, NUM_STAGES, False, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK,
+            )  # fmt: skip
+    else:
+        for n_block in range(1, n_unmasked):
+            carry = _pipelined_step(
+                carry, smem, barriers, turn, n_block, offs_m, seqlen_k, softmax_scale_log2, fp8_scales, s_layout,
+                p_layout, NUM_STAGES, False, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK,
+            )  # fmt: skip
     for n_block in range(gl.maximum(n_unmasked, 1), n_block_max):
         carry = _pipelined_step(
             carry, smem, barriers, turn, n_block, offs_m, seqlen_k, softmax_scale_log2, fp8_scales, s_layout,
             p_layout, NUM_STAGES, True, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK,
         )  # fmt: skip
+    acc, P, alpha, row_max, row_sum = carry
 
     # The last block's P V, then normalise.
-    acc, P, alpha, row_max, row_sum = carry
     acc = _rescale(acc, alpha)
     v_tile = _ready_tile(v_ring, v_ready, n_block_max - 1, NUM_STAGES)
     _take_turn(turn, n_block_max, PINGPONG)
@@ -429,6 +488,7 @@ def _consumer(
     FP8: gl.constexpr,
     Q_QUANT_BLOCK: gl.constexpr,
     KV_QUANT_BLOCK: gl.constexpr,
+    UNROLL_PAIRS: gl.constexpr,
 ):
     """Consumer ``index``: its slice of the CTA's query rows, Q and O buffers, Q barrier and turn."""
     q_smem, o_smem = io_smem
@@ -458,6 +518,7 @@ def _consumer(
         FP8,
         Q_QUANT_BLOCK,
         KV_QUANT_BLOCK,
+        UNROLL_PAIRS,
     )
 
 
@@ -488,6 +549,7 @@ def attention_kernel(
     FP8: gl.constexpr,
     Q_QUANT_BLOCK: gl.constexpr,
     KV_QUANT_BLOCK: gl.constexpr,
+    UNROLL_PAIRS: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """fp16/bf16, or (FP8) e4m3 Q, K and Vᵀ with fp32 scales per (batch, head, quantisation block)
@@ -579,6 +641,7 @@ def attention_kernel(
                         FP8,
                         Q_QUANT_BLOCK,
                         KV_QUANT_BLOCK,
+                        UNROLL_PAIRS,
                     ),
                 ),
                 (
@@ -602,6 +665,7 @@ def attention_kernel(
                         FP8,
                         Q_QUANT_BLOCK,
                         KV_QUANT_BLOCK,
+                        UNROLL_PAIRS,
                     ),
                 ),
                 (_load_partition, (loader, NUM_STAGES, NUM_CONSUMERS, FP8)),
@@ -633,6 +697,7 @@ def attention_kernel(
                         FP8,
                         Q_QUANT_BLOCK,
                         KV_QUANT_BLOCK,
+                        UNROLL_PAIRS,
                     ),
                 ),
                 (
@@ -656,6 +721,7 @@ def attention_kernel(
                         FP8,
                         Q_QUANT_BLOCK,
                         KV_QUANT_BLOCK,
+                        UNROLL_PAIRS,
                     ),
                 ),
                 (
@@ -679,6 +745,7 @@ def attention_kernel(
                         FP8,
                         Q_QUANT_BLOCK,
                         KV_QUANT_BLOCK,
+                        UNROLL_PAIRS,
                     ),
                 ),
                 (_load_partition, (loader, NUM_STAGES, NUM_CONSUMERS, FP8)),

@@ -36,12 +36,15 @@ what CuTe makes you write):
   * P as the A operand of the second GEMM. An e4m3 m64n?k32 wgmma wants each thread to hold four
     consecutive k per register, while S's accumulator gives each thread column pairs (2t, 2t+1,
     2t+8, 2t+9). Triton (``triton_impl/fp8._fp8_attention_step``: ``tl.dot(P.to(fp8), vt.T)``)
-    picks the register layout and inserts the shuffles. Gluon (``_device._pipelined_step``) makes you
-    name the target layout, ``DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)``, and
-    write ``gl.convert_layout`` from S's ``NVMMADistributedLayout`` to it; the compiler then emits
-    the cross-lane exchange. CuTe (``cute_impl/fp8.py``, ``scores_to_operand_a`` and
-    ``PERMUTED_KEY_ORDER``) renames registers instead and permutes V's keys on the host inside each
-    group of 16 to match, so no data crosses lanes.
+    picks the register layout and inserts the shuffles. Gluon and CuTe rename registers instead and
+    read V with its keys permuted the same way inside each group of 16 (``common.fp8.value_operand``,
+    one definition for both), so no data crosses lanes. Gluon (``_device._scores_as_operand``)
+    writes the permutation of the key index as ``gl.reshape`` / ``gl.permute`` over its four low bits;
+    the layout Gluon infers for the result is the A-operand layout
+    ``DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)`` up to the order of each
+    thread's registers, and ``gl.convert_layout(..., assert_trivial=True)`` makes the compiler
+    refuse the kernel if that ever stops being true. CuTe (``cute_impl/fp8.py``,
+    ``scores_to_operand_a``) retiles the accumulator fragment as the operand fragment.
   * K-major V: all three store Vᵀ on the host; Triton transposes the loaded tile with ``vt.T``,
     Gluon with ``tile.permute((1, 0))`` on a shared-memory descriptor, CuTe by choosing the B
     operand's K-major shared layout.
@@ -74,14 +77,22 @@ import torch
 import triton
 from triton.experimental.gluon import language as gl
 
-from common.fp8 import Emulation, KernelOrder, Quantisation, QuantisedOperands, end_to_end_runner, quantise
+from common.fp8 import (
+    Emulation,
+    KernelOrder,
+    Quantisation,
+    QuantisedOperands,
+    end_to_end_runner,
+    quantise,
+    value_operand,
+)
 from common.fp8 import emulate as emulate_quantised
 from common.metrics import FP8_RULE
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.validation import kernel_operand, validate_attention_inputs
 from triton_impl._host import LOG2_E
-from triton_impl.fp8 import DEFAULT_QUANTISATION, INPUT_DTYPES, _transposed_values
+from triton_impl.fp8 import DEFAULT_QUANTISATION, INPUT_DTYPES
 from triton_impl.gluon import hopper
 from triton_impl.gluon.hopper import CONSUMER_ROWS, GluonConfig, descriptor_type, gluon_supported
 
@@ -121,7 +132,7 @@ class GluonFp8Attention:
         self.variant = quantisation.name
         # Kept as attributes: the descriptors point into these buffers.
         self.operands = operands
-        self.vt8 = _transposed_values(operands.v8)
+        self.vt8 = value_operand(operands.v8)
         self.out = torch.empty(operands.q8.shape, device=operands.q8.device, dtype=OUTPUT_DTYPE)
         self.lse = torch.empty((batch, heads, seqlen_q), device=operands.q8.device, dtype=torch.float32)
         self._args = (
