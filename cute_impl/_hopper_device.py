@@ -40,6 +40,8 @@ VALUES_PER_PAIR = 2
 # 8-column accumulator blocks per 32-wide FP8 k-block.
 COLUMN_BLOCKS_PER_FP8_K = 4
 WARPS_PER_WARPGROUP = 4
+# A TMA-filled buffer's full barrier completes with one producer arrive (plus the bytes TMA counts in).
+PRODUCER_ARRIVES = 1
 THREADS_PER_WARPGROUP = 128
 # Query rows per consumer warpgroup: the M of one WGMMA instruction.
 ROWS_PER_WARPGROUP = 64
@@ -207,7 +209,7 @@ class QueryBoxes(ReadOnlyInRegions):
     def init_barriers(self) -> None:
         """Called by one elected thread before the CTA-wide barrier that publishes the inits."""
         for w in cutlass.range_constexpr(self.warpgroups):
-            cute.arch.mbarrier_init(self.full + w, 1)
+            cute.arch.mbarrier_init(self.full + w, PRODUCER_ARRIVES)
             cute.arch.mbarrier_init(self.empty + w, WARPS_PER_WARPGROUP)
 
     @staticmethod
@@ -536,7 +538,7 @@ def tma_ring(
     return pipeline.PipelineTmaAsync.create(
         barrier_storage=barriers,
         num_stages=stages,
-        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, PRODUCER_ARRIVES),
         consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
         tx_count=tx_bytes,
         defer_sync=True,
