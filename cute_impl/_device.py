@@ -35,8 +35,6 @@ QUAD_SHUFFLE_OFFSETS = (2, 1)
 # Lazy rescaling (see OnlineSoftmax): the running max moves only when a block's max exceeds it by
 # more than this many powers of two (log2 units, like row_max), so P stays <= 2^8 = 256.
 RESCALE_THRESHOLD = 8.0
-# The former name, kept only until cute_impl/hopper.py imports RESCALE_THRESHOLD (issue #19).
-RESCALE_THRESHOLD_LOG2 = RESCALE_THRESHOLD
 
 
 def rows_by_cols(acc: cute.Tensor) -> cute.Tensor:
