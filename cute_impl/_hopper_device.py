@@ -5,8 +5,10 @@ The kernel only orchestrates; these small objects do the work, with the names ev
 a mask, :class:`AttentionMask` writes ``-inf`` where a score must not count, :class:`OnlineSoftmax`
 carries ``row_max`` (log2 units of the scaled scores) and ``row_sum`` across key blocks,
 :class:`NamedBarrier` names the barrier ids, :class:`TileScheduler` deals query tiles to CTAs,
-:class:`QueryBoxes` is the Q pipeline, :class:`WarpgroupTurns` the ping-pong between consumer
-warpgroups. The fragment helpers translate between the WGMMA accumulator layout and (row, column)
+:class:`QueryBoxes` is the Q pipeline and :func:`tma_ring` the K/V rings, :class:`WarpgroupGemms`
+binds a consumer warpgroup's GEMM operands once, :class:`WarpgroupTurns` is the ping-pong between
+consumer warpgroups, :class:`OutputEpilogue` stores O and the LSE, :class:`Fp8Descales` folds the
+FP8 scales. The fragment helpers translate between the WGMMA accumulator layout and (row, column)
 views.
 
 WGMMA accumulator layout (m64nNk16, one warpgroup): a thread holds, for every 8-column block ``c``,
@@ -31,6 +33,10 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 LN_2 = math.log(2.0)
+WARPS_PER_WARPGROUP = 4
+THREADS_PER_WARPGROUP = 128
+# Query rows per consumer warpgroup: the M of one WGMMA instruction.
+ROWS_PER_WARPGROUP = 64
 # Lanes that share one accumulator row (t = lane % 4).
 THREADS_PER_ROW = 4
 # Accumulator rows per thread in an m64 WGMMA: r0 and r0 + 8.
@@ -39,12 +45,8 @@ ROWS_PER_THREAD = 2
 VALUES_PER_PAIR = 2
 # 8-column accumulator blocks per 32-wide FP8 k-block.
 COLUMN_BLOCKS_PER_FP8_K = 4
-WARPS_PER_WARPGROUP = 4
 # A TMA-filled buffer's full barrier completes with one producer arrive (plus the bytes TMA counts in).
 PRODUCER_ARRIVES = 1
-THREADS_PER_WARPGROUP = 128
-# Query rows per consumer warpgroup: the M of one WGMMA instruction.
-ROWS_PER_WARPGROUP = 64
 
 
 # ----------------------------------------------------------------------------------------------------
