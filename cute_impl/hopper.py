@@ -707,13 +707,14 @@ def launcher(
 
 def validated_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Problem:
     """The Problem that q, k, v (B, H, S, D) describe, refused with a ValueError where ``supports``
-    would refuse it (head dim, softmax_scale <= 0, grid size); no GPU work. Shared with ``fp8.py``."""
+    would refuse it (dtype, head dim, softmax_scale <= 0, grid size, a device other than sm_90); no
+    GPU work. Shared with ``fp8.py``."""
     checked = validate_attention_inputs(
         q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, dtypes=DTYPES, head_dims=HEAD_DIMS
     )
-    ok, reason = common_problem_supported(checked)
-    if not ok:
-        raise ValueError(reason)
+    for ok, reason in (common_problem_supported(checked), hopper_device_supported(q.device)):
+        if not ok:
+            raise ValueError(reason)
     return checked
 
 

@@ -28,11 +28,18 @@ def _never_bind(*args: object, **kwargs: object) -> None:
 
 
 @pytest.fixture
-def cpu_validation(monkeypatch: pytest.MonkeyPatch) -> None:
+def cpu_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The input checks accept CPU tensors; ``bind`` fails loudly if reached."""
     validate = functools.partial(cute_hopper.validate_attention_inputs, device_types=("cpu",))
     monkeypatch.setattr(cute_hopper, "validate_attention_inputs", validate)
     for module in RUNGS.values():
         monkeypatch.setattr(module, "bind", _never_bind)
+
+
+@pytest.fixture
+def cpu_validation(cpu_inputs: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As ``cpu_inputs``, and the device check takes the CPU for an sm_90 GPU."""
+    monkeypatch.setattr(cute_hopper, "hopper_device_supported", lambda device: (True, ""))
 
 
 def _tensors(problem: Problem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -68,3 +75,14 @@ def test_positive_scale_reaches_bind_with_the_validated_problem(
     with pytest.raises(BindReachedError):
         RUNGS[rung].prepare(*tensors, caller)
     assert seen and seen[0].head_dim == 64 and seen[0].scale == 0.125
+
+
+@pytest.mark.parametrize("rung", sorted(RUNGS))
+def test_a_device_that_supports_refuses_is_refused_before_bind(rung: str, cpu_inputs: None):
+    """Inputs that pass every input check, on a device that is not an sm_90 GPU (here the CPU)."""
+    problem = Problem(1, 2, 16, 16, 64, dtype=torch.bfloat16)
+    ok, reason = RUNGS[rung].supports(problem, torch.device("cpu"))
+    assert not ok
+    with pytest.raises(ValueError, match="needs a CUDA sm_90 GPU") as error:
+        RUNGS[rung].prepare(*_tensors(problem), problem)
+    assert reason in str(error.value)
