@@ -206,16 +206,42 @@ def _scores(q_smem, k_tile, s_layout: gl.constexpr):
 
 
 @gluon.jit
-def _fp8_values_product(P, vt_tile):
+def _fp8_values_product(P_words, vt_tile, p_layout: gl.constexpr):
     """Issue one key block's P8 V8 into a fresh fp32 accumulator (a wgmma token). fp8 wgmma
     accumulates with reduced precision, so O is not chained through it: each block's product starts
     from zero and is added to O in fp32 (see triton_impl/fp8.py). Vᵀ's tile is read K-major."""
+    P = _words_as_operand(P_words, p_layout)
     BLOCK_M: gl.constexpr = P.shape[0]
     HEAD_DIM: gl.constexpr = vt_tile.shape[0]
     # P's operand layout is derived from O's accumulator layout, which the product takes.
-    o_layout: gl.constexpr = P.type.layout.parent
+    o_layout: gl.constexpr = p_layout.parent
     zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     return warpgroup_mma(P, vt_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _packed_words(P):
+    """FP8: e4m3 P in the A-operand layout as int32 words of four consecutive k, the operand's own
+    registers. Carried from one loop iteration to the next as bytes, P would be unpacked after the
+    softmax and packed again before its wgmma (about three integer instructions per word); as words,
+    LLVM folds the packing here and the unpacking in ``_words_as_operand`` into nothing."""
+    BLOCK_M: gl.constexpr = P.shape[0]
+    BLOCK_N: gl.constexpr = P.shape[1]
+    b = gl.reshape(P.to(gl.int8, bitcast=True), [BLOCK_M, BLOCK_N // 4, 4])
+    shifts = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, b.type.layout))) * 8
+    return gl.sum((b.to(gl.int32) & 0xFF) << shifts[None, None, :], axis=2)
+
+
+@gluon.jit
+def _words_as_operand(P_words, p_layout: gl.constexpr):
+    """The inverse of ``_packed_words``: e4m3 P in the A-operand layout."""
+    BLOCK_M: gl.constexpr = P_words.shape[0]
+    WORDS: gl.constexpr = P_words.shape[1]
+    layout3: gl.constexpr = P_words.type.layout.parent
+    shifts = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout3))) * 8
+    b = ((P_words[:, :, None] >> shifts[None, None, :]) & 0xFF).to(gl.int8)
+    P = gl.reshape(b, [BLOCK_M, WORDS * 4]).to(gl.float8e4nv, bitcast=True)
+    return gl.convert_layout(P, p_layout, assert_trivial=True)
 
 
 @gluon.jit
@@ -242,7 +268,7 @@ def _scores_as_operand(P, p_layout: gl.constexpr):
 def _operand_p(P_f32, dtype: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr):
     """P in the A-operand layout of P V: renamed registers for e4m3, a layout change for fp16/bf16."""
     if FP8:
-        return _scores_as_operand(P_f32.to(dtype), p_layout)
+        return _packed_words(_scores_as_operand(P_f32.to(dtype), p_layout))
     else:
         # Gluon makes the layout change explicit: S's accumulator layout to the A-operand layout of P V.
         return gl.convert_layout(P_f32.to(dtype), p_layout)
@@ -305,7 +331,7 @@ def _pipelined_step(
     v_tile = _ready_tile(v_ring, v_ready, n_block - 1, NUM_STAGES)
     _take_turn(turn, n_block, PINGPONG)
     s_token = _scores(q_smem, k_tile, s_layout)
-    pv_token = _fp8_values_product(P, v_tile) if FP8 else warpgroup_mma(P, v_tile, acc, is_async=True)
+    pv_token = _fp8_values_product(P, v_tile, p_layout) if FP8 else warpgroup_mma(P, v_tile, acc, is_async=True)
     _pass_turn(turn, PINGPONG)
     if FP8:
         k_scales, v_scales = fp8_scales
@@ -315,12 +341,13 @@ def _pipelined_step(
     P_f32, alpha, row_max, row_sum = _online_softmax(
         S, row_max, row_sum, offs_m, n_block * BLOCK_N, seqlen_k, softmax_scale_log2, MASKED, CAUSAL, FP8
     )
-    # P_n is made before P_(n-1) V_(n-1) retires: e4m3 P takes a quarter of fp32 P's registers.
-    P = _operand_p(P_f32, v_ring.dtype, p_layout, FP8)
     if FP8:
+        # P_n's words take the registers of P_(n-1)'s, which the running wgmma reads: made after it.
         pv = warpgroup_mma_wait(0, deps=[pv_token])
+        P = _operand_p(P_f32, v_ring.dtype, p_layout, FP8)
         acc = acc + pv * _block_scale(v_scales, n_block - 1, BLOCK_N, KV_QUANT_BLOCK)
     else:
+        P = _operand_p(P_f32, v_ring.dtype, p_layout, FP8)
         acc = warpgroup_mma_wait(0, deps=[pv_token])
     _release(k_empty, v_empty, n_block, NUM_STAGES)
     return acc, P, alpha, row_max, row_sum
@@ -441,7 +468,7 @@ def _softmax_partition(
     acc = _rescale(acc, alpha)
     v_tile = _ready_tile(v_ring, v_ready, n_block_max - 1, NUM_STAGES)
     _take_turn(turn, n_block_max, PINGPONG)
-    pv_token = _fp8_values_product(P, v_tile) if FP8 else warpgroup_mma(P, v_tile, acc, is_async=True)
+    pv_token = _fp8_values_product(P, v_tile, p_layout) if FP8 else warpgroup_mma(P, v_tile, acc, is_async=True)
     _pass_turn(turn, PINGPONG)
     if FP8:
         pv = warpgroup_mma_wait(0, deps=[pv_token])
