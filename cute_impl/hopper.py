@@ -381,6 +381,7 @@ class HopperAttention:
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
         rows, D, W = ROWS_PER_WARPGROUP, self.head_dim, self.consumer_warpgroups
         scheduler = TileScheduler(self.tile_m, self.causal, seqlen_q, mQ.shape[2][0], mQ.shape[2][1])
+        local_tiles = scheduler.local_tile_count()
         block_range = functools.partial(
             BlockRange.create, seqlen_k=seqlen_k, tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal
         )
@@ -411,7 +412,7 @@ class HopperAttention:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
             if warp_idx == 0:
                 q_state = QueryBoxes.producer_state()
-                for local_tile in cutlass.range(scheduler.local_tile_count(), unroll=1):
+                for local_tile in cutlass.range(local_tiles, unroll=1):
                     m_block, bh = scheduler.work_tile(local_tile)
                     gQ = cute.local_tile(mQ[None, None, bh], (rows, D), (None, 0))  # (64, D, Sq/64)
                     gK = cute.local_tile(mK[None, None, bh], (self.tile_n, D), (None, 0))  # (tile_n, D, n)
@@ -461,7 +462,7 @@ class HopperAttention:
             # Every warpgroup of the CTA visits the same key blocks of every tile, so the turns balance
             # over the whole tile loop.
             turns.start()
-            for local_tile in cutlass.range(scheduler.local_tile_count(), unroll=1):
+            for local_tile in cutlass.range(local_tiles, unroll=1):
                 m_block, bh = scheduler.work_tile(local_tile)
                 blocks = block_range(m_block)
                 row_start = m_block * self.tile_m + w * rows
