@@ -84,7 +84,6 @@ from common.fp8 import emulate as emulate_quantised
 from common.metrics import FP8_RULE
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.static import compile_triton_sm90
 from common.toolchain import release_configs
 from common.validation import kernel_operand
 from triton_impl._device import LOG2_E
@@ -93,8 +92,10 @@ from triton_impl.hopper import (
     _descriptor,
     _hopper_attention_kernel,
     _validate,
+    compile_kernel_sm90,
     fastest_config,
     hopper_supported,
+    kernel_constexprs,
 )
 
 # Inputs this rung quantises (whatever the interpreter would accept).
@@ -210,13 +211,7 @@ class Fp8Attention:
             problem.scale * LOG2_E,
         )
         self._constexprs = {
-            "HEAD_DIM": head_dim,
-            "BLOCK_M": config.block_m,
-            "BLOCK_N": config.block_n,
-            "CAUSAL": problem.causal,
-            "WARP_SPECIALIZE": config.warp_specialize,
-            "OVERLAP": False,
-            **fp8_constexprs(quantisation),
+            **kernel_constexprs(head_dim, problem.causal, config, fp8_constexprs(quantisation)),
             **config.launch_options(),
         }
         self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
@@ -341,23 +336,8 @@ def compile_sm90(
         "kv_blocks": "i32",
         "softmax_scale_log2": "fp32",
     }
-    constexprs = {
-        "HEAD_DIM": head_dim,
-        "BLOCK_M": config.block_m,
-        "BLOCK_N": config.block_n,
-        "CAUSAL": problem.causal,
-        "WARP_SPECIALIZE": config.warp_specialize,
-        "OVERLAP": False,
-        **fp8_constexprs(quantisation),
-    }
-    binary = compile_triton_sm90(
-        _hopper_attention_kernel,
-        signature,
-        constexprs,
-        options=config.launch_options(),
-        aligned=("LSE",),
-    )
-    return [binary]
+    constexprs = kernel_constexprs(head_dim, problem.causal, config, fp8_constexprs(quantisation))
+    return [compile_kernel_sm90(signature, constexprs, config)]
 
 
 IMPLEMENTATION = Implementation(

@@ -191,6 +191,24 @@ WITHOUT_FP8 = {
     "Q_QUANT_BLOCK": None,
     "KV_QUANT_BLOCK": None,
 }
+
+
+def kernel_constexprs(
+    head_dim: int, causal: bool, config: HopperConfig, fp8: dict[str, object] = WITHOUT_FP8
+) -> dict[str, object]:
+    """The kernel's compile-time arguments, the same for a launch and the static compile; ``fp8``:
+    ``triton_impl.fp8.fp8_constexprs`` for the fp8 rung, else the unset fp8 arguments."""
+    return {
+        "HEAD_DIM": head_dim,
+        "BLOCK_M": config.block_m,
+        "BLOCK_N": config.block_n,
+        "CAUSAL": causal,
+        "WARP_SPECIALIZE": config.warp_specialize,
+        "OVERLAP": config.overlap,
+        **fp8,
+    }
+
+
 # Interpreter runs use small tiles: the CPU tests need a ragged tail, not speed.
 INTERPRETER_CONFIG = HopperConfig(64, 32, 4, 1, False)
 
@@ -419,13 +437,7 @@ class HopperAttention:
             "seqlen_q": seqlen_q,
             "seqlen_k": problem.seqlen_k,
             "softmax_scale_log2": problem.scale * LOG2_E,
-            "HEAD_DIM": head_dim,
-            "BLOCK_M": config.block_m,
-            "BLOCK_N": config.block_n,
-            "CAUSAL": problem.causal,
-            "WARP_SPECIALIZE": config.warp_specialize,
-            "OVERLAP": config.overlap,
-            **WITHOUT_FP8,
+            **kernel_constexprs(head_dim, problem.causal, config),
             **config.launch_options(),
         }
         self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
@@ -552,23 +564,14 @@ def compile_sm90(problem: Problem, config: HopperConfig | None = None) -> list[K
         "seqlen_k": "i32",
         "softmax_scale_log2": "fp32",
     }
-    constexprs = {
-        "HEAD_DIM": problem.head_dim,
-        "BLOCK_M": config.block_m,
-        "BLOCK_N": config.block_n,
-        "CAUSAL": problem.causal,
-        "WARP_SPECIALIZE": config.warp_specialize,
-        "OVERLAP": config.overlap,
-        **WITHOUT_FP8,
-    }
-    binary = compile_triton_sm90(
-        _hopper_attention_kernel,
-        signature,
-        constexprs,
-        options=config.launch_options(),
-        aligned=("LSE",),
+    return [compile_kernel_sm90(signature, kernel_constexprs(problem.head_dim, problem.causal, config), config)]
+
+
+def compile_kernel_sm90(signature: dict[str, str], constexprs: dict[str, object], config: HopperConfig) -> KernelBinary:
+    """The shared kernel for sm_90a (both Triton Hopper rungs): ``signature`` types its runtime arguments."""
+    return compile_triton_sm90(
+        _hopper_attention_kernel, signature, constexprs, options=config.launch_options(), aligned=("LSE",)
     )
-    return [binary]
 
 
 IMPLEMENTATION = Implementation(

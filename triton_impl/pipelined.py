@@ -38,8 +38,8 @@ What the measurements taught (figures in the generated table of ``docs/ladder.md
 timings and earlier defaults in ``docs/perf-log.md``, "Figures moved out of rung docstrings"): the
 tuner's timings rank configurations by up to 2x, the pipeline depth matters most (a third stage
 beats a larger tile), and 128 × 64 tiles with 4 warps are the worst choice.
-Triton releases (``common.toolchain``): at D=256 non-causal Triton 3.9 spills 56 bytes per thread
-with 4 warps, so it runs 8 warps there (204 registers; like all of D=256, not timed).
+Triton releases (``common.toolchain``): at D=256 non-causal Triton 3.9 spills with 4 warps, so it
+runs 8 warps there (like all of D=256, not timed).
 """
 
 from __future__ import annotations
