@@ -221,15 +221,31 @@ def _fp8_values_product(P_words, vt_tile, p_layout: gl.constexpr):
 
 @gluon.jit
 def _packed_words(P):
-    """FP8: e4m3 P in the A-operand layout as int32 words of four consecutive k, the operand's own
-    registers. Carried from one loop iteration to the next as bytes, P would be unpacked after the
-    softmax and packed again before its wgmma (about three integer instructions per word); as words,
-    LLVM folds the packing here and the unpacking in ``_words_as_operand`` into nothing."""
+    """FP8: fp32 P in the A-operand layout as e4m3 in int32 words of four consecutive k (the
+    operand's own registers): two ``cvt.rn.satfinite.e4m3x2.f32`` per word. Carried from one loop
+    iteration to the next as e4m3 bytes, P would be unpacked after the softmax and packed again
+    before its wgmma (about three integer instructions per word); as words, it is not."""
     BLOCK_M: gl.constexpr = P.shape[0]
     BLOCK_N: gl.constexpr = P.shape[1]
-    b = gl.reshape(P.to(gl.int8, bitcast=True), [BLOCK_M, BLOCK_N // 4, 4])
-    shifts = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, b.type.layout))) * 8
-    return gl.sum((b.to(gl.int32) & 0xFF) << shifts[None, None, :], axis=2)
+    k01, k23 = gl.split(gl.reshape(P, [BLOCK_M, BLOCK_N // 4, 2, 2]))
+    k0, k1 = gl.split(k01)
+    k2, k3 = gl.split(k23)
+    words = gl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b16 lo, hi;
+        cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;
+        cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;
+        mov.b32 $0, {lo, hi};
+        }
+        """,
+        constraints="=r,r,r,r,r",
+        args=[k0, k1, k2, k3],
+        dtype=gl.int32,
+        is_pure=True,
+        pack=1,
+    )
+    return words
 
 
 @gluon.jit
@@ -237,7 +253,10 @@ def _words_as_operand(P_words, p_layout: gl.constexpr):
     """The inverse of ``_packed_words``: e4m3 P in the A-operand layout."""
     BLOCK_M: gl.constexpr = P_words.shape[0]
     WORDS: gl.constexpr = P_words.shape[1]
-    layout3: gl.constexpr = P_words.type.layout.parent
+    layout3: gl.constexpr = gl.reshape(
+        gl.full([BLOCK_M, WORDS * 4], 0, gl.int8, p_layout), [BLOCK_M, WORDS, 4]
+    ).type.layout
+    P_words = gl.convert_layout(P_words, gl.SliceLayout(2, layout3), assert_trivial=True)
     shifts = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout3))) * 8
     b = ((P_words[:, :, None] >> shifts[None, None, :]) & 0xFF).to(gl.int8)
     P = gl.reshape(b, [BLOCK_M, WORDS * 4]).to(gl.float8e4nv, bitcast=True)
@@ -268,7 +287,7 @@ def _scores_as_operand(P, p_layout: gl.constexpr):
 def _operand_p(P_f32, dtype: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr):
     """P in the A-operand layout of P V: renamed registers for e4m3, a layout change for fp16/bf16."""
     if FP8:
-        return _packed_words(_scores_as_operand(P_f32.to(dtype), p_layout))
+        return _packed_words(_scores_as_operand(P_f32, p_layout))
     else:
         # Gluon makes the layout change explicit: S's accumulator layout to the A-operand layout of P V.
         return gl.convert_layout(P_f32.to(dtype), p_layout)
