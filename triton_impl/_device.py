@@ -123,17 +123,17 @@ def online_softmax_finalize(acc, row_max, row_sum, out_scale, P_EXPONENT: tl.con
 
 
 # ----------------------------------------------------------------------------------------------
-# The FlashAttention step over a range of key blocks (strided pointers, ``pipelined``)
+# The FlashAttention step over a range of keys (strided pointers, ``pipelined``)
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def attend_key_blocks(
     acc, row_max, row_sum, q,
     k_base, v_base, stride_kn, stride_vn,
-    offs_m, n_begin, n_end, seqlen_k, softmax_scale_log2,
+    offs_m, key_begin, key_end, seqlen_k, softmax_scale_log2,
     CAUSAL: tl.constexpr, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """Fold key blocks [n_block_begin, n_block_end) into (acc, row_max, row_sum) of one query tile:
-    S = Q Kᵀ → mask → online softmax → rescale O → O += P V.
+    """Fold the keys [key_begin, key_end), BLOCK_N at a time from a block boundary, into (acc, row_max,
+    row_sum) of one query tile: S = Q Kᵀ → mask → online softmax → rescale O → O += P V.
 
     ``MASKED=False`` is the hot loop: every key in range is visible, so loads are unmasked and the
     softmax needs no -inf guard. ``MASKED=True`` handles the sequence tail and the causal diagonal.
@@ -141,7 +141,7 @@ def attend_key_blocks(
     """
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    for n_start in tl.range(n_begin, n_end, BLOCK_N):
+    for n_start in tl.range(key_begin, key_end, BLOCK_N):
         offs_k = n_start + offs_n
         k_ptrs = k_base + offs_k[None, :] * stride_kn + offs_d[:, None]
         v_ptrs = v_base + offs_k[:, None] * stride_vn + offs_d[None, :]
