@@ -29,8 +29,10 @@ from typing import Any, NamedTuple
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
 
 LN_2 = math.log(2.0)
 WARPS_PER_WARPGROUP = 4
@@ -47,6 +49,35 @@ VALUES_PER_PAIR = 2
 COLUMN_BLOCKS_PER_FP8_K = 4
 # A TMA-filled buffer's full barrier completes with one producer arrive (plus the bytes TMA counts in).
 PRODUCER_ARRIVES = 1
+# Shared-memory tiles start at 1024-byte boundaries, the period of the 128-byte swizzle pattern.
+SMEM_ALIGN_BYTES = 1024
+
+
+# ----------------------------------------------------------------------------------------------------
+# Register budget
+# ----------------------------------------------------------------------------------------------------
+# The producer warpgroup only issues TMA: setmaxnreg lowers it to 24 registers per thread.
+PRODUCER_REGISTERS = 24
+# Registers per consumer thread after setmaxnreg, by consumer warpgroups per CTA: the producer
+# warpgroup keeps 24, and the total must fit what the CTA was given at launch (``registers_fit``).
+CONSUMER_REGISTERS = {2: 240, 3: 160}
+REGISTER_FILE = 65536
+# Per-thread register counts come in multiples of 8.
+REGISTER_GRANULE = 8
+
+
+def registers_fit(consumer_warpgroups: int, consumer_registers: int) -> bool:
+    """Whether setmaxnreg can raise every consumer to ``consumer_registers``.
+
+    ``setmaxnreg`` only moves registers inside the CTA's launch allocation: threads x the largest
+    per-thread count that fits the register file (rounded down to a multiple of 8). An increase that
+    the registers given back by the producer cannot cover never completes: the kernel hangs. Four
+    consumer warpgroups (640 threads) launch at 96 registers each, so they reach 112, not 120.
+    """
+    threads = (1 + consumer_warpgroups) * THREADS_PER_WARPGROUP
+    launch_registers = REGISTER_FILE // threads // REGISTER_GRANULE * REGISTER_GRANULE
+    needed = THREADS_PER_WARPGROUP * (PRODUCER_REGISTERS + consumer_warpgroups * consumer_registers)
+    return needed <= threads * launch_registers
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -490,6 +521,84 @@ def head_major(t: cute.Tensor | None) -> cute.Tensor | None:
         return None
     layout = cute.make_layout((t.shape[2], (t.shape[1], t.shape[0])), stride=(t.stride[2], (t.stride[1], t.stride[0])))
     return cute.make_tensor(t.iterator, layout)
+
+
+def warpgroup_mmas(
+    dtype: type[cutlass.Numeric], tile_n: int, head_dim: int, v_major: cute.nvgpu.OperandMajorMode
+) -> tuple[cute.TiledMma, cute.TiledMma]:
+    """One consumer warpgroup's tiled WGMMAs: S = Q Kᵀ (64 x tile_n, both operands from shared
+    memory, K-major) and O = P V (64 x D, P from registers, V K-major for FP8 and MN-major else)."""
+    k_major = cute.nvgpu.OperandMajorMode.K
+    qk_mma = sm90_utils.make_trivial_tiled_mma(
+        dtype, dtype, k_major, k_major, Float32, (1, 1, 1), (ROWS_PER_WARPGROUP, tile_n)
+    )
+    pv_mma = sm90_utils.make_trivial_tiled_mma(
+        dtype, dtype, k_major, v_major, Float32, (1, 1, 1), (ROWS_PER_WARPGROUP, head_dim), warpgroup.OperandSource.RMEM
+    )
+    return qk_mma, pv_mma
+
+
+def one_stage(layout: cute.ComposedLayout) -> cute.ComposedLayout:
+    """Stage 0 of a staged (rows, cols, stage) layout: the box one TMA copy moves."""
+    return cute.slice_(layout, (None, None, 0))
+
+
+class SharedLayouts(NamedTuple):
+    """The staged shared-memory layouts, swizzled so that WGMMA reads them without bank conflicts:
+    Q and O (64, D, warpgroup), a box per consumer warpgroup; K (tile_n, D, stage) and V (D, tile_n,
+    stage), a box per ring slot."""
+
+    q: cute.ComposedLayout
+    k: cute.ComposedLayout
+    v: cute.ComposedLayout
+    o: cute.ComposedLayout
+
+    @staticmethod
+    def create(
+        dtype: type[cutlass.Numeric],
+        out_dtype: type[cutlass.Numeric],
+        tile_n: int,
+        head_dim: int,
+        warpgroups: int,
+        kv_stages: int,
+        v_layout: LayoutEnum,
+    ) -> SharedLayouts:
+        rows, D, row_major = ROWS_PER_WARPGROUP, head_dim, LayoutEnum.ROW_MAJOR
+        return SharedLayouts(
+            q=sm90_utils.make_smem_layout_a(row_major, (rows, tile_n, D), dtype, warpgroups),
+            k=sm90_utils.make_smem_layout_b(row_major, (rows, tile_n, D), dtype, kv_stages),
+            v=sm90_utils.make_smem_layout_b(v_layout, (rows, D, tile_n), dtype, kv_stages),
+            o=sm90_utils.make_smem_layout_a(row_major, (rows, D, D), out_dtype, warpgroups),
+        )
+
+    def storage(
+        self,
+        dtype: type[cutlass.Numeric],
+        out_dtype: type[cutlass.Numeric],
+        warpgroups: int,
+        kv_stages: int,
+        o_aliases_q: bool,
+    ) -> type:
+        """The kernel's shared-memory struct: the Q boxes' full/empty barriers, the K and V rings'
+        barriers (full and empty per stage), then Q, K, V and O, each 1024-byte aligned (swizzle)."""
+        q_cosize, k_cosize, v_cosize = cute.cosize(self.q), cute.cosize(self.k), cute.cosize(self.v)
+        # 16-bit: O reuses its warpgroup's Q box (dead after the last Q Kᵀ), which is what makes room
+        # for larger K/V tiles or more stages. FP8 or persistent: O has its own boxes.
+        o_cosize = 0 if o_aliases_q else cute.cosize(self.o)
+
+        fields = {
+            "q_full": cute.struct.MemRange[cutlass.Int64, warpgroups],
+            "q_empty": cute.struct.MemRange[cutlass.Int64, warpgroups],
+            "k_barriers": cute.struct.MemRange[cutlass.Int64, 2 * kv_stages],
+            "v_barriers": cute.struct.MemRange[cutlass.Int64, 2 * kv_stages],
+            "sQ": cute.struct.Align[cute.struct.MemRange[dtype, q_cosize], SMEM_ALIGN_BYTES],
+            "sK": cute.struct.Align[cute.struct.MemRange[dtype, k_cosize], SMEM_ALIGN_BYTES],
+            "sV": cute.struct.Align[cute.struct.MemRange[dtype, v_cosize], SMEM_ALIGN_BYTES],
+            "sO": cute.struct.Align[cute.struct.MemRange[out_dtype, o_cosize], SMEM_ALIGN_BYTES],
+        }
+        # The fields are given as a dict: in a class body, this module's postponed annotations would
+        # reach cute.struct as strings.
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
 
 def tma_partition(atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor) -> tuple[cute.Tensor, cute.Tensor]:

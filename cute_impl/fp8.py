@@ -95,13 +95,12 @@ from common.validation import kernel_operand
 from cute_impl._device import LOG2_E
 from cute_impl.hopper import (
     DTYPES,
+    KERNELS,
     ROWS_PER_WARPGROUP,
     HopperConfig,
     common_problem_supported,
-    compile_config_sm90,
     default_config,
     hopper_device_supported,
-    launcher,
     validated_problem,
 )
 
@@ -134,7 +133,7 @@ def quantised_launcher(
     """Steps 1-3: e4m3 bytes of Q, K and permuted Vᵀ, then the ``hopper`` launcher with the scales."""
     q8, k8, vt8 = (t.view(torch.uint8) for t in (operands.q8, operands.k8, value_operand(operands.v8)))
     scales = (operands.q_scale, operands.k_scale, operands.v_scale)
-    run = launcher(config, q8, k8, vt8, problem.scale * LOG2_E, 1.0, sm_count=sm_count, scales=scales)
+    run = KERNELS.launcher(config, q8, k8, vt8, problem.scale * LOG2_E, 1.0, sm_count=sm_count, scales=scales)
     run.variant = operands.quantisation.name
     return run
 
@@ -187,7 +186,7 @@ def emulate(
 
 
 def compile_sm90(problem: Problem, quantisation: Quantisation = DEFAULT_QUANTISATION) -> list[KernelBinary]:
-    return compile_config_sm90(fp8_config(problem, quantisation), "cute_fp8_attention")
+    return KERNELS.binaries(fp8_config(problem, quantisation), "cute_fp8_attention")
 
 
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:

@@ -103,27 +103,21 @@ What the measurements taught (figures: ``docs/ladder.md``; A/B runs: ``docs/perf
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.static import SM90_CAPABILITY, compile_cute_sm90
-from common.validation import OPERAND_ALIGNMENT_BYTES, kernel_operand, validate_attention_inputs
+from common.static import SM90_CAPABILITY
+from common.validation import kernel_operand, validate_attention_inputs
 
 try:  # The DSL is optional for the rest of the suite; the registry reports the import error.
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
     import cutlass.pipeline as pipeline
-    import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass import Float32, Int32
     from cutlass.cute.nvgpu import cpasync, warp, warpgroup
-    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
-    from cutlass.cute.typing import AddressSpace
     from cutlass.memory import SmemAllocator
     from cutlass.tensor_utils import LayoutEnum
 except ImportError as error:  # pragma: no cover - depends on the environment
@@ -131,6 +125,8 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 from cute_impl._device import LOG2_E, RESCALE_THRESHOLD
 from cute_impl._hopper_device import (
+    CONSUMER_REGISTERS,
+    PRODUCER_REGISTERS,
     ROWS_PER_THREAD,
     ROWS_PER_WARPGROUP,
     THREADS_PER_WARPGROUP,
@@ -142,84 +138,31 @@ from cute_impl._hopper_device import (
     OnlineSoftmax,
     OutputEpilogue,
     QueryBoxes,
+    SharedLayouts,
     TileScheduler,
     WarpgroupGemms,
     WarpgroupTurns,
     add_block_product,
     head_major,
     load_block,
+    one_stage,
     scores_to_operand_a,
     sequence_major,
     tma_partition,
     tma_ring,
     value_operand_view,
     warpgroup_gemm,
+    warpgroup_mmas,
 )
-from cute_impl._host import CUTE_DTYPES, current_stream, to_cute_tensor
+from cute_impl._hopper_host import FP8_CUTLASS, CompiledKernels, HopperConfig
+from cute_impl._host import CUTE_DTYPES
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
-FP8_CUTLASS = cutlass.Float8E4M3FN
-PRODUCER_REGISTERS = 24
-# Registers per consumer thread after setmaxnreg, by consumer warpgroups per CTA: the producer
-# warpgroup keeps 24, and the total must fit what the CTA was given at launch (``registers_fit``).
-CONSUMER_REGISTERS = {2: 240, 3: 160}
-REGISTER_FILE = 65536
-# Per-thread register counts come in multiples of 8.
-REGISTER_GRANULE = 8
-SMEM_ALIGN_BYTES = 1024
 # The grid is one-dimensional over (query block, head, batch) tiles, indexed by a signed 32-bit int.
 MAX_TILES = 2**31 - 1
-# The SM count passed when compiling (it only sizes the persistent grid); launches pass the device's.
-STATIC_SM_COUNT = 132
-# The one target: WGMMA and setmaxnreg are sm_90a features.
-SM90A = "sm_90a"
-# Keys per block: S (tile_n / 2 registers), P and O must fit in the consumers' registers.
-DEFAULT_TILE_N = 128
 # FP8 P is scaled into [0, 2^8]: small probabilities stay above e4m3's subnormal range (2^-6).
 FP8_P_EXPONENT_OFFSET = 8.0
-
-
-@dataclass(frozen=True)
-class HopperConfig:
-    """Everything that changes the generated code (the compile-cache key)."""
-
-    dtype: torch.dtype
-    head_dim: int
-    causal: bool
-    tile_n: int = DEFAULT_TILE_N
-    kv_stages: int = 2
-    # 64-row consumer warpgroups per CTA: 3 only fits when S, P and O need <= 160 registers (D=64).
-    consumer_warpgroups: int = 2
-    # Consumer warpgroups take turns issuing WGMMA, so that one's softmax overlaps the other's GEMMs.
-    pingpong: bool = True
-    # FP8 (``fp8.py``): e4m3 operands, V transposed to (B, H, D, Sk) so that both WGMMA operands are
-    # K-major, output in bf16.
-    fp8: bool = False
-    # One CTA per SM looping over query tiles (the SM count is a launch argument), instead of one CTA
-    # per tile: the next tile's loads overlap this tile's last GEMM and epilogue.
-    persistent: bool = False
-    # FP8 block quantisation: Q's scale per consumer warpgroup's 64 rows, K's and V's per key block,
-    # read in the kernel (``fp8.py``); per-tensor scales are read once per tile.
-    block_scales: bool = False
-
-    @property
-    def out_dtype(self) -> torch.dtype:
-        return torch.bfloat16 if self.fp8 else self.dtype
-
-
-def registers_fit(consumer_warpgroups: int, consumer_registers: int) -> bool:
-    """Whether setmaxnreg can raise every consumer to ``consumer_registers``.
-
-    ``setmaxnreg`` only moves registers inside the CTA's launch allocation: threads x the largest
-    per-thread count that fits the register file (rounded down to a multiple of 8). An increase that
-    the registers given back by the producer cannot cover never completes: the kernel hangs. Four
-    consumer warpgroups (640 threads) launch at 96 registers each, so they reach 112, not 120.
-    """
-    threads = (1 + consumer_warpgroups) * THREADS_PER_WARPGROUP
-    launch_registers = REGISTER_FILE // threads // REGISTER_GRANULE * REGISTER_GRANULE
-    needed = THREADS_PER_WARPGROUP * (PRODUCER_REGISTERS + consumer_warpgroups * consumer_registers)
-    return needed <= threads * launch_registers
 
 
 class HopperAttention:
@@ -277,73 +220,33 @@ class HopperAttention:
         LSE, q_scales, k_scales, v_scales = (head_major(t) for t in (mLSE, mQScale, mKScale, mVScale))
         D, rows = self.head_dim, ROWS_PER_WARPGROUP
         v_layout = LayoutEnum.ROW_MAJOR if self.v_transposed else LayoutEnum.COL_MAJOR
-        k_major = cute.nvgpu.OperandMajorMode.K
-
-        qk_mma = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, k_major, k_major, Float32, (1, 1, 1), (rows, self.tile_n)
+        qk_mma, pv_mma = warpgroup_mmas(self.dtype, self.tile_n, D, v_layout.sm90_mma_major_mode())
+        smem = SharedLayouts.create(
+            self.dtype, self.out_dtype, self.tile_n, D, self.consumer_warpgroups, self.kv_stages, v_layout
         )
-        pv_mma = sm90_utils.make_trivial_tiled_mma(
-            self.dtype,
-            self.dtype,
-            k_major,
-            v_layout.sm90_mma_major_mode(),
-            Float32,
-            (1, 1, 1),
-            (rows, D),
-            warpgroup.OperandSource.RMEM,
-        )
-        # Staged shared-memory layouts: Q and O stage = consumer warpgroup, K/V stage = ring slot.
-        sQ_layout = sm90_utils.make_smem_layout_a(
-            LayoutEnum.ROW_MAJOR, (rows, self.tile_n, D), self.dtype, self.consumer_warpgroups
-        )
-        sK_layout = sm90_utils.make_smem_layout_b(
-            LayoutEnum.ROW_MAJOR, (rows, self.tile_n, D), self.dtype, self.kv_stages
-        )
-        sV_layout = sm90_utils.make_smem_layout_b(v_layout, (rows, D, self.tile_n), self.dtype, self.kv_stages)
-        sO_layout = sm90_utils.make_smem_layout_a(
-            LayoutEnum.ROW_MAJOR, (rows, D, D), self.out_dtype, self.consumer_warpgroups
-        )
-
-        def one_stage(layout: Any) -> Any:
-            return cute.slice_(layout, (None, None, 0))
-
+        # One TMA atom per operand, copying one stage's box: Q and O (64, D), K (tile_n, D), V (D, tile_n).
         load = cpasync.CopyBulkTensorTileG2SOp()
-        tma_q, tma_Q = cpasync.make_tiled_tma_atom(load, q_seq, one_stage(sQ_layout), (rows, D))
-        tma_k, tma_K = cpasync.make_tiled_tma_atom(load, k_seq, one_stage(sK_layout), (self.tile_n, D))
-        tma_v, tma_V = cpasync.make_tiled_tma_atom(load, v_op, one_stage(sV_layout), (D, self.tile_n))
+        tma_q, tma_Q = cpasync.make_tiled_tma_atom(load, q_seq, one_stage(smem.q), (rows, D))
+        tma_k, tma_K = cpasync.make_tiled_tma_atom(load, k_seq, one_stage(smem.k), (self.tile_n, D))
+        tma_v, tma_V = cpasync.make_tiled_tma_atom(load, v_op, one_stage(smem.v), (D, self.tile_n))
         tma_o, tma_O = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), o_seq, one_stage(sO_layout), (rows, D)
+            cpasync.CopyBulkTensorTileS2GOp(), o_seq, one_stage(smem.o), (rows, D)
         )
-        self.q_bytes = cute.size_in_bytes(self.dtype, one_stage(sQ_layout))
-        self.k_bytes = cute.size_in_bytes(self.dtype, one_stage(sK_layout))
-        self.v_bytes = cute.size_in_bytes(self.dtype, one_stage(sV_layout))
-
-        @cute.struct
-        class SharedStorage:
-            q_full: cute.struct.MemRange[cutlass.Int64, self.consumer_warpgroups]
-            q_empty: cute.struct.MemRange[cutlass.Int64, self.consumer_warpgroups]
-            k_barriers: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
-            v_barriers: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], SMEM_ALIGN_BYTES]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], SMEM_ALIGN_BYTES]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], SMEM_ALIGN_BYTES]
-            # 16-bit: O reuses its warpgroup's Q box (dead after the last Q Kᵀ), which is what makes
-            # room for larger K/V tiles or more stages. FP8: O (bf16) is larger than Q and has its own.
-            sO: cute.struct.Align[
-                cute.struct.MemRange[self.out_dtype, 0 if self.o_aliases_q else cute.cosize(sO_layout)],
-                SMEM_ALIGN_BYTES,
-            ]
-
-        self.shared_storage = SharedStorage
+        self.q_bytes, self.k_bytes, self.v_bytes = (
+            cute.size_in_bytes(self.dtype, one_stage(layout)) for layout in (smem.q, smem.k, smem.v)
+        )
+        self.shared_storage = smem.storage(
+            self.dtype, self.out_dtype, self.consumer_warpgroups, self.kv_stages, self.o_aliases_q
+        )
         tiles = TileScheduler.tile_total(self.tile_m, q_seq.shape[0], q_seq.shape[2][0], q_seq.shape[2][1])
         ctas = cutlass.min(tiles, sm_count) if cutlass.const_expr(self.persistent) else tiles
         self.kernel(
             qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_V, tma_o, tma_O, LSE, q_scales, k_scales,
-            v_scales, softmax_scale_log2, output_scale, sQ_layout, sK_layout, sV_layout, sO_layout,
+            v_scales, softmax_scale_log2, output_scale, smem.q, smem.k, smem.v, smem.o,
         ).launch(
             grid=[ctas, 1, 1],
             block=[self.threads_per_cta, 1, 1],
-            smem=SharedStorage.size_in_bytes(),
+            smem=self.shared_storage.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=1,
         )  # fmt: skip
@@ -616,94 +519,11 @@ class HopperAttention:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Host: validate, compile once per configuration (from fake tensors, GPU and CPU alike), launch
+# Host: compile once per configuration, validate, bind
 # ----------------------------------------------------------------------------------------------------
-_COMPILED: dict[HopperConfig, Callable[..., None]] = {}
-
-
-def fake_tensor(element_type: type, rank: int) -> Any:
-    """What ``to_cute_tensor`` passes at launch, without data: every dimension and outer stride
-    symbolic, the last dimension contiguous, 16-byte aligned, generic address space. The compiled
-    function reads each tensor's sizes and strides in the order this type declares, so the two
-    must agree exactly (the CPU PTX of this type is byte-identical to a compile from real tensors)."""
-    sizes = tuple(cute.sym_int() for _ in range(rank))
-    strides = (*(cute.sym_int64() for _ in range(rank - 1)), 1)
-    return make_fake_tensor(
-        element_type, sizes, strides, memspace=AddressSpace.generic, assumed_align=OPERAND_ALIGNMENT_BYTES
-    )
-
-
-def fake_arguments(config: HopperConfig) -> tuple[Any, ...]:
-    """The kernel's arguments for compiling ``config``: q, k, v (V transposed for FP8), o, lse, the
-    three FP8 scale tensors (None for 16-bit), the scalars and the stream."""
-    element = FP8_CUTLASS if config.fp8 else CUTE_DTYPES[config.dtype]
-    operands = [fake_tensor(element, 4) for _ in range(3)]
-    outputs = [fake_tensor(CUTE_DTYPES[config.out_dtype], 4), fake_tensor(Float32, 3)]
-    scales = [fake_tensor(Float32, 3) for _ in range(3)] if config.fp8 else [None] * 3
-    # The scalars' values do not enter the code: softmax_scale_log2, output_scale, SM count.
-    scalars = [Float32(1.0), Float32(1.0), Int32(STATIC_SM_COUNT)]
-    return (*operands, *outputs, *scales, *scalars, make_fake_stream())
-
-
-def compiled_kernel(config: HopperConfig) -> Callable[..., None]:
-    """The kernel of ``config`` (the one compile key), compiled for sm_90a on first use."""
-    if config not in _COMPILED:
-        _COMPILED[config] = cute.compile[cute.GPUArch(SM90A)](HopperAttention(config), *fake_arguments(config))
-    return _COMPILED[config]
-
-
-def compile_config_sm90(config: HopperConfig, name: str) -> list[KernelBinary]:
-    """The same compile on a CPU, keeping PTX and cubin for the static analysis."""
-    kernel = HopperAttention(config)
-    return [compile_cute_sm90(kernel, *fake_arguments(config), name=name, threads=kernel.threads_per_cta)]
-
-
-def tensor_arguments(
-    config: HopperConfig,
-    tensors: tuple[torch.Tensor, ...],
-    scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
-) -> tuple[Any, ...]:
-    """q, k, v, o, lse (and the FP8 scales, else None) as the kernel takes them at launch: the
-    runtime counterparts of ``fake_arguments``' tensors (e4m3 travels as uint8, retyped here)."""
-    if config.fp8 != (scales is not None):
-        raise ValueError(
-            f"FP8 operands need their scales and 16-bit ones none: fp8={config.fp8}, scales given={scales is not None}"
-        )
-    q, k, v, o, lse = tensors
-    element = FP8_CUTLASS if config.fp8 else None
-    scale_args = (None,) * 3 if scales is None else tuple(to_cute_tensor(t) for t in scales)
-    return (*(to_cute_tensor(t, element) for t in (q, k, v)), to_cute_tensor(o), to_cute_tensor(lse), *scale_args)
-
-
-def launcher(
-    config: HopperConfig,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    softmax_scale_log2: float,
-    output_scale: float,
-    sm_count: int | None = None,
-    scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-) -> Runner:
-    """Compile (cached on ``config``), allocate O and LSE once, and return the launch-only ``run``.
-
-    ``sm_count`` caps a persistent grid (default: the device's SMs; tests pass fewer so that every
-    CTA walks many tiles). ``scales`` (FP8 only): Q's, K's and V's e4m3 scales, (B, H, blocks) fp32."""
-    batch, heads, seqlen_q, head_dim = q.shape
-    o = torch.empty((batch, heads, seqlen_q, head_dim), dtype=config.out_dtype, device=q.device)
-    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
-    args = tensor_arguments(config, (q, k, v, o, lse), scales)
-    # The SM count is a launch argument (read here, at run time), so compiling never queries a device.
-    sm_count = sm_count or torch.cuda.get_device_properties(q.device).multi_processor_count
-    scalars = (Float32(softmax_scale_log2), Float32(output_scale), Int32(sm_count))
-    compiled = compiled_kernel(config)
-
-    def run() -> torch.Tensor:
-        compiled(*args, *scalars, current_stream())
-        return o
-
-    run.lse = lse  # for a future backward pass and for tests
-    return run
+# The one compile cache of hopper and fp8, keyed on HopperConfig; GPU launches and CPU compiles alike
+# compile from fake tensors (``_hopper_host.py``).
+KERNELS = CompiledKernels(HopperAttention)
 
 
 def validated_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Problem:
@@ -727,7 +547,7 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem)
 def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
     """The launch-only ``run`` of validated q, k, v at the default configuration (compiled once)."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
-    return launcher(default_config(problem), q, k, v, problem.scale * LOG2_E, 1.0)
+    return KERNELS.launcher(default_config(problem), q, k, v, problem.scale * LOG2_E, 1.0)
 
 
 def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
@@ -753,7 +573,7 @@ def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
 
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
-    return compile_config_sm90(default_config(problem), "cute_hopper_attention")
+    return KERNELS.binaries(default_config(problem), "cute_hopper_attention")
 
 
 # ----------------------------------------------------------------------------------------------------

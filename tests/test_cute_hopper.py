@@ -18,7 +18,7 @@ from common.metrics import error_stats
 from common.problem import Problem
 from common.reference import reference_attention
 from common.static import cubin_resources
-from cute_impl import fp8, hopper
+from cute_impl import _hopper_device, _hopper_host, fp8, hopper
 from cute_impl._hopper_device import BlockRange, TileScheduler
 
 
@@ -54,7 +54,7 @@ def test_persistent_kernel_loops_over_tiles(fp8_operands: bool):
     config = hopper.default_config(problem, fp8=fp8_operands)
     assert config.persistent and hopper.default_config(problem.with_(causal=False), fp8=fp8_operands).persistent
     assert not hopper.default_config(problem.with_(head_dim=64), fp8=fp8_operands).persistent
-    ptx = hopper.compile_config_sm90(config, "persistent_probe")[0].ptx
+    ptx = hopper.KERNELS.binaries(config, "persistent_probe")[0].ptx
     # Q-full and Q-empty waits plus the K and V rings: more mbarrier waits than the per-tile kernel.
     assert "%nctaid.x" in ptx, "the snake over tiles is dealt by the grid size"
     assert len(re.findall(r"mbarrier\.try_wait", ptx)) >= 4
@@ -76,11 +76,11 @@ def test_fake_arguments_compile_like_the_launch_tensors(fp8_operands: bool):
     q = torch.zeros(1, 2, 256, 128, dtype=torch.uint8 if fp8_operands else torch.bfloat16)
     outputs = (torch.zeros(1, 2, 256, 128, dtype=config.out_dtype), torch.zeros(1, 2, 256))
     scales = tuple(torch.ones(1, 2, 4) for _ in range(3)) if fp8_operands else None
-    launched = hopper.tensor_arguments(config, (q, q.clone(), q.clone(), *outputs), scales)
-    scalars = (Float32(1.0), Float32(1.0), Int32(hopper.STATIC_SM_COUNT), make_fake_stream())
+    launched = _hopper_host.tensor_arguments(config, (q, q.clone(), q.clone(), *outputs), scales)
+    scalars = (Float32(1.0), Float32(1.0), Int32(_hopper_host.STATIC_SM_COUNT), make_fake_stream())
     kernel = hopper.HopperAttention(config)
     from_tensors = compile_cute_sm90(kernel, *launched, *scalars, name="launch", threads=kernel.threads_per_cta)
-    from_fakes = hopper.compile_config_sm90(config, "fake")[0]
+    from_fakes = hopper.KERNELS.binaries(config, "fake")[0]
 
     def body(ptx: str) -> str:
         return re.sub(r"kernel_cutlass\w*", "kernel", ptx)
@@ -148,11 +148,11 @@ def test_causal_block_range_visits_every_visible_key_and_masks_every_partial_blo
 
 
 def test_register_split_fits_the_launch_allocation():
-    for warpgroups, registers in hopper.CONSUMER_REGISTERS.items():
-        assert hopper.registers_fit(warpgroups, registers), f"{warpgroups} warpgroups at {registers}"
-        assert not hopper.registers_fit(warpgroups, registers + hopper.REGISTER_GRANULE)
+    for warpgroups, registers in _hopper_device.CONSUMER_REGISTERS.items():
+        assert _hopper_device.registers_fit(warpgroups, registers), f"{warpgroups} warpgroups at {registers}"
+        assert not _hopper_device.registers_fit(warpgroups, registers + _hopper_device.REGISTER_GRANULE)
     # The hang found on the H200: four consumer warpgroups asking for 120 registers.
-    assert hopper.registers_fit(4, 112) and not hopper.registers_fit(4, 120)
+    assert _hopper_device.registers_fit(4, 112) and not _hopper_device.registers_fit(4, 120)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -194,7 +194,7 @@ def test_persistent_ctas_walking_many_tiles(seqlens: tuple[int, int], head_dim: 
         impl = fp8.IMPLEMENTATION
     else:
         config = dataclasses.replace(hopper.default_config(problem), persistent=True)
-        run = hopper.launcher(config, q, k, v, problem.scale * hopper.LOG2_E, 1.0, sm_count=3)
+        run = hopper.KERNELS.launcher(config, q, k, v, problem.scale * hopper.LOG2_E, 1.0, sm_count=3)
         impl = hopper.IMPLEMENTATION
     ref = reference_attention(q, k, v, problem)
     out = run_poisoned(run)

@@ -1,0 +1,159 @@
+"""Host glue shared by the CuTe DSL Hopper rungs (``hopper.py`` and ``fp8.py``): compile, bind, launch.
+
+None of this is kernel code. :class:`HopperConfig` is the one compile key: everything that changes
+the generated code. :class:`CompiledKernels` compiles the kernel once per configuration, always from
+fake tensors (:func:`fake_arguments`), so a GPU launch and a CPU compile for the static analysis
+trace the same function with the same argument types and produce the same PTX. At launch,
+:func:`tensor_arguments` turns torch tensors into the CuTe tensors those fakes stand for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import cutlass.cute as cute
+import torch
+from cutlass import Float8E4M3FN, Float32, Int32
+from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+from cutlass.cute.typing import AddressSpace
+
+from common.registry import KernelBinary, Runner
+from common.static import compile_cute_sm90
+from common.validation import OPERAND_ALIGNMENT_BYTES
+from cute_impl._host import CUTE_DTYPES, current_stream, to_cute_tensor
+
+# FP8 operands: e4m3, carried as uint8 tensors by torch and retyped at launch.
+FP8_CUTLASS = Float8E4M3FN
+# The SM count passed when compiling (it only sizes the persistent grid); launches pass the device's.
+STATIC_SM_COUNT = 132
+# The one target: WGMMA and setmaxnreg are sm_90a features.
+SM90A = "sm_90a"
+# Keys per block: S (tile_n / 2 registers), P and O must fit in the consumers' registers.
+DEFAULT_TILE_N = 128
+
+FP8Scales = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class HopperConfig:
+    """Everything that changes the generated code (the compile-cache key)."""
+
+    dtype: torch.dtype
+    head_dim: int
+    causal: bool
+    tile_n: int = DEFAULT_TILE_N
+    kv_stages: int = 2
+    # 64-row consumer warpgroups per CTA: 3 only fits when S, P and O need <= 160 registers (D=64).
+    consumer_warpgroups: int = 2
+    # Consumer warpgroups take turns issuing WGMMA, so that one's softmax overlaps the other's GEMMs.
+    pingpong: bool = True
+    # FP8 (``fp8.py``): e4m3 operands, V transposed to (B, H, D, Sk) so that both WGMMA operands are
+    # K-major, output in bf16.
+    fp8: bool = False
+    # One CTA per SM looping over query tiles (the SM count is a launch argument), instead of one CTA
+    # per tile: the next tile's loads overlap this tile's last GEMM and epilogue.
+    persistent: bool = False
+    # FP8 block quantisation: Q's scale per consumer warpgroup's 64 rows, K's and V's per key block,
+    # read in the kernel (``fp8.py``); per-tensor scales are read once per tile.
+    block_scales: bool = False
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.fp8 else self.dtype
+
+
+def fake_tensor(element_type: type, rank: int) -> Any:
+    """What ``to_cute_tensor`` passes at launch, without data: every dimension and outer stride
+    symbolic, the last dimension contiguous, 16-byte aligned, generic address space. The compiled
+    function reads each tensor's sizes and strides in the order this type declares, so the two
+    must agree exactly (the CPU PTX of this type is byte-identical to a compile from real tensors)."""
+    sizes = tuple(cute.sym_int() for _ in range(rank))
+    strides = (*(cute.sym_int64() for _ in range(rank - 1)), 1)
+    return make_fake_tensor(
+        element_type, sizes, strides, memspace=AddressSpace.generic, assumed_align=OPERAND_ALIGNMENT_BYTES
+    )
+
+
+def fake_arguments(config: HopperConfig) -> tuple[Any, ...]:
+    """The kernel's arguments for compiling ``config``: q, k, v (V transposed for FP8), o, lse, the
+    three FP8 scale tensors (None for 16-bit), the scalars and the stream."""
+    element = FP8_CUTLASS if config.fp8 else CUTE_DTYPES[config.dtype]
+    operands = [fake_tensor(element, 4) for _ in range(3)]
+    outputs = [fake_tensor(CUTE_DTYPES[config.out_dtype], 4), fake_tensor(Float32, 3)]
+    scales = [fake_tensor(Float32, 3) for _ in range(3)] if config.fp8 else [None] * 3
+    # The scalars' values do not enter the code: softmax_scale_log2, output_scale, SM count.
+    scalars = [Float32(1.0), Float32(1.0), Int32(STATIC_SM_COUNT)]
+    return (*operands, *outputs, *scales, *scalars, make_fake_stream())
+
+
+def tensor_arguments(
+    config: HopperConfig, tensors: tuple[torch.Tensor, ...], scales: FP8Scales | None
+) -> tuple[Any, ...]:
+    """q, k, v, o, lse (and the FP8 scales, else None) as the kernel takes them at launch: the
+    runtime counterparts of ``fake_arguments``' tensors (e4m3 travels as uint8, retyped here)."""
+    if config.fp8 != (scales is not None):
+        raise ValueError(
+            f"FP8 operands need their scales and 16-bit ones none: fp8={config.fp8}, scales given={scales is not None}"
+        )
+    q, k, v, o, lse = tensors
+    element = FP8_CUTLASS if config.fp8 else None
+    scale_args = (None,) * 3 if scales is None else tuple(to_cute_tensor(t) for t in scales)
+    return (*(to_cute_tensor(t, element) for t in (q, k, v)), to_cute_tensor(o), to_cute_tensor(lse), *scale_args)
+
+
+class CompiledKernels:
+    """A kernel class (``HopperAttention``) compiled once per configuration, from fake tensors.
+
+    :meth:`kernel` compiles for launches on the GPU, :meth:`binaries` on a CPU for the static
+    analysis (keeping PTX and cubin), :meth:`launcher` binds tensors and returns the launch-only run.
+    """
+
+    def __init__(self, kernel_class: Callable[[HopperConfig], Any]):
+        self.kernel_class = kernel_class
+        self.compiled: dict[HopperConfig, Callable[..., None]] = {}
+
+    def kernel(self, config: HopperConfig) -> Callable[..., None]:
+        """The kernel of ``config``, compiled for sm_90a on first use."""
+        if config not in self.compiled:
+            self.compiled[config] = cute.compile[cute.GPUArch(SM90A)](
+                self.kernel_class(config), *fake_arguments(config)
+            )
+        return self.compiled[config]
+
+    def binaries(self, config: HopperConfig, name: str) -> list[KernelBinary]:
+        """The same compile on a CPU, keeping PTX and cubin for the static analysis."""
+        kernel = self.kernel_class(config)
+        return [compile_cute_sm90(kernel, *fake_arguments(config), name=name, threads=kernel.threads_per_cta)]
+
+    def launcher(
+        self,
+        config: HopperConfig,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        softmax_scale_log2: float,
+        output_scale: float,
+        sm_count: int | None = None,
+        scales: FP8Scales | None = None,
+    ) -> Runner:
+        """Compile (cached on ``config``), allocate O and LSE once, and return the launch-only ``run``.
+
+        ``sm_count`` caps a persistent grid (default: the device's SMs; tests pass fewer so that every
+        CTA walks many tiles). ``scales`` (FP8 only): Q's, K's and V's e4m3 scales, (B, H, blocks) fp32."""
+        batch, heads, seqlen_q, head_dim = q.shape
+        o = torch.empty((batch, heads, seqlen_q, head_dim), dtype=config.out_dtype, device=q.device)
+        lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
+        args = tensor_arguments(config, (q, k, v, o, lse), scales)
+        # The SM count is a launch argument (read here, at run time), so compiling never queries a device.
+        sm_count = sm_count or torch.cuda.get_device_properties(q.device).multi_processor_count
+        scalars = (Float32(softmax_scale_log2), Float32(output_scale), Int32(sm_count))
+        compiled = self.kernel(config)
+
+        def run() -> torch.Tensor:
+            compiled(*args, *scalars, current_stream())
+            return o
+
+        run.lse = lse  # for a future backward pass and for tests
+        return run
