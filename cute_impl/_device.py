@@ -80,6 +80,9 @@ class BlockRange:
     A range shorter than that is masked throughout, and a counted block that happens to be full is
     masked to no effect. (A runtime count would make the ring slot of every later iteration, ``step
     % stages``, runtime arithmetic too; the static one keeps it folded.)
+
+    The Hopper rungs' ``_hopper_device.BlockRange`` counts the masked blocks exactly, at run time,
+    for their runtime masked loop; one class for both changed the PTX of one rung or the other.
     """
 
     def __init__(self, n_block_min: int, n_block_max: cutlass.Int32, n_masked_blocks: int):
@@ -99,7 +102,8 @@ class BlockRange:
 
 class AttentionMask:
     """-inf for keys past Sk and, when causal, for keys right of the diagonal (row i sees j <= i),
-    in the S fragment of one query tile; bound to that tile once, :meth:`apply` takes the key block."""
+    in the S fragment of one query tile; bound to that tile once, :meth:`apply` takes the key block.
+    ``_hopper_device.AttentionMask`` applies the same rule to the WGMMA accumulator layout."""
 
     def __init__(
         self,
@@ -155,6 +159,9 @@ class OnlineSoftmax:
     :meth:`rescale` skips the 128 multiplies of a thread's O rows. On random data the maximum settles
     within the first few blocks, so almost every block skips them; the result is exact because O and
     the row sum always share one reference maximum and it cancels in the final division.
+
+    ``_hopper_device.OnlineSoftmax`` is the WGMMA counterpart (``hopper``, ``fp8``): another fragment
+    layout, FP8's P offset and key-block scales, and an LSE from ``finalize``; same names and units.
     """
 
     def __init__(self, rows: int, softmax_scale_log2: cutlass.Float32):

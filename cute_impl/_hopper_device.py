@@ -280,6 +280,11 @@ class BlockRange:
 
     Blocks are visited from the top down, so the masked blocks come first and the rest of the loop
     runs without a mask. This rung always starts at key 0 (no sliding window): ``n_block_min = 0``.
+
+    ``_device.BlockRange`` (``pipelined``) is a separate class: that rung unrolls its masked
+    iterations, so its count is a compile-time bound, while here the masked loop is a runtime loop
+    and the count is exact (only the blocks that reach past the tile's first row). The two also write
+    ``n_block_max`` in different equivalent forms; either form in both classes changes one rung's PTX.
     """
 
     def __init__(self, n_block_min: int, n_block_max: Int32, n_masked_blocks: Int32):
@@ -308,6 +313,8 @@ class AttentionMask:
 
     ``tScS``: (row, col) inside the tile of every accumulator value; ``row_start``: the first query
     row of this warpgroup's 64 rows. Both are bound per tile, so :meth:`apply` takes only the block.
+    ``_device.AttentionMask`` is the same rule for the ``mma.sync`` fragment of ``pipelined``, whose
+    coordinates it derives from thread 0's static ones to save registers; the WGMMA layout differs.
     """
 
     def __init__(self, tile_n: int, causal: bool, tScS: cute.Tensor, row_start: Int32, seqlen_k: Int32):
@@ -348,6 +355,9 @@ class OnlineSoftmax:
     row_max) stays <= 2^threshold and O keeps its scale, so :meth:`rescale` skips the row; on random
     data the maximum settles within a few blocks. The result is exact: O, ``row_sum`` and the
     log-sum-exp always share one reference.
+
+    ``_device.OnlineSoftmax`` is the ``mma.sync`` counterpart (``pipelined``): a different fragment
+    layout, no FP8 P offset or key-block scales, and no LSE. The two share names and ``row_max`` units.
     """
 
     def __init__(
