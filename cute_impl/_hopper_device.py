@@ -9,7 +9,9 @@ carries ``row_max`` (log2 units of the scaled scores) and ``row_sum`` across key
 binds a consumer warpgroup's GEMM operands once, :class:`WarpgroupTurns` is the ping-pong between
 consumer warpgroups, :class:`OutputEpilogue` stores O and the LSE, :class:`Fp8Descales` folds the
 FP8 scales. The fragment helpers translate between the WGMMA accumulator layout and (row, column)
-views.
+views. For the launch (``HopperAttention.__call__``), :func:`warpgroup_mmas` builds the two tiled
+WGMMAs and :class:`SharedLayouts` the swizzled shared-memory layouts and the storage struct;
+:func:`registers_fit` checks the producer/consumer register split against the launch allocation.
 
 WGMMA accumulator layout (m64nNk16, one warpgroup): a thread holds, for every 8-column block ``c``,
 the four values ``(row r0, col 8c + 2t)``, ``(r0, 8c + 2t + 1)``, ``(r0 + 8, 8c + 2t)``,

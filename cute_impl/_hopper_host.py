@@ -1,10 +1,11 @@
 """Host glue shared by the CuTe DSL Hopper rungs (``hopper.py`` and ``fp8.py``): compile, bind, launch.
 
 None of this is kernel code. :class:`HopperConfig` is the one compile key: everything that changes
-the generated code. :class:`CompiledKernels` compiles the kernel once per configuration, always from
-fake tensors (:func:`fake_arguments`), so a GPU launch and a CPU compile for the static analysis
-trace the same function with the same argument types and produce the same PTX. At launch,
-:func:`tensor_arguments` turns torch tensors into the CuTe tensors those fakes stand for.
+the generated code; :func:`default_config` picks it per problem, as measured. :class:`CompiledKernels`
+compiles the kernel once per configuration, always from fake tensors (:func:`fake_arguments`), so a
+GPU launch and a CPU compile for the static analysis trace the same function with the same argument
+types and produce the same PTX. At launch, :func:`tensor_arguments` turns torch tensors into the
+CuTe tensors those fakes stand for.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from cutlass import Float8E4M3FN, Float32, Int32
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from cutlass.cute.typing import AddressSpace
 
+from common.problem import Problem
 from common.registry import KernelBinary, Runner
 from common.static import compile_cute_sm90
 from common.validation import OPERAND_ALIGNMENT_BYTES
@@ -62,6 +64,28 @@ class HopperConfig:
     @property
     def out_dtype(self) -> torch.dtype:
         return torch.bfloat16 if self.fp8 else self.dtype
+
+
+def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
+    """Tile sizes, warpgroups and ring depth per head dim, as measured on the H200 (the A/B runs are in
+    docs/perf-log.md)."""
+    # Persistent CTAs overlap the next tile's loads with this tile's epilogue; causal D=64 measured
+    # faster with one CTA per tile.
+    persistent = not (problem.causal and problem.head_dim == 64)
+    # Ping-pong pays off only without the causal mask's work, and not for FP8 at D=128: its GEMMs take
+    # half the bf16 time, so waiting for the turn costs more than the overlap it enforces.
+    pingpong = not problem.causal and not (fp8 and problem.head_dim == 128)
+    # D=64 has half the GEMM work per score: two warpgroups leave the softmax's latency exposed.
+    consumer_warpgroups = 3 if problem.head_dim == 64 else 2
+    return HopperConfig(
+        dtype=problem.dtype,
+        head_dim=problem.head_dim,
+        causal=problem.causal,
+        consumer_warpgroups=consumer_warpgroups,
+        pingpong=pingpong,
+        fp8=fp8,
+        persistent=persistent,
+    )
 
 
 def fake_tensor(element_type: type, rank: int) -> Any:

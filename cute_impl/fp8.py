@@ -93,13 +93,12 @@ from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.validation import kernel_operand
 from cute_impl._device import LOG2_E
+from cute_impl._hopper_host import HopperConfig, default_config
 from cute_impl.hopper import (
     DTYPES,
     KERNELS,
     ROWS_PER_WARPGROUP,
-    HopperConfig,
     common_problem_supported,
-    default_config,
     hopper_device_supported,
     validated_problem,
 )

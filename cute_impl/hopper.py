@@ -47,11 +47,10 @@ Algorithm (each consumer warpgroup; numbers match the kernel's sections)
    first: the top one (sequence tail), the rest of the causal diagonal, then the unmasked rest.
    a. wait K[n];  S = Q Kᵀ (WGMMA, both operands from SMEM, fp32 accumulator in registers)
    b. masked blocks only (``AttentionMask``): -inf for keys >= Sk and, causal, keys after the row
-   c. ``OnlineSoftmax.update``: block max (tree + two lane shuffles) times softmax_scale_log2. The
-      reference ``row_max`` (log2 units of the scaled scores) moves only when the block max exceeds
-      it by more than ``RESCALE_THRESHOLD`` (lazy rescaling: 16-bit P may reach 2^8; fp8 moves it on
-      any increase, its P already spans [0, 2^8]). P = exp2(S * scale_log2 - row_max), row_sum, and
-      the rescale factor exp2(old row_max - new row_max)
+   c. ``OnlineSoftmax.update``: block max (tree + two lane shuffles) times softmax_scale_log2; the
+      reference ``row_max`` moves only when that exceeds it by more than ``RESCALE_THRESHOLD`` (lazy
+      rescaling; FP8 moves it on any increase). P = exp2(S * scale_log2 - row_max), row_sum, and the
+      rescale factor exp2(old row_max - new row_max)
    d. P -> bf16/fp16 in the WGMMA A-operand register layout (no shared-memory round trip)
    e. wait V[n];  O = O * factor + P V (``OnlineSoftmax.rescale``; WGMMA, P from registers); the
       multiply is skipped by one warp-uniform branch when no row of the warp moved its reference
@@ -65,10 +64,10 @@ Algorithm (each consumer warpgroup; numbers match the kernel's sections)
 Data movement
 -------------
 HBM -> SMEM: TMA boxes (64 x D for Q, tile_n x D for K, D x tile_n for V) into 128-byte-swizzled
-layouts that WGMMA reads without bank conflicts; TMA zero-fills boxes past Sq/Sk, so any S >= 1
-works. SMEM -> tensor cores: WGMMA descriptors (no ldmatrix). O: stmatrix, then a TMA store. Shared
-memory at D=128: Q 32 KB (+ O 32 KB when persistent) + 2 x (K 32 KB + V 32 KB) = 160 (192) KB; at
-D=64 (three consumers): Q 24 KB (+ O 24 KB) + 2 x (16 + 16 KB) = 88 (112) KB.
+layouts (``SharedLayouts``), zero-filled past Sq/Sk so that any S >= 1 works. SMEM -> tensor cores:
+WGMMA descriptors (no ldmatrix). O: stmatrix, then a TMA store. Shared memory at D=128: Q 32 KB
+(+ O 32 KB when persistent) + 2 x (K 32 KB + V 32 KB) = 160 (192) KB; at D=64 (three consumers):
+Q 24 KB (+ O 24 KB) + 2 x (16 + 16 KB) = 88 (112) KB.
 
 Steady-state timeline
 ---------------------
@@ -95,8 +94,6 @@ What the measurements taught (figures: ``docs/ladder.md``; A/B runs: ``docs/perf
 * Pairwise-tree row max and sum and longest-first causal tiles pay off; larger key blocks (FA3's
   176 at D=128) and a third K/V stage do not. D=64 needs a third consumer warpgroup to hide the
   softmax latency; a fourth cannot get enough registers.
-* A dynamic ``if`` that writes one element of a register tensor becomes selects over the whole
-  fragment, so the mask is one select per score (the SASS of the CPU-compiled cubin showed it).
 * Lazy rescaling measured mostly within noise; persistent CTAs pay off except at causal D=64.
 """
 
@@ -154,7 +151,7 @@ from cute_impl._hopper_device import (
     warpgroup_gemm,
     warpgroup_mmas,
 )
-from cute_impl._hopper_host import FP8_CUTLASS, CompiledKernels, HopperConfig
+from cute_impl._hopper_host import FP8_CUTLASS, CompiledKernels, HopperConfig, default_config
 from cute_impl._host import CUTE_DTYPES
 
 HEAD_DIMS = (64, 128)
@@ -229,9 +226,8 @@ class HopperAttention:
         tma_q, tma_Q = cpasync.make_tiled_tma_atom(load, q_seq, one_stage(smem.q), (rows, D))
         tma_k, tma_K = cpasync.make_tiled_tma_atom(load, k_seq, one_stage(smem.k), (self.tile_n, D))
         tma_v, tma_V = cpasync.make_tiled_tma_atom(load, v_op, one_stage(smem.v), (D, self.tile_n))
-        tma_o, tma_O = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), o_seq, one_stage(smem.o), (rows, D)
-        )
+        store = cpasync.CopyBulkTensorTileS2GOp()
+        tma_o, tma_O = cpasync.make_tiled_tma_atom(store, o_seq, one_stage(smem.o), (rows, D))
         self.q_bytes, self.k_bytes, self.v_bytes = (
             cute.size_in_bytes(self.dtype, one_stage(layout)) for layout in (smem.q, smem.k, smem.v)
         )
@@ -550,28 +546,6 @@ def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) ->
     return KERNELS.launcher(default_config(problem), q, k, v, problem.scale * LOG2_E, 1.0)
 
 
-def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
-    """Tile sizes, warpgroups and ring depth per head dim, as measured on the H200 (the A/B runs are in
-    docs/perf-log.md)."""
-    # Persistent CTAs overlap the next tile's loads with this tile's epilogue; causal D=64 measured
-    # faster with one CTA per tile.
-    persistent = not (problem.causal and problem.head_dim == 64)
-    # Ping-pong pays off only without the causal mask's work, and not for FP8 at D=128: its GEMMs take
-    # half the bf16 time, so waiting for the turn costs more than the overlap it enforces.
-    pingpong = not problem.causal and not (fp8 and problem.head_dim == 128)
-    # D=64 has half the GEMM work per score: two warpgroups leave the softmax's latency exposed.
-    consumer_warpgroups = 3 if problem.head_dim == 64 else 2
-    return HopperConfig(
-        dtype=problem.dtype,
-        head_dim=problem.head_dim,
-        causal=problem.causal,
-        consumer_warpgroups=consumer_warpgroups,
-        pingpong=pingpong,
-        fp8=fp8,
-        persistent=persistent,
-    )
-
-
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     return KERNELS.binaries(default_config(problem), "cute_hopper_attention")
 
@@ -583,12 +557,9 @@ def hopper_device_supported(device: torch.device) -> tuple[bool, str]:
     """sm_90 exactly: WGMMA and setmaxnreg are sm_90a features that later GPUs do not run."""
     if device.type != "cuda":
         return False, f"needs a CUDA sm_90 GPU, got {device}"
-    capability = torch.cuda.get_device_capability(device)
-    if capability[0] * 10 + capability[1] != SM90_CAPABILITY:
-        return (
-            False,
-            f"needs compute capability 9.0 (sm_90a: TMA, WGMMA, setmaxnreg), got {capability[0]}.{capability[1]}",
-        )
+    major, minor = torch.cuda.get_device_capability(device)
+    if major * 10 + minor != SM90_CAPABILITY:
+        return False, f"needs compute capability 9.0 (sm_90a: TMA, WGMMA, setmaxnreg), got {major}.{minor}"
     return True, ""
 
 
@@ -598,10 +569,8 @@ def common_problem_supported(problem: Problem) -> tuple[bool, str]:
     if query_blocks * problem.heads * problem.batch > MAX_TILES:
         return False, f"B * H * ceil(Sq / 64) must be <= {MAX_TILES} (tile index), got {problem.describe()}"
     if problem.head_dim not in HEAD_DIMS:
-        return (
-            False,
-            f"head_dim must be one of {list(HEAD_DIMS)}, got {problem.head_dim} (256 exceeds registers and SMEM)",
-        )
+        got = f"got {problem.head_dim} (256 exceeds registers and SMEM)"
+        return False, f"head_dim must be one of {list(HEAD_DIMS)}, {got}"
     if problem.scale <= 0:
         return False, (
             "softmax_scale must be > 0 (the block max is taken before scaling, and a zero scale turns the "
