@@ -227,9 +227,10 @@ def _packed_words(P):
     before its wgmma (about three integer instructions per word); as words, it is not."""
     BLOCK_M: gl.constexpr = P.shape[0]
     BLOCK_N: gl.constexpr = P.shape[1]
-    k01, k23 = gl.split(gl.reshape(P, [BLOCK_M, BLOCK_N // 4, 2, 2]))
-    k0, k1 = gl.split(k01)
-    k2, k3 = gl.split(k23)
+    # k = 4 word + 2 j1 + j0; gl.split takes the last dimension (j0) apart, then j1.
+    k02, k13 = gl.split(gl.reshape(P, [BLOCK_M, BLOCK_N // 4, 2, 2]))
+    k0, k2 = gl.split(k02)
+    k1, k3 = gl.split(k13)
     words = gl.inline_asm_elementwise(
         asm="""
         {
