@@ -3,7 +3,9 @@
 Every Triton rung's default tile, at every head dim it supports, causal and not, compiles for sm_90a
 without spills under the installed release (bf16; fp16 builds allocate the same registers). CI runs
 this on both tested releases, one per leg. The installed release must be one the table was checked
-against, and any other version gets a warning naming it.
+against, and any other version gets a warning naming it. The online rung's tiles of every release
+are also checked for correctness under the interpreter on each leg, so a release's tile that only
+the other leg would run (e.g. 3.9's ``qk_partials``) is still tested on both.
 """
 
 from __future__ import annotations
@@ -16,8 +18,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import triton
 
+from common.check import check_implementation
+from common.devices import triton_interpreting
+from common.problem import Problem
 from common.toolchain import (
     RELEASE_OVERRIDES,
     TESTED_TRITON,
@@ -153,3 +159,26 @@ def test_config_record_shows_the_tiles_in_force():
     for (rung, key), fields in RELEASE_OVERRIDES[triton_release()].items():
         entry = record[rung][tile_key_name(key)]
         assert all(entry[field] == value for field, value in fields.items()), (rung, key, entry)
+
+
+ONLINE_OVERRIDES = [
+    (release, key, fields)
+    for release, overrides in RELEASE_OVERRIDES.items()
+    for (rung, key), fields in overrides.items()
+    if rung == "triton/online"
+]
+
+
+@pytest.mark.skipif(not triton_interpreting(), reason="interpreter test (CPU-only machines)")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(
+    ("release", "head_dim", "fields"), ONLINE_OVERRIDES, ids=[f"{r}-D{k}" for r, k, _ in ONLINE_OVERRIDES]
+)
+def test_every_release_online_tile_matches_reference(
+    release: str, head_dim: int, fields: dict, causal: bool, monkeypatch: pytest.MonkeyPatch
+):
+    tile = dataclasses.replace(online.CONFIGS[head_dim], **fields)
+    monkeypatch.setitem(online.CONFIGS, head_dim, tile)
+    problem = Problem(1, 2, 77, 100, head_dim, dtype=torch.float32, causal=causal)
+    result = check_implementation(online.IMPLEMENTATION, problem, device="cpu", seed=head_dim)
+    assert result.ok, f"Triton {release} tile {tile} {problem.describe()}: {result.summary()}"

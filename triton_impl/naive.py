@@ -2,24 +2,33 @@
 
 The starting point of the ladder: attention computed exactly as the formula reads, one full pass
 per operation, with the whole score matrix written to HBM in fp32. It adds nothing over a textbook
-implementation; it exists to show what every later rung removes. Its GEMMs run on CUDA cores
-(broadcast multiply + ``tl.sum`` in fp32, no ``tl.dot``), like the online rung, so that the step
-naive → online isolates the algorithmic change: no S in HBM, one pass over K and V.
+implementation; it exists to show what every later rung removes. Its GEMMs run on CUDA cores in
+fp32, like the online rung, so that the step naive → online isolates the algorithmic change: no S
+in HBM, one pass over K and V.
+
+The products are ``tl.dot`` on fp32 operands with ``input_precision="ieee"``. No tensor-core
+instruction computes IEEE fp32 products, so Triton lowers this dot to its FMA dot: both operands
+are staged through shared memory into a layout where each thread owns a 2-D tile of the output,
+and every output is one chain of FFMAs. An earlier version summed broadcast products with
+``tl.sum``; Triton 3.9 lowers such an in-thread sum to a tree, so half the products became an FMUL
+and an FADD instead of an FFMA, and the rung ran 20 % slower than under Triton 3.6. The FMA dot
+compiles to the same FFMA chains under both releases (``docs/perf-log.md``, "Triton 3.9 on the
+early rungs"). The online rung keeps broadcast products: there the FMA dot measured slower.
 
 Algorithm (three launches, each a section below):
   1. ``_scores_kernel``: S = softmax_scale · Q Kᵀ into an fp32 buffer of shape (B·H, Sq, Sk); causal
      entries (key j > query row i) are set to -inf. One program per BLOCK_M × BLOCK_N tile of S,
-     summing BLOCK_D-wide slices of the head dimension.
+     one fp32 dot per BLOCK_D-wide slice of the head dimension.
   2. ``_softmax_kernel``: one program per row of S, in place: the row max, then the sum of
      exp(S - max) (as exp2 with LOG2_E folded in), then P = exp(S - max) / sum written over S.
   3. ``_pv_kernel``: O = P V with fp32 accumulation over BLOCK_N-wide slices of the keys, written in
      the input dtype. One program per BLOCK_M rows of O.
 
-Data movement: every operand goes HBM → registers through plain ``ld.global`` (no shared-memory
-staging, no tensor cores; the PTX holds neither ``mma.sync`` nor ``wgmma``). The fp32 S buffer is
-written once and read four times (max, sum, normalise, P·V) and P written once: for B=2, H=16,
-S=8192 that is 8.6 GB per round trip, so the rung is bound by HBM traffic on S long before the
-FLOPs matter, and by HBM capacity as S grows.
+Data movement: every operand goes HBM → registers through plain ``ld.global``, then through shared
+memory into the FMA dot's register tiles (no tensor cores; the PTX holds neither ``mma.sync`` nor
+``wgmma``). The fp32 S buffer is written once and read four times (max, sum, normalise, P·V) and
+P written once: for B=2, H=16, S=8192 that is 8.6 GB per round trip, so the rung is bound by HBM
+traffic on S long before the FLOPs matter, and by HBM capacity as S grows.
 
 Constraints: fp16 and bf16 on a CUDA GPU (fp32 too under the Triton interpreter); D ∈ {32, 64, 128,
 256}; any Sq, Sk ≥ 1; causal (top-left) or not. The capability check refuses problems whose S
@@ -45,12 +54,12 @@ from triton_impl._host import ladder_supported, validate_triton_inputs
 # A constexpr: the softmax kernel reads it (the scale is applied when S is written, in natural units).
 LOG2_E = tl.constexpr(1.4426950408889634)
 HEAD_DIMS = (32, 64, 128, 256)
-# Score tiles: a 32 × 32 tile of S per program, summing 8-wide slices of D per step.
-SCORES_BLOCK_M, SCORES_BLOCK_N, SCORES_BLOCK_D = 32, 32, 8
+# Score tiles: a 64 × 64 tile of S per program, one dot per 16-wide slice of D.
+SCORES_BLOCK_M, SCORES_BLOCK_N, SCORES_BLOCK_D = 64, 64, 16
 # Softmax: one row per program, read in chunks of this many keys.
 SOFTMAX_BLOCK_N = 1024
-# P·V: 16 rows of O per program, 8 keys per step (the 16 × 8 × D product stays in registers).
-PV_BLOCK_M, PV_BLOCK_N = 16, 8
+# P·V: 32 rows of O per program, 16 keys per dot.
+PV_BLOCK_M, PV_BLOCK_N = 32, 16
 NUM_WARPS = 4
 
 
@@ -80,18 +89,14 @@ def _scores_kernel(
     row_ok = offs_m < seqlen_q
     col_ok = offs_n < seqlen_k
 
-    # Dot products over D, one BLOCK_D slice at a time so the 3-D product stays small.
+    # S tile = Q Kᵀ, one fp32 dot per BLOCK_D slice of D, accumulated in fp32.
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for d_start in range(0, HEAD_DIM, BLOCK_D):
-        # Slices are read transposed (BLOCK_D × rows) so the sum runs over the first axis: inside
-        # each thread, and not rewritten into a tensor-core dot by Triton (see the online rung).
-        q_t = tl.load(
-            q_base + offs_m[None, :] * stride_qm + (d_start + offs_d)[:, None], mask=row_ok[None, :], other=0.0
-        )
+        q = tl.load(q_base + offs_m[:, None] * stride_qm + (d_start + offs_d)[None, :], mask=row_ok[:, None], other=0.0)
         k_t = tl.load(
             k_base + offs_n[None, :] * stride_kn + (d_start + offs_d)[:, None], mask=col_ok[None, :], other=0.0
         )
-        acc += tl.sum(q_t.to(tl.float32)[:, :, None] * k_t.to(tl.float32)[:, None, :], axis=0)
+        acc = tl.dot(q.to(tl.float32), k_t.to(tl.float32), acc, input_precision="ieee")
 
     scores = acc * softmax_scale
     if CAUSAL:
@@ -159,12 +164,12 @@ def _pv_kernel(
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     for n_start in tl.range(0, seqlen_k, BLOCK_N):
         col_ok = n_start + offs_n < seqlen_k
-        p_t = tl.load(
-            P + p_rows[None, :] + (n_start + offs_n)[:, None], mask=row_ok[None, :] & col_ok[:, None], other=0.0
+        p = tl.load(
+            P + p_rows[:, None] + (n_start + offs_n)[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0
         )
         v = tl.load(v_base + (n_start + offs_n)[:, None] * stride_vn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        # Pᵀ slice (BLOCK_N × BLOCK_M) times V slice, summed over keys on the first axis.
-        acc += tl.sum(p_t[:, :, None] * v.to(tl.float32)[:, None, :], axis=0)
+        # O += P V over BLOCK_N keys, an fp32 dot (P is fp32 already).
+        acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
 
     o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :]
     tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=row_ok[:, None])

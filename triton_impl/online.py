@@ -49,11 +49,16 @@ converted from bf16 fed a single FMA, and it ran slower than naive without the m
 tile's key block is about half FFMA. What is left: the Q Kᵀ slice loop (Q and K converted per
 slice, plus the barriers of Triton's layout conversions), and nothing prefetches the next K/V block.
 
-Triton releases (the tile table passes through ``common.toolchain.release_configs``): Triton 3.9
-keeps more of the 4-D products live than 3.6, and the 4×16 tile spills there (440 bytes per thread
-at D=128; 2×16 spills 520 at D=256). Under 3.9 the rung runs 2×16 rows, 32 keys and 8-column
-D-slices at D=128 (228 registers) and 2×8 rows at D=256: each converted K/V element now feeds 2
-FMAs instead of 4, which costs speed (docs/perf-log.md, "Triton 3.6 and 3.9").
+Triton releases (the tile table passes through ``common.toolchain.release_configs``): Triton 3.9 keeps
+more of the 4-D products live than 3.6, and the 4×16 tile spills there (440 bytes per thread at
+D=128; 2×16 spills 520 at D=256). Under 3.9 the rung runs 2×16 rows, 32 keys and 8-column D-slices
+at D=128 (228 registers) and 2×8 rows at D=256: each converted K/V element feeds 2 FMAs instead of 4.
+Triton 3.9 also lowers an in-thread ``tl.sum`` to a tree instead of a chain (Triton PR 9220), so a
+slice's products become FMULs paired by FADDs rather than FFMAs. ``qk_partials`` (set for 3.9 at
+D=128) keeps BLOCK_D partial sums per score across the slices, one FFMA per product, and adds them
+once per key block; under 3.6 it measured slower than the chain 3.6 already emits. The P V sum over
+the keys stays a tree under 3.9. An fp32 ``tl.dot`` (the FMA dot the naive rung uses) measured
+slower here on both releases. Figures: ``docs/perf-log.md``, "Triton 3.9 on the early rungs".
 """
 
 from __future__ import annotations
@@ -93,6 +98,9 @@ class TileConfig:
     block_n: int
     block_d: int
     num_warps: int
+    # Keep BLOCK_D partial sums per score across the D-slices and add them once per key block,
+    # instead of summing each slice's products at once (the in-thread sum Triton 3.9 makes a tree).
+    qk_partials: bool = False
 
     @property
     def block_m(self) -> int:
@@ -128,7 +136,7 @@ def _online_kernel(
     stride_ob, stride_oh, stride_om,
     heads, seqlen_q, seqlen_k, softmax_scale_log2,
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS_REP: tl.constexpr, ROWS_LANE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, QK_PARTIALS: tl.constexpr,
 ):  # fmt: skip
     BLOCK_M: tl.constexpr = ROWS_REP * ROWS_LANE
     m_block = tl.program_id(0)
@@ -162,14 +170,17 @@ def _online_kernel(
 
         # 2a. S = Q Kᵀ (ROWS_REP, BLOCK_N, ROWS_LANE), BLOCK_D columns of D at a time: the
         # (BLOCK_D, ROWS_REP, BLOCK_N, ROWS_LANE) product summed over its first axis, inside each
-        # thread. Then the log2 domain, and -inf for keys past Sk and (causal) keys after the row.
-        scores = tl.zeros((ROWS_REP, BLOCK_N, ROWS_LANE), dtype=tl.float32)
+        # thread, either per slice or (QK_PARTIALS) once after the last slice, the BLOCK_D partial
+        # sums each an FFMA chain. Then the log2 domain, and -inf for keys past Sk and (causal)
+        # keys after the row.
+        partials = tl.zeros((BLOCK_D if QK_PARTIALS else 1, ROWS_REP, BLOCK_N, ROWS_LANE), dtype=tl.float32)
         k_ptrs = k_base + offs_k[None, :] * stride_kn + offs_dd[:, None]
         for d_start in tl.range(0, HEAD_DIM, BLOCK_D):
             q_slice = tl.load(q_ptrs + d_start, mask=row_ok[None, :, :], other=0.0).to(tl.float32)
             k_slice = tl.load(k_ptrs + d_start, mask=col_ok[None, :], other=0.0).to(tl.float32)
-            scores += tl.sum(q_slice[:, :, None, :] * k_slice[:, None, :, None], axis=0)
-        scores = scores * softmax_scale_log2
+            products = q_slice[:, :, None, :] * k_slice[:, None, :, None]
+            partials += products if QK_PARTIALS else tl.sum(products, axis=0, keep_dims=True)
+        scores = tl.sum(partials, axis=0) * softmax_scale_log2
         visible = col_ok[None, :, None]
         if CAUSAL:
             visible = visible & (offs_k[None, :, None] <= offs_m[:, None, :])
@@ -205,7 +216,7 @@ def _online_kernel(
 def _constexprs(config: TileConfig) -> dict[str, int]:
     return {
         "ROWS_REP": config.rows_rep, "ROWS_LANE": config.rows_lane,
-        "BLOCK_N": config.block_n, "BLOCK_D": config.block_d,
+        "BLOCK_N": config.block_n, "BLOCK_D": config.block_d, "QK_PARTIALS": config.qk_partials,
     }  # fmt: skip
 
 
