@@ -81,7 +81,10 @@ def _triton_toolchain() -> dict[str, Any]:
             raise
         return {}
     try:
-        configs: Any = triton_config_record()
+        from common.registry import discover
+
+        available, _ = discover(include_baselines=False)
+        configs: Any = triton_config_record(available)
     except Exception as error:  # noqa: BLE001 - a rung that fails to import shows in its row; env.json says so
         configs = f"not recorded: {type(error).__name__}: {error}"
     return {"triton_status": tested_triton_status(), "triton_configs": configs}

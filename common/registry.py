@@ -26,7 +26,7 @@ The contract of an implementation:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +89,9 @@ class Implementation:
     required_ptx: tuple[str, ...] = ()
     forbidden_ptx: tuple[str, ...] = ()
     source_file: str | None = None
+    # The rung's default tile table (head dim, or (head dim, causal), -> configuration) as the
+    # installed release resolves it; env.json records it (``common.toolchain.config_record``).
+    default_configs: Mapping[Any, Any] | None = field(default=None, compare=False)
     notes: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:

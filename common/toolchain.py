@@ -11,7 +11,8 @@ local memory under it. :data:`RELEASE_OVERRIDES` is the one place where a releas
 a rung's tile: each rung builds its table through :func:`release_configs`. A Triton between or past
 the tested releases gets the overrides of the newest tested release not newer than it (below them
 all, the oldest one's), and :func:`tested_triton_status` warns that it is untested.
-:func:`triton_config_record` lists the tiles in force, for the results' ``env.json``.
+:func:`triton_config_record` lists the tiles in force (each rung registers its table as
+``Implementation.default_configs``), for the results' ``env.json``; nothing here imports a rung.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, TypeVar
 
 TESTED_TRITON = ("3.6", "3.9")
@@ -105,9 +106,9 @@ def tile_key_name(key: Hashable) -> str:
     return f"D={head_dim}" + (" causal" if causal else "")
 
 
-def triton_config_record() -> dict[str, Any]:
-    """For env.json: the Triton version, whose tile table applies, and each Triton rung's default tiles."""
-    from triton_impl import fp8, hopper, online, pipelined, tiled
+def triton_config_record(implementations: Iterable[Any]) -> dict[str, Any]:
+    """For env.json: the Triton version, whose tile table applies, and the default tiles of each
+    Triton rung among ``implementations`` (registry entries; their ``default_configs``)."""
 
     def by_key(table: Mapping[Any, Any]) -> dict[str, Any]:
         return {
@@ -115,13 +116,12 @@ def triton_config_record() -> dict[str, Any]:
             for key, config in table.items()
         }
 
-    return {
+    record: dict[str, Any] = {
         "triton": installed_triton(),
         "config_release": triton_release(),
         "untested": tested_triton_status(),
-        "triton/online": by_key(online.CONFIGS),
-        "triton/tiled": by_key(tiled.BLOCKS),
-        "triton/pipelined": by_key(pipelined.DEFAULT_CONFIGS),
-        "triton/hopper": by_key(hopper.DEFAULT_CONFIGS),
-        "triton/fp8": by_key(fp8.DEFAULT_CONFIGS),
     }
+    for impl in implementations:
+        if impl.stack == "triton" and impl.default_configs is not None:
+            record[impl.name] = by_key(impl.default_configs)
+    return record

@@ -355,5 +355,6 @@ IMPLEMENTATION = Implementation(
     # Triton's pipeliner prefetches num_stages blocks ahead with cp.async, so cp.async is allowed.
     forbidden_ptx=(),
     source_file=__file__,
+    default_configs=DEFAULT_CONFIGS,
     notes=f"quantisation: {DEFAULT_QUANTISATION.describe()}",
 )

@@ -586,4 +586,5 @@ IMPLEMENTATION = Implementation(
     required_ptx=("cp.async.bulk.tensor", "wgmma.mma_async"),
     forbidden_ptx=("cp.async",),
     source_file=__file__,
+    default_configs=DEFAULT_CONFIGS,
 )

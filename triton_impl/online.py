@@ -274,4 +274,5 @@ IMPLEMENTATION = Implementation(
     runs_on_cpu=True,
     forbidden_ptx=("mma.sync", "wgmma.mma_async"),
     source_file=__file__,
+    default_configs=CONFIGS,
 )

@@ -336,4 +336,5 @@ IMPLEMENTATION = Implementation(
     runs_on_cpu=True,
     required_ptx=("wgmma.mma_async", "cp.async"),
     source_file=__file__,
+    default_configs=DEFAULT_CONFIGS,
 )

@@ -186,4 +186,5 @@ IMPLEMENTATION = Implementation(
     runs_on_cpu=True,
     required_ptx=("wgmma.mma_async",),
     source_file=__file__,
+    default_configs=BLOCKS,
 )
