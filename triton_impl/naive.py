@@ -11,7 +11,7 @@ instruction computes IEEE fp32 products, so Triton lowers this dot to its FMA do
 are staged through shared memory into a layout where each thread owns a 2-D tile of the output,
 and every output is one chain of FFMAs. An earlier version summed broadcast products with
 ``tl.sum``; Triton 3.9 lowers such an in-thread sum to a tree, so half the products became an FMUL
-and an FADD instead of an FFMA, and the rung ran 20 % slower than under Triton 3.6. The FMA dot
+and an FADD instead of an FFMA, and the rung ran slower than under Triton 3.6. The FMA dot
 compiles to the same FFMA chains under both releases (``docs/perf-log.md``, "Triton 3.9 on the
 early rungs"). The online rung keeps broadcast products: there the FMA dot measured slower.
 
