@@ -236,15 +236,19 @@ def _key_order(device: torch.device) -> torch.Tensor:
     return torch.tensor(PERMUTED_KEY_ORDER, device=device)
 
 
-def value_operand(v8: torch.Tensor) -> torch.Tensor:
-    """(B, H, Sk, D) e4m3 -> (B, H, D, Sk') key-contiguous, zero-padded to Sk' = Sk rounded up to 16,
-    keys permuted per group by ``PERMUTED_KEY_ORDER`` (the module docstring says why).
+def value_operand(v8: torch.Tensor, key_multiple: int = KEY_GROUP) -> torch.Tensor:
+    """(B, H, Sk, D) e4m3 -> (B, H, D, Sk') key-contiguous, zero-padded to Sk' = Sk rounded up to
+    ``key_multiple`` (a multiple of 16), keys permuted per group by ``PERMUTED_KEY_ORDER`` (the module
+    docstring says why).
 
     The padding is real zeros, not out-of-bounds fill: a permuted group can move a key below Sk to a
-    slot above it, so kernels must read the whole padded group.
+    slot above it, so kernels must read the whole padded group. A kernel whose key block is
+    ``key_multiple`` keys reads no key out of bounds at all.
     """
+    if key_multiple % KEY_GROUP:
+        raise ValueError(f"key_multiple must be a multiple of {KEY_GROUP}, got {key_multiple}")
     batch, heads, seqlen_k, head_dim = v8.shape
-    padded = -(-seqlen_k // KEY_GROUP) * KEY_GROUP
+    padded = -(-seqlen_k // key_multiple) * key_multiple
     order = _key_order(v8.device)
     keys = (torch.arange(padded // KEY_GROUP, device=v8.device)[:, None] * KEY_GROUP + order).flatten()
     # e4m3 has no torch kernels for indexing or padding: move the bytes as uint8.

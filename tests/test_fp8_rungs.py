@@ -63,6 +63,12 @@ def test_value_operand_is_transposed_padded_and_permuted():
         key = (slot // fp8.KEY_GROUP) * fp8.KEY_GROUP + fp8.PERMUTED_KEY_ORDER[slot % fp8.KEY_GROUP]
         expected = source[:, :, key] if key < seqlen_k else torch.zeros_like(source[:, :, 0])
         assert torch.equal(vt[:, :, :, slot], expected), f"slot {slot} should hold key {key}"
+    # Padded to whole 64-key blocks (gluon/fp8): the extra slots are zeros.
+    wide = fp8.value_operand(v8, key_multiple=64).view(torch.uint8)
+    assert wide.shape == (2, 3, head_dim, 64) and torch.equal(wide[..., :padded], vt)
+    assert not wide[..., padded:].any()
+    with pytest.raises(ValueError, match="multiple of 16"):
+        fp8.value_operand(v8, key_multiple=24)
 
 
 @pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")

@@ -45,7 +45,6 @@ COMPILED = [
     ("fp8", 64, False, "fp16", "per-tensor"),
     ("fp8", 64, True, "bf16", "block"),
 ]
-RUNGS = {"hopper": hopper, "fp8": fp8}
 
 _COMPILE_SCRIPT = """
 import json, re, sys
@@ -73,6 +72,7 @@ print(json.dumps({
     "spill_bytes": resources["local_bytes"] + resources["stack_bytes"],
     "rung": rung,
     "head_dim": head_dim,
+    "causal": causal,
     "shared_bytes": binary.shared_bytes,
 }))
 """
@@ -114,7 +114,9 @@ def test_ptx_has_tma_barriers_wgmma_and_register_budgets(compiled: dict):
     assert features["e4m3 mma"] == (compiled["rung"] == "fp8"), "e4m3 wgmma where it does not belong, or missing"
     # The load warp gives registers up, the consumer warpgroups take them (setmaxnreg per partition).
     assert LOAD_REGISTERS.value in compiled["setmaxnreg"], compiled["setmaxnreg"]
-    consumer_registers = RUNGS[compiled["rung"]].DEFAULT_CONFIGS[compiled["head_dim"]].consumer_registers
+    problem = Problem(1, 1, 256, 256, compiled["head_dim"], causal=compiled["causal"])
+    config = fp8.default_config(problem) if compiled["rung"] == "fp8" else hopper.DEFAULT_CONFIGS[problem.head_dim]
+    consumer_registers = config.consumer_registers
     assert consumer_registers in compiled["setmaxnreg"], compiled["setmaxnreg"]
 
 
@@ -278,7 +280,7 @@ def test_fp8_bad_inputs_raise_naming_expected_and_given():
 
 
 def test_fp8_block_scales_must_cover_whole_tiles():
-    config = fp8.DEFAULT_CONFIGS[128]
+    config = fp8.default_config(Problem(1, 1, 256, 256, 128))
     for q_rows, kv_rows in ((32, 128), (64, config.block_n // 2)):
         odd = VARIANTS["block"].__class__(block=True, rotation=False, q_block_rows=q_rows, kv_block_rows=kv_rows)
         with pytest.raises(ValueError, match=r"gluon/fp8: block quantisation.*consumer tile \(64 rows\)"):
@@ -295,7 +297,7 @@ def test_fp8_emulation_follows_the_kernel_order(monkeypatch: pytest.MonkeyPatch)
     problem = Problem(1, 1, 70, 300, 64, dtype=torch.bfloat16, causal=True)
     q, k, v = make_inputs(problem, seed=3, device="cpu")
     fp8.emulate(q, k, v, problem)
-    assert seen["order"] == KernelOrder(block_n=fp8.DEFAULT_CONFIGS[64].block_n, reverse=False)
+    assert seen["order"] == KernelOrder(block_n=fp8.default_config(problem).block_n, reverse=False)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -28,8 +28,15 @@ what changes is the FP8 contract that ``triton/fp8`` and ``cute/fp8`` follow too
     through it loses accuracy block after block (``triton_impl/fp8.py`` measured 5.8e-2 at S = 8191).
     Step n issues S_n = Q Kᵀ_n and pv = P_(n-1) V_(n-1) from zero, runs the softmax of S_n under
     that wgmma, waits for pv and adds pv · s_v into O in fp32. O is not an operand of the wgmma any
-    more, so O and pv are both live: 64 more fp32 registers per thread at D=128, which is why the
-    key blocks here are 64 wide (``DEFAULT_CONFIGS``).
+    more, so O and pv are both live: 64 more fp32 registers per thread at D=128. 128-key blocks fit
+    only because P costs no registers beyond S's (next point); ``DEFAULT_CONFIGS`` says where they
+    spill.
+  * P stays in S's registers. fp32 P is renamed into the A-operand layout (below), converted by
+    inline PTX to e4m3 packed four k per 32-bit word (``_device._packed_words``), and carried to the
+    next step's wgmma as those words, written only after the previous P V has retired. Carried as
+    e4m3 bytes instead, LLVM unpacked P after the softmax and packed it again before each wgmma
+    (about three integer instructions per word), and writing it before that retirement made ptxas
+    serialise every wgmma of the kernel.
 
 The FP8-specific mechanisms in the three stacks (what Triton decides / what Gluon makes you write /
 what CuTe makes you write):
@@ -59,16 +66,15 @@ shared buffer of its own (twice the bytes of the e4m3 Q tile it replaced in ``gl
 TMA store; the scales are fp32 scalar loads (two per key block, L1 hits).
 
 Judged by ``FP8_RULE`` against ``common.fp8.emulate`` with this kernel's order (key blocks of
-BLOCK_N = 64 first to last, the maximum moved on every increase, P rounded from fp32 to e4m3 and
+the configuration's BLOCK_N first to last, the maximum moved on every increase, P rounded from fp32 to e4m3 and
 the row sum of the unrounded P): the same numerics as ``triton/fp8``, so the shared emulation
 applies unchanged.
 
 Constraints: fp16 or bf16 inputs, bf16 output; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal or not;
 softmax_scale ≥ 0; exactly sm_90; Triton 3.6 or 3.9. Block scales need Q blocks that are whole
 consumer tiles (a multiple of 64 rows) and K/V blocks that are whole key blocks (a multiple of
-BLOCK_N = 64). No interpreter path, as for ``gluon/hopper``. Not done: the gluon/hopper list (lazy O
-rescaling, a persistent scheduler); the consumer count and ring depth are chosen to compile without
-spills, not yet by measurement (``docs/perf-log.md``).
+BLOCK_N). No interpreter path, as for ``gluon/hopper``. Not done: the gluon/hopper list (lazy O
+rescaling, a persistent scheduler), and 128-key blocks for D=128 causal (they spill a little).
 """
 
 from __future__ import annotations
@@ -90,6 +96,7 @@ from common.fp8 import emulate as emulate_quantised
 from common.metrics import FP8_RULE
 from common.problem import Problem
 from common.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.toolchain import triton_release
 from common.validation import kernel_operand, validate_attention_inputs
 from triton_impl._host import LOG2_E
 from triton_impl.fp8 import DEFAULT_QUANTISATION, INPUT_DTYPES
@@ -99,13 +106,29 @@ from triton_impl.gluon.hopper import CONSUMER_ROWS, GluonConfig, descriptor_type
 RUNG = "gluon/fp8"
 FP8_DTYPE = gl.float8e4nv
 OUTPUT_DTYPE = torch.bfloat16
-# gluon/hopper's measured partitioning (D=128: two consumers; D=64: three with ping-pong, since each
-# key block has half the GEMM work per softmax) with key blocks of 64: O and the fresh P V accumulator
-# are both live while S_n's softmax runs, and with 128-key blocks S (64 more fp32 registers) pushes a
-# consumer past its setmaxnreg budget (240: 264-272 B of stack spills at D=128 on Triton 3.9, 40 B
-# causal on 3.6; 160 with three consumers: 416 B at D=64). A third ring slot: e4m3 tiles are half the
-# bytes of bf16 ones. Chosen to compile without spills on both releases, not yet by measurement.
-DEFAULT_CONFIGS = {64: GluonConfig(64, 3, consumers=3, pingpong=True), 128: GluonConfig(64, 3)}
+# (head_dim, causal) -> configuration, measured on the H200 under Triton 3.6 (docs/perf-log.md, "Gluon
+# fp8: P in S's registers"). With P handed over in S's own registers, 128-key blocks fit the 240
+# registers of a D=128 consumer (O, the running P V, S and P live at once) without spills in the
+# non-causal build; the causal build spills 24 B (3.6) / 8-16 B (3.9) at 128 keys, so it takes 64-key
+# blocks two per loop iteration (spill-free on both). D=64 runs two consumers with 128-key blocks
+# (spill-free on both releases): three consumers with 64-key blocks ran 6 % faster non-causal but wrote
+# NaN at Sq = Sk = 1 for some heads on the H200 (not understood; see the perf log).
+DEFAULT_CONFIGS = {
+    (64, False): GluonConfig(128, 3),
+    (64, True): GluonConfig(128, 3),
+    (128, False): GluonConfig(128, 2),
+    (128, True): GluonConfig(64, 3, unroll_pairs=True),
+}
+# Triton 3.9's ptxas spills 248 B per thread at D=128 non-causal with 128-key blocks: 64-key blocks
+# there (spill-free; not timed under 3.9). Not in common.toolchain.RELEASE_OVERRIDES, whose tests and
+# env.json record cover the Triton rungs' tables only.
+RELEASE_REPLACEMENTS = {"3.9": {(128, False): GluonConfig(64, 3)}}
+
+
+def default_config(problem: Problem) -> GluonConfig:
+    """The configuration for this head dim and mask under the installed Triton release."""
+    key = (problem.head_dim, problem.causal)
+    return RELEASE_REPLACEMENTS.get(triton_release(), {}).get(key, DEFAULT_CONFIGS[key])
 
 
 def check_quantisation_blocks(quantisation: Quantisation, config: GluonConfig) -> None:
@@ -132,7 +155,9 @@ class GluonFp8Attention:
         self.variant = quantisation.name
         # Kept as attributes: the descriptors point into these buffers.
         self.operands = operands
-        self.vt8 = value_operand(operands.v8)
+        # Vᵀ padded with zeros to whole key blocks: on the H200 a V tile whose keys ran out of bounds
+        # (Sk = 1: 16 padded keys, 64-key boxes) read NaN into the last heads' products (0 x NaN).
+        self.vt8 = value_operand(operands.v8, key_multiple=config.block_n)
         self.out = torch.empty(operands.q8.shape, device=operands.q8.device, dtype=OUTPUT_DTYPE)
         self.lse = torch.empty((batch, heads, seqlen_q), device=operands.q8.device, dtype=torch.float32)
         self._args = (
@@ -192,7 +217,7 @@ def bind(
 ) -> GluonFp8Attention:
     """Quantise validated q, k, v (per call: the values change) and build the descriptors at the
     default configuration; no launch."""
-    return GluonFp8Attention(_quantised(q, k, v, quantisation), problem, DEFAULT_CONFIGS[problem.head_dim])
+    return GluonFp8Attention(_quantised(q, k, v, quantisation), problem, default_config(problem))
 
 
 def prepare(
@@ -227,7 +252,7 @@ def emulate(
 ) -> Emulation:
     """The fp64 emulation this rung is judged against: the same quantisation, key blocks of the
     default configuration visited first to last (every consumer walks its blocks upwards)."""
-    order = KernelOrder(block_n=DEFAULT_CONFIGS[problem.head_dim].block_n, reverse=False)
+    order = KernelOrder(block_n=default_config(problem).block_n, reverse=False)
     return emulate_quantised(_quantised(q, k, v, quantisation), problem, order)
 
 
@@ -244,7 +269,7 @@ def compile_sm90(
     problem: Problem, config: GluonConfig | None = None, quantisation: Quantisation = DEFAULT_QUANTISATION
 ) -> list[KernelBinary]:
     """The kernel for sm_90a at the default configuration of this head dim (no GPU needed)."""
-    config = config or DEFAULT_CONFIGS[problem.head_dim]
+    config = config or default_config(problem)
     check_quantisation_blocks(quantisation, config)
     head_dim = problem.head_dim
     q_type = descriptor_type(torch.float8_e4m3fn, CONSUMER_ROWS, head_dim)

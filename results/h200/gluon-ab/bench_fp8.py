@@ -20,11 +20,11 @@ from triton_impl.fp8 import _transposed_values
 from triton_impl.gluon import fp8 as gf
 from triton_impl.gluon.hopper import GluonConfig as C
 
-# The defaults first. P renamed from S's registers and carried as packed e4m3 words; on Triton 3.6
-# 128-key blocks compile without spills at D=128 (causal: 32 B) and at D=64 with two consumers.
+# Candidates of the 2026-11-24 A/B (docs/perf-log.md, "Gluon fp8: P in S's registers"); the first of
+# each list is the planted-bug configuration.
 CANDIDATES = {
-    128: [C(64, 3), C(128, 3), C(128, 2), C(64, 2), C(64, 3, unroll_pairs=True)],
-    64: [C(64, 3, 3, True), C(128, 3), C(128, 2), C(128, 3, 2, True)],
+    128: [C(64, 3), C(128, 3), C(128, 2), C(64, 3, unroll_pairs=True)],
+    64: [C(64, 3, 3, True), C(128, 3)],
 }
 
 
