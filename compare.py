@@ -175,7 +175,7 @@ def build_problems(args: argparse.Namespace, device: str, teaching: bool = False
     caps batch, heads and sequence lengths to the CPU teaching size (head dims and dtype stay)."""
     import torch
 
-    from common.problem import DTYPE_NAMES, Problem
+    from common.contract.problem import DTYPE_NAMES, Problem
 
     cpu = device == "cpu"
     seqlens = args.seqlen or ([CPU_TEACHING.seqlen] if cpu else [GPU_DEFAULT_SEQLEN])
@@ -283,7 +283,7 @@ def default_out_dir(device: str, seqlens: list[int]) -> Path:
 
 def availability(chosen: list, problem, device) -> list[tuple[str, str, str]]:
     """(name, can run here: yes / no / failed, reason) per implementation or unavailable module."""
-    from common.registry import Unavailable
+    from common.contract.registry import Unavailable
 
     rows = []
     for item in chosen:
@@ -305,7 +305,7 @@ def list_implementations(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from common.registry import discover
+    from common.contract.registry import discover
 
     device, teaching = resolve_device(args.device)
     problem = build_problems(args, device, teaching)[0]
@@ -342,7 +342,7 @@ def print_table(rows: list, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from common.row_extras import NO_END_TO_END
+    from common.reporting.row_extras import NO_END_TO_END
 
     caption = f"e2e TFLOP/s: input transformation and kernel timed together; {NO_END_TO_END}"
     table = Table(title="FlashAttention forward", caption=caption)
@@ -367,9 +367,9 @@ def print_table(rows: list, console=None) -> None:
 
 def _measurer(args: argparse.Namespace, problem, device, options, peaks):
     """A function impl -> row for one problem: in this process, or each in its own (--isolate)."""
-    from common.isolation import measure_isolated
-    from common.row_extras import complete_row
-    from common.runner import make_workload, measure
+    from common.measure.isolation import measure_isolated
+    from common.measure.runner import make_workload, measure
+    from common.reporting.row_extras import complete_row
 
     if args.isolate:
         return lambda impl: measure_isolated(impl.name, impl, problem, device.type, options, peaks, args.timeout)
@@ -392,7 +392,7 @@ class Run:
 def ladder_sorted(items: list) -> list:
     """Implementations and unavailable modules in ladder order: stacks as the registry lists them,
     rungs in ladder order, baselines in their registry order."""
-    from common.registry import RUNGS, STACKS
+    from common.contract.registry import RUNGS, STACKS
 
     def key(item) -> tuple[int, int]:
         stack, rung = item.name.split("/")
@@ -403,8 +403,8 @@ def ladder_sorted(items: list) -> list:
 
 def _measure_problem(problem, chosen: list, measure_one, run: Run, log, progress, task) -> None:
     """Rows for one problem in ladder order; an unavailable module is skipped, or failed when broken."""
-    from common.registry import Unavailable
-    from common.runner import blank_row
+    from common.contract.registry import Unavailable
+    from common.measure.runner import blank_row
 
     for item in chosen:
         progress.update(task, description=f"{item.name} {problem.describe()}")
@@ -434,11 +434,11 @@ def run_all(args: argparse.Namespace, device_name: str, problems: list, note: st
     from rich.console import Console
     from rich.progress import Progress
 
-    from common.environment import manifest
-    from common.peaks import measure_peaks
-    from common.registry import discover
-    from common.results import CsvLog
-    from common.runner import TimingOptions
+    from common.contract.registry import discover
+    from common.measure.environment import manifest
+    from common.measure.peaks import measure_peaks
+    from common.measure.runner import TimingOptions
+    from common.reporting.results import CsvLog
 
     available, missing = discover()
     chosen = ladder_sorted(select(available + missing, args.only, args.skip))
@@ -464,7 +464,7 @@ def run_all(args: argparse.Namespace, device_name: str, problems: list, note: st
         run.interrupted = True
         env["interrupted"] = f"Ctrl-C after {len(run.rows)} of {run.planned} measurements"
     if device.type == "cuda":
-        from common.environment import gpu_clocks
+        from common.measure.environment import gpu_clocks
 
         env["clocks_end"] = gpu_clocks()
     (out_dir / "env.json").write_text(json.dumps(env, indent=2))
@@ -475,8 +475,8 @@ def write_outputs(run: Run, cpu_only: bool, with_static: bool) -> None:
     """Plots and report.md from results.csv; an interrupted run skips the slow static analysis."""
     import pandas as pd
 
-    from common.plots import PlotContext, shape_text, write_run_plots, write_sweep_plots, write_tradeoff_plot
-    from common.report import write_report
+    from common.reporting.plots import PlotContext, shape_text, write_run_plots, write_sweep_plots, write_tradeoff_plot
+    from common.reporting.report import write_report
 
     frame = pd.read_csv(run.out_dir / "results.csv", dtype={"reason": str})
     frame["reason"] = frame["reason"].fillna("")
@@ -494,10 +494,10 @@ def write_outputs(run: Run, cpu_only: bool, with_static: bool) -> None:
 
 def tradeoff_outputs(shape, out_dir: Path):
     """tradeoffs.csv and the report sections: compile every rung for sm_90a, join the timed rows."""
-    from common.problem import DTYPE_NAMES, Problem
-    from common.report import markdown_table
-    from common.static import static_report_subprocess
-    from common.tradeoffs import feature_matrix, implementation_table, side_by_side
+    from common.contract.problem import DTYPE_NAMES, Problem
+    from common.reporting.report import markdown_table
+    from common.reporting.static import static_report_subprocess
+    from common.reporting.tradeoffs import feature_matrix, implementation_table, side_by_side
 
     first = shape.sort_values("causal").iloc[0]
     problem = Problem(
@@ -530,7 +530,7 @@ def _plot_subset(frame):
 def exit_status(run: Run) -> int:
     """0 when every selected row ran and passed or was skipped for a stated reason; 130 when
     interrupted; 1 when any row was wrong, failed, timed out, ran out of memory or failed to import."""
-    from common.results import BAD_STATUSES
+    from common.reporting.results import BAD_STATUSES
 
     bad = sorted({f"{row.impl} ({row.status})" for row in run.rows if row.status in BAD_STATUSES})
     if bad:

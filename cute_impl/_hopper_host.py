@@ -20,10 +20,10 @@ from cutlass import Float8E4M3FN, Float32, Int32
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from cutlass.cute.typing import AddressSpace
 
-from common.problem import Problem
-from common.registry import KernelBinary, Runner
-from common.static import compile_cute_sm90
-from common.validation import OPERAND_ALIGNMENT_BYTES
+from common.contract.problem import Problem
+from common.contract.registry import KernelBinary, Runner
+from common.contract.validation import OPERAND_ALIGNMENT_BYTES
+from common.reporting.static import compile_cute_sm90
 from cute_impl._host import CUTE_DTYPES, current_stream, to_cute_tensor
 
 # FP8 operands: e4m3, carried as uint8 tensors by torch and retyped at launch.

@@ -17,11 +17,11 @@ import torch
 from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 
-from common.capability import check_common
-from common.problem import Problem
-from common.registry import KernelBinary, Runner, warmed_up
-from common.static import compile_cute_sm90
-from common.validation import OPERAND_ALIGNMENT_BYTES, validate_attention_inputs
+from common.contract.capability import check_common
+from common.contract.problem import Problem
+from common.contract.registry import KernelBinary, Runner, warmed_up
+from common.contract.validation import OPERAND_ALIGNMENT_BYTES, validate_attention_inputs
+from common.reporting.static import compile_cute_sm90
 
 CUTE_DTYPES = {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}
 # mma.sync with bf16 operands and cp.async are sm_80 features (Hopper runs them too).

@@ -9,14 +9,14 @@ the kernel, and how P reaches the second GEMM.
 
 Algorithm
 ---------
-1. ``bind`` (per call: the values change): ``common.fp8.quantise``, shared with the Triton rung.
+1. ``bind`` (per call: the values change): ``common.contract.fp8.quantise``, shared with the Triton rung.
    Optionally Q and K rotated by a seeded random Hadamard matrix, then one e4m3 scale per tensor
    or, with block quantisation, per 64 rows of Q (one consumer warpgroup's rows) and per 128 rows
    of K and of V (one key block), per (batch, head). ``DEFAULT_QUANTISATION`` (block scales and
-   rotation) is what compare.py runs; ``quantisation=`` selects the other ``common.fp8.VARIANTS``.
+   rotation) is what compare.py runs; ``quantisation=`` selects the other ``common.contract.fp8.VARIANTS``.
 2. V stored transposed, (B, H, D, Sk') with Sk' = Sk rounded up to 16 and zero padding: FP8 WGMMA
    reads a shared-memory B operand only K-major, and for O = P V the K dimension is the key index.
-3. Inside each group of 16 keys, V's key order is permuted (``common.fp8.PERMUTED_KEY_ORDER``). The m64k32 FP8
+3. Inside each group of 16 keys, V's key order is permuted (``common.contract.fp8.PERMUTED_KEY_ORDER``). The m64k32 FP8
    A operand wants each lane to hold four *consecutive* k, while the S accumulator gives each lane
    column *pairs* (2t, 2t+1, 2t+8, 2t+9). Renaming registers (``scores_to_operand_a``) plus this
    permutation of V makes the product exact without any cross-lane shuffle.
@@ -44,7 +44,7 @@ Judged by ``FP8_RULE`` against ``emulate``: the fp64 attention of the same e4m3 
 scales with P rounded as this kernel rounds it (key blocks visited last to first). e4m3 keeps 3
 mantissa bits, so even exact attention of the rounded operands misses fp64 by about 5 % relative
 L2 on zero-mean inputs; no kernel reading e4m3 can do better than its emulation.
-On FlashAttention-3's outlier inputs (``results/h200/fp8_error.md``, ``python -m common.fp8_error``):
+On FlashAttention-3's outlier inputs (``results/h200/fp8_error.md``, ``python -m common.tools.fp8_error``):
 a per-tensor scale is set by the largest outlier, so ordinary entries fall towards e4m3's
 subnormals and lose bits. Block scales keep that damage inside the blocks that hold an outlier;
 the rotation spreads each outlier of Q and K over all D channels before rounding, lowering every
@@ -78,7 +78,7 @@ import dataclasses
 
 import torch
 
-from common.fp8 import (
+from common.contract.fp8 import (
     Emulation,
     KernelOrder,
     Quantisation,
@@ -87,11 +87,11 @@ from common.fp8 import (
     quantise,
     value_operand,
 )
-from common.fp8 import emulate as emulate_quantised
-from common.metrics import FP8_RULE
-from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.validation import kernel_operand
+from common.contract.fp8 import emulate as emulate_quantised
+from common.contract.metrics import FP8_RULE
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.validation import kernel_operand
 from cute_impl._device import LOG2_E
 from cute_impl._hopper_host import HopperConfig, default_config
 from cute_impl.hopper import (
@@ -156,7 +156,7 @@ def prepare(
     problem: Problem,
     quantisation: Quantisation = DEFAULT_QUANTISATION,
 ) -> Runner:
-    """Validate, quantise (``quantisation``: ``common.fp8.VARIANTS``), bind, warm up; run() is the kernel."""
+    """Validate, quantise (``quantisation``: ``common.contract.fp8.VARIANTS``), bind, warm up; run() is the kernel."""
     return warmed_up(bind(q, k, v, validated_problem(q, k, v, problem), quantisation), q.device)
 
 

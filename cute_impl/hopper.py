@@ -103,10 +103,10 @@ import functools
 
 import torch
 
-from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.static import SM90_CAPABILITY
-from common.validation import kernel_operand, validate_attention_inputs
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.validation import kernel_operand, validate_attention_inputs
+from common.reporting.static import SM90_CAPABILITY
 
 try:  # The DSL is optional for the rest of the suite; the registry reports the import error.
     import cuda.bindings.driver as cuda

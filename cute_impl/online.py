@@ -73,10 +73,10 @@ import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, const_expr
 
-from common.capability import check_common
-from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner
-from common.validation import kernel_operand
+from common.contract.capability import check_common
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, KernelBinary, Runner
+from common.contract.validation import kernel_operand
 from cute_impl._host import CUTE_DTYPES, compile_on_fakes_sm90, compiled_runner, fake_bhsd_tensor, validated_prepare
 
 LOG2_E = math.log2(math.e)

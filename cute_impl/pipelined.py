@@ -89,9 +89,9 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.nvgpu import warp
 
-from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner
-from common.validation import kernel_operand
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, KernelBinary, Runner
+from common.contract.validation import kernel_operand
 from cute_impl._device import (
     LOG2_E,
     AttentionMask,

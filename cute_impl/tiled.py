@@ -72,9 +72,9 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
-from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner
-from common.validation import kernel_operand
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, KernelBinary, Runner
+from common.contract.validation import kernel_operand
 from cute_impl._host import (
     compile_on_fakes_sm90,
     compiled_runner,

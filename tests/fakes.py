@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from common.registry import Implementation
+from common.contract.registry import Implementation
 
 HANG_SECONDS = 600
 CRASH_EXIT_CODE = 3

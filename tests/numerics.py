@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import torch
 
-from common.inputs import make_inputs
-from common.problem import Problem
+from common.contract.inputs import make_inputs
+from common.contract.problem import Problem
 
 Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 # Scores this large overflow exp() without the running max: the online softmax must subtract it.

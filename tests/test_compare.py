@@ -17,10 +17,10 @@ import torch
 from rich.console import Console
 
 import compare
-from common.problem import Problem
-from common.registry import Implementation, Unavailable
-from common.results import CSV_COLUMNS, ResultRow
-from common.runner import blank_row
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, Unavailable
+from common.measure.runner import blank_row
+from common.reporting.results import CSV_COLUMNS, ResultRow
 
 ROOT = Path(__file__).resolve().parent.parent
 ISSUE_COLUMNS = [
@@ -72,7 +72,7 @@ def test_bad_arguments_exit_2_with_a_message(argv: list[str], words: str, capsys
 
 
 def test_unknown_implementation_lists_valid_names():
-    from common.registry import discover
+    from common.contract.registry import discover
 
     available, _ = discover()
     with pytest.raises(
@@ -221,13 +221,13 @@ def _fake(name: str, prepare, runs_on_cpu: bool = True) -> Implementation:
 
 
 def _right(q, k, v, problem):
-    from common.reference import reference_attention
+    from common.contract.reference import reference_attention
 
     return lambda: reference_attention(q, k, v, problem).to(q.dtype)
 
 
 def _wrong_scale(q, k, v, problem):
-    from common.reference import reference_attention
+    from common.contract.reference import reference_attention
 
     return lambda: reference_attention(q, k, v, problem.with_(softmax_scale=1.1 * problem.scale)).to(q.dtype)
 
@@ -258,7 +258,7 @@ EXIT_CASES = {
 @pytest.mark.parametrize("case", EXIT_CASES)
 def test_exit_status_says_whether_every_row_passed(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     available, missing, expected = EXIT_CASES[case]
-    monkeypatch.setattr("common.registry.discover", lambda: (available, missing))
+    monkeypatch.setattr("common.contract.registry.discover", lambda: (available, missing))
     assert compare.main(_cpu_problem_args(tmp_path)) == expected
     with (tmp_path / "results.csv").open() as handle:
         statuses = [row["status"] for row in csv.DictReader(handle)]
@@ -284,10 +284,10 @@ def test_broken_import_is_told_apart_from_an_absent_optional_package(monkeypatch
 
 # ---------------------------------------------------------------- Ctrl-C
 def test_ctrl_c_keeps_the_rows_measured_and_exits_130(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    import common.runner
+    import common.measure.runner
 
     calls = []
-    real_measure = common.runner.measure
+    real_measure = common.measure.runner.measure
 
     def measure_then_interrupt(impl, *args, **kwargs):
         calls.append(impl.name)
@@ -295,7 +295,7 @@ def test_ctrl_c_keeps_the_rows_measured_and_exits_130(tmp_path: Path, monkeypatc
             raise KeyboardInterrupt
         return real_measure(impl, *args, **kwargs)
 
-    monkeypatch.setattr(common.runner, "measure", measure_then_interrupt)
+    monkeypatch.setattr(common.measure.runner, "measure", measure_then_interrupt)
     argv = [*_cpu_problem_args(tmp_path), "--only", "triton/tiled", "--only", "sdpa/math"]
     assert compare.main(argv) == compare.EXIT_INTERRUPTED
     with (tmp_path / "results.csv").open() as handle:

@@ -12,12 +12,12 @@ import torch
 
 pytest.importorskip("cutlass")
 
-from common.check import check_on_inputs, judge_output, run_poisoned, sdpa_error
-from common.inputs import make_inputs
-from common.metrics import error_stats
-from common.problem import Problem
-from common.reference import reference_attention
-from common.static import cubin_resources
+from common.contract.check import check_on_inputs, judge_output, run_poisoned, sdpa_error
+from common.contract.inputs import make_inputs
+from common.contract.metrics import error_stats
+from common.contract.problem import Problem
+from common.contract.reference import reference_attention
+from common.reporting.static import cubin_resources
 from cute_impl import _hopper_device, _hopper_host, fp8, hopper
 from cute_impl._hopper_device import BlockRange, TileScheduler
 
@@ -69,7 +69,7 @@ def test_fake_arguments_compile_like_the_launch_tensors(fp8_operands: bool):
     from cutlass import Float32, Int32
     from cutlass.cute.runtime import make_fake_stream
 
-    from common.static import compile_cute_sm90
+    from common.reporting.static import compile_cute_sm90
 
     problem = Problem(1, 2, 256, 256, 128)
     config = hopper.default_config(problem, fp8=fp8_operands)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.check import run_poisoned
-from common.inputs import make_inputs
-from common.metrics import error_stats
-from common.problem import Problem, dtype_name
-from common.reference import reference_attention
-from common.sdpa import sdpa
-from common.static import cubin_resources, ptx_features
+from common.contract.check import run_poisoned
+from common.contract.inputs import make_inputs
+from common.contract.metrics import error_stats
+from common.contract.problem import Problem, dtype_name
+from common.contract.reference import reference_attention
+from common.measure.sdpa import sdpa
+from common.reporting.static import cubin_resources, ptx_features
 
 # Skip only when the CuTe DSL itself is absent: a rung module that fails to import fails the tests.
 pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl")

@@ -14,7 +14,7 @@ import torch
 
 import cute_impl.fp8 as cute_fp8
 import cute_impl.hopper as cute_hopper
-from common.problem import Problem
+from common.contract.problem import Problem
 
 RUNGS = {"cute/hopper": cute_hopper, "cute/fp8": cute_fp8}
 

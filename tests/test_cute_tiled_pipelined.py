@@ -10,12 +10,12 @@ import torch
 
 pytest.importorskip("cutlass")
 
-from common.check import check_implementation
-from common.metrics import error_stats
-from common.problem import Problem
-from common.reference import reference_attention
-from common.sdpa import sdpa
-from common.static import cubin_resources
+from common.contract.check import check_implementation
+from common.contract.metrics import error_stats
+from common.contract.problem import Problem
+from common.contract.reference import reference_attention
+from common.measure.sdpa import sdpa
+from common.reporting.static import cubin_resources
 from cute_impl import _host, pipelined, tiled
 from cute_impl._device import BlockRange
 
@@ -105,7 +105,7 @@ def cpu_prepare(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_non_positive_scale_is_refused(name: str, scale: float, cpu_prepare: None, monkeypatch: pytest.MonkeyPatch):
     """row_max is taken as max(S) * softmax_scale_log2, the maximum of the scaled scores only for scale > 0."""
     problem = Problem(1, 2, 16, 16, 64, dtype=torch.bfloat16, softmax_scale=scale)
-    monkeypatch.setattr("common.capability._architecture", lambda device: (9, 0))
+    monkeypatch.setattr("common.contract.capability._architecture", lambda device: (9, 0))
     ok, reason = MODULES[name].supports(problem, torch.device("cuda"))
     assert not ok and reason.startswith("softmax_scale must be > 0"), reason
     q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from common.fp8 import (
+from common.contract.fp8 import (
     P_EXPONENT,
     KernelOrder,
     Quantisation,
@@ -22,11 +22,11 @@ from common.fp8 import (
     fa3_inputs,
     quantise,
 )
-from common.inputs import make_inputs
-from common.metrics import FP8_RULE, SDPA_RELATIVE_RULE, emulation_stats, error_stats
-from common.problem import Problem
-from common.reference import reference_attention
-from common.sdpa import sdpa
+from common.contract.inputs import make_inputs
+from common.contract.metrics import FP8_RULE, SDPA_RELATIVE_RULE, emulation_stats, error_stats
+from common.contract.problem import Problem
+from common.contract.reference import reference_attention
+from common.measure.sdpa import sdpa
 
 LOG2_E = math.log2(math.e)
 BUGS = ("scale", "last_block", "tail_rows", "causal_off_by_one", "descale")

@@ -13,11 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common import fa4
-from common.check import run_poisoned
-from common.inputs import make_inputs
-from common.problem import Problem
-from common.registry import discover
+from common.contract.check import run_poisoned
+from common.contract.inputs import make_inputs
+from common.contract.problem import Problem
+from common.contract.registry import discover
+from common.measure import fa4
 
 PROBLEM = Problem(batch=2, heads=3, seqlen_q=40, seqlen_k=56, head_dim=64, dtype=torch.float32)
 # A stand-in for FA4's interface: its forward's signature, computing with SDPA in (B, S, H, D).

@@ -1,14 +1,14 @@
-"""The FP8 host quantiser both stacks share (``common.fp8``): scales, blocks, rotation, emulation."""
+"""The FP8 host quantiser both stacks share (``common.contract.fp8``): scales, blocks, rotation, emulation."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from common import fp8
-from common.inputs import make_inputs
-from common.problem import Problem
-from common.reference import reference_attention
+from common.contract import fp8
+from common.contract.inputs import make_inputs
+from common.contract.problem import Problem
+from common.contract.reference import reference_attention
 
 BLOCKS = fp8.Quantisation(block=True, rotation=False, q_block_rows=32, kv_block_rows=64)
 

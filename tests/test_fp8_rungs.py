@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.check import check_on_inputs, run_poisoned
-from common.fp8 import VARIANTS, fa3_inputs
-from common.inputs import make_inputs
-from common.metrics import FP8_RULE, error_stats
-from common.problem import Problem
-from common.reference import reference_attention
+from common.contract.check import check_on_inputs, run_poisoned
+from common.contract.fp8 import VARIANTS, fa3_inputs
+from common.contract.inputs import make_inputs
+from common.contract.metrics import FP8_RULE, error_stats
+from common.contract.problem import Problem
+from common.contract.reference import reference_attention
 
 ROOT = Path(__file__).resolve().parent.parent
 HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
@@ -50,8 +50,8 @@ def test_fp8_rungs_are_judged_against_their_emulation(module_name: str):
 
 
 def test_value_operand_is_transposed_padded_and_permuted():
-    """V as cute/fp8 and gluon/fp8 read it (``common.fp8.value_operand``)."""
-    fp8 = _module("common.fp8")
+    """V as cute/fp8 and gluon/fp8 read it (``common.contract.fp8.value_operand``)."""
+    fp8 = _module("common.contract.fp8")
     assert sorted(fp8.PERMUTED_KEY_ORDER) == list(range(fp8.KEY_GROUP))
     seqlen_k, head_dim = 37, 64
     v8 = torch.randn(2, 3, seqlen_k, head_dim).to(torch.float8_e4m3fn)
@@ -84,7 +84,7 @@ def test_cute_block_scales_must_match_its_tiles():
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("variant", ["per-tensor", "block"])
 def test_cute_fp8_variants_compile_to_e4m3_wgmma(variant: str, head_dim: int, causal: bool):
-    from common.static import cubin_resources, ptx_features
+    from common.reporting.static import cubin_resources, ptx_features
 
     fp8 = _module("cute_impl.fp8")
     binary = fp8.compile_sm90(Problem(2, 16, 8192, 8192, head_dim, causal=causal), VARIANTS[variant])[0]
@@ -97,9 +97,9 @@ def test_cute_fp8_variants_compile_to_e4m3_wgmma(variant: str, head_dim: int, ca
 
 _TRITON_PROBE = """
 import json
-from common.fp8 import VARIANTS
-from common.problem import Problem
-from common.static import cubin_resources, ptx_features
+from common.contract.fp8 import VARIANTS
+from common.contract.problem import Problem
+from common.reporting.static import cubin_resources, ptx_features
 from triton_impl import fp8
 rows = {}
 for variant in ("per-tensor", "block"):

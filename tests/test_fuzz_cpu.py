@@ -13,9 +13,9 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from common.check import check_implementation
-from common.problem import Problem
-from common.registry import discover
+from common.contract.check import check_implementation
+from common.contract.problem import Problem
+from common.contract.registry import discover
 
 settings.register_profile(
     "ci", max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]

@@ -7,7 +7,7 @@ no interpreter path, and the interpreter that the CPU test session turns on brea
 compilation, so the compiles run in a child process without it.
 GPU (``gpu`` marker): LSE against the fp64 reference (gluon/fp8: of its dequantised operands), and
 the prepared launch reused on new inputs. gluon/fp8's O is judged by ``tests/test_fp8_rungs.py`` and
-the shared rung tests (``FP8_RULE`` against ``common.fp8.emulate``).
+the shared rung tests (``FP8_RULE`` against ``common.contract.fp8.emulate``).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.fp8 import VARIANTS, KernelOrder, dequantised, quantise
-from common.inputs import make_inputs
-from common.problem import Problem
-from common.reference import reference_attention
-from common.registry import discover
+from common.contract.fp8 import VARIANTS, KernelOrder, dequantised, quantise
+from common.contract.inputs import make_inputs
+from common.contract.problem import Problem
+from common.contract.reference import reference_attention
+from common.contract.registry import discover
 from triton_impl.gluon import fp8, hopper
 from triton_impl.gluon._device import LOAD_REGISTERS
 
@@ -49,9 +49,9 @@ COMPILED = [
 _COMPILE_SCRIPT = """
 import json, re, sys
 import torch
-from common.problem import Problem
-from common.static import _cuobjdump, cubin_resources, ptx_features
-from common.fp8 import VARIANTS
+from common.contract.problem import Problem
+from common.reporting.static import _cuobjdump, cubin_resources, ptx_features
+from common.contract.fp8 import VARIANTS
 import subprocess, tempfile
 from triton_impl.gluon import fp8, hopper
 rung, head_dim, causal, dtype, variant = json.loads(sys.argv[1])
@@ -128,7 +128,7 @@ def test_wgmmas_stay_asynchronous(compiled: dict):
 
 
 def test_no_spills_and_shared_memory_fits(compiled: dict):
-    # ptxas puts a setmaxnreg kernel's spills on the stack (common.static counts both the same way).
+    # ptxas puts a setmaxnreg kernel's spills on the stack (common.reporting.static counts both the same way).
     assert compiled["spill_bytes"] == 0, f"spills {compiled['spill_bytes']} bytes per thread"
     assert compiled["shared_bytes"] <= 232_448, f"needs {compiled['shared_bytes']} B of shared memory"
 
@@ -140,9 +140,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import create_function_from_signature
-from common.inputs import make_inputs
-from common.problem import Problem
-from common.static import cubin_resources, ptx_features
+from common.contract.inputs import make_inputs
+from common.contract.problem import Problem
+from common.reporting.static import cubin_resources, ptx_features
 from triton_impl.gluon import fp8, hopper
 from triton_impl.gluon._device import attention_kernel as kernel
 rung, seqlen_q, seqlen_k, head_dim, causal = json.loads(sys.argv[1])
@@ -201,8 +201,8 @@ def test_launch_arguments_compile_through_the_jit_binder(
 def test_fp8_register_rename_matches_the_host_key_order():
     """gluon/fp8 hands P to P V by renaming S's registers (``_device._scores_as_operand``: a reshape /
     permute of the key bits); V's keys must be stored in the order that permutation gives
-    (``common.fp8.value_operand``), or the product pairs P and V of different keys."""
-    from common.fp8 import KEY_GROUP, PERMUTED_KEY_ORDER
+    (``common.contract.fp8.value_operand``), or the product pairs P and V of different keys."""
+    from common.contract.fp8 import KEY_GROUP, PERMUTED_KEY_ORDER
     from triton_impl.gluon._device import KEY_BIT_ORDER
 
     block_n = 128

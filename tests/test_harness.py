@@ -8,14 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.inputs import make_inputs
-from common.metrics import FP8_RULE, SDPA_RELATIVE_RULE, EmulationStats, ErrorStats, error_stats
-from common.peaks import Peaks
-from common.problem import Problem, visible_keys
-from common.reference import reference_attention
-from common.registry import Implementation, discover, get
-from common.runner import TimingOptions, Workload, measure
-from common.validation import is_kernel_addressable, kernel_operand, validate_attention_inputs
+from common.contract.inputs import make_inputs
+from common.contract.metrics import FP8_RULE, SDPA_RELATIVE_RULE, EmulationStats, ErrorStats, error_stats
+from common.contract.problem import Problem, visible_keys
+from common.contract.reference import reference_attention
+from common.contract.registry import Implementation, discover, get
+from common.contract.validation import is_kernel_addressable, kernel_operand, validate_attention_inputs
+from common.measure.peaks import Peaks
+from common.measure.runner import TimingOptions, Workload, measure
 
 
 def _brute_visible(seqlen_q: int, seqlen_k: int) -> int:
@@ -81,7 +81,7 @@ def test_reference_chunks_query_rows(monkeypatch: pytest.MonkeyPatch):
     problem = Problem(1, 2, 37, 29, 8, dtype=torch.float32, causal=True)
     q, k, v = make_inputs(problem, seed=4, device="cpu")
     whole = reference_attention(q, k, v, problem)
-    monkeypatch.setattr("common.reference.QUERY_CHUNK", 5)
+    monkeypatch.setattr("common.contract.reference.QUERY_CHUNK", 5)
     torch.testing.assert_close(reference_attention(q, k, v, problem), whole, rtol=0, atol=1e-14)
 
 
@@ -283,7 +283,7 @@ def test_runner_turns_every_outcome_into_a_status(factory, status, words):
 
 def test_runner_records_an_emulation_rules_yardstick_and_the_variant():
     """An FP8-style row keeps the emulation's error (its pass limit) and the quantisation it ran."""
-    from common.fp8 import Emulation
+    from common.contract.fp8 import Emulation
 
     def prepare(q, k, v, problem):
         run = _good(q, k, v, problem)
@@ -313,7 +313,7 @@ def test_runner_records_an_emulation_rules_yardstick_and_the_variant():
 
 # ---------------------------------------------------------------- isolation (compare.py --isolate)
 def test_isolated_hang_becomes_a_timeout_row():
-    from common.isolation import measure_isolated
+    from common.measure.isolation import measure_isolated
     from tests.fakes import HANGS
 
     problem = Problem(1, 1, 8, 8, 8, dtype=torch.float32)
@@ -323,7 +323,7 @@ def test_isolated_hang_becomes_a_timeout_row():
 
 
 def test_isolated_crash_becomes_a_failed_row():
-    from common.isolation import measure_isolated
+    from common.measure.isolation import measure_isolated
     from tests.fakes import CRASH_EXIT_CODE, CRASHES
 
     problem = Problem(1, 1, 8, 8, 8, dtype=torch.float32)
@@ -333,7 +333,7 @@ def test_isolated_crash_becomes_a_failed_row():
 
 
 def test_isolated_good_implementation_round_trips_its_row():
-    from common.isolation import measure_isolated
+    from common.measure.isolation import measure_isolated
 
     problem = Problem(1, 2, 16, 16, 8, dtype=torch.float32)
     options = TimingOptions(warmup_ms=1, rep_ms=1)

@@ -13,11 +13,11 @@ from collections import Counter
 import pytest
 import torch
 
-import common.api as api
+import common.contract.api as api
 from common import attention, clear_plan_cache, plan_cache_info
-from common.inputs import make_inputs
-from common.problem import Problem
-from common.registry import BASELINE_STACKS, Implementation, discover, get, warmed_up
+from common.contract.inputs import make_inputs
+from common.contract.problem import Problem
+from common.contract.registry import BASELINE_STACKS, Implementation, discover, get, warmed_up
 
 IMPLEMENTATIONS, _ = discover()
 CPU_IMPLS = [impl.name for impl in IMPLEMENTATIONS if impl.runs_on_cpu]

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from matplotlib.collections import LineCollection
 
-from common.plots import (
+from common.reporting.plots import (
     PlotContext,
     run_figures,
     sweep_figures,

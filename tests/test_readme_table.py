@@ -8,14 +8,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from common.readme_table import CANONICAL_DIR, DOCUMENTS, regenerate, results_table
+from common.reporting.readme_table import CANONICAL_DIR, DOCUMENTS, regenerate, results_table
 
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
 def test_results_table_regenerates_byte_identically(document):
     current = document.read_text()
     table = results_table(CANONICAL_DIR / "results.csv", CANONICAL_DIR / "env.json")
-    assert regenerate(current, table) == current, "run: python -m common.readme_table"
+    assert regenerate(current, table) == current, "run: python -m common.reporting.readme_table"
 
 
 def _write_run(folder: Path, triton: str, rows: list[tuple[str, str, bool, float]]) -> None:

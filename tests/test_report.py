@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from common.peaks import Peaks, measure_peaks
-from common.report import title_block, write_report
+from common.measure.peaks import Peaks, measure_peaks
+from common.reporting.report import title_block, write_report
 
 PEAKS = Peaks(788.0, 1300.0, 4300.0, bf16_sustained_tflops=678.0, fp8_sustained_tflops=1244.0)
 ENV = {

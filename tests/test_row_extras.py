@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from common.metrics import SDPA_RELATIVE_RULE, ErrorRule, ErrorStats
-from common.problem import Problem
-from common.reference import reference_attention
-from common.results import ResultRow
-from common.row_extras import complete_row, rel_l2_bound
-from common.runner import TimingOptions, Workload, blank_row, make_workload
+from common.contract.metrics import SDPA_RELATIVE_RULE, ErrorRule, ErrorStats
+from common.contract.problem import Problem
+from common.contract.reference import reference_attention
+from common.measure.runner import TimingOptions, Workload, blank_row, make_workload
+from common.reporting.results import ResultRow
+from common.reporting.row_extras import complete_row, rel_l2_bound
 
 PROBLEM = Problem(1, 2, 16, 16, 8, dtype=torch.float32)
 OPTIONS = TimingOptions(1.0, 1.0)

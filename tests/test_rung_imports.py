@@ -11,7 +11,7 @@ import importlib.util
 
 import pytest
 
-from common.registry import RUNG_MODULES, RUNGS, Unavailable, _load
+from common.contract.registry import RUNG_MODULES, RUNGS, Unavailable, _load
 
 HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
 # The two ladders every checkout has: six rungs in Triton and six in the CuTe DSL.

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.check import check_implementation, check_on_inputs
-from common.problem import Problem
-from common.registry import discover
+from common.contract.check import check_implementation, check_on_inputs
+from common.contract.problem import Problem
+from common.contract.registry import discover
 from tests.numerics import HARD_INPUTS
 
 AVAILABLE, _ = discover(include_baselines=False)

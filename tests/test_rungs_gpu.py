@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.check import check_implementation, check_on_inputs
-from common.inputs import make_inputs
-from common.metrics import FP8_RULE
-from common.problem import Problem
-from common.registry import discover
+from common.contract.check import check_implementation, check_on_inputs
+from common.contract.inputs import make_inputs
+from common.contract.metrics import FP8_RULE
+from common.contract.problem import Problem
+from common.contract.registry import discover
 from tests.numerics import HARD_INPUTS
 
 AVAILABLE, _ = discover(include_baselines=False)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.sanitize import SANITIZER_ERROR_EXIT, _verdict
+from common.tools.sanitize import SANITIZER_ERROR_EXIT, _verdict
 
 HOST_ONLY = "\n".join(
     [

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from common.devices import triton_interpreting
-from common.problem import Problem
-from common.registry import discover
-from common.static import StaticRow, static_report, static_report_subprocess
+from common.contract.devices import triton_interpreting
+from common.contract.problem import Problem
+from common.contract.registry import discover
+from common.reporting.static import StaticRow, static_report, static_report_subprocess
 
 # Every rung compiles once, in one pytest-xdist worker (--dist loadgroup), for the module's fixture.
 pytestmark = pytest.mark.xdist_group("static-sm90")

@@ -30,9 +30,9 @@ def _fake_sanitizer(folder: Path) -> None:
 @pytest.mark.parametrize(
     ("module", "with_sanitizer", "missing"),
     [
-        ("common.fuzz", False, "needs a CUDA GPU"),
-        ("common.sanitize", False, "needs compute-sanitizer"),
-        ("common.sanitize", True, "needs a CUDA GPU"),
+        ("common.tools.fuzz", False, "needs a CUDA GPU"),
+        ("common.tools.sanitize", False, "needs compute-sanitizer"),
+        ("common.tools.sanitize", True, "needs a CUDA GPU"),
     ],
 )
 def test_tool_names_what_is_missing_and_exits_2(module: str, with_sanitizer: bool, missing: str, tmp_path: Path):

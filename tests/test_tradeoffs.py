@@ -6,8 +6,8 @@ import math
 
 import pandas as pd
 
-from common.static import PTX_FEATURES, StaticRow, ptx_features
-from common.tradeoffs import code_lines, side_by_side
+from common.reporting.static import PTX_FEATURES, StaticRow, ptx_features
+from common.reporting.tradeoffs import code_lines, side_by_side
 
 SOURCE = '''"""Module docstring,
 over two lines."""

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.devices import triton_interpreting
-from common.fp8 import KernelOrder, emulate, quantise
-from common.inputs import make_inputs
-from common.metrics import FP8_RULE, emulation_stats, error_stats
-from common.problem import Problem
-from common.reference import reference_attention
+from common.contract.devices import triton_interpreting
+from common.contract.fp8 import KernelOrder, emulate, quantise
+from common.contract.inputs import make_inputs
+from common.contract.metrics import FP8_RULE, emulation_stats, error_stats
+from common.contract.problem import Problem
+from common.contract.reference import reference_attention
 from triton_impl import fp8, hopper
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,8 +84,8 @@ def test_fp8_refuses_the_overlapped_loop():
 # ----------------------------------------------------------------------------------------------
 _WS_PROBE = """
 import json, sys
-from common.problem import Problem
-from common.static import ptx_features, cubin_resources
+from common.contract.problem import Problem
+from common.reporting.static import ptx_features, cubin_resources
 from triton_impl import fp8, hopper
 rows = {}
 for module in (hopper, fp8):
@@ -99,7 +99,8 @@ print(json.dumps(rows))
 
 
 def _compile_probe(code: str) -> dict:
-    """Run a compile probe in a process without TRITON_INTERPRET (see common/static.py); its last line is JSON."""
+    """Run a compile probe in a process without TRITON_INTERPRET (see common/reporting/static.py);
+    its last line is JSON."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
@@ -116,8 +117,8 @@ def test_warp_specialised_configs_use_setmaxnreg():
 
 _FP8_OCCUPANCY_PROBE = """
 import json
-from common.problem import Problem
-from common.static import cubin_resources
+from common.contract.problem import Problem
+from common.reporting.static import cubin_resources
 from triton_impl import fp8
 rows = {}
 for head_dim in (64, 128):
@@ -149,7 +150,7 @@ def test_candidate_configs_fit_shared_memory():
         for config in hopper.candidate_configs(head_dim, torch.bfloat16):
             assert config.shared_bytes(head_dim, 2) <= hopper.SHARED_MEMORY_BUDGET
         fp8_candidates = fp8.candidate_configs(head_dim)
-        # The default's tile is a candidate (a release may add ptxas flags to it: common/toolchain.py).
+        # The default's tile is a candidate (a release may add ptxas flags to it: common/measure/toolchain.py).
         default_tile = dataclasses.replace(fp8.DEFAULT_CONFIGS[head_dim], ptx_options=None)
         assert default_tile in fp8_candidates or head_dim == 256
         for config in fp8_candidates:
@@ -261,8 +262,8 @@ def test_gpu_strided_bshd_inputs():
 
 _MEMCHECK_PROBE = """
 import torch
-from common.check import check_implementation
-from common.problem import Problem
+from common.contract.check import check_implementation
+from common.contract.problem import Problem
 from triton_impl import fp8, hopper
 for impl in (hopper.IMPLEMENTATION, fp8.IMPLEMENTATION):
     for causal in (False, True):

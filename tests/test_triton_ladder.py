@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.check import check_implementation
-from common.devices import triton_interpreting
-from common.problem import Problem
+from common.contract.check import check_implementation
+from common.contract.devices import triton_interpreting
+from common.contract.problem import Problem
 from triton_impl import _host as triton_host
 from triton_impl import naive, online, pipelined, tiled
 

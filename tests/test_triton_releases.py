@@ -1,4 +1,4 @@
-"""The Triton release table (``common.toolchain``) and what it promises.
+"""The Triton release table (``common.measure.toolchain``) and what it promises.
 
 Every Triton rung's default tile, at every head dim it supports, causal and not, compiles for sm_90a
 without spills under the installed release (bf16; fp16 builds allocate the same registers). CI runs
@@ -21,11 +21,11 @@ import pytest
 import torch
 import triton
 
-from common.check import check_implementation
-from common.devices import triton_interpreting
-from common.problem import Problem
-from common.registry import get
-from common.toolchain import (
+from common.contract.check import check_implementation
+from common.contract.devices import triton_interpreting
+from common.contract.problem import Problem
+from common.contract.registry import get
+from common.measure.toolchain import (
     RELEASE_OVERRIDES,
     TESTED_TRITON,
     tested_triton_status,
@@ -60,8 +60,8 @@ PLANTED = "planted: triton/fp8 D=256 HopperConfig(64, 64, 4, 2)"
 
 _SPILL_PROBE = """
 import json, sys
-from common.problem import Problem
-from common.static import cubin_resources
+from common.contract.problem import Problem
+from common.reporting.static import cubin_resources
 from triton_impl import fp8, hopper, naive, online, pipelined, tiled
 
 def usage(binaries):
@@ -103,7 +103,7 @@ def test_default_tile_does_not_spill(case: str, compiled: dict[str, list[int]]):
     registers, spills = compiled[case]
     assert spills == 0, (
         f"{case} spills {spills} bytes per thread ({registers} registers) under Triton {triton.__version__}: "
-        f"give it a spill-free tile in common.toolchain.RELEASE_OVERRIDES[{triton_release()!r}]"
+        f"give it a spill-free tile in common.measure.toolchain.RELEASE_OVERRIDES[{triton_release()!r}]"
     )
 
 

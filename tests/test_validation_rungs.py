@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from common.api import attention
-from common.problem import Problem
-from common.registry import discover
+from common.contract.api import attention
+from common.contract.problem import Problem
+from common.contract.registry import discover
 
 AVAILABLE, _ = discover(include_baselines=False)
 BY_NAME = {impl.name: impl for impl in AVAILABLE}

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from common.devices import triton_device_supported, triton_device_types, triton_dtype_supported, triton_dtypes
-from common.problem import Problem
-from common.validation import validate_attention_inputs
+from common.contract.devices import triton_device_supported, triton_device_types, triton_dtype_supported, triton_dtypes
+from common.contract.problem import Problem
+from common.contract.validation import validate_attention_inputs
 from triton_impl._device import LOG2_E
 
 # (batch, head, row) stride arguments of Q, K, V and O, in kernel-argument order.

@@ -19,7 +19,7 @@ The kernel is ``hopper``'s (``triton_impl/hopper.py``, ``_hopper_attention_kerne
 
 Algorithm (steps 1-4 are the sections of the shared kernel):
   0. In ``bind`` (per call, since the values change; ``prepare`` = validate + bind + warm-up):
-     ``common.fp8.quantise``, shared with the CuTe rung: optionally Q and K rotated by a seeded
+     ``common.contract.fp8.quantise``, shared with the CuTe rung: optionally Q and K rotated by a seeded
      random Hadamard matrix, then scales s = amax / 448 per tensor or, with block quantisation, per
      64 rows of Q (one CTA's BLOCK_M) and per 128 rows of K and of V (a BLOCK_N key block or two),
      per (batch, head). ``DEFAULT_QUANTISATION`` (block scales and rotation) is what compare.py
@@ -29,7 +29,7 @@ Algorithm (steps 1-4 are the sections of the shared kernel):
   2. Unmasked KV blocks: S = Q8 K8ᵀ (fp8 wgmma), the block's s_k joined to the softmax scale (a
      positive factor commutes with the row max, so row_max keeps one unit for every block; no cost
      per score), online softmax with exp2, and P computed as exp2(S·scale - row_max + P_EXPONENT)
-     (``common.fp8.P_EXPONENT`` = 8): the 2^8 headroom lifts P from [0, 1] to
+     (``common.contract.fp8.P_EXPONENT`` = 8): the 2^8 headroom lifts P from [0, 1] to
      [0, 256], where e4m3 keeps full precision (its normals start at 2^-6), and cancels exactly
      because row_sum is accumulated from the same scaled P. Then O = (O + pv · s_v) · alpha adds the
      previous block's P V times its V scale, and pv = P8 V8 (fp8 wgmma, Vᵀ tile read K-major) starts
@@ -50,7 +50,7 @@ scale is set by the largest outlier and ordinary entries lose bits; block scales
 the blocks holding an outlier, and the rotation spreads each outlier of Q and K over all D channels
 before rounding. FA3's outliers sit in single channels, so the rotation does almost all of the
 gain and block scales add little on top of it. ``results/h200/fp8_error.md`` (``python -m
-common.fp8_error``) has each variant's RMSE, its emulation's and FA3's; ``results/h200/fp8_speed.md``
+common.tools.fp8_error``) has each variant's RMSE, its emulation's and FA3's; ``results/h200/fp8_speed.md``
 the speed, kernel only and end to end.
 
 What the measurements taught (the A/B runs are in ``docs/perf-log.md``, "Figures moved out of rung
@@ -78,14 +78,14 @@ from functools import partial
 import torch
 import triton
 
-from common.devices import triton_device_supported, triton_interpreting
-from common.fp8 import Emulation, KernelOrder, Quantisation, QuantisedOperands, end_to_end_runner, quantise
-from common.fp8 import emulate as emulate_quantised
-from common.metrics import FP8_RULE
-from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.toolchain import release_configs
-from common.validation import kernel_operand
+from common.contract.devices import triton_device_supported, triton_interpreting
+from common.contract.fp8 import Emulation, KernelOrder, Quantisation, QuantisedOperands, end_to_end_runner, quantise
+from common.contract.fp8 import emulate as emulate_quantised
+from common.contract.metrics import FP8_RULE
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.validation import kernel_operand
+from common.measure.toolchain import release_configs
 from triton_impl._device import LOG2_E
 from triton_impl.hopper import (
     HopperConfig,
@@ -140,7 +140,7 @@ def candidate_configs(head_dim: int) -> list[HopperConfig]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Host: quantise (common.fp8.quantise), build descriptors, launch
+# Host: quantise (common.contract.fp8.quantise), build descriptors, launch
 # ----------------------------------------------------------------------------------------------
 def _transposed_values(v8: torch.Tensor) -> torch.Tensor:
     """Vᵀ as (B, H, D, Sk) whose rows are padded to VT_ROW_ALIGN keys (a strided view)."""
@@ -271,7 +271,7 @@ def prepare(
     problem: Problem,
     quantisation: Quantisation = DEFAULT_QUANTISATION,
 ) -> Runner:
-    """Validate, quantise (``quantisation``: ``common.fp8.VARIANTS``), bind, warm up; run() is the kernel."""
+    """Validate, quantise (``quantisation``: ``common.contract.fp8.VARIANTS``), bind, warm up; run() is the kernel."""
     checked = _validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES)
     return warmed_up(bind(q, k, v, checked, quantisation), q.device)
 

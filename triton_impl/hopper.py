@@ -61,7 +61,7 @@ each CTA then issues m64 wgmmas from a single warpgroup with the whole softmax o
 and it ran well behind the software-pipelined two-warpgroup kernel. The third pipeline stage hides
 the TMA latency behind a full S = Q Kᵀ. The remaining gap to cuDNN is the overlap of softmax with
 the MMAs across the two warpgroups (FA3's ping-pong), which Triton's scheduler does not do here.
-Triton releases (``common.toolchain``): the hand-pipelined loop holds S, P, O and the P V in flight
+Triton releases (``common.measure.toolchain``): the hand-pipelined loop holds S, P, O and the P V in flight
 at once and spills under Triton 3.9's default ptxas register allocation; 3.9 assembles it with
 ``--regAllocOptLevel=4`` (``HopperConfig.ptx_options``), spill-free.
 """
@@ -78,13 +78,13 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from common import fp8 as fp8_quantisation
-from common.devices import triton_device_supported, triton_dtypes, triton_interpreting
-from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.static import compile_triton_sm90
-from common.toolchain import release_configs
-from common.validation import kernel_operand
+from common.contract import fp8 as fp8_quantisation
+from common.contract.devices import triton_device_supported, triton_dtypes, triton_interpreting
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.validation import kernel_operand
+from common.measure.toolchain import release_configs
+from common.reporting.static import compile_triton_sm90
 from triton_impl._device import (
     LOG2_E,
     attention_mask,
@@ -96,7 +96,7 @@ from triton_impl._device import (
 from triton_impl._host import validate_triton_inputs
 
 # FP8: P = 2^(S·scale - row_max + P_EXPONENT) lies in [0, 2^8], clear of e4m3's subnormals
-# (common/fp8.py, shared with the other fp8 rungs and the emulation).
+# (common/contract/fp8.py, shared with the other fp8 rungs and the emulation).
 P_EXPONENT = tl.constexpr(fp8_quantisation.P_EXPONENT)
 HEAD_DIMS = (64, 128, 256)
 HOPPER_CAPABILITY = (9, 0)
@@ -119,7 +119,7 @@ class HopperConfig:
     warp_specialize: bool
     # Software-pipelined KV loop (``_overlapped_step``): P V of block n-1 runs under the softmax of n.
     overlap: bool = False
-    # Extra ptxas flags (Triton's ``ptx_options``), set per release by ``common.toolchain``.
+    # Extra ptxas flags (Triton's ``ptx_options``), set per release by ``common.measure.toolchain``.
     ptx_options: str | None = None
 
     def launch_options(self) -> dict[str, int | str]:

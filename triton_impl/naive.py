@@ -45,10 +45,10 @@ import torch
 import triton
 import triton.language as tl
 
-from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.static import compile_triton_sm90
-from common.validation import kernel_operand
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.validation import kernel_operand
+from common.reporting.static import compile_triton_sm90
 from triton_impl._host import ladder_supported, validate_triton_inputs
 
 # A constexpr: the softmax kernel reads it (the scale is applied when S is written, in natural units).

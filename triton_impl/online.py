@@ -49,7 +49,7 @@ converted from bf16 fed a single FMA, and it ran slower than naive without the m
 tile's key block is about half FFMA. What is left: the Q Kᵀ slice loop (Q and K converted per
 slice, plus the barriers of Triton's layout conversions), and nothing prefetches the next K/V block.
 
-Triton releases (the tile table passes through ``common.toolchain.release_configs``): Triton 3.9 keeps
+Triton releases (the tile table passes through ``common.measure.toolchain.release_configs``): Triton 3.9 keeps
 more of the 4-D products live than 3.6, and the 4×16 tile spills there (440 bytes per thread at
 D=128; 2×16 spills 520 at D=256). Under 3.9 the rung runs 2×16 rows, 32 keys and 8-column D-slices
 at D=128 (228 registers) and 2×8 rows at D=256: each converted K/V element feeds 2 FMAs instead of 4.
@@ -69,11 +69,11 @@ import torch
 import triton
 import triton.language as tl
 
-from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.static import compile_triton_sm90
-from common.toolchain import release_configs
-from common.validation import kernel_operand
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.validation import kernel_operand
+from common.measure.toolchain import release_configs
+from common.reporting.static import compile_triton_sm90
 from triton_impl._host import (
     POINTER_ALIGNED,
     ladder_supported,
@@ -108,7 +108,7 @@ class TileConfig:
 
 
 # Per head dim, chosen under Triton 3.6; ``release_configs`` swaps in the tiles another Triton
-# release needs to stay spill-free (``common.toolchain``). D=128 compiles for sm_90a with no spills
+# release needs to stay spill-free (``common.measure.toolchain``). D=128 compiles for sm_90a with no spills
 # (255 registers, two CTAs per SM) and was the fastest of six spill-free tiles timed on the H200
 # (docs/perf-log.md). D=64 sums Q Kᵀ over 8 columns of D per step: with 16,
 # Triton 3.6 spills 16 bytes in the causal build.

@@ -38,7 +38,7 @@ What the measurements taught (figures in the generated table of ``docs/ladder.md
 timings and earlier defaults in ``docs/perf-log.md``, "Figures moved out of rung docstrings"): the
 tuner's timings rank configurations by up to 2x, the pipeline depth matters most (a third stage
 beats a larger tile), and 128 × 64 tiles with 4 warps are the worst choice.
-Triton releases (``common.toolchain``): at D=256 non-causal Triton 3.9 spills with 4 warps, so it
+Triton releases (``common.measure.toolchain``): at D=256 non-causal Triton 3.9 spills with 4 warps, so it
 runs 8 warps there (like all of D=256, not timed).
 """
 
@@ -52,12 +52,12 @@ import torch
 import triton
 import triton.language as tl
 
-from common.devices import triton_interpreting
-from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.static import compile_triton_sm90
-from common.toolchain import release_configs
-from common.validation import kernel_operand
+from common.contract.devices import triton_interpreting
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.validation import kernel_operand
+from common.measure.toolchain import release_configs
+from common.reporting.static import compile_triton_sm90
 from triton_impl._device import attend_key_blocks, block_range, online_softmax_finalize
 from triton_impl._host import (
     POINTER_ALIGNED,

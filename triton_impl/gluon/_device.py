@@ -46,16 +46,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from common import fp8
+from common.contract import fp8
 
 # FP8: P = 2^(S · scale - row_max + P_EXPONENT) lies in [0, 2^8], clear of e4m3's subnormals; the
-# factor cancels because row_sum adds the same scaled P (common/fp8.py, shared with the other fp8 rungs).
+# factor cancels because row_sum adds the same scaled P (common/contract/fp8.py, shared with the other fp8 rungs).
 P_EXPONENT = gl.constexpr(fp8.P_EXPONENT)
 # Natural log of 2 (lse = log2-domain lse · ln 2), read inside the kernel.
 LN_2 = gl.constexpr(0.6931471805599453)
-# FP8: keys per group of the register rename of P (``_scores_as_operand``; common.fp8.KEY_GROUP), and
+# FP8: keys per group of the register rename of P (``_scores_as_operand``; common.contract.fp8.KEY_GROUP), and
 # the permutation of [rows, groups, key bit 3, bit 2, bit 1, bit 0] that puts slot k = 4t + i on key
-# 8 (i // 2) + 2t + i % 2 (common.fp8.PERMUTED_KEY_ORDER; tests/test_gluon.py checks they agree).
+# 8 (i // 2) + 2t + i % 2 (common.contract.fp8.PERMUTED_KEY_ORDER; tests/test_gluon.py checks they agree).
 KEY_GROUP = gl.constexpr(fp8.KEY_GROUP)
 KEY_BIT_ORDER = gl.constexpr((0, 1, 3, 4, 2, 5))
 # The load partition's register budget per thread (setmaxnreg): it holds only scalars.
@@ -274,7 +274,7 @@ def _scores_as_operand(P, p_layout: gl.constexpr):
     bits so that slot k = 4t + i holds key 8 (i // 2) + 2t + i % 2 makes the two layouts the same
     registers: the reshape / permute below only renames them, and ``assert_trivial`` makes the
     compiler refuse a conversion that would exchange data. V's keys are stored in the same order
-    (``common.fp8.permuted_key_values``), so the product is unchanged."""
+    (``common.contract.fp8.permuted_key_values``), so the product is unchanged."""
     BLOCK_M: gl.constexpr = P.shape[0]
     BLOCK_N: gl.constexpr = P.shape[1]
     # Key bits (from the top) 3, 2, 1, 0 of each group of 16 -> slot bits 1, 3, 2, 0.

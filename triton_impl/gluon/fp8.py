@@ -8,11 +8,11 @@ and ring slot. The warp specialisation stays as it is (one TMA load warp, two co
 of 64 query rows each, ``setmaxnreg`` budgets, the hand-pipelined S_n / P_(n-1) V_(n-1) overlap);
 what changes is the FP8 contract that ``triton/fp8`` and ``cute/fp8`` follow too:
 
-  * Quantisation on the host, in ``bind``: ``common.fp8.quantise`` (shared by all three fp8 rungs):
+  * Quantisation on the host, in ``bind``: ``common.contract.fp8.quantise`` (shared by all three fp8 rungs):
     optionally Q and K rotated by a seeded random Hadamard matrix, then scales amax / 448 per tensor
     or per block (64 rows of Q: one consumer warpgroup's tile; 128 rows of K and of V: two key
     blocks), per (batch, head). ``DEFAULT_QUANTISATION`` is ``triton/fp8``'s (block scales and
-    rotation); ``quantisation=`` selects the other ``common.fp8.VARIANTS``.
+    rotation); ``quantisation=`` selects the other ``common.contract.fp8.VARIANTS``.
   * V stored transposed (Vᵀ, (B, H, D, Sk) with keys contiguous, rows padded to 16 keys for TMA's
     16-byte strides): fp8 wgmma reads shared-memory operands K-major only, and for O += P V the
     reduction runs over keys. The load warp copies D × BLOCK_N boxes of Vᵀ; the consumer hands
@@ -44,7 +44,7 @@ what CuTe makes you write):
     consecutive k per register, while S's accumulator gives each thread column pairs (2t, 2t+1,
     2t+8, 2t+9). Triton (``triton_impl/fp8._fp8_attention_step``: ``tl.dot(P.to(fp8), vt.T)``)
     picks the register layout and inserts the shuffles. Gluon and CuTe rename registers instead and
-    read V with its keys permuted the same way inside each group of 16 (``common.fp8.value_operand``,
+    read V with its keys permuted the same way inside each group of 16 (``common.contract.fp8.value_operand``,
     one definition for both), so no data crosses lanes. Gluon (``_device._scores_as_operand``)
     writes the permutation of the key index as ``gl.reshape`` / ``gl.permute`` over its four low bits;
     the layout Gluon infers for the result is the A-operand layout
@@ -65,7 +65,7 @@ SMEM → tensor cores by ``wgmma.mma_async ... e4m3.e4m3`` (P from registers); O
 shared buffer of its own (twice the bytes of the e4m3 Q tile it replaced in ``gluon/hopper``) and a
 TMA store; the scales are fp32 scalar loads (two per key block, L1 hits).
 
-Judged by ``FP8_RULE`` against ``common.fp8.emulate`` with this kernel's order (key blocks of
+Judged by ``FP8_RULE`` against ``common.contract.fp8.emulate`` with this kernel's order (key blocks of
 the configuration's BLOCK_N first to last, the maximum moved on every increase, P rounded from fp32 to e4m3 and
 the row sum of the unrounded P): the same numerics as ``triton/fp8``, so the shared emulation
 applies unchanged.
@@ -83,7 +83,7 @@ import torch
 import triton
 from triton.experimental.gluon import language as gl
 
-from common.fp8 import (
+from common.contract.fp8 import (
     Emulation,
     KernelOrder,
     Quantisation,
@@ -92,12 +92,12 @@ from common.fp8 import (
     quantise,
     value_operand,
 )
-from common.fp8 import emulate as emulate_quantised
-from common.metrics import FP8_RULE
-from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.toolchain import triton_release
-from common.validation import kernel_operand, validate_attention_inputs
+from common.contract.fp8 import emulate as emulate_quantised
+from common.contract.metrics import FP8_RULE
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.validation import kernel_operand, validate_attention_inputs
+from common.measure.toolchain import triton_release
 from triton_impl._host import LOG2_E
 from triton_impl.fp8 import DEFAULT_QUANTISATION, INPUT_DTYPES
 from triton_impl.gluon import hopper
@@ -120,7 +120,7 @@ DEFAULT_CONFIGS = {
     (128, True): GluonConfig(64, 3, unroll_pairs=True),
 }
 # Triton 3.9's ptxas spills 248 B per thread at D=128 non-causal with 128-key blocks: 64-key blocks
-# there (spill-free; not timed under 3.9). Not in common.toolchain.RELEASE_OVERRIDES, whose tests and
+# there (spill-free; not timed under 3.9). Not in common.measure.toolchain.RELEASE_OVERRIDES, whose tests and
 # env.json record cover the Triton rungs' tables only.
 RELEASE_REPLACEMENTS = {"3.9": {(128, False): GluonConfig(64, 3)}}
 
@@ -227,7 +227,7 @@ def prepare(
     problem: Problem,
     quantisation: Quantisation = DEFAULT_QUANTISATION,
 ) -> Runner:
-    """Validate, quantise (``quantisation``: ``common.fp8.VARIANTS``), bind, warm up; run() is the kernel."""
+    """Validate, quantise (``quantisation``: ``common.contract.fp8.VARIANTS``), bind, warm up; run() is the kernel."""
     checked = _validate(q, k, v, problem)
     return warmed_up(bind(q, k, v, checked, quantisation), q.device)
 

@@ -72,10 +72,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import mangle_type
 
-from common.problem import Problem
-from common.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.static import compile_triton_sm90
-from common.validation import kernel_operand, validate_attention_inputs
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.validation import kernel_operand, validate_attention_inputs
+from common.reporting.static import compile_triton_sm90
 from triton_impl._host import LOG2_E
 from triton_impl.gluon._device import CONSUMER_WARPS, LOAD_REGISTERS, LOAD_WARPS, attention_kernel
 
@@ -247,7 +247,7 @@ def descriptor_type(dtype: torch.dtype, box_rows: int, head_dim: int, box_cols: 
 def compile_kernel_sm90(
     signature: dict[str, str], constexprs: dict[str, object], config: GluonConfig, kernel: object = attention_kernel
 ) -> KernelBinary:
-    """Compile a Gluon kernel for sm_90a without a GPU, through ``common.static``'s Triton path."""
+    """Compile a Gluon kernel for sm_90a without a GPU, through ``common.reporting.static``'s Triton path."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     options = {"num_warps": config.num_warps, "maxnreg": config.maxnreg}

@@ -8,11 +8,11 @@ import sys
 
 import torch
 
-from common.inputs import make_inputs
-from common.problem import Problem
-from common.reference import reference_attention
-from common.registry import get
-from common.timing import tflops, time_cuda
+from common.contract.inputs import make_inputs
+from common.contract.problem import Problem
+from common.contract.reference import reference_attention
+from common.contract.registry import get
+from common.measure.timing import tflops, time_cuda
 from triton_impl.gluon import hopper as gh
 
 

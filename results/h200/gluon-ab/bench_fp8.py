@@ -7,15 +7,15 @@ import sys
 
 import torch
 
-from common.check import run_poisoned, sdpa_error
-from common.fp8 import KernelOrder
-from common.fp8 import emulate as emulate_quantised
-from common.inputs import make_inputs
-from common.metrics import FP8_RULE, emulation_stats, error_stats
-from common.problem import Problem
-from common.reference import reference_attention
-from common.registry import discover
-from common.timing import tflops, time_cuda
+from common.contract.check import run_poisoned, sdpa_error
+from common.contract.fp8 import KernelOrder
+from common.contract.fp8 import emulate as emulate_quantised
+from common.contract.inputs import make_inputs
+from common.contract.metrics import FP8_RULE, emulation_stats, error_stats
+from common.contract.problem import Problem
+from common.contract.reference import reference_attention
+from common.contract.registry import discover
+from common.measure.timing import tflops, time_cuda
 from triton_impl.fp8 import _transposed_values
 from triton_impl.gluon import fp8 as gf
 from triton_impl.gluon.hopper import GluonConfig as C

@@ -1,0 +1,209 @@
+"""The one-call entry point for users who just want the output, with a plan cache behind it.
+
+``attention(q, k, v)`` does the expensive work once per problem signature: on the first call of a
+signature it validates the tensors in full, runs the implementation's capability check and its
+``prepare`` (choose the configuration, compile, warm up), and keeps a *plan*: the implementation and
+the validated :class:`Problem`. Every later call with tensors of the same signature only computes
+the key, then ``bind``-s the new tensors and launches (no validation beyond the key, no warm-up, no
+autotuning), so a call costs about what the prepared launch costs.
+
+The key holds everything a plan depends on: the implementation, shapes, dtypes, strides and 16-byte
+alignment of q, k and v, their devices, ``causal``, ``softmax_scale``, and the Triton and CuTe DSL
+versions. The cache keeps the :data:`PLAN_CACHE_SIZE` most recently used plans;
+``clear_plan_cache()`` empties it and ``plan_cache_info()`` reports hits, misses and size. Plans hold
+no tensors: memory belongs to the caller and to each rung's own compile cache.
+
+The suite is forward-only: tensors that require grad while grad mode is on raise a
+``NotImplementedError`` up front (run under ``torch.no_grad()`` / ``torch.inference_mode()`` or
+pass detached tensors), rather than a late, unrelated autograd error.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import cache
+from importlib import metadata
+
+import torch
+
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, get
+from common.contract.validation import OPERAND_ALIGNMENT_BYTES, validate_attention_inputs
+
+DEFAULT_IMPL = "triton/pipelined"
+# Plans kept before the least recently used one is dropped: a plan is a few hundred bytes, and a
+# model calls attention with a handful of signatures (one per layer shape and sequence bucket).
+PLAN_CACHE_SIZE = 256
+API_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+API_DEVICE_TYPES = ("cuda", "cpu")
+_SCALE_TYPES = (type(None), float, int)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one signature needs at every call: the implementation and its validated problem."""
+
+    implementation: Implementation
+    problem: Problem
+
+
+@dataclass(frozen=True)
+class PlanCacheInfo:
+    hits: int
+    misses: int
+    size: int
+    max_size: int
+
+
+class PlanCache:
+    """A thread-safe LRU map from signature keys to plans, with hit and miss counts."""
+
+    def __init__(self, max_size: int = PLAN_CACHE_SIZE) -> None:
+        if max_size < 1:
+            raise ValueError(f"max_size must be >= 1, got {max_size}")
+        self.max_size = max_size
+        self._plans: OrderedDict[tuple, Plan] = OrderedDict()
+        self._lock = threading.Lock()
+        self._hits = 0
+        self._misses = 0
+
+    def get(self, key: tuple) -> Plan | None:
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is None:
+                self._misses += 1
+                return None
+            self._plans.move_to_end(key)
+            self._hits += 1
+            return plan
+
+    def put(self, key: tuple, plan: Plan) -> None:
+        with self._lock:
+            self._plans[key] = plan
+            self._plans.move_to_end(key)
+            while len(self._plans) > self.max_size:
+                self._plans.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+            self._hits = self._misses = 0
+
+    def info(self) -> PlanCacheInfo:
+        with self._lock:
+            return PlanCacheInfo(self._hits, self._misses, len(self._plans), self.max_size)
+
+
+_PLANS = PlanCache()
+
+
+def clear_plan_cache() -> None:
+    """Forget every plan (and the hit/miss counts); the next call of each signature prepares again."""
+    _PLANS.clear()
+
+
+def plan_cache_info() -> PlanCacheInfo:
+    """Hits, misses, plans held and the bound of ``attention``'s plan cache."""
+    return _PLANS.info()
+
+
+@cache
+def toolchain_versions() -> tuple[str | None, str | None]:
+    """Triton and CuTe DSL versions (distribution metadata, read once): part of every plan key."""
+
+    def version(package: str) -> str | None:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return version("triton"), version("nvidia-cutlass-dsl")
+
+
+def _tensor_signature(t: torch.Tensor) -> tuple:
+    # A misaligned tensor is copied by kernel_operand in bind; alignment is part of the signature so
+    # that the plan (and its validated problem) is keyed on the same layout class it was made for.
+    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() % OPERAND_ALIGNMENT_BYTES == 0)
+
+
+def plan_key(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None) -> tuple:
+    """Everything a plan depends on (see the module docstring)."""
+    return (
+        impl,
+        _tensor_signature(q),
+        _tensor_signature(k),
+        _tensor_signature(v),
+        causal,
+        scale,
+        toolchain_versions(),
+    )
+
+
+def _cacheable(impl: object, q: object, k: object, v: object, causal: object, softmax_scale: object) -> bool:
+    """Arguments of the types a plan is keyed on; anything else takes the full path every call, so
+    that ``causal=1`` or ``softmax_scale=True`` never hit a plan validated for a bool and a float."""
+    return (
+        type(impl) is str
+        and type(causal) is bool
+        and type(softmax_scale) in _SCALE_TYPES
+        and all(isinstance(t, torch.Tensor) for t in (q, k, v))
+    )
+
+
+def _refuse_grad(q: object, k: object, v: object) -> None:
+    if not torch.is_grad_enabled():
+        return
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise NotImplementedError(
+                f"common.attention is forward-only (no backward pass), but {name} requires grad; "
+                "call it under torch.no_grad() or torch.inference_mode(), or pass detached tensors"
+            )
+
+
+def _make_plan(
+    impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: object, softmax_scale: object
+) -> tuple[Plan, torch.Tensor]:
+    """Full validation, capability check and ``prepare``; returns the plan and this call's output."""
+    implementation = get(impl)
+    problem = validate_attention_inputs(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, dtypes=API_DTYPES, device_types=API_DEVICE_TYPES
+    )
+    ok, reason = implementation.check(problem, q.device)
+    if not ok:
+        raise ValueError(f"{impl} cannot run {problem.describe()}: {reason}")
+    out = implementation.prepare(q, k, v, problem)()
+    return Plan(implementation, problem), out
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    impl: str = DEFAULT_IMPL,
+) -> torch.Tensor:
+    """Attention output O (B, H, Sq, D) of q (B, H, Sq, D), k and v (B, H, Sk, D) by ``impl``.
+
+    The first call of a signature prepares a plan (validates, compiles, warms up); later calls with
+    new tensors of the same signature bind and launch only. Raises ValueError for an unknown
+    ``impl`` (listing the valid names) or a problem the implementation cannot run (with its reason),
+    NotImplementedError for tensors that require grad, and TypeError/ValueError for bad tensors.
+    """
+    _refuse_grad(q, k, v)
+    if not _cacheable(impl, q, k, v, causal, softmax_scale):
+        return _make_plan(impl, q, k, v, causal, softmax_scale)[1]
+    key = plan_key(impl, q, k, v, causal, softmax_scale)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan, out = _make_plan(impl, q, k, v, causal, softmax_scale)
+        _PLANS.put(key, plan)
+        return out
+    bind = plan.implementation.bind
+    if bind is None:
+        # A rung without bind yet: correct, but every call pays its prepare (and warm-up).
+        return plan.implementation.prepare(q, k, v, plan.problem)()
+    return bind(q, k, v, plan.problem)()

@@ -1,0 +1,167 @@
+"""The registry: every implementation behind one interface.
+
+A rung module defines a module-level ``IMPLEMENTATION = Implementation(...)``. The registry imports
+the modules listed in :data:`RUNG_MODULES` lazily; a module that cannot be imported (for example the
+CuTe DSL is not installed) is reported as unavailable with the import error as the reason, never
+silently dropped and never replaced by another implementation.
+
+The contract of an implementation:
+
+* ``supports(problem, device) -> (ok, reason)``: ``ok`` False means "skipped", and ``reason`` says why.
+* ``prepare(q, k, v, problem) -> run``: everything that is not the kernel (validation, choosing
+  the configuration, autotuning, compilation, quantisation, layout changes, descriptors,
+  allocation) happens here, untimed, ending with one warm-up launch on a GPU. ``run()`` launches
+  the kernel(s) and returns O of shape (B, H, Sq, D) in the problem's dtype (bf16 for FP8 rungs).
+* ``bind(q, k, v, problem) -> run``: the per-call part of ``prepare`` alone, for tensors of a
+  signature that ``prepare`` has already planned (validated, configured, compiled): it builds the
+  operands, descriptors and output for these tensors and returns the same kind of ``run()``, with
+  no validation beyond cheap checks, no warm-up launch and no autotuning (kernels come from the
+  rung's compile cache or Triton's JIT cache). A rung's ``prepare`` is its validation, then
+  ``bind``, then :func:`warmed_up`, so the two cannot drift. ``common.attention`` calls ``prepare``
+  once per signature and ``bind`` on every later call (``common/contract/api.py``).
+* ``compile_sm90(problem) -> [KernelBinary]`` (optional): compile for sm_90a without a GPU, so the
+  PTX and resource usage can be inspected on any machine.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from common.contract.metrics import SDPA_RELATIVE_RULE, ErrorRule
+from common.contract.problem import Problem
+
+STACKS = ("triton", "gluon", "cute", "sdpa", "fa4")
+# Stacks of external kernels measured as references: their rows are named by backend, not by rung.
+BASELINE_STACKS = ("sdpa", "fa4")
+RUNGS = ("naive", "online", "tiled", "pipelined", "hopper", "fp8")
+# Ladder order of the rung modules; the baselines (SDPA backends, FlashAttention-4) come last.
+# Gluon (Triton's explicit dialect, under triton_impl/) has only the Hopper rungs.
+GLUON_RUNGS = ("hopper", "fp8")
+RUNG_MODULES = (
+    *(f"triton_impl.{rung}" for rung in RUNGS),
+    *(f"triton_impl.gluon.{rung}" for rung in GLUON_RUNGS),
+    *(f"cute_impl.{rung}" for rung in RUNGS),
+)
+BASELINE_MODULES = ("common.measure.sdpa", "common.measure.fa4")
+
+Runner = Callable[[], torch.Tensor]
+Prepare = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Problem], Runner]
+Bind = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Problem], Runner]
+Supports = Callable[[Problem, torch.device], tuple[bool, str]]
+
+
+@dataclass(frozen=True)
+class KernelBinary:
+    """One kernel compiled for sm_90a: its PTX text and, when available, its cubin."""
+
+    name: str
+    ptx: str
+    cubin: bytes | None = None
+    threads_per_cta: int | None = None
+    shared_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str
+    stack: str
+    rung: str
+    prepare: Prepare
+    supports: Supports
+    compile_sm90: Callable[[Problem], list[KernelBinary]] | None = None
+    # The per-call part of prepare, for an already-prepared signature (see the module docstring).
+    bind: Bind | None = None
+    # FP8: the fp64 emulation of the rung's own quantisation, ``emulate(q, k, v, problem) ->
+    # common.contract.fp8.Emulation``, which its error rule judges against (``common.contract.check.judge_output``).
+    emulate: Callable[..., Any] | None = None
+    # Rungs that transform their inputs in prepare (FP8): a prepare whose run() quantises, rotates and
+    # launches in every call, timed end to end by ``common.reporting.row_extras``.
+    prepare_end_to_end: Prepare | None = None
+    error_rule: ErrorRule = SDPA_RELATIVE_RULE
+    # True when the Triton interpreter can run it on CPU tensors (TRITON_INTERPRET=1).
+    runs_on_cpu: bool = False
+    # Instruction families its PTX must contain / must not contain (checked by the tests).
+    required_ptx: tuple[str, ...] = ()
+    forbidden_ptx: tuple[str, ...] = ()
+    source_file: str | None = None
+    # The rung's default tile table (head dim, or (head dim, causal), -> configuration) as the
+    # installed release resolves it; env.json records it (``common.measure.toolchain.config_record``).
+    default_configs: Mapping[Any, Any] | None = field(default=None, compare=False)
+    notes: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.stack not in STACKS:
+            raise ValueError(f"stack must be one of {STACKS}, got {self.stack!r}")
+        if self.stack not in BASELINE_STACKS and self.rung not in RUNGS:
+            raise ValueError(f"rung must be one of {RUNGS}, got {self.rung!r}")
+
+    def check(self, problem: Problem, device: torch.device) -> tuple[bool, str]:
+        """The capability check, with the device type checked first."""
+        if device.type == "cpu" and not self.runs_on_cpu:
+            return False, f"{self.name} needs a CUDA GPU (it has no CPU or interpreter path)"
+        return self.supports(problem, device)
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A rung module that could not be imported; compare.py reports it as skipped."""
+
+    module: str
+    reason: str
+
+    @property
+    def name(self) -> str:
+        *packages, rung = self.module.split(".")
+        return f"{packages[-1].removesuffix('_impl')}/{rung}"
+
+
+def warmed_up(run: Runner, device: torch.device) -> Runner:
+    """``run`` after one launch on a GPU, so that the first timed call finds the kernel compiled
+    and loaded; under the Triton interpreter nothing is compiled and the launch is skipped."""
+    if device.type == "cuda":
+        run()
+    return run
+
+
+def _load(module_name: str) -> list[Implementation] | Unavailable:
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name == module_name:
+            return Unavailable(module_name, "not implemented yet")
+        return Unavailable(module_name, f"import failed: {error}")
+    except Exception as error:  # noqa: BLE001 - a rung that fails to import is reported, not fatal
+        return Unavailable(module_name, f"import failed: {type(error).__name__}: {error}")
+    found = getattr(module, "IMPLEMENTATIONS", None) or getattr(module, "IMPLEMENTATION", None)
+    if found is None:
+        return Unavailable(module_name, "module defines no IMPLEMENTATION")
+    return list(found) if isinstance(found, (list, tuple)) else [found]
+
+
+def discover(include_baselines: bool = True) -> tuple[list[Implementation], list[Unavailable]]:
+    """All implementations in ladder order, plus the rung modules that could not be loaded."""
+    available: list[Implementation] = []
+    missing: list[Unavailable] = []
+    modules = RUNG_MODULES + (BASELINE_MODULES if include_baselines else ())
+    for module_name in modules:
+        loaded = _load(module_name)
+        if isinstance(loaded, Unavailable):
+            missing.append(loaded)
+        else:
+            available.extend(loaded)
+    return available, missing
+
+
+def get(name: str) -> Implementation:
+    """The implementation called ``name``; an unknown name lists the valid ones."""
+    available, _ = discover()
+    for impl in available:
+        if impl.name == name:
+            return impl
+    valid = ", ".join(impl.name for impl in available)
+    raise ValueError(f"unknown implementation {name!r}; valid names: {valid}")

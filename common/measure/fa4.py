@@ -1,0 +1,185 @@
+"""FlashAttention-4's SM90 forward (``flash_attn.cute``) as a baseline row, ``fa4/sm90``.
+
+FA4 is the strongest public CuTe DSL attention kernel, so the suite measures its rungs against it
+exactly as against the SDPA backends: same inputs, same correctness rule, same timing. It is
+imported like torch, never copied: when ``flash_attn.cute`` is absent or fails to import, the row
+reads ``unavailable: <reason>`` and every other row is unaffected.
+
+Layout: FA4 takes (B, S, H, D) tensors; the suite's are (B, H, S, D). ``prepare`` (untimed) copies
+q, k and v into FA4's layout and allocates O there; ``run()`` launches FA4's forward into that O and
+returns its (B, H, Sq, D) view, so the harness poisons and checks the very buffer FA4 writes. The
+launch goes through ``flash_attn.cute.interface._flash_attn_fwd``, the function its public
+``flash_attn_func`` calls minus the autograd wrapper, because only it takes a caller's ``out``.
+
+Limits (the capability check): compute capability 9.0 (FA4's SM90 kernel; other GPUs run other
+FA4 kernels, which are not this row), fp16 or bf16, head dim 8..256 in multiples of 8. Causal only
+with Sq = Sk: FA4 aligns the causal mask to the bottom-right corner, the suite (like SDPA) to the
+top-left, and the two agree only on square problems.
+
+Install: FA4's package index release ``fa4`` 4.0.0b3 does not import with nvidia-cutlass-dsl 4.8.1;
+the source of ``flash_attn/cute`` at Dao-AILab/flash-attention commit 0251105 (2026-08-15) does,
+with quack-kernels 0.6.5, apache-tvm-ffi 0.1.15.post2 and torch-c-dlpack-ext 0.1.5 (README, "Use it
+as a library"). :func:`fa4_version_info` names the source that ran, for env.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+from collections.abc import Callable
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, Runner, warmed_up
+from common.contract.validation import validate_attention_inputs
+
+NAME = "fa4/sm90"
+PACKAGE = "flash_attn.cute"
+# The module holding the forward that accepts a caller's output buffer.
+INTERFACE = "flash_attn.cute.interface"
+FORWARD = "_flash_attn_fwd"
+SM90_CAPABILITY = (9, 0)
+DTYPES = (torch.float16, torch.bfloat16)
+MIN_HEAD_DIM, MAX_HEAD_DIM, HEAD_DIM_MULTIPLE = 8, 256, 8
+# Distributions FA4 has been published as; the snapshot used on the H200 has none (source only).
+DISTRIBUTIONS = ("flash-attn-4", "fa4")
+# Source fingerprints (see source_fingerprint) of FA4 snapshots known to run with the pinned CuTe DSL.
+KNOWN_SOURCES = {
+    "49ba1b925fd1c4fd": "Dao-AILab/flash-attention@0251105 (2026-08-15), flash_attn/cute",
+}
+
+
+@cache
+def load_forward() -> tuple[Callable[..., Any] | None, str]:
+    """FA4's forward function, or None and the reason it cannot be used (read once per process)."""
+    try:
+        interface = importlib.import_module(INTERFACE)
+    except ModuleNotFoundError as error:
+        if error.name is not None and (error.name == PACKAGE or PACKAGE.startswith(error.name + ".")):
+            return None, f"unavailable: {PACKAGE} is not installed (README: 'Use it as a library' installs it)"
+        return None, f"unavailable: {PACKAGE} failed to import: {error}"
+    except Exception as error:  # noqa: BLE001 - any import failure is this row's reason, never fatal
+        return None, f"unavailable: {PACKAGE} failed to import: {type(error).__name__}: {error}"
+    forward = getattr(interface, FORWARD, None)
+    if forward is None or "out" not in inspect.signature(forward).parameters:
+        return (
+            None,
+            f"unavailable: {INTERFACE} has no {FORWARD}(..., out=...) (an FA4 version this suite does not know)",
+        )
+    return forward, ""
+
+
+def availability() -> tuple[bool, str]:
+    """Whether ``flash_attn.cute`` imports here, and if not, why."""
+    forward, reason = load_forward()
+    return forward is not None, reason
+
+
+def source_fingerprint(package_dir: Path) -> str:
+    """The first 16 hex digits of a SHA-256 over the package's ``.py`` files (path and bytes)."""
+    digest = hashlib.sha256()
+    for path in sorted(package_dir.rglob("*.py")):
+        digest.update(path.relative_to(package_dir).as_posix().encode())
+        digest.update(b"\0")
+        digest.update(path.read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _distribution_version() -> str | None:
+    for name in DISTRIBUTIONS:
+        try:
+            return f"{name} {metadata.version(name)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def fa4_version_info() -> dict[str, Any]:
+    """What env.json records about FA4: available or why not, where it was found, its distribution
+    version (None for a source checkout) and a fingerprint of its source, named when known."""
+    available, reason = availability()
+    info: dict[str, Any] = {"available": available, "reason": reason, "distribution": _distribution_version()}
+    try:
+        spec = importlib.util.find_spec(PACKAGE)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or spec.origin is None:
+        return {**info, "path": None, "source_fingerprint": None, "source": None}
+    package_dir = Path(spec.origin).parent
+    fingerprint = source_fingerprint(package_dir)
+    return {
+        **info,
+        "path": str(package_dir),
+        "source_fingerprint": fingerprint,
+        "source": KNOWN_SOURCES.get(fingerprint, "unknown source (fingerprint not in common/measure/fa4.py)"),
+    }
+
+
+def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
+    """Importable, an sm_90 GPU, fp16/bf16, a head dim FA4's SM90 kernel takes, a square causal mask."""
+    available, reason = availability()
+    if not available:
+        return False, reason
+    if device.type != "cuda":
+        return False, f"{NAME} needs a CUDA sm_90 GPU, got {device}"
+    capability = torch.cuda.get_device_capability(device)
+    if capability != SM90_CAPABILITY:
+        return False, f"{NAME} is FA4's SM90 kernel: needs compute capability 9.0, got {capability[0]}.{capability[1]}"
+    if problem.dtype not in DTYPES:
+        return False, f"{NAME} runs fp16 and bf16, got {problem.dtype_name}"
+    head_dim = problem.head_dim
+    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM or head_dim % HEAD_DIM_MULTIPLE:
+        return False, (
+            f"{NAME} needs head_dim in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}] and a multiple of {HEAD_DIM_MULTIPLE}, "
+            f"got {head_dim}"
+        )
+    if problem.causal and problem.seqlen_q != problem.seqlen_k:
+        return False, (
+            f"{NAME} aligns the causal mask bottom-right, the suite top-left (SDPA's is_causal); "
+            f"they differ when Sq != Sk (got Sq={problem.seqlen_q}, Sk={problem.seqlen_k})"
+        )
+    return True, ""
+
+
+def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+    """Copy validated q, k, v into FA4's (B, S, H, D) layout and allocate O there; ``run()`` only
+    launches FA4 and returns O viewed as (B, H, Sq, D)."""
+    forward, reason = load_forward()
+    if forward is None:
+        raise RuntimeError(reason)
+    q_bshd, k_bshd, v_bshd = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    out = torch.empty_like(q_bshd)
+
+    def run() -> torch.Tensor:
+        forward(q_bshd, k_bshd, v_bshd, softmax_scale=problem.scale, causal=problem.causal, out=out)
+        return out.transpose(1, 2)
+
+    return run
+
+
+def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+    """Validate q, k, v (B, H, S, D), change their layout (untimed), and compile by one warm-up launch."""
+    checked = validate_attention_inputs(
+        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, dtypes=DTYPES
+    )
+    return warmed_up(bind(q, k, v, checked), q.device)
+
+
+IMPLEMENTATION = Implementation(
+    name=NAME,
+    stack="fa4",
+    rung="sm90",
+    prepare=prepare,
+    bind=bind,
+    supports=supports,
+    runs_on_cpu=False,
+    notes="FlashAttention-4 (flash_attn.cute), imported as a baseline",
+)

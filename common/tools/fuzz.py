@@ -1,0 +1,124 @@
+"""GPU fuzzing: random problems per rung against the fp64 reference, each reproducible by its seed.
+
+python -m common.tools.fuzz --impl 'cute/*' --count 40 --out results/h200/fuzz.md
+python -m common.tools.fuzz --impl cute/tiled --reproduce 1000017
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import math
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from common.contract.check import check_implementation
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, discover
+
+MAX_SEQLEN = 3000
+SEED_STRIDE = 1_000_000
+
+
+def random_problem(seed: int) -> tuple[Problem, float]:
+    """A problem and a V offset drawn from ``seed``: lengths log-uniform in [1, MAX_SEQLEN]."""
+    rng = random.Random(seed)
+
+    def length() -> int:
+        return max(1, int(math.exp(rng.uniform(0, math.log(MAX_SEQLEN)))))
+
+    problem = Problem(
+        batch=rng.randint(1, 3),
+        heads=rng.randint(1, 4),
+        seqlen_q=length(),
+        seqlen_k=length(),
+        head_dim=rng.choice([64, 128]),
+        dtype=rng.choice([torch.float16, torch.bfloat16]),
+        causal=rng.random() < 0.5,
+        softmax_scale=rng.choice([None, rng.uniform(0.02, 0.3)]),
+    )
+    return problem, rng.uniform(-1.0, 1.0)
+
+
+@dataclass
+class FuzzSummary:
+    impl: str
+    ran: int = 0
+    skipped: int = 0
+    mismatches: list[str] = field(default_factory=list)
+
+
+def fuzz_one(impl: Implementation, seed: int, summary: FuzzSummary) -> None:
+    problem, offset = random_problem(seed)
+    ok, _ = impl.check(problem, torch.device("cuda"))
+    if not ok:
+        summary.skipped += 1
+        return
+    summary.ran += 1
+    try:
+        result = check_implementation(impl, problem, seed=seed, offset=offset)
+    except Exception as error:  # noqa: BLE001 - a crash is a finding, with its seed
+        summary.mismatches.append(f"seed {seed}: {problem.describe()}: raised {type(error).__name__}: {error}")
+        return
+    if not result.ok:
+        summary.mismatches.append(f"seed {seed}: {problem.describe()} offset={offset:.2f}: {result.summary()}")
+
+
+def summary_markdown(summaries: list[FuzzSummary], count: int, base_seed: int) -> str:
+    lines = [
+        "# GPU fuzz summary",
+        "",
+        f"{count} random problems per rung (seeds {base_seed}..; B 1-3, H 1-4, Sq/Sk log-uniform in 1..{MAX_SEQLEN}, "
+        "D 64/128, fp16/bf16, causal or not, default or random scale, V offset in [-1, 1]).",
+        "",
+        "| impl | ran | skipped (capability) | mismatches |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {s.impl} | {s.ran} | {s.skipped} | {len(s.mismatches)} |" for s in summaries]
+    for summary in summaries:
+        lines += [f"- {summary.impl} {line}" for line in summary.mismatches]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--impl", default="*", help="glob on implementation names")
+    parser.add_argument("--count", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--reproduce", type=int, help="run the single problem of this seed")
+    parser.add_argument("--out", type=Path, help="write the markdown summary here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        # Without a GPU every rung would only be skipped: say so instead of a CUDA traceback.
+        print(
+            "common.tools.fuzz needs a CUDA GPU, and torch sees none (torch.cuda.is_available() is False)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    available, _ = discover(include_baselines=False)
+    chosen = [impl for impl in available if fnmatch.fnmatch(impl.name, args.impl)]
+    summaries = []
+    for impl in chosen:
+        summary = FuzzSummary(impl.name)
+        seeds = (
+            [args.reproduce]
+            if args.reproduce is not None
+            else range(args.seed * SEED_STRIDE, args.seed * SEED_STRIDE + args.count)
+        )
+        for seed in seeds:
+            fuzz_one(impl, seed, summary)
+        print(f"{impl.name:18s} ran {summary.ran:4d} skipped {summary.skipped:4d} mismatches {len(summary.mismatches)}")
+        for line in summary.mismatches:
+            print(f"    {line}")
+        summaries.append(summary)
+    text = summary_markdown(summaries, args.count, args.seed * SEED_STRIDE)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

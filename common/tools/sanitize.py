@@ -1,0 +1,152 @@
+"""compute-sanitizer memcheck and racecheck over every CUDA rung at small ragged shapes.
+
+    python -m common.tools.sanitize --impl '*' --out results/h200/sanitizer.md
+
+Each (rung, tool) pair runs in its own ``compute-sanitizer`` process that checks the rung on a few
+small problems (ragged lengths, Sq != Sk, causal and not) and runs nothing but the rung's own
+kernels; the summary records the verdict and the first error lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from common.contract.check import run_poisoned
+from common.contract.inputs import make_inputs
+from common.contract.problem import Problem
+from common.contract.registry import discover
+
+TOOLS = ("memcheck", "racecheck")
+ROOT = Path(__file__).resolve().parents[2]
+SMALL_PROBLEMS = (
+    Problem(1, 2, 77, 77, 64, dtype=torch.bfloat16, causal=True),
+    Problem(1, 1, 130, 200, 128, dtype=torch.float16, causal=True),
+    Problem(1, 1, 200, 77, 128, dtype=torch.bfloat16, causal=False),
+    # More query tiles (160) than the H200 has SMs (132): some persistent CTAs run two tiles.
+    Problem(2, 40, 200, 200, 64, dtype=torch.bfloat16, causal=False),
+    # The same with causal tiles of unequal length, dealt forwards then backwards (D=128 is persistent).
+    Problem(2, 40, 200, 200, 128, dtype=torch.bfloat16, causal=True),
+)
+TIMEOUT_S = 300
+SANITIZER_ERROR_EXIT = 99
+# Sanitised processes are mostly host-bound (instrumented launches, JIT): a few run side by side.
+PARALLEL_RUNS = 4
+
+
+def _child(impl_name: str) -> int:
+    """Run only the rung (no reference, no SDPA), so every report is about its own kernels."""
+    available, _ = discover(include_baselines=False)
+    impl = next(candidate for candidate in available if candidate.name == impl_name)
+    failures = 0
+    for problem in SMALL_PROBLEMS:
+        ok, reason = impl.check(problem, torch.device("cuda"))
+        if not ok:
+            print(f"skip {problem.describe()}: {reason}")
+            continue
+        q, k, v = make_inputs(problem, seed=problem.seqlen_q)
+        out = run_poisoned(impl.prepare(q, k, v, problem))
+        torch.cuda.synchronize()
+        unwritten = int((~torch.isfinite(out)).sum().item())
+        print(f"{problem.describe()}: {unwritten} non-finite output elements")
+        failures += unwritten > 0
+    return 1 if failures else 0
+
+
+def _sanitize(impl_name: str, tool: str) -> tuple[str, str]:
+    command = [
+        "compute-sanitizer",
+        f"--tool={tool}",
+        f"--error-exitcode={SANITIZER_ERROR_EXIT}",
+        "--target-processes=all",
+        sys.executable,
+        "-m",
+        "common.tools.sanitize",
+        "--child",
+        impl_name,
+    ]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return "timeout", f"no verdict within {TIMEOUT_S} s"
+    return _verdict(done.returncode, done.stdout + done.stderr)
+
+
+# Reports about the kernels' own memory accesses and shared-memory hazards.
+DEVICE_ERROR = re.compile(r"Invalid __\w+__ (?:read|write)|Misaligned|out of bounds|[Hh]azard|Race reported")
+# Failed host API calls: cuda-python probes optional driver entry points (cuGetProcAddress) at import.
+HOST_API_ERROR = re.compile(r"Program hit (CUDA_ERROR_\w+).*?on CUDA API call to (\w+)")
+
+
+def _verdict(returncode: int, output: str) -> tuple[str, str]:
+    """ "clean" means no device-side error; host API failures are counted in the detail, not hidden."""
+    lines = output.splitlines()
+    device_errors = [line for line in lines if DEVICE_ERROR.search(line) and "SUMMARY" not in line]
+    host_calls = sorted({f"{m.group(1)} from {m.group(2)}" for m in map(HOST_API_ERROR.search, lines) if m})
+    summary = [line for line in lines if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line][-1:]
+    if device_errors:
+        verdict = "errors"
+    elif returncode in (0, SANITIZER_ERROR_EXIT) and summary:
+        verdict = "clean"
+    else:
+        verdict = f"exit {returncode}"
+    detail = summary + device_errors[:3]
+    if host_calls:
+        detail.append(f"host API errors only: {', '.join(host_calls)}")
+    if not summary:
+        detail.append((lines or [""])[-1])
+    return verdict, "; ".join(detail).replace("|", "/")
+
+
+def _missing_tool() -> str | None:
+    """What the sweep lacks to run at all (compute-sanitizer on PATH, a CUDA GPU), or None."""
+    if shutil.which("compute-sanitizer") is None:
+        return "common.tools.sanitize needs compute-sanitizer (from the CUDA toolkit) on PATH; it was not found"
+    if not torch.cuda.is_available():
+        return "common.tools.sanitize needs a CUDA GPU, and torch sees none (torch.cuda.is_available() is False)"
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--impl", default="*")
+    parser.add_argument("--tools", default=",".join(TOOLS))
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        sys.exit(_child(args.child))
+    missing = _missing_tool()
+    if missing:
+        print(missing, file=sys.stderr)
+        sys.exit(2)
+    available, _ = discover(include_baselines=False)
+    lines = ["# compute-sanitizer sweep", "", "Problems: " + "; ".join(p.describe() for p in SMALL_PROBLEMS), ""]
+    lines += ["| impl | tool | verdict | detail |", "|---|---|---|---|"]
+    jobs = [
+        (impl.name, tool)
+        for impl in available
+        if fnmatch.fnmatch(impl.name, args.impl)
+        for tool in args.tools.split(",")
+    ]
+    with ThreadPoolExecutor(PARALLEL_RUNS) as pool:
+        verdicts = pool.map(lambda job: _sanitize(*job), jobs)
+        for (impl_name, tool), (verdict, detail) in zip(jobs, verdicts, strict=True):
+            print(f"{impl_name:18s} {tool:10s} {verdict:8s} {detail[:150]}", flush=True)
+            lines.append(f"| {impl_name} | {tool} | {verdict} | {detail[:300]} |")
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
