@@ -370,3 +370,16 @@ def test_gpu_fp8_bind_runs_new_inputs_of_a_prepared_signature():
     emulated = fp8.emulate(q, k, v, problem)
     excess = ((out.double() - emulated.out).abs() - emulated.bound).max().item()
     assert excess <= 0, f"O exceeds the emulation's bound by {excess:.3g}"
+
+
+def test_fp8_refuses_the_key_length_it_gets_wrong():
+    """gluon/fp8 wrote non-finite rows at Sk = 1 on the H200: the capability check refuses it and names it."""
+    from triton_impl.gluon import fp8 as gluon_fp8
+
+    one_key = Problem(batch=1, heads=1, seqlen_q=300, seqlen_k=1, head_dim=128, dtype=torch.bfloat16)
+    ok, reason = gluon_fp8.supports(one_key, torch.device("cpu"))
+    assert not ok and "seqlen_k >= 2" in reason and "got 1" in reason
+    q = torch.zeros(1, 1, 300, 128, dtype=torch.bfloat16)
+    k = v = torch.zeros(1, 1, 1, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="seqlen_k >= 2"):
+        gluon_fp8._validate(q, k, v, one_key)
