@@ -18,9 +18,22 @@ Each consumer's KV loop is software-pipelined by hand (FA3's intra-warpgroup ove
 issues S_n = Q K_nᵀ, then O += P_(n-1) V_(n-1), waits only for S_n (``warpgroup_mma_wait(1)``) and
 runs the softmax of S_n while the P V wgmma still runs on the tensor cores.
 
+The softmax side uses the names of the Triton stack (``triton_impl/_device.py``) and the CuTe stack
+(``cute_impl/_hopper_device.py``), as ``@gluon.jit`` functions (Gluon inlines them):
+
+* ``BlockRange`` → :func:`block_range`: ``(n_block_min, n_block_max, n_masked_blocks)``, blocks
+  [n_block_min, n_block_max) of which the top ``n_masked_blocks`` need the mask.
+* ``AttentionMask.apply`` → :func:`attention_mask`: -inf past Sk and, causal, after the query row.
+* ``OnlineSoftmax`` → :func:`online_softmax_update`, :func:`online_softmax_rescale`,
+  :func:`online_softmax_finalize`; ``row_max`` is the maximum of S · softmax_scale_log2 (log2 units
+  of the scaled scores), ``row_sum`` the sum of P in the same frame.
+* ``LOG2_E`` and ``LN_2`` are the Triton stack's (``triton_impl/_device.py``): the host folds
+  LOG2_E into softmax_scale_log2, the epilogue turns the LSE into a natural log with LN_2. There
+  is no ``RESCALE_THRESHOLD``: as in the Triton stack, O is rescaled at every key block.
+
 Block ranges: every consumer visits the CTA's [0, n_block_max) blocks, as the load warp loads them;
-its blocks before its own ``n_unmasked`` are seen in full by all its rows and skip the mask; the
-causal diagonal, the ragged last block and blocks past its own causal range are masked.
+the blocks below its own ``n_block_max - n_masked_blocks`` are seen in full by all its rows and skip
+the mask; the causal diagonal, the ragged last block and blocks past its own causal range are masked.
 Block 0 is peeled (it starts the pipeline) and always masked, which costs one masked block per tile.
 
 ``FP8`` (``gluon/fp8``, ``triton_impl/gluon/fp8.py``) switches the same kernel to e4m3 operands:
@@ -47,12 +60,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from common.contract import fp8
+from triton_impl._device import LN_2
 
 # FP8: P = 2^(S · scale - row_max + P_EXPONENT) lies in [0, 2^8], clear of e4m3's subnormals; the
 # factor cancels because row_sum adds the same scaled P (common/contract/fp8.py, shared with the other fp8 rungs).
 P_EXPONENT = gl.constexpr(fp8.P_EXPONENT)
-# Natural log of 2 (lse = log2-domain lse · ln 2), read inside the kernel.
-LN_2 = gl.constexpr(0.6931471805599453)
 # FP8: keys per group of the register rename of P (``_scores_as_operand``; common.contract.fp8.KEY_GROUP), and
 # the permutation of [rows, groups, key bit 3, bit 2, bit 1, bit 0] that puts slot k = 4t + i on key
 # 8 (i // 2) + 2t + i % 2 (common.contract.fp8.PERMUTED_KEY_ORDER; tests/test_gluon.py checks they agree).
@@ -83,11 +95,14 @@ def _as_box(tile):
 
 
 # ----------------------------------------------------------------------------------------------
-# Block ranges
+# BlockRange
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
-def _block_range(start_m, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """(n_unmasked, n_block_max): blocks [0, n_unmasked) need no mask, [n_unmasked, n_block_max) do."""
+def block_range(start_m, seqlen_k, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """BlockRange of the BLOCK_M query rows from ``start_m``: ``(n_block_min, n_block_max, n_masked_blocks)``.
+
+    Takes the first row rather than Triton's ``m_block``: a consumer's rows start at the CTA's
+    ``start_m`` plus its own offset."""
     n_full = seqlen_k // BLOCK_N
     if CAUSAL:
         # Block n is unmasked for every row when its last key (n + 1) · BLOCK_N - 1 <= start_m.
@@ -96,7 +111,7 @@ def _block_range(start_m, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr
     else:
         n_unmasked = n_full
         n_block_max = (seqlen_k + BLOCK_N - 1) // BLOCK_N
-    return n_unmasked, n_block_max
+    return 0, n_block_max, n_block_max - n_unmasked
 
 
 # ----------------------------------------------------------------------------------------------
@@ -133,45 +148,79 @@ def _load_partition(operands, NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
 
 
 # ----------------------------------------------------------------------------------------------
-# Softmax partition: wgmma, online softmax, epilogue
+# AttentionMask
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
-def _online_softmax(
+def attention_mask(S, offs_m, start_n, seqlen_k, CAUSAL: gl.constexpr):
+    """AttentionMask.apply: S (query rows ``offs_m``, keys from ``start_n``) with -inf where the key
+    is past ``seqlen_k`` or, causal, after the query row. Apply it to scaled scores: scaling after it
+    would give -inf · 0 = NaN for softmax_scale = 0. Takes the first key rather than Triton's
+    ``offs_n``: the key offsets are built here, in S's own layout."""
+    BLOCK_N: gl.constexpr = S.shape[1]
+    offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S.type.layout))
+    visible = offs_n[None, :] < seqlen_k
+    if CAUSAL:
+        visible = visible & (offs_n[None, :] <= offs_m[:, None])
+    return gl.where(visible, S, float("-inf"))
+
+
+# ----------------------------------------------------------------------------------------------
+# OnlineSoftmax
+# ----------------------------------------------------------------------------------------------
+@gluon.jit
+def online_softmax_update(
     S,
     row_max,
     row_sum,
-    offs_m,
-    start_n,
-    seqlen_k,
     softmax_scale_log2,
+    S_SCALED: gl.constexpr,
     MASKED: gl.constexpr,
-    CAUSAL: gl.constexpr,
     FP8: gl.constexpr,
 ):
-    """(mask), row_max_new, P = exp2(S · scale - row_max_new), alpha = exp2(row_max - row_max_new);
-    FP8 lifts P by 2^P_EXPONENT (row_sum adds the lifted P, so the factor cancels in O / row_sum)."""
-    BLOCK_N: gl.constexpr = S.shape[1]
-    if MASKED:
-        # Scale before masking: -inf · 0 would be NaN for softmax_scale = 0.
-        S = S * softmax_scale_log2
-        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S.type.layout))
-        visible = offs_n[None, :] < seqlen_k
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= offs_m[:, None])
-        S = gl.where(visible, S, float("-inf"))
+    """OnlineSoftmax.update with one block of scores: ``(P, alpha, row_max, row_sum)``.
+
+    row_max_new = max(row_max, rowmax(S · scale)); P = exp2(S · scale - row_max_new);
+    alpha = exp2(row_max - row_max_new), the factor that rescales O and row_sum to the new maximum.
+
+    ``S_SCALED``: S arrives as S · softmax_scale_log2 (masked blocks). Otherwise S arrives unscaled:
+    the scale (>= 0) commutes with the row maximum, so the maximum is scaled once per row.
+    ``MASKED``: a row may have seen no visible key yet (row_max -inf); it subtracts 0 instead, so
+    exp2(-inf) gives P = 0 and not NaN. ``FP8`` lifts P by 2^P_EXPONENT (row_sum adds the lifted P,
+    so the factor cancels in O / row_sum)."""
+    if S_SCALED:
         row_max_new = gl.maximum(row_max, gl.max(S, 1))
-        # Guard: a row with no visible key so far subtracts 0, so exp2(-inf) = 0 and not NaN.
-        row_max_base = gl.where(row_max_new == float("-inf"), 0.0, row_max_new)
-        p_base = row_max_base - P_EXPONENT if FP8 else row_max_base
-        P = gl.exp2(S - p_base[:, None])
     else:
         row_max_new = gl.maximum(row_max, gl.max(S, 1) * softmax_scale_log2)
-        row_max_base = row_max_new
-        p_base = row_max_base - P_EXPONENT if FP8 else row_max_base
-        P = gl.exp2(S * softmax_scale_log2 - p_base[:, None])
+    row_max_base = gl.where(row_max_new == float("-inf"), 0.0, row_max_new) if MASKED else row_max_new
+    p_base = row_max_base - P_EXPONENT if FP8 else row_max_base
+    P = gl.exp2(S - p_base[:, None]) if S_SCALED else gl.exp2(S * softmax_scale_log2 - p_base[:, None])
     alpha = gl.exp2(row_max - row_max_base)
     row_sum = row_sum * alpha + gl.sum(P, 1)
     return P, alpha, row_max_new, row_sum
+
+
+@gluon.jit
+def online_softmax_rescale(acc, alpha):
+    """OnlineSoftmax.rescale: O · alpha, row by row (alpha comes in the layout of S's rows)."""
+    return acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+
+
+@gluon.jit
+def online_softmax_finalize(acc, row_max, row_sum, FP8: gl.constexpr):
+    """OnlineSoftmax.finalize: ``(O, lse)`` with O = acc / row_sum and the natural-log
+    lse = (row_max + log2(row_sum)) · ln 2. A row that saw no key (only rows past Sq) gets O = 0
+    and lse = -inf. FP8's row_sum carries the 2^P_EXPONENT of P, taken off the lse."""
+    has_keys = row_sum > 0.0
+    inv_sum = gl.where(has_keys, 1.0 / row_sum, 0.0)
+    out = online_softmax_rescale(acc, inv_sum)
+    lse_log2 = row_max + gl.log2(row_sum) - P_EXPONENT if FP8 else row_max + gl.log2(row_sum)
+    lse = gl.where(has_keys, lse_log2 * LN_2, float("-inf"))
+    return out, lse
+
+
+# ----------------------------------------------------------------------------------------------
+# Softmax partition: wgmma, online softmax, epilogue
+# ----------------------------------------------------------------------------------------------
 
 
 @gluon.jit
@@ -312,12 +361,6 @@ def _release(k_empty, v_empty, n_block, NUM_STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _rescale(acc, alpha):
-    """O · alpha, row by row (alpha comes in the layout of S's rows)."""
-    return acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
-
-
-@gluon.jit
 def _pipelined_step(
     carry,
     smem,
@@ -346,7 +389,7 @@ def _pipelined_step(
     _, k_ready, v_ready, k_empty, v_empty = barriers
     BLOCK_N: gl.constexpr = k_ring.shape[1]
 
-    acc = _rescale(acc, alpha)
+    acc = online_softmax_rescale(acc, alpha)
     k_tile = _ready_tile(k_ring, k_ready, n_block, NUM_STAGES)
     v_tile = _ready_tile(v_ring, v_ready, n_block - 1, NUM_STAGES)
     _take_turn(turn, n_block, PINGPONG)
@@ -358,9 +401,9 @@ def _pipelined_step(
         softmax_scale_log2 = softmax_scale_log2 * _block_scale(k_scales, n_block, BLOCK_N, KV_QUANT_BLOCK)
     # wgmmas retire in order: waiting until one is in flight retires S_n, leaves P V running.
     S = warpgroup_mma_wait(1, deps=[s_token])
-    P_f32, alpha, row_max, row_sum = _online_softmax(
-        S, row_max, row_sum, offs_m, n_block * BLOCK_N, seqlen_k, softmax_scale_log2, MASKED, CAUSAL, FP8
-    )
+    if MASKED:
+        S = attention_mask(S * softmax_scale_log2, offs_m, n_block * BLOCK_N, seqlen_k, CAUSAL)
+    P_f32, alpha, row_max, row_sum = online_softmax_update(S, row_max, row_sum, softmax_scale_log2, MASKED, MASKED, FP8)
     if FP8:
         # P_n's words take the registers of P_(n-1)'s, which the running wgmma reads: made after it.
         pv = warpgroup_mma_wait(0, deps=[pv_token])
@@ -418,7 +461,8 @@ def _softmax_partition(
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
     # This warpgroup's unmasked blocks; it visits the CTA's n_block_max blocks, as the load warp
     # loads them (blocks past its own causal range are masked out in full).
-    n_unmasked, _ = _block_range(start_m, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+    _, n_block_max_own, n_masked_blocks = block_range(start_m, seqlen_k, CAUSAL, BLOCK_M, BLOCK_N)
+    n_unmasked = n_block_max_own - n_masked_blocks
     if HANDS_FIRST_TURN:
         _pass_turn(turn, PINGPONG)
     if FP8:
@@ -443,9 +487,8 @@ def _softmax_partition(
     _pass_turn(turn, PINGPONG)
     S = warpgroup_mma_wait(0, deps=[s_token])
     mbarrier.arrive(k_empty.index(0), count=1)
-    P_f32, alpha, row_max, row_sum = _online_softmax(
-        S, row_max, row_sum, offs_m, 0, seqlen_k, first_scale_log2, True, CAUSAL, FP8
-    )
+    S = attention_mask(S * first_scale_log2, offs_m, 0, seqlen_k, CAUSAL)
+    P_f32, alpha, row_max, row_sum = online_softmax_update(S, row_max, row_sum, first_scale_log2, True, True, FP8)
     P = _operand_p(P_f32, v_ring.dtype, p_layout, FP8)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     # Blocks every row sees in full, then the causal diagonal and the ragged last block.
@@ -485,7 +528,7 @@ def _softmax_partition(
     acc, P, alpha, row_max, row_sum = carry
 
     # The last block's P V, then normalise.
-    acc = _rescale(acc, alpha)
+    acc = online_softmax_rescale(acc, alpha)
     v_tile = _ready_tile(v_ring, v_ready, n_block_max - 1, NUM_STAGES)
     _take_turn(turn, n_block_max, PINGPONG)
     pv_token = _fp8_values_product(P, v_tile, p_layout) if FP8 else warpgroup_mma(P, v_tile, acc, is_async=True)
@@ -496,13 +539,7 @@ def _softmax_partition(
     else:
         acc = warpgroup_mma_wait(0, deps=[pv_token])
 
-    # A row that saw no key (only rows past Sq) writes 0 and lse = -inf.
-    has_keys = row_sum > 0.0
-    inv_sum = gl.where(has_keys, 1.0 / row_sum, 0.0)
-    out = _rescale(acc, inv_sum)
-    # FP8's row_sum carries the 2^P_EXPONENT of P.
-    lse_log2 = row_max + gl.log2(row_sum) - P_EXPONENT if FP8 else row_max + gl.log2(row_sum)
-    lse = gl.where(has_keys, lse_log2 * LN_2, float("-inf"))
+    out, lse = online_softmax_finalize(acc, row_max, row_sum, FP8)
     gl.store(LSE + batch_head.to(gl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
 
     # O through shared memory (o_smem: this warpgroup's Q buffer, free now, for fp16/bf16) and one
@@ -623,7 +660,7 @@ def attention_kernel(
     batch = batch_head // heads
     head = batch_head % heads
     start_m = m_block * BLOCK_M
-    _, n_block_max = _block_range(start_m, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+    _, n_block_max, _ = block_range(start_m, seqlen_k, CAUSAL, BLOCK_M, BLOCK_N)
 
     q_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, WG_M, HEAD_DIM], tile_layout)
     k_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)

@@ -23,7 +23,8 @@ what changes is the FP8 contract that ``triton/fp8`` and ``cute/fp8`` follow too
     Per-tensor scales are the same arrays with one value, so both variants run the same code.
   * P = exp2(S · scale - row_max + P_EXPONENT) with P_EXPONENT = 8: P lies in [0, 256], where e4m3
     has full precision (its normals start at 2^-6); row_sum adds the same scaled P, so the factor
-    cancels in O / row_sum, and the LSE subtracts it.
+    cancels in O / row_sum, and the LSE subtracts it (``online_softmax_update`` and
+    ``online_softmax_finalize`` with ``FP8``; row_max is in log2 units of the scaled scores).
   * A fresh fp32 accumulator per key block: fp8 wgmma does not accumulate in full fp32, so chaining O
     through it loses accuracy block after block (``triton_impl/fp8.py`` measured 5.8e-2 at S = 8191).
     Step n issues S_n = Q Kᵀ_n and pv = P_(n-1) V_(n-1) from zero, runs the softmax of S_n under

@@ -36,14 +36,16 @@ you write):
 Algorithm (``attention_kernel``: one CTA per ``consumers`` × 64 query rows of one (batch, head)):
   1. Load warp: TMA each consumer's Q tile once; for each key block, wait until its K slot is
      empty, TMA K; wait until its V slot is empty, TMA V; each copy completes its ready barrier.
-  2. Each consumer, block 0: S = Q K₀ᵀ, masked online softmax, P in registers (bf16/fp16).
-  3. Each consumer, block n ≥ 1 (``_pipelined_step``): rescale O by the previous alpha, issue
-     S_n = Q K_nᵀ and O += P_(n-1) V_(n-1) (P from registers), wait for S_n only, online softmax of
-     S_n (unmasked blocks first, then the causal diagonal and the ragged last block with the mask)
+  2. Each consumer, block 0: S = Q K₀ᵀ, ``attention_mask`` and ``online_softmax_update``, P in
+     registers (bf16/fp16).
+  3. Each consumer, block n ≥ 1 (``_pipelined_step``): rescale O by the previous alpha
+     (``online_softmax_rescale``), issue S_n = Q K_nᵀ and O += P_(n-1) V_(n-1) (P from registers),
+     wait for S_n only, online softmax of S_n (the ``block_range``'s unmasked blocks first, then its
+     ``n_masked_blocks``: the causal diagonal and the ragged last block, through ``attention_mask``)
      while that P V runs, wait for it, free K_n's and V_(n-1)'s slots. With ``pingpong`` the
      consumers issue their wgmmas in turn (FA3's schedule; it pays at D=64 only).
-  4. The last P V; O /= row_sum through shared memory (the consumer's Q buffer) and a TMA store; lse
-     to an fp32 (B, H, Sq) buffer.
+  4. The last P V; ``online_softmax_finalize`` (O /= row_sum, lse); O through shared memory (the
+     consumer's Q buffer) and a TMA store; lse to an fp32 (B, H, Sq) buffer.
 
 Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` on 4-D descriptors over (B, H, S, D) with a
 (1, 1, rows, D) box, so each (batch, head) has its own bounds (a ragged tail reads zeros and the O
