@@ -187,9 +187,7 @@ def main() -> None:
     implementations, missing = discover()
     for item in missing:
         print(f"{item.name:18s} unavailable: {item.reason}")
-    selected = [
-        impl for impl in implementations if not args.only or any(fnmatch.fnmatch(impl.name, p) for p in args.only)
-    ]
+    selected = [impl for impl in implementations if _selected(impl.name, args.only)]
     rows = []
     clear_plan_cache()
     for shape in args.shape or SHAPES:
