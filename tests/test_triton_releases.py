@@ -34,6 +34,8 @@ from common.measure.toolchain import (
     triton_release,
 )
 from triton_impl import fp8, hopper, naive, online, pipelined, tiled
+from triton_impl.gluon import fp8 as gluon_fp8
+from triton_impl.gluon import hopper as gluon_hopper
 
 ROOT = Path(__file__).resolve().parent.parent
 # One worker compiles them all (pytest-xdist's --dist loadgroup), not one copy per worker.
@@ -53,6 +55,8 @@ TABLES = {
     "triton/pipelined": pipelined.DEFAULT_CONFIGS,
     "triton/hopper": hopper.DEFAULT_CONFIGS,
     "triton/fp8": fp8.DEFAULT_CONFIGS,
+    "gluon/hopper": gluon_hopper.DEFAULT_CONFIGS,
+    "gluon/fp8": gluon_fp8.DEFAULT_CONFIGS,
 }
 # A tile that spills on every tested release (fp8 at D=256 with one warpgroup: O and the fresh P V
 # accumulator need 2 × 128 fp32 registers per thread), so the probe is seen to catch a spill.

@@ -5,7 +5,7 @@ Two releases are tested, in CI (``.ci/run``, one leg each) and on the H200:
 * Triton 3.6 (torch 2.11), the GPU machine's toolchain, pinned in ``.ci/gpu-machine-constraints.txt``;
 * Triton 3.9 (torch 2.15), what a fresh ``pip install`` resolves to.
 
-Each Triton rung keeps its own table of tiles, chosen on the H200 under Triton 3.6. A newer release
+Each Triton and Gluon rung keeps its own table of tiles, chosen on the H200 under Triton 3.6. A newer release
 allocates registers differently, and a tile that fitted in 255 registers per thread may spill to
 local memory under it. :data:`RELEASE_OVERRIDES` is the one place where a release replaces fields of
 a rung's tile: each rung builds its table through :func:`release_configs`. A Triton between or past
@@ -24,6 +24,8 @@ from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, TypeVar
 
 TESTED_TRITON = ("3.6", "3.9")
+# The stacks Triton compiles: their rungs' tables are the ones a release may override.
+TRITON_STACKS = ("triton", "gluon")
 
 # release -> (rung, the key of the rung's own table) -> fields that replace the table's entry.
 # An entry replaces a tile that spills under that release (ptxas, sm_90a) by the fastest spill-free
@@ -50,6 +52,9 @@ RELEASE_OVERRIDES: dict[str, dict[tuple[str, Hashable], dict[str, Any]]] = {
         # vs 495 / 467, fp8 768 / 700 vs 694 / 649 TFLOP/s (docs/perf-log.md).
         ("triton/hopper", 128): {"ptx_options": "--regAllocOptLevel=4"},
         ("triton/fp8", 128): {"ptx_options": "--regAllocOptLevel=4"},
+        # gluon/fp8 D=128 with 128-key blocks, 2 stages: 248 -> 64-key blocks, 3 stages: spill-free
+        # (not timed under 3.9).
+        ("gluon/fp8", (128, False)): {"block_n": 64, "num_stages": 3},
     },
 }
 
@@ -108,7 +113,7 @@ def tile_key_name(key: Hashable) -> str:
 
 def triton_config_record(implementations: Iterable[Any]) -> dict[str, Any]:
     """For env.json: the Triton version, whose tile table applies, and the default tiles of each
-    Triton rung among ``implementations`` (registry entries; their ``default_configs``)."""
+    Triton or Gluon rung among ``implementations`` (registry entries; their ``default_configs``)."""
 
     def by_key(table: Mapping[Any, Any]) -> dict[str, Any]:
         return {
@@ -122,6 +127,6 @@ def triton_config_record(implementations: Iterable[Any]) -> dict[str, Any]:
         "untested": tested_triton_status(),
     }
     for impl in implementations:
-        if impl.stack == "triton" and impl.default_configs is not None:
+        if impl.stack in TRITON_STACKS and impl.default_configs is not None:
             record[impl.name] = by_key(impl.default_configs)
     return record

@@ -98,7 +98,7 @@ from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.contract.validation import kernel_operand, validate_attention_inputs
-from common.measure.toolchain import triton_release
+from common.measure.toolchain import release_configs
 from triton_impl._host import LOG2_E
 from triton_impl.fp8 import DEFAULT_QUANTISATION, INPUT_DTYPES
 from triton_impl.gluon import hopper
@@ -114,22 +114,22 @@ OUTPUT_DTYPE = torch.bfloat16
 # blocks two per loop iteration (spill-free on both). D=64 runs two consumers with 128-key blocks
 # (spill-free on both releases): three consumers with 64-key blocks ran 6 % faster non-causal but wrote
 # NaN at Sq = Sk = 1 for some heads on the H200 (not understood; see the perf log).
-DEFAULT_CONFIGS = {
-    (64, False): GluonConfig(128, 3),
-    (64, True): GluonConfig(128, 3),
-    (128, False): GluonConfig(128, 2),
-    (128, True): GluonConfig(64, 3, unroll_pairs=True),
-}
-# Triton 3.9's ptxas spills 248 B per thread at D=128 non-causal with 128-key blocks: 64-key blocks
-# there (spill-free; not timed under 3.9). Not in common.measure.toolchain.RELEASE_OVERRIDES, whose tests and
-# env.json record cover the Triton rungs' tables only.
-RELEASE_REPLACEMENTS = {"3.9": {(128, False): GluonConfig(64, 3)}}
+# Under Triton 3.9 the D=128 non-causal 128-key build spills 248 B per thread: the release table
+# (``common.measure.toolchain.RELEASE_OVERRIDES``) gives it 64-key blocks there.
+DEFAULT_CONFIGS = release_configs(
+    RUNG,
+    {
+        (64, False): GluonConfig(128, 3),
+        (64, True): GluonConfig(128, 3),
+        (128, False): GluonConfig(128, 2),
+        (128, True): GluonConfig(64, 3, unroll_pairs=True),
+    },
+)
 
 
 def default_config(problem: Problem) -> GluonConfig:
     """The configuration for this head dim and mask under the installed Triton release."""
-    key = (problem.head_dim, problem.causal)
-    return RELEASE_REPLACEMENTS.get(triton_release(), {}).get(key, DEFAULT_CONFIGS[key])
+    return DEFAULT_CONFIGS[problem.head_dim, problem.causal]
 
 
 def check_quantisation_blocks(quantisation: Quantisation, config: GluonConfig) -> None:
@@ -322,5 +322,6 @@ IMPLEMENTATION = Implementation(
     # Q, K, Vᵀ come by TMA; the scales are plain scalar loads.
     forbidden_ptx=("cp.async",),
     source_file=__file__,
+    default_configs=DEFAULT_CONFIGS,
     notes=f"quantisation: {DEFAULT_QUANTISATION.describe()}; Gluon has no interpreter path: sm_90 GPU only",
 )

@@ -77,6 +77,7 @@ from triton.runtime.jit import mangle_type
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.contract.validation import kernel_operand, validate_attention_inputs
+from common.measure.toolchain import release_configs
 from common.reporting.static import compile_triton_sm90
 from triton_impl._host import LOG2_E
 from triton_impl.gluon._device import CONSUMER_WARPS, LOAD_REGISTERS, LOAD_WARPS, attention_kernel
@@ -133,7 +134,9 @@ class GluonConfig:
         return self.consumers + (LOAD_WARPS.value + 3) // 4
 
 
-DEFAULT_CONFIGS = {64: GluonConfig(128, 2, consumers=3, pingpong=True), 128: GluonConfig(128, 2)}
+DEFAULT_CONFIGS = release_configs(
+    "gluon/hopper", {64: GluonConfig(128, 2, consumers=3, pingpong=True), 128: GluonConfig(128, 2)}
+)
 # The kernel's FP8 scale arguments (Q_SCALE, K_SCALE, V_SCALE, q_blocks, kv_blocks), absent here.
 FP16_SCALES = (None,) * 5
 SCALE_ARGS = ("Q_SCALE", "K_SCALE", "V_SCALE", "q_blocks", "kv_blocks")
@@ -295,5 +298,6 @@ IMPLEMENTATION = Implementation(
     required_ptx=("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier", "setmaxnreg"),
     forbidden_ptx=("cp.async",),
     source_file=__file__,
+    default_configs=DEFAULT_CONFIGS,
     notes="Gluon has no interpreter path: it runs only on an sm_90 GPU",
 )
