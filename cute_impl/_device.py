@@ -170,8 +170,9 @@ class OnlineSoftmax:
         self.row_sum = cute.make_rmem_tensor(rows, cutlass.Float32)
         self.row_max.fill(-cutlass.Float32.inf)
         self.row_sum.fill(0.0)
-        # Whether some row of this thread moved its row_max in the last update (read by rescale).
-        self.moved = cute.make_rmem_tensor(1, cutlass.Boolean)
+        # Whether some row of this thread moved its row_max in the last update (read by rescale in
+        # the same block; a scalar, not a register tensor, as the ordering of the PTX depends on it).
+        self.moved = cutlass.Boolean(False)
 
     @cute.jit
     def update(self, acc_S: cute.Tensor) -> cute.Tensor:
@@ -181,9 +182,9 @@ class OnlineSoftmax:
         rows = cute.size(acc_S_mn, mode=[0])
         scale_log2 = self.softmax_scale_log2
         # Local names: the DSL's dynamic `if` below may write tensors, but not attributes of self.
-        row_max, row_sum, moved = self.row_max, self.row_sum, self.moved
+        row_max, row_sum = self.row_max, self.row_sum
         row_scale = cute.make_rmem_tensor(rows, cutlass.Float32)
-        moved[0] = cutlass.Boolean(False)
+        moved = cutlass.Boolean(False)
         for r in cutlass.range_constexpr(rows):
             block_max = acc_S_mn[r, 0]
             for c in cutlass.range_constexpr(1, cute.size(acc_S_mn, mode=[1])):
@@ -195,7 +196,7 @@ class OnlineSoftmax:
             if block_max_scaled > row_max[r] + RESCALE_THRESHOLD:
                 row_scale[r] = cute.math.exp2(row_max[r] - block_max_scaled, fastmath=True)
                 row_max[r] = block_max_scaled
-                moved[0] = cutlass.Boolean(True)
+                moved = cutlass.Boolean(True)
             row_sum[r] = row_sum[r] * row_scale[r]
             # Guard: a row that has seen only masked keys keeps -inf; subtract 0 instead so that
             # exp2(-inf - -inf) = NaN never happens (its P is then 0).
@@ -208,6 +209,7 @@ class OnlineSoftmax:
                 acc_S_mn[r, c] = p
                 block_sum = block_sum + p
             row_sum[r] = row_sum[r] + block_sum
+        self.moved = moved
         return row_scale
 
     @cute.jit
@@ -215,7 +217,7 @@ class OnlineSoftmax:
         """O *= row_scale row by row, skipped when no row of this warp moved its ``row_max``: one
         warp-uniform branch for all rows, so no divergence, and the multiplies stay one block."""
         acc_O_mn = rows_by_cols(acc_O)
-        if cute.arch.vote_any_sync(self.moved[0]):
+        if cute.arch.vote_any_sync(self.moved):
             for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
                 for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
                     acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
