@@ -5,7 +5,7 @@ without spills under the installed release (bf16; fp16 builds allocate the same 
 this on both tested releases, one per leg. The installed release must be one the table was checked
 against, and any other version gets a warning naming it. The online rung's tiles of every release
 are also checked for correctness under the interpreter on each leg, so a release's tile that only
-the other leg would run (e.g. 3.9's ``qk_partials``) is still tested on both.
+the other leg would run (e.g. 3.9's 64-key tile at D=128) is still tested on both.
 """
 
 from __future__ import annotations

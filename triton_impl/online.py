@@ -3,9 +3,9 @@
 What it adds over ``naive``: one fused kernel and one pass over K and V, with no S in HBM. The naive
 rung writes the fp32 score matrix (B·H·Sq·Sk·4 bytes) and reads it four times; here each program
 keeps a running row max and row sum for its query rows, so scores live only in registers and HBM
-traffic drops to reading Q, K, V and writing O. The products are still broadcast multiply +
-``tl.sum`` in fp32 — deliberately no ``tl.dot`` — so this step isolates the algorithm (online
-softmax) from the hardware (tensor cores, the next rung).
+traffic drops to reading Q, K, V and writing O. The products are still broadcast multiplies in
+fp32 — deliberately no ``tl.dot`` — so this step isolates the algorithm (online softmax) from the
+hardware (tensor cores, the next rung).
 
 Algorithm (one program per BLOCK_M = ROWS_REP · ROWS_LANE query rows of one (batch, head)):
   1. Point at the Q tile; it is read BLOCK_D columns at a time (from L1 after the first key block).
@@ -15,7 +15,7 @@ Algorithm (one program per BLOCK_M = ROWS_REP · ROWS_LANE query rows of one (ba
         summed over D one BLOCK_D slice at a time; keys past Sk and, when causal, keys after the
         row are set to -inf.
      b. new_max = max(row_max, rowmax(S)); P = exp2(S - new_max); alpha = exp2(row_max - new_max).
-     c. row_sum = alpha · row_sum + rowsum(P); acc = alpha · acc + P V.
+     c. row_sum = alpha · row_sum + rowsum(P); acc = alpha · acc + P V, one key after another.
   3. O = acc / row_sum, stored in the input dtype (rows past Sq are not stored).
 
 Data movement: Q, K and V go HBM → registers through ``ld.global``; every FLOP is an fp32 FMA on
@@ -37,6 +37,11 @@ tile (D · ROWS_REP values), so it is re-read one D-slice at a time; the D-slice
 loop, not unrolled, or the compiler hoists every slice's loads and spills. Loading K/V or Q as 4-D
 pointer tensors instead of 2-D/3-D ones lets the loads' coalesced layout propagate into the
 product (D across lanes: shuffles, and spills): keep the expand_dims (``x[:, None]``) form.
+How a sum inside a thread is lowered is the compiler's choice too: Triton 3.6 chains ``tl.sum``'s
+terms (one FFMA per product), Triton 3.9 adds them as a tree (Triton PR 9220: one FMUL per product
+plus FADDs, and more values live). So P V is not a ``tl.sum``: ``_add_pv_by_key`` halves the key
+axis, which lies inside each thread, with ``tl.split`` (only a renaming of registers) down to single
+keys and adds each key's products into O, one FFMA chain per element of O under either release.
 
 Constraints: fp16 and bf16 on a CUDA GPU (fp32 too under the Triton interpreter); D ∈ {32, 64, 128,
 256}; any Sq, Sk ≥ 1; causal (top-left) or not.
@@ -49,16 +54,14 @@ converted from bf16 fed a single FMA, and it ran slower than naive without the m
 tile's key block is about half FFMA. What is left: the Q Kᵀ slice loop (Q and K converted per
 slice, plus the barriers of Triton's layout conversions), and nothing prefetches the next K/V block.
 
-Triton releases (the tile table passes through ``common.measure.toolchain.release_configs``): Triton 3.9 keeps
-more of the 4-D products live than 3.6, and the 4×16 tile spills there (440 bytes per thread at
-D=128; 2×16 spills 520 at D=256). Under 3.9 the rung runs 2×16 rows, 32 keys and 8-column D-slices
-at D=128 (228 registers) and 2×8 rows at D=256: each converted K/V element feeds 2 FMAs instead of 4.
-Triton 3.9 also lowers an in-thread ``tl.sum`` to a tree instead of a chain (Triton PR 9220), so a
-slice's products become FMULs paired by FADDs rather than FFMAs. ``qk_partials`` (set for 3.9 at
-D=128) keeps BLOCK_D partial sums per score across the slices, one FFMA per product, and adds them
-once per key block; under 3.6 it measured slower than the chain 3.6 already emits. The P V sum over
-the keys stays a tree under 3.9. An fp32 ``tl.dot`` (the FMA dot the naive rung uses) measured
-slower here on both releases. Figures: ``docs/perf-log.md``, "Triton 3.9 on the early rungs".
+Triton releases (the tile table passes through ``common.measure.toolchain.release_configs``): with
+P V as a tree, Triton 3.9 spilled the 4×16 tile; as a chain every tile of the table is spill-free
+under both releases, and P V's instructions are the same on both. Q Kᵀ's per-slice ``tl.sum``
+stays a tree under 3.9 (its partial sums as FFMAs held BLOCK_D times the scores and measured slower
+next to the chained P V). Under 3.9 the fastest spill-free tile at D=128 is 2×16 rows, 64 keys and
+8-column D-slices, and the rung runs it there (release table). An fp32 ``tl.dot`` (the FMA dot the
+naive rung uses) measured slower here on both releases. Figures: ``docs/perf-log.md``, "Triton 3.9
+on the early rungs" and "P V as one FFMA chain".
 """
 
 from __future__ import annotations
@@ -98,9 +101,6 @@ class TileConfig:
     block_n: int
     block_d: int
     num_warps: int
-    # Keep BLOCK_D partial sums per score across the D-slices and add them once per key block,
-    # instead of summing each slice's products at once (the in-thread sum Triton 3.9 makes a tree).
-    qk_partials: bool = False
 
     @property
     def block_m(self) -> int:
@@ -108,10 +108,10 @@ class TileConfig:
 
 
 # Per head dim, chosen under Triton 3.6; ``release_configs`` swaps in the tiles another Triton
-# release needs to stay spill-free (``common.measure.toolchain``). D=128 compiles for sm_90a with no spills
-# (255 registers, two CTAs per SM) and was the fastest of six spill-free tiles timed on the H200
-# (docs/perf-log.md). D=64 sums Q Kᵀ over 8 columns of D per step: with 16,
-# Triton 3.6 spills 16 bytes in the causal build.
+# release runs faster or needs to stay spill-free (``common.measure.toolchain``). D=128 compiles for
+# sm_90a with no spills (235 registers under 3.6, two CTAs per SM) and was the fastest spill-free
+# tile timed on the H200 under 3.6 (docs/perf-log.md). D=64 sums Q Kᵀ over 8 columns of D per step:
+# with 16, Triton 3.6 spilled 16 bytes in the causal build.
 CONFIGS: dict[int, TileConfig] = release_configs(
     "triton/online",
     {
@@ -128,6 +128,24 @@ HEAD_DIMS = tuple(CONFIGS)
 # Kernel: one pass over K/V with a running max and sum per query row
 # ----------------------------------------------------------------------------------------------
 @triton.jit
+def _add_pv_by_key(acc, p_by_key, v, KEYS: tl.constexpr, ROWS_REP: tl.constexpr, ROWS_LANE: tl.constexpr,
+                   HEAD_DIM: tl.constexpr):  # fmt: skip
+    """acc (ROWS_REP, D, ROWS_LANE) + P V over KEYS keys, P (KEYS, ROWS_REP, ROWS_LANE) and V (KEYS, D),
+    added one key at a time in key order, so each element of O is one FFMA chain. The key axis lies
+    inside each thread: halving it with ``tl.split`` (first half, then second) only renames registers."""
+    if KEYS == 1:
+        acc = acc + p_by_key.reshape(ROWS_REP, ROWS_LANE)[:, None, :] * v.reshape(HEAD_DIM)[None, :, None]
+    else:
+        halves_p = p_by_key.reshape(2, KEYS // 2, ROWS_REP, ROWS_LANE).permute(1, 2, 3, 0)
+        halves_v = v.reshape(2, KEYS // 2, HEAD_DIM).permute(1, 2, 0)
+        first_p, second_p = tl.split(halves_p)
+        first_v, second_v = tl.split(halves_v)
+        acc = _add_pv_by_key(acc, first_p, first_v, KEYS // 2, ROWS_REP, ROWS_LANE, HEAD_DIM)
+        acc = _add_pv_by_key(acc, second_p, second_v, KEYS // 2, ROWS_REP, ROWS_LANE, HEAD_DIM)
+    return acc
+
+
+@triton.jit
 def _online_kernel(
     Q, K, V, Out,
     stride_qb, stride_qh, stride_qm,
@@ -136,7 +154,7 @@ def _online_kernel(
     stride_ob, stride_oh, stride_om,
     heads, seqlen_q, seqlen_k, softmax_scale_log2,
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS_REP: tl.constexpr, ROWS_LANE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, QK_PARTIALS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     BLOCK_M: tl.constexpr = ROWS_REP * ROWS_LANE
     m_block = tl.program_id(0)
@@ -170,17 +188,14 @@ def _online_kernel(
 
         # 2a. S = Q Kᵀ (ROWS_REP, BLOCK_N, ROWS_LANE), BLOCK_D columns of D at a time: the
         # (BLOCK_D, ROWS_REP, BLOCK_N, ROWS_LANE) product summed over its first axis, inside each
-        # thread, either per slice or (QK_PARTIALS) once after the last slice, the BLOCK_D partial
-        # sums each an FFMA chain. Then the log2 domain, and -inf for keys past Sk and (causal)
-        # keys after the row.
-        partials = tl.zeros((BLOCK_D if QK_PARTIALS else 1, ROWS_REP, BLOCK_N, ROWS_LANE), dtype=tl.float32)
+        # thread. Then the log2 domain, and -inf for keys past Sk and (causal) keys after the row.
+        scores = tl.zeros((ROWS_REP, BLOCK_N, ROWS_LANE), dtype=tl.float32)
         k_ptrs = k_base + offs_k[None, :] * stride_kn + offs_dd[:, None]
         for d_start in tl.range(0, HEAD_DIM, BLOCK_D):
             q_slice = tl.load(q_ptrs + d_start, mask=row_ok[None, :, :], other=0.0).to(tl.float32)
             k_slice = tl.load(k_ptrs + d_start, mask=col_ok[None, :], other=0.0).to(tl.float32)
-            products = q_slice[:, :, None, :] * k_slice[:, None, :, None]
-            partials += products if QK_PARTIALS else tl.sum(products, axis=0, keep_dims=True)
-        scores = tl.sum(partials, axis=0) * softmax_scale_log2
+            scores += tl.sum(q_slice[:, :, None, :] * k_slice[:, None, :, None], axis=0)
+        scores = scores * softmax_scale_log2
         visible = col_ok[None, :, None]
         if CAUSAL:
             visible = visible & (offs_k[None, :, None] <= offs_m[:, None, :])
@@ -193,13 +208,14 @@ def _online_kernel(
         p = tl.exp2(scores - shift[:, None, :])
         alpha = tl.exp2(row_max - shift)
 
-        # 2c. Rescale what was accumulated under the old max, then O += P V: the
-        # (BLOCK_N, ROWS_REP, D, ROWS_LANE) product summed over the keys, inside each thread.
+        # 2c. Rescale what was accumulated under the old max, then O += P V: the products of the
+        # (BLOCK_N, ROWS_REP, D, ROWS_LANE) grid added into O one key after another, inside each thread.
         row_sum = row_sum * alpha + tl.sum(p, axis=1)
         v = tl.load(v_base + offs_k[:, None] * stride_vn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
         p_by_key = tl.permute(p, (1, 0, 2))
-        pv = tl.sum(p_by_key[:, :, None, :] * v.to(tl.float32)[:, None, :, None], axis=0)
-        acc = acc * alpha[:, None, :] + pv
+        acc = _add_pv_by_key(
+            acc * alpha[:, None, :], p_by_key, v.to(tl.float32), BLOCK_N, ROWS_REP, ROWS_LANE, HEAD_DIM
+        )
         row_max = new_max
 
     # 3. Normalise once; a row with no visible key (row_sum 0) is written as 0, not 0 / 0.
@@ -216,7 +232,7 @@ def _online_kernel(
 def _constexprs(config: TileConfig) -> dict[str, int]:
     return {
         "ROWS_REP": config.rows_rep, "ROWS_LANE": config.rows_lane,
-        "BLOCK_N": config.block_n, "BLOCK_D": config.block_d, "QK_PARTIALS": config.qk_partials,
+        "BLOCK_N": config.block_n, "BLOCK_D": config.block_d,
     }  # fmt: skip
 
 

@@ -30,17 +30,14 @@ TRITON_STACKS = ("triton", "gluon")
 # release -> (rung, the key of the rung's own table) -> fields that replace the table's entry.
 # An entry replaces a tile that spills under that release (ptxas, sm_90a) by the fastest spill-free
 # one timed on the H200 under it, or a tile another one beats under that release only
-# (docs/perf-log.md, "Triton 3.6 and 3.9" and "Triton 3.9 on the early rungs").
+# (docs/perf-log.md, "Triton 3.6 and 3.9", "Triton 3.9 on the early rungs" and "P V as one FFMA chain").
 RELEASE_OVERRIDES: dict[str, dict[tuple[str, Hashable], dict[str, Any]]] = {
     "3.6": {},
     "3.9": {
-        # Spill bytes per thread of the 3.6 tile under 3.9 -> registers of the replacement (sm_90a).
-        # online 4x16 rows: 440 (408 causal) -> 2x16 rows, 32 keys, 8-column D-slices: 228; with
-        # Q Kᵀ kept as 8 partial sums per score (3.9 lowers the per-slice sum to a tree, 3.6 to an
-        # FFMA chain): 228, and on the H200 16.5 / 17.1 instead of 14.5 / 15.5 TFLOP/s.
-        ("triton/online", 128): {"rows_rep": 2, "block_n": 32, "block_d": 8, "qk_partials": True},
-        # online 2x16 rows at D=256: 520 -> 2x8 rows: 157.
-        ("triton/online", 256): {"rows_lane": 8},
+        # Not a spill: online D=128 takes 2x16 rows, 64 keys, 8-column D-slices (254 registers), the
+        # fastest spill-free tile timed under 3.9 on the H200: 20.5 / 21.1 TFLOP/s; 3.6's 4x16 rows,
+        # 16 keys, 16-column slices runs 16.1 / 16.0 there (docs/perf-log.md, "P V as one FFMA chain").
+        ("triton/online", 128): {"rows_rep": 2, "block_n": 64, "block_d": 8},
         # pipelined 64 x 32, 4 warps: 56 -> 8 warps: 204 (the causal build does not spill).
         ("triton/pipelined", (256, False)): {"num_warps": 8},
         # Not a spill: pipelined D=128 causal takes the non-causal 128 x 128 tile (3 stages, 8 warps),
