@@ -378,8 +378,8 @@ class OnlineSoftmax:
     @cute.jit
     def update(self, acc_S: cute.Tensor, key_scale: Float32 | None = None) -> cute.Tensor:
         """S -> P in place (exp2 with the scale folded in) and row_sum; returns O's rescale factor
-        per row (exactly 1 where the reference did not move) for :meth:`rescale`, which runs once the
-        in-flight O += P V has retired.
+        per row (exactly 1 where the reference did not move) for :meth:`rescale`: 16-bit before the
+        next O += P V is issued, FP8 once the in-flight one has retired.
 
         ``key_scale`` (FP8 block quantisation): this key block's K scale. It joins the scale of the
         block's scores, so ``row_max`` stays in units that every block shares at no cost per score."""
@@ -678,6 +678,9 @@ class WarpgroupGemms(NamedTuple):
     acc_O: cute.Tensor  # ((2, 2, D/8), 1, 1) fp32
     tOrP: cute.Tensor  # P in the A-operand register layout
     turns: WarpgroupTurns
+    # 16-bit: the factor per row that O still owes the last softmax update; applied just before the
+    # next O += P V is issued, while S = Q Kᵀ runs on the tensor cores.
+    o_scale: cute.Tensor  # (ROWS_PER_THREAD,) fp32
 
 
 class OutputEpilogue(ReadOnlyInRegions):

@@ -55,7 +55,10 @@ Algorithm (each consumer warpgroup; numbers match the kernel's sections)
    e. wait V[n];  O = O * factor + P V (``OnlineSoftmax.rescale``; WGMMA, P from registers); the
       multiply is skipped by one warp-uniform branch when no row of the warp moved its reference
    Steps overlap (``next_block``): block n's S = Q K[n]ᵀ is issued together with block n+1's
-   O += P V, the softmax of S runs while that WGMMA is in flight, and O is rescaled once it retired.
+   O += P V, and the softmax of S runs while that WGMMA is in flight. 16-bit: O's multiply by
+   block n+1's factor sits between the two issues, under the S GEMM, so that after the softmax only
+   the wait for P V and the conversion of P remain before the next issue; FP8 adds the block's
+   separate P V to O first, so it rescales once that WGMMA retired.
 3. ``OnlineSoftmax.finalize``: O /= row_sum; lse = (row_max + log2(row_sum)) * ln 2.
 4. O -> registers in the output dtype -> ``stmatrix`` into the warpgroup's O box (one CTA per tile:
    the dead Q box; persistent: a box of its own, since the next tile's Q is already loading) ->
@@ -356,6 +359,7 @@ class HopperAttention:
                 acc_O=acc_O,
                 tOrP=tOrP,
                 turns=turns,
+                o_scale=cute.make_rmem_tensor(ROWS_PER_THREAD, Float32),
             )
             q_state = QueryBoxes.consumer_state()
             # Every warpgroup of the CTA visits the same key blocks of every tile, so the turns balance
@@ -384,7 +388,7 @@ class HopperAttention:
                 first_block = functools.partial(self.first_block, gemms, softmax, scales, mask)
                 masked_block = functools.partial(self.next_block, gemms, softmax, scales, mask)
                 unmasked_block = functools.partial(self.next_block, gemms, softmax, scales, None)
-                last_block = functools.partial(self.last_block, gemms, scales)
+                last_block = functools.partial(self.last_block, gemms, scales, softmax)
 
                 # 1. This warpgroup's Q box.
                 q_boxes.wait(w, q_state)
@@ -439,7 +443,9 @@ class HopperAttention:
         warpgroup.wait_group(0)
         k_slot.release()
         mask.apply(acc_S, n_block)
-        softmax.update(acc_S, key_scale)
+        row_scale = softmax.update(acc_S, key_scale)
+        if cutlass.const_expr(not self.separate_pv):
+            gemms.o_scale.store(row_scale.load())
         scores_to_operand_a(acc_S, gemms.tOrP)
         return k_consumer
 
@@ -463,6 +469,9 @@ class HopperAttention:
         acc_PV = cute.make_rmem_tensor(acc_O.layout, Float32) if cutlass.const_expr(self.separate_pv) else acc_O
         gemms.turns.wait()
         gemms.qk(acc_S, stage=k_slot.index)
+        if cutlass.const_expr(not self.separate_pv):
+            # O owes the previous block's factor: pay it while S = Q Kᵀ runs, before P V adds to O.
+            softmax.rescale(acc_O, gemms.o_scale)
         gemms.pv(acc_PV, stage=v_slot.index)
         gemms.turns.pass_on()
         # Block scales are loaded once the GEMMs are issued: ptxas copies each into a uniform register
@@ -479,13 +488,13 @@ class HopperAttention:
         if cutlass.const_expr(mask is not None):
             mask.apply(acc_S, n_block)
         row_scale = softmax.update(acc_S, key_scale)
-        # P's registers and O are rewritten below: the O += P V that reads them must retire first.
+        # P's registers (and, FP8, O) are rewritten below: the O += P V that reads them must retire first.
         warpgroup.wait_group(0)
         v_slot.release()
         if cutlass.const_expr(self.separate_pv):
             softmax.rescale(acc_O, row_scale, acc_PV, pv_scale)
         else:
-            softmax.rescale(acc_O, row_scale)
+            gemms.o_scale.store(row_scale.load())
         scores_to_operand_a(acc_S, gemms.tOrP)
         return k_consumer, v_consumer
 
@@ -494,6 +503,7 @@ class HopperAttention:
         self,
         gemms: WarpgroupGemms,
         scales: BlockScales | None,
+        softmax: OnlineSoftmax,
         v_consumer: pipeline.PipelineConsumer,
         n_block: Int32,
     ) -> pipeline.PipelineConsumer:
@@ -502,6 +512,8 @@ class HopperAttention:
         acc_O = gemms.acc_O
         acc_PV = cute.make_rmem_tensor(acc_O.layout, Float32) if cutlass.const_expr(self.separate_pv) else acc_O
         gemms.turns.wait()
+        if cutlass.const_expr(not self.separate_pv):
+            softmax.rescale(acc_O, gemms.o_scale)
         gemms.pv(acc_PV, stage=v_slot.index)
         gemms.turns.pass_on()
         pv_scale = None

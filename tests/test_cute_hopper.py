@@ -155,6 +155,29 @@ def test_register_split_fits_the_launch_allocation():
     assert _hopper_device.registers_fit(4, 112) and not _hopper_device.registers_fit(4, 120)
 
 
+def _gemm_events(ptx: str) -> str:
+    """The PTX's order of WGMMA fences (F), commits (C), waits (W) and warp votes (V, the O rescale)."""
+    codes = {"wgmma.fence": "F", "wgmma.commit_group": "C", "wgmma.wait_group": "W", "vote.sync.any": "V"}
+    pattern = "|".join(re.escape(op) for op in codes)
+    return "".join(codes[match] for match in re.findall(pattern, ptx))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_o_rescale_is_issued_under_the_qk_gemm(head_dim: int, causal: bool):
+    """16-bit: a main-loop step issues S = Q Kᵀ, multiplies O by the factor the previous softmax
+    update left (its vote.sync.any branch), then issues O += P V, so the multiply runs under the
+    tensor cores' S GEMM instead of after the softmax. Every step that issues two GEMMs has the vote
+    between them; the kernel before this change issued them back to back (FCFC) and rescaled after
+    ``wait_group 0``. FP8 keeps that order: its per-block P V is added to O before the rescale."""
+    problem = Problem(2, 16, 8192, 8192, head_dim, causal=causal)
+    events = _gemm_events(hopper.compile_sm90(problem)[0].ptx)
+    assert "FCVFC" in events, events
+    assert "FCFC" not in events, events
+    fp8_events = _gemm_events(fp8.compile_sm90(problem)[0].ptx)
+    assert "FCFC" in fp8_events and "FCVFC" not in fp8_events, fp8_events
+
+
 # ----------------------------------------------------------------------------------------------------
 # GPU
 # ----------------------------------------------------------------------------------------------------
