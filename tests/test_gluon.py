@@ -65,7 +65,15 @@ with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
     handle.write(binary.cubin)
     handle.flush()
     sass = subprocess.run([_cuobjdump(), "-sass", handle.name], capture_output=True, text=True, check=True).stdout
+tokens = (("init", "mbarrier.init"), ("fence", "fence.proxy.async"), ("wait", "mbarrier.try_wait"))
+events = [kind for line in binary.ptx.splitlines() for kind, token in tokens if token in line]
+instructions = [
+    (m.group(1), [a.strip().split(".")[0] for a in m.group(2).split(",")])
+    for m in re.finditer(r"/\\*[0-9a-f]{4,}\\*/\\s+(?:@!?U?P\\w+\\s+)?([A-Z][\\w.]*)\\s+([^;]*);", sass)
+]
 print(json.dumps({
+    "instructions": instructions,
+    "barrier_events": events,
     "one_group_in_flight": "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass,
     "features": ptx_features(binary.ptx),
     "setmaxnreg": sorted({int(n) for n in re.findall(r"setmaxnreg\\S*\\s+(\\d+)", binary.ptx)}),
@@ -127,6 +135,61 @@ def test_wgmmas_stay_asynchronous(compiled: dict):
     assert compiled["one_group_in_flight"], "no wgmma wait leaves a group in flight: serialised wgmmas"
 
 
+def barrier_inits_fenced(events: list[str]) -> bool:
+    """True when a proxy fence lies between the last mbarrier.init and the first mbarrier wait
+    (``events``: "init", "fence" and "wait" in PTX order)."""
+    last_init = max(index for index, event in enumerate(events) if event == "init")
+    first_wait = events.index("wait", last_init)
+    return "fence" in events[last_init:first_wait]
+
+
+def test_barrier_inits_are_fenced_before_use(compiled: dict):
+    # mbarrier.init is a generic-proxy write and the TMA copies complete the barriers through the
+    # async proxy: the PTX memory model orders the two only through fence.proxy.async (Triton's own
+    # TMA pipeline emits it after its inits; Gluon leaves it to the kernel).
+    assert barrier_inits_fenced(compiled["barrier_events"]), compiled["barrier_events"][:40]
+
+
+def test_barrier_fence_rule_catches_a_missing_fence():
+    fenced = ["init", "init", "fence", "wait", "wait", "fence"]
+    assert barrier_inits_fenced(fenced)
+    # The kernel before the fix: the only fence is the epilogue's, after the first wait.
+    assert not barrier_inits_fenced(["init", "init", "wait", "wait", "fence"])
+
+
+def merges_from_unwritten_registers(instructions: list[tuple[str, list[str]]]) -> list[str]:
+    """F2FP ... MERGE_C instructions (two values packed into one half of a register, the other half
+    taken from their last operand) whose merge register no earlier instruction of the listing writes
+    (``instructions``: SASS opcode and operands in listing order)."""
+    written = {"RZ"}
+    unwritten = []
+    for opcode, operands in instructions:
+        if opcode.startswith("F2FP") and "MERGE_C" in opcode and operands[-1] not in written:
+            unwritten.append(f"{opcode} {', '.join(operands)}")
+        if operands and operands[0].startswith("R") and not opcode.startswith(("ST", "RED", "ATOM")):
+            written.add(operands[0])
+    return unwritten
+
+
+def test_p_words_read_no_unwritten_register(compiled: dict):
+    # Triton 3.6's ptxas once built FP8 P words from a register it never wrote (the kernel Triton
+    # specialised for seqlen_k = 1): garbage e4m3 P, non-finite rows on the H200 (docs/perf-log.md).
+    assert not merges_from_unwritten_registers(compiled["instructions"])
+
+
+def test_unwritten_merge_rule_catches_the_sk1_build():
+    # The instructions of that build (Triton 3.6, D=64, seqlen_k folded to 1), R3 never written.
+    sk1 = [
+        ("MUFU.EX2", ["R13", "R13"]),
+        ("MUFU.EX2", ["R24", "R24"]),
+        ("F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C", ["R56", "R13", "R24", "R3"]),
+        ("PRMT", ["R3", "R56", "0x7632", "R3"]),
+        ("F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C", ["R58", "R13", "R13", "R3"]),
+    ]
+    assert merges_from_unwritten_registers(sk1) == ["F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C R56, R13, R24, R3"]
+    assert not merges_from_unwritten_registers([("MOV", ["R3", "RZ"]), *sk1])
+
+
 def test_no_spills_and_shared_memory_fits(compiled: dict):
     # ptxas puts a setmaxnreg kernel's spills on the stack (common.reporting.static counts both the same way).
     assert compiled["spill_bytes"] == 0, f"spills {compiled['spill_bytes']} bytes per thread"
@@ -164,6 +227,7 @@ print(json.dumps({
     "e4m3": ptx_features(compiled.asm["ptx"])["e4m3 mma"],
     "spill_bytes": resources["local_bytes"] + resources["stack_bytes"],
     "scale_types": [signature[name] for name in hopper.SCALE_ARGS],
+    "seqlen_k_type": signature["seqlen_k"],
 }))
 """
 
@@ -193,6 +257,9 @@ def test_launch_arguments_compile_through_the_jit_binder(
     assert result["spill_bytes"] == 0, result
     if rung == "hopper":
         assert result["scale_types"] == ["constexpr"] * len(hopper.SCALE_ARGS)
+    # One kernel for every key length: Triton would fold seqlen_k = 1 into a kernel of its own (the
+    # build whose P words Triton 3.6's ptxas got wrong, test_unwritten_merge_rule_catches_the_sk1_build).
+    assert result["seqlen_k_type"] == "i32", result["seqlen_k_type"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -372,14 +439,16 @@ def test_gpu_fp8_bind_runs_new_inputs_of_a_prepared_signature():
     assert excess <= 0, f"O exceeds the emulation's bound by {excess:.3g}"
 
 
-def test_fp8_refuses_the_key_length_it_gets_wrong():
-    """gluon/fp8 wrote non-finite rows at Sk = 1 on the H200: the capability check refuses it and names it."""
+def test_fp8_takes_one_key():
+    """gluon/fp8 once refused Sk = 1 (non-finite rows on the H200, fixed by the barrier-init fence);
+    its capability check and validation now accept it like every other key length."""
     from triton_impl.gluon import fp8 as gluon_fp8
 
     one_key = Problem(batch=1, heads=1, seqlen_q=300, seqlen_k=1, head_dim=128, dtype=torch.bfloat16)
     ok, reason = gluon_fp8.supports(one_key, torch.device("cpu"))
-    assert not ok and "seqlen_k >= 2" in reason and "got 1" in reason
+    assert not ok and "needs a CUDA GPU" in reason, reason
     q = torch.zeros(1, 1, 300, 128, dtype=torch.bfloat16)
     k = v = torch.zeros(1, 1, 1, 128, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="seqlen_k >= 2"):
+    # The only objection left on the CPU is the device, not the key length.
+    with pytest.raises(ValueError, match="cuda device, got cpu"):
         gluon_fp8._validate(q, k, v, one_key)

@@ -49,9 +49,6 @@ RELEASE_OVERRIDES: dict[str, dict[tuple[str, Hashable], dict[str, Any]]] = {
         # vs 495 / 467, fp8 768 / 700 vs 694 / 649 TFLOP/s (docs/perf-log.md).
         ("triton/hopper", 128): {"ptx_options": "--regAllocOptLevel=4"},
         ("triton/fp8", 128): {"ptx_options": "--regAllocOptLevel=4"},
-        # gluon/fp8 D=128 with 128-key blocks, 2 stages: 248 -> 64-key blocks, 3 stages: spill-free
-        # (not timed under 3.9).
-        ("gluon/fp8", (128, False)): {"block_n": 64, "num_stages": 3},
     },
 }
 

@@ -41,10 +41,14 @@ the V ring holds Vᵀ tiles (D × BLOCK_N, read K-major as fp8 wgmma requires), 
 Q block's scale into the softmax scale and each key block's K scale into that block's, P is lifted
 by 2^P_EXPONENT before its e4m3 conversion and handed to P V in S's own registers (a renaming of
 the key index, ``_scores_as_operand``, matched by V's key order on the host), each P V goes into a
-fresh fp32 accumulator that is added to O times the block's V scale (``_fp8_values_product``), and O
-(bf16) leaves through a shared buffer of its own. With ``FP8`` off (and ``UNROLL_PAIRS`` off) the
-generated code is gluon/hopper's as it was before the flag (the same PTX instructions on Triton 3.6
-and 3.9).
+fresh fp32 accumulator that is added to O times the block's V scale (``_fp8_values_product``, one
+FFMA per element with the scale ratio carried in alpha), and O (bf16) leaves through a shared buffer
+of its own.
+
+Both paths carry P from one step to the next as packed 32-bit words made by inline ``cvt`` PTX
+(``_packed_words``, ``_packed_pairs``), written only after the P V wgmma reading the previous words
+has retired: left to Triton, fp16/bf16 P cost a PRMT per word under Triton 3.6's ptxas, and a P
+written under a running wgmma makes ptxas serialise every wgmma of the kernel.
 """
 
 from __future__ import annotations
@@ -269,6 +273,12 @@ def _fp8_values_product(P_words, vt_tile, p_layout: gl.constexpr):
 
 
 @gluon.jit
+def _values_product(P_words, v_tile, acc, p_layout: gl.constexpr):
+    """fp16/bf16: issue O += P V (a wgmma token), P from its packed words."""
+    return warpgroup_mma(_pairs_as_operand(P_words, v_tile.dtype, p_layout), v_tile, acc, is_async=True)
+
+
+@gluon.jit
 def _packed_words(P):
     """FP8: fp32 P in the A-operand layout as e4m3 in int32 words of four consecutive k (the
     operand's own registers): two ``cvt.rn.satfinite.e4m3x2.f32`` per word. Carried from one loop
@@ -339,14 +349,53 @@ def _operand_p(P_f32, dtype: gl.constexpr, p_layout: gl.constexpr, FP8: gl.const
     if FP8:
         return _packed_words(_scores_as_operand(P_f32, p_layout))
     else:
-        # Gluon makes the layout change explicit: S's accumulator layout to the A-operand layout of P V.
-        return gl.convert_layout(P_f32.to(dtype), p_layout)
+        return _packed_pairs(gl.convert_layout(P_f32, p_layout, assert_trivial=True), dtype)
+
+
+@gluon.jit
+def _packed_pairs(P, dtype: gl.constexpr):
+    """fp16/bf16: fp32 P in the A-operand layout as int32 words of two consecutive k, one
+    ``cvt.rn.{bf16,f16}x2.f32`` each (packed by Triton's own conversion, ptxas swapped the halves of
+    every word back with a PRMT)."""
+    BLOCK_M: gl.constexpr = P.shape[0]
+    BLOCK_N: gl.constexpr = P.shape[1]
+    k0, k1 = gl.split(gl.reshape(P, [BLOCK_M, BLOCK_N // 2, 2]))
+    if dtype == gl.bfloat16:
+        asm: gl.constexpr = "cvt.rn.bf16x2.f32 $0, $2, $1;"
+    else:
+        asm: gl.constexpr = "cvt.rn.f16x2.f32 $0, $2, $1;"
+    return gl.inline_asm_elementwise(asm=asm, constraints="=r,r,r", args=[k0, k1], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _pairs_as_operand(P_words, dtype: gl.constexpr, p_layout: gl.constexpr):
+    """The inverse of ``_packed_pairs``: fp16/bf16 P in the A-operand layout."""
+    BLOCK_M: gl.constexpr = P_words.shape[0]
+    WORDS: gl.constexpr = P_words.shape[1]
+    layout3: gl.constexpr = gl.reshape(
+        gl.full([BLOCK_M, WORDS * 2], 0, gl.int16, p_layout), [BLOCK_M, WORDS, 2]
+    ).type.layout
+    P_words = gl.convert_layout(P_words, gl.SliceLayout(2, layout3), assert_trivial=True)
+    shifts = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout3))) * 16
+    halves = ((P_words[:, :, None] >> shifts[None, None, :]) & 0xFFFF).to(gl.int16)
+    P = gl.reshape(halves, [BLOCK_M, WORDS * 2]).to(dtype, bitcast=True)
+    return gl.convert_layout(P, p_layout, assert_trivial=True)
 
 
 @gluon.jit
 def _block_scale(scales, n_block, BLOCK_N: gl.constexpr, KV_QUANT_BLOCK: gl.constexpr):
     """FP8: key block n's scale (K's or V's) of this (batch, head); a key block lies in one quantisation block."""
     return gl.load(scales + n_block * BLOCK_N // KV_QUANT_BLOCK)
+
+
+@gluon.jit
+def _fp8_rescale_factor(alpha, v_scales, n_block, BLOCK_N: gl.constexpr, KV_QUANT_BLOCK: gl.constexpr):
+    """FP8: the factor that takes acc = O / s_v(n-1) to the frame of block n, alpha · s_v(n-1) / s_v(n)
+    (one division per row and step, against one multiply per element of O)."""
+    ratio = _block_scale(v_scales, n_block - 1, BLOCK_N, KV_QUANT_BLOCK) / _block_scale(
+        v_scales, n_block, BLOCK_N, KV_QUANT_BLOCK
+    )
+    return alpha * ratio
 
 
 @gluon.jit
@@ -382,36 +431,56 @@ def _pipelined_step(
 ):
     """Issue S_n, issue O += P_(n-1) V_(n-1), softmax of S_n under that wgmma, free the slots.
 
-    FP8: P_(n-1) V_(n-1) goes into a fresh accumulator, added to O times V_(n-1)'s scale after its
-    wait; K_n's scale joins the softmax scale of S_n (positive, so the row max commutes with it)."""
+    FP8: P_(n-1) V_(n-1) goes into a fresh accumulator; K_n's scale joins the softmax scale of S_n
+    (positive, so the row max commutes with it). ``acc`` holds O over V_(n-2)'s scale s_v, and the
+    carried ``alpha`` already includes s_v(n-2) / s_v(n-1) (``_fp8_rescale_factor``), so one FFMA per
+    element, acc · alpha + P V, both rescales O and adds the block: multiplying the product by its
+    scale and O by alpha separately took a second pass over O's 64 registers per block."""
     acc, P, alpha, row_max, row_sum = carry
     q_smem, k_ring, v_ring = smem
     _, k_ready, v_ready, k_empty, v_empty = barriers
     BLOCK_N: gl.constexpr = k_ring.shape[1]
 
-    acc = online_softmax_rescale(acc, alpha)
+    if not FP8:
+        # O is this block's wgmma accumulator: rescaled before the wgmma is issued.
+        acc = online_softmax_rescale(acc, alpha)
     k_tile = _ready_tile(k_ring, k_ready, n_block, NUM_STAGES)
     v_tile = _ready_tile(v_ring, v_ready, n_block - 1, NUM_STAGES)
+    FP8_MASKED: gl.constexpr = FP8 and MASKED
     _take_turn(turn, n_block, PINGPONG)
-    s_token = _scores(q_smem, k_tile, s_layout)
-    pv_token = _fp8_values_product(P, v_tile, p_layout) if FP8 else warpgroup_mma(P, v_tile, acc, is_async=True)
+    if FP8_MASKED:
+        # FP8 masked blocks (the ragged last block, the causal diagonal) run P_(n-1) V_(n-1) to the end
+        # before S_n is issued: its product's and P's registers are free again while S_n is masked
+        # (overlapped, 128-key blocks spilled). Non-causal tiles have at most one such block.
+        pv = warpgroup_mma_wait(0, deps=[_fp8_values_product(P, v_tile, p_layout)])
+        acc = online_softmax_rescale(acc, alpha) + pv
+        s_token = _scores(q_smem, k_tile, s_layout)
+    else:
+        s_token = _scores(q_smem, k_tile, s_layout)
+        pv_token = _fp8_values_product(P, v_tile, p_layout) if FP8 else _values_product(P, v_tile, acc, p_layout)
     _pass_turn(turn, PINGPONG)
     if FP8:
         k_scales, v_scales = fp8_scales
         softmax_scale_log2 = softmax_scale_log2 * _block_scale(k_scales, n_block, BLOCK_N, KV_QUANT_BLOCK)
     # wgmmas retire in order: waiting until one is in flight retires S_n, leaves P V running.
-    S = warpgroup_mma_wait(1, deps=[s_token])
+    S = warpgroup_mma_wait(0 if FP8_MASKED else 1, deps=[s_token])
     if MASKED:
         S = attention_mask(S * softmax_scale_log2, offs_m, n_block * BLOCK_N, seqlen_k, CAUSAL)
-    P_f32, alpha, row_max, row_sum = online_softmax_update(S, row_max, row_sum, softmax_scale_log2, MASKED, MASKED, FP8)
+    P_f32, alpha_n, row_max, row_sum = online_softmax_update(
+        S, row_max, row_sum, softmax_scale_log2, MASKED, MASKED, FP8
+    )
     if FP8:
-        # P_n's words take the registers of P_(n-1)'s, which the running wgmma reads: made after it.
-        pv = warpgroup_mma_wait(0, deps=[pv_token])
+        if not MASKED:
+            # P_n's words take the registers of P_(n-1)'s, which the running wgmma reads: made after it.
+            pv = warpgroup_mma_wait(0, deps=[pv_token])
+            acc = online_softmax_rescale(acc, alpha) + pv
         P = _operand_p(P_f32, v_ring.dtype, p_layout, FP8)
-        acc = acc + pv * _block_scale(v_scales, n_block - 1, BLOCK_N, KV_QUANT_BLOCK)
+        alpha = _fp8_rescale_factor(alpha_n, v_scales, n_block, BLOCK_N, KV_QUANT_BLOCK)
     else:
-        P = _operand_p(P_f32, v_ring.dtype, p_layout, FP8)
+        # As for FP8: P_n's words are written after the wgmma that reads P_(n-1)'s has retired.
         acc = warpgroup_mma_wait(0, deps=[pv_token])
+        P = _operand_p(P_f32, v_ring.dtype, p_layout, FP8)
+        alpha = alpha_n
     _release(k_empty, v_empty, n_block, NUM_STAGES)
     return acc, P, alpha, row_max, row_sum
 
@@ -490,6 +559,7 @@ def _softmax_partition(
     S = attention_mask(S * first_scale_log2, offs_m, 0, seqlen_k, CAUSAL)
     P_f32, alpha, row_max, row_sum = online_softmax_update(S, row_max, row_sum, first_scale_log2, True, True, FP8)
     P = _operand_p(P_f32, v_ring.dtype, p_layout, FP8)
+    # FP8: acc is zero, so block 0's alpha (finite: 0 for rows that saw no key) needs no V-scale ratio.
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     # Blocks every row sees in full, then the causal diagonal and the ragged last block.
     carry = (acc, P, alpha, row_max, row_sum)
@@ -520,22 +590,36 @@ def _softmax_partition(
                 carry, smem, barriers, turn, n_block, offs_m, seqlen_k, softmax_scale_log2, fp8_scales, s_layout,
                 p_layout, NUM_STAGES, False, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK,
             )  # fmt: skip
-    for n_block in range(gl.maximum(n_unmasked, 1), n_block_max):
-        carry = _pipelined_step(
-            carry, smem, barriers, turn, n_block, offs_m, seqlen_k, softmax_scale_log2, fp8_scales, s_layout,
-            p_layout, NUM_STAGES, True, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK,
-        )  # fmt: skip
+    FP8_FULL: gl.constexpr = FP8 and not CAUSAL
+    if FP8_FULL:
+        # Without the causal mask only the ragged last block is masked: one step, not a loop (as a loop,
+        # Triton 3.9 kept its invariants live across it and spilled at 128 keys).
+        n_block = gl.maximum(n_unmasked, 1)
+        if n_block < n_block_max:
+            carry = _pipelined_step(
+                carry, smem, barriers, turn, n_block, offs_m, seqlen_k, softmax_scale_log2, fp8_scales, s_layout,
+                p_layout, NUM_STAGES, True, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK,
+            )  # fmt: skip
+    else:
+        for n_block in range(gl.maximum(n_unmasked, 1), n_block_max):
+            carry = _pipelined_step(
+                carry, smem, barriers, turn, n_block, offs_m, seqlen_k, softmax_scale_log2, fp8_scales, s_layout,
+                p_layout, NUM_STAGES, True, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK,
+            )  # fmt: skip
     acc, P, alpha, row_max, row_sum = carry
 
-    # The last block's P V, then normalise.
-    acc = online_softmax_rescale(acc, alpha)
+    # The last block's P V, then normalise (FP8: acc is O over the last V block's scale, s_v).
+    if not FP8:
+        acc = online_softmax_rescale(acc, alpha)
     v_tile = _ready_tile(v_ring, v_ready, n_block_max - 1, NUM_STAGES)
     _take_turn(turn, n_block_max, PINGPONG)
-    pv_token = _fp8_values_product(P, v_tile, p_layout) if FP8 else warpgroup_mma(P, v_tile, acc, is_async=True)
+    pv_token = _fp8_values_product(P, v_tile, p_layout) if FP8 else _values_product(P, v_tile, acc, p_layout)
     _pass_turn(turn, PINGPONG)
     if FP8:
         pv = warpgroup_mma_wait(0, deps=[pv_token])
-        acc = acc + pv * _block_scale(fp8_scales[1], n_block_max - 1, BLOCK_N, KV_QUANT_BLOCK)
+        acc = (online_softmax_rescale(acc, alpha) + pv) * _block_scale(
+            fp8_scales[1], n_block_max - 1, BLOCK_N, KV_QUANT_BLOCK
+        )
     else:
         acc = warpgroup_mma_wait(0, deps=[pv_token])
 
@@ -609,7 +693,11 @@ def _consumer(
 # ----------------------------------------------------------------------------------------------
 # Kernel: allocate shared memory and barriers, fork the partitions
 # ----------------------------------------------------------------------------------------------
-@gluon.jit
+# Triton compiles a separate kernel for an integer argument equal to 1, with the value folded in. For
+# seqlen_k = 1 that folding leaves FP8's P words with repeated inputs, and Triton 3.6's ptxas (CUDA
+# 12.8) then assembles one word's upper half from a register it never writes (F2FP ... MERGE_C):
+# garbage e4m3 P, non-finite rows on the H200. One kernel for every key length avoids it.
+@gluon.jit(do_not_specialize=["seqlen_k"])
 def attention_kernel(
     desc_q,
     desc_k,
@@ -689,6 +777,11 @@ def attention_kernel(
         # A slot is empty once every consumer warpgroup has arrived.
         mbarrier.init(k_empty.index(stage), count=NUM_CONSUMERS)
         mbarrier.init(v_empty.index(stage), count=NUM_CONSUMERS)
+    # mbarrier.init is a generic-proxy write and the TMA unit completes these barriers through the
+    # async proxy: the PTX memory model orders the two only through a proxy fence (Triton's own TMA
+    # pipeline emits the same fence.proxy.async after its inits); warp_specialize's entry barrier
+    # then orders it before every partition's first use.
+    fence_async_shared()
 
     descs = (desc_q, desc_k, desc_v, desc_o)
     rings = (k_ring, v_ring)

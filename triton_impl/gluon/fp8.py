@@ -28,10 +28,13 @@ what changes is the FP8 contract that ``triton/fp8`` and ``cute/fp8`` follow too
   * A fresh fp32 accumulator per key block: fp8 wgmma does not accumulate in full fp32, so chaining O
     through it loses accuracy block after block (``triton_impl/fp8.py`` measured 5.8e-2 at S = 8191).
     Step n issues S_n = Q Kᵀ_n and pv = P_(n-1) V_(n-1) from zero, runs the softmax of S_n under
-    that wgmma, waits for pv and adds pv · s_v into O in fp32. O is not an operand of the wgmma any
-    more, so O and pv are both live: 64 more fp32 registers per thread at D=128. 128-key blocks fit
-    only because P costs no registers beyond S's (next point); ``DEFAULT_CONFIGS`` says where they
-    spill.
+    that wgmma, waits for pv and adds it into O in fp32. The accumulator holds O / s_v of the last
+    block added, and the rescale factor carries s_v(n-2) / s_v(n-1) with alpha, so rescaling O and
+    adding the block is one FFMA per element (``_device._fp8_rescale_factor``), not a multiply of O
+    plus a multiply-add of pv · s_v. O is not an operand of the wgmma any more, so O and pv are both
+    live: 64 more fp32 registers per thread at D=128. 128-key blocks fit only because P costs no
+    registers beyond S's (next point), and because masked blocks (the ragged tail, the causal
+    diagonal) finish P_(n-1) V_(n-1) before they issue S_n.
   * P stays in S's registers. fp32 P is renamed into the A-operand layout (below), converted by
     inline PTX to e4m3 packed four k per 32-bit word (``_device._packed_words``), and carried to the
     next step's wgmma as those words, written only after the previous P V has retired. Carried as
@@ -75,7 +78,7 @@ Constraints: fp16 or bf16 inputs, bf16 output; D ∈ {64, 128}; any Sq, Sk ≥ 1
 softmax_scale ≥ 0; exactly sm_90; Triton 3.6 or 3.9. Block scales need Q blocks that are whole
 consumer tiles (a multiple of 64 rows) and K/V blocks that are whole key blocks (a multiple of
 BLOCK_N). No interpreter path, as for ``gluon/hopper``. Not done: the gluon/hopper list (lazy O
-rescaling, a persistent scheduler), and 128-key blocks for D=128 causal (they spill a little).
+rescaling, a persistent scheduler).
 """
 
 from __future__ import annotations
@@ -107,22 +110,20 @@ from triton_impl.gluon.hopper import CONSUMER_ROWS, GluonConfig, descriptor_type
 RUNG = "gluon/fp8"
 FP8_DTYPE = gl.float8e4nv
 OUTPUT_DTYPE = torch.bfloat16
-# (head_dim, causal) -> configuration, measured on the H200 under Triton 3.6 (docs/perf-log.md, "Gluon
-# fp8: P in S's registers"). With P handed over in S's own registers, 128-key blocks fit the 240
-# registers of a D=128 consumer (O, the running P V, S and P live at once) without spills in the
-# non-causal build; the causal build spills 24 B (3.6) / 8-16 B (3.9) at 128 keys, so it takes 64-key
-# blocks two per loop iteration (spill-free on both). D=64 runs two consumers with 128-key blocks
-# (spill-free on both releases): three consumers with 64-key blocks ran 6 % faster non-causal but wrote
-# NaN at Sq = Sk = 1 for some heads on the H200 (not understood; see the perf log).
-# Under Triton 3.9 the D=128 non-causal 128-key build spills 248 B per thread: the release table
-# (``common.measure.toolchain.RELEASE_OVERRIDES``) gives it 64-key blocks there.
+# (head_dim, causal) -> configuration, measured on the H200 (docs/perf-log.md, "Gluon fp8: P in S's
+# registers" and "Gluon: seqlen_k = 1, racecheck, the floors"). With P handed over in S's own
+# registers and masked blocks finishing the previous P V first, 128-key blocks fit the 240 registers
+# of a D=128 consumer (O, the running P V, S and P live at once) without spills on Triton 3.6 and
+# 3.9, causal or not. D=128: ping-pong (one process, 3 rounds: 830 vs 790 TFLOP/s on 3.9, 783 vs
+# 785 on 3.6); causal with 3 stages (717 / 752 on 3.6 / 3.9, against 625 / 603 for the 64-key
+# blocks two per iteration it replaces). D=64 runs two consumers with 128-key blocks.
 DEFAULT_CONFIGS = release_configs(
     RUNG,
     {
         (64, False): GluonConfig(128, 3),
         (64, True): GluonConfig(128, 3),
-        (128, False): GluonConfig(128, 2),
-        (128, True): GluonConfig(64, 3, unroll_pairs=True),
+        (128, False): GluonConfig(128, 2, pingpong=True),
+        (128, True): GluonConfig(128, 3),
     },
 )
 
@@ -145,10 +146,6 @@ def check_quantisation_blocks(quantisation: Quantisation, config: GluonConfig) -
         )
 
 
-# Shorter key sequences are refused by ``supports`` (an open bug, see there).
-MIN_SEQLEN_K = 2
-
-
 class GluonFp8Attention:
     """Prepared launch over quantised operands: descriptors, Vᵀ, O (bf16) and lse built once;
     calling it launches and returns O."""
@@ -160,8 +157,7 @@ class GluonFp8Attention:
         self.variant = quantisation.name
         # Kept as attributes: the descriptors point into these buffers.
         self.operands = operands
-        # Vᵀ padded with zeros to whole key blocks: on the H200 a V tile whose keys ran out of bounds
-        # (Sk = 1: 16 padded keys, 64-key boxes) read NaN into the last heads' products (0 x NaN).
+        # Vᵀ padded with zeros to whole key blocks, so that no V tile reads past its tensor.
         self.vt8 = value_operand(operands.v8, key_multiple=config.block_n)
         self.out = torch.empty(operands.q8.shape, device=operands.q8.device, dtype=OUTPUT_DTYPE)
         self.lse = torch.empty((batch, heads, seqlen_q), device=operands.q8.device, dtype=torch.float32)
@@ -195,8 +191,6 @@ class GluonFp8Attention:
 
 
 def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Problem:
-    if problem.seqlen_k < MIN_SEQLEN_K:
-        raise ValueError(f"{RUNG} needs seqlen_k >= {MIN_SEQLEN_K} (known bug at Sk = 1), got {problem.seqlen_k}")
     checked = validate_attention_inputs(
         q,
         k,
@@ -269,11 +263,6 @@ def emulate(
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     if problem.dtype not in INPUT_DTYPES:
         return False, f"{RUNG} quantises fp16 or bf16 inputs, got {problem.dtype_name}"
-    if problem.seqlen_k < MIN_SEQLEN_K:
-        # An open bug, refused rather than run: on the H200 every head dim and mask wrote non-finite
-        # rows at Sk = 1, while Sk = 2..19, 31-33, 63-65, 127-129 and 200 passed (docs/perf-log.md).
-        known = "known bug: non-finite rows at Sk = 1"
-        return False, f"{RUNG} needs seqlen_k >= {MIN_SEQLEN_K} ({known}), got {problem.seqlen_k}"
     return gluon_supported(problem, device, RUNG)
 
 
