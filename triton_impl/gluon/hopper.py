@@ -59,9 +59,10 @@ interpreter path: Gluon kernels compile only for a GPU target.
 
 What the measurements taught (``docs/perf-log.md``, "Gluon ``hopper``"): separate consumer
 partitions took the kernel from triton/hopper's speed to about 18% above it at D=128; a third
-consumer is what D=64 needs; ping-pong costs more than it gives at D=128, and on Triton 3.9 the
-same source runs about 8% slower than on 3.6. Not done: lazy O rescaling and a persistent tile
-scheduler.
+consumer is what D=64 needs; ping-pong costs more than it gives at D=128 in bf16 (gluon/fp8 takes it:
+its softmax is as long as its GEMMs); P packed by inline ``cvt`` rather than Triton's conversion
+saved Triton 3.6's ptxas a PRMT per word (+5 % at D=64). Not done: lazy O rescaling and a persistent
+tile scheduler.
 """
 
 from __future__ import annotations
