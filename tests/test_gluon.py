@@ -440,8 +440,9 @@ def test_gpu_fp8_bind_runs_new_inputs_of_a_prepared_signature():
 
 
 def test_fp8_takes_one_key():
-    """gluon/fp8 once refused Sk = 1 (non-finite rows on the H200, fixed by the barrier-init fence);
-    its capability check and validation now accept it like every other key length."""
+    """gluon/fp8 once refused Sk = 1 (non-finite rows on the H200: Triton 3.6's ptxas miscompiled the
+    kernel Triton specialised for seqlen_k = 1); its capability check and validation now accept it
+    like every other key length."""
     from triton_impl.gluon import fp8 as gluon_fp8
 
     one_key = Problem(batch=1, heads=1, seqlen_q=300, seqlen_k=1, head_dim=128, dtype=torch.bfloat16)
