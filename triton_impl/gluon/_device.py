@@ -263,7 +263,7 @@ def _fp8_values_product(P_words, vt_tile, p_layout: gl.constexpr):
     """Issue one key block's P8 V8 into a fresh fp32 accumulator (a wgmma token). fp8 wgmma
     accumulates with reduced precision, so O is not chained through it: each block's product starts
     from zero and is added to O in fp32 (see triton_impl/fp8.py). Vᵀ's tile is read K-major."""
-    P = _words_as_operand(P_words, p_layout)
+    P = _words_as_operand(P_words, vt_tile.dtype, p_layout)
     BLOCK_M: gl.constexpr = P.shape[0]
     HEAD_DIM: gl.constexpr = vt_tile.shape[0]
     # P's operand layout is derived from O's accumulator layout, which the product takes.
@@ -275,7 +275,7 @@ def _fp8_values_product(P_words, vt_tile, p_layout: gl.constexpr):
 @gluon.jit
 def _values_product(P_words, v_tile, acc, p_layout: gl.constexpr):
     """fp16/bf16: issue O += P V (a wgmma token), P from its packed words."""
-    return warpgroup_mma(_pairs_as_operand(P_words, v_tile.dtype, p_layout), v_tile, acc, is_async=True)
+    return warpgroup_mma(_words_as_operand(P_words, v_tile.dtype, p_layout), v_tile, acc, is_async=True)
 
 
 @gluon.jit
@@ -309,17 +309,20 @@ def _packed_words(P):
 
 
 @gluon.jit
-def _words_as_operand(P_words, p_layout: gl.constexpr):
-    """The inverse of ``_packed_words``: e4m3 P in the A-operand layout."""
+def _words_as_operand(P_words, dtype: gl.constexpr, p_layout: gl.constexpr):
+    """The inverse of ``_packed_words`` (e4m3, four k per int32 word) and ``_packed_pairs``
+    (fp16/bf16, two): P in the A-operand layout, each word split by shifts into its k values."""
     BLOCK_M: gl.constexpr = P_words.shape[0]
     WORDS: gl.constexpr = P_words.shape[1]
+    PER_WORD: gl.constexpr = 32 // dtype.primitive_bitwidth
+    bits: gl.constexpr = gl.int8 if PER_WORD == 4 else gl.int16
     layout3: gl.constexpr = gl.reshape(
-        gl.full([BLOCK_M, WORDS * 4], 0, gl.int8, p_layout), [BLOCK_M, WORDS, 4]
+        gl.full([BLOCK_M, WORDS * PER_WORD], 0, bits, p_layout), [BLOCK_M, WORDS, PER_WORD]
     ).type.layout
     P_words = gl.convert_layout(P_words, gl.SliceLayout(2, layout3), assert_trivial=True)
-    shifts = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout3))) * 8
-    b = ((P_words[:, :, None] >> shifts[None, None, :]) & 0xFF).to(gl.int8)
-    P = gl.reshape(b, [BLOCK_M, WORDS * 4]).to(gl.float8e4nv, bitcast=True)
+    shifts = gl.arange(0, PER_WORD, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout3))) * (32 // PER_WORD)
+    parts = ((P_words[:, :, None] >> shifts[None, None, :]) & ((1 << (32 // PER_WORD)) - 1)).to(bits)
+    P = gl.reshape(parts, [BLOCK_M, WORDS * PER_WORD]).to(dtype, bitcast=True)
     return gl.convert_layout(P, p_layout, assert_trivial=True)
 
 
@@ -365,21 +368,6 @@ def _packed_pairs(P, dtype: gl.constexpr):
     else:
         asm: gl.constexpr = "cvt.rn.f16x2.f32 $0, $2, $1;"
     return gl.inline_asm_elementwise(asm=asm, constraints="=r,r,r", args=[k0, k1], dtype=gl.int32, is_pure=True, pack=1)
-
-
-@gluon.jit
-def _pairs_as_operand(P_words, dtype: gl.constexpr, p_layout: gl.constexpr):
-    """The inverse of ``_packed_pairs``: fp16/bf16 P in the A-operand layout."""
-    BLOCK_M: gl.constexpr = P_words.shape[0]
-    WORDS: gl.constexpr = P_words.shape[1]
-    layout3: gl.constexpr = gl.reshape(
-        gl.full([BLOCK_M, WORDS * 2], 0, gl.int16, p_layout), [BLOCK_M, WORDS, 2]
-    ).type.layout
-    P_words = gl.convert_layout(P_words, gl.SliceLayout(2, layout3), assert_trivial=True)
-    shifts = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout3))) * 16
-    halves = ((P_words[:, :, None] >> shifts[None, None, :]) & 0xFFFF).to(gl.int16)
-    P = gl.reshape(halves, [BLOCK_M, WORDS * 2]).to(dtype, bitcast=True)
-    return gl.convert_layout(P, p_layout, assert_trivial=True)
 
 
 @gluon.jit
@@ -637,28 +625,21 @@ def _softmax_partition(
 
 
 @gluon.jit
-def _consumer(
-    index: gl.constexpr,
-    descs,
-    io_smem,
-    q_ready,
-    turn,
-    rings,
-    ring_barriers,
-    tile,
-    shapes,
-    s_layout: gl.constexpr,
-    o_layout: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr,
-    PINGPONG: gl.constexpr,
-    NUM_CONSUMERS: gl.constexpr,
-    FP8: gl.constexpr,
-    Q_QUANT_BLOCK: gl.constexpr,
-    KV_QUANT_BLOCK: gl.constexpr,
-    UNROLL_PAIRS: gl.constexpr,
-):
-    """Consumer ``index``: its slice of the CTA's query rows, Q and O buffers, Q barrier and turn."""
+def _consumer(index: gl.constexpr, consumer_args, constants: gl.constexpr):
+    """Consumer ``index``: its slice of the CTA's query rows, Q and O buffers, Q barrier and turn.
+    ``consumer_args`` (tensors, buffers, barriers) and ``constants`` (layouts and flags) are what every
+    consumer shares, built once by ``attention_kernel``."""
+    descs, io_smem, q_ready, turn, rings, ring_barriers, tile, shapes = consumer_args
+    s_layout: gl.constexpr = constants[0]
+    o_layout: gl.constexpr = constants[1]
+    NUM_STAGES: gl.constexpr = constants[2]
+    CAUSAL: gl.constexpr = constants[3]
+    PINGPONG: gl.constexpr = constants[4]
+    NUM_CONSUMERS: gl.constexpr = constants[5]
+    FP8: gl.constexpr = constants[6]
+    Q_QUANT_BLOCK: gl.constexpr = constants[7]
+    KV_QUANT_BLOCK: gl.constexpr = constants[8]
+    UNROLL_PAIRS: gl.constexpr = constants[9]
     q_smem, o_smem = io_smem
     k_ring, v_ring = rings
     k_ready, v_ready, k_empty, v_empty = ring_barriers
@@ -794,57 +775,28 @@ def attention_kernel(
         (q_ready, k_ready, v_ready, k_empty, v_empty),
         (batch, head, start_m, n_block_max),
     )
+    # What every consumer shares, written once: a constexpr tuple keeps its layouts and flags
+    # compile-time values (a plain tuple variable would turn them into tensors).
+    consumer_args = (descs, (q_smem, o_smem), q_ready, turn, rings, ring_barriers, tile, shapes)
+    constants: gl.constexpr = (
+        s_layout,
+        o_layout,
+        NUM_STAGES,
+        CAUSAL,
+        PINGPONG,
+        NUM_CONSUMERS,
+        FP8,
+        Q_QUANT_BLOCK,
+        KV_QUANT_BLOCK,
+        UNROLL_PAIRS,
+    )
+    # The first partition runs in the kernel's own warps; the others are workers with their warp
+    # counts and register budgets.
     if NUM_CONSUMERS == 2:
         gl.warp_specialize(
             [
-                (
-                    _consumer,
-                    (
-                        0,
-                        descs,
-                        (q_smem, o_smem),
-                        q_ready,
-                        turn,
-                        rings,
-                        ring_barriers,
-                        tile,
-                        shapes,
-                        s_layout,
-                        o_layout,
-                        NUM_STAGES,
-                        CAUSAL,
-                        PINGPONG,
-                        2,
-                        FP8,
-                        Q_QUANT_BLOCK,
-                        KV_QUANT_BLOCK,
-                        UNROLL_PAIRS,
-                    ),
-                ),
-                (
-                    _consumer,
-                    (
-                        1,
-                        descs,
-                        (q_smem, o_smem),
-                        q_ready,
-                        turn,
-                        rings,
-                        ring_barriers,
-                        tile,
-                        shapes,
-                        s_layout,
-                        o_layout,
-                        NUM_STAGES,
-                        CAUSAL,
-                        PINGPONG,
-                        2,
-                        FP8,
-                        Q_QUANT_BLOCK,
-                        KV_QUANT_BLOCK,
-                        UNROLL_PAIRS,
-                    ),
-                ),
+                (_consumer, (0, consumer_args, constants)),
+                (_consumer, (1, consumer_args, constants)),
                 (_load_partition, (loader, NUM_STAGES, NUM_CONSUMERS, FP8)),
             ],
             [CONSUMER_WARPS, LOAD_WARPS],
@@ -853,78 +805,9 @@ def attention_kernel(
     else:
         gl.warp_specialize(
             [
-                (
-                    _consumer,
-                    (
-                        0,
-                        descs,
-                        (q_smem, o_smem),
-                        q_ready,
-                        turn,
-                        rings,
-                        ring_barriers,
-                        tile,
-                        shapes,
-                        s_layout,
-                        o_layout,
-                        NUM_STAGES,
-                        CAUSAL,
-                        PINGPONG,
-                        3,
-                        FP8,
-                        Q_QUANT_BLOCK,
-                        KV_QUANT_BLOCK,
-                        UNROLL_PAIRS,
-                    ),
-                ),
-                (
-                    _consumer,
-                    (
-                        1,
-                        descs,
-                        (q_smem, o_smem),
-                        q_ready,
-                        turn,
-                        rings,
-                        ring_barriers,
-                        tile,
-                        shapes,
-                        s_layout,
-                        o_layout,
-                        NUM_STAGES,
-                        CAUSAL,
-                        PINGPONG,
-                        3,
-                        FP8,
-                        Q_QUANT_BLOCK,
-                        KV_QUANT_BLOCK,
-                        UNROLL_PAIRS,
-                    ),
-                ),
-                (
-                    _consumer,
-                    (
-                        2,
-                        descs,
-                        (q_smem, o_smem),
-                        q_ready,
-                        turn,
-                        rings,
-                        ring_barriers,
-                        tile,
-                        shapes,
-                        s_layout,
-                        o_layout,
-                        NUM_STAGES,
-                        CAUSAL,
-                        PINGPONG,
-                        3,
-                        FP8,
-                        Q_QUANT_BLOCK,
-                        KV_QUANT_BLOCK,
-                        UNROLL_PAIRS,
-                    ),
-                ),
+                (_consumer, (0, consumer_args, constants)),
+                (_consumer, (1, consumer_args, constants)),
+                (_consumer, (2, consumer_args, constants)),
                 (_load_partition, (loader, NUM_STAGES, NUM_CONSUMERS, FP8)),
             ],
             [CONSUMER_WARPS, CONSUMER_WARPS, LOAD_WARPS],
