@@ -398,25 +398,7 @@ def _release(k_empty, v_empty, n_block, NUM_STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _pipelined_step(
-    carry,
-    smem,
-    barriers,
-    turn,
-    n_block,
-    offs_m,
-    seqlen_k,
-    softmax_scale_log2,
-    fp8_scales,
-    s_layout: gl.constexpr,
-    p_layout: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-    MASKED: gl.constexpr,
-    CAUSAL: gl.constexpr,
-    PINGPONG: gl.constexpr,
-    FP8: gl.constexpr,
-    KV_QUANT_BLOCK: gl.constexpr,
-):
+def _pipelined_step(carry, n_block, MASKED: gl.constexpr, step_args, step_constants: gl.constexpr):
     """Issue S_n, issue O += P_(n-1) V_(n-1), softmax of S_n under that wgmma, free the slots.
 
     FP8: P_(n-1) V_(n-1) goes into a fresh accumulator; K_n's scale joins the softmax scale of S_n
@@ -424,6 +406,14 @@ def _pipelined_step(
     carried ``alpha`` already includes s_v(n-2) / s_v(n-1) (``_fp8_rescale_factor``), so one FFMA per
     element, acc · alpha + P V, both rescales O and adds the block: multiplying the product by its
     scale and O by alpha separately took a second pass over O's 64 registers per block."""
+    smem, barriers, turn, offs_m, seqlen_k, softmax_scale_log2, fp8_scales = step_args
+    s_layout: gl.constexpr = step_constants[0]
+    p_layout: gl.constexpr = step_constants[1]
+    NUM_STAGES: gl.constexpr = step_constants[2]
+    CAUSAL: gl.constexpr = step_constants[3]
+    PINGPONG: gl.constexpr = step_constants[4]
+    FP8: gl.constexpr = step_constants[5]
+    KV_QUANT_BLOCK: gl.constexpr = step_constants[6]
     acc, P, alpha, row_max, row_sum = carry
     q_smem, k_ring, v_ring = smem
     _, k_ready, v_ready, k_empty, v_empty = barriers
@@ -495,7 +485,6 @@ def _softmax_partition(
     FP8: gl.constexpr,
     Q_QUANT_BLOCK: gl.constexpr,
     KV_QUANT_BLOCK: gl.constexpr,
-    UNROLL_PAIRS: gl.constexpr,
 ):
     """One consumer warpgroup: its own BLOCK_M query rows (its Q tile and q_ready barrier), the
     CTA's K/V rings shared with the other consumer. With PINGPONG the two consumers take turns
@@ -549,51 +538,23 @@ def _softmax_partition(
     P = _operand_p(P_f32, v_ring.dtype, p_layout, FP8)
     # FP8: acc is zero, so block 0's alpha (finite: 0 for rows that saw no key) needs no V-scale ratio.
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-    # Blocks every row sees in full, then the causal diagonal and the ragged last block.
+    # Blocks every row sees in full, then the causal diagonal and the ragged last block. What every
+    # step shares is bound once: tensors in a tuple, layouts and flags in a constexpr tuple.
     carry = (acc, P, alpha, row_max, row_sum)
-    if UNROLL_PAIRS:
-        # Two unmasked blocks per iteration: P_n reaches P_n V_n inside the iteration, where LLVM keeps
-        # it as packed 32-bit registers; a P carried across the loop's back edge becomes loose bytes
-        # that are unpacked after the softmax and packed again before the wgmma (about 3 integer
-        # instructions per 4 values of e4m3 P).
-        n_first = gl.maximum(n_unmasked, 1)
-        n_pairs_end = 1 + (n_first - 1) // 2 * 2
-        for n_block in range(1, n_pairs_end, 2):
-            carry = _pipelined_step(
-                carry, smem, barriers, turn, n_block, offs_m, seqlen_k, softmax_scale_log2, fp8_scales, s_layout,
-                p_layout, NUM_STAGES, False, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK,
-            )  # fmt: skip
-            carry = _pipelined_step(
-                carry, smem, barriers, turn, n_block + 1, offs_m, seqlen_k, softmax_scale_log2, fp8_scales, s_layout,
-                p_layout, NUM_STAGES, False, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK,
-            )  # fmt: skip
-        if n_pairs_end < n_first:
-            carry = _pipelined_step(
-                carry, smem, barriers, turn, n_pairs_end, offs_m, seqlen_k, softmax_scale_log2, fp8_scales, s_layout,
-                p_layout, NUM_STAGES, False, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK,
-            )  # fmt: skip
-    else:
-        for n_block in range(1, n_unmasked):
-            carry = _pipelined_step(
-                carry, smem, barriers, turn, n_block, offs_m, seqlen_k, softmax_scale_log2, fp8_scales, s_layout,
-                p_layout, NUM_STAGES, False, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK,
-            )  # fmt: skip
+    step_args = (smem, barriers, turn, offs_m, seqlen_k, softmax_scale_log2, fp8_scales)
+    step_constants: gl.constexpr = (s_layout, p_layout, NUM_STAGES, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK)
+    for n_block in range(1, n_unmasked):
+        carry = _pipelined_step(carry, n_block, False, step_args, step_constants)
     FP8_FULL: gl.constexpr = FP8 and not CAUSAL
     if FP8_FULL:
         # Without the causal mask only the ragged last block is masked: one step, not a loop (as a loop,
         # Triton 3.9 kept its invariants live across it and spilled at 128 keys).
         n_block = gl.maximum(n_unmasked, 1)
         if n_block < n_block_max:
-            carry = _pipelined_step(
-                carry, smem, barriers, turn, n_block, offs_m, seqlen_k, softmax_scale_log2, fp8_scales, s_layout,
-                p_layout, NUM_STAGES, True, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK,
-            )  # fmt: skip
+            carry = _pipelined_step(carry, n_block, True, step_args, step_constants)
     else:
         for n_block in range(gl.maximum(n_unmasked, 1), n_block_max):
-            carry = _pipelined_step(
-                carry, smem, barriers, turn, n_block, offs_m, seqlen_k, softmax_scale_log2, fp8_scales, s_layout,
-                p_layout, NUM_STAGES, True, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK,
-            )  # fmt: skip
+            carry = _pipelined_step(carry, n_block, True, step_args, step_constants)
     acc, P, alpha, row_max, row_sum = carry
 
     # The last block's P V, then normalise (FP8: acc is O over the last V block's scale, s_v).
@@ -639,7 +600,6 @@ def _consumer(index: gl.constexpr, consumer_args, constants: gl.constexpr):
     FP8: gl.constexpr = constants[6]
     Q_QUANT_BLOCK: gl.constexpr = constants[7]
     KV_QUANT_BLOCK: gl.constexpr = constants[8]
-    UNROLL_PAIRS: gl.constexpr = constants[9]
     q_smem, o_smem = io_smem
     k_ring, v_ring = rings
     k_ready, v_ready, k_empty, v_empty = ring_barriers
@@ -667,7 +627,6 @@ def _consumer(index: gl.constexpr, consumer_args, constants: gl.constexpr):
         FP8,
         Q_QUANT_BLOCK,
         KV_QUANT_BLOCK,
-        UNROLL_PAIRS,
     )
 
 
@@ -702,7 +661,6 @@ def attention_kernel(
     FP8: gl.constexpr,
     Q_QUANT_BLOCK: gl.constexpr,
     KV_QUANT_BLOCK: gl.constexpr,
-    UNROLL_PAIRS: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """fp16/bf16, or (FP8) e4m3 Q, K and Vᵀ with fp32 scales per (batch, head, quantisation block)
@@ -788,7 +746,6 @@ def attention_kernel(
         FP8,
         Q_QUANT_BLOCK,
         KV_QUANT_BLOCK,
-        UNROLL_PAIRS,
     )
     # The first partition runs in the kernel's own warps; the others are workers with their warp
     # counts and register budgets.

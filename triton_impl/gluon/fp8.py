@@ -110,13 +110,13 @@ from triton_impl.gluon.hopper import CONSUMER_ROWS, GluonConfig, descriptor_type
 RUNG = "gluon/fp8"
 FP8_DTYPE = gl.float8e4nv
 OUTPUT_DTYPE = torch.bfloat16
-# (head_dim, causal) -> configuration, measured on the H200 (docs/perf-log.md, "Gluon fp8: P in S's
-# registers" and "Gluon: seqlen_k = 1, racecheck, the floors"). With P handed over in S's own
+# (head_dim, causal) -> configuration, chosen on the H200 (docs/perf-log.md, "Gluon `fp8`: P in S's
+# registers" and "Gluon: seqlen_k = 1, racecheck and the floors"). With P handed over in S's own
 # registers and masked blocks finishing the previous P V first, 128-key blocks fit the 240 registers
 # of a D=128 consumer (O, the running P V, S and P live at once) without spills on Triton 3.6 and
-# 3.9, causal or not. D=128: ping-pong (one process, 3 rounds: 830 vs 790 TFLOP/s on 3.9, 783 vs
-# 785 on 3.6); causal with 3 stages (717 / 752 on 3.6 / 3.9, against 625 / 603 for the 64-key
-# blocks two per iteration it replaces). D=64 runs two consumers with 128-key blocks.
+# 3.9, causal or not; they replaced the causal build's 64-key blocks taken two per loop iteration.
+# D=128 takes ping-pong (faster on 3.9, even on 3.6) and, causal, a third stage. D=64 runs two
+# consumers with 128-key blocks.
 DEFAULT_CONFIGS = release_configs(
     RUNG,
     {

@@ -106,8 +106,6 @@ class GluonConfig:
     consumers: int = 2
     # The consumer warpgroups take turns issuing their wgmmas (FA3's ping-pong).
     pingpong: bool = False
-    # Unmasked key blocks two per loop iteration (``_device._softmax_partition``).
-    unroll_pairs: bool = False
 
     @property
     def block_m(self) -> int:
@@ -155,7 +153,6 @@ def launch_constexprs(config: GluonConfig, causal: bool, quant_blocks: tuple[int
         "FP8": quant_blocks is not None,
         "Q_QUANT_BLOCK": q_rows,
         "KV_QUANT_BLOCK": kv_rows,
-        "UNROLL_PAIRS": config.unroll_pairs,
     }
 
 
