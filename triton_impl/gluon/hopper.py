@@ -58,11 +58,11 @@ softmax_scale ≥ 0; exactly sm_90 (``warpgroup_mma`` is Hopper's instruction); 
 interpreter path: Gluon kernels compile only for a GPU target.
 
 What the measurements taught (``docs/perf-log.md``, "Gluon ``hopper``"): separate consumer
-partitions took the kernel from triton/hopper's speed to about 18% above it at D=128; a third
+partitions took the kernel from triton/hopper's speed well above it at D=128; a third
 consumer is what D=64 needs; ping-pong costs more than it gives at D=128 in bf16 (gluon/fp8 takes it:
 its softmax is as long as its GEMMs); P packed by inline ``cvt`` rather than Triton's conversion
-saved Triton 3.6's ptxas a PRMT per word (+5 % at D=64). Not done: lazy O rescaling and a persistent
-tile scheduler.
+saved Triton 3.6's ptxas a PRMT per word (it shows at D=64, where issue is tight). Not done: lazy O
+rescaling and a persistent tile scheduler.
 """
 
 from __future__ import annotations
