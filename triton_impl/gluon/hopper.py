@@ -43,7 +43,8 @@ Algorithm (``attention_kernel``: one CTA per ``consumers`` × 64 query rows of o
      wait for S_n only, online softmax of S_n (the ``block_range``'s unmasked blocks first, then its
      ``n_masked_blocks``: the causal diagonal and the ragged last block, through ``attention_mask``)
      while that P V runs, wait for it, free K_n's and V_(n-1)'s slots. With ``pingpong`` the
-     consumers issue their wgmmas in turn (FA3's schedule; it pays at D=64 only).
+     consumers issue their wgmmas in turn (FA3's schedule; it pays at D=64 under Triton 3.6 only:
+     Triton 3.9's schedule runs D=64 faster without it, ``common.measure.toolchain``).
   4. The last P V; ``online_softmax_finalize`` (O /= row_sum, lse); O through shared memory (the
      consumer's Q buffer) and a TMA store; lse to an fp32 (B, H, Sq) buffer.
 
