@@ -190,6 +190,41 @@ def test_unwritten_merge_rule_catches_the_sk1_build():
     assert not merges_from_unwritten_registers([("MOV", ["R3", "RZ"]), *sk1])
 
 
+def longest_max_chain(instructions: list[tuple[str, list[str]]]) -> int:
+    """The most FMNMX in one dependent chain (each reading the previous one's result), in program order.
+    Any other instruction writing a register (its first operand) ends the chain through it."""
+    depth: dict[str, int] = {}
+    longest = 0
+    for opcode, operands in instructions:
+        if opcode.startswith("FMNMX"):
+            depth[operands[0]] = 1 + max(depth.get(source, 0) for source in operands[1:3])
+            longest = max(longest, depth[operands[0]])
+        elif operands:
+            depth[operands[0]] = 0
+    return longest
+
+
+def test_fp8_row_max_is_a_tree(compiled: dict):
+    # gluon/fp8's softmax waits on its row max (docs/perf-log.md, "Gluon: row reductions as trees"): Triton
+    # 3.6 chains gl.max over a thread's 32 columns, so its configurations take the hand-made tree
+    # (row_tree, 34 FMNMX in a chain without it). The longest chain left is a tree's: 5 levels in the
+    # thread, 2 across lanes, the running maximum and the mask (8-9 measured).
+    problem = Problem(1, 1, 256, 256, compiled["head_dim"], causal=compiled["causal"])
+    if compiled["rung"] != "fp8" or not fp8.default_config(problem).row_tree:
+        pytest.skip("gl.max here: no gain measured from the tree (bf16; gluon/fp8 under Triton 3.9)")
+    assert longest_max_chain(compiled["instructions"]) <= 12
+
+
+def test_max_chain_rule_catches_a_chain():
+    chain = [("FMNMX", [f"R{n + 1}", f"R{n}", f"R{100 + n}", "!PT"]) for n in range(32)]
+    assert longest_max_chain(chain) == 32
+    tree = [("FMNMX", [f"R{200 + n}", f"R{2 * n}", f"R{2 * n + 1}", "!PT"]) for n in range(16)]
+    tree += [("FMNMX", [f"R{300 + n}", f"R{200 + 2 * n}", f"R{201 + 2 * n}", "!PT"]) for n in range(8)]
+    assert longest_max_chain(tree) == 2
+    # A register rewritten by another instruction ends the chain through it.
+    assert longest_max_chain([*chain[:16], ("MOV", ["R16", "RZ"]), *chain[16:]]) == 16
+
+
 def test_no_spills_and_shared_memory_fits(compiled: dict):
     # ptxas puts a setmaxnreg kernel's spills on the stack (common.reporting.static counts both the same way).
     assert compiled["spill_bytes"] == 0, f"spills {compiled['spill_bytes']} bytes per thread"

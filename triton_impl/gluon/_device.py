@@ -74,6 +74,10 @@ P_EXPONENT = gl.constexpr(fp8.P_EXPONENT)
 # 8 (i // 2) + 2t + i % 2 (common.contract.fp8.PERMUTED_KEY_ORDER; tests/test_gluon.py checks they agree).
 KEY_GROUP = gl.constexpr(fp8.KEY_GROUP)
 KEY_BIT_ORDER = gl.constexpr((0, 1, 3, 4, 2, 5))
+# The row reductions fold the in-thread columns of a key block down to the 8 of one wgmma accumulator
+# group (2 registers x 4 lanes), which gl.max / gl.sum finish: at most 4 levels, for 128 keys.
+TREE_WIDTH = gl.constexpr(8)
+TREE_LEVELS = gl.constexpr(4)
 # The load partition's register budget per thread (setmaxnreg): it holds only scalars.
 LOAD_REGISTERS = gl.constexpr(24)
 LOAD_WARPS = gl.constexpr(1)
@@ -180,6 +184,7 @@ def online_softmax_update(
     S_SCALED: gl.constexpr,
     MASKED: gl.constexpr,
     FP8: gl.constexpr,
+    ROW_TREE: gl.constexpr,
 ):
     """OnlineSoftmax.update with one block of scores: ``(P, alpha, row_max, row_sum)``.
 
@@ -190,17 +195,48 @@ def online_softmax_update(
     the scale (>= 0) commutes with the row maximum, so the maximum is scaled once per row.
     ``MASKED``: a row may have seen no visible key yet (row_max -inf); it subtracts 0 instead, so
     exp2(-inf) gives P = 0 and not NaN. ``FP8`` lifts P by 2^P_EXPONENT (row_sum adds the lifted P,
-    so the factor cancels in O / row_sum)."""
-    if S_SCALED:
-        row_max_new = gl.maximum(row_max, gl.max(S, 1))
-    else:
-        row_max_new = gl.maximum(row_max, gl.max(S, 1) * softmax_scale_log2)
+    so the factor cancels in O / row_sum). ``ROW_TREE``: the row max and sum as trees (``_row_max``)."""
+    block_max = _row_max(S) if ROW_TREE else gl.max(S, 1)
+    row_max_new = gl.maximum(row_max, block_max if S_SCALED else block_max * softmax_scale_log2)
     row_max_base = gl.where(row_max_new == float("-inf"), 0.0, row_max_new) if MASKED else row_max_new
     p_base = row_max_base - P_EXPONENT if FP8 else row_max_base
     P = gl.exp2(S - p_base[:, None]) if S_SCALED else gl.exp2(S * softmax_scale_log2 - p_base[:, None])
     alpha = gl.exp2(row_max - row_max_base)
-    row_sum = row_sum * alpha + gl.sum(P, 1)
+    row_sum = row_sum * alpha + (_row_sum(P) if ROW_TREE else gl.sum(P, 1))
     return P, alpha, row_max_new, row_sum
+
+
+@gluon.jit
+def _column_halves(x):
+    """x [rows, W] as its two column halves [rows, W / 2]: the top column bit, which the wgmma
+    accumulator layout keeps in each thread's registers, so no data moves."""
+    ROWS: gl.constexpr = x.shape[0]
+    W: gl.constexpr = x.shape[1]
+    return gl.split(gl.permute(gl.reshape(x, [ROWS, 2, W // 2]), (0, 2, 1)))
+
+
+@gluon.jit
+def _row_max(S):
+    """Row maximum of S as a tree: the in-thread column halves are folded level by level (independent
+    FMNMX), then gl.max takes the last 8 columns (2 in the thread, 4 lanes). Triton 3.6 lowers gl.max
+    over the 32 in-thread values per row as one dependent chain; 3.9 as a tree already."""
+    row_layout: gl.constexpr = gl.SliceLayout(1, S.type.layout)
+    for _ in gl.static_range(TREE_LEVELS):
+        if S.shape[1] > TREE_WIDTH:
+            low, high = _column_halves(S)
+            S = gl.maximum(low, high)
+    return gl.convert_layout(gl.max(S, 1), row_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _row_sum(P):
+    """Row sum of P as a tree, as ``_row_max``."""
+    row_layout: gl.constexpr = gl.SliceLayout(1, P.type.layout)
+    for _ in gl.static_range(TREE_LEVELS):
+        if P.shape[1] > TREE_WIDTH:
+            low, high = _column_halves(P)
+            P = low + high
+    return gl.convert_layout(gl.sum(P, 1), row_layout, assert_trivial=True)
 
 
 @gluon.jit
@@ -414,6 +450,7 @@ def _pipelined_step(carry, n_block, MASKED: gl.constexpr, step_args, step_consta
     PINGPONG: gl.constexpr = step_constants[4]
     FP8: gl.constexpr = step_constants[5]
     KV_QUANT_BLOCK: gl.constexpr = step_constants[6]
+    ROW_TREE: gl.constexpr = step_constants[7]
     acc, P, alpha, row_max, row_sum = carry
     q_smem, k_ring, v_ring = smem
     _, k_ready, v_ready, k_empty, v_empty = barriers
@@ -445,7 +482,7 @@ def _pipelined_step(carry, n_block, MASKED: gl.constexpr, step_args, step_consta
     if MASKED:
         S = attention_mask(S * softmax_scale_log2, offs_m, n_block * BLOCK_N, seqlen_k, CAUSAL)
     P_f32, alpha_n, row_max, row_sum = online_softmax_update(
-        S, row_max, row_sum, softmax_scale_log2, MASKED, MASKED, FP8
+        S, row_max, row_sum, softmax_scale_log2, MASKED, MASKED, FP8, ROW_TREE
     )
     if FP8:
         if not MASKED:
@@ -485,6 +522,7 @@ def _softmax_partition(
     FP8: gl.constexpr,
     Q_QUANT_BLOCK: gl.constexpr,
     KV_QUANT_BLOCK: gl.constexpr,
+    ROW_TREE: gl.constexpr,
 ):
     """One consumer warpgroup: its own BLOCK_M query rows (its Q tile and q_ready barrier), the
     CTA's K/V rings shared with the other consumer. With PINGPONG the two consumers take turns
@@ -534,7 +572,9 @@ def _softmax_partition(
     S = warpgroup_mma_wait(0, deps=[s_token])
     mbarrier.arrive(k_empty.index(0), count=1)
     S = attention_mask(S * first_scale_log2, offs_m, 0, seqlen_k, CAUSAL)
-    P_f32, alpha, row_max, row_sum = online_softmax_update(S, row_max, row_sum, first_scale_log2, True, True, FP8)
+    P_f32, alpha, row_max, row_sum = online_softmax_update(
+        S, row_max, row_sum, first_scale_log2, True, True, FP8, ROW_TREE
+    )
     P = _operand_p(P_f32, v_ring.dtype, p_layout, FP8)
     # FP8: acc is zero, so block 0's alpha (finite: 0 for rows that saw no key) needs no V-scale ratio.
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
@@ -542,7 +582,7 @@ def _softmax_partition(
     # step shares is bound once: tensors in a tuple, layouts and flags in a constexpr tuple.
     carry = (acc, P, alpha, row_max, row_sum)
     step_args = (smem, barriers, turn, offs_m, seqlen_k, softmax_scale_log2, fp8_scales)
-    step_constants: gl.constexpr = (s_layout, p_layout, NUM_STAGES, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK)
+    step_constants: gl.constexpr = (s_layout, p_layout, NUM_STAGES, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK, ROW_TREE)
     for n_block in range(1, n_unmasked):
         carry = _pipelined_step(carry, n_block, False, step_args, step_constants)
     FP8_FULL: gl.constexpr = FP8 and not CAUSAL
@@ -600,6 +640,7 @@ def _consumer(index: gl.constexpr, consumer_args, constants: gl.constexpr):
     FP8: gl.constexpr = constants[6]
     Q_QUANT_BLOCK: gl.constexpr = constants[7]
     KV_QUANT_BLOCK: gl.constexpr = constants[8]
+    ROW_TREE: gl.constexpr = constants[9]
     q_smem, o_smem = io_smem
     k_ring, v_ring = rings
     k_ready, v_ready, k_empty, v_empty = ring_barriers
@@ -627,6 +668,7 @@ def _consumer(index: gl.constexpr, consumer_args, constants: gl.constexpr):
         FP8,
         Q_QUANT_BLOCK,
         KV_QUANT_BLOCK,
+        ROW_TREE,
     )
 
 
@@ -661,6 +703,7 @@ def attention_kernel(
     FP8: gl.constexpr,
     Q_QUANT_BLOCK: gl.constexpr,
     KV_QUANT_BLOCK: gl.constexpr,
+    ROW_TREE: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """fp16/bf16, or (FP8) e4m3 Q, K and Vᵀ with fp32 scales per (batch, head, quantisation block)
@@ -746,6 +789,7 @@ def attention_kernel(
         FP8,
         Q_QUANT_BLOCK,
         KV_QUANT_BLOCK,
+        ROW_TREE,
     )
     # The first partition runs in the kernel's own warps; the others are workers with their warp
     # counts and register budgets.

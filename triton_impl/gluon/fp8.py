@@ -41,6 +41,11 @@ what changes is the FP8 contract that ``triton/fp8`` and ``cute/fp8`` follow too
     e4m3 bytes instead, LLVM unpacked P after the softmax and packed it again before each wgmma
     (about three integer instructions per word), and writing it before that retirement made ptxas
     serialise every wgmma of the kernel.
+  * Row max and row sum as trees (``row_tree``, ``_device._row_max``): the softmax of S_n is the step's
+    critical path, and Triton 3.6 reduces a thread's 32 columns of a row as one chain of 32 dependent
+    FMNMX / FADD. Folding the column halves in registers (``gl.reshape`` / ``gl.permute`` /
+    ``gl.split``, no data moved) leaves chains of 8. Triton 3.9 builds its own tree, so its table turns
+    this off (``common.measure.toolchain``).
 
 The FP8-specific mechanisms in the three stacks (what Triton decides / what Gluon makes you write /
 what CuTe makes you write):
@@ -116,14 +121,15 @@ OUTPUT_DTYPE = torch.bfloat16
 # of a D=128 consumer (O, the running P V, S and P live at once) without spills on Triton 3.6 and
 # 3.9, causal or not; they replaced the causal build's 64-key blocks taken two per loop iteration.
 # D=128 takes ping-pong (faster on 3.9, even on 3.6) and, causal, a third stage. D=64 runs two
-# consumers with 128-key blocks.
+# consumers with 128-key blocks. Row max and sum are trees (``row_tree``; docs/perf-log.md, "Gluon:
+# row reductions as trees"): Triton 3.6 makes a dependent chain of them, 3.9 a tree of its own.
 DEFAULT_CONFIGS = release_configs(
     RUNG,
     {
-        (64, False): GluonConfig(128, 3),
-        (64, True): GluonConfig(128, 3),
-        (128, False): GluonConfig(128, 2, pingpong=True),
-        (128, True): GluonConfig(128, 3),
+        (64, False): GluonConfig(128, 3, row_tree=True),
+        (64, True): GluonConfig(128, 3, row_tree=True),
+        (128, False): GluonConfig(128, 2, pingpong=True, row_tree=True),
+        (128, True): GluonConfig(128, 3, row_tree=True),
     },
 )
 

@@ -28,10 +28,12 @@ you write):
     partition, ``maxnreg`` at launch / ``setmaxregister_decrease`` / ``_increase`` per role.
   * Layouts: inferred / ``NVMMADistributedLayout`` for S and O, ``DotOperandLayout`` for P in
     registers, ``NVMMASharedLayout`` for tiles / ``make_smem_layout_a`` / ``_b`` and tiled MMAs.
-  What Gluon still decides: register allocation and instruction order inside a partition, and
-  where a barrier goes. An ``mbarrier.arrive`` from a multi-warp partition is lowered to a barrier
-  over that partition plus one elected thread; this is why each consumer warpgroup is its own
-  partition (one 8-warp partition kept the two warpgroups in lockstep).
+  What Gluon still decides: register allocation and instruction order inside a partition, the
+  order of a reduction (``gl.max`` over a thread's columns is a chain under Triton 3.6 and a tree
+  under 3.9; gluon/fp8 writes its own tree), and where a barrier goes. An ``mbarrier.arrive`` from
+  a multi-warp partition is lowered to a barrier over that partition plus one elected thread; this
+  is why each consumer warpgroup is its own partition (one 8-warp partition kept the two
+  warpgroups in lockstep).
 
 Algorithm (``attention_kernel``: one CTA per ``consumers`` × 64 query rows of one (batch, head)):
   1. Load warp: TMA each consumer's Q tile once; for each key block, wait until its K slot is
@@ -107,6 +109,9 @@ class GluonConfig:
     consumers: int = 2
     # The consumer warpgroups take turns issuing their wgmmas (FA3's ping-pong).
     pingpong: bool = False
+    # Row max and row sum as trees of independent instructions (``_device._row_max``), not as the chain
+    # Triton 3.6 makes of ``gl.max`` / ``gl.sum`` over a thread's columns.
+    row_tree: bool = False
 
     @property
     def block_m(self) -> int:
@@ -154,6 +159,7 @@ def launch_constexprs(config: GluonConfig, causal: bool, quant_blocks: tuple[int
         "FP8": quant_blocks is not None,
         "Q_QUANT_BLOCK": q_rows,
         "KV_QUANT_BLOCK": kv_rows,
+        "ROW_TREE": config.row_tree,
     }
 
 
