@@ -44,8 +44,8 @@ what changes is the FP8 contract that ``triton/fp8`` and ``cute/fp8`` follow too
   * Row max and row sum as trees (``row_tree``, ``_device._row_max``): the softmax of S_n is the step's
     critical path, and Triton 3.6 reduces a thread's 32 columns of a row as one chain of 32 dependent
     FMNMX / FADD. Folding the column halves in registers (``gl.reshape`` / ``gl.permute`` /
-    ``gl.split``, no data moved) leaves chains of 8. Triton 3.9 builds its own tree, so its table turns
-    this off (``common.measure.toolchain``).
+    ``gl.split``, no data moved) leaves chains of 8. Triton 3.9 builds a tree of its own, and at D=128
+    its table keeps it (``common.measure.toolchain``).
 
 The FP8-specific mechanisms in the three stacks (what Triton decides / what Gluon makes you write /
 what CuTe makes you write):
@@ -122,7 +122,7 @@ OUTPUT_DTYPE = torch.bfloat16
 # 3.9, causal or not; they replaced the causal build's 64-key blocks taken two per loop iteration.
 # D=128 takes ping-pong (faster on 3.9, even on 3.6) and, causal, a third stage. D=64 runs two
 # consumers with 128-key blocks. Row max and sum are trees (``row_tree``; docs/perf-log.md, "Gluon:
-# row reductions as trees"): Triton 3.6 makes a dependent chain of them, 3.9 a tree of its own.
+# row reductions as trees"): Triton 3.6 makes a dependent chain of them, 3.9 a tree of its own (kept at D=128).
 DEFAULT_CONFIGS = release_configs(
     RUNG,
     {
