@@ -12,4 +12,6 @@ for label, shape, cfg in [
     ("fp8 D64c 128,3", D64C, C(128, 3)),
 ]:
     for tree in (False, True):
-        CANDS.append((f"{label} tree={tree}", "fp8", shape, C(cfg.block_n, cfg.num_stages, cfg.consumers, cfg.pingpong, tree)))
+        CANDS.append(
+            (f"{label} tree={tree}", "fp8", shape, C(cfg.block_n, cfg.num_stages, cfg.consumers, cfg.pingpong, tree))
+        )
