@@ -205,13 +205,13 @@ def longest_max_chain(instructions: list[tuple[str, list[str]]]) -> int:
 
 
 def test_fp8_row_max_is_a_tree(compiled: dict):
-    # gluon/fp8's softmax waits on its row max (docs/perf-log.md, "Gluon: row reductions as trees"): Triton
+    # gluon/fp8's softmax waits on its row max (docs/perf-log.md, "Fourth stop"): Triton
     # 3.6 chains gl.max over a thread's 32 columns, so its configurations take the hand-made tree
     # (row_tree, 34 FMNMX in a chain without it). The longest chain left is a tree's: 5 levels in the
     # thread, 2 across lanes, the running maximum and the mask (8-9 measured).
     problem = Problem(1, 1, 256, 256, compiled["head_dim"], causal=compiled["causal"])
     if compiled["rung"] != "fp8" or not fp8.default_config(problem).row_tree:
-        pytest.skip("gl.max here: no gain measured from the tree (bf16; gluon/fp8 under Triton 3.9)")
+        pytest.skip("gl.max here: no gain measured from the tree (bf16; gluon/fp8 D=128 under Triton 3.9)")
     assert longest_max_chain(compiled["instructions"]) <= 12
 
 

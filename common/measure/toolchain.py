@@ -50,11 +50,11 @@ RELEASE_OVERRIDES: dict[str, dict[tuple[str, Hashable], dict[str, Any]]] = {
         ("triton/hopper", 128): {"ptx_options": "--regAllocOptLevel=4"},
         ("triton/fp8", 128): {"ptx_options": "--regAllocOptLevel=4"},
         # Not a spill: gluon/hopper D=64 drops ping-pong under 3.9, 492.5 vs 485.5 TFLOP/s (B=4 H=32,
-        # five interleaved rounds; 3.6 keeps it, 508.1 vs 500.6) (docs/perf-log.md, "Gluon configurations").
+        # five interleaved rounds; 3.6 keeps it, 508.1 vs 500.6) (docs/perf-log.md, "Fourth stop").
         ("gluon/hopper", 64): {"pingpong": False},
         # Not a spill: gluon/fp8 D=128 keeps gl.max / gl.sum under 3.9, which reduces as a tree itself: the
         # hand-made row trees measured 0.984 / 0.978 there at P1, causal or not (3.6: 1.072 / 1.024); D=64 keeps
-        # them (3.9: 1.122 / 1.060) (docs/perf-log.md, "Gluon: row reductions as trees").
+        # them (3.9: 1.122 / 1.060) (docs/perf-log.md, "Fourth stop").
         ("gluon/fp8", (128, False)): {"row_tree": False},
         ("gluon/fp8", (128, True)): {"row_tree": False},
     },

@@ -121,8 +121,8 @@ OUTPUT_DTYPE = torch.bfloat16
 # of a D=128 consumer (O, the running P V, S and P live at once) without spills on Triton 3.6 and
 # 3.9, causal or not; they replaced the causal build's 64-key blocks taken two per loop iteration.
 # D=128 takes ping-pong (faster on 3.9, even on 3.6) and, causal, a third stage. D=64 runs two
-# consumers with 128-key blocks. Row max and sum are trees (``row_tree``; docs/perf-log.md, "Gluon:
-# row reductions as trees"): Triton 3.6 makes a dependent chain of them, 3.9 a tree of its own (kept at D=128).
+# consumers with 128-key blocks. Row max and sum are trees (``row_tree``; docs/perf-log.md, "Fourth
+# stop"): Triton 3.6 makes a dependent chain of them, 3.9 a tree of its own (kept at D=128).
 DEFAULT_CONFIGS = release_configs(
     RUNG,
     {
