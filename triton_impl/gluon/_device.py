@@ -195,14 +195,14 @@ def online_softmax_update(
     the scale (>= 0) commutes with the row maximum, so the maximum is scaled once per row.
     ``MASKED``: a row may have seen no visible key yet (row_max -inf); it subtracts 0 instead, so
     exp2(-inf) gives P = 0 and not NaN. ``FP8`` lifts P by 2^P_EXPONENT (row_sum adds the lifted P,
-    so the factor cancels in O / row_sum). ``ROW_TREE``: the row max and sum as trees (``_row_max``)."""
-    block_max = _row_max(S) if ROW_TREE else gl.max(S, 1)
+    so the factor cancels in O / row_sum). ``ROW_TREE``: the row max and sum as trees (``_row_tree``)."""
+    block_max = _row_tree(S, True) if ROW_TREE else gl.max(S, 1)
     row_max_new = gl.maximum(row_max, block_max if S_SCALED else block_max * softmax_scale_log2)
     row_max_base = gl.where(row_max_new == float("-inf"), 0.0, row_max_new) if MASKED else row_max_new
     p_base = row_max_base - P_EXPONENT if FP8 else row_max_base
     P = gl.exp2(S - p_base[:, None]) if S_SCALED else gl.exp2(S * softmax_scale_log2 - p_base[:, None])
     alpha = gl.exp2(row_max - row_max_base)
-    row_sum = row_sum * alpha + (_row_sum(P) if ROW_TREE else gl.sum(P, 1))
+    row_sum = row_sum * alpha + (_row_tree(P, False) if ROW_TREE else gl.sum(P, 1))
     return P, alpha, row_max_new, row_sum
 
 
@@ -216,27 +216,17 @@ def _column_halves(x):
 
 
 @gluon.jit
-def _row_max(S):
-    """Row maximum of S as a tree: the in-thread column halves are folded level by level (independent
-    FMNMX), then gl.max takes the last 8 columns (2 in the thread, 4 lanes). Triton 3.6 lowers gl.max
-    over the 32 in-thread values per row as one dependent chain; 3.9 as a tree already."""
-    row_layout: gl.constexpr = gl.SliceLayout(1, S.type.layout)
+def _row_tree(x, MAX: gl.constexpr):
+    """Row maximum (``MAX``) or row sum of x as a tree: the in-thread column halves are folded level by
+    level (independent FMNMX / FADD), then gl.max / gl.sum take the last 8 columns (2 in the thread,
+    4 lanes). Triton 3.6 lowers gl.max / gl.sum over the 32 in-thread values per row as one dependent
+    chain; 3.9 as a tree already."""
+    row_layout: gl.constexpr = gl.SliceLayout(1, x.type.layout)
     for _ in gl.static_range(TREE_LEVELS):
-        if S.shape[1] > TREE_WIDTH:
-            low, high = _column_halves(S)
-            S = gl.maximum(low, high)
-    return gl.convert_layout(gl.max(S, 1), row_layout, assert_trivial=True)
-
-
-@gluon.jit
-def _row_sum(P):
-    """Row sum of P as a tree, as ``_row_max``."""
-    row_layout: gl.constexpr = gl.SliceLayout(1, P.type.layout)
-    for _ in gl.static_range(TREE_LEVELS):
-        if P.shape[1] > TREE_WIDTH:
-            low, high = _column_halves(P)
-            P = low + high
-    return gl.convert_layout(gl.sum(P, 1), row_layout, assert_trivial=True)
+        if x.shape[1] > TREE_WIDTH:
+            low, high = _column_halves(x)
+            x = gl.maximum(low, high) if MAX else low + high
+    return gl.convert_layout(gl.max(x, 1) if MAX else gl.sum(x, 1), row_layout, assert_trivial=True)
 
 
 @gluon.jit

@@ -41,7 +41,7 @@ what changes is the FP8 contract that ``triton/fp8`` and ``cute/fp8`` follow too
     e4m3 bytes instead, LLVM unpacked P after the softmax and packed it again before each wgmma
     (about three integer instructions per word), and writing it before that retirement made ptxas
     serialise every wgmma of the kernel.
-  * Row max and row sum as trees (``row_tree``, ``_device._row_max``): the softmax of S_n is the step's
+  * Row max and row sum as trees (``row_tree``, ``_device._row_tree``): the softmax of S_n is the step's
     critical path, and Triton 3.6 reduces a thread's 32 columns of a row as one chain of 32 dependent
     FMNMX / FADD. Folding the column halves in registers (``gl.reshape`` / ``gl.permute`` /
     ``gl.split``, no data moved) leaves chains of 8. Triton 3.9 builds a tree of its own, and at D=128

@@ -109,7 +109,7 @@ class GluonConfig:
     consumers: int = 2
     # The consumer warpgroups take turns issuing their wgmmas (FA3's ping-pong).
     pingpong: bool = False
-    # Row max and row sum as trees of independent instructions (``_device._row_max``), not as the chain
+    # Row max and row sum as trees of independent instructions (``_device._row_tree``), not as the chain
     # Triton 3.6 makes of ``gl.max`` / ``gl.sum`` over a thread's columns.
     row_tree: bool = False
 
