@@ -1,13 +1,15 @@
 """Bare warp_specialize kernels shaped like the gluon rungs (default 4 warps, workers of 4 and 1 warps,
 register budgets 240 / 24, maxnreg 168), adding one at a time what the gluon kernel has before (and
 around) the fork, so one racecheck run per variant shows which construct makes racecheck report the
-warp-specialisation state bytes.
+warp-specialisation state bytes (``bench/racecheck_ws.sh`` runs them all under compute-sanitizer).
 
-    python .gpu/r20/ws_bare.py VARIANT            # launch on the GPU, check the output
-    python .gpu/r20/ws_bare.py --static VARIANT   # sm_90a PTX barriers, no GPU (prints them)
+    python -m bench.ws_bare VARIANT            # launch on the GPU, check the output
+    python -m bench.ws_bare --static VARIANT   # sm_90a PTX barriers, no GPU (prints them)
 
 Variants (flags of one kernel; see VARIANTS):
-  base      ws_min2: no shared memory of its own, no barrier
+  min       the smallest warp_specialize: default 4 warps and one 1-warp worker, 24 registers
+            (its own kernel, ``ws_min_kernel``; was ws_min.py)
+  base      no shared memory of its own, no barrier (was ws_min2.py)
   pre1      + gl.thread_barrier() in the default warps before the fork (bar.sync 0, 128)
   pre2      + two of them (the count of the 3.6 gluon kernel)
   mbar1     + one mbarrier allocated, initialised, fence_async_shared (no bar.sync expected)
@@ -19,7 +21,8 @@ Variants (flags of one kernel; see VARIANTS):
   all       pre2 + mbar2 + defbar + wrkbar + smem
 """
 
-import sys
+import argparse
+import re
 
 import torch
 from triton.experimental import gluon
@@ -39,6 +42,9 @@ VARIANTS = {
     "smem": (0, 0, False, False, False, True),
     "all": (2, 2, False, True, True, True),
 }
+# Triton 3.6's gl.thread_barrier is gl.barrier from 3.8 on (as in triton_impl/gluon/_device.py).
+_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+NAMES = ("PRE_BARRIERS", "MBARRIERS", "SPLIT_MBARRIERS", "DEFAULT_BARRIER", "WORKER_BARRIER", "SMEM")
 SMEM_ROWS = gl.constexpr(512)  # 512 x 128 fp16 = 128 KB
 
 
@@ -48,7 +54,7 @@ def _wide(out, BASE: gl.constexpr, BARRIER: gl.constexpr):
     offs = gl.arange(0, 128, layout)
     gl.store(out + BASE + offs, offs + BASE)
     if BARRIER:
-        gl.thread_barrier()
+        _barrier()
     gl.store(out + BASE + offs, offs + BASE)
 
 
@@ -90,7 +96,7 @@ def ws_bare_kernel(
             mbarrier.init(bars.index(1), count=1)
         fence_async_shared()
     for _ in gl.static_range(PRE_BARRIERS):
-        gl.thread_barrier()
+        _barrier()
     gl.warp_specialize(
         [(_wide, (out, 0, DEFAULT_BARRIER)), (_wide, (out, 128, WORKER_BARRIER)), (_narrow, (out, 256))],
         [4, 1],
@@ -98,36 +104,66 @@ def ws_bare_kernel(
     )
 
 
+@gluon.jit
+def _min_default(out):
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    offs = gl.arange(0, 128, layout)
+    gl.store(out + offs, offs)
+
+
+@gluon.jit
+def _min_worker(out):
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    offs = gl.arange(0, 32, layout)
+    gl.store(out + 128 + offs, offs + 1000)
+
+
+@gluon.jit
+def ws_min_kernel(out):
+    gl.warp_specialize([(_min_default, (out,)), (_min_worker, (out,))], [1], [24])
+
+
 def launch(variant: str) -> bool:
-    out = torch.zeros(288, dtype=torch.int32, device="cuda")
-    ws_bare_kernel[(2,)](out, *VARIANTS[variant], num_warps=4, maxnreg=168)
+    if variant == "min":
+        out = torch.zeros(160, dtype=torch.int32, device="cuda")
+        ws_min_kernel[(2,)](out, num_warps=4)
+        expected = torch.cat([torch.arange(128), torch.arange(32) + 1000])
+    else:
+        out = torch.zeros(288, dtype=torch.int32, device="cuda")
+        ws_bare_kernel[(2,)](out, *VARIANTS[variant], num_warps=4, maxnreg=168)
+        expected = torch.arange(288)
     torch.cuda.synchronize()
-    return bool((out == torch.arange(288).to(out)).all())
+    return bool((out == expected.to(out)).all())
 
 
 def static_ptx(variant: str) -> str:
-    sys.path.insert(0, ".")
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from common.reporting.static import compile_triton_sm90
 
-    names = ("PRE_BARRIERS", "MBARRIERS", "SPLIT_MBARRIERS", "DEFAULT_BARRIER", "WORKER_BARRIER", "SMEM")
-    binary = compile_triton_sm90(
-        ws_bare_kernel,
-        {"out": "*i32"},
-        dict(zip(names, VARIANTS[variant], strict=True)),
-        options={"num_warps": 4, "maxnreg": 168},
-        source_type=GluonASTSource,
-    )
+    if variant == "min":
+        kernel, constexprs, options = ws_min_kernel, {}, {"num_warps": 4}
+    else:
+        kernel, options = ws_bare_kernel, {"num_warps": 4, "maxnreg": 168}
+        constexprs = dict(zip(NAMES, VARIANTS[variant], strict=True))
+    binary = compile_triton_sm90(kernel, {"out": "*i32"}, constexprs, options=options, source_type=GluonASTSource)
     return binary.ptx
 
 
-if __name__ == "__main__":
-    if sys.argv[1] == "--static":
-        import re
-
-        ptx = static_ptx(sys.argv[2])
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("variant", choices=["min", *VARIANTS])
+    parser.add_argument("--static", action="store_true", help="print the sm_90a PTX barriers (no GPU)")
+    args = parser.parse_args()
+    if args.static:
         keep = re.compile(r"bar\.sync|barrier\.sync|bar\.warp|mbarrier\.init|fence\.proxy|st\.shared|setmaxnreg|bra")
-        print("\n".join(line.strip() for line in ptx.splitlines() if keep.search(line)))
-    else:
-        print(sys.argv[1], "output correct:", launch(sys.argv[1]))
+        print("\n".join(line.strip() for line in static_ptx(args.variant).splitlines() if keep.search(line)))
+        return
+    from bench import require_gpu
+
+    require_gpu("bench.ws_bare")
+    print(args.variant, "output correct:", launch(args.variant))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,38 +1,37 @@
-"""Issue 16 (scratch): triton/pipelined tiles and code variants under the installed Triton, in one process.
+"""triton/pipelined tiles under the installed Triton, in one process (issue #16, fourth stop).
 
-Each candidate (a kernel module and a tile, optionally extra compile options) is compiled for both masks, checked
+Each candidate (a tile, optionally extra compile options) is compiled for both masks, checked
 on a ragged problem (B=1 H=16 Sq=1008 Sk=1232 D=128 bf16, causal and not: poisoned output, fp64 reference, SDPA
 yardstick, ``common.contract.check``; Triton specialises integers on % 16, so the checked binary is the timed one),
 then timed at P1 (B=2 H=16 S=8192 D=128 bf16) with ``common.measure.timing.time_cuda`` (L2 flushed), ROUNDS
 interleaved rounds in rotated order, median. Candidates that spill, exceed the device's shared memory or fail the
 check are reported and not timed. One JSON line per result on stdout and in $OUT/p16-<triton version>.log.
 
-usage (repo root):  python .gpu/p16/bench.py [--only name,name] [--rounds 3] [--dry]
+usage (project root):  python -m bench.pipelined_tiles [--only name,name] [--rounds 3] [--dry]
   --dry compiles every candidate for sm_90a without a GPU (registers, stack, shared memory) and times nothing.
+
+Produced results/h200/triton-3.9-rungs/pipelined-tiles/p16-*.log. Those runs also timed
+``unroll2@128x64w8s2``, a scratch copy of the kernel with its unmasked loop unrolled twice (5 CTA
+barriers per 2 blocks under 3.9); that copy was not kept (docs/perf-log.md, "Fourth stop").
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE / "variants"))
-sys.path.insert(0, str(HERE.parent.parent))
+import torch
+import triton
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-
-from common.contract.problem import Problem  # noqa: E402
-from triton_impl import pipelined  # noqa: E402
-from triton_impl._host import POINTER_ALIGNED, pointer_arguments, pointer_signature  # noqa: E402
+from bench import require_gpu
+from common.contract.problem import Problem
+from triton_impl import pipelined
+from triton_impl._host import POINTER_ALIGNED, pointer_arguments, pointer_signature
 
 RELEASE = triton.__version__
 RAGGED = {"batch": 1, "heads": 16, "seqlen_q": 1008, "seqlen_k": 1232, "head_dim": 128, "dtype": torch.bfloat16}
@@ -42,7 +41,6 @@ RAGGED = {"batch": 1, "heads": 16, "seqlen_q": 1008, "seqlen_k": 1232, "head_dim
 class Candidate:
     name: str
     tile: tuple[int, int, int, int]  # BLOCK_M, BLOCK_N, num_warps, num_stages
-    module: str | None = None  # a file under .gpu/p16/variants; None: triton_impl/pipelined.py
     options: tuple[tuple[str, str], ...] = ()  # extra Triton compile options
     releases: tuple[str, ...] = ("3.6", "3.9")
 
@@ -68,15 +66,7 @@ CANDIDATES = [Candidate(_tile_name(tile), tile) for tile in TILES] + [
     Candidate(
         "128x128w8s3+ra4", (128, 128, 8, 3), options=(("ptx_options", "--regAllocOptLevel=4"),), releases=("3.9",)
     ),
-    # The unmasked loop unrolled twice: 5 CTA barriers per 2 blocks under 3.9 (3 per block otherwise).
-    Candidate("unroll2@128x64w8s2", (128, 64, 8, 2), module="pipe_unroll.py"),
 ]
-
-
-def kernel_of(candidate: Candidate):
-    if candidate.module is None:
-        return pipelined._pipelined_kernel
-    return importlib.import_module(Path(candidate.module).stem)._pipelined_kernel
 
 
 def launch_options(candidate: Candidate, causal: bool) -> dict:
@@ -108,7 +98,7 @@ def dry(candidates: list[Candidate], log: Log) -> None:
     from common.reporting.static import cubin_resources
 
     for candidate in candidates:
-        kernel = kernel_of(candidate)
+        kernel = pipelined._pipelined_kernel
         for causal in (False, True):
             options = launch_options(candidate, causal)
             constexprs = {name: options.pop(name) for name in ("CAUSAL", "HEAD_DIM", "BLOCK_M", "BLOCK_N")}
@@ -161,7 +151,7 @@ def measure(candidates: list[Candidate], rounds: int, log: Log) -> None:
     inputs = {causal: make_inputs(p1[causal], seed=0, device="cuda") for causal in (False, True)}
     runners, eligible = {}, {}
     for candidate in candidates:
-        kernel = kernel_of(candidate)
+        kernel = pipelined._pipelined_kernel
         for causal in (False, True):
             start = time.time()
             run = runner(kernel, candidate, *inputs[causal], p1[causal])
@@ -209,6 +199,8 @@ def main() -> None:
     unknown = set(filter(None, args.only.split(","))) - {c.name for c in CANDIDATES}
     if unknown:
         parser.error(f"unknown candidates {sorted(unknown)}; expected some of {[c.name for c in CANDIDATES]}")
+    if not args.dry:
+        require_gpu("bench.pipelined_tiles (without --dry)")
     log = Log()
     device = "sm_90a (dry)" if args.dry else torch.cuda.get_device_name()
     log.say(f"# p16 bench: Triton {RELEASE} ({triton.__file__}) torch {torch.__version__} {device} "

@@ -1,0 +1,19 @@
+"""Experiment scripts behind the committed data in ``results/`` (benchmarks, sweeps, probes, profiles).
+
+Run each from the project root as a module, ``python -m bench.<name> --help``; the shell scripts here
+wrap one device call each (``bash bench/<name>.sh``, ``$OUT`` set to the folder that comes back).
+``results/h200/README.md`` names the script next to the data it produced; ``docs/perf-log.md`` holds
+what the runs showed. The harness proper (``compare.py``, ``common/``) stays where it is: these
+scripts only drive it for one-off A/B runs that the harness does not express.
+"""
+
+import sys
+
+
+def require_gpu(what: str) -> None:
+    """Exit 2 with one line when no CUDA device is visible (every timed or launched run needs one)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{what} needs a CUDA GPU (Hopper); none is visible", file=sys.stderr)
+        sys.exit(2)
