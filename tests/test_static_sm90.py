@@ -10,7 +10,7 @@ from common.contract.registry import discover
 from common.reporting.static import StaticRow, static_report, static_report_subprocess
 
 # Every rung compiles once, in one pytest-xdist worker (--dist loadgroup), for the module's fixture.
-pytestmark = pytest.mark.xdist_group("static-sm90")
+pytestmark = [pytest.mark.xdist_group("static-sm90"), pytest.mark.static]
 AVAILABLE, _ = discover(include_baselines=False)
 COMPILED = {impl.name: impl for impl in AVAILABLE if impl.compile_sm90 is not None}
 CANONICAL = Problem.canonical(8192)

@@ -108,6 +108,7 @@ def _compile_probe(code: str) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
+@pytest.mark.static
 def test_warp_specialised_configs_use_setmaxnreg():
     rows = _compile_probe(_WS_PROBE)
     for name, (has_setmaxnreg, spills) in rows.items():
@@ -136,6 +137,7 @@ SM90_SHARED_BYTES = 233_472
 CTA_RESERVED_SHARED_BYTES = 1024
 
 
+@pytest.mark.static
 def test_fp8_default_configs_fit_two_ctas_per_sm():
     # The fp8 defaults rely on two independent one-warpgroup CTAs per SM (triton_impl/fp8.py).
     for name, (threads, registers, spills, shared) in _compile_probe(_FP8_OCCUPANCY_PROBE).items():

@@ -2,17 +2,18 @@
 
 Every Triton rung's default tile, at every head dim it supports, causal and not, compiles for sm_90a
 without spills under the installed release (bf16; fp16 builds allocate the same registers). CI runs
-this on both tested releases, one per leg. The installed release must be one the table was checked
-against, and any other version gets a warning naming it. The online rung's tiles of every release
-are also checked for correctness under the interpreter on each leg, so a release's tile that only
-the other leg would run (e.g. 3.9's 64-key tile at D=128) is still tested on both.
-"""
+this on every release ``pyproject.toml`` admits, one leg each (3.6, 3.7, 3.8, 3.9). The table must
+cover exactly the releases ``pyproject.toml`` admits; any other version gets a warning naming it, and
+an installed release is never itself a failure. The online rung's tiles of every release are also
+checked for correctness under the interpreter on each leg, so a release's tile that only another leg
+would run (e.g. 3.9's 64-key tile at D=128) is still tested on all of them."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +40,7 @@ from triton_impl.gluon import hopper as gluon_hopper
 
 ROOT = Path(__file__).resolve().parent.parent
 # One worker compiles them all (pytest-xdist's --dist loadgroup), not one copy per worker.
-pytestmark = pytest.mark.xdist_group("triton-releases")
+pytestmark = [pytest.mark.xdist_group("triton-releases"), pytest.mark.static]
 
 HEAD_DIMS = {
     "naive": naive.HEAD_DIMS,
@@ -116,18 +117,57 @@ def test_probe_catches_a_spilling_tile(compiled: dict[str, list[int]]):
     assert spills > 0, f"{PLANTED}: {registers} registers and no spill; the probe would miss one"
 
 
-def test_installed_triton_is_a_tested_release():
-    status = tested_triton_status()
-    assert status is None, status
+def admitted_minor_releases(requirement: str) -> list[str]:
+    """The minor releases ``major.minor`` that a ``>=X.Y,<X.Z`` requirement admits (same major)."""
+    match = re.fullmatch(r"triton\s*>=\s*(\d+)\.(\d+)(?:\.\d+)?\s*,\s*<\s*(\d+)\.(\d+)(?:\.0)?", requirement.strip())
+    assert match, f"expected Triton's requirement as 'triton>=X.Y,<X.Z', got {requirement!r}"
+    low_major, low_minor, high_major, high_minor = map(int, match.groups())
+    assert low_major == high_major, f"{requirement!r} spans major releases; list them in the table by hand"
+    return [f"{low_major}.{minor}" for minor in range(low_minor, high_minor)]
+
+
+def triton_requirement() -> str:
+    """pyproject.toml's Triton requirement (Python 3.10 has no tomllib: the one quoted entry is enough)."""
+    (requirement,) = re.findall(r'"(triton\s*[<>=][^"]*)"', (ROOT / "pyproject.toml").read_text())
+    return requirement
+
+
+def releases_missing_from(table: tuple[str, ...], requirement: str) -> list[str]:
+    """The releases ``requirement`` admits that ``table`` lacks, and any the table has that it does not admit."""
+    admitted = admitted_minor_releases(requirement)
+    return sorted(set(admitted) ^ set(table))
+
+
+def test_release_table_covers_every_release_pyproject_admits():
+    # A user's installed Triton is not a test failure; a release the project admits without having
+    # tested it is. The "untested release" warning stays for releases outside the table.
+    requirement = triton_requirement()
+    missing = releases_missing_from(TESTED_TRITON, requirement)
+    assert not missing, f"pyproject.toml's {requirement!r} and the release table {TESTED_TRITON} differ on {missing}"
+
+
+@pytest.mark.parametrize(
+    ("requirement", "admitted"),
+    [("triton>=3.6,<3.10", ["3.6", "3.7", "3.8", "3.9"]), ("triton >= 3.6.0, < 3.8", ["3.6", "3.7"])],
+)
+def test_admitted_releases_are_read_from_the_requirement(requirement: str, admitted: list[str]):
+    assert admitted_minor_releases(requirement) == admitted
+
+
+def test_a_table_missing_an_admitted_release_fails():
+    # The rule against planted gaps: a table without 3.8, and one with a release pyproject does not admit.
+    assert releases_missing_from(("3.6", "3.7", "3.9"), "triton>=3.6,<3.10") == ["3.8"]
+    assert releases_missing_from(("3.6", "3.7", "3.8", "3.9", "3.10"), "triton>=3.6,<3.10") == ["3.10"]
 
 
 @pytest.mark.parametrize(
     ("version", "release", "tested"),
     [
         ("3.6.0", "3.6", True),
+        ("3.7.1", "3.7", True),
+        ("3.8.0", "3.8", True),
         ("3.9.0", "3.9", True),
         ("3.9.1+gitabc123", "3.9", True),
-        ("3.7.1", "3.6", False),
         ("3.10.0", "3.9", False),
         ("4.0.0", "3.9", False),
         ("3.5.0", "3.6", False),
