@@ -20,6 +20,7 @@ from common.contract.inputs import make_inputs
 from common.contract.metrics import FP8_RULE, emulation_stats, error_stats
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
+from common.tools.sanitize import HOST_API_ERRORS
 from triton_impl import fp8, hopper
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -278,6 +279,7 @@ for impl in (hopper.IMPLEMENTATION, fp8.IMPLEMENTATION):
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
 def test_gpu_memcheck_clean_on_ragged_shape():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    command = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", sys.executable, "-c"]
+    command = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", HOST_API_ERRORS]
+    command += [sys.executable, "-c"]
     done = subprocess.run([*command, _MEMCHECK_PROBE], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
