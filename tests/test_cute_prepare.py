@@ -12,9 +12,11 @@ import functools
 import pytest
 import torch
 
-import cute_impl.fp8 as cute_fp8
-import cute_impl.hopper as cute_hopper
 from common.contract.problem import Problem
+
+pytest.importorskip("cutlass")
+import cute_impl.fp8 as cute_fp8  # after the skip: the CuTe rungs import cutlass
+import cute_impl.hopper as cute_hopper
 
 RUNGS = {"cute/hopper": cute_hopper, "cute/fp8": cute_fp8}
 
