@@ -99,8 +99,8 @@ def feature_constexprs(problem: Problem) -> dict[str, bool]:
 
 
 @cache
-def _placeholder(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    # Passed for Lse / CacheSeqlens when the problem has none: the kernel never reads or writes it.
+def placeholder(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Passed for Lse / CacheSeqlens when the problem has none: the kernel never reads or writes it."""
     return torch.zeros(1, dtype=dtype, device=device)
 
 
@@ -127,8 +127,8 @@ def pointer_arguments(
 ) -> tuple[torch.Tensor | int | float, ...]:
     """The positional arguments of a strided-pointer kernel, built once per prepared launch."""
     strides = tuple(stride for t in (q, k, v, out) for stride in t.stride()[:3])
-    lse_arg = lse if lse is not None else _placeholder(torch.float32, q.device)
-    lengths_arg = cache_seqlens if cache_seqlens is not None else _placeholder(torch.int32, q.device)
+    lse_arg = lse if lse is not None else placeholder(torch.float32, q.device)
+    lengths_arg = cache_seqlens if cache_seqlens is not None else placeholder(torch.int32, q.device)
     sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k)
     return (q, k, v, out, lse_arg, lengths_arg, *strides, *sizes, problem.scale * LOG2_E)
 

@@ -32,7 +32,8 @@ O accumulator stay in registers.
 Constraints: fp16 and bf16 on a CUDA GPU (fp32 under the Triton interpreter only, which mishandles
 bf16 ``tl.dot``; there autotuning is skipped and the fixed configuration runs); D ∈ {32, 64, 128,
 256} (256 only where a candidate fits the device's shared memory, else the capability check says
-so); any Sq, Sk ≥ 1; causal (top-left) or not.
+so); any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA (``kv_head_index``);
+``cache_seqlens`` (``seqlen_info``); the LSE, stored in the epilogue.
 
 What the measurements taught (figures in the generated table of ``docs/ladder.md``; the tuner's
 timings and earlier defaults in ``docs/perf-log.md``, "Figures moved out of rung docstrings"): the
@@ -347,7 +348,12 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     binary = compile_triton_sm90(
         _pipelined_kernel,
         pointer_signature(problem.dtype),
-        {**feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n},
+        {
+            **feature_constexprs(problem),
+            "HEAD_DIM": problem.head_dim,
+            "BLOCK_M": config.block_m,
+            "BLOCK_N": config.block_n,
+        },
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         aligned=POINTER_ALIGNED,

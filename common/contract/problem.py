@@ -184,9 +184,7 @@ class Problem:
             mask += f"({self.causal_alignment})"
         seq = f"S={self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"Sq={self.seqlen_q} Sk={self.seqlen_k}"
         heads = f"H={self.heads}" if self.kv_heads == self.heads else f"H={self.heads} Hkv={self.kv_heads}"
-        extras = "".join(
-            (" cache_seqlens" if self.has_cache_seqlens else "", " lse" if self.return_lse else "")
-        )
+        extras = "".join((" cache_seqlens" if self.has_cache_seqlens else "", " lse" if self.return_lse else ""))
         return f"B={self.batch} {heads} {seq} D={self.head_dim} {self.dtype_name} {mask}{extras}"
 
     @classmethod
