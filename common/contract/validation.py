@@ -35,13 +35,14 @@ def _check_tensor(name: str, tensor: object) -> torch.Tensor:
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allow_gqa: bool) -> None:
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if not allow_gqa and q.shape[:2] != k.shape[:2]:
+        raise ValueError(
+            f"q and k must agree on (batch, heads) (this implementation has no GQA), "
+            f"got q {tuple(q.shape[:2])} and k {tuple(k.shape[:2])}"
+        )
     if q.shape[0] != k.shape[0]:
         raise ValueError(f"q and k must agree on batch, got q {q.shape[0]} and k {k.shape[0]}")
     heads, kv_heads = q.shape[1], k.shape[1]
-    if not allow_gqa and heads != kv_heads:
-        raise ValueError(
-            f"q and k must agree on heads (this implementation has no GQA), got q {heads} and k {kv_heads}"
-        )
     if heads % kv_heads:
         raise ValueError(
             f"k's heads (kv_heads) must divide q's heads (GQA: query head h reads KV head h // (heads // kv_heads)), "
