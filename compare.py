@@ -105,7 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--causal",
         choices=tuple(CAUSAL_MODES),
         default="both",
-        help="causal mask (top-left aligned, like SDPA's is_causal): true, false or both (default both)",
+        help="causal mask (aligned as --causal-alignment says): true, false or both (default both)",
+    )
+    parser.add_argument(
+        "--causal-alignment",
+        choices=("top_left", "bottom_right"),
+        default="top_left",
+        help="where the causal diagonal sits: top_left (SDPA's is_causal: row i sees keys j <= i) or "
+        "bottom_right (KV caches: j <= i + Sk - Sq); equal when Sq = Sk (default top_left)",
+    )
+    parser.add_argument(
+        "--kv-heads",
+        type=_positive_int,
+        help="K/V heads for GQA (a divisor of the heads; 1 is MQA; default: the heads, no GQA)",
     )
     parser.add_argument("--only", action="append", default=[], help="glob on implementation names (repeatable)")
     parser.add_argument("--skip", action="append", default=[], help="glob on names to leave out (repeatable)")
@@ -186,12 +198,25 @@ def build_problems(args: argparse.Namespace, device: str, teaching: bool = False
     if teaching:
         seqlens = sorted({min(seqlen, CPU_TEACHING.seqlen) for seqlen in seqlens})
         batch, heads = min(batch, CPU_TEACHING.batch), min(heads, CPU_TEACHING.heads)
-    return [
+    problems = [
         Problem.canonical(seqlen, head_dim=head_dim, batch=batch, heads=heads, dtype=dtype, causal=causal)
         for head_dim in head_dims
         for seqlen in seqlens
         for causal in CAUSAL_MODES[args.causal]
     ]
+    alignment = getattr(args, "causal_alignment", "top_left")
+    kv_heads = getattr(args, "kv_heads", None)
+    if kv_heads is None and alignment == "top_left":
+        return problems
+    # GQA and the alignment are recorded in every row; a kv_heads that does not divide the heads is
+    # refused (exit 2) with both numbers.
+    try:
+        return [
+            problem.with_(kv_heads=kv_heads if kv_heads is not None else problem.heads, causal_alignment=alignment)
+            for problem in problems
+        ]
+    except ValueError as error:
+        raise RefusedError(f"--kv-heads: {error}") from error
 
 
 def _sizes(problems: list) -> str:

@@ -78,6 +78,7 @@ import dataclasses
 
 import torch
 
+from common.contract.capability import check_features
 from common.contract.fp8 import (
     Emulation,
     KernelOrder,
@@ -194,6 +195,9 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
         return ok, reason
     if problem.dtype not in DTYPES:
         return False, f"inputs must be fp16 or bf16 (quantised to e4m3 in prepare), got {problem.dtype_name}"
+    ok, reason = check_features("cute/fp8", problem)
+    if not ok:
+        return ok, reason
     return common_problem_supported(problem)
 
 

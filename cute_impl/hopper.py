@@ -106,6 +106,7 @@ import functools
 
 import torch
 
+from common.contract.capability import check_features
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.contract.validation import kernel_operand, validate_attention_inputs
@@ -597,6 +598,9 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
         return ok, reason
     if problem.dtype not in DTYPES:
         return False, f"dtype must be fp16 or bf16, got {problem.dtype_name}"
+    ok, reason = check_features("cute/hopper", problem)
+    if not ok:
+        return ok, reason
     return common_problem_supported(problem)
 
 

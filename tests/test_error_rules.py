@@ -23,7 +23,15 @@ from common.contract.fp8 import (
     quantise,
 )
 from common.contract.inputs import make_inputs
-from common.contract.metrics import FP8_RULE, SDPA_RELATIVE_RULE, emulation_stats, error_stats
+from common.contract.metrics import (
+    FP8_RULE,
+    SDPA_RELATIVE_RULE,
+    emulation_stats,
+    error_stats,
+    judge_lse,
+    lse_bound,
+    lse_stats,
+)
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
 from common.measure.sdpa import sdpa
@@ -182,3 +190,78 @@ def test_sdpa_relative_rule_fails_planted_bugs(shape, dtype: torch.dtype, bug: s
         error_stats(model_kernel(q, k, v, problem, bug), ref), error_stats(sdpa(q, k, v, problem), ref)
     )
     assert ok == (bug is None), f"bug {bug}: ok={ok} {reason}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# GQA, the bottom-right alignment, per-sequence lengths and the LSE rule
+# ----------------------------------------------------------------------------------------------------
+FEATURE_BUGS = ("kv_head_modulo", "bottom_right_off_by_one", "cache_length_ignored", "lse_log2", "lse_unscaled")
+# (Sq, Sk): decode-like and prefill-past-the-cache shapes, with odd lengths.
+FEATURE_SHAPES = [(1, 77), (45, 130), (130, 45)]
+
+
+def model_feature_kernel(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, lengths: list[int], bug: str | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 attention with GQA, the bottom-right alignment and per-sequence lengths: (O in the inputs'
+    dtype, fp32 natural-log LSE), with one planted ``bug``."""
+    out = torch.empty(q.shape, dtype=q.dtype)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32)
+    rows = torch.arange(problem.seqlen_q)[:, None]
+    cols = torch.arange(problem.seqlen_k)[None, :]
+    for b in range(problem.batch):
+        seqlen_k = problem.seqlen_k if bug == "cache_length_ignored" else lengths[b]
+        offset = seqlen_k - problem.seqlen_q + (1 if bug == "bottom_right_off_by_one" else 0)
+        visible = (cols < seqlen_k) & (cols <= rows + offset)
+        for h in range(problem.heads):
+            kv_head = h % problem.kv_heads if bug == "kv_head_modulo" else problem.kv_head(h)
+            s = q[b, h].float() @ k[b, kv_head].float().T
+            scaled = (s * problem.scale).masked_fill(~visible, -math.inf)
+            row_lse = torch.logsumexp(scaled, dim=-1)
+            # A row that sees no key: P = 0 (exp(-inf - 0)), so O = 0; its LSE stays -inf.
+            p = torch.exp(scaled - torch.where(torch.isfinite(row_lse), row_lse, 0)[:, None])
+            out[b, h] = (p @ v[b, kv_head].float()).to(q.dtype)
+            if bug == "lse_unscaled":
+                row_lse = torch.logsumexp(s.masked_fill(~visible, -math.inf), dim=-1)
+            lse[b, h] = row_lse * (LOG2_E if bug == "lse_log2" else 1.0)
+    return out, lse
+
+
+@pytest.mark.parametrize("bug", [None, *FEATURE_BUGS])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", FEATURE_SHAPES, ids=str)
+def test_output_and_lse_rules_fail_planted_feature_bugs(shape, dtype: torch.dtype, bug: str | None):
+    """GQA (4 query heads per KV head), bottom-right, ragged lengths with 0 and Sk: the output rule or
+    the LSE rule (:func:`lse_bound`) must fail every planted bug, and both pass the correct model."""
+    seqlen_q, seqlen_k = shape
+    if bug == "bottom_right_off_by_one" and seqlen_q == 1:
+        pytest.skip("one query row sees every key bottom-right: the key one past the diagonal is past Sk")
+    problem = Problem(
+        3, 4, seqlen_q, seqlen_k, 64, dtype=dtype, causal=True, kv_heads=2,
+        causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True,
+    )  # fmt: skip
+    q, k, v = make_inputs(problem, seed=seqlen_q + seqlen_k, device="cpu")
+    lengths = torch.tensor([seqlen_k, 0, (2 * seqlen_k) // 3], dtype=torch.int32)
+    ref, ref_lse = reference_attention(q, k, v, problem, cache_seqlens=lengths, with_lse=True)
+    out, lse = model_feature_kernel(q, k, v, problem, lengths.tolist(), bug)
+    out_ok, out_reason = SDPA_RELATIVE_RULE.judge(
+        error_stats(out, ref), error_stats(sdpa(q, k, v, problem, lengths), ref)
+    )
+    lse_ok, lse_reason = judge_lse(lse_stats(lse, ref_lse, lse_bound(dtype, seqlen_k, ref_lse)))
+    if bug is None:
+        assert out_ok and lse_ok, f"correct model failed: {out_reason} {lse_reason}"
+    elif bug.startswith("lse"):
+        # An LSE bug leaves O right: the LSE rule alone must catch it.
+        assert out_ok and not lse_ok, f"bug {bug}: output ok={out_ok}, lse ok={lse_ok}"
+    else:
+        assert not out_ok and not lse_ok, f"bug {bug}: output ok={out_ok} ({out_reason}), lse ok={lse_ok}"
+
+
+def test_lse_rule_rejects_nan_and_wrong_infinities():
+    ref = torch.tensor([[[0.5, -math.inf]]], dtype=torch.float64)
+    bound = lse_bound(torch.float16, 10, ref)
+    assert judge_lse(lse_stats(ref.float(), ref, bound))[0]
+    for wrong in ([math.nan, -math.inf], [0.5, 0.0], [-math.inf, -math.inf], [math.inf, -math.inf]):
+        ok, _ = judge_lse(lse_stats(torch.tensor([[wrong]], dtype=torch.float32), ref, bound))
+        assert not ok, f"{wrong} passed"
+    assert not judge_lse(lse_stats(ref.double(), ref, bound))[0], "an fp64 LSE is not the contract's fp32"

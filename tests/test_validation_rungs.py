@@ -50,3 +50,46 @@ def test_non_finite_softmax_scale_is_refused(impl_name: str, scale: float):
     q, k, v = _good_tensors()
     with pytest.raises(ValueError, match=r"softmax_scale must be finite, got"):
         attention(q, k, v, softmax_scale=scale, impl=impl_name)
+
+
+def _kv_cache(kv_heads: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q = torch.randn(2, 4, 3, 64, dtype=torch.float16)
+    k = torch.randn(2, kv_heads, 16, 64, dtype=torch.float16)
+    return q, k, k.clone()
+
+
+FEATURE_ERRORS = {
+    "heads not divisible": (lambda: _kv_cache(3), {}, r"must divide q's heads.*got q 4 heads and k 3"),
+    "lengths shape": (_kv_cache, {"cache_seqlens": torch.tensor([3], dtype=torch.int32)}, r"shape \(batch,\)"),
+    "lengths dtype": (_kv_cache, {"cache_seqlens": torch.tensor([3, 4])}, r"cache_seqlens must be int32, got int64"),
+    "lengths type": (_kv_cache, {"cache_seqlens": [3, 4]}, r"cache_seqlens must be a torch.Tensor or None, got list"),
+    "length above Sk": (
+        _kv_cache,
+        {"cache_seqlens": torch.tensor([3, 17], dtype=torch.int32)},
+        r"\[0, 16\].*\[3, 17\]",
+    ),
+    "negative length": (_kv_cache, {"cache_seqlens": torch.tensor([-1, 4], dtype=torch.int32)}, r"\[-1, 4\]"),
+    "alignment": (_kv_cache, {"causal_alignment": "bottom-right"}, r"one of \('top_left', 'bottom_right'\), got"),
+    "return_lse": (_kv_cache, {"return_lse": 1}, r"return_lse must be a bool, got int"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FEATURE_ERRORS))
+def test_bad_feature_input_is_refused_clearly(case: str):
+    make, options, message = FEATURE_ERRORS[case]
+    with pytest.raises((TypeError, ValueError), match=message):
+        attention(*make(), impl="triton/online", causal=True, **options)
+
+
+def test_lengths_on_another_device_are_refused():
+    q, k, v = _kv_cache()
+    lengths = torch.tensor([3, 4], dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match=r"on the inputs' device cpu, got meta"):
+        attention(q, k, v, impl="triton/online", cache_seqlens=lengths)
+
+
+@pytest.mark.parametrize("impl_name", ["triton/hopper", "sdpa/math"])
+def test_rungs_without_a_feature_refuse_it_by_name(impl_name: str):
+    q, k, v = _kv_cache(2)
+    with pytest.raises(ValueError, match=r"(GQA|LSE)"):
+        attention(q, k, v, impl=impl_name, return_lse=True)

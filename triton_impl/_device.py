@@ -2,18 +2,27 @@
 
 The names are the ones the CuTe and Gluon stacks use, so that a diff of two rungs teaches:
 
+* ``kv_head`` → :func:`kv_head_index`: GQA, the KV head a query head reads,
+  ``head // (heads // kv_heads)`` (K and V are indexed by it, never repeated).
+* ``SeqlenInfo`` → :func:`seqlen_info`: ``(seqlen_k, causal_offset)`` of one sequence. ``seqlen_k``
+  is the padded key length, or the sequence's own ``cache_seqlens[batch]`` (clamped to [0, Sk], so a
+  bad length cannot read out of bounds); ``causal_offset`` shifts the causal diagonal: row i sees
+  keys j <= i + causal_offset, 0 for the top-left alignment and ``seqlen_k - seqlen_q`` for the
+  bottom-right one. Every later object takes these two, so no rung special-cases either convention.
 * ``BlockRange`` → :func:`block_range`: the key blocks one query tile visits,
   ``(n_block_min, n_block_max, n_masked_blocks)``. Blocks [n_block_min, n_block_max) hold every key
   some row of the tile sees (n_block_max exclusive); the last ``n_masked_blocks`` of them need the
   mask, the blocks before them are seen in full by every row; blocks from n_block_max on are never
-  loaded.
+  loaded. A tile whose rows see no key (bottom-right, Sq > Sk, or a length of 0) gets an empty range.
 * ``AttentionMask.apply`` → :func:`attention_mask`: S set to -inf where the key lies past the
-  sequence (the ragged tail) or, causal, after the query row (top-left diagonal).
+  sequence (the ragged tail, or the sequence's own length) or, causal, after the query row's
+  diagonal (j > i + causal_offset).
 * ``OnlineSoftmax`` → :func:`online_softmax_update`, :func:`online_softmax_rescale`,
   :func:`online_softmax_finalize`. ``row_max`` is the running maximum of S · softmax_scale_log2,
   i.e. in log2 units of the scaled scores; ``row_sum`` the running sum of P in the same frame.
   ``update`` takes a new block of S and returns P, the rescale factor ``alpha`` and the new state;
-  ``rescale`` moves O to the new maximum; ``finalize`` returns O / row_sum and the LSE.
+  ``rescale`` moves O to the new maximum; ``finalize`` returns O / row_sum and the LSE (natural log;
+  -inf with O = 0 for a row that saw no key), which a rung's epilogue stores when asked (``lse``).
 * ``LOG2_E`` (the host folds it into ``softmax_scale_log2 = softmax_scale · LOG2_E``, so the kernels
   use ``exp2``) and ``LN_2`` (the kernels turn the log2-domain LSE into a natural log with it).
 
@@ -39,17 +48,41 @@ LN_2 = tl.constexpr(math.log(2.0))
 
 
 # ----------------------------------------------------------------------------------------------
+# kv_head and SeqlenInfo
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def kv_head_index(head, heads, kv_heads):
+    """GQA: the KV head query head ``head`` reads (groups of heads // kv_heads query heads)."""
+    return head // (heads // kv_heads)
+
+
+@triton.jit
+def seqlen_info(
+    CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS: tl.constexpr, BOTTOM_RIGHT: tl.constexpr
+):  # fmt: skip
+    """SeqlenInfo of sequence ``batch``: ``(seqlen_k, causal_offset)``, see the module docstring."""
+    if HAS_CACHE_SEQLENS:
+        seqlen_k = tl.minimum(tl.maximum(tl.load(CacheSeqlens + batch), 0), seqlen_k)
+    causal_offset = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+    return seqlen_k, causal_offset
+
+
+# ----------------------------------------------------------------------------------------------
 # BlockRange
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def block_range(m_block, seqlen_k, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def block_range(
+    m_block, seqlen_k, causal_offset, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):  # fmt: skip
     """BlockRange of query tile ``m_block``: ``(n_block_min, n_block_max, n_masked_blocks)``."""
     start_m = m_block * BLOCK_M
     if CAUSAL:
-        # Row i sees keys j <= i. Block n is seen in full by every row of the tile when its last key
-        # (n + 1) · BLOCK_N - 1 <= start_m; the tile's last row bounds the blocks worth loading.
-        n_unmasked = tl.minimum(seqlen_k, start_m + 1) // BLOCK_N
-        n_block_max = (tl.minimum(start_m + BLOCK_M, seqlen_k) + BLOCK_N - 1) // BLOCK_N
+        # Row i sees keys j <= i + causal_offset. Block n is seen in full by every row of the tile
+        # when its last key (n + 1) · BLOCK_N - 1 <= start_m + causal_offset; the tile's last row
+        # bounds the blocks worth loading. Clamped at 0: rows before the diagonal see no key.
+        n_unmasked = tl.maximum(tl.minimum(seqlen_k, start_m + causal_offset + 1), 0) // BLOCK_N
+        last_key_end = tl.maximum(tl.minimum(start_m + BLOCK_M + causal_offset, seqlen_k), 0)
+        n_block_max = (last_key_end + BLOCK_N - 1) // BLOCK_N
     else:
         # Only the ragged last block (Sk not a multiple of BLOCK_N) needs the mask.
         n_unmasked = seqlen_k // BLOCK_N
@@ -61,13 +94,14 @@ def block_range(m_block, seqlen_k, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, 
 # AttentionMask
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def attention_mask(S, offs_m, offs_n, seqlen_k, CAUSAL: tl.constexpr):
+def attention_mask(S, offs_m, offs_n, seqlen_k, causal_offset, CAUSAL: tl.constexpr):
     """AttentionMask.apply: S (BLOCK_M × BLOCK_N, query rows ``offs_m``, keys ``offs_n``) with -inf
-    where the key is past ``seqlen_k`` or, causal, after the query row. Apply it to scaled scores:
-    scaling after it would give -inf · 0 = NaN for softmax_scale = 0."""
+    where the key is past ``seqlen_k`` or, causal, after the query row's diagonal (j > i +
+    causal_offset). Apply it to scaled scores: scaling after it would give -inf · 0 = NaN for
+    softmax_scale = 0."""
     visible = (offs_n < seqlen_k)[None, :]
     if CAUSAL:
-        visible = visible & (offs_n[None, :] <= offs_m[:, None])
+        visible = visible & (offs_n[None, :] <= offs_m[:, None] + causal_offset)
     return tl.where(visible, S, float("-inf"))
 
 
@@ -129,14 +163,15 @@ def online_softmax_finalize(acc, row_max, row_sum, out_scale, P_EXPONENT: tl.con
 def attend_key_blocks(
     acc, row_max, row_sum, q,
     k_base, v_base, stride_kn, stride_vn,
-    offs_m, key_begin, key_end, seqlen_k, softmax_scale_log2,
+    offs_m, key_begin, key_end, seqlen_k, causal_offset, softmax_scale_log2,
     CAUSAL: tl.constexpr, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """Fold the keys [key_begin, key_end), BLOCK_N at a time from a block boundary, into (acc, row_max,
     row_sum) of one query tile: S = Q Kᵀ → mask → online softmax → rescale O → O += P V.
 
     ``MASKED=False`` is the hot loop: every key in range is visible, so loads are unmasked and the
-    softmax needs no -inf guard. ``MASKED=True`` handles the sequence tail and the causal diagonal.
+    softmax needs no -inf guard. ``MASKED=True`` handles the sequence tail and the causal diagonal
+    (``seqlen_k`` and ``causal_offset`` from :func:`seqlen_info`).
     S is scaled before the maximum, so any sign of the softmax scale works.
     """
     offs_n = tl.arange(0, BLOCK_N)
@@ -156,7 +191,7 @@ def attend_key_blocks(
         # S = Q Kᵀ on tensor cores, in the log2 domain.
         S = tl.dot(q, k_t) * softmax_scale_log2
         if MASKED:
-            S = attention_mask(S, offs_m, offs_k, seqlen_k, CAUSAL)
+            S = attention_mask(S, offs_m, offs_k, seqlen_k, causal_offset, CAUSAL)
         P, alpha, row_max, row_sum = online_softmax_update(S, row_max, row_sum, softmax_scale_log2, True, MASKED)
         # O += P V with P in the input dtype, onto O rescaled to the new maximum.
         acc = tl.dot(P.to(v.dtype), v, online_softmax_rescale(acc, alpha))

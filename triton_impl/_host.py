@@ -1,15 +1,22 @@
 """Host helpers shared by the Triton rungs: input validation, the common capability checks, and the
 argument list of the kernels that take Q, K, V and O as strided pointers (``online`` to ``pipelined``).
 
-Those kernels share one calling convention: ``Q, K, V, Out``, then (batch, head, row) strides of each,
-then ``heads, seqlen_q, seqlen_k, softmax_scale_log2``. Building it here keeps the launch, the
-compile-only warm-up and the static sm_90a signature of every rung in agreement.
+Those kernels share one calling convention: ``Q, K, V, Out, Lse, CacheSeqlens``, then (batch, head,
+row) strides of Q, K, V and O, then ``heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2``, and
+the feature constexprs of :func:`feature_constexprs`. ``Lse`` is the (B, H, Sq) fp32 output of
+``return_lse`` and ``CacheSeqlens`` the (B,) int32 key lengths; when the problem has neither, a
+one-element placeholder is passed that the kernel never touches (its constexpr is False). Building
+it here keeps the launch, the compile-only warm-up and the static sm_90a signature of every rung in
+agreement.
 """
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 
+from common.contract.capability import FEATURES, check_features
 from common.contract.devices import triton_device_supported, triton_device_types, triton_dtype_supported, triton_dtypes
 from common.contract.problem import Problem
 from common.contract.validation import validate_attention_inputs
@@ -18,7 +25,7 @@ from triton_impl._device import LOG2_E
 # (batch, head, row) stride arguments of Q, K, V and O, in kernel-argument order.
 POINTER_STRIDES = tuple(f"stride_{t}{dim}" for t, last in zip("qkvo", "mnnm", strict=True) for dim in ("b", "h", last))
 # Pointer and stride arguments a real launch passes 16-divisible, so the static compile assumes it too.
-POINTER_ALIGNED = ("Q", "K", "V", "Out", *POINTER_STRIDES)
+POINTER_ALIGNED = ("Q", "K", "V", "Out", "Lse", *POINTER_STRIDES)
 
 
 def validate_triton_inputs(
@@ -28,8 +35,31 @@ def validate_triton_inputs(
     problem: Problem,
     head_dims: tuple[int, ...],
     dtypes: tuple[torch.dtype, ...] | None = None,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+    all_features: bool = False,
 ) -> Problem:
-    """``validate_attention_inputs`` with the Triton dtypes (or ``dtypes``) and device types."""
+    """``validate_attention_inputs`` with the Triton dtypes (or ``dtypes``) and device types.
+
+    ``all_features``: the rung implements GQA, both causal alignments, ``cache_seqlens`` and the LSE
+    (the ladder rungs), so they are validated and kept in the problem; otherwise the problem is
+    validated as plain attention (those rungs' ``supports`` refuses the features).
+    """
+    if problem.has_cache_seqlens != (cache_seqlens is not None):
+        raise ValueError(
+            f"cache_seqlens must be given exactly when the problem has per-sequence lengths: "
+            f"has_cache_seqlens={problem.has_cache_seqlens}, got cache_seqlens={cache_seqlens!r}"
+        )
+    features = (
+        {
+            "causal_alignment": problem.causal_alignment,
+            "cache_seqlens": cache_seqlens,
+            "return_lse": problem.return_lse,
+            "allow_gqa": True,
+        }
+        if all_features
+        else {}
+    )
     return validate_attention_inputs(
         q,
         k,
@@ -39,11 +69,13 @@ def validate_triton_inputs(
         dtypes=dtypes or triton_dtypes(),
         head_dims=head_dims,
         device_types=triton_device_types(),
+        **features,
     )
 
 
 def ladder_supported(problem: Problem, device: torch.device, head_dims: tuple[int, ...]) -> tuple[bool, str]:
-    """Device, dtype and head-dim checks of the rungs ``naive`` to ``pipelined``."""
+    """Device, dtype and head-dim checks of the rungs ``naive`` to ``pipelined``, which implement every
+    problem feature (GQA, both causal alignments, ``cache_seqlens``, the LSE)."""
     ok, reason = triton_device_supported(device)
     if not ok:
         return False, reason
@@ -52,15 +84,53 @@ def ladder_supported(problem: Problem, device: torch.device, head_dims: tuple[in
         return False, reason
     if problem.head_dim not in head_dims:
         return False, f"head_dim {problem.head_dim} not supported (supported: {list(head_dims)})"
-    return True, ""
+    return check_features("triton ladder rung", problem, FEATURES)
+
+
+def feature_constexprs(problem: Problem) -> dict[str, bool]:
+    """The constexprs of the problem features: the mask (causal, aligned bottom-right where that
+    differs from top-left), per-sequence lengths, and whether the epilogue stores the LSE."""
+    return {
+        "CAUSAL": problem.causal,
+        "BOTTOM_RIGHT": problem.bottom_right,
+        "HAS_CACHE_SEQLENS": problem.has_cache_seqlens,
+        "RETURN_LSE": problem.return_lse,
+    }
+
+
+@cache
+def placeholder(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Passed for Lse / CacheSeqlens when the problem has none: the kernel never reads or writes it."""
+    return torch.zeros(1, dtype=dtype, device=device)
+
+
+def allocate_lse(problem: Problem, device: torch.device) -> torch.Tensor | None:
+    """The (B, H, Sq) fp32 LSE output when the problem returns it, else None."""
+    if not problem.return_lse:
+        return None
+    return torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=device)
+
+
+def rung_result(out: torch.Tensor, lse: torch.Tensor | None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """What ``run()`` returns: O, or (O, lse) when the problem returns the LSE."""
+    return out if lse is None else (out, lse)
 
 
 def pointer_arguments(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, problem: Problem
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    problem: Problem,
+    lse: torch.Tensor | None = None,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | int | float, ...]:
     """The positional arguments of a strided-pointer kernel, built once per prepared launch."""
     strides = tuple(stride for t in (q, k, v, out) for stride in t.stride()[:3])
-    return (q, k, v, out, *strides, problem.heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E)
+    lse_arg = lse if lse is not None else placeholder(torch.float32, q.device)
+    lengths_arg = cache_seqlens if cache_seqlens is not None else placeholder(torch.int32, q.device)
+    sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k)
+    return (q, k, v, out, lse_arg, lengths_arg, *strides, *sizes, problem.scale * LOG2_E)
 
 
 def pointer_signature(dtype: torch.dtype) -> dict[str, str]:
@@ -68,8 +138,11 @@ def pointer_signature(dtype: torch.dtype) -> dict[str, str]:
     element = "*fp16" if dtype == torch.float16 else "*bf16"
     return {
         **{name: element for name in ("Q", "K", "V", "Out")},
+        "Lse": "*fp32",
+        "CacheSeqlens": "*i32",
         **{name: "i32" for name in POINTER_STRIDES},
         "heads": "i32",
+        "kv_heads": "i32",
         "seqlen_q": "i32",
         "seqlen_k": "i32",
         "softmax_scale_log2": "fp32",

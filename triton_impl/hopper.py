@@ -79,6 +79,7 @@ from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from common.contract import fp8 as fp8_quantisation
+from common.contract.capability import check_features
 from common.contract.devices import triton_device_supported, triton_dtypes, triton_interpreting
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
@@ -237,7 +238,8 @@ def _block_softmax(
     row); masked blocks scale S before the mask, as ``attention_mask`` asks."""
     if MASKED:
         S = S * softmax_scale_log2
-        S = attention_mask(S, offs_m, start_n + tl.arange(0, BLOCK_N), seqlen_k, CAUSAL)
+        # causal_offset 0: this rung is top-left aligned only (``supports`` refuses the bottom-right one).
+        S = attention_mask(S, offs_m, start_n + tl.arange(0, BLOCK_N), seqlen_k, 0, CAUSAL)
     return online_softmax_update(S, row_max, row_sum, softmax_scale_log2, MASKED, MASKED, P_EXPONENT)
 
 
@@ -347,7 +349,7 @@ def _hopper_attention_kernel(
     coords = (batch, head, offs_m, seqlen_k)
 
     # Key blocks [n_block_min, n_block_max); the last n_masked_blocks need the mask.
-    n_block_min, n_block_max, n_masked_blocks = block_range(m_block, seqlen_k, CAUSAL, BLOCK_M, BLOCK_N)
+    n_block_min, n_block_max, n_masked_blocks = block_range(m_block, seqlen_k, 0, CAUSAL, BLOCK_M, BLOCK_N)
     n_block_masked = n_block_max - n_masked_blocks
 
     if WARP_SPECIALIZE:
@@ -522,7 +524,10 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem)
 # Capability check and static compile
 # ----------------------------------------------------------------------------------------------
 def hopper_supported(problem: Problem, device: torch.device, rung: str, needs: str) -> tuple[bool, str]:
-    """Head dim, scale and sm_90 checks of both Triton Hopper rungs (after their own dtype check)."""
+    """Head dim, scale, feature and sm_90 checks of both Triton Hopper rungs (after their own dtype check)."""
+    ok, reason = check_features(rung, problem)
+    if not ok:
+        return ok, reason
     if problem.head_dim not in HEAD_DIMS:
         return False, f"{rung} needs head_dim in {list(HEAD_DIMS)}, got {problem.head_dim}"
     if problem.scale < 0:

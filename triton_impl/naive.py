@@ -16,13 +16,16 @@ compiles to the same FFMA chains under both releases (``docs/perf-log.md``, "Tri
 early rungs"). The online rung keeps broadcast products: there the FMA dot measured slower.
 
 Algorithm (three launches, each a section below):
-  1. ``_scores_kernel``: S = softmax_scale · Q Kᵀ into an fp32 buffer of shape (B·H, Sq, Sk); causal
-     entries (key j > query row i) are set to -inf. One program per BLOCK_M × BLOCK_N tile of S,
-     one fp32 dot per BLOCK_D-wide slice of the head dimension.
+  1. ``_scores_kernel``: S = softmax_scale · Q Kᵀ into an fp32 buffer of shape (B·H, Sq, Sk), K read
+     from the query head's KV head (GQA: ``kv_head = head // (heads // kv_heads)``); masked entries
+     are set to -inf: keys past the sequence's length (``cache_seqlens``) and, causal, keys after
+     the row's diagonal (j > i + causal_offset; the offset is 0 top-left, Sk - Sq bottom-right).
+     One program per BLOCK_M × BLOCK_N tile of S, one fp32 dot per BLOCK_D-wide slice of D.
   2. ``_softmax_kernel``: one program per row of S, in place: the row max, then the sum of
-     exp(S - max) (as exp2 with LOG2_E folded in), then P = exp(S - max) / sum written over S.
-  3. ``_pv_kernel``: O = P V with fp32 accumulation over BLOCK_N-wide slices of the keys, written in
-     the input dtype. One program per BLOCK_M rows of O.
+     exp(S - max) (as exp2 with LOG2_E folded in), then P = exp(S - max) / sum written over S, and
+     (``return_lse``) lse = max + ln(sum), -inf for a row that sees no key.
+  3. ``_pv_kernel``: O = P V (V of the KV head) with fp32 accumulation over BLOCK_N-wide slices of
+     the keys, written in the input dtype. One program per BLOCK_M rows of O.
 
 Data movement: every operand goes HBM → registers through plain ``ld.global``, then through shared
 memory into the FMA dot's register tiles (no tensor cores; the PTX holds neither ``mma.sync`` nor
@@ -31,8 +34,9 @@ P written once: for B=2, H=16, S=8192 that is 8.6 GB per round trip, so the rung
 traffic on S long before the FLOPs matter, and by HBM capacity as S grows.
 
 Constraints: fp16 and bf16 on a CUDA GPU (fp32 too under the Triton interpreter); D ∈ {32, 64, 128,
-256}; any Sq, Sk ≥ 1; causal (top-left) or not. The capability check refuses problems whose S
-buffer (B·H·Sq·Sk·4 bytes) does not fit in free device memory.
+256}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA; ``cache_seqlens``; LSE. The
+capability check refuses problems whose S buffer (B·H·Sq·Sk·4 bytes) does not fit in free device
+memory.
 
 What the measurements taught (figures in the generated table of ``docs/ladder.md``, history in
 ``docs/perf-log.md``): the time does not change with the mask: every score is computed, stored and
@@ -49,7 +53,7 @@ from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.contract.validation import kernel_operand
 from common.reporting.static import compile_triton_sm90
-from triton_impl._host import ladder_supported, validate_triton_inputs
+from triton_impl._host import allocate_lse, ladder_supported, placeholder, validate_triton_inputs
 
 # A constexpr: the softmax kernel reads it (the scale is applied when S is written, in natural units).
 LOG2_E = tl.constexpr(1.4426950408889634)
@@ -68,11 +72,11 @@ NUM_WARPS = 4
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _scores_kernel(
-    Q, K, S,
+    Q, K, S, CacheSeqlens,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
-    heads, seqlen_q, seqlen_k, softmax_scale,
-    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+    heads, kv_heads, seqlen_q, seqlen_k, softmax_scale,
+    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     m_block = tl.program_id(0)
@@ -80,8 +84,16 @@ def _scores_kernel(
     batch_head = tl.program_id(2)
     batch = batch_head // heads
     head = batch_head % heads
+    # GQA: this query head reads KV head head // (heads // kv_heads).
+    kv_head = head // (heads // kv_heads)
     q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-    k_base = K + batch.to(tl.int64) * stride_kb + head.to(tl.int64) * stride_kh
+    k_base = K + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
+    # This sequence's keys: its own length in a padded cache (clamped to [0, Sk]), else Sk. Row i
+    # sees keys j <= i + causal_offset: 0 top-left, the sequence's Sk - Sq bottom-right.
+    seqlen_k_seq = seqlen_k
+    if HAS_CACHE_SEQLENS:
+        seqlen_k_seq = tl.minimum(tl.maximum(tl.load(CacheSeqlens + batch), 0), seqlen_k)
+    causal_offset = seqlen_k_seq - seqlen_q if BOTTOM_RIGHT else 0
 
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -99,8 +111,10 @@ def _scores_kernel(
         acc = tl.dot(q.to(tl.float32), k_t.to(tl.float32), acc, input_precision="ieee")
 
     scores = acc * softmax_scale
+    visible = (offs_n < seqlen_k_seq)[None, :]
     if CAUSAL:
-        scores = tl.where(offs_n[None, :] <= offs_m[:, None], scores, float("-inf"))
+        visible = visible & (offs_n[None, :] <= offs_m[:, None] + causal_offset)
+    scores = tl.where(visible, scores, float("-inf"))
 
     # S is (B·H, Sq, Sk) contiguous; offsets in int64 because B·H·Sq·Sk passes 2³¹ at S=8192.
     s_rows = (batch_head.to(tl.int64) * seqlen_q + offs_m) * seqlen_k
@@ -111,7 +125,7 @@ def _scores_kernel(
 # 2. Row softmax of S in place: max, exp and sum, normalise
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _softmax_kernel(S, seqlen_k, BLOCK_N: tl.constexpr):
+def _softmax_kernel(S, Lse, seqlen_k, RETURN_LSE: tl.constexpr, BLOCK_N: tl.constexpr):
     row = S + tl.program_id(0).to(tl.int64) * seqlen_k
     offs_n = tl.arange(0, BLOCK_N)
 
@@ -128,8 +142,12 @@ def _softmax_kernel(S, seqlen_k, BLOCK_N: tl.constexpr):
         s = tl.load(row + n_start + offs_n, mask=n_start + offs_n < seqlen_k, other=float("-inf"))
         row_sum += tl.exp2((s - row_max) * LOG2_E)
     row_sum = tl.sum(row_sum, axis=0)
-    # Same guard: a fully masked row gets P = 0 (output 0) instead of 0 / 0.
+    # Same guard: a fully masked row gets P = 0 (output 0) instead of 0 / 0, and lse -inf.
     inv_sum = tl.where(row_sum > 0.0, 1.0 / row_sum, 0.0)
+    if RETURN_LSE:
+        # Rows of S are the rows of the (B, H, Sq) LSE, in the same order; S is in natural units.
+        lse = tl.where(row_sum > 0.0, row_max + tl.log(row_sum), float("-inf"))
+        tl.store(Lse + tl.program_id(0), lse)
 
     for n_start in tl.range(0, seqlen_k, BLOCK_N):
         in_row = n_start + offs_n < seqlen_k
@@ -145,14 +163,15 @@ def _pv_kernel(
     P, V, Out,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om,
-    heads, seqlen_q, seqlen_k,
+    heads, kv_heads, seqlen_q, seqlen_k,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     m_block = tl.program_id(0)
     batch_head = tl.program_id(1)
     batch = batch_head // heads
     head = batch_head % heads
-    v_base = V + batch.to(tl.int64) * stride_vb + head.to(tl.int64) * stride_vh
+    kv_head = head // (heads // kv_heads)
+    v_base = V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
     o_base = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
 
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -180,41 +199,52 @@ def _pv_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate q, k, v (B, H, S, D), bind them, and compile by one warm-up launch on a GPU."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS)
-    return warmed_up(bind(q, k, v, checked), q.device)
+def naive_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
+    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them, and compile by one warm-up
+    launch on a GPU."""
+    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens, all_features=True)
+    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
 
 
-def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Allocate S and O for validated q, k, v and return ``run()`` launching the three kernels."""
+def bind(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
+    """Allocate S, O (and the LSE) for validated q, k, v and return ``run()`` launching the three kernels."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     batch, heads, seqlen_q, seqlen_k = problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k
     scores = torch.empty((batch * heads, seqlen_q, seqlen_k), dtype=torch.float32, device=q.device)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = allocate_lse(problem, q.device)
+    # Placeholders (never read or written) when the problem has no lengths or returns no LSE.
+    lengths_arg = cache_seqlens if cache_seqlens is not None else placeholder(torch.int32, q.device)
+    lse_arg = lse if lse is not None else placeholder(torch.float32, q.device)
     scores_grid = (triton.cdiv(seqlen_q, SCORES_BLOCK_M), triton.cdiv(seqlen_k, SCORES_BLOCK_N), batch * heads)
     pv_grid = (triton.cdiv(seqlen_q, PV_BLOCK_M), batch * heads)
 
-    def run() -> torch.Tensor:
+    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _scores_kernel[scores_grid](
-            q, k, scores,
+            q, k, scores, lengths_arg,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
-            heads, seqlen_q, seqlen_k, problem.scale,
-            CAUSAL=problem.causal, HEAD_DIM=problem.head_dim,
-            BLOCK_M=SCORES_BLOCK_M, BLOCK_N=SCORES_BLOCK_N, BLOCK_D=SCORES_BLOCK_D,
+            heads, problem.kv_heads, seqlen_q, seqlen_k, problem.scale,
+            CAUSAL=problem.causal, BOTTOM_RIGHT=problem.bottom_right, HAS_CACHE_SEQLENS=problem.has_cache_seqlens,
+            HEAD_DIM=problem.head_dim, BLOCK_M=SCORES_BLOCK_M, BLOCK_N=SCORES_BLOCK_N, BLOCK_D=SCORES_BLOCK_D,
             num_warps=NUM_WARPS,
         )  # fmt: skip
-        _softmax_kernel[(batch * heads * seqlen_q,)](scores, seqlen_k, BLOCK_N=SOFTMAX_BLOCK_N, num_warps=NUM_WARPS)
+        _softmax_kernel[(batch * heads * seqlen_q,)](
+            scores, lse_arg, seqlen_k, RETURN_LSE=problem.return_lse, BLOCK_N=SOFTMAX_BLOCK_N, num_warps=NUM_WARPS
+        )
         _pv_kernel[pv_grid](
             scores, v, out,
             v.stride(0), v.stride(1), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2),
-            heads, seqlen_q, seqlen_k,
+            heads, problem.kv_heads, seqlen_q, seqlen_k,
             HEAD_DIM=problem.head_dim, BLOCK_M=PV_BLOCK_M, BLOCK_N=PV_BLOCK_N,
             num_warps=NUM_WARPS,
         )  # fmt: skip
-        return out
+        return out if lse is None else (out, lse)
 
     return run
 
@@ -248,12 +278,13 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     scores = compile_triton_sm90(
         _scores_kernel,
         {
-            "Q": element, "K": element, "S": "*fp32",
+            "Q": element, "K": element, "S": "*fp32", "CacheSeqlens": "*i32",
             **{name: "i32" for name in aligned},
-            "heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "softmax_scale": "fp32",
+            "heads": "i32", "kv_heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "softmax_scale": "fp32",
         },
         {
-            "CAUSAL": problem.causal, "HEAD_DIM": problem.head_dim,
+            "CAUSAL": problem.causal, "BOTTOM_RIGHT": problem.bottom_right,
+            "HAS_CACHE_SEQLENS": problem.has_cache_seqlens, "HEAD_DIM": problem.head_dim,
             "BLOCK_M": SCORES_BLOCK_M, "BLOCK_N": SCORES_BLOCK_N, "BLOCK_D": SCORES_BLOCK_D,
         },
         num_warps=NUM_WARPS,
@@ -262,11 +293,11 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     )  # fmt: skip
     softmax = compile_triton_sm90(
         _softmax_kernel,
-        {"S": "*fp32", "seqlen_k": "i32"},
-        {"BLOCK_N": SOFTMAX_BLOCK_N},
+        {"S": "*fp32", "Lse": "*fp32", "seqlen_k": "i32"},
+        {"RETURN_LSE": problem.return_lse, "BLOCK_N": SOFTMAX_BLOCK_N},
         num_warps=NUM_WARPS,
         num_stages=1,
-        aligned=("S", *_divisible_by_16(seqlen_k=problem.seqlen_k)),
+        aligned=("S", "Lse", *_divisible_by_16(seqlen_k=problem.seqlen_k)),
     )
     pv_strides = ("stride_vb", "stride_vh", "stride_vn", "stride_ob", "stride_oh", "stride_om")
     pv = compile_triton_sm90(
@@ -274,7 +305,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
         {
             "P": "*fp32", "V": element, "Out": element,
             **{name: "i32" for name in pv_strides},
-            "heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32",
+            "heads": "i32", "kv_heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32",
         },
         {"HEAD_DIM": problem.head_dim, "BLOCK_M": PV_BLOCK_M, "BLOCK_N": PV_BLOCK_N},
         num_warps=NUM_WARPS,

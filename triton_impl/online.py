@@ -44,7 +44,8 @@ axis, which lies inside each thread, with ``tl.split`` (only a renaming of regis
 keys and adds each key's products into O, one FFMA chain per element of O under either release.
 
 Constraints: fp16 and bf16 on a CUDA GPU (fp32 too under the Triton interpreter); D ∈ {32, 64, 128,
-256}; any Sq, Sk ≥ 1; causal (top-left) or not.
+256}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA (K and V read from the query
+head's KV head); ``cache_seqlens`` (each sequence's own key length); the LSE, stored after O.
 
 What the measurements taught (the tile study, six spill-free tiles timed on the H200, is in
 ``docs/perf-log.md``, "Figures moved out of rung docstrings"; current figures in the generated table
@@ -66,6 +67,7 @@ on the early rungs" and "P V as one FFMA chain".
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -79,9 +81,12 @@ from common.measure.toolchain import release_configs
 from common.reporting.static import compile_triton_sm90
 from triton_impl._host import (
     POINTER_ALIGNED,
+    allocate_lse,
+    feature_constexprs,
     ladder_supported,
     pointer_arguments,
     pointer_signature,
+    rung_result,
     validate_triton_inputs,
 )
 
@@ -122,6 +127,8 @@ CONFIGS: dict[int, TileConfig] = release_configs(
     },
 )
 HEAD_DIMS = tuple(CONFIGS)
+# Natural log of 2, read in the kernel: the LSE is kept in log2 units until it is stored.
+LN_2 = tl.constexpr(math.log(2.0))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -147,13 +154,14 @@ def _add_pv_by_key(acc, p_by_key, v, KEYS: tl.constexpr, ROWS_REP: tl.constexpr,
 
 @triton.jit
 def _online_kernel(
-    Q, K, V, Out,
+    Q, K, V, Out, Lse, CacheSeqlens,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om,
-    heads, seqlen_q, seqlen_k, softmax_scale_log2,
-    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS_REP: tl.constexpr, ROWS_LANE: tl.constexpr,
+    heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2,
+    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, ROWS_REP: tl.constexpr, ROWS_LANE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     BLOCK_M: tl.constexpr = ROWS_REP * ROWS_LANE
@@ -161,10 +169,17 @@ def _online_kernel(
     batch_head = tl.program_id(1)
     batch = (batch_head // heads).to(tl.int64)
     head = (batch_head % heads).to(tl.int64)
+    # GQA: this query head reads KV head head // (heads // kv_heads).
+    kv_head = head // (heads // kv_heads)
     q_base = Q + batch * stride_qb + head * stride_qh
-    k_base = K + batch * stride_kb + head * stride_kh
-    v_base = V + batch * stride_vb + head * stride_vh
+    k_base = K + batch * stride_kb + kv_head * stride_kh
+    v_base = V + batch * stride_vb + kv_head * stride_vh
     o_base = Out + batch * stride_ob + head * stride_oh
+    # This sequence's keys: its own length in a padded cache (clamped to [0, Sk]), else Sk. Row i
+    # sees keys j <= i + causal_offset: 0 top-left, the sequence's Sk - Sq bottom-right.
+    if HAS_CACHE_SEQLENS:
+        seqlen_k = tl.minimum(tl.maximum(tl.load(CacheSeqlens + batch), 0), seqlen_k)
+    causal_offset = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
 
     # Query rows as a (ROWS_REP, ROWS_LANE) grid: row = m_block · BLOCK_M + r · ROWS_LANE + l.
     offs_m = m_block * BLOCK_M + tl.arange(0, ROWS_REP)[:, None] * ROWS_LANE + tl.arange(0, ROWS_LANE)[None, :]
@@ -180,8 +195,8 @@ def _online_kernel(
     row_sum = tl.zeros((ROWS_REP, ROWS_LANE), dtype=tl.float32)
     acc = tl.zeros((ROWS_REP, HEAD_DIM, ROWS_LANE), dtype=tl.float32)
 
-    # 2. Causal: keys at or past the tile's last row + 1 are masked for every row, so stop there.
-    n_end = tl.minimum(seqlen_k, (m_block + 1) * BLOCK_M) if CAUSAL else seqlen_k
+    # 2. Causal: keys past the tile's last row's diagonal are masked for every row, so stop there.
+    n_end = tl.minimum(seqlen_k, (m_block + 1) * BLOCK_M + causal_offset) if CAUSAL else seqlen_k
     for n_start in tl.range(0, n_end, BLOCK_N):
         offs_k = n_start + offs_n
         col_ok = offs_k < seqlen_k
@@ -198,7 +213,7 @@ def _online_kernel(
         scores = scores * softmax_scale_log2
         visible = col_ok[None, :, None]
         if CAUSAL:
-            visible = visible & (offs_k[None, :, None] <= offs_m[:, None, :])
+            visible = visible & (offs_k[None, :, None] <= offs_m[:, None, :] + causal_offset)
         scores = tl.where(visible, scores, float("-inf"))
 
         # 2b. Online softmax along the key axis. Guard: a row that has seen no visible key keeps max
@@ -222,6 +237,11 @@ def _online_kernel(
     inv_sum = tl.where(row_sum > 0.0, 1.0 / row_sum, 0.0)
     out = (acc * inv_sum[:, None, :]).to(Out.dtype.element_ty)
     tl.store(o_base + offs_m[:, None, :] * stride_om + offs_d[None, :, None], out, mask=row_ok[:, None, :])
+    if RETURN_LSE:
+        # Natural-log LSE (row_max is in log2 units), -inf for a row with no visible key; the LSE is
+        # (B, H, Sq) contiguous, so row m of (batch, head) is at batch_head · Sq + m.
+        lse = tl.where(row_sum > 0.0, (row_max + tl.log2(row_sum)) * LN_2, float("-inf"))
+        tl.store(Lse + batch_head.to(tl.int64) * seqlen_q + offs_m, lse, mask=row_ok)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -236,24 +256,30 @@ def _constexprs(config: TileConfig) -> dict[str, int]:
     }  # fmt: skip
 
 
-def online_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate q, k, v (B, H, S, D), bind them, and compile by one warm-up launch on a GPU."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS)
-    return warmed_up(bind(q, k, v, checked), q.device)
+def online_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
+    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them, and compile by one warm-up
+    launch on a GPU."""
+    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens, all_features=True)
+    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
 
 
-def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+def bind(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
     """Allocate O for validated q, k, v and return ``run()`` launching the fused kernel."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     config = CONFIGS[problem.head_dim]
     grid = (triton.cdiv(problem.seqlen_q, config.block_m), problem.batch * problem.heads)
-    args = pointer_arguments(q, k, v, out, problem)
-    constexprs = {"CAUSAL": problem.causal, "HEAD_DIM": problem.head_dim, **_constexprs(config)}
+    lse = allocate_lse(problem, q.device)
+    args = pointer_arguments(q, k, v, out, problem, lse, cache_seqlens)
+    constexprs = {**feature_constexprs(problem), "HEAD_DIM": problem.head_dim, **_constexprs(config)}
 
-    def run() -> torch.Tensor:
+    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _online_kernel[grid](*args, **constexprs, num_warps=config.num_warps)
-        return out
+        return rung_result(out, lse)
 
     return run
 
@@ -271,7 +297,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     binary = compile_triton_sm90(
         _online_kernel,
         pointer_signature(problem.dtype),
-        {"CAUSAL": problem.causal, "HEAD_DIM": problem.head_dim, **_constexprs(config)},
+        {**feature_constexprs(problem), "HEAD_DIM": problem.head_dim, **_constexprs(config)},
         num_warps=config.num_warps,
         num_stages=1,
         aligned=POINTER_ALIGNED,

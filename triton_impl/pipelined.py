@@ -32,7 +32,8 @@ O accumulator stay in registers.
 Constraints: fp16 and bf16 on a CUDA GPU (fp32 under the Triton interpreter only, which mishandles
 bf16 ``tl.dot``; there autotuning is skipped and the fixed configuration runs); D ∈ {32, 64, 128,
 256} (256 only where a candidate fits the device's shared memory, else the capability check says
-so); any Sq, Sk ≥ 1; causal (top-left) or not.
+so); any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA (``kv_head_index``);
+``cache_seqlens`` (``seqlen_info``); the LSE, stored in the epilogue.
 
 What the measurements taught (figures in the generated table of ``docs/ladder.md``; the tuner's
 timings and earlier defaults in ``docs/perf-log.md``, "Figures moved out of rung docstrings"): the
@@ -58,12 +59,15 @@ from common.contract.registry import Implementation, KernelBinary, Runner, warme
 from common.contract.validation import kernel_operand
 from common.measure.toolchain import release_configs
 from common.reporting.static import compile_triton_sm90
-from triton_impl._device import attend_key_blocks, block_range, online_softmax_finalize
+from triton_impl._device import attend_key_blocks, block_range, kv_head_index, online_softmax_finalize, seqlen_info
 from triton_impl._host import (
     POINTER_ALIGNED,
+    allocate_lse,
+    feature_constexprs,
     ladder_supported,
     pointer_arguments,
     pointer_signature,
+    rung_result,
     validate_triton_inputs,
 )
 
@@ -121,22 +125,25 @@ PLANNED_PROBLEMS = 1024
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _pipelined_kernel(
-    Q, K, V, Out,
+    Q, K, V, Out, Lse, CacheSeqlens,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om,
-    heads, seqlen_q, seqlen_k, softmax_scale_log2,
-    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2,
+    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     # 1. Causal tiles near the bottom see the most keys: launching them first shortens the tail.
     m_block = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
     batch_head = tl.program_id(1)
     batch = (batch_head // heads).to(tl.int64)
     head = (batch_head % heads).to(tl.int64)
+    kv_head = kv_head_index(head, heads, kv_heads)
+    seqlen_k, causal_offset = seqlen_info(CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS, BOTTOM_RIGHT)
     q_base = Q + batch * stride_qb + head * stride_qh
-    k_base = K + batch * stride_kb + head * stride_kh
-    v_base = V + batch * stride_vb + head * stride_vh
+    k_base = K + batch * stride_kb + kv_head * stride_kh
+    v_base = V + batch * stride_vb + kv_head * stride_vh
     o_base = Out + batch * stride_ob + head * stride_oh
 
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -150,25 +157,28 @@ def _pipelined_kernel(
 
     # 2. Which key blocks need no mask, which need one, and where to stop. The loops below step over
     # key offsets; the masked range ends at the last key a row of the tile sees (Sk when not causal).
-    n_block_min, n_block_max, n_masked_blocks = block_range(m_block, seqlen_k, CAUSAL, BLOCK_M, BLOCK_N)
+    n_block_min, n_block_max, n_masked_blocks = block_range(m_block, seqlen_k, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
     unmasked_end = (n_block_max - n_masked_blocks) * BLOCK_N
-    key_end = tl.minimum(seqlen_k, m_block * BLOCK_M + BLOCK_M) if CAUSAL else seqlen_k
+    key_end = tl.minimum(seqlen_k, m_block * BLOCK_M + BLOCK_M + causal_offset) if CAUSAL else seqlen_k
 
     # 3. The unmasked blocks first (the bulk of the work), then the diagonal and the sequence tail.
     acc, row_max, row_sum = attend_key_blocks(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        offs_m, n_block_min * BLOCK_N, unmasked_end, seqlen_k, softmax_scale_log2,
+        offs_m, n_block_min * BLOCK_N, unmasked_end, seqlen_k, causal_offset, softmax_scale_log2,
         CAUSAL=CAUSAL, MASKED=False, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
     )  # fmt: skip
     acc, row_max, row_sum = attend_key_blocks(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        offs_m, unmasked_end, key_end, seqlen_k, softmax_scale_log2,
+        offs_m, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
         CAUSAL=CAUSAL, MASKED=True, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
     )  # fmt: skip
 
-    # 4. Normalise once; a row with no visible key (row_sum 0) is written as 0, not 0 / 0.
-    out, _ = online_softmax_finalize(acc, row_max, row_sum, 1.0)
+    # 4. Normalise once; a row with no visible key (row_sum 0) is written as 0, not 0 / 0, and its
+    # LSE as -inf. The LSE is (B, H, Sq) contiguous: row offs_m of (batch, head) is batch_head · Sq + m.
+    out, lse = online_softmax_finalize(acc, row_max, row_sum, 1.0)
     tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    if RETURN_LSE:
+        tl.store(Lse + batch_head.to(tl.int64) * seqlen_q + offs_m, lse, mask=row_ok)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -176,7 +186,8 @@ def _pipelined_kernel(
 # ----------------------------------------------------------------------------------------------
 def _launch_options(config: TileConfig, problem: Problem) -> dict[str, int | bool]:
     return {
-        "CAUSAL": problem.causal, "HEAD_DIM": problem.head_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
+        **feature_constexprs(problem),
+        "HEAD_DIM": problem.head_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
         "num_warps": config.num_warps, "num_stages": config.num_stages,
     }  # fmt: skip
 
@@ -215,7 +226,8 @@ def _tuning_key(problem: Problem, device: torch.device) -> tuple:
         torch.cuda.get_device_name(device),
         problem.dtype,
         problem.head_dim,
-        problem.causal,
+        tuple(feature_constexprs(problem).items()),
+        problem.kv_group,
         bucket(problem.batch * problem.heads),
         bucket(problem.seqlen_q),
         bucket(problem.seqlen_k),
@@ -223,11 +235,16 @@ def _tuning_key(problem: Problem, device: torch.device) -> tuple:
 
 
 def tune(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, problem: Problem
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    problem: Problem,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> list[tuple[TileConfig, float]]:
     """Median milliseconds of every candidate that fits the device's shared memory, fastest first."""
     budget = shared_memory_budget(q.device)
-    args = pointer_arguments(q, k, v, out, problem)
+    args = pointer_arguments(q, k, v, out, problem, allocate_lse(problem, q.device), cache_seqlens)
     timings = []
     for config in CANDIDATES:
         if _compiled_shared_bytes(config, args, problem) > budget:
@@ -247,11 +264,18 @@ def planned_config(problem: Problem, device: torch.device) -> TileConfig | None:
     return _TUNED.get(_tuning_key(problem, device))
 
 
-def choose_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, problem: Problem) -> TileConfig:
+def choose_config(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    problem: Problem,
+    cache_seqlens: torch.Tensor | None = None,
+) -> TileConfig:
     """``planned_config``, autotuning on these tensors first where the bucket has no choice yet."""
     config = planned_config(problem, q.device)
     if config is None:
-        timings = tune(q, k, v, out, problem)
+        timings = tune(q, k, v, out, problem, cache_seqlens)
         if not timings:
             raise ValueError(
                 f"no pipelined configuration fits the shared memory of {q.device} for {problem.describe()}"
@@ -260,27 +284,34 @@ def choose_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
     return config
 
 
-def pipelined_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate q, k, v (B, H, S, D), choose the tiles (autotuning here, once per bucket), bind them,
-    and compile by one warm-up launch on a GPU."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS)
+def pipelined_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
+    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), choose the tiles (autotuning here, once per
+    bucket), bind them, and compile by one warm-up launch on a GPU."""
+    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens, all_features=True)
     operands = [kernel_operand(t) for t in (q, k, v)]
-    choose_config(*operands, torch.empty_like(operands[0], memory_format=torch.contiguous_format), checked)
-    return warmed_up(bind(q, k, v, checked), q.device)
+    out = torch.empty_like(operands[0], memory_format=torch.contiguous_format)
+    choose_config(*operands, out, checked, cache_seqlens)
+    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
 
 
-def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Allocate O for validated q, k, v and return ``run()`` launching the kernel with the planned tiles."""
+def bind(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
+    """Allocate O (and the LSE) for validated q, k, v and return ``run()`` launching the kernel with
+    the planned tiles."""
     config = planned_config(problem, q.device)
     if config is None:
         raise RuntimeError(f"triton/pipelined has not tuned {problem.describe()} yet: prepare it before binding")
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    args = pointer_arguments(q, k, v, out, problem)
+    lse = allocate_lse(problem, q.device)
+    args = pointer_arguments(q, k, v, out, problem, lse, cache_seqlens)
 
-    def run() -> torch.Tensor:
+    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _launch(config, args, problem)
-        return out
+        return rung_result(out, lse)
 
     return run
 
@@ -317,7 +348,12 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     binary = compile_triton_sm90(
         _pipelined_kernel,
         pointer_signature(problem.dtype),
-        {"CAUSAL": problem.causal, "HEAD_DIM": problem.head_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n},
+        {
+            **feature_constexprs(problem),
+            "HEAD_DIM": problem.head_dim,
+            "BLOCK_M": config.block_m,
+            "BLOCK_N": config.block_n,
+        },
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         aligned=POINTER_ALIGNED,

@@ -25,7 +25,8 @@ instruction is a lesson about the stack: for ``tl.dot`` on sm_90a Triton 3.6 emi
 away), not the Ampere-style ``mma.sync`` a CUDA programmer might expect from "FA2".
 
 Constraints: fp16 and bf16 on a CUDA GPU (fp32 under the Triton interpreter only, which mishandles
-bf16 ``tl.dot``); D ∈ {32, 64, 128, 256}; any Sq, Sk ≥ 1; causal (top-left) or not.
+bf16 ``tl.dot``); D ∈ {32, 64, 128, 256}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA
+(K and V read from the query head's KV head); ``cache_seqlens``; the LSE, stored after O.
 
 What the measurements taught (figures in the generated table of ``docs/ladder.md``, history in
 ``docs/perf-log.md``): moving the two products onto tensor cores is worth more than an order of
@@ -34,6 +35,8 @@ warps stall on every K/V load, and every causal block pays for the mask.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -45,9 +48,12 @@ from common.contract.validation import kernel_operand
 from common.reporting.static import compile_triton_sm90
 from triton_impl._host import (
     POINTER_ALIGNED,
+    allocate_lse,
+    feature_constexprs,
     ladder_supported,
     pointer_arguments,
     pointer_signature,
+    rung_result,
     validate_triton_inputs,
 )
 
@@ -57,6 +63,8 @@ from triton_impl._host import (
 # "Triton 3.9 on the early rungs").
 BLOCKS: dict[int, tuple[int, int, int]] = {32: (128, 64, 4), 64: (128, 64, 4), 128: (64, 64, 4), 256: (64, 32, 4)}
 HEAD_DIMS = tuple(BLOCKS)
+# Natural log of 2, read in the kernel: the LSE is kept in log2 units until it is stored.
+LN_2 = tl.constexpr(math.log(2.0))
 NUM_STAGES = 1
 
 
@@ -65,22 +73,30 @@ NUM_STAGES = 1
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _tiled_kernel(
-    Q, K, V, Out,
+    Q, K, V, Out, Lse, CacheSeqlens,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om,
-    heads, seqlen_q, seqlen_k, softmax_scale_log2,
-    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2,
+    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     m_block = tl.program_id(0)
     batch_head = tl.program_id(1)
     batch = (batch_head // heads).to(tl.int64)
     head = (batch_head % heads).to(tl.int64)
+    # GQA: this query head reads KV head head // (heads // kv_heads).
+    kv_head = head // (heads // kv_heads)
     q_base = Q + batch * stride_qb + head * stride_qh
-    k_base = K + batch * stride_kb + head * stride_kh
-    v_base = V + batch * stride_vb + head * stride_vh
+    k_base = K + batch * stride_kb + kv_head * stride_kh
+    v_base = V + batch * stride_vb + kv_head * stride_vh
     o_base = Out + batch * stride_ob + head * stride_oh
+    # This sequence's keys: its own length in a padded cache (clamped to [0, Sk]), else Sk. Row i
+    # sees keys j <= i + causal_offset: 0 top-left, the sequence's Sk - Sq bottom-right.
+    if HAS_CACHE_SEQLENS:
+        seqlen_k = tl.minimum(tl.maximum(tl.load(CacheSeqlens + batch), 0), seqlen_k)
+    causal_offset = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
 
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -94,8 +110,8 @@ def _tiled_kernel(
     row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
 
-    # 2. Causal: keys at or past the tile's last row + 1 are masked for every row, so stop there.
-    n_end = tl.minimum(seqlen_k, (m_block + 1) * BLOCK_M) if CAUSAL else seqlen_k
+    # 2. Causal: keys past the tile's last row's diagonal are masked for every row, so stop there.
+    n_end = tl.minimum(seqlen_k, (m_block + 1) * BLOCK_M + causal_offset) if CAUSAL else seqlen_k
     for n_start in tl.range(0, n_end, BLOCK_N):
         offs_k = n_start + offs_n
         col_ok = offs_k < seqlen_k
@@ -106,7 +122,7 @@ def _tiled_kernel(
         scores = tl.dot(q, k_t) * softmax_scale_log2
         visible = col_ok[None, :]
         if CAUSAL:
-            visible = visible & (offs_k[None, :] <= offs_m[:, None])
+            visible = visible & (offs_k[None, :] <= offs_m[:, None] + causal_offset)
         scores = tl.where(visible, scores, float("-inf"))
 
         # 2b. Online softmax. Guard: a row that has seen no visible key keeps max -inf; shifting by
@@ -125,6 +141,11 @@ def _tiled_kernel(
     inv_sum = tl.where(row_sum > 0.0, 1.0 / row_sum, 0.0)
     out = acc * inv_sum[:, None]
     tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    if RETURN_LSE:
+        # Natural-log LSE (row_max is in log2 units), -inf for a row with no visible key; the LSE is
+        # (B, H, Sq) contiguous, so row m of (batch, head) is at batch_head · Sq + m.
+        lse = tl.where(row_sum > 0.0, (row_max + tl.log2(row_sum)) * LN_2, float("-inf"))
+        tl.store(Lse + batch_head.to(tl.int64) * seqlen_q + offs_m, lse, mask=row_ok)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -132,24 +153,30 @@ def _tiled_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate q, k, v (B, H, S, D), bind them, and compile by one warm-up launch on a GPU."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS)
-    return warmed_up(bind(q, k, v, checked), q.device)
+def tiled_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
+    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them, and compile by one warm-up
+    launch on a GPU."""
+    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens, all_features=True)
+    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
 
 
-def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+def bind(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
     """Allocate O for validated q, k, v and return ``run()`` launching the FA2 kernel."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     block_m, block_n, num_warps = BLOCKS[problem.head_dim]
     grid = (triton.cdiv(problem.seqlen_q, block_m), problem.batch * problem.heads)
-    args = pointer_arguments(q, k, v, out, problem)
-    constexprs = {"CAUSAL": problem.causal, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n}
+    lse = allocate_lse(problem, q.device)
+    args = pointer_arguments(q, k, v, out, problem, lse, cache_seqlens)
+    constexprs = {**feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n}
 
-    def run() -> torch.Tensor:
+    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _tiled_kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=NUM_STAGES)
-        return out
+        return rung_result(out, lse)
 
     return run
 
@@ -167,7 +194,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     binary = compile_triton_sm90(
         _tiled_kernel,
         pointer_signature(problem.dtype),
-        {"CAUSAL": problem.causal, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n},
+        {**feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n},
         num_warps=num_warps,
         num_stages=NUM_STAGES,
         aligned=POINTER_ALIGNED,

@@ -8,10 +8,17 @@ the key, then ``bind``-s the new tensors and launches (no validation beyond the 
 autotuning), so a call costs about what the prepared launch costs.
 
 The key holds everything a plan depends on: the implementation, shapes, dtypes, strides and 16-byte
-alignment of q, k and v, their devices, ``causal``, ``softmax_scale``, and the Triton and CuTe DSL
-versions. The cache keeps the :data:`PLAN_CACHE_SIZE` most recently used plans;
-``clear_plan_cache()`` empties it and ``plan_cache_info()`` reports hits, misses and size. Plans hold
-no tensors: memory belongs to the caller and to each rung's own compile cache.
+alignment of q, k and v (so the number of KV heads), their devices, ``causal``, ``softmax_scale``,
+``causal_alignment``, ``return_lse``, whether ``cache_seqlens`` is given and its signature (shape,
+stride, dtype, device; never its values), and the Triton and CuTe DSL versions.
+
+``cache_seqlens`` is an input, not part of the plan: its values are checked (in [0, Sk], one device
+synchronisation) when a signature is planned; later calls check only its signature through the key,
+and the kernels clamp each length to [0, Sk], so a bad value cannot read out of bounds.
+
+The cache keeps the :data:`PLAN_CACHE_SIZE` most recently used plans; ``clear_plan_cache()`` empties
+it and ``plan_cache_info()`` reports hits, misses and size. Plans hold no tensors: memory belongs to
+the caller and to each rung's own compile cache.
 
 The suite is forward-only: tensors that require grad while grad mode is on raise a
 ``NotImplementedError`` up front (run under ``torch.no_grad()`` / ``torch.inference_mode()`` or
@@ -29,7 +36,7 @@ from importlib import metadata
 import torch
 
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, get
+from common.contract.registry import Implementation, get, per_call_inputs
 from common.contract.validation import OPERAND_ALIGNMENT_BYTES, validate_attention_inputs
 
 DEFAULT_IMPL = "triton/pipelined"
@@ -128,26 +135,49 @@ def _tensor_signature(t: torch.Tensor) -> tuple:
     return (tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() % OPERAND_ALIGNMENT_BYTES == 0)
 
 
-def plan_key(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None) -> tuple:
+@dataclass(frozen=True)
+class Options:
+    """The keyword arguments of ``attention`` beyond the tensors and ``impl``."""
+
+    causal: object = False
+    softmax_scale: object = None
+    causal_alignment: object = "top_left"
+    cache_seqlens: object = None
+    return_lse: object = False
+
+
+def _lengths_signature(cache_seqlens: torch.Tensor | None) -> tuple | None:
+    if cache_seqlens is None:
+        return None
+    return (tuple(cache_seqlens.shape), cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device)
+
+
+def plan_key(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options) -> tuple:
     """Everything a plan depends on (see the module docstring)."""
     return (
         impl,
         _tensor_signature(q),
         _tensor_signature(k),
         _tensor_signature(v),
-        causal,
-        scale,
+        options.causal,
+        options.softmax_scale,
+        options.causal_alignment,
+        options.return_lse,
+        _lengths_signature(options.cache_seqlens),
         toolchain_versions(),
     )
 
 
-def _cacheable(impl: object, q: object, k: object, v: object, causal: object, softmax_scale: object) -> bool:
+def _cacheable(impl: object, q: object, k: object, v: object, options: Options) -> bool:
     """Arguments of the types a plan is keyed on; anything else takes the full path every call, so
     that ``causal=1`` or ``softmax_scale=True`` never hit a plan validated for a bool and a float."""
     return (
         type(impl) is str
-        and type(causal) is bool
-        and type(softmax_scale) in _SCALE_TYPES
+        and type(options.causal) is bool
+        and type(options.return_lse) is bool
+        and type(options.causal_alignment) is str
+        and type(options.softmax_scale) in _SCALE_TYPES
+        and (options.cache_seqlens is None or isinstance(options.cache_seqlens, torch.Tensor))
         and all(isinstance(t, torch.Tensor) for t in (q, k, v))
     )
 
@@ -164,29 +194,50 @@ def _refuse_grad(q: object, k: object, v: object) -> None:
 
 
 def _make_plan(
-    impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: object, softmax_scale: object
-) -> tuple[Plan, torch.Tensor]:
-    """Full validation, capability check and ``prepare``; returns the plan and this call's output."""
+    impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options
+) -> tuple[Plan, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
+    """Full validation, capability check and ``prepare``; returns the plan and this call's result."""
     implementation = get(impl)
     problem = validate_attention_inputs(
-        q, k, v, causal=causal, softmax_scale=softmax_scale, dtypes=API_DTYPES, device_types=API_DEVICE_TYPES
+        q,
+        k,
+        v,
+        causal=options.causal,
+        softmax_scale=options.softmax_scale,
+        causal_alignment=options.causal_alignment,
+        cache_seqlens=options.cache_seqlens,
+        return_lse=options.return_lse,
+        allow_gqa=True,
+        dtypes=API_DTYPES,
+        device_types=API_DEVICE_TYPES,
     )
     ok, reason = implementation.check(problem, q.device)
     if not ok:
         raise ValueError(f"{impl} cannot run {problem.describe()}: {reason}")
-    out = implementation.prepare(q, k, v, problem)()
-    return Plan(implementation, problem), out
+    result = implementation.prepare(q, k, v, problem, **per_call_inputs(problem, options.cache_seqlens))()
+    return Plan(implementation, problem), result
 
 
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    *,
     causal: bool = False,
     softmax_scale: float | None = None,
     impl: str = DEFAULT_IMPL,
-) -> torch.Tensor:
-    """Attention output O (B, H, Sq, D) of q (B, H, Sq, D), k and v (B, H, Sk, D) by ``impl``.
+    causal_alignment: str = "top_left",
+    cache_seqlens: torch.Tensor | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention output O (B, H, Sq, D) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D) by ``impl``.
+
+    Hkv (a divisor of H; 1 is MQA) gives GQA: query head h reads KV head h // (H // Hkv).
+    ``causal_alignment``: "top_left" (SDPA's is_causal: row i sees keys j <= i) or "bottom_right"
+    (KV caches: j <= i + Sk - Sq). ``cache_seqlens``: optional (B,) int32 on the inputs' device, each
+    sequence's valid key length in a padded cache; keys past it are masked and the bottom-right
+    alignment uses it. ``return_lse=True`` returns ``(O, lse)``, lse (B, H, Sq) fp32 in natural-log
+    units, -inf for a row that sees no key (whose output row is 0).
 
     The first call of a signature prepares a plan (validates, compiles, warms up); later calls with
     new tensors of the same signature bind and launch only. Raises ValueError for an unknown
@@ -194,16 +245,18 @@ def attention(
     NotImplementedError for tensors that require grad, and TypeError/ValueError for bad tensors.
     """
     _refuse_grad(q, k, v)
-    if not _cacheable(impl, q, k, v, causal, softmax_scale):
-        return _make_plan(impl, q, k, v, causal, softmax_scale)[1]
-    key = plan_key(impl, q, k, v, causal, softmax_scale)
+    options = Options(causal, softmax_scale, causal_alignment, cache_seqlens, return_lse)
+    if not _cacheable(impl, q, k, v, options):
+        return _make_plan(impl, q, k, v, options)[1]
+    key = plan_key(impl, q, k, v, options)
     plan = _PLANS.get(key)
     if plan is None:
-        plan, out = _make_plan(impl, q, k, v, causal, softmax_scale)
+        plan, result = _make_plan(impl, q, k, v, options)
         _PLANS.put(key, plan)
-        return out
+        return result
+    extra = per_call_inputs(plan.problem, cache_seqlens)
     bind = plan.implementation.bind
     if bind is None:
         # A rung without bind yet: correct, but every call pays its prepare (and warm-up).
-        return plan.implementation.prepare(q, k, v, plan.problem)()
-    return bind(q, k, v, plan.problem)()
+        return plan.implementation.prepare(q, k, v, plan.problem, **extra)()
+    return bind(q, k, v, plan.problem, **extra)()

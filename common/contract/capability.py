@@ -1,7 +1,8 @@
 """The checks every rung's capability function starts with: device, architecture, dtype, head dim.
 
 Each returns ``(ok, reason)`` with a reason that names the rung, what it needs and what it got, so a
-rung's ``supports`` reads as this shared check followed by its own limits.
+rung's ``supports`` reads as this shared check followed by its own limits. :func:`check_features` is
+the one refusal of the problem features a rung does not implement (yet).
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ def check_common(
     head_dims: Collection[int],
     min_capability: tuple[int, int],
     device_types: Collection[str] = ("cuda",),
+    features: Collection[str] = (),
 ) -> tuple[bool, str]:
-    """Device type, minimum SM architecture (CUDA only), dtype and head dim, in that order."""
+    """Device type, minimum SM architecture (CUDA only), dtype, head dim and the problem features
+    the rung implements (``features``, see :func:`check_features`), in that order."""
     if device.type not in device_types:
         wanted = " or ".join(DEVICE_NAMES.get(kind, kind) for kind in sorted(device_types))
         return False, f"{name} needs a {wanted} device, got {device}"
@@ -43,4 +46,42 @@ def check_common(
         return False, f"{name} supports dtypes [{names}], got {problem.dtype_name}"
     if problem.head_dim not in head_dims:
         return False, f"{name} supports head_dim in {sorted(head_dims)}, got {problem.head_dim}"
+    return check_features(name, problem, features)
+
+
+# The problem features beyond plain attention (common/contract/problem.py), as rungs name them.
+GQA = "gqa"
+BOTTOM_RIGHT = "bottom_right"
+CACHE_SEQLENS = "cache_seqlens"
+LSE = "lse"
+FEATURES = (GQA, BOTTOM_RIGHT, CACHE_SEQLENS, LSE)
+
+
+def needed_features(problem: Problem) -> dict[str, str]:
+    """The features ``problem`` uses, each with words that say how (for refusals)."""
+    needed = {}
+    if problem.kv_heads != problem.heads:
+        needed[GQA] = f"GQA (kv_heads={problem.kv_heads} < heads={problem.heads})"
+    if problem.bottom_right:
+        needed[BOTTOM_RIGHT] = (
+            f"the bottom-right causal alignment (Sq={problem.seqlen_q}, Sk={problem.seqlen_k}"
+            f"{', per-sequence lengths' if problem.has_cache_seqlens else ''})"
+        )
+    if problem.has_cache_seqlens:
+        needed[CACHE_SEQLENS] = "per-sequence key lengths (cache_seqlens)"
+    if problem.return_lse:
+        needed[LSE] = "returning the LSE (return_lse)"
+    return needed
+
+
+def check_features(name: str, problem: Problem, implemented: Collection[str] = ()) -> tuple[bool, str]:
+    """Refuse the features of ``problem`` that ``name`` does not implement: ``implemented`` lists
+    those it does (names of :data:`FEATURES`). The bottom-right alignment counts only where it differs
+    from the top-left one (``Problem.bottom_right``)."""
+    unknown = set(implemented) - set(FEATURES)
+    if unknown:
+        raise ValueError(f"unknown features {sorted(unknown)}; known: {FEATURES}")
+    missing = [words for feature, words in needed_features(problem).items() if feature not in implemented]
+    if missing:
+        return False, f"{name}: {'; '.join(missing)} not implemented yet"
     return True, ""

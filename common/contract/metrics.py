@@ -165,3 +165,78 @@ def ratio_vs_sdpa(err: ErrorStats, sdpa_err: ErrorStats | None) -> float:
     if sdpa_err is None or sdpa_err.rel_l2_err == 0:
         return math.nan
     return err.rel_l2_err / sdpa_err.rel_l2_err
+
+
+# ----------------------------------------------------------------------------------------------------
+# The LSE rule: judged against the fp64 LSE by a bound from the dtype and Sk
+# ----------------------------------------------------------------------------------------------------
+# Units of roundoff of the problem's dtype allowed per unit of (|lse| + ln Sk); see LseRule.
+LSE_ULPS = 4.0
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """Half the distance from 1 to the next number of ``dtype`` (2^-11 for fp16, 2^-8 for bf16)."""
+    return torch.finfo(dtype).eps / 2
+
+
+def lse_bound(dtype: torch.dtype, seqlen_k: int, ref_lse: torch.Tensor, ulps: float = LSE_ULPS) -> torch.Tensor:
+    """Elementwise bound on |lse - ref_lse|: ``ulps · u(dtype) · (|ref_lse| + ln Sk)``.
+
+    Why this shape: lse = m + ln Σ exp(s_j - m) lies within ln Sk above the largest score m, so
+    |m| <= |lse| + ln Sk; a kernel's lse is as good as its scores (an error relative to their size)
+    plus the log of its row sum (a relative error, so an absolute one in lse). Allowing a few units of
+    roundoff of the problem's dtype on that magnitude asks for an LSE as accurate as an output stored
+    in that dtype. Rows with no visible key (ref -inf) must be -inf exactly (bound 0 there).
+    """
+    finite = torch.isfinite(ref_lse)
+    magnitude = torch.where(finite, ref_lse.abs(), torch.zeros_like(ref_lse)) + math.log(max(seqlen_k, 1))
+    return torch.where(finite, ulps * unit_roundoff(dtype) * magnitude, torch.zeros_like(ref_lse))
+
+
+@dataclass(frozen=True)
+class LseStats:
+    """How a returned LSE compares with the fp64 one."""
+
+    max_abs_err: float  # over rows where both are finite
+    max_bound_ratio: float  # max |lse - ref| / bound over those rows (<= 1 passes)
+    wrong_infinities: int  # rows where exactly one is -inf, or lse is NaN or +inf
+    shape_ok: bool = True
+
+    def summary(self) -> str:
+        return (
+            f"lse max_abs={self.max_abs_err:.3e} ({self.max_bound_ratio:.2f}x its bound), "
+            f"wrong -inf/NaN rows={self.wrong_infinities}"
+        )
+
+
+def lse_stats(lse: torch.Tensor, ref_lse: torch.Tensor, bound: torch.Tensor) -> LseStats:
+    """Compare ``lse`` (B, H, Sq) with the fp64 ``ref_lse`` and its elementwise ``bound``."""
+    if lse.shape != ref_lse.shape or lse.dtype != torch.float32:
+        return LseStats(math.inf, math.inf, 0, shape_ok=False)
+    lse64 = lse.detach().to(torch.float64)
+    ref64 = ref_lse.detach().to(device=lse64.device, dtype=torch.float64)
+    bound = bound.to(lse64.device)
+    ref_empty = ref64 == -math.inf
+    lse_empty = lse64 == -math.inf
+    both_finite = torch.isfinite(lse64) & torch.isfinite(ref64)
+    wrong = (ref_empty != lse_empty) | torch.isnan(lse64) | (lse64 == math.inf)
+    diff = torch.where(both_finite, (lse64 - ref64).abs(), torch.zeros_like(lse64))
+    ratio = torch.where(diff == 0, torch.zeros_like(diff), diff / bound)
+    return LseStats(diff.max().item(), ratio.max().item(), int(wrong.sum().item()))
+
+
+def judge_lse(stats: LseStats) -> tuple[bool, str]:
+    """(ok, reason) of the LSE rule (:func:`lse_bound`)."""
+    if not stats.shape_ok:
+        return False, "lse must be fp32 of shape (B, H, Sq)"
+    if stats.wrong_infinities:
+        return False, (
+            f"{stats.wrong_infinities} LSE rows are NaN or +inf, or -inf exactly where the reference is not "
+            "(a row sees no key) or not"
+        )
+    if not stats.max_bound_ratio <= 1.0:
+        return False, (
+            f"lse max_abs {stats.max_abs_err:.3e} exceeds {LSE_ULPS:g} u(dtype) (|lse| + ln Sk) "
+            f"({stats.max_bound_ratio:.2f}x)"
+        )
+    return True, ""

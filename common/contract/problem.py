@@ -1,14 +1,28 @@
 """The attention problem: shapes, dtype, masking convention, and what it costs.
 
-Layout is SDPA's: q is (B, H, Sq, D), k and v are (B, H, Sk, D), o is (B, H, Sq, D).
-Causal masking is top-left aligned exactly like ``torch.nn.functional.scaled_dot_product_attention``
-with ``is_causal=True``: query row ``i`` sees keys ``j <= i``. When Sq > Sk the rows ``i >= Sk``
-see every key; when Sq < Sk the last keys are never seen by anyone.
+Layout is SDPA's: q is (B, H, Sq, D), k and v are (B, Hkv, Sk, D), o is (B, H, Sq, D).
+
+* **GQA / MQA**: ``kv_heads`` (Hkv, default H) divides H; query head ``h`` reads KV head
+  ``kv_head = h // (H // Hkv)`` (``Problem.kv_head``), never a repeated copy. Hkv = 1 is MQA.
+* **Causal alignment** (``causal_alignment``): ``"top_left"`` is SDPA's ``is_causal`` (the default):
+  query row ``i`` sees keys ``j <= i``; when Sq > Sk the rows ``i >= Sk`` see every key, when Sq < Sk
+  the last keys are never seen by anyone. ``"bottom_right"`` is the KV-cache convention
+  (FlashAttention's): row ``i`` sees keys ``j <= i + Sk - Sq`` (``causal_offset = Sk - Sq``), so the
+  last query row sees every key, and when Sq > Sk the first Sq - Sk rows see none. The two agree
+  when Sq = Sk.
+* **Per-sequence key lengths** (``has_cache_seqlens``): a (B,) int32 tensor ``cache_seqlens`` passed
+  with the inputs (not part of the problem: it changes every call, the compiled code does not) gives
+  the valid keys of each sequence of a padded (B, Hkv, Sk, D) cache. Keys ``j >= cache_seqlens[b]``
+  are masked, and the bottom-right alignment is taken from it: ``causal_offset = cache_seqlens[b] - Sq``.
+* **LSE** (``return_lse``): the implementation also returns ``lse`` (B, H, Sq) fp32, the natural-log
+  log-sum-exp of each row's scaled scores (FlashAttention's convention); -inf for a row that sees no
+  key, whose output row is 0.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -32,19 +46,34 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def visible_keys(seqlen_q: int, seqlen_k: int, causal: bool) -> int:
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+
+
+def causal_offset(seqlen_q: int, seqlen_k: int, causal_alignment: str) -> int:
+    """How far the causal diagonal is shifted right: row i sees keys j <= i + offset."""
+    return seqlen_k - seqlen_q if causal_alignment == "bottom_right" else 0
+
+
+def visible_keys(seqlen_q: int, seqlen_k: int, causal: bool, causal_alignment: str = "top_left") -> int:
     """Number of (query, key) pairs that survive the mask, summed over all query rows."""
     if not causal:
         return seqlen_q * seqlen_k
-    # Row i sees min(i + 1, Sk) keys.
-    full_rows = max(seqlen_q - seqlen_k, 0)
-    ramp = min(seqlen_q, seqlen_k)
-    return ramp * (ramp + 1) // 2 + full_rows * seqlen_k
+    # Row i sees clamp(i + 1 + offset, 0, Sk) keys: none before row -offset, a ramp, then all Sk.
+    offset = causal_offset(seqlen_q, seqlen_k, causal_alignment)
+    ramp_begin = min(max(0, -offset), seqlen_q)
+    ramp_end = min(max(ramp_begin, seqlen_k - 1 - offset), seqlen_q)
+    ramp_keys = (ramp_begin + 1 + offset + ramp_end + offset) * (ramp_end - ramp_begin) // 2
+    return ramp_keys + (seqlen_q - ramp_end) * seqlen_k
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One forward-attention problem. ``softmax_scale=None`` means 1/sqrt(head_dim)."""
+    """One forward-attention problem (the module docstring defines every field's convention).
+
+    ``softmax_scale=None`` means 1/sqrt(head_dim); ``kv_heads=None`` means ``heads`` (no GQA) and is
+    stored as ``heads``, so equal problems compare and hash equal. ``seqlen_k`` is the padded key
+    length when ``has_cache_seqlens``.
+    """
 
     batch: int
     heads: int
@@ -54,14 +83,49 @@ class Problem:
     dtype: torch.dtype = torch.bfloat16
     causal: bool = False
     softmax_scale: float | None = None
+    kv_heads: int | None = None
+    causal_alignment: str = "top_left"
+    has_cache_seqlens: bool = False
+    return_lse: bool = False
 
     def __post_init__(self) -> None:
-        for field_name in ("batch", "heads", "seqlen_q", "seqlen_k", "head_dim"):
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        for field_name in ("batch", "heads", "seqlen_q", "seqlen_k", "head_dim", "kv_heads"):
             value = getattr(self, field_name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Problem.{field_name} must be a positive int, got {value!r}")
+        if self.heads % self.kv_heads:
+            raise ValueError(
+                f"Problem.kv_heads must divide heads (GQA groups of heads // kv_heads query heads), "
+                f"got heads={self.heads} and kv_heads={self.kv_heads}"
+            )
+        if self.causal_alignment not in CAUSAL_ALIGNMENTS:
+            raise ValueError(f"causal_alignment must be one of {CAUSAL_ALIGNMENTS}, got {self.causal_alignment!r}")
+        for field_name in ("causal", "has_cache_seqlens", "return_lse"):
+            if not isinstance(getattr(self, field_name), bool):
+                raise ValueError(f"Problem.{field_name} must be a bool, got {getattr(self, field_name)!r}")
         if self.softmax_scale is not None and not math.isfinite(self.softmax_scale):
             raise ValueError(f"softmax_scale must be finite, got {self.softmax_scale!r}")
+
+    @property
+    def kv_group(self) -> int:
+        """Query heads per KV head (1 without GQA, ``heads`` for MQA)."""
+        return self.heads // self.kv_heads
+
+    def kv_head(self, head: int) -> int:
+        """The KV head that query head ``head`` reads."""
+        return head // self.kv_group
+
+    @property
+    def bottom_right(self) -> bool:
+        """True when the causal mask is aligned bottom-right and that differs from top-left: Sq != Sk,
+        or per-sequence lengths (each sequence's own Sk). The mask a kernel must apply."""
+        return (
+            self.causal
+            and self.causal_alignment == "bottom_right"
+            and (self.seqlen_q != self.seqlen_k or self.has_cache_seqlens)
+        )
 
     @property
     def scale(self) -> float:
@@ -76,21 +140,32 @@ class Problem:
 
     @property
     def visible_scores(self) -> int:
-        """Unmasked score entries over the whole batch."""
-        return self.batch * self.heads * visible_keys(self.seqlen_q, self.seqlen_k, self.causal)
+        """Unmasked score entries over the whole batch. With ``has_cache_seqlens`` the lengths are
+        not part of the problem: this counts every sequence at the full (padded) Sk; use
+        :meth:`visible_scores_for` with the lengths to count what a call actually sees."""
+        return self.batch * self.heads * visible_keys(self.seqlen_q, self.seqlen_k, self.causal, self.causal_alignment)
+
+    def visible_scores_for(self, cache_seqlens: Sequence[int]) -> int:
+        """Unmasked score entries given each sequence's key length (``cache_seqlens``, B values)."""
+        return self.heads * sum(
+            visible_keys(self.seqlen_q, int(length), self.causal, self.causal_alignment) for length in cache_seqlens
+        )
 
     @property
     def flops(self) -> int:
-        """Two GEMMs, 2 FLOPs per multiply-add, counted only on unmasked scores."""
+        """Two GEMMs, 2 FLOPs per multiply-add, counted only on unmasked scores (at the padded Sk
+        when ``has_cache_seqlens``, see :attr:`visible_scores`)."""
         return 4 * self.head_dim * self.visible_scores
 
     @property
     def min_bytes(self) -> int:
-        """Q, K, V read once and O written once, in the problem's dtype."""
+        """Q, K, V read once and O written once, in the problem's dtype (K and V have kv_heads heads),
+        plus the fp32 LSE when returned."""
         element = torch.empty((), dtype=self.dtype).element_size()
-        q_and_o = 2 * self.seqlen_q
-        k_and_v = 2 * self.seqlen_k
-        return element * self.batch * self.heads * self.head_dim * (q_and_o + k_and_v)
+        q_and_o = 2 * self.seqlen_q * self.heads
+        k_and_v = 2 * self.seqlen_k * self.kv_heads
+        lse = 4 * self.batch * self.heads * self.seqlen_q if self.return_lse else 0
+        return element * self.batch * self.head_dim * (q_and_o + k_and_v) + lse
 
     @property
     def score_buffer_bytes(self) -> int:
@@ -98,12 +173,19 @@ class Problem:
         return 4 * self.batch * self.heads * self.seqlen_q * self.seqlen_k
 
     def with_(self, **changes: object) -> Problem:
+        """A copy with ``changes``; a problem without GQA keeps kv_heads = heads when heads changes."""
+        if "heads" in changes and "kv_heads" not in changes and self.kv_heads == self.heads:
+            changes["kv_heads"] = None
         return replace(self, **changes)
 
     def describe(self) -> str:
         mask = "causal" if self.causal else "full"
+        if self.causal and self.causal_alignment != "top_left":
+            mask += f"({self.causal_alignment})"
         seq = f"S={self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"Sq={self.seqlen_q} Sk={self.seqlen_k}"
-        return f"B={self.batch} H={self.heads} {seq} D={self.head_dim} {self.dtype_name} {mask}"
+        heads = f"H={self.heads}" if self.kv_heads == self.heads else f"H={self.heads} Hkv={self.kv_heads}"
+        extras = "".join((" cache_seqlens" if self.has_cache_seqlens else "", " lse" if self.return_lse else ""))
+        return f"B={self.batch} {heads} {seq} D={self.head_dim} {self.dtype_name} {mask}{extras}"
 
     @classmethod
     def canonical(

@@ -1,46 +1,77 @@
 """Float64 attention on the inputs' device: the ground truth every implementation is judged by.
 
 Chunked over (batch, head) and query rows so that the score block held at once stays bounded
-(a few hundred MiB at S=16384) however large the problem. The causal mask is SDPA's ``is_causal``:
-top-left aligned, query row i sees keys j <= i.
+(a few hundred MiB at S=16384) however large the problem. The masking conventions are the
+problem's (``common/contract/problem.py``): GQA reads KV head ``h // (H // Hkv)``; causal is
+top-left (SDPA's ``is_causal``) or bottom-right aligned; ``cache_seqlens`` masks each sequence's keys
+past its length and sets its bottom-right offset. A row that sees no key has output 0 and LSE -inf.
 """
 
 from __future__ import annotations
 
 import torch
 
-from common.contract.problem import Problem
+from common.contract.problem import Problem, causal_offset
 
 # fp64 scores held at once: QUERY_CHUNK x Sk x 8 bytes (512 MiB at Sk=16384).
 QUERY_CHUNK = 4096
 
 
+def sequence_lengths(problem: Problem, cache_seqlens: torch.Tensor | None) -> list[int]:
+    """Each sequence's key length: ``cache_seqlens`` when the problem carries it, else Sk."""
+    if not problem.has_cache_seqlens:
+        return [problem.seqlen_k] * problem.batch
+    if cache_seqlens is None:
+        raise ValueError(f"{problem.describe()} carries per-sequence lengths: pass cache_seqlens")
+    return [int(length) for length in cache_seqlens.tolist()]
+
+
+def visible_keys_mask(
+    problem: Problem, seqlen_k: int, rows: torch.Tensor, n_keys: int, device: torch.device
+) -> torch.Tensor:
+    """Boolean (len(rows), n_keys): which keys each query row sees, for one sequence of ``seqlen_k``
+    valid keys (the padded length is ``n_keys``)."""
+    cols = torch.arange(n_keys, device=device)
+    visible = (cols < seqlen_k)[None, :].expand(rows.shape[0], n_keys)
+    if problem.causal:
+        offset = causal_offset(problem.seqlen_q, seqlen_k, problem.causal_alignment)
+        visible = visible & (cols[None, :] <= rows[:, None] + offset)
+    return visible
+
+
 def _attend_rows(
-    q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first_row: int, problem: Problem
+    q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first_row: int, seqlen_k: int, problem: Problem
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Output and log-sum-exp of query rows [first_row, first_row + len) for one (batch, head)."""
     scores = (q_rows @ k.transpose(-1, -2)) * problem.scale
-    if problem.causal:
-        rows = torch.arange(first_row, first_row + q_rows.shape[0], device=q_rows.device)
-        cols = torch.arange(k.shape[0], device=q_rows.device)
-        scores.masked_fill_(cols[None, :] > rows[:, None], float("-inf"))
+    rows = torch.arange(first_row, first_row + q_rows.shape[0], device=q_rows.device)
+    scores.masked_fill_(~visible_keys_mask(problem, seqlen_k, rows, k.shape[0], q_rows.device), float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - lse[:, None])
+    # A row with no visible key has lse -inf: subtract 0 instead, so its P (and output) is 0, not NaN.
+    probs = torch.exp(scores - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))[:, None])
     return probs @ v, lse
 
 
 def reference_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, with_lse: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+    with_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """float64 O (B, H, Sq, D), and the natural-log LSE (B, H, Sq) when ``with_lse``."""
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float64, device=q.device)
+    lengths = sequence_lengths(problem, cache_seqlens)
     for b in range(problem.batch):
         for h in range(problem.heads):
-            k64 = k[b, h].to(torch.float64)
-            v64 = v[b, h].to(torch.float64)
+            kv_head = problem.kv_head(h)
+            k64 = k[b, kv_head].to(torch.float64)
+            v64 = v[b, kv_head].to(torch.float64)
             for start in range(0, problem.seqlen_q, QUERY_CHUNK):
                 stop = min(start + QUERY_CHUNK, problem.seqlen_q)
                 q64 = q[b, h, start:stop].to(torch.float64)
-                out[b, h, start:stop], lse[b, h, start:stop] = _attend_rows(q64, k64, v64, start, problem)
+                out[b, h, start:stop], lse[b, h, start:stop] = _attend_rows(q64, k64, v64, start, lengths[b], problem)
     return (out, lse) if with_lse else out

@@ -8,17 +8,29 @@ silently dropped and never replaced by another implementation.
 The contract of an implementation:
 
 * ``supports(problem, device) -> (ok, reason)``: ``ok`` False means "skipped", and ``reason`` says why.
-* ``prepare(q, k, v, problem) -> run``: everything that is not the kernel (validation, choosing
-  the configuration, autotuning, compilation, quantisation, layout changes, descriptors,
-  allocation) happens here, untimed, ending with one warm-up launch on a GPU. ``run()`` launches
-  the kernel(s) and returns O of shape (B, H, Sq, D) in the problem's dtype (bf16 for FP8 rungs).
-* ``bind(q, k, v, problem) -> run``: the per-call part of ``prepare`` alone, for tensors of a
-  signature that ``prepare`` has already planned (validated, configured, compiled): it builds the
-  operands, descriptors and output for these tensors and returns the same kind of ``run()``, with
-  no validation beyond cheap checks, no warm-up launch and no autotuning (kernels come from the
-  rung's compile cache or Triton's JIT cache). A rung's ``prepare`` is its validation, then
-  ``bind``, then :func:`warmed_up`, so the two cannot drift. ``common.attention`` calls ``prepare``
-  once per signature and ``bind`` on every later call (``common/contract/api.py``).
+  A rung that does not implement one of the problem's features (GQA, the bottom-right causal
+  alignment, per-sequence key lengths, returning the LSE) refuses it here through
+  ``common.contract.capability.check_features``, which names the rung, the feature and the values.
+* ``prepare(q, k, v, problem, *, cache_seqlens=None) -> run``: everything that is not the kernel
+  (validation, choosing the configuration, autotuning, compilation, quantisation, layout changes,
+  descriptors, allocation) happens here, untimed, ending with one warm-up launch on a GPU.
+  q is (B, H, Sq, D); k and v are (B, Hkv, Sk, D) with ``Hkv = problem.kv_heads``. ``run()``
+  launches the kernel(s) and returns O of shape (B, H, Sq, D) in the problem's dtype (bf16 for FP8
+  rungs) or, when ``problem.return_lse``, the pair ``(O, lse)`` with ``lse`` a contiguous (B, H, Sq)
+  fp32 tensor in natural-log units (-inf, and a zero row of O, where a row sees no key). Every call
+  of ``run()`` writes into the same buffers.
+* ``cache_seqlens`` (keyword-only): the (B,) int32 tensor of per-sequence key lengths on the inputs'
+  device, passed exactly when ``problem.has_cache_seqlens`` (:func:`per_call_inputs` builds the
+  keyword arguments; a rung whose ``supports`` refuses those problems need not take the keyword).
+  It is an input like q, k and v: ``run()`` reads the tensor's current values at every launch,
+  and a plan never depends on them.
+* ``bind(q, k, v, problem, *, cache_seqlens=None) -> run``: the per-call part of ``prepare`` alone,
+  for tensors of a signature that ``prepare`` has already planned (validated, configured,
+  compiled): it builds the operands, descriptors and output for these tensors and returns the same
+  kind of ``run()``, with no validation beyond cheap checks, no warm-up launch and no autotuning
+  (kernels come from the rung's compile cache or Triton's JIT cache). A rung's ``prepare`` is its
+  validation, then ``bind``, then :func:`warmed_up`, so the two cannot drift. ``common.attention``
+  calls ``prepare`` once per signature and ``bind`` on every later call (``common/contract/api.py``).
 * ``compile_sm90(problem) -> [KernelBinary]`` (optional): compile for sm_90a without a GPU, so the
   PTX and resource usage can be inspected on any machine.
 """
@@ -49,9 +61,11 @@ RUNG_MODULES = (
 )
 BASELINE_MODULES = ("common.measure.sdpa", "common.measure.fa4")
 
-Runner = Callable[[], torch.Tensor]
-Prepare = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Problem], Runner]
-Bind = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Problem], Runner]
+# run() returns O, or (O, lse) when problem.return_lse.
+Runner = Callable[[], torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
+# (q, k, v, problem, *, cache_seqlens=None) -> run; the keyword only when problem.has_cache_seqlens.
+Prepare = Callable[..., Runner]
+Bind = Callable[..., Runner]
 Supports = Callable[[Problem, torch.device], tuple[bool, str]]
 
 
@@ -118,6 +132,18 @@ class Unavailable:
     def name(self) -> str:
         *packages, rung = self.module.split(".")
         return f"{packages[-1].removesuffix('_impl')}/{rung}"
+
+
+def per_call_inputs(problem: Problem, cache_seqlens: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The keyword arguments of ``prepare`` and ``bind`` beyond q, k, v and the problem: ``cache_seqlens``
+    exactly when the problem carries per-sequence lengths (see the module docstring)."""
+    if problem.has_cache_seqlens:
+        if cache_seqlens is None:
+            raise ValueError(f"{problem.describe()} carries per-sequence key lengths, but cache_seqlens is None")
+        return {"cache_seqlens": cache_seqlens}
+    if cache_seqlens is not None:
+        raise ValueError("cache_seqlens was given for a problem without per-sequence lengths (has_cache_seqlens=False)")
+    return {}
 
 
 def warmed_up(run: Runner, device: torch.device) -> Runner:

@@ -12,7 +12,7 @@ from collections.abc import Collection
 
 import torch
 
-from common.contract.problem import Problem, dtype_name
+from common.contract.problem import CAUSAL_ALIGNMENTS, Problem, dtype_name
 
 # TMA and 16-byte vector loads need every outer stride and the base address 16-byte aligned.
 OPERAND_ALIGNMENT_BYTES = 16
@@ -32,11 +32,22 @@ def _check_tensor(name: str, tensor: object) -> torch.Tensor:
     return tensor
 
 
-def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allow_gqa: bool) -> None:
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    if q.shape[:2] != k.shape[:2]:
-        raise ValueError(f"q and k must agree on (batch, heads), got q {tuple(q.shape[:2])} and k {tuple(k.shape[:2])}")
+    if not allow_gqa and q.shape[:2] != k.shape[:2]:
+        raise ValueError(
+            f"q and k must agree on (batch, heads) (this implementation has no GQA), "
+            f"got q {tuple(q.shape[:2])} and k {tuple(k.shape[:2])}"
+        )
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"q and k must agree on batch, got q {q.shape[0]} and k {k.shape[0]}")
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads % kv_heads:
+        raise ValueError(
+            f"k's heads (kv_heads) must divide q's heads (GQA: query head h reads KV head h // (heads // kv_heads)), "
+            f"got q {heads} heads and k {kv_heads}"
+        )
     if q.shape[3] != k.shape[3]:
         raise ValueError(f"q and k must have the same head_dim, got q {q.shape[3]} and k {k.shape[3]}")
 
@@ -70,6 +81,32 @@ def _check_scale(softmax_scale: object) -> float | None:
     return float(softmax_scale)
 
 
+def _check_alignment(causal_alignment: object) -> str:
+    if causal_alignment not in CAUSAL_ALIGNMENTS:
+        raise ValueError(f"causal_alignment must be one of {CAUSAL_ALIGNMENTS}, got {causal_alignment!r}")
+    return causal_alignment
+
+
+def check_cache_seqlens(cache_seqlens: object, batch: int, seqlen_k: int, device: torch.device) -> torch.Tensor:
+    """``cache_seqlens`` must be a (B,) int32 tensor on the inputs' device with values in [0, Sk].
+    Checking the values reads them back (one device synchronisation)."""
+    if not isinstance(cache_seqlens, torch.Tensor):
+        raise TypeError(f"cache_seqlens must be a torch.Tensor or None, got {type(cache_seqlens).__name__}")
+    if tuple(cache_seqlens.shape) != (batch,):
+        raise ValueError(f"cache_seqlens must have shape (batch,) = ({batch},), got {tuple(cache_seqlens.shape)}")
+    if cache_seqlens.dtype != torch.int32:
+        raise TypeError(f"cache_seqlens must be int32, got {dtype_name(cache_seqlens.dtype)}")
+    if cache_seqlens.device != device:
+        raise ValueError(f"cache_seqlens must be on the inputs' device {device}, got {cache_seqlens.device}")
+    low, high = (int(x) for x in torch.aminmax(cache_seqlens))
+    if low < 0 or high > seqlen_k:
+        raise ValueError(
+            f"cache_seqlens must lie in [0, Sk] = [0, {seqlen_k}] (Sk the padded key length), "
+            f"got values in [{low}, {high}]"
+        )
+    return cache_seqlens
+
+
 def validate_attention_inputs(
     q: object,
     k: object,
@@ -77,22 +114,33 @@ def validate_attention_inputs(
     *,
     causal: object = False,
     softmax_scale: object = None,
+    causal_alignment: object = "top_left",
+    cache_seqlens: object = None,
+    return_lse: object = False,
+    allow_gqa: bool = False,
     dtypes: Collection[torch.dtype] = (torch.float16, torch.bfloat16),
     head_dims: Collection[int] | None = None,
     device_types: Collection[str] = ("cuda",),
 ) -> Problem:
-    """Check q, k, v of shape (B, H, S, D) and return the Problem they describe.
+    """Check q (B, H, Sq, D), k and v (B, Hkv, Sk, D) and return the Problem they describe.
 
+    ``allow_gqa``: the caller implements GQA (Hkv a divisor of H); otherwise Hkv must equal H.
+    ``cache_seqlens``: None, or the per-sequence key lengths (:func:`check_cache_seqlens`).
     Raises TypeError for wrong types/dtypes and ValueError for wrong shapes, devices, head dims,
-    empty tensors or a non-finite scale; each message names what was expected and what was given.
+    empty tensors, a non-finite scale, an unknown alignment or bad lengths; each message names what
+    was expected and what was given.
     """
     q, k, v = (_check_tensor(name, t) for name, t in (("q", q), ("k", k), ("v", v)))
-    _check_shapes(q, k, v)
+    _check_shapes(q, k, v, allow_gqa)
     _check_dtype_and_device(q, k, v, dtypes, device_types)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    for name, flag in (("causal", causal), ("return_lse", return_lse)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     scale = _check_scale(softmax_scale)
+    alignment = _check_alignment(causal_alignment)
     batch, heads, seqlen_q, head_dim = q.shape
+    if cache_seqlens is not None:
+        check_cache_seqlens(cache_seqlens, batch, k.shape[2], q.device)
     if head_dims is not None and head_dim not in head_dims:
         raise ValueError(f"head_dim must be one of {sorted(head_dims)}, got {head_dim}")
     return Problem(
@@ -104,6 +152,10 @@ def validate_attention_inputs(
         dtype=q.dtype,
         causal=causal,
         softmax_scale=scale,
+        kv_heads=k.shape[1],
+        causal_alignment=alignment,
+        has_cache_seqlens=cache_seqlens is not None,
+        return_lse=return_lse,
     )
 
 

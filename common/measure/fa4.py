@@ -12,9 +12,13 @@ launch goes through ``flash_attn.cute.interface._flash_attn_fwd``, the function 
 ``flash_attn_func`` calls minus the autograd wrapper, because only it takes a caller's ``out``.
 
 Limits (the capability check): compute capability 9.0 (FA4's SM90 kernel; other GPUs run other
-FA4 kernels, which are not this row), fp16 or bf16, head dim 8..256 in multiples of 8. Causal only
-with Sq = Sk: FA4 aligns the causal mask to the bottom-right corner, the suite (like SDPA) to the
-top-left, and the two agree only on square problems.
+FA4 kernels, which are not this row), fp16 or bf16, head dim 8..256 in multiples of 8. FA4 aligns
+the causal mask to the bottom-right corner: it runs ``causal_alignment="bottom_right"`` problems,
+and top-left ones only where the two agree (Sq = Sk, no per-sequence lengths). GQA is FA4's own
+(K and V keep their kv_heads heads). Per-sequence key lengths go to FA4 as ``seqused_k`` and the
+LSE comes from ``return_lse=True``, each only where the installed ``_flash_attn_fwd`` takes that
+keyword (:data:`FEATURE_KEYWORDS`); otherwise the row says so. These paths have not been run on a
+GPU by this suite yet.
 
 Install: FA4's package index release ``fa4`` 4.0.0b3 does not import with nvidia-cutlass-dsl 4.8.1;
 the source of ``flash_attn/cute`` at Dao-AILab/flash-attention commit 0251105 (2026-08-15) does,
@@ -51,6 +55,8 @@ MIN_HEAD_DIM, MAX_HEAD_DIM, HEAD_DIM_MULTIPLE = 8, 256, 8
 # Distributions FA4 has been published as; the snapshot used on the H200 has none (source only).
 DISTRIBUTIONS = ("flash-attn-4", "fa4")
 # Source fingerprints (see source_fingerprint) of FA4 snapshots known to run with the pinned CuTe DSL.
+# Keywords of _flash_attn_fwd a problem feature needs (checked against the installed signature).
+FEATURE_KEYWORDS = {"cache_seqlens": "seqused_k", "return_lse": "return_lse"}
 KNOWN_SOURCES = {
     "49ba1b925fd1c4fd": "Dao-AILab/flash-attention@0251105 (2026-08-15), flash_attn/cute",
 }
@@ -141,36 +147,68 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
             f"{NAME} needs head_dim in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}] and a multiple of {HEAD_DIM_MULTIPLE}, "
             f"got {head_dim}"
         )
-    if problem.causal and problem.seqlen_q != problem.seqlen_k:
+    if (
+        problem.causal
+        and problem.causal_alignment == "top_left"
+        and (problem.seqlen_q != problem.seqlen_k or problem.has_cache_seqlens)
+    ):
         return False, (
-            f"{NAME} aligns the causal mask bottom-right, the suite top-left (SDPA's is_causal); "
-            f"they differ when Sq != Sk (got Sq={problem.seqlen_q}, Sk={problem.seqlen_k})"
+            f"{NAME} aligns the causal mask bottom-right, this problem top-left (SDPA's is_causal); "
+            f"they differ when Sq != Sk or with per-sequence lengths (got Sq={problem.seqlen_q}, "
+            f"Sk={problem.seqlen_k}{', cache_seqlens' if problem.has_cache_seqlens else ''})"
         )
+    parameters = inspect.signature(load_forward()[0]).parameters
+    for feature, keyword in FEATURE_KEYWORDS.items():
+        wanted = problem.has_cache_seqlens if feature == "cache_seqlens" else problem.return_lse
+        if wanted and keyword not in parameters:
+            return False, f"{NAME}: {feature} needs {FORWARD}(..., {keyword}=...), which this FA4 version lacks"
     return True, ""
 
 
-def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+def bind(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
     """Copy validated q, k, v into FA4's (B, S, H, D) layout and allocate O there; ``run()`` only
-    launches FA4 and returns O viewed as (B, H, Sq, D)."""
+    launches FA4 and returns O viewed as (B, H, Sq, D), with FA4's LSE when the problem returns it."""
     forward, reason = load_forward()
     if forward is None:
         raise RuntimeError(reason)
     q_bshd, k_bshd, v_bshd = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     out = torch.empty_like(q_bshd)
+    # Only the keywords of features this problem uses, so a plain problem calls FA4 exactly as before.
+    extra: dict[str, object] = {}
+    if problem.has_cache_seqlens:
+        extra["seqused_k"] = cache_seqlens
+    if problem.return_lse:
+        extra["return_lse"] = True
 
-    def run() -> torch.Tensor:
-        forward(q_bshd, k_bshd, v_bshd, softmax_scale=problem.scale, causal=problem.causal, out=out)
+    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        result = forward(q_bshd, k_bshd, v_bshd, softmax_scale=problem.scale, causal=problem.causal, out=out, **extra)
+        if problem.return_lse:
+            return out.transpose(1, 2), result[1]
         return out.transpose(1, 2)
 
     return run
 
 
-def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate q, k, v (B, H, S, D), change their layout (untimed), and compile by one warm-up launch."""
+def prepare(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
+    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), change their layout (untimed), and compile by
+    one warm-up launch."""
     checked = validate_attention_inputs(
-        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, dtypes=DTYPES
+        q,
+        k,
+        v,
+        causal=problem.causal,
+        softmax_scale=problem.softmax_scale,
+        causal_alignment=problem.causal_alignment,
+        cache_seqlens=cache_seqlens,
+        return_lse=problem.return_lse,
+        allow_gqa=True,
+        dtypes=DTYPES,
     )
-    return warmed_up(bind(q, k, v, checked), q.device)
+    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
 
 
 IMPLEMENTATION = Implementation(

@@ -68,6 +68,8 @@ def blank_row(impl_name: str, stack: str, rung: str, problem: Problem, status: s
         causal=problem.causal,
         status=status,
         reason=reason,
+        kv_heads=problem.kv_heads,
+        causal_alignment=problem.causal_alignment,
     )
 
 

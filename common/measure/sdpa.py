@@ -1,14 +1,25 @@
-"""PyTorch SDPA backends as baselines, each behind the same interface as the rungs."""
+"""PyTorch SDPA backends as baselines, each behind the same interface as the rungs.
+
+GQA goes to SDPA as ``enable_gqa=True`` (K and V keep their kv_heads heads). The bottom-right causal
+alignment is ``torch.nn.attention.bias.causal_lower_right``; per-sequence key lengths
+(``cache_seqlens``) become an explicit boolean mask (B, 1, Sq, Sk), which carries the causal mask
+too. A row that sees no key is set to 0 (the suite's convention; SDPA's backends differ there).
+Whether a backend takes a problem is decided by running it on a small probe of the same kind.
+``F.scaled_dot_product_attention`` returns no LSE, so ``return_lse`` is refused.
+"""
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 from common.contract.problem import Problem
+from common.contract.reference import sequence_lengths, visible_keys_mask
 from common.contract.registry import Implementation, Runner, warmed_up
 
 BACKENDS: dict[str, SDPBackend] = {
@@ -21,38 +32,99 @@ BACKENDS: dict[str, SDPBackend] = {
 PROBE_SEQLEN = 64
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> torch.Tensor:
+def _visible(problem: Problem, cache_seqlens: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """Boolean (B, 1, Sq, Sk): which keys each query row of each sequence sees."""
+    rows = torch.arange(problem.seqlen_q, device=device)
+    masks = [
+        visible_keys_mask(problem, length, rows, problem.seqlen_k, device)
+        for length in sequence_lengths(problem, cache_seqlens)
+    ]
+    return torch.stack(masks)[:, None]
+
+
+def sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, cache_seqlens: torch.Tensor | None = None
+) -> torch.Tensor:
     """SDPA with PyTorch's own backend choice: the same-dtype error baseline."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=problem.causal, scale=problem.scale)
+    options: dict[str, object] = {"scale": problem.scale}
+    if problem.kv_heads != problem.heads:
+        options["enable_gqa"] = True
+    visible = None
+    if problem.has_cache_seqlens:
+        visible = _visible(problem, cache_seqlens, q.device)
+        options["attn_mask"] = visible
+    elif problem.bottom_right:
+        with warnings.catch_warnings():
+            # It warns that rows seeing no key (Sq > Sk) come out NaN: they are set to 0 below.
+            warnings.filterwarnings("ignore", message="Lower right causal bias")
+            options["attn_mask"] = causal_lower_right(problem.seqlen_q, problem.seqlen_k)
+    else:
+        options["is_causal"] = problem.causal
+    out = F.scaled_dot_product_attention(q, k, v, **options)
+    if problem.has_cache_seqlens or problem.bottom_right:
+        if visible is None:
+            visible = _visible(problem, None, q.device)
+        out = torch.where(visible.any(dim=-1, keepdim=True), out, torch.zeros((), dtype=out.dtype, device=out.device))
+    return out
 
 
-def _run_backend(backend: SDPBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem):
+def _run_backend(
+    backend: SDPBackend,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    cache_seqlens: torch.Tensor | None = None,
+):
     with sdpa_kernel(backend):
-        return sdpa(q, k, v, problem)
+        return sdpa(q, k, v, problem, cache_seqlens)
 
 
 def _supports(backend_name: str, problem: Problem, device: torch.device) -> tuple[bool, str]:
     if device.type == "cpu" and backend_name != "math":
         return False, f"sdpa/{backend_name} needs a CUDA GPU"
-    shape_q = (1, 1, min(problem.seqlen_q, PROBE_SEQLEN), problem.head_dim)
-    shape_k = (1, 1, min(problem.seqlen_k, PROBE_SEQLEN), problem.head_dim)
-    q = torch.randn(shape_q, device=device, dtype=problem.dtype)
-    k = torch.randn(shape_k, device=device, dtype=problem.dtype)
+    if problem.return_lse:
+        return False, f"sdpa/{backend_name}: torch.nn.functional.scaled_dot_product_attention returns no LSE"
+    # A probe of the same kind: one KV head with its group of query heads, lengths cut to PROBE_SEQLEN.
+    probe = problem.with_(
+        batch=1,
+        heads=problem.kv_group,
+        kv_heads=1,
+        seqlen_q=min(problem.seqlen_q, PROBE_SEQLEN),
+        seqlen_k=min(problem.seqlen_k, PROBE_SEQLEN),
+    )
+    q = torch.randn((1, probe.heads, probe.seqlen_q, probe.head_dim), device=device, dtype=problem.dtype)
+    k = torch.randn((1, 1, probe.seqlen_k, probe.head_dim), device=device, dtype=problem.dtype)
+    lengths = torch.full((1,), probe.seqlen_k, dtype=torch.int32, device=device) if probe.has_cache_seqlens else None
     try:
-        _run_backend(BACKENDS[backend_name], q, k, k, problem)
+        _run_backend(BACKENDS[backend_name], q, k, k, probe, lengths)
     except RuntimeError as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return False, f"sdpa/{backend_name} refuses this problem: {first_line}"
     return True, ""
 
 
-def _bind(backend_name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    return partial(_run_backend, BACKENDS[backend_name], q, k, v, problem)
+def _bind(
+    backend_name: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    cache_seqlens: torch.Tensor | None = None,
+) -> Runner:
+    return partial(_run_backend, BACKENDS[backend_name], q, k, v, problem, cache_seqlens)
 
 
-def _prepare(backend_name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+def _prepare(
+    backend_name: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    cache_seqlens: torch.Tensor | None = None,
+) -> Runner:
     # SDPA validates its own inputs at every call; prepare only warms the backend up.
-    return warmed_up(_bind(backend_name, q, k, v, problem), q.device)
+    return warmed_up(_bind(backend_name, q, k, v, problem, cache_seqlens), q.device)
 
 
 IMPLEMENTATIONS = [

@@ -46,6 +46,8 @@ CSV_COLUMNS = (
     "rel_l2_bound",
     "emulation_rel_l2_err",
     "variant",
+    "kv_heads",
+    "causal_alignment",
 )
 STATUSES = ("ok", "wrong", "failed", "skipped", "oom", "timeout")
 # Statuses that make compare.py exit non-zero: the row ran (or should have) and did not pass.
@@ -97,6 +99,9 @@ class ResultRow:
     emulation_rel_l2_err: float = NAN
     # FP8: the quantisation that ran (per-tensor, block, rotation, block+rotation); empty otherwise.
     variant: str = ""
+    # GQA: K and V heads (= heads without GQA); the causal mask's alignment (top_left, bottom_right).
+    kv_heads: float = NAN
+    causal_alignment: str = ""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -17,15 +17,34 @@ from pathlib import Path
 import torch
 
 from common.contract.check import check_implementation
-from common.contract.problem import Problem
+from common.contract.problem import CAUSAL_ALIGNMENTS, Problem
 from common.contract.registry import Implementation, discover
 
 MAX_SEQLEN = 3000
 SEED_STRIDE = 1_000_000
 
 
+def random_features(problem: Problem, rng: random.Random) -> Problem:
+    """``problem`` with GQA (kv_heads a random divisor of heads), a random causal alignment,
+    per-sequence lengths and the LSE each drawn at random."""
+    divisors = [d for d in range(1, problem.heads + 1) if problem.heads % d == 0]
+    return problem.with_(
+        kv_heads=rng.choice(divisors),
+        causal_alignment=rng.choice(CAUSAL_ALIGNMENTS),
+        has_cache_seqlens=rng.random() < 0.5,
+        return_lse=rng.random() < 0.5,
+    )
+
+
+def plain(problem: Problem) -> Problem:
+    """``problem`` without the features of :func:`random_features` (what every rung runs)."""
+    return problem.with_(kv_heads=problem.heads, causal_alignment="top_left", has_cache_seqlens=False, return_lse=False)
+
+
 def random_problem(seed: int) -> tuple[Problem, float]:
-    """A problem and a V offset drawn from ``seed``: lengths log-uniform in [1, MAX_SEQLEN]."""
+    """A problem and a V offset drawn from ``seed``: lengths log-uniform in [1, MAX_SEQLEN]; GQA,
+    the causal alignment, per-sequence lengths and the LSE drawn after them, so a seed's plain
+    problem and offset are those it drew before these features existed."""
     rng = random.Random(seed)
 
     def length() -> int:
@@ -41,7 +60,8 @@ def random_problem(seed: int) -> tuple[Problem, float]:
         causal=rng.random() < 0.5,
         softmax_scale=rng.choice([None, rng.uniform(0.02, 0.3)]),
     )
-    return problem, rng.uniform(-1.0, 1.0)
+    offset = rng.uniform(-1.0, 1.0)
+    return random_features(problem, rng), offset
 
 
 @dataclass
@@ -55,6 +75,10 @@ class FuzzSummary:
 def fuzz_one(impl: Implementation, seed: int, summary: FuzzSummary) -> None:
     problem, offset = random_problem(seed)
     ok, _ = impl.check(problem, torch.device("cuda"))
+    if not ok:
+        # A rung that does not implement the drawn features still runs the plain problem.
+        problem = plain(problem)
+        ok, _ = impl.check(problem, torch.device("cuda"))
     if not ok:
         summary.skipped += 1
         return
@@ -73,7 +97,9 @@ def summary_markdown(summaries: list[FuzzSummary], count: int, base_seed: int) -
         "# GPU fuzz summary",
         "",
         f"{count} random problems per rung (seeds {base_seed}..; B 1-3, H 1-4, Sq/Sk log-uniform in 1..{MAX_SEQLEN}, "
-        "D 64/128, fp16/bf16, causal or not, default or random scale, V offset in [-1, 1]).",
+        "D 64/128, fp16/bf16, causal or not, default or random scale, V offset in [-1, 1]; kv_heads a random "
+        "divisor of H, either causal alignment, per-sequence key lengths and the LSE at random, or the plain "
+        "problem where a rung does not implement them).",
         "",
         "| impl | ran | skipped (capability) | mismatches |",
         "|---|---|---|---|",

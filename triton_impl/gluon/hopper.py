@@ -78,6 +78,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import mangle_type
 
+from common.contract.capability import check_features
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.contract.validation import kernel_operand, validate_attention_inputs
@@ -227,7 +228,10 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem)
 # Capability check and static compile
 # ----------------------------------------------------------------------------------------------
 def gluon_supported(problem: Problem, device: torch.device, rung: str) -> tuple[bool, str]:
-    """Device, head-dim and scale checks of both Gluon rungs (after their own dtype check)."""
+    """Device, head-dim, feature and scale checks of both Gluon rungs (after their own dtype check)."""
+    ok, reason = check_features(rung, problem)
+    if not ok:
+        return ok, reason
     if problem.head_dim not in HEAD_DIMS:
         return False, f"{rung} needs head_dim in {list(HEAD_DIMS)}, got {problem.head_dim}"
     if problem.scale < 0:
