@@ -114,8 +114,8 @@ def test_gqa_and_alignment_with_lse(impl_name: str, case: tuple[int, int, int, s
 def test_cache_seqlens(impl_name: str, case: tuple[int, int, str | None]):
     seqlen_q, seqlen_k, causal_alignment = case
     problem = Problem(
-        3, 2, seqlen_q, seqlen_k, _head_dim(impl_name), dtype=torch.float32, causal=causal_alignment is not None, kv_heads=1,
-        causal_alignment=causal_alignment or "top_left", has_cache_seqlens=True, return_lse=True,
+        3, 2, seqlen_q, seqlen_k, _head_dim(impl_name), dtype=torch.float32, causal=causal_alignment is not None,
+        kv_heads=1, causal_alignment=causal_alignment or "top_left", has_cache_seqlens=True, return_lse=True,
     )  # fmt: skip
     # Ragged lengths of a padded cache: a full sequence (Sk), an empty one (0) and one in between.
     lengths = torch.tensor([seqlen_k, 0, seqlen_k // 2 + 1], dtype=torch.int32)
