@@ -22,9 +22,10 @@ Algorithm (steps 1-4 are the sections of the shared kernel):
      ``common.contract.fp8.quantise``, shared with the CuTe rung: optionally Q and K rotated by a seeded
      random Hadamard matrix, then scales s = amax / 448 per tensor or, with block quantisation, per
      64 rows of Q (one CTA's BLOCK_M) and per 128 rows of K and of V (a BLOCK_N key block or two),
-     per (batch, head). ``DEFAULT_QUANTISATION`` (block scales and rotation) is what compare.py
-     runs; ``quantisation=`` selects the others. Vᵀ padded to a 16-element multiple of Sk so its
-     rows are 16-byte aligned for TMA.
+     per (batch, head) of Q and per (batch, KV head) of K and V (GQA: K and V are quantised as
+     given, and the kernel indexes their scales by KV head). ``DEFAULT_QUANTISATION`` (block
+     scales and rotation) is what compare.py runs; ``quantisation=`` selects the others. Vᵀ
+     padded to a 16-element multiple of Sk so its rows are 16-byte aligned for TMA.
   1. Load the Q8 tile by TMA; fold its block's s_q (per tensor: s_q · s_k) into the softmax scale.
   2. Unmasked KV blocks: S = Q8 K8ᵀ (fp8 wgmma), the block's s_k joined to the softmax scale (a
      positive factor commutes with the row max, so row_max keeps one unit for every block; no cost
@@ -34,16 +35,21 @@ Algorithm (steps 1-4 are the sections of the shared kernel):
      because row_sum is accumulated from the same scaled P. Then O = (O + pv · s_v) · alpha adds the
      previous block's P V times its V scale, and pv = P8 V8 (fp8 wgmma, Vᵀ tile read K-major) starts
      from zero. The block scales are scalar loads that Triton prefetches with cp.async.
-  3. Masked blocks (causal diagonal, ragged last block): the same with -inf masking and the guard
-     for rows with no visible key, as in ``hopper``.
-  4. O = acc / row_sum (per tensor: acc · s_v / row_sum) in bf16 by a TMA store;
-     lse = (row_max + log2(row_sum) - P_EXPONENT) · ln 2.
+  3. Masked blocks (causal diagonal in either alignment, the sequence's ragged last block): the same
+     with -inf masking and the guard for rows with no visible key, as in ``hopper`` (GQA, alignment
+     and ``cache_seqlens`` come from the shared ``kv_head_index`` and ``seqlen_info``).
+  4. O = acc / row_sum (per tensor: acc · s_v / row_sum) in bf16 by a TMA store; with
+     ``return_lse``, lse = (row_max + log2(row_sum) - P_EXPONENT) · ln 2 (-inf where a row sees no key).
 
 Data movement: as in ``hopper`` (4-D TMA descriptors, per-(batch, head) bounds, ``wgmma`` from
 shared memory), with e4m3 tiles: a BLOCK_N × D K tile and a D × BLOCK_N Vᵀ tile per stage.
 
-Constraints: fp16 or bf16 inputs, bf16 output; D ∈ {64, 128, 256}; any Sq, Sk ≥ 1; causal or not;
-softmax_scale ≥ 0; sm_90. Block scales need BLOCK_M | 64 and BLOCK_N | 128.
+Constraints: fp16 or bf16 inputs, bf16 output; D ∈ {64, 128, 256}; any Sq, Sk ≥ 1; GQA/MQA; causal
+aligned top-left or bottom-right, or not; ``cache_seqlens``; ``return_lse``; softmax_scale ≥ 0; sm_90.
+Block scales need BLOCK_M | 64 and BLOCK_N | 128. The emulation (``emulate``) follows the same
+conventions (KV head, mask, key lengths) and also gives the LSE of the quantised scores with a
+bound; an fp8 LSE is judged against it (``common.contract.check.check_on_inputs``), since e4m3
+scores are not accurate to the fp64 LSE's bf16-level rule.
 
 What block quantisation and the rotation buy: on FlashAttention-3's outlier inputs a per-tensor
 scale is set by the largest outlier and ordinary entries lose bits; block scales confine that to

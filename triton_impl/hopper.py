@@ -27,30 +27,43 @@ MMAs, and, with warp specialisation, the producer/consumer split and register bu
 
 Algorithm (one program per BLOCK_M query rows of one (batch, head); sections of the kernel; the
 names in ``code`` are the stack's shared vocabulary in ``triton_impl/_device.py``):
+  0. ``kv_head_index``: the KV head this query head reads (GQA/MQA: ``head // (H // Hkv)``); every K
+     and V load (and fp8's K and V scales) is indexed by it, so K and V are never repeated.
+     ``seqlen_info``: this sequence's key length (``cache_seqlens[batch]`` or Sk) and its causal
+     offset (0 top-left, ``seqlen_k - Sq`` bottom-right); the block range and the mask take both,
+     so no loop special-cases either alignment.
   1. Load the Q tile once by TMA (rows past Sq are zero-filled by the descriptor's bounds).
-     ``block_range`` gives the key blocks [n_block_min, n_block_max) the tile visits; the last
-     ``n_masked_blocks`` of them need the mask.
+     ``block_range`` gives the key blocks [n_block_min, n_block_max) the tile visits (empty for a
+     tile whose rows see no key); the last ``n_masked_blocks`` of them need the mask.
   2. Unmasked loop over KV blocks that every row of the tile sees completely: S = Q Kᵀ (wgmma),
      ``online_softmax_update``: row_max_new = max(row_max, rowmax(S) · softmax_scale_log2),
      P = exp2(S · softmax_scale_log2 - row_max_new) (the scale folded into one FMA);
      ``online_softmax_rescale`` of O and row_sum by exp2(row_max - row_max_new); O += P V (wgmma,
      P from registers).
-  3. Masked loop over the remaining blocks (the causal diagonal, and the last block when Sk is not
-     a multiple of BLOCK_N): the same step after ``attention_mask`` sets S to -inf where a key is
-     past Sk or after the query row; a row that has seen only masked keys keeps row_max = -inf and
+  3. Masked loop over the remaining blocks (the causal diagonal, and the last block when the
+     sequence's length is not a multiple of BLOCK_N): the same step after ``attention_mask`` sets S
+     to -inf where a key is past the sequence's length or after the query row's diagonal
+     (j > i + causal_offset); a row that has seen only masked keys keeps row_max = -inf and
      subtracts 0 instead, so exp2 gives 0, never NaN.
   4. ``online_softmax_finalize``: O /= row_sum, written by a TMA store (rows past Sq are clipped by
-     the descriptor); lse = (row_max + log2(row_sum)) · ln 2 (natural log) to an fp32 (B, H, Sq) buffer.
+     the descriptor); with ``return_lse``, lse = (row_max + log2(row_sum)) · ln 2 (natural log) to an
+     fp32 (B, H, Sq) buffer. A row that sees no key (bottom-right with Sq > Sk, an empty cache) is
+     written as O = 0 and lse = -inf.
 
-Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` (4-D host descriptors over (B, H, S, D) with a
-[1, 1, BLOCK, D] box, so each (batch, head) is bounded by its own S: a ragged tail reads zeros, not
-the next head's rows), completion signalled on ``mbarrier``s; SMEM → tensor cores by
+Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` (4-D host descriptors over (B, H, Sq, D) for
+Q and O and (B, Hkv, Sk, D) for K and V, addressed by KV head, with a [1, 1, BLOCK, D] box, so each
+(batch, head) is bounded by its own S: a ragged tail reads zeros, not the next head's rows; keys
+between a sequence's ``cache_seqlens`` and the padded Sk are never loaded past its last block, and
+masked within it), completion signalled on ``mbarrier``s; SMEM → tensor cores by
 ``wgmma.mma_async`` (Q and K from SMEM for S = Q Kᵀ; P from registers and V from SMEM for O += P V);
 fp32 accumulators in registers; O registers → SMEM → HBM by a TMA store.
 
 Constraints: fp16 and bf16 (fp32 only under the interpreter, for the CPU tests); D ∈ {64, 128, 256};
-any Sq, Sk ≥ 1, Sq ≠ Sk; causal (top-left) or not; softmax_scale ≥ 0 (row maxima are taken before
-scaling, which needs a non-negative scale); sm_90 or newer. Row strides must be 16-byte aligned
+any Sq, Sk ≥ 1, Sq ≠ Sk; GQA/MQA (any Hkv dividing H); causal aligned top-left or bottom-right, or
+not; ``cache_seqlens`` (per-sequence key lengths of a padded cache); ``return_lse``; softmax_scale ≥ 0
+(row maxima are taken before scaling, which needs a non-negative scale); sm_90 or newer. Each
+feature is a constexpr (``feature_constexprs``) or, for GQA, one division per program, so the plain
+problem compiles to the loops it had without them. Row strides must be 16-byte aligned
 (``kernel_operand`` copies otherwise).
 
 What the measurements taught (the A/B runs are in ``docs/perf-log.md``; current figures in the
