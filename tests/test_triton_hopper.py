@@ -145,6 +145,30 @@ def test_fp8_default_configs_fit_two_ctas_per_sm():
         assert spills == 0, f"{name} spills {spills} bytes"
 
 
+_FEATURES_PROBE = """
+import json
+from common.contract.problem import Problem
+from common.reporting.static import cubin_resources
+from triton_impl import fp8, hopper
+rows = {}
+for module in (hopper, fp8):
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            problem = Problem(2, 16, 1, 8192, head_dim, causal=causal, kv_heads=4, causal_alignment="bottom_right",
+                              has_cache_seqlens=True, return_lse=True)
+            binary = module.compile_sm90(problem)[0]
+            usage = next(iter(cubin_resources(binary.cubin).values()))
+            rows[f"{module.__name__} D={head_dim} causal={causal}"] = usage["local_bytes"]
+print(json.dumps(rows))
+"""
+
+
+def test_default_configs_do_not_spill_with_every_feature():
+    # GQA, bottom-right, cache lengths and the LSE at the default tiles (the overlapped loop at D=128).
+    for name, spills in _compile_probe(_FEATURES_PROBE).items():
+        assert spills == 0, f"{name} spills {spills} bytes"
+
+
 def test_candidate_configs_fit_shared_memory():
     for head_dim in hopper.HEAD_DIMS:
         for config in hopper.candidate_configs(head_dim, torch.bfloat16):
