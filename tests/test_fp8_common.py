@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -151,3 +153,68 @@ def test_end_to_end_runner_binds_and_launches_in_every_call():
     run()
     assert len(calls) == 2 and calls[0] == (q, k, v, problem, BLOCKS)
     assert run.variant == BLOCKS.name
+
+
+# ----------------------------------------------------------------------------------------------------
+# The emulation with GQA, both causal alignments, per-sequence key lengths and the LSE
+# ----------------------------------------------------------------------------------------------------
+def test_emulation_reads_kv_head_h_over_group():
+    """GQA on K, V of Hkv heads equals attention on them repeated per query head: the quantiser's
+    scales are per (batch, KV head), so repeating the heads repeats the scales, and the emulation
+    must pair query head h with KV head h // (H // Hkv)."""
+    problem = Problem(2, 6, 40, 70, 64, dtype=torch.float16, causal=True, kv_heads=2, causal_alignment="bottom_right")
+    q, k, v = make_inputs(problem, seed=4, device="cpu")
+    order = fp8.KernelOrder(block_n=32, reverse=False)
+    gqa = fp8.emulate(fp8.quantise(q, k, v, BLOCKS), problem, order)
+    group = problem.kv_group
+    repeated = [t.repeat_interleave(group, dim=1) for t in (k, v)]
+    mha = fp8.emulate(fp8.quantise(q, *repeated, BLOCKS), dataclasses.replace(problem, kv_heads=6), order)
+    for field in ("out", "bound", "lse", "lse_bound"):
+        assert torch.equal(getattr(gqa, field), getattr(mha, field)), field
+
+
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+def test_emulation_masks_like_the_reference_with_lse(alignment: str):
+    """Exact e4m3 inputs and one key per sequence (``Sk`` padded to 3, lengths 1 and 0): P = 2^8
+    exactly, so the emulation is the reference, including rows that see no key (0, lse -inf)."""
+    problem = Problem(
+        2, 2, 5, 3, 64, dtype=torch.float32, causal=True, causal_alignment=alignment, has_cache_seqlens=True,
+        return_lse=True,
+    )  # fmt: skip
+    values = torch.tensor([-3.5, -2.0, -1.0, 0.0, 1.0, 2.0, 3.5])
+    q, k, v = (
+        values[torch.randint(0, 7, (2, 2, s, 64), generator=torch.Generator().manual_seed(s))] for s in (5, 3, 3)
+    )
+    for t in (q, k, v):
+        t[..., 0] = 3.5
+    lengths = torch.tensor([1, 0], dtype=torch.int32)
+    operands = fp8.quantise(q, k, v, fp8.Quantisation(block=False, rotation=False))
+    emulated = fp8.emulate(operands, problem, fp8.KernelOrder(block_n=32, reverse=False), lengths)
+    ref, ref_lse = reference_attention(q, k, v, problem, cache_seqlens=lengths, with_lse=True)
+    torch.testing.assert_close(emulated.out, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(emulated.lse, ref_lse, rtol=1e-12, atol=1e-12)
+    assert torch.isneginf(emulated.lse[1]).all() and not emulated.out[1].any()
+    assert torch.equal(emulated.bound[1], torch.zeros_like(emulated.bound[1]))
+
+
+def test_emulated_lse_is_e4m3s_and_its_bound_catches_a_log2_lse():
+    """On standard-normal inputs the emulated LSE is within e4m3's score error of the fp64 one; the
+    LSE judged against it (``check_on_inputs``: lse_bound of the dtype plus the emulation's) passes
+    the emulation itself and fails an LSE in log2 units."""
+    from common.contract.metrics import judge_lse, lse_bound, lse_stats
+
+    problem = Problem(
+        3, 2, 60, 300, 64, dtype=torch.float16, causal=True, causal_alignment="bottom_right",
+        has_cache_seqlens=True, return_lse=True,
+    )  # fmt: skip
+    q, k, v = make_inputs(problem, seed=8, device="cpu")
+    lengths = torch.tensor([300, 0, 91], dtype=torch.int32)
+    emulated = fp8.emulate(fp8.quantise(q, k, v, BLOCKS), problem, fp8.KernelOrder(64, False), lengths)
+    _, ref_lse = reference_attention(q, k, v, problem, cache_seqlens=lengths, with_lse=True)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(emulated.lse))
+    assert (emulated.lse - ref_lse)[finite].abs().max().item() < 0.1
+    bound = lse_bound(problem.dtype, problem.seqlen_k, emulated.lse) + emulated.lse_bound
+    assert judge_lse(lse_stats(emulated.lse.float(), emulated.lse, bound))[0]
+    log2_units = (emulated.lse / torch.log(torch.tensor(2.0, dtype=torch.float64))).float()
+    assert not judge_lse(lse_stats(log2_units, emulated.lse, bound))[0]

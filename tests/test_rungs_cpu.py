@@ -66,6 +66,19 @@ FEATURE_CASES = [
 CACHE_CASES = [(1, 77, "bottom_right"), (21, 77, None), (21, 77, "top_left"), (21, 77, "bottom_right")]
 
 
+# Small heads keep the interpreter fast; a rung whose smallest head dim is larger (triton/hopper: 64)
+# runs the same cases at the first one it takes.
+FEATURE_HEAD_DIMS = (32, 64)
+
+
+def _head_dim(impl_name: str) -> int:
+    for head_dim in FEATURE_HEAD_DIMS:
+        plain = Problem(1, 1, 1, 1, head_dim, dtype=torch.float32)
+        if BY_NAME[impl_name].check(plain, torch.device("cpu"))[0]:
+            return head_dim
+    return FEATURE_HEAD_DIMS[0]
+
+
 def _supported_or_skip(impl_name: str, problem: Problem) -> None:
     ok, reason = BY_NAME[impl_name].check(problem, torch.device("cpu"))
     if not ok:
@@ -88,7 +101,7 @@ def _feature_case(impl_name: str, problem: Problem, *, offset: float, seed: int,
 def test_gqa_and_alignment_with_lse(impl_name: str, case: tuple[int, int, int, str]):
     seqlen_q, seqlen_k, kv_heads, alignment = case
     problem = Problem(
-        1, HEADS, seqlen_q, seqlen_k, 32, dtype=torch.float16, causal=True, kv_heads=kv_heads,
+        1, HEADS, seqlen_q, seqlen_k, _head_dim(impl_name), dtype=torch.float16, causal=True, kv_heads=kv_heads,
         causal_alignment=alignment, return_lse=True,
     )  # fmt: skip
     # Zero-mean V for MQA/MHA, an offset V for GQA: both kinds of inputs are covered.
@@ -101,8 +114,8 @@ def test_gqa_and_alignment_with_lse(impl_name: str, case: tuple[int, int, int, s
 def test_cache_seqlens(impl_name: str, case: tuple[int, int, str | None]):
     seqlen_q, seqlen_k, causal_alignment = case
     problem = Problem(
-        3, 2, seqlen_q, seqlen_k, 32, dtype=torch.float32, causal=causal_alignment is not None, kv_heads=1,
-        causal_alignment=causal_alignment or "top_left", has_cache_seqlens=True, return_lse=True,
+        3, 2, seqlen_q, seqlen_k, _head_dim(impl_name), dtype=torch.float32, causal=causal_alignment is not None,
+        kv_heads=1, causal_alignment=causal_alignment or "top_left", has_cache_seqlens=True, return_lse=True,
     )  # fmt: skip
     # Ragged lengths of a padded cache: a full sequence (Sk), an empty one (0) and one in between.
     lengths = torch.tensor([seqlen_k, 0, seqlen_k // 2 + 1], dtype=torch.int32)
@@ -114,7 +127,7 @@ def test_cache_seqlens(impl_name: str, case: tuple[int, int, str | None]):
 def test_rows_that_see_no_key_are_zero_with_lse_minus_inf(impl_name: str):
     """Bottom-right with Sq > Sk: the first Sq - Sk rows see no key; an empty cache sees none at all."""
     problem = Problem(
-        2, 2, 20, 5, 32, dtype=torch.float32, causal=True, causal_alignment="bottom_right",
+        2, 2, 20, 5, _head_dim(impl_name), dtype=torch.float32, causal=True, causal_alignment="bottom_right",
         has_cache_seqlens=True, return_lse=True,
     )  # fmt: skip
     _supported_or_skip(impl_name, problem)

@@ -148,6 +148,30 @@ def test_fp8_default_configs_fit_two_ctas_per_sm():
         assert spills == 0, f"{name} spills {spills} bytes"
 
 
+_FEATURES_PROBE = """
+import json
+from common.contract.problem import Problem
+from common.reporting.static import cubin_resources
+from triton_impl import fp8, hopper
+rows = {}
+for module in (hopper, fp8):
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            problem = Problem(2, 16, 1, 8192, head_dim, causal=causal, kv_heads=4, causal_alignment="bottom_right",
+                              has_cache_seqlens=True, return_lse=True)
+            binary = module.compile_sm90(problem)[0]
+            usage = next(iter(cubin_resources(binary.cubin).values()))
+            rows[f"{module.__name__} D={head_dim} causal={causal}"] = usage["local_bytes"]
+print(json.dumps(rows))
+"""
+
+
+def test_default_configs_do_not_spill_with_every_feature():
+    # GQA, bottom-right, cache lengths and the LSE at the default tiles (the overlapped loop at D=128).
+    for name, spills in _compile_probe(_FEATURES_PROBE).items():
+        assert spills == 0, f"{name} spills {spills} bytes"
+
+
 def test_candidate_configs_fit_shared_memory():
     for head_dim in hopper.HEAD_DIMS:
         for config in hopper.candidate_configs(head_dim, torch.bfloat16):
@@ -174,13 +198,13 @@ needs_interpreter = pytest.mark.skipif(not triton_interpreting(), reason="interp
 )  # fmt: skip
 @pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(77, 130), (130, 77), (1, 33)])
 def test_interpreter_output_and_lse(causal: bool, warp_specialize: bool, overlap: bool, seqlen_q: int, seqlen_k: int):
-    problem = Problem(1, 2, seqlen_q, seqlen_k, 64, dtype=torch.float32, causal=causal)
+    problem = Problem(1, 2, seqlen_q, seqlen_k, 64, dtype=torch.float32, causal=causal, return_lse=True)
     q, k, v = make_inputs(problem, seed=5, device="cpu", offset=0.5)
     config = hopper.HopperConfig(64, 32, 4, 1, warp_specialize, overlap=overlap)
-    prepared = hopper.hopper_attention(q, k, v, problem, config=config)
-    err = error_stats(prepared(), reference_attention(q, k, v, problem))
+    out, lse = hopper.hopper_attention(q, k, v, problem, config=config)()
+    err = error_stats(out, reference_attention(q, k, v, problem))
     assert err.max_abs_err < 1e-5, err.summary()
-    lse_err = (prepared.lse.double() - _reference_lse(q, k, problem)).abs().max().item()
+    lse_err = (lse.double() - _reference_lse(q, k, problem)).abs().max().item()
     assert lse_err < 1e-5, f"lse max abs error {lse_err:.3e}"
 
 
@@ -283,3 +307,126 @@ def test_gpu_memcheck_clean_on_ragged_shape():
     command += [sys.executable, "-c"]
     done = subprocess.run([*command, _MEMCHECK_PROBE], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+
+
+# ----------------------------------------------------------------------------------------------
+# GQA, both causal alignments, per-sequence key lengths and the LSE (shared kernel, every loop)
+# ----------------------------------------------------------------------------------------------
+# (Sq, Sk, kv_heads, causal alignment or None for full attention, cache lengths or None): MQA and GQA,
+# Sq < Sk (decode-like) and Sq > Sk (whose first rows see no key bottom-right), ragged lengths with
+# an empty sequence, full attention over a padded cache.
+INTERPRETER_FEATURE_CASES = [
+    (45, 130, 2, "bottom_right", None),
+    (130, 77, 1, "bottom_right", None),
+    (77, 130, 4, "top_left", None),
+    (21, 130, 1, "bottom_right", (130, 0)),
+    (21, 130, 2, None, (77, 1)),
+]
+
+
+def _check_features(problem: Problem, out: torch.Tensor, lse: torch.Tensor, inputs, cache_seqlens) -> None:
+    ref, ref_lse = reference_attention(*inputs, problem, cache_seqlens=cache_seqlens, with_lse=True)
+    err = error_stats(out, ref)
+    assert err.nonfinite == 0 and err.max_abs_err < 1e-5, f"{problem.describe()}: {err.summary()}"
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), "-inf exactly where a row sees no key"
+    finite = torch.isfinite(ref_lse)
+    lse_err = (lse.double() - ref_lse)[finite].abs().max().item() if finite.any() else 0.0
+    assert lse_err < 1e-5, f"{problem.describe()}: lse max abs error {lse_err:.3e}"
+
+
+@needs_interpreter
+@pytest.mark.parametrize(
+    ("warp_specialize", "overlap"), [(False, False), (True, False), (False, True)],
+    ids=["two-loops", "one-masked-loop", "overlapped"],
+)  # fmt: skip
+@pytest.mark.parametrize("case", INTERPRETER_FEATURE_CASES, ids=lambda case: "-".join(map(str, case)))
+def test_interpreter_features_in_every_loop(case, warp_specialize: bool, overlap: bool):
+    seqlen_q, seqlen_k, kv_heads, alignment, lengths = case
+    problem = Problem(
+        2, 4, seqlen_q, seqlen_k, 64, dtype=torch.float32, causal=alignment is not None, kv_heads=kv_heads,
+        causal_alignment=alignment or "top_left", has_cache_seqlens=lengths is not None, return_lse=True,
+    )  # fmt: skip
+    q, k, v = make_inputs(problem, seed=seqlen_q + kv_heads, device="cpu", offset=0.5)
+    assert k.shape[1] == kv_heads, "K and V come with their KV heads, not repeated"
+    cache_seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32)
+    config = hopper.HopperConfig(64, 32, 4, 1, warp_specialize, overlap=overlap)
+    run = hopper.hopper_attention(q, k, v, problem, config=config, cache_seqlens=cache_seqlens)
+    out, lse = run()
+    out.fill_(math.nan)
+    lse.fill_(math.nan)
+    out, lse = run()
+    _check_features(problem, out, lse, (q, k, v), cache_seqlens)
+
+
+@needs_interpreter
+def test_interpreter_api_takes_every_feature():
+    from common.contract.api import attention
+
+    q = torch.randn(2, 4, 5, 64)
+    k, v = torch.randn(2, 2, 40, 64), torch.randn(2, 2, 40, 64)
+    lengths = torch.tensor([40, 9], dtype=torch.int32)
+    options = {"causal": True, "causal_alignment": "bottom_right", "cache_seqlens": lengths, "return_lse": True}
+    out, lse = attention(q, k, v, impl="triton/hopper", **options)
+    problem = Problem(2, 4, 5, 40, 64, dtype=torch.float32, causal=True, kv_heads=2, causal_alignment="bottom_right",
+                      has_cache_seqlens=True, return_lse=True)  # fmt: skip
+    _check_features(problem, out, lse, (q, k, v), lengths)
+
+
+def test_both_rungs_claim_every_feature():
+    problem = Problem(1, 8, 3, 100, 128, kv_heads=2, causal=True, causal_alignment="bottom_right",
+                      has_cache_seqlens=True, return_lse=True)  # fmt: skip
+    for module in (hopper, fp8):
+        ok, reason = module.IMPLEMENTATION.supports(problem, torch.device("cpu"))
+        assert ok or "not implemented" not in reason, reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("module", [hopper, fp8], ids=["hopper", "fp8"])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("kv_heads", [1, 4], ids=["mqa", "gqa4"])
+@pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(1, 1000), (300, 4100), (1000, 77)])
+def test_gpu_gqa_and_alignment_with_lse(module, head_dim, alignment, kv_heads, seqlen_q, seqlen_k):
+    from common.contract.check import check_on_inputs
+
+    problem = Problem(
+        2, 8, seqlen_q, seqlen_k, head_dim, dtype=torch.bfloat16, causal=True, kv_heads=kv_heads,
+        causal_alignment=alignment, return_lse=True,
+    )  # fmt: skip
+    q, k, v = make_inputs(problem, seed=seqlen_q + kv_heads, offset=0.5)
+    result = check_on_inputs(module.IMPLEMENTATION, q, k, v, problem)
+    assert result.ok, f"{module.__name__} {problem.describe()}: {result.summary()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("module", [hopper, fp8], ids=["hopper", "fp8"])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("alignment", [None, "bottom_right"], ids=["full", "bottom_right"])
+@pytest.mark.parametrize("seqlen_q", [1, 300])
+def test_gpu_ragged_cache_seqlens_with_lse(module, head_dim, alignment, seqlen_q):
+    from common.contract.check import check_on_inputs
+
+    problem = Problem(
+        4, 8, seqlen_q, 4100, head_dim, dtype=torch.bfloat16, causal=alignment is not None, kv_heads=2,
+        causal_alignment=alignment or "top_left", has_cache_seqlens=True, return_lse=True,
+    )  # fmt: skip
+    q, k, v = make_inputs(problem, seed=seqlen_q + head_dim, offset=0.5)
+    # A full cache, an empty one, one shorter than Sq, and one ending inside a key block.
+    lengths = torch.tensor([4100, 0, 200, 1777], dtype=torch.int32, device="cuda")
+    result = check_on_inputs(module.IMPLEMENTATION, q, k, v, problem, cache_seqlens=lengths)
+    assert result.ok, f"{module.__name__} {problem.describe()} {lengths.tolist()}: {result.summary()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("module", [hopper, fp8], ids=["hopper", "fp8"])
+def test_gpu_gqa_is_as_fast_as_mha(module):
+    """K and V are read by KV head, never repeated: GQA (16 query heads on 4 KV heads) at S=8192 takes
+    the time of 16 KV heads (the same FLOPs; fewer KV bytes, which sit in L2 either way)."""
+    import triton
+
+    times = {}
+    for kv_heads in (16, 4):
+        problem = Problem(2, 16, 8192, 8192, 128, dtype=torch.bfloat16, causal=True, kv_heads=kv_heads)
+        q, k, v = make_inputs(problem, seed=1)
+        times[kv_heads] = triton.testing.do_bench(module.IMPLEMENTATION.prepare(q, k, v, problem))
+    assert times[4] <= 1.1 * times[16], f"GQA {times[4]:.3f} ms vs MHA {times[16]:.3f} ms"

@@ -111,6 +111,16 @@ def allocate_lse(problem: Problem, device: torch.device) -> torch.Tensor | None:
     return torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=device)
 
 
+def feature_buffers(
+    lse: torch.Tensor | None, cache_seqlens: torch.Tensor | None, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``Lse`` and ``CacheSeqlens`` kernel arguments: the tensors, or :func:`placeholder`s where
+    the problem has none (the kernel's RETURN_LSE / HAS_CACHE_SEQLENS constexpr is then False)."""
+    lse_arg = lse if lse is not None else placeholder(torch.float32, device)
+    lengths_arg = cache_seqlens if cache_seqlens is not None else placeholder(torch.int32, device)
+    return lse_arg, lengths_arg
+
+
 def rung_result(out: torch.Tensor, lse: torch.Tensor | None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """What ``run()`` returns: O, or (O, lse) when the problem returns the LSE."""
     return out if lse is None else (out, lse)

@@ -22,9 +22,10 @@ Algorithm (steps 1-4 are the sections of the shared kernel):
      ``common.contract.fp8.quantise``, shared with the CuTe rung: optionally Q and K rotated by a seeded
      random Hadamard matrix, then scales s = amax / 448 per tensor or, with block quantisation, per
      64 rows of Q (one CTA's BLOCK_M) and per 128 rows of K and of V (a BLOCK_N key block or two),
-     per (batch, head). ``DEFAULT_QUANTISATION`` (block scales and rotation) is what compare.py
-     runs; ``quantisation=`` selects the others. Vᵀ padded to a 16-element multiple of Sk so its
-     rows are 16-byte aligned for TMA.
+     per (batch, head) of Q and per (batch, KV head) of K and V (GQA: K and V are quantised as
+     given, and the kernel indexes their scales by KV head). ``DEFAULT_QUANTISATION`` (block
+     scales and rotation) is what compare.py runs; ``quantisation=`` selects the others. Vᵀ
+     padded to a 16-element multiple of Sk so its rows are 16-byte aligned for TMA.
   1. Load the Q8 tile by TMA; fold its block's s_q (per tensor: s_q · s_k) into the softmax scale.
   2. Unmasked KV blocks: S = Q8 K8ᵀ (fp8 wgmma), the block's s_k joined to the softmax scale (a
      positive factor commutes with the row max, so row_max keeps one unit for every block; no cost
@@ -34,16 +35,21 @@ Algorithm (steps 1-4 are the sections of the shared kernel):
      because row_sum is accumulated from the same scaled P. Then O = (O + pv · s_v) · alpha adds the
      previous block's P V times its V scale, and pv = P8 V8 (fp8 wgmma, Vᵀ tile read K-major) starts
      from zero. The block scales are scalar loads that Triton prefetches with cp.async.
-  3. Masked blocks (causal diagonal, ragged last block): the same with -inf masking and the guard
-     for rows with no visible key, as in ``hopper``.
-  4. O = acc / row_sum (per tensor: acc · s_v / row_sum) in bf16 by a TMA store;
-     lse = (row_max + log2(row_sum) - P_EXPONENT) · ln 2.
+  3. Masked blocks (causal diagonal in either alignment, the sequence's ragged last block): the same
+     with -inf masking and the guard for rows with no visible key, as in ``hopper`` (GQA, alignment
+     and ``cache_seqlens`` come from the shared ``kv_head_index`` and ``seqlen_info``).
+  4. O = acc / row_sum (per tensor: acc · s_v / row_sum) in bf16 by a TMA store; with
+     ``return_lse``, lse = (row_max + log2(row_sum) - P_EXPONENT) · ln 2 (-inf where a row sees no key).
 
 Data movement: as in ``hopper`` (4-D TMA descriptors, per-(batch, head) bounds, ``wgmma`` from
 shared memory), with e4m3 tiles: a BLOCK_N × D K tile and a D × BLOCK_N Vᵀ tile per stage.
 
-Constraints: fp16 or bf16 inputs, bf16 output; D ∈ {64, 128, 256}; any Sq, Sk ≥ 1; causal or not;
-softmax_scale ≥ 0; sm_90. Block scales need BLOCK_M | 64 and BLOCK_N | 128.
+Constraints: fp16 or bf16 inputs, bf16 output; D ∈ {64, 128, 256}; any Sq, Sk ≥ 1; GQA/MQA; causal
+aligned top-left or bottom-right, or not; ``cache_seqlens``; ``return_lse``; softmax_scale ≥ 0; sm_90.
+Block scales need BLOCK_M | 64 and BLOCK_N | 128. The emulation (``emulate``) follows the same
+conventions (KV head, mask, key lengths) and also gives the LSE of the quantised scores with a
+bound; an fp8 LSE is judged against it (``common.contract.check.check_on_inputs``), since e4m3
+scores are not accurate to the fp64 LSE's bf16-level rule.
 
 What block quantisation and the rotation buy: on FlashAttention-3's outlier inputs a per-tensor
 scale is set by the largest outlier and ordinary entries lose bits; block scales confine that to
@@ -86,8 +92,9 @@ from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.contract.validation import kernel_operand
 from common.measure.toolchain import release_configs
-from triton_impl._device import LOG2_E
+from triton_impl._host import allocate_lse, feature_buffers, rung_result
 from triton_impl.hopper import (
+    SCALAR_SIGNATURE,
     HopperConfig,
     _descriptor,
     _hopper_attention_kernel,
@@ -97,6 +104,7 @@ from triton_impl.hopper import (
     fastest_config,
     hopper_supported,
     kernel_constexprs,
+    kernel_sizes,
 )
 
 # Inputs this rung quantises (whatever the interpreter would accept).
@@ -175,7 +183,13 @@ def check_quantisation_blocks(quantisation: Quantisation, config: HopperConfig) 
 class Fp8Attention:
     """Prepared launch over quantised operands; calling it launches the kernel and returns O (bf16)."""
 
-    def __init__(self, operands: QuantisedOperands, problem: Problem, config: HopperConfig):
+    def __init__(
+        self,
+        operands: QuantisedOperands,
+        problem: Problem,
+        config: HopperConfig,
+        cache_seqlens: torch.Tensor | None = None,
+    ):
         batch, heads, seqlen_q, head_dim = operands.q8.shape
         if config.overlap:
             raise ValueError(
@@ -189,33 +203,32 @@ class Fp8Attention:
         # Kept as attributes: the descriptors point into these buffers.
         self.operands = operands
         self.vt8 = _transposed_values(operands.v8)
-        self.out = torch.empty(operands.q8.shape, device=operands.q8.device, dtype=torch.bfloat16)
-        self.lse = torch.empty((batch, heads, seqlen_q), device=operands.q8.device, dtype=torch.float32)
+        device = operands.q8.device
+        self.out = torch.empty(operands.q8.shape, device=device, dtype=torch.bfloat16)
+        self.lse = allocate_lse(problem, device)
+        # K8, Vᵀ and the K and V scales keep the KV heads (B, Hkv, ...): the kernel indexes them by KV head.
         self._args = (
             _descriptor(operands.q8, config.block_m, head_dim),
             _descriptor(operands.k8, config.block_n, head_dim),
             _descriptor(self.vt8, head_dim, config.block_n),
             _descriptor(self.out, config.block_m, head_dim),
-            self.lse,
+            *feature_buffers(self.lse, cache_seqlens, device),
             operands.q_scale,
             operands.k_scale,
             operands.v_scale,
-            heads,
-            seqlen_q,
-            problem.seqlen_k,
-            operands.q_scale.shape[-1],
-            operands.k_scale.shape[-1],
-            problem.scale * LOG2_E,
         )
-        self._constexprs = {
-            **kernel_constexprs(head_dim, problem.causal, config, fp8_constexprs(quantisation)),
+        self._kwargs = {
+            **kernel_sizes(problem),
+            "q_blocks": operands.q_scale.shape[-1],
+            "kv_blocks": operands.k_scale.shape[-1],
+            **kernel_constexprs(problem, config, fp8_constexprs(quantisation)),
             **config.launch_options(),
         }
         self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
 
-    def __call__(self) -> torch.Tensor:
-        _hopper_attention_kernel[self._grid](*self._args, **self._constexprs)
-        return self.out
+    def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        _hopper_attention_kernel[self._grid](*self._args, **self._kwargs)
+        return rung_result(self.out, self.lse)
 
 
 def _quantised(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, quantisation: Quantisation) -> QuantisedOperands:
@@ -230,18 +243,21 @@ def fp8_attention(
     config: HopperConfig | None = None,
     autotune: bool = False,
     quantisation: Quantisation = DEFAULT_QUANTISATION,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> Fp8Attention:
     """Validate, quantise, choose the configuration (``autotune``: time every fitting candidate),
     compile by one warm-up launch; the result's call is run()."""
-    checked = _validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES)
+    checked = _validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES, cache_seqlens)
     operands = _quantised(q, k, v, quantisation)
     if config is None:
         config = default_config(checked.head_dim)
         if autotune:
             candidates = [c for c in candidate_configs(checked.head_dim) if _tiles_fit(quantisation, c)]
-            config = fastest_config(partial(Fp8Attention, operands, checked), candidates)
+            build = partial(Fp8Attention, operands, checked, cache_seqlens=cache_seqlens)
+            config = fastest_config(build, candidates)
     check_launchable(config, q.device)
-    return warmed_up(Fp8Attention(operands, checked, config), q.device)
+    return warmed_up(Fp8Attention(operands, checked, config, cache_seqlens), q.device)
 
 
 def _tiles_fit(quantisation: Quantisation, config: HopperConfig) -> bool:
@@ -258,10 +274,13 @@ def bind(
     v: torch.Tensor,
     problem: Problem,
     quantisation: Quantisation = DEFAULT_QUANTISATION,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> Fp8Attention:
     """Quantise validated q, k, v (values change per call, so this is per-call work) and build the
     descriptors at the default configuration; no launch."""
-    return Fp8Attention(_quantised(q, k, v, quantisation), problem, default_config(problem.head_dim))
+    operands = _quantised(q, k, v, quantisation)
+    return Fp8Attention(operands, problem, default_config(problem.head_dim), cache_seqlens)
 
 
 def prepare(
@@ -270,10 +289,12 @@ def prepare(
     v: torch.Tensor,
     problem: Problem,
     quantisation: Quantisation = DEFAULT_QUANTISATION,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> Runner:
     """Validate, quantise (``quantisation``: ``common.contract.fp8.VARIANTS``), bind, warm up; run() is the kernel."""
-    checked = _validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES)
-    return warmed_up(bind(q, k, v, checked, quantisation), q.device)
+    checked = _validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES, cache_seqlens)
+    return warmed_up(bind(q, k, v, checked, quantisation, cache_seqlens=cache_seqlens), q.device)
 
 
 def prepare_end_to_end(
@@ -282,9 +303,12 @@ def prepare_end_to_end(
     v: torch.Tensor,
     problem: Problem,
     quantisation: Quantisation = DEFAULT_QUANTISATION,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> Runner:
     """Like ``prepare``, but every run() quantises, rotates and launches: the per-call cost of fp8."""
-    return end_to_end_runner(bind, q, k, v, _validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES), quantisation)
+    checked = _validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES, cache_seqlens)
+    return end_to_end_runner(partial(bind, cache_seqlens=cache_seqlens), q, k, v, checked, quantisation)
 
 
 def emulate(
@@ -293,11 +317,13 @@ def emulate(
     v: torch.Tensor,
     problem: Problem,
     quantisation: Quantisation = DEFAULT_QUANTISATION,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> Emulation:
-    """The fp64 emulation this rung is judged against: the same quantisation, key blocks of the
-    default configuration visited first to last."""
+    """The fp64 emulation this rung is judged against: the same quantisation (K and V per KV head),
+    key blocks of the default configuration visited first to last, the problem's mask and key lengths."""
     order = KernelOrder(block_n=default_config(problem.head_dim).block_n, reverse=False)
-    return emulate_quantised(_quantised(q, k, v, quantisation), problem, order)
+    return emulate_quantised(_quantised(q, k, v, quantisation), problem, order, cache_seqlens)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -323,18 +349,14 @@ def compile_sm90(
         "desc_k": f"tensordesc<fp8e4nv[1,1,{config.block_n},{head_dim}]>",
         "desc_v": f"tensordesc<fp8e4nv[1,1,{head_dim},{config.block_n}]>",
         "desc_o": f"tensordesc<bf16[1,1,{config.block_m},{head_dim}]>",
-        "LSE": "*fp32",
+        **SCALAR_SIGNATURE,
         "Q_SCALE": "*fp32",
         "K_SCALE": "*fp32",
         "V_SCALE": "*fp32",
-        "heads": "i32",
-        "seqlen_q": "i32",
-        "seqlen_k": "i32",
         "q_blocks": "i32",
         "kv_blocks": "i32",
-        "softmax_scale_log2": "fp32",
     }
-    constexprs = kernel_constexprs(head_dim, problem.causal, config, fp8_constexprs(quantisation))
+    constexprs = kernel_constexprs(problem, config, fp8_constexprs(quantisation))
     return [compile_kernel_sm90(signature, constexprs, config)]
 
 

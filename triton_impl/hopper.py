@@ -27,30 +27,43 @@ MMAs, and, with warp specialisation, the producer/consumer split and register bu
 
 Algorithm (one program per BLOCK_M query rows of one (batch, head); sections of the kernel; the
 names in ``code`` are the stack's shared vocabulary in ``triton_impl/_device.py``):
+  0. ``kv_head_index``: the KV head this query head reads (GQA/MQA: ``head // (H // Hkv)``); every K
+     and V load (and fp8's K and V scales) is indexed by it, so K and V are never repeated.
+     ``seqlen_info``: this sequence's key length (``cache_seqlens[batch]`` or Sk) and its causal
+     offset (0 top-left, ``seqlen_k - Sq`` bottom-right); the block range and the mask take both,
+     so no loop special-cases either alignment.
   1. Load the Q tile once by TMA (rows past Sq are zero-filled by the descriptor's bounds).
-     ``block_range`` gives the key blocks [n_block_min, n_block_max) the tile visits; the last
-     ``n_masked_blocks`` of them need the mask.
+     ``block_range`` gives the key blocks [n_block_min, n_block_max) the tile visits (empty for a
+     tile whose rows see no key); the last ``n_masked_blocks`` of them need the mask.
   2. Unmasked loop over KV blocks that every row of the tile sees completely: S = Q Kᵀ (wgmma),
      ``online_softmax_update``: row_max_new = max(row_max, rowmax(S) · softmax_scale_log2),
      P = exp2(S · softmax_scale_log2 - row_max_new) (the scale folded into one FMA);
      ``online_softmax_rescale`` of O and row_sum by exp2(row_max - row_max_new); O += P V (wgmma,
      P from registers).
-  3. Masked loop over the remaining blocks (the causal diagonal, and the last block when Sk is not
-     a multiple of BLOCK_N): the same step after ``attention_mask`` sets S to -inf where a key is
-     past Sk or after the query row; a row that has seen only masked keys keeps row_max = -inf and
+  3. Masked loop over the remaining blocks (the causal diagonal, and the last block when the
+     sequence's length is not a multiple of BLOCK_N): the same step after ``attention_mask`` sets S
+     to -inf where a key is past the sequence's length or after the query row's diagonal
+     (j > i + causal_offset); a row that has seen only masked keys keeps row_max = -inf and
      subtracts 0 instead, so exp2 gives 0, never NaN.
   4. ``online_softmax_finalize``: O /= row_sum, written by a TMA store (rows past Sq are clipped by
-     the descriptor); lse = (row_max + log2(row_sum)) · ln 2 (natural log) to an fp32 (B, H, Sq) buffer.
+     the descriptor); with ``return_lse``, lse = (row_max + log2(row_sum)) · ln 2 (natural log) to an
+     fp32 (B, H, Sq) buffer. A row that sees no key (bottom-right with Sq > Sk, an empty cache) is
+     written as O = 0 and lse = -inf.
 
-Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` (4-D host descriptors over (B, H, S, D) with a
-[1, 1, BLOCK, D] box, so each (batch, head) is bounded by its own S: a ragged tail reads zeros, not
-the next head's rows), completion signalled on ``mbarrier``s; SMEM → tensor cores by
+Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` (4-D host descriptors over (B, H, Sq, D) for
+Q and O and (B, Hkv, Sk, D) for K and V, addressed by KV head, with a [1, 1, BLOCK, D] box, so each
+(batch, head) is bounded by its own S: a ragged tail reads zeros, not the next head's rows; keys
+between a sequence's ``cache_seqlens`` and the padded Sk are never loaded past its last block, and
+masked within it), completion signalled on ``mbarrier``s; SMEM → tensor cores by
 ``wgmma.mma_async`` (Q and K from SMEM for S = Q Kᵀ; P from registers and V from SMEM for O += P V);
 fp32 accumulators in registers; O registers → SMEM → HBM by a TMA store.
 
 Constraints: fp16 and bf16 (fp32 only under the interpreter, for the CPU tests); D ∈ {64, 128, 256};
-any Sq, Sk ≥ 1, Sq ≠ Sk; causal (top-left) or not; softmax_scale ≥ 0 (row maxima are taken before
-scaling, which needs a non-negative scale); sm_90 or newer. Row strides must be 16-byte aligned
+any Sq, Sk ≥ 1, Sq ≠ Sk; GQA/MQA (any Hkv dividing H); causal aligned top-left or bottom-right, or
+not; ``cache_seqlens`` (per-sequence key lengths of a padded cache); ``return_lse``; softmax_scale ≥ 0
+(row maxima are taken before scaling, which needs a non-negative scale); sm_90 or newer. Each
+feature is a constexpr (``feature_constexprs``) or, for GQA, one division per program, so the plain
+problem compiles to the loops it had without them. Row strides must be 16-byte aligned
 (``kernel_operand`` copies otherwise).
 
 What the measurements taught (the A/B runs are in ``docs/perf-log.md``; current figures in the
@@ -79,7 +92,7 @@ from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from common.contract import fp8 as fp8_quantisation
-from common.contract.capability import check_features
+from common.contract.capability import FEATURES, check_features
 from common.contract.devices import triton_device_supported, triton_dtypes, triton_interpreting
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
@@ -90,11 +103,19 @@ from triton_impl._device import (
     LOG2_E,
     attention_mask,
     block_range,
+    kv_head_index,
     online_softmax_finalize,
     online_softmax_rescale,
     online_softmax_update,
+    seqlen_info,
 )
-from triton_impl._host import validate_triton_inputs
+from triton_impl._host import (
+    allocate_lse,
+    feature_buffers,
+    feature_constexprs,
+    rung_result,
+    validate_triton_inputs,
+)
 
 # FP8: P = 2^(S·scale - row_max + P_EXPONENT) lies in [0, 2^8], clear of e4m3's subnormals
 # (common/contract/fp8.py, shared with the other fp8 rungs and the emulation).
@@ -195,15 +216,16 @@ WITHOUT_FP8 = {
 
 
 def kernel_constexprs(
-    head_dim: int, causal: bool, config: HopperConfig, fp8: dict[str, object] = WITHOUT_FP8
+    problem: Problem, config: HopperConfig, fp8: dict[str, object] = WITHOUT_FP8
 ) -> dict[str, object]:
-    """The kernel's compile-time arguments, the same for a launch and the static compile; ``fp8``:
-    ``triton_impl.fp8.fp8_constexprs`` for the fp8 rung, else the unset fp8 arguments."""
+    """The kernel's compile-time arguments, the same for a launch and the static compile: head dim,
+    tiles, the problem's features (``feature_constexprs``: causal, bottom-right, cache lengths, LSE),
+    the loop shape and ``fp8`` (``triton_impl.fp8.fp8_constexprs`` for the fp8 rung, else unset)."""
     return {
-        "HEAD_DIM": head_dim,
+        "HEAD_DIM": problem.head_dim,
         "BLOCK_M": config.block_m,
         "BLOCK_N": config.block_n,
-        "CAUSAL": causal,
+        **feature_constexprs(problem),
         "WARP_SPECIALIZE": config.warp_specialize,
         "OVERLAP": config.overlap,
         **fp8,
@@ -230,16 +252,16 @@ def candidate_configs(head_dim: int, dtype: torch.dtype) -> list[HopperConfig]:
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _block_softmax(
-    S, row_max, row_sum, offs_m, start_n, seqlen_k, softmax_scale_log2,
+    S, row_max, row_sum, coords, start_n, softmax_scale_log2,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, P_EXPONENT: tl.constexpr,
 ):  # fmt: skip
     """Mask (masked blocks) and online-softmax update of one block of S = Q Kᵀ: (P, alpha, row_max,
     row_sum). Unmasked blocks leave S unscaled (the scale is >= 0, so the row max is scaled once per
     row); masked blocks scale S before the mask, as ``attention_mask`` asks."""
     if MASKED:
+        _, _, offs_m, seqlen_k, causal_offset = coords
         S = S * softmax_scale_log2
-        # causal_offset 0: this rung is top-left aligned only (``supports`` refuses the bottom-right one).
-        S = attention_mask(S, offs_m, start_n + tl.arange(0, BLOCK_N), seqlen_k, 0, CAUSAL)
+        S = attention_mask(S, offs_m, start_n + tl.arange(0, BLOCK_N), seqlen_k, causal_offset, CAUSAL)
     return online_softmax_update(S, row_max, row_sum, softmax_scale_log2, MASKED, MASKED, P_EXPONENT)
 
 
@@ -259,9 +281,9 @@ def _attention_step(
     ``pv`` and ``pv_scale`` through unchanged (the compiler drops them).
     """
     desc_k, desc_v, K_SCALE, V_SCALE = kv
-    batch, head, offs_m, seqlen_k = coords
+    batch, kv_head = coords[0], coords[1]
     start_n = n_block * BLOCK_N
-    k = desc_k.load([batch, head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+    k = desc_k.load([batch, kv_head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     S = tl.dot(q, k.T)
     if FP8:
         if BLOCK_SCALED:
@@ -270,19 +292,19 @@ def _attention_step(
         else:
             v_scale = pv_scale
         P, alpha, row_max_new, row_sum = _block_softmax(
-            S, row_max, row_sum, offs_m, start_n, seqlen_k, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL, P_EXPONENT
+            S, row_max, row_sum, coords, start_n, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL, P_EXPONENT
         )
-        # desc_v holds Vᵀ (B, H, D, Sk): fp8 wgmma reads its shared-memory B operand K-major only.
-        vt = desc_v.load([batch, head, 0, start_n]).reshape(HEAD_DIM, BLOCK_N)
+        # desc_v holds Vᵀ (B, Hkv, D, Sk): fp8 wgmma reads its shared-memory B operand K-major only.
+        vt = desc_v.load([batch, kv_head, 0, start_n]).reshape(HEAD_DIM, BLOCK_N)
         acc = online_softmax_rescale(acc + pv * pv_scale if BLOCK_SCALED else acc + pv, alpha)
         pv = tl.dot(P.to(vt.dtype), vt.T)
         pv_scale = v_scale
     else:
         P, alpha, row_max_new, row_sum = _block_softmax(
-            S, row_max, row_sum, offs_m, start_n, seqlen_k, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL, 0.0
+            S, row_max, row_sum, coords, start_n, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL, 0.0
         )
         acc = online_softmax_rescale(acc, alpha)
-        v = desc_v.load([batch, head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+        v = desc_v.load([batch, kv_head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
         acc = tl.dot(P.to(v.dtype), v, acc)
     return acc, pv, pv_scale, row_sum, row_max_new
 
@@ -297,25 +319,26 @@ def _overlapped_step(
     (wait_group 0, which also retires the previous P V), but issues P V_(n-1) asynchronously and waits
     for it only at the next S: that wgmma runs under this block's softmax."""
     desc_k, desc_v, _, _ = kv
-    batch, head, offs_m, seqlen_k = coords
+    batch, kv_head = coords[0], coords[1]
     start_n = n_block * BLOCK_N
-    k = desc_k.load([batch, head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+    k = desc_k.load([batch, kv_head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     S = tl.dot(q, k.T)
     # Block n-1 = -1 lies before the sequence: the TMA box reads zeros (and P is 0 there anyway).
-    v = desc_v.load([batch, head, start_n - BLOCK_N, 0]).reshape(BLOCK_N, HEAD_DIM)
+    v = desc_v.load([batch, kv_head, start_n - BLOCK_N, 0]).reshape(BLOCK_N, HEAD_DIM)
     acc = tl.dot(P.to(v.dtype), v, online_softmax_rescale(acc, alpha))
     P, alpha, row_max, row_sum = _block_softmax(
-        S, row_max, row_sum, offs_m, start_n, seqlen_k, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL, 0.0
+        S, row_max, row_sum, coords, start_n, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL, 0.0
     )
     return acc, row_sum, row_max, P, alpha
 
 
 @triton.jit
 def _hopper_attention_kernel(
-    desc_q, desc_k, desc_v, desc_o, LSE, Q_SCALE, K_SCALE, V_SCALE,
-    heads, seqlen_q, seqlen_k, q_blocks, kv_blocks, softmax_scale_log2,
+    desc_q, desc_k, desc_v, desc_o, LSE, CacheSeqlens, Q_SCALE, K_SCALE, V_SCALE,
+    heads, kv_heads, seqlen_q, seqlen_k, q_blocks, kv_blocks, softmax_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, OVERLAP: tl.constexpr,
+    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, OVERLAP: tl.constexpr,
     FP8: tl.constexpr, BLOCK_SCALED: tl.constexpr, Q_QUANT_BLOCK: tl.constexpr, KV_QUANT_BLOCK: tl.constexpr,
 ):  # fmt: skip
     # Causal tiles near the bottom do the most work: launching them first shortens the tail.
@@ -323,13 +346,17 @@ def _hopper_attention_kernel(
     batch_head = tl.program_id(1)
     batch = batch_head // heads
     head = batch_head % heads
+    # GQA: K and V (and their fp8 scales) are those of the KV head this query head reads.
+    kv_head = kv_head_index(head, heads, kv_heads)
+    # This sequence's key length (cache_seqlens) and causal diagonal (row i sees j <= i + causal_offset).
+    seqlen_k, causal_offset = seqlen_info(CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS, BOTTOM_RIGHT)
     start_m = m_block * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     if FP8:
-        # This (batch, head)'s block scales: (B, H, blocks) fp32, contiguous.
+        # This tile's block scales: Q's (B, H, blocks), K's and V's (B, Hkv, blocks), fp32, contiguous.
         Q_SCALE += batch_head * q_blocks
-        K_SCALE += batch_head * kv_blocks
-        V_SCALE += batch_head * kv_blocks
+        K_SCALE += (batch * kv_heads + kv_head) * kv_blocks
+        V_SCALE += (batch * kv_heads + kv_head) * kv_blocks
 
     # 1. Q tile, loaded once; rows past Sq read as zeros. FP8: its descale (per tensor: s_q · s_k)
     # folds into the softmax scale.
@@ -346,10 +373,10 @@ def _hopper_attention_kernel(
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     kv = (desc_k, desc_v, K_SCALE, V_SCALE)
-    coords = (batch, head, offs_m, seqlen_k)
+    coords = (batch, kv_head, offs_m, seqlen_k, causal_offset)
 
     # Key blocks [n_block_min, n_block_max); the last n_masked_blocks need the mask.
-    n_block_min, n_block_max, n_masked_blocks = block_range(m_block, seqlen_k, 0, CAUSAL, BLOCK_M, BLOCK_N)
+    n_block_min, n_block_max, n_masked_blocks = block_range(m_block, seqlen_k, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
     n_block_masked = n_block_max - n_masked_blocks
 
     if WARP_SPECIALIZE:
@@ -393,7 +420,7 @@ def _hopper_attention_kernel(
                 HEAD_DIM, BLOCK_N, True, CAUSAL, FP8, BLOCK_SCALED, KV_QUANT_BLOCK,
             )  # fmt: skip
 
-    # 4. O = acc / row_sum and the lse; a row that saw no key (only rows past Sq) writes 0 and -inf.
+    # 4. O = acc / row_sum and the lse; a row that saw no key writes 0 and (RETURN_LSE) an lse of -inf.
     # FP8: add the last block's P V first; a per-tensor V scale multiplies O once, here; the
     # 2^P_EXPONENT headroom cancels in O and is taken out of the lse.
     if FP8:
@@ -402,8 +429,9 @@ def _hopper_attention_kernel(
     else:
         out, lse = online_softmax_finalize(acc, row_max, row_sum, 1.0)
     desc_o.store([batch, head, start_m, 0], out.to(desc_o.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
-    lse_rows = LSE + batch_head.to(tl.int64) * seqlen_q + offs_m
-    tl.store(lse_rows, lse, mask=offs_m < seqlen_q)
+    if RETURN_LSE:
+        # (B, H, Sq) contiguous: row offs_m of (batch, head) is batch_head · Sq + m.
+        tl.store(LSE + batch_head.to(tl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -418,35 +446,49 @@ def _descriptor(tensor: torch.Tensor, box_rows: int, box_cols: int | None = None
     return TensorDescriptor(tensor, list(tensor.shape), list(tensor.stride()), [1, 1, box_rows, box_cols])
 
 
-class HopperAttention:
-    """Prepared launch: descriptors, O and lse allocated once; calling it launches the kernel and returns O."""
+def kernel_sizes(problem: Problem) -> dict[str, int | float]:
+    """The kernel's scalar arguments (both Triton Hopper rungs): head counts, lengths, scale."""
+    return {
+        "heads": problem.heads,
+        "kv_heads": problem.kv_heads,
+        "seqlen_q": problem.seqlen_q,
+        "seqlen_k": problem.seqlen_k,
+        "softmax_scale_log2": problem.scale * LOG2_E,
+    }
 
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, config: HopperConfig):
-        batch, heads, seqlen_q, head_dim = q.shape
+
+class HopperAttention:
+    """Prepared launch: descriptors, O (and the LSE when the problem returns it) allocated once;
+    calling it launches the kernel and returns O, or (O, lse)."""
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        problem: Problem,
+        config: HopperConfig,
+        cache_seqlens: torch.Tensor | None = None,
+    ):
+        batch, heads, seqlen_q, _ = q.shape
         self.config = config
         self.out = torch.empty_like(q)
-        self.lse = torch.empty((batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
+        self.lse = allocate_lse(problem, q.device)
+        # K and V keep their (B, Hkv, Sk, D) shape: the kernel indexes them by KV head.
         self._args = (
             _descriptor(q, config.block_m),
             _descriptor(k, config.block_n),
             _descriptor(v, config.block_n),
             _descriptor(self.out, config.block_m),
-            self.lse,
+            *feature_buffers(self.lse, cache_seqlens, q.device),
         )
         # By keyword: the fp8 arguments between them are left unset (None).
-        self._kwargs = {
-            "heads": heads,
-            "seqlen_q": seqlen_q,
-            "seqlen_k": problem.seqlen_k,
-            "softmax_scale_log2": problem.scale * LOG2_E,
-            **kernel_constexprs(head_dim, problem.causal, config),
-            **config.launch_options(),
-        }
+        self._kwargs = {**kernel_sizes(problem), **kernel_constexprs(problem, config), **config.launch_options()}
         self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
 
-    def __call__(self) -> torch.Tensor:
+    def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _hopper_attention_kernel[self._grid](*self._args, **self._kwargs)
-        return self.out
+        return rung_result(self.out, self.lse)
 
 
 def _validate(
@@ -456,9 +498,13 @@ def _validate(
     problem: Problem,
     rung: str = "triton/hopper",
     dtypes: tuple[torch.dtype, ...] | None = None,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> Problem:
-    """The inputs checks of both Triton Hopper rungs (``dtypes``: the fp8 rung's own)."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, dtypes)
+    """The inputs checks of both Triton Hopper rungs (``dtypes``: the fp8 rung's own), with GQA, both
+    causal alignments, ``cache_seqlens`` and the LSE (both rungs implement them)."""
+    checked = validate_triton_inputs(
+        q, k, v, problem, HEAD_DIMS, dtypes, cache_seqlens=cache_seqlens, all_features=True
+    )
     if checked.scale < 0:
         raise ValueError(f"softmax_scale must be >= 0 for {rung}, got {checked.scale}")
     return checked
@@ -485,47 +531,55 @@ def hopper_attention(
     problem: Problem,
     config: HopperConfig | None = None,
     autotune: bool = False,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> HopperAttention:
     """Validate, choose the configuration, compile by one warm-up launch; the result's call is run()."""
-    checked = _validate(q, k, v, problem)
+    checked = _validate(q, k, v, problem, cache_seqlens=cache_seqlens)
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     if config is None:
         config = default_config(checked.head_dim)
         if autotune:
             candidates = candidate_configs(checked.head_dim, checked.dtype)
-            config = fastest_config(partial(HopperAttention, q, k, v, checked), candidates)
+            build = partial(HopperAttention, q, k, v, checked, cache_seqlens=cache_seqlens)
+            config = fastest_config(build, candidates)
     check_launchable(config, q.device)
-    prepared = HopperAttention(q, k, v, checked, config)
+    prepared = HopperAttention(q, k, v, checked, config, cache_seqlens)
     prepared()
     return prepared
 
 
-def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> HopperAttention:
-    """Descriptors and O for validated q, k, v at the default configuration, no launch."""
+def bind(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> HopperAttention:
+    """Descriptors, O and the LSE for validated q, k, v at the default configuration, no launch."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
-    return HopperAttention(q, k, v, problem, default_config(problem.head_dim))
+    return HopperAttention(q, k, v, problem, default_config(problem.head_dim), cache_seqlens)
 
 
 def attention_with_lse(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, softmax_scale: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """O (B, H, Sq, D) and the natural-log lse (B, H, Sq) in fp32, for callers that need both."""
-    problem = _validate(q, k, v, Problem(1, 1, 1, 1, q.shape[-1], causal=causal, softmax_scale=softmax_scale))
-    prepared = hopper_attention(q, k, v, problem)
-    return prepared.out, prepared.lse
+    shape = Problem(1, 1, 1, 1, q.shape[-1], causal=causal, softmax_scale=softmax_scale, return_lse=True)
+    return hopper_attention(q, k, v, _validate(q, k, v, shape))()
 
 
-def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+def prepare(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
     """Validate, bind at the default configuration, and compile by one warm-up launch on a GPU."""
-    return warmed_up(bind(q, k, v, _validate(q, k, v, problem)), q.device)
+    checked = _validate(q, k, v, problem, cache_seqlens=cache_seqlens)
+    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
 
 
 # ----------------------------------------------------------------------------------------------
 # Capability check and static compile
 # ----------------------------------------------------------------------------------------------
 def hopper_supported(problem: Problem, device: torch.device, rung: str, needs: str) -> tuple[bool, str]:
-    """Head dim, scale, feature and sm_90 checks of both Triton Hopper rungs (after their own dtype check)."""
-    ok, reason = check_features(rung, problem)
+    """Head dim, scale, feature and sm_90 checks of both Triton Hopper rungs (after their own dtype
+    check). Both implement every problem feature: GQA, both causal alignments, cache_seqlens, the LSE."""
+    ok, reason = check_features(rung, problem, FEATURES)
     if not ok:
         return ok, reason
     if problem.head_dim not in HEAD_DIMS:
@@ -552,24 +606,26 @@ def _descriptor_type(dtype_name: str, block_rows: int, head_dim: int) -> str:
     return f"tensordesc<{dtype_name}[1,1,{block_rows},{head_dim}]>"
 
 
+# Runtime arguments both Triton Hopper rungs pass besides the descriptors (and fp8's scales).
+SCALAR_SIGNATURE = {
+    "LSE": "*fp32",
+    "CacheSeqlens": "*i32",
+    "heads": "i32",
+    "kv_heads": "i32",
+    "seqlen_q": "i32",
+    "seqlen_k": "i32",
+    "softmax_scale_log2": "fp32",
+}
+
+
 def compile_sm90(problem: Problem, config: HopperConfig | None = None) -> list[KernelBinary]:
     """The kernel for sm_90a at the default configuration of this head dim (no GPU needed)."""
     config = config or DEFAULT_CONFIGS[problem.head_dim]
     dtype_name = TRITON_DTYPES[problem.dtype]
     q_type = _descriptor_type(dtype_name, config.block_m, problem.head_dim)
     kv_type = _descriptor_type(dtype_name, config.block_n, problem.head_dim)
-    signature = {
-        "desc_q": q_type,
-        "desc_k": kv_type,
-        "desc_v": kv_type,
-        "desc_o": q_type,
-        "LSE": "*fp32",
-        "heads": "i32",
-        "seqlen_q": "i32",
-        "seqlen_k": "i32",
-        "softmax_scale_log2": "fp32",
-    }
-    return [compile_kernel_sm90(signature, kernel_constexprs(problem.head_dim, problem.causal, config), config)]
+    signature = {"desc_q": q_type, "desc_k": kv_type, "desc_v": kv_type, "desc_o": q_type, **SCALAR_SIGNATURE}
+    return [compile_kernel_sm90(signature, kernel_constexprs(problem, config), config)]
 
 
 def compile_kernel_sm90(signature: dict[str, str], constexprs: dict[str, object], config: HopperConfig) -> KernelBinary:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from common.contract.fp8 import Emulation
 from common.contract.inputs import make_cache_seqlens, make_inputs, poison_all_
 from common.contract.metrics import (
     EmulationStats,
@@ -59,6 +60,19 @@ def sdpa_error(
     return error_stats(sdpa(q, k, v, problem, cache_seqlens), ref)
 
 
+def emulate_for(
+    impl: Implementation,
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    problem: Problem,
+    cache_seqlens: torch.Tensor | None = None,
+) -> Emulation | None:
+    """The rung's fp64 emulation of its quantisation (FP8 rules), given the per-sequence key lengths
+    when the problem carries them; None for rules without one."""
+    if not impl.error_rule.needs_emulation or impl.emulate is None:
+        return None
+    return impl.emulate(*inputs, problem, **per_call_inputs(problem, cache_seqlens))
+
+
 def judge_output(
     impl: Implementation,
     out: torch.Tensor,
@@ -67,12 +81,15 @@ def judge_output(
     problem: Problem,
     ref: torch.Tensor,
     sdpa_err: ErrorStats | None,
+    *,
+    emulated: Emulation | None = None,
 ) -> tuple[bool, str, EmulationStats | None]:
     """(ok, reason, emulation stats) of ``out`` by ``impl``'s rule. An FP8 rule's yardstick is the
-    rung's fp64 emulation of its own quantisation of ``inputs`` (``impl.emulate``), computed here."""
+    rung's fp64 emulation of its own quantisation of ``inputs`` (``impl.emulate``), computed here
+    unless given (``emulated``: :func:`emulate_for` with the problem's cache lengths)."""
     emulation = None
     if impl.error_rule.needs_emulation and impl.emulate is not None:
-        emulated = impl.emulate(*inputs, problem)
+        emulated = emulated or impl.emulate(*inputs, problem)
         emulation = emulation_stats(out, emulated.out, emulated.bound, ref)
     ok, reason = impl.error_rule.judge(err, sdpa_err, emulation)
     return ok, reason, emulation
@@ -103,16 +120,23 @@ def check_on_inputs(
     cache_seqlens: torch.Tensor | None = None,
 ) -> CheckResult:
     """Poisoned run of ``impl`` on the given tensors, judged against the fp64 reference and SDPA; the
-    returned LSE, if any, against the fp64 LSE by its own rule (``common.contract.metrics.lse_bound``)."""
+    returned LSE, if any, against the fp64 LSE by its own rule (``common.contract.metrics.lse_bound``),
+    or for an FP8 rule against its emulation's LSE, within that bound plus the emulation's."""
     ref, ref_lse = reference_attention(q, k, v, problem, cache_seqlens=cache_seqlens, with_lse=True)
     result = run_poisoned(impl.prepare(q, k, v, problem, **per_call_inputs(problem, cache_seqlens)))
     out, lse = result if problem.return_lse else (result, None)
     err = error_stats(out, ref)
     yardstick = sdpa_error(q, k, v, problem, ref, cache_seqlens)
-    ok, reason, emulation = judge_output(impl, out, err, (q, k, v), problem, ref, yardstick)
+    emulated = emulate_for(impl, (q, k, v), problem, cache_seqlens)
+    ok, reason, emulation = judge_output(impl, out, err, (q, k, v), problem, ref, yardstick, emulated=emulated)
     stats = None
     if lse is not None:
-        stats = lse_stats(lse, ref_lse, lse_bound(problem.dtype, problem.seqlen_k, ref_lse))
+        if emulated is not None and emulated.lse is not None:
+            # FP8: the LSE of the quantised scores, within the emulation's bound and the dtype's.
+            bound = lse_bound(problem.dtype, problem.seqlen_k, emulated.lse) + emulated.lse_bound
+            stats = lse_stats(lse, emulated.lse, bound)
+        else:
+            stats = lse_stats(lse, ref_lse, lse_bound(problem.dtype, problem.seqlen_k, ref_lse))
         lse_ok, lse_reason = judge_lse(stats)
         if ok and not lse_ok:
             ok, reason = False, lse_reason

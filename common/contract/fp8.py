@@ -75,6 +75,7 @@ from dataclasses import dataclass
 import torch
 
 from common.contract.problem import Problem
+from common.contract.reference import sequence_lengths, visible_keys_mask
 
 # Largest finite e4m3 value: scales map each group's amax onto it.
 E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max
@@ -101,6 +102,10 @@ OUTPUT_EPS = 2.0**-7
 OUTPUT_DTYPE = torch.bfloat16
 # fp64 scores held at once by the emulation: QUERY_CHUNK x Sk per (batch, head).
 QUERY_CHUNK = 1024
+# The kernels' LSE in fp32: row max + log2(row sum) (a sum rounded once per key block and once per
+# level of each block's tree), times ln 2, each rounding relative 2^-24; LSE_ROUNDINGS more cover the
+# row max's and the product's own rounding and log2's approximation.
+LSE_ROUNDINGS = 8
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -278,10 +283,13 @@ def fa3_inputs(
 @dataclass(frozen=True)
 class Emulation:
     """O of the emulated kernel (computed in float64, rounded to the kernels' bf16 output) and the
-    elementwise bound on |kernel O - emulated O|."""
+    elementwise bound on |kernel O - emulated O|; the natural-log LSE (B, H, Sq) of the quantised
+    scores (-inf where a row sees no key) and the bound on |kernel lse - emulated lse|."""
 
     out: torch.Tensor
     bound: torch.Tensor
+    lse: torch.Tensor | None = None
+    lse_bound: torch.Tensor | None = None
 
 
 def round_p(p: torch.Tensor) -> torch.Tensor:
@@ -303,17 +311,19 @@ def _emulate_rows(
     k: torch.Tensor,
     v: torch.Tensor,
     first_row: int,
+    sequence_keys: int,
     problem: Problem,
     order: KernelOrder,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Emulated O and bound for query rows [first_row, first_row + len) of one (batch, head)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Emulated O, its bound, the LSE and its bound for query rows [first_row, first_row + len) of one
+    (batch, head) whose sequence has ``sequence_keys`` valid keys of the padded ``k.shape[0]``."""
     seqlen_k = k.shape[0]
     scale_log2 = problem.scale / math.log(2.0)
     s = (q @ k.T) * scale_log2
     s_error = mma_error(q, k.T, q.shape[-1]) * scale_log2
-    rows = torch.arange(first_row, first_row + q.shape[0], device=q.device)[:, None]
-    cols = torch.arange(seqlen_k, device=q.device)[None, :]
-    visible = cols <= rows if problem.causal else torch.ones_like(s, dtype=torch.bool)
+    rows = torch.arange(first_row, first_row + q.shape[0], device=q.device)
+    # The problem's mask (reference.py): sequence length, causal diagonal in either alignment.
+    visible = visible_keys_mask(problem, sequence_keys, rows, seqlen_k, q.device)
     s = s.masked_fill(~visible, -math.inf)
 
     # Running max in the kernel's block order; every key takes the max of its own block's step.
@@ -332,6 +342,9 @@ def _emulate_rows(
     # Undo each step's reference: the kernels' alpha factors, exact here.
     to_final = torch.exp2(key_max - final_max[:, None]).masked_fill(~visible, 0.0)
     row_sum = (p * to_final).sum(dim=-1, keepdim=True)
+    # A row that sees no key (row sum 0) is 0, as the kernels write it, not 0 / 0.
+    has_keys = row_sum > 0
+    row_sum = torch.where(has_keys, row_sum, torch.ones_like(row_sum))
     out = ((p8 * to_final) @ v) / row_sum
 
     # Bound (module docstring): score error in log2 units, twice for the running max's own error.
@@ -340,7 +353,14 @@ def _emulate_rows(
     flip = torch.maximum((round_p(p * torch.exp2(delta)) - p8).abs(), (round_p(p * torch.exp2(-delta)) - p8).abs())
     pv_error = mma_error(p8 * to_final, v, order.block_n)
     bound = ((flip * to_final) @ v.abs() + pv_error) / row_sum + (OUTPUT_EPS + delta * math.log(2.0)) * out.abs()
-    return out, bound
+
+    # LSE: the kernels' (row_max + log2(row_sum) - P_EXPONENT) · ln 2 equals the log-sum-exp of the
+    # quantised scores; it moves with them by at most delta (log2 units), plus its fp32 roundings.
+    has_keys = has_keys[:, 0]
+    lse = ((final_max + torch.log2(row_sum[:, 0]) - P_EXPONENT) * math.log(2.0)).masked_fill(~has_keys, -math.inf)
+    roundings = blocks + math.log2(order.block_n) + LSE_ROUNDINGS
+    lse_bound = delta[:, 0] * math.log(2.0) + roundings * FP32_EPS * (lse.abs() + 1.0)
+    return out, bound, lse, lse_bound.masked_fill(~has_keys, 0.0)
 
 
 def mma_error(a: torch.Tensor, b: torch.Tensor, accumulated: int) -> torch.Tensor:
@@ -359,24 +379,35 @@ def mma_error(a: torch.Tensor, b: torch.Tensor, accumulated: int) -> torch.Tenso
     return within + across
 
 
-def emulate(operands: QuantisedOperands, problem: Problem, order: KernelOrder) -> Emulation:
+def emulate(
+    operands: QuantisedOperands,
+    problem: Problem,
+    order: KernelOrder,
+    cache_seqlens: torch.Tensor | None = None,
+) -> Emulation:
     """float64 attention of the quantised operands with P rounded as a kernel visiting key blocks of
-    ``order.block_n`` in ``order`` rounds it, and the bound on the kernel's distance to it."""
+    ``order.block_n`` in ``order`` rounds it, and the bound on the kernel's distance to it. The
+    problem's conventions hold as in ``reference.py``: query head h reads KV head ``problem.kv_head(h)``
+    (K and V quantised per KV head), the causal alignment, and ``cache_seqlens`` (when the problem
+    carries them) as each sequence's key length."""
     quantisation = operands.quantisation
     q = dequantised(operands.q8, operands.q_scale, quantisation.q_block_rows)
     k = dequantised(operands.k8, operands.k_scale, quantisation.kv_block_rows)
     v = dequantised(operands.v8, operands.v_scale, quantisation.kv_block_rows)
+    lengths = sequence_lengths(problem, cache_seqlens)
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
     bound = torch.empty_like(out)
+    lse = torch.empty(q.shape[:3], dtype=torch.float64, device=q.device)
+    lse_bound = torch.empty_like(lse)
     for b in range(problem.batch):
         for h in range(problem.heads):
+            kv_head = problem.kv_head(h)
             for start in range(0, problem.seqlen_q, QUERY_CHUNK):
-                stop = min(start + QUERY_CHUNK, problem.seqlen_q)
-                rows = slice(start, stop)
-                out[b, h, rows], bound[b, h, rows] = _emulate_rows(
-                    q[b, h, rows], k[b, h], v[b, h], start, problem, order
+                rows = slice(start, min(start + QUERY_CHUNK, problem.seqlen_q))
+                out[b, h, rows], bound[b, h, rows], lse[b, h, rows], lse_bound[b, h, rows] = _emulate_rows(
+                    q[b, h, rows], k[b, kv_head], v[b, kv_head], start, lengths[b], problem, order
                 )
-    return Emulation(out.to(OUTPUT_DTYPE).double(), bound)
+    return Emulation(out.to(OUTPUT_DTYPE).double(), bound, lse, lse_bound)
 
 
 def end_to_end_runner(
