@@ -67,12 +67,14 @@ def judge_output(
     problem: Problem,
     ref: torch.Tensor,
     sdpa_err: ErrorStats | None,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> tuple[bool, str, EmulationStats | None]:
     """(ok, reason, emulation stats) of ``out`` by ``impl``'s rule. An FP8 rule's yardstick is the
-    rung's fp64 emulation of its own quantisation of ``inputs`` (``impl.emulate``), computed here."""
+    rung's fp64 emulation of its own quantisation of ``inputs`` (``impl.emulate``, given the key
+    lengths as ``prepare`` is), computed here."""
     emulation = None
     if impl.error_rule.needs_emulation and impl.emulate is not None:
-        emulated = impl.emulate(*inputs, problem)
+        emulated = impl.emulate(*inputs, problem, **per_call_inputs(problem, cache_seqlens))
         emulation = emulation_stats(out, emulated.out, emulated.bound, ref)
     ok, reason = impl.error_rule.judge(err, sdpa_err, emulation)
     return ok, reason, emulation
@@ -109,7 +111,7 @@ def check_on_inputs(
     out, lse = result if problem.return_lse else (result, None)
     err = error_stats(out, ref)
     yardstick = sdpa_error(q, k, v, problem, ref, cache_seqlens)
-    ok, reason, emulation = judge_output(impl, out, err, (q, k, v), problem, ref, yardstick)
+    ok, reason, emulation = judge_output(impl, out, err, (q, k, v), problem, ref, yardstick, cache_seqlens)
     stats = None
     if lse is not None:
         stats = lse_stats(lse, ref_lse, lse_bound(problem.dtype, problem.seqlen_k, ref_lse))

@@ -75,6 +75,7 @@ from dataclasses import dataclass
 import torch
 
 from common.contract.problem import Problem
+from common.contract.reference import sequence_lengths, visible_keys_mask
 
 # Largest finite e4m3 value: scales map each group's amax onto it.
 E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max
@@ -305,15 +306,16 @@ def _emulate_rows(
     first_row: int,
     problem: Problem,
     order: KernelOrder,
+    valid_keys: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Emulated O and bound for query rows [first_row, first_row + len) of one (batch, head)."""
+    """Emulated O and bound for query rows [first_row, first_row + len) of one (batch, head) whose
+    sequence has ``valid_keys`` keys (its cache length, else Sk); rows that see no key give O = 0."""
     seqlen_k = k.shape[0]
     scale_log2 = problem.scale / math.log(2.0)
     s = (q @ k.T) * scale_log2
     s_error = mma_error(q, k.T, q.shape[-1]) * scale_log2
-    rows = torch.arange(first_row, first_row + q.shape[0], device=q.device)[:, None]
-    cols = torch.arange(seqlen_k, device=q.device)[None, :]
-    visible = cols <= rows if problem.causal else torch.ones_like(s, dtype=torch.bool)
+    rows = torch.arange(first_row, first_row + q.shape[0], device=q.device)
+    visible = visible_keys_mask(problem, valid_keys, rows, seqlen_k, q.device)
     s = s.masked_fill(~visible, -math.inf)
 
     # Running max in the kernel's block order; every key takes the max of its own block's step.
@@ -332,6 +334,8 @@ def _emulate_rows(
     # Undo each step's reference: the kernels' alpha factors, exact here.
     to_final = torch.exp2(key_max - final_max[:, None]).masked_fill(~visible, 0.0)
     row_sum = (p * to_final).sum(dim=-1, keepdim=True)
+    # A row that sees no key has row_sum 0 and O = 0 (the kernels' guard), not 0 / 0.
+    row_sum = torch.where(row_sum > 0, row_sum, torch.full_like(row_sum, math.inf))
     out = ((p8 * to_final) @ v) / row_sum
 
     # Bound (module docstring): score error in log2 units, twice for the running max's own error.
@@ -359,22 +363,27 @@ def mma_error(a: torch.Tensor, b: torch.Tensor, accumulated: int) -> torch.Tenso
     return within + across
 
 
-def emulate(operands: QuantisedOperands, problem: Problem, order: KernelOrder) -> Emulation:
+def emulate(
+    operands: QuantisedOperands, problem: Problem, order: KernelOrder, *, cache_seqlens: torch.Tensor | None = None
+) -> Emulation:
     """float64 attention of the quantised operands with P rounded as a kernel visiting key blocks of
-    ``order.block_n`` in ``order`` rounds it, and the bound on the kernel's distance to it."""
+    ``order.block_n`` in ``order`` rounds it, and the bound on the kernel's distance to it. GQA (K and
+    V of the KV head), both causal alignments and ``cache_seqlens`` as in the fp64 reference."""
     quantisation = operands.quantisation
     q = dequantised(operands.q8, operands.q_scale, quantisation.q_block_rows)
     k = dequantised(operands.k8, operands.k_scale, quantisation.kv_block_rows)
     v = dequantised(operands.v8, operands.v_scale, quantisation.kv_block_rows)
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
     bound = torch.empty_like(out)
+    lengths = sequence_lengths(problem, cache_seqlens)
     for b in range(problem.batch):
         for h in range(problem.heads):
+            kv_head = problem.kv_head(h)
             for start in range(0, problem.seqlen_q, QUERY_CHUNK):
                 stop = min(start + QUERY_CHUNK, problem.seqlen_q)
                 rows = slice(start, stop)
                 out[b, h, rows], bound[b, h, rows] = _emulate_rows(
-                    q[b, h, rows], k[b, h], v[b, h], start, problem, order
+                    q[b, h, rows], k[b, kv_head], v[b, kv_head], start, problem, order, lengths[b]
                 )
     return Emulation(out.to(OUTPUT_DTYPE).double(), bound)
 
