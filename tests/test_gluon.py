@@ -5,8 +5,10 @@ claims (TMA, mbarriers, wgmma, setmaxnreg with the partition budgets; e4m3 wgmma
 every quantisation variant) and without spills; capability checks and input validation. Gluon has
 no interpreter path, and the interpreter that the CPU test session turns on breaks Gluon
 compilation, so the compiles run in a child process without it.
-GPU (``gpu`` marker): LSE against the fp64 reference (gluon/fp8: of its dequantised operands), and
-the prepared launch reused on new inputs. gluon/fp8's O is judged by ``tests/test_fp8_rungs.py`` and
+GPU (``gpu`` marker): LSE against the fp64 reference (gluon/fp8: of its dequantised operands), the
+prepared launch reused on new inputs, and the problem features (GQA with kv_heads 1 and 4, both causal
+alignments with Sq != Sk, ragged cache_seqlens including 0 and Sk, the returned LSE) through the
+shared check. gluon/fp8's O is judged by ``tests/test_fp8_rungs.py`` and
 the shared rung tests (``FP8_RULE`` against ``common.contract.fp8.emulate``).
 """
 
@@ -21,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.contract.check import check_on_inputs
 from common.contract.fp8 import VARIANTS, KernelOrder, dequantised, quantise
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
@@ -34,17 +37,27 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.xdist_group("gluon-compile"), pytest.mark.static]
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
-# (rung, head_dim, causal, dtype name, fp8 quantisation) variants compiled on the CPU.
+# (rung, head_dim, causal, dtype name, fp8 quantisation, features) variants compiled on the CPU;
+# ``features``: GQA, the bottom-right alignment, cache_seqlens and the LSE (``FEATURE_PROBLEM``).
 COMPILED = [
-    ("hopper", 128, False, "bf16", None),
-    ("hopper", 128, True, "bf16", None),
-    ("hopper", 64, False, "fp16", None),
-    ("hopper", 64, True, "bf16", None),
-    ("fp8", 128, False, "bf16", "rotation"),
-    ("fp8", 128, True, "bf16", "block+rotation"),
-    ("fp8", 64, False, "fp16", "per-tensor"),
-    ("fp8", 64, True, "bf16", "block"),
+    ("hopper", 128, False, "bf16", None, False),
+    ("hopper", 128, True, "bf16", None, False),
+    ("hopper", 64, False, "fp16", None, False),
+    ("hopper", 64, True, "bf16", None, False),
+    ("fp8", 128, False, "bf16", "rotation", False),
+    ("fp8", 128, True, "bf16", "block+rotation", False),
+    ("fp8", 64, False, "fp16", "per-tensor", False),
+    ("fp8", 64, True, "bf16", "block", False),
+    ("hopper", 128, True, "bf16", None, True),
+    ("fp8", 128, True, "bf16", "block+rotation", True),
 ]
+FEATURES = {
+    "heads": 4,
+    "kv_heads": 1,
+    "causal_alignment": "bottom_right",
+    "has_cache_seqlens": True,
+    "return_lse": True,
+}
 
 _COMPILE_SCRIPT = """
 import json, re, sys
@@ -54,8 +67,9 @@ from common.reporting.static import _cuobjdump, cubin_resources, ptx_features
 from common.contract.fp8 import VARIANTS
 import subprocess, tempfile
 from triton_impl.gluon import fp8, hopper
-rung, head_dim, causal, dtype, variant = json.loads(sys.argv[1])
-problem = Problem(1, 1, 256, 256, head_dim, dtype=getattr(torch, dtype), causal=causal)
+rung, head_dim, causal, dtype, variant, features = json.loads(sys.argv[1])
+shape = {"batch": 1, "heads": 1, "seqlen_q": 256, "seqlen_k": 256, **features}
+problem = Problem(head_dim=head_dim, dtype=getattr(torch, dtype), causal=causal, **shape)
 if rung == "fp8":
     (binary,) = fp8.compile_sm90(problem, quantisation=VARIANTS[variant])
 else:
@@ -86,11 +100,14 @@ print(json.dumps({
 """
 
 
-def _compile_in_child(rung: str, head_dim: int, causal: bool, dtype_name: str, variant: str | None) -> dict:
+def _compile_in_child(
+    rung: str, head_dim: int, causal: bool, dtype_name: str, variant: str | None, features: bool
+) -> dict:
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     torch_dtype = {"bf16": "bfloat16", "fp16": "float16"}[dtype_name]
+    spec = [rung, head_dim, causal, torch_dtype, variant, FEATURES if features else {}]
     done = subprocess.run(
-        [sys.executable, "-c", _COMPILE_SCRIPT, json.dumps([rung, head_dim, causal, torch_dtype, variant])],
+        [sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(spec)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -104,7 +121,10 @@ def _compile_in_child(rung: str, head_dim: int, causal: bool, dtype_name: str, v
 @pytest.fixture(
     scope="module",
     params=COMPILED,
-    ids=[f"{r}-d{d}-{'causal' if c else 'full'}-{t}{'-' + v if v else ''}" for r, d, c, t, v in COMPILED],
+    ids=[
+        f"{r}-d{d}-{'causal' if c else 'full'}-{t}{'-' + v if v else ''}{'-features' if f else ''}"
+        for r, d, c, t, v, f in COMPILED
+    ],
 )
 def compiled(request: pytest.FixtureRequest) -> dict:
     return _compile_in_child(*request.param)
@@ -250,13 +270,15 @@ from common.contract.problem import Problem
 from common.reporting.static import cubin_resources, ptx_features
 from triton_impl.gluon import fp8, hopper
 from triton_impl.gluon._device import attention_kernel as kernel
-rung, seqlen_q, seqlen_k, head_dim, causal = json.loads(sys.argv[1])
-problem = Problem(2, 3, seqlen_q, seqlen_k, head_dim, dtype=torch.bfloat16, causal=causal)
+from common.contract.inputs import make_cache_seqlens
+rung, seqlen_q, seqlen_k, head_dim, causal, features = json.loads(sys.argv[1])
+problem = Problem(2, 4, seqlen_q, seqlen_k, head_dim, dtype=torch.bfloat16, causal=causal, **features)
 q, k, v = make_inputs(problem, seed=1, device="cpu")
+lengths = make_cache_seqlens(problem, seed=1, device="cpu") if problem.has_cache_seqlens else None
 if rung == "fp8":
-    launch = fp8.bind(q, k, v, problem)
+    launch = fp8.bind(q, k, v, problem, cache_seqlens=lengths)
 else:
-    launch = hopper.GluonAttention(q, k, v, problem, hopper.DEFAULT_CONFIGS[head_dim])
+    launch = hopper.GluonAttention(q, k, v, problem, hopper.DEFAULT_CONFIGS[head_dim], lengths)
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
 kwargs = {**launch._options, "debug": False}
@@ -274,19 +296,30 @@ print(json.dumps({
 """
 
 
+GQA_KV_CACHE = {"kv_heads": 2, "causal_alignment": "bottom_right", "has_cache_seqlens": True, "return_lse": True}
+
+
 @pytest.mark.parametrize(
-    "rung, seqlens, head_dim, causal",
-    [("hopper", (300, 517), 128, False), ("fp8", (300, 517), 128, False), ("fp8", (1, 1), 64, True)],
+    "rung, seqlens, head_dim, causal, features",
+    [
+        ("hopper", (300, 517), 128, False, {}),
+        ("fp8", (300, 517), 128, False, {}),
+        ("fp8", (1, 1), 64, True, {}),
+        ("hopper", (77, 1000), 64, True, GQA_KV_CACHE),
+        ("fp8", (1000, 77), 128, True, GQA_KV_CACHE),
+    ],
+    ids=["hopper", "fp8", "fp8-one-key", "hopper-gqa-kv-cache", "fp8-gqa-kv-cache"],
 )
 def test_launch_arguments_compile_through_the_jit_binder(
-    rung: str, seqlens: tuple[int, int], head_dim: int, causal: bool
+    rung: str, seqlens: tuple[int, int], head_dim: int, causal: bool, features: dict
 ):
     """What ``attention_kernel[grid](*args, **options)`` would compile from each rung's prepared
     launch (on CPU tensors: Triton's own binder and argument packing, no driver): the host
-    arguments and the kernel's parameters agree, fp16/bf16 passes the FP8 scales as None constexprs."""
+    arguments and the kernel's parameters agree, fp16/bf16 passes the FP8 scales as None constexprs,
+    and the GQA / KV-cache launches (kv_heads, cache_seqlens) bind too."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     done = subprocess.run(
-        [sys.executable, "-c", _LAUNCH_SCRIPT, json.dumps([rung, *seqlens, head_dim, causal])],
+        [sys.executable, "-c", _LAUNCH_SCRIPT, json.dumps([rung, *seqlens, head_dim, causal, features])],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -402,7 +435,7 @@ def test_fp8_emulation_follows_the_kernel_order(monkeypatch: pytest.MonkeyPatch)
     """gluon/fp8 has triton/fp8's numerics (P from fp32 to e4m3 with 2^8 headroom, one fresh P V per
     key block, blocks first to last), so it is judged by the shared emulation with its own block size."""
     seen = {}
-    monkeypatch.setattr(fp8, "emulate_quantised", lambda operands, problem, order: seen.setdefault("order", order))
+    monkeypatch.setattr(fp8, "emulate_quantised", lambda operands, problem, order, **_: seen.setdefault("order", order))
     problem = Problem(1, 1, 70, 300, 64, dtype=torch.bfloat16, causal=True)
     q, k, v = make_inputs(problem, seed=3, device="cpu")
     fp8.emulate(q, k, v, problem)
@@ -479,6 +512,147 @@ def test_gpu_fp8_bind_runs_new_inputs_of_a_prepared_signature():
     emulated = fp8.emulate(q, k, v, problem)
     excess = ((out.double() - emulated.out).abs() - emulated.bound).max().item()
     assert excess <= 0, f"O exceeds the emulation's bound by {excess:.3g}"
+
+
+# The problem features: GQA (kv_heads 1 and 4 of 8 heads), both alignments with Sq != Sk, ragged
+# cache lengths (0, Sk and two between), the LSE. Each through the shared check (poisoned buffers,
+# fp64 reference, SDPA's error as the yardstick; gluon/fp8 against its fp64 emulation).
+FEATURE_CASES = [
+    pytest.param({"kv_heads": 4}, (333, 333), id="gqa4"),
+    pytest.param({"kv_heads": 1}, (333, 700), id="mqa"),
+    pytest.param({"causal_alignment": "top_left"}, (77, 1000), id="top-left-sq77-sk1000"),
+    pytest.param({"causal_alignment": "top_left"}, (1000, 77), id="top-left-sq1000-sk77"),
+    pytest.param({"causal_alignment": "bottom_right"}, (77, 1000), id="bottom-right-sq77-sk1000"),
+    pytest.param({"causal_alignment": "bottom_right"}, (1000, 77), id="bottom-right-sq1000-sk77"),
+    pytest.param({"causal_alignment": "bottom_right", "kv_heads": 2}, (1000, 1000), id="bottom-right-gqa2-square"),
+    pytest.param({"has_cache_seqlens": True, "kv_heads": 4}, (77, 1000), id="cache-top-left"),
+    pytest.param({"has_cache_seqlens": True, "causal_alignment": "bottom_right"}, (77, 1000), id="cache-bottom-right"),
+    pytest.param(
+        {"has_cache_seqlens": True, "causal_alignment": "bottom_right", "kv_heads": 1},
+        (1000, 513),
+        id="cache-mqa-sq-gt",
+    ),
+]
+# Ragged lengths of the 4 sequences: none, all of the padded Sk, and two between (one not a block multiple).
+CACHE_FRACTIONS = (0.0, 1.0, 0.5, 0.13)
+
+
+def _feature_inputs(problem: Problem, seed: int):
+    q, k, v = make_inputs(problem, seed=seed)
+    if not problem.has_cache_seqlens:
+        return q, k, v, None
+    lengths = [round(fraction * problem.seqlen_k) for fraction in CACHE_FRACTIONS]
+    return q, k, v, torch.tensor(lengths, dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("features, seqlens", FEATURE_CASES)
+def test_gpu_features_match_reference(features: dict, seqlens: tuple[int, int], causal: bool, head_dim: int):
+    problem = Problem(4, 8, *seqlens, head_dim, dtype=torch.bfloat16, causal=causal, return_lse=True, **features)
+    ok, reason = hopper.IMPLEMENTATION.check(problem, torch.device("cuda"))
+    assert ok, reason
+    q, k, v, lengths = _feature_inputs(problem, seed=11)
+    result = check_on_inputs(hopper.IMPLEMENTATION, q, k, v, problem, cache_seqlens=lengths)
+    assert result.ok, result.summary()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("features, seqlens", FEATURE_CASES)
+def test_gpu_fp8_features_match_emulation_and_lse(
+    features: dict, seqlens: tuple[int, int], causal: bool, head_dim: int
+):
+    """O by the shared check against the fp64 emulation (which takes kv_heads, the alignment and the
+    lengths); the LSE against fp64 attention of the dequantised operands, as in
+    ``test_gpu_fp8_lse_matches_its_dequantised_operands`` (rows with no key: -inf exactly)."""
+    problem = Problem(4, 8, *seqlens, head_dim, dtype=torch.bfloat16, causal=causal, **features)
+    ok, reason = fp8.IMPLEMENTATION.check(problem, torch.device("cuda"))
+    assert ok, reason
+    q, k, v, lengths = _feature_inputs(problem, seed=12)
+    result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem, cache_seqlens=lengths)
+    assert result.ok, result.summary()
+
+    with_lse = problem.with_(return_lse=True)
+    out, lse = fp8.prepare(q, k, v, with_lse, cache_seqlens=lengths)()
+    operands = quantise(q, k, v, fp8.DEFAULT_QUANTISATION)
+    rows = fp8.DEFAULT_QUANTISATION
+    q64 = dequantised(operands.q8, operands.q_scale, rows.q_block_rows)
+    k64 = dequantised(operands.k8, operands.k_scale, rows.kv_block_rows)
+    _, lse_ref = reference_attention(q64, k64, k64, with_lse, cache_seqlens=lengths, with_lse=True)
+    assert torch.equal(lse == float("-inf"), lse_ref == float("-inf")), "rows seeing no key must have lse -inf"
+    assert torch.isfinite(out.float()).all()
+    finite = torch.isfinite(lse_ref)
+    error = (lse.double() - lse_ref)[finite].abs().max().item() if finite.any() else 0.0
+    assert error < 1e-2, f"max |lse - lse of the dequantised operands| = {error:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rung", [hopper, fp8], ids=["hopper", "fp8"])
+def test_gpu_gqa_reads_the_kv_head_not_a_copy(rung):
+    """GQA's K/V are (B, Hkv, Sk, D): the same output as the problem with K and V repeated per query
+    head (the kernel reads head h // group, so the two agree to the last bit for fp16/bf16)."""
+    gqa = Problem(2, 8, 300, 517, 128, dtype=torch.bfloat16, causal=True, kv_heads=2)
+    q, k, v = make_inputs(gqa, seed=13)
+    out = rung.prepare(q, k, v, gqa)().clone()
+    repeated = gqa.with_(kv_heads=8)
+    expanded = (t.repeat_interleave(4, dim=1) for t in (k, v))
+    out_repeated = rung.prepare(q, *expanded, repeated)()
+    if rung is hopper:
+        assert torch.equal(out, out_repeated)
+    else:
+        # fp8 quantises K and V per KV head either way (the repeat copies the blocks and their scales).
+        assert (out.double() - out_repeated.double()).abs().max().item() < 1e-2
+
+
+def test_gluon_rungs_accept_every_problem_feature():
+    """Both rungs implement GQA, both alignments, cache_seqlens and the LSE: on a CPU device the only
+    objection is the device, never a feature."""
+    problem = Problem(2, 8, 77, 1000, 128, causal=True, kv_heads=2, causal_alignment="bottom_right",
+                      has_cache_seqlens=True, return_lse=True)  # fmt: skip
+    for module in (hopper, fp8):
+        ok, reason = module.supports(problem, torch.device("cpu"))
+        assert not ok and "needs a CUDA GPU" in reason, reason
+
+
+def test_fp8_emulation_takes_the_problem_features():
+    """common.contract.fp8.emulate with GQA, bottom-right and ragged lengths (0 among them): finite,
+    0 on rows that see no key, close to fp64 attention of the dequantised operands elsewhere; K and V
+    of the other KV head (a planted bug) are far from it."""
+    from common.contract import fp8 as contract_fp8
+
+    problem = Problem(3, 4, 70, 200, 64, causal=True, kv_heads=2, causal_alignment="bottom_right",
+                      has_cache_seqlens=True)  # fmt: skip
+    q, k, v = make_inputs(problem, seed=14, device="cpu")
+    lengths = torch.tensor([0, 200, 45], dtype=torch.int32)
+    quantisation = VARIANTS["block"]
+    operands = quantise(q, k, v, quantisation)
+    order = KernelOrder(block_n=64, reverse=False)
+    emulated = contract_fp8.emulate(operands, problem, order, cache_seqlens=lengths)
+    assert torch.isfinite(emulated.out).all() and torch.isfinite(emulated.bound).all()
+    assert (emulated.out[0] == 0).all(), "a sequence of no keys must give O = 0"
+    # Bottom-right with Sq = 70 > 45 keys: the first 25 rows of sequence 2 see none.
+    assert (emulated.out[2, :, :25] == 0).all()
+    q64, k64, v64 = (
+        dequantised(x, s, r)
+        for x, s, r in (
+            (operands.q8, operands.q_scale, quantisation.q_block_rows),
+            (operands.k8, operands.k_scale, quantisation.kv_block_rows),
+            (operands.v8, operands.v_scale, quantisation.kv_block_rows),
+        )
+    )
+    reference = reference_attention(q64, k64, v64, problem, cache_seqlens=lengths)
+    assert (emulated.out - reference).abs().max().item() < 0.1
+    wrong = contract_fp8.emulate(
+        contract_fp8.QuantisedOperands(
+            operands.q8, operands.k8.flip(1), operands.v8.flip(1), operands.q_scale,
+            operands.k_scale.flip(1), operands.v_scale.flip(1), quantisation,
+        ),
+        problem, order, cache_seqlens=lengths,
+    )  # fmt: skip
+    assert (wrong.out - reference).abs().max().item() > 0.1
 
 
 def test_fp8_takes_one_key():

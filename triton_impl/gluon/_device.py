@@ -21,9 +21,16 @@ runs the softmax of S_n while the P V wgmma still runs on the tensor cores.
 The softmax side uses the names of the Triton stack (``triton_impl/_device.py``) and the CuTe stack
 (``cute_impl/_hopper_device.py``), as ``@gluon.jit`` functions (Gluon inlines them):
 
+* ``kv_head`` → :func:`kv_head_index`: GQA, the KV head a query head reads,
+  ``head // (heads // kv_heads)``; the K and V TMA coordinates (and FP8's K/V scales) use it, so
+  K and V are never repeated.
+* ``SeqlenInfo`` → :func:`seqlen_info`: ``(seqlen_k, causal_offset)`` of one sequence: the padded
+  Sk or the sequence's own ``cache_seqlens[batch]`` (clamped to [0, Sk]), and the shift of the
+  causal diagonal (row i sees keys j <= i + causal_offset: 0 top-left, seqlen_k - Sq bottom-right).
 * ``BlockRange`` → :func:`block_range`: ``(n_block_min, n_block_max, n_masked_blocks)``, blocks
   [n_block_min, n_block_max) of which the top ``n_masked_blocks`` need the mask.
-* ``AttentionMask.apply`` → :func:`attention_mask`: -inf past Sk and, causal, after the query row.
+* ``AttentionMask.apply`` → :func:`attention_mask`: -inf past the sequence's seqlen_k and, causal,
+  after the query row's diagonal (j > i + causal_offset).
 * ``OnlineSoftmax`` → :func:`online_softmax_update`, :func:`online_softmax_rescale`,
   :func:`online_softmax_finalize`; ``row_max`` is the maximum of S · softmax_scale_log2 (log2 units
   of the scaled scores), ``row_sum`` the sum of P in the same frame.
@@ -35,6 +42,12 @@ Block ranges: every consumer visits the CTA's [0, n_block_max) blocks, as the lo
 the blocks below its own ``n_block_max - n_masked_blocks`` are seen in full by all its rows and skip
 the mask; the causal diagonal, the ragged last block and blocks past its own causal range are masked.
 Block 0 is peeled (it starts the pipeline) and always masked, which costs one masked block per tile.
+A tile whose rows see no key (bottom-right with Sq > Sk, or a cache length of 0) still loads and
+masks block 0: the pipeline needs one block, and the mask makes it O = 0, lse = -inf.
+
+The problem features are constexprs (``GQA``, ``BOTTOM_RIGHT``, ``HAS_CACHE_SEQLENS``), so with
+them off the kernel is the plain one: the KV head is the head, the causal offset a constant 0, Sk
+the argument, and no count is clamped.
 
 ``FP8`` (``gluon/fp8``, ``triton_impl/gluon/fp8.py``) switches the same kernel to e4m3 operands:
 the V ring holds Vᵀ tiles (D × BLOCK_N, read K-major as fp8 wgmma requires), each consumer folds its
@@ -103,19 +116,55 @@ def _as_box(tile):
 
 
 # ----------------------------------------------------------------------------------------------
+# kv_head and SeqlenInfo
+# ----------------------------------------------------------------------------------------------
+@gluon.jit
+def kv_head_index(head, heads, kv_heads):
+    """GQA: the KV head query head ``head`` reads (groups of heads // kv_heads query heads)."""
+    return head // (heads // kv_heads)
+
+
+@gluon.jit
+def seqlen_info(
+    CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS: gl.constexpr, BOTTOM_RIGHT: gl.constexpr
+):  # fmt: skip
+    """SeqlenInfo of sequence ``batch``: ``(seqlen_k, causal_offset)``, see the module docstring."""
+    if HAS_CACHE_SEQLENS:
+        # Clamped, so that a bad length cannot make the load warp read past the padded cache.
+        seqlen_k = gl.minimum(gl.maximum(gl.load(CacheSeqlens + batch), 0), seqlen_k)
+    causal_offset = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+    return seqlen_k, causal_offset
+
+
+# ----------------------------------------------------------------------------------------------
 # BlockRange
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
-def block_range(start_m, seqlen_k, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+def block_range(
+    start_m,
+    seqlen_k,
+    causal_offset,
+    CAUSAL: gl.constexpr,
+    BOTTOM_RIGHT: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+):
     """BlockRange of the BLOCK_M query rows from ``start_m``: ``(n_block_min, n_block_max, n_masked_blocks)``.
 
     Takes the first row rather than Triton's ``m_block``: a consumer's rows start at the CTA's
-    ``start_m`` plus its own offset."""
+    ``start_m`` plus its own offset. ``BOTTOM_RIGHT``: ``causal_offset`` may be negative, so rows
+    may see no key and the counts are clamped at 0 (an empty range); top-left needs no clamp."""
     n_full = seqlen_k // BLOCK_N
     if CAUSAL:
-        # Block n is unmasked for every row when its last key (n + 1) · BLOCK_N - 1 <= start_m.
-        n_unmasked = gl.minimum((start_m + 1) // BLOCK_N, n_full)
-        n_block_max = (gl.minimum(start_m + BLOCK_M, seqlen_k) + BLOCK_N - 1) // BLOCK_N
+        # Row i sees keys j <= i + causal_offset. Block n is unmasked for every row when its last key
+        # (n + 1) · BLOCK_N - 1 <= start_m + causal_offset; the last row bounds the blocks to load.
+        first_row_keys = start_m + causal_offset + 1
+        last_key_end = gl.minimum(start_m + BLOCK_M + causal_offset, seqlen_k)
+        if BOTTOM_RIGHT:
+            first_row_keys = gl.maximum(first_row_keys, 0)
+            last_key_end = gl.maximum(last_key_end, 0)
+        n_unmasked = gl.minimum(first_row_keys // BLOCK_N, n_full)
+        n_block_max = (last_key_end + BLOCK_N - 1) // BLOCK_N
     else:
         n_unmasked = n_full
         n_block_max = (seqlen_k + BLOCK_N - 1) // BLOCK_N
@@ -131,7 +180,7 @@ def _load_partition(operands, NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
     desc_q, desc_k, desc_v, _ = descs
     q_smem, k_ring, v_ring = smem
     q_ready, k_ready, v_ready, k_empty, v_empty = barriers
-    batch, head, start_m, n_block_max = coords
+    batch, head, kv_head, start_m, n_block_max = coords
     BLOCK_N: gl.constexpr = k_ring.shape[1]
 
     # One Q tile per consumer warpgroup, each with its own barrier.
@@ -147,11 +196,12 @@ def _load_partition(operands, NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
         start_n = n_block * BLOCK_N
         mbarrier.wait(k_empty.index(stage), empty_phase)
         mbarrier.expect(k_ready.index(stage), desc_k.block_type.nbytes)
-        _tma_load(desc_k, [batch, head, start_n, 0], k_ready.index(stage), _as_box(k_ring.index(stage)))
+        # GQA: K and V of the KV head this query head reads, straight from its (B, Hkv, Sk, D) tensor.
+        _tma_load(desc_k, [batch, kv_head, start_n, 0], k_ready.index(stage), _as_box(k_ring.index(stage)))
         mbarrier.wait(v_empty.index(stage), empty_phase)
         mbarrier.expect(v_ready.index(stage), desc_v.block_type.nbytes)
         # FP8 reads Vᵀ (B, H, D, Sk): its key block is a column block.
-        v_coords = [batch, head, 0, start_n] if FP8 else [batch, head, start_n, 0]
+        v_coords = [batch, kv_head, 0, start_n] if FP8 else [batch, kv_head, start_n, 0]
         _tma_load(desc_v, v_coords, v_ready.index(stage), _as_box(v_ring.index(stage)))
 
 
@@ -159,16 +209,17 @@ def _load_partition(operands, NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
 # AttentionMask
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
-def attention_mask(S, offs_m, start_n, seqlen_k, CAUSAL: gl.constexpr):
+def attention_mask(S, offs_m, start_n, seqlen_k, causal_offset, CAUSAL: gl.constexpr):
     """AttentionMask.apply: S (query rows ``offs_m``, keys from ``start_n``) with -inf where the key
-    is past ``seqlen_k`` or, causal, after the query row. Apply it to scaled scores: scaling after it
+    is past ``seqlen_k`` or, causal, after the query row's diagonal (j > i + causal_offset; both from
+    :func:`seqlen_info`). Apply it to scaled scores: scaling after it
     would give -inf · 0 = NaN for softmax_scale = 0. Takes the first key rather than Triton's
     ``offs_n``: the key offsets are built here, in S's own layout."""
     BLOCK_N: gl.constexpr = S.shape[1]
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S.type.layout))
     visible = offs_n[None, :] < seqlen_k
     if CAUSAL:
-        visible = visible & (offs_n[None, :] <= offs_m[:, None])
+        visible = visible & (offs_n[None, :] <= offs_m[:, None] + causal_offset)
     return gl.where(visible, S, float("-inf"))
 
 
@@ -238,8 +289,9 @@ def online_softmax_rescale(acc, alpha):
 @gluon.jit
 def online_softmax_finalize(acc, row_max, row_sum, FP8: gl.constexpr):
     """OnlineSoftmax.finalize: ``(O, lse)`` with O = acc / row_sum and the natural-log
-    lse = (row_max + log2(row_sum)) · ln 2. A row that saw no key (only rows past Sq) gets O = 0
-    and lse = -inf. FP8's row_sum carries the 2^P_EXPONENT of P, taken off the lse."""
+    lse = (row_max + log2(row_sum)) · ln 2. A row that saw no key (rows past Sq, before the
+    bottom-right diagonal, or of a sequence of no keys) gets O = 0 and lse = -inf. FP8's row_sum
+    carries the 2^P_EXPONENT of P, taken off the lse."""
     has_keys = row_sum > 0.0
     inv_sum = gl.where(has_keys, 1.0 / row_sum, 0.0)
     out = online_softmax_rescale(acc, inv_sum)
@@ -432,7 +484,8 @@ def _pipelined_step(carry, n_block, MASKED: gl.constexpr, step_args, step_consta
     carried ``alpha`` already includes s_v(n-2) / s_v(n-1) (``_fp8_rescale_factor``), so one FFMA per
     element, acc · alpha + P V, both rescales O and adds the block: multiplying the product by its
     scale and O by alpha separately took a second pass over O's 64 registers per block."""
-    smem, barriers, turn, offs_m, seqlen_k, softmax_scale_log2, fp8_scales = step_args
+    smem, barriers, turn, offs_m, seqlen, softmax_scale_log2, fp8_scales = step_args
+    seqlen_k, causal_offset = seqlen
     s_layout: gl.constexpr = step_constants[0]
     p_layout: gl.constexpr = step_constants[1]
     NUM_STAGES: gl.constexpr = step_constants[2]
@@ -470,7 +523,7 @@ def _pipelined_step(carry, n_block, MASKED: gl.constexpr, step_args, step_consta
     # wgmmas retire in order: waiting until one is in flight retires S_n, leaves P V running.
     S = warpgroup_mma_wait(0 if FP8_MASKED else 1, deps=[s_token])
     if MASKED:
-        S = attention_mask(S * softmax_scale_log2, offs_m, n_block * BLOCK_N, seqlen_k, CAUSAL)
+        S = attention_mask(S * softmax_scale_log2, offs_m, n_block * BLOCK_N, seqlen_k, causal_offset, CAUSAL)
     P_f32, alpha_n, row_max, row_sum = online_softmax_update(
         S, row_max, row_sum, softmax_scale_log2, MASKED, MASKED, FP8, ROW_TREE
     )
@@ -500,13 +553,14 @@ def _softmax_partition(
     coords,
     LSE,
     seqlen_q,
-    seqlen_k,
+    seqlen,
     softmax_scale_log2,
     scales,
     s_layout: gl.constexpr,
     o_layout: gl.constexpr,
     NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
+    BOTTOM_RIGHT: gl.constexpr,
     PINGPONG: gl.constexpr,
     HANDS_FIRST_TURN: gl.constexpr,
     FP8: gl.constexpr,
@@ -520,12 +574,15 @@ def _softmax_partition(
     one's softmax runs under the others' GEMMs. O leaves through ``o_smem`` (the Q buffer itself
     for fp16/bf16; FP8 writes bf16 O, twice the bytes of its e4m3 Q tile, through its own buffer).
 
-    FP8 (``scales``: the (B, H, blocks) fp32 scales of Q, K, V and the block counts): this
-    warpgroup's 64 rows lie in one Q quantisation block, whose scale joins the softmax scale."""
+    ``seqlen``: this sequence's ``(seqlen_k, causal_offset)`` (:func:`seqlen_info`).
+    FP8 (``scales``: the fp32 scales of Q (B, H, blocks), K and V (B, Hkv, blocks) and the block
+    counts): this warpgroup's 64 rows lie in one Q quantisation block, whose scale joins the softmax
+    scale; K's and V's scales are those of the KV head (``kv_batch_head`` = batch · Hkv + kv_head)."""
     desc_o = descs[3]
     q_smem, k_ring, v_ring = smem
     q_ready, k_ready, v_ready, k_empty, _ = barriers
-    batch, head, start_m, n_block_max, batch_head = coords
+    batch, head, start_m, n_block_max, batch_head, kv_batch_head = coords
+    seqlen_k, causal_offset = seqlen
     BLOCK_M: gl.constexpr = q_smem.shape[0]
     BLOCK_N: gl.constexpr = k_ring.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[1]
@@ -535,13 +592,15 @@ def _softmax_partition(
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
     # This warpgroup's unmasked blocks; it visits the CTA's n_block_max blocks, as the load warp
     # loads them (blocks past its own causal range are masked out in full).
-    _, n_block_max_own, n_masked_blocks = block_range(start_m, seqlen_k, CAUSAL, BLOCK_M, BLOCK_N)
+    _, n_block_max_own, n_masked_blocks = block_range(
+        start_m, seqlen_k, causal_offset, CAUSAL, BOTTOM_RIGHT, BLOCK_M, BLOCK_N
+    )
     n_unmasked = n_block_max_own - n_masked_blocks
     if HANDS_FIRST_TURN:
         _pass_turn(turn, PINGPONG)
     if FP8:
         Q_SCALE, K_SCALE, V_SCALE, q_blocks, kv_blocks = scales
-        fp8_scales = (K_SCALE + batch_head * kv_blocks, V_SCALE + batch_head * kv_blocks)
+        fp8_scales = (K_SCALE + kv_batch_head * kv_blocks, V_SCALE + kv_batch_head * kv_blocks)
         # The CTA's last consumer may start past Sq (its rows are never stored): clamp to the last block.
         q_block = gl.minimum(start_m // Q_QUANT_BLOCK, q_blocks - 1)
         softmax_scale_log2 = softmax_scale_log2 * gl.load(Q_SCALE + batch_head * q_blocks + q_block)
@@ -561,7 +620,7 @@ def _softmax_partition(
     _pass_turn(turn, PINGPONG)
     S = warpgroup_mma_wait(0, deps=[s_token])
     mbarrier.arrive(k_empty.index(0), count=1)
-    S = attention_mask(S * first_scale_log2, offs_m, 0, seqlen_k, CAUSAL)
+    S = attention_mask(S * first_scale_log2, offs_m, 0, seqlen_k, causal_offset, CAUSAL)
     P_f32, alpha, row_max, row_sum = online_softmax_update(
         S, row_max, row_sum, first_scale_log2, True, True, FP8, ROW_TREE
     )
@@ -571,7 +630,7 @@ def _softmax_partition(
     # Blocks every row sees in full, then the causal diagonal and the ragged last block. What every
     # step shares is bound once: tensors in a tuple, layouts and flags in a constexpr tuple.
     carry = (acc, P, alpha, row_max, row_sum)
-    step_args = (smem, barriers, turn, offs_m, seqlen_k, softmax_scale_log2, fp8_scales)
+    step_args = (smem, barriers, turn, offs_m, seqlen, softmax_scale_log2, fp8_scales)
     step_constants: gl.constexpr = (s_layout, p_layout, NUM_STAGES, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK, ROW_TREE)
     for n_block in range(1, n_unmasked):
         carry = _pipelined_step(carry, n_block, False, step_args, step_constants)
@@ -602,6 +661,7 @@ def _softmax_partition(
     else:
         acc = warpgroup_mma_wait(0, deps=[pv_token])
 
+    # The LSE is (B, H, Sq) contiguous, indexed by the query head (batch_head), not the KV head.
     out, lse = online_softmax_finalize(acc, row_max, row_sum, FP8)
     gl.store(LSE + batch_head.to(gl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
 
@@ -631,11 +691,12 @@ def _consumer(index: gl.constexpr, consumer_args, constants: gl.constexpr):
     Q_QUANT_BLOCK: gl.constexpr = constants[7]
     KV_QUANT_BLOCK: gl.constexpr = constants[8]
     ROW_TREE: gl.constexpr = constants[9]
+    BOTTOM_RIGHT: gl.constexpr = constants[10]
     q_smem, o_smem = io_smem
     k_ring, v_ring = rings
     k_ready, v_ready, k_empty, v_empty = ring_barriers
-    batch, head, start_m, n_block_max, batch_head = tile
-    LSE, seqlen_q, seqlen_k, softmax_scale_log2, scales = shapes
+    batch, head, start_m, n_block_max, batch_head, kv_batch_head = tile
+    LSE, seqlen_q, seqlen, softmax_scale_log2, scales = shapes
     WG_M: gl.constexpr = q_smem.shape[1]
     _softmax_partition(
         descs,
@@ -643,16 +704,17 @@ def _consumer(index: gl.constexpr, consumer_args, constants: gl.constexpr):
         o_smem.index(index),
         (q_ready.index(index), k_ready, v_ready, k_empty, v_empty),
         (turn.index(index), turn.index((index + 1) % NUM_CONSUMERS)),
-        (batch, head, start_m + index * WG_M, n_block_max, batch_head),
+        (batch, head, start_m + index * WG_M, n_block_max, batch_head, kv_batch_head),
         LSE,
         seqlen_q,
-        seqlen_k,
+        seqlen,
         softmax_scale_log2,
         scales,
         s_layout,
         o_layout,
         NUM_STAGES,
         CAUSAL,
+        BOTTOM_RIGHT,
         PINGPONG,
         index == NUM_CONSUMERS - 1,
         FP8,
@@ -676,7 +738,9 @@ def attention_kernel(
     desc_v,
     desc_o,
     LSE,
+    CacheSeqlens,
     heads,
+    kv_heads,
     seqlen_q,
     seqlen_k,
     softmax_scale_log2,
@@ -687,6 +751,9 @@ def attention_kernel(
     kv_blocks,
     NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
+    GQA: gl.constexpr,
+    BOTTOM_RIGHT: gl.constexpr,
+    HAS_CACHE_SEQLENS: gl.constexpr,
     PINGPONG: gl.constexpr,
     NUM_CONSUMERS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
@@ -697,7 +764,9 @@ def attention_kernel(
     num_warps: gl.constexpr,
 ):
     """fp16/bf16, or (FP8) e4m3 Q, K and Vᵀ with fp32 scales per (batch, head, quantisation block)
-    (Q_SCALE etc., None for fp16/bf16) and O in bf16."""
+    (Q_SCALE etc., None for fp16/bf16; K's and V's per KV head) and O in bf16. K and V have
+    ``kv_heads`` heads (``GQA`` when fewer than ``heads``); ``CacheSeqlens`` is the (B,) int32 key
+    lengths (``HAS_CACHE_SEQLENS``, else None); ``LSE`` the (B, H, Sq) fp32 output."""
     # Each consumer warpgroup (num_warps = 4) owns WG_M = 64 query rows: one m64 wgmma per GEMM.
     WG_M: gl.constexpr = desc_q.block_type.shape[2]
     BLOCK_M: gl.constexpr = NUM_CONSUMERS * WG_M
@@ -719,8 +788,15 @@ def attention_kernel(
     batch_head = gl.program_id(1)
     batch = batch_head // heads
     head = batch_head % heads
+    kv_head = kv_head_index(head, heads, kv_heads) if GQA else head
+    kv_batch_head = batch * kv_heads + kv_head if GQA else batch_head
+    seqlen_k, causal_offset = seqlen_info(CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS, BOTTOM_RIGHT)
     start_m = m_block * BLOCK_M
-    _, n_block_max, _ = block_range(start_m, seqlen_k, CAUSAL, BLOCK_M, BLOCK_N)
+    _, n_block_max, _ = block_range(start_m, seqlen_k, causal_offset, CAUSAL, BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
+    if BOTTOM_RIGHT or HAS_CACHE_SEQLENS:
+        # Rows that see no key still take block 0 (loaded, then masked in full): the consumers'
+        # pipeline starts with it, and the mask makes their O 0 and their lse -inf.
+        n_block_max = gl.maximum(n_block_max, 1)
 
     q_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, WG_M, HEAD_DIM], tile_layout)
     k_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
@@ -758,13 +834,14 @@ def attention_kernel(
     descs = (desc_q, desc_k, desc_v, desc_o)
     rings = (k_ring, v_ring)
     ring_barriers = (k_ready, v_ready, k_empty, v_empty)
-    tile = (batch, head, start_m, n_block_max, batch_head)
-    shapes = (LSE, seqlen_q, seqlen_k, softmax_scale_log2, (Q_SCALE, K_SCALE, V_SCALE, q_blocks, kv_blocks))
+    tile = (batch, head, start_m, n_block_max, batch_head, kv_batch_head)
+    seqlen = (seqlen_k, causal_offset)
+    shapes = (LSE, seqlen_q, seqlen, softmax_scale_log2, (Q_SCALE, K_SCALE, V_SCALE, q_blocks, kv_blocks))
     loader = (
         descs,
         (q_smem, k_ring, v_ring),
         (q_ready, k_ready, v_ready, k_empty, v_empty),
-        (batch, head, start_m, n_block_max),
+        (batch, head, kv_head, start_m, n_block_max),
     )
     # What every consumer shares, written once: a constexpr tuple keeps its layouts and flags
     # compile-time values (a plain tuple variable would turn them into tensors).
@@ -780,6 +857,7 @@ def attention_kernel(
         Q_QUANT_BLOCK,
         KV_QUANT_BLOCK,
         ROW_TREE,
+        BOTTOM_RIGHT,
     )
     # The first partition runs in the kernel's own warps; the others are workers with their warp
     # counts and register budgets.

@@ -88,6 +88,8 @@ rescaling, a persistent scheduler).
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import triton
 from triton.experimental.gluon import language as gl
@@ -105,12 +107,19 @@ from common.contract.fp8 import emulate as emulate_quantised
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.contract.validation import kernel_operand, validate_attention_inputs
+from common.contract.validation import kernel_operand
 from common.measure.toolchain import release_configs
 from triton_impl._host import LOG2_E
 from triton_impl.fp8 import DEFAULT_QUANTISATION, INPUT_DTYPES
 from triton_impl.gluon import hopper
-from triton_impl.gluon.hopper import CONSUMER_ROWS, GluonConfig, descriptor_type, gluon_supported
+from triton_impl.gluon.hopper import (
+    CONSUMER_ROWS,
+    GluonConfig,
+    descriptor_type,
+    feature_arguments,
+    gluon_supported,
+    validate_gluon_inputs,
+)
 
 RUNG = "gluon/fp8"
 FP8_DTYPE = gl.float8e4nv
@@ -154,9 +163,16 @@ def check_quantisation_blocks(quantisation: Quantisation, config: GluonConfig) -
 
 class GluonFp8Attention:
     """Prepared launch over quantised operands: descriptors, Vᵀ, O (bf16) and lse built once;
-    calling it launches and returns O."""
+    calling it launches and returns O, or (O, lse) when the problem returns the LSE. K, V and their
+    scales have the KV heads' shape (B, Hkv, ...), quantised as given (per KV head)."""
 
-    def __init__(self, operands: QuantisedOperands, problem: Problem, config: GluonConfig):
+    def __init__(
+        self,
+        operands: QuantisedOperands,
+        problem: Problem,
+        config: GluonConfig,
+        cache_seqlens: torch.Tensor | None = None,
+    ):
         batch, heads, seqlen_q, head_dim = operands.q8.shape
         quantisation = operands.quantisation
         check_quantisation_blocks(quantisation, config)
@@ -165,6 +181,7 @@ class GluonFp8Attention:
         self.operands = operands
         # Vᵀ padded with zeros to whole key blocks, so that no V tile reads past its tensor.
         self.vt8 = value_operand(operands.v8, key_multiple=config.block_n)
+        self.return_lse = problem.return_lse
         self.out = torch.empty(operands.q8.shape, device=operands.q8.device, dtype=OUTPUT_DTYPE)
         self.lse = torch.empty((batch, heads, seqlen_q), device=operands.q8.device, dtype=torch.float32)
         self._args = (
@@ -173,7 +190,9 @@ class GluonFp8Attention:
             hopper._descriptor(self.vt8, head_dim, FP8_DTYPE, box_cols=config.block_n),
             hopper._descriptor(self.out, CONSUMER_ROWS, hopper.GLUON_DTYPES[OUTPUT_DTYPE]),
             self.lse,
+            cache_seqlens,
             heads,
+            problem.kv_heads,
             seqlen_q,
             problem.seqlen_k,
             problem.scale * LOG2_E,
@@ -185,30 +204,21 @@ class GluonFp8Attention:
         )
         quant_blocks = (quantisation.q_block_rows, quantisation.kv_block_rows)
         self._options = {
-            **hopper.launch_constexprs(config, problem.causal, quant_blocks),
+            **hopper.launch_constexprs(config, problem, quant_blocks),
             "num_warps": config.num_warps,
             "maxnreg": config.maxnreg,
         }
         self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
 
-    def __call__(self) -> torch.Tensor:
+    def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         hopper.attention_kernel[self._grid](*self._args, **self._options)
-        return self.out
+        return (self.out, self.lse) if self.return_lse else self.out
 
 
-def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Problem:
-    checked = validate_attention_inputs(
-        q,
-        k,
-        v,
-        causal=problem.causal,
-        softmax_scale=problem.softmax_scale,
-        dtypes=INPUT_DTYPES,
-        head_dims=hopper.HEAD_DIMS,
-    )
-    if checked.scale < 0:
-        raise ValueError(f"softmax_scale must be >= 0 for {RUNG}, got {checked.scale}")
-    return checked
+def _validate(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, cache_seqlens: torch.Tensor | None = None
+) -> Problem:
+    return validate_gluon_inputs(q, k, v, problem, INPUT_DTYPES, RUNG, cache_seqlens)
 
 
 def _quantised(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, quantisation: Quantisation) -> QuantisedOperands:
@@ -221,10 +231,13 @@ def bind(
     v: torch.Tensor,
     problem: Problem,
     quantisation: Quantisation = DEFAULT_QUANTISATION,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> GluonFp8Attention:
     """Quantise validated q, k, v (per call: the values change) and build the descriptors at the
     default configuration; no launch."""
-    return GluonFp8Attention(_quantised(q, k, v, quantisation), problem, default_config(problem))
+    operands = _quantised(q, k, v, quantisation)
+    return GluonFp8Attention(operands, problem, default_config(problem), cache_seqlens)
 
 
 def prepare(
@@ -233,10 +246,12 @@ def prepare(
     v: torch.Tensor,
     problem: Problem,
     quantisation: Quantisation = DEFAULT_QUANTISATION,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> Runner:
     """Validate, quantise (``quantisation``: ``common.contract.fp8.VARIANTS``), bind, warm up; run() is the kernel."""
-    checked = _validate(q, k, v, problem)
-    return warmed_up(bind(q, k, v, checked, quantisation), q.device)
+    checked = _validate(q, k, v, problem, cache_seqlens)
+    return warmed_up(bind(q, k, v, checked, quantisation, cache_seqlens=cache_seqlens), q.device)
 
 
 def prepare_end_to_end(
@@ -245,9 +260,12 @@ def prepare_end_to_end(
     v: torch.Tensor,
     problem: Problem,
     quantisation: Quantisation = DEFAULT_QUANTISATION,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> Runner:
     """Like ``prepare``, but every run() quantises, rotates and launches: the per-call cost of fp8."""
-    return end_to_end_runner(bind, q, k, v, _validate(q, k, v, problem), quantisation)
+    checked = _validate(q, k, v, problem, cache_seqlens)
+    return end_to_end_runner(partial(bind, cache_seqlens=cache_seqlens), q, k, v, checked, quantisation)
 
 
 def emulate(
@@ -256,11 +274,13 @@ def emulate(
     v: torch.Tensor,
     problem: Problem,
     quantisation: Quantisation = DEFAULT_QUANTISATION,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> Emulation:
     """The fp64 emulation this rung is judged against: the same quantisation, key blocks of the
     default configuration visited first to last (every consumer walks its blocks upwards)."""
     order = KernelOrder(block_n=default_config(problem).block_n, reverse=False)
-    return emulate_quantised(_quantised(q, k, v, quantisation), problem, order)
+    return emulate_quantised(_quantised(q, k, v, quantisation), problem, order, cache_seqlens=cache_seqlens)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,6 +298,7 @@ def compile_sm90(
     """The kernel for sm_90a at the default configuration of this head dim (no GPU needed)."""
     config = config or default_config(problem)
     check_quantisation_blocks(quantisation, config)
+    feature_types, feature_values = feature_arguments(problem)
     head_dim = problem.head_dim
     q_type = descriptor_type(torch.float8_e4m3fn, CONSUMER_ROWS, head_dim)
     signature = {
@@ -287,6 +308,7 @@ def compile_sm90(
         "desc_o": descriptor_type(OUTPUT_DTYPE, CONSUMER_ROWS, head_dim),
         "LSE": "*fp32",
         "heads": "i32",
+        **feature_types,
         "seqlen_q": "i32",
         "seqlen_k": "i32",
         "softmax_scale_log2": "fp32",
@@ -297,7 +319,11 @@ def compile_sm90(
         "kv_blocks": "i32",
     }
     quant_blocks = (quantisation.q_block_rows, quantisation.kv_block_rows)
-    constexprs = {**hopper.launch_constexprs(config, problem.causal, quant_blocks), "num_warps": config.num_warps}
+    constexprs = {
+        **feature_values,
+        **hopper.launch_constexprs(config, problem, quant_blocks),
+        "num_warps": config.num_warps,
+    }
     return [hopper.compile_kernel_sm90(signature, constexprs, config)]
 
 

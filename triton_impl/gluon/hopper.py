@@ -78,7 +78,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import mangle_type
 
-from common.contract.capability import check_features
+from common.contract.capability import FEATURES, check_features
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.contract.validation import kernel_operand, validate_attention_inputs
@@ -148,12 +148,16 @@ FP16_SCALES = (None,) * 5
 SCALE_ARGS = ("Q_SCALE", "K_SCALE", "V_SCALE", "q_blocks", "kv_blocks")
 
 
-def launch_constexprs(config: GluonConfig, causal: bool, quant_blocks: tuple[int, int] | None = None) -> dict:
-    """The kernel's constexprs but num_warps; ``quant_blocks`` (FP8): the Q and K/V quantisation block rows."""
+def launch_constexprs(config: GluonConfig, problem: Problem, quant_blocks: tuple[int, int] | None = None) -> dict:
+    """The kernel's constexprs but num_warps; ``quant_blocks`` (FP8): the Q and K/V quantisation block
+    rows. The problem features are flags, so a problem without them compiles the plain kernel."""
     q_rows, kv_rows = quant_blocks or (1, 1)
     return {
         "NUM_STAGES": config.num_stages,
-        "CAUSAL": causal,
+        "CAUSAL": problem.causal,
+        "GQA": problem.kv_heads != problem.heads,
+        "BOTTOM_RIGHT": problem.bottom_right,
+        "HAS_CACHE_SEQLENS": problem.has_cache_seqlens,
         "PINGPONG": config.pingpong,
         "NUM_CONSUMERS": config.consumers,
         "CONSUMER_REGS": config.consumer_registers,
@@ -173,11 +177,24 @@ def _descriptor(tensor: torch.Tensor, box_rows: int, dtype: gl.dtype, box_cols: 
 
 
 class GluonAttention:
-    """Prepared launch: descriptors, O and lse built once; calling it launches and returns O."""
+    """Prepared launch: descriptors, O and lse built once; calling it launches and returns O, or
+    (O, lse) when the problem returns the LSE (the kernel writes lse either way).
 
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, config: GluonConfig):
+    k and v are (B, Hkv, Sk, D): their descriptors cover the KV heads only, and the kernel's TMA
+    coordinates name the KV head. ``cache_seqlens`` is read by the kernel at every launch."""
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        problem: Problem,
+        config: GluonConfig,
+        cache_seqlens: torch.Tensor | None = None,
+    ):
         batch, heads, seqlen_q, _ = q.shape
         dtype = GLUON_DTYPES[q.dtype]
+        self.return_lse = problem.return_lse
         self.out = torch.empty_like(q)
         self.lse = torch.empty((batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
         self._args = (
@@ -186,50 +203,82 @@ class GluonAttention:
             _descriptor(v, config.block_n, dtype),
             _descriptor(self.out, CONSUMER_ROWS, dtype),
             self.lse,
+            cache_seqlens,
             heads,
+            problem.kv_heads,
             seqlen_q,
             problem.seqlen_k,
             problem.scale * LOG2_E,
             *FP16_SCALES,
         )
         self._options = {
-            **launch_constexprs(config, problem.causal),
+            **launch_constexprs(config, problem),
             "num_warps": config.num_warps,
             "maxnreg": config.maxnreg,
         }
         self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
 
-    def __call__(self) -> torch.Tensor:
+    def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         attention_kernel[self._grid](*self._args, **self._options)
-        return self.out
+        return (self.out, self.lse) if self.return_lse else self.out
 
 
-def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Problem:
+def validate_gluon_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    dtypes: tuple[torch.dtype, ...],
+    rung: str,
+    cache_seqlens: torch.Tensor | None = None,
+) -> Problem:
+    """Inputs of both Gluon rungs, with every problem feature (GQA, both alignments, cache_seqlens, lse)."""
+    if problem.has_cache_seqlens != (cache_seqlens is not None):
+        raise ValueError(
+            f"{rung}: cache_seqlens must be given exactly when the problem has per-sequence lengths: "
+            f"has_cache_seqlens={problem.has_cache_seqlens}, got cache_seqlens={cache_seqlens!r}"
+        )
     checked = validate_attention_inputs(
-        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, dtypes=DTYPES, head_dims=HEAD_DIMS
+        q,
+        k,
+        v,
+        causal=problem.causal,
+        softmax_scale=problem.softmax_scale,
+        causal_alignment=problem.causal_alignment,
+        cache_seqlens=cache_seqlens,
+        return_lse=problem.return_lse,
+        allow_gqa=True,
+        dtypes=dtypes,
+        head_dims=HEAD_DIMS,
     )
     if checked.scale < 0:
-        raise ValueError(f"softmax_scale must be >= 0 for gluon/hopper, got {checked.scale}")
+        raise ValueError(f"softmax_scale must be >= 0 for {rung}, got {checked.scale}")
     return checked
 
 
-def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> GluonAttention:
+def bind(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> GluonAttention:
     """Descriptors, O and lse for validated q, k, v at the default configuration; no launch."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
-    return GluonAttention(q, k, v, problem, DEFAULT_CONFIGS[problem.head_dim])
+    return GluonAttention(q, k, v, problem, DEFAULT_CONFIGS[problem.head_dim], cache_seqlens)
 
 
-def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+def prepare(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
     """Validate, bind at the default configuration, and compile by one warm-up launch."""
-    return warmed_up(bind(q, k, v, _validate(q, k, v, problem)), q.device)
+    checked = validate_gluon_inputs(q, k, v, problem, DTYPES, "gluon/hopper", cache_seqlens)
+    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
 
 
 # ----------------------------------------------------------------------------------------------
 # Capability check and static compile
 # ----------------------------------------------------------------------------------------------
 def gluon_supported(problem: Problem, device: torch.device, rung: str) -> tuple[bool, str]:
-    """Device, head-dim, feature and scale checks of both Gluon rungs (after their own dtype check)."""
-    ok, reason = check_features(rung, problem)
+    """Device, head-dim, feature and scale checks of both Gluon rungs (after their own dtype check).
+    Both implement every problem feature (GQA, both causal alignments, cache_seqlens, the LSE)."""
+    ok, reason = check_features(rung, problem, FEATURES)
     if not ok:
         return ok, reason
     if problem.head_dim not in HEAD_DIMS:
@@ -258,6 +307,14 @@ def descriptor_type(dtype: torch.dtype, box_rows: int, head_dim: int, box_cols: 
     return mangle_type(_descriptor(sample, box_rows, gluon_dtype))
 
 
+def feature_arguments(problem: Problem) -> tuple[dict[str, str], dict[str, object]]:
+    """Signature types and constexpr values of the feature arguments for a static compile, as a
+    launch passes them: ``CacheSeqlens`` an int32 pointer, or None without per-sequence lengths."""
+    if problem.has_cache_seqlens:
+        return {"CacheSeqlens": "*i32", "kv_heads": "i32"}, {}
+    return {"CacheSeqlens": "constexpr", "kv_heads": "i32"}, {"CacheSeqlens": None}
+
+
 def compile_kernel_sm90(
     signature: dict[str, str], constexprs: dict[str, object], config: GluonConfig, kernel: object = attention_kernel
 ) -> KernelBinary:
@@ -275,6 +332,7 @@ def compile_sm90(problem: Problem, config: GluonConfig | None = None) -> list[Ke
     config = config or DEFAULT_CONFIGS[problem.head_dim]
     q_type = descriptor_type(problem.dtype, CONSUMER_ROWS, problem.head_dim)
     kv_type = descriptor_type(problem.dtype, config.block_n, problem.head_dim)
+    feature_types, feature_values = feature_arguments(problem)
     signature = {
         "desc_q": q_type,
         "desc_k": kv_type,
@@ -282,6 +340,7 @@ def compile_sm90(problem: Problem, config: GluonConfig | None = None) -> list[Ke
         "desc_o": q_type,
         "LSE": "*fp32",
         "heads": "i32",
+        **feature_types,
         "seqlen_q": "i32",
         "seqlen_k": "i32",
         "softmax_scale_log2": "fp32",
@@ -289,7 +348,8 @@ def compile_sm90(problem: Problem, config: GluonConfig | None = None) -> list[Ke
     }
     constexprs = {
         **dict.fromkeys(SCALE_ARGS),
-        **launch_constexprs(config, problem.causal),
+        **feature_values,
+        **launch_constexprs(config, problem),
         "num_warps": config.num_warps,
     }
     return [compile_kernel_sm90(signature, constexprs, config)]
