@@ -8,6 +8,7 @@ distance between transformers' own eager and SDPA paths on the same input.
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from tests.conftest import HAS_CUDA
 transformers = pytest.importorskip("transformers")
 
 from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache, LlamaConfig  # noqa: E402
-from transformers.masking_utils import AttentionMaskInterface  # noqa: E402
+from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, sdpa_mask  # noqa: E402
 
 from common.contract.api import attention  # noqa: E402
 from common.integrations.transformers import (  # noqa: E402
@@ -229,6 +230,23 @@ def test_mask_pattern_reads_cache_lengths():
     window = (keys <= rows + 5) & (keys > rows + 2)  # a sliding window of 3 keys
     with pytest.raises(ValueError, match="not one the API can express"):
         mask_pattern(window.expand(2, seqlen_q, seqlen_k)[:, None], 2, seqlen_q, seqlen_k)
+
+
+@pytest.mark.skipif(
+    "q_length" not in inspect.signature(sdpa_mask).parameters,
+    reason="this transformers passes cache_position, not q_length",
+)
+def test_mask_function_skips_plain_causal_without_building_it():
+    ones = torch.ones(2, 8, dtype=torch.bool)
+    sizes = dict(batch_size=2, kv_offset=0, mask_function=causal_mask_function, device="cpu")
+    assert ladder_mask(q_length=8, kv_length=8, q_offset=0, attention_mask=ones, **sizes) is None  # prefill
+    assert ladder_mask(q_length=3, kv_length=8, q_offset=5, attention_mask=ones, **sizes) is None  # chunk
+    assert ladder_mask(q_length=1, kv_length=8, q_offset=7, attention_mask=None, **sizes) is None  # decode
+    # A StaticCache of 16 slots holding 8 tokens: the mask is built (and read as cache_seqlens later).
+    static = ladder_mask(q_length=1, kv_length=16, q_offset=7, attention_mask=ones, **sizes)
+    assert static.shape == (2, 1, 1, 16) and static.sum().item() == 16
+    ones[0, 0] = False  # left padding
+    assert ladder_mask(q_length=8, kv_length=8, q_offset=0, attention_mask=ones, **sizes) is not None
 
 
 @pytest.mark.gpu

@@ -39,8 +39,11 @@ and silently drops the padding mask. So the same name is also registered as a ma
   (no padding, no window, no packed sequences, no custom mask function): ``kv_offset == 0``,
   ``q_offset + Sq == Sk`` (an empty cache for a prefill, a DynamicCache for chunked prefill and
   decode) and a 2D attention mask of all ones (or none). It decides this without building the
-  mask. In every other case it builds transformers' own boolean mask (``sdpa_mask`` with the skips
-  off) and returns ``None`` if that mask equals the bottom-right causal mask, else the mask itself.
+  mask where transformers passes ``q_length``/``q_offset`` (5.10 and later; 5.0 passes
+  ``cache_position`` instead and always takes the next path: correct, but it builds the mask once
+  per forward). In every other case it builds transformers' own boolean mask (``sdpa_mask`` with
+  the skips off) and returns ``None`` if that mask equals the bottom-right causal mask, else the
+  mask itself.
 * The attention function, given ``attention_mask=None``, applies ``is_causal`` (the kwarg if
   transformers passes one, else ``module.is_causal``, else True) like SDPA does. A causal call maps
   to ``causal=True`` with ``causal_alignment="bottom_right"`` when Sq < Sk (chunked prefill against
@@ -59,6 +62,9 @@ and silently drops the padding mask. So the same name is also registered as a ma
 
 Batched generation therefore needs unpadded prompts of equal length (or batch size 1); for padded
 batches use ``attn_implementation="sdpa"``.
+
+Tested with transformers 5.0.0, 5.10.1 and 5.24.0 (CPU, Triton interpreter, a tiny GQA Llama:
+tests/test_transformers_adapter.py).
 """
 
 from __future__ import annotations
