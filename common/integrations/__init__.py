@@ -1,0 +1,1 @@
+"""Adapters that plug ``common.attention`` into other libraries (optional extras)."""

@@ -1,0 +1,268 @@
+"""The transformers adapter (common/integrations/transformers.py) on a tiny random-weight GQA Llama.
+
+On CPU the Triton rungs run in the interpreter (tests/conftest.py sets TRITON_INTERPRET), in fp32,
+against the same model with ``attn_implementation="sdpa"``; the yardstick for logits is the
+distance between transformers' own eager and SDPA paths on the same input.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import pytest
+import torch
+
+from tests.conftest import HAS_CUDA
+
+transformers = pytest.importorskip("transformers")
+
+from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache, LlamaConfig  # noqa: E402
+from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, sdpa_mask  # noqa: E402
+
+from common.contract.api import attention  # noqa: E402
+from common.integrations.transformers import (  # noqa: E402
+    PREFIX,
+    ladder_mask,
+    make_attention_forward,
+    mask_pattern,
+    register_attention_implementations,
+)
+
+# One worker builds the models and registers the implementations once for the whole module.
+pytestmark = pytest.mark.xdist_group("transformers")
+
+CPU_RUNGS = ("triton/naive", "triton/online", "triton/tiled", "triton/pipelined")
+# The fastest rung under the interpreter carries the longer CPU tests.
+FAST_RUNG = "triton/tiled"
+PROMPT = 8
+VOCAB = 128
+
+
+def tiny_config(**changes: object) -> LlamaConfig:
+    """2 layers, 4 query heads over 2 KV heads (GQA), head_dim 32 (the smallest the Triton rungs take)."""
+    settings = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_hidden_layers=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    settings.update(changes)
+    return LlamaConfig(**settings)
+
+
+def with_attention(reference: torch.nn.Module, attn_implementation: str) -> torch.nn.Module:
+    """A copy of ``reference`` (same weights) running ``attn_implementation``. The config is copied:
+    ``from_config`` sets ``_attn_implementation`` on the config it is given, which would switch the
+    reference model too."""
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(reference.config), attn_implementation=attn_implementation)
+    model.load_state_dict(reference.state_dict())
+    return model.to(next(reference.parameters()).device, next(reference.parameters()).dtype).eval()
+
+
+def register_planted(name: str, attention_fn) -> str:
+    """A deliberately wrong adapter registered like the real ones (same mask function)."""
+    full_name = f"ladder-test:{name}"
+    AttentionInterface.register(full_name, make_attention_forward(FAST_RUNG, attention_fn))
+    AttentionMaskInterface.register(full_name, ladder_mask)
+    return full_name
+
+
+def gqa_tiled(q, k, v, **kwargs):
+    """Planted bug: query head h reads KV head h % Hkv (k/v tiled instead of interleaved)."""
+    group = q.shape[1] // k.shape[1]
+    return attention(q, k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1), **kwargs)
+
+
+def top_left_always(q, k, v, **kwargs):
+    """Planted bug: the cache's causal mask aligned top-left (SDPA's is_causal) instead of bottom-right."""
+    return attention(q, k, v, **{**kwargs, "causal_alignment": "top_left"})
+
+
+@pytest.fixture(scope="module")
+def names() -> list[str]:
+    return register_attention_implementations()
+
+
+@pytest.fixture(scope="module")
+def reference() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(tiny_config(), attn_implementation="sdpa").eval()
+
+
+@pytest.fixture(scope="module")
+def prompt() -> torch.Tensor:
+    return torch.randint(3, VOCAB, (2, PROMPT), generator=torch.Generator().manual_seed(1))
+
+
+def logits(model: torch.nn.Module, ids: torch.Tensor, **kwargs) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids, **kwargs).logits
+
+
+@pytest.fixture(scope="module")
+def yardstick(reference, prompt) -> float:
+    """How far transformers' eager path is from its SDPA path on this input (fp32: ~1e-7)."""
+    eager = logits(with_attention(reference, "eager"), prompt)
+    return max((eager - logits(reference, prompt)).abs().max().item(), 1e-7)
+
+
+def chunked_prefill(model: torch.nn.Module, ids: torch.Tensor, split: int) -> torch.Tensor:
+    """Logits of ids[:, split:] computed against a DynamicCache holding ids[:, :split] (Sq < Sk)."""
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids[:, :split], past_key_values=cache, use_cache=True)
+        return model(ids[:, split:], past_key_values=cache, use_cache=True).logits
+
+
+def greedy(model: torch.nn.Module, ids: torch.Tensor, tokens: int, **kwargs) -> torch.Tensor:
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=tokens,
+            min_new_tokens=tokens,
+            do_sample=False,
+            pad_token_id=0,
+            **kwargs,
+        )
+    return out[:, ids.shape[1] :]
+
+
+def test_every_registry_implementation_is_registered(names):
+    from common.contract.registry import discover
+
+    assert names == [PREFIX + implementation.name for implementation in discover(include_baselines=False)[0]]
+    assert "ladder:triton/pipelined" in names and "ladder:cute/hopper" in names
+    for name in names:
+        assert name in AttentionInterface() and name in AttentionMaskInterface()
+    # transformers reads these substrings itself (FlashAttention hub kernels, its SDPA path).
+    with pytest.raises(ValueError, match="flash"):
+        register_attention_implementations(["sdpa/flash"])
+
+
+def test_set_attn_implementation_switches(names, reference):
+    model = with_attention(reference, "sdpa")
+    model.set_attn_implementation(PREFIX + FAST_RUNG)
+    assert model.config._attn_implementation == PREFIX + FAST_RUNG
+    assert reference.config._attn_implementation == "sdpa"  # the reference really is SDPA
+
+
+@pytest.mark.parametrize("impl_name", CPU_RUNGS)
+def test_prefill_logits_match_sdpa(names, reference, prompt, yardstick, impl_name):
+    got = logits(with_attention(reference, PREFIX + impl_name), prompt)
+    distance = (got - logits(reference, prompt)).abs().max().item()
+    assert distance <= 4 * yardstick, f"{impl_name}: {distance:.3g} vs eager-vs-sdpa {yardstick:.3g}"
+
+
+def test_chunked_prefill_is_bottom_right(names, reference, prompt, yardstick):
+    expected = chunked_prefill(reference, prompt, 5)
+    got = chunked_prefill(with_attention(reference, PREFIX + FAST_RUNG), prompt, 5)
+    assert (got - expected).abs().max().item() <= 4 * yardstick
+
+
+@pytest.mark.parametrize("bug", [gqa_tiled, top_left_always], ids=["gqa-tiled", "top-left-cache"])
+def test_planted_bug_is_caught(names, reference, prompt, yardstick, bug):
+    """The comparisons above fail for an adapter that gets the head mapping or the alignment wrong."""
+    planted = with_attention(reference, register_planted(bug.__name__, bug))
+    distance = (chunked_prefill(planted, prompt, 5) - chunked_prefill(reference, prompt, 5)).abs().max().item()
+    assert distance > 1000 * yardstick
+
+
+def test_greedy_generate_matches_sdpa(names, reference, prompt):
+    """generate(): a prefill, then one-token decode steps against a growing DynamicCache."""
+    expected = greedy(reference, prompt[:1], 8)
+    assert torch.equal(greedy(with_attention(reference, PREFIX + FAST_RUNG), prompt[:1], 8), expected)
+
+
+def test_static_cache_maps_to_cache_seqlens(names, reference, prompt):
+    """A StaticCache masks the slots not written yet: read as cache_seqlens, not refused."""
+    expected = greedy(reference, prompt[:1], 3)
+    model = with_attention(reference, PREFIX + FAST_RUNG)
+    assert torch.equal(greedy(model, prompt[:1], 3, cache_implementation="static"), expected)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padding_mask_is_refused(names, reference, prompt, side):
+    mask = torch.ones_like(prompt)
+    if side == "left":
+        mask[0, :3] = 0
+    else:
+        mask[0, -3:] = 0
+    model = with_attention(reference, PREFIX + FAST_RUNG)
+    with pytest.raises(ValueError, match="padding masks"):
+        logits(model, prompt, attention_mask=mask)
+
+
+def test_dropout_and_softcap_are_refused():
+    forward = make_attention_forward(FAST_RUNG)
+    q = torch.zeros(1, 4, 2, 32)
+    kv = torch.zeros(1, 2, 2, 32)
+    with pytest.raises(ValueError, match="dropout"):
+        forward(torch.nn.Module(), q, kv, kv, None, dropout=0.1)
+    with pytest.raises(ValueError, match="softcap"):
+        forward(torch.nn.Module(), q, kv, kv, None, softcap=30.0)
+
+
+def test_mask_pattern_reads_cache_lengths():
+    """Bottom-right causal over a prefix of each sequence's keys -> cache_seqlens; a mask of all keys -> None."""
+    seqlen_q, seqlen_k = 3, 8
+    lengths = torch.tensor([5, 8])
+    keys = torch.arange(seqlen_k)
+    rows = torch.arange(seqlen_q)[:, None]
+    keep = (keys < lengths[:, None, None]) & (keys <= rows + lengths[:, None, None] - seqlen_q)
+    causal, cache_seqlens = mask_pattern(keep[:, None], 2, seqlen_q, seqlen_k)
+    assert causal and cache_seqlens.tolist() == [5, 8] and cache_seqlens.dtype == torch.int32
+    additive = torch.zeros(2, 1, seqlen_q, seqlen_k).masked_fill(~keep[:, None], float("-inf"))
+    assert mask_pattern(additive, 2, seqlen_q, seqlen_k)[1].tolist() == [5, 8]
+    assert mask_pattern(torch.ones(1, 1, seqlen_q, seqlen_k, dtype=torch.bool), 2, seqlen_q, seqlen_k) == (False, None)
+    # Top-left with Sq < Sk never sees the last keys: the same as bottom-right over the first Sq keys
+    # (a StaticCache's prefill).
+    top_left = (keys <= rows).expand(2, seqlen_q, seqlen_k)[:, None]
+    assert mask_pattern(top_left, 2, seqlen_q, seqlen_k)[1].tolist() == [3, 3]
+    window = (keys <= rows + 5) & (keys > rows + 2)  # a sliding window of 3 keys
+    with pytest.raises(ValueError, match="not one the API can express"):
+        mask_pattern(window.expand(2, seqlen_q, seqlen_k)[:, None], 2, seqlen_q, seqlen_k)
+
+
+@pytest.mark.skipif(
+    "q_length" not in inspect.signature(sdpa_mask).parameters,
+    reason="this transformers passes cache_position, not q_length",
+)
+def test_mask_function_skips_plain_causal_without_building_it():
+    ones = torch.ones(2, 8, dtype=torch.bool)
+    sizes = dict(batch_size=2, kv_offset=0, mask_function=causal_mask_function, device="cpu")
+    assert ladder_mask(q_length=8, kv_length=8, q_offset=0, attention_mask=ones, **sizes) is None  # prefill
+    assert ladder_mask(q_length=3, kv_length=8, q_offset=5, attention_mask=ones, **sizes) is None  # chunk
+    assert ladder_mask(q_length=1, kv_length=8, q_offset=7, attention_mask=None, **sizes) is None  # decode
+    # A StaticCache of 16 slots holding 8 tokens: the mask is built (and read as cache_seqlens later).
+    static = ladder_mask(q_length=1, kv_length=16, q_offset=7, attention_mask=ones, **sizes)
+    assert static.shape == (2, 1, 1, 16) and static.sum().item() == 16
+    ones[0, 0] = False  # left padding
+    assert ladder_mask(q_length=8, kv_length=8, q_offset=0, attention_mask=ones, **sizes) is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_bf16_greedy_generate_on_gpu(names):
+    """2-layer bf16 model, 32 greedy tokens equal to SDPA's (a divergence is allowed only at a near tie)."""
+    torch.manual_seed(0)
+    config = tiny_config(
+        hidden_size=256, intermediate_size=512, num_attention_heads=8, num_key_value_heads=2, head_dim=64
+    )
+    reference = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to("cuda", torch.bfloat16).eval()
+    prompt = torch.randint(3, VOCAB, (1, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    expected = greedy(reference, prompt, 32)
+    got = greedy(with_attention(reference, PREFIX + "triton/pipelined"), prompt, 32)
+    if not torch.equal(got, expected):
+        first = int((got != expected).int().argmax())
+        context = torch.cat([prompt, expected[:, :first]], dim=1)
+        top2 = logits(reference, context)[0, -1].float().topk(2).values
+        assert (top2[0] - top2[1]).item() < 0.05, f"diverged at token {first} without a near tie"
