@@ -106,7 +106,7 @@ import functools
 
 import torch
 
-from common.contract.capability import check_features
+from common.contract.capability import FEATURES, check_features
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
 from common.contract.validation import kernel_operand, validate_attention_inputs
@@ -139,12 +139,14 @@ from cute_impl._hopper_device import (
     OnlineSoftmax,
     OutputEpilogue,
     QueryBoxes,
+    SeqlenInfo,
     SharedLayouts,
     TileScheduler,
     WarpgroupGemms,
     WarpgroupTurns,
     add_block_product,
     head_major,
+    kv_head_index,
     load_block,
     one_stage,
     scores_to_operand_a,
@@ -194,6 +196,10 @@ class HopperAttention:
         self.separate_pv = config.fp8
         self.block_scales = config.block_scales
         self.pingpong = config.pingpong
+        # Problem features, all compile time so that the canonical kernel stays as it was.
+        self.gqa = config.gqa
+        self.bottom_right = config.bottom_right
+        self.has_cache_seqlens = config.has_cache_seqlens
 
     # ------------------------------------------------------------------------------------------------
     # Host side: layouts, TMA descriptors, launch
@@ -206,6 +212,7 @@ class HopperAttention:
         mV: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
+        mCacheSeqlens: cute.Tensor | None,
         mQScale: cute.Tensor | None,
         mKScale: cute.Tensor | None,
         mVScale: cute.Tensor | None,
@@ -214,8 +221,10 @@ class HopperAttention:
         sm_count: Int32,
         stream: cuda.CUstream,
     ):
-        """FP8 passes its e4m3 scales as (B, H, blocks) fp32 tensors (one block each when per tensor);
-        16-bit passes None for them."""
+        """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D) (FP8: v as (B, Hkv, D, Sk')), lse (B, H, Sq) fp32;
+        ``mCacheSeqlens`` the (B,) int32 key lengths, None without them. FP8 passes its e4m3 scales
+        as (B, H, blocks) for Q and (B, Hkv, blocks) for K and V, fp32 tensors (one block each when per
+        tensor); 16-bit passes None for them."""
         q_seq, k_seq, o_seq = (sequence_major(t) for t in (mQ, mK, mO))
         v_op = value_operand_view(mV, self.v_transposed)
         LSE, q_scales, k_scales, v_scales = (head_major(t) for t in (mLSE, mQScale, mKScale, mVScale))
@@ -241,8 +250,8 @@ class HopperAttention:
         tiles = TileScheduler.tile_total(self.tile_m, q_seq.shape[0], q_seq.shape[2][0], q_seq.shape[2][1])
         ctas = cutlass.min(tiles, sm_count) if cutlass.const_expr(self.persistent) else tiles
         self.kernel(
-            qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_V, tma_o, tma_O, LSE, q_scales, k_scales,
-            v_scales, softmax_scale_log2, output_scale, smem.q, smem.k, smem.v, smem.o,
+            qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_V, tma_o, tma_O, LSE, mCacheSeqlens, q_scales,
+            k_scales, v_scales, softmax_scale_log2, output_scale, smem.q, smem.k, smem.v, smem.o,
         ).launch(
             grid=[ctas, 1, 1],
             block=[self.threads_per_cta, 1, 1],
@@ -268,6 +277,7 @@ class HopperAttention:
         tma_o: cute.CopyAtom,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
+        mCacheSeqlens: cute.Tensor | None,
         mQScale: cute.Tensor | None,
         mKScale: cute.Tensor | None,
         mVScale: cute.Tensor | None,
@@ -285,9 +295,15 @@ class HopperAttention:
         rows, D, W = ROWS_PER_WARPGROUP, self.head_dim, self.consumer_warpgroups
         scheduler = TileScheduler(self.tile_m, self.causal, seqlen_q, mQ.shape[2][0], mQ.shape[2][1])
         local_tiles = scheduler.local_tile_count()
-        block_range = functools.partial(
-            BlockRange.create, seqlen_k=seqlen_k, tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal
+        seqlen_info = functools.partial(
+            SeqlenInfo.create,
+            seqlen_q=seqlen_q,
+            seqlen_k=seqlen_k,
+            cache_seqlens=mCacheSeqlens,
+            bottom_right=self.bottom_right,
         )
+        block_range = functools.partial(BlockRange.create, tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal)
+        kv_head_batch = functools.partial(self.kv_head_batch, heads=mQ.shape[2][0], kv_heads=mK.shape[2][0])
 
         # ==== Shared memory and barriers ==================================================================
         storage = SmemAllocator().allocate(self.shared_storage)
@@ -317,16 +333,18 @@ class HopperAttention:
                 q_state = QueryBoxes.producer_state()
                 for local_tile in cutlass.range(local_tiles, unroll=1):
                     m_block, bh = scheduler.work_tile(local_tile)
+                    # GQA: K and V boxes come from the query head's KV head, never from a repeated copy.
+                    kv_bh = kv_head_batch(bh)
                     gQ = cute.local_tile(mQ[None, None, bh], (rows, D), (None, 0))  # (64, D, Sq/64)
-                    gK = cute.local_tile(mK[None, None, bh], (self.tile_n, D), (None, 0))  # (tile_n, D, n)
-                    gV = cute.local_tile(mV[None, None, bh], (D, self.tile_n), (0, None))  # (D, tile_n, n)
+                    gK = cute.local_tile(mK[None, None, kv_bh], (self.tile_n, D), (None, 0))  # (tile_n, D, n)
+                    gV = cute.local_tile(mV[None, None, kv_bh], (D, self.tile_n), (0, None))  # (D, tile_n, n)
                     tQsQ, tQgQ = tma_partition(tma_q, sQ, gQ)  # (TMA, warpgroup), (TMA, Sq/64)
                     tKsK, tKgK = tma_partition(tma_k, sK, gK)  # (TMA, stage), (TMA, n)
                     tVsV, tVgV = tma_partition(tma_v, sV, gV)  # (TMA, stage), (TMA, n)
                     for w in cutlass.range_constexpr(W):
                         q_boxes.load(tma_q, tQgQ[None, m_block * W + w], tQsQ[None, w], w, q_state)
                     q_state.advance()
-                    blocks = block_range(m_block)
+                    blocks = block_range(m_block, seqlen_info(bh[1]))
                     for i in cutlass.range(blocks.n_block_max - blocks.n_block_min, unroll=1):
                         n_block = blocks.n_block_max - 1 - i
                         k_producer = load_block(tma_k, tKgK[None, n_block], tKsK, k_producer)
@@ -368,12 +386,13 @@ class HopperAttention:
             turns.start()
             for local_tile in cutlass.range(local_tiles, unroll=1):
                 m_block, bh = scheduler.work_tile(local_tile)
-                blocks = block_range(m_block)
+                seqlen = seqlen_info(bh[1])
+                blocks = block_range(m_block, seqlen)
                 row_start = m_block * self.tile_m + w * rows
                 tile_scale_log2, tile_output_scale, scales = softmax_scale_log2, output_scale, None
                 if cutlass.const_expr(self.fp8):
                     tile_scale_log2, tile_output_scale, scales = descales.for_tile(
-                        softmax_scale_log2, output_scale, m_block * W + w, bh
+                        softmax_scale_log2, output_scale, m_block * W + w, bh, kv_head_batch(bh)
                     )
                 acc_O.fill(0.0)
                 # FP8: P in [0, 2^8] rather than [0, 1] keeps small probabilities out of e4m3's subnormals,
@@ -385,7 +404,7 @@ class HopperAttention:
                     p_exponent_offset=FP8_P_EXPONENT_OFFSET if self.separate_pv else 0.0,
                     rescale_threshold=0.0 if self.separate_pv else RESCALE_THRESHOLD,
                 )
-                mask = AttentionMask(self.tile_n, self.causal, tScS, row_start, seqlen_k)
+                mask = AttentionMask(self.tile_n, self.causal, tScS, row_start, seqlen)
                 first_block = functools.partial(self.first_block, gemms, softmax, scales, mask)
                 masked_block = functools.partial(self.next_block, gemms, softmax, scales, mask)
                 unmasked_block = functools.partial(self.next_block, gemms, softmax, scales, None)
@@ -417,6 +436,13 @@ class HopperAttention:
             if wg_tidx < cute.arch.WARP_SIZE:
                 # The last TMA store must have read shared memory before the CTA exits.
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    def kv_head_batch(self, bh: tuple[Int32, Int32], heads: Int32, kv_heads: Int32) -> tuple[Int32, Int32]:
+        """(KV head, batch) of the tile's (head, batch): what indexes K, V and their FP8 scales."""
+        if cutlass.const_expr(not self.gqa):
+            return bh
+        head, batch = bh
+        return kv_head_index(head, heads, kv_heads), batch
 
     # The three main-loop steps, with their operands bound by functools.partial (``gemms`` once, the
     # tile's softmax, scales and mask per tile). Each takes the pipeline consumers it advances and
@@ -535,28 +561,67 @@ class HopperAttention:
 KERNELS = CompiledKernels(HopperAttention)
 
 
-def validated_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Problem:
-    """The Problem that q, k, v (B, H, S, D) describe, refused with a ValueError where ``supports``
-    would refuse it (dtype, head dim, softmax_scale <= 0, grid size, a device other than sm_90); no
-    GPU work. Shared with ``fp8.py``."""
+def validated_problem(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+    name: str = "cute/hopper",
+    features: tuple[str, ...] = FEATURES,
+) -> Problem:
+    """The Problem that q (B, H, Sq, D), k and v (B, Hkv, Sk, D) describe, refused with a ValueError
+    where ``supports`` would refuse it (dtype, head dim, softmax_scale <= 0, grid size, a device other
+    than sm_90, a problem feature not in ``features``); no GPU work. Shared with ``fp8.py``."""
     checked = validate_attention_inputs(
-        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, dtypes=DTYPES, head_dims=HEAD_DIMS
+        q,
+        k,
+        v,
+        causal=problem.causal,
+        softmax_scale=problem.softmax_scale,
+        causal_alignment=problem.causal_alignment,
+        cache_seqlens=cache_seqlens,
+        return_lse=problem.return_lse,
+        allow_gqa=True,
+        dtypes=DTYPES,
+        head_dims=HEAD_DIMS,
     )
-    for ok, reason in (common_problem_supported(checked), hopper_device_supported(q.device)):
+    checks = (
+        check_features(name, checked, features),
+        common_problem_supported(checked),
+        hopper_device_supported(q.device),
+    )
+    for ok, reason in checks:
         if not ok:
             raise ValueError(reason)
     return checked
 
 
-def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up."""
-    return warmed_up(bind(q, k, v, validated_problem(q, k, v, problem)), q.device)
+def prepare(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
+    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them (compiling on first use), and
+    launch once to warm up."""
+    checked = validated_problem(q, k, v, problem, cache_seqlens=cache_seqlens)
+    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
 
 
-def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+def bind(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
     """The launch-only ``run`` of validated q, k, v at the default configuration (compiled once)."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
-    return KERNELS.launcher(default_config(problem), q, k, v, problem.scale * LOG2_E, 1.0)
+    return KERNELS.launcher(
+        default_config(problem),
+        q,
+        k,
+        v,
+        problem.scale * LOG2_E,
+        1.0,
+        cache_seqlens=cache_seqlens,
+        return_lse=problem.return_lse,
+    )
 
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
@@ -598,7 +663,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
         return ok, reason
     if problem.dtype not in DTYPES:
         return False, f"dtype must be fp16 or bf16, got {problem.dtype_name}"
-    ok, reason = check_features("cute/hopper", problem)
+    ok, reason = check_features("cute/hopper", problem, FEATURES)
     if not ok:
         return ok, reason
     return common_problem_supported(problem)
