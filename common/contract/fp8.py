@@ -74,7 +74,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common.contract.problem import Problem
+from common.contract.problem import Problem, causal_offset
 
 # Largest finite e4m3 value: scales map each group's amax onto it.
 E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max
@@ -313,7 +313,8 @@ def _emulate_rows(
     s_error = mma_error(q, k.T, q.shape[-1]) * scale_log2
     rows = torch.arange(first_row, first_row + q.shape[0], device=q.device)[:, None]
     cols = torch.arange(seqlen_k, device=q.device)[None, :]
-    visible = cols <= rows if problem.causal else torch.ones_like(s, dtype=torch.bool)
+    offset = causal_offset(problem.seqlen_q, problem.seqlen_k, problem.causal_alignment)
+    visible = cols <= rows + offset if problem.causal else torch.ones_like(s, dtype=torch.bool)
     s = s.masked_fill(~visible, -math.inf)
 
     # Running max in the kernel's block order; every key takes the max of its own block's step.
@@ -332,6 +333,8 @@ def _emulate_rows(
     # Undo each step's reference: the kernels' alpha factors, exact here.
     to_final = torch.exp2(key_max - final_max[:, None]).masked_fill(~visible, 0.0)
     row_sum = (p * to_final).sum(dim=-1, keepdim=True)
+    # A row that sees no key (bottom-right, Sq > Sk) has P = 0 throughout: O = 0, not 0 / 0.
+    row_sum = torch.where(row_sum > 0, row_sum, torch.ones_like(row_sum))
     out = ((p8 * to_final) @ v) / row_sum
 
     # Bound (module docstring): score error in log2 units, twice for the running max's own error.
@@ -373,8 +376,10 @@ def emulate(operands: QuantisedOperands, problem: Problem, order: KernelOrder) -
             for start in range(0, problem.seqlen_q, QUERY_CHUNK):
                 stop = min(start + QUERY_CHUNK, problem.seqlen_q)
                 rows = slice(start, stop)
+                # GQA: query head h reads KV head h // (H / Hkv), quantised as given (per KV head).
+                kv_head = problem.kv_head(h)
                 out[b, h, rows], bound[b, h, rows] = _emulate_rows(
-                    q[b, h, rows], k[b, h], v[b, h], start, problem, order
+                    q[b, h, rows], k[b, kv_head], v[b, kv_head], start, problem, order
                 )
     return Emulation(out.to(OUTPUT_DTYPE).double(), bound)
 
