@@ -335,3 +335,106 @@ def test_hopper_reads_strided_views():
     ref = reference_attention(q, k, v, problem)
     err = error_stats(out, ref)
     assert err.rel_l2_err < 1e-2, err.summary()
+
+
+# The masks of the feature tests: (causal, causal_alignment).
+MASKS = {"full": (False, "top_left"), "causal": (True, "top_left"), "causal_bottom_right": (True, "bottom_right")}
+
+
+def _edge_cache_seqlens(batch: int, seqlen_k: int, device: torch.device) -> torch.Tensor:
+    """(B,) int32 key lengths with the edges: a full sequence (Sk), an empty one (0), ragged others."""
+    lengths = [seqlen_k, 0, *(max(1, (seqlen_k * (3 + 2 * i)) // 7) for i in range(batch - 2))]
+    return torch.tensor(lengths[:batch], dtype=torch.int32, device=device)
+
+
+def _feature_problem(seqlens, head_dim, kv_heads, mask, cache_lengths, return_lse=True, batch=3, heads=8):
+    causal, alignment = MASKS[mask]
+    return Problem(
+        batch, heads, *seqlens, head_dim, dtype=torch.bfloat16, causal=causal, kv_heads=kv_heads,
+        causal_alignment=alignment, has_cache_seqlens=cache_lengths, return_lse=return_lse,
+    )  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache_lengths", [False, True], ids=["dense", "cache_seqlens"])
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("seqlens", [(77, 1000), (1000, 77), (333, 333)], ids=str)
+@pytest.mark.parametrize("kv_heads", [1, 4], ids=["mqa", "gqa4"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_hopper_gqa_alignments_cache_seqlens_and_lse(
+    head_dim: int, kv_heads: int, seqlens: tuple[int, int], mask: str, cache_lengths: bool
+):
+    """GQA (8 query heads over 1 or 4 KV heads, each KV head its own values), both causal alignments
+    with Sq != Sk (bottom-right with Sq > Sk leaves rows that see no key: O = 0, LSE = -inf), and
+    per-sequence lengths Sk, 0 and ragged; O against the fp64 reference by the rung's rule and the LSE
+    by the contract's LSE rule, on poisoned outputs."""
+    problem = _feature_problem(seqlens, head_dim, kv_heads, mask, cache_lengths)
+    q, k, v = make_inputs(problem, seed=11, offset=0.5)
+    cache_seqlens = _edge_cache_seqlens(problem.batch, problem.seqlen_k, q.device) if cache_lengths else None
+    assert hopper.supports(problem, q.device)[0]
+    result = check_on_inputs(hopper.IMPLEMENTATION, q, k, v, problem, cache_seqlens=cache_seqlens)
+    assert result.ok, f"{problem.describe()}: {result.summary()}"
+    assert result.lse is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8_operands", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("seqlens", [(77, 1000), (1000, 77), (700, 700)], ids=str)
+def test_persistent_ctas_with_gqa_and_bottom_right(seqlens: tuple[int, int], head_dim: int, fp8_operands: bool):
+    """Three persistent CTAs over dozens of tiles of a GQA bottom-right problem (and, 16-bit, per-sequence
+    lengths): tiles that see no key still run their one fully masked block, so the rings stay in step."""
+    cache_lengths = not fp8_operands
+    problem = _feature_problem(seqlens, head_dim, 1, "causal_bottom_right", cache_lengths, return_lse=False, heads=5)
+    q, k, v = make_inputs(problem, seed=7, offset=0.5)
+    if fp8_operands:
+        quantisation = fp8.DEFAULT_QUANTISATION
+        config = dataclasses.replace(fp8.fp8_config(problem, quantisation), persistent=True)
+        run = fp8.quantised_launcher(config, fp8.quantised(q, k, v, quantisation), problem, sm_count=3)
+        impl, cache_seqlens = fp8.IMPLEMENTATION, None
+    else:
+        cache_seqlens = _edge_cache_seqlens(problem.batch, problem.seqlen_k, q.device)
+        config = dataclasses.replace(hopper.default_config(problem), persistent=True)
+        run = hopper.KERNELS.launcher(
+            config, q, k, v, problem.scale * hopper.LOG2_E, 1.0, sm_count=3, cache_seqlens=cache_seqlens
+        )
+        impl = hopper.IMPLEMENTATION
+    ref = reference_attention(q, k, v, problem, cache_seqlens=cache_seqlens)
+    out = run_poisoned(run)
+    err = error_stats(out, ref)
+    yardstick = sdpa_error(q, k, v, problem, ref, cache_seqlens)
+    ok, reason, _ = judge_output(impl, out, err, (q, k, v), problem, ref, yardstick)
+    assert ok, f"{problem.describe()}: {reason} ({err.summary()})"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("seqlens", [(77, 1000), (1000, 77)], ids=str)
+@pytest.mark.parametrize("kv_heads", [1, 4], ids=["mqa", "gqa4"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fp8_gqa_and_bottom_right_match_the_emulation(
+    head_dim: int, kv_heads: int, seqlens: tuple[int, int], mask: str
+):
+    """cute/fp8 with K and V (and their block scales) read at the KV head, judged by FP8_RULE against
+    the emulation of its own per-KV-head quantisation; both alignments with Sq != Sk."""
+    problem = _feature_problem(seqlens, head_dim, kv_heads, mask, False, return_lse=False)
+    q, k, v = make_inputs(problem, seed=13, offset=0.5)
+    result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
+    assert result.ok, f"{problem.describe()}: {result.summary()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gqa_runs_as_fast_as_mha(causal: bool):
+    """B=2 H=16 S=8192 D=128: 4 KV heads read directly (4 query heads per KV head, consecutive tiles
+    share its K and V in L2) take no longer than 16 KV heads; a kernel that read a repeated copy, or
+    whose tiles of one KV head were far apart, would not."""
+    from common.measure.timing import time_cuda
+
+    times = {}
+    for kv_heads in (16, 4):
+        problem = Problem(2, 16, 8192, 8192, 128, dtype=torch.bfloat16, causal=causal, kv_heads=kv_heads)
+        q, k, v = make_inputs(problem, seed=0)
+        times[kv_heads] = time_cuda(hopper.prepare(q, k, v, problem)).ms
+    print(f"cute/hopper {'causal' if causal else 'full'}: kv_heads=16 {times[16]:.3f} ms, kv_heads=4 {times[4]:.3f} ms")
+    assert times[4] <= 1.05 * times[16], times
