@@ -21,7 +21,9 @@ tile): ``min(tiles, SM count)`` CTAs take the tiles from a ``TileScheduler`` (a 
 so that causal tiles, sorted longest first, even out; a head's tiles are consecutive, so the CTAs
 running together share its K and V in L2).
 
-* warpgroup 0, warp 0: producer. Per tile: Q (n 64-row boxes), then K and V of every key block.
+* warpgroup 0, warp 0: producer. Per tile: Q (n 64-row boxes), then K and V of every key block,
+  at the KV head ``kv_head_index(h)`` = h // (H / Hkv) (GQA/MQA: the TMA boxes' head coordinate; no
+  repeated copy, and the query heads of one KV head are consecutive tiles, so they share it in L2).
   Warps 1-3 give their registers back and exit.
 * warpgroups 1 .. n: consumers; warpgroup ``1 + w`` owns the tile's query rows ``[64 w, 64 w + 64)``.
 
@@ -43,10 +45,13 @@ Pipelines and barriers (producer -> consumer, arrive counts)
 Algorithm (each consumer warpgroup; numbers match the kernel's sections)
 ------------------------------------------------------------------------
 1. Wait for its Q box.
-2. Key blocks from ``n_block_max - 1`` down (``BlockRange``), so the blocks that need a mask come
+2. Key blocks from ``n_block_max - 1`` down (``BlockRange`` from the sequence's ``SeqlenInfo``:
+   its ``seqlen_k``, the ``cache_seqlens`` entry when given, and ``causal_offset``, Sk - Sq when
+   aligned bottom-right, else 0), so the blocks that need a mask come
    first: the top one (sequence tail), the rest of the causal diagonal, then the unmasked rest.
    a. wait K[n];  S = Q Kᵀ (WGMMA, both operands from SMEM, fp32 accumulator in registers)
-   b. masked blocks only (``AttentionMask``): -inf for keys >= Sk and, causal, keys after the row
+   b. masked blocks only (``AttentionMask``): -inf for keys >= seqlen_k and, causal, keys after the
+      row's diagonal (j > i + causal_offset); a tile that sees no key runs one fully masked block
    c. ``OnlineSoftmax.update``: block max (tree + two lane shuffles) times softmax_scale_log2; the
       reference ``row_max`` moves only when that exceeds it by more than ``RESCALE_THRESHOLD`` (lazy
       rescaling; FP8 moves it on any increase). P = exp2(S * scale_log2 - row_max), row_sum, and the
@@ -62,7 +67,9 @@ Algorithm (each consumer warpgroup; numbers match the kernel's sections)
 3. ``OnlineSoftmax.finalize``: O /= row_sum; lse = (row_max + log2(row_sum)) * ln 2.
 4. O -> registers in the output dtype -> ``stmatrix`` into the warpgroup's O box (one CTA per tile:
    the dead Q box; persistent: a box of its own, since the next tile's Q is already loading) ->
-   fence.proxy.async -> named barrier -> TMA store (rows past Sq clipped). LSE from registers.
+   fence.proxy.async -> named barrier -> TMA store (rows past Sq clipped). LSE from registers,
+   always written; ``run()`` returns it with O when ``return_lse`` (rows that see no key: O = 0,
+   LSE = -inf).
 
 Data movement
 -------------
@@ -86,9 +93,11 @@ Constraints
 -----------
 sm_90 (sm_90a features), fp16/bf16, head_dim 64 or 128, softmax_scale > 0 (a positive scale commutes
 with the block max; a zero one would turn the mask's -inf into NaN in the exp2 FMA), 16-byte aligned
-row strides (TMA). Any Sq, Sk >= 1; causal is top-left aligned like SDPA. head_dim 256 is refused:
-its 64 x 256 fp32 O alone takes 128 of the 240 registers per consumer thread, and Q plus one K/V
-stage (64 + 128 KB at tile_n = 128) leaves no room for a second stage.
+row strides (TMA). Any Sq, Sk >= 1; GQA/MQA (Hkv divides H); causal aligned top-left (SDPA's) or
+bottom-right (KV cache); ``cache_seqlens`` (B,) int32, contiguous; ``return_lse``. Each feature is a
+compile-time flag of ``HopperConfig``: without them the kernel is the canonical one, unchanged.
+head_dim 256 is refused: its 64 x 256 fp32 O alone takes 128 of the 240 registers per consumer
+thread, and Q plus one K/V stage (64 + 128 KB at tile_n = 128) leaves no room for a second stage.
 
 What the measurements taught (figures: ``docs/ladder.md``; A/B runs: ``docs/perf-log.md``)
 ------------------------------------------------------------------------------------------
@@ -108,7 +117,7 @@ import torch
 
 from common.contract.capability import FEATURES, check_features
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.registry import Implementation, KernelBinary, Runner, per_call_inputs, warmed_up
 from common.contract.validation import kernel_operand, validate_attention_inputs
 from common.reporting.static import SM90_CAPABILITY
 
@@ -574,6 +583,11 @@ def validated_problem(
     """The Problem that q (B, H, Sq, D), k and v (B, Hkv, Sk, D) describe, refused with a ValueError
     where ``supports`` would refuse it (dtype, head dim, softmax_scale <= 0, grid size, a device other
     than sm_90, a problem feature not in ``features``); no GPU work. Shared with ``fp8.py``."""
+    if problem.has_cache_seqlens != (cache_seqlens is not None):
+        raise ValueError(
+            f"cache_seqlens must be given exactly when the problem has per-sequence lengths: "
+            f"has_cache_seqlens={problem.has_cache_seqlens}, got cache_seqlens={cache_seqlens!r}"
+        )
     checked = validate_attention_inputs(
         q,
         k,
@@ -604,7 +618,7 @@ def prepare(
     """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them (compiling on first use), and
     launch once to warm up."""
     checked = validated_problem(q, k, v, problem, cache_seqlens=cache_seqlens)
-    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
+    return warmed_up(bind(q, k, v, checked, **per_call_inputs(checked, cache_seqlens)), q.device)
 
 
 def bind(

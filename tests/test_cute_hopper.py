@@ -231,6 +231,17 @@ def test_supports_every_feature(monkeypatch):
         assert not ok and words in reason and "cute/fp8" in reason, reason
 
 
+def test_cache_seqlens_come_exactly_with_a_problem_that_has_them():
+    """A problem with per-sequence lengths and no tensor of them (or the reverse) is refused before
+    anything is validated or compiled, naming cache_seqlens: never silently run without the lengths."""
+    q = torch.zeros(1, 2, 64, 128, dtype=torch.bfloat16)
+    problem = Problem(1, 2, 64, 64, 128, causal=True, causal_alignment="bottom_right", has_cache_seqlens=True)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        hopper.prepare(q, q, q, problem)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        hopper.prepare(q, q, q, problem.with_(has_cache_seqlens=False), cache_seqlens=torch.full((1,), 64))
+
+
 def test_register_split_fits_the_launch_allocation():
     for warpgroups, registers in _hopper_device.CONSUMER_REGISTERS.items():
         assert _hopper_device.registers_fit(warpgroups, registers), f"{warpgroups} warpgroups at {registers}"
