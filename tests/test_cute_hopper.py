@@ -200,14 +200,16 @@ def test_problem_features_are_in_the_compile_key():
     assert hopper.default_config(square.with_(causal_alignment="bottom_right")) == hopper.default_config(square)
 
 
+@pytest.mark.parametrize("fp8_operands", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_every_feature_at_once_compiles_without_spills(head_dim: int):
-    """GQA, bottom-right causal, per-sequence lengths and the LSE together: no local memory."""
+def test_every_feature_at_once_compiles_without_spills(head_dim: int, fp8_operands: bool):
+    """GQA, bottom-right causal, per-sequence lengths and the LSE together (FP8: the features it takes,
+    GQA and bottom-right): no local memory."""
     problem = Problem(
         2, 16, 1000, 8192, head_dim, causal=True, kv_heads=4, causal_alignment="bottom_right",
-        has_cache_seqlens=True, return_lse=True,
+        has_cache_seqlens=not fp8_operands, return_lse=not fp8_operands,
     )  # fmt: skip
-    binary = hopper.compile_sm90(problem)[0]
+    binary = (fp8 if fp8_operands else hopper).compile_sm90(problem)[0]
     usage = cubin_resources(binary.cubin).values()
     assert max(u["local_bytes"] for u in usage) == 0 and max(u["stack_bytes"] for u in usage) == 0
 

@@ -364,7 +364,9 @@ def mma_error(a: torch.Tensor, b: torch.Tensor, accumulated: int) -> torch.Tenso
 
 def emulate(operands: QuantisedOperands, problem: Problem, order: KernelOrder) -> Emulation:
     """float64 attention of the quantised operands with P rounded as a kernel visiting key blocks of
-    ``order.block_n`` in ``order`` rounds it, and the bound on the kernel's distance to it."""
+    ``order.block_n`` in ``order`` rounds it, and the bound on the kernel's distance to it. GQA: query
+    head h reads KV head ``problem.kv_head(h)``; the causal diagonal follows ``problem.causal_alignment``
+    (rows that see no key: O = 0, bound 0). Per-sequence key lengths are not emulated."""
     quantisation = operands.quantisation
     q = dequantised(operands.q8, operands.q_scale, quantisation.q_block_rows)
     k = dequantised(operands.k8, operands.k_scale, quantisation.kv_block_rows)
