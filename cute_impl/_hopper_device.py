@@ -1,8 +1,11 @@
 """Device helpers shared by the CuTe DSL Hopper rungs (``hopper.py`` and ``fp8.py``).
 
 The kernel only orchestrates; these small objects do the work, with the names every stack uses
-(issue #19): :class:`BlockRange` says which key blocks a query tile visits and how many of them need
-a mask, :class:`AttentionMask` writes ``-inf`` where a score must not count, :class:`OnlineSoftmax`
+(issue #19; ``triton_impl/_device.py`` has the same vocabulary): :func:`kv_head_index` is the KV head
+a query head reads (GQA), :class:`SeqlenInfo` one sequence's ``seqlen_k`` (its ``cache_seqlens``
+entry, if any) and ``causal_offset`` (the causal alignment), :class:`BlockRange` says which key
+blocks a query tile visits and how many of them need a mask, :class:`AttentionMask` writes ``-inf``
+where a score must not count, :class:`OnlineSoftmax`
 carries ``row_max`` (log2 units of the scaled scores) and ``row_sum`` across key blocks,
 :class:`NamedBarrier` names the barrier ids, :class:`TileScheduler` deals query tiles to CTAs,
 :class:`QueryBoxes` is the Q pipeline and :func:`tma_ring` the K/V rings, :class:`WarpgroupGemms`
@@ -276,12 +279,50 @@ class QueryBoxes(ReadOnlyInRegions):
 # ----------------------------------------------------------------------------------------------------
 # Block range and masking
 # ----------------------------------------------------------------------------------------------------
+def kv_head_index(head: Int32, heads: Int32, kv_heads: Int32) -> Int32:
+    """GQA: the KV head query head ``head`` reads (groups of heads // kv_heads query heads). K and V
+    are indexed by it (their TMA boxes' head coordinate), never repeated."""
+    return head // (heads // kv_heads)
+
+
+class SeqlenInfo:
+    """One sequence's ``seqlen_k`` and ``causal_offset``: row i sees keys j <= i + causal_offset.
+
+    ``seqlen_k`` is the padded key length, or the sequence's own ``cache_seqlens[batch]`` (clamped to
+    [0, Sk], so a bad length cannot reach past the cache). ``causal_offset`` is 0 for the top-left
+    alignment and ``seqlen_k - seqlen_q`` for the bottom-right one (``bottom_right``, compile time);
+    without either feature both stay what the canonical kernel had (``seqlen_k`` = Sk, offset 0).
+    """
+
+    def __init__(self, seqlen_k: Int32, causal_offset: Int32 | int, bottom_right: bool, has_cache_seqlens: bool):
+        self.seqlen_k = seqlen_k
+        self.causal_offset = causal_offset
+        self.bottom_right = bottom_right
+        # Some row may see no key at all (a length of 0, or bottom-right rows before the diagonal when
+        # Sq > Sk). Compile time: the canonical kernel never has such a row.
+        self.may_see_no_key = bottom_right or has_cache_seqlens
+
+    @staticmethod
+    def create(
+        batch: Int32, seqlen_q: Int32, seqlen_k: Int32, cache_seqlens: cute.Tensor | None, bottom_right: bool
+    ) -> SeqlenInfo:
+        if cutlass.const_expr(cache_seqlens is not None):
+            seqlen_k = cutlass.min(cutlass.max(cache_seqlens[batch], 0), seqlen_k)
+        causal_offset = 0
+        if cutlass.const_expr(bottom_right):
+            causal_offset = seqlen_k - seqlen_q
+        return SeqlenInfo(seqlen_k, causal_offset, bottom_right, cache_seqlens is not None)
+
+
 class BlockRange:
     """Key blocks ``[n_block_min, n_block_max)`` of one query tile; the top ``n_masked_blocks`` of
     them need the mask (the ragged end of Sk and, causal, the diagonal).
 
     Blocks are visited from the top down, so the masked blocks come first and the rest of the loop
     runs without a mask. This rung always starts at key 0 (no sliding window): ``n_block_min = 0``.
+    A tile whose rows see no key (bottom-right with Sq > Sk, or a ``cache_seqlens`` of 0) still visits
+    block 0, fully masked: its rows keep row_sum 0 and come out as O = 0 and LSE = -inf with no branch
+    around the pipelines (the producer loads that block like any other).
 
     ``_device.BlockRange`` (``pipelined``) is a separate class: that rung unrolls its masked
     iterations, so its count is a compile-time bound, while here the masked loop is a runtime loop
@@ -295,36 +336,51 @@ class BlockRange:
         self.n_masked_blocks = n_masked_blocks
 
     @staticmethod
-    def create(m_block: Int32, seqlen_k: Int32, tile_m: int, tile_n: int, causal: bool) -> BlockRange:
-        visible_keys = seqlen_k
+    def create(m_block: Int32, seqlen: SeqlenInfo, tile_m: int, tile_n: int, causal: bool) -> BlockRange:
+        visible_keys = seqlen.seqlen_k
         if cutlass.const_expr(causal):
-            # Causal (top-left): the tile's last row (m_block + 1) * tile_m - 1 sees keys up to itself.
-            visible_keys = cutlass.min(seqlen_k, (m_block + 1) * tile_m)
+            # Row i sees keys j <= i + causal_offset: the tile's last row (m_block + 1) * tile_m - 1
+            # bounds the keys worth loading.
+            last_row_end = (m_block + 1) * tile_m
+            if cutlass.const_expr(seqlen.bottom_right):
+                last_row_end = last_row_end + seqlen.causal_offset
+            visible_keys = cutlass.min(seqlen.seqlen_k, last_row_end)
+        if cutlass.const_expr(seqlen.may_see_no_key):
+            # At least block 0, fully masked where no row sees a key (see the class docstring).
+            visible_keys = cutlass.max(visible_keys, 1)
         n_block_max = (visible_keys + tile_n - 1) // tile_n
         if cutlass.const_expr(not causal):
             # Only the last key block can be ragged.
             return BlockRange(0, n_block_max, Int32(1))
-        # Blocks that reach past the tile's first row cross the diagonal; at least one block is
+        # Blocks that reach past the tile's first row's diagonal cross it; at least one block is
         # masked so that a ragged Sk is always covered.
-        first_crossing = cutlass.min(n_block_max, (m_block * tile_m) // tile_n)
+        first_row_end = m_block * tile_m
+        if cutlass.const_expr(seqlen.bottom_right):
+            # Rows before the diagonal (first_row_end + offset < 0) make every block a crossing one.
+            first_row_end = cutlass.max(first_row_end + seqlen.causal_offset, 0)
+        first_crossing = cutlass.min(n_block_max, first_row_end // tile_n)
         return BlockRange(0, n_block_max, cutlass.max(n_block_max - first_crossing, 1))
 
 
 class AttentionMask:
-    """Writes -inf into scores of keys past Sk and, when causal, keys after the query row.
+    """Writes -inf into scores of keys past the sequence's ``seqlen_k`` and, when causal, keys after
+    the query row's diagonal (j > i + causal_offset).
 
     ``tScS``: (row, col) inside the tile of every accumulator value; ``row_start``: the first query
-    row of this warpgroup's 64 rows. Both are bound per tile, so :meth:`apply` takes only the block.
-    ``_device.AttentionMask`` is the same rule for the ``mma.sync`` fragment of ``pipelined``, whose
-    coordinates it derives from thread 0's static ones to save registers; the WGMMA layout differs.
+    row of this warpgroup's 64 rows; ``seqlen``: the sequence's :class:`SeqlenInfo`. All are bound per
+    tile, so :meth:`apply` takes only the block. ``_device.AttentionMask`` is the same rule for the
+    ``mma.sync`` fragment of ``pipelined``, whose coordinates it derives from thread 0's static ones
+    to save registers; the WGMMA layout differs.
     """
 
-    def __init__(self, tile_n: int, causal: bool, tScS: cute.Tensor, row_start: Int32, seqlen_k: Int32):
+    def __init__(self, tile_n: int, causal: bool, tScS: cute.Tensor, row_start: Int32, seqlen: SeqlenInfo):
         self.tile_n = tile_n
         self.causal = causal
         self.tScS = tScS
         self.row_start = row_start
-        self.seqlen_k = seqlen_k
+        self.seqlen_k = seqlen.seqlen_k
+        self.causal_offset = seqlen.causal_offset
+        self.bottom_right = seqlen.bottom_right
 
     @cute.jit
     def apply(self, acc_S: cute.Tensor, n_block: Int32):
@@ -335,7 +391,11 @@ class AttentionMask:
             # Keys col < key_limit count for this row.
             key_limit = self.seqlen_k - col_start
             if cutlass.const_expr(self.causal):
-                key_limit = cutlass.min(key_limit, self.row_start + cS[r, 0][0] + 1 - col_start)
+                # Row i sees keys j < i + 1 + causal_offset.
+                diagonal_end = self.row_start + cS[r, 0][0] + 1
+                if cutlass.const_expr(self.bottom_right):
+                    diagonal_end = diagonal_end + self.causal_offset
+                key_limit = cutlass.min(key_limit, diagonal_end - col_start)
             for c in cutlass.range_constexpr(cute.size(rS, mode=[1])):
                 # A select, not an `if`: the DSL lowers a dynamic `if` that writes one element of a
                 # register tensor to selects over the whole tensor (16 FSEL per element here).
@@ -469,7 +529,7 @@ def add_block_product(acc_O: cute.Tensor, acc_PV: cute.Tensor, pv_scale: Float32
 
 
 class BlockScales:
-    """FP8 block quantisation: the scales of one (batch, head)'s key blocks of K and of V, read from
+    """FP8 block quantisation: the scales of one (batch, KV head)'s key blocks of K and of V, read from
     global memory (L1-cached, two floats per block) where each block is processed."""
 
     def __init__(self, key_scales: cute.Tensor, value_scales: cute.Tensor):
@@ -484,10 +544,11 @@ class BlockScales:
 
 
 class Fp8Descales(ReadOnlyInRegions):
-    """FP8: the e4m3 descales of Q, K and V, ``(blocks, (H, B))`` fp32 views (one block when per
-    tensor). :meth:`for_tile` folds what is constant over a tile into its softmax and output scales:
-    per tensor all three; with block scales Q's 64-row scale, while K's and V's are read per key block
-    (``BlockScales``)."""
+    """FP8: the e4m3 descales of Q, K and V, ``(blocks, (H, B))`` fp32 views for Q and ``(blocks,
+    (Hkv, B))`` for K and V, which are quantised per KV head (one block when per tensor).
+    :meth:`for_tile` folds what is constant over a tile into its softmax and output scales: per tensor
+    all three; with block scales Q's 64-row scale, while K's and V's are read per key block
+    (``BlockScales``). ``bh`` indexes Q's scales, ``kv_bh`` (the tile's KV head) K's and V's."""
 
     def __init__(self, q_scales: cute.Tensor, k_scales: cute.Tensor, v_scales: cute.Tensor, block: bool):
         self.q_scales = q_scales
@@ -496,13 +557,18 @@ class Fp8Descales(ReadOnlyInRegions):
         self.block = block
 
     def for_tile(
-        self, softmax_scale_log2: Float32, output_scale: Float32, q_block: Int32, bh: tuple[Int32, Int32]
+        self,
+        softmax_scale_log2: Float32,
+        output_scale: Float32,
+        q_block: Int32,
+        bh: tuple[Int32, Int32],
+        kv_bh: tuple[Int32, Int32],
     ) -> tuple[Float32, Float32, BlockScales | None]:
         if self.block:
-            scales = BlockScales(self.k_scales[None, bh], self.v_scales[None, bh])
+            scales = BlockScales(self.k_scales[None, kv_bh], self.v_scales[None, kv_bh])
             return softmax_scale_log2 * self.q_scales[q_block, bh], output_scale, scales
-        scale_log2 = softmax_scale_log2 * self.q_scales[0, bh] * self.k_scales[0, bh]
-        return scale_log2, output_scale * self.v_scales[0, bh], None
+        scale_log2 = softmax_scale_log2 * self.q_scales[0, bh] * self.k_scales[0, kv_bh]
+        return scale_log2, output_scale * self.v_scales[0, kv_bh], None
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 import cutlass.cute as cute
 import torch
 from cutlass import Float8E4M3FN, Float32, Int32
-from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 from cutlass.cute.typing import AddressSpace
 
 from common.contract.problem import Problem
@@ -60,6 +60,14 @@ class HopperConfig:
     # FP8 block quantisation: Q's scale per consumer warpgroup's 64 rows, K's and V's per key block,
     # read in the kernel (``fp8.py``); per-tensor scales are read once per tile.
     block_scales: bool = False
+    # GQA (kv_heads < heads): K and V boxes are read at the KV head h // (heads // kv_heads), a
+    # division per tile; without it the query head indexes them directly.
+    gqa: bool = False
+    # The causal diagonal aligned bottom-right where that differs from top-left
+    # (``Problem.bottom_right``): row i sees keys j <= i + seqlen_k - seqlen_q.
+    bottom_right: bool = False
+    # Per-sequence key lengths (``cache_seqlens``, a (B,) int32 kernel argument).
+    has_cache_seqlens: bool = False
 
     @property
     def out_dtype(self) -> torch.dtype:
@@ -85,6 +93,9 @@ def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
         pingpong=pingpong,
         fp8=fp8,
         persistent=persistent,
+        gqa=problem.kv_heads != problem.heads,
+        bottom_right=problem.bottom_right,
+        has_cache_seqlens=problem.has_cache_seqlens,
     )
 
 
@@ -100,31 +111,56 @@ def fake_tensor(element_type: type, rank: int) -> Any:
     )
 
 
+def fake_cache_seqlens() -> Any:
+    """What ``cache_seqlens_tensor`` passes at launch: (B,) int32, contiguous, 4-byte aligned."""
+    return make_fake_tensor(Int32, (cute.sym_int(),), (1,), memspace=AddressSpace.generic, assumed_align=4)
+
+
+def cache_seqlens_tensor(cache_seqlens: torch.Tensor) -> cute.Tensor:
+    """The (B,) int32 key lengths as the kernel takes them (the runtime counterpart of the fake)."""
+    if not cache_seqlens.is_contiguous():
+        raise ValueError(f"cache_seqlens must be contiguous, got stride {cache_seqlens.stride()}")
+    return from_dlpack(cache_seqlens, assumed_align=4).mark_layout_dynamic(leading_dim=0)
+
+
 def fake_arguments(config: HopperConfig) -> tuple[Any, ...]:
     """The kernel's arguments for compiling ``config``: q, k, v (V transposed for FP8), o, lse, the
-    three FP8 scale tensors (None for 16-bit), the scalars and the stream."""
+    key lengths (None without them), the three FP8 scale tensors (None for 16-bit), the scalars and
+    the stream."""
     element = FP8_CUTLASS if config.fp8 else CUTE_DTYPES[config.dtype]
     operands = [fake_tensor(element, 4) for _ in range(3)]
     outputs = [fake_tensor(CUTE_DTYPES[config.out_dtype], 4), fake_tensor(Float32, 3)]
+    cache_seqlens = fake_cache_seqlens() if config.has_cache_seqlens else None
     scales = [fake_tensor(Float32, 3) for _ in range(3)] if config.fp8 else [None] * 3
     # The scalars' values do not enter the code: softmax_scale_log2, output_scale, SM count.
     scalars = [Float32(1.0), Float32(1.0), Int32(STATIC_SM_COUNT)]
-    return (*operands, *outputs, *scales, *scalars, make_fake_stream())
+    return (*operands, *outputs, cache_seqlens, *scales, *scalars, make_fake_stream())
 
 
 def tensor_arguments(
-    config: HopperConfig, tensors: tuple[torch.Tensor, ...], scales: FP8Scales | None
+    config: HopperConfig,
+    tensors: tuple[torch.Tensor, ...],
+    scales: FP8Scales | None,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> tuple[Any, ...]:
-    """q, k, v, o, lse (and the FP8 scales, else None) as the kernel takes them at launch: the
-    runtime counterparts of ``fake_arguments``' tensors (e4m3 travels as uint8, retyped here)."""
+    """q, k, v, o, lse, the key lengths (and the FP8 scales, else None) as the kernel takes them at
+    launch: the runtime counterparts of ``fake_arguments``' tensors (e4m3 travels as uint8, retyped
+    here)."""
     if config.fp8 != (scales is not None):
         raise ValueError(
             f"FP8 operands need their scales and 16-bit ones none: fp8={config.fp8}, scales given={scales is not None}"
         )
+    if config.has_cache_seqlens != (cache_seqlens is not None):
+        raise ValueError(
+            f"cache_seqlens must be given exactly when compiled for them: has_cache_seqlens="
+            f"{config.has_cache_seqlens}, cache_seqlens given={cache_seqlens is not None}"
+        )
     q, k, v, o, lse = tensors
     element = FP8_CUTLASS if config.fp8 else None
+    lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
     scale_args = (None,) * 3 if scales is None else tuple(to_cute_tensor(t) for t in scales)
-    return (*(to_cute_tensor(t, element) for t in (q, k, v)), to_cute_tensor(o), to_cute_tensor(lse), *scale_args)
+    operands = (to_cute_tensor(t, element) for t in (q, k, v))
+    return (*operands, to_cute_tensor(o), to_cute_tensor(lse), lengths, *scale_args)
 
 
 class CompiledKernels:
@@ -161,23 +197,28 @@ class CompiledKernels:
         output_scale: float,
         sm_count: int | None = None,
         scales: FP8Scales | None = None,
+        *,
+        cache_seqlens: torch.Tensor | None = None,
+        return_lse: bool = False,
     ) -> Runner:
         """Compile (cached on ``config``), allocate O and LSE once, and return the launch-only ``run``.
 
         ``sm_count`` caps a persistent grid (default: the device's SMs; tests pass fewer so that every
-        CTA walks many tiles). ``scales`` (FP8 only): Q's, K's and V's e4m3 scales, (B, H, blocks) fp32."""
+        CTA walks many tiles). ``scales`` (FP8 only): Q's e4m3 scales (B, H, blocks), K's and V's
+        (B, Hkv, blocks), fp32. ``cache_seqlens``: the (B,) int32 key lengths, read at every launch.
+        The kernel always writes the LSE; ``run()`` returns (O, lse) when ``return_lse``, else O."""
         batch, heads, seqlen_q, head_dim = q.shape
         o = torch.empty((batch, heads, seqlen_q, head_dim), dtype=config.out_dtype, device=q.device)
         lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
-        args = tensor_arguments(config, (q, k, v, o, lse), scales)
+        args = tensor_arguments(config, (q, k, v, o, lse), scales, cache_seqlens)
         # The SM count is a launch argument (read here, at run time), so compiling never queries a device.
         sm_count = sm_count or torch.cuda.get_device_properties(q.device).multi_processor_count
         scalars = (Float32(softmax_scale_log2), Float32(output_scale), Int32(sm_count))
         compiled = self.kernel(config)
 
-        def run() -> torch.Tensor:
+        def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
             compiled(*args, *scalars, current_stream())
-            return o
+            return (o, lse) if return_lse else o
 
         run.lse = lse  # for a future backward pass and for tests
         return run

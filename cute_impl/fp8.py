@@ -12,9 +12,11 @@ Algorithm
 1. ``bind`` (per call: the values change): ``common.contract.fp8.quantise``, shared with the Triton rung.
    Optionally Q and K rotated by a seeded random Hadamard matrix, then one e4m3 scale per tensor
    or, with block quantisation, per 64 rows of Q (one consumer warpgroup's rows) and per 128 rows
-   of K and of V (one key block), per (batch, head). ``DEFAULT_QUANTISATION`` (block scales and
-   rotation) is what compare.py runs; ``quantisation=`` selects the other ``common.contract.fp8.VARIANTS``.
-2. V stored transposed, (B, H, D, Sk') with Sk' = Sk rounded up to 16 and zero padding: FP8 WGMMA
+   of K and of V (one key block), per (batch, head) for Q and per (batch, KV head) for K and V:
+   with GQA they are quantised as given, and the kernel indexes their scales by the KV head.
+   ``DEFAULT_QUANTISATION`` (block scales and rotation) is what compare.py runs; ``quantisation=``
+   selects the other ``common.contract.fp8.VARIANTS``.
+2. V stored transposed, (B, Hkv, D, Sk') with Sk' = Sk rounded up to 16 and zero padding: FP8 WGMMA
    reads a shared-memory B operand only K-major, and for O = P V the K dimension is the key index.
 3. Inside each group of 16 keys, V's key order is permuted (``common.contract.fp8.PERMUTED_KEY_ORDER``). The m64k32 FP8
    A operand wants each lane to hold four *consecutive* k, while the S accumulator gives each lane
@@ -68,8 +70,10 @@ Figures are in the generated table of ``docs/ladder.md``; the A/B runs behind th
 
 Constraints
 -----------
-sm_90, fp16/bf16 inputs, head_dim 64 or 128, softmax_scale > 0, any Sq, Sk >= 1, causal. Block
-scales must match the tiles (64 Q rows, 128 keys).
+sm_90, fp16/bf16 inputs, head_dim 64 or 128, softmax_scale > 0, any Sq, Sk >= 1, causal aligned
+top-left or bottom-right, GQA (K and V read at the KV head, as in ``hopper``). Block scales must match
+the tiles (64 Q rows, 128 keys). Refused (``FEATURES``): per-sequence key lengths and returning the
+LSE, which the fp64 emulation cannot judge yet.
 """
 
 from __future__ import annotations
@@ -78,7 +82,7 @@ import dataclasses
 
 import torch
 
-from common.contract.capability import check_features
+from common.contract.capability import BOTTOM_RIGHT, GQA, check_features
 from common.contract.fp8 import (
     Emulation,
     KernelOrder,
@@ -104,6 +108,11 @@ from cute_impl.hopper import (
     validated_problem,
 )
 
+# The problem features this rung implements: GQA and the bottom-right alignment, which its emulation
+# (``common.contract.fp8.emulate``) reproduces. Per-sequence lengths and the LSE are refused: the
+# emulation takes no key lengths, and there is no rule yet for an LSE of e4m3 scores (the contract's LSE
+# bound is that of the 16-bit dtype).
+FEATURES = (GQA, BOTTOM_RIGHT)
 # What compare.py and the tests run: the most accurate variant whose kernel is within 5 % of the
 # per-tensor kernel's speed in every stack (issue #17): block scales + rotation, the most accurate on
 # FA3's inputs, cost at most 4 % (results/h200/fp8_speed.md; docs/perf-log.md).
@@ -158,7 +167,8 @@ def prepare(
     quantisation: Quantisation = DEFAULT_QUANTISATION,
 ) -> Runner:
     """Validate, quantise (``quantisation``: ``common.contract.fp8.VARIANTS``), bind, warm up; run() is the kernel."""
-    return warmed_up(bind(q, k, v, validated_problem(q, k, v, problem), quantisation), q.device)
+    checked = validated_problem(q, k, v, problem, name="cute/fp8", features=FEATURES)
+    return warmed_up(bind(q, k, v, checked, quantisation), q.device)
 
 
 def prepare_end_to_end(
@@ -169,7 +179,8 @@ def prepare_end_to_end(
     quantisation: Quantisation = DEFAULT_QUANTISATION,
 ) -> Runner:
     """Like ``prepare``, but every run() quantises, rotates and launches: the per-call cost of fp8."""
-    return end_to_end_runner(bind, q, k, v, validated_problem(q, k, v, problem), quantisation)
+    checked = validated_problem(q, k, v, problem, name="cute/fp8", features=FEATURES)
+    return end_to_end_runner(bind, q, k, v, checked, quantisation)
 
 
 def emulate(
@@ -195,7 +206,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
         return ok, reason
     if problem.dtype not in DTYPES:
         return False, f"inputs must be fp16 or bf16 (quantised to e4m3 in prepare), got {problem.dtype_name}"
-    ok, reason = check_features("cute/fp8", problem)
+    ok, reason = check_features("cute/fp8", problem, FEATURES)
     if not ok:
         return ok, reason
     return common_problem_supported(problem)

@@ -21,7 +21,9 @@ tile): ``min(tiles, SM count)`` CTAs take the tiles from a ``TileScheduler`` (a 
 so that causal tiles, sorted longest first, even out; a head's tiles are consecutive, so the CTAs
 running together share its K and V in L2).
 
-* warpgroup 0, warp 0: producer. Per tile: Q (n 64-row boxes), then K and V of every key block.
+* warpgroup 0, warp 0: producer. Per tile: Q (n 64-row boxes), then K and V of every key block,
+  at the KV head ``kv_head_index(h)`` = h // (H / Hkv) (GQA/MQA: the TMA boxes' head coordinate; no
+  repeated copy, and the query heads of one KV head are consecutive tiles, so they share it in L2).
   Warps 1-3 give their registers back and exit.
 * warpgroups 1 .. n: consumers; warpgroup ``1 + w`` owns the tile's query rows ``[64 w, 64 w + 64)``.
 
@@ -43,10 +45,13 @@ Pipelines and barriers (producer -> consumer, arrive counts)
 Algorithm (each consumer warpgroup; numbers match the kernel's sections)
 ------------------------------------------------------------------------
 1. Wait for its Q box.
-2. Key blocks from ``n_block_max - 1`` down (``BlockRange``), so the blocks that need a mask come
+2. Key blocks from ``n_block_max - 1`` down (``BlockRange`` from the sequence's ``SeqlenInfo``:
+   its ``seqlen_k``, the ``cache_seqlens`` entry when given, and ``causal_offset``, Sk - Sq when
+   aligned bottom-right, else 0), so the blocks that need a mask come
    first: the top one (sequence tail), the rest of the causal diagonal, then the unmasked rest.
    a. wait K[n];  S = Q Kᵀ (WGMMA, both operands from SMEM, fp32 accumulator in registers)
-   b. masked blocks only (``AttentionMask``): -inf for keys >= Sk and, causal, keys after the row
+   b. masked blocks only (``AttentionMask``): -inf for keys >= seqlen_k and, causal, keys after the
+      row's diagonal (j > i + causal_offset); a tile that sees no key runs one fully masked block
    c. ``OnlineSoftmax.update``: block max (tree + two lane shuffles) times softmax_scale_log2; the
       reference ``row_max`` moves only when that exceeds it by more than ``RESCALE_THRESHOLD`` (lazy
       rescaling; FP8 moves it on any increase). P = exp2(S * scale_log2 - row_max), row_sum, and the
@@ -62,7 +67,9 @@ Algorithm (each consumer warpgroup; numbers match the kernel's sections)
 3. ``OnlineSoftmax.finalize``: O /= row_sum; lse = (row_max + log2(row_sum)) * ln 2.
 4. O -> registers in the output dtype -> ``stmatrix`` into the warpgroup's O box (one CTA per tile:
    the dead Q box; persistent: a box of its own, since the next tile's Q is already loading) ->
-   fence.proxy.async -> named barrier -> TMA store (rows past Sq clipped). LSE from registers.
+   fence.proxy.async -> named barrier -> TMA store (rows past Sq clipped). LSE from registers,
+   always written; ``run()`` returns it with O when ``return_lse`` (rows that see no key: O = 0,
+   LSE = -inf).
 
 Data movement
 -------------
@@ -86,9 +93,11 @@ Constraints
 -----------
 sm_90 (sm_90a features), fp16/bf16, head_dim 64 or 128, softmax_scale > 0 (a positive scale commutes
 with the block max; a zero one would turn the mask's -inf into NaN in the exp2 FMA), 16-byte aligned
-row strides (TMA). Any Sq, Sk >= 1; causal is top-left aligned like SDPA. head_dim 256 is refused:
-its 64 x 256 fp32 O alone takes 128 of the 240 registers per consumer thread, and Q plus one K/V
-stage (64 + 128 KB at tile_n = 128) leaves no room for a second stage.
+row strides (TMA). Any Sq, Sk >= 1; GQA/MQA (Hkv divides H); causal aligned top-left (SDPA's) or
+bottom-right (KV cache); ``cache_seqlens`` (B,) int32, contiguous; ``return_lse``. Each feature is a
+compile-time flag of ``HopperConfig``: without them the kernel is the canonical one, unchanged.
+head_dim 256 is refused: its 64 x 256 fp32 O alone takes 128 of the 240 registers per consumer
+thread, and Q plus one K/V stage (64 + 128 KB at tile_n = 128) leaves no room for a second stage.
 
 What the measurements taught (figures: ``docs/ladder.md``; A/B runs: ``docs/perf-log.md``)
 ------------------------------------------------------------------------------------------
@@ -106,9 +115,9 @@ import functools
 
 import torch
 
-from common.contract.capability import check_features
+from common.contract.capability import FEATURES, check_features
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.registry import Implementation, KernelBinary, Runner, per_call_inputs, warmed_up
 from common.contract.validation import kernel_operand, validate_attention_inputs
 from common.reporting.static import SM90_CAPABILITY
 
@@ -139,12 +148,14 @@ from cute_impl._hopper_device import (
     OnlineSoftmax,
     OutputEpilogue,
     QueryBoxes,
+    SeqlenInfo,
     SharedLayouts,
     TileScheduler,
     WarpgroupGemms,
     WarpgroupTurns,
     add_block_product,
     head_major,
+    kv_head_index,
     load_block,
     one_stage,
     scores_to_operand_a,
@@ -194,6 +205,10 @@ class HopperAttention:
         self.separate_pv = config.fp8
         self.block_scales = config.block_scales
         self.pingpong = config.pingpong
+        # Problem features, all compile time so that the canonical kernel stays as it was.
+        self.gqa = config.gqa
+        self.bottom_right = config.bottom_right
+        self.has_cache_seqlens = config.has_cache_seqlens
 
     # ------------------------------------------------------------------------------------------------
     # Host side: layouts, TMA descriptors, launch
@@ -206,6 +221,7 @@ class HopperAttention:
         mV: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
+        mCacheSeqlens: cute.Tensor | None,
         mQScale: cute.Tensor | None,
         mKScale: cute.Tensor | None,
         mVScale: cute.Tensor | None,
@@ -214,8 +230,10 @@ class HopperAttention:
         sm_count: Int32,
         stream: cuda.CUstream,
     ):
-        """FP8 passes its e4m3 scales as (B, H, blocks) fp32 tensors (one block each when per tensor);
-        16-bit passes None for them."""
+        """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D) (FP8: v as (B, Hkv, D, Sk')), lse (B, H, Sq) fp32;
+        ``mCacheSeqlens`` the (B,) int32 key lengths, None without them. FP8 passes its e4m3 scales
+        as (B, H, blocks) for Q and (B, Hkv, blocks) for K and V, fp32 tensors (one block each when per
+        tensor); 16-bit passes None for them."""
         q_seq, k_seq, o_seq = (sequence_major(t) for t in (mQ, mK, mO))
         v_op = value_operand_view(mV, self.v_transposed)
         LSE, q_scales, k_scales, v_scales = (head_major(t) for t in (mLSE, mQScale, mKScale, mVScale))
@@ -241,8 +259,8 @@ class HopperAttention:
         tiles = TileScheduler.tile_total(self.tile_m, q_seq.shape[0], q_seq.shape[2][0], q_seq.shape[2][1])
         ctas = cutlass.min(tiles, sm_count) if cutlass.const_expr(self.persistent) else tiles
         self.kernel(
-            qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_V, tma_o, tma_O, LSE, q_scales, k_scales,
-            v_scales, softmax_scale_log2, output_scale, smem.q, smem.k, smem.v, smem.o,
+            qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_V, tma_o, tma_O, LSE, mCacheSeqlens, q_scales,
+            k_scales, v_scales, softmax_scale_log2, output_scale, smem.q, smem.k, smem.v, smem.o,
         ).launch(
             grid=[ctas, 1, 1],
             block=[self.threads_per_cta, 1, 1],
@@ -268,6 +286,7 @@ class HopperAttention:
         tma_o: cute.CopyAtom,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
+        mCacheSeqlens: cute.Tensor | None,
         mQScale: cute.Tensor | None,
         mKScale: cute.Tensor | None,
         mVScale: cute.Tensor | None,
@@ -285,9 +304,15 @@ class HopperAttention:
         rows, D, W = ROWS_PER_WARPGROUP, self.head_dim, self.consumer_warpgroups
         scheduler = TileScheduler(self.tile_m, self.causal, seqlen_q, mQ.shape[2][0], mQ.shape[2][1])
         local_tiles = scheduler.local_tile_count()
-        block_range = functools.partial(
-            BlockRange.create, seqlen_k=seqlen_k, tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal
+        seqlen_info = functools.partial(
+            SeqlenInfo.create,
+            seqlen_q=seqlen_q,
+            seqlen_k=seqlen_k,
+            cache_seqlens=mCacheSeqlens,
+            bottom_right=self.bottom_right,
         )
+        block_range = functools.partial(BlockRange.create, tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal)
+        kv_head_batch = functools.partial(self.kv_head_batch, heads=mQ.shape[2][0], kv_heads=mK.shape[2][0])
 
         # ==== Shared memory and barriers ==================================================================
         storage = SmemAllocator().allocate(self.shared_storage)
@@ -317,16 +342,18 @@ class HopperAttention:
                 q_state = QueryBoxes.producer_state()
                 for local_tile in cutlass.range(local_tiles, unroll=1):
                     m_block, bh = scheduler.work_tile(local_tile)
+                    # GQA: K and V boxes come from the query head's KV head, never from a repeated copy.
+                    kv_bh = kv_head_batch(bh)
                     gQ = cute.local_tile(mQ[None, None, bh], (rows, D), (None, 0))  # (64, D, Sq/64)
-                    gK = cute.local_tile(mK[None, None, bh], (self.tile_n, D), (None, 0))  # (tile_n, D, n)
-                    gV = cute.local_tile(mV[None, None, bh], (D, self.tile_n), (0, None))  # (D, tile_n, n)
+                    gK = cute.local_tile(mK[None, None, kv_bh], (self.tile_n, D), (None, 0))  # (tile_n, D, n)
+                    gV = cute.local_tile(mV[None, None, kv_bh], (D, self.tile_n), (0, None))  # (D, tile_n, n)
                     tQsQ, tQgQ = tma_partition(tma_q, sQ, gQ)  # (TMA, warpgroup), (TMA, Sq/64)
                     tKsK, tKgK = tma_partition(tma_k, sK, gK)  # (TMA, stage), (TMA, n)
                     tVsV, tVgV = tma_partition(tma_v, sV, gV)  # (TMA, stage), (TMA, n)
                     for w in cutlass.range_constexpr(W):
                         q_boxes.load(tma_q, tQgQ[None, m_block * W + w], tQsQ[None, w], w, q_state)
                     q_state.advance()
-                    blocks = block_range(m_block)
+                    blocks = block_range(m_block, seqlen_info(bh[1]))
                     for i in cutlass.range(blocks.n_block_max - blocks.n_block_min, unroll=1):
                         n_block = blocks.n_block_max - 1 - i
                         k_producer = load_block(tma_k, tKgK[None, n_block], tKsK, k_producer)
@@ -368,12 +395,13 @@ class HopperAttention:
             turns.start()
             for local_tile in cutlass.range(local_tiles, unroll=1):
                 m_block, bh = scheduler.work_tile(local_tile)
-                blocks = block_range(m_block)
+                seqlen = seqlen_info(bh[1])
+                blocks = block_range(m_block, seqlen)
                 row_start = m_block * self.tile_m + w * rows
                 tile_scale_log2, tile_output_scale, scales = softmax_scale_log2, output_scale, None
                 if cutlass.const_expr(self.fp8):
                     tile_scale_log2, tile_output_scale, scales = descales.for_tile(
-                        softmax_scale_log2, output_scale, m_block * W + w, bh
+                        softmax_scale_log2, output_scale, m_block * W + w, bh, kv_head_batch(bh)
                     )
                 acc_O.fill(0.0)
                 # FP8: P in [0, 2^8] rather than [0, 1] keeps small probabilities out of e4m3's subnormals,
@@ -385,7 +413,7 @@ class HopperAttention:
                     p_exponent_offset=FP8_P_EXPONENT_OFFSET if self.separate_pv else 0.0,
                     rescale_threshold=0.0 if self.separate_pv else RESCALE_THRESHOLD,
                 )
-                mask = AttentionMask(self.tile_n, self.causal, tScS, row_start, seqlen_k)
+                mask = AttentionMask(self.tile_n, self.causal, tScS, row_start, seqlen)
                 first_block = functools.partial(self.first_block, gemms, softmax, scales, mask)
                 masked_block = functools.partial(self.next_block, gemms, softmax, scales, mask)
                 unmasked_block = functools.partial(self.next_block, gemms, softmax, scales, None)
@@ -417,6 +445,13 @@ class HopperAttention:
             if wg_tidx < cute.arch.WARP_SIZE:
                 # The last TMA store must have read shared memory before the CTA exits.
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    def kv_head_batch(self, bh: tuple[Int32, Int32], heads: Int32, kv_heads: Int32) -> tuple[Int32, Int32]:
+        """(KV head, batch) of the tile's (head, batch): what indexes K, V and their FP8 scales."""
+        if cutlass.const_expr(not self.gqa):
+            return bh
+        head, batch = bh
+        return kv_head_index(head, heads, kv_heads), batch
 
     # The three main-loop steps, with their operands bound by functools.partial (``gemms`` once, the
     # tile's softmax, scales and mask per tile). Each takes the pipeline consumers it advances and
@@ -535,28 +570,72 @@ class HopperAttention:
 KERNELS = CompiledKernels(HopperAttention)
 
 
-def validated_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Problem:
-    """The Problem that q, k, v (B, H, S, D) describe, refused with a ValueError where ``supports``
-    would refuse it (dtype, head dim, softmax_scale <= 0, grid size, a device other than sm_90); no
-    GPU work. Shared with ``fp8.py``."""
+def validated_problem(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+    name: str = "cute/hopper",
+    features: tuple[str, ...] = FEATURES,
+) -> Problem:
+    """The Problem that q (B, H, Sq, D), k and v (B, Hkv, Sk, D) describe, refused with a ValueError
+    where ``supports`` would refuse it (dtype, head dim, softmax_scale <= 0, grid size, a device other
+    than sm_90, a problem feature not in ``features``); no GPU work. Shared with ``fp8.py``."""
+    if problem.has_cache_seqlens != (cache_seqlens is not None):
+        raise ValueError(
+            f"cache_seqlens must be given exactly when the problem has per-sequence lengths: "
+            f"has_cache_seqlens={problem.has_cache_seqlens}, got cache_seqlens={cache_seqlens!r}"
+        )
     checked = validate_attention_inputs(
-        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, dtypes=DTYPES, head_dims=HEAD_DIMS
+        q,
+        k,
+        v,
+        causal=problem.causal,
+        softmax_scale=problem.softmax_scale,
+        causal_alignment=problem.causal_alignment,
+        cache_seqlens=cache_seqlens,
+        return_lse=problem.return_lse,
+        allow_gqa=True,
+        dtypes=DTYPES,
+        head_dims=HEAD_DIMS,
     )
-    for ok, reason in (common_problem_supported(checked), hopper_device_supported(q.device)):
+    checks = (
+        check_features(name, checked, features),
+        common_problem_supported(checked),
+        hopper_device_supported(q.device),
+    )
+    for ok, reason in checks:
         if not ok:
             raise ValueError(reason)
     return checked
 
 
-def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up."""
-    return warmed_up(bind(q, k, v, validated_problem(q, k, v, problem)), q.device)
+def prepare(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
+    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them (compiling on first use), and
+    launch once to warm up."""
+    checked = validated_problem(q, k, v, problem, cache_seqlens=cache_seqlens)
+    return warmed_up(bind(q, k, v, checked, **per_call_inputs(checked, cache_seqlens)), q.device)
 
 
-def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
+def bind(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
     """The launch-only ``run`` of validated q, k, v at the default configuration (compiled once)."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
-    return KERNELS.launcher(default_config(problem), q, k, v, problem.scale * LOG2_E, 1.0)
+    return KERNELS.launcher(
+        default_config(problem),
+        q,
+        k,
+        v,
+        problem.scale * LOG2_E,
+        1.0,
+        cache_seqlens=cache_seqlens,
+        return_lse=problem.return_lse,
+    )
 
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
@@ -598,7 +677,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
         return ok, reason
     if problem.dtype not in DTYPES:
         return False, f"dtype must be fp16 or bf16, got {problem.dtype_name}"
-    ok, reason = check_features("cute/hopper", problem)
+    ok, reason = check_features("cute/hopper", problem, FEATURES)
     if not ok:
         return ok, reason
     return common_problem_supported(problem)

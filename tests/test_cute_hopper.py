@@ -19,7 +19,7 @@ from common.contract.problem import Problem
 from common.contract.reference import reference_attention
 from common.reporting.static import cubin_resources
 from cute_impl import _hopper_device, _hopper_host, fp8, hopper
-from cute_impl._hopper_device import BlockRange, TileScheduler
+from cute_impl._hopper_device import BlockRange, SeqlenInfo, TileScheduler
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -60,8 +60,9 @@ def test_persistent_kernel_loops_over_tiles(fp8_operands: bool):
     assert len(re.findall(r"mbarrier\.try_wait", ptx)) >= 4
 
 
-@pytest.mark.parametrize("fp8_operands", [False, True], ids=["bf16", "fp8"])
-def test_fake_arguments_compile_like_the_launch_tensors(fp8_operands: bool):
+@pytest.mark.parametrize(("fp8_operands", "cache_lengths"), [(False, False), (True, False), (False, True)],
+                         ids=["bf16", "fp8", "bf16-cache_seqlens"])  # fmt: skip
+def test_fake_arguments_compile_like_the_launch_tensors(fp8_operands: bool, cache_lengths: bool):
     """The kernel is compiled once from ``fake_arguments`` and then called with ``tensor_arguments``;
     the call passes each tensor's sizes and strides as its runtime type lays them out, so a fake that
     declared a different layout (a static head dim, a global address space) would read them wrongly.
@@ -71,12 +72,13 @@ def test_fake_arguments_compile_like_the_launch_tensors(fp8_operands: bool):
 
     from common.reporting.static import compile_cute_sm90
 
-    problem = Problem(1, 2, 256, 256, 128)
+    problem = Problem(1, 2, 256, 256, 128, has_cache_seqlens=cache_lengths)
     config = hopper.default_config(problem, fp8=fp8_operands)
     q = torch.zeros(1, 2, 256, 128, dtype=torch.uint8 if fp8_operands else torch.bfloat16)
     outputs = (torch.zeros(1, 2, 256, 128, dtype=config.out_dtype), torch.zeros(1, 2, 256))
     scales = tuple(torch.ones(1, 2, 4) for _ in range(3)) if fp8_operands else None
-    launched = _hopper_host.tensor_arguments(config, (q, q.clone(), q.clone(), *outputs), scales)
+    lengths = torch.full((1,), 100, dtype=torch.int32) if cache_lengths else None
+    launched = _hopper_host.tensor_arguments(config, (q, q.clone(), q.clone(), *outputs), scales, lengths)
     scalars = (Float32(1.0), Float32(1.0), Int32(_hopper_host.STATIC_SM_COUNT), make_fake_stream())
     kernel = hopper.HopperAttention(config)
     from_tensors = compile_cute_sm90(kernel, *launched, *scalars, name="launch", threads=kernel.threads_per_cta)
@@ -122,11 +124,14 @@ def test_snake_balances_longest_first_causal_tiles():
     assert snake < 1.04 < 1.07 < round_robin, (snake, round_robin)
 
 
-def _unmasked_blocks_are_fully_visible(blocks: BlockRange, m_block: int, seqlen_k: int, tile_m: int, tile_n: int):
+def _unmasked_blocks_are_fully_visible(
+    blocks: BlockRange, m_block: int, seqlen_k: int, tile_m: int, tile_n: int, causal_offset: int = 0
+):
     """Every key of every block below the masked top ones is visible to every row of the tile."""
     last_unmasked = blocks.n_block_max - blocks.n_masked_blocks
     first_row = m_block * tile_m
-    return all((n + 1) * tile_n <= min(seqlen_k, first_row + 1) for n in range(blocks.n_block_min, last_unmasked))
+    visible = min(seqlen_k, first_row + 1 + causal_offset)
+    return all((n + 1) * tile_n <= visible for n in range(blocks.n_block_min, last_unmasked))
 
 
 @pytest.mark.parametrize(("tile_m", "tile_n"), [(128, 128), (192, 128)], ids=["D128", "D64"])
@@ -137,7 +142,7 @@ def test_causal_block_range_visits_every_visible_key_and_masks_every_partial_blo
     one_fewer_fails = False
     for seqlen_k in (1, 77, 128, 1000, 1024):
         for m_block in range(-(-1100 // tile_m)):
-            blocks = BlockRange.create(m_block, seqlen_k, tile_m, tile_n, causal=True)
+            blocks = BlockRange.create(m_block, SeqlenInfo(seqlen_k, 0, False, False), tile_m, tile_n, causal=True)
             last_row = (m_block + 1) * tile_m - 1
             assert blocks.n_block_min == 0
             assert blocks.n_block_max == min(seqlen_k - 1, last_row) // tile_n + 1, (m_block, seqlen_k)
@@ -145,6 +150,98 @@ def test_causal_block_range_visits_every_visible_key_and_masks_every_partial_blo
             fewer = BlockRange(0, blocks.n_block_max, blocks.n_masked_blocks - 1)
             one_fewer_fails |= not _unmasked_blocks_are_fully_visible(fewer, m_block, seqlen_k, tile_m, tile_n)
     assert one_fewer_fails
+
+
+@pytest.mark.parametrize(("tile_m", "tile_n"), [(128, 128), (192, 128)], ids=["D128", "D64"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_block_range_with_causal_offset_and_cache_lengths(tile_m: int, tile_n: int, causal: bool):
+    """Bottom-right alignment and per-sequence lengths, on Python ints against brute force: every key
+    some row of the tile sees (j < seqlen_k, causal j <= i + seqlen_k - Sq) lies below n_block_max, the
+    unmasked blocks are seen in full by every row, and a tile whose rows see no key still visits one
+    (fully masked) block. Planted bug: the causal offset ignored drops visible keys somewhere."""
+    offset_ignored_fails = False
+    for seqlen_q in (1, 77, 1000):
+        for seqlen_k in (0, 1, 77, 128, 1000):
+            offset = seqlen_k - seqlen_q
+            seqlen = SeqlenInfo(seqlen_k, offset, bottom_right=causal, has_cache_seqlens=True)
+            ignored = SeqlenInfo(seqlen_k, 0, bottom_right=False, has_cache_seqlens=True)
+            for m_block in range(-(-seqlen_q // tile_m)):
+                rows = range(m_block * tile_m, min((m_block + 1) * tile_m, seqlen_q))
+                seen = [j for i in rows for j in range(seqlen_k) if not causal or j <= i + offset]
+                blocks = BlockRange.create(m_block, seqlen, tile_m, tile_n, causal=causal)
+                where = (seqlen_q, seqlen_k, m_block)
+                assert blocks.n_block_min == 0 and blocks.n_block_max >= 1, where
+                assert all(j < blocks.n_block_max * tile_n for j in seen), where
+                assert blocks.n_block_max == max(1, -(-(max(seen, default=-1) + 1) // tile_n)) or not causal, where
+                assert _unmasked_blocks_are_fully_visible(
+                    blocks, m_block, seqlen_k, tile_m, tile_n, offset if causal else seqlen_k
+                ), where
+                wrong = BlockRange.create(m_block, ignored, tile_m, tile_n, causal=causal)
+                offset_ignored_fails |= not all(j < wrong.n_block_max * tile_n for j in seen)
+    assert offset_ignored_fails or not causal
+
+
+def test_problem_features_are_in_the_compile_key():
+    """Each feature that changes the kernel changes the config (the compile-cache key); returning the
+    LSE does not (the epilogue always writes it), and the plain problem keeps the canonical config."""
+    plain = Problem(2, 16, 1000, 8192, 128, causal=True)
+    base = hopper.default_config(plain)
+    assert not (base.gqa or base.bottom_right or base.has_cache_seqlens)
+    assert hopper.default_config(plain.with_(kv_heads=4)) == dataclasses.replace(base, gqa=True)
+    assert hopper.default_config(plain.with_(causal_alignment="bottom_right")) == dataclasses.replace(
+        base, bottom_right=True
+    )
+    assert hopper.default_config(plain.with_(has_cache_seqlens=True)) == dataclasses.replace(
+        base, has_cache_seqlens=True
+    )
+    assert hopper.default_config(plain.with_(return_lse=True)) == base
+    # Sq = Sk: the two alignments are the same mask, and the kernel is the canonical one.
+    square = Problem(2, 16, 512, 512, 128, causal=True)
+    assert hopper.default_config(square.with_(causal_alignment="bottom_right")) == hopper.default_config(square)
+
+
+@pytest.mark.parametrize("fp8_operands", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_every_feature_at_once_compiles_without_spills(head_dim: int, fp8_operands: bool):
+    """GQA, bottom-right causal, per-sequence lengths and the LSE together (FP8: the features it takes,
+    GQA and bottom-right): no local memory."""
+    problem = Problem(
+        2, 16, 1000, 8192, head_dim, causal=True, kv_heads=4, causal_alignment="bottom_right",
+        has_cache_seqlens=not fp8_operands, return_lse=not fp8_operands,
+    )  # fmt: skip
+    binary = (fp8 if fp8_operands else hopper).compile_sm90(problem)[0]
+    usage = cubin_resources(binary.cubin).values()
+    assert max(u["local_bytes"] for u in usage) == 0 and max(u["stack_bytes"] for u in usage) == 0
+
+
+def test_supports_every_feature(monkeypatch):
+    """cute/hopper takes GQA, both alignments, cache_seqlens and the LSE; cute/fp8 refuses, with a
+    reason, what its emulation cannot judge (per-sequence lengths, the LSE)."""
+    monkeypatch.setattr(hopper, "hopper_device_supported", lambda device: (True, ""))
+    monkeypatch.setattr(fp8, "hopper_device_supported", lambda device: (True, ""))
+    device = torch.device("cuda")
+    everything = Problem(
+        2, 8, 77, 1000, 128, causal=True, kv_heads=1, causal_alignment="bottom_right",
+        has_cache_seqlens=True, return_lse=True,
+    )  # fmt: skip
+    assert hopper.supports(everything, device) == (True, "")
+    gqa_bottom_right = everything.with_(has_cache_seqlens=False, return_lse=False)
+    assert fp8.supports(gqa_bottom_right, device) == (True, "")
+    for refused, words in ((gqa_bottom_right.with_(has_cache_seqlens=True), "cache_seqlens"),
+                           (gqa_bottom_right.with_(return_lse=True), "LSE")):  # fmt: skip
+        ok, reason = fp8.supports(refused, device)
+        assert not ok and words in reason and "cute/fp8" in reason, reason
+
+
+def test_cache_seqlens_come_exactly_with_a_problem_that_has_them():
+    """A problem with per-sequence lengths and no tensor of them (or the reverse) is refused before
+    anything is validated or compiled, naming cache_seqlens: never silently run without the lengths."""
+    q = torch.zeros(1, 2, 64, 128, dtype=torch.bfloat16)
+    problem = Problem(1, 2, 64, 64, 128, causal=True, causal_alignment="bottom_right", has_cache_seqlens=True)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        hopper.prepare(q, q, q, problem)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        hopper.prepare(q, q, q, problem.with_(has_cache_seqlens=False), cache_seqlens=torch.full((1,), 64))
 
 
 def test_register_split_fits_the_launch_allocation():
@@ -251,3 +348,106 @@ def test_hopper_reads_strided_views():
     ref = reference_attention(q, k, v, problem)
     err = error_stats(out, ref)
     assert err.rel_l2_err < 1e-2, err.summary()
+
+
+# The masks of the feature tests: (causal, causal_alignment).
+MASKS = {"full": (False, "top_left"), "causal": (True, "top_left"), "causal_bottom_right": (True, "bottom_right")}
+
+
+def _edge_cache_seqlens(batch: int, seqlen_k: int, device: torch.device) -> torch.Tensor:
+    """(B,) int32 key lengths with the edges: a full sequence (Sk), an empty one (0), ragged others."""
+    lengths = [seqlen_k, 0, *(max(1, (seqlen_k * (3 + 2 * i)) // 7) for i in range(batch - 2))]
+    return torch.tensor(lengths[:batch], dtype=torch.int32, device=device)
+
+
+def _feature_problem(seqlens, head_dim, kv_heads, mask, cache_lengths, return_lse=True, batch=3, heads=8):
+    causal, alignment = MASKS[mask]
+    return Problem(
+        batch, heads, *seqlens, head_dim, dtype=torch.bfloat16, causal=causal, kv_heads=kv_heads,
+        causal_alignment=alignment, has_cache_seqlens=cache_lengths, return_lse=return_lse,
+    )  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache_lengths", [False, True], ids=["dense", "cache_seqlens"])
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("seqlens", [(77, 1000), (1000, 77), (333, 333)], ids=str)
+@pytest.mark.parametrize("kv_heads", [1, 4], ids=["mqa", "gqa4"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_hopper_gqa_alignments_cache_seqlens_and_lse(
+    head_dim: int, kv_heads: int, seqlens: tuple[int, int], mask: str, cache_lengths: bool
+):
+    """GQA (8 query heads over 1 or 4 KV heads, each KV head its own values), both causal alignments
+    with Sq != Sk (bottom-right with Sq > Sk leaves rows that see no key: O = 0, LSE = -inf), and
+    per-sequence lengths Sk, 0 and ragged; O against the fp64 reference by the rung's rule and the LSE
+    by the contract's LSE rule, on poisoned outputs."""
+    problem = _feature_problem(seqlens, head_dim, kv_heads, mask, cache_lengths)
+    q, k, v = make_inputs(problem, seed=11, offset=0.5)
+    cache_seqlens = _edge_cache_seqlens(problem.batch, problem.seqlen_k, q.device) if cache_lengths else None
+    assert hopper.supports(problem, q.device)[0]
+    result = check_on_inputs(hopper.IMPLEMENTATION, q, k, v, problem, cache_seqlens=cache_seqlens)
+    assert result.ok, f"{problem.describe()}: {result.summary()}"
+    assert result.lse is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8_operands", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("seqlens", [(77, 1000), (1000, 77), (700, 700)], ids=str)
+def test_persistent_ctas_with_gqa_and_bottom_right(seqlens: tuple[int, int], head_dim: int, fp8_operands: bool):
+    """Three persistent CTAs over dozens of tiles of a GQA bottom-right problem (and, 16-bit, per-sequence
+    lengths): tiles that see no key still run their one fully masked block, so the rings stay in step."""
+    cache_lengths = not fp8_operands
+    problem = _feature_problem(seqlens, head_dim, 1, "causal_bottom_right", cache_lengths, return_lse=False, heads=5)
+    q, k, v = make_inputs(problem, seed=7, offset=0.5)
+    if fp8_operands:
+        quantisation = fp8.DEFAULT_QUANTISATION
+        config = dataclasses.replace(fp8.fp8_config(problem, quantisation), persistent=True)
+        run = fp8.quantised_launcher(config, fp8.quantised(q, k, v, quantisation), problem, sm_count=3)
+        impl, cache_seqlens = fp8.IMPLEMENTATION, None
+    else:
+        cache_seqlens = _edge_cache_seqlens(problem.batch, problem.seqlen_k, q.device)
+        config = dataclasses.replace(hopper.default_config(problem), persistent=True)
+        run = hopper.KERNELS.launcher(
+            config, q, k, v, problem.scale * hopper.LOG2_E, 1.0, sm_count=3, cache_seqlens=cache_seqlens
+        )
+        impl = hopper.IMPLEMENTATION
+    ref = reference_attention(q, k, v, problem, cache_seqlens=cache_seqlens)
+    out = run_poisoned(run)
+    err = error_stats(out, ref)
+    yardstick = sdpa_error(q, k, v, problem, ref, cache_seqlens)
+    ok, reason, _ = judge_output(impl, out, err, (q, k, v), problem, ref, yardstick)
+    assert ok, f"{problem.describe()}: {reason} ({err.summary()})"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("seqlens", [(77, 1000), (1000, 77)], ids=str)
+@pytest.mark.parametrize("kv_heads", [1, 4], ids=["mqa", "gqa4"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fp8_gqa_and_bottom_right_match_the_emulation(
+    head_dim: int, kv_heads: int, seqlens: tuple[int, int], mask: str
+):
+    """cute/fp8 with K and V (and their block scales) read at the KV head, judged by FP8_RULE against
+    the emulation of its own per-KV-head quantisation; both alignments with Sq != Sk."""
+    problem = _feature_problem(seqlens, head_dim, kv_heads, mask, False, return_lse=False)
+    q, k, v = make_inputs(problem, seed=13, offset=0.5)
+    result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
+    assert result.ok, f"{problem.describe()}: {result.summary()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gqa_runs_as_fast_as_mha(causal: bool):
+    """B=2 H=16 S=8192 D=128: 4 KV heads read directly (4 query heads per KV head, consecutive tiles
+    share its K and V in L2) take no longer than 16 KV heads; a kernel that read a repeated copy, or
+    whose tiles of one KV head were far apart, would not."""
+    from common.measure.timing import time_cuda
+
+    times = {}
+    for kv_heads in (16, 4):
+        problem = Problem(2, 16, 8192, 8192, 128, dtype=torch.bfloat16, causal=causal, kv_heads=kv_heads)
+        q, k, v = make_inputs(problem, seed=0)
+        times[kv_heads] = time_cuda(hopper.prepare(q, k, v, problem)).ms
+    print(f"cute/hopper {'causal' if causal else 'full'}: kv_heads=16 {times[16]:.3f} ms, kv_heads=4 {times[4]:.3f} ms")
+    assert times[4] <= 1.05 * times[16], times

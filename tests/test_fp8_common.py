@@ -123,6 +123,31 @@ def test_emulation_without_rounding_effects_is_exact_attention(causal: bool):
     torch.testing.assert_close(emulated.out, reference_attention(q, k, v, problem), rtol=1e-12, atol=1e-12)
 
 
+def test_emulation_reads_the_kv_head_and_aligns_the_diagonal_bottom_right():
+    """GQA: the emulation of 4 query heads over 2 KV heads equals that of K and V repeated per query
+    head (quantised per KV head as given, the scales repeat too). Bottom-right with Sq = Sk + 10: the
+    first 10 rows see no key and come out 0 (not 0 / 0), and the others are the top-left emulation of
+    the last Sk query rows. Values e4m3 holds exactly after scaling, with the amax pinned, so every
+    quantisation scale is the same and the comparisons are exact."""
+    problem = Problem(1, 4, 40, 30, 64, dtype=torch.float32, causal=True, kv_heads=2, causal_alignment="bottom_right")
+    values = torch.tensor([-3.5, -2.0, -1.0, 0.0, 1.0, 2.0, 3.5])
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (values[torch.randint(0, 7, (1, h, s, 64), generator=generator)] for h, s in ((4, 40), (2, 30), (2, 30)))
+    for t in (q, k, v):
+        t[..., 0] = 3.5
+    quantisation = fp8.Quantisation(block=True, rotation=False, q_block_rows=32, kv_block_rows=32)
+    order = fp8.KernelOrder(block_n=32, reverse=True)
+    emulated = fp8.emulate(fp8.quantise(q, k, v, quantisation), problem, order)
+    repeated = [t.repeat_interleave(2, dim=1) for t in (k, v)]
+    per_head = fp8.emulate(fp8.quantise(q, *repeated, quantisation), problem.with_(kv_heads=4), order)
+    torch.testing.assert_close(emulated.out, per_head.out, rtol=0, atol=0)
+    torch.testing.assert_close(emulated.bound, per_head.bound, rtol=0, atol=0)
+    assert (emulated.out[:, :, :10] == 0).all() and (emulated.bound[:, :, :10] == 0).all()
+    square = problem.with_(seqlen_q=30, causal_alignment="top_left")
+    shifted = fp8.emulate(fp8.quantise(q[:, :, 10:].contiguous(), k, v, quantisation), square, order)
+    torch.testing.assert_close(emulated.out[:, :, 10:], shifted.out, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 def test_emulation_error_is_e4m3s_and_its_bound_is_small(reverse: bool):
     """On standard-normal inputs the emulation's own error is e4m3's (about 5 % rel L2); its
