@@ -434,20 +434,3 @@ def test_fp8_gqa_and_bottom_right_match_the_emulation(
     q, k, v = make_inputs(problem, seed=13, offset=0.5)
     result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
     assert result.ok, f"{problem.describe()}: {result.summary()}"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_gqa_runs_as_fast_as_mha(causal: bool):
-    """B=2 H=16 S=8192 D=128: 4 KV heads read directly (4 query heads per KV head, consecutive tiles
-    share its K and V in L2) take no longer than 16 KV heads; a kernel that read a repeated copy, or
-    whose tiles of one KV head were far apart, would not."""
-    from common.measure.timing import time_cuda
-
-    times = {}
-    for kv_heads in (16, 4):
-        problem = Problem(2, 16, 8192, 8192, 128, dtype=torch.bfloat16, causal=causal, kv_heads=kv_heads)
-        q, k, v = make_inputs(problem, seed=0)
-        times[kv_heads] = time_cuda(hopper.prepare(q, k, v, problem)).ms
-    print(f"cute/hopper {'causal' if causal else 'full'}: kv_heads=16 {times[16]:.3f} ms, kv_heads=4 {times[4]:.3f} ms")
-    assert times[4] <= 1.05 * times[16], times
