@@ -118,7 +118,7 @@ import torch
 from common.contract.capability import FEATURES, check_features
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner, per_call_inputs, warmed_up
-from common.contract.validation import kernel_operand, validate_attention_inputs
+from common.contract.validation import kernel_operand, validate_for_problem
 from common.reporting.static import SM90_CAPABILITY
 
 try:  # The DSL is optional for the rest of the suite; the registry reports the import error.
@@ -588,19 +588,7 @@ def validated_problem(
             f"cache_seqlens must be given exactly when the problem has per-sequence lengths: "
             f"has_cache_seqlens={problem.has_cache_seqlens}, got cache_seqlens={cache_seqlens!r}"
         )
-    checked = validate_attention_inputs(
-        q,
-        k,
-        v,
-        causal=problem.causal,
-        softmax_scale=problem.softmax_scale,
-        causal_alignment=problem.causal_alignment,
-        cache_seqlens=cache_seqlens,
-        return_lse=problem.return_lse,
-        allow_gqa=True,
-        dtypes=DTYPES,
-        head_dims=HEAD_DIMS,
-    )
+    checked = validate_for_problem(q, k, v, problem, cache_seqlens=cache_seqlens, dtypes=DTYPES, head_dims=HEAD_DIMS)
     checks = (
         check_features(name, checked, features),
         common_problem_supported(checked),

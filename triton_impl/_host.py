@@ -19,7 +19,7 @@ import torch
 from common.contract.capability import FEATURES, check_features
 from common.contract.devices import triton_device_supported, triton_device_types, triton_dtype_supported, triton_dtypes
 from common.contract.problem import Problem
-from common.contract.validation import validate_attention_inputs
+from common.contract.validation import validate_for_problem
 from triton_impl._device import LOG2_E
 
 # (batch, head, row) stride arguments of Q, K, V and O, in kernel-argument order.
@@ -37,39 +37,23 @@ def validate_triton_inputs(
     dtypes: tuple[torch.dtype, ...] | None = None,
     *,
     cache_seqlens: torch.Tensor | None = None,
-    all_features: bool = False,
 ) -> Problem:
-    """``validate_attention_inputs`` with the Triton dtypes (or ``dtypes``) and device types.
-
-    ``all_features``: the rung implements GQA, both causal alignments, ``cache_seqlens`` and the LSE
-    (the ladder rungs), so they are validated and kept in the problem; otherwise the problem is
-    validated as plain attention (those rungs' ``supports`` refuses the features).
-    """
+    """``validate_for_problem`` with the Triton dtypes (or ``dtypes``) and device types: every Triton rung
+    implements GQA, both causal alignments, ``cache_seqlens`` and the LSE."""
     if problem.has_cache_seqlens != (cache_seqlens is not None):
         raise ValueError(
             f"cache_seqlens must be given exactly when the problem has per-sequence lengths: "
             f"has_cache_seqlens={problem.has_cache_seqlens}, got cache_seqlens={cache_seqlens!r}"
         )
-    features = (
-        {
-            "causal_alignment": problem.causal_alignment,
-            "cache_seqlens": cache_seqlens,
-            "return_lse": problem.return_lse,
-            "allow_gqa": True,
-        }
-        if all_features
-        else {}
-    )
-    return validate_attention_inputs(
+    return validate_for_problem(
         q,
         k,
         v,
-        causal=problem.causal,
-        softmax_scale=problem.softmax_scale,
+        problem,
+        cache_seqlens=cache_seqlens,
         dtypes=dtypes or triton_dtypes(),
         head_dims=head_dims,
         device_types=triton_device_types(),
-        **features,
     )
 
 

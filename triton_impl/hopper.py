@@ -502,9 +502,7 @@ def _validate(
 ) -> Problem:
     """The inputs checks of both Triton Hopper rungs (``dtypes``: the fp8 rung's own), with GQA, both
     causal alignments, ``cache_seqlens`` and the LSE (both rungs implement them)."""
-    checked = validate_triton_inputs(
-        q, k, v, problem, HEAD_DIMS, dtypes, cache_seqlens=cache_seqlens, all_features=True
-    )
+    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, dtypes, cache_seqlens=cache_seqlens)
     if checked.scale < 0:
         raise ValueError(f"softmax_scale must be >= 0 for {rung}, got {checked.scale}")
     return checked

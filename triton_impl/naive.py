@@ -204,7 +204,7 @@ def naive_attention(
 ) -> Runner:
     """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them, and compile by one warm-up
     launch on a GPU."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens, all_features=True)
+    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens)
     return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
 
 

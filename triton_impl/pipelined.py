@@ -289,7 +289,7 @@ def pipelined_attention(
 ) -> Runner:
     """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), choose the tiles (autotuning here, once per
     bucket), bind them, and compile by one warm-up launch on a GPU."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens, all_features=True)
+    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens)
     operands = [kernel_operand(t) for t in (q, k, v)]
     out = torch.empty_like(operands[0], memory_format=torch.contiguous_format)
     choose_config(*operands, out, checked, cache_seqlens)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
+from typing import Any
 
 import torch
 
@@ -156,6 +157,26 @@ def validate_attention_inputs(
         causal_alignment=alignment,
         has_cache_seqlens=cache_seqlens is not None,
         return_lse=return_lse,
+    )
+
+
+def validate_for_problem(
+    q: object, k: object, v: object, problem: Problem, *, cache_seqlens: object = None, **limits: Any
+) -> Problem:
+    """:func:`validate_attention_inputs` with every feature ``problem`` states (mask, scale, alignment, GQA,
+    cache lengths, LSE) and the rung's ``limits`` (dtypes, head_dims, device_types): the check of a rung
+    that implements all of them, on tensors a caller described by ``problem``."""
+    return validate_attention_inputs(
+        q,
+        k,
+        v,
+        causal=problem.causal,
+        softmax_scale=problem.softmax_scale,
+        causal_alignment=problem.causal_alignment,
+        cache_seqlens=cache_seqlens,
+        return_lse=problem.return_lse,
+        allow_gqa=True,
+        **limits,
     )
 
 

@@ -42,7 +42,7 @@ import torch
 
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner, warmed_up
-from common.contract.validation import validate_attention_inputs
+from common.contract.validation import validate_for_problem
 
 NAME = "fa4/sm90"
 PACKAGE = "flash_attn.cute"
@@ -196,18 +196,7 @@ def prepare(
 ) -> Runner:
     """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), change their layout (untimed), and compile by
     one warm-up launch."""
-    checked = validate_attention_inputs(
-        q,
-        k,
-        v,
-        causal=problem.causal,
-        softmax_scale=problem.softmax_scale,
-        causal_alignment=problem.causal_alignment,
-        cache_seqlens=cache_seqlens,
-        return_lse=problem.return_lse,
-        allow_gqa=True,
-        dtypes=DTYPES,
-    )
+    checked = validate_for_problem(q, k, v, problem, cache_seqlens=cache_seqlens, dtypes=DTYPES)
     return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
 
 

@@ -81,7 +81,7 @@ from triton.runtime.jit import mangle_type
 from common.contract.capability import FEATURES, check_features
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.contract.validation import kernel_operand, validate_attention_inputs
+from common.contract.validation import kernel_operand, validate_for_problem
 from common.measure.toolchain import release_configs
 from common.reporting.static import compile_triton_sm90
 from triton_impl._host import LOG2_E
@@ -238,19 +238,7 @@ def validate_gluon_inputs(
             f"{rung}: cache_seqlens must be given exactly when the problem has per-sequence lengths: "
             f"has_cache_seqlens={problem.has_cache_seqlens}, got cache_seqlens={cache_seqlens!r}"
         )
-    checked = validate_attention_inputs(
-        q,
-        k,
-        v,
-        causal=problem.causal,
-        softmax_scale=problem.softmax_scale,
-        causal_alignment=problem.causal_alignment,
-        cache_seqlens=cache_seqlens,
-        return_lse=problem.return_lse,
-        allow_gqa=True,
-        dtypes=dtypes,
-        head_dims=HEAD_DIMS,
-    )
+    checked = validate_for_problem(q, k, v, problem, cache_seqlens=cache_seqlens, dtypes=dtypes, head_dims=HEAD_DIMS)
     if checked.scale < 0:
         raise ValueError(f"softmax_scale must be >= 0 for {rung}, got {checked.scale}")
     return checked
