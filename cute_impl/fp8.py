@@ -70,19 +70,23 @@ Figures are in the generated table of ``docs/ladder.md``; the A/B runs behind th
 
 Constraints
 -----------
-sm_90, fp16/bf16 inputs, head_dim 64 or 128, softmax_scale > 0, any Sq, Sk >= 1, causal aligned
-top-left or bottom-right, GQA (K and V read at the KV head, as in ``hopper``). Block scales must match
-the tiles (64 Q rows, 128 keys). Refused (``FEATURES``): per-sequence key lengths and returning the
-LSE, which the fp64 emulation cannot judge yet.
+sm_90, fp16/bf16 inputs, head_dim 64 or 128, softmax_scale > 0, any Sq, Sk >= 1. Every problem
+feature of ``hopper`` (``FEATURES``), from the same kernel: GQA (K, V and their scales read at the KV
+head), causal aligned top-left or bottom-right, ``cache_seqlens`` ((B,) int32, contiguous, passed to
+``prepare``/``bind``/``emulate`` as ``cache_seqlens=``) and ``return_lse`` (``run()`` returns (O, lse),
+the LSE in natural log of the original scores, the P offset removed; -inf and O = 0 for rows that see
+no key). The emulation takes the same mask and key lengths and returns its LSE with a bound, which
+judges the kernel's. Block scales must match the tiles (64 Q rows, 128 keys).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
-from common.contract.capability import BOTTOM_RIGHT, GQA, check_features
+from common.contract.capability import FEATURES, check_features
 from common.contract.fp8 import (
     Emulation,
     KernelOrder,
@@ -95,7 +99,7 @@ from common.contract.fp8 import (
 from common.contract.fp8 import emulate as emulate_quantised
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.registry import Implementation, KernelBinary, Runner, per_call_inputs, warmed_up
 from common.contract.validation import kernel_operand
 from cute_impl._device import LOG2_E
 from cute_impl._hopper_host import HopperConfig, default_config
@@ -108,11 +112,6 @@ from cute_impl.hopper import (
     validated_problem,
 )
 
-# The problem features this rung implements: GQA and the bottom-right alignment, which its emulation
-# (``common.contract.fp8.emulate``) reproduces. Per-sequence lengths and the LSE are refused: the
-# emulation takes no key lengths, and there is no rule yet for an LSE of e4m3 scores (the contract's LSE
-# bound is that of the 16-bit dtype).
-FEATURES = (GQA, BOTTOM_RIGHT)
 # What compare.py and the tests run: the most accurate variant whose kernel is within 5 % of the
 # per-tensor kernel's speed in every stack (issue #17): block scales + rotation, the most accurate on
 # FA3's inputs, cost at most 4 % (results/h200/fp8_speed.md; docs/perf-log.md).
@@ -137,12 +136,29 @@ def quantised(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, quantisation: Q
 
 
 def quantised_launcher(
-    config: HopperConfig, operands: QuantisedOperands, problem: Problem, sm_count: int | None = None
+    config: HopperConfig,
+    operands: QuantisedOperands,
+    problem: Problem,
+    sm_count: int | None = None,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> Runner:
-    """Steps 1-3: e4m3 bytes of Q, K and permuted Vᵀ, then the ``hopper`` launcher with the scales."""
+    """Steps 1-3: e4m3 bytes of Q, K and permuted Vᵀ, then the ``hopper`` launcher with the scales,
+    the key lengths (``cache_seqlens``) and the LSE (returned with O when ``problem.return_lse``)."""
     q8, k8, vt8 = (t.view(torch.uint8) for t in (operands.q8, operands.k8, value_operand(operands.v8)))
     scales = (operands.q_scale, operands.k_scale, operands.v_scale)
-    run = KERNELS.launcher(config, q8, k8, vt8, problem.scale * LOG2_E, 1.0, sm_count=sm_count, scales=scales)
+    run = KERNELS.launcher(
+        config,
+        q8,
+        k8,
+        vt8,
+        problem.scale * LOG2_E,
+        1.0,
+        sm_count=sm_count,
+        scales=scales,
+        cache_seqlens=cache_seqlens,
+        return_lse=problem.return_lse,
+    )
     run.variant = operands.quantisation.name
     return run
 
@@ -153,10 +169,14 @@ def bind(
     v: torch.Tensor,
     problem: Problem,
     quantisation: Quantisation = DEFAULT_QUANTISATION,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> Runner:
     """Quantise validated q, k, v (values change per call, so this is per-call work) and return the
-    launch-only ``run`` (compiled once per configuration); no launch."""
-    return quantised_launcher(fp8_config(problem, quantisation), quantised(q, k, v, quantisation), problem)
+    launch-only ``run`` (compiled once per configuration); no launch. ``run()`` returns (O, lse) when
+    ``problem.return_lse``, else O."""
+    operands = quantised(q, k, v, quantisation)
+    return quantised_launcher(fp8_config(problem, quantisation), operands, problem, cache_seqlens=cache_seqlens)
 
 
 def prepare(
@@ -165,10 +185,12 @@ def prepare(
     v: torch.Tensor,
     problem: Problem,
     quantisation: Quantisation = DEFAULT_QUANTISATION,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> Runner:
     """Validate, quantise (``quantisation``: ``common.contract.fp8.VARIANTS``), bind, warm up; run() is the kernel."""
-    checked = validated_problem(q, k, v, problem, name="cute/fp8", features=FEATURES)
-    return warmed_up(bind(q, k, v, checked, quantisation), q.device)
+    checked = validated_problem(q, k, v, problem, cache_seqlens=cache_seqlens, name="cute/fp8", features=FEATURES)
+    return warmed_up(bind(q, k, v, checked, quantisation, **per_call_inputs(checked, cache_seqlens)), q.device)
 
 
 def prepare_end_to_end(
@@ -177,10 +199,13 @@ def prepare_end_to_end(
     v: torch.Tensor,
     problem: Problem,
     quantisation: Quantisation = DEFAULT_QUANTISATION,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> Runner:
     """Like ``prepare``, but every run() quantises, rotates and launches: the per-call cost of fp8."""
-    checked = validated_problem(q, k, v, problem, name="cute/fp8", features=FEATURES)
-    return end_to_end_runner(bind, q, k, v, checked, quantisation)
+    checked = validated_problem(q, k, v, problem, cache_seqlens=cache_seqlens, name="cute/fp8", features=FEATURES)
+    bind_per_call = functools.partial(bind, **per_call_inputs(checked, cache_seqlens))
+    return end_to_end_runner(bind_per_call, q, k, v, checked, quantisation)
 
 
 def emulate(
@@ -189,11 +214,14 @@ def emulate(
     v: torch.Tensor,
     problem: Problem,
     quantisation: Quantisation = DEFAULT_QUANTISATION,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> Emulation:
-    """The fp64 emulation this rung is judged against: the same quantisation, key blocks of
-    ``tile_n`` visited from the last to the first."""
+    """The fp64 emulation this rung is judged against: the same quantisation (K and V per KV head),
+    key blocks of ``tile_n`` visited from the last to the first, the problem's mask and key lengths;
+    its LSE (with a bound) judges the kernel's."""
     order = KernelOrder(block_n=default_config(problem, fp8=True).tile_n, reverse=True)
-    return emulate_quantised(quantised(q, k, v, quantisation), problem, order)
+    return emulate_quantised(quantised(q, k, v, quantisation), problem, order, cache_seqlens)
 
 
 def compile_sm90(problem: Problem, quantisation: Quantisation = DEFAULT_QUANTISATION) -> list[KernelBinary]:

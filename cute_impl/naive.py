@@ -7,16 +7,22 @@ intermediate in HBM. Nothing is fused, no tile is reused from shared memory and 
 used, so each later rung can be read as "this, minus one bottleneck".
 
 Algorithm (three launches; the numbers match the kernels below)
+0. Each kernel first finds what its (batch, head) reads, as ``triton_impl/naive.py`` does: GQA's
+   ``kv_head = head // (heads // kv_heads)`` (K and V are indexed by it, never repeated), the
+   sequence's key length ``seqlen_k_seq`` (its ``cache_seqlens`` entry clamped to [0, Sk] in a padded
+   cache, else Sk) and ``causal_offset`` (``seqlen_k_seq - Sq`` aligned bottom-right, else 0).
 1. ``scores_kernel``: S = softmax_scale_log2 · Q Kᵀ into an fp32 buffer of shape (B, H, Sq, Sk), one
-   thread per score, a dot product over D with fp32 FMAs. Causal entries (key j > query i) are set
-   to ``-inf``. S is kept in base-2 units (``softmax_scale_log2 = softmax_scale * LOG2_E``) so the
-   softmax can use ``exp2``, the instruction the hardware has.
+   thread per score, a dot product over D with fp32 FMAs. Entries row i may not see are set to
+   ``-inf``: keys j >= seqlen_k_seq and, causal, keys j > i + causal_offset. S is kept in base-2 units
+   (``softmax_scale_log2 = softmax_scale * LOG2_E``) so the softmax can use ``exp2``, the instruction
+   the hardware has.
 2. ``softmax_kernel``: row-wise softmax in place, one warp per row: (a) row max, (b) P = exp2(S - max)
    and the row sum, (c) P /= sum. The lanes stride along the row so every pass reads HBM coalesced,
    and the warp combines its partial max and sum with butterfly shuffles. A row whose every key is
-   masked has max ``-inf``; it uses 0 instead, so it gets P = 0 rather than NaN.
-3. ``pv_kernel``: O = P V, one thread per output element, fp32 accumulation over Sk, written in the
-   input dtype.
+   masked has max ``-inf``; it uses 0 instead, so it gets P = 0 rather than NaN. With ``return_lse``,
+   lane 0 writes lse = (max + log2(sum)) · ln 2 (natural log; -inf for a row that sees no key).
+3. ``pv_kernel``: O = P V over the sequence's ``seqlen_k_seq`` keys (P is 0 past them), one thread per
+   output element, fp32 accumulation, written in the input dtype.
 
 Data movement
 -------------
@@ -26,9 +32,12 @@ tells the compiler the strides are multiples of 8 elements, which ``kernel_opera
 because the 32 lanes of a warp read 32 different K rows. S is written once, read and written twice
 by the softmax and read once by PV. No shared memory, no ``mma``, no ``cp.async``.
 
-Constraints: fp16/bf16, head_dim in {32, 64, 128, 256}, any Sq, Sk ≥ 1, causal top-left aligned like
-SDPA, sm_80 or newer. The fp32 S buffer must fit in free device memory; the capability check
-refuses with the bytes it needs otherwise. batch·heads ≤ 65535 (it is a grid dimension).
+Constraints: fp16/bf16, head_dim in {32, 64, 128, 256}, any Sq, Sk ≥ 1, sm_80 or newer. Every problem
+feature (``FEATURES``): GQA/MQA (``kv_heads`` dividing ``heads``), causal aligned top-left (SDPA) or
+bottom-right (KV cache), ``cache_seqlens`` ((B,) int32, contiguous, ``prepare``/``bind`` take it as
+``cache_seqlens=``) and ``return_lse`` (``run()`` returns (O, lse), lse (B, H, Sq) fp32). The fp32
+S buffer must fit in free device memory; the capability check refuses with the bytes it needs
+otherwise. batch·heads ≤ 65535 (it is a grid dimension).
 
 What the measurements taught
 ----------------------------
@@ -47,7 +56,6 @@ in ``docs/perf-log.md`` ("Figures moved out of rung docstrings").
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import Any
 
 import cuda.bindings.driver as cuda
@@ -55,14 +63,16 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, const_expr
+from cutlass.cute.runtime import from_dlpack, make_fake_tensor
 
-from common.contract.capability import check_common
+from common.contract.capability import FEATURES, check_common
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner
-from common.contract.validation import kernel_operand
-from cute_impl._host import CUTE_DTYPES, compile_on_fakes_sm90, compiled_runner, fake_bhsd_tensor, validated_prepare
+from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.validation import kernel_operand, validate_attention_inputs
+from cute_impl._host import CUTE_DTYPES, compile_on_fakes_sm90, current_stream, fake_bhsd_tensor, to_cute_tensor
 
 LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 MIN_COMPUTE_CAPABILITY = (8, 0)
@@ -78,9 +88,15 @@ STRIDE_DIVISIBILITY = 8
 class NaiveAttention:
     """Three launches: scores to HBM, softmax in place, P V."""
 
-    def __init__(self, head_dim: int, causal: bool) -> None:
+    def __init__(
+        self, head_dim: int, causal: bool, bottom_right: bool, has_cache_seqlens: bool, return_lse: bool
+    ) -> None:
         self.head_dim = head_dim
         self.causal = causal
+        # Problem features, compile time: the causal alignment, per-sequence key lengths, the LSE.
+        self.bottom_right = bottom_right
+        self.has_cache_seqlens = has_cache_seqlens
+        self.return_lse = return_lse
         self.scores_threads = 128
         self.softmax_rows_per_cta = 4
 
@@ -92,22 +108,26 @@ class NaiveAttention:
         mV: cute.Tensor,
         mS: cute.Tensor,
         mO: cute.Tensor,
+        mLse: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None,
         softmax_scale_log2: Float32,
         stream: cuda.CUstream,
     ) -> None:
+        """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D), s (B, H, Sq, Sk) fp32; ``mLse`` (B, H, Sq) fp32, None
+        without ``return_lse``; ``mCacheSeqlens`` the (B,) int32 key lengths, None without them."""
         batch_heads = mQ.shape[0] * mQ.shape[1]
         seqlen_q, seqlen_k = mQ.shape[2], mK.shape[2]
-        self.scores_kernel(mQ, mK, mS, softmax_scale_log2).launch(
+        self.scores_kernel(mQ, mK, mS, mCacheSeqlens, softmax_scale_log2).launch(
             grid=[seqlen_q, cute.ceil_div(seqlen_k, self.scores_threads), batch_heads],
             block=[self.scores_threads, 1, 1],
             stream=stream,
         )
-        self.softmax_kernel(mS).launch(
+        self.softmax_kernel(mS, mLse).launch(
             grid=[cute.ceil_div(seqlen_q, self.softmax_rows_per_cta), batch_heads, 1],
             block=[self.softmax_rows_per_cta * WARP_SIZE, 1, 1],
             stream=stream,
         )
-        self.pv_kernel(mS, mV, mO).launch(
+        self.pv_kernel(mS, mV, mO, mCacheSeqlens).launch(
             grid=[seqlen_q, batch_heads, 1],
             block=[self.head_dim, 1, 1],
             stream=stream,
@@ -120,15 +140,39 @@ class NaiveAttention:
         head_start = mX.iterator + batch * batch_stride + head * head_stride
         return cute.make_tensor(head_start, cute.make_layout((mX.shape[2], self.head_dim), stride=(row_stride, 1)))
 
+    @cute.jit
+    def sequence_seqlen_k(self, mCacheSeqlens: cute.Tensor | None, batch: Int32, seqlen_k: Int32) -> Int32:
+        """This sequence's keys: its own length in a padded cache (clamped to [0, Sk]), else Sk."""
+        seqlen_k_seq = seqlen_k
+        if const_expr(self.has_cache_seqlens):
+            seqlen_k_seq = cutlass.min(cutlass.max(mCacheSeqlens[batch], 0), seqlen_k)
+        return seqlen_k_seq
+
     # ---- 1. S = softmax_scale_log2 · Q Kᵀ, one thread per (row, col) ----
     @cute.kernel
-    def scores_kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mS: cute.Tensor, softmax_scale_log2: Float32) -> None:
+    def scores_kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mS: cute.Tensor,
+        mCacheSeqlens: cute.Tensor | None,
+        softmax_scale_log2: Float32,
+    ) -> None:
         tidx, _, _ = cute.arch.thread_idx()
         row, col_block, batch_head = cute.arch.block_idx()
-        batch, head = batch_head // mQ.shape[1], batch_head % mQ.shape[1]
+        heads, kv_heads = mQ.shape[1], mK.shape[1]
+        batch, head = batch_head // heads, batch_head % heads
+        # GQA: this query head reads KV head head // (heads // kv_heads).
+        kv_head = head // (heads // kv_heads)
         col = col_block * self.scores_threads + tidx
         gQ = self.head_view(mQ, batch, head)
-        gK = self.head_view(mK, batch, head)
+        gK = self.head_view(mK, batch, kv_head)
+        # Row i sees keys j < seqlen_k_seq and, causal, j <= i + causal_offset: 0 top-left, the
+        # sequence's Sk - Sq bottom-right.
+        seqlen_k_seq = self.sequence_seqlen_k(mCacheSeqlens, batch, mK.shape[2])
+        causal_offset = 0
+        if const_expr(self.bottom_right):
+            causal_offset = seqlen_k_seq - mQ.shape[2]
         # The 32 lanes of a warp read 32 different K rows; 128-bit loads make that 8x fewer requests.
         rQ = cute.make_rmem_tensor((1, GMEM_VEC), mQ.element_type)
         rK = cute.make_rmem_tensor((1, GMEM_VEC), mK.element_type)
@@ -140,15 +184,17 @@ class NaiveAttention:
                 for e in cutlass.range_constexpr(GMEM_VEC):
                     dot += rQ[0, e].to(Float32) * rK[0, e].to(Float32)
             score = dot * softmax_scale_log2
+            if col >= seqlen_k_seq:
+                score = -Float32.inf
             # const_expr is resolved while tracing; the inner test runs on the GPU, so they stay apart.
             if const_expr(self.causal):  # noqa: SIM102
-                if col > row:
+                if col > row + causal_offset:
                     score = -Float32.inf
             mS[batch, head, row, col] = score
 
     # ---- 2. softmax in place, one warp per row ----
     @cute.kernel
-    def softmax_kernel(self, mS: cute.Tensor) -> None:
+    def softmax_kernel(self, mS: cute.Tensor, mLse: cute.Tensor | None) -> None:
         row_block, batch_head, _ = cute.arch.block_idx()
         lane = cute.arch.lane_idx()
         row = row_block * self.softmax_rows_per_cta + cute.arch.warp_idx()
@@ -160,6 +206,7 @@ class NaiveAttention:
             for col in cutlass.range(lane, seqlen_k, WARP_SIZE):
                 row_max = cute.arch.fmax(row_max, mS[batch, head, row, col])
             row_max = cute.arch.warp_reduction_max(row_max)
+            # Guard: a row with every key masked has max -inf; subtracting 0 instead keeps exp2 at 0, not NaN.
             if row_max == -Float32.inf:
                 row_max = Float32(0.0)
             # (b) P = exp2(S - max), row sum
@@ -169,6 +216,14 @@ class NaiveAttention:
                 mS[batch, head, row, col] = p
                 row_sum += p
             row_sum = cute.arch.warp_reduction_sum(row_sum)
+            if const_expr(self.return_lse):  # noqa: SIM102
+                # S is in log2 units: lse = ln(sum exp(scaled S)) = (max + log2(sum)) · ln 2, -inf for a
+                # row that sees no key (sum 0). The reductions left every lane with max and sum.
+                if lane == 0:
+                    lse = Float32(-Float32.inf)
+                    if row_sum > 0.0:
+                        lse = (row_max + cute.math.log2(row_sum, fastmath=False)) * LN_2
+                    mLse[batch, head, row] = lse
             # (c) normalise
             inv_sum = Float32(0.0)
             if row_sum > 0.0:
@@ -178,13 +233,17 @@ class NaiveAttention:
 
     # ---- 3. O = P V, one thread per output element ----
     @cute.kernel
-    def pv_kernel(self, mP: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor) -> None:
+    def pv_kernel(self, mP: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mCacheSeqlens: cute.Tensor | None) -> None:
         d, _, _ = cute.arch.thread_idx()
         row, batch_head, _ = cute.arch.block_idx()
-        batch, head = batch_head // mO.shape[1], batch_head % mO.shape[1]
+        heads, kv_heads = mO.shape[1], mV.shape[1]
+        batch, head = batch_head // heads, batch_head % heads
+        kv_head = head // (heads // kv_heads)
+        # P is 0 past the sequence's keys: the loop stops there (and never reads a padded cache's rows).
+        seqlen_k_seq = self.sequence_seqlen_k(mCacheSeqlens, batch, mV.shape[2])
         acc = Float32(0.0)
-        for col in cutlass.range(mV.shape[2], unroll=4):
-            acc += mP[batch, head, row, col] * mV[batch, head, col, d].to(Float32)
+        for col in cutlass.range(seqlen_k_seq, unroll=4):
+            acc += mP[batch, head, row, col] * mV[batch, kv_head, col, d].to(Float32)
         mO[batch, head, row, d] = acc.to(mO.element_type)
 
 
@@ -192,32 +251,78 @@ class NaiveAttention:
 # Host side: validate, compile once per configuration, allocate, launch.
 # ---------------------------------------------------------------------------------------------
 
-# Compiled launchers keyed on everything that changes the generated code: dtype, head_dim, causal.
-# Shapes and strides are dynamic, so one compilation serves every sequence length and batch.
-_COMPILED: dict[tuple[torch.dtype, int, bool], Any] = {}
+# Compiled launchers keyed on everything that changes the generated code: dtype, head_dim, causal
+# and the problem features. Shapes and strides are dynamic, so one compilation serves every sequence
+# length, batch and head count.
+_COMPILED: dict[tuple[torch.dtype, int, bool, bool, bool, bool], Any] = {}
 
 
-def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up."""
-    return validated_prepare(bind, q, k, v, problem, head_dims=SUPPORTED_HEAD_DIMS)
+def validated_problem(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, cache_seqlens: torch.Tensor | None
+) -> Problem:
+    """The Problem q (B, H, Sq, D), k and v (B, Hkv, Sk, D) describe, with the given problem's mask,
+    LSE flag and ``cache_seqlens`` (given exactly when the problem has per-sequence lengths)."""
+    if problem.has_cache_seqlens != (cache_seqlens is not None):
+        raise ValueError(
+            f"cache_seqlens must be given exactly when the problem has per-sequence lengths: "
+            f"has_cache_seqlens={problem.has_cache_seqlens}, got cache_seqlens={cache_seqlens!r}"
+        )
+    return validate_attention_inputs(
+        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale,
+        causal_alignment=problem.causal_alignment, cache_seqlens=cache_seqlens, return_lse=problem.return_lse,
+        allow_gqa=True, head_dims=SUPPORTED_HEAD_DIMS,
+    )  # fmt: skip
 
 
-def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Compile (cached), allocate S and O for validated q, k, v; the returned ``run()`` only launches."""
+def prepare(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
+    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them (compiling on first use), and
+    launch once to warm up."""
+    checked = validated_problem(q, k, v, problem, cache_seqlens)
+    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
+
+
+def lengths_operand(cache_seqlens: torch.Tensor) -> cute.Tensor:
+    """The (B,) int32 key lengths as the kernels take them (contiguous, 4-byte aligned)."""
+    if not cache_seqlens.is_contiguous():
+        raise ValueError(f"cache_seqlens must be contiguous, got stride {cache_seqlens.stride()}")
+    return from_dlpack(cache_seqlens, assumed_align=4).mark_layout_dynamic(leading_dim=0)
+
+
+def bind(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
+    """Compile (cached), allocate S, O (and the LSE) for validated q, k, v; the returned ``run()`` only
+    launches and returns O, or (O, lse) when the problem returns the LSE."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
-    scores = torch.empty(
-        (problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k), dtype=torch.float32, device=q.device
-    )
+    batch, heads, seqlen_q, seqlen_k = problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k
+    scores = torch.empty((batch, heads, seqlen_q, seqlen_k), dtype=torch.float32, device=q.device)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    key = (problem.dtype, problem.head_dim, problem.causal)
-    return compiled_runner(
-        _COMPILED,
-        key,
-        partial(NaiveAttention, problem.head_dim, problem.causal),
-        (q, k, v, scores, out),
-        problem.scale * LOG2_E,
-        out,
-    )
+    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device) if problem.return_lse else None
+    operands = [to_cute_tensor(t) for t in (q, k, v, scores, out)]
+    # None when the problem returns no LSE or has no per-sequence lengths: compiled out of the kernels.
+    operands += [
+        None if lse is None else to_cute_tensor(lse),
+        None if cache_seqlens is None else lengths_operand(cache_seqlens),
+    ]
+    scale_arg = Float32(problem.scale * LOG2_E)
+    key = (
+        problem.dtype, problem.head_dim, problem.causal, problem.bottom_right, problem.has_cache_seqlens,
+        problem.return_lse,
+    )  # fmt: skip
+    device = q.device
+    if key not in _COMPILED:
+        launcher = NaiveAttention(*key[1:])
+        _COMPILED[key] = cute.compile(launcher, *operands, scale_arg, current_stream(device))
+    compiled = _COMPILED[key]
+
+    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        # The stream is read at launch so that a CUDA-graph capture on a side stream records this launch.
+        compiled(*operands, scale_arg, current_stream(device))
+        return out if lse is None else (out, lse)
+
+    return run
 
 
 def score_buffer_fits(problem: Problem, free_bytes: int) -> tuple[bool, str]:
@@ -236,6 +341,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     ok, reason = check_common(
         "cute/naive", problem, device,
         dtypes=SUPPORTED_DTYPES, head_dims=SUPPORTED_HEAD_DIMS, min_capability=MIN_COMPUTE_CAPABILITY,
+        features=FEATURES,
     )  # fmt: skip
     if not ok:
         return ok, reason
@@ -248,10 +354,24 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """Compile the three kernels for sm_90a on fake tensors (no GPU needed)."""
     element = CUTE_DTYPES[problem.dtype]
-    launcher = NaiveAttention(problem.head_dim, problem.causal)
+    launcher = NaiveAttention(
+        problem.head_dim, problem.causal, problem.bottom_right, problem.has_cache_seqlens, problem.return_lse
+    )
     fakes = [fake_bhsd_tensor(element) for _ in range(3)] + [fake_bhsd_tensor(Float32), fake_bhsd_tensor(element)]
+    fakes += [fake_lse() if problem.return_lse else None, fake_cache_seqlens() if problem.has_cache_seqlens else None]
     threads = max(launcher.scores_threads, launcher.softmax_rows_per_cta * WARP_SIZE, problem.head_dim)
     return compile_on_fakes_sm90(launcher, fakes, problem.scale * LOG2_E, name="cute_naive", threads=threads)
+
+
+def fake_lse() -> Any:
+    """A (B, H, Sq) fp32 stand-in for the LSE, contiguous in Sq."""
+    sym = cute.sym_int
+    return make_fake_tensor(Float32, (sym(), sym(), sym()), (sym(), sym(), 1), assumed_align=16)
+
+
+def fake_cache_seqlens() -> Any:
+    """A (B,) int32 stand-in for ``lengths_operand``: contiguous, 4-byte aligned."""
+    return make_fake_tensor(Int32, (cute.sym_int(),), (1,), assumed_align=4)
 
 
 IMPLEMENTATION = Implementation(

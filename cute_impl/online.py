@@ -13,19 +13,27 @@ keys suffices. HBM traffic drops to reading Q, K, V and writing O; the limiter b
 rate of the CUDA cores.
 
 Algorithm (one CTA = ``tile_m`` rows of one (batch, head); the numbers match the code's sections)
+0. As in ``triton_impl/online.py``: GQA's ``kv_head = head // (heads // kv_heads)`` (K and V are read
+   at it, never repeated), this sequence's ``seqlen_k`` (its ``cache_seqlens`` entry clamped to
+   [0, Sk] in a padded cache, else Sk) and ``causal_offset`` (``seqlen_k - Sq`` aligned bottom-right,
+   else 0): row i sees keys j < seqlen_k and, causal, j <= i + causal_offset.
 1. Load the Q tile to shared memory once, converted to fp32 and multiplied by
    ``softmax_scale_log2 = softmax_scale * LOG2_E`` so that scores come out in base-2 units.
-2. For each block of ``tile_n`` keys (causal: only blocks left of the diagonal):
+2. For each block of ``tile_n`` keys (causal: only blocks left of the diagonal; none for a tile whose
+   rows see no key):
    a. load the K tile to shared memory (fp32);
    b. S = Q Kᵀ for this thread's 8x4 sub-tile with fp32 FMAs;
-   c. mask keys past ``seqlen_k`` and, if causal, keys right of the diagonal to ``-inf``;
+   c. mask keys past ``seqlen_k`` and, if causal, keys right of the diagonal (j > i + causal_offset)
+      to ``-inf``;
    d. online softmax: the tile's row maximum is reduced across the 16 lanes that share a row with
       warp shuffles; ``correction = exp2(row_max_old - row_max_new)`` rescales the running row sum
       and the O accumulator; ``P = exp2(S - row_max_new)`` (a row with no visible key yet uses 0 as
       its maximum, so ``-inf - -inf`` never produces NaN);
    e. write P to shared memory, then load the V tile into the buffer K used;
    f. O += P V for this thread's 8 x (D/16) sub-tile with fp32 FMAs.
-3. Reduce the per-thread row sums across the 16 lanes, divide O by them once, store O.
+3. Reduce the per-thread row sums across the 16 lanes, divide O by them once, store O (0 for a row
+   that saw no key) and, with ``return_lse``, lse = (row_max + log2(row_sum)) · ln 2 (natural log,
+   -inf for a row that saw no key).
 
 Data movement
 -------------
@@ -41,8 +49,11 @@ columns ``64jj + 4cg + e`` (e < 4, jj < D/64). The 16 lanes of a half-warp hold 
 row reductions are 4 butterfly shuffles.
 
 Constraints: fp16/bf16 inputs, head_dim 64 or 128 (the O accumulator is 8·D/16 fp32 registers per
-thread; D=256 would need 128 of them and spill), any Sq, Sk ≥ 1, causal top-left aligned like SDPA,
-sm_80 or newer (nothing here needs Hopper).
+thread; D=256 would need 128 of them and spill), any Sq, Sk ≥ 1, sm_80 or newer (nothing here needs
+Hopper). Every problem feature (``FEATURES``): GQA/MQA (``kv_heads`` dividing ``heads``), causal
+aligned top-left (SDPA) or bottom-right (KV cache), ``cache_seqlens`` ((B,) int32, contiguous,
+``prepare``/``bind`` take it as ``cache_seqlens=``) and ``return_lse`` (``run()`` returns (O, lse),
+lse (B, H, Sq) fp32).
 
 What the measurements taught
 ----------------------------
@@ -64,7 +75,6 @@ in ``docs/perf-log.md`` ("Figures moved out of rung docstrings").
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import Any
 
 import cuda.bindings.driver as cuda
@@ -72,14 +82,16 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, const_expr
+from cutlass.cute.runtime import from_dlpack, make_fake_tensor
 
-from common.contract.capability import check_common
+from common.contract.capability import FEATURES, check_common
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner
-from common.contract.validation import kernel_operand
-from cute_impl._host import CUTE_DTYPES, compile_on_fakes_sm90, compiled_runner, fake_bhsd_tensor, validated_prepare
+from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.validation import kernel_operand, validate_attention_inputs
+from cute_impl._host import CUTE_DTYPES, compile_on_fakes_sm90, current_stream, fake_bhsd_tensor, to_cute_tensor
 
 LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 MIN_COMPUTE_CAPABILITY = (8, 0)
@@ -100,9 +112,15 @@ STRIDE_DIVISIBILITY = 8
 class OnlineAttention:
     """Fused attention forward with online softmax, fp32 FMAs on CUDA cores."""
 
-    def __init__(self, head_dim: int, causal: bool) -> None:
+    def __init__(
+        self, head_dim: int, causal: bool, bottom_right: bool, has_cache_seqlens: bool, return_lse: bool
+    ) -> None:
         self.head_dim = head_dim
         self.causal = causal
+        # Problem features, compile time: the causal alignment, per-sequence key lengths, the LSE.
+        self.bottom_right = bottom_right
+        self.has_cache_seqlens = has_cache_seqlens
+        self.return_lse = return_lse
         self.tile_m = 64
         self.tile_n = 64
         self.num_threads = 128
@@ -123,11 +141,15 @@ class OnlineAttention:
         mK: cute.Tensor,
         mV: cute.Tensor,
         mO: cute.Tensor,
+        mLse: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None,
         softmax_scale_log2: Float32,
         stream: cuda.CUstream,
     ) -> None:
+        """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D); ``mLse`` (B, H, Sq) fp32, None without
+        ``return_lse``; ``mCacheSeqlens`` the (B,) int32 key lengths, None without them."""
         num_m_blocks = cute.ceil_div(mQ.shape[2], self.tile_m)
-        self.kernel(mQ, mK, mV, mO, softmax_scale_log2).launch(
+        self.kernel(mQ, mK, mV, mO, mLse, mCacheSeqlens, softmax_scale_log2).launch(
             grid=[num_m_blocks, mQ.shape[1], mQ.shape[0]],
             block=[self.num_threads, 1, 1],
             stream=stream,
@@ -171,12 +193,24 @@ class OnlineAttention:
         mK: cute.Tensor,
         mV: cute.Tensor,
         mO: cute.Tensor,
+        mLse: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None,
         softmax_scale_log2: Float32,
     ) -> None:
         tidx, _, _ = cute.arch.thread_idx()
         m_block_rev, head, batch = cute.arch.block_idx()
+        heads, kv_heads = mQ.shape[1], mK.shape[1]
+        # ---- 0. GQA: this query head reads KV head head // (heads // kv_heads) ----
+        kv_head = head // (heads // kv_heads)
         seqlen_q = mQ.shape[2]
         seqlen_k = mK.shape[2]
+        # This sequence's keys: its own length in a padded cache (clamped to [0, Sk]), else Sk. Row i
+        # sees keys j <= i + causal_offset: 0 top-left, the sequence's Sk - Sq bottom-right.
+        if const_expr(self.has_cache_seqlens):
+            seqlen_k = cutlass.min(cutlass.max(mCacheSeqlens[batch], 0), seqlen_k)
+        causal_offset = 0
+        if const_expr(self.bottom_right):
+            causal_offset = seqlen_k - seqlen_q
         # Causal CTAs near the bottom have the most keys: launch them first for a shorter tail.
         m_block = cute.ceil_div(seqlen_q, self.tile_m) - 1 - m_block_rev
         m0 = m_block * self.tile_m
@@ -234,15 +268,18 @@ class OnlineAttention:
 
         # ---- this (batch, head) of each operand, strides known 16-byte aligned: (seqlen, D) ----
         gQ = self.head_view(mQ, batch, head)
-        gK = self.head_view(mK, batch, head)
-        gV = self.head_view(mV, batch, head)
+        gK = self.head_view(mK, batch, kv_head)
+        gV = self.head_view(mV, batch, kv_head)
 
         # ---- 1. Q tile, scaled into base-2 units ----
         self.load_tile(gQ, sQ, m0, seqlen_q, softmax_scale_log2)
 
+        # Causal: keys past the tile's last row's diagonal are masked for every row, so stop there. A
+        # tile whose rows see no key (a length of 0, bottom-right rows before the diagonal) loops 0
+        # times, so load_tile never clamps into an empty sequence.
         n_end = seqlen_k
         if const_expr(self.causal):
-            n_end = cutlass.min(seqlen_k, m0 + self.tile_m)
+            n_end = cutlass.max(cutlass.min(seqlen_k, m0 + self.tile_m + causal_offset), 0)
         for n_block in cutlass.range(cute.ceil_div(n_end, self.tile_n), unroll=1):
             n0 = n_block * self.tile_n
             # ---- 2a. K tile (the barrier first: the previous iteration may still read V) ----
@@ -270,7 +307,7 @@ class OnlineAttention:
                     col = n0 + col_group + j * self.col_groups
                     masked = col >= seqlen_k
                     if const_expr(self.causal):
-                        masked = masked | (col > row)
+                        masked = masked | (col > row + causal_offset)
                     acc_s[i, j] = Float32(cutlass.select_(masked, -Float32.inf, acc_s[i, j]))
                     tile_max = cute.arch.fmax(tile_max, acc_s[i, j])
                 tile_max = cute.arch.warp_reduction_max(tile_max, threads_in_group=self.col_groups)
@@ -323,36 +360,90 @@ class OnlineAttention:
                     for c in cutlass.range_constexpr(VEC):
                         col = jj * VEC * self.col_groups + col_group * VEC + c
                         mO[batch, head, row, col] = (acc_o[i, c, jj] * inv_sum).to(mO.element_type)
+                if const_expr(self.return_lse):  # noqa: SIM102
+                    # Natural-log LSE (row_max is in log2 units), -inf for a row with no visible key;
+                    # the 16 lanes of the row group share row_max and total, the first one writes.
+                    if col_group == 0:
+                        lse = Float32(-Float32.inf)
+                        if total > 0.0:
+                            lse = (row_max[i] + cute.math.log2(total, fastmath=False)) * LN_2
+                        mLse[batch, head, row] = lse
 
 
 # ---------------------------------------------------------------------------------------------
 # Host side: validate, compile once per configuration, allocate, launch.
 # ---------------------------------------------------------------------------------------------
 
-# Compiled launchers keyed on everything that changes the generated code: dtype, head_dim, causal.
-# Shapes and strides are dynamic, so one compilation serves every sequence length and batch.
-_COMPILED: dict[tuple[torch.dtype, int, bool], Any] = {}
+# Compiled launchers keyed on everything that changes the generated code: dtype, head_dim, causal
+# and the problem features. Shapes and strides are dynamic, so one compilation serves every sequence
+# length, batch and head count.
+_COMPILED: dict[tuple[torch.dtype, int, bool, bool, bool, bool], Any] = {}
 
 
-def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up."""
-    return validated_prepare(bind, q, k, v, problem, head_dims=SUPPORTED_HEAD_DIMS)
+def validated_problem(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, cache_seqlens: torch.Tensor | None
+) -> Problem:
+    """The Problem q (B, H, Sq, D), k and v (B, Hkv, Sk, D) describe, with the given problem's mask,
+    LSE flag and ``cache_seqlens`` (given exactly when the problem has per-sequence lengths)."""
+    if problem.has_cache_seqlens != (cache_seqlens is not None):
+        raise ValueError(
+            f"cache_seqlens must be given exactly when the problem has per-sequence lengths: "
+            f"has_cache_seqlens={problem.has_cache_seqlens}, got cache_seqlens={cache_seqlens!r}"
+        )
+    return validate_attention_inputs(
+        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale,
+        causal_alignment=problem.causal_alignment, cache_seqlens=cache_seqlens, return_lse=problem.return_lse,
+        allow_gqa=True, head_dims=SUPPORTED_HEAD_DIMS,
+    )  # fmt: skip
 
 
-def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Compile (cached), allocate O for validated q, k, v; the returned ``run()`` only launches."""
+def prepare(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
+    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them (compiling on first use), and
+    launch once to warm up."""
+    checked = validated_problem(q, k, v, problem, cache_seqlens)
+    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
+
+
+def lengths_operand(cache_seqlens: torch.Tensor) -> cute.Tensor:
+    """The (B,) int32 key lengths as the kernel takes them (contiguous, 4-byte aligned)."""
+    if not cache_seqlens.is_contiguous():
+        raise ValueError(f"cache_seqlens must be contiguous, got stride {cache_seqlens.stride()}")
+    return from_dlpack(cache_seqlens, assumed_align=4).mark_layout_dynamic(leading_dim=0)
+
+
+def bind(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
+    """Compile (cached), allocate O (and the LSE) for validated q, k, v; the returned ``run()`` only
+    launches and returns O, or (O, lse) when the problem returns the LSE."""
     # kernel_operand guarantees what head_view assumes: 16-byte aligned base and strides.
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    key = (problem.dtype, problem.head_dim, problem.causal)
-    return compiled_runner(
-        _COMPILED,
-        key,
-        partial(OnlineAttention, problem.head_dim, problem.causal),
-        (q, k, v, out),
-        problem.scale * LOG2_E,
-        out,
-    )
+    lse_shape = (problem.batch, problem.heads, problem.seqlen_q)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if problem.return_lse else None
+    operands = [to_cute_tensor(t) for t in (q, k, v, out)]
+    # None when the problem returns no LSE or has no per-sequence lengths: compiled out of the kernel.
+    operands.append(None if lse is None else to_cute_tensor(lse))
+    operands.append(None if cache_seqlens is None else lengths_operand(cache_seqlens))
+    scale_arg = Float32(problem.scale * LOG2_E)
+    key = (
+        problem.dtype, problem.head_dim, problem.causal, problem.bottom_right, problem.has_cache_seqlens,
+        problem.return_lse,
+    )  # fmt: skip
+    device = q.device
+    if key not in _COMPILED:
+        launcher = OnlineAttention(*key[1:])
+        _COMPILED[key] = cute.compile(launcher, *operands, scale_arg, current_stream(device))
+    compiled = _COMPILED[key]
+
+    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        # The stream is read at launch so that a CUDA-graph capture on a side stream records this launch.
+        compiled(*operands, scale_arg, current_stream(device))
+        return out if lse is None else (out, lse)
+
+    return run
 
 
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
@@ -360,6 +451,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     ok, reason = check_common(
         "cute/online", problem, device,
         dtypes=SUPPORTED_DTYPES, head_dims=SUPPORTED_HEAD_DIMS, min_capability=MIN_COMPUTE_CAPABILITY,
+        features=FEATURES,
     )  # fmt: skip
     if not ok and problem.head_dim > max(SUPPORTED_HEAD_DIMS):
         reason += " (the fp32 O accumulator of D=256 does not fit in registers)"
@@ -375,11 +467,25 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """Compile the fused kernel for sm_90a on fake tensors (no GPU needed)."""
-    launcher = OnlineAttention(problem.head_dim, problem.causal)
+    launcher = OnlineAttention(
+        problem.head_dim, problem.causal, problem.bottom_right, problem.has_cache_seqlens, problem.return_lse
+    )
     fakes = [fake_bhsd_tensor(CUTE_DTYPES[problem.dtype]) for _ in range(4)]
+    fakes += [fake_lse() if problem.return_lse else None, fake_cache_seqlens() if problem.has_cache_seqlens else None]
     return compile_on_fakes_sm90(
         launcher, fakes, problem.scale * LOG2_E, name="cute_online", threads=launcher.num_threads
     )
+
+
+def fake_lse() -> Any:
+    """A (B, H, Sq) fp32 stand-in for the LSE, contiguous in Sq."""
+    sym = cute.sym_int
+    return make_fake_tensor(Float32, (sym(), sym(), sym()), (sym(), sym(), 1), assumed_align=16)
+
+
+def fake_cache_seqlens() -> Any:
+    """A (B,) int32 stand-in for ``lengths_operand``: contiguous, 4-byte aligned."""
+    return make_fake_tensor(Int32, (cute.sym_int(),), (1,), assumed_align=4)
 
 
 IMPLEMENTATION = Implementation(

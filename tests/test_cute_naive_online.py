@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.contract.check import run_poisoned
+from common.contract.check import check_on_inputs, run_poisoned
 from common.contract.inputs import make_inputs
 from common.contract.metrics import error_stats
 from common.contract.problem import Problem, dtype_name
@@ -42,6 +42,45 @@ def test_compiles_for_sm90_without_mma_or_spills(impl_name: str, head_dim: int, 
         assert not features["mma.sync"] and not features["wgmma.mma_async"], f"{impl_name} uses tensor cores"
         for kernel, usage in cubin_resources(binary.cubin).items():
             assert usage["local_bytes"] == 0, f"{impl_name} {kernel} spills {usage['local_bytes']} bytes"
+
+
+# Every problem feature at once: GQA, bottom-right causal, per-sequence lengths, the LSE (and MQA
+# with lengths and no mask): the code each feature adds compiles without spills.
+EVERY_FEATURE = dict(causal=True, kv_heads=2, causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True)
+MQA_LENGTHS_LSE = dict(causal=False, kv_heads=1, has_cache_seqlens=True, return_lse=True)
+FEATURE_COMPILES = [
+    ("cute/naive", 128, EVERY_FEATURE),
+    ("cute/naive", 256, MQA_LENGTHS_LSE),
+    ("cute/online", 64, EVERY_FEATURE),
+    ("cute/online", 128, EVERY_FEATURE),
+    ("cute/online", 128, MQA_LENGTHS_LSE),
+]
+
+
+@pytest.mark.parametrize(
+    ("impl_name", "head_dim", "features"),
+    FEATURE_COMPILES,
+    ids=[f"{name}-d{d}-{'causal' if f['causal'] else 'full'}" for name, d, f in FEATURE_COMPILES],
+)
+def test_every_feature_compiles_for_sm90_without_mma_or_spills(impl_name: str, head_dim: int, features: dict):
+    problem = Problem(2, 4, 300, 500, head_dim, dtype=torch.bfloat16, **features)
+    for binary in RUNGS[impl_name].compile_sm90(problem):
+        ptx = ptx_features(binary.ptx)
+        assert not ptx["mma.sync"] and not ptx["wgmma.mma_async"], f"{impl_name} uses tensor cores"
+        for kernel, usage in cubin_resources(binary.cubin).items():
+            assert usage["local_bytes"] == 0, f"{impl_name} {kernel} spills {usage['local_bytes']} bytes"
+
+
+@pytest.mark.parametrize("impl_name", list(RUNGS))
+def test_cache_seqlens_come_exactly_with_a_problem_that_has_them(impl_name: str):
+    """Refused before anything is validated or compiled, naming cache_seqlens: never silently run
+    without the lengths, nor with lengths the problem does not declare."""
+    q = torch.zeros(1, 2, 64, 64, dtype=torch.bfloat16)
+    problem = Problem(1, 2, 64, 64, 64, causal=True, causal_alignment="bottom_right", has_cache_seqlens=True)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        RUNGS[impl_name].prepare(q, q, q, problem)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        RUNGS[impl_name].prepare(q, q, q, problem.with_(has_cache_seqlens=False), cache_seqlens=torch.full((1,), 64))
 
 
 def test_score_buffer_check_states_the_bytes_needed():
@@ -118,3 +157,62 @@ def test_naive_refuses_score_buffer_larger_than_free_memory():
     problem = Problem(64, 64, 65536, 65536, 64)
     ok, reason = cute_naive.supports(problem, torch.device("cuda"))
     assert not ok and f"{problem.score_buffer_bytes:,} bytes" in reason
+
+
+# ---- problem features on the GPU: GQA, both alignments, per-sequence lengths, the LSE ----
+MASKS = {"full": (False, "top_left"), "causal": (True, "top_left"), "causal_bottom_right": (True, "bottom_right")}
+
+
+def _edge_cache_seqlens(batch: int, seqlen_k: int) -> torch.Tensor:
+    """(B,) int32 key lengths with the edges: a full sequence (Sk), an empty one (0), ragged others."""
+    lengths = [seqlen_k, 0, *(max(1, (seqlen_k * (3 + 2 * i)) // 7) for i in range(batch - 2))]
+    return torch.tensor(lengths[:batch], dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache_lengths", [False, True], ids=["dense", "cache_seqlens"])
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("seqlens", [(77, 1000), (1000, 77)], ids=str)
+@pytest.mark.parametrize("kv_heads", [1, 4], ids=["mqa", "gqa4"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("impl_name", list(RUNGS))
+def test_gqa_alignments_cache_seqlens_and_lse(
+    impl_name: str, head_dim: int, kv_heads: int, seqlens: tuple[int, int], mask: str, cache_lengths: bool
+):
+    """8 query heads over 1 or 4 KV heads (each KV head its own values), both causal alignments with
+    Sq != Sk (bottom-right with Sq > Sk leaves rows that see no key: O = 0, LSE = -inf), key lengths
+    Sk, 0 and ragged; O against the fp64 reference by the rung's rule and the LSE by the contract's
+    LSE rule, on poisoned outputs."""
+    causal, alignment = MASKS[mask]
+    problem = Problem(
+        3, 8, *seqlens, head_dim, dtype=torch.bfloat16, causal=causal, kv_heads=kv_heads,
+        causal_alignment=alignment, has_cache_seqlens=cache_lengths, return_lse=True,
+    )  # fmt: skip
+    q, k, v = make_inputs(problem, seed=19, offset=0.5)
+    cache_seqlens = _edge_cache_seqlens(problem.batch, problem.seqlen_k) if cache_lengths else None
+    impl = RUNGS[impl_name].IMPLEMENTATION
+    assert impl.check(problem, q.device) == (True, "")
+    result = check_on_inputs(impl, q, k, v, problem, cache_seqlens=cache_seqlens)
+    assert result.ok, f"{impl_name} {problem.describe()}: {result.summary()}"
+    assert result.lse is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl_name", list(RUNGS))
+def test_empty_sequence_and_rows_before_the_diagonal_see_no_key(impl_name: str):
+    """A cache length of 0 and bottom-right rows i < Sq - Sk: O exactly 0 and LSE -inf, no NaN; an
+    fp16 GQA problem over (B, S, Hkv, D) storage, so K and V are read through their strides."""
+    problem = Problem(
+        3, 4, 200, 130, 64, dtype=torch.float16, causal=True, kv_heads=2, causal_alignment="bottom_right",
+        has_cache_seqlens=True, return_lse=True,
+    )  # fmt: skip
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in make_inputs(problem, seed=23, offset=0.5))
+    cache_seqlens = _edge_cache_seqlens(problem.batch, problem.seqlen_k)
+    out, lse = run_poisoned(RUNGS[impl_name].prepare(q, k, v, problem, cache_seqlens=cache_seqlens))
+    assert torch.all(out[1] == 0) and torch.all(lse[1] == -torch.inf)
+    for b, length in enumerate(cache_seqlens.tolist()):
+        blind_rows = max(problem.seqlen_q - length, 0)  # row i sees keys j <= i + length - Sq
+        assert torch.all(out[b, :, :blind_rows] == 0) and torch.all(lse[b, :, :blind_rows] == -torch.inf)
+        assert torch.isfinite(lse[b, :, blind_rows:]).all() and torch.isfinite(out[b]).all()
+    result = check_on_inputs(RUNGS[impl_name].IMPLEMENTATION, q, k, v, problem, cache_seqlens=cache_seqlens)
+    assert result.ok, f"{impl_name} {problem.describe()}: {result.summary()}"

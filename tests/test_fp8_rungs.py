@@ -199,3 +199,61 @@ def test_gpu_fp8_end_to_end_equals_kernel_only_and_records_its_variant(module_na
     end_to_end = module.prepare_end_to_end(q, k, v, problem, VARIANTS[variant])
     assert kernel_only.variant == end_to_end.variant == variant
     assert torch.equal(run_poisoned(end_to_end), run_poisoned(kernel_only).clone())
+
+
+# cute/fp8's problem features (GQA, both alignments, per-sequence lengths, the LSE), judged against
+# the emulation of its own quantisation, which takes the same mask and key lengths and bounds the LSE.
+MASKS = {"full": (False, "top_left"), "causal": (True, "top_left"), "causal_bottom_right": (True, "bottom_right")}
+
+
+def _edge_cache_seqlens(batch: int, seqlen_k: int) -> torch.Tensor:
+    """(B,) int32 key lengths with the edges: a full sequence (Sk), an empty one (0), ragged others."""
+    lengths = [seqlen_k, 0, *(max(1, (seqlen_k * (3 + 2 * i)) // 7) for i in range(batch - 2))]
+    return torch.tensor(lengths[:batch], dtype=torch.int32, device="cuda")
+
+
+def _feature_problem(seqlens, head_dim: int, kv_heads: int, mask: str, cache_lengths: bool) -> Problem:
+    causal, alignment = MASKS[mask]
+    return Problem(
+        3, 8, *seqlens, head_dim, dtype=torch.bfloat16, causal=causal, kv_heads=kv_heads,
+        causal_alignment=alignment, has_cache_seqlens=cache_lengths, return_lse=True,
+    )  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+@pytest.mark.parametrize("cache_lengths", [False, True], ids=["dense", "cache_seqlens"])
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("seqlens", [(77, 1000), (1000, 77)], ids=str)
+@pytest.mark.parametrize("kv_heads", [1, 4], ids=["mqa", "gqa4"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_cute_fp8_gqa_alignments_cache_seqlens_and_lse(
+    head_dim: int, kv_heads: int, seqlens: tuple[int, int], mask: str, cache_lengths: bool
+):
+    """8 query heads over 1 or 4 KV heads, both alignments with Sq != Sk (bottom-right with Sq > Sk
+    leaves rows that see no key: O = 0, LSE = -inf), key lengths Sk, 0 and ragged; O and the LSE
+    judged by FP8_RULE against the emulation, on poisoned outputs."""
+    fp8 = _module("cute_impl.fp8")
+    problem = _feature_problem(seqlens, head_dim, kv_heads, mask, cache_lengths)
+    q, k, v = make_inputs(problem, seed=17, offset=0.5)
+    cache_seqlens = _edge_cache_seqlens(problem.batch, problem.seqlen_k) if cache_lengths else None
+    assert fp8.supports(problem, q.device) == (True, "")
+    result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem, cache_seqlens=cache_seqlens)
+    assert result.ok, f"{problem.describe()}: {result.summary()}"
+    assert result.lse is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+def test_gpu_cute_fp8_end_to_end_takes_cache_seqlens_and_returns_the_lse():
+    """prepare_end_to_end passes the key lengths to every bind and returns (O, lse) like prepare."""
+    fp8 = _module("cute_impl.fp8")
+    problem = _feature_problem((333, 517), 64, 2, "causal_bottom_right", True)
+    q, k, v = make_inputs(problem, seed=5)
+    cache_seqlens = _edge_cache_seqlens(problem.batch, problem.seqlen_k)
+    kernel_only = fp8.prepare(q, k, v, problem, cache_seqlens=cache_seqlens)
+    end_to_end = fp8.prepare_end_to_end(q, k, v, problem, cache_seqlens=cache_seqlens)
+    out, lse = (t.clone() for t in kernel_only())
+    out_e2e, lse_e2e = end_to_end()
+    assert torch.equal(out_e2e, out) and torch.equal(lse_e2e, lse)
+    assert torch.all(out[1] == 0) and torch.all(lse[1] == -torch.inf)  # the empty sequence
