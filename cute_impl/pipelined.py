@@ -25,7 +25,7 @@ What it adds over ``cute/tiled``, and which bottleneck each step removes:
 * Causal CTAs are launched heaviest first (largest ``m_block`` first) so the short diagonal tiles
   fill the tail of the grid.
 
-Shapes: q (B, H, Sq, D), k and v (B, H, Sk, D), o (B, H, Sq, D). One CTA of ``num_warps`` warps
+Shapes: q (B, H, Sq, D), k and v (B, Hkv, Sk, D), o (B, H, Sq, D), lse (B, H, Sq) fp32. One CTA of ``num_warps`` warps
 computes one ``tile_m``-row block of O for one (batch, head); each warp owns ``tile_m / num_warps``
 rows, and its accumulator rows sit in quads of 4 lanes, as ``_device`` describes.
 
@@ -62,7 +62,17 @@ tile_n = 64, 64 KiB. Every configuration is spill-free (``tests/test_cute_tiled_
 checks it; the registers per thread are in the static table). D = 256 is refused: the O
 accumulator alone would be 256 fp32 registers per thread with 32 rows per warp.
 
-Constraints: fp16/bf16, D in {64, 128}, any Sq, Sk >= 1, causal top-left, softmax_scale > 0
+Problem features (each a compile-time flag of :class:`TileConfig`, so the canonical problem's kernel
+is unchanged): GQA/MQA (K and V read at ``kv_head_index(head)``, never repeated); the bottom-right
+causal alignment (``SeqlenInfo.causal_offset`` = seqlen_k - Sq shifts the diagonal in ``BlockRange``
+and ``AttentionMask``; one more unrolled masked block, since the shifted diagonal crosses
+``tile_m / tile_n + 1`` blocks); ``cache_seqlens`` ((B,) int32, contiguous: each sequence's
+``seqlen_k``, clamped to [0, Sk], cuts the key range, predicates the first block's loads and sets the
+bottom-right offset); ``return_lse`` (``OnlineSoftmax.finalize`` forms each row's natural-log LSE, the
+epilogue stores it; ``run()`` returns (O, lse)). A tile none of whose rows sees a key visits no block:
+O = 0, LSE = -inf.
+
+Constraints: fp16/bf16, D in {64, 128}, any Sq, Sk >= 1, softmax_scale > 0
 (``row_max`` is taken as max(S) · softmax_scale_log2), compute capability >= 8.0.
 
 What the measurements taught (A/B runs in ``docs/perf-log.md``, "Figures moved out of rung

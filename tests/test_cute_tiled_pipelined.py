@@ -88,7 +88,7 @@ class BindReachedError(Exception):
     pass
 
 
-def _never_bind(*args: object) -> None:
+def _never_bind(*args: object, **kwargs: object) -> None:
     raise BindReachedError
 
 
@@ -119,6 +119,26 @@ def test_positive_scale_reaches_bind(name: str, cpu_prepare: None):
     q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
     with pytest.raises(BindReachedError):
         MODULES[name].prepare(q, q, q, Problem(1, 2, 16, 16, 64, dtype=torch.bfloat16, softmax_scale=0.125))
+
+
+def test_pipelined_prepare_takes_the_features_and_tiled_refuses_them(cpu_prepare: None):
+    """cute/pipelined validates GQA, bottom-right, cache_seqlens and the LSE and reaches bind;
+    cute/tiled refuses them in prepare, naming itself, before any GPU work."""
+    problem = Problem(
+        2, 4, 16, 48, 64, dtype=torch.bfloat16, causal=True, kv_heads=2, causal_alignment="bottom_right",
+        has_cache_seqlens=True, return_lse=True,
+    )  # fmt: skip
+    q = torch.randn(2, 4, 16, 64, dtype=torch.bfloat16)
+    k = torch.randn(2, 2, 48, 64, dtype=torch.bfloat16)
+    lengths = torch.tensor([48, 0], dtype=torch.int32)
+    with pytest.raises(BindReachedError):
+        pipelined.prepare(q, k, k, problem, cache_seqlens=lengths)
+    with pytest.raises(ValueError, match="cache_seqlens must be given"):
+        pipelined.prepare(q, k, k, problem)
+    dense = problem.with_(kv_heads=4, has_cache_seqlens=False)
+    k_dense = torch.randn(2, 4, 48, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"cute/tiled: .*not implemented yet"):
+        tiled.prepare(q, k_dense, k_dense, dense)
 
 
 def _visible(row: int, key: int, *, seqlen_k: int, causal: bool, offset: int = 0) -> bool:
