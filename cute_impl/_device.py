@@ -1,12 +1,17 @@
 """The device vocabulary of the CuTe stack, used by the rungs from ``pipelined`` on; the names are the
 ones the Triton and Gluon stacks use, so that a diff of two rungs teaches:
 
+* :func:`kv_head_index`: the KV head a query head reads (GQA); :class:`SeqlenInfo`: one sequence's
+  ``seqlen_k`` (its ``cache_seqlens`` entry, if any) and ``causal_offset`` (the causal alignment),
+  which the block range and the mask take.
 * :class:`BlockRange`: the key blocks ``[n_block_min, n_block_max)`` one query tile visits, last
   first, and ``n_masked_blocks``, how many at the top end of the range need the mask.
-* :class:`AttentionMask`: ``apply`` writes -inf for keys past Sk and, causal, right of the diagonal.
+* :class:`AttentionMask`: ``apply`` writes -inf for keys past ``seqlen_k`` and, causal, right of the
+  diagonal (shifted by ``causal_offset``).
 * :class:`OnlineSoftmax`: ``row_max`` (the maximum of S · softmax_scale_log2, log2 units of the
   scaled scores, as in every stack) and ``row_sum``; ``update`` turns a block of S into P and returns
-  the rescale factor, ``rescale`` moves O to the new maximum, ``finalize`` divides O by ``row_sum``.
+  the rescale factor, ``rescale`` moves O to the new maximum, ``finalize`` divides O by ``row_sum``
+  (and, asked for, forms the LSE).
 * The constants :data:`LOG2_E` and :data:`RESCALE_THRESHOLD`, defined once for the stack.
 
 The objects here speak the ``mma.sync.m16n8k16`` fragment layout of ``pipelined``; the Hopper rungs'
@@ -30,6 +35,8 @@ import cutlass.cute as cute
 # tiled keep their own LOG2_E so that each reads alone (STYLE.md: rungs up to tiled are self-contained).
 # softmax_scale_log2 = softmax_scale · LOG2_E: exp(x · scale) = exp2(x · softmax_scale_log2).
 LOG2_E = math.log2(math.e)
+# ln 2: the LSE is returned in natural-log units, row_max is in log2 units.
+LN_2 = math.log(2.0)
 # Lane distances of the butterfly shuffles that combine the 4 lanes holding one accumulator row.
 QUAD_SHUFFLE_OFFSETS = (2, 1)
 # Lazy rescaling (see OnlineSoftmax): the running max moves only when a block's max exceeds it by
@@ -69,6 +76,43 @@ def _add(a: cutlass.Float32, b: cutlass.Float32) -> cutlass.Float32:
     return a + b
 
 
+def kv_head_index(head: cutlass.Int32, heads: cutlass.Int32, kv_heads: cutlass.Int32) -> cutlass.Int32:
+    """GQA: the KV head query head ``head`` reads (groups of heads // kv_heads query heads). K and V
+    are indexed by it, never repeated. (``_hopper_device.kv_head_index`` is the same function.)"""
+    return head // (heads // kv_heads)
+
+
+class SeqlenInfo:
+    """One sequence's ``seqlen_k`` and ``causal_offset``: row i sees keys j <= i + causal_offset.
+
+    ``seqlen_k`` is the padded key length, or the sequence's own ``cache_seqlens[batch]`` (clamped to
+    [0, Sk], so a bad length cannot reach past the cache). ``causal_offset`` is 0 for the top-left
+    alignment and ``seqlen_k - seqlen_q`` for the bottom-right one (``bottom_right``, compile time);
+    without either feature both stay what the canonical kernel had (``seqlen_k`` = Sk, offset 0).
+    ``_hopper_device.SeqlenInfo`` is the WGMMA rungs' twin (same fields, same rule).
+    """
+
+    def __init__(self, seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32 | int, bottom_right: bool):
+        self.seqlen_k = seqlen_k
+        self.causal_offset = causal_offset
+        self.bottom_right = bottom_right
+
+    @staticmethod
+    def create(
+        batch: cutlass.Int32,
+        seqlen_q: cutlass.Int32,
+        seqlen_k: cutlass.Int32,
+        cache_seqlens: cute.Tensor | None,
+        bottom_right: bool,
+    ) -> SeqlenInfo:
+        if cutlass.const_expr(cache_seqlens is not None):
+            seqlen_k = cutlass.min(cutlass.max(cache_seqlens[batch], 0), seqlen_k)
+        causal_offset = 0
+        if cutlass.const_expr(bottom_right):
+            causal_offset = seqlen_k - seqlen_q
+        return SeqlenInfo(seqlen_k, causal_offset, bottom_right)
+
+
 class BlockRange:
     """Key blocks ``[n_block_min, n_block_max)`` one query tile visits (``n_block_max`` exclusive),
     visited last first, and ``n_masked_blocks``: how many blocks at the top end of the range need the
@@ -77,9 +121,12 @@ class BlockRange:
 
     ``n_masked_blocks`` is known at compile time, because the masked iterations are unrolled: the
     ``tile_m / tile_n`` blocks that cross a causal tile's diagonal, or the one block that Sk may cut.
-    A range shorter than that is masked throughout, and a counted block that happens to be full is
-    masked to no effect. (A runtime count would make the ring slot of every later iteration, ``step
-    % stages``, runtime arithmetic too; the static one keeps it folded.)
+    Bottom-right, the diagonal is shifted by ``causal_offset``, not a multiple of ``tile_n``, so it
+    crosses one block more: ``tile_m / tile_n + 1``. A range shorter than that is masked throughout,
+    and a counted block that happens to be full is masked to no effect. (A runtime count would make
+    the ring slot of every later iteration, ``step % stages``, runtime arithmetic too; the static one
+    keeps it folded.) A tile none of whose rows sees a key (bottom-right with Sq > Sk, or a
+    ``cache_seqlens`` of 0) has an empty range: it visits no block and writes O = 0 (LSE -inf).
 
     The Hopper rungs' ``_hopper_device.BlockRange`` counts the masked blocks exactly, at run time,
     for their runtime masked loop; one class for both changed the PTX of one rung or the other.
@@ -91,18 +138,25 @@ class BlockRange:
         self.n_masked_blocks = n_masked_blocks
 
     @staticmethod
-    def create(m_block: cutlass.Int32, seqlen_k: cutlass.Int32, tile_m: int, tile_n: int, causal: bool) -> BlockRange:
+    def create(m_block: cutlass.Int32, seqlen: SeqlenInfo, tile_m: int, tile_n: int, causal: bool) -> BlockRange:
         """The range of query tile ``m_block`` (``tile_m`` a multiple of ``tile_n``)."""
-        n_block_max = cute.ceil_div(seqlen_k, tile_n)
+        n_block_max = cute.ceil_div(seqlen.seqlen_k, tile_n)
         if causal:
+            if cutlass.const_expr(seqlen.bottom_right):
+                # Row i sees keys j <= i + causal_offset: the tile's last row bounds the keys worth
+                # loading; none at all (an empty range) when that bound is not positive.
+                last_row_end = cutlass.max((m_block + 1) * tile_m + seqlen.causal_offset, 0)
+                n_block_max = cutlass.min(n_block_max, cute.ceil_div(last_row_end, tile_n))
+                return BlockRange(0, n_block_max, tile_m // tile_n + 1)
             # Row i sees keys j <= i: blocks right of the tile's last row are masked for every row.
             n_block_max = cutlass.min(n_block_max, cute.ceil_div((m_block + 1) * tile_m, tile_n))
         return BlockRange(0, n_block_max, tile_m // tile_n if causal else 1)
 
 
 class AttentionMask:
-    """-inf for keys past Sk and, when causal, for keys right of the diagonal (row i sees j <= i),
-    in the S fragment of one query tile; bound to that tile once, :meth:`apply` takes the key block.
+    """-inf for keys past the sequence's ``seqlen_k`` and, when causal, for keys right of the diagonal
+    (row i sees j <= i + causal_offset), in the S fragment of one query tile; bound to that tile and
+    its :class:`SeqlenInfo` once, :meth:`apply` takes the key block.
     ``_hopper_device.AttentionMask`` applies the same rule to the WGMMA accumulator layout."""
 
     def __init__(
@@ -113,7 +167,7 @@ class AttentionMask:
         tiled_mma: cute.TiledMma,
         tidx: cutlass.Int32,
         m_block: cutlass.Int32,
-        seqlen_k: cutlass.Int32,
+        seqlen: SeqlenInfo,
     ):
         self.tile_m = tile_m
         self.tile_n = tile_n
@@ -121,7 +175,9 @@ class AttentionMask:
         self.tiled_mma = tiled_mma
         self.tidx = tidx
         self.m_block = m_block
-        self.seqlen_k = seqlen_k
+        self.seqlen_k = seqlen.seqlen_k
+        self.causal_offset = seqlen.causal_offset
+        self.bottom_right = seqlen.bottom_right
 
     @cute.jit
     def apply(self, acc_S: cute.Tensor, n_block: cutlass.Int32):
@@ -137,7 +193,10 @@ class AttentionMask:
         for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
             key_limit = self.seqlen_k
             if cutlass.const_expr(self.causal):
-                key_limit = cutlass.min(self.m_block * self.tile_m + tScS[r, 0][0] + 1, self.seqlen_k)
+                diagonal_end = self.m_block * self.tile_m + tScS[r, 0][0] + 1
+                if cutlass.const_expr(self.bottom_right):
+                    diagonal_end = diagonal_end + self.causal_offset
+                key_limit = cutlass.min(diagonal_end, self.seqlen_k)
             # Keys this thread may keep in row r, counted from its first key.
             keys_left = key_limit - first_key
             for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
@@ -223,12 +282,17 @@ class OnlineSoftmax:
                     acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
 
     @cute.jit
-    def finalize(self, acc_O: cute.Tensor):
-        """O /= row_sum; a row with no visible key (sum 0) is written as zeros, not inf/NaN. The
-        ``mma.sync`` rungs return O only, so no LSE is formed here."""
+    def finalize(self, acc_O: cute.Tensor, lse: cute.Tensor | None = None):
+        """O /= row_sum; a row with no visible key (sum 0) is written as zeros, not inf/NaN. With
+        ``lse`` (one fp32 register per row of this thread, compile time: only when the LSE is
+        returned), also each row's natural-log LSE = (row_max + log2(row_sum)) * ln 2, -inf for a row
+        with no visible key (as ``_hopper_device.OnlineSoftmax.finalize`` returns it)."""
         acc_O_mn = rows_by_cols(acc_O)
         for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
             total = quad_allreduce(self.row_sum[r], _add)
             inv_total = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
+            if cutlass.const_expr(lse is not None):
+                log_sum_exp = (self.row_max[r] + cute.math.log2(total, fastmath=True)) * LN_2
+                lse[r] = cutlass.Float32(cutlass.select_(total == 0.0, -cutlass.Float32.inf, log_sum_exp))
             for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
                 acc_O_mn[r, c] = acc_O_mn[r, c] * inv_total

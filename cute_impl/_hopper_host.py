@@ -17,14 +17,14 @@ from typing import Any
 import cutlass.cute as cute
 import torch
 from cutlass import Float8E4M3FN, Float32, Int32
-from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
+from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from cutlass.cute.typing import AddressSpace
 
 from common.contract.problem import Problem
 from common.contract.registry import KernelBinary, Runner
 from common.contract.validation import OPERAND_ALIGNMENT_BYTES
 from common.reporting.static import compile_cute_sm90
-from cute_impl._host import CUTE_DTYPES, current_stream, to_cute_tensor
+from cute_impl._host import CUTE_DTYPES, cache_seqlens_tensor, current_stream, fake_cache_seqlens, to_cute_tensor
 
 # FP8 operands: e4m3, carried as uint8 tensors by torch and retyped at launch.
 FP8_CUTLASS = Float8E4M3FN
@@ -109,18 +109,6 @@ def fake_tensor(element_type: type, rank: int) -> Any:
     return make_fake_tensor(
         element_type, sizes, strides, memspace=AddressSpace.generic, assumed_align=OPERAND_ALIGNMENT_BYTES
     )
-
-
-def fake_cache_seqlens() -> Any:
-    """What ``cache_seqlens_tensor`` passes at launch: (B,) int32, contiguous, 4-byte aligned."""
-    return make_fake_tensor(Int32, (cute.sym_int(),), (1,), memspace=AddressSpace.generic, assumed_align=4)
-
-
-def cache_seqlens_tensor(cache_seqlens: torch.Tensor) -> cute.Tensor:
-    """The (B,) int32 key lengths as the kernel takes them (the runtime counterpart of the fake)."""
-    if not cache_seqlens.is_contiguous():
-        raise ValueError(f"cache_seqlens must be contiguous, got stride {cache_seqlens.stride()}")
-    return from_dlpack(cache_seqlens, assumed_align=4).mark_layout_dynamic(leading_dim=0)
 
 
 def fake_arguments(config: HopperConfig) -> tuple[Any, ...]:

@@ -16,10 +16,11 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
+from cutlass.cute.typing import AddressSpace
 
-from common.contract.capability import check_common
+from common.contract.capability import GQA, check_common, check_features
 from common.contract.problem import Problem
-from common.contract.registry import KernelBinary, Runner, warmed_up
+from common.contract.registry import KernelBinary, Runner, per_call_inputs, warmed_up
 from common.contract.validation import OPERAND_ALIGNMENT_BYTES, validate_attention_inputs
 from common.reporting.static import compile_cute_sm90
 
@@ -53,36 +54,63 @@ def fake_bhsd_tensor(dtype: type[cutlass.Numeric]) -> Any:
 
 
 def fake_operands(problem: Problem) -> list[Any]:
-    """Fake q, k, v, o with dynamic B, H, S and strides, for compiling without a GPU."""
+    """Fake q, k, v, o with dynamic B, H, S and strides, for compiling without a GPU (K and V with
+    their own head count under GQA)."""
     dtype = CUTE_DTYPES[problem.dtype]
     batch, heads = cute.sym_int(), cute.sym_int()
+    kv_heads = cute.sym_int() if problem.kv_heads != problem.heads else heads
     fakes = []
-    for seqlen in (cute.sym_int(), cute.sym_int()):
+    for seqlen, seq_heads in ((cute.sym_int(), heads), (cute.sym_int(), kv_heads)):
         stride = (cute.sym_int64(), cute.sym_int64(), cute.sym_int64(), 1)
-        shape = (batch, heads, seqlen, problem.head_dim)
+        shape = (batch, seq_heads, seqlen, problem.head_dim)
         fakes.append(make_fake_tensor(dtype, shape, stride, assumed_align=OPERAND_ALIGNMENT_BYTES))
     fake_q, fake_k = fakes
     return [fake_q, fake_k, fake_k, fake_q]
+
+
+def fake_lse() -> Any:
+    """What ``to_cute_tensor`` passes for the (B, H, Sq) fp32 LSE at launch, without data."""
+    sym = cute.sym_int
+    return make_fake_tensor(
+        cutlass.Float32,
+        (sym(), sym(), sym()),
+        (cute.sym_int64(), cute.sym_int64(), 1),
+        assumed_align=OPERAND_ALIGNMENT_BYTES,
+    )
+
+
+def fake_cache_seqlens() -> Any:
+    """What ``cache_seqlens_tensor`` passes at launch: (B,) int32, contiguous, 4-byte aligned."""
+    return make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), memspace=AddressSpace.generic, assumed_align=4)
+
+
+def cache_seqlens_tensor(cache_seqlens: torch.Tensor) -> cute.Tensor:
+    """The (B,) int32 key lengths as the kernel takes them (the runtime counterpart of the fake)."""
+    if not cache_seqlens.is_contiguous():
+        raise ValueError(f"cache_seqlens must be contiguous, got stride {cache_seqlens.stride()}")
+    return from_dlpack(cache_seqlens, assumed_align=4).mark_layout_dynamic(leading_dim=0)
 
 
 def compiled_runner(
     cache: dict[Any, Any],
     key: Any,
     make_launcher: Callable[[], Any],
-    tensors: Sequence[torch.Tensor],
+    tensors: Sequence[torch.Tensor | cute.Tensor | None],
     scale: float,
-    result: torch.Tensor,
+    result: Any,
 ) -> Runner:
     """Compile ``make_launcher()`` once per ``key`` for ``tensors`` (inputs and outputs, in the
-    launcher's order) and the fp32 ``scale``; the returned ``run()`` only launches and returns ``result``."""
-    operands = [to_cute_tensor(t) for t in tensors]
+    launcher's order: torch tensors are converted by :func:`to_cute_tensor`, CuTe tensors and None,
+    an absent optional operand, pass as they are) and the fp32 ``scale``; the returned ``run()`` only
+    launches and returns ``result`` (O, or the pair (O, lse))."""
+    operands = [to_cute_tensor(t) if isinstance(t, torch.Tensor) else t for t in tensors]
     scale_arg = cutlass.Float32(scale)
-    device = result.device
+    device = tensors[0].device
     if key not in cache:
         cache[key] = cute.compile(make_launcher(), *operands, scale_arg, current_stream(device))
     compiled = cache[key]
 
-    def run() -> torch.Tensor:
+    def run() -> Any:
         # The stream is read at launch so that a CUDA-graph capture on a side stream records this launch.
         compiled(*operands, scale_arg, current_stream(device))
         return result
@@ -91,7 +119,7 @@ def compiled_runner(
 
 
 def validated_prepare(
-    bind: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Problem], Runner],
+    bind: Callable[..., Runner],
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -99,27 +127,55 @@ def validated_prepare(
     *,
     head_dims: Collection[int],
     problem_check: Callable[[Problem], tuple[bool, str]] | None = None,
+    name: str = "this rung",
+    features: Collection[str] = (),
+    cache_seqlens: torch.Tensor | None = None,
 ) -> Runner:
-    """A rung's ``prepare``: validate q, k, v (B, H, S, D) against the rung's head dims and, if given,
-    ``problem_check`` (the rung's own limits, as its ``supports`` states them), ``bind`` them to the
-    Problem they describe (compiling on first use), and launch once to warm up."""
+    """A rung's ``prepare``: validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) (and ``cache_seqlens``)
+    against the rung's head dims, the problem features it implements (``features``, names of
+    ``common.contract.capability.FEATURES``) and, if given, ``problem_check`` (the rung's own limits, as
+    its ``supports`` states them), ``bind`` them to the Problem they describe (compiling on first use),
+    and launch once to warm up."""
+    if problem.has_cache_seqlens != (cache_seqlens is not None):
+        raise ValueError(
+            f"cache_seqlens must be given exactly when the problem has per-sequence lengths: "
+            f"has_cache_seqlens={problem.has_cache_seqlens}, got cache_seqlens={cache_seqlens!r}"
+        )
     checked = validate_attention_inputs(
-        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, head_dims=head_dims
+        q,
+        k,
+        v,
+        causal=problem.causal,
+        softmax_scale=problem.softmax_scale,
+        causal_alignment=problem.causal_alignment,
+        cache_seqlens=cache_seqlens,
+        return_lse=problem.return_lse,
+        allow_gqa=GQA in features,
+        head_dims=head_dims,
     )
+    checks = [check_features(name, checked, features)]
     if problem_check is not None:
-        ok, reason = problem_check(checked)
+        checks.append(problem_check(checked))
+    for ok, reason in checks:
         if not ok:
             raise ValueError(reason)
-    return warmed_up(bind(q, k, v, checked), q.device)
+    return warmed_up(bind(q, k, v, checked, **per_call_inputs(checked, cache_seqlens)), q.device)
 
 
 def mma_sync_supports(
-    name: str, problem: Problem, device: torch.device, head_dims: Collection[int]
+    name: str, problem: Problem, device: torch.device, head_dims: Collection[int], features: Collection[str] = ()
 ) -> tuple[bool, str]:
     """The capability check of the ``mma.sync`` rungs (tiled, pipelined): a CUDA device of sm_80+
-    (``mma.sync`` bf16 and ``cp.async``), fp16/bf16, one of ``head_dims``, softmax_scale > 0."""
+    (``mma.sync`` bf16 and ``cp.async``), fp16/bf16, one of ``head_dims``, the problem features in
+    ``features``, softmax_scale > 0."""
     ok, reason = check_common(
-        name, problem, device, dtypes=tuple(CUTE_DTYPES), head_dims=head_dims, min_capability=MMA_SYNC_MIN_CAPABILITY
+        name,
+        problem,
+        device,
+        dtypes=tuple(CUTE_DTYPES),
+        head_dims=head_dims,
+        min_capability=MMA_SYNC_MIN_CAPABILITY,
+        features=features,
     )
     if not ok:
         return ok, reason

@@ -25,7 +25,7 @@ What it adds over ``cute/tiled``, and which bottleneck each step removes:
 * Causal CTAs are launched heaviest first (largest ``m_block`` first) so the short diagonal tiles
   fill the tail of the grid.
 
-Shapes: q (B, H, Sq, D), k and v (B, H, Sk, D), o (B, H, Sq, D). One CTA of ``num_warps`` warps
+Shapes: q (B, H, Sq, D), k and v (B, Hkv, Sk, D), o (B, H, Sq, D), lse (B, H, Sq) fp32. One CTA of ``num_warps`` warps
 computes one ``tile_m``-row block of O for one (batch, head); each warp owns ``tile_m / num_warps``
 rows, and its accumulator rows sit in quads of 4 lanes, as ``_device`` describes.
 
@@ -62,7 +62,17 @@ tile_n = 64, 64 KiB. Every configuration is spill-free (``tests/test_cute_tiled_
 checks it; the registers per thread are in the static table). D = 256 is refused: the O
 accumulator alone would be 256 fp32 registers per thread with 32 rows per warp.
 
-Constraints: fp16/bf16, D in {64, 128}, any Sq, Sk >= 1, causal top-left, softmax_scale > 0
+Problem features (each a compile-time flag of :class:`TileConfig`, so the canonical problem's kernel
+is unchanged): GQA/MQA (K and V read at ``kv_head_index(head)``, never repeated); the bottom-right
+causal alignment (``SeqlenInfo.causal_offset`` = seqlen_k - Sq shifts the diagonal in ``BlockRange``
+and ``AttentionMask``; one more unrolled masked block, since the shifted diagonal crosses
+``tile_m / tile_n + 1`` blocks); ``cache_seqlens`` ((B,) int32, contiguous: each sequence's
+``seqlen_k``, clamped to [0, Sk], cuts the key range, predicates the first block's loads and sets the
+bottom-right offset); ``return_lse`` (``OnlineSoftmax.finalize`` forms each row's natural-log LSE, the
+epilogue stores it; ``run()`` returns (O, lse)). A tile none of whose rows sees a key visits no block:
+O = 0, LSE = -inf.
+
+Constraints: fp16/bf16, D in {64, 128}, any Sq, Sk >= 1, softmax_scale > 0
 (``row_max`` is taken as max(S) · softmax_scale_log2), compute capability >= 8.0.
 
 What the measurements taught (A/B runs in ``docs/perf-log.md``, "Figures moved out of rung
@@ -89,6 +99,7 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.nvgpu import warp
 
+from common.contract.capability import FEATURES
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner
 from common.contract.validation import kernel_operand
@@ -97,13 +108,19 @@ from cute_impl._device import (
     AttentionMask,
     BlockRange,
     OnlineSoftmax,
+    SeqlenInfo,
     accumulator_as_operand_a,
+    kv_head_index,
+    rows_by_cols,
 )
 from cute_impl._host import (
     WARP_THREADS,
+    cache_seqlens_tensor,
     compile_on_fakes_sm90,
     compiled_runner,
     cp_async_tiled_copy,
+    fake_cache_seqlens,
+    fake_lse,
     fake_operands,
     mma_sync_supports,
     positive_scale,
@@ -140,6 +157,11 @@ class TileConfig:
     head_dim: int
     causal: bool
     shape: TileShape
+    # Problem features, all compile time so that the canonical kernel stays as it was.
+    gqa: bool = False  # K and V read at kv_head_index(head), Hkv < H
+    bottom_right: bool = False  # causal diagonal shifted by causal_offset = seqlen_k - Sq
+    has_cache_seqlens: bool = False  # a (B,) int32 kernel argument: each sequence's seqlen_k
+    return_lse: bool = False  # the epilogue also writes the (B, H, Sq) fp32 LSE
 
 
 # Budget per head dim (bf16/fp16; H200 SM: 227 KiB smem, 64 Ki registers):
@@ -171,6 +193,10 @@ class PipelinedAttentionKernel:
         self.num_threads = shape.num_warps * WARP_THREADS
         self.pieces_per_k_step = shape.pieces_per_k_step
         self.min_ctas_per_sm = shape.min_ctas_per_sm
+        self.gqa = config.gqa
+        self.bottom_right = config.bottom_right
+        self.has_cache_seqlens = config.has_cache_seqlens
+        self.return_lse = config.return_lse
 
     # ------------------------------------------------------------------------------------------
     # Host side of the launch: layouts, copy atoms, tiled MMA, grid (shared with cute/tiled).
@@ -182,9 +208,13 @@ class PipelinedAttentionKernel:
         mK: cute.Tensor,
         mV: cute.Tensor,
         mO: cute.Tensor,
+        mLSE: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None,
         softmax_scale: cutlass.Float32,
         stream: cuda.CUstream,
     ):
+        """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D); ``mLSE`` the (B, H, Sq) fp32 LSE when returned and
+        ``mCacheSeqlens`` the (B,) int32 key lengths when given, else None (compile time)."""
         dtype = mQ.element_type
         mQ, mK, mV, mO = [static_head_dim_view(t, self.head_dim) for t in (mQ, mK, mV, mO)]
         swizzle_atom = cute.make_composed_layout(
@@ -199,6 +229,8 @@ class PipelinedAttentionKernel:
             mK,
             mV,
             mO,
+            mLSE,
+            mCacheSeqlens,
             softmax_scale * LOG2_E,
             sQ_layout,
             sKV_layout,
@@ -225,6 +257,8 @@ class PipelinedAttentionKernel:
         mK: cute.Tensor,
         mV: cute.Tensor,
         mO: cute.Tensor,
+        mLSE: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None,
         softmax_scale_log2: cutlass.Float32,
         sQ_layout: cute.ComposedLayout,
         sKV_layout: cute.ComposedLayout,
@@ -236,19 +270,25 @@ class PipelinedAttentionKernel:
         block_m, head, batch = cute.arch.block_idx()
         grid_m, _, _ = cute.arch.grid_dim()
         seqlen_q = mQ.shape[2]
-        seqlen_k = mK.shape[2]
         dtype = mQ.element_type
 
         # ---- 1. Tiles of this CTA and its K/V block range ------------------------------------
         # Largest m_block first: under causal masking it has the most blocks to visit.
         m_block = grid_m - 1 - block_m
-        block_range = BlockRange.create(m_block, seqlen_k, self.tile_m, self.tile_n, self.causal)
+        # This sequence's seqlen_k (its cache_seqlens entry, if any) and causal_offset.
+        seqlen = SeqlenInfo.create(batch, seqlen_q, mK.shape[2], mCacheSeqlens, self.bottom_right)
+        seqlen_k = seqlen.seqlen_k
+        block_range = BlockRange.create(m_block, seqlen, self.tile_m, self.tile_n, self.causal)
         n_block_max = block_range.n_block_max
+        # GQA: K and V of the KV head this query head reads, never a repeated copy.
+        kv_head = head
+        if cutlass.const_expr(self.gqa):
+            kv_head = kv_head_index(head, mQ.shape[1], mK.shape[1])
         tile_q = (self.tile_m, self.head_dim)
         tile_kv = (self.tile_n, self.head_dim)
         gQ = cute.local_tile(mQ[batch, head, None, None], tile_q, (m_block, 0))  # (tile_m, D)
-        gK = cute.local_tile(mK[batch, head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
-        gV = cute.local_tile(mV[batch, head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
+        gK = cute.local_tile(mK[batch, kv_head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
+        gV = cute.local_tile(mV[batch, kv_head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
         gO = cute.local_tile(mO[batch, head, None, None], tile_q, (m_block, 0))  # (tile_m, D)
         cQ = cute.local_tile(cute.make_identity_tensor((seqlen_q, self.head_dim)), tile_q, (m_block, 0))
         cKV = cute.local_tile(cute.make_identity_tensor((seqlen_k, self.head_dim)), tile_kv, (None, 0))
@@ -301,7 +341,7 @@ class PipelinedAttentionKernel:
 
         rows_per_thread = cute.size(acc_O, mode=[0, 1]) * cute.size(acc_O, mode=[1])
         softmax = OnlineSoftmax(rows_per_thread, softmax_scale_log2)
-        mask = AttentionMask(self.tile_m, self.tile_n, self.causal, tiled_mma, tidx, m_block, seqlen_k)
+        mask = AttentionMask(self.tile_m, self.tile_n, self.causal, tiled_mma, tidx, m_block, seqlen)
 
         # ---- 2. Prologue: Q and the first stages-1 K/V blocks in flight ----------------------
         for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
@@ -328,8 +368,9 @@ class PipelinedAttentionKernel:
         # Retire the empty trailing groups so no cp.async is outstanding at exit.
         cute.arch.cp_async_wait_group(0)
 
-        # ---- 4. Epilogue: normalise, cast, predicated store ----------------------------------
-        softmax.finalize(acc_O)
+        # ---- 4. Epilogue: normalise, cast, predicated store (and the LSE) --------------------
+        lse = cute.make_rmem_tensor(rows_per_thread, cutlass.Float32) if cutlass.const_expr(self.return_lse) else None
+        softmax.finalize(acc_O, lse)
         rO = cute.make_fragment_like(acc_O, dtype)
         rO.store(acc_O.load().to(dtype))
         tOgO = thr_mma.partition_C(gO)  # (MMA, MMA_M, MMA_D)
@@ -337,6 +378,21 @@ class PipelinedAttentionKernel:
         for i in cutlass.range_constexpr(cute.size(rO)):
             if m_block * self.tile_m + tOcO[i][0] < seqlen_q:
                 tOgO[i] = rO[i]
+        if cutlass.const_expr(self.return_lse):
+            self.store_lse(mLSE[batch, head, None], lse, tOcO, m_block * self.tile_m, seqlen_q)
+
+    @cute.jit
+    def store_lse(
+        self, gLSE: cute.Tensor, lse: cute.Tensor, tOcO: cute.Tensor, row_start: cutlass.Int32, seqlen_q: cutlass.Int32
+    ):
+        """The first lane of each row's quad writes the LSE of its rows (rows past Sq are skipped);
+        ``lse`` holds one value per row of :func:`rows_by_cols`, in that order."""
+        cO = rows_by_cols(tOcO)
+        if cO[0, 0][1] == 0:
+            for r in cutlass.range_constexpr(cute.size(cO, mode=[0])):
+                row = row_start + cO[r, 0][0]
+                if row < seqlen_q:
+                    gLSE[row] = lse[r]
 
     @cute.jit
     def load_kv(
@@ -480,30 +536,66 @@ _COMPILED: dict[tuple[torch.dtype, TileConfig], Any] = {}
 
 
 def tile_config(problem: Problem) -> TileConfig:
-    """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every prepare)."""
-    return TileConfig(problem.head_dim, problem.causal, TILE_CONFIGS[problem.head_dim])
+    """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every prepare),
+    with the problem's features as compile-time flags (all off for the canonical problem)."""
+    return TileConfig(
+        problem.head_dim,
+        problem.causal,
+        TILE_CONFIGS[problem.head_dim],
+        gqa=problem.kv_heads != problem.heads,
+        bottom_right=problem.bottom_right,
+        has_cache_seqlens=problem.has_cache_seqlens,
+        return_lse=problem.return_lse,
+    )
 
 
-def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up."""
-    return validated_prepare(bind, q, k, v, problem, head_dims=tuple(TILE_CONFIGS), problem_check=positive_scale)
+def prepare(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
+    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) (and ``cache_seqlens``), bind them (compiling
+    on first use), and launch once to warm up."""
+    return validated_prepare(
+        bind,
+        q,
+        k,
+        v,
+        problem,
+        head_dims=tuple(TILE_CONFIGS),
+        problem_check=positive_scale,
+        name="cute/pipelined",
+        features=FEATURES,
+        cache_seqlens=cache_seqlens,
+    )
 
 
-def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Compile (cached), allocate O for validated q, k, v; the returned ``run()`` only launches."""
+def bind(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
+    """Compile (cached), allocate O (and the LSE) for validated q, k, v; the returned ``run()`` only
+    launches and returns O, or (O, lse) when ``problem.return_lse``."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = None
+    if problem.return_lse:
+        lse = torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=q.device)
+    lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
     config = tile_config(problem)
     make_kernel = partial(PipelinedAttentionKernel, config)
-    return compiled_runner(_COMPILED, (q.dtype, config), make_kernel, (q, k, v, out), problem.scale, out)
+    result = (out, lse) if problem.return_lse else out
+    tensors = (q, k, v, out, lse, lengths)
+    return compiled_runner(_COMPILED, (q.dtype, config), make_kernel, tensors, problem.scale, result)
 
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """Compile the kernel for sm_90a on fake tensors (no GPU needed)."""
-    kernel = PipelinedAttentionKernel(tile_config(problem))
-    return compile_on_fakes_sm90(
-        kernel, fake_operands(problem), problem.scale, name="cute_pipelined", threads=kernel.num_threads
-    )
+    config = tile_config(problem)
+    kernel = PipelinedAttentionKernel(config)
+    fakes = [
+        *fake_operands(problem),
+        fake_lse() if config.return_lse else None,
+        fake_cache_seqlens() if config.has_cache_seqlens else None,
+    ]
+    return compile_on_fakes_sm90(kernel, fakes, problem.scale, name="cute_pipelined", threads=kernel.num_threads)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -512,8 +604,9 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     """The capability check: a CUDA device of sm_80+ (mma.sync bf16, cp.async), fp16/bf16, a head dim
     of :data:`TILE_CONFIGS` (D=256 would need 256 fp32 O-accumulator registers per thread at tile_m=128),
-    softmax_scale > 0."""
-    return mma_sync_supports("cute/pipelined", problem, device, head_dims=tuple(TILE_CONFIGS))
+    softmax_scale > 0. Every problem feature is implemented (GQA, both causal alignments,
+    ``cache_seqlens``, the LSE)."""
+    return mma_sync_supports("cute/pipelined", problem, device, head_dims=tuple(TILE_CONFIGS), features=FEATURES)
 
 
 IMPLEMENTATION = Implementation(

@@ -413,8 +413,12 @@ def tile_config(problem: Problem) -> TileConfig:
 
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up."""
-    return validated_prepare(bind, q, k, v, problem, head_dims=HEAD_DIMS, problem_check=positive_scale)
+    """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up.
+    The problem features (GQA, bottom-right, cache_seqlens, LSE) are not implemented: refused here
+    as in ``supports``."""
+    return validated_prepare(
+        bind, q, k, v, problem, head_dims=HEAD_DIMS, problem_check=positive_scale, name="cute/tiled"
+    )
 
 
 def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:

@@ -10,14 +10,15 @@ import torch
 
 pytest.importorskip("cutlass")
 
-from common.contract.check import check_implementation
+from common.contract.check import check_implementation, check_on_inputs
+from common.contract.inputs import make_inputs
 from common.contract.metrics import error_stats
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
 from common.measure.sdpa import sdpa
 from common.reporting.static import cubin_resources
 from cute_impl import _host, pipelined, tiled
-from cute_impl._device import BlockRange
+from cute_impl._device import BlockRange, SeqlenInfo
 
 MODULES = {"cute/tiled": tiled, "cute/pipelined": pipelined}
 # Shared memory per SM on the H100/H200 available to CTAs, in bytes.
@@ -87,7 +88,7 @@ class BindReachedError(Exception):
     pass
 
 
-def _never_bind(*args: object) -> None:
+def _never_bind(*args: object, **kwargs: object) -> None:
     raise BindReachedError
 
 
@@ -120,31 +121,97 @@ def test_positive_scale_reaches_bind(name: str, cpu_prepare: None):
         MODULES[name].prepare(q, q, q, Problem(1, 2, 16, 16, 64, dtype=torch.bfloat16, softmax_scale=0.125))
 
 
-def _visible(row: int, key: int, *, seqlen_k: int, causal: bool) -> bool:
-    return key < seqlen_k and (not causal or key <= row)
+def test_pipelined_prepare_takes_the_features_and_tiled_refuses_them(cpu_prepare: None):
+    """cute/pipelined validates GQA, bottom-right, cache_seqlens and the LSE and reaches bind;
+    cute/tiled refuses them in prepare, naming itself, before any GPU work."""
+    problem = Problem(
+        2, 4, 16, 48, 64, dtype=torch.bfloat16, causal=True, kv_heads=2, causal_alignment="bottom_right",
+        has_cache_seqlens=True, return_lse=True,
+    )  # fmt: skip
+    q = torch.randn(2, 4, 16, 64, dtype=torch.bfloat16)
+    k = torch.randn(2, 2, 48, 64, dtype=torch.bfloat16)
+    lengths = torch.tensor([48, 0], dtype=torch.int32)
+    with pytest.raises(BindReachedError):
+        pipelined.prepare(q, k, k, problem, cache_seqlens=lengths)
+    with pytest.raises(ValueError, match="cache_seqlens must be given"):
+        pipelined.prepare(q, k, k, problem)
+    dense = problem.with_(kv_heads=4, has_cache_seqlens=False)
+    k_dense = torch.randn(2, 4, 48, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"cute/tiled: .*not implemented yet"):
+        tiled.prepare(q, k_dense, k_dense, dense)
 
 
+def _visible(row: int, key: int, *, seqlen_k: int, causal: bool, offset: int = 0) -> bool:
+    return key < seqlen_k and (not causal or key <= row + offset)
+
+
+# (Sq, padded Sk, this sequence's seqlen_k or None for the padded one).
+BLOCK_RANGE_CASES = [
+    (1, 1, None),
+    (77, 1000, None),
+    (1000, 77, None),
+    (1000, 1000, None),
+    (512, 512, None),
+    (300, 129, None),
+    (77, 1000, 0),
+    (77, 1000, 1000),
+    (77, 1000, 613),
+    (1000, 77, 0),
+    (1000, 77, 41),
+    (300, 129, 77),
+]
+
+
+@pytest.mark.parametrize("bottom_right", [False, True], ids=["top_left", "bottom_right"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("tile_n", [32, 64])
-def test_block_range_visits_every_visible_key_and_masks_where_needed(tile_n: int, causal: bool):
+def test_block_range_visits_every_visible_key_and_masks_where_needed(tile_n: int, causal: bool, bottom_right: bool):
     """cute/pipelined's BlockRange: blocks from n_block_max on are masked for every row of the tile,
     every visible key lies below n_block_max, and the blocks below the top n_masked_blocks are seen in
-    full by every row (so skipping their mask is safe)."""
+    full by every row (so skipping their mask is safe); for both alignments and per-sequence lengths
+    (the sequence's seqlen_k, and bottom-right its causal_offset = seqlen_k - Sq)."""
     tile_m = 128
-    for seqlen_q, seqlen_k in [(1, 1), (77, 1000), (1000, 77), (1000, 1000), (512, 512), (300, 129)]:
+    for seqlen_q, padded_k, length in BLOCK_RANGE_CASES:
+        seqlen_k = padded_k if length is None else length
+        offset = seqlen_k - seqlen_q if bottom_right else 0
+        seqlen = SeqlenInfo(seqlen_k, offset, bottom_right)
         for m_block in range(-(-seqlen_q // tile_m)):
-            blocks = BlockRange.create(m_block, seqlen_k, tile_m, tile_n, causal)
+            blocks = BlockRange.create(m_block, seqlen, tile_m, tile_n, causal)
             # Every row of the tile, the padding past Sq included: the kernel computes those too.
             rows = range(m_block * tile_m, (m_block + 1) * tile_m)
-            visible = functools.partial(_visible, seqlen_k=seqlen_k, causal=causal)
-            where = f"m_block={m_block} Sq={seqlen_q} Sk={seqlen_k}"
+            visible = functools.partial(_visible, seqlen_k=seqlen_k, causal=causal, offset=offset)
+            where = f"m_block={m_block} Sq={seqlen_q} seqlen_k={seqlen_k} offset={offset}"
             assert blocks.n_block_min == 0
+            assert blocks.n_block_max >= 0, where
             last_visible = max((key for row in rows for key in range(seqlen_k) if visible(row, key)), default=-1)
             assert last_visible < blocks.n_block_max * tile_n, f"{where}: a visible key is never loaded"
             assert last_visible >= (blocks.n_block_max - 1) * tile_n, f"{where}: a fully masked block is loaded"
             unmasked_end = max(blocks.n_block_max - blocks.n_masked_blocks, 0) * tile_n
             hidden = [(row, key) for row in rows for key in range(unmasked_end) if not visible(row, key)]
             assert not hidden, f"{where}: block of (row, key) {hidden[0]} runs without the mask it needs"
+
+
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+def test_pipelined_features_compile_without_spills_and_keep_the_canonical_kernel(head_dim: int):
+    """GQA, bottom-right, cache lengths and the LSE are compile-time flags: the feature kernel is
+    spill-free and stores the LSE; the canonical problem's kernel forms and stores none."""
+    canonical = Problem(1, 8, 1024, 1024, head_dim, dtype=torch.bfloat16, causal=True)
+    featured = canonical.with_(
+        seqlen_q=77, kv_heads=2, causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True
+    )
+    assert pipelined.tile_config(featured) != pipelined.tile_config(canonical)
+    ptx = {}
+    for problem in (canonical, featured):
+        (binary,) = pipelined.compile_sm90(problem)
+        for usage in cubin_resources(binary.cubin).values():
+            spills = usage["stack_bytes"] + usage["local_bytes"]
+            assert spills == 0, f"{problem.describe()}: {usage['registers']} registers, {spills} B stack/local"
+        ptx[problem] = binary.ptx
+    # O is stored as 32-bit pairs (st.global.b32) in both; the LSE adds one store and one lg2 per row.
+    stores = {problem: len(re.findall(r"st\.global\.", text)) for problem, text in ptx.items()}
+    assert stores[featured] > stores[canonical], stores
+    assert "lg2.approx" in ptx[featured]
+    assert "lg2.approx" not in ptx[canonical]
 
 
 @pytest.mark.gpu
@@ -171,3 +238,51 @@ def test_tile_boundaries_causal(name: str, seqlens: tuple[int, int]):
     problem = Problem(1, 2, *seqlens, 128, dtype=torch.bfloat16, causal=True)
     result = check_implementation(MODULES[name].IMPLEMENTATION, problem, device="cuda", seed=sum(seqlens))
     assert result.ok, f"{name} {problem.describe()}: {result.summary()}"
+
+
+# The masks of the feature tests: (causal, causal_alignment).
+MASKS = {"full": (False, "top_left"), "causal": (True, "top_left"), "causal_bottom_right": (True, "bottom_right")}
+
+
+def _edge_cache_seqlens(batch: int, seqlen_k: int, device: torch.device) -> torch.Tensor:
+    """(B,) int32 key lengths with the edges: a full sequence (Sk), an empty one (0), ragged others."""
+    lengths = [seqlen_k, 0, *(max(1, (seqlen_k * (3 + 2 * i)) // 7) for i in range(batch - 2))]
+    return torch.tensor(lengths[:batch], dtype=torch.int32, device=device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache_lengths", [False, True], ids=["dense", "cache_seqlens"])
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("seqlens", [(77, 1000), (1000, 77), (333, 333)], ids=str)
+@pytest.mark.parametrize("kv_heads", [1, 4], ids=["mqa", "gqa4"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_pipelined_gqa_alignments_cache_seqlens_and_lse(
+    head_dim: int, kv_heads: int, seqlens: tuple[int, int], mask: str, cache_lengths: bool
+):
+    """cute/pipelined: GQA (8 query heads over 1 or 4 KV heads, each KV head its own values), both
+    causal alignments with Sq != Sk (bottom-right with Sq > Sk leaves rows that see no key: O = 0,
+    LSE = -inf), per-sequence lengths Sk, 0 and ragged; O against the fp64 reference by the rung's rule
+    and the LSE by the contract's LSE rule, on poisoned outputs."""
+    causal, alignment = MASKS[mask]
+    problem = Problem(
+        3, 8, *seqlens, head_dim, dtype=torch.bfloat16, causal=causal, kv_heads=kv_heads,
+        causal_alignment=alignment, has_cache_seqlens=cache_lengths, return_lse=True,
+    )  # fmt: skip
+    q, k, v = make_inputs(problem, seed=11, offset=0.5)
+    cache_seqlens = _edge_cache_seqlens(problem.batch, problem.seqlen_k, q.device) if cache_lengths else None
+    assert pipelined.supports(problem, q.device)[0]
+    result = check_on_inputs(pipelined.IMPLEMENTATION, q, k, v, problem, cache_seqlens=cache_seqlens)
+    assert result.ok, f"{problem.describe()}: {result.summary()}"
+    assert result.lse is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("return_lse", [False, True], ids=["o", "o_lse"])
+def test_pipelined_gqa_without_lse_returns_o_only(return_lse: bool):
+    """run() returns O alone without return_lse, the pair (O, lse) with it; a GQA problem with Sq = Sk."""
+    problem = Problem(2, 4, 200, 200, 128, dtype=torch.float16, causal=True, kv_heads=2, return_lse=return_lse)
+    q, k, v = make_inputs(problem, seed=5, offset=0.5)
+    out = pipelined.prepare(q, k, v, problem)()
+    assert isinstance(out, tuple) == return_lse
+    result = check_on_inputs(pipelined.IMPLEMENTATION, q, k, v, problem)
+    assert result.ok, f"{problem.describe()}: {result.summary()}"
