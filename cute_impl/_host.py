@@ -21,7 +21,11 @@ from cutlass.cute.typing import AddressSpace
 from common.contract.capability import GQA, check_common, check_features
 from common.contract.problem import Problem
 from common.contract.registry import KernelBinary, Runner, per_call_inputs, warmed_up
-from common.contract.validation import OPERAND_ALIGNMENT_BYTES, validate_attention_inputs
+from common.contract.validation import (
+    OPERAND_ALIGNMENT_BYTES,
+    require_cache_seqlens_as_stated,
+    validate_attention_inputs,
+)
 from common.reporting.static import compile_cute_sm90
 
 CUTE_DTYPES = {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}
@@ -136,11 +140,7 @@ def validated_prepare(
     ``common.contract.capability.FEATURES``) and, if given, ``problem_check`` (the rung's own limits, as
     its ``supports`` states them), ``bind`` them to the Problem they describe (compiling on first use),
     and launch once to warm up."""
-    if problem.has_cache_seqlens != (cache_seqlens is not None):
-        raise ValueError(
-            f"cache_seqlens must be given exactly when the problem has per-sequence lengths: "
-            f"has_cache_seqlens={problem.has_cache_seqlens}, got cache_seqlens={cache_seqlens!r}"
-        )
+    require_cache_seqlens_as_stated(problem, cache_seqlens)
     checked = validate_attention_inputs(
         q,
         k,

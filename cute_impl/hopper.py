@@ -583,11 +583,6 @@ def validated_problem(
     """The Problem that q (B, H, Sq, D), k and v (B, Hkv, Sk, D) describe, refused with a ValueError
     where ``supports`` would refuse it (dtype, head dim, softmax_scale <= 0, grid size, a device other
     than sm_90, a problem feature not in ``features``); no GPU work. Shared with ``fp8.py``."""
-    if problem.has_cache_seqlens != (cache_seqlens is not None):
-        raise ValueError(
-            f"cache_seqlens must be given exactly when the problem has per-sequence lengths: "
-            f"has_cache_seqlens={problem.has_cache_seqlens}, got cache_seqlens={cache_seqlens!r}"
-        )
     checked = validate_for_problem(q, k, v, problem, cache_seqlens=cache_seqlens, dtypes=DTYPES, head_dims=HEAD_DIMS)
     checks = (
         check_features(name, checked, features),

@@ -82,13 +82,21 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.runtime import from_dlpack, make_fake_tensor
 
 from common.contract.capability import FEATURES, check_common
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.contract.validation import kernel_operand, validate_attention_inputs
-from cute_impl._host import CUTE_DTYPES, compile_on_fakes_sm90, current_stream, fake_bhsd_tensor, to_cute_tensor
+from common.contract.validation import kernel_operand, validate_for_problem
+from cute_impl._host import (
+    CUTE_DTYPES,
+    cache_seqlens_tensor,
+    compile_on_fakes_sm90,
+    current_stream,
+    fake_bhsd_tensor,
+    fake_cache_seqlens,
+    fake_lse,
+    to_cute_tensor,
+)
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -385,16 +393,7 @@ def validated_problem(
 ) -> Problem:
     """The Problem q (B, H, Sq, D), k and v (B, Hkv, Sk, D) describe, with the given problem's mask,
     LSE flag and ``cache_seqlens`` (given exactly when the problem has per-sequence lengths)."""
-    if problem.has_cache_seqlens != (cache_seqlens is not None):
-        raise ValueError(
-            f"cache_seqlens must be given exactly when the problem has per-sequence lengths: "
-            f"has_cache_seqlens={problem.has_cache_seqlens}, got cache_seqlens={cache_seqlens!r}"
-        )
-    return validate_attention_inputs(
-        q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale,
-        causal_alignment=problem.causal_alignment, cache_seqlens=cache_seqlens, return_lse=problem.return_lse,
-        allow_gqa=True, head_dims=SUPPORTED_HEAD_DIMS,
-    )  # fmt: skip
+    return validate_for_problem(q, k, v, problem, cache_seqlens=cache_seqlens, head_dims=SUPPORTED_HEAD_DIMS)
 
 
 def prepare(
@@ -404,13 +403,6 @@ def prepare(
     launch once to warm up."""
     checked = validated_problem(q, k, v, problem, cache_seqlens)
     return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
-
-
-def lengths_operand(cache_seqlens: torch.Tensor) -> cute.Tensor:
-    """The (B,) int32 key lengths as the kernel takes them (contiguous, 4-byte aligned)."""
-    if not cache_seqlens.is_contiguous():
-        raise ValueError(f"cache_seqlens must be contiguous, got stride {cache_seqlens.stride()}")
-    return from_dlpack(cache_seqlens, assumed_align=4).mark_layout_dynamic(leading_dim=0)
 
 
 def bind(
@@ -426,7 +418,7 @@ def bind(
     operands = [to_cute_tensor(t) for t in (q, k, v, out)]
     # None when the problem returns no LSE or has no per-sequence lengths: compiled out of the kernel.
     operands.append(None if lse is None else to_cute_tensor(lse))
-    operands.append(None if cache_seqlens is None else lengths_operand(cache_seqlens))
+    operands.append(None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens))
     scale_arg = Float32(problem.scale * LOG2_E)
     key = (
         problem.dtype, problem.head_dim, problem.causal, problem.bottom_right, problem.has_cache_seqlens,
@@ -475,17 +467,6 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     return compile_on_fakes_sm90(
         launcher, fakes, problem.scale * LOG2_E, name="cute_online", threads=launcher.num_threads
     )
-
-
-def fake_lse() -> Any:
-    """A (B, H, Sq) fp32 stand-in for the LSE, contiguous in Sq."""
-    sym = cute.sym_int
-    return make_fake_tensor(Float32, (sym(), sym(), sym()), (sym(), sym(), 1), assumed_align=16)
-
-
-def fake_cache_seqlens() -> Any:
-    """A (B,) int32 stand-in for ``lengths_operand``: contiguous, 4-byte aligned."""
-    return make_fake_tensor(Int32, (cute.sym_int(),), (1,), assumed_align=4)
 
 
 IMPLEMENTATION = Implementation(

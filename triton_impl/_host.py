@@ -40,11 +40,6 @@ def validate_triton_inputs(
 ) -> Problem:
     """``validate_for_problem`` with the Triton dtypes (or ``dtypes``) and device types: every Triton rung
     implements GQA, both causal alignments, ``cache_seqlens`` and the LSE."""
-    if problem.has_cache_seqlens != (cache_seqlens is not None):
-        raise ValueError(
-            f"cache_seqlens must be given exactly when the problem has per-sequence lengths: "
-            f"has_cache_seqlens={problem.has_cache_seqlens}, got cache_seqlens={cache_seqlens!r}"
-        )
     return validate_for_problem(
         q,
         k,

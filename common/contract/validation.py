@@ -160,12 +160,22 @@ def validate_attention_inputs(
     )
 
 
+def require_cache_seqlens_as_stated(problem: Problem, cache_seqlens: object) -> None:
+    """``cache_seqlens`` is given exactly when ``problem`` says it has per-sequence lengths."""
+    if problem.has_cache_seqlens != (cache_seqlens is not None):
+        raise ValueError(
+            f"cache_seqlens must be given exactly when the problem has per-sequence lengths: "
+            f"has_cache_seqlens={problem.has_cache_seqlens}, got cache_seqlens={cache_seqlens!r}"
+        )
+
+
 def validate_for_problem(
     q: object, k: object, v: object, problem: Problem, *, cache_seqlens: object = None, **limits: Any
 ) -> Problem:
     """:func:`validate_attention_inputs` with every feature ``problem`` states (mask, scale, alignment, GQA,
     cache lengths, LSE) and the rung's ``limits`` (dtypes, head_dims, device_types): the check of a rung
     that implements all of them, on tensors a caller described by ``problem``."""
+    require_cache_seqlens_as_stated(problem, cache_seqlens)
     return validate_attention_inputs(
         q,
         k,
