@@ -12,19 +12,21 @@ plain row-major, so the shared→register loads are scalar ``ld.shared`` with ba
 one K/V buffer and every tile is loaded with "commit, wait for all, barrier", so the tensor cores
 idle while the next tile streams in.
 
-Shapes: q (B, H, Sq, D), k and v (B, H, Sk, D), o (B, H, Sq, D), SDPA's layout. One CTA of
-``num_threads`` threads computes one ``tile_m``-row block of O for one (batch, head).
+Shapes: q (B, H, Sq, D), k and v (B, Hkv, Sk, D), o (B, H, Sq, D), SDPA's layout; lse (B, H, Sq)
+fp32 when returned. One CTA of ``num_threads`` threads computes one ``tile_m``-row block of O for one
+(batch, head).
 
 Algorithm (the sections of :meth:`TiledAttentionKernel.kernel`):
-1. Tiles of this CTA: Q rows ``[m_block * tile_m, +tile_m)``; the K/V blocks it must visit are
-   ``n_block < n_block_max``, where causal masking (top-left, row i sees keys j <= i) drops every
-   block to the right of the diagonal: fully masked tiles are never loaded. (``cute/pipelined``
-   calls this the ``BlockRange``; here it is two lines, so the rung reads alone.)
+1. Tiles of this CTA: Q rows ``[m_block * tile_m, +tile_m)``, K and V of its KV head; this
+   sequence's ``seqlen_k`` and ``causal_offset``; the K/V blocks it must visit are
+   ``n_block < n_block_max``, where causal masking (row i sees keys j <= i + causal_offset) drops
+   every block to the right of the diagonal: fully masked tiles are never loaded. (``cute/pipelined``
+   calls these ``SeqlenInfo`` and ``BlockRange``; here they are a few lines, so the rung reads alone.)
 2. Load Q to shared memory with ``cp.async`` (rows past Sq are zero-filled).
 3. For each K/V block, last block first (it carries the masks, see 4):
    a. ``cp.async`` K and V to shared memory, commit, wait for all groups, barrier.
    b. ``S = Q Kᵀ`` with ``mma.sync``; operands read from shared memory into registers per k-step.
-   c. Mask: keys past Sk and, when causal, keys right of the diagonal get ``-inf``. Only the first
+   c. Mask: keys past seqlen_k and, when causal, keys right of the diagonal get ``-inf``. Only the first
       ``n_masked_blocks`` iterations can need it; the rest run the unmasked variant.
    d. Online softmax in registers: the row maximum is reduced across the quad of 4 lanes that
       shares a row of the MMA accumulator (``shfl.bfly`` 2 and 1) and kept as ``row_max``, the
@@ -35,7 +37,8 @@ Algorithm (the sections of :meth:`TiledAttentionKernel.kernel`):
    e. ``O += P V``: P cast to the input dtype and viewed as the A operand; V read transposed
       through a (D, tile_n) view of its shared tile. Barrier before the buffers are overwritten.
 4. Epilogue: row sums reduced across the quad, ``O /= row_sum``, cast, stored to global memory
-   from the accumulator fragment with a per-row predicate (rows past Sq are not written).
+   from the accumulator fragment with a per-row predicate (rows past Sq are not written); with
+   ``return_lse``, each row's LSE too.
 
 Data movement: HBM →(cp.async.cg, 16 B per thread)→ SMEM →(ld.shared, 32-bit pairs for Q/K and
 16-bit scalars for the transposed V)→ registers →(mma.sync m16n8k16)→ fp32 registers → HBM (st.global).
@@ -48,7 +51,17 @@ without spills at every supported configuration (``tests/test_cute_tiled_pipelin
 the registers per thread are in the static table), while 32 rows per warp would hold twice the O
 and S accumulators and spill.
 
-Constraints: fp16/bf16, D in {64, 128}; any Sq, Sk >= 1; causal top-left; softmax_scale > 0
+Problem features (each a compile-time flag of :class:`TileConfig`, so the canonical problem's kernel
+is unchanged), as ``cute/pipelined`` implements them: GQA/MQA (K and V read at the KV head
+``head // (H // Hkv)``, never repeated); the bottom-right causal alignment (``causal_offset`` =
+seqlen_k - Sq shifts the diagonal in the block range and the mask; one more masked block, since the
+shifted diagonal crosses ``tile_m / tile_n + 1`` blocks); ``cache_seqlens`` ((B,) int32, contiguous:
+each sequence's ``seqlen_k``, clamped to [0, Sk], cuts the key range, predicates the K/V loads and
+sets the bottom-right offset); ``return_lse`` (the epilogue forms each row's natural-log LSE,
+(row_max + log2(row_sum)) · ln 2, and stores it; ``run()`` returns (O, lse)). A tile none of whose
+rows sees a key visits no block: O = 0, LSE = -inf.
+
+Constraints: fp16/bf16, D in {64, 128}; any Sq, Sk >= 1; softmax_scale > 0
 (``row_max`` is taken as max(S) · softmax_scale_log2); compute capability >= 8.0 (``mma.sync`` bf16
 and ``cp.async`` are sm_80 features; Hopper runs them too).
 
@@ -72,13 +85,17 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
+from common.contract.capability import FEATURES
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner
 from common.contract.validation import kernel_operand
 from cute_impl._host import (
+    cache_seqlens_tensor,
     compile_on_fakes_sm90,
     compiled_runner,
     cp_async_tiled_copy,
+    fake_cache_seqlens,
+    fake_lse,
     fake_operands,
     mma_sync_supports,
     positive_scale,
@@ -90,6 +107,8 @@ from cute_impl._host import (
 )
 
 LOG2_E = math.log2(math.e)
+# ln 2: the LSE is returned in natural-log units, row_max is in log2 units.
+LN_2 = math.log(2.0)
 HEAD_DIMS = (64, 128)
 SMEM_ALIGN_BYTES = 128
 # Lanes of an m16n8k16 accumulator that hold pieces of the same row: a quad of 4, combined by
@@ -106,6 +125,11 @@ class TileConfig:
     tile_m: int = 64
     tile_n: int = 64
     num_threads: int = 128
+    # Problem features, all compile time so that the canonical kernel stays as it was.
+    gqa: bool = False  # K and V read at the KV head head // (H // Hkv), Hkv < H
+    bottom_right: bool = False  # causal diagonal shifted by causal_offset = seqlen_k - Sq
+    has_cache_seqlens: bool = False  # a (B,) int32 kernel argument: each sequence's seqlen_k
+    return_lse: bool = False  # the epilogue also writes the (B, H, Sq) fp32 LSE
 
 
 class TiledAttentionKernel:
@@ -117,9 +141,16 @@ class TiledAttentionKernel:
         self.tile_m = config.tile_m
         self.tile_n = config.tile_n
         self.num_threads = config.num_threads
-        # Causal: the blocks that cross the diagonal of a tile_m-row tile; otherwise the last
-        # block, the only one that can be cut by Sk.
+        self.gqa = config.gqa
+        self.bottom_right = config.bottom_right
+        self.has_cache_seqlens = config.has_cache_seqlens
+        self.return_lse = config.return_lse
+        # Causal: the blocks that cross the diagonal of a tile_m-row tile (bottom-right, the diagonal
+        # is shifted by causal_offset, not a multiple of tile_n, so it crosses one block more);
+        # otherwise the last block, the only one that can be cut by seqlen_k.
         self.n_masked_blocks = self.tile_m // self.tile_n if self.causal else 1
+        if self.causal and self.bottom_right:
+            self.n_masked_blocks += 1
 
     # ------------------------------------------------------------------------------------------
     # Host side of the launch: layouts, copy atoms, tiled MMA, grid (shared with cute/pipelined).
@@ -131,9 +162,13 @@ class TiledAttentionKernel:
         mK: cute.Tensor,
         mV: cute.Tensor,
         mO: cute.Tensor,
+        mLSE: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None,
         softmax_scale: cutlass.Float32,
         stream: cuda.CUstream,
     ):
+        """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D); ``mLSE`` the (B, H, Sq) fp32 LSE when returned and
+        ``mCacheSeqlens`` the (B,) int32 key lengths when given, else None (compile time)."""
         dtype = mQ.element_type
         mQ, mK, mV, mO = [static_head_dim_view(t, self.head_dim) for t in (mQ, mK, mV, mO)]
         # Plain row-major tiles: consecutive rows of 128 (or 64) elements share banks, which is
@@ -145,6 +180,8 @@ class TiledAttentionKernel:
             mK,
             mV,
             mO,
+            mLSE,
+            mCacheSeqlens,
             softmax_scale * LOG2_E,
             sQ_layout,
             sKV_layout,
@@ -163,6 +200,8 @@ class TiledAttentionKernel:
         mK: cute.Tensor,
         mV: cute.Tensor,
         mO: cute.Tensor,
+        mLSE: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None,
         softmax_scale_log2: cutlass.Float32,
         sQ_layout: cute.Layout,
         sKV_layout: cute.Layout,
@@ -176,15 +215,33 @@ class TiledAttentionKernel:
         seqlen_k = mK.shape[2]
 
         # ---- 1. Tiles of this CTA and the range of K/V blocks it visits ----------------------
+        # This sequence's seqlen_k: its cache_seqlens entry, clamped to [0, Sk] so that a bad length
+        # cannot reach past the cache. Row i sees keys j <= i + causal_offset: 0 top-left,
+        # seqlen_k - Sq bottom-right.
+        if cutlass.const_expr(self.has_cache_seqlens):
+            seqlen_k = cutlass.min(cutlass.max(mCacheSeqlens[batch], 0), seqlen_k)
+        causal_offset = 0
+        if cutlass.const_expr(self.bottom_right):
+            causal_offset = seqlen_k - seqlen_q
         n_block_max = cute.ceil_div(seqlen_k, self.tile_n)
         if cutlass.const_expr(self.causal):
-            # Keys beyond the last row of this tile are masked for every row: skip those tiles.
-            n_block_max = cutlass.min(n_block_max, cute.ceil_div((m_block + 1) * self.tile_m, self.tile_n))
+            if cutlass.const_expr(self.bottom_right):
+                # The tile's last row bounds the keys worth loading; none at all (no block visited:
+                # O = 0, LSE = -inf) when that bound is not positive.
+                last_row_end = cutlass.max((m_block + 1) * self.tile_m + causal_offset, 0)
+                n_block_max = cutlass.min(n_block_max, cute.ceil_div(last_row_end, self.tile_n))
+            else:
+                # Keys beyond the last row of this tile are masked for every row: skip those tiles.
+                n_block_max = cutlass.min(n_block_max, cute.ceil_div((m_block + 1) * self.tile_m, self.tile_n))
+        # GQA: K and V of the KV head this query head reads, never a repeated copy.
+        kv_head = head
+        if cutlass.const_expr(self.gqa):
+            kv_head = head // (mQ.shape[1] // mK.shape[1])
         tile_q = (self.tile_m, self.head_dim)
         tile_kv = (self.tile_n, self.head_dim)
         gQ = cute.local_tile(mQ[batch, head, None, None], tile_q, (m_block, 0))  # (tile_m, D)
-        gK = cute.local_tile(mK[batch, head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
-        gV = cute.local_tile(mV[batch, head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
+        gK = cute.local_tile(mK[batch, kv_head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
+        gV = cute.local_tile(mV[batch, kv_head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
         gO = cute.local_tile(mO[batch, head, None, None], tile_q, (m_block, 0))  # (tile_m, D)
         # Identity tensors: each element holds its own (row, col) coordinate, for predicates.
         cQ = cute.local_tile(cute.make_identity_tensor((seqlen_q, self.head_dim)), tile_q, (m_block, 0))
@@ -236,22 +293,27 @@ class TiledAttentionKernel:
                 self.load_kv(gmem_tiled_copy, tKgK, tKsK, tVgV, tVsV, tKVcKV, n_block, seqlen_k)
                 self.attend_block(
                     tiled_mma, thr_mma, tSsQ, tSrQ, tSsK, tSrK, tOsVt, tOrVt, acc_O, row_max, row_sum,
-                    softmax_scale_log2, m_block, n_block, seqlen_q, seqlen_k, True,
+                    softmax_scale_log2, m_block, n_block, seqlen_q, seqlen_k, causal_offset, True,
                 )  # fmt: skip
         for step in cutlass.range(self.n_masked_blocks, n_block_max, 1):
             n_block = n_block_max - 1 - step
             self.load_kv(gmem_tiled_copy, tKgK, tKsK, tVgV, tVsV, tKVcKV, n_block, seqlen_k)
             self.attend_block(
                 tiled_mma, thr_mma, tSsQ, tSrQ, tSsK, tSrK, tOsVt, tOrVt, acc_O, row_max, row_sum,
-                softmax_scale_log2, m_block, n_block, seqlen_q, seqlen_k, False,
+                softmax_scale_log2, m_block, n_block, seqlen_q, seqlen_k, causal_offset, False,
             )  # fmt: skip
 
-        # ---- 4. Epilogue: normalise, cast, predicated store ----------------------------------
+        # ---- 4. Epilogue: normalise, cast, predicated store (and the LSE) --------------------
+        lse = cute.make_rmem_tensor(rows_per_thread, cutlass.Float32) if cutlass.const_expr(self.return_lse) else None
         acc_O_mn = _rows_by_cols(acc_O)
         for r in cutlass.range_constexpr(rows_per_thread):
             total = _quad_allreduce(row_sum[r], _add)
             # A row with no visible key would have total 0; write zeros rather than inf/NaN.
             inv_total = 0.0 if total == 0.0 else cute.arch.rcp_approx(total)
+            if cutlass.const_expr(self.return_lse):
+                # Natural-log LSE = (row_max + log2(row_sum)) · ln 2; -inf for a row with no visible key.
+                log_sum_exp = (row_max[r] + cute.math.log2(total, fastmath=True)) * LN_2
+                lse[r] = cutlass.Float32(cutlass.select_(total == 0.0, -cutlass.Float32.inf, log_sum_exp))
             for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
                 acc_O_mn[r, c] = acc_O_mn[r, c] * inv_total
         rO = cute.make_fragment_like(acc_O, mO.element_type)
@@ -261,6 +323,16 @@ class TiledAttentionKernel:
         for i in cutlass.range_constexpr(cute.size(rO)):
             if m_block * self.tile_m + tOcO[i][0] < seqlen_q:
                 tOgO[i] = rO[i]
+        if cutlass.const_expr(self.return_lse):
+            # The first lane of each row's quad writes the LSE of its rows (rows past Sq are skipped);
+            # lse holds one value per row of _rows_by_cols, in that order.
+            gLSE = mLSE[batch, head, None]  # (Sq,)
+            tOcO_mn = _rows_by_cols(tOcO)
+            if tOcO_mn[0, 0][1] == 0:
+                for r in cutlass.range_constexpr(rows_per_thread):
+                    row = m_block * self.tile_m + tOcO_mn[r, 0][0]
+                    if row < seqlen_q:
+                        gLSE[row] = lse[r]
 
     @cute.jit
     def load_kv(
@@ -308,6 +380,7 @@ class TiledAttentionKernel:
         n_block: cutlass.Int32,
         seqlen_q: cutlass.Int32,
         seqlen_k: cutlass.Int32,
+        causal_offset: cutlass.Int32,
         masked: cutlass.Constexpr,
     ):
         """One K/V block: S = Q Kᵀ → mask → online softmax → rescale O → O += P V."""
@@ -319,7 +392,7 @@ class TiledAttentionKernel:
             cute.autovec_copy(tSsK[None, None, k], tSrK[None, None, k])
             cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
 
-        # ---- 3c. Mask keys past Sk and, when causal, right of the diagonal --------------------
+        # ---- 3c. Mask keys past seqlen_k and, when causal, right of the diagonal -------------
         acc_S_mn = _rows_by_cols(acc_S)  # (rows of this thread, cols of this thread)
         if cutlass.const_expr(masked):
             cS = cute.local_tile(
@@ -329,7 +402,10 @@ class TiledAttentionKernel:
             for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
                 key_limit = seqlen_k
                 if cutlass.const_expr(self.causal):
-                    key_limit = cutlass.min(tScS_mn[r, 0][0] + 1, seqlen_k)
+                    diagonal_end = tScS_mn[r, 0][0] + 1
+                    if cutlass.const_expr(self.bottom_right):
+                        diagonal_end = diagonal_end + causal_offset
+                    key_limit = cutlass.min(diagonal_end, seqlen_k)
                 for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
                     masked = tScS_mn[0, c][1] >= key_limit
                     # A select, not an `if`: the DSL lowers a dynamic `if` that writes one element of a
@@ -409,34 +485,65 @@ _COMPILED: dict[tuple[torch.dtype, TileConfig], Any] = {}
 
 
 def tile_config(problem: Problem) -> TileConfig:
-    return TileConfig(head_dim=problem.head_dim, causal=problem.causal)
-
-
-def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Validate q, k, v (B, H, S, D), bind them (compiling on first use), and launch once to warm up.
-    The problem features (GQA, bottom-right, cache_seqlens, LSE) are not implemented: refused here
-    as in ``supports``."""
-    return validated_prepare(
-        bind, q, k, v, problem, head_dims=HEAD_DIMS, problem_check=positive_scale, name="cute/tiled"
+    """The compile-cache key of this problem: head dim, causal, and the problem's features as
+    compile-time flags (all off for the canonical problem)."""
+    return TileConfig(
+        head_dim=problem.head_dim,
+        causal=problem.causal,
+        gqa=problem.kv_heads != problem.heads,
+        bottom_right=problem.bottom_right,
+        has_cache_seqlens=problem.has_cache_seqlens,
+        return_lse=problem.return_lse,
     )
 
 
-def bind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem) -> Runner:
-    """Compile (cached), allocate O for validated q, k, v; the returned ``run()`` only launches."""
+def prepare(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
+    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) (and ``cache_seqlens``), bind them (compiling
+    on first use), and launch once to warm up."""
+    return validated_prepare(
+        bind,
+        q,
+        k,
+        v,
+        problem,
+        head_dims=HEAD_DIMS,
+        problem_check=positive_scale,
+        name="cute/tiled",
+        features=FEATURES,
+        cache_seqlens=cache_seqlens,
+    )
+
+
+def bind(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+) -> Runner:
+    """Compile (cached), allocate O (and the LSE) for validated q, k, v; the returned ``run()`` only
+    launches and returns O, or (O, lse) when ``problem.return_lse``."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = None
+    if problem.return_lse:
+        lse = torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=q.device)
+    lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
     config = tile_config(problem)
     make_kernel = partial(TiledAttentionKernel, config)
-    return compiled_runner(_COMPILED, (q.dtype, config), make_kernel, (q, k, v, out), problem.scale, out)
+    result = (out, lse) if problem.return_lse else out
+    tensors = (q, k, v, out, lse, lengths)
+    return compiled_runner(_COMPILED, (q.dtype, config), make_kernel, tensors, problem.scale, result)
 
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """Compile the kernel for sm_90a on fake tensors (no GPU needed)."""
     config = tile_config(problem)
     kernel = TiledAttentionKernel(config)
-    return compile_on_fakes_sm90(
-        kernel, fake_operands(problem), problem.scale, name="cute_tiled", threads=config.num_threads
-    )
+    fakes = [
+        *fake_operands(problem),
+        fake_lse() if config.return_lse else None,
+        fake_cache_seqlens() if config.has_cache_seqlens else None,
+    ]
+    return compile_on_fakes_sm90(kernel, fakes, problem.scale, name="cute_tiled", threads=config.num_threads)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -444,8 +551,9 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
 # ----------------------------------------------------------------------------------------------
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     """The capability check: a CUDA device of sm_80+ (mma.sync bf16, cp.async), fp16/bf16, D 64 or 128
-    (D=256 has not been validated on the GPU for this rung), softmax_scale > 0."""
-    return mma_sync_supports("cute/tiled", problem, device, head_dims=HEAD_DIMS)
+    (D=256 has not been validated on the GPU for this rung), softmax_scale > 0. Every problem feature
+    is implemented (GQA, both causal alignments, ``cache_seqlens``, the LSE)."""
+    return mma_sync_supports("cute/tiled", problem, device, head_dims=HEAD_DIMS, features=FEATURES)
 
 
 IMPLEMENTATION = Implementation(

@@ -121,9 +121,10 @@ def test_positive_scale_reaches_bind(name: str, cpu_prepare: None):
         MODULES[name].prepare(q, q, q, Problem(1, 2, 16, 16, 64, dtype=torch.bfloat16, softmax_scale=0.125))
 
 
-def test_pipelined_prepare_takes_the_features_and_tiled_refuses_them(cpu_prepare: None):
-    """cute/pipelined validates GQA, bottom-right, cache_seqlens and the LSE and reaches bind;
-    cute/tiled refuses them in prepare, naming itself, before any GPU work."""
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_prepare_takes_the_features(name: str, cpu_prepare: None):
+    """Both rungs validate GQA, bottom-right, cache_seqlens and the LSE and reach bind, and refuse
+    cache_seqlens that disagree with the problem before any GPU work."""
     problem = Problem(
         2, 4, 16, 48, 64, dtype=torch.bfloat16, causal=True, kv_heads=2, causal_alignment="bottom_right",
         has_cache_seqlens=True, return_lse=True,
@@ -131,14 +132,13 @@ def test_pipelined_prepare_takes_the_features_and_tiled_refuses_them(cpu_prepare
     q = torch.randn(2, 4, 16, 64, dtype=torch.bfloat16)
     k = torch.randn(2, 2, 48, 64, dtype=torch.bfloat16)
     lengths = torch.tensor([48, 0], dtype=torch.int32)
+    module = MODULES[name]
     with pytest.raises(BindReachedError):
-        pipelined.prepare(q, k, k, problem, cache_seqlens=lengths)
+        module.prepare(q, k, k, problem, cache_seqlens=lengths)
     with pytest.raises(ValueError, match="cache_seqlens must be given"):
-        pipelined.prepare(q, k, k, problem)
-    dense = problem.with_(kv_heads=4, has_cache_seqlens=False)
-    k_dense = torch.randn(2, 4, 48, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"cute/tiled: .*not implemented yet"):
-        tiled.prepare(q, k_dense, k_dense, dense)
+        module.prepare(q, k, k, problem)
+    with pytest.raises(ValueError, match="cache_seqlens must be given"):
+        module.prepare(q, k, k, problem.with_(has_cache_seqlens=False), cache_seqlens=lengths)
 
 
 def _visible(row: int, key: int, *, seqlen_k: int, causal: bool, offset: int = 0) -> bool:
@@ -165,12 +165,15 @@ BLOCK_RANGE_CASES = [
 @pytest.mark.parametrize("bottom_right", [False, True], ids=["top_left", "bottom_right"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("tile_n", [32, 64])
-def test_block_range_visits_every_visible_key_and_masks_where_needed(tile_n: int, causal: bool, bottom_right: bool):
+@pytest.mark.parametrize("tile_m", [64, 128])
+def test_block_range_visits_every_visible_key_and_masks_where_needed(
+    tile_m: int, tile_n: int, causal: bool, bottom_right: bool
+):
     """cute/pipelined's BlockRange: blocks from n_block_max on are masked for every row of the tile,
     every visible key lies below n_block_max, and the blocks below the top n_masked_blocks are seen in
     full by every row (so skipping their mask is safe); for both alignments and per-sequence lengths
-    (the sequence's seqlen_k, and bottom-right its causal_offset = seqlen_k - Sq)."""
-    tile_m = 128
+    (the sequence's seqlen_k, and bottom-right its causal_offset = seqlen_k - Sq). tile_m = 64 is
+    cute/tiled's tile, whose inline block range follows the same rule."""
     for seqlen_q, padded_k, length in BLOCK_RANGE_CASES:
         seqlen_k = padded_k if length is None else length
         offset = seqlen_k - seqlen_q if bottom_right else 0
@@ -192,20 +195,22 @@ def test_block_range_visits_every_visible_key_and_masks_where_needed(tile_n: int
 
 
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
-def test_pipelined_features_compile_without_spills_and_keep_the_canonical_kernel(head_dim: int):
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_features_compile_without_spills_and_keep_the_canonical_kernel(name: str, head_dim: int):
     """GQA, bottom-right, cache lengths and the LSE are compile-time flags: the feature kernel is
     spill-free and stores the LSE; the canonical problem's kernel forms and stores none."""
+    module = MODULES[name]
     canonical = Problem(1, 8, 1024, 1024, head_dim, dtype=torch.bfloat16, causal=True)
     featured = canonical.with_(
         seqlen_q=77, kv_heads=2, causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True
     )
-    assert pipelined.tile_config(featured) != pipelined.tile_config(canonical)
+    assert module.tile_config(featured) != module.tile_config(canonical)
     ptx = {}
     for problem in (canonical, featured):
-        (binary,) = pipelined.compile_sm90(problem)
+        (binary,) = module.compile_sm90(problem)
         for usage in cubin_resources(binary.cubin).values():
             spills = usage["stack_bytes"] + usage["local_bytes"]
-            assert spills == 0, f"{problem.describe()}: {usage['registers']} registers, {spills} B stack/local"
+            assert spills == 0, f"{name} {problem.describe()}: {usage['registers']} registers, {spills} B stack/local"
         ptx[problem] = binary.ptx
     # O is stored as 32-bit pairs (st.global.b32) in both; the LSE adds one store and one lg2 per row.
     stores = {problem: len(re.findall(r"st\.global\.", text)) for problem, text in ptx.items()}
@@ -256,10 +261,11 @@ def _edge_cache_seqlens(batch: int, seqlen_k: int, device: torch.device) -> torc
 @pytest.mark.parametrize("seqlens", [(77, 1000), (1000, 77), (333, 333)], ids=str)
 @pytest.mark.parametrize("kv_heads", [1, 4], ids=["mqa", "gqa4"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_pipelined_gqa_alignments_cache_seqlens_and_lse(
-    head_dim: int, kv_heads: int, seqlens: tuple[int, int], mask: str, cache_lengths: bool
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_gqa_alignments_cache_seqlens_and_lse(
+    name: str, head_dim: int, kv_heads: int, seqlens: tuple[int, int], mask: str, cache_lengths: bool
 ):
-    """cute/pipelined: GQA (8 query heads over 1 or 4 KV heads, each KV head its own values), both
+    """Both rungs: GQA (8 query heads over 1 or 4 KV heads, each KV head its own values), both
     causal alignments with Sq != Sk (bottom-right with Sq > Sk leaves rows that see no key: O = 0,
     LSE = -inf), per-sequence lengths Sk, 0 and ragged; O against the fp64 reference by the rung's rule
     and the LSE by the contract's LSE rule, on poisoned outputs."""
@@ -270,19 +276,21 @@ def test_pipelined_gqa_alignments_cache_seqlens_and_lse(
     )  # fmt: skip
     q, k, v = make_inputs(problem, seed=11, offset=0.5)
     cache_seqlens = _edge_cache_seqlens(problem.batch, problem.seqlen_k, q.device) if cache_lengths else None
-    assert pipelined.supports(problem, q.device)[0]
-    result = check_on_inputs(pipelined.IMPLEMENTATION, q, k, v, problem, cache_seqlens=cache_seqlens)
-    assert result.ok, f"{problem.describe()}: {result.summary()}"
+    module = MODULES[name]
+    assert module.supports(problem, q.device)[0]
+    result = check_on_inputs(module.IMPLEMENTATION, q, k, v, problem, cache_seqlens=cache_seqlens)
+    assert result.ok, f"{name} {problem.describe()}: {result.summary()}"
     assert result.lse is not None
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("return_lse", [False, True], ids=["o", "o_lse"])
-def test_pipelined_gqa_without_lse_returns_o_only(return_lse: bool):
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_gqa_without_lse_returns_o_only(name: str, return_lse: bool):
     """run() returns O alone without return_lse, the pair (O, lse) with it; a GQA problem with Sq = Sk."""
     problem = Problem(2, 4, 200, 200, 128, dtype=torch.float16, causal=True, kv_heads=2, return_lse=return_lse)
     q, k, v = make_inputs(problem, seed=5, offset=0.5)
-    out = pipelined.prepare(q, k, v, problem)()
+    out = MODULES[name].prepare(q, k, v, problem)()
     assert isinstance(out, tuple) == return_lse
-    result = check_on_inputs(pipelined.IMPLEMENTATION, q, k, v, problem)
-    assert result.ok, f"{problem.describe()}: {result.summary()}"
+    result = check_on_inputs(MODULES[name].IMPLEMENTATION, q, k, v, problem)
+    assert result.ok, f"{name} {problem.describe()}: {result.summary()}"
