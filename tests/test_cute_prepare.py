@@ -32,8 +32,8 @@ def _never_bind(*args: object, **kwargs: object) -> None:
 @pytest.fixture
 def cpu_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The input checks accept CPU tensors; ``bind`` fails loudly if reached."""
-    validate = functools.partial(cute_hopper.validate_attention_inputs, device_types=("cpu",))
-    monkeypatch.setattr(cute_hopper, "validate_attention_inputs", validate)
+    validate = functools.partial(cute_hopper.validate_for_problem, device_types=("cpu",))
+    monkeypatch.setattr(cute_hopper, "validate_for_problem", validate)
     for module in RUNGS.values():
         monkeypatch.setattr(module, "bind", _never_bind)
 
