@@ -417,11 +417,14 @@ class Run:
 def ladder_sorted(items: list) -> list:
     """Implementations and unavailable modules in ladder order: stacks as the registry lists them,
     rungs in ladder order, baselines in their registry order."""
-    from common.contract.registry import RUNGS, STACKS
+    from common.contract.registry import KNOWN_RUNGS, STACKS
 
     def key(item) -> tuple[int, int]:
         stack, rung = item.name.split("/")
-        return (STACKS.index(stack) if stack in STACKS else len(STACKS), RUNGS.index(rung) if rung in RUNGS else 0)
+        return (
+            STACKS.index(stack) if stack in STACKS else len(STACKS),
+            KNOWN_RUNGS.index(rung) if rung in KNOWN_RUNGS else 0,
+        )
 
     return sorted(items, key=key)
 
