@@ -87,7 +87,7 @@ from triton_impl._host import (
 
 # Query tokens per step this rung takes; more is prefill.
 MAX_SEQLEN_Q = 16
-# Packed rows per M tile: tl.dot needs 16, and past 64 rows a group is cut into several tiles.
+# Packed rows per M tile: tl.dot needs 16, and past 64 rows (32 at D=256) a group is cut into tiles.
 MIN_BLOCK_M, MAX_BLOCK_M = 16, 64
 # The split rule (see the module docstring).
 MAX_SPLITS = 128
@@ -101,18 +101,21 @@ COMBINE_LOG2_E = tl.constexpr(LOG2_E)
 
 @dataclass(frozen=True)
 class TileConfig:
-    """Key tile, warps and pipeline depth per head dim (BLOCK_M follows from group · Sq)."""
+    """Key tile, warps, pipeline depth and the largest packed M tile per head dim (BLOCK_M follows
+    from group · Sq, up to ``max_block_m``)."""
 
     block_n: int
     num_warps: int
     num_stages: int
+    max_block_m: int = MAX_BLOCK_M
 
 
-# K and V stages of BLOCK_N × D: 3 stages of 64 × 128 bf16 take 96 KiB of shared memory.
+# K and V stages of BLOCK_N × D: 3 stages of 64 × 128 bf16 take 96 KiB of shared memory. At D=256
+# a 64-row M tile spills (40 bytes, sm_90a), so that head dim packs at most 32 rows per tile.
 DEFAULT_CONFIGS: dict[int, TileConfig] = {
     64: TileConfig(64, 4, 3),
     128: TileConfig(64, 4, 3),
-    256: TileConfig(32, 4, 3),
+    256: TileConfig(32, 4, 3, max_block_m=32),
 }
 HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
 
@@ -228,8 +231,11 @@ def _combine_kernel(
 # Host: tile shape, split rule, bind, prepare
 # ----------------------------------------------------------------------------------------------
 def block_m_for(problem: Problem) -> int:
-    """Rows of one packed M tile: group · Sq rounded up to a power of two in [16, MAX_BLOCK_M]."""
-    return min(MAX_BLOCK_M, max(MIN_BLOCK_M, triton.next_power_of_2(problem.kv_group * problem.seqlen_q)))
+    """Rows of one packed M tile: group · Sq rounded up to a power of two in [16, max_block_m]."""
+    return min(
+        DEFAULT_CONFIGS[problem.head_dim].max_block_m,
+        max(MIN_BLOCK_M, triton.next_power_of_2(problem.kv_group * problem.seqlen_q)),
+    )
 
 
 def m_blocks_for(problem: Problem) -> int:
