@@ -249,11 +249,12 @@ def wave_efficiency(ctas: int, sm_count: int) -> float:
 
 def choose_num_splits(ctas_per_split: int, seqlen_k: int, sm_count: int) -> int:
     """The split rule of the module docstring: the fewest splits among those (each keeping
-    ``MIN_KEYS_PER_SPLIT`` keys) whose waves are within ``WAVE_TOLERANCE`` of the best filled."""
+    ``MIN_KEYS_PER_SPLIT`` keys) whose waves are filled within a fraction ``WAVE_TOLERANCE`` of the
+    best count's (relative, so that a tiny grid still takes every split it can)."""
     most = max(1, min(MAX_SPLITS, seqlen_k // MIN_KEYS_PER_SPLIT))
     efficiency = {splits: wave_efficiency(ctas_per_split * splits, sm_count) for splits in range(1, most + 1)}
     best = max(efficiency.values())
-    return min(splits for splits, value in efficiency.items() if value >= best - WAVE_TOLERANCE)
+    return min(splits for splits, value in efficiency.items() if value >= best * (1 - WAVE_TOLERANCE))
 
 
 def sm_count(device: torch.device) -> int:
