@@ -21,14 +21,16 @@ and a read of the fp32 partials, num_splits · rows · (D + 1) · 4 bytes, small
 With one split the first kernel writes O and the LSE itself and the merge is not launched.
 
 The split count (:func:`choose_num_splits`, per bound call): ``ctas = B · Hkv · m_blocks`` CTAs per
-split; among the counts from 1 to ``MAX_SPLITS`` that leave each split at least
-``MIN_KEYS_PER_SPLIT`` keys of the padded cache, the one whose ``ctas · splits`` CTAs fill the last
-wave of ``SM count`` CTAs best (the smallest wasted fraction of the waves), the fewest splits among
-those within ``WAVE_TOLERANCE`` of the best. The padded Sk is used, never the values of
-``cache_seqlens``: they are an input read at launch, and a plan may not depend on them (nor may a
-decode step synchronise to read them). Inside the kernel each sequence's splits follow its own
-length, so a short sequence gets short (or empty) splits. ``bind(..., num_splits=n)`` forces a
-count (sweeps and tests).
+split. Among the counts from 1 to ``MAX_SPLITS`` that leave each split at least
+``MIN_KEYS_PER_SPLIT`` keys of the padded cache, each is scored by how well its ``ctas · splits``
+CTAs fill whole waves of ``SM count`` CTAs (busy fraction ``ctas · splits / (waves · SMs)``); the
+rule takes the fewest splits whose busy fraction is at least ``1 - WAVE_TOLERANCE`` of the best
+one's (fewer splits: less merge work and partial traffic). E.g. on 132 SMs: B=1, Hkv=8 at 128k keys
+gets 16 splits (128 CTAs, 97% of a wave); B=64, Hkv=32 gets 1 (2048 CTAs already fill 16 waves to
+97%). The padded Sk is used, never the values of ``cache_seqlens``: they are an input read at
+launch, and a plan may not depend on them (nor may a decode step synchronise to read them). Inside
+the kernel each sequence's splits follow its own length, so a short sequence gets short (or empty)
+splits. ``bind(..., num_splits=n)`` (and ``decode_attention``) forces a count for sweeps and tests.
 
 Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one M tile):
   1. ``seqlen_info``: the sequence's own length and causal offset; the keys any row sees end at
@@ -249,8 +251,8 @@ def wave_efficiency(ctas: int, sm_count: int) -> float:
 
 def choose_num_splits(ctas_per_split: int, seqlen_k: int, sm_count: int) -> int:
     """The split rule of the module docstring: the fewest splits among those (each keeping
-    ``MIN_KEYS_PER_SPLIT`` keys) whose waves are filled within a fraction ``WAVE_TOLERANCE`` of the
-    best count's (relative, so that a tiny grid still takes every split it can)."""
+    ``MIN_KEYS_PER_SPLIT`` keys) whose busy fraction is at least ``1 - WAVE_TOLERANCE`` of the best
+    one's (relative, so that a tiny grid still takes every split it can)."""
     most = max(1, min(MAX_SPLITS, seqlen_k // MIN_KEYS_PER_SPLIT))
     efficiency = {splits: wave_efficiency(ctas_per_split * splits, sm_count) for splits in range(1, most + 1)}
     best = max(efficiency.values())
