@@ -339,10 +339,10 @@ def decode_attention(
 ) -> Runner:
     """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them and compile by one warm-up launch
     on a GPU. ``num_splits`` overrides the split rule (not part of the public API)."""
-    ok, reason = supports(problem, q.device)
+    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens)
+    ok, reason = supports(checked, q.device)
     if not ok:
         raise ValueError(reason)
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens)
     return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens, num_splits=num_splits), q.device)
 
 
