@@ -5,6 +5,8 @@ family; write CSV, plots and a report.
     python compare.py --seqlen 1024,8192 --only 'triton/*' --causal false
     python compare.py --list                        # what can run on this machine, and why not
     python compare.py --device cpu                  # no GPU: Triton under the interpreter + SDPA math
+    python compare.py --decode                      # decode sweep: one token against a KV cache (GPU)
+    python compare.py --decode --decode-batch 1,8 --decode-seqlen 4096,32768 --only 'triton/decode'
 
 Without a GPU (and without ``--device``) the run is capped to the CPU teaching size and says what it
 ran instead of what was asked; ``--device cuda`` without a GPU is refused (exit 2); ``--device cpu``
@@ -146,6 +148,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--no-static", action="store_true", help="skip the sm_90a compile analysis (tradeoff table's static half)"
+    )
+    decode = parser.add_argument_group(
+        "decode workload (--decode)",
+        "one token (Sq=1, bf16, D=128, 32 query heads) against a KV cache, judged in GB/s of K and V read "
+        "and as a share of the measured HBM read bandwidth; writes decode.csv and env.json (needs a GPU)",
+    )
+    decode.add_argument("--decode", action="store_true", help="run the decode sweep instead of the prefill one")
+    decode.add_argument("--decode-batch", type=_positive_int_list, help="batches (default 1,8,64)")
+    decode.add_argument("--decode-seqlen", type=_positive_int_list, help="cache lengths (default 4096,32768,131072)")
+    decode.add_argument("--decode-kv-heads", type=_positive_int_list, help="KV heads of the 32 (default 8,32)")
+    decode.add_argument(
+        "--decode-no-ragged", action="store_true", help="leave out the ragged batch (cache_seqlens, B=8, 32768 keys)"
     )
     return parser
 
@@ -417,11 +431,14 @@ class Run:
 def ladder_sorted(items: list) -> list:
     """Implementations and unavailable modules in ladder order: stacks as the registry lists them,
     rungs in ladder order, baselines in their registry order."""
-    from common.contract.registry import RUNGS, STACKS
+    from common.contract.registry import KNOWN_RUNGS, STACKS
 
     def key(item) -> tuple[int, int]:
         stack, rung = item.name.split("/")
-        return (STACKS.index(stack) if stack in STACKS else len(STACKS), RUNGS.index(rung) if rung in RUNGS else 0)
+        return (
+            STACKS.index(stack) if stack in STACKS else len(STACKS),
+            KNOWN_RUNGS.index(rung) if rung in KNOWN_RUNGS else 0,
+        )
 
     return sorted(items, key=key)
 
@@ -566,11 +583,123 @@ def exit_status(run: Run) -> int:
     return 1 if bad else 0
 
 
+# ----------------------------------------------------------------------------------------------
+# --decode: the decode workload (common/measure/decode_sweep.py), one row per implementation and case
+# ----------------------------------------------------------------------------------------------
+DECODE_COLUMNS = (
+    "impl", "case", "batch", "heads", "kv_heads", "seqlen_k", "lengths", "status", "us", "gbps", "pct_read_bw",
+    "rel_l2_err", "sdpa_rel_l2_err", "reason",
+)  # fmt: skip
+
+
+def decode_cases_for(args: argparse.Namespace) -> list:
+    from common.measure import decode_sweep
+
+    return decode_sweep.decode_cases(
+        tuple(args.decode_batch or decode_sweep.BATCHES),
+        tuple(args.decode_seqlen or decode_sweep.CACHE_LENGTHS),
+        tuple(args.decode_kv_heads or decode_sweep.KV_HEADS),
+        ragged=not args.decode_no_ragged,
+    )
+
+
+def decode_record(row, case, read_gbps: float | None) -> dict:
+    """A decode.csv record: the time in µs, K+V bytes read per second and their share of the read peak."""
+    measured = row.status in ("ok", "wrong")
+    gbps = case.kv_bytes_read / (row.ms * 1e-3) / 1e9 if measured else float("nan")
+    problem = case.problem
+    return {
+        "impl": row.impl, "case": case.describe(), "batch": problem.batch, "heads": problem.heads,
+        "kv_heads": problem.kv_heads, "seqlen_k": problem.seqlen_k,
+        "lengths": " ".join(map(str, case.lengths)) if case.lengths else "", "status": row.status,
+        "us": row.ms * 1e3 if measured else float("nan"), "gbps": gbps,
+        "pct_read_bw": 100 * gbps / read_gbps if read_gbps else float("nan"),
+        "rel_l2_err": row.rel_l2_err, "sdpa_rel_l2_err": row.sdpa_rel_l2_err, "reason": row.reason,
+    }  # fmt: skip
+
+
+def run_decode(args: argparse.Namespace) -> int:
+    """Every selected implementation on every decode case: checked against fp64, timed, written to
+    decode.csv as each finishes; cases too large for the GPU are skipped with the reason."""
+    import csv
+
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from common.contract.registry import Unavailable, discover
+    from common.measure.decode_sweep import too_large
+    from common.measure.environment import manifest
+    from common.measure.peaks import Peaks, measure_read_gbps
+    from common.measure.runner import TimingOptions, blank_row, make_workload, measure
+
+    if not torch.cuda.is_available() or args.device == "cpu":
+        raise RefusedError("--decode needs a CUDA GPU (its caches are far beyond the Triton interpreter's reach)")
+    device = torch.device("cuda")
+    available, missing = discover()
+    chosen = ladder_sorted(select(available + missing, args.only, args.skip))
+    implementations = [item for item in chosen if not isinstance(item, Unavailable)]
+    broken = [
+        f"{item.name} (import failed)" for item in chosen if isinstance(item, Unavailable) and broken_import(item)
+    ]
+    out_dir = args.out or Path("runs") / f"{dt.datetime.now():%Y%m%d-%H%M%S}-decode"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = manifest(device)
+    read_gbps = measure_read_gbps(device)
+    env["peaks"] = {"read_gbps": read_gbps, "read": "sum over 4 GiB of fp32 (common.measure.peaks)"}
+    (out_dir / "env.json").write_text(json.dumps(env, indent=2))
+    options = TimingOptions(args.warmup, args.rep, args.cuda_graph)
+    records = []
+    console = Console(width=CONSOLE_WIDTH)
+    console.print(f"HBM read bandwidth (measured): {_number(read_gbps or float('nan'), '.0f')} GB/s")
+    with (out_dir / "decode.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, DECODE_COLUMNS)
+        writer.writeheader()
+        for case in decode_cases_for(args):
+            reason = too_large(case, device)
+            workload = None if reason else make_workload(case.problem, "cuda", case.cache_seqlens(device))
+            for impl in implementations:
+                if workload is None:
+                    row = blank_row(impl.name, impl.stack, impl.rung, case.problem, "skipped", reason)
+                else:
+                    row = measure(impl, workload, device, options, Peaks(None, None, None))
+                record = decode_record(row, case, read_gbps)
+                records.append(record)
+                writer.writerow(record)
+                handle.flush()
+                speed = f"{record['us']:9.1f} us {record['gbps']:7.0f} GB/s {record['pct_read_bw']:4.0f}%"
+                console.print(
+                    f"{row.impl:18s} {case.describe():60s} {row.status:8s} {speed} {row.reason}", markup=False
+                )
+            del workload
+            torch.cuda.empty_cache()
+    table = Table(title=f"Decode: µs, GB/s of K+V read, % of {_number(read_gbps or float('nan'), '.0f')} GB/s read")
+    for column in ("impl", "case", "status", "µs", "GB/s", "% read BW", "rel L2 err"):
+        table.add_column(column, no_wrap=column != "case")
+    table.add_column("reason", overflow="fold", ratio=1)
+    for record in records:
+        cells = [_number(record[key], spec) for key, spec in (("us", ".1f"), ("gbps", ".0f"), ("pct_read_bw", ".0f"))]
+        status = f"[{_status_colour(record['status'])}]{record['status']}[/]"
+        table.add_row(
+            record["impl"], record["case"], status, *cells, _number(record["rel_l2_err"], ".2e"), record["reason"]
+        )
+    console.print(table)
+    print(f"wrote {out_dir}/decode.csv and env.json")
+    from common.reporting.results import BAD_STATUSES
+
+    bad = sorted({f"{r['impl']} ({r['status']})" for r in records if r["status"] in BAD_STATUSES} | set(broken))
+    if bad:
+        print(f"compare.py: did not pass: {', '.join(bad)}", file=sys.stderr)
+    return 1 if bad else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if args.list:
             return list_implementations(args)
+        if args.decode:
+            return run_decode(args)
         device_name, teaching = resolve_device(args.device)
         problems, note = plan_problems(args, device_name, teaching)
         if note:

@@ -304,3 +304,39 @@ def test_ctrl_c_keeps_the_rows_measured_and_exits_130(tmp_path: Path, monkeypatc
     assert "Interrupted run" in (tmp_path / "report.md").read_text()
     assert json.loads((tmp_path / "env.json").read_text())["interrupted"] == "Ctrl-C after 1 of 2 measurements"
     assert (tmp_path / "latency.png").stat().st_size > 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# --decode
+# ----------------------------------------------------------------------------------------------------
+def test_decode_sweep_is_the_issue_default_plus_a_ragged_batch():
+    from common.measure.decode_sweep import BATCHES, CACHE_LENGTHS, KV_HEADS
+
+    cases = compare.decode_cases_for(compare.parse_args(["--decode"]))
+    assert len(cases) == len(BATCHES) * len(CACHE_LENGTHS) * len(KV_HEADS) + 1
+    assert all(c.problem.seqlen_q == 1 and c.problem.heads == 32 and c.problem.head_dim == 128 for c in cases)
+    ragged = [c for c in cases if c.lengths is not None]
+    assert len(ragged) == 1 and ragged[0].problem.has_cache_seqlens and 0 in ragged[0].lengths
+    # The bytes judged are those of the valid keys only.
+    assert ragged[0].kv_bytes_read == 2 * sum(ragged[0].lengths) * 8 * 128 * 2
+    reduced = compare.decode_cases_for(
+        compare.parse_args(["--decode", "--decode-batch", "1", "--decode-seqlen", "4096", "--decode-no-ragged"])
+    )
+    assert [c.problem.batch for c in reduced] == [1, 1] and {c.problem.kv_heads for c in reduced} == {8, 32}
+
+
+def test_decode_record_reports_kv_bytes_per_second_and_share_of_read_bandwidth():
+    case = compare.decode_cases_for(compare.parse_args(["--decode", "--decode-batch", "1", "--decode-seqlen", "4096"]))[
+        0
+    ]
+    row = blank_row("triton/decode", "triton", "decode", case.problem, "ok", "")
+    row.ms = 0.01
+    record = compare.decode_record(row, case, read_gbps=case.kv_bytes_read / 0.02e-3 / 1e9)
+    assert record["us"] == pytest.approx(10.0) and record["pct_read_bw"] == pytest.approx(200.0)
+    assert record["gbps"] == pytest.approx(case.kv_bytes_read / 1e-5 / 1e9)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_decode_without_a_gpu_is_refused_with_status_2(capsys: pytest.CaptureFixture[str]):
+    assert compare.main(["--decode"]) == compare.EXIT_USAGE
+    assert "--decode needs a CUDA GPU" in capsys.readouterr().err

@@ -57,7 +57,11 @@ def featured_problems(draw: st.DrawFn) -> Problem:
 @given(problem=featured_problems(), seed=st.integers(0, 2**16), offset=st.floats(-2.0, 2.0))
 def test_random_problems_match_the_reference(impl_name: str, problem: Problem, seed: int, offset: float):
     impl = CPU_RUNGS[impl_name]
-    ok, _ = impl.check(problem, torch.device("cpu"))
+    ok, reason = impl.check(problem, torch.device("cpu"))
+    if not ok and "use a prefill rung" in reason:
+        # triton/decode takes 1 to 16 query tokens: the drawn problem with its Sq folded into that range.
+        problem = problem.with_(seqlen_q=1 + (problem.seqlen_q - 1) % 16)
+        ok, _ = impl.check(problem, torch.device("cpu"))
     if not ok:
         # Rungs that do not implement the drawn features are fuzzed on the plain problem.
         problem = plain(problem)

@@ -14,6 +14,8 @@ The names are the ones the CuTe and Gluon stacks use, so that a diff of two rung
   some row of the tile sees (n_block_max exclusive); the last ``n_masked_blocks`` of them need the
   mask, the blocks before them are seen in full by every row; blocks from n_block_max on are never
   loaded. A tile whose rows see no key (bottom-right, Sq > Sk, or a length of 0) gets an empty range.
+  Flash decoding (``decode``) also splits the keys across CTAs: :func:`split_key_range` gives split
+  ``split``'s share ``[key_begin, key_end)``, whole BLOCK_N blocks cut from the sequence's own keys.
 * ``AttentionMask.apply`` → :func:`attention_mask`: S set to -inf where the key lies past the
   sequence (the ragged tail, or the sequence's own length) or, causal, after the query row's
   diagonal (j > i + causal_offset).
@@ -88,6 +90,18 @@ def block_range(
         n_unmasked = seqlen_k // BLOCK_N
         n_block_max = (seqlen_k + BLOCK_N - 1) // BLOCK_N
     return 0, n_block_max, n_block_max - n_unmasked
+
+
+@triton.jit
+def split_key_range(split, num_splits, key_end, BLOCK_N: tl.constexpr):
+    """Split ``split`` of ``num_splits`` over keys [0, key_end): ``(key_begin, key_end)`` of this split.
+    Each split gets cdiv(n_blocks, num_splits) whole key blocks from a block boundary, so a short
+    sequence gets short splits; the splits past its last block get an empty range (begin >= end)."""
+    n_blocks = (key_end + BLOCK_N - 1) // BLOCK_N
+    blocks_per_split = (n_blocks + num_splits - 1) // num_splits
+    split_begin = tl.minimum(split * blocks_per_split * BLOCK_N, key_end)
+    split_end = tl.minimum(split_begin + blocks_per_split * BLOCK_N, key_end)
+    return split_begin, split_end
 
 
 # ----------------------------------------------------------------------------------------------

@@ -51,11 +51,16 @@ STACKS = ("triton", "gluon", "cute", "sdpa", "fa4")
 # Stacks of external kernels measured as references: their rows are named by backend, not by rung.
 BASELINE_STACKS = ("sdpa", "fa4")
 RUNGS = ("naive", "online", "tiled", "pipelined", "hopper", "fp8")
+# Rungs beside the prefill ladder, Triton only so far: ``decode`` (flash decoding, Sq <= 16 against a
+# KV cache). They are not ladder steps, so the ladder's tables (README, docs) leave them out.
+DECODE_RUNGS = ("decode",)
+KNOWN_RUNGS = (*RUNGS, *DECODE_RUNGS)
 # Ladder order of the rung modules; the baselines (SDPA backends, FlashAttention-4) come last.
 # Gluon (Triton's explicit dialect, under triton_impl/) has only the Hopper rungs.
 GLUON_RUNGS = ("hopper", "fp8")
 RUNG_MODULES = (
     *(f"triton_impl.{rung}" for rung in RUNGS),
+    *(f"triton_impl.{rung}" for rung in DECODE_RUNGS),
     *(f"triton_impl.gluon.{rung}" for rung in GLUON_RUNGS),
     *(f"cute_impl.{rung}" for rung in RUNGS),
 )
@@ -111,8 +116,8 @@ class Implementation:
     def __post_init__(self) -> None:
         if self.stack not in STACKS:
             raise ValueError(f"stack must be one of {STACKS}, got {self.stack!r}")
-        if self.stack not in BASELINE_STACKS and self.rung not in RUNGS:
-            raise ValueError(f"rung must be one of {RUNGS}, got {self.rung!r}")
+        if self.stack not in BASELINE_STACKS and self.rung not in KNOWN_RUNGS:
+            raise ValueError(f"rung must be one of {KNOWN_RUNGS}, got {self.rung!r}")
 
     def check(self, problem: Problem, device: torch.device) -> tuple[bool, str]:
         """The capability check, with the device type checked first."""

@@ -1,4 +1,5 @@
-"""Measured ceilings, once per run: bf16 and fp8 GEMM (burst and sustained), device-to-device copy.
+"""Measured ceilings, once per run: bf16 and fp8 GEMM (burst and sustained), device-to-device copy,
+and HBM read bandwidth (a read-only reduction; the ceiling of ``compare.py --decode``).
 
 A GPU runs faster for a moment than it can hold. On the H200 (``results/h200/gemm-burst.log``) an
 8192^3 bf16 GEMM runs at ~807 TFLOP/s for its first ~15 calls after a light spin-up (device copies:
@@ -41,6 +42,8 @@ class Peaks:
     copy_gbps: float | None
     bf16_sustained_tflops: float | None = None
     fp8_sustained_tflops: float | None = None
+    # HBM read bandwidth (a read-only reduction), the ceiling of a memory-bound decode step.
+    read_gbps: float | None = None
 
     def as_dict(self) -> dict[str, float | None]:
         """The env.json record, with the meaning of each figure in its key."""
@@ -50,6 +53,7 @@ class Peaks:
             "bf16_sustained_tflops": self.bf16_sustained_tflops,
             "fp8_sustained_tflops": self.fp8_sustained_tflops,
             "copy_gbps": self.copy_gbps,
+            "read_gbps": self.read_gbps,
             "percent_peak_uses": "burst (bf16_tflops / fp8_tflops)",
             "burst": f"median of {BURST_CALLS} {GEMM_SIZE}^3 GEMMs after {SPIN_UP_MS} ms of device copies",
             "sustained": f"{SUSTAINED_MS} ms of {GEMM_SIZE}^3 GEMMs after {SUSTAINED_WARMUP_MS} ms warm-up",
@@ -118,8 +122,9 @@ def measure_peaks(device: torch.device) -> Peaks:
     ]
     del bf16, fp8
     copy = _copy_gbps(device)
+    read = measure_read_gbps(device)
     torch.cuda.empty_cache()
-    return Peaks(bursts[0], bursts[1], copy, sustained[0], sustained[1])
+    return Peaks(bursts[0], bursts[1], copy, sustained[0], sustained[1], read)
 
 
 def _copy_gbps(device: torch.device) -> float:
@@ -128,3 +133,13 @@ def _copy_gbps(device: torch.device) -> float:
     copy_ms = time_cuda(lambda: target.copy_(source)).ms
     # A copy reads and writes every byte.
     return 2 * COPY_BYTES / (copy_ms * 1e-3) / 1e9
+
+
+def measure_read_gbps(device: torch.device) -> float | None:
+    """HBM read bandwidth: a sum over ``COPY_BYTES`` of fp32, which reads every byte once and writes
+    one number, timed like the copy (``time_cuda``); None without a GPU."""
+    if device.type != "cuda":
+        return None
+    source = torch.randn(COPY_BYTES // 4, device=device)
+    read_ms = time_cuda(lambda: source.sum()).ms
+    return COPY_BYTES / (read_ms * 1e-3) / 1e9

@@ -19,7 +19,7 @@ from common.contract.inputs import make_inputs
 from common.contract.metrics import ErrorStats, error_stats, ratio_vs_sdpa
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
-from common.contract.registry import Implementation
+from common.contract.registry import Implementation, per_call_inputs
 from common.measure.peaks import Peaks
 from common.measure.timing import Timing, tflops, time_cuda, time_host
 from common.reporting.results import ResultRow
@@ -38,13 +38,17 @@ class Workload:
     v: torch.Tensor
     reference: torch.Tensor
     sdpa_error: ErrorStats | None
+    # The (B,) int32 key lengths when the problem carries them (a ragged KV cache), else None.
+    cache_seqlens: torch.Tensor | None = None
 
 
-def make_workload(problem: Problem, device: str) -> Workload:
-    """Inputs (standard normal, seed 0), fp64 reference and SDPA's same-dtype error for one problem."""
+def make_workload(problem: Problem, device: str, cache_seqlens: torch.Tensor | None = None) -> Workload:
+    """Inputs (standard normal, seed 0), fp64 reference and SDPA's same-dtype error for one problem,
+    with its per-sequence key lengths when it has them."""
     q, k, v = make_inputs(problem, seed=0, device=device)
-    reference = reference_attention(q, k, v, problem)
-    return Workload(problem, q, k, v, reference, sdpa_error(q, k, v, problem, reference))
+    reference = reference_attention(q, k, v, problem, cache_seqlens=cache_seqlens)
+    yardstick = sdpa_error(q, k, v, problem, reference, cache_seqlens)
+    return Workload(problem, q, k, v, reference, yardstick, cache_seqlens)
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,7 @@ def _measure(
         torch.cuda.reset_peak_memory_stats(device)
     baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     start = time.perf_counter()
-    run = impl.prepare(workload.q, workload.k, workload.v, problem)
+    run = impl.prepare(workload.q, workload.k, workload.v, problem, **per_call_inputs(problem, workload.cache_seqlens))
     row.prepare_s = time.perf_counter() - start
     row.first_call_ms = _synced_ms(run, device)
     out = run_poisoned(run)

@@ -1,0 +1,101 @@
+"""The decode workload of ``compare.py --decode``: one new token against a long KV cache.
+
+The sweep (flash-decode issue's defaults): B ∈ {1, 8, 64}, cache lengths ∈ {4096, 32768, 131072},
+32 query heads with 8 (GQA) or 32 KV heads, D = 128, Sq = 1, bf16, causal aligned bottom-right (the
+KV-cache convention; with one token it sees every key), plus one ragged batch whose sequences have
+their own lengths (``cache_seqlens``). A decode step is memory-bound, so each row is judged by the
+K and V bytes it must read (at each sequence's own length) over its time, in GB/s and as a share of
+the measured HBM read bandwidth (``common.measure.peaks.measure_read_gbps``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from common.contract.problem import Problem
+
+BATCHES = (1, 8, 64)
+CACHE_LENGTHS = (4096, 32768, 131072)
+KV_HEADS = (8, 32)
+HEADS, HEAD_DIM = 32, 128
+# The ragged batch: 8 sequences of a 32768-key padded cache, lengths spread from short to full.
+RAGGED_BATCH, RAGGED_SEQLEN_K = 8, 32768
+RAGGED_FRACTIONS = (1.0, 0.03, 0.5, 0.25, 0.9, 0.1, 0.7, 0.0)
+# Device memory a case may plan for: inputs, the fp64 reference's per-head copies, and SDPA's
+# yardstick, which may expand K and V to every query head (GQA through the math backend).
+MEMORY_FRACTION = 0.8
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    """One decode problem, with the per-sequence key lengths when the batch is ragged."""
+
+    problem: Problem
+    lengths: tuple[int, ...] | None = None
+
+    def cache_seqlens(self, device: torch.device | str) -> torch.Tensor | None:
+        if self.lengths is None:
+            return None
+        return torch.tensor(self.lengths, dtype=torch.int32, device=device)
+
+    @property
+    def kv_bytes_read(self) -> int:
+        """K and V bytes a decode step must read: every valid key of every KV head, once."""
+        element = torch.empty((), dtype=self.problem.dtype).element_size()
+        keys = sum(self.lengths) if self.lengths is not None else self.problem.batch * self.problem.seqlen_k
+        return 2 * keys * self.problem.kv_heads * self.problem.head_dim * element
+
+    def memory_needed(self) -> int:
+        """A bound on the device memory of one case: the padded K and V, once more per query head of a
+        group for SDPA's yardstick, plus Q, O and the reference's fp64 copies of one KV head."""
+        p = self.problem
+        element = torch.empty((), dtype=p.dtype).element_size()
+        padded_kv = 2 * p.batch * p.kv_heads * p.seqlen_k * p.head_dim * element
+        one_head_fp64 = 2 * p.seqlen_k * p.head_dim * 8
+        return padded_kv * (1 + p.kv_group) + one_head_fp64 + 8 * p.batch * p.heads * p.seqlen_q * p.head_dim * 8
+
+    def describe(self) -> str:
+        ragged = f" lengths={min(self.lengths)}..{max(self.lengths)}" if self.lengths is not None else ""
+        return self.problem.describe() + ragged
+
+
+def decode_problem(batch: int, seqlen_k: int, kv_heads: int, *, ragged: bool = False) -> Problem:
+    return Problem(
+        batch, HEADS, 1, seqlen_k, HEAD_DIM, dtype=torch.bfloat16, causal=True, kv_heads=kv_heads,
+        causal_alignment="bottom_right", has_cache_seqlens=ragged,
+    )  # fmt: skip
+
+
+def decode_cases(
+    batches: tuple[int, ...] = BATCHES,
+    cache_lengths: tuple[int, ...] = CACHE_LENGTHS,
+    kv_heads: tuple[int, ...] = KV_HEADS,
+    ragged: bool = True,
+) -> list[DecodeCase]:
+    """The sweep: every (B, cache length, KV heads), then the ragged batch."""
+    cases = [
+        DecodeCase(decode_problem(batch, seqlen_k, heads))
+        for heads in kv_heads
+        for seqlen_k in cache_lengths
+        for batch in batches
+    ]
+    if ragged:
+        lengths = tuple(round(fraction * RAGGED_SEQLEN_K) for fraction in RAGGED_FRACTIONS)
+        cases.append(DecodeCase(decode_problem(RAGGED_BATCH, RAGGED_SEQLEN_K, min(kv_heads), ragged=True), lengths))
+    return cases
+
+
+def too_large(case: DecodeCase, device: torch.device) -> str:
+    """Why ``case`` is skipped on ``device`` ('' when it fits)."""
+    if device.type != "cuda":
+        return ""
+    total = torch.cuda.get_device_properties(device).total_memory
+    needed = case.memory_needed()
+    if needed > MEMORY_FRACTION * total:
+        return (
+            f"needs about {needed / 2**30:.0f} GiB (K and V, SDPA's GQA expansion, the fp64 reference), "
+            f"over {MEMORY_FRACTION:.0%} of the GPU's {total / 2**30:.0f} GiB"
+        )
+    return ""

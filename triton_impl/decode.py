@@ -1,0 +1,415 @@
+"""Flash decoding in Triton: a few new query tokens against a long KV cache (no counterpart yet).
+
+What it adds over ``pipelined``, which gives each CTA BLOCK_M query rows of one (batch, head) and
+walks every key: at decode time Sq is 1 to 16, so that grid has B·H CTAs, each streaming the whole
+cache alone. One long sequence then runs on a handful of SMs while the rest of the GPU idles, and
+every query head of a GQA group reads the same K/V bytes again. This rung removes both:
+  * Split-KV: the keys of each sequence are cut into ``num_splits`` ranges of whole key blocks, one
+    CTA each (``split_key_range`` of ``_device.py``), so B·Hkv·num_splits CTAs fill the GPU however
+    small B is. Each split writes its normalised partial O (fp32) and its LSE; a second kernel merges
+    them: lse = log Σₛ exp(lseₛ), O = Σₛ exp(lseₛ - lse) · Oₛ.
+  * GQA packing: the ``group = H / Hkv`` query heads of one KV head share a CTA. Their rows are
+    stacked into one M tile, row r = (head in group) · Sq + query token, padded to at least 16 rows
+    for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``), so each K/V byte is read from
+    HBM once per KV head, not once per query head.
+
+Why a second kernel for the merge: the alternatives are atomics on O (the order of fp32 adds then
+changes from run to run, and the rescaling by the final LSE needs every split first) or "the last
+split to finish merges" (a global counter per tile, a memory fence, and counters to reset between
+calls and under CUDA graphs). A separate launch is deterministic and simple; it costs one launch
+and a read of the fp32 partials, num_splits · rows · (D + 1) · 4 bytes, small beside the cache.
+With one split the first kernel writes O and the LSE itself and the merge is not launched.
+
+The split count (:func:`choose_num_splits`, per bound call): ``ctas = B · Hkv · m_blocks`` CTAs per
+split. Among the counts from 1 to ``MAX_SPLITS`` that leave each split at least
+``MIN_KEYS_PER_SPLIT`` keys of the padded cache, each is scored by how well its ``ctas · splits``
+CTAs fill whole waves of ``SM count`` CTAs (busy fraction ``ctas · splits / (waves · SMs)``); the
+rule takes the fewest splits whose busy fraction is at least ``1 - WAVE_TOLERANCE`` of the best
+one's (fewer splits: less merge work and partial traffic). E.g. on 132 SMs: B=1, Hkv=8 at 128k keys
+gets 16 splits (128 CTAs, 97% of a wave); B=64, Hkv=32 gets 1 (2048 CTAs already fill 16 waves to
+97%). The padded Sk is used, never the values of ``cache_seqlens``: they are an input read at
+launch, and a plan may not depend on them (nor may a decode step synchronise to read them). Inside
+the kernel each sequence's splits follow its own length, so a short sequence gets short (or empty)
+splits. ``bind(..., num_splits=n)`` (and ``decode_attention``) forces a count for sweeps and tests.
+
+Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one M tile):
+  1. ``seqlen_info``: the sequence's own length and causal offset; the keys any row sees end at
+     ``key_end`` (the length; causal: at most Sq + causal_offset); ``split_key_range`` cuts this
+     split's [key_begin, key_end) out of them.
+  2. Load the packed Q tile: row r reads query head kv_head · group + r // Sq, token r % Sq.
+  3. ``attend_key_blocks`` over the split's blocks seen by every row (no mask), then over the rest
+     (the sequence tail and the causal diagonal, masked with each row's own token index).
+  4. ``online_softmax_finalize``: O and the natural-log LSE of the split; a split with no key writes
+     O = 0 and LSE = -inf, which the merge weighs by exp(-inf) = 0.
+  5. Merge (``_combine_kernel``, one program per (batch, head, token)): the maximum LSE, the sum of
+     exp(lseₛ - max), then O = Σₛ exp(lseₛ - lse) · Oₛ in the output dtype and lse.
+
+Data movement: Q is read once per CTA (rows = group · Sq); K (as Kᵀ) and V stream HBM → shared memory
+through ``cp.async`` in ``num_stages`` buffers (Triton's pipeliner), S, P and O stay in registers;
+the partials go to an fp32 workspace in HBM ((num_splits, B, H, Sq, D) and (num_splits, B, H, Sq)),
+read back once by the merge.
+
+Constraints: fp16 and bf16 on a CUDA GPU (fp32 under the Triton interpreter only); D ∈ {64, 128,
+256}; 1 <= Sq <= ``MAX_SEQLEN_Q`` (a prefill-sized Sq is refused: use a prefill rung); GQA and MQA;
+causal top-left or bottom-right (the KV-cache convention); ``cache_seqlens``; the LSE. Not yet:
+paged KV (a block table), a persistent scheduler, FP8 caches. Measured figures go to
+``docs/perf-log.md`` and ``compare.py --decode``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from common.contract.capability import FEATURES, check_features
+from common.contract.devices import triton_device_supported, triton_dtype_supported
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.validation import kernel_operand
+from common.reporting.static import compile_triton_sm90
+from triton_impl._device import (
+    LOG2_E,
+    attend_key_blocks,
+    online_softmax_finalize,
+    seqlen_info,
+    split_key_range,
+)
+from triton_impl._host import (
+    POINTER_ALIGNED,
+    allocate_lse,
+    feature_buffers,
+    feature_constexprs,
+    pointer_signature,
+    rung_result,
+    validate_triton_inputs,
+)
+
+# Query tokens per step this rung takes; more is prefill.
+MAX_SEQLEN_Q = 16
+# Packed rows per M tile: tl.dot needs 16, and past 64 rows (32 at D=256) a group is cut into tiles.
+MIN_BLOCK_M, MAX_BLOCK_M = 16, 64
+# The split rule (see the module docstring).
+MAX_SPLITS = 128
+MIN_KEYS_PER_SPLIT = 512
+WAVE_TOLERANCE = 0.05
+# The SM count the rule assumes where there is no GPU (the interpreter, the sm_90a compile): an H100.
+DEFAULT_SM_COUNT = 132
+# In the merge, natural-log LSEs are weighed by exp2((lseₛ - lse_max) · LOG2_E).
+COMBINE_LOG2_E = tl.constexpr(LOG2_E)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Key tile, warps, pipeline depth and the largest packed M tile per head dim (BLOCK_M follows
+    from group · Sq, up to ``max_block_m``)."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+    max_block_m: int = MAX_BLOCK_M
+
+
+# K and V stages of BLOCK_N × D: 3 stages of 64 × 128 bf16 take 96 KiB of shared memory. At D=256
+# a 64-row M tile spills (40 bytes, sm_90a), so that head dim packs at most 32 rows per tile.
+DEFAULT_CONFIGS: dict[int, TileConfig] = {
+    64: TileConfig(64, 4, 3),
+    128: TileConfig(64, 4, 3),
+    256: TileConfig(32, 4, 3, max_block_m=32),
+}
+HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel 1: one split of the keys for one packed M tile of one (batch, KV head)
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _split_kernel(
+    Q, K, V, Out, Lse, CacheSeqlens, OutPartial, LsePartial,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om,
+    heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2,
+    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    split = tl.program_id(0)
+    num_splits = tl.num_programs(0)
+    m_block = tl.program_id(1)
+    batch_kv_head = tl.program_id(2)
+    batch = (batch_kv_head // kv_heads).to(tl.int64)
+    kv_head = (batch_kv_head % kv_heads).to(tl.int64)
+    group = heads // kv_heads
+
+    # 1. This sequence's keys, the last one any row sees, and this split's share of them.
+    seqlen_k, causal_offset = seqlen_info(CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS, BOTTOM_RIGHT)
+    key_end = tl.maximum(tl.minimum(seqlen_k, seqlen_q + causal_offset), 0) if CAUSAL else seqlen_k
+    key_begin, key_end = split_key_range(split, num_splits, key_end, BLOCK_N)
+
+    # 2. The packed Q tile: row r is token r % Sq of query head kv_head · group + r // Sq.
+    offs_r = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_r < group * seqlen_q
+    head = kv_head * group + offs_r // seqlen_q
+    offs_m = offs_r % seqlen_q
+    q_ptrs = Q + batch * stride_qb + head[:, None] * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    k_base = K + batch * stride_kb + kv_head * stride_kh
+    v_base = V + batch * stride_vb + kv_head * stride_vh
+
+    row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+
+    # 3. Keys every row sees (below the first token's diagonal and inside the sequence) need no
+    # mask; the rest of the split (the tail and the diagonal) takes each row's own token index.
+    visible_to_all = tl.minimum(seqlen_k, causal_offset + 1) if CAUSAL else seqlen_k
+    unmasked_end = tl.minimum(tl.maximum(visible_to_all // BLOCK_N * BLOCK_N, key_begin), key_end)
+    acc, row_max, row_sum = attend_key_blocks(
+        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
+        offs_m, key_begin, unmasked_end, seqlen_k, causal_offset, softmax_scale_log2,
+        CAUSAL=CAUSAL, MASKED=False, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+    )  # fmt: skip
+    acc, row_max, row_sum = attend_key_blocks(
+        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
+        offs_m, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
+        CAUSAL=CAUSAL, MASKED=True, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+    )  # fmt: skip
+
+    # 4. This split's O and natural-log LSE (O = 0, LSE = -inf for a split that saw no key). The
+    # partials are (num_splits, B, H, Sq, D) and (num_splits, B, H, Sq), contiguous.
+    out, lse = online_softmax_finalize(acc, row_max, row_sum, 1.0)
+    row = (batch * heads + head) * seqlen_q + offs_m
+    if SPLIT:
+        partial_row = split.to(tl.int64) * tl.num_programs(2) * group * seqlen_q + row
+        tl.store(OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
+        tl.store(LsePartial + partial_row, lse, mask=row_ok)
+    else:
+        o_ptrs = Out + batch * stride_ob + head[:, None] * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+        if RETURN_LSE:
+            tl.store(Lse + row, lse, mask=row_ok)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel 2: merge the splits of one (batch, head, token) by their LSE
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _combine_kernel(
+    OutPartial, LsePartial, Out, Lse,
+    stride_ob, stride_oh, stride_om,
+    heads, seqlen_q, num_splits, rows,
+    RETURN_LSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    batch = row // (heads * seqlen_q)
+    head = (row // seqlen_q) % heads
+    m = row % seqlen_q
+    offs_s = tl.arange(0, BLOCK_SPLITS)
+    offs_d = tl.arange(0, HEAD_DIM)
+
+    # 5. lse = lse_max + log(Σ exp(lseₛ - lse_max)); splits with no key (-inf) weigh 0. A row with
+    # no key at all keeps lse = -inf and O = 0.
+    lse_s = tl.load(LsePartial + offs_s * rows + row, mask=offs_s < num_splits, other=float("-inf"))
+    lse_max = tl.max(lse_s, 0)
+    lse_base = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    weights = tl.math.exp2((lse_s - lse_base) * COMBINE_LOG2_E)
+    weight_sum = tl.sum(weights, 0)
+    acc = tl.zeros((HEAD_DIM,), dtype=tl.float32)
+    for split in range(0, num_splits):
+        weight = tl.math.exp2((tl.load(LsePartial + split * rows + row) - lse_base) * COMBINE_LOG2_E)
+        acc += weight * tl.load(OutPartial + (split * rows + row) * HEAD_DIM + offs_d)
+    has_keys = weight_sum > 0.0
+    out = acc * tl.where(has_keys, 1.0 / weight_sum, 0.0)
+    tl.store(Out + batch * stride_ob + head * stride_oh + m * stride_om + offs_d, out.to(Out.dtype.element_ty))
+    if RETURN_LSE:
+        tl.store(Lse + row, tl.where(has_keys, lse_base + tl.log(weight_sum), float("-inf")))
+
+
+# ----------------------------------------------------------------------------------------------
+# Host: tile shape, split rule, bind, prepare
+# ----------------------------------------------------------------------------------------------
+def block_m_for(problem: Problem) -> int:
+    """Rows of one packed M tile: group · Sq rounded up to a power of two in [16, max_block_m]."""
+    return min(
+        DEFAULT_CONFIGS[problem.head_dim].max_block_m,
+        max(MIN_BLOCK_M, triton.next_power_of_2(problem.kv_group * problem.seqlen_q)),
+    )
+
+
+def m_blocks_for(problem: Problem) -> int:
+    return triton.cdiv(problem.kv_group * problem.seqlen_q, block_m_for(problem))
+
+
+def wave_efficiency(ctas: int, sm_count: int) -> float:
+    """Busy fraction of the waves ``ctas`` CTAs take on ``sm_count`` SMs (1 = the last wave is full)."""
+    return ctas / (triton.cdiv(ctas, sm_count) * sm_count)
+
+
+def choose_num_splits(ctas_per_split: int, seqlen_k: int, sm_count: int) -> int:
+    """The split rule of the module docstring: the fewest splits among those (each keeping
+    ``MIN_KEYS_PER_SPLIT`` keys) whose busy fraction is at least ``1 - WAVE_TOLERANCE`` of the best
+    one's (relative, so that a tiny grid still takes every split it can)."""
+    most = max(1, min(MAX_SPLITS, seqlen_k // MIN_KEYS_PER_SPLIT))
+    efficiency = {splits: wave_efficiency(ctas_per_split * splits, sm_count) for splits in range(1, most + 1)}
+    best = max(efficiency.values())
+    return min(splits for splits, value in efficiency.items() if value >= best * (1 - WAVE_TOLERANCE))
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return DEFAULT_SM_COUNT
+
+
+def planned_num_splits(problem: Problem, device: torch.device) -> int:
+    return choose_num_splits(
+        problem.batch * problem.kv_heads * m_blocks_for(problem), problem.seqlen_k, sm_count(device)
+    )
+
+
+def _split_constexprs(problem: Problem, split: bool) -> dict[str, int | bool]:
+    config = DEFAULT_CONFIGS[problem.head_dim]
+    return {
+        **feature_constexprs(problem),
+        "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n, "SPLIT": split,
+    }  # fmt: skip
+
+
+def bind(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> Runner:
+    """Allocate O, the LSE and the split workspace for validated q, k, v and return ``run()``
+    launching the split kernel and, with more than one split, the merge. ``num_splits`` overrides
+    the rule (sweeps, tests)."""
+    splits = num_splits if num_splits is not None else planned_num_splits(problem, q.device)
+    if splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {splits}")
+    q, k, v = (kernel_operand(t) for t in (q, k, v))
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = allocate_lse(problem, q.device)
+    lse_arg, lengths_arg = feature_buffers(lse, cache_seqlens, q.device)
+    rows = problem.batch * problem.heads * problem.seqlen_q
+    partial_shape = (splits, problem.batch, problem.heads, problem.seqlen_q)
+    # The fp32 workspace of the splits; one split writes O and the LSE directly and needs none.
+    partial_shapes = ((*partial_shape, problem.head_dim), partial_shape) if splits > 1 else ((1,), (1,))
+    out_partial, lse_partial = (torch.empty(shape, dtype=torch.float32, device=q.device) for shape in partial_shapes)
+    strides = tuple(stride for t in (q, k, v, out) for stride in t.stride()[:3])
+    sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E)
+    split_args = (q, k, v, out, lse_arg, lengths_arg, out_partial, lse_partial, *strides, *sizes)
+    config = DEFAULT_CONFIGS[problem.head_dim]
+    split_grid = (splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
+    split_options = {
+        **_split_constexprs(problem, splits > 1), "num_warps": config.num_warps, "num_stages": config.num_stages,
+    }  # fmt: skip
+    combine_sizes = (problem.heads, problem.seqlen_q, splits, rows)
+    combine_args = (out_partial, lse_partial, out, lse_arg, *out.stride()[:3], *combine_sizes)
+    combine_options = {
+        "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim,
+        "BLOCK_SPLITS": triton.next_power_of_2(splits), "num_warps": 1,
+    }  # fmt: skip
+
+    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        _split_kernel[split_grid](*split_args, **split_options)
+        if splits > 1:
+            _combine_kernel[(rows,)](*combine_args, **combine_options)
+        return rung_result(out, lse)
+
+    run.num_splits = splits
+    return run
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> Runner:
+    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them and compile by one warm-up launch
+    on a GPU. ``num_splits`` overrides the split rule (not part of the public API)."""
+    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens)
+    ok, reason = supports(checked, q.device)
+    if not ok:
+        raise ValueError(reason)
+    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens, num_splits=num_splits), q.device)
+
+
+# ----------------------------------------------------------------------------------------------
+# Capability check and sm_90a compile path
+# ----------------------------------------------------------------------------------------------
+def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
+    for ok, reason in (triton_device_supported(device), triton_dtype_supported(problem.dtype)):
+        if not ok:
+            return False, reason
+    if problem.head_dim not in HEAD_DIMS:
+        return False, f"triton/decode supports head_dim in {list(HEAD_DIMS)}, got {problem.head_dim}"
+    if problem.seqlen_q > MAX_SEQLEN_Q:
+        return (
+            False,
+            f"triton/decode takes 1 to {MAX_SEQLEN_Q} query tokens, got Sq={problem.seqlen_q}: use a prefill rung",
+        )
+    return check_features("triton/decode", problem, FEATURES)
+
+
+def _decode_shape(problem: Problem) -> Problem:
+    """The problem itself when it is decode-sized, else one token of it (the canonical problem is a prefill)."""
+    return problem if problem.seqlen_q <= MAX_SEQLEN_Q else problem.with_(seqlen_q=1)
+
+
+def compile_sm90(problem: Problem) -> list[KernelBinary]:
+    """Both kernels compiled for sm_90a at ``problem``'s head dim, dtype and mask (one query token
+    when ``problem`` is prefill-sized); the split kernel in its split-writing form."""
+    problem = _decode_shape(problem)
+    config = DEFAULT_CONFIGS[problem.head_dim]
+    signature = {
+        **pointer_signature(problem.dtype), "OutPartial": "*fp32", "LsePartial": "*fp32",
+    }  # fmt: skip
+    split = compile_triton_sm90(
+        _split_kernel,
+        signature,
+        _split_constexprs(problem, True),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        aligned=(*POINTER_ALIGNED, "OutPartial", "LsePartial"),
+    )
+    element = "*fp16" if problem.dtype == torch.float16 else "*bf16"
+    combine = compile_triton_sm90(
+        _combine_kernel,
+        {
+            "OutPartial": "*fp32", "LsePartial": "*fp32", "Out": element, "Lse": "*fp32",
+            **{name: "i32" for name in ("stride_ob", "stride_oh", "stride_om", "heads", "seqlen_q")},
+            "num_splits": "i32", "rows": "i32",
+        },
+        {"RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim, "BLOCK_SPLITS": 128},
+        num_warps=1,
+        num_stages=1,
+        aligned=("OutPartial", "LsePartial", "Out", "Lse"),
+    )  # fmt: skip
+    return [split, combine]
+
+
+IMPLEMENTATION = Implementation(
+    name="triton/decode",
+    stack="triton",
+    rung="decode",
+    prepare=decode_attention,
+    bind=bind,
+    supports=supports,
+    compile_sm90=compile_sm90,
+    runs_on_cpu=True,
+    required_ptx=("mma.sync", "cp.async"),
+    source_file=__file__,
+    default_configs=DEFAULT_CONFIGS,
+)
