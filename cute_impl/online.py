@@ -388,20 +388,12 @@ class OnlineAttention:
 _COMPILED: dict[tuple[torch.dtype, int, bool, bool, bool, bool], Any] = {}
 
 
-def validated_problem(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, cache_seqlens: torch.Tensor | None
-) -> Problem:
-    """The Problem q (B, H, Sq, D), k and v (B, Hkv, Sk, D) describe, with the given problem's mask,
-    LSE flag and ``cache_seqlens`` (given exactly when the problem has per-sequence lengths)."""
-    return validate_for_problem(q, k, v, problem, cache_seqlens=cache_seqlens, head_dims=SUPPORTED_HEAD_DIMS)
-
-
 def prepare(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
 ) -> Runner:
     """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them (compiling on first use), and
     launch once to warm up."""
-    checked = validated_problem(q, k, v, problem, cache_seqlens)
+    checked = validate_for_problem(q, k, v, problem, cache_seqlens=cache_seqlens, head_dims=SUPPORTED_HEAD_DIMS)
     return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
 
 
