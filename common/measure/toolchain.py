@@ -33,7 +33,8 @@ TRITON_STACKS = ("triton", "gluon")
 # release -> (rung, the key of the rung's own table) -> fields that replace the table's entry.
 # An entry replaces a tile that spills under that release (ptxas, sm_90a) by the fastest spill-free
 # one timed on the H200 under it, or a tile another one beats under that release only
-# (docs/perf-log.md, "Triton 3.6 and 3.9", "Triton 3.9 on the early rungs" and "P V as one FFMA chain").
+# (docs/perf-log.md, "Triton 3.6 and 3.9", "Triton 3.9 on the early rungs", "P V as one FFMA chain" and
+# "Every admitted Triton release tested").
 RELEASE_OVERRIDES: dict[str, dict[tuple[str, Hashable], dict[str, Any]]] = {
     "3.6": {},
     "3.7": {
