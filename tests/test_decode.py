@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from common.contract import splits
 from common.contract.check import check_on_inputs
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
@@ -105,27 +106,27 @@ def test_prefill_sized_problem_is_refused():
 @pytest.mark.parametrize("seqlen_k", [4096, 32768, 131072])
 def test_split_rule_fills_the_waves(ctas_per_split: int, seqlen_k: int):
     sms = 132
-    splits = decode.choose_num_splits(ctas_per_split, seqlen_k, sms)
-    assert 1 <= splits <= decode.MAX_SPLITS and (splits == 1 or seqlen_k // splits >= decode.MIN_KEYS_PER_SPLIT)
-    allowed = range(1, min(decode.MAX_SPLITS, seqlen_k // decode.MIN_KEYS_PER_SPLIT) + 1)
-    best = max(decode.wave_efficiency(ctas_per_split * s, sms) for s in allowed)
-    assert decode.wave_efficiency(ctas_per_split * splits, sms) >= best * (1 - decode.WAVE_TOLERANCE)
+    chosen = splits.choose_num_splits(ctas_per_split, seqlen_k, sms)
+    assert 1 <= chosen <= splits.MAX_SPLITS and (chosen == 1 or seqlen_k // chosen >= splits.MIN_KEYS_PER_SPLIT)
+    allowed = range(1, min(splits.MAX_SPLITS, seqlen_k // splits.MIN_KEYS_PER_SPLIT) + 1)
+    best = max(splits.wave_efficiency(ctas_per_split * s, sms) for s in allowed)
+    assert splits.wave_efficiency(ctas_per_split * chosen, sms) >= best * (1 - splits.WAVE_TOLERANCE)
     # Never more splits than needed: no smaller count fills the waves as well.
     assert all(
-        decode.wave_efficiency(ctas_per_split * s, sms) < best * (1 - decode.WAVE_TOLERANCE) for s in range(1, splits)
+        splits.wave_efficiency(ctas_per_split * s, sms) < best * (1 - splits.WAVE_TOLERANCE) for s in range(1, chosen)
     )
 
 
 def test_split_rule_examples():
     # One sequence, 8 KV heads, 128k keys: 8 CTAs alone would use 8 of 132 SMs.
-    assert decode.wave_efficiency(8 * decode.choose_num_splits(8, 131072, 132), 132) >= 0.95
+    assert splits.wave_efficiency(8 * splits.choose_num_splits(8, 131072, 132), 132) >= 0.95
     # A full batch already fills the GPU: no split, no merge.
-    assert decode.choose_num_splits(64 * 32, 131072, 132) == 1
+    assert splits.choose_num_splits(64 * 32, 131072, 132) == 1
     # A short cache keeps MIN_KEYS_PER_SPLIT keys per split.
-    assert decode.choose_num_splits(1, 1024, 132) == 1024 // decode.MIN_KEYS_PER_SPLIT
+    assert splits.choose_num_splits(1, 1024, 132) == 1024 // splits.MIN_KEYS_PER_SPLIT
     # The plan reads the padded Sk, never the cache lengths (bind takes no lengths' values).
     problem = Problem(1, 32, 1, 131072, 128, kv_heads=8, has_cache_seqlens=True)
-    assert decode.planned_num_splits(problem, CPU) == decode.choose_num_splits(8, 131072, decode.DEFAULT_SM_COUNT)
+    assert decode.planned_num_splits(problem, CPU) == splits.choose_num_splits(8, 131072, splits.DEFAULT_SM_COUNT)
 
 
 # ----------------------------------------------------------------------------------------------------

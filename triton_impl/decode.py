@@ -1,4 +1,4 @@
-"""Flash decoding in Triton: a few new query tokens against a long KV cache (no counterpart yet).
+"""Flash decoding in Triton: a few new query tokens against a long KV cache (counterpart: ``cute_impl/decode.py``).
 
 What it adds over ``pipelined``, which gives each CTA BLOCK_M query rows of one (batch, head) and
 walks every key: at decode time Sq is 1 to 16, so that grid has B·H CTAs, each streaming the whole
@@ -20,17 +20,14 @@ calls and under CUDA graphs). A separate launch is deterministic and simple; it 
 and a read of the fp32 partials, num_splits · rows · (D + 1) · 4 bytes, small beside the cache.
 With one split the first kernel writes O and the LSE itself and the merge is not launched.
 
-The split count (:func:`choose_num_splits`, per bound call): ``ctas = B · Hkv · m_blocks`` CTAs per
-split. Among the counts from 1 to ``MAX_SPLITS`` that leave each split at least
-``MIN_KEYS_PER_SPLIT`` keys of the padded cache, each is scored by how well its ``ctas · splits``
-CTAs fill whole waves of ``SM count`` CTAs (busy fraction ``ctas · splits / (waves · SMs)``); the
-rule takes the fewest splits whose busy fraction is at least ``1 - WAVE_TOLERANCE`` of the best
-one's (fewer splits: less merge work and partial traffic). E.g. on 132 SMs: B=1, Hkv=8 at 128k keys
-gets 16 splits (128 CTAs, 97% of a wave); B=64, Hkv=32 gets 1 (2048 CTAs already fill 16 waves to
-97%). The padded Sk is used, never the values of ``cache_seqlens``: they are an input read at
-launch, and a plan may not depend on them (nor may a decode step synchronise to read them). Inside
-the kernel each sequence's splits follow its own length, so a short sequence gets short (or empty)
-splits. ``bind(..., num_splits=n)`` (and ``decode_attention``) forces a count for sweeps and tests.
+The split count: the shared rule of ``common/contract/splits.py`` (one rule for every decode rung),
+fed with this rung's CTAs per split, ``B · Hkv · m_blocks``: the fewest splits (each keeping at
+least ``MIN_KEYS_PER_SPLIT`` keys of the padded cache) whose CTAs fill whole waves of the SMs within
+``WAVE_TOLERANCE`` of the best count. E.g. on 132 SMs: B=1, Hkv=8 at 128k keys gets 16 splits (128
+CTAs, 97% of a wave); B=64, Hkv=32 gets 1. The padded Sk is used, never the values of
+``cache_seqlens`` (an input read at launch, on which a plan may not depend); inside the kernel each
+sequence's splits follow its own length, so a short sequence gets short (or empty) splits.
+``bind(..., num_splits=n)`` (and ``decode_attention``) forces a count for sweeps and tests.
 
 Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one M tile):
   1. ``seqlen_info``: the sequence's own length and causal offset; the keys any row sees end at
@@ -64,6 +61,7 @@ import torch
 import triton
 import triton.language as tl
 
+from common.contract import splits
 from common.contract.capability import FEATURES, check_features
 from common.contract.devices import triton_device_supported, triton_dtype_supported
 from common.contract.problem import Problem
@@ -91,12 +89,6 @@ from triton_impl._host import (
 MAX_SEQLEN_Q = 16
 # Packed rows per M tile: tl.dot needs 16, and past 64 rows (32 at D=256) a group is cut into tiles.
 MIN_BLOCK_M, MAX_BLOCK_M = 16, 64
-# The split rule (see the module docstring).
-MAX_SPLITS = 128
-MIN_KEYS_PER_SPLIT = 512
-WAVE_TOLERANCE = 0.05
-# The SM count the rule assumes where there is no GPU (the interpreter, the sm_90a compile): an H100.
-DEFAULT_SM_COUNT = 132
 # In the merge, natural-log LSEs are weighed by exp2((lseₛ - lse_max) · LOG2_E).
 COMBINE_LOG2_E = tl.constexpr(LOG2_E)
 
@@ -244,31 +236,9 @@ def m_blocks_for(problem: Problem) -> int:
     return triton.cdiv(problem.kv_group * problem.seqlen_q, block_m_for(problem))
 
 
-def wave_efficiency(ctas: int, sm_count: int) -> float:
-    """Busy fraction of the waves ``ctas`` CTAs take on ``sm_count`` SMs (1 = the last wave is full)."""
-    return ctas / (triton.cdiv(ctas, sm_count) * sm_count)
-
-
-def choose_num_splits(ctas_per_split: int, seqlen_k: int, sm_count: int) -> int:
-    """The split rule of the module docstring: the fewest splits among those (each keeping
-    ``MIN_KEYS_PER_SPLIT`` keys) whose busy fraction is at least ``1 - WAVE_TOLERANCE`` of the best
-    one's (relative, so that a tiny grid still takes every split it can)."""
-    most = max(1, min(MAX_SPLITS, seqlen_k // MIN_KEYS_PER_SPLIT))
-    efficiency = {splits: wave_efficiency(ctas_per_split * splits, sm_count) for splits in range(1, most + 1)}
-    best = max(efficiency.values())
-    return min(splits for splits, value in efficiency.items() if value >= best * (1 - WAVE_TOLERANCE))
-
-
-def sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return DEFAULT_SM_COUNT
-
-
 def planned_num_splits(problem: Problem, device: torch.device) -> int:
-    return choose_num_splits(
-        problem.batch * problem.kv_heads * m_blocks_for(problem), problem.seqlen_k, sm_count(device)
-    )
+    """The shared split rule (``common/contract/splits.py``) for this rung's M tiles."""
+    return splits.planned_num_splits(problem, m_blocks_for(problem), device)
 
 
 def _split_constexprs(problem: Problem, split: bool) -> dict[str, int | bool]:

@@ -1,0 +1,57 @@
+"""The split rule of the decode rungs (flash decoding): how many CTAs share one sequence's keys.
+
+One rule for every stack (``triton_impl/decode.py``, ``cute_impl/decode.py``), pure Python, chosen per
+bound call. A decode rung launches ``ctas_per_split = B · Hkv · m_blocks`` CTAs per split (its own
+``m_blocks``: how many packed M tiles one KV group takes). Among the counts from 1 to
+:data:`MAX_SPLITS` that leave each split at least :data:`MIN_KEYS_PER_SPLIT` keys of the padded
+cache, each is scored by how well its ``ctas_per_split · splits`` CTAs fill whole waves of ``SM
+count`` CTAs (busy fraction ``ctas / (waves · SMs)``); the rule takes the fewest splits whose busy
+fraction is at least ``1 - WAVE_TOLERANCE`` of the best one's (fewer splits: less merge work and
+partial traffic). E.g. on 132 SMs: B=1, Hkv=8 at 128k keys gets 16 splits (128 CTAs, 97% of a wave);
+B=64, Hkv=32 gets 1 (2048 CTAs already fill 16 waves to 97%).
+
+The padded Sk is used, never the values of ``cache_seqlens``: they are an input read at launch, and
+a plan may not depend on them (nor may a decode step synchronise to read them). Inside the kernels
+each sequence's splits follow its own length, so a short sequence gets short (or empty) splits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from common.contract.problem import Problem
+
+MAX_SPLITS = 128
+MIN_KEYS_PER_SPLIT = 512
+WAVE_TOLERANCE = 0.05
+# The SM count the rule assumes where there is no GPU (the interpreter, the sm_90a compile): an H100.
+DEFAULT_SM_COUNT = 132
+
+
+def wave_efficiency(ctas: int, sm_count: int) -> float:
+    """Busy fraction of the waves ``ctas`` CTAs take on ``sm_count`` SMs (1 = the last wave is full)."""
+    waves = -(-ctas // sm_count)
+    return ctas / (waves * sm_count)
+
+
+def choose_num_splits(ctas_per_split: int, seqlen_k: int, sm_count: int) -> int:
+    """The split rule of the module docstring: the fewest splits among those (each keeping
+    ``MIN_KEYS_PER_SPLIT`` keys) whose busy fraction is at least ``1 - WAVE_TOLERANCE`` of the best
+    one's (relative, so that a tiny grid still takes every split it can)."""
+    most = max(1, min(MAX_SPLITS, seqlen_k // MIN_KEYS_PER_SPLIT))
+    efficiency = {splits: wave_efficiency(ctas_per_split * splits, sm_count) for splits in range(1, most + 1)}
+    best = max(efficiency.values())
+    return min(splits for splits, value in efficiency.items() if value >= best * (1 - WAVE_TOLERANCE))
+
+
+def sm_count(device: torch.device) -> int:
+    """The device's SM count, or :data:`DEFAULT_SM_COUNT` off a GPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return DEFAULT_SM_COUNT
+
+
+def planned_num_splits(problem: Problem, m_blocks: int, device: torch.device) -> int:
+    """The split count of one call of ``problem`` by a rung that packs one KV group into ``m_blocks``
+    M tiles: B · Hkv · m_blocks CTAs per split, the padded Sk, ``device``'s SMs."""
+    return choose_num_splits(problem.batch * problem.kv_heads * m_blocks, problem.seqlen_k, sm_count(device))
