@@ -5,13 +5,16 @@ ones the Triton and Gluon stacks use, so that a diff of two rungs teaches:
   ``seqlen_k`` (its ``cache_seqlens`` entry, if any) and ``causal_offset`` (the causal alignment),
   which the block range and the mask take.
 * :class:`BlockRange`: the key blocks ``[n_block_min, n_block_max)`` one query tile visits, last
-  first, and ``n_masked_blocks``, how many at the top end of the range need the mask.
+  first, and ``n_masked_blocks``, how many at the top end of the range need the mask;
+  :func:`split_key_range`: the block range of one split of the keys (``decode``).
 * :class:`AttentionMask`: ``apply`` writes -inf for keys past ``seqlen_k`` and, causal, right of the
   diagonal (shifted by ``causal_offset``).
 * :class:`OnlineSoftmax`: ``row_max`` (the maximum of S · softmax_scale_log2, log2 units of the
   scaled scores, as in every stack) and ``row_sum``; ``update`` turns a block of S into P and returns
   the rescale factor, ``rescale`` moves O to the new maximum, ``finalize`` divides O by ``row_sum``
   (and, asked for, forms the LSE).
+* :func:`gemm_double_buffered`: ``acc += A B`` over a warp's ``mma.sync`` fragments, each ldmatrix
+  issued one piece ahead of the MMAs that consume it.
 * The constants :data:`LOG2_E` and :data:`RESCALE_THRESHOLD`, defined once for the stack.
 
 The objects here speak the ``mma.sync.m16n8k16`` fragment layout of ``pipelined``; the Hopper rungs'
@@ -61,6 +64,52 @@ def accumulator_as_operand_a(rP: cute.Tensor) -> cute.Tensor:
     shape = ((divided.shape[0], divided.shape[2][0]), divided.shape[1], divided.shape[2][1])
     stride = ((divided.stride[0], divided.stride[2][0]), divided.stride[1], divided.stride[2][1])
     return cute.make_tensor(rP.iterator, cute.make_layout(shape, stride=stride))
+
+
+def split_mode(tensor: cute.Tensor, mode: int, parts: int) -> cute.Tensor:
+    """Cut rank-3 ``tensor``'s mode ``mode`` (of size N) into (N / parts, parts): consecutive pieces."""
+    tiler = [None, None, None]
+    tiler[mode] = cute.size(tensor, mode=[mode]) // parts
+    return cute.logical_divide(tensor, tuple(tiler))
+
+
+def gemm_double_buffered(
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    tCrA: cute.Tensor,
+    tCrB: cute.Tensor,
+    pieces: int,
+    b_load: tuple[cute.TiledCopy, cute.Tensor, cute.Tensor],
+    a_load: tuple[cute.TiledCopy, cute.Tensor, cute.Tensor] | None = None,
+) -> None:
+    """acc += A B, each ldmatrix issued one piece ahead of the MMAs that consume it.
+
+    A piece is 1 / ``pieces`` of the N columns of one k-step: B of piece (k, j) is loaded
+    before the MMAs of the previous piece run, and A of step k (Q; P is already in registers) with
+    piece (k, 0). Double-buffering half-steps rather than whole k-steps halves the operand registers that are
+    live next to the O and S accumulators (see the budget at ``pipelined.TILE_CONFIGS``).
+    ``b_load`` and ``a_load`` are (ldmatrix copy, shared source (CPY, *, K), register view of the
+    fragment as its destination). The loops run at trace time: straight-line code.
+    """
+    k_steps = cute.size(tCrB, mode=[2])
+    b_copy, b_src, b_dst = b_load
+    acc_n = split_mode(acc, 2, pieces)  # (MMA, MMA_M, (MMA_N / pieces, pieces))
+    # (MMA or CPY, (N / pieces, pieces), K): B's register fragment, its shared source and its copy view.
+    rB, sB, vB = (split_mode(t, 1, pieces) for t in (tCrB, b_src, b_dst))
+    order = [(k, piece) for k in range(k_steps) for piece in range(pieces)]
+
+    def load(k: int, piece: int) -> None:
+        if a_load is not None and piece == 0:
+            a_copy, a_src, a_dst = a_load
+            cute.copy(a_copy, a_src[None, None, k], a_dst[None, None, k])
+        cute.copy(b_copy, sB[None, (None, piece), k], vB[None, (None, piece), k])
+
+    load(*order[0])
+    for i, (k, piece) in enumerate(order):
+        if i + 1 < len(order):
+            load(*order[i + 1])
+        acc_piece = acc_n[None, None, (None, piece)]
+        cute.gemm(tiled_mma, acc_piece, tCrA[None, None, k], rB[None, (None, piece), k], acc_piece)
 
 
 def quad_allreduce(
@@ -117,7 +166,8 @@ class BlockRange:
     """Key blocks ``[n_block_min, n_block_max)`` one query tile visits (``n_block_max`` exclusive),
     visited last first, and ``n_masked_blocks``: how many blocks at the top end of the range need the
     sequence-tail or causal mask. Blocks from ``n_block_max`` on are masked for every row and never
-    loaded. This stack always starts at key 0: ``n_block_min = 0``.
+    loaded. A query tile always starts at key 0 (``n_block_min = 0``); a split of ``decode`` starts at
+    its first block (:func:`split_key_range`).
 
     ``n_masked_blocks`` is known at compile time, because the masked iterations are unrolled: the
     ``tile_m / tile_n`` blocks that cross a causal tile's diagonal, or the one block that Sk may cut.
@@ -153,11 +203,31 @@ class BlockRange:
         return BlockRange(0, n_block_max, tile_m // tile_n if causal else 1)
 
 
+def split_key_range(
+    split: cutlass.Int32, num_splits: cutlass.Int32, key_end: cutlass.Int32, tile_n: int, n_masked_blocks: int
+) -> BlockRange:
+    """Split ``split`` of ``num_splits`` over keys [0, ``key_end``) (``decode``'s flash decoding) as the
+    :class:`BlockRange` of its whole ``tile_n`` blocks: each split gets cdiv(n_blocks, num_splits)
+    blocks from a block boundary, so a short sequence gets short splits and the splits past its last
+    block an empty range (``n_block_min == n_block_max``). ``n_masked_blocks`` counts from the top of
+    the split, like :meth:`BlockRange.create`'s. (``triton_impl._device.split_key_range`` cuts the same
+    ranges, in keys.)"""
+    n_blocks = cute.ceil_div(key_end, tile_n)
+    blocks_per_split = cute.ceil_div(n_blocks, num_splits)
+    n_block_min = cutlass.min(split * blocks_per_split, n_blocks)
+    n_block_max = cutlass.min(n_block_min + blocks_per_split, n_blocks)
+    return BlockRange(n_block_min, n_block_max, n_masked_blocks)
+
+
 class AttentionMask:
     """-inf for keys past the sequence's ``seqlen_k`` and, when causal, for keys right of the diagonal
     (row i sees j <= i + causal_offset), in the S fragment of one query tile; bound to that tile and
     its :class:`SeqlenInfo` once, :meth:`apply` takes the key block.
-    ``_hopper_device.AttentionMask`` applies the same rule to the WGMMA accumulator layout."""
+    ``_hopper_device.AttentionMask`` applies the same rule to the WGMMA accumulator layout.
+
+    ``packed_seqlen_q`` (``decode``'s GQA packing, compile time None elsewhere): the tile's rows are
+    (head in group) · Sq + token, so the causal diagonal follows the row's token, ``row % seqlen_q``.
+    """
 
     def __init__(
         self,
@@ -168,6 +238,7 @@ class AttentionMask:
         tidx: cutlass.Int32,
         m_block: cutlass.Int32,
         seqlen: SeqlenInfo,
+        packed_seqlen_q: cutlass.Int32 | None = None,
     ):
         self.tile_m = tile_m
         self.tile_n = tile_n
@@ -178,6 +249,7 @@ class AttentionMask:
         self.seqlen_k = seqlen.seqlen_k
         self.causal_offset = seqlen.causal_offset
         self.bottom_right = seqlen.bottom_right
+        self.packed_seqlen_q = packed_seqlen_q
 
     @cute.jit
     def apply(self, acc_S: cute.Tensor, n_block: cutlass.Int32):
@@ -193,7 +265,10 @@ class AttentionMask:
         for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
             key_limit = self.seqlen_k
             if cutlass.const_expr(self.causal):
-                diagonal_end = self.m_block * self.tile_m + tScS[r, 0][0] + 1
+                row = self.m_block * self.tile_m + tScS[r, 0][0]
+                if cutlass.const_expr(self.packed_seqlen_q is not None):
+                    row = row % self.packed_seqlen_q
+                diagonal_end = row + 1
                 if cutlass.const_expr(self.bottom_right):
                     diagonal_end = diagonal_end + self.causal_offset
                 key_limit = cutlass.min(diagonal_end, self.seqlen_k)

@@ -110,6 +110,7 @@ from cute_impl._device import (
     OnlineSoftmax,
     SeqlenInfo,
     accumulator_as_operand_a,
+    gemm_double_buffered,
     kv_head_index,
     rows_by_cols,
 )
@@ -453,7 +454,7 @@ class PipelinedAttentionKernel:
         # ---- 3b. S = Q Kᵀ -------------------------------------------------------------------
         acc_S = cute.make_rmem_tensor(tiled_mma.partition_shape_C((self.tile_m, self.tile_n)), cutlass.Float32)
         acc_S.fill(0.0)
-        _gemm_double_buffered(
+        gemm_double_buffered(
             tiled_mma,
             acc_S,
             tSrQ,
@@ -473,7 +474,7 @@ class PipelinedAttentionKernel:
         rP = cute.make_fragment_like(acc_S, tSrQ.element_type)
         rP.store(acc_S.load().to(tSrQ.element_type))
         tOrP = accumulator_as_operand_a(rP)  # (MMA, MMA_M, MMA_K = tile_n / 16)
-        _gemm_double_buffered(
+        gemm_double_buffered(
             tiled_mma,
             acc_O,
             tOrP,
@@ -481,52 +482,6 @@ class PipelinedAttentionKernel:
             self.pieces_per_k_step,
             b_load=(copy_V, tOsVt[None, None, None, slot], tOrVt_view),
         )
-
-
-def _split_mode(tensor: cute.Tensor, mode: int, parts: int) -> cute.Tensor:
-    """Cut rank-3 ``tensor``'s mode ``mode`` (of size N) into (N / parts, parts): consecutive pieces."""
-    tiler = [None, None, None]
-    tiler[mode] = cute.size(tensor, mode=[mode]) // parts
-    return cute.logical_divide(tensor, tuple(tiler))
-
-
-def _gemm_double_buffered(
-    tiled_mma: cute.TiledMma,
-    acc: cute.Tensor,
-    tCrA: cute.Tensor,
-    tCrB: cute.Tensor,
-    pieces: int,
-    b_load: tuple[cute.TiledCopy, cute.Tensor, cute.Tensor],
-    a_load: tuple[cute.TiledCopy, cute.Tensor, cute.Tensor] | None = None,
-) -> None:
-    """acc += A B, each ldmatrix issued one piece ahead of the MMAs that consume it.
-
-    A piece is 1 / ``pieces`` of the N columns of one k-step: B of piece (k, j) is loaded
-    before the MMAs of the previous piece run, and A of step k (Q; P is already in registers) with
-    piece (k, 0). Double-buffering half-steps rather than whole k-steps halves the operand registers that are
-    live next to the O and S accumulators (see the budget at :data:`TILE_CONFIGS`).
-    ``b_load`` and ``a_load`` are (ldmatrix copy, shared source (CPY, *, K), register view of the
-    fragment as its destination). The loops run at trace time: straight-line code.
-    """
-    k_steps = cute.size(tCrB, mode=[2])
-    b_copy, b_src, b_dst = b_load
-    acc_n = _split_mode(acc, 2, pieces)  # (MMA, MMA_M, (MMA_N / pieces, pieces))
-    # (MMA or CPY, (N / pieces, pieces), K): B's register fragment, its shared source and its copy view.
-    rB, sB, vB = (_split_mode(t, 1, pieces) for t in (tCrB, b_src, b_dst))
-    order = [(k, piece) for k in range(k_steps) for piece in range(pieces)]
-
-    def load(k: int, piece: int) -> None:
-        if a_load is not None and piece == 0:
-            a_copy, a_src, a_dst = a_load
-            cute.copy(a_copy, a_src[None, None, k], a_dst[None, None, k])
-        cute.copy(b_copy, sB[None, (None, piece), k], vB[None, (None, piece), k])
-
-    load(*order[0])
-    for i, (k, piece) in enumerate(order):
-        if i + 1 < len(order):
-            load(*order[i + 1])
-        acc_piece = acc_n[None, None, (None, piece)]
-        cute.gemm(tiled_mma, acc_piece, tCrA[None, None, k], rB[None, (None, piece), k], acc_piece)
 
 
 # ----------------------------------------------------------------------------------------------
