@@ -13,6 +13,7 @@ ones the Triton and Gluon stacks use, so that a diff of two rungs teaches:
   scaled scores, as in every stack) and ``row_sum``; ``update`` turns a block of S into P and returns
   the rescale factor, ``rescale`` moves O to the new maximum, ``finalize`` divides O by ``row_sum``
   (and, asked for, forms the LSE).
+* :func:`load_kv_block`: the cp.async of one K/V block into a slot of the shared-memory ring.
 * :func:`gemm_double_buffered`: ``acc += A B`` over a warp's ``mma.sync`` fragments, each ldmatrix
   issued one piece ahead of the MMAs that consume it.
 * The constants :data:`LOG2_E` and :data:`RESCALE_THRESHOLD`, defined once for the stack.
@@ -110,6 +111,34 @@ def gemm_double_buffered(
             load(*order[i + 1])
         acc_piece = acc_n[None, None, (None, piece)]
         cute.gemm(tiled_mma, acc_piece, tCrA[None, None, k], rB[None, (None, piece), k], acc_piece)
+
+
+@cute.jit
+def load_kv_block(
+    kv_copy: tuple,
+    n_block: cutlass.Int32,
+    slot: cutlass.Int32,
+    seqlen_k: cutlass.Int32,
+    predicated: cutlass.Constexpr,
+):
+    """Issue the cp.async of K/V block ``n_block`` into ring slot ``slot`` (no commit). ``kv_copy`` is
+    (G2S tiled copy, tKgK, tKsK, tVgV, tVsV, tKVcKV): the thread's partitions of K and V in HBM
+    (CPY, CPY_N, CPY_D, n_blocks), of their shared-memory rings (CPY, CPY_N, CPY_D, stages) and of
+    the keys' identity coordinates. ``predicated`` (compile time): rows at or past ``seqlen_k`` are
+    zero-filled instead of loaded (the one block the sequence's end can cut)."""
+    gmem_tiled_copy, tKgK, tKsK, tVgV, tVsV, tKVcKV = kv_copy
+    for n in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
+        if cutlass.const_expr(predicated):
+            if tKVcKV[0, n, 0, n_block][0] < seqlen_k:
+                cute.copy(gmem_tiled_copy, tKgK[None, n, None, n_block], tKsK[None, n, None, slot])
+                cute.copy(gmem_tiled_copy, tVgV[None, n, None, n_block], tVsV[None, n, None, slot])
+            else:
+                # Past Sk: zeros, since P = 0 times uninitialised shared memory could be NaN.
+                tKsK[None, n, None, slot].fill(0)
+                tVsV[None, n, None, slot].fill(0)
+        else:
+            cute.copy(gmem_tiled_copy, tKgK[None, n, None, n_block], tKsK[None, n, None, slot])
+            cute.copy(gmem_tiled_copy, tVgV[None, n, None, n_block], tVsV[None, n, None, slot])
 
 
 def quad_allreduce(

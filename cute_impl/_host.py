@@ -212,11 +212,12 @@ MMA_SYNC_SHAPE = (16, 8, 16)
 
 
 def static_head_dim_view(tensor: cute.Tensor, head_dim: int) -> cute.Tensor:
-    """(B, H, S, D) view whose D is the compile-time ``head_dim`` and whose outer strides are known
-    multiples of 16 bytes (``kernel_operand`` guarantees it), so copies can vectorise."""
+    """(B, H, S, D) view (or any rank whose last mode is D) whose D is the compile-time ``head_dim``
+    and whose outer strides are known multiples of 16 bytes (``kernel_operand`` guarantees it, and the
+    rungs' own outputs are contiguous), so copies can vectorise."""
     elems = COPY_BITS // tensor.element_type.width
-    shape = (tensor.shape[0], tensor.shape[1], tensor.shape[2], head_dim)
-    stride = (*(cute.assume(s, divby=elems) for s in tensor.stride[:3]), 1)
+    shape = (*tensor.shape[:-1], head_dim)
+    stride = (*(cute.assume(s, divby=elems) for s in tensor.stride[:-1]), 1)
     return cute.make_tensor(tensor.iterator, cute.make_layout(shape, stride=stride))
 
 

@@ -112,6 +112,7 @@ from cute_impl._device import (
     accumulator_as_operand_a,
     gemm_double_buffered,
     kv_head_index,
+    load_kv_block,
     rows_by_cols,
 )
 from cute_impl._host import (
@@ -353,7 +354,7 @@ class PipelinedAttentionKernel:
         for stage in cutlass.range_constexpr(self.stages - 1):
             if stage < n_block_max:
                 # Q joins the group of the first block; only that block can be cut by Sk.
-                self.load_kv(kv_copy, n_block_max - 1 - stage, stage, seqlen_k, stage == 0)
+                load_kv_block(kv_copy, n_block_max - 1 - stage, stage, seqlen_k, stage == 0)
             cute.arch.cp_async_commit_group()
 
         # ---- 3. Main loop: the masked blocks first (they top the range), then the unmasked rest ---
@@ -396,30 +397,6 @@ class PipelinedAttentionKernel:
                     gLSE[row] = lse[r]
 
     @cute.jit
-    def load_kv(
-        self,
-        kv_copy: tuple,
-        n_block: cutlass.Int32,
-        slot: cutlass.Int32,
-        seqlen_k: cutlass.Int32,
-        predicated: cutlass.Constexpr,
-    ):
-        """Issue the cp.async of K/V block ``n_block`` into ring slot ``slot`` (no commit)."""
-        gmem_tiled_copy, tKgK, tKsK, tVgV, tVsV, tKVcKV = kv_copy
-        for n in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
-            if cutlass.const_expr(predicated):
-                if tKVcKV[0, n, 0, n_block][0] < seqlen_k:
-                    cute.copy(gmem_tiled_copy, tKgK[None, n, None, n_block], tKsK[None, n, None, slot])
-                    cute.copy(gmem_tiled_copy, tVgV[None, n, None, n_block], tVsV[None, n, None, slot])
-                else:
-                    # Past Sk: zeros, since P = 0 times uninitialised shared memory could be NaN.
-                    tKsK[None, n, None, slot].fill(0)
-                    tVsV[None, n, None, slot].fill(0)
-            else:
-                cute.copy(gmem_tiled_copy, tKgK[None, n, None, n_block], tKsK[None, n, None, slot])
-                cute.copy(gmem_tiled_copy, tVgV[None, n, None, n_block], tVsV[None, n, None, slot])
-
-    @cute.jit
     def attend_block(
         self,
         kv_copy: tuple,
@@ -445,7 +422,7 @@ class PipelinedAttentionKernel:
         cute.arch.barrier()
         ahead = step + self.stages - 1
         if ahead < n_block_max:
-            self.load_kv(kv_copy, n_block_max - 1 - ahead, ahead % self.stages, mask.seqlen_k, False)
+            load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % self.stages, mask.seqlen_k, False)
         # Always commit (possibly an empty group) so that "stages-1 groups pending" means block i landed.
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(self.stages - 1)
