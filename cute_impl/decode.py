@@ -1,0 +1,833 @@
+"""cute/decode — flash decoding: a few new query tokens against a long KV cache
+(counterpart: ``triton_impl/decode.py``).
+
+What it adds over ``pipelined``, which gives each CTA 128 query rows of one (batch, head) and walks
+every key: at decode time Sq is 1 to 16, so that grid has B·H CTAs of mostly empty rows, each
+streaming the whole cache alone, and every query head of a GQA group reads the same K/V bytes again.
+The step is bound by HBM bandwidth (every K/V byte is read once per step), so this rung is about
+keeping the memory system busy, not the tensor cores:
+
+* **Split-KV**: the keys of each sequence are cut into ``num_splits`` ranges of whole key blocks
+  (``split_key_range`` of ``_device.py``), one CTA each, so B·Hkv·num_splits CTAs fill the GPU
+  however small B is. Each split writes its normalised partial O (fp32) and natural-log LSE; a
+  second kernel merges them: lse = log Σₛ exp(lseₛ), O = Σₛ exp(lseₛ - lse) · Oₛ. With one split
+  the split kernel writes O and the LSE itself and the merge is not launched. The split count is the
+  shared rule of ``common/contract/splits.py`` (the one ``triton/decode`` uses), fed with this
+  rung's CTAs per split, B·Hkv·m_blocks; ``bind(..., num_splits=n)`` forces a count.
+* **GQA packing**: the ``group = H / Hkv`` query heads of one KV head share a CTA; their rows are
+  stacked into one M tile, row r = (head in group) · Sq + token, so each K/V byte is read from HBM
+  once per KV head. ``tile_m`` is group · Sq rounded up to a power of two from 16 (``mma.sync``'s M)
+  to ``max_tile_m``; a larger group is cut into ``m_blocks`` tiles.
+* **Warps split the keys, not the rows**: with 16 packed rows there is nothing to share among warps
+  along M, so each of the ``num_warps`` warps takes its own ``keys_per_warp`` rows of every K/V block
+  and runs its own online softmax over them: a split inside the split. At the end the warps' partial
+  O and LSE are merged through shared memory by the same formula as the splits' (:func:`merge_splits`,
+  used by both kernels). Why ``mma.sync`` (SM80-style, warp-level) and not WGMMA: a 64-row warpgroup
+  tile would be three quarters padding for 16 packed rows, and no MMA choice matters when the
+  tensor cores idle on memory; ``mma.sync`` lets each warp own its keys and its softmax.
+
+Why a second kernel for the merge (as in ``triton/decode``): atomics on O would make the order of fp32
+adds change from run to run, and "the last split to finish merges" needs a global counter per tile,
+a fence and counters to reset under CUDA graphs. The merge kernel is launched from the same
+``@cute.jit`` launcher right after the split kernel, so one host call runs both.
+
+Shapes: q (B, H, Sq, D) with any 16-byte-aligned strides; k, v (B, Hkv, Sk, D); O (B, H, Sq, D) and
+the LSE (B, H, Sq), contiguous and allocated here, so that the packed rows of one (batch, KV head)
+are one (group · Sq, D) slab: the kernels see them as (B·Hkv, group · Sq, D) and (B·Hkv, group · Sq).
+The split workspace is (num_splits, B·Hkv, group · Sq, D) and (num_splits, B·Hkv, group · Sq), fp32.
+
+Algorithm (split kernel, grid (num_splits, m_blocks, B·Hkv); sections of :meth:`DecodeKernel.split_kernel`):
+1. ``SeqlenInfo``: the sequence's own ``seqlen_k`` (its ``cache_seqlens`` entry) and causal_offset;
+   the keys any row sees end at ``key_end`` (causal: at most Sq + causal_offset); ``split_key_range``
+   gives this split's blocks ``[n_block_min, n_block_max)``, empty for a split past the sequence.
+2. Prologue: cp.async the packed Q tile (row r reads head kv_head · group + r // Sq, token r % Sq;
+   rows past group · Sq zero-filled) and the first ``stages - 1`` K/V blocks, one commit group each;
+   the top block of the split is the only one the sequence's end can cut, so only its loads are
+   predicated (rows past ``seqlen_k`` zero-filled).
+3. Main loop over the split's blocks, last first (the masked ones come first):
+   a. refill the ring ``stages - 1`` blocks ahead, ``wait_group(stages - 1)``, barrier;
+   b. each warp: S = Q Kᵀ over its ``keys_per_warp`` keys (ldmatrix, ``mma.sync.m16n8k16``);
+   c. the top ``n_masked_blocks`` of a split: ``AttentionMask`` (-inf past ``seqlen_k`` and right of
+      each row's diagonal, taken at the row's token, ``row % Sq``);
+   d. ``OnlineSoftmax.update`` / ``rescale`` (the warp's own row_max and row_sum, lazy rescaling);
+   e. O += P V over the warp's keys (P reused in registers, V via ``ldmatrix.trans``).
+4. Epilogue: each warp's ``OnlineSoftmax.finalize`` (its O and natural-log LSE; no key: O = 0,
+   LSE = -inf) goes to shared memory (the drained K/V ring); barrier; :func:`merge_splits` over the
+   warps, row chunk by row chunk; the result goes to O (one split: cast to the output dtype, and the
+   LSE if returned) or to this split's fp32 partials (and its LSE, always).
+5. Merge kernel (more than one split; grid (row blocks, B·Hkv)): one thread per 4 columns of a row,
+   :func:`merge_splits` over the splits' partials in HBM, O cast to the output dtype, and the LSE.
+
+Data movement: K and V HBM →(cp.async.cg, 16 B)→ a ``stages``-deep swizzled shared-memory ring
+(``Swizzle<3,3,3>``, as ``pipelined``) →(ldmatrix / ldmatrix.trans)→ registers → ``mma.sync``
+(fp32 accumulate). Q is read once per CTA. Each block is ``tile_n`` keys (64): K + V of one block is
+32 KB at D=128, so ``stages - 1`` = 2 blocks, 64 KB, are in flight per CTA while one is computed, and
+two CTAs fit per SM. Partials: one fp32 write and one read, num_splits · rows · (D + 1) · 4 bytes,
+small beside the cache.
+
+Constraints: fp16/bf16, D ∈ {64, 128, 256} (``TILE_CONFIGS``), 1 <= Sq <= ``MAX_SEQLEN_Q`` (a longer
+Sq is prefill: use a prefill rung), softmax_scale > 0 (``row_max`` is max(S) · softmax_scale_log2),
+sm_80 or newer (``mma.sync`` bf16, cp.async). GQA/MQA, causal top-left or bottom-right,
+``cache_seqlens`` and ``return_lse`` are all implemented (compile-time flags, except GQA: the group
+is a runtime size). Not here: a paged KV cache (``supports`` refuses it), FP8 caches, a persistent
+scheduler. Measured figures go to ``docs/perf-log.md`` and ``compare.py --decode``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, NamedTuple
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.nvgpu import warp
+from cutlass.cute.runtime import make_fake_tensor
+
+from common.contract import splits
+from common.contract.capability import FEATURES
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, KernelBinary, Runner
+from common.contract.validation import OPERAND_ALIGNMENT_BYTES, kernel_operand
+from cute_impl._device import (
+    LOG2_E,
+    AttentionMask,
+    BlockRange,
+    OnlineSoftmax,
+    SeqlenInfo,
+    accumulator_as_operand_a,
+    gemm_double_buffered,
+    load_kv_block,
+    rows_by_cols,
+    split_key_range,
+)
+from cute_impl._host import (
+    CUTE_DTYPES,
+    WARP_THREADS,
+    cache_seqlens_tensor,
+    compile_on_fakes_sm90,
+    compiled_runner,
+    cp_async_tiled_copy,
+    fake_cache_seqlens,
+    fake_operands,
+    mma_sync_supports,
+    positive_scale,
+    static_head_dim_view,
+    validated_prepare,
+    warp_tiled_mma,
+)
+
+# Query tokens per step this rung takes; more is prefill.
+MAX_SEQLEN_Q = 16
+# mma.sync.m16n8k16: a packed tile has at least 16 rows, a warp's keys and S's k-steps come in 16s.
+MMA_M = MMA_K = 16
+# Swizzle atom of the shared tiles (as pipelined): 8 rows of 64 elements, Swizzle<3,3,3>.
+SWIZZLE_ROWS, SWIZZLE_COLS, SWIZZLE_BITS = 8, 64, 3
+SMEM_ALIGN_BYTES = 1024
+# Causal: the keys some row of a split cannot see lie in the last Sq - 1 <= 15 keys of the sequence's
+# range [0, key_end) (plus the keys past seqlen_k in its top block), which cross at most one block
+# boundary with tile_n >= 16: the top two blocks of a split take the mask. Without causal only the
+# top block, which the sequence's end can cut.
+CAUSAL_MASKED_BLOCKS, TAIL_MASKED_BLOCKS = 2, 1
+# The merges: each thread merges 4 fp32 columns of a row (16-byte loads); merge kernel CTAs of 4 warps.
+MERGE_COLS = 4
+MERGE_THREADS = 128
+# The merges weigh natural-log LSEs by exp2((lseₛ - lse_max) · COMBINE_LOG2_E) (a name of its own so a
+# test can plant the log2-unit bug).
+COMBINE_LOG2_E = LOG2_E
+
+
+class TileShape(NamedTuple):
+    """One entry of :data:`TILE_CONFIGS`."""
+
+    tile_n: int  # keys per K/V block of the ring: num_warps · keys_per_warp
+    stages: int  # depth of the cp.async ring (stages - 1 blocks in flight)
+    num_warps: int  # each warp takes tile_n / num_warps keys of every block
+    max_tile_m: int  # packed rows per CTA at most (O is max_tile_m · D / 32 fp32 registers per thread)
+    pieces_per_k_step: int  # register double-buffering of O += P V: V's k-step loads in this many pieces
+
+
+# Per head dim (bf16/fp16; 227 KiB of shared memory per SM): 4 warps of 16 keys per 64-key block.
+#   D = 64:  a block is 16 KiB of K + V; 6 stages (96 KiB, 80 KiB in flight), up to 64 packed rows
+#            (O 128 fp32 registers per thread).
+#   D = 128: a block is 32 KiB; 3 stages (96 KiB, 64 KiB in flight), two CTAs per SM; up to 32 rows.
+#   D = 256: a block is 64 KiB; 3 stages (192 KiB, one CTA per SM); 16 rows (O 128 registers).
+# The warps' partials take num_warps · tile_m · D · 4 bytes of the drained ring (64 KiB at most).
+TILE_CONFIGS = {
+    64: TileShape(tile_n=64, stages=6, num_warps=4, max_tile_m=64, pieces_per_k_step=2),
+    128: TileShape(tile_n=64, stages=3, num_warps=4, max_tile_m=32, pieces_per_k_step=2),
+    256: TileShape(tile_n=64, stages=3, num_warps=4, max_tile_m=16, pieces_per_k_step=2),
+}
+HEAD_DIMS = tuple(sorted(TILE_CONFIGS))
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Everything that changes the generated code (the compile-cache key, with the dtype)."""
+
+    head_dim: int
+    tile_m: int  # packed rows per CTA (a power of two, 16 .. shape.max_tile_m)
+    shape: TileShape
+    causal: bool
+    bottom_right: bool  # causal diagonal shifted by causal_offset = seqlen_k - Sq
+    has_cache_seqlens: bool  # a (B,) int32 kernel argument: each sequence's seqlen_k
+    return_lse: bool  # O's LSE is returned (B, H, Sq)
+    split: bool  # more than one split: partials, then the merge kernel
+
+    @property
+    def keys_per_warp(self) -> int:
+        return self.shape.tile_n // self.shape.num_warps
+
+
+class DecodeKernel:
+    """The split kernel and the merge kernel, launched together by :meth:`__call__`."""
+
+    def __init__(self, config: DecodeConfig):
+        self.config = config
+        self.head_dim = config.head_dim
+        self.tile_m = config.tile_m
+        self.tile_n = config.shape.tile_n
+        self.stages = config.shape.stages
+        self.num_warps = config.shape.num_warps
+        self.num_threads = self.num_warps * WARP_THREADS
+        self.keys_per_warp = config.keys_per_warp
+        self.causal = config.causal
+        self.bottom_right = config.bottom_right
+        self.split = config.split
+        # The split kernel stores an LSE as a split's partial, or as O's when it is returned.
+        self.store_lse = config.split or config.return_lse
+        if self.keys_per_warp % MMA_K or self.tile_m % MMA_M:
+            raise ValueError(f"keys per warp and tile_m must be multiples of 16, got {config}")
+        # The warps' fp32 partials (O and LSE) reuse the drained K/V ring (16-bit elements).
+        ring_bytes = 2 * self.tile_n * self.head_dim * self.stages * 2
+        parts_bytes = self.num_warps * self.tile_m * (self.head_dim + 1) * 4
+        if parts_bytes > ring_bytes:
+            raise ValueError(
+                f"the warps' partials ({parts_bytes} B) do not fit the K/V ring ({ring_bytes} B): {config}"
+            )
+
+    # ------------------------------------------------------------------------------------------
+    # Host side of the launch: views, layouts, copy atoms, the warp's MMA, both grids.
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor | None,
+        mOPartial: cute.Tensor | None,
+        mLSEPartial: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None,
+        softmax_scale: cutlass.Float32,
+        stream: cuda.CUstream,
+    ):
+        """q (B, H, Sq, D), k, v (B, Hkv, Sk, D); mO (B·Hkv, group·Sq, D) and mLSE (B·Hkv, group·Sq) or
+        None: the packed rows of O and its LSE; mOPartial (num_splits, B·Hkv, group·Sq, D) and
+        mLSEPartial (num_splits, B·Hkv, group·Sq), fp32, when split, else None; mCacheSeqlens (B,)
+        int32 or None. None-ness is compile time."""
+        dtype = mQ.element_type
+        mQ, mK, mV, mO = [static_head_dim_view(t, self.head_dim) for t in (mQ, mK, mV, mO)]
+        num_splits = 1
+        if cutlass.const_expr(self.split):
+            mOPartial = static_head_dim_view(mOPartial, self.head_dim)
+            num_splits = mOPartial.shape[0]
+        swizzle_atom = cute.make_composed_layout(
+            cute.make_swizzle(SWIZZLE_BITS, 3, 3),
+            0,
+            cute.make_layout((SWIZZLE_ROWS, SWIZZLE_COLS), stride=(SWIZZLE_COLS, 1)),
+        )
+        sQ_layout = cute.tile_to_shape(swizzle_atom, (self.tile_m, self.head_dim), (0, 1))
+        sKV_layout = cute.tile_to_shape(swizzle_atom, (self.tile_n, self.head_dim, self.stages), (0, 1, 2))
+        # The warps' partial O (num_warps, tile_m, D) and LSE (num_warps, tile_m), fp32, in the ring.
+        sO_parts_layout = cute.make_layout(
+            (self.num_warps, self.tile_m, self.head_dim), stride=(self.tile_m * self.head_dim, self.head_dim, 1)
+        )
+        sLSE_parts_layout = cute.make_layout((self.num_warps, self.tile_m), stride=(self.tile_m, 1))
+        rows = mO.shape[1]
+        batch_kv_heads = mO.shape[0]
+        self.split_kernel(
+            mQ,
+            mK,
+            mV,
+            mO,
+            mLSE,
+            mOPartial,
+            mLSEPartial,
+            mCacheSeqlens,
+            softmax_scale * LOG2_E,
+            sQ_layout,
+            sKV_layout,
+            sO_parts_layout,
+            sLSE_parts_layout,
+            # 8 threads cover one 64-element swizzle row with 16 B each.
+            cp_async_tiled_copy(dtype, self.num_threads, row_elems=SWIZZLE_COLS),
+            # One warp's MMA: each warp multiplies all tile_m rows by its own keys.
+            warp_tiled_mma(dtype, WARP_THREADS),
+            _shared_storage(dtype, sQ_layout, sKV_layout),
+        ).launch(
+            grid=(num_splits, cute.ceil_div(rows, self.tile_m), batch_kv_heads),
+            block=[self.num_threads, 1, 1],
+            stream=stream,
+        )
+        if cutlass.const_expr(self.split):
+            rows_per_cta = MERGE_THREADS // (self.head_dim // MERGE_COLS)
+            self.merge_kernel(mOPartial, mLSEPartial, mO, mLSE).launch(
+                grid=(cute.ceil_div(rows, rows_per_cta), batch_kv_heads, 1),
+                block=[MERGE_THREADS, 1, 1],
+                stream=stream,
+            )
+
+    # ------------------------------------------------------------------------------------------
+    # Kernel 1: one split of the keys for one packed M tile of one (batch, KV head).
+    # ------------------------------------------------------------------------------------------
+    @cute.kernel
+    def split_kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor | None,
+        mOPartial: cute.Tensor | None,
+        mLSEPartial: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None,
+        softmax_scale_log2: cutlass.Float32,
+        sQ_layout: cute.ComposedLayout,
+        sKV_layout: cute.ComposedLayout,
+        sO_parts_layout: cute.Layout,
+        sLSE_parts_layout: cute.Layout,
+        gmem_tiled_copy: cute.TiledCopy,
+        warp_mma: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        split, m_block, batch_kv_head = cute.arch.block_idx()
+        num_splits, _, _ = cute.arch.grid_dim()
+        warp_index = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+        kv_heads = mK.shape[1]
+        batch = batch_kv_head // kv_heads
+        kv_head = batch_kv_head - batch * kv_heads
+        seqlen_q = mQ.shape[2]
+        group = mQ.shape[1] // kv_heads
+        rows = mO.shape[1]  # group · Sq packed rows
+        dtype = mQ.element_type
+
+        # ---- 1. This sequence's keys and this split's blocks of them ---------------------------
+        seqlen = SeqlenInfo.create(batch, seqlen_q, mK.shape[2], mCacheSeqlens, self.bottom_right)
+        block_range = split_block_range(split, num_splits, seqlen, seqlen_q, self.tile_n, self.causal)
+        n_blocks = block_range.n_block_max - block_range.n_block_min
+
+        # ---- Tiles: HBM views, shared memory, each warp's share of a block ----------------------
+        tile_kv = (self.tile_n, self.head_dim)
+        gK = cute.local_tile(mK[batch, kv_head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
+        gV = cute.local_tile(mV[batch, kv_head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
+        cKV = cute.local_tile(cute.make_identity_tensor((seqlen.seqlen_k, self.head_dim)), tile_kv, (None, 0))
+
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout)  # (tile_m, D)
+        sK = storage.sKV.get_tensor(sKV_layout)  # (tile_n, D, stages)
+        sV = cute.make_tensor(sK.iterator + cute.cosize(sKV_layout), sKV_layout)  # (tile_n, D, stages)
+        # This warp's keys of every block: rows [warp · keys_per_warp, (warp + 1) · keys_per_warp).
+        sK_warp = cute.logical_divide(sK, (self.keys_per_warp, None, None))[(None, warp_index), None, None]
+        sV_warp = cute.logical_divide(sV, (self.keys_per_warp, None, None))[(None, warp_index), None, None]
+        # V as the B operand (D, keys) of O += P V: the same swizzled memory, transposed view.
+        sVt_warp = cute.composition(
+            sV_warp,
+            cute.make_layout(
+                (self.head_dim, self.keys_per_warp, self.stages),
+                stride=(self.keys_per_warp, 1, self.keys_per_warp * self.head_dim),
+            ),
+        )  # (D, keys_per_warp, stages)
+
+        gmem_thr_copy = gmem_tiled_copy.get_slice(tidx)
+        kv_copy = (
+            gmem_tiled_copy,
+            gmem_thr_copy.partition_S(gK),  # tKgK (CPY, CPY_N, CPY_D, n_blocks)
+            gmem_thr_copy.partition_D(sK),  # tKsK (CPY, CPY_N, CPY_D, stages)
+            gmem_thr_copy.partition_S(gV),  # tVgV (CPY, CPY_N, CPY_D, n_blocks)
+            gmem_thr_copy.partition_D(sV),  # tVsV (CPY, CPY_N, CPY_D, stages)
+            gmem_thr_copy.partition_S(cKV),  # tKVcKV (CPY, CPY_N, CPY_D, n_blocks)
+        )
+
+        thr_mma = warp_mma.get_slice(lane)
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))  # (MMA, MMA_M, MMA_K)
+        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK_warp[None, None, 0]))  # (MMA, MMA_N, MMA_K)
+        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt_warp[None, None, 0]))  # (MMA, MMA_D, MMA_K)
+        tile_o = (self.tile_m, self.head_dim)
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C(tile_o), cutlass.Float32)  # (MMA, MMA_M, MMA_D)
+        acc_O.fill(0.0)
+
+        ldmatrix = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype)
+        ldmatrix_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dtype)
+        s2r_Q = cute.make_tiled_copy_A(ldmatrix, warp_mma)
+        s2r_K = cute.make_tiled_copy_B(ldmatrix, warp_mma)
+        s2r_V = cute.make_tiled_copy_B(ldmatrix_t, warp_mma)
+        s2r_thr_Q, s2r_thr_K, s2r_thr_V = (c.get_slice(lane) for c in (s2r_Q, s2r_K, s2r_V))
+        # Per operand: (ldmatrix tiled copy, shared source, register fragment seen as its destination).
+        smem_operands = (
+            (s2r_Q, s2r_thr_Q.partition_S(sQ), s2r_thr_Q.retile(tSrQ)),  # tSsQ (CPY, CPY_M, CPY_K)
+            (s2r_K, s2r_thr_K.partition_S(sK_warp), s2r_thr_K.retile(tSrK)),  # tSsK (CPY, CPY_N, CPY_K, stages)
+            (s2r_V, s2r_thr_V.partition_S(sVt_warp), s2r_thr_V.retile(tOrVt)),  # tOsVt (CPY, CPY_D, CPY_K, stages)
+        )
+
+        rows_per_thread = cute.size(acc_O, mode=[0, 1]) * cute.size(acc_O, mode=[1])
+        softmax = OnlineSoftmax(rows_per_thread, softmax_scale_log2)
+        # Keys counted in warp-sized sub-blocks: warp w's part of block n is sub-block n · num_warps + w.
+        mask = AttentionMask(
+            self.tile_m, self.keys_per_warp, self.causal, warp_mma, lane, m_block, seqlen, packed_seqlen_q=seqlen_q
+        )
+
+        # ---- 2. Prologue: the packed Q tile and the first stages-1 K/V blocks in flight ----------
+        self.load_packed_q(gmem_tiled_copy, gmem_thr_copy, mQ, sQ, batch, kv_head, group, m_block, rows)
+        for stage in cutlass.range_constexpr(self.stages - 1):
+            if stage < n_blocks:
+                # Q joins the group of the first block; only that block can be cut by seqlen_k.
+                load_kv_block(kv_copy, block_range.n_block_max - 1 - stage, stage, seqlen.seqlen_k, stage == 0)
+            cute.arch.cp_async_commit_group()
+
+        # ---- 3. Main loop: the masked blocks first (they top the split), then the rest -----------
+        attend = partial(
+            self.attend_block,
+            kv_copy,
+            warp_mma,
+            smem_operands,
+            tSrQ,
+            tSrK,
+            tOrVt,
+            acc_O,
+            softmax,
+            mask,
+            warp_index,
+            block_range.n_block_max,
+            n_blocks,
+            seqlen.seqlen_k,
+        )
+        for step in cutlass.range_constexpr(block_range.n_masked_blocks):
+            if step < n_blocks:
+                attend(step, True)
+        for step in cutlass.range(block_range.n_masked_blocks, n_blocks, 1):
+            attend(step, False)
+        cute.arch.cp_async_wait_group(0)
+
+        # ---- 4. Epilogue: each warp's O and LSE, merged over the warps, stored ------------------
+        lse = cute.make_rmem_tensor(rows_per_thread, cutlass.Float32)
+        softmax.finalize(acc_O, lse)
+        # Every warp is done with the ring (and no cp.async is in flight): it becomes the merge's scratch.
+        cute.arch.barrier()
+        sO_parts = storage.sKV.get_tensor(sO_parts_layout, dtype=cutlass.Float32)  # (num_warps, tile_m, D)
+        sLSE_parts = cute.make_tensor(sO_parts.iterator + cute.cosize(sO_parts_layout), sLSE_parts_layout)
+        self.store_warp_part(thr_mma, acc_O, lse, sO_parts[warp_index, None, None], sLSE_parts[warp_index, None])
+        cute.arch.barrier()
+        if cutlass.const_expr(self.split):
+            gO = mOPartial[split, batch_kv_head, None, None]  # (rows, D) fp32
+            gLSE = mLSEPartial[split, batch_kv_head, None]  # (rows,)
+        else:
+            gO = mO[batch_kv_head, None, None]  # (rows, D)
+            gLSE = mLSE[batch_kv_head, None] if cutlass.const_expr(self.store_lse) else None  # (rows,)
+        self.merge_warps_and_store(sO_parts, sLSE_parts, gO, gLSE, m_block * self.tile_m, rows, tidx)
+
+    @cute.jit
+    def load_packed_q(
+        self,
+        gmem_tiled_copy: cute.TiledCopy,
+        gmem_thr_copy: Any,
+        mQ: cute.Tensor,
+        sQ: cute.Tensor,
+        batch: cutlass.Int32,
+        kv_head: cutlass.Int32,
+        group: cutlass.Int32,
+        m_block: cutlass.Int32,
+        rows: cutlass.Int32,
+    ):
+        """cp.async the packed Q tile (no commit): tile row r is packed row m_block · tile_m + r, query
+        head kv_head · group + row // Sq, token row % Sq; rows past group · Sq are zero-filled (their
+        S is then finite, and they are never stored)."""
+        seqlen_q = mQ.shape[2]
+        tQsQ = gmem_thr_copy.partition_D(sQ)  # (CPY, CPY_M, CPY_D)
+        tQcQ = gmem_thr_copy.partition_S(cute.make_identity_tensor((self.tile_m, self.head_dim)))  # (row, col)
+        elems = cute.size(tQsQ, mode=[0])
+        for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
+            row = m_block * self.tile_m + tQcQ[0, m, 0][0]
+            if row < rows:
+                head = kv_head * group + row // seqlen_q
+                # One query row (D,) cut into the copy's 16-byte chunks: (elems, D / elems).
+                gQ_row = cute.zipped_divide(mQ[batch, head, row % seqlen_q, None], (elems,))
+                for d in cutlass.range_constexpr(cute.size(tQsQ, mode=[2])):
+                    cute.copy(gmem_tiled_copy, gQ_row[None, tQcQ[0, m, d][1] // elems], tQsQ[None, m, d])
+            else:
+                tQsQ[None, m, None].fill(0)
+
+    @cute.jit
+    def attend_block(
+        self,
+        kv_copy: tuple,
+        warp_mma: cute.TiledMma,
+        smem_operands: tuple,
+        tSrQ: cute.Tensor,
+        tSrK: cute.Tensor,
+        tOrVt: cute.Tensor,
+        acc_O: cute.Tensor,
+        softmax: OnlineSoftmax,
+        mask: AttentionMask,
+        warp_index: cutlass.Int32,
+        n_block_max: cutlass.Int32,
+        n_blocks: cutlass.Int32,
+        seqlen_k: cutlass.Int32,
+        step: cutlass.Int32,
+        masked: cutlass.Constexpr,
+    ):
+        """Iteration ``step`` of the split (block ``n_block_max - 1 - step``): refill the ring, then this
+        warp's S = Q Kᵀ → mask → online softmax → rescale O → O += P V."""
+        (copy_Q, tSsQ, tSrQ_view), (copy_K, tSsK, tSrK_view), (copy_V, tOsVt, tOrVt_view) = smem_operands
+        n_block = n_block_max - 1 - step
+        slot = step % self.stages
+
+        # ---- 3a. Refill the slot freed last iteration; wait only for this block ------------------
+        cute.arch.barrier()
+        ahead = step + self.stages - 1
+        if ahead < n_blocks:
+            load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % self.stages, seqlen_k, False)
+        # Always commit (possibly an empty group) so that "stages-1 groups pending" means block i landed.
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(self.stages - 1)
+        cute.arch.barrier()
+
+        # ---- 3b. S = Q Kᵀ over this warp's keys --------------------------------------------------
+        acc_S = cute.make_rmem_tensor(warp_mma.partition_shape_C((self.tile_m, self.keys_per_warp)), cutlass.Float32)
+        acc_S.fill(0.0)
+        gemm_double_buffered(
+            warp_mma,
+            acc_S,
+            tSrQ,
+            tSrK,
+            self.keys_per_warp // MMA_K,
+            b_load=(copy_K, tSsK[None, None, None, slot], tSrK_view),
+            a_load=(copy_Q, tSsQ, tSrQ_view),
+        )
+
+        # ---- 3c./3d. Mask, online softmax, rescale O ---------------------------------------------
+        if cutlass.const_expr(masked):
+            mask.apply(acc_S, n_block * self.num_warps + warp_index)
+        row_scale = softmax.update(acc_S)
+        softmax.rescale(acc_O, row_scale)
+
+        # ---- 3e. O += P V over this warp's keys ---------------------------------------------------
+        rP = cute.make_fragment_like(acc_S, tSrQ.element_type)
+        rP.store(acc_S.load().to(tSrQ.element_type))
+        tOrP = accumulator_as_operand_a(rP)  # (MMA, MMA_M, MMA_K = keys_per_warp / 16)
+        gemm_double_buffered(
+            warp_mma,
+            acc_O,
+            tOrP,
+            tOrVt,
+            self.config.shape.pieces_per_k_step,
+            b_load=(copy_V, tOsVt[None, None, None, slot], tOrVt_view),
+        )
+
+    @cute.jit
+    def store_warp_part(
+        self, thr_mma: Any, acc_O: cute.Tensor, lse: cute.Tensor, sO_part: cute.Tensor, sLSE_part: cute.Tensor
+    ):
+        """This warp's normalised O (tile_m, D) and LSE (tile_m,) into its slot of the merge scratch;
+        the first lane of each row's quad writes the row's LSE (``lse`` is in :func:`rows_by_cols` order)."""
+        tOsO = thr_mma.partition_C(sO_part)  # (MMA, MMA_M, MMA_D)
+        for i in cutlass.range_constexpr(cute.size(acc_O)):
+            tOsO[i] = acc_O[i]
+        cO = rows_by_cols(thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
+        if cO[0, 0][1] == 0:
+            for r in cutlass.range_constexpr(cute.size(cO, mode=[0])):
+                sLSE_part[cO[r, 0][0]] = lse[r]
+
+    @cute.jit
+    def merge_warps_and_store(
+        self,
+        sO_parts: cute.Tensor,
+        sLSE_parts: cute.Tensor,
+        gO: cute.Tensor,
+        gLSE: cute.Tensor | None,
+        row_start: cutlass.Int32,
+        rows: cutlass.Int32,
+        tidx: cutlass.Int32,
+    ):
+        """Merge the warps' parts of each tile row and store it: a thread takes ``MERGE_COLS`` columns
+        of one row per pass (a warp covers 128 columns); rows past ``rows`` are skipped. ``gO`` is
+        O's packed rows (B·Hkv slice, output dtype) or this split's fp32 partial rows; ``gLSE`` likewise
+        or None."""
+        chunks = self.head_dim // MERGE_COLS
+        rows_per_pass = self.num_threads // chunks
+        chunk = tidx % chunks
+        sO_chunks = cute.logical_divide(sO_parts, (None, None, MERGE_COLS))  # (num_warps, tile_m, (4, chunks))
+        for tile_pass in cutlass.range_constexpr(self.tile_m // rows_per_pass):
+            r = tile_pass * rows_per_pass + tidx // chunks
+            merged = cute.make_rmem_tensor(MERGE_COLS, cutlass.Float32)
+            lse = merge_splits(sLSE_parts[None, r], sO_chunks[None, r, (None, chunk)], merged)
+            row = row_start + r
+            if row < rows:
+                _store_row_chunk(merged, cute.local_tile(gO[row, None], (MERGE_COLS,), (chunk,)))
+                # Compile time, then per thread: the DSL cannot join the two in one condition.
+                if cutlass.const_expr(gLSE is not None):  # noqa: SIM102
+                    if chunk == 0:
+                        gLSE[row] = lse
+
+    # ------------------------------------------------------------------------------------------
+    # Kernel 2: merge the splits of every packed row of one (batch, KV head) by their LSE.
+    # ------------------------------------------------------------------------------------------
+    @cute.kernel
+    def merge_kernel(self, mOPartial: cute.Tensor, mLSEPartial: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None):
+        tidx, _, _ = cute.arch.thread_idx()
+        row_block, batch_kv_head, _ = cute.arch.block_idx()
+        chunks = self.head_dim // MERGE_COLS
+        chunk = tidx % chunks
+        row = row_block * (MERGE_THREADS // chunks) + tidx // chunks
+        rows = mO.shape[1]
+        if row < rows:
+            # (num_splits, (4, chunks)) of this row: each split's partial O, cut into 16-byte chunks.
+            o_chunks = cute.logical_divide(mOPartial[None, batch_kv_head, row, None], (None, MERGE_COLS))
+            merged = cute.make_rmem_tensor(MERGE_COLS, cutlass.Float32)
+            lse = merge_splits(mLSEPartial[None, batch_kv_head, row], o_chunks[None, (None, chunk)], merged)
+            _store_row_chunk(merged, cute.local_tile(mO[batch_kv_head, row, None], (MERGE_COLS,), (chunk,)))
+            if cutlass.const_expr(mLSE is not None):  # noqa: SIM102
+                if chunk == 0:
+                    mLSE[batch_kv_head, row] = lse
+
+
+# ----------------------------------------------------------------------------------------------
+# The split's key blocks, the merge both kernels share, and the stores.
+# ----------------------------------------------------------------------------------------------
+@cute.jit
+def merge_splits(lse_parts: cute.Tensor, o_parts: cute.Tensor, merged: cute.Tensor) -> cutlass.Float32:
+    """Merge the parts s of one row chunk: ``merged`` = Σₛ exp(lseₛ - lse) · Oₛ and the returned lse =
+    log Σₛ exp(lseₛ), natural log. ``lse_parts`` (parts,) and ``o_parts`` (parts, MERGE_COLS) are the
+    warps' parts in shared memory (split kernel) or the splits' partials in HBM (merge kernel). A
+    part with LSE -inf (no key) weighs exp(-inf) = 0; a row no part saw keeps lse = -inf and O = 0."""
+    num_parts = cute.size(lse_parts)
+    lse_max = cutlass.Float32(-cutlass.Float32.inf)
+    for s in cutlass.range(num_parts, unroll_full=True):
+        lse_max = cute.arch.fmax(lse_max, lse_parts[s])
+    # Weights are taken against the largest LSE (so none overflows); against 0 if every part is -inf.
+    lse_base = cutlass.Float32(cutlass.select_(lse_max == -cutlass.Float32.inf, 0.0, lse_max))
+    weight_sum = cutlass.Float32(0.0)
+    merged.fill(0.0)
+    for s in cutlass.range(num_parts, unroll_full=True):
+        weight = cute.math.exp2((lse_parts[s] - lse_base) * COMBINE_LOG2_E, fastmath=True)
+        weight_sum = weight_sum + weight
+        merged.store(merged.load() + o_parts[s, None].load() * weight)
+    has_keys = weight_sum > 0.0
+    merged.store(merged.load() * cutlass.Float32(cutlass.select_(has_keys, 1.0 / weight_sum, 0.0)))
+    return cutlass.Float32(cutlass.select_(has_keys, lse_base + cute.math.log(weight_sum), -cutlass.Float32.inf))
+
+
+def split_block_range(
+    split: cutlass.Int32,
+    num_splits: cutlass.Int32,
+    seqlen: SeqlenInfo,
+    seqlen_q: cutlass.Int32,
+    tile_n: int,
+    causal: bool,
+) -> BlockRange:
+    """The key blocks split ``split`` of ``num_splits`` visits for one sequence (``seqlen``): the keys
+    any row sees end at ``key_end`` (the sequence's ``seqlen_k``; causal: no row sees a key at or past
+    the last token's diagonal end, Sq + causal_offset), cut by ``split_key_range``; the top
+    ``CAUSAL_MASKED_BLOCKS`` (causal) or ``TAIL_MASKED_BLOCKS`` of the split take the mask. Plain
+    arithmetic, so a CPU test checks it against every key's visibility."""
+    key_end = seqlen.seqlen_k
+    if causal:
+        key_end = cutlass.max(cutlass.min(key_end, seqlen_q + seqlen.causal_offset), 0)
+    n_masked_blocks = CAUSAL_MASKED_BLOCKS if causal else TAIL_MASKED_BLOCKS
+    return split_key_range(split, num_splits, key_end, tile_n, n_masked_blocks)
+
+
+@cute.jit
+def _store_row_chunk(merged: cute.Tensor, gO_chunk: cute.Tensor):
+    """``merged`` (fp32) into ``MERGE_COLS`` consecutive columns of an output row, cast to its dtype."""
+    out = cute.make_rmem_tensor(MERGE_COLS, gO_chunk.element_type)
+    out.store(merged.load().to(gO_chunk.element_type))
+    cute.autovec_copy(out, gO_chunk)
+
+
+def _shared_storage(dtype: type[cutlass.Numeric], sQ_layout: Any, sKV_layout: Any) -> Any:
+    """The shared memory of one split CTA: the Q tile and the K and V rings back to back (one range,
+    so that the drained ring can hold the warps' fp32 partials). Built with ``type`` so that the
+    field annotations are objects, as ``cute.struct`` reads them (this module's are strings)."""
+    fields = {
+        "sQ": cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], SMEM_ALIGN_BYTES],
+        "sKV": cute.struct.Align[cute.struct.MemRange[dtype, 2 * cute.cosize(sKV_layout)], SMEM_ALIGN_BYTES],
+    }
+    return cute.struct(type("DecodeSharedStorage", (), {"__annotations__": fields}))
+
+
+# ----------------------------------------------------------------------------------------------
+# Host: tile shape, split count, bind, prepare.
+# ----------------------------------------------------------------------------------------------
+_COMPILED: dict[tuple[torch.dtype, DecodeConfig], Any] = {}
+
+
+def tile_m_for(problem: Problem) -> int:
+    """Packed rows per CTA: group · Sq rounded up to a power of two in [16, max_tile_m]."""
+    packed = problem.kv_group * problem.seqlen_q
+    return min(TILE_CONFIGS[problem.head_dim].max_tile_m, max(MMA_M, 1 << (packed - 1).bit_length()))
+
+
+def m_blocks_for(problem: Problem) -> int:
+    return -(-problem.kv_group * problem.seqlen_q // tile_m_for(problem))
+
+
+def planned_num_splits(problem: Problem, device: torch.device) -> int:
+    """The shared split rule (``common/contract/splits.py``) for this rung's M tiles."""
+    return splits.planned_num_splits(problem, m_blocks_for(problem), device)
+
+
+def decode_config(problem: Problem, split: bool) -> DecodeConfig:
+    """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every bind), with
+    the problem's features as compile-time flags."""
+    return DecodeConfig(
+        head_dim=problem.head_dim,
+        tile_m=tile_m_for(problem),
+        shape=TILE_CONFIGS[problem.head_dim],
+        causal=problem.causal,
+        bottom_right=problem.bottom_right,
+        has_cache_seqlens=problem.has_cache_seqlens,
+        return_lse=problem.return_lse,
+        split=split,
+    )
+
+
+def bind(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> Runner:
+    """Compile (cached), allocate O, the LSE and the split workspace for validated q, k, v; ``run()``
+    launches the split kernel and, with more than one split, the merge. ``num_splits`` overrides the
+    rule (sweeps, tests)."""
+    num_splits = num_splits if num_splits is not None else planned_num_splits(problem, q.device)
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    q, k, v = (kernel_operand(t) for t in (q, k, v))
+    batch_kv_heads, rows, head_dim = problem.batch * problem.kv_heads, problem.kv_group * problem.seqlen_q, q.shape[3]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = None
+    if problem.return_lse:
+        lse = torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=q.device)
+    partials = (None, None)
+    if num_splits > 1:
+        partials = (
+            torch.empty((num_splits, batch_kv_heads, rows, head_dim), dtype=torch.float32, device=q.device),
+            torch.empty((num_splits, batch_kv_heads, rows), dtype=torch.float32, device=q.device),
+        )
+    lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
+    config = decode_config(problem, split=num_splits > 1)
+    packed_out = out.view(batch_kv_heads, rows, head_dim)
+    packed_lse = None if lse is None else lse.view(batch_kv_heads, rows)
+    tensors = (q, k, v, packed_out, packed_lse, *partials, lengths)
+    result = (out, lse) if problem.return_lse else out
+    run = compiled_runner(_COMPILED, (q.dtype, config), partial(DecodeKernel, config), tensors, problem.scale, result)
+    run.num_splits = num_splits
+    return run
+
+
+def decode_limits(problem: Problem) -> tuple[bool, str]:
+    """This rung's own limits beyond the shared ``mma.sync`` checks: Sq <= MAX_SEQLEN_Q, scale > 0."""
+    if problem.seqlen_q > MAX_SEQLEN_Q:
+        return (
+            False,
+            f"cute/decode takes 1 to {MAX_SEQLEN_Q} query tokens, got Sq={problem.seqlen_q}: use a prefill rung",
+        )
+    return positive_scale(problem)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> Runner:
+    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) (and ``cache_seqlens``), bind them (compiling
+    on first use) and launch once to warm up. ``num_splits`` overrides the split rule (not part of
+    the public API)."""
+    return validated_prepare(
+        functools.partial(bind, num_splits=num_splits),
+        q,
+        k,
+        v,
+        problem,
+        head_dims=HEAD_DIMS,
+        problem_check=decode_limits,
+        name="cute/decode",
+        features=FEATURES,
+        cache_seqlens=cache_seqlens,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Capability check and sm_90a compile path.
+# ----------------------------------------------------------------------------------------------
+def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
+    """A CUDA device of sm_80+ (``mma.sync`` bf16, cp.async), fp16/bf16, D in :data:`HEAD_DIMS`,
+    1 <= Sq <= :data:`MAX_SEQLEN_Q`, softmax_scale > 0; GQA, both causal alignments,
+    ``cache_seqlens`` and the LSE are implemented."""
+    ok, reason = mma_sync_supports("cute/decode", problem, device, head_dims=HEAD_DIMS, features=FEATURES)
+    if not ok:
+        return ok, reason
+    return decode_limits(problem)
+
+
+def _decode_shape(problem: Problem) -> Problem:
+    """The problem itself when it is decode-sized, else one token of it (the canonical problem is a prefill)."""
+    return problem if problem.seqlen_q <= MAX_SEQLEN_Q else problem.with_(seqlen_q=1)
+
+
+def _fake_rows(dtype: type[cutlass.Numeric], rank: int) -> Any:
+    """What ``to_cute_tensor`` passes for a contiguous packed-rows tensor of ``rank`` dimensions."""
+    shape = tuple(cute.sym_int() for _ in range(rank))
+    stride = (*(cute.sym_int64() for _ in range(rank - 1)), 1)
+    return make_fake_tensor(dtype, shape, stride, assumed_align=OPERAND_ALIGNMENT_BYTES)
+
+
+def compile_sm90(problem: Problem, split: bool = True) -> list[KernelBinary]:
+    """Both kernels (the split kernel in its partial-writing form and the merge; ``split=False``: the
+    split kernel writing O directly) compiled for sm_90a on fake tensors, at ``problem``'s head dim,
+    dtype, mask and features (one query token when ``problem`` is prefill-sized)."""
+    config = decode_config(_decode_shape(problem), split=split)
+    dtype = CUTE_DTYPES[problem.dtype]
+    fake_q, fake_k, fake_v, _ = fake_operands(problem)
+    fakes = [
+        fake_q,
+        fake_k,
+        fake_v,
+        _fake_rows(dtype, 3),
+        _fake_rows(cutlass.Float32, 2) if config.return_lse else None,
+        _fake_rows(cutlass.Float32, 4) if split else None,
+        _fake_rows(cutlass.Float32, 3) if split else None,
+        fake_cache_seqlens() if config.has_cache_seqlens else None,
+    ]
+    kernel = DecodeKernel(config)
+    return compile_on_fakes_sm90(kernel, fakes, problem.scale, name="cute_decode", threads=kernel.num_threads)
+
+
+IMPLEMENTATION = Implementation(
+    name="cute/decode",
+    stack="cute",
+    rung="decode",
+    prepare=decode_attention,
+    bind=bind,
+    supports=supports,
+    compile_sm90=compile_sm90,
+    required_ptx=("mma.sync", "ldmatrix", "cp.async"),
+    runs_on_cpu=False,
+    source_file=__file__,
+    default_configs=TILE_CONFIGS,
+)
