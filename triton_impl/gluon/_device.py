@@ -171,6 +171,19 @@ def block_range(
     return 0, n_block_max, n_block_max - n_unmasked
 
 
+@gluon.jit
+def split_key_range(split, num_splits, key_end, BLOCK_N: gl.constexpr):
+    """Split-KV (``gluon/decode``): ``(key_begin, key_end)`` of split ``split`` of ``num_splits`` over
+    keys [0, key_end), the Triton stack's rule: cdiv(n_blocks, num_splits) whole key blocks each from a
+    block boundary, so a short sequence gets short splits and the splits past its last block an empty
+    range (begin == end)."""
+    n_blocks = (key_end + BLOCK_N - 1) // BLOCK_N
+    blocks_per_split = (n_blocks + num_splits - 1) // num_splits
+    split_begin = gl.minimum(split * blocks_per_split * BLOCK_N, key_end)
+    split_end = gl.minimum(split_begin + blocks_per_split * BLOCK_N, key_end)
+    return split_begin, split_end
+
+
 # ----------------------------------------------------------------------------------------------
 # Load partition: one warp issuing TMA copies
 # ----------------------------------------------------------------------------------------------
