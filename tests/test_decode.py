@@ -1,11 +1,22 @@
-"""triton/decode (flash decoding): split-KV against the fp64 reference under the interpreter, the split
-rule, and planted bugs (a dropped split, a log2-unit merge, a split reading past its length) that the
-check must fail."""
+"""The decode rungs (flash decoding): triton/decode's split-KV against the fp64 reference under the
+interpreter, the split rule, and planted bugs (a dropped split, a log2-unit merge, a split reading past
+its length) that the check must fail; gluon/decode compiled for sm_90a from its real launch arguments.
+
+GPU (``gpu`` marker): every registered decode rung (``DECODE_IMPLS``: triton/decode, gluon/decode, and
+any rung registered with rung "decode") against fp64 on ragged, GQA/MQA, Sq up to 16, forced split
+counts including 1, both alignments, D 64/128/256, fp16/bf16 and the LSE, with poisoned outputs. Every
+decode rung's ``prepare`` takes ``num_splits=`` and its ``run`` reports ``num_splits``."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -13,12 +24,13 @@ import triton
 import triton.language as tl
 
 from common.contract import splits
-from common.contract.check import check_on_inputs
+from common.contract.check import check_on_inputs, run_poisoned
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
-from common.contract.registry import Implementation
+from common.contract.registry import Implementation, discover
 from triton_impl import decode
 from triton_impl._device import split_key_range
+from triton_impl.gluon import decode as gluon_decode
 
 CPU = torch.device("cpu")
 interpreter_only = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run on CPU-only machines")
@@ -27,10 +39,15 @@ SEQLEN_K = 300
 LENGTHS = (SEQLEN_K, 0, 131)
 
 
-def _with_splits(num_splits: int) -> Implementation:
-    """triton/decode with the split count forced (the bind/prepare keyword the public API lacks)."""
-    prepare = functools.partial(decode.decode_attention, num_splits=num_splits)
-    return dataclasses.replace(decode.IMPLEMENTATION, prepare=prepare)
+ROOT = Path(__file__).resolve().parent.parent
+# Every registered decode rung, for the GPU tests.
+DECODE_IMPLS = {impl.name: impl for impl in discover(include_baselines=False)[0] if impl.rung == "decode"}
+
+
+def _with_splits(num_splits: int, impl: Implementation = decode.IMPLEMENTATION) -> Implementation:
+    """A decode rung with the split count forced (the prepare keyword the public API lacks)."""
+    prepare = functools.partial(impl.prepare, num_splits=num_splits)
+    return dataclasses.replace(impl, prepare=prepare)
 
 
 def _check(problem: Problem, num_splits: int, *, seed: int = 0, offset: float = 0.5):
@@ -164,21 +181,253 @@ def test_planted_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
 
 
 # ----------------------------------------------------------------------------------------------------
-# GPU: bf16 at decode sizes
+# GPU: every decode rung at decode sizes
 # ----------------------------------------------------------------------------------------------------
-GPU_CASES = [(1, 8, 4096, None), (4, 8, 32768, 3), (1, 32, 8192, None), (16, 1, 4096, 5)]
+class GpuCase(NamedTuple):
+    """One GPU decode problem of 4 sequences and 32 query heads. ``alignment`` None: not causal.
+    ``ragged``: lengths (Sk, 0, Sk // 3 + 1, 5) through cache_seqlens (5 < Sq leaves the first rows of
+    that sequence no key under bottom-right); else every sequence has the padded Sk. ``splits`` None:
+    the rung's own rule."""
+
+    seqlen_q: int
+    kv_heads: int
+    seqlen_k: int
+    head_dim: int = 128
+    dtype: torch.dtype = torch.bfloat16
+    alignment: str | None = "bottom_right"
+    splits: int | None = None
+    ragged: bool = True
+    return_lse: bool = True
+
+    @property
+    def name(self) -> str:
+        dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}[self.dtype]
+        mask = self.alignment or "full"
+        splits = f"splits{self.splits}" if self.splits else "rule"
+        extras = ("" if self.ragged else "-padded") + ("" if self.return_lse else "-nolse")
+        shape = f"sq{self.seqlen_q}-hkv{self.kv_heads}-sk{self.seqlen_k}-d{self.head_dim}"
+        return f"{shape}-{dtype}-{mask}-{splits}{extras}"
+
+    def problem(self) -> Problem:
+        return Problem(
+            4, 32, self.seqlen_q, self.seqlen_k, self.head_dim, dtype=self.dtype, causal=self.alignment is not None,
+            kv_heads=self.kv_heads, causal_alignment=self.alignment or "top_left", has_cache_seqlens=self.ragged,
+            return_lse=self.return_lse,
+        )  # fmt: skip
+
+    def cache_seqlens(self) -> torch.Tensor | None:
+        if not self.ragged:
+            return None
+        lengths = [self.seqlen_k, 0, self.seqlen_k // 3 + 1, 5]
+        return torch.tensor(lengths, dtype=torch.int32, device="cuda")
+
+
+# GQA (group 4), MHA and MQA (16 tokens of 32 heads: 512 packed rows, several M tiles); the split rule
+# and forced counts (1: the split kernel writes O and the LSE itself; 7 on short sequences: empty
+# splits); an odd Sk; both alignments and no mask; D 64, 128 and 256; fp16 and bf16; no LSE.
+GPU_CASES = [
+    GpuCase(1, 8, 4096),
+    GpuCase(4, 8, 32768, splits=3),
+    GpuCase(1, 32, 8192),
+    GpuCase(16, 1, 4096, splits=5),
+    GpuCase(1, 8, 4096, splits=1),
+    GpuCase(3, 4, 1000, head_dim=64, dtype=torch.float16, splits=7),
+    GpuCase(16, 32, 2048, dtype=torch.float16, alignment="top_left", splits=2),
+    GpuCase(8, 2, 3000, head_dim=256, alignment=None),
+    GpuCase(2, 8, 5000, head_dim=64, alignment=None, splits=1, ragged=False, return_lse=False),
+    GpuCase(16, 4, 777, head_dim=256, dtype=torch.float16, splits=4),
+]
+
+
+def _gpu_check_or_skip(impl: Implementation, problem: Problem) -> None:
+    ok, reason = impl.check(problem, torch.device("cuda"))
+    if not ok:
+        # A rung may lack a head dim or a feature; it must say so through its capability check.
+        pytest.skip(f"{impl.name}: {reason}")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", GPU_CASES, ids=[f"sq{q}-hkv{h}-sk{k}-splits{s}" for q, h, k, s in GPU_CASES])
-def test_gpu_decode_bf16(case: tuple[int, int, int, int | None]):
-    seqlen_q, kv_heads, seqlen_k, num_splits = case
+@pytest.mark.parametrize("case", GPU_CASES, ids=[case.name for case in GPU_CASES])
+@pytest.mark.parametrize("impl_name", sorted(DECODE_IMPLS))
+def test_gpu_decode_against_fp64(impl_name: str, case: GpuCase):
+    impl = DECODE_IMPLS[impl_name]
+    problem = case.problem()
+    _gpu_check_or_skip(impl, problem)
+    # Offset inputs and zero-mean ones, alternately.
+    offset = 0.5 if GPU_CASES.index(case) % 2 == 0 else 0.0
+    q, k, v = make_inputs(problem, seed=GPU_CASES.index(case) + 1, device="cuda", offset=offset)
+    forced = impl if case.splits is None else _with_splits(case.splits, impl)
+    result = check_on_inputs(forced, q, k, v, problem, cache_seqlens=case.cache_seqlens())
+    assert result.ok, f"{impl_name} {problem.describe()} splits={case.splits}: {result.summary()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 4, 16])
+@pytest.mark.parametrize("impl_name", sorted(DECODE_IMPLS))
+def test_gpu_empty_sequence_gives_zero_and_minus_inf(impl_name: str, num_splits: int):
+    """A sequence of no keys: O = 0 and LSE = -inf however many splits (every split of it is empty);
+    the forced split count is the one launched; every other row is finite (poisoned first)."""
+    impl = DECODE_IMPLS[impl_name]
     problem = Problem(
-        4, 32, seqlen_q, seqlen_k, 128, dtype=torch.bfloat16, causal=True, kv_heads=kv_heads,
-        causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True,
+        3, 8, 2, 1500, 128, dtype=torch.bfloat16, causal=True, kv_heads=2, causal_alignment="bottom_right",
+        has_cache_seqlens=True, return_lse=True,
     )  # fmt: skip
-    q, k, v = make_inputs(problem, seed=1, device="cuda", offset=0.5)
-    lengths = torch.tensor([seqlen_k, 0, seqlen_k // 3 + 1, 17], dtype=torch.int32, device="cuda")
-    impl = decode.IMPLEMENTATION if num_splits is None else _with_splits(num_splits)
-    result = check_on_inputs(impl, q, k, v, problem, cache_seqlens=lengths)
-    assert result.ok, f"{problem.describe()} splits={num_splits}: {result.summary()}"
+    _gpu_check_or_skip(impl, problem)
+    q, k, v = make_inputs(problem, seed=5, device="cuda")
+    lengths = torch.tensor([1500, 0, 131], dtype=torch.int32, device="cuda")
+    run = impl.prepare(q, k, v, problem, cache_seqlens=lengths, num_splits=num_splits)
+    assert run.num_splits == num_splits
+    out, lse = run_poisoned(run)
+    assert torch.equal(out[1], torch.zeros_like(out[1])) and torch.isneginf(lse[1]).all()
+    assert torch.isfinite(out).all() and torch.isfinite(lse[[0, 2]]).all()
+
+
+# ----------------------------------------------------------------------------------------------------
+# gluon/decode on the CPU: capability, split plan, sm_90a compile of its real launches
+# ----------------------------------------------------------------------------------------------------
+def test_decode_rungs_are_registered():
+    assert {"triton/decode", "gluon/decode"} <= set(DECODE_IMPLS)
+    assert DECODE_IMPLS["gluon/decode"].stack == "gluon" and DECODE_IMPLS["gluon/decode"].bind is not None
+
+
+@pytest.mark.parametrize(
+    "problem, needs",
+    [
+        (Problem(1, 8, 17, 300, 128, dtype=torch.float16), "use a prefill rung"),
+        (Problem(1, 8, 1, 300, 96, dtype=torch.float16), "head_dim"),
+        (Problem(1, 8, 1, 300, 128, dtype=torch.float32), "fp32"),
+        (Problem(1, 8, 1, 300, 128, dtype=torch.float16, softmax_scale=-0.1), "softmax_scale >= 0"),
+        (Problem(1, 8, 1, 300, 128, dtype=torch.float16, kv_heads=2, has_cache_seqlens=True), "CUDA GPU"),
+    ],
+    ids=["prefill-sq", "head-dim-96", "fp32", "negative-scale", "cpu"],
+)
+def test_gluon_decode_refuses_with_a_reason(problem: Problem, needs: str):
+    ok, reason = gluon_decode.supports(problem, torch.device("cpu"))
+    assert not ok and needs in reason and "gluon/decode" in reason, reason
+
+
+def test_gluon_split_plan_counts_its_own_m_tiles():
+    # 16 tokens of 32 query heads over one KV head: 512 packed rows, eight 64-row M tiles per sequence.
+    mqa = Problem(2, 32, 16, 131072, 128, kv_heads=1)
+    assert gluon_decode.m_blocks_for(mqa) == 8
+    expected = splits.choose_num_splits(2 * 8, 131072, splits.DEFAULT_SM_COUNT)
+    assert gluon_decode.planned_num_splits(mqa, CPU) == expected
+    # One token of a group of 4: one tile; the rule then matches triton/decode's for the same CTAs.
+    gqa = Problem(1, 32, 1, 131072, 128, kv_heads=8, has_cache_seqlens=True)
+    assert gluon_decode.planned_num_splits(gqa, CPU) == decode.planned_num_splits(gqa, CPU)
+
+
+# Launches whose kernels compile for sm_90a: D 64, 128 and 256; fp16 and bf16; one token and 16;
+# GQA, MQA and MHA; both alignments and none; cache lengths and the LSE; one split (O written
+# directly) and several (the fp32 partials); the build Triton specialises for Sq = Sk = 1.
+GLUON_LAUNCHES = [
+    {"head_dim": 64, "dtype": "float16", "seqlen_q": 1, "kv_heads": 8, "splits": 3},
+    {"head_dim": 64, "dtype": "bfloat16", "seqlen_q": 16, "kv_heads": 1, "alignment": "bottom_right",
+     "lengths": [1000, 5], "return_lse": True, "splits": 1},
+    {"head_dim": 128, "dtype": "bfloat16", "seqlen_q": 1, "kv_heads": 2, "alignment": "bottom_right",
+     "lengths": [1000, 0], "return_lse": True, "splits": 4},
+    {"head_dim": 128, "dtype": "float16", "seqlen_q": 5, "kv_heads": 2, "alignment": "top_left",
+     "return_lse": True, "splits": 1},
+    {"head_dim": 128, "dtype": "bfloat16", "seqlen_q": 1, "seqlen_k": 1, "kv_heads": 8, "alignment": "top_left",
+     "splits": 1},
+    {"head_dim": 256, "dtype": "bfloat16", "seqlen_q": 8, "kv_heads": 4, "splits": 2},
+    {"head_dim": 256, "dtype": "float16", "seqlen_q": 1, "kv_heads": 1, "alignment": "bottom_right",
+     "lengths": [1000, 3], "return_lse": True, "splits": 1},
+]  # fmt: skip
+
+_GLUON_LAUNCH_SCRIPT = """
+import json, subprocess, sys, tempfile
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import make_backend
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import create_function_from_signature
+from common.contract.inputs import make_inputs
+from common.contract.problem import Problem
+from common.reporting.static import _cuobjdump, cubin_resources, ptx_features
+from triton_impl.gluon import decode
+kernel = decode._split_kernel
+target = GPUTarget("cuda", 90, 32)
+backend = make_backend(target)
+binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+results = []
+for launch in json.loads(sys.argv[1]):
+    alignment = launch.get("alignment")
+    problem = Problem(
+        2, 8, launch["seqlen_q"], launch.get("seqlen_k", 1000), launch["head_dim"],
+        dtype=getattr(torch, launch["dtype"]), causal=alignment is not None, kv_heads=launch["kv_heads"],
+        causal_alignment=alignment or "top_left", has_cache_seqlens="lengths" in launch,
+        return_lse=launch.get("return_lse", False),
+    )
+    q, k, v = make_inputs(problem, seed=1, device="cpu")
+    lengths = torch.tensor(launch["lengths"], dtype=torch.int32) if "lengths" in launch else None
+    # The prepared launch's own arguments (CPU tensors: descriptors and buffers, no driver), bound
+    # and packed by Triton's JIT as a launch would, then compiled for sm_90a.
+    prepared = decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=launch["splits"])
+    kwargs = {**prepared.split_options, "debug": False}
+    bound, specialization, options = binder(*prepared.split_args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    source = GluonASTSource(kernel, signature, constexprs, attrs)
+    compiled = triton.compile(source, target=target, options=options.__dict__)
+    (resources,) = cubin_resources(compiled.asm["cubin"]).values()
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(compiled.asm["cubin"])
+        handle.flush()
+        sass = subprocess.run([_cuobjdump(), "-sass", handle.name], capture_output=True, text=True, check=True).stdout
+    results.append({
+        "registers": resources["registers"],
+        "spill_bytes": resources["local_bytes"] + resources["stack_bytes"],
+        "shared_bytes": compiled.metadata.shared,
+        "features": ptx_features(compiled.asm["ptx"]),
+        "one_group_in_flight": "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass,
+        "split_form": prepared.split_options["SPLIT"],
+        "grid": prepared.split_grid,
+    })
+print(json.dumps(results))
+"""
+
+
+def _launch_id(launch: dict) -> str:
+    mask = launch.get("alignment", "full")
+    lengths = "-lengths" if "lengths" in launch else ""
+    shape = f"d{launch['head_dim']}-{launch['dtype']}-sq{launch['seqlen_q']}-sk{launch.get('seqlen_k', 1000)}"
+    return f"{shape}-hkv{launch['kv_heads']}-{mask}{lengths}-splits{launch['splits']}"
+
+
+# The shared memory one CTA may use on sm_90 (227 KB).
+SM90_SHARED_BYTES = 232_448
+
+
+@pytest.fixture(scope="module")
+def gluon_launches() -> list[dict]:
+    """Every GLUON_LAUNCHES entry compiled in one child process without the interpreter (which the CPU
+    test session turns on, and which breaks Gluon compilation)."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", _GLUON_LAUNCH_SCRIPT, json.dumps(GLUON_LAUNCHES)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, f"sm_90a compile failed:\n{done.stderr[-4000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.static
+@pytest.mark.xdist_group("gluon-compile")
+@pytest.mark.parametrize("index", range(len(GLUON_LAUNCHES)), ids=[_launch_id(launch) for launch in GLUON_LAUNCHES])
+def test_gluon_decode_launches_compile_without_spills(index: int, gluon_launches: list[dict]):
+    launch, compiled = GLUON_LAUNCHES[index], gluon_launches[index]
+    print(f"gluon/decode {launch}: {compiled['registers']} registers, {compiled['shared_bytes']} B shared")
+    assert compiled["spill_bytes"] == 0, f"spills {compiled['spill_bytes']} bytes per thread"
+    assert compiled["shared_bytes"] <= SM90_SHARED_BYTES, f"needs {compiled['shared_bytes']} B of shared memory"
+    features = compiled["features"]
+    for name in ("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier"):
+        assert features[name], f"PTX lacks {name}"
+    assert not features["cp.async"], "per-thread cp.async copies instead of TMA"
+    # S_i's wait leaves O += P_(i-1) V_(i-1) in flight: the softmax runs under it, not after it.
+    assert compiled["one_group_in_flight"], "no wgmma wait leaves a group in flight: serialised wgmmas"
+    assert compiled["split_form"] == (launch["splits"] > 1)
+    assert compiled["grid"][0] == launch["splits"]

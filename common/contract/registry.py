@@ -51,17 +51,18 @@ STACKS = ("triton", "gluon", "cute", "sdpa", "fa4")
 # Stacks of external kernels measured as references: their rows are named by backend, not by rung.
 BASELINE_STACKS = ("sdpa", "fa4")
 RUNGS = ("naive", "online", "tiled", "pipelined", "hopper", "fp8")
-# Rungs beside the prefill ladder, in Triton and CuTe so far: ``decode`` (flash decoding, Sq <= 16
+# Rungs beside the prefill ladder, in Triton, Gluon and CuTe: ``decode`` (flash decoding, Sq <= 16
 # against a KV cache). They are not ladder steps, so the ladder's tables (README, docs) leave them out.
 DECODE_RUNGS = ("decode",)
 KNOWN_RUNGS = (*RUNGS, *DECODE_RUNGS)
 # Ladder order of the rung modules; the baselines (SDPA backends, FlashAttention-4) come last.
-# Gluon (Triton's explicit dialect, under triton_impl/) has only the Hopper rungs.
+# Gluon (Triton's explicit dialect, under triton_impl/) has only the Hopper rungs and decode.
 GLUON_RUNGS = ("hopper", "fp8")
 RUNG_MODULES = (
     *(f"triton_impl.{rung}" for rung in RUNGS),
     *(f"triton_impl.{rung}" for rung in DECODE_RUNGS),
     *(f"triton_impl.gluon.{rung}" for rung in GLUON_RUNGS),
+    *(f"triton_impl.gluon.{rung}" for rung in DECODE_RUNGS),
     *(f"cute_impl.{rung}" for rung in RUNGS),
     *(f"cute_impl.{rung}" for rung in DECODE_RUNGS),
 )

@@ -29,6 +29,8 @@ The softmax side uses the names of the Triton stack (``triton_impl/_device.py``)
   causal diagonal (row i sees keys j <= i + causal_offset: 0 top-left, seqlen_k - Sq bottom-right).
 * ``BlockRange`` → :func:`block_range`: ``(n_block_min, n_block_max, n_masked_blocks)``, blocks
   [n_block_min, n_block_max) of which the top ``n_masked_blocks`` need the mask.
+* ``split_key_range`` → :func:`split_key_range` (split-KV): one split's [key_begin, key_end) of whole
+  key blocks, the Triton stack's rule.
 * ``AttentionMask.apply`` → :func:`attention_mask`: -inf past the sequence's seqlen_k and, causal,
   after the query row's diagonal (j > i + causal_offset).
 * ``OnlineSoftmax`` → :func:`online_softmax_update`, :func:`online_softmax_rescale`,
@@ -57,6 +59,10 @@ the key index, ``_scores_as_operand``, matched by V's key order on the host), ea
 fresh fp32 accumulator that is added to O times the block's V scale (``_fp8_values_product``, one
 FFMA per element with the scale ratio carried in alpha), and O (bf16) leaves through a shared buffer
 of its own.
+
+``gluon/decode`` (``triton_impl/gluon/decode.py``) runs a kernel of its own (one warpgroup, a TMA ring
+with ready barriers only, one split of the keys per CTA) built from this step's parts: ``_scores``,
+``_values_product``, ``_operand_p``, ``_ready_tile``, the mask and the online softmax.
 
 Both paths carry P from one step to the next as packed 32-bit words made by inline ``cvt`` PTX
 (``_packed_words``, ``_packed_pairs``), written only after the P V wgmma reading the previous words
@@ -169,6 +175,19 @@ def block_range(
         n_unmasked = n_full
         n_block_max = (seqlen_k + BLOCK_N - 1) // BLOCK_N
     return 0, n_block_max, n_block_max - n_unmasked
+
+
+@gluon.jit
+def split_key_range(split, num_splits, key_end, BLOCK_N: gl.constexpr):
+    """Split-KV (``gluon/decode``): ``(key_begin, key_end)`` of split ``split`` of ``num_splits`` over
+    keys [0, key_end), the Triton stack's rule: cdiv(n_blocks, num_splits) whole key blocks each from a
+    block boundary, so a short sequence gets short splits and the splits past its last block an empty
+    range (begin == end)."""
+    n_blocks = (key_end + BLOCK_N - 1) // BLOCK_N
+    blocks_per_split = (n_blocks + num_splits - 1) // num_splits
+    split_begin = gl.minimum(split * blocks_per_split * BLOCK_N, key_end)
+    split_end = gl.minimum(split_begin + blocks_per_split * BLOCK_N, key_end)
+    return split_begin, split_end
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,578 @@
+"""Gluon rung ``decode``: flash decoding with its TMA copies, mbarriers and wgmmas written out
+(counterpart: ``triton_impl/decode.py``; device helpers in ``triton_impl/gluon/_device.py``).
+
+What it is: triton/decode's algorithm, read side by side with it. The keys of each (batch, KV head)
+are cut into ``num_splits`` ranges of whole key blocks, one CTA each, by the same rule
+(``common/contract/splits.py``, on this rung's CTA count); the ``group = H / Hkv`` query heads of
+a KV head are packed into one M tile (row r = head in group · Sq + token), so each K/V byte is read
+from HBM once per KV head; each split writes its normalised fp32 partial O and natural-log LSE
+(O = 0, LSE = -inf for a split with no key); a second kernel merges them. That merge is
+triton/decode's ``_combine_kernel`` itself: Gluon is Triton, the merge is a few loads and exps per
+output row with no layout or copy worth spelling out, and one merge for both rungs means they combine
+their splits in the same order. With one split the split kernel writes O and the LSE itself.
+
+What Gluon makes explicit (what Triton decides in triton/decode / what this file writes):
+  * Copies: the pipeliner turns the K and V loads into ``cp.async``, 16 bytes per thread and
+    instruction with addresses in registers / one TMA copy per K or V block (``_load_kv_block``): an
+    elected thread hands the copy engine a 32 KB box, which computes the addresses, zero-fills past
+    the padded cache and counts the bytes into the slot's ready mbarrier.
+  * Pipeline: ``num_stages`` buffers and their waits / a ring of ``NUM_STAGES`` K and V slots with
+    ready barriers phased by the split's block index (``_ready_tile``), the split's first
+    ``NUM_STAGES`` blocks issued before anything waits, and each slot refilled as soon as the wgmmas
+    reading it have retired (``_refill``).
+  * MMA: ``tl.dot`` on a 16-row tile, lowered to ``mma.sync`` with the warps side by side along the
+    keys (row max and sum, and P before P V, cross warps through shared memory) / ``warpgroup_mma``,
+    one m64 wgmma per GEMM: each warp holds 16 whole rows of S, P and O, so the softmax stays in the
+    warp and P feeds P V from registers (``_operand_p``). The Q tile is padded to 64 rows for it.
+  * Overlap inside a CTA: none beyond the loads / gluon/hopper's step (``_decode_step``): S_i = Q K_iᵀ
+    is issued with O += P_(i-1) V_(i-1), and the softmax of S_i runs under that P V.
+  * Layouts: inferred / ``NVMMADistributedLayout`` for S and O, ``DotOperandLayout`` for P,
+    ``NVMMASharedLayout`` for Q and the ring, a ``BlockedLayout`` for Q's pointer load.
+
+Why these choices:
+  * wgmma rather than mma_v2 (m16): decoding is memory-bound, so the MMA only has to keep up. A
+    128-key block at D=128 is 64 KB of K and V, which an SM's share of HBM (about 25 GB/s of an H100's
+    3.35 TB/s, 36 GB/s of an H200's 4.8) takes 1.8 to 2.6 µs to deliver; the block's two m64n128k128
+    wgmmas take about 0.6 µs at the tensor-core rate, however few of the 64 rows are real. mma_v2's
+    16-row tile wastes less tensor-core work but splits every row across the warps, with reductions
+    and P through shared memory at every block; wgmma keeps a row in one warp and reuses
+    gluon/hopper's device code (``_scores``, ``_values_product``, P as packed words, the online softmax).
+  * One warpgroup, no warp specialisation: gluon/hopper's load warp exists so that copies never wait
+    for a busy consumer; here the consumer waits for memory. The warpgroup issues its own copies, and
+    a slot's reuse is ordered by program order plus one barrier over its warps, so the ring needs
+    ready barriers only (no empty barriers, no register budgets per partition).
+  * The ring depth: at least ``NUM_STAGES - 1`` blocks stay in flight while the warpgroup computes
+    (128 KB at D=128: 3 stages of 64 KB), well above what keeps an SM's share of HBM busy (bandwidth ×
+    latency, about 36 KB per SM at 4.8 TB/s and 1 µs). The ring takes most of the shared memory, so
+    a CTA has its SM to itself, which is what the split rule's waves count.
+  * Q by pointers, not by TMA: the packed rows come from ``group`` heads; a load into registers and a
+    store to shared memory take any strides and zero the padding rows, and Q is a few KB against
+    the megabytes of K and V a split reads.
+
+Algorithm (grid = (num_splits, m_blocks, B · Hkv); one CTA of one warpgroup per split of one M tile):
+  1. ``seqlen_info``: the sequence's own length and causal offset; the keys any row sees end at
+     ``key_end``; ``split_key_range`` cuts this split's [key_begin, key_end) out of them, of which
+     blocks [0, n_unmasked) are seen by every row and [n_unmasked, n_blocks) are masked.
+  2. Shared memory: the Q tile and the K/V ring; the ready barriers initialised and fenced.
+  3. TMA the split's first ``NUM_STAGES`` key blocks.
+  4. ``_stage_packed_q``: row r reads query head kv_head · group + r // Sq, token r % Sq.
+  5. A split with keys (``_attend_split``): block 0 (S, mask, ``online_softmax_update``), then
+     ``_decode_step`` over the unmasked blocks and the masked ones (the sequence tail and the causal
+     diagonal, masked by each row's token), each waiting for K_i and V_(i-1), issuing both wgmmas,
+     running the softmax of S_i, waiting for P V and refilling the slot; the last P V.
+  6. ``online_softmax_finalize``: O and the natural-log LSE of the split (O = 0, LSE = -inf without
+     keys), stored as fp32 partials or, with one split, as O and the LSE.
+  7. The merge (triton/decode's ``_combine_kernel``, one program per (batch, head, token)):
+     lse = log Σₛ exp(lseₛ), O = Σₛ exp(lseₛ - lse) · Oₛ.
+
+Data movement: K and V HBM → shared memory by ``cp.async.bulk.tensor`` on 4-D descriptors over
+(B, Hkv, Sk, D) with a (1, 1, BLOCK_N, D) box, so each (batch, KV head) has its own bounds; Q HBM →
+registers → shared memory; shared memory → tensor cores by ``wgmma.mma_async`` (Q and K_i for S; V_i,
+with P from registers, for P V); O from the accumulator registers to HBM by plain stores. The fp32
+partials, num_splits · rows · (D + 1) · 4 bytes, are read back once by the merge.
+
+Constraints: fp16 and bf16; D ∈ {64, 128, 256} (shared memory 200, 208 and 224 KB of the 227 KB a
+CTA may use); 1 <= Sq <= ``MAX_SEQLEN_Q`` (a prefill-sized Sq is refused: use a prefill rung); GQA and
+MQA; causal top-left or bottom-right; ``cache_seqlens``; the LSE; softmax_scale >= 0 (the scale is
+applied after the row maximum); exactly sm_90; Triton 3.6 to 3.9 (``_device.py`` picks the TMA and
+barrier names). There is no interpreter path: Gluon compiles only for a GPU. Not done: paged KV (the
+capability check refuses it), FP8 caches, a persistent scheduler. Keys past a sequence's own length
+inside its last block are loaded (TMA clips only at the padded cache) and weighed by P = 0, so a
+non-finite value stored there would reach O, as in gluon/hopper (triton/decode masks those loads).
+Measured figures go to ``docs/perf-log.md`` and ``compare.py --decode``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma_wait
+
+from common.contract import capability, splits
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.validation import kernel_operand, validate_for_problem
+from common.reporting.static import compile_triton_sm90
+from triton_impl import decode as triton_decode
+from triton_impl._host import LOG2_E, allocate_lse, feature_buffers, feature_constexprs, rung_result
+from triton_impl.gluon._device import (
+    _as_box,
+    _operand_p,
+    _partition_barrier,
+    _ready_tile,
+    _scores,
+    _tma_load,
+    _values_product,
+    attention_mask,
+    online_softmax_finalize,
+    online_softmax_rescale,
+    online_softmax_update,
+    seqlen_info,
+    split_key_range,
+)
+from triton_impl.gluon.hopper import GLUON_DTYPES, HOPPER_CAPABILITY, _descriptor, descriptor_type
+
+RUNG = "gluon/decode"
+DTYPES = (torch.float16, torch.bfloat16)
+# The problem features this rung implements (capability.check_features refuses any other, e.g. paged KV).
+IMPLEMENTED_FEATURES = (capability.GQA, capability.BOTTOM_RIGHT, capability.CACHE_SEQLENS, capability.LSE)
+# Packed rows per CTA: one warpgroup's wgmma M (four warps of 16 rows). A group · Sq of more rows is cut
+# into several M tiles, each a CTA of its own.
+BLOCK_M = 64
+NUM_WARPS = 4
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Key block and ring depth per head dim; both change the generated code."""
+
+    block_n: int
+    num_stages: int
+
+    def shared_bytes(self, head_dim: int, element_bytes: int = 2) -> int:
+        """Q tile plus the K and V ring (the barriers' few bytes aside)."""
+        return (BLOCK_M + 2 * self.num_stages * self.block_n) * head_dim * element_bytes
+
+
+# Each stage holds one K and one V block: 64 KB at D=128 (128 keys), so three stages keep at least
+# 128 KB per SM in flight while the warpgroup computes on the third. D=64 takes six 32 KB stages,
+# D=256 three 64 KB stages of 64 keys (224 KB with its 32 KB Q tile, under the 227 KB a CTA may use).
+DEFAULT_CONFIGS: dict[int, DecodeConfig] = {
+    64: DecodeConfig(128, 6),
+    128: DecodeConfig(128, 3),
+    256: DecodeConfig(64, 3),
+}
+HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
+
+
+# ----------------------------------------------------------------------------------------------
+# Device parts: the packed rows, the K/V ring, one pipelined key block
+# ----------------------------------------------------------------------------------------------
+@gluon.jit
+def _packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M: gl.constexpr, layout: gl.constexpr):
+    """GQA packing, in ``layout``: row r of M tile ``m_block`` is token r % Sq of query head
+    kv_head · group + r // Sq. Returns ``(head, token, row_ok)``; rows past group · Sq pad the tile."""
+    offs_r = m_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=layout)
+    return kv_head * group + offs_r // seqlen_q, offs_r % seqlen_q, offs_r < group * seqlen_q
+
+
+@gluon.constexpr_function
+def _q_load_layout(head_dim, num_warps):
+    """Registers of the Q tile as it is loaded: 16-byte vectors along D, a warp over whole rows."""
+    columns = min(32, head_dim // 8)
+    return gl.BlockedLayout([1, 8], [32 // columns, columns], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def _stage_packed_q(Q, q_smem, batch, kv_head, group, m_block, seqlen_q, q_strides, num_warps: gl.constexpr):
+    """Load the packed Q tile by pointers (its rows come from ``group`` heads) into ``q_smem``, zeros
+    in the padding rows, and make it visible to the wgmmas (the async proxy) of every warp."""
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    HEAD_DIM: gl.constexpr = q_smem.shape[1]
+    stride_qb, stride_qh, stride_qm = q_strides
+    layout: gl.constexpr = _q_load_layout(HEAD_DIM, num_warps)
+    head, token, row_ok = _packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M, gl.SliceLayout(1, layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+    rows = batch.to(gl.int64) * stride_qb + head.to(gl.int64) * stride_qh + token * stride_qm
+    q = gl.load(Q + rows[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    q_smem.store(q)
+    # Generic-proxy stores, read by wgmma through the async proxy: fence, then every warp's rows.
+    fence_async_shared()
+    _partition_barrier()
+
+
+@gluon.jit
+def _load_kv_block(ring, kv_coords, i, NUM_STAGES: gl.constexpr):
+    """TMA K and V of the split's key block ``i`` into ring slot i % NUM_STAGES; each copy completes
+    its ready barrier with its byte count (a box past the padded cache is zero-filled and counted)."""
+    desc_k, desc_v, k_ring, v_ring, k_ready, v_ready = ring
+    batch, kv_head, key_begin, _ = kv_coords
+    BLOCK_N: gl.constexpr = k_ring.shape[1]
+    stage = i % NUM_STAGES
+    start_n = key_begin + i * BLOCK_N
+    mbarrier.expect(k_ready.index(stage), desc_k.block_type.nbytes)
+    _tma_load(desc_k, [batch, kv_head, start_n, 0], k_ready.index(stage), _as_box(k_ring.index(stage)))
+    mbarrier.expect(v_ready.index(stage), desc_v.block_type.nbytes)
+    _tma_load(desc_v, [batch, kv_head, start_n, 0], v_ready.index(stage), _as_box(v_ring.index(stage)))
+
+
+@gluon.jit
+def _refill(ring, kv_coords, i, NUM_STAGES: gl.constexpr):
+    """Block ``i`` into the slot that block i - NUM_STAGES has just left, if the split has it. The
+    same warps read the slot (their wgmmas have retired) and issue the copy, so program order and one
+    barrier over the warpgroup order the two: no empty barriers, as a load warp would need."""
+    if i < kv_coords[3]:
+        _partition_barrier()
+        _load_kv_block(ring, kv_coords, i, NUM_STAGES)
+
+
+@gluon.jit
+def _decode_step(carry, i, MASKED: gl.constexpr, step_args, step_constants: gl.constexpr):
+    """Key block i ≥ 1 of the split: issue S_i = Q K_iᵀ and O += P_(i-1) V_(i-1), run the softmax of
+    S_i while that P V runs, then refill the slot of block i - 1 with block i - 1 + NUM_STAGES."""
+    acc, P, alpha, row_max, row_sum = carry
+    q_smem, ring, kv_coords, offs_m, seqlen, softmax_scale_log2 = step_args
+    s_layout: gl.constexpr = step_constants[0]
+    p_layout: gl.constexpr = step_constants[1]
+    NUM_STAGES: gl.constexpr = step_constants[2]
+    CAUSAL: gl.constexpr = step_constants[3]
+    _, _, k_ring, v_ring, k_ready, v_ready = ring
+    key_begin = kv_coords[2]
+    seqlen_k, causal_offset = seqlen
+    BLOCK_N: gl.constexpr = k_ring.shape[1]
+
+    # O is the P V wgmma's accumulator: rescaled to the running maximum before it is issued.
+    acc = online_softmax_rescale(acc, alpha)
+    k_tile = _ready_tile(k_ring, k_ready, i, NUM_STAGES)
+    v_tile = _ready_tile(v_ring, v_ready, i - 1, NUM_STAGES)
+    s_token = _scores(q_smem, k_tile, s_layout)
+    pv_token = _values_product(P, v_tile, acc, p_layout)
+    # wgmmas retire in order: one left in flight means S_i is done and P V still runs.
+    S = warpgroup_mma_wait(1, deps=[s_token])
+    if MASKED:
+        S = attention_mask(S * softmax_scale_log2, offs_m, key_begin + i * BLOCK_N, seqlen_k, causal_offset, CAUSAL)
+    P_f32, alpha, row_max, row_sum = online_softmax_update(
+        S, row_max, row_sum, softmax_scale_log2, MASKED, MASKED, False, False
+    )
+    acc = warpgroup_mma_wait(0, deps=[pv_token])
+    # P_i's words are written after the wgmma reading P_(i-1)'s has retired (gluon/hopper: written
+    # under a running wgmma, they made ptxas serialise every wgmma).
+    P = _operand_p(P_f32, v_ring.dtype, p_layout, False)
+    _refill(ring, kv_coords, i - 1 + NUM_STAGES, NUM_STAGES)
+    return acc, P, alpha, row_max, row_sum
+
+
+@gluon.jit
+def _attend_split(q_smem, ring, kv_coords, n_unmasked, step_args, step_constants: gl.constexpr):
+    """Fold the split's key blocks (at least one) into ``(acc, row_max, row_sum)`` of the M tile.
+    ``step_args``: the packed rows' tokens (``offs_m``), ``(seqlen_k, causal_offset)`` and the scale."""
+    s_layout: gl.constexpr = step_constants[0]
+    p_layout: gl.constexpr = step_constants[1]
+    o_layout: gl.constexpr = p_layout.parent
+    NUM_STAGES: gl.constexpr = step_constants[2]
+    CAUSAL: gl.constexpr = step_constants[3]
+    _, _, k_ring, v_ring, k_ready, v_ready = ring
+    key_begin = kv_coords[2]
+    n_blocks = kv_coords[3]
+    offs_m, seqlen, softmax_scale_log2 = step_args
+    seqlen_k, causal_offset = seqlen
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    HEAD_DIM: gl.constexpr = q_smem.shape[1]
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    # Block 0 starts the pipeline: S_0 and its softmax before the loop, always masked (it may be the
+    # sequence's tail or on the causal diagonal, and the rows may not have seen a key yet).
+    row_max = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
+    row_sum = gl.zeros([BLOCK_M], gl.float32, row_layout)
+    k_tile = _ready_tile(k_ring, k_ready, 0, NUM_STAGES)
+    S = warpgroup_mma_wait(0, deps=[_scores(q_smem, k_tile, s_layout)])
+    S = attention_mask(S * softmax_scale_log2, offs_m, key_begin, seqlen_k, causal_offset, CAUSAL)
+    P_f32, alpha, row_max, row_sum = online_softmax_update(
+        S, row_max, row_sum, softmax_scale_log2, True, True, False, False
+    )
+    P = _operand_p(P_f32, v_ring.dtype, p_layout, False)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+
+    # Blocks every row sees in full need no mask; then the sequence tail and the causal diagonal.
+    carry = (acc, P, alpha, row_max, row_sum)
+    step_args = (q_smem, ring, kv_coords, offs_m, seqlen, softmax_scale_log2)
+    for i in range(1, n_unmasked):
+        carry = _decode_step(carry, i, False, step_args, step_constants)
+    for i in range(gl.maximum(n_unmasked, 1), n_blocks):
+        carry = _decode_step(carry, i, True, step_args, step_constants)
+    acc, P, alpha, row_max, row_sum = carry
+
+    # The last block's P V.
+    acc = online_softmax_rescale(acc, alpha)
+    v_tile = _ready_tile(v_ring, v_ready, n_blocks - 1, NUM_STAGES)
+    acc = warpgroup_mma_wait(0, deps=[_values_product(P, v_tile, acc, p_layout)])
+    return acc, row_max, row_sum
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel 1: one split of the keys for one packed M tile of one (batch, KV head)
+# ----------------------------------------------------------------------------------------------
+@gluon.jit
+def _split_kernel(
+    Q, desc_k, desc_v, Out, Lse, CacheSeqlens, OutPartial, LsePartial,
+    stride_qb, stride_qh, stride_qm,
+    stride_ob, stride_oh, stride_om,
+    heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2,
+    CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, HAS_CACHE_SEQLENS: gl.constexpr, RETURN_LSE: gl.constexpr,
+    BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr,
+):  # fmt: skip
+    BLOCK_N: gl.constexpr = desc_k.block_type.shape[2]
+    HEAD_DIM: gl.constexpr = desc_k.block_type.shape[3]
+    dtype: gl.constexpr = desc_k.dtype
+    # wgmma's accumulators (S: BLOCK_M × BLOCK_N, O: BLOCK_M × D; a warp holds 16 whole rows of each)
+    # and P as the A operand of P V from registers.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    split = gl.program_id(0)
+    num_splits = gl.num_programs(0)
+    m_block = gl.program_id(1)
+    batch_kv_head = gl.program_id(2)
+    batch = batch_kv_head // kv_heads
+    kv_head = batch_kv_head % kv_heads
+    group = heads // kv_heads
+
+    # 1. This sequence's keys, the last one any row sees, and this split's share of them: blocks
+    # [0, n_unmasked) of the split are seen by every row, the rest [n_unmasked, n_blocks) is masked.
+    seqlen_k, causal_offset = seqlen_info(CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS, BOTTOM_RIGHT)
+    key_end = gl.maximum(gl.minimum(seqlen_k, seqlen_q + causal_offset), 0) if CAUSAL else seqlen_k
+    key_begin, key_end = split_key_range(split, num_splits, key_end, BLOCK_N)
+    visible_to_all = gl.minimum(seqlen_k, causal_offset + 1) if CAUSAL else seqlen_k
+    unmasked_end = gl.minimum(gl.maximum(visible_to_all // BLOCK_N * BLOCK_N, key_begin), key_end)
+    n_blocks = (key_end - key_begin + BLOCK_N - 1) // BLOCK_N
+    n_unmasked = (unmasked_end - key_begin) // BLOCK_N
+
+    # 2. Shared memory: the packed Q tile, and a ring of NUM_STAGES K and V slots, each with a ready
+    # barrier that its TMA copy completes.
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_layout)
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    k_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
+    v_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for stage in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(stage), count=1)
+        mbarrier.init(v_ready.index(stage), count=1)
+    # The inits are generic-proxy writes and the TMA unit completes the barriers through the async
+    # proxy: a proxy fence orders them (the barrier after Q's staging shows them to every warp).
+    fence_async_shared()
+    ring = (desc_k, desc_v, k_ring, v_ring, k_ready, v_ready)
+    kv_coords = (batch, kv_head, key_begin, n_blocks)
+
+    # 3. Put the split's first NUM_STAGES key blocks in flight at once, before anything waits.
+    for i in gl.static_range(NUM_STAGES):
+        if i < n_blocks:
+            _load_kv_block(ring, kv_coords, i, NUM_STAGES)
+
+    # 4. The packed Q tile, by pointers, while the first copies fly.
+    q_strides = (stride_qb, stride_qh, stride_qm)
+    _stage_packed_q(Q, q_smem, batch, kv_head, group, m_block, seqlen_q, q_strides, num_warps)
+
+    # 5. The split's key blocks; a split with no key keeps O = 0, row_sum = 0 (LSE -inf).
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    _, offs_m, _ = _packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M, s_rows)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    row_max = gl.full([BLOCK_M], float("-inf"), gl.float32, s_rows)
+    row_sum = gl.zeros([BLOCK_M], gl.float32, s_rows)
+    # What every key block shares, bound once: tensors in a tuple, layouts and flags in a constexpr one.
+    step_args = (offs_m, (seqlen_k, causal_offset), softmax_scale_log2)
+    step_constants: gl.constexpr = (s_layout, p_layout, NUM_STAGES, CAUSAL)
+    if n_blocks > 0:
+        acc, row_max, row_sum = _attend_split(q_smem, ring, kv_coords, n_unmasked, step_args, step_constants)
+
+    # 6. This split's O and natural-log LSE, stored from wgmma's accumulator layout. The partials
+    # are (num_splits, B, H, Sq, D) and (num_splits, B, H, Sq), contiguous.
+    out, lse = online_softmax_finalize(acc, row_max, row_sum, False)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    head, token, row_ok = _packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M, o_rows)
+    lse = gl.convert_layout(lse, o_rows)
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    row = (batch.to(gl.int64) * heads + head) * seqlen_q + token
+    if SPLIT:
+        partial_row = split.to(gl.int64) * gl.num_programs(2) * group * seqlen_q + row
+        gl.store(OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
+        gl.store(LsePartial + partial_row, lse, mask=row_ok)
+    else:
+        o_rows_offset = batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh + token * stride_om
+        gl.store(Out + o_rows_offset[:, None] + offs_d[None, :], out.to(dtype), mask=row_ok[:, None])
+        if RETURN_LSE:
+            gl.store(Lse + row, lse, mask=row_ok)
+
+
+# ----------------------------------------------------------------------------------------------
+# Host: tile shape, split rule, bind, prepare
+# ----------------------------------------------------------------------------------------------
+def m_blocks_for(problem: Problem) -> int:
+    """M tiles of one (batch, KV head): the group · Sq packed rows in tiles of BLOCK_M."""
+    return triton.cdiv(problem.kv_group * problem.seqlen_q, BLOCK_M)
+
+
+def planned_num_splits(problem: Problem, device: torch.device) -> int:
+    """The shared split rule (``common/contract/splits.py``) on this rung's M tiles."""
+    return splits.planned_num_splits(problem, m_blocks_for(problem), device)
+
+
+def split_constexprs(problem: Problem, split: bool) -> dict[str, int | bool]:
+    config = DEFAULT_CONFIGS[problem.head_dim]
+    return {
+        **feature_constexprs(problem), "BLOCK_M": BLOCK_M, "NUM_STAGES": config.num_stages, "SPLIT": split,
+    }  # fmt: skip
+
+
+class GluonDecode:
+    """Prepared launch: K's and V's TMA descriptors, O, the LSE and the split workspace built once for
+    validated q, k, v; calling it launches the split kernel and, with more than one split,
+    triton/decode's merge, and returns O, or (O, lse) when the problem returns the LSE.
+    ``cache_seqlens`` is read by the kernel at every launch; ``num_splits`` overrides the rule."""
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        problem: Problem,
+        cache_seqlens: torch.Tensor | None = None,
+        num_splits: int | None = None,
+    ):
+        splits = num_splits if num_splits is not None else planned_num_splits(problem, q.device)
+        if splits < 1:
+            raise ValueError(f"num_splits must be >= 1, got {splits}")
+        config = DEFAULT_CONFIGS[problem.head_dim]
+        dtype = GLUON_DTYPES[q.dtype]
+        self.num_splits = splits
+        self.out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        self.lse = allocate_lse(problem, q.device)
+        lse_arg, lengths_arg = feature_buffers(self.lse, cache_seqlens, q.device)
+        rows = problem.batch * problem.heads * problem.seqlen_q
+        partial_shape = (splits, problem.batch, problem.heads, problem.seqlen_q)
+        # The fp32 workspace of the splits; one split writes O and the LSE directly and needs none.
+        partial_shapes = ((*partial_shape, problem.head_dim), partial_shape) if splits > 1 else ((1,), (1,))
+        out_partial, lse_partial = (torch.empty(s, dtype=torch.float32, device=q.device) for s in partial_shapes)
+        # K and V as (B, Hkv, Sk, D) boxes of one key block: each (batch, KV head) has its own bounds.
+        desc_k, desc_v = (_descriptor(t, config.block_n, dtype) for t in (k, v))
+        sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E)
+        self.split_args = (
+            q, desc_k, desc_v, self.out, lse_arg, lengths_arg, out_partial, lse_partial,
+            *q.stride()[:3], *self.out.stride()[:3], *sizes,
+        )  # fmt: skip
+        self.split_grid = (splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
+        self.split_options = {**split_constexprs(problem, splits > 1), "num_warps": NUM_WARPS}
+        combine_sizes = (problem.heads, problem.seqlen_q, splits, rows)
+        self._combine_args = (out_partial, lse_partial, self.out, lse_arg, *self.out.stride()[:3], *combine_sizes)
+        self._combine_grid = (rows,)
+        self._combine_options = {
+            "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim,
+            "BLOCK_SPLITS": triton.next_power_of_2(splits), "num_warps": 1,
+        }  # fmt: skip
+
+    def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        _split_kernel[self.split_grid](*self.split_args, **self.split_options)
+        if self.num_splits > 1:
+            triton_decode._combine_kernel[self._combine_grid](*self._combine_args, **self._combine_options)
+        return rung_result(self.out, self.lse)
+
+
+def bind(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> GluonDecode:
+    """The prepared launch for validated q, k, v (no launch); ``num_splits`` overrides the rule."""
+    q, k, v = (kernel_operand(t) for t in (q, k, v))
+    return GluonDecode(q, k, v, problem, cache_seqlens, num_splits)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> Runner:
+    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them and compile by one warm-up launch.
+    ``num_splits`` overrides the split rule (not part of the public API)."""
+    checked = validate_for_problem(q, k, v, problem, cache_seqlens=cache_seqlens, dtypes=DTYPES, head_dims=HEAD_DIMS)
+    ok, reason = supports(checked, q.device)
+    if not ok:
+        raise ValueError(reason)
+    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens, num_splits=num_splits), q.device)
+
+
+# ----------------------------------------------------------------------------------------------
+# Capability check and sm_90a compile path
+# ----------------------------------------------------------------------------------------------
+def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
+    if problem.dtype not in DTYPES:
+        return False, f"{RUNG} runs fp16 and bf16, got {problem.dtype_name}"
+    if problem.head_dim not in HEAD_DIMS:
+        return False, f"{RUNG} supports head_dim in {list(HEAD_DIMS)}, got {problem.head_dim}"
+    if problem.seqlen_q > triton_decode.MAX_SEQLEN_Q:
+        return (
+            False,
+            f"{RUNG} takes 1 to {triton_decode.MAX_SEQLEN_Q} query tokens, got Sq={problem.seqlen_q}: "
+            "use a prefill rung",
+        )
+    if problem.scale < 0:
+        return False, f"{RUNG} needs softmax_scale >= 0 (it is applied after the row maximum), got {problem.scale}"
+    ok, reason = capability.check_features(RUNG, problem, IMPLEMENTED_FEATURES)
+    if not ok:
+        return ok, reason
+    if device.type != "cuda":
+        return False, f"{RUNG} needs a CUDA GPU: Gluon has no interpreter path, got {device}"
+    device_capability = torch.cuda.get_device_capability(device)
+    if device_capability != HOPPER_CAPABILITY:
+        major, minor = device_capability
+        return False, f"{RUNG} needs sm_90 (TMA and warpgroup_mma are Hopper's), got sm_{major}{minor}"
+    return True, ""
+
+
+def _decode_shape(problem: Problem) -> Problem:
+    """The problem itself when it is decode-sized, else one token of it (the canonical problem is a prefill)."""
+    return problem if problem.seqlen_q <= triton_decode.MAX_SEQLEN_Q else problem.with_(seqlen_q=1)
+
+
+# Pointer and stride arguments a real launch passes 16-divisible, so the static compile assumes it too.
+SPLIT_ALIGNED = (
+    "Q", "Out", "Lse", "OutPartial", "LsePartial",
+    "stride_qb", "stride_qh", "stride_qm", "stride_ob", "stride_oh", "stride_om",
+)  # fmt: skip
+
+
+def compile_sm90(problem: Problem) -> list[KernelBinary]:
+    """The split kernel, in its split-writing form, for sm_90a at ``problem``'s head dim, dtype and
+    features (one query token when ``problem`` is prefill-sized; no GPU needed). The merge is
+    triton/decode's kernel and is compiled, and its resources listed, under that rung."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    problem = _decode_shape(problem)
+    config = DEFAULT_CONFIGS[problem.head_dim]
+    element = "*fp16" if problem.dtype == torch.float16 else "*bf16"
+    kv_type = descriptor_type(problem.dtype, config.block_n, problem.head_dim)
+    signature = {
+        "Q": element, "desc_k": kv_type, "desc_v": kv_type, "Out": element, "Lse": "*fp32", "CacheSeqlens": "*i32",
+        "OutPartial": "*fp32", "LsePartial": "*fp32", **dict.fromkeys(SPLIT_ALIGNED[5:], "i32"),
+        "heads": "i32", "kv_heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "softmax_scale_log2": "fp32",
+    }  # fmt: skip
+    constexprs = {**split_constexprs(problem, True), "num_warps": NUM_WARPS}
+    options = {"num_warps": NUM_WARPS}
+    binary = compile_triton_sm90(
+        _split_kernel, signature, constexprs, aligned=SPLIT_ALIGNED, options=options, source_type=GluonASTSource
+    )
+    return [binary]
+
+
+IMPLEMENTATION = Implementation(
+    name=RUNG,
+    stack="gluon",
+    rung="decode",
+    prepare=decode_attention,
+    bind=bind,
+    supports=supports,
+    compile_sm90=compile_sm90,
+    runs_on_cpu=False,
+    required_ptx=("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier"),
+    forbidden_ptx=("cp.async",),
+    source_file=__file__,
+    default_configs=DEFAULT_CONFIGS,
+    notes="Gluon has no interpreter path: it runs only on an sm_90 GPU",
+)
