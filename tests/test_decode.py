@@ -317,6 +317,12 @@ def test_gluon_split_plan_counts_its_own_m_tiles():
     assert gluon_decode.planned_num_splits(gqa, CPU) == decode.planned_num_splits(gqa, CPU)
 
 
+def test_gluon_ring_needs_two_stages():
+    # With one stage, block i would be copied only after step i's own wait for it: a hang, refused.
+    with pytest.raises(ValueError, match=r"at least 2 stages, got num_stages=1"):
+        gluon_decode.DecodeConfig(128, 1)
+
+
 # Launches whose kernels compile for sm_90a: D 64, 128 and 256; fp16 and bf16; one token and 16;
 # GQA, MQA and MHA; both alignments and none; cache lengths and the LSE; one split (O written
 # directly) and several (the fp32 partials); the build Triton specialises for Sq = Sk = 1.

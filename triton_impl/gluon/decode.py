@@ -133,9 +133,11 @@ class DecodeConfig:
     block_n: int
     num_stages: int
 
-    def shared_bytes(self, head_dim: int, element_bytes: int = 2) -> int:
-        """Q tile plus the K and V ring (the barriers' few bytes aside)."""
-        return (BLOCK_M + 2 * self.num_stages * self.block_n) * head_dim * element_bytes
+    def __post_init__(self) -> None:
+        # Block i's copy is issued once block i - num_stages has left its slot, at the end of step
+        # i - num_stages + 1: with one stage that is step i itself, after its wait for block i.
+        if self.num_stages < 2:
+            raise ValueError(f"gluon/decode's ring needs at least 2 stages, got num_stages={self.num_stages}")
 
 
 # Each stage holds one K and one V block: 64 KB at D=128 (128 keys), so three stages keep at least
