@@ -340,7 +340,9 @@ class FusedQuantiser:
     every call, as the registry's run() returns the same O).
 
     ``q_shape`` (B, H, Sq, D), ``kv_shape`` (B, Hkv, Sk, D); ``dtype`` fp16 or bf16; ``device`` CUDA,
-    or CPU under the Triton interpreter. ``rotation_method``: one of ``ROTATION_METHODS``.
+    or CPU under the Triton interpreter. ``rotation_method``: one of ``ROTATION_METHODS``, by default
+    ``DEFAULT_ROTATION_METHOD`` as it reads when the quantiser is built (the rungs and their
+    emulations take it from there, so bench/fp8_quantiser.py can time both methods through them).
     """
 
     def __init__(
@@ -351,8 +353,9 @@ class FusedQuantiser:
         device: torch.device | str,
         quantisation: Quantisation,
         value_layout: ValueLayout,
-        rotation_method: str = DEFAULT_ROTATION_METHOD,
+        rotation_method: str | None = None,
     ):
+        rotation_method = rotation_method or DEFAULT_ROTATION_METHOD
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -483,7 +486,7 @@ def quantise_fused(
     v: torch.Tensor,
     quantisation: Quantisation,
     value_layout: ValueLayout,
-    rotation_method: str = DEFAULT_ROTATION_METHOD,
+    rotation_method: str | None = None,
 ) -> KernelOperands:
     """One fused quantisation of q, k, v into fresh buffers (a ``FusedQuantiser`` used once)."""
     quantiser = FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, value_layout, rotation_method)
