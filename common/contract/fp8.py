@@ -1,10 +1,12 @@
-"""What both FP8 rungs share: the host quantiser, FA3's input distribution, and the fp64 emulation
-that judges them.
+"""What the FP8 rungs share: the reference quantiser, V's layouts, FA3's input distribution, and the
+fp64 emulation that judges them.
 
 Quantisation (``Quantisation``, ``quantise``)
 ---------------------------------------------
 Q, K and V are rounded to e4m3 after dividing by a scale that maps a group's amax onto 448 (e4m3's
-largest finite value). Two choices, the same in both stacks:
+largest finite value). ``quantise`` is the torch reference; on a GPU the rungs run the fused
+quantiser of ``common.contract.fp8_quantiser`` (the same values, one kernel launch per tensor,
+written in the kernel's layout: ``KernelOperands``). Two choices, the same in every stack:
 
 * Scale granularity. Per tensor: one scale for all of Q (K, V). Per block (FlashAttention-3's
   block quantisation): one scale per ``q_block_rows`` rows of Q and per ``kv_block_rows`` rows of K
@@ -23,24 +25,28 @@ largest finite value). Two choices, the same in both stacks:
 ``results/h200/fp8_error.md`` (``python -m common.tools.fp8_error``, FA3's Table 3 experiment) measures
 what each buys on FA3's input distribution (``fa3_inputs``).
 
-V's key order (``value_operand``)
----------------------------------
+V's layout (``ValueLayout``, ``transposed_values``) and key order (``value_operand``)
+-----------------------------------------------------------------------------------
+Every fp8 kernel reads V transposed (Vᵀ, keys contiguous, padded with zeros to a multiple of 16
+keys or of its key block): fp8 wgmma reads a shared-memory B operand only K-major.
+
 An e4m3 wgmma's A operand from registers (P in O += P V, k = 32 per instruction) wants each lane to
 hold four consecutive k per register, while the accumulator of S = Q Kᵀ gives lane t, per group of
 16 keys, the keys 2t, 2t+1, 2t+8 and 2t+9. Kernels that take P straight from S's registers (cute/fp8,
 gluon/fp8) rename the registers instead of exchanging data across lanes, and read V with its keys
-permuted the same way inside each group of 16 (``PERMUTED_KEY_ORDER``), transposed (Vᵀ: fp8 wgmma
-reads a shared-memory B operand only K-major). The product is the same sum in another order inside
-each 32-key group, which the emulation's per-group bound already covers.
+permuted the same way inside each group of 16 (``PERMUTED_KEY_ORDER``). The product is the same
+sum in another order inside each 32-key group, which the emulation's per-group bound already covers.
 
 The emulation (``emulate``)
 ---------------------------
 The yardstick of an fp8 rung is the float64 attention of exactly what its kernel reads (the same
-e4m3 bytes and scales) with P rounded to e4m3 the way the kernel rounds it: P = 2^(s - m_b + 8),
-where s is the score in log2 units and m_b the running row maximum after key block b in the
-kernel's visiting order (both kernels move the maximum on every increase), rounded to e4m3 for the
-P V product, while the row sum adds the unrounded P. O is the sum over blocks of the rounded P V,
-rescaled to the final maximum, over that row sum, rounded to bf16 as the kernels write it.
+e4m3 bytes and scales: each rung's ``emulate`` quantises with the kernel's own quantiser and
+undoes V's layout, ``KernelOperands.as_quantised``) with P rounded to e4m3 the way the kernel
+rounds it: P = 2^(s - m_b + 8), where s is the score in log2 units and m_b the running row maximum
+after key block b in the kernel's visiting order (both kernels move the maximum on every increase),
+rounded to e4m3 for the P V product, while the row sum adds the unrounded P. O is the sum over
+blocks of the rounded P V, rescaled to the final maximum, over that row sum, rounded to bf16 as the
+kernels write it.
 
 ``emulate`` also returns an elementwise bound on |kernel - emulation|, derived from what the
 kernel does in finite precision that the emulation does exactly:

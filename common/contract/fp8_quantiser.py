@@ -93,8 +93,6 @@ AMAX_WARPS = 4
 # What one launch of _quantise_kernel does (STEP): a block-scaled pass, or per-tensor's amax or cast pass.
 STEP_BLOCK, STEP_AMAX, STEP_CAST = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 ROTATE_NONE, ROTATE_TENSOR_CORE, ROTATE_BUTTERFLY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
-# The three tensors of one call, in the order of the amax buffers.
-TENSORS = ("q", "k", "v")
 # Tolerances of ``operand_differences`` where the rotation's summation order differs (module docstring):
 # a scale may move by a few fp32 ulps (measured: up to 7e-7; 2^-12 is 2^-8 of an e4m3 step), and only
 # elements within fp32 noise of a rounding midpoint may move, each by one step: at most this fraction of a
