@@ -346,3 +346,43 @@ def test_gpu_fused_quantiser_is_deterministic_and_replays_in_a_cuda_graph():
             if before.dtype == torch.float8_e4m3fn
             else (torch.equal(before, after))
         )
+
+
+# ----------------------------------------------------------------------------------------------------
+# The rungs: their emulation reads what their kernel reads
+# ----------------------------------------------------------------------------------------------------
+RUNG_MODULES = ["triton_impl.fp8", "triton_impl.gluon.fp8", "cute_impl.fp8"]
+
+
+def _rung_layout(module, problem: Problem) -> fp8.ValueLayout:
+    if hasattr(module, "VALUE_LAYOUT"):
+        return module.VALUE_LAYOUT
+    return module.value_layout(module.default_config(problem))
+
+
+@pytest.mark.parametrize("module_name", RUNG_MODULES)
+def test_each_rungs_emulation_quantises_with_the_fused_quantiser_in_its_layout(
+    module_name: str, monkeypatch: pytest.MonkeyPatch
+):
+    """Under the interpreter as on CUDA, ``emulate`` gets the fused quantiser's bytes and scales (V
+    back in rows), in the rung's own V layout: the operands its kernel reads."""
+    if module_name == "cute_impl.fp8":
+        pytest.importorskip("cutlass")
+    module = __import__(module_name, fromlist=["emulate"])
+    problem = Problem(1, 2, 70, 140, 128, dtype=torch.bfloat16, kv_heads=1)
+    q, k, v = _inputs(problem)
+    seen = {}
+    monkeypatch.setattr(module, "emulate_quantised", lambda operands, *args, **kwargs: seen.setdefault("ops", operands))
+    quantise_fused = fused.quantise_fused
+    monkeypatch.setattr(
+        fused, "quantise_fused", lambda *args: seen.setdefault("layout", args[4]) and quantise_fused(*args)
+    )
+    module.emulate(q, k, v, problem)
+    layout = _rung_layout(module, problem)
+    assert seen["layout"] == layout, "the emulation did not quantise with the fused quantiser in the rung's layout"
+    expected = fused.quantise_fused(q, k, v, module.DEFAULT_QUANTISATION, layout).as_quantised()
+    for name in ("q8", "k8", "v8", "q_scale", "k_scale", "v_scale"):
+        got, want = getattr(seen["ops"], name), getattr(expected, name)
+        if got.dtype == torch.float8_e4m3fn:
+            got, want = got.view(torch.uint8), want.view(torch.uint8)
+        assert torch.equal(got, want), name
