@@ -155,8 +155,6 @@ def candidate_configs(head_dim: int) -> list[HopperConfig]:
 # ----------------------------------------------------------------------------------------------
 # Host: quantise (common.contract.fp8_quantiser), build descriptors, launch
 # ----------------------------------------------------------------------------------------------
-
-
 def fp8_constexprs(quantisation: Quantisation) -> dict[str, bool | int]:
     """The shared kernel's fp8 switches for ``quantisation``."""
     return {
@@ -246,7 +244,7 @@ def fp8_attention(
     quantisation: Quantisation = DEFAULT_QUANTISATION,
     *,
     cache_seqlens: torch.Tensor | None = None,
-) -> Fp8Attention:
+) -> QuantisedLaunch:
     """Validate, quantise, choose the configuration (``autotune``: time every fitting candidate),
     compile by one warm-up launch; the result's call is run()."""
     checked = _validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES, cache_seqlens)
