@@ -9,13 +9,15 @@ the kernel, and how P reaches the second GEMM.
 
 Algorithm
 ---------
-1. ``bind`` (per call: the values change): ``common.contract.fp8.quantise``, shared with the Triton rung.
+1. ``bind`` (per call: the values change): the fused quantiser shared by the three FP8 rungs
+   (``common.contract.fp8_quantiser``, three launches, the values of ``common.contract.fp8.quantise``).
    Optionally Q and K rotated by a seeded random Hadamard matrix, then one e4m3 scale per tensor
    or, with block quantisation, per 64 rows of Q (one consumer warpgroup's rows) and per 128 rows
    of K and of V (one key block), per (batch, head) for Q and per (batch, KV head) for K and V:
    with GQA they are quantised as given, and the kernel indexes their scales by the KV head.
    ``DEFAULT_QUANTISATION`` (block scales and rotation) is what compare.py runs; ``quantisation=``
-   selects the other ``common.contract.fp8.VARIANTS``.
+   selects the other ``common.contract.fp8.VARIANTS``. The quantiser writes steps 2 and 3's layout
+   (``VALUE_LAYOUT``) directly; ``prepare_end_to_end``'s run() is that quantiser and the kernel.
 2. V stored transposed, (B, Hkv, D, Sk') with Sk' = Sk rounded up to 16 and zero padding: FP8 WGMMA
    reads a shared-memory B operand only K-major, and for O = P V the K dimension is the key index.
 3. Inside each group of 16 keys, V's key order is permuted (``common.contract.fp8.PERMUTED_KEY_ORDER``). The m64k32 FP8
@@ -82,25 +84,16 @@ judges the kernel's. Block scales must match the tiles (64 Q rows, 128 keys).
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 
 from common.contract.capability import FEATURES, check_features
-from common.contract.fp8 import (
-    Emulation,
-    KernelOrder,
-    Quantisation,
-    QuantisedOperands,
-    end_to_end_runner,
-    quantise,
-    value_operand,
-)
+from common.contract.fp8 import KEY_GROUP, Emulation, KernelOperands, KernelOrder, Quantisation, ValueLayout
 from common.contract.fp8 import emulate as emulate_quantised
+from common.contract.fp8_quantiser import FusedQuantiser, QuantisedLaunch, end_to_end_runner, quantise_for_kernel
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner, per_call_inputs, warmed_up
-from common.contract.validation import kernel_operand
 from cute_impl._device import LOG2_E
 from cute_impl._hopper_host import HopperConfig, default_config
 from cute_impl.hopper import (
@@ -116,6 +109,8 @@ from cute_impl.hopper import (
 # per-tensor kernel's speed in every stack (issue #17): block scales + rotation, the most accurate on
 # FA3's inputs, cost at most 4 % (results/h200/fp8_speed.md; docs/perf-log.md).
 DEFAULT_QUANTISATION = Quantisation(block=True, rotation=True)
+# Vᵀ as the kernel reads it (steps 2-3): keys permuted, padded to a whole group of 16.
+VALUE_LAYOUT = ValueLayout(permuted=True, key_multiple=KEY_GROUP)
 
 
 def fp8_config(problem: Problem, quantisation: Quantisation) -> HopperConfig:
@@ -131,21 +126,25 @@ def fp8_config(problem: Problem, quantisation: Quantisation) -> HopperConfig:
     return config
 
 
-def quantised(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, quantisation: Quantisation) -> QuantisedOperands:
-    return quantise(*(kernel_operand(t) for t in (q, k, v)), quantisation)
+def quantised(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, quantisation: Quantisation) -> KernelOperands:
+    """Steps 1-3 once: the operands this kernel reads (the fused quantiser on CUDA)."""
+    return quantise_for_kernel(q, k, v, quantisation, VALUE_LAYOUT)
 
 
 def quantised_launcher(
     config: HopperConfig,
-    operands: QuantisedOperands,
+    operands: KernelOperands,
     problem: Problem,
     sm_count: int | None = None,
     *,
     cache_seqlens: torch.Tensor | None = None,
 ) -> Runner:
-    """Steps 1-3: e4m3 bytes of Q, K and permuted Vᵀ, then the ``hopper`` launcher with the scales,
-    the key lengths (``cache_seqlens``) and the LSE (returned with O when ``problem.return_lse``)."""
-    q8, k8, vt8 = (t.view(torch.uint8) for t in (operands.q8, operands.k8, value_operand(operands.v8)))
+    """The ``hopper`` launcher over the e4m3 bytes of Q, K and permuted Vᵀ (``VALUE_LAYOUT``) with
+    the scales, the key lengths (``cache_seqlens``) and the LSE (returned with O when
+    ``problem.return_lse``)."""
+    if operands.value_layout != VALUE_LAYOUT:
+        raise ValueError(f"cute/fp8 reads Vᵀ as {VALUE_LAYOUT}, got {operands.value_layout}")
+    q8, k8, vt8 = (t.view(torch.uint8) for t in (operands.q8, operands.k8, operands.vt8))
     scales = (operands.q_scale, operands.k_scale, operands.v_scale)
     run = KERNELS.launcher(
         config,
@@ -163,6 +162,22 @@ def quantised_launcher(
     return run
 
 
+def launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    problem: Problem,
+    quantisation: Quantisation = DEFAULT_QUANTISATION,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+) -> QuantisedLaunch:
+    """The fused quantiser's buffers and the launch-only kernel over them (compiled once per
+    configuration); nothing launched."""
+    config = fp8_config(problem, quantisation)
+    fused = FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, VALUE_LAYOUT)
+    kernel = quantised_launcher(config, fused.operands, problem, cache_seqlens=cache_seqlens)
+    return QuantisedLaunch(fused, kernel)
+
+
 def bind(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -171,12 +186,13 @@ def bind(
     quantisation: Quantisation = DEFAULT_QUANTISATION,
     *,
     cache_seqlens: torch.Tensor | None = None,
-) -> Runner:
-    """Quantise validated q, k, v (values change per call, so this is per-call work) and return the
-    launch-only ``run`` (compiled once per configuration); no launch. ``run()`` returns (O, lse) when
-    ``problem.return_lse``, else O."""
-    operands = quantised(q, k, v, quantisation)
-    return quantised_launcher(fp8_config(problem, quantisation), operands, problem, cache_seqlens=cache_seqlens)
+) -> QuantisedLaunch:
+    """Per call (the values change): new buffers, the fused quantisation of validated q, k, v into
+    them (three launches), the kernel bound to them; ``run()`` launches the kernel alone and returns
+    (O, lse) when ``problem.return_lse``, else O."""
+    prepared = launch(q, k, problem, quantisation, cache_seqlens=cache_seqlens)
+    prepared.quantise(q, k, v)
+    return prepared
 
 
 def prepare(
@@ -202,10 +218,10 @@ def prepare_end_to_end(
     *,
     cache_seqlens: torch.Tensor | None = None,
 ) -> Runner:
-    """Like ``prepare``, but every run() quantises, rotates and launches: the per-call cost of fp8."""
+    """Like ``prepare``, but every run() runs the fused quantiser and then the kernel: fp8's per-call cost."""
     checked = validated_problem(q, k, v, problem, cache_seqlens=cache_seqlens, name="cute/fp8", features=FEATURES)
-    bind_per_call = functools.partial(bind, **per_call_inputs(checked, cache_seqlens))
-    return end_to_end_runner(bind_per_call, q, k, v, checked, quantisation)
+    prepared = launch(q, k, checked, quantisation, **per_call_inputs(checked, cache_seqlens))
+    return end_to_end_runner(prepared, q, k, v)
 
 
 def emulate(
@@ -217,11 +233,11 @@ def emulate(
     *,
     cache_seqlens: torch.Tensor | None = None,
 ) -> Emulation:
-    """The fp64 emulation this rung is judged against: the same quantisation (K and V per KV head),
-    key blocks of ``tile_n`` visited from the last to the first, the problem's mask and key lengths;
-    its LSE (with a bound) judges the kernel's."""
+    """The fp64 emulation this rung is judged against: the operands its kernel reads (the fused
+    quantiser's on CUDA; K and V per KV head), key blocks of ``tile_n`` visited from the last to the
+    first, the problem's mask and key lengths; its LSE (with a bound) judges the kernel's."""
     order = KernelOrder(block_n=default_config(problem, fp8=True).tile_n, reverse=True)
-    return emulate_quantised(quantised(q, k, v, quantisation), problem, order, cache_seqlens)
+    return emulate_quantised(quantised(q, k, v, quantisation).as_quantised(), problem, order, cache_seqlens)
 
 
 def compile_sm90(problem: Problem, quantisation: Quantisation = DEFAULT_QUANTISATION) -> list[KernelBinary]:

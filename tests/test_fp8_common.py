@@ -163,20 +163,29 @@ def test_emulation_error_is_e4m3s_and_its_bound_is_small(reverse: bool):
     assert (emulated.bound.mean() / ref.abs().mean()).item() < 0.5
 
 
-def test_end_to_end_runner_binds_and_launches_in_every_call():
+def test_end_to_end_runner_quantises_and_launches_in_every_call():
+    """run() is the fused quantiser into the launch's buffers, then the kernel, in every call; no
+    warm-up launch without a GPU."""
+    from common.contract.fp8_quantiser import end_to_end_runner
+
     problem = Problem(1, 1, 8, 8, 64, dtype=torch.float16)
     q, k, v = make_inputs(problem, seed=3, device="cpu")
     calls = []
 
-    def bind(*args):
-        calls.append(args)
-        return lambda: q
+    class Launch:
+        variant = BLOCKS.name
 
-    run = fp8.end_to_end_runner(bind, q, k, v, problem, BLOCKS)
+        def quantise(self, *inputs):
+            calls.append(("quantise", inputs))
+
+        def __call__(self):
+            calls.append(("kernel", ()))
+            return q
+
+    run = end_to_end_runner(Launch(), q, k, v)
     assert calls == [], "no warm-up launch without a GPU"
-    run()
-    run()
-    assert len(calls) == 2 and calls[0] == (q, k, v, problem, BLOCKS)
+    assert run() is q and run() is q
+    assert calls == [("quantise", (q, k, v)), ("kernel", ()), ("quantise", (q, k, v)), ("kernel", ())]
     assert run.variant == BLOCKS.name
 
 

@@ -201,6 +201,28 @@ def test_gpu_fp8_end_to_end_equals_kernel_only_and_records_its_variant(module_na
     assert torch.equal(run_poisoned(end_to_end), run_poisoned(kernel_only).clone())
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("module_name", MODULES)
+def test_gpu_fp8_attention_runs_the_fused_quantiser_in_every_call(module_name: str):
+    """``attention(impl=...)`` from bf16: the first call plans, the later ones bind (new buffers, the
+    fused quantiser, the kernel). Each call's O equals the prepared kernel's on that call's inputs
+    (the same fused operands) and is its own tensor, untouched by the next call."""
+    from common import attention, clear_plan_cache, plan_cache_info
+
+    module = _module(module_name)
+    problem = Problem(2, 4, 700, 900, 128, dtype=torch.bfloat16, causal=True, kv_heads=2)
+    ok, reason = module.IMPLEMENTATION.check(problem, torch.device("cuda"))
+    if not ok:
+        pytest.skip(reason)
+    clear_plan_cache()
+    inputs = [fa3_inputs(problem, seed=seed, device="cuda") for seed in (1, 2, 3)]
+    outs = [attention(q, k, v, causal=True, impl=module.IMPLEMENTATION.name) for q, k, v in inputs]
+    assert plan_cache_info().hits == 2
+    assert len({out.data_ptr() for out in outs}) == len(outs)
+    for (q, k, v), out in zip(inputs, outs, strict=True):
+        assert torch.equal(out, module.prepare(q, k, v, problem)())
+
+
 # cute/fp8's problem features (GQA, both alignments, per-sequence lengths, the LSE), judged against
 # the emulation of its own quantisation, which takes the same mask and key lengths and bounds the LSE.
 MASKS = {"full": (False, "top_left"), "causal": (True, "top_left"), "causal_bottom_right": (True, "bottom_right")}

@@ -50,3 +50,18 @@ def test_table_has_a_column_per_stack_dashes_where_a_rung_is_absent_and_fa4_besi
     assert "bf16 GEMM 788 burst / 678 sustained, fp8 GEMM 1300 burst" in table
     assert "**The same suite on Triton 3.9.0, CuTe DSL 4.8.1**" in table
     assert "FP8 quantisation that ran: cute/fp8 block+rotation." in table
+
+
+def test_fp8_cells_show_end_to_end_beside_the_kernel_where_measured(tmp_path: Path):
+    """compare.py's tflops_end_to_end (FP8: quantisation and kernel per call) appears beside the kernel
+    figure, with a line saying what it is; rows without it (NaN) keep the kernel figure alone."""
+    rows = [(impl, "ok", causal, 800.0) for impl in ("cute/hopper", "cute/fp8") for causal in (False, True)]
+    _write_run(tmp_path / "canonical", "3.6.0", rows)
+    csv_path = tmp_path / "canonical" / "results.csv"
+    frame = pd.read_csv(csv_path)
+    frame["tflops_end_to_end"] = [float("nan"), float("nan"), 731.4, 690.0]
+    frame.to_csv(csv_path, index=False)
+    table = results_table(csv_path, tmp_path / "canonical" / "env.json")
+    assert "| hopper | 800 | 800 |" in table
+    assert "| fp8 | 800 (e2e 731) | 800 (e2e 690) |" in table
+    assert "(e2e N): end to end" in table

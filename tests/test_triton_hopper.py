@@ -239,7 +239,8 @@ def test_gpu_autotune_keeps_a_fitting_candidate(module):
         prepared = fp8.fp8_attention(q, k, v, problem, autotune=True)
         assert prepared.config in fp8.candidate_configs(128)
         out = prepared()
-        emulated = emulate(prepared.operands, problem, KernelOrder(prepared.config.block_n, reverse=False))
+        operands = prepared.operands.as_quantised()
+        emulated = emulate(operands, problem, KernelOrder(prepared.config.block_n, reverse=False))
         ok, reason = FP8_RULE.judge(
             error_stats(out, ref), None, emulation_stats(out, emulated.out, emulated.bound, ref)
         )

@@ -18,14 +18,17 @@ The kernel is ``hopper``'s (``triton_impl/hopper.py``, ``_hopper_attention_kerne
 ``_attention_step``. This file holds what is fp8's own: quantisation, configurations and launch.
 
 Algorithm (steps 1-4 are the sections of the shared kernel):
-  0. In ``bind`` (per call, since the values change; ``prepare`` = validate + bind + warm-up):
-     ``common.contract.fp8.quantise``, shared with the CuTe rung: optionally Q and K rotated by a seeded
+  0. In ``bind`` (per call, since the values change; ``prepare`` = validate + bind + warm-up): the
+     fused quantiser shared by the three FP8 rungs (``common.contract.fp8_quantiser``, three launches
+     with the values of ``common.contract.fp8.quantise``): optionally Q and K rotated by a seeded
      random Hadamard matrix, then scales s = amax / 448 per tensor or, with block quantisation, per
      64 rows of Q (one CTA's BLOCK_M) and per 128 rows of K and of V (a BLOCK_N key block or two),
      per (batch, head) of Q and per (batch, KV head) of K and V (GQA: K and V are quantised as
      given, and the kernel indexes their scales by KV head). ``DEFAULT_QUANTISATION`` (block
      scales and rotation) is what compare.py runs; ``quantisation=`` selects the others. Vᵀ
-     padded to a 16-element multiple of Sk so its rows are 16-byte aligned for TMA.
+     written by the quantiser in key order (``VALUE_LAYOUT``), its rows padded to a 16-element
+     multiple of Sk so that they are 16-byte aligned for TMA. ``prepare_end_to_end``'s run() is the
+     quantiser and the kernel, the per-call cost of a user holding bf16 activations.
   1. Load the Q8 tile by TMA; fold its block's s_q (per tensor: s_q · s_k) into the softmax scale.
   2. Unmasked KV blocks: S = Q8 K8ᵀ (fp8 wgmma), the block's s_k joined to the softmax scale (a
      positive factor commutes with the row max, so row_max keeps one unit for every block; no cost
@@ -85,12 +88,12 @@ import torch
 import triton
 
 from common.contract.devices import triton_device_supported, triton_interpreting
-from common.contract.fp8 import Emulation, KernelOrder, Quantisation, QuantisedOperands, end_to_end_runner, quantise
+from common.contract.fp8 import Emulation, KernelOperands, KernelOrder, Quantisation, ValueLayout
 from common.contract.fp8 import emulate as emulate_quantised
+from common.contract.fp8_quantiser import FusedQuantiser, QuantisedLaunch, end_to_end_runner, quantise_for_kernel
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.contract.validation import kernel_operand
 from common.measure.toolchain import release_configs
 from triton_impl._host import allocate_lse, feature_buffers, rung_result
 from triton_impl.hopper import (
@@ -109,8 +112,10 @@ from triton_impl.hopper import (
 
 # Inputs this rung quantises (whatever the interpreter would accept).
 INPUT_DTYPES = (torch.float16, torch.bfloat16)
-# TMA needs 16-byte row strides: the keys of Vᵀ are padded to this many e4m3 elements.
+# TMA needs 16-byte row strides: the keys of Vᵀ are padded to this many e4m3 elements. The kernel
+# reads V in key order (Triton arranges P's registers for the second GEMM itself).
 VT_ROW_ALIGN = 16
+VALUE_LAYOUT = ValueLayout(permuted=False, key_multiple=VT_ROW_ALIGN)
 # No warp-specialised candidates: this is hopper's kernel, whose warp-specialised loop
 # ``check_launchable`` refuses on a GPU (it left query rows unwritten).
 FP8_CANDIDATES = tuple(
@@ -148,17 +153,8 @@ def candidate_configs(head_dim: int) -> list[HopperConfig]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Host: quantise (common.contract.fp8.quantise), build descriptors, launch
+# Host: quantise (common.contract.fp8_quantiser), build descriptors, launch
 # ----------------------------------------------------------------------------------------------
-def _transposed_values(v8: torch.Tensor) -> torch.Tensor:
-    """Vᵀ as (B, H, D, Sk) whose rows are padded to VT_ROW_ALIGN keys (a strided view)."""
-    batch, heads, seqlen_k, head_dim = v8.shape
-    padded = triton.cdiv(seqlen_k, VT_ROW_ALIGN) * VT_ROW_ALIGN
-    vt = torch.zeros((batch, heads, head_dim, padded), device=v8.device, dtype=v8.dtype)
-    vt[..., :seqlen_k] = v8.transpose(2, 3)
-    return vt[..., :seqlen_k]
-
-
 def fp8_constexprs(quantisation: Quantisation) -> dict[str, bool | int]:
     """The shared kernel's fp8 switches for ``quantisation``."""
     return {
@@ -181,11 +177,12 @@ def check_quantisation_blocks(quantisation: Quantisation, config: HopperConfig) 
 
 
 class Fp8Attention:
-    """Prepared launch over quantised operands; calling it launches the kernel and returns O (bf16)."""
+    """Prepared launch over quantised operands (buffers the fused quantiser writes); calling it
+    launches the kernel and returns O (bf16)."""
 
     def __init__(
         self,
-        operands: QuantisedOperands,
+        operands: KernelOperands,
         problem: Problem,
         config: HopperConfig,
         cache_seqlens: torch.Tensor | None = None,
@@ -202,7 +199,8 @@ class Fp8Attention:
         self.variant = quantisation.name
         # Kept as attributes: the descriptors point into these buffers.
         self.operands = operands
-        self.vt8 = _transposed_values(operands.v8)
+        # Vᵀ as (B, Hkv, D, Sk): a view whose rows keep the padded 16-byte stride.
+        self.vt8 = operands.vt8[..., : operands.seqlen_k]
         device = operands.q8.device
         self.out = torch.empty(operands.q8.shape, device=device, dtype=torch.bfloat16)
         self.lse = allocate_lse(problem, device)
@@ -231,8 +229,9 @@ class Fp8Attention:
         return rung_result(self.out, self.lse)
 
 
-def _quantised(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, quantisation: Quantisation) -> QuantisedOperands:
-    return quantise(*(kernel_operand(t) for t in (q, k, v)), quantisation)
+def quantiser(q: torch.Tensor, k: torch.Tensor, quantisation: Quantisation) -> FusedQuantiser:
+    """The fused quantiser of this signature, writing V in this kernel's layout."""
+    return FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, VALUE_LAYOUT)
 
 
 def fp8_attention(
@@ -245,11 +244,12 @@ def fp8_attention(
     quantisation: Quantisation = DEFAULT_QUANTISATION,
     *,
     cache_seqlens: torch.Tensor | None = None,
-) -> Fp8Attention:
+) -> QuantisedLaunch:
     """Validate, quantise, choose the configuration (``autotune``: time every fitting candidate),
     compile by one warm-up launch; the result's call is run()."""
     checked = _validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES, cache_seqlens)
-    operands = _quantised(q, k, v, quantisation)
+    fused = quantiser(q, k, quantisation)
+    operands = fused(q, k, v)
     if config is None:
         config = default_config(checked.head_dim)
         if autotune:
@@ -257,7 +257,7 @@ def fp8_attention(
             build = partial(Fp8Attention, operands, checked, cache_seqlens=cache_seqlens)
             config = fastest_config(build, candidates)
     check_launchable(config, q.device)
-    return warmed_up(Fp8Attention(operands, checked, config, cache_seqlens), q.device)
+    return warmed_up(QuantisedLaunch(fused, Fp8Attention(operands, checked, config, cache_seqlens)), q.device)
 
 
 def _tiles_fit(quantisation: Quantisation, config: HopperConfig) -> bool:
@@ -268,6 +268,21 @@ def _tiles_fit(quantisation: Quantisation, config: HopperConfig) -> bool:
     return True
 
 
+def launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    problem: Problem,
+    quantisation: Quantisation = DEFAULT_QUANTISATION,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+) -> QuantisedLaunch:
+    """The fused quantiser's buffers and the kernel's descriptors over them, at the default
+    configuration; nothing launched."""
+    fused = quantiser(q, k, quantisation)
+    kernel = Fp8Attention(fused.operands, problem, default_config(problem.head_dim), cache_seqlens)
+    return QuantisedLaunch(fused, kernel)
+
+
 def bind(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -276,11 +291,12 @@ def bind(
     quantisation: Quantisation = DEFAULT_QUANTISATION,
     *,
     cache_seqlens: torch.Tensor | None = None,
-) -> Fp8Attention:
-    """Quantise validated q, k, v (values change per call, so this is per-call work) and build the
-    descriptors at the default configuration; no launch."""
-    operands = _quantised(q, k, v, quantisation)
-    return Fp8Attention(operands, problem, default_config(problem.head_dim), cache_seqlens)
+) -> QuantisedLaunch:
+    """Per call (the values change): new buffers, the fused quantisation of validated q, k, v into
+    them (three launches), the descriptors; run() launches the kernel alone."""
+    prepared = launch(q, k, problem, quantisation, cache_seqlens=cache_seqlens)
+    prepared.quantise(q, k, v)
+    return prepared
 
 
 def prepare(
@@ -306,9 +322,9 @@ def prepare_end_to_end(
     *,
     cache_seqlens: torch.Tensor | None = None,
 ) -> Runner:
-    """Like ``prepare``, but every run() quantises, rotates and launches: the per-call cost of fp8."""
+    """Like ``prepare``, but every run() runs the fused quantiser and then the kernel: fp8's per-call cost."""
     checked = _validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES, cache_seqlens)
-    return end_to_end_runner(partial(bind, cache_seqlens=cache_seqlens), q, k, v, checked, quantisation)
+    return end_to_end_runner(launch(q, k, checked, quantisation, cache_seqlens=cache_seqlens), q, k, v)
 
 
 def emulate(
@@ -320,10 +336,12 @@ def emulate(
     *,
     cache_seqlens: torch.Tensor | None = None,
 ) -> Emulation:
-    """The fp64 emulation this rung is judged against: the same quantisation (K and V per KV head),
-    key blocks of the default configuration visited first to last, the problem's mask and key lengths."""
+    """The fp64 emulation this rung is judged against: the operands its kernel reads (the fused
+    quantiser's on CUDA; K and V per KV head), key blocks of the default configuration visited first
+    to last, the problem's mask and key lengths."""
     order = KernelOrder(block_n=default_config(problem.head_dim).block_n, reverse=False)
-    return emulate_quantised(_quantised(q, k, v, quantisation), problem, order, cache_seqlens)
+    operands = quantise_for_kernel(q, k, v, quantisation, VALUE_LAYOUT).as_quantised()
+    return emulate_quantised(operands, problem, order, cache_seqlens)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,10 +1,12 @@
-"""What both FP8 rungs share: the host quantiser, FA3's input distribution, and the fp64 emulation
-that judges them.
+"""What the FP8 rungs share: the reference quantiser, V's layouts, FA3's input distribution, and the
+fp64 emulation that judges them.
 
 Quantisation (``Quantisation``, ``quantise``)
 ---------------------------------------------
 Q, K and V are rounded to e4m3 after dividing by a scale that maps a group's amax onto 448 (e4m3's
-largest finite value). Two choices, the same in both stacks:
+largest finite value). ``quantise`` is the torch reference; on a GPU the rungs run the fused
+quantiser of ``common.contract.fp8_quantiser`` (the same values, one kernel launch per tensor,
+written in the kernel's layout: ``KernelOperands``). Two choices, the same in every stack:
 
 * Scale granularity. Per tensor: one scale for all of Q (K, V). Per block (FlashAttention-3's
   block quantisation): one scale per ``q_block_rows`` rows of Q and per ``kv_block_rows`` rows of K
@@ -23,24 +25,28 @@ largest finite value). Two choices, the same in both stacks:
 ``results/h200/fp8_error.md`` (``python -m common.tools.fp8_error``, FA3's Table 3 experiment) measures
 what each buys on FA3's input distribution (``fa3_inputs``).
 
-V's key order (``value_operand``)
----------------------------------
+V's layout (``ValueLayout``, ``transposed_values``) and key order (``value_operand``)
+-----------------------------------------------------------------------------------
+Every fp8 kernel reads V transposed (Vᵀ, keys contiguous, padded with zeros to a multiple of 16
+keys or of its key block): fp8 wgmma reads a shared-memory B operand only K-major.
+
 An e4m3 wgmma's A operand from registers (P in O += P V, k = 32 per instruction) wants each lane to
 hold four consecutive k per register, while the accumulator of S = Q Kᵀ gives lane t, per group of
 16 keys, the keys 2t, 2t+1, 2t+8 and 2t+9. Kernels that take P straight from S's registers (cute/fp8,
 gluon/fp8) rename the registers instead of exchanging data across lanes, and read V with its keys
-permuted the same way inside each group of 16 (``PERMUTED_KEY_ORDER``), transposed (Vᵀ: fp8 wgmma
-reads a shared-memory B operand only K-major). The product is the same sum in another order inside
-each 32-key group, which the emulation's per-group bound already covers.
+permuted the same way inside each group of 16 (``PERMUTED_KEY_ORDER``). The product is the same
+sum in another order inside each 32-key group, which the emulation's per-group bound already covers.
 
 The emulation (``emulate``)
 ---------------------------
 The yardstick of an fp8 rung is the float64 attention of exactly what its kernel reads (the same
-e4m3 bytes and scales) with P rounded to e4m3 the way the kernel rounds it: P = 2^(s - m_b + 8),
-where s is the score in log2 units and m_b the running row maximum after key block b in the
-kernel's visiting order (both kernels move the maximum on every increase), rounded to e4m3 for the
-P V product, while the row sum adds the unrounded P. O is the sum over blocks of the rounded P V,
-rescaled to the final maximum, over that row sum, rounded to bf16 as the kernels write it.
+e4m3 bytes and scales: each rung's ``emulate`` quantises with the kernel's own quantiser and
+undoes V's layout, ``KernelOperands.as_quantised``) with P rounded to e4m3 the way the kernel
+rounds it: P = 2^(s - m_b + 8), where s is the score in log2 units and m_b the running row maximum
+after key block b in the kernel's visiting order (both kernels move the maximum on every increase),
+rounded to e4m3 for the P V product, while the row sum adds the unrounded P. O is the sum over
+blocks of the rounded P V, rescaled to the final maximum, over that row sum, rounded to bf16 as the
+kernels write it.
 
 ``emulate`` also returns an elementwise bound on |kernel - emulation|, derived from what the
 kernel does in finite precision that the emulation does exactly:
@@ -69,7 +75,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -241,25 +246,94 @@ def _key_order(device: torch.device) -> torch.Tensor:
     return torch.tensor(PERMUTED_KEY_ORDER, device=device)
 
 
-def value_operand(v8: torch.Tensor, key_multiple: int = KEY_GROUP) -> torch.Tensor:
-    """(B, H, Sk, D) e4m3 -> (B, H, D, Sk') key-contiguous, zero-padded to Sk' = Sk rounded up to
-    ``key_multiple`` (a multiple of 16), keys permuted per group by ``PERMUTED_KEY_ORDER`` (the module
-    docstring says why).
+@dataclass(frozen=True)
+class ValueLayout:
+    """How a kernel reads V: transposed, (B, Hkv, D, Sk') with keys contiguous (fp8 wgmma reads its
+    shared-memory B operand K-major only), Sk' = Sk rounded up to ``key_multiple`` with real zeros,
+    and, if ``permuted``, the keys of each group of 16 in ``PERMUTED_KEY_ORDER``."""
+
+    permuted: bool
+    key_multiple: int = KEY_GROUP
+
+    def __post_init__(self) -> None:
+        if self.key_multiple < KEY_GROUP or self.key_multiple % KEY_GROUP:
+            raise ValueError(f"key_multiple must be a multiple of {KEY_GROUP}, got {self.key_multiple}")
+
+    def padded_keys(self, seqlen_k: int) -> int:
+        return -(-seqlen_k // self.key_multiple) * self.key_multiple
+
+
+def _slot_keys(padded: int, layout: ValueLayout, device: torch.device) -> torch.Tensor:
+    """The key each of the ``padded`` slots of Vᵀ holds."""
+    slots = torch.arange(padded, device=device)
+    if not layout.permuted:
+        return slots
+    return (slots.view(-1, KEY_GROUP)[:, :1] + _key_order(device)).flatten()
+
+
+def transposed_values(v8: torch.Tensor, layout: ValueLayout) -> torch.Tensor:
+    """(B, H, Sk, D) e4m3 -> Vᵀ (B, H, D, Sk') in ``layout`` (contiguous), the torch reference of
+    what the fused quantiser writes.
 
     The padding is real zeros, not out-of-bounds fill: a permuted group can move a key below Sk to a
     slot above it, so kernels must read the whole padded group. A kernel whose key block is
     ``key_multiple`` keys reads no key out of bounds at all.
     """
-    if key_multiple % KEY_GROUP:
-        raise ValueError(f"key_multiple must be a multiple of {KEY_GROUP}, got {key_multiple}")
     batch, heads, seqlen_k, head_dim = v8.shape
-    padded = -(-seqlen_k // key_multiple) * key_multiple
-    order = _key_order(v8.device)
-    keys = (torch.arange(padded // KEY_GROUP, device=v8.device)[:, None] * KEY_GROUP + order).flatten()
+    padded = layout.padded_keys(seqlen_k)
     # e4m3 has no torch kernels for indexing or padding: move the bytes as uint8.
     v_bytes = torch.zeros((batch, heads, padded, head_dim), dtype=torch.uint8, device=v8.device)
     v_bytes[:, :, :seqlen_k] = v8.view(torch.uint8)
+    keys = _slot_keys(padded, layout, v8.device)
     return v_bytes[:, :, keys].transpose(2, 3).contiguous().view(torch.float8_e4m3fn)
+
+
+def values_in_rows(vt8: torch.Tensor, layout: ValueLayout, seqlen_k: int) -> torch.Tensor:
+    """The inverse of ``transposed_values``: Vᵀ in ``layout`` back to (B, H, Sk, D) e4m3."""
+    padded = vt8.shape[-1]
+    slots = torch.empty(padded, dtype=torch.long, device=vt8.device)
+    slots[_slot_keys(padded, layout, vt8.device)] = torch.arange(padded, device=vt8.device)
+    rows = vt8.view(torch.uint8).transpose(2, 3)[:, :, slots[:seqlen_k]]
+    return rows.contiguous().view(torch.float8_e4m3fn)
+
+
+def value_operand(v8: torch.Tensor, key_multiple: int = KEY_GROUP) -> torch.Tensor:
+    """V as cute/fp8 and gluon/fp8 read it: transposed, zero-padded to ``key_multiple`` keys, keys
+    permuted per group by ``PERMUTED_KEY_ORDER`` (the module docstring says why)."""
+    return transposed_values(v8, ValueLayout(permuted=True, key_multiple=key_multiple))
+
+
+@dataclass(frozen=True)
+class KernelOperands:
+    """What an fp8 kernel reads: Q8 (B, H, Sq, D) and K8 (B, Hkv, Sk, D) e4m3, Vᵀ8 in
+    ``value_layout``, and the fp32 scales (B, H or Hkv, blocks) of ``QuantisedOperands``."""
+
+    q8: torch.Tensor
+    k8: torch.Tensor
+    vt8: torch.Tensor
+    q_scale: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+    quantisation: Quantisation
+    value_layout: ValueLayout
+
+    @property
+    def seqlen_k(self) -> int:
+        return self.k8.shape[2]
+
+    def as_quantised(self) -> QuantisedOperands:
+        """The same bytes and scales with V in rows again: the emulation's input."""
+        v8 = values_in_rows(self.vt8, self.value_layout, self.seqlen_k)
+        return QuantisedOperands(self.q8, self.k8, v8, self.q_scale, self.k_scale, self.v_scale, self.quantisation)
+
+
+def kernel_operands(operands: QuantisedOperands, layout: ValueLayout) -> KernelOperands:
+    """The torch quantiser's operands in a kernel's layout: the reference for the fused quantiser."""
+    vt8 = transposed_values(operands.v8, layout)
+    return KernelOperands(
+        operands.q8, operands.k8, vt8, operands.q_scale, operands.k_scale, operands.v_scale, operands.quantisation,
+        layout,
+    )  # fmt: skip
 
 
 def fa3_inputs(
@@ -408,24 +482,3 @@ def emulate(
                     q[b, h, rows], k[b, kv_head], v[b, kv_head], start, lengths[b], problem, order
                 )
     return Emulation(out.to(OUTPUT_DTYPE).double(), bound, lse, lse_bound)
-
-
-def end_to_end_runner(
-    bind: Callable[..., Callable[[], torch.Tensor]],
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    checked: Problem,
-    quantisation: Quantisation,
-) -> Callable[[], torch.Tensor]:
-    """A run() that quantises, rotates and launches in every call (an FP8 rung's per-call cost, timed
-    end to end) from the rung's ``bind`` and its validated problem; launched once here on a GPU so
-    the first timed call finds the kernel compiled."""
-
-    def run() -> torch.Tensor:
-        return bind(q, k, v, checked, quantisation)()
-
-    if q.is_cuda:
-        run()
-    run.variant = quantisation.name
-    return run

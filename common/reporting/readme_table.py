@@ -29,6 +29,13 @@ STACK_TITLES = {"triton": "Triton", "gluon": "Gluon", "cute": "CuTe DSL"}
 # results/h200/canonical-<label>/ and get their own, labelled table.
 COMPANION_GLOB = "canonical-*"
 MISSING = "—"
+# compare.py's column for rungs that transform their inputs per call (``common.reporting.row_extras``).
+END_TO_END = "tflops_end_to_end"
+
+
+def _end_to_end(row: pd.DataFrame) -> float:
+    """The row's end-to-end TFLOP/s (FP8: quantisation and kernel per call), NaN where not measured."""
+    return float(row[END_TO_END].iloc[0]) if END_TO_END in row else math.nan
 
 
 def _speed(frame: pd.DataFrame, impl: str, causal: bool) -> str:
@@ -39,7 +46,9 @@ def _speed(frame: pd.DataFrame, impl: str, causal: bool) -> str:
     if math.isnan(tflops):
         return status
     # A measured but wrong result keeps its speed, marked, so the table never hides a failed check.
-    return f"{tflops:.0f}" if status == "ok" else f"{tflops:.0f} ({status})"
+    speed = f"{tflops:.0f}" if status == "ok" else f"{tflops:.0f} ({status})"
+    end_to_end = _end_to_end(row)
+    return speed if math.isnan(end_to_end) else f"{speed} (e2e {end_to_end:.0f})"
 
 
 def _ladder(frame: pd.DataFrame) -> list[str]:
@@ -113,6 +122,12 @@ def run_table(csv_path: Path, env_path: Path) -> list[str]:
     variants = _variants(frame)
     if variants:
         lines += ["", f"FP8 quantisation that ran: {variants}."]
+    if END_TO_END in frame and frame[END_TO_END].notna().any():
+        lines += [
+            "",
+            "(e2e N): end to end, what a caller holding bf16 tensors gets per call (the rung quantises "
+            "Q, K and V and launches the kernel in every call); the figure before it is the kernel alone.",
+        ]
     wrong = frame[frame["status"] == "wrong"]
     for _, row in wrong.drop_duplicates("impl").iterrows():
         lines.append(f"\n{row['impl']} is marked wrong by its rule ({row['error_rule']}): {row['reason']}.")

@@ -8,8 +8,10 @@ and ring slot. The warp specialisation stays as it is (one TMA load warp, two co
 of 64 query rows each, ``setmaxnreg`` budgets, the hand-pipelined S_n / P_(n-1) V_(n-1) overlap);
 what changes is the FP8 contract that ``triton/fp8`` and ``cute/fp8`` follow too:
 
-  * Quantisation on the host, in ``bind``: ``common.contract.fp8.quantise`` (shared by all three fp8 rungs):
-    optionally Q and K rotated by a seeded random Hadamard matrix, then scales amax / 448 per tensor
+  * Quantisation in ``bind``, by the fused quantiser shared by the three fp8 rungs
+    (``common.contract.fp8_quantiser``: three launches, the values of ``common.contract.fp8.quantise``,
+    Vᵀ written in this kernel's layout, ``value_layout``): optionally Q and K rotated by a seeded
+    random Hadamard matrix, then scales amax / 448 per tensor
     or per block (64 rows of Q: one consumer warpgroup's tile; 128 rows of K and of V: two key
     blocks), per (batch, head). ``DEFAULT_QUANTISATION`` is ``triton/fp8``'s (block scales and
     rotation); ``quantisation=`` selects the other ``common.contract.fp8.VARIANTS``.
@@ -53,15 +55,16 @@ what CuTe makes you write):
     consecutive k per register, while S's accumulator gives each thread column pairs (2t, 2t+1,
     2t+8, 2t+9). Triton (``triton_impl/fp8._fp8_attention_step``: ``tl.dot(P.to(fp8), vt.T)``)
     picks the register layout and inserts the shuffles. Gluon and CuTe rename registers instead and
-    read V with its keys permuted the same way inside each group of 16 (``common.contract.fp8.value_operand``,
-    one definition for both), so no data crosses lanes. Gluon (``_device._scores_as_operand``)
-    writes the permutation of the key index as ``gl.reshape`` / ``gl.permute`` over its four low bits;
-    the layout Gluon infers for the result is the A-operand layout
+    read V with its keys permuted the same way inside each group of 16
+    (``common.contract.fp8.PERMUTED_KEY_ORDER``, one definition for both, written so by the fused
+    quantiser), so no data crosses lanes. Gluon (``_device._scores_as_operand``) writes the
+    permutation of the key index as ``gl.reshape`` / ``gl.permute`` over its four low bits; the
+    layout Gluon infers for the result is the A-operand layout
     ``DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)`` up to the order of each
     thread's registers, and ``gl.convert_layout(..., assert_trivial=True)`` makes the compiler
     refuse the kernel if that ever stops being true. CuTe (``cute_impl/fp8.py``,
     ``scores_to_operand_a``) retiles the accumulator fragment as the operand fragment.
-  * K-major V: all three store Vᵀ on the host; Triton transposes the loaded tile with ``vt.T``,
+  * K-major V: the fused quantiser writes Vᵀ for all three; Triton transposes the loaded tile with ``vt.T``,
     Gluon with ``tile.permute((1, 0))`` on a shared-memory descriptor, CuTe by choosing the B
     operand's K-major shared layout.
   * The per-block accumulator: Triton's ``tl.dot`` without an accumulator plus an fp32 add; Gluon's
@@ -88,26 +91,16 @@ rescaling, a persistent scheduler).
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 import triton
 from triton.experimental.gluon import language as gl
 
-from common.contract.fp8 import (
-    Emulation,
-    KernelOrder,
-    Quantisation,
-    QuantisedOperands,
-    end_to_end_runner,
-    quantise,
-    value_operand,
-)
+from common.contract.fp8 import Emulation, KernelOperands, KernelOrder, Quantisation, ValueLayout
 from common.contract.fp8 import emulate as emulate_quantised
+from common.contract.fp8_quantiser import FusedQuantiser, QuantisedLaunch, end_to_end_runner, quantise_for_kernel
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.contract.validation import kernel_operand
 from common.measure.toolchain import release_configs
 from triton_impl._host import LOG2_E
 from triton_impl.fp8 import DEFAULT_QUANTISATION, INPUT_DTYPES
@@ -148,6 +141,11 @@ def default_config(problem: Problem) -> GluonConfig:
     return DEFAULT_CONFIGS[problem.head_dim, problem.causal]
 
 
+def value_layout(config: GluonConfig) -> ValueLayout:
+    """Vᵀ as this kernel reads it: keys permuted for P in S's registers, padded to whole key blocks."""
+    return ValueLayout(permuted=True, key_multiple=config.block_n)
+
+
 def check_quantisation_blocks(quantisation: Quantisation, config: GluonConfig) -> None:
     """Block scales are scalars per tile only if each consumer's Q tile and each key block lie inside
     one quantisation block."""
@@ -162,13 +160,14 @@ def check_quantisation_blocks(quantisation: Quantisation, config: GluonConfig) -
 
 
 class GluonFp8Attention:
-    """Prepared launch over quantised operands: descriptors, Vᵀ, O (bf16) and lse built once;
-    calling it launches and returns O, or (O, lse) when the problem returns the LSE. K, V and their
-    scales have the KV heads' shape (B, Hkv, ...), quantised as given (per KV head)."""
+    """Prepared launch over quantised operands (buffers the fused quantiser writes, Vᵀ in
+    ``value_layout(config)``): descriptors, O (bf16) and lse built once; calling it launches and
+    returns O, or (O, lse) when the problem returns the LSE. K, V and their scales have the KV heads'
+    shape (B, Hkv, ...), quantised as given (per KV head)."""
 
     def __init__(
         self,
-        operands: QuantisedOperands,
+        operands: KernelOperands,
         problem: Problem,
         config: GluonConfig,
         cache_seqlens: torch.Tensor | None = None,
@@ -176,11 +175,13 @@ class GluonFp8Attention:
         batch, heads, seqlen_q, head_dim = operands.q8.shape
         quantisation = operands.quantisation
         check_quantisation_blocks(quantisation, config)
+        if operands.value_layout != value_layout(config):
+            raise ValueError(f"{RUNG} reads Vᵀ as {value_layout(config)}, got {operands.value_layout}")
         self.variant = quantisation.name
         # Kept as attributes: the descriptors point into these buffers.
         self.operands = operands
         # Vᵀ padded with zeros to whole key blocks, so that no V tile reads past its tensor.
-        self.vt8 = value_operand(operands.v8, key_multiple=config.block_n)
+        self.vt8 = operands.vt8
         self.return_lse = problem.return_lse
         self.out = torch.empty(operands.q8.shape, device=operands.q8.device, dtype=OUTPUT_DTYPE)
         self.lse = torch.empty((batch, heads, seqlen_q), device=operands.q8.device, dtype=torch.float32)
@@ -221,8 +222,19 @@ def _validate(
     return validate_gluon_inputs(q, k, v, problem, INPUT_DTYPES, RUNG, cache_seqlens)
 
 
-def _quantised(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, quantisation: Quantisation) -> QuantisedOperands:
-    return quantise(*(kernel_operand(t) for t in (q, k, v)), quantisation)
+def launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    problem: Problem,
+    quantisation: Quantisation = DEFAULT_QUANTISATION,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+) -> QuantisedLaunch:
+    """The fused quantiser's buffers (Vᵀ in this kernel's layout) and the kernel's descriptors over
+    them, at the default configuration; nothing launched."""
+    config = default_config(problem)
+    fused = FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, value_layout(config))
+    return QuantisedLaunch(fused, GluonFp8Attention(fused.operands, problem, config, cache_seqlens))
 
 
 def bind(
@@ -233,11 +245,12 @@ def bind(
     quantisation: Quantisation = DEFAULT_QUANTISATION,
     *,
     cache_seqlens: torch.Tensor | None = None,
-) -> GluonFp8Attention:
-    """Quantise validated q, k, v (per call: the values change) and build the descriptors at the
-    default configuration; no launch."""
-    operands = _quantised(q, k, v, quantisation)
-    return GluonFp8Attention(operands, problem, default_config(problem), cache_seqlens)
+) -> QuantisedLaunch:
+    """Per call (the values change): new buffers, the fused quantisation of validated q, k, v into
+    them (three launches), the descriptors; run() launches the kernel alone."""
+    prepared = launch(q, k, problem, quantisation, cache_seqlens=cache_seqlens)
+    prepared.quantise(q, k, v)
+    return prepared
 
 
 def prepare(
@@ -263,9 +276,9 @@ def prepare_end_to_end(
     *,
     cache_seqlens: torch.Tensor | None = None,
 ) -> Runner:
-    """Like ``prepare``, but every run() quantises, rotates and launches: the per-call cost of fp8."""
+    """Like ``prepare``, but every run() runs the fused quantiser and then the kernel: fp8's per-call cost."""
     checked = _validate(q, k, v, problem, cache_seqlens)
-    return end_to_end_runner(partial(bind, cache_seqlens=cache_seqlens), q, k, v, checked, quantisation)
+    return end_to_end_runner(launch(q, k, checked, quantisation, cache_seqlens=cache_seqlens), q, k, v)
 
 
 def emulate(
@@ -277,10 +290,13 @@ def emulate(
     *,
     cache_seqlens: torch.Tensor | None = None,
 ) -> Emulation:
-    """The fp64 emulation this rung is judged against: the same quantisation, key blocks of the
-    default configuration visited first to last (every consumer walks its blocks upwards)."""
-    order = KernelOrder(block_n=default_config(problem).block_n, reverse=False)
-    return emulate_quantised(_quantised(q, k, v, quantisation), problem, order, cache_seqlens=cache_seqlens)
+    """The fp64 emulation this rung is judged against: the operands its kernel reads (the fused
+    quantiser's on CUDA), key blocks of the default configuration visited first to last (every
+    consumer walks its blocks upwards)."""
+    config = default_config(problem)
+    order = KernelOrder(block_n=config.block_n, reverse=False)
+    operands = quantise_for_kernel(q, k, v, quantisation, value_layout(config)).as_quantised()
+    return emulate_quantised(operands, problem, order, cache_seqlens=cache_seqlens)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,211 @@
+"""The fused FP8 quantiser against the torch one, and what it leaves of each FP8 rung's speed (issue #30).
+
+At P1 (B=2 H=16 S=8192 D=128 bf16; ``--seqlen`` and ``--heads`` change it), on fresh FA3-distributed
+inputs, every timing by ``common.measure.timing.time_cuda`` (L2 flushed before each run, median):
+
+* Quantisers, Q, K and V together: the torch reference (``common.contract.fp8.quantise`` and V's
+  layout by indexing, what the rungs ran before) and the fused one
+  (``common.contract.fp8_quantiser.FusedQuantiser``: tensor-core rotation, butterfly rotation), for
+  every quantisation variant (``block`` and ``per-tensor`` have no rotation) and each kernel's V
+  layout. Effective bandwidth counts Q, K, V read in bf16 once and e4m3 plus scales written once.
+* Rungs (``triton/fp8``, ``gluon/fp8``, ``cute/fp8``, default quantisation), causal and not:
+  kernel only (``prepare``: operands quantised once), end to end (``prepare_end_to_end``: the fused
+  quantiser and the kernel per call, buffers held), per rotation method, and ``attention(impl=...)``
+  per call (a new plan-bound launch per call: buffers allocated, quantiser and kernel launched). The
+  end-to-end output is checked equal to the kernel-only one on the same inputs.
+
+The issue's targets, reported per row: quantisation <= 10 % of the kernel's time, end to end
+>= 0.9x the kernel's TFLOP/s. Writes ``fp8_quantiser.csv`` and ``fp8_quantiser.md`` to ``--out``.
+
+usage (project root):  python -m bench.fp8_quantiser --out results/h200/fp8-quantiser [--only cute/fp8]
+Exits 2 with one line without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import importlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from bench import require_gpu
+from common.contract import fp8, fp8_quantiser
+from common.contract.problem import Problem
+
+RUNGS = {"triton/fp8": "triton_impl.fp8", "gluon/fp8": "triton_impl.gluon.fp8", "cute/fp8": "cute_impl.fp8"}
+LAYOUTS = {
+    "triton/fp8": fp8.ValueLayout(permuted=False, key_multiple=16),
+    "cute/fp8": fp8.ValueLayout(permuted=True, key_multiple=16),
+    "gluon/fp8": fp8.ValueLayout(permuted=True, key_multiple=128),
+}
+# The issue's targets: quantisation at most this share of the kernel's time, end to end at least this
+# fraction of the kernel's TFLOP/s.
+QUANTISE_SHARE_TARGET = 0.10
+END_TO_END_TARGET = 0.9
+E4M3_BYTES, SCALE_BYTES = 1, 4
+
+
+@dataclass
+class Row:
+    kind: str  # "quantiser" or "rung"
+    name: str
+    variant: str
+    method: str
+    layout_of: str
+    causal: bool
+    ms: float
+    tflops: float = float("nan")
+    gbps: float = float("nan")
+    note: str = field(default="")
+
+
+def _bytes_moved(problem: Problem) -> int:
+    """Q, K, V read once in their dtype, written once in e4m3 with their block scales (the minimum)."""
+    elements = (
+        problem.batch * problem.head_dim * (problem.heads * problem.seqlen_q + 2 * problem.kv_heads * problem.seqlen_k)
+    )
+    scales = problem.batch * (problem.heads * problem.seqlen_q // 64 + 2 * problem.kv_heads * problem.seqlen_k // 128)
+    return elements * (problem.dtype.itemsize + E4M3_BYTES) + scales * SCALE_BYTES
+
+
+def _time(run, args: argparse.Namespace) -> float:
+    from common.measure.timing import time_cuda
+
+    return time_cuda(run, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms).ms
+
+
+def quantiser_rows(problem: Problem, inputs, args: argparse.Namespace) -> list[Row]:
+    rows = []
+    gbytes = _bytes_moved(problem) / 1e9
+    for rung in args.only:
+        layout = LAYOUTS[rung]
+        for variant, quantisation in fp8.VARIANTS.items():
+            runs = {"torch": lambda qn=quantisation, lay=layout: fp8.kernel_operands(fp8.quantise(*inputs, qn), lay)}
+            methods = fp8_quantiser.ROTATION_METHODS if quantisation.rotation else ("none",)
+            for method in methods:
+                quantiser = fp8_quantiser.FusedQuantiser(
+                    inputs[0].shape, inputs[1].shape, problem.dtype, inputs[0].device, quantisation, layout,
+                    None if method == "none" else method,
+                )  # fmt: skip
+                runs[f"fused {method}"] = lambda fq=quantiser: fq(*inputs)
+            for name, run in runs.items():
+                ms = _time(run, args)
+                kind, method = name.split(" ") if " " in name else (name, "-")
+                rows.append(Row("quantiser", kind, variant, method, rung, False, ms, gbps=gbytes / (ms * 1e-3)))
+                print(f"quantiser {name:20s} {variant:15s} V for {rung:10s} {ms * 1e3:9.1f} us", flush=True)
+    return rows
+
+
+def _with_method(method: str, build):
+    """``build()`` with the fused quantiser's default rotation method set to ``method`` (the rungs and
+    their emulations read it when they build their quantiser), restored afterwards."""
+    saved = fp8_quantiser.DEFAULT_ROTATION_METHOD
+    fp8_quantiser.DEFAULT_ROTATION_METHOD = method
+    try:
+        return build()
+    finally:
+        fp8_quantiser.DEFAULT_ROTATION_METHOD = saved
+
+
+def one_rung_rows(rung: str, problem: Problem, inputs, args: argparse.Namespace) -> list[Row]:
+    from common import attention, clear_plan_cache
+    from common.measure.timing import tflops
+
+    module = importlib.import_module(RUNGS[rung])
+    variant = module.DEFAULT_QUANTISATION.name
+    ok, reason = module.IMPLEMENTATION.check(problem, inputs[0].device)
+    if not ok:
+        print(f"{rung}: skipped, {reason}", flush=True)
+        return []
+    kernel_only = module.prepare(*inputs, problem)
+    ms = _time(kernel_only, args)
+    rows = [Row("rung", rung, variant, "-", "kernel only", problem.causal, ms, tflops(problem.flops, ms))]
+    for method in fp8_quantiser.ROTATION_METHODS:
+        # The same method's kernel-only output: the two methods' operands may differ by an e4m3 step.
+        expected = _with_method(method, lambda: module.prepare(*inputs, problem)().clone())
+        end_to_end = _with_method(method, lambda: module.prepare_end_to_end(*inputs, problem))
+        note = "" if torch.equal(end_to_end(), expected) else "output differs from kernel only"
+        ms = _time(end_to_end, args)
+        rows.append(Row("rung", rung, variant, method, "end to end", problem.causal, ms, tflops(problem.flops, ms),
+                        note=note))  # fmt: skip
+    clear_plan_cache()
+    per_call = functools.partial(attention, *inputs, causal=problem.causal, impl=rung)
+    per_call()
+    ms = _time(per_call, args)
+    rows.append(Row("rung", rung, variant, fp8_quantiser.DEFAULT_ROTATION_METHOD, "attention() per call",
+                    problem.causal, ms, tflops(problem.flops, ms)))  # fmt: skip
+    for row in rows:
+        print(f"{rung:10s} causal={problem.causal!s:5s} {row.layout_of:22s} {row.method:12s} "
+              f"{row.ms * 1e3:9.1f} us {row.tflops:7.0f} TFLOP/s {row.note}", flush=True)  # fmt: skip
+    return rows
+
+
+def markdown(rows: list[Row], problem: Problem, device_name: str) -> str:
+    shape = f"B={problem.batch} H={problem.heads} S={problem.seqlen_q} D={problem.head_dim} {problem.dtype_name}"
+    lines = [f"# FP8 quantiser and rungs, {device_name} ({shape})", "",
+             "## Quantisers (Q, K, V together)", "", "| V layout of | variant | quantiser | rotation | µs | GB/s |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for row in (r for r in rows if r.kind == "quantiser"):
+        lines.append(
+            f"| {row.layout_of} | {row.variant} | {row.name} | {row.method} | {row.ms * 1e3:.1f} | {row.gbps:.0f} |"
+        )
+    lines += ["", "## Rungs (default quantisation)", "",
+              "| rung | causal | path | rotation | µs | TFLOP/s | x kernel | quantisation share of kernel | note |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    kernels = {(r.name, r.causal): r for r in rows if r.kind == "rung" and r.layout_of == "kernel only"}
+    for row in (r for r in rows if r.kind == "rung"):
+        kernel = kernels[row.name, row.causal]
+        ratio = row.tflops / kernel.tflops
+        share = (row.ms - kernel.ms) / kernel.ms
+        flags = []
+        if row.layout_of != "kernel only":
+            flags += [] if share <= QUANTISE_SHARE_TARGET else [f"share > {QUANTISE_SHARE_TARGET:.0%}"]
+            flags += [] if ratio >= END_TO_END_TARGET else [f"< {END_TO_END_TARGET}x kernel"]
+        note = "; ".join(filter(None, [row.note, *flags]))
+        lines.append(f"| {row.name} | {row.causal} | {row.layout_of} | {row.method} | {row.ms * 1e3:.1f} | "
+                     f"{row.tflops:.0f} | {ratio:.2f} | {share:.1%} | {note} |")  # fmt: skip
+    lines += ["", f"Targets (issue #30): quantisation <= {QUANTISE_SHARE_TARGET:.0%} of the kernel's time, end to end "
+              f">= {END_TO_END_TARGET}x the kernel's TFLOP/s. Bytes per quantisation: "
+              f"{_bytes_moved(problem) / 1e6:.0f} MB."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seqlen", type=int, default=8192)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--only", default=",".join(RUNGS), help="comma-separated rungs")
+    parser.add_argument("--warmup-ms", type=float, default=100)
+    parser.add_argument("--rep-ms", type=float, default=500)
+    args = parser.parse_args()
+    args.only = [name for name in args.only.split(",") if name]
+    unknown = [name for name in args.only if name not in RUNGS]
+    if unknown:
+        parser.error(f"unknown rungs {unknown}; valid: {', '.join(RUNGS)}")
+    require_gpu("bench/fp8_quantiser.py")
+    rows: list[Row] = []
+    for causal in (False, True):
+        problem = Problem.canonical(args.seqlen, heads=args.heads, causal=causal)
+        inputs = fp8.fa3_inputs(problem, seed=0, device="cuda")
+        if not causal:
+            rows += quantiser_rows(problem, inputs, args)
+        for rung in args.only:
+            rows += one_rung_rows(rung, problem, inputs, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with (args.out / "fp8_quantiser.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(asdict(rows[0])))
+        writer.writeheader()
+        writer.writerows(asdict(row) for row in rows)
+    (args.out / "fp8_quantiser.md").write_text(
+        markdown(rows, Problem.canonical(args.seqlen, heads=args.heads), torch.cuda.get_device_name())
+    )
+    print(f"wrote {args.out / 'fp8_quantiser.csv'} and {args.out / 'fp8_quantiser.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,398 @@
+"""The fused FP8 quantiser (``common.contract.fp8_quantiser``) against the torch reference
+(``common.contract.fp8.quantise`` in each kernel's layout): on CPU under the Triton interpreter with
+small shapes, on the GPU at real ones; planted bugs the comparison must catch; the sm_90a builds."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from common.contract import fp8
+from common.contract import fp8_quantiser as fused
+from common.contract.inputs import make_inputs
+from common.contract.problem import Problem
+
+ROOT = Path(__file__).resolve().parent.parent
+# The three kernels' V layouts: triton/fp8 (key order), cute/fp8 (permuted, 16), gluon/fp8 (permuted, 128).
+LAYOUTS = {
+    "triton": fp8.ValueLayout(permuted=False, key_multiple=16),
+    "cute": fp8.ValueLayout(permuted=True, key_multiple=16),
+    "gluon": fp8.ValueLayout(permuted=True, key_multiple=128),
+}
+# (variant, rotation method): the method matters only with a rotation.
+CASES = [
+    ("per-tensor", "tensor_core"),
+    ("block", "tensor_core"),
+    ("rotation", "tensor_core"),
+    ("rotation", "butterfly"),
+    ("block+rotation", "tensor_core"),
+    ("block+rotation", "butterfly"),
+]
+
+
+def _problem(head_dim: int, dtype: torch.dtype, seqlens: tuple[int, int] = (130, 100)) -> Problem:
+    """GQA (2 query heads over 1 KV head), two sequences, ragged in every block size."""
+    return Problem(2, 2, *seqlens, head_dim, dtype=dtype, kv_heads=1)
+
+
+@functools.cache
+def _inputs(problem: Problem, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FA3's outlier inputs with an offset on V: outliers set amaxes, the offset makes V's signs uneven.
+    Drawn once per problem (at P1 the draw takes seconds); callers do not modify them."""
+    q, k, v = fp8.fa3_inputs(problem, seed=problem.seqlen_q + problem.head_dim, device=device)
+    return q, k, v + 0.5
+
+
+def _compare(q, k, v, variant: str, method: str, layout: fp8.ValueLayout) -> fused.OperandDifferences:
+    quantisation = fp8.quantisation_named(variant)
+    operands = fused.quantise_fused(q, k, v, quantisation, layout, method)
+    reference = fp8.kernel_operands(fp8.quantise(q, k, v, quantisation), layout)
+    return fused.operand_differences(operands, reference)
+
+
+# ----------------------------------------------------------------------------------------------------
+# CPU (interpreter): the same values as the reference
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize(("variant", "method"), CASES, ids=[f"{v}-{m}" for v, m in CASES])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_fused_quantiser_gives_the_reference_bytes_and_scales(
+    dtype: torch.dtype, head_dim: int, variant: str, method: str, layout: str
+):
+    """Bit-identical without rotation (and V always); with it, every difference one e4m3 step on few
+    elements and scales within a few ulps (``operand_differences``), in each kernel's layout."""
+    differences = _compare(*_inputs(_problem(head_dim, dtype)), variant, method, LAYOUTS[layout])
+    print(differences.summary())
+    assert differences.ok, differences.summary()
+    if not fp8.quantisation_named(variant).rotation:
+        assert differences.differing == 0
+
+
+def test_fused_quantiser_reads_strided_inputs_and_refills_its_buffers():
+    """(B, S, H, D) storage seen as (B, H, S, D) is read by strides (no copy), and a second call with
+    new inputs rewrites the same buffers with the new values."""
+    problem = _problem(64, torch.float16, (77, 150))
+    quantisation = fp8.quantisation_named("block+rotation")
+    layout = LAYOUTS["cute"]
+    quantiser = fused.FusedQuantiser(
+        (2, 2, 77, 64), (2, 1, 150, 64), torch.float16, "cpu", quantisation, layout, "butterfly"
+    )
+    for seed in (1, 2):
+        q, k, v = make_inputs(problem, seed=seed, device="cpu", offset=0.5)
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+        assert not q.is_contiguous()
+        operands = quantiser(q, k, v)
+        assert operands.q8.data_ptr() == quantiser.operands.q8.data_ptr()
+        reference = fp8.kernel_operands(fp8.quantise(q, k, v, quantisation), layout)
+        differences = fused.operand_differences(operands, reference)
+        assert differences.ok, differences.summary()
+
+
+def test_kernel_operands_give_the_emulation_the_reference_values():
+    """``as_quantised`` undoes V's layout: the emulation reads the same V bytes as ``quantise`` gives."""
+    problem = _problem(64, torch.float16)
+    q, k, v = _inputs(problem)
+    quantisation = fp8.quantisation_named("block")
+    for layout in LAYOUTS.values():
+        back = fused.quantise_fused(q, k, v, quantisation, layout).as_quantised()
+        reference = fp8.quantise(q, k, v, quantisation)
+        for name in ("q8", "k8", "v8"):
+            assert torch.equal(getattr(back, name).view(torch.uint8), getattr(reference, name).view(torch.uint8))
+
+
+def test_quantise_for_kernel_uses_the_reference_on_a_cpu_outside_the_interpreter(monkeypatch: pytest.MonkeyPatch):
+    problem = _problem(64, torch.float16)
+    q, k, v = _inputs(problem)
+    quantisation = fp8.quantisation_named("block+rotation")
+    monkeypatch.setattr(fused, "triton_interpreting", lambda: False)
+    operands = fused.quantise_for_kernel(q, k, v, quantisation, LAYOUTS["gluon"])
+    reference = fp8.kernel_operands(fp8.quantise(q, k, v, quantisation), LAYOUTS["gluon"])
+    for name in ("q8", "k8", "vt8"):
+        assert torch.equal(getattr(operands, name).view(torch.uint8), getattr(reference, name).view(torch.uint8))
+    with pytest.raises(ValueError, match="needs a CUDA device, or CPU under TRITON_INTERPRET=1; got cpu"):
+        fused.quantise_fused(q, k, v, quantisation, LAYOUTS["gluon"])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Planted bugs: the comparison fails each
+# ----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def rotated_case():
+    problem = _problem(128, torch.bfloat16, (130, 300))
+    q, k, v = _inputs(problem)
+    quantisation = fp8.quantisation_named("block+rotation")
+    layout = LAYOUTS["cute"]
+    operands = fused.quantise_fused(q, k, v, quantisation, layout)
+    reference = fp8.kernel_operands(fp8.quantise(q, k, v, quantisation), layout)
+    assert fused.operand_differences(operands, reference).ok
+    return (q, k, v), quantisation, layout, operands, reference
+
+
+def _fails(operands: fp8.KernelOperands, reference: fp8.KernelOperands, tensor: str) -> None:
+    differences = fused.operand_differences(operands, reference)
+    failed = [difference.name for difference in differences.tensors if not difference.ok]
+    assert failed == [tensor], differences.summary()
+
+
+def test_a_wrong_block_scale_fails(rotated_case):
+    """K's block 0 given the scale of block 1 (its bytes unchanged): a scale off by far more than ulps."""
+    _, _, _, operands, reference = rotated_case
+    k_scale = operands.k_scale.clone()
+    k_scale[:, :, 0] = k_scale[:, :, 1]
+    _fails(dataclasses.replace(operands, k_scale=k_scale), reference, "k")
+
+
+def test_a_block_cast_with_its_neighbours_scale_fails(rotated_case):
+    """V's block 0 rounded with twice its scale (its scale entry right): its bytes a binade off (and
+    V has no rotation, so even one differing byte fails)."""
+    (_, _, v), quantisation, layout, operands, reference = rotated_case
+    scales = operands.v_scale.clone()
+    scales[:, :, 0] *= 2
+    wrong = fp8.quantise_with(v.float(), scales, quantisation.kv_block_rows)
+    _fails(dataclasses.replace(operands, vt8=fp8.transposed_values(wrong, layout)), reference, "v")
+
+
+def test_rotation_skipped_for_k_fails(rotated_case):
+    (q, k, v), quantisation, layout, operands, reference = rotated_case
+    unrotated = fused.quantise_fused(q, k, v, dataclasses.replace(quantisation, rotation=False), layout)
+    _fails(dataclasses.replace(operands, k8=unrotated.k8, k_scale=unrotated.k_scale), reference, "k")
+
+
+def test_v_not_permuted_fails(rotated_case):
+    """Vᵀ in key order where the kernel reads it permuted (the layout it claims)."""
+    (q, k, v), quantisation, _, operands, reference = rotated_case
+    key_order = fused.quantise_fused(q, k, v, quantisation, fp8.ValueLayout(permuted=False))
+    _fails(dataclasses.replace(operands, vt8=key_order.vt8), reference, "v")
+
+
+def test_padding_that_is_not_zero_fails(rotated_case):
+    _, _, _, operands, reference = rotated_case
+    vt8 = operands.vt8.clone()
+    vt8.view(torch.uint8)[..., -1] = 0x38  # 1.0 in e4m3, in the slot past the last key (Sk = 300 -> 304)
+    _fails(dataclasses.replace(operands, vt8=vt8), reference, "v")
+
+
+def test_two_steps_or_too_many_one_step_differences_fail_a_rotated_tensor(rotated_case):
+    _, _, _, operands, reference = rotated_case
+    bytes_two_steps = operands.q8.view(torch.uint8).clone()
+    bytes_two_steps.view(-1)[123] = reference.q8.view(torch.uint8).view(-1)[123] ^ 0x02
+    _fails(dataclasses.replace(operands, q8=bytes_two_steps.view(torch.float8_e4m3fn)), reference, "q")
+    # One step (the ordinal plus one) on a tenth of Q: each difference is allowed, their number is not.
+    shifted = reference.q8.view(torch.uint8).clone().view(-1)
+    picked = shifted[::10]
+    shifted[::10] = torch.where(picked & 0x7F < 0x7E, picked + 1, picked - 1)
+    _fails(dataclasses.replace(operands, q8=shifted.view(operands.q8.shape).view(torch.float8_e4m3fn)), reference, "q")
+
+
+def test_e4m3_steps_count_the_grid_across_zero():
+    codes = torch.tensor([0x00, 0x80, 0x01, 0x81, 0x38, 0x39, 0x7E], dtype=torch.uint8)
+    other = torch.tensor([0x80, 0x00, 0x00, 0x01, 0x39, 0x37, 0x7D], dtype=torch.uint8)
+    steps = fused.e4m3_steps(codes.view(torch.float8_e4m3fn), other.view(torch.float8_e4m3fn))
+    assert steps.tolist() == [0, 0, 1, 2, 1, 2, 1]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The interpreter's rounding onto e4m3's grid, and bad input
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _round_kernel(X, Y, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(Y + offs, fused._round_to_e4m3_grid(tl.load(X + offs)))
+
+
+def test_software_rounding_is_torchs_e4m3_cast():
+    """Every e4m3 value, every midpoint between neighbours and the fp32 values next to each, with
+    both signs and the subnormals: rounded exactly as torch's cast rounds (ties to even, -0 kept)."""
+    grid = torch.arange(0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    midpoints = (grid[1:] + grid[:-1]) / 2
+    near = torch.cat([midpoints, torch.nextafter(midpoints, torch.zeros(1)), torch.nextafter(midpoints, grid[-1:])])
+    values = torch.cat([grid, near, torch.tensor([0.0, 2.0**-12, 2.0**-10, 3 * 2.0**-11, fp8.E4M3_MAX])])
+    values = torch.cat([values, -values])
+    size = triton.next_power_of_2(values.numel())
+    x = torch.zeros(size)
+    x[: values.numel()] = values
+    y = torch.empty(size)
+    _round_kernel[(1,)](x, y, N=size)
+    expected = x.to(torch.float8_e4m3fn).float()
+    assert torch.equal(y.view(torch.int32), expected.view(torch.int32)), (x[y != expected], y[y != expected])
+
+
+def test_bad_inputs_are_refused_with_what_was_expected():
+    quantisation = fp8.quantisation_named("block")
+    layout = LAYOUTS["triton"]
+    with pytest.raises(TypeError, match=r"reads fp16 or bf16, got torch\.float32"):
+        fused.FusedQuantiser((1, 1, 64, 64), (1, 1, 64, 64), torch.float32, "cpu", quantisation, layout)
+    with pytest.raises(ValueError, match="power-of-two head_dim, got 96"):
+        fused.FusedQuantiser((1, 1, 64, 96), (1, 1, 64, 96), torch.float16, "cpu", quantisation, layout)
+    with pytest.raises(ValueError, match="rotation_method must be one of"):
+        fused.FusedQuantiser((1, 1, 64, 64), (1, 1, 64, 64), torch.float16, "cpu", quantisation, layout, "fft")
+    quantiser = fused.FusedQuantiser((1, 2, 64, 64), (1, 1, 64, 64), torch.float16, "cpu", quantisation, layout)
+    q = torch.zeros(1, 2, 64, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"k: expected \(1, 1, 64, 64\) torch.float16 on cpu"):
+        quantiser(q, q, q)
+
+
+# ----------------------------------------------------------------------------------------------------
+# sm_90a builds (no GPU needed)
+# ----------------------------------------------------------------------------------------------------
+_BUILD_PROBE = """
+import json, re
+import torch
+from common.contract import fp8
+from common.contract.fp8_quantiser import ROTATION_METHODS, compile_sm90
+from common.reporting.static import cubin_resources
+rows = []
+for head_dim in (64, 128, 256):
+    for variant, quantisation in fp8.VARIANTS.items():
+        steps = ["block"] if quantisation.block else ["amax", "cast"]
+        # compile_sm90's order: each tensor's steps, then (per tensor) the amax reduction.
+        roles = [(tensor, step) for tensor in "qkv" for step in steps]
+        roles += [] if quantisation.block else [("all", "reduce")]
+        for method in ROTATION_METHODS if quantisation.rotation else ROTATION_METHODS[:1]:
+            for layout in (fp8.ValueLayout(False, 16), fp8.ValueLayout(True, 128)):
+                binaries = compile_sm90(head_dim, torch.bfloat16, quantisation, layout, method)
+                assert len(binaries) == len(roles)
+                for (tensor, step), binary in zip(roles, binaries):
+                    rows.append({
+                        "name": f"D={head_dim} {variant} {method} {layout} {tensor} {step}",
+                        "rotated": quantisation.rotation and tensor in "qk", "method": method, "step": step,
+                        "spills": max(usage["local_bytes"] for usage in cubin_resources(binary.cubin).values()),
+                        "cast": bool(re.search(r"cvt\\.rn\\.satfinite\\.e4m3x2\\.f32", binary.ptx)),
+                        "ieee_division": bool(re.search(r"div\\.rn\\.f32", binary.ptx)),
+                        "approximate_division": bool(re.search(r"div\\.(full|approx)\\.f32", binary.ptx)),
+                        "wgmma": bool(re.search(r"wgmma\\.mma_async", binary.ptx)),
+                    })
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.static
+def test_fused_quantiser_builds_for_sm90_without_spills_and_with_exact_arithmetic():
+    """Every launch's build at D = 64, 128, 256: no spills; where it casts, the hardware's
+    round-to-nearest-even e4m3 cast and IEEE division (what keeps the bytes equal to torch's), never
+    Triton's approximate division; the tensor-core rotation on wgmma."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", _BUILD_PROBE], capture_output=True, text=True, env=env, timeout=1500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(done.stdout.splitlines()[-1])
+    assert len(rows) == 3 * (2 * 7 + 2 * 3 + 2 * 2 * 7 + 2 * 2 * 3), len(rows)
+    for row in rows:
+        assert row["spills"] == 0, f"{row['name']}: {row['spills']} bytes spilled"
+        assert not row["approximate_division"], row["name"]
+        if row["step"] in ("block", "cast"):
+            assert row["cast"] and row["ieee_division"], row["name"]
+        if row["rotated"] and row["method"] == "tensor_core" and row["step"] != "reduce":
+            assert row["wgmma"], row["name"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU
+# ----------------------------------------------------------------------------------------------------
+@pytest.fixture
+def exact_torch_matmul():
+    """The reference's rotation in full fp32 (a TF32 GEMM would round the matrix's entries)."""
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize(("variant", "method"), CASES, ids=[f"{v}-{m}" for v, m in CASES])
+@pytest.mark.parametrize(
+    "shape", [(2, 16, 16, 8192, 8192, 128), (2, 8, 2, 1000, 777, 128), (1, 4, 1, 333, 4097, 64)], ids=str
+)
+def test_gpu_fused_quantiser_gives_the_reference_bytes_and_scales(
+    shape: tuple, variant: str, method: str, layout: str, exact_torch_matmul
+):
+    """P1 (B=2 H=16 S=8192 D=128 bf16), GQA with ragged lengths, D=64 MQA: the CPU test's rule at
+    real sizes against the torch quantiser on the GPU; prints the differing counts."""
+    batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim = shape
+    problem = Problem(batch, heads, seqlen_q, seqlen_k, head_dim, dtype=torch.bfloat16, kv_heads=kv_heads)
+    differences = _compare(*_inputs(problem, "cuda"), variant, method, LAYOUTS[layout])
+    print(f"{shape} {variant} {method} {layout}: {differences.summary()}")
+    assert differences.ok, differences.summary()
+
+
+def _buffers(operands: fp8.KernelOperands) -> list[torch.Tensor]:
+    """The quantiser's six output buffers, e4m3 ones as bytes (views: writing them writes the buffers)."""
+    tensors = (operands.q8, operands.k8, operands.vt8, operands.q_scale, operands.k_scale, operands.v_scale)
+    return [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in tensors]
+
+
+@pytest.mark.gpu
+def test_gpu_fused_quantiser_is_deterministic_and_replays_in_a_cuda_graph():
+    """The emulation re-quantises to judge a kernel, so the same inputs must give the same bytes;
+    compare.py may time under a CUDA graph, so the launches must capture and replay (into poisoned
+    buffers)."""
+    problem = Problem(2, 8, 1000, 777, 128, dtype=torch.bfloat16, kv_heads=2)
+    q, k, v = _inputs(problem, "cuda")
+    for variant in ("block+rotation", "rotation"):
+        quantiser = fused.FusedQuantiser(
+            q.shape, k.shape, q.dtype, q.device, fp8.quantisation_named(variant), LAYOUTS["gluon"]
+        )
+        first = [t.clone() for t in _buffers(quantiser(q, k, v))]
+        again = _buffers(fused.quantise_fused(q, k, v, fp8.quantisation_named(variant), LAYOUTS["gluon"]))
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True)), variant
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            quantiser(q, k, v)
+        for buffer in _buffers(quantiser.operands):
+            buffer.fill_(0x7F if buffer.dtype == torch.uint8 else float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        replayed = _buffers(quantiser.operands)
+        assert all(torch.equal(a, b) for a, b in zip(first, replayed, strict=True)), variant
+
+
+# ----------------------------------------------------------------------------------------------------
+# The rungs: their emulation reads what their kernel reads
+# ----------------------------------------------------------------------------------------------------
+RUNG_MODULES = ["triton_impl.fp8", "triton_impl.gluon.fp8", "cute_impl.fp8"]
+
+
+def _rung_layout(module, problem: Problem) -> fp8.ValueLayout:
+    if hasattr(module, "VALUE_LAYOUT"):
+        return module.VALUE_LAYOUT
+    return module.value_layout(module.default_config(problem))
+
+
+@pytest.mark.parametrize("module_name", RUNG_MODULES)
+def test_each_rungs_emulation_quantises_with_the_fused_quantiser_in_its_layout(
+    module_name: str, monkeypatch: pytest.MonkeyPatch
+):
+    """Under the interpreter as on CUDA, ``emulate`` gets the fused quantiser's bytes and scales (V
+    back in rows), in the rung's own V layout: the operands its kernel reads."""
+    if module_name == "cute_impl.fp8":
+        pytest.importorskip("cutlass")
+    module = __import__(module_name, fromlist=["emulate"])
+    problem = Problem(1, 2, 70, 140, 128, dtype=torch.bfloat16, kv_heads=1)
+    q, k, v = _inputs(problem)
+    seen = {}
+    monkeypatch.setattr(module, "emulate_quantised", lambda operands, *args, **kwargs: seen.setdefault("ops", operands))
+    quantise_fused = fused.quantise_fused
+    monkeypatch.setattr(
+        fused, "quantise_fused", lambda *args: seen.setdefault("layout", args[4]) and quantise_fused(*args)
+    )
+    module.emulate(q, k, v, problem)
+    layout = _rung_layout(module, problem)
+    assert seen["layout"] == layout, "the emulation did not quantise with the fused quantiser in the rung's layout"
+    expected = fused.quantise_fused(q, k, v, module.DEFAULT_QUANTISATION, layout).as_quantised()
+    for name in ("q8", "k8", "v8", "q_scale", "k_scale", "v_scale"):
+        got, want = getattr(seen["ops"], name), getattr(expected, name)
+        if got.dtype == torch.float8_e4m3fn:
+            got, want = got.view(torch.uint8), want.view(torch.uint8)
+        assert torch.equal(got, want), name
