@@ -127,7 +127,6 @@ class PageTable:
     indptr: torch.Tensor
     indices: torch.Tensor
     last_page_len: torch.Tensor
-    page_size: int
 
 
 def page_table(lengths: Sequence[int], first_pages: Sequence[int], page_size: int) -> PageTable:
@@ -137,7 +136,7 @@ def page_table(lengths: Sequence[int], first_pages: Sequence[int], page_size: in
     indptr = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()], dtype=torch.int32)
     indices = torch.cat([torch.arange(first, first + count) for first, count in zip(first_pages, pages, strict=True)])
     last = [max(1, length - (count - 1) * page_size) for length, count in zip(lengths, pages, strict=True)]
-    return PageTable(indptr, indices.to(torch.int32), torch.tensor(last, dtype=torch.int32), page_size)
+    return PageTable(indptr, indices.to(torch.int32), torch.tensor(last, dtype=torch.int32))
 
 
 def rows_without_keys(problem: Problem, lengths: Sequence[int]) -> torch.Tensor | None:
