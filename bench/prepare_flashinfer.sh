@@ -12,9 +12,9 @@
 # here, for sm_90a with this machine's nvcc) the two kernel modules of the decode sweep: bf16 at D=128
 # through FlashInfer's CUDA-core decode and through its tensor-core (FA2 prefill) path. FlashInfer
 # loads them from data/aot/ and JIT-compiles anything else on the device (or these too, if a module
-# built here fails to load there). Packed with xz and split into parts of at most 50 MB:
-#   .gpu/flashinfer/flashinfer.tar.xz.part-NN  each stashed into /tmp/carry by one device call
-#   .gpu/flashinfer/stash.sh                   that call's command
+# built here fails to load there). Packed with xz (about 15 MB) and split into parts of at most 50 MB:
+#   .gpu/flashinfer/flashinfer.tar.xz.part-NN  carried with the call, or stashed into /tmp/carry first by
+#   .gpu/flashinfer/stash.sh                   one call per part when the call also carries the CuTe DSL
 #   .gpu/flashinfer/activate.sh                unpacks into /tmp/site_flashinfer, sets PYTHONPATH, the JIT
 #                                              cache (/tmp/flashinfer-jit) and the driver's libcuda for linking
 # Without a Python that has torch (PYTHON), or with NO_AOT=1, the AOT step is left out: the device then
@@ -107,17 +107,24 @@ if [[ ! -s $CACHE/flashinfer.tar.xz || $CACHE/tree -nt $CACHE/flashinfer.tar.xz 
 fi
 rm -f "$OUT"/flashinfer.tar.xz.part-*
 split -b "$PART_BYTES" -d "$CACHE/flashinfer.tar.xz" "$OUT/flashinfer.tar.xz.part-"
-PARTS=$(ls "$OUT"/flashinfer.tar.xz.part-* | wc -l)
+PART_NAMES=$(cd "$OUT" && ls flashinfer.tar.xz.part-* | tr '\n' ' ')
+PARTS=$(echo $PART_NAMES | wc -w)
 cat > "$OUT/stash.sh" <<'EOS'
 # one device call per part: keep the part this call carries in /tmp/carry until activate.sh joins them
 mkdir -p /tmp/carry && cp .gpu/flashinfer/flashinfer.tar.xz.part-* /tmp/carry/ && ls -l /tmp/carry/flashinfer.tar.xz.part-*
 EOS
 cat > "$OUT/activate.sh" <<EOS
-# sourced on the device from the project root: flashinfer $VERSION importable, JIT cache in /tmp
+# sourced on the device from the project root: flashinfer $VERSION importable, JIT cache in /tmp.
+# Each part is taken from .gpu/flashinfer/ when this call carries it, else from /tmp/carry (stash.sh).
 if [[ ! -d /tmp/site_flashinfer/flashinfer ]]; then
-  found=\$(ls /tmp/carry/flashinfer.tar.xz.part-* 2>/dev/null | wc -l)
-  [[ \$found == $PARTS ]] || { echo "flashinfer: \$found of $PARTS parts in /tmp/carry (the machine went cold?): stash them again" >&2; return 1; }
-  mkdir -p /tmp/site_flashinfer && cat /tmp/carry/flashinfer.tar.xz.part-* | xz -d | tar x -C /tmp/site_flashinfer || return 1
+  parts=()
+  for name in $PART_NAMES; do
+    for dir in .gpu/flashinfer /tmp/carry; do
+      if [[ -s \$dir/\$name ]]; then parts+=("\$dir/\$name"); break; fi
+    done
+  done
+  [[ \${#parts[@]} == $PARTS ]] || { echo "flashinfer: \${#parts[@]} of $PARTS parts found (carry them, or stash them again if the machine went cold)" >&2; return 1; }
+  mkdir -p /tmp/site_flashinfer && cat "\${parts[@]}" | xz -d | tar x -C /tmp/site_flashinfer || return 1
 fi
 export PYTHONPATH="\${PYTHONPATH:+\$PYTHONPATH:}/tmp/site_flashinfer"
 export FLASHINFER_WORKSPACE_BASE=/tmp/flashinfer-jit
@@ -127,12 +134,13 @@ if [[ -n \$libcuda ]]; then
   mkdir -p /tmp/flashinfer-ld && ln -sf "\$libcuda" /tmp/flashinfer-ld/libcuda.so
   export FLASHINFER_EXTRA_LDFLAGS="-L/tmp/flashinfer-ld"
 fi
-python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__, 'ready; AOT modules:', len(list(__import__('pathlib').Path(flashinfer.__file__).parent.glob('data/aot/*/*.so'))))" 2>&1 | grep -v Warning
+python3 -c "import flashinfer, pathlib; aot = list(pathlib.Path(flashinfer.__file__).parent.glob('data/aot/*/*.so')); print('flashinfer', flashinfer.__version__, 'ready;', len(aot), 'AOT modules')" 2>&1 | grep -v Warning
 EOS
 ls -l "$OUT"
-echo "$PARTS stash call(s), one per part, back to back (the machine keeps /tmp only while warm):"
-for part in "$OUT"/flashinfer.tar.xz.part-*; do
-  echo "  carry [\"$part\", \".gpu/flashinfer/stash.sh\"], command: bash .gpu/flashinfer/stash.sh"
+echo "alone: carry [\".gpu/flashinfer\"] (all $PARTS part(s)), command: source .gpu/flashinfer/activate.sh && ..."
+echo "beside the CuTe DSL (over 64 MiB together): first one stash call per part, back to back (the machine keeps /tmp only while warm),"
+for part in $PART_NAMES; do
+  echo "  carry [\".gpu/flashinfer/$part\", \".gpu/flashinfer/stash.sh\"], command: bash .gpu/flashinfer/stash.sh"
 done
-echo "then: carry [\".gpu/flashinfer/activate.sh\", ...], command: source .gpu/flashinfer/activate.sh && ..."
-echo "  (with the CuTe DSL and FA4: source .gpu/activate.sh && source .gpu/fa4/activate.sh && source .gpu/flashinfer/activate.sh && ...)"
+echo "  then carry [\".gpu/cutlass-dsl.tar.xz\", \".gpu/activate.sh\", \".gpu/fa4\", \".gpu/flashinfer/activate.sh\"], command:"
+echo "  source .gpu/activate.sh && source .gpu/fa4/activate.sh && source .gpu/flashinfer/activate.sh && ..."
