@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Can the flashinfer/decode baseline run on this (GPU) machine? Run there from the project root, after
-# the stash calls of bench/prepare_flashinfer.sh (or without them, to see only what the machine has):
-#     carry [".gpu/flashinfer/activate.sh"], command: bash bench/flashinfer_probe.sh 2>&1 | tee $OUT/flashinfer-probe.log
+# Can the flashinfer/decode baseline run on this (GPU) machine? Run there from the project root with
+# what bench/prepare_flashinfer.sh wrote (or without it, to see only what the machine has):
+#     carry [".gpu/flashinfer"], command: bash bench/flashinfer_probe.sh 2>&1 | tee $OUT/flashinfer-probe.log
 # Prints what FlashInfer's JIT needs (nvcc, a host C++ compiler, ninja, the driver's libcuda to link
 # against, the Python packages it imports), then imports flashinfer and plans and runs its bf16 D=128
 # decode on both paths (CUDA-core, tensor-core), timing the first call (AOT load or JIT build), and
