@@ -618,6 +618,18 @@ def decode_record(row, case, read_gbps: float | None) -> dict:
     }  # fmt: skip
 
 
+def write_decode_outputs(records: list[dict], env: dict, peaks, out_dir: Path) -> list[Path]:
+    """decode_gbps.png and report.md beside decode.csv; returns what was written."""
+    import pandas as pd
+
+    from common.reporting.plots import PlotContext, write_decode_plot
+    from common.reporting.report import write_decode_report
+
+    plot = write_decode_plot(pd.DataFrame.from_records(records), out_dir, PlotContext.from_env(env, cpu_only=False))
+    plots = [plot] if plot else []
+    return [*plots, write_decode_report(env, peaks, plots, out_dir)]
+
+
 def run_decode(args: argparse.Namespace) -> int:
     """Every selected implementation on every decode case: checked against fp64, timed, written to
     decode.csv as each finishes; cases too large for the GPU are skipped with the reason."""
@@ -630,7 +642,7 @@ def run_decode(args: argparse.Namespace) -> int:
     from common.contract.registry import Unavailable, discover
     from common.measure.decode_sweep import too_large
     from common.measure.environment import manifest
-    from common.measure.peaks import Peaks, measure_read_gbps
+    from common.measure.peaks import measure_peaks
     from common.measure.runner import TimingOptions, blank_row, make_workload, measure
 
     if not torch.cuda.is_available() or args.device == "cpu":
@@ -645,8 +657,10 @@ def run_decode(args: argparse.Namespace) -> int:
     out_dir = args.out or Path("runs") / f"{dt.datetime.now():%Y%m%d-%H%M%S}-decode"
     out_dir.mkdir(parents=True, exist_ok=True)
     env = manifest(device)
-    read_gbps = measure_read_gbps(device)
-    env["peaks"] = {"read_gbps": read_gbps, "read": "sum over 4 GiB of fp32 (common.measure.peaks)"}
+    # The read bandwidth is the decode rows' ceiling; the GEMM peaks and the copy stand beside it.
+    peaks = measure_peaks(device)
+    read_gbps = peaks.read_gbps
+    env["peaks"] = peaks.as_dict()
     (out_dir / "env.json").write_text(json.dumps(env, indent=2))
     options = TimingOptions(args.warmup, args.rep, args.cuda_graph)
     records = []
@@ -662,7 +676,7 @@ def run_decode(args: argparse.Namespace) -> int:
                 if workload is None:
                     row = blank_row(impl.name, impl.stack, impl.rung, case.problem, "skipped", reason)
                 else:
-                    row = measure(impl, workload, device, options, Peaks(None, None, None))
+                    row = measure(impl, workload, device, options, peaks)
                 record = decode_record(row, case, read_gbps)
                 records.append(record)
                 writer.writerow(record)
@@ -684,7 +698,8 @@ def run_decode(args: argparse.Namespace) -> int:
             record["impl"], record["case"], status, *cells, _number(record["rel_l2_err"], ".2e"), record["reason"]
         )
     console.print(table)
-    print(f"wrote {out_dir}/decode.csv and env.json")
+    written = write_decode_outputs(records, env, peaks, out_dir)
+    print(f"wrote {out_dir}/decode.csv, env.json, {', '.join(path.name for path in written)}")
     from common.reporting.results import BAD_STATUSES
 
     bad = sorted({f"{r['impl']} ({r['status']})" for r in records if r["status"] in BAD_STATUSES} | set(broken))

@@ -336,6 +336,31 @@ def test_decode_record_reports_kv_bytes_per_second_and_share_of_read_bandwidth()
     assert record["gbps"] == pytest.approx(case.kv_bytes_read / 1e-5 / 1e9)
 
 
+def test_decode_outputs_are_the_plot_and_a_report_with_the_read_bandwidth_beside_the_gemm_peaks(tmp_path: Path):
+    """From the committed H100 decode rows: decode_gbps.png and report.md, whose title block shows the
+    measured HBM read bandwidth with the GEMM peaks and whose table is the README generator's."""
+    from common.measure.peaks import Peaks
+
+    committed = Path(compare.__file__).parent / "results" / "h100" / "decode"
+    (tmp_path / "decode.csv").write_text((committed / "decode.csv").read_text())
+    with (tmp_path / "decode.csv").open() as handle:
+        records = [
+            {key: float(value) if key in ("us", "gbps", "pct_read_bw") else value for key, value in row.items()}
+            for row in csv.DictReader(handle)
+        ]
+    for record in records:
+        record.update(batch=int(record["batch"]), kv_heads=int(record["kv_heads"]), seqlen_k=int(record["seqlen_k"]))
+    peaks = Peaks(790.0, 1400.0, 2700.0, 670.0, 1200.0, read_gbps=3087.0)
+    env = {**json.loads((committed / "env.json").read_text()), "peaks": peaks.as_dict()}
+    (tmp_path / "env.json").write_text(json.dumps(env))
+    written = compare.write_decode_outputs(records, env, peaks, tmp_path)
+    assert [path.name for path in written] == ["decode_gbps.png", "report.md"]
+    report = (tmp_path / "report.md").read_text()
+    assert "bf16 GEMM 790 TFLOP/s burst" in report and "HBM read 3087 GB/s" in report
+    assert "| 1 | 8 | 128k | 192.5 µs (90 %) |" in report
+    assert "![decode_gbps](decode_gbps.png)" in report
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
 def test_decode_without_a_gpu_is_refused_with_status_2(capsys: pytest.CaptureFixture[str]):
     assert compare.main(["--decode"]) == compare.EXIT_USAGE

@@ -13,8 +13,10 @@ from matplotlib.collections import LineCollection
 
 from common.reporting.plots import (
     PlotContext,
+    decode_figure,
     run_figures,
     sweep_figures,
+    write_decode_plot,
     write_run_plots,
     write_sweep_plots,
     write_tradeoff_plot,
@@ -170,3 +172,58 @@ def test_tradeoff_plot_falls_back_to_lines_of_code_without_timings(tmp_path: Pat
     )
     path = write_tradeoff_plot(table, tmp_path)
     assert path is not None and path.stat().st_size > 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# The decode run's plot: GB/s against cache length
+# ----------------------------------------------------------------------------------------------------
+def _decode_record(impl: str, batch: int, seqlen_k: int, gbps: float, status: str = "ok", **values: object) -> dict:
+    case = f"B={batch} H=32 Hkv=8 Sq=1 Sk={seqlen_k} D=128 bf16 causal(bottom_right)"
+    measured = status in ("ok", "wrong")
+    record = {"impl": impl, "case": case, "batch": batch, "heads": 32, "kv_heads": 8, "seqlen_k": seqlen_k}
+    record.update(lengths="", status=status, gbps=gbps if measured else math.nan, reason="")
+    return {**record, **values}
+
+
+def _decode_rows() -> pd.DataFrame:
+    records = [
+        _decode_record(impl, batch, seqlen_k, gbps)
+        for impl, gbps in (("triton/decode", 2900.0), ("sdpa/cudnn", 1900.0), ("flashinfer/decode", 2800.0))
+        for batch in (1, 8)
+        for seqlen_k in (4096, 32768)
+    ]
+    records.append(_decode_record("sdpa/cudnn", 8, 131072, math.nan, "skipped", reason="planted: too large"))
+    records.append(_decode_record("triton/decode", 8, 32768, 1800.0, lengths="32768 983 16384"))
+    return pd.DataFrame.from_records(records)
+
+
+DECODE_CONTEXT = PlotContext(
+    gpu="NVIDIA H100 80GB HBM3", toolchain="Triton 3.6.0, CuTe DSL 4.8.1", peaks={"read_gbps": 3087.0}
+)
+
+
+def test_decode_plot_has_a_panel_per_batch_a_line_per_impl_and_the_read_bandwidth(tmp_path: Path):
+    path = write_decode_plot(_decode_rows(), tmp_path, DECODE_CONTEXT)
+    assert path == tmp_path / "decode_gbps.png" and path.stat().st_size > 0
+    figure = decode_figure(_decode_rows(), DECODE_CONTEXT)
+    title = figure._suptitle.get_text()
+    for words in ("GB/s of K and V read", "H=32 Sq=1 D=128 bf16", "NVIDIA H100 80GB HBM3"):
+        assert words in title, (words, title)
+    panels = [axis for axis in figure.axes if axis.get_title()]
+    assert [axis.get_title() for axis in panels] == ["B=1, 8 KV heads", "B=8, 8 KV heads"]
+    for axis in panels:
+        lines = {line.get_label(): line for line in axis.get_lines()}
+        assert {"triton/decode", "sdpa/cudnn", "flashinfer/decode"} <= set(lines)
+        assert lines["triton/decode"].get_linestyle() == "-" and lines["sdpa/cudnn"].get_linestyle() == "--"
+        assert list(lines["triton/decode"].get_xdata()) == [4096, 32768]
+        assert lines["HBM read (measured) 3087"].get_ydata()[0] == 3087.0
+    legend = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
+    assert "HBM read (measured) 3087" in legend and "ragged batch (cache_seqlens)" in legend
+    # The skipped row is named with its cache length, not silently dropped; the ragged row is a star.
+    assert any("128k: sdpa/cudnn (skipped)" in text for text in _texts(figure))
+    assert len(panels[1].collections) >= 1 and len(panels[0].collections) == 0
+    plt.close(figure)
+
+
+def test_decode_plot_without_rows_writes_nothing(tmp_path: Path):
+    assert write_decode_plot(_decode_rows().iloc[0:0], tmp_path) is None

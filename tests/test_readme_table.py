@@ -1,4 +1,5 @@
-"""README.md and docs/ladder.md carry exactly the table the committed canonical CSV regenerates."""
+"""README.md and docs/ladder.md carry exactly the tables the committed CSVs regenerate: the canonical
+prefill run and the decode runs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from common.reporting.readme_table import CANONICAL_DIR, DOCUMENTS, regenerate, results_table
+from common.reporting.decode_table import DECODE_BEGIN, DECODE_END, decode_tables
+from common.reporting.readme_table import (
+    CANONICAL_DIR,
+    DOCUMENTS,
+    ROOT,
+    regenerate,
+    regenerate_all,
+    results_table,
+)
 
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
@@ -16,6 +25,25 @@ def test_results_table_regenerates_byte_identically(document):
     current = document.read_text()
     table = results_table(CANONICAL_DIR / "results.csv", CANONICAL_DIR / "env.json")
     assert regenerate(current, table) == current, "run: python -m common.reporting.readme_table"
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
+def test_decode_table_regenerates_byte_identically(document):
+    current = document.read_text()
+    assert regenerate(current, decode_tables(ROOT), DECODE_BEGIN, DECODE_END) == current, (
+        "run: python -m common.reporting.readme_table"
+    )
+    assert regenerate_all(current) == current
+
+
+def test_a_stale_decode_figure_is_caught():
+    """A hand-edited number between the decode markers no longer matches the generator."""
+    current = DOCUMENTS[0].read_text()
+    block = current[current.index(DECODE_BEGIN) : current.index(DECODE_END)]
+    assert " µs (" in block, "the README's decode block shows no measured cell"
+    cell = block[block.index("| ", block.index("|---|")) :].split(" µs")[0].split("| ")[-1]
+    edited = current.replace(f"| {cell} µs", f"| {float(cell) + 1:.1f} µs", 1)
+    assert regenerate_all(edited) != edited
 
 
 def _write_run(folder: Path, triton: str, rows: list[tuple[str, str, bool, float]]) -> None:
@@ -65,3 +93,48 @@ def test_fp8_cells_show_end_to_end_beside_the_kernel_where_measured(tmp_path: Pa
     assert "| hopper | 800 | 800 |" in table
     assert "| fp8 | 800 (e2e 731) | 800 (e2e 690) |" in table
     assert "(e2e N): end to end" in table
+
+
+def _write_decode_run(folder: Path, records: list[dict]) -> None:
+    folder.mkdir(parents=True)
+    pd.DataFrame.from_records(records).to_csv(folder / "decode.csv", index=False)
+    env = {"gpu": "NVIDIA H100 80GB HBM3", "triton": "3.6.0", "peaks": {"read_gbps": 3087.4, "bf16_tflops": 790.0}}
+    (folder / "env.json").write_text(json.dumps(env))
+
+
+def _decode_record(impl: str, batch: int, seqlen_k: int, status: str = "ok", us: float = 100.0, **extra) -> dict:
+    case = f"B={batch} H=32 Hkv=8 Sq=1 Sk={seqlen_k} D=128 bf16 causal(bottom_right)" + extra.pop("suffix", "")
+    measured = status in ("ok", "wrong")
+    record = {"impl": impl, "case": case, "batch": batch, "heads": 32, "kv_heads": 8, "seqlen_k": seqlen_k}
+    record.update(lengths="", status=status, us=us if measured else float("nan"), gbps=float("nan"))
+    record.update(pct_read_bw=90.0 if measured else float("nan"), reason="")
+    return {**record, **extra}
+
+
+def test_decode_table_has_a_row_per_case_decode_rungs_first_and_names_what_did_not_run(tmp_path: Path):
+    too_large = "needs about 160 GiB, over 80% of the GPU's 79 GiB"
+    impls = ("sdpa/cudnn", "flashinfer/decode", "cute/hopper", "triton/decode")
+    records = [_decode_record(impl, 1, 4096, us=192.5) for impl in impls]
+    records += [_decode_record(impl, 64, 131072, "skipped", reason=too_large) for impl in impls]
+    ragged = {"lengths": "32768 983 0", "suffix": " lengths=0..32768"}
+    records += [_decode_record("triton/decode", 8, 32768, "wrong", us=247.3, **ragged)]
+    records += [_decode_record(impl, 8, 32768, **ragged) for impl in impls[:3]]
+    records[-3] = _decode_record("sdpa/cudnn", 8, 32768, "skipped", reason="refuses this problem", **ragged)
+    _write_decode_run(tmp_path / "results" / "h100" / "decode", records)
+    table = decode_tables(tmp_path)
+    assert "Decode on the NVIDIA H100 80GB HBM3, H=32 Sq=1 D=128 bf16, Triton 3.6.0" in table
+    assert "(3087 GB/s)" in table and "`results/h100/decode/decode.csv`" in table
+    assert "| B | KV heads | cache | triton/decode | cute/hopper | sdpa/cudnn | flashinfer/decode |" in table
+    assert "| 1 | 8 | 4k | 192.5 µs (90 %) | 192.5 µs (90 %) | 192.5 µs (90 %) | 192.5 µs (90 %) |" in table
+    assert "| 64 | 8 | 128k | skipped | skipped | skipped | skipped |" in table
+    # A wrong row keeps its time, marked; the ragged case says its lengths.
+    assert (
+        "| 8 | 8 | 32k ragged (0..32k) | 247.3 µs (90 %) (wrong) | 100.0 µs (90 %) | skipped | 100.0 µs (90 %) |"
+        in table
+    )
+    assert f"- skipped ({too_large}): B=64, 8 KV heads, 128k: every implementation" in table
+    assert "- skipped (refuses this problem): B=8, 8 KV heads, 32k ragged (0..32k): sdpa/cudnn" in table
+
+
+def test_no_decode_run_says_so(tmp_path: Path):
+    assert decode_tables(tmp_path) == "_No decode run committed yet._"

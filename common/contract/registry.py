@@ -47,15 +47,15 @@ import torch
 from common.contract.metrics import SDPA_RELATIVE_RULE, ErrorRule
 from common.contract.problem import Problem
 
-STACKS = ("triton", "gluon", "cute", "sdpa", "fa4")
+STACKS = ("triton", "gluon", "cute", "sdpa", "fa4", "flashinfer")
 # Stacks of external kernels measured as references: their rows are named by backend, not by rung.
-BASELINE_STACKS = ("sdpa", "fa4")
+BASELINE_STACKS = ("sdpa", "fa4", "flashinfer")
 RUNGS = ("naive", "online", "tiled", "pipelined", "hopper", "fp8")
 # Rungs beside the prefill ladder, in Triton, Gluon and CuTe: ``decode`` (flash decoding, Sq <= 16
 # against a KV cache). They are not ladder steps, so the ladder's tables (README, docs) leave them out.
 DECODE_RUNGS = ("decode",)
 KNOWN_RUNGS = (*RUNGS, *DECODE_RUNGS)
-# Ladder order of the rung modules; the baselines (SDPA backends, FlashAttention-4) come last.
+# Ladder order of the rung modules; the baselines (SDPA backends, FlashAttention-4, FlashInfer) come last.
 # Gluon (Triton's explicit dialect, under triton_impl/) has only the Hopper rungs and decode.
 GLUON_RUNGS = ("hopper", "fp8")
 RUNG_MODULES = (
@@ -66,7 +66,7 @@ RUNG_MODULES = (
     *(f"cute_impl.{rung}" for rung in RUNGS),
     *(f"cute_impl.{rung}" for rung in DECODE_RUNGS),
 )
-BASELINE_MODULES = ("common.measure.sdpa", "common.measure.fa4")
+BASELINE_MODULES = ("common.measure.sdpa", "common.measure.fa4", "common.measure.flashinfer")
 
 # run() returns O, or (O, lse) when problem.return_lse.
 Runner = Callable[[], torch.Tensor | tuple[torch.Tensor, torch.Tensor]]

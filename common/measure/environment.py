@@ -72,6 +72,17 @@ def _fa4_info() -> dict[str, Any] | None:
     return fa4_version_info()
 
 
+def _flashinfer_info() -> dict[str, Any] | None:
+    """FlashInfer's version or why it cannot be used (``common.measure.flashinfer``), None before that module exists."""
+    try:
+        from common.measure.flashinfer import flashinfer_version_info
+    except ModuleNotFoundError as error:
+        if error.name != "common.measure.flashinfer":
+            raise
+        return None
+    return flashinfer_version_info()
+
+
 def _triton_toolchain() -> dict[str, Any]:
     """Whether the installed Triton is a tested release, and the Triton tile configurations in force."""
     try:
@@ -102,6 +113,7 @@ def manifest(device: torch.device) -> dict[str, Any]:
         "git_commit": _git_commit(),
         "device": str(device),
         "fa4": _fa4_info(),
+        "flashinfer": _flashinfer_info(),
         **_triton_toolchain(),
     }
     if device.type == "cuda":

@@ -5,12 +5,15 @@ order on the x axis with one slot per stack (Triton, Gluon, CuTe DSL: whatever s
 in the registry's order); a rung that was skipped or failed keeps its slot, empty and labelled with
 its status, and a stack that has no such rung shows "—". Baselines (SDPA backends, FlashAttention-4)
 and the measured GEMM peaks are horizontal reference lines. The error plot is linear from zero with
-each rung's pass threshold drawn over its bar. A CPU run plots interpreter latency only.
+each rung's pass threshold drawn over its bar. A CPU run plots interpreter latency only. The decode
+run (``compare.py --decode``) gets GB/s against cache length, one panel per batch and KV-head count,
+with the HBM read bandwidth measured in the same run as a line.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -343,3 +346,107 @@ def write_tradeoff_plot(
 ) -> Path | None:
     fig = tradeoff_figure(table, context, shape)
     return None if fig is None else _save(fig, out_dir / "tradeoffs.png")
+
+
+# ----------------------------------------------------------------------------------------------
+# The decode run: GB/s of K and V read against cache length
+# ----------------------------------------------------------------------------------------------
+DECODE_PLOT = "decode_gbps.png"
+# The words of Problem.describe() that every row of a decode sweep shares (query heads, Sq, D, dtype).
+SHARED_WORDS = re.compile(r"\b(H=\d+|Sq=\d+|D=\d+|bf16|fp16|fp32)\b")
+
+
+def decode_shape_text(frame: pd.DataFrame) -> str:
+    """'H=32 Sq=1 D=128 bf16' from the rows' case descriptions (each distinct one, comma-separated)."""
+    texts = [" ".join(SHARED_WORDS.findall(case)) for case in frame["case"]]
+    return ", ".join(dict.fromkeys(texts))
+
+
+def _decode_colours(impls: list[str]) -> dict[str, str]:
+    """A colour per implementation, in the order the rows list them (the registry's ladder order)."""
+    palette = sns.color_palette("tab10", n_colors=max(10, len(impls)))
+    return {impl: palette[index % len(palette)] for index, impl in enumerate(impls)}
+
+
+def _decode_panel(axis, panel: pd.DataFrame, impls: list[str], colours: dict[str, str], read_gbps: float) -> None:
+    """Lines of the uniform batches, a star per ragged batch, the read bandwidth; unmeasured rows named."""
+    baselines = set(baseline_stacks())
+    measured = panel[panel["status"].isin(MEASURED_STATUSES) & panel["gbps"].map(_measured)]
+    for impl in impls:
+        rows = measured[measured["impl"] == impl]
+        uniform = rows[rows["lengths"].fillna("") == ""].sort_values("seqlen_k")
+        style = "--" if impl.split("/")[0] in baselines else "-"
+        if not uniform.empty:
+            axis.plot(uniform["seqlen_k"], uniform["gbps"], style, marker="o", color=colours[impl], label=impl)
+        ragged = rows[rows["lengths"].fillna("") != ""]
+        if not ragged.empty:
+            axis.scatter(ragged["seqlen_k"], ragged["gbps"], marker="*", s=120, color=colours[impl], zorder=3)
+    if read_gbps:
+        axis.axhline(read_gbps, color=PEAK_COLOUR, linewidth=1.5, label=f"HBM read (measured) {read_gbps:.0f}")
+    if (panel["lengths"].fillna("") != "").any():
+        axis.scatter([], [], marker="*", s=120, color="0.4", label="ragged batch (cache_seqlens)")
+    absent = panel[~panel.index.isin(measured.index)]
+    if not absent.empty:
+        box = {"facecolor": "white", "alpha": 0.8, "edgecolor": "none"}
+        axis.text(0.01, 0.97, _not_drawn(absent), transform=axis.transAxes, va="top", fontsize=6, bbox=box)
+    lengths = sorted(panel["seqlen_k"].unique())
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(lengths, [_keys(length) for length in lengths])
+    axis.minorticks_off()
+    axis.set_ylim(bottom=0)
+    axis.set_xlabel("cache length (keys)")
+
+
+def _keys(length: int) -> str:
+    return f"{length // 1024}k" if length % 1024 == 0 else str(length)
+
+
+def _not_drawn(absent: pd.DataFrame) -> str:
+    """'not drawn: 128k: every row (skipped); 32k ragged: sdpa/flash (skipped)', a line per cache."""
+    lines = []
+    for (length, ragged), rows in absent.groupby(["seqlen_k", absent["lengths"].fillna("") != ""], sort=True):
+        statuses = "/".join(sorted(set(rows["status"])))
+        impls = ", ".join(rows["impl"])
+        lines.append(f"{_keys(length)}{' ragged' if ragged else ''}: {impls} ({statuses})")
+    return "not drawn:\n" + "\n".join(lines)
+
+
+def decode_figure(frame: pd.DataFrame, context: PlotContext | None = None) -> Figure | None:
+    """GB/s of K+V read against cache length: a row of panels per KV-head count, a panel per batch,
+    a line per implementation (dashed: baselines), the measured HBM read bandwidth as a line."""
+    context = context or PlotContext()
+    if frame.empty:
+        return None
+    kv_heads = sorted(frame["kv_heads"].unique())
+    batches = sorted(frame["batch"].unique())
+    impls = list(dict.fromkeys(frame["impl"]))
+    colours = _decode_colours(impls)
+    read_gbps = context.peaks.get("read_gbps")
+    fig, axes = plt.subplots(
+        len(kv_heads), len(batches), figsize=(4.6 * len(batches), 3.6 * len(kv_heads)), squeeze=False, sharey=True
+    )
+    for row_axes, heads in zip(axes, kv_heads, strict=True):
+        for axis, batch in zip(row_axes, batches, strict=True):
+            panel = frame[(frame["kv_heads"] == heads) & (frame["batch"] == batch)]
+            axis.set_title(f"B={batch}, {heads} KV heads", fontsize=9)
+            if panel.empty:
+                axis.text(0.5, 0.5, "not in this sweep", transform=axis.transAxes, ha="center", color="0.5")
+                continue
+            _decode_panel(axis, panel, impls, colours, read_gbps)
+        row_axes[0].set_ylabel("GB/s of K and V read")
+    # One legend for the figure: every label once, from whichever panel drew it.
+    handles = {}
+    for axis in axes.flat:
+        for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    labels = list(handles)
+    fig.legend([handles[label] for label in labels], labels, loc="lower center", ncol=min(6, len(labels)), fontsize=7)
+    fig.suptitle(context.title("Decode: GB/s of K and V read", decode_shape_text(frame)), fontsize=9)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
+def write_decode_plot(frame: pd.DataFrame, out_dir: Path, context: PlotContext | None = None) -> Path | None:
+    """decode_gbps.png next to decode.csv (None when there are no rows)."""
+    fig = decode_figure(frame, context)
+    return None if fig is None else _save(fig, out_dir / DECODE_PLOT)

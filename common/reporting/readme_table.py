@@ -1,7 +1,8 @@
-"""Regenerate the README's results table from the committed canonical run, between markers.
+"""Regenerate the README's results tables from the committed runs, between markers: the canonical
+prefill run (results markers) and the decode runs (decode markers, ``common.reporting.decode_table``).
 
-python -m common.reporting.readme_table          # rewrite README.md
-python -m common.reporting.readme_table --check  # exit 1 if README.md disagrees with the CSV
+python -m common.reporting.readme_table          # rewrite README.md and docs/ladder.md
+python -m common.reporting.readme_table --check  # exit 1 if either disagrees with the CSVs
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from common.contract.registry import RUNGS
+from common.reporting.decode_table import DECODE_BEGIN, DECODE_END, decode_tables
 from common.reporting.results import baseline_stacks, ladder_stacks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,23 +152,29 @@ def results_table(csv_path: Path, env_path: Path) -> str:
     return "\n".join(lines)
 
 
-def regenerate(readme_text: str, table: str) -> str:
-    if BEGIN not in readme_text or END not in readme_text:
-        raise ValueError(f"README.md lacks the markers {BEGIN} ... {END}")
-    head, rest = readme_text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+def regenerate(readme_text: str, table: str, begin: str = BEGIN, end: str = END) -> str:
+    """``readme_text`` with ``table`` between the markers ``begin`` and ``end``."""
+    if begin not in readme_text or end not in readme_text:
+        raise ValueError(f"the document lacks the markers {begin} ... {end}")
+    head, rest = readme_text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{table}\n{end}{tail}"
+
+
+def regenerate_all(text: str) -> str:
+    """Every generated block of a document: the canonical results and the decode runs."""
+    text = regenerate(text, results_table(CANONICAL_DIR / "results.csv", CANONICAL_DIR / "env.json"))
+    return regenerate(text, decode_tables(ROOT), DECODE_BEGIN, DECODE_END)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
-    table = results_table(CANONICAL_DIR / "results.csv", CANONICAL_DIR / "env.json")
     stale = []
     for document in DOCUMENTS:
         current = document.read_text()
-        wanted = regenerate(current, table)
+        wanted = regenerate_all(current)
         if wanted == current:
             continue
         if args.check:
@@ -175,7 +183,7 @@ def main() -> int:
             document.write_text(wanted)
     if stale:
         print(
-            f"stale results table in {', '.join(stale)}: run python -m common.reporting.readme_table", file=sys.stderr
+            f"stale results tables in {', '.join(stale)}: run python -m common.reporting.readme_table", file=sys.stderr
         )
         return 1
     return 0

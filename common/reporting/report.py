@@ -2,7 +2,9 @@
 
 Rows keep every status: a skipped or failed row shows "—" for what it did not measure and its reason
 in full. FP8 rungs show their speed twice: the kernel alone (quantisation done untimed in prepare)
-and end to end (quantisation, rotation and kernel timed together).
+and end to end (quantisation, rotation and kernel timed together). The decode run
+(``compare.py --decode``) gets its own report.md: the same title block, its table
+(``common.reporting.decode_table``) and its plot.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pandas as pd
 
 from common.contract.registry import RUNGS, STACKS
 from common.measure.peaks import Peaks
+from common.reporting.decode_table import run_table
 from common.reporting.row_extras import NO_END_TO_END
 
 TABLE_COLUMNS = (
@@ -84,14 +87,16 @@ def _show(value: float | None, unit: str) -> str:
 
 
 def peaks_text(peaks: Peaks) -> str:
-    """Burst and sustained GEMM ceilings; "% peak" divides by the burst figure."""
-    if not any((peaks.bf16_tflops, peaks.fp8_tflops, peaks.copy_gbps)):
+    """Burst and sustained GEMM ceilings, device copy and HBM read bandwidth; "% peak" divides by the
+    burst figure, a decode row's "% read BW" by the read bandwidth."""
+    if not any((peaks.bf16_tflops, peaks.fp8_tflops, peaks.copy_gbps, peaks.read_gbps)):
         return "not measured (no GPU)"
     return (
         f"bf16 GEMM {_show(peaks.bf16_tflops, 'TFLOP/s')} burst, {_show(peaks.bf16_sustained_tflops, 'TFLOP/s')} "
         f"sustained; fp8 GEMM {_show(peaks.fp8_tflops, 'TFLOP/s')} burst, "
-        f"{_show(peaks.fp8_sustained_tflops, 'TFLOP/s')} sustained; device copy {_show(peaks.copy_gbps, 'GB/s')}. "
-        "% peak divides by the burst figure (a short run after spin-up, as long as one attention measurement)"
+        f"{_show(peaks.fp8_sustained_tflops, 'TFLOP/s')} sustained; device copy {_show(peaks.copy_gbps, 'GB/s')}; "
+        f"HBM read {_show(peaks.read_gbps, 'GB/s')}. % peak divides by the burst figure (a short run after "
+        "spin-up, as long as one attention measurement)"
     )
 
 
@@ -101,6 +106,14 @@ def _fa4_text(info: dict[str, Any] | None) -> str:
     if not info.get("available"):
         return str(info.get("reason"))
     return info.get("distribution") or info.get("source") or "available"
+
+
+def _flashinfer_text(info: dict[str, Any] | None) -> str:
+    if not info:
+        return "not recorded"
+    if not info.get("available"):
+        return str(info.get("reason"))
+    return f"flashinfer-python {info.get('distribution') or '?'}"
 
 
 def _configs_text(configs: dict[str, Any] | str | None) -> str:
@@ -134,19 +147,27 @@ def _notices(env: dict[str, Any], cpu_only: bool) -> list[str]:
     return [line for notice in notices for line in (f"> {notice}", "")]
 
 
+def environment_lines(env: dict[str, Any], peaks: Peaks) -> list[str]:
+    """GPU, toolchain (with the FA4 and FlashInfer baselines), configuration, commit and peaks."""
+    return [
+        f"- GPU: {env.get('gpu') or 'none (CPU)'}; SMs: {env.get('sm_count', '—')}; driver "
+        f"{env.get('driver') or '—'}; CUDA {env.get('cuda') or '—'}",
+        f"- toolchain: Triton {env.get('triton') or 'not installed'}{_tested(env)}, CuTe DSL (nvidia-cutlass-dsl) "
+        f"{env.get('nvidia_cutlass_dsl') or 'not installed'}, torch {env.get('torch')}, Python "
+        f"{env.get('python')}; FlashAttention-4: {_fa4_text(env.get('fa4'))}; FlashInfer: "
+        f"{_flashinfer_text(env.get('flashinfer'))}",
+        f"- Triton tile configurations: {_configs_text(env.get('triton_configs'))}",
+        f"- commit {env.get('git_commit')}; command `{env.get('command')}`",
+        f"- measured peaks: {peaks_text(peaks)}",
+    ]
+
+
 def title_block(env: dict[str, Any], peaks: Peaks, cpu_only: bool) -> list[str]:
     """The report's opening lines: notices, then GPU, toolchain, configuration and peaks."""
     lines = ["# FlashAttention forward: the Triton, Gluon and CuTe DSL ladders against SDPA and FA4", ""]
     lines += _notices(env, cpu_only)
     lines += [
-        f"- GPU: {env.get('gpu') or 'none (CPU)'}; SMs: {env.get('sm_count', '—')}; driver "
-        f"{env.get('driver') or '—'}; CUDA {env.get('cuda') or '—'}",
-        f"- toolchain: Triton {env.get('triton') or 'not installed'}{_tested(env)}, CuTe DSL (nvidia-cutlass-dsl) "
-        f"{env.get('nvidia_cutlass_dsl') or 'not installed'}, torch {env.get('torch')}, Python "
-        f"{env.get('python')}; FlashAttention-4: {_fa4_text(env.get('fa4'))}",
-        f"- Triton tile configurations: {_configs_text(env.get('triton_configs'))}",
-        f"- commit {env.get('git_commit')}; command `{env.get('command')}`",
-        f"- measured peaks: {peaks_text(peaks)}",
+        *environment_lines(env, peaks),
         "- TFLOP/s = 4·B·H·Sq·Sk·D / t, counting only unmasked scores for causal; times are medians with L2 "
         "flushed. TFLOP/s end to end (FP8): quantisation, rotation and kernel timed together; "
         f"{NO_END_TO_END}.",
@@ -179,6 +200,25 @@ def write_report(
         lines += [f"## {_shape_title(group)}", "", markdown_table(group), ""]
     for title, body in sections:
         lines += [f"## {title}", "", body, ""]
+    for plot in plots:
+        lines += [f"![{plot.stem}]({plot.name})", ""]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def write_decode_report(env: dict[str, Any], peaks: Peaks, plots: list[Path], out_dir: Path) -> Path:
+    """report.md of a decode run: the title block, the decode table from decode.csv, the plot."""
+    lines = ["# Decode: one new token against a KV cache (compare.py --decode)", ""]
+    lines += _notices(env, cpu_only=False)
+    lines += [
+        *environment_lines(env, peaks),
+        "- GB/s = the K and V bytes a step must read (every key of each sequence's own length, once per KV "
+        "head) / t; % read BW divides by the measured HBM read bandwidth; times are medians with L2 flushed.",
+        "",
+        *run_table(out_dir / "decode.csv", out_dir / "env.json", out_dir),
+        "",
+    ]
     for plot in plots:
         lines += [f"![{plot.stem}]({plot.name})", ""]
     path = out_dir / "report.md"
