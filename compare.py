@@ -161,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument(
         "--decode-no-ragged", action="store_true", help="leave out the ragged batch (cache_seqlens, B=8, 32768 keys)"
     )
+    decode.add_argument(
+        "--decode-no-paged", action="store_true", help="leave out the paged batch (block_table, pages of 16 keys)"
+    )
     return parser
 
 
@@ -600,6 +603,7 @@ def decode_cases_for(args: argparse.Namespace) -> list:
         tuple(args.decode_seqlen or decode_sweep.CACHE_LENGTHS),
         tuple(args.decode_kv_heads or decode_sweep.KV_HEADS),
         ragged=not args.decode_no_ragged,
+        paged=not args.decode_no_paged,
     )
 
 

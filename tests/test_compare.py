@@ -309,18 +309,26 @@ def test_ctrl_c_keeps_the_rows_measured_and_exits_130(tmp_path: Path, monkeypatc
 # ----------------------------------------------------------------------------------------------------
 # --decode
 # ----------------------------------------------------------------------------------------------------
-def test_decode_sweep_is_the_issue_default_plus_a_ragged_batch():
+def test_decode_sweep_is_the_issue_default_plus_a_ragged_and_a_paged_batch():
     from common.measure.decode_sweep import BATCHES, CACHE_LENGTHS, KV_HEADS
 
     cases = compare.decode_cases_for(compare.parse_args(["--decode"]))
-    assert len(cases) == len(BATCHES) * len(CACHE_LENGTHS) * len(KV_HEADS) + 1
+    assert len(cases) == len(BATCHES) * len(CACHE_LENGTHS) * len(KV_HEADS) + 2
     assert all(c.problem.seqlen_q == 1 and c.problem.heads == 32 and c.problem.head_dim == 128 for c in cases)
-    ragged = [c for c in cases if c.lengths is not None]
+    ragged = [c for c in cases if c.lengths is not None and not c.problem.paged]
     assert len(ragged) == 1 and ragged[0].problem.has_cache_seqlens and 0 in ragged[0].lengths
     # The bytes judged are those of the valid keys only.
     assert ragged[0].kv_bytes_read == 2 * sum(ragged[0].lengths) * 8 * 128 * 2
+    # The paged batch is the contiguous B=8, 8 KV heads, 32k case in vLLM's 16-key pages.
+    (paged,) = [c for c in cases if c.problem.paged]
+    assert paged.problem.page_size == 16 and paged.problem.with_(page_size=0, has_cache_seqlens=False) in {
+        c.problem for c in cases
+    }
+    assert paged.kv_bytes_read == 2 * 8 * 32768 * 8 * 128 * 2
     reduced = compare.decode_cases_for(
-        compare.parse_args(["--decode", "--decode-batch", "1", "--decode-seqlen", "4096", "--decode-no-ragged"])
+        compare.parse_args(
+            ["--decode", "--decode-batch", "1", "--decode-seqlen", "4096", "--decode-no-ragged", "--decode-no-paged"]
+        )
     )
     assert [c.problem.batch for c in reduced] == [1, 1] and {c.problem.kv_heads for c in reduced} == {8, 32}
 

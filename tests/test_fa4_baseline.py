@@ -141,3 +141,54 @@ def test_the_snapshot_fingerprint_is_known(tmp_path: Path) -> None:
         archive.extractall(tmp_path, filter="data")
     fingerprint = fa4.source_fingerprint(tmp_path / "flash_attn" / "cute")
     assert fingerprint in fa4.KNOWN_SOURCES
+
+
+# A stand-in whose forward takes seqused_k and page_table (FA4's paged KV cache), computing with SDPA on
+# the pages gathered into (B, Sk, Hkv, D), and recording which pool and table it was given.
+PAGED_STAND_IN = """
+import torch
+import torch.nn.functional as F
+
+CALLS = []
+
+
+def _flash_attn_fwd(q, k, v, seqused_k=None, page_table=None, softmax_scale=None, causal=False, out=None):
+    CALLS.append((k.data_ptr(), v.data_ptr(), page_table.data_ptr()))
+    k, v = (t[page_table.long()].flatten(1, 2) for t in (k, v))
+    visible = torch.arange(k.shape[1])[None, :] < seqused_k[:, None]
+    o = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=visible[:, None, None, :],
+        scale=softmax_scale, enable_gqa=True,
+    )
+    out.copy_(o.transpose(1, 2))
+    return out, None, None, None
+"""
+PAGED = Problem(3, 4, 2, 64, 64, dtype=torch.float32, kv_heads=2, has_cache_seqlens=True, page_size=16)
+
+
+def test_a_paged_cache_goes_to_fa4_as_its_page_table_without_copying_the_pools(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from common.contract.inputs import make_paged_kv
+    from common.contract.reference import reference_attention
+
+    fake_package(tmp_path, PAGED_STAND_IN, monkeypatch)
+    q, k, v = make_inputs(PAGED, seed=0, device="cpu")
+    k_pages, v_pages, table = make_paged_kv(PAGED, k, v, seed=0)
+    lengths = torch.tensor([64, 1, 37], dtype=torch.int32)
+    out = run_poisoned(fa4.bind(q, k_pages, v_pages, PAGED, cache_seqlens=lengths, block_table=table))
+    ref = reference_attention(q, k_pages, v_pages, PAGED, cache_seqlens=lengths, block_table=table)
+    torch.testing.assert_close(out, ref.float(), rtol=1e-5, atol=1e-5)
+    calls = sys.modules["flash_attn.cute.interface"].CALLS
+    assert calls[-1] == (k_pages.data_ptr(), v_pages.data_ptr(), table.data_ptr())
+
+
+def test_an_fa4_without_page_table_refuses_a_paged_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    without_pages = PAGED_STAND_IN.replace("page_table=None, ", "")
+    fake_package(tmp_path, without_pages, monkeypatch)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    ok, reason = fa4.supports(PAGED.with_(dtype=torch.bfloat16), torch.device("cuda"))
+    assert not ok and "block_table needs _flash_attn_fwd(..., page_table=...)" in reason
+    fake_package(tmp_path / "with", PAGED_STAND_IN, monkeypatch)
+    fa4.load_forward.cache_clear()
+    assert fa4.supports(PAGED.with_(dtype=torch.bfloat16), torch.device("cuda")) == (True, "")

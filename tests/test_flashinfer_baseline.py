@@ -206,6 +206,16 @@ def test_page_table_follows_each_length_and_gives_an_empty_sequence_one_key() ->
     assert table.last_page_len.tolist() == [1, 1, 16]
 
 
+def test_a_sequence_shorter_than_sq_is_refused_with_the_reason() -> None:
+    speculative = Problem(
+        2, 8, 4, 64, 64, kv_heads=2, causal=True, causal_alignment="bottom_right", has_cache_seqlens=True
+    )
+    with pytest.raises(ValueError, match="cache_seqlens >= Sq.*Sq=4 and a sequence of 3 keys"):
+        baseline.refuse_short_sequences(speculative, [64, 3])
+    baseline.refuse_short_sequences(speculative, [64, 4])
+    baseline.refuse_short_sequences(speculative.with_(seqlen_q=1), [64, 0])
+
+
 def test_rows_without_keys() -> None:
     speculative = decode_problem(seqlen_q=3, has_cache_seqlens=True)
     assert baseline.rows_without_keys(speculative, [48, 0, 1]).tolist() == [
@@ -221,12 +231,12 @@ def test_rows_without_keys() -> None:
 # The plumbing against fp64 (the stand-in computes; bind does the rest) and planted bugs
 # ----------------------------------------------------------------------------------------------------
 # (kv_heads of 8 heads, Sq, Sk, lengths or None, return_lse): the CUDA-core and tensor-core paths, a
-# speculative step with sequences shorter than it, an empty sequence, lengths ending mid-page, and a
+# speculative step with sequences as short as it may be (``refuse_short_sequences``), an empty sequence, lengths ending mid-page, and a
 # padded length that only pages of one key divide.
 CASES = [
     (8, 1, 48, None, True),
     (2, 1, 300, (300, 0, 131), True),
-    (2, 3, 48, (48, 2, 0), True),
+    (2, 3, 48, (48, 3, 4), True),
     (1, 5, 77, (77, 40, 9), False),
 ]
 
@@ -270,7 +280,7 @@ PLANTED = {
 def test_planted_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     name, replacement = PLANTED[bug]
     monkeypatch.setattr(baseline, name, replacement)
-    result = _check(CASES[2], monkeypatch, tmp_path)
+    result = _check(CASES[1], monkeypatch, tmp_path)
     assert not result.ok, f"{bug}: the check passed ({result.summary()})"
     print(bug, result.summary())
 
@@ -308,6 +318,9 @@ def test_gpu_flashinfer_against_fp64(case: tuple) -> None:
     ok, reason = baseline.supports(problem, CUDA)
     assert ok, reason
     q, k, v = make_inputs(problem, seed=5, device="cuda", offset=0.5)
-    lengths = torch.tensor([seqlen_k, 0, seqlen_k // 3 + 1, 2], dtype=torch.int32, device="cuda") if ragged else None
+    # FlashInfer takes a sequence shorter than Sq only for Sq = 1 (``refuse_short_sequences``).
+    shortest = (0, 2) if seqlen_q == 1 else (seqlen_q, seqlen_q + 1)
+    lengths = torch.tensor([seqlen_k, shortest[0], seqlen_k // 3 + 1, shortest[1]], dtype=torch.int32, device="cuda")
+    lengths = lengths if ragged else None
     result = check_on_inputs(baseline.IMPLEMENTATION, q, k, v, problem, cache_seqlens=lengths)
     assert result.ok, f"{problem.describe()}: {result.summary()}"

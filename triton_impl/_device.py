@@ -16,6 +16,10 @@ The names are the ones the CuTe and Gluon stacks use, so that a diff of two rung
   loaded. A tile whose rows see no key (bottom-right, Sq > Sk, or a length of 0) gets an empty range.
   Flash decoding (``decode``) also splits the keys across CTAs: :func:`split_key_range` gives split
   ``split``'s share ``[key_begin, key_end)``, whole BLOCK_N blocks cut from the sequence's own keys.
+* ``PagedKVManager`` → :func:`kv_page_slots`: a paged KV cache (``decode``) keeps K and V in pools of
+  ``PAGE_SIZE``-key pages; a sequence's logical key j lives in page ``block_table[b, j // PAGE_SIZE]``,
+  slot ``j % PAGE_SIZE``. :func:`attend_key_blocks` looks the page up per key (a key block may span
+  pages), and with ``PAGE_SIZE = 0`` (a contiguous cache) it builds exactly the code it did before.
 * ``AttentionMask.apply`` → :func:`attention_mask`: S set to -inf where the key lies past the
   sequence (the ragged tail, or the sequence's own length) or, causal, after the query row's
   diagonal (j > i + causal_offset).
@@ -105,6 +109,22 @@ def split_key_range(split, num_splits, key_end, BLOCK_N: tl.constexpr):
 
 
 # ----------------------------------------------------------------------------------------------
+# PagedKV
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def kv_page_slots(offs_k, block_table_row, seqlen_k, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr):
+    """PagedKV: ``(page, slot)`` of one sequence's logical keys ``offs_k`` (a vector): page =
+    ``block_table_row[j // PAGE_SIZE]`` (int64, as it scales the page stride), slot = ``j % PAGE_SIZE``.
+    ``MASKED``: keys past ``seqlen_k`` read no table entry (theirs may be anything, even past the
+    table's row) and get page 0; their K and V loads are masked too."""
+    if MASKED:
+        page = tl.load(block_table_row + offs_k // PAGE_SIZE, mask=offs_k < seqlen_k, other=0)
+    else:
+        page = tl.load(block_table_row + offs_k // PAGE_SIZE)
+    return page.to(tl.int64), offs_k % PAGE_SIZE
+
+
+# ----------------------------------------------------------------------------------------------
 # AttentionMask
 # ----------------------------------------------------------------------------------------------
 @triton.jit
@@ -179,6 +199,7 @@ def attend_key_blocks(
     k_base, v_base, stride_kn, stride_vn,
     offs_m, key_begin, key_end, seqlen_k, causal_offset, softmax_scale_log2,
     CAUSAL: tl.constexpr, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    block_table_row=None, stride_kpage=0, stride_vpage=0, PAGE_SIZE: tl.constexpr = 0,
 ):  # fmt: skip
     """Fold the keys [key_begin, key_end), BLOCK_N at a time from a block boundary, into (acc, row_max,
     row_sum) of one query tile: S = Q Kᵀ → mask → online softmax → rescale O → O += P V.
@@ -187,13 +208,22 @@ def attend_key_blocks(
     softmax needs no -inf guard. ``MASKED=True`` handles the sequence tail and the causal diagonal
     (``seqlen_k`` and ``causal_offset`` from :func:`seqlen_info`).
     S is scaled before the maximum, so any sign of the softmax scale works.
+
+    ``PAGE_SIZE`` > 0: K and V are page pools; ``k_base`` and ``v_base`` point at this KV head in page
+    0, key j of the sequence is row ``page · stride_kpage + slot · stride_kn`` with (page, slot) from
+    :func:`kv_page_slots` on ``block_table_row``, this sequence's row of the block table.
     """
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     for n_start in tl.range(key_begin, key_end, BLOCK_N):
         offs_k = n_start + offs_n
-        k_ptrs = k_base + offs_k[None, :] * stride_kn + offs_d[:, None]
-        v_ptrs = v_base + offs_k[:, None] * stride_vn + offs_d[None, :]
+        if PAGE_SIZE:
+            page, slot = kv_page_slots(offs_k, block_table_row, seqlen_k, PAGE_SIZE, MASKED)
+            k_ptrs = k_base + (page * stride_kpage + slot * stride_kn)[None, :] + offs_d[:, None]
+            v_ptrs = v_base + (page * stride_vpage + slot * stride_vn)[:, None] + offs_d[None, :]
+        else:
+            k_ptrs = k_base + offs_k[None, :] * stride_kn + offs_d[:, None]
+            v_ptrs = v_base + offs_k[:, None] * stride_vn + offs_d[None, :]
         if MASKED:
             col_ok = offs_k < seqlen_k
             k_t = tl.load(k_ptrs, mask=col_ok[None, :], other=0.0)

@@ -37,15 +37,18 @@ def validate_triton_inputs(
     dtypes: tuple[torch.dtype, ...] | None = None,
     *,
     cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
 ) -> Problem:
     """``validate_for_problem`` with the Triton dtypes (or ``dtypes``) and device types: every Triton rung
-    implements GQA, both causal alignments, ``cache_seqlens`` and the LSE."""
+    implements GQA, both causal alignments, ``cache_seqlens`` and the LSE (``block_table``: the paged
+    KV cache of the rungs that read one)."""
     return validate_for_problem(
         q,
         k,
         v,
         problem,
         cache_seqlens=cache_seqlens,
+        block_table=block_table,
         dtypes=dtypes or triton_dtypes(),
         head_dims=head_dims,
         device_types=triton_device_types(),

@@ -12,6 +12,23 @@ every query head of a GQA group reads the same K/V bytes again. This rung remove
     stacked into one M tile, row r = (head in group) · Sq + query token, padded to at least 16 rows
     for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``), so each K/V byte is read from
     HBM once per KV head, not once per query head.
+  * Paged KV cache (``block_table``, vLLM's and FlashInfer's layout): K and V live in pools of pages
+    (num_pages, page_size, Hkv, D) shared by every sequence, and sequence b's key j is in page
+    ``block_table[b, j // page_size]``, slot ``j % page_size``, so a serving engine grows a sequence
+    a page at a time without moving its cache. The key loop only computes each key row's address
+    differently (``PAGE_SIZE`` constexpr; 0 builds the contiguous kernel with the same PTX
+    instructions as before paging).
+
+Paging, page lookup per key rather than per block: ``kv_page_slots`` (``_device.py``) reads the table
+entry of every key of a block (one BLOCK_N-entry load, which Triton's pipeliner issues by
+``cp.async`` ahead of the K/V loads that need it), so a key block may span pages and any page size
+from 16 to 256 works with the tile as it is. Requiring BLOCK_N to divide page_size instead would force
+16-key blocks on vLLM's default page of 16: four times the loop trips, each with a quarter-size MMA. A
+K or V row is D contiguous elements (256 bytes at D=128 in bf16) wherever its page lies, so the loads
+stay coalesced. The table's load takes pipeline stages of its own, so a paged build asks for
+``PAGED_EXTRA_STAGES`` more to keep as many K/V blocks in flight as the contiguous one. Page indices
+are not checked (a device synchronisation per call): each must name a page of the pools, the
+caller's contract as in FlashAttention; the entries of pages past a sequence's length are never read.
 
 Why a second kernel for the merge: the alternatives are atomics on O (the order of fp32 adds then
 changes from run to run, and the rescaling by the final LSE needs every split first) or "the last
@@ -35,22 +52,24 @@ Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one
      split's [key_begin, key_end) out of them.
   2. Load the packed Q tile: row r reads query head kv_head · group + r // Sq, token r % Sq.
   3. ``attend_key_blocks`` over the split's blocks seen by every row (no mask), then over the rest
-     (the sequence tail and the causal diagonal, masked with each row's own token index).
+     (the sequence tail and the causal diagonal, masked with each row's own token index). Paged: each
+     key's row is found through this sequence's row of the block table (``kv_page_slots``).
   4. ``online_softmax_finalize``: O and the natural-log LSE of the split; a split with no key writes
      O = 0 and LSE = -inf, which the merge weighs by exp(-inf) = 0.
   5. Merge (``_combine_kernel``, one program per (batch, head, token)): the maximum LSE, the sum of
      exp(lseₛ - max), then O = Σₛ exp(lseₛ - lse) · Oₛ in the output dtype and lse.
 
 Data movement: Q is read once per CTA (rows = group · Sq); K (as Kᵀ) and V stream HBM → shared memory
-through ``cp.async`` in ``num_stages`` buffers (Triton's pipeliner), S, P and O stay in registers;
+through ``cp.async`` in ``num_stages`` buffers (Triton's pipeliner; paged, the block table's entries
+for each key block by ``cp.async`` too, a stage ahead of the K/V rows), S, P and O stay in registers;
 the partials go to an fp32 workspace in HBM ((num_splits, B, H, Sq, D) and (num_splits, B, H, Sq)),
 read back once by the merge.
 
 Constraints: fp16 and bf16 on a CUDA GPU (fp32 under the Triton interpreter only); D ∈ {64, 128,
 256}; 1 <= Sq <= ``MAX_SEQLEN_Q`` (a prefill-sized Sq is refused: use a prefill rung); GQA and MQA;
-causal top-left or bottom-right (the KV-cache convention); ``cache_seqlens``; the LSE. Not yet:
-paged KV (a block table), a persistent scheduler, FP8 caches. Measured figures go to
-``docs/perf-log.md`` and ``compare.py --decode``.
+causal top-left or bottom-right (the KV-cache convention); ``cache_seqlens``; the LSE; a paged KV
+cache with pages of 16 to 256 keys (with ``cache_seqlens``). Not yet: a persistent scheduler, FP8
+caches. Measured figures go to ``docs/perf-log.md`` and ``compare.py --decode``.
 """
 
 from __future__ import annotations
@@ -62,7 +81,7 @@ import triton
 import triton.language as tl
 
 from common.contract import splits
-from common.contract.capability import FEATURES, check_features
+from common.contract.capability import FEATURES, PAGED_KV, check_features
 from common.contract.devices import triton_device_supported, triton_dtype_supported
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
@@ -112,6 +131,16 @@ DEFAULT_CONFIGS: dict[int, TileConfig] = {
     256: TileConfig(32, 4, 3, max_block_m=32),
 }
 HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
+# Triton's pipeliner gives the block-table load of a paged cache stages of its own: a paged build of
+# n stages keeps (n - 1) // 2 K/V blocks in flight where the contiguous one keeps n - 1. Two more
+# stages keep both at the same depth (sm_90a, D=128: 71680 bytes of shared memory contiguous at 3
+# stages, 72704 paged at 5, 39424 paged at 3 or 4).
+PAGED_EXTRA_STAGES = 2
+
+
+def num_stages_for(problem: Problem) -> int:
+    """The split kernel's pipeline depth: the tile's, plus :data:`PAGED_EXTRA_STAGES` when paged."""
+    return DEFAULT_CONFIGS[problem.head_dim].num_stages + (PAGED_EXTRA_STAGES if problem.paged else 0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -125,8 +154,10 @@ def _split_kernel(
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om,
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2,
+    BlockTable, stride_btb,
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
 ):  # fmt: skip
     split = tl.program_id(0)
     num_splits = tl.num_programs(0)
@@ -149,8 +180,16 @@ def _split_kernel(
     offs_m = offs_r % seqlen_q
     q_ptrs = Q + batch * stride_qb + head[:, None] * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
-    k_base = K + batch * stride_kb + kv_head * stride_kh
-    v_base = V + batch * stride_vb + kv_head * stride_vh
+    if PAGE_SIZE:
+        # Paged: K and V are pools shared by every sequence (stride_kb is their page stride); this
+        # sequence's row of the block table says which page holds which of its keys.
+        block_table_row = BlockTable + batch * stride_btb
+        k_base = K + kv_head * stride_kh
+        v_base = V + kv_head * stride_vh
+    else:
+        block_table_row = BlockTable
+        k_base = K + batch * stride_kb + kv_head * stride_kh
+        v_base = V + batch * stride_vb + kv_head * stride_vh
 
     row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -164,11 +203,13 @@ def _split_kernel(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
         offs_m, key_begin, unmasked_end, seqlen_k, causal_offset, softmax_scale_log2,
         CAUSAL=CAUSAL, MASKED=False, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+        block_table_row=block_table_row, stride_kpage=stride_kb, stride_vpage=stride_vb, PAGE_SIZE=PAGE_SIZE,
     )  # fmt: skip
     acc, row_max, row_sum = attend_key_blocks(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
         offs_m, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
         CAUSAL=CAUSAL, MASKED=True, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+        block_table_row=block_table_row, stride_kpage=stride_kb, stride_vpage=stride_vb, PAGE_SIZE=PAGE_SIZE,
     )  # fmt: skip
 
     # 4. This split's O and natural-log LSE (O = 0, LSE = -inf for a split that saw no key). The
@@ -246,7 +287,25 @@ def _split_constexprs(problem: Problem, split: bool) -> dict[str, int | bool]:
     return {
         **feature_constexprs(problem),
         "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n, "SPLIT": split,
+        "PAGE_SIZE": problem.page_size,
     }  # fmt: skip
+
+
+def kv_row_strides(t: torch.Tensor, paged: bool) -> tuple[int, int, int]:
+    """The (batch, head, row) strides the split kernel takes for K or V: those of a (B, Hkv, Sk, D)
+    cache, or for a page pool (num_pages, page_size, Hkv, D) its (page, head, slot) strides, the page
+    stride standing where the batch stride does."""
+    return (t.stride(0), t.stride(2), t.stride(1)) if paged else t.stride()[:3]
+
+
+def paging_arguments(block_table: torch.Tensor | None) -> tuple[torch.Tensor | None, int | None]:
+    """``BlockTable, stride_btb`` of the split kernel: the table (its entries of a row made adjacent)
+    and its row stride; ``(None, None)`` for a contiguous cache, which Triton specialises away as
+    constexprs, so that build has exactly the parameters and code it had before paging."""
+    if block_table is None:
+        return None, None
+    table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
+    return table, table.stride(0)
 
 
 def bind(
@@ -256,11 +315,12 @@ def bind(
     problem: Problem,
     *,
     cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
     num_splits: int | None = None,
 ) -> Runner:
-    """Allocate O, the LSE and the split workspace for validated q, k, v and return ``run()``
-    launching the split kernel and, with more than one split, the merge. ``num_splits`` overrides
-    the rule (sweeps, tests)."""
+    """Allocate O, the LSE and the split workspace for validated q, k, v (page pools with
+    ``block_table`` when the problem is paged) and return ``run()`` launching the split kernel and,
+    with more than one split, the merge. ``num_splits`` overrides the rule (sweeps, tests)."""
     splits = num_splits if num_splits is not None else planned_num_splits(problem, q.device)
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {splits}")
@@ -273,13 +333,16 @@ def bind(
     # The fp32 workspace of the splits; one split writes O and the LSE directly and needs none.
     partial_shapes = ((*partial_shape, problem.head_dim), partial_shape) if splits > 1 else ((1,), (1,))
     out_partial, lse_partial = (torch.empty(shape, dtype=torch.float32, device=q.device) for shape in partial_shapes)
-    strides = tuple(stride for t in (q, k, v, out) for stride in t.stride()[:3])
+    kv_strides = (*kv_row_strides(k, problem.paged), *kv_row_strides(v, problem.paged))
+    strides = (*q.stride()[:3], *kv_strides, *out.stride()[:3])
     sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E)
-    split_args = (q, k, v, out, lse_arg, lengths_arg, out_partial, lse_partial, *strides, *sizes)
+    split_args = (
+        q, k, v, out, lse_arg, lengths_arg, out_partial, lse_partial, *strides, *sizes, *paging_arguments(block_table),
+    )  # fmt: skip
     config = DEFAULT_CONFIGS[problem.head_dim]
     split_grid = (splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
     split_options = {
-        **_split_constexprs(problem, splits > 1), "num_warps": config.num_warps, "num_stages": config.num_stages,
+        **_split_constexprs(problem, splits > 1), "num_warps": config.num_warps, "num_stages": num_stages_for(problem),
     }  # fmt: skip
     combine_sizes = (problem.heads, problem.seqlen_q, splits, rows)
     combine_args = (out_partial, lse_partial, out, lse_arg, *out.stride()[:3], *combine_sizes)
@@ -305,15 +368,18 @@ def decode_attention(
     problem: Problem,
     *,
     cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
     num_splits: int | None = None,
 ) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them and compile by one warm-up launch
-    on a GPU. ``num_splits`` overrides the split rule (not part of the public API)."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens)
+    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) or page pools (num_pages, page_size, Hkv, D)
+    with their ``block_table``, bind them and compile by one warm-up launch on a GPU. ``num_splits``
+    overrides the split rule (not part of the public API)."""
+    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens, block_table=block_table)
     ok, reason = supports(checked, q.device)
     if not ok:
         raise ValueError(reason)
-    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens, num_splits=num_splits), q.device)
+    run = bind(q, k, v, checked, cache_seqlens=cache_seqlens, block_table=block_table, num_splits=num_splits)
+    return warmed_up(run, q.device)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -330,7 +396,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
             False,
             f"triton/decode takes 1 to {MAX_SEQLEN_Q} query tokens, got Sq={problem.seqlen_q}: use a prefill rung",
         )
-    return check_features("triton/decode", problem, FEATURES)
+    return check_features("triton/decode", problem, (*FEATURES, PAGED_KV))
 
 
 def _decode_shape(problem: Problem) -> Problem:
@@ -339,19 +405,24 @@ def _decode_shape(problem: Problem) -> Problem:
 
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
-    """Both kernels compiled for sm_90a at ``problem``'s head dim, dtype and mask (one query token
-    when ``problem`` is prefill-sized); the split kernel in its split-writing form."""
+    """Both kernels compiled for sm_90a at ``problem``'s head dim, dtype, mask and paging (one query
+    token when ``problem`` is prefill-sized); the split kernel in its split-writing form."""
     problem = _decode_shape(problem)
     config = DEFAULT_CONFIGS[problem.head_dim]
     signature = {
         **pointer_signature(problem.dtype), "OutPartial": "*fp32", "LsePartial": "*fp32",
     }  # fmt: skip
+    constexprs = _split_constexprs(problem, True)
+    if problem.paged:
+        signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
+    else:
+        constexprs.update({"BlockTable": None, "stride_btb": None})
     split = compile_triton_sm90(
         _split_kernel,
         signature,
-        _split_constexprs(problem, True),
+        constexprs,
         num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        num_stages=num_stages_for(problem),
         aligned=(*POINTER_ALIGNED, "OutPartial", "LsePartial"),
     )
     element = "*fp16" if problem.dtype == torch.float16 else "*bf16"

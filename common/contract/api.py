@@ -9,12 +9,16 @@ autotuning), so a call costs about what the prepared launch costs.
 
 The key holds everything a plan depends on: the implementation, shapes, dtypes, strides and 16-byte
 alignment of q, k and v (so the number of KV heads), their devices, ``causal``, ``softmax_scale``,
-``causal_alignment``, ``return_lse``, whether ``cache_seqlens`` is given and its signature (shape,
-stride, dtype, device; never its values), and the Triton and CuTe DSL versions.
+``causal_alignment``, ``return_lse``, whether ``cache_seqlens`` and ``block_table`` are given and their
+signatures (shape, stride, dtype, device; never their values), and the Triton and CuTe DSL versions.
+A paged cache's page size is k's dim 1, so it is in the key with k's shape.
 
 ``cache_seqlens`` is an input, not part of the plan: its values are checked (in [0, Sk], one device
 synchronisation) when a signature is planned; later calls check only its signature through the key,
 and the kernels clamp each length to [0, Sk], so a bad value cannot read out of bounds.
+``block_table`` (a paged KV cache) is an input too; its values, the page indices, are never checked
+(that would synchronise every call): an index outside the pools is the caller's contract, as in
+FlashAttention's ``flash_attn_with_kvcache``.
 
 The cache keeps the :data:`PLAN_CACHE_SIZE` most recently used plans; ``clear_plan_cache()`` empties
 it and ``plan_cache_info()`` reports hits, misses and size. Plans hold no tensors: memory belongs to
@@ -144,12 +148,14 @@ class Options:
     causal_alignment: object = "top_left"
     cache_seqlens: object = None
     return_lse: object = False
+    block_table: object = None
 
 
-def _lengths_signature(cache_seqlens: torch.Tensor | None) -> tuple | None:
-    if cache_seqlens is None:
+def _index_signature(index: torch.Tensor | None) -> tuple | None:
+    """Signature of an int32 per-call input (``cache_seqlens``, ``block_table``): never its values."""
+    if index is None:
         return None
-    return (tuple(cache_seqlens.shape), cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device)
+    return (tuple(index.shape), index.stride(), index.dtype, index.device)
 
 
 def plan_key(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options) -> tuple:
@@ -163,7 +169,8 @@ def plan_key(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, optio
         options.softmax_scale,
         options.causal_alignment,
         options.return_lse,
-        _lengths_signature(options.cache_seqlens),
+        _index_signature(options.cache_seqlens),
+        _index_signature(options.block_table),
         toolchain_versions(),
     )
 
@@ -177,7 +184,7 @@ def _cacheable(impl: object, q: object, k: object, v: object, options: Options) 
         and type(options.return_lse) is bool
         and type(options.causal_alignment) is str
         and type(options.softmax_scale) in _SCALE_TYPES
-        and (options.cache_seqlens is None or isinstance(options.cache_seqlens, torch.Tensor))
+        and all(t is None or isinstance(t, torch.Tensor) for t in (options.cache_seqlens, options.block_table))
         and all(isinstance(t, torch.Tensor) for t in (q, k, v))
     )
 
@@ -207,6 +214,7 @@ def _make_plan(
         causal_alignment=options.causal_alignment,
         cache_seqlens=options.cache_seqlens,
         return_lse=options.return_lse,
+        block_table=options.block_table,
         allow_gqa=True,
         dtypes=API_DTYPES,
         device_types=API_DEVICE_TYPES,
@@ -214,7 +222,8 @@ def _make_plan(
     ok, reason = implementation.check(problem, q.device)
     if not ok:
         raise ValueError(f"{impl} cannot run {problem.describe()}: {reason}")
-    result = implementation.prepare(q, k, v, problem, **per_call_inputs(problem, options.cache_seqlens))()
+    extra = per_call_inputs(problem, options.cache_seqlens, options.block_table)
+    result = implementation.prepare(q, k, v, problem, **extra)()
     return Plan(implementation, problem), result
 
 
@@ -229,6 +238,7 @@ def attention(
     causal_alignment: str = "top_left",
     cache_seqlens: torch.Tensor | None = None,
     return_lse: bool = False,
+    block_table: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention output O (B, H, Sq, D) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D) by ``impl``.
 
@@ -239,13 +249,21 @@ def attention(
     alignment uses it. ``return_lse=True`` returns ``(O, lse)``, lse (B, H, Sq) fp32 in natural-log
     units, -inf for a row that sees no key (whose output row is 0).
 
+    ``block_table``: a paged KV cache (FlashAttention's ``flash_attn_with_kvcache`` layout, FlashInfer's
+    "NHD"): a (B, max_pages_per_seq) int32 tensor on the inputs' device, with k and v page pools
+    (num_pages, page_size, Hkv, D), page_size in [16, 256]. Sequence b's key j lives in page
+    ``block_table[b, j // page_size]``, slot ``j % page_size``; Sk = max_pages_per_seq · page_size.
+    ``cache_seqlens`` is then required. Only the entries of pages holding keys below a sequence's
+    length are read, and they are not checked: each must lie in [0, num_pages) (the caller's contract,
+    as in FlashAttention; checking would synchronise every call).
+
     The first call of a signature prepares a plan (validates, compiles, warms up); later calls with
     new tensors of the same signature bind and launch only. Raises ValueError for an unknown
     ``impl`` (listing the valid names) or a problem the implementation cannot run (with its reason),
     NotImplementedError for tensors that require grad, and TypeError/ValueError for bad tensors.
     """
     _refuse_grad(q, k, v)
-    options = Options(causal, softmax_scale, causal_alignment, cache_seqlens, return_lse)
+    options = Options(causal, softmax_scale, causal_alignment, cache_seqlens, return_lse, block_table)
     if not _cacheable(impl, q, k, v, options):
         return _make_plan(impl, q, k, v, options)[1]
     key = plan_key(impl, q, k, v, options)
@@ -254,7 +272,7 @@ def attention(
         plan, result = _make_plan(impl, q, k, v, options)
         _PLANS.put(key, plan)
         return result
-    extra = per_call_inputs(plan.problem, cache_seqlens)
+    extra = per_call_inputs(plan.problem, cache_seqlens, block_table)
     bind = plan.implementation.bind
     if bind is None:
         # A rung without bind yet: correct, but every call pays its prepare (and warm-up).

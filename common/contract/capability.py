@@ -54,7 +54,12 @@ GQA = "gqa"
 BOTTOM_RIGHT = "bottom_right"
 CACHE_SEQLENS = "cache_seqlens"
 LSE = "lse"
+PAGED_KV = "paged_kv"
+# The features of a contiguous (B, Hkv, Sk, D) cache, which every rung implements and passes to
+# check_features as ``FEATURES``; the paged KV cache (a block table) is not among them, so a rung
+# takes it only by naming PAGED_KV as well (triton/decode so far) and every other rung refuses it.
 FEATURES = (GQA, BOTTOM_RIGHT, CACHE_SEQLENS, LSE)
+KNOWN_FEATURES = (*FEATURES, PAGED_KV)
 
 
 def needed_features(problem: Problem) -> dict[str, str]:
@@ -71,16 +76,18 @@ def needed_features(problem: Problem) -> dict[str, str]:
         needed[CACHE_SEQLENS] = "per-sequence key lengths (cache_seqlens)"
     if problem.return_lse:
         needed[LSE] = "returning the LSE (return_lse)"
+    if problem.paged:
+        needed[PAGED_KV] = f"a paged KV cache (block_table, pages of {problem.page_size} keys)"
     return needed
 
 
 def check_features(name: str, problem: Problem, implemented: Collection[str] = ()) -> tuple[bool, str]:
     """Refuse the features of ``problem`` that ``name`` does not implement: ``implemented`` lists
-    those it does (names of :data:`FEATURES`). The bottom-right alignment counts only where it differs
-    from the top-left one (``Problem.bottom_right``)."""
-    unknown = set(implemented) - set(FEATURES)
+    those it does (names of :data:`KNOWN_FEATURES`). The bottom-right alignment counts only where it
+    differs from the top-left one (``Problem.bottom_right``)."""
+    unknown = set(implemented) - set(KNOWN_FEATURES)
     if unknown:
-        raise ValueError(f"unknown features {sorted(unknown)}; known: {FEATURES}")
+        raise ValueError(f"unknown features {sorted(unknown)}; known: {KNOWN_FEATURES}")
     missing = [words for feature, words in needed_features(problem).items() if feature not in implemented]
     if missing:
         return False, f"{name}: {'; '.join(missing)} not implemented yet"

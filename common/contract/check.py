@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from common.contract.fp8 import Emulation
-from common.contract.inputs import make_cache_seqlens, make_inputs, poison_all_
+from common.contract.inputs import make_cache_seqlens, make_inputs, make_paged_kv, poison_all_
 from common.contract.metrics import (
     EmulationStats,
     ErrorStats,
@@ -19,7 +19,7 @@ from common.contract.metrics import (
     lse_stats,
 )
 from common.contract.problem import Problem
-from common.contract.reference import reference_attention
+from common.contract.reference import contiguous_kv, reference_attention
 from common.contract.registry import Implementation, Runner, per_call_inputs
 from common.measure.sdpa import sdpa
 
@@ -55,8 +55,11 @@ def sdpa_error(
     problem: Problem,
     ref: torch.Tensor,
     cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
 ) -> ErrorStats:
-    """SDPA's own error in the problem's dtype on the same inputs (the tolerance's yardstick)."""
+    """SDPA's own error in the problem's dtype on the same inputs (the tolerance's yardstick); a paged
+    cache's pages are gathered into the contiguous cache first (SDPA reads no block table)."""
+    k, v = contiguous_kv(k, v, problem, cache_seqlens, block_table)
     return error_stats(sdpa(q, k, v, problem, cache_seqlens), ref)
 
 
@@ -103,11 +106,15 @@ def check_implementation(
     seed: int = 0,
     offset: float = 0.5,
 ) -> CheckResult:
-    """Fresh seeded inputs (and key lengths when the problem carries them), poisoned output, error vs
-    fp64 reference, judged by the impl's rule (and the LSE rule when it returns the LSE)."""
+    """Fresh seeded inputs (and key lengths when the problem carries them, page pools and a shuffled
+    block table when it is paged), poisoned output, error vs fp64 reference, judged by the impl's rule
+    (and the LSE rule when it returns the LSE)."""
     q, k, v = make_inputs(problem, seed=seed, device=device, offset=offset)
     cache_seqlens = make_cache_seqlens(problem, seed=seed, device=device) if problem.has_cache_seqlens else None
-    return check_on_inputs(impl, q, k, v, problem, cache_seqlens=cache_seqlens)
+    block_table = None
+    if problem.paged:
+        k, v, block_table = make_paged_kv(problem, k, v, seed=seed)
+    return check_on_inputs(impl, q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table)
 
 
 def check_on_inputs(
@@ -118,15 +125,19 @@ def check_on_inputs(
     problem: Problem,
     *,
     cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
 ) -> CheckResult:
     """Poisoned run of ``impl`` on the given tensors, judged against the fp64 reference and SDPA; the
     returned LSE, if any, against the fp64 LSE by its own rule (``common.contract.metrics.lse_bound``),
-    or for an FP8 rule against its emulation's LSE, within that bound plus the emulation's."""
-    ref, ref_lse = reference_attention(q, k, v, problem, cache_seqlens=cache_seqlens, with_lse=True)
-    result = run_poisoned(impl.prepare(q, k, v, problem, **per_call_inputs(problem, cache_seqlens)))
+    or for an FP8 rule against its emulation's LSE, within that bound plus the emulation's. k and v are
+    page pools read through ``block_table`` when the problem is paged."""
+    ref, ref_lse = reference_attention(
+        q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table, with_lse=True
+    )
+    result = run_poisoned(impl.prepare(q, k, v, problem, **per_call_inputs(problem, cache_seqlens, block_table)))
     out, lse = result if problem.return_lse else (result, None)
     err = error_stats(out, ref)
-    yardstick = sdpa_error(q, k, v, problem, ref, cache_seqlens)
+    yardstick = sdpa_error(q, k, v, problem, ref, cache_seqlens, block_table)
     emulated = emulate_for(impl, (q, k, v), problem, cache_seqlens)
     ok, reason, emulation = judge_output(impl, out, err, (q, k, v), problem, ref, yardstick, emulated=emulated)
     stats = None

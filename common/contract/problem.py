@@ -14,6 +14,13 @@ Layout is SDPA's: q is (B, H, Sq, D), k and v are (B, Hkv, Sk, D), o is (B, H, S
   with the inputs (not part of the problem: it changes every call, the compiled code does not) gives
   the valid keys of each sequence of a padded (B, Hkv, Sk, D) cache. Keys ``j >= cache_seqlens[b]``
   are masked, and the bottom-right alignment is taken from it: ``causal_offset = cache_seqlens[b] - Sq``.
+* **Paged KV cache** (``page_size``, 0 = a contiguous cache): K and V are page pools (num_pages,
+  page_size, Hkv, D) (FlashAttention's ``flash_attn_with_kvcache`` / FlashInfer's "NHD" layout), and a
+  (B, max_pages_per_seq) int32 ``block_table`` passed with the inputs (like ``cache_seqlens``, not part of
+  the problem) says where each sequence's keys are: sequence b's key j lives in page
+  ``block_table[b, j // page_size]``, slot ``j % page_size``. ``seqlen_k`` is the logical capacity
+  max_pages_per_seq · page_size, and a paged problem always has ``cache_seqlens`` (a block table holds no
+  lengths).
 * **LSE** (``return_lse``): the implementation also returns ``lse`` (B, H, Sq) fp32, the natural-log
   log-sum-exp of each row's scaled scores (FlashAttention's convention); -inf for a row that sees no
   key, whose output row is 0.
@@ -47,6 +54,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+# Keys per page of a paged KV cache: vLLM's default is 16, FlashInfer's examples use up to 256.
+MIN_PAGE_SIZE, MAX_PAGE_SIZE = 16, 256
 
 
 def causal_offset(seqlen_q: int, seqlen_k: int, causal_alignment: str) -> int:
@@ -72,7 +81,7 @@ class Problem:
 
     ``softmax_scale=None`` means 1/sqrt(head_dim); ``kv_heads=None`` means ``heads`` (no GQA) and is
     stored as ``heads``, so equal problems compare and hash equal. ``seqlen_k`` is the padded key
-    length when ``has_cache_seqlens``.
+    length when ``has_cache_seqlens``, the block table's capacity when ``page_size`` is set.
     """
 
     batch: int
@@ -87,6 +96,7 @@ class Problem:
     causal_alignment: str = "top_left"
     has_cache_seqlens: bool = False
     return_lse: bool = False
+    page_size: int = 0
 
     def __post_init__(self) -> None:
         if self.kv_heads is None:
@@ -107,6 +117,28 @@ class Problem:
                 raise ValueError(f"Problem.{field_name} must be a bool, got {getattr(self, field_name)!r}")
         if self.softmax_scale is not None and not math.isfinite(self.softmax_scale):
             raise ValueError(f"softmax_scale must be finite, got {self.softmax_scale!r}")
+        if self.page_size != 0 or type(self.page_size) is not int:
+            self._check_paging()
+
+    def _check_paging(self) -> None:
+        """A paged problem: a page size in range, a capacity of whole pages, and per-sequence lengths."""
+        if type(self.page_size) is not int or not MIN_PAGE_SIZE <= self.page_size <= MAX_PAGE_SIZE:
+            raise ValueError(
+                f"Problem.page_size must be 0 (a contiguous cache) or an int in [{MIN_PAGE_SIZE}, {MAX_PAGE_SIZE}], "
+                f"got {self.page_size!r}"
+            )
+        if self.seqlen_k % self.page_size:
+            raise ValueError(
+                f"a paged problem's seqlen_k is whole pages (max_pages_per_seq * page_size), "
+                f"got seqlen_k={self.seqlen_k} and page_size={self.page_size}"
+            )
+        if not self.has_cache_seqlens:
+            raise ValueError("a paged problem (page_size > 0) needs has_cache_seqlens: a block table holds no lengths")
+
+    @property
+    def paged(self) -> bool:
+        """True when K and V are page pools read through a block table."""
+        return self.page_size > 0
 
     @property
     def kv_group(self) -> int:
@@ -184,7 +216,13 @@ class Problem:
             mask += f"({self.causal_alignment})"
         seq = f"S={self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"Sq={self.seqlen_q} Sk={self.seqlen_k}"
         heads = f"H={self.heads}" if self.kv_heads == self.heads else f"H={self.heads} Hkv={self.kv_heads}"
-        extras = "".join((" cache_seqlens" if self.has_cache_seqlens else "", " lse" if self.return_lse else ""))
+        extras = "".join(
+            (
+                " cache_seqlens" if self.has_cache_seqlens else "",
+                " lse" if self.return_lse else "",
+                f" paged({self.page_size})" if self.paged else "",
+            )
+        )
         return f"B={self.batch} {heads} {seq} D={self.head_dim} {self.dtype_name} {mask}{extras}"
 
     @classmethod

@@ -5,9 +5,14 @@ Chunked over (batch, head) and query rows so that the score block held at once s
 problem's (``common/contract/problem.py``): GQA reads KV head ``h // (H // Hkv)``; causal is
 top-left (SDPA's ``is_causal``) or bottom-right aligned; ``cache_seqlens`` masks each sequence's keys
 past its length and sets its bottom-right offset. A row that sees no key has output 0 and LSE -inf.
+A paged KV cache is first gathered into the contiguous (B, Hkv, Sk, D) cache it stands for
+(:func:`gather_pages`, also the SDPA yardstick's input), reading only the pages that hold keys below
+each sequence's length.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -24,6 +29,35 @@ def sequence_lengths(problem: Problem, cache_seqlens: torch.Tensor | None) -> li
     if cache_seqlens is None:
         raise ValueError(f"{problem.describe()} carries per-sequence lengths: pass cache_seqlens")
     return [int(length) for length in cache_seqlens.tolist()]
+
+
+def gather_pages(pages: torch.Tensor, block_table: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """The contiguous (B, Hkv, Sk, D) cache of a page pool (num_pages, page_size, Hkv, D): sequence b's
+    key j from page ``block_table[b, j // page_size]``, slot ``j % page_size``, for j < lengths[b];
+    keys past a sequence's length are 0 (their table entries are never read). Sk = the table's capacity."""
+    batch, max_pages = block_table.shape
+    page_size = pages.shape[1]
+    dense = pages.new_zeros((batch, max_pages * page_size, *pages.shape[2:]))
+    for b, length in enumerate(lengths):
+        used = block_table[b, : math.ceil(length / page_size)].long()
+        dense[b, :length] = pages[used].flatten(0, 1)[:length]
+    return dense.transpose(1, 2)
+
+
+def contiguous_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    cache_seqlens: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v as (B, Hkv, Sk, D): themselves for a contiguous cache, their pages gathered for a paged one."""
+    if not problem.paged:
+        return k, v
+    if block_table is None:
+        raise ValueError(f"{problem.describe()} reads a paged KV cache: pass block_table")
+    lengths = sequence_lengths(problem, cache_seqlens)
+    return gather_pages(k, block_table, lengths), gather_pages(v, block_table, lengths)
 
 
 def visible_keys_mask(
@@ -59,9 +93,12 @@ def reference_attention(
     problem: Problem,
     *,
     cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
     with_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """float64 O (B, H, Sq, D), and the natural-log LSE (B, H, Sq) when ``with_lse``."""
+    """float64 O (B, H, Sq, D), and the natural-log LSE (B, H, Sq) when ``with_lse``; k and v are page
+    pools read through ``block_table`` when the problem is paged."""
+    k, v = contiguous_kv(k, v, problem, cache_seqlens, block_table)
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float64, device=q.device)
     lengths = sequence_lengths(problem, cache_seqlens)

@@ -24,6 +24,11 @@ The contract of an implementation:
   keyword arguments; a rung whose ``supports`` refuses those problems need not take the keyword).
   It is an input like q, k and v: ``run()`` reads the tensor's current values at every launch,
   and a plan never depends on them.
+* ``block_table`` (keyword-only): a paged KV cache (``problem.page_size`` > 0, always with
+  ``cache_seqlens``): the (B, max_pages_per_seq) int32 page indices, passed exactly when the problem is
+  paged, like ``cache_seqlens``; k and v are then page pools (num_pages, page_size, Hkv, D). A rung
+  whose ``supports`` refuses paged problems (every rung that does not name
+  ``common.contract.capability.PAGED_KV``) never receives it.
 * ``bind(q, k, v, problem, *, cache_seqlens=None) -> run``: the per-call part of ``prepare`` alone,
   for tensors of a signature that ``prepare`` has already planned (validated, configured,
   compiled): it builds the operands, descriptors and output for these tensors and returns the same
@@ -70,7 +75,8 @@ BASELINE_MODULES = ("common.measure.sdpa", "common.measure.fa4", "common.measure
 
 # run() returns O, or (O, lse) when problem.return_lse.
 Runner = Callable[[], torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
-# (q, k, v, problem, *, cache_seqlens=None) -> run; the keyword only when problem.has_cache_seqlens.
+# (q, k, v, problem, *, cache_seqlens=None, block_table=None) -> run; each keyword only when the
+# problem has the feature (per_call_inputs).
 Prepare = Callable[..., Runner]
 Bind = Callable[..., Runner]
 Supports = Callable[[Problem, torch.device], tuple[bool, str]]
@@ -141,16 +147,26 @@ class Unavailable:
         return f"{packages[-1].removesuffix('_impl')}/{rung}"
 
 
-def per_call_inputs(problem: Problem, cache_seqlens: torch.Tensor | None) -> dict[str, torch.Tensor]:
+def per_call_inputs(
+    problem: Problem, cache_seqlens: torch.Tensor | None, block_table: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
     """The keyword arguments of ``prepare`` and ``bind`` beyond q, k, v and the problem: ``cache_seqlens``
-    exactly when the problem carries per-sequence lengths (see the module docstring)."""
+    exactly when the problem carries per-sequence lengths, ``block_table`` exactly when its cache is
+    paged (see the module docstring)."""
+    inputs = {}
     if problem.has_cache_seqlens:
         if cache_seqlens is None:
             raise ValueError(f"{problem.describe()} carries per-sequence key lengths, but cache_seqlens is None")
-        return {"cache_seqlens": cache_seqlens}
-    if cache_seqlens is not None:
+        inputs["cache_seqlens"] = cache_seqlens
+    elif cache_seqlens is not None:
         raise ValueError("cache_seqlens was given for a problem without per-sequence lengths (has_cache_seqlens=False)")
-    return {}
+    if problem.paged:
+        if block_table is None:
+            raise ValueError(f"{problem.describe()} reads a paged KV cache, but block_table is None")
+        inputs["block_table"] = block_table
+    elif block_table is not None:
+        raise ValueError("block_table was given for a problem without a paged KV cache (page_size=0)")
+    return inputs
 
 
 def warmed_up(run: Runner, device: torch.device) -> Runner:

@@ -3,6 +3,11 @@
 Every rung's host function calls :func:`validate_attention_inputs` before touching a kernel, so a
 bad call never reaches device code. Tensors a kernel cannot address directly (inner dimension not
 contiguous, misaligned strides) are copied explicitly by :func:`kernel_operand`, never read wrongly.
+
+A paged KV cache (``block_table`` given) changes what k and v are: page pools (num_pages, page_size,
+Hkv, D) instead of (B, Hkv, Sk, D). Everything about it is checked except the page indices themselves:
+reading them would cost a device synchronisation per call, so an index outside [0, num_pages) is the
+caller's contract, as in FlashAttention's ``flash_attn_with_kvcache``.
 """
 
 from __future__ import annotations
@@ -13,21 +18,24 @@ from typing import Any
 
 import torch
 
-from common.contract.problem import CAUSAL_ALIGNMENTS, Problem, dtype_name
+from common.contract.problem import CAUSAL_ALIGNMENTS, MAX_PAGE_SIZE, MIN_PAGE_SIZE, Problem, dtype_name
 
 # TMA and 16-byte vector loads need every outer stride and the base address 16-byte aligned.
 OPERAND_ALIGNMENT_BYTES = 16
+# What the dimensions of q (and of a contiguous k and v) and of the page pools of a paged k and v are.
+DENSE_LAYOUT = "(batch, heads, seqlen, head_dim)"
+PAGED_LAYOUT = "(num_pages, page_size, kv_heads, head_dim)"
 
 
 def _names(dtypes: Collection[torch.dtype]) -> str:
     return ", ".join(sorted(dtype_name(d) for d in dtypes))
 
 
-def _check_tensor(name: str, tensor: object) -> torch.Tensor:
+def _check_tensor(name: str, tensor: object, layout: str = DENSE_LAYOUT) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dim() != 4:
-        raise ValueError(f"{name} must have rank 4 (batch, heads, seqlen, head_dim), got shape {tuple(tensor.shape)}")
+        raise ValueError(f"{name} must have rank 4 {layout}, got shape {tuple(tensor.shape)}")
     if tensor.numel() == 0:
         raise ValueError(f"{name} must not be empty, got shape {tuple(tensor.shape)}")
     return tensor
@@ -48,6 +56,29 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allow_gqa: 
         raise ValueError(
             f"k's heads (kv_heads) must divide q's heads (GQA: query head h reads KV head h // (heads // kv_heads)), "
             f"got q {heads} heads and k {kv_heads}"
+        )
+    if q.shape[3] != k.shape[3]:
+        raise ValueError(f"q and k must have the same head_dim, got q {q.shape[3]} and k {k.shape[3]}")
+
+
+def _check_paged_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allow_gqa: bool) -> None:
+    """k and v as page pools (num_pages, page_size, Hkv, D) of one shape, for q (B, H, Sq, D)."""
+    if k.shape != v.shape:
+        raise ValueError(f"k and v page pools must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    page_size = k.shape[1]
+    if not MIN_PAGE_SIZE <= page_size <= MAX_PAGE_SIZE:
+        raise ValueError(
+            f"with a block_table, k and v are {PAGED_LAYOUT} page pools with pages of "
+            f"{MIN_PAGE_SIZE} to {MAX_PAGE_SIZE} keys, got page_size (k's dim 1) {page_size}"
+        )
+    heads, kv_heads = q.shape[1], k.shape[2]
+    if not allow_gqa and heads != kv_heads:
+        raise ValueError(
+            f"q's heads and the pools' kv_heads must agree (this implementation has no GQA), got {heads} and {kv_heads}"
+        )
+    if heads % kv_heads:
+        raise ValueError(
+            f"the pools' kv_heads (k's dim 2) must divide q's heads (GQA), got q {heads} heads and k {kv_heads}"
         )
     if q.shape[3] != k.shape[3]:
         raise ValueError(f"q and k must have the same head_dim, got q {q.shape[3]} and k {k.shape[3]}")
@@ -102,10 +133,26 @@ def check_cache_seqlens(cache_seqlens: object, batch: int, seqlen_k: int, device
     low, high = (int(x) for x in torch.aminmax(cache_seqlens))
     if low < 0 or high > seqlen_k:
         raise ValueError(
-            f"cache_seqlens must lie in [0, Sk] = [0, {seqlen_k}] (Sk the padded key length), "
-            f"got values in [{low}, {high}]"
+            f"cache_seqlens must lie in [0, Sk] = [0, {seqlen_k}] (Sk the padded key length, or the block "
+            f"table's capacity max_pages_per_seq * page_size), got values in [{low}, {high}]"
         )
     return cache_seqlens
+
+
+def check_block_table(block_table: object, batch: int, device: torch.device) -> torch.Tensor:
+    """``block_table`` must be a (B, max_pages_per_seq) int32 tensor on the inputs' device. Its values,
+    the page indices, are not read (see the module docstring)."""
+    if not isinstance(block_table, torch.Tensor):
+        raise TypeError(f"block_table must be a torch.Tensor or None, got {type(block_table).__name__}")
+    if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] < 1:
+        raise ValueError(
+            f"block_table must have shape (batch, max_pages_per_seq) = ({batch}, >= 1), got {tuple(block_table.shape)}"
+        )
+    if block_table.dtype != torch.int32:
+        raise TypeError(f"block_table must be int32, got {dtype_name(block_table.dtype)}")
+    if block_table.device != device:
+        raise ValueError(f"block_table must be on the inputs' device {device}, got {block_table.device}")
+    return block_table
 
 
 def validate_attention_inputs(
@@ -118,6 +165,7 @@ def validate_attention_inputs(
     causal_alignment: object = "top_left",
     cache_seqlens: object = None,
     return_lse: object = False,
+    block_table: object = None,
     allow_gqa: bool = False,
     dtypes: Collection[torch.dtype] = (torch.float16, torch.bfloat16),
     head_dims: Collection[int] | None = None,
@@ -127,12 +175,19 @@ def validate_attention_inputs(
 
     ``allow_gqa``: the caller implements GQA (Hkv a divisor of H); otherwise Hkv must equal H.
     ``cache_seqlens``: None, or the per-sequence key lengths (:func:`check_cache_seqlens`).
+    ``block_table``: None, or a paged KV cache: k and v are then page pools (num_pages, page_size,
+    Hkv, D), Sk = max_pages_per_seq · page_size, and ``cache_seqlens`` is required.
     Raises TypeError for wrong types/dtypes and ValueError for wrong shapes, devices, head dims,
     empty tensors, a non-finite scale, an unknown alignment or bad lengths; each message names what
     was expected and what was given.
     """
-    q, k, v = (_check_tensor(name, t) for name, t in (("q", q), ("k", k), ("v", v)))
-    _check_shapes(q, k, v, allow_gqa)
+    paged = block_table is not None
+    q = _check_tensor("q", q)
+    k, v = (_check_tensor(name, t, PAGED_LAYOUT if paged else DENSE_LAYOUT) for name, t in (("k", k), ("v", v)))
+    if paged:
+        _check_paged_shapes(q, k, v, allow_gqa)
+    else:
+        _check_shapes(q, k, v, allow_gqa)
     _check_dtype_and_device(q, k, v, dtypes, device_types)
     for name, flag in (("causal", causal), ("return_lse", return_lse)):
         if not isinstance(flag, bool):
@@ -140,23 +195,35 @@ def validate_attention_inputs(
     scale = _check_scale(softmax_scale)
     alignment = _check_alignment(causal_alignment)
     batch, heads, seqlen_q, head_dim = q.shape
+    if paged:
+        check_block_table(block_table, batch, q.device)
+        if cache_seqlens is None:
+            raise ValueError(
+                "a block_table needs cache_seqlens, each sequence's key length ((batch,) int32): "
+                "a block table holds no lengths, got cache_seqlens=None"
+            )
+        # Sk is the logical capacity of a sequence: its row of the block table, in keys.
+        page_size, kv_heads, seqlen_k = k.shape[1], k.shape[2], block_table.shape[1] * k.shape[1]
+    else:
+        page_size, kv_heads, seqlen_k = 0, k.shape[1], k.shape[2]
     if cache_seqlens is not None:
-        check_cache_seqlens(cache_seqlens, batch, k.shape[2], q.device)
+        check_cache_seqlens(cache_seqlens, batch, seqlen_k, q.device)
     if head_dims is not None and head_dim not in head_dims:
         raise ValueError(f"head_dim must be one of {sorted(head_dims)}, got {head_dim}")
     return Problem(
         batch=batch,
         heads=heads,
         seqlen_q=seqlen_q,
-        seqlen_k=k.shape[2],
+        seqlen_k=seqlen_k,
         head_dim=head_dim,
         dtype=q.dtype,
         causal=causal,
         softmax_scale=scale,
-        kv_heads=k.shape[1],
+        kv_heads=kv_heads,
         causal_alignment=alignment,
         has_cache_seqlens=cache_seqlens is not None,
         return_lse=return_lse,
+        page_size=page_size,
     )
 
 
@@ -169,13 +236,31 @@ def require_cache_seqlens_as_stated(problem: Problem, cache_seqlens: object) -> 
         )
 
 
+def require_block_table_as_stated(problem: Problem, block_table: object) -> None:
+    """``block_table`` is given exactly when ``problem`` says its cache is paged."""
+    if problem.paged != (block_table is not None):
+        given = "a tensor" if block_table is not None else "None"
+        raise ValueError(
+            f"block_table must be given exactly when the problem's cache is paged: "
+            f"page_size={problem.page_size}, got block_table={given}"
+        )
+
+
 def validate_for_problem(
-    q: object, k: object, v: object, problem: Problem, *, cache_seqlens: object = None, **limits: Any
+    q: object,
+    k: object,
+    v: object,
+    problem: Problem,
+    *,
+    cache_seqlens: object = None,
+    block_table: object = None,
+    **limits: Any,
 ) -> Problem:
     """:func:`validate_attention_inputs` with every feature ``problem`` states (mask, scale, alignment, GQA,
-    cache lengths, LSE) and the rung's ``limits`` (dtypes, head_dims, device_types): the check of a rung
-    that implements all of them, on tensors a caller described by ``problem``."""
+    cache lengths, LSE, paging) and the rung's ``limits`` (dtypes, head_dims, device_types): the check of
+    a rung that implements all of them, on tensors a caller described by ``problem``."""
     require_cache_seqlens_as_stated(problem, cache_seqlens)
+    require_block_table_as_stated(problem, block_table)
     return validate_attention_inputs(
         q,
         k,
@@ -185,6 +270,7 @@ def validate_for_problem(
         causal_alignment=problem.causal_alignment,
         cache_seqlens=cache_seqlens,
         return_lse=problem.return_lse,
+        block_table=block_table,
         allow_gqa=True,
         **limits,
     )

@@ -3,7 +3,10 @@
 The sweep (flash-decode issue's defaults): B ∈ {1, 8, 64}, cache lengths ∈ {4096, 32768, 131072},
 32 query heads with 8 (GQA) or 32 KV heads, D = 128, Sq = 1, bf16, causal aligned bottom-right (the
 KV-cache convention; with one token it sees every key), plus one ragged batch whose sequences have
-their own lengths (``cache_seqlens``). A decode step is memory-bound, so each row is judged by the
+their own lengths (``cache_seqlens``) and one paged batch (a block table of vLLM's default 16-key
+pages, shuffled in the pool: the B=8, 8 KV heads, 32k case read through pages, so its row beside the
+contiguous one shows what paging costs; implementations without a paged path report their refusal).
+A decode step is memory-bound, so each row is judged by the
 K and V bytes it must read (at each sequence's own length) over its time, in GB/s and as a share of
 the measured HBM read bandwidth (``common.measure.peaks.measure_read_gbps``).
 """
@@ -23,6 +26,8 @@ HEADS, HEAD_DIM = 32, 128
 # The ragged batch: 8 sequences of a 32768-key padded cache, lengths spread from short to full.
 RAGGED_BATCH, RAGGED_SEQLEN_K = 8, 32768
 RAGGED_FRACTIONS = (1.0, 0.03, 0.5, 0.25, 0.9, 0.1, 0.7, 0.0)
+# The paged batch: 8 full sequences of 32768 keys in pages of 16 (common.contract.inputs.make_block_table).
+PAGED_BATCH, PAGED_SEQLEN_K, PAGE_SIZE = 8, 32768, 16
 # Device memory a case may plan for: inputs, the fp64 reference's per-head copies, and SDPA's
 # yardstick, which may expand K and V to every query head (GQA through the math backend).
 MEMORY_FRACTION = 0.8
@@ -54,17 +59,20 @@ class DecodeCase:
         element = torch.empty((), dtype=p.dtype).element_size()
         padded_kv = 2 * p.batch * p.kv_heads * p.seqlen_k * p.head_dim * element
         one_head_fp64 = 2 * p.seqlen_k * p.head_dim * 8
-        return padded_kv * (1 + p.kv_group) + one_head_fp64 + 8 * p.batch * p.heads * p.seqlen_q * p.head_dim * 8
+        # Paged: the pools and the contiguous cache the reference and the yardstick gather from them.
+        copies = 2 + p.kv_group if p.paged else 1 + p.kv_group
+        return padded_kv * copies + one_head_fp64 + 8 * p.batch * p.heads * p.seqlen_q * p.head_dim * 8
 
     def describe(self) -> str:
         ragged = f" lengths={min(self.lengths)}..{max(self.lengths)}" if self.lengths is not None else ""
         return self.problem.describe() + ragged
 
 
-def decode_problem(batch: int, seqlen_k: int, kv_heads: int, *, ragged: bool = False) -> Problem:
+def decode_problem(batch: int, seqlen_k: int, kv_heads: int, *, ragged: bool = False, page_size: int = 0) -> Problem:
+    """One decode step; a paged one (``page_size`` > 0) carries per-sequence lengths, as paging requires."""
     return Problem(
         batch, HEADS, 1, seqlen_k, HEAD_DIM, dtype=torch.bfloat16, causal=True, kv_heads=kv_heads,
-        causal_alignment="bottom_right", has_cache_seqlens=ragged,
+        causal_alignment="bottom_right", has_cache_seqlens=ragged or page_size > 0, page_size=page_size,
     )  # fmt: skip
 
 
@@ -73,8 +81,9 @@ def decode_cases(
     cache_lengths: tuple[int, ...] = CACHE_LENGTHS,
     kv_heads: tuple[int, ...] = KV_HEADS,
     ragged: bool = True,
+    paged: bool = True,
 ) -> list[DecodeCase]:
-    """The sweep: every (B, cache length, KV heads), then the ragged batch."""
+    """The sweep: every (B, cache length, KV heads), then the ragged batch, then the paged one."""
     cases = [
         DecodeCase(decode_problem(batch, seqlen_k, heads))
         for heads in kv_heads
@@ -84,6 +93,9 @@ def decode_cases(
     if ragged:
         lengths = tuple(round(fraction * RAGGED_SEQLEN_K) for fraction in RAGGED_FRACTIONS)
         cases.append(DecodeCase(decode_problem(RAGGED_BATCH, RAGGED_SEQLEN_K, min(kv_heads), ragged=True), lengths))
+    if paged:
+        problem = decode_problem(PAGED_BATCH, PAGED_SEQLEN_K, min(kv_heads), page_size=PAGE_SIZE)
+        cases.append(DecodeCase(problem, (PAGED_SEQLEN_K,) * PAGED_BATCH))
     return cases
 
 

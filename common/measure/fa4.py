@@ -15,10 +15,13 @@ Limits (the capability check): compute capability 9.0 (FA4's SM90 kernel; other 
 FA4 kernels, which are not this row), fp16 or bf16, head dim 8..256 in multiples of 8. FA4 aligns
 the causal mask to the bottom-right corner: it runs ``causal_alignment="bottom_right"`` problems,
 and top-left ones only where the two agree (Sq = Sk, no per-sequence lengths). GQA is FA4's own
-(K and V keep their kv_heads heads). Per-sequence key lengths go to FA4 as ``seqused_k`` and the
-LSE comes from ``return_lse=True``, each only where the installed ``_flash_attn_fwd`` takes that
-keyword (:data:`FEATURE_KEYWORDS`); otherwise the row says so. These paths have not been run on a
-GPU by this suite yet.
+(K and V keep their kv_heads heads). Per-sequence key lengths go to FA4 as ``seqused_k``, the
+LSE comes from ``return_lse=True``, and a paged KV cache's block table goes to FA4 as ``page_table``
+(the pools, (num_pages, page_size, Hkv, D), are FA4's paged layout as they are, so they are not
+copied; the SM90 kernel loads pages by TMA when page_size equals its key tile, else by cp.async, a
+page lookup per key row), each only where the installed ``_flash_attn_fwd`` takes that keyword
+(:data:`FEATURE_KEYWORDS`); otherwise the row says so. These paths have not been run on a GPU by
+this suite yet.
 
 Install: FA4's package index release ``fa4`` 4.0.0b3 does not import with nvidia-cutlass-dsl 4.8.1;
 the source of ``flash_attn/cute`` at Dao-AILab/flash-attention commit 0251105 (2026-08-15) does,
@@ -56,7 +59,7 @@ MIN_HEAD_DIM, MAX_HEAD_DIM, HEAD_DIM_MULTIPLE = 8, 256, 8
 DISTRIBUTIONS = ("flash-attn-4", "fa4")
 # Source fingerprints (see source_fingerprint) of FA4 snapshots known to run with the pinned CuTe DSL.
 # Keywords of _flash_attn_fwd a problem feature needs (checked against the installed signature).
-FEATURE_KEYWORDS = {"cache_seqlens": "seqused_k", "return_lse": "return_lse"}
+FEATURE_KEYWORDS = {"cache_seqlens": "seqused_k", "return_lse": "return_lse", "block_table": "page_table"}
 KNOWN_SOURCES = {
     "49ba1b925fd1c4fd": "Dao-AILab/flash-attention@0251105 (2026-08-15), flash_attn/cute",
 }
@@ -158,22 +161,34 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
             f"Sk={problem.seqlen_k}{', cache_seqlens' if problem.has_cache_seqlens else ''})"
         )
     parameters = inspect.signature(load_forward()[0]).parameters
+    wanted = {
+        "cache_seqlens": problem.has_cache_seqlens,
+        "return_lse": problem.return_lse,
+        "block_table": problem.paged,
+    }
     for feature, keyword in FEATURE_KEYWORDS.items():
-        wanted = problem.has_cache_seqlens if feature == "cache_seqlens" else problem.return_lse
-        if wanted and keyword not in parameters:
+        if wanted[feature] and keyword not in parameters:
             return False, f"{NAME}: {feature} needs {FORWARD}(..., {keyword}=...), which this FA4 version lacks"
     return True, ""
 
 
 def bind(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
 ) -> Runner:
-    """Copy validated q, k, v into FA4's (B, S, H, D) layout and allocate O there; ``run()`` only
-    launches FA4 and returns O viewed as (B, H, Sq, D), with FA4's LSE when the problem returns it."""
+    """Copy validated q, k, v into FA4's (B, S, H, D) layout (paged k and v stay the pools they are) and
+    allocate O there; ``run()`` only launches FA4 and returns O viewed as (B, H, Sq, D), with FA4's LSE
+    when the problem returns it."""
     forward, reason = load_forward()
     if forward is None:
         raise RuntimeError(reason)
-    q_bshd, k_bshd, v_bshd = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    q_bshd = q.transpose(1, 2).contiguous()
+    k_bshd, v_bshd = (k, v) if problem.paged else (t.transpose(1, 2).contiguous() for t in (k, v))
     out = torch.empty_like(q_bshd)
     # Only the keywords of features this problem uses, so a plain problem calls FA4 exactly as before.
     extra: dict[str, object] = {}
@@ -181,6 +196,8 @@ def bind(
         extra["seqused_k"] = cache_seqlens
     if problem.return_lse:
         extra["return_lse"] = True
+    if problem.paged:
+        extra["page_table"] = block_table
 
     def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         result = forward(q_bshd, k_bshd, v_bshd, softmax_scale=problem.scale, causal=problem.causal, out=out, **extra)
@@ -192,12 +209,21 @@ def bind(
 
 
 def prepare(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
 ) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), change their layout (untimed), and compile by
-    one warm-up launch."""
-    checked = validate_for_problem(q, k, v, problem, cache_seqlens=cache_seqlens, dtypes=DTYPES)
-    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
+    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) or page pools, change their layout (untimed),
+    and compile by one warm-up launch."""
+    checked = validate_for_problem(
+        q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table, dtypes=DTYPES
+    )
+    run = bind(q, k, v, checked, cache_seqlens=cache_seqlens, block_table=block_table)
+    return warmed_up(run, q.device)
 
 
 IMPLEMENTATION = Implementation(

@@ -186,6 +186,18 @@ def _query_tokens(q: torch.Tensor, problem: Problem) -> torch.Tensor:
     return q.transpose(1, 2).reshape(problem.batch * problem.seqlen_q, problem.heads, problem.head_dim)
 
 
+def refuse_short_sequences(problem: Problem, lengths: Sequence[int]) -> None:
+    """FlashInfer's multi-token decode needs every sequence to hold at least its Sq new tokens (its
+    earlier rows would otherwise see no key); the suite's contract gives such rows O = 0 and LSE = -inf,
+    which FlashInfer cannot express, so a step with a shorter sequence is refused before planning."""
+    shortest = min(lengths)
+    if problem.seqlen_q > 1 and shortest < problem.seqlen_q:
+        raise ValueError(
+            f"{NAME} needs every cache_seqlens >= Sq when Sq > 1 (FlashInfer's q_len_per_req rule), "
+            f"got Sq={problem.seqlen_q} and a sequence of {shortest} keys"
+        )
+
+
 def bind(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
 ) -> Runner:
@@ -199,6 +211,7 @@ def bind(
     k_pages, first_pages = paged_view(k, page_size)
     v_pages, _ = paged_view(v, page_size)
     lengths = sequence_lengths(problem, cache_seqlens)
+    refuse_short_sequences(problem, lengths)
     table = page_table(lengths, first_pages, page_size)
     wrapper = getattr(module, WRAPPER)(
         _workspace(q.device), kv_layout="HND", use_tensor_cores=uses_tensor_cores(problem)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from common.contract.check import judge_output, run_poisoned, sdpa_error
-from common.contract.inputs import make_inputs
+from common.contract.inputs import make_inputs, make_paged_kv
 from common.contract.metrics import ErrorStats, error_stats, ratio_vs_sdpa
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
@@ -40,15 +40,21 @@ class Workload:
     sdpa_error: ErrorStats | None
     # The (B,) int32 key lengths when the problem carries them (a ragged KV cache), else None.
     cache_seqlens: torch.Tensor | None = None
+    # The (B, max_pages_per_seq) int32 block table of a paged cache (k and v are then page pools), else None.
+    block_table: torch.Tensor | None = None
 
 
 def make_workload(problem: Problem, device: str, cache_seqlens: torch.Tensor | None = None) -> Workload:
     """Inputs (standard normal, seed 0), fp64 reference and SDPA's same-dtype error for one problem,
-    with its per-sequence key lengths when it has them."""
+    with its per-sequence key lengths when it has them; a paged problem's k and v go into page pools
+    with a shuffled block table (``common.contract.inputs.make_paged_kv``)."""
     q, k, v = make_inputs(problem, seed=0, device=device)
-    reference = reference_attention(q, k, v, problem, cache_seqlens=cache_seqlens)
-    yardstick = sdpa_error(q, k, v, problem, reference, cache_seqlens)
-    return Workload(problem, q, k, v, reference, yardstick, cache_seqlens)
+    block_table = None
+    if problem.paged:
+        k, v, block_table = make_paged_kv(problem, k, v, seed=0)
+    reference = reference_attention(q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table)
+    yardstick = sdpa_error(q, k, v, problem, reference, cache_seqlens, block_table)
+    return Workload(problem, q, k, v, reference, yardstick, cache_seqlens, block_table)
 
 
 @dataclass(frozen=True)
@@ -137,7 +143,8 @@ def _measure(
         torch.cuda.reset_peak_memory_stats(device)
     baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     start = time.perf_counter()
-    run = impl.prepare(workload.q, workload.k, workload.v, problem, **per_call_inputs(problem, workload.cache_seqlens))
+    extra = per_call_inputs(problem, workload.cache_seqlens, workload.block_table)
+    run = impl.prepare(workload.q, workload.k, workload.v, problem, **extra)
     row.prepare_s = time.perf_counter() - start
     row.first_call_ms = _synced_ms(run, device)
     out = run_poisoned(run)

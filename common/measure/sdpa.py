@@ -5,7 +5,10 @@ alignment is ``torch.nn.attention.bias.causal_lower_right``; per-sequence key le
 (``cache_seqlens``) become an explicit boolean mask (B, 1, Sq, Sk), which carries the causal mask
 too. A row that sees no key is set to 0 (the suite's convention; SDPA's backends differ there).
 Whether a backend takes a problem is decided by running it on a small probe of the same kind.
-``F.scaled_dot_product_attention`` returns no LSE, so ``return_lse`` is refused.
+``F.scaled_dot_product_attention`` returns no LSE, so ``return_lse`` is refused, and it reads K and V as
+dense (B, Hkv, Sk, D) tensors, so a paged KV cache (a block table) is refused too: gathering the pages
+first would time a copy of the cache, not attention. (As the error yardstick, ``sdpa`` does run on the
+gathered cache: ``common.contract.check.sdpa_error``.)
 """
 
 from __future__ import annotations
@@ -85,6 +88,11 @@ def _supports(backend_name: str, problem: Problem, device: torch.device) -> tupl
         return False, f"sdpa/{backend_name} needs a CUDA GPU"
     if problem.return_lse:
         return False, f"sdpa/{backend_name}: torch.nn.functional.scaled_dot_product_attention returns no LSE"
+    if problem.paged:
+        return False, (
+            f"sdpa/{backend_name}: torch.nn.functional.scaled_dot_product_attention reads a dense (B, Hkv, Sk, D) "
+            f"cache, not a paged one (block_table, pages of {problem.page_size} keys)"
+        )
     # A probe of the same kind: one KV head with its group of query heads, lengths cut to PROBE_SEQLEN.
     probe = problem.with_(
         batch=1,

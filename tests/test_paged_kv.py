@@ -1,0 +1,450 @@
+"""A paged KV cache (a block table of fixed-size pages, vLLM's and FlashInfer's layout) through the
+contract and triton/decode: the problem, the page helpers and the fp64 reference that gathers pages,
+bad input, capability refusals, the plan cache; triton/decode against fp64 under the interpreter
+(pages of 16 to 256 keys, ragged lengths with an empty and a full sequence, GQA, Sq up to 16,
+shuffled pages, forced splits) and planted paging bugs the check must fail; the sm_90a build; and
+the same on the GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from common.contract.api import attention, clear_plan_cache, plan_cache_info
+from common.contract.capability import FEATURES, KNOWN_FEATURES, PAGED_KV, check_features, needed_features
+from common.contract.check import check_implementation, check_on_inputs
+from common.contract.inputs import make_block_table, make_inputs, make_paged_kv, pool_pages
+from common.contract.problem import Problem
+from common.contract.reference import gather_pages, reference_attention
+from common.contract.registry import Implementation, discover, per_call_inputs
+from common.measure.peaks import Peaks
+from common.measure.runner import TimingOptions, make_workload, measure
+from triton_impl import _device, decode
+from triton_impl._device import kv_page_slots
+
+CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parents[1]
+interpreter_only = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run on CPU-only machines")
+AVAILABLE, _ = discover()
+
+
+def _paged_problem(page_size: int = 16, seqlen_q: int = 1, kv_heads: int = 2, **changes) -> Problem:
+    """Three sequences of a capacity of about 320 keys in whole pages, a decode step with every feature."""
+    fields = dict(
+        batch=3, heads=8, seqlen_q=seqlen_q, seqlen_k=max(1, 320 // page_size) * page_size, head_dim=64,
+        dtype=torch.float32, causal=True, kv_heads=kv_heads, causal_alignment="bottom_right",
+        has_cache_seqlens=True, return_lse=True, page_size=page_size,
+    )  # fmt: skip
+    return Problem(**{**fields, **changes})
+
+
+def _lengths(problem: Problem, device: str | torch.device = "cpu") -> torch.Tensor:
+    """A full sequence, an empty one, and one ending inside a page (41% of the capacity); more
+    sequences (the GPU cases) end one key into a page."""
+    capacity = problem.seqlen_k
+    values = (capacity, 0, capacity * 41 // 100, problem.page_size + 1)[: problem.batch]
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def _with_splits(num_splits: int | None) -> Implementation:
+    """triton/decode with the split count forced (the bind/prepare keyword the public API lacks)."""
+    if num_splits is None:
+        return decode.IMPLEMENTATION
+    return dataclasses.replace(
+        decode.IMPLEMENTATION, prepare=functools.partial(decode.decode_attention, num_splits=num_splits)
+    )
+
+
+def _paged_inputs(problem: Problem, *, seed: int, device: str | torch.device = "cpu", offset: float = 0.5):
+    """q, the contiguous k and v, their pools and block table, and the lengths."""
+    q, k, v = make_inputs(problem, seed=seed, device=device, offset=offset)
+    k_pages, v_pages, block_table = make_paged_kv(problem, k, v, seed=seed)
+    return q, (k, v), (k_pages, v_pages, block_table), _lengths(problem, device)
+
+
+def _check_paged(problem: Problem, num_splits: int | None, *, seed: int = 0, device: str = "cpu"):
+    q, _, (k_pages, v_pages, block_table), lengths = _paged_inputs(problem, seed=seed, device=device)
+    impl = _with_splits(num_splits)
+    return check_on_inputs(impl, q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=block_table)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The problem, the page helpers and the reference
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"page_size": 8}, r"page_size must be 0 .* \[16, 256\], got 8"),
+        ({"page_size": 512, "seqlen_k": 512}, r"got 512"),
+        ({"page_size": 16.0, "seqlen_k": 320}, r"got 16.0"),
+        ({"seqlen_k": 300}, r"whole pages .* got seqlen_k=300 and page_size=16"),
+        ({"has_cache_seqlens": False}, r"needs has_cache_seqlens"),
+    ],
+)
+def test_a_bad_paged_problem_is_refused(changes: dict, message: str):
+    with pytest.raises(ValueError, match=message):
+        _paged_problem(**changes)
+
+
+def test_the_page_size_is_part_of_the_problem():
+    problem = _paged_problem(16)
+    assert problem.paged and "paged(16)" in problem.describe()
+    assert problem != problem.with_(page_size=32) and hash(problem) != hash(problem.with_(page_size=32))
+    assert not problem.with_(page_size=0).paged
+
+
+def test_the_block_table_shuffles_distinct_pages_and_spares_the_last():
+    problem = _paged_problem(16, batch=4)
+    table = make_block_table(problem, seed=3, device="cpu")
+    assert table.dtype == torch.int32 and table.shape == (4, problem.seqlen_k // 16)
+    pages = table.flatten().tolist()
+    assert len(set(pages)) == len(pages), "two sequences share a page"
+    assert min(pages) >= 0 and max(pages) < pool_pages(problem) - 1, "the pool's last page is referenced"
+    # Shuffled: logically adjacent pages are not adjacent in memory.
+    assert sum(b - a == 1 for a, b in itertools.pairwise(pages)) < len(pages) // 4
+    with pytest.raises(ValueError, match="needs a paged problem"):
+        make_block_table(problem.with_(page_size=0), device="cpu")
+
+
+@pytest.mark.parametrize("page_size", [16, 48, 256])
+def test_pages_round_trip_and_only_the_used_entries_are_read(page_size: int):
+    problem = _paged_problem(page_size)
+    _, (k, _), (k_pages, _, table), lengths = _paged_inputs(problem, seed=1)
+    assert k_pages.shape == (pool_pages(problem), page_size, problem.kv_heads, problem.head_dim)
+    unreferenced = sorted(set(range(pool_pages(problem))) - set(table.flatten().tolist()))
+    assert unreferenced and torch.isnan(k_pages[unreferenced]).all(), "pages no sequence names must be NaN"
+    # Table entries past a sequence's length may be anything: the gather never reads them.
+    garbage = table.clone()
+    for b, length in enumerate(lengths.tolist()):
+        garbage[b, -(-length // page_size) :] = 10**6
+    dense = gather_pages(k_pages, garbage, lengths.tolist())
+    assert dense.shape == k.shape
+    for b, length in enumerate(lengths.tolist()):
+        assert torch.equal(dense[b, :, :length], k[b, :, :length])
+        assert not dense[b, :, length:].any()
+
+
+def test_the_reference_gathers_pages_into_the_contiguous_answer():
+    problem = _paged_problem(16, seqlen_q=3)
+    q, (k, v), (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=2)
+    paged = reference_attention(q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table, with_lse=True)
+    dense = reference_attention(q, k, v, problem.with_(page_size=0), cache_seqlens=lengths, with_lse=True)
+    assert torch.equal(paged[0], dense[0]) and torch.equal(paged[1], dense[1])
+    with pytest.raises(ValueError, match="pass block_table"):
+        reference_attention(q, k_pages, v_pages, problem, cache_seqlens=lengths)
+
+
+def test_per_call_inputs_pass_the_block_table_exactly_when_paged():
+    problem = _paged_problem(16)
+    lengths, table = _lengths(problem), make_block_table(problem, device="cpu")
+    assert per_call_inputs(problem, lengths, table) == {"cache_seqlens": lengths, "block_table": table}
+    with pytest.raises(ValueError, match="block_table is None"):
+        per_call_inputs(problem, lengths)
+    with pytest.raises(ValueError, match=r"without a paged KV cache \(page_size=0\)"):
+        per_call_inputs(problem.with_(page_size=0), lengths, table)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Capability: only a rung that names PAGED_KV takes a paged problem; the others say why not
+# ----------------------------------------------------------------------------------------------------
+def test_paged_kv_is_a_feature_the_rungs_must_name():
+    problem = _paged_problem(64)
+    assert PAGED_KV in KNOWN_FEATURES and PAGED_KV not in FEATURES
+    assert needed_features(problem)[PAGED_KV] == "a paged KV cache (block_table, pages of 64 keys)"
+    ok, reason = check_features("some/rung", problem, FEATURES)
+    assert not ok and reason == "some/rung: a paged KV cache (block_table, pages of 64 keys) not implemented yet"
+    assert check_features("some/rung", problem, KNOWN_FEATURES) == (True, "")
+
+
+@pytest.mark.parametrize("impl_name", sorted(impl.name for impl in AVAILABLE if impl.runs_on_cpu))
+def test_every_other_implementation_refuses_a_paged_problem_naming_it(impl_name: str):
+    impl = {impl.name: impl for impl in AVAILABLE}[impl_name]
+    problem = _paged_problem(16, return_lse=False)
+    ok, reason = impl.check(problem, CPU)
+    if impl_name == "triton/decode":
+        assert ok, reason
+    else:
+        assert not ok and "paged" in reason, f"{impl_name}: {reason!r}"
+
+
+def test_the_runner_reports_a_refusal_as_a_skipped_row_with_its_reason():
+    """What compare.py --decode prints for an implementation without a paged path."""
+    problem = _paged_problem(16, return_lse=False, seqlen_k=64)
+    workload = make_workload(problem, "cpu", _lengths(problem))
+    assert workload.block_table is not None and workload.k.shape[1] == 16
+    sdpa_math = {impl.name: impl for impl in AVAILABLE}["sdpa/math"]
+    row = measure(sdpa_math, workload, CPU, TimingOptions(), Peaks(None, None, None))
+    assert row.status == "skipped" and "not a paged one (block_table, pages of 16 keys)" in row.reason
+
+
+# ----------------------------------------------------------------------------------------------------
+# Bad input: a clear error naming what was expected and what was given
+# ----------------------------------------------------------------------------------------------------
+def _api_inputs(page_size: int = 16):
+    problem = _paged_problem(page_size, batch=2, seqlen_k=4 * page_size)
+    q, _, (k_pages, v_pages, table), _ = _paged_inputs(problem, seed=0)
+    return q, k_pages, v_pages, table, torch.tensor([4 * page_size, 5], dtype=torch.int32)
+
+
+BAD_PAGED_INPUTS = {
+    "table dtype": (lambda q, k, v, t, n: (q, k, v, t.long(), n), TypeError, r"block_table must be int32, got int64"),
+    "table type": (lambda q, k, v, t, n: (q, k, v, t.tolist(), n), TypeError, r"torch.Tensor or None, got list"),
+    "table rank": (lambda q, k, v, t, n: (q, k, v, t[0], n), ValueError, r"= \(2, >= 1\), got \(4,\)"),
+    "table batch": (lambda q, k, v, t, n: (q, k, v, torch.cat([t, t]), n), ValueError, r"got \(4, 4\)"),
+    "table device": (lambda q, k, v, t, n: (q, k, v, t.to("meta"), n), ValueError, r"device cpu, got meta"),
+    "no lengths": (
+        lambda q, k, v, t, n: (q, k, v, t, None),
+        ValueError,
+        r"needs cache_seqlens.*got cache_seqlens=None",
+    ),
+    "length past the capacity": (
+        lambda q, k, v, t, n: (q, k, v, t, torch.tensor([65, 3], dtype=torch.int32)),
+        ValueError,
+        r"\[0, 64\] .*capacity.* got values in \[3, 65\]",
+    ),
+    "page too small": (lambda q, k, v, t, n: (q, k[:, :8], v[:, :8], t, n), ValueError, r"got page_size .* 8"),
+    "pool shapes differ": (lambda q, k, v, t, n: (q, k, v[:-1], t, n), ValueError, r"same shape, got k"),
+    "pool rank": (lambda q, k, v, t, n: (q, k[0], v[0], t, n), ValueError, r"rank 4 \(num_pages, page_size, kv_heads"),
+    "kv heads": (lambda q, k, v, t, n: (q[:, :7], k, v, t, n), ValueError, r"must divide q's heads .* got q 7"),
+    "head dim": (lambda q, k, v, t, n: (q[..., :32], k, v, t, n), ValueError, r"same head_dim, got q 32 and k 64"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PAGED_INPUTS))
+def test_bad_paged_input_is_refused_clearly(case: str):
+    change, error, message = BAD_PAGED_INPUTS[case]
+    q, k, v, table, lengths = change(*_api_inputs())
+    with pytest.raises(error, match=message):
+        attention(
+            q, k, v, causal=True, causal_alignment="bottom_right", cache_seqlens=lengths, block_table=table,
+            impl="triton/decode",
+        )  # fmt: skip
+
+
+def test_a_rung_without_paging_refuses_a_block_table_with_its_reason():
+    q, k, v, table, lengths = _api_inputs()
+    with pytest.raises(ValueError, match=r"triton/pipelined cannot run .*paged KV cache.*not implemented yet"):
+        attention(q, k, v, cache_seqlens=lengths, block_table=table, impl="triton/pipelined")
+
+
+def test_a_rung_given_pools_without_their_block_table_says_so():
+    q, k, v, _, lengths = _api_inputs()
+    problem = _paged_problem(16, batch=2, seqlen_k=64)
+    with pytest.raises(
+        ValueError, match=r"block_table must be given exactly when .*page_size=16, got block_table=None"
+    ):
+        decode.decode_attention(q, k, v, problem, cache_seqlens=lengths)
+
+
+# ----------------------------------------------------------------------------------------------------
+# triton/decode against fp64 under the interpreter
+# ----------------------------------------------------------------------------------------------------
+# (page size, Sq, kv_heads of 8 heads (4 at Sq = 16), forced splits): pages of 16 (vLLM's default, four
+# per key block), 48 (not a power of two: blocks start mid-page), 64 (one per block) and 256 (four blocks
+# per page); GQA groups of 4 and 1, MQA; one token to 16 (a 64-row M tile); one split, a few, and more
+# than a short sequence has key blocks (empty splits).
+CASES = [(16, 1, 2, 3), (16, 5, 8, 1), (48, 2, 2, 3), (64, 1, 1, 16), (64, 16, 1, 3), (256, 3, 2, 5)]
+
+
+@interpreter_only
+@pytest.mark.parametrize("case", CASES, ids=[f"page{p}-sq{q}-hkv{h}-splits{s}" for p, q, h, s in CASES])
+def test_paged_cache_against_fp64(case: tuple[int, int, int, int]):
+    page_size, seqlen_q, kv_heads, num_splits = case
+    problem = _paged_problem(page_size, seqlen_q, kv_heads, heads=8 if seqlen_q < 16 else 4)
+    result = _check_paged(problem, num_splits, seed=page_size + seqlen_q)
+    assert result.ok, f"{problem.describe()} splits={num_splits}: {result.summary()}"
+
+
+@interpreter_only
+def test_paged_fp16_without_a_causal_mask():
+    problem = _paged_problem(32, 4, 2, dtype=torch.float16, causal=False, causal_alignment="top_left")
+    result = _check_paged(problem, 3, seed=5)
+    assert result.ok, f"{problem.describe()}: {result.summary()}"
+
+
+@interpreter_only
+@pytest.mark.parametrize("page_size", [16, 48])
+def test_paged_output_equals_the_contiguous_output_bit_for_bit(page_size: int):
+    """The same logical cache, the same splits: the pages change the addresses, never the arithmetic."""
+    problem = _paged_problem(page_size, 2, 2)
+    q, (k, v), (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=7)
+    paged = decode.decode_attention(
+        q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table, num_splits=3
+    )
+    dense = decode.decode_attention(q, k, v, problem.with_(page_size=0), cache_seqlens=lengths, num_splits=3)
+    (out_paged, lse_paged), (out_dense, lse_dense) = paged(), dense()
+    assert torch.equal(out_paged, out_dense) and torch.equal(lse_paged, lse_dense)
+
+
+@interpreter_only
+def test_the_block_table_is_a_per_call_input_of_a_plan():
+    """A second call with other pools and another shuffle binds the plan (no prepare) and reads the
+    new table; a table of another width is another signature."""
+    clear_plan_cache()
+    problem = _paged_problem(16, 1, 2, batch=2, seqlen_k=64, return_lse=False)
+    options = {"causal": True, "causal_alignment": "bottom_right", "impl": "triton/decode"}
+    for seed in (0, 1):
+        q, _, (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=seed)
+        out = attention(q, k_pages, v_pages, cache_seqlens=lengths, block_table=table, **options)
+        ref = reference_attention(q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table)
+        torch.testing.assert_close(out, ref.float(), atol=1e-5, rtol=1e-5)
+    assert (plan_cache_info().misses, plan_cache_info().hits) == (1, 1)
+    wider = problem.with_(seqlen_k=80)
+    q, _, (k_pages, v_pages, table), lengths = _paged_inputs(wider, seed=2)
+    attention(q, k_pages, v_pages, cache_seqlens=lengths, block_table=table, **options)
+    assert plan_cache_info().misses == 2
+
+
+# ----------------------------------------------------------------------------------------------------
+# Planted paging bugs the check must catch
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _next_page(offs_k, block_table_row, seqlen_k, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr):
+    page, slot = kv_page_slots(offs_k, block_table_row, seqlen_k, PAGE_SIZE, MASKED)
+    return page + 1, slot
+
+
+@triton.jit
+def _next_slot(offs_k, block_table_row, seqlen_k, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr):
+    page, slot = kv_page_slots(offs_k, block_table_row, seqlen_k, PAGE_SIZE, MASKED)
+    return page, (slot + 1) % PAGE_SIZE
+
+
+@triton.jit
+def _pages_in_logical_order(offs_k, block_table_row, seqlen_k, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr):
+    return (offs_k // PAGE_SIZE).to(tl.int64), offs_k % PAGE_SIZE
+
+
+PLANTED = {
+    "page index off by one": _next_page,
+    "slot within the page off by one": _next_slot,
+    "block table ignored (pages read in logical order)": _pages_in_logical_order,
+}
+
+
+@interpreter_only
+@pytest.mark.parametrize("bug", sorted(PLANTED))
+def test_planted_paging_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
+    problem = _paged_problem(16, 1, 2)  # passes unplanted: test_paged_cache_against_fp64[page16-sq1-hkv2-splits3]
+    monkeypatch.setattr(_device, "kv_page_slots", PLANTED[bug])
+    result = _check_paged(problem, 3, seed=17)
+    assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"
+
+
+# ----------------------------------------------------------------------------------------------------
+# sm_90a: the paged build compiles, does not spill, and keeps the contiguous build's K/V depth
+# ----------------------------------------------------------------------------------------------------
+_PAGED_BUILD_PROBE = """
+import json
+from common.contract.problem import Problem
+from common.reporting.static import cubin_resources, ptx_features
+from triton_impl import decode
+rows = {}
+for head_dim in decode.HEAD_DIMS:
+    for page_size in (0, 16, 256):
+        problem = Problem(8, 32, 1, 32768, head_dim, kv_heads=8, causal=True, causal_alignment="bottom_right",
+                          has_cache_seqlens=True, page_size=page_size)
+        binary = decode.compile_sm90(problem)[0]
+        usage = next(iter(cubin_resources(binary.cubin).values()))
+        rows[f"D={head_dim} page={page_size}"] = [usage["stack_bytes"] + usage["local_bytes"], binary.shared_bytes,
+                                                  ptx_features(binary.ptx)["cp.async"]]
+print(json.dumps(rows))
+"""
+# The block table's own buffers: one BLOCK_N-entry int32 load per pipeline stage, well under this.
+TABLE_BUFFER_BYTES = 4096
+
+
+@pytest.mark.static
+@pytest.mark.xdist_group("static-sm90")
+def test_paged_build_compiles_without_spills_at_the_contiguous_depth():
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", _PAGED_BUILD_PROBE], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(done.stdout.splitlines()[-1])
+    for head_dim in decode.HEAD_DIMS:
+        _, dense_shared, _ = rows[f"D={head_dim} page=0"]
+        for page_size in (16, 256):
+            spills, shared, uses_cp_async = rows[f"D={head_dim} page={page_size}"]
+            name = f"D={head_dim} page={page_size}"
+            assert spills == 0 and uses_cp_async, f"{name}: {spills} bytes spilled, cp.async {uses_cp_async}"
+            # PAGED_EXTRA_STAGES: as many K/V blocks in flight as the contiguous build.
+            assert dense_shared <= shared < dense_shared + TABLE_BUFFER_BYTES, f"{name}: {shared} vs {dense_shared}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU: bf16 at decode sizes
+# ----------------------------------------------------------------------------------------------------
+# (page size, Sq, kv_heads of 32, forced splits or the rule): vLLM's 16 with the rule, 64 and 256
+# forced, GQA 4 and 1 (MHA), speculative Sq 4 and 16.
+GPU_CASES = [(16, 1, 8, None), (16, 4, 8, 3), (64, 1, 32, None), (256, 16, 8, 5), (64, 2, 8, 16)]
+
+
+def _gpu_problem(page_size: int, seqlen_q: int, kv_heads: int) -> Problem:
+    return Problem(
+        4, 32, seqlen_q, 8192, 128, dtype=torch.bfloat16, causal=True, kv_heads=kv_heads,
+        causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True, page_size=page_size,
+    )  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=[f"page{p}-sq{q}-hkv{h}-splits{s}" for p, q, h, s in GPU_CASES])
+def test_gpu_paged_decode_bf16(case: tuple[int, int, int, int | None]):
+    page_size, seqlen_q, kv_heads, num_splits = case
+    problem = _gpu_problem(page_size, seqlen_q, kv_heads)
+    result = _check_paged(problem, num_splits, seed=page_size + seqlen_q, device="cuda")
+    assert result.ok, f"{problem.describe()} splits={num_splits}: {result.summary()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 256])
+def test_gpu_paged_output_equals_the_contiguous_output_bit_for_bit(page_size: int):
+    problem = _gpu_problem(page_size, 2, 8)
+    q, (k, v), (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=11, device="cuda")
+    paged = decode.decode_attention(q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table)
+    dense = decode.decode_attention(q, k, v, problem.with_(page_size=0), cache_seqlens=lengths)
+    assert paged.num_splits == dense.num_splits
+    (out_paged, lse_paged), (out_dense, lse_dense) = paged(), dense()
+    assert torch.equal(out_paged, out_dense) and torch.equal(lse_paged, lse_dense)
+
+
+@pytest.mark.gpu
+def test_gpu_implementations_without_paging_refuse_it_naming_it():
+    problem = _gpu_problem(16, 1, 8).with_(return_lse=False)
+    device = torch.device("cuda")
+    for impl in AVAILABLE:
+        ok, reason = impl.check(problem, device)
+        if impl.name == "triton/decode":
+            assert ok, reason
+        elif impl.name == "fa4/sm90":
+            assert ok or reason, "fa4/sm90 refused without a reason"
+        else:
+            assert not ok, f"{impl.name} claims to read a paged cache"
+            # A rung that refuses this problem for another reason first refuses it unpaged too.
+            contiguous_ok = impl.check(problem.with_(page_size=0), device)[0]
+            assert "paged" in reason or not contiguous_ok, f"{impl.name}: {reason!r}"
+
+
+@pytest.mark.gpu
+def test_gpu_fa4_paged_against_fp64():
+    """FA4's page_table path, where the installed FA4 takes it (its refusal otherwise)."""
+    fa4 = {impl.name: impl for impl in AVAILABLE}["fa4/sm90"]
+    problem = _gpu_problem(16, 1, 8).with_(return_lse=False)
+    ok, reason = fa4.check(problem, torch.device("cuda"))
+    if not ok:
+        pytest.skip(reason)
+    result = check_implementation(fa4, problem, device="cuda", seed=3)
+    assert result.ok, f"fa4/sm90 {problem.describe()}: {result.summary()}"
