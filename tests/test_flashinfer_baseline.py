@@ -210,7 +210,7 @@ def test_a_sequence_shorter_than_sq_is_refused_with_the_reason() -> None:
     speculative = Problem(
         2, 8, 4, 64, 64, kv_heads=2, causal=True, causal_alignment="bottom_right", has_cache_seqlens=True
     )
-    with pytest.raises(ValueError, match="cache_seqlens >= Sq.*Sq=4 and a sequence of 3 keys"):
+    with pytest.raises(ValueError, match=r"cache_seqlens >= Sq.*Sq=4 and a sequence of 3 keys"):
         baseline.refuse_short_sequences(speculative, [64, 3])
     baseline.refuse_short_sequences(speculative, [64, 4])
     baseline.refuse_short_sequences(speculative.with_(seqlen_q=1), [64, 0])
@@ -231,7 +231,8 @@ def test_rows_without_keys() -> None:
 # The plumbing against fp64 (the stand-in computes; bind does the rest) and planted bugs
 # ----------------------------------------------------------------------------------------------------
 # (kv_heads of 8 heads, Sq, Sk, lengths or None, return_lse): the CUDA-core and tensor-core paths, a
-# speculative step with sequences as short as it may be (``refuse_short_sequences``), an empty sequence, lengths ending mid-page, and a
+# speculative step with sequences as short as it may be (``refuse_short_sequences``), an empty
+# sequence, lengths ending mid-page, and a
 # padded length that only pages of one key divide.
 CASES = [
     (8, 1, 48, None, True),
