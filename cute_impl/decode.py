@@ -205,9 +205,7 @@ class DecodeKernel:
         ring_bytes = 2 * self.tile_n * self.head_dim * self.stages * 2
         parts_bytes = self.num_warps * self.tile_m * (self.head_dim + 1) * 4
         if parts_bytes > ring_bytes:
-            raise ValueError(
-                f"the warps' partials ({parts_bytes} B) do not fit the K/V ring ({ring_bytes} B): {config}"
-            )
+            raise ValueError(f"the warps' partials ({parts_bytes} B) exceed the K/V ring ({ring_bytes} B): {config}")
 
     # ------------------------------------------------------------------------------------------
     # Host side of the launch: views, layouts, copy atoms, the warp's MMA, both grids.
@@ -608,13 +606,13 @@ def merge_splits(lse_parts: cute.Tensor, o_parts: cute.Tensor, merged: cute.Tens
     part with LSE -inf (no key) weighs exp(-inf) = 0; a row no part saw keeps lse = -inf and O = 0."""
     num_parts = cute.size(lse_parts)
     lse_max = cutlass.Float32(-cutlass.Float32.inf)
-    for s in cutlass.range(num_parts, unroll_full=True):
+    for s in cutlass.range(num_parts):
         lse_max = cute.arch.fmax(lse_max, lse_parts[s])
     # Weights are taken against the largest LSE (so none overflows); against 0 if every part is -inf.
     lse_base = cutlass.Float32(cutlass.select_(lse_max == -cutlass.Float32.inf, 0.0, lse_max))
     weight_sum = cutlass.Float32(0.0)
     merged.fill(0.0)
-    for s in cutlass.range(num_parts, unroll_full=True):
+    for s in cutlass.range(num_parts):
         weight = cute.math.exp2((lse_parts[s] - lse_base) * COMBINE_LOG2_E, fastmath=True)
         weight_sum = weight_sum + weight
         merged.store(merged.load() + o_parts[s, None].load() * weight)
