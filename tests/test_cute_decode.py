@@ -258,10 +258,12 @@ class _IgnoringCacheSeqlens(SeqlenInfo):
         return SeqlenInfo.create(batch, seqlen_q, seqlen_k, None, bottom_right)
 
 
+# bug: (module name, replacement, forced split count). With one split only the warps' merge runs.
 PLANTED = {
-    "dropped split": ("split_key_range", _drop_split_one),
-    "merge weighs natural-log LSEs as log2": ("COMBINE_LOG2_E", 1.0),
-    "split reads past its sequence's length": ("SeqlenInfo", _IgnoringCacheSeqlens),
+    "dropped split": ("split_key_range", _drop_split_one, 3),
+    "merges weigh natural-log LSEs as log2": ("COMBINE_LOG2_E", 1.0, 3),
+    "the warps' merge weighs natural-log LSEs as log2": ("COMBINE_LOG2_E", 1.0, 1),
+    "split reads past its sequence's length": ("SeqlenInfo", _IgnoringCacheSeqlens, 3),
 }
 
 
@@ -274,9 +276,10 @@ def test_planted_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
     )  # fmt: skip
     q, k, v = make_inputs(problem, seed=2, offset=0.5)
     lengths = torch.tensor([4096, 0, 1500], dtype=torch.int32, device="cuda")
-    impl = dataclasses.replace(decode.IMPLEMENTATION, prepare=functools.partial(decode.decode_attention, num_splits=3))
+    name, replacement, num_splits = PLANTED[bug]
+    prepare = functools.partial(decode.decode_attention, num_splits=num_splits)
+    impl = dataclasses.replace(decode.IMPLEMENTATION, prepare=prepare)
     assert check_on_inputs(impl, q, k, v, problem, cache_seqlens=lengths).ok, "the unplanted kernel must pass"
-    name, replacement = PLANTED[bug]
     monkeypatch.setattr(decode, "_COMPILED", {})
     monkeypatch.setattr(decode, name, replacement)
     result = check_on_inputs(impl, q, k, v, problem, cache_seqlens=lengths)
