@@ -271,11 +271,13 @@ PLANTED = {
 @pytest.mark.parametrize("bug", sorted(PLANTED))
 def test_planted_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
     problem = Problem(
-        3, 8, 1, 4096, 128, dtype=torch.bfloat16, causal=True, kv_heads=2,
+        4, 8, 1, 4096, 128, dtype=torch.bfloat16, causal=True, kv_heads=2,
         causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True,
     )  # fmt: skip
     q, k, v = make_inputs(problem, seed=2, offset=0.5)
-    lengths = torch.tensor([4096, 0, 1500], dtype=torch.int32, device="cuda")
+    # A merge in the wrong units shows only where the parts' LSEs differ: 520 keys in 3 splits of 64-key
+    # blocks are 256, 256 and 8 keys; 20 keys are 16, 4, 0 and 0 keys for the 4 warps.
+    lengths = torch.tensor([4096, 0, 520, 20], dtype=torch.int32, device="cuda")
     name, replacement, num_splits = PLANTED[bug]
     prepare = functools.partial(decode.decode_attention, num_splits=num_splits)
     impl = dataclasses.replace(decode.IMPLEMENTATION, prepare=prepare)
