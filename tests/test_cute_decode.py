@@ -275,9 +275,12 @@ def test_planted_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
         causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True,
     )  # fmt: skip
     q, k, v = make_inputs(problem, seed=2, offset=0.5)
-    # A merge in the wrong units shows only where the parts' LSEs differ: 520 keys in 3 splits of 64-key
-    # blocks are 256, 256 and 8 keys; 20 keys are 16, 4, 0 and 0 keys for the 4 warps.
-    lengths = torch.tensor([4096, 0, 520, 20], dtype=torch.int32, device="cuda")
+    # A merge in the wrong units shows only where the parts' LSEs differ: 392 keys in 3 splits of 64-key
+    # blocks are 192, 192 and 8 keys; 20 keys are 16, 4, 0 and 0 keys for the 4 warps.
+    lengths = torch.tensor([4096, 0, 392, 20], dtype=torch.int32, device="cuda")
+    tile_n = decode.TILE_CONFIGS[128].tile_n
+    blocks = [decode.split_block_range(s, 3, SeqlenInfo(392, 391, True), 1, tile_n, True) for s in range(3)]
+    assert [min(r.n_block_max * tile_n, 392) - r.n_block_min * tile_n for r in blocks] == [192, 192, 8]
     name, replacement, num_splits = PLANTED[bug]
     prepare = functools.partial(decode.decode_attention, num_splits=num_splits)
     impl = dataclasses.replace(decode.IMPLEMENTATION, prepare=prepare)
