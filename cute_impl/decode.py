@@ -38,8 +38,9 @@ The split workspace is (num_splits, B·Hkv, group · Sq, D) and (num_splits, B·
 
 Algorithm (split kernel, grid (num_splits, m_blocks, B·Hkv); sections of :meth:`DecodeKernel.split_kernel`):
 1. ``SeqlenInfo``: the sequence's own ``seqlen_k`` (its ``cache_seqlens`` entry) and causal_offset;
-   the keys any row sees end at ``key_end`` (causal: at most Sq + causal_offset); ``split_key_range``
-   gives this split's blocks ``[n_block_min, n_block_max)``, empty for a split past the sequence.
+   the keys any row sees end at ``key_end`` (causal: at most Sq + causal_offset); :func:`split_block_range`
+   (``split_key_range`` of ``_device.py``) gives this split's blocks ``[n_block_min, n_block_max)``,
+   empty for a split past the sequence, and how many at its top take the mask.
 2. Prologue: cp.async the packed Q tile (row r reads head kv_head · group + r // Sq, token r % Sq;
    rows past group · Sq zero-filled) and the first ``stages - 1`` K/V blocks, one commit group each;
    the top block of the split is the only one the sequence's end can cut, so only its loads are
@@ -75,7 +76,6 @@ scheduler. Measured figures go to ``docs/perf-log.md`` and ``compare.py --decode
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
@@ -761,7 +761,7 @@ def decode_attention(
     on first use) and launch once to warm up. ``num_splits`` overrides the split rule (not part of
     the public API)."""
     return validated_prepare(
-        functools.partial(bind, num_splits=num_splits),
+        partial(bind, num_splits=num_splits),
         q,
         k,
         v,
