@@ -36,6 +36,9 @@ SMALL_PROBLEMS = (
     Problem(2, 40, 200, 200, 64, dtype=torch.bfloat16, causal=False),
     # The same with causal tiles of unequal length, dealt forwards then backwards (D=128 is persistent).
     Problem(2, 40, 200, 200, 128, dtype=torch.bfloat16, causal=True),
+    # A decode step (the decode rungs take only this one): 3 tokens, GQA, bottom-right, keys enough for
+    # the split rule to take 8 splits and so run the merge kernel.
+    Problem(2, 8, 3, 4096, 128, dtype=torch.bfloat16, causal=True, kv_heads=2, causal_alignment="bottom_right"),
 )
 TIMEOUT_S = 300
 SANITIZER_ERROR_EXIT = 99
