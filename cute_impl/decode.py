@@ -831,5 +831,4 @@ IMPLEMENTATION = Implementation(
     required_ptx=("mma.sync", "ldmatrix", "cp.async"),
     runs_on_cpu=False,
     source_file=__file__,
-    default_configs=TILE_CONFIGS,
 )
