@@ -62,9 +62,9 @@ Algorithm (split kernel, grid (num_splits, m_blocks, B·Hkv); sections of :meth:
 Data movement: K and V HBM →(cp.async.cg, 16 B)→ a ``stages``-deep swizzled shared-memory ring
 (``Swizzle<3,3,3>``, as ``pipelined``) →(ldmatrix / ldmatrix.trans)→ registers → ``mma.sync``
 (fp32 accumulate). Q is read once per CTA. Each block is ``tile_n`` keys (64): K + V of one block is
-32 KB at D=128, so ``stages - 1`` = 3 blocks, 96 KB, are in flight per CTA while one is computed (the
-split rule fills one wave, one CTA per SM; ``TILE_CONFIGS`` has the budget). Partials: one fp32
-write and one read, num_splits · rows · (D + 1) · 4 bytes, small beside the cache.
+32 KB at D=128, so ``stages - 1`` = 2 blocks, 64 KB, are in flight per CTA while one is computed, and
+two CTAs fit per SM (``TILE_CONFIGS`` has the budget). Partials: one fp32 write and one read,
+num_splits · rows · (D + 1) · 4 bytes, small beside the cache.
 
 Constraints: fp16/bf16, D ∈ {64, 128, 256} (``TILE_CONFIGS``), 1 <= Sq <= ``MAX_SEQLEN_Q`` (a longer
 Sq is prefill: use a prefill rung), softmax_scale > 0 (``row_max`` is max(S) · softmax_scale_log2),
@@ -88,7 +88,7 @@ from cutlass.cute.nvgpu import warp
 from cutlass.cute.runtime import make_fake_tensor
 
 from common.contract import splits
-from common.contract.capability import BOTTOM_RIGHT, CACHE_SEQLENS, GQA, LSE
+from common.contract.capability import FEATURES
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, KernelBinary, Runner
 from common.contract.validation import OPERAND_ALIGNMENT_BYTES, kernel_operand
@@ -150,22 +150,20 @@ class TileShape(NamedTuple):
     pieces_per_k_step: int  # register double-buffering of O += P V: V's k-step loads in this many pieces
 
 
-# Per head dim (bf16/fp16; 227 KiB of shared memory per SM): 4 warps of 16 keys per 64-key block. The
-# split rule fills one wave of SM-count CTAs, so the ring is sized for one CTA per SM: 96 to 128 KiB
-# of K/V in flight, which covers about 3 µs of HBM latency at an H200's 36 GB/s per SM.
-#   D = 64:  a block is 16 KiB of K + V; 8 stages (128 KiB, 112 KiB in flight), up to 64 packed rows
+# Per head dim (bf16/fp16; 227 KiB of shared memory per SM): 4 warps of 16 keys per 64-key block.
+#   D = 64:  a block is 16 KiB of K + V; 6 stages (96 KiB, 80 KiB in flight), up to 64 packed rows
 #            (O 128 fp32 registers per thread).
-#   D = 128: a block is 32 KiB; 4 stages (128 KiB, 96 KiB in flight); up to 32 rows.
-#   D = 256: a block is 64 KiB; 3 stages (192 KiB, 128 KiB in flight); 16 rows (O 128 registers).
-# The warps' partials take num_warps · tile_m · D · 4 bytes of the drained ring (64 KiB at most).
+#   D = 128: a block is 32 KiB; 3 stages (96 KiB, 64 KiB in flight), two CTAs per SM; up to 32 rows.
+#   D = 256: a block is 64 KiB; 3 stages (192 KiB, 128 KiB in flight, one CTA per SM); 16 rows.
+# The warps' partials take num_warps · tile_m · D · 4 bytes of the drained ring (64 KiB at most). The
+# first H100 run (results/h100/decode/three-stacks-first/) is this table's; a deeper ring with one CTA
+# per SM (4 stages at D = 128) is untimed.
 TILE_CONFIGS = {
-    64: TileShape(tile_n=64, stages=8, num_warps=4, max_tile_m=64, pieces_per_k_step=2),
-    128: TileShape(tile_n=64, stages=4, num_warps=4, max_tile_m=32, pieces_per_k_step=2),
+    64: TileShape(tile_n=64, stages=6, num_warps=4, max_tile_m=64, pieces_per_k_step=2),
+    128: TileShape(tile_n=64, stages=3, num_warps=4, max_tile_m=32, pieces_per_k_step=2),
     256: TileShape(tile_n=64, stages=3, num_warps=4, max_tile_m=16, pieces_per_k_step=2),
 }
 HEAD_DIMS = tuple(sorted(TILE_CONFIGS))
-# The problem features this rung implements, named one by one: any other (a paged cache) is refused.
-IMPLEMENTED_FEATURES = (GQA, BOTTOM_RIGHT, CACHE_SEQLENS, LSE)
 
 
 @dataclass(frozen=True)
@@ -538,9 +536,7 @@ class DecodeKernel:
     ):
         """This warp's normalised O (tile_m, D) and LSE (tile_m,) into its slot of the merge scratch;
         the first lane of each row's quad writes the row's LSE (``lse`` is in :func:`rows_by_cols` order)."""
-        tOsO = thr_mma.partition_C(sO_part)  # (MMA, MMA_M, MMA_D)
-        for i in cutlass.range_constexpr(cute.size(acc_O)):
-            tOsO[i] = acc_O[i]
+        thr_mma.partition_C(sO_part).store(acc_O.load())  # (MMA, MMA_M, MMA_D)
         cO = rows_by_cols(thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
         if cO[0, 0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(cO, mode=[0])):
@@ -769,7 +765,7 @@ def decode_attention(
         head_dims=HEAD_DIMS,
         problem_check=decode_limits,
         name="cute/decode",
-        features=IMPLEMENTED_FEATURES,
+        features=FEATURES,
         cache_seqlens=cache_seqlens,
     )
 
@@ -781,7 +777,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     """A CUDA device of sm_80+ (``mma.sync`` bf16, cp.async), fp16/bf16, D in :data:`HEAD_DIMS`,
     1 <= Sq <= :data:`MAX_SEQLEN_Q`, softmax_scale > 0; GQA, both causal alignments,
     ``cache_seqlens`` and the LSE are implemented."""
-    ok, reason = mma_sync_supports("cute/decode", problem, device, head_dims=HEAD_DIMS, features=IMPLEMENTED_FEATURES)
+    ok, reason = mma_sync_supports("cute/decode", problem, device, head_dims=HEAD_DIMS, features=FEATURES)
     if not ok:
         return ok, reason
     return decode_limits(problem)
