@@ -2,10 +2,11 @@
 interpreter, the split rule, and planted bugs (a dropped split, a log2-unit merge, a split reading past
 its length) that the check must fail; gluon/decode compiled for sm_90a from its real launch arguments.
 
-GPU (``gpu`` marker): every registered decode rung (``DECODE_IMPLS``: triton/decode, gluon/decode, and
-any rung registered with rung "decode") against fp64 on ragged, GQA/MQA, Sq up to 16, forced split
-counts including 1, both alignments, D 64/128/256, fp16/bf16 and the LSE, with poisoned outputs. Every
-decode rung's ``prepare`` takes ``num_splits=`` and its ``run`` reports ``num_splits``."""
+GPU (``gpu`` marker): every registered decode rung (``DECODE_IMPLS``: triton/decode, gluon/decode,
+cute/decode, and any rung registered with rung "decode") against fp64 on ragged, GQA/MQA, Sq up to 16,
+forced split counts including 1, both alignments, D 64/128/256, fp16/bf16, the LSE and strided inputs,
+with poisoned outputs. Every decode rung's ``prepare`` takes ``num_splits=`` and its ``run`` reports
+``num_splits``. cute/decode's own checks are in ``tests/test_cute_decode.py``."""
 
 from __future__ import annotations
 
@@ -282,11 +283,33 @@ def test_gpu_empty_sequence_gives_zero_and_minus_inf(impl_name: str, num_splits:
     assert torch.isfinite(out).all() and torch.isfinite(lse[[0, 2]]).all()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl_name", sorted(DECODE_IMPLS))
+def test_gpu_strided_inputs(impl_name: str):
+    """q, k and v as (B, S, H, D) tensors seen as (B, H, S, D): the packed rows of a KV group are not
+    one slab of memory, and consecutive keys are H·D elements apart."""
+    impl = DECODE_IMPLS[impl_name]
+    problem = Problem(
+        2, 16, 4, 3000, 128, dtype=torch.float16, causal=True, kv_heads=4, causal_alignment="bottom_right"
+    )
+    _gpu_check_or_skip(impl, problem)
+    generator = torch.Generator(device="cpu").manual_seed(9)
+
+    def draw(heads: int, seqlen: int) -> torch.Tensor:
+        shape = (problem.batch, seqlen, heads, problem.head_dim)
+        return torch.randn(shape, generator=generator).to("cuda", torch.float16).transpose(1, 2)
+
+    q, k, v = draw(16, 4), draw(4, 3000), draw(4, 3000) + 0.5
+    assert not q.is_contiguous() and not k.is_contiguous()
+    result = check_on_inputs(_with_splits(3, impl), q, k, v, problem)
+    assert result.ok, f"{impl_name} {problem.describe()}: {result.summary()}"
+
+
 # ----------------------------------------------------------------------------------------------------
 # gluon/decode on the CPU: capability, split plan, sm_90a compile of its real launches
 # ----------------------------------------------------------------------------------------------------
 def test_decode_rungs_are_registered():
-    assert {"triton/decode", "gluon/decode"} <= set(DECODE_IMPLS)
+    assert {"triton/decode", "gluon/decode", "cute/decode"} <= set(DECODE_IMPLS)
     assert DECODE_IMPLS["gluon/decode"].stack == "gluon" and DECODE_IMPLS["gluon/decode"].bind is not None
 
 
