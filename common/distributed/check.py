@@ -13,7 +13,8 @@ shard) against every key of the sequence:
   global order, in two passes over key blocks (the row maximum, then the sums), the causal mask
   taken from the rows' global positions; memory stays at one key block in float64;
 * **yardstick** (:func:`sdpa_rows`): SDPA in the inputs' dtype on the same rows (each causal row
-  against its visible prefix), the error the suite's rule compares with;
+  against its visible prefix), the error the suite's rule compares with (``common.contract.check``'s
+  yardstick, on rows);
 * **rules**: the output by ``SDPA_RELATIVE_RULE`` (at most 2x SDPA's error on these rows, plus
   atol), the LSE, when given, by the LSE rule (``common.contract.metrics.lse_bound``). NaN never
   passes.
@@ -24,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from common.contract.metrics import (
     SDPA_RELATIVE_RULE,
@@ -35,7 +37,6 @@ from common.contract.metrics import (
     lse_stats,
 )
 from common.contract.problem import Problem
-from common.measure.sdpa import sdpa
 
 # Keys upcast to float64 at once by the reference: KEY_BLOCK x Hkv x D x 8 bytes (256 MiB at 16 x 128).
 KEY_BLOCK = 16384
@@ -154,17 +155,18 @@ def reference_rows(
 def sdpa_rows(
     q_rows: torch.Tensor, row_positions: torch.Tensor, k_full: torch.Tensor, v_full: torch.Tensor, problem: Problem
 ) -> torch.Tensor:
-    """SDPA in the inputs' dtype on the same rows: one call over all keys, or per causal row over its
-    visible prefix (keys 0..position)."""
-    rows = q_rows.shape[2]
-    row_problem = problem.with_(seqlen_q=rows, causal=False)
+    """SDPA in the inputs' dtype on the same rows (PyTorch's own backend choice, GQA read natively):
+    one call over all keys, or per causal row one over its visible prefix (keys 0..position)."""
+
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(
+            q, k, v, scale=problem.scale, enable_gqa=problem.kv_heads != problem.heads
+        )
+
     if not problem.causal:
-        return sdpa(q_rows, k_full, v_full, row_problem)
-    outs = []
-    for index, position in enumerate(row_positions.tolist()):
-        prefix = position + 1
-        one = row_problem.with_(seqlen_q=1, seqlen_k=prefix)
-        outs.append(sdpa(q_rows[:, :, index : index + 1], k_full[:, :, :prefix], v_full[:, :, :prefix], one))
+        return call(q_rows, k_full, v_full)
+    prefixes = [position + 1 for position in row_positions.tolist()]
+    outs = [call(q_rows[:, :, i : i + 1], k_full[:, :, :n], v_full[:, :, :n]) for i, n in enumerate(prefixes)]
     return torch.cat(outs, dim=2)
 
 
