@@ -5,15 +5,16 @@ causal (``common.distributed.zigzag``). The K/V shards travel around the ring on
 after N steps (N = world size) every rank's queries have met every key. Step s on rank r:
 
 1. make sure the shard of step s has arrived (the compute stream waits for its "ready" event);
-2. start passing that shard on: send it to rank r+1 and receive rank r-1's into the other buffer
-   (``torch.distributed.batch_isend_irecv`` issued on a communication stream), for step s+1;
-3. attend with the local kernel to the part the zig-zag plan says (``zigzag.step_plan``: own shard
+2. attend with the local kernel to the part the zig-zag plan says (``zigzag.step_plan``: own shard
    causal at step 0; then all queries against the first half of the keys, or the second half of
    the queries against all keys), which returns a partial (O, LSE);
-4. merge it into the running fp32 (O, LSE) of those query rows (``merge_partial_``).
+3. pass the shard on: send it to rank r+1 and receive rank r-1's into the other buffer
+   (``torch.distributed.batch_isend_irecv`` issued on a communication stream), for step s+1;
+4. merge the partial result into the running fp32 (O, LSE) of those query rows (``merge_partial_``).
 
-Transfer s+1 (step 2) runs while attention s (step 3) computes; only a transfer longer than a step's
-attention shows in the ring's time.
+Kernels launch asynchronously, so transfer s+1 (3) runs while attention s (2) computes; issuing it
+after the launch keeps that true even where waiting on a transfer blocks the host. Only a transfer
+longer than a step's attention shows in the ring's time.
 
 **Data movement.** K and V go with their own Hkv heads (GQA sends only the KV heads) in the input
 dtype, point-to-point from rank r to rank r+1: NCCL between GPUs, gloo between CPU processes, the
@@ -21,11 +22,16 @@ processes started by ``torchrun`` (no launcher or transport of our own). Two rec
 alternate; the caller's own K and V serve as the first shard and are never written.
 
 **Streams and events (CUDA).** The caller's stream computes (kernels and merges). The
-communication stream issues each P2P batch only after the event that says the compute stream has
-finished reading the buffer about to be overwritten, then waits for the batch to complete and
-records "shard ready", which the compute stream waits for before reading that shard. Nothing is
-read before it has arrived, nothing overwritten while it is read, and the host never blocks. On
-CPUs (gloo) the same steps wait on the requests instead.
+communication stream issues each P2P batch only after the events that say the caller's K/V are
+written (first batch) and the compute stream has finished reading the buffer about to be
+overwritten, then waits for the batch to complete and records "shard ready", which the compute
+stream waits for before reading that shard. Nothing is read before it has arrived, nothing
+overwritten while it is read, and the host does not block. On CPUs (gloo) the same steps wait on
+the requests instead.
+
+A local kernel that keeps every SM busy until it ends (a persistent grid) leaves NCCL's transfer
+kernels no SM to start on, so transfer s+1 then waits for attention s to finish: the tools' no-transfer
+timing shows what that costs.
 
 **The merge.** With natural-log LSEs L_a, L_b (log of each part's softmax denominator, scale
 included): L = logaddexp(L_a, L_b) and O = exp(L_a - L) O_a + exp(L_b - L) O_b, each partial output
@@ -118,6 +124,9 @@ class KVExchange:
             self.comm = _comm_stream(k.device)
             self.ready = [torch.cuda.Event() for _ in self.slots]
             self.free: list[torch.cuda.Event | None] = [None] * len(self.slots)
+            # The caller's K and V were written on the compute stream before this point.
+            self.inputs_written = torch.cuda.Event()
+            self.inputs_written.record(self.compute)
 
     def peer(self, group_rank: int) -> int:
         """The global rank of ``group_rank`` (mod the world size) in this exchange's group."""
@@ -159,8 +168,7 @@ class KVExchange:
             self.pending = dist.batch_isend_irecv(ops)
             return
         if step == 0:
-            # The caller's K and V were written on the compute stream.
-            self.comm.wait_stream(self.compute)
+            self.comm.wait_event(self.inputs_written)
         if self.free[target] is not None:
             self.comm.wait_event(self.free[target])
         with torch.cuda.stream(self.comm):
@@ -294,13 +302,13 @@ def _ring(
     lse = torch.full(q.shape[:3], -math.inf, dtype=torch.float32, device=q.device)
     for step in range(exchange.world_size):
         k_step, v_step = exchange.shard(step)
-        exchange.pass_on(step)
         plan = zigzag.step_plan(exchange.rank, step, exchange.world_size, causal)
         rows, keys = plan.query_slice(local_len), plan.key_slice(local_len)
         block_out, block_lse = kernel(
             q[:, :, rows], k_step[:, :, keys], v_step[:, :, keys], causal=plan.causal, softmax_scale=scale
         )
         exchange.done_reading(step)
+        exchange.pass_on(step)
         _check_block(block_out, block_lse, out[:, :, rows])
         merge_partial_(out[:, :, rows], lse[:, :, rows], block_out, block_lse)
     return out.to(q.dtype), lse

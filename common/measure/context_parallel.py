@@ -10,10 +10,12 @@ Per row (one method, tokens per GPU T, mask), every rank:
    rows against float64 over all S keys (``check_rows``); the row is wrong when any rank's is;
 3. **ring time**: fixed repetitions, each started together (a gloo barrier, then a device sync), each
    timed by device events; per repetition the slowest rank counts; the median is ``ring_ms``;
-4. **compute only** (our ring): the same with ``communicate=False``, the kernels and merges alone;
-5. **kernels**: each distinct step shape of this rank's plan timed alone (no communication) and
-   summed over its steps; the slowest rank's sum is ``kernels_ms``, the "sum of the local attention
-   steps"; ``hidden_ratio = ring_ms / kernels_ms``;
+4. **no transfers** (our ring): the same with ``communicate=False``, the kernels and merges alone
+   (``compute_only_ms``), each kernel call timed by its own events (:class:`TimedKernel`);
+5. **kernels**: the "sum of the local attention steps": our ring's from the no-transfer pass (per
+   repetition the sum of a rank's kernel times, median), PyTorch's from each distinct step shape of
+   the plan timed alone with SDPA and summed over the steps; the slowest rank's sum is
+   ``kernels_ms`` and ``hidden_ratio = ring_ms / kernels_ms``;
 6. **one GPU**: the same implementation without a ring at S = T (the same per-GPU share of tokens),
    timed on every rank's GPU at once (all GPUs busy, as during the ring); their median is
    ``single_gpu_ms``; ``efficiency = tflops_per_gpu / single_gpu_tflops``.
@@ -233,10 +235,42 @@ def time_collective(ranks: Ranks, fn: Callable[[], object], options: Options, re
     return _timed(_started_together(ranks, fn, reps))
 
 
-def time_alone(fn: Callable[[], object], device: torch.device, reps: int) -> float:
-    """Median of ``reps`` timed calls after one warm-up, on this rank alone (no collective inside)."""
-    fn()
+def time_alone(fn: Callable[[], object], device: torch.device, reps: int, warm_up: bool = True) -> float:
+    """Median of ``reps`` timed calls (after one warm-up call unless ``warm_up`` is False), on this
+    rank alone (no collective inside)."""
+    if warm_up:
+        fn()
     return statistics.median(_time_once(fn, device) for _ in range(reps))
+
+
+class TimedKernel:
+    """A local kernel that times each of its calls (device events on a GPU, the host clock on a CPU),
+    so the ring's own steps give the sum of its local attention steps without extra runs."""
+
+    def __init__(self, kernel: Callable, device: torch.device):
+        self.kernel = kernel
+        self.device = device
+        self.calls: list = []
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options) -> tuple:
+        if self.device.type != "cuda":
+            start = time.perf_counter()
+            result = self.kernel(q, k, v, **options)
+            self.calls.append((time.perf_counter() - start) * 1e3)
+            return result
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        result = self.kernel(q, k, v, **options)
+        end.record()
+        self.calls.append((start, end))
+        return result
+
+    def median_sum_ms(self, calls_per_run: int) -> float:
+        """Median over runs of the summed kernel time of one run (``calls_per_run`` calls each);
+        call after the runs have completed."""
+        times = [call if isinstance(call, float) else call[0].elapsed_time(call[1]) for call in self.calls]
+        runs = [sum(times[i : i + calls_per_run]) for i in range(0, len(times), calls_per_run)]
+        return statistics.median(runs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -288,13 +322,14 @@ def _step_counts(ranks: Ranks, causal: bool) -> Counter:
 
 
 def _kernels_ms(ranks: Ranks, kernel: Callable, q, k, v, causal: bool, reps: int) -> float:
-    """The slowest rank's sum over its steps of each step's kernel timed alone."""
+    """The slowest rank's sum over its steps of each step's kernel timed alone (already warm: the
+    ring ran these shapes)."""
     local_len = q.shape[2]
     total = 0.0
     for plan, count in _step_counts(ranks, causal).items():
         rows, keys = plan.query_slice(local_len), plan.key_slice(local_len)
         call = partial(kernel, q[:, :, rows], k[:, :, keys], v[:, :, keys], causal=plan.causal)
-        total += count * time_alone(call, ranks.device, reps)
+        total += count * time_alone(call, ranks.device, reps, warm_up=False)
     return max(gather(ranks, total))
 
 
@@ -351,9 +386,10 @@ def measure_ring(ranks: Ranks, impl: str, point: SweepPoint, options: Options) -
         _fill_check(row, _check(ranks, out, lse, q, ids, inputs, options))
         del out, lse
         timed = time_collective(ranks, ring, options)
-        row.compute_only_ms = time_collective(ranks, partial(ring, communicate=False), options, timed.reps).ms
-        kernel = partial(registry_kernel(impl), softmax_scale=point.single().scale)
-        kernels = _kernels_ms(ranks, kernel, q, k, v, point.causal, timed.reps)
+        steps = TimedKernel(registry_kernel(impl), ranks.device)
+        no_transfer = partial(ring_attention, q, k, v, causal=point.causal, impl=steps, communicate=False)
+        row.compute_only_ms = time_collective(ranks, no_transfer, options, timed.reps).ms
+        kernels = max(gather(ranks, steps.median_sum_ms(ranks.world_size)))
         del q, k, v
         single = ChunkedInputs(point.single(), 1, ranks.device, options.seed)
         q1, k1, v1 = (single.full(name) for name in ("q", "k", "v"))

@@ -187,7 +187,9 @@ def start(args: argparse.Namespace):
         os.environ.setdefault(name, value)
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
-    dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    # High-priority NCCL streams: when a local kernel's blocks retire, the transfer's blocks go first.
+    options = dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
+    dist.init_process_group("nccl", timeout=timeout, device_id=device, pg_options=options)
     control = dist.new_group(backend="gloo", timeout=timeout)
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -234,6 +236,7 @@ def environment(ranks, args: argparse.Namespace) -> dict:
         nccl=".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
         topology=_nvidia_smi("topo", "-m") if ranks.device.type == "cuda" else None,
         multicast_settings={name: os.environ.get(name) for name in MULTICAST_OFF},
+        nccl_high_priority_streams=ranks.device.type == "cuda",
         torch_cp_rotate=args.torch_cp_rotate,
         method_note=METHOD_NOTE,
     )
