@@ -27,6 +27,7 @@ from common.contract.problem import DTYPE_NAMES, Problem
 from common.distributed import ring, zigzag
 from common.distributed.check import ChunkedInputs, check_rows, sample_rows
 
+TORCH_CP_LAYOUT = "torch_cp_layout"
 BUGS = ("merge_twice", "skip_shard", "contiguous_layout", "swapped_chunks", "reversed_ring")
 
 
@@ -140,6 +141,24 @@ def _local_only_verdict(case: Case, q, k, v, out, lse, world_size: int) -> dict:
     return {"ok": bool(ok), "summary": f"local-only ring equals local attention: {bool(ok)}"}
 
 
+def torch_cp_layout(world_size: int, device: torch.device) -> dict[str, list[int]]:
+    """The chunk ids PyTorch's context_parallel gives this rank (the tools' ``torch_cp_shards``),
+    causal and not, for a sequence of 2N chunks of 3 tokens."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from common.measure.context_parallel import torch_cp_shards
+
+    layout: dict = {}
+    try:
+        mesh = init_device_mesh(device.type, (world_size,))
+        for causal in (True, False):
+            with torch_cp_shards(mesh, causal, "alltoall", 6 * world_size, 3, device) as ids:
+                layout["causal" if causal else "full"] = list(ids)
+    except Exception as error:  # noqa: BLE001 - the layout test reports it; the ring cases stand
+        layout["error"] = f"{type(error).__name__}: {error}"
+    return layout
+
+
 def worker(rank: int, world_size: int, backend: str, store_path: str, cases: list[dict], out_dir: str) -> None:
     """One process: join the group, run every case, write ``rank<r>.json``."""
     torch.set_num_threads(1)
@@ -152,13 +171,15 @@ def worker(rank: int, world_size: int, backend: str, store_path: str, cases: lis
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
     try:
         results = {case["name"]: run_case(Case(**case), rank, world_size, device) for case in cases}
+        results[TORCH_CP_LAYOUT] = torch_cp_layout(world_size, device)
     finally:
         dist.destroy_process_group()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
 
 
 def spawn_cases(cases: list[Case], world_size: int, backend: str, tmp: Path) -> dict[str, list[dict]]:
-    """Run ``cases`` in ``world_size`` spawned processes; per case, the verdict of every rank."""
+    """Run ``cases`` in ``world_size`` spawned processes; per case, the verdict of every rank (and
+    under ``TORCH_CP_LAYOUT`` each rank's chunks from PyTorch's context_parallel)."""
     import torch.multiprocessing as mp
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -166,4 +187,5 @@ def spawn_cases(cases: list[Case], world_size: int, backend: str, tmp: Path) -> 
     payload = [asdict(case) for case in cases]
     mp.spawn(worker, args=(world_size, backend, str(tmp / "store"), payload, str(tmp)), nprocs=world_size, join=True)
     per_rank = [json.loads((tmp / f"rank{rank}.json").read_text()) for rank in range(world_size)]
-    return {case.name: [results[case.name] for results in per_rank] for case in cases}
+    names = [case.name for case in cases] + [TORCH_CP_LAYOUT]
+    return {name: [results[name] for results in per_rank] for name in names}

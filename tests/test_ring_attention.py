@@ -16,7 +16,7 @@ from common.contract.problem import Problem
 from common.distributed import zigzag
 from common.distributed.check import ChunkedInputs, check_rows, reference_rows, sample_rows
 from common.distributed.ring import merge_partial_, ring_attention
-from tests.ring_workers import Case, spawn_cases, torch_kernel
+from tests.ring_workers import TORCH_CP_LAYOUT, Case, spawn_cases, torch_kernel
 
 # ----------------------------------------------------------------------------------------------
 # The zig-zag plan: every visible (query, key) pair computed exactly once, nothing else
@@ -306,6 +306,17 @@ def test_ring_on_two_gloo_processes(world2, case: Case) -> None:
 @pytest.mark.parametrize("case", WORLD4_CASES, ids=lambda case: case.name)
 def test_ring_on_four_gloo_processes(world4, case: Case) -> None:
     _assert_verdicts(world4[case.name], case.bug)
+
+
+@pytest.mark.parametrize("world", ["world2", "world4", pytest.param("gpu_ring", marks=pytest.mark.gpu)])
+def test_torch_cp_layout_is_the_zigzag_one(world: str, request) -> None:
+    """The PyTorch baseline draws its shards from the token positions its context_parallel hands each
+    rank: head-tail (= zig-zag) chunks when causal, contiguous ones otherwise."""
+    layouts = request.getfixturevalue(world)[TORCH_CP_LAYOUT]
+    assert not any("error" in layout for layout in layouts), layouts
+    size = len(layouts)
+    assert [tuple(layout["causal"]) for layout in layouts] == [zigzag.chunk_ids(r, size) for r in range(size)]
+    assert [tuple(layout["full"]) for layout in layouts] == [zigzag.contiguous_chunk_ids(r, size) for r in range(size)]
 
 
 def test_merge_twice_and_skip_fail_on_the_ranks_they_touch(world4) -> None:

@@ -27,6 +27,7 @@ collective surfaces as the process group's timeout.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -427,6 +428,25 @@ def chunks_of(local_positions: torch.Tensor, chunk_len: int) -> tuple[int, int]:
     return first, second
 
 
+@contextlib.contextmanager
+def torch_cp_shards(mesh, causal: bool, rotate: str, seqlen: int, chunk_len: int, device: torch.device):
+    """Enter PyTorch's ``context_parallel`` for one sequence of ``seqlen`` tokens; yields the ids of the
+    two chunks (of ``chunk_len``) this rank holds, which is how its q, k, v are then drawn.
+
+    PyTorch shards the buffers it is given: here the token positions, so they tell where each rank's
+    tokens lie (head-tail, i.e. zig-zag, load balancing when causal; contiguous otherwise: it refuses
+    load balancing without a mask). Inside, ``F.scaled_dot_product_attention`` is PyTorch's ring.
+    """
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import _cp_options, set_rotate_method
+
+    _cp_options.enable_load_balance = causal
+    set_rotate_method(rotate)
+    positions = torch.arange(seqlen, device=device).view(1, 1, -1).clone()
+    with context_parallel(mesh, buffers=[positions], buffer_seq_dims=[2]):
+        yield chunks_of(positions.view(-1).clone(), chunk_len)
+
+
 def measure_torch_cp(ranks: Ranks, backend: str, point: SweepPoint, options: Options) -> CpRow:
     """PyTorch's ``context_parallel`` (SDPA with ``backend``; head-tail load balancing when causal,
     none otherwise; K/V rotated by ``options.rotate``): checked, timed, its steps' SDPA calls alone,
@@ -439,20 +459,11 @@ def measure_torch_cp(ranks: Ranks, backend: str, point: SweepPoint, options: Opt
         return row
 
     def body() -> None:
-        from torch.distributed.tensor.experimental import context_parallel
-        from torch.distributed.tensor.experimental._attention import _cp_options, set_rotate_method
-
         full = point.full(ranks.world_size)
         inputs = ChunkedInputs(full, 2 * ranks.world_size, ranks.device, options.seed)
         call = _sdpa_call(point, backend)
-        # Head-tail (zig-zag) load balancing is PyTorch's causal layout; it refuses it without a mask.
-        _cp_options.enable_load_balance = point.causal
-        set_rotate_method(options.rotate)
-        # context_parallel shards the buffers it is given: the token positions tell where each rank's
-        # tokens lie, and the shards are drawn from them.
-        token_positions = torch.arange(full.seqlen_q, device=ranks.device).view(1, 1, -1)
-        with context_parallel(ranks.mesh, buffers=[token_positions], buffer_seq_dims=[2]):
-            ids = chunks_of(token_positions.view(-1).clone(), inputs.chunk_len)
+        layout = (ranks.mesh, point.causal, options.rotate, full.seqlen_q, inputs.chunk_len, ranks.device)
+        with torch_cp_shards(*layout) as ids:
             q, k, v = (inputs.local(name, ids) for name in ("q", "k", "v"))
             cp = partial(call, q, k, v, causal=point.causal)
             out = cp()
