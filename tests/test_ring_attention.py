@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from common.contract.problem import Problem
-from common.distributed import zigzag
+from common.distributed import ring, zigzag
 from common.distributed.check import ChunkedInputs, check_rows, reference_rows, sample_rows
 from common.distributed.ring import merge_partial_, ring_attention
 from tests.ring_workers import TORCH_CP_LAYOUT, Case, spawn_cases, torch_kernel
@@ -227,6 +227,16 @@ def test_ring_refuses_grad_and_uninitialised_distributed() -> None:
         pytest.skip("a process group is already initialised in this process")
     with pytest.raises(RuntimeError, match=r"torch\.distributed initialised"):
         ring_attention(q.detach(), k, v, causal=True, impl=torch_kernel)
+
+
+@pytest.mark.parametrize(
+    ("backend", "device_type", "expected"),
+    [("nccl", "cuda", "nccl"), ("gloo", "cpu", "gloo"), ("gloo", "cuda", None), ("cpu:gloo,cuda:nccl", "cuda", "nccl"),
+     ("cpu:gloo,cuda:nccl", "cpu", "gloo"), ("cpu:gloo", "cuda", None)],
+)  # fmt: skip
+def test_backend_for_each_device(monkeypatch, backend: str, device_type: str, expected: str | None) -> None:
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: backend)
+    assert ring._backend_for(device_type, None) == expected
 
 
 def test_ring_refuses_an_impl_that_cannot_run_a_step(tmp_path: Path) -> None:

@@ -187,18 +187,27 @@ class KVExchange:
 # ----------------------------------------------------------------------------------------------
 # Validation and the ring
 # ----------------------------------------------------------------------------------------------
+def _backend_for(device_type: str, group: dist.ProcessGroup | None) -> str | None:
+    """The group's backend for tensors of ``device_type`` ("nccl", "gloo"), None when it has none:
+    a plain backend ("nccl") or a per-device list ("cpu:gloo,cuda:nccl")."""
+    text = str(dist.get_backend(group))
+    if ":" in text:
+        return dict(item.split(":", 1) for item in text.split(",")).get(device_type)
+    return text if BACKEND_DEVICE.get(text) == device_type else None
+
+
 def _check_group(q: torch.Tensor, group: dist.ProcessGroup | None) -> None:
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
             "ring_attention needs torch.distributed initialised: launch with torchrun and call "
             "torch.distributed.init_process_group first"
         )
-    backend = str(dist.get_backend(group))
-    wanted = BACKEND_DEVICE.get(backend)
-    if wanted is None:
-        raise ValueError(f"ring_attention runs over {sorted(BACKEND_DEVICE)}, got backend {backend!r}")
-    if q.device.type != wanted:
-        raise ValueError(f"the {backend} backend moves {wanted} tensors, got tensors on {q.device}")
+    backend = _backend_for(q.device.type, group)
+    if backend is None or BACKEND_DEVICE.get(backend) != q.device.type:
+        raise ValueError(
+            f"ring_attention moves {q.device.type} tensors with "
+            f"{'NCCL' if q.is_cuda else 'gloo'}, but the process group's backend is {dist.get_backend(group)!r}"
+        )
     if q.is_cuda and q.device.index != torch.cuda.current_device():
         raise ValueError(
             f"tensors must be on this rank's current CUDA device (cuda:{torch.cuda.current_device()}), got "
