@@ -3,6 +3,7 @@ row helpers, the report's tables and targets, and a 2-process gloo run end to en
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+import torch.nn.functional as F
 
 from common.contract.metrics import ErrorStats, LseStats
 from common.distributed.check import RowCheck
@@ -81,6 +83,26 @@ def test_chunks_of_reads_the_layout_and_refuses_others() -> None:
     assert cp.chunks_of(torch.arange(8, 16), 4) == (2, 3)
     with pytest.raises(ValueError, match="not two whole chunks"):
         cp.chunks_of(torch.tensor([0, 2, 1, 3, 4, 5, 6, 7]), 4)
+
+
+def test_torch_cp_shards_restores_sdpa_when_the_body_raises(monkeypatch) -> None:
+    """A context_parallel that leaves SDPA patched on an exception (releases before 2.14) must not
+    send the later rows' SDPA calls to its ring."""
+    import torch.distributed.tensor.experimental as experimental
+
+    plain = F.scaled_dot_product_attention
+
+    @contextlib.contextmanager
+    def leaky_context_parallel(mesh, *, buffers, buffer_seq_dims):
+        F.scaled_dot_product_attention = lambda *args, **kwargs: "ring"
+        yield  # no finally: an exception in the body leaves SDPA patched
+        F.scaled_dot_product_attention = plain
+
+    monkeypatch.setattr(experimental, "context_parallel", leaky_context_parallel)
+    with pytest.raises(RuntimeError, match="body"), cp.torch_cp_shards(None, True, "alltoall", 8, 4, "cpu") as ids:
+        assert ids == (0, 1) and F.scaled_dot_product_attention(None, None, None) == "ring"
+        raise RuntimeError("body")
+    assert F.scaled_dot_product_attention is plain
 
 
 def _verdict(ok: bool, rel: float) -> RowCheck:

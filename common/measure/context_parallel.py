@@ -443,8 +443,14 @@ def torch_cp_shards(mesh, causal: bool, rotate: str, seqlen: int, chunk_len: int
     _cp_options.enable_load_balance = causal
     set_rotate_method(rotate)
     positions = torch.arange(seqlen, device=device).view(1, 1, -1).clone()
-    with context_parallel(mesh, buffers=[positions], buffer_seq_dims=[2]):
-        yield chunks_of(positions.view(-1).clone(), chunk_len)
+    plain_sdpa = F.scaled_dot_product_attention
+    try:
+        with context_parallel(mesh, buffers=[positions], buffer_seq_dims=[2]):
+            yield chunks_of(positions.view(-1).clone(), chunk_len)
+    finally:
+        # Some releases (before 2.14) leave SDPA patched when the body raises: every later SDPA call,
+        # the checks' yardstick included, would then go to the ring.
+        F.scaled_dot_product_attention = plain_sdpa
 
 
 def measure_torch_cp(ranks: Ranks, backend: str, point: SweepPoint, options: Options) -> CpRow:
