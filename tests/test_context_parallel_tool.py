@@ -45,11 +45,18 @@ def test_refuses_more_processes_than_gpus(monkeypatch, capsys) -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["--tokens-per-gpu", "0"], ["--torch-cp", "math"], ["--torch-cp-rotate", "ring"], ["--heads", "2,3"]],
+    [
+        ["--tokens-per-gpu", "0"],
+        ["--torch-cp", "math"],
+        ["--torch-cp-rotate", "ring"],
+        ["--heads", "2,3"],
+        ["--heads", "16", "--kv-heads", "5"],
+        ["--min-reps", "5", "--max-reps", "4"],
+    ],
 )
 def test_bad_arguments_exit_2(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as raised:
-        tool.build_parser().parse_args(argv)
+        tool.parse_args(argv)
     assert raised.value.code == 2
 
 

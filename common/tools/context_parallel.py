@@ -303,8 +303,19 @@ def run(args: argparse.Namespace, ranks) -> int:
     return exit_status(frame)
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and validate; errors exit with status 2 before any process group starts."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.kv_heads and args.heads % args.kv_heads:
+        parser.error(f"--kv-heads must divide --heads (GQA groups), got {args.kv_heads} and {args.heads}")
+    if args.min_reps > args.max_reps:
+        parser.error(f"--min-reps {args.min_reps} exceeds --max-reps {args.max_reps}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         ranks = start(args)
     except RefusedError as refusal:
