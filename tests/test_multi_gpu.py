@@ -181,6 +181,13 @@ def test_gpus_end_to_end_with_two_cpu_workers(monkeypatch, tmp_path: Path) -> No
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    # The workers see no GPU, so the test means the same on a GPU machine as on a CPU-only one.
+    given = multi_gpu.worker_env
+
+    def without_gpus(environ: dict[str, str], device: str) -> dict[str, str]:
+        return {**given(environ, device), "CUDA_VISIBLE_DEVICES": ""}
+
+    monkeypatch.setattr(multi_gpu, "worker_env", without_gpus)
     argv = ["--gpus", "2", "--seqlen", "32", "--batch", "1", "--heads", "2", "--head-dim", "32", "--dtype", "fp16"]
     argv += ["--only", "triton/tiled", "--only", "sdpa/math", "--warmup", "1", "--rep", "1", "--out", str(tmp_path)]
     assert compare.main(argv) == 0
