@@ -7,6 +7,7 @@ family; write CSV, plots and a report.
     python compare.py --device cpu                  # no GPU: Triton under the interpreter + SDPA math
     python compare.py --decode                      # decode sweep: one token against a KV cache (GPU)
     python compare.py --decode --decode-batch 1,8 --decode-seqlen 4096,32768 --only 'triton/decode'
+    python compare.py --gpus 4 --seqlen 1024,4096,8192,16384   # the sweep spread over 4 GPUs, one worker each
 
 Without a GPU (and without ``--device``) the run is capped to the CPU teaching size and says what it
 ran instead of what was asked; ``--device cuda`` without a GPU is refused (exit 2); ``--device cpu``
@@ -149,6 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-static", action="store_true", help="skip the sm_90a compile analysis (tradeoff table's static half)"
     )
+    parser.add_argument(
+        "--gpus",
+        type=_positive_int,
+        help="spread the sweep's (problem x implementation) jobs over this many GPUs of this host, one worker "
+        "process per GPU measuring its own peaks; one merged results.csv with a gpu column (default: one GPU, "
+        "no workers)",
+    )
+    # A --gpus worker's share of the jobs (common.measure.multi_gpu); not for direct use.
+    parser.add_argument("--jobs", type=Path, help=argparse.SUPPRESS)
     decode = parser.add_argument_group(
         "decode workload (--decode)",
         "one token (Sq=1, bf16, D=128, 32 query heads) against a KV cache, judged in GB/s of K and V read "
@@ -173,6 +183,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.cuda_graph and args.device == "cpu":
         parser.error("--cuda-graph needs --device cuda")
+    if args.gpus and (args.decode or args.list or args.device == "cpu" or args.jobs):
+        parser.error("--gpus spreads the prefill sweep over GPUs: it takes no --decode, --list, --device cpu or --jobs")
     return args
 
 
@@ -470,8 +482,9 @@ def _record(row, run: Run, log, progress) -> None:
     progress.console.print(stream_line(row, f"S={row.seqlen_q} D={row.head_dim} {row.dtype} {mask}"), markup=False)
 
 
-def run_all(args: argparse.Namespace, device_name: str, problems: list, note: str) -> Run:
-    """Measure every selected implementation on every problem; rows are written as they finish.
+def run_all(args: argparse.Namespace, device_name: str, problems: list, note: str, jobs: dict | None = None) -> Run:
+    """Measure every selected implementation on every problem (or, for a ``--gpus`` worker, the
+    implementations ``jobs`` names per problem); rows are written as they finish.
 
     Ctrl-C stops the measuring: the rows done so far stay, and the run is marked interrupted.
     """
@@ -496,7 +509,8 @@ def run_all(args: argparse.Namespace, device_name: str, problems: list, note: st
     (out_dir / "env.json").write_text(json.dumps(env, indent=2))
     peaks = measure_peaks(device)
     env["peaks"] = peaks.as_dict()
-    run = Run(out_dir, env, peaks, planned=len(problems) * len(chosen))
+    planned = sum(map(len, jobs.values())) if jobs else len(problems) * len(chosen)
+    run = Run(out_dir, env, peaks, planned=planned)
     log = CsvLog(out_dir / "results.csv")
     options = TimingOptions(args.warmup, args.rep, args.cuda_graph)
     try:
@@ -504,7 +518,8 @@ def run_all(args: argparse.Namespace, device_name: str, problems: list, note: st
             task = progress.add_task("measuring", total=run.planned)
             for problem in problems:
                 measure_one = _measurer(args, problem, device, options, peaks)
-                _measure_problem(problem, chosen, measure_one, run, log, progress, task)
+                wanted = chosen if jobs is None else [item for item in chosen if item.name in jobs[problem]]
+                _measure_problem(problem, wanted, measure_one, run, log, progress, task)
     except KeyboardInterrupt:
         run.interrupted = True
         env["interrupted"] = f"Ctrl-C after {len(run.rows)} of {run.planned} measurements"
@@ -712,6 +727,51 @@ def run_decode(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+# ----------------------------------------------------------------------------------------------
+# --gpus N: the sweep spread over N GPUs of this host (common/measure/multi_gpu.py)
+# ----------------------------------------------------------------------------------------------
+def run_multi_gpu(args: argparse.Namespace, argv: list[str]) -> int:
+    """One ``compare.py --jobs`` worker per GPU over its share of the jobs, then one merged results.csv
+    (with a ``gpu`` column) and report.md; each worker's own outputs stay under ``gpu<i>/``."""
+    import torch
+
+    from common.contract.registry import discover
+    from common.measure import multi_gpu
+    from common.reporting.multi_gpu import write_merged_report
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    try:
+        devices = multi_gpu.visible_devices(args.gpus, dict(os.environ), count)
+    except ValueError as error:
+        raise RefusedError(str(error)) from error
+    problems, note = plan_problems(args, "cuda", False)
+    available, missing = discover()
+    names = [item.name for item in ladder_sorted(select(available + missing, args.only, args.skip))]
+    seqlens = "-".join(str(s) for s in sorted({p.seqlen_q for p in problems}))
+    out_dir = args.out or Path("runs") / f"{dt.datetime.now():%Y%m%d-%H%M%S}-gpus{args.gpus}-s{seqlens}"
+    base = [sys.executable, str(Path(__file__).resolve()), *multi_gpu.strip_options(argv, ("--gpus", "--out"))]
+    workers = []
+    for index, (device, jobs) in enumerate(zip(devices, multi_gpu.assign(problems, names, args.gpus), strict=True)):
+        if jobs:
+            folder = out_dir / multi_gpu.WORKER_DIR.format(index=index)
+            folder.mkdir(parents=True, exist_ok=True)
+            multi_gpu.write_jobs(folder / multi_gpu.JOBS_FILE, jobs)
+            command = [*base, "--jobs", str(folder / multi_gpu.JOBS_FILE), "--out", str(folder), "--no-static"]
+            workers.append(multi_gpu.Worker(index, device, folder, command))
+            print(f"compare.py: GPU {device}: {len(jobs)} jobs, log in {folder / multi_gpu.LOG_FILE}")
+    try:
+        statuses = multi_gpu.run_workers(workers, dict(os.environ))
+    except KeyboardInterrupt:
+        statuses = [EXIT_INTERRUPTED] * len(workers)
+    frame = multi_gpu.merge_results(workers, out_dir / "results.csv")
+    by_device = {worker.device: status for worker, status in zip(workers, statuses, strict=True)}
+    write_merged_report(frame, multi_gpu.worker_envs(workers), by_device, out_dir, note)
+    print(f"wrote {out_dir}/results.csv (a gpu column) and report.md; each GPU's own outputs in gpu<i>/")
+    if EXIT_INTERRUPTED in statuses:
+        return EXIT_INTERRUPTED
+    return 0 if all(status == 0 for status in statuses) else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -719,11 +779,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             return list_implementations(args)
         if args.decode:
             return run_decode(args)
+        if args.gpus:
+            return run_multi_gpu(args, sys.argv[1:] if argv is None else list(argv))
         device_name, teaching = resolve_device(args.device)
-        problems, note = plan_problems(args, device_name, teaching)
+        jobs = None
+        if args.jobs:
+            from common.measure.multi_gpu import read_jobs
+
+            jobs = read_jobs(args.jobs)
+            problems, note = list(jobs), ""
+        else:
+            problems, note = plan_problems(args, device_name, teaching)
         if note:
             print(f"compare.py: {note}", file=sys.stderr)
-        run = run_all(args, device_name, problems, note)
+        run = run_all(args, device_name, problems, note, jobs)
         write_outputs(run, cpu_only=device_name == "cpu", with_static=not args.no_static)
     except RefusedError as refusal:
         print(f"compare.py: {refusal}", file=sys.stderr)

@@ -33,6 +33,7 @@ def _fake_sanitizer(folder: Path) -> None:
         ("common.tools.fuzz", False, "needs a CUDA GPU"),
         ("common.tools.sanitize", False, "needs compute-sanitizer"),
         ("common.tools.sanitize", True, "needs a CUDA GPU"),
+        ("common.tools.context_parallel", False, "not started by torchrun"),
     ],
 )
 def test_tool_names_what_is_missing_and_exits_2(module: str, with_sanitizer: bool, missing: str, tmp_path: Path):

@@ -1,0 +1,8 @@
+"""Context parallelism: ring attention over ``torch.distributed`` with any implementation that returns
+the LSE (``ring``), zig-zag sharding for causal load balance (``zigzag``), and the sampled float64
+check of a sharded output (``check``)."""
+
+from common.distributed.ring import merge_partial_, ring_attention
+from common.distributed.zigzag import chunk_ids, shard, step_plan, unshard
+
+__all__ = ["chunk_ids", "merge_partial_", "ring_attention", "shard", "step_plan", "unshard"]
