@@ -138,3 +138,16 @@ def test_decode_table_has_a_row_per_case_decode_rungs_first_and_names_what_did_n
 
 def test_no_decode_run_says_so(tmp_path: Path):
     assert decode_tables(tmp_path) == "_No decode run committed yet._"
+
+
+def test_decode_case_labels_name_paged_and_ragged_caches() -> None:
+    import pandas as pd
+
+    from common.reporting.decode_table import case_label
+
+    base = {"seqlen_k": 32768, "lengths": "", "case": "B=8 H=32 Hkv=8 Sq=1 Sk=32768 D=128 bf16"}
+    assert case_label(pd.Series(base)) == "32k"
+    ragged = {**base, "lengths": "32768 0 1024"}
+    assert case_label(pd.Series(ragged)) == "32k ragged (0..32k)"
+    paged = {**ragged, "case": base["case"] + " paged(16) lengths=32768..32768"}
+    assert case_label(pd.Series(paged)) == "32k paged (pages of 16)"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -45,10 +46,19 @@ def _ragged(row: pd.Series) -> bool:
     return isinstance(row["lengths"], str) and row["lengths"] != ""
 
 
+def _page_size(row: pd.Series) -> str | None:
+    """The page size of a paged case, read from the case's description ('paged(16)'), else None."""
+    found = re.search(r"paged\((\d+)\)", str(row.get("case", "")))
+    return found.group(1) if found else None
+
+
 def case_label(row: pd.Series) -> str:
-    """'B=8, 8 KV heads, 32k' or, for a ragged batch, '... 32k ragged (0..32k)'."""
+    """'32k', for a paged cache '32k paged (pages of 16)', for a ragged batch '32k ragged (0..32k)'."""
     label = f"{_keys(int(row['seqlen_k']))}"
-    if _ragged(row):
+    page_size = _page_size(row)
+    if page_size is not None:
+        label += f" paged (pages of {page_size})"
+    elif _ragged(row):
         lengths = [int(length) for length in row["lengths"].split()]
         label += f" ragged ({_keys(min(lengths))}..{_keys(max(lengths))})"
     return label
