@@ -684,9 +684,7 @@ def bind(
     """Compile (cached), allocate O, the LSE and the split workspace for validated q, k, v; ``run()``
     launches the split kernel and, with more than one split, the merge. ``num_splits`` overrides the
     rule (sweeps, tests)."""
-    num_splits = num_splits if num_splits is not None else planned_num_splits(problem, q.device)
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device)
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     batch_kv_heads, rows, head_dim = problem.batch * problem.kv_heads, problem.kv_group * problem.seqlen_q, q.shape[3]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
