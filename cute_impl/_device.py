@@ -13,7 +13,9 @@ ones the Triton and Gluon stacks use, so that a diff of two rungs teaches:
   scaled scores, as in every stack) and ``row_sum``; ``update`` turns a block of S into P and returns
   the rescale factor, ``rescale`` moves O to the new maximum, ``finalize`` divides O by ``row_sum``
   (and, asked for, forms the LSE).
-* :func:`load_kv_block`: the cp.async of one K/V block into a slot of the shared-memory ring.
+* :func:`kv_copy_partitions`: a thread's share of the K/V copies; :func:`load_kv_block`: the cp.async
+  of one K/V block into a slot of the shared-memory ring.
+* :func:`ldmatrix_operands`: the ldmatrix (S→R) copies of Q, K and Vᵀ into the ``mma.sync`` fragments.
 * :func:`gemm_double_buffered`: ``acc += A B`` over a warp's ``mma.sync`` fragments, each ldmatrix
   issued one piece ahead of the MMAs that consume it.
 * The constants :data:`LOG2_E` and :data:`RESCALE_THRESHOLD`, defined once for the stack.
@@ -31,9 +33,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import cutlass
 import cutlass.cute as cute
+from cutlass.cute.nvgpu import warp
 
 # The CuTe stack defines its constants once, here (hopper and fp8 import them too); naive, online and
 # tiled keep their own LOG2_E so that each reads alone (STYLE.md: rungs up to tiled are self-contained).
@@ -111,6 +115,57 @@ def gemm_double_buffered(
             load(*order[i + 1])
         acc_piece = acc_n[None, None, (None, piece)]
         cute.gemm(tiled_mma, acc_piece, tCrA[None, None, k], rB[None, (None, piece), k], acc_piece)
+
+
+def kv_copy_partitions(
+    gmem_tiled_copy: cute.TiledCopy,
+    gmem_thr_copy: Any,
+    gK: cute.Tensor,
+    sK: cute.Tensor,
+    gV: cute.Tensor,
+    sV: cute.Tensor,
+    cKV: cute.Tensor,
+) -> tuple:
+    """The ``kv_copy`` of :func:`load_kv_block`: the G2S tiled copy and this thread's partitions of K and
+    V in HBM (``n_blocks`` blocks), of their shared-memory rings (``stages`` slots) and of the keys'
+    identity coordinates."""
+    return (
+        gmem_tiled_copy,
+        gmem_thr_copy.partition_S(gK),  # tKgK (CPY, CPY_N, CPY_D, n_blocks)
+        gmem_thr_copy.partition_D(sK),  # tKsK (CPY, CPY_N, CPY_D, stages)
+        gmem_thr_copy.partition_S(gV),  # tVgV (CPY, CPY_N, CPY_D, n_blocks)
+        gmem_thr_copy.partition_D(sV),  # tVsV (CPY, CPY_N, CPY_D, stages)
+        gmem_thr_copy.partition_S(cKV),  # tKVcKV (CPY, CPY_N, CPY_D, n_blocks)
+    )
+
+
+def ldmatrix_operands(
+    tiled_mma: cute.TiledMma,
+    thread: cutlass.Int32,
+    sQ: cute.Tensor,
+    sK: cute.Tensor,
+    sVt: cute.Tensor,
+    tSrQ: cute.Tensor,
+    tSrK: cute.Tensor,
+    tOrVt: cute.Tensor,
+) -> tuple:
+    """The S→R loads of the three ``mma.sync`` operands, per operand (ldmatrix tiled copy, shared source,
+    register fragment seen as its destination): Q and K with ``ldmatrix``, Vᵀ (V's memory seen as
+    (D, keys)) with ``ldmatrix.trans``. x4 loads four 8×8 matrices = one m16k16 A tile or two n8k16 B
+    tiles. ``thread`` is the index inside ``tiled_mma`` (the CTA's thread, or the lane for one warp's
+    MMA)."""
+    dtype = sQ.element_type
+    ldmatrix = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype)
+    ldmatrix_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dtype)
+    s2r_Q = cute.make_tiled_copy_A(ldmatrix, tiled_mma)
+    s2r_K = cute.make_tiled_copy_B(ldmatrix, tiled_mma)
+    s2r_V = cute.make_tiled_copy_B(ldmatrix_t, tiled_mma)
+    s2r_thr_Q, s2r_thr_K, s2r_thr_V = (c.get_slice(thread) for c in (s2r_Q, s2r_K, s2r_V))
+    return (
+        (s2r_Q, s2r_thr_Q.partition_S(sQ), s2r_thr_Q.retile(tSrQ)),  # tSsQ (CPY, CPY_M, CPY_K)
+        (s2r_K, s2r_thr_K.partition_S(sK), s2r_thr_K.retile(tSrK)),  # tSsK (CPY, CPY_N, CPY_K, stages)
+        (s2r_V, s2r_thr_V.partition_S(sVt), s2r_thr_V.retile(tOrVt)),  # tOsVt (CPY, CPY_D, CPY_K, stages)
+    )
 
 
 @cute.jit

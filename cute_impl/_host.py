@@ -1,6 +1,6 @@
 """Host-side glue shared by the CuTe rungs: dtypes, operands, streams, the compile cache, the
 validating ``prepare``, fake operands for CPU compiles, and the launch setup of the ``mma.sync``
-rungs (tiled, pipelined).
+rungs (tiled, pipelined, decode).
 
 None of this is kernel code. It turns torch tensors into CuTe tensors with dynamic shape and
 strides, so one compilation serves every shape; builds the matching fake tensors for compiling on a
@@ -209,6 +209,10 @@ COPY_BITS = 128  # cp.async moves 16 B per thread and instruction; strides must 
 WARP_THREADS = 32
 # m16n8k16: the MMA instruction shape of mma.sync for fp16/bf16 with fp32 accumulators.
 MMA_SYNC_SHAPE = (16, 8, 16)
+# Swizzle atom of the ldmatrix rungs' shared tiles (pipelined, decode): 8 rows of 64 elements (128 B);
+# Swizzle<3,3,3> XORs the 16 B chunk index with the row index within the atom, so 8 rows read
+# together by ldmatrix hit 8 distinct bank groups.
+SWIZZLE_ROWS, SWIZZLE_COLS, SWIZZLE_BITS = 8, 64, 3
 
 
 def static_head_dim_view(tensor: cute.Tensor, head_dim: int) -> cute.Tensor:
@@ -246,6 +250,19 @@ def warp_tiled_mma(dtype: type[cutlass.Numeric], num_threads: int) -> cute.Tiled
         (num_warps, 1, 1),
         permutation_mnk=(num_warps * MMA_SYNC_SHAPE[0], 16, 16),
     )
+
+
+def swizzled_qkv_layouts(tile_m: int, tile_n: int, head_dim: int, stages: int) -> tuple[Any, Any]:
+    """The swizzled shared-memory layouts of the ldmatrix rungs: the Q tile (tile_m, D) and the K (or
+    V) ring (tile_n, D, stages), both tiled from the Swizzle<3,3,3> atom."""
+    swizzle_atom = cute.make_composed_layout(
+        cute.make_swizzle(SWIZZLE_BITS, 3, 3),
+        0,
+        cute.make_layout((SWIZZLE_ROWS, SWIZZLE_COLS), stride=(SWIZZLE_COLS, 1)),
+    )
+    sQ_layout = cute.tile_to_shape(swizzle_atom, (tile_m, head_dim), (0, 1))
+    sKV_layout = cute.tile_to_shape(swizzle_atom, (tile_n, head_dim, stages), (0, 1, 2))
+    return sQ_layout, sKV_layout
 
 
 def qkv_shared_storage(dtype: type[cutlass.Numeric], sQ_layout: Any, sKV_layout: Any, align_bytes: int) -> Any:

@@ -84,7 +84,6 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass.cute.nvgpu import warp
 from cutlass.cute.runtime import make_fake_tensor
 
 from common.contract import splits
@@ -100,12 +99,15 @@ from cute_impl._device import (
     SeqlenInfo,
     accumulator_as_operand_a,
     gemm_double_buffered,
+    kv_copy_partitions,
+    ldmatrix_operands,
     load_kv_block,
     rows_by_cols,
     split_key_range,
 )
 from cute_impl._host import (
     CUTE_DTYPES,
+    SWIZZLE_COLS,
     WARP_THREADS,
     cache_seqlens_tensor,
     compile_on_fakes_sm90,
@@ -116,6 +118,7 @@ from cute_impl._host import (
     mma_sync_supports,
     positive_scale,
     static_head_dim_view,
+    swizzled_qkv_layouts,
     validated_prepare,
     warp_tiled_mma,
 )
@@ -124,8 +127,6 @@ from cute_impl._host import (
 MAX_SEQLEN_Q = 16
 # mma.sync.m16n8k16: a packed tile has at least 16 rows, a warp's keys and S's k-steps come in 16s.
 MMA_M = MMA_K = 16
-# Swizzle atom of the shared tiles (as pipelined): 8 rows of 64 elements, Swizzle<3,3,3>.
-SWIZZLE_ROWS, SWIZZLE_COLS, SWIZZLE_BITS = 8, 64, 3
 SMEM_ALIGN_BYTES = 1024
 # Causal: the keys some row of a split cannot see lie in the last Sq - 1 <= 15 keys of the sequence's
 # range [0, key_end) (plus the keys past seqlen_k in its top block), which cross at most one block
@@ -236,13 +237,7 @@ class DecodeKernel:
         if cutlass.const_expr(self.split):
             mOPartial = static_head_dim_view(mOPartial, self.head_dim)
             num_splits = mOPartial.shape[0]
-        swizzle_atom = cute.make_composed_layout(
-            cute.make_swizzle(SWIZZLE_BITS, 3, 3),
-            0,
-            cute.make_layout((SWIZZLE_ROWS, SWIZZLE_COLS), stride=(SWIZZLE_COLS, 1)),
-        )
-        sQ_layout = cute.tile_to_shape(swizzle_atom, (self.tile_m, self.head_dim), (0, 1))
-        sKV_layout = cute.tile_to_shape(swizzle_atom, (self.tile_n, self.head_dim, self.stages), (0, 1, 2))
+        sQ_layout, sKV_layout = swizzled_qkv_layouts(self.tile_m, self.tile_n, self.head_dim, self.stages)
         # The warps' partial O (num_warps, tile_m, D) and LSE (num_warps, tile_m), fp32, in the ring.
         sO_parts_layout = cute.make_layout(
             (self.num_warps, self.tile_m, self.head_dim), stride=(self.tile_m * self.head_dim, self.head_dim, 1)
@@ -316,7 +311,6 @@ class DecodeKernel:
         seqlen_q = mQ.shape[2]
         group = mQ.shape[1] // kv_heads
         rows = mO.shape[1]  # group · Sq packed rows
-        dtype = mQ.element_type
 
         # ---- 1. This sequence's keys and this split's blocks of them ---------------------------
         seqlen = SeqlenInfo.create(batch, seqlen_q, mK.shape[2], mCacheSeqlens, self.bottom_right)
@@ -346,14 +340,7 @@ class DecodeKernel:
         )  # (D, keys_per_warp, stages)
 
         gmem_thr_copy = gmem_tiled_copy.get_slice(tidx)
-        kv_copy = (
-            gmem_tiled_copy,
-            gmem_thr_copy.partition_S(gK),  # tKgK (CPY, CPY_N, CPY_D, n_blocks)
-            gmem_thr_copy.partition_D(sK),  # tKsK (CPY, CPY_N, CPY_D, stages)
-            gmem_thr_copy.partition_S(gV),  # tVgV (CPY, CPY_N, CPY_D, n_blocks)
-            gmem_thr_copy.partition_D(sV),  # tVsV (CPY, CPY_N, CPY_D, stages)
-            gmem_thr_copy.partition_S(cKV),  # tKVcKV (CPY, CPY_N, CPY_D, n_blocks)
-        )
+        kv_copy = kv_copy_partitions(gmem_tiled_copy, gmem_thr_copy, gK, sK, gV, sV, cKV)
 
         thr_mma = warp_mma.get_slice(lane)
         tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))  # (MMA, MMA_M, MMA_K)
@@ -363,18 +350,7 @@ class DecodeKernel:
         acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C(tile_o), cutlass.Float32)  # (MMA, MMA_M, MMA_D)
         acc_O.fill(0.0)
 
-        ldmatrix = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype)
-        ldmatrix_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dtype)
-        s2r_Q = cute.make_tiled_copy_A(ldmatrix, warp_mma)
-        s2r_K = cute.make_tiled_copy_B(ldmatrix, warp_mma)
-        s2r_V = cute.make_tiled_copy_B(ldmatrix_t, warp_mma)
-        s2r_thr_Q, s2r_thr_K, s2r_thr_V = (c.get_slice(lane) for c in (s2r_Q, s2r_K, s2r_V))
-        # Per operand: (ldmatrix tiled copy, shared source, register fragment seen as its destination).
-        smem_operands = (
-            (s2r_Q, s2r_thr_Q.partition_S(sQ), s2r_thr_Q.retile(tSrQ)),  # tSsQ (CPY, CPY_M, CPY_K)
-            (s2r_K, s2r_thr_K.partition_S(sK_warp), s2r_thr_K.retile(tSrK)),  # tSsK (CPY, CPY_N, CPY_K, stages)
-            (s2r_V, s2r_thr_V.partition_S(sVt_warp), s2r_thr_V.retile(tOrVt)),  # tOsVt (CPY, CPY_D, CPY_K, stages)
-        )
+        smem_operands = ldmatrix_operands(warp_mma, lane, sQ, sK_warp, sVt_warp, tSrQ, tSrK, tOrVt)
 
         rows_per_thread = cute.size(acc_O, mode=[0, 1]) * cute.size(acc_O, mode=[1])
         softmax = OnlineSoftmax(rows_per_thread, softmax_scale_log2)
@@ -708,9 +684,7 @@ def bind(
     """Compile (cached), allocate O, the LSE and the split workspace for validated q, k, v; ``run()``
     launches the split kernel and, with more than one split, the merge. ``num_splits`` overrides the
     rule (sweeps, tests)."""
-    num_splits = num_splits if num_splits is not None else planned_num_splits(problem, q.device)
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device)
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     batch_kv_heads, rows, head_dim = problem.batch * problem.kv_heads, problem.kv_group * problem.seqlen_q, q.shape[3]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -97,7 +97,6 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass.cute.nvgpu import warp
 
 from common.contract.capability import FEATURES
 from common.contract.problem import Problem
@@ -111,11 +110,14 @@ from cute_impl._device import (
     SeqlenInfo,
     accumulator_as_operand_a,
     gemm_double_buffered,
+    kv_copy_partitions,
     kv_head_index,
+    ldmatrix_operands,
     load_kv_block,
     rows_by_cols,
 )
 from cute_impl._host import (
+    SWIZZLE_COLS,
     WARP_THREADS,
     cache_seqlens_tensor,
     compile_on_fakes_sm90,
@@ -129,13 +131,11 @@ from cute_impl._host import (
     qkv_shared_storage,
     query_tile_grid,
     static_head_dim_view,
+    swizzled_qkv_layouts,
     validated_prepare,
     warp_tiled_mma,
 )
 
-# Swizzle atom: 8 rows of 64 elements (128 B); Swizzle<3,3,3> XORs the 16 B chunk index with the
-# row index within the atom, so 8 rows read together by ldmatrix hit 8 distinct bank groups.
-SWIZZLE_ROWS, SWIZZLE_COLS, SWIZZLE_BITS = 8, 64, 3
 SMEM_ALIGN_BYTES = 1024
 # All of the unified L1/shared array as shared memory: two CTAs of the largest tile need 192 KiB.
 SMEM_CARVEOUT_PERCENT = 100
@@ -219,13 +219,7 @@ class PipelinedAttentionKernel:
         ``mCacheSeqlens`` the (B,) int32 key lengths when given, else None (compile time)."""
         dtype = mQ.element_type
         mQ, mK, mV, mO = [static_head_dim_view(t, self.head_dim) for t in (mQ, mK, mV, mO)]
-        swizzle_atom = cute.make_composed_layout(
-            cute.make_swizzle(SWIZZLE_BITS, 3, 3),
-            0,
-            cute.make_layout((SWIZZLE_ROWS, SWIZZLE_COLS), stride=(SWIZZLE_COLS, 1)),
-        )
-        sQ_layout = cute.tile_to_shape(swizzle_atom, (self.tile_m, self.head_dim), (0, 1))
-        sKV_layout = cute.tile_to_shape(swizzle_atom, (self.tile_n, self.head_dim, self.stages), (0, 1, 2))
+        sQ_layout, sKV_layout = swizzled_qkv_layouts(self.tile_m, self.tile_n, self.head_dim, self.stages)
         self.kernel(
             mQ,
             mK,
@@ -311,14 +305,7 @@ class PipelinedAttentionKernel:
         tQgQ = gmem_thr_copy.partition_S(gQ)  # (CPY, CPY_M, CPY_D)
         tQsQ = gmem_thr_copy.partition_D(sQ)  # (CPY, CPY_M, CPY_D)
         tQcQ = gmem_thr_copy.partition_S(cQ)  # (CPY, CPY_M, CPY_D)
-        kv_copy = (
-            gmem_tiled_copy,
-            gmem_thr_copy.partition_S(gK),  # tKgK (CPY, CPY_N, CPY_D, n_blocks)
-            gmem_thr_copy.partition_D(sK),  # tKsK (CPY, CPY_N, CPY_D, stages)
-            gmem_thr_copy.partition_S(gV),  # tVgV (CPY, CPY_N, CPY_D, n_blocks)
-            gmem_thr_copy.partition_D(sV),  # tVsV (CPY, CPY_N, CPY_D, stages)
-            gmem_thr_copy.partition_S(cKV),  # tKVcKV (CPY, CPY_N, CPY_D, n_blocks)
-        )
+        kv_copy = kv_copy_partitions(gmem_tiled_copy, gmem_thr_copy, gK, sK, gV, sV, cKV)
 
         thr_mma = tiled_mma.get_slice(tidx)
         tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))  # (MMA, MMA_M, MMA_K)
@@ -327,19 +314,7 @@ class PipelinedAttentionKernel:
         acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C(tile_q), cutlass.Float32)  # (MMA, MMA_M, MMA_D)
         acc_O.fill(0.0)
 
-        # S→R with ldmatrix: x4 loads four 8×8 matrices = one m16k16 A tile or two n8k16 B tiles.
-        ldmatrix = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype)
-        ldmatrix_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dtype)
-        s2r_Q = cute.make_tiled_copy_A(ldmatrix, tiled_mma)
-        s2r_K = cute.make_tiled_copy_B(ldmatrix, tiled_mma)
-        s2r_V = cute.make_tiled_copy_B(ldmatrix_t, tiled_mma)
-        s2r_thr_Q, s2r_thr_K, s2r_thr_V = (c.get_slice(tidx) for c in (s2r_Q, s2r_K, s2r_V))
-        # Per operand: (ldmatrix tiled copy, shared source, register fragment seen as its destination).
-        smem_operands = (
-            (s2r_Q, s2r_thr_Q.partition_S(sQ), s2r_thr_Q.retile(tSrQ)),  # tSsQ (CPY, CPY_M, CPY_K)
-            (s2r_K, s2r_thr_K.partition_S(sK), s2r_thr_K.retile(tSrK)),  # tSsK (CPY, CPY_N, CPY_K, stages)
-            (s2r_V, s2r_thr_V.partition_S(sVt), s2r_thr_V.retile(tOrVt)),  # tOsVt (CPY, CPY_D, CPY_K, stages)
-        )
+        smem_operands = ldmatrix_operands(tiled_mma, tidx, sQ, sK, sVt, tSrQ, tSrK, tOrVt)
 
         rows_per_thread = cute.size(acc_O, mode=[0, 1]) * cute.size(acc_O, mode=[1])
         softmax = OnlineSoftmax(rows_per_thread, softmax_scale_log2)

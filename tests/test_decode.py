@@ -147,6 +147,18 @@ def test_split_rule_examples():
     assert decode.planned_num_splits(problem, CPU) == splits.choose_num_splits(8, 131072, splits.DEFAULT_SM_COUNT)
 
 
+def test_forced_split_count_overrides_the_rule_and_must_be_positive():
+    problem = Problem(1, 32, 1, 131072, 128, kv_heads=8)
+    assert splits.resolve_num_splits(None, problem, 1, CPU) == splits.planned_num_splits(problem, 1, CPU)
+    assert splits.resolve_num_splits(3, problem, 1, CPU) == 3
+    with pytest.raises(ValueError, match="num_splits must be >= 1, got 0"):
+        splits.resolve_num_splits(0, problem, 1, CPU)
+    # Every decode rung's bind goes through it, before any launch or allocation.
+    with pytest.raises(ValueError, match="num_splits must be >= 1"):
+        small = problem.with_(seqlen_k=64)
+        decode.bind(*make_inputs(small, seed=0, device="cpu"), small, num_splits=0)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Planted bugs the check must catch
 # ----------------------------------------------------------------------------------------------------

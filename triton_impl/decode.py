@@ -74,6 +74,7 @@ caches. Measured figures go to ``docs/perf-log.md`` and ``compare.py --decode``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -308,6 +309,39 @@ def paging_arguments(block_table: torch.Tensor | None) -> tuple[torch.Tensor | N
     return table, table.stride(0)
 
 
+def split_workspace(problem: Problem, num_splits: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The splits' fp32 partial O (num_splits, B, H, Sq, D) and LSE (num_splits, B, H, Sq); one split
+    writes O and the LSE directly and needs none (one-element placeholders). Shared with gluon/decode."""
+    partial_shape = (num_splits, problem.batch, problem.heads, problem.seqlen_q)
+    partial_shapes = ((*partial_shape, problem.head_dim), partial_shape) if num_splits > 1 else ((1,), (1,))
+    out_partial, lse_partial = (torch.empty(shape, dtype=torch.float32, device=device) for shape in partial_shapes)
+    return out_partial, lse_partial
+
+
+def combine_launch(
+    problem: Problem,
+    num_splits: int,
+    out_partial: torch.Tensor,
+    lse_partial: torch.Tensor,
+    out: torch.Tensor,
+    lse_arg: torch.Tensor | None,
+) -> Callable[[], None]:
+    """The merge kernel's launch over the splits' partials into O (and the LSE), one program per
+    (batch, head, token) row. Shared with gluon/decode."""
+    rows = problem.batch * problem.heads * problem.seqlen_q
+    combine_sizes = (problem.heads, problem.seqlen_q, num_splits, rows)
+    combine_args = (out_partial, lse_partial, out, lse_arg, *out.stride()[:3], *combine_sizes)
+    combine_options = {
+        "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim,
+        "BLOCK_SPLITS": triton.next_power_of_2(num_splits), "num_warps": 1,
+    }  # fmt: skip
+
+    def combine() -> None:
+        _combine_kernel[(rows,)](*combine_args, **combine_options)
+
+    return combine
+
+
 def bind(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -321,18 +355,12 @@ def bind(
     """Allocate O, the LSE and the split workspace for validated q, k, v (page pools with
     ``block_table`` when the problem is paged) and return ``run()`` launching the split kernel and,
     with more than one split, the merge. ``num_splits`` overrides the rule (sweeps, tests)."""
-    splits = num_splits if num_splits is not None else planned_num_splits(problem, q.device)
-    if splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {splits}")
+    num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device)
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = allocate_lse(problem, q.device)
     lse_arg, lengths_arg = feature_buffers(lse, cache_seqlens, q.device)
-    rows = problem.batch * problem.heads * problem.seqlen_q
-    partial_shape = (splits, problem.batch, problem.heads, problem.seqlen_q)
-    # The fp32 workspace of the splits; one split writes O and the LSE directly and needs none.
-    partial_shapes = ((*partial_shape, problem.head_dim), partial_shape) if splits > 1 else ((1,), (1,))
-    out_partial, lse_partial = (torch.empty(shape, dtype=torch.float32, device=q.device) for shape in partial_shapes)
+    out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
     kv_strides = (*kv_row_strides(k, problem.paged), *kv_row_strides(v, problem.paged))
     strides = (*q.stride()[:3], *kv_strides, *out.stride()[:3])
     sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E)
@@ -340,24 +368,20 @@ def bind(
         q, k, v, out, lse_arg, lengths_arg, out_partial, lse_partial, *strides, *sizes, *paging_arguments(block_table),
     )  # fmt: skip
     config = DEFAULT_CONFIGS[problem.head_dim]
-    split_grid = (splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
+    split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
     split_options = {
-        **_split_constexprs(problem, splits > 1), "num_warps": config.num_warps, "num_stages": num_stages_for(problem),
+        **_split_constexprs(problem, num_splits > 1),
+        "num_warps": config.num_warps, "num_stages": num_stages_for(problem),
     }  # fmt: skip
-    combine_sizes = (problem.heads, problem.seqlen_q, splits, rows)
-    combine_args = (out_partial, lse_partial, out, lse_arg, *out.stride()[:3], *combine_sizes)
-    combine_options = {
-        "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim,
-        "BLOCK_SPLITS": triton.next_power_of_2(splits), "num_warps": 1,
-    }  # fmt: skip
+    combine = combine_launch(problem, num_splits, out_partial, lse_partial, out, lse_arg)
 
     def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _split_kernel[split_grid](*split_args, **split_options)
-        if splits > 1:
-            _combine_kernel[(rows,)](*combine_args, **combine_options)
+        if num_splits > 1:
+            combine()
         return rung_result(out, lse)
 
-    run.num_splits = splits
+    run.num_splits = num_splits
     return run
 
 
@@ -399,7 +423,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     return check_features("triton/decode", problem, (*FEATURES, PAGED_KV))
 
 
-def _decode_shape(problem: Problem) -> Problem:
+def decode_shape(problem: Problem) -> Problem:
     """The problem itself when it is decode-sized, else one token of it (the canonical problem is a prefill)."""
     return problem if problem.seqlen_q <= MAX_SEQLEN_Q else problem.with_(seqlen_q=1)
 
@@ -407,7 +431,7 @@ def _decode_shape(problem: Problem) -> Problem:
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """Both kernels compiled for sm_90a at ``problem``'s head dim, dtype, mask and paging (one query
     token when ``problem`` is prefill-sized); the split kernel in its split-writing form."""
-    problem = _decode_shape(problem)
+    problem = decode_shape(problem)
     config = DEFAULT_CONFIGS[problem.head_dim]
     signature = {
         **pointer_signature(problem.dtype), "OutPartial": "*fp32", "LsePartial": "*fp32",

@@ -55,3 +55,13 @@ def planned_num_splits(problem: Problem, m_blocks: int, device: torch.device) ->
     """The split count of one call of ``problem`` by a rung that packs one KV group into ``m_blocks``
     M tiles: B · Hkv · m_blocks CTAs per split, the padded Sk, ``device``'s SMs."""
     return choose_num_splits(problem.batch * problem.kv_heads * m_blocks, problem.seqlen_k, sm_count(device))
+
+
+def resolve_num_splits(num_splits: int | None, problem: Problem, m_blocks: int, device: torch.device) -> int:
+    """The split count of one bound call: ``num_splits`` where a caller forces one (sweeps, tests; at
+    least 1, else ValueError), otherwise :func:`planned_num_splits`."""
+    if num_splits is None:
+        return planned_num_splits(problem, m_blocks, device)
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    return num_splits

@@ -430,20 +430,14 @@ class GluonDecode:
         cache_seqlens: torch.Tensor | None = None,
         num_splits: int | None = None,
     ):
-        splits = num_splits if num_splits is not None else planned_num_splits(problem, q.device)
-        if splits < 1:
-            raise ValueError(f"num_splits must be >= 1, got {splits}")
+        num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device)
         config = DEFAULT_CONFIGS[problem.head_dim]
         dtype = GLUON_DTYPES[q.dtype]
-        self.num_splits = splits
+        self.num_splits = num_splits
         self.out = torch.empty_like(q, memory_format=torch.contiguous_format)
         self.lse = allocate_lse(problem, q.device)
         lse_arg, lengths_arg = feature_buffers(self.lse, cache_seqlens, q.device)
-        rows = problem.batch * problem.heads * problem.seqlen_q
-        partial_shape = (splits, problem.batch, problem.heads, problem.seqlen_q)
-        # The fp32 workspace of the splits; one split writes O and the LSE directly and needs none.
-        partial_shapes = ((*partial_shape, problem.head_dim), partial_shape) if splits > 1 else ((1,), (1,))
-        out_partial, lse_partial = (torch.empty(s, dtype=torch.float32, device=q.device) for s in partial_shapes)
+        out_partial, lse_partial = triton_decode.split_workspace(problem, num_splits, q.device)
         # K and V as (B, Hkv, Sk, D) boxes of one key block: each (batch, KV head) has its own bounds.
         desc_k, desc_v = (_descriptor(t, config.block_n, dtype) for t in (k, v))
         sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E)
@@ -451,20 +445,14 @@ class GluonDecode:
             q, desc_k, desc_v, self.out, lse_arg, lengths_arg, out_partial, lse_partial,
             *q.stride()[:3], *self.out.stride()[:3], *sizes,
         )  # fmt: skip
-        self.split_grid = (splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
-        self.split_options = {**split_constexprs(problem, splits > 1), "num_warps": NUM_WARPS}
-        combine_sizes = (problem.heads, problem.seqlen_q, splits, rows)
-        self._combine_args = (out_partial, lse_partial, self.out, lse_arg, *self.out.stride()[:3], *combine_sizes)
-        self._combine_grid = (rows,)
-        self._combine_options = {
-            "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim,
-            "BLOCK_SPLITS": triton.next_power_of_2(splits), "num_warps": 1,
-        }  # fmt: skip
+        self.split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
+        self.split_options = {**split_constexprs(problem, num_splits > 1), "num_warps": NUM_WARPS}
+        self._combine = triton_decode.combine_launch(problem, num_splits, out_partial, lse_partial, self.out, lse_arg)
 
     def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _split_kernel[self.split_grid](*self.split_args, **self.split_options)
         if self.num_splits > 1:
-            triton_decode._combine_kernel[self._combine_grid](*self._combine_args, **self._combine_options)
+            self._combine()
         return rung_result(self.out, self.lse)
 
 
@@ -528,11 +516,6 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     return True, ""
 
 
-def _decode_shape(problem: Problem) -> Problem:
-    """The problem itself when it is decode-sized, else one token of it (the canonical problem is a prefill)."""
-    return problem if problem.seqlen_q <= triton_decode.MAX_SEQLEN_Q else problem.with_(seqlen_q=1)
-
-
 # Pointer and stride arguments a real launch passes 16-divisible, so the static compile assumes it too.
 SPLIT_ALIGNED = (
     "Q", "Out", "Lse", "OutPartial", "LsePartial",
@@ -546,7 +529,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     triton/decode's kernel and is compiled, and its resources listed, under that rung."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    problem = _decode_shape(problem)
+    problem = triton_decode.decode_shape(problem)
     config = DEFAULT_CONFIGS[problem.head_dim]
     element = "*fp16" if problem.dtype == torch.float16 else "*bf16"
     kv_type = descriptor_type(problem.dtype, config.block_n, problem.head_dim)
