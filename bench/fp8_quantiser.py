@@ -17,7 +17,17 @@ inputs, every timing by ``common.measure.timing.time_cuda`` (L2 flushed before e
 The issue's targets, reported per row: quantisation <= 10 % of the kernel's time, end to end
 >= 0.9x the kernel's TFLOP/s. Writes ``fp8_quantiser.csv`` and ``fp8_quantiser.md`` to ``--out``.
 
+``--sweep`` instead times the fused quantiser's knobs (``fp8_quantiser.QuantiserConfig``: one launch or
+three, tiles per program, loads overlapped in registers or by cp.async stages, warps, register cap,
+reciprocal or IEEE division) per variant, in V's layout for ``--sweep-layout`` (gluon/fp8's by default).
+Each configuration is judged first: its operands against the torch reference (``operand_differences``:
+bit-identical without rotation, the rotation rule with it) and its bytes against the variant's first
+configuration (the knobs must not change a byte). One row per configuration: µs, GB/s, launches,
+registers and spills, the two verdicts; a build that fails is a row saying so. Writes
+``fp8_quantiser_sweep.csv`` and ``fp8_quantiser_sweep.md``.
+
 usage (project root):  python -m bench.fp8_quantiser --out results/h200/fp8-quantiser [--only cute/fp8]
+                       python -m bench.fp8_quantiser --sweep --out results/h100/fp8-quantiser-sweep
 Exits 2 with one line without a GPU.
 """
 
@@ -27,7 +37,7 @@ import argparse
 import csv
 import functools
 import importlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -174,6 +184,167 @@ def markdown(rows: list[Row], problem: Problem, device_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ----------------------------------------------------------------------------------------------------
+# --sweep: the fused quantiser's knobs
+# ----------------------------------------------------------------------------------------------------
+Config = fp8_quantiser.QuantiserConfig
+# The launch shape of the quantiser before the knobs: a launch per tensor, one tile per program, div.rn.
+BEFORE = Config(single_launch=False, division="ieee")
+# (variant, rotation method) swept, the full grid first.
+SWEEP_CASES = {
+    "block+rotation": ("tensor_core", "butterfly"),
+    "block": ("tensor_core",),
+    "rotation": ("tensor_core",),
+    "per-tensor": ("tensor_core",),
+}
+FULL_GRID = (("block+rotation", "tensor_core"), ("block", "tensor_core"))
+
+
+def sweep_configs(full: bool) -> list[Config]:
+    """Each knob alone from ``BEFORE``, then tiles per program x load overlap on one launch with the
+    reciprocal division (``full``), or a short list around the expected best."""
+    configs = [BEFORE, replace(BEFORE, single_launch=True), replace(BEFORE, division="reciprocal"), Config()]
+    tile_counts = (2, 4, 8, 16) if full else (4,)
+    for tiles in tile_counts:
+        configs += [
+            Config(tiles_per_program=tiles),
+            Config(tiles_per_program=tiles, prefetch=True, maxnreg=128),
+            Config(tiles_per_program=tiles, num_stages=2),
+        ]
+        configs += [Config(tiles_per_program=tiles, num_stages=3)] if full else []
+    if full:
+        configs += [
+            Config(tiles_per_program=4, maxnreg=96),
+            Config(tiles_per_program=4, prefetch=True),
+            Config(tiles_per_program=4, single_launch=False),
+            Config(tiles_per_program=4, division="ieee"),
+            Config(num_warps=16),
+            Config(tiles_per_program=4, num_warps=16),
+        ]
+    return configs
+
+
+@dataclass
+class SweepRow:
+    variant: str
+    method: str
+    config: str
+    launches: int
+    registers: str
+    spills: str
+    us: float
+    gbps: float
+    reference: str
+    same_bytes: str
+    note: str = ""
+
+
+def _kernel_resources(quantiser) -> tuple[str, str]:
+    """Registers and spilled bytes of the launched kernels (max over passes), as Triton reports them."""
+    handles = list(quantiser.compiled.values())
+    registers = [getattr(handle, "n_regs", None) for handle in handles]
+    spills = [getattr(handle, "n_spills", None) for handle in handles]
+    if not handles or None in registers or None in spills:
+        return "?", "?"
+    return str(max(registers)), str(max(spills))
+
+
+def _bytes_of(operands: fp8.KernelOperands) -> list[torch.Tensor]:
+    tensors = (operands.q8, operands.k8, operands.vt8, operands.q_scale, operands.k_scale, operands.v_scale)
+    return [t.view(torch.uint8).clone() if t.dtype == torch.float8_e4m3fn else t.clone() for t in tensors]
+
+
+def sweep_rows(problem: Problem, inputs, args: argparse.Namespace) -> list[SweepRow]:
+    import triton
+
+    layout = LAYOUTS[args.sweep_layout]
+    gbytes = _bytes_moved(problem) / 1e9
+    rows = []
+    for variant, methods in SWEEP_CASES.items():
+        if variant not in args.sweep_variants:
+            continue
+        quantisation = fp8.VARIANTS[variant]
+        reference = fp8.kernel_operands(fp8.quantise(*inputs, quantisation), layout)
+        for method in methods if quantisation.rotation else methods[:1]:
+            first_bytes = None
+            for config in sweep_configs((variant, method) in FULL_GRID):
+                shape = (variant, method if quantisation.rotation else "-", config.describe())
+                try:
+                    quantiser = fp8_quantiser.FusedQuantiser(
+                        inputs[0].shape, inputs[1].shape, problem.dtype, inputs[0].device, quantisation, layout, method,
+                        config,
+                    )  # fmt: skip
+                    operands = quantiser(*inputs)
+                    torch.cuda.synchronize()
+                except (triton.CompilationError, RuntimeError) as error:
+                    # A configuration that does not build (ptxas out of registers, shared memory) is a result.
+                    message = str(error).strip().splitlines()[-1][:120]
+                    rows.append(
+                        SweepRow(*shape, 0, "-", "-", float("nan"), float("nan"), "-", "-", f"failed: {message}")
+                    )
+                    print(f"{' | '.join(shape)} | build failed: {message}", flush=True)
+                    continue
+                differences = fp8_quantiser.operand_differences(operands, reference)
+                verdict = f"{'ok' if differences.ok else 'FAILED'} ({differences.differing} differ)"
+                current = _bytes_of(operands)
+                if first_bytes is None:
+                    first_bytes, same = current, "first"
+                else:
+                    same = "yes" if all(torch.equal(a, b) for a, b in zip(current, first_bytes, strict=True)) else "NO"
+                ms = _time(lambda fq=quantiser: fq(*inputs), args)
+                registers, spills = _kernel_resources(quantiser)
+                row = SweepRow(*shape, quantiser.launches, registers, spills, ms * 1e3, gbytes / (ms * 1e-3), verdict,
+                               same)  # fmt: skip
+                rows.append(row)
+                print(f"{' | '.join(shape)} | {row.launches} | {registers} | {spills} | {row.us:.1f} us | "
+                      f"{row.gbps:.0f} GB/s | {verdict} | {same}", flush=True)  # fmt: skip
+    return rows
+
+
+def sweep_markdown(rows: list[SweepRow], problem: Problem, device_name: str, layout_of: str) -> str:
+    shape = f"B={problem.batch} H={problem.heads} S={problem.seqlen_q} D={problem.head_dim} {problem.dtype_name}"
+    lines = [f"# Fused FP8 quantiser knobs, {device_name} ({shape}, V in {layout_of}'s layout)", "",
+             "| variant | rotation | config | launches | regs | spills | µs | GB/s | x before | vs reference | "
+             "same bytes | note |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    before = {}
+    for row in rows:
+        key = (row.variant, row.method)
+        if row.config == BEFORE.describe():
+            before[key] = row.us
+        speedup = before.get(key, float("nan")) / row.us
+        lines.append(f"| {row.variant} | {row.method} | {row.config} | {row.launches} | {row.registers} | {row.spills} "
+                     f"| {row.us:.1f} | {row.gbps:.0f} | {speedup:.2f} | {row.reference} | {row.same_bytes} "
+                     f"| {row.note} |")  # fmt: skip
+    lines += ["", "Best passing configuration per variant and rotation (reference ok, same bytes):", ""]
+    for key in dict.fromkeys((row.variant, row.method) for row in rows):
+        passing = [row for row in rows if (row.variant, row.method) == key and row.reference.startswith("ok")
+                   and row.same_bytes in ("first", "yes")]  # fmt: skip
+        if passing:
+            best = min(passing, key=lambda row: row.us)
+            lines.append(f"- {key[0]} ({key[1]}): {best.config}: {best.us:.1f} µs, {best.gbps:.0f} GB/s")
+    lines += ["", f"Bytes per quantisation: {_bytes_moved(problem) / 1e6:.0f} MB (Q, K, V read once in "
+              f"{problem.dtype_name}, e4m3 and block scales written once). `x before`: speed-up over "
+              f"`{BEFORE.describe()}` (the quantiser's launch shape before the knobs)."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def run_sweep(args: argparse.Namespace) -> None:
+    problem = Problem.canonical(args.seqlen, heads=args.heads)
+    inputs = fp8.fa3_inputs(problem, seed=0, device="cuda")
+    # The reference's rotation in full fp32 (a TF32 GEMM would round the matrix's entries).
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rows = sweep_rows(problem, inputs, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with (args.out / "fp8_quantiser_sweep.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(asdict(rows[0])))
+        writer.writeheader()
+        writer.writerows(asdict(row) for row in rows)
+    report = sweep_markdown(rows, problem, torch.cuda.get_device_name(), args.sweep_layout)
+    (args.out / "fp8_quantiser_sweep.md").write_text(report)
+    print(report)
+    print(f"wrote {args.out / 'fp8_quantiser_sweep.csv'} and {args.out / 'fp8_quantiser_sweep.md'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -182,12 +353,22 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(RUNGS), help="comma-separated rungs")
     parser.add_argument("--warmup-ms", type=float, default=100)
     parser.add_argument("--rep-ms", type=float, default=500)
+    parser.add_argument("--sweep", action="store_true", help="time the fused quantiser's knobs instead")
+    parser.add_argument("--sweep-variants", default=",".join(SWEEP_CASES), help="comma-separated variants")
+    parser.add_argument("--sweep-layout", default="gluon/fp8", choices=list(LAYOUTS), help="whose V layout")
     args = parser.parse_args()
     args.only = [name for name in args.only.split(",") if name]
     unknown = [name for name in args.only if name not in RUNGS]
     if unknown:
         parser.error(f"unknown rungs {unknown}; valid: {', '.join(RUNGS)}")
+    args.sweep_variants = [name for name in args.sweep_variants.split(",") if name]
+    unknown = [name for name in args.sweep_variants if name not in SWEEP_CASES]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; valid: {', '.join(SWEEP_CASES)}")
     require_gpu("bench/fp8_quantiser.py")
+    if args.sweep:
+        run_sweep(args)
+        return
     rows: list[Row] = []
     for causal in (False, True):
         problem = Problem.canonical(args.seqlen, heads=args.heads, causal=causal)

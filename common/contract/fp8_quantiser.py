@@ -1,58 +1,11 @@
-"""The fused FP8 quantiser: Q, K and V from bf16/fp16 to the e4m3 operands and scales that the three
-FP8 rungs read, one Triton kernel launch per tensor, the same values as ``common.contract.fp8.quantise``.
-
-Why: ``quantise`` is the reference, written as torch code (a rotation GEMM, abs, amax, pad, repeat,
-divide, clamp, cast, then V transposed and permuted by indexing), which reads and writes each tensor
-many times and launches dozens of kernels per call. Here each program reads one quantisation block of
-one (batch, head) once and writes it once, in the layout its kernel reads.
-
-Per program (``_quantise_kernel``; grid: blocks x (batch · heads)):
-  1. Load the block's rows (Q: ``q_block_rows``, K and V: ``kv_block_rows``) in bf16/fp16, rows past
-     S as zeros. V for a kernel that reads it permuted (``ValueLayout.permuted``) is loaded in slot
-     order (row r of the tile is key ``PERMUTED_KEY_ORDER``-mapped r), so that its store in step 5 is
-     a plain transposed tile.
-  2. Q and K with ``rotation``: multiply by ``random_hadamard(D, seed)`` = sign matrix x c, the same
-     matrix as the reference, one of two ways (``ROTATION_METHODS``):
-     * ``tensor_core``: the tile times the ±1 sign matrix (exact in bf16/fp16) on tensor cores with
-       fp32 accumulation, then x c, c = the matrix's fp32 entry magnitude 1/sqrt(D).
-     * ``butterfly``: log2(D) radix-2 stages of sums and differences in fp32 (the Hadamard transform
-       in constant geometry: y[i] = x[2i] + x[2i+1], y[i + D/2] = x[2i] - x[2i+1] each stage), then
-       x the matrix's first row (its column signs times c).
-  3. amax of the block (per-tensor: of the whole tensor, see below), scale = amax / 448 (1 for an
-     all-zero group), as ``block_scales``.
-  4. x / scale (IEEE division, ``div_rn``: Triton's ``/`` is approximate), clamped to ±448, cast to
-     e4m3 with round-to-nearest-even (``cvt.rn.satfinite``), as ``quantise_with``.
-  5. Store: Q and K as (B, H, S, D) rows; V transposed as (B, Hkv, D, Sk') with keys padded to the
-     layout's multiple (the padding slots are zeros) and the block's scale into (B, H, blocks).
-
-Per-tensor scales need the tensor's amax before any cast: three passes, seven launches for Q, K, V
-(each tensor's block amax, ``_tensor_amax_kernel`` for the three maxima in one launch, then each
-tensor's cast). Block scales need one pass: three launches.
-
-Equality with the reference (``operand_differences``): without rotation the arithmetic is the same
-operation for operation (exact amax, one IEEE division, one rounding), so bytes and scales are
-bit-identical. The rotation's sums run in another order than torch's fp32 GEMM (and the tensor cores
-accumulate in their own), so a rotated value can differ from the reference's in its last fp32 bits:
-an amax, hence a scale, by a few ulps, and the rare element that sits on an e4m3 rounding midpoint by
-exactly one e4m3 step. The emulation therefore never assumes the reference's bytes: every fp8 rung's
-``emulate`` quantises with this kernel on CUDA (``quantise_for_kernel``) and judges the kernel
-against exactly what it read.
-
-Devices: CUDA tensors always take this kernel (a case it cannot run raises ``ValueError``, never a
-silent fallback). CPU tensors run it under the Triton interpreter (``TRITON_INTERPRET=1``, the CPU
-tests), where two operations differ from the compiled kernel and are replaced, as constexprs: the
-interpreter's e4m3 cast does not round to nearest even (``SOFTWARE_ROUNDING``: the kernel rounds onto
-e4m3's grid in fp32 first, so the cast is exact), and its bf16 dot multiplies raw bits (the
-rotation's dot takes fp32 operands there, products exact either way). ``quantise_for_kernel`` on CPU
-tensors outside the interpreter uses the torch reference: the FP8 rungs never run on a CPU, so that
-path only feeds the CPU tests of the emulation.
-"""
+"""DOCSTRING"""
 
 from __future__ import annotations
 
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -74,20 +27,26 @@ from common.contract.registry import KernelBinary, Runner
 ROTATION_METHODS = ("tensor_core", "butterfly")
 # Measured on the GPU by bench/fp8_quantiser.py; until then the tensor-core product, the reference's own form.
 DEFAULT_ROTATION_METHOD = "tensor_core"
+# How each element is divided by its scale (module docstring, step 4).
+DIVISIONS = ("reciprocal", "ieee")
 INPUT_DTYPES = (torch.float16, torch.bfloat16)
 # Device constants (a kernel reads module globals only as constexprs).
 SATURATION = tl.constexpr(E4M3_MAX)
 # e4m3's smallest normal is 2^-6; below it the grid is uniform with step 2^-9.
 E4M3_MIN_NORMAL = tl.constexpr(2.0**-6)
 E4M3_SUBNORMAL_STEP = tl.constexpr(2.0**-9)
-# Elements per thread of a program's tile: 64 fp32 values keep the tile, the rotation and the cast in registers.
+# The reciprocal division is exact for scales in [RECIPROCAL_MIN_SCALE, FP32_MAX] (module docstring, step 4):
+# there every residual x - s·q of a quotient that can round to a nonzero e4m3 value is a normal fp32 number.
+RECIPROCAL_MIN_SCALE = tl.constexpr(2.0**-60)
+FP32_MAX = tl.constexpr(torch.finfo(torch.float32).max)
+# Newton corrections after q = x · (1/s): one where x is a bf16/fp16 value (exact for every such value and
+# every scale of such an amax: tests/test_fp8_quantiser.py checks all pairs), Markstein's two where the
+# rotation made x any fp32 value.
+UNROTATED_CORRECTIONS, ROTATED_CORRECTIONS = 1, 2
+# Elements per thread of a tile: 64 fp32 values keep the tile, the rotation and the cast in registers.
 ELEMENTS_PER_THREAD = 64
 MAX_WARPS = 16
-# Registers per thread: without a cap ptxas takes every register the launch bound allows (255 at 4 warps),
-# leaving one or two CTAs per SM for a kernel that needs bytes in flight; 96 compile without spills at
-# 64 elements per thread (D = 64, 128, 256; 64 fails to compile).
-MAX_REGISTERS = 96
-# The per-tensor amax reduction: one program per tensor reads its block amaxes in chunks.
+# The per-tensor amax reduction: one program per tensor reads its tile amaxes in chunks.
 AMAX_CHUNK = 1024
 AMAX_WARPS = 4
 # What one launch of _quantise_kernel does (STEP): a block-scaled pass, or per-tensor's amax or cast pass.
@@ -102,9 +61,108 @@ ROTATED_SCALE_RTOL = 2.0**-12
 ROTATED_MAX_DIFFERING_FRACTION = 1e-3
 
 
+@dataclass(frozen=True)
+class QuantiserConfig:
+    """How the kernel runs, never what it computes: every configuration writes the same bytes and
+    scales (the module docstring's "Knobs" says what each one changes on the GPU).
+
+    * ``single_launch``: Q, K and V in one launch (program ranges per tensor), else one launch each.
+    * ``tiles_per_program``: tiles each program quantises in a loop (1: one tile per program);
+      the rotation operand is loaded once per program.
+    * ``num_stages``: tiles in flight per program in that loop (Triton's software pipeline: the
+      next tiles' loads go to shared memory by cp.async while this one is computed); 1 = none.
+    * ``prefetch``: the same overlap by hand, in registers: each tile's load is issued before the
+      previous tile is computed (no shared memory; the tile's registers twice).
+    * ``num_warps``: None = ``ELEMENTS_PER_THREAD`` fp32 values per thread of a tile.
+    * ``maxnreg``: register cap per thread (None: ptxas's choice), which sets how many programs fit an SM.
+    * ``division``: ``reciprocal`` (each block's reciprocal once, then two exact Newton corrections
+      per element) or ``ieee`` (``div.rn`` per element); both give the correctly rounded quotient.
+    """
+
+    single_launch: bool = True
+    tiles_per_program: int = 1
+    num_stages: int = 1
+    prefetch: bool = False
+    num_warps: int | None = None
+    maxnreg: int | None = None
+    division: str = "reciprocal"
+
+    def __post_init__(self) -> None:
+        if self.tiles_per_program < 1 or self.num_stages < 1:
+            raise ValueError(
+                f"tiles_per_program and num_stages must be >= 1, got {self.tiles_per_program} and {self.num_stages}"
+            )
+        if self.prefetch and self.num_stages > 1:
+            raise ValueError("prefetch (registers) and num_stages > 1 (shared memory) both overlap loads: choose one")
+        if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be a power of two from 1 to 16 or None, got {self.num_warps}")
+        if self.maxnreg is not None and not 24 <= self.maxnreg <= 255:
+            raise ValueError(f"maxnreg must lie in [24, 255] or be None, got {self.maxnreg}")
+        if self.division not in DIVISIONS:
+            raise ValueError(f"division must be one of {DIVISIONS}, got {self.division!r}")
+
+    def describe(self) -> str:
+        """One compact line for tables: launches, tiles/program, stages, warps, registers, division."""
+        return (
+            f"{'1 launch' if self.single_launch else '3 launches'} tiles/prog={self.tiles_per_program} "
+            f"stages={self.num_stages}{' prefetch' if self.prefetch else ''} warps={self.num_warps or 'auto'} maxnreg={self.maxnreg or '-'} {self.division}"
+        )
+
+
+# What the rungs run (their quantisers read it when built, so bench/fp8_quantiser.py can swap it).
+DEFAULT_CONFIG = QuantiserConfig()
+
+
 # ----------------------------------------------------------------------------------------------------
 # Device code
 # ----------------------------------------------------------------------------------------------------
+class TensorArgs(NamedTuple):
+    """One tensor's runtime arguments (a tuple argument of ``_quantise_kernel``): its input with
+    strides, its geometry in tiles, where its e4m3 values and scales go, and (per-tensor scales)
+    its tiles' amaxes and its amax."""
+
+    X: torch.Tensor
+    stride_b: int
+    stride_h: int
+    stride_s: int
+    stride_d: int
+    heads: int
+    seqlen: int
+    tiles_per_head: int
+    tiles: int
+    OUT: torch.Tensor
+    out_rows: int
+    SCALES: torch.Tensor
+    scale_blocks: int
+    TILE_AMAX: torch.Tensor
+    TENSOR_AMAX: torch.Tensor
+
+
+class TensorKind(NamedTuple):
+    """One tensor's constexprs: Q and K in rows, rotated if asked; V transposed in its layout.
+    ``CORRECTIONS``: Newton corrections of the reciprocal division (module docstring, step 4)."""
+
+    BLOCK_ROWS: int
+    ROTATE: int
+    TRANSPOSED: bool
+    PERMUTED: bool
+    CORRECTIONS: int
+
+
+class LaunchSetup(NamedTuple):
+    """Constexprs shared by the three tensors of a launch. ``INTERPRETED``: the CPU interpreter's
+    replacements (module docstring, "Devices")."""
+
+    HEAD_DIM: int
+    LOG2_HEAD_DIM: int
+    TILE_ROWS: int
+    STEP: int
+    NUM_STAGES: int
+    PREFETCH: bool
+    RECIPROCAL_DIVISION: bool
+    INTERPRETED: bool
+
+
 @triton.jit
 def _hadamard_butterflies(x, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, LOG2_HEAD_DIM: tl.constexpr):
     """x (ROWS, D) fp32 times Sylvester's Hadamard matrix H (entries ±1): log2(D) stages, each
@@ -116,18 +174,29 @@ def _hadamard_butterflies(x, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, LOG2_HE
 
 
 @triton.jit
-def _rotated(x, ROTATION, rotation_scale, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, LOG2_HEAD_DIM: tl.constexpr,
-             ROTATE: tl.constexpr, FP32_DOT: tl.constexpr):  # fmt: skip
-    """x (ROWS, D) times random_hadamard(D, seed) in fp32 (module docstring, step 2)."""
+def _rotation_operand(ROTATION, ROTATE: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """What ``_rotated`` multiplies by, loaded once per program: the (D, D) ±1 sign matrix (tensor
+    cores; Triton keeps it in shared memory across the tile loop) or the matrix's first row (butterflies)."""
     offs_d = tl.arange(0, HEAD_DIM)
     if ROTATE == ROTATE_TENSOR_CORE:
-        # ROTATION: the (D, D) sign matrix (fp32 for FP32_DOT, else x's type); x · ±1 is exact, sums in fp32.
-        signs = tl.load(ROTATION + offs_d[:, None] * HEAD_DIM + offs_d[None, :])
-        product = tl.dot(x.to(tl.float32), signs, input_precision="ieee") if FP32_DOT else tl.dot(x, signs)
-        return product * rotation_scale
-    # ROTATION: the matrix's first row (the Hadamard's first row is all ones: column sign x c).
-    column_factors = tl.load(ROTATION + offs_d)
-    return _hadamard_butterflies(x.to(tl.float32), ROWS, HEAD_DIM, LOG2_HEAD_DIM) * column_factors[None, :]
+        rotation = tl.load(ROTATION + offs_d[:, None] * HEAD_DIM + offs_d[None, :])
+    else:
+        rotation = tl.load(ROTATION + offs_d)
+    return rotation
+
+
+@triton.jit
+def _rotated(x, rotation, rotation_scale, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, LOG2_HEAD_DIM: tl.constexpr,
+             ROTATE: tl.constexpr, FP32_DOT: tl.constexpr):  # fmt: skip
+    """x (ROWS, D) times random_hadamard(D, seed) in fp32 (module docstring, step 2)."""
+    if ROTATE == ROTATE_TENSOR_CORE:
+        # rotation: the ±1 sign matrix in x's type (fp32 for FP32_DOT); x · ±1 is exact, sums in fp32.
+        product = tl.dot(x.to(tl.float32), rotation, input_precision="ieee") if FP32_DOT else tl.dot(x, rotation)
+        rotated = product * rotation_scale
+    else:
+        # rotation: the matrix's first row (the Hadamard's first row is all ones: column sign x c).
+        rotated = _hadamard_butterflies(x.to(tl.float32), ROWS, HEAD_DIM, LOG2_HEAD_DIM) * rotation[None, :]
+    return rotated
 
 
 @triton.jit
@@ -152,76 +221,173 @@ def _round_to_e4m3_grid(y):
 
 
 @triton.jit
-def _tile_rows(m_block, BLOCK_ROWS: tl.constexpr, PERMUTED: tl.constexpr):
-    """Row index of each tile row: the block's rows in order, or (PERMUTED) slot r holding key
+def _to_e4m3(y, INTERPRETED: tl.constexpr):
+    """fp32 -> e4m3, round to nearest even, saturating at ±448 as the reference's clamp does: on the GPU
+    one ``cvt.rn.satfinite`` (it saturates what rounds past 448, keeps NaN); the interpreter clamps
+    and rounds onto the grid first."""
+    if INTERPRETED:
+        y = _round_to_e4m3_grid(tl.clamp(y, -SATURATION, SATURATION))
+    return y.to(tl.float8e4nv)
+
+
+@triton.jit
+def _fma(a, b, c, INTERPRETED: tl.constexpr):
+    """a · b + c rounded once: ``fma.rn.f32``; the interpreter's fma rounds twice, so it computes in
+    fp64 (the product of two fp32 values is exact there) and rounds to fp32."""
+    if INTERPRETED:
+        return (a.to(tl.float64) * b.to(tl.float64) + c.to(tl.float64)).to(tl.float32)
+    return tl.fma(a, b, c)
+
+
+@triton.jit
+def _quotient(x, scale, reciprocal, reciprocal_exact, RECIPROCAL_DIVISION: tl.constexpr, CORRECTIONS: tl.constexpr,
+              INTERPRETED: tl.constexpr):  # fmt: skip
+    """x / scale correctly rounded (the reference's IEEE division), scale and reciprocal broadcast against x.
+
+    Reciprocal division (module docstring, step 4): q = x · r, then CORRECTIONS times
+    q += (x - s·q) · r, the residual x - s·q formed exactly by an fma. Used where ``reciprocal_exact``
+    (a scalar: every scale of the tile in the range where the residuals are exact), else ``div.rn``."""
+    if RECIPROCAL_DIVISION:
+        if reciprocal_exact:
+            quotient = x * reciprocal
+            for _ in tl.static_range(CORRECTIONS):
+                quotient = _fma(_fma(-scale, quotient, x, INTERPRETED), reciprocal, quotient, INTERPRETED)
+        else:
+            quotient = tl.math.div_rn(x, tl.broadcast_to(scale, x.shape))
+    else:
+        quotient = tl.math.div_rn(x, tl.broadcast_to(scale, x.shape))
+    return quotient
+
+
+@triton.jit
+def _scale_of(amax):
+    """amax / 448 (IEEE division), 1 for an all-zero group: ``block_scales``."""
+    return tl.where(amax > 0, tl.math.div_rn(amax, tl.full((), SATURATION, tl.float32)), 1.0)
+
+
+@triton.jit
+def _row_scales(row_amax, T, batch_head, m_tile, KIND: tl.constexpr, SETUP: tl.constexpr):
+    """Each tile row's scale and its reciprocal (the row's block's, or the tensor's), and whether the
+    reciprocal division is exact for all of them; stores the tile's block scales."""
+    BLOCKS: tl.constexpr = SETUP.TILE_ROWS // KIND.BLOCK_ROWS
+    row_block = tl.arange(0, SETUP.TILE_ROWS) // KIND.BLOCK_ROWS
+    if SETUP.STEP == STEP_CAST:
+        tensor_scale = _scale_of(tl.load(T.TENSOR_AMAX))
+    row_scale = tl.zeros_like(row_amax)
+    row_reciprocal = tl.zeros_like(row_amax)
+    reciprocal_exact = True
+    for block in tl.static_range(BLOCKS):
+        if SETUP.STEP == STEP_CAST:
+            scale = tensor_scale
+        else:
+            scale = _scale_of(tl.max(tl.where(row_block == block, row_amax, 0.0), axis=0))
+        m_block = m_tile * BLOCKS + block
+        tl.store(T.SCALES + batch_head * T.scale_blocks + m_block, scale, mask=m_block < T.scale_blocks)
+        row_scale = tl.where(row_block == block, scale, row_scale)
+        if SETUP.RECIPROCAL_DIVISION:
+            row_reciprocal = tl.where(row_block == block, tl.math.div_rn(tl.full((), 1.0, tl.float32), scale),
+                                      row_reciprocal)  # fmt: skip
+            reciprocal_exact = reciprocal_exact & (scale >= RECIPROCAL_MIN_SCALE) & (scale <= FP32_MAX)
+    return row_scale, row_reciprocal, reciprocal_exact
+
+
+@triton.jit
+def _tile_rows(m_tile, TILE_ROWS: tl.constexpr, PERMUTED: tl.constexpr):
+    """Row index of each tile row: the tile's rows in order, or (PERMUTED) slot r holding key
     PERMUTED_KEY_ORDER[r % 16] of its group of 16 (a closed form of the table, checked by the tests)."""
-    slots = tl.arange(0, BLOCK_ROWS)
+    slots = tl.arange(0, TILE_ROWS)
     if PERMUTED:
         within = slots % 16
         slots = slots - within + 8 * ((within % 4) // 2) + 2 * (within // 4) + within % 2
-    return m_block * BLOCK_ROWS + slots
+    return m_tile * TILE_ROWS + slots
 
 
 @triton.jit
-def _quantise_kernel(
-    X, OUT, SCALES, BLOCK_AMAX, TENSOR_AMAX, ROTATION, rotation_scale,
-    heads, seqlen, out_keys, scale_blocks, stride_xb, stride_xh, stride_xs, stride_xd,
-    BLOCK_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, LOG2_HEAD_DIM: tl.constexpr, STEP: tl.constexpr,
-    ROTATE: tl.constexpr, FP32_DOT: tl.constexpr, TRANSPOSED: tl.constexpr, PERMUTED: tl.constexpr,
-    SOFTWARE_ROUNDING: tl.constexpr,
-):  # fmt: skip
-    """One block of BLOCK_ROWS rows of one (batch, head): the module docstring's steps 1-5."""
-    m_block = tl.program_id(0)
-    batch_head = tl.program_id(1).to(tl.int64)
-    batch, head = batch_head // heads, batch_head % heads
+def _load_tile(T, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, PERMUTED: tl.constexpr):
+    """Tile ``tile`` of tensor T in its dtype (V for a permuted layout in slot order); rows past S, and
+    every row of a tile past the last, as zeros."""
+    batch_head = (tile // T.tiles_per_head).to(tl.int64)
+    rows = _tile_rows(tile % T.tiles_per_head, TILE_ROWS, PERMUTED)
     offs_d = tl.arange(0, HEAD_DIM)
-
-    # ---- 1. load (V for a permuted layout in slot order)
-    rows = _tile_rows(m_block, BLOCK_ROWS, PERMUTED)
-    x_ptrs = X + batch * stride_xb + head * stride_xh + rows[:, None] * stride_xs + offs_d[None, :] * stride_xd
-    x = tl.load(x_ptrs, mask=rows[:, None] < seqlen, other=0.0)
-
-    # ---- 2. rotation
-    if ROTATE != ROTATE_NONE:
-        x = _rotated(x, ROTATION, rotation_scale, BLOCK_ROWS, HEAD_DIM, LOG2_HEAD_DIM, ROTATE, FP32_DOT)
-    x = x.to(tl.float32)
-
-    # ---- 3. amax and scale
-    scale_index = batch_head * scale_blocks + m_block
-    has_scale = m_block < scale_blocks
-    amax = tl.load(TENSOR_AMAX) if STEP == STEP_CAST else tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-    if STEP == STEP_AMAX:
-        tl.store(BLOCK_AMAX + scale_index, amax, mask=has_scale)
-        return
-    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full((), SATURATION, tl.float32)), 1.0)
-    tl.store(SCALES + scale_index, scale, mask=has_scale)
-
-    # ---- 4. scale, saturate, round to e4m3
-    y = tl.clamp(tl.math.div_rn(x, tl.broadcast_to(scale, x.shape)), -SATURATION, SATURATION)
-    if SOFTWARE_ROUNDING:
-        y = _round_to_e4m3_grid(y)
-    y8 = y.to(tl.float8e4nv)
-
-    # ---- 5. store: rows, or Vᵀ with its keys (slots) contiguous
-    if TRANSPOSED:
-        slots = m_block * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-        out_ptrs = OUT + (batch_head * HEAD_DIM + offs_d[:, None]) * out_keys + slots[None, :]
-        tl.store(out_ptrs, tl.trans(y8), mask=slots[None, :] < out_keys)
-    else:
-        out_ptrs = OUT + (batch_head * seqlen + rows[:, None]) * HEAD_DIM + offs_d[None, :]
-        tl.store(out_ptrs, y8, mask=rows[:, None] < seqlen)
+    x_ptrs = (T.X + (batch_head // T.heads) * T.stride_b + (batch_head % T.heads) * T.stride_h
+              + rows[:, None] * T.stride_s + offs_d[None, :] * T.stride_d)  # fmt: skip
+    return tl.load(x_ptrs, mask=(rows[:, None] < T.seqlen) & (tile < T.tiles), other=0.0)
 
 
 @triton.jit
-def _tensor_amax_kernel(BLOCK_AMAX, TENSOR_AMAX, q_blocks, k_blocks, v_blocks, CHUNK: tl.constexpr):
-    """Per-tensor scales: program t reduces tensor t's block amaxes (stored back to back) to one."""
+def _quantise_tiles(T, program, programs, ROTATION, rotation_scale, KIND: tl.constexpr, SETUP: tl.constexpr):
+    """Tiles program, program + programs, ... of one tensor (T: its ``TensorArgs``; KIND: its
+    ``TensorKind``): the module docstring's steps 1-5 for each."""
+    HEAD_DIM: tl.constexpr = SETUP.HEAD_DIM
+    TILE_ROWS: tl.constexpr = SETUP.TILE_ROWS
+    offs_d = tl.arange(0, HEAD_DIM)
+    if KIND.ROTATE != ROTATE_NONE:
+        rotation = _rotation_operand(ROTATION, KIND.ROTATE, HEAD_DIM)
+    if SETUP.PREFETCH:
+        x_next = _load_tile(T, program, TILE_ROWS, HEAD_DIM, KIND.PERMUTED)
+    for tile in tl.range(program, T.tiles, programs, num_stages=SETUP.NUM_STAGES):
+        batch_head = (tile // T.tiles_per_head).to(tl.int64)
+        m_tile = tile % T.tiles_per_head
+
+        # ---- 1. load (PREFETCH: this tile came with the previous one; ask for the next before computing)
+        if SETUP.PREFETCH:
+            x = x_next
+            x_next = _load_tile(T, tile + programs, TILE_ROWS, HEAD_DIM, KIND.PERMUTED)
+        else:
+            x = _load_tile(T, tile, TILE_ROWS, HEAD_DIM, KIND.PERMUTED)
+
+        # ---- 2. rotation
+        if KIND.ROTATE != ROTATE_NONE:
+            x = _rotated(x, rotation, rotation_scale, TILE_ROWS, HEAD_DIM, SETUP.LOG2_HEAD_DIM, KIND.ROTATE,
+                         SETUP.INTERPRETED)  # fmt: skip
+        x = x.to(tl.float32)
+
+        # ---- 3. amax (per row, then per block) and scales
+        row_amax = tl.max(tl.abs(x), axis=1)
+        if SETUP.STEP == STEP_AMAX:
+            tl.store(T.TILE_AMAX + tile, tl.max(row_amax, axis=0))
+        else:
+            row_scale, row_reciprocal, reciprocal_exact = _row_scales(row_amax, T, batch_head, m_tile, KIND, SETUP)
+
+            # ---- 4. divide by the scale, round to e4m3 (saturating)
+            y = _quotient(x, row_scale[:, None], row_reciprocal[:, None], reciprocal_exact, SETUP.RECIPROCAL_DIVISION,
+                          KIND.CORRECTIONS, SETUP.INTERPRETED)  # fmt: skip
+            y8 = _to_e4m3(y, SETUP.INTERPRETED)
+
+            # ---- 5. store: rows, or Vᵀ with its keys (slots) contiguous
+            slots = m_tile * TILE_ROWS + tl.arange(0, TILE_ROWS)
+            if KIND.TRANSPOSED:
+                out_ptrs = T.OUT + (batch_head * HEAD_DIM + offs_d[:, None]) * T.out_rows + slots[None, :]
+                tl.store(out_ptrs, tl.trans(y8), mask=slots[None, :] < T.out_rows)
+            else:
+                out_ptrs = T.OUT + (batch_head * T.out_rows + slots[:, None]) * HEAD_DIM + offs_d[None, :]
+                tl.store(out_ptrs, y8, mask=slots[:, None] < T.out_rows)
+
+
+@triton.jit
+def _quantise_kernel(Q, K, V, q_programs, k_programs, v_programs, ROTATION, rotation_scale,
+                     Q_KIND: tl.constexpr, K_KIND: tl.constexpr, V_KIND: tl.constexpr, SETUP: tl.constexpr):  # fmt: skip
+    """Programs [0, q_programs) quantise Q's tiles, the next k_programs K's, the rest V's (a launch
+    for one tensor passes 0 programs for the others)."""
+    program = tl.program_id(0)
+    if program < q_programs:
+        _quantise_tiles(Q, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
+    elif program < q_programs + k_programs:
+        _quantise_tiles(K, program - q_programs, k_programs, ROTATION, rotation_scale, K_KIND, SETUP)
+    else:
+        _quantise_tiles(V, program - q_programs - k_programs, v_programs, ROTATION, rotation_scale, V_KIND, SETUP)
+
+
+@triton.jit
+def _tensor_amax_kernel(TILE_AMAX, TENSOR_AMAX, q_tiles, k_tiles, v_tiles, CHUNK: tl.constexpr):
+    """Per-tensor scales: program t reduces tensor t's tile amaxes (stored back to back) to one."""
     tensor = tl.program_id(0)
-    start = tl.where(tensor == 0, 0, tl.where(tensor == 1, q_blocks, q_blocks + k_blocks))
-    count = tl.where(tensor == 0, q_blocks, tl.where(tensor == 1, k_blocks, v_blocks))
+    start = tl.where(tensor == 0, 0, tl.where(tensor == 1, q_tiles, q_tiles + k_tiles))
+    count = tl.where(tensor == 0, q_tiles, tl.where(tensor == 1, k_tiles, v_tiles))
     running = tl.zeros((CHUNK,), dtype=tl.float32)
     for first in range(0, count, CHUNK):
         offs = first + tl.arange(0, CHUNK)
-        running = tl.maximum(running, tl.load(BLOCK_AMAX + start + offs, mask=offs < count, other=0.0))
+        running = tl.maximum(running, tl.load(TILE_AMAX + start + offs, mask=offs < count, other=0.0))
     tl.store(TENSOR_AMAX + tensor, tl.max(running, axis=0))
 
 
@@ -229,12 +395,12 @@ def _tensor_amax_kernel(BLOCK_AMAX, TENSOR_AMAX, q_blocks, k_blocks, v_blocks, C
 # Host
 # ----------------------------------------------------------------------------------------------------
 @functools.cache
-def _rotation_operand(
+def _rotation_operand_tensor(
     head_dim: int, seed: int, method: str, dot_dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, float]:
-    """What ``_rotated`` reads for random_hadamard(head_dim, seed): (sign matrix in ``dot_dtype``, c)
-    for the tensor cores, (first row, unused 1.0) for the butterflies. Built once per key, like the
-    matrix itself (the host reads c once, here)."""
+    """What ``_rotation_operand`` reads for random_hadamard(head_dim, seed): (sign matrix in
+    ``dot_dtype``, c) for the tensor cores, (first row, unused 1.0) for the butterflies. Built once per
+    key, like the matrix itself (the host reads c once, here)."""
     matrix = random_hadamard(head_dim, seed, device)
     if method == "tensor_core":
         magnitude = matrix[0, 0].abs().item()
@@ -273,45 +439,32 @@ def _check_signature(
         raise ValueError(f"q {q_shape} and k, v {kv_shape} differ in batch or head_dim")
 
 
-def _num_warps(block_rows: int, head_dim: int) -> int:
-    """Warps for a (block_rows, D) tile at ELEMENTS_PER_THREAD fp32 values per thread (4 to MAX_WARPS)."""
-    return max(4, min(MAX_WARPS, block_rows * head_dim // (32 * ELEMENTS_PER_THREAD)))
+def _tile_rows_of(quantisation: Quantisation) -> int:
+    """Rows of a tile: the larger block (Q's 64-row blocks go two to a 128-row tile), so that every
+    tensor's tiles are the same size and a launch needs one warp count."""
+    return max(quantisation.q_block_rows, quantisation.kv_block_rows)
 
 
-@dataclass(frozen=True)
-class _TensorKind:
-    """What the generated code of one tensor's launches depends on (beyond the head dim and dtype)."""
-
-    name: str
-    block_rows: int
-    rotate: int
-    transposed: bool
-    permuted: bool
-
-    def constexprs(self, head_dim: int, interpreted: bool) -> dict:
-        """``_quantise_kernel``'s constexprs and launch options, all but STEP. The interpreter's
-        rotation dot takes fp32 operands and its cast gets values already on e4m3's grid (module docstring)."""
-        return {
-            "BLOCK_ROWS": self.block_rows, "HEAD_DIM": head_dim, "LOG2_HEAD_DIM": int(math.log2(head_dim)),
-            "ROTATE": self.rotate, "FP32_DOT": interpreted, "TRANSPOSED": self.transposed, "PERMUTED": self.permuted,
-            "SOFTWARE_ROUNDING": interpreted, "num_warps": _num_warps(self.block_rows, head_dim),
-            "maxnreg": MAX_REGISTERS,
-        }  # fmt: skip
+def _num_warps(tile_rows: int, head_dim: int) -> int:
+    """Warps for a (tile_rows, D) tile at ELEMENTS_PER_THREAD fp32 values per thread (4 to MAX_WARPS)."""
+    return max(4, min(MAX_WARPS, tile_rows * head_dim // (32 * ELEMENTS_PER_THREAD)))
 
 
 def _tensor_kinds(
     quantisation: Quantisation, value_layout: ValueLayout, rotation_method: str
-) -> tuple[_TensorKind, ...]:
+) -> tuple[TensorKind, ...]:
     """Q and K in rows, rotated if asked; V transposed in its layout, never rotated."""
     rotate = ROTATE_NONE.value
     if quantisation.rotation:
         rotate = (ROTATE_TENSOR_CORE if rotation_method == "tensor_core" else ROTATE_BUTTERFLY).value
+    qk_corrections = UNROTATED_CORRECTIONS if rotate == ROTATE_NONE.value else ROTATED_CORRECTIONS
     q_rows, kv_rows = quantisation.q_block_rows, quantisation.kv_block_rows
     return (
-        _TensorKind("q", q_rows, rotate, transposed=False, permuted=False),
-        _TensorKind("k", kv_rows, rotate, transposed=False, permuted=False),
-        _TensorKind("v", kv_rows, ROTATE_NONE.value, transposed=True, permuted=value_layout.permuted),
-    )
+        TensorKind(q_rows, rotate, TRANSPOSED=False, PERMUTED=False, CORRECTIONS=qk_corrections),
+        TensorKind(kv_rows, rotate, TRANSPOSED=False, PERMUTED=False, CORRECTIONS=qk_corrections),
+        TensorKind(kv_rows, ROTATE_NONE.value, TRANSPOSED=True, PERMUTED=value_layout.permuted,
+                   CORRECTIONS=UNROTATED_CORRECTIONS),
+    )  # fmt: skip
 
 
 def _steps(quantisation: Quantisation) -> tuple[int, ...]:
@@ -319,17 +472,91 @@ def _steps(quantisation: Quantisation) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class _TensorPlan:
-    """One tensor's launches: its output and scales, its slice of the per-tensor amax buffers, the
-    rows its grid covers (V: the padded keys) and the constexprs."""
+class _TensorGeometry:
+    """One tensor's sizes as the kernel sees them: output shape, heads, rows the scales cover (S),
+    rows the tiles cover (V: the padded keys), and the counts of tiles and scale blocks."""
 
+    out_shape: tuple[int, ...]
+    heads: int
+    seqlen: int
+    out_rows: int
+    tiles_per_head: int
+    tiles: int
+    scale_shape: tuple[int, int, int]
+
+    def arguments(self, x, out, scales, tile_amax, tensor_amax) -> TensorArgs:
+        """The kernel's TensorArgs for input ``x`` (a tensor, or a mock pointer with strides for builds)."""
+        return TensorArgs(x, *x.stride(), self.heads, self.seqlen, self.tiles_per_head, self.tiles, out,
+                          self.out_rows, scales, self.scale_shape[-1], tile_amax, tensor_amax)  # fmt: skip
+
+
+def _geometries(
+    q_shape: tuple[int, ...], kv_shape: tuple[int, ...], quantisation: Quantisation, value_layout: ValueLayout
+) -> tuple[_TensorGeometry, ...]:
+    batch, heads, seqlen_q, head_dim = q_shape
+    _, kv_heads, seqlen_k, _ = kv_shape
+    tile_rows = _tile_rows_of(quantisation)
+    padded_keys = value_layout.padded_keys(seqlen_k)
+    geometries = []
+    for out_shape, tensor_heads, seqlen, out_rows, block_rows in (
+        (q_shape, heads, seqlen_q, seqlen_q, quantisation.q_block_rows),
+        (kv_shape, kv_heads, seqlen_k, seqlen_k, quantisation.kv_block_rows),
+        ((batch, kv_heads, head_dim, padded_keys), kv_heads, seqlen_k, padded_keys, quantisation.kv_block_rows),
+    ):
+        tiles_per_head = -(-out_rows // tile_rows)
+        geometries.append(
+            _TensorGeometry(tuple(out_shape), tensor_heads, seqlen, out_rows, tiles_per_head,
+                            batch * tensor_heads * tiles_per_head, (batch, tensor_heads, -(-seqlen // block_rows)))
+        )  # fmt: skip
+    return tuple(geometries)
+
+
+def _programs(geometries: tuple[_TensorGeometry, ...], config: QuantiserConfig) -> tuple[int, ...]:
+    """Programs per tensor: its tiles, ``tiles_per_program`` to a program."""
+    return tuple(-(-geometry.tiles // config.tiles_per_program) for geometry in geometries)
+
+
+def _launches(programs: tuple[int, ...], single_launch: bool) -> tuple[tuple[int, ...], ...]:
+    """Program counts (Q, K, V) of each launch of a pass: all in one, or one tensor per launch."""
+    if single_launch:
+        return (programs,)
+    return tuple(tuple(count if index == tensor else 0 for index, count in enumerate(programs))
+                 for tensor in range(len(programs)))  # fmt: skip
+
+
+def _launch_options(
+    quantisation: Quantisation,
+    value_layout: ValueLayout,
+    rotation_method: str,
+    config: QuantiserConfig,
+    head_dim: int,
+    step: int,
+    interpreted: bool,
+) -> dict:
+    """``_quantise_kernel``'s constexprs and launch options for one pass."""
+    tile_rows = _tile_rows_of(quantisation)
+    q_kind, k_kind, v_kind = _tensor_kinds(quantisation, value_layout, rotation_method)
+    setup = LaunchSetup(head_dim, int(math.log2(head_dim)), tile_rows, step, config.num_stages, config.prefetch,
+                        config.division == "reciprocal", interpreted)  # fmt: skip
+    options = {"Q_KIND": q_kind, "K_KIND": k_kind, "V_KIND": v_kind, "SETUP": setup,
+               "num_warps": config.num_warps or _num_warps(tile_rows, head_dim)}  # fmt: skip
+    if config.maxnreg is not None:
+        options["maxnreg"] = config.maxnreg
+    return options
+
+
+@dataclass(frozen=True)
+class _TensorPlan:
+    """One tensor's buffers: its output and scales, its slices of the per-tensor amax buffers."""
+
+    geometry: _TensorGeometry
     out: torch.Tensor
     scales: torch.Tensor
-    block_amax: torch.Tensor
+    tile_amax: torch.Tensor
     tensor_amax: torch.Tensor
-    out_keys: int
-    grid: tuple[int, int]
-    constexprs: dict
+
+    def arguments(self, x: torch.Tensor) -> TensorArgs:
+        return self.geometry.arguments(x, self.out, self.scales, self.tile_amax, self.tensor_amax)
 
 
 class FusedQuantiser:
@@ -339,8 +566,9 @@ class FusedQuantiser:
 
     ``q_shape`` (B, H, Sq, D), ``kv_shape`` (B, Hkv, Sk, D); ``dtype`` fp16 or bf16; ``device`` CUDA,
     or CPU under the Triton interpreter. ``rotation_method``: one of ``ROTATION_METHODS``, by default
-    ``DEFAULT_ROTATION_METHOD`` as it reads when the quantiser is built (the rungs and their
-    emulations take it from there, so bench/fp8_quantiser.py can time both methods through them).
+    ``DEFAULT_ROTATION_METHOD``; ``config``: a ``QuantiserConfig``, by default ``DEFAULT_CONFIG``; both
+    defaults as they read when the quantiser is built (the rungs and their emulations take them from
+    there, so bench/fp8_quantiser.py can time other choices through them).
     """
 
     def __init__(
@@ -352,51 +580,41 @@ class FusedQuantiser:
         quantisation: Quantisation,
         value_layout: ValueLayout,
         rotation_method: str | None = None,
+        config: QuantiserConfig | None = None,
     ):
         rotation_method = rotation_method or DEFAULT_ROTATION_METHOD
+        self.config = config or DEFAULT_CONFIG
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         self.q_shape, self.kv_shape, self.dtype, self.device = tuple(q_shape), tuple(kv_shape), dtype, device
         self.quantisation, self.rotation_method = quantisation, rotation_method
         _check_signature(self.q_shape, self.kv_shape, dtype, device, rotation_method)
-        batch, heads, seqlen_q, head_dim = self.q_shape
-        _, kv_heads, seqlen_k, _ = self.kv_shape
+        head_dim = self.q_shape[3]
         _check_quantisation(quantisation, value_layout, head_dim)
-        padded_keys = value_layout.padded_keys(seqlen_k)
         interpreted = device.type == "cpu"
-        # Per tensor: output shape, heads, rows the scales cover, rows the grid covers (V: padded keys).
-        shapes = (
-            (self.q_shape, heads, seqlen_q, seqlen_q),
-            (self.kv_shape, kv_heads, seqlen_k, seqlen_k),
-            ((batch, kv_heads, head_dim, padded_keys), kv_heads, seqlen_k, padded_keys),
-        )
-        kinds = _tensor_kinds(quantisation, value_layout, rotation_method)
-        scales = [
-            torch.empty((batch, tensor_heads, -(-rows // kind.block_rows)), dtype=torch.float32, device=device)
-            for kind, (_, tensor_heads, rows, _) in zip(kinds, shapes, strict=True)
-        ]
-        self._scale_counts = [tensor.numel() for tensor in scales]
-        # Per-tensor scales: every block's amax (Q's, K's, V's back to back), then each tensor's.
-        self._block_amax = torch.empty(sum(self._scale_counts), dtype=torch.float32, device=device)
-        self._tensor_amax = torch.empty(len(kinds), dtype=torch.float32, device=device)
-        offsets = [sum(self._scale_counts[:index]) for index in range(len(kinds))]
+        geometries = _geometries(self.q_shape, self.kv_shape, quantisation, value_layout)
+        self._tile_counts = tuple(geometry.tiles for geometry in geometries)
+        # Per-tensor scales: every tile's amax (Q's, K's, V's back to back), then each tensor's.
+        self._tile_amax = torch.empty(sum(self._tile_counts), dtype=torch.float32, device=device)
+        self._tensor_amax = torch.empty(len(geometries), dtype=torch.float32, device=device)
         self._plans = tuple(
             _TensorPlan(
-                out=torch.empty(shape, dtype=torch.float8_e4m3fn, device=device),
-                scales=scale,
-                block_amax=self._block_amax[offset:],
+                geometry,
+                out=torch.empty(geometry.out_shape, dtype=torch.float8_e4m3fn, device=device),
+                scales=torch.empty(geometry.scale_shape, dtype=torch.float32, device=device),
+                tile_amax=self._tile_amax[sum(self._tile_counts[:index]) :],
                 tensor_amax=self._tensor_amax[index:],
-                out_keys=padded_keys if kind.transposed else 0,
-                grid=(-(-grid_rows // kind.block_rows), batch * tensor_heads),
-                constexprs=kind.constexprs(head_dim, interpreted),
             )
-            for index, (kind, (shape, tensor_heads, _, grid_rows), scale, offset) in enumerate(
-                zip(kinds, shapes, scales, offsets, strict=True)
-            )
+            for index, geometry in enumerate(geometries)
         )
+        self._launch_programs = _launches(_programs(geometries, self.config), self.config.single_launch)
+        self._options = {
+            step: _launch_options(quantisation, value_layout, rotation_method, self.config, head_dim, step, interpreted)
+            for step in _steps(quantisation)
+        }
         self._rotation = (
-            _rotation_operand(
+            _rotation_operand_tensor(
                 head_dim, quantisation.seed, rotation_method, torch.float32 if interpreted else dtype, device
             )
             if quantisation.rotation
@@ -405,6 +623,8 @@ class FusedQuantiser:
         self.operands = KernelOperands(
             *(plan.out for plan in self._plans), *(plan.scales for plan in self._plans), quantisation, value_layout
         )
+        # What each pass last launched (Triton's compiled kernel: registers, spills), for reports.
+        self.compiled: dict[int, object] = {}
 
     def _check_inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         for name, tensor, shape in (("q", q, self.q_shape), ("k", k, self.kv_shape), ("v", v, self.kv_shape)):
@@ -414,29 +634,32 @@ class FusedQuantiser:
                     f"got {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}"
                 )
 
+    @property
+    def launches(self) -> int:
+        """Kernel launches per call: one or three per pass; per-tensor scales take two passes and the reduction."""
+        per_pass = len(self._launch_programs)
+        return per_pass if self.quantisation.block else 2 * per_pass + 1
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> KernelOperands:
-        """Quantise q, k, v into this quantiser's buffers: 3 launches with block scales, 7 per tensor."""
+        """Quantise q, k, v into this quantiser's buffers."""
         self._check_inputs(q, k, v)
-        inputs = tuple(zip(self._plans, (q, k, v), strict=True))
+        tensors = tuple(plan.arguments(x) for plan, x in zip(self._plans, (q, k, v), strict=True))
         if self.quantisation.block:
-            for plan, x in inputs:
-                self._launch(plan, x, STEP_BLOCK.value)
+            self._launch(tensors, STEP_BLOCK.value)
             return self.operands
-        for plan, x in inputs:
-            self._launch(plan, x, STEP_AMAX.value)
-        _tensor_amax_kernel[(len(inputs),)](
-            self._block_amax, self._tensor_amax, *self._scale_counts, CHUNK=AMAX_CHUNK, num_warps=AMAX_WARPS
+        self._launch(tensors, STEP_AMAX.value)
+        _tensor_amax_kernel[(len(tensors),)](
+            self._tile_amax, self._tensor_amax, *self._tile_counts, CHUNK=AMAX_CHUNK, num_warps=AMAX_WARPS
         )
-        for plan, x in inputs:
-            self._launch(plan, x, STEP_CAST.value)
+        self._launch(tensors, STEP_CAST.value)
         return self.operands
 
-    def _launch(self, plan: _TensorPlan, x: torch.Tensor, step: int) -> None:
+    def _launch(self, tensors: tuple[TensorArgs, ...], step: int) -> None:
         rotation, rotation_scale = self._rotation
-        _quantise_kernel[plan.grid](
-            x, plan.out, plan.scales, plan.block_amax, plan.tensor_amax, rotation, rotation_scale,
-            x.shape[1], x.shape[2], plan.out_keys, plan.scales.shape[-1], *x.stride(), STEP=step, **plan.constexprs,
-        )  # fmt: skip
+        for programs in self._launch_programs:
+            self.compiled[step] = _quantise_kernel[(sum(programs),)](
+                *tensors, *programs, rotation, rotation_scale, **self._options[step]
+            )
 
 
 def compile_sm90(
@@ -445,34 +668,71 @@ def compile_sm90(
     quantisation: Quantisation,
     value_layout: ValueLayout,
     rotation_method: str = DEFAULT_ROTATION_METHOD,
+    config: QuantiserConfig | None = None,
+    seqlens: tuple[int, int] = (8192, 8192),
+    heads: tuple[int, int] = (16, 16),
+    batch: int = 2,
 ) -> list[KernelBinary]:
-    """Every kernel a ``FusedQuantiser`` of this kind launches, compiled for sm_90a (no GPU needed):
-    one per tensor and step, and the per-tensor amax reduction."""
-    from common.reporting.static import compile_triton_sm90
+    """Every distinct kernel a ``FusedQuantiser`` of this kind launches, compiled for sm_90a (no GPU
+    needed) with the specialisation its launches get at that shape (by default P1, contiguous inputs):
+    ``_quantise_kernel`` once per pass (block scales: one; per-tensor: amax and cast), then the
+    per-tensor amax reduction."""
+    from triton.runtime.jit import MockTensor
 
+    from common.reporting.static import compile_triton_sm90_launch
+
+    config = config or DEFAULT_CONFIG
     _check_quantisation(quantisation, value_layout, head_dim)
-    element = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
-    binaries = []
-    for kind in _tensor_kinds(quantisation, value_layout, rotation_method):
-        rotation_type = element if kind.rotate == ROTATE_TENSOR_CORE.value else "fp32"
-        signature = {
-            "X": f"*{element}", "OUT": "*fp8e4nv", "SCALES": "*fp32", "BLOCK_AMAX": "*fp32", "TENSOR_AMAX": "*fp32",
-            "ROTATION": f"*{rotation_type}", "rotation_scale": "fp32", "heads": "i32", "seqlen": "i32",
-            "out_keys": "i32", "scale_blocks": "i32", "stride_xb": "i32", "stride_xh": "i32", "stride_xs": "i32",
-            "stride_xd": "i32",
-        }  # fmt: skip
-        constexprs = kind.constexprs(head_dim, interpreted=False)
-        options = {name: constexprs.pop(name) for name in ("num_warps", "maxnreg")}
-        for step in _steps(quantisation):
-            binaries.append(
-                compile_triton_sm90(_quantise_kernel, signature, {**constexprs, "STEP": step}, options=options)
-            )
+    q_shape = (batch, heads[0], seqlens[0], head_dim)
+    kv_shape = (batch, heads[1], seqlens[1], head_dim)
+    geometries = _geometries(q_shape, kv_shape, quantisation, value_layout)
+
+    class _Input(MockTensor):
+        """A contiguous input of ``shape`` as a launch sees it: a 16-byte aligned pointer and strides."""
+
+        def __init__(self, shape: tuple[int, ...]):
+            super().__init__(dtype)
+            self._strides = tuple(math.prod(shape[index + 1 :]) for index in range(len(shape)))
+
+        def stride(self) -> tuple[int, ...]:
+            return self._strides
+
+    def pointer(element: torch.dtype) -> MockTensor:
+        return MockTensor(element)
+
+    tensors = tuple(
+        geometry.arguments(
+            _Input(shape),
+            pointer(torch.float8_e4m3fn),
+            pointer(torch.float32),
+            pointer(torch.float32),
+            pointer(torch.float32),
+        )
+        for geometry, shape in zip(geometries, (q_shape, kv_shape, kv_shape), strict=True)
+    )
+    tc = quantisation.rotation and rotation_method == "tensor_core"
+    rotation = pointer(dtype if tc else torch.float32)
+    programs = _launches(_programs(geometries, config), config.single_launch)[0]
+    binaries = [
+        compile_triton_sm90_launch(
+            _quantise_kernel,
+            *tensors,
+            *programs,
+            rotation,
+            1.0,
+            **_launch_options(quantisation, value_layout, rotation_method, config, head_dim, step, interpreted=False),
+        )
+        for step in _steps(quantisation)
+    ]
     if not quantisation.block:
-        signature = {"BLOCK_AMAX": "*fp32", "TENSOR_AMAX": "*fp32", "q_blocks": "i32", "k_blocks": "i32",
-                     "v_blocks": "i32"}  # fmt: skip
         binaries.append(
-            compile_triton_sm90(
-                _tensor_amax_kernel, signature, {"CHUNK": AMAX_CHUNK}, options={"num_warps": AMAX_WARPS}
+            compile_triton_sm90_launch(
+                _tensor_amax_kernel,
+                pointer(torch.float32),
+                pointer(torch.float32),
+                *(geometry.tiles for geometry in geometries),
+                CHUNK=AMAX_CHUNK,
+                num_warps=AMAX_WARPS,
             )
         )
     return binaries
@@ -485,9 +745,10 @@ def quantise_fused(
     quantisation: Quantisation,
     value_layout: ValueLayout,
     rotation_method: str | None = None,
+    config: QuantiserConfig | None = None,
 ) -> KernelOperands:
     """One fused quantisation of q, k, v into fresh buffers (a ``FusedQuantiser`` used once)."""
-    quantiser = FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, value_layout, rotation_method)
+    quantiser = FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, value_layout, rotation_method, config)
     return quantiser(q, k, v)
 
 

@@ -119,6 +119,32 @@ def compile_triton_sm90(
     )
 
 
+def compile_triton_sm90_launch(kernel: Any, *args: Any, **kwargs: Any) -> KernelBinary:
+    """Compile a ``@triton.jit`` kernel for sm_90a as a launch ``kernel[grid](*args, **kwargs)`` would
+    build it: Triton's own launch binder specialises the argument values (integers equal to 1 become
+    constants, integers and pointers divisible by 16 get the divisibility hint, tuples element by
+    element), so the binary is the one the GPU runs for those values. Pointers may be CPU tensors or
+    ``triton.runtime.jit.MockTensor``; ``kwargs`` holds the constexprs and launch options."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget("cuda", SM90_CAPABILITY, WARP_SIZE)
+    backend = make_backend(target)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound_args, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound_args, specialization, options)
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
+    return KernelBinary(
+        name=kernel.__name__,
+        ptx=compiled.asm["ptx"],
+        cubin=compiled.asm["cubin"],
+        threads_per_cta=compiled.metadata.num_warps * WARP_SIZE,
+        shared_bytes=compiled.metadata.shared,
+    )
+
+
 def compile_cute_sm90(
     jit_function: Callable[..., Any], *fake_args: Any, name: str, threads: int, shared_bytes: int | None = None
 ) -> KernelBinary:
