@@ -35,9 +35,12 @@ SATURATION = tl.constexpr(E4M3_MAX)
 # e4m3's smallest normal is 2^-6; below it the grid is uniform with step 2^-9.
 E4M3_MIN_NORMAL = tl.constexpr(2.0**-6)
 E4M3_SUBNORMAL_STEP = tl.constexpr(2.0**-9)
-# The reciprocal division is exact for scales in [RECIPROCAL_MIN_SCALE, FP32_MAX] (module docstring, step 4):
-# there every residual x - s·q of a quotient that can round to a nonzero e4m3 value is a normal fp32 number.
+# The reciprocal division's residuals x - d·q are exact for divisors d in [RECIPROCAL_MIN_SCALE, FP32_MAX]
+# (module docstring, step 4): there every residual of a quotient that can round to a nonzero e4m3 value is a
+# normal fp32 number. A smaller scale (down to fp32's 2^-149) and its block's x move up by TINY_SCALE_FACTOR
+# into [2^-60, 2^29), where x stays finite (|x| <= 448 · scale).
 RECIPROCAL_MIN_SCALE = tl.constexpr(2.0**-60)
+TINY_SCALE_FACTOR = tl.constexpr(2.0**89)
 FP32_MAX = tl.constexpr(torch.finfo(torch.float32).max)
 # Newton corrections after q = x · (1/s): one where x is a bf16/fp16 value (exact for every such value and
 # every scale of such an amax: tests/test_fp8_quantiser.py checks all pairs), Markstein's two where the
@@ -103,9 +106,10 @@ class QuantiserConfig:
 
     def describe(self) -> str:
         """One compact line for tables: launches, tiles/program, stages, warps, registers, division."""
+        overlap = "prefetch" if self.prefetch else f"stages={self.num_stages}"
         return (
-            f"{'1 launch' if self.single_launch else '3 launches'} tiles/prog={self.tiles_per_program} "
-            f"stages={self.num_stages}{' prefetch' if self.prefetch else ''} warps={self.num_warps or 'auto'} maxnreg={self.maxnreg or '-'} {self.division}"
+            f"{'1 launch' if self.single_launch else '3 launches'} tiles/prog={self.tiles_per_program} {overlap} "
+            f"warps={self.num_warps or 'auto'} maxnreg={self.maxnreg or '-'} {self.division}"
         )
 
 
@@ -240,20 +244,32 @@ def _fma(a, b, c, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def _quotient(x, scale, reciprocal, reciprocal_exact, RECIPROCAL_DIVISION: tl.constexpr, CORRECTIONS: tl.constexpr,
-              INTERPRETED: tl.constexpr):  # fmt: skip
-    """x / scale correctly rounded (the reference's IEEE division), scale and reciprocal broadcast against x.
+def _divisor_of(scale):
+    """What the reciprocal division of one block divides by (module docstring, step 4): (divisor,
+    reciprocal = 1 / divisor rounded, factor) with x / scale = (x · factor) / divisor exactly. A scale
+    below RECIPROCAL_MIN_SCALE (an all-tiny block) moves up by TINY_SCALE_FACTOR, a power of two, into
+    the range where every residual is exact; an infinite scale (an infinity in the block) divides by
+    -0 with reciprocal 0, which gives x / inf's signed zero (NaN for an infinite x)."""
+    infinite = scale > FP32_MAX
+    factor = tl.where(scale < RECIPROCAL_MIN_SCALE, TINY_SCALE_FACTOR, 1.0)
+    divisor = tl.where(infinite, -0.0, scale * factor)
+    reciprocal = tl.where(infinite, 0.0, tl.math.div_rn(tl.full((), 1.0, tl.float32), divisor))
+    return divisor, reciprocal, factor
 
-    Reciprocal division (module docstring, step 4): q = x · r, then CORRECTIONS times
-    q += (x - s·q) · r, the residual x - s·q formed exactly by an fma. Used where ``reciprocal_exact``
-    (a scalar: every scale of the tile in the range where the residuals are exact), else ``div.rn``."""
+
+@triton.jit
+def _quotient(x, scale, divisor, reciprocal, factor, prescaled, RECIPROCAL_DIVISION: tl.constexpr,
+              CORRECTIONS: tl.constexpr, INTERPRETED: tl.constexpr):  # fmt: skip
+    """x / scale correctly rounded (the reference's IEEE division); the per-row operands broadcast
+    against x. ``div.rn`` per element, or the reciprocal division (module docstring, step 4):
+    x · factor (only where a block of the tile was moved up: ``prescaled``), q = x · r, then
+    CORRECTIONS times q += (x - d·q) · r, the residual x - d·q formed exactly by an fma."""
     if RECIPROCAL_DIVISION:
-        if reciprocal_exact:
-            quotient = x * reciprocal
-            for _ in tl.static_range(CORRECTIONS):
-                quotient = _fma(_fma(-scale, quotient, x, INTERPRETED), reciprocal, quotient, INTERPRETED)
-        else:
-            quotient = tl.math.div_rn(x, tl.broadcast_to(scale, x.shape))
+        if prescaled:
+            x = x * factor
+        quotient = x * reciprocal
+        for _ in tl.static_range(CORRECTIONS):
+            quotient = _fma(_fma(-divisor, quotient, x, INTERPRETED), reciprocal, quotient, INTERPRETED)
     else:
         quotient = tl.math.div_rn(x, tl.broadcast_to(scale, x.shape))
     return quotient
@@ -267,15 +283,17 @@ def _scale_of(amax):
 
 @triton.jit
 def _row_scales(row_amax, T, batch_head, m_tile, KIND: tl.constexpr, SETUP: tl.constexpr):
-    """Each tile row's scale and its reciprocal (the row's block's, or the tensor's), and whether the
-    reciprocal division is exact for all of them; stores the tile's block scales."""
+    """Stores the tile's block scales (its blocks', or the tensor's) and returns what ``_quotient``
+    divides each row by: its scale, divisor, reciprocal and factor, and whether any block was moved up."""
     BLOCKS: tl.constexpr = SETUP.TILE_ROWS // KIND.BLOCK_ROWS
     row_block = tl.arange(0, SETUP.TILE_ROWS) // KIND.BLOCK_ROWS
     if SETUP.STEP == STEP_CAST:
         tensor_scale = _scale_of(tl.load(T.TENSOR_AMAX))
     row_scale = tl.zeros_like(row_amax)
+    row_divisor = tl.zeros_like(row_amax)
     row_reciprocal = tl.zeros_like(row_amax)
-    reciprocal_exact = True
+    row_factor = tl.zeros_like(row_amax)
+    prescaled = False
     for block in tl.static_range(BLOCKS):
         if SETUP.STEP == STEP_CAST:
             scale = tensor_scale
@@ -283,12 +301,15 @@ def _row_scales(row_amax, T, batch_head, m_tile, KIND: tl.constexpr, SETUP: tl.c
             scale = _scale_of(tl.max(tl.where(row_block == block, row_amax, 0.0), axis=0))
         m_block = m_tile * BLOCKS + block
         tl.store(T.SCALES + batch_head * T.scale_blocks + m_block, scale, mask=m_block < T.scale_blocks)
-        row_scale = tl.where(row_block == block, scale, row_scale)
+        in_block = row_block == block
+        row_scale = tl.where(in_block, scale, row_scale)
         if SETUP.RECIPROCAL_DIVISION:
-            row_reciprocal = tl.where(row_block == block, tl.math.div_rn(tl.full((), 1.0, tl.float32), scale),
-                                      row_reciprocal)  # fmt: skip
-            reciprocal_exact = reciprocal_exact & (scale >= RECIPROCAL_MIN_SCALE) & (scale <= FP32_MAX)
-    return row_scale, row_reciprocal, reciprocal_exact
+            divisor, reciprocal, factor = _divisor_of(scale)
+            row_divisor = tl.where(in_block, divisor, row_divisor)
+            row_reciprocal = tl.where(in_block, reciprocal, row_reciprocal)
+            row_factor = tl.where(in_block, factor, row_factor)
+            prescaled = prescaled | (factor != 1.0)
+    return row_scale, row_divisor, row_reciprocal, row_factor, prescaled
 
 
 @triton.jit
@@ -347,11 +368,11 @@ def _quantise_tiles(T, program, programs, ROTATION, rotation_scale, KIND: tl.con
         if SETUP.STEP == STEP_AMAX:
             tl.store(T.TILE_AMAX + tile, tl.max(row_amax, axis=0))
         else:
-            row_scale, row_reciprocal, reciprocal_exact = _row_scales(row_amax, T, batch_head, m_tile, KIND, SETUP)
+            scale, divisor, reciprocal, factor, prescaled = _row_scales(row_amax, T, batch_head, m_tile, KIND, SETUP)
 
             # ---- 4. divide by the scale, round to e4m3 (saturating)
-            y = _quotient(x, row_scale[:, None], row_reciprocal[:, None], reciprocal_exact, SETUP.RECIPROCAL_DIVISION,
-                          KIND.CORRECTIONS, SETUP.INTERPRETED)  # fmt: skip
+            y = _quotient(x, scale[:, None], divisor[:, None], reciprocal[:, None], factor[:, None], prescaled,
+                          SETUP.RECIPROCAL_DIVISION, KIND.CORRECTIONS, SETUP.INTERPRETED)  # fmt: skip
             y8 = _to_e4m3(y, SETUP.INTERPRETED)
 
             # ---- 5. store: rows, or Vᵀ with its keys (slots) contiguous
@@ -365,8 +386,8 @@ def _quantise_tiles(T, program, programs, ROTATION, rotation_scale, KIND: tl.con
 
 
 @triton.jit
-def _quantise_kernel(Q, K, V, q_programs, k_programs, v_programs, ROTATION, rotation_scale,
-                     Q_KIND: tl.constexpr, K_KIND: tl.constexpr, V_KIND: tl.constexpr, SETUP: tl.constexpr):  # fmt: skip
+def _quantise_kernel(Q, K, V, q_programs, k_programs, v_programs, ROTATION, rotation_scale, Q_KIND: tl.constexpr,
+                     K_KIND: tl.constexpr, V_KIND: tl.constexpr, SETUP: tl.constexpr):  # fmt: skip
     """Programs [0, q_programs) quantise Q's tiles, the next k_programs K's, the rest V's (a launch
     for one tensor passes 0 programs for the others)."""
     program = tl.program_id(0)
