@@ -23,6 +23,8 @@ from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 
 ROOT = Path(__file__).resolve().parent.parent
+# Elements per program of the division tests' kernel.
+DIVISION_BLOCK = 1 << 16
 # The three kernels' V layouts: triton/fp8 (key order), cute/fp8 (permuted, 16), gluon/fp8 (permuted, 128).
 LAYOUTS = {
     "triton": fp8.ValueLayout(permuted=False, key_multiple=16),
@@ -58,6 +60,12 @@ def _compare(q, k, v, variant: str, method: str, layout: fp8.ValueLayout) -> fus
     operands = fused.quantise_fused(q, k, v, quantisation, layout, method)
     reference = fp8.kernel_operands(fp8.quantise(q, k, v, quantisation), layout)
     return fused.operand_differences(operands, reference)
+
+
+def _buffers(operands: fp8.KernelOperands) -> list[torch.Tensor]:
+    """The quantiser's six output buffers, e4m3 ones as bytes (views: writing them writes the buffers)."""
+    tensors = (operands.q8, operands.k8, operands.vt8, operands.q_scale, operands.k_scale, operands.v_scale)
+    return [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in tensors]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -97,6 +105,52 @@ def test_fused_quantiser_reads_strided_inputs_and_refills_its_buffers():
         reference = fp8.kernel_operands(fp8.quantise(q, k, v, quantisation), layout)
         differences = fused.operand_differences(operands, reference)
         assert differences.ok, differences.summary()
+
+
+# Configurations that change how the kernel runs (interpreted: the loop over tiles, program ranges,
+# launches, prefetching, the division); num_stages, num_warps and maxnreg only matter compiled.
+KNOB_CONFIGS = [
+    fused.QuantiserConfig(single_launch=False, division="ieee"),
+    fused.QuantiserConfig(tiles_per_program=3, prefetch=True),
+    fused.QuantiserConfig(single_launch=False, tiles_per_program=2),
+    fused.QuantiserConfig(tiles_per_program=4, num_stages=2, division="ieee"),
+]
+
+
+def _poisoned(quantiser: fused.FusedQuantiser) -> None:
+    """Fill a quantiser's buffers with NaN bytes and scales: a tile no program writes cannot pass."""
+    for tensor in _buffers(quantiser.operands):
+        tensor.fill_(0x7F if tensor.dtype == torch.uint8 else float("nan"))
+
+
+@pytest.mark.parametrize("config", KNOB_CONFIGS, ids=lambda config: config.describe())
+@pytest.mark.parametrize(
+    ("variant", "layout", "head_dim", "dtype"),
+    [
+        ("block+rotation", "cute", 64, torch.float16),
+        ("per-tensor", "gluon", 64, torch.bfloat16),
+        ("block", "triton", 128, torch.float16),
+    ],
+)
+def test_every_knob_writes_the_default_configurations_bytes(
+    config: fused.QuantiserConfig, variant: str, layout: str, head_dim: int, dtype: torch.dtype
+):
+    """Into poisoned buffers, byte for byte what the default configuration writes (and so the reference's
+    rule holds): the knobs change how tiles are distributed and divided, never a value. Tile counts
+    here (2, 3 and 2 tiles per head) leave the last program of a loop short."""
+    problem = _problem(head_dim, dtype, (300, 150))
+    q, k, v = _inputs(problem)
+    quantisation = fp8.quantisation_named(variant)
+    default = _buffers(fused.quantise_fused(q, k, v, quantisation, LAYOUTS[layout]))
+    quantiser = fused.FusedQuantiser(q.shape, k.shape, dtype, "cpu", quantisation, LAYOUTS[layout], config=config)
+    _poisoned(quantiser)
+    operands = quantiser(q, k, v)
+    for name, got, want in zip(("q8", "k8", "vt8", "q_scale", "k_scale", "v_scale"), _buffers(operands), default,
+                               strict=True):  # fmt: skip
+        assert torch.equal(got, want), f"{config.describe()}: {name} differs from the default configuration's"
+    assert quantiser.launches == (1 if config.single_launch else 3) * (1 if quantisation.block else 2) + (
+        0 if quantisation.block else 1
+    )
 
 
 def test_kernel_operands_give_the_emulation_the_reference_values():
@@ -228,6 +282,86 @@ def test_software_rounding_is_torchs_e4m3_cast():
     assert torch.equal(y.view(torch.int32), expected.view(torch.int32)), (x[y != expected], y[y != expected])
 
 
+@triton.jit
+def _division_kernel(X, SCALE, Y, BLOCK: tl.constexpr, CORRECTIONS: tl.constexpr, INTERPRETED: tl.constexpr):
+    """The kernel's reciprocal division of each x by its own scale (the tile code with one row per element)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x, scale = tl.load(X + offs), tl.load(SCALE + offs)
+    divisor, reciprocal, factor = fused._divisor_of(scale)
+    prescaled = tl.max(factor, axis=0) != 1.0
+    quotient = fused._quotient(x, scale, divisor, reciprocal, factor, prescaled, True, CORRECTIONS, INTERPRETED)
+    tl.store(Y + offs, quotient)
+
+
+def _reciprocal_division(x: torch.Tensor, scale: torch.Tensor, corrections: int) -> torch.Tensor:
+    """x / scale by ``_quotient``'s reciprocal division, in blocks of DIVISION_BLOCK (a multiple of it)."""
+    assert x.numel() % DIVISION_BLOCK == 0
+    y = torch.empty_like(x)
+    _division_kernel[(x.numel() // DIVISION_BLOCK,)](
+        x, scale, y, BLOCK=DIVISION_BLOCK, CORRECTIONS=corrections, INTERPRETED=not x.is_cuda
+    )
+    return y
+
+
+def _every_value_pair(dtype: torch.dtype, binades: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: every mantissa of ``dtype`` in [1, 2) with both signs, and ±0, times 2^-k for each k in
+    ``binades``; the scale of every amax mantissa of ``dtype`` (amax / 448 as ``block_scales`` divides),
+    all pairs. The division is exact in the scale of both (fp32's normal range), so this is every case."""
+    codes = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(dtype).float()
+    mantissas = codes[(codes >= 1) & (codes < 2)]
+    signed = torch.cat([mantissas, -mantissas, torch.tensor([0.0, -0.0])])
+    values = torch.cat([signed * 2.0**-k for k in binades])
+    scales = mantissas / torch.full_like(mantissas, fp8.E4M3_MAX)
+    x, scale = torch.cartesian_prod(values, scales).unbind(-1)
+    pad = -x.numel() % DIVISION_BLOCK
+    return torch.cat([x, torch.ones(pad)]), torch.cat([scale, torch.ones(pad)])
+
+
+def _same_bits(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Elementwise: equal fp32 bit patterns, or both NaN."""
+    return (got.view(torch.int32) == want.view(torch.int32)) | (got.isnan() & want.isnan())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_one_correction_divides_every_bf16_and_fp16_value_exactly(dtype: torch.dtype):
+    """Unrotated tensors (V; Q and K without rotation) take one Newton correction: for every pair of a
+    value and a scale of that dtype the quotient is the IEEE quotient, bit for bit (±0 included)."""
+    x, scale = _every_value_pair(dtype, (0, 9) if dtype == torch.float16 else (0, 5, 9, 12))
+    got = _reciprocal_division(x, scale, fused.UNROTATED_CORRECTIONS)
+    wrong = ~_same_bits(got, x / scale)
+    assert not wrong.any(), (x[wrong][:5], scale[wrong][:5], got[wrong][:5])
+
+
+def test_two_corrections_divide_any_fp32_value_exactly_and_none_do_not():
+    """Rotated values are any fp32 number: Markstein's second correction makes the quotient correctly
+    rounded (here on a million random pairs); without corrections x · (1 / s) misses on many."""
+    generator = torch.Generator().manual_seed(0)
+    size = 1 << 20
+    x = (torch.rand(size, generator=generator) + 1) * torch.where(torch.rand(size, generator=generator) < 0.5, -1, 1)
+    scale = (torch.rand(size, generator=generator) + 1) * 2.0**-9
+    got = _reciprocal_division(x, scale, fused.ROTATED_CORRECTIONS)
+    assert _same_bits(got, x / scale).all()
+    uncorrected = _reciprocal_division(x, scale, 0)
+    assert (~_same_bits(uncorrected, x / scale)).sum() > size // 10
+
+
+@pytest.mark.parametrize("corrections", [fused.UNROTATED_CORRECTIONS, fused.ROTATED_CORRECTIONS])
+def test_reciprocal_division_is_exact_for_tiny_and_infinite_scales(corrections: int):
+    """Blocks of tiny values (scales down to fp32's subnormals: moved up by a power of two) and blocks
+    holding an infinity (scale inf: x / inf is a signed zero, inf / inf NaN) divide as IEEE does."""
+    tiny_scales = torch.tensor([2.0**-61, 2.0**-100, 2.0**-126, 2.0**-133, 2.0**-149, 3 * 2.0**-140, 1.7e-30])
+    x = torch.cat([torch.tensor([1.0, -448.0, 300.5, -(2.0**-9), 0.0, -0.0, 1e-3]) * scale for scale in tiny_scales])
+    scale = tiny_scales.repeat_interleave(7)
+    special = torch.tensor([3.0, -3.0, 0.0, -0.0, float("inf"), -float("inf"), 1e-40, -1e-40])
+    x = torch.cat([x, special])
+    scale = torch.cat([scale, torch.full((special.numel(),), float("inf"))])
+    pad = -x.numel() % DIVISION_BLOCK
+    x, scale = torch.cat([x, torch.ones(pad)]), torch.cat([scale, torch.ones(pad)])
+    got = _reciprocal_division(x, scale, corrections)
+    wrong = ~_same_bits(got, x / scale)
+    assert not wrong.any(), (x[wrong], scale[wrong], got[wrong], (x / scale)[wrong])
+
+
 def test_bad_inputs_are_refused_with_what_was_expected():
     quantisation = fp8.quantisation_named("block")
     layout = LAYOUTS["triton"]
@@ -235,8 +369,22 @@ def test_bad_inputs_are_refused_with_what_was_expected():
         fused.FusedQuantiser((1, 1, 64, 64), (1, 1, 64, 64), torch.float32, "cpu", quantisation, layout)
     with pytest.raises(ValueError, match="power-of-two head_dim, got 96"):
         fused.FusedQuantiser((1, 1, 64, 96), (1, 1, 64, 96), torch.float16, "cpu", quantisation, layout)
+    with pytest.raises(ValueError, match=r"butterfly rotation runs up to head_dim 128 .*got 256"):
+        fused.FusedQuantiser(
+            (1, 1, 64, 256), (1, 1, 64, 256), torch.float16, "cpu", fp8.quantisation_named("rotation"), layout,
+            "butterfly",
+        )  # fmt: skip
     with pytest.raises(ValueError, match="rotation_method must be one of"):
         fused.FusedQuantiser((1, 1, 64, 64), (1, 1, 64, 64), torch.float16, "cpu", quantisation, layout, "fft")
+    for knobs, message in (
+        ({"tiles_per_program": 0}, "tiles_per_program and num_stages must be >= 1, got 0 and 1"),
+        ({"prefetch": True, "num_stages": 2}, "choose one"),
+        ({"num_warps": 3}, "got 3"),
+        ({"maxnreg": 300}, r"\[24, 255\] or be None, got 300"),
+        ({"division": "fast"}, "got 'fast'"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            fused.QuantiserConfig(**knobs)  # fmt: skip
     quantiser = fused.FusedQuantiser((1, 2, 64, 64), (1, 1, 64, 64), torch.float16, "cpu", quantisation, layout)
     q = torch.zeros(1, 2, 64, 64, dtype=torch.float16)
     with pytest.raises(ValueError, match=r"k: expected \(1, 1, 64, 64\) torch.float16 on cpu"):
@@ -246,55 +394,99 @@ def test_bad_inputs_are_refused_with_what_was_expected():
 # ----------------------------------------------------------------------------------------------------
 # sm_90a builds (no GPU needed)
 # ----------------------------------------------------------------------------------------------------
-_BUILD_PROBE = """
-import json, re
+_BUILD_PROBE = r"""
+import json, re, sys
 import torch
+from bench.fp8_quantiser import FULL_GRID, sweep_configs
 from common.contract import fp8
-from common.contract.fp8_quantiser import ROTATION_METHODS, compile_sm90
+from common.contract import fp8_quantiser as fused
 from common.reporting.static import cubin_resources
-rows = []
+
+def facts(name, binary, step, rotated, method, config):
+    usage = cubin_resources(binary.cubin).values()
+    ptx = binary.ptx
+    return {
+        "name": name, "step": step, "rotated": rotated, "method": method, "division": config.division,
+        # ptxas puts spilled registers in the stack frame (local memory arrays would be "local").
+        "spills": max(u["local_bytes"] + u["stack_bytes"] for u in usage),
+        "cast": bool(re.search(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)),
+        "ieee_divisions": len(re.findall(r"div\.rn\.f32", ptx)),
+        "approximate_division": bool(re.search(r"div\.(full|approx)\.f32", ptx)),
+        "fma": bool(re.search(r"fma\.rn\.f32", ptx)),
+        "wgmma": bool(re.search(r"wgmma\.mma_async", ptx)),
+        "vector_loads": bool(re.search(r"ld\.global\.v4\.b32", ptx))
+        or bool(re.search(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 0x10", ptx)),
+        "scalar_loads": bool(re.search(r"ld\.global\.(b16|b8)\b", ptx)),
+        "vector_stores": bool(re.search(r"st\.global\.v4\.b32", ptx)),
+        "byte_stores": bool(re.search(r"st\.global\.b8\b", ptx)),
+    }
+
+def builds(head_dim, variant, method, layout, config):
+    quantisation = fp8.VARIANTS[variant]
+    steps = ["block"] if quantisation.block else ["amax", "cast"]
+    binaries = fused.compile_sm90(head_dim, torch.bfloat16, quantisation, layout, method, config)
+    roles = steps + ([] if quantisation.block else ["reduce"])
+    assert len(binaries) == len(roles), (len(binaries), roles)
+    name = f"D={head_dim} {variant} {method} {layout} {config.describe()}"
+    return [facts(f"{name} {step}", binary, step, quantisation.rotation, method, config)
+            for step, binary in zip(roles, binaries)]
+
+rows, sweep, planted = [], [], []
 for head_dim in (64, 128, 256):
     for variant, quantisation in fp8.VARIANTS.items():
-        steps = ["block"] if quantisation.block else ["amax", "cast"]
-        # compile_sm90's order: each tensor's steps, then (per tensor) the amax reduction.
-        roles = [(tensor, step) for tensor in "qkv" for step in steps]
-        roles += [] if quantisation.block else [("all", "reduce")]
-        for method in ROTATION_METHODS if quantisation.rotation else ROTATION_METHODS[:1]:
+        methods = fused.ROTATION_METHODS if quantisation.rotation else fused.ROTATION_METHODS[:1]
+        for method in methods:
+            if method == "butterfly" and head_dim > fused.BUTTERFLY_MAX_HEAD_DIM:
+                continue
             for layout in (fp8.ValueLayout(False, 16), fp8.ValueLayout(True, 128)):
-                binaries = compile_sm90(head_dim, torch.bfloat16, quantisation, layout, method)
-                assert len(binaries) == len(roles)
-                for (tensor, step), binary in zip(roles, binaries):
-                    rows.append({
-                        "name": f"D={head_dim} {variant} {method} {layout} {tensor} {step}",
-                        "rotated": quantisation.rotation and tensor in "qk", "method": method, "step": step,
-                        "spills": max(usage["local_bytes"] for usage in cubin_resources(binary.cubin).values()),
-                        "cast": bool(re.search(r"cvt\\.rn\\.satfinite\\.e4m3x2\\.f32", binary.ptx)),
-                        "ieee_division": bool(re.search(r"div\\.rn\\.f32", binary.ptx)),
-                        "approximate_division": bool(re.search(r"div\\.(full|approx)\\.f32", binary.ptx)),
-                        "wgmma": bool(re.search(r"wgmma\\.mma_async", binary.ptx)),
-                    })
-print(json.dumps(rows))
+                rows += builds(head_dim, variant, method, layout, fused.DEFAULT_CONFIG)
+# What bench/fp8_quantiser.py --sweep times (the knobs that change the binary), and a spilling register cap.
+layout = fp8.ValueLayout(True, 128)
+for variant, method in FULL_GRID:
+    seen = set()
+    for config in sweep_configs(full=True):
+        key = (config.num_stages, config.prefetch, config.num_warps, config.maxnreg, config.division)
+        if key not in seen:
+            seen.add(key)
+            sweep += builds(128, variant, method, layout, config)
+planted += builds(128, "block+rotation", "tensor_core", layout, fused.QuantiserConfig(num_stages=2, maxnreg=96))
+print(json.dumps({"rows": rows, "sweep": sweep, "planted": planted}))
 """
 
 
 @pytest.mark.static
 def test_fused_quantiser_builds_for_sm90_without_spills_and_with_exact_arithmetic():
-    """Every launch's build at D = 64, 128, 256: no spills; where it casts, the hardware's
-    round-to-nearest-even e4m3 cast and IEEE division (what keeps the bytes equal to torch's), never
-    Triton's approximate division; the tensor-core rotation on wgmma."""
+    """Every launch's build at D = 64, 128, 256 (the default configuration, with the specialisation a
+    P1 launch gets): no spills; the hardware's round-to-nearest-even e4m3 cast, never Triton's
+    approximate division; the reciprocal division instead of a div.rn per element (div.rn left only
+    for the block scales); the tensor-core rotation on wgmma; 16-byte global loads and stores. The
+    sweep's configurations build; a register cap that spills is caught (the spill check sees it)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, "-c", _BUILD_PROBE], capture_output=True, text=True, env=env, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(done.stdout.splitlines()[-1])
-    assert len(rows) == 3 * (2 * 7 + 2 * 3 + 2 * 2 * 7 + 2 * 2 * 3), len(rows)
+    report = json.loads(done.stdout.splitlines()[-1])
+    rows = report["rows"]
+    # Per head dim: per-tensor (3 builds x 2 layouts), block (1 x 2), rotation (3 x 2 x methods), block+rotation
+    # (1 x 2 x methods); the butterfly only up to BUTTERFLY_MAX_HEAD_DIM.
+    expected = sum(6 + 2 + (6 + 2) * (1 + (head_dim <= fused.BUTTERFLY_MAX_HEAD_DIM)) for head_dim in (64, 128, 256))
+    assert len(rows) == expected, len(rows)
+    for row in rows + report["sweep"]:
+        assert not row["approximate_division"], row["name"]
+        assert not row["scalar_loads"] and not row["byte_stores"], row["name"]
+        if row["step"] == "reduce":
+            continue
+        assert row["vector_loads"], row["name"]
+        if row["step"] in ("block", "cast"):
+            assert row["cast"] and row["vector_stores"] and row["ieee_divisions"] > 0, row["name"]
+            per_element = row["ieee_divisions"] >= fused.ELEMENTS_PER_THREAD
+            assert per_element == (row["division"] == "ieee"), (row["name"], row["ieee_divisions"])
+            assert row["fma"] or row["division"] == "ieee", row["name"]
+        if row["rotated"] and row["method"] == "tensor_core":
+            assert row["wgmma"], row["name"]
     for row in rows:
         assert row["spills"] == 0, f"{row['name']}: {row['spills']} bytes spilled"
-        assert not row["approximate_division"], row["name"]
-        if row["step"] in ("block", "cast"):
-            assert row["cast"] and row["ieee_division"], row["name"]
-        if row["rotated"] and row["method"] == "tensor_core" and row["step"] != "reduce":
-            assert row["wgmma"], row["name"]
+    assert all(row["spills"] > 0 for row in report["planted"]), report["planted"]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -325,12 +517,6 @@ def test_gpu_fused_quantiser_gives_the_reference_bytes_and_scales(
     differences = _compare(*_inputs(problem, "cuda"), variant, method, LAYOUTS[layout])
     print(f"{shape} {variant} {method} {layout}: {differences.summary()}")
     assert differences.ok, differences.summary()
-
-
-def _buffers(operands: fp8.KernelOperands) -> list[torch.Tensor]:
-    """The quantiser's six output buffers, e4m3 ones as bytes (views: writing them writes the buffers)."""
-    tensors = (operands.q8, operands.k8, operands.vt8, operands.q_scale, operands.k_scale, operands.v_scale)
-    return [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in tensors]
 
 
 @pytest.mark.gpu

@@ -25,6 +25,8 @@ from common.contract.fp8 import (
 from common.contract.registry import KernelBinary, Runner
 
 ROTATION_METHODS = ("tensor_core", "butterfly")
+# The butterflies' reshapes spill at D = 256 (16 warps, 128 registers a thread): refused there.
+BUTTERFLY_MAX_HEAD_DIM = 128
 # Measured on the GPU by bench/fp8_quantiser.py; until then the tensor-core product, the reference's own form.
 DEFAULT_ROTATION_METHOD = "tensor_core"
 # How each element is divided by its scale (module docstring, step 4).
@@ -248,11 +250,11 @@ def _divisor_of(scale):
     """What the reciprocal division of one block divides by (module docstring, step 4): (divisor,
     reciprocal = 1 / divisor rounded, factor) with x / scale = (x · factor) / divisor exactly. A scale
     below RECIPROCAL_MIN_SCALE (an all-tiny block) moves up by TINY_SCALE_FACTOR, a power of two, into
-    the range where every residual is exact; an infinite scale (an infinity in the block) divides by
-    -0 with reciprocal 0, which gives x / inf's signed zero (NaN for an infinite x)."""
+    the range where every residual is exact; an infinite scale (an infinity in the block) becomes divisor
+    and reciprocal 0, which give x / inf's signed zero (NaN for an infinite x)."""
     infinite = scale > FP32_MAX
     factor = tl.where(scale < RECIPROCAL_MIN_SCALE, TINY_SCALE_FACTOR, 1.0)
-    divisor = tl.where(infinite, -0.0, scale * factor)
+    divisor = tl.where(infinite, 0.0, scale * factor)
     reciprocal = tl.where(infinite, 0.0, tl.math.div_rn(tl.full((), 1.0, tl.float32), divisor))
     return divisor, reciprocal, factor
 
@@ -263,13 +265,14 @@ def _quotient(x, scale, divisor, reciprocal, factor, prescaled, RECIPROCAL_DIVIS
     """x / scale correctly rounded (the reference's IEEE division); the per-row operands broadcast
     against x. ``div.rn`` per element, or the reciprocal division (module docstring, step 4):
     x · factor (only where a block of the tile was moved up: ``prescaled``), q = x · r, then
-    CORRECTIONS times q += (x - d·q) · r, the residual x - d·q formed exactly by an fma."""
+    CORRECTIONS times q -= (d·q - x) · r, the residual d·q - x formed exactly by an fma (in this sign
+    so that x = -0 keeps its sign: x - d·q would be +0 there)."""
     if RECIPROCAL_DIVISION:
         if prescaled:
             x = x * factor
         quotient = x * reciprocal
         for _ in tl.static_range(CORRECTIONS):
-            quotient = _fma(_fma(-divisor, quotient, x, INTERPRETED), reciprocal, quotient, INTERPRETED)
+            quotient = _fma(-_fma(divisor, quotient, -x, INTERPRETED), reciprocal, quotient, INTERPRETED)
     else:
         quotient = tl.math.div_rn(x, tl.broadcast_to(scale, x.shape))
     return quotient
@@ -433,7 +436,9 @@ def _is_power_of_two(value: int) -> bool:
     return value >= 1 and not value & (value - 1)
 
 
-def _check_quantisation(quantisation: Quantisation, value_layout: ValueLayout, head_dim: int) -> None:
+def _check_quantisation(
+    quantisation: Quantisation, value_layout: ValueLayout, head_dim: int, rotation_method: str
+) -> None:
     for name, value in (("head_dim", head_dim), ("q_block_rows", quantisation.q_block_rows),
                         ("kv_block_rows", quantisation.kv_block_rows)):  # fmt: skip
         if not _is_power_of_two(value):
@@ -442,6 +447,11 @@ def _check_quantisation(quantisation: Quantisation, value_layout: ValueLayout, h
         raise ValueError(
             f"a permuted V layout needs kv_block_rows that are whole groups of {KEY_GROUP} keys, "
             f"got {quantisation.kv_block_rows}"
+        )
+    if quantisation.rotation and rotation_method == "butterfly" and head_dim > BUTTERFLY_MAX_HEAD_DIM:
+        raise ValueError(
+            f"the butterfly rotation runs up to head_dim {BUTTERFLY_MAX_HEAD_DIM} (at more it spills registers); "
+            f"got {head_dim}: use rotation_method='tensor_core'"
         )
 
 
@@ -612,7 +622,7 @@ class FusedQuantiser:
         self.quantisation, self.rotation_method = quantisation, rotation_method
         _check_signature(self.q_shape, self.kv_shape, dtype, device, rotation_method)
         head_dim = self.q_shape[3]
-        _check_quantisation(quantisation, value_layout, head_dim)
+        _check_quantisation(quantisation, value_layout, head_dim, rotation_method)
         interpreted = device.type == "cpu"
         geometries = _geometries(self.q_shape, self.kv_shape, quantisation, value_layout)
         self._tile_counts = tuple(geometry.tiles for geometry in geometries)
@@ -703,7 +713,7 @@ def compile_sm90(
     from common.reporting.static import compile_triton_sm90_launch
 
     config = config or DEFAULT_CONFIG
-    _check_quantisation(quantisation, value_layout, head_dim)
+    _check_quantisation(quantisation, value_layout, head_dim, rotation_method)
     q_shape = (batch, heads[0], seqlens[0], head_dim)
     kv_shape = (batch, heads[1], seqlens[1], head_dim)
     geometries = _geometries(q_shape, kv_shape, quantisation, value_layout)
