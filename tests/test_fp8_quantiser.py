@@ -345,18 +345,26 @@ def test_two_corrections_divide_any_fp32_value_exactly_and_none_do_not():
     assert (~_same_bits(uncorrected, x / scale)).sum() > size // 10
 
 
-@pytest.mark.parametrize("corrections", [fused.UNROTATED_CORRECTIONS, fused.ROTATED_CORRECTIONS])
-def test_reciprocal_division_is_exact_for_tiny_and_infinite_scales(corrections: int):
-    """Blocks of tiny values (scales down to fp32's subnormals: moved up by a power of two) and blocks
-    holding an infinity (scale inf: x / inf is a signed zero, inf / inf NaN) divide as IEEE does."""
+def _edge_scale_pairs() -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocks of tiny values (scales down to fp32's subnormals) with values across their range and ±0,
+    and an infinite scale (a block holding an infinity) with finite, ±0, infinite and subnormal x."""
     tiny_scales = torch.tensor([2.0**-61, 2.0**-100, 2.0**-126, 2.0**-133, 2.0**-149, 3 * 2.0**-140, 1.7e-30])
-    x = torch.cat([torch.tensor([1.0, -448.0, 300.5, -(2.0**-9), 0.0, -0.0, 1e-3]) * scale for scale in tiny_scales])
-    scale = tiny_scales.repeat_interleave(7)
+    fractions = torch.tensor([1.0, -448.0, 300.5, -(2.0**-9), 0.0, -0.0, 1e-3])
+    x = torch.cat([fractions * scale for scale in tiny_scales])
+    scale = tiny_scales.repeat_interleave(fractions.numel())
     special = torch.tensor([3.0, -3.0, 0.0, -0.0, float("inf"), -float("inf"), 1e-40, -1e-40])
     x = torch.cat([x, special])
     scale = torch.cat([scale, torch.full((special.numel(),), float("inf"))])
     pad = -x.numel() % DIVISION_BLOCK
-    x, scale = torch.cat([x, torch.ones(pad)]), torch.cat([scale, torch.ones(pad)])
+    return torch.cat([x, torch.ones(pad)]), torch.cat([scale, torch.ones(pad)])
+
+
+@pytest.mark.filterwarnings("ignore:(invalid value|divide by zero) encountered:RuntimeWarning")
+@pytest.mark.parametrize("corrections", [fused.UNROTATED_CORRECTIONS, fused.ROTATED_CORRECTIONS])
+def test_reciprocal_division_is_exact_for_tiny_and_infinite_scales(corrections: int):
+    """Blocks of tiny values (moved up by a power of two) and blocks holding an infinity (scale inf:
+    x / inf is a signed zero, inf / inf NaN) divide as IEEE division does."""
+    x, scale = _edge_scale_pairs()
     got = _reciprocal_division(x, scale, corrections)
     wrong = ~_same_bits(got, x / scale)
     assert not wrong.any(), (x[wrong], scale[wrong], got[wrong], (x / scale)[wrong])
@@ -542,6 +550,67 @@ def test_gpu_fused_quantiser_is_deterministic_and_replays_in_a_cuda_graph():
         torch.cuda.synchronize()
         replayed = _buffers(quantiser.operands)
         assert all(torch.equal(a, b) for a, b in zip(first, replayed, strict=True)), variant
+
+
+# What the compiled kernel changes with each knob, beyond KNOB_CONFIGS: cp.async stages, warps, a register cap.
+GPU_KNOB_CONFIGS = [
+    *KNOB_CONFIGS,
+    fused.QuantiserConfig(tiles_per_program=4, num_stages=2),
+    fused.QuantiserConfig(tiles_per_program=8, num_stages=3),
+    fused.QuantiserConfig(tiles_per_program=4, prefetch=True, maxnreg=128),
+    fused.QuantiserConfig(num_warps=16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", GPU_KNOB_CONFIGS, ids=lambda config: config.describe())
+@pytest.mark.parametrize(("variant", "method"), [("block+rotation", "tensor_core"), ("block", "tensor_core"),
+                                                 ("per-tensor", "tensor_core"), ("rotation", "butterfly")])  # fmt: skip
+@pytest.mark.parametrize("shape", [(2, 16, 16, 8192, 8192, 128), (2, 8, 2, 1000, 777, 128)], ids=str)
+def test_gpu_every_knob_writes_the_default_configurations_bytes(
+    shape: tuple, variant: str, method: str, config: fused.QuantiserConfig
+):
+    """Compiled, every knob (cp.async stages, prefetching, warps, register caps included) writes byte
+    for byte what the default configuration writes, into poisoned buffers, at P1 and a ragged GQA shape."""
+    batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim = shape
+    problem = Problem(batch, heads, seqlen_q, seqlen_k, head_dim, dtype=torch.bfloat16, kv_heads=kv_heads)
+    q, k, v = _inputs(problem, "cuda")
+    quantisation = fp8.quantisation_named(variant)
+    default = [t.clone() for t in _buffers(fused.quantise_fused(q, k, v, quantisation, LAYOUTS["gluon"], method))]
+    quantiser = fused.FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, LAYOUTS["gluon"], method,
+                                     config)  # fmt: skip
+    _poisoned(quantiser)
+    operands = quantiser(q, k, v)
+    for name, got, want in zip(("q8", "k8", "vt8", "q_scale", "k_scale", "v_scale"), _buffers(operands), default,
+                               strict=True):  # fmt: skip
+        assert torch.equal(got, want), f"{config.describe()}: {name} differs from the default configuration's"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["bf16 pairs", "fp16 pairs", "random fp32", "tiny and infinite scales"])
+def test_gpu_reciprocal_division_is_ieee_division_with_the_hardware_fma(case: str):
+    """The CPU tests' division checks on the GPU, where the fma is the hardware's single rounding
+    (the interpreter emulates it in fp64): every bf16 and fp16 value pair with one correction, random
+    fp32 pairs with two, tiny and infinite scales with both; against the CPU's IEEE division."""
+    if case.endswith("pairs"):
+        dtype = torch.bfloat16 if case.startswith("bf16") else torch.float16
+        x, scale = _every_value_pair(dtype, (0, 5, 9, 12))
+        runs = [(x, scale, fused.UNROTATED_CORRECTIONS)]
+    elif case == "random fp32":
+        generator = torch.Generator().manual_seed(1)
+        size = 1 << 24
+        x = (torch.rand(size, generator=generator) + 1) * torch.where(
+            torch.rand(size, generator=generator) < 0.5, -1, 1
+        )
+        scale = (torch.rand(size, generator=generator) + 1) * 2.0**-9
+        runs = [(x, scale, fused.ROTATED_CORRECTIONS)]
+    else:
+        x, scale = _edge_scale_pairs()
+        runs = [(x, scale, fused.UNROTATED_CORRECTIONS), (x, scale, fused.ROTATED_CORRECTIONS)]
+    for x, scale, corrections in runs:
+        got = _reciprocal_division(x.cuda(), scale.cuda(), corrections).cpu()
+        wrong = ~_same_bits(got, x / scale)
+        assert not wrong.any(), (corrections, x[wrong][:5], scale[wrong][:5], got[wrong][:5])
 
 
 # ----------------------------------------------------------------------------------------------------
