@@ -10,7 +10,7 @@ the kernel, and how P reaches the second GEMM.
 Algorithm
 ---------
 1. ``bind`` (per call: the values change): the fused quantiser shared by the three FP8 rungs
-   (``common.contract.fp8_quantiser``, three launches, the values of ``common.contract.fp8.quantise``).
+   (``common.contract.fp8_quantiser``, one launch with block scales, the values of ``common.contract.fp8.quantise``).
    Optionally Q and K rotated by a seeded random Hadamard matrix, then one e4m3 scale per tensor
    or, with block quantisation, per 64 rows of Q (one consumer warpgroup's rows) and per 128 rows
    of K and of V (one key block), per (batch, head) for Q and per (batch, KV head) for K and V:
@@ -188,7 +188,7 @@ def bind(
     cache_seqlens: torch.Tensor | None = None,
 ) -> QuantisedLaunch:
     """Per call (the values change): new buffers, the fused quantisation of validated q, k, v into
-    them (three launches), the kernel bound to them; ``run()`` launches the kernel alone and returns
+    them (one launch with block scales), the kernel bound to them; ``run()`` launches the kernel alone and returns
     (O, lse) when ``problem.return_lse``, else O."""
     prepared = launch(q, k, problem, quantisation, cache_seqlens=cache_seqlens)
     prepared.quantise(q, k, v)

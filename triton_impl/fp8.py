@@ -19,8 +19,8 @@ The kernel is ``hopper``'s (``triton_impl/hopper.py``, ``_hopper_attention_kerne
 
 Algorithm (steps 1-4 are the sections of the shared kernel):
   0. In ``bind`` (per call, since the values change; ``prepare`` = validate + bind + warm-up): the
-     fused quantiser shared by the three FP8 rungs (``common.contract.fp8_quantiser``, three launches
-     with the values of ``common.contract.fp8.quantise``): optionally Q and K rotated by a seeded
+     fused quantiser shared by the three FP8 rungs (``common.contract.fp8_quantiser``, one launch with block scales,
+     the values of ``common.contract.fp8.quantise``): optionally Q and K rotated by a seeded
      random Hadamard matrix, then scales s = amax / 448 per tensor or, with block quantisation, per
      64 rows of Q (one CTA's BLOCK_M) and per 128 rows of K and of V (a BLOCK_N key block or two),
      per (batch, head) of Q and per (batch, KV head) of K and V (GQA: K and V are quantised as
@@ -293,7 +293,7 @@ def bind(
     cache_seqlens: torch.Tensor | None = None,
 ) -> QuantisedLaunch:
     """Per call (the values change): new buffers, the fused quantisation of validated q, k, v into
-    them (three launches), the descriptors; run() launches the kernel alone."""
+    them (one launch with block scales), the descriptors; run() launches the kernel alone."""
     prepared = launch(q, k, problem, quantisation, cache_seqlens=cache_seqlens)
     prepared.quantise(q, k, v)
     return prepared

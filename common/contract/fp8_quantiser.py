@@ -1,4 +1,86 @@
-"""DOCSTRING"""
+"""The fused FP8 quantiser: Q, K and V from bf16/fp16 to the e4m3 operands and scales that the three
+FP8 rungs read, in one Triton kernel launch, the same values as ``common.contract.fp8.quantise``.
+
+Why: ``quantise`` is the reference, written as torch code (a rotation GEMM, abs, amax, pad, repeat,
+divide, clamp, cast, then V transposed and permuted by indexing), which reads and writes each tensor
+many times and launches dozens of kernels per call. Here each tile is read once and written once, in
+the layout its kernel reads. The work is memory-bound (Q, K, V read in 16 bits, written in 8), so the
+kernel is built to keep bytes in flight and to spend few instructions per element.
+
+Launch (``_quantise_kernel``, ``FusedQuantiser``): one grid for all three tensors; programs
+[0, q_programs) take Q's tiles, the next k_programs K's, the rest V's (``single_launch=False``
+launches the same kernel once per tensor). A tile is 128 rows (``TILE_ROWS``: the larger block; Q's
+64-row blocks go two to a tile) of one (batch, head), so every tensor's tile has the same shape and one
+warp count (64 fp32 values a thread: 8 warps at D=128) serves the launch. A program loops over
+``tiles_per_program`` tiles of its tensor, strided by the tensor's program count.
+
+Per program (``_quantise_tiles``): the rotation operand is loaded once (the tensor-core sign matrix
+stays in shared memory across the loop); then per tile:
+  1. Load the tile's rows in bf16/fp16 (16-byte loads; rows past S as zeros). V for a kernel that
+     reads it permuted (``ValueLayout.permuted``) is loaded in slot order (row r of the tile is key
+     ``PERMUTED_KEY_ORDER``-mapped r), so that its store in step 5 is a plain transposed tile. With
+     ``prefetch`` the next tile's load is issued before this tile is computed (registers); with
+     ``num_stages`` > 1 Triton's pipeliner does it by cp.async into shared memory.
+  2. Q and K with ``rotation``: multiply by ``random_hadamard(D, seed)`` = sign matrix x c, the same
+     matrix as the reference, one of two ways (``ROTATION_METHODS``):
+     * ``tensor_core``: the tile times the ±1 sign matrix on wgmma, both operands in the input's own
+       type (bf16 or fp16: x · ±1 is exact) with fp32 accumulation, then x c, c = the matrix's fp32
+       entry magnitude 1/sqrt(D). Only the order of the fp32 sums differs from torch's fp32 GEMM.
+     * ``butterfly``: log2(D) radix-2 stages of sums and differences in fp32 (the Hadamard transform
+       in constant geometry: y[i] = x[2i] + x[2i+1], y[i + D/2] = x[2i] - x[2i+1] each stage), then
+       x the matrix's first row (its column signs times c). Up to D = 128 (more spills registers).
+  3. amax per row, then per block (per-tensor: the tensor's, below); scale = amax / 448 by IEEE
+     division (1 for an all-zero group), as ``block_scales``, stored per block.
+  4. x / scale, correctly rounded, then e4m3 with round-to-nearest-even by one ``cvt.rn.satfinite``,
+     which saturates exactly as the reference's clamp to ±448 does (a quotient can round a hair past
+     448) and keeps NaN, so no clamp is needed. The division (``division``):
+     * ``reciprocal``: per block r = 1/d rounded (``_divisor_of``, d = the scale), per element
+       q = x · r, then q -= (d·q - x) · r, the residual d·q - x formed exactly by an fma (taken in this
+       sign so that x = -0 gives -0). Markstein's theorem: with r within half an ulp of 1/d, q within
+       an ulp of x/d and the residual exact, one such step gives the correctly rounded quotient; the
+       first step brings any q there, the second is exact (``ROTATED_CORRECTIONS`` = 2, for rotated
+       values, which are any fp32 number). For bf16/fp16 values one step is already exact, checked for
+       every pair of such a value and a scale of such an amax (``UNROTATED_CORRECTIONS`` = 1).
+       Residuals are exact while d >= 2^-60 (``RECIPROCAL_MIN_SCALE``); a block of tiny values moves
+       up by 2^89 (d and x both: exact), and an infinite scale (an infinity in the block) becomes
+       d = r = 0, which gives x / inf's signed zero. 1 multiply and 2 or 4 fmas an element.
+     * ``ieee``: ``div.rn`` per element (a reciprocal approximation, refinement, a range check and a
+       slow-path branch: about 10 instructions an element, more than everything else a tile does).
+  5. Store: Q and K as (B, H, S, D) rows; V transposed as (B, Hkv, D, Sk') with keys padded to the
+     layout's multiple (the padding slots are zeros); 16-byte stores after a shared-memory exchange.
+
+Per-tensor scales need the tensor's amax before any cast: an amax pass (each tile's amax), the
+reduction (``_tensor_amax_kernel``, three maxima in one launch), then the cast pass: three launches
+(seven with a launch per tensor). Block scales need one pass: one launch.
+
+Knobs (``QuantiserConfig``, timed by ``python -m bench.fp8_quantiser --sweep``; none changes a byte):
+``single_launch`` (one launch: no gaps or tails between tensors), ``tiles_per_program`` (the sign
+matrix loaded once for several tiles, fewer programs to schedule; more leave a longer tail),
+``prefetch`` / ``num_stages`` (the next tile's bytes in flight while this one is computed: the first
+costs 32 registers a thread, the second 32 KB of shared memory a stage in each tensor's branch, which
+Triton does not overlap, so both lower the programs an SM holds), ``num_warps``, ``maxnreg`` (8 warps
+at 128 registers keep two programs an SM; a lower cap spills, and at 80 ptxas cannot place the wgmma
+accumulators) and ``division``. ``DEFAULT_CONFIG`` is what the rungs run.
+
+Equality with the reference (``operand_differences``): without rotation the arithmetic is the same
+operation for operation (exact amax, one correctly rounded division, one rounding), so bytes and
+scales are bit-identical. The rotation's sums run in another order than torch's fp32 GEMM (and the
+tensor cores accumulate in their own), so a rotated value can differ from the reference's in its last
+fp32 bits: an amax, hence a scale, by a few ulps, and the rare element that sits on an e4m3 rounding
+midpoint by exactly one e4m3 step. The emulation therefore never assumes the reference's bytes:
+every fp8 rung's ``emulate`` quantises with this kernel on CUDA (``quantise_for_kernel``) and judges
+the kernel against exactly what it read.
+
+Devices: CUDA tensors always take this kernel (a case it cannot run raises ``ValueError``, never a
+silent fallback). CPU tensors run it under the Triton interpreter (``TRITON_INTERPRET=1``, the CPU
+tests), where three operations differ from the compiled kernel and are replaced (``INTERPRETED``):
+the interpreter's e4m3 cast does not round to nearest even (the kernel clamps and rounds onto e4m3's
+grid in fp32 first, so the cast is exact), its bf16 dot multiplies raw bits (the rotation's dot takes
+fp32 operands there, products exact either way), and its fma rounds twice (computed in fp64: the
+product of two fp32 values is exact there). ``quantise_for_kernel`` on CPU tensors outside the
+interpreter uses the torch reference: the FP8 rungs never run on a CPU, so that path only feeds the
+CPU tests of the emulation.
+"""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ of 64 query rows each, ``setmaxnreg`` budgets, the hand-pipelined S_n / P_(n-1) 
 what changes is the FP8 contract that ``triton/fp8`` and ``cute/fp8`` follow too:
 
   * Quantisation in ``bind``, by the fused quantiser shared by the three fp8 rungs
-    (``common.contract.fp8_quantiser``: three launches, the values of ``common.contract.fp8.quantise``,
+    (``common.contract.fp8_quantiser``: one launch with block scales, the values of ``common.contract.fp8.quantise``,
     Vᵀ written in this kernel's layout, ``value_layout``): optionally Q and K rotated by a seeded
     random Hadamard matrix, then scales amax / 448 per tensor
     or per block (64 rows of Q: one consumer warpgroup's tile; 128 rows of K and of V: two key
@@ -247,7 +247,7 @@ def bind(
     cache_seqlens: torch.Tensor | None = None,
 ) -> QuantisedLaunch:
     """Per call (the values change): new buffers, the fused quantisation of validated q, k, v into
-    them (three launches), the descriptors; run() launches the kernel alone."""
+    them (one launch with block scales), the descriptors; run() launches the kernel alone."""
     prepared = launch(q, k, problem, quantisation, cache_seqlens=cache_seqlens)
     prepared.quantise(q, k, v)
     return prepared
