@@ -201,11 +201,11 @@ FULL_GRID = (("block+rotation", "tensor_core"), ("block", "tensor_core"))
 
 
 def sweep_configs(full: bool) -> list[Config]:
-    """Each knob alone from ``BEFORE``, then tiles per program x load overlap on one launch with the
-    reciprocal division (``full``), or a short list around the expected best."""
-    configs = [BEFORE, replace(BEFORE, single_launch=True), replace(BEFORE, division="reciprocal"), Config()]
-    tile_counts = (2, 4, 8, 16) if full else (4,)
-    for tiles in tile_counts:
+    """Each knob alone from ``BEFORE``, the default, then tiles per program x load overlap on one launch
+    with the reciprocal division (``full``), or a short list around the expected best; no repeats."""
+    configs = [BEFORE, replace(BEFORE, single_launch=True), replace(BEFORE, division="reciprocal"), Config(),
+               fp8_quantiser.DEFAULT_CONFIG]  # fmt: skip
+    for tiles in (2, 4, 8, 16) if full else (4,):
         configs += [
             Config(tiles_per_program=tiles),
             Config(tiles_per_program=tiles, prefetch=True, maxnreg=128),
@@ -221,7 +221,7 @@ def sweep_configs(full: bool) -> list[Config]:
             Config(num_warps=16),
             Config(tiles_per_program=4, num_warps=16),
         ]
-    return configs
+    return list(dict.fromkeys(configs))
 
 
 @dataclass
@@ -295,6 +295,7 @@ def sweep_rows(problem: Problem, inputs, args: argparse.Namespace) -> list[Sweep
                 registers, spills = _kernel_resources(quantiser)
                 row = SweepRow(*shape, quantiser.launches, registers, spills, ms * 1e3, gbytes / (ms * 1e-3), verdict,
                                same)  # fmt: skip
+                row.note = "default" if config == fp8_quantiser.DEFAULT_CONFIG else ""
                 rows.append(row)
                 print(f"{' | '.join(shape)} | {row.launches} | {registers} | {spills} | {row.us:.1f} us | "
                       f"{row.gbps:.0f} GB/s | {verdict} | {same}", flush=True)  # fmt: skip

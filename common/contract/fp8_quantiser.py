@@ -197,8 +197,10 @@ class QuantiserConfig:
         )
 
 
-# What the rungs run (their quantisers read it when built, so bench/fp8_quantiser.py can swap it).
-DEFAULT_CONFIG = QuantiserConfig()
+# What the rungs run (their quantisers read it when built, so bench/fp8_quantiser.py can swap it). Chosen
+# from the static build (no spills, two programs an SM at D=128) until the GPU sweep (bench/fp8_quantiser.py
+# --sweep) decides.
+DEFAULT_CONFIG = QuantiserConfig(tiles_per_program=4)
 
 
 # ----------------------------------------------------------------------------------------------------
