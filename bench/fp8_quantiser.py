@@ -255,7 +255,7 @@ def _bytes_of(operands: fp8.KernelOperands) -> list[torch.Tensor]:
 
 
 def sweep_rows(problem: Problem, inputs, args: argparse.Namespace) -> list[SweepRow]:
-    import triton
+    from triton.errors import TritonError
 
     layout = LAYOUTS[args.sweep_layout]
     gbytes = _bytes_moved(problem) / 1e9
@@ -276,9 +276,9 @@ def sweep_rows(problem: Problem, inputs, args: argparse.Namespace) -> list[Sweep
                     )  # fmt: skip
                     operands = quantiser(*inputs)
                     torch.cuda.synchronize()
-                except (triton.CompilationError, RuntimeError) as error:
-                    # A configuration that does not build (ptxas out of registers, shared memory) is a result.
-                    message = str(error).strip().splitlines()[-1][:120]
+                except (TritonError, RuntimeError) as error:
+                    # A configuration that does not build or launch (ptxas, shared memory) is a result.
+                    message = str(error).strip().splitlines()[0][:120]
                     rows.append(
                         SweepRow(*shape, 0, "-", "-", float("nan"), float("nan"), "-", "-", f"failed: {message}")
                     )

@@ -119,7 +119,7 @@ SATURATION = tl.constexpr(E4M3_MAX)
 # e4m3's smallest normal is 2^-6; below it the grid is uniform with step 2^-9.
 E4M3_MIN_NORMAL = tl.constexpr(2.0**-6)
 E4M3_SUBNORMAL_STEP = tl.constexpr(2.0**-9)
-# The reciprocal division's residuals x - d·q are exact for divisors d in [RECIPROCAL_MIN_SCALE, FP32_MAX]
+# The reciprocal division's residuals d·q - x are exact for divisors d in [RECIPROCAL_MIN_SCALE, FP32_MAX]
 # (module docstring, step 4): there every residual of a quotient that can round to a nonzero e4m3 value is a
 # normal fp32 number. A smaller scale (down to fp32's 2^-149) and its block's x move up by TINY_SCALE_FACTOR
 # into [2^-60, 2^29), where x stays finite (|x| <= 448 · scale).
@@ -162,8 +162,9 @@ class QuantiserConfig:
       previous tile is computed (no shared memory; the tile's registers twice).
     * ``num_warps``: None = ``ELEMENTS_PER_THREAD`` fp32 values per thread of a tile.
     * ``maxnreg``: register cap per thread (None: ptxas's choice), which sets how many programs fit an SM.
-    * ``division``: ``reciprocal`` (each block's reciprocal once, then two exact Newton corrections
-      per element) or ``ieee`` (``div.rn`` per element); both give the correctly rounded quotient.
+    * ``division``: ``reciprocal`` (each block's reciprocal once, then one or two exact Newton
+      corrections per element) or ``ieee`` (``div.rn`` per element); both give the correctly rounded
+      quotient.
     """
 
     single_launch: bool = True
@@ -316,7 +317,7 @@ def _to_e4m3(y, INTERPRETED: tl.constexpr):
     one ``cvt.rn.satfinite`` (it saturates what rounds past 448, keeps NaN); the interpreter clamps
     and rounds onto the grid first."""
     if INTERPRETED:
-        y = _round_to_e4m3_grid(tl.clamp(y, -SATURATION, SATURATION))
+        y = _round_to_e4m3_grid(tl.clamp(y, -SATURATION, SATURATION, propagate_nan=tl.PropagateNan.ALL))
     return y.to(tl.float8e4nv)
 
 
