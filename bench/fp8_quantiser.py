@@ -26,8 +26,12 @@ configuration (the knobs must not change a byte). One row per configuration: µs
 registers and spills, the two verdicts; a build that fails is a row saying so. Writes
 ``fp8_quantiser_sweep.csv`` and ``fp8_quantiser_sweep.md``.
 
+``--quantiser-config field=value,...`` runs either mode with another ``DEFAULT_CONFIG`` (the rungs'
+quantiser too), so a configuration the sweep found can be timed end to end before it is committed.
+
 usage (project root):  python -m bench.fp8_quantiser --out results/h200/fp8-quantiser [--only cute/fp8]
                        python -m bench.fp8_quantiser --sweep --out results/h100/fp8-quantiser-sweep
+                       python -m bench.fp8_quantiser --out DIR --quantiser-config tiles_per_program=8,prefetch=true
 Exits 2 with one line without a GPU.
 """
 
@@ -346,6 +350,22 @@ def run_sweep(args: argparse.Namespace) -> None:
     print(f"wrote {args.out / 'fp8_quantiser_sweep.csv'} and {args.out / 'fp8_quantiser_sweep.md'}")
 
 
+def quantiser_config(text: str) -> fp8_quantiser.QuantiserConfig:
+    """``field=value,...`` as a QuantiserConfig (``true``/``false``, ``none``, integers, strings)."""
+    fields = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        words = {"true": True, "false": False, "none": None}
+        fields[name.strip()] = words.get(
+            value.strip().lower(), int(value) if value.strip().isdigit() else value.strip()
+        )
+    try:
+        return fp8_quantiser.QuantiserConfig(**fields)
+    except (TypeError, ValueError) as error:
+        names = ", ".join(fp8_quantiser.QuantiserConfig.__dataclass_fields__)
+        raise argparse.ArgumentTypeError(f"{error} (fields: {names})") from error
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -357,6 +377,12 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="time the fused quantiser's knobs instead")
     parser.add_argument("--sweep-variants", default=",".join(SWEEP_CASES), help="comma-separated variants")
     parser.add_argument("--sweep-layout", default="gluon/fp8", choices=list(LAYOUTS), help="whose V layout")
+    parser.add_argument(
+        "--quantiser-config",
+        type=quantiser_config,
+        help="the fused quantiser's configuration for this run (what the rungs use), e.g. "
+        "'tiles_per_program=8,prefetch=true,maxnreg=128' (fields of fp8_quantiser.QuantiserConfig)",
+    )
     args = parser.parse_args()
     args.only = [name for name in args.only.split(",") if name]
     unknown = [name for name in args.only if name not in RUNGS]
@@ -367,6 +393,10 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown variants {unknown}; valid: {', '.join(SWEEP_CASES)}")
     require_gpu("bench/fp8_quantiser.py")
+    if args.quantiser_config is not None:
+        # Read by every FusedQuantiser built from here on (the rungs' included), like DEFAULT_ROTATION_METHOD.
+        fp8_quantiser.DEFAULT_CONFIG = args.quantiser_config
+        print(f"fused quantiser: {args.quantiser_config.describe()}", flush=True)
     if args.sweep:
         run_sweep(args)
         return
