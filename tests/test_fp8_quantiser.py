@@ -136,9 +136,9 @@ def test_every_knob_writes_the_default_configurations_bytes(
     config: fused.QuantiserConfig, variant: str, layout: str, head_dim: int, dtype: torch.dtype
 ):
     """Into poisoned buffers, byte for byte what the default configuration writes (and so the reference's
-    rule holds): the knobs change how tiles are distributed and divided, never a value. Tile counts
-    here (2, 3 and 2 tiles per head) leave the last program of a loop short."""
-    problem = _problem(head_dim, dtype, (300, 150))
+    rule holds): the knobs change how tiles are distributed and divided, never a value. Q's 20 tiles
+    (5 a head: the last one ragged) over 7 programs of 3 leave the last program one tile short."""
+    problem = _problem(head_dim, dtype, (600, 150))
     q, k, v = _inputs(problem)
     quantisation = fp8.quantisation_named(variant)
     default = _buffers(fused.quantise_fused(q, k, v, quantisation, LAYOUTS[layout]))
@@ -151,6 +151,26 @@ def test_every_knob_writes_the_default_configurations_bytes(
     assert quantiser.launches == (1 if config.single_launch else 3) * (1 if quantisation.block else 2) + (
         0 if quantisation.block else 1
     )
+
+
+def test_a_launch_that_leaves_tiles_unwritten_is_caught(monkeypatch: pytest.MonkeyPatch):
+    """The knob test's check fails a planted bug: V's tile count one short (the loops stop before its
+    last tile), so that the last V tile keeps its poison."""
+    problem = _problem(64, torch.float16, (600, 150))
+    q, k, v = _inputs(problem)
+    quantisation, layout = fp8.quantisation_named("block"), LAYOUTS["cute"]
+    default = _buffers(fused.quantise_fused(q, k, v, quantisation, layout))
+    geometries = fused._geometries
+
+    def one_v_tile_short(*args):
+        q_geometry, k_geometry, v_geometry = geometries(*args)
+        return q_geometry, k_geometry, dataclasses.replace(v_geometry, tiles=v_geometry.tiles - 1)
+
+    monkeypatch.setattr(fused, "_geometries", one_v_tile_short)
+    quantiser = fused.FusedQuantiser(q.shape, k.shape, q.dtype, "cpu", quantisation, layout)
+    _poisoned(quantiser)
+    got = _buffers(quantiser(q, k, v))
+    assert [torch.equal(a, b) for a, b in zip(got, default, strict=True)] == [True, True, False, True, True, False]
 
 
 def test_kernel_operands_give_the_emulation_the_reference_values():
