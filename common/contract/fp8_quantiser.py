@@ -198,10 +198,13 @@ class QuantiserConfig:
         )
 
 
-# What the rungs run (their quantisers read it when built, so bench/fp8_quantiser.py can swap it). Chosen
-# from the static build (no spills, two programs an SM at D=128) until the GPU sweep (bench/fp8_quantiser.py
-# --sweep) decides.
-DEFAULT_CONFIG = QuantiserConfig(tiles_per_program=4)
+# What the rungs run (their quantisers read it when built, so bench/fp8_quantiser.py can swap it), chosen by
+# the GPU sweep (bench/fp8_quantiser.py --sweep, H100, P1 Q+K+V with block scales and rotation, 2026-11-26;
+# docs/perf-log.md): one launch, 8 tiles a program, 2 tiles in flight through shared memory: 149.3 µs against
+# 217.3 for 4 tiles without overlap and 197.6 for the three launches before the knobs. The fastest row, the
+# next tile prefetched in registers under a 128-register cap (133.5 µs), spills at D=64 under Triton 3.8
+# (8 bytes) and at D=128 under 3.9 (88 bytes), so it is not the default of every head dim and release.
+DEFAULT_CONFIG = QuantiserConfig(tiles_per_program=8, num_stages=2)
 
 
 # ----------------------------------------------------------------------------------------------------
