@@ -265,6 +265,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import create_function_from_signature
+from common.contract.fp8_quantiser import quantise_for_kernel
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.reporting.static import cubin_resources, ptx_features
@@ -276,7 +277,10 @@ problem = Problem(2, 4, seqlen_q, seqlen_k, head_dim, dtype=torch.bfloat16, caus
 q, k, v = make_inputs(problem, seed=1, device="cpu")
 lengths = make_cache_seqlens(problem, seed=1, device="cpu") if problem.has_cache_seqlens else None
 if rung == "fp8":
-    launch = fp8.bind(q, k, v, problem, cache_seqlens=lengths)
+    # The kernel over the operands bind's quantiser writes (on this CPU: the torch reference, same layout).
+    config = fp8.default_config(problem)
+    operands = quantise_for_kernel(q, k, v, fp8.DEFAULT_QUANTISATION, fp8.value_layout(config))
+    launch = fp8.GluonFp8Attention(operands, problem, config, lengths)
 else:
     launch = hopper.GluonAttention(q, k, v, problem, hopper.DEFAULT_CONFIGS[head_dim], lengths)
 target = GPUTarget("cuda", 90, 32)
