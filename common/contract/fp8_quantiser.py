@@ -353,14 +353,16 @@ def _quotient(x, scale, divisor, reciprocal, factor, prescaled, RECIPROCAL_DIVIS
     """x / scale correctly rounded (the reference's IEEE division); the per-row operands broadcast
     against x. ``div.rn`` per element, or the reciprocal division (module docstring, step 4):
     x · factor (only where a block of the tile was moved up: ``prescaled``), q = x · r, then
-    CORRECTIONS times q -= (d·q - x) · r, the residual d·q - x formed exactly by an fma (in this sign
-    so that x = -0 keeps its sign: x - d·q would be +0 there)."""
+    CORRECTIONS times q -= (d·q - x) · r, the residual d·q - x formed exactly by an fma; x = ±0
+    itself where x is zero: the H100 returned +0 for x = -0, where IEEE division gives -0 (the compiled
+    fmas do not keep the sign of a zero sum), one e4m3 byte (0x00 for 0x80) of the same value."""
     if RECIPROCAL_DIVISION:
         if prescaled:
             x = x * factor
         quotient = x * reciprocal
         for _ in tl.static_range(CORRECTIONS):
             quotient = _fma(-_fma(divisor, quotient, -x, INTERPRETED), reciprocal, quotient, INTERPRETED)
+        quotient = tl.where(x == 0, x, quotient)
     else:
         quotient = tl.math.div_rn(x, tl.broadcast_to(scale, x.shape))
     return quotient
