@@ -31,6 +31,7 @@ from common.contract.metrics import (
     judge_lse,
     lse_bound,
     lse_stats,
+    score_magnitude,
 )
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
@@ -265,3 +266,22 @@ def test_lse_rule_rejects_nan_and_wrong_infinities():
         ok, _ = judge_lse(lse_stats(torch.tensor([[wrong]], dtype=torch.float32), ref, bound))
         assert not ok, f"{wrong} passed"
     assert not judge_lse(lse_stats(ref.double(), ref, bound))[0], "an fp64 LSE is not the contract's fp32"
+
+
+def test_lse_bound_allows_an_fp32_scores_rounding_where_the_score_cancels():
+    """One key whose score is the difference of two large terms: fp32 accumulation may be off by
+    u(fp32) of the terms, far beyond 4 u(fp32) |lse|; the score magnitude term allows it, and an error
+    ten times the bound still fails."""
+    q = torch.tensor([[[[3.0, 3.0]]]], dtype=torch.float64)
+    k = torch.tensor([[[[3.0, -3.0 + 2.0**-10]]]], dtype=torch.float64)
+    scale = 0.5
+    ref_lse = (q @ k.transpose(-1, -2)).squeeze(-1) * scale
+    magnitude = score_magnitude(q, k, scale)
+    assert magnitude.item() == pytest.approx(scale * 18.0, rel=1e-3)
+    off = ref_lse + 2 * 2.0**-24 * magnitude
+    without = lse_bound(torch.float32, 1, ref_lse)
+    with_terms = lse_bound(torch.float32, 1, ref_lse, score_magnitude=magnitude)
+    assert not judge_lse(lse_stats(off.float(), ref_lse, without))[0]
+    assert judge_lse(lse_stats(off.float(), ref_lse, with_terms))[0]
+    far = ref_lse + 10 * with_terms
+    assert not judge_lse(lse_stats(far.float(), ref_lse, with_terms))[0]

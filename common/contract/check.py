@@ -17,6 +17,7 @@ from common.contract.metrics import (
     judge_lse,
     lse_bound,
     lse_stats,
+    score_magnitude,
 )
 from common.contract.problem import Problem
 from common.contract.reference import contiguous_kv, reference_attention
@@ -147,7 +148,11 @@ def check_on_inputs(
             bound = lse_bound(problem.dtype, problem.seqlen_k, emulated.lse) + emulated.lse_bound
             stats = lse_stats(lse, emulated.lse, bound)
         else:
-            stats = lse_stats(lse, ref_lse, lse_bound(problem.dtype, problem.seqlen_k, ref_lse))
+            keys, _ = contiguous_kv(k, v, problem, cache_seqlens, block_table)
+            magnitude = score_magnitude(q, keys, problem.scale).to(ref_lse.device)
+            stats = lse_stats(
+                lse, ref_lse, lse_bound(problem.dtype, problem.seqlen_k, ref_lse, score_magnitude=magnitude)
+            )
         lse_ok, lse_reason = judge_lse(stats)
         if ok and not lse_ok:
             ok, reason = False, lse_reason

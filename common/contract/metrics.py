@@ -179,18 +179,40 @@ def unit_roundoff(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps / 2
 
 
-def lse_bound(dtype: torch.dtype, seqlen_k: int, ref_lse: torch.Tensor, ulps: float = LSE_ULPS) -> torch.Tensor:
-    """Elementwise bound on |lse - ref_lse|: ``ulps · u(dtype) · (|ref_lse| + ln Sk)``.
+def lse_bound(
+    dtype: torch.dtype,
+    seqlen_k: int,
+    ref_lse: torch.Tensor,
+    ulps: float = LSE_ULPS,
+    score_magnitude: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Elementwise bound on |lse - ref_lse|: ``ulps · (u(dtype) · (|ref_lse| + ln Sk) + u(fp32) · M)``,
+    M = ``score_magnitude`` (0 when not given).
 
     Why this shape: lse = m + ln Σ exp(s_j - m) lies within ln Sk above the largest score m, so
-    |m| <= |lse| + ln Sk; a kernel's lse is as good as its scores (an error relative to their size)
-    plus the log of its row sum (a relative error, so an absolute one in lse). Allowing a few units of
-    roundoff of the problem's dtype on that magnitude asks for an LSE as accurate as an output stored
-    in that dtype. Rows with no visible key (ref -inf) must be -inf exactly (bound 0 there).
+    |m| <= |lse| + ln Sk; a kernel's lse is as good as its scores plus the log of its row sum (a
+    relative error, so an absolute one in lse). Allowing a few units of roundoff of the problem's dtype
+    on that magnitude asks for an LSE as accurate as an output stored in that dtype. But a score is a
+    dot product accumulated in fp32, whose error is relative to Σ|q_i k_i|, not to |s| (a score near 0
+    may come from large terms that cancel): M = softmax_scale · ‖q_row‖ · max_j ‖k_j‖ bounds that sum
+    (Cauchy-Schwarz), and matters only for fp32 problems, where u(dtype) is fp32's too (the fuzzer found
+    an fp32 row with one key, lse 0.044, off by 12x the bound without it). Rows with no visible key
+    (ref -inf) must be -inf exactly (bound 0 there).
     """
     finite = torch.isfinite(ref_lse)
     magnitude = torch.where(finite, ref_lse.abs(), torch.zeros_like(ref_lse)) + math.log(max(seqlen_k, 1))
-    return torch.where(finite, ulps * unit_roundoff(dtype) * magnitude, torch.zeros_like(ref_lse))
+    bound = unit_roundoff(dtype) * magnitude
+    if score_magnitude is not None:
+        bound = bound + unit_roundoff(torch.float32) * score_magnitude.to(bound.dtype)
+    return torch.where(finite, ulps * bound, torch.zeros_like(ref_lse))
+
+
+def score_magnitude(q: torch.Tensor, k: torch.Tensor, softmax_scale: float) -> torch.Tensor:
+    """(B, H, Sq): softmax_scale · ‖q_row‖ · max_j ‖k_j‖ over the row's KV head's keys (k (B, Hkv, Sk, D),
+    H a multiple of Hkv), the size of the terms of every score of the row (``lse_bound``)."""
+    key_norm = k.double().norm(dim=-1).amax(dim=-1)
+    key_norm = key_norm.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    return softmax_scale * q.double().norm(dim=-1) * key_norm[..., None]
 
 
 @dataclass(frozen=True)
