@@ -353,16 +353,20 @@ def _quotient(x, scale, divisor, reciprocal, factor, prescaled, RECIPROCAL_DIVIS
     """x / scale correctly rounded (the reference's IEEE division); the per-row operands broadcast
     against x. ``div.rn`` per element, or the reciprocal division (module docstring, step 4):
     x · factor (only where a block of the tile was moved up: ``prescaled``), q = x · r, then
-    CORRECTIONS times q -= (d·q - x) · r, the residual d·q - x formed exactly by an fma; x = ±0
-    itself where x is zero: the H100 returned +0 for x = -0, where IEEE division gives -0 (the compiled
-    fmas do not keep the sign of a zero sum), one e4m3 byte (0x00 for 0x80) of the same value."""
+    CORRECTIONS times q -= (d·q - x) · r, the residual d·q - x formed exactly by an fma; with one
+    correction (x a bf16/fp16 value, which may be -0), x = ±0 itself where x is zero: the H100 returned
+    +0 for x = -0, where IEEE division gives -0 (the compiled fmas do not keep the sign of a zero sum),
+    one e4m3 byte (0x00 for 0x80) of the same value. A rotated value is a sum of products with mixed
+    signs, -0 only for an all-zero row of one sign pattern per column; the select there made Triton 3.7
+    spill the butterfly's cast (16 bytes), so the rotated path keeps the fmas' zero."""
     if RECIPROCAL_DIVISION:
         if prescaled:
             x = x * factor
         quotient = x * reciprocal
         for _ in tl.static_range(CORRECTIONS):
             quotient = _fma(-_fma(divisor, quotient, -x, INTERPRETED), reciprocal, quotient, INTERPRETED)
-        quotient = tl.where(x == 0, x, quotient)
+        if CORRECTIONS == 1:
+            quotient = tl.where(x == 0, x, quotient)
     else:
         quotient = tl.math.div_rn(x, tl.broadcast_to(scale, x.shape))
     return quotient
