@@ -429,7 +429,10 @@ def _load_tile(T, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, PERMUTE
     offs_d = tl.arange(0, HEAD_DIM)
     x_ptrs = (T.X + (batch_head // T.heads) * T.stride_b + (batch_head % T.heads) * T.stride_h
               + rows[:, None] * T.stride_s + offs_d[None, :] * T.stride_d)  # fmt: skip
-    return tl.load(x_ptrs, mask=(rows[:, None] < T.seqlen) & (tile < T.tiles), other=0.0)
+    # A tile past the last reads no row (its valid length is 0): one comparison per row, a mask Triton
+    # 3.9's interpreter also takes (it refuses a tensor mask combined with a scalar one).
+    valid_rows = tl.where(tile < T.tiles, T.seqlen, 0)
+    return tl.load(x_ptrs, mask=rows[:, None] < valid_rows, other=0.0)
 
 
 @triton.jit
