@@ -16,6 +16,7 @@ from common.contract.problem import Problem
 from common.distributed import ring, zigzag
 from common.distributed.check import ChunkedInputs, check_rows, reference_rows, sample_rows
 from common.distributed.ring import merge_partial_, ring_attention
+from common.distributed.teardown import leave_process_group
 from tests.ring_workers import TORCH_CP_LAYOUT, Case, spawn_cases, torch_kernel
 
 # ----------------------------------------------------------------------------------------------
@@ -253,7 +254,8 @@ def test_ring_refuses_an_impl_that_cannot_run_a_step(tmp_path: Path) -> None:
         out, lse = ring_attention(q, k, v, causal=True, impl=torch_kernel)
         assert out.shape == q.shape and lse.shape == q.shape[:3]
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
+    assert not dist.is_initialized()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """Context parallelism: ring attention over ``torch.distributed`` with any implementation that returns
 the LSE (``ring``), zig-zag sharding for causal load balance (``zigzag``), and the sampled float64
-check of a sharded output (``check``)."""
+check of a sharded output (``check``), and leaving a process group so that the interpreter can exit
+(``teardown``)."""
 
 from common.distributed.ring import merge_partial_, ring_attention
+from common.distributed.teardown import leave_process_group
 from common.distributed.zigzag import chunk_ids, shard, step_plan, unshard
 
-__all__ = ["chunk_ids", "merge_partial_", "ring_attention", "shard", "step_plan", "unshard"]
+__all__ = ["chunk_ids", "leave_process_group", "merge_partial_", "ring_attention", "shard", "step_plan", "unshard"]

@@ -324,14 +324,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_REFUSED
     import torch.distributed as dist
 
+    from common.distributed.teardown import leave_process_group
     from common.measure.context_parallel import gather
 
     try:
         status = run(args, ranks)
         # Every rank leaves with the leader's status.
-        return gather(ranks, status)[0]
-    finally:
+        status = gather(ranks, status)[0]
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave_process_group(ranks.control)
+    return status
 
 
 if __name__ == "__main__":
