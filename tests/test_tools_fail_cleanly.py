@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -34,6 +35,7 @@ def _fake_sanitizer(folder: Path) -> None:
         ("common.tools.sanitize", False, "needs compute-sanitizer"),
         ("common.tools.sanitize", True, "needs a CUDA GPU"),
         ("common.tools.context_parallel", False, "not started by torchrun"),
+        ("common.tools.gpu_tests", False, "needs a CUDA GPU"),
     ],
 )
 def test_tool_names_what_is_missing_and_exits_2(module: str, with_sanitizer: bool, missing: str, tmp_path: Path):
@@ -45,3 +47,16 @@ def test_tool_names_what_is_missing_and_exits_2(module: str, with_sanitizer: boo
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     assert done.returncode == MISSING_EXIT, f"exit {done.returncode}:\n{done.stdout}\n{done.stderr}"
     assert len(lines) == 1 and missing in lines[0], f"expected one line saying {missing!r}, got:\n{lines}"
+
+
+def test_gpu_test_parts_are_disjoint_and_cover_the_suite():
+    from common.tools import gpu_tests
+
+    test_ids = [f"tests/test_{i % 5}.py::case[{i}]" for i in range(23)]
+    parts = [gpu_tests.part_of(test_ids, part, 3) for part in (1, 2, 3)]
+    assert sorted(test_id for p in parts for test_id in p) == sorted(test_ids)
+    assert sum(len(p) for p in parts) == len(test_ids)
+    assert gpu_tests.parse_part("2/3") == (2, 3)
+    for bad in ("0/2", "3/2", "1", "a/b"):
+        with pytest.raises(argparse.ArgumentTypeError, match="PART"):
+            gpu_tests.parse_part(bad)

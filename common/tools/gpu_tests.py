@@ -1,0 +1,95 @@
+"""The GPU test suite in parts, each of which fits one device call.
+
+    python -m common.tools.gpu_tests --part 1/2 --log $OUT/gpu-tests-1.log      # one call
+    python -m common.tools.gpu_tests --part 2/2 --log $OUT/gpu-tests-2.log      # the next
+
+The whole ``-m gpu`` suite takes longer than a device call may run (over 440 s on 8 workers against a
+600 s limit), and a call cut by its limit loses the names of the tests it never reached. A part is every
+PARTS-th test of pytest's collection order, so the slow files are shared out instead of landing in one
+part; it runs verbosely (one line per test, written to ``--log`` as it goes), so even a part cut short
+says what passed, what failed and where it stopped. Together the parts run every GPU test once.
+
+Exit status: pytest's for the part; 2 without a CUDA GPU (one line) or with a bad ``--part``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+EXIT_MISSING = 2
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    """``"i/n"`` → (i, n) with 1 <= i <= n."""
+    try:
+        part, parts = (int(field) for field in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected PART/PARTS such as 1/2, got {text!r}") from None
+    if not 1 <= part <= parts:
+        raise argparse.ArgumentTypeError(f"expected 1 <= PART <= PARTS, got {text!r}")
+    return part, parts
+
+
+def part_of(test_ids: Sequence[str], part: int, parts: int) -> list[str]:
+    """Every ``parts``-th test from the ``part``-th (1-based): the parts are disjoint and cover all."""
+    return list(test_ids[part - 1 :: parts])
+
+
+def collect_gpu_tests() -> list[str]:
+    """The node ids of the ``-m gpu`` tests, in pytest's collection order."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "tests"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    test_ids = [line for line in done.stdout.splitlines() if "::" in line]
+    if not test_ids:
+        raise RuntimeError(f"pytest collected no GPU test:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return test_ids
+
+
+def run_part(test_ids: Sequence[str], workers: int, log: Path) -> int:
+    """pytest on ``test_ids`` with ``workers`` xdist workers, its output to stdout and ``log`` line by line."""
+    command = [sys.executable, "-m", "pytest", "-v", "-m", "gpu", "-n", str(workers), "--dist", "loadgroup", *test_ids]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with (
+        log.open("w") as sink,
+        subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as pytest,
+    ):
+        for line in pytest.stdout:
+            sys.stdout.write(line)
+            sink.write(line)
+            sink.flush()
+    return pytest.returncode
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", type=parse_part, default=(1, 1), help="PART/PARTS (default 1/1: all)")
+    parser.add_argument("--workers", type=int, default=8, help="xdist workers (default 8)")
+    parser.add_argument("--log", type=Path, default=Path("runs/gpu-tests.log"), help="where the output goes too")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_tests: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return EXIT_MISSING
+    part, parts = args.part
+    test_ids = part_of(collect_gpu_tests(), part, parts)
+    print(f"gpu_tests: part {part}/{parts}, {len(test_ids)} tests", flush=True)
+    return run_part(test_ids, args.workers, args.log)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
