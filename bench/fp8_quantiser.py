@@ -253,20 +253,6 @@ def _kernel_resources(quantiser) -> tuple[str, str]:
     return str(max(registers)), str(max(spills))
 
 
-def _poison(operands: fp8.KernelOperands) -> None:
-    """NaN bytes and scales in a new quantiser's buffers (reused memory could hold the last one's
-    values): a tile a configuration leaves unwritten then fails both verdicts."""
-    for tensor in (operands.q8, operands.k8, operands.vt8):
-        tensor.view(torch.uint8).fill_(0x7F)
-    for tensor in (operands.q_scale, operands.k_scale, operands.v_scale):
-        tensor.fill_(float("nan"))
-
-
-def _bytes_of(operands: fp8.KernelOperands) -> list[torch.Tensor]:
-    tensors = (operands.q8, operands.k8, operands.vt8, operands.q_scale, operands.k_scale, operands.v_scale)
-    return [t.view(torch.uint8).clone() if t.dtype == torch.float8_e4m3fn else t.clone() for t in tensors]
-
-
 def sweep_rows(problem: Problem, inputs, args: argparse.Namespace) -> list[SweepRow]:
     from triton.errors import TritonError
 
@@ -287,7 +273,9 @@ def sweep_rows(problem: Problem, inputs, args: argparse.Namespace) -> list[Sweep
                         inputs[0].shape, inputs[1].shape, problem.dtype, inputs[0].device, quantisation, layout, method,
                         config,
                     )  # fmt: skip
-                    _poison(quantiser.operands)
+                    # Reused memory could hold the last configuration's values: NaN in every buffer, so a
+                    # tile this one leaves unwritten fails both verdicts.
+                    quantiser.operands.poison_()
                     operands = quantiser(*inputs)
                     torch.cuda.synchronize()
                 except (TritonError, RuntimeError) as error:
@@ -300,7 +288,7 @@ def sweep_rows(problem: Problem, inputs, args: argparse.Namespace) -> list[Sweep
                     continue
                 differences = fp8_quantiser.operand_differences(operands, reference)
                 verdict = f"{'ok' if differences.ok else 'FAILED'} ({differences.differing} differ)"
-                current = _bytes_of(operands)
+                current = [tensor.clone() for tensor in operands.buffers()]
                 if first_bytes is None:
                     first_bytes, same = current, "first"
                 else:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from common.contract.problem import DTYPE_NAMES, Problem
 from common.distributed import ring, zigzag
 from common.distributed.check import ChunkedInputs, check_rows, sample_rows
-from common.distributed.teardown import leave_process_group
+from common.distributed.teardown import leaving_process_group
 
 TORCH_CP_LAYOUT = "torch_cp_layout"
 BUGS = ("merge_twice", "skip_shard", "contiguous_layout", "swapped_chunks", "reversed_ring")
@@ -170,13 +170,9 @@ def worker(rank: int, world_size: int, backend: str, store_path: str, cases: lis
         device = torch.device("cpu")
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
-    try:
+    with leaving_process_group():
         results = {case["name"]: run_case(Case(**case), rank, world_size, device) for case in cases}
         results[TORCH_CP_LAYOUT] = torch_cp_layout(world_size, device)
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    leave_process_group()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
 
 

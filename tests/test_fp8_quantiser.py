@@ -62,12 +62,6 @@ def _compare(q, k, v, variant: str, method: str, layout: fp8.ValueLayout) -> fus
     return fused.operand_differences(operands, reference)
 
 
-def _buffers(operands: fp8.KernelOperands) -> list[torch.Tensor]:
-    """The quantiser's six output buffers, e4m3 ones as bytes (views: writing them writes the buffers)."""
-    tensors = (operands.q8, operands.k8, operands.vt8, operands.q_scale, operands.k_scale, operands.v_scale)
-    return [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in tensors]
-
-
 # ----------------------------------------------------------------------------------------------------
 # CPU (interpreter): the same values as the reference
 # ----------------------------------------------------------------------------------------------------
@@ -117,12 +111,6 @@ KNOB_CONFIGS = [
 ]
 
 
-def _poisoned(quantiser: fused.FusedQuantiser) -> None:
-    """Fill a quantiser's buffers with NaN bytes and scales: a tile no program writes cannot pass."""
-    for tensor in _buffers(quantiser.operands):
-        tensor.fill_(0x7F if tensor.dtype == torch.uint8 else float("nan"))
-
-
 @pytest.mark.parametrize("config", KNOB_CONFIGS, ids=lambda config: config.describe())
 @pytest.mark.parametrize(
     ("variant", "layout", "head_dim", "dtype"),
@@ -141,11 +129,11 @@ def test_every_knob_writes_the_default_configurations_bytes(
     problem = _problem(head_dim, dtype, (600, 150))
     q, k, v = _inputs(problem)
     quantisation = fp8.quantisation_named(variant)
-    default = _buffers(fused.quantise_fused(q, k, v, quantisation, LAYOUTS[layout]))
+    default = fused.quantise_fused(q, k, v, quantisation, LAYOUTS[layout]).buffers()
     quantiser = fused.FusedQuantiser(q.shape, k.shape, dtype, "cpu", quantisation, LAYOUTS[layout], config=config)
-    _poisoned(quantiser)
+    quantiser.operands.poison_()
     operands = quantiser(q, k, v)
-    for name, got, want in zip(("q8", "k8", "vt8", "q_scale", "k_scale", "v_scale"), _buffers(operands), default,
+    for name, got, want in zip(("q8", "k8", "vt8", "q_scale", "k_scale", "v_scale"), operands.buffers(), default,
                                strict=True):  # fmt: skip
         assert torch.equal(got, want), f"{config.describe()}: {name} differs from the default configuration's"
     assert quantiser.launches == (1 if config.single_launch else 3) * (1 if quantisation.block else 2) + (
@@ -159,7 +147,7 @@ def test_a_launch_that_leaves_tiles_unwritten_is_caught(monkeypatch: pytest.Monk
     problem = _problem(64, torch.float16, (600, 150))
     q, k, v = _inputs(problem)
     quantisation, layout = fp8.quantisation_named("block"), LAYOUTS["cute"]
-    default = _buffers(fused.quantise_fused(q, k, v, quantisation, layout))
+    default = fused.quantise_fused(q, k, v, quantisation, layout).buffers()
     geometries = fused._geometries
 
     def one_v_tile_short(*args):
@@ -168,8 +156,8 @@ def test_a_launch_that_leaves_tiles_unwritten_is_caught(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(fused, "_geometries", one_v_tile_short)
     quantiser = fused.FusedQuantiser(q.shape, k.shape, q.dtype, "cpu", quantisation, layout)
-    _poisoned(quantiser)
-    got = _buffers(quantiser(q, k, v))
+    quantiser.operands.poison_()
+    got = quantiser(q, k, v).buffers()
     assert [torch.equal(a, b) for a, b in zip(got, default, strict=True)] == [True, True, False, True, True, False]
 
 
@@ -567,17 +555,16 @@ def test_gpu_fused_quantiser_is_deterministic_and_replays_in_a_cuda_graph():
         quantiser = fused.FusedQuantiser(
             q.shape, k.shape, q.dtype, q.device, fp8.quantisation_named(variant), LAYOUTS["gluon"]
         )
-        first = [t.clone() for t in _buffers(quantiser(q, k, v))]
-        again = _buffers(fused.quantise_fused(q, k, v, fp8.quantisation_named(variant), LAYOUTS["gluon"]))
+        first = [t.clone() for t in quantiser(q, k, v).buffers()]
+        again = fused.quantise_fused(q, k, v, fp8.quantisation_named(variant), LAYOUTS["gluon"]).buffers()
         assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True)), variant
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             quantiser(q, k, v)
-        for buffer in _buffers(quantiser.operands):
-            buffer.fill_(0x7F if buffer.dtype == torch.uint8 else float("nan"))
+        quantiser.operands.poison_()
         graph.replay()
         torch.cuda.synchronize()
-        replayed = _buffers(quantiser.operands)
+        replayed = quantiser.operands.buffers()
         assert all(torch.equal(a, b) for a, b in zip(first, replayed, strict=True)), variant
 
 
@@ -605,12 +592,12 @@ def test_gpu_every_knob_writes_the_default_configurations_bytes(
     problem = Problem(batch, heads, seqlen_q, seqlen_k, head_dim, dtype=torch.bfloat16, kv_heads=kv_heads)
     q, k, v = _inputs(problem, "cuda")
     quantisation = fp8.quantisation_named(variant)
-    default = [t.clone() for t in _buffers(fused.quantise_fused(q, k, v, quantisation, LAYOUTS["gluon"], method))]
+    default = [t.clone() for t in fused.quantise_fused(q, k, v, quantisation, LAYOUTS["gluon"], method).buffers()]
     quantiser = fused.FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, LAYOUTS["gluon"], method,
                                      config)  # fmt: skip
-    _poisoned(quantiser)
+    quantiser.operands.poison_()
     operands = quantiser(q, k, v)
-    for name, got, want in zip(("q8", "k8", "vt8", "q_scale", "k_scale", "v_scale"), _buffers(operands), default,
+    for name, got, want in zip(("q8", "k8", "vt8", "q_scale", "k_scale", "v_scale"), operands.buffers(), default,
                                strict=True):  # fmt: skip
         assert torch.equal(got, want), f"{config.describe()}: {name} differs from the default configuration's"
 

@@ -16,7 +16,7 @@ from common.contract.problem import Problem
 from common.distributed import ring, zigzag
 from common.distributed.check import ChunkedInputs, check_rows, reference_rows, sample_rows
 from common.distributed.ring import merge_partial_, ring_attention
-from common.distributed.teardown import leave_process_group
+from common.distributed.teardown import leaving_process_group
 from tests.ring_workers import TORCH_CP_LAYOUT, Case, spawn_cases, torch_kernel
 
 # ----------------------------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def test_ring_refuses_an_impl_that_cannot_run_a_step(tmp_path: Path) -> None:
     if dist.is_initialized():
         pytest.skip("a process group is already initialised in this process")
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
+    with leaving_process_group():
         q, k, v = _qkv()
         with pytest.raises(ValueError, match="triton/hopper cannot run the ring step"):
             ring_attention(q, k, v, causal=True, impl="triton/hopper")
@@ -253,8 +253,6 @@ def test_ring_refuses_an_impl_that_cannot_run_a_step(tmp_path: Path) -> None:
             ring_attention(q, k, v, causal=True, impl="triton/nope")
         out, lse = ring_attention(q, k, v, causal=True, impl=torch_kernel)
         assert out.shape == q.shape and lse.shape == q.shape[:3]
-    finally:
-        leave_process_group()
     assert not dist.is_initialized()
 
 

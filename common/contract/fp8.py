@@ -324,6 +324,17 @@ class KernelOperands:
     def seqlen_k(self) -> int:
         return self.k8.shape[2]
 
+    def buffers(self) -> tuple[torch.Tensor, ...]:
+        """The six buffers in field order, e4m3 ones seen as bytes (views: writing one writes the buffer)."""
+        tensors = (self.q8, self.k8, self.vt8, self.q_scale, self.k_scale, self.v_scale)
+        return tuple(t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in tensors)
+
+    def poison_(self) -> None:
+        """NaN in every buffer (e4m3's 0x7F bytes, fp32 scales): a tile that no program writes then
+        fails any comparison."""
+        for tensor in self.buffers():
+            tensor.fill_(0x7F if tensor.dtype == torch.uint8 else float("nan"))
+
     def as_quantised(self) -> QuantisedOperands:
         """The same bytes and scales with V in rows again: the emulation's input."""
         v8 = values_in_rows(self.vt8, self.value_layout, self.seqlen_k)

@@ -825,21 +825,18 @@ def compile_sm90(
         def stride(self) -> tuple[int, ...]:
             return self._strides
 
-    def pointer(element: torch.dtype) -> MockTensor:
-        return MockTensor(element)
-
     tensors = tuple(
         geometry.arguments(
             _Input(shape),
-            pointer(torch.float8_e4m3fn),
-            pointer(torch.float32),
-            pointer(torch.float32),
-            pointer(torch.float32),
+            MockTensor(torch.float8_e4m3fn),
+            MockTensor(torch.float32),
+            MockTensor(torch.float32),
+            MockTensor(torch.float32),
         )
         for geometry, shape in zip(geometries, (q_shape, kv_shape, kv_shape), strict=True)
     )
     tc = quantisation.rotation and rotation_method == "tensor_core"
-    rotation = pointer(dtype if tc else torch.float32)
+    rotation = MockTensor(dtype if tc else torch.float32)
     programs = _launches(_programs(geometries, config), config.single_launch)[0]
     binaries = [
         compile_triton_sm90_launch(
@@ -856,8 +853,8 @@ def compile_sm90(
         binaries.append(
             compile_triton_sm90_launch(
                 _tensor_amax_kernel,
-                pointer(torch.float32),
-                pointer(torch.float32),
+                MockTensor(torch.float32),
+                MockTensor(torch.float32),
                 *(geometry.tiles for geometry in geometries),
                 CHUNK=AMAX_CHUNK,
                 num_warps=AMAX_WARPS,

@@ -11,11 +11,21 @@ rank's workers finish with the collectives before it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch.distributed as dist
 
 
-def leave_process_group(group: dist.ProcessGroup | None = None) -> None:
-    """Barrier on ``group`` (default: the world), then ``destroy_process_group()``."""
+@contextmanager
+def leaving_process_group(group: dist.ProcessGroup | None = None) -> Iterator[None]:
+    """Runs the body, then destroys the process group: after a barrier on ``group`` (default: the
+    world) when the body finished, at once when it raised (another rank may never reach a barrier)."""
+    try:
+        yield
+    except BaseException:
+        dist.destroy_process_group()
+        raise
     try:
         dist.barrier(group=group)
     finally:

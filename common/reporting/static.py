@@ -110,6 +110,11 @@ def compile_triton_sm90(
         target=GPUTarget("cuda", SM90_CAPABILITY, WARP_SIZE),
         options=dict(options or {"num_warps": num_warps, "num_stages": num_stages}),
     )
+    return _triton_binary(kernel, compiled)
+
+
+def _triton_binary(kernel: Any, compiled: Any) -> KernelBinary:
+    """The PTX, cubin and launch shape of ``triton.compile``'s result for ``kernel``."""
     return KernelBinary(
         name=kernel.__name__,
         ptx=compiled.asm["ptx"],
@@ -136,13 +141,7 @@ def compile_triton_sm90_launch(kernel: Any, *args: Any, **kwargs: Any) -> Kernel
     bound_args, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound_args, specialization, options)
     compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
-    return KernelBinary(
-        name=kernel.__name__,
-        ptx=compiled.asm["ptx"],
-        cubin=compiled.asm["cubin"],
-        threads_per_cta=compiled.metadata.num_warps * WARP_SIZE,
-        shared_bytes=compiled.metadata.shared,
-    )
+    return _triton_binary(kernel, compiled)
 
 
 def compile_cute_sm90(

@@ -322,19 +322,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("LOCAL_RANK", "0") == "0":
             print(f"context_parallel: {refusal}", file=sys.stderr)
         return EXIT_REFUSED
-    import torch.distributed as dist
-
-    from common.distributed.teardown import leave_process_group
+    from common.distributed.teardown import leaving_process_group
     from common.measure.context_parallel import gather
 
-    try:
+    with leaving_process_group(ranks.control):
         status = run(args, ranks)
         # Every rank leaves with the leader's status.
         status = gather(ranks, status)[0]
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    leave_process_group(ranks.control)
     return status
 
 
