@@ -9,7 +9,15 @@ the problem, and optionally a planted bug, which the case installs in this proce
 * ``contiguous_layout``: the inputs are sharded contiguously (rank r holds chunks 2r, 2r+1) while the
   ring assumes zig-zag;
 * ``swapped_chunks``: each rank stores its two zig-zag chunks in the wrong order;
-* ``reversed_ring``: the step plan believes shards travel the other way round the ring.
+* ``reversed_ring``: the step plan believes shards travel the other way round the ring;
+* ``no_arrival_wait``: a received shard is read without waiting for it to arrive (on CPUs the
+  transfer is waited for after the read);
+* ``late_receive_buffer``: each receive slot is allocated at its first use, in the middle of the ring
+  (the code before the 4-GPU fix: memory the compute stream freed but still uses can be handed to a
+  receive that NCCL writes on another stream; no effect on CPUs, whose kernels are synchronous).
+
+``jitter_ms`` runs the case with ``ring.Jitter`` (random pauses at every ordering point, seeded per
+rank), so that a missing wait shows.
 """
 
 from __future__ import annotations
@@ -29,7 +37,15 @@ from common.distributed.check import ChunkedInputs, check_rows, sample_rows
 from common.distributed.teardown import leaving_process_group
 
 TORCH_CP_LAYOUT = "torch_cp_layout"
-BUGS = ("merge_twice", "skip_shard", "contiguous_layout", "swapped_chunks", "reversed_ring")
+BUGS = (
+    "merge_twice",
+    "skip_shard",
+    "contiguous_layout",
+    "swapped_chunks",
+    "reversed_ring",
+    "no_arrival_wait",
+    "late_receive_buffer",
+)
 
 
 @dataclass(frozen=True)
@@ -47,12 +63,18 @@ class Case:
     # Sampled rows per rank (0: every row).
     rows: int = 0
     communicate: bool = True
+    # Up to this many ms of random pause at each ordering point of the ring (0: none).
+    jitter_ms: float = 0.0
+    # Issue each step's transfer before its kernel (ring_attention's transfer_first).
+    transfer_first: bool = False
 
 
 def torch_kernel(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention with its natural-log LSE in torch ops (fp32 math): a fast local kernel for CPU tests."""
+    """Attention with its natural-log LSE in torch ops (fp32 math): a fast local kernel for CPU tests.
+    O stays fp32, as the ring allows: each partial rounded to bf16 before the merge would add one
+    rounding per step to the final one (twice SDPA's max error on 16-key rows, seen at 4 ranks)."""
     group = q.shape[1] // k.shape[1]
     k32 = k.float().repeat_interleave(group, dim=1)
     v32 = v.float().repeat_interleave(group, dim=1)
@@ -62,7 +84,7 @@ def torch_kernel(
         scores.masked_fill_(torch.ones(rows, cols, dtype=torch.bool, device=q.device).triu(1), -math.inf)
     lse = torch.logsumexp(scores, dim=-1)
     out = torch.softmax(scores, dim=-1) @ v32
-    return out.to(q.dtype), lse
+    return out, lse
 
 
 def _install(bug: str | None, monkey: list) -> None:
@@ -90,6 +112,34 @@ def _install(bug: str | None, monkey: list) -> None:
         original = zigzag.source_rank
         monkey.append((zigzag, "source_rank", original))
         zigzag.source_rank = lambda rank, step, world_size: (rank + step) % world_size
+    elif bug == "no_arrival_wait":
+        # The shard is read at once; the transfer is waited for only after the read (on CPUs a
+        # transfer never waited for would leave gloo's queue unmatched and hang the group).
+        original_done = ring.KVExchange.done_reading
+
+        def read_at_once(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.slots[self.slot(step) if self.communicate else 0]
+
+        def wait_late(self, step: int) -> None:
+            for work in self.pending:
+                work.wait()
+            original_done(self, step)
+
+        monkey += [(ring.KVExchange, "shard", ring.KVExchange.shard), (ring.KVExchange, "done_reading", original_done)]
+        ring.KVExchange.shard = read_at_once
+        ring.KVExchange.done_reading = wait_late
+    elif bug == "late_receive_buffer":
+        original = ring.KVExchange.pass_on
+
+        def late(self, step: int) -> None:
+            target = self.slot(step + 1)
+            if self.communicate and step < min(2, self.world_size - 1):
+                k, v = self.slots[target]
+                self.slots[target] = (torch.empty_like(k), torch.empty_like(v))
+            original(self, step)
+
+        monkey.append((ring.KVExchange, "pass_on", original))
+        ring.KVExchange.pass_on = late
 
 
 def _layout(case: Case, rank: int, world_size: int) -> tuple[int, int]:
@@ -118,7 +168,11 @@ def run_case(case: Case, rank: int, world_size: int, device: torch.device) -> di
     monkey: list = []
     try:
         _install(case.bug, monkey)
-        out, lse = ring.ring_attention(q, k, v, causal=case.causal, impl=kernel, communicate=case.communicate)
+        jitter = ring.Jitter(seed=1000 * rank + len(case.name), max_ms=case.jitter_ms) if case.jitter_ms else None
+        out, lse = ring.ring_attention(
+            q, k, v, causal=case.causal, impl=kernel, communicate=case.communicate,
+            transfer_first=case.transfer_first, jitter=jitter,
+        )  # fmt: skip
     except Exception as error:  # noqa: BLE001 - the verdict says what failed
         return {"ok": False, "error": f"{type(error).__name__}: {error}"}
     finally:

@@ -202,3 +202,19 @@ def test_two_process_gloo_run(tmp_path: Path) -> None:
     env_record = json.loads((out / "env.json").read_text())
     assert env_record["world_size"] == 2 and env_record["backend"] == "gloo"
     assert (out / "report.md").exists() and (out / "efficiency.png").exists()
+
+
+def test_rows_left_by_the_deadline_fail_the_run(tmp_path: Path) -> None:
+    """A sweep the deadline cut short exits 1, its unrun rows recorded as skipped with the reason."""
+    out = tmp_path / "cp"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "common.tools.context_parallel", "--device", "cpu", "--tokens-per-gpu", "32", "--heads", "2",
+        "--head-dim", "32", "--impl", "triton/tiled", "--torch-cp", "none", "--deadline-s", "0",
+        "--transfer-first", "--timeout-s", "120", "--out", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0, done.stdout[-3000:] + done.stderr[-3000:]
+    frame = pd.read_csv(out / "results.csv", dtype={"reason": str})
+    assert set(frame["status"]) == {"skipped"} and frame["reason"].str.contains("--deadline-s 0 reached").all()

@@ -1,6 +1,7 @@
 """Ring attention (``common.distributed``): the zig-zag plan, the merge, the sampled float64 check, and
-the ring itself over gloo with 2 and 4 CPU processes (torch and Triton-interpreter local kernels),
-with planted bugs the check must catch. GPU: the same over NCCL with a Hopper rung."""
+the ring itself over gloo with 2 to 8 CPU processes (torch and Triton-interpreter local kernels), with
+random pauses at every ordering point (``ring.Jitter``) and planted bugs the check must catch. GPU: the
+same over NCCL on every GPU of the host with the Hopper rungs of the three stacks."""
 
 from __future__ import annotations
 
@@ -289,6 +290,40 @@ WORLD4_CASES = [
 ]
 
 
+# Every world size from 3 on reuses a receive slot or holds one shard per step in flight: 3, 4, 5 and 8
+# ranks with random pauses at every ordering point (sends, receives, local kernels), and a planted
+# missing wait that must fail under them.
+JITTER_MS = 2.0
+JITTER_CASES = [
+    Case("causal_jitter", local_len=8, jitter_ms=JITTER_MS),
+    Case("full_jitter", causal=False, local_len=8, jitter_ms=JITTER_MS),
+    Case("causal_gqa_batch2_jitter", batch=2, local_len=12, jitter_ms=JITTER_MS, **GQA),
+    Case("full_mqa_bf16_jitter", causal=False, dtype="bf16", heads=4, kv_heads=1, jitter_ms=JITTER_MS),
+    Case("causal_transfer_first_jitter", local_len=8, jitter_ms=JITTER_MS, transfer_first=True),
+    Case("bug_no_arrival_wait", local_len=8, jitter_ms=5.0, bug="no_arrival_wait"),
+]
+JITTER_WORLD_SIZES = (3, 4, 5, 8)
+
+
+@pytest.fixture(scope="module")
+def jitter_worlds(tmp_path_factory) -> dict[int, dict[str, list[dict]]]:
+    return {
+        size: spawn_cases(JITTER_CASES, size, "gloo", tmp_path_factory.mktemp(f"ring{size}_jitter"))
+        for size in JITTER_WORLD_SIZES
+    }
+
+
+@pytest.mark.parametrize("case", JITTER_CASES, ids=lambda case: case.name)
+@pytest.mark.parametrize("world_size", JITTER_WORLD_SIZES)
+def test_ring_with_jitter_on_gloo_processes(jitter_worlds, world_size: int, case: Case) -> None:
+    _assert_verdicts(jitter_worlds[world_size][case.name], case.bug)
+
+
+def test_jitter_refuses_unknown_points() -> None:
+    with pytest.raises(ValueError, match="jitter points must be among"):
+        ring.Jitter(seed=0, points=("kernel", "merge"))
+
+
 @pytest.fixture(scope="module")
 def world2(tmp_path_factory) -> dict[str, list[dict]]:
     return spawn_cases(WORLD2_CASES, 2, "gloo", tmp_path_factory.mktemp("ring2"))
@@ -336,19 +371,37 @@ def test_merge_twice_and_skip_fail_on_the_ranks_they_touch(world4) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# GPU: NCCL between two GPUs with a Hopper rung (the lead runs these on a multi-GPU host)
+# GPU: NCCL between every GPU of the host (4 on a 4-GPU host: from 3 ranks on, receive slots are reused
+# and one shard per step is in flight), every implementation the sweep uses, with jitter, and the two
+# planted orderings that must fail: a shard read before it arrives, and the receive slots allocated
+# in the middle of the ring (the bug that made the ring wrong on 4 GPUs and right on 2).
 # ----------------------------------------------------------------------------------------------
 
 BF16_D128 = {"head_dim": 128, "dtype": "bf16"}
+GPU_JITTER_MS = 3.0
 GPU_CASES = [
     Case("triton_hopper_causal_gqa", kernel="triton/hopper", heads=4, kv_heads=2, local_len=512, **BF16_D128),
     Case("triton_hopper_full_fp16", kernel="triton/hopper", local_len=384, head_dim=64, dtype="fp16", causal=False),
     Case("gluon_hopper_causal", kernel="gluon/hopper", heads=4, local_len=1024, rows=64, **BF16_D128),
+    Case("gluon_hopper_full_jitter", kernel="gluon/hopper", heads=4, local_len=1024, rows=64, causal=False,
+         jitter_ms=GPU_JITTER_MS, **BF16_D128),
     Case("cute_hopper_causal_mqa", kernel="cute/hopper", heads=4, kv_heads=1, local_len=1024, **BF16_D128),
     Case("cute_hopper_full", kernel="cute/hopper", heads=4, local_len=768, causal=False, **BF16_D128),
+    Case("cute_hopper_causal_jitter", kernel="cute/hopper", heads=4, local_len=2048, rows=64,
+         jitter_ms=GPU_JITTER_MS, **BF16_D128),
+    Case("triton_hopper_causal_transfer_first_jitter", kernel="triton/hopper", heads=4, local_len=1024, rows=64,
+         jitter_ms=GPU_JITTER_MS, transfer_first=True, **BF16_D128),
+    Case("triton_hopper_full_jitter", kernel="triton/hopper", heads=4, local_len=2048, rows=64, causal=False,
+         jitter_ms=GPU_JITTER_MS, **BF16_D128),
     Case("bug_skip_shard", kernel="triton/hopper", heads=2, local_len=256, bug="skip_shard", **BF16_D128),
     Case("bug_swapped_chunks", kernel="triton/hopper", local_len=256, bug="swapped_chunks", **BF16_D128),
-]
+    Case("bug_no_arrival_wait", kernel="triton/hopper", heads=4, local_len=2048, rows=64, causal=False,
+         jitter_ms=GPU_JITTER_MS, bug="no_arrival_wait", **BF16_D128),
+    Case("bug_late_receive_buffer", kernel="triton/hopper", heads=4, kv_heads=4, local_len=2048, rows=64, causal=False,
+         jitter_ms=GPU_JITTER_MS, bug="late_receive_buffer", **BF16_D128),
+]  # fmt: skip
+# Needs three ranks at least: with two, no receive slot is ever reused and the late buffer is harmless.
+NEEDS_THREE_RANKS = {"bug_late_receive_buffer"}
 
 
 @pytest.mark.gpu
@@ -356,14 +409,18 @@ GPU_CASES = [
 def test_ring_over_nccl(gpu_ring, case: Case) -> None:
     if case.kernel == "cute/hopper":
         pytest.importorskip("cutlass", reason="cute/hopper needs the CuTe DSL")
+    if case.name in NEEDS_THREE_RANKS and torch.cuda.device_count() < 3:
+        pytest.skip(f"{case.name} shows only from 3 ranks on; this host has {torch.cuda.device_count()} GPUs")
     _assert_verdicts(gpu_ring[case.name], case.bug)
 
 
 @pytest.fixture(scope="module")
 def gpu_ring(tmp_path_factory) -> dict[str, list[dict]]:
-    if torch.cuda.device_count() < 2:
-        pytest.skip(f"needs 2 CUDA GPUs, found {torch.cuda.device_count()}")
+    """Every case on every GPU of the host, one spawn."""
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        pytest.skip(f"needs 2 CUDA GPUs, found {gpus}")
     import importlib.util
 
     cases = [case for case in GPU_CASES if case.kernel != "cute/hopper" or importlib.util.find_spec("cutlass")]
-    return spawn_cases(cases, 2, "nccl", tmp_path_factory.mktemp("ring_nccl"))
+    return spawn_cases(cases, gpus, "nccl", tmp_path_factory.mktemp("ring_nccl"))

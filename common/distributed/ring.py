@@ -19,15 +19,19 @@ longer than a step's attention shows in the ring's time.
 **Data movement.** K and V go with their own Hkv heads (GQA sends only the KV heads) in the input
 dtype, point-to-point from rank r to rank r+1: NCCL between GPUs, gloo between CPU processes, the
 processes started by ``torchrun`` (no launcher or transport of our own). Two receive buffers
-alternate; the caller's own K and V serve as the first shard and are never written.
+alternate, both allocated before the first step; the caller's own K and V serve as the first shard
+and are never written.
 
 **Streams and events (CUDA).** The caller's stream computes (kernels and merges). The
-communication stream issues each P2P batch only after the events that say the caller's K/V are
-written (first batch) and the compute stream has finished reading the buffer about to be
-overwritten, then waits for the batch to complete and records "shard ready", which the compute
-stream waits for before reading that shard. Nothing is read before it has arrived, nothing
+communication stream issues each P2P batch only after the events that say the caller's K/V and the
+receive buffers are ready (first batch) and the compute stream has finished reading the buffer
+about to be overwritten, then waits for the batch to complete and records "shard ready", which the
+compute stream waits for before reading that shard. Nothing is read before it has arrived, nothing
 overwritten while it is read, and the host does not block. On CPUs (gloo) the same steps wait on
-the requests instead.
+the requests instead. No buffer that a transfer writes is allocated once the kernels have started:
+the caching allocator would hand out memory the compute stream freed but may still be using (see
+``KVExchange``), which is how the ring was wrong on 4 GPUs and right on 2 (docs/perf-log.md).
+``Jitter`` pauses the streams at random in the tests, so a missing wait shows.
 
 A local kernel that keeps every SM busy until it ends (a persistent grid) leaves NCCL's transfer
 kernels no SM to start on, so transfer s+1 then waits for attention s to finish: the tools' no-transfer
@@ -46,6 +50,8 @@ exposed when one step's attention is shorter than the transfer of one K/V shard.
 from __future__ import annotations
 
 import math
+import random
+import time
 from collections.abc import Callable
 from functools import partial
 
@@ -58,11 +64,18 @@ from common.contract.registry import get
 from common.contract.validation import validate_attention_inputs
 from common.distributed import zigzag
 
-# kernel(q, k, v, *, causal, softmax_scale) -> (O in q's dtype, LSE fp32 in natural-log units).
+# kernel(q, k, v, *, causal, softmax_scale) -> (O in q's dtype or fp32, LSE fp32 in natural-log units).
+# An fp32 O is merged without its rounding to q's dtype: the output is rounded once, at the end.
 LocalKernel = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 RING_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Which torch.distributed backend moves tensors of which device type.
 BACKEND_DEVICE = {"nccl": "cuda", "gloo": "cpu"}
+
+# Where ``Jitter`` may pause: before a local kernel, before a transfer is issued, before it is declared arrived.
+JITTER_POINTS = ("kernel", "send", "receive")
+# torch.cuda._sleep spins for a number of clock cycles: about 1.5-2 GHz on the GPUs here (only the
+# order of magnitude matters for a random delay).
+SLEEP_CYCLES_PER_MS = 1_500_000
 
 _COMM_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
@@ -103,6 +116,36 @@ def _comm_stream(device: torch.device) -> torch.cuda.Stream:
     return _COMM_STREAMS[device]
 
 
+class Jitter:
+    """Random delays at the ring's ordering points, so that a missing wait shows (a testing hook).
+
+    Before each local kernel (``"kernel"``), before each transfer is issued (``"send"``) and before a
+    transfer is declared arrived (``"receive"``), a random pause of up to ``max_ms``: on a GPU a
+    ``torch.cuda._sleep`` kernel on the stream of that point (compute, or communication), so the
+    streams drift apart while the host runs ahead; on CPUs a host sleep. Without a missing wait the
+    result is the same with any delays; the ring tests run every case with jitter.
+    """
+
+    def __init__(self, seed: int, max_ms: float = 2.0, points: tuple[str, ...] = JITTER_POINTS):
+        unknown = set(points) - set(JITTER_POINTS)
+        if unknown or max_ms < 0:
+            raise ValueError(f"jitter points must be among {JITTER_POINTS} and max_ms >= 0, got {points}, {max_ms}")
+        self.max_ms = max_ms
+        self.points = points
+        self.random = random.Random(seed)
+
+    def delay(self, point: str, stream: torch.cuda.Stream | None) -> None:
+        """Pause at ``point``: on ``stream`` (a GPU stream) or, when it is None, on the host."""
+        if point not in self.points:
+            return
+        ms = self.random.uniform(0, self.max_ms)
+        if stream is None:
+            time.sleep(ms / 1e3)
+            return
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(int(ms * SLEEP_CYCLES_PER_MS))
+
+
 class KVExchange:
     """Double-buffered K/V shards around the ring: the one in hand and the one arriving.
 
@@ -111,22 +154,37 @@ class KVExchange:
     merges without any transfer: how the tools measure what the ring costs beyond its computation).
     """
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None, communicate: bool):
+    def __init__(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        group: dist.ProcessGroup | None,
+        communicate: bool,
+        jitter: Jitter | None = None,
+    ):
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.communicate = communicate and self.world_size > 1
-        self.slots: list[tuple[torch.Tensor, torch.Tensor] | None] = [(k, v), None, None]
         self.cuda = k.is_cuda
+        self.jitter = jitter
         self.pending: list[dist.Work] = []
+        # Both receive slots are allocated now, before any step's kernel: see ``buffers_ready``.
+        receive = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(2 if self.communicate else 0)]
+        self.slots = [(k, v), *receive]
         if self.cuda:
             self.compute = torch.cuda.current_stream(k.device)
             self.comm = _comm_stream(k.device)
             self.ready = [torch.cuda.Event() for _ in self.slots]
             self.free: list[torch.cuda.Event | None] = [None] * len(self.slots)
-            # The caller's K and V were written on the compute stream before this point.
-            self.inputs_written = torch.cuda.Event()
-            self.inputs_written.record(self.compute)
+            # The first transfer waits for this point of the compute stream: the caller's K and V were
+            # written before it, and so was every earlier use of the receive slots' memory. The caching
+            # allocator hands a stream memory that the same stream freed, trusting stream order; NCCL
+            # writes a receive on another stream. A slot allocated in the middle of the ring (as before
+            # this was fixed) could be the previous step's partial output, freed by the host while its
+            # merge was still queued: the receive overwrote it first (wrong answers on 4 GPUs).
+            self.buffers_ready = torch.cuda.Event()
+            self.buffers_ready.record(self.compute)
 
     def peer(self, group_rank: int) -> int:
         """The global rank of ``group_rank`` (mod the world size) in this exchange's group."""
@@ -137,6 +195,14 @@ class KVExchange:
     def slot(step: int) -> int:
         return 0 if step == 0 else 1 + (step + 1) % 2
 
+    def delay(self, point: str) -> None:
+        """The jitter's pause at ``point`` (none without jitter): kernels wait on the compute stream,
+        transfers on the communication stream, everything on the host on CPUs."""
+        if self.jitter is None:
+            return
+        stream = None if not self.cuda else self.compute if point == "kernel" else self.comm
+        self.jitter.delay(point, stream)
+
     def shard(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The K/V of ``step``, once it has arrived (the compute stream waits; the host does not)."""
         if not self.communicate or step == 0:
@@ -144,6 +210,7 @@ class KVExchange:
         if self.cuda:
             self.compute.wait_event(self.ready[self.slot(step)])
         else:
+            self.delay("receive")
             for work in self.pending:
                 work.wait()
         return self.slots[self.slot(step)]
@@ -154,8 +221,6 @@ class KVExchange:
             return
         send = self.slots[self.slot(step)]
         target = self.slot(step + 1)
-        if self.slots[target] is None:
-            self.slots[target] = (torch.empty_like(send[0]), torch.empty_like(send[1]))
         receive = self.slots[target]
         nxt, prev = self.peer(self.rank + 1), self.peer(self.rank - 1)
         ops = [
@@ -165,16 +230,19 @@ class KVExchange:
             dist.P2POp(dist.irecv, receive[1], prev, self.group),
         ]
         if not self.cuda:
+            self.delay("send")
             self.pending = dist.batch_isend_irecv(ops)
             return
         if step == 0:
-            self.comm.wait_event(self.inputs_written)
+            self.comm.wait_event(self.buffers_ready)
         if self.free[target] is not None:
             self.comm.wait_event(self.free[target])
+        self.delay("send")
         with torch.cuda.stream(self.comm):
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
-            self.ready[target].record(self.comm)
+        self.delay("receive")
+        self.ready[target].record(self.comm)
 
     def done_reading(self, step: int) -> None:
         """The compute stream has enqueued its last read of the shard of ``step``."""
@@ -274,6 +342,8 @@ def ring_attention(
     softmax_scale: float | None = None,
     group: dist.ProcessGroup | None = None,
     communicate: bool = True,
+    transfer_first: bool = False,
+    jitter: Jitter | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of this rank's queries over the whole sequence held by the ranks of ``group``.
 
@@ -283,6 +353,9 @@ def ring_attention(
     Returns (O (B, H, L, D) in q's dtype, lse (B, H, L) fp32, natural-log units) for the local rows.
     ``communicate=False`` runs the same kernels and merges on the local shard at every step without
     any transfer; its output is not the attention over the sequence (it measures the ring's cost).
+    ``transfer_first`` issues each step's transfer before its kernel rather than after: the transfer's
+    NCCL kernel is then queued before a persistent grid takes every SM (the tools measure both orders).
+    ``jitter`` (tests) pauses at random at every ordering point: the result must not change.
 
     Raises RuntimeError when torch.distributed is not initialised, TypeError/ValueError for bad
     inputs (naming what was expected and given), ValueError when ``impl`` cannot run a step, and
@@ -298,36 +371,42 @@ def ring_attention(
     else:
         kernel = impl
     # P2P sends need contiguous tensors; contiguous() is free when they already are.
-    exchange = KVExchange(k.contiguous(), v.contiguous(), group, communicate)
+    exchange = KVExchange(k.contiguous(), v.contiguous(), group, communicate, jitter)
     with torch.no_grad():
-        return _ring(q, causal, kernel, local.scale, exchange)
+        return _ring(q, causal, kernel, local.scale, exchange, transfer_first)
 
 
 def _ring(
-    q: torch.Tensor, causal: bool, kernel: LocalKernel, scale: float, exchange: KVExchange
+    q: torch.Tensor, causal: bool, kernel: LocalKernel, scale: float, exchange: KVExchange, transfer_first: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     local_len = q.shape[2]
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     lse = torch.full(q.shape[:3], -math.inf, dtype=torch.float32, device=q.device)
     for step in range(exchange.world_size):
         k_step, v_step = exchange.shard(step)
+        if transfer_first:
+            exchange.pass_on(step)
         plan = zigzag.step_plan(exchange.rank, step, exchange.world_size, causal)
         rows, keys = plan.query_slice(local_len), plan.key_slice(local_len)
+        exchange.delay("kernel")
         block_out, block_lse = kernel(
             q[:, :, rows], k_step[:, :, keys], v_step[:, :, keys], causal=plan.causal, softmax_scale=scale
         )
         exchange.done_reading(step)
-        exchange.pass_on(step)
-        _check_block(block_out, block_lse, out[:, :, rows])
+        if not transfer_first:
+            exchange.pass_on(step)
+        _check_block(block_out, block_lse, out[:, :, rows], q.dtype)
         merge_partial_(out[:, :, rows], lse[:, :, rows], block_out, block_lse)
     return out.to(q.dtype), lse
 
 
-def _check_block(block_out: torch.Tensor, block_lse: torch.Tensor, target: torch.Tensor) -> None:
+def _check_block(block_out: torch.Tensor, block_lse: torch.Tensor, target: torch.Tensor, dtype: torch.dtype) -> None:
     if tuple(block_out.shape) != tuple(target.shape) or tuple(block_lse.shape) != tuple(target.shape[:3]):
         raise ValueError(
             f"the local kernel must return O {tuple(target.shape)} and lse {tuple(target.shape[:3])}, got "
             f"{tuple(block_out.shape)} and {tuple(block_lse.shape)}"
         )
+    if block_out.dtype not in (dtype, torch.float32):
+        raise TypeError(f"the local kernel's O must be {dtype} (the inputs') or torch.float32, got {block_out.dtype}")
     if block_lse.dtype != torch.float32:
         raise TypeError(f"the local kernel's lse must be fp32 (natural-log units), got {block_lse.dtype}")

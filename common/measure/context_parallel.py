@@ -105,6 +105,8 @@ class Options:
     max_reps: int = 20
     seed: int = 0
     rotate: str = "alltoall"
+    # Our ring: issue each step's transfer before its kernel (``ring_attention(transfer_first=True)``).
+    transfer_first: bool = False
 
 
 @dataclass
@@ -382,13 +384,16 @@ def measure_ring(ranks: Ranks, impl: str, point: SweepPoint, options: Options) -
         inputs = ChunkedInputs(point.full(ranks.world_size), 2 * ranks.world_size, ranks.device, options.seed)
         ids = zigzag.chunk_ids(ranks.rank, ranks.world_size)
         q, k, v = (inputs.local(name, ids) for name in ("q", "k", "v"))
-        ring = partial(ring_attention, q, k, v, causal=point.causal, impl=impl)
+        ring = partial(ring_attention, q, k, v, causal=point.causal, impl=impl, transfer_first=options.transfer_first)
         out, lse = ring()
         _fill_check(row, _check(ranks, out, lse, q, ids, inputs, options))
         del out, lse
         timed = time_collective(ranks, ring, options)
         steps = TimedKernel(registry_kernel(impl), ranks.device)
-        no_transfer = partial(ring_attention, q, k, v, causal=point.causal, impl=steps, communicate=False)
+        no_transfer = partial(
+            ring_attention, q, k, v, causal=point.causal, impl=steps, communicate=False,
+            transfer_first=options.transfer_first,
+        )  # fmt: skip
         row.compute_only_ms = time_collective(ranks, no_transfer, options, timed.reps).ms
         kernels = max(gather(ranks, steps.median_sum_ms(ranks.world_size)))
         del q, k, v

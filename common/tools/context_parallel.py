@@ -22,9 +22,9 @@ they finish, longest shards first), env.json (GPUs, ``nvidia-smi topo -m``, NCCL
 multicast settings), efficiency.png and report.md.
 
 Exit status: 0 every row ran and passed (skips with a stated reason are fine); 1 a row was wrong,
-failed or ran out of memory; 2 refused: not started by torchrun, fewer GPUs than processes on this
-host (``--device cpu`` is the CPU test mode), or bad arguments. (torchrun itself reports a child's
-non-zero status as its own failure.)
+failed or ran out of memory, or ``--deadline-s`` left rows unrun; 2 refused: not started by torchrun,
+fewer GPUs than processes on this host (``--device cpu`` is the CPU test mode), or bad arguments.
+(torchrun itself reports a child's non-zero status as its own failure.)
 """
 
 from __future__ import annotations
@@ -129,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=TORCH_CP_ROTATE,
         default="alltoall",
         help="how PyTorch's context_parallel passes K/V (NCCL all-to-all or all-gather; default alltoall)",
+    )
+    parser.add_argument(
+        "--transfer-first",
+        action="store_true",
+        help="our ring issues each step's transfer before its kernel, not after (the order to compare)",
     )
     parser.add_argument("--check-rows", type=_positive_int, default=32, help="rows per rank checked (default 32)")
     parser.add_argument(
@@ -274,7 +279,10 @@ def run(args: argparse.Namespace, ranks) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "env.json").write_text(json.dumps(env, indent=2))
         log = CpCsv(out_dir / "results.csv")
-    options = Options(args.check_rows, args.target_ms, args.min_reps, args.max_reps, args.seed, args.torch_cp_rotate)
+    options = Options(
+        args.check_rows, args.target_ms, args.min_reps, args.max_reps, args.seed, args.torch_cp_rotate,
+        args.transfer_first,
+    )  # fmt: skip
     methods = [("ring", impl) for impl in args.impl or DEFAULT_IMPLS] + [("torch-cp", b) for b in args.torch_cp]
     began = time.perf_counter()
     for point in sweep_points(args):
@@ -300,7 +308,8 @@ def run(args: argparse.Namespace, ranks) -> int:
     plot = write_efficiency_plot(frame, out_dir, f"Ring attention scaling, {shape}")
     write_report(frame, env, out_dir, plot)
     print(f"wrote {out_dir}/results.csv, env.json, report.md" + (", efficiency.png" if plot else ""))
-    return exit_status(frame)
+    # A row the deadline left unrun is not a pass: the sweep did not finish.
+    return 1 if "interrupted" in env else exit_status(frame)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
