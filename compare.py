@@ -396,7 +396,7 @@ def print_table(rows: list, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from common.reporting.row_extras import NO_END_TO_END
+    from common.measure.row_extras import NO_END_TO_END
 
     caption = f"e2e TFLOP/s: input transformation and kernel timed together; {NO_END_TO_END}"
     table = Table(title="FlashAttention forward", caption=caption)
@@ -422,8 +422,8 @@ def print_table(rows: list, console=None) -> None:
 def _measurer(args: argparse.Namespace, problem, device, options, peaks):
     """A function impl -> row for one problem: in this process, or each in its own (--isolate)."""
     from common.measure.isolation import measure_isolated
+    from common.measure.row_extras import complete_row
     from common.measure.runner import make_workload, measure
-    from common.reporting.row_extras import complete_row
 
     if args.isolate:
         return lambda impl: measure_isolated(impl.name, impl, problem, device.type, options, peaks, args.timeout)
@@ -495,8 +495,8 @@ def run_all(args: argparse.Namespace, device_name: str, problems: list, note: st
     from common.contract.registry import discover
     from common.measure.environment import manifest
     from common.measure.peaks import measure_peaks
+    from common.measure.results import CsvLog
     from common.measure.runner import TimingOptions
-    from common.reporting.results import CsvLog
 
     available, missing = discover()
     chosen = ladder_sorted(select(available + missing, args.only, args.skip))
@@ -590,7 +590,7 @@ def _plot_subset(frame):
 def exit_status(run: Run) -> int:
     """0 when every selected row ran and passed or was skipped for a stated reason; 130 when
     interrupted; 1 when any row was wrong, failed, timed out, ran out of memory or failed to import."""
-    from common.reporting.results import BAD_STATUSES
+    from common.measure.results import BAD_STATUSES
 
     bad = sorted({f"{row.impl} ({row.status})" for row in run.rows if row.status in BAD_STATUSES})
     if bad:
@@ -719,7 +719,7 @@ def run_decode(args: argparse.Namespace) -> int:
     console.print(table)
     written = write_decode_outputs(records, env, peaks, out_dir)
     print(f"wrote {out_dir}/decode.csv, env.json, {', '.join(path.name for path in written)}")
-    from common.reporting.results import BAD_STATUSES
+    from common.measure.results import BAD_STATUSES
 
     bad = sorted({f"{r['impl']} ({r['status']})" for r in records if r["status"] in BAD_STATUSES} | set(broken))
     if bad:

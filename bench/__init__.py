@@ -1,10 +1,10 @@
-"""Experiment scripts behind the committed data in ``results/`` (benchmarks, sweeps, probes, profiles).
+"""Tools a maintainer reruns behind the committed data in ``results/`` (benchmarks, sweeps, profiles).
 
 Run each from the project root as a module, ``python -m bench.<name> --help``; the shell scripts here
 wrap one device call each (``bash bench/<name>.sh``, ``$OUT`` set to the folder that comes back).
-``results/h200/README.md`` names the script next to the data it produced; ``docs/perf-log.md`` holds
-what the runs showed. The harness proper (``compare.py``, ``common/``) stays where it is: these
-scripts only drive it for one-off A/B runs that the harness does not express.
+``bench/README.md`` lists every tool in one line with the results folder it feeds; ``docs/perf-log.md``
+holds what the runs showed. The harness proper (``compare.py``, ``common/``) stays where it is: these
+scripts only drive it for runs that the harness does not express.
 """
 
 import sys

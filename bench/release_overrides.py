@@ -1,6 +1,6 @@
 """Which release's tiles serve the installed Triton: every override of the release table, timed at P1.
 
-For each Triton or Gluon rung with an entry in any release's overrides (``common.measure.toolchain``)
+For each Triton or Gluon rung with an entry in any release's overrides (``common.toolchain.releases``)
 at D=128, this times the rung's tile as the installed release resolves it against that tile with each
 release's override applied, at P1 (B=2 H=16 S=8192 D=128 bf16, causal and not). Candidates run in
 interleaved rounds, each round in a rotated order, and every candidate is first judged by its rung's
@@ -25,7 +25,7 @@ from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, get
 from common.measure.timing import tflops, time_cuda
-from common.measure.toolchain import RELEASE_OVERRIDES, tile_key_name, triton_release
+from common.toolchain.releases import RELEASE_OVERRIDES, tile_key_name, triton_release
 
 HEAD_DIM = 128
 

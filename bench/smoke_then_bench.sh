@@ -1,9 +1,8 @@
 #!/bin/bash
-# One device call of a smoke-then-time bench module (bench.gluon_sweep, bench.gluon_ab): the smoke in
+# One device call of a smoke-then-time bench module (bench.gluon_sweep): the smoke in
 # 8 processes side by side (this also fills the Triton cache), then the timing in one process.
 #   bash bench/smoke_then_bench.sh MODULE ROUNDS [ARGS...]      (project root; $OUT set)
 #   e.g. bash bench/smoke_then_bench.sh bench.gluon_sweep 3 --cands sweep-4
-#        bash bench/smoke_then_bench.sh bench.gluon_ab 5 --old-kernel /tmp/old_device.py --cases row-tree
 # Writes $OUT/<module>-smoke-<triton>.jsonl and $OUT/<module>-bench-<triton>.log.
 set -u
 module=$1 rounds=$2

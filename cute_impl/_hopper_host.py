@@ -21,17 +21,16 @@ from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from cutlass.cute.typing import AddressSpace
 
 from common.contract.problem import Problem
-from common.contract.registry import KernelBinary, Runner
+from common.contract.registry import Runner
 from common.contract.validation import OPERAND_ALIGNMENT_BYTES
-from common.reporting.static import compile_cute_sm90
+from common.toolchain.arch import SM90A
+from common.toolchain.compile import KernelBinary, compile_cute_sm90
 from cute_impl._host import CUTE_DTYPES, cache_seqlens_tensor, current_stream, fake_cache_seqlens, to_cute_tensor
 
 # FP8 operands: e4m3, carried as uint8 tensors by torch and retyped at launch.
 FP8_CUTLASS = Float8E4M3FN
 # The SM count passed when compiling (it only sizes the persistent grid); launches pass the device's.
 STATIC_SM_COUNT = 132
-# The one target: WGMMA and setmaxnreg are sm_90a features.
-SM90A = "sm_90a"
 # Keys per block: S (tile_n / 2 registers), P and O must fit in the consumers' registers.
 DEFAULT_TILE_N = 128
 

@@ -20,13 +20,13 @@ from cutlass.cute.typing import AddressSpace
 
 from common.contract.capability import GQA, check_common, check_features
 from common.contract.problem import Problem
-from common.contract.registry import KernelBinary, Runner, per_call_inputs, warmed_up
+from common.contract.registry import Runner, per_call_inputs, warmed_up
 from common.contract.validation import (
     OPERAND_ALIGNMENT_BYTES,
     require_cache_seqlens_as_stated,
     validate_attention_inputs,
 )
-from common.reporting.static import compile_cute_sm90
+from common.toolchain.compile import KernelBinary, compile_cute_sm90
 
 CUTE_DTYPES = {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}
 # mma.sync with bf16 operands and cp.async are sm_80 features (Hopper runs them too).

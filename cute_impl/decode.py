@@ -89,8 +89,9 @@ from cutlass.cute.runtime import make_fake_tensor
 from common.contract import splits
 from common.contract.capability import FEATURES
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner
+from common.contract.registry import Implementation, Runner
 from common.contract.validation import OPERAND_ALIGNMENT_BYTES, kernel_operand
+from common.toolchain.compile import KernelBinary
 from cute_impl._device import (
     LOG2_E,
     AttentionMask,

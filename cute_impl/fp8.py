@@ -93,7 +93,8 @@ from common.contract.fp8 import emulate as emulate_quantised
 from common.contract.fp8_quantiser import FusedQuantiser, QuantisedLaunch, end_to_end_runner, quantise_for_kernel
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner, per_call_inputs, warmed_up
+from common.contract.registry import Implementation, Runner, per_call_inputs, warmed_up
+from common.toolchain.compile import KernelBinary
 from cute_impl._device import LOG2_E
 from cute_impl._hopper_host import HopperConfig, default_config
 from cute_impl.hopper import (

@@ -117,9 +117,10 @@ import torch
 
 from common.contract.capability import FEATURES, check_features
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner, per_call_inputs, warmed_up
+from common.contract.registry import Implementation, Runner, per_call_inputs, warmed_up
 from common.contract.validation import kernel_operand, validate_for_problem
-from common.reporting.static import SM90_CAPABILITY
+from common.toolchain.arch import check_sm90
+from common.toolchain.compile import KernelBinary
 
 try:  # The DSL is optional for the rest of the suite; the registry reports the import error.
     import cuda.bindings.driver as cuda
@@ -630,12 +631,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
 # ----------------------------------------------------------------------------------------------------
 def hopper_device_supported(device: torch.device) -> tuple[bool, str]:
     """sm_90 exactly: WGMMA and setmaxnreg are sm_90a features that later GPUs do not run."""
-    if device.type != "cuda":
-        return False, f"needs a CUDA sm_90 GPU, got {device}"
-    major, minor = torch.cuda.get_device_capability(device)
-    if major * 10 + minor != SM90_CAPABILITY:
-        return False, f"needs compute capability 9.0 (sm_90a: TMA, WGMMA, setmaxnreg), got {major}.{minor}"
-    return True, ""
+    return check_sm90("cute/hopper and cute/fp8", device, "sm_90a: TMA, WGMMA, setmaxnreg")
 
 
 def common_problem_supported(problem: Problem) -> tuple[bool, str]:

@@ -66,8 +66,9 @@ from cutlass import Float32, Int32, const_expr
 
 from common.contract.capability import FEATURES, check_common
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.registry import Implementation, Runner, warmed_up
 from common.contract.validation import kernel_operand, validate_for_problem
+from common.toolchain.compile import KernelBinary
 from cute_impl._host import (
     CUTE_DTYPES,
     cache_seqlens_tensor,

@@ -87,8 +87,9 @@ import torch
 
 from common.contract.capability import FEATURES
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner
+from common.contract.registry import Implementation, Runner
 from common.contract.validation import kernel_operand
+from common.toolchain.compile import KernelBinary
 from cute_impl._host import (
     cache_seqlens_tensor,
     compile_on_fakes_sm90,

@@ -19,8 +19,8 @@ from rich.console import Console
 import compare
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Unavailable
+from common.measure.results import CSV_COLUMNS, ResultRow
 from common.measure.runner import blank_row
-from common.reporting.results import CSV_COLUMNS, ResultRow
 
 ROOT = Path(__file__).resolve().parent.parent
 ISSUE_COLUMNS = [

@@ -70,7 +70,7 @@ def test_fake_arguments_compile_like_the_launch_tensors(fp8_operands: bool, cach
     from cutlass import Float32, Int32
     from cutlass.cute.runtime import make_fake_stream
 
-    from common.reporting.static import compile_cute_sm90
+    from common.toolchain.compile import compile_cute_sm90
 
     problem = Problem(1, 2, 256, 256, 128, has_cache_seqlens=cache_lengths)
     config = hopper.default_config(problem, fp8=fp8_operands)

@@ -9,8 +9,7 @@ from common.contract.check import check_on_inputs, run_poisoned
 from common.contract.inputs import make_inputs
 from common.contract.metrics import error_stats
 from common.contract.problem import Problem, dtype_name
-from common.contract.reference import reference_attention
-from common.measure.sdpa import sdpa
+from common.contract.reference import reference_attention, sdpa
 from common.reporting.static import cubin_resources, ptx_features
 
 # Skip only when the CuTe DSL itself is absent: a rung module that fails to import fails the tests.

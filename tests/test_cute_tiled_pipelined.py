@@ -14,8 +14,7 @@ from common.contract.check import check_implementation, check_on_inputs
 from common.contract.inputs import make_inputs
 from common.contract.metrics import error_stats
 from common.contract.problem import Problem
-from common.contract.reference import reference_attention
-from common.measure.sdpa import sdpa
+from common.contract.reference import reference_attention, sdpa
 from common.reporting.static import cubin_resources
 from cute_impl import _host, pipelined, tiled
 from cute_impl._device import BlockRange, SeqlenInfo

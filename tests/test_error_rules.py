@@ -34,8 +34,7 @@ from common.contract.metrics import (
     score_magnitude,
 )
 from common.contract.problem import Problem
-from common.contract.reference import reference_attention
-from common.measure.sdpa import sdpa
+from common.contract.reference import reference_attention, sdpa
 
 LOG2_E = math.log2(math.e)
 BUGS = ("scale", "last_block", "tail_rows", "causal_off_by_one", "descale")

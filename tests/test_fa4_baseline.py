@@ -113,7 +113,7 @@ def test_bind_changes_the_layout_and_returns_the_buffer_it_launches_into(
     [
         ({}, (9, 0), ""),
         ({"causal": True, "seqlen_k": 40}, (9, 0), ""),
-        ({}, (10, 0), "needs compute capability 9.0, got 10.0"),
+        ({}, (10, 0), "needs sm_90 (FA4's SM90 kernel), got sm_100"),
         ({"dtype": torch.float32}, (9, 0), "runs fp16 and bf16, got fp32"),
         ({"head_dim": 260}, (9, 0), "needs head_dim in [8, 256]"),
         ({"head_dim": 36}, (9, 0), "a multiple of 8, got 36"),

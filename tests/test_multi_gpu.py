@@ -20,8 +20,8 @@ import compare
 from common.contract.problem import Problem
 from common.measure import multi_gpu
 from common.measure.multi_gpu import Job, Worker
+from common.measure.results import CSV_COLUMNS
 from common.reporting.multi_gpu import with_same_gpu_ratios
-from common.reporting.results import CSV_COLUMNS
 
 IMPLS = ["triton/tiled", "cute/hopper", "sdpa/cudnn"]
 

@@ -11,9 +11,9 @@ import torch
 from common.contract.metrics import SDPA_RELATIVE_RULE, ErrorRule, ErrorStats
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
+from common.measure.results import ResultRow
+from common.measure.row_extras import complete_row, rel_l2_bound
 from common.measure.runner import TimingOptions, Workload, blank_row, make_workload
-from common.reporting.results import ResultRow
-from common.reporting.row_extras import complete_row, rel_l2_bound
 
 PROBLEM = Problem(1, 2, 16, 16, 8, dtype=torch.float32)
 OPTIONS = TimingOptions(1.0, 1.0)

@@ -1,4 +1,4 @@
-"""The Triton release table (``common.measure.toolchain``) and what it promises.
+"""The Triton release table (``common.toolchain.releases``) and what it promises.
 
 Every Triton rung's default tile, at every head dim it supports, causal and not, compiles for sm_90a
 without spills under the installed release (bf16; fp16 builds allocate the same registers). CI runs
@@ -26,7 +26,7 @@ from common.contract.check import check_implementation
 from common.contract.devices import triton_interpreting
 from common.contract.problem import Problem
 from common.contract.registry import get
-from common.measure.toolchain import (
+from common.toolchain.releases import (
     RELEASE_OVERRIDES,
     TESTED_TRITON,
     tested_triton_status,
@@ -108,7 +108,7 @@ def test_default_tile_does_not_spill(case: str, compiled: dict[str, list[int]]):
     registers, spills = compiled[case]
     assert spills == 0, (
         f"{case} spills {spills} bytes per thread ({registers} registers) under Triton {triton.__version__}: "
-        f"give it a spill-free tile in common.measure.toolchain.RELEASE_OVERRIDES[{triton_release()!r}]"
+        f"give it a spill-free tile in common.toolchain.releases.RELEASE_OVERRIDES[{triton_release()!r}]"
     )
 
 

@@ -85,9 +85,9 @@ from common.contract import splits
 from common.contract.capability import FEATURES, PAGED_KV, check_features
 from common.contract.devices import triton_device_supported, triton_dtype_supported
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.registry import Implementation, Runner, warmed_up
 from common.contract.validation import kernel_operand
-from common.reporting.static import compile_triton_sm90
+from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from triton_impl._device import (
     LOG2_E,
     attend_key_blocks,

@@ -71,7 +71,6 @@ docstrings"; current figures in the generated table of ``docs/ladder.md``):
   * One warpgroup per CTA (64 × 128 tiles, 4 warps, 3 stages) beats 128 × 128 with 8 warps: two
     independent CTAs share an SM and drift apart, so one's softmax runs under the other's wgmmas,
     the overlap that the 8-warp CTA, whose two warpgroups Triton keeps in lockstep, never gets.
-    ``fp8_attention(..., autotune=True)`` times every candidate that fits (``candidate_configs``).
   * The hand-pipelined loop of ``hopper.py`` needs the accumulator chained through the fp8 wgmma
     and fails the error rule, so this rung refuses ``HopperConfig.overlap``; a separate pv in that
     loop needs S, P, O and pv live at once and spills.
@@ -82,8 +81,6 @@ L2 against fp64: the emulation sets that floor, and the rule asks the kernel to 
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 import triton
 
@@ -93,8 +90,9 @@ from common.contract.fp8 import emulate as emulate_quantised
 from common.contract.fp8_quantiser import FusedQuantiser, QuantisedLaunch, end_to_end_runner, quantise_for_kernel
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.measure.toolchain import release_configs
+from common.contract.registry import Implementation, Runner, warmed_up
+from common.toolchain.compile import KernelBinary
+from common.toolchain.releases import release_configs
 from triton_impl._host import allocate_lse, feature_buffers, rung_result
 from triton_impl.hopper import (
     SCALAR_SIGNATURE,
@@ -104,7 +102,6 @@ from triton_impl.hopper import (
     _validate,
     check_launchable,
     compile_kernel_sm90,
-    fastest_config,
     hopper_supported,
     kernel_constexprs,
     kernel_sizes,
@@ -240,32 +237,19 @@ def fp8_attention(
     v: torch.Tensor,
     problem: Problem,
     config: HopperConfig | None = None,
-    autotune: bool = False,
     quantisation: Quantisation = DEFAULT_QUANTISATION,
     *,
     cache_seqlens: torch.Tensor | None = None,
 ) -> QuantisedLaunch:
-    """Validate, quantise, choose the configuration (``autotune``: time every fitting candidate),
-    compile by one warm-up launch; the result's call is run()."""
+    """Validate, quantise, launch at ``config`` (default: this head dim's), compile by one warm-up
+    launch; the result's call is run()."""
     checked = _validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES, cache_seqlens)
     fused = quantiser(q, k, quantisation)
     operands = fused(q, k, v)
     if config is None:
         config = default_config(checked.head_dim)
-        if autotune:
-            candidates = [c for c in candidate_configs(checked.head_dim) if _tiles_fit(quantisation, c)]
-            build = partial(Fp8Attention, operands, checked, cache_seqlens=cache_seqlens)
-            config = fastest_config(build, candidates)
     check_launchable(config, q.device)
     return warmed_up(QuantisedLaunch(fused, Fp8Attention(operands, checked, config, cache_seqlens)), q.device)
-
-
-def _tiles_fit(quantisation: Quantisation, config: HopperConfig) -> bool:
-    try:
-        check_quantisation_blocks(quantisation, config)
-    except ValueError:
-        return False
-    return True
 
 
 def launch(

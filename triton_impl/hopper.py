@@ -61,7 +61,7 @@ fp32 accumulators in registers; O registers → SMEM → HBM by a TMA store.
 Constraints: fp16 and bf16 (fp32 only under the interpreter, for the CPU tests); D ∈ {64, 128, 256};
 any Sq, Sk ≥ 1, Sq ≠ Sk; GQA/MQA (any Hkv dividing H); causal aligned top-left or bottom-right, or
 not; ``cache_seqlens`` (per-sequence key lengths of a padded cache); ``return_lse``; softmax_scale ≥ 0
-(row maxima are taken before scaling, which needs a non-negative scale); sm_90 or newer. Each
+(row maxima are taken before scaling, which needs a non-negative scale); sm_90 exactly. Each
 feature is a constexpr (``feature_constexprs``) or, for GQA, one division per program, so the plain
 problem compiles to the loops it had without them. Row strides must be 16-byte aligned
 (``kernel_operand`` copies otherwise).
@@ -74,31 +74,29 @@ each CTA then issues m64 wgmmas from a single warpgroup with the whole softmax o
 and it ran well behind the software-pipelined two-warpgroup kernel. The third pipeline stage hides
 the TMA latency behind a full S = Q Kᵀ. The remaining gap to cuDNN is the overlap of softmax with
 the MMAs across the two warpgroups (FA3's ping-pong), which Triton's scheduler does not do here.
-Triton releases (``common.measure.toolchain``): the hand-pipelined loop holds S, P, O and the P V in flight
+Triton releases (``common.toolchain.releases``): the hand-pipelined loop holds S, P, O and the P V in flight
 at once and spills under Triton 3.9's default ptxas register allocation; 3.9 assembles it with
 ``--regAllocOptLevel=4`` (``HopperConfig.ptx_options``), spill-free.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from common.contract import fp8 as fp8_quantisation
 from common.contract.capability import FEATURES, check_features
 from common.contract.devices import triton_device_supported, triton_dtypes, triton_interpreting
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.registry import Implementation, Runner, warmed_up
 from common.contract.validation import kernel_operand
-from common.measure.toolchain import release_configs
-from common.reporting.static import compile_triton_sm90
+from common.toolchain.arch import check_sm90
+from common.toolchain.compile import KernelBinary, compile_triton_sm90
+from common.toolchain.releases import release_configs
 from triton_impl._device import (
     LOG2_E,
     attention_mask,
@@ -121,7 +119,6 @@ from triton_impl._host import (
 # (common/contract/fp8.py, shared with the other fp8 rungs and the emulation).
 P_EXPONENT = tl.constexpr(fp8_quantisation.P_EXPONENT)
 HEAD_DIMS = (64, 128, 256)
-HOPPER_CAPABILITY = (9, 0)
 # Dynamic shared memory one CTA may use on sm_90 (227 KiB).
 SHARED_MEMORY_BUDGET = 232_448
 TRITON_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -141,7 +138,7 @@ class HopperConfig:
     warp_specialize: bool
     # Software-pipelined KV loop (``_overlapped_step``): P V of block n-1 runs under the softmax of n.
     overlap: bool = False
-    # Extra ptxas flags (Triton's ``ptx_options``), set per release by ``common.measure.toolchain``.
+    # Extra ptxas flags (Triton's ``ptx_options``), set per release by ``common.toolchain.releases``.
     ptx_options: str | None = None
 
     def launch_options(self) -> dict[str, int | str]:
@@ -237,7 +234,7 @@ INTERPRETER_CONFIG = HopperConfig(64, 32, 4, 1, False)
 
 
 def default_config(head_dim: int) -> HopperConfig:
-    """The fixed configuration used unless autotuning is asked for."""
+    """The fixed configuration of this head dim (the interpreter's small tile on the CPU)."""
     return INTERPRETER_CONFIG if triton_interpreting() else DEFAULT_CONFIGS[head_dim]
 
 
@@ -508,39 +505,21 @@ def _validate(
     return checked
 
 
-def fastest_config(
-    build: Callable[[HopperConfig], Callable[[], object]], candidates: Iterable[HopperConfig]
-) -> HopperConfig:
-    """Time every candidate's launch (``build(config)``) once, here in prepare, and keep the fastest."""
-    timings = {}
-    for config in candidates:
-        try:
-            timings[config] = triton.testing.do_bench(build(config))
-        except OutOfResources:
-            # The estimate is a pre-filter; warp-specialised kernels use more than it counts.
-            continue
-    return min(timings, key=timings.__getitem__)
-
-
 def hopper_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     problem: Problem,
     config: HopperConfig | None = None,
-    autotune: bool = False,
     *,
     cache_seqlens: torch.Tensor | None = None,
 ) -> HopperAttention:
-    """Validate, choose the configuration, compile by one warm-up launch; the result's call is run()."""
+    """Validate, launch at ``config`` (default: this head dim's), compile by one warm-up launch; the
+    result's call is run()."""
     checked = _validate(q, k, v, problem, cache_seqlens=cache_seqlens)
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     if config is None:
         config = default_config(checked.head_dim)
-        if autotune:
-            candidates = candidate_configs(checked.head_dim, checked.dtype)
-            build = partial(HopperAttention, q, k, v, checked, cache_seqlens=cache_seqlens)
-            config = fastest_config(build, candidates)
     check_launchable(config, q.device)
     prepared = HopperAttention(q, k, v, checked, config, cache_seqlens)
     prepared()
@@ -553,14 +532,6 @@ def bind(
     """Descriptors, O and the LSE for validated q, k, v at the default configuration, no launch."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     return HopperAttention(q, k, v, problem, default_config(problem.head_dim), cache_seqlens)
-
-
-def attention_with_lse(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, softmax_scale: float | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """O (B, H, Sq, D) and the natural-log lse (B, H, Sq) in fp32, for callers that need both."""
-    shape = Problem(1, 1, 1, 1, q.shape[-1], causal=causal, softmax_scale=softmax_scale, return_lse=True)
-    return hopper_attention(q, k, v, _validate(q, k, v, shape))()
 
 
 def prepare(
@@ -584,11 +555,8 @@ def hopper_supported(problem: Problem, device: torch.device, rung: str, needs: s
         return False, f"{rung} needs head_dim in {list(HEAD_DIMS)}, got {problem.head_dim}"
     if problem.scale < 0:
         return False, f"{rung} needs softmax_scale >= 0, got {problem.scale}"
-    if device.type == "cuda":
-        capability = torch.cuda.get_device_capability(device)
-        if capability < HOPPER_CAPABILITY:
-            return False, f"{rung} needs {needs} (sm_90+), got sm_{capability[0]}{capability[1]}"
-    return True, ""
+    # On the CPU the interpreter runs it; a GPU must be sm_90, the one architecture its tiles are for.
+    return check_sm90(rung, device, needs) if device.type == "cuda" else (True, "")
 
 
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:

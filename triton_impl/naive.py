@@ -50,9 +50,9 @@ import triton
 import triton.language as tl
 
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.registry import Implementation, Runner, warmed_up
 from common.contract.validation import kernel_operand
-from common.reporting.static import compile_triton_sm90
+from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from triton_impl._host import allocate_lse, ladder_supported, placeholder, validate_triton_inputs
 
 # A constexpr: the softmax kernel reads it (the scale is applied when S is written, in natural units).

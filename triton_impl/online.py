@@ -55,7 +55,7 @@ converted from bf16 fed a single FMA, and it ran slower than naive without the m
 tile's key block is about half FFMA. What is left: the Q Kᵀ slice loop (Q and K converted per
 slice, plus the barriers of Triton's layout conversions), and nothing prefetches the next K/V block.
 
-Triton releases (the tile table passes through ``common.measure.toolchain.release_configs``): with
+Triton releases (the tile table passes through ``common.toolchain.releases.release_configs``): with
 P V as a tree, Triton 3.9 spilled the 4×16 tile; as a chain every tile of the table is spill-free
 under both releases, and P V's instructions are the same on both. Q Kᵀ's per-slice ``tl.sum``
 stays a tree under 3.9 (its partial sums as FFMAs held BLOCK_D times the scores and measured slower
@@ -75,10 +75,10 @@ import triton
 import triton.language as tl
 
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.registry import Implementation, Runner, warmed_up
 from common.contract.validation import kernel_operand
-from common.measure.toolchain import release_configs
-from common.reporting.static import compile_triton_sm90
+from common.toolchain.compile import KernelBinary, compile_triton_sm90
+from common.toolchain.releases import release_configs
 from triton_impl._host import (
     POINTER_ALIGNED,
     allocate_lse,
@@ -113,7 +113,7 @@ class TileConfig:
 
 
 # Per head dim, chosen under Triton 3.6; ``release_configs`` swaps in the tiles another Triton
-# release runs faster or needs to stay spill-free (``common.measure.toolchain``). D=128 compiles for
+# release runs faster or needs to stay spill-free (``common.toolchain.releases``). D=128 compiles for
 # sm_90a with no spills (235 registers under 3.6, two CTAs per SM) and was the fastest spill-free
 # tile timed on the H200 under 3.6 (docs/perf-log.md). D=64 sums Q Kᵀ over 8 columns of D per step:
 # with 16, Triton 3.6 spilled 16 bytes in the causal build.

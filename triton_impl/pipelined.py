@@ -39,7 +39,7 @@ What the measurements taught (figures in the generated table of ``docs/ladder.md
 timings and earlier defaults in ``docs/perf-log.md``, "Figures moved out of rung docstrings"): the
 tuner's timings rank configurations by up to 2x, the pipeline depth matters most (a third stage
 beats a larger tile), and 128 × 64 tiles with 4 warps are the worst choice.
-Triton releases (``common.measure.toolchain``): at D=256 non-causal Triton 3.9 spills with 4 warps, so it
+Triton releases (``common.toolchain.releases``): at D=256 non-causal Triton 3.9 spills with 4 warps, so it
 runs 8 warps there (like all of D=256, not timed).
 """
 
@@ -55,10 +55,10 @@ import triton.language as tl
 
 from common.contract.devices import triton_interpreting
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.registry import Implementation, Runner, warmed_up
 from common.contract.validation import kernel_operand
-from common.measure.toolchain import release_configs
-from common.reporting.static import compile_triton_sm90
+from common.toolchain.compile import KernelBinary, compile_triton_sm90
+from common.toolchain.releases import release_configs
 from triton_impl._device import attend_key_blocks, block_range, kv_head_index, online_softmax_finalize, seqlen_info
 from triton_impl._host import (
     POINTER_ALIGNED,

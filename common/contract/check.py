@@ -20,9 +20,8 @@ from common.contract.metrics import (
     score_magnitude,
 )
 from common.contract.problem import Problem
-from common.contract.reference import contiguous_kv, reference_attention
+from common.contract.reference import contiguous_kv, reference_attention, sdpa
 from common.contract.registry import Implementation, Runner, per_call_inputs
-from common.measure.sdpa import sdpa
 
 
 @dataclass(frozen=True)

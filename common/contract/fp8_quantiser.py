@@ -104,7 +104,8 @@ from common.contract.fp8 import (
     quantise,
     random_hadamard,
 )
-from common.contract.registry import KernelBinary, Runner
+from common.contract.registry import Runner
+from common.toolchain.compile import KernelBinary
 
 ROTATION_METHODS = ("tensor_core", "butterfly")
 # The butterflies' reshapes spill at D = 256 (16 warps, 128 registers a thread): refused there.
@@ -807,7 +808,7 @@ def compile_sm90(
     per-tensor amax reduction."""
     from triton.runtime.jit import MockTensor
 
-    from common.reporting.static import compile_triton_sm90_launch
+    from common.toolchain.compile import compile_triton_sm90_launch
 
     config = config or DEFAULT_CONFIG
     _check_quantisation(quantisation, value_layout, head_dim, rotation_method)

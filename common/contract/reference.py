@@ -8,13 +8,20 @@ past its length and sets its bottom-right offset. A row that sees no key has out
 A paged KV cache is first gathered into the contiguous (B, Hkv, Sk, D) cache it stands for
 (:func:`gather_pages`, also the SDPA yardstick's input), reading only the pages that hold keys below
 each sequence's length.
+
+:func:`sdpa` is the other reference: PyTorch's SDPA in the problem's own dtype, whose error against the
+fp64 reference is the yardstick of the error rules (``common.contract.check.sdpa_error``) and the body
+of the SDPA baselines (``common.measure.sdpa``).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from common.contract.problem import Problem, causal_offset
 
@@ -112,3 +119,39 @@ def reference_attention(
                 q64 = q[b, h, start:stop].to(torch.float64)
                 out[b, h, start:stop], lse[b, h, start:stop] = _attend_rows(q64, k64, v64, start, lengths[b], problem)
     return (out, lse) if with_lse else out
+
+
+def _visible(problem: Problem, cache_seqlens: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """Boolean (B, 1, Sq, Sk): which keys each query row of each sequence sees."""
+    rows = torch.arange(problem.seqlen_q, device=device)
+    masks = [
+        visible_keys_mask(problem, length, rows, problem.seqlen_k, device)
+        for length in sequence_lengths(problem, cache_seqlens)
+    ]
+    return torch.stack(masks)[:, None]
+
+
+def sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, cache_seqlens: torch.Tensor | None = None
+) -> torch.Tensor:
+    """SDPA with PyTorch's own backend choice: the same-dtype error baseline."""
+    options: dict[str, object] = {"scale": problem.scale}
+    if problem.kv_heads != problem.heads:
+        options["enable_gqa"] = True
+    visible = None
+    if problem.has_cache_seqlens:
+        visible = _visible(problem, cache_seqlens, q.device)
+        options["attn_mask"] = visible
+    elif problem.bottom_right:
+        with warnings.catch_warnings():
+            # It warns that rows seeing no key (Sq > Sk) come out NaN: they are set to 0 below.
+            warnings.filterwarnings("ignore", message="Lower right causal bias")
+            options["attn_mask"] = causal_lower_right(problem.seqlen_q, problem.seqlen_k)
+    else:
+        options["is_causal"] = problem.causal
+    out = F.scaled_dot_product_attention(q, k, v, **options)
+    if problem.has_cache_seqlens or problem.bottom_right:
+        if visible is None:
+            visible = _visible(problem, None, q.device)
+        out = torch.where(visible.any(dim=-1, keepdim=True), out, torch.zeros((), dtype=out.dtype, device=out.device))
+    return out

@@ -51,6 +51,7 @@ import torch
 
 from common.contract.metrics import SDPA_RELATIVE_RULE, ErrorRule
 from common.contract.problem import Problem
+from common.toolchain.compile import KernelBinary
 
 STACKS = ("triton", "gluon", "cute", "sdpa", "fa4", "flashinfer")
 # Stacks of external kernels measured as references: their rows are named by backend, not by rung.
@@ -83,17 +84,6 @@ Supports = Callable[[Problem, torch.device], tuple[bool, str]]
 
 
 @dataclass(frozen=True)
-class KernelBinary:
-    """One kernel compiled for sm_90a: its PTX text and, when available, its cubin."""
-
-    name: str
-    ptx: str
-    cubin: bytes | None = None
-    threads_per_cta: int | None = None
-    shared_bytes: int | None = None
-
-
-@dataclass(frozen=True)
 class Implementation:
     name: str
     stack: str
@@ -107,7 +97,7 @@ class Implementation:
     # common.contract.fp8.Emulation``, which its error rule judges against (``common.contract.check.judge_output``).
     emulate: Callable[..., Any] | None = None
     # Rungs that transform their inputs in prepare (FP8): a prepare whose run() quantises, rotates and
-    # launches in every call, timed end to end by ``common.reporting.row_extras``.
+    # launches in every call, timed end to end by ``common.measure.row_extras``.
     prepare_end_to_end: Prepare | None = None
     error_rule: ErrorRule = SDPA_RELATIVE_RULE
     # True when the Triton interpreter can run it on CPU tensors (TRITON_INTERPRET=1).
@@ -117,7 +107,7 @@ class Implementation:
     forbidden_ptx: tuple[str, ...] = ()
     source_file: str | None = None
     # The rung's default tile table (head dim, or (head dim, causal), -> configuration) as the
-    # installed release resolves it; env.json records it (``common.measure.toolchain.config_record``).
+    # installed release resolves it; env.json records it (``common.toolchain.releases.triton_config_record``).
     default_configs: Mapping[Any, Any] | None = field(default=None, compare=False)
     notes: str = field(default="", compare=False)
 
@@ -192,11 +182,9 @@ def _load(module_name: str) -> list[Implementation] | Unavailable:
     return list(found) if isinstance(found, (list, tuple)) else [found]
 
 
-def discover(include_baselines: bool = True) -> tuple[list[Implementation], list[Unavailable]]:
-    """All implementations in ladder order, plus the rung modules that could not be loaded."""
+def _implementations(modules: tuple[str, ...]) -> tuple[list[Implementation], list[Unavailable]]:
     available: list[Implementation] = []
     missing: list[Unavailable] = []
-    modules = RUNG_MODULES + (BASELINE_MODULES if include_baselines else ())
     for module_name in modules:
         loaded = _load(module_name)
         if isinstance(loaded, Unavailable):
@@ -206,11 +194,20 @@ def discover(include_baselines: bool = True) -> tuple[list[Implementation], list
     return available, missing
 
 
+def discover(include_baselines: bool = True) -> tuple[list[Implementation], list[Unavailable]]:
+    """All implementations in ladder order, plus the rung modules that could not be loaded."""
+    return _implementations(RUNG_MODULES + (BASELINE_MODULES if include_baselines else ()))
+
+
 def get(name: str) -> Implementation:
-    """The implementation called ``name``; an unknown name lists the valid ones."""
-    available, _ = discover()
+    """The implementation called ``name``; an unknown name lists the valid ones.
+
+    Only a baseline's name (``sdpa/...``, ``fa4/...``) loads the baseline modules, which live in
+    ``common.measure``: a user's call of a rung (``common.attention``) imports no benchmark code."""
+    baseline = name.partition("/")[0] in BASELINE_STACKS
+    available, _ = _implementations(BASELINE_MODULES if baseline else RUNG_MODULES)
     for impl in available:
         if impl.name == name:
             return impl
-    valid = ", ".join(impl.name for impl in available)
+    valid = ", ".join(impl.name for impl in discover()[0])
     raise ValueError(f"unknown implementation {name!r}; valid names: {valid}")

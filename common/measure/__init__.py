@@ -1,3 +1,4 @@
-"""How rungs are run and timed: CUDA timing, peaks, the runner and its isolation, the SDPA and
-FA4 baselines, the Triton release table and the environment record.
+"""How rungs are run and timed: CUDA timing, peaks, the runner and its isolation, the result rows
+(results.csv) and the end-to-end column, the SDPA, FA4 and FlashInfer baselines and the environment
+record. Nothing here imports ``common.reporting``.
 """

@@ -86,9 +86,9 @@ def _flashinfer_info() -> dict[str, Any] | None:
 def _triton_toolchain() -> dict[str, Any]:
     """Whether the installed Triton is a tested release, and the Triton tile configurations in force."""
     try:
-        from common.measure.toolchain import tested_triton_status, triton_config_record
+        from common.toolchain.releases import tested_triton_status, triton_config_record
     except ModuleNotFoundError as error:
-        if error.name != "common.measure.toolchain":
+        if error.name != "common.toolchain.releases":
             raise
         return {}
     try:

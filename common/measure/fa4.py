@@ -46,13 +46,13 @@ import torch
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner, warmed_up
 from common.contract.validation import validate_for_problem
+from common.toolchain.arch import check_sm90
 
 NAME = "fa4/sm90"
 PACKAGE = "flash_attn.cute"
 # The module holding the forward that accepts a caller's output buffer.
 INTERFACE = "flash_attn.cute.interface"
 FORWARD = "_flash_attn_fwd"
-SM90_CAPABILITY = (9, 0)
 DTYPES = (torch.float16, torch.bfloat16)
 MIN_HEAD_DIM, MAX_HEAD_DIM, HEAD_DIM_MULTIPLE = 8, 256, 8
 # Distributions FA4 has been published as; the snapshot used on the H200 has none (source only).
@@ -137,11 +137,9 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     available, reason = availability()
     if not available:
         return False, reason
-    if device.type != "cuda":
-        return False, f"{NAME} needs a CUDA sm_90 GPU, got {device}"
-    capability = torch.cuda.get_device_capability(device)
-    if capability != SM90_CAPABILITY:
-        return False, f"{NAME} is FA4's SM90 kernel: needs compute capability 9.0, got {capability[0]}.{capability[1]}"
+    ok, reason = check_sm90(NAME, device, "FA4's SM90 kernel")
+    if not ok:
+        return ok, reason
     if problem.dtype not in DTYPES:
         return False, f"{NAME} runs fp16 and bf16, got {problem.dtype_name}"
     head_dim = problem.head_dim

@@ -19,8 +19,8 @@ from pathlib import Path
 from common.contract.problem import DTYPE_NAMES, Problem
 from common.contract.registry import Implementation, get
 from common.measure.peaks import Peaks
+from common.measure.results import ResultRow
 from common.measure.runner import TimingOptions, blank_row
-from common.reporting.results import ResultRow
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,8 +83,8 @@ def measure_isolated(
 def _child(spec_json: str) -> None:
     import torch
 
+    from common.measure.row_extras import complete_row
     from common.measure.runner import make_workload, measure
-    from common.reporting.row_extras import complete_row
 
     spec = json.loads(spec_json)
     problem_fields = dict(spec["problem"], dtype=DTYPE_NAMES[spec["problem"]["dtype"]])

@@ -21,8 +21,8 @@ from common.contract.problem import Problem
 from common.contract.reference import reference_attention
 from common.contract.registry import Implementation, per_call_inputs
 from common.measure.peaks import Peaks
+from common.measure.results import ResultRow
 from common.measure.timing import Timing, tflops, time_cuda, time_host
-from common.reporting.results import ResultRow
 
 # Calls enqueued back to back to estimate per-call host overhead.
 HOST_LAUNCH_CALLS = 20

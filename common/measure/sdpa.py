@@ -7,22 +7,20 @@ too. A row that sees no key is set to 0 (the suite's convention; SDPA's backends
 Whether a backend takes a problem is decided by running it on a small probe of the same kind.
 ``F.scaled_dot_product_attention`` returns no LSE, so ``return_lse`` is refused, and it reads K and V as
 dense (B, Hkv, Sk, D) tensors, so a paged KV cache (a block table) is refused too: gathering the pages
-first would time a copy of the cache, not attention. (As the error yardstick, ``sdpa`` does run on the
-gathered cache: ``common.contract.check.sdpa_error``.)
+first would time a copy of the cache, not attention. The masks and the zero rows are
+``common.contract.reference.sdpa``'s, the same function that, as the error yardstick, runs on the gathered
+cache (``common.contract.check.sdpa_error``).
 """
 
 from __future__ import annotations
 
-import warnings
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
 
 from common.contract.problem import Problem
-from common.contract.reference import sequence_lengths, visible_keys_mask
+from common.contract.reference import sdpa
 from common.contract.registry import Implementation, Runner, warmed_up
 
 BACKENDS: dict[str, SDPBackend] = {
@@ -33,42 +31,6 @@ BACKENDS: dict[str, SDPBackend] = {
 }
 # The probe that decides availability uses this many rows: enough to exercise the kernel, cheap.
 PROBE_SEQLEN = 64
-
-
-def _visible(problem: Problem, cache_seqlens: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-    """Boolean (B, 1, Sq, Sk): which keys each query row of each sequence sees."""
-    rows = torch.arange(problem.seqlen_q, device=device)
-    masks = [
-        visible_keys_mask(problem, length, rows, problem.seqlen_k, device)
-        for length in sequence_lengths(problem, cache_seqlens)
-    ]
-    return torch.stack(masks)[:, None]
-
-
-def sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, cache_seqlens: torch.Tensor | None = None
-) -> torch.Tensor:
-    """SDPA with PyTorch's own backend choice: the same-dtype error baseline."""
-    options: dict[str, object] = {"scale": problem.scale}
-    if problem.kv_heads != problem.heads:
-        options["enable_gqa"] = True
-    visible = None
-    if problem.has_cache_seqlens:
-        visible = _visible(problem, cache_seqlens, q.device)
-        options["attn_mask"] = visible
-    elif problem.bottom_right:
-        with warnings.catch_warnings():
-            # It warns that rows seeing no key (Sq > Sk) come out NaN: they are set to 0 below.
-            warnings.filterwarnings("ignore", message="Lower right causal bias")
-            options["attn_mask"] = causal_lower_right(problem.seqlen_q, problem.seqlen_k)
-    else:
-        options["is_causal"] = problem.causal
-    out = F.scaled_dot_product_attention(q, k, v, **options)
-    if problem.has_cache_seqlens or problem.bottom_right:
-        if visible is None:
-            visible = _visible(problem, None, q.device)
-        out = torch.where(visible.any(dim=-1, keepdim=True), out, torch.zeros((), dtype=out.dtype, device=out.device))
-    return out
 
 
 def _run_backend(

@@ -1,3 +1,3 @@
-"""What a run leaves behind: results.csv rows, plots, report.md, the tradeoff table, the static
-(sm_90a) analysis and the README tables.
+"""What a run leaves behind: plots, report.md, the tradeoff table, the static (sm_90a) analysis and
+the README tables. It reads what ``common.measure`` wrote (result rows) and never the other way round.
 """

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from common.contract.registry import DECODE_RUNGS, KNOWN_RUNGS, STACKS
-from common.reporting.results import baseline_stacks
+from common.measure.results import baseline_stacks
 
 DECODE_GLOB = "results/*/decode/decode.csv"
 DECODE_BEGIN, DECODE_END = "<!-- decode:begin -->", "<!-- decode:end -->"

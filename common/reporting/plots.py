@@ -29,7 +29,7 @@ from matplotlib.patches import Patch
 from matplotlib.transforms import blended_transform_factory
 
 from common.contract.registry import RUNGS
-from common.reporting.results import MEASURED_STATUSES, baseline_stacks, ladder_stacks
+from common.measure.results import MEASURED_STATUSES, baseline_stacks, ladder_stacks
 
 STACK_COLOURS = {"triton": "#4C72B0", "gluon": "#55A868", "cute": "#DD8452"}
 # Stacks the registry gains later still get a colour.

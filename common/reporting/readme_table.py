@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 
 from common.contract.registry import RUNGS
+from common.measure.results import baseline_stacks, ladder_stacks
 from common.reporting.decode_table import DECODE_BEGIN, DECODE_END, decode_tables
-from common.reporting.results import baseline_stacks, ladder_stacks
 
 ROOT = Path(__file__).resolve().parents[2]
 CANONICAL_DIR = ROOT / "results" / "h200" / "canonical"
@@ -31,7 +31,7 @@ STACK_TITLES = {"triton": "Triton", "gluon": "Gluon", "cute": "CuTe DSL"}
 # results/h200/canonical-<label>/ and get their own, labelled table.
 COMPANION_GLOB = "canonical-*"
 MISSING = "—"
-# compare.py's column for rungs that transform their inputs per call (``common.reporting.row_extras``).
+# compare.py's column for rungs that transform their inputs per call (``common.measure.row_extras``).
 END_TO_END = "tflops_end_to_end"
 
 

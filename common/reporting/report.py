@@ -17,8 +17,8 @@ import pandas as pd
 
 from common.contract.registry import RUNGS, STACKS
 from common.measure.peaks import Peaks
+from common.measure.row_extras import NO_END_TO_END
 from common.reporting.decode_table import run_table
-from common.reporting.row_extras import NO_END_TO_END
 
 TABLE_COLUMNS = (
     ("impl", "impl"),

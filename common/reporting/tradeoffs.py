@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from common.contract.registry import RUNG_MODULES, RUNGS
-from common.reporting.results import MEASURED_STATUSES, ladder_stacks
+from common.measure.results import MEASURED_STATUSES, ladder_stacks
 from common.reporting.static import PTX_FEATURES, StaticRow
 
 NON_CODE_TOKENS = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}

@@ -27,9 +27,8 @@ from common.contract.check import run_poisoned
 from common.contract.fp8 import VARIANTS, fa3_inputs
 from common.contract.metrics import FP8_RULE, emulation_stats, error_stats
 from common.contract.problem import Problem
-from common.contract.reference import reference_attention
+from common.contract.reference import reference_attention, sdpa
 from common.contract.registry import Implementation, discover, get
-from common.measure.sdpa import sdpa
 from common.measure.timing import tflops, time_cuda
 
 # The FP8 rungs that take a ``quantisation`` in prepare, emulate and prepare_end_to_end.

@@ -94,9 +94,10 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from common.contract import capability, splits
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.registry import Implementation, Runner, warmed_up
 from common.contract.validation import kernel_operand, validate_for_problem
-from common.reporting.static import compile_triton_sm90
+from common.toolchain.arch import check_sm90
+from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from triton_impl import decode as triton_decode
 from triton_impl._host import LOG2_E, allocate_lse, feature_buffers, feature_constexprs, rung_result
 from triton_impl.gluon._device import (
@@ -114,7 +115,7 @@ from triton_impl.gluon._device import (
     seqlen_info,
     split_key_range,
 )
-from triton_impl.gluon.hopper import GLUON_DTYPES, HOPPER_CAPABILITY, _descriptor, descriptor_type
+from triton_impl.gluon.hopper import GLUON_DTYPES, _descriptor, descriptor_type
 
 RUNG = "gluon/decode"
 DTYPES = (torch.float16, torch.bfloat16)
@@ -509,11 +510,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
         return ok, reason
     if device.type != "cuda":
         return False, f"{RUNG} needs a CUDA GPU: Gluon has no interpreter path, got {device}"
-    device_capability = torch.cuda.get_device_capability(device)
-    if device_capability != HOPPER_CAPABILITY:
-        major, minor = device_capability
-        return False, f"{RUNG} needs sm_90 (TMA and warpgroup_mma are Hopper's), got sm_{major}{minor}"
-    return True, ""
+    return check_sm90(RUNG, device, "TMA and warpgroup_mma are Hopper's")
 
 
 # Pointer and stride arguments a real launch passes 16-divisible, so the static compile assumes it too.

@@ -47,7 +47,7 @@ what changes is the FP8 contract that ``triton/fp8`` and ``cute/fp8`` follow too
     critical path, and Triton 3.6 reduces a thread's 32 columns of a row as one chain of 32 dependent
     FMNMX / FADD. Folding the column halves in registers (``gl.reshape`` / ``gl.permute`` /
     ``gl.split``, no data moved) leaves chains of 8. Triton 3.9 builds a tree of its own, and at D=128
-    its table keeps it (``common.measure.toolchain``).
+    its table keeps it (``common.toolchain.releases``).
 
 The FP8-specific mechanisms in the three stacks (what Triton decides / what Gluon makes you write /
 what CuTe makes you write):
@@ -100,8 +100,9 @@ from common.contract.fp8 import emulate as emulate_quantised
 from common.contract.fp8_quantiser import FusedQuantiser, QuantisedLaunch, end_to_end_runner, quantise_for_kernel
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
-from common.measure.toolchain import release_configs
+from common.contract.registry import Implementation, Runner, warmed_up
+from common.toolchain.compile import KernelBinary
+from common.toolchain.releases import release_configs
 from triton_impl._host import LOG2_E
 from triton_impl.fp8 import DEFAULT_QUANTISATION, INPUT_DTYPES
 from triton_impl.gluon import hopper

@@ -46,7 +46,7 @@ Algorithm (``attention_kernel``: one CTA per ``consumers`` × 64 query rows of o
      ``n_masked_blocks``: the causal diagonal and the ragged last block, through ``attention_mask``)
      while that P V runs, wait for it, free K_n's and V_(n-1)'s slots. With ``pingpong`` the
      consumers issue their wgmmas in turn (FA3's schedule; it pays at D=64 under Triton 3.6 only:
-     Triton 3.9's schedule runs D=64 faster without it, ``common.measure.toolchain``).
+     Triton 3.9's schedule runs D=64 faster without it, ``common.toolchain.releases``).
   4. The last P V; ``online_softmax_finalize`` (O /= row_sum, lse); O through shared memory (the
      consumer's Q buffer) and a TMA store; lse to an fp32 (B, H, Sq) buffer.
 
@@ -80,16 +80,16 @@ from triton.runtime.jit import mangle_type
 
 from common.contract.capability import FEATURES, check_features
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, KernelBinary, Runner, warmed_up
+from common.contract.registry import Implementation, Runner, warmed_up
 from common.contract.validation import kernel_operand, validate_for_problem
-from common.measure.toolchain import release_configs
-from common.reporting.static import compile_triton_sm90
+from common.toolchain.arch import check_sm90
+from common.toolchain.compile import KernelBinary, compile_triton_sm90
+from common.toolchain.releases import release_configs
 from triton_impl._host import LOG2_E
 from triton_impl.gluon._device import CONSUMER_WARPS, LOAD_REGISTERS, LOAD_WARPS, attention_kernel
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
-HOPPER_CAPABILITY = (9, 0)
 # The register file one CTA may use (one CTA per SM).
 CTA_REGISTERS = 65536
 WARPGROUP_THREADS = 128
@@ -275,10 +275,7 @@ def gluon_supported(problem: Problem, device: torch.device, rung: str) -> tuple[
         return False, f"{rung} needs softmax_scale >= 0, got {problem.scale}"
     if device.type != "cuda":
         return False, f"{rung} needs a CUDA GPU: Gluon has no interpreter path, got {device}"
-    capability = torch.cuda.get_device_capability(device)
-    if capability != HOPPER_CAPABILITY:
-        return False, f"{rung} needs sm_90 (warpgroup_mma is Hopper's), got sm_{capability[0]}{capability[1]}"
-    return True, ""
+    return check_sm90(rung, device, "warpgroup_mma is Hopper's")
 
 
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:

@@ -17,9 +17,9 @@ import torch
 
 from common.contract.check import judge_output, run_poisoned
 from common.contract.metrics import ErrorRule, error_stats
+from common.measure.results import MEASURED_STATUSES, ResultRow
 from common.measure.runner import TimingOptions, Workload
 from common.measure.timing import Timing, tflops, time_cuda, time_host
-from common.reporting.results import MEASURED_STATUSES, ResultRow
 
 HOOK = "prepare_end_to_end"
 NO_END_TO_END = "— where a rung has no per-call input transformation to time (no prepare_end_to_end)"
