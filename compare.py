@@ -3,7 +3,8 @@ family; write CSV, plots and a report.
 
     python compare.py --seqlen 8192                 # canonical problem, bf16, causal and non-causal
     python compare.py --seqlen 1024,8192 --only 'triton/*' --causal false
-    python compare.py --list                        # what can run on this machine, and why not
+    python compare.py --list                        # what can run on this machine, and why not (and what
+                                                    # the stack names triton/gluon/cute/auto pick)
     python compare.py --device cpu                  # no GPU: Triton under the interpreter + SDPA math
     python compare.py --decode                      # decode sweep: one token against a KV cache (GPU)
     python compare.py --decode --decode-batch 1,8 --decode-seqlen 4096,32768 --only 'triton/decode'
@@ -370,8 +371,38 @@ def list_implementations(args: argparse.Namespace) -> int:
     available, missing = discover()
     for name, verdict, reason in availability(ladder_sorted(available + missing), problem, torch.device(device)):
         table.add_row(name, verdict, reason)
-    Console(width=CONSOLE_WIDTH).print(table)
+    console = Console(width=CONSOLE_WIDTH)
+    console.print(table)
+    console.print(dispatch_table(torch.device(device), where))
     return 0
+
+
+def dispatch_problems() -> list:
+    """The problems ``--list`` resolves the stack names on: P1 (a prefill) and one decode token."""
+    import torch
+
+    from common.contract.problem import Problem
+
+    decode = Problem(1, 32, 1, GPU_DEFAULT_SEQLEN, GPU_DEFAULT_HEAD_DIM, dtype=torch.bfloat16, kv_heads=8)
+    return [Problem.canonical(GPU_DEFAULT_SEQLEN), decode]
+
+
+def dispatch_table(device, where: str):
+    """What each stack name (``impl="triton"``, ..., ``"auto"``) runs here, with the candidates it skipped."""
+    from rich.table import Table
+
+    from common.contract.dispatch import DISPATCH_NAMES, choose
+
+    table = Table(title=f"Stack names resolved on this machine ({where})")
+    for column in ("impl", "problem", "runs", "skipped candidates"):
+        table.add_column(column, overflow="fold")
+    for problem in dispatch_problems():
+        for name in DISPATCH_NAMES:
+            choice = choose(name, problem, device)
+            chosen = choice.implementation.name if choice.implementation else "[red]nothing: refused[/]"
+            skipped = "\n".join(f"{candidate}: {reason}" for candidate, reason in choice.refusals)
+            table.add_row(name, problem.describe(), chosen, skipped)
+    return table
 
 
 def _status_colour(status: str) -> str:

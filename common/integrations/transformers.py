@@ -4,11 +4,16 @@
 
     from common.integrations.transformers import register_attention_implementations
 
-    names = register_attention_implementations()  # ["ladder:triton/naive", ..., "ladder:cute/fp8"]
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="ladder:triton/pipelined")
+    names = register_attention_implementations()  # ["ladder:triton/naive", ..., "ladder:auto"]
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="ladder:auto")
     model.set_attn_implementation("ladder:cute/hopper")  # or switch a loaded model
 
-**Names.** Each implementation ``<impl>`` is registered as ``"ladder:<impl>"``. The names carry no
+**Names.** Each implementation ``<impl>`` is registered as ``"ladder:<impl>"``, and so is each stack
+name of ``common.contract.dispatch`` (``ladder:triton``, ``ladder:gluon``, ``ladder:cute``,
+``ladder:auto``): a model has one attention implementation for both phases, and a stack name runs
+the prompt on the stack's fastest prefill rung and every decode step (one token against the cache)
+on its decode rung, chosen once per signature by ``common.attention``'s plan. A single rung's name
+runs that rung in both phases (``ladder:triton/decode`` refuses a prompt longer than 16 tokens). The names carry no
 ``"flash"``: transformers treats any implementation whose name contains "flash" as a FlashAttention
 kernel (``is_flash_attention_requested``) and tries to import one from the hub at model creation
 ("Could not find the currently requested flash attention implementation"), and a name of the form
@@ -76,6 +81,7 @@ from typing import Any
 import torch
 
 from common.contract.api import attention
+from common.contract.dispatch import DISPATCH_NAMES
 from common.contract.registry import discover
 
 PREFIX = "ladder:"
@@ -233,8 +239,9 @@ def ladder_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
 
 
 def register_attention_implementations(impls: Sequence[str] | None = None) -> list[str]:
-    """Register ``impls`` (default: every rung the registry can import, baselines excluded) with
-    transformers' ``AttentionInterface`` and ``AttentionMaskInterface``; returns their ``ladder:`` names.
+    """Register ``impls`` (default: every rung the registry can import, baselines excluded, then the
+    stack names ``triton``, ``gluon``, ``cute`` and ``auto``) with transformers' ``AttentionInterface``
+    and ``AttentionMaskInterface``; returns their ``ladder:`` names.
 
     Registration is global to the process and idempotent. An implementation that cannot run on this
     machine is registered anyway: calling it raises its capability reason. A name transformers would
@@ -244,7 +251,7 @@ def register_attention_implementations(impls: Sequence[str] | None = None) -> li
     from transformers.masking_utils import AttentionMaskInterface
 
     if impls is None:
-        impls = [implementation.name for implementation in discover(include_baselines=False)[0]]
+        impls = [*(implementation.name for implementation in discover(include_baselines=False)[0]), *DISPATCH_NAMES]
     names = []
     for impl in impls:
         name = implementation_name(impl)
