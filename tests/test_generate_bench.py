@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.conftest import HAS_CUDA
 
@@ -98,13 +97,6 @@ def test_a_row_past_its_budget_times_out():
     with pytest.raises(generate.RowTimeoutError) as expired, generate.deadline(0.05):
         time.sleep(5)
     assert generate.failure(expired.value)[0] == "timeout"
-
-
-def test_without_a_gpu_it_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert generate.main([]) == generate.EXIT_USAGE
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "needs a CUDA GPU" in err
 
 
 def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]):

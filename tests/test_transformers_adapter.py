@@ -20,6 +20,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache, LlamaConfig  # noqa: E402
 from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, sdpa_mask  # noqa: E402
 
+import common.integrations.transformers as adapter  # noqa: E402
 from common.contract import dispatch  # noqa: E402
 from common.contract.api import attention  # noqa: E402
 from common.contract.dispatch import DISPATCH_NAMES  # noqa: E402
@@ -258,6 +259,24 @@ def test_mask_pattern_reads_cache_lengths():
     window = (keys <= rows + 5) & (keys > rows + 2)  # a sliding window of 3 keys
     with pytest.raises(ValueError, match="not one the API can express"):
         mask_pattern(window.expand(2, seqlen_q, seqlen_k)[:, None], 2, seqlen_q, seqlen_k)
+
+
+def prefix_mask(lengths: list[int], seqlen_k: int) -> torch.Tensor:
+    """A StaticCache's one-token decode mask: sequence b sees its first lengths[b] slots."""
+    return (torch.arange(seqlen_k) < torch.tensor(lengths)[:, None])[:, None, None, :]
+
+
+def test_a_capture_reads_lengths_without_reading_the_mask(monkeypatch):
+    """During a CUDA graph capture the mask's pattern comes from the same shape read before, and only
+    its lengths are taken (on the device); a shape never read eagerly is refused."""
+    monkeypatch.setattr(adapter, "_VERIFIED_PATTERNS", {})
+    assert adapter._cached_mask_pattern(prefix_mask([5, 8], 16), 2, 1, 16, "t")[1].tolist() == [5, 8]
+    monkeypatch.setattr(adapter, "_capturing", lambda device: True)
+    monkeypatch.setattr(adapter, "mask_pattern", lambda *args: pytest.fail("a capture must not read the mask"))
+    causal, lengths = adapter._cached_mask_pattern(prefix_mask([6, 9], 16), 2, 1, 16, "t")
+    assert causal and lengths.tolist() == [6, 9] and lengths.dtype == torch.int32
+    with pytest.raises(ValueError, match="first seen during a CUDA graph capture"):
+        adapter._cached_mask_pattern(prefix_mask([6, 9], 32), 2, 1, 32, "t")
 
 
 @pytest.mark.skipif(

@@ -65,6 +65,15 @@ and silently drops the padding mask. So the same name is also registered as a ma
   mask — is refused with a ``ValueError`` that says so. The check reads the mask (one device
   synchronisation) once per mask tensor: every layer of one forward reuses the verdict.
 
+**CUDA graphs.** Reading a mask synchronises, which a CUDA graph capture forbids. While the current
+stream is capturing, the mask function returns transformers' mask without checking it, and the
+attention function reads a mask only for its per-sequence lengths (summed on the device, no
+synchronisation), taking its pattern from the last mask of the same shape read outside the capture:
+the eager warm-up steps before a capture (``torch.compile``'s "reduce-overhead" runs some) verify it.
+A mask shape first seen during a capture is refused. ``common.attention``'s plan-cache hit path and
+the decode rungs' ``bind`` neither synchronise nor read values, so a StaticCache's decode step (one
+signature) is captured once it has been planned.
+
 Batched generation therefore needs unpadded prompts of equal length (or batch size 1); for padded
 batches use ``attn_implementation="sdpa"``.
 
@@ -88,6 +97,14 @@ PREFIX = "ladder:"
 
 # (weakref to the mask tensor, its version counter, (causal, cache_seqlens)): the last verdict.
 _LAST_MASK: list[Any] = [None, -1, None]
+# (mask shape, dtype, Sq, Sk) -> causal, for the masks read as per-sequence lengths: what a CUDA graph
+# capture, which cannot read a mask, takes their pattern from.
+_VERIFIED_PATTERNS: dict[tuple, bool] = {}
+
+
+def _capturing(device: torch.device | str | None) -> bool:
+    """True while a CUDA graph is being captured on the current stream (never asks CUDA otherwise)."""
+    return device is not None and torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def implementation_name(impl: str) -> str:
@@ -148,12 +165,30 @@ def mask_pattern(mask: torch.Tensor, batch: int, seqlen_q: int, seqlen_k: int, n
     return causal, lengths.to(torch.int32).expand(batch).contiguous()
 
 
+def _captured_mask_pattern(mask: torch.Tensor, batch: int, seqlen_q: int, seqlen_k: int, name: str):
+    """``(causal, cache_seqlens)`` of a mask during a CUDA graph capture: the pattern verified for this
+    shape outside the capture, the lengths summed on the device (see the module docstring)."""
+    causal = _VERIFIED_PATTERNS.get((tuple(mask.shape), mask.dtype, seqlen_q, seqlen_k))
+    if causal is None:
+        raise _refuse(
+            name,
+            f"an attention_mask of shape {tuple(mask.shape)} was first seen during a CUDA graph capture, where "
+            "reading it would synchronise; run one step of this shape eagerly before capturing",
+        )
+    keep = mask if mask.dtype == torch.bool else mask == 0
+    return causal, keep[:, 0, -1, :].sum(-1).to(torch.int32).expand(batch).contiguous()
+
+
 def _cached_mask_pattern(mask: torch.Tensor, batch: int, seqlen_q: int, seqlen_k: int, name: str):
+    if _capturing(mask.device):
+        return _captured_mask_pattern(mask, batch, seqlen_q, seqlen_k, name)
     ref, version, verdict = _LAST_MASK
     if ref is not None and ref() is mask and version == mask._version:
         return verdict
     verdict = mask_pattern(mask, batch, seqlen_q, seqlen_k, name)
     _LAST_MASK[:] = [weakref.ref(mask), mask._version, verdict]
+    if verdict[1] is not None:
+        _VERIFIED_PATTERNS[tuple(mask.shape), mask.dtype, seqlen_q, seqlen_k] = verdict[0]
     return verdict
 
 
@@ -211,6 +246,10 @@ def ladder_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     for the plain bottom-right causal mask over every key, else transformers' boolean mask."""
     from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
 
+    if _capturing(kwargs.get("device")):
+        # Checking the mask synchronises: the attention function reads it by its verified pattern.
+        kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
+        return sdpa_mask(*args, **kwargs)
     q_length, kv_length = kwargs.get("q_length"), kwargs.get("kv_length")
     q_offset, kv_offset = kwargs.get("q_offset", 0), kwargs.get("kv_offset", 0)
     if (
