@@ -3,11 +3,14 @@ family; write CSV, plots and a report.
 
     python compare.py --seqlen 8192                 # canonical problem, bf16, causal and non-causal
     python compare.py --seqlen 1024,8192 --only 'triton/*' --causal false
-    python compare.py --list                        # what can run on this machine, and why not
+    python compare.py --list                        # what can run on this machine, and why not (and what
+                                                    # the stack names triton/gluon/cute/auto pick)
     python compare.py --device cpu                  # no GPU: Triton under the interpreter + SDPA math
     python compare.py --decode                      # decode sweep: one token against a KV cache (GPU)
     python compare.py --decode --decode-batch 1,8 --decode-seqlen 4096,32768 --only 'triton/decode'
     python compare.py --gpus 4 --seqlen 1024,4096,8192,16384   # the sweep spread over 4 GPUs, one worker each
+    python compare.py --generate --quick            # a Llama's generate() per attention implementation
+                                                    # (bench/generate.py; the arguments after --generate go to it)
 
 Without a GPU (and without ``--device``) the run is capped to the CPU teaching size and says what it
 ran instead of what was asked; ``--device cuda`` without a GPU is refused (exit 2); ``--device cpu``
@@ -157,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
         "process per GPU measuring its own peaks; one merged results.csv with a gpu column (default: one GPU, "
         "no workers)",
     )
+    parser.add_argument(
+        "--generate",
+        action="store_true",
+        help="as the first argument: run bench/generate.py (a random-weight Llama's generate() per attention "
+        "implementation); every later argument goes to it (python compare.py --generate --help)",
+    )
     # A --gpus worker's share of the jobs (common.measure.multi_gpu); not for direct use.
     parser.add_argument("--jobs", type=Path, help=argparse.SUPPRESS)
     decode = parser.add_argument_group(
@@ -181,6 +190,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and validate; errors exit with status 2 before any GPU work."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.generate:
+        parser.error("--generate must come first: the arguments after it go to bench/generate.py")
     if args.cuda_graph and args.device == "cpu":
         parser.error("--cuda-graph needs --device cuda")
     if args.gpus and (args.decode or args.list or args.device == "cpu" or args.jobs):
@@ -370,8 +381,38 @@ def list_implementations(args: argparse.Namespace) -> int:
     available, missing = discover()
     for name, verdict, reason in availability(ladder_sorted(available + missing), problem, torch.device(device)):
         table.add_row(name, verdict, reason)
-    Console(width=CONSOLE_WIDTH).print(table)
+    console = Console(width=CONSOLE_WIDTH)
+    console.print(table)
+    console.print(dispatch_table(torch.device(device), where))
     return 0
+
+
+def dispatch_problems() -> list:
+    """The problems ``--list`` resolves the stack names on: P1 (a prefill) and one decode token."""
+    import torch
+
+    from common.contract.problem import Problem
+
+    decode = Problem(1, 32, 1, GPU_DEFAULT_SEQLEN, GPU_DEFAULT_HEAD_DIM, dtype=torch.bfloat16, kv_heads=8)
+    return [Problem.canonical(GPU_DEFAULT_SEQLEN), decode]
+
+
+def dispatch_table(device, where: str):
+    """What each stack name (``impl="triton"``, ..., ``"auto"``) runs here, with the candidates it skipped."""
+    from rich.table import Table
+
+    from common.contract.dispatch import DISPATCH_NAMES, choose
+
+    table = Table(title=f"Stack names resolved on this machine ({where})")
+    for column in ("impl", "problem", "runs", "skipped candidates"):
+        table.add_column(column, overflow="fold")
+    for problem in dispatch_problems():
+        for name in DISPATCH_NAMES:
+            choice = choose(name, problem, device)
+            chosen = choice.implementation.name if choice.implementation else "[red]nothing: refused[/]"
+            skipped = "\n".join(f"{candidate}: {reason}" for candidate, reason in choice.refusals)
+            table.add_row(name, problem.describe(), chosen, skipped)
+    return table
 
 
 def _status_colour(status: str) -> str:
@@ -773,6 +814,11 @@ def run_multi_gpu(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--generate"]:
+        from bench.generate import main as generate
+
+        return generate(argv[1:])
     args = parse_args(argv)
     try:
         if args.list:
@@ -780,7 +826,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.decode:
             return run_decode(args)
         if args.gpus:
-            return run_multi_gpu(args, sys.argv[1:] if argv is None else list(argv))
+            return run_multi_gpu(args, argv)
         device_name, teaching = resolve_device(args.device)
         jobs = None
         if args.jobs:

@@ -20,7 +20,10 @@ transformers = pytest.importorskip("transformers")
 from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache, LlamaConfig  # noqa: E402
 from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, sdpa_mask  # noqa: E402
 
+import common.integrations.transformers as adapter  # noqa: E402
+from common.contract import dispatch  # noqa: E402
 from common.contract.api import attention  # noqa: E402
+from common.contract.dispatch import DISPATCH_NAMES  # noqa: E402
 from common.integrations.transformers import (  # noqa: E402
     PREFIX,
     ladder_mask,
@@ -139,8 +142,9 @@ def greedy(model: torch.nn.Module, ids: torch.Tensor, tokens: int, **kwargs) -> 
 def test_every_registry_implementation_is_registered(names):
     from common.contract.registry import discover
 
-    assert names == [PREFIX + implementation.name for implementation in discover(include_baselines=False)[0]]
-    assert "ladder:triton/pipelined" in names and "ladder:cute/hopper" in names
+    rungs = [PREFIX + implementation.name for implementation in discover(include_baselines=False)[0]]
+    assert names == [*rungs, *(PREFIX + name for name in DISPATCH_NAMES)]
+    assert "ladder:triton/pipelined" in names and "ladder:cute/hopper" in names and "ladder:auto" in names
     for name in names:
         assert name in AttentionInterface() and name in AttentionMaskInterface()
     # transformers reads these substrings itself (FlashAttention hub kernels, its SDPA path).
@@ -189,6 +193,31 @@ def test_static_cache_maps_to_cache_seqlens(names, reference, prompt):
     assert torch.equal(greedy(model, prompt[:1], 3, cache_implementation="static"), expected)
 
 
+def test_a_stack_name_serves_prefill_and_decode(names, monkeypatch):
+    """``ladder:triton`` on a model whose head dim (64) the Triton decode and Hopper rungs take: the
+    prompt runs on triton/hopper, each generated token on triton/decode, and both match SDPA."""
+    chosen = []
+
+    def recorded(name, problem, device):
+        implementation = real_resolve(name, problem, device)
+        chosen.append((problem.seqlen_q, implementation.name))
+        return implementation
+
+    real_resolve = dispatch.resolve
+    monkeypatch.setattr(dispatch, "resolve", recorded)
+    torch.manual_seed(0)
+    reference = AutoModelForCausalLM.from_config(tiny_config(head_dim=64), attn_implementation="sdpa").eval()
+    ids = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(2))
+    model = with_attention(reference, PREFIX + "triton")
+    yardstick = max((logits(with_attention(reference, "eager"), ids) - logits(reference, ids)).abs().max().item(), 1e-7)
+    assert (logits(model, ids) - logits(reference, ids)).abs().max().item() <= 4 * yardstick
+    expected = greedy(reference, ids, 3)
+    assert torch.equal(greedy(model, ids, 3), expected)
+    assert torch.equal(greedy(model, ids, 3, cache_implementation="static"), expected)
+    assert {(PROMPT, "triton/hopper"), (1, "triton/decode")} <= set(chosen), chosen
+    assert {name for seqlen_q, name in chosen if seqlen_q == 1} == {"triton/decode"}
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_padding_mask_is_refused(names, reference, prompt, side):
     mask = torch.ones_like(prompt)
@@ -230,6 +259,24 @@ def test_mask_pattern_reads_cache_lengths():
     window = (keys <= rows + 5) & (keys > rows + 2)  # a sliding window of 3 keys
     with pytest.raises(ValueError, match="not one the API can express"):
         mask_pattern(window.expand(2, seqlen_q, seqlen_k)[:, None], 2, seqlen_q, seqlen_k)
+
+
+def prefix_mask(lengths: list[int], seqlen_k: int) -> torch.Tensor:
+    """A StaticCache's one-token decode mask: sequence b sees its first lengths[b] slots."""
+    return (torch.arange(seqlen_k) < torch.tensor(lengths)[:, None])[:, None, None, :]
+
+
+def test_a_capture_reads_lengths_without_reading_the_mask(monkeypatch):
+    """During a CUDA graph capture the mask's pattern comes from the same shape read before, and only
+    its lengths are taken (on the device); a shape never read eagerly is refused."""
+    monkeypatch.setattr(adapter, "_VERIFIED_PATTERNS", {})
+    assert adapter._cached_mask_pattern(prefix_mask([5, 8], 16), 2, 1, 16, "t")[1].tolist() == [5, 8]
+    monkeypatch.setattr(adapter, "_capturing", lambda device: True)
+    monkeypatch.setattr(adapter, "mask_pattern", lambda *args: pytest.fail("a capture must not read the mask"))
+    causal, lengths = adapter._cached_mask_pattern(prefix_mask([6, 9], 16), 2, 1, 16, "t")
+    assert causal and lengths.tolist() == [6, 9] and lengths.dtype == torch.int32
+    with pytest.raises(ValueError, match="first seen during a CUDA graph capture"):
+        adapter._cached_mask_pattern(prefix_mask([6, 9], 32), 2, 1, 32, "t")
 
 
 @pytest.mark.skipif(

@@ -7,8 +7,13 @@ the validated :class:`Problem`. Every later call with tensors of the same signat
 the key, then ``bind``-s the new tensors and launches (no validation beyond the key, no warm-up, no
 autotuning), so a call costs about what the prepared launch costs.
 
-The key holds everything a plan depends on: the implementation, shapes, dtypes, strides and 16-byte
-alignment of q, k and v (so the number of KV heads), their devices, ``causal``, ``softmax_scale``,
+``impl`` names a rung (``"triton/pipelined"``) or a stack (``"triton"``, ``"gluon"``, ``"cute"``, or
+``"auto"`` for the fastest stack this machine runs): a stack name chooses its rung per signature, the
+decode rung for a few query tokens against a longer cache, else the fastest prefill rung that accepts
+the problem (``common/contract/dispatch.py``). The choice is made with the plan and kept in it.
+
+The key holds everything a plan depends on: the implementation (or stack) name, shapes, dtypes,
+strides and 16-byte alignment of q, k and v (so the number of KV heads), their devices, ``causal``, ``softmax_scale``,
 ``causal_alignment``, ``return_lse``, whether ``cache_seqlens`` and ``block_table`` are given and their
 signatures (shape, stride, dtype, device; never their values), and the Triton and CuTe DSL versions.
 A paged cache's page size is k's dim 1, so it is in the key with k's shape.
@@ -39,6 +44,7 @@ from importlib import metadata
 
 import torch
 
+from common.contract import dispatch
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, get, per_call_inputs
 from common.contract.validation import OPERAND_ALIGNMENT_BYTES, validate_attention_inputs
@@ -200,11 +206,22 @@ def _refuse_grad(q: object, k: object, v: object) -> None:
             )
 
 
+def _registered(impl: object) -> Implementation:
+    """The registry's implementation ``impl``; an unknown name lists the rungs and the stack names."""
+    try:
+        return get(impl)
+    except ValueError as error:
+        raise ValueError(
+            f"{error}; or a stack name, which picks the rung per call: {', '.join(dispatch.DISPATCH_NAMES)}"
+        ) from None
+
+
 def _make_plan(
     impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options
 ) -> tuple[Plan, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
-    """Full validation, capability check and ``prepare``; returns the plan and this call's result."""
-    implementation = get(impl)
+    """Full validation, the rung (``impl`` itself, or the one a stack name dispatches to), its
+    capability check and ``prepare``; returns the plan and this call's result."""
+    implementation = None if impl in dispatch.DISPATCH_NAMES else _registered(impl)
     problem = validate_attention_inputs(
         q,
         k,
@@ -219,9 +236,12 @@ def _make_plan(
         dtypes=API_DTYPES,
         device_types=API_DEVICE_TYPES,
     )
-    ok, reason = implementation.check(problem, q.device)
-    if not ok:
-        raise ValueError(f"{impl} cannot run {problem.describe()}: {reason}")
+    if implementation is None:
+        implementation = dispatch.resolve(impl, problem, q.device)
+    else:
+        ok, reason = implementation.check(problem, q.device)
+        if not ok:
+            raise ValueError(f"{impl} cannot run {problem.describe()}: {reason}")
     extra = per_call_inputs(problem, options.cache_seqlens, options.block_table)
     result = implementation.prepare(q, k, v, problem, **extra)()
     return Plan(implementation, problem), result
@@ -242,6 +262,10 @@ def attention(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention output O (B, H, Sq, D) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D) by ``impl``.
 
+    ``impl``: a rung (``"cute/hopper"``; ``compare.py --list`` names them) or a stack name (``"triton"``,
+    ``"gluon"``, ``"cute"``, ``"auto"``) that picks the stack's decode rung for Sq <= 16 against a
+    longer cache and its fastest prefill rung otherwise (``common.contract.dispatch``).
+
     Hkv (a divisor of H; 1 is MQA) gives GQA: query head h reads KV head h // (H // Hkv).
     ``causal_alignment``: "top_left" (SDPA's is_causal: row i sees keys j <= i) or "bottom_right"
     (KV caches: j <= i + Sk - Sq). ``cache_seqlens``: optional (B,) int32 on the inputs' device, each
@@ -259,7 +283,8 @@ def attention(
 
     The first call of a signature prepares a plan (validates, compiles, warms up); later calls with
     new tensors of the same signature bind and launch only. Raises ValueError for an unknown
-    ``impl`` (listing the valid names) or a problem the implementation cannot run (with its reason),
+    ``impl`` (listing the valid names) or a problem the implementation cannot run (with its reason;
+    for a stack name, every candidate rung's reason),
     NotImplementedError for tensors that require grad, and TypeError/ValueError for bad tensors.
     """
     _refuse_grad(q, k, v)

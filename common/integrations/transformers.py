@@ -4,11 +4,16 @@
 
     from common.integrations.transformers import register_attention_implementations
 
-    names = register_attention_implementations()  # ["ladder:triton/naive", ..., "ladder:cute/fp8"]
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="ladder:triton/pipelined")
+    names = register_attention_implementations()  # ["ladder:triton/naive", ..., "ladder:auto"]
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="ladder:auto")
     model.set_attn_implementation("ladder:cute/hopper")  # or switch a loaded model
 
-**Names.** Each implementation ``<impl>`` is registered as ``"ladder:<impl>"``. The names carry no
+**Names.** Each implementation ``<impl>`` is registered as ``"ladder:<impl>"``, and so is each stack
+name of ``common.contract.dispatch`` (``ladder:triton``, ``ladder:gluon``, ``ladder:cute``,
+``ladder:auto``): a model has one attention implementation for both phases, and a stack name runs
+the prompt on the stack's fastest prefill rung and every decode step (one token against the cache)
+on its decode rung, chosen once per signature by ``common.attention``'s plan. A single rung's name
+runs that rung in both phases (``ladder:triton/decode`` refuses a prompt longer than 16 tokens). The names carry no
 ``"flash"``: transformers treats any implementation whose name contains "flash" as a FlashAttention
 kernel (``is_flash_attention_requested``) and tries to import one from the hub at model creation
 ("Could not find the currently requested flash attention implementation"), and a name of the form
@@ -60,6 +65,15 @@ and silently drops the padding mask. So the same name is also registered as a ma
   mask — is refused with a ``ValueError`` that says so. The check reads the mask (one device
   synchronisation) once per mask tensor: every layer of one forward reuses the verdict.
 
+**CUDA graphs.** Reading a mask synchronises, which a CUDA graph capture forbids. While the current
+stream is capturing, the mask function returns transformers' mask without checking it, and the
+attention function reads a mask only for its per-sequence lengths (summed on the device, no
+synchronisation), taking its pattern from the last mask of the same shape read outside the capture:
+the eager warm-up steps before a capture (``torch.compile``'s "reduce-overhead" runs some) verify it.
+A mask shape first seen during a capture is refused. ``common.attention``'s plan-cache hit path and
+the decode rungs' ``bind`` neither synchronise nor read values, so a StaticCache's decode step (one
+signature) is captured once it has been planned.
+
 Batched generation therefore needs unpadded prompts of equal length (or batch size 1); for padded
 batches use ``attn_implementation="sdpa"``.
 
@@ -76,12 +90,21 @@ from typing import Any
 import torch
 
 from common.contract.api import attention
+from common.contract.dispatch import DISPATCH_NAMES
 from common.contract.registry import discover
 
 PREFIX = "ladder:"
 
 # (weakref to the mask tensor, its version counter, (causal, cache_seqlens)): the last verdict.
 _LAST_MASK: list[Any] = [None, -1, None]
+# (mask shape, dtype, Sq, Sk) -> causal, for the masks read as per-sequence lengths: what a CUDA graph
+# capture, which cannot read a mask, takes their pattern from.
+_VERIFIED_PATTERNS: dict[tuple, bool] = {}
+
+
+def _capturing(device: torch.device | str | None) -> bool:
+    """True while a CUDA graph is being captured on the current stream (never asks CUDA otherwise)."""
+    return device is not None and torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def implementation_name(impl: str) -> str:
@@ -142,12 +165,30 @@ def mask_pattern(mask: torch.Tensor, batch: int, seqlen_q: int, seqlen_k: int, n
     return causal, lengths.to(torch.int32).expand(batch).contiguous()
 
 
+def _captured_mask_pattern(mask: torch.Tensor, batch: int, seqlen_q: int, seqlen_k: int, name: str):
+    """``(causal, cache_seqlens)`` of a mask during a CUDA graph capture: the pattern verified for this
+    shape outside the capture, the lengths summed on the device (see the module docstring)."""
+    causal = _VERIFIED_PATTERNS.get((tuple(mask.shape), mask.dtype, seqlen_q, seqlen_k))
+    if causal is None:
+        raise _refuse(
+            name,
+            f"an attention_mask of shape {tuple(mask.shape)} was first seen during a CUDA graph capture, where "
+            "reading it would synchronise; run one step of this shape eagerly before capturing",
+        )
+    keep = mask if mask.dtype == torch.bool else mask == 0
+    return causal, keep[:, 0, -1, :].sum(-1).to(torch.int32).expand(batch).contiguous()
+
+
 def _cached_mask_pattern(mask: torch.Tensor, batch: int, seqlen_q: int, seqlen_k: int, name: str):
+    if _capturing(mask.device):
+        return _captured_mask_pattern(mask, batch, seqlen_q, seqlen_k, name)
     ref, version, verdict = _LAST_MASK
     if ref is not None and ref() is mask and version == mask._version:
         return verdict
     verdict = mask_pattern(mask, batch, seqlen_q, seqlen_k, name)
     _LAST_MASK[:] = [weakref.ref(mask), mask._version, verdict]
+    if verdict[1] is not None:
+        _VERIFIED_PATTERNS[tuple(mask.shape), mask.dtype, seqlen_q, seqlen_k] = verdict[0]
     return verdict
 
 
@@ -205,6 +246,10 @@ def ladder_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     for the plain bottom-right causal mask over every key, else transformers' boolean mask."""
     from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
 
+    if _capturing(kwargs.get("device")):
+        # Checking the mask synchronises: the attention function reads it by its verified pattern.
+        kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
+        return sdpa_mask(*args, **kwargs)
     q_length, kv_length = kwargs.get("q_length"), kwargs.get("kv_length")
     q_offset, kv_offset = kwargs.get("q_offset", 0), kwargs.get("kv_offset", 0)
     if (
@@ -233,8 +278,9 @@ def ladder_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
 
 
 def register_attention_implementations(impls: Sequence[str] | None = None) -> list[str]:
-    """Register ``impls`` (default: every rung the registry can import, baselines excluded) with
-    transformers' ``AttentionInterface`` and ``AttentionMaskInterface``; returns their ``ladder:`` names.
+    """Register ``impls`` (default: every rung the registry can import, baselines excluded, then the
+    stack names ``triton``, ``gluon``, ``cute`` and ``auto``) with transformers' ``AttentionInterface``
+    and ``AttentionMaskInterface``; returns their ``ladder:`` names.
 
     Registration is global to the process and idempotent. An implementation that cannot run on this
     machine is registered anyway: calling it raises its capability reason. A name transformers would
@@ -244,7 +290,7 @@ def register_attention_implementations(impls: Sequence[str] | None = None) -> li
     from transformers.masking_utils import AttentionMaskInterface
 
     if impls is None:
-        impls = [implementation.name for implementation in discover(include_baselines=False)[0]]
+        impls = [*(implementation.name for implementation in discover(include_baselines=False)[0]), *DISPATCH_NAMES]
     names = []
     for impl in impls:
         name = implementation_name(impl)

@@ -1,0 +1,115 @@
+"""bench/generate.py end to end on CPU: a tiny fp32 Llama under the Triton interpreter (``--device cpu``).
+
+One sweep runs SDPA (the reference), ``ladder:triton`` (prefill on triton/hopper, decode on
+triton/decode), a planted wrong attention (query head h reads KV head h % Hkv) that the logits check
+must catch, and a name transformers does not know, which must become a failed row rather than end
+the sweep; each on a DynamicCache and a StaticCache.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import HAS_CUDA
+
+pytest.importorskip("transformers")
+
+import compare
+from bench import generate
+from common.contract.api import attention
+
+pytestmark = pytest.mark.xdist_group("transformers")
+
+PLANTED = "ladder-test:generate-gqa-tiled"
+# fp32 under the interpreter: the ladder's logits are ~1e-7 from SDPA's, a wrong head mapping ~1e-1.
+LOGITS_RULE = 1e-5
+
+
+def gqa_tiled(q, k, v, **kwargs):
+    """Planted bug: query head h reads KV head h % Hkv (k/v tiled instead of interleaved)."""
+    group = q.shape[1] // k.shape[1]
+    return attention(q, k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1), **kwargs)
+
+
+def register_planted() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from common.integrations.transformers import ladder_mask, make_attention_forward
+
+    AttentionInterface.register(PLANTED, make_attention_forward("triton", gqa_tiled))
+    AttentionMaskInterface.register(PLANTED, ladder_mask)
+
+
+def read_rows(out: Path) -> dict[tuple[str, str], dict[str, str]]:
+    with (out / "results.csv").open() as handle:
+        return {(row["impl"], row["cache"]): row for row in csv.DictReader(handle)}
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
+    register_planted()
+    out = tmp_path_factory.mktemp("generate")
+    impls = f"sdpa,ladder:triton,{PLANTED},ladder:nope"
+    argv = ["--device", "cpu", "--out", str(out), "--impls", impls, "--batches", "1", "--new-tokens", "3"]
+    return generate.main(argv), out
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the CPU mode's test; the GPU run is bench/generate.py itself")
+def test_cpu_mode_measures_every_row_and_writes_the_report(cpu_run):
+    status, out = cpu_run
+    rows = read_rows(out)
+    assert status == 1  # ladder:nope failed, and the sweep went on
+    for cache in ("dynamic", "static"):
+        ladder = rows["ladder:triton", cache]
+        assert ladder["status"] == "ok" and float(ladder["decode_ms_per_token"]) > 0, ladder
+        assert float(ladder["logits_rel_l2"]) < LOGITS_RULE, ladder
+        assert "decode triton/decode" in ladder["rungs"], ladder
+        assert rows["sdpa", cache]["status"] == "ok"
+        unknown = rows["ladder:nope", cache]
+        assert unknown["status"] == "failed" and "ladder:nope" in unknown["reason"], unknown
+    assert "prefill triton/hopper" in rows["ladder:triton", "dynamic"]["rungs"]
+    for name in ("report.md", "env.json", "generate_ms_per_token.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert "| ladder:triton |" in (out / "report.md").read_text()
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the CPU mode's test")
+def test_the_logits_check_catches_a_planted_head_mapping(cpu_run):
+    rows = read_rows(cpu_run[1])
+    for cache in ("dynamic", "static"):
+        assert float(rows[PLANTED, cache]["logits_rel_l2"]) > 1000 * LOGITS_RULE, rows[PLANTED, cache]
+
+
+def test_a_spent_total_budget_skips_the_remaining_rows(tmp_path: Path):
+    argv = ["--device", "cpu", "--out", str(tmp_path), "--impls", "ladder:triton", "--batches", "1"]
+    assert generate.main([*argv, "--total-budget", "1e-9"]) == 0
+    rows = read_rows(tmp_path)
+    assert {row["status"] for row in rows.values()} == {"skipped"}
+    assert all("total time budget" in row["reason"] for row in rows.values())
+
+
+def test_a_row_past_its_budget_times_out():
+    with pytest.raises(generate.RowTimeoutError) as expired, generate.deadline(0.05):
+        time.sleep(5)
+    assert generate.failure(expired.value)[0] == "timeout"
+
+
+def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]):
+    for argv in (["--new-tokens", "1"], ["--caches", "paged"], ["--prompts", "0"]):
+        with pytest.raises(SystemExit) as refused:
+            generate.main(argv)
+        assert refused.value.code == generate.EXIT_USAGE, argv
+
+
+def test_compare_generate_hands_its_arguments_to_the_tool(monkeypatch: pytest.MonkeyPatch):
+    calls = []
+    monkeypatch.setattr(generate, "main", lambda argv: calls.append(argv) or 0)
+    assert compare.main(["--generate", "--quick", "--out", "x"]) == 0
+    assert calls == [["--quick", "--out", "x"]]
+    with pytest.raises(SystemExit):
+        compare.main(["--seqlen", "8", "--generate"])
