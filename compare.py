@@ -7,6 +7,7 @@ family; write CSV, plots and a report.
                                                     # the stack names triton/gluon/cute/auto pick)
     python compare.py --device cpu                  # no GPU: Triton under the interpreter + SDPA math
     python compare.py --decode                      # decode sweep: one token against a KV cache (GPU)
+    python compare.py --decode --all-rungs          # ... with the teaching rungs too (naive to pipelined)
     python compare.py --decode --decode-batch 1,8 --decode-seqlen 4096,32768 --only 'triton/decode'
     python compare.py --gpus 4 --seqlen 1024,4096,8192,16384   # the sweep spread over 4 GPUs, one worker each
     python compare.py --generate --quick            # a Llama's generate() per attention implementation
@@ -60,6 +61,10 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 # Optional third-party packages whose absence is a stated capability, not a broken rung.
 OPTIONAL_PACKAGES = {"cutlass": "the CuTe DSL (nvidia-cutlass-dsl)"}
+# The ladder's teaching rungs. They show each step of the ladder on one problem, but take 0.1 s a call
+# at a sweep's large shapes (triton/naive 104 ms at decode B=64, 32k: issue #38), so --decode and the
+# prefill sweeps time them only with --all-rungs.
+TEACHING_RUNGS = ("naive", "online", "tiled", "pipelined")
 
 
 def _positive_int_list(text: str) -> list[int]:
@@ -127,6 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--only", action="append", default=[], help="glob on implementation names (repeatable)")
     parser.add_argument("--skip", action="append", default=[], help="glob on names to leave out (repeatable)")
+    parser.add_argument(
+        "--all-rungs",
+        action="store_true",
+        help=f"also time the teaching rungs ({', '.join(TEACHING_RUNGS)}) in --decode and in prefill sweeps on a "
+        "GPU (several --seqlen or --head-dim values, as --gpus spreads them). By default those runs time the "
+        "hopper, fp8 and decode rungs and the baselines, and say which rows they left out; a single-problem "
+        "run times every rung. An --only that names a teaching rung exactly selects it as well",
+    )
     parser.add_argument(
         "--list", action="store_true", help="list implementations, whether each can run here and why not, and exit"
     )
@@ -320,6 +333,33 @@ def select(implementations: list, only: list[str], skip: list[str]) -> list:
         return chosen and not any(fnmatch.fnmatch(name, pattern) for pattern in skip)
 
     return [impl for impl in implementations if wanted(impl.name)]
+
+
+def times_a_sweep(problems: list, device: str) -> bool:
+    """True for a prefill run on a GPU over several sizes (sequence lengths or head dims)."""
+    return device == "cuda" and len({(problem.seqlen_q, problem.head_dim) for problem in problems}) > 1
+
+
+def without_teaching_rungs(chosen: list, args: argparse.Namespace, workload: str) -> tuple[list, str]:
+    """``chosen`` less the teaching rungs, unless ``--all-rungs`` or an ``--only`` names the rung exactly;
+    with a note for the user and the report that names the rows left out and why ('' when none)."""
+    if args.all_rungs:
+        return chosen, ""
+    kept, left_out = [], []
+    for item in chosen:
+        teaching = item.name.split("/")[-1] in TEACHING_RUNGS and item.name not in args.only
+        (left_out if teaching else kept).append(item)
+    if not left_out:
+        return chosen, ""
+    names = ", ".join(item.name for item in left_out)
+    return kept, f"teaching rungs not timed in {workload} (--all-rungs times them): {names}"
+
+
+def _record_left_out(env: dict, left_out: str) -> None:
+    """The rows a run leaves out (``without_teaching_rungs``' note), for the report and the user."""
+    if left_out:
+        env["left_out"] = left_out
+        print(f"compare.py: {left_out}", file=sys.stderr)
 
 
 def broken_import(item) -> bool:
@@ -541,12 +581,16 @@ def run_all(args: argparse.Namespace, device_name: str, problems: list, note: st
 
     available, missing = discover()
     chosen = ladder_sorted(select(available + missing, args.only, args.skip))
+    left_out = ""
+    if jobs is None and times_a_sweep(problems, device_name):
+        chosen, left_out = without_teaching_rungs(chosen, args, "a sweep")
     out_dir = args.out or default_out_dir(device_name, sorted({p.seqlen_q for p in problems}))
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device(device_name)
     env = manifest(device)
     if note:
         env["size_note"] = note
+    _record_left_out(env, left_out)
     (out_dir / "env.json").write_text(json.dumps(env, indent=2))
     peaks = measure_peaks(device)
     env["peaks"] = peaks.as_dict()
@@ -709,7 +753,9 @@ def run_decode(args: argparse.Namespace) -> int:
         raise RefusedError("--decode needs a CUDA GPU (its caches are far beyond the Triton interpreter's reach)")
     device = torch.device("cuda")
     available, missing = discover()
-    chosen = ladder_sorted(select(available + missing, args.only, args.skip))
+    chosen, left_out = without_teaching_rungs(
+        ladder_sorted(select(available + missing, args.only, args.skip)), args, "--decode"
+    )
     implementations = [item for item in chosen if not isinstance(item, Unavailable)]
     broken = [
         f"{item.name} (import failed)" for item in chosen if isinstance(item, Unavailable) and broken_import(item)
@@ -717,6 +763,7 @@ def run_decode(args: argparse.Namespace) -> int:
     out_dir = args.out or Path("runs") / f"{dt.datetime.now():%Y%m%d-%H%M%S}-decode"
     out_dir.mkdir(parents=True, exist_ok=True)
     env = manifest(device)
+    _record_left_out(env, left_out)
     # The read bandwidth is the decode rows' ceiling; the GEMM peaks and the copy stand beside it.
     peaks = measure_peaks(device)
     read_gbps = peaks.read_gbps
@@ -787,7 +834,13 @@ def run_multi_gpu(args: argparse.Namespace, argv: list[str]) -> int:
         raise RefusedError(str(error)) from error
     problems, note = plan_problems(args, "cuda", False)
     available, missing = discover()
-    names = [item.name for item in ladder_sorted(select(available + missing, args.only, args.skip))]
+    chosen = ladder_sorted(select(available + missing, args.only, args.skip))
+    left_out = ""
+    if times_a_sweep(problems, "cuda"):
+        chosen, left_out = without_teaching_rungs(chosen, args, "a sweep")
+    if left_out:
+        print(f"compare.py: {left_out}", file=sys.stderr)
+    names = [item.name for item in chosen]
     seqlens = "-".join(str(s) for s in sorted({p.seqlen_q for p in problems}))
     out_dir = args.out or Path("runs") / f"{dt.datetime.now():%Y%m%d-%H%M%S}-gpus{args.gpus}-s{seqlens}"
     base = [sys.executable, str(Path(__file__).resolve()), *multi_gpu.strip_options(argv, ("--gpus", "--out"))]
@@ -806,7 +859,7 @@ def run_multi_gpu(args: argparse.Namespace, argv: list[str]) -> int:
         statuses = [EXIT_INTERRUPTED] * len(workers)
     frame = multi_gpu.merge_results(workers, out_dir / "results.csv")
     by_device = {worker.device: status for worker, status in zip(workers, statuses, strict=True)}
-    write_merged_report(frame, multi_gpu.worker_envs(workers), by_device, out_dir, note)
+    write_merged_report(frame, multi_gpu.worker_envs(workers), by_device, out_dir, note, left_out)
     print(f"wrote {out_dir}/results.csv (a gpu column) and report.md; each GPU's own outputs in gpu<i>/")
     if EXIT_INTERRUPTED in statuses:
         return EXIT_INTERRUPTED

@@ -62,7 +62,7 @@ echo "== 2. the sweep on $N GPUs: ring per implementation, PyTorch's context_par
 impls=()
 IFS=, read -ra names <<<"${RING_IMPLS:-cute/hopper,gluon/hopper,triton/hopper}"
 for name in "${names[@]}"; do impls+=(--impl "$name"); done
-timeout --kill-after=30 420 torchrun --standalone --nproc-per-node "$N" -m common.tools.context_parallel \
+timeout --kill-after=30 $(( ${RING_DEADLINE_S:-360} + 60 )) torchrun --standalone --nproc-per-node "$N" -m common.tools.context_parallel \
   --out "$OUT/cp$N" --tokens-per-gpu "${RING_TOKENS:-262144,131072,65536,32768}" --heads 16 --head-dim 128 \
   --dtype bf16 --causal both "${impls[@]}" --torch-cp "${RING_TORCH_CP:-cudnn,flash}" --torch-cp-rotate alltoall \
   --check-rows 32 --min-reps 2 --target-ms 1000 --deadline-s "${RING_DEADLINE_S:-360}" ${RING_ARGS:-} \

@@ -90,7 +90,14 @@ import torch
 from common.contract.capability import FEATURES, check_features
 from common.contract.fp8 import KEY_GROUP, Emulation, KernelOperands, KernelOrder, Quantisation, ValueLayout
 from common.contract.fp8 import emulate as emulate_quantised
-from common.contract.fp8_quantiser import FusedQuantiser, QuantisedLaunch, end_to_end_runner, quantise_for_kernel
+from common.contract.fp8_quantiser import (
+    FusedQuantiser,
+    QuantisedLaunch,
+    compile_sm90_for,
+    end_to_end_runner,
+    quantise_for_kernel,
+    shared_memory_supported,
+)
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner, per_call_inputs, warmed_up
@@ -254,7 +261,15 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     ok, reason = check_features("cute/fp8", problem, FEATURES)
     if not ok:
         return ok, reason
-    return common_problem_supported(problem)
+    ok, reason = common_problem_supported(problem)
+    if not ok:
+        return ok, reason
+    return shared_memory_supported("cute/fp8", problem, DEFAULT_QUANTISATION)
+
+
+def compile_quantiser_sm90(problem: Problem) -> list[KernelBinary]:
+    """The fused quantiser this rung launches before its kernel, for sm_90a at ``problem``'s shape."""
+    return compile_sm90_for(problem, DEFAULT_QUANTISATION, VALUE_LAYOUT)
 
 
 IMPLEMENTATION = Implementation(
@@ -265,6 +280,7 @@ IMPLEMENTATION = Implementation(
     bind=bind,
     supports=supports,
     compile_sm90=compile_sm90,
+    compile_input_transform_sm90=compile_quantiser_sm90,
     error_rule=FP8_RULE,
     emulate=emulate,
     prepare_end_to_end=prepare_end_to_end,

@@ -376,3 +376,68 @@ def test_decode_outputs_are_the_plot_and_a_report_with_the_read_bandwidth_beside
 def test_decode_without_a_gpu_is_refused_with_status_2(capsys: pytest.CaptureFixture[str]):
     assert compare.main(["--decode"]) == compare.EXIT_USAGE
     assert "--decode needs a CUDA GPU" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------------
+# Which rows a sweep times: the teaching rungs only with --all-rungs (issue #38)
+# ----------------------------------------------------------------------------------------------------
+SWEEP_NAMES = ["triton/naive", "triton/pipelined", "triton/hopper", "triton/fp8", "triton/decode", "cute/online"]
+SWEEP_CHOICE = [_fake(name, _right) for name in SWEEP_NAMES] + [
+    Unavailable("triton_impl.gluon.tiled", "not implemented yet"),
+    Implementation("sdpa/flash", "sdpa", "flash", prepare=_right, supports=lambda p, d: (True, "")),
+]
+
+
+def test_decode_times_the_decode_hopper_and_baseline_rows_by_default():
+    kept, note = compare.without_teaching_rungs(SWEEP_CHOICE, compare.parse_args(["--decode"]), "--decode")
+    assert [item.name for item in kept] == ["triton/hopper", "triton/fp8", "triton/decode", "sdpa/flash"]
+    # The rows left out are named, with why and how to time them.
+    assert note == (
+        "teaching rungs not timed in --decode (--all-rungs times them): "
+        "triton/naive, triton/pipelined, cute/online, gluon/tiled"
+    )
+
+
+def test_all_rungs_times_the_teaching_rungs_too():
+    args = compare.parse_args(["--decode", "--all-rungs"])
+    assert compare.without_teaching_rungs(SWEEP_CHOICE, args, "--decode") == (SWEEP_CHOICE, "")
+
+
+def test_only_naming_a_teaching_rung_exactly_selects_it():
+    args = compare.parse_args(["--decode", "--only", "triton/naive", "--only", "triton/*"])
+    kept, note = compare.without_teaching_rungs(SWEEP_CHOICE, args, "--decode")
+    assert "triton/naive" in [item.name for item in kept]
+    assert "triton/pipelined" in note and "triton/naive" not in note
+
+
+@pytest.mark.parametrize(
+    ("argv", "device", "sweep"),
+    [
+        (["--seqlen", "1024,8192"], "cuda", True),
+        (["--head-dim", "64,128"], "cuda", True),
+        (["--seqlen", "8192"], "cuda", False),
+        ([], "cuda", False),
+        (["--seqlen", "64,128"], "cpu", False),
+    ],
+)
+def test_a_prefill_sweep_on_a_gpu_leaves_the_teaching_rungs_out(argv: list[str], device: str, sweep: bool):
+    """Several sizes on a GPU time a sweep (the --gpus sweep too); one problem, the ladder's run, times
+    every rung, and so does the CPU teaching mode, whose point the teaching rungs are."""
+    args = compare.parse_args(argv)
+    assert compare.times_a_sweep(compare.build_problems(args, device), device) is sweep
+
+
+def test_help_documents_the_default_rows_and_all_rungs(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--all-rungs" in text and "naive, online, tiled, pipelined" in text
+    assert "hopper, fp8 and decode rungs and the baselines" in text
+    assert compare.parse_args(["--decode"]).all_rungs is False
+
+
+def test_a_report_says_which_rows_were_left_out():
+    from common.reporting.report import _notices
+
+    notice = "teaching rungs not timed in --decode (--all-rungs times them): triton/naive"
+    assert f"> **Left out:** {notice}." in _notices({"left_out": notice}, cpu_only=False)

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from common.contract import fp8
 from common.contract import fp8_quantiser as fused
+from common.contract.capability import SM90_SHARED_MEMORY_BYTES
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 
@@ -387,6 +388,17 @@ def test_reciprocal_division_is_exact_for_tiny_and_infinite_scales(corrections: 
     assert not wrong.any(), (x[wrong], scale[wrong], got[wrong], (x / scale)[wrong])
 
 
+def test_a_quantiser_beyond_shared_memory_is_refused_on_cuda_before_any_launch():
+    """D=256 with rotation: the sign matrix and the tiles in flight exceed an sm_90 CTA's shared memory."""
+    quantisation = fp8.quantisation_named("block+rotation")
+    needed = fused.shared_bytes(256, torch.bfloat16, quantisation)
+    assert needed > SM90_SHARED_MEMORY_BYTES >= fused.shared_bytes(128, torch.bfloat16, quantisation)
+    with pytest.raises(ValueError, match=rf"head_dim 256 .*needs {needed:,} bytes .*may use 232,448"):
+        fused.FusedQuantiser(
+            (1, 32, 1, 256), (1, 8, 4096, 256), torch.bfloat16, "cuda:0", quantisation, fp8.ValueLayout(False, 16)
+        )
+
+
 def test_bad_inputs_are_refused_with_what_was_expected():
     quantisation = fp8.quantisation_named("block")
     layout = LAYOUTS["triton"]
@@ -425,6 +437,7 @@ import torch
 from bench.fp8_quantiser import FULL_GRID, sweep_configs
 from common.contract import fp8
 from common.contract import fp8_quantiser as fused
+from common.contract.capability import SM90_SHARED_MEMORY_BYTES
 from common.reporting.static import cubin_resources
 
 def facts(name, binary, step, rotated, method, config):

@@ -17,6 +17,7 @@ import torch
 from common.contract.api import attention
 from common.contract.devices import triton_interpreting
 from common.contract.fp8 import quantise
+from common.contract.fp8_quantiser import shared_bytes
 from common.contract.inputs import make_inputs
 from common.contract.metrics import error_stats
 from common.contract.problem import Problem
@@ -45,7 +46,8 @@ def _reference_lse(q: torch.Tensor, k: torch.Tensor, problem: Problem) -> torch.
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("module", [hopper, fp8], ids=["hopper", "fp8"])
 def test_unsupported_head_dim_is_refused_with_reason(module):
-    problem = Problem(1, 2, 64, 64, 96)
+    # fp16: the interpreter refuses bf16 before the head dim.
+    problem = Problem(1, 2, 64, 64, 96, dtype=torch.float16)
     ok, reason = module.supports(problem, torch.device(DEVICE))
     assert not ok
     assert "head_dim" in reason and "96" in reason
@@ -71,6 +73,37 @@ def test_negative_scale_is_refused(module):
 def test_fp8_refuses_fp32_inputs():
     ok, reason = fp8.supports(Problem(1, 2, 16, 16, 64, dtype=torch.float32), torch.device(DEVICE))
     assert not ok and "fp32" in reason
+
+
+@pytest.mark.skipif(not triton_interpreting(), reason="bf16 is refused only under the interpreter")
+def test_interpreter_refuses_bf16_like_the_other_triton_rungs():
+    """Under the interpreter triton/hopper's bf16 is silently wrong (relative error 4e9, issue #38)."""
+    ok, reason = hopper.supports(Problem(1, 2, 128, 128, 64, dtype=torch.bfloat16), torch.device("cpu"))
+    assert not ok and "bf16 is not exact under the Triton interpreter" in reason
+    assert hopper.supports(Problem(1, 2, 128, 128, 64, dtype=torch.float16), torch.device("cpu")) == (True, "")
+
+
+def test_fp8_refuses_head_dim_256_naming_the_shared_memory(monkeypatch: pytest.MonkeyPatch):
+    """At D=256 the fused quantiser needs more shared memory than an sm_90 CTA has: the check refuses it
+    with both numbers instead of the launch failing with OutOfResources (issue #38's decode step)."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    decode_step = Problem(
+        1, 32, 1, 4096, 256, dtype=torch.bfloat16, causal=True, kv_heads=8, causal_alignment="bottom_right"
+    )  # fmt: skip
+    needed = shared_bytes(256, torch.bfloat16, fp8.DEFAULT_QUANTISATION)
+    ok, reason = fp8.supports(decode_step, torch.device("cuda"))
+    assert not ok
+    assert "fused fp8 quantiser" in reason and f"{needed:,} bytes" in reason and "232,448" in reason
+    assert fp8.supports(decode_step.with_(head_dim=128), torch.device("cuda")) == (True, "")
+
+
+def test_a_kernel_tile_beyond_shared_memory_is_refused():
+    """The kernel's own tiles are held to the same budget, from the configuration the launcher uses."""
+    problem = Problem(1, 2, 128, 128, 256, dtype=torch.bfloat16)
+    too_deep = hopper.HopperConfig(128, 128, 8, 4, False)
+    ok, reason = hopper.kernel_fits("triton/hopper", problem, too_deep, element_bytes=2)
+    assert not ok and f"{too_deep.shared_bytes(256, 2):,} bytes" in reason and "128x128 tiles, 4 stages" in reason
+    assert hopper.kernel_fits("triton/hopper", problem, hopper.DEFAULT_CONFIGS[256], element_bytes=2) == (True, "")
 
 
 def test_fp8_refuses_the_overlapped_loop():

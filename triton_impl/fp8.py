@@ -47,7 +47,9 @@ Algorithm (steps 1-4 are the sections of the shared kernel):
 Data movement: as in ``hopper`` (4-D TMA descriptors, per-(batch, head) bounds, ``wgmma`` from
 shared memory), with e4m3 tiles: a BLOCK_N × D K tile and a D × BLOCK_N Vᵀ tile per stage.
 
-Constraints: fp16 or bf16 inputs, bf16 output; D ∈ {64, 128, 256}; any Sq, Sk ≥ 1; GQA/MQA; causal
+Constraints: fp16 or bf16 inputs, bf16 output; D ∈ {64, 128} (at D=256 the fused quantiser's tiles
+and rotation matrix need more shared memory than an sm_90 CTA has: ``supports`` refuses it, naming the
+bytes); any Sq, Sk ≥ 1; GQA/MQA; causal
 aligned top-left or bottom-right, or not; ``cache_seqlens``; ``return_lse``; softmax_scale ≥ 0; sm_90.
 Block scales need BLOCK_M | 64 and BLOCK_N | 128. The emulation (``emulate``) follows the same
 conventions (KV head, mask, key lengths) and also gives the LSE of the quantised scores with a
@@ -87,7 +89,14 @@ import triton
 from common.contract.devices import triton_device_supported, triton_interpreting
 from common.contract.fp8 import Emulation, KernelOperands, KernelOrder, Quantisation, ValueLayout
 from common.contract.fp8 import emulate as emulate_quantised
-from common.contract.fp8_quantiser import FusedQuantiser, QuantisedLaunch, end_to_end_runner, quantise_for_kernel
+from common.contract.fp8_quantiser import (
+    FusedQuantiser,
+    QuantisedLaunch,
+    compile_sm90_for,
+    end_to_end_runner,
+    quantise_for_kernel,
+    shared_memory_supported,
+)
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner, warmed_up
@@ -104,6 +113,7 @@ from triton_impl.hopper import (
     compile_kernel_sm90,
     hopper_supported,
     kernel_constexprs,
+    kernel_fits,
     kernel_sizes,
 )
 
@@ -337,7 +347,15 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
         return ok, reason
     if problem.dtype not in INPUT_DTYPES:
         return False, f"triton/fp8 quantises fp16 or bf16 inputs, got {problem.dtype_name}"
-    return hopper_supported(problem, device, "triton/fp8", "e4m3 wgmma")
+    ok, reason = hopper_supported(problem, device, "triton/fp8", "e4m3 wgmma")
+    if not ok:
+        return ok, reason
+    # Both launches of a call must fit: the quantiser's tiles of 16-bit inputs, then the kernel's e4m3 tiles
+    # (at D=256 the quantiser's do not: issue #38).
+    ok, reason = shared_memory_supported("triton/fp8", problem, DEFAULT_QUANTISATION)
+    if not ok:
+        return ok, reason
+    return kernel_fits("triton/fp8", problem, default_config(problem.head_dim), element_bytes=1)
 
 
 def compile_sm90(
@@ -362,6 +380,11 @@ def compile_sm90(
     return [compile_kernel_sm90(signature, constexprs, config)]
 
 
+def compile_quantiser_sm90(problem: Problem) -> list[KernelBinary]:
+    """The fused quantiser this rung launches before its kernel, for sm_90a at ``problem``'s shape."""
+    return compile_sm90_for(problem, DEFAULT_QUANTISATION, VALUE_LAYOUT)
+
+
 IMPLEMENTATION = Implementation(
     name="triton/fp8",
     stack="triton",
@@ -370,6 +393,7 @@ IMPLEMENTATION = Implementation(
     bind=bind,
     supports=supports,
     compile_sm90=compile_sm90,
+    compile_input_transform_sm90=compile_quantiser_sm90,
     error_rule=FP8_RULE,
     emulate=emulate,
     prepare_end_to_end=prepare_end_to_end,

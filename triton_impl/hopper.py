@@ -58,7 +58,8 @@ masked within it), completion signalled on ``mbarrier``s; SMEM → tensor cores 
 ``wgmma.mma_async`` (Q and K from SMEM for S = Q Kᵀ; P from registers and V from SMEM for O += P V);
 fp32 accumulators in registers; O registers → SMEM → HBM by a TMA store.
 
-Constraints: fp16 and bf16 (fp32 only under the interpreter, for the CPU tests); D ∈ {64, 128, 256};
+Constraints: fp16 and bf16 (fp32 only under the interpreter, for the CPU tests, which refuses bf16: it
+computes bf16 wrongly without an error); D ∈ {64, 128, 256};
 any Sq, Sk ≥ 1, Sq ≠ Sk; GQA/MQA (any Hkv dividing H); causal aligned top-left or bottom-right, or
 not; ``cache_seqlens`` (per-sequence key lengths of a padded cache); ``return_lse``; softmax_scale ≥ 0
 (row maxima are taken before scaling, which needs a non-negative scale); sm_90 exactly. Each
@@ -89,12 +90,12 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from common.contract import fp8 as fp8_quantisation
-from common.contract.capability import FEATURES, check_features
-from common.contract.devices import triton_device_supported, triton_dtypes, triton_interpreting
+from common.contract.capability import FEATURES, check_features, check_shared_memory
+from common.contract.devices import triton_device_supported, triton_dtype_supported, triton_interpreting
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner, warmed_up
 from common.contract.validation import kernel_operand
-from common.toolchain.arch import check_sm90
+from common.toolchain.arch import SM90_SHARED_MEMORY_BYTES, check_sm90
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from common.toolchain.releases import release_configs
 from triton_impl._device import (
@@ -119,8 +120,7 @@ from triton_impl._host import (
 # (common/contract/fp8.py, shared with the other fp8 rungs and the emulation).
 P_EXPONENT = tl.constexpr(fp8_quantisation.P_EXPONENT)
 HEAD_DIMS = (64, 128, 256)
-# Dynamic shared memory one CTA may use on sm_90 (227 KiB).
-SHARED_MEMORY_BUDGET = 232_448
+SHARED_MEMORY_BUDGET = SM90_SHARED_MEMORY_BYTES
 TRITON_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
@@ -559,13 +559,30 @@ def hopper_supported(problem: Problem, device: torch.device, rung: str, needs: s
     return check_sm90(rung, device, needs) if device.type == "cuda" else (True, "")
 
 
+def kernel_fits(rung: str, problem: Problem, config: HopperConfig, element_bytes: int) -> tuple[bool, str]:
+    """The shared kernel's shared memory at ``config`` (the launcher's configuration) within sm_90's
+    budget; ``element_bytes``: the tiles' element size (1 for fp8)."""
+    kernel = (
+        f"the attention kernel at head_dim {problem.head_dim} ({config.block_m}x{config.block_n} tiles, "
+        f"{config.num_stages} stages)"
+    )
+    return check_shared_memory(rung, kernel, config.shared_bytes(problem.head_dim, element_bytes))
+
+
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     ok, reason = triton_device_supported(device)
     if not ok:
         return ok, reason
-    if problem.dtype not in triton_dtypes():
-        return False, f"triton/hopper runs fp16 and bf16, got {problem.dtype_name}"
-    return hopper_supported(problem, device, "triton/hopper", "TMA and wgmma")
+    # The ladder's dtype check: fp32 only under the interpreter, and bf16 refused there, where it
+    # computes a wrong answer without any error (relative error 4e9, issue #38).
+    ok, reason = triton_dtype_supported(problem.dtype)
+    if not ok:
+        return False, f"triton/hopper: {reason}"
+    ok, reason = hopper_supported(problem, device, "triton/hopper", "TMA and wgmma")
+    if not ok:
+        return ok, reason
+    config = default_config(problem.head_dim)
+    return kernel_fits("triton/hopper", problem, config, problem.dtype.itemsize)
 
 
 def _descriptor_type(dtype_name: str, block_rows: int, head_dim: int) -> str:

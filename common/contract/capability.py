@@ -12,6 +12,7 @@ from collections.abc import Collection
 import torch
 
 from common.contract.problem import Problem, dtype_name
+from common.toolchain.arch import SM90_SHARED_MEMORY_BYTES
 
 DEVICE_NAMES = {"cuda": "CUDA", "cpu": "CPU"}
 
@@ -91,4 +92,17 @@ def check_features(name: str, problem: Problem, implemented: Collection[str] = (
     missing = [words for feature, words in needed_features(problem).items() if feature not in implemented]
     if missing:
         return False, f"{name}: {'; '.join(missing)} not implemented yet"
+    return True, ""
+
+
+def check_shared_memory(
+    name: str, kernel: str, needed: int, available: int = SM90_SHARED_MEMORY_BYTES
+) -> tuple[bool, str]:
+    """Refuse a configuration whose ``kernel`` needs more shared memory per CTA than sm_90 offers, so
+    that it is skipped with both numbers instead of failing at launch with Triton's OutOfResources."""
+    if needed > available:
+        return False, (
+            f"{name}: {kernel} needs {needed:,} bytes of shared memory per CTA, "
+            f"over the {available:,} bytes an sm_90 CTA may use"
+        )
     return True, ""

@@ -93,6 +93,7 @@ import torch
 import triton
 import triton.language as tl
 
+from common.contract.capability import check_shared_memory
 from common.contract.devices import triton_interpreting
 from common.contract.fp8 import (
     E4M3_MAX,
@@ -104,7 +105,9 @@ from common.contract.fp8 import (
     quantise,
     random_hadamard,
 )
+from common.contract.problem import Problem
 from common.contract.registry import Runner
+from common.toolchain.arch import SM90_SHARED_MEMORY_BYTES
 from common.toolchain.compile import KernelBinary
 
 ROTATION_METHODS = ("tensor_core", "butterfly")
@@ -579,6 +582,43 @@ def _num_warps(tile_rows: int, head_dim: int) -> int:
     return max(4, min(MAX_WARPS, tile_rows * head_dim // (32 * ELEMENTS_PER_THREAD)))
 
 
+def shared_bytes(
+    head_dim: int,
+    dtype: torch.dtype,
+    quantisation: Quantisation,
+    rotation_method: str | None = None,
+    config: QuantiserConfig | None = None,
+) -> int:
+    """Shared memory one program of ``_quantise_kernel`` needs at this configuration (Triton allocates
+    it; nothing here is declared). The terms, in the input's element size: the tensor-core rotation's
+    D x D sign matrix, kept for the whole program; in each tensor's branch (Q, K, V, whose buffers
+    Triton does not share) the ``num_stages - 1`` tiles in flight; one more tile for the rotation's
+    wgmma operand and the transposed store's exchange. sm_90a builds under Triton 3.8 use this much at
+    D = 256 with block scales and rotation, and less elsewhere (3.6: 294,912 bytes there); the
+    capability-matrix test compiles every configuration a check accepts and holds it to the budget."""
+    config = config or DEFAULT_CONFIG
+    rotation_method = rotation_method or DEFAULT_ROTATION_METHOD
+    element = dtype.itemsize
+    tile = _tile_rows_of(quantisation) * head_dim * element
+    sign_matrix = head_dim * head_dim * element if quantisation.rotation and rotation_method == "tensor_core" else 0
+    return sign_matrix + (3 * (config.num_stages - 1) + 1) * tile
+
+
+def shared_memory_supported(rung: str, problem: Problem, quantisation: Quantisation) -> tuple[bool, str]:
+    """The capability check's part for the fused quantiser an FP8 rung runs before its kernel: refused
+    where its shared memory (``shared_bytes``, default rotation method and configuration) exceeds sm_90's."""
+    needed = shared_bytes(problem.head_dim, problem.dtype, quantisation)
+    return check_shared_memory(rung, _quantiser_words(problem.head_dim, quantisation, DEFAULT_CONFIG), needed)
+
+
+def _quantiser_words(head_dim: int, quantisation: Quantisation, config: QuantiserConfig) -> str:
+    tile_rows = _tile_rows_of(quantisation)
+    return (
+        f"the fused fp8 quantiser at head_dim {head_dim} ({quantisation.name}, {tile_rows}-row tiles, "
+        f"{config.num_stages} stages)"
+    )
+
+
 def _tensor_kinds(
     quantisation: Quantisation, value_layout: ValueLayout, rotation_method: str
 ) -> tuple[TensorKind, ...]:
@@ -721,6 +761,12 @@ class FusedQuantiser:
         _check_signature(self.q_shape, self.kv_shape, dtype, device, rotation_method)
         head_dim = self.q_shape[3]
         _check_quantisation(quantisation, value_layout, head_dim, rotation_method)
+        needed = shared_bytes(head_dim, dtype, quantisation, rotation_method, self.config)
+        if device.type == "cuda" and needed > SM90_SHARED_MEMORY_BYTES:
+            raise ValueError(
+                f"{_quantiser_words(head_dim, quantisation, self.config)} needs {needed:,} bytes of shared memory "
+                f"per CTA; an sm_90 CTA may use {SM90_SHARED_MEMORY_BYTES:,}"
+            )
         interpreted = device.type == "cpu"
         geometries = _geometries(self.q_shape, self.kv_shape, quantisation, value_layout)
         self._tile_counts = tuple(geometry.tiles for geometry in geometries)
@@ -862,6 +908,20 @@ def compile_sm90(
             )
         )
     return binaries
+
+
+def compile_sm90_for(problem: Problem, quantisation: Quantisation, value_layout: ValueLayout) -> list[KernelBinary]:
+    """:func:`compile_sm90` at ``problem``'s head dim, dtype and shape: what an FP8 rung launches before
+    its kernel (``Implementation.compile_input_transform_sm90``)."""
+    return compile_sm90(
+        problem.head_dim,
+        problem.dtype,
+        quantisation,
+        value_layout,
+        seqlens=(problem.seqlen_q, problem.seqlen_k),
+        heads=(problem.heads, problem.kv_heads),
+        batch=problem.batch,
+    )
 
 
 def quantise_fused(

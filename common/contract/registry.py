@@ -38,6 +38,10 @@ The contract of an implementation:
   calls ``prepare`` once per signature and ``bind`` on every later call (``common/contract/api.py``).
 * ``compile_sm90(problem) -> [KernelBinary]`` (optional): compile for sm_90a without a GPU, so the
   PTX and resource usage can be inspected on any machine.
+* ``compile_input_transform_sm90(problem) -> [KernelBinary]`` (optional): the same for the kernels a
+  rung launches on its inputs before its attention kernel (FP8: the fused quantiser). They are not
+  the rung's kernel (the tradeoff table leaves them out), but ``supports`` must refuse what they
+  cannot launch as it does for the kernel; the capability-matrix test compiles both.
 """
 
 from __future__ import annotations
@@ -91,6 +95,8 @@ class Implementation:
     prepare: Prepare
     supports: Supports
     compile_sm90: Callable[[Problem], list[KernelBinary]] | None = None
+    # The kernels run on the inputs before the rung's kernel (FP8: the fused quantiser), for sm_90a.
+    compile_input_transform_sm90: Callable[[Problem], list[KernelBinary]] | None = None
     # The per-call part of prepare, for an already-prepared signature (see the module docstring).
     bind: Bind | None = None
     # FP8: the fp64 emulation of the rung's own quantisation, ``emulate(q, k, v, problem) ->

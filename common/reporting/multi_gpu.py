@@ -55,12 +55,20 @@ def _gpu_lines(envs: dict[str, dict[str, Any]], statuses: dict[str, int]) -> lis
 
 
 def write_merged_report(
-    frame: pd.DataFrame, envs: dict[str, dict[str, Any]], statuses: dict[str, int], out_dir: Path, note: str = ""
+    frame: pd.DataFrame,
+    envs: dict[str, dict[str, Any]],
+    statuses: dict[str, int],
+    out_dir: Path,
+    note: str = "",
+    left_out: str = "",
 ) -> Path:
+    """``note``: what the sizes run were; ``left_out``: the implementations the sweep did not time, and why."""
     first = next((env for env in envs.values() if env), {})
     lines = [f"# FlashAttention forward on {len(envs)} GPUs (`compare.py --gpus {len(envs)}`)", ""]
     if note:
         lines += [f"> **Size:** {note}.", ""]
+    if left_out:
+        lines += [f"> **Left out:** {left_out}.", ""]
     lines += [
         f"- toolchain: Triton {first.get('triton')}, CuTe DSL {first.get('nvidia_cutlass_dsl')}, torch "
         f"{first.get('torch')}; commit {first.get('git_commit')}",

@@ -142,6 +142,8 @@ def _notices(env: dict[str, Any], cpu_only: bool) -> list[str]:
         )
     if env.get("size_note"):
         notices.append(f"**Size:** {env['size_note']}.")
+    if env.get("left_out"):
+        notices.append(f"**Left out:** {env['left_out']}.")
     if env.get("triton_status"):
         notices.append(f"**Triton version warning:** {env['triton_status']}")
     return [line for notice in notices for line in (f"> {notice}", "")]

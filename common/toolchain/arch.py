@@ -15,6 +15,8 @@ SM90_CAPABILITY = (9, 0)
 SM90_TARGET = 90
 SM90A = "sm_90a"
 WARP_SIZE = 32
+# Dynamic shared memory one CTA may use on sm_90 (227 KiB, after the opt-in).
+SM90_SHARED_MEMORY_BYTES = 232_448
 
 
 def check_sm90(name: str, device: torch.device, needs: str) -> tuple[bool, str]:

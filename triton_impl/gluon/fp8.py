@@ -97,7 +97,14 @@ from triton.experimental.gluon import language as gl
 
 from common.contract.fp8 import Emulation, KernelOperands, KernelOrder, Quantisation, ValueLayout
 from common.contract.fp8 import emulate as emulate_quantised
-from common.contract.fp8_quantiser import FusedQuantiser, QuantisedLaunch, end_to_end_runner, quantise_for_kernel
+from common.contract.fp8_quantiser import (
+    FusedQuantiser,
+    QuantisedLaunch,
+    compile_sm90_for,
+    end_to_end_runner,
+    quantise_for_kernel,
+    shared_memory_supported,
+)
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner, warmed_up
@@ -306,7 +313,10 @@ def emulate(
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     if problem.dtype not in INPUT_DTYPES:
         return False, f"{RUNG} quantises fp16 or bf16 inputs, got {problem.dtype_name}"
-    return gluon_supported(problem, device, RUNG)
+    ok, reason = gluon_supported(problem, device, RUNG)
+    if not ok:
+        return ok, reason
+    return shared_memory_supported(RUNG, problem, DEFAULT_QUANTISATION)
 
 
 def compile_sm90(
@@ -344,6 +354,11 @@ def compile_sm90(
     return [hopper.compile_kernel_sm90(signature, constexprs, config)]
 
 
+def compile_quantiser_sm90(problem: Problem) -> list[KernelBinary]:
+    """The fused quantiser this rung launches before its kernel, for sm_90a at ``problem``'s shape."""
+    return compile_sm90_for(problem, DEFAULT_QUANTISATION, value_layout(default_config(problem)))
+
+
 IMPLEMENTATION = Implementation(
     name=RUNG,
     stack="gluon",
@@ -352,6 +367,7 @@ IMPLEMENTATION = Implementation(
     bind=bind,
     supports=supports,
     compile_sm90=compile_sm90,
+    compile_input_transform_sm90=compile_quantiser_sm90,
     error_rule=FP8_RULE,
     emulate=emulate,
     prepare_end_to_end=prepare_end_to_end,
