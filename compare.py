@@ -95,6 +95,20 @@ def _fail(message: str):
     raise argparse.ArgumentTypeError(message)
 
 
+# (warm-up ms, timed ms) per measurement. A decode step takes 10 us to 6 ms: 150 ms of repetitions is
+# 25 or more of the slowest, and keeps the default decode sweep (19 shapes, ~17 rows each) near 3 minutes.
+PREFILL_TIMING = (100.0, 500.0)
+DECODE_TIMING = (25.0, 150.0)
+
+
+def timing_options(args: argparse.Namespace):
+    """The measurements' TimingOptions: --warmup/--rep when given, else the default of the sweep."""
+    from common.measure.runner import TimingOptions
+
+    warmup, rep = DECODE_TIMING if args.decode else PREFILL_TIMING
+    return TimingOptions(args.warmup or warmup, args.rep or rep, args.cuda_graph)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every option says what it does and its default, once."""
     parser = argparse.ArgumentParser(
@@ -146,10 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="output folder (default runs/<date>-<gpu>-s<seqlen>/)")
     parser.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays of each call")
     parser.add_argument(
-        "--warmup", type=_positive_float, default=100.0, help="warm-up time per measurement, ms (default 100)"
+        "--warmup",
+        type=_positive_float,
+        help=f"warm-up time per measurement, ms (default {PREFILL_TIMING[0]:g}; {DECODE_TIMING[0]:g} with --decode)",
     )
     parser.add_argument(
-        "--rep", type=_positive_float, default=500.0, help="timed repetitions per measurement, ms (default 500)"
+        "--rep",
+        type=_positive_float,
+        help=f"timed repetitions per measurement, ms (default {PREFILL_TIMING[1]:g}; {DECODE_TIMING[1]:g} with "
+        "--decode)",
     )
     parser.add_argument(
         "--device",
@@ -577,7 +596,6 @@ def run_all(args: argparse.Namespace, device_name: str, problems: list, note: st
     from common.measure.environment import manifest
     from common.measure.peaks import measure_peaks
     from common.measure.results import CsvLog
-    from common.measure.runner import TimingOptions
 
     available, missing = discover()
     chosen = ladder_sorted(select(available + missing, args.only, args.skip))
@@ -597,7 +615,7 @@ def run_all(args: argparse.Namespace, device_name: str, problems: list, note: st
     planned = sum(map(len, jobs.values())) if jobs else len(problems) * len(chosen)
     run = Run(out_dir, env, peaks, planned=planned)
     log = CsvLog(out_dir / "results.csv")
-    options = TimingOptions(args.warmup, args.rep, args.cuda_graph)
+    options = timing_options(args)
     try:
         with Progress(transient=True, console=Console(width=CONSOLE_WIDTH)) as progress:
             task = progress.add_task("measuring", total=run.planned)
@@ -747,7 +765,7 @@ def run_decode(args: argparse.Namespace) -> int:
     from common.measure.decode_sweep import too_large
     from common.measure.environment import manifest
     from common.measure.peaks import measure_peaks
-    from common.measure.runner import TimingOptions, blank_row, make_workload, measure
+    from common.measure.runner import blank_row, make_workload, measure
 
     if not torch.cuda.is_available() or args.device == "cpu":
         raise RefusedError("--decode needs a CUDA GPU (its caches are far beyond the Triton interpreter's reach)")
@@ -769,7 +787,7 @@ def run_decode(args: argparse.Namespace) -> int:
     read_gbps = peaks.read_gbps
     env["peaks"] = peaks.as_dict()
     (out_dir / "env.json").write_text(json.dumps(env, indent=2))
-    options = TimingOptions(args.warmup, args.rep, args.cuda_graph)
+    options = timing_options(args)
     records = []
     console = Console(width=CONSOLE_WIDTH)
     console.print(f"HBM read bandwidth (measured): {_number(read_gbps or float('nan'), '.0f')} GB/s")
