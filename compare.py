@@ -65,6 +65,9 @@ OPTIONAL_PACKAGES = {"cutlass": "the CuTe DSL (nvidia-cutlass-dsl)"}
 # at a sweep's large shapes (triton/naive 104 ms at decode B=64, 32k: issue #38), so --decode and the
 # prefill sweeps time them only with --all-rungs.
 TEACHING_RUNGS = ("naive", "online", "tiled", "pipelined")
+# --decode also leaves out the FP8 rungs (prefill kernels with a quantiser in front: they answer no decode
+# question, and each adds its own compile and check to every shape) unless --all-rungs.
+DECODE_LEFT_OUT = ("fp8",)
 
 
 def _positive_int_list(text: str) -> list[int]:
@@ -95,10 +98,12 @@ def _fail(message: str):
     raise argparse.ArgumentTypeError(message)
 
 
-# (warm-up ms, timed ms) per measurement. A decode step takes 10 us to 6 ms: 150 ms of repetitions is
-# 25 or more of the slowest, and keeps the default decode sweep (19 shapes, ~17 rows each) near 3 minutes.
+# (warm-up ms, timed ms) per measurement. A decode step takes 10 us to 6 ms and do_bench flushes L2
+# before each call, so a short step costs ~5x its own time per repetition: 60 ms of repetitions is 10 or
+# more of the slowest step and keeps each row under half a second (with 25/150 ms the default decode
+# sweep did 10 of its 19 shapes in 200 s on an H200, 2026-11-28).
 PREFILL_TIMING = (100.0, 500.0)
-DECODE_TIMING = (25.0, 150.0)
+DECODE_TIMING = (10.0, 60.0)
 
 
 def timing_options(args: argparse.Namespace):
@@ -150,9 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--all-rungs",
         action="store_true",
         help=f"also time the teaching rungs ({', '.join(TEACHING_RUNGS)}) in --decode and in prefill sweeps on a "
-        "GPU (several --seqlen or --head-dim values, as --gpus spreads them). By default those runs time the "
-        "hopper, fp8 and decode rungs and the baselines, and say which rows they left out; a single-problem "
-        "run times every rung. An --only that names a teaching rung exactly selects it as well",
+        "GPU (several --seqlen or --head-dim values, as --gpus spreads them), and the FP8 rungs in --decode. By "
+        "default a prefill sweep times the hopper, fp8 and decode rungs and the baselines, --decode the hopper "
+        "and decode rungs and the baselines, and both say which rows they left out; a single-problem run times "
+        "every rung. An --only that names a left-out rung exactly selects it as well",
     )
     parser.add_argument(
         "--list", action="store_true", help="list implementations, whether each can run here and why not, and exit"
@@ -364,14 +370,16 @@ def without_teaching_rungs(chosen: list, args: argparse.Namespace, workload: str
     with a note for the user and the report that names the rows left out and why ('' when none)."""
     if args.all_rungs:
         return chosen, ""
+    rungs = TEACHING_RUNGS + (DECODE_LEFT_OUT if args.decode else ())
     kept, left_out = [], []
     for item in chosen:
-        teaching = item.name.split("/")[-1] in TEACHING_RUNGS and item.name not in args.only
-        (left_out if teaching else kept).append(item)
+        leave = item.name.split("/")[-1] in rungs and item.name not in args.only
+        (left_out if leave else kept).append(item)
     if not left_out:
         return chosen, ""
     names = ", ".join(item.name for item in left_out)
-    return kept, f"teaching rungs not timed in {workload} (--all-rungs times them): {names}"
+    what = "teaching and FP8 rungs" if args.decode else "teaching rungs"
+    return kept, f"{what} not timed in {workload} (--all-rungs times them): {names}"
 
 
 def _record_left_out(env: dict, left_out: str) -> None:

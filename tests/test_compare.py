@@ -390,11 +390,11 @@ SWEEP_CHOICE = [_fake(name, _right) for name in SWEEP_NAMES] + [
 
 def test_decode_times_the_decode_hopper_and_baseline_rows_by_default():
     kept, note = compare.without_teaching_rungs(SWEEP_CHOICE, compare.parse_args(["--decode"]), "--decode")
-    assert [item.name for item in kept] == ["triton/hopper", "triton/fp8", "triton/decode", "sdpa/flash"]
+    assert [item.name for item in kept] == ["triton/hopper", "triton/decode", "sdpa/flash"]
     # The rows left out are named, with why and how to time them.
     assert note == (
-        "teaching rungs not timed in --decode (--all-rungs times them): "
-        "triton/naive, triton/pipelined, cute/online, gluon/tiled"
+        "teaching and FP8 rungs not timed in --decode (--all-rungs times them): "
+        "triton/naive, triton/pipelined, triton/fp8, cute/online, gluon/tiled"
     )
 
 
