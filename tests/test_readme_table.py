@@ -1,18 +1,21 @@
 """README.md and docs/ladder.md carry exactly the tables the committed CSVs regenerate: the canonical
-prefill run and the decode runs."""
+prefill run, the decode runs and (README only) the generate run."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from common.reporting.decode_table import DECODE_BEGIN, DECODE_END, decode_tables
+from common.reporting.generate_table import GENERATE_BEGIN, GENERATE_CSV, GENERATE_END, generate_table
 from common.reporting.readme_table import (
     CANONICAL_DIR,
     DOCUMENTS,
+    README,
     ROOT,
     regenerate,
     regenerate_all,
@@ -151,3 +154,51 @@ def test_decode_case_labels_name_paged_and_ragged_caches() -> None:
     assert case_label(pd.Series(ragged)) == "32k ragged (0..32k)"
     paged = {**ragged, "case": base["case"] + " paged(16) lengths=32768..32768"}
     assert case_label(pd.Series(paged)) == "32k paged (pages of 16)"
+
+
+def test_generate_table_regenerates_byte_identically():
+    current = README.read_text()
+    table = generate_table(ROOT / GENERATE_CSV, ROOT)
+    assert regenerate(current, table, GENERATE_BEGIN, GENERATE_END) == current, (
+        "run: python -m common.reporting.readme_table"
+    )
+
+
+def _copy_generate_run(root: Path) -> pd.DataFrame:
+    """The committed generate run copied under ``root``; its CSV as a frame to tamper with."""
+    folder = root / GENERATE_CSV.parent
+    folder.mkdir(parents=True)
+    shutil.copy(ROOT / GENERATE_CSV.parent / "env.json", folder / "env.json")
+    return pd.read_csv(ROOT / GENERATE_CSV)
+
+
+def _case(frame: pd.DataFrame, impl: str, batch: int, cache: str) -> pd.Series:
+    return (frame["impl"] == impl) & (frame["prompt"] == 8192) & (frame["batch"] == batch) & (frame["cache"] == cache)
+
+
+def test_a_tampered_generate_csv_value_changes_the_table(tmp_path: Path):
+    """The copy regenerates the committed table; doubling one tokens/s moves its cell and its ratio."""
+    frame = _copy_generate_run(tmp_path)
+    frame.to_csv(tmp_path / GENERATE_CSV, index=False)
+    committed = generate_table(ROOT / GENERATE_CSV, ROOT)
+    assert generate_table(tmp_path / GENERATE_CSV, tmp_path) == committed
+    assert "| ladder:auto | 143 (0.76×) |" in committed
+    frame.loc[_case(frame, "ladder:auto", 1, "dynamic"), "tokens_per_s"] *= 2
+    frame.to_csv(tmp_path / GENERATE_CSV, index=False)
+    tampered = generate_table(tmp_path / GENERATE_CSV, tmp_path)
+    assert tampered != committed
+    assert "| ladder:auto | 285 (1.53×) |" in tampered
+
+
+def test_a_generate_row_that_did_not_run_is_a_dash_named_under_the_table(tmp_path: Path):
+    frame = _copy_generate_run(tmp_path)
+    failed = _case(frame, "ladder:gluon", 8, "static")
+    frame.loc[failed, ["status", "reason"]] = ["failed", "RuntimeError: planted"]
+    frame.loc[failed, ["prefill_ms", "decode_ms_per_token", "tokens_per_s"]] = float("nan")
+    frame.to_csv(tmp_path / GENERATE_CSV, index=False)
+    table = generate_table(tmp_path / GENERATE_CSV, tmp_path)
+    assert "| ladder:gluon | 168 (0.90×) | 108 (0.66×) | 859 (0.61×) | — | 31.8 |" in table
+    assert "- ladder:gluon at B=8 static: failed (RuntimeError: planted)" in table
+    assert "- eager at B=8 dynamic, B=8 static: skipped (eager's score matrices need about 130 GiB" in table
+    assert "- flash in every case: skipped (flash_attention_4: ImportError:" in table
+    assert "| flash |" not in table

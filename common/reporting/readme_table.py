@@ -1,5 +1,6 @@
 """Regenerate the README's results tables from the committed runs, between markers: the canonical
-prefill run (results markers) and the decode runs (decode markers, ``common.reporting.decode_table``).
+prefill run (results markers), the decode runs (decode markers, ``common.reporting.decode_table``) and,
+in the README only, the generate run (generate markers, ``common.reporting.generate_table``).
 
 python -m common.reporting.readme_table          # rewrite README.md and docs/ladder.md
 python -m common.reporting.readme_table --check  # exit 1 if either disagrees with the CSVs
@@ -18,6 +19,7 @@ import pandas as pd
 from common.contract.registry import RUNGS
 from common.measure.results import baseline_stacks, ladder_stacks
 from common.reporting.decode_table import DECODE_BEGIN, DECODE_END, decode_tables
+from common.reporting.generate_table import GENERATE_BEGIN, GENERATE_CSV, GENERATE_END, generate_table
 
 ROOT = Path(__file__).resolve().parents[2]
 CANONICAL_DIR = ROOT / "results" / "h200" / "canonical"
@@ -162,9 +164,13 @@ def regenerate(readme_text: str, table: str, begin: str = BEGIN, end: str = END)
 
 
 def regenerate_all(text: str) -> str:
-    """Every generated block of a document: the canonical results and the decode runs."""
+    """Every generated block of a document: the canonical results, the decode runs and, where the document
+    carries its markers (the README), the generate run."""
     text = regenerate(text, results_table(CANONICAL_DIR / "results.csv", CANONICAL_DIR / "env.json"))
-    return regenerate(text, decode_tables(ROOT), DECODE_BEGIN, DECODE_END)
+    text = regenerate(text, decode_tables(ROOT), DECODE_BEGIN, DECODE_END)
+    if GENERATE_BEGIN not in text:
+        return text
+    return regenerate(text, generate_table(ROOT / GENERATE_CSV, ROOT), GENERATE_BEGIN, GENERATE_END)
 
 
 def main() -> int:

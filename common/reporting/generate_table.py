@@ -1,0 +1,112 @@
+"""The generate table of the README, from the committed ``bench/generate.py`` run.
+
+One compact table for the 8k prompt of ``results/h200/generate/results.csv``: a row per attention
+implementation in the sweep's order, a column per (batch, KV cache) case with the decode tokens/s and,
+in brackets, its ratio to ``sdpa``'s in the same case, and a last column with the prefill ms of the 8k
+prompt at batch 1 with a DynamicCache. A cell that did not run shows "—" and is named with its reason
+under the table; an implementation that ran in none of the cases gets no row, only that line. A reason
+is cut to its first clause (the flash row lists one per FlashAttention path it tried; ``report.md``
+beside the CSV has them in full). ``python -m common.reporting.readme_table`` writes it between the
+generate markers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, TypeGuard
+
+import pandas as pd
+
+GENERATE_CSV = Path("results") / "h200" / "generate" / "results.csv"
+GENERATE_BEGIN, GENERATE_END = "<!-- generate:begin -->", "<!-- generate:end -->"
+PROMPT = 8192
+REFERENCE = "sdpa"
+PREFILL_CASE = (1, "dynamic")
+MISSING = "—"
+REASON_SEPARATOR = "; "
+
+Row = dict[str, Any]
+Case = tuple[int, str]
+
+
+def _ran(row: Row | None, column: str) -> TypeGuard[Row]:
+    """Whether the row ran and measured ``column``."""
+    return row is not None and row["status"] == "ok" and math.isfinite(row[column])
+
+
+def _decode_cell(row: Row | None, reference: Row | None) -> str:
+    """'1280 (0.90×)': tokens/s and the ratio to the reference's in the same case."""
+    if not _ran(row, "tokens_per_s"):
+        return MISSING
+    tokens_per_s = row["tokens_per_s"]
+    if not _ran(reference, "tokens_per_s"):
+        return f"{tokens_per_s:.0f}"
+    return f"{tokens_per_s:.0f} ({tokens_per_s / reference['tokens_per_s']:.2f}×)"
+
+
+def _prefill_cell(row: Row | None) -> str:
+    return f"{row['prefill_ms']:.1f}" if _ran(row, "prefill_ms") else MISSING
+
+
+def _case_label(case: Case) -> str:
+    batch, cache = case
+    return f"B={batch} {cache}"
+
+
+def _short_reason(row: Row) -> str:
+    first, *rest = str(row["reason"]).split(REASON_SEPARATOR)
+    return f"{row['status']} ({first}{'; …' if rest else ''})"
+
+
+def _not_run(rows: dict[tuple[str, Case], Row], impls: list[str], cases: list[Case]) -> list[str]:
+    """A line per reason: which implementation did not run in which cases."""
+    by_reason: dict[str, dict[str, list[Case]]] = {}
+    for impl in impls:
+        for case in cases:
+            row = rows.get((impl, case))
+            if row is not None and not _ran(row, "tokens_per_s"):
+                by_reason.setdefault(_short_reason(row), {}).setdefault(impl, []).append(case)
+    lines = []
+    for reason, where in by_reason.items():
+        named = "; ".join(
+            f"{impl} in every case" if len(missed) == len(cases) else f"{impl} at {', '.join(map(_case_label, missed))}"
+            for impl, missed in where.items()
+        )
+        lines.append(f"- {named}: {reason}")
+    return lines
+
+
+def generate_table(csv_path: Path, root: Path) -> str:
+    """Markdown for the generate run at ``csv_path`` (its ``env.json`` beside it): caption, table, what did not run."""
+    shown_path = csv_path.relative_to(root) if csv_path.is_relative_to(root) else csv_path
+    frame = pd.read_csv(csv_path, dtype={"reason": str, "rungs": str})
+    frame[["reason", "rungs"]] = frame[["reason", "rungs"]].fillna("")
+    at_prompt = frame[frame["prompt"] == PROMPT]
+    if at_prompt.empty:
+        return f"_No {PROMPT // 1024}k prompt in `{shown_path}`._"
+    rows = {(row["impl"], (row["batch"], row["cache"])): row for row in at_prompt.to_dict("records")}
+    cases = list(dict.fromkeys(case for _, case in rows))
+    impls = list(dict.fromkeys(impl for impl, _ in rows))
+    shown = [impl for impl in impls if any(_ran(rows.get((impl, case)), "tokens_per_s") for case in cases)]
+    new_tokens = int(at_prompt["new_tokens"].iloc[0])
+    env_path = csv_path.parent / "env.json"
+    gpu = json.loads(env_path.read_text()).get("gpu") if env_path.exists() else None
+    lines = [
+        f"`generate()` on the {gpu or 'unknown GPU'}, prompt of {PROMPT // 1024}k tokens, {new_tokens} new tokens: "
+        f"decode tokens/s and, in brackets, the ratio to `{REFERENCE}`'s in the same case; the prompt's prefill "
+        f"in ms (from `{shown_path}`).",
+        "",
+        "| attn_implementation | "
+        + " | ".join(_case_label(case) for case in cases)
+        + f" | prefill ms, {_case_label(PREFILL_CASE)} |",
+        "|---|" + "---|" * (len(cases) + 1),
+    ]
+    for impl in shown:
+        cells = [_decode_cell(rows.get((impl, case)), rows.get((REFERENCE, case))) for case in cases]
+        lines.append(f"| {impl} | " + " | ".join([*cells, _prefill_cell(rows.get((impl, PREFILL_CASE)))]) + " |")
+    not_run = _not_run(rows, impls, cases)
+    if not_run:
+        lines += ["", "Not run (—):", "", *not_run]
+    return "\n".join(lines)
