@@ -12,11 +12,15 @@ FlashAttention path where one loads) runs one row:
    decode signature (a DynamicCache grows by one key per step) and captures the CUDA graphs;
 2. a timed greedy ``generate()`` of 128 new tokens (``min_new_tokens = max_new_tokens``, so every
    implementation decodes the same count), timed with CUDA events;
-3. the prefill alone, timed separately: one forward over the prompt into a fresh cache, keeping only
+3. a timed ``generate()`` of one new token (the same setup and prefill, no decode step);
+4. the prefill alone, timed separately: one forward over the prompt into a fresh cache, keeping only
    the last position's logits (as ``generate()`` does); those logits are compared with SDPA's
    (relative L2) — the first row of each case is SDPA's for that reason.
 
-Decode ms per token = (generate ms − prefill ms) / (new tokens − 1); tokens/s = batch · 1000 / that.
+Decode ms per token = (generate ms − one-token generate ms) / (new tokens − 1): both generates pay the
+same cache setup and prefill, so the difference is the decode steps alone (a prefill timed on its own
+pays a different setup, and subtracting it gave negative decode times on a loaded CPU); tokens/s =
+batch · 1000 / that.
 A row that fails, runs out of memory or overruns its time budget is written with its reason, and the
 sweep goes on; once the total budget is spent, the remaining rows are written as skipped. Writes
 results.csv (rows appended as they finish), env.json, report.md and generate_ms_per_token.png under
@@ -298,11 +302,15 @@ def relative_l2(got: Any, reference: Any) -> float:
 def measure(model: Any, ids: Any, case: Case, clock: Clock, reference: Any) -> tuple[dict[str, float], Any]:
     """The numbers of one row (the module docstring's steps 1-3) and its prefill logits."""
     kwargs = generate_kwargs(case, ids)
+    one_token = {**kwargs, "max_new_tokens": 1, "min_new_tokens": 1}
     model.generate(ids, **kwargs)
     total_ms, _ = clock.time(lambda: model.generate(ids, **kwargs))
+    first_ms = statistics.median(
+        clock.time(lambda: model.generate(ids, **one_token))[0] for _ in range(PREFILL_REPEATS)
+    )
     logits = prefill(model, ids, case)
     prefill_ms = statistics.median(clock.time(lambda: prefill(model, ids, case))[0] for _ in range(PREFILL_REPEATS))
-    decode_ms = (total_ms - prefill_ms) / (case.new_tokens - 1)
+    decode_ms = (total_ms - first_ms) / (case.new_tokens - 1)
     numbers = {
         "prefill_ms": prefill_ms, "decode_ms_per_token": decode_ms, "tokens_per_s": case.batch * 1e3 / decode_ms,
         "logits_rel_l2": math.nan if reference is None else relative_l2(logits, reference),
@@ -526,8 +534,8 @@ def write_report(rows: list[Row], env: dict[str, Any], out_dir: Path) -> Path:
         f"GPU: {env.get('gpu') or 'none (CPU, Triton interpreter: times mean nothing)'}; torch {env['torch']}, "
         f"transformers {env['transformers']}, Triton {env['triton']}, commit {env.get('git_commit')}.", "",
         f"Model: {env['model']}; {env['dtype']}; sweep: {env['sweep']}.", "",
-        "Decode ms per token = (generate ms − prefill ms) / (new tokens − 1); tokens/s = batch · 1000 / decode ms "
-        "per token; logits: the prefill's last position against SDPA's in the same case.", "",
+        "Decode ms per token = (generate ms − one-token generate ms) / (new tokens − 1); tokens/s = batch · 1000 / "
+        "decode ms per token; logits: the prefill's last position against SDPA's in the same case.", "",
     ]  # fmt: skip
     for (cache, batch, prompt), group in frame.groupby(["cache", "batch", "prompt"], sort=False):
         lines += [f"## {cache} cache, batch {batch}, prompt {prompt}", "", markdown_table(group, REPORT_COLUMNS), ""]
