@@ -115,6 +115,7 @@ from triton_impl._host import (
     rung_result,
     validate_triton_inputs,
 )
+from triton_impl.backward import tiled as tiled_backward
 
 # FP8: P = 2^(S·scale - row_max + P_EXPONENT) lies in [0, 2^8], clear of e4m3's subnormals
 # (common/contract/fp8.py, shared with the other fp8 rungs and the emulation).
@@ -631,4 +632,5 @@ IMPLEMENTATION = Implementation(
     forbidden_ptx=("cp.async",),
     source_file=__file__,
     default_configs=DEFAULT_CONFIGS,
+    backward=tiled_backward.BACKWARD,
 )

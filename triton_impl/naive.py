@@ -54,6 +54,7 @@ from common.contract.registry import Implementation, Runner, warmed_up
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from triton_impl._host import allocate_lse, ladder_supported, placeholder, validate_triton_inputs
+from triton_impl.backward import naive as naive_backward
 
 # A constexpr: the softmax kernel reads it (the scale is applied when S is written, in natural units).
 LOG2_E = tl.constexpr(1.4426950408889634)
@@ -326,4 +327,5 @@ IMPLEMENTATION = Implementation(
     runs_on_cpu=True,
     forbidden_ptx=("mma.sync", "wgmma.mma_async"),
     source_file=__file__,
+    backward=naive_backward.BACKWARD,
 )

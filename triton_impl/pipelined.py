@@ -70,6 +70,7 @@ from triton_impl._host import (
     rung_result,
     validate_triton_inputs,
 )
+from triton_impl.backward import tiled as tiled_backward
 
 
 @dataclass(frozen=True)
@@ -373,4 +374,5 @@ IMPLEMENTATION = Implementation(
     required_ptx=("wgmma.mma_async", "cp.async"),
     source_file=__file__,
     default_configs=DEFAULT_CONFIGS,
+    backward=tiled_backward.BACKWARD,
 )

@@ -56,6 +56,7 @@ from triton_impl._host import (
     rung_result,
     validate_triton_inputs,
 )
+from triton_impl.backward import tiled as tiled_backward
 
 # Per head dim: (BLOCK_M, BLOCK_N, num_warps). Fixed on purpose (tuning is the next rung's job);
 # each compiles for sm_90a with no spills under both tested Triton releases. D=128 takes 64 x 64
@@ -214,4 +215,5 @@ IMPLEMENTATION = Implementation(
     required_ptx=("wgmma.mma_async",),
     source_file=__file__,
     default_configs=BLOCKS,
+    backward=tiled_backward.BACKWARD,
 )
