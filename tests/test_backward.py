@@ -7,12 +7,18 @@ alignments and not, GQA and MQA, D=64 and one case at D=128. The rule must fail 
 from a block-by-block torch model of the tiled backward: D without the row sum, dQ without the softmax
 scale, dQ of the last key block only, dK and dV of only the first query head of each group. The naive
 rung passes ``torch.autograd.gradcheck`` in fp64 (the interpreter runs fp64 dots). An implementation
-without a backward refuses with a message naming those that have one.
+without a backward refuses with a message naming those that have one. Every backward rung compiles for
+sm_90a without spills (in a child process, as the interpreter is chosen when Triton is imported).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +30,7 @@ from common.contract.problem import Problem
 from common.contract.reference import reference_attention, visible_keys_mask
 from common.contract.registry import Backward, discover, with_backward
 
+ROOT = Path(__file__).resolve().parent.parent
 IMPLEMENTATIONS, _ = discover(include_baselines=False)
 # Each backward rung, with the first forward rung (ladder order) that names it: the pair tested end to end.
 FORWARD_OF: dict[str, str] = {}
@@ -259,3 +266,37 @@ def test_a_backward_refuses_cache_seqlens_with_its_reason() -> None:
     lengths = make_cache_seqlens(prob, device="cpu")
     with pytest.raises(ValueError, match=r"triton/backward/tiled cannot differentiate.*cache_seqlens"):
         attention(q.requires_grad_(), k, v, impl="triton/tiled", cache_seqlens=lengths)
+
+
+# ----------------------------------------------------------------------------------------------
+# Every backward rung compiles for sm_90a without spills (a child process without the interpreter)
+# ----------------------------------------------------------------------------------------------
+COMPILE_SCRIPT = """
+import json, torch
+from common.contract.problem import Problem
+from common.contract.registry import discover
+from common.reporting.static import cubin_resources
+backwards = {impl.backward.name: impl.backward for impl in discover(include_baselines=False)[0] if impl.backward}
+rows = []
+for name, backward in backwards.items():
+    for head_dim in (64, 128):
+        problem = Problem(2, 16, 8192, 8192, head_dim, torch.bfloat16, causal=True, kv_heads=4)
+        for binary in backward.compile_sm90(problem):
+            usage = next(iter(cubin_resources(binary.cubin).values()))
+            rows.append([name, head_dim, binary.name, usage["stack_bytes"] + usage["local_bytes"]])
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.static
+def test_every_backward_compiles_for_sm90a_without_spills() -> None:
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE_SCRIPT], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = json.loads(done.stdout.splitlines()[-1])
+    assert {row[0] for row in rows} == set(BACKWARD_NAMES)
+    spilled = [row for row in rows if row[3]]
+    assert not spilled, f"(backward, head_dim, kernel, spill bytes per thread): {spilled}"

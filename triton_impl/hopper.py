@@ -65,7 +65,8 @@ not; ``cache_seqlens`` (per-sequence key lengths of a padded cache); ``return_ls
 (row maxima are taken before scaling, which needs a non-negative scale); sm_90 exactly. Each
 feature is a constexpr (``feature_constexprs``) or, for GQA, one division per program, so the plain
 problem compiles to the loops it had without them. Row strides must be 16-byte aligned
-(``kernel_operand`` copies otherwise).
+(``kernel_operand`` copies otherwise). Backward (``common.attention`` with inputs that require grad):
+``triton_impl/backward/tiled.py``, from this rung's O and LSE (no Hopper backward yet).
 
 What the measurements taught (the A/B runs are in ``docs/perf-log.md``; current figures in the
 generated table of ``docs/ladder.md``): the hand-pipelined loop is the largest single gain, because

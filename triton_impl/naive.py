@@ -36,7 +36,7 @@ traffic on S long before the FLOPs matter, and by HBM capacity as S grows.
 Constraints: fp16 and bf16 on a CUDA GPU (fp32 too under the Triton interpreter); D ∈ {32, 64, 128,
 256}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA; ``cache_seqlens``; LSE. The
 capability check refuses problems whose S buffer (B·H·Sq·Sk·4 bytes) does not fit in free device
-memory.
+memory. Backward (``common.attention`` with inputs that require grad): ``triton_impl/backward/naive.py``.
 
 What the measurements taught (figures in the generated table of ``docs/ladder.md``, history in
 ``docs/perf-log.md``): the time does not change with the mask: every score is computed, stored and

@@ -97,6 +97,8 @@ Bind = Callable[..., Runner]
 Supports = Callable[[Problem, torch.device], tuple[bool, str]]
 # (q, k, v, out, lse, d_out, problem, *, d_lse=None) -> (dq, dk, dv); see the module docstring.
 Gradients = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+# One kernel launch of a backward rung: (kernel, grid, positional arguments, constexprs and launch options).
+Launch = tuple[Any, tuple[int, ...], tuple[Any, ...], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,8 @@ class Backward:
     name: str
     gradients: Gradients
     supports: Supports
+    # Its kernels compiled for sm_90a at a problem's shapes, without a GPU.
+    compile_sm90: Callable[[Problem], list[KernelBinary]] | None = None
     # True when the Triton interpreter can run it on CPU tensors (TRITON_INTERPRET=1).
     runs_on_cpu: bool = False
     source_file: str | None = None
@@ -173,6 +177,17 @@ class Unavailable:
     def name(self) -> str:
         *packages, rung = self.module.split(".")
         return f"{packages[-1].removesuffix('_impl')}/{rung}"
+
+
+def meta_operands(problem: Problem) -> tuple[torch.Tensor, ...]:
+    """q, k, v, O, LSE and dO of ``problem`` as meta tensors (shapes and dtypes, no memory): what a
+    backward rung's ``compile_sm90`` builds its launches from."""
+    q_shape = (problem.batch, problem.heads, problem.seqlen_q, problem.head_dim)
+    kv_shape = (problem.batch, problem.kv_heads, problem.seqlen_k, problem.head_dim)
+    shapes = (q_shape, kv_shape, kv_shape, q_shape, q_shape)
+    q, k, v, out, d_out = (torch.empty(shape, dtype=problem.dtype, device="meta") for shape in shapes)
+    lse = torch.empty(q_shape[:3], dtype=torch.float32, device="meta")
+    return q, k, v, out, lse, d_out
 
 
 def per_call_inputs(

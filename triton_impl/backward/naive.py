@@ -49,15 +49,17 @@ import triton.language as tl
 from common.contract.capability import BOTTOM_RIGHT, GQA, LSE, check_features
 from common.contract.devices import triton_device_supported, triton_dtype_supported
 from common.contract.problem import Problem
-from common.contract.registry import Backward
+from common.contract.registry import Backward, Launch, meta_operands
 from common.contract.validation import kernel_operand
+from common.toolchain.compile import KernelBinary, compile_triton_sm90_launch
 
 # A constexpr: P = exp2((S − LSE) · LOG2_E), S and the LSE in natural units.
 LOG2_E = tl.constexpr(1.4426950408889634)
 HEAD_DIMS = (64, 128)
 # Tiles of P and dS, and the rows (keys) a dQ (dK, dV) program owns; every dot spans the whole head dim.
 BLOCK_M, BLOCK_N = 32, 32
-NUM_WARPS = 4
+# With 4 warps the D=128 kernels spill (up to 880 bytes per thread, Triton 3.8, sm_90a): every dot spans D.
+NUM_WARPS = 8
 # The buffers' precision: fp32, fp64 for fp64 inputs (gradcheck under the interpreter).
 WORK_DTYPES = {torch.float64: torch.float64}
 
@@ -272,11 +274,66 @@ def _dkv_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
-# Host: allocate P, dS, D and the gradients, launch the five kernels
+# Host: allocate P, dS, D and the gradients, launch the five kernels (or compile them for sm_90a)
 # ----------------------------------------------------------------------------------------------
 def _strides(t: torch.Tensor) -> tuple[int, int, int]:
     """(batch, head, row) strides of a (B, H, S, D) tensor whose last dim is contiguous."""
     return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _launches(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    d_out: torch.Tensor,
+    problem: Problem,
+    d_lse: torch.Tensor | None,
+) -> tuple[list[Launch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The five launches and the (dq, dk, dv) they write; buffers are allocated on the inputs' device."""
+    q, k, v, out, d_out = (kernel_operand(t) for t in (q, k, v, out, d_out))
+    batch, heads, seqlen_q, seqlen_k = problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k
+    work = WORK_DTYPES.get(q.dtype, torch.float32)
+    probs = torch.empty((batch * heads, seqlen_q, seqlen_k), dtype=work, device=q.device)
+    d_scores = torch.empty_like(probs)
+    delta = torch.empty((batch * heads * seqlen_q,), dtype=work, device=q.device)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    lse = lse.contiguous()
+    # Without d_lse the kernel never reads its argument (HAS_DLSE False): pass the LSE in its place.
+    d_lse_arg = d_lse.contiguous() if d_lse is not None else lse
+    sizes = (heads, problem.kv_heads, seqlen_q, seqlen_k)
+    tiles = (triton.cdiv(seqlen_q, BLOCK_M), triton.cdiv(seqlen_k, BLOCK_N), batch * heads)
+    blocks = {"HEAD_DIM": problem.head_dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": NUM_WARPS}
+    launches = [
+        (
+            _probs_kernel, tiles,
+            (q, k, lse, probs, *_strides(q), *_strides(k), *sizes, problem.scale),
+            {"CAUSAL": problem.causal, "BOTTOM_RIGHT": problem.bottom_right, **blocks},
+        ),
+        (
+            _delta_kernel, (tiles[0], batch * heads),
+            (out, d_out, d_lse_arg, delta, *_strides(out), *_strides(d_out), heads, seqlen_q),
+            {"HAS_DLSE": d_lse is not None, "HEAD_DIM": problem.head_dim, "BLOCK_M": BLOCK_M, "num_warps": NUM_WARPS},
+        ),
+        (_dscores_kernel, tiles, (d_out, v, probs, delta, d_scores, *_strides(d_out), *_strides(v), *sizes), blocks),
+        (
+            _dq_kernel, (tiles[0], batch * heads),
+            (d_scores, k, dq, *_strides(k), *_strides(dq), *sizes, problem.scale),
+            blocks,
+        ),
+        (
+            _dkv_kernel, (tiles[1], batch * problem.kv_heads),
+            (
+                probs, d_scores, q, d_out, dk, dv, *_strides(q), *_strides(d_out), *_strides(dk), *_strides(dv),
+                *sizes, problem.scale,
+            ),
+            blocks,
+        ),
+    ]  # fmt: skip
+    return launches, (dq, dk, dv)
 
 
 def naive_gradients(
@@ -292,41 +349,16 @@ def naive_gradients(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H, Sq)
     and the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE)."""
-    q, k, v, out, d_out = (kernel_operand(t) for t in (q, k, v, out, d_out))
-    batch, heads, seqlen_q, seqlen_k = problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k
-    work = WORK_DTYPES.get(q.dtype, torch.float32)
-    probs = torch.empty((batch * heads, seqlen_q, seqlen_k), dtype=work, device=q.device)
-    d_scores = torch.empty_like(probs)
-    delta = torch.empty((batch * heads * seqlen_q,), dtype=work, device=q.device)
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    lse = lse.contiguous()
-    # Without d_lse the kernel never reads its argument (HAS_DLSE False): pass the LSE in its place.
-    d_lse_arg = d_lse.contiguous() if d_lse is not None else lse
-    sizes = (heads, problem.kv_heads, seqlen_q, seqlen_k)
-    tiles = (triton.cdiv(seqlen_q, BLOCK_M), triton.cdiv(seqlen_k, BLOCK_N), batch * heads)
-    blocks = {"HEAD_DIM": problem.head_dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N}
+    launches, gradients = _launches(q, k, v, out, lse, d_out, problem, d_lse)
+    for kernel, grid, args, options in launches:
+        kernel[grid](*args, **options)
+    return gradients
 
-    _probs_kernel[tiles](
-        q, k, lse, probs, *_strides(q), *_strides(k), *sizes, problem.scale,
-        CAUSAL=problem.causal, BOTTOM_RIGHT=problem.bottom_right, **blocks, num_warps=NUM_WARPS,
-    )  # fmt: skip
-    _delta_kernel[(tiles[0], batch * heads)](
-        out, d_out, d_lse_arg, delta, *_strides(out), *_strides(d_out), heads, seqlen_q,
-        HAS_DLSE=d_lse is not None, HEAD_DIM=problem.head_dim, BLOCK_M=BLOCK_M, num_warps=NUM_WARPS,
-    )  # fmt: skip
-    _dscores_kernel[tiles](
-        d_out, v, probs, delta, d_scores, *_strides(d_out), *_strides(v), *sizes, **blocks, num_warps=NUM_WARPS
-    )
-    _dq_kernel[(tiles[0], batch * heads)](
-        d_scores, k, dq, *_strides(k), *_strides(dq), *sizes, problem.scale, **blocks, num_warps=NUM_WARPS
-    )
-    _dkv_kernel[(tiles[1], batch * problem.kv_heads)](
-        probs, d_scores, q, d_out, dk, dv, *_strides(q), *_strides(d_out), *_strides(dk), *_strides(dv),
-        *sizes, problem.scale, **blocks, num_warps=NUM_WARPS,
-    )  # fmt: skip
-    return dq, dk, dv
+
+def compile_sm90(problem: Problem) -> list[KernelBinary]:
+    """The five kernels compiled for sm_90a as ``problem``'s launches build them (meta tensors: no GPU)."""
+    launches, _ = _launches(*meta_operands(problem), problem, None)
+    return [compile_triton_sm90_launch(kernel, *args, **options) for kernel, _, args, options in launches]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -356,5 +388,10 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 BACKWARD_NAME = "triton/backward/naive"
 BACKWARD = Backward(
-    name=BACKWARD_NAME, gradients=naive_gradients, supports=supports, runs_on_cpu=True, source_file=__file__
+    name=BACKWARD_NAME,
+    gradients=naive_gradients,
+    supports=supports,
+    compile_sm90=compile_sm90,
+    runs_on_cpu=True,
+    source_file=__file__,
 )

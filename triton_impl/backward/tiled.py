@@ -32,8 +32,10 @@ Algorithm (three launches):
   3. ``_dq_convert_kernel``: dQ = softmax_scale · dQ_accum in the input dtype (the scale applied once).
 
 Data movement: Q, dO, the LSE and D go HBM → registers once per (key block, query block); K and V once
-per program; the dot operands are staged through shared memory for the MMA (``tl.dot``; on sm_90a
-Triton emits ``wgmma``). dQ_accum is read-modify-written in L2 by ``red.global.add.f32``.
+per program; the dot operands are staged through shared memory for the MMA. On sm_90a (Triton 3.8) the
+products with 64 output rows (dV, dK: one per key) compile to ``wgmma``, those with BLOCK_M = 32 rows
+(S, dP, the dQ share) to ``mma.sync``, as a warpgroup MMA covers 64 rows. The dQ shares go to L2 as
+``atom.global.gpu.relaxed.add.v4.f32``, four floats per instruction.
 
 Constraints: fp16 and bf16 on a CUDA GPU, fp32 under the Triton interpreter (bf16 refused there, as by
 the forward rungs); D ∈ {64, 128}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA and
@@ -54,14 +56,16 @@ import triton.language as tl
 from common.contract.capability import BOTTOM_RIGHT, GQA, LSE, check_features
 from common.contract.devices import triton_device_supported, triton_dtype_supported
 from common.contract.problem import Problem
-from common.contract.registry import Backward
+from common.contract.registry import Backward, Launch, meta_operands
 from common.contract.validation import kernel_operand
+from common.toolchain.compile import KernelBinary, compile_triton_sm90_launch
 
-# softmax_scale_log2 = softmax_scale · LOG2_E, so the kernel uses exp2; the LSE is scaled by it too.
-LOG2_E = math.log2(math.e)
-# Per head dim: (BLOCK_M query rows per step, BLOCK_N keys per program, num_warps). Untuned first guess:
-# the Triton tutorial's backward takes 32 × 128; 64 keys keep dK, dV (2 · 64 × D fp32) in registers at D=128.
-BLOCKS: dict[int, tuple[int, int, int]] = {64: (32, 64, 4), 128: (32, 64, 4)}
+# softmax_scale_log2 = softmax_scale · LOG2_E, so the kernel uses exp2; the kernel scales the LSE by it too.
+LOG2_E = tl.constexpr(math.log2(math.e))
+# Per head dim: (BLOCK_M query rows per step, BLOCK_N keys per program, num_warps). Untuned first guess
+# (the Triton tutorial's backward takes 32 × 128). dK and dV (2 · 64 × D fp32) live in registers: at D=128
+# they need two warpgroups, as with four warps the kernel spills 136 bytes per thread (Triton 3.8, sm_90a).
+BLOCKS: dict[int, tuple[int, int, int]] = {64: (32, 64, 4), 128: (32, 64, 8)}
 HEAD_DIMS = tuple(BLOCKS)
 # Rows per program of the preprocess and the dQ conversion.
 ROWS_BLOCK_M = 64
@@ -195,11 +199,58 @@ def _dq_convert_kernel(DQAccum, DQ, seqlen_q, softmax_scale, HEAD_DIM: tl.conste
 
 
 # ----------------------------------------------------------------------------------------------
-# Host: allocate D, dQ_accum and the gradients, launch the three kernels
+# Host: allocate D, dQ_accum and the gradients, launch the three kernels (or compile them for sm_90a)
 # ----------------------------------------------------------------------------------------------
 def _strides(t: torch.Tensor) -> tuple[int, int, int]:
     """(batch, head, row) strides of a (B, H, S, D) tensor whose last dim is contiguous."""
     return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _launches(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    d_out: torch.Tensor,
+    problem: Problem,
+    d_lse: torch.Tensor | None,
+) -> tuple[list[Launch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The three launches and the (dq, dk, dv) they write; buffers are allocated on the inputs' device."""
+    q, k, v, out, d_out = (kernel_operand(t) for t in (q, k, v, out, d_out))
+    batch, heads, seqlen_q, seqlen_k = problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k
+    block_m, block_n, num_warps = BLOCKS[problem.head_dim]
+    lse = lse.contiguous()
+    delta = torch.empty((batch * heads * seqlen_q,), dtype=torch.float32, device=q.device)
+    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    # Without d_lse the kernel never reads its argument (HAS_DLSE False): pass the LSE in its place.
+    d_lse_arg = d_lse.contiguous() if d_lse is not None else lse
+    rows_grid = (triton.cdiv(seqlen_q, ROWS_BLOCK_M), batch * heads)
+    rows_options = {"HEAD_DIM": problem.head_dim, "BLOCK_M": ROWS_BLOCK_M}
+    launches = [
+        (
+            _preprocess_kernel, rows_grid,
+            (out, d_out, d_lse_arg, delta, dq_accum, *_strides(out), *_strides(d_out), heads, seqlen_q),
+            {"HAS_DLSE": d_lse is not None, **rows_options},
+        ),
+        (
+            _tiled_backward_kernel, (triton.cdiv(seqlen_k, block_n), batch * problem.kv_heads),
+            (
+                q, k, v, d_out, lse, delta, dq_accum, dk, dv,
+                *_strides(q), *_strides(k), *_strides(v), *_strides(d_out),
+                heads, problem.kv_heads, seqlen_q, seqlen_k, problem.scale, problem.scale * LOG2_E.value,
+            ),
+            {
+                "CAUSAL": problem.causal, "BOTTOM_RIGHT": problem.bottom_right, "HEAD_DIM": problem.head_dim,
+                "BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps,
+            },
+        ),
+        (_dq_convert_kernel, rows_grid, (dq_accum, dq, seqlen_q, problem.scale), rows_options),
+    ]  # fmt: skip
+    return launches, (dq, dk, dv)
 
 
 def tiled_gradients(
@@ -215,34 +266,16 @@ def tiled_gradients(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H, Sq)
     and the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE)."""
-    q, k, v, out, d_out = (kernel_operand(t) for t in (q, k, v, out, d_out))
-    batch, heads, seqlen_q, seqlen_k = problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k
-    block_m, block_n, num_warps = BLOCKS[problem.head_dim]
-    lse = lse.contiguous()
-    delta = torch.empty((batch * heads * seqlen_q,), dtype=torch.float32, device=q.device)
-    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    # Without d_lse the kernel never reads its argument (HAS_DLSE False): pass the LSE in its place.
-    d_lse_arg = d_lse.contiguous() if d_lse is not None else lse
-    rows_grid = (triton.cdiv(seqlen_q, ROWS_BLOCK_M), batch * heads)
+    launches, gradients = _launches(q, k, v, out, lse, d_out, problem, d_lse)
+    for kernel, grid, args, options in launches:
+        kernel[grid](*args, **options)
+    return gradients
 
-    _preprocess_kernel[rows_grid](
-        out, d_out, d_lse_arg, delta, dq_accum, *_strides(out), *_strides(d_out), heads, seqlen_q,
-        HAS_DLSE=d_lse is not None, HEAD_DIM=problem.head_dim, BLOCK_M=ROWS_BLOCK_M,
-    )  # fmt: skip
-    _tiled_backward_kernel[(triton.cdiv(seqlen_k, block_n), batch * problem.kv_heads)](
-        q, k, v, d_out, lse, delta, dq_accum, dk, dv,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(d_out),
-        heads, problem.kv_heads, seqlen_q, seqlen_k, problem.scale, problem.scale * LOG2_E,
-        CAUSAL=problem.causal, BOTTOM_RIGHT=problem.bottom_right,
-        HEAD_DIM=problem.head_dim, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
-    )  # fmt: skip
-    _dq_convert_kernel[rows_grid](
-        dq_accum, dq, seqlen_q, problem.scale, HEAD_DIM=problem.head_dim, BLOCK_M=ROWS_BLOCK_M
-    )
-    return dq, dk, dv
+
+def compile_sm90(problem: Problem) -> list[KernelBinary]:
+    """The three kernels compiled for sm_90a as ``problem``'s launches build them (meta tensors: no GPU)."""
+    launches, _ = _launches(*meta_operands(problem), problem, None)
+    return [compile_triton_sm90_launch(kernel, *args, **options) for kernel, _, args, options in launches]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -261,5 +294,10 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 BACKWARD_NAME = "triton/backward/tiled"
 BACKWARD = Backward(
-    name=BACKWARD_NAME, gradients=tiled_gradients, supports=supports, runs_on_cpu=True, source_file=__file__
+    name=BACKWARD_NAME,
+    gradients=tiled_gradients,
+    supports=supports,
+    compile_sm90=compile_sm90,
+    runs_on_cpu=True,
+    source_file=__file__,
 )
