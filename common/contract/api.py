@@ -14,8 +14,9 @@ the problem (``common/contract/dispatch.py``). The choice is made with the plan 
 
 The key holds everything a plan depends on: the implementation (or stack) name, shapes, dtypes,
 strides and 16-byte alignment of q, k and v (so the number of KV heads), their devices, ``causal``, ``softmax_scale``,
-``causal_alignment``, ``return_lse``, whether ``cache_seqlens`` and ``block_table`` are given and their
-signatures (shape, stride, dtype, device; never their values), and the Triton and CuTe DSL versions.
+``causal_alignment``, ``return_lse``, whether the call is differentiable, whether ``cache_seqlens`` and
+``block_table`` are given and their signatures (shape, stride, dtype, device; never their values), and the
+Triton and CuTe DSL versions.
 A paged cache's page size is k's dim 1, so it is in the key with k's shape.
 
 ``cache_seqlens`` is an input, not part of the plan: its values are checked (in [0, Sk], one device
