@@ -197,14 +197,30 @@ def test_a_failed_prepare_leaves_no_plan() -> None:
     assert plan_cache_info().size == 0
 
 
-def test_tensors_that_require_grad_are_refused_as_forward_only() -> None:
+def test_tensors_that_require_grad_are_refused_by_a_forward_only_rung() -> None:
     q, k, v = inputs()
     q.requires_grad_(True)
-    with pytest.raises(NotImplementedError, match="forward-only"):
+    with pytest.raises(NotImplementedError, match="triton/online is forward-only"):
         attention(q, k, v, impl="triton/online")
     with torch.no_grad():
         out = attention(q, k, v, impl="triton/online")
     assert not out.requires_grad
+
+
+def test_grad_and_no_grad_calls_never_share_a_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A differentiable call plans a forward that returns the LSE (for the backward): a no-grad call of
+    the same signature must neither reuse that plan (it would return (O, lse)) nor lend its own."""
+    calls: Counter = Counter()
+    counted("triton/tiled", calls, monkeypatch)
+    q, k, v = inputs()
+    plain = attention(q, k, v, impl="triton/tiled")
+    differentiable = attention(q.requires_grad_(True), k, v, impl="triton/tiled")
+    assert differentiable.requires_grad and calls["prepare"] == 2 and plan_cache_info().size == 2
+    with torch.no_grad():
+        again = attention(q, k, v, impl="triton/tiled")
+    assert isinstance(again, torch.Tensor) and not again.requires_grad
+    assert calls["prepare"] == 2 and calls["bind"] == 1
+    assert torch.equal(plain, differentiable.detach()) and torch.equal(plain, again)
 
 
 def test_without_bind_every_call_prepares(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -65,7 +65,8 @@ not; ``cache_seqlens`` (per-sequence key lengths of a padded cache); ``return_ls
 (row maxima are taken before scaling, which needs a non-negative scale); sm_90 exactly. Each
 feature is a constexpr (``feature_constexprs``) or, for GQA, one division per program, so the plain
 problem compiles to the loops it had without them. Row strides must be 16-byte aligned
-(``kernel_operand`` copies otherwise).
+(``kernel_operand`` copies otherwise). Backward (``common.attention`` with inputs that require grad):
+``triton_impl/backward/tiled.py``, from this rung's O and LSE (no Hopper backward yet).
 
 What the measurements taught (the A/B runs are in ``docs/perf-log.md``; current figures in the
 generated table of ``docs/ladder.md``): the hand-pipelined loop is the largest single gain, because
@@ -115,6 +116,7 @@ from triton_impl._host import (
     rung_result,
     validate_triton_inputs,
 )
+from triton_impl.backward import tiled as tiled_backward
 
 # FP8: P = 2^(S·scale - row_max + P_EXPONENT) lies in [0, 2^8], clear of e4m3's subnormals
 # (common/contract/fp8.py, shared with the other fp8 rungs and the emulation).
@@ -631,4 +633,5 @@ IMPLEMENTATION = Implementation(
     forbidden_ptx=("cp.async",),
     source_file=__file__,
     default_configs=DEFAULT_CONFIGS,
+    backward=tiled_backward.BACKWARD,
 )

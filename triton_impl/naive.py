@@ -36,7 +36,7 @@ traffic on S long before the FLOPs matter, and by HBM capacity as S grows.
 Constraints: fp16 and bf16 on a CUDA GPU (fp32 too under the Triton interpreter); D ∈ {32, 64, 128,
 256}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA; ``cache_seqlens``; LSE. The
 capability check refuses problems whose S buffer (B·H·Sq·Sk·4 bytes) does not fit in free device
-memory.
+memory. Backward (``common.attention`` with inputs that require grad): ``triton_impl/backward/naive.py``.
 
 What the measurements taught (figures in the generated table of ``docs/ladder.md``, history in
 ``docs/perf-log.md``): the time does not change with the mask: every score is computed, stored and
@@ -54,6 +54,7 @@ from common.contract.registry import Implementation, Runner, warmed_up
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from triton_impl._host import allocate_lse, ladder_supported, placeholder, validate_triton_inputs
+from triton_impl.backward import naive as naive_backward
 
 # A constexpr: the softmax kernel reads it (the scale is applied when S is written, in natural units).
 LOG2_E = tl.constexpr(1.4426950408889634)
@@ -326,4 +327,5 @@ IMPLEMENTATION = Implementation(
     runs_on_cpu=True,
     forbidden_ptx=("mma.sync", "wgmma.mma_async"),
     source_file=__file__,
+    backward=naive_backward.BACKWARD,
 )

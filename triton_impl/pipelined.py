@@ -33,7 +33,8 @@ Constraints: fp16 and bf16 on a CUDA GPU (fp32 under the Triton interpreter only
 bf16 ``tl.dot``; there autotuning is skipped and the fixed configuration runs); D ∈ {32, 64, 128,
 256} (256 only where a candidate fits the device's shared memory, else the capability check says
 so); any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA (``kv_head_index``);
-``cache_seqlens`` (``seqlen_info``); the LSE, stored in the epilogue.
+``cache_seqlens`` (``seqlen_info``); the LSE, stored in the epilogue. Backward (``common.attention``
+with inputs that require grad): ``triton_impl/backward/tiled.py``, from this rung's O and LSE.
 
 What the measurements taught (figures in the generated table of ``docs/ladder.md``; the tuner's
 timings and earlier defaults in ``docs/perf-log.md``, "Figures moved out of rung docstrings"): the
@@ -70,6 +71,7 @@ from triton_impl._host import (
     rung_result,
     validate_triton_inputs,
 )
+from triton_impl.backward import tiled as tiled_backward
 
 
 @dataclass(frozen=True)
@@ -373,4 +375,5 @@ IMPLEMENTATION = Implementation(
     required_ptx=("wgmma.mma_async", "cp.async"),
     source_file=__file__,
     default_configs=DEFAULT_CONFIGS,
+    backward=tiled_backward.BACKWARD,
 )

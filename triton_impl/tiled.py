@@ -26,7 +26,8 @@ away), not the Ampere-style ``mma.sync`` a CUDA programmer might expect from "FA
 
 Constraints: fp16 and bf16 on a CUDA GPU (fp32 under the Triton interpreter only, which mishandles
 bf16 ``tl.dot``); D ∈ {32, 64, 128, 256}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA
-(K and V read from the query head's KV head); ``cache_seqlens``; the LSE, stored after O.
+(K and V read from the query head's KV head); ``cache_seqlens``; the LSE, stored after O. Backward
+(``common.attention`` with inputs that require grad): ``triton_impl/backward/tiled.py``.
 
 What the measurements taught (figures in the generated table of ``docs/ladder.md``, history in
 ``docs/perf-log.md``): moving the two products onto tensor cores is worth more than an order of
@@ -56,6 +57,7 @@ from triton_impl._host import (
     rung_result,
     validate_triton_inputs,
 )
+from triton_impl.backward import tiled as tiled_backward
 
 # Per head dim: (BLOCK_M, BLOCK_N, num_warps). Fixed on purpose (tuning is the next rung's job);
 # each compiles for sm_90a with no spills under both tested Triton releases. D=128 takes 64 x 64
@@ -214,4 +216,5 @@ IMPLEMENTATION = Implementation(
     required_ptx=("wgmma.mma_async",),
     source_file=__file__,
     default_configs=BLOCKS,
+    backward=tiled_backward.BACKWARD,
 )

@@ -14,8 +14,9 @@ the problem (``common/contract/dispatch.py``). The choice is made with the plan 
 
 The key holds everything a plan depends on: the implementation (or stack) name, shapes, dtypes,
 strides and 16-byte alignment of q, k and v (so the number of KV heads), their devices, ``causal``, ``softmax_scale``,
-``causal_alignment``, ``return_lse``, whether ``cache_seqlens`` and ``block_table`` are given and their
-signatures (shape, stride, dtype, device; never their values), and the Triton and CuTe DSL versions.
+``causal_alignment``, ``return_lse``, whether the call is differentiable, whether ``cache_seqlens`` and
+``block_table`` are given and their signatures (shape, stride, dtype, device; never their values), and the
+Triton and CuTe DSL versions.
 A paged cache's page size is k's dim 1, so it is in the key with k's shape.
 
 ``cache_seqlens`` is an input, not part of the plan: its values are checked (in [0, Sk], one device
@@ -29,9 +30,12 @@ The cache keeps the :data:`PLAN_CACHE_SIZE` most recently used plans; ``clear_pl
 it and ``plan_cache_info()`` reports hits, misses and size. Plans hold no tensors: memory belongs to
 the caller and to each rung's own compile cache.
 
-The suite is forward-only: tensors that require grad while grad mode is on raise a
-``NotImplementedError`` up front (run under ``torch.no_grad()`` / ``torch.inference_mode()`` or
-pass detached tensors), rather than a late, unrelated autograd error.
+Training: when q, k or v requires grad under grad mode, the call is differentiable through the
+implementation's backward rung (``Implementation.backward``; ``common/contract/autograd.py``): the
+plan is made for a forward that returns the LSE, and both capability checks, the forward's and the
+backward's, run when it is made. Whether a call is differentiable is part of the key, so a grad plan
+and a no-grad plan of the same tensors are two plans. An implementation without a backward raises
+``NotImplementedError`` naming those that have one: nothing falls back to another implementation.
 """
 
 from __future__ import annotations
@@ -45,8 +49,9 @@ from importlib import metadata
 import torch
 
 from common.contract import dispatch
+from common.contract.autograd import AttentionFunction, detached, requires_grad
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, get, per_call_inputs
+from common.contract.registry import Implementation, Runner, get, per_call_inputs, with_backward
 from common.contract.validation import OPERAND_ALIGNMENT_BYTES, validate_attention_inputs
 
 DEFAULT_IMPL = "triton/pipelined"
@@ -147,7 +152,8 @@ def _tensor_signature(t: torch.Tensor) -> tuple:
 
 @dataclass(frozen=True)
 class Options:
-    """The keyword arguments of ``attention`` beyond the tensors and ``impl``."""
+    """The keyword arguments of ``attention`` beyond the tensors and ``impl``, and ``differentiable``:
+    whether autograd must see the call (q, k or v requires grad under grad mode)."""
 
     causal: object = False
     softmax_scale: object = None
@@ -155,6 +161,7 @@ class Options:
     cache_seqlens: object = None
     return_lse: object = False
     block_table: object = None
+    differentiable: bool = False
 
 
 def _index_signature(index: torch.Tensor | None) -> tuple | None:
@@ -175,6 +182,7 @@ def plan_key(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, optio
         options.softmax_scale,
         options.causal_alignment,
         options.return_lse,
+        options.differentiable,
         _index_signature(options.cache_seqlens),
         _index_signature(options.block_table),
         toolchain_versions(),
@@ -195,15 +203,17 @@ def _cacheable(impl: object, q: object, k: object, v: object, options: Options) 
     )
 
 
-def _refuse_grad(q: object, k: object, v: object) -> None:
-    if not torch.is_grad_enabled():
-        return
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if isinstance(t, torch.Tensor) and t.requires_grad:
-            raise NotImplementedError(
-                f"common.attention is forward-only (no backward pass), but {name} requires grad; "
-                "call it under torch.no_grad() or torch.inference_mode(), or pass detached tensors"
-            )
+def _check_backward(implementation: Implementation, problem: Problem, device: torch.device) -> None:
+    """A differentiable call needs a backward rung that accepts the problem; no fallback to another."""
+    if implementation.backward is None:
+        raise NotImplementedError(
+            f"{implementation.name} is forward-only (it has no backward pass), but q, k or v requires grad; "
+            f"implementations with a backward: {', '.join(with_backward())}; or call it under torch.no_grad() "
+            "or torch.inference_mode(), or pass detached tensors"
+        )
+    ok, reason = implementation.backward.check(problem, device)
+    if not ok:
+        raise ValueError(f"{implementation.backward.name} cannot differentiate {problem.describe()}: {reason}")
 
 
 def _registered(impl: object) -> Implementation:
@@ -216,11 +226,10 @@ def _registered(impl: object) -> Implementation:
         ) from None
 
 
-def _make_plan(
-    impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options
-) -> tuple[Plan, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
+def _make_plan(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options) -> tuple[Plan, Runner]:
     """Full validation, the rung (``impl`` itself, or the one a stack name dispatches to), its
-    capability check and ``prepare``; returns the plan and this call's result."""
+    capability check (and its backward's, for a differentiable call) and ``prepare``; returns the plan
+    and this call's prepared launch."""
     implementation = None if impl in dispatch.DISPATCH_NAMES else _registered(impl)
     problem = validate_attention_inputs(
         q,
@@ -230,7 +239,8 @@ def _make_plan(
         softmax_scale=options.softmax_scale,
         causal_alignment=options.causal_alignment,
         cache_seqlens=options.cache_seqlens,
-        return_lse=options.return_lse,
+        # The backward recomputes P from the LSE, so a differentiable forward always returns it.
+        return_lse=options.return_lse or options.differentiable,
         block_table=options.block_table,
         allow_gqa=True,
         dtypes=API_DTYPES,
@@ -242,9 +252,20 @@ def _make_plan(
         ok, reason = implementation.check(problem, q.device)
         if not ok:
             raise ValueError(f"{impl} cannot run {problem.describe()}: {reason}")
+    if options.differentiable:
+        _check_backward(implementation, problem, q.device)
     extra = per_call_inputs(problem, options.cache_seqlens, options.block_table)
-    result = implementation.prepare(q, k, v, problem, **extra)()
-    return Plan(implementation, problem), result
+    return Plan(implementation, problem), implementation.prepare(q, k, v, problem, **extra)
+
+
+def _bind(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options) -> Runner:
+    """The launch of an already-planned signature: the rung's ``bind`` (no validation, no warm-up)."""
+    extra = per_call_inputs(plan.problem, options.cache_seqlens, options.block_table)
+    bind = plan.implementation.bind
+    if bind is None:
+        # A rung without bind yet: correct, but every call pays its prepare (and warm-up).
+        return plan.implementation.prepare(q, k, v, plan.problem, **extra)
+    return bind(q, k, v, plan.problem, **extra)
 
 
 def attention(
@@ -273,6 +294,10 @@ def attention(
     alignment uses it. ``return_lse=True`` returns ``(O, lse)``, lse (B, H, Sq) fp32 in natural-log
     units, -inf for a row that sees no key (whose output row is 0).
 
+    Inputs that require grad (under grad mode) make the call differentiable through the implementation's
+    backward rung (the Triton rungs have one; see the module docstring); the returned LSE is then
+    differentiable too.
+
     ``block_table``: a paged KV cache (FlashAttention's ``flash_attn_with_kvcache`` layout, FlashInfer's
     "NHD"): a (B, max_pages_per_seq) int32 tensor on the inputs' device, with k and v page pools
     (num_pages, page_size, Hkv, D), page_size in [16, 256]. Sequence b's key j lives in page
@@ -285,21 +310,23 @@ def attention(
     new tensors of the same signature bind and launch only. Raises ValueError for an unknown
     ``impl`` (listing the valid names) or a problem the implementation cannot run (with its reason;
     for a stack name, every candidate rung's reason),
-    NotImplementedError for tensors that require grad, and TypeError/ValueError for bad tensors.
+    NotImplementedError for tensors that require grad when the implementation has no backward,
+    ValueError when its backward cannot differentiate the problem, and TypeError/ValueError for bad tensors.
     """
-    _refuse_grad(q, k, v)
-    options = Options(causal, softmax_scale, causal_alignment, cache_seqlens, return_lse, block_table)
+    differentiable = requires_grad(q, k, v)
+    options = Options(causal, softmax_scale, causal_alignment, cache_seqlens, return_lse, block_table, differentiable)
+    # A differentiable call's rung reads detached tensors; autograd sees q, k, v through AttentionFunction.
+    operands = detached(q, k, v) if differentiable else (q, k, v)
     if not _cacheable(impl, q, k, v, options):
-        return _make_plan(impl, q, k, v, options)[1]
-    key = plan_key(impl, q, k, v, options)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan, result = _make_plan(impl, q, k, v, options)
-        _PLANS.put(key, plan)
-        return result
-    extra = per_call_inputs(plan.problem, cache_seqlens, block_table)
-    bind = plan.implementation.bind
-    if bind is None:
-        # A rung without bind yet: correct, but every call pays its prepare (and warm-up).
-        return plan.implementation.prepare(q, k, v, plan.problem, **extra)()
-    return bind(q, k, v, plan.problem, **extra)()
+        plan, run = _make_plan(impl, *operands, options)
+    else:
+        key = plan_key(impl, q, k, v, options)
+        plan = _PLANS.get(key)
+        if plan is None:
+            plan, run = _make_plan(impl, *operands, options)
+            _PLANS.put(key, plan)
+        else:
+            run = _bind(plan, *operands, options)
+    if not differentiable:
+        return run()
+    return AttentionFunction.apply(q, k, v, run, plan.implementation.backward, plan.problem, return_lse)

@@ -42,6 +42,16 @@ The contract of an implementation:
   rung launches on its inputs before its attention kernel (FP8: the fused quantiser). They are not
   the rung's kernel (the tradeoff table leaves them out), but ``supports`` must refuse what they
   cannot launch as it does for the kernel; the capability-matrix test compiles both.
+* ``backward`` (optional): the :class:`Backward` rung that differentiates this forward, given the O
+  and LSE it returned (``triton_impl/backward/``). ``common.attention`` runs it through autograd for
+  inputs that require grad; an implementation without one refuses them.
+
+A :class:`Backward` holds ``gradients(q, k, v, out, lse, d_out, problem, *, d_lse=None) -> (dq, dk,
+dv)``: the gradients of the loss with respect to q (B, H, Sq, D), k and v (B, Hkv, Sk, D) in the
+inputs' dtype, given the forward's O and natural-log LSE (B, H, Sq) and the loss's gradient with
+respect to O (``d_out``) and, when the caller differentiates the returned LSE too, to the LSE
+(``d_lse``). GQA: dK and dV of a KV head sum the contributions of every query head that reads it. Its
+``supports(problem, device)`` refuses what it cannot differentiate, with a reason.
 """
 
 from __future__ import annotations
@@ -85,6 +95,30 @@ Runner = Callable[[], torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
 Prepare = Callable[..., Runner]
 Bind = Callable[..., Runner]
 Supports = Callable[[Problem, torch.device], tuple[bool, str]]
+# (q, k, v, out, lse, d_out, problem, *, d_lse=None) -> (dq, dk, dv); see the module docstring.
+Gradients = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+# One kernel launch of a backward rung: (kernel, grid, positional arguments, constexprs and launch options).
+Launch = tuple[Any, tuple[int, ...], tuple[Any, ...], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Backward:
+    """A backward rung: the gradients of attention from the forward's O and LSE."""
+
+    name: str
+    gradients: Gradients
+    supports: Supports
+    # Its kernels compiled for sm_90a at a problem's shapes, without a GPU.
+    compile_sm90: Callable[[Problem], list[KernelBinary]] | None = None
+    # True when the Triton interpreter can run it on CPU tensors (TRITON_INTERPRET=1).
+    runs_on_cpu: bool = False
+    source_file: str | None = None
+
+    def check(self, problem: Problem, device: torch.device) -> tuple[bool, str]:
+        """The capability check, with the device type checked first."""
+        if device.type == "cpu" and not self.runs_on_cpu:
+            return False, f"{self.name} needs a CUDA GPU (it has no CPU or interpreter path)"
+        return self.supports(problem, device)
 
 
 @dataclass(frozen=True)
@@ -116,6 +150,8 @@ class Implementation:
     # installed release resolves it; env.json records it (``common.toolchain.releases.triton_config_record``).
     default_configs: Mapping[Any, Any] | None = field(default=None, compare=False)
     notes: str = field(default="", compare=False)
+    # The backward rung that differentiates this forward (see the module docstring); None: forward only.
+    backward: Backward | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.stack not in STACKS:
@@ -141,6 +177,17 @@ class Unavailable:
     def name(self) -> str:
         *packages, rung = self.module.split(".")
         return f"{packages[-1].removesuffix('_impl')}/{rung}"
+
+
+def meta_operands(problem: Problem) -> tuple[torch.Tensor, ...]:
+    """q, k, v, O, LSE and dO of ``problem`` as meta tensors (shapes and dtypes, no memory): what a
+    backward rung's ``compile_sm90`` builds its launches from."""
+    q_shape = (problem.batch, problem.heads, problem.seqlen_q, problem.head_dim)
+    kv_shape = (problem.batch, problem.kv_heads, problem.seqlen_k, problem.head_dim)
+    shapes = (q_shape, kv_shape, kv_shape, q_shape, q_shape)
+    q, k, v, out, d_out = (torch.empty(shape, dtype=problem.dtype, device="meta") for shape in shapes)
+    lse = torch.empty(q_shape[:3], dtype=torch.float32, device="meta")
+    return q, k, v, out, lse, d_out
 
 
 def per_call_inputs(
@@ -203,6 +250,11 @@ def _implementations(modules: tuple[str, ...]) -> tuple[list[Implementation], li
 def discover(include_baselines: bool = True) -> tuple[list[Implementation], list[Unavailable]]:
     """All implementations in ladder order, plus the rung modules that could not be loaded."""
     return _implementations(RUNG_MODULES + (BASELINE_MODULES if include_baselines else ()))
+
+
+def with_backward() -> list[str]:
+    """The names of the rungs that have a backward (``Implementation.backward``), in ladder order."""
+    return [impl.name for impl in _implementations(RUNG_MODULES)[0] if impl.backward is not None]
 
 
 def get(name: str) -> Implementation:

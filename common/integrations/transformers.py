@@ -31,9 +31,10 @@ natively, k and v are never repeated), with ``softmax_scale=scaling``, and retur
 ``ValueError``: ``dropout > 0``, ``softcap``, attention sinks (``s_aux``/``sinks``), a ``position_bias``
 and every mask the API cannot express (below). A rung that cannot run the problem (dtype, head dim,
 device, a feature) raises its own ``ValueError`` with its capability reason; nothing falls back to
-another implementation. Forward only: under grad mode with tensors that require grad,
-``common.attention`` raises ``NotImplementedError`` (use ``model.eval()`` and ``torch.no_grad()``;
-``generate()`` already runs without grad).
+another implementation. Training: under grad mode with tensors that require grad, ``common.attention``
+differentiates through the rung's backward (the Triton rungs have one; ``cache_seqlens``, so a static
+cache's mask, is refused) and raises ``NotImplementedError`` for a rung without one (use
+``model.eval()`` and ``torch.no_grad()``; ``generate()`` already runs without grad).
 
 **How the mask is read.** Registering an attention function alone is not enough: for a name that has
 no mask function in ``AttentionMaskInterface``, transformers' ``create_causal_mask`` returns ``None``

@@ -1,0 +1,302 @@
+"""The backward rungs through ``common.attention``'s autograd, on CPU under the Triton interpreter, fp32.
+
+Gradients of every backward rung the registry names are judged per gradient (dQ, dK, dV) against
+float64 autograd on the fp64 reference by the forward's rule, 2 × SDPA's own gradient error in the same
+dtype (``common.contract.gradients``), on ragged shapes (Sq=37, Sk=53 and the reverse), causal in both
+alignments and not, GQA and MQA, D=64 and one case at D=128. The rule must fail planted bugs, fed to it
+from a block-by-block torch model of the tiled backward: D without the row sum, dQ without the softmax
+scale, dQ of the last key block only, dK and dV of only the first query head of each group. The naive
+rung passes ``torch.autograd.gradcheck`` in fp64 (the interpreter runs fp64 dots). An implementation
+without a backward refuses with a message naming those that have one. Every backward rung compiles for
+sm_90a without spills (in a child process, as the interpreter is chosen when Triton is imported).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from common import attention, plan_cache_info
+from common.contract.gradients import Gradients, judge_gradients, reference_gradients, sdpa_gradients
+from common.contract.inputs import make_cache_seqlens, make_inputs
+from common.contract.problem import Problem
+from common.contract.reference import reference_attention, visible_keys_mask
+from common.contract.registry import Backward, discover, with_backward
+
+ROOT = Path(__file__).resolve().parent.parent
+IMPLEMENTATIONS, _ = discover(include_baselines=False)
+# Each backward rung, with the first forward rung (ladder order) that names it: the pair tested end to end.
+FORWARD_OF: dict[str, str] = {}
+for _impl in IMPLEMENTATIONS:
+    if _impl.backward is not None and _impl.runs_on_cpu:
+        FORWARD_OF.setdefault(_impl.backward.name, _impl.name)
+BACKWARD_NAMES = list(FORWARD_OF)
+
+
+def problem(
+    seqlen_q: int = 37,
+    seqlen_k: int = 53,
+    *,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int = 64,
+    causal: bool = False,
+    alignment: str = "top_left",
+    dtype: torch.dtype = torch.float32,
+) -> Problem:
+    return Problem(
+        batch=1, heads=heads, seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=head_dim, dtype=dtype,
+        causal=causal, kv_heads=kv_heads, causal_alignment=alignment,
+    )  # fmt: skip
+
+
+# Ragged (neither length a multiple of a tile), Sq < Sk and Sq > Sk (bottom-right: the first 16 rows
+# see no key), GQA, MQA and no grouping, one case at D=128 whose keys span three key blocks of the tiled rung.
+CASES = {
+    "gqa": problem(),
+    "gqa_causal_top_left": problem(causal=True),
+    "gqa_causal_bottom_right": problem(causal=True, alignment="bottom_right"),
+    "mqa_causal_bottom_right_sq_gt_sk": problem(53, 37, kv_heads=1, causal=True, alignment="bottom_right"),
+    "mha_d128_causal_top_left_long_keys": problem(37, 150, heads=2, kv_heads=2, head_dim=128, causal=True),
+}
+D_OUT_SEED = 7
+
+
+def inputs(prob: Problem, seed: int = 0, offset: float = 0.5) -> tuple[torch.Tensor, ...]:
+    """q, k, v (v offset so that O is not near zero) and a standard-normal dO."""
+    q, k, v = make_inputs(prob, seed=seed, device="cpu", offset=offset)
+    generator = torch.Generator().manual_seed(seed + D_OUT_SEED)
+    d_out = torch.randn(q.shape, generator=generator, dtype=torch.float32).to(prob.dtype)
+    return q, k, v, d_out
+
+
+def ladder_gradients(impl: str, prob: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d_out) -> Gradients:
+    """(dq, dk, dv) by ``common.attention`` with ``impl`` and torch.autograd."""
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = attention(*leaves, causal=prob.causal, causal_alignment=prob.causal_alignment, impl=impl)
+    out.backward(d_out)
+    return tuple(t.grad for t in leaves)
+
+
+def assert_all_pass(grads: Gradients, q, k, v, d_out, prob: Problem) -> None:
+    checks = judge_gradients(grads, reference_gradients(q, k, v, d_out, prob), sdpa_gradients(q, k, v, d_out, prob))
+    failed = [check.summary() for check in checks if not check.ok]
+    assert not failed, "\n".join(failed)
+
+
+# ----------------------------------------------------------------------------------------------
+# Gradients of each backward rung through attention(), judged by the yardstick rule
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("backward_name", BACKWARD_NAMES)
+def test_gradients_pass_the_rule(backward_name: str, case: str) -> None:
+    prob = CASES[case]
+    q, k, v, d_out = inputs(prob)
+    grads = ladder_gradients(FORWARD_OF[backward_name], prob, q, k, v, d_out)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    assert all(g.dtype == torch.float32 for g in grads)
+    assert_all_pass(grads, q, k, v, d_out, prob)
+
+
+def test_zero_mean_inputs_pass_the_rule() -> None:
+    prob = CASES["gqa_causal_bottom_right"]
+    q, k, v, d_out = inputs(prob, seed=3, offset=0.0)
+    assert_all_pass(ladder_gradients(FORWARD_OF["triton/backward/tiled"], prob, q, k, v, d_out), q, k, v, d_out, prob)
+
+
+@pytest.mark.parametrize("impl", [impl.name for impl in IMPLEMENTATIONS if impl.backward and impl.runs_on_cpu])
+def test_every_forward_with_a_backward_pairs_with_it(impl: str) -> None:
+    """The later forward rungs (pipelined, hopper) save an O and LSE their backward rung can use."""
+    prob = CASES["gqa_causal_bottom_right"]
+    q, k, v, d_out = inputs(prob, seed=1)
+    assert_all_pass(ladder_gradients(impl, prob, q, k, v, d_out), q, k, v, d_out, prob)
+
+
+def test_the_returned_lse_is_differentiable_too() -> None:
+    """loss = ⟨O, dO⟩ + ⟨LSE, dLSE⟩: the LSE's gradient enters through D, against fp64 autograd."""
+    prob = CASES["gqa_causal_bottom_right"]
+    q, k, v, d_out = inputs(prob, seed=2)
+    d_lse = torch.randn(q.shape[:3], generator=torch.Generator().manual_seed(5))
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    ref_out, ref_lse = reference_attention(*ref_leaves, prob, with_lse=True)
+    reference = torch.autograd.grad((ref_out * d_out).sum() + (ref_lse * d_lse).sum(), ref_leaves)
+    # Yardstick: fp32 torch autograd on the same dense computation (SDPA returns no LSE).
+    torch_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch_out, torch_lse = dense_attention(*torch_leaves, prob)
+    yardstick = torch.autograd.grad((torch_out * d_out).sum() + (torch_lse * d_lse).sum(), torch_leaves)
+    for impl in FORWARD_OF.values():
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, lse = attention(*leaves, causal=True, causal_alignment="bottom_right", impl=impl, return_lse=True)
+        grads = torch.autograd.grad((out * d_out).sum() + (lse * d_lse).sum(), leaves)
+        failed = [check.summary() for check in judge_gradients(grads, reference, yardstick) if not check.ok]
+        assert not failed, f"{impl}: " + "\n".join(failed)
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prob: Problem) -> tuple[torch.Tensor, ...]:
+    """O and LSE in q's dtype by plain torch (no row without a visible key)."""
+    k, v = (t.repeat_interleave(prob.kv_group, dim=1) for t in (k, v))
+    rows = torch.arange(prob.seqlen_q)
+    visible = visible_keys_mask(prob, prob.seqlen_k, rows, prob.seqlen_k, q.device)
+    scores = (q @ k.transpose(-1, -2) * prob.scale).masked_fill(~visible, -math.inf)
+    return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# The rule fails planted bugs (a torch model of the tiled backward, block by block)
+# ----------------------------------------------------------------------------------------------
+MODEL_BLOCK_N = 32
+BUGS = {
+    # bug: the gradients it must break
+    "no_row_sum": ("dq", "dk"),
+    "dq_without_scale": ("dq",),
+    "dq_last_block_only": ("dq",),
+    "gqa_first_head_only": ("dk", "dv"),
+}
+
+
+def model_backward(q, k, v, out, lse, d_out, prob: Problem, bug: str | None = None) -> Gradients:
+    """What the tiled backward computes, in fp32 torch: per (batch, KV head, key block), per query head
+    of the group, P from the LSE, dV += Pᵀ dO, dS = P ∘ (dP − D), dK += scale · dSᵀ Q, dQ += scale · dS K.
+    ``bug`` plants one mistake."""
+    q, k, v, out, d_out = (t.float() for t in (q, k, v, out, d_out))
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    delta = (d_out * out).sum(-1)
+    if bug == "no_row_sum":
+        delta = torch.zeros_like(delta)
+    visible = visible_keys_mask(prob, prob.seqlen_k, torch.arange(prob.seqlen_q), prob.seqlen_k, q.device)
+    shift = torch.where(lse == -math.inf, math.inf, lse.float())
+    dq_scale = 1.0 if bug == "dq_without_scale" else prob.scale
+    group = 1 if bug == "gqa_first_head_only" else prob.kv_group
+    for b in range(prob.batch):
+        for kv_head in range(prob.kv_heads):
+            for start in range(0, prob.seqlen_k, MODEL_BLOCK_N):
+                keys = slice(start, start + MODEL_BLOCK_N)
+                k_block, v_block = k[b, kv_head, keys], v[b, kv_head, keys]
+                for head in range(kv_head * prob.kv_group, kv_head * prob.kv_group + group):
+                    scores = (q[b, head] @ k_block.T * prob.scale).masked_fill(~visible[:, keys], -math.inf)
+                    probs = torch.exp(scores - shift[b, head, :, None])
+                    dv[b, kv_head, keys] += probs.T @ d_out[b, head]
+                    d_s = probs * (d_out[b, head] @ v_block.T - delta[b, head, :, None])
+                    dk[b, kv_head, keys] += prob.scale * d_s.T @ q[b, head]
+                    share = dq_scale * d_s @ k_block
+                    dq[b, head] = share if bug == "dq_last_block_only" else dq[b, head] + share
+    return dq, dk, dv
+
+
+@pytest.mark.parametrize("bug", [None, *BUGS])
+def test_the_rule_fails_planted_bugs(bug: str | None) -> None:
+    # GQA, causal bottom-right, keys over five model blocks, so every planted bug has something to break.
+    prob = problem(37, 150, causal=True, alignment="bottom_right")
+    q, k, v, d_out = inputs(prob, seed=4)
+    out, lse = reference_attention(q, k, v, prob, with_lse=True)
+    grads = model_backward(q, k, v, out, lse, d_out, prob, bug)
+    checks = judge_gradients(grads, reference_gradients(q, k, v, d_out, prob), sdpa_gradients(q, k, v, d_out, prob))
+    failed = {check.name for check in checks if not check.ok}
+    summary = "\n".join(check.summary() for check in checks)
+    if bug is None:
+        assert not failed, summary
+    else:
+        assert set(BUGS[bug]) <= failed, summary
+
+
+# ----------------------------------------------------------------------------------------------
+# gradcheck of the naive rung in fp64
+# ----------------------------------------------------------------------------------------------
+# gradcheck's tolerances (defaults 1e-5 and 1e-3), for a check that runs in fp64 from end to end.
+GRADCHECK_ATOL, GRADCHECK_RTOL = 1e-8, 1e-6
+
+
+class ReferenceWithNaiveBackward(torch.autograd.Function):
+    """Forward: the fp64 reference (O and LSE); backward: the naive backward rung in fp64."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, backward: Backward, prob: Problem):
+        out, lse = reference_attention(q, k, v, prob, with_lse=True)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.backward_rung, ctx.prob = backward, prob
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, d_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        return (*ctx.backward_rung.gradients(q, k, v, out, lse, d_out, ctx.prob, d_lse=d_lse), None, None)
+
+
+def test_naive_backward_passes_gradcheck_in_fp64() -> None:
+    """The interpreter runs fp64 dots, and the naive rung works in fp64 for fp64 inputs, so finite
+    differences of the fp64 reference check its gradients (of O and of the LSE). Fast mode (one random
+    projection; the full Jacobian would take a backward per output element) at the default tolerances
+    passes dQ off by 1 %; everything here is fp64, so they are tightened to catch 0.1 %."""
+    naive = next(impl.backward for impl in IMPLEMENTATIONS if impl.backward and impl.backward.name.endswith("naive"))
+    prob = problem(5, 9, heads=2, kv_heads=1, causal=True, alignment="bottom_right", dtype=torch.float64)
+    q, k, v = (t.requires_grad_() for t in make_inputs(prob, seed=6, device="cpu", offset=0.5))
+    assert torch.autograd.gradcheck(
+        lambda *t: ReferenceWithNaiveBackward.apply(*t, naive, prob),
+        (q, k, v),
+        fast_mode=True,
+        atol=GRADCHECK_ATOL,
+        rtol=GRADCHECK_RTOL,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Refusals: no backward, a feature the backward lacks
+# ----------------------------------------------------------------------------------------------
+def test_an_implementation_without_backward_refuses_naming_those_with_one() -> None:
+    prob = CASES["gqa"]
+    q, k, v, _ = inputs(prob)
+    size = plan_cache_info().size
+    names = ", ".join(with_backward())
+    assert names.startswith("triton/naive, triton/tiled")
+    with pytest.raises(NotImplementedError, match=f"triton/online is forward-only.*with a backward: {names}"):
+        attention(q.requires_grad_(), k, v, impl="triton/online")
+    assert plan_cache_info().size == size
+
+
+def test_a_backward_refuses_cache_seqlens_with_its_reason() -> None:
+    prob = CASES["gqa"]
+    q, k, v, _ = inputs(prob)
+    lengths = make_cache_seqlens(prob, device="cpu")
+    with pytest.raises(ValueError, match=r"triton/backward/tiled cannot differentiate.*cache_seqlens"):
+        attention(q.requires_grad_(), k, v, impl="triton/tiled", cache_seqlens=lengths)
+
+
+# ----------------------------------------------------------------------------------------------
+# Every backward rung compiles for sm_90a without spills (a child process without the interpreter)
+# ----------------------------------------------------------------------------------------------
+COMPILE_SCRIPT = """
+import json, torch
+from common.contract.problem import Problem
+from common.contract.registry import discover
+from common.reporting.static import cubin_resources
+backwards = {impl.backward.name: impl.backward for impl in discover(include_baselines=False)[0] if impl.backward}
+rows = []
+for name, backward in backwards.items():
+    for head_dim in (64, 128):
+        problem = Problem(2, 16, 8192, 8192, head_dim, torch.bfloat16, causal=True, kv_heads=4)
+        for binary in backward.compile_sm90(problem):
+            usage = next(iter(cubin_resources(binary.cubin).values()))
+            rows.append([name, head_dim, binary.name, usage["stack_bytes"] + usage["local_bytes"]])
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.static
+def test_every_backward_compiles_for_sm90a_without_spills() -> None:
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE_SCRIPT], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = json.loads(done.stdout.splitlines()[-1])
+    assert {row[0] for row in rows} == set(BACKWARD_NAMES)
+    spilled = [row for row in rows if row[3]]
+    assert not spilled, f"(backward, head_dim, kernel, spill bytes per thread): {spilled}"

@@ -1,0 +1,6 @@
+"""Triton backward ladder: one rung per file, named like the forward rung it mirrors.
+
+``naive`` materialises P and dS in HBM, five launches, the definition; ``tiled`` is the FlashAttention-2
+backward (recompute P per KV block, dK and dV in registers, dQ by fp32 atomics). Each module defines a
+``BACKWARD`` (``common.contract.registry.Backward``) that forward rungs name as their ``backward``.
+"""
