@@ -300,3 +300,27 @@ def test_every_backward_compiles_for_sm90a_without_spills() -> None:
     assert {row[0] for row in rows} == set(BACKWARD_NAMES)
     spilled = [row for row in rows if row[3]]
     assert not spilled, f"(backward, head_dim, kernel, spill bytes per thread): {spilled}"
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: every forward rung with a backward, bf16 and fp16, against fp64 by the same rule
+# ----------------------------------------------------------------------------------------------
+GPU_CASES = {
+    "gqa_causal_bottom_right_d128": problem(300, 1000, heads=8, kv_heads=2, head_dim=128, causal=True,
+                                           alignment="bottom_right"),
+    "mqa_full_d64_ragged": problem(777, 333, heads=4, kv_heads=1, head_dim=64),
+    "mha_causal_top_left_d128": problem(1024, 1024, heads=4, kv_heads=4, head_dim=128, causal=True),
+}  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", list(GPU_CASES))
+@pytest.mark.parametrize("impl", [impl.name for impl in IMPLEMENTATIONS if impl.backward])
+def test_gpu_gradients_pass_the_rule(impl: str, case: str, dtype: torch.dtype) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    prob = GPU_CASES[case].with_(dtype=dtype)
+    q, k, v = make_inputs(prob, seed=11, device="cuda", offset=0.5)
+    d_out = torch.randn(q.shape, generator=torch.Generator(device="cuda").manual_seed(3), device="cuda").to(dtype)
+    assert_all_pass(ladder_gradients(impl, prob, q, k, v, d_out), q, k, v, d_out, prob)
