@@ -1,4 +1,4 @@
-"""The fused FP8 quantiser (``common.contract.fp8_quantiser``) against the torch reference
+"""The fused FP8 quantiser (``triton_impl.fp8_quantiser``) against the torch reference
 (``common.contract.fp8.quantise`` in each kernel's layout): on CPU under the Triton interpreter with
 small shapes, on the GPU at real ones; planted bugs the comparison must catch; the sm_90a builds."""
 
@@ -18,10 +18,10 @@ import triton
 import triton.language as tl
 
 from common.contract import fp8
-from common.contract import fp8_quantiser as fused
 from common.contract.capability import SM90_SHARED_MEMORY_BYTES
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
+from triton_impl import fp8_quantiser as fused
 
 ROOT = Path(__file__).resolve().parent.parent
 # Elements per program of the division tests' kernel.
@@ -436,7 +436,7 @@ import json, re, sys
 import torch
 from bench.fp8_quantiser import FULL_GRID, sweep_configs
 from common.contract import fp8
-from common.contract import fp8_quantiser as fused
+from triton_impl import fp8_quantiser as fused
 from common.contract.capability import SM90_SHARED_MEMORY_BYTES
 from common.reporting.static import cubin_resources
 

@@ -1,5 +1,7 @@
 """The fused FP8 quantiser: Q, K and V from bf16/fp16 to the e4m3 operands and scales that the three
 FP8 rungs read, in one Triton kernel launch, the same values as ``common.contract.fp8.quantise``.
+It is a kernel, so it lives with the Triton rungs; ``triton_impl/fp8.py``, ``triton_impl/gluon/fp8.py``
+and ``cute_impl/fp8.py`` each run it before their attention kernel.
 
 Why: ``quantise`` is the reference, written as torch code (a rotation GEMM, abs, amax, pad, repeat,
 divide, clamp, cast, then V transposed and permuted by indexing), which reads and writes each tensor
