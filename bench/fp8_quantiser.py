@@ -5,7 +5,7 @@ inputs, every timing by ``common.measure.timing.time_cuda`` (L2 flushed before e
 
 * Quantisers, Q, K and V together: the torch reference (``common.contract.fp8.quantise`` and V's
   layout by indexing, what the rungs ran before) and the fused one
-  (``common.contract.fp8_quantiser.FusedQuantiser``: tensor-core rotation, butterfly rotation), for
+  (``triton_impl.fp8_quantiser.FusedQuantiser``: tensor-core rotation, butterfly rotation), for
   every quantisation variant (``block`` and ``per-tensor`` have no rotation) and each kernel's V
   layout. Effective bandwidth counts Q, K, V read in bf16 once and e4m3 plus scales written once.
 * Rungs (``triton/fp8``, ``gluon/fp8``, ``cute/fp8``, default quantisation), causal and not:
@@ -47,8 +47,9 @@ from pathlib import Path
 import torch
 
 from bench import require_gpu
-from common.contract import fp8, fp8_quantiser
+from common.contract import fp8
 from common.contract.problem import Problem
+from triton_impl import fp8_quantiser
 
 RUNGS = {"triton/fp8": "triton_impl.fp8", "gluon/fp8": "triton_impl.gluon.fp8", "cute/fp8": "cute_impl.fp8"}
 LAYOUTS = {

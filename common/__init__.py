@@ -8,7 +8,8 @@ one above (``tests/test_layers.py`` reads every file's imports and holds the tre
 2. ``common.contract``: the problem, inputs, references, error rules, validation, the registry and the
    user's entry point (``common.attention``, re-exported here). The registry loads the rungs by name,
    never by import; the baselines it loads only for a baseline's name.
-3. ``triton_impl``, ``cute_impl``: the rungs, one per file.
+3. ``triton_impl``, ``cute_impl``: the rungs, one per file, and the kernels they share: the fused FP8
+   quantiser (``triton_impl.fp8_quantiser``, a Triton kernel that the Gluon and CuTe FP8 rungs run too).
 4. ``common.distributed``, ``common.integrations``: attention across GPUs, attention inside other libraries.
 5. ``common.measure``: timing, the benchmark baselines (SDPA, FA4, FlashInfer), result rows.
 6. ``common.reporting``: tables, plots, reports and static analysis of what was measured or compiled.

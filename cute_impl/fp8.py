@@ -10,7 +10,7 @@ the kernel, and how P reaches the second GEMM.
 Algorithm
 ---------
 1. ``bind`` (per call: the values change): the fused quantiser shared by the three FP8 rungs
-   (``common.contract.fp8_quantiser``, one launch with block scales, the values of ``common.contract.fp8.quantise``).
+   (``triton_impl.fp8_quantiser``, one launch with block scales, the values of ``common.contract.fp8.quantise``).
    Optionally Q and K rotated by a seeded random Hadamard matrix, then one e4m3 scale per tensor
    or, with block quantisation, per 64 rows of Q (one consumer warpgroup's rows) and per 128 rows
    of K and of V (one key block), per (batch, head) for Q and per (batch, KV head) for K and V:
@@ -90,14 +90,6 @@ import torch
 from common.contract.capability import FEATURES, check_features
 from common.contract.fp8 import KEY_GROUP, Emulation, KernelOperands, KernelOrder, Quantisation, ValueLayout
 from common.contract.fp8 import emulate as emulate_quantised
-from common.contract.fp8_quantiser import (
-    FusedQuantiser,
-    QuantisedLaunch,
-    compile_sm90_for,
-    end_to_end_runner,
-    quantise_for_kernel,
-    shared_memory_supported,
-)
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner, per_call_inputs, warmed_up
@@ -111,6 +103,14 @@ from cute_impl.hopper import (
     common_problem_supported,
     hopper_device_supported,
     validated_problem,
+)
+from triton_impl.fp8_quantiser import (
+    FusedQuantiser,
+    QuantisedLaunch,
+    compile_sm90_for,
+    end_to_end_runner,
+    quantise_for_kernel,
+    shared_memory_supported,
 )
 
 # What compare.py and the tests run: the most accurate variant whose kernel is within 5 % of the

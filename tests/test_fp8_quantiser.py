@@ -1,4 +1,4 @@
-"""The fused FP8 quantiser (``common.contract.fp8_quantiser``) against the torch reference
+"""The fused FP8 quantiser (``triton_impl.fp8_quantiser``) against the torch reference
 (``common.contract.fp8.quantise`` in each kernel's layout): on CPU under the Triton interpreter with
 small shapes, on the GPU at real ones; planted bugs the comparison must catch; the sm_90a builds."""
 
@@ -18,10 +18,10 @@ import triton
 import triton.language as tl
 
 from common.contract import fp8
-from common.contract import fp8_quantiser as fused
 from common.contract.capability import SM90_SHARED_MEMORY_BYTES
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
+from triton_impl import fp8_quantiser as fused
 
 ROOT = Path(__file__).resolve().parent.parent
 # Elements per program of the division tests' kernel.
@@ -160,6 +160,58 @@ def test_a_launch_that_leaves_tiles_unwritten_is_caught(monkeypatch: pytest.Monk
     quantiser.operands.poison_()
     got = quantiser(q, k, v).buffers()
     assert [torch.equal(a, b) for a, b in zip(got, default, strict=True)] == [True, True, False, True, True, False]
+
+
+# Rows e_0 + e_j: their rotation is the matrix's rows 0 and j added, which cancel exactly wherever the
+# two Hadamard rows differ in sign (half the columns; the butterflies' sums there are 1 - 1).
+CANCELLING_ROWS = (1, 5, -1)
+
+
+def _bytes_at_rotated_zeros(device: str, method: str, division: str) -> tuple[torch.Tensor, int]:
+    """Q's and K's first rows set to e_0 + e_j, quantised with block scales and rotation: the e4m3 bytes
+    written where the exact (fp64) rotation is zero, and how many of those lie in columns of negative sign."""
+    problem = _problem(64, torch.bfloat16)
+    q, k, v = (tensor.clone() for tensor in _inputs(problem, device))
+    count = len(CANCELLING_ROWS)
+    rows = torch.zeros(count, problem.head_dim, dtype=q.dtype)
+    rows[:, 0] = 1
+    rows[torch.arange(count), list(CANCELLING_ROWS)] = 1
+    q[:, :, :count] = rows.to(device)
+    k[:, :, :count] = rows.to(device)
+    quantisation = fp8.quantisation_named("block+rotation")
+    config = fused.QuantiserConfig(division=division)
+    operands = fused.quantise_fused(q, k, v, quantisation, LAYOUTS["cute"], method, config)
+    matrix = fp8.random_hadamard(problem.head_dim, quantisation.seed).double()
+    zero = rows.double() @ matrix == 0
+    written = [x8[:, :, :count].cpu().view(torch.uint8)[:, :, zero] for x8 in (operands.q8, operands.k8)]
+    return torch.cat([bytes_.reshape(-1) for bytes_ in written]), int((zero & (matrix[0] < 0)).sum())
+
+
+@pytest.mark.parametrize("division", fused.DIVISIONS)
+@pytest.mark.parametrize("method", fused.ROTATION_METHODS)
+def test_a_rotated_zero_is_plus_zero_under_both_divisions(method: str, division: str):
+    """A rotated value whose sums cancel exactly is written as +0 (0x00) by both rotation methods and both
+    divisions, so the ``division`` knob cannot change its byte: the butterflies' column sign comes after
+    the sums (the rotated zero would be -0 in a negative column) and the reciprocal division under
+    Triton 3.6 turns x = -0 into +0 where ``div.rn`` keeps -0 (issue #37: the GPU knob test's 0x80/0x00)."""
+    written, in_negative_columns = _bytes_at_rotated_zeros("cpu", method, division)
+    assert in_negative_columns > 0, "the rows must cancel in columns of negative sign"
+    assert written.numel() > 0 and (written == 0x00).all(), sorted(set(written.tolist()))
+
+
+@triton.jit
+def _rotated_with_signed_zeros(x, rotation, rotation_scale, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                               LOG2_HEAD_DIM: tl.constexpr, ROTATE: tl.constexpr, FP32_DOT: tl.constexpr):  # fmt: skip
+    """The butterfly rotation without ``_rotated``'s + 0: a cancelled sum in a negative column is -0."""
+    return fused._hadamard_butterflies(x.to(tl.float32), ROWS, HEAD_DIM, LOG2_HEAD_DIM) * rotation[None, :]
+
+
+def test_a_rotated_minus_zero_fails_the_zero_rule(monkeypatch: pytest.MonkeyPatch):
+    """The rule above fails the planted bug: the butterflies' zero left with its column's sign (what the
+    kernel did before issue #37), which the ieee division writes as 0x80."""
+    monkeypatch.setattr(fused, "_rotated", _rotated_with_signed_zeros)
+    written, _ = _bytes_at_rotated_zeros("cpu", "butterfly", "ieee")
+    assert (written == 0x80).any(), sorted(set(written.tolist()))
 
 
 def test_kernel_operands_give_the_emulation_the_reference_values():
@@ -436,7 +488,7 @@ import json, re, sys
 import torch
 from bench.fp8_quantiser import FULL_GRID, sweep_configs
 from common.contract import fp8
-from common.contract import fp8_quantiser as fused
+from triton_impl import fp8_quantiser as fused
 from common.contract.capability import SM90_SHARED_MEMORY_BYTES
 from common.reporting.static import cubin_resources
 
@@ -613,6 +665,17 @@ def test_gpu_every_knob_writes_the_default_configurations_bytes(
     for name, got, want in zip(("q8", "k8", "vt8", "q_scale", "k_scale", "v_scale"), operands.buffers(), default,
                                strict=True):  # fmt: skip
         assert torch.equal(got, want), f"{config.describe()}: {name} differs from the default configuration's"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("division", fused.DIVISIONS)
+@pytest.mark.parametrize("method", fused.ROTATION_METHODS)
+def test_gpu_a_rotated_zero_is_plus_zero_under_both_divisions(method: str, division: str):
+    """The CPU test's rule compiled, where the GPU machine's Triton 3.6 writes -y as 0 - y (the cause of
+    the knob test's four failures in issue #37): every rotated zero written as 0x00."""
+    written, in_negative_columns = _bytes_at_rotated_zeros("cuda", method, division)
+    assert in_negative_columns > 0, "the rows must cancel in columns of negative sign"
+    assert written.numel() > 0 and (written == 0x00).all(), sorted(set(written.tolist()))
 
 
 @pytest.mark.gpu

@@ -265,7 +265,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import create_function_from_signature
-from common.contract.fp8_quantiser import quantise_for_kernel
+from triton_impl.fp8_quantiser import quantise_for_kernel
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.reporting.static import cubin_resources, ptx_features

@@ -17,13 +17,13 @@ import torch
 from common.contract.api import attention
 from common.contract.devices import triton_interpreting
 from common.contract.fp8 import quantise
-from common.contract.fp8_quantiser import shared_bytes
 from common.contract.inputs import make_inputs
 from common.contract.metrics import error_stats
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
 from common.tools.sanitize import HOST_API_ERRORS
 from triton_impl import fp8, hopper
+from triton_impl.fp8_quantiser import shared_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 HAS_CUDA = torch.cuda.is_available()

@@ -19,7 +19,7 @@ The kernel is ``hopper``'s (``triton_impl/hopper.py``, ``_hopper_attention_kerne
 
 Algorithm (steps 1-4 are the sections of the shared kernel):
   0. In ``bind`` (per call, since the values change; ``prepare`` = validate + bind + warm-up): the
-     fused quantiser shared by the three FP8 rungs (``common.contract.fp8_quantiser``, one launch with block scales,
+     fused quantiser shared by the three FP8 rungs (``triton_impl.fp8_quantiser``, one launch with block scales,
      the values of ``common.contract.fp8.quantise``): optionally Q and K rotated by a seeded
      random Hadamard matrix, then scales s = amax / 448 per tensor or, with block quantisation, per
      64 rows of Q (one CTA's BLOCK_M) and per 128 rows of K and of V (a BLOCK_N key block or two),
@@ -89,7 +89,13 @@ import triton
 from common.contract.devices import triton_device_supported, triton_interpreting
 from common.contract.fp8 import Emulation, KernelOperands, KernelOrder, Quantisation, ValueLayout
 from common.contract.fp8 import emulate as emulate_quantised
-from common.contract.fp8_quantiser import (
+from common.contract.metrics import FP8_RULE
+from common.contract.problem import Problem
+from common.contract.registry import Implementation, Runner, warmed_up
+from common.toolchain.compile import KernelBinary
+from common.toolchain.releases import release_configs
+from triton_impl._host import allocate_lse, feature_buffers, rung_result
+from triton_impl.fp8_quantiser import (
     FusedQuantiser,
     QuantisedLaunch,
     compile_sm90_for,
@@ -97,12 +103,6 @@ from common.contract.fp8_quantiser import (
     quantise_for_kernel,
     shared_memory_supported,
 )
-from common.contract.metrics import FP8_RULE
-from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
-from common.toolchain.compile import KernelBinary
-from common.toolchain.releases import release_configs
-from triton_impl._host import allocate_lse, feature_buffers, rung_result
 from triton_impl.hopper import (
     SCALAR_SIGNATURE,
     HopperConfig,
@@ -160,7 +160,7 @@ def candidate_configs(head_dim: int) -> list[HopperConfig]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Host: quantise (common.contract.fp8_quantiser), build descriptors, launch
+# Host: quantise (triton_impl.fp8_quantiser), build descriptors, launch
 # ----------------------------------------------------------------------------------------------
 def fp8_constexprs(quantisation: Quantisation) -> dict[str, bool | int]:
     """The shared kernel's fp8 switches for ``quantisation``."""

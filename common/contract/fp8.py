@@ -5,7 +5,7 @@ Quantisation (``Quantisation``, ``quantise``)
 ---------------------------------------------
 Q, K and V are rounded to e4m3 after dividing by a scale that maps a group's amax onto 448 (e4m3's
 largest finite value). ``quantise`` is the torch reference; on a GPU the rungs run the fused
-quantiser of ``common.contract.fp8_quantiser`` (the same values, one kernel launch for Q, K and V,
+quantiser of ``triton_impl.fp8_quantiser`` (the same values, one kernel launch for Q, K and V,
 written in the kernel's layout: ``KernelOperands``). Two choices, the same in every stack:
 
 * Scale granularity. Per tensor: one scale for all of Q (K, V). Per block (FlashAttention-3's

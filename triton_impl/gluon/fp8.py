@@ -9,7 +9,7 @@ of 64 query rows each, ``setmaxnreg`` budgets, the hand-pipelined S_n / P_(n-1) 
 what changes is the FP8 contract that ``triton/fp8`` and ``cute/fp8`` follow too:
 
   * Quantisation in ``bind``, by the fused quantiser shared by the three fp8 rungs
-    (``common.contract.fp8_quantiser``: one launch with block scales, the values of ``common.contract.fp8.quantise``,
+    (``triton_impl.fp8_quantiser``: one launch with block scales, the values of ``common.contract.fp8.quantise``,
     Vᵀ written in this kernel's layout, ``value_layout``): optionally Q and K rotated by a seeded
     random Hadamard matrix, then scales amax / 448 per tensor
     or per block (64 rows of Q: one consumer warpgroup's tile; 128 rows of K and of V: two key
@@ -97,14 +97,6 @@ from triton.experimental.gluon import language as gl
 
 from common.contract.fp8 import Emulation, KernelOperands, KernelOrder, Quantisation, ValueLayout
 from common.contract.fp8 import emulate as emulate_quantised
-from common.contract.fp8_quantiser import (
-    FusedQuantiser,
-    QuantisedLaunch,
-    compile_sm90_for,
-    end_to_end_runner,
-    quantise_for_kernel,
-    shared_memory_supported,
-)
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner, warmed_up
@@ -112,6 +104,14 @@ from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import release_configs
 from triton_impl._host import LOG2_E
 from triton_impl.fp8 import DEFAULT_QUANTISATION, INPUT_DTYPES
+from triton_impl.fp8_quantiser import (
+    FusedQuantiser,
+    QuantisedLaunch,
+    compile_sm90_for,
+    end_to_end_runner,
+    quantise_for_kernel,
+    shared_memory_supported,
+)
 from triton_impl.gluon import hopper
 from triton_impl.gluon.hopper import (
     CONSUMER_ROWS,

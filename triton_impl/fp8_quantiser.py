@@ -1,5 +1,7 @@
 """The fused FP8 quantiser: Q, K and V from bf16/fp16 to the e4m3 operands and scales that the three
 FP8 rungs read, in one Triton kernel launch, the same values as ``common.contract.fp8.quantise``.
+It is a kernel, so it lives with the Triton rungs; ``triton_impl/fp8.py``, ``triton_impl/gluon/fp8.py``
+and ``cute_impl/fp8.py`` each run it before their attention kernel.
 
 Why: ``quantise`` is the reference, written as torch code (a rotation GEMM, abs, amax, pad, repeat,
 divide, clamp, cast, then V transposed and permuted by indexing), which reads and writes each tensor
@@ -28,7 +30,10 @@ stays in shared memory across the loop); then per tile:
        entry magnitude 1/sqrt(D). Only the order of the fp32 sums differs from torch's fp32 GEMM.
      * ``butterfly``: log2(D) radix-2 stages of sums and differences in fp32 (the Hadamard transform
        in constant geometry: y[i] = x[2i] + x[2i+1], y[i + D/2] = x[2i] - x[2i+1] each stage), then
-       x the matrix's first row (its column signs times c). Up to D = 128 (more spills registers).
+       x the matrix's first row (its column signs times c), + 0 (a column whose sums cancel would be
+       -0 where its sign is negative). Up to D = 128 (more spills registers).
+     Either way a rotated zero is +0 (the tensor cores' cancelled sums are +0, times c > 0), so its
+     division cannot depend on how the division carries a zero's sign (step 4).
   3. amax per row, then per block (per-tensor: the tensor's, below); scale = amax / 448 by IEEE
      division (1 for an all-zero group), as ``block_scales``, stored per block.
   4. x / scale, correctly rounded, then e4m3 with round-to-nearest-even by one ``cvt.rn.satfinite``,
@@ -36,11 +41,13 @@ stays in shared memory across the loop); then per tile:
      448) and keeps NaN, so no clamp is needed. The division (``division``):
      * ``reciprocal``: per block r = 1/d rounded (``_divisor_of``, d = the scale), per element
        q = x · r, then q -= (d·q - x) · r, the residual d·q - x formed exactly by an fma (taken in this
-       sign so that x = -0 gives -0). Markstein's theorem: with r within half an ulp of 1/d, q within
-       an ulp of x/d and the residual exact, one such step gives the correctly rounded quotient; the
-       first step brings any q there, the second is exact (``ROTATED_CORRECTIONS`` = 2, for rotated
-       values, which are any fp32 number). For bf16/fp16 values one step is already exact, checked for
-       every pair of such a value and a scale of such an amax (``UNROTATED_CORRECTIONS`` = 1).
+       sign so that x = -0 gives -0 under an IEEE negation; Triton 3.6 writes -y as 0 - y, +0 for
+       y = +0, so there x = -0 gives +0: ``_quotient``). Markstein's theorem: with r within half an
+       ulp of 1/d, q within an ulp of x/d and the residual exact, one such step gives the correctly
+       rounded quotient; the first step brings any q there, the second is exact
+       (``ROTATED_CORRECTIONS`` = 2, for rotated values, which are any fp32 number). For bf16/fp16
+       values one step is already exact, checked for every pair of such a value and a scale of such an
+       amax (``UNROTATED_CORRECTIONS`` = 1).
        Residuals are exact while d >= 2^-60 (``RECIPROCAL_MIN_SCALE``); a block of tiny values moves
        up by 2^89 (d and x both: exact), and an infinite scale (an infinity in the block) becomes
        d = r = 0, which gives x / inf's signed zero. 1 multiply and 2 or 4 fmas an element.
@@ -168,7 +175,7 @@ class QuantiserConfig:
     * ``maxnreg``: register cap per thread (None: ptxas's choice), which sets how many programs fit an SM.
     * ``division``: ``reciprocal`` (each block's reciprocal once, then one or two exact Newton
       corrections per element) or ``ieee`` (``div.rn`` per element); both give the correctly rounded
-      quotient.
+      quotient, a zero's sign included (a rotated zero is +0; an unrotated -0 is kept by a select).
     """
 
     single_launch: bool = True
@@ -292,8 +299,11 @@ def _rotated(x, rotation, rotation_scale, ROWS: tl.constexpr, HEAD_DIM: tl.const
         product = tl.dot(x.to(tl.float32), rotation, input_precision="ieee") if FP32_DOT else tl.dot(x, rotation)
         rotated = product * rotation_scale
     else:
-        # rotation: the matrix's first row (the Hadamard's first row is all ones: column sign x c).
-        rotated = _hadamard_butterflies(x.to(tl.float32), ROWS, HEAD_DIM, LOG2_HEAD_DIM) * rotation[None, :]
+        # rotation: the matrix's first row (the Hadamard's first row is all ones: column sign x c). The sign
+        # comes after the sums, so a column whose sums cancel exactly (+0) would be -0 where its sign is
+        # negative; + 0.0 makes it +0 (IEEE: -0 + +0 = +0), as the tensor-core product gives (module
+        # docstring, steps 2 and 4). Compiled, the multiply and the add are one fma with a zero addend.
+        rotated = _hadamard_butterflies(x.to(tl.float32), ROWS, HEAD_DIM, LOG2_HEAD_DIM) * rotation[None, :] + 0.0
     return rotated
 
 
@@ -358,11 +368,11 @@ def _quotient(x, scale, divisor, reciprocal, factor, prescaled, RECIPROCAL_DIVIS
     against x. ``div.rn`` per element, or the reciprocal division (module docstring, step 4):
     x · factor (only where a block of the tile was moved up: ``prescaled``), q = x · r, then
     CORRECTIONS times q -= (d·q - x) · r, the residual d·q - x formed exactly by an fma; with one
-    correction (x a bf16/fp16 value, which may be -0), x = ±0 itself where x is zero: the H100 returned
-    +0 for x = -0, where IEEE division gives -0 (the compiled fmas do not keep the sign of a zero sum),
-    one e4m3 byte (0x00 for 0x80) of the same value. A rotated value is a sum of products with mixed
-    signs, -0 only for an all-zero row of one sign pattern per column; the select there made Triton 3.7
-    spill the butterfly's cast (16 bytes), so the rotated path keeps the fmas' zero."""
+    correction (x a bf16/fp16 value, which may be -0), x = ±0 itself where x is zero: Triton 3.6 writes
+    the unary minus as 0 - y (``sub.f32`` from 0f00000000; 3.8 emits a negation), so -(d·q - x) of
+    x = -0 is +0 and q ends +0 where IEEE division gives -0, one e4m3 byte (0x00 for 0x80) of the same
+    value. A rotated zero is +0 (``_rotated``), and x = +0 gives +0 under either negation, so the
+    rotated path needs no select (one made Triton 3.7 spill the butterfly's cast: 16 bytes)."""
     if RECIPROCAL_DIVISION:
         if prescaled:
             x = x * factor
