@@ -440,15 +440,16 @@ def test_reciprocal_division_is_exact_for_tiny_and_infinite_scales(corrections: 
     assert not wrong.any(), (x[wrong], scale[wrong], got[wrong], (x / scale)[wrong])
 
 
-def test_a_quantiser_beyond_shared_memory_is_refused_on_cuda_before_any_launch():
-    """D=256 with rotation: the sign matrix and the tiles in flight exceed an sm_90 CTA's shared memory."""
+def test_a_quantiser_beyond_shared_memory_is_refused_by_the_rungs_capability_check():
+    """D=256 with rotation: the sign matrix and the tiles in flight exceed an sm_90 CTA's shared memory, so
+    the FP8 rungs' check refuses it with the bytes (the launch used to fail with OutOfResources); D=128 fits."""
     quantisation = fp8.quantisation_named("block+rotation")
     needed = fused.shared_bytes(256, torch.bfloat16, quantisation)
     assert needed > SM90_SHARED_MEMORY_BYTES >= fused.shared_bytes(128, torch.bfloat16, quantisation)
-    with pytest.raises(ValueError, match=rf"head_dim 256 .*needs {needed:,} bytes .*may use 232,448"):
-        fused.FusedQuantiser(
-            (1, 32, 1, 256), (1, 8, 4096, 256), torch.bfloat16, "cuda:0", quantisation, fp8.ValueLayout(False, 16)
-        )
+    decode_step = Problem(1, 32, 1, 4096, 256, dtype=torch.bfloat16, kv_heads=8)
+    ok, reason = fused.shared_memory_supported("triton/fp8", decode_step, quantisation)
+    assert not ok and f"{needed:,}" in reason and "232,448" in reason, reason
+    assert fused.shared_memory_supported("triton/fp8", decode_step.with_(head_dim=128), quantisation) == (True, "")
 
 
 def test_bad_inputs_are_refused_with_what_was_expected():
