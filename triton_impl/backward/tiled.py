@@ -53,12 +53,11 @@ import torch
 import triton
 import triton.language as tl
 
-from common.contract.capability import BOTTOM_RIGHT, GQA, LSE, check_features
-from common.contract.devices import triton_device_supported, triton_dtype_supported
 from common.contract.problem import Problem
-from common.contract.registry import Backward, Launch, meta_operands
+from common.contract.registry import Backward, Launch
 from common.contract.validation import kernel_operand
-from common.toolchain.compile import KernelBinary, compile_triton_sm90_launch
+from common.toolchain.compile import KernelBinary
+from triton_impl.backward._host import backward_supported, compile_launches, run_launches
 
 # softmax_scale_log2 = softmax_scale · LOG2_E, so the kernel uses exp2; the kernel scales the LSE by it too.
 LOG2_E = tl.constexpr(math.log2(math.e))
@@ -266,16 +265,12 @@ def tiled_gradients(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H, Sq)
     and the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE)."""
-    launches, gradients = _launches(q, k, v, out, lse, d_out, problem, d_lse)
-    for kernel, grid, args, options in launches:
-        kernel[grid](*args, **options)
-    return gradients
+    return run_launches(_launches, q, k, v, out, lse, d_out, problem, d_lse)
 
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """The three kernels compiled for sm_90a as ``problem``'s launches build them (meta tensors: no GPU)."""
-    launches, _ = _launches(*meta_operands(problem), problem, None)
-    return [compile_triton_sm90_launch(kernel, *args, **options) for kernel, _, args, options in launches]
+    return compile_launches(_launches, problem)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -284,12 +279,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     """Device, dtype (bf16 refused under the interpreter), head dim and the features (no
     ``cache_seqlens``, no paged cache)."""
-    for ok, reason in (triton_device_supported(device), triton_dtype_supported(problem.dtype)):
-        if not ok:
-            return False, reason
-    if problem.head_dim not in HEAD_DIMS:
-        return False, f"head_dim {problem.head_dim} not supported (supported: {list(HEAD_DIMS)})"
-    return check_features(BACKWARD_NAME, problem, (GQA, BOTTOM_RIGHT, LSE))
+    return backward_supported(BACKWARD_NAME, problem, device, HEAD_DIMS)
 
 
 BACKWARD_NAME = "triton/backward/tiled"
