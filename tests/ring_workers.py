@@ -67,6 +67,8 @@ class Case:
     jitter_ms: float = 0.0
     # Issue each step's transfer before its kernel (ring_attention's transfer_first).
     transfer_first: bool = False
+    # Where the jitter pauses (ring.JITTER_POINTS: all of them by default).
+    jitter_points: tuple[str, ...] = ring.JITTER_POINTS
 
 
 def torch_kernel(
@@ -114,8 +116,17 @@ def _install(bug: str | None, monkey: list) -> None:
         zigzag.source_rank = lambda rank, step, world_size: (rank + step) % world_size
     elif bug == "no_arrival_wait":
         # The shard is read at once; the transfer is waited for only after the read (on CPUs a
-        # transfer never waited for would leave gloo's queue unmatched and hang the group).
+        # transfer never waited for would leave gloo's queue unmatched and hang the group). The receive
+        # slots start as NaN: memory the allocator hands back can hold the very shard that is on its way
+        # (an earlier case with the same inputs), which would hide the early read.
         original_done = ring.KVExchange.done_reading
+        original_init = ring.KVExchange.__init__
+
+        def poisoned(self, *args, **kwargs) -> None:
+            original_init(self, *args, **kwargs)
+            for slot in self.slots[1:]:
+                for tensor in slot:
+                    tensor.fill_(math.nan)
 
         def read_at_once(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
             return self.slots[self.slot(step) if self.communicate else 0]
@@ -125,9 +136,14 @@ def _install(bug: str | None, monkey: list) -> None:
                 work.wait()
             original_done(self, step)
 
-        monkey += [(ring.KVExchange, "shard", ring.KVExchange.shard), (ring.KVExchange, "done_reading", original_done)]
+        monkey += [
+            (ring.KVExchange, "shard", ring.KVExchange.shard),
+            (ring.KVExchange, "done_reading", original_done),
+            (ring.KVExchange, "__init__", original_init),
+        ]
         ring.KVExchange.shard = read_at_once
         ring.KVExchange.done_reading = wait_late
+        ring.KVExchange.__init__ = poisoned
     elif bug == "late_receive_buffer":
         original = ring.KVExchange.pass_on
 
@@ -149,6 +165,13 @@ def _layout(case: Case, rank: int, world_size: int) -> tuple[int, int]:
     return (second, first) if case.bug == "swapped_chunks" else (first, second)
 
 
+def _jitter(case: Case, rank: int) -> ring.Jitter | None:
+    """The case's jitter, seeded per rank (None without one)."""
+    if not case.jitter_ms:
+        return None
+    return ring.Jitter(seed=1000 * rank + len(case.name), max_ms=case.jitter_ms, points=tuple(case.jitter_points))
+
+
 def run_case(case: Case, rank: int, world_size: int, device: torch.device) -> dict:
     """Ring attention on this rank's shard, judged on its rows against float64; never raises."""
     problem = Problem(
@@ -168,7 +191,7 @@ def run_case(case: Case, rank: int, world_size: int, device: torch.device) -> di
     monkey: list = []
     try:
         _install(case.bug, monkey)
-        jitter = ring.Jitter(seed=1000 * rank + len(case.name), max_ms=case.jitter_ms) if case.jitter_ms else None
+        jitter = _jitter(case, rank)
         out, lse = ring.ring_attention(
             q, k, v, causal=case.causal, impl=kernel, communicate=case.communicate,
             transfer_first=case.transfer_first, jitter=jitter,

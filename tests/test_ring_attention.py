@@ -300,7 +300,8 @@ JITTER_CASES = [
     Case("causal_gqa_batch2_jitter", batch=2, local_len=12, jitter_ms=JITTER_MS, **GQA),
     Case("full_mqa_bf16_jitter", causal=False, dtype="bf16", heads=4, kv_heads=1, jitter_ms=JITTER_MS),
     Case("causal_transfer_first_jitter", local_len=8, jitter_ms=JITTER_MS, transfer_first=True),
-    Case("bug_no_arrival_wait", local_len=8, jitter_ms=5.0, bug="no_arrival_wait"),
+    # Only the senders pause: each rank reads its shard at once, mostly before it has arrived.
+    Case("bug_no_arrival_wait", local_len=8, jitter_ms=10.0, jitter_points=("send",), bug="no_arrival_wait"),
 ]
 JITTER_WORLD_SIZES = (3, 4, 5, 8)
 
