@@ -37,6 +37,7 @@ def _fake_sanitizer(folder: Path) -> None:
         ("common.tools.context_parallel", False, "not started by torchrun"),
         ("common.tools.gpu_tests", False, "needs a CUDA GPU"),
         ("bench.generate", False, "needs a CUDA GPU"),
+        ("bench.backward", False, "needs a CUDA GPU"),
     ],
 )
 def test_tool_names_what_is_missing_and_exits_2(module: str, with_sanitizer: bool, missing: str, tmp_path: Path):
