@@ -333,6 +333,34 @@ def test_decode_sweep_is_the_issue_default_plus_a_ragged_and_a_paged_batch():
     assert [c.problem.batch for c in reduced] == [1, 1] and {c.problem.kv_heads for c in reduced} == {8, 32}
 
 
+def test_decode_random_draws_the_issue_space_the_same_way_for_a_seed():
+    from common.measure.decode_sweep import RANDOM_MAX_CACHE_BYTES, RANDOM_MIN_CACHE_BYTES
+
+    cases = compare.decode_cases_for(compare.parse_args(["--decode", "--decode-random", "40", "--decode-seed", "7"]))
+    again = compare.decode_cases_for(compare.parse_args(["--decode", "--decode-random", "40", "--decode-seed", "7"]))
+    other = compare.decode_cases_for(compare.parse_args(["--decode", "--decode-random", "40", "--decode-seed", "8"]))
+    assert cases == again and cases != other and len(cases) == 40
+    assert all(RANDOM_MIN_CACHE_BYTES <= case.kv_bytes_read <= RANDOM_MAX_CACHE_BYTES for case in cases)
+    problems = [case.problem for case in cases]
+    assert {p.head_dim for p in problems} == {64, 128, 256} and any(p.paged for p in problems)
+    assert any(p.seqlen_q > 1 for p in problems) and any(p.kv_group > 1 for p in problems)
+    assert any(case.lengths is not None and not case.problem.paged for case in cases)
+    for case in cases:
+        if case.lengths is not None:
+            assert len(case.lengths) == case.problem.batch
+            assert all(case.problem.seqlen_q <= n <= case.problem.seqlen_k for n in case.lengths)
+
+
+def test_lowest_bandwidth_line_names_each_rungs_worst_measured_case():
+    rows = [
+        {"impl": "a", "status": "ok", "pct_read_bw": 90.0, "case": "big"},
+        {"impl": "a", "status": "ok", "pct_read_bw": 61.0, "case": "small"},
+        {"impl": "a", "status": "skipped", "pct_read_bw": float("nan"), "case": "huge"},
+        {"impl": "b", "status": "wrong", "pct_read_bw": 10.0, "case": "bad"},
+    ]
+    assert compare.lowest_bandwidth_line(rows) == "lowest % of read bandwidth: a 61 % (small)"
+
+
 def test_decode_record_reports_kv_bytes_per_second_and_share_of_read_bandwidth():
     case = compare.decode_cases_for(compare.parse_args(["--decode", "--decode-batch", "1", "--decode-seqlen", "4096"]))[
         0

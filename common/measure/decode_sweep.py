@@ -13,6 +13,8 @@ the measured HBM read bandwidth (``common.measure.peaks.measure_read_gbps``).
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +30,11 @@ RAGGED_BATCH, RAGGED_SEQLEN_K = 8, 32768
 RAGGED_FRACTIONS = (1.0, 0.03, 0.5, 0.25, 0.9, 0.1, 0.7, 0.0)
 # The paged batch: 8 full sequences of 32768 keys in pages of 16 (common.contract.inputs.make_block_table).
 PAGED_BATCH, PAGED_SEQLEN_K, PAGE_SIZE = 8, 32768, 16
+# The random sweep's caches: at least 128 MB read per step (issue #38: "every cache of 128 MB or more"),
+# at most 4 GB, and all a case allocates (padded cache, fp64 reference, SDPA's GQA yardstick) at most
+# 48 GiB, so that any Hopper runs every drawn case and each takes seconds.
+RANDOM_MIN_CACHE_BYTES, RANDOM_MAX_CACHE_BYTES = 128 * 2**20, 4 * 2**30
+RANDOM_MAX_MEMORY_BYTES = 48 * 2**30
 # Device memory a case may plan for: inputs, the fp64 reference's per-head copies, and SDPA's
 # yardstick, which may expand K and V to every query head (GQA through the math backend).
 MEMORY_FRACTION = 0.8
@@ -68,10 +75,21 @@ class DecodeCase:
         return self.problem.describe() + ragged
 
 
-def decode_problem(batch: int, seqlen_k: int, kv_heads: int, *, ragged: bool = False, page_size: int = 0) -> Problem:
-    """One decode step; a paged one (``page_size`` > 0) carries per-sequence lengths, as paging requires."""
+def decode_problem(
+    batch: int,
+    seqlen_k: int,
+    kv_heads: int,
+    *,
+    ragged: bool = False,
+    page_size: int = 0,
+    heads: int = HEADS,
+    head_dim: int = HEAD_DIM,
+    seqlen_q: int = 1,
+) -> Problem:
+    """One decode step (``seqlen_q`` new tokens, bottom-right causal: the KV-cache convention); a paged
+    one (``page_size`` > 0) carries per-sequence lengths, as paging requires."""
     return Problem(
-        batch, HEADS, 1, seqlen_k, HEAD_DIM, dtype=torch.bfloat16, causal=True, kv_heads=kv_heads,
+        batch, heads, seqlen_q, seqlen_k, head_dim, dtype=torch.bfloat16, causal=True, kv_heads=kv_heads,
         causal_alignment="bottom_right", has_cache_seqlens=ragged or page_size > 0, page_size=page_size,
     )  # fmt: skip
 
@@ -97,6 +115,43 @@ def decode_cases(
         problem = decode_problem(PAGED_BATCH, PAGED_SEQLEN_K, min(kv_heads), page_size=PAGE_SIZE)
         cases.append(DecodeCase(problem, (PAGED_SEQLEN_K,) * PAGED_BATCH))
     return cases
+
+
+def random_cases(count: int, seed: int) -> list[DecodeCase]:
+    """``count`` seeded random decode shapes over issue #38's space, each with a cache (K and V bytes
+    read) of at least ``RANDOM_MIN_CACHE_BYTES``: B 1–64, KV heads 1–32, group 1–16, Sq 1–16, D 64, 128
+    or 256, full or ragged lengths (log-uniform, so some sequences are a few keys and others the whole
+    cache), contiguous or paged (pages of 16 to 256 keys). Shapes are drawn, not picked, so a rule tuned
+    on the fixed sweep meets shapes it has not seen; the same seed gives the same shapes."""
+    rng = random.Random(seed)
+    cases: list[DecodeCase] = []
+    while len(cases) < count:
+        case = _random_case(rng)
+        fits = case.memory_needed() <= RANDOM_MAX_MEMORY_BYTES
+        if fits and RANDOM_MIN_CACHE_BYTES <= case.kv_bytes_read <= RANDOM_MAX_CACHE_BYTES:
+            cases.append(case)
+    return cases
+
+
+def _random_case(rng: random.Random) -> DecodeCase:
+    batch = rng.choice((1, 1, 2, 3, 4, 8, 16, 32, 64))
+    kv_heads = rng.choice((1, 2, 4, 8, 16, 32))
+    group = rng.choice((1, 2, 4, 5, 8, 16))
+    head_dim = rng.choice((64, 128, 128, 256))
+    seqlen_q = rng.choice((1, 1, 1, 2, 4, 8, 16))
+    page_size = 0 if rng.random() < 0.6 else rng.choice((16, 32, 64, 128, 256))
+    ragged = page_size > 0 or rng.random() < 0.4
+    # Cache lengths from 1k to 512k keys, log-uniform, in whole pages.
+    unit = max(page_size, 256)
+    seqlen_k = unit * max(1, round(2 ** rng.uniform(10, 19) / unit))
+    problem = decode_problem(
+        batch, seqlen_k, kv_heads, ragged=ragged, page_size=page_size, heads=kv_heads * group,
+        head_dim=head_dim, seqlen_q=seqlen_q,
+    )  # fmt: skip
+    if not ragged:
+        return DecodeCase(problem)
+    lengths = tuple(max(seqlen_q, min(seqlen_k, round(2 ** rng.uniform(4, math.log2(seqlen_k))))) for _ in range(batch))
+    return DecodeCase(problem, lengths)
 
 
 def too_large(case: DecodeCase, device: torch.device) -> str:
