@@ -26,7 +26,7 @@ import triton.language as tl
 
 from common.contract import splits
 from common.contract.check import check_on_inputs, run_poisoned
-from common.contract.inputs import make_inputs
+from common.contract.inputs import make_inputs, make_paged_kv
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, discover
 from triton_impl import decode
@@ -328,6 +328,50 @@ def test_gpu_strided_inputs(impl_name: str):
     assert not q.is_contiguous() and not k.is_contiguous()
     result = check_on_inputs(_with_splits(3, impl), q, k, v, problem)
     assert result.ok, f"{impl_name} {problem.describe()}: {result.summary()}"
+
+
+# The lengths a captured decode step replays with: the cache grows by one token per step, and a batch
+# slot is refilled with a short prompt (issue #38 item 5: no host sync, no reallocation per step).
+GRAPH_LENGTHS = ((3000, 17, 4096, 1), (3001, 18, 4096, 2), (3002, 4000, 9, 0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("impl_name", sorted(DECODE_IMPLS))
+def test_gpu_decode_step_replays_in_a_cuda_graph_with_new_lengths(impl_name: str, paged: bool):
+    """A decode step captured once in a CUDA graph, replayed after ``cache_seqlens`` changes in place:
+    each replay writes (poisoned first) exactly what an eager call with those lengths writes, and the
+    lengths change the answer (so a graph that froze them would fail)."""
+    impl = DECODE_IMPLS[impl_name]
+    problem = Problem(
+        4, 16, 1, 4096, 128, dtype=torch.bfloat16, causal=True, kv_heads=4, causal_alignment="bottom_right",
+        has_cache_seqlens=True, page_size=64 if paged else 0,
+    )  # fmt: skip
+    _gpu_check_or_skip(impl, problem)
+    q, k, v = make_inputs(problem, seed=3, device="cuda", offset=0.5)
+    extra = {}
+    if paged:
+        k, v, extra["block_table"] = make_paged_kv(problem, k, v, seed=3)
+    lengths = torch.tensor(GRAPH_LENGTHS[0], dtype=torch.int32, device="cuda")
+    run = impl.prepare(q, k, v, problem, cache_seqlens=lengths, **extra)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    answers = []
+    for step in GRAPH_LENGTHS:
+        lengths.copy_(torch.tensor(step, dtype=torch.int32))
+        eager = run().clone()
+        captured.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, eager), f"{impl_name}: the replay at lengths {step} differs from an eager call"
+        answers.append(eager)
+    assert not torch.equal(answers[0], answers[1]) and not torch.equal(answers[1], answers[2])
 
 
 # ----------------------------------------------------------------------------------------------------
