@@ -193,6 +193,37 @@ def test_static_cache_maps_to_cache_seqlens(names, reference, prompt):
     assert torch.equal(greedy(model, prompt[:1], 3, cache_implementation="static"), expected)
 
 
+def compiled_greedy(model: torch.nn.Module, ids: torch.Tensor, tokens: int) -> torch.Tensor:
+    """generate() with a StaticCache and its decode step under torch.compile (one graph: fullgraph),
+    on the CPU too (transformers compiles only on accelerators unless told)."""
+    from transformers.generation.configuration_utils import CompileConfig
+
+    config = CompileConfig(fullgraph=True, backend="eager", mode=None)
+    config._compile_all_devices = True
+    torch._dynamo.reset()
+    return greedy(model, ids, tokens, cache_implementation="static", compile_config=config)
+
+
+def test_compiled_static_cache_runs_each_layer_through_the_custom_op(names, reference, prompt, monkeypatch):
+    """Under torch.compile the attention is the opaque op ``ladder::attention`` (Dynamo cannot trace
+    the mask check or the launches): the decode step compiles as one graph, every layer's attention of
+    every compiled step goes through the op, and the tokens equal SDPA's."""
+    model = with_attention(reference, PREFIX + FAST_RUNG)
+    calls = []
+    for key, eager in list(adapter._EAGER_FORWARDS.items()):
+        monkeypatch.setitem(adapter._EAGER_FORWARDS, key, lambda *args, run=eager: calls.append(1) or run(*args))
+    tokens = 4
+    assert torch.equal(compiled_greedy(model, prompt[:1], tokens), greedy(reference, prompt[:1], tokens))
+    assert len(calls) == (tokens - 1) * model.config.num_hidden_layers
+
+
+def test_compiled_attention_without_the_op_breaks_the_graph(names, reference, prompt, monkeypatch):
+    """Planted: the compiled forward calling the eager code directly (no op) cannot be one graph."""
+    monkeypatch.setattr(adapter, "compiled_attention", lambda name, *args: adapter._EAGER_FORWARDS[name](*args))
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=r"[Dd]ata.dependent"):
+        compiled_greedy(with_attention(reference, PREFIX + FAST_RUNG), prompt[:1], 3)
+
+
 def test_a_stack_name_serves_prefill_and_decode(names, monkeypatch):
     """``ladder:triton`` on a model whose head dim (64) the Triton decode and Hopper rungs take: the
     prompt runs on triton/hopper, each generated token on triton/decode, and both match SDPA."""

@@ -75,6 +75,15 @@ A mask shape first seen during a capture is refused. ``common.attention``'s plan
 the decode rungs' ``bind`` neither synchronise nor read values, so a StaticCache's decode step (one
 signature) is captured once it has been planned.
 
+**torch.compile.** Under ``torch.compile`` (transformers' ``compile_config``: a StaticCache's decode
+step compiled with ``mode="reduce-overhead"``, i.e. CUDA graphs) the attention function calls the
+same code through the custom operator ``ladder::attention`` (``torch.library.custom_op``, shapes from
+its fake implementation): Dynamo cannot trace a branch on a mask's values, the plan cache or a kernel
+launch, and an opaque operator keeps the step one graph (``fullgraph=True`` works). The mask function
+then builds transformers' mask without checking it; the operator checks it on its first, eager run
+(CUDA graph trees run a step eagerly before recording it) and takes the verified pattern while the
+graph is captured.
+
 Batched generation therefore needs unpadded prompts of equal length (or batch size 1); for padded
 batches use ``attn_implementation="sdpa"``.
 
@@ -195,10 +204,81 @@ def _cached_mask_pattern(mask: torch.Tensor, batch: int, seqlen_q: int, seqlen_k
 
 AttentionFn = Callable[..., torch.Tensor]
 
+# name -> the eager attention function of each registered ``ladder:`` name, which the custom op
+# ``ladder::attention`` runs by name (an op's arguments cannot carry a Python function).
+_EAGER_FORWARDS: dict[str, Callable[..., torch.Tensor]] = {}
+
+
+@torch.library.custom_op("ladder::attention", mutates_args=())
+def compiled_attention(
+    name: str,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    causal: bool,
+    scaling: float | None,
+) -> torch.Tensor:
+    """The ``ladder:`` attention ``name`` as one opaque operator for ``torch.compile``: Dynamo does not
+    trace the mask check, the plan cache or the kernel launch (none of which it can), and CUDA graphs
+    capture the launch (see the module docstring, "torch.compile")."""
+    return _EAGER_FORWARDS[name](query, key, value, attention_mask, causal, scaling)
+
+
+@compiled_attention.register_fake
+def _compiled_attention_shape(
+    name: str,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    causal: bool,
+    scaling: float | None,
+) -> torch.Tensor:
+    batch, heads, seqlen_q, _ = query.shape
+    return query.new_empty((batch, seqlen_q, heads, value.shape[-1]))
+
+
+def _eager_forward(name: str, impl: str, attention_fn: AttentionFn) -> Callable[..., torch.Tensor]:
+    """The attention of one call, (B, Sq, H, D) contiguous: the mask read as (causal, cache_seqlens)."""
+
+    def attend(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        causal: bool,
+        scaling: float | None,
+    ) -> torch.Tensor:
+        batch, _, seqlen_q, _ = query.shape
+        seqlen_k = key.shape[2]
+        cache_seqlens = None
+        if attention_mask is not None:
+            causal, cache_seqlens = _cached_mask_pattern(attention_mask, batch, seqlen_q, seqlen_k, name)
+        if causal and seqlen_q == 1 and cache_seqlens is None:
+            causal = False  # one query row at the bottom right sees every key
+        alignment = "bottom_right" if causal and (seqlen_q != seqlen_k or cache_seqlens is not None) else "top_left"
+        out = attention_fn(
+            query,
+            key,
+            value,
+            causal=causal,
+            softmax_scale=scaling,
+            impl=impl,
+            causal_alignment=alignment,
+            cache_seqlens=cache_seqlens,
+        )
+        return out.transpose(1, 2).contiguous()
+
+    return attend
+
 
 def make_attention_forward(impl: str, attention_fn: AttentionFn = attention) -> Callable[..., tuple]:
-    """The transformers attention function running ``impl`` through ``attention_fn`` (the API)."""
+    """The transformers attention function running ``impl`` through ``attention_fn`` (the API); under
+    ``torch.compile`` it calls the same code through the custom op ``ladder::attention``."""
     name = implementation_name(impl)
+    op_name = f"{name}@{id(attention_fn):x}"
+    _EAGER_FORWARDS[op_name] = eager = _eager_forward(name, impl, attention_fn)
 
     def forward(
         module: torch.nn.Module,
@@ -215,28 +295,12 @@ def make_attention_forward(impl: str, attention_fn: AttentionFn = attention) -> 
         for unsupported in ("softcap", "s_aux", "sinks", "position_bias"):
             if kwargs.get(unsupported) is not None:
                 raise _refuse(name, f"{unsupported} is not supported")
-        batch, _, seqlen_q, _ = query.shape
-        seqlen_k = key.shape[2]
-        cache_seqlens = None
-        if attention_mask is not None:
-            causal, cache_seqlens = _cached_mask_pattern(attention_mask, batch, seqlen_q, seqlen_k, name)
-        else:
-            is_causal = kwargs.get("is_causal")
-            causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
-        if causal and seqlen_q == 1 and cache_seqlens is None:
-            causal = False  # one query row at the bottom right sees every key
-        alignment = "bottom_right" if causal and (seqlen_q != seqlen_k or cache_seqlens is not None) else "top_left"
-        out = attention_fn(
-            query,
-            key,
-            value,
-            causal=causal,
-            softmax_scale=None if scaling is None else float(scaling),
-            impl=impl,
-            causal_alignment=alignment,
-            cache_seqlens=cache_seqlens,
-        )
-        return out.transpose(1, 2).contiguous(), None
+        is_causal = kwargs.get("is_causal")
+        causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+        scale = None if scaling is None else float(scaling)
+        if torch.compiler.is_compiling():
+            return compiled_attention(op_name, query, key, value, attention_mask, causal, scale), None
+        return eager(query, key, value, attention_mask, causal, scale), None
 
     forward.__name__ = forward.__qualname__ = f"ladder_attention_forward[{impl}]"
     return forward
@@ -247,8 +311,9 @@ def ladder_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     for the plain bottom-right causal mask over every key, else transformers' boolean mask."""
     from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
 
-    if _capturing(kwargs.get("device")):
-        # Checking the mask synchronises: the attention function reads it by its verified pattern.
+    if _capturing(kwargs.get("device")) or torch.compiler.is_compiling():
+        # Checking the mask synchronises (and Dynamo cannot trace a branch on tensor values): the
+        # attention function reads it inside the custom op, by its verified pattern while capturing.
         kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
         return sdpa_mask(*args, **kwargs)
     q_length, kv_length = kwargs.get("q_length"), kwargs.get("kv_length")
