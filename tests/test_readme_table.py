@@ -1,9 +1,11 @@
-"""README.md and docs/ladder.md carry exactly the tables the committed CSVs regenerate: the canonical
-prefill run, the decode runs and (README only) the generate run."""
+"""README.md and docs/ladder.md carry exactly the blocks the committed CSVs regenerate: the prefill run of
+the release a fresh install gets (the other releases linked, not copied), the decode runs and (README only)
+the generate, context-parallel and backward runs, each opening with the sentence that picks a stack."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -13,13 +15,36 @@ import pytest
 from common.reporting.decode_table import DECODE_BEGIN, DECODE_END, decode_tables
 from common.reporting.generate_table import GENERATE_BEGIN, GENERATE_CSV, GENERATE_END, generate_table
 from common.reporting.readme_table import (
+    BACKWARD_BEGIN,
+    BACKWARD_CSV,
+    BACKWARD_END,
+    BEGIN,
     CANONICAL_DIR,
+    CONTEXT_PARALLEL_BEGIN,
+    CONTEXT_PARALLEL_END,
+    CONTEXT_PARALLEL_GLOB,
+    DECODE_GLOB,
     DOCUMENTS,
+    END,
     README,
     ROOT,
+    backward_table,
+    context_parallel_block,
+    decode_block,
+    prefill_pick,
     regenerate,
     regenerate_all,
     results_table,
+)
+from common.toolchain.releases import TESTED_TRITON
+
+NUMBER = r"\b\d+(?:\.\d+)?\b"
+README_BLOCKS = (
+    (BEGIN, END),
+    (DECODE_BEGIN, DECODE_END),
+    (GENERATE_BEGIN, GENERATE_END),
+    (CONTEXT_PARALLEL_BEGIN, CONTEXT_PARALLEL_END),
+    (BACKWARD_BEGIN, BACKWARD_END),
 )
 
 
@@ -33,7 +58,7 @@ def test_results_table_regenerates_byte_identically(document):
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
 def test_decode_table_regenerates_byte_identically(document):
     current = document.read_text()
-    assert regenerate(current, decode_tables(ROOT), DECODE_BEGIN, DECODE_END) == current, (
+    assert regenerate(current, decode_block(ROOT), DECODE_BEGIN, DECODE_END) == current, (
         "run: python -m common.reporting.readme_table"
     )
     assert regenerate_all(current) == current
@@ -70,16 +95,19 @@ def test_table_has_a_column_per_stack_dashes_where_a_rung_is_absent_and_fa4_besi
         for impl in ("triton/hopper", "gluon/hopper", "cute/hopper", "cute/fp8", "sdpa/cudnn", "fa4/sm90")
         for causal in (False, True)
     ]
-    _write_run(tmp_path / "canonical", "3.6.0", rows)
-    _write_run(tmp_path / "canonical-triton-3.9", "3.9.0", rows[:2])
-    table = results_table(tmp_path / "canonical" / "results.csv", tmp_path / "canonical" / "env.json")
+    _write_run(tmp_path / "canonical", "3.6.0", rows[:2])
+    _write_run(tmp_path / "canonical-triton-3.9", "3.9.0", rows)
+    shown = tmp_path / "canonical-triton-3.9"
+    table = results_table(shown / "results.csv", shown / "env.json")
     assert "| rung | Triton | Triton causal | Gluon | Gluon causal | CuTe DSL | CuTe DSL causal |" in table
     assert "| naive | — | — | — | — | — | — |" in table
     assert "| hopper | 500 | 500 | 500 | 500 | 500 | 500 |" in table
     baselines = table[table.index("| baseline |") :].splitlines()
     assert [line.split("|")[1].strip() for line in baselines[2:4]] == ["sdpa/cudnn", "fa4/sm90"]
     assert "bf16 GEMM 788 burst / 678 sustained, fp8 GEMM 1300 burst" in table
-    assert "**The same suite on Triton 3.9.0, CuTe DSL 4.8.1**" in table
+    # The other release is linked by its folder, its table not copied.
+    assert f"Triton 3.6.0, CuTe DSL 4.8.1: `{tmp_path / 'canonical'}/`" in table
+    assert table.count("| rung |") == 1 and table.count("| baseline |") == 1
     assert "FP8 quantisation that ran: cute/fp8 block+rotation." in table
 
 
@@ -188,6 +216,9 @@ def test_a_tampered_generate_csv_value_changes_the_table(tmp_path: Path):
     tampered = generate_table(tmp_path / GENERATE_CSV, tmp_path)
     assert tampered != committed
     assert "| ladder:auto | 285 (1.53×) |" in tampered
+    # The pick sentence above the table follows: sdpa now leads in 2 cases, ladder:auto in one more.
+    assert "in 3 of the 4 cases; `ladder:triton` leads at B=8 static (1.42× `sdpa`)." in committed
+    assert "in 2 of the 4 cases; `ladder:auto` leads at B=1 dynamic (1.53× `sdpa`); `ladder:triton`" in tampered
 
 
 def test_a_generate_row_that_did_not_run_is_a_dash_named_under_the_table(tmp_path: Path):
@@ -202,3 +233,121 @@ def test_a_generate_row_that_did_not_run_is_a_dash_named_under_the_table(tmp_pat
     assert "- eager at B=8 dynamic, B=8 static: skipped (eager's score matrices need about 130 GiB" in table
     assert "- flash in every case: skipped (flash_attention_4: ImportError:" in table
     assert "| flash |" not in table
+
+
+# ---------------------------------------------------------------- every README block, pick sentences
+def test_the_readme_shows_one_prefill_table_from_the_newest_tested_triton():
+    """A fresh install gets the newest admitted Triton; the README's one prefill table is that release's run."""
+    env = json.loads((CANONICAL_DIR / "env.json").read_text())
+    assert env["triton"].rsplit(".", 1)[0] == TESTED_TRITON[-1]
+    text = README.read_text()
+    assert text.count("| rung | Triton |") == 1
+    assert f"from `{(CANONICAL_DIR / 'results.csv').relative_to(ROOT)}`" in text
+
+
+@pytest.mark.parametrize("markers", README_BLOCKS, ids=lambda pair: pair[0].split()[1].split(":")[0])
+@pytest.mark.parametrize("where", ["pick sentence", "first table row"])
+def test_a_hand_edited_figure_in_any_readme_block_is_restored(markers, where):
+    """Each generated block opens with its pick sentence, which regenerates like its table: the last figure
+    of either, changed by one digit, is put back by the generator (and so fails the byte-identity tests)."""
+    current = README.read_text()
+    begin, end = markers
+    start = current.index(begin) + len(begin) + 1
+    block = current[start : current.index(end)]
+    first_line = block.splitlines()[0]
+    assert not first_line.startswith("|"), f"{begin} does not open with its pick sentence"
+    if where == "pick sentence":
+        line = first_line
+    else:
+        lines = block.splitlines()
+        line = lines[next(i for i, text in enumerate(lines) if text.startswith("|---")) + 1]
+    last_digit = list(re.finditer(NUMBER, line))[-1].end() - 1
+    edited_line = f"{line[:last_digit]}{(int(line[last_digit]) + 1) % 10}{line[last_digit + 1 :]}"
+    edited = current[:start] + block.replace(line, edited_line, 1) + current[start + len(block) :]
+    assert edited != current
+    assert regenerate_all(edited) == current
+
+
+def test_prefill_pick_names_the_fastest_rung_per_dtype_and_mask(tmp_path: Path):
+    rows = [
+        ("gluon/hopper", "ok", False, 700.0),
+        ("gluon/hopper", "ok", True, 600.0),
+        ("cute/hopper", "ok", False, 650.0),
+        ("cute/hopper", "ok", True, 640.0),
+        ("cute/fp8", "ok", False, 900.0),
+        ("cute/fp8", "wrong", True, 999.0),
+        ("gluon/fp8", "ok", True, 800.0),
+        ("sdpa/cudnn", "ok", False, 600.0),
+        ("sdpa/cudnn", "ok", True, 500.0),
+    ]
+    _write_run(tmp_path / "run", "3.9.0", rows)
+    pick = prefill_pick(pd.read_csv(tmp_path / "run" / "results.csv"))
+    assert pick.startswith("Prefill: in bf16 use `gluon/hopper` (700 TFLOP/s) non-causal, `cute/hopper` (640) causal;")
+    assert "the fastest baseline is `sdpa/cudnn` (600 TFLOP/s, 500 causal)" in pick
+    # A wrong row never wins, however fast it was.
+    assert "`cute/fp8` (900 TFLOP/s) non-causal, `gluon/fp8` (800) causal, kernel alone." in pick
+
+
+def _copy(relative: Path, root: Path) -> Path:
+    """The committed file at ``relative`` (and its env.json) copied under ``root``; the copy's path."""
+    target = root / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / relative, target)
+    if (ROOT / relative.parent / "env.json").exists():
+        shutil.copy(ROOT / relative.parent / "env.json", target.parent / "env.json")
+    return target
+
+
+def test_decode_pick_reads_the_spread_of_the_decode_rungs(tmp_path: Path):
+    """Slowing one decode rung at one large contiguous cache widens the stated spread to match."""
+    relative = sorted(ROOT.glob(DECODE_GLOB))[0].relative_to(ROOT)
+    copy = _copy(relative, tmp_path)
+    assert decode_block(tmp_path) == decode_block(ROOT)
+    assert "within 10 % of one another" in decode_block(ROOT)
+    frame = pd.read_csv(copy, dtype={"lengths": str})
+    row = (frame["impl"] == "gluon/decode") & (frame["batch"] == 8) & (frame["seqlen_k"] == 131072)
+    row &= frame["kv_heads"] == 32
+    frame.loc[row, "us"] *= 1.5
+    frame.to_csv(copy, index=False)
+    assert "within 51 % of one another" in decode_block(tmp_path)
+
+
+def test_context_parallel_block_regenerates_and_follows_its_csv(tmp_path: Path):
+    current = README.read_text()
+    assert regenerate(current, context_parallel_block(ROOT), CONTEXT_PARALLEL_BEGIN, CONTEXT_PARALLEL_END) == current
+    relative = sorted(ROOT.glob(CONTEXT_PARALLEL_GLOB))[0].relative_to(ROOT)
+    copy = _copy(relative, tmp_path)
+    committed = context_parallel_block(ROOT)
+    assert context_parallel_block(tmp_path) == committed
+    assert "use ring attention with `cute/hopper`" in committed and "at 7 of the 8" in committed
+    # gluon/hopper made the fastest everywhere: the pick follows, the cell shows the new figure.
+    frame = pd.read_csv(copy)
+    gluon = (frame["method"] == "ring") & (frame["impl"] == "gluon/hopper")
+    frame.loc[gluon, "tflops_per_gpu"] = 900.0
+    frame.to_csv(copy, index=False)
+    tampered = context_parallel_block(tmp_path)
+    assert "use ring attention with `gluon/hopper`" in tampered and "at 8 of the 8" in tampered
+    assert "| ring gluon/hopper | 900 (0.99) |" in tampered
+    # A row that failed its check leaves its cell and is named under the table.
+    frame.loc[gluon & (frame["tokens_per_gpu"] == 262144) & ~frame["causal"], "status"] = "wrong"
+    frame.to_csv(copy, index=False)
+    failed = context_parallel_block(tmp_path)
+    assert "| ring gluon/hopper | — |" in failed
+    assert "Not shown: ring gluon/hopper, full, 262144 tokens per GPU: wrong" in failed
+
+
+def test_backward_block_regenerates_and_follows_its_csv(tmp_path: Path):
+    current = README.read_text()
+    assert regenerate(current, backward_table(ROOT / BACKWARD_CSV, ROOT), BACKWARD_BEGIN, BACKWARD_END) == current
+    copy = _copy(BACKWARD_CSV, tmp_path)
+    committed = backward_table(ROOT / BACKWARD_CSV, ROOT)
+    assert backward_table(copy, tmp_path) == committed
+    assert "| P1 | 160 | 160 | 535 | 303 |" in committed
+    assert "runs at 0.30-0.49× its TFLOP/s" in committed
+    frame = pd.read_csv(copy)
+    frame.loc[frame["impl"] == "triton/tiled", "bwd_tflops"] *= 2
+    frame.loc[(frame["impl"] == "triton/hopper") & (frame["shape"] == "P1"), "status"] = "failed"
+    frame.to_csv(copy, index=False)
+    tampered = backward_table(copy, tmp_path)
+    assert "| P1 | 320 | failed | 535 | 303 |" in tampered
+    assert "runs at 0.60-0.98× its TFLOP/s" in tampered

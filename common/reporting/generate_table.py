@@ -1,13 +1,14 @@
 """The generate table of the README, from the committed ``bench/generate.py`` run.
 
-One compact table for the 8k prompt of ``results/h200/generate/results.csv``: a row per attention
-implementation in the sweep's order, a column per (batch, KV cache) case with the decode tokens/s and,
-in brackets, its ratio to ``sdpa``'s in the same case, and a last column with the prefill ms of the 8k
-prompt at batch 1 with a DynamicCache. A cell that did not run shows "—" and is named with its reason
-under the table; an implementation that ran in none of the cases gets no row, only that line. A reason
-is cut to its first clause (the flash row lists one per FlashAttention path it tried; ``report.md``
-beside the CSV has them in full). ``python -m common.reporting.readme_table`` writes it between the
-generate markers.
+It opens with the sentence that says which implementation to use: the one that decodes the most tokens
+per second in the most cases, and where another leads. Then one compact table for the 8k prompt of
+``results/h200/generate/results.csv``: a row per attention implementation in the sweep's order, a column
+per (batch, KV cache) case with the decode tokens/s and, in brackets, its ratio to ``sdpa``'s in the same
+case, and a last column with the prefill ms of the 8k prompt at batch 1 with a DynamicCache. A cell that
+did not run shows "—" and is named with its reason under the table; an implementation that ran in none of
+the cases gets no row, only that line. A reason is cut to its first clause (the flash row lists one per
+FlashAttention path it tried; ``report.md`` beside the CSV has them in full). ``python -m
+common.reporting.readme_table`` writes it between the generate markers.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ REFERENCE = "sdpa"
 PREFILL_CASE = (1, "dynamic")
 MISSING = "—"
 REASON_SEPARATOR = "; "
+VERSIONS = (("transformers", "transformers"), ("torch", "torch"), ("Triton", "triton"))
 
 Row = dict[str, Any]
 Case = tuple[int, str]
@@ -78,6 +80,42 @@ def _not_run(rows: dict[tuple[str, Case], Row], impls: list[str], cases: list[Ca
     return lines
 
 
+def generate_pick(rows: dict[tuple[str, Case], Row], impls: list[str], cases: list[Case], model: str) -> str:
+    """'Generate: ... `sdpa`: ... the most decode tokens per second in 3 of the 4 cases; ...'."""
+    winners = {}
+    for case in cases:
+        ran = [impl for impl in impls if _ran(rows.get((impl, case)), "tokens_per_s")]
+        if ran:
+            winners[case] = max(ran, key=lambda impl: rows[(impl, case)]["tokens_per_s"])
+    if not winners:
+        return "Generate: no implementation ran in the committed run."
+    ranked = list(winners.values())
+    top = max(dict.fromkeys(ranked), key=ranked.count)
+    text = (
+        f"Generate: for `generate()` on {model}, use `{top}`: with a prompt of {PROMPT // 1024}k tokens it decodes "
+        f"the most tokens per second in {ranked.count(top)} of the {len(cases)} cases"
+    )
+    for case, impl in winners.items():
+        reference = rows.get((REFERENCE, case))
+        if impl != top and _ran(reference, "tokens_per_s"):
+            ratio = rows[(impl, case)]["tokens_per_s"] / reference["tokens_per_s"]
+            text += f"; `{impl}` leads at {_case_label(case)} ({ratio:.2f}× `{REFERENCE}`)"
+        elif impl != top:
+            text += f"; `{impl}` leads at {_case_label(case)}"
+    return text + "."
+
+
+def _model(env: dict) -> str:
+    """'a 4-layer Llama (32 query / 8 KV heads, D=128, random bf16 weights)' from env.json's model record."""
+    model = env.get("model") or {}
+    if not model:
+        return "the committed run's model"
+    return (
+        f"a {model['layers']}-layer Llama ({model['heads']} query / {model['kv_heads']} KV heads, "
+        f"D={model['head_dim']}, random {str(env.get('dtype', '')).replace('bfloat16', 'bf16')} weights)"
+    )
+
+
 def generate_table(csv_path: Path, root: Path) -> str:
     """Markdown for the generate run at ``csv_path`` (its ``env.json`` beside it): caption, table, what did not run."""
     shown_path = csv_path.relative_to(root) if csv_path.is_relative_to(root) else csv_path
@@ -92,9 +130,14 @@ def generate_table(csv_path: Path, root: Path) -> str:
     shown = [impl for impl in impls if any(_ran(rows.get((impl, case)), "tokens_per_s") for case in cases)]
     new_tokens = int(at_prompt["new_tokens"].iloc[0])
     env_path = csv_path.parent / "env.json"
-    gpu = json.loads(env_path.read_text()).get("gpu") if env_path.exists() else None
+    env = json.loads(env_path.read_text()) if env_path.exists() else {}
+    gpu = env.get("gpu")
+    versions = ", ".join(f"{name} {env[key]}" for name, key in VERSIONS if env.get(key))
     lines = [
-        f"`generate()` on the {gpu or 'unknown GPU'}, prompt of {PROMPT // 1024}k tokens, {new_tokens} new tokens: "
+        generate_pick(rows, impls, cases, _model(env)),
+        "",
+        f"`generate()` on the {gpu or 'unknown GPU'} ({versions}), prompt of "
+        f"{PROMPT // 1024}k tokens, {new_tokens} new tokens: "
         f"decode tokens/s and, in brackets, the ratio to `{REFERENCE}`'s in the same case; the prompt's prefill "
         f"in ms (from `{shown_path}`).",
         "",
