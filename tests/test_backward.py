@@ -432,3 +432,47 @@ def test_bench_ladder_rows_past_the_budget_are_skipped(tiny_bench, tmp_path: Pat
     assert float(rows[1]["dq_vs_cudnn"]) < 1e-4
     assert tiny_bench.run_ladder(tmp_path, ["triton/tiled"], budget_s=0) == 0
     assert {row["status"] for row in read_rows(tmp_path / "results.csv")} == {"skipped"}
+
+
+# ----------------------------------------------------------------------------------------------
+# compare.py --backward on CPU: a tiny problem under the interpreter, judged against fp64
+# ----------------------------------------------------------------------------------------------
+COMPARE_ARGS = ["--backward", "--device", "cpu", "--seqlen", "40", "--causal", "true", "--kv-heads", "1",
+                "--only", "triton/naive", "--only", "triton/hopper", "--only", "sdpa/*"]  # fmt: skip
+
+
+def test_compare_backward_writes_rows_plots_and_report(tmp_path: Path) -> None:
+    import compare
+
+    assert compare.main([*COMPARE_ARGS, "--out", str(tmp_path)]) == 0
+    rows = {row["impl"]: row for row in read_rows(tmp_path / "backward.csv")}
+    assert rows["triton/hopper"]["backward"] == "triton/backward/tiled"
+    for impl in ("triton/naive", "triton/hopper", "sdpa/math"):
+        row = rows[impl]
+        assert row["status"] == "ok", row
+        assert row["kv_heads"] == "1" and float(row["bwd_ms"]) > 0 and float(row["fwd_bwd_ms"]) > 0
+        assert all(0 < float(row[f"{g}_err"]) <= float(row[f"{g}_bound"]) for g in ("dq", "dk", "dv"))
+    assert rows["sdpa/cudnn"]["status"] == "skipped" and "CUDA" in rows["sdpa/cudnn"]["reason"]
+    for name in ("env.json", "report.md", "bwd_latency.png", "dq_error.png", "dk_error.png", "dv_error.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    report = (tmp_path / "report.md").read_text()
+    assert "CPU run" in report and "| triton/hopper | triton/backward/tiled | ok |" in report
+
+
+def test_compare_backward_reports_a_wrong_gradient_and_exits_1(tmp_path: Path, monkeypatch) -> None:
+    """dK of the ladder rows halved after the backward: those rows are 'wrong' naming dk, SDPA's stay ok."""
+    import common.measure.backward as measure_backward
+    import compare
+
+    real = measure_backward.gradients_of
+
+    def dk_halved(entry, inputs):
+        (dq, dk, dv), backward, forward_backward = real(entry, inputs)
+        return ((dq, dk if entry.name.startswith("sdpa/") else dk / 2, dv), backward, forward_backward)
+
+    monkeypatch.setattr(measure_backward, "gradients_of", dk_halved)
+    assert compare.main([*COMPARE_ARGS, "--out", str(tmp_path)]) == 1
+    rows = {row["impl"]: row for row in read_rows(tmp_path / "backward.csv")}
+    assert rows["sdpa/math"]["status"] == "ok"
+    for impl in ("triton/naive", "triton/hopper"):
+        assert rows[impl]["status"] == "wrong" and rows[impl]["reason"].startswith("dk"), rows[impl]

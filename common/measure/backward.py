@@ -139,3 +139,90 @@ def relative_distance(mine: torch.Tensor, theirs: torch.Tensor) -> float:
     """‖mine − theirs‖ / ‖theirs‖ in fp32 (NaN anywhere gives NaN)."""
     mine, theirs = mine.float(), theirs.float()
     return ((mine - theirs).norm() / theirs.norm()).item()
+
+
+# ----------------------------------------------------------------------------------------------
+# The sweep's rows (compare.py --backward): every implementation with a backward, judged against fp64
+# ----------------------------------------------------------------------------------------------
+COLUMNS = (
+    "impl", "backward", "stack", "rung", "status", "batch", "heads", "kv_heads", "seqlen_q", "seqlen_k",
+    "head_dim", "dtype", "causal", "bwd_ms", "fwd_bwd_ms", "bwd_tflops", "fwd_bwd_tflops",
+    "dq_err", "dk_err", "dv_err", "dq_bound", "dk_bound", "dv_bound", "reason",
+)  # fmt: skip
+
+
+def differentiable(implementation) -> bool:
+    """Whether the sweep can differentiate ``implementation``: a rung with a backward, an SDPA backend
+    or FA4 (FlashInfer's kernels are forward-only)."""
+    return implementation.backward is not None or implementation.stack == "sdpa" or implementation.name == FA4_NAME
+
+
+def capability(implementation, problem: Problem, device: torch.device) -> tuple[bool, str]:
+    """The forward's capability check, then the backward rung's (a ladder rung's)."""
+    ok, reason = implementation.supports(problem, device)
+    if ok and implementation.backward is not None:
+        ok, reason = implementation.backward.check(problem, device)
+    return ok, reason
+
+
+def reference_gradients_by_head(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d_out: torch.Tensor,
+                                problem: Problem) -> Gradients:  # fmt: skip
+    """float64 (dq, dk, dv) through the fp64 reference, one (batch, KV head) at a time, so that the
+    scores of only one KV head's query heads are ever in memory (P1: 4 GiB instead of 128)."""
+    from common.contract.gradients import reference_gradients
+
+    group = problem.kv_group
+    grads = [torch.empty(t.shape, dtype=torch.float64, device=t.device) for t in (q, k, v)]
+    part = problem.with_(batch=1, heads=group, kv_heads=1)
+    for b in range(problem.batch):
+        for kv_head in range(problem.kv_heads):
+            heads = slice(kv_head * group, (kv_head + 1) * group)
+            kv = slice(kv_head, kv_head + 1)
+            dq, dk, dv = reference_gradients(
+                q[b : b + 1, heads], k[b : b + 1, kv], v[b : b + 1, kv], d_out[b : b + 1, heads], part
+            )
+            grads[0][b : b + 1, heads], grads[1][b : b + 1, kv], grads[2][b : b + 1, kv] = dq, dk, dv
+    return grads[0], grads[1], grads[2]
+
+
+def shape_columns(problem: Problem) -> dict:
+    return {
+        "batch": problem.batch, "heads": problem.heads, "kv_heads": problem.kv_heads, "seqlen_q": problem.seqlen_q,
+        "seqlen_k": problem.seqlen_k, "head_dim": problem.head_dim, "dtype": str(problem.dtype).removeprefix("torch."),
+        "causal": problem.causal,
+    }  # fmt: skip
+
+
+def backward_row(
+    implementation,
+    problem: Problem,
+    inputs: tuple[torch.Tensor, ...],
+    judged_against: tuple[Gradients, Gradients],
+    timer: Timer,
+) -> dict:
+    """One row: skipped (with the capability check's reason), failed (with the error), or the gradients
+    judged per gradient against fp64 by the yardstick rule (``wrong`` if one fails) and both timings.
+    ``judged_against`` = (the fp64 reference's gradients, SDPA's in the problem's dtype)."""
+    from common.contract.gradients import judge_gradients
+
+    # A ladder rung names its backward rung (several forwards share one); a baseline is its own.
+    backward = implementation.backward.name if implementation.backward is not None else implementation.name
+    row = {"impl": implementation.name, "backward": backward, "stack": implementation.stack,
+           "rung": implementation.rung, **shape_columns(problem), "status": "ok", "reason": ""}  # fmt: skip
+    ok, reason = capability(implementation, problem, inputs[0].device)
+    if not ok:
+        return row | {"status": "skipped", "reason": reason}
+    try:
+        grads, backward, forward_backward = gradients_of(contender(implementation.name, problem), inputs)
+        checks = judge_gradients(grads, *judged_against, rule=implementation.error_rule)
+        timing = time_backward(problem, backward, forward_backward, timer)
+    except Exception as error:  # noqa: BLE001 - a failed row is recorded and the sweep goes on
+        return row | {"status": "failed", "reason": f"{type(error).__name__}: {error}"[:400]}
+    for check in checks:
+        row[f"{check.name}_err"] = check.error.rel_l2_err
+        row[f"{check.name}_bound"] = implementation.error_rule.rel_l2_limit(check.sdpa_error.rel_l2_err)
+    wrong = [f"{check.name} {check.reason}" for check in checks if not check.ok]
+    if wrong:
+        row |= {"status": "wrong", "reason": "; ".join(wrong)}
+    return row | {"bwd_ms": timing.bwd_ms, "fwd_bwd_ms": timing.fwd_bwd_ms, "bwd_tflops": timing.bwd_tflops,
+                  "fwd_bwd_tflops": timing.fwd_bwd_tflops}  # fmt: skip
