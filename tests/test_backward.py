@@ -476,3 +476,62 @@ def test_compare_backward_reports_a_wrong_gradient_and_exits_1(tmp_path: Path, m
     assert rows["sdpa/math"]["status"] == "ok"
     for impl in ("triton/naive", "triton/hopper"):
         assert rows[impl]["status"] == "wrong" and rows[impl]["reason"].startswith("dk"), rows[impl]
+
+
+# ----------------------------------------------------------------------------------------------
+# bench/train.py: the data, the verdict, and a tiny training run on CPU (fp32, interpreter)
+# ----------------------------------------------------------------------------------------------
+TINY_RECIPE = {"layers": 1, "hidden": 128, "heads": 2, "kv_heads": 1, "intermediate": 256, "vocab": 64,
+               "seqlen": 64, "batch": 2, "steps": 3, "warmup": 2, "min_period": 4, "max_period": 8}  # fmt: skip
+# fp32 on CPU: the ladder's losses and SDPA's agree to rounding; a planted gradient bug moves them more.
+TRAIN_RTOL = 1e-5
+
+
+def test_train_data_is_deterministic_and_periodic() -> None:
+    from bench.train import Recipe, batch_of
+
+    recipe = Recipe(**TINY_RECIPE)
+    tokens = batch_of(recipe, step=5, seed=0, device="cpu")
+    assert torch.equal(tokens, batch_of(recipe, step=5, seed=0, device="cpu"))
+    assert not torch.equal(tokens, batch_of(recipe, step=6, seed=0, device="cpu"))
+    for row in tokens:
+        period = next(p for p in range(recipe.min_period, recipe.max_period + 1) if torch.equal(row[p:], row[:-p]))
+        assert recipe.min_period <= period <= recipe.max_period
+
+
+def test_train_verdict_uses_the_larger_of_seed_spread_and_one_percent() -> None:
+    from bench.train import verdict
+
+    assert verdict(1.009, 1.0, 1.001)["passed"] and not verdict(1.011, 1.0, 1.001)["passed"]
+    assert verdict(1.04, 1.0, 1.05)["passed"] and not verdict(1.06, 1.0, 1.05)["passed"]
+
+
+def test_train_without_a_gpu_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.train import main
+
+    assert main(["--out", "/nonexistent"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("planted", [False, True], ids=["as_is", "dk_sign_flipped"])
+def test_train_ladder_losses_follow_sdpa(planted: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three steps of the same model, init and data: the ladder's losses equal SDPA's to fp32 rounding,
+    and dK with the wrong sign makes them differ (so the comparison can fail; a dK off by a constant
+    factor would not: AdamW normalises each parameter's gradient scale away)."""
+    from bench.train import LADDER, SDPA, Recipe, train
+    from common.contract.autograd import AttentionFunction
+
+    recipe = Recipe(**TINY_RECIPE)
+    sdpa_losses = train(recipe, SDPA, 0, "cpu")
+    if planted:
+        real = AttentionFunction.backward
+
+        def dk_sign_flipped(ctx, d_out, d_lse=None):
+            dq, dk, *rest = real(ctx, d_out, d_lse)
+            return (dq, -dk, *rest)
+
+        monkeypatch.setattr(AttentionFunction, "backward", staticmethod(dk_sign_flipped))
+    ladder_losses = train(recipe, LADDER, 0, "cpu")
+    assert ladder_losses[0] == pytest.approx(sdpa_losses[0], rel=TRAIN_RTOL)
+    same = ladder_losses == pytest.approx(sdpa_losses, rel=TRAIN_RTOL)
+    assert same != planted, (ladder_losses, sdpa_losses)
