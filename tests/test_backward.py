@@ -535,3 +535,26 @@ def test_train_ladder_losses_follow_sdpa(planted: bool, monkeypatch: pytest.Monk
     assert ladder_losses[0] == pytest.approx(sdpa_losses[0], rel=TRAIN_RTOL)
     same = ladder_losses == pytest.approx(sdpa_losses, rel=TRAIN_RTOL)
     assert same != planted, (ladder_losses, sdpa_losses)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("head_dim", "config"),
+    [(head_dim, config) for head_dim, configs in tiled_backward.CANDIDATES.items() for config in configs],
+    ids=lambda value: f"d{value}" if isinstance(value, int) else value.label.replace(" ", "_"),
+)
+def test_gpu_every_tiled_candidate_passes_the_rule(head_dim: int, config: tiled_backward.BackwardConfig) -> None:
+    """Each variant the candidates bench may make the default, bf16 on the GPU, GQA, causal bottom-right,
+    ragged lengths over several blocks, against fp64 by the same rule."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    prob = problem(300, 1000, heads=8, kv_heads=2, head_dim=head_dim, causal=True, alignment="bottom_right")
+    prob = prob.with_(dtype=torch.bfloat16)
+    q, k, v = make_inputs(prob, seed=12, device="cuda", offset=0.5)
+    d_out = torch.randn(q.shape, generator=torch.Generator(device="cuda").manual_seed(4), device="cuda").bfloat16()
+    with torch.no_grad():
+        out, lse = attention(
+            q, k, v, causal=True, causal_alignment="bottom_right", impl="triton/tiled", return_lse=True
+        )
+    grads = tiled_backward.tiled_gradients(q, k, v, out, lse, d_out, prob, config=config)
+    assert_all_pass(grads, q, k, v, d_out, prob)
