@@ -84,8 +84,6 @@ from triton_impl.backward._host import backward_supported, compile_launches, run
 LOG2_E = tl.constexpr(math.log2(math.e))
 # Rows per program of the preprocess and of the dQ conversion.
 ROWS_BLOCK_M = 64
-# TMA needs the base and every stride but the last to be multiples of 16 bytes.
-TMA_ALIGNMENT = 16
 # TMA copies exist from sm_90 (Hopper) on.
 TMA_MIN_MAJOR = 9
 DQ_STRATEGIES = ("atomic", "separate")
@@ -419,10 +417,9 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int]:
 
 def _tma_operand(t: torch.Tensor, rows: int) -> TensorDescriptor:
     """A 4-D TMA descriptor over (B, H, S, D), one (batch, head) box of ``rows`` × D per copy, so every
-    (batch, head) keeps its own bounds; a tensor TMA cannot address (a base or a stride not a multiple
-    of 16 bytes) is copied contiguous first."""
-    aligned = t.stride(-1) == 1 and all(stride * t.element_size() % TMA_ALIGNMENT == 0 for stride in t.stride()[:-1])
-    if not aligned or t.data_ptr() % TMA_ALIGNMENT:
+    (batch, head) keeps its own bounds. ``kernel_operand`` has aligned the base and the strides to 16
+    bytes; a broadcast dim (stride 0, as autograd's dO of a sum can be) is materialised for TMA."""
+    if any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape, strict=True)):
         t = t.contiguous()
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]])
 
