@@ -8,6 +8,7 @@ family; write CSV, plots and a report.
     python compare.py --device cpu                  # no GPU: Triton under the interpreter + SDPA math
     python compare.py --decode                      # decode sweep: one token against a KV cache (GPU)
     python compare.py --decode --all-rungs          # ... with the teaching rungs too (naive to pipelined)
+    python compare.py --backward                    # forward + backward of every implementation with a backward
     python compare.py --decode --decode-batch 1,8 --decode-seqlen 4096,32768 --only 'triton/decode'
     python compare.py --gpus 4 --seqlen 1024,4096,8192,16384   # the sweep spread over 4 GPUs, one worker each
     python compare.py --generate --quick            # a Llama's generate() per attention implementation
@@ -231,6 +232,13 @@ def build_parser() -> argparse.ArgumentParser:
         "rung's lowest share of the read bandwidth",
     )
     decode.add_argument("--decode-seed", type=int, default=0, help="seed of --decode-random's shapes (default 0)")
+    backward = parser.add_argument_group(
+        "backward workload (--backward)",
+        "forward + backward and backward alone of every implementation with a backward (ladder rungs, SDPA "
+        "backends, FA4) on the prefill problems (--seqlen, --head-dim, --causal, --kv-heads, ...), each "
+        "gradient judged against fp64; writes backward.csv, env.json, plots and report.md",
+    )
+    backward.add_argument("--backward", action="store_true", help="run the backward sweep instead of the forward one")
     return parser
 
 
@@ -868,6 +876,95 @@ def run_decode(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
+# --backward: the backward pass of every implementation that has one (common/measure/backward.py)
+# ----------------------------------------------------------------------------------------------
+BACKWARD_SEED, BACKWARD_D_OUT_SEED = 0, 7
+
+
+def backward_inputs(problem, device: str) -> tuple:
+    """q, k, v as the forward sweep makes them and a seeded standard-normal dO."""
+    import torch
+
+    from common.contract.inputs import make_inputs
+
+    q, k, v = make_inputs(problem, seed=BACKWARD_SEED, device=device)
+    generator = torch.Generator(device=device).manual_seed(BACKWARD_D_OUT_SEED)
+    d_out = torch.randn(q.shape, generator=generator, device=device, dtype=torch.float32).to(problem.dtype)
+    return q, k, v, d_out
+
+
+def backward_timer(device: str):
+    """Milliseconds of one call: device-event medians on a GPU, one wall-clock run under the interpreter."""
+    from common.measure.timing import time_cuda, time_host
+
+    if device == "cuda":
+        return lambda fn: time_cuda(fn).ms
+    return lambda fn: time_host(fn, warmup=0, rep=1).ms
+
+
+def run_backward(args: argparse.Namespace) -> int:
+    """Every selected implementation with a backward on every problem: gradients judged against fp64
+    (2 × SDPA's error per gradient), backward and forward + backward timed, rows to backward.csv as they
+    finish; then plots and report.md."""
+    import csv
+
+    import pandas as pd
+    import torch
+
+    from common.contract.gradients import sdpa_gradients
+    from common.contract.registry import discover
+    from common.measure.backward import COLUMNS, backward_row, differentiable, reference_gradients_by_head
+    from common.measure.environment import manifest
+    from common.reporting.backward_report import write_backward_report
+
+    device_name, teaching = resolve_device(args.device)
+    problems, note = plan_problems(args, device_name, teaching)
+    available, _ = discover()
+    chosen = ladder_sorted(select(available, args.only, args.skip))
+    implementations = [impl for impl in chosen if differentiable(impl)]
+    forward_only = [impl.name for impl in chosen if not differentiable(impl)]
+    out_dir = args.out or Path("runs") / f"{dt.datetime.now():%Y%m%d-%H%M%S}-backward"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = manifest(torch.device(device_name))
+    if note:
+        env["size_note"] = note
+        print(f"compare.py: {note}", file=sys.stderr)
+    _record_left_out(env, f"forward-only: {', '.join(forward_only)}" if forward_only else "")
+    (out_dir / "env.json").write_text(json.dumps(env, indent=2))
+    timer, records = backward_timer(device_name), []
+    with (out_dir / "backward.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, COLUMNS)
+        writer.writeheader()
+        for problem in problems:
+            inputs = backward_inputs(problem, device_name)
+            judged_against = (reference_gradients_by_head(*inputs, problem), sdpa_gradients(*inputs, problem))
+            for impl in implementations:
+                record = backward_row(impl, problem, inputs, judged_against, timer)
+                records.append(record)
+                writer.writerow(record)
+                handle.flush()
+                ms, tflops = (
+                    _number(record.get(key, math.nan), spec)
+                    for key, spec in (("bwd_ms", "9.3f"), ("bwd_tflops", "6.1f"))
+                )
+                status = f"{record['status']:8s} {ms} ms {tflops} TFLOP/s"
+                print(f"{impl.name:22s} {problem.describe():56s} {status} {record['reason']}")
+            del inputs, judged_against
+            if device_name == "cuda":
+                torch.cuda.empty_cache()
+    written = write_backward_report(
+        pd.DataFrame.from_records(records, columns=COLUMNS), env, out_dir, device_name == "cpu"
+    )
+    print(f"wrote {out_dir}/backward.csv, env.json, {', '.join(path.name for path in written)}")
+    from common.measure.results import BAD_STATUSES
+
+    bad = sorted({f"{r['impl']} ({r['status']})" for r in records if r["status"] in BAD_STATUSES})
+    if bad:
+        print(f"compare.py: did not pass: {', '.join(bad)}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+# ----------------------------------------------------------------------------------------------
 # --gpus N: the sweep spread over N GPUs of this host (common/measure/multi_gpu.py)
 # ----------------------------------------------------------------------------------------------
 def run_multi_gpu(args: argparse.Namespace, argv: list[str]) -> int:
@@ -930,6 +1027,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return list_implementations(args)
         if args.decode:
             return run_decode(args)
+        if args.backward:
+            return run_backward(args)
         if args.gpus:
             return run_multi_gpu(args, argv)
         device_name, teaching = resolve_device(args.device)

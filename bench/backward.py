@@ -1,16 +1,27 @@
-"""The backward pass timed at issue #40's anchor shapes: each forward rung that has a backward (through
-``common.attention``'s autograd) against SDPA's cuDNN and flash backends, bf16, on one GPU.
+"""The backward pass timed on one GPU at issue #40's anchor shapes (bf16), in two modes:
 
-    python -m bench.backward --out results/h200/backward
+    python -m bench.backward --out $OUT/backward                  # ladder rows against cuDNN, flash, FA4
+    python -m bench.backward --candidates --out $OUT/candidates   # the tiled rung's variants, to pick one
 
-Per (shape, implementation): the forward once with inputs that require grad (compile and plan outside
-the timing), then ``torch.autograd.grad`` of O with a fixed dO timed alone (device events, L2 flushed,
-median; ``retain_graph`` so the same graph is replayed) and forward + backward timed together. TFLOP/s of
-the backward = 2.5 × the forward's FLOPs (4·B·H·Sq·Sk·D, halved when causal) / time, as the issue counts
-them. Correctness is the GPU tests' business (``tests/test_backward.py``, fp64 reference, yardstick
-rule); each row here also reports the relative L2 distance of its dQ, dK, dV from cuDNN's on the same
-inputs, so that a wrong row stands out. A row that fails is written with its reason. Writes results.csv
-under ``--out``; without a GPU it says so in one line and exits 2.
+Default mode: per (shape, implementation) -- each forward rung that has a backward (through
+``common.attention``'s autograd), SDPA's cuDNN and flash backends and FlashAttention-4's backward
+(``fa4/sm90``, where ``flash_attn.cute`` imports) -- the forward once with inputs that require grad, then
+``torch.autograd.grad`` of O with a fixed dO timed alone and forward + backward timed together
+(``common.measure.backward``; device events, L2 flushed, median). Writes results.csv.
+
+``--candidates``: per shape, O and the LSE from one untimed forward (``triton/hopper``), then every
+variant of ``triton_impl/backward/tiled.py``'s ``CANDIDATES`` for the head dim (tiles × warps × stages,
+TMA or pointer loads, dQ by atomics or by a separate pass) called directly: its gradients are checked
+first (relative L2 distance of dQ, dK and dV from cuDNN's on the same inputs, at most
+:data:`CHECK_BOUND`; a variant that fails is reported ``wrong`` and not timed), then its backward is
+timed alone, beside cuDNN's, flash's and FA4's backward timed alike. Writes candidates.csv and prints a
+table per shape with TFLOP/s and the ratios to cuDNN and FA4; the fastest correct variant per head dim
+is the one to make the default.
+
+TFLOP/s of the backward = 2.5 × the forward's FLOPs (4·D per unmasked score) / time, as issue #40
+counts them. Rows after ``--budget-s`` seconds are written ``skipped`` (the whole run stays within one
+GPU call). Correctness against fp64 is the GPU tests' business (``tests/test_backward.py``); the
+distances here make a wrong row stand out. Without a GPU it says so in one line and exits 2.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -29,95 +41,230 @@ SHAPES = (
     ("D64 B4 H32", 4, 32, 8192, 64, False),
     ("B8 S2048 causal", 8, 16, 2048, 128, True),
 )
-IMPLS = ("triton/tiled", "triton/hopper", "sdpa/cudnn", "sdpa/flash")
-COLUMNS = ("shape", "impl", "status", "bwd_ms", "fwd_bwd_ms", "bwd_tflops", "dq_vs_cudnn", "dk_vs_cudnn",
-           "dv_vs_cudnn", "reason")  # fmt: skip
+REFERENCE = "sdpa/cudnn"
+FA4 = "fa4/sm90"
+BASELINES = (REFERENCE, "sdpa/flash", FA4)
+IMPLS = ("triton/tiled", "triton/hopper", *BASELINES)
+# The forward whose O and LSE the candidates differentiate.
+CANDIDATE_FORWARD = "triton/hopper"
+# A variant's gradients may be at most this far from cuDNN's (relative L2, per gradient). bf16 puts
+# cuDNN, flash and the tiled rung 3e-3 apart on dQ and dK (results/h200/backward); a lost scale or key
+# block is off by 1e-1 or more.
+CHECK_BOUND = 1e-2
+DEFAULT_BUDGET_S = 150.0
+# Where and in what dtype the shapes run (the CPU test swaps in the interpreter's fp32 and a tiny shape).
+DEVICE, DTYPE_NAME = "cuda", "bfloat16"
+COLUMNS = ("shape", "impl", "variant", "status", "bwd_ms", "fwd_bwd_ms", "bwd_tflops", "vs_cudnn", "vs_fa4",
+           "dq_vs_cudnn", "dk_vs_cudnn", "dv_vs_cudnn", "reason")  # fmt: skip
 
 
-def forward_of(impl: str, causal: bool) -> Callable:
-    """q, k, v -> O by ``impl``: a ladder rung through ``common.attention`` or SDPA with one backend."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from common.contract.api import attention
-
-    if not impl.startswith("sdpa/"):
-        return lambda q, k, v: attention(q, k, v, causal=causal, impl=impl)
-    backend = {"sdpa/cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa/flash": SDPBackend.FLASH_ATTENTION}[impl]
-
-    def call(q, k, v):
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-    return call
-
-
-def measure_row(shape: tuple, impl: str, inputs: tuple, reference: tuple | None) -> tuple[dict, tuple]:
-    """The row's numbers and its (dq, dk, dv); distances from ``reference`` (cuDNN's) when given."""
+def problem_of(shape: tuple):
     import torch
 
-    from common.measure.timing import time_cuda
+    from common.contract.problem import Problem
 
     _name, batch, heads, seqlen, head_dim, causal = shape
-    q, k, v, d_out = inputs
-    forward = forward_of(impl, causal)
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = forward(*leaves)
-    grads = torch.autograd.grad(out, leaves, d_out, retain_graph=True)
-    bwd = time_cuda(lambda: torch.autograd.grad(out, leaves, d_out, retain_graph=True))
-    both = time_cuda(lambda: torch.autograd.grad(forward(*leaves), leaves, d_out))
-    flops = 4 * batch * heads * seqlen * seqlen * head_dim // (2 if causal else 1)
-    row = {"bwd_ms": bwd.ms, "fwd_bwd_ms": both.ms, "bwd_tflops": 2.5 * flops / bwd.ms / 1e9}
-    if reference is not None:
-        for label, mine, theirs in zip(("dq", "dk", "dv"), grads, reference, strict=True):
-            row[f"{label}_vs_cudnn"] = ((mine.float() - theirs.float()).norm() / theirs.float().norm()).item()
-    return row, grads
+    return Problem(batch, heads, seqlen, seqlen, head_dim, getattr(torch, DTYPE_NAME), causal=causal)
 
 
-def run(out_dir: Path, impls: Sequence[str]) -> int:
+def shape_inputs(shape: tuple) -> tuple:
+    """q, k, v and dO of one anchor shape, standard normal, seeded."""
     import torch
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    failed = 0
-    with (out_dir / "results.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, COLUMNS)
-        writer.writeheader()
-        for shape in SHAPES:
-            name, batch, heads, seqlen, head_dim, _causal = shape
-            generator = torch.Generator(device="cuda").manual_seed(0)
-            q, k, v, d_out = (
-                torch.randn(batch, heads, seqlen, head_dim, generator=generator, device="cuda", dtype=torch.bfloat16)
-                for _ in range(4)
-            )
-            reference = None
-            for impl in ("sdpa/cudnn", *[i for i in impls if i != "sdpa/cudnn"]):
-                record = {"shape": name, "impl": impl, "status": "ok", "reason": ""}
-                try:
-                    numbers, grads = measure_row(shape, impl, (q, k, v, d_out), reference)
-                    record |= numbers
-                    if impl == "sdpa/cudnn":
-                        reference = grads
-                except Exception as error:  # noqa: BLE001 - a failed row is recorded and the sweep goes on
-                    record |= {"status": "failed", "reason": f"{type(error).__name__}: {error}"[:300]}
-                    failed += 1
-                writer.writerow(record)
-                handle.flush()
-                print(" | ".join(str(record.get(column, "")) for column in COLUMNS), flush=True)
-                torch.cuda.empty_cache()
-    return 1 if failed else 0
+    _name, batch, heads, seqlen, head_dim, _causal = shape
+    generator = torch.Generator(device=DEVICE).manual_seed(0)
+    dtype = getattr(torch, DTYPE_NAME)
+    return tuple(
+        torch.randn(batch, heads, seqlen, head_dim, generator=generator, device=DEVICE, dtype=dtype) for _ in range(4)
+    )
+
+
+def _timer(fn: Callable[[], object]) -> float:
+    from common.measure.timing import time_cuda, time_host
+
+    return time_cuda(fn).ms if DEVICE == "cuda" else time_host(fn, warmup=0, rep=1).ms
+
+
+def distances(grads: tuple, reference: tuple | None) -> dict[str, float]:
+    from common.measure.backward import relative_distance
+
+    if reference is None:
+        return {}
+    labels = ("dq_vs_cudnn", "dk_vs_cudnn", "dv_vs_cudnn")
+    return {
+        label: relative_distance(mine, theirs) for label, mine, theirs in zip(labels, grads, reference, strict=True)
+    }
+
+
+class Table:
+    """Rows to a CSV (flushed as they come) and to the console, with the budget's clock."""
+
+    def __init__(self, path: Path, budget_s: float):
+        self.handle = path.open("w", newline="")
+        self.writer = csv.DictWriter(self.handle, COLUMNS)
+        self.writer.writeheader()
+        self.deadline = time.monotonic() + budget_s
+        self.failed = 0
+        # (shape, baseline) -> backward TFLOP/s, for the ratios of the rows that follow.
+        self.baselines: dict[tuple[str, str], float] = {}
+
+    def over_budget(self) -> bool:
+        return time.monotonic() > self.deadline
+
+    def write(self, record: dict) -> None:
+        """Write ``record`` with its ratios to the baselines of its shape measured before it."""
+        if record["status"] not in ("ok", "skipped"):
+            self.failed += 1
+        if record["status"] == "ok":
+            self.baselines.setdefault((record["shape"], record["impl"]), record["bwd_tflops"])
+            for column, baseline in (("vs_cudnn", REFERENCE), ("vs_fa4", FA4)):
+                if (record["shape"], baseline) in self.baselines:
+                    record[column] = record["bwd_tflops"] / self.baselines[record["shape"], baseline]
+        self.writer.writerow(record)
+        self.handle.flush()
+        shown = {key: f"{value:.4g}" if isinstance(value, float) else value for key, value in record.items()}
+        print(" | ".join(str(shown.get(column, "")) for column in COLUMNS), flush=True)
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def measure(table: Table, base: dict, run: Callable[[], dict]) -> dict:
+    """One row: ``run()``'s numbers, or ``skipped`` past the budget, or ``failed`` with the error."""
+    import torch
+
+    record = {**base, "status": "ok", "reason": ""}
+    if table.over_budget():
+        record |= {"status": "skipped", "reason": "past --budget-s"}
+    else:
+        try:
+            record |= run()
+        except Exception as error:  # noqa: BLE001 - a failed row is recorded and the sweep goes on
+            record |= {"status": "failed", "reason": f"{type(error).__name__}: {error}"[:300]}
+    table.write(record)
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return record
+
+
+def autograd_row(shape: tuple, impl: str, inputs: tuple, reference: tuple | None, keep: dict) -> Callable[[], dict]:
+    """The numbers of one implementation through autograd; its gradients go to ``keep[impl]``."""
+
+    def run() -> dict:
+        from common.measure.backward import contender, gradients_of, time_backward
+
+        problem = problem_of(shape)
+        grads, backward, forward_backward = gradients_of(contender(impl, problem), inputs)
+        keep[impl] = grads
+        timing = time_backward(problem, backward, forward_backward, _timer)
+        numbers = {"bwd_ms": timing.bwd_ms, "fwd_bwd_ms": timing.fwd_bwd_ms, "bwd_tflops": timing.bwd_tflops}
+        return numbers | distances(grads, reference)
+
+    return run
+
+
+def baselines_first(impls: Sequence[str]) -> list[str]:
+    """cuDNN (always: the distances are to its gradients), the other baselines asked for, then the rest,
+    so that every row comes after the baselines it is divided by."""
+    others = [impl for impl in impls if impl not in BASELINES]
+    return [REFERENCE, *[impl for impl in BASELINES[1:] if impl in impls], *others]
+
+
+def run_ladder(out_dir: Path, impls: Sequence[str], budget_s: float) -> int:
+    table = Table(out_dir / "results.csv", budget_s)
+    for shape in SHAPES:
+        inputs, grads = shape_inputs(shape), {}
+        for impl in baselines_first(impls):
+            base = {"shape": shape[0], "impl": impl, "variant": ""}
+            measure(table, base, autograd_row(shape, impl, inputs, grads.get(REFERENCE), grads))
+    table.close()
+    return 1 if table.failed else 0
+
+
+def candidate_row(shape: tuple, config, inputs: tuple, saved: tuple, reference: tuple) -> Callable[[], dict]:
+    """A variant of the tiled rung: checked against cuDNN's gradients, then its backward timed alone."""
+
+    def run() -> dict:
+        from common.measure.backward import backward_flops
+        from triton_impl.backward.tiled import tiled_gradients
+
+        problem = problem_of(shape)
+        q, k, v, d_out = inputs
+        out, lse = saved
+
+        def backward() -> tuple:
+            return tiled_gradients(q, k, v, out, lse, d_out, problem, config=config)
+
+        found = distances(backward(), reference)
+        far = {label: value for label, value in found.items() if not value <= CHECK_BOUND}
+        if far:
+            return found | {"status": "wrong", "reason": f"farther than {CHECK_BOUND} from cuDNN: {far}"}
+        ms = _timer(backward)
+        return found | {"bwd_ms": ms, "bwd_tflops": backward_flops(problem) / ms / 1e9}
+
+    return run
+
+
+def run_candidates(out_dir: Path, budget_s: float) -> int:
+    import torch
+
+    from common.contract.api import attention
+    from triton_impl.backward.tiled import CANDIDATES
+
+    table = Table(out_dir / "candidates.csv", budget_s)
+    summary = []
+    for shape in SHAPES:
+        inputs, grads, records = shape_inputs(shape), {}, []
+        for impl in BASELINES:
+            base = {"shape": shape[0], "impl": impl, "variant": ""}
+            records.append(measure(table, base, autograd_row(shape, impl, inputs, grads.get(REFERENCE), grads)))
+        if REFERENCE not in grads:
+            print(f"{shape[0]}: no cuDNN gradients to check the candidates against; shape left out", flush=True)
+            continue
+        with torch.no_grad():
+            saved = attention(*inputs[:3], causal=shape[5], impl=CANDIDATE_FORWARD, return_lse=True)
+        for config in CANDIDATES[shape[4]]:
+            base = {"shape": shape[0], "impl": "triton/backward/tiled", "variant": config.label}
+            records.append(measure(table, base, candidate_row(shape, config, inputs, saved, grads[REFERENCE])))
+        summary += records
+    table.close()
+    print_summary(summary)
+    return 1 if table.failed else 0
+
+
+def print_summary(records: list[dict]) -> None:
+    """Per shape: every row's backward TFLOP/s and its ratio to cuDNN and FA4, fastest first."""
+    for shape in dict.fromkeys(record["shape"] for record in records):
+        rows = [record for record in records if record["shape"] == shape]
+        rows.sort(key=lambda record: -(record.get("bwd_tflops") or 0.0))
+        print(f"\n{shape}: backward TFLOP/s (x cuDNN, x FA4)")
+        for record in rows:
+            name = record["variant"] or record["impl"]
+            if record["status"] != "ok":
+                print(f"  {name:58s} {record['status']}: {record['reason'][:80]}")
+                continue
+            ratios = " ".join(f"{record[key]:.2f}x" if record.get(key) else "-" for key in ("vs_cudnn", "vs_fa4"))
+            print(f"  {name:58s} {record['bwd_tflops']:7.1f}  {ratios}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.backward", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/backward"), help="output folder")
     parser.add_argument("--impl", action="append", help=f"implementations (repeatable; default {', '.join(IMPLS)})")
+    parser.add_argument("--candidates", action="store_true", help="time the tiled rung's variants instead")
+    parser.add_argument(
+        "--budget-s", type=float, default=DEFAULT_BUDGET_S, help="rows after this many seconds are skipped"
+    )
     args = parser.parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
         print("bench.backward: needs a CUDA GPU (the anchors are H200 shapes); none found", file=sys.stderr)
         return EXIT_MISSING
-    return run(args.out, args.impl or IMPLS)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.candidates:
+        return run_candidates(args.out, args.budget_s)
+    return run_ladder(args.out, args.impl or IMPLS, args.budget_s)
 
 
 if __name__ == "__main__":
