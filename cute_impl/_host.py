@@ -3,12 +3,13 @@ validating ``prepare``, fake operands for CPU compiles, and the launch setup of 
 rungs (tiled, pipelined, decode).
 
 None of this is kernel code. It turns torch tensors into CuTe tensors with dynamic shape and
-strides, so one compilation serves every shape; builds the matching fake tensors for compiling on a
-machine without a GPU; and compiles once per key, returning a ``run()`` that only launches.
+strides, so one compilation serves every shape; builds the matching fake tensors; and compiles each
+kernel configuration once, from those fakes (:class:`CompiledKernels`), so that a GPU launch and a CPU
+compile for the static analysis trace the same function with the same argument types.
 """
 
-from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Hashable, Sequence
+from typing import Any, Generic, TypeVar
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -23,10 +24,13 @@ from common.contract.problem import Problem
 from common.contract.registry import Runner, per_call_inputs, warmed_up
 from common.contract.validation import (
     OPERAND_ALIGNMENT_BYTES,
+    kernel_operand,
     require_cache_seqlens_as_stated,
     validate_attention_inputs,
 )
 from common.toolchain.compile import KernelBinary, compile_cute_sm90
+
+Config = TypeVar("Config", bound=Hashable)
 
 CUTE_DTYPES = {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}
 # mma.sync with bf16 operands and cp.async are sm_80 features (Hopper runs them too).
@@ -57,21 +61,6 @@ def fake_bhsd_tensor(dtype: type[cutlass.Numeric]) -> Any:
     )
 
 
-def fake_operands(problem: Problem) -> list[Any]:
-    """Fake q, k, v, o with dynamic B, H, S and strides, for compiling without a GPU (K and V with
-    their own head count under GQA)."""
-    dtype = CUTE_DTYPES[problem.dtype]
-    batch, heads = cute.sym_int(), cute.sym_int()
-    kv_heads = cute.sym_int() if problem.kv_heads != problem.heads else heads
-    fakes = []
-    for seqlen, seq_heads in ((cute.sym_int(), heads), (cute.sym_int(), kv_heads)):
-        stride = (cute.sym_int64(), cute.sym_int64(), cute.sym_int64(), 1)
-        shape = (batch, seq_heads, seqlen, problem.head_dim)
-        fakes.append(make_fake_tensor(dtype, shape, stride, assumed_align=OPERAND_ALIGNMENT_BYTES))
-    fake_q, fake_k = fakes
-    return [fake_q, fake_k, fake_k, fake_q]
-
-
 def fake_lse() -> Any:
     """What ``to_cute_tensor`` passes for the (B, H, Sq) fp32 LSE at launch, without data."""
     sym = cute.sym_int
@@ -95,31 +84,98 @@ def cache_seqlens_tensor(cache_seqlens: torch.Tensor) -> cute.Tensor:
     return from_dlpack(cache_seqlens, assumed_align=4).mark_layout_dynamic(leading_dim=0)
 
 
-def compiled_runner(
-    cache: dict[Any, Any],
-    key: Any,
-    make_launcher: Callable[[], Any],
-    tensors: Sequence[torch.Tensor | cute.Tensor | None],
-    scale: float,
-    result: Any,
+def fake_tensor(element_type: type, rank: int, memspace: AddressSpace = AddressSpace.gmem) -> Any:
+    """What ``to_cute_tensor`` passes at launch, without data: every dimension and outer stride
+    symbolic, the last dimension contiguous, 16-byte aligned. The compiled function reads each
+    tensor's sizes and strides in the order this type declares, so the two must agree exactly (a
+    static head dim here would shift every stride after it). ``memspace`` is part of the type, not of
+    what is passed: ``cp.async`` sources must be global memory; the TMA rungs compile for generic."""
+    sizes = tuple(cute.sym_int() for _ in range(rank))
+    strides = (*(cute.sym_int64() for _ in range(rank - 1)), 1)
+    return make_fake_tensor(element_type, sizes, strides, memspace=memspace, assumed_align=OPERAND_ALIGNMENT_BYTES)
+
+
+class CompiledKernels(Generic[Config]):
+    """A kernel class compiled once per configuration (the compile key: everything that changes the
+    generated code), always from fake tensors.
+
+    ``kernel_class(config)`` is the ``@cute.jit`` launcher object (with ``threads_per_cta``);
+    ``fake_arguments(config)`` its whole argument list without data (tensors, scalars, a fake stream).
+    :meth:`kernel` compiles for launches on the GPU (for ``arch``, default the device's own),
+    :meth:`binaries` for sm_90a on a CPU for the static analysis, keeping PTX and cubin: the same
+    trace, so the machine code the analysis sees is the one that runs.
+    """
+
+    def __init__(
+        self,
+        kernel_class: Callable[[Config], Any],
+        fake_arguments: Callable[[Config], Sequence[Any]],
+        *,
+        arch: str | None = None,
+    ):
+        self.kernel_class = kernel_class
+        self.fake_arguments = fake_arguments
+        self.arch = arch
+        self.compiled: dict[Config, Callable[..., None]] = {}
+
+    def kernel(self, config: Config) -> Callable[..., None]:
+        """The kernel of ``config``, compiled on first use."""
+        if config not in self.compiled:
+            compile_for = cute.compile if self.arch is None else cute.compile[cute.GPUArch(self.arch)]
+            self.compiled[config] = compile_for(self.kernel_class(config), *self.fake_arguments(config))
+        return self.compiled[config]
+
+    def binaries(self, config: Config, name: str) -> list[KernelBinary]:
+        """The same compile for sm_90a on a CPU, keeping PTX and cubin for the static analysis."""
+        kernel = self.kernel_class(config)
+        return [compile_cute_sm90(kernel, *self.fake_arguments(config), name=name, threads=kernel.threads_per_cta)]
+
+    def runner(self, config: Config, arguments: Sequence[Any], result: Any, device: torch.device) -> Runner:
+        """Compile (cached on ``config``) and return the launch-only ``run()``: it passes ``arguments``
+        (the launch counterparts of the fakes, without the stream) and returns ``result``."""
+        compiled = self.kernel(config)
+
+        def run() -> Any:
+            # The stream is read at launch so that a CUDA-graph capture on a side stream records this launch.
+            compiled(*arguments, current_stream(device))
+            return result
+
+        return run
+
+
+def fake_attention_arguments(config: Any) -> tuple[Any, ...]:
+    """The arguments of the prefill kernels (tiled, pipelined) without data, as
+    :func:`bind_attention` passes them: q, k, v, o (B, H or Hkv, S, D), the (B, H, Sq) LSE (None
+    unless ``config.return_lse``), the key lengths (None unless ``config.has_cache_seqlens``), the
+    softmax scale (its value does not enter the code) and the stream."""
+    element = CUTE_DTYPES[config.dtype]
+    operands = [fake_tensor(element, 4) for _ in range(4)]
+    lse = fake_tensor(cutlass.Float32, 3) if config.return_lse else None
+    lengths = fake_cache_seqlens() if config.has_cache_seqlens else None
+    return (*operands, lse, lengths, cutlass.Float32(1.0), make_fake_stream())
+
+
+def bind_attention(
+    kernels: CompiledKernels,
+    config: Any,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    cache_seqlens: torch.Tensor | None,
 ) -> Runner:
-    """Compile ``make_launcher()`` once per ``key`` for ``tensors`` (inputs and outputs, in the
-    launcher's order: torch tensors are converted by :func:`to_cute_tensor`, CuTe tensors and None,
-    an absent optional operand, pass as they are) and the fp32 ``scale``; the returned ``run()`` only
-    launches and returns ``result`` (O, or the pair (O, lse))."""
-    operands = [to_cute_tensor(t) if isinstance(t, torch.Tensor) else t for t in tensors]
-    scale_arg = cutlass.Float32(scale)
-    device = tensors[0].device
-    if key not in cache:
-        cache[key] = cute.compile(make_launcher(), *operands, scale_arg, current_stream(device))
-    compiled = cache[key]
-
-    def run() -> Any:
-        # The stream is read at launch so that a CUDA-graph capture on a side stream records this launch.
-        compiled(*operands, scale_arg, current_stream(device))
-        return result
-
-    return run
+    """The ``bind`` of the prefill kernels: allocate O (and the LSE) for validated q, k, v, and return
+    the launch-only ``run()`` of ``config``'s kernel (compiled on first use), which returns O, or
+    (O, lse) when ``problem.return_lse``."""
+    q, k, v = (kernel_operand(t) for t in (q, k, v))
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = None
+    if problem.return_lse:
+        lse = torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=q.device)
+    tensors = [None if t is None else to_cute_tensor(t) for t in (q, k, v, out, lse)]
+    lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
+    result = (out, lse) if problem.return_lse else out
+    return kernels.runner(config, (*tensors, lengths, cutlass.Float32(problem.scale)), result, q.device)
 
 
 def validated_prepare(

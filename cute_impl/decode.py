@@ -84,13 +84,13 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass.cute.runtime import make_fake_tensor
+from cutlass.cute.runtime import make_fake_stream
 
 from common.contract import splits
 from common.contract.capability import FEATURES
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner
-from common.contract.validation import OPERAND_ALIGNMENT_BYTES, kernel_operand
+from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
 from cute_impl._device import (
     LOG2_E,
@@ -110,16 +110,16 @@ from cute_impl._host import (
     CUTE_DTYPES,
     SWIZZLE_COLS,
     WARP_THREADS,
+    CompiledKernels,
     cache_seqlens_tensor,
-    compile_on_fakes_sm90,
-    compiled_runner,
     cp_async_tiled_copy,
     fake_cache_seqlens,
-    fake_operands,
+    fake_tensor,
     mma_sync_supports,
     positive_scale,
     static_head_dim_view,
     swizzled_qkv_layouts,
+    to_cute_tensor,
     validated_prepare,
     warp_tiled_mma,
 )
@@ -170,8 +170,9 @@ HEAD_DIMS = tuple(sorted(TILE_CONFIGS))
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Everything that changes the generated code (the compile-cache key, with the dtype)."""
+    """Everything that changes the generated code (the compile-cache key)."""
 
+    dtype: torch.dtype
     head_dim: int
     tile_m: int  # packed rows per CTA (a power of two, 16 .. shape.max_tile_m)
     shape: TileShape
@@ -196,7 +197,7 @@ class DecodeKernel:
         self.tile_n = config.shape.tile_n
         self.stages = config.shape.stages
         self.num_warps = config.shape.num_warps
-        self.num_threads = self.num_warps * WARP_THREADS
+        self.threads_per_cta = self.num_warps * WARP_THREADS
         self.keys_per_warp = config.keys_per_warp
         self.causal = config.causal
         self.bottom_right = config.bottom_right
@@ -261,13 +262,13 @@ class DecodeKernel:
             sO_parts_layout,
             sLSE_parts_layout,
             # 8 threads cover one 64-element swizzle row with 16 B each.
-            cp_async_tiled_copy(dtype, self.num_threads, row_elems=SWIZZLE_COLS),
+            cp_async_tiled_copy(dtype, self.threads_per_cta, row_elems=SWIZZLE_COLS),
             # One warp's MMA: each warp multiplies all tile_m rows by its own keys.
             warp_tiled_mma(dtype, WARP_THREADS),
             _shared_storage(dtype, sQ_layout, sKV_layout),
         ).launch(
             grid=(num_splits, cute.ceil_div(rows, self.tile_m), batch_kv_heads),
-            block=[self.num_threads, 1, 1],
+            block=[self.threads_per_cta, 1, 1],
             stream=stream,
         )
         if cutlass.const_expr(self.split):
@@ -535,7 +536,7 @@ class DecodeKernel:
         O's packed rows (B·Hkv slice, output dtype) or this split's fp32 partial rows; ``gLSE`` likewise
         or None."""
         chunks = self.head_dim // MERGE_COLS
-        rows_per_pass = self.num_threads // chunks
+        rows_per_pass = self.threads_per_cta // chunks
         chunk = tidx % chunks
         sO_chunks = cute.logical_divide(sO_parts, (None, None, MERGE_COLS))  # (num_warps, tile_m, (4, chunks))
         for tile_pass in cutlass.range_constexpr(self.tile_m // rows_per_pass):
@@ -640,9 +641,6 @@ def _shared_storage(dtype: type[cutlass.Numeric], sQ_layout: Any, sKV_layout: An
 # ----------------------------------------------------------------------------------------------
 # Host: tile shape, split count, bind, prepare.
 # ----------------------------------------------------------------------------------------------
-_COMPILED: dict[tuple[torch.dtype, DecodeConfig], Any] = {}
-
-
 def tile_m_for(problem: Problem) -> int:
     """Packed rows per CTA: group · Sq rounded up to a power of two in [16, max_tile_m]."""
     packed = problem.kv_group * problem.seqlen_q
@@ -662,6 +660,7 @@ def decode_config(problem: Problem, split: bool) -> DecodeConfig:
     """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every bind), with
     the problem's features as compile-time flags."""
     return DecodeConfig(
+        dtype=problem.dtype,
         head_dim=problem.head_dim,
         tile_m=tile_m_for(problem),
         shape=TILE_CONFIGS[problem.head_dim],
@@ -698,13 +697,12 @@ def bind(
             torch.empty((num_splits, batch_kv_heads, rows, head_dim), dtype=torch.float32, device=q.device),
             torch.empty((num_splits, batch_kv_heads, rows), dtype=torch.float32, device=q.device),
         )
+    packed = (out.view(batch_kv_heads, rows, head_dim), None if lse is None else lse.view(batch_kv_heads, rows))
+    tensors = [None if t is None else to_cute_tensor(t) for t in (q, k, v, *packed, *partials)]
     lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
-    config = decode_config(problem, split=num_splits > 1)
-    packed_out = out.view(batch_kv_heads, rows, head_dim)
-    packed_lse = None if lse is None else lse.view(batch_kv_heads, rows)
-    tensors = (q, k, v, packed_out, packed_lse, *partials, lengths)
+    arguments = (*tensors, lengths, cutlass.Float32(problem.scale))
     result = (out, lse) if problem.return_lse else out
-    run = compiled_runner(_COMPILED, (q.dtype, config), partial(DecodeKernel, config), tensors, problem.scale, result)
+    run = KERNELS.runner(decode_config(problem, split=num_splits > 1), arguments, result, q.device)
     run.num_splits = num_splits
     return run
 
@@ -763,32 +761,28 @@ def _decode_shape(problem: Problem) -> Problem:
     return problem if problem.seqlen_q <= MAX_SEQLEN_Q else problem.with_(seqlen_q=1)
 
 
-def _fake_rows(dtype: type[cutlass.Numeric], rank: int) -> Any:
-    """What ``to_cute_tensor`` passes for a contiguous packed-rows tensor of ``rank`` dimensions."""
-    shape = tuple(cute.sym_int() for _ in range(rank))
-    stride = (*(cute.sym_int64() for _ in range(rank - 1)), 1)
-    return make_fake_tensor(dtype, shape, stride, assumed_align=OPERAND_ALIGNMENT_BYTES)
+def fake_arguments(config: DecodeConfig) -> tuple[Any, ...]:
+    """:meth:`DecodeKernel.__call__`'s arguments without data, as ``bind`` passes them: q, k, v
+    (B, H or Hkv, S, D), the packed O (B·Hkv, rows, D) and LSE (or None), the split partials (or None),
+    the key lengths (or None), the softmax scale (its value does not enter the code) and the stream."""
+    element = CUTE_DTYPES[config.dtype]
+    operands = [fake_tensor(element, 4) for _ in range(3)]
+    packed = [fake_tensor(element, 3), fake_tensor(cutlass.Float32, 2) if config.return_lse else None]
+    partials = [fake_tensor(cutlass.Float32, 4), fake_tensor(cutlass.Float32, 3)] if config.split else [None, None]
+    lengths = fake_cache_seqlens() if config.has_cache_seqlens else None
+    return (*operands, *packed, *partials, lengths, cutlass.Float32(1.0), make_fake_stream())
+
+
+# The compile cache of both forms (split and direct), keyed on DecodeConfig; GPU launches and CPU
+# compiles alike compile from ``fake_arguments``.
+KERNELS = CompiledKernels(DecodeKernel, fake_arguments)
 
 
 def compile_sm90(problem: Problem, split: bool = True) -> list[KernelBinary]:
     """Both kernels (the split kernel in its partial-writing form and the merge; ``split=False``: the
     split kernel writing O directly) compiled for sm_90a on fake tensors, at ``problem``'s head dim,
     dtype, mask and features (one query token when ``problem`` is prefill-sized)."""
-    config = decode_config(_decode_shape(problem), split=split)
-    dtype = CUTE_DTYPES[problem.dtype]
-    fake_q, fake_k, fake_v, _ = fake_operands(problem)
-    fakes = [
-        fake_q,
-        fake_k,
-        fake_v,
-        _fake_rows(dtype, 3),
-        _fake_rows(cutlass.Float32, 2) if config.return_lse else None,
-        _fake_rows(cutlass.Float32, 4) if split else None,
-        _fake_rows(cutlass.Float32, 3) if split else None,
-        fake_cache_seqlens() if config.has_cache_seqlens else None,
-    ]
-    kernel = DecodeKernel(config)
-    return compile_on_fakes_sm90(kernel, fakes, problem.scale, name="cute_decode", threads=kernel.num_threads)
+    return KERNELS.binaries(decode_config(_decode_shape(problem), split=split), "cute_decode")
 
 
 IMPLEMENTATION = Implementation(

@@ -167,7 +167,7 @@ from cute_impl._hopper_device import (
     warpgroup_gemm,
     warpgroup_mmas,
 )
-from cute_impl._hopper_host import FP8_CUTLASS, CompiledKernels, HopperConfig, default_config
+from cute_impl._hopper_host import FP8_CUTLASS, HopperConfig, HopperKernels, default_config
 from cute_impl._host import CUTE_DTYPES
 
 HEAD_DIMS = (64, 128)
@@ -568,7 +568,7 @@ class HopperAttention:
 # ----------------------------------------------------------------------------------------------------
 # The one compile cache of hopper and fp8, keyed on HopperConfig; GPU launches and CPU compiles alike
 # compile from fake tensors (``_hopper_host.py``).
-KERNELS = CompiledKernels(HopperAttention)
+KERNELS = HopperKernels(HopperAttention)
 
 
 def validated_problem(

@@ -91,7 +91,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -101,7 +101,6 @@ import torch
 from common.contract.capability import FEATURES
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner
-from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
 from cute_impl._device import (
     LOG2_E,
@@ -120,13 +119,10 @@ from cute_impl._device import (
 from cute_impl._host import (
     SWIZZLE_COLS,
     WARP_THREADS,
-    cache_seqlens_tensor,
-    compile_on_fakes_sm90,
-    compiled_runner,
+    CompiledKernels,
+    bind_attention,
     cp_async_tiled_copy,
-    fake_cache_seqlens,
-    fake_lse,
-    fake_operands,
+    fake_attention_arguments,
     mma_sync_supports,
     positive_scale,
     qkv_shared_storage,
@@ -155,8 +151,9 @@ class TileShape(NamedTuple):
 
 @dataclass(frozen=True)
 class TileConfig:
-    """Everything that changes the generated code (the compile-cache key, with dtype)."""
+    """Everything that changes the generated code (the compile-cache key)."""
 
+    dtype: torch.dtype
     head_dim: int
     causal: bool
     shape: TileShape
@@ -193,7 +190,7 @@ class PipelinedAttentionKernel:
         self.tile_m = shape.tile_m
         self.tile_n = shape.tile_n
         self.stages = shape.stages
-        self.num_threads = shape.num_warps * WARP_THREADS
+        self.threads_per_cta = shape.num_warps * WARP_THREADS
         self.pieces_per_k_step = shape.pieces_per_k_step
         self.min_ctas_per_sm = shape.min_ctas_per_sm
         self.gqa = config.gqa
@@ -232,12 +229,12 @@ class PipelinedAttentionKernel:
             sQ_layout,
             sKV_layout,
             # 8 threads cover one 64-element swizzle row with 16 B each.
-            cp_async_tiled_copy(dtype, self.num_threads, row_elems=SWIZZLE_COLS),
-            warp_tiled_mma(dtype, self.num_threads),
+            cp_async_tiled_copy(dtype, self.threads_per_cta, row_elems=SWIZZLE_COLS),
+            warp_tiled_mma(dtype, self.threads_per_cta),
             qkv_shared_storage(dtype, sQ_layout, sKV_layout, SMEM_ALIGN_BYTES),
         ).launch(
             grid=query_tile_grid(mQ, self.tile_m),
-            block=[self.num_threads, 1, 1],
+            block=[self.threads_per_cta, 1, 1],
             min_blocks_per_mp=self.min_ctas_per_sm,
             # Only a launch bound above 1 needs the carveout (the DSL would otherwise query the device).
             preferred_smem_carveout=SMEM_CARVEOUT_PERCENT if self.min_ctas_per_sm > 1 else None,
@@ -440,16 +437,18 @@ class PipelinedAttentionKernel:
 # ----------------------------------------------------------------------------------------------
 # Host function: validate, compile once per configuration, allocate O, launch.
 # ----------------------------------------------------------------------------------------------
-_COMPILED: dict[tuple[torch.dtype, TileConfig], Any] = {}
+# The compile cache, keyed on TileConfig; GPU launches and CPU compiles alike compile from fakes.
+KERNELS = CompiledKernels(PipelinedAttentionKernel, fake_attention_arguments)
 
 
 def tile_config(problem: Problem) -> TileConfig:
     """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every prepare),
     with the problem's features as compile-time flags (all off for the canonical problem)."""
     return TileConfig(
-        problem.head_dim,
-        problem.causal,
-        TILE_CONFIGS[problem.head_dim],
+        dtype=problem.dtype,
+        head_dim=problem.head_dim,
+        causal=problem.causal,
+        shape=TILE_CONFIGS[problem.head_dim],
         gqa=problem.kv_heads != problem.heads,
         bottom_right=problem.bottom_right,
         has_cache_seqlens=problem.has_cache_seqlens,
@@ -481,29 +480,12 @@ def bind(
 ) -> Runner:
     """Compile (cached), allocate O (and the LSE) for validated q, k, v; the returned ``run()`` only
     launches and returns O, or (O, lse) when ``problem.return_lse``."""
-    q, k, v = (kernel_operand(t) for t in (q, k, v))
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = None
-    if problem.return_lse:
-        lse = torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=q.device)
-    lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
-    config = tile_config(problem)
-    make_kernel = partial(PipelinedAttentionKernel, config)
-    result = (out, lse) if problem.return_lse else out
-    tensors = (q, k, v, out, lse, lengths)
-    return compiled_runner(_COMPILED, (q.dtype, config), make_kernel, tensors, problem.scale, result)
+    return bind_attention(KERNELS, tile_config(problem), q, k, v, problem, cache_seqlens)
 
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """Compile the kernel for sm_90a on fake tensors (no GPU needed)."""
-    config = tile_config(problem)
-    kernel = PipelinedAttentionKernel(config)
-    fakes = [
-        *fake_operands(problem),
-        fake_lse() if config.return_lse else None,
-        fake_cache_seqlens() if config.has_cache_seqlens else None,
-    ]
-    return compile_on_fakes_sm90(kernel, fakes, problem.scale, name="cute_pipelined", threads=kernel.num_threads)
+    return KERNELS.binaries(tile_config(problem), "cute_pipelined")
 
 
 # ----------------------------------------------------------------------------------------------
