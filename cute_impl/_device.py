@@ -7,6 +7,7 @@ ones the Triton and Gluon stacks use, so that a diff of two rungs teaches:
 * :class:`BlockRange`: the key blocks ``[n_block_min, n_block_max)`` one query tile visits, last
   first, and ``n_masked_blocks``, how many at the top end of the range need the mask;
   :func:`split_key_range`: the block range of one split of the keys (``decode``).
+  These three and the constants are the whole stack's: the Hopper rungs import them too.
 * :class:`AttentionMask`: ``apply`` writes -inf for keys past ``seqlen_k`` and, causal, right of the
   diagonal (shifted by ``causal_offset``).
 * :class:`OnlineSoftmax`: ``row_max`` (the maximum of S · softmax_scale_log2, log2 units of the
@@ -20,8 +21,8 @@ ones the Triton and Gluon stacks use, so that a diff of two rungs teaches:
   issued one piece ahead of the MMAs that consume it.
 * The constants :data:`LOG2_E` and :data:`RESCALE_THRESHOLD`, defined once for the stack.
 
-The objects here speak the ``mma.sync.m16n8k16`` fragment layout of ``pipelined``; the Hopper rungs'
-WGMMA counterparts live in ``_hopper_device.py``.
+The fragment-level objects here (mask, online softmax, copies) speak the ``mma.sync.m16n8k16``
+fragment layout of ``pipelined``; the Hopper rungs' WGMMA counterparts live in ``_hopper_device.py``.
 
 The m16n8k16 accumulator gives each thread a fragment ((2 cols, 2 rows), MMA_M, MMA_N): within an
 m16n8 tile, lane ``l`` holds rows ``l / 4`` and ``l / 4 + 8``, columns ``2 (l % 4)`` and ``+1``.
@@ -211,7 +212,7 @@ def _add(a: cutlass.Float32, b: cutlass.Float32) -> cutlass.Float32:
 
 def kv_head_index(head: cutlass.Int32, heads: cutlass.Int32, kv_heads: cutlass.Int32) -> cutlass.Int32:
     """GQA: the KV head query head ``head`` reads (groups of heads // kv_heads query heads). K and V
-    are indexed by it, never repeated. (``_hopper_device.kv_head_index`` is the same function.)"""
+    are indexed by it (the Hopper rungs: their TMA boxes' head coordinate), never repeated."""
     return head // (heads // kv_heads)
 
 
@@ -222,13 +223,21 @@ class SeqlenInfo:
     [0, Sk], so a bad length cannot reach past the cache). ``causal_offset`` is 0 for the top-left
     alignment and ``seqlen_k - seqlen_q`` for the bottom-right one (``bottom_right``, compile time);
     without either feature both stay what the canonical kernel had (``seqlen_k`` = Sk, offset 0).
-    ``_hopper_device.SeqlenInfo`` is the WGMMA rungs' twin (same fields, same rule).
+    ``may_see_no_key`` (compile time): some row may see no key at all (a length of 0, or bottom-right
+    rows before the diagonal when Sq > Sk); the canonical kernel never has such a row.
     """
 
-    def __init__(self, seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32 | int, bottom_right: bool):
+    def __init__(
+        self,
+        seqlen_k: cutlass.Int32,
+        causal_offset: cutlass.Int32 | int,
+        bottom_right: bool,
+        has_cache_seqlens: bool = False,
+    ):
         self.seqlen_k = seqlen_k
         self.causal_offset = causal_offset
         self.bottom_right = bottom_right
+        self.may_see_no_key = bottom_right or has_cache_seqlens
 
     @staticmethod
     def create(
@@ -243,37 +252,42 @@ class SeqlenInfo:
         causal_offset = 0
         if cutlass.const_expr(bottom_right):
             causal_offset = seqlen_k - seqlen_q
-        return SeqlenInfo(seqlen_k, causal_offset, bottom_right)
+        return SeqlenInfo(seqlen_k, causal_offset, bottom_right, cache_seqlens is not None)
 
 
 class BlockRange:
     """Key blocks ``[n_block_min, n_block_max)`` one query tile visits (``n_block_max`` exclusive),
     visited last first, and ``n_masked_blocks``: how many blocks at the top end of the range need the
-    sequence-tail or causal mask. Blocks from ``n_block_max`` on are masked for every row and never
-    loaded. A query tile always starts at key 0 (``n_block_min = 0``); a split of ``decode`` starts at
-    its first block (:func:`split_key_range`).
+    sequence-tail or causal mask, so that the masked blocks come first and the rest of the loop runs
+    without a mask. Blocks from ``n_block_max`` on are masked for every row and never loaded. A query
+    tile always starts at key 0 (``n_block_min = 0``, no sliding window); a split of ``decode``
+    starts at its first block (:func:`split_key_range`).
 
-    ``n_masked_blocks`` is known at compile time, because the masked iterations are unrolled: the
-    ``tile_m / tile_n`` blocks that cross a causal tile's diagonal, or the one block that Sk may cut.
-    Bottom-right, the diagonal is shifted by ``causal_offset``, not a multiple of ``tile_n``, so it
-    crosses one block more: ``tile_m / tile_n + 1``. A range shorter than that is masked throughout,
-    and a counted block that happens to be full is masked to no effect. (A runtime count would make
-    the ring slot of every later iteration, ``step % stages``, runtime arithmetic too; the static one
-    keeps it folded.) A tile none of whose rows sees a key (bottom-right with Sq > Sk, or a
-    ``cache_seqlens`` of 0) has an empty range: it visits no block and writes O = 0 (LSE -inf).
+    Two rules fill it, one per kind of masked loop (the two write ``n_block_max`` in different,
+    equivalent forms; either form in both changes one rung's PTX):
 
-    The Hopper rungs' ``_hopper_device.BlockRange`` counts the masked blocks exactly, at run time,
-    for their runtime masked loop; one class for both changed the PTX of one rung or the other.
+    * :meth:`create` (``pipelined``, ``decode``): the masked iterations are unrolled, so
+      ``n_masked_blocks`` is a compile-time bound;
+    * :meth:`create_exact` (``hopper``, ``fp8``): the masked loop is a runtime loop, so the count is
+      exact, at run time.
     """
 
-    def __init__(self, n_block_min: int, n_block_max: cutlass.Int32, n_masked_blocks: int):
+    def __init__(self, n_block_min: int, n_block_max: cutlass.Int32, n_masked_blocks: int | cutlass.Int32):
         self.n_block_min = n_block_min
         self.n_block_max = n_block_max
         self.n_masked_blocks = n_masked_blocks
 
     @staticmethod
     def create(m_block: cutlass.Int32, seqlen: SeqlenInfo, tile_m: int, tile_n: int, causal: bool) -> BlockRange:
-        """The range of query tile ``m_block`` (``tile_m`` a multiple of ``tile_n``)."""
+        """The range of query tile ``m_block`` (``tile_m`` a multiple of ``tile_n``) with a compile-time
+        ``n_masked_blocks``: the ``tile_m / tile_n`` blocks that cross a causal tile's diagonal, or the
+        one block that Sk may cut. Bottom-right, the diagonal is shifted by ``causal_offset``, not a
+        multiple of ``tile_n``, so it crosses one block more: ``tile_m / tile_n + 1``. A range shorter
+        than that is masked throughout, and a counted block that happens to be full is masked to no
+        effect. (A runtime count would make the ring slot of every later iteration, ``step % stages``,
+        runtime arithmetic too; the static one keeps it folded.) A tile none of whose rows sees a key
+        (bottom-right with Sq > Sk, or a ``cache_seqlens`` of 0) has an empty range: it visits no
+        block and writes O = 0 (LSE -inf)."""
         n_block_max = cute.ceil_div(seqlen.seqlen_k, tile_n)
         if causal:
             if cutlass.const_expr(seqlen.bottom_right):
@@ -285,6 +299,37 @@ class BlockRange:
             # Row i sees keys j <= i: blocks right of the tile's last row are masked for every row.
             n_block_max = cutlass.min(n_block_max, cute.ceil_div((m_block + 1) * tile_m, tile_n))
         return BlockRange(0, n_block_max, tile_m // tile_n if causal else 1)
+
+    @staticmethod
+    def create_exact(m_block: cutlass.Int32, seqlen: SeqlenInfo, tile_m: int, tile_n: int, causal: bool) -> BlockRange:
+        """The range of query tile ``m_block`` with ``n_masked_blocks`` counted at run time: only the
+        blocks that reach past the tile's first row's diagonal (and at least the top one, which Sk may
+        cut). A tile whose rows see no key (bottom-right with Sq > Sk, or a ``cache_seqlens`` of 0)
+        still visits block 0, fully masked: its rows keep row_sum 0 and come out as O = 0 and LSE =
+        -inf with no branch around the pipelines (the producer loads that block like any other)."""
+        visible_keys = seqlen.seqlen_k
+        if cutlass.const_expr(causal):
+            # Row i sees keys j <= i + causal_offset: the tile's last row (m_block + 1) * tile_m - 1
+            # bounds the keys worth loading.
+            last_row_end = (m_block + 1) * tile_m
+            if cutlass.const_expr(seqlen.bottom_right):
+                last_row_end = last_row_end + seqlen.causal_offset
+            visible_keys = cutlass.min(seqlen.seqlen_k, last_row_end)
+        if cutlass.const_expr(seqlen.may_see_no_key):
+            # At least block 0, fully masked where no row sees a key (see above).
+            visible_keys = cutlass.max(visible_keys, 1)
+        n_block_max = (visible_keys + tile_n - 1) // tile_n
+        if cutlass.const_expr(not causal):
+            # Only the last key block can be ragged.
+            return BlockRange(0, n_block_max, cutlass.Int32(1))
+        # Blocks that reach past the tile's first row's diagonal cross it; at least one block is
+        # masked so that a ragged Sk is always covered.
+        first_row_end = m_block * tile_m
+        if cutlass.const_expr(seqlen.bottom_right):
+            # Rows before the diagonal (first_row_end + offset < 0) make every block a crossing one.
+            first_row_end = cutlass.max(first_row_end + seqlen.causal_offset, 0)
+        first_crossing = cutlass.min(n_block_max, first_row_end // tile_n)
+        return BlockRange(0, n_block_max, cutlass.max(n_block_max - first_crossing, 1))
 
 
 def split_key_range(

@@ -134,7 +134,7 @@ try:  # The DSL is optional for the rest of the suite; the registry reports the 
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError(f"cute/hopper needs nvidia-cutlass-dsl: {error}") from error
 
-from cute_impl._device import LOG2_E, RESCALE_THRESHOLD
+from cute_impl._device import LOG2_E, RESCALE_THRESHOLD, BlockRange, SeqlenInfo, kv_head_index
 from cute_impl._hopper_device import (
     CONSUMER_REGISTERS,
     PRODUCER_REGISTERS,
@@ -143,20 +143,17 @@ from cute_impl._hopper_device import (
     THREADS_PER_WARPGROUP,
     WARPS_PER_WARPGROUP,
     AttentionMask,
-    BlockRange,
     BlockScales,
     Fp8Descales,
     OnlineSoftmax,
     OutputEpilogue,
     QueryBoxes,
-    SeqlenInfo,
     SharedLayouts,
     TileScheduler,
     WarpgroupGemms,
     WarpgroupTurns,
     add_block_product,
     head_major,
-    kv_head_index,
     load_block,
     one_stage,
     scores_to_operand_a,
@@ -312,7 +309,9 @@ class HopperAttention:
             cache_seqlens=mCacheSeqlens,
             bottom_right=self.bottom_right,
         )
-        block_range = functools.partial(BlockRange.create, tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal)
+        block_range = functools.partial(
+            BlockRange.create_exact, tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal
+        )
         kv_head_batch = functools.partial(self.kv_head_batch, heads=mQ.shape[2][0], kv_heads=mK.shape[2][0])
 
         # ==== Shared memory and barriers ==================================================================
