@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -85,8 +85,8 @@ def gemm_double_buffered(
     tCrA: cute.Tensor,
     tCrB: cute.Tensor,
     pieces: int,
-    b_load: tuple[cute.TiledCopy, cute.Tensor, cute.Tensor],
-    a_load: tuple[cute.TiledCopy, cute.Tensor, cute.Tensor] | None = None,
+    b_load: OperandLoad,
+    a_load: OperandLoad | None = None,
 ) -> None:
     """acc += A B, each ldmatrix issued one piece ahead of the MMAs that consume it.
 
@@ -94,8 +94,8 @@ def gemm_double_buffered(
     before the MMAs of the previous piece run, and A of step k (Q; P is already in registers) with
     piece (k, 0). Double-buffering half-steps rather than whole k-steps halves the operand registers that are
     live next to the O and S accumulators (see the budget at ``pipelined.TILE_CONFIGS``).
-    ``b_load`` and ``a_load`` are (ldmatrix copy, shared source (CPY, *, K), register view of the
-    fragment as its destination). The loops run at trace time: straight-line code.
+    ``b_load`` and ``a_load`` are :class:`OperandLoad` s (shared source (CPY, *, K)). The loops run at
+    trace time: straight-line code.
     """
     k_steps = cute.size(tCrB, mode=[2])
     b_copy, b_src, b_dst = b_load
@@ -118,6 +118,18 @@ def gemm_double_buffered(
         cute.gemm(tiled_mma, acc_piece, tCrA[None, None, k], rB[None, (None, piece), k], acc_piece)
 
 
+class KVCopy(NamedTuple):
+    """What :func:`load_kv_block` copies with: the G2S tiled copy and this thread's partitions of K
+    and V in HBM, of their shared-memory rings and of the keys' identity coordinates."""
+
+    tiled_copy: cute.TiledCopy
+    tKgK: cute.Tensor  # (CPY, CPY_N, CPY_D, n_blocks)
+    tKsK: cute.Tensor  # (CPY, CPY_N, CPY_D, stages)
+    tVgV: cute.Tensor  # (CPY, CPY_N, CPY_D, n_blocks)
+    tVsV: cute.Tensor  # (CPY, CPY_N, CPY_D, stages)
+    tKVcKV: cute.Tensor  # (CPY, CPY_N, CPY_D, n_blocks)
+
+
 def kv_copy_partitions(
     gmem_tiled_copy: cute.TiledCopy,
     gmem_thr_copy: Any,
@@ -126,18 +138,34 @@ def kv_copy_partitions(
     gV: cute.Tensor,
     sV: cute.Tensor,
     cKV: cute.Tensor,
-) -> tuple:
-    """The ``kv_copy`` of :func:`load_kv_block`: the G2S tiled copy and this thread's partitions of K and
-    V in HBM (``n_blocks`` blocks), of their shared-memory rings (``stages`` slots) and of the keys'
-    identity coordinates."""
-    return (
+) -> KVCopy:
+    """The :class:`KVCopy` of K and V in HBM (``n_blocks`` blocks), their shared-memory rings
+    (``stages`` slots) and the keys' identity coordinates, for this thread."""
+    return KVCopy(
         gmem_tiled_copy,
-        gmem_thr_copy.partition_S(gK),  # tKgK (CPY, CPY_N, CPY_D, n_blocks)
-        gmem_thr_copy.partition_D(sK),  # tKsK (CPY, CPY_N, CPY_D, stages)
-        gmem_thr_copy.partition_S(gV),  # tVgV (CPY, CPY_N, CPY_D, n_blocks)
-        gmem_thr_copy.partition_D(sV),  # tVsV (CPY, CPY_N, CPY_D, stages)
-        gmem_thr_copy.partition_S(cKV),  # tKVcKV (CPY, CPY_N, CPY_D, n_blocks)
+        tKgK=gmem_thr_copy.partition_S(gK),
+        tKsK=gmem_thr_copy.partition_D(sK),
+        tVgV=gmem_thr_copy.partition_S(gV),
+        tVsV=gmem_thr_copy.partition_D(sV),
+        tKVcKV=gmem_thr_copy.partition_S(cKV),
     )
+
+
+class OperandLoad(NamedTuple):
+    """One S→R load of an ``mma.sync`` operand: the ldmatrix tiled copy, its shared-memory source and
+    the register fragment seen as its destination."""
+
+    copy: cute.TiledCopy
+    source: cute.Tensor
+    destination: cute.Tensor
+
+
+class LdmatrixOperands(NamedTuple):
+    """The S→R loads of the three ``mma.sync`` operands."""
+
+    q: OperandLoad  # source tSsQ (CPY, CPY_M, CPY_K)
+    k: OperandLoad  # source tSsK (CPY, CPY_N, CPY_K, stages)
+    vt: OperandLoad  # source tOsVt (CPY, CPY_D, CPY_K, stages)
 
 
 def ldmatrix_operands(
@@ -149,9 +177,9 @@ def ldmatrix_operands(
     tSrQ: cute.Tensor,
     tSrK: cute.Tensor,
     tOrVt: cute.Tensor,
-) -> tuple:
-    """The S→R loads of the three ``mma.sync`` operands, per operand (ldmatrix tiled copy, shared source,
-    register fragment seen as its destination): Q and K with ``ldmatrix``, Vᵀ (V's memory seen as
+) -> LdmatrixOperands:
+    """The S→R loads of the three ``mma.sync`` operands (:class:`OperandLoad` each): Q and K with
+    ``ldmatrix``, Vᵀ (V's memory seen as
     (D, keys)) with ``ldmatrix.trans``. x4 loads four 8×8 matrices = one m16k16 A tile or two n8k16 B
     tiles. ``thread`` is the index inside ``tiled_mma`` (the CTA's thread, or the lane for one warp's
     MMA)."""
@@ -162,25 +190,23 @@ def ldmatrix_operands(
     s2r_K = cute.make_tiled_copy_B(ldmatrix, tiled_mma)
     s2r_V = cute.make_tiled_copy_B(ldmatrix_t, tiled_mma)
     s2r_thr_Q, s2r_thr_K, s2r_thr_V = (c.get_slice(thread) for c in (s2r_Q, s2r_K, s2r_V))
-    return (
-        (s2r_Q, s2r_thr_Q.partition_S(sQ), s2r_thr_Q.retile(tSrQ)),  # tSsQ (CPY, CPY_M, CPY_K)
-        (s2r_K, s2r_thr_K.partition_S(sK), s2r_thr_K.retile(tSrK)),  # tSsK (CPY, CPY_N, CPY_K, stages)
-        (s2r_V, s2r_thr_V.partition_S(sVt), s2r_thr_V.retile(tOrVt)),  # tOsVt (CPY, CPY_D, CPY_K, stages)
+    return LdmatrixOperands(
+        q=OperandLoad(s2r_Q, s2r_thr_Q.partition_S(sQ), s2r_thr_Q.retile(tSrQ)),
+        k=OperandLoad(s2r_K, s2r_thr_K.partition_S(sK), s2r_thr_K.retile(tSrK)),
+        vt=OperandLoad(s2r_V, s2r_thr_V.partition_S(sVt), s2r_thr_V.retile(tOrVt)),
     )
 
 
 @cute.jit
 def load_kv_block(
-    kv_copy: tuple,
+    kv_copy: KVCopy,
     n_block: cutlass.Int32,
     slot: cutlass.Int32,
     seqlen_k: cutlass.Int32,
     predicated: cutlass.Constexpr,
 ):
-    """Issue the cp.async of K/V block ``n_block`` into ring slot ``slot`` (no commit). ``kv_copy`` is
-    (G2S tiled copy, tKgK, tKsK, tVgV, tVsV, tKVcKV): the thread's partitions of K and V in HBM
-    (CPY, CPY_N, CPY_D, n_blocks), of their shared-memory rings (CPY, CPY_N, CPY_D, stages) and of
-    the keys' identity coordinates. ``predicated`` (compile time): rows at or past ``seqlen_k`` are
+    """Issue the cp.async of K/V block ``n_block`` into ring slot ``slot`` (no commit) with ``kv_copy``
+    (:class:`KVCopy`). ``predicated`` (compile time): rows at or past ``seqlen_k`` are
     zero-filled instead of loaded (the one block the sequence's end can cut)."""
     gmem_tiled_copy, tKgK, tKsK, tVgV, tVsV, tKVcKV = kv_copy
     for n in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):

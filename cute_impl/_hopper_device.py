@@ -479,12 +479,21 @@ class Fp8Descales(ReadOnlyInRegions):
         q_block: Int32,
         bh: tuple[Int32, Int32],
         kv_bh: tuple[Int32, Int32],
-    ) -> tuple[Float32, Float32, BlockScales | None]:
+    ) -> TileScales:
         if self.block:
             scales = BlockScales(self.k_scales[None, kv_bh], self.v_scales[None, kv_bh])
-            return softmax_scale_log2 * self.q_scales[q_block, bh], output_scale, scales
+            return TileScales(softmax_scale_log2 * self.q_scales[q_block, bh], output_scale, scales)
         scale_log2 = softmax_scale_log2 * self.q_scales[0, bh] * self.k_scales[0, kv_bh]
-        return scale_log2, output_scale * self.v_scales[0, kv_bh], None
+        return TileScales(scale_log2, output_scale * self.v_scales[0, kv_bh], None)
+
+
+class TileScales(NamedTuple):
+    """One tile's scales (:meth:`Fp8Descales.for_tile`): its softmax_scale_log2 and output scale, and
+    the per-key-block K and V scales (None when per tensor)."""
+
+    softmax_scale_log2: Float32
+    output_scale: Float32
+    block_scales: BlockScales | None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -674,9 +683,9 @@ class OutputEpilogue(ReadOnlyInRegions):
     """
 
     def __init__(
-        self, tma_o: cute.CopyAtom, thr_store: Any, sO: cute.Tensor, w: Int32, wg_tidx: Int32, persistent: bool
+        self, tma_atom_O: cute.CopyAtom, thr_store: Any, sO: cute.Tensor, w: Int32, wg_tidx: Int32, persistent: bool
     ):
-        self.tma_o = tma_o
+        self.tma_atom_O = tma_atom_O
         self.thr_store = thr_store
         self.sO = sO  # (64, D, warpgroup)
         self.w = w
@@ -710,8 +719,8 @@ class OutputEpilogue(ReadOnlyInRegions):
         if first_warp:
             head_dim, warpgroups = cute.size(self.sO, mode=[1]), cute.size(self.sO, mode=[2])
             gO = cute.local_tile(gO_head, (ROWS_PER_WARPGROUP, head_dim), (None, 0))  # (64, D, Sq/64)
-            tOsO, tOgO = tma_partition(self.tma_o, self.sO, gO)
-            cute.copy(self.tma_o, tOsO[None, self.w], tOgO[None, m_block * warpgroups + self.w])
+            tOsO, tOgO = tma_partition(self.tma_atom_O, self.sO, gO)
+            cute.copy(self.tma_atom_O, tOsO[None, self.w], tOgO[None, m_block * warpgroups + self.w])
             cute.arch.cp_async_bulk_commit_group()
 
 

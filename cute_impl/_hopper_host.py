@@ -1,6 +1,6 @@
 """Host glue shared by the CuTe DSL Hopper rungs (``hopper.py`` and ``fp8.py``): compile, bind, launch.
 
-None of this is kernel code. :class:`HopperConfig` is the one compile key: everything that changes
+None of this is kernel code. :class:`HopperAttentionConfig` is the one compile key: everything that changes
 the generated code; :func:`default_config` picks it per problem, as measured. :class:`HopperKernels`
 (``_host.CompiledKernels``) compiles the kernel once per configuration, always from fake tensors
 (:func:`fake_arguments`), so a GPU launch and a CPU compile for the static analysis trace the same
@@ -45,7 +45,7 @@ GENERIC = AddressSpace.generic
 
 
 @dataclass(frozen=True)
-class HopperConfig:
+class HopperAttentionConfig:
     """Everything that changes the generated code (the compile-cache key)."""
 
     dtype: torch.dtype
@@ -80,7 +80,7 @@ class HopperConfig:
         return torch.bfloat16 if self.fp8 else self.dtype
 
 
-def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
+def default_config(problem: Problem, fp8: bool = False) -> HopperAttentionConfig:
     """Tile sizes, warpgroups and ring depth per head dim, as measured on the H200 (the A/B runs are in
     docs/perf-log.md)."""
     # Persistent CTAs overlap the next tile's loads with this tile's epilogue; causal D=64 measured
@@ -91,7 +91,7 @@ def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
     pingpong = not problem.causal and not (fp8 and problem.head_dim == 128)
     # D=64 has half the GEMM work per score: two warpgroups leave the softmax's latency exposed.
     consumer_warpgroups = 3 if problem.head_dim == 64 else 2
-    return HopperConfig(
+    return HopperAttentionConfig(
         dtype=problem.dtype,
         head_dim=problem.head_dim,
         causal=problem.causal,
@@ -105,7 +105,7 @@ def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
     )
 
 
-def fake_arguments(config: HopperConfig) -> tuple[Any, ...]:
+def fake_arguments(config: HopperAttentionConfig) -> tuple[Any, ...]:
     """The kernel's arguments for compiling ``config``: q, k, v (V transposed for FP8), o, lse, the
     key lengths (None without them), the three FP8 scale tensors (None for 16-bit), the scalars and
     the stream."""
@@ -120,7 +120,7 @@ def fake_arguments(config: HopperConfig) -> tuple[Any, ...]:
 
 
 def tensor_arguments(
-    config: HopperConfig,
+    config: HopperAttentionConfig,
     tensors: tuple[torch.Tensor, ...],
     scales: FP8Scales | None,
     cache_seqlens: torch.Tensor | None = None,
@@ -145,16 +145,16 @@ def tensor_arguments(
     return (*operands, to_cute_tensor(o), to_cute_tensor(lse), lengths, *scale_args)
 
 
-class HopperKernels(CompiledKernels[HopperConfig]):
+class HopperKernels(CompiledKernels[HopperAttentionConfig]):
     """``HopperAttention`` compiled once per configuration, from :func:`fake_arguments` (for sm_90a,
     on the GPU as on a CPU); :meth:`launcher` binds tensors and returns the launch-only run."""
 
-    def __init__(self, kernel_class: Callable[[HopperConfig], Any]):
+    def __init__(self, kernel_class: Callable[[HopperAttentionConfig], Any]):
         super().__init__(kernel_class, fake_arguments, arch=SM90A)
 
     def launcher(
         self,
-        config: HopperConfig,
+        config: HopperAttentionConfig,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,

@@ -96,7 +96,10 @@ from cute_impl._device import (
     LOG2_E,
     AttentionMask,
     BlockRange,
+    KVCopy,
+    LdmatrixOperands,
     OnlineSoftmax,
+    OperandLoad,
     SeqlenInfo,
     accumulator_as_operand_a,
     gemm_double_buffered,
@@ -366,7 +369,9 @@ class DecodeKernel:
         for stage in cutlass.range_constexpr(self.stages - 1):
             if stage < n_blocks:
                 # Q joins the group of the first block; only that block can be cut by seqlen_k.
-                load_kv_block(kv_copy, block_range.n_block_max - 1 - stage, stage, seqlen.seqlen_k, stage == 0)
+                load_kv_block(
+                    kv_copy, block_range.n_block_max - 1 - stage, stage, seqlen.seqlen_k, predicated=stage == 0
+                )
             cute.arch.cp_async_commit_group()
 
         # ---- 3. Main loop: the masked blocks first (they top the split), then the rest -----------
@@ -388,9 +393,9 @@ class DecodeKernel:
         )
         for step in cutlass.range_constexpr(block_range.n_masked_blocks):
             if step < n_blocks:
-                attend(step, True)
+                attend(step, masked=True)
         for step in cutlass.range(block_range.n_masked_blocks, n_blocks, 1):
-            attend(step, False)
+            attend(step, masked=False)
         cute.arch.cp_async_wait_group(0)
 
         # ---- 4. Epilogue: each warp's O and LSE, merged over the warps, stored ------------------
@@ -444,9 +449,9 @@ class DecodeKernel:
     @cute.jit
     def attend_block(
         self,
-        kv_copy: tuple,
+        kv_copy: KVCopy,
         warp_mma: cute.TiledMma,
-        smem_operands: tuple,
+        smem_operands: LdmatrixOperands,
         tSrQ: cute.Tensor,
         tSrK: cute.Tensor,
         tOrVt: cute.Tensor,
@@ -462,7 +467,7 @@ class DecodeKernel:
     ):
         """Iteration ``step`` of the split (block ``n_block_max - 1 - step``): refill the ring, then this
         warp's S = Q Kᵀ → mask → online softmax → rescale O → O += P V."""
-        (copy_Q, tSsQ, tSrQ_view), (copy_K, tSsK, tSrK_view), (copy_V, tOsVt, tOrVt_view) = smem_operands
+        (copy_K, tSsK, tSrK_view), (copy_V, tOsVt, tOrVt_view) = smem_operands.k, smem_operands.vt
         n_block = n_block_max - 1 - step
         slot = step % self.stages
 
@@ -470,7 +475,7 @@ class DecodeKernel:
         cute.arch.barrier()
         ahead = step + self.stages - 1
         if ahead < n_blocks:
-            load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % self.stages, seqlen_k, False)
+            load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % self.stages, seqlen_k, predicated=False)
         # Always commit (possibly an empty group) so that "stages-1 groups pending" means block i landed.
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(self.stages - 1)
@@ -485,8 +490,8 @@ class DecodeKernel:
             tSrQ,
             tSrK,
             self.keys_per_warp // MMA_K,
-            b_load=(copy_K, tSsK[None, None, None, slot], tSrK_view),
-            a_load=(copy_Q, tSsQ, tSrQ_view),
+            b_load=OperandLoad(copy_K, tSsK[None, None, None, slot], tSrK_view),
+            a_load=smem_operands.q,
         )
 
         # ---- 3c./3d. Mask, online softmax, rescale O ---------------------------------------------
@@ -505,7 +510,7 @@ class DecodeKernel:
             tOrP,
             tOrVt,
             self.config.shape.pieces_per_k_step,
-            b_load=(copy_V, tOsVt[None, None, None, slot], tOrVt_view),
+            b_load=OperandLoad(copy_V, tOsVt[None, None, None, slot], tOrVt_view),
         )
 
     @cute.jit

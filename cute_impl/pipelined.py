@@ -106,7 +106,10 @@ from cute_impl._device import (
     LOG2_E,
     AttentionMask,
     BlockRange,
+    KVCopy,
+    LdmatrixOperands,
     OnlineSoftmax,
+    OperandLoad,
     SeqlenInfo,
     accumulator_as_operand_a,
     gemm_double_buffered,
@@ -327,7 +330,7 @@ class PipelinedAttentionKernel:
         for stage in cutlass.range_constexpr(self.stages - 1):
             if stage < n_block_max:
                 # Q joins the group of the first block; only that block can be cut by Sk.
-                load_kv_block(kv_copy, n_block_max - 1 - stage, stage, seqlen_k, stage == 0)
+                load_kv_block(kv_copy, n_block_max - 1 - stage, stage, seqlen_k, predicated=stage == 0)
             cute.arch.cp_async_commit_group()
 
         # ---- 3. Main loop: the masked blocks first (they top the range), then the unmasked rest ---
@@ -337,9 +340,9 @@ class PipelinedAttentionKernel:
         )
         for step in cutlass.range_constexpr(block_range.n_masked_blocks):
             if step < n_block_max - block_range.n_block_min:
-                attend(step, True)
+                attend(step, masked=True)
         for step in cutlass.range(block_range.n_masked_blocks, n_block_max - block_range.n_block_min, 1):
-            attend(step, False)
+            attend(step, masked=False)
         # Retire the empty trailing groups so no cp.async is outstanding at exit.
         cute.arch.cp_async_wait_group(0)
 
@@ -372,9 +375,9 @@ class PipelinedAttentionKernel:
     @cute.jit
     def attend_block(
         self,
-        kv_copy: tuple,
+        kv_copy: KVCopy,
         tiled_mma: cute.TiledMma,
-        smem_operands: tuple,
+        smem_operands: LdmatrixOperands,
         tSrQ: cute.Tensor,
         tSrK: cute.Tensor,
         tOrVt: cute.Tensor,
@@ -387,7 +390,7 @@ class PipelinedAttentionKernel:
     ):
         """Iteration ``step`` (block ``n_block_max - 1 - step``): refill the ring, then
         S = Q Kᵀ → mask → online softmax → rescale O → O += P V."""
-        (copy_Q, tSsQ, tSrQ_view), (copy_K, tSsK, tSrK_view), (copy_V, tOsVt, tOrVt_view) = smem_operands
+        (copy_K, tSsK, tSrK_view), (copy_V, tOsVt, tOrVt_view) = smem_operands.k, smem_operands.vt
         n_block = n_block_max - 1 - step
         slot = step % self.stages
 
@@ -395,7 +398,7 @@ class PipelinedAttentionKernel:
         cute.arch.barrier()
         ahead = step + self.stages - 1
         if ahead < n_block_max:
-            load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % self.stages, mask.seqlen_k, False)
+            load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % self.stages, mask.seqlen_k, predicated=False)
         # Always commit (possibly an empty group) so that "stages-1 groups pending" means block i landed.
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(self.stages - 1)
@@ -410,8 +413,8 @@ class PipelinedAttentionKernel:
             tSrQ,
             tSrK,
             self.pieces_per_k_step,
-            b_load=(copy_K, tSsK[None, None, None, slot], tSrK_view),
-            a_load=(copy_Q, tSsQ, tSrQ_view),
+            b_load=OperandLoad(copy_K, tSsK[None, None, None, slot], tSrK_view),
+            a_load=smem_operands.q,
         )
 
         # ---- 3c./3d. Mask, online softmax, rescale O ------------------------------------------
@@ -430,7 +433,7 @@ class PipelinedAttentionKernel:
             tOrP,
             tOrVt,
             self.pieces_per_k_step,
-            b_load=(copy_V, tOsVt[None, None, None, slot], tOrVt_view),
+            b_load=OperandLoad(copy_V, tOsVt[None, None, None, slot], tOrVt_view),
         )
 
 
