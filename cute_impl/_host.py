@@ -9,7 +9,8 @@ compile for the static analysis trace the same function with the same argument t
 """
 
 from collections.abc import Callable, Collection, Hashable, Sequence
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -19,7 +20,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 from cutlass.cute.typing import AddressSpace
 
-from common.contract.capability import GQA, check_common, check_features
+from common.contract.capability import FEATURES, GQA, check_common, check_features
 from common.contract.problem import Problem
 from common.contract.registry import Runner, per_call_inputs, warmed_up
 from common.contract.validation import (
@@ -50,26 +51,6 @@ def to_cute_tensor(tensor: torch.Tensor, element_type: type | None = None) -> cu
 def current_stream(device: torch.device | None = None) -> cuda.CUstream:
     """torch's current stream (on ``device``), read at every launch so CUDA-graph capture records it."""
     return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
-
-
-def fake_bhsd_tensor(dtype: type[cutlass.Numeric]) -> Any:
-    """A (B, H, S, D) stand-in with the dynamic layout of ``to_cute_tensor`` (every dimension and
-    stride symbolic, strides 64-element divisible), for CPU compiles of the naive and online rungs."""
-    sym = cute.sym_int
-    return make_fake_tensor(
-        dtype, (sym(), sym(), sym(), sym()), (sym(64), sym(64), sym(64), 1), assumed_align=OPERAND_ALIGNMENT_BYTES
-    )
-
-
-def fake_lse() -> Any:
-    """What ``to_cute_tensor`` passes for the (B, H, Sq) fp32 LSE at launch, without data."""
-    sym = cute.sym_int
-    return make_fake_tensor(
-        cutlass.Float32,
-        (sym(), sym(), sym()),
-        (cute.sym_int64(), cute.sym_int64(), 1),
-        assumed_align=OPERAND_ALIGNMENT_BYTES,
-    )
 
 
 def fake_cache_seqlens() -> Any:
@@ -143,9 +124,33 @@ class CompiledKernels(Generic[Config]):
         return run
 
 
+@dataclass(frozen=True)
+class ProblemConfig:
+    """The compile key of the rungs without tile choices (naive, online): the dtype, the head dim and
+    the problem's compile-time features."""
+
+    dtype: torch.dtype
+    head_dim: int
+    causal: bool
+    bottom_right: bool  # causal diagonal shifted by causal_offset = seqlen_k - Sq
+    has_cache_seqlens: bool  # a (B,) int32 kernel argument: each sequence's seqlen_k
+    return_lse: bool  # the kernel also writes the (B, H, Sq) fp32 LSE
+
+    @staticmethod
+    def of(problem: Problem) -> "ProblemConfig":
+        return ProblemConfig(
+            dtype=problem.dtype,
+            head_dim=problem.head_dim,
+            causal=problem.causal,
+            bottom_right=problem.bottom_right,
+            has_cache_seqlens=problem.has_cache_seqlens,
+            return_lse=problem.return_lse,
+        )
+
+
 def fake_attention_arguments(config: Any) -> tuple[Any, ...]:
-    """The arguments of the prefill kernels (tiled, pipelined) without data, as
-    :func:`bind_attention` passes them: q, k, v, o (B, H or Hkv, S, D), the (B, H, Sq) LSE (None
+    """The arguments of the prefill kernels (online, tiled, pipelined) without data, as
+    :func:`attention_launch` passes them: q, k, v, o (B, H or Hkv, S, D), the (B, H, Sq) LSE (None
     unless ``config.return_lse``), the key lengths (None unless ``config.has_cache_seqlens``), the
     softmax scale (its value does not enter the code) and the stream."""
     element = CUTE_DTYPES[config.dtype]
@@ -155,67 +160,125 @@ def fake_attention_arguments(config: Any) -> tuple[Any, ...]:
     return (*operands, lse, lengths, cutlass.Float32(1.0), make_fake_stream())
 
 
-def bind_attention(
-    kernels: CompiledKernels,
-    config: Any,
+class Launch(NamedTuple):
+    """What one ``bind`` launches: the compile key, the kernel's arguments (the launch counterparts of
+    its fakes, without the stream), what ``run()`` returns, and what the plan chose that callers may
+    read on ``run`` (decode's ``num_splits``)."""
+
+    config: Hashable
+    arguments: tuple[Any, ...]
+    result: Any
+    chosen: dict[str, Any] | None = None
+
+
+class RungHost:
+    """One rung's host entry points, configured once: validate → plan → bind.
+
+    ``plan(problem, **options)`` is the compile key of a problem (:meth:`compile_sm90` compiles it);
+    ``plan_launch(q, k, v, problem, cache_seqlens, **options)`` allocates the outputs of validated,
+    kernel-ready q, k, v and returns the :class:`Launch`. ``head_dims``, ``features`` (names of
+    ``common.contract.capability.FEATURES``) and ``problem_check`` (the rung's own limits, as its
+    ``supports`` states them) are what :meth:`prepare` validates against.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        kernels: CompiledKernels,
+        *,
+        plan: Callable[..., Hashable],
+        plan_launch: Callable[..., Launch],
+        head_dims: Collection[int],
+        features: Collection[str] = FEATURES,
+        problem_check: Callable[[Problem], tuple[bool, str]] | None = None,
+    ):
+        self.name = name
+        self.kernels = kernels
+        self.plan = plan
+        self.plan_launch = plan_launch
+        self.head_dims = tuple(head_dims)
+        self.features = tuple(features)
+        self.problem_check = problem_check
+
+    def prepare(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        problem: Problem,
+        *,
+        cache_seqlens: torch.Tensor | None = None,
+        **options: Any,
+    ) -> Runner:
+        """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) (and ``cache_seqlens``) against the rung's
+        head dims, features and limits, bind them to the Problem they describe (compiling on first
+        use), and launch once to warm up. ``options`` go to ``plan_launch`` (decode's ``num_splits``)."""
+        require_cache_seqlens_as_stated(problem, cache_seqlens)
+        checked = validate_attention_inputs(
+            q,
+            k,
+            v,
+            causal=problem.causal,
+            softmax_scale=problem.softmax_scale,
+            causal_alignment=problem.causal_alignment,
+            cache_seqlens=cache_seqlens,
+            return_lse=problem.return_lse,
+            allow_gqa=GQA in self.features,
+            head_dims=self.head_dims,
+        )
+        checks = [check_features(self.name, checked, self.features)]
+        if self.problem_check is not None:
+            checks.append(self.problem_check(checked))
+        for ok, reason in checks:
+            if not ok:
+                raise ValueError(reason)
+        run = self.bind(q, k, v, checked, **per_call_inputs(checked, cache_seqlens), **options)
+        return warmed_up(run, q.device)
+
+    def bind(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        problem: Problem,
+        *,
+        cache_seqlens: torch.Tensor | None = None,
+        **options: Any,
+    ) -> Runner:
+        """The launch-only ``run()`` of validated q, k, v (compiled on first use, cached on the plan)."""
+        q, k, v = (kernel_operand(t) for t in (q, k, v))
+        launch = self.plan_launch(q, k, v, problem, cache_seqlens, **options)
+        run = self.kernels.runner(launch.config, launch.arguments, launch.result, q.device)
+        for attribute, value in (launch.chosen or {}).items():
+            setattr(run, attribute, value)
+        return run
+
+    def compile_sm90(self, problem: Problem, **options: Any) -> list[KernelBinary]:
+        """The kernels of ``plan(problem)`` compiled for sm_90a on fake tensors (no GPU needed)."""
+        return self.kernels.binaries(self.plan(problem, **options), self.name.replace("/", "_"))
+
+
+def attention_launch(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     problem: Problem,
     cache_seqlens: torch.Tensor | None,
-) -> Runner:
-    """The ``bind`` of the prefill kernels: allocate O (and the LSE) for validated q, k, v, and return
-    the launch-only ``run()`` of ``config``'s kernel (compiled on first use), which returns O, or
-    (O, lse) when ``problem.return_lse``."""
-    q, k, v = (kernel_operand(t) for t in (q, k, v))
+    *,
+    plan: Callable[[Problem], Hashable],
+    scale_factor: float = 1.0,
+) -> Launch:
+    """The :class:`Launch` of the kernels that take (q, k, v, o, lse, cache_seqlens, scale, stream)
+    (online, tiled, pipelined): O (and the (B, H, Sq) fp32 LSE) allocated here; ``run()`` returns O,
+    or (O, lse) when ``problem.return_lse``; the scale passed is ``problem.scale · scale_factor``."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = None
     if problem.return_lse:
         lse = torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=q.device)
     tensors = [None if t is None else to_cute_tensor(t) for t in (q, k, v, out, lse)]
     lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
-    result = (out, lse) if problem.return_lse else out
-    return kernels.runner(config, (*tensors, lengths, cutlass.Float32(problem.scale)), result, q.device)
-
-
-def validated_prepare(
-    bind: Callable[..., Runner],
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    head_dims: Collection[int],
-    problem_check: Callable[[Problem], tuple[bool, str]] | None = None,
-    name: str = "this rung",
-    features: Collection[str] = (),
-    cache_seqlens: torch.Tensor | None = None,
-) -> Runner:
-    """A rung's ``prepare``: validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) (and ``cache_seqlens``)
-    against the rung's head dims, the problem features it implements (``features``, names of
-    ``common.contract.capability.FEATURES``) and, if given, ``problem_check`` (the rung's own limits, as
-    its ``supports`` states them), ``bind`` them to the Problem they describe (compiling on first use),
-    and launch once to warm up."""
-    require_cache_seqlens_as_stated(problem, cache_seqlens)
-    checked = validate_attention_inputs(
-        q,
-        k,
-        v,
-        causal=problem.causal,
-        softmax_scale=problem.softmax_scale,
-        causal_alignment=problem.causal_alignment,
-        cache_seqlens=cache_seqlens,
-        return_lse=problem.return_lse,
-        allow_gqa=GQA in features,
-        head_dims=head_dims,
-    )
-    checks = [check_features(name, checked, features)]
-    if problem_check is not None:
-        checks.append(problem_check(checked))
-    for ok, reason in checks:
-        if not ok:
-            raise ValueError(reason)
-    return warmed_up(bind(q, k, v, checked, **per_call_inputs(checked, cache_seqlens)), q.device)
+    arguments = (*tensors, lengths, cutlass.Float32(problem.scale * scale_factor))
+    return Launch(plan(problem), arguments, (out, lse) if problem.return_lse else out)
 
 
 def mma_sync_supports(
@@ -248,13 +311,6 @@ def positive_scale(problem: Problem) -> tuple[bool, str]:
             f"turns the mask's -inf into NaN in the exp2 FMA), got {problem.scale}"
         )
     return True, ""
-
-
-def compile_on_fakes_sm90(
-    launcher: Any, fakes: Sequence[Any], scale: float, *, name: str, threads: int
-) -> list[KernelBinary]:
-    """A rung's ``compile_sm90``: compile ``launcher`` for sm_90a on fake operands (no GPU needed)."""
-    return [compile_cute_sm90(launcher, *fakes, cutlass.Float32(scale), make_fake_stream(), name=name, threads=threads)]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -89,9 +89,7 @@ from cutlass.cute.runtime import make_fake_stream
 from common.contract import splits
 from common.contract.capability import FEATURES
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner
-from common.contract.validation import kernel_operand
-from common.toolchain.compile import KernelBinary
+from common.contract.registry import Implementation
 from cute_impl._device import (
     LOG2_E,
     AttentionMask,
@@ -114,6 +112,8 @@ from cute_impl._host import (
     SWIZZLE_COLS,
     WARP_THREADS,
     CompiledKernels,
+    Launch,
+    RungHost,
     cache_seqlens_tensor,
     cp_async_tiled_copy,
     fake_cache_seqlens,
@@ -123,7 +123,6 @@ from cute_impl._host import (
     static_head_dim_view,
     swizzled_qkv_layouts,
     to_cute_tensor,
-    validated_prepare,
     warp_tiled_mma,
 )
 
@@ -677,20 +676,19 @@ def decode_config(problem: Problem, split: bool) -> DecodeConfig:
     )
 
 
-def bind(
+def plan_launch(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     problem: Problem,
+    cache_seqlens: torch.Tensor | None,
     *,
-    cache_seqlens: torch.Tensor | None = None,
     num_splits: int | None = None,
-) -> Runner:
-    """Compile (cached), allocate O, the LSE and the split workspace for validated q, k, v; ``run()``
-    launches the split kernel and, with more than one split, the merge. ``num_splits`` overrides the
-    rule (sweeps, tests)."""
+) -> Launch:
+    """Allocate O, the LSE and the split workspace for validated q, k, v; ``run()`` launches the split
+    kernel and, with more than one split, the merge, and carries the ``num_splits`` it chose.
+    ``num_splits`` overrides the rule (sweeps, tests)."""
     num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device)
-    q, k, v = (kernel_operand(t) for t in (q, k, v))
     batch_kv_heads, rows, head_dim = problem.batch * problem.kv_heads, problem.kv_group * problem.seqlen_q, q.shape[3]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = None
@@ -707,9 +705,7 @@ def bind(
     lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
     arguments = (*tensors, lengths, cutlass.Float32(problem.scale))
     result = (out, lse) if problem.return_lse else out
-    run = KERNELS.runner(decode_config(problem, split=num_splits > 1), arguments, result, q.device)
-    run.num_splits = num_splits
-    return run
+    return Launch(decode_config(problem, split=num_splits > 1), arguments, result, {"num_splits": num_splits})
 
 
 def decode_limits(problem: Problem) -> tuple[bool, str]:
@@ -720,32 +716,6 @@ def decode_limits(problem: Problem) -> tuple[bool, str]:
             f"cute/decode takes 1 to {MAX_SEQLEN_Q} query tokens, got Sq={problem.seqlen_q}: use a prefill rung",
         )
     return positive_scale(problem)
-
-
-def decode_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-    num_splits: int | None = None,
-) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) (and ``cache_seqlens``), bind them (compiling
-    on first use) and launch once to warm up. ``num_splits`` overrides the split rule (not part of
-    the public API)."""
-    return validated_prepare(
-        partial(bind, num_splits=num_splits),
-        q,
-        k,
-        v,
-        problem,
-        head_dims=HEAD_DIMS,
-        problem_check=decode_limits,
-        name="cute/decode",
-        features=FEATURES,
-        cache_seqlens=cache_seqlens,
-    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -778,16 +748,26 @@ def fake_arguments(config: DecodeConfig) -> tuple[Any, ...]:
     return (*operands, *packed, *partials, lengths, cutlass.Float32(1.0), make_fake_stream())
 
 
-# The compile cache of both forms (split and direct), keyed on DecodeConfig; GPU launches and CPU
-# compiles alike compile from ``fake_arguments``.
-KERNELS = CompiledKernels(DecodeKernel, fake_arguments)
+def compile_plan(problem: Problem, split: bool = True) -> DecodeConfig:
+    """What ``compile_sm90`` compiles: the split form (the split kernel writing partials, and the
+    merge; ``split=False``: the split kernel writing O directly) at ``problem``'s head dim, dtype, mask
+    and features (one query token when ``problem`` is prefill-sized)."""
+    return decode_config(_decode_shape(problem), split=split)
 
 
-def compile_sm90(problem: Problem, split: bool = True) -> list[KernelBinary]:
-    """Both kernels (the split kernel in its partial-writing form and the merge; ``split=False``: the
-    split kernel writing O directly) compiled for sm_90a on fake tensors, at ``problem``'s head dim,
-    dtype, mask and features (one query token when ``problem`` is prefill-sized)."""
-    return KERNELS.binaries(decode_config(_decode_shape(problem), split=split), "cute_decode")
+# The host entry points: validate (head dims, every feature, Sq <= 16, a positive scale) → plan (the
+# split count and the DecodeConfig, the compile key of both forms; GPU launches and CPU compiles alike
+# compile from ``fake_arguments``) → bind (O, the LSE, the split workspace). ``decode_attention`` takes
+# ``num_splits=n`` to force a split count (sweeps, tests; not part of the public API).
+HOST = RungHost(
+    "cute/decode",
+    CompiledKernels(DecodeKernel, fake_arguments),
+    plan=compile_plan,
+    plan_launch=plan_launch,
+    head_dims=HEAD_DIMS,
+    problem_check=decode_limits,
+)
+decode_attention, bind, compile_sm90 = HOST.prepare, HOST.bind, HOST.compile_sm90
 
 
 IMPLEMENTATION = Implementation(

@@ -100,8 +100,7 @@ import torch
 
 from common.contract.capability import FEATURES
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner
-from common.toolchain.compile import KernelBinary
+from common.contract.registry import Implementation
 from cute_impl._device import (
     LOG2_E,
     AttentionMask,
@@ -123,7 +122,8 @@ from cute_impl._host import (
     SWIZZLE_COLS,
     WARP_THREADS,
     CompiledKernels,
-    bind_attention,
+    RungHost,
+    attention_launch,
     cp_async_tiled_copy,
     fake_attention_arguments,
     mma_sync_supports,
@@ -132,7 +132,6 @@ from cute_impl._host import (
     query_tile_grid,
     static_head_dim_view,
     swizzled_qkv_layouts,
-    validated_prepare,
     warp_tiled_mma,
 )
 
@@ -440,10 +439,6 @@ class PipelinedAttentionKernel:
 # ----------------------------------------------------------------------------------------------
 # Host function: validate, compile once per configuration, allocate O, launch.
 # ----------------------------------------------------------------------------------------------
-# The compile cache, keyed on TileConfig; GPU launches and CPU compiles alike compile from fakes.
-KERNELS = CompiledKernels(PipelinedAttentionKernel, fake_attention_arguments)
-
-
 def tile_config(problem: Problem) -> TileConfig:
     """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every prepare),
     with the problem's features as compile-time flags (all off for the canonical problem)."""
@@ -459,36 +454,17 @@ def tile_config(problem: Problem) -> TileConfig:
     )
 
 
-def prepare(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) (and ``cache_seqlens``), bind them (compiling
-    on first use), and launch once to warm up."""
-    return validated_prepare(
-        bind,
-        q,
-        k,
-        v,
-        problem,
-        head_dims=tuple(TILE_CONFIGS),
-        problem_check=positive_scale,
-        name="cute/pipelined",
-        features=FEATURES,
-        cache_seqlens=cache_seqlens,
-    )
-
-
-def bind(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Compile (cached), allocate O (and the LSE) for validated q, k, v; the returned ``run()`` only
-    launches and returns O, or (O, lse) when ``problem.return_lse``."""
-    return bind_attention(KERNELS, tile_config(problem), q, k, v, problem, cache_seqlens)
-
-
-def compile_sm90(problem: Problem) -> list[KernelBinary]:
-    """Compile the kernel for sm_90a on fake tensors (no GPU needed)."""
-    return KERNELS.binaries(tile_config(problem), "cute_pipelined")
+# The host entry points: validate (head dims, every feature, a positive scale) → plan (the TileConfig,
+# the compile key; GPU launches and CPU compiles alike compile from fakes) → bind (O and the LSE).
+HOST = RungHost(
+    "cute/pipelined",
+    CompiledKernels(PipelinedAttentionKernel, fake_attention_arguments),
+    plan=tile_config,
+    plan_launch=partial(attention_launch, plan=tile_config),
+    head_dims=tuple(TILE_CONFIGS),
+    problem_check=positive_scale,
+)
+prepare, bind, compile_sm90 = HOST.prepare, HOST.bind, HOST.compile_sm90
 
 
 # ----------------------------------------------------------------------------------------------

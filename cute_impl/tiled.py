@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import cuda.bindings.driver as cuda
@@ -86,11 +87,11 @@ import torch
 
 from common.contract.capability import FEATURES
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner
-from common.toolchain.compile import KernelBinary
+from common.contract.registry import Implementation
 from cute_impl._host import (
     CompiledKernels,
-    bind_attention,
+    RungHost,
+    attention_launch,
     cp_async_tiled_copy,
     fake_attention_arguments,
     mma_sync_supports,
@@ -98,7 +99,6 @@ from cute_impl._host import (
     qkv_shared_storage,
     query_tile_grid,
     static_head_dim_view,
-    validated_prepare,
     warp_tiled_mma,
 )
 
@@ -478,10 +478,6 @@ def _quad_allreduce(value: cutlass.Float32, op: Any) -> cutlass.Float32:
 # ----------------------------------------------------------------------------------------------
 # Host function: validate, compile once per configuration, allocate O, launch.
 # ----------------------------------------------------------------------------------------------
-# The compile cache, keyed on TileConfig; GPU launches and CPU compiles alike compile from fakes.
-KERNELS = CompiledKernels(TiledAttentionKernel, fake_attention_arguments)
-
-
 def tile_config(problem: Problem) -> TileConfig:
     """The compile-cache key of this problem: head dim, causal, and the problem's features as
     compile-time flags (all off for the canonical problem)."""
@@ -496,36 +492,17 @@ def tile_config(problem: Problem) -> TileConfig:
     )
 
 
-def prepare(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) (and ``cache_seqlens``), bind them (compiling
-    on first use), and launch once to warm up."""
-    return validated_prepare(
-        bind,
-        q,
-        k,
-        v,
-        problem,
-        head_dims=HEAD_DIMS,
-        problem_check=positive_scale,
-        name="cute/tiled",
-        features=FEATURES,
-        cache_seqlens=cache_seqlens,
-    )
-
-
-def bind(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Compile (cached), allocate O (and the LSE) for validated q, k, v; the returned ``run()`` only
-    launches and returns O, or (O, lse) when ``problem.return_lse``."""
-    return bind_attention(KERNELS, tile_config(problem), q, k, v, problem, cache_seqlens)
-
-
-def compile_sm90(problem: Problem) -> list[KernelBinary]:
-    """Compile the kernel for sm_90a on fake tensors (no GPU needed)."""
-    return KERNELS.binaries(tile_config(problem), "cute_tiled")
+# The host entry points: validate (head dims, every feature, a positive scale) → plan (the TileConfig,
+# the compile key; GPU launches and CPU compiles alike compile from fakes) → bind (O and the LSE).
+HOST = RungHost(
+    "cute/tiled",
+    CompiledKernels(TiledAttentionKernel, fake_attention_arguments),
+    plan=tile_config,
+    plan_launch=partial(attention_launch, plan=tile_config),
+    head_dims=HEAD_DIMS,
+    problem_check=positive_scale,
+)
+prepare, bind, compile_sm90 = HOST.prepare, HOST.bind, HOST.compile_sm90
 
 
 # ----------------------------------------------------------------------------------------------

@@ -223,7 +223,7 @@ def cpu_prepare(monkeypatch: pytest.MonkeyPatch) -> dict:
         seen.update(kwargs)
         raise BindReachedError
 
-    monkeypatch.setattr(decode, "bind", never_bind)
+    monkeypatch.setattr(decode.HOST, "bind", never_bind)
     return seen
 
 
@@ -292,7 +292,7 @@ def test_planted_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
     prepare = functools.partial(decode.decode_attention, num_splits=num_splits)
     impl = dataclasses.replace(decode.IMPLEMENTATION, prepare=prepare)
     assert check_on_inputs(impl, q, k, v, problem, cache_seqlens=lengths).ok, "the unplanted kernel must pass"
-    monkeypatch.setattr(decode.KERNELS, "compiled", {})
+    monkeypatch.setattr(decode.HOST.kernels, "compiled", {})
     monkeypatch.setattr(decode, name, replacement)
     result = check_on_inputs(impl, q, k, v, problem, cache_seqlens=lengths)
     assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"
