@@ -175,7 +175,7 @@ class RungHost:
     """One rung's host entry points, configured once: validate → plan → bind.
 
     ``plan(problem, **options)`` is the compile key of a problem (:meth:`compile_sm90` compiles it);
-    ``plan_launch(q, k, v, problem, cache_seqlens, **options)`` allocates the outputs of validated,
+    ``plan_launch(q, k, v, problem, *, cache_seqlens, **options)`` allocates the outputs of validated,
     kernel-ready q, k, v and returns the :class:`Launch`. ``head_dims``, ``features`` (names of
     ``common.contract.capability.FEATURES``) and ``problem_check`` (the rung's own limits, as its
     ``supports`` states them) are what :meth:`prepare` validates against.
@@ -235,19 +235,11 @@ class RungHost:
         run = self.bind(q, k, v, checked, **per_call_inputs(checked, cache_seqlens), **options)
         return warmed_up(run, q.device)
 
-    def bind(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        problem: Problem,
-        *,
-        cache_seqlens: torch.Tensor | None = None,
-        **options: Any,
-    ) -> Runner:
-        """The launch-only ``run()`` of validated q, k, v (compiled on first use, cached on the plan)."""
+    def bind(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, **inputs: Any) -> Runner:
+        """The launch-only ``run()`` of validated q, k, v (compiled on first use, cached on the plan);
+        ``inputs``: the per-call inputs (``cache_seqlens``) and the options of ``plan_launch``."""
         q, k, v = (kernel_operand(t) for t in (q, k, v))
-        launch = self.plan_launch(q, k, v, problem, cache_seqlens, **options)
+        launch = self.plan_launch(q, k, v, problem, **inputs)
         run = self.kernels.runner(launch.config, launch.arguments, launch.result, q.device)
         for attribute, value in (launch.chosen or {}).items():
             setattr(run, attribute, value)
@@ -263,9 +255,9 @@ def attention_launch(
     k: torch.Tensor,
     v: torch.Tensor,
     problem: Problem,
-    cache_seqlens: torch.Tensor | None,
     *,
     plan: Callable[[Problem], Hashable],
+    cache_seqlens: torch.Tensor | None = None,
     scale_factor: float = 1.0,
 ) -> Launch:
     """The :class:`Launch` of the kernels that take (q, k, v, o, lse, cache_seqlens, scale, stream)

@@ -681,8 +681,8 @@ def plan_launch(
     k: torch.Tensor,
     v: torch.Tensor,
     problem: Problem,
-    cache_seqlens: torch.Tensor | None,
     *,
+    cache_seqlens: torch.Tensor | None = None,
     num_splits: int | None = None,
 ) -> Launch:
     """Allocate O, the LSE and the split workspace for validated q, k, v; ``run()`` launches the split

@@ -273,7 +273,7 @@ def fake_arguments(config: ProblemConfig) -> tuple[Any, ...]:
 
 
 def plan_launch(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, cache_seqlens: torch.Tensor | None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
 ) -> Launch:
     """Allocate S (fp32, B·H·Sq·Sk), O (and the LSE) for validated q, k, v; ``run()`` returns O, or
     (O, lse) when the problem returns the LSE."""
