@@ -7,6 +7,7 @@ ones the Triton and Gluon stacks use, so that a diff of two rungs teaches:
 * :class:`BlockRange`: the key blocks ``[n_block_min, n_block_max)`` one query tile visits, last
   first, and ``n_masked_blocks``, how many at the top end of the range need the mask;
   :func:`split_key_range`: the block range of one split of the keys (``decode``).
+  These three and the constants are the whole stack's: the Hopper rungs import them too.
 * :class:`AttentionMask`: ``apply`` writes -inf for keys past ``seqlen_k`` and, causal, right of the
   diagonal (shifted by ``causal_offset``).
 * :class:`OnlineSoftmax`: ``row_max`` (the maximum of S · softmax_scale_log2, log2 units of the
@@ -20,8 +21,8 @@ ones the Triton and Gluon stacks use, so that a diff of two rungs teaches:
   issued one piece ahead of the MMAs that consume it.
 * The constants :data:`LOG2_E` and :data:`RESCALE_THRESHOLD`, defined once for the stack.
 
-The objects here speak the ``mma.sync.m16n8k16`` fragment layout of ``pipelined``; the Hopper rungs'
-WGMMA counterparts live in ``_hopper_device.py``.
+The fragment-level objects here (mask, online softmax, copies) speak the ``mma.sync.m16n8k16``
+fragment layout of ``pipelined``; the Hopper rungs' WGMMA counterparts live in ``_hopper_device.py``.
 
 The m16n8k16 accumulator gives each thread a fragment ((2 cols, 2 rows), MMA_M, MMA_N): within an
 m16n8 tile, lane ``l`` holds rows ``l / 4`` and ``l / 4 + 8``, columns ``2 (l % 4)`` and ``+1``.
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -84,8 +85,8 @@ def gemm_double_buffered(
     tCrA: cute.Tensor,
     tCrB: cute.Tensor,
     pieces: int,
-    b_load: tuple[cute.TiledCopy, cute.Tensor, cute.Tensor],
-    a_load: tuple[cute.TiledCopy, cute.Tensor, cute.Tensor] | None = None,
+    b_load: OperandLoad,
+    a_load: OperandLoad | None = None,
 ) -> None:
     """acc += A B, each ldmatrix issued one piece ahead of the MMAs that consume it.
 
@@ -93,8 +94,8 @@ def gemm_double_buffered(
     before the MMAs of the previous piece run, and A of step k (Q; P is already in registers) with
     piece (k, 0). Double-buffering half-steps rather than whole k-steps halves the operand registers that are
     live next to the O and S accumulators (see the budget at ``pipelined.TILE_CONFIGS``).
-    ``b_load`` and ``a_load`` are (ldmatrix copy, shared source (CPY, *, K), register view of the
-    fragment as its destination). The loops run at trace time: straight-line code.
+    ``b_load`` and ``a_load`` are :class:`OperandLoad` s (shared source (CPY, *, K)). The loops run at
+    trace time: straight-line code.
     """
     k_steps = cute.size(tCrB, mode=[2])
     b_copy, b_src, b_dst = b_load
@@ -117,6 +118,18 @@ def gemm_double_buffered(
         cute.gemm(tiled_mma, acc_piece, tCrA[None, None, k], rB[None, (None, piece), k], acc_piece)
 
 
+class KVCopy(NamedTuple):
+    """What :func:`load_kv_block` copies with: the G2S tiled copy and this thread's partitions of K
+    and V in HBM, of their shared-memory rings and of the keys' identity coordinates."""
+
+    tiled_copy: cute.TiledCopy
+    tKgK: cute.Tensor  # (CPY, CPY_N, CPY_D, n_blocks)
+    tKsK: cute.Tensor  # (CPY, CPY_N, CPY_D, stages)
+    tVgV: cute.Tensor  # (CPY, CPY_N, CPY_D, n_blocks)
+    tVsV: cute.Tensor  # (CPY, CPY_N, CPY_D, stages)
+    tKVcKV: cute.Tensor  # (CPY, CPY_N, CPY_D, n_blocks)
+
+
 def kv_copy_partitions(
     gmem_tiled_copy: cute.TiledCopy,
     gmem_thr_copy: Any,
@@ -125,18 +138,34 @@ def kv_copy_partitions(
     gV: cute.Tensor,
     sV: cute.Tensor,
     cKV: cute.Tensor,
-) -> tuple:
-    """The ``kv_copy`` of :func:`load_kv_block`: the G2S tiled copy and this thread's partitions of K and
-    V in HBM (``n_blocks`` blocks), of their shared-memory rings (``stages`` slots) and of the keys'
-    identity coordinates."""
-    return (
+) -> KVCopy:
+    """The :class:`KVCopy` of K and V in HBM (``n_blocks`` blocks), their shared-memory rings
+    (``stages`` slots) and the keys' identity coordinates, for this thread."""
+    return KVCopy(
         gmem_tiled_copy,
-        gmem_thr_copy.partition_S(gK),  # tKgK (CPY, CPY_N, CPY_D, n_blocks)
-        gmem_thr_copy.partition_D(sK),  # tKsK (CPY, CPY_N, CPY_D, stages)
-        gmem_thr_copy.partition_S(gV),  # tVgV (CPY, CPY_N, CPY_D, n_blocks)
-        gmem_thr_copy.partition_D(sV),  # tVsV (CPY, CPY_N, CPY_D, stages)
-        gmem_thr_copy.partition_S(cKV),  # tKVcKV (CPY, CPY_N, CPY_D, n_blocks)
+        tKgK=gmem_thr_copy.partition_S(gK),
+        tKsK=gmem_thr_copy.partition_D(sK),
+        tVgV=gmem_thr_copy.partition_S(gV),
+        tVsV=gmem_thr_copy.partition_D(sV),
+        tKVcKV=gmem_thr_copy.partition_S(cKV),
     )
+
+
+class OperandLoad(NamedTuple):
+    """One S→R load of an ``mma.sync`` operand: the ldmatrix tiled copy, its shared-memory source and
+    the register fragment seen as its destination."""
+
+    copy: cute.TiledCopy
+    source: cute.Tensor
+    destination: cute.Tensor
+
+
+class LdmatrixOperands(NamedTuple):
+    """The S→R loads of the three ``mma.sync`` operands."""
+
+    q: OperandLoad  # source tSsQ (CPY, CPY_M, CPY_K)
+    k: OperandLoad  # source tSsK (CPY, CPY_N, CPY_K, stages)
+    vt: OperandLoad  # source tOsVt (CPY, CPY_D, CPY_K, stages)
 
 
 def ldmatrix_operands(
@@ -148,9 +177,9 @@ def ldmatrix_operands(
     tSrQ: cute.Tensor,
     tSrK: cute.Tensor,
     tOrVt: cute.Tensor,
-) -> tuple:
-    """The S→R loads of the three ``mma.sync`` operands, per operand (ldmatrix tiled copy, shared source,
-    register fragment seen as its destination): Q and K with ``ldmatrix``, Vᵀ (V's memory seen as
+) -> LdmatrixOperands:
+    """The S→R loads of the three ``mma.sync`` operands (:class:`OperandLoad` each): Q and K with
+    ``ldmatrix``, Vᵀ (V's memory seen as
     (D, keys)) with ``ldmatrix.trans``. x4 loads four 8×8 matrices = one m16k16 A tile or two n8k16 B
     tiles. ``thread`` is the index inside ``tiled_mma`` (the CTA's thread, or the lane for one warp's
     MMA)."""
@@ -161,25 +190,23 @@ def ldmatrix_operands(
     s2r_K = cute.make_tiled_copy_B(ldmatrix, tiled_mma)
     s2r_V = cute.make_tiled_copy_B(ldmatrix_t, tiled_mma)
     s2r_thr_Q, s2r_thr_K, s2r_thr_V = (c.get_slice(thread) for c in (s2r_Q, s2r_K, s2r_V))
-    return (
-        (s2r_Q, s2r_thr_Q.partition_S(sQ), s2r_thr_Q.retile(tSrQ)),  # tSsQ (CPY, CPY_M, CPY_K)
-        (s2r_K, s2r_thr_K.partition_S(sK), s2r_thr_K.retile(tSrK)),  # tSsK (CPY, CPY_N, CPY_K, stages)
-        (s2r_V, s2r_thr_V.partition_S(sVt), s2r_thr_V.retile(tOrVt)),  # tOsVt (CPY, CPY_D, CPY_K, stages)
+    return LdmatrixOperands(
+        q=OperandLoad(s2r_Q, s2r_thr_Q.partition_S(sQ), s2r_thr_Q.retile(tSrQ)),
+        k=OperandLoad(s2r_K, s2r_thr_K.partition_S(sK), s2r_thr_K.retile(tSrK)),
+        vt=OperandLoad(s2r_V, s2r_thr_V.partition_S(sVt), s2r_thr_V.retile(tOrVt)),
     )
 
 
 @cute.jit
 def load_kv_block(
-    kv_copy: tuple,
+    kv_copy: KVCopy,
     n_block: cutlass.Int32,
     slot: cutlass.Int32,
     seqlen_k: cutlass.Int32,
     predicated: cutlass.Constexpr,
 ):
-    """Issue the cp.async of K/V block ``n_block`` into ring slot ``slot`` (no commit). ``kv_copy`` is
-    (G2S tiled copy, tKgK, tKsK, tVgV, tVsV, tKVcKV): the thread's partitions of K and V in HBM
-    (CPY, CPY_N, CPY_D, n_blocks), of their shared-memory rings (CPY, CPY_N, CPY_D, stages) and of
-    the keys' identity coordinates. ``predicated`` (compile time): rows at or past ``seqlen_k`` are
+    """Issue the cp.async of K/V block ``n_block`` into ring slot ``slot`` (no commit) with ``kv_copy``
+    (:class:`KVCopy`). ``predicated`` (compile time): rows at or past ``seqlen_k`` are
     zero-filled instead of loaded (the one block the sequence's end can cut)."""
     gmem_tiled_copy, tKgK, tKsK, tVgV, tVsV, tKVcKV = kv_copy
     for n in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
@@ -211,7 +238,7 @@ def _add(a: cutlass.Float32, b: cutlass.Float32) -> cutlass.Float32:
 
 def kv_head_index(head: cutlass.Int32, heads: cutlass.Int32, kv_heads: cutlass.Int32) -> cutlass.Int32:
     """GQA: the KV head query head ``head`` reads (groups of heads // kv_heads query heads). K and V
-    are indexed by it, never repeated. (``_hopper_device.kv_head_index`` is the same function.)"""
+    are indexed by it (the Hopper rungs: their TMA boxes' head coordinate), never repeated."""
     return head // (heads // kv_heads)
 
 
@@ -222,13 +249,21 @@ class SeqlenInfo:
     [0, Sk], so a bad length cannot reach past the cache). ``causal_offset`` is 0 for the top-left
     alignment and ``seqlen_k - seqlen_q`` for the bottom-right one (``bottom_right``, compile time);
     without either feature both stay what the canonical kernel had (``seqlen_k`` = Sk, offset 0).
-    ``_hopper_device.SeqlenInfo`` is the WGMMA rungs' twin (same fields, same rule).
+    ``may_see_no_key`` (compile time): some row may see no key at all (a length of 0, or bottom-right
+    rows before the diagonal when Sq > Sk); the canonical kernel never has such a row.
     """
 
-    def __init__(self, seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32 | int, bottom_right: bool):
+    def __init__(
+        self,
+        seqlen_k: cutlass.Int32,
+        causal_offset: cutlass.Int32 | int,
+        bottom_right: bool,
+        has_cache_seqlens: bool = False,
+    ):
         self.seqlen_k = seqlen_k
         self.causal_offset = causal_offset
         self.bottom_right = bottom_right
+        self.may_see_no_key = bottom_right or has_cache_seqlens
 
     @staticmethod
     def create(
@@ -243,37 +278,42 @@ class SeqlenInfo:
         causal_offset = 0
         if cutlass.const_expr(bottom_right):
             causal_offset = seqlen_k - seqlen_q
-        return SeqlenInfo(seqlen_k, causal_offset, bottom_right)
+        return SeqlenInfo(seqlen_k, causal_offset, bottom_right, cache_seqlens is not None)
 
 
 class BlockRange:
     """Key blocks ``[n_block_min, n_block_max)`` one query tile visits (``n_block_max`` exclusive),
     visited last first, and ``n_masked_blocks``: how many blocks at the top end of the range need the
-    sequence-tail or causal mask. Blocks from ``n_block_max`` on are masked for every row and never
-    loaded. A query tile always starts at key 0 (``n_block_min = 0``); a split of ``decode`` starts at
-    its first block (:func:`split_key_range`).
+    sequence-tail or causal mask, so that the masked blocks come first and the rest of the loop runs
+    without a mask. Blocks from ``n_block_max`` on are masked for every row and never loaded. A query
+    tile always starts at key 0 (``n_block_min = 0``, no sliding window); a split of ``decode``
+    starts at its first block (:func:`split_key_range`).
 
-    ``n_masked_blocks`` is known at compile time, because the masked iterations are unrolled: the
-    ``tile_m / tile_n`` blocks that cross a causal tile's diagonal, or the one block that Sk may cut.
-    Bottom-right, the diagonal is shifted by ``causal_offset``, not a multiple of ``tile_n``, so it
-    crosses one block more: ``tile_m / tile_n + 1``. A range shorter than that is masked throughout,
-    and a counted block that happens to be full is masked to no effect. (A runtime count would make
-    the ring slot of every later iteration, ``step % stages``, runtime arithmetic too; the static one
-    keeps it folded.) A tile none of whose rows sees a key (bottom-right with Sq > Sk, or a
-    ``cache_seqlens`` of 0) has an empty range: it visits no block and writes O = 0 (LSE -inf).
+    Two rules fill it, one per kind of masked loop (the two write ``n_block_max`` in different,
+    equivalent forms; either form in both changes one rung's PTX):
 
-    The Hopper rungs' ``_hopper_device.BlockRange`` counts the masked blocks exactly, at run time,
-    for their runtime masked loop; one class for both changed the PTX of one rung or the other.
+    * :meth:`create` (``pipelined``, ``decode``): the masked iterations are unrolled, so
+      ``n_masked_blocks`` is a compile-time bound;
+    * :meth:`create_exact` (``hopper``, ``fp8``): the masked loop is a runtime loop, so the count is
+      exact, at run time.
     """
 
-    def __init__(self, n_block_min: int, n_block_max: cutlass.Int32, n_masked_blocks: int):
+    def __init__(self, n_block_min: int, n_block_max: cutlass.Int32, n_masked_blocks: int | cutlass.Int32):
         self.n_block_min = n_block_min
         self.n_block_max = n_block_max
         self.n_masked_blocks = n_masked_blocks
 
     @staticmethod
     def create(m_block: cutlass.Int32, seqlen: SeqlenInfo, tile_m: int, tile_n: int, causal: bool) -> BlockRange:
-        """The range of query tile ``m_block`` (``tile_m`` a multiple of ``tile_n``)."""
+        """The range of query tile ``m_block`` (``tile_m`` a multiple of ``tile_n``) with a compile-time
+        ``n_masked_blocks``: the ``tile_m / tile_n`` blocks that cross a causal tile's diagonal, or the
+        one block that Sk may cut. Bottom-right, the diagonal is shifted by ``causal_offset``, not a
+        multiple of ``tile_n``, so it crosses one block more: ``tile_m / tile_n + 1``. A range shorter
+        than that is masked throughout, and a counted block that happens to be full is masked to no
+        effect. (A runtime count would make the ring slot of every later iteration, ``step % stages``,
+        runtime arithmetic too; the static one keeps it folded.) A tile none of whose rows sees a key
+        (bottom-right with Sq > Sk, or a ``cache_seqlens`` of 0) has an empty range: it visits no
+        block and writes O = 0 (LSE -inf)."""
         n_block_max = cute.ceil_div(seqlen.seqlen_k, tile_n)
         if causal:
             if cutlass.const_expr(seqlen.bottom_right):
@@ -285,6 +325,37 @@ class BlockRange:
             # Row i sees keys j <= i: blocks right of the tile's last row are masked for every row.
             n_block_max = cutlass.min(n_block_max, cute.ceil_div((m_block + 1) * tile_m, tile_n))
         return BlockRange(0, n_block_max, tile_m // tile_n if causal else 1)
+
+    @staticmethod
+    def create_exact(m_block: cutlass.Int32, seqlen: SeqlenInfo, tile_m: int, tile_n: int, causal: bool) -> BlockRange:
+        """The range of query tile ``m_block`` with ``n_masked_blocks`` counted at run time: only the
+        blocks that reach past the tile's first row's diagonal (and at least the top one, which Sk may
+        cut). A tile whose rows see no key (bottom-right with Sq > Sk, or a ``cache_seqlens`` of 0)
+        still visits block 0, fully masked: its rows keep row_sum 0 and come out as O = 0 and LSE =
+        -inf with no branch around the pipelines (the producer loads that block like any other)."""
+        visible_keys = seqlen.seqlen_k
+        if cutlass.const_expr(causal):
+            # Row i sees keys j <= i + causal_offset: the tile's last row (m_block + 1) * tile_m - 1
+            # bounds the keys worth loading.
+            last_row_end = (m_block + 1) * tile_m
+            if cutlass.const_expr(seqlen.bottom_right):
+                last_row_end = last_row_end + seqlen.causal_offset
+            visible_keys = cutlass.min(seqlen.seqlen_k, last_row_end)
+        if cutlass.const_expr(seqlen.may_see_no_key):
+            # At least block 0, fully masked where no row sees a key (see above).
+            visible_keys = cutlass.max(visible_keys, 1)
+        n_block_max = (visible_keys + tile_n - 1) // tile_n
+        if cutlass.const_expr(not causal):
+            # Only the last key block can be ragged.
+            return BlockRange(0, n_block_max, cutlass.Int32(1))
+        # Blocks that reach past the tile's first row's diagonal cross it; at least one block is
+        # masked so that a ragged Sk is always covered.
+        first_row_end = m_block * tile_m
+        if cutlass.const_expr(seqlen.bottom_right):
+            # Rows before the diagonal (first_row_end + offset < 0) make every block a crossing one.
+            first_row_end = cutlass.max(first_row_end + seqlen.causal_offset, 0)
+        first_crossing = cutlass.min(n_block_max, first_row_end // tile_n)
+        return BlockRange(0, n_block_max, cutlass.max(n_block_max - first_crossing, 1))
 
 
 def split_key_range(

@@ -1,11 +1,10 @@
 """Device helpers shared by the CuTe DSL Hopper rungs (``hopper.py`` and ``fp8.py``).
 
 The kernel only orchestrates; these small objects do the work, with the names every stack uses
-(issue #19; ``triton_impl/_device.py`` has the same vocabulary): :func:`kv_head_index` is the KV head
-a query head reads (GQA), :class:`SeqlenInfo` one sequence's ``seqlen_k`` (its ``cache_seqlens``
-entry, if any) and ``causal_offset`` (the causal alignment), :class:`BlockRange` says which key
-blocks a query tile visits and how many of them need a mask, :class:`AttentionMask` writes ``-inf``
-where a score must not count, :class:`OnlineSoftmax`
+(issue #19; ``triton_impl/_device.py`` has the same vocabulary). ``kv_head_index``, ``SeqlenInfo``
+and ``BlockRange`` (which key blocks a query tile visits, ``BlockRange.create_exact`` here) are the
+whole stack's, in ``_device.py``; the objects here speak the WGMMA fragment layout:
+:class:`AttentionMask` writes ``-inf`` where a score must not count, :class:`OnlineSoftmax`
 carries ``row_max`` (log2 units of the scaled scores) and ``row_sum`` across key blocks,
 :class:`NamedBarrier` names the barrier ids, :class:`TileScheduler` deals query tiles to CTAs,
 :class:`QueryBoxes` is the Q pipeline and :func:`tma_ring` the K/V rings, :class:`WarpgroupGemms`
@@ -26,7 +25,6 @@ row, so a row reduction is a thread-local loop plus two butterfly shuffles.
 from __future__ import annotations
 
 import enum
-import math
 import operator
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -39,7 +37,8 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-LN_2 = math.log(2.0)
+from cute_impl._device import LN_2, SeqlenInfo
+
 WARPS_PER_WARPGROUP = 4
 THREADS_PER_WARPGROUP = 128
 # Query rows per consumer warpgroup: the M of one WGMMA instruction.
@@ -279,89 +278,6 @@ class QueryBoxes(ReadOnlyInRegions):
 # ----------------------------------------------------------------------------------------------------
 # Block range and masking
 # ----------------------------------------------------------------------------------------------------
-def kv_head_index(head: Int32, heads: Int32, kv_heads: Int32) -> Int32:
-    """GQA: the KV head query head ``head`` reads (groups of heads // kv_heads query heads). K and V
-    are indexed by it (their TMA boxes' head coordinate), never repeated."""
-    return head // (heads // kv_heads)
-
-
-class SeqlenInfo:
-    """One sequence's ``seqlen_k`` and ``causal_offset``: row i sees keys j <= i + causal_offset.
-
-    ``seqlen_k`` is the padded key length, or the sequence's own ``cache_seqlens[batch]`` (clamped to
-    [0, Sk], so a bad length cannot reach past the cache). ``causal_offset`` is 0 for the top-left
-    alignment and ``seqlen_k - seqlen_q`` for the bottom-right one (``bottom_right``, compile time);
-    without either feature both stay what the canonical kernel had (``seqlen_k`` = Sk, offset 0).
-    """
-
-    def __init__(self, seqlen_k: Int32, causal_offset: Int32 | int, bottom_right: bool, has_cache_seqlens: bool):
-        self.seqlen_k = seqlen_k
-        self.causal_offset = causal_offset
-        self.bottom_right = bottom_right
-        # Some row may see no key at all (a length of 0, or bottom-right rows before the diagonal when
-        # Sq > Sk). Compile time: the canonical kernel never has such a row.
-        self.may_see_no_key = bottom_right or has_cache_seqlens
-
-    @staticmethod
-    def create(
-        batch: Int32, seqlen_q: Int32, seqlen_k: Int32, cache_seqlens: cute.Tensor | None, bottom_right: bool
-    ) -> SeqlenInfo:
-        if cutlass.const_expr(cache_seqlens is not None):
-            seqlen_k = cutlass.min(cutlass.max(cache_seqlens[batch], 0), seqlen_k)
-        causal_offset = 0
-        if cutlass.const_expr(bottom_right):
-            causal_offset = seqlen_k - seqlen_q
-        return SeqlenInfo(seqlen_k, causal_offset, bottom_right, cache_seqlens is not None)
-
-
-class BlockRange:
-    """Key blocks ``[n_block_min, n_block_max)`` of one query tile; the top ``n_masked_blocks`` of
-    them need the mask (the ragged end of Sk and, causal, the diagonal).
-
-    Blocks are visited from the top down, so the masked blocks come first and the rest of the loop
-    runs without a mask. This rung always starts at key 0 (no sliding window): ``n_block_min = 0``.
-    A tile whose rows see no key (bottom-right with Sq > Sk, or a ``cache_seqlens`` of 0) still visits
-    block 0, fully masked: its rows keep row_sum 0 and come out as O = 0 and LSE = -inf with no branch
-    around the pipelines (the producer loads that block like any other).
-
-    ``_device.BlockRange`` (``pipelined``) is a separate class: that rung unrolls its masked
-    iterations, so its count is a compile-time bound, while here the masked loop is a runtime loop
-    and the count is exact (only the blocks that reach past the tile's first row). The two also write
-    ``n_block_max`` in different equivalent forms; either form in both classes changes one rung's PTX.
-    """
-
-    def __init__(self, n_block_min: int, n_block_max: Int32, n_masked_blocks: Int32):
-        self.n_block_min = n_block_min
-        self.n_block_max = n_block_max
-        self.n_masked_blocks = n_masked_blocks
-
-    @staticmethod
-    def create(m_block: Int32, seqlen: SeqlenInfo, tile_m: int, tile_n: int, causal: bool) -> BlockRange:
-        visible_keys = seqlen.seqlen_k
-        if cutlass.const_expr(causal):
-            # Row i sees keys j <= i + causal_offset: the tile's last row (m_block + 1) * tile_m - 1
-            # bounds the keys worth loading.
-            last_row_end = (m_block + 1) * tile_m
-            if cutlass.const_expr(seqlen.bottom_right):
-                last_row_end = last_row_end + seqlen.causal_offset
-            visible_keys = cutlass.min(seqlen.seqlen_k, last_row_end)
-        if cutlass.const_expr(seqlen.may_see_no_key):
-            # At least block 0, fully masked where no row sees a key (see the class docstring).
-            visible_keys = cutlass.max(visible_keys, 1)
-        n_block_max = (visible_keys + tile_n - 1) // tile_n
-        if cutlass.const_expr(not causal):
-            # Only the last key block can be ragged.
-            return BlockRange(0, n_block_max, Int32(1))
-        # Blocks that reach past the tile's first row's diagonal cross it; at least one block is
-        # masked so that a ragged Sk is always covered.
-        first_row_end = m_block * tile_m
-        if cutlass.const_expr(seqlen.bottom_right):
-            # Rows before the diagonal (first_row_end + offset < 0) make every block a crossing one.
-            first_row_end = cutlass.max(first_row_end + seqlen.causal_offset, 0)
-        first_crossing = cutlass.min(n_block_max, first_row_end // tile_n)
-        return BlockRange(0, n_block_max, cutlass.max(n_block_max - first_crossing, 1))
-
-
 class AttentionMask:
     """Writes -inf into scores of keys past the sequence's ``seqlen_k`` and, when causal, keys after
     the query row's diagonal (j > i + causal_offset).
@@ -563,12 +479,21 @@ class Fp8Descales(ReadOnlyInRegions):
         q_block: Int32,
         bh: tuple[Int32, Int32],
         kv_bh: tuple[Int32, Int32],
-    ) -> tuple[Float32, Float32, BlockScales | None]:
+    ) -> TileScales:
         if self.block:
             scales = BlockScales(self.k_scales[None, kv_bh], self.v_scales[None, kv_bh])
-            return softmax_scale_log2 * self.q_scales[q_block, bh], output_scale, scales
+            return TileScales(softmax_scale_log2 * self.q_scales[q_block, bh], output_scale, scales)
         scale_log2 = softmax_scale_log2 * self.q_scales[0, bh] * self.k_scales[0, kv_bh]
-        return scale_log2, output_scale * self.v_scales[0, kv_bh], None
+        return TileScales(scale_log2, output_scale * self.v_scales[0, kv_bh], None)
+
+
+class TileScales(NamedTuple):
+    """One tile's scales (:meth:`Fp8Descales.for_tile`): its softmax_scale_log2 and output scale, and
+    the per-key-block K and V scales (None when per tensor)."""
+
+    softmax_scale_log2: Float32
+    output_scale: Float32
+    block_scales: BlockScales | None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -758,9 +683,9 @@ class OutputEpilogue(ReadOnlyInRegions):
     """
 
     def __init__(
-        self, tma_o: cute.CopyAtom, thr_store: Any, sO: cute.Tensor, w: Int32, wg_tidx: Int32, persistent: bool
+        self, tma_atom_O: cute.CopyAtom, thr_store: Any, sO: cute.Tensor, w: Int32, wg_tidx: Int32, persistent: bool
     ):
-        self.tma_o = tma_o
+        self.tma_atom_O = tma_atom_O
         self.thr_store = thr_store
         self.sO = sO  # (64, D, warpgroup)
         self.w = w
@@ -794,8 +719,8 @@ class OutputEpilogue(ReadOnlyInRegions):
         if first_warp:
             head_dim, warpgroups = cute.size(self.sO, mode=[1]), cute.size(self.sO, mode=[2])
             gO = cute.local_tile(gO_head, (ROWS_PER_WARPGROUP, head_dim), (None, 0))  # (64, D, Sq/64)
-            tOsO, tOgO = tma_partition(self.tma_o, self.sO, gO)
-            cute.copy(self.tma_o, tOsO[None, self.w], tOgO[None, m_block * warpgroups + self.w])
+            tOsO, tOgO = tma_partition(self.tma_atom_O, self.sO, gO)
+            cute.copy(self.tma_atom_O, tOsO[None, self.w], tOgO[None, m_block * warpgroups + self.w])
             cute.arch.cp_async_bulk_commit_group()
 
 

@@ -1,11 +1,11 @@
 """Host glue shared by the CuTe DSL Hopper rungs (``hopper.py`` and ``fp8.py``): compile, bind, launch.
 
-None of this is kernel code. :class:`HopperConfig` is the one compile key: everything that changes
-the generated code; :func:`default_config` picks it per problem, as measured. :class:`CompiledKernels`
-compiles the kernel once per configuration, always from fake tensors (:func:`fake_arguments`), so a
-GPU launch and a CPU compile for the static analysis trace the same function with the same argument
-types and produce the same PTX. At launch, :func:`tensor_arguments` turns torch tensors into the
-CuTe tensors those fakes stand for.
+None of this is kernel code. :class:`HopperAttentionConfig` is the one compile key: everything that changes
+the generated code; :func:`default_config` picks it per problem, as measured. :class:`HopperKernels`
+(``_host.CompiledKernels``) compiles the kernel once per configuration, always from fake tensors
+(:func:`fake_arguments`), so a GPU launch and a CPU compile for the static analysis trace the same
+function with the same argument types and produce the same PTX. At launch, :func:`tensor_arguments`
+turns torch tensors into the CuTe tensors those fakes stand for.
 """
 
 from __future__ import annotations
@@ -14,18 +14,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import cutlass.cute as cute
 import torch
 from cutlass import Float8E4M3FN, Float32, Int32
-from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+from cutlass.cute.runtime import make_fake_stream
 from cutlass.cute.typing import AddressSpace
 
 from common.contract.problem import Problem
 from common.contract.registry import Runner
-from common.contract.validation import OPERAND_ALIGNMENT_BYTES
 from common.toolchain.arch import SM90A
-from common.toolchain.compile import KernelBinary, compile_cute_sm90
-from cute_impl._host import CUTE_DTYPES, cache_seqlens_tensor, current_stream, fake_cache_seqlens, to_cute_tensor
+from cute_impl._host import (
+    CUTE_DTYPES,
+    CompiledKernels,
+    cache_seqlens_tensor,
+    fake_cache_seqlens,
+    fake_tensor,
+    to_cute_tensor,
+)
 
 # FP8 operands: e4m3, carried as uint8 tensors by torch and retyped at launch.
 FP8_CUTLASS = Float8E4M3FN
@@ -35,10 +39,13 @@ STATIC_SM_COUNT = 132
 DEFAULT_TILE_N = 128
 
 FP8Scales = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+# The TMA rungs' fake tensors are typed in the generic address space (what ``to_cute_tensor`` reports
+# for a tensor in CPU memory, so that a CPU compile from launch tensors gives the same PTX).
+GENERIC = AddressSpace.generic
 
 
 @dataclass(frozen=True)
-class HopperConfig:
+class HopperAttentionConfig:
     """Everything that changes the generated code (the compile-cache key)."""
 
     dtype: torch.dtype
@@ -73,7 +80,7 @@ class HopperConfig:
         return torch.bfloat16 if self.fp8 else self.dtype
 
 
-def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
+def default_config(problem: Problem, fp8: bool = False) -> HopperAttentionConfig:
     """Tile sizes, warpgroups and ring depth per head dim, as measured on the H200 (the A/B runs are in
     docs/perf-log.md)."""
     # Persistent CTAs overlap the next tile's loads with this tile's epilogue; causal D=64 measured
@@ -84,7 +91,7 @@ def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
     pingpong = not problem.causal and not (fp8 and problem.head_dim == 128)
     # D=64 has half the GEMM work per score: two warpgroups leave the softmax's latency exposed.
     consumer_warpgroups = 3 if problem.head_dim == 64 else 2
-    return HopperConfig(
+    return HopperAttentionConfig(
         dtype=problem.dtype,
         head_dim=problem.head_dim,
         causal=problem.causal,
@@ -98,34 +105,22 @@ def default_config(problem: Problem, fp8: bool = False) -> HopperConfig:
     )
 
 
-def fake_tensor(element_type: type, rank: int) -> Any:
-    """What ``to_cute_tensor`` passes at launch, without data: every dimension and outer stride
-    symbolic, the last dimension contiguous, 16-byte aligned, generic address space. The compiled
-    function reads each tensor's sizes and strides in the order this type declares, so the two
-    must agree exactly (the CPU PTX of this type is byte-identical to a compile from real tensors)."""
-    sizes = tuple(cute.sym_int() for _ in range(rank))
-    strides = (*(cute.sym_int64() for _ in range(rank - 1)), 1)
-    return make_fake_tensor(
-        element_type, sizes, strides, memspace=AddressSpace.generic, assumed_align=OPERAND_ALIGNMENT_BYTES
-    )
-
-
-def fake_arguments(config: HopperConfig) -> tuple[Any, ...]:
+def fake_arguments(config: HopperAttentionConfig) -> tuple[Any, ...]:
     """The kernel's arguments for compiling ``config``: q, k, v (V transposed for FP8), o, lse, the
     key lengths (None without them), the three FP8 scale tensors (None for 16-bit), the scalars and
     the stream."""
     element = FP8_CUTLASS if config.fp8 else CUTE_DTYPES[config.dtype]
-    operands = [fake_tensor(element, 4) for _ in range(3)]
-    outputs = [fake_tensor(CUTE_DTYPES[config.out_dtype], 4), fake_tensor(Float32, 3)]
+    operands = [fake_tensor(element, 4, GENERIC) for _ in range(3)]
+    outputs = [fake_tensor(CUTE_DTYPES[config.out_dtype], 4, GENERIC), fake_tensor(Float32, 3, GENERIC)]
     cache_seqlens = fake_cache_seqlens() if config.has_cache_seqlens else None
-    scales = [fake_tensor(Float32, 3) for _ in range(3)] if config.fp8 else [None] * 3
+    scales = [fake_tensor(Float32, 3, GENERIC) for _ in range(3)] if config.fp8 else [None] * 3
     # The scalars' values do not enter the code: softmax_scale_log2, output_scale, SM count.
     scalars = [Float32(1.0), Float32(1.0), Int32(STATIC_SM_COUNT)]
     return (*operands, *outputs, cache_seqlens, *scales, *scalars, make_fake_stream())
 
 
 def tensor_arguments(
-    config: HopperConfig,
+    config: HopperAttentionConfig,
     tensors: tuple[torch.Tensor, ...],
     scales: FP8Scales | None,
     cache_seqlens: torch.Tensor | None = None,
@@ -150,33 +145,16 @@ def tensor_arguments(
     return (*operands, to_cute_tensor(o), to_cute_tensor(lse), lengths, *scale_args)
 
 
-class CompiledKernels:
-    """A kernel class (``HopperAttention``) compiled once per configuration, from fake tensors.
+class HopperKernels(CompiledKernels[HopperAttentionConfig]):
+    """``HopperAttention`` compiled once per configuration, from :func:`fake_arguments` (for sm_90a,
+    on the GPU as on a CPU); :meth:`launcher` binds tensors and returns the launch-only run."""
 
-    :meth:`kernel` compiles for launches on the GPU, :meth:`binaries` on a CPU for the static
-    analysis (keeping PTX and cubin), :meth:`launcher` binds tensors and returns the launch-only run.
-    """
-
-    def __init__(self, kernel_class: Callable[[HopperConfig], Any]):
-        self.kernel_class = kernel_class
-        self.compiled: dict[HopperConfig, Callable[..., None]] = {}
-
-    def kernel(self, config: HopperConfig) -> Callable[..., None]:
-        """The kernel of ``config``, compiled for sm_90a on first use."""
-        if config not in self.compiled:
-            self.compiled[config] = cute.compile[cute.GPUArch(SM90A)](
-                self.kernel_class(config), *fake_arguments(config)
-            )
-        return self.compiled[config]
-
-    def binaries(self, config: HopperConfig, name: str) -> list[KernelBinary]:
-        """The same compile on a CPU, keeping PTX and cubin for the static analysis."""
-        kernel = self.kernel_class(config)
-        return [compile_cute_sm90(kernel, *fake_arguments(config), name=name, threads=kernel.threads_per_cta)]
+    def __init__(self, kernel_class: Callable[[HopperAttentionConfig], Any]):
+        super().__init__(kernel_class, fake_arguments, arch=SM90A)
 
     def launcher(
         self,
-        config: HopperConfig,
+        config: HopperAttentionConfig,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
@@ -201,11 +179,6 @@ class CompiledKernels:
         # The SM count is a launch argument (read here, at run time), so compiling never queries a device.
         sm_count = sm_count or torch.cuda.get_device_properties(q.device).multi_processor_count
         scalars = (Float32(softmax_scale_log2), Float32(output_scale), Int32(sm_count))
-        compiled = self.kernel(config)
-
-        def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-            compiled(*args, *scalars, current_stream())
-            return (o, lse) if return_lse else o
-
+        run = self.runner(config, (*args, *scalars), (o, lse) if return_lse else o, q.device)
         run.lse = lse  # for a future backward pass and for tests
         return run

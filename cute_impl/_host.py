@@ -3,12 +3,14 @@ validating ``prepare``, fake operands for CPU compiles, and the launch setup of 
 rungs (tiled, pipelined, decode).
 
 None of this is kernel code. It turns torch tensors into CuTe tensors with dynamic shape and
-strides, so one compilation serves every shape; builds the matching fake tensors for compiling on a
-machine without a GPU; and compiles once per key, returning a ``run()`` that only launches.
+strides, so one compilation serves every shape; builds the matching fake tensors; and compiles each
+kernel configuration once, from those fakes (:class:`CompiledKernels`), so that a GPU launch and a CPU
+compile for the static analysis trace the same function with the same argument types.
 """
 
-from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -18,15 +20,18 @@ from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 from cutlass.cute.typing import AddressSpace
 
-from common.contract.capability import GQA, check_common, check_features
+from common.contract.capability import FEATURES, GQA, check_common, check_features
 from common.contract.problem import Problem
 from common.contract.registry import Runner, per_call_inputs, warmed_up
 from common.contract.validation import (
     OPERAND_ALIGNMENT_BYTES,
+    kernel_operand,
     require_cache_seqlens_as_stated,
     validate_attention_inputs,
 )
 from common.toolchain.compile import KernelBinary, compile_cute_sm90
+
+Config = TypeVar("Config", bound=Hashable)
 
 CUTE_DTYPES = {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}
 # mma.sync with bf16 operands and cp.async are sm_80 features (Hopper runs them too).
@@ -48,41 +53,6 @@ def current_stream(device: torch.device | None = None) -> cuda.CUstream:
     return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
 
 
-def fake_bhsd_tensor(dtype: type[cutlass.Numeric]) -> Any:
-    """A (B, H, S, D) stand-in with the dynamic layout of ``to_cute_tensor`` (every dimension and
-    stride symbolic, strides 64-element divisible), for CPU compiles of the naive and online rungs."""
-    sym = cute.sym_int
-    return make_fake_tensor(
-        dtype, (sym(), sym(), sym(), sym()), (sym(64), sym(64), sym(64), 1), assumed_align=OPERAND_ALIGNMENT_BYTES
-    )
-
-
-def fake_operands(problem: Problem) -> list[Any]:
-    """Fake q, k, v, o with dynamic B, H, S and strides, for compiling without a GPU (K and V with
-    their own head count under GQA)."""
-    dtype = CUTE_DTYPES[problem.dtype]
-    batch, heads = cute.sym_int(), cute.sym_int()
-    kv_heads = cute.sym_int() if problem.kv_heads != problem.heads else heads
-    fakes = []
-    for seqlen, seq_heads in ((cute.sym_int(), heads), (cute.sym_int(), kv_heads)):
-        stride = (cute.sym_int64(), cute.sym_int64(), cute.sym_int64(), 1)
-        shape = (batch, seq_heads, seqlen, problem.head_dim)
-        fakes.append(make_fake_tensor(dtype, shape, stride, assumed_align=OPERAND_ALIGNMENT_BYTES))
-    fake_q, fake_k = fakes
-    return [fake_q, fake_k, fake_k, fake_q]
-
-
-def fake_lse() -> Any:
-    """What ``to_cute_tensor`` passes for the (B, H, Sq) fp32 LSE at launch, without data."""
-    sym = cute.sym_int
-    return make_fake_tensor(
-        cutlass.Float32,
-        (sym(), sym(), sym()),
-        (cute.sym_int64(), cute.sym_int64(), 1),
-        assumed_align=OPERAND_ALIGNMENT_BYTES,
-    )
-
-
 def fake_cache_seqlens() -> Any:
     """What ``cache_seqlens_tensor`` passes at launch: (B,) int32, contiguous, 4-byte aligned."""
     return make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), memspace=AddressSpace.generic, assumed_align=4)
@@ -95,71 +65,212 @@ def cache_seqlens_tensor(cache_seqlens: torch.Tensor) -> cute.Tensor:
     return from_dlpack(cache_seqlens, assumed_align=4).mark_layout_dynamic(leading_dim=0)
 
 
-def compiled_runner(
-    cache: dict[Any, Any],
-    key: Any,
-    make_launcher: Callable[[], Any],
-    tensors: Sequence[torch.Tensor | cute.Tensor | None],
-    scale: float,
-    result: Any,
-) -> Runner:
-    """Compile ``make_launcher()`` once per ``key`` for ``tensors`` (inputs and outputs, in the
-    launcher's order: torch tensors are converted by :func:`to_cute_tensor`, CuTe tensors and None,
-    an absent optional operand, pass as they are) and the fp32 ``scale``; the returned ``run()`` only
-    launches and returns ``result`` (O, or the pair (O, lse))."""
-    operands = [to_cute_tensor(t) if isinstance(t, torch.Tensor) else t for t in tensors]
-    scale_arg = cutlass.Float32(scale)
-    device = tensors[0].device
-    if key not in cache:
-        cache[key] = cute.compile(make_launcher(), *operands, scale_arg, current_stream(device))
-    compiled = cache[key]
-
-    def run() -> Any:
-        # The stream is read at launch so that a CUDA-graph capture on a side stream records this launch.
-        compiled(*operands, scale_arg, current_stream(device))
-        return result
-
-    return run
+def fake_tensor(element_type: type, rank: int, memspace: AddressSpace = AddressSpace.gmem) -> Any:
+    """What ``to_cute_tensor`` passes at launch, without data: every dimension and outer stride
+    symbolic, the last dimension contiguous, 16-byte aligned. The compiled function reads each
+    tensor's sizes and strides in the order this type declares, so the two must agree exactly (a
+    static head dim here would shift every stride after it). ``memspace`` is part of the type, not of
+    what is passed: ``cp.async`` sources must be global memory; the TMA rungs compile for generic."""
+    sizes = tuple(cute.sym_int() for _ in range(rank))
+    strides = (*(cute.sym_int64() for _ in range(rank - 1)), 1)
+    return make_fake_tensor(element_type, sizes, strides, memspace=memspace, assumed_align=OPERAND_ALIGNMENT_BYTES)
 
 
-def validated_prepare(
-    bind: Callable[..., Runner],
+class CompiledKernels(Generic[Config]):
+    """A kernel class compiled once per configuration (the compile key: everything that changes the
+    generated code), always from fake tensors.
+
+    ``kernel_class(config)`` is the ``@cute.jit`` launcher object (with ``threads_per_cta``);
+    ``fake_arguments(config)`` its whole argument list without data (tensors, scalars, a fake stream).
+    :meth:`kernel` compiles for launches on the GPU (for ``arch``, default the device's own),
+    :meth:`binaries` for sm_90a on a CPU for the static analysis, keeping PTX and cubin: the same
+    trace, so the machine code the analysis sees is the one that runs.
+    """
+
+    def __init__(
+        self,
+        kernel_class: Callable[[Config], Any],
+        fake_arguments: Callable[[Config], Sequence[Any]],
+        *,
+        arch: str | None = None,
+    ):
+        self.kernel_class = kernel_class
+        self.fake_arguments = fake_arguments
+        self.arch = arch
+        self.compiled: dict[Config, Callable[..., None]] = {}
+
+    def kernel(self, config: Config) -> Callable[..., None]:
+        """The kernel of ``config``, compiled on first use."""
+        if config not in self.compiled:
+            compile_for = cute.compile if self.arch is None else cute.compile[cute.GPUArch(self.arch)]
+            self.compiled[config] = compile_for(self.kernel_class(config), *self.fake_arguments(config))
+        return self.compiled[config]
+
+    def binaries(self, config: Config, name: str) -> list[KernelBinary]:
+        """The same compile for sm_90a on a CPU, keeping PTX and cubin for the static analysis."""
+        kernel = self.kernel_class(config)
+        return [compile_cute_sm90(kernel, *self.fake_arguments(config), name=name, threads=kernel.threads_per_cta)]
+
+    def runner(self, config: Config, arguments: Sequence[Any], result: Any, device: torch.device) -> Runner:
+        """Compile (cached on ``config``) and return the launch-only ``run()``: it passes ``arguments``
+        (the launch counterparts of the fakes, without the stream) and returns ``result``."""
+        compiled = self.kernel(config)
+
+        def run() -> Any:
+            # The stream is read at launch so that a CUDA-graph capture on a side stream records this launch.
+            compiled(*arguments, current_stream(device))
+            return result
+
+        return run
+
+
+@dataclass(frozen=True)
+class ProblemConfig:
+    """The compile key of the rungs without tile choices (naive, online): the dtype, the head dim and
+    the problem's compile-time features."""
+
+    dtype: torch.dtype
+    head_dim: int
+    causal: bool
+    bottom_right: bool  # causal diagonal shifted by causal_offset = seqlen_k - Sq
+    has_cache_seqlens: bool  # a (B,) int32 kernel argument: each sequence's seqlen_k
+    return_lse: bool  # the kernel also writes the (B, H, Sq) fp32 LSE
+
+    @staticmethod
+    def of(problem: Problem) -> "ProblemConfig":
+        return ProblemConfig(
+            dtype=problem.dtype,
+            head_dim=problem.head_dim,
+            causal=problem.causal,
+            bottom_right=problem.bottom_right,
+            has_cache_seqlens=problem.has_cache_seqlens,
+            return_lse=problem.return_lse,
+        )
+
+
+def fake_attention_arguments(config: Any) -> tuple[Any, ...]:
+    """The arguments of the prefill kernels (online, tiled, pipelined) without data, as
+    :func:`attention_launch` passes them: q, k, v, o (B, H or Hkv, S, D), the (B, H, Sq) LSE (None
+    unless ``config.return_lse``), the key lengths (None unless ``config.has_cache_seqlens``), the
+    softmax scale (its value does not enter the code) and the stream."""
+    element = CUTE_DTYPES[config.dtype]
+    operands = [fake_tensor(element, 4) for _ in range(4)]
+    lse = fake_tensor(cutlass.Float32, 3) if config.return_lse else None
+    lengths = fake_cache_seqlens() if config.has_cache_seqlens else None
+    return (*operands, lse, lengths, cutlass.Float32(1.0), make_fake_stream())
+
+
+class Launch(NamedTuple):
+    """What one ``bind`` launches: the compile key, the kernel's arguments (the launch counterparts of
+    its fakes, without the stream), what ``run()`` returns, and what the plan chose that callers may
+    read on ``run`` (decode's ``num_splits``)."""
+
+    config: Hashable
+    arguments: tuple[Any, ...]
+    result: Any
+    chosen: dict[str, Any] | None = None
+
+
+class RungHost:
+    """One rung's host entry points, configured once: validate → plan → bind.
+
+    ``plan(problem, **options)`` is the compile key of a problem (:meth:`compile_sm90` compiles it);
+    ``plan_launch(q, k, v, problem, *, cache_seqlens, **options)`` allocates the outputs of validated,
+    kernel-ready q, k, v and returns the :class:`Launch`. ``head_dims``, ``features`` (names of
+    ``common.contract.capability.FEATURES``) and ``problem_check`` (the rung's own limits, as its
+    ``supports`` states them) are what :meth:`prepare` validates against.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        kernels: CompiledKernels,
+        *,
+        plan: Callable[..., Hashable],
+        plan_launch: Callable[..., Launch],
+        head_dims: Collection[int],
+        features: Collection[str] = FEATURES,
+        problem_check: Callable[[Problem], tuple[bool, str]] | None = None,
+    ):
+        self.name = name
+        self.kernels = kernels
+        self.plan = plan
+        self.plan_launch = plan_launch
+        self.head_dims = tuple(head_dims)
+        self.features = tuple(features)
+        self.problem_check = problem_check
+
+    def prepare(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        problem: Problem,
+        *,
+        cache_seqlens: torch.Tensor | None = None,
+        **options: Any,
+    ) -> Runner:
+        """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) (and ``cache_seqlens``) against the rung's
+        head dims, features and limits, bind them to the Problem they describe (compiling on first
+        use), and launch once to warm up. ``options`` go to ``plan_launch`` (decode's ``num_splits``)."""
+        require_cache_seqlens_as_stated(problem, cache_seqlens)
+        checked = validate_attention_inputs(
+            q,
+            k,
+            v,
+            causal=problem.causal,
+            softmax_scale=problem.softmax_scale,
+            causal_alignment=problem.causal_alignment,
+            cache_seqlens=cache_seqlens,
+            return_lse=problem.return_lse,
+            allow_gqa=GQA in self.features,
+            head_dims=self.head_dims,
+        )
+        checks = [check_features(self.name, checked, self.features)]
+        if self.problem_check is not None:
+            checks.append(self.problem_check(checked))
+        for ok, reason in checks:
+            if not ok:
+                raise ValueError(reason)
+        run = self.bind(q, k, v, checked, **per_call_inputs(checked, cache_seqlens), **options)
+        return warmed_up(run, q.device)
+
+    def bind(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, **inputs: Any) -> Runner:
+        """The launch-only ``run()`` of validated q, k, v (compiled on first use, cached on the plan);
+        ``inputs``: the per-call inputs (``cache_seqlens``) and the options of ``plan_launch``."""
+        q, k, v = (kernel_operand(t) for t in (q, k, v))
+        launch = self.plan_launch(q, k, v, problem, **inputs)
+        run = self.kernels.runner(launch.config, launch.arguments, launch.result, q.device)
+        for attribute, value in (launch.chosen or {}).items():
+            setattr(run, attribute, value)
+        return run
+
+    def compile_sm90(self, problem: Problem, **options: Any) -> list[KernelBinary]:
+        """The kernels of ``plan(problem)`` compiled for sm_90a on fake tensors (no GPU needed)."""
+        return self.kernels.binaries(self.plan(problem, **options), self.name.replace("/", "_"))
+
+
+def attention_launch(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     problem: Problem,
     *,
-    head_dims: Collection[int],
-    problem_check: Callable[[Problem], tuple[bool, str]] | None = None,
-    name: str = "this rung",
-    features: Collection[str] = (),
+    plan: Callable[[Problem], Hashable],
     cache_seqlens: torch.Tensor | None = None,
-) -> Runner:
-    """A rung's ``prepare``: validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) (and ``cache_seqlens``)
-    against the rung's head dims, the problem features it implements (``features``, names of
-    ``common.contract.capability.FEATURES``) and, if given, ``problem_check`` (the rung's own limits, as
-    its ``supports`` states them), ``bind`` them to the Problem they describe (compiling on first use),
-    and launch once to warm up."""
-    require_cache_seqlens_as_stated(problem, cache_seqlens)
-    checked = validate_attention_inputs(
-        q,
-        k,
-        v,
-        causal=problem.causal,
-        softmax_scale=problem.softmax_scale,
-        causal_alignment=problem.causal_alignment,
-        cache_seqlens=cache_seqlens,
-        return_lse=problem.return_lse,
-        allow_gqa=GQA in features,
-        head_dims=head_dims,
-    )
-    checks = [check_features(name, checked, features)]
-    if problem_check is not None:
-        checks.append(problem_check(checked))
-    for ok, reason in checks:
-        if not ok:
-            raise ValueError(reason)
-    return warmed_up(bind(q, k, v, checked, **per_call_inputs(checked, cache_seqlens)), q.device)
+    scale_factor: float = 1.0,
+) -> Launch:
+    """The :class:`Launch` of the kernels that take (q, k, v, o, lse, cache_seqlens, scale, stream)
+    (online, tiled, pipelined): O (and the (B, H, Sq) fp32 LSE) allocated here; ``run()`` returns O,
+    or (O, lse) when ``problem.return_lse``; the scale passed is ``problem.scale · scale_factor``."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = None
+    if problem.return_lse:
+        lse = torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=q.device)
+    tensors = [None if t is None else to_cute_tensor(t) for t in (q, k, v, out, lse)]
+    lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
+    arguments = (*tensors, lengths, cutlass.Float32(problem.scale * scale_factor))
+    return Launch(plan(problem), arguments, (out, lse) if problem.return_lse else out)
 
 
 def mma_sync_supports(
@@ -192,13 +303,6 @@ def positive_scale(problem: Problem) -> tuple[bool, str]:
             f"turns the mask's -inf into NaN in the exp2 FMA), got {problem.scale}"
         )
     return True, ""
-
-
-def compile_on_fakes_sm90(
-    launcher: Any, fakes: Sequence[Any], scale: float, *, name: str, threads: int
-) -> list[KernelBinary]:
-    """A rung's ``compile_sm90``: compile ``launcher`` for sm_90a on fake operands (no GPU needed)."""
-    return [compile_cute_sm90(launcher, *fakes, cutlass.Float32(scale), make_fake_stream(), name=name, threads=threads)]
 
 
 # ----------------------------------------------------------------------------------------------

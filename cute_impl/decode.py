@@ -84,19 +84,20 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass.cute.runtime import make_fake_tensor
+from cutlass.cute.runtime import make_fake_stream
 
 from common.contract import splits
 from common.contract.capability import FEATURES
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner
-from common.contract.validation import OPERAND_ALIGNMENT_BYTES, kernel_operand
-from common.toolchain.compile import KernelBinary
+from common.contract.registry import Implementation
 from cute_impl._device import (
     LOG2_E,
     AttentionMask,
     BlockRange,
+    KVCopy,
+    LdmatrixOperands,
     OnlineSoftmax,
+    OperandLoad,
     SeqlenInfo,
     accumulator_as_operand_a,
     gemm_double_buffered,
@@ -110,17 +111,18 @@ from cute_impl._host import (
     CUTE_DTYPES,
     SWIZZLE_COLS,
     WARP_THREADS,
+    CompiledKernels,
+    Launch,
+    RungHost,
     cache_seqlens_tensor,
-    compile_on_fakes_sm90,
-    compiled_runner,
     cp_async_tiled_copy,
     fake_cache_seqlens,
-    fake_operands,
+    fake_tensor,
     mma_sync_supports,
     positive_scale,
     static_head_dim_view,
     swizzled_qkv_layouts,
-    validated_prepare,
+    to_cute_tensor,
     warp_tiled_mma,
 )
 
@@ -170,8 +172,9 @@ HEAD_DIMS = tuple(sorted(TILE_CONFIGS))
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Everything that changes the generated code (the compile-cache key, with the dtype)."""
+    """Everything that changes the generated code (the compile-cache key)."""
 
+    dtype: torch.dtype
     head_dim: int
     tile_m: int  # packed rows per CTA (a power of two, 16 .. shape.max_tile_m)
     shape: TileShape
@@ -196,7 +199,7 @@ class DecodeKernel:
         self.tile_n = config.shape.tile_n
         self.stages = config.shape.stages
         self.num_warps = config.shape.num_warps
-        self.num_threads = self.num_warps * WARP_THREADS
+        self.threads_per_cta = self.num_warps * WARP_THREADS
         self.keys_per_warp = config.keys_per_warp
         self.causal = config.causal
         self.bottom_right = config.bottom_right
@@ -261,13 +264,13 @@ class DecodeKernel:
             sO_parts_layout,
             sLSE_parts_layout,
             # 8 threads cover one 64-element swizzle row with 16 B each.
-            cp_async_tiled_copy(dtype, self.num_threads, row_elems=SWIZZLE_COLS),
+            cp_async_tiled_copy(dtype, self.threads_per_cta, row_elems=SWIZZLE_COLS),
             # One warp's MMA: each warp multiplies all tile_m rows by its own keys.
             warp_tiled_mma(dtype, WARP_THREADS),
             _shared_storage(dtype, sQ_layout, sKV_layout),
         ).launch(
             grid=(num_splits, cute.ceil_div(rows, self.tile_m), batch_kv_heads),
-            block=[self.num_threads, 1, 1],
+            block=[self.threads_per_cta, 1, 1],
             stream=stream,
         )
         if cutlass.const_expr(self.split):
@@ -365,7 +368,9 @@ class DecodeKernel:
         for stage in cutlass.range_constexpr(self.stages - 1):
             if stage < n_blocks:
                 # Q joins the group of the first block; only that block can be cut by seqlen_k.
-                load_kv_block(kv_copy, block_range.n_block_max - 1 - stage, stage, seqlen.seqlen_k, stage == 0)
+                load_kv_block(
+                    kv_copy, block_range.n_block_max - 1 - stage, stage, seqlen.seqlen_k, predicated=stage == 0
+                )
             cute.arch.cp_async_commit_group()
 
         # ---- 3. Main loop: the masked blocks first (they top the split), then the rest -----------
@@ -387,9 +392,9 @@ class DecodeKernel:
         )
         for step in cutlass.range_constexpr(block_range.n_masked_blocks):
             if step < n_blocks:
-                attend(step, True)
+                attend(step, masked=True)
         for step in cutlass.range(block_range.n_masked_blocks, n_blocks, 1):
-            attend(step, False)
+            attend(step, masked=False)
         cute.arch.cp_async_wait_group(0)
 
         # ---- 4. Epilogue: each warp's O and LSE, merged over the warps, stored ------------------
@@ -443,9 +448,9 @@ class DecodeKernel:
     @cute.jit
     def attend_block(
         self,
-        kv_copy: tuple,
+        kv_copy: KVCopy,
         warp_mma: cute.TiledMma,
-        smem_operands: tuple,
+        smem_operands: LdmatrixOperands,
         tSrQ: cute.Tensor,
         tSrK: cute.Tensor,
         tOrVt: cute.Tensor,
@@ -461,7 +466,7 @@ class DecodeKernel:
     ):
         """Iteration ``step`` of the split (block ``n_block_max - 1 - step``): refill the ring, then this
         warp's S = Q Kᵀ → mask → online softmax → rescale O → O += P V."""
-        (copy_Q, tSsQ, tSrQ_view), (copy_K, tSsK, tSrK_view), (copy_V, tOsVt, tOrVt_view) = smem_operands
+        (copy_K, tSsK, tSrK_view), (copy_V, tOsVt, tOrVt_view) = smem_operands.k, smem_operands.vt
         n_block = n_block_max - 1 - step
         slot = step % self.stages
 
@@ -469,7 +474,7 @@ class DecodeKernel:
         cute.arch.barrier()
         ahead = step + self.stages - 1
         if ahead < n_blocks:
-            load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % self.stages, seqlen_k, False)
+            load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % self.stages, seqlen_k, predicated=False)
         # Always commit (possibly an empty group) so that "stages-1 groups pending" means block i landed.
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(self.stages - 1)
@@ -484,8 +489,8 @@ class DecodeKernel:
             tSrQ,
             tSrK,
             self.keys_per_warp // MMA_K,
-            b_load=(copy_K, tSsK[None, None, None, slot], tSrK_view),
-            a_load=(copy_Q, tSsQ, tSrQ_view),
+            b_load=OperandLoad(copy_K, tSsK[None, None, None, slot], tSrK_view),
+            a_load=smem_operands.q,
         )
 
         # ---- 3c./3d. Mask, online softmax, rescale O ---------------------------------------------
@@ -504,7 +509,7 @@ class DecodeKernel:
             tOrP,
             tOrVt,
             self.config.shape.pieces_per_k_step,
-            b_load=(copy_V, tOsVt[None, None, None, slot], tOrVt_view),
+            b_load=OperandLoad(copy_V, tOsVt[None, None, None, slot], tOrVt_view),
         )
 
     @cute.jit
@@ -535,7 +540,7 @@ class DecodeKernel:
         O's packed rows (B·Hkv slice, output dtype) or this split's fp32 partial rows; ``gLSE`` likewise
         or None."""
         chunks = self.head_dim // MERGE_COLS
-        rows_per_pass = self.num_threads // chunks
+        rows_per_pass = self.threads_per_cta // chunks
         chunk = tidx % chunks
         sO_chunks = cute.logical_divide(sO_parts, (None, None, MERGE_COLS))  # (num_warps, tile_m, (4, chunks))
         for tile_pass in cutlass.range_constexpr(self.tile_m // rows_per_pass):
@@ -640,9 +645,6 @@ def _shared_storage(dtype: type[cutlass.Numeric], sQ_layout: Any, sKV_layout: An
 # ----------------------------------------------------------------------------------------------
 # Host: tile shape, split count, bind, prepare.
 # ----------------------------------------------------------------------------------------------
-_COMPILED: dict[tuple[torch.dtype, DecodeConfig], Any] = {}
-
-
 def tile_m_for(problem: Problem) -> int:
     """Packed rows per CTA: group · Sq rounded up to a power of two in [16, max_tile_m]."""
     packed = problem.kv_group * problem.seqlen_q
@@ -662,6 +664,7 @@ def decode_config(problem: Problem, split: bool) -> DecodeConfig:
     """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every bind), with
     the problem's features as compile-time flags."""
     return DecodeConfig(
+        dtype=problem.dtype,
         head_dim=problem.head_dim,
         tile_m=tile_m_for(problem),
         shape=TILE_CONFIGS[problem.head_dim],
@@ -673,7 +676,7 @@ def decode_config(problem: Problem, split: bool) -> DecodeConfig:
     )
 
 
-def bind(
+def plan_launch(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -681,12 +684,11 @@ def bind(
     *,
     cache_seqlens: torch.Tensor | None = None,
     num_splits: int | None = None,
-) -> Runner:
-    """Compile (cached), allocate O, the LSE and the split workspace for validated q, k, v; ``run()``
-    launches the split kernel and, with more than one split, the merge. ``num_splits`` overrides the
-    rule (sweeps, tests)."""
+) -> Launch:
+    """Allocate O, the LSE and the split workspace for validated q, k, v; ``run()`` launches the split
+    kernel and, with more than one split, the merge, and carries the ``num_splits`` it chose.
+    ``num_splits`` overrides the rule (sweeps, tests)."""
     num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device)
-    q, k, v = (kernel_operand(t) for t in (q, k, v))
     batch_kv_heads, rows, head_dim = problem.batch * problem.kv_heads, problem.kv_group * problem.seqlen_q, q.shape[3]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = None
@@ -698,15 +700,12 @@ def bind(
             torch.empty((num_splits, batch_kv_heads, rows, head_dim), dtype=torch.float32, device=q.device),
             torch.empty((num_splits, batch_kv_heads, rows), dtype=torch.float32, device=q.device),
         )
+    packed = (out.view(batch_kv_heads, rows, head_dim), None if lse is None else lse.view(batch_kv_heads, rows))
+    tensors = [None if t is None else to_cute_tensor(t) for t in (q, k, v, *packed, *partials)]
     lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
-    config = decode_config(problem, split=num_splits > 1)
-    packed_out = out.view(batch_kv_heads, rows, head_dim)
-    packed_lse = None if lse is None else lse.view(batch_kv_heads, rows)
-    tensors = (q, k, v, packed_out, packed_lse, *partials, lengths)
+    arguments = (*tensors, lengths, cutlass.Float32(problem.scale))
     result = (out, lse) if problem.return_lse else out
-    run = compiled_runner(_COMPILED, (q.dtype, config), partial(DecodeKernel, config), tensors, problem.scale, result)
-    run.num_splits = num_splits
-    return run
+    return Launch(decode_config(problem, split=num_splits > 1), arguments, result, {"num_splits": num_splits})
 
 
 def decode_limits(problem: Problem) -> tuple[bool, str]:
@@ -717,32 +716,6 @@ def decode_limits(problem: Problem) -> tuple[bool, str]:
             f"cute/decode takes 1 to {MAX_SEQLEN_Q} query tokens, got Sq={problem.seqlen_q}: use a prefill rung",
         )
     return positive_scale(problem)
-
-
-def decode_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-    num_splits: int | None = None,
-) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) (and ``cache_seqlens``), bind them (compiling
-    on first use) and launch once to warm up. ``num_splits`` overrides the split rule (not part of
-    the public API)."""
-    return validated_prepare(
-        partial(bind, num_splits=num_splits),
-        q,
-        k,
-        v,
-        problem,
-        head_dims=HEAD_DIMS,
-        problem_check=decode_limits,
-        name="cute/decode",
-        features=FEATURES,
-        cache_seqlens=cache_seqlens,
-    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -763,32 +736,38 @@ def _decode_shape(problem: Problem) -> Problem:
     return problem if problem.seqlen_q <= MAX_SEQLEN_Q else problem.with_(seqlen_q=1)
 
 
-def _fake_rows(dtype: type[cutlass.Numeric], rank: int) -> Any:
-    """What ``to_cute_tensor`` passes for a contiguous packed-rows tensor of ``rank`` dimensions."""
-    shape = tuple(cute.sym_int() for _ in range(rank))
-    stride = (*(cute.sym_int64() for _ in range(rank - 1)), 1)
-    return make_fake_tensor(dtype, shape, stride, assumed_align=OPERAND_ALIGNMENT_BYTES)
+def fake_arguments(config: DecodeConfig) -> tuple[Any, ...]:
+    """:meth:`DecodeKernel.__call__`'s arguments without data, as ``bind`` passes them: q, k, v
+    (B, H or Hkv, S, D), the packed O (B·Hkv, rows, D) and LSE (or None), the split partials (or None),
+    the key lengths (or None), the softmax scale (its value does not enter the code) and the stream."""
+    element = CUTE_DTYPES[config.dtype]
+    operands = [fake_tensor(element, 4) for _ in range(3)]
+    packed = [fake_tensor(element, 3), fake_tensor(cutlass.Float32, 2) if config.return_lse else None]
+    partials = [fake_tensor(cutlass.Float32, 4), fake_tensor(cutlass.Float32, 3)] if config.split else [None, None]
+    lengths = fake_cache_seqlens() if config.has_cache_seqlens else None
+    return (*operands, *packed, *partials, lengths, cutlass.Float32(1.0), make_fake_stream())
 
 
-def compile_sm90(problem: Problem, split: bool = True) -> list[KernelBinary]:
-    """Both kernels (the split kernel in its partial-writing form and the merge; ``split=False``: the
-    split kernel writing O directly) compiled for sm_90a on fake tensors, at ``problem``'s head dim,
-    dtype, mask and features (one query token when ``problem`` is prefill-sized)."""
-    config = decode_config(_decode_shape(problem), split=split)
-    dtype = CUTE_DTYPES[problem.dtype]
-    fake_q, fake_k, fake_v, _ = fake_operands(problem)
-    fakes = [
-        fake_q,
-        fake_k,
-        fake_v,
-        _fake_rows(dtype, 3),
-        _fake_rows(cutlass.Float32, 2) if config.return_lse else None,
-        _fake_rows(cutlass.Float32, 4) if split else None,
-        _fake_rows(cutlass.Float32, 3) if split else None,
-        fake_cache_seqlens() if config.has_cache_seqlens else None,
-    ]
-    kernel = DecodeKernel(config)
-    return compile_on_fakes_sm90(kernel, fakes, problem.scale, name="cute_decode", threads=kernel.num_threads)
+def compile_plan(problem: Problem, split: bool = True) -> DecodeConfig:
+    """What ``compile_sm90`` compiles: the split form (the split kernel writing partials, and the
+    merge; ``split=False``: the split kernel writing O directly) at ``problem``'s head dim, dtype, mask
+    and features (one query token when ``problem`` is prefill-sized)."""
+    return decode_config(_decode_shape(problem), split=split)
+
+
+# The host entry points: validate (head dims, every feature, Sq <= 16, a positive scale) → plan (the
+# split count and the DecodeConfig, the compile key of both forms; GPU launches and CPU compiles alike
+# compile from ``fake_arguments``) → bind (O, the LSE, the split workspace). ``decode_attention`` takes
+# ``num_splits=n`` to force a split count (sweeps, tests; not part of the public API).
+HOST = RungHost(
+    "cute/decode",
+    CompiledKernels(DecodeKernel, fake_arguments),
+    plan=compile_plan,
+    plan_launch=plan_launch,
+    head_dims=HEAD_DIMS,
+    problem_check=decode_limits,
+)
+decode_attention, bind, compile_sm90 = HOST.prepare, HOST.bind, HOST.compile_sm90
 
 
 IMPLEMENTATION = Implementation(

@@ -95,7 +95,7 @@ from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner, per_call_inputs, warmed_up
 from common.toolchain.compile import KernelBinary
 from cute_impl._device import LOG2_E
-from cute_impl._hopper_host import HopperConfig, default_config
+from cute_impl._hopper_host import HopperAttentionConfig, default_config
 from cute_impl.hopper import (
     DTYPES,
     KERNELS,
@@ -121,7 +121,7 @@ DEFAULT_QUANTISATION = Quantisation(block=True, rotation=True)
 VALUE_LAYOUT = ValueLayout(permuted=True, key_multiple=KEY_GROUP)
 
 
-def fp8_config(problem: Problem, quantisation: Quantisation) -> HopperConfig:
+def fp8_config(problem: Problem, quantisation: Quantisation) -> HopperAttentionConfig:
     """``hopper``'s FP8 configuration, reading block scales when ``quantisation`` has them."""
     config = dataclasses.replace(default_config(problem, fp8=True), block_scales=quantisation.block)
     if quantisation.block and (
@@ -140,7 +140,7 @@ def quantised(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, quantisation: Q
 
 
 def quantised_launcher(
-    config: HopperConfig,
+    config: HopperAttentionConfig,
     operands: KernelOperands,
     problem: Problem,
     sm_count: int | None = None,

@@ -95,7 +95,7 @@ sm_90 (sm_90a features), fp16/bf16, head_dim 64 or 128, softmax_scale > 0 (a pos
 with the block max; a zero one would turn the mask's -inf into NaN in the exp2 FMA), 16-byte aligned
 row strides (TMA). Any Sq, Sk >= 1; GQA/MQA (Hkv divides H); causal aligned top-left (SDPA's) or
 bottom-right (KV cache); ``cache_seqlens`` (B,) int32, contiguous; ``return_lse``. Each feature is a
-compile-time flag of ``HopperConfig``: without them the kernel is the canonical one, unchanged.
+compile-time flag of ``HopperAttentionConfig``: without them the kernel is the canonical one, unchanged.
 head_dim 256 is refused: its 64 x 256 fp32 O alone takes 128 of the 240 registers per consumer
 thread, and Q plus one K/V stage (64 + 128 KB at tile_n = 128) leaves no room for a second stage.
 
@@ -134,7 +134,7 @@ try:  # The DSL is optional for the rest of the suite; the registry reports the 
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError(f"cute/hopper needs nvidia-cutlass-dsl: {error}") from error
 
-from cute_impl._device import LOG2_E, RESCALE_THRESHOLD
+from cute_impl._device import LOG2_E, RESCALE_THRESHOLD, BlockRange, SeqlenInfo, kv_head_index
 from cute_impl._hopper_device import (
     CONSUMER_REGISTERS,
     PRODUCER_REGISTERS,
@@ -143,20 +143,17 @@ from cute_impl._hopper_device import (
     THREADS_PER_WARPGROUP,
     WARPS_PER_WARPGROUP,
     AttentionMask,
-    BlockRange,
     BlockScales,
     Fp8Descales,
     OnlineSoftmax,
     OutputEpilogue,
     QueryBoxes,
-    SeqlenInfo,
     SharedLayouts,
     TileScheduler,
     WarpgroupGemms,
     WarpgroupTurns,
     add_block_product,
     head_major,
-    kv_head_index,
     load_block,
     one_stage,
     scores_to_operand_a,
@@ -167,7 +164,7 @@ from cute_impl._hopper_device import (
     warpgroup_gemm,
     warpgroup_mmas,
 )
-from cute_impl._hopper_host import FP8_CUTLASS, CompiledKernels, HopperConfig, default_config
+from cute_impl._hopper_host import FP8_CUTLASS, HopperAttentionConfig, HopperKernels, default_config
 from cute_impl._host import CUTE_DTYPES
 
 HEAD_DIMS = (64, 128)
@@ -181,7 +178,7 @@ FP8_P_EXPONENT_OFFSET = 8.0
 class HopperAttention:
     """Warp-specialised FlashAttention forward for sm_90a: compile-time configuration only."""
 
-    def __init__(self, config: HopperConfig):
+    def __init__(self, config: HopperAttentionConfig):
         if config.consumer_warpgroups not in CONSUMER_REGISTERS:
             raise ValueError(
                 f"consumer_warpgroups must be in {sorted(CONSUMER_REGISTERS)}, got {config.consumer_warpgroups}"
@@ -235,33 +232,37 @@ class HopperAttention:
         ``mCacheSeqlens`` the (B,) int32 key lengths, None without them. FP8 passes its e4m3 scales
         as (B, H, blocks) for Q and (B, Hkv, blocks) for K and V, fp32 tensors (one block each when per
         tensor); 16-bit passes None for them."""
-        q_seq, k_seq, o_seq = (sequence_major(t) for t in (mQ, mK, mO))
-        v_op = value_operand_view(mV, self.v_transposed)
-        LSE, q_scales, k_scales, v_scales = (head_major(t) for t in (mLSE, mQScale, mKScale, mVScale))
+        # Views of the same memory: (S, D, (H, B)) for the TMA boxes, V as the B operand of P V, and
+        # (X, (H, B)) for the LSE and the FP8 scales.
+        mQ, mK, mO = (sequence_major(t) for t in (mQ, mK, mO))
+        mV = value_operand_view(mV, self.v_transposed)
+        mLSE, mQScale, mKScale, mVScale = (head_major(t) for t in (mLSE, mQScale, mKScale, mVScale))
         D, rows = self.head_dim, ROWS_PER_WARPGROUP
         v_layout = LayoutEnum.ROW_MAJOR if self.v_transposed else LayoutEnum.COL_MAJOR
         qk_mma, pv_mma = warpgroup_mmas(self.dtype, self.tile_n, D, v_layout.sm90_mma_major_mode())
         smem = SharedLayouts.create(
             self.dtype, self.out_dtype, self.tile_n, D, self.consumer_warpgroups, self.kv_stages, v_layout
         )
-        # One TMA atom per operand, copying one stage's box: Q and O (64, D), K (tile_n, D), V (D, tile_n).
+        # One TMA atom per operand, copying one stage's box: Q and O (64, D), K (tile_n, D), V (D, tile_n);
+        # each with the TMA view of its whole tensor (``mX_tma``), which the kernel takes as ``mX``.
         load = cpasync.CopyBulkTensorTileG2SOp()
-        tma_q, tma_Q = cpasync.make_tiled_tma_atom(load, q_seq, one_stage(smem.q), (rows, D))
-        tma_k, tma_K = cpasync.make_tiled_tma_atom(load, k_seq, one_stage(smem.k), (self.tile_n, D))
-        tma_v, tma_V = cpasync.make_tiled_tma_atom(load, v_op, one_stage(smem.v), (D, self.tile_n))
+        tma_atom_Q, mQ_tma = cpasync.make_tiled_tma_atom(load, mQ, one_stage(smem.q), (rows, D))
+        tma_atom_K, mK_tma = cpasync.make_tiled_tma_atom(load, mK, one_stage(smem.k), (self.tile_n, D))
+        tma_atom_V, mV_tma = cpasync.make_tiled_tma_atom(load, mV, one_stage(smem.v), (D, self.tile_n))
         store = cpasync.CopyBulkTensorTileS2GOp()
-        tma_o, tma_O = cpasync.make_tiled_tma_atom(store, o_seq, one_stage(smem.o), (rows, D))
+        tma_atom_O, mO_tma = cpasync.make_tiled_tma_atom(store, mO, one_stage(smem.o), (rows, D))
         self.q_bytes, self.k_bytes, self.v_bytes = (
             cute.size_in_bytes(self.dtype, one_stage(layout)) for layout in (smem.q, smem.k, smem.v)
         )
         self.shared_storage = smem.storage(
             self.dtype, self.out_dtype, self.consumer_warpgroups, self.kv_stages, self.o_aliases_q
         )
-        tiles = TileScheduler.tile_total(self.tile_m, q_seq.shape[0], q_seq.shape[2][0], q_seq.shape[2][1])
+        tiles = TileScheduler.tile_total(self.tile_m, mQ.shape[0], mQ.shape[2][0], mQ.shape[2][1])
         ctas = cutlass.min(tiles, sm_count) if cutlass.const_expr(self.persistent) else tiles
         self.kernel(
-            qk_mma, pv_mma, tma_q, tma_Q, tma_k, tma_K, tma_v, tma_V, tma_o, tma_O, LSE, mCacheSeqlens, q_scales,
-            k_scales, v_scales, softmax_scale_log2, output_scale, smem.q, smem.k, smem.v, smem.o,
+            qk_mma, pv_mma, tma_atom_Q, mQ_tma, tma_atom_K, mK_tma, tma_atom_V, mV_tma, tma_atom_O, mO_tma, mLSE,
+            mCacheSeqlens, mQScale, mKScale, mVScale, softmax_scale_log2, output_scale, smem.q, smem.k, smem.v,
+            smem.o,
         ).launch(
             grid=[ctas, 1, 1],
             block=[self.threads_per_cta, 1, 1],
@@ -278,13 +279,13 @@ class HopperAttention:
         self,
         qk_mma: cute.TiledMma,
         pv_mma: cute.TiledMma,
-        tma_q: cute.CopyAtom,
+        tma_atom_Q: cute.CopyAtom,
         mQ: cute.Tensor,
-        tma_k: cute.CopyAtom,
+        tma_atom_K: cute.CopyAtom,
         mK: cute.Tensor,
-        tma_v: cute.CopyAtom,
+        tma_atom_V: cute.CopyAtom,
         mV: cute.Tensor,
-        tma_o: cute.CopyAtom,
+        tma_atom_O: cute.CopyAtom,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         mCacheSeqlens: cute.Tensor | None,
@@ -312,7 +313,9 @@ class HopperAttention:
             cache_seqlens=mCacheSeqlens,
             bottom_right=self.bottom_right,
         )
-        block_range = functools.partial(BlockRange.create, tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal)
+        block_range = functools.partial(
+            BlockRange.create_exact, tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal
+        )
         kv_head_batch = functools.partial(self.kv_head_batch, heads=mQ.shape[2][0], kv_heads=mK.shape[2][0])
 
         # ==== Shared memory and barriers ==================================================================
@@ -348,17 +351,17 @@ class HopperAttention:
                     gQ = cute.local_tile(mQ[None, None, bh], (rows, D), (None, 0))  # (64, D, Sq/64)
                     gK = cute.local_tile(mK[None, None, kv_bh], (self.tile_n, D), (None, 0))  # (tile_n, D, n)
                     gV = cute.local_tile(mV[None, None, kv_bh], (D, self.tile_n), (0, None))  # (D, tile_n, n)
-                    tQsQ, tQgQ = tma_partition(tma_q, sQ, gQ)  # (TMA, warpgroup), (TMA, Sq/64)
-                    tKsK, tKgK = tma_partition(tma_k, sK, gK)  # (TMA, stage), (TMA, n)
-                    tVsV, tVgV = tma_partition(tma_v, sV, gV)  # (TMA, stage), (TMA, n)
+                    tQsQ, tQgQ = tma_partition(tma_atom_Q, sQ, gQ)  # (TMA, warpgroup), (TMA, Sq/64)
+                    tKsK, tKgK = tma_partition(tma_atom_K, sK, gK)  # (TMA, stage), (TMA, n)
+                    tVsV, tVgV = tma_partition(tma_atom_V, sV, gV)  # (TMA, stage), (TMA, n)
                     for w in cutlass.range_constexpr(W):
-                        q_boxes.load(tma_q, tQgQ[None, m_block * W + w], tQsQ[None, w], w, q_state)
+                        q_boxes.load(tma_atom_Q, tQgQ[None, m_block * W + w], tQsQ[None, w], w, q_state)
                     q_state.advance()
                     blocks = block_range(m_block, seqlen_info(bh[1]))
                     for i in cutlass.range(blocks.n_block_max - blocks.n_block_min, unroll=1):
                         n_block = blocks.n_block_max - 1 - i
-                        k_producer = load_block(tma_k, tKgK[None, n_block], tKsK, k_producer)
-                        v_producer = load_block(tma_v, tVgV[None, n_block], tVsV, v_producer)
+                        k_producer = load_block(tma_atom_K, tKgK[None, n_block], tKsK, k_producer)
+                        v_producer = load_block(tma_atom_V, tVgV[None, n_block], tVsV, v_producer)
 
         # ==== Consumer warpgroups: S = Q Kᵀ -> mask -> online softmax -> O += P V =========================
         if warp_group > 0:
@@ -379,7 +382,7 @@ class HopperAttention:
             store_atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.out_dtype)
             thr_store = cute.make_tiled_copy_C(store_atom, pv_mma).get_slice(wg_tidx)
             turns = WarpgroupTurns(self.pingpong, w, W, THREADS_PER_WARPGROUP)
-            epilogue = OutputEpilogue(tma_o, thr_store, sO, w, wg_tidx, self.persistent)
+            epilogue = OutputEpilogue(tma_atom_O, thr_store, sO, w, wg_tidx, self.persistent)
             descales = Fp8Descales(mQScale, mKScale, mVScale, self.block_scales) if self.fp8 else None
             gemms = WarpgroupGemms(
                 qk=functools.partial(warpgroup_gemm, qk_mma, tA=tSrQ, tB=tSrK, accumulate=False),
@@ -566,9 +569,9 @@ class HopperAttention:
 # ----------------------------------------------------------------------------------------------------
 # Host: compile once per configuration, validate, bind
 # ----------------------------------------------------------------------------------------------------
-# The one compile cache of hopper and fp8, keyed on HopperConfig; GPU launches and CPU compiles alike
+# The one compile cache of hopper and fp8, keyed on HopperAttentionConfig; GPU launches and CPU compiles alike
 # compile from fake tensors (``_hopper_host.py``).
-KERNELS = CompiledKernels(HopperAttention)
+KERNELS = HopperKernels(HopperAttention)
 
 
 def validated_problem(

@@ -63,20 +63,20 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, const_expr
+from cutlass.cute.runtime import make_fake_stream
 
 from common.contract.capability import FEATURES, check_common
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
-from common.contract.validation import kernel_operand, validate_for_problem
-from common.toolchain.compile import KernelBinary
+from common.contract.registry import Implementation
 from cute_impl._host import (
     CUTE_DTYPES,
+    CompiledKernels,
+    Launch,
+    ProblemConfig,
+    RungHost,
     cache_seqlens_tensor,
-    compile_on_fakes_sm90,
-    current_stream,
-    fake_bhsd_tensor,
     fake_cache_seqlens,
-    fake_lse,
+    fake_tensor,
     to_cute_tensor,
 )
 
@@ -97,17 +97,17 @@ STRIDE_DIVISIBILITY = 8
 class NaiveAttention:
     """Three launches: scores to HBM, softmax in place, P V."""
 
-    def __init__(
-        self, head_dim: int, causal: bool, bottom_right: bool, has_cache_seqlens: bool, return_lse: bool
-    ) -> None:
-        self.head_dim = head_dim
-        self.causal = causal
+    def __init__(self, config: ProblemConfig) -> None:
+        self.head_dim = config.head_dim
+        self.causal = config.causal
         # Problem features, compile time: the causal alignment, per-sequence key lengths, the LSE.
-        self.bottom_right = bottom_right
-        self.has_cache_seqlens = has_cache_seqlens
-        self.return_lse = return_lse
+        self.bottom_right = config.bottom_right
+        self.has_cache_seqlens = config.has_cache_seqlens
+        self.return_lse = config.return_lse
         self.scores_threads = 128
         self.softmax_rows_per_cta = 4
+        # The largest CTA of the three kernels (the P V kernel has one thread per column of O).
+        self.threads_per_cta = max(self.scores_threads, self.softmax_rows_per_cta * WARP_SIZE, self.head_dim)
 
     @cute.jit
     def __call__(
@@ -260,54 +260,45 @@ class NaiveAttention:
 # Host side: validate, compile once per configuration, allocate, launch.
 # ---------------------------------------------------------------------------------------------
 
-# Compiled launchers keyed on everything that changes the generated code: dtype, head_dim, causal
-# and the problem features. Shapes and strides are dynamic, so one compilation serves every sequence
-# length, batch and head count.
-_COMPILED: dict[tuple[torch.dtype, int, bool, bool, bool, bool], Any] = {}
+
+def fake_arguments(config: ProblemConfig) -> tuple[Any, ...]:
+    """The launcher's arguments without data, as :func:`plan_launch` passes them: q, k, v, the fp32
+    scores, O, the LSE and the key lengths (None when the problem has none), softmax_scale_log2 (its
+    value does not enter the code) and the stream."""
+    element = CUTE_DTYPES[config.dtype]
+    tensors = [fake_tensor(element, 4) for _ in range(3)] + [fake_tensor(Float32, 4), fake_tensor(element, 4)]
+    lse = fake_tensor(Float32, 3) if config.return_lse else None
+    lengths = fake_cache_seqlens() if config.has_cache_seqlens else None
+    return (*tensors, lse, lengths, Float32(1.0), make_fake_stream())
 
 
-def prepare(
+def plan_launch(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them (compiling on first use), and
-    launch once to warm up."""
-    checked = validate_for_problem(q, k, v, problem, cache_seqlens=cache_seqlens, head_dims=SUPPORTED_HEAD_DIMS)
-    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
-
-
-def bind(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Compile (cached), allocate S, O (and the LSE) for validated q, k, v; the returned ``run()`` only
-    launches and returns O, or (O, lse) when the problem returns the LSE."""
-    q, k, v = (kernel_operand(t) for t in (q, k, v))
+) -> Launch:
+    """Allocate S (fp32, B·H·Sq·Sk), O (and the LSE) for validated q, k, v; ``run()`` returns O, or
+    (O, lse) when the problem returns the LSE."""
     batch, heads, seqlen_q, seqlen_k = problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k
     scores = torch.empty((batch, heads, seqlen_q, seqlen_k), dtype=torch.float32, device=q.device)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device) if problem.return_lse else None
-    operands = [to_cute_tensor(t) for t in (q, k, v, scores, out)]
+    tensors = [to_cute_tensor(t) for t in (q, k, v, scores, out)]
     # None when the problem returns no LSE or has no per-sequence lengths: compiled out of the kernels.
-    operands += [
-        None if lse is None else to_cute_tensor(lse),
-        None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens),
-    ]
-    scale_arg = Float32(problem.scale * LOG2_E)
-    key = (
-        problem.dtype, problem.head_dim, problem.causal, problem.bottom_right, problem.has_cache_seqlens,
-        problem.return_lse,
-    )  # fmt: skip
-    device = q.device
-    if key not in _COMPILED:
-        launcher = NaiveAttention(*key[1:])
-        _COMPILED[key] = cute.compile(launcher, *operands, scale_arg, current_stream(device))
-    compiled = _COMPILED[key]
+    lse_arg = None if lse is None else to_cute_tensor(lse)
+    lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
+    arguments = (*tensors, lse_arg, lengths, Float32(problem.scale * LOG2_E))
+    return Launch(ProblemConfig.of(problem), arguments, out if lse is None else (out, lse))
 
-    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        # The stream is read at launch so that a CUDA-graph capture on a side stream records this launch.
-        compiled(*operands, scale_arg, current_stream(device))
-        return out if lse is None else (out, lse)
 
-    return run
+# The host entry points: validate (head dims, every feature) → plan (the compile key: dtype, head dim
+# and the features; shapes and strides are dynamic, so one compilation serves every size) → bind.
+HOST = RungHost(
+    "cute/naive",
+    CompiledKernels(NaiveAttention, fake_arguments),
+    plan=ProblemConfig.of,
+    plan_launch=plan_launch,
+    head_dims=SUPPORTED_HEAD_DIMS,
+)
+prepare, bind, compile_sm90 = HOST.prepare, HOST.bind, HOST.compile_sm90
 
 
 def score_buffer_fits(problem: Problem, free_bytes: int) -> tuple[bool, str]:
@@ -334,18 +325,6 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
         return False, f"batch * heads must be <= {MAX_GRID_YZ} (CUDA grid limit), got {problem.batch * problem.heads}"
     free_bytes, _ = torch.cuda.mem_get_info(device)
     return score_buffer_fits(problem, free_bytes)
-
-
-def compile_sm90(problem: Problem) -> list[KernelBinary]:
-    """Compile the three kernels for sm_90a on fake tensors (no GPU needed)."""
-    element = CUTE_DTYPES[problem.dtype]
-    launcher = NaiveAttention(
-        problem.head_dim, problem.causal, problem.bottom_right, problem.has_cache_seqlens, problem.return_lse
-    )
-    fakes = [fake_bhsd_tensor(element) for _ in range(3)] + [fake_bhsd_tensor(Float32), fake_bhsd_tensor(element)]
-    fakes += [fake_lse() if problem.return_lse else None, fake_cache_seqlens() if problem.has_cache_seqlens else None]
-    threads = max(launcher.scores_threads, launcher.softmax_rows_per_cta * WARP_SIZE, problem.head_dim)
-    return compile_on_fakes_sm90(launcher, fakes, problem.scale * LOG2_E, name="cute_naive", threads=threads)
 
 
 IMPLEMENTATION = Implementation(

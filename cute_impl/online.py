@@ -75,7 +75,7 @@ in ``docs/perf-log.md`` ("Figures moved out of rung docstrings").
 from __future__ import annotations
 
 import math
-from typing import Any
+from functools import partial
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -85,18 +85,13 @@ from cutlass import Float32, Int32, const_expr
 
 from common.contract.capability import FEATURES, check_common
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
-from common.contract.validation import kernel_operand, validate_for_problem
-from common.toolchain.compile import KernelBinary
+from common.contract.registry import Implementation
 from cute_impl._host import (
-    CUTE_DTYPES,
-    cache_seqlens_tensor,
-    compile_on_fakes_sm90,
-    current_stream,
-    fake_bhsd_tensor,
-    fake_cache_seqlens,
-    fake_lse,
-    to_cute_tensor,
+    CompiledKernels,
+    ProblemConfig,
+    RungHost,
+    attention_launch,
+    fake_attention_arguments,
 )
 
 LOG2_E = math.log2(math.e)
@@ -121,26 +116,24 @@ STRIDE_DIVISIBILITY = 8
 class OnlineAttention:
     """Fused attention forward with online softmax, fp32 FMAs on CUDA cores."""
 
-    def __init__(
-        self, head_dim: int, causal: bool, bottom_right: bool, has_cache_seqlens: bool, return_lse: bool
-    ) -> None:
-        self.head_dim = head_dim
-        self.causal = causal
+    def __init__(self, config: ProblemConfig) -> None:
+        self.head_dim = config.head_dim
+        self.causal = config.causal
         # Problem features, compile time: the causal alignment, per-sequence key lengths, the LSE.
-        self.bottom_right = bottom_right
-        self.has_cache_seqlens = has_cache_seqlens
-        self.return_lse = return_lse
+        self.bottom_right = config.bottom_right
+        self.has_cache_seqlens = config.has_cache_seqlens
+        self.return_lse = config.return_lse
         self.tile_m = 64
         self.tile_n = 64
-        self.num_threads = 128
+        self.threads_per_cta = 128
         # Lanes that share one row group (a half-warp) and the number of row groups per CTA.
         self.col_groups = 16
-        self.row_groups = self.num_threads // self.col_groups
+        self.row_groups = self.threads_per_cta // self.col_groups
         self.rows_per_thread = self.tile_m // self.row_groups
         self.s_cols_per_thread = self.tile_n // self.col_groups
         # O columns per thread come in chunks of VEC consecutive columns, one chunk per 64 columns.
-        self.o_chunks = head_dim // (VEC * self.col_groups)
-        self.d_stride = head_dim + SMEM_ROW_PAD
+        self.o_chunks = self.head_dim // (VEC * self.col_groups)
+        self.d_stride = self.head_dim + SMEM_ROW_PAD
         self.p_stride = self.tile_n + SMEM_ROW_PAD
 
     @cute.jit
@@ -160,7 +153,7 @@ class OnlineAttention:
         num_m_blocks = cute.ceil_div(mQ.shape[2], self.tile_m)
         self.kernel(mQ, mK, mV, mO, mLse, mCacheSeqlens, softmax_scale_log2).launch(
             grid=[num_m_blocks, mQ.shape[1], mQ.shape[0]],
-            block=[self.num_threads, 1, 1],
+            block=[self.threads_per_cta, 1, 1],
             stream=stream,
         )
 
@@ -182,7 +175,7 @@ class OnlineAttention:
         """
         tidx, _, _ = cute.arch.thread_idx()
         chunks_per_row = self.head_dim // GMEM_VEC
-        rows_per_step = self.num_threads // chunks_per_row
+        rows_per_step = self.threads_per_cta // chunks_per_row
         chunk = tidx % chunks_per_row
         rX = cute.make_rmem_tensor((1, GMEM_VEC), gX.element_type)
         rF = cute.make_rmem_tensor((1, GMEM_VEC), Float32)
@@ -383,52 +376,17 @@ class OnlineAttention:
 # Host side: validate, compile once per configuration, allocate, launch.
 # ---------------------------------------------------------------------------------------------
 
-# Compiled launchers keyed on everything that changes the generated code: dtype, head_dim, causal
-# and the problem features. Shapes and strides are dynamic, so one compilation serves every sequence
-# length, batch and head count.
-_COMPILED: dict[tuple[torch.dtype, int, bool, bool, bool, bool], Any] = {}
-
-
-def prepare(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them (compiling on first use), and
-    launch once to warm up."""
-    checked = validate_for_problem(q, k, v, problem, cache_seqlens=cache_seqlens, head_dims=SUPPORTED_HEAD_DIMS)
-    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
-
-
-def bind(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Compile (cached), allocate O (and the LSE) for validated q, k, v; the returned ``run()`` only
-    launches and returns O, or (O, lse) when the problem returns the LSE."""
-    # kernel_operand guarantees what head_view assumes: 16-byte aligned base and strides.
-    q, k, v = (kernel_operand(t) for t in (q, k, v))
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse_shape = (problem.batch, problem.heads, problem.seqlen_q)
-    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if problem.return_lse else None
-    operands = [to_cute_tensor(t) for t in (q, k, v, out)]
-    # None when the problem returns no LSE or has no per-sequence lengths: compiled out of the kernel.
-    operands.append(None if lse is None else to_cute_tensor(lse))
-    operands.append(None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens))
-    scale_arg = Float32(problem.scale * LOG2_E)
-    key = (
-        problem.dtype, problem.head_dim, problem.causal, problem.bottom_right, problem.has_cache_seqlens,
-        problem.return_lse,
-    )  # fmt: skip
-    device = q.device
-    if key not in _COMPILED:
-        launcher = OnlineAttention(*key[1:])
-        _COMPILED[key] = cute.compile(launcher, *operands, scale_arg, current_stream(device))
-    compiled = _COMPILED[key]
-
-    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        # The stream is read at launch so that a CUDA-graph capture on a side stream records this launch.
-        compiled(*operands, scale_arg, current_stream(device))
-        return out if lse is None else (out, lse)
-
-    return run
+# The host entry points: validate (head dims, every feature) → plan (the compile key: dtype, head dim
+# and the features; shapes and strides are dynamic, so one compilation serves every size) → bind (O
+# and the LSE; the kernel takes softmax_scale_log2).
+HOST = RungHost(
+    "cute/online",
+    CompiledKernels(OnlineAttention, fake_attention_arguments),
+    plan=ProblemConfig.of,
+    plan_launch=partial(attention_launch, plan=ProblemConfig.of, scale_factor=LOG2_E),
+    head_dims=SUPPORTED_HEAD_DIMS,
+)
+prepare, bind, compile_sm90 = HOST.prepare, HOST.bind, HOST.compile_sm90
 
 
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
@@ -448,18 +406,6 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
             f"heads and batch must be <= {MAX_GRID_YZ} (CUDA grid limit), got {problem.heads} and {problem.batch}",
         )
     return True, ""
-
-
-def compile_sm90(problem: Problem) -> list[KernelBinary]:
-    """Compile the fused kernel for sm_90a on fake tensors (no GPU needed)."""
-    launcher = OnlineAttention(
-        problem.head_dim, problem.causal, problem.bottom_right, problem.has_cache_seqlens, problem.return_lse
-    )
-    fakes = [fake_bhsd_tensor(CUTE_DTYPES[problem.dtype]) for _ in range(4)]
-    fakes += [fake_lse() if problem.return_lse else None, fake_cache_seqlens() if problem.has_cache_seqlens else None]
-    return compile_on_fakes_sm90(
-        launcher, fakes, problem.scale * LOG2_E, name="cute_online", threads=launcher.num_threads
-    )
 
 
 IMPLEMENTATION = Implementation(

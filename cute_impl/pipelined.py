@@ -91,7 +91,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -100,14 +100,15 @@ import torch
 
 from common.contract.capability import FEATURES
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner
-from common.contract.validation import kernel_operand
-from common.toolchain.compile import KernelBinary
+from common.contract.registry import Implementation
 from cute_impl._device import (
     LOG2_E,
     AttentionMask,
     BlockRange,
+    KVCopy,
+    LdmatrixOperands,
     OnlineSoftmax,
+    OperandLoad,
     SeqlenInfo,
     accumulator_as_operand_a,
     gemm_double_buffered,
@@ -120,20 +121,17 @@ from cute_impl._device import (
 from cute_impl._host import (
     SWIZZLE_COLS,
     WARP_THREADS,
-    cache_seqlens_tensor,
-    compile_on_fakes_sm90,
-    compiled_runner,
+    CompiledKernels,
+    RungHost,
+    attention_launch,
     cp_async_tiled_copy,
-    fake_cache_seqlens,
-    fake_lse,
-    fake_operands,
+    fake_attention_arguments,
     mma_sync_supports,
     positive_scale,
     qkv_shared_storage,
     query_tile_grid,
     static_head_dim_view,
     swizzled_qkv_layouts,
-    validated_prepare,
     warp_tiled_mma,
 )
 
@@ -155,8 +153,9 @@ class TileShape(NamedTuple):
 
 @dataclass(frozen=True)
 class TileConfig:
-    """Everything that changes the generated code (the compile-cache key, with dtype)."""
+    """Everything that changes the generated code (the compile-cache key)."""
 
+    dtype: torch.dtype
     head_dim: int
     causal: bool
     shape: TileShape
@@ -193,7 +192,7 @@ class PipelinedAttentionKernel:
         self.tile_m = shape.tile_m
         self.tile_n = shape.tile_n
         self.stages = shape.stages
-        self.num_threads = shape.num_warps * WARP_THREADS
+        self.threads_per_cta = shape.num_warps * WARP_THREADS
         self.pieces_per_k_step = shape.pieces_per_k_step
         self.min_ctas_per_sm = shape.min_ctas_per_sm
         self.gqa = config.gqa
@@ -232,12 +231,12 @@ class PipelinedAttentionKernel:
             sQ_layout,
             sKV_layout,
             # 8 threads cover one 64-element swizzle row with 16 B each.
-            cp_async_tiled_copy(dtype, self.num_threads, row_elems=SWIZZLE_COLS),
-            warp_tiled_mma(dtype, self.num_threads),
+            cp_async_tiled_copy(dtype, self.threads_per_cta, row_elems=SWIZZLE_COLS),
+            warp_tiled_mma(dtype, self.threads_per_cta),
             qkv_shared_storage(dtype, sQ_layout, sKV_layout, SMEM_ALIGN_BYTES),
         ).launch(
             grid=query_tile_grid(mQ, self.tile_m),
-            block=[self.num_threads, 1, 1],
+            block=[self.threads_per_cta, 1, 1],
             min_blocks_per_mp=self.min_ctas_per_sm,
             # Only a launch bound above 1 needs the carveout (the DSL would otherwise query the device).
             preferred_smem_carveout=SMEM_CARVEOUT_PERCENT if self.min_ctas_per_sm > 1 else None,
@@ -330,7 +329,7 @@ class PipelinedAttentionKernel:
         for stage in cutlass.range_constexpr(self.stages - 1):
             if stage < n_block_max:
                 # Q joins the group of the first block; only that block can be cut by Sk.
-                load_kv_block(kv_copy, n_block_max - 1 - stage, stage, seqlen_k, stage == 0)
+                load_kv_block(kv_copy, n_block_max - 1 - stage, stage, seqlen_k, predicated=stage == 0)
             cute.arch.cp_async_commit_group()
 
         # ---- 3. Main loop: the masked blocks first (they top the range), then the unmasked rest ---
@@ -340,9 +339,9 @@ class PipelinedAttentionKernel:
         )
         for step in cutlass.range_constexpr(block_range.n_masked_blocks):
             if step < n_block_max - block_range.n_block_min:
-                attend(step, True)
+                attend(step, masked=True)
         for step in cutlass.range(block_range.n_masked_blocks, n_block_max - block_range.n_block_min, 1):
-            attend(step, False)
+            attend(step, masked=False)
         # Retire the empty trailing groups so no cp.async is outstanding at exit.
         cute.arch.cp_async_wait_group(0)
 
@@ -375,9 +374,9 @@ class PipelinedAttentionKernel:
     @cute.jit
     def attend_block(
         self,
-        kv_copy: tuple,
+        kv_copy: KVCopy,
         tiled_mma: cute.TiledMma,
-        smem_operands: tuple,
+        smem_operands: LdmatrixOperands,
         tSrQ: cute.Tensor,
         tSrK: cute.Tensor,
         tOrVt: cute.Tensor,
@@ -390,7 +389,7 @@ class PipelinedAttentionKernel:
     ):
         """Iteration ``step`` (block ``n_block_max - 1 - step``): refill the ring, then
         S = Q Kᵀ → mask → online softmax → rescale O → O += P V."""
-        (copy_Q, tSsQ, tSrQ_view), (copy_K, tSsK, tSrK_view), (copy_V, tOsVt, tOrVt_view) = smem_operands
+        (copy_K, tSsK, tSrK_view), (copy_V, tOsVt, tOrVt_view) = smem_operands.k, smem_operands.vt
         n_block = n_block_max - 1 - step
         slot = step % self.stages
 
@@ -398,7 +397,7 @@ class PipelinedAttentionKernel:
         cute.arch.barrier()
         ahead = step + self.stages - 1
         if ahead < n_block_max:
-            load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % self.stages, mask.seqlen_k, False)
+            load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % self.stages, mask.seqlen_k, predicated=False)
         # Always commit (possibly an empty group) so that "stages-1 groups pending" means block i landed.
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(self.stages - 1)
@@ -413,8 +412,8 @@ class PipelinedAttentionKernel:
             tSrQ,
             tSrK,
             self.pieces_per_k_step,
-            b_load=(copy_K, tSsK[None, None, None, slot], tSrK_view),
-            a_load=(copy_Q, tSsQ, tSrQ_view),
+            b_load=OperandLoad(copy_K, tSsK[None, None, None, slot], tSrK_view),
+            a_load=smem_operands.q,
         )
 
         # ---- 3c./3d. Mask, online softmax, rescale O ------------------------------------------
@@ -433,23 +432,21 @@ class PipelinedAttentionKernel:
             tOrP,
             tOrVt,
             self.pieces_per_k_step,
-            b_load=(copy_V, tOsVt[None, None, None, slot], tOrVt_view),
+            b_load=OperandLoad(copy_V, tOsVt[None, None, None, slot], tOrVt_view),
         )
 
 
 # ----------------------------------------------------------------------------------------------
 # Host function: validate, compile once per configuration, allocate O, launch.
 # ----------------------------------------------------------------------------------------------
-_COMPILED: dict[tuple[torch.dtype, TileConfig], Any] = {}
-
-
 def tile_config(problem: Problem) -> TileConfig:
     """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every prepare),
     with the problem's features as compile-time flags (all off for the canonical problem)."""
     return TileConfig(
-        problem.head_dim,
-        problem.causal,
-        TILE_CONFIGS[problem.head_dim],
+        dtype=problem.dtype,
+        head_dim=problem.head_dim,
+        causal=problem.causal,
+        shape=TILE_CONFIGS[problem.head_dim],
         gqa=problem.kv_heads != problem.heads,
         bottom_right=problem.bottom_right,
         has_cache_seqlens=problem.has_cache_seqlens,
@@ -457,53 +454,17 @@ def tile_config(problem: Problem) -> TileConfig:
     )
 
 
-def prepare(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) (and ``cache_seqlens``), bind them (compiling
-    on first use), and launch once to warm up."""
-    return validated_prepare(
-        bind,
-        q,
-        k,
-        v,
-        problem,
-        head_dims=tuple(TILE_CONFIGS),
-        problem_check=positive_scale,
-        name="cute/pipelined",
-        features=FEATURES,
-        cache_seqlens=cache_seqlens,
-    )
-
-
-def bind(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Compile (cached), allocate O (and the LSE) for validated q, k, v; the returned ``run()`` only
-    launches and returns O, or (O, lse) when ``problem.return_lse``."""
-    q, k, v = (kernel_operand(t) for t in (q, k, v))
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = None
-    if problem.return_lse:
-        lse = torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=q.device)
-    lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
-    config = tile_config(problem)
-    make_kernel = partial(PipelinedAttentionKernel, config)
-    result = (out, lse) if problem.return_lse else out
-    tensors = (q, k, v, out, lse, lengths)
-    return compiled_runner(_COMPILED, (q.dtype, config), make_kernel, tensors, problem.scale, result)
-
-
-def compile_sm90(problem: Problem) -> list[KernelBinary]:
-    """Compile the kernel for sm_90a on fake tensors (no GPU needed)."""
-    config = tile_config(problem)
-    kernel = PipelinedAttentionKernel(config)
-    fakes = [
-        *fake_operands(problem),
-        fake_lse() if config.return_lse else None,
-        fake_cache_seqlens() if config.has_cache_seqlens else None,
-    ]
-    return compile_on_fakes_sm90(kernel, fakes, problem.scale, name="cute_pipelined", threads=kernel.num_threads)
+# The host entry points: validate (head dims, every feature, a positive scale) → plan (the TileConfig,
+# the compile key; GPU launches and CPU compiles alike compile from fakes) → bind (O and the LSE).
+HOST = RungHost(
+    "cute/pipelined",
+    CompiledKernels(PipelinedAttentionKernel, fake_attention_arguments),
+    plan=tile_config,
+    plan_launch=partial(attention_launch, plan=tile_config),
+    head_dims=tuple(TILE_CONFIGS),
+    problem_check=positive_scale,
+)
+prepare, bind, compile_sm90 = HOST.prepare, HOST.bind, HOST.compile_sm90
 
 
 # ----------------------------------------------------------------------------------------------

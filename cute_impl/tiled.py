@@ -87,23 +87,18 @@ import torch
 
 from common.contract.capability import FEATURES
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner
-from common.contract.validation import kernel_operand
-from common.toolchain.compile import KernelBinary
+from common.contract.registry import Implementation
 from cute_impl._host import (
-    cache_seqlens_tensor,
-    compile_on_fakes_sm90,
-    compiled_runner,
+    CompiledKernels,
+    RungHost,
+    attention_launch,
     cp_async_tiled_copy,
-    fake_cache_seqlens,
-    fake_lse,
-    fake_operands,
+    fake_attention_arguments,
     mma_sync_supports,
     positive_scale,
     qkv_shared_storage,
     query_tile_grid,
     static_head_dim_view,
-    validated_prepare,
     warp_tiled_mma,
 )
 
@@ -119,8 +114,9 @@ QUAD_SHUFFLE_OFFSETS = (2, 1)
 
 @dataclass(frozen=True)
 class TileConfig:
-    """Everything that changes the generated code (the compile-cache key, with dtype)."""
+    """Everything that changes the generated code (the compile-cache key)."""
 
+    dtype: torch.dtype
     head_dim: int
     causal: bool
     tile_m: int = 64
@@ -141,7 +137,7 @@ class TiledAttentionKernel:
         self.causal = config.causal
         self.tile_m = config.tile_m
         self.tile_n = config.tile_n
-        self.num_threads = config.num_threads
+        self.threads_per_cta = config.num_threads
         self.gqa = config.gqa
         self.bottom_right = config.bottom_right
         self.has_cache_seqlens = config.has_cache_seqlens
@@ -186,10 +182,10 @@ class TiledAttentionKernel:
             softmax_scale * LOG2_E,
             sQ_layout,
             sKV_layout,
-            cp_async_tiled_copy(dtype, self.num_threads, row_elems=self.head_dim),
-            warp_tiled_mma(dtype, self.num_threads),
+            cp_async_tiled_copy(dtype, self.threads_per_cta, row_elems=self.head_dim),
+            warp_tiled_mma(dtype, self.threads_per_cta),
             qkv_shared_storage(dtype, sQ_layout, sKV_layout, SMEM_ALIGN_BYTES),
-        ).launch(grid=query_tile_grid(mQ, self.tile_m), block=[self.num_threads, 1, 1], stream=stream)
+        ).launch(grid=query_tile_grid(mQ, self.tile_m), block=[self.threads_per_cta, 1, 1], stream=stream)
 
     # ------------------------------------------------------------------------------------------
     # Device side.
@@ -482,13 +478,11 @@ def _quad_allreduce(value: cutlass.Float32, op: Any) -> cutlass.Float32:
 # ----------------------------------------------------------------------------------------------
 # Host function: validate, compile once per configuration, allocate O, launch.
 # ----------------------------------------------------------------------------------------------
-_COMPILED: dict[tuple[torch.dtype, TileConfig], Any] = {}
-
-
 def tile_config(problem: Problem) -> TileConfig:
     """The compile-cache key of this problem: head dim, causal, and the problem's features as
     compile-time flags (all off for the canonical problem)."""
     return TileConfig(
+        dtype=problem.dtype,
         head_dim=problem.head_dim,
         causal=problem.causal,
         gqa=problem.kv_heads != problem.heads,
@@ -498,53 +492,17 @@ def tile_config(problem: Problem) -> TileConfig:
     )
 
 
-def prepare(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) (and ``cache_seqlens``), bind them (compiling
-    on first use), and launch once to warm up."""
-    return validated_prepare(
-        bind,
-        q,
-        k,
-        v,
-        problem,
-        head_dims=HEAD_DIMS,
-        problem_check=positive_scale,
-        name="cute/tiled",
-        features=FEATURES,
-        cache_seqlens=cache_seqlens,
-    )
-
-
-def bind(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Compile (cached), allocate O (and the LSE) for validated q, k, v; the returned ``run()`` only
-    launches and returns O, or (O, lse) when ``problem.return_lse``."""
-    q, k, v = (kernel_operand(t) for t in (q, k, v))
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = None
-    if problem.return_lse:
-        lse = torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=q.device)
-    lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
-    config = tile_config(problem)
-    make_kernel = partial(TiledAttentionKernel, config)
-    result = (out, lse) if problem.return_lse else out
-    tensors = (q, k, v, out, lse, lengths)
-    return compiled_runner(_COMPILED, (q.dtype, config), make_kernel, tensors, problem.scale, result)
-
-
-def compile_sm90(problem: Problem) -> list[KernelBinary]:
-    """Compile the kernel for sm_90a on fake tensors (no GPU needed)."""
-    config = tile_config(problem)
-    kernel = TiledAttentionKernel(config)
-    fakes = [
-        *fake_operands(problem),
-        fake_lse() if config.return_lse else None,
-        fake_cache_seqlens() if config.has_cache_seqlens else None,
-    ]
-    return compile_on_fakes_sm90(kernel, fakes, problem.scale, name="cute_tiled", threads=config.num_threads)
+# The host entry points: validate (head dims, every feature, a positive scale) → plan (the TileConfig,
+# the compile key; GPU launches and CPU compiles alike compile from fakes) → bind (O and the LSE).
+HOST = RungHost(
+    "cute/tiled",
+    CompiledKernels(TiledAttentionKernel, fake_attention_arguments),
+    plan=tile_config,
+    plan_launch=partial(attention_launch, plan=tile_config),
+    head_dims=HEAD_DIMS,
+    problem_check=positive_scale,
+)
+prepare, bind, compile_sm90 = HOST.prepare, HOST.bind, HOST.compile_sm90
 
 
 # ----------------------------------------------------------------------------------------------

@@ -169,7 +169,10 @@ def test_ptx_streams_through_the_ring_and_merges():
 
 def test_partials_that_exceed_the_ring_are_refused():
     shape = decode.TILE_CONFIGS[128]._replace(stages=1)
-    config = decode.DecodeConfig(128, 32, shape, True, True, True, True, True)
+    config = decode.DecodeConfig(
+        dtype=torch.bfloat16, head_dim=128, tile_m=32, shape=shape, causal=True, bottom_right=True,
+        has_cache_seqlens=True, return_lse=True, split=True,
+    )  # fmt: skip
     with pytest.raises(ValueError, match="exceed the K/V ring"):
         decode.DecodeKernel(config)
 
@@ -220,7 +223,7 @@ def cpu_prepare(monkeypatch: pytest.MonkeyPatch) -> dict:
         seen.update(kwargs)
         raise BindReachedError
 
-    monkeypatch.setattr(decode, "bind", never_bind)
+    monkeypatch.setattr(decode.HOST, "bind", never_bind)
     return seen
 
 
@@ -289,7 +292,7 @@ def test_planted_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
     prepare = functools.partial(decode.decode_attention, num_splits=num_splits)
     impl = dataclasses.replace(decode.IMPLEMENTATION, prepare=prepare)
     assert check_on_inputs(impl, q, k, v, problem, cache_seqlens=lengths).ok, "the unplanted kernel must pass"
-    monkeypatch.setattr(decode, "_COMPILED", {})
+    monkeypatch.setattr(decode.HOST.kernels, "compiled", {})
     monkeypatch.setattr(decode, name, replacement)
     result = check_on_inputs(impl, q, k, v, problem, cache_seqlens=lengths)
     assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"

@@ -19,7 +19,8 @@ from common.contract.problem import Problem
 from common.contract.reference import reference_attention
 from common.reporting.static import cubin_resources
 from cute_impl import _hopper_device, _hopper_host, fp8, hopper
-from cute_impl._hopper_device import BlockRange, SeqlenInfo, TileScheduler
+from cute_impl._device import BlockRange, SeqlenInfo
+from cute_impl._hopper_device import TileScheduler
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -142,7 +143,9 @@ def test_causal_block_range_visits_every_visible_key_and_masks_every_partial_blo
     one_fewer_fails = False
     for seqlen_k in (1, 77, 128, 1000, 1024):
         for m_block in range(-(-1100 // tile_m)):
-            blocks = BlockRange.create(m_block, SeqlenInfo(seqlen_k, 0, False, False), tile_m, tile_n, causal=True)
+            blocks = BlockRange.create_exact(
+                m_block, SeqlenInfo(seqlen_k, 0, False, False), tile_m, tile_n, causal=True
+            )
             last_row = (m_block + 1) * tile_m - 1
             assert blocks.n_block_min == 0
             assert blocks.n_block_max == min(seqlen_k - 1, last_row) // tile_n + 1, (m_block, seqlen_k)
@@ -168,7 +171,7 @@ def test_block_range_with_causal_offset_and_cache_lengths(tile_m: int, tile_n: i
             for m_block in range(-(-seqlen_q // tile_m)):
                 rows = range(m_block * tile_m, min((m_block + 1) * tile_m, seqlen_q))
                 seen = [j for i in rows for j in range(seqlen_k) if not causal or j <= i + offset]
-                blocks = BlockRange.create(m_block, seqlen, tile_m, tile_n, causal=causal)
+                blocks = BlockRange.create_exact(m_block, seqlen, tile_m, tile_n, causal=causal)
                 where = (seqlen_q, seqlen_k, m_block)
                 assert blocks.n_block_min == 0 and blocks.n_block_max >= 1, where
                 assert all(j < blocks.n_block_max * tile_n for j in seen), where
@@ -176,7 +179,7 @@ def test_block_range_with_causal_offset_and_cache_lengths(tile_m: int, tile_n: i
                 assert _unmasked_blocks_are_fully_visible(
                     blocks, m_block, seqlen_k, tile_m, tile_n, offset if causal else seqlen_k
                 ), where
-                wrong = BlockRange.create(m_block, ignored, tile_m, tile_n, causal=causal)
+                wrong = BlockRange.create_exact(m_block, ignored, tile_m, tile_n, causal=causal)
                 offset_ignored_fails |= not all(j < wrong.n_block_max * tile_n for j in seen)
     assert offset_ignored_fails or not causal
 

@@ -97,7 +97,7 @@ def cpu_prepare(monkeypatch: pytest.MonkeyPatch) -> None:
     validate = functools.partial(_host.validate_attention_inputs, device_types=("cpu",))
     monkeypatch.setattr(_host, "validate_attention_inputs", validate)
     for module in MODULES.values():
-        monkeypatch.setattr(module, "bind", _never_bind)
+        monkeypatch.setattr(module.HOST, "bind", _never_bind)
 
 
 @pytest.mark.parametrize("scale", [-0.125, 0.0])
