@@ -15,7 +15,8 @@ ones the Triton and Gluon stacks use, so that a diff of two rungs teaches:
   the rescale factor, ``rescale`` moves O to the new maximum, ``finalize`` divides O by ``row_sum``
   (and, asked for, forms the LSE).
 * :func:`kv_copy_partitions`: a thread's share of the K/V copies; :func:`load_kv_block`: the cp.async
-  of one K/V block into a slot of the shared-memory ring.
+  of one K/V block into a slot of the shared-memory ring, from a contiguous cache or, through its
+  block table, a paged one (:class:`PagedKV`, ``decode``).
 * :func:`ldmatrix_operands`: the ldmatrix (S→R) copies of Q, K and Vᵀ into the ``mma.sync`` fragments.
 * :func:`gemm_double_buffered`: ``acc += A B`` over a warp's ``mma.sync`` fragments, each ldmatrix
   issued one piece ahead of the MMAs that consume it.
@@ -118,36 +119,54 @@ def gemm_double_buffered(
         cute.gemm(tiled_mma, acc_piece, tCrA[None, None, k], rB[None, (None, piece), k], acc_piece)
 
 
+class PagedKV(NamedTuple):
+    """A paged KV cache as :func:`load_kv_block` reads it (``decode``): K's and V's page pools seen as
+    (num_pages, Hkv, page_size, D), this CTA's KV head, its sequence's row of the block table
+    (max_pages_per_seq,) int32, and the page size. Key j is slot ``j % page_size`` of page
+    ``block_table_row[j // page_size]``."""
+
+    mK: cute.Tensor
+    mV: cute.Tensor
+    kv_head: cutlass.Int32
+    block_table_row: cute.Tensor
+    page_size: cutlass.Int32
+
+
 class KVCopy(NamedTuple):
     """What :func:`load_kv_block` copies with: the G2S tiled copy and this thread's partitions of K
-    and V in HBM, of their shared-memory rings and of the keys' identity coordinates."""
+    and V in HBM, of their shared-memory rings and of the keys' identity coordinates. A paged cache
+    (``pages``) has no tiled view of K and V in HBM: its rows are gathered through the block table."""
 
     tiled_copy: cute.TiledCopy
-    tKgK: cute.Tensor  # (CPY, CPY_N, CPY_D, n_blocks)
+    tKgK: cute.Tensor | None  # (CPY, CPY_N, CPY_D, n_blocks); None when paged
     tKsK: cute.Tensor  # (CPY, CPY_N, CPY_D, stages)
-    tVgV: cute.Tensor  # (CPY, CPY_N, CPY_D, n_blocks)
+    tVgV: cute.Tensor | None  # (CPY, CPY_N, CPY_D, n_blocks); None when paged
     tVsV: cute.Tensor  # (CPY, CPY_N, CPY_D, stages)
     tKVcKV: cute.Tensor  # (CPY, CPY_N, CPY_D, n_blocks)
+    pages: PagedKV | None = None
 
 
 def kv_copy_partitions(
     gmem_tiled_copy: cute.TiledCopy,
     gmem_thr_copy: Any,
-    gK: cute.Tensor,
+    gK: cute.Tensor | None,
     sK: cute.Tensor,
-    gV: cute.Tensor,
+    gV: cute.Tensor | None,
     sV: cute.Tensor,
     cKV: cute.Tensor,
+    pages: PagedKV | None = None,
 ) -> KVCopy:
-    """The :class:`KVCopy` of K and V in HBM (``n_blocks`` blocks), their shared-memory rings
-    (``stages`` slots) and the keys' identity coordinates, for this thread."""
+    """The :class:`KVCopy` of K and V in HBM (``n_blocks`` blocks; None when ``pages`` gives a paged
+    cache), their shared-memory rings (``stages`` slots) and the keys' identity coordinates, for this
+    thread."""
     return KVCopy(
         gmem_tiled_copy,
-        tKgK=gmem_thr_copy.partition_S(gK),
+        tKgK=None if gK is None else gmem_thr_copy.partition_S(gK),
         tKsK=gmem_thr_copy.partition_D(sK),
-        tVgV=gmem_thr_copy.partition_S(gV),
+        tVgV=None if gV is None else gmem_thr_copy.partition_S(gV),
         tVsV=gmem_thr_copy.partition_D(sV),
         tKVcKV=gmem_thr_copy.partition_S(cKV),
+        pages=pages,
     )
 
 
@@ -206,21 +225,46 @@ def load_kv_block(
     predicated: cutlass.Constexpr,
 ):
     """Issue the cp.async of K/V block ``n_block`` into ring slot ``slot`` (no commit) with ``kv_copy``
-    (:class:`KVCopy`). ``predicated`` (compile time): rows at or past ``seqlen_k`` are
-    zero-filled instead of loaded (the one block the sequence's end can cut)."""
-    gmem_tiled_copy, tKgK, tKsK, tVgV, tVsV, tKVcKV = kv_copy
-    for n in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
+    (:class:`KVCopy`). ``predicated`` (compile time): rows at or past ``seqlen_k`` are zero-filled
+    instead of loaded (the one block the sequence's end can cut; a paged cache's block table is not
+    read for them either)."""
+    for n in cutlass.range_constexpr(cute.size(kv_copy.tKsK, mode=[1])):
         if cutlass.const_expr(predicated):
-            if tKVcKV[0, n, 0, n_block][0] < seqlen_k:
-                cute.copy(gmem_tiled_copy, tKgK[None, n, None, n_block], tKsK[None, n, None, slot])
-                cute.copy(gmem_tiled_copy, tVgV[None, n, None, n_block], tVsV[None, n, None, slot])
+            if kv_copy.tKVcKV[0, n, 0, n_block][0] < seqlen_k:
+                copy_kv_row(kv_copy, n, n_block, slot)
             else:
                 # Past Sk: zeros, since P = 0 times uninitialised shared memory could be NaN.
-                tKsK[None, n, None, slot].fill(0)
-                tVsV[None, n, None, slot].fill(0)
+                kv_copy.tKsK[None, n, None, slot].fill(0)
+                kv_copy.tVsV[None, n, None, slot].fill(0)
         else:
-            cute.copy(gmem_tiled_copy, tKgK[None, n, None, n_block], tKsK[None, n, None, slot])
-            cute.copy(gmem_tiled_copy, tVgV[None, n, None, n_block], tVsV[None, n, None, slot])
+            copy_kv_row(kv_copy, n, n_block, slot)
+
+
+@cute.jit
+def copy_kv_row(kv_copy: KVCopy, n: cutlass.Constexpr, n_block: cutlass.Int32, slot: cutlass.Int32):
+    """The cp.async of this thread's row ``n`` of K/V block ``n_block`` into ring slot ``slot``: from
+    the tiled views, or, paged, from the row's page (one block-table read per row; its 16-byte
+    chunks are the same columns as the contiguous copy's)."""
+    tiled_copy, tKgK, tKsK, tVgV, tVsV, tKVcKV, pages = kv_copy
+    if cutlass.const_expr(pages is None):
+        cute.copy(tiled_copy, tKgK[None, n, None, n_block], tKsK[None, n, None, slot])
+        cute.copy(tiled_copy, tVgV[None, n, None, n_block], tVsV[None, n, None, slot])
+    else:
+        page, in_page = page_and_slot(pages, tKVcKV[0, n, 0, n_block][0])
+        elems = cute.size(tKsK, mode=[0])
+        # The key's row (D,) of K and of V, cut into the copy's 16-byte chunks: (elems, D / elems).
+        gK_row = cute.zipped_divide(pages.mK[page, pages.kv_head, in_page, None], (elems,))
+        gV_row = cute.zipped_divide(pages.mV[page, pages.kv_head, in_page, None], (elems,))
+        for d in cutlass.range_constexpr(cute.size(tKsK, mode=[2])):
+            chunk = tKVcKV[0, n, d, n_block][1] // elems
+            cute.copy(tiled_copy, gK_row[None, chunk], tKsK[None, n, d, slot])
+            cute.copy(tiled_copy, gV_row[None, chunk], tVsV[None, n, d, slot])
+
+
+def page_and_slot(pages: PagedKV, key: cutlass.Int32) -> tuple[cutlass.Int32, cutlass.Int32]:
+    """Where key ``key`` of the sequence lives: (its page, from the block table; its slot in the page)."""
+    page_index = key // pages.page_size
+    return pages.block_table_row[page_index], key - page_index * pages.page_size
 
 
 def quad_allreduce(

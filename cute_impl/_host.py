@@ -26,6 +26,7 @@ from common.contract.registry import Runner, per_call_inputs, warmed_up
 from common.contract.validation import (
     OPERAND_ALIGNMENT_BYTES,
     kernel_operand,
+    require_block_table_as_stated,
     require_cache_seqlens_as_stated,
     validate_attention_inputs,
 )
@@ -56,6 +57,19 @@ def current_stream(device: torch.device | None = None) -> cuda.CUstream:
 def fake_cache_seqlens() -> Any:
     """What ``cache_seqlens_tensor`` passes at launch: (B,) int32, contiguous, 4-byte aligned."""
     return make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), memspace=AddressSpace.generic, assumed_align=4)
+
+
+def fake_block_table() -> Any:
+    """What ``block_table_tensor`` passes at launch: (B, max_pages_per_seq) int32, rows contiguous."""
+    shape, stride = (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1)
+    return make_fake_tensor(cutlass.Int32, shape, stride, memspace=AddressSpace.generic, assumed_align=4)
+
+
+def block_table_tensor(block_table: torch.Tensor) -> cute.Tensor:
+    """The (B, max_pages_per_seq) int32 block table as the kernel takes it (each row's entries made
+    adjacent; the runtime counterpart of the fake)."""
+    table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
+    return from_dlpack(table, assumed_align=4).mark_layout_dynamic(leading_dim=1)
 
 
 def cache_seqlens_tensor(cache_seqlens: torch.Tensor) -> cute.Tensor:
@@ -208,12 +222,15 @@ class RungHost:
         problem: Problem,
         *,
         cache_seqlens: torch.Tensor | None = None,
+        block_table: torch.Tensor | None = None,
         **options: Any,
     ) -> Runner:
-        """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) (and ``cache_seqlens``) against the rung's
+        """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) or, with a ``block_table``, page pools
+        (num_pages, page_size, Hkv, D) (and ``cache_seqlens``) against the rung's
         head dims, features and limits, bind them to the Problem they describe (compiling on first
         use), and launch once to warm up. ``options`` go to ``plan_launch`` (decode's ``num_splits``)."""
         require_cache_seqlens_as_stated(problem, cache_seqlens)
+        require_block_table_as_stated(problem, block_table)
         checked = validate_attention_inputs(
             q,
             k,
@@ -223,6 +240,7 @@ class RungHost:
             causal_alignment=problem.causal_alignment,
             cache_seqlens=cache_seqlens,
             return_lse=problem.return_lse,
+            block_table=block_table,
             allow_gqa=GQA in self.features,
             head_dims=self.head_dims,
         )
@@ -232,7 +250,7 @@ class RungHost:
         for ok, reason in checks:
             if not ok:
                 raise ValueError(reason)
-        run = self.bind(q, k, v, checked, **per_call_inputs(checked, cache_seqlens), **options)
+        run = self.bind(q, k, v, checked, **per_call_inputs(checked, cache_seqlens, block_table), **options)
         return warmed_up(run, q.device)
 
     def bind(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, **inputs: Any) -> Runner:
@@ -379,6 +397,18 @@ def qkv_shared_storage(dtype: type[cutlass.Numeric], sQ_layout: Any, sKV_layout:
         sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], align_bytes]
         sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sKV_layout)], align_bytes]
         sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sKV_layout)], align_bytes]
+
+    return SharedStorage
+
+
+def qkv_ring_storage(dtype: type[cutlass.Numeric], sQ_layout: Any, sKV_layout: Any, align_bytes: int) -> Any:
+    """The shared memory of a CTA whose K and V rings lie back to back in one range (``decode``: the
+    drained ring then holds the warps' fp32 partials): a Q tile and 2 · cosize(``sKV_layout``)."""
+
+    @cute.struct
+    class SharedStorage:
+        sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], align_bytes]
+        sKV: cute.struct.Align[cute.struct.MemRange[dtype, 2 * cute.cosize(sKV_layout)], align_bytes]
 
     return SharedStorage
 

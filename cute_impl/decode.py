@@ -64,14 +64,17 @@ Data movement: K and V HBM →(cp.async.cg, 16 B)→ a ``stages``-deep swizzled 
 (fp32 accumulate). Q is read once per CTA. Each block is ``tile_n`` keys (64): K + V of one block is
 32 KB at D=128, so ``stages - 1`` = 2 blocks, 64 KB, are in flight per CTA while one is computed, and
 two CTAs fit per SM (``TILE_CONFIGS`` has the budget). Partials: one fp32 write and one read,
-num_splits · rows · (D + 1) · 4 bytes, small beside the cache.
+num_splits · rows · (D + 1) · 4 bytes, small beside the cache. A paged cache (``block_table``; pools
+(num_pages, page_size, Hkv, D), FlashAttention's and FlashInfer's NHD layout, seen by the kernel as
+(num_pages, Hkv, page_size, D)) changes only where a K/V row comes from: each thread reads its rows'
+pages from the block table and issues the same 16-byte cp.async chunks (``_device.PagedKV``), so
+any page size of the contract (16 to 256 keys, not necessarily a multiple of ``tile_n``) works.
 
 Constraints: fp16/bf16, D ∈ {64, 128, 256} (``TILE_CONFIGS``), 1 <= Sq <= ``MAX_SEQLEN_Q`` (a longer
 Sq is prefill: use a prefill rung), softmax_scale > 0 (``row_max`` is max(S) · softmax_scale_log2),
 sm_80 or newer (``mma.sync`` bf16, cp.async). GQA/MQA, causal top-left or bottom-right,
-``cache_seqlens`` and ``return_lse`` are all implemented (compile-time flags, except GQA: the group
-is a runtime size). Not here: a paged KV cache (``supports`` refuses it), FP8 caches, a persistent
-scheduler. Measured figures go to ``docs/perf-log.md`` and ``compare.py --decode``.
+``cache_seqlens``, ``return_lse`` and a paged cache are implemented (compile-time flags; the GQA group
+and the page size are runtime sizes). Not here: FP8 caches, a persistent scheduler.
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ import torch
 from cutlass.cute.runtime import make_fake_stream
 
 from common.contract import splits
-from common.contract.capability import FEATURES
+from common.contract.capability import FEATURES, PAGED_KV
 from common.contract.problem import Problem
 from common.contract.registry import Implementation
 from cute_impl._device import (
@@ -98,6 +101,7 @@ from cute_impl._device import (
     LdmatrixOperands,
     OnlineSoftmax,
     OperandLoad,
+    PagedKV,
     SeqlenInfo,
     accumulator_as_operand_a,
     gemm_double_buffered,
@@ -114,12 +118,15 @@ from cute_impl._host import (
     CompiledKernels,
     Launch,
     RungHost,
+    block_table_tensor,
     cache_seqlens_tensor,
     cp_async_tiled_copy,
+    fake_block_table,
     fake_cache_seqlens,
     fake_tensor,
     mma_sync_supports,
     positive_scale,
+    qkv_ring_storage,
     static_head_dim_view,
     swizzled_qkv_layouts,
     to_cute_tensor,
@@ -168,6 +175,8 @@ TILE_CONFIGS = {
     256: TileShape(tile_n=64, stages=3, num_warps=4, max_tile_m=16, pieces_per_k_step=2),
 }
 HEAD_DIMS = tuple(sorted(TILE_CONFIGS))
+# Every problem feature, and the paged KV cache (a block table of pages of 16 to 256 keys).
+DECODE_FEATURES = (*FEATURES, PAGED_KV)
 
 
 @dataclass(frozen=True)
@@ -183,6 +192,7 @@ class DecodeConfig:
     has_cache_seqlens: bool  # a (B,) int32 kernel argument: each sequence's seqlen_k
     return_lse: bool  # O's LSE is returned (B, H, Sq)
     split: bool  # more than one split: partials, then the merge kernel
+    paged: bool = False  # K and V are page pools read through a (B, max_pages_per_seq) int32 block table
 
     @property
     def keys_per_warp(self) -> int:
@@ -228,13 +238,15 @@ class DecodeKernel:
         mOPartial: cute.Tensor | None,
         mLSEPartial: cute.Tensor | None,
         mCacheSeqlens: cute.Tensor | None,
+        mBlockTable: cute.Tensor | None,
         softmax_scale: cutlass.Float32,
         stream: cuda.CUstream,
     ):
         """q (B, H, Sq, D), k, v (B, Hkv, Sk, D); mO (B·Hkv, group·Sq, D) and mLSE (B·Hkv, group·Sq) or
         None: the packed rows of O and its LSE; mOPartial (num_splits, B·Hkv, group·Sq, D) and
         mLSEPartial (num_splits, B·Hkv, group·Sq), fp32, when split, else None; mCacheSeqlens (B,)
-        int32 or None. None-ness is compile time."""
+        int32 or None; paged, k and v are pools (num_pages, Hkv, page_size, D) and mBlockTable the
+        (B, max_pages_per_seq) int32 table, else None. None-ness is compile time."""
         dtype = mQ.element_type
         mQ, mK, mV, mO = [static_head_dim_view(t, self.head_dim) for t in (mQ, mK, mV, mO)]
         num_splits = 1
@@ -258,6 +270,7 @@ class DecodeKernel:
             mOPartial,
             mLSEPartial,
             mCacheSeqlens,
+            mBlockTable,
             softmax_scale * LOG2_E,
             sQ_layout,
             sKV_layout,
@@ -267,7 +280,7 @@ class DecodeKernel:
             cp_async_tiled_copy(dtype, self.threads_per_cta, row_elems=SWIZZLE_COLS),
             # One warp's MMA: each warp multiplies all tile_m rows by its own keys.
             warp_tiled_mma(dtype, WARP_THREADS),
-            _shared_storage(dtype, sQ_layout, sKV_layout),
+            qkv_ring_storage(dtype, sQ_layout, sKV_layout, SMEM_ALIGN_BYTES),
         ).launch(
             grid=(num_splits, cute.ceil_div(rows, self.tile_m), batch_kv_heads),
             block=[self.threads_per_cta, 1, 1],
@@ -295,6 +308,7 @@ class DecodeKernel:
         mOPartial: cute.Tensor | None,
         mLSEPartial: cute.Tensor | None,
         mCacheSeqlens: cute.Tensor | None,
+        mBlockTable: cute.Tensor | None,
         softmax_scale_log2: cutlass.Float32,
         sQ_layout: cute.ComposedLayout,
         sKV_layout: cute.ComposedLayout,
@@ -317,14 +331,23 @@ class DecodeKernel:
         rows = mO.shape[1]  # group · Sq packed rows
 
         # ---- 1. This sequence's keys and this split's blocks of them ---------------------------
-        seqlen = SeqlenInfo.create(batch, seqlen_q, mK.shape[2], mCacheSeqlens, self.bottom_right)
+        # The cache's capacity in keys: Sk, or the block table's pages of page_size keys.
+        capacity = mK.shape[2]
+        if cutlass.const_expr(self.config.paged):
+            capacity = mK.shape[2] * mBlockTable.shape[1]
+        seqlen = SeqlenInfo.create(batch, seqlen_q, capacity, mCacheSeqlens, self.bottom_right)
         block_range = split_block_range(split, num_splits, seqlen, seqlen_q, self.tile_n, self.causal)
         n_blocks = block_range.n_block_max - block_range.n_block_min
 
         # ---- Tiles: HBM views, shared memory, each warp's share of a block ----------------------
         tile_kv = (self.tile_n, self.head_dim)
-        gK = cute.local_tile(mK[batch, kv_head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
-        gV = cute.local_tile(mV[batch, kv_head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
+        gK = gV = pages = None
+        if cutlass.const_expr(self.config.paged):
+            # No tiled view: each row of a block is gathered from its page (load_kv_block).
+            pages = PagedKV(mK, mV, kv_head, mBlockTable[batch, None], mK.shape[2])
+        else:
+            gK = cute.local_tile(mK[batch, kv_head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
+            gV = cute.local_tile(mV[batch, kv_head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
         cKV = cute.local_tile(cute.make_identity_tensor((seqlen.seqlen_k, self.head_dim)), tile_kv, (None, 0))
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
@@ -344,7 +367,7 @@ class DecodeKernel:
         )  # (D, keys_per_warp, stages)
 
         gmem_thr_copy = gmem_tiled_copy.get_slice(tidx)
-        kv_copy = kv_copy_partitions(gmem_tiled_copy, gmem_thr_copy, gK, sK, gV, sV, cKV)
+        kv_copy = kv_copy_partitions(gmem_tiled_copy, gmem_thr_copy, gK, sK, gV, sV, cKV, pages)
 
         thr_mma = warp_mma.get_slice(lane)
         tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))  # (MMA, MMA_M, MMA_K)
@@ -631,17 +654,6 @@ def _store_row_chunk(merged: cute.Tensor, gO_chunk: cute.Tensor):
     cute.autovec_copy(out, gO_chunk)
 
 
-def _shared_storage(dtype: type[cutlass.Numeric], sQ_layout: Any, sKV_layout: Any) -> Any:
-    """The shared memory of one split CTA: the Q tile and the K and V rings back to back (one range,
-    so that the drained ring can hold the warps' fp32 partials). Built with ``type`` so that the
-    field annotations are objects, as ``cute.struct`` reads them (this module's are strings)."""
-    fields = {
-        "sQ": cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], SMEM_ALIGN_BYTES],
-        "sKV": cute.struct.Align[cute.struct.MemRange[dtype, 2 * cute.cosize(sKV_layout)], SMEM_ALIGN_BYTES],
-    }
-    return cute.struct(type("DecodeSharedStorage", (), {"__annotations__": fields}))
-
-
 # ----------------------------------------------------------------------------------------------
 # Host: tile shape, split count, bind, prepare.
 # ----------------------------------------------------------------------------------------------
@@ -673,6 +685,7 @@ def decode_config(problem: Problem, split: bool) -> DecodeConfig:
         has_cache_seqlens=problem.has_cache_seqlens,
         return_lse=problem.return_lse,
         split=split,
+        paged=problem.paged,
     )
 
 
@@ -683,11 +696,13 @@ def plan_launch(
     problem: Problem,
     *,
     cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
     num_splits: int | None = None,
 ) -> Launch:
     """Allocate O, the LSE and the split workspace for validated q, k, v; ``run()`` launches the split
     kernel and, with more than one split, the merge, and carries the ``num_splits`` it chose.
-    ``num_splits`` overrides the rule (sweeps, tests)."""
+    Paged (``block_table``): k and v are (num_pages, page_size, Hkv, D) pools, passed as their
+    (num_pages, Hkv, page_size, D) view. ``num_splits`` overrides the rule (sweeps, tests)."""
     num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device)
     batch_kv_heads, rows, head_dim = problem.batch * problem.kv_heads, problem.kv_group * problem.seqlen_q, q.shape[3]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -701,9 +716,11 @@ def plan_launch(
             torch.empty((num_splits, batch_kv_heads, rows), dtype=torch.float32, device=q.device),
         )
     packed = (out.view(batch_kv_heads, rows, head_dim), None if lse is None else lse.view(batch_kv_heads, rows))
-    tensors = [None if t is None else to_cute_tensor(t) for t in (q, k, v, *packed, *partials)]
+    kv = [pool.permute(0, 2, 1, 3) for pool in (k, v)] if problem.paged else [k, v]  # pools (pages, Hkv, slots, D)
+    tensors = [None if t is None else to_cute_tensor(t) for t in (q, *kv, *packed, *partials)]
     lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
-    arguments = (*tensors, lengths, cutlass.Float32(problem.scale))
+    table = None if block_table is None else block_table_tensor(block_table)
+    arguments = (*tensors, lengths, table, cutlass.Float32(problem.scale))
     result = (out, lse) if problem.return_lse else out
     return Launch(decode_config(problem, split=num_splits > 1), arguments, result, {"num_splits": num_splits})
 
@@ -724,35 +741,33 @@ def decode_limits(problem: Problem) -> tuple[bool, str]:
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     """A CUDA device of sm_80+ (``mma.sync`` bf16, cp.async), fp16/bf16, D in :data:`HEAD_DIMS`,
     1 <= Sq <= :data:`MAX_SEQLEN_Q`, softmax_scale > 0; GQA, both causal alignments,
-    ``cache_seqlens`` and the LSE are implemented."""
-    ok, reason = mma_sync_supports("cute/decode", problem, device, head_dims=HEAD_DIMS, features=FEATURES)
+    ``cache_seqlens``, the LSE and a paged KV cache (every page size of the contract) are implemented."""
+    ok, reason = mma_sync_supports("cute/decode", problem, device, head_dims=HEAD_DIMS, features=DECODE_FEATURES)
     if not ok:
         return ok, reason
     return decode_limits(problem)
 
 
-def _decode_shape(problem: Problem) -> Problem:
-    """The problem itself when it is decode-sized, else one token of it (the canonical problem is a prefill)."""
-    return problem if problem.seqlen_q <= MAX_SEQLEN_Q else problem.with_(seqlen_q=1)
-
-
 def fake_arguments(config: DecodeConfig) -> tuple[Any, ...]:
     """:meth:`DecodeKernel.__call__`'s arguments without data, as ``bind`` passes them: q, k, v
-    (B, H or Hkv, S, D), the packed O (B·Hkv, rows, D) and LSE (or None), the split partials (or None),
-    the key lengths (or None), the softmax scale (its value does not enter the code) and the stream."""
+    (B, H or Hkv, S, D) (paged: k and v (num_pages, Hkv, page_size, D)), the packed O (B·Hkv, rows, D)
+    and LSE (or None), the split partials (or None), the key lengths (or None), the block table (or
+    None), the softmax scale (its value does not enter the code) and the stream."""
     element = CUTE_DTYPES[config.dtype]
     operands = [fake_tensor(element, 4) for _ in range(3)]
     packed = [fake_tensor(element, 3), fake_tensor(cutlass.Float32, 2) if config.return_lse else None]
     partials = [fake_tensor(cutlass.Float32, 4), fake_tensor(cutlass.Float32, 3)] if config.split else [None, None]
     lengths = fake_cache_seqlens() if config.has_cache_seqlens else None
-    return (*operands, *packed, *partials, lengths, cutlass.Float32(1.0), make_fake_stream())
+    table = fake_block_table() if config.paged else None
+    return (*operands, *packed, *partials, lengths, table, cutlass.Float32(1.0), make_fake_stream())
 
 
 def compile_plan(problem: Problem, split: bool = True) -> DecodeConfig:
     """What ``compile_sm90`` compiles: the split form (the split kernel writing partials, and the
     merge; ``split=False``: the split kernel writing O directly) at ``problem``'s head dim, dtype, mask
-    and features (one query token when ``problem`` is prefill-sized)."""
-    return decode_config(_decode_shape(problem), split=split)
+    and features (one query token when ``problem`` is prefill-sized, as the canonical problem is)."""
+    decode_sized = problem if problem.seqlen_q <= MAX_SEQLEN_Q else problem.with_(seqlen_q=1)
+    return decode_config(decode_sized, split=split)
 
 
 # The host entry points: validate (head dims, every feature, Sq <= 16, a positive scale) → plan (the
@@ -765,6 +780,7 @@ HOST = RungHost(
     plan=compile_plan,
     plan_launch=plan_launch,
     head_dims=HEAD_DIMS,
+    features=DECODE_FEATURES,
     problem_check=decode_limits,
 )
 decode_attention, bind, compile_sm90 = HOST.prepare, HOST.bind, HOST.compile_sm90
