@@ -96,8 +96,7 @@ from common.contract import capability, splits
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner, warmed_up
 from common.contract.validation import kernel_operand, validate_for_problem
-from common.toolchain.arch import check_sm90
-from common.toolchain.compile import KernelBinary, compile_triton_sm90
+from common.toolchain.compile import KernelBinary
 from triton_impl import decode as triton_decode
 from triton_impl._host import LOG2_E, allocate_lse, feature_buffers, feature_constexprs, rung_result
 from triton_impl.gluon._device import (
@@ -115,7 +114,13 @@ from triton_impl.gluon._device import (
     seqlen_info,
     split_key_range,
 )
-from triton_impl.gluon.hopper import GLUON_DTYPES, _descriptor, descriptor_type
+from triton_impl.gluon._host import (
+    GLUON_DTYPES,
+    compile_gluon_sm90,
+    descriptor,
+    descriptor_type,
+    gluon_device_supported,
+)
 
 RUNG = "gluon/decode"
 DTYPES = (torch.float16, torch.bfloat16)
@@ -239,12 +244,12 @@ def _decode_step(carry, i, MASKED: gl.constexpr, step_args, step_constants: gl.c
     if MASKED:
         S = attention_mask(S * softmax_scale_log2, offs_m, key_begin + i * BLOCK_N, seqlen_k, causal_offset, CAUSAL)
     P_f32, alpha, row_max, row_sum = online_softmax_update(
-        S, row_max, row_sum, softmax_scale_log2, MASKED, MASKED, False, False
+        S, row_max, row_sum, softmax_scale_log2, S_SCALED=MASKED, MASKED=MASKED
     )
     acc = warpgroup_mma_wait(0, deps=[pv_token])
     # P_i's words are written after the wgmma reading P_(i-1)'s has retired (gluon/hopper: written
     # under a running wgmma, they made ptxas serialise every wgmma).
-    P = _operand_p(P_f32, v_ring.dtype, p_layout, False)
+    P = _operand_p(P_f32, v_ring.dtype, p_layout)
     _refill(ring, kv_coords, i - 1 + NUM_STAGES, NUM_STAGES)
     return acc, P, alpha, row_max, row_sum
 
@@ -275,9 +280,9 @@ def _attend_split(q_smem, ring, kv_coords, n_unmasked, step_args, step_constants
     S = warpgroup_mma_wait(0, deps=[_scores(q_smem, k_tile, s_layout)])
     S = attention_mask(S * softmax_scale_log2, offs_m, key_begin, seqlen_k, causal_offset, CAUSAL)
     P_f32, alpha, row_max, row_sum = online_softmax_update(
-        S, row_max, row_sum, softmax_scale_log2, True, True, False, False
+        S, row_max, row_sum, softmax_scale_log2, S_SCALED=True, MASKED=True
     )
-    P = _operand_p(P_f32, v_ring.dtype, p_layout, False)
+    P = _operand_p(P_f32, v_ring.dtype, p_layout)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
 
     # Blocks every row sees in full need no mask; then the sequence tail and the causal diagonal.
@@ -379,7 +384,7 @@ def _split_kernel(
 
     # 6. This split's O and natural-log LSE, stored from wgmma's accumulator layout. The partials
     # are (num_splits, B, H, Sq, D) and (num_splits, B, H, Sq), contiguous.
-    out, lse = online_softmax_finalize(acc, row_max, row_sum, False)
+    out, lse = online_softmax_finalize(acc, row_max, row_sum)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     head, token, row_ok = _packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M, o_rows)
     lse = gl.convert_layout(lse, o_rows)
@@ -440,7 +445,7 @@ class GluonDecode:
         lse_arg, lengths_arg = feature_buffers(self.lse, cache_seqlens, q.device)
         out_partial, lse_partial = triton_decode.split_workspace(problem, num_splits, q.device)
         # K and V as (B, Hkv, Sk, D) boxes of one key block: each (batch, KV head) has its own bounds.
-        desc_k, desc_v = (_descriptor(t, config.block_n, dtype) for t in (k, v))
+        desc_k, desc_v = (descriptor(t, config.block_n, dtype) for t in (k, v))
         sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E)
         self.split_args = (
             q, desc_k, desc_v, self.out, lse_arg, lengths_arg, out_partial, lse_partial,
@@ -508,9 +513,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     ok, reason = capability.check_features(RUNG, problem, IMPLEMENTED_FEATURES)
     if not ok:
         return ok, reason
-    if device.type != "cuda":
-        return False, f"{RUNG} needs a CUDA GPU: Gluon has no interpreter path, got {device}"
-    return check_sm90(RUNG, device, "TMA and warpgroup_mma are Hopper's")
+    return gluon_device_supported(RUNG, device, "TMA and warpgroup_mma are Hopper's")
 
 
 # Pointer and stride arguments a real launch passes 16-divisible, so the static compile assumes it too.
@@ -524,8 +527,6 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """The split kernel, in its split-writing form, for sm_90a at ``problem``'s head dim, dtype and
     features (one query token when ``problem`` is prefill-sized; no GPU needed). The merge is
     triton/decode's kernel and is compiled, and its resources listed, under that rung."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     problem = triton_decode.decode_shape(problem)
     config = DEFAULT_CONFIGS[problem.head_dim]
     element = "*fp16" if problem.dtype == torch.float16 else "*bf16"
@@ -536,11 +537,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
         "heads": "i32", "kv_heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "softmax_scale_log2": "fp32",
     }  # fmt: skip
     constexprs = {**split_constexprs(problem, True), "num_warps": NUM_WARPS}
-    options = {"num_warps": NUM_WARPS}
-    binary = compile_triton_sm90(
-        _split_kernel, signature, constexprs, aligned=SPLIT_ALIGNED, options=options, source_type=GluonASTSource
-    )
-    return [binary]
+    return [compile_gluon_sm90(_split_kernel, signature, constexprs, {"num_warps": NUM_WARPS}, SPLIT_ALIGNED)]
 
 
 IMPLEMENTATION = Implementation(
