@@ -181,13 +181,13 @@ def online_softmax_update(
     exp2(-inf) gives P = 0 and not NaN. ``P_EXPONENT`` > 0 (gluon/fp8) lifts P by 2^P_EXPONENT
     (row_sum adds the lifted P, so the factor cancels in O / row_sum), as in the Triton stack.
     ``ROW_TREE``: the row max and sum as trees (``_row_tree``)."""
-    block_max = _row_tree(S, True) if ROW_TREE else gl.max(S, 1)
+    block_max = _row_tree(S, MAX=True) if ROW_TREE else gl.max(S, 1)
     row_max_new = gl.maximum(row_max, block_max if S_SCALED else block_max * softmax_scale_log2)
     row_max_base = gl.where(row_max_new == float("-inf"), 0.0, row_max_new) if MASKED else row_max_new
     p_base = row_max_base - P_EXPONENT if P_EXPONENT != 0 else row_max_base
     P = gl.exp2(S - p_base[:, None]) if S_SCALED else gl.exp2(S * softmax_scale_log2 - p_base[:, None])
     alpha = gl.exp2(row_max - row_max_base)
-    row_sum = row_sum * alpha + (_row_tree(P, False) if ROW_TREE else gl.sum(P, 1))
+    row_sum = row_sum * alpha + (_row_tree(P, MAX=False) if ROW_TREE else gl.sum(P, 1))
     return P, alpha, row_max_new, row_sum
 
 

@@ -85,6 +85,7 @@ Measured figures go to ``docs/perf-log.md`` and ``compare.py --decode``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -157,6 +158,36 @@ DEFAULT_CONFIGS: dict[int, DecodeConfig] = {
 HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
 
 
+class KVRing(NamedTuple):
+    """The split's K/V ring: the descriptors it copies from, its ``NUM_STAGES`` slots of K and of V in
+    shared memory and their ready barriers (one per slot, completed by the copy's byte count)."""
+
+    desc_k: object
+    desc_v: object
+    k_ring: object
+    v_ring: object
+    k_ready: object
+    v_ready: object
+
+
+class SplitKeys(NamedTuple):
+    """Where the split's key blocks lie: its (batch, KV head), its first key and its block count."""
+
+    batch: object
+    kv_head: object
+    key_begin: object
+    n_blocks: object
+
+
+class StepConstants(NamedTuple):
+    """What every key block of the split shares at compile time (a ``gl.constexpr`` on the device)."""
+
+    s_layout: gl.NVMMADistributedLayout  # S = Q Kᵀ's accumulator
+    p_layout: gl.DotOperandLayout  # P as the A operand of P V, from registers
+    NUM_STAGES: int
+    CAUSAL: bool
+
+
 # ----------------------------------------------------------------------------------------------
 # Device parts: the packed rows, the K/V ring, one pipelined key block
 # ----------------------------------------------------------------------------------------------
@@ -194,42 +225,40 @@ def _stage_packed_q(Q, q_smem, batch, kv_head, group, m_block, seqlen_q, q_strid
 
 
 @gluon.jit
-def _load_kv_block(ring, kv_coords, i, NUM_STAGES: gl.constexpr):
-    """TMA K and V of the split's key block ``i`` into ring slot i % NUM_STAGES; each copy completes
-    its ready barrier with its byte count (a box past the padded cache is zero-filled and counted)."""
+def _load_kv_block(ring, keys, i, NUM_STAGES: gl.constexpr):
+    """TMA K and V of the split's key block ``i`` (``keys``: :class:`SplitKeys`) into ring slot
+    i % NUM_STAGES of ``ring`` (:class:`KVRing`); each copy completes its ready barrier with its byte
+    count (a box past the padded cache is zero-filled and counted)."""
     desc_k, desc_v, k_ring, v_ring, k_ready, v_ready = ring
-    batch, kv_head, key_begin, _ = kv_coords
     BLOCK_N: gl.constexpr = k_ring.shape[1]
     stage = i % NUM_STAGES
-    start_n = key_begin + i * BLOCK_N
+    start_n = keys.key_begin + i * BLOCK_N
     mbarrier.expect(k_ready.index(stage), desc_k.block_type.nbytes)
-    _tma_load(desc_k, [batch, kv_head, start_n, 0], k_ready.index(stage), _as_box(k_ring.index(stage)))
+    _tma_load(desc_k, [keys.batch, keys.kv_head, start_n, 0], k_ready.index(stage), _as_box(k_ring.index(stage)))
     mbarrier.expect(v_ready.index(stage), desc_v.block_type.nbytes)
-    _tma_load(desc_v, [batch, kv_head, start_n, 0], v_ready.index(stage), _as_box(v_ring.index(stage)))
+    _tma_load(desc_v, [keys.batch, keys.kv_head, start_n, 0], v_ready.index(stage), _as_box(v_ring.index(stage)))
 
 
 @gluon.jit
-def _refill(ring, kv_coords, i, NUM_STAGES: gl.constexpr):
+def _refill(ring, keys, i, NUM_STAGES: gl.constexpr):
     """Block ``i`` into the slot that block i - NUM_STAGES has just left, if the split has it. The
     same warps read the slot (their wgmmas have retired) and issue the copy, so program order and one
     barrier over the warpgroup order the two: no empty barriers, as a load warp would need."""
-    if i < kv_coords[3]:
+    if i < keys.n_blocks:
         _partition_barrier()
-        _load_kv_block(ring, kv_coords, i, NUM_STAGES)
+        _load_kv_block(ring, keys, i, NUM_STAGES)
 
 
 @gluon.jit
-def _decode_step(carry, i, MASKED: gl.constexpr, step_args, step_constants: gl.constexpr):
+def _decode_step(carry, i, step_args, constants: gl.constexpr, MASKED: gl.constexpr):
     """Key block i ≥ 1 of the split: issue S_i = Q K_iᵀ and O += P_(i-1) V_(i-1), run the softmax of
     S_i while that P V runs, then refill the slot of block i - 1 with block i - 1 + NUM_STAGES."""
     acc, P, alpha, row_max, row_sum = carry
-    q_smem, ring, kv_coords, offs_m, seqlen, softmax_scale_log2 = step_args
-    s_layout: gl.constexpr = step_constants[0]
-    p_layout: gl.constexpr = step_constants[1]
-    NUM_STAGES: gl.constexpr = step_constants[2]
-    CAUSAL: gl.constexpr = step_constants[3]
+    q_smem, ring, keys, offs_m, seqlen, softmax_scale_log2 = step_args
+    s_layout: gl.constexpr = constants.s_layout
+    p_layout: gl.constexpr = constants.p_layout
+    NUM_STAGES: gl.constexpr = constants.NUM_STAGES
     _, _, k_ring, v_ring, k_ready, v_ready = ring
-    key_begin = kv_coords[2]
     seqlen_k, causal_offset = seqlen
     BLOCK_N: gl.constexpr = k_ring.shape[1]
 
@@ -242,7 +271,8 @@ def _decode_step(carry, i, MASKED: gl.constexpr, step_args, step_constants: gl.c
     # wgmmas retire in order: one left in flight means S_i is done and P V still runs.
     S = warpgroup_mma_wait(1, deps=[s_token])
     if MASKED:
-        S = attention_mask(S * softmax_scale_log2, offs_m, key_begin + i * BLOCK_N, seqlen_k, causal_offset, CAUSAL)
+        start_n = keys.key_begin + i * BLOCK_N
+        S = attention_mask(S * softmax_scale_log2, offs_m, start_n, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL)
     P_f32, alpha, row_max, row_sum = online_softmax_update(
         S, row_max, row_sum, softmax_scale_log2, S_SCALED=MASKED, MASKED=MASKED
     )
@@ -250,22 +280,19 @@ def _decode_step(carry, i, MASKED: gl.constexpr, step_args, step_constants: gl.c
     # P_i's words are written after the wgmma reading P_(i-1)'s has retired (gluon/hopper: written
     # under a running wgmma, they made ptxas serialise every wgmma).
     P = _operand_p(P_f32, v_ring.dtype, p_layout)
-    _refill(ring, kv_coords, i - 1 + NUM_STAGES, NUM_STAGES)
+    _refill(ring, keys, i - 1 + NUM_STAGES, NUM_STAGES)
     return acc, P, alpha, row_max, row_sum
 
 
 @gluon.jit
-def _attend_split(q_smem, ring, kv_coords, n_unmasked, step_args, step_constants: gl.constexpr):
+def _attend_split(q_smem, ring, keys, n_unmasked, step_args, constants: gl.constexpr):
     """Fold the split's key blocks (at least one) into ``(acc, row_max, row_sum)`` of the M tile.
     ``step_args``: the packed rows' tokens (``offs_m``), ``(seqlen_k, causal_offset)`` and the scale."""
-    s_layout: gl.constexpr = step_constants[0]
-    p_layout: gl.constexpr = step_constants[1]
+    s_layout: gl.constexpr = constants.s_layout
+    p_layout: gl.constexpr = constants.p_layout
     o_layout: gl.constexpr = p_layout.parent
-    NUM_STAGES: gl.constexpr = step_constants[2]
-    CAUSAL: gl.constexpr = step_constants[3]
+    NUM_STAGES: gl.constexpr = constants.NUM_STAGES
     _, _, k_ring, v_ring, k_ready, v_ready = ring
-    key_begin = kv_coords[2]
-    n_blocks = kv_coords[3]
     offs_m, seqlen, softmax_scale_log2 = step_args
     seqlen_k, causal_offset = seqlen
     BLOCK_M: gl.constexpr = q_smem.shape[0]
@@ -278,7 +305,7 @@ def _attend_split(q_smem, ring, kv_coords, n_unmasked, step_args, step_constants
     row_sum = gl.zeros([BLOCK_M], gl.float32, row_layout)
     k_tile = _ready_tile(k_ring, k_ready, 0, NUM_STAGES)
     S = warpgroup_mma_wait(0, deps=[_scores(q_smem, k_tile, s_layout)])
-    S = attention_mask(S * softmax_scale_log2, offs_m, key_begin, seqlen_k, causal_offset, CAUSAL)
+    S = attention_mask(S * softmax_scale_log2, offs_m, keys.key_begin, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL)
     P_f32, alpha, row_max, row_sum = online_softmax_update(
         S, row_max, row_sum, softmax_scale_log2, S_SCALED=True, MASKED=True
     )
@@ -287,16 +314,16 @@ def _attend_split(q_smem, ring, kv_coords, n_unmasked, step_args, step_constants
 
     # Blocks every row sees in full need no mask; then the sequence tail and the causal diagonal.
     carry = (acc, P, alpha, row_max, row_sum)
-    step_args = (q_smem, ring, kv_coords, offs_m, seqlen, softmax_scale_log2)
+    step_args = (q_smem, ring, keys, offs_m, seqlen, softmax_scale_log2)
     for i in range(1, n_unmasked):
-        carry = _decode_step(carry, i, False, step_args, step_constants)
-    for i in range(gl.maximum(n_unmasked, 1), n_blocks):
-        carry = _decode_step(carry, i, True, step_args, step_constants)
+        carry = _decode_step(carry, i, step_args, constants, MASKED=False)
+    for i in range(gl.maximum(n_unmasked, 1), keys.n_blocks):
+        carry = _decode_step(carry, i, step_args, constants, MASKED=True)
     acc, P, alpha, row_max, row_sum = carry
 
     # The last block's P V.
     acc = online_softmax_rescale(acc, alpha)
-    v_tile = _ready_tile(v_ring, v_ready, n_blocks - 1, NUM_STAGES)
+    v_tile = _ready_tile(v_ring, v_ready, keys.n_blocks - 1, NUM_STAGES)
     acc = warpgroup_mma_wait(0, deps=[_values_product(P, v_tile, acc, p_layout)])
     return acc, row_max, row_sum
 
@@ -335,7 +362,9 @@ def _split_kernel(
 
     # 1. This sequence's keys, the last one any row sees, and this split's share of them: blocks
     # [0, n_unmasked) of the split are seen by every row, the rest [n_unmasked, n_blocks) is masked.
-    seqlen_k, causal_offset = seqlen_info(CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS, BOTTOM_RIGHT)
+    seqlen_k, causal_offset = seqlen_info(
+        CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, BOTTOM_RIGHT=BOTTOM_RIGHT
+    )
     key_end = gl.maximum(gl.minimum(seqlen_k, seqlen_q + causal_offset), 0) if CAUSAL else seqlen_k
     key_begin, key_end = split_key_range(split, num_splits, key_end, BLOCK_N)
     visible_to_all = gl.minimum(seqlen_k, causal_offset + 1) if CAUSAL else seqlen_k
@@ -358,13 +387,13 @@ def _split_kernel(
     # The inits are generic-proxy writes and the TMA unit completes the barriers through the async
     # proxy: a proxy fence orders them (the barrier after Q's staging shows them to every warp).
     fence_async_shared()
-    ring = (desc_k, desc_v, k_ring, v_ring, k_ready, v_ready)
-    kv_coords = (batch, kv_head, key_begin, n_blocks)
+    ring = KVRing(desc_k, desc_v, k_ring, v_ring, k_ready, v_ready)
+    keys = SplitKeys(batch, kv_head, key_begin, n_blocks)
 
     # 3. Put the split's first NUM_STAGES key blocks in flight at once, before anything waits.
     for i in gl.static_range(NUM_STAGES):
         if i < n_blocks:
-            _load_kv_block(ring, kv_coords, i, NUM_STAGES)
+            _load_kv_block(ring, keys, i, NUM_STAGES)
 
     # 4. The packed Q tile, by pointers, while the first copies fly.
     q_strides = (stride_qb, stride_qh, stride_qm)
@@ -378,9 +407,9 @@ def _split_kernel(
     row_sum = gl.zeros([BLOCK_M], gl.float32, s_rows)
     # What every key block shares, bound once: tensors in a tuple, layouts and flags in a constexpr one.
     step_args = (offs_m, (seqlen_k, causal_offset), softmax_scale_log2)
-    step_constants: gl.constexpr = (s_layout, p_layout, NUM_STAGES, CAUSAL)
+    constants: gl.constexpr = StepConstants(s_layout, p_layout, NUM_STAGES, CAUSAL)
     if n_blocks > 0:
-        acc, row_max, row_sum = _attend_split(q_smem, ring, kv_coords, n_unmasked, step_args, step_constants)
+        acc, row_max, row_sum = _attend_split(q_smem, ring, keys, n_unmasked, step_args, constants)
 
     # 6. This split's O and natural-log LSE, stored from wgmma's accumulator layout. The partials
     # are (num_splits, B, H, Sq, D) and (num_splits, B, H, Sq), contiguous.

@@ -96,6 +96,8 @@ rescaling and a persistent tile scheduler.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -150,6 +152,27 @@ from triton_impl.gluon._host import (
 
 RUNG = "gluon/hopper"
 DTYPES = (torch.float16, torch.bfloat16)
+
+
+class ConsumerConstants(NamedTuple):
+    """What every consumer warpgroup and each of its pipelined steps share at compile time: built once
+    by ``attention_kernel`` as a ``gl.constexpr`` (a plain tuple variable would turn its flags into
+    tensors), read by field name on the device (Gluon takes NamedTuples; its ``aggregate`` is not
+    public in Triton 3.6)."""
+
+    s_layout: gl.NVMMADistributedLayout  # S = Q Kᵀ's accumulator
+    o_layout: gl.NVMMADistributedLayout  # O's accumulator
+    p_layout: gl.DotOperandLayout  # P as the A operand of P V, from registers
+    NUM_STAGES: int
+    CAUSAL: bool
+    BOTTOM_RIGHT: bool
+    PINGPONG: bool
+    NUM_CONSUMERS: int
+    FP8: bool
+    P_EXPONENT: float  # the lift of P: fp8.P_EXPONENT with FP8, else 0
+    Q_QUANT_BLOCK: int
+    KV_QUANT_BLOCK: int
+    ROW_TREE: bool
 
 
 # ----------------------------------------------------------------------------------------------
@@ -215,7 +238,7 @@ def _release(k_empty, v_empty, n_block, NUM_STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _pipelined_step(carry, n_block, MASKED: gl.constexpr, step_args, step_constants: gl.constexpr):
+def _pipelined_step(carry, n_block, step_args, constants: gl.constexpr, MASKED: gl.constexpr):
     """Issue S_n, issue O += P_(n-1) V_(n-1), softmax of S_n under that wgmma, free the slots.
 
     FP8: P_(n-1) V_(n-1) goes into a fresh accumulator; K_n's scale joins the softmax scale of S_n
@@ -225,19 +248,15 @@ def _pipelined_step(carry, n_block, MASKED: gl.constexpr, step_args, step_consta
     scale and O by alpha separately took a second pass over O's 64 registers per block."""
     smem, barriers, turn, offs_m, seqlen, softmax_scale_log2, fp8_scales = step_args
     seqlen_k, causal_offset = seqlen
-    s_layout: gl.constexpr = step_constants[0]
-    p_layout: gl.constexpr = step_constants[1]
-    NUM_STAGES: gl.constexpr = step_constants[2]
-    CAUSAL: gl.constexpr = step_constants[3]
-    PINGPONG: gl.constexpr = step_constants[4]
-    FP8: gl.constexpr = step_constants[5]
-    KV_QUANT_BLOCK: gl.constexpr = step_constants[6]
-    ROW_TREE: gl.constexpr = step_constants[7]
+    p_layout: gl.constexpr = constants.p_layout
+    NUM_STAGES: gl.constexpr = constants.NUM_STAGES
+    PINGPONG: gl.constexpr = constants.PINGPONG
+    FP8: gl.constexpr = constants.FP8
+    KV_QUANT_BLOCK: gl.constexpr = constants.KV_QUANT_BLOCK
     acc, P, alpha, row_max, row_sum = carry
     q_smem, k_ring, v_ring = smem
     _, k_ready, v_ready, k_empty, v_empty = barriers
     BLOCK_N: gl.constexpr = k_ring.shape[1]
-    P_EXPONENT: gl.constexpr = fp8.P_EXPONENT if FP8 else 0.0
 
     if not FP8:
         # O is this block's wgmma accumulator: rescaled before the wgmma is issued.
@@ -252,9 +271,9 @@ def _pipelined_step(carry, n_block, MASKED: gl.constexpr, step_args, step_consta
         # (overlapped, 128-key blocks spilled). Non-causal tiles have at most one such block.
         pv = warpgroup_mma_wait(0, deps=[fp8.values_product(P, v_tile, p_layout)])
         acc = fp8.accumulate(acc, alpha, pv)
-        s_token = _scores(q_smem, k_tile, s_layout)
+        s_token = _scores(q_smem, k_tile, constants.s_layout)
     else:
-        s_token = _scores(q_smem, k_tile, s_layout)
+        s_token = _scores(q_smem, k_tile, constants.s_layout)
         pv_token = fp8.values_product(P, v_tile, p_layout) if FP8 else _values_product(P, v_tile, acc, p_layout)
     _pass_turn(turn, PINGPONG)
     if FP8:
@@ -263,7 +282,9 @@ def _pipelined_step(carry, n_block, MASKED: gl.constexpr, step_args, step_consta
     # wgmmas retire in order: waiting until one is in flight retires S_n, leaves P V running.
     S = warpgroup_mma_wait(0 if FP8_MASKED else 1, deps=[s_token])
     if MASKED:
-        S = attention_mask(S * softmax_scale_log2, offs_m, n_block * BLOCK_N, seqlen_k, causal_offset, CAUSAL)
+        S = attention_mask(
+            S * softmax_scale_log2, offs_m, n_block * BLOCK_N, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL
+        )
     P_f32, alpha_n, row_max, row_sum = online_softmax_update(
         S,
         row_max,
@@ -271,8 +292,8 @@ def _pipelined_step(carry, n_block, MASKED: gl.constexpr, step_args, step_consta
         softmax_scale_log2,
         S_SCALED=MASKED,
         MASKED=MASKED,
-        P_EXPONENT=P_EXPONENT,
-        ROW_TREE=ROW_TREE,
+        P_EXPONENT=constants.P_EXPONENT,
+        ROW_TREE=constants.ROW_TREE,
     )
     if FP8:
         if not MASKED:
@@ -303,17 +324,8 @@ def _softmax_partition(
     seqlen,
     softmax_scale_log2,
     scales,
-    s_layout: gl.constexpr,
-    o_layout: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr,
-    BOTTOM_RIGHT: gl.constexpr,
-    PINGPONG: gl.constexpr,
+    constants: gl.constexpr,
     HANDS_FIRST_TURN: gl.constexpr,
-    FP8: gl.constexpr,
-    Q_QUANT_BLOCK: gl.constexpr,
-    KV_QUANT_BLOCK: gl.constexpr,
-    ROW_TREE: gl.constexpr,
 ):
     """One consumer warpgroup: its own BLOCK_M query rows (its Q tile and q_ready barrier), the
     CTA's K/V rings shared with the other consumer. With PINGPONG the two consumers take turns
@@ -324,8 +336,9 @@ def _softmax_partition(
     ``seqlen``: this sequence's ``(seqlen_k, causal_offset)`` (:func:`seqlen_info`).
     FP8 (``scales``: the fp32 scales of Q (B, H, blocks), K and V (B, Hkv, blocks) and the block
     counts): this warpgroup's 64 rows lie in one Q quantisation block, whose scale joins the softmax
-    scale; K's and V's scales are those of the KV head (``kv_batch_head`` = batch · Hkv + kv_head)."""
-    desc_o = descs[3]
+    scale; K's and V's scales are those of the KV head (``kv_batch_head`` = batch · Hkv + kv_head).
+    ``constants``: the layouts and flags every consumer shares (:class:`ConsumerConstants`)."""
+    _, _, _, desc_o = descs
     q_smem, k_ring, v_ring = smem
     q_ready, k_ready, v_ready, k_empty, _ = barriers
     batch, head, start_m, n_block_max, batch_head, kv_batch_head = coords
@@ -333,23 +346,39 @@ def _softmax_partition(
     BLOCK_M: gl.constexpr = q_smem.shape[0]
     BLOCK_N: gl.constexpr = k_ring.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[1]
-    # P as wgmma's A operand from registers: 32 bits of k per thread and register (2 × 16-bit, 4 × e4m3).
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if FP8 else 2)
+    s_layout: gl.constexpr = constants.s_layout
+    p_layout: gl.constexpr = constants.p_layout
+    NUM_STAGES: gl.constexpr = constants.NUM_STAGES
+    CAUSAL: gl.constexpr = constants.CAUSAL
+    PINGPONG: gl.constexpr = constants.PINGPONG
+    FP8: gl.constexpr = constants.FP8
+    KV_QUANT_BLOCK: gl.constexpr = constants.KV_QUANT_BLOCK
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    # FP8 lifts P by 2^P_EXPONENT before its e4m3 conversion; the lift cancels in O and leaves the LSE.
-    P_EXPONENT: gl.constexpr = fp8.P_EXPONENT if FP8 else 0.0
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
     # This warpgroup's unmasked blocks; it visits the CTA's n_block_max blocks, as the load warp
     # loads them (blocks past its own causal range are masked out in full).
     _, n_block_max_own, n_masked_blocks = block_range(
-        start_m, seqlen_k, causal_offset, CAUSAL, BOTTOM_RIGHT, BLOCK_M, BLOCK_N
+        start_m,
+        seqlen_k,
+        causal_offset,
+        CAUSAL=CAUSAL,
+        BOTTOM_RIGHT=constants.BOTTOM_RIGHT,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
     )
     n_unmasked = n_block_max_own - n_masked_blocks
     if HANDS_FIRST_TURN:
         _pass_turn(turn, PINGPONG)
     if FP8:
         k_scales, v_scales, softmax_scale_log2, first_scale_log2 = fp8.consumer_scales(
-            scales, start_m, batch_head, kv_batch_head, softmax_scale_log2, Q_QUANT_BLOCK, KV_QUANT_BLOCK, BLOCK_N
+            scales,
+            start_m,
+            batch_head,
+            kv_batch_head,
+            softmax_scale_log2,
+            constants.Q_QUANT_BLOCK,
+            KV_QUANT_BLOCK,
+            BLOCK_N,
         )
         fp8_scales = (k_scales, v_scales)
     else:
@@ -367,30 +396,36 @@ def _softmax_partition(
     _pass_turn(turn, PINGPONG)
     S = warpgroup_mma_wait(0, deps=[s_token])
     mbarrier.arrive(k_empty.index(0), count=1)
-    S = attention_mask(S * first_scale_log2, offs_m, 0, seqlen_k, causal_offset, CAUSAL)
+    S = attention_mask(S * first_scale_log2, offs_m, 0, seqlen_k, causal_offset, CAUSAL=CAUSAL)
     P_f32, alpha, row_max, row_sum = online_softmax_update(
-        S, row_max, row_sum, first_scale_log2, S_SCALED=True, MASKED=True, P_EXPONENT=P_EXPONENT, ROW_TREE=ROW_TREE
+        S,
+        row_max,
+        row_sum,
+        first_scale_log2,
+        S_SCALED=True,
+        MASKED=True,
+        P_EXPONENT=constants.P_EXPONENT,
+        ROW_TREE=constants.ROW_TREE,
     )
     P = fp8.operand_p(P_f32, p_layout) if FP8 else _operand_p(P_f32, v_ring.dtype, p_layout)
     # FP8: acc is zero, so block 0's alpha (finite: 0 for rows that saw no key) needs no V-scale ratio.
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, constants.o_layout)
     # Blocks every row sees in full, then the causal diagonal and the ragged last block. What every
-    # step shares is bound once: tensors in a tuple, layouts and flags in a constexpr tuple.
+    # step shares is bound once: the tensors in a tuple, the layouts and flags in ``constants``.
     carry = (acc, P, alpha, row_max, row_sum)
     step_args = (smem, barriers, turn, offs_m, seqlen, softmax_scale_log2, fp8_scales)
-    step_constants: gl.constexpr = (s_layout, p_layout, NUM_STAGES, CAUSAL, PINGPONG, FP8, KV_QUANT_BLOCK, ROW_TREE)
     for n_block in range(1, n_unmasked):
-        carry = _pipelined_step(carry, n_block, False, step_args, step_constants)
+        carry = _pipelined_step(carry, n_block, step_args, constants, MASKED=False)
     FP8_FULL: gl.constexpr = FP8 and not CAUSAL
     if FP8_FULL:
         # Without the causal mask only the ragged last block is masked: one step, not a loop (as a loop,
         # Triton 3.9 kept its invariants live across it and spilled at 128 keys).
         n_block = gl.maximum(n_unmasked, 1)
         if n_block < n_block_max:
-            carry = _pipelined_step(carry, n_block, True, step_args, step_constants)
+            carry = _pipelined_step(carry, n_block, step_args, constants, MASKED=True)
     else:
         for n_block in range(gl.maximum(n_unmasked, 1), n_block_max):
-            carry = _pipelined_step(carry, n_block, True, step_args, step_constants)
+            carry = _pipelined_step(carry, n_block, step_args, constants, MASKED=True)
     acc, P, alpha, row_max, row_sum = carry
 
     # The last block's P V, then normalise (FP8: acc is O over the last V block's scale, s_v).
@@ -402,12 +437,13 @@ def _softmax_partition(
     _pass_turn(turn, PINGPONG)
     if FP8:
         pv = warpgroup_mma_wait(0, deps=[pv_token])
-        acc = fp8.accumulate(acc, alpha, pv) * fp8.block_scale(fp8_scales[1], n_block_max - 1, BLOCK_N, KV_QUANT_BLOCK)
+        _, v_scales = fp8_scales
+        acc = fp8.accumulate(acc, alpha, pv) * fp8.block_scale(v_scales, n_block_max - 1, BLOCK_N, KV_QUANT_BLOCK)
     else:
         acc = warpgroup_mma_wait(0, deps=[pv_token])
 
     # The LSE is (B, H, Sq) contiguous, indexed by the query head (batch_head), not the KV head.
-    out, lse = online_softmax_finalize(acc, row_max, row_sum, P_EXPONENT=P_EXPONENT)
+    out, lse = online_softmax_finalize(acc, row_max, row_sum, P_EXPONENT=constants.P_EXPONENT)
     gl.store(LSE + batch_head.to(gl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
 
     # O through shared memory (o_smem: this warpgroup's Q buffer, free now, for fp16/bf16) and one
@@ -426,17 +462,7 @@ def _consumer(index: gl.constexpr, consumer_args, constants: gl.constexpr):
     ``consumer_args`` (tensors, buffers, barriers) and ``constants`` (layouts and flags) are what every
     consumer shares, built once by ``attention_kernel``."""
     descs, io_smem, q_ready, turn, rings, ring_barriers, tile, shapes = consumer_args
-    s_layout: gl.constexpr = constants[0]
-    o_layout: gl.constexpr = constants[1]
-    NUM_STAGES: gl.constexpr = constants[2]
-    CAUSAL: gl.constexpr = constants[3]
-    PINGPONG: gl.constexpr = constants[4]
-    NUM_CONSUMERS: gl.constexpr = constants[5]
-    FP8: gl.constexpr = constants[6]
-    Q_QUANT_BLOCK: gl.constexpr = constants[7]
-    KV_QUANT_BLOCK: gl.constexpr = constants[8]
-    ROW_TREE: gl.constexpr = constants[9]
-    BOTTOM_RIGHT: gl.constexpr = constants[10]
+    NUM_CONSUMERS: gl.constexpr = constants.NUM_CONSUMERS
     q_smem, o_smem = io_smem
     k_ring, v_ring = rings
     k_ready, v_ready, k_empty, v_empty = ring_barriers
@@ -455,17 +481,8 @@ def _consumer(index: gl.constexpr, consumer_args, constants: gl.constexpr):
         seqlen,
         softmax_scale_log2,
         scales,
-        s_layout,
-        o_layout,
-        NUM_STAGES,
-        CAUSAL,
-        BOTTOM_RIGHT,
-        PINGPONG,
-        index == NUM_CONSUMERS - 1,
-        FP8,
-        Q_QUANT_BLOCK,
-        KV_QUANT_BLOCK,
-        ROW_TREE,
+        constants,
+        HANDS_FIRST_TURN=index == NUM_CONSUMERS - 1,
     )
 
 
@@ -535,9 +552,13 @@ def attention_kernel(
     head = batch_head % heads
     kv_head = kv_head_index(head, heads, kv_heads) if GQA else head
     kv_batch_head = batch * kv_heads + kv_head if GQA else batch_head
-    seqlen_k, causal_offset = seqlen_info(CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS, BOTTOM_RIGHT)
+    seqlen_k, causal_offset = seqlen_info(
+        CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, BOTTOM_RIGHT=BOTTOM_RIGHT
+    )
     start_m = m_block * BLOCK_M
-    _, n_block_max, _ = block_range(start_m, seqlen_k, causal_offset, CAUSAL, BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
+    _, n_block_max, _ = block_range(
+        start_m, seqlen_k, causal_offset, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N
+    )
     if BOTTOM_RIGHT or HAS_CACHE_SEQLENS:
         # Rows that see no key still take block 0 (loaded, then masked in full): the consumers'
         # pipeline starts with it, and the mask makes their O 0 and their lse -inf.
@@ -588,21 +609,25 @@ def attention_kernel(
         (q_ready, k_ready, v_ready, k_empty, v_empty),
         (batch, head, kv_head, start_m, n_block_max),
     )
-    # What every consumer shares, written once: a constexpr tuple keeps its layouts and flags
-    # compile-time values (a plain tuple variable would turn them into tensors).
+    # What every consumer shares, written once: the tensors, buffers and barriers in a tuple, the
+    # layouts and flags in a constexpr NamedTuple.
     consumer_args = (descs, (q_smem, o_smem), q_ready, turn, rings, ring_barriers, tile, shapes)
-    constants: gl.constexpr = (
-        s_layout,
-        o_layout,
-        NUM_STAGES,
-        CAUSAL,
-        PINGPONG,
-        NUM_CONSUMERS,
-        FP8,
-        Q_QUANT_BLOCK,
-        KV_QUANT_BLOCK,
-        ROW_TREE,
-        BOTTOM_RIGHT,
+    constants: gl.constexpr = ConsumerConstants(
+        s_layout=s_layout,
+        o_layout=o_layout,
+        # P as wgmma's A operand from registers: 32 bits of k per thread and register (2 × 16-bit, 4 × e4m3).
+        p_layout=gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if FP8 else 2),
+        NUM_STAGES=NUM_STAGES,
+        CAUSAL=CAUSAL,
+        BOTTOM_RIGHT=BOTTOM_RIGHT,
+        PINGPONG=PINGPONG,
+        NUM_CONSUMERS=NUM_CONSUMERS,
+        FP8=FP8,
+        # FP8 lifts P by 2^P_EXPONENT before its e4m3 conversion; the lift cancels in O and leaves the LSE.
+        P_EXPONENT=fp8.P_EXPONENT if FP8 else 0.0,
+        Q_QUANT_BLOCK=Q_QUANT_BLOCK,
+        KV_QUANT_BLOCK=KV_QUANT_BLOCK,
+        ROW_TREE=ROW_TREE,
     )
     # The first partition runs in the kernel's own warps; the others are workers with their warp
     # counts and register budgets.
