@@ -275,10 +275,15 @@ def _load_paged_kv_block(ring, keys, stage, start_n, PAGE_SIZE: gl.constexpr):
     mbarrier.expect(v_ready.index(stage), desc_v.block_type.nbytes * (BLOCK_N // CHUNK))
     k_box = _as_box(k_ring.index(stage))
     v_box = _as_box(v_ring.index(stage))
+    # Every chunk's table entry first, so that the loads are in flight together, then the copies.
+    pages = ()
     for c in gl.static_range(BLOCK_N // CHUNK):
         first_key = start_n + c * CHUNK
-        page = gl.load(keys.block_table_row + gl.minimum(first_key // PAGE_SIZE, keys.last_page))
-        coords = [page, keys.kv_head, first_key % PAGE_SIZE, 0]
+        entry = gl.minimum(first_key // PAGE_SIZE, keys.last_page)
+        # Gluon's JIT has no starred tuple displays: the tuple grows by concatenation.
+        pages = pages + (gl.load(keys.block_table_row + entry),)  # noqa: RUF005
+    for c in gl.static_range(BLOCK_N // CHUNK):
+        coords = [pages[c], keys.kv_head, (start_n + c * CHUNK) % PAGE_SIZE, 0]
         _tma_load(desc_k, coords, k_ready.index(stage), k_box.slice(c * CHUNK, CHUNK, dim=2))
         _tma_load(desc_v, coords, v_ready.index(stage), v_box.slice(c * CHUNK, CHUNK, dim=2))
 
