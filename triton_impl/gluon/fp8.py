@@ -9,8 +9,9 @@ branches call: ``consumer_scales`` (Q's and key block 0's scales into the softma
 ``rescale_factor`` and ``block_scale`` (the V-scale ratio carried in alpha), ``operand_p`` (P renamed
 into the A-operand registers by ``scores_as_operand`` and packed to e4m3 words by ``packed_words``)
 and ``P_EXPONENT`` (the lift of P that ``online_softmax_update`` / ``finalize`` take). What the flag
-changes in hopper.py itself is the V ring (Vᵀ tiles), wgmma's k per instruction (32) and O's own
-shared buffer.
+changes in hopper.py itself is the V ring (Vᵀ tiles, read by the load warp at column coordinates),
+wgmma's k per instruction (32), O's own shared buffer, and the order of ``_pipelined_step`` (P V into
+a fresh accumulator; masked blocks finish the previous P V before issuing S).
 
 What it adds over ``gluon/hopper``: both GEMMs read e4m3 operands, which doubles the tensor-core
 rate (dense fp8 wgmma runs at twice the bf16 rate on sm_90) and halves the bytes of every TMA copy

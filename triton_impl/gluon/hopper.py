@@ -8,8 +8,9 @@ BlockRange, AttentionMask, OnlineSoftmax, the wgmma and P-register helpers) is i
 second copy would double the code, so each ``if FP8:`` below calls a step of ``triton_impl/gluon/fp8.py``
 (``fp8.consumer_scales``, ``fp8.values_product``, ``fp8.accumulate``, ``fp8.rescale_factor``,
 ``fp8.block_scale``, ``fp8.operand_p``, ``fp8.P_EXPONENT``), and the FP8 idea is read there. What stays
-here under the flag is the layout of the V ring (Vᵀ tiles), wgmma's k per instruction and O's own
-shared buffer.
+here under the flag: the V ring of Vᵀ tiles and the load warp's column coordinates into Vᵀ, wgmma's k
+per instruction (32), O's own shared buffer, and the schedule of ``_pipelined_step`` (P V into a fresh
+accumulator; masked blocks finish P_(n-1) V_(n-1) before S_n is issued).
 
 What it adds over ``triton/hopper``: the same algorithm (TMA tiles, wgmma from shared memory, online
 softmax with exp2 and the folded scale, causal block skipping) with every decision that Triton's
