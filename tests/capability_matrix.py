@@ -29,8 +29,13 @@ from common.toolchain.arch import SM90_SHARED_MEMORY_BYTES
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 HEAD_DIMS = (64, 128, 256)
-# (Sq, Sk) classes: a decode step, a speculative or chunked step, a square prefill, a ragged prefill.
-SEQLEN_CLASSES = {"decode": (1, 4096), "chunk": (16, 1000), "prefill": (128, 128), "ragged": (77, 1000)}
+# (Sq, Sk) classes: a decode step, a speculative or chunked step, a square prefill, a ragged prefill; and
+# (Sq, Sk, page_size) decode steps over a paged KV cache, with pages smaller than a key block (vLLM's
+# 16) and larger (256).
+SEQLEN_CLASSES = {
+    "decode": (1, 4096), "chunk": (16, 1000), "prefill": (128, 128), "ragged": (77, 1000),
+    "paged-16": (1, 4096, 16), "paged-256": (1, 4096, 256),
+}  # fmt: skip
 COMPILED_STACKS = ("triton", "gluon")
 # SDPA's check is a launch of the backend on the device (a probe), so it cannot accept what then fails
 # to launch, and it cannot be asked without a GPU: the matrix leaves it out.
@@ -64,11 +69,14 @@ def pretend_sm90() -> Iterator[None]:
         yield
 
 
-def problem_for(dtype: torch.dtype, head_dim: int, seqlens: tuple[int, int]) -> Problem:
+def problem_for(dtype: torch.dtype, head_dim: int, seqlens: tuple[int, ...]) -> Problem:
     """A causal GQA problem of this class. Aligned top-left in every class, so that a rung's build is the
-    same for all four (its constexprs do not change with Sq and Sk) and the matrix compiles each once:
-    the alignment moves the diagonal by a runtime offset, not the shared memory or the registers."""
-    return Problem(2, 8, *seqlens, head_dim, dtype=dtype, causal=True, kv_heads=2)
+    same for the four unpaged ones (its constexprs do not change with Sq and Sk) and the matrix compiles
+    each once: the alignment moves the diagonal by a runtime offset, not the shared memory or the
+    registers. A third entry is a page size: the cache is paged (with the lengths that paging needs)."""
+    seqlen_q, seqlen_k, *page_size = seqlens
+    paging = {"page_size": page_size[0], "has_cache_seqlens": True} if page_size else {}
+    return Problem(2, 8, seqlen_q, seqlen_k, head_dim, dtype=dtype, causal=True, kv_heads=2, **paging)
 
 
 def _overflows(binary: KernelBinary) -> list[str]:

@@ -30,7 +30,7 @@ from common.contract.problem import Problem
 from common.contract.reference import reference_attention
 from common.contract.registry import discover
 from triton_impl.gluon import fp8, hopper
-from triton_impl.gluon._device import LOAD_REGISTERS
+from triton_impl.gluon._host import LOAD_REGISTERS
 
 ROOT = Path(__file__).resolve().parent.parent
 # The compile fixture runs once per variant in one pytest-xdist worker (--dist loadgroup).
@@ -270,7 +270,7 @@ from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.reporting.static import cubin_resources, ptx_features
 from triton_impl.gluon import fp8, hopper
-from triton_impl.gluon._device import attention_kernel as kernel
+from triton_impl.gluon.hopper import attention_kernel as kernel
 from common.contract.inputs import make_cache_seqlens
 rung, seqlen_q, seqlen_k, head_dim, causal, features = json.loads(sys.argv[1])
 problem = Problem(2, 4, seqlen_q, seqlen_k, head_dim, dtype=torch.bfloat16, causal=causal, **features)
@@ -345,11 +345,11 @@ def test_launch_arguments_compile_through_the_jit_binder(
 # Registry, capability checks and validation (CPU)
 # ----------------------------------------------------------------------------------------------
 def test_fp8_register_rename_matches_the_host_key_order():
-    """gluon/fp8 hands P to P V by renaming S's registers (``_device._scores_as_operand``: a reshape /
+    """gluon/fp8 hands P to P V by renaming S's registers (``fp8.scores_as_operand``: a reshape /
     permute of the key bits); V's keys must be stored in the order that permutation gives
     (``common.contract.fp8.value_operand``), or the product pairs P and V of different keys."""
     from common.contract.fp8 import KEY_GROUP, PERMUTED_KEY_ORDER
-    from triton_impl.gluon._device import KEY_BIT_ORDER
+    from triton_impl.gluon.fp8 import KEY_BIT_ORDER
 
     block_n = 128
     keys = torch.arange(block_n).reshape(1, block_n // KEY_GROUP, 2, 2, 2, 2)

@@ -1,9 +1,10 @@
 """A paged KV cache (a block table of fixed-size pages, vLLM's and FlashInfer's layout) through the
-contract and triton/decode: the problem, the page helpers and the fp64 reference that gathers pages,
-bad input, capability refusals, the plan cache; triton/decode against fp64 under the interpreter
-(pages of 16 to 256 keys, ragged lengths with an empty and a full sequence, GQA, Sq up to 16,
-shuffled pages, forced splits) and planted paging bugs the check must fail; the sm_90a build; and
-the same on the GPU."""
+contract, triton/decode and gluon/decode: the problem, the page helpers and the fp64 reference that
+gathers pages, bad input, capability refusals, the plan cache; triton/decode against fp64 under the
+interpreter (pages of 16 to 256 keys, ragged lengths with an empty and a full sequence, GQA, Sq up to
+16, shuffled pages, forced splits) and planted paging bugs the check must fail; the sm_90a builds; and
+the same on the GPU, for gluon/decode too (its TMA chunks of pages against fp64, bit for bit against
+its contiguous build, and planted paging bugs)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,10 @@ from common.contract.reference import gather_pages, reference_attention
 from common.contract.registry import Implementation, discover, per_call_inputs
 from common.measure.peaks import Peaks
 from common.measure.runner import TimingOptions, make_workload, measure
+from tests.capability_matrix import pretend_sm90
 from triton_impl import _device, decode
 from triton_impl._device import kv_page_slots
+from triton_impl.gluon import decode as gluon_decode
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[1]
@@ -365,16 +368,19 @@ print(json.dumps(rows))
 TABLE_BUFFER_BYTES = 4096
 
 
+def _build_probe(script: str) -> dict:
+    """Run a compile probe in a child process without TRITON_INTERPRET; its last stdout line is JSON."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 @pytest.mark.static
 @pytest.mark.xdist_group("static-sm90")
 def test_paged_build_compiles_without_spills_at_the_contiguous_depth():
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [sys.executable, "-c", _PAGED_BUILD_PROBE], capture_output=True, text=True, env=env, timeout=900
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(done.stdout.splitlines()[-1])
+    rows = _build_probe(_PAGED_BUILD_PROBE)
     for head_dim in decode.HEAD_DIMS:
         _, dense_shared, _ = rows[f"D={head_dim} page=0"]
         for page_size in (16, 256):
@@ -383,6 +389,184 @@ def test_paged_build_compiles_without_spills_at_the_contiguous_depth():
             assert spills == 0 and uses_cp_async, f"{name}: {spills} bytes spilled, cp.async {uses_cp_async}"
             # PAGED_EXTRA_STAGES: as many K/V blocks in flight as the contiguous build.
             assert dense_shared <= shared < dense_shared + TABLE_BUFFER_BYTES, f"{name}: {shared} vs {dense_shared}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# gluon/decode: K and V copied by TMA in chunks that each lie in one page
+# ----------------------------------------------------------------------------------------------------
+# The rungs that read a paged cache on a GPU.
+PAGED_RUNGS = ("triton/decode", "gluon/decode", "cute/decode")
+
+
+def chunks_lie_in_pages(chunk: int | None, page_size: int, block_n: int) -> bool:
+    """The rule gluon/decode's copies rest on: a chunk of keys starting at a multiple of itself never
+    crosses a page boundary (it divides page_size) and the chunks tile the key block (it divides it)."""
+    return chunk is not None and page_size % chunk == 0 and block_n % chunk == 0
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "page_size", "chunk"),
+    [(128, 16, 16), (128, 48, 16), (128, 64, 64), (128, 256, 128), (256, 256, 64), (64, 32, 32), (64, 160, 32)],
+)
+def test_gluon_copies_pages_in_chunks_that_lie_in_one_page(head_dim: int, page_size: int, chunk: int):
+    problem = _paged_problem(page_size, head_dim=head_dim, dtype=torch.bfloat16)
+    block_n = gluon_decode.DEFAULT_CONFIGS[head_dim].block_n
+    assert gluon_decode.kv_chunk_rows(problem) == chunk
+    assert chunks_lie_in_pages(chunk, page_size, block_n)
+    # A contiguous cache is copied a whole key block at a time.
+    assert gluon_decode.kv_chunk_rows(problem.with_(page_size=0)) == block_n
+
+
+def test_the_chunk_rule_catches_a_chunk_that_crosses_pages():
+    """Planted: a whole 128-key block copied from a page of 48 keys (the block spans three pages)."""
+    assert not chunks_lie_in_pages(128, 48, 128)
+    assert not chunks_lie_in_pages(32, 48, 128)
+    assert not chunks_lie_in_pages(None, 40, 128)
+
+
+@pytest.mark.parametrize("page_size", [16, 48, 256])
+def test_gluon_accepts_pages_of_a_multiple_of_16_keys(page_size: int):
+    problem = _paged_problem(page_size, dtype=torch.bfloat16)
+    with pretend_sm90():
+        assert gluon_decode.supports(problem, torch.device("cuda")) == (True, "")
+
+
+@pytest.mark.parametrize("page_size", [20, 40, 200])
+def test_gluon_refuses_other_page_sizes_naming_them(page_size: int):
+    problem = _paged_problem(page_size, dtype=torch.bfloat16)
+    with pretend_sm90():
+        ok, reason = gluon_decode.supports(problem, torch.device("cuda"))
+    assert gluon_decode.kv_chunk_rows(problem) is None
+    assert not ok and f"page_size={page_size}" in reason and "multiple of 16" in reason, reason
+
+
+_GLUON_PAGED_BUILD_PROBE = """
+import json
+import torch
+from common.contract.problem import Problem
+from common.reporting.static import cubin_resources, ptx_features
+from triton_impl.gluon import decode
+rows = {}
+for head_dim in decode.HEAD_DIMS:
+    for page_size in (0, 16, 48, 256):
+        problem = Problem(8, 32, 1, 32640 if page_size == 48 else 32768, head_dim, dtype=torch.bfloat16, kv_heads=8,
+                          causal=True, causal_alignment="bottom_right", has_cache_seqlens=True, page_size=page_size)
+        (binary,) = decode.compile_sm90(problem)
+        usage = next(iter(cubin_resources(binary.cubin).values()))
+        features = ptx_features(binary.ptx)
+        rows[f"D={head_dim} page={page_size}"] = [usage["stack_bytes"] + usage["local_bytes"], binary.shared_bytes,
+                                                  features["cp.async.bulk.tensor"], features["cp.async"],
+                                                  binary.ptx.count("cp.async.bulk.tensor")]
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.static
+@pytest.mark.xdist_group("static-sm90")
+def test_gluon_paged_build_compiles_without_spills_on_the_contiguous_ring():
+    """Every head dim, pages smaller than a key block (16, and 48: not a power of two) and larger (256):
+    no spills, TMA and no cp.async, the shared memory of the contiguous build (the same ring), and
+    more copy instructions when a block takes several chunks."""
+    rows = _build_probe(_GLUON_PAGED_BUILD_PROBE)
+    for head_dim in gluon_decode.HEAD_DIMS:
+        _, dense_shared, _, _, dense_copies = rows[f"D={head_dim} page=0"]
+        for page_size in (16, 48, 256):
+            name = f"D={head_dim} page={page_size}"
+            spills, shared, tma, cp_async, copies = rows[name]
+            assert spills == 0 and tma and not cp_async, (
+                f"{name}: {spills} bytes spilled, TMA {tma}, cp.async {cp_async}"
+            )
+            assert shared == dense_shared, f"{name}: {shared} bytes of shared memory, contiguous {dense_shared}"
+            assert copies > dense_copies if page_size < 64 else copies == dense_copies, f"{name}: {copies} copies"
+
+
+def _gluon_with_splits(num_splits: int | None) -> Implementation:
+    """gluon/decode with the split count forced."""
+    if num_splits is None:
+        return gluon_decode.IMPLEMENTATION
+    return dataclasses.replace(
+        gluon_decode.IMPLEMENTATION, prepare=functools.partial(gluon_decode.decode_attention, num_splits=num_splits)
+    )
+
+
+def _gluon_problem(page_size: int, seqlen_q: int, kv_heads: int, head_dim: int = 128) -> Problem:
+    """bf16 at decode sizes: 4 sequences of a capacity of about 8k keys in whole pages."""
+    return Problem(
+        4, 32, seqlen_q, 8192 // page_size * page_size, head_dim, dtype=torch.bfloat16, causal=True,
+        kv_heads=kv_heads, causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True,
+        page_size=page_size,
+    )  # fmt: skip
+
+
+# (page size, Sq, kv_heads of 32, forced splits or the rule, head dim): pages of 16 (8 chunks a block),
+# 48 (chunks of 16, blocks starting mid-page), 64 (2 chunks), 256 (a block in a page); GQA groups of 4
+# and 1 (MHA); speculative Sq 2, 4 and 16; the rule, a few splits and more than a short sequence has
+# blocks; D = 64 and 256 as well as 128.
+GLUON_GPU_CASES = [
+    (16, 1, 8, None, 128), (48, 4, 8, 3, 128), (64, 1, 32, None, 128), (256, 16, 8, 5, 128),
+    (16, 2, 8, 16, 128), (16, 1, 8, 3, 64), (48, 1, 8, None, 256), (256, 1, 8, 3, 256),
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case", GLUON_GPU_CASES, ids=[f"page{p}-sq{q}-hkv{h}-splits{s}-d{d}" for p, q, h, s, d in GLUON_GPU_CASES]
+)
+def test_gpu_gluon_paged_decode_bf16(case: tuple[int, int, int, int | None, int]):
+    page_size, seqlen_q, kv_heads, num_splits, head_dim = case
+    problem = _gluon_problem(page_size, seqlen_q, kv_heads, head_dim)
+    q, _, (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=page_size + seqlen_q, device="cuda")
+    impl = _gluon_with_splits(num_splits)
+    result = check_on_inputs(impl, q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table)
+    assert result.ok, f"{problem.describe()} splits={num_splits}: {result.summary()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 48, 256])
+def test_gpu_gluon_paged_output_equals_its_contiguous_output_bit_for_bit(page_size: int):
+    """The same tile, ring and splits: the pages change where each chunk is copied from, never the
+    arithmetic (keys past a sequence's end weigh P = 0 whichever rows fill them)."""
+    problem = _gluon_problem(page_size, 2, 8)
+    q, (k, v), (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=13, device="cuda")
+    paged = gluon_decode.decode_attention(q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table)
+    dense = gluon_decode.decode_attention(q, k, v, problem.with_(page_size=0), cache_seqlens=lengths)
+    assert paged.num_splits == dense.num_splits
+    (out_paged, lse_paged), (out_dense, lse_dense) = paged(), dense()
+    assert torch.equal(out_paged, out_dense) and torch.equal(lse_paged, lse_dense)
+
+
+def _shifted_pages(t: torch.Tensor) -> torch.Tensor:
+    return t.roll(1, dims=1)
+
+
+def _table_in_logical_order(table: torch.Tensor) -> torch.Tensor:
+    return torch.arange(table.numel(), dtype=table.dtype, device=table.device).view_as(table)
+
+
+# What a paging bug of the kernel would read, planted in what it is given (the reference reads the
+# true pools and table): the page after the right one, the slot after the right one, the pool's pages
+# in logical order.
+GLUON_PLANTED = {
+    "page index off by one": lambda k, v, table: (k, v, table + 1),
+    "slot within the page off by one": lambda k, v, table: (_shifted_pages(k), _shifted_pages(v), table),
+    "block table ignored (pages read in logical order)": lambda k, v, table: (k, v, _table_in_logical_order(table)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bug", sorted(GLUON_PLANTED))
+@pytest.mark.parametrize("page_size", [16, 256])
+def test_gpu_planted_gluon_paging_bug_fails_the_check(page_size: int, bug: str):
+    problem = _gluon_problem(page_size, 1, 8)  # passes unplanted: test_gpu_gluon_paged_decode_bf16[page16-...]
+    q, _, (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=page_size + 1, device="cuda")
+
+    def planted_prepare(q, k, v, problem, *, cache_seqlens=None, block_table=None):
+        k, v, block_table = GLUON_PLANTED[bug](k, v, block_table)
+        return gluon_decode.decode_attention(q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table)
+
+    impl = dataclasses.replace(gluon_decode.IMPLEMENTATION, prepare=planted_prepare)
+    result = check_on_inputs(impl, q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table)
+    assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -427,7 +611,7 @@ def test_gpu_implementations_without_paging_refuse_it_naming_it():
     device = torch.device("cuda")
     for impl in AVAILABLE:
         ok, reason = impl.check(problem, device)
-        if impl.name in ("triton/decode", "cute/decode"):
+        if impl.name in PAGED_RUNGS:
             assert ok, reason
         elif impl.name == "fa4/sm90":
             assert ok or reason, "fa4/sm90 refused without a reason"

@@ -38,6 +38,7 @@ def _fake_sanitizer(folder: Path) -> None:
         ("common.tools.gpu_tests", False, "needs a CUDA GPU"),
         ("bench.generate", False, "needs a CUDA GPU"),
         ("bench.backward", False, "needs a CUDA GPU"),
+        ("bench.gluon_paged_decode", False, "needs a CUDA GPU"),
     ],
 )
 def test_tool_names_what_is_missing_and_exits_2(module: str, with_sanitizer: bool, missing: str, tmp_path: Path):

@@ -29,6 +29,20 @@ What Gluon makes explicit (what Triton decides in triton/decode / what this file
   * Layouts: inferred / ``NVMMADistributedLayout`` for S and O, ``DotOperandLayout`` for P,
     ``NVMMASharedLayout`` for Q and the ring, a ``BlockedLayout`` for Q's pointer load.
 
+Paged KV cache (``block_table``, FlashAttention's / FlashInfer's NHD layout, as ``triton/decode``): K
+and V are pools (num_pages, page_size, Hkv, D) shared by every sequence, and sequence b's key j is in
+page ``block_table[b, j // page_size]``, slot ``j % page_size``. The descriptors see a pool as
+(num_pages, Hkv, page_size, D), a strided view with the same (1, 1, rows, D) box, so a copy of rows
+from one page is the contiguous copy with [page, kv_head, slot, 0] for [batch, kv_head, key, 0]
+(``_load_paged_kv_block``). A key block is copied in chunks that each lie in one page: the whole block
+when BLOCK_N divides page_size (pages of 128 or 256 keys), else the largest power of two dividing
+page_size (16 keys for vLLM's 16, or for 48), each chunk's page looked up in the table and its rows
+landing in their place in the ring slot, which stays the contiguous build's: same tile, same wgmmas,
+same ring. Chunks need pages of a multiple of 16 keys (the capability check refuses other sizes). A
+chunk past the sequence's last key reads the sequence's last page in use, never a table entry past
+it (those may be anything). With ``page_size = 0`` the kernel is the contiguous one, instruction for
+instruction.
+
 Why these choices:
   * wgmma rather than mma_v2 (m16): decoding is memory-bound, so the MMA only has to keep up. A
     128-key block at D=128 is 64 KB of K and V, which an SM's share of HBM (about 25 GB/s of an H100's
@@ -54,7 +68,7 @@ Algorithm (grid = (num_splits, m_blocks, B · Hkv); one CTA of one warpgroup per
      ``key_end``; ``split_key_range`` cuts this split's [key_begin, key_end) out of them, of which
      blocks [0, n_unmasked) are seen by every row and [n_unmasked, n_blocks) are masked.
   2. Shared memory: the Q tile and the K/V ring; the ready barriers initialised and fenced.
-  3. TMA the split's first ``NUM_STAGES`` key blocks.
+  3. TMA the split's first ``NUM_STAGES`` key blocks (paged: chunk by chunk, each from its page).
   4. ``_stage_packed_q``: row r reads query head kv_head · group + r // Sq, token r % Sq.
   5. A split with keys (``_attend_split``): block 0 (S, mask, ``online_softmax_update``), then
      ``_decode_step`` over the unmasked blocks and the masked ones (the sequence tail and the causal
@@ -75,29 +89,31 @@ Constraints: fp16 and bf16; D ∈ {64, 128, 256} (shared memory 200, 208 and 224
 CTA may use); 1 <= Sq <= ``MAX_SEQLEN_Q`` (a prefill-sized Sq is refused: use a prefill rung); GQA and
 MQA; causal top-left or bottom-right; ``cache_seqlens``; the LSE; softmax_scale >= 0 (the scale is
 applied after the row maximum); exactly sm_90; Triton 3.6 to 3.9 (``_device.py`` picks the TMA and
-barrier names). There is no interpreter path: Gluon compiles only for a GPU. Not done: paged KV (the
-capability check refuses it), FP8 caches, a persistent scheduler. Keys past a sequence's own length
-inside its last block are loaded (TMA clips only at the padded cache) and weighed by P = 0, so a
-non-finite value stored there would reach O, as in gluon/hopper (triton/decode masks those loads).
+barrier names); a paged cache with pages of a multiple of 16 keys (16 to 256). There is no
+interpreter path: Gluon compiles only for a GPU. Not done: FP8 caches, a persistent scheduler. Keys
+past a sequence's own length inside its last block (or chunk) are loaded (TMA clips only at the
+padded cache or the page) and weighed by P = 0, so a non-finite value stored there would reach O, as
+in gluon/hopper (triton/decode masks those loads).
 Measured figures go to ``docs/perf-log.md`` and ``compare.py --decode``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from common.contract import capability, splits
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner, warmed_up
 from common.contract.validation import kernel_operand, validate_for_problem
-from common.toolchain.arch import check_sm90
-from common.toolchain.compile import KernelBinary, compile_triton_sm90
+from common.toolchain.compile import KernelBinary
 from triton_impl import decode as triton_decode
 from triton_impl._host import LOG2_E, allocate_lse, feature_buffers, feature_constexprs, rung_result
 from triton_impl.gluon._device import (
@@ -115,12 +131,20 @@ from triton_impl.gluon._device import (
     seqlen_info,
     split_key_range,
 )
-from triton_impl.gluon.hopper import GLUON_DTYPES, _descriptor, descriptor_type
+from triton_impl.gluon._host import (
+    GLUON_DTYPES,
+    compile_gluon_sm90,
+    descriptor,
+    descriptor_type,
+    gluon_device_supported,
+)
 
 RUNG = "gluon/decode"
 DTYPES = (torch.float16, torch.bfloat16)
-# The problem features this rung implements (capability.check_features refuses any other, e.g. paged KV).
-IMPLEMENTED_FEATURES = (capability.GQA, capability.BOTTOM_RIGHT, capability.CACHE_SEQLENS, capability.LSE)
+# The problem features this rung implements (capability.check_features refuses any other).
+IMPLEMENTED_FEATURES = (
+    capability.GQA, capability.BOTTOM_RIGHT, capability.CACHE_SEQLENS, capability.LSE, capability.PAGED_KV,
+)  # fmt: skip
 # Packed rows per CTA: one warpgroup's wgmma M (four warps of 16 rows). A group · Sq of more rows is cut
 # into several M tiles, each a CTA of its own.
 BLOCK_M = 64
@@ -150,6 +174,54 @@ DEFAULT_CONFIGS: dict[int, DecodeConfig] = {
     256: DecodeConfig(64, 3),
 }
 HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
+# Paged: the fewest key rows one TMA copy may take from a page (two 8-row swizzle atoms of the tile).
+MIN_PAGE_CHUNK = 16
+
+
+def kv_chunk_rows(problem: Problem) -> int | None:
+    """Key rows per TMA copy of a K or V block: the whole block for a contiguous cache; for a paged one
+    the largest power of two up to the block that divides ``page_size``, so that each copy lies in one
+    page (a block takes block_n / chunk copies); None when that is below ``MIN_PAGE_CHUNK`` (a page size
+    with no factor 16, which this rung refuses)."""
+    chunk = DEFAULT_CONFIGS[problem.head_dim].block_n
+    while problem.paged and chunk >= MIN_PAGE_CHUNK and problem.page_size % chunk:
+        chunk //= 2
+    return chunk if chunk >= MIN_PAGE_CHUNK else None
+
+
+class KVRing(NamedTuple):
+    """The split's K/V ring: the descriptors it copies from, its ``NUM_STAGES`` slots of K and of V in
+    shared memory and their ready barriers (one per slot, completed by the copy's byte count)."""
+
+    desc_k: object
+    desc_v: object
+    k_ring: object
+    v_ring: object
+    k_ready: object
+    v_ready: object
+
+
+class SplitKeys(NamedTuple):
+    """Where the split's key blocks lie: its (batch, KV head), its first key and its block count; for
+    a paged cache also this sequence's row of the block table and the index of its last entry in use
+    (both None for a contiguous cache)."""
+
+    batch: object
+    kv_head: object
+    key_begin: object
+    n_blocks: object
+    block_table_row: object
+    last_page: object
+
+
+class StepConstants(NamedTuple):
+    """What every key block of the split shares at compile time (a ``gl.constexpr`` on the device)."""
+
+    s_layout: gl.NVMMADistributedLayout  # S = Q Kᵀ's accumulator
+    p_layout: gl.DotOperandLayout  # P as the A operand of P V, from registers
+    NUM_STAGES: int
+    CAUSAL: bool
+    PAGE_SIZE: int  # keys per page of a paged cache, 0 for a contiguous one
 
 
 # ----------------------------------------------------------------------------------------------
@@ -189,42 +261,72 @@ def _stage_packed_q(Q, q_smem, batch, kv_head, group, m_block, seqlen_q, q_strid
 
 
 @gluon.jit
-def _load_kv_block(ring, kv_coords, i, NUM_STAGES: gl.constexpr):
-    """TMA K and V of the split's key block ``i`` into ring slot i % NUM_STAGES; each copy completes
-    its ready barrier with its byte count (a box past the padded cache is zero-filled and counted)."""
+def _load_paged_kv_block(ring, keys, stage, start_n, PAGE_SIZE: gl.constexpr):
+    """PagedKV: K and V of the key block from ``start_n`` out of page pools, which the descriptors see
+    as (num_pages, Hkv, page_size, D), into ring slot ``stage``, in chunks of CHUNK keys (the
+    descriptors' box) that each lie in one page: chunk c's keys start at page
+    ``block_table_row[j // PAGE_SIZE]``, slot ``j % PAGE_SIZE`` (j its first key), and land in rows
+    [c · CHUNK, (c + 1) · CHUNK) of the slot. A chunk past the sequence's last key reads its last page
+    in use instead (the table's entries past it may be anything), rows that the mask then hides."""
     desc_k, desc_v, k_ring, v_ring, k_ready, v_ready = ring
-    batch, kv_head, key_begin, _ = kv_coords
     BLOCK_N: gl.constexpr = k_ring.shape[1]
-    stage = i % NUM_STAGES
-    start_n = key_begin + i * BLOCK_N
-    mbarrier.expect(k_ready.index(stage), desc_k.block_type.nbytes)
-    _tma_load(desc_k, [batch, kv_head, start_n, 0], k_ready.index(stage), _as_box(k_ring.index(stage)))
-    mbarrier.expect(v_ready.index(stage), desc_v.block_type.nbytes)
-    _tma_load(desc_v, [batch, kv_head, start_n, 0], v_ready.index(stage), _as_box(v_ring.index(stage)))
+    CHUNK: gl.constexpr = desc_k.block_type.shape[2]
+    mbarrier.expect(k_ready.index(stage), desc_k.block_type.nbytes * (BLOCK_N // CHUNK))
+    mbarrier.expect(v_ready.index(stage), desc_v.block_type.nbytes * (BLOCK_N // CHUNK))
+    k_box = _as_box(k_ring.index(stage))
+    v_box = _as_box(v_ring.index(stage))
+    # Every chunk's table entry first, so that the loads are in flight together, then the copies.
+    pages = ()
+    for c in gl.static_range(BLOCK_N // CHUNK):
+        first_key = start_n + c * CHUNK
+        entry = gl.minimum(first_key // PAGE_SIZE, keys.last_page)
+        # Gluon's JIT has no starred tuple displays: the tuple grows by concatenation.
+        pages = pages + (gl.load(keys.block_table_row + entry),)  # noqa: RUF005
+    for c in gl.static_range(BLOCK_N // CHUNK):
+        coords = [pages[c], keys.kv_head, (start_n + c * CHUNK) % PAGE_SIZE, 0]
+        _tma_load(desc_k, coords, k_ready.index(stage), k_box.slice(c * CHUNK, CHUNK, dim=2))
+        _tma_load(desc_v, coords, v_ready.index(stage), v_box.slice(c * CHUNK, CHUNK, dim=2))
 
 
 @gluon.jit
-def _refill(ring, kv_coords, i, NUM_STAGES: gl.constexpr):
+def _load_kv_block(ring, keys, i, NUM_STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """TMA K and V of the split's key block ``i`` (``keys``: :class:`SplitKeys`) into ring slot
+    i % NUM_STAGES of ``ring`` (:class:`KVRing`); each copy completes its ready barrier with its byte
+    count (a box past the padded cache is zero-filled and counted). ``PAGE_SIZE`` > 0: from page pools
+    (:func:`_load_paged_kv_block`)."""
+    desc_k, desc_v, k_ring, v_ring, k_ready, v_ready = ring
+    BLOCK_N: gl.constexpr = k_ring.shape[1]
+    stage = i % NUM_STAGES
+    start_n = keys.key_begin + i * BLOCK_N
+    if PAGE_SIZE:
+        _load_paged_kv_block(ring, keys, stage, start_n, PAGE_SIZE)
+    else:
+        mbarrier.expect(k_ready.index(stage), desc_k.block_type.nbytes)
+        _tma_load(desc_k, [keys.batch, keys.kv_head, start_n, 0], k_ready.index(stage), _as_box(k_ring.index(stage)))
+        mbarrier.expect(v_ready.index(stage), desc_v.block_type.nbytes)
+        _tma_load(desc_v, [keys.batch, keys.kv_head, start_n, 0], v_ready.index(stage), _as_box(v_ring.index(stage)))
+
+
+@gluon.jit
+def _refill(ring, keys, i, NUM_STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr):
     """Block ``i`` into the slot that block i - NUM_STAGES has just left, if the split has it. The
     same warps read the slot (their wgmmas have retired) and issue the copy, so program order and one
     barrier over the warpgroup order the two: no empty barriers, as a load warp would need."""
-    if i < kv_coords[3]:
+    if i < keys.n_blocks:
         _partition_barrier()
-        _load_kv_block(ring, kv_coords, i, NUM_STAGES)
+        _load_kv_block(ring, keys, i, NUM_STAGES, PAGE_SIZE)
 
 
 @gluon.jit
-def _decode_step(carry, i, MASKED: gl.constexpr, step_args, step_constants: gl.constexpr):
+def _decode_step(carry, i, step_args, constants: gl.constexpr, MASKED: gl.constexpr):
     """Key block i ≥ 1 of the split: issue S_i = Q K_iᵀ and O += P_(i-1) V_(i-1), run the softmax of
     S_i while that P V runs, then refill the slot of block i - 1 with block i - 1 + NUM_STAGES."""
     acc, P, alpha, row_max, row_sum = carry
-    q_smem, ring, kv_coords, offs_m, seqlen, softmax_scale_log2 = step_args
-    s_layout: gl.constexpr = step_constants[0]
-    p_layout: gl.constexpr = step_constants[1]
-    NUM_STAGES: gl.constexpr = step_constants[2]
-    CAUSAL: gl.constexpr = step_constants[3]
+    q_smem, ring, keys, offs_m, seqlen, softmax_scale_log2 = step_args
+    s_layout: gl.constexpr = constants.s_layout
+    p_layout: gl.constexpr = constants.p_layout
+    NUM_STAGES: gl.constexpr = constants.NUM_STAGES
     _, _, k_ring, v_ring, k_ready, v_ready = ring
-    key_begin = kv_coords[2]
     seqlen_k, causal_offset = seqlen
     BLOCK_N: gl.constexpr = k_ring.shape[1]
 
@@ -237,30 +339,28 @@ def _decode_step(carry, i, MASKED: gl.constexpr, step_args, step_constants: gl.c
     # wgmmas retire in order: one left in flight means S_i is done and P V still runs.
     S = warpgroup_mma_wait(1, deps=[s_token])
     if MASKED:
-        S = attention_mask(S * softmax_scale_log2, offs_m, key_begin + i * BLOCK_N, seqlen_k, causal_offset, CAUSAL)
+        start_n = keys.key_begin + i * BLOCK_N
+        S = attention_mask(S * softmax_scale_log2, offs_m, start_n, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL)
     P_f32, alpha, row_max, row_sum = online_softmax_update(
-        S, row_max, row_sum, softmax_scale_log2, MASKED, MASKED, False, False
+        S, row_max, row_sum, softmax_scale_log2, S_SCALED=MASKED, MASKED=MASKED
     )
     acc = warpgroup_mma_wait(0, deps=[pv_token])
     # P_i's words are written after the wgmma reading P_(i-1)'s has retired (gluon/hopper: written
     # under a running wgmma, they made ptxas serialise every wgmma).
-    P = _operand_p(P_f32, v_ring.dtype, p_layout, False)
-    _refill(ring, kv_coords, i - 1 + NUM_STAGES, NUM_STAGES)
+    P = _operand_p(P_f32, v_ring.dtype, p_layout)
+    _refill(ring, keys, i - 1 + NUM_STAGES, NUM_STAGES, constants.PAGE_SIZE)
     return acc, P, alpha, row_max, row_sum
 
 
 @gluon.jit
-def _attend_split(q_smem, ring, kv_coords, n_unmasked, step_args, step_constants: gl.constexpr):
+def _attend_split(q_smem, ring, keys, n_unmasked, step_args, constants: gl.constexpr):
     """Fold the split's key blocks (at least one) into ``(acc, row_max, row_sum)`` of the M tile.
     ``step_args``: the packed rows' tokens (``offs_m``), ``(seqlen_k, causal_offset)`` and the scale."""
-    s_layout: gl.constexpr = step_constants[0]
-    p_layout: gl.constexpr = step_constants[1]
+    s_layout: gl.constexpr = constants.s_layout
+    p_layout: gl.constexpr = constants.p_layout
     o_layout: gl.constexpr = p_layout.parent
-    NUM_STAGES: gl.constexpr = step_constants[2]
-    CAUSAL: gl.constexpr = step_constants[3]
+    NUM_STAGES: gl.constexpr = constants.NUM_STAGES
     _, _, k_ring, v_ring, k_ready, v_ready = ring
-    key_begin = kv_coords[2]
-    n_blocks = kv_coords[3]
     offs_m, seqlen, softmax_scale_log2 = step_args
     seqlen_k, causal_offset = seqlen
     BLOCK_M: gl.constexpr = q_smem.shape[0]
@@ -273,25 +373,25 @@ def _attend_split(q_smem, ring, kv_coords, n_unmasked, step_args, step_constants
     row_sum = gl.zeros([BLOCK_M], gl.float32, row_layout)
     k_tile = _ready_tile(k_ring, k_ready, 0, NUM_STAGES)
     S = warpgroup_mma_wait(0, deps=[_scores(q_smem, k_tile, s_layout)])
-    S = attention_mask(S * softmax_scale_log2, offs_m, key_begin, seqlen_k, causal_offset, CAUSAL)
+    S = attention_mask(S * softmax_scale_log2, offs_m, keys.key_begin, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL)
     P_f32, alpha, row_max, row_sum = online_softmax_update(
-        S, row_max, row_sum, softmax_scale_log2, True, True, False, False
+        S, row_max, row_sum, softmax_scale_log2, S_SCALED=True, MASKED=True
     )
-    P = _operand_p(P_f32, v_ring.dtype, p_layout, False)
+    P = _operand_p(P_f32, v_ring.dtype, p_layout)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
 
     # Blocks every row sees in full need no mask; then the sequence tail and the causal diagonal.
     carry = (acc, P, alpha, row_max, row_sum)
-    step_args = (q_smem, ring, kv_coords, offs_m, seqlen, softmax_scale_log2)
+    step_args = (q_smem, ring, keys, offs_m, seqlen, softmax_scale_log2)
     for i in range(1, n_unmasked):
-        carry = _decode_step(carry, i, False, step_args, step_constants)
-    for i in range(gl.maximum(n_unmasked, 1), n_blocks):
-        carry = _decode_step(carry, i, True, step_args, step_constants)
+        carry = _decode_step(carry, i, step_args, constants, MASKED=False)
+    for i in range(gl.maximum(n_unmasked, 1), keys.n_blocks):
+        carry = _decode_step(carry, i, step_args, constants, MASKED=True)
     acc, P, alpha, row_max, row_sum = carry
 
     # The last block's P V.
     acc = online_softmax_rescale(acc, alpha)
-    v_tile = _ready_tile(v_ring, v_ready, n_blocks - 1, NUM_STAGES)
+    v_tile = _ready_tile(v_ring, v_ready, keys.n_blocks - 1, NUM_STAGES)
     acc = warpgroup_mma_wait(0, deps=[_values_product(P, v_tile, acc, p_layout)])
     return acc, row_max, row_sum
 
@@ -304,11 +404,15 @@ def _split_kernel(
     Q, desc_k, desc_v, Out, Lse, CacheSeqlens, OutPartial, LsePartial,
     stride_qb, stride_qh, stride_qm,
     stride_ob, stride_oh, stride_om,
-    heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2,
+    heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2, BlockTable, stride_btb,
     CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, HAS_CACHE_SEQLENS: gl.constexpr, RETURN_LSE: gl.constexpr,
-    BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, SPLIT: gl.constexpr,
+    PAGE_SIZE: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
-    BLOCK_N: gl.constexpr = desc_k.block_type.shape[2]
+    """K and V are (B, Hkv, Sk, D) caches, or (``PAGE_SIZE`` > 0) page pools (num_pages, page_size, Hkv,
+    D) that ``desc_k`` / ``desc_v`` see as (num_pages, Hkv, page_size, D), with ``BlockTable`` the
+    (B, max_pages) int32 table and ``stride_btb`` its row stride (both None for a contiguous cache);
+    their box is a key block, or for pages a chunk of one (``kv_chunk_rows``)."""
     HEAD_DIM: gl.constexpr = desc_k.block_type.shape[3]
     dtype: gl.constexpr = desc_k.dtype
     # wgmma's accumulators (S: BLOCK_M × BLOCK_N, O: BLOCK_M × D; a warp holds 16 whole rows of each)
@@ -330,7 +434,9 @@ def _split_kernel(
 
     # 1. This sequence's keys, the last one any row sees, and this split's share of them: blocks
     # [0, n_unmasked) of the split are seen by every row, the rest [n_unmasked, n_blocks) is masked.
-    seqlen_k, causal_offset = seqlen_info(CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS, BOTTOM_RIGHT)
+    seqlen_k, causal_offset = seqlen_info(
+        CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, BOTTOM_RIGHT=BOTTOM_RIGHT
+    )
     key_end = gl.maximum(gl.minimum(seqlen_k, seqlen_q + causal_offset), 0) if CAUSAL else seqlen_k
     key_begin, key_end = split_key_range(split, num_splits, key_end, BLOCK_N)
     visible_to_all = gl.minimum(seqlen_k, causal_offset + 1) if CAUSAL else seqlen_k
@@ -353,13 +459,19 @@ def _split_kernel(
     # The inits are generic-proxy writes and the TMA unit completes the barriers through the async
     # proxy: a proxy fence orders them (the barrier after Q's staging shows them to every warp).
     fence_async_shared()
-    ring = (desc_k, desc_v, k_ring, v_ring, k_ready, v_ready)
-    kv_coords = (batch, kv_head, key_begin, n_blocks)
+    ring = KVRing(desc_k, desc_v, k_ring, v_ring, k_ready, v_ready)
+    # Paged: this sequence's row of the block table says which page holds which of its keys.
+    if PAGE_SIZE:
+        keys = SplitKeys(
+            batch, kv_head, key_begin, n_blocks, BlockTable + batch * stride_btb, (seqlen_k - 1) // PAGE_SIZE
+        )
+    else:
+        keys = SplitKeys(batch, kv_head, key_begin, n_blocks, None, None)
 
     # 3. Put the split's first NUM_STAGES key blocks in flight at once, before anything waits.
     for i in gl.static_range(NUM_STAGES):
         if i < n_blocks:
-            _load_kv_block(ring, kv_coords, i, NUM_STAGES)
+            _load_kv_block(ring, keys, i, NUM_STAGES, PAGE_SIZE)
 
     # 4. The packed Q tile, by pointers, while the first copies fly.
     q_strides = (stride_qb, stride_qh, stride_qm)
@@ -373,13 +485,13 @@ def _split_kernel(
     row_sum = gl.zeros([BLOCK_M], gl.float32, s_rows)
     # What every key block shares, bound once: tensors in a tuple, layouts and flags in a constexpr one.
     step_args = (offs_m, (seqlen_k, causal_offset), softmax_scale_log2)
-    step_constants: gl.constexpr = (s_layout, p_layout, NUM_STAGES, CAUSAL)
+    constants: gl.constexpr = StepConstants(s_layout, p_layout, NUM_STAGES, CAUSAL, PAGE_SIZE)
     if n_blocks > 0:
-        acc, row_max, row_sum = _attend_split(q_smem, ring, kv_coords, n_unmasked, step_args, step_constants)
+        acc, row_max, row_sum = _attend_split(q_smem, ring, keys, n_unmasked, step_args, constants)
 
     # 6. This split's O and natural-log LSE, stored from wgmma's accumulator layout. The partials
     # are (num_splits, B, H, Sq, D) and (num_splits, B, H, Sq), contiguous.
-    out, lse = online_softmax_finalize(acc, row_max, row_sum, False)
+    out, lse = online_softmax_finalize(acc, row_max, row_sum)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     head, token, row_ok = _packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M, o_rows)
     lse = gl.convert_layout(lse, o_rows)
@@ -412,15 +524,26 @@ def planned_num_splits(problem: Problem, device: torch.device) -> int:
 def split_constexprs(problem: Problem, split: bool) -> dict[str, int | bool]:
     config = DEFAULT_CONFIGS[problem.head_dim]
     return {
-        **feature_constexprs(problem), "BLOCK_M": BLOCK_M, "NUM_STAGES": config.num_stages, "SPLIT": split,
+        **feature_constexprs(problem), "BLOCK_M": BLOCK_M, "BLOCK_N": config.block_n,
+        "NUM_STAGES": config.num_stages, "SPLIT": split, "PAGE_SIZE": problem.page_size,
     }  # fmt: skip
+
+
+def kv_descriptor(t: torch.Tensor, problem: Problem, dtype: gl.dtype) -> TensorDescriptor:
+    """K's or V's TMA descriptor: over a (B, Hkv, Sk, D) cache, one key block per copy, each (batch, KV
+    head) with its own bounds; over a page pool (num_pages, page_size, Hkv, D), the same 4-D box of
+    ``kv_chunk_rows`` keys on the pool seen as (num_pages, Hkv, page_size, D) (a strided view, no copy),
+    each (page, KV head) with its own bounds."""
+    pool_view = t.permute(0, 2, 1, 3) if problem.paged else t
+    return descriptor(pool_view, kv_chunk_rows(problem), dtype)
 
 
 class GluonDecode:
     """Prepared launch: K's and V's TMA descriptors, O, the LSE and the split workspace built once for
     validated q, k, v; calling it launches the split kernel and, with more than one split,
     triton/decode's merge, and returns O, or (O, lse) when the problem returns the LSE.
-    ``cache_seqlens`` is read by the kernel at every launch; ``num_splits`` overrides the rule."""
+    ``cache_seqlens`` (and a paged problem's ``block_table``) are read by the kernel at every launch;
+    ``num_splits`` overrides the rule."""
 
     def __init__(
         self,
@@ -430,21 +553,20 @@ class GluonDecode:
         problem: Problem,
         cache_seqlens: torch.Tensor | None = None,
         num_splits: int | None = None,
+        block_table: torch.Tensor | None = None,
     ):
         num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device)
-        config = DEFAULT_CONFIGS[problem.head_dim]
         dtype = GLUON_DTYPES[q.dtype]
         self.num_splits = num_splits
         self.out = torch.empty_like(q, memory_format=torch.contiguous_format)
         self.lse = allocate_lse(problem, q.device)
         lse_arg, lengths_arg = feature_buffers(self.lse, cache_seqlens, q.device)
         out_partial, lse_partial = triton_decode.split_workspace(problem, num_splits, q.device)
-        # K and V as (B, Hkv, Sk, D) boxes of one key block: each (batch, KV head) has its own bounds.
-        desc_k, desc_v = (_descriptor(t, config.block_n, dtype) for t in (k, v))
+        desc_k, desc_v = (kv_descriptor(t, problem, dtype) for t in (k, v))
         sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E)
         self.split_args = (
             q, desc_k, desc_v, self.out, lse_arg, lengths_arg, out_partial, lse_partial,
-            *q.stride()[:3], *self.out.stride()[:3], *sizes,
+            *q.stride()[:3], *self.out.stride()[:3], *sizes, *triton_decode.paging_arguments(block_table),
         )  # fmt: skip
         self.split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
         self.split_options = {**split_constexprs(problem, num_splits > 1), "num_warps": NUM_WARPS}
@@ -464,11 +586,13 @@ def bind(
     problem: Problem,
     *,
     cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
     num_splits: int | None = None,
 ) -> GluonDecode:
-    """The prepared launch for validated q, k, v (no launch); ``num_splits`` overrides the rule."""
+    """The prepared launch for validated q, k, v (page pools with ``block_table`` when the problem is
+    paged; no launch); ``num_splits`` overrides the rule."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
-    return GluonDecode(q, k, v, problem, cache_seqlens, num_splits)
+    return GluonDecode(q, k, v, problem, cache_seqlens, num_splits, block_table)
 
 
 def decode_attention(
@@ -478,15 +602,20 @@ def decode_attention(
     problem: Problem,
     *,
     cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
     num_splits: int | None = None,
 ) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them and compile by one warm-up launch.
-    ``num_splits`` overrides the split rule (not part of the public API)."""
-    checked = validate_for_problem(q, k, v, problem, cache_seqlens=cache_seqlens, dtypes=DTYPES, head_dims=HEAD_DIMS)
+    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) or page pools (num_pages, page_size, Hkv, D)
+    with their ``block_table``, bind them and compile by one warm-up launch. ``num_splits`` overrides
+    the split rule (not part of the public API)."""
+    checked = validate_for_problem(
+        q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table, dtypes=DTYPES, head_dims=HEAD_DIMS
+    )
     ok, reason = supports(checked, q.device)
     if not ok:
         raise ValueError(reason)
-    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens, num_splits=num_splits), q.device)
+    run = bind(q, k, v, checked, cache_seqlens=cache_seqlens, block_table=block_table, num_splits=num_splits)
+    return warmed_up(run, q.device)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -508,9 +637,13 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     ok, reason = capability.check_features(RUNG, problem, IMPLEMENTED_FEATURES)
     if not ok:
         return ok, reason
-    if device.type != "cuda":
-        return False, f"{RUNG} needs a CUDA GPU: Gluon has no interpreter path, got {device}"
-    return check_sm90(RUNG, device, "TMA and warpgroup_mma are Hopper's")
+    if problem.paged and kv_chunk_rows(problem) is None:
+        return (
+            False,
+            f"{RUNG} copies a paged cache in chunks of {MIN_PAGE_CHUNK} or more keys (a power of two) that "
+            f"lie in one page, so page_size must be a multiple of {MIN_PAGE_CHUNK}: got page_size={problem.page_size}",
+        )
+    return gluon_device_supported(RUNG, device, "TMA and warpgroup_mma are Hopper's")
 
 
 # Pointer and stride arguments a real launch passes 16-divisible, so the static compile assumes it too.
@@ -524,23 +657,20 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """The split kernel, in its split-writing form, for sm_90a at ``problem``'s head dim, dtype and
     features (one query token when ``problem`` is prefill-sized; no GPU needed). The merge is
     triton/decode's kernel and is compiled, and its resources listed, under that rung."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     problem = triton_decode.decode_shape(problem)
-    config = DEFAULT_CONFIGS[problem.head_dim]
     element = "*fp16" if problem.dtype == torch.float16 else "*bf16"
-    kv_type = descriptor_type(problem.dtype, config.block_n, problem.head_dim)
+    kv_type = descriptor_type(problem.dtype, kv_chunk_rows(problem), problem.head_dim)
     signature = {
         "Q": element, "desc_k": kv_type, "desc_v": kv_type, "Out": element, "Lse": "*fp32", "CacheSeqlens": "*i32",
         "OutPartial": "*fp32", "LsePartial": "*fp32", **dict.fromkeys(SPLIT_ALIGNED[5:], "i32"),
         "heads": "i32", "kv_heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "softmax_scale_log2": "fp32",
     }  # fmt: skip
     constexprs = {**split_constexprs(problem, True), "num_warps": NUM_WARPS}
-    options = {"num_warps": NUM_WARPS}
-    binary = compile_triton_sm90(
-        _split_kernel, signature, constexprs, aligned=SPLIT_ALIGNED, options=options, source_type=GluonASTSource
-    )
-    return [binary]
+    if problem.paged:
+        signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
+    else:
+        constexprs.update({"BlockTable": None, "stride_btb": None})
+    return [compile_gluon_sm90(_split_kernel, signature, constexprs, {"num_warps": NUM_WARPS}, SPLIT_ALIGNED)]
 
 
 IMPLEMENTATION = Implementation(
