@@ -191,7 +191,7 @@ def _ignore_cache_seqlens(
 
 PLANTED = {
     "dropped split": ("split_key_range", _drop_split_one),
-    "merge weighs natural-log LSEs as log2": ("COMBINE_LOG2_E", tl.constexpr(1.0)),
+    "merge weighs natural-log LSEs as log2": ("MERGE_LOG2_E", tl.constexpr(1.0)),
     "split reads past its sequence's length": ("seqlen_info", _ignore_cache_seqlens),
 }
 

@@ -76,7 +76,7 @@ docstrings"; current figures in the generated table of ``docs/ladder.md``):
     independent CTAs share an SM and drift apart, so one's softmax runs under the other's wgmmas,
     the overlap that the 8-warp CTA, whose two warpgroups Triton keeps in lockstep, never gets.
   * The hand-pipelined loop of ``hopper.py`` needs the accumulator chained through the fp8 wgmma
-    and fails the error rule, so this rung refuses ``HopperConfig.overlap``; a separate pv in that
+    and fails the error rule, so this rung refuses ``HopperKernelConfig.overlap``; a separate pv in that
     loop needs S, P, O and pv live at once and spills.
   * Block scales and rotation: ``results/h200/fp8_speed.md`` and ``docs/perf-log.md``.
 On zero-mean (standard-normal) values the e4m3 rounding of Q, K, V and P alone gives ≈ 5% relative
@@ -91,26 +91,19 @@ import triton.language as tl
 
 from common.contract import fp8 as fp8_quantisation
 from common.contract.devices import triton_device_supported, triton_interpreting
-from common.contract.fp8 import Emulation, KernelOperands, KernelOrder, Quantisation, ValueLayout
-from common.contract.fp8 import emulate as emulate_quantised
+from common.contract.fp8 import KernelOperands, KernelOrder, Quantisation, ValueLayout
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
+from common.contract.registry import Implementation, warmed_up
 from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import release_configs
 from triton_impl._device import online_softmax_finalize, online_softmax_rescale
 from triton_impl._host import allocate_lse, feature_buffers, rung_result
-from triton_impl.fp8_quantiser import (
-    FusedQuantiser,
-    QuantisedLaunch,
-    compile_sm90_for,
-    end_to_end_runner,
-    quantise_for_kernel,
-    shared_memory_supported,
-)
+from triton_impl.fp8_launch import Fp8Entry, QuantisedLaunch
+from triton_impl.fp8_quantiser import FusedQuantiser, compile_sm90_for, shared_memory_supported
 from triton_impl.hopper import (
     SCALAR_SIGNATURE,
-    HopperConfig,
+    HopperKernelConfig,
     block_softmax,
     check_launchable,
     compile_kernel_sm90,
@@ -137,7 +130,7 @@ VALUE_LAYOUT = ValueLayout(permuted=False, key_multiple=VT_ROW_ALIGN)
 # No warp-specialised candidates: this is hopper's kernel, whose warp-specialised loop
 # ``check_launchable`` refuses on a GPU (it left query rows unwritten).
 FP8_CANDIDATES = tuple(
-    HopperConfig(block_m, block_n, num_warps, num_stages, False)
+    HopperKernelConfig(block_m, block_n, num_warps, num_stages)
     for block_m, block_n, num_warps in ((64, 128, 4), (128, 128, 8), (128, 64, 8))
     for num_stages in (2, 3, 4)
 )
@@ -149,23 +142,23 @@ FP8_CANDIDATES = tuple(
 DEFAULT_CONFIGS = release_configs(
     "triton/fp8",
     {
-        64: HopperConfig(64, 128, 4, 3, False),
-        128: HopperConfig(64, 128, 4, 3, False),
-        256: HopperConfig(64, 64, 8, 2, False),
+        64: HopperKernelConfig(64, 128, 4, 3),
+        128: HopperKernelConfig(64, 128, 4, 3),
+        256: HopperKernelConfig(64, 64, 8, 2),
     },
 )
-INTERPRETER_CONFIG = HopperConfig(64, 32, 4, 1, False)
+INTERPRETER_CONFIG = HopperKernelConfig(64, 32, 4, 1)
 # What compare.py and the tests run: the most accurate variant whose kernel is within 5 % of the
 # per-tensor kernel's speed in every stack (issue #17): block scales + rotation, the most accurate on
 # FA3's inputs, cost at most 4 % (results/h200/fp8_speed.md; docs/perf-log.md).
 DEFAULT_QUANTISATION = Quantisation(block=True, rotation=True)
 
 
-def default_config(head_dim: int) -> HopperConfig:
+def default_config(head_dim: int) -> HopperKernelConfig:
     return INTERPRETER_CONFIG if triton_interpreting() else DEFAULT_CONFIGS[head_dim]
 
 
-def candidate_configs(head_dim: int) -> list[HopperConfig]:
+def candidate_configs(head_dim: int) -> list[HopperKernelConfig]:
     """The fp8 candidates whose one-byte tiles fit the shared-memory budget at this head dim."""
     return [config for config in FP8_CANDIDATES if config.fits(head_dim, element_bytes=1)]
 
@@ -259,7 +252,7 @@ def _fp8_attention_kernel(
 # ----------------------------------------------------------------------------------------------
 # Host: quantise (triton_impl.fp8_quantiser), build descriptors, launch
 # ----------------------------------------------------------------------------------------------
-def kernel_constexprs(problem: Problem, config: HopperConfig, quantisation: Quantisation) -> dict[str, object]:
+def kernel_constexprs(problem: Problem, config: HopperKernelConfig, quantisation: Quantisation) -> dict[str, object]:
     """The kernel's compile-time arguments: hopper's ``tile_constexprs`` and the quantisation's scales."""
     return {
         **tile_constexprs(problem, config),
@@ -269,7 +262,7 @@ def kernel_constexprs(problem: Problem, config: HopperConfig, quantisation: Quan
     }
 
 
-def check_quantisation_blocks(quantisation: Quantisation, config: HopperConfig) -> None:
+def check_quantisation_blocks(quantisation: Quantisation, config: HopperKernelConfig) -> None:
     """Block scales are scalars per tile only if each tile lies inside one quantisation block."""
     if quantisation.block and (
         quantisation.q_block_rows % config.block_m or quantisation.kv_block_rows % config.block_n
@@ -288,13 +281,13 @@ class Fp8Attention:
         self,
         operands: KernelOperands,
         problem: Problem,
-        config: HopperConfig,
+        config: HopperKernelConfig,
         cache_seqlens: torch.Tensor | None = None,
     ):
         batch, heads, seqlen_q, head_dim = operands.q8.shape
         if config.overlap:
             raise ValueError(
-                "fp8 attention has no overlapped KV loop (HopperConfig.overlap=True): it would chain the "
+                "fp8 attention has no overlapped KV loop (HopperKernelConfig.overlap=True): it would chain the "
                 "accumulator through fp8 wgmma, whose reduced-precision accumulation fails the error target"
             )
         quantisation = operands.quantisation
@@ -343,14 +336,14 @@ def fp8_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     problem: Problem,
-    config: HopperConfig | None = None,
+    config: HopperKernelConfig | None = None,
     quantisation: Quantisation = DEFAULT_QUANTISATION,
     *,
     cache_seqlens: torch.Tensor | None = None,
 ) -> QuantisedLaunch:
     """Validate, quantise, launch at ``config`` (default: this head dim's), compile by one warm-up
     launch; the result's call is run()."""
-    checked = validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES, cache_seqlens)
+    checked = _validate(q, k, v, problem, cache_seqlens)
     fused = quantiser(q, k, quantisation)
     operands = fused(q, k, v)
     if config is None:
@@ -374,65 +367,30 @@ def launch(
     return QuantisedLaunch(fused, kernel)
 
 
-def bind(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> QuantisedLaunch:
-    """Per call (the values change): new buffers, the fused quantisation of validated q, k, v into
-    them (one launch with block scales), the descriptors; run() launches the kernel alone."""
-    prepared = launch(q, k, problem, quantisation, cache_seqlens=cache_seqlens)
-    prepared.quantise(q, k, v)
-    return prepared
+def _validate(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, cache_seqlens: torch.Tensor | None
+) -> Problem:
+    return validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES, cache_seqlens)
 
 
-def prepare(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> Runner:
-    """Validate, quantise (``quantisation``: ``common.contract.fp8.VARIANTS``), bind, warm up; run() is the kernel."""
-    checked = validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES, cache_seqlens)
-    return warmed_up(bind(q, k, v, checked, quantisation, cache_seqlens=cache_seqlens), q.device)
+def _kernel_order(problem: Problem) -> KernelOrder:
+    """Key blocks of the default configuration, visited first to last."""
+    return KernelOrder(block_n=default_config(problem.head_dim).block_n, reverse=False)
 
 
-def prepare_end_to_end(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> Runner:
-    """Like ``prepare``, but every run() runs the fused quantiser and then the kernel: fp8's per-call cost."""
-    checked = validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES, cache_seqlens)
-    return end_to_end_runner(launch(q, k, checked, quantisation, cache_seqlens=cache_seqlens), q, k, v)
+def _value_layout(problem: Problem) -> ValueLayout:
+    return VALUE_LAYOUT
 
 
-def emulate(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> Emulation:
-    """The fp64 emulation this rung is judged against: the operands its kernel reads (the fused
-    quantiser's on CUDA; K and V per KV head), key blocks of the default configuration visited first
-    to last, the problem's mask and key lengths."""
-    order = KernelOrder(block_n=default_config(problem.head_dim).block_n, reverse=False)
-    operands = quantise_for_kernel(q, k, v, quantisation, VALUE_LAYOUT).as_quantised()
-    return emulate_quantised(operands, problem, order, cache_seqlens)
+# bind, prepare, prepare_end_to_end and emulate: the FP8 rungs' shared entry (triton_impl/fp8_launch.py).
+ENTRY = Fp8Entry(
+    validate=_validate,
+    launch=launch,
+    kernel_order=_kernel_order,
+    value_layout=_value_layout,
+    default_quantisation=DEFAULT_QUANTISATION,
+)
+bind, prepare, prepare_end_to_end, emulate = ENTRY.bind, ENTRY.prepare, ENTRY.prepare_end_to_end, ENTRY.emulate
 
 
 # ----------------------------------------------------------------------------------------------
@@ -456,7 +414,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 
 def compile_sm90(
-    problem: Problem, config: HopperConfig | None = None, quantisation: Quantisation = DEFAULT_QUANTISATION
+    problem: Problem, config: HopperKernelConfig | None = None, quantisation: Quantisation = DEFAULT_QUANTISATION
 ) -> list[KernelBinary]:
     """The kernel for sm_90a at the default configuration of this head dim (no GPU needed)."""
     config = config or DEFAULT_CONFIGS[problem.head_dim]

@@ -6,7 +6,7 @@ reading their operands straight from shared memory. A TMA copy is one instructio
 thread for a whole BLOCK_N × D tile, with address generation and out-of-bounds zero-fill done by
 the copy engine, so the warps that do the softmax no longer spend issue slots on address math.
 Causal attention is split into a loop over unmasked blocks and a loop over the diagonal blocks,
-and the blocks above the diagonal are never visited. ``HopperConfig.overlap`` (the D=128 default)
+and the blocks above the diagonal are never visited. ``HopperKernelConfig.overlap`` (the D=128 default)
 selects a KV loop software-pipelined by hand (``_overlapped_step``): each step issues
 S_n = Q K_nᵀ, then O += P V of block n-1, then the softmax of S_n, so Triton's wait for S_n comes
 before the P V wgmma is issued and that wgmma runs under the softmax (FA3's intra-warpgroup
@@ -82,12 +82,12 @@ the TMA latency behind a full S = Q Kᵀ. The remaining gap to cuDNN is the over
 the MMAs across the two warpgroups (FA3's ping-pong), which Triton's scheduler does not do here.
 Triton releases (``common.toolchain.releases``): the hand-pipelined loop holds S, P, O and the P V in flight
 at once and spills under Triton 3.9's default ptxas register allocation; 3.9 assembles it with
-``--regAllocOptLevel=4`` (``HopperConfig.ptx_options``), spill-free.
+``--regAllocOptLevel=4`` (``HopperKernelConfig.ptx_options``), spill-free.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 import triton
@@ -130,14 +130,18 @@ TRITON_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "
 # Configurations: tile sizes, warps, pipeline depth, warp specialisation
 # ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class HopperConfig:
-    """One point of the tuning space; every field changes the generated code."""
+class HopperKernelConfig:
+    """How the Hopper attention kernel (this rung's and fp8's) is built: tiles, warps, pipeline depth,
+    the shape of its KV loop and ptxas flags. One point of the tuning space; every field changes the
+    generated code."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
-    warp_specialize: bool
+    _: KW_ONLY
+    # Warp-specialised KV loop (producer warp for TMA, consumer warps); refused on a GPU (check_launchable).
+    warp_specialize: bool = False
     # Software-pipelined KV loop (``_overlapped_step``): P V of block n-1 runs under the softmax of n.
     overlap: bool = False
     # Extra ptxas flags (Triton's ``ptx_options``), set per release by ``common.toolchain.releases``.
@@ -167,7 +171,7 @@ class HopperConfig:
 # (docs/perf-log.md, 2026-11-24), so ``check_launchable`` refuses them on a GPU.
 # The hand-pipelined loop (overlap) is a candidate for the two-warpgroup tiles, where it pays.
 CANDIDATE_CONFIGS = tuple(
-    HopperConfig(block_m, block_n, num_warps, num_stages, False, overlap)
+    HopperKernelConfig(block_m, block_n, num_warps, num_stages, overlap=overlap)
     for block_m, block_n, num_warps, overlap in (
         (128, 128, 8, True),
         (128, 128, 8, False),
@@ -184,7 +188,7 @@ WARP_SPECIALIZE_REFUSAL = (
 )
 
 
-def check_launchable(config: HopperConfig, device: torch.device) -> None:
+def check_launchable(config: HopperKernelConfig, device: torch.device) -> None:
     """Refuse a configuration known to give wrong answers on the GPU, naming why."""
     if config.warp_specialize and device.type == "cuda":
         raise ValueError(f"{config}: {WARP_SPECIALIZE_REFUSAL}")
@@ -195,14 +199,14 @@ def check_launchable(config: HopperConfig, device: torch.device) -> None:
 DEFAULT_CONFIGS = release_configs(
     "triton/hopper",
     {
-        64: HopperConfig(128, 128, 8, 3, False),
-        128: HopperConfig(128, 128, 8, 3, False, overlap=True),
-        256: HopperConfig(64, 64, 4, 2, False),
+        64: HopperKernelConfig(128, 128, 8, 3),
+        128: HopperKernelConfig(128, 128, 8, 3, overlap=True),
+        256: HopperKernelConfig(64, 64, 4, 2),
     },
 )
 
 
-def tile_constexprs(problem: Problem, config: HopperConfig) -> dict[str, object]:
+def tile_constexprs(problem: Problem, config: HopperKernelConfig) -> dict[str, object]:
     """The compile-time arguments both Triton Hopper kernels take, the same for a launch and the static
     compile: head dim, tiles, the problem's features (``feature_constexprs``: causal, bottom-right,
     cache lengths, LSE) and whether the KV loop is warp-specialised."""
@@ -215,21 +219,21 @@ def tile_constexprs(problem: Problem, config: HopperConfig) -> dict[str, object]
     }
 
 
-def kernel_constexprs(problem: Problem, config: HopperConfig) -> dict[str, object]:
+def kernel_constexprs(problem: Problem, config: HopperKernelConfig) -> dict[str, object]:
     """This rung's kernel's compile-time arguments: ``tile_constexprs`` and the loop shape (``overlap``)."""
     return {**tile_constexprs(problem, config), "OVERLAP": config.overlap}
 
 
 # Interpreter runs use small tiles: the CPU tests need a ragged tail, not speed.
-INTERPRETER_CONFIG = HopperConfig(64, 32, 4, 1, False)
+INTERPRETER_CONFIG = HopperKernelConfig(64, 32, 4, 1)
 
 
-def default_config(head_dim: int) -> HopperConfig:
+def default_config(head_dim: int) -> HopperKernelConfig:
     """The fixed configuration of this head dim (the interpreter's small tile on the CPU)."""
     return INTERPRETER_CONFIG if triton_interpreting() else DEFAULT_CONFIGS[head_dim]
 
 
-def candidate_configs(head_dim: int, dtype: torch.dtype) -> list[HopperConfig]:
+def candidate_configs(head_dim: int, dtype: torch.dtype) -> list[HopperKernelConfig]:
     """Candidates that fit the shared-memory budget for this head dim and dtype."""
     element_bytes = torch.empty((), dtype=dtype).element_size()
     return [config for config in CANDIDATE_CONFIGS if config.fits(head_dim, element_bytes)]
@@ -369,7 +373,7 @@ def _overlapped_kv_loop(
     state, q, kv, coords, m_block, softmax_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
 ):  # fmt: skip
-    """Steps 2+3 software-pipelined (``HopperConfig.overlap``): each step issues S_n, then P V of
+    """Steps 2+3 software-pipelined (``HopperKernelConfig.overlap``): each step issues S_n, then P V of
     block n-1, then the softmax of S_n. P starts at 0 (the first step adds nothing), and one extra
     masked step past the last block (every key hidden: P = 0, alpha = 1) adds the last block's P V.
     P is carried in fp32: converted inside the step, it stays in registers as the wgmma A operand (a
@@ -459,7 +463,7 @@ class HopperAttention:
         k: torch.Tensor,
         v: torch.Tensor,
         problem: Problem,
-        config: HopperConfig,
+        config: HopperKernelConfig,
         cache_seqlens: torch.Tensor | None = None,
     ):
         batch, heads, seqlen_q, _ = q.shape
@@ -504,7 +508,7 @@ def hopper_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     problem: Problem,
-    config: HopperConfig | None = None,
+    config: HopperKernelConfig | None = None,
     *,
     cache_seqlens: torch.Tensor | None = None,
 ) -> HopperAttention:
@@ -553,7 +557,7 @@ def hopper_supported(problem: Problem, device: torch.device, rung: str, needs: s
     return check_sm90(rung, device, needs) if device.type == "cuda" else (True, "")
 
 
-def kernel_fits(rung: str, problem: Problem, config: HopperConfig, element_bytes: int) -> tuple[bool, str]:
+def kernel_fits(rung: str, problem: Problem, config: HopperKernelConfig, element_bytes: int) -> tuple[bool, str]:
     """The shared kernel's shared memory at ``config`` (the launcher's configuration) within sm_90's
     budget; ``element_bytes``: the tiles' element size (1 for fp8)."""
     kernel = (
@@ -595,7 +599,7 @@ SCALAR_SIGNATURE = {
 }
 
 
-def compile_sm90(problem: Problem, config: HopperConfig | None = None) -> list[KernelBinary]:
+def compile_sm90(problem: Problem, config: HopperKernelConfig | None = None) -> list[KernelBinary]:
     """The kernel for sm_90a at the default configuration of this head dim (no GPU needed)."""
     config = config or DEFAULT_CONFIGS[problem.head_dim]
     dtype_name = TRITON_DTYPES[problem.dtype]
@@ -606,7 +610,7 @@ def compile_sm90(problem: Problem, config: HopperConfig | None = None) -> list[K
 
 
 def compile_kernel_sm90(
-    kernel: triton.JITFunction, signature: dict[str, str], constexprs: dict[str, object], config: HopperConfig
+    kernel: triton.JITFunction, signature: dict[str, str], constexprs: dict[str, object], config: HopperKernelConfig
 ) -> KernelBinary:
     """A Triton Hopper kernel (this rung's or fp8's) for sm_90a: ``signature`` types its runtime arguments."""
     return compile_triton_sm90(kernel, signature, constexprs, options=config.launch_options(), aligned=("LSE",))

@@ -38,6 +38,7 @@ warps stall on every K/V load, and every causal block pays for the mask.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -59,11 +60,20 @@ from triton_impl._host import (
 )
 from triton_impl.backward import tiled as tiled_backward
 
+
+class Blocks(NamedTuple):
+    """The tiles and warps of one head dim."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+
+
 # Per head dim: (BLOCK_M, BLOCK_N, num_warps). Fixed on purpose (tuning is the next rung's job);
 # each compiles for sm_90a with no spills under both tested Triton releases. D=128 takes 64 x 64
 # with one warpgroup, the fastest of three tiles timed on the H200 under both releases (perf log,
 # "Triton 3.9 on the early rungs").
-BLOCKS: dict[int, tuple[int, int, int]] = {32: (128, 64, 4), 64: (128, 64, 4), 128: (64, 64, 4), 256: (64, 32, 4)}
+BLOCKS = {32: Blocks(128, 64, 4), 64: Blocks(128, 64, 4), 128: Blocks(64, 64, 4), 256: Blocks(64, 32, 4)}
 HEAD_DIMS = tuple(BLOCKS)
 # Natural log of 2, read in the kernel: the LSE is kept in log2 units until it is stored.
 LN_2 = tl.constexpr(math.log(2.0))
