@@ -85,7 +85,7 @@ from common.contract import splits
 from common.contract.capability import FEATURES, PAGED_KV, check_features
 from common.contract.devices import triton_device_supported, triton_dtype_supported
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
+from common.contract.registry import Runner
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from triton_impl._device import (
@@ -97,12 +97,14 @@ from triton_impl._device import (
 )
 from triton_impl._host import (
     POINTER_ALIGNED,
+    TritonEntry,
+    TritonInputs,
     allocate_lse,
     feature_buffers,
     feature_constexprs,
     pointer_signature,
     rung_result,
-    validate_triton_inputs,
+    size_arguments,
 )
 
 # Query tokens per step this rung takes; more is prefill.
@@ -363,9 +365,9 @@ def bind(
     out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
     kv_strides = (*kv_row_strides(k, problem.paged), *kv_row_strides(v, problem.paged))
     strides = (*q.stride()[:3], *kv_strides, *out.stride()[:3])
-    sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E)
     split_args = (
-        q, k, v, out, lse_arg, lengths_arg, out_partial, lse_partial, *strides, *sizes, *paging_arguments(block_table),
+        q, k, v, out, lse_arg, lengths_arg, out_partial, lse_partial,
+        *strides, *size_arguments(problem), *paging_arguments(block_table),
     )  # fmt: skip
     config = DEFAULT_CONFIGS[problem.head_dim]
     split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
@@ -385,25 +387,11 @@ def bind(
     return run
 
 
-def decode_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-    block_table: torch.Tensor | None = None,
-    num_splits: int | None = None,
-) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) or page pools (num_pages, page_size, Hkv, D)
-    with their ``block_table``, bind them and compile by one warm-up launch on a GPU. ``num_splits``
-    overrides the split rule (not part of the public API)."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens, block_table=block_table)
-    ok, reason = supports(checked, q.device)
-    if not ok:
-        raise ValueError(reason)
-    run = bind(q, k, v, checked, cache_seqlens=cache_seqlens, block_table=block_table, num_splits=num_splits)
-    return warmed_up(run, q.device)
+# prepare = validate (paged caches too) → the capability check on the validated problem → bind → warm
+# up; ``num_splits=`` overrides the split rule (sweeps, tests; not part of the public API).
+INPUTS = TritonInputs("triton/decode", HEAD_DIMS, check=lambda problem, device: supports(problem, device), paged=True)
+ENTRY = TritonEntry(INPUTS, bind)
+prepare = ENTRY.prepare
 
 
 # ----------------------------------------------------------------------------------------------
@@ -465,12 +453,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     return [split, merge]
 
 
-IMPLEMENTATION = Implementation(
-    name="triton/decode",
-    stack="triton",
-    rung="decode",
-    prepare=decode_attention,
-    bind=bind,
+IMPLEMENTATION = ENTRY.implementation(
     supports=supports,
     compile_sm90=compile_sm90,
     runs_on_cpu=True,

@@ -94,28 +94,28 @@ from common.contract.devices import triton_device_supported, triton_interpreting
 from common.contract.fp8 import KernelOperands, KernelOrder, Quantisation, ValueLayout
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, warmed_up
+from common.contract.registry import Implementation
 from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import release_configs
 from triton_impl._device import online_softmax_finalize, online_softmax_rescale
-from triton_impl._host import allocate_lse, feature_buffers, rung_result
+from triton_impl._host import TritonInputs, allocate_lse, feature_buffers, rung_result
 from triton_impl.fp8_launch import Fp8Entry, QuantisedLaunch
 from triton_impl.fp8_quantiser import FusedQuantiser, compile_sm90_for, shared_memory_supported
 from triton_impl.hopper import (
+    HEAD_DIMS,
     SCALAR_SIGNATURE,
     HopperKernelConfig,
     block_softmax,
-    check_launchable,
     compile_kernel_sm90,
     descriptor,
     hopper_supported,
     kernel_fits,
     kernel_sizes,
     kv_loop,
+    non_negative_scale,
     store_tile,
     tile_constexprs,
     tile_coordinates,
-    validate,
 )
 
 # FP8: P = 2^(S·scale - row_max + P_EXPONENT) lies in [0, 2^8], clear of e4m3's subnormals
@@ -331,27 +331,6 @@ def quantiser(q: torch.Tensor, k: torch.Tensor, quantisation: Quantisation) -> F
     return FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, VALUE_LAYOUT)
 
 
-def fp8_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    config: HopperKernelConfig | None = None,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> QuantisedLaunch:
-    """Validate, quantise, launch at ``config`` (default: this head dim's), compile by one warm-up
-    launch; the result's call is run()."""
-    checked = _validate(q, k, v, problem, cache_seqlens)
-    fused = quantiser(q, k, quantisation)
-    operands = fused(q, k, v)
-    if config is None:
-        config = default_config(checked.head_dim)
-    check_launchable(config, q.device)
-    return warmed_up(QuantisedLaunch(fused, Fp8Attention(operands, checked, config, cache_seqlens)), q.device)
-
-
 def launch(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -367,10 +346,8 @@ def launch(
     return QuantisedLaunch(fused, kernel)
 
 
-def _validate(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, cache_seqlens: torch.Tensor | None
-) -> Problem:
-    return validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES, cache_seqlens)
+# fp16 and bf16 inputs (quantised here), hopper's head dims and rule on the scale.
+INPUTS = TritonInputs("triton/fp8", HEAD_DIMS, INPUT_DTYPES, check=non_negative_scale("triton/fp8"))
 
 
 def _kernel_order(problem: Problem) -> KernelOrder:
@@ -383,13 +360,7 @@ def _value_layout(problem: Problem) -> ValueLayout:
 
 
 # bind, prepare, prepare_end_to_end and emulate: the FP8 rungs' shared entry (triton_impl/fp8_launch.py).
-ENTRY = Fp8Entry(
-    validate=_validate,
-    launch=launch,
-    kernel_order=_kernel_order,
-    value_layout=_value_layout,
-    default_quantisation=DEFAULT_QUANTISATION,
-)
+ENTRY = Fp8Entry(INPUTS.validate, launch, _kernel_order, _value_layout, DEFAULT_QUANTISATION)
 bind, prepare, prepare_end_to_end, emulate = ENTRY.bind, ENTRY.prepare, ENTRY.prepare_end_to_end, ENTRY.emulate
 
 

@@ -85,15 +85,9 @@ class Fp8Entry:
         return self.default_quantisation if quantisation is None else quantisation
 
     def bind(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        problem: Problem,
-        quantisation: Quantisation | None = None,
-        *,
-        cache_seqlens: torch.Tensor | None = None,
-    ) -> QuantisedLaunch:
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
+        quantisation: Quantisation | None = None, *, cache_seqlens: torch.Tensor | None = None,
+    ) -> QuantisedLaunch:  # fmt: skip
         """Per call (the values change): new buffers, the fused quantisation of validated q, k, v into
         them (one launch with block scales), the kernel bound to them; run() launches the kernel alone
         and returns (O, lse) when ``problem.return_lse``, else O."""
@@ -102,15 +96,9 @@ class Fp8Entry:
         return prepared
 
     def prepare(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        problem: Problem,
-        quantisation: Quantisation | None = None,
-        *,
-        cache_seqlens: torch.Tensor | None = None,
-    ) -> Runner:
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
+        quantisation: Quantisation | None = None, *, cache_seqlens: torch.Tensor | None = None,
+    ) -> Runner:  # fmt: skip
         """Validate, quantise (``quantisation``: ``common.contract.fp8.VARIANTS``), bind, warm up; run() is
         the kernel."""
         checked = self.validate(q, k, v, problem, cache_seqlens)
@@ -118,15 +106,9 @@ class Fp8Entry:
         return warmed_up(bound, q.device)
 
     def prepare_end_to_end(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        problem: Problem,
-        quantisation: Quantisation | None = None,
-        *,
-        cache_seqlens: torch.Tensor | None = None,
-    ) -> Runner:
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
+        quantisation: Quantisation | None = None, *, cache_seqlens: torch.Tensor | None = None,
+    ) -> Runner:  # fmt: skip
         """Like ``prepare``, but every run() runs the fused quantiser and then the kernel: fp8's per-call
         cost."""
         checked = self.validate(q, k, v, problem, cache_seqlens)
@@ -136,15 +118,9 @@ class Fp8Entry:
         return end_to_end_runner(prepared, q, k, v)
 
     def emulate(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        problem: Problem,
-        quantisation: Quantisation | None = None,
-        *,
-        cache_seqlens: torch.Tensor | None = None,
-    ) -> Emulation:
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
+        quantisation: Quantisation | None = None, *, cache_seqlens: torch.Tensor | None = None,
+    ) -> Emulation:  # fmt: skip
         """The fp64 emulation the rung is judged against: the operands its kernel reads (the fused
         quantiser's on CUDA; K and V per KV head), key blocks visited in the kernel's order, the
         problem's mask and key lengths; its LSE (with a bound) judges the kernel's."""

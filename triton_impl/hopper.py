@@ -97,13 +97,11 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from common.contract.capability import FEATURES, check_features, check_shared_memory
 from common.contract.devices import triton_device_supported, triton_dtype_supported, triton_interpreting
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
 from common.contract.validation import kernel_operand
 from common.toolchain.arch import SM90_SHARED_MEMORY_BYTES, check_sm90
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from common.toolchain.releases import release_configs
 from triton_impl._device import (
-    LOG2_E,
     attention_mask,
     block_range,
     kv_head_index,
@@ -113,11 +111,15 @@ from triton_impl._device import (
     seqlen_info,
 )
 from triton_impl._host import (
+    SIZE_SIGNATURE,
+    Check,
+    TritonEntry,
+    TritonInputs,
     allocate_lse,
     feature_buffers,
     feature_constexprs,
     rung_result,
-    validate_triton_inputs,
+    size_arguments,
 )
 from triton_impl.backward import tiled as tiled_backward
 
@@ -443,14 +445,8 @@ def descriptor(tensor: torch.Tensor, box_rows: int, box_cols: int | None = None)
 
 
 def kernel_sizes(problem: Problem) -> dict[str, int | float]:
-    """The kernel's scalar arguments (both Triton Hopper rungs): head counts, lengths, scale."""
-    return {
-        "heads": problem.heads,
-        "kv_heads": problem.kv_heads,
-        "seqlen_q": problem.seqlen_q,
-        "seqlen_k": problem.seqlen_k,
-        "softmax_scale_log2": problem.scale * LOG2_E,
-    }
+    """The kernel's scalar arguments by name (both Triton Hopper rungs): head counts, lengths, scale."""
+    return dict(zip(SIZE_SIGNATURE, size_arguments(problem), strict=True))
 
 
 class HopperAttention:
@@ -486,58 +482,38 @@ class HopperAttention:
         return rung_result(self.out, self.lse)
 
 
-def validate(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    rung: str = "triton/hopper",
-    dtypes: tuple[torch.dtype, ...] | None = None,
-    cache_seqlens: torch.Tensor | None = None,
-) -> Problem:
-    """The inputs checks of both Triton Hopper rungs (``dtypes``: the fp8 rung's own), with GQA, both
-    causal alignments, ``cache_seqlens`` and the LSE (both rungs implement them)."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, dtypes, cache_seqlens=cache_seqlens)
-    if checked.scale < 0:
-        raise ValueError(f"softmax_scale must be >= 0 for {rung}, got {checked.scale}")
-    return checked
+def non_negative_scale(rung: str) -> Check:
+    """The Hopper rungs' rule on a validated problem: row maxima are taken before scaling, which needs
+    softmax_scale >= 0."""
 
+    def check(problem: Problem, device: torch.device) -> tuple[bool, str]:
+        if problem.scale < 0:
+            return False, f"softmax_scale must be >= 0 for {rung}, got {problem.scale}"
+        return True, ""
 
-def hopper_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    config: HopperKernelConfig | None = None,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> HopperAttention:
-    """Validate, launch at ``config`` (default: this head dim's), compile by one warm-up launch; the
-    result's call is run()."""
-    checked = validate(q, k, v, problem, cache_seqlens=cache_seqlens)
-    q, k, v = (kernel_operand(t) for t in (q, k, v))
-    if config is None:
-        config = default_config(checked.head_dim)
-    check_launchable(config, q.device)
-    prepared = HopperAttention(q, k, v, checked, config, cache_seqlens)
-    prepared()
-    return prepared
+    return check
 
 
 def bind(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: Problem,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+    config: HopperKernelConfig | None = None,
 ) -> HopperAttention:
-    """Descriptors, O and the LSE for validated q, k, v at the default configuration, no launch."""
+    """Descriptors, O and the LSE for validated q, k, v at ``config`` (default: this head dim's), no launch."""
+    config = config or default_config(problem.head_dim)
+    check_launchable(config, q.device)
     q, k, v = (kernel_operand(t) for t in (q, k, v))
-    return HopperAttention(q, k, v, problem, default_config(problem.head_dim), cache_seqlens)
+    return HopperAttention(q, k, v, problem, config, cache_seqlens)
 
 
-def prepare(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Validate, bind at the default configuration, and compile by one warm-up launch on a GPU."""
-    checked = validate(q, k, v, problem, cache_seqlens=cache_seqlens)
-    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
+# prepare = validate (every Triton feature, softmax_scale >= 0) → bind (``config=``: another
+# configuration than the default) → warm up.
+ENTRY = TritonEntry(TritonInputs("triton/hopper", HEAD_DIMS, check=non_negative_scale("triton/hopper")), bind)
+prepare = ENTRY.prepare
 
 
 # ----------------------------------------------------------------------------------------------
@@ -588,15 +564,7 @@ def _descriptor_type(dtype_name: str, block_rows: int, head_dim: int) -> str:
 
 
 # Runtime arguments both Triton Hopper rungs pass besides the descriptors (and fp8's scales).
-SCALAR_SIGNATURE = {
-    "LSE": "*fp32",
-    "CacheSeqlens": "*i32",
-    "heads": "i32",
-    "kv_heads": "i32",
-    "seqlen_q": "i32",
-    "seqlen_k": "i32",
-    "softmax_scale_log2": "fp32",
-}
+SCALAR_SIGNATURE = {"LSE": "*fp32", "CacheSeqlens": "*i32", **SIZE_SIGNATURE}
 
 
 def compile_sm90(problem: Problem, config: HopperKernelConfig | None = None) -> list[KernelBinary]:
@@ -616,12 +584,7 @@ def compile_kernel_sm90(
     return compile_triton_sm90(kernel, signature, constexprs, options=config.launch_options(), aligned=("LSE",))
 
 
-IMPLEMENTATION = Implementation(
-    name="triton/hopper",
-    stack="triton",
-    rung="hopper",
-    prepare=prepare,
-    bind=bind,
+IMPLEMENTATION = ENTRY.implementation(
     supports=supports,
     compile_sm90=compile_sm90,
     runs_on_cpu=True,

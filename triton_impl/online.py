@@ -75,19 +75,20 @@ import triton
 import triton.language as tl
 
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
+from common.contract.registry import Runner
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from common.toolchain.releases import release_configs
 from triton_impl._host import (
     POINTER_ALIGNED,
+    TritonEntry,
+    TritonInputs,
     allocate_lse,
     feature_constexprs,
     ladder_supported,
     pointer_arguments,
     pointer_signature,
     rung_result,
-    validate_triton_inputs,
 )
 
 
@@ -256,15 +257,6 @@ def _constexprs(config: TileConfig) -> dict[str, int]:
     }  # fmt: skip
 
 
-def online_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them, and compile by one warm-up
-    launch on a GPU."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens)
-    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
-
-
 def bind(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
 ) -> Runner:
@@ -282,6 +274,11 @@ def bind(
         return rung_result(out, lse)
 
     return run
+
+
+# prepare = validate (every Triton feature, these head dims) → bind → warm up.
+ENTRY = TritonEntry(TritonInputs("triton/online", HEAD_DIMS), bind)
+prepare = ENTRY.prepare
 
 
 # ----------------------------------------------------------------------------------------------
@@ -305,12 +302,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     return [binary]
 
 
-IMPLEMENTATION = Implementation(
-    name="triton/online",
-    stack="triton",
-    rung="online",
-    prepare=online_attention,
-    bind=bind,
+IMPLEMENTATION = ENTRY.implementation(
     supports=supports,
     compile_sm90=compile_sm90,
     runs_on_cpu=True,

@@ -56,20 +56,21 @@ import triton.language as tl
 
 from common.contract.devices import triton_interpreting
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
+from common.contract.registry import Runner
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from common.toolchain.releases import release_configs
 from triton_impl._device import attend_key_blocks, block_range, kv_head_index, online_softmax_finalize, seqlen_info
 from triton_impl._host import (
     POINTER_ALIGNED,
+    TritonEntry,
+    TritonInputs,
     allocate_lse,
     feature_constexprs,
     ladder_supported,
     pointer_arguments,
     pointer_signature,
     rung_result,
-    validate_triton_inputs,
 )
 from triton_impl.backward import tiled as tiled_backward
 
@@ -286,16 +287,13 @@ def choose_config(
     return config
 
 
-def pipelined_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), choose the tiles (autotuning here, once per
-    bucket), bind them, and compile by one warm-up launch on a GPU."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens)
+def _tune_once(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, cache_seqlens: torch.Tensor | None
+) -> None:
+    """``prepare``'s plan: choose the tiles of validated q, k, v (autotuning here, once per bucket)."""
     operands = [kernel_operand(t) for t in (q, k, v)]
     out = torch.empty_like(operands[0], memory_format=torch.contiguous_format)
-    choose_config(*operands, out, checked, cache_seqlens)
-    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
+    choose_config(*operands, out, problem, cache_seqlens)
 
 
 def bind(
@@ -316,6 +314,11 @@ def bind(
         return rung_result(out, lse)
 
     return run
+
+
+# prepare = validate (every Triton feature, these head dims) → choose the tiles → bind → warm up.
+ENTRY = TritonEntry(TritonInputs("triton/pipelined", HEAD_DIMS), bind, plan=_tune_once)
+prepare = ENTRY.prepare
 
 
 # ----------------------------------------------------------------------------------------------
@@ -363,12 +366,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     return [binary]
 
 
-IMPLEMENTATION = Implementation(
-    name="triton/pipelined",
-    stack="triton",
-    rung="pipelined",
-    prepare=pipelined_attention,
-    bind=bind,
+IMPLEMENTATION = ENTRY.implementation(
     supports=supports,
     compile_sm90=compile_sm90,
     runs_on_cpu=True,

@@ -45,18 +45,19 @@ import triton
 import triton.language as tl
 
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
+from common.contract.registry import Runner
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from triton_impl._host import (
     POINTER_ALIGNED,
+    TritonEntry,
+    TritonInputs,
     allocate_lse,
     feature_constexprs,
     ladder_supported,
     pointer_arguments,
     pointer_signature,
     rung_result,
-    validate_triton_inputs,
 )
 from triton_impl.backward import tiled as tiled_backward
 
@@ -165,15 +166,6 @@ def _tiled_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def tiled_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them, and compile by one warm-up
-    launch on a GPU."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens)
-    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
-
-
 def bind(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
 ) -> Runner:
@@ -191,6 +183,11 @@ def bind(
         return rung_result(out, lse)
 
     return run
+
+
+# prepare = validate (every Triton feature, these head dims) → bind → warm up.
+ENTRY = TritonEntry(TritonInputs("triton/tiled", HEAD_DIMS), bind)
+prepare = ENTRY.prepare
 
 
 # ----------------------------------------------------------------------------------------------
@@ -214,12 +211,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     return [binary]
 
 
-IMPLEMENTATION = Implementation(
-    name="triton/tiled",
-    stack="triton",
-    rung="tiled",
-    prepare=tiled_attention,
-    bind=bind,
+IMPLEMENTATION = ENTRY.implementation(
     supports=supports,
     compile_sm90=compile_sm90,
     runs_on_cpu=True,
