@@ -195,13 +195,7 @@ def _value_layout(problem: Problem) -> ValueLayout:
 
 
 # bind, prepare, prepare_end_to_end and emulate: the FP8 rungs' shared entry (triton_impl/fp8_launch.py).
-ENTRY = Fp8Entry(
-    validate=_validate,
-    launch=launch,
-    kernel_order=_kernel_order,
-    value_layout=_value_layout,
-    default_quantisation=DEFAULT_QUANTISATION,
-)
+ENTRY = Fp8Entry(_validate, launch, _kernel_order, _value_layout, DEFAULT_QUANTISATION)
 bind, prepare, prepare_end_to_end, emulate = ENTRY.bind, ENTRY.prepare, ENTRY.prepare_end_to_end, ENTRY.emulate
 
 

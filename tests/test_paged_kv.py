@@ -61,9 +61,7 @@ def _with_splits(num_splits: int | None) -> Implementation:
     """triton/decode with the split count forced (the bind/prepare keyword the public API lacks)."""
     if num_splits is None:
         return decode.IMPLEMENTATION
-    return dataclasses.replace(
-        decode.IMPLEMENTATION, prepare=functools.partial(decode.prepare, num_splits=num_splits)
-    )
+    return dataclasses.replace(decode.IMPLEMENTATION, prepare=functools.partial(decode.prepare, num_splits=num_splits))
 
 
 def _paged_inputs(problem: Problem, *, seed: int, device: str | torch.device = "cpu", offset: float = 0.5):
@@ -279,9 +277,7 @@ def test_paged_output_equals_the_contiguous_output_bit_for_bit(page_size: int):
     """The same logical cache, the same splits: the pages change the addresses, never the arithmetic."""
     problem = _paged_problem(page_size, 2, 2)
     q, (k, v), (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=7)
-    paged = decode.prepare(
-        q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table, num_splits=3
-    )
+    paged = decode.prepare(q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table, num_splits=3)
     dense = decode.prepare(q, k, v, problem.with_(page_size=0), cache_seqlens=lengths, num_splits=3)
     (out_paged, lse_paged), (out_dense, lse_dense) = paged(), dense()
     assert torch.equal(out_paged, out_dense) and torch.equal(lse_paged, lse_dense)
