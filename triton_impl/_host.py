@@ -20,12 +20,14 @@ from functools import cache
 from typing import Any
 
 import torch
+import triton
 
 from common.contract.capability import FEATURES, check_features
 from common.contract.devices import triton_device_supported, triton_device_types, triton_dtype_supported, triton_dtypes
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner, per_call_inputs, warmed_up
-from common.contract.validation import validate_for_problem
+from common.contract.validation import kernel_operand, validate_for_problem
+from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from triton_impl._device import LOG2_E
 
 # (batch, head, row) stride arguments of Q, K, V and O, in kernel-argument order.
@@ -169,10 +171,45 @@ def pointer_arguments(
     return (q, k, v, out, *feature_buffers(lse, cache_seqlens, q.device), *strides, *size_arguments(problem))
 
 
+def pointer_runner(
+    kernel: triton.JITFunction, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
+    cache_seqlens: torch.Tensor | None, block_m: int, launch_options: dict[str, Any],
+) -> Runner:  # fmt: skip
+    """The ``bind`` of a strided-pointer rung (``online`` to ``pipelined``): O (and the LSE) allocated
+    once for validated q, k, v; ``run()`` launches ``kernel`` over the ``block_m``-row query tiles of
+    every (batch, head) with ``launch_options`` (constexprs, warps, stages) and returns O, or (O, lse)."""
+    q, k, v = (kernel_operand(t) for t in (q, k, v))
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = allocate_lse(problem, q.device)
+    args = pointer_arguments(q, k, v, out, problem, lse, cache_seqlens)
+    grid = (triton.cdiv(problem.seqlen_q, block_m), problem.batch * problem.heads)
+
+    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        kernel[grid](*args, **launch_options)
+        return rung_result(out, lse)
+
+    return run
+
+
 def size_arguments(problem: Problem) -> tuple[int | float, ...]:
     """The scalar arguments every Triton attention kernel takes after its buffers (``SIZE_SIGNATURE``):
     head counts, lengths and the softmax scale in log2 units."""
     return (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E)
+
+
+def compile_pointer_kernel(
+    kernel: triton.JITFunction, problem: Problem, constexprs: dict[str, Any], *, num_warps: int, num_stages: int
+) -> KernelBinary:
+    """A strided-pointer kernel for sm_90a at ``problem``'s dtype (``pointer_signature``), with the
+    pointers and strides 16-divisible as a real launch passes them."""
+    return compile_triton_sm90(
+        kernel,
+        pointer_signature(problem.dtype),
+        constexprs,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        aligned=POINTER_ALIGNED,
+    )
 
 
 def pointer_signature(dtype: torch.dtype) -> dict[str, str]:

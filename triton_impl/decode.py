@@ -345,15 +345,9 @@ def merge_launch(
 
 
 def bind(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-    block_table: torch.Tensor | None = None,
-    num_splits: int | None = None,
-) -> Runner:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *,
+    cache_seqlens: torch.Tensor | None = None, block_table: torch.Tensor | None = None, num_splits: int | None = None,
+) -> Runner:  # fmt: skip
     """Allocate O, the LSE and the split workspace for validated q, k, v (page pools with
     ``block_table`` when the problem is paged) and return ``run()`` launching the split kernel and,
     with more than one split, the merge. ``num_splits`` overrides the rule (sweeps, tests)."""

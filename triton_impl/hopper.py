@@ -495,14 +495,9 @@ def non_negative_scale(rung: str) -> Check:
 
 
 def bind(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-    config: HopperKernelConfig | None = None,
-) -> HopperAttention:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *,
+    cache_seqlens: torch.Tensor | None = None, config: HopperKernelConfig | None = None,
+) -> HopperAttention:  # fmt: skip
     """Descriptors, O and the LSE for validated q, k, v at ``config`` (default: this head dim's), no launch."""
     config = config or default_config(problem.head_dim)
     check_launchable(config, q.device)

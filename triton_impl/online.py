@@ -76,19 +76,15 @@ import triton.language as tl
 
 from common.contract.problem import Problem
 from common.contract.registry import Runner
-from common.contract.validation import kernel_operand
-from common.toolchain.compile import KernelBinary, compile_triton_sm90
+from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import release_configs
 from triton_impl._host import (
-    POINTER_ALIGNED,
     TritonEntry,
     TritonInputs,
-    allocate_lse,
+    compile_pointer_kernel,
     feature_constexprs,
     ladder_supported,
-    pointer_arguments,
-    pointer_signature,
-    rung_result,
+    pointer_runner,
 )
 
 
@@ -261,19 +257,10 @@ def bind(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
 ) -> Runner:
     """Allocate O for validated q, k, v and return ``run()`` launching the fused kernel."""
-    q, k, v = (kernel_operand(t) for t in (q, k, v))
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
     config = CONFIGS[problem.head_dim]
-    grid = (triton.cdiv(problem.seqlen_q, config.block_m), problem.batch * problem.heads)
-    lse = allocate_lse(problem, q.device)
-    args = pointer_arguments(q, k, v, out, problem, lse, cache_seqlens)
     constexprs = {**feature_constexprs(problem), "HEAD_DIM": problem.head_dim, **_constexprs(config)}
-
-    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        _online_kernel[grid](*args, **constexprs, num_warps=config.num_warps)
-        return rung_result(out, lse)
-
-    return run
+    launch_options = {**constexprs, "num_warps": config.num_warps}
+    return pointer_runner(_online_kernel, q, k, v, problem, cache_seqlens, config.block_m, launch_options)
 
 
 # prepare = validate (every Triton feature, these head dims) → bind → warm up.
@@ -291,15 +278,8 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """The fused kernel compiled for sm_90a at ``problem``'s head dim, dtype and mask."""
     config = CONFIGS[problem.head_dim]
-    binary = compile_triton_sm90(
-        _online_kernel,
-        pointer_signature(problem.dtype),
-        {**feature_constexprs(problem), "HEAD_DIM": problem.head_dim, **_constexprs(config)},
-        num_warps=config.num_warps,
-        num_stages=1,
-        aligned=POINTER_ALIGNED,
-    )
-    return [binary]
+    constexprs = {**feature_constexprs(problem), "HEAD_DIM": problem.head_dim, **_constexprs(config)}
+    return [compile_pointer_kernel(_online_kernel, problem, constexprs, num_warps=config.num_warps, num_stages=1)]
 
 
 IMPLEMENTATION = ENTRY.implementation(

@@ -58,19 +58,18 @@ from common.contract.devices import triton_interpreting
 from common.contract.problem import Problem
 from common.contract.registry import Runner
 from common.contract.validation import kernel_operand
-from common.toolchain.compile import KernelBinary, compile_triton_sm90
+from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import release_configs
 from triton_impl._device import attend_key_blocks, block_range, kv_head_index, online_softmax_finalize, seqlen_info
 from triton_impl._host import (
-    POINTER_ALIGNED,
     TritonEntry,
     TritonInputs,
     allocate_lse,
+    compile_pointer_kernel,
     feature_constexprs,
     ladder_supported,
     pointer_arguments,
-    pointer_signature,
-    rung_result,
+    pointer_runner,
 )
 from triton_impl.backward import tiled as tiled_backward
 
@@ -304,16 +303,8 @@ def bind(
     config = planned_config(problem, q.device)
     if config is None:
         raise RuntimeError(f"triton/pipelined has not tuned {problem.describe()} yet: prepare it before binding")
-    q, k, v = (kernel_operand(t) for t in (q, k, v))
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = allocate_lse(problem, q.device)
-    args = pointer_arguments(q, k, v, out, problem, lse, cache_seqlens)
-
-    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        _launch(config, args, problem)
-        return rung_result(out, lse)
-
-    return run
+    launch_options = _launch_options(config, problem)
+    return pointer_runner(_pipelined_kernel, q, k, v, problem, cache_seqlens, config.block_m, launch_options)
 
 
 # prepare = validate (every Triton feature, these head dims) → choose the tiles → bind → warm up.
@@ -350,18 +341,12 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """The kernel compiled for sm_90a at ``problem``'s head dim, dtype and mask, fixed configuration."""
     config = DEFAULT_CONFIGS[problem.head_dim, problem.causal]
-    binary = compile_triton_sm90(
-        _pipelined_kernel,
-        pointer_signature(problem.dtype),
-        {
-            **feature_constexprs(problem),
-            "HEAD_DIM": problem.head_dim,
-            "BLOCK_M": config.block_m,
-            "BLOCK_N": config.block_n,
-        },
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        aligned=POINTER_ALIGNED,
+    constexprs = {
+        **feature_constexprs(problem),
+        "HEAD_DIM": problem.head_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
+    }  # fmt: skip
+    binary = compile_pointer_kernel(
+        _pipelined_kernel, problem, constexprs, num_warps=config.num_warps, num_stages=config.num_stages
     )
     return [binary]
 
