@@ -88,11 +88,10 @@ import dataclasses
 import torch
 
 from common.contract.capability import FEATURES, check_features
-from common.contract.fp8 import KEY_GROUP, Emulation, KernelOperands, KernelOrder, Quantisation, ValueLayout
-from common.contract.fp8 import emulate as emulate_quantised
+from common.contract.fp8 import KEY_GROUP, KernelOperands, KernelOrder, Quantisation, ValueLayout
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, per_call_inputs, warmed_up
+from common.contract.registry import Implementation, Runner
 from common.toolchain.compile import KernelBinary
 from cute_impl._device import LOG2_E
 from cute_impl._hopper_host import HopperAttentionConfig, default_config
@@ -104,14 +103,8 @@ from cute_impl.hopper import (
     hopper_device_supported,
     validated_problem,
 )
-from triton_impl.fp8_quantiser import (
-    FusedQuantiser,
-    QuantisedLaunch,
-    compile_sm90_for,
-    end_to_end_runner,
-    quantise_for_kernel,
-    shared_memory_supported,
-)
+from triton_impl.fp8_launch import Fp8Entry, QuantisedLaunch
+from triton_impl.fp8_quantiser import FusedQuantiser, compile_sm90_for, quantise_for_kernel, shared_memory_supported
 
 # What compare.py and the tests run: the most accurate variant whose kernel is within 5 % of the
 # per-tensor kernel's speed in every stack (issue #17): block scales + rotation, the most accurate on
@@ -186,66 +179,24 @@ def launch(
     return QuantisedLaunch(fused, kernel)
 
 
-def bind(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> QuantisedLaunch:
-    """Per call (the values change): new buffers, the fused quantisation of validated q, k, v into
-    them (one launch with block scales), the kernel bound to them; ``run()`` launches the kernel alone and returns
-    (O, lse) when ``problem.return_lse``, else O."""
-    prepared = launch(q, k, problem, quantisation, cache_seqlens=cache_seqlens)
-    prepared.quantise(q, k, v)
-    return prepared
+def _validate(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, cache_seqlens: torch.Tensor | None
+) -> Problem:
+    return validated_problem(q, k, v, problem, cache_seqlens=cache_seqlens, name="cute/fp8", features=FEATURES)
 
 
-def prepare(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> Runner:
-    """Validate, quantise (``quantisation``: ``common.contract.fp8.VARIANTS``), bind, warm up; run() is the kernel."""
-    checked = validated_problem(q, k, v, problem, cache_seqlens=cache_seqlens, name="cute/fp8", features=FEATURES)
-    return warmed_up(bind(q, k, v, checked, quantisation, **per_call_inputs(checked, cache_seqlens)), q.device)
+def _kernel_order(problem: Problem) -> KernelOrder:
+    """Key blocks of ``tile_n``, visited from the last to the first."""
+    return KernelOrder(block_n=default_config(problem, fp8=True).tile_n, reverse=True)
 
 
-def prepare_end_to_end(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> Runner:
-    """Like ``prepare``, but every run() runs the fused quantiser and then the kernel: fp8's per-call cost."""
-    checked = validated_problem(q, k, v, problem, cache_seqlens=cache_seqlens, name="cute/fp8", features=FEATURES)
-    prepared = launch(q, k, checked, quantisation, **per_call_inputs(checked, cache_seqlens))
-    return end_to_end_runner(prepared, q, k, v)
+def _value_layout(problem: Problem) -> ValueLayout:
+    return VALUE_LAYOUT
 
 
-def emulate(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> Emulation:
-    """The fp64 emulation this rung is judged against: the operands its kernel reads (the fused
-    quantiser's on CUDA; K and V per KV head), key blocks of ``tile_n`` visited from the last to the
-    first, the problem's mask and key lengths; its LSE (with a bound) judges the kernel's."""
-    order = KernelOrder(block_n=default_config(problem, fp8=True).tile_n, reverse=True)
-    return emulate_quantised(quantised(q, k, v, quantisation).as_quantised(), problem, order, cache_seqlens)
+# bind, prepare, prepare_end_to_end and emulate: the FP8 rungs' shared entry (triton_impl/fp8_launch.py).
+ENTRY = Fp8Entry(_validate, launch, _kernel_order, _value_layout, DEFAULT_QUANTISATION)
+bind, prepare, prepare_end_to_end, emulate = ENTRY.bind, ENTRY.prepare, ENTRY.prepare_end_to_end, ENTRY.emulate
 
 
 def compile_sm90(problem: Problem, quantisation: Quantisation = DEFAULT_QUANTISATION) -> list[KernelBinary]:

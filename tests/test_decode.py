@@ -100,8 +100,8 @@ def test_one_split_writes_o_and_lse_directly_and_many_splits_agree():
     problem = _decode_problem(2, 2)
     q, k, v = make_inputs(problem, seed=3, device="cpu")
     lengths = torch.tensor(LENGTHS, dtype=torch.int32)
-    one = decode.decode_attention(q, k, v, problem, cache_seqlens=lengths, num_splits=1)
-    many = decode.decode_attention(q, k, v, problem, cache_seqlens=lengths, num_splits=7)
+    one = decode.prepare(q, k, v, problem, cache_seqlens=lengths, num_splits=1)
+    many = decode.prepare(q, k, v, problem, cache_seqlens=lengths, num_splits=7)
     assert (one.num_splits, many.num_splits) == (1, 7)
     (out_one, lse_one), (out_many, lse_many) = one(), many()
     torch.testing.assert_close(out_many, out_one, atol=1e-5, rtol=1e-5)
@@ -191,7 +191,7 @@ def _ignore_cache_seqlens(
 
 PLANTED = {
     "dropped split": ("split_key_range", _drop_split_one),
-    "merge weighs natural-log LSEs as log2": ("COMBINE_LOG2_E", tl.constexpr(1.0)),
+    "merge weighs natural-log LSEs as log2": ("MERGE_LOG2_E", tl.constexpr(1.0)),
     "split reads past its sequence's length": ("seqlen_info", _ignore_cache_seqlens),
 }
 

@@ -166,7 +166,7 @@ def test_emulation_error_is_e4m3s_and_its_bound_is_small(reverse: bool):
 def test_end_to_end_runner_quantises_and_launches_in_every_call():
     """run() is the fused quantiser into the launch's buffers, then the kernel, in every call; no
     warm-up launch without a GPU."""
-    from triton_impl.fp8_quantiser import end_to_end_runner
+    from triton_impl.fp8_launch import end_to_end_runner
 
     problem = Problem(1, 1, 8, 8, 64, dtype=torch.float16)
     q, k, v = make_inputs(problem, seed=3, device="cpu")

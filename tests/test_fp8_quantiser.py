@@ -21,7 +21,9 @@ from common.contract import fp8
 from common.contract.capability import SM90_SHARED_MEMORY_BYTES
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
+from triton_impl import fp8_launch
 from triton_impl import fp8_quantiser as fused
+from triton_impl import fp8_quantiser_kernel as kernel
 
 ROOT = Path(__file__).resolve().parent.parent
 # Elements per program of the division tests' kernel.
@@ -203,13 +205,13 @@ def test_a_rotated_zero_is_plus_zero_under_both_divisions(method: str, division:
 def _rotated_with_signed_zeros(x, rotation, rotation_scale, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
                                LOG2_HEAD_DIM: tl.constexpr, ROTATE: tl.constexpr, FP32_DOT: tl.constexpr):  # fmt: skip
     """The butterfly rotation without ``_rotated``'s + 0: a cancelled sum in a negative column is -0."""
-    return fused._hadamard_butterflies(x.to(tl.float32), ROWS, HEAD_DIM, LOG2_HEAD_DIM) * rotation[None, :]
+    return kernel._hadamard_butterflies(x.to(tl.float32), ROWS, HEAD_DIM, LOG2_HEAD_DIM) * rotation[None, :]
 
 
 def test_a_rotated_minus_zero_fails_the_zero_rule(monkeypatch: pytest.MonkeyPatch):
     """The rule above fails the planted bug: the butterflies' zero left with its column's sign (what the
     kernel did before issue #37), which the ieee division writes as 0x80."""
-    monkeypatch.setattr(fused, "_rotated", _rotated_with_signed_zeros)
+    monkeypatch.setattr(kernel, "_rotated", _rotated_with_signed_zeros)
     written, _ = _bytes_at_rotated_zeros("cpu", "butterfly", "ieee")
     assert (written == 0x80).any(), sorted(set(written.tolist()))
 
@@ -323,7 +325,7 @@ def test_e4m3_steps_count_the_grid_across_zero():
 @triton.jit
 def _round_kernel(X, Y, N: tl.constexpr):
     offs = tl.arange(0, N)
-    tl.store(Y + offs, fused._round_to_e4m3_grid(tl.load(X + offs)))
+    tl.store(Y + offs, kernel._round_to_e4m3_grid(tl.load(X + offs)))
 
 
 def test_software_rounding_is_torchs_e4m3_cast():
@@ -348,9 +350,9 @@ def _division_kernel(X, SCALE, Y, BLOCK: tl.constexpr, CORRECTIONS: tl.constexpr
     """The kernel's reciprocal division of each x by its own scale (the tile code with one row per element)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x, scale = tl.load(X + offs), tl.load(SCALE + offs)
-    divisor, reciprocal, factor = fused._divisor_of(scale)
+    divisor, reciprocal, factor = kernel._divisor_of(scale)
     prescaled = tl.max(factor, axis=0) != 1.0
-    quotient = fused._quotient(x, scale, divisor, reciprocal, factor, prescaled, True, CORRECTIONS, INTERPRETED)
+    quotient = kernel._quotient(x, scale, divisor, reciprocal, factor, prescaled, True, CORRECTIONS, INTERPRETED)
     tl.store(Y + offs, quotient)
 
 
@@ -730,7 +732,10 @@ def test_each_rungs_emulation_quantises_with_the_fused_quantiser_in_its_layout(
     problem = Problem(1, 2, 70, 140, 128, dtype=torch.bfloat16, kv_heads=1)
     q, k, v = _inputs(problem)
     seen = {}
-    monkeypatch.setattr(module, "emulate_quantised", lambda operands, *args, **kwargs: seen.setdefault("ops", operands))
+    # Every FP8 rung's emulate is the shared entry's (triton_impl/fp8_launch.py).
+    monkeypatch.setattr(
+        fp8_launch, "emulate_quantised", lambda operands, *args, **kwargs: seen.setdefault("ops", operands)
+    )
     quantise_fused = fused.quantise_fused
     monkeypatch.setattr(
         fused, "quantise_fused", lambda *args: seen.setdefault("layout", args[4]) and quantise_fused(*args)

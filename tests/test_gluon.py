@@ -29,6 +29,7 @@ from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
 from common.contract.registry import discover
+from triton_impl import fp8_launch
 from triton_impl.gluon import fp8, hopper
 from triton_impl.gluon._host import LOAD_REGISTERS
 
@@ -439,7 +440,8 @@ def test_fp8_emulation_follows_the_kernel_order(monkeypatch: pytest.MonkeyPatch)
     """gluon/fp8 has triton/fp8's numerics (P from fp32 to e4m3 with 2^8 headroom, one fresh P V per
     key block, blocks first to last), so it is judged by the shared emulation with its own block size."""
     seen = {}
-    monkeypatch.setattr(fp8, "emulate_quantised", lambda operands, problem, order, **_: seen.setdefault("order", order))
+    record = lambda operands, problem, order, **_: seen.setdefault("order", order)  # noqa: E731
+    monkeypatch.setattr(fp8_launch, "emulate_quantised", record)
     problem = Problem(1, 1, 70, 300, 64, dtype=torch.bfloat16, causal=True)
     q, k, v = make_inputs(problem, seed=3, device="cpu")
     fp8.emulate(q, k, v, problem)

@@ -64,9 +64,7 @@ def _with_splits(num_splits: int | None) -> Implementation:
     """triton/decode with the split count forced (the bind/prepare keyword the public API lacks)."""
     if num_splits is None:
         return decode.IMPLEMENTATION
-    return dataclasses.replace(
-        decode.IMPLEMENTATION, prepare=functools.partial(decode.decode_attention, num_splits=num_splits)
-    )
+    return dataclasses.replace(decode.IMPLEMENTATION, prepare=functools.partial(decode.prepare, num_splits=num_splits))
 
 
 def _paged_inputs(problem: Problem, *, seed: int, device: str | torch.device = "cpu", offset: float = 0.5):
@@ -247,7 +245,7 @@ def test_a_rung_given_pools_without_their_block_table_says_so():
     with pytest.raises(
         ValueError, match=r"block_table must be given exactly when .*page_size=16, got block_table=None"
     ):
-        decode.decode_attention(q, k, v, problem, cache_seqlens=lengths)
+        decode.prepare(q, k, v, problem, cache_seqlens=lengths)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -282,10 +280,8 @@ def test_paged_output_equals_the_contiguous_output_bit_for_bit(page_size: int):
     """The same logical cache, the same splits: the pages change the addresses, never the arithmetic."""
     problem = _paged_problem(page_size, 2, 2)
     q, (k, v), (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=7)
-    paged = decode.decode_attention(
-        q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table, num_splits=3
-    )
-    dense = decode.decode_attention(q, k, v, problem.with_(page_size=0), cache_seqlens=lengths, num_splits=3)
+    paged = decode.prepare(q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table, num_splits=3)
+    dense = decode.prepare(q, k, v, problem.with_(page_size=0), cache_seqlens=lengths, num_splits=3)
     (out_paged, lse_paged), (out_dense, lse_dense) = paged(), dense()
     assert torch.equal(out_paged, out_dense) and torch.equal(lse_paged, lse_dense)
 
@@ -598,8 +594,8 @@ def test_gpu_paged_decode_bf16(case: tuple[int, int, int, int | None]):
 def test_gpu_paged_output_equals_the_contiguous_output_bit_for_bit(page_size: int):
     problem = _gpu_problem(page_size, 2, 8)
     q, (k, v), (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=11, device="cuda")
-    paged = decode.decode_attention(q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table)
-    dense = decode.decode_attention(q, k, v, problem.with_(page_size=0), cache_seqlens=lengths)
+    paged = decode.prepare(q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table)
+    dense = decode.prepare(q, k, v, problem.with_(page_size=0), cache_seqlens=lengths)
     assert paged.num_splits == dense.num_splits
     (out_paged, lse_paged), (out_dense, lse_dense) = paged(), dense()
     assert torch.equal(out_paged, out_dense) and torch.equal(lse_paged, lse_dense)

@@ -100,7 +100,7 @@ def test_fp8_refuses_head_dim_256_naming_the_shared_memory(monkeypatch: pytest.M
 def test_a_kernel_tile_beyond_shared_memory_is_refused():
     """The kernel's own tiles are held to the same budget, from the configuration the launcher uses."""
     problem = Problem(1, 2, 128, 128, 256, dtype=torch.bfloat16)
-    too_deep = hopper.HopperConfig(128, 128, 8, 4, False)
+    too_deep = hopper.HopperKernelConfig(128, 128, 8, 4)
     ok, reason = hopper.kernel_fits("triton/hopper", problem, too_deep, element_bytes=2)
     assert not ok and f"{too_deep.shared_bytes(256, 2):,} bytes" in reason and "128x128 tiles, 4 stages" in reason
     assert hopper.kernel_fits("triton/hopper", problem, hopper.DEFAULT_CONFIGS[256], element_bytes=2) == (True, "")
@@ -109,7 +109,7 @@ def test_a_kernel_tile_beyond_shared_memory_is_refused():
 def test_fp8_refuses_the_overlapped_loop():
     problem = Problem(1, 2, 16, 16, 64, dtype=torch.float16)
     q = torch.zeros(1, 2, 16, 64, dtype=torch.float16, device=DEVICE)
-    overlapped = hopper.HopperConfig(64, 32, 4, 1, False, overlap=True)
+    overlapped = hopper.HopperKernelConfig(64, 32, 4, 1, overlap=True)
     with pytest.raises(ValueError, match="overlap"):
         fp8.Fp8Attention(quantise(q, q, q, fp8.DEFAULT_QUANTISATION), problem, overlapped)
 
@@ -125,7 +125,7 @@ from triton_impl import fp8, hopper
 rows = {}
 for module in (hopper, fp8):
     for warp_specialize in (False, True):
-        config = hopper.HopperConfig(64, 64, 4, 2, warp_specialize)
+        config = hopper.HopperKernelConfig(64, 64, 4, 2, warp_specialize=warp_specialize)
         binary = module.compile_sm90(Problem.canonical(8192, causal=True), config)[0]
         spills = max(usage["local_bytes"] for usage in cubin_resources(binary.cubin).values())
         rows[f"{module.__name__}/{warp_specialize}"] = [ptx_features(binary.ptx)["setmaxnreg"], spills]
@@ -234,8 +234,8 @@ needs_interpreter = pytest.mark.skipif(not triton_interpreting(), reason="interp
 def test_interpreter_output_and_lse(causal: bool, warp_specialize: bool, overlap: bool, seqlen_q: int, seqlen_k: int):
     problem = Problem(1, 2, seqlen_q, seqlen_k, 64, dtype=torch.float32, causal=causal, return_lse=True)
     q, k, v = make_inputs(problem, seed=5, device="cpu", offset=0.5)
-    config = hopper.HopperConfig(64, 32, 4, 1, warp_specialize, overlap=overlap)
-    out, lse = hopper.hopper_attention(q, k, v, problem, config=config)()
+    config = hopper.HopperKernelConfig(64, 32, 4, 1, warp_specialize=warp_specialize, overlap=overlap)
+    out, lse = hopper.prepare(q, k, v, problem, config=config)()
     err = error_stats(out, reference_attention(q, k, v, problem))
     assert err.max_abs_err < 1e-5, err.summary()
     lse_err = (lse.double() - _reference_lse(q, k, problem)).abs().max().item()
@@ -264,7 +264,7 @@ def test_gpu_lse_matches_reference(causal: bool):
 
 
 def test_warp_specialised_configs_are_refused_on_a_gpu_and_not_candidates():
-    warp_specialised = hopper.HopperConfig(64, 64, 4, 3, True)
+    warp_specialised = hopper.HopperKernelConfig(64, 64, 4, 3, warp_specialize=True)
     with pytest.raises(ValueError, match="left query rows unwritten"):
         hopper.check_launchable(warp_specialised, torch.device("cuda"))
     hopper.check_launchable(warp_specialised, torch.device("cpu"))
@@ -282,7 +282,7 @@ def test_gpu_every_candidate_is_correct(config, causal: bool):
     problem = Problem(1, 3, 300, 555, 128, dtype=torch.bfloat16, causal=causal)
     q, k, v = make_inputs(problem, seed=17)
     ref = reference_attention(q, k, v, problem)
-    prepared = hopper.hopper_attention(q, k, v, problem, config=config)
+    prepared = hopper.prepare(q, k, v, problem, config=config)
     out = prepared()
     out.fill_(math.nan)
     err = error_stats(prepared(), ref)
@@ -361,8 +361,8 @@ def test_interpreter_features_in_every_loop(case, warp_specialize: bool, overlap
     q, k, v = make_inputs(problem, seed=seqlen_q + kv_heads, device="cpu", offset=0.5)
     assert k.shape[1] == kv_heads, "K and V come with their KV heads, not repeated"
     cache_seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32)
-    config = hopper.HopperConfig(64, 32, 4, 1, warp_specialize, overlap=overlap)
-    run = hopper.hopper_attention(q, k, v, problem, config=config, cache_seqlens=cache_seqlens)
+    config = hopper.HopperKernelConfig(64, 32, 4, 1, warp_specialize=warp_specialize, overlap=overlap)
+    run = hopper.prepare(q, k, v, problem, config=config, cache_seqlens=cache_seqlens)
     out, lse = run()
     out.fill_(math.nan)
     lse.fill_(math.nan)

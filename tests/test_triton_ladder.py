@@ -14,10 +14,10 @@ from triton_impl import naive, online, pipelined, tiled
 
 RUNGS = {"naive": naive, "online": online, "tiled": tiled, "pipelined": pipelined}
 PREPARES = {
-    "naive": naive.naive_attention,
-    "online": online.online_attention,
-    "tiled": tiled.tiled_attention,
-    "pipelined": pipelined.pipelined_attention,
+    "naive": naive.prepare,
+    "online": online.prepare,
+    "tiled": tiled.prepare,
+    "pipelined": pipelined.prepare,
 }
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton_device = pytest.mark.skipif(

@@ -61,7 +61,7 @@ TABLES = {
 }
 # A tile that spills on every tested release (fp8 at D=256 with one warpgroup: O and the fresh P V
 # accumulator need 2 × 128 fp32 registers per thread), so the probe is seen to catch a spill.
-PLANTED = "planted: triton/fp8 D=256 HopperConfig(64, 64, 4, 2)"
+PLANTED = "planted: triton/fp8 D=256 HopperKernelConfig(64, 64, 4, 2)"
 
 _SPILL_PROBE = """
 import json, sys
@@ -80,7 +80,7 @@ for name, head_dims in json.loads(sys.argv[1]).items():
             problem = Problem.canonical(8192, head_dim=head_dim, causal=causal)
             rows[f"triton/{name} D={head_dim}" + (" causal" if causal else "")] = usage(
                 globals()[name].compile_sm90(problem))
-planted = hopper.HopperConfig(64, 64, 4, 2, False)
+planted = hopper.HopperKernelConfig(64, 64, 4, 2)
 rows[sys.argv[2]] = usage(fp8.compile_sm90(Problem.canonical(8192, head_dim=256), planted))
 print(json.dumps(rows))
 """

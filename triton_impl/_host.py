@@ -1,5 +1,7 @@
-"""Host helpers shared by the Triton rungs: input validation, the common capability checks, and the
-argument list of the kernels that take Q, K, V and O as strided pointers (``online`` to ``pipelined``).
+"""Host helpers shared by the Triton rungs: the entry every rung's ``prepare`` comes from
+(:class:`TritonEntry`: validate (:class:`TritonInputs`), plan, bind, warm up; its registry entry too), input validation,
+the common capability checks, and the argument list of the kernels that take Q, K, V and O as strided
+pointers (``online`` to ``pipelined``).
 
 Those kernels share one calling convention: ``Q, K, V, Out, Lse, CacheSeqlens``, then (batch, head,
 row) strides of Q, K, V and O, then ``heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2``, and
@@ -12,47 +14,94 @@ agreement.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import torch
+import triton
 
 from common.contract.capability import FEATURES, check_features
 from common.contract.devices import triton_device_supported, triton_device_types, triton_dtype_supported, triton_dtypes
 from common.contract.problem import Problem
-from common.contract.validation import validate_for_problem
+from common.contract.registry import Implementation, Runner, per_call_inputs, warmed_up
+from common.contract.validation import kernel_operand, validate_for_problem
+from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from triton_impl._device import LOG2_E
 
 # (batch, head, row) stride arguments of Q, K, V and O, in kernel-argument order.
 POINTER_STRIDES = tuple(f"stride_{t}{dim}" for t, last in zip("qkvo", "mnnm", strict=True) for dim in ("b", "h", last))
+# The types of ``size_arguments``, by kernel argument name.
+SIZE_SIGNATURE = {"heads": "i32", "kv_heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "softmax_scale_log2": "fp32"}
 # Pointer and stride arguments a real launch passes 16-divisible, so the static compile assumes it too.
 POINTER_ALIGNED = ("Q", "K", "V", "Out", "Lse", *POINTER_STRIDES)
 
 
-def validate_triton_inputs(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    head_dims: tuple[int, ...],
-    dtypes: tuple[torch.dtype, ...] | None = None,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-    block_table: torch.Tensor | None = None,
-) -> Problem:
-    """``validate_for_problem`` with the Triton dtypes (or ``dtypes``) and device types: every Triton rung
-    implements GQA, both causal alignments, ``cache_seqlens`` and the LSE (``block_table``: the paged
-    KV cache of the rungs that read one)."""
-    return validate_for_problem(
-        q,
-        k,
-        v,
-        problem,
-        cache_seqlens=cache_seqlens,
-        block_table=block_table,
-        dtypes=dtypes or triton_dtypes(),
-        head_dims=head_dims,
-        device_types=triton_device_types(),
-    )
+Check = Callable[[Problem, torch.device], tuple[bool, str]]
+
+
+@dataclass(frozen=True)
+class TritonInputs:
+    """What one Triton rung accepts: ``validate`` checks q, k, v against the problem with the rung's
+    head dims and dtypes (the Triton dtypes by default), on the Triton device types, with every problem
+    feature (GQA, both causal alignments, ``cache_seqlens``, the LSE), then the rung's own
+    ``check(problem, device)`` on the validated problem (``(ok, reason)``; refused with
+    ``ValueError(reason)``). ``paged``: the rung reads a paged KV cache (``block_table``)."""
+
+    rung: str
+    head_dims: tuple[int, ...]
+    dtypes: tuple[torch.dtype, ...] | None = None
+    check: Check | None = None
+    paged: bool = False
+
+    def validate(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
+        cache_seqlens: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+    ) -> Problem:  # fmt: skip
+        if block_table is not None and not self.paged:
+            raise ValueError(f"{self.rung} does not read a paged KV cache (block_table given)")
+        checked = validate_for_problem(
+            q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table,
+            dtypes=self.dtypes or triton_dtypes(), head_dims=self.head_dims, device_types=triton_device_types(),
+        )  # fmt: skip
+        if self.check is not None:
+            ok, reason = self.check(checked, q.device)
+            if not ok:
+                raise ValueError(reason)
+        return checked
+
+
+@dataclass(frozen=True)
+class TritonEntry:
+    """The host entry of one Triton rung: ``prepare`` = validate (``inputs``) → plan → bind → warm up.
+
+    ``bind(q, k, v, checked, *, cache_seqlens, [block_table], **options)`` is the rung's own: buffers
+    and launch arguments for validated inputs, no launch. ``plan(q, k, v, problem, cache_seqlens)`` is
+    work done once before binding (``pipelined``: autotuning)."""
+
+    inputs: TritonInputs
+    bind: Callable[..., Runner]
+    plan: Callable[..., None] | None = None
+
+    def prepare(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *,
+        cache_seqlens: torch.Tensor | None = None, block_table: torch.Tensor | None = None, **options: Any,
+    ) -> Runner:  # fmt: skip
+        """Validate q (B, H, Sq, D) and k, v (B, Hkv, Sk, D) (or page pools with ``block_table``), plan,
+        bind (``options``: the rung's own, e.g. a configuration), and compile by one warm-up launch on a GPU."""
+        checked = self.inputs.validate(q, k, v, problem, cache_seqlens, block_table)
+        if self.plan is not None:
+            self.plan(q, k, v, checked, cache_seqlens)
+        bound = self.bind(q, k, v, checked, **per_call_inputs(checked, cache_seqlens, block_table), **options)
+        return warmed_up(bound, q.device)
+
+    def implementation(self, **fields: Any) -> Implementation:
+        """The registry entry of this rung: its name, stack and rung, ``prepare`` and ``bind``, and ``fields``."""
+        stack, rung = self.inputs.rung.split("/")
+        return Implementation(
+            name=self.inputs.rung, stack=stack, rung=rung, prepare=self.prepare, bind=self.bind, **fields
+        )
 
 
 def ladder_supported(problem: Problem, device: torch.device, head_dims: tuple[int, ...]) -> tuple[bool, str]:
@@ -119,10 +168,48 @@ def pointer_arguments(
 ) -> tuple[torch.Tensor | int | float, ...]:
     """The positional arguments of a strided-pointer kernel, built once per prepared launch."""
     strides = tuple(stride for t in (q, k, v, out) for stride in t.stride()[:3])
-    lse_arg = lse if lse is not None else placeholder(torch.float32, q.device)
-    lengths_arg = cache_seqlens if cache_seqlens is not None else placeholder(torch.int32, q.device)
-    sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k)
-    return (q, k, v, out, lse_arg, lengths_arg, *strides, *sizes, problem.scale * LOG2_E)
+    return (q, k, v, out, *feature_buffers(lse, cache_seqlens, q.device), *strides, *size_arguments(problem))
+
+
+def pointer_runner(
+    kernel: triton.JITFunction, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
+    cache_seqlens: torch.Tensor | None, block_m: int, launch_options: dict[str, Any],
+) -> Runner:  # fmt: skip
+    """The ``bind`` of a strided-pointer rung (``online`` to ``pipelined``): O (and the LSE) allocated
+    once for validated q, k, v; ``run()`` launches ``kernel`` over the ``block_m``-row query tiles of
+    every (batch, head) with ``launch_options`` (constexprs, warps, stages) and returns O, or (O, lse)."""
+    q, k, v = (kernel_operand(t) for t in (q, k, v))
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = allocate_lse(problem, q.device)
+    args = pointer_arguments(q, k, v, out, problem, lse, cache_seqlens)
+    grid = (triton.cdiv(problem.seqlen_q, block_m), problem.batch * problem.heads)
+
+    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        kernel[grid](*args, **launch_options)
+        return rung_result(out, lse)
+
+    return run
+
+
+def size_arguments(problem: Problem) -> tuple[int | float, ...]:
+    """The scalar arguments every Triton attention kernel takes after its buffers (``SIZE_SIGNATURE``):
+    head counts, lengths and the softmax scale in log2 units."""
+    return (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E)
+
+
+def compile_pointer_kernel(
+    kernel: triton.JITFunction, problem: Problem, constexprs: dict[str, Any], *, num_warps: int, num_stages: int
+) -> KernelBinary:
+    """A strided-pointer kernel for sm_90a at ``problem``'s dtype (``pointer_signature``), with the
+    pointers and strides 16-divisible as a real launch passes them."""
+    return compile_triton_sm90(
+        kernel,
+        pointer_signature(problem.dtype),
+        constexprs,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        aligned=POINTER_ALIGNED,
+    )
 
 
 def pointer_signature(dtype: torch.dtype) -> dict[str, str]:
@@ -133,9 +220,5 @@ def pointer_signature(dtype: torch.dtype) -> dict[str, str]:
         "Lse": "*fp32",
         "CacheSeqlens": "*i32",
         **{name: "i32" for name in POINTER_STRIDES},
-        "heads": "i32",
-        "kv_heads": "i32",
-        "seqlen_q": "i32",
-        "seqlen_k": "i32",
-        "softmax_scale_log2": "fp32",
+        **SIZE_SIGNATURE,
     }

@@ -56,7 +56,7 @@ Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one
      key's row is found through this sequence's row of the block table (``kv_page_slots``).
   4. ``online_softmax_finalize``: O and the natural-log LSE of the split; a split with no key writes
      O = 0 and LSE = -inf, which the merge weighs by exp(-inf) = 0.
-  5. Merge (``_combine_kernel``, one program per (batch, head, token)): the maximum LSE, the sum of
+  5. Merge (``_merge_kernel``, one program per (batch, head, token)): the maximum LSE, the sum of
      exp(lseₛ - max), then O = Σₛ exp(lseₛ - lse) · Oₛ in the output dtype and lse.
 
 Data movement: Q is read once per CTA (rows = group · Sq); K (as Kᵀ) and V stream HBM → shared memory
@@ -85,7 +85,7 @@ from common.contract import splits
 from common.contract.capability import FEATURES, PAGED_KV, check_features
 from common.contract.devices import triton_device_supported, triton_dtype_supported
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
+from common.contract.registry import Runner
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from triton_impl._device import (
@@ -97,12 +97,14 @@ from triton_impl._device import (
 )
 from triton_impl._host import (
     POINTER_ALIGNED,
+    TritonEntry,
+    TritonInputs,
     allocate_lse,
     feature_buffers,
     feature_constexprs,
     pointer_signature,
     rung_result,
-    validate_triton_inputs,
+    size_arguments,
 )
 
 # Query tokens per step this rung takes; more is prefill.
@@ -110,7 +112,7 @@ MAX_SEQLEN_Q = 16
 # Packed rows per M tile: tl.dot needs 16, and past 64 rows (32 at D=256) a group is cut into tiles.
 MIN_BLOCK_M, MAX_BLOCK_M = 16, 64
 # In the merge, natural-log LSEs are weighed by exp2((lseₛ - lse_max) · LOG2_E).
-COMBINE_LOG2_E = tl.constexpr(LOG2_E)
+MERGE_LOG2_E = tl.constexpr(LOG2_E)
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,7 @@ def _split_kernel(
 # Kernel 2: merge the splits of one (batch, head, token) by their LSE
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _combine_kernel(
+def _merge_kernel(
     OutPartial, LsePartial, Out, Lse,
     stride_ob, stride_oh, stride_om,
     heads, seqlen_q, num_splits, rows,
@@ -250,11 +252,11 @@ def _combine_kernel(
     lse_s = tl.load(LsePartial + offs_s * rows + row, mask=offs_s < num_splits, other=float("-inf"))
     lse_max = tl.max(lse_s, 0)
     lse_base = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    weights = tl.math.exp2((lse_s - lse_base) * COMBINE_LOG2_E)
+    weights = tl.math.exp2((lse_s - lse_base) * MERGE_LOG2_E)
     weight_sum = tl.sum(weights, 0)
     acc = tl.zeros((HEAD_DIM,), dtype=tl.float32)
     for split in range(0, num_splits):
-        weight = tl.math.exp2((tl.load(LsePartial + split * rows + row) - lse_base) * COMBINE_LOG2_E)
+        weight = tl.math.exp2((tl.load(LsePartial + split * rows + row) - lse_base) * MERGE_LOG2_E)
         acc += weight * tl.load(OutPartial + (split * rows + row) * HEAD_DIM + offs_d)
     has_keys = weight_sum > 0.0
     out = acc * tl.where(has_keys, 1.0 / weight_sum, 0.0)
@@ -283,7 +285,7 @@ def planned_num_splits(problem: Problem, device: torch.device) -> int:
     return splits.planned_num_splits(problem, m_blocks_for(problem), device)
 
 
-def _split_constexprs(problem: Problem, split: bool) -> dict[str, int | bool]:
+def _split_constexprs(problem: Problem, *, split: bool) -> dict[str, int | bool]:
     config = DEFAULT_CONFIGS[problem.head_dim]
     return {
         **feature_constexprs(problem),
@@ -318,7 +320,7 @@ def split_workspace(problem: Problem, num_splits: int, device: torch.device) -> 
     return out_partial, lse_partial
 
 
-def combine_launch(
+def merge_launch(
     problem: Problem,
     num_splits: int,
     out_partial: torch.Tensor,
@@ -329,29 +331,23 @@ def combine_launch(
     """The merge kernel's launch over the splits' partials into O (and the LSE), one program per
     (batch, head, token) row. Shared with gluon/decode."""
     rows = problem.batch * problem.heads * problem.seqlen_q
-    combine_sizes = (problem.heads, problem.seqlen_q, num_splits, rows)
-    combine_args = (out_partial, lse_partial, out, lse_arg, *out.stride()[:3], *combine_sizes)
-    combine_options = {
+    merge_sizes = (problem.heads, problem.seqlen_q, num_splits, rows)
+    merge_args = (out_partial, lse_partial, out, lse_arg, *out.stride()[:3], *merge_sizes)
+    merge_options = {
         "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim,
         "BLOCK_SPLITS": triton.next_power_of_2(num_splits), "num_warps": 1,
     }  # fmt: skip
 
-    def combine() -> None:
-        _combine_kernel[(rows,)](*combine_args, **combine_options)
+    def merge() -> None:
+        _merge_kernel[(rows,)](*merge_args, **merge_options)
 
-    return combine
+    return merge
 
 
 def bind(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-    block_table: torch.Tensor | None = None,
-    num_splits: int | None = None,
-) -> Runner:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *,
+    cache_seqlens: torch.Tensor | None = None, block_table: torch.Tensor | None = None, num_splits: int | None = None,
+) -> Runner:  # fmt: skip
     """Allocate O, the LSE and the split workspace for validated q, k, v (page pools with
     ``block_table`` when the problem is paged) and return ``run()`` launching the split kernel and,
     with more than one split, the merge. ``num_splits`` overrides the rule (sweeps, tests)."""
@@ -363,47 +359,33 @@ def bind(
     out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
     kv_strides = (*kv_row_strides(k, problem.paged), *kv_row_strides(v, problem.paged))
     strides = (*q.stride()[:3], *kv_strides, *out.stride()[:3])
-    sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E)
     split_args = (
-        q, k, v, out, lse_arg, lengths_arg, out_partial, lse_partial, *strides, *sizes, *paging_arguments(block_table),
+        q, k, v, out, lse_arg, lengths_arg, out_partial, lse_partial,
+        *strides, *size_arguments(problem), *paging_arguments(block_table),
     )  # fmt: skip
     config = DEFAULT_CONFIGS[problem.head_dim]
     split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
     split_options = {
-        **_split_constexprs(problem, num_splits > 1),
+        **_split_constexprs(problem, split=num_splits > 1),
         "num_warps": config.num_warps, "num_stages": num_stages_for(problem),
     }  # fmt: skip
-    combine = combine_launch(problem, num_splits, out_partial, lse_partial, out, lse_arg)
+    merge = merge_launch(problem, num_splits, out_partial, lse_partial, out, lse_arg)
 
     def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _split_kernel[split_grid](*split_args, **split_options)
         if num_splits > 1:
-            combine()
+            merge()
         return rung_result(out, lse)
 
     run.num_splits = num_splits
     return run
 
 
-def decode_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-    block_table: torch.Tensor | None = None,
-    num_splits: int | None = None,
-) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) or page pools (num_pages, page_size, Hkv, D)
-    with their ``block_table``, bind them and compile by one warm-up launch on a GPU. ``num_splits``
-    overrides the split rule (not part of the public API)."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens, block_table=block_table)
-    ok, reason = supports(checked, q.device)
-    if not ok:
-        raise ValueError(reason)
-    run = bind(q, k, v, checked, cache_seqlens=cache_seqlens, block_table=block_table, num_splits=num_splits)
-    return warmed_up(run, q.device)
+# prepare = validate (paged caches too) → the capability check on the validated problem → bind → warm
+# up; ``num_splits=`` overrides the split rule (sweeps, tests; not part of the public API).
+INPUTS = TritonInputs("triton/decode", HEAD_DIMS, check=lambda problem, device: supports(problem, device), paged=True)
+ENTRY = TritonEntry(INPUTS, bind)
+prepare = ENTRY.prepare
 
 
 # ----------------------------------------------------------------------------------------------
@@ -436,7 +418,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     signature = {
         **pointer_signature(problem.dtype), "OutPartial": "*fp32", "LsePartial": "*fp32",
     }  # fmt: skip
-    constexprs = _split_constexprs(problem, True)
+    constexprs = _split_constexprs(problem, split=True)
     if problem.paged:
         signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
     else:
@@ -450,8 +432,8 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
         aligned=(*POINTER_ALIGNED, "OutPartial", "LsePartial"),
     )
     element = "*fp16" if problem.dtype == torch.float16 else "*bf16"
-    combine = compile_triton_sm90(
-        _combine_kernel,
+    merge = compile_triton_sm90(
+        _merge_kernel,
         {
             "OutPartial": "*fp32", "LsePartial": "*fp32", "Out": element, "Lse": "*fp32",
             **{name: "i32" for name in ("stride_ob", "stride_oh", "stride_om", "heads", "seqlen_q")},
@@ -462,15 +444,10 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
         num_stages=1,
         aligned=("OutPartial", "LsePartial", "Out", "Lse"),
     )  # fmt: skip
-    return [split, combine]
+    return [split, merge]
 
 
-IMPLEMENTATION = Implementation(
-    name="triton/decode",
-    stack="triton",
-    rung="decode",
-    prepare=decode_attention,
-    bind=bind,
+IMPLEMENTATION = ENTRY.implementation(
     supports=supports,
     compile_sm90=compile_sm90,
     runs_on_cpu=True,

@@ -13,11 +13,13 @@ register layout of P for the second GEMM; here, as there, the operand layouts ar
 contiguous): for O += P V the reduction runs over keys, and a (D, Sk) tile is K-major. Without it
 Triton would insert a shared-memory transpose of every V tile.
 
-The kernel is ``hopper``'s (``triton_impl/hopper.py``, ``_hopper_attention_kernel`` with
-``FP8=True``): the same prologue, block ranges, loops and epilogue, and the fp8 branch of its
-``_attention_step``. This file holds what is fp8's own: quantisation, configurations and launch.
+The kernel is ``hopper``'s with one block step replaced: ``_fp8_attention_kernel`` uses hopper's
+``tile_coordinates``, ``kv_loop`` and ``store_tile`` (``triton_impl/hopper.py``) and adds what is
+fp8's own: the scale pointers of its tile, Q's descale in the prologue, ``fp8_attention_step`` as the
+loop's ``STEP`` and the last block's P V in the epilogue. The rest of this file is quantisation,
+configurations and launch.
 
-Algorithm (steps 1-4 are the sections of the shared kernel):
+Algorithm (steps 1-4 are the sections of the kernel):
   0. In ``bind`` (per call, since the values change; ``prepare`` = validate + bind + warm-up): the
      fused quantiser shared by the three FP8 rungs (``triton_impl.fp8_quantiser``, one launch with block scales,
      the values of ``common.contract.fp8.quantise``): optionally Q and K rotated by a seeded
@@ -74,7 +76,7 @@ docstrings"; current figures in the generated table of ``docs/ladder.md``):
     independent CTAs share an SM and drift apart, so one's softmax runs under the other's wgmmas,
     the overlap that the 8-warp CTA, whose two warpgroups Triton keeps in lockstep, never gets.
   * The hand-pipelined loop of ``hopper.py`` needs the accumulator chained through the fp8 wgmma
-    and fails the error rule, so this rung refuses ``HopperConfig.overlap``; a separate pv in that
+    and fails the error rule, so this rung refuses ``HopperKernelConfig.overlap``; a separate pv in that
     loop needs S, P, O and pv live at once and spills.
   * Block scales and rotation: ``results/h200/fp8_speed.md`` and ``docs/perf-log.md``.
 On zero-mean (standard-normal) values the e4m3 rounding of Q, K, V and P alone gives ≈ 5% relative
@@ -85,38 +87,40 @@ from __future__ import annotations
 
 import torch
 import triton
+import triton.language as tl
 
+from common.contract import fp8 as fp8_quantisation
 from common.contract.devices import triton_device_supported, triton_interpreting
-from common.contract.fp8 import Emulation, KernelOperands, KernelOrder, Quantisation, ValueLayout
-from common.contract.fp8 import emulate as emulate_quantised
+from common.contract.fp8 import KernelOperands, KernelOrder, Quantisation, ValueLayout
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
+from common.contract.registry import Implementation
 from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import release_configs
-from triton_impl._host import allocate_lse, feature_buffers, rung_result
-from triton_impl.fp8_quantiser import (
-    FusedQuantiser,
-    QuantisedLaunch,
-    compile_sm90_for,
-    end_to_end_runner,
-    quantise_for_kernel,
-    shared_memory_supported,
-)
+from triton_impl._device import online_softmax_finalize, online_softmax_rescale
+from triton_impl._host import TritonInputs, allocate_lse, feature_buffers, rung_result
+from triton_impl.fp8_launch import Fp8Entry, QuantisedLaunch
+from triton_impl.fp8_quantiser import FusedQuantiser, compile_sm90_for, shared_memory_supported
 from triton_impl.hopper import (
+    HEAD_DIMS,
     SCALAR_SIGNATURE,
-    HopperConfig,
-    _descriptor,
-    _hopper_attention_kernel,
-    _validate,
-    check_launchable,
+    HopperKernelConfig,
+    block_softmax,
     compile_kernel_sm90,
+    descriptor,
     hopper_supported,
-    kernel_constexprs,
     kernel_fits,
     kernel_sizes,
+    kv_loop,
+    non_negative_scale,
+    store_tile,
+    tile_constexprs,
+    tile_coordinates,
 )
 
+# FP8: P = 2^(S·scale - row_max + P_EXPONENT) lies in [0, 2^8], clear of e4m3's subnormals
+# (common/contract/fp8.py, shared with the other fp8 rungs and the emulation).
+P_EXPONENT = tl.constexpr(fp8_quantisation.P_EXPONENT)
 # Inputs this rung quantises (whatever the interpreter would accept).
 INPUT_DTYPES = (torch.float16, torch.bfloat16)
 # TMA needs 16-byte row strides: the keys of Vᵀ are padded to this many e4m3 elements. The kernel
@@ -126,7 +130,7 @@ VALUE_LAYOUT = ValueLayout(permuted=False, key_multiple=VT_ROW_ALIGN)
 # No warp-specialised candidates: this is hopper's kernel, whose warp-specialised loop
 # ``check_launchable`` refuses on a GPU (it left query rows unwritten).
 FP8_CANDIDATES = tuple(
-    HopperConfig(block_m, block_n, num_warps, num_stages, False)
+    HopperKernelConfig(block_m, block_n, num_warps, num_stages)
     for block_m, block_n, num_warps in ((64, 128, 4), (128, 128, 8), (128, 64, 8))
     for num_stages in (2, 3, 4)
 )
@@ -138,41 +142,127 @@ FP8_CANDIDATES = tuple(
 DEFAULT_CONFIGS = release_configs(
     "triton/fp8",
     {
-        64: HopperConfig(64, 128, 4, 3, False),
-        128: HopperConfig(64, 128, 4, 3, False),
-        256: HopperConfig(64, 64, 8, 2, False),
+        64: HopperKernelConfig(64, 128, 4, 3),
+        128: HopperKernelConfig(64, 128, 4, 3),
+        256: HopperKernelConfig(64, 64, 8, 2),
     },
 )
-INTERPRETER_CONFIG = HopperConfig(64, 32, 4, 1, False)
+INTERPRETER_CONFIG = HopperKernelConfig(64, 32, 4, 1)
 # What compare.py and the tests run: the most accurate variant whose kernel is within 5 % of the
 # per-tensor kernel's speed in every stack (issue #17): block scales + rotation, the most accurate on
 # FA3's inputs, cost at most 4 % (results/h200/fp8_speed.md; docs/perf-log.md).
 DEFAULT_QUANTISATION = Quantisation(block=True, rotation=True)
 
 
-def default_config(head_dim: int) -> HopperConfig:
+def default_config(head_dim: int) -> HopperKernelConfig:
     return INTERPRETER_CONFIG if triton_interpreting() else DEFAULT_CONFIGS[head_dim]
 
 
-def candidate_configs(head_dim: int) -> list[HopperConfig]:
+def candidate_configs(head_dim: int) -> list[HopperKernelConfig]:
     """The fp8 candidates whose one-byte tiles fit the shared-memory budget at this head dim."""
     return [config for config in FP8_CANDIDATES if config.fits(head_dim, element_bytes=1)]
 
 
 # ----------------------------------------------------------------------------------------------
+# Kernel: hopper's pieces (``tile_coordinates``, ``kv_loop``, ``store_tile``) around fp8's block step
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def fp8_attention_step(
+    state, q, kv, coords, n_block, softmax_scale_log2,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """One KV block of steps 2 and 3 (``kv_loop``'s ``STEP``), what fp8 changes in hopper's
+    ``attention_step``. ``state`` = (acc, pv, pv_scale, row_sum, row_max), ``kv`` = (desc_k, desc_v,
+    K_SCALE, V_SCALE, BLOCK_SCALED, KV_QUANT_BLOCK).
+
+    The block's K scale joins the softmax scale (positive, so the row max commutes with it), P is
+    lifted by 2^P_EXPONENT, and P V goes into a fresh fp32 accumulator ``pv`` that the next step
+    adds to O times its V scale ``pv_scale``: fp8 wgmma accumulates with reduced precision, so
+    chaining O through it over thousands of keys would lose accuracy, and adding it one step late
+    lets that wgmma retire with the next S = Q Kᵀ instead of being waited for at once.
+    """
+    acc, pv, pv_scale, row_sum, row_max = state
+    desc_k, desc_v, K_SCALE, V_SCALE, BLOCK_SCALED, KV_QUANT_BLOCK = kv
+    batch, kv_head = coords[0], coords[1]
+    start_n = n_block * BLOCK_N
+    k = desc_k.load([batch, kv_head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+    S = tl.dot(q, k.T)
+    if BLOCK_SCALED:
+        softmax_scale_log2 = softmax_scale_log2 * tl.load(K_SCALE + start_n // KV_QUANT_BLOCK)
+        v_scale = tl.load(V_SCALE + start_n // KV_QUANT_BLOCK)
+    else:
+        v_scale = pv_scale
+    P, alpha, row_max, row_sum = block_softmax(
+        S, row_max, row_sum, coords, start_n, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL, P_EXPONENT
+    )
+    # desc_v holds Vᵀ (B, Hkv, D, Sk): fp8 wgmma reads its shared-memory B operand K-major only.
+    vt = desc_v.load([batch, kv_head, 0, start_n]).reshape(HEAD_DIM, BLOCK_N)
+    acc = online_softmax_rescale(acc + pv * pv_scale if BLOCK_SCALED else acc + pv, alpha)
+    pv = tl.dot(P.to(vt.dtype), vt.T)
+    return acc, pv, v_scale, row_sum, row_max
+
+
+@triton.jit
+def _fp8_attention_kernel(
+    desc_q, desc_k, desc_v, desc_o, LSE, CacheSeqlens, Q_SCALE, K_SCALE, V_SCALE,
+    heads, kv_heads, seqlen_q, seqlen_k, q_blocks, kv_blocks, softmax_scale_log2,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    BLOCK_SCALED: tl.constexpr, Q_QUANT_BLOCK: tl.constexpr, KV_QUANT_BLOCK: tl.constexpr,
+):  # fmt: skip
+    m_block, batch_head, head, start_m, coords = tile_coordinates(
+        CacheSeqlens, heads, kv_heads, seqlen_q, seqlen_k, BLOCK_M, CAUSAL, BOTTOM_RIGHT, HAS_CACHE_SEQLENS
+    )
+    batch, kv_head = coords[0], coords[1]
+    # This tile's block scales: Q's (B, H, blocks), K's and V's (B, Hkv, blocks), fp32, contiguous.
+    Q_SCALE += batch_head * q_blocks
+    K_SCALE += (batch * kv_heads + kv_head) * kv_blocks
+    V_SCALE += (batch * kv_heads + kv_head) * kv_blocks
+
+    # 1. Q8 tile, loaded once; rows past Sq read as zeros. Its descale (per tensor: s_q · s_k) folds
+    # into the softmax scale.
+    q = desc_q.load([batch, head, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
+    if BLOCK_SCALED:
+        softmax_scale_log2 = softmax_scale_log2 * tl.load(Q_SCALE + start_m // Q_QUANT_BLOCK)
+    else:
+        softmax_scale_log2 = softmax_scale_log2 * tl.load(Q_SCALE) * tl.load(K_SCALE)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # The last block's P V and its V scale, in flight until the next step adds them.
+    pv = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    pv_scale = tl.load(V_SCALE)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    state = (acc, pv, pv_scale, row_sum, row_max)
+    kv = (desc_k, desc_v, K_SCALE, V_SCALE, BLOCK_SCALED, KV_QUANT_BLOCK)
+
+    # 2+3. The key blocks, fp8's step in hopper's loop.
+    acc, pv, pv_scale, row_sum, row_max = kv_loop(
+        fp8_attention_step, state, q, kv, coords, m_block, softmax_scale_log2,
+        HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, WARP_SPECIALIZE,
+    )  # fmt: skip
+
+    # 4. Add the last block's P V; a per-tensor V scale multiplies O once, here; the 2^P_EXPONENT
+    # headroom cancels in O and is taken out of the lse. A row that saw no key writes 0 and -inf.
+    acc = acc + pv * pv_scale if BLOCK_SCALED else acc + pv
+    out, lse = online_softmax_finalize(acc, row_max, row_sum, 1.0 if BLOCK_SCALED else pv_scale, P_EXPONENT)
+    store_tile(desc_o, LSE, out, lse, coords, batch_head, head, start_m, seqlen_q, BLOCK_M, HEAD_DIM, RETURN_LSE)
+
+
+# ----------------------------------------------------------------------------------------------
 # Host: quantise (triton_impl.fp8_quantiser), build descriptors, launch
 # ----------------------------------------------------------------------------------------------
-def fp8_constexprs(quantisation: Quantisation) -> dict[str, bool | int]:
-    """The shared kernel's fp8 switches for ``quantisation``."""
+def kernel_constexprs(problem: Problem, config: HopperKernelConfig, quantisation: Quantisation) -> dict[str, object]:
+    """The kernel's compile-time arguments: hopper's ``tile_constexprs`` and the quantisation's scales."""
     return {
-        "FP8": True,
+        **tile_constexprs(problem, config),
         "BLOCK_SCALED": quantisation.block,
         "Q_QUANT_BLOCK": quantisation.q_block_rows,
         "KV_QUANT_BLOCK": quantisation.kv_block_rows,
     }
 
 
-def check_quantisation_blocks(quantisation: Quantisation, config: HopperConfig) -> None:
+def check_quantisation_blocks(quantisation: Quantisation, config: HopperKernelConfig) -> None:
     """Block scales are scalars per tile only if each tile lies inside one quantisation block."""
     if quantisation.block and (
         quantisation.q_block_rows % config.block_m or quantisation.kv_block_rows % config.block_n
@@ -191,13 +281,13 @@ class Fp8Attention:
         self,
         operands: KernelOperands,
         problem: Problem,
-        config: HopperConfig,
+        config: HopperKernelConfig,
         cache_seqlens: torch.Tensor | None = None,
     ):
         batch, heads, seqlen_q, head_dim = operands.q8.shape
         if config.overlap:
             raise ValueError(
-                "fp8 attention has no overlapped KV loop (HopperConfig.overlap=True): it would chain the "
+                "fp8 attention has no overlapped KV loop (HopperKernelConfig.overlap=True): it would chain the "
                 "accumulator through fp8 wgmma, whose reduced-precision accumulation fails the error target"
             )
         quantisation = operands.quantisation
@@ -213,10 +303,10 @@ class Fp8Attention:
         self.lse = allocate_lse(problem, device)
         # K8, Vᵀ and the K and V scales keep the KV heads (B, Hkv, ...): the kernel indexes them by KV head.
         self._args = (
-            _descriptor(operands.q8, config.block_m, head_dim),
-            _descriptor(operands.k8, config.block_n, head_dim),
-            _descriptor(self.vt8, head_dim, config.block_n),
-            _descriptor(self.out, config.block_m, head_dim),
+            descriptor(operands.q8, config.block_m, head_dim),
+            descriptor(operands.k8, config.block_n, head_dim),
+            descriptor(self.vt8, head_dim, config.block_n),
+            descriptor(self.out, config.block_m, head_dim),
             *feature_buffers(self.lse, cache_seqlens, device),
             operands.q_scale,
             operands.k_scale,
@@ -226,40 +316,19 @@ class Fp8Attention:
             **kernel_sizes(problem),
             "q_blocks": operands.q_scale.shape[-1],
             "kv_blocks": operands.k_scale.shape[-1],
-            **kernel_constexprs(problem, config, fp8_constexprs(quantisation)),
+            **kernel_constexprs(problem, config, quantisation),
             **config.launch_options(),
         }
         self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
 
     def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        _hopper_attention_kernel[self._grid](*self._args, **self._kwargs)
+        _fp8_attention_kernel[self._grid](*self._args, **self._kwargs)
         return rung_result(self.out, self.lse)
 
 
 def quantiser(q: torch.Tensor, k: torch.Tensor, quantisation: Quantisation) -> FusedQuantiser:
     """The fused quantiser of this signature, writing V in this kernel's layout."""
     return FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, VALUE_LAYOUT)
-
-
-def fp8_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    config: HopperConfig | None = None,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> QuantisedLaunch:
-    """Validate, quantise, launch at ``config`` (default: this head dim's), compile by one warm-up
-    launch; the result's call is run()."""
-    checked = _validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES, cache_seqlens)
-    fused = quantiser(q, k, quantisation)
-    operands = fused(q, k, v)
-    if config is None:
-        config = default_config(checked.head_dim)
-    check_launchable(config, q.device)
-    return warmed_up(QuantisedLaunch(fused, Fp8Attention(operands, checked, config, cache_seqlens)), q.device)
 
 
 def launch(
@@ -277,65 +346,22 @@ def launch(
     return QuantisedLaunch(fused, kernel)
 
 
-def bind(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> QuantisedLaunch:
-    """Per call (the values change): new buffers, the fused quantisation of validated q, k, v into
-    them (one launch with block scales), the descriptors; run() launches the kernel alone."""
-    prepared = launch(q, k, problem, quantisation, cache_seqlens=cache_seqlens)
-    prepared.quantise(q, k, v)
-    return prepared
+# fp16 and bf16 inputs (quantised here), hopper's head dims and rule on the scale.
+INPUTS = TritonInputs("triton/fp8", HEAD_DIMS, INPUT_DTYPES, check=non_negative_scale("triton/fp8"))
 
 
-def prepare(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> Runner:
-    """Validate, quantise (``quantisation``: ``common.contract.fp8.VARIANTS``), bind, warm up; run() is the kernel."""
-    checked = _validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES, cache_seqlens)
-    return warmed_up(bind(q, k, v, checked, quantisation, cache_seqlens=cache_seqlens), q.device)
+def _kernel_order(problem: Problem) -> KernelOrder:
+    """Key blocks of the default configuration, visited first to last."""
+    return KernelOrder(block_n=default_config(problem.head_dim).block_n, reverse=False)
 
 
-def prepare_end_to_end(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> Runner:
-    """Like ``prepare``, but every run() runs the fused quantiser and then the kernel: fp8's per-call cost."""
-    checked = _validate(q, k, v, problem, "triton/fp8", INPUT_DTYPES, cache_seqlens)
-    return end_to_end_runner(launch(q, k, checked, quantisation, cache_seqlens=cache_seqlens), q, k, v)
+def _value_layout(problem: Problem) -> ValueLayout:
+    return VALUE_LAYOUT
 
 
-def emulate(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> Emulation:
-    """The fp64 emulation this rung is judged against: the operands its kernel reads (the fused
-    quantiser's on CUDA; K and V per KV head), key blocks of the default configuration visited first
-    to last, the problem's mask and key lengths."""
-    order = KernelOrder(block_n=default_config(problem.head_dim).block_n, reverse=False)
-    operands = quantise_for_kernel(q, k, v, quantisation, VALUE_LAYOUT).as_quantised()
-    return emulate_quantised(operands, problem, order, cache_seqlens)
+# bind, prepare, prepare_end_to_end and emulate: the FP8 rungs' shared entry (triton_impl/fp8_launch.py).
+ENTRY = Fp8Entry(INPUTS.validate, launch, _kernel_order, _value_layout, DEFAULT_QUANTISATION)
+bind, prepare, prepare_end_to_end, emulate = ENTRY.bind, ENTRY.prepare, ENTRY.prepare_end_to_end, ENTRY.emulate
 
 
 # ----------------------------------------------------------------------------------------------
@@ -359,7 +385,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 
 def compile_sm90(
-    problem: Problem, config: HopperConfig | None = None, quantisation: Quantisation = DEFAULT_QUANTISATION
+    problem: Problem, config: HopperKernelConfig | None = None, quantisation: Quantisation = DEFAULT_QUANTISATION
 ) -> list[KernelBinary]:
     """The kernel for sm_90a at the default configuration of this head dim (no GPU needed)."""
     config = config or DEFAULT_CONFIGS[problem.head_dim]
@@ -376,8 +402,8 @@ def compile_sm90(
         "q_blocks": "i32",
         "kv_blocks": "i32",
     }
-    constexprs = kernel_constexprs(problem, config, fp8_constexprs(quantisation))
-    return [compile_kernel_sm90(signature, constexprs, config)]
+    constexprs = kernel_constexprs(problem, config, quantisation)
+    return [compile_kernel_sm90(_fp8_attention_kernel, signature, constexprs, config)]
 
 
 def compile_quantiser_sm90(problem: Problem) -> list[KernelBinary]:

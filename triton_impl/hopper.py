@@ -6,7 +6,7 @@ reading their operands straight from shared memory. A TMA copy is one instructio
 thread for a whole BLOCK_N × D tile, with address generation and out-of-bounds zero-fill done by
 the copy engine, so the warps that do the softmax no longer spend issue slots on address math.
 Causal attention is split into a loop over unmasked blocks and a loop over the diagonal blocks,
-and the blocks above the diagonal are never visited. ``HopperConfig.overlap`` (the D=128 default)
+and the blocks above the diagonal are never visited. ``HopperKernelConfig.overlap`` (the D=128 default)
 selects a KV loop software-pipelined by hand (``_overlapped_step``): each step issues
 S_n = Q K_nᵀ, then O += P V of block n-1, then the softmax of S_n, so Triton's wait for S_n comes
 before the P V wgmma is issued and that wgmma runs under the softmax (FA3's intra-warpgroup
@@ -16,9 +16,13 @@ that only issues TMA loads and consumer warps that only compute, with ``setmaxnr
 budgets. No default uses it, and it is refused on a GPU, where Triton's warp-specialised loop left
 rows unwritten (``check_launchable``); it stays for the interpreter and sm_90a compiles.
 
-The kernel is shared with ``triton_impl/fp8.py``: ``FP8=True`` switches it to e4m3 operands (block
-scales, P lifted by 2^P_EXPONENT, a fresh accumulator per block's P V, Vᵀ tiles; that file's
-docstring says why). With ``FP8=False`` its fp8 arguments are None and compile away.
+The kernel is built from pieces that ``triton_impl/fp8.py`` reuses: ``tile_coordinates`` (the
+program's tile, KV head and sequence), ``kv_loop`` (the unmasked and masked loops over key blocks,
+taking the block step as a ``STEP`` function argument, a constexpr) and ``store_tile`` (the
+epilogue's stores). This file's step is ``attention_step``; fp8's kernel passes its own
+(``fp8_attention_step``: block scales, P lifted by 2^P_EXPONENT, a fresh accumulator per block's
+P V, Vᵀ tiles), as FlashAttention-4's fp8 subclass overrides one method. Triton inlines every call,
+so each kernel compiles to the code it would have written out in full.
 
 What Triton decides for you that ``cute_impl/hopper.py`` writes by hand: the shared-memory layout
 and swizzle of every tile, the mbarrier ring that pipelines the TMA loads (``num_stages`` deep), the
@@ -78,29 +82,26 @@ the TMA latency behind a full S = Q Kᵀ. The remaining gap to cuDNN is the over
 the MMAs across the two warpgroups (FA3's ping-pong), which Triton's scheduler does not do here.
 Triton releases (``common.toolchain.releases``): the hand-pipelined loop holds S, P, O and the P V in flight
 at once and spills under Triton 3.9's default ptxas register allocation; 3.9 assembles it with
-``--regAllocOptLevel=4`` (``HopperConfig.ptx_options``), spill-free.
+``--regAllocOptLevel=4`` (``HopperKernelConfig.ptx_options``), spill-free.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from common.contract import fp8 as fp8_quantisation
 from common.contract.capability import FEATURES, check_features, check_shared_memory
 from common.contract.devices import triton_device_supported, triton_dtype_supported, triton_interpreting
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
 from common.contract.validation import kernel_operand
 from common.toolchain.arch import SM90_SHARED_MEMORY_BYTES, check_sm90
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from common.toolchain.releases import release_configs
 from triton_impl._device import (
-    LOG2_E,
     attention_mask,
     block_range,
     kv_head_index,
@@ -110,17 +111,18 @@ from triton_impl._device import (
     seqlen_info,
 )
 from triton_impl._host import (
+    SIZE_SIGNATURE,
+    Check,
+    TritonEntry,
+    TritonInputs,
     allocate_lse,
     feature_buffers,
     feature_constexprs,
     rung_result,
-    validate_triton_inputs,
+    size_arguments,
 )
 from triton_impl.backward import tiled as tiled_backward
 
-# FP8: P = 2^(S·scale - row_max + P_EXPONENT) lies in [0, 2^8], clear of e4m3's subnormals
-# (common/contract/fp8.py, shared with the other fp8 rungs and the emulation).
-P_EXPONENT = tl.constexpr(fp8_quantisation.P_EXPONENT)
 HEAD_DIMS = (64, 128, 256)
 SHARED_MEMORY_BUDGET = SM90_SHARED_MEMORY_BYTES
 TRITON_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -130,14 +132,18 @@ TRITON_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "
 # Configurations: tile sizes, warps, pipeline depth, warp specialisation
 # ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class HopperConfig:
-    """One point of the tuning space; every field changes the generated code."""
+class HopperKernelConfig:
+    """How the Hopper attention kernel (this rung's and fp8's) is built: tiles, warps, pipeline depth,
+    the shape of its KV loop and ptxas flags. One point of the tuning space; every field changes the
+    generated code."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
-    warp_specialize: bool
+    _: KW_ONLY
+    # Warp-specialised KV loop (producer warp for TMA, consumer warps); refused on a GPU (check_launchable).
+    warp_specialize: bool = False
     # Software-pipelined KV loop (``_overlapped_step``): P V of block n-1 runs under the softmax of n.
     overlap: bool = False
     # Extra ptxas flags (Triton's ``ptx_options``), set per release by ``common.toolchain.releases``.
@@ -167,7 +173,7 @@ class HopperConfig:
 # (docs/perf-log.md, 2026-11-24), so ``check_launchable`` refuses them on a GPU.
 # The hand-pipelined loop (overlap) is a candidate for the two-warpgroup tiles, where it pays.
 CANDIDATE_CONFIGS = tuple(
-    HopperConfig(block_m, block_n, num_warps, num_stages, False, overlap)
+    HopperKernelConfig(block_m, block_n, num_warps, num_stages, overlap=overlap)
     for block_m, block_n, num_warps, overlap in (
         (128, 128, 8, True),
         (128, 128, 8, False),
@@ -184,7 +190,7 @@ WARP_SPECIALIZE_REFUSAL = (
 )
 
 
-def check_launchable(config: HopperConfig, device: torch.device) -> None:
+def check_launchable(config: HopperKernelConfig, device: torch.device) -> None:
     """Refuse a configuration known to give wrong answers on the GPU, naming why."""
     if config.warp_specialize and device.type == "cuda":
         raise ValueError(f"{config}: {WARP_SPECIALIZE_REFUSAL}")
@@ -195,62 +201,74 @@ def check_launchable(config: HopperConfig, device: torch.device) -> None:
 DEFAULT_CONFIGS = release_configs(
     "triton/hopper",
     {
-        64: HopperConfig(128, 128, 8, 3, False),
-        128: HopperConfig(128, 128, 8, 3, False, overlap=True),
-        256: HopperConfig(64, 64, 4, 2, False),
+        64: HopperKernelConfig(128, 128, 8, 3),
+        128: HopperKernelConfig(128, 128, 8, 3, overlap=True),
+        256: HopperKernelConfig(64, 64, 4, 2),
     },
 )
-# The kernel's fp8 arguments, unset for fp16 and bf16 (None arguments compile away; ``fp8.py`` sets them).
-WITHOUT_FP8 = {
-    "Q_SCALE": None,
-    "K_SCALE": None,
-    "V_SCALE": None,
-    "q_blocks": None,
-    "kv_blocks": None,
-    "FP8": False,
-    "BLOCK_SCALED": False,
-    "Q_QUANT_BLOCK": None,
-    "KV_QUANT_BLOCK": None,
-}
 
 
-def kernel_constexprs(
-    problem: Problem, config: HopperConfig, fp8: dict[str, object] = WITHOUT_FP8
-) -> dict[str, object]:
-    """The kernel's compile-time arguments, the same for a launch and the static compile: head dim,
-    tiles, the problem's features (``feature_constexprs``: causal, bottom-right, cache lengths, LSE),
-    the loop shape and ``fp8`` (``triton_impl.fp8.fp8_constexprs`` for the fp8 rung, else unset)."""
+def tile_constexprs(problem: Problem, config: HopperKernelConfig) -> dict[str, object]:
+    """The compile-time arguments both Triton Hopper kernels take, the same for a launch and the static
+    compile: head dim, tiles, the problem's features (``feature_constexprs``: causal, bottom-right,
+    cache lengths, LSE) and whether the KV loop is warp-specialised."""
     return {
         "HEAD_DIM": problem.head_dim,
         "BLOCK_M": config.block_m,
         "BLOCK_N": config.block_n,
         **feature_constexprs(problem),
         "WARP_SPECIALIZE": config.warp_specialize,
-        "OVERLAP": config.overlap,
-        **fp8,
     }
 
 
+def kernel_constexprs(problem: Problem, config: HopperKernelConfig) -> dict[str, object]:
+    """This rung's kernel's compile-time arguments: ``tile_constexprs`` and the loop shape (``overlap``)."""
+    return {**tile_constexprs(problem, config), "OVERLAP": config.overlap}
+
+
 # Interpreter runs use small tiles: the CPU tests need a ragged tail, not speed.
-INTERPRETER_CONFIG = HopperConfig(64, 32, 4, 1, False)
+INTERPRETER_CONFIG = HopperKernelConfig(64, 32, 4, 1)
 
 
-def default_config(head_dim: int) -> HopperConfig:
+def default_config(head_dim: int) -> HopperKernelConfig:
     """The fixed configuration of this head dim (the interpreter's small tile on the CPU)."""
     return INTERPRETER_CONFIG if triton_interpreting() else DEFAULT_CONFIGS[head_dim]
 
 
-def candidate_configs(head_dim: int, dtype: torch.dtype) -> list[HopperConfig]:
+def candidate_configs(head_dim: int, dtype: torch.dtype) -> list[HopperKernelConfig]:
     """Candidates that fit the shared-memory budget for this head dim and dtype."""
     element_bytes = torch.empty((), dtype=dtype).element_size()
     return [config for config in CANDIDATE_CONFIGS if config.fits(head_dim, element_bytes)]
 
 
 # ----------------------------------------------------------------------------------------------
-# Kernel (shared with ``triton_impl/fp8.py``: FP8=True)
+# Kernel: shared pieces (the tile's coordinates, the KV loop that takes a block ``STEP``, the
+# epilogue's stores), then this rung's step, its hand-pipelined loop, and the kernel. The fp8 rung's
+# kernel (``triton_impl/fp8.py``) is built from the same pieces with its own step.
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _block_softmax(
+def tile_coordinates(
+    CacheSeqlens, heads, kv_heads, seqlen_q, seqlen_k,
+    BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr,
+):  # fmt: skip
+    """This program's query tile: ``(m_block, batch_head, head, start_m, coords)``, where ``coords`` =
+    (batch, kv_head, offs_m, seqlen_k, causal_offset) is what every block step reads."""
+    # Causal tiles near the bottom do the most work: launching them first shortens the tail.
+    m_block = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
+    batch_head = tl.program_id(1)
+    batch = batch_head // heads
+    head = batch_head % heads
+    # GQA: K and V (and fp8's scales) are those of the KV head this query head reads.
+    kv_head = kv_head_index(head, heads, kv_heads)
+    # This sequence's key length (cache_seqlens) and causal diagonal (row i sees j <= i + causal_offset).
+    seqlen_k, causal_offset = seqlen_info(CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS, BOTTOM_RIGHT)
+    start_m = m_block * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    return m_block, batch_head, head, start_m, (batch, kv_head, offs_m, seqlen_k, causal_offset)
+
+
+@triton.jit
+def block_softmax(
     S, row_max, row_sum, coords, start_n, softmax_scale_log2,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, P_EXPONENT: tl.constexpr,
 ):  # fmt: skip
@@ -265,47 +283,68 @@ def _block_softmax(
 
 
 @triton.jit
-def _attention_step(
-    acc, pv, pv_scale, row_sum, row_max, q, kv, coords, n_block, softmax_scale_log2,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-    FP8: tl.constexpr, BLOCK_SCALED: tl.constexpr, KV_QUANT_BLOCK: tl.constexpr,
+def kv_loop(
+    STEP: tl.constexpr, state, q, kv, coords, m_block, softmax_scale_log2,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
 ):  # fmt: skip
-    """One KV block of steps 2 and 3: S = Q Kᵀ, (mask), online softmax, O += P V.
+    """Steps 2 and 3: ``state = STEP(state, q, kv, coords, n_block, softmax_scale_log2, HEAD_DIM,
+    BLOCK_N, MASKED, CAUSAL)`` over this tile's key blocks, unmasked blocks first. ``STEP`` is the
+    rung's block step (``attention_step`` here, ``fp8_attention_step`` in ``fp8.py``); ``state`` and
+    ``kv`` are its own tuples (running O and softmax state; the K and V operands)."""
+    _, _, _, seqlen_k, causal_offset = coords
+    # Key blocks [n_block_min, n_block_max); the last n_masked_blocks need the mask.
+    n_block_min, n_block_max, n_masked_blocks = block_range(m_block, seqlen_k, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
+    n_block_masked = n_block_max - n_masked_blocks
+    if WARP_SPECIALIZE:
+        # 2+3 in one warp-specialised loop with the mask on every block: Triton 3.6 on sm_90
+        # specialises a kernel only when one loop holds the dots and that loop has no branch.
+        for n_block in tl.range(n_block_min, n_block_max, warp_specialize=True):
+            state = STEP(state, q, kv, coords, n_block, softmax_scale_log2, HEAD_DIM, BLOCK_N, True, CAUSAL)
+    else:
+        # 2. Blocks every row sees in full.
+        for n_block in tl.range(n_block_min, n_block_masked):
+            state = STEP(state, q, kv, coords, n_block, softmax_scale_log2, HEAD_DIM, BLOCK_N, False, CAUSAL)
+        # 3. The causal diagonal and the ragged last block.
+        for n_block in tl.range(n_block_masked, n_block_max):
+            state = STEP(state, q, kv, coords, n_block, softmax_scale_log2, HEAD_DIM, BLOCK_N, True, CAUSAL)
+    return state
 
-    FP8: the block's K scale joins the softmax scale (positive, so the row max commutes with it), P
-    is lifted by 2^P_EXPONENT, and P V goes into a fresh fp32 accumulator ``pv`` that the next step
-    adds to O times its V scale ``pv_scale``: fp8 wgmma accumulates with reduced precision, so chaining
-    O through it over thousands of keys would lose accuracy, and adding it one step late lets that
-    wgmma retire with the next S = Q Kᵀ instead of being waited for at once. Other dtypes carry
-    ``pv`` and ``pv_scale`` through unchanged (the compiler drops them).
-    """
-    desc_k, desc_v, K_SCALE, V_SCALE = kv
+
+@triton.jit
+def store_tile(
+    desc_o, LSE, out, lse, coords, batch_head, head, start_m, seqlen_q,
+    BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, RETURN_LSE: tl.constexpr,
+):  # fmt: skip
+    """Step 4's stores: O by TMA (rows past Sq are clipped by the descriptor) and, with RETURN_LSE,
+    the lse of the tile's rows."""
+    batch, _, offs_m, _, _ = coords
+    desc_o.store([batch, head, start_m, 0], out.to(desc_o.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
+    if RETURN_LSE:
+        # (B, H, Sq) contiguous: row offs_m of (batch, head) is batch_head · Sq + m.
+        tl.store(LSE + batch_head.to(tl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def attention_step(
+    state, q, kv, coords, n_block, softmax_scale_log2,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """One KV block of steps 2 and 3 (``kv_loop``'s ``STEP``): S = Q Kᵀ, (mask), online softmax, O += P V.
+    ``state`` = (acc, row_sum, row_max), ``kv`` = (desc_k, desc_v)."""
+    acc, row_sum, row_max = state
+    desc_k, desc_v = kv
     batch, kv_head = coords[0], coords[1]
     start_n = n_block * BLOCK_N
     k = desc_k.load([batch, kv_head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     S = tl.dot(q, k.T)
-    if FP8:
-        if BLOCK_SCALED:
-            softmax_scale_log2 = softmax_scale_log2 * tl.load(K_SCALE + start_n // KV_QUANT_BLOCK)
-            v_scale = tl.load(V_SCALE + start_n // KV_QUANT_BLOCK)
-        else:
-            v_scale = pv_scale
-        P, alpha, row_max_new, row_sum = _block_softmax(
-            S, row_max, row_sum, coords, start_n, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL, P_EXPONENT
-        )
-        # desc_v holds Vᵀ (B, Hkv, D, Sk): fp8 wgmma reads its shared-memory B operand K-major only.
-        vt = desc_v.load([batch, kv_head, 0, start_n]).reshape(HEAD_DIM, BLOCK_N)
-        acc = online_softmax_rescale(acc + pv * pv_scale if BLOCK_SCALED else acc + pv, alpha)
-        pv = tl.dot(P.to(vt.dtype), vt.T)
-        pv_scale = v_scale
-    else:
-        P, alpha, row_max_new, row_sum = _block_softmax(
-            S, row_max, row_sum, coords, start_n, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL, 0.0
-        )
-        acc = online_softmax_rescale(acc, alpha)
-        v = desc_v.load([batch, kv_head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-        acc = tl.dot(P.to(v.dtype), v, acc)
-    return acc, pv, pv_scale, row_sum, row_max_new
+    P, alpha, row_max, row_sum = block_softmax(
+        S, row_max, row_sum, coords, start_n, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL, 0.0
+    )
+    acc = online_softmax_rescale(acc, alpha)
+    v = desc_v.load([batch, kv_head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+    acc = tl.dot(P.to(v.dtype), v, acc)
+    return acc, row_sum, row_max
 
 
 @triton.jit
@@ -317,7 +356,7 @@ def _overlapped_step(
     and alpha of the previous block, then the softmax of S_n. Triton waits for S before the softmax
     (wait_group 0, which also retires the previous P V), but issues P V_(n-1) asynchronously and waits
     for it only at the next S: that wgmma runs under this block's softmax."""
-    desc_k, desc_v, _, _ = kv
+    desc_k, desc_v = kv
     batch, kv_head = coords[0], coords[1]
     start_n = n_block * BLOCK_N
     k = desc_k.load([batch, kv_head, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
@@ -325,112 +364,72 @@ def _overlapped_step(
     # Block n-1 = -1 lies before the sequence: the TMA box reads zeros (and P is 0 there anyway).
     v = desc_v.load([batch, kv_head, start_n - BLOCK_N, 0]).reshape(BLOCK_N, HEAD_DIM)
     acc = tl.dot(P.to(v.dtype), v, online_softmax_rescale(acc, alpha))
-    P, alpha, row_max, row_sum = _block_softmax(
+    P, alpha, row_max, row_sum = block_softmax(
         S, row_max, row_sum, coords, start_n, softmax_scale_log2, BLOCK_N, MASKED, CAUSAL, 0.0
     )
     return acc, row_sum, row_max, P, alpha
 
 
 @triton.jit
+def _overlapped_kv_loop(
+    state, q, kv, coords, m_block, softmax_scale_log2,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """Steps 2+3 software-pipelined (``HopperKernelConfig.overlap``): each step issues S_n, then P V of
+    block n-1, then the softmax of S_n. P starts at 0 (the first step adds nothing), and one extra
+    masked step past the last block (every key hidden: P = 0, alpha = 1) adds the last block's P V.
+    P is carried in fp32: converted inside the step, it stays in registers as the wgmma A operand (a
+    carried 16-bit P would be staged through shared memory)."""
+    acc, row_sum, row_max = state
+    _, _, _, seqlen_k, causal_offset = coords
+    n_block_min, n_block_max, n_masked_blocks = block_range(m_block, seqlen_k, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
+    n_block_masked = n_block_max - n_masked_blocks
+    P = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    alpha = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    for n_block in tl.range(n_block_min, n_block_masked):
+        acc, row_sum, row_max, P, alpha = _overlapped_step(
+            acc, row_sum, row_max, P, alpha, q, kv, coords, n_block, softmax_scale_log2,
+            HEAD_DIM, BLOCK_N, False, CAUSAL,
+        )  # fmt: skip
+    for n_block in tl.range(n_block_masked, n_block_max + 1):
+        acc, row_sum, row_max, P, alpha = _overlapped_step(
+            acc, row_sum, row_max, P, alpha, q, kv, coords, n_block, softmax_scale_log2,
+            HEAD_DIM, BLOCK_N, True, CAUSAL,
+        )  # fmt: skip
+    return acc, row_sum, row_max
+
+
+@triton.jit
 def _hopper_attention_kernel(
-    desc_q, desc_k, desc_v, desc_o, LSE, CacheSeqlens, Q_SCALE, K_SCALE, V_SCALE,
-    heads, kv_heads, seqlen_q, seqlen_k, q_blocks, kv_blocks, softmax_scale_log2,
+    desc_q, desc_k, desc_v, desc_o, LSE, CacheSeqlens,
+    heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr, OVERLAP: tl.constexpr,
-    FP8: tl.constexpr, BLOCK_SCALED: tl.constexpr, Q_QUANT_BLOCK: tl.constexpr, KV_QUANT_BLOCK: tl.constexpr,
 ):  # fmt: skip
-    # Causal tiles near the bottom do the most work: launching them first shortens the tail.
-    m_block = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
-    batch_head = tl.program_id(1)
-    batch = batch_head // heads
-    head = batch_head % heads
-    # GQA: K and V (and their fp8 scales) are those of the KV head this query head reads.
-    kv_head = kv_head_index(head, heads, kv_heads)
-    # This sequence's key length (cache_seqlens) and causal diagonal (row i sees j <= i + causal_offset).
-    seqlen_k, causal_offset = seqlen_info(CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS, BOTTOM_RIGHT)
-    start_m = m_block * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    if FP8:
-        # This tile's block scales: Q's (B, H, blocks), K's and V's (B, Hkv, blocks), fp32, contiguous.
-        Q_SCALE += batch_head * q_blocks
-        K_SCALE += (batch * kv_heads + kv_head) * kv_blocks
-        V_SCALE += (batch * kv_heads + kv_head) * kv_blocks
-
-    # 1. Q tile, loaded once; rows past Sq read as zeros. FP8: its descale (per tensor: s_q · s_k)
-    # folds into the softmax scale.
-    q = desc_q.load([batch, head, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
-    if FP8:
-        if BLOCK_SCALED:
-            softmax_scale_log2 = softmax_scale_log2 * tl.load(Q_SCALE + start_m // Q_QUANT_BLOCK)
-        else:
-            softmax_scale_log2 = softmax_scale_log2 * tl.load(Q_SCALE) * tl.load(K_SCALE)
+    m_block, batch_head, head, start_m, coords = tile_coordinates(
+        CacheSeqlens, heads, kv_heads, seqlen_q, seqlen_k, BLOCK_M, CAUSAL, BOTTOM_RIGHT, HAS_CACHE_SEQLENS
+    )
+    # 1. Q tile, loaded once; rows past Sq read as zeros.
+    q = desc_q.load([coords[0], head, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    # FP8: the last block's P V and its V scale, in flight until the next step adds them.
-    pv = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    pv_scale = tl.load(V_SCALE) if FP8 else tl.full([], 1.0, dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    kv = (desc_k, desc_v, K_SCALE, V_SCALE)
-    coords = (batch, kv_head, offs_m, seqlen_k, causal_offset)
-
-    # Key blocks [n_block_min, n_block_max); the last n_masked_blocks need the mask.
-    n_block_min, n_block_max, n_masked_blocks = block_range(m_block, seqlen_k, causal_offset, CAUSAL, BLOCK_M, BLOCK_N)
-    n_block_masked = n_block_max - n_masked_blocks
-
-    if WARP_SPECIALIZE:
-        # 2+3 in one warp-specialised loop with the mask on every block: Triton 3.6 on sm_90
-        # specialises a kernel only when one loop holds the dots and that loop has no branch.
-        for n_block in tl.range(n_block_min, n_block_max, warp_specialize=True):
-            acc, pv, pv_scale, row_sum, row_max = _attention_step(
-                acc, pv, pv_scale, row_sum, row_max, q, kv, coords, n_block, softmax_scale_log2,
-                HEAD_DIM, BLOCK_N, True, CAUSAL, FP8, BLOCK_SCALED, KV_QUANT_BLOCK,
-            )  # fmt: skip
-    elif OVERLAP:
-        tl.static_assert(not FP8, "the overlapped loop would chain O through fp8 wgmma")
-        # 2+3 software-pipelined: each step issues S_n, then P V of block n-1, then the softmax of
-        # S_n. P starts at 0 (the first step adds nothing), and one extra masked step past the last
-        # block (every key hidden: P = 0, alpha = 1) adds the last block's P V.
-        # P is carried in fp32: converted inside the step, it stays in registers as the wgmma A
-        # operand (a carried 16-bit P would be staged through shared memory).
-        P = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        alpha = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
-        for n_block in tl.range(n_block_min, n_block_masked):
-            acc, row_sum, row_max, P, alpha = _overlapped_step(
-                acc, row_sum, row_max, P, alpha, q, kv, coords, n_block, softmax_scale_log2,
-                HEAD_DIM, BLOCK_N, False, CAUSAL,
-            )  # fmt: skip
-        for n_block in tl.range(n_block_masked, n_block_max + 1):
-            acc, row_sum, row_max, P, alpha = _overlapped_step(
-                acc, row_sum, row_max, P, alpha, q, kv, coords, n_block, softmax_scale_log2,
-                HEAD_DIM, BLOCK_N, True, CAUSAL,
-            )  # fmt: skip
+    state = (acc, row_sum, row_max)
+    kv = (desc_k, desc_v)
+    # 2+3. The key blocks, hand-pipelined or block after block.
+    if OVERLAP:
+        acc, row_sum, row_max = _overlapped_kv_loop(
+            state, q, kv, coords, m_block, softmax_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL
+        )
     else:
-        # 2. Blocks every row sees in full.
-        for n_block in tl.range(n_block_min, n_block_masked):
-            acc, pv, pv_scale, row_sum, row_max = _attention_step(
-                acc, pv, pv_scale, row_sum, row_max, q, kv, coords, n_block, softmax_scale_log2,
-                HEAD_DIM, BLOCK_N, False, CAUSAL, FP8, BLOCK_SCALED, KV_QUANT_BLOCK,
-            )  # fmt: skip
-        # 3. The causal diagonal and the ragged last block.
-        for n_block in tl.range(n_block_masked, n_block_max):
-            acc, pv, pv_scale, row_sum, row_max = _attention_step(
-                acc, pv, pv_scale, row_sum, row_max, q, kv, coords, n_block, softmax_scale_log2,
-                HEAD_DIM, BLOCK_N, True, CAUSAL, FP8, BLOCK_SCALED, KV_QUANT_BLOCK,
-            )  # fmt: skip
-
+        acc, row_sum, row_max = kv_loop(
+            attention_step, state, q, kv, coords, m_block, softmax_scale_log2,
+            HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, WARP_SPECIALIZE,
+        )  # fmt: skip
     # 4. O = acc / row_sum and the lse; a row that saw no key writes 0 and (RETURN_LSE) an lse of -inf.
-    # FP8: add the last block's P V first; a per-tensor V scale multiplies O once, here; the
-    # 2^P_EXPONENT headroom cancels in O and is taken out of the lse.
-    if FP8:
-        acc = acc + pv * pv_scale if BLOCK_SCALED else acc + pv
-        out, lse = online_softmax_finalize(acc, row_max, row_sum, 1.0 if BLOCK_SCALED else pv_scale, P_EXPONENT)
-    else:
-        out, lse = online_softmax_finalize(acc, row_max, row_sum, 1.0)
-    desc_o.store([batch, head, start_m, 0], out.to(desc_o.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
-    if RETURN_LSE:
-        # (B, H, Sq) contiguous: row offs_m of (batch, head) is batch_head · Sq + m.
-        tl.store(LSE + batch_head.to(tl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
+    out, lse = online_softmax_finalize(acc, row_max, row_sum, 1.0)
+    store_tile(desc_o, LSE, out, lse, coords, batch_head, head, start_m, seqlen_q, BLOCK_M, HEAD_DIM, RETURN_LSE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -438,7 +437,7 @@ def _hopper_attention_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def _descriptor(tensor: torch.Tensor, box_rows: int, box_cols: int | None = None) -> TensorDescriptor:
+def descriptor(tensor: torch.Tensor, box_rows: int, box_cols: int | None = None) -> TensorDescriptor:
     """A 4-D TMA descriptor over (B, H, rows, cols): one (batch, head) box of box_rows × box_cols
     (default: all columns) per copy, so every (batch, head) keeps its own bounds."""
     box_cols = box_cols or tensor.shape[-1]
@@ -446,14 +445,8 @@ def _descriptor(tensor: torch.Tensor, box_rows: int, box_cols: int | None = None
 
 
 def kernel_sizes(problem: Problem) -> dict[str, int | float]:
-    """The kernel's scalar arguments (both Triton Hopper rungs): head counts, lengths, scale."""
-    return {
-        "heads": problem.heads,
-        "kv_heads": problem.kv_heads,
-        "seqlen_q": problem.seqlen_q,
-        "seqlen_k": problem.seqlen_k,
-        "softmax_scale_log2": problem.scale * LOG2_E,
-    }
+    """The kernel's scalar arguments by name (both Triton Hopper rungs): head counts, lengths, scale."""
+    return dict(zip(SIZE_SIGNATURE, size_arguments(problem), strict=True))
 
 
 class HopperAttention:
@@ -466,7 +459,7 @@ class HopperAttention:
         k: torch.Tensor,
         v: torch.Tensor,
         problem: Problem,
-        config: HopperConfig,
+        config: HopperKernelConfig,
         cache_seqlens: torch.Tensor | None = None,
     ):
         batch, heads, seqlen_q, _ = q.shape
@@ -475,13 +468,12 @@ class HopperAttention:
         self.lse = allocate_lse(problem, q.device)
         # K and V keep their (B, Hkv, Sk, D) shape: the kernel indexes them by KV head.
         self._args = (
-            _descriptor(q, config.block_m),
-            _descriptor(k, config.block_n),
-            _descriptor(v, config.block_n),
-            _descriptor(self.out, config.block_m),
+            descriptor(q, config.block_m),
+            descriptor(k, config.block_n),
+            descriptor(v, config.block_n),
+            descriptor(self.out, config.block_m),
             *feature_buffers(self.lse, cache_seqlens, q.device),
         )
-        # By keyword: the fp8 arguments between them are left unset (None).
         self._kwargs = {**kernel_sizes(problem), **kernel_constexprs(problem, config), **config.launch_options()}
         self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
 
@@ -490,58 +482,33 @@ class HopperAttention:
         return rung_result(self.out, self.lse)
 
 
-def _validate(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    rung: str = "triton/hopper",
-    dtypes: tuple[torch.dtype, ...] | None = None,
-    cache_seqlens: torch.Tensor | None = None,
-) -> Problem:
-    """The inputs checks of both Triton Hopper rungs (``dtypes``: the fp8 rung's own), with GQA, both
-    causal alignments, ``cache_seqlens`` and the LSE (both rungs implement them)."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, dtypes, cache_seqlens=cache_seqlens)
-    if checked.scale < 0:
-        raise ValueError(f"softmax_scale must be >= 0 for {rung}, got {checked.scale}")
-    return checked
+def non_negative_scale(rung: str) -> Check:
+    """The Hopper rungs' rule on a validated problem: row maxima are taken before scaling, which needs
+    softmax_scale >= 0."""
 
+    def check(problem: Problem, device: torch.device) -> tuple[bool, str]:
+        if problem.scale < 0:
+            return False, f"softmax_scale must be >= 0 for {rung}, got {problem.scale}"
+        return True, ""
 
-def hopper_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    config: HopperConfig | None = None,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> HopperAttention:
-    """Validate, launch at ``config`` (default: this head dim's), compile by one warm-up launch; the
-    result's call is run()."""
-    checked = _validate(q, k, v, problem, cache_seqlens=cache_seqlens)
-    q, k, v = (kernel_operand(t) for t in (q, k, v))
-    if config is None:
-        config = default_config(checked.head_dim)
-    check_launchable(config, q.device)
-    prepared = HopperAttention(q, k, v, checked, config, cache_seqlens)
-    prepared()
-    return prepared
+    return check
 
 
 def bind(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> HopperAttention:
-    """Descriptors, O and the LSE for validated q, k, v at the default configuration, no launch."""
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *,
+    cache_seqlens: torch.Tensor | None = None, config: HopperKernelConfig | None = None,
+) -> HopperAttention:  # fmt: skip
+    """Descriptors, O and the LSE for validated q, k, v at ``config`` (default: this head dim's), no launch."""
+    config = config or default_config(problem.head_dim)
+    check_launchable(config, q.device)
     q, k, v = (kernel_operand(t) for t in (q, k, v))
-    return HopperAttention(q, k, v, problem, default_config(problem.head_dim), cache_seqlens)
+    return HopperAttention(q, k, v, problem, config, cache_seqlens)
 
 
-def prepare(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Validate, bind at the default configuration, and compile by one warm-up launch on a GPU."""
-    checked = _validate(q, k, v, problem, cache_seqlens=cache_seqlens)
-    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
+# prepare = validate (every Triton feature, softmax_scale >= 0) → bind (``config=``: another
+# configuration than the default) → warm up.
+ENTRY = TritonEntry(TritonInputs("triton/hopper", HEAD_DIMS, check=non_negative_scale("triton/hopper")), bind)
+prepare = ENTRY.prepare
 
 
 # ----------------------------------------------------------------------------------------------
@@ -561,7 +528,7 @@ def hopper_supported(problem: Problem, device: torch.device, rung: str, needs: s
     return check_sm90(rung, device, needs) if device.type == "cuda" else (True, "")
 
 
-def kernel_fits(rung: str, problem: Problem, config: HopperConfig, element_bytes: int) -> tuple[bool, str]:
+def kernel_fits(rung: str, problem: Problem, config: HopperKernelConfig, element_bytes: int) -> tuple[bool, str]:
     """The shared kernel's shared memory at ``config`` (the launcher's configuration) within sm_90's
     budget; ``element_bytes``: the tiles' element size (1 for fp8)."""
     kernel = (
@@ -592,40 +559,27 @@ def _descriptor_type(dtype_name: str, block_rows: int, head_dim: int) -> str:
 
 
 # Runtime arguments both Triton Hopper rungs pass besides the descriptors (and fp8's scales).
-SCALAR_SIGNATURE = {
-    "LSE": "*fp32",
-    "CacheSeqlens": "*i32",
-    "heads": "i32",
-    "kv_heads": "i32",
-    "seqlen_q": "i32",
-    "seqlen_k": "i32",
-    "softmax_scale_log2": "fp32",
-}
+SCALAR_SIGNATURE = {"LSE": "*fp32", "CacheSeqlens": "*i32", **SIZE_SIGNATURE}
 
 
-def compile_sm90(problem: Problem, config: HopperConfig | None = None) -> list[KernelBinary]:
+def compile_sm90(problem: Problem, config: HopperKernelConfig | None = None) -> list[KernelBinary]:
     """The kernel for sm_90a at the default configuration of this head dim (no GPU needed)."""
     config = config or DEFAULT_CONFIGS[problem.head_dim]
     dtype_name = TRITON_DTYPES[problem.dtype]
     q_type = _descriptor_type(dtype_name, config.block_m, problem.head_dim)
     kv_type = _descriptor_type(dtype_name, config.block_n, problem.head_dim)
     signature = {"desc_q": q_type, "desc_k": kv_type, "desc_v": kv_type, "desc_o": q_type, **SCALAR_SIGNATURE}
-    return [compile_kernel_sm90(signature, kernel_constexprs(problem, config), config)]
+    return [compile_kernel_sm90(_hopper_attention_kernel, signature, kernel_constexprs(problem, config), config)]
 
 
-def compile_kernel_sm90(signature: dict[str, str], constexprs: dict[str, object], config: HopperConfig) -> KernelBinary:
-    """The shared kernel for sm_90a (both Triton Hopper rungs): ``signature`` types its runtime arguments."""
-    return compile_triton_sm90(
-        _hopper_attention_kernel, signature, constexprs, options=config.launch_options(), aligned=("LSE",)
-    )
+def compile_kernel_sm90(
+    kernel: triton.JITFunction, signature: dict[str, str], constexprs: dict[str, object], config: HopperKernelConfig
+) -> KernelBinary:
+    """A Triton Hopper kernel (this rung's or fp8's) for sm_90a: ``signature`` types its runtime arguments."""
+    return compile_triton_sm90(kernel, signature, constexprs, options=config.launch_options(), aligned=("LSE",))
 
 
-IMPLEMENTATION = Implementation(
-    name="triton/hopper",
-    stack="triton",
-    rung="hopper",
-    prepare=prepare,
-    bind=bind,
+IMPLEMENTATION = ENTRY.implementation(
     supports=supports,
     compile_sm90=compile_sm90,
     runs_on_cpu=True,

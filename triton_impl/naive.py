@@ -50,10 +50,10 @@ import triton
 import triton.language as tl
 
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
+from common.contract.registry import Runner
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
-from triton_impl._host import allocate_lse, ladder_supported, placeholder, validate_triton_inputs
+from triton_impl._host import TritonEntry, TritonInputs, allocate_lse, feature_buffers, ladder_supported
 from triton_impl.backward import naive as naive_backward
 
 # A constexpr: the softmax kernel reads it (the scale is applied when S is written, in natural units).
@@ -200,15 +200,6 @@ def _pv_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def naive_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them, and compile by one warm-up
-    launch on a GPU."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens)
-    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
-
-
 def bind(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
 ) -> Runner:
@@ -219,8 +210,7 @@ def bind(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = allocate_lse(problem, q.device)
     # Placeholders (never read or written) when the problem has no lengths or returns no LSE.
-    lengths_arg = cache_seqlens if cache_seqlens is not None else placeholder(torch.int32, q.device)
-    lse_arg = lse if lse is not None else placeholder(torch.float32, q.device)
+    lse_arg, lengths_arg = feature_buffers(lse, cache_seqlens, q.device)
     scores_grid = (triton.cdiv(seqlen_q, SCORES_BLOCK_M), triton.cdiv(seqlen_k, SCORES_BLOCK_N), batch * heads)
     pv_grid = (triton.cdiv(seqlen_q, PV_BLOCK_M), batch * heads)
 
@@ -248,6 +238,11 @@ def bind(
         return out if lse is None else (out, lse)
 
     return run
+
+
+# prepare = validate (every Triton feature, these head dims) → bind → warm up.
+ENTRY = TritonEntry(TritonInputs("triton/naive", HEAD_DIMS), bind)
+prepare = ENTRY.prepare
 
 
 # ----------------------------------------------------------------------------------------------
@@ -316,12 +311,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     return [scores, softmax, pv]
 
 
-IMPLEMENTATION = Implementation(
-    name="triton/naive",
-    stack="triton",
-    rung="naive",
-    prepare=naive_attention,
-    bind=bind,
+IMPLEMENTATION = ENTRY.implementation(
     supports=supports,
     compile_sm90=compile_sm90,
     runs_on_cpu=True,

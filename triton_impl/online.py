@@ -75,19 +75,16 @@ import triton
 import triton.language as tl
 
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
-from common.contract.validation import kernel_operand
-from common.toolchain.compile import KernelBinary, compile_triton_sm90
+from common.contract.registry import Runner
+from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import release_configs
 from triton_impl._host import (
-    POINTER_ALIGNED,
-    allocate_lse,
+    TritonEntry,
+    TritonInputs,
+    compile_pointer_kernel,
     feature_constexprs,
     ladder_supported,
-    pointer_arguments,
-    pointer_signature,
-    rung_result,
-    validate_triton_inputs,
+    pointer_runner,
 )
 
 
@@ -256,32 +253,19 @@ def _constexprs(config: TileConfig) -> dict[str, int]:
     }  # fmt: skip
 
 
-def online_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them, and compile by one warm-up
-    launch on a GPU."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens)
-    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
-
-
 def bind(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
 ) -> Runner:
     """Allocate O for validated q, k, v and return ``run()`` launching the fused kernel."""
-    q, k, v = (kernel_operand(t) for t in (q, k, v))
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
     config = CONFIGS[problem.head_dim]
-    grid = (triton.cdiv(problem.seqlen_q, config.block_m), problem.batch * problem.heads)
-    lse = allocate_lse(problem, q.device)
-    args = pointer_arguments(q, k, v, out, problem, lse, cache_seqlens)
     constexprs = {**feature_constexprs(problem), "HEAD_DIM": problem.head_dim, **_constexprs(config)}
+    launch_options = {**constexprs, "num_warps": config.num_warps}
+    return pointer_runner(_online_kernel, q, k, v, problem, cache_seqlens, config.block_m, launch_options)
 
-    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        _online_kernel[grid](*args, **constexprs, num_warps=config.num_warps)
-        return rung_result(out, lse)
 
-    return run
+# prepare = validate (every Triton feature, these head dims) → bind → warm up.
+ENTRY = TritonEntry(TritonInputs("triton/online", HEAD_DIMS), bind)
+prepare = ENTRY.prepare
 
 
 # ----------------------------------------------------------------------------------------------
@@ -294,23 +278,11 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """The fused kernel compiled for sm_90a at ``problem``'s head dim, dtype and mask."""
     config = CONFIGS[problem.head_dim]
-    binary = compile_triton_sm90(
-        _online_kernel,
-        pointer_signature(problem.dtype),
-        {**feature_constexprs(problem), "HEAD_DIM": problem.head_dim, **_constexprs(config)},
-        num_warps=config.num_warps,
-        num_stages=1,
-        aligned=POINTER_ALIGNED,
-    )
-    return [binary]
+    constexprs = {**feature_constexprs(problem), "HEAD_DIM": problem.head_dim, **_constexprs(config)}
+    return [compile_pointer_kernel(_online_kernel, problem, constexprs, num_warps=config.num_warps, num_stages=1)]
 
 
-IMPLEMENTATION = Implementation(
-    name="triton/online",
-    stack="triton",
-    rung="online",
-    prepare=online_attention,
-    bind=bind,
+IMPLEMENTATION = ENTRY.implementation(
     supports=supports,
     compile_sm90=compile_sm90,
     runs_on_cpu=True,

@@ -56,20 +56,20 @@ import triton.language as tl
 
 from common.contract.devices import triton_interpreting
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
+from common.contract.registry import Runner
 from common.contract.validation import kernel_operand
-from common.toolchain.compile import KernelBinary, compile_triton_sm90
+from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import release_configs
 from triton_impl._device import attend_key_blocks, block_range, kv_head_index, online_softmax_finalize, seqlen_info
 from triton_impl._host import (
-    POINTER_ALIGNED,
+    TritonEntry,
+    TritonInputs,
     allocate_lse,
+    compile_pointer_kernel,
     feature_constexprs,
     ladder_supported,
     pointer_arguments,
-    pointer_signature,
-    rung_result,
-    validate_triton_inputs,
+    pointer_runner,
 )
 from triton_impl.backward import tiled as tiled_backward
 
@@ -286,16 +286,13 @@ def choose_config(
     return config
 
 
-def pipelined_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), choose the tiles (autotuning here, once per
-    bucket), bind them, and compile by one warm-up launch on a GPU."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens)
+def _tune_once(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, cache_seqlens: torch.Tensor | None
+) -> None:
+    """``prepare``'s plan: choose the tiles of validated q, k, v (autotuning here, once per bucket)."""
     operands = [kernel_operand(t) for t in (q, k, v)]
     out = torch.empty_like(operands[0], memory_format=torch.contiguous_format)
-    choose_config(*operands, out, checked, cache_seqlens)
-    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
+    choose_config(*operands, out, problem, cache_seqlens)
 
 
 def bind(
@@ -306,16 +303,13 @@ def bind(
     config = planned_config(problem, q.device)
     if config is None:
         raise RuntimeError(f"triton/pipelined has not tuned {problem.describe()} yet: prepare it before binding")
-    q, k, v = (kernel_operand(t) for t in (q, k, v))
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = allocate_lse(problem, q.device)
-    args = pointer_arguments(q, k, v, out, problem, lse, cache_seqlens)
+    launch_options = _launch_options(config, problem)
+    return pointer_runner(_pipelined_kernel, q, k, v, problem, cache_seqlens, config.block_m, launch_options)
 
-    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        _launch(config, args, problem)
-        return rung_result(out, lse)
 
-    return run
+# prepare = validate (every Triton feature, these head dims) → choose the tiles → bind → warm up.
+ENTRY = TritonEntry(TritonInputs("triton/pipelined", HEAD_DIMS), bind, plan=_tune_once)
+prepare = ENTRY.prepare
 
 
 # ----------------------------------------------------------------------------------------------
@@ -347,28 +341,17 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """The kernel compiled for sm_90a at ``problem``'s head dim, dtype and mask, fixed configuration."""
     config = DEFAULT_CONFIGS[problem.head_dim, problem.causal]
-    binary = compile_triton_sm90(
-        _pipelined_kernel,
-        pointer_signature(problem.dtype),
-        {
-            **feature_constexprs(problem),
-            "HEAD_DIM": problem.head_dim,
-            "BLOCK_M": config.block_m,
-            "BLOCK_N": config.block_n,
-        },
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        aligned=POINTER_ALIGNED,
+    constexprs = {
+        **feature_constexprs(problem),
+        "HEAD_DIM": problem.head_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
+    }  # fmt: skip
+    binary = compile_pointer_kernel(
+        _pipelined_kernel, problem, constexprs, num_warps=config.num_warps, num_stages=config.num_stages
     )
     return [binary]
 
 
-IMPLEMENTATION = Implementation(
-    name="triton/pipelined",
-    stack="triton",
-    rung="pipelined",
-    prepare=pipelined_attention,
-    bind=bind,
+IMPLEMENTATION = ENTRY.implementation(
     supports=supports,
     compile_sm90=compile_sm90,
     runs_on_cpu=True,

@@ -38,32 +38,39 @@ warps stall on every K/V load, and every causal block pays for the mask.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
-from common.contract.validation import kernel_operand
-from common.toolchain.compile import KernelBinary, compile_triton_sm90
+from common.contract.registry import Runner
+from common.toolchain.compile import KernelBinary
 from triton_impl._host import (
-    POINTER_ALIGNED,
-    allocate_lse,
+    TritonEntry,
+    TritonInputs,
+    compile_pointer_kernel,
     feature_constexprs,
     ladder_supported,
-    pointer_arguments,
-    pointer_signature,
-    rung_result,
-    validate_triton_inputs,
+    pointer_runner,
 )
 from triton_impl.backward import tiled as tiled_backward
+
+
+class Blocks(NamedTuple):
+    """The tiles and warps of one head dim."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+
 
 # Per head dim: (BLOCK_M, BLOCK_N, num_warps). Fixed on purpose (tuning is the next rung's job);
 # each compiles for sm_90a with no spills under both tested Triton releases. D=128 takes 64 x 64
 # with one warpgroup, the fastest of three tiles timed on the H200 under both releases (perf log,
 # "Triton 3.9 on the early rungs").
-BLOCKS: dict[int, tuple[int, int, int]] = {32: (128, 64, 4), 64: (128, 64, 4), 128: (64, 64, 4), 256: (64, 32, 4)}
+BLOCKS = {32: Blocks(128, 64, 4), 64: Blocks(128, 64, 4), 128: Blocks(64, 64, 4), 256: Blocks(64, 32, 4)}
 HEAD_DIMS = tuple(BLOCKS)
 # Natural log of 2, read in the kernel: the LSE is kept in log2 units until it is stored.
 LN_2 = tl.constexpr(math.log(2.0))
@@ -155,32 +162,19 @@ def _tiled_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def tiled_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), bind them, and compile by one warm-up
-    launch on a GPU."""
-    checked = validate_triton_inputs(q, k, v, problem, HEAD_DIMS, cache_seqlens=cache_seqlens)
-    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
-
-
 def bind(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
 ) -> Runner:
     """Allocate O for validated q, k, v and return ``run()`` launching the FA2 kernel."""
-    q, k, v = (kernel_operand(t) for t in (q, k, v))
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
     block_m, block_n, num_warps = BLOCKS[problem.head_dim]
-    grid = (triton.cdiv(problem.seqlen_q, block_m), problem.batch * problem.heads)
-    lse = allocate_lse(problem, q.device)
-    args = pointer_arguments(q, k, v, out, problem, lse, cache_seqlens)
     constexprs = {**feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n}
+    launch_options = {**constexprs, "num_warps": num_warps, "num_stages": NUM_STAGES}
+    return pointer_runner(_tiled_kernel, q, k, v, problem, cache_seqlens, block_m, launch_options)
 
-    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        _tiled_kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=NUM_STAGES)
-        return rung_result(out, lse)
 
-    return run
+# prepare = validate (every Triton feature, these head dims) → bind → warm up.
+ENTRY = TritonEntry(TritonInputs("triton/tiled", HEAD_DIMS), bind)
+prepare = ENTRY.prepare
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,23 +187,11 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """The FA2 kernel compiled for sm_90a at ``problem``'s head dim, dtype and mask."""
     block_m, block_n, num_warps = BLOCKS[problem.head_dim]
-    binary = compile_triton_sm90(
-        _tiled_kernel,
-        pointer_signature(problem.dtype),
-        {**feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n},
-        num_warps=num_warps,
-        num_stages=NUM_STAGES,
-        aligned=POINTER_ALIGNED,
-    )
-    return [binary]
+    constexprs = {**feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n}
+    return [compile_pointer_kernel(_tiled_kernel, problem, constexprs, num_warps=num_warps, num_stages=NUM_STAGES)]
 
 
-IMPLEMENTATION = Implementation(
-    name="triton/tiled",
-    stack="triton",
-    rung="tiled",
-    prepare=tiled_attention,
-    bind=bind,
+IMPLEMENTATION = ENTRY.implementation(
     supports=supports,
     compile_sm90=compile_sm90,
     runs_on_cpu=True,

@@ -570,7 +570,7 @@ class GluonDecode:
         )  # fmt: skip
         self.split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
         self.split_options = {**split_constexprs(problem, num_splits > 1), "num_warps": NUM_WARPS}
-        self._combine = triton_decode.combine_launch(problem, num_splits, out_partial, lse_partial, self.out, lse_arg)
+        self._combine = triton_decode.merge_launch(problem, num_splits, out_partial, lse_partial, self.out, lse_arg)
 
     def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _split_kernel[self.split_grid](*self.split_args, **self.split_options)

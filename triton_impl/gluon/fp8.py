@@ -109,23 +109,16 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma
 
 from common.contract import fp8 as contract_fp8
-from common.contract.fp8 import Emulation, KernelOperands, KernelOrder, Quantisation, ValueLayout
-from common.contract.fp8 import emulate as emulate_quantised
+from common.contract.fp8 import KernelOperands, KernelOrder, Quantisation, ValueLayout
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
+from common.contract.registry import Implementation
 from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import release_configs
 from triton_impl._host import LOG2_E
 from triton_impl.fp8 import DEFAULT_QUANTISATION, INPUT_DTYPES
-from triton_impl.fp8_quantiser import (
-    FusedQuantiser,
-    QuantisedLaunch,
-    compile_sm90_for,
-    end_to_end_runner,
-    quantise_for_kernel,
-    shared_memory_supported,
-)
+from triton_impl.fp8_launch import Fp8Entry, QuantisedLaunch
+from triton_impl.fp8_quantiser import FusedQuantiser, compile_sm90_for, shared_memory_supported
 from triton_impl.gluon import hopper
 from triton_impl.gluon._device import _words_as_operand, online_softmax_rescale
 from triton_impl.gluon._host import (
@@ -399,66 +392,18 @@ def launch(
     return QuantisedLaunch(fused, GluonFp8Attention(fused.operands, problem, config, cache_seqlens))
 
 
-def bind(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> QuantisedLaunch:
-    """Per call (the values change): new buffers, the fused quantisation of validated q, k, v into
-    them (one launch with block scales), the descriptors; run() launches the kernel alone."""
-    prepared = launch(q, k, problem, quantisation, cache_seqlens=cache_seqlens)
-    prepared.quantise(q, k, v)
-    return prepared
+def _kernel_order(problem: Problem) -> KernelOrder:
+    """Key blocks of the default configuration, visited first to last (every consumer walks its blocks upwards)."""
+    return KernelOrder(block_n=default_config(problem).block_n, reverse=False)
 
 
-def prepare(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> Runner:
-    """Validate, quantise (``quantisation``: ``common.contract.fp8.VARIANTS``), bind, warm up; run() is the kernel."""
-    checked = _validate(q, k, v, problem, cache_seqlens)
-    return warmed_up(bind(q, k, v, checked, quantisation, cache_seqlens=cache_seqlens), q.device)
+def _value_layout(problem: Problem) -> ValueLayout:
+    return value_layout(default_config(problem))
 
 
-def prepare_end_to_end(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> Runner:
-    """Like ``prepare``, but every run() runs the fused quantiser and then the kernel: fp8's per-call cost."""
-    checked = _validate(q, k, v, problem, cache_seqlens)
-    return end_to_end_runner(launch(q, k, checked, quantisation, cache_seqlens=cache_seqlens), q, k, v)
-
-
-def emulate(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-) -> Emulation:
-    """The fp64 emulation this rung is judged against: the operands its kernel reads (the fused
-    quantiser's on CUDA), key blocks of the default configuration visited first to last (every
-    consumer walks its blocks upwards)."""
-    config = default_config(problem)
-    order = KernelOrder(block_n=config.block_n, reverse=False)
-    operands = quantise_for_kernel(q, k, v, quantisation, value_layout(config)).as_quantised()
-    return emulate_quantised(operands, problem, order, cache_seqlens=cache_seqlens)
+# bind, prepare, prepare_end_to_end and emulate: the FP8 rungs' shared entry (triton_impl/fp8_launch.py).
+ENTRY = Fp8Entry(_validate, launch, _kernel_order, _value_layout, DEFAULT_QUANTISATION)
+bind, prepare, prepare_end_to_end, emulate = ENTRY.bind, ENTRY.prepare, ENTRY.prepare_end_to_end, ENTRY.emulate
 
 
 # ----------------------------------------------------------------------------------------------

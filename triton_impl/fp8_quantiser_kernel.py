@@ -1,0 +1,395 @@
+"""The device code of the fused FP8 quantiser that the three stacks' FP8 rungs share (Triton, Gluon
+and CuTe run it before their attention kernels; its host side, ``FusedQuantiser``, is
+``triton_impl/fp8_quantiser.py``): ``quantise_kernel`` turns Q, K and V from bf16/fp16 into the e4m3
+operands and scales those kernels read, the values of ``common.contract.fp8.quantise``, and
+``tensor_amax_kernel`` reduces per-tensor amaxes. The work is memory-bound (Q, K, V read in 16 bits,
+written in 8), so the kernel is built to keep bytes in flight and to spend few instructions per element.
+
+Launch (``quantise_kernel``; ``FusedQuantiser`` plans it): one grid for all three tensors; programs
+[0, q_programs) take Q's tiles, the next k_programs K's, the rest V's (``single_launch=False``
+launches the same kernel once per tensor). A tile is 128 rows (``TILE_ROWS``: the larger block; Q's
+64-row blocks go two to a tile) of one (batch, head), so every tensor's tile has the same shape and one
+warp count (64 fp32 values a thread: 8 warps at D=128) serves the launch. A program loops over
+``tiles_per_program`` tiles of its tensor, strided by the tensor's program count.
+
+Per program (``_quantise_tiles``): the rotation operand is loaded once (the tensor-core sign matrix
+stays in shared memory across the loop); then per tile:
+  1. Load the tile's rows in bf16/fp16 (16-byte loads; rows past S as zeros). V for a kernel that
+     reads it permuted (``ValueLayout.permuted``) is loaded in slot order (row r of the tile is key
+     ``PERMUTED_KEY_ORDER``-mapped r), so that its store in step 5 is a plain transposed tile. With
+     ``prefetch`` the next tile's load is issued before this tile is computed (registers); with
+     ``num_stages`` > 1 Triton's pipeliner does it by cp.async into shared memory.
+  2. Q and K with ``rotation``: multiply by ``random_hadamard(D, seed)`` = sign matrix x c, the same
+     matrix as the reference, one of two ways (``ROTATION_METHODS``):
+     * ``tensor_core``: the tile times the ±1 sign matrix on wgmma, both operands in the input's own
+       type (bf16 or fp16: x · ±1 is exact) with fp32 accumulation, then x c, c = the matrix's fp32
+       entry magnitude 1/sqrt(D). Only the order of the fp32 sums differs from torch's fp32 GEMM.
+     * ``butterfly``: log2(D) radix-2 stages of sums and differences in fp32 (the Hadamard transform
+       in constant geometry: y[i] = x[2i] + x[2i+1], y[i + D/2] = x[2i] - x[2i+1] each stage), then
+       x the matrix's first row (its column signs times c), + 0 (a column whose sums cancel would be
+       -0 where its sign is negative). Up to D = 128 (more spills registers).
+     Either way a rotated zero is +0 (the tensor cores' cancelled sums are +0, times c > 0), so its
+     division cannot depend on how the division carries a zero's sign (step 4).
+  3. amax per row, then per block (per-tensor: the tensor's, below); scale = amax / 448 by IEEE
+     division (1 for an all-zero group), as ``block_scales``, stored per block.
+  4. x / scale, correctly rounded, then e4m3 with round-to-nearest-even by one ``cvt.rn.satfinite``,
+     which saturates exactly as the reference's clamp to ±448 does (a quotient can round a hair past
+     448) and keeps NaN, so no clamp is needed. The division (``division``):
+     * ``reciprocal``: per block r = 1/d rounded (``_divisor_of``, d = the scale), per element
+       q = x · r, then q -= (d·q - x) · r, the residual d·q - x formed exactly by an fma (taken in this
+       sign so that x = -0 gives -0 under an IEEE negation; Triton 3.6 writes -y as 0 - y, +0 for
+       y = +0, so there x = -0 gives +0: ``_quotient``). Markstein's theorem: with r within half an
+       ulp of 1/d, q within an ulp of x/d and the residual exact, one such step gives the correctly
+       rounded quotient; the first step brings any q there, the second is exact
+       (``ROTATED_CORRECTIONS`` = 2, for rotated values, which are any fp32 number). For bf16/fp16
+       values one step is already exact, checked for every pair of such a value and a scale of such an
+       amax (``UNROTATED_CORRECTIONS`` = 1).
+       Residuals are exact while d >= 2^-60 (``RECIPROCAL_MIN_SCALE``); a block of tiny values moves
+       up by 2^89 (d and x both: exact), and an infinite scale (an infinity in the block) becomes
+       d = r = 0, which gives x / inf's signed zero. 1 multiply and 2 or 4 fmas an element.
+     * ``ieee``: ``div.rn`` per element (a reciprocal approximation, refinement, a range check and a
+       slow-path branch: about 10 instructions an element, more than everything else a tile does).
+  5. Store: Q and K as (B, H, S, D) rows; V transposed as (B, Hkv, D, Sk') with keys padded to the
+     layout's multiple (the padding slots are zeros); 16-byte stores after a shared-memory exchange.
+
+Per-tensor scales need the tensor's amax before any cast: an amax pass (each tile's amax), the
+reduction (``tensor_amax_kernel``, three maxima in one launch), then the cast pass: three launches
+(seven with a launch per tensor). Block scales need one pass: one launch.
+
+Interpreter (``INTERPRETED``, the CPU tests under ``TRITON_INTERPRET=1``): three operations differ
+from the compiled kernel and are replaced. The interpreter's e4m3 cast does not round to nearest even
+(the kernel clamps and rounds onto e4m3's grid in fp32 first, so the cast is exact), its bf16 dot
+multiplies raw bits (the rotation's dot takes fp32 operands there, products exact either way), and
+its fma rounds twice (computed in fp64: the product of two fp32 values is exact there).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from common.contract.fp8 import E4M3_MAX
+
+# Device constants (a kernel reads module globals only as constexprs).
+SATURATION = tl.constexpr(E4M3_MAX)
+# e4m3's smallest normal is 2^-6; below it the grid is uniform with step 2^-9.
+E4M3_MIN_NORMAL = tl.constexpr(2.0**-6)
+E4M3_SUBNORMAL_STEP = tl.constexpr(2.0**-9)
+# The reciprocal division's residuals d·q - x are exact for divisors d in [RECIPROCAL_MIN_SCALE, FP32_MAX]
+# (module docstring, step 4): there every residual of a quotient that can round to a nonzero e4m3 value is a
+# normal fp32 number. A smaller scale (down to fp32's 2^-149) and its block's x move up by TINY_SCALE_FACTOR
+# into [2^-60, 2^29), where x stays finite (|x| <= 448 · scale).
+RECIPROCAL_MIN_SCALE = tl.constexpr(2.0**-60)
+TINY_SCALE_FACTOR = tl.constexpr(2.0**89)
+FP32_MAX = tl.constexpr(torch.finfo(torch.float32).max)
+# What one launch of quantise_kernel does (STEP): a block-scaled pass, or per-tensor's amax or cast pass.
+STEP_BLOCK, STEP_AMAX, STEP_CAST = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+ROTATE_NONE, ROTATE_TENSOR_CORE, ROTATE_BUTTERFLY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+
+
+class TensorArgs(NamedTuple):
+    """One tensor's runtime arguments (a tuple argument of ``quantise_kernel``): its input with
+    strides, its geometry in tiles, where its e4m3 values and scales go, and (per-tensor scales)
+    its tiles' amaxes and its amax."""
+
+    X: torch.Tensor
+    stride_b: int
+    stride_h: int
+    stride_s: int
+    stride_d: int
+    heads: int
+    seqlen: int
+    tiles_per_head: int
+    tiles: int
+    OUT: torch.Tensor
+    out_rows: int
+    SCALES: torch.Tensor
+    scale_blocks: int
+    TILE_AMAX: torch.Tensor
+    TENSOR_AMAX: torch.Tensor
+
+
+class TensorKind(NamedTuple):
+    """One tensor's constexprs: Q and K in rows, rotated if asked; V transposed in its layout.
+    ``CORRECTIONS``: Newton corrections of the reciprocal division (module docstring, step 4)."""
+
+    BLOCK_ROWS: int
+    ROTATE: int
+    TRANSPOSED: bool
+    PERMUTED: bool
+    CORRECTIONS: int
+
+
+class LaunchSetup(NamedTuple):
+    """Constexprs shared by the three tensors of a launch. ``INTERPRETED``: the CPU interpreter's
+    replacements (module docstring, "Interpreter")."""
+
+    HEAD_DIM: int
+    LOG2_HEAD_DIM: int
+    TILE_ROWS: int
+    STEP: int
+    NUM_STAGES: int
+    PREFETCH: bool
+    RECIPROCAL_DIVISION: bool
+    INTERPRETED: bool
+
+
+@triton.jit
+def _hadamard_butterflies(x, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, LOG2_HEAD_DIM: tl.constexpr):
+    """x (ROWS, D) fp32 times Sylvester's Hadamard matrix H (entries ±1): log2(D) stages, each
+    y[i] = x[2i] + x[2i+1], y[i + D/2] = x[2i] - x[2i+1] (constant geometry: the same reshape every stage)."""
+    for _ in tl.static_range(LOG2_HEAD_DIM):
+        even, odd = tl.split(tl.reshape(x, (ROWS, HEAD_DIM // 2, 2)))
+        x = tl.reshape(tl.permute(tl.join(even + odd, even - odd), (0, 2, 1)), (ROWS, HEAD_DIM))
+    return x
+
+
+@triton.jit
+def _rotation_operand(ROTATION, ROTATE: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """What ``_rotated`` multiplies by, loaded once per program: the (D, D) ±1 sign matrix (tensor
+    cores; Triton keeps it in shared memory across the tile loop) or the matrix's first row (butterflies)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    if ROTATE == ROTATE_TENSOR_CORE:
+        rotation = tl.load(ROTATION + offs_d[:, None] * HEAD_DIM + offs_d[None, :])
+    else:
+        rotation = tl.load(ROTATION + offs_d)
+    return rotation
+
+
+@triton.jit
+def _rotated(x, rotation, rotation_scale, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, LOG2_HEAD_DIM: tl.constexpr,
+             ROTATE: tl.constexpr, FP32_DOT: tl.constexpr):  # fmt: skip
+    """x (ROWS, D) times random_hadamard(D, seed) in fp32 (module docstring, step 2)."""
+    if ROTATE == ROTATE_TENSOR_CORE:
+        # rotation: the ±1 sign matrix in x's type (fp32 for FP32_DOT); x · ±1 is exact, sums in fp32.
+        product = tl.dot(x.to(tl.float32), rotation, input_precision="ieee") if FP32_DOT else tl.dot(x, rotation)
+        rotated = product * rotation_scale
+    else:
+        # rotation: the matrix's first row (the Hadamard's first row is all ones: column sign x c). The sign
+        # comes after the sums, so a column whose sums cancel exactly (+0) would be -0 where its sign is
+        # negative; + 0.0 makes it +0 (IEEE: -0 + +0 = +0), as the tensor-core product gives (module
+        # docstring, steps 2 and 4). Compiled, the multiply and the add are one fma with a zero addend.
+        rotated = _hadamard_butterflies(x.to(tl.float32), ROWS, HEAD_DIM, LOG2_HEAD_DIM) * rotation[None, :] + 0.0
+    return rotated
+
+
+@triton.jit
+def _round_to_e4m3_grid(y):
+    """fp32 y, |y| <= 448, rounded to the nearest e4m3 value (ties to even), still in fp32, sign kept
+    (-0 too): the interpreter's cast truncates, so it gets values it can convert exactly."""
+    bits = y.to(tl.int32, bitcast=True)
+    sign = bits & -0x80000000
+    magnitude = tl.abs(y)
+    # Normal e4m3: keep 3 of fp32's 23 mantissa bits, ties to even; a carry moves into the exponent.
+    magnitude_bits = magnitude.to(tl.int32, bitcast=True)
+    kept_lsb = (magnitude_bits >> 20) & 1
+    normal = ((magnitude_bits + 0x7FFFF + kept_lsb) & -0x100000).to(tl.float32, bitcast=True)
+    # Subnormal e4m3: multiples of 2^-9; magnitude · 2^9 < 8 is exact, round it to an integer, ties to even.
+    steps = magnitude * (1.0 / E4M3_SUBNORMAL_STEP)
+    whole = steps.to(tl.int32)
+    fraction = steps - whole.to(tl.float32)
+    up = (fraction > 0.5) | ((fraction == 0.5) & ((whole & 1) == 1))
+    subnormal = (whole + up.to(tl.int32)).to(tl.float32) * E4M3_SUBNORMAL_STEP
+    rounded = tl.where(magnitude < E4M3_MIN_NORMAL, subnormal, normal)
+    return (rounded.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _to_e4m3(y, INTERPRETED: tl.constexpr):
+    """fp32 -> e4m3, round to nearest even, saturating at ±448 as the reference's clamp does: on the GPU
+    one ``cvt.rn.satfinite`` (it saturates what rounds past 448, keeps NaN); the interpreter clamps
+    and rounds onto the grid first."""
+    if INTERPRETED:
+        y = _round_to_e4m3_grid(tl.clamp(y, -SATURATION, SATURATION, propagate_nan=tl.PropagateNan.ALL))
+    return y.to(tl.float8e4nv)
+
+
+@triton.jit
+def _fma(a, b, c, INTERPRETED: tl.constexpr):
+    """a · b + c rounded once: ``fma.rn.f32``; the interpreter's fma rounds twice, so it computes in
+    fp64 (the product of two fp32 values is exact there) and rounds to fp32."""
+    if INTERPRETED:
+        return (a.to(tl.float64) * b.to(tl.float64) + c.to(tl.float64)).to(tl.float32)
+    return tl.fma(a, b, c)
+
+
+@triton.jit
+def _divisor_of(scale):
+    """What the reciprocal division of one block divides by (module docstring, step 4): (divisor,
+    reciprocal = 1 / divisor rounded, factor) with x / scale = (x · factor) / divisor exactly. A scale
+    below RECIPROCAL_MIN_SCALE (an all-tiny block) moves up by TINY_SCALE_FACTOR, a power of two, into
+    the range where every residual is exact; an infinite scale (an infinity in the block) becomes divisor
+    and reciprocal 0, which give x / inf's signed zero (NaN for an infinite x)."""
+    infinite = scale > FP32_MAX
+    factor = tl.where(scale < RECIPROCAL_MIN_SCALE, TINY_SCALE_FACTOR, 1.0)
+    divisor = tl.where(infinite, 0.0, scale * factor)
+    reciprocal = tl.where(infinite, 0.0, tl.math.div_rn(tl.full((), 1.0, tl.float32), divisor))
+    return divisor, reciprocal, factor
+
+
+@triton.jit
+def _quotient(x, scale, divisor, reciprocal, factor, prescaled, RECIPROCAL_DIVISION: tl.constexpr,
+              CORRECTIONS: tl.constexpr, INTERPRETED: tl.constexpr):  # fmt: skip
+    """x / scale correctly rounded (the reference's IEEE division); the per-row operands broadcast
+    against x. ``div.rn`` per element, or the reciprocal division (module docstring, step 4):
+    x · factor (only where a block of the tile was moved up: ``prescaled``), q = x · r, then
+    CORRECTIONS times q -= (d·q - x) · r, the residual d·q - x formed exactly by an fma; with one
+    correction (x a bf16/fp16 value, which may be -0), x = ±0 itself where x is zero: Triton 3.6 writes
+    the unary minus as 0 - y (``sub.f32`` from 0f00000000; 3.8 emits a negation), so -(d·q - x) of
+    x = -0 is +0 and q ends +0 where IEEE division gives -0, one e4m3 byte (0x00 for 0x80) of the same
+    value. A rotated zero is +0 (``_rotated``), and x = +0 gives +0 under either negation, so the
+    rotated path needs no select (one made Triton 3.7 spill the butterfly's cast: 16 bytes)."""
+    if RECIPROCAL_DIVISION:
+        if prescaled:
+            x = x * factor
+        quotient = x * reciprocal
+        for _ in tl.static_range(CORRECTIONS):
+            quotient = _fma(-_fma(divisor, quotient, -x, INTERPRETED), reciprocal, quotient, INTERPRETED)
+        if CORRECTIONS == 1:
+            quotient = tl.where(x == 0, x, quotient)
+    else:
+        quotient = tl.math.div_rn(x, tl.broadcast_to(scale, x.shape))
+    return quotient
+
+
+@triton.jit
+def _scale_of(amax):
+    """amax / 448 (IEEE division), 1 for an all-zero group: ``block_scales``."""
+    return tl.where(amax > 0, tl.math.div_rn(amax, tl.full((), SATURATION, tl.float32)), 1.0)
+
+
+@triton.jit
+def _row_scales(row_amax, T, batch_head, m_tile, KIND: tl.constexpr, SETUP: tl.constexpr):
+    """Stores the tile's block scales (its blocks', or the tensor's) and returns what ``_quotient``
+    divides each row by: its scale, divisor, reciprocal and factor, and whether any block was moved up."""
+    BLOCKS: tl.constexpr = SETUP.TILE_ROWS // KIND.BLOCK_ROWS
+    row_block = tl.arange(0, SETUP.TILE_ROWS) // KIND.BLOCK_ROWS
+    if SETUP.STEP == STEP_CAST:
+        tensor_scale = _scale_of(tl.load(T.TENSOR_AMAX))
+    row_scale = tl.zeros_like(row_amax)
+    row_divisor = tl.zeros_like(row_amax)
+    row_reciprocal = tl.zeros_like(row_amax)
+    row_factor = tl.zeros_like(row_amax)
+    prescaled = False
+    for block in tl.static_range(BLOCKS):
+        if SETUP.STEP == STEP_CAST:
+            scale = tensor_scale
+        else:
+            scale = _scale_of(tl.max(tl.where(row_block == block, row_amax, 0.0), axis=0))
+        m_block = m_tile * BLOCKS + block
+        tl.store(T.SCALES + batch_head * T.scale_blocks + m_block, scale, mask=m_block < T.scale_blocks)
+        in_block = row_block == block
+        row_scale = tl.where(in_block, scale, row_scale)
+        if SETUP.RECIPROCAL_DIVISION:
+            divisor, reciprocal, factor = _divisor_of(scale)
+            row_divisor = tl.where(in_block, divisor, row_divisor)
+            row_reciprocal = tl.where(in_block, reciprocal, row_reciprocal)
+            row_factor = tl.where(in_block, factor, row_factor)
+            prescaled = prescaled | (factor != 1.0)
+    return row_scale, row_divisor, row_reciprocal, row_factor, prescaled
+
+
+@triton.jit
+def _tile_rows(m_tile, TILE_ROWS: tl.constexpr, PERMUTED: tl.constexpr):
+    """Row index of each tile row: the tile's rows in order, or (PERMUTED) slot r holding key
+    PERMUTED_KEY_ORDER[r % 16] of its group of 16 (a closed form of the table, checked by the tests)."""
+    slots = tl.arange(0, TILE_ROWS)
+    if PERMUTED:
+        within = slots % 16
+        slots = slots - within + 8 * ((within % 4) // 2) + 2 * (within // 4) + within % 2
+    return m_tile * TILE_ROWS + slots
+
+
+@triton.jit
+def _load_tile(T, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, PERMUTED: tl.constexpr):
+    """Tile ``tile`` of tensor T in its dtype (V for a permuted layout in slot order); rows past S, and
+    every row of a tile past the last, as zeros."""
+    batch_head = (tile // T.tiles_per_head).to(tl.int64)
+    rows = _tile_rows(tile % T.tiles_per_head, TILE_ROWS, PERMUTED)
+    offs_d = tl.arange(0, HEAD_DIM)
+    x_ptrs = (T.X + (batch_head // T.heads) * T.stride_b + (batch_head % T.heads) * T.stride_h
+              + rows[:, None] * T.stride_s + offs_d[None, :] * T.stride_d)  # fmt: skip
+    # A tile past the last reads no row (its valid length is 0): one comparison per row, a mask Triton
+    # 3.9's interpreter also takes (it refuses a tensor mask combined with a scalar one).
+    valid_rows = tl.where(tile < T.tiles, T.seqlen, 0)
+    return tl.load(x_ptrs, mask=rows[:, None] < valid_rows, other=0.0)
+
+
+@triton.jit
+def _quantise_tiles(T, program, programs, ROTATION, rotation_scale, KIND: tl.constexpr, SETUP: tl.constexpr):
+    """Tiles program, program + programs, ... of one tensor (T: its ``TensorArgs``; KIND: its
+    ``TensorKind``): the module docstring's steps 1-5 for each."""
+    HEAD_DIM: tl.constexpr = SETUP.HEAD_DIM
+    TILE_ROWS: tl.constexpr = SETUP.TILE_ROWS
+    offs_d = tl.arange(0, HEAD_DIM)
+    if KIND.ROTATE != ROTATE_NONE:
+        rotation = _rotation_operand(ROTATION, KIND.ROTATE, HEAD_DIM)
+    if SETUP.PREFETCH:
+        x_next = _load_tile(T, program, TILE_ROWS, HEAD_DIM, KIND.PERMUTED)
+    for tile in tl.range(program, T.tiles, programs, num_stages=SETUP.NUM_STAGES):
+        batch_head = (tile // T.tiles_per_head).to(tl.int64)
+        m_tile = tile % T.tiles_per_head
+
+        # ---- 1. load (PREFETCH: this tile came with the previous one; ask for the next before computing)
+        if SETUP.PREFETCH:
+            x = x_next
+            x_next = _load_tile(T, tile + programs, TILE_ROWS, HEAD_DIM, KIND.PERMUTED)
+        else:
+            x = _load_tile(T, tile, TILE_ROWS, HEAD_DIM, KIND.PERMUTED)
+
+        # ---- 2. rotation
+        if KIND.ROTATE != ROTATE_NONE:
+            x = _rotated(x, rotation, rotation_scale, TILE_ROWS, HEAD_DIM, SETUP.LOG2_HEAD_DIM, KIND.ROTATE,
+                         SETUP.INTERPRETED)  # fmt: skip
+        x = x.to(tl.float32)
+
+        # ---- 3. amax (per row, then per block) and scales
+        row_amax = tl.max(tl.abs(x), axis=1)
+        if SETUP.STEP == STEP_AMAX:
+            tl.store(T.TILE_AMAX + tile, tl.max(row_amax, axis=0))
+        else:
+            scale, divisor, reciprocal, factor, prescaled = _row_scales(row_amax, T, batch_head, m_tile, KIND, SETUP)
+
+            # ---- 4. divide by the scale, round to e4m3 (saturating)
+            y = _quotient(x, scale[:, None], divisor[:, None], reciprocal[:, None], factor[:, None], prescaled,
+                          SETUP.RECIPROCAL_DIVISION, KIND.CORRECTIONS, SETUP.INTERPRETED)  # fmt: skip
+            y8 = _to_e4m3(y, SETUP.INTERPRETED)
+
+            # ---- 5. store: rows, or Vᵀ with its keys (slots) contiguous
+            slots = m_tile * TILE_ROWS + tl.arange(0, TILE_ROWS)
+            if KIND.TRANSPOSED:
+                out_ptrs = T.OUT + (batch_head * HEAD_DIM + offs_d[:, None]) * T.out_rows + slots[None, :]
+                tl.store(out_ptrs, tl.trans(y8), mask=slots[None, :] < T.out_rows)
+            else:
+                out_ptrs = T.OUT + (batch_head * T.out_rows + slots[:, None]) * HEAD_DIM + offs_d[None, :]
+                tl.store(out_ptrs, y8, mask=slots[:, None] < T.out_rows)
+
+
+@triton.jit
+def quantise_kernel(Q, K, V, q_programs, k_programs, v_programs, ROTATION, rotation_scale, Q_KIND: tl.constexpr,
+                     K_KIND: tl.constexpr, V_KIND: tl.constexpr, SETUP: tl.constexpr):  # fmt: skip
+    """Programs [0, q_programs) quantise Q's tiles, the next k_programs K's, the rest V's (a launch
+    for one tensor passes 0 programs for the others)."""
+    program = tl.program_id(0)
+    if program < q_programs:
+        _quantise_tiles(Q, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
+    elif program < q_programs + k_programs:
+        _quantise_tiles(K, program - q_programs, k_programs, ROTATION, rotation_scale, K_KIND, SETUP)
+    else:
+        _quantise_tiles(V, program - q_programs - k_programs, v_programs, ROTATION, rotation_scale, V_KIND, SETUP)
+
+
+@triton.jit
+def tensor_amax_kernel(TILE_AMAX, TENSOR_AMAX, q_tiles, k_tiles, v_tiles, CHUNK: tl.constexpr):
+    """Per-tensor scales: program t reduces tensor t's tile amaxes (stored back to back) to one."""
+    tensor = tl.program_id(0)
+    start = tl.where(tensor == 0, 0, tl.where(tensor == 1, q_tiles, q_tiles + k_tiles))
+    count = tl.where(tensor == 0, q_tiles, tl.where(tensor == 1, k_tiles, v_tiles))
+    running = tl.zeros((CHUNK,), dtype=tl.float32)
+    for first in range(0, count, CHUNK):
+        offs = first + tl.arange(0, CHUNK)
+        running = tl.maximum(running, tl.load(TILE_AMAX + start + offs, mask=offs < count, other=0.0))
+    tl.store(TENSOR_AMAX + tensor, tl.max(running, axis=0))
