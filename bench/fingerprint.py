@@ -5,7 +5,8 @@
 
 Each row is one kernel of one rung at one problem (P1 and its causal twin, and a decode step): the
 SHA-256 of its PTX and of its SASS, each with what a move between files changes and code does not
-taken out (``.loc``/``.file`` debug lines, ``//`` comments, the kernel's mangled entry name), and the
+taken out (``.loc``/``.file`` lines, DWARF ``.debug`` sections and the ``$L__tmp`` labels only they use,
+``//`` comments, blank lines, the kernel's mangled entry name), and the
 instruction and register counts, so a difference says where to look. Rungs compile in a clean child
 process (as ``common.reporting.static`` does), kernels in the order each rung's ``compile_sm90`` gives.
 """
@@ -36,7 +37,10 @@ PROBLEMS: dict[str, Problem] = {
     "decode": Problem(8, 32, 1, 32768, 128, torch.bfloat16, kv_heads=8, has_cache_seqlens=True),
 }
 
-_PTX_NOISE = re.compile(r"^\s*(\.loc|\.file|//|\.section\s+\.debug).*$", re.MULTILINE)
+_PTX_NOISE = re.compile(r"^\s*(\.loc|\.file|//).*$", re.MULTILINE)
+# DWARF sections (call lines, directories) and the labels that only they refer to (inlined-call ranges).
+_PTX_DEBUG = re.compile(r"^\s*\.section\s+\.debug\w*\s*\{.*?^\s*\}", re.MULTILINE | re.DOTALL)
+_PTX_DEBUG_LABEL = re.compile(r"^\s*\$L__tmp\d+:\s*$", re.MULTILINE)
 _SASS_NOISE = re.compile(r"/\*[0-9a-f]{4,}\*/|//.*$|^\s*\.(?:text|section|headerflags|elftype).*$", re.MULTILINE)
 
 
@@ -55,7 +59,8 @@ class Fingerprint:
 
 
 def _normalised_ptx(ptx: str, entry: str) -> str:
-    return _PTX_NOISE.sub("", ptx).replace(entry, "KERNEL")
+    text = _PTX_DEBUG_LABEL.sub("", _PTX_DEBUG.sub("", _PTX_NOISE.sub("", ptx)))
+    return "\n".join(line for line in text.replace(entry, "KERNEL").splitlines() if line.strip())
 
 
 def _sass(cubin: bytes) -> str:

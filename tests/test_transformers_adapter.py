@@ -344,3 +344,29 @@ def test_bf16_greedy_generate_on_gpu(names):
         context = torch.cat([prompt, expected[:, :first]], dim=1)
         top2 = logits(reference, context)[0, -1].float().topk(2).values
         assert (top2[0] - top2[1]).item() < 0.05, f"diverged at token {first} without a near tie"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("impl", ["triton", "auto"])
+def test_bf16_generate_with_cuda_graphs_on_gpu(names, impl):
+    """transformers' compiled StaticCache decode (torch.compile "reduce-overhead": CUDA graphs) through the
+    custom op: it records (nothing a call keeps is left in the graph's pool: the adapter's mask verdict,
+    the rungs' lasting buffers) and its tokens are SDPA's but at a near tie."""
+    from transformers.generation.configuration_utils import CompileConfig
+
+    torch.manual_seed(0)
+    config = tiny_config(
+        hidden_size=256, intermediate_size=512, num_attention_heads=8, num_key_value_heads=2, head_dim=64
+    )
+    reference = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to("cuda", torch.bfloat16).eval()
+    prompt = torch.randint(3, VOCAB, (1, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    expected = greedy(reference, prompt, 16)
+    torch._dynamo.reset()
+    model = with_attention(reference, PREFIX + impl)
+    got = greedy(model, prompt, 16, cache_implementation="static", compile_config=CompileConfig(mode="reduce-overhead"))
+    if not torch.equal(got, expected):
+        first = int((got != expected).int().argmax())
+        context = torch.cat([prompt, expected[:, :first]], dim=1)
+        top2 = logits(reference, context)[0, -1].float().topk(2).values
+        assert (top2[0] - top2[1]).item() < 0.05, f"diverged at token {first} without a near tie"

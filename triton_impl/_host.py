@@ -23,7 +23,13 @@ import torch
 import triton
 
 from common.contract.capability import FEATURES, check_features
-from common.contract.devices import triton_device_supported, triton_device_types, triton_dtype_supported, triton_dtypes
+from common.contract.devices import (
+    lasting,
+    triton_device_supported,
+    triton_device_types,
+    triton_dtype_supported,
+    triton_dtypes,
+)
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner, per_call_inputs, warmed_up
 from common.contract.validation import kernel_operand, validate_for_problem
@@ -132,7 +138,7 @@ def feature_constexprs(problem: Problem) -> dict[str, bool]:
 @cache
 def placeholder(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Passed for Lse / CacheSeqlens when the problem has none: the kernel never reads or writes it."""
-    return torch.zeros(1, dtype=dtype, device=device)
+    return lasting(lambda: torch.zeros(1, dtype=dtype, device=device), device)
 
 
 def allocate_lse(problem: Problem, device: torch.device) -> torch.Tensor | None:

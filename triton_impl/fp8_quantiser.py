@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from common.contract.capability import check_shared_memory
-from common.contract.devices import triton_interpreting
+from common.contract.devices import lasting, triton_interpreting
 from common.contract.fp8 import (
     KEY_GROUP,
     KernelOperands,
@@ -172,8 +172,8 @@ def _rotation_operand_tensor(
     matrix = random_hadamard(head_dim, seed, device)
     if method == "tensor_core":
         magnitude = matrix[0, 0].abs().item()
-        return torch.sign(matrix).to(dot_dtype).contiguous(), magnitude
-    return matrix[0].contiguous(), 1.0
+        return lasting(lambda: torch.sign(matrix).to(dot_dtype).contiguous(), device), magnitude
+    return lasting(lambda: matrix[0].contiguous(), device), 1.0
 
 
 def _is_power_of_two(value: int) -> bool:

@@ -1,12 +1,37 @@
-"""Where the Triton rungs may run: CUDA always, CPU tensors only under the Triton interpreter."""
+"""Where the Triton rungs may run: CUDA always, CPU tensors only under the Triton interpreter; and how a
+buffer that lives as long as the process is allocated on a GPU."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
 from common.contract.problem import dtype_name
+
+T = TypeVar("T")
+
+
+def lasting(factory: Callable[[], T], device: torch.device | str) -> T:
+    """``factory()`` for a buffer a cache keeps for the life of the process, built on a side stream.
+
+    While torch.compile's CUDA graphs warm a graph up or record it, every allocation of the current stream
+    goes to the graph's memory pool, and a tensor left alive there (a cache entry made during the first,
+    eager run of a compiled step) fails the recording ("tensor(s) in the cudagraph pool not tracked as
+    outputs"). The side stream's allocations come from the ordinary pool; the current stream waits for
+    the side stream's writes before anything reads them."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return factory()
+    current = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        made = factory()
+    current.wait_stream(side)
+    return made
 
 
 def triton_interpreting() -> bool:

@@ -79,6 +79,7 @@ from dataclasses import dataclass
 
 import torch
 
+from common.contract.devices import lasting
 from common.contract.problem import Problem
 from common.contract.reference import sequence_lengths, visible_keys_mask
 
@@ -191,7 +192,7 @@ def _random_hadamard(head_dim: int, seed: int, device: torch.device) -> torch.Te
         hadamard = torch.cat([torch.cat([hadamard, hadamard], 1), torch.cat([hadamard, -hadamard], 1)], 0)
     generator = torch.Generator().manual_seed(seed)
     signs = torch.randint(0, 2, (head_dim,), generator=generator, dtype=torch.float64) * 2 - 1
-    return (hadamard * signs[None, :] / math.sqrt(head_dim)).float().to(device)
+    return lasting(lambda: (hadamard * signs[None, :] / math.sqrt(head_dim)).float().to(device), device)
 
 
 def block_scales(x: torch.Tensor, block_rows: int, per_block: bool) -> torch.Tensor:
@@ -246,7 +247,7 @@ PERMUTED_KEY_ORDER = tuple(8 * ((slot % 4) // 2) + 2 * (slot // 4) + slot % 2 fo
 @functools.cache
 def _key_order(device: torch.device) -> torch.Tensor:
     """``PERMUTED_KEY_ORDER`` on ``device``, copied once: a copy per call would wait for queued work."""
-    return torch.tensor(PERMUTED_KEY_ORDER, device=device)
+    return lasting(lambda: torch.tensor(PERMUTED_KEY_ORDER, device=device), device)
 
 
 @dataclass(frozen=True)

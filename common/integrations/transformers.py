@@ -105,7 +105,7 @@ from common.contract.registry import discover
 
 PREFIX = "ladder:"
 
-# (weakref to the mask tensor, its version counter, (causal, cache_seqlens)): the last verdict.
+# (weakref to the mask tensor, its version counter, (causal, every length is Sk)): the last verdict.
 _LAST_MASK: list[Any] = [None, -1, None]
 # (mask shape, dtype, Sq, Sk) -> causal, for the masks read as per-sequence lengths: what a CUDA graph
 # capture, which cannot read a mask, takes their pattern from.
@@ -175,6 +175,12 @@ def mask_pattern(mask: torch.Tensor, batch: int, seqlen_q: int, seqlen_k: int, n
     return causal, lengths.to(torch.int32).expand(batch).contiguous()
 
 
+def _mask_lengths(mask: torch.Tensor, batch: int) -> torch.Tensor:
+    """The keys the last query row of each sequence sees, summed on the device (no synchronisation)."""
+    keep = mask if mask.dtype == torch.bool else mask == 0
+    return keep[:, 0, -1, :].sum(-1).to(torch.int32).expand(batch).contiguous()
+
+
 def _captured_mask_pattern(mask: torch.Tensor, batch: int, seqlen_q: int, seqlen_k: int, name: str):
     """``(causal, cache_seqlens)`` of a mask during a CUDA graph capture: the pattern verified for this
     shape outside the capture, the lengths summed on the device (see the module docstring)."""
@@ -185,21 +191,25 @@ def _captured_mask_pattern(mask: torch.Tensor, batch: int, seqlen_q: int, seqlen
             f"an attention_mask of shape {tuple(mask.shape)} was first seen during a CUDA graph capture, where "
             "reading it would synchronise; run one step of this shape eagerly before capturing",
         )
-    keep = mask if mask.dtype == torch.bool else mask == 0
-    return causal, keep[:, 0, -1, :].sum(-1).to(torch.int32).expand(batch).contiguous()
+    return causal, _mask_lengths(mask, batch)
 
 
 def _cached_mask_pattern(mask: torch.Tensor, batch: int, seqlen_q: int, seqlen_k: int, name: str):
+    """``(causal, cache_seqlens)`` of a mask, read (one synchronisation) once per mask tensor: the verdict
+    kept is ``(causal, every length is Sk)``, never a tensor, so nothing of a call outlives it (a kept
+    tensor made during torch.compile's CUDA-graph warm-up would sit in the graph's memory pool and fail
+    the recording); the lengths are summed again on the device at each call."""
     if _capturing(mask.device):
         return _captured_mask_pattern(mask, batch, seqlen_q, seqlen_k, name)
     ref, version, verdict = _LAST_MASK
-    if ref is not None and ref() is mask and version == mask._version:
-        return verdict
-    verdict = mask_pattern(mask, batch, seqlen_q, seqlen_k, name)
-    _LAST_MASK[:] = [weakref.ref(mask), mask._version, verdict]
-    if verdict[1] is not None:
-        _VERIFIED_PATTERNS[tuple(mask.shape), mask.dtype, seqlen_q, seqlen_k] = verdict[0]
-    return verdict
+    if ref is None or ref() is not mask or version != mask._version:
+        causal, lengths = mask_pattern(mask, batch, seqlen_q, seqlen_k, name)
+        verdict = (causal, lengths is None)
+        _LAST_MASK[:] = [weakref.ref(mask), mask._version, verdict]
+        if lengths is not None:
+            _VERIFIED_PATTERNS[tuple(mask.shape), mask.dtype, seqlen_q, seqlen_k] = causal
+    causal, every_key = verdict
+    return causal, None if every_key else _mask_lengths(mask, batch)
 
 
 AttentionFn = Callable[..., torch.Tensor]

@@ -7,7 +7,7 @@ are cut into ``num_splits`` ranges of whole key blocks, one CTA each, by the sam
 a KV head are packed into one M tile (row r = head in group · Sq + token), so each K/V byte is read
 from HBM once per KV head; each split writes its normalised fp32 partial O and natural-log LSE
 (O = 0, LSE = -inf for a split with no key); a second kernel merges them. That merge is
-triton/decode's ``_combine_kernel`` itself: Gluon is Triton, the merge is a few loads and exps per
+triton/decode's ``_merge_kernel`` itself: Gluon is Triton, the merge is a few loads and exps per
 output row with no layout or copy worth spelling out, and one merge for both rungs means they combine
 their splits in the same order. With one split the split kernel writes O and the LSE itself.
 
@@ -76,7 +76,7 @@ Algorithm (grid = (num_splits, m_blocks, B · Hkv); one CTA of one warpgroup per
      running the softmax of S_i, waiting for P V and refilling the slot; the last P V.
   6. ``online_softmax_finalize``: O and the natural-log LSE of the split (O = 0, LSE = -inf without
      keys), stored as fp32 partials or, with one split, as O and the LSE.
-  7. The merge (triton/decode's ``_combine_kernel``, one program per (batch, head, token)):
+  7. The merge (triton/decode's ``_merge_kernel``, one program per (batch, head, token)):
      lse = log Σₛ exp(lseₛ), O = Σₛ exp(lseₛ - lse) · Oₛ.
 
 Data movement: K and V HBM → shared memory by ``cp.async.bulk.tensor`` on 4-D descriptors over
@@ -570,12 +570,12 @@ class GluonDecode:
         )  # fmt: skip
         self.split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
         self.split_options = {**split_constexprs(problem, num_splits > 1), "num_warps": NUM_WARPS}
-        self._combine = triton_decode.merge_launch(problem, num_splits, out_partial, lse_partial, self.out, lse_arg)
+        self._merge = triton_decode.merge_launch(problem, num_splits, out_partial, lse_partial, self.out, lse_arg)
 
     def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _split_kernel[self.split_grid](*self.split_args, **self.split_options)
         if self.num_splits > 1:
-            self._combine()
+            self._merge()
         return rung_result(self.out, self.lse)
 
 

@@ -64,7 +64,7 @@ The FP8-specific mechanisms in the three stacks (what Triton decides / what Gluo
 what CuTe makes you write):
   * P as the A operand of the second GEMM. An e4m3 m64n?k32 wgmma wants each thread to hold four
     consecutive k per register, while S's accumulator gives each thread column pairs (2t, 2t+1,
-    2t+8, 2t+9). Triton (``triton_impl/fp8._fp8_attention_step``: ``tl.dot(P.to(fp8), vt.T)``)
+    2t+8, 2t+9). Triton (``triton_impl/fp8.fp8_attention_step``: ``tl.dot(P.to(fp8), vt.T)``)
     picks the register layout and inserts the shuffles. Gluon and CuTe rename registers instead and
     read V with its keys permuted the same way inside each group of 16
     (``common.contract.fp8.PERMUTED_KEY_ORDER``, one definition for both, written so by the fused

@@ -22,7 +22,7 @@ consumer), so the consumers drift apart and one's softmax runs under another's w
 
 The three stacks side by side (what Triton decides / what Gluon makes you write / what CuTe makes
 you write):
-  * TMA: ``desc.load`` in ``triton_impl/hopper._attention_step``, the compiler builds the copies
+  * TMA: ``desc.load`` in ``triton_impl/hopper.attention_step``, the compiler builds the copies
     and their barriers / ``_load_partition`` calls ``tma.async_load`` into a ring slot after
     ``mbarrier.expect`` / ``HopperAttention.kernel`` in ``cute_impl/hopper.py`` builds TMA atoms
     and partitions them (``_tma_partition``).
