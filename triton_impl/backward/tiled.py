@@ -124,22 +124,23 @@ class BackwardConfig:
 # static test compiles them all, causal and not). dK and dV (2 · BLOCK_N × D fp32) live in registers:
 # 128 per thread over eight warps at D=128, which leaves room for the rest only when the Q and dO tiles
 # come by TMA (pointer loads keep a BLOCK_M × D tensor of addresses live: 32-row pointer tiles spill at
-# D=128, 16-row ones do not). The defaults (TMA, 128-key dK/dV programs, a separate dQ pass of 128-row
-# programs: every product a whole wgmma) are a judgement from the compiled code. The one-warpgroup
-# 64-key variants fit two CTAs per SM (about 29K registers and 66-81 KB of shared memory each), so one
-# CTA's softmax can overlap the other's MMAs. The H200 run of ``bench/backward.py --candidates`` picks.
+# D=128, 16-row ones do not). The one-warpgroup 64-key variants fit two CTAs per SM (about 29K registers
+# and 66-81 KB of shared memory each), so one CTA's softmax can overlap the other's MMAs.
+# The first of each head dim is the default: the fastest at issue #40's anchors on an H200 (2026-11-29,
+# bench/backward.py --candidates, results/h200/backward-candidates/: D=128 376 TFLOP/s at P1, 348 causal,
+# 287 at B=8 S=2048 causal; D=64 332 at B=4 H=32 S=8192); dQ by atomics was the slowest at every shape.
 CANDIDATES: dict[int, tuple[BackwardConfig, ...]] = {
     64: (
+        BackwardConfig(64, 64, 4, 3, "separate", 128, 64, 8, 2, tma=True),
         BackwardConfig(64, 128, 8, 3, "separate", 128, 64, 8, 2, tma=True),
         BackwardConfig(32, 128, 8, 3, "separate", 128, 64, 8, 2, tma=True),
         BackwardConfig(64, 128, 8, 2, "atomic", tma=True),
         BackwardConfig(32, 128, 8, 3, "atomic", tma=True),
-        BackwardConfig(64, 64, 4, 3, "separate", 128, 64, 8, 2, tma=True),
         BackwardConfig(32, 128, 8, 3, "separate", 128, 32, 4, 2),
     ),
     128: (
-        BackwardConfig(32, 128, 8, 2, "separate", 128, 64, 8, 2, tma=True),
         BackwardConfig(32, 128, 8, 3, "separate", 128, 64, 8, 3, tma=True),
+        BackwardConfig(32, 128, 8, 2, "separate", 128, 64, 8, 2, tma=True),
         BackwardConfig(16, 128, 8, 2, "atomic", tma=True),
         BackwardConfig(32, 64, 4, 3, "separate", 128, 64, 8, 2, tma=True),
         BackwardConfig(16, 128, 8, 2, "separate", 64, 64, 4, 2),
