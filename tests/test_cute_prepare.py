@@ -35,7 +35,17 @@ def cpu_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
     validate = functools.partial(cute_hopper.validate_for_problem, device_types=("cpu",))
     monkeypatch.setattr(cute_hopper, "validate_for_problem", validate)
     for module in RUNGS.values():
-        monkeypatch.setattr(module, "bind", _never_bind)
+        _patch_bind(monkeypatch, module, _never_bind)
+
+
+def _patch_bind(monkeypatch: pytest.MonkeyPatch, module: object, replacement: object) -> None:
+    """Make ``module``'s prepare reach ``replacement`` instead of its bind: the FP8 rung's prepare is its
+    ``Fp8Entry``'s (triton_impl/fp8_launch.py), which binds through the entry, not the module's name."""
+    entry = getattr(module, "ENTRY", None)
+    if entry is None:
+        monkeypatch.setattr(module, "bind", replacement)
+    else:
+        monkeypatch.setattr(type(entry), "bind", lambda self, *args, **kwargs: replacement(*args, **kwargs))
 
 
 @pytest.fixture
@@ -71,7 +81,7 @@ def test_positive_scale_reaches_bind_with_the_validated_problem(
         seen.append(problem)
         raise BindReachedError
 
-    monkeypatch.setattr(RUNGS[rung], "bind", record)
+    _patch_bind(monkeypatch, RUNGS[rung], record)
     tensors = _tensors(Problem(1, 2, 16, 16, 64, dtype=torch.bfloat16))
     caller = Problem(1, 2, 16, 16, 128, dtype=torch.bfloat16, softmax_scale=0.125)
     with pytest.raises(BindReachedError):
