@@ -26,7 +26,9 @@ COLUMNS = ("batch", "seqlen_k", "page_size", "status", "us", "gbps", "rel_l2_err
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for cute_paged_decode.csv")
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs/cute-paged-decode"), help="folder for cute_paged_decode.csv"
+    )
     args = parser.parse_args()
     require_gpu("bench.cute_paged_decode")
 

@@ -11,6 +11,10 @@
 # sdpa/cudnn), AB_TIMING (compare.py's --warmup and --rep in ms, default "50 300").
 # Outputs in $OUT: ab.log (one line per row: round, tree, impl, causal, TFLOP/s) and ab.tgz (every run's folder).
 set -uo pipefail
+if ! python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "house_ab.sh needs a CUDA GPU (Hopper); none is visible" >&2
+  exit 2
+fi
 OUT=${OUT:-runs/house_ab}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1

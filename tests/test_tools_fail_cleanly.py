@@ -39,6 +39,8 @@ def _fake_sanitizer(folder: Path) -> None:
         ("bench.generate", False, "needs a CUDA GPU"),
         ("bench.backward", False, "needs a CUDA GPU"),
         ("bench.gluon_paged_decode", False, "needs a CUDA GPU"),
+        ("bench.cute_paged_decode", False, "needs a CUDA GPU"),
+        ("bench.train", False, "needs a CUDA GPU"),
     ],
 )
 def test_tool_names_what_is_missing_and_exits_2(module: str, with_sanitizer: bool, missing: str, tmp_path: Path):
