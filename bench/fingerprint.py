@@ -17,7 +17,6 @@ import argparse
 import csv
 import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -107,13 +106,13 @@ def fingerprints(problem_name: str) -> list[Fingerprint]:
 
 
 def _in_child(problem_name: str) -> list[Fingerprint]:
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    from common.reporting.static import compile_environment
+
     done = subprocess.run(
         [sys.executable, "-m", "bench.fingerprint", "--child", problem_name],
         capture_output=True,
         text=True,
-        env=env,
+        env=compile_environment(),
         cwd=ROOT,
     )
     if done.returncode != 0:

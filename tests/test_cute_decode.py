@@ -21,8 +21,9 @@ from common.contract.check import check_on_inputs
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.reporting.static import cubin_resources
-from cute_impl import _device, _host, decode
+from cute_impl import _device, decode
 from cute_impl._device import BlockRange, SeqlenInfo
+from tests.cute_stubs import BindReachedError, stop_at_bind
 
 CPU = torch.device("cpu")
 
@@ -208,23 +209,10 @@ def test_decode_problems_are_supported(on_hopper: None):
         assert decode.supports(problem, torch.device("cuda")) == (True, ""), problem.describe()
 
 
-class BindReachedError(Exception):
-    pass
-
-
 @pytest.fixture
 def cpu_prepare(monkeypatch: pytest.MonkeyPatch) -> dict:
     """prepare() validates CPU tensors and stops at bind, recording bind's keywords."""
-    validate = functools.partial(_host.validate_attention_inputs, device_types=("cpu",))
-    monkeypatch.setattr(_host, "validate_attention_inputs", validate)
-    seen: dict = {}
-
-    def never_bind(*args: object, **kwargs: object) -> None:
-        seen.update(kwargs)
-        raise BindReachedError
-
-    monkeypatch.setattr(decode.HOST, "bind", never_bind)
-    return seen
+    return stop_at_bind(monkeypatch)
 
 
 def test_prepare_validates_then_binds_with_the_forced_split(cpu_prepare: dict):

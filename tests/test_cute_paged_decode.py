@@ -21,8 +21,9 @@ from common.contract.inputs import make_inputs, make_paged_kv
 from common.contract.problem import Problem
 from common.contract.registry import Implementation
 from common.reporting.static import cubin_resources
-from cute_impl import _device, _host, decode, pipelined, tiled
+from cute_impl import _device, decode, pipelined, tiled
 from cute_impl._device import PagedKV
+from tests.cute_stubs import BindReachedError, stop_at_bind
 
 CPU = torch.device("cpu")
 PAGE_SIZES = (16, 48, 64, 256)
@@ -97,23 +98,10 @@ def test_the_prefill_rungs_refuse_a_paged_cache_naming_it(module: object, on_hop
     assert not ok and "paged" in reason, reason
 
 
-class BindReachedError(Exception):
-    pass
-
-
 @pytest.fixture
 def cpu_prepare(monkeypatch: pytest.MonkeyPatch) -> dict:
     """prepare() validates CPU tensors and stops at bind, recording bind's keywords."""
-    validate = functools.partial(_host.validate_attention_inputs, device_types=("cpu",))
-    monkeypatch.setattr(_host, "validate_attention_inputs", validate)
-    seen: dict = {}
-
-    def never_bind(*args: object, **kwargs: object) -> None:
-        seen.update(kwargs)
-        raise BindReachedError
-
-    monkeypatch.setattr(decode.HOST, "bind", never_bind)
-    return seen
+    return stop_at_bind(monkeypatch)
 
 
 def test_prepare_validates_the_pools_then_binds_with_the_table(cpu_prepare: dict):

@@ -29,6 +29,7 @@ from common.contract.check import check_on_inputs, run_poisoned
 from common.contract.inputs import make_inputs, make_paged_kv
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, discover
+from common.measure.timing import capture
 from triton_impl import decode
 from triton_impl._device import split_key_range
 from triton_impl.gluon import decode as gluon_decode
@@ -354,14 +355,7 @@ def test_gpu_decode_step_replays_in_a_cuda_graph_with_new_lengths(impl_name: str
         k, v, extra["block_table"] = make_paged_kv(problem, k, v, seed=3)
     lengths = torch.tensor(GRAPH_LENGTHS[0], dtype=torch.int32, device="cuda")
     run = impl.prepare(q, k, v, problem, cache_seqlens=lengths, **extra)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = run()
+    graph, captured = capture(run)
     answers = []
     for step in GRAPH_LENGTHS:
         lengths.copy_(torch.tensor(step, dtype=torch.int32))

@@ -26,8 +26,9 @@ def _quantile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _graphed(fn: Callable[[], object]) -> Callable[[], object]:
-    """Capture ``fn`` in a CUDA graph once (after a warm-up on a side stream) and replay it."""
+def capture(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
+    """``fn`` captured in a CUDA graph once, after a warm-up on a side stream: the graph and what the
+    captured call returned (its buffers are the ones every replay writes)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -35,8 +36,13 @@ def _graphed(fn: Callable[[], object]) -> Callable[[], object]:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+        captured = fn()
+    return graph, captured
+
+
+def _graphed(fn: Callable[[], object]) -> Callable[[], object]:
+    """Capture ``fn`` in a CUDA graph once and replay it."""
+    return capture(fn)[0].replay
 
 
 def time_cuda(

@@ -135,13 +135,20 @@ def static_report(problem: Problem) -> list[StaticRow]:
     return [static_row(impl, problem) for impl in available]
 
 
-def static_report_subprocess(problem: Problem, timeout_s: float = 1800.0) -> list[StaticRow]:
-    """:func:`static_report` in a child process without ``TRITON_INTERPRET`` (see module doc)."""
+def compile_environment() -> dict[str, str]:
+    """This process's environment for a child that compiles: no ``TRITON_INTERPRET`` (see the module
+    docstring) and the project root first on ``PYTHONPATH``."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    # A fresh cache directory, so the compile times are cold compiles, not disk-cache hits.
-    env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cold-")
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return env
+
+
+def static_report_subprocess(problem: Problem, timeout_s: float = 1800.0) -> list[StaticRow]:
+    """:func:`static_report` in a child process without ``TRITON_INTERPRET`` (see module doc)."""
+    env = compile_environment()
+    # A fresh cache directory, so the compile times are cold compiles, not disk-cache hits.
+    env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cold-")
     spec = json.dumps(
         {
             "batch": problem.batch,
