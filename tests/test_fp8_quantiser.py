@@ -655,6 +655,7 @@ GPU_KNOB_CONFIGS = [
     fused.QuantiserConfig(num_warps=16),
     fused.QuantiserConfig(programs_per_sm=2, prefetch=True, maxnreg=128),
     fused.QuantiserConfig(programs_per_sm=2, num_stages=2),
+    fused.QuantiserConfig(programs_per_sm=1, num_stages=4, num_warps=16),
 ]
 
 

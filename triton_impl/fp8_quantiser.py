@@ -17,10 +17,13 @@ Knobs (``QuantiserConfig``, timed by ``python -m bench.fp8_quantiser --sweep``; 
 ``single_launch`` (one launch: no gaps or tails between tensors), ``tiles_per_program`` (the sign
 matrix loaded once for several tiles, fewer programs to schedule; more leave a longer tail),
 ``prefetch`` / ``num_stages`` (the next tile's bytes in flight while this one is computed: the first
-costs 32 registers a thread, the second 32 KB of shared memory a stage in each tensor's branch, which
-Triton does not overlap, so both lower the programs an SM holds), ``num_warps``, ``maxnreg`` (8 warps
-at 128 registers keep two programs an SM; a lower cap spills, and at 80 ptxas cannot place the wgmma
-accumulators) and ``division``. ``DEFAULT_CONFIG`` is what the rungs run.
+costs 32 registers a thread, the second 32 KB of shared memory a stage, so both lower the programs an SM
+holds; Triton 3.6 issues a 2-stage loop's next load at the end of the body, after this tile's stores, so
+that only 3 or more stages keep a load in flight while a tile is computed), ``num_warps``, ``maxnreg``
+(8 warps at 128 registers keep two programs an SM; a lower cap spills, and at 80 ptxas cannot place the
+wgmma accumulators), ``division`` and ``programs_per_sm`` (a persistent grid whose programs walk Q, K and
+V in turn). ``DEFAULT_CONFIG`` is what the rungs run; ``python -m bench.fp8_quantiser --ab`` times the
+candidates against the read bandwidth.
 
 Equality with the reference (``operand_differences``): without rotation the arithmetic is the same
 operation for operation (exact amax, one correctly rounded division, one rounding), so bytes and
