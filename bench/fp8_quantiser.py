@@ -369,14 +369,15 @@ def run_sweep(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------------------------------
 # --ab: candidate configurations against the read bandwidth, then FP8 end to end against the best bf16
 # ----------------------------------------------------------------------------------------------------
-# What the candidates change (fp8_quantiser.QuantiserConfig): how many tiles' bytes are in flight while one is
-# computed, and what that costs in programs an SM holds. sm_90a builds under Triton 3.6 at D=128 (registers,
-# shared memory; none spills): the default's 2 cp.async stages (128, 112 KB: 2 programs of 8 warps an SM; its
-# next tile's load is issued at the end of the loop body, so it waits the whole load latency each tile), the
-# next tile prefetched in registers under a 128-register cap (128, 64 KB: 2 an SM), a persistent
-# grid (every program its share of Q, K and V: no second wave, no tensor's programs finishing early) with the
-# same two overlaps, and 3 or 4 stages (1 or 2 tiles in flight behind the one computed; 144 / 176 KB: one
-# program an SM, of 16 warps, 121 registers, or of 8, 166).
+# What the candidates change (fp8_quantiser.QuantiserConfig): how many tiles' bytes are in flight while one
+# is computed, and what that costs in programs an SM holds. sm_90a builds under Triton 3.6 at D=128
+# (registers, shared memory; no spill but the persistent prefetch's 48 bytes): the default's 2 cp.async
+# stages (128, 112 KB: 2 programs of 8 warps an SM; its next tile's load is issued at the end of the loop
+# body, so each tile waits the whole load latency), the next tile prefetched in registers under a
+# 128-register cap (128, 64 KB: 2 an SM), a persistent grid (every program its share of Q, K and V: no
+# second wave, no tensor's programs finishing early) with the same two overlaps, and 3 or 4 stages (1 or 2
+# tiles in flight behind the one computed; 144 / 176 KB: one program an SM, of 16 warps at 121 registers,
+# or of 8 at 166).
 AB_CANDIDATES = [
     fp8_quantiser.DEFAULT_CONFIG,
     Config(tiles_per_program=8, prefetch=True, maxnreg=128),
