@@ -484,6 +484,12 @@ def test_bad_inputs_are_refused_with_what_was_expected():
         ({"num_warps": 3}, "got 3"),
         ({"maxnreg": 300}, r"\[24, 255\] or be None, got 300"),
         ({"division": "fast"}, "got 'fast'"),
+        ({"programs_per_sm": -1}, "programs_per_sm must be >= 0"),
+        (
+            {"programs_per_sm": 2, "tiles_per_program": 4},
+            "needs single_launch=True and tiles_per_program=1, got True and 4",
+        ),
+        ({"programs_per_sm": 2, "single_launch": False}, "needs single_launch=True and tiles_per_program=1, got False"),
     ):
         with pytest.raises(ValueError, match=message):
             fused.QuantiserConfig(**knobs)  # fmt: skip
