@@ -2,6 +2,7 @@
 
     python -m bench.backward --out $OUT/backward                  # ladder rows against cuDNN, flash, FA4
     python -m bench.backward --candidates --out $OUT/candidates   # the tiled rung's variants, to pick one
+    python -m bench.backward --shape P1 --shape 'P1 causal' --impl gluon/hopper --out $OUT/p1   # a selection
 
 Default mode: per (shape, implementation) -- each forward rung that has a backward (through
 ``common.attention``'s autograd), SDPA's cuDNN and flash backends and FlashAttention-4's backward
@@ -44,7 +45,7 @@ SHAPES = (
 REFERENCE = "sdpa/cudnn"
 FA4 = "fa4/sm90"
 BASELINES = (REFERENCE, "sdpa/flash", FA4)
-IMPLS = ("triton/tiled", "triton/hopper", *BASELINES)
+IMPLS = ("triton/tiled", "triton/hopper", "gluon/hopper", *BASELINES)
 # The forward whose O and LSE the candidates differentiate.
 CANDIDATE_FORWARD = "triton/hopper"
 # A variant's gradients may be at most this far from cuDNN's (relative L2, per gradient). bf16 puts
@@ -170,15 +171,25 @@ def baselines_first(impls: Sequence[str]) -> list[str]:
     return [REFERENCE, *[impl for impl in BASELINES[1:] if impl in impls], *others]
 
 
-def run_ladder(out_dir: Path, impls: Sequence[str], budget_s: float) -> int:
+def run_ladder(out_dir: Path, impls: Sequence[str], budget_s: float, shapes: Sequence[str] | None = None) -> int:
+    """Every implementation on every shape (``shapes``: the names to keep, default all)."""
     table = Table(out_dir / "results.csv", budget_s)
-    for shape in SHAPES:
+    for shape in chosen_shapes(shapes):
         inputs, grads = shape_inputs(shape), {}
         for impl in baselines_first(impls):
             base = {"shape": shape[0], "impl": impl, "variant": ""}
             measure(table, base, autograd_row(shape, impl, inputs, grads.get(REFERENCE), grads))
     table.close()
     return 1 if table.failed else 0
+
+
+def chosen_shapes(names: Sequence[str] | None) -> tuple[tuple, ...]:
+    """The anchor shapes called ``names`` (all without names); an unknown name lists the known ones."""
+    known = [shape[0] for shape in SHAPES]
+    unknown = sorted(set(names or ()) - set(known))
+    if unknown:
+        raise SystemExit(f"bench.backward: unknown --shape {unknown}; known: {known}")
+    return tuple(shape for shape in SHAPES if not names or shape[0] in names)
 
 
 def candidate_row(shape: tuple, config, inputs: tuple, saved: tuple, reference: tuple) -> Callable[[], dict]:
@@ -205,7 +216,7 @@ def candidate_row(shape: tuple, config, inputs: tuple, saved: tuple, reference: 
     return run
 
 
-def run_candidates(out_dir: Path, budget_s: float) -> int:
+def run_candidates(out_dir: Path, budget_s: float, shapes: Sequence[str] | None = None) -> int:
     import torch
 
     from common.contract.api import attention
@@ -213,7 +224,7 @@ def run_candidates(out_dir: Path, budget_s: float) -> int:
 
     table = Table(out_dir / "candidates.csv", budget_s)
     summary = []
-    for shape in SHAPES:
+    for shape in chosen_shapes(shapes):
         inputs, grads, records = shape_inputs(shape), {}, []
         for impl in BASELINES:
             base = {"shape": shape[0], "impl": impl, "variant": ""}
@@ -252,10 +263,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/backward"), help="output folder")
     parser.add_argument("--impl", action="append", help=f"implementations (repeatable; default {', '.join(IMPLS)})")
     parser.add_argument("--candidates", action="store_true", help="time the tiled rung's variants instead")
+    parser.add_argument("--shape", action="append", help="anchor shapes by name (repeatable; default all)")
     parser.add_argument(
         "--budget-s", type=float, default=DEFAULT_BUDGET_S, help="rows after this many seconds are skipped"
     )
     args = parser.parse_args(argv)
+    chosen_shapes(args.shape)
     import torch
 
     if not torch.cuda.is_available():
@@ -263,8 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_MISSING
     args.out.mkdir(parents=True, exist_ok=True)
     if args.candidates:
-        return run_candidates(args.out, args.budget_s)
-    return run_ladder(args.out, args.impl or IMPLS, args.budget_s)
+        return run_candidates(args.out, args.budget_s, args.shape)
+    return run_ladder(args.out, args.impl or IMPLS, args.budget_s, args.shape)
 
 
 if __name__ == "__main__":
