@@ -46,8 +46,10 @@ Algorithm (three launches):
 
 Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` (K, V once per dK/dV CTA; Q, dO once per
 (key block, query block) through a ``NUM_STAGES``-slot ring; LSE₂ and D by plain loads into the
-registers of the rows' layout, masked, under the wgmmas); SMEM → tensor cores by ``wgmma.mma_async``;
-Pᵀ and dSᵀ never leave registers (packed two per 32-bit word by ``cvt``, ``_device._operand_p``);
+registers of the rows' layout, masked, issued under the wgmmas: a TMA descriptor over the (B·H, Sq)
+fp32 vectors needs a row stride of Sq · 4 bytes aligned to 16, which a ragged Sq is not); SMEM → tensor
+cores by ``wgmma.mma_async``; Pᵀ and dSᵀ never leave registers (packed two per 32-bit word by
+``cvt``, ``_device._operand_p``);
 dK, dV and dQ registers → SMEM → HBM by TMA stores.
 
 Constraints: fp16 and bf16; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not;
