@@ -513,6 +513,23 @@ def test_bench_candidates_reports_a_wrong_variant_untimed(tiny_bench, tmp_path: 
     assert all(row["bwd_ms"] == "" and "dq_vs_cudnn" in row["reason"] for row in rows)
 
 
+def test_bench_candidate_rungs_name_real_variants_and_forwards() -> None:
+    """``--candidates --rung``: each rung's module has its CANDIDATES and gradients function taking the
+    variant by the named keyword, and its forward is a registered rung whose backward is that rung."""
+    import importlib
+    import inspect
+
+    import bench.backward as bench
+    from common.contract.registry import get
+
+    for candidate in bench.CANDIDATE_RUNGS.values():
+        module = importlib.import_module(candidate.module)
+        assert set(module.CANDIDATES) == {64, 128}
+        assert candidate.keyword in inspect.signature(getattr(module, candidate.gradients)).parameters
+        forward = get(candidate.forward or bench.CANDIDATE_FORWARD)
+        assert forward.backward is not None and forward.backward.name == candidate.name
+
+
 def test_bench_ladder_rows_past_the_budget_are_skipped(tiny_bench, tmp_path: Path) -> None:
     assert tiny_bench.run_ladder(tmp_path, ["triton/tiled"], budget_s=600) == 0
     rows = read_rows(tmp_path / "results.csv")
