@@ -417,30 +417,6 @@ def test_gpu_the_returned_lse_is_differentiable_too(impl: str) -> None:
     assert_lse_gradients_pass(impl, prob, q, k, v, d_out, d_lse)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    ("head_dim", "tiles"),
-    [(head_dim, tiles) for head_dim, variants in gluon_backward.CANDIDATES.items() for tiles in variants],
-    ids=lambda value: f"d{value}" if isinstance(value, int) else value.label.replace(" ", "_"),
-)
-def test_gpu_every_gluon_candidate_passes_the_rule(head_dim: int, tiles) -> None:
-    """Each tile variant of gluon/backward/hopper, bf16, GQA, causal bottom-right, ragged lengths over
-    several blocks (key and query tails inside them), against fp64 by the same rule (the default tiles
-    are also judged through autograd, causal in both alignments and not: test_gpu_gradients_pass_the_rule)."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    prob = problem(300, 1000, heads=8, kv_heads=2, head_dim=head_dim, causal=True, alignment="bottom_right")
-    prob = prob.with_(dtype=torch.bfloat16)
-    q, k, v = make_inputs(prob, seed=12, device="cuda", offset=0.5)
-    d_out = torch.randn(q.shape, generator=torch.Generator(device="cuda").manual_seed(4), device="cuda").bfloat16()
-    with torch.no_grad():
-        out, lse = attention(
-            q, k, v, causal=True, causal_alignment="bottom_right", impl="gluon/hopper", return_lse=True
-        )
-    grads = gluon_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=tiles)
-    assert_all_pass(grads, q, k, v, d_out, prob)
-
-
 def test_gluon_backward_refuses_what_it_cannot_differentiate(monkeypatch: pytest.MonkeyPatch) -> None:
     """On an sm_90 device (faked: the check reads only the capability) it takes fp16/bf16, D 64 and 128,
     GQA, both alignments and the LSE; it refuses cache_seqlens, paged caches, D=256, fp32, other GPUs, CPU."""
@@ -642,15 +618,26 @@ def test_train_ladder_losses_follow_sdpa(planted: bool, monkeypatch: pytest.Monk
     assert same != planted, (ladder_losses, sdpa_losses)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    ("head_dim", "config"),
-    [(head_dim, config) for head_dim, configs in tiled_backward.CANDIDATES.items() for config in configs],
-    ids=lambda value: f"d{value}" if isinstance(value, int) else value.label.replace(" ", "_"),
+# Each backward rung with tile variants: the forward whose O and LSE it differentiates, its gradients
+# function and the keyword that takes a variant.
+VARIANT_RUNGS = (
+    ("triton/tiled", tiled_backward, tiled_backward.tiled_gradients, "config"),
+    ("gluon/hopper", gluon_backward, gluon_backward.hopper_gradients, "tiles"),
 )
-def test_gpu_every_tiled_candidate_passes_the_rule(head_dim: int, config: tiled_backward.BackwardConfig) -> None:
-    """Each variant the candidates bench may make the default, bf16 on the GPU, GQA, causal bottom-right,
-    ragged lengths over several blocks, against fp64 by the same rule."""
+GPU_VARIANTS = [
+    pytest.param(forward, gradients, {keyword: variant}, head_dim, id=f"{forward}-d{head_dim}-{variant.label}")
+    for forward, module, gradients, keyword in VARIANT_RUNGS
+    for head_dim, variants in module.CANDIDATES.items()
+    for variant in variants
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("forward", "gradients", "variant", "head_dim"), GPU_VARIANTS)
+def test_gpu_every_candidate_passes_the_rule(forward: str, gradients, variant: dict, head_dim: int) -> None:
+    """Each variant the candidates bench may make the default (the tiled rung's and the Gluon rung's),
+    bf16 on the GPU, GQA, causal bottom-right, ragged lengths over several blocks (key and query tails
+    inside them), against fp64 by the same rule."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     prob = problem(300, 1000, heads=8, kv_heads=2, head_dim=head_dim, causal=True, alignment="bottom_right")
@@ -658,8 +645,5 @@ def test_gpu_every_tiled_candidate_passes_the_rule(head_dim: int, config: tiled_
     q, k, v = make_inputs(prob, seed=12, device="cuda", offset=0.5)
     d_out = torch.randn(q.shape, generator=torch.Generator(device="cuda").manual_seed(4), device="cuda").bfloat16()
     with torch.no_grad():
-        out, lse = attention(
-            q, k, v, causal=True, causal_alignment="bottom_right", impl="triton/tiled", return_lse=True
-        )
-    grads = tiled_backward.tiled_gradients(q, k, v, out, lse, d_out, prob, config=config)
-    assert_all_pass(grads, q, k, v, d_out, prob)
+        out, lse = attention(q, k, v, causal=True, causal_alignment="bottom_right", impl=forward, return_lse=True)
+    assert_all_pass(gradients(q, k, v, out, lse, d_out, prob, **variant), q, k, v, d_out, prob)
