@@ -49,13 +49,13 @@ Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` (K, V once per dK/dV CTA
 registers of the rows' layout, masked, issued under the wgmmas: a TMA descriptor over the (B·H, Sq)
 fp32 vectors needs a row stride of Sq · 4 bytes aligned to 16, which a ragged Sq is not); SMEM → tensor
 cores by ``wgmma.mma_async``; Pᵀ and dSᵀ never leave registers (packed two per 32-bit word by
-``cvt``, ``_device._operand_p``);
-dK, dV and dQ registers → SMEM → HBM by TMA stores.
+``cvt``, ``_device._operand_p``); dK, dV and dQ registers → SMEM → HBM by TMA stores.
 
 Constraints: fp16 and bf16; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not;
 GQA and MQA (dK and dV summed over the group's query heads in registers, no atomics); the LSE's
-gradient (``d_lse``); exactly sm_90. ``cache_seqlens``, paged caches and D = 256 are refused (the
-forward has them; this backward does not). Gluon has no interpreter path.
+gradient (``d_lse``); exactly sm_90. Refused: ``cache_seqlens`` (``gluon/hopper``'s forward takes
+them; this backward has no per-sequence key lengths), paged caches, D = 256, fp32. Gluon has no
+interpreter path: the rung compiles without a GPU (``compile_sm90``) but runs only on one.
 
 Limits (not done): the consumers wait for each step's last products before freeing the slot, so a
 step's softmax does not yet run under the previous step's dK/dV products (FA3 overlaps them); no
