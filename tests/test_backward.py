@@ -327,7 +327,7 @@ COMPILE_SCRIPT = """
 import json, torch
 from common.contract.problem import Problem
 from common.contract.registry import discover
-from common.reporting.static import cubin_resources
+from common.reporting.static import cubin_resources, ptx_features
 from triton_impl.backward import tiled
 from triton_impl.gluon import backward as gluon_backward
 backwards = {impl.backward.name: impl.backward for impl in discover(include_baselines=False)[0] if impl.backward}
@@ -354,6 +354,11 @@ for head_dim, variants in gluon_backward.CANDIDATES.items():
             for binary in gluon_backward.compile_sm90(problem, tiles)[1:]:
                 usage = next(iter(cubin_resources(binary.cubin).values()))
                 assert binary.shared_bytes <= 232_448, (tiles.label, binary.name, binary.shared_bytes)
+                # What the rung claims: TMA, mbarriers, wgmma and setmaxnreg; no mma.sync, no cp.async.
+                found = ptx_features(binary.ptx)
+                wanted = ("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier", "setmaxnreg")
+                assert all(found[name] for name in wanted), (tiles.label, binary.name, found)
+                assert not found["mma.sync"] and not found["cp.async"], (tiles.label, binary.name, found)
                 spill = usage["stack_bytes"] + usage["local_bytes"]
                 rows.append(["gluon " + tiles.label, head_dim, binary.name, spill])
 print(json.dumps(rows))
@@ -363,7 +368,8 @@ print(json.dumps(rows))
 @pytest.mark.static
 def test_every_backward_compiles_for_sm90a_without_spills() -> None:
     """Every rung's default launches and every tile candidate of the tiled rung and of the Gluon rung,
-    causal and not; the Gluon kernels also within the H200's shared memory per block."""
+    causal and not; the Gluon kernels also within the H200's shared memory per block and with the PTX
+    they claim (TMA, mbarriers, wgmma, setmaxnreg; no mma.sync or cp.async)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     done = subprocess.run(
