@@ -150,20 +150,6 @@ class StepConstants(NamedTuple):
     CAUSAL: bool
 
 
-@gluon.constexpr_function
-def _step_constants(cols, head_dim, num_stages, causal, num_warps) -> StepConstants:
-    """The :class:`StepConstants` of a consumer warpgroup whose scores are 64 rows × ``cols``."""
-    acc_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, head_dim, 16])
-    return StepConstants(
-        s_layout=gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, cols, 16]),
-        acc_layout=acc_layout,
-        # Pᵀ, dSᵀ or dS as wgmma's A operand from registers: two 16-bit k per thread and register.
-        p_layout=gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2),
-        NUM_STAGES=num_stages,
-        CAUSAL=causal,
-    )
-
-
 # ----------------------------------------------------------------------------------------------
 # Shared memory, barriers and the load partition (both kernels: two fixed tiles per consumer, a ring)
 # ----------------------------------------------------------------------------------------------
@@ -368,7 +354,15 @@ def _dkdv_kernel(
     BLOCK_N: gl.constexpr = NUM_CONSUMERS * WG_N
     BLOCK_M: gl.constexpr = desc_q.block_type.shape[2]
     HEAD_DIM: gl.constexpr = desc_q.block_type.shape[3]
-    constants: gl.constexpr = _step_constants(BLOCK_M, HEAD_DIM, NUM_STAGES, CAUSAL, num_warps)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16]
+    )
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    # Pᵀ and dSᵀ as wgmma's A operand from registers: two 16-bit k per thread and register.
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    constants: gl.constexpr = StepConstants(s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL)
 
     n_block = gl.program_id(0)
     batch_kv_head = gl.program_id(1)
@@ -490,7 +484,15 @@ def _dq_kernel(
     BLOCK_M: gl.constexpr = NUM_CONSUMERS * WG_M
     BLOCK_N: gl.constexpr = desc_k.block_type.shape[2]
     HEAD_DIM: gl.constexpr = desc_q.block_type.shape[3]
-    constants: gl.constexpr = _step_constants(BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, num_warps)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    # dS as wgmma's A operand from registers: two 16-bit k per thread and register.
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    constants: gl.constexpr = StepConstants(s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL)
 
     # Causal: the last query blocks see the most keys; launching them first evens out the tail.
     m_block = gl.num_programs(0) - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)
