@@ -92,7 +92,6 @@ from cutlass.cute.runtime import make_fake_stream
 from common.contract import splits
 from common.contract.capability import FEATURES, PAGED_KV
 from common.contract.problem import Problem
-from common.contract.registry import Implementation
 from cute_impl._device import (
     LOG2_E,
     AttentionMask,
@@ -786,15 +785,6 @@ HOST = RungHost(
 decode_attention, bind, compile_sm90 = HOST.prepare, HOST.bind, HOST.compile_sm90
 
 
-IMPLEMENTATION = Implementation(
-    name="cute/decode",
-    stack="cute",
-    rung="decode",
-    prepare=decode_attention,
-    bind=bind,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    required_ptx=("mma.sync", "ldmatrix", "cp.async"),
-    runs_on_cpu=False,
-    source_file=__file__,
+IMPLEMENTATION = HOST.implementation(
+    supports=supports, required_ptx=("mma.sync", "ldmatrix", "cp.async"), source_file=__file__
 )

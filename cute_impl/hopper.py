@@ -575,15 +575,9 @@ KERNELS = HopperKernels(HopperAttention)
 
 
 def validated_problem(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-    name: str = "cute/hopper",
-    features: tuple[str, ...] = FEATURES,
-) -> Problem:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *,
+    cache_seqlens: torch.Tensor | None = None, name: str = "cute/hopper", features: tuple[str, ...] = FEATURES,
+) -> Problem:  # fmt: skip
     """The Problem that q (B, H, Sq, D), k and v (B, Hkv, Sk, D) describe, refused with a ValueError
     where ``supports`` would refuse it (dtype, head dim, softmax_scale <= 0, grid size, a device other
     than sm_90, a problem feature not in ``features``); no GPU work. Shared with ``fp8.py``."""
@@ -653,28 +647,27 @@ def common_problem_supported(problem: Problem) -> tuple[bool, str]:
     return True, ""
 
 
+def wgmma_supports(name: str, problem: Problem, device: torch.device, dtype_rule: str) -> tuple[bool, str]:
+    """The capability check of the WGMMA rungs (this one and ``fp8.py``; the counterpart of the
+    ``mma.sync`` rungs' ``mma_sync_supports``), the first refusal in this order: an sm_90 device, fp16/bf16
+    inputs (``dtype_rule`` says what the rung does with them), the problem features, the limits of
+    :func:`common_problem_supported`."""
+    checks = (
+        hopper_device_supported(device),
+        (problem.dtype in DTYPES, f"{dtype_rule}, got {problem.dtype_name}"),
+        check_features(name, problem, FEATURES),
+        common_problem_supported(problem),
+    )
+    return next(((ok, reason) for ok, reason in checks if not ok), (True, ""))
+
+
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
-    ok, reason = hopper_device_supported(device)
-    if not ok:
-        return ok, reason
-    if problem.dtype not in DTYPES:
-        return False, f"dtype must be fp16 or bf16, got {problem.dtype_name}"
-    ok, reason = check_features("cute/hopper", problem, FEATURES)
-    if not ok:
-        return ok, reason
-    return common_problem_supported(problem)
+    return wgmma_supports("cute/hopper", problem, device, "dtype must be fp16 or bf16")
 
 
 IMPLEMENTATION = Implementation(
-    name="cute/hopper",
-    stack="cute",
-    rung="hopper",
-    prepare=prepare,
-    bind=bind,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=False,
+    name="cute/hopper", stack="cute", rung="hopper", prepare=prepare, bind=bind, supports=supports,
+    compile_sm90=compile_sm90, runs_on_cpu=False, source_file=__file__,
     required_ptx=("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier", "setmaxnreg"),
     forbidden_ptx=("mma.sync", "cp.async"),
-    source_file=__file__,
-)
+)  # fmt: skip

@@ -67,7 +67,6 @@ from cutlass.cute.runtime import make_fake_stream
 
 from common.contract.capability import FEATURES, check_common
 from common.contract.problem import Problem
-from common.contract.registry import Implementation
 from cute_impl._host import (
     CUTE_DTYPES,
     CompiledKernels,
@@ -327,15 +326,6 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     return score_buffer_fits(problem, free_bytes)
 
 
-IMPLEMENTATION = Implementation(
-    name="cute/naive",
-    stack="cute",
-    rung="naive",
-    prepare=prepare,
-    bind=bind,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=False,
-    forbidden_ptx=("mma.sync", "wgmma.mma_async"),
-    source_file=__file__,
+IMPLEMENTATION = HOST.implementation(
+    supports=supports, forbidden_ptx=("mma.sync", "wgmma.mma_async"), source_file=__file__
 )

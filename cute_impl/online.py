@@ -85,7 +85,6 @@ from cutlass import Float32, Int32, const_expr
 
 from common.contract.capability import FEATURES, check_common
 from common.contract.problem import Problem
-from common.contract.registry import Implementation
 from cute_impl._host import (
     CompiledKernels,
     ProblemConfig,
@@ -408,15 +407,6 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     return True, ""
 
 
-IMPLEMENTATION = Implementation(
-    name="cute/online",
-    stack="cute",
-    rung="online",
-    prepare=prepare,
-    bind=bind,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=False,
-    forbidden_ptx=("mma.sync", "wgmma.mma_async"),
-    source_file=__file__,
+IMPLEMENTATION = HOST.implementation(
+    supports=supports, forbidden_ptx=("mma.sync", "wgmma.mma_async"), source_file=__file__
 )

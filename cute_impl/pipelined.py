@@ -100,7 +100,6 @@ import torch
 
 from common.contract.capability import FEATURES
 from common.contract.problem import Problem
-from common.contract.registry import Implementation
 from cute_impl._device import (
     LOG2_E,
     AttentionMask,
@@ -126,6 +125,7 @@ from cute_impl._host import (
     attention_launch,
     cp_async_tiled_copy,
     fake_attention_arguments,
+    feature_flags,
     mma_sync_supports,
     positive_scale,
     qkv_shared_storage,
@@ -442,15 +442,9 @@ class PipelinedAttentionKernel:
 def tile_config(problem: Problem) -> TileConfig:
     """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every prepare),
     with the problem's features as compile-time flags (all off for the canonical problem)."""
+    shape = TILE_CONFIGS[problem.head_dim]
     return TileConfig(
-        dtype=problem.dtype,
-        head_dim=problem.head_dim,
-        causal=problem.causal,
-        shape=TILE_CONFIGS[problem.head_dim],
-        gqa=problem.kv_heads != problem.heads,
-        bottom_right=problem.bottom_right,
-        has_cache_seqlens=problem.has_cache_seqlens,
-        return_lse=problem.return_lse,
+        dtype=problem.dtype, head_dim=problem.head_dim, causal=problem.causal, shape=shape, **feature_flags(problem)
     )
 
 
@@ -478,15 +472,6 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     return mma_sync_supports("cute/pipelined", problem, device, head_dims=tuple(TILE_CONFIGS), features=FEATURES)
 
 
-IMPLEMENTATION = Implementation(
-    name="cute/pipelined",
-    stack="cute",
-    rung="pipelined",
-    prepare=prepare,
-    bind=bind,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    required_ptx=("mma.sync", "ldmatrix", "cp.async"),
-    runs_on_cpu=False,
-    source_file=__file__,
+IMPLEMENTATION = HOST.implementation(
+    supports=supports, required_ptx=("mma.sync", "ldmatrix", "cp.async"), source_file=__file__
 )

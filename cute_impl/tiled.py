@@ -87,13 +87,13 @@ import torch
 
 from common.contract.capability import FEATURES
 from common.contract.problem import Problem
-from common.contract.registry import Implementation
 from cute_impl._host import (
     CompiledKernels,
     RungHost,
     attention_launch,
     cp_async_tiled_copy,
     fake_attention_arguments,
+    feature_flags,
     mma_sync_supports,
     positive_scale,
     qkv_shared_storage,
@@ -481,15 +481,7 @@ def _quad_allreduce(value: cutlass.Float32, op: Any) -> cutlass.Float32:
 def tile_config(problem: Problem) -> TileConfig:
     """The compile-cache key of this problem: head dim, causal, and the problem's features as
     compile-time flags (all off for the canonical problem)."""
-    return TileConfig(
-        dtype=problem.dtype,
-        head_dim=problem.head_dim,
-        causal=problem.causal,
-        gqa=problem.kv_heads != problem.heads,
-        bottom_right=problem.bottom_right,
-        has_cache_seqlens=problem.has_cache_seqlens,
-        return_lse=problem.return_lse,
-    )
+    return TileConfig(dtype=problem.dtype, head_dim=problem.head_dim, causal=problem.causal, **feature_flags(problem))
 
 
 # The host entry points: validate (head dims, every feature, a positive scale) → plan (the TileConfig,
@@ -515,15 +507,4 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     return mma_sync_supports("cute/tiled", problem, device, head_dims=HEAD_DIMS, features=FEATURES)
 
 
-IMPLEMENTATION = Implementation(
-    name="cute/tiled",
-    stack="cute",
-    rung="tiled",
-    prepare=prepare,
-    bind=bind,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    required_ptx=("mma.sync", "cp.async"),
-    runs_on_cpu=False,
-    source_file=__file__,
-)
+IMPLEMENTATION = HOST.implementation(supports=supports, required_ptx=("mma.sync", "cp.async"), source_file=__file__)
