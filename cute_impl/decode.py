@@ -228,19 +228,10 @@ class DecodeKernel:
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def __call__(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor | None,
-        mOPartial: cute.Tensor | None,
-        mLSEPartial: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        mBlockTable: cute.Tensor | None,
-        softmax_scale: cutlass.Float32,
-        stream: cuda.CUstream,
-    ):
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
+        mOPartial: cute.Tensor | None, mLSEPartial: cute.Tensor | None, mCacheSeqlens: cute.Tensor | None,
+        mBlockTable: cute.Tensor | None, softmax_scale: cutlass.Float32, stream: cuda.CUstream,
+    ):  # fmt: skip
         """q (B, H, Sq, D), k, v (B, Hkv, Sk, D); mO (B·Hkv, group·Sq, D) and mLSE (B·Hkv, group·Sq) or
         None: the packed rows of O and its LSE; mOPartial (num_splits, B·Hkv, group·Sq, D) and
         mLSEPartial (num_splits, B·Hkv, group·Sq), fp32, when split, else None; mCacheSeqlens (B,)
@@ -298,25 +289,12 @@ class DecodeKernel:
     # ------------------------------------------------------------------------------------------
     @cute.kernel
     def split_kernel(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor | None,
-        mOPartial: cute.Tensor | None,
-        mLSEPartial: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        mBlockTable: cute.Tensor | None,
-        softmax_scale_log2: cutlass.Float32,
-        sQ_layout: cute.ComposedLayout,
-        sKV_layout: cute.ComposedLayout,
-        sO_parts_layout: cute.Layout,
-        sLSE_parts_layout: cute.Layout,
-        gmem_tiled_copy: cute.TiledCopy,
-        warp_mma: cute.TiledMma,
-        SharedStorage: cutlass.Constexpr,
-    ):
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
+        mOPartial: cute.Tensor | None, mLSEPartial: cute.Tensor | None, mCacheSeqlens: cute.Tensor | None,
+        mBlockTable: cute.Tensor | None, softmax_scale_log2: cutlass.Float32, sQ_layout: cute.ComposedLayout,
+        sKV_layout: cute.ComposedLayout, sO_parts_layout: cute.Layout, sLSE_parts_layout: cute.Layout,
+        gmem_tiled_copy: cute.TiledCopy, warp_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr,
+    ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         split, m_block, batch_kv_head = cute.arch.block_idx()
         num_splits, _, _ = cute.arch.grid_dim()
@@ -438,17 +416,9 @@ class DecodeKernel:
 
     @cute.jit
     def load_packed_q(
-        self,
-        gmem_tiled_copy: cute.TiledCopy,
-        gmem_thr_copy: Any,
-        mQ: cute.Tensor,
-        sQ: cute.Tensor,
-        batch: cutlass.Int32,
-        kv_head: cutlass.Int32,
-        group: cutlass.Int32,
-        m_block: cutlass.Int32,
-        rows: cutlass.Int32,
-    ):
+        self, gmem_tiled_copy: cute.TiledCopy, gmem_thr_copy: Any, mQ: cute.Tensor, sQ: cute.Tensor,
+        batch: cutlass.Int32, kv_head: cutlass.Int32, group: cutlass.Int32, m_block: cutlass.Int32, rows: cutlass.Int32,
+    ):  # fmt: skip
         """cp.async the packed Q tile (no commit): tile row r is packed row m_block · tile_m + r, query
         head kv_head · group + row // Sq, token row % Sq; rows past group · Sq are zero-filled (their
         S is then finite, and they are never stored)."""
@@ -469,23 +439,11 @@ class DecodeKernel:
 
     @cute.jit
     def attend_block(
-        self,
-        kv_copy: KVCopy,
-        warp_mma: cute.TiledMma,
-        smem_operands: LdmatrixOperands,
-        tSrQ: cute.Tensor,
-        tSrK: cute.Tensor,
-        tOrVt: cute.Tensor,
-        acc_O: cute.Tensor,
-        softmax: OnlineSoftmax,
-        mask: AttentionMask,
-        warp_index: cutlass.Int32,
-        n_block_max: cutlass.Int32,
-        n_blocks: cutlass.Int32,
-        seqlen_k: cutlass.Int32,
-        step: cutlass.Int32,
-        masked: cutlass.Constexpr,
-    ):
+        self, kv_copy: KVCopy, warp_mma: cute.TiledMma, smem_operands: LdmatrixOperands, tSrQ: cute.Tensor,
+        tSrK: cute.Tensor, tOrVt: cute.Tensor, acc_O: cute.Tensor, softmax: OnlineSoftmax, mask: AttentionMask,
+        warp_index: cutlass.Int32, n_block_max: cutlass.Int32, n_blocks: cutlass.Int32, seqlen_k: cutlass.Int32,
+        step: cutlass.Int32, masked: cutlass.Constexpr,
+    ):  # fmt: skip
         """Iteration ``step`` of the split (block ``n_block_max - 1 - step``): refill the ring, then this
         warp's S = Q Kᵀ → mask → online softmax → rescale O → O += P V."""
         (copy_K, tSsK, tSrK_view), (copy_V, tOsVt, tOrVt_view) = smem_operands.k, smem_operands.vt
@@ -548,15 +506,9 @@ class DecodeKernel:
 
     @cute.jit
     def merge_warps_and_store(
-        self,
-        sO_parts: cute.Tensor,
-        sLSE_parts: cute.Tensor,
-        gO: cute.Tensor,
-        gLSE: cute.Tensor | None,
-        row_start: cutlass.Int32,
-        rows: cutlass.Int32,
-        tidx: cutlass.Int32,
-    ):
+        self, sO_parts: cute.Tensor, sLSE_parts: cute.Tensor, gO: cute.Tensor, gLSE: cute.Tensor | None,
+        row_start: cutlass.Int32, rows: cutlass.Int32, tidx: cutlass.Int32,
+    ):  # fmt: skip
         """Merge the warps' parts of each tile row and store it: a thread takes ``MERGE_COLS`` columns
         of one row per pass (a warp covers 128 columns); rows past ``rows`` are skipped. ``gO`` is
         O's packed rows (B·Hkv slice, output dtype) or this split's fp32 partial rows; ``gLSE`` likewise
@@ -626,13 +578,9 @@ def merge_splits(lse_parts: cute.Tensor, o_parts: cute.Tensor, merged: cute.Tens
 
 
 def split_block_range(
-    split: cutlass.Int32,
-    num_splits: cutlass.Int32,
-    seqlen: SeqlenInfo,
-    seqlen_q: cutlass.Int32,
-    tile_n: int,
+    split: cutlass.Int32, num_splits: cutlass.Int32, seqlen: SeqlenInfo, seqlen_q: cutlass.Int32, tile_n: int,
     causal: bool,
-) -> BlockRange:
+) -> BlockRange:  # fmt: skip
     """The key blocks split ``split`` of ``num_splits`` visits for one sequence (``seqlen``): the keys
     any row sees end at ``key_end`` (the sequence's ``seqlen_k``; causal: no row sees a key at or past
     the last token's diagonal end, Sq + causal_offset), cut by ``split_key_range``; the top
@@ -689,15 +637,9 @@ def decode_config(problem: Problem, split: bool) -> DecodeConfig:
 
 
 def plan_launch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-    block_table: torch.Tensor | None = None,
-    num_splits: int | None = None,
-) -> Launch:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None, num_splits: int | None = None,
+) -> Launch:  # fmt: skip
     """Allocate O, the LSE and the split workspace for validated q, k, v; ``run()`` launches the split
     kernel and, with more than one split, the merge, and carries the ``num_splits`` it chose.
     Paged (``block_table``): k and v are (num_pages, page_size, Hkv, D) pools, passed as their

@@ -213,21 +213,11 @@ class HopperAttention:
     # ------------------------------------------------------------------------------------------------
     @cute.jit
     def __call__(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
-        mCacheSeqlens: cute.Tensor | None,
-        mQScale: cute.Tensor | None,
-        mKScale: cute.Tensor | None,
-        mVScale: cute.Tensor | None,
-        softmax_scale_log2: Float32,
-        output_scale: Float32,
-        sm_count: Int32,
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+        mCacheSeqlens: cute.Tensor | None, mQScale: cute.Tensor | None, mKScale: cute.Tensor | None,
+        mVScale: cute.Tensor | None, softmax_scale_log2: Float32, output_scale: Float32, sm_count: Int32,
         stream: cuda.CUstream,
-    ):
+    ):  # fmt: skip
         """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D) (FP8: v as (B, Hkv, D, Sk')), lse (B, H, Sq) fp32;
         ``mCacheSeqlens`` the (B,) int32 key lengths, None without them. FP8 passes its e4m3 scales
         as (B, H, blocks) for Q and (B, Hkv, blocks) for K and V, fp32 tensors (one block each when per
@@ -276,29 +266,13 @@ class HopperAttention:
     # ------------------------------------------------------------------------------------------------
     @cute.kernel
     def kernel(
-        self,
-        qk_mma: cute.TiledMma,
-        pv_mma: cute.TiledMma,
-        tma_atom_Q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_atom_K: cute.CopyAtom,
-        mK: cute.Tensor,
-        tma_atom_V: cute.CopyAtom,
-        mV: cute.Tensor,
-        tma_atom_O: cute.CopyAtom,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
-        mCacheSeqlens: cute.Tensor | None,
-        mQScale: cute.Tensor | None,
-        mKScale: cute.Tensor | None,
-        mVScale: cute.Tensor | None,
-        softmax_scale_log2: Float32,
-        output_scale: Float32,
-        sQ_layout: cute.ComposedLayout,
-        sK_layout: cute.ComposedLayout,
-        sV_layout: cute.ComposedLayout,
-        sO_layout: cute.ComposedLayout,
-    ):
+        self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor,
+        tma_atom_K: cute.CopyAtom, mK: cute.Tensor, tma_atom_V: cute.CopyAtom, mV: cute.Tensor,
+        tma_atom_O: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor, mCacheSeqlens: cute.Tensor | None,
+        mQScale: cute.Tensor | None, mKScale: cute.Tensor | None, mVScale: cute.Tensor | None,
+        softmax_scale_log2: Float32, output_scale: Float32, sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout,
+    ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         warp_group = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
@@ -462,14 +436,9 @@ class HopperAttention:
     # returns them, so that the runtime loops carry their state.
     @cute.jit
     def first_block(
-        self,
-        gemms: WarpgroupGemms,
-        softmax: OnlineSoftmax,
-        scales: BlockScales | None,
-        mask: AttentionMask,
-        k_consumer: pipeline.PipelineConsumer,
-        n_block: Int32,
-    ) -> pipeline.PipelineConsumer:
+        self, gemms: WarpgroupGemms, softmax: OnlineSoftmax, scales: BlockScales | None, mask: AttentionMask,
+        k_consumer: pipeline.PipelineConsumer, n_block: Int32,
+    ) -> pipeline.PipelineConsumer:  # fmt: skip
         """2a-d for the first block: S = Q Kᵀ, mask, first softmax update, P. No O yet."""
         acc_S = cute.make_rmem_tensor(gemms.acc_S_shape, Float32)
         k_slot = k_consumer.wait_and_advance()
@@ -491,15 +460,9 @@ class HopperAttention:
 
     @cute.jit
     def next_block(
-        self,
-        gemms: WarpgroupGemms,
-        softmax: OnlineSoftmax,
-        scales: BlockScales | None,
-        mask: AttentionMask | None,
-        k_consumer: pipeline.PipelineConsumer,
-        v_consumer: pipeline.PipelineConsumer,
-        n_block: Int32,
-    ) -> tuple[pipeline.PipelineConsumer, pipeline.PipelineConsumer]:
+        self, gemms: WarpgroupGemms, softmax: OnlineSoftmax, scales: BlockScales | None, mask: AttentionMask | None,
+        k_consumer: pipeline.PipelineConsumer, v_consumer: pipeline.PipelineConsumer, n_block: Int32,
+    ) -> tuple[pipeline.PipelineConsumer, pipeline.PipelineConsumer]:  # fmt: skip
         """2a-e overlapped: issue S = Q K[n]ᵀ and O += P V[n + 1]; softmax S while O's WGMMA runs.
         With block scales, K[n]'s scale joins the softmax and V[n + 1]'s multiplies its P V."""
         acc_S = cute.make_rmem_tensor(gemms.acc_S_shape, Float32)
@@ -540,13 +503,9 @@ class HopperAttention:
 
     @cute.jit
     def last_block(
-        self,
-        gemms: WarpgroupGemms,
-        scales: BlockScales | None,
-        softmax: OnlineSoftmax,
-        v_consumer: pipeline.PipelineConsumer,
-        n_block: Int32,
-    ) -> pipeline.PipelineConsumer:
+        self, gemms: WarpgroupGemms, scales: BlockScales | None, softmax: OnlineSoftmax,
+        v_consumer: pipeline.PipelineConsumer, n_block: Int32,
+    ) -> pipeline.PipelineConsumer:  # fmt: skip
         """2e for the last block (the lowest, ``n_block_min``): O += P V."""
         v_slot = v_consumer.wait_and_advance()
         acc_O = gemms.acc_O

@@ -110,17 +110,9 @@ class NaiveAttention:
 
     @cute.jit
     def __call__(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mS: cute.Tensor,
-        mO: cute.Tensor,
-        mLse: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        softmax_scale_log2: Float32,
-        stream: cuda.CUstream,
-    ) -> None:
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mS: cute.Tensor, mO: cute.Tensor,
+        mLse: cute.Tensor | None, mCacheSeqlens: cute.Tensor | None, softmax_scale_log2: Float32, stream: cuda.CUstream,
+    ) -> None:  # fmt: skip
         """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D), s (B, H, Sq, Sk) fp32; ``mLse`` (B, H, Sq) fp32, None
         without ``return_lse``; ``mCacheSeqlens`` the (B,) int32 key lengths, None without them."""
         batch_heads = mQ.shape[0] * mQ.shape[1]
@@ -159,13 +151,9 @@ class NaiveAttention:
     # ---- 1. S = softmax_scale_log2 · Q Kᵀ, one thread per (row, col) ----
     @cute.kernel
     def scores_kernel(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mS: cute.Tensor,
-        mCacheSeqlens: cute.Tensor | None,
+        self, mQ: cute.Tensor, mK: cute.Tensor, mS: cute.Tensor, mCacheSeqlens: cute.Tensor | None,
         softmax_scale_log2: Float32,
-    ) -> None:
+    ) -> None:  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         row, col_block, batch_head = cute.arch.block_idx()
         heads, kv_heads = mQ.shape[1], mK.shape[1]

@@ -137,16 +137,9 @@ class OnlineAttention:
 
     @cute.jit
     def __call__(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLse: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        softmax_scale_log2: Float32,
-        stream: cuda.CUstream,
-    ) -> None:
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLse: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, softmax_scale_log2: Float32, stream: cuda.CUstream,
+    ) -> None:  # fmt: skip
         """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D); ``mLse`` (B, H, Sq) fp32, None without
         ``return_lse``; ``mCacheSeqlens`` the (B,) int32 key lengths, None without them."""
         num_m_blocks = cute.ceil_div(mQ.shape[2], self.tile_m)
@@ -189,15 +182,9 @@ class OnlineAttention:
 
     @cute.kernel
     def kernel(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLse: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        softmax_scale_log2: Float32,
-    ) -> None:
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLse: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, softmax_scale_log2: Float32,
+    ) -> None:  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         m_block_rev, head, batch = cute.arch.block_idx()
         heads, kv_heads = mQ.shape[1], mK.shape[1]

@@ -205,16 +205,9 @@ class PipelinedAttentionKernel:
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def __call__(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        softmax_scale: cutlass.Float32,
-        stream: cuda.CUstream,
-    ):
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, softmax_scale: cutlass.Float32, stream: cuda.CUstream,
+    ):  # fmt: skip
         """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D); ``mLSE`` the (B, H, Sq) fp32 LSE when returned and
         ``mCacheSeqlens`` the (B,) int32 key lengths when given, else None (compile time)."""
         dtype = mQ.element_type
@@ -248,20 +241,11 @@ class PipelinedAttentionKernel:
     # ------------------------------------------------------------------------------------------
     @cute.kernel
     def kernel(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        softmax_scale_log2: cutlass.Float32,
-        sQ_layout: cute.ComposedLayout,
-        sKV_layout: cute.ComposedLayout,
-        gmem_tiled_copy: cute.TiledCopy,
-        tiled_mma: cute.TiledMma,
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, softmax_scale_log2: cutlass.Float32, sQ_layout: cute.ComposedLayout,
+        sKV_layout: cute.ComposedLayout, gmem_tiled_copy: cute.TiledCopy, tiled_mma: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
-    ):
+    ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         block_m, head, batch = cute.arch.block_idx()
         grid_m, _, _ = cute.arch.grid_dim()
@@ -373,20 +357,10 @@ class PipelinedAttentionKernel:
 
     @cute.jit
     def attend_block(
-        self,
-        kv_copy: KVCopy,
-        tiled_mma: cute.TiledMma,
-        smem_operands: LdmatrixOperands,
-        tSrQ: cute.Tensor,
-        tSrK: cute.Tensor,
-        tOrVt: cute.Tensor,
-        acc_O: cute.Tensor,
-        softmax: OnlineSoftmax,
-        mask: AttentionMask,
-        n_block_max: cutlass.Int32,
-        step: cutlass.Int32,
-        masked: cutlass.Constexpr,
-    ):
+        self, kv_copy: KVCopy, tiled_mma: cute.TiledMma, smem_operands: LdmatrixOperands, tSrQ: cute.Tensor,
+        tSrK: cute.Tensor, tOrVt: cute.Tensor, acc_O: cute.Tensor, softmax: OnlineSoftmax, mask: AttentionMask,
+        n_block_max: cutlass.Int32, step: cutlass.Int32, masked: cutlass.Constexpr,
+    ):  # fmt: skip
         """Iteration ``step`` (block ``n_block_max - 1 - step``): refill the ring, then
         S = Q Kᵀ → mask → online softmax → rescale O → O += P V."""
         (copy_K, tSsK, tSrK_view), (copy_V, tOsVt, tOrVt_view) = smem_operands.k, smem_operands.vt

@@ -154,16 +154,9 @@ class TiledAttentionKernel:
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def __call__(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        softmax_scale: cutlass.Float32,
-        stream: cuda.CUstream,
-    ):
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, softmax_scale: cutlass.Float32, stream: cuda.CUstream,
+    ):  # fmt: skip
         """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D); ``mLSE`` the (B, H, Sq) fp32 LSE when returned and
         ``mCacheSeqlens`` the (B,) int32 key lengths when given, else None (compile time)."""
         dtype = mQ.element_type
@@ -192,20 +185,11 @@ class TiledAttentionKernel:
     # ------------------------------------------------------------------------------------------
     @cute.kernel
     def kernel(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        softmax_scale_log2: cutlass.Float32,
-        sQ_layout: cute.Layout,
-        sKV_layout: cute.Layout,
-        gmem_tiled_copy: cute.TiledCopy,
-        tiled_mma: cute.TiledMma,
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, softmax_scale_log2: cutlass.Float32, sQ_layout: cute.Layout,
+        sKV_layout: cute.Layout, gmem_tiled_copy: cute.TiledCopy, tiled_mma: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
-    ):
+    ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         seqlen_q = mQ.shape[2]
@@ -333,16 +317,9 @@ class TiledAttentionKernel:
 
     @cute.jit
     def load_kv(
-        self,
-        gmem_tiled_copy: cute.TiledCopy,
-        tKgK: cute.Tensor,
-        tKsK: cute.Tensor,
-        tVgV: cute.Tensor,
-        tVsV: cute.Tensor,
-        tKVcKV: cute.Tensor,
-        n_block: cutlass.Int32,
-        seqlen_k: cutlass.Int32,
-    ):
+        self, gmem_tiled_copy: cute.TiledCopy, tKgK: cute.Tensor, tKsK: cute.Tensor, tVgV: cute.Tensor,
+        tVsV: cute.Tensor, tKVcKV: cute.Tensor, n_block: cutlass.Int32, seqlen_k: cutlass.Int32,
+    ):  # fmt: skip
         """Single stage: every thread must be done with the previous tile before it is
         overwritten, and the new tile must have landed before anyone reads it."""
         cute.arch.barrier()
@@ -360,26 +337,11 @@ class TiledAttentionKernel:
 
     @cute.jit
     def attend_block(
-        self,
-        tiled_mma: cute.TiledMma,
-        thr_mma: cute.ThrMma,
-        tSsQ: cute.Tensor,
-        tSrQ: cute.Tensor,
-        tSsK: cute.Tensor,
-        tSrK: cute.Tensor,
-        tOsVt: cute.Tensor,
-        tOrVt: cute.Tensor,
-        acc_O: cute.Tensor,
-        row_max: cute.Tensor,
-        row_sum: cute.Tensor,
-        softmax_scale_log2: cutlass.Float32,
-        m_block: cutlass.Int32,
-        n_block: cutlass.Int32,
-        seqlen_q: cutlass.Int32,
-        seqlen_k: cutlass.Int32,
-        causal_offset: cutlass.Int32,
-        masked: cutlass.Constexpr,
-    ):
+        self, tiled_mma: cute.TiledMma, thr_mma: cute.ThrMma, tSsQ: cute.Tensor, tSrQ: cute.Tensor, tSsK: cute.Tensor,
+        tSrK: cute.Tensor, tOsVt: cute.Tensor, tOrVt: cute.Tensor, acc_O: cute.Tensor, row_max: cute.Tensor,
+        row_sum: cute.Tensor, softmax_scale_log2: cutlass.Float32, m_block: cutlass.Int32, n_block: cutlass.Int32,
+        seqlen_q: cutlass.Int32, seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32, masked: cutlass.Constexpr,
+    ):  # fmt: skip
         """One K/V block: S = Q Kᵀ → mask → online softmax → rescale O → O += P V."""
         # ---- 3b. S = Q Kᵀ, one 16-wide k-step of D at a time ---------------------------------
         acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.tile_m, self.tile_n)), cutlass.Float32)
