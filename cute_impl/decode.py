@@ -99,16 +99,16 @@ from cute_impl._device import (
     KVCopy,
     LdmatrixOperands,
     OnlineSoftmax,
-    OperandLoad,
     PagedKV,
     SeqlenInfo,
-    accumulator_as_operand_a,
-    gemm_double_buffered,
     kv_copy_partitions,
     ldmatrix_operands,
     load_kv_block,
+    refill_kv_ring,
     rows_by_cols,
+    scores,
     split_key_range,
+    values_product,
 )
 from cute_impl._host import (
     CUTE_DTYPES,
@@ -446,32 +446,15 @@ class DecodeKernel:
     ):  # fmt: skip
         """Iteration ``step`` of the split (block ``n_block_max - 1 - step``): refill the ring, then this
         warp's S = Q Kᵀ → mask → online softmax → rescale O → O += P V."""
-        (copy_K, tSsK, tSrK_view), (copy_V, tOsVt, tOrVt_view) = smem_operands.k, smem_operands.vt
         n_block = n_block_max - 1 - step
         slot = step % self.stages
 
         # ---- 3a. Refill the slot freed last iteration; wait only for this block ------------------
-        cute.arch.barrier()
-        ahead = step + self.stages - 1
-        if ahead < n_blocks:
-            load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % self.stages, seqlen_k, predicated=False)
-        # Always commit (possibly an empty group) so that "stages-1 groups pending" means block i landed.
-        cute.arch.cp_async_commit_group()
-        cute.arch.cp_async_wait_group(self.stages - 1)
-        cute.arch.barrier()
+        refill_kv_ring(kv_copy, step, self.stages, n_block_max, n_blocks, seqlen_k)
 
         # ---- 3b. S = Q Kᵀ over this warp's keys --------------------------------------------------
-        acc_S = cute.make_rmem_tensor(warp_mma.partition_shape_C((self.tile_m, self.keys_per_warp)), cutlass.Float32)
-        acc_S.fill(0.0)
-        gemm_double_buffered(
-            warp_mma,
-            acc_S,
-            tSrQ,
-            tSrK,
-            self.keys_per_warp // MMA_K,
-            b_load=OperandLoad(copy_K, tSsK[None, None, None, slot], tSrK_view),
-            a_load=smem_operands.q,
-        )
+        tile_mn = (self.tile_m, self.keys_per_warp)
+        acc_S = scores(warp_mma, smem_operands, tSrQ, tSrK, slot, tile_mn, self.keys_per_warp // MMA_K)
 
         # ---- 3c./3d. Mask, online softmax, rescale O ---------------------------------------------
         if cutlass.const_expr(masked):
@@ -480,17 +463,8 @@ class DecodeKernel:
         softmax.rescale(acc_O, row_scale)
 
         # ---- 3e. O += P V over this warp's keys ---------------------------------------------------
-        rP = cute.make_fragment_like(acc_S, tSrQ.element_type)
-        rP.store(acc_S.load().to(tSrQ.element_type))
-        tOrP = accumulator_as_operand_a(rP)  # (MMA, MMA_M, MMA_K = keys_per_warp / 16)
-        gemm_double_buffered(
-            warp_mma,
-            acc_O,
-            tOrP,
-            tOrVt,
-            self.config.shape.pieces_per_k_step,
-            b_load=OperandLoad(copy_V, tOsVt[None, None, None, slot], tOrVt_view),
-        )
+        pieces = self.config.shape.pieces_per_k_step
+        values_product(warp_mma, smem_operands, acc_S, acc_O, tOrVt, slot, pieces, tSrQ.element_type)
 
     @cute.jit
     def store_warp_part(

@@ -204,9 +204,7 @@ class HopperAttention:
         self.block_scales = config.block_scales
         self.pingpong = config.pingpong
         # Problem features, all compile time so that the canonical kernel stays as it was.
-        self.gqa = config.gqa
-        self.bottom_right = config.bottom_right
-        self.has_cache_seqlens = config.has_cache_seqlens
+        self.gqa, self.bottom_right, self.has_cache_seqlens = config.gqa, config.bottom_right, config.has_cache_seqlens
 
     # ------------------------------------------------------------------------------------------------
     # Host side: layouts, TMA descriptors, launch
@@ -446,9 +444,7 @@ class HopperAttention:
         gemms.qk(acc_S, stage=k_slot.index)
         gemms.turns.pass_on()
         # Block scales are loaded while the GEMM runs, so that their latency hides behind it.
-        key_scale = None
-        if cutlass.const_expr(scales is not None):
-            key_scale = scales.key(n_block)
+        key_scale = None if scales is None else scales.key(n_block)
         warpgroup.wait_group(0)
         k_slot.release()
         mask.apply(acc_S, n_block)
@@ -480,14 +476,11 @@ class HopperAttention:
         # Block scales are loaded once the GEMMs are issued: ptxas copies each into a uniform register
         # right after its load, and loaded before them, that wait held up their issue every block
         # (docs/perf-log.md, issue #17). V's scale is needed only after the softmax.
-        key_scale, pv_scale = None, None
-        if cutlass.const_expr(scales is not None):
-            key_scale = scales.key(n_block)
+        key_scale = None if scales is None else scales.key(n_block)
         # S is ready when at most the (later) O group is still in flight.
         warpgroup.wait_group(1)
         k_slot.release()
-        if cutlass.const_expr(scales is not None):
-            pv_scale = scales.value(n_block + 1)
+        pv_scale = None if scales is None else scales.value(n_block + 1)
         if cutlass.const_expr(mask is not None):
             mask.apply(acc_S, n_block)
         row_scale = softmax.update(acc_S, key_scale)
@@ -515,9 +508,7 @@ class HopperAttention:
             softmax.rescale(acc_O, gemms.o_scale)
         gemms.pv(acc_PV, stage=v_slot.index)
         gemms.turns.pass_on()
-        pv_scale = None
-        if cutlass.const_expr(scales is not None):
-            pv_scale = scales.value(n_block)
+        pv_scale = None if scales is None else scales.value(n_block)
         warpgroup.wait_group(0)
         v_slot.release()
         if cutlass.const_expr(self.separate_pv):

@@ -107,15 +107,15 @@ from cute_impl._device import (
     KVCopy,
     LdmatrixOperands,
     OnlineSoftmax,
-    OperandLoad,
     SeqlenInfo,
-    accumulator_as_operand_a,
-    gemm_double_buffered,
     kv_copy_partitions,
     kv_head_index,
     ldmatrix_operands,
     load_kv_block,
+    refill_kv_ring,
     rows_by_cols,
+    scores,
+    values_product,
 )
 from cute_impl._host import (
     SWIZZLE_COLS,
@@ -363,32 +363,14 @@ class PipelinedAttentionKernel:
     ):  # fmt: skip
         """Iteration ``step`` (block ``n_block_max - 1 - step``): refill the ring, then
         S = Q Kᵀ → mask → online softmax → rescale O → O += P V."""
-        (copy_K, tSsK, tSrK_view), (copy_V, tOsVt, tOrVt_view) = smem_operands.k, smem_operands.vt
         n_block = n_block_max - 1 - step
         slot = step % self.stages
 
         # ---- 3a. Refill the slot freed last iteration; wait only for this block --------------
-        cute.arch.barrier()
-        ahead = step + self.stages - 1
-        if ahead < n_block_max:
-            load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % self.stages, mask.seqlen_k, predicated=False)
-        # Always commit (possibly an empty group) so that "stages-1 groups pending" means block i landed.
-        cute.arch.cp_async_commit_group()
-        cute.arch.cp_async_wait_group(self.stages - 1)
-        cute.arch.barrier()
+        refill_kv_ring(kv_copy, step, self.stages, n_block_max, n_block_max, mask.seqlen_k)
 
         # ---- 3b. S = Q Kᵀ -------------------------------------------------------------------
-        acc_S = cute.make_rmem_tensor(tiled_mma.partition_shape_C((self.tile_m, self.tile_n)), cutlass.Float32)
-        acc_S.fill(0.0)
-        gemm_double_buffered(
-            tiled_mma,
-            acc_S,
-            tSrQ,
-            tSrK,
-            self.pieces_per_k_step,
-            b_load=OperandLoad(copy_K, tSsK[None, None, None, slot], tSrK_view),
-            a_load=smem_operands.q,
-        )
+        acc_S = scores(tiled_mma, smem_operands, tSrQ, tSrK, slot, (self.tile_m, self.tile_n), self.pieces_per_k_step)
 
         # ---- 3c./3d. Mask, online softmax, rescale O ------------------------------------------
         if cutlass.const_expr(masked):
@@ -397,17 +379,7 @@ class PipelinedAttentionKernel:
         softmax.rescale(acc_O, row_scale)
 
         # ---- 3e. O += P V ---------------------------------------------------------------------
-        rP = cute.make_fragment_like(acc_S, tSrQ.element_type)
-        rP.store(acc_S.load().to(tSrQ.element_type))
-        tOrP = accumulator_as_operand_a(rP)  # (MMA, MMA_M, MMA_K = tile_n / 16)
-        gemm_double_buffered(
-            tiled_mma,
-            acc_O,
-            tOrP,
-            tOrVt,
-            self.pieces_per_k_step,
-            b_load=OperandLoad(copy_V, tOsVt[None, None, None, slot], tOrVt_view),
-        )
+        values_product(tiled_mma, smem_operands, acc_S, acc_O, tOrVt, slot, self.pieces_per_k_step, tSrQ.element_type)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -268,21 +268,21 @@ class TiledAttentionKernel:
                 tQsQ[None, m, None].fill(0)
 
         # ---- 3. K/V blocks, last first: masked iterations, then the unmasked rest ------------
+        # Operands bound once: an iteration passes only its block (and whether it masks).
+        load_kv = partial(self.load_kv, gmem_tiled_copy, tKgK, tKsK, tVgV, tVsV, tKVcKV, seqlen_k=seqlen_k)
+        attend = partial(
+            self.attend_block, tiled_mma, thr_mma, tSsQ, tSrQ, tSsK, tSrK, tOsVt, tOrVt, acc_O, row_max, row_sum,
+            softmax_scale_log2, m_block, seqlen_q, seqlen_k, causal_offset,
+        )  # fmt: skip
         for step in cutlass.range_constexpr(self.n_masked_blocks):
             if step < n_block_max:
                 n_block = n_block_max - 1 - step
-                self.load_kv(gmem_tiled_copy, tKgK, tKsK, tVgV, tVsV, tKVcKV, n_block, seqlen_k)
-                self.attend_block(
-                    tiled_mma, thr_mma, tSsQ, tSrQ, tSsK, tSrK, tOsVt, tOrVt, acc_O, row_max, row_sum,
-                    softmax_scale_log2, m_block, n_block, seqlen_q, seqlen_k, causal_offset, True,
-                )  # fmt: skip
+                load_kv(n_block)
+                attend(n_block, masked=True)
         for step in cutlass.range(self.n_masked_blocks, n_block_max, 1):
             n_block = n_block_max - 1 - step
-            self.load_kv(gmem_tiled_copy, tKgK, tKsK, tVgV, tVsV, tKVcKV, n_block, seqlen_k)
-            self.attend_block(
-                tiled_mma, thr_mma, tSsQ, tSrQ, tSsK, tSrK, tOsVt, tOrVt, acc_O, row_max, row_sum,
-                softmax_scale_log2, m_block, n_block, seqlen_q, seqlen_k, causal_offset, False,
-            )  # fmt: skip
+            load_kv(n_block)
+            attend(n_block, masked=False)
 
         # ---- 4. Epilogue: normalise, cast, predicated store (and the LSE) --------------------
         lse = cute.make_rmem_tensor(rows_per_thread, cutlass.Float32) if cutlass.const_expr(self.return_lse) else None
@@ -339,8 +339,8 @@ class TiledAttentionKernel:
     def attend_block(
         self, tiled_mma: cute.TiledMma, thr_mma: cute.ThrMma, tSsQ: cute.Tensor, tSrQ: cute.Tensor, tSsK: cute.Tensor,
         tSrK: cute.Tensor, tOsVt: cute.Tensor, tOrVt: cute.Tensor, acc_O: cute.Tensor, row_max: cute.Tensor,
-        row_sum: cute.Tensor, softmax_scale_log2: cutlass.Float32, m_block: cutlass.Int32, n_block: cutlass.Int32,
-        seqlen_q: cutlass.Int32, seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32, masked: cutlass.Constexpr,
+        row_sum: cute.Tensor, softmax_scale_log2: cutlass.Float32, m_block: cutlass.Int32, seqlen_q: cutlass.Int32,
+        seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32, n_block: cutlass.Int32, masked: cutlass.Constexpr,
     ):  # fmt: skip
         """One K/V block: S = Q Kᵀ → mask → online softmax → rescale O → O += P V."""
         # ---- 3b. S = Q Kᵀ, one 16-wide k-step of D at a time ---------------------------------
