@@ -52,6 +52,8 @@ Algorithm (split kernel, grid (num_splits, m_blocks, B·Hkv); sections of :meth:
       each row's diagonal, taken at the row's token, ``row % Sq``);
    d. ``OnlineSoftmax.update`` / ``rescale`` (the warp's own row_max and row_sum, lazy rescaling);
    e. O += P V over the warp's keys (P reused in registers, V via ``ldmatrix.trans``).
+   Steps a, b and e are ``pipelined``'s, with a warp's keys for its tile (``refill_kv_ring``,
+   ``scores``, ``values_product`` of ``_device.py``).
 4. Epilogue: each warp's ``OnlineSoftmax.finalize`` (its O and natural-log LSE; no key: O = 0,
    LSE = -inf) goes to shared memory (the drained K/V ring); barrier; :func:`merge_splits` over the
    warps, row chunk by row chunk; the result goes to O (one split: cast to the output dtype, and the

@@ -31,8 +31,9 @@ rows, and its accumulator rows sit in quads of 4 lanes, as ``_device`` describes
 
 The kernel only orchestrates; the step's pieces are the CuTe stack's shared objects of
 ``_device.py``, named as in every stack: ``BlockRange``, ``AttentionMask``, ``OnlineSoftmax``
-(``update``, ``rescale``, ``finalize``). ``attend_block`` has its operands bound once
-(``functools.partial``), so the main loop passes only the step and whether it masks.
+(``update``, ``rescale``, ``finalize``), and the ring refill and the two GEMMs of a step, which
+``decode`` runs too (``refill_kv_ring``, ``scores``, ``values_product``). ``attend_block`` has its
+operands bound once (``functools.partial``), so the main loop passes only the step and whether it masks.
 
 Algorithm (the sections of :meth:`PipelinedAttentionKernel.kernel`):
 1. Tiles of this CTA and its ``BlockRange`` (fully masked causal blocks are never visited).
