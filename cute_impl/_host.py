@@ -254,13 +254,13 @@ class RungHost:
         """The kernels of ``plan(problem)`` compiled for sm_90a on fake tensors (no GPU needed)."""
         return self.kernels.binaries(self.plan(problem, **options), self.name.replace("/", "_"))
 
-    def implementation(self, **fields: Any) -> Implementation:
+    def implementation(self, **entry_fields: Any) -> Implementation:
         """The registry entry of this rung (as ``triton_impl._host.TritonEntry.implementation``): its
-        name, stack and rung, ``prepare``, ``bind`` and ``compile_sm90``, no CPU path, and ``fields``."""
+        name, stack and rung, ``prepare``, ``bind`` and ``compile_sm90``, no CPU path, and ``entry_fields``."""
         stack, rung = self.name.split("/")
         return Implementation(
             name=self.name, stack=stack, rung=rung, prepare=self.prepare, bind=self.bind,
-            compile_sm90=self.compile_sm90, runs_on_cpu=False, **fields,
+            compile_sm90=self.compile_sm90, runs_on_cpu=False, **entry_fields,
         )  # fmt: skip
 
 
