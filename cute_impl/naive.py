@@ -67,7 +67,6 @@ from cutlass.cute.runtime import make_fake_stream
 
 from common.contract.capability import FEATURES, check_common
 from common.contract.problem import Problem
-from common.contract.registry import Implementation
 from cute_impl._host import (
     CUTE_DTYPES,
     CompiledKernels,
@@ -111,17 +110,9 @@ class NaiveAttention:
 
     @cute.jit
     def __call__(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mS: cute.Tensor,
-        mO: cute.Tensor,
-        mLse: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        softmax_scale_log2: Float32,
-        stream: cuda.CUstream,
-    ) -> None:
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mS: cute.Tensor, mO: cute.Tensor,
+        mLse: cute.Tensor | None, mCacheSeqlens: cute.Tensor | None, softmax_scale_log2: Float32, stream: cuda.CUstream,
+    ) -> None:  # fmt: skip
         """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D), s (B, H, Sq, Sk) fp32; ``mLse`` (B, H, Sq) fp32, None
         without ``return_lse``; ``mCacheSeqlens`` the (B,) int32 key lengths, None without them."""
         batch_heads = mQ.shape[0] * mQ.shape[1]
@@ -160,13 +151,9 @@ class NaiveAttention:
     # ---- 1. S = softmax_scale_log2 · Q Kᵀ, one thread per (row, col) ----
     @cute.kernel
     def scores_kernel(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mS: cute.Tensor,
-        mCacheSeqlens: cute.Tensor | None,
+        self, mQ: cute.Tensor, mK: cute.Tensor, mS: cute.Tensor, mCacheSeqlens: cute.Tensor | None,
         softmax_scale_log2: Float32,
-    ) -> None:
+    ) -> None:  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         row, col_block, batch_head = cute.arch.block_idx()
         heads, kv_heads = mQ.shape[1], mK.shape[1]
@@ -327,15 +314,6 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     return score_buffer_fits(problem, free_bytes)
 
 
-IMPLEMENTATION = Implementation(
-    name="cute/naive",
-    stack="cute",
-    rung="naive",
-    prepare=prepare,
-    bind=bind,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=False,
-    forbidden_ptx=("mma.sync", "wgmma.mma_async"),
-    source_file=__file__,
+IMPLEMENTATION = HOST.implementation(
+    supports=supports, forbidden_ptx=("mma.sync", "wgmma.mma_async"), source_file=__file__
 )
