@@ -75,7 +75,7 @@ from cutlass.cute.runtime import make_fake_stream
 from common.contract.capability import BOTTOM_RIGHT, GQA, LSE
 from common.contract.problem import Problem
 from common.contract.registry import Backward
-from common.contract.validation import kernel_operand
+from common.contract.validation import OPERAND_ALIGNMENT_BYTES, kernel_operand
 from common.toolchain.compile import KernelBinary
 from cute_impl._device import (
     BlockRange,
@@ -91,7 +91,6 @@ from cute_impl._device import (
 from cute_impl._host import (
     COPY_BITS,
     CUTE_DTYPES,
-    SWIZZLE_COLS,
     WARP_THREADS,
     CompiledKernels,
     cp_async_tiled_copy,
@@ -111,8 +110,15 @@ HEAD_DIMS = (64, 128)
 ROWS_TILE_M = 64
 ROWS_THREADS = 128
 SMEM_ALIGN_BYTES = 1024
-# Register double-buffering of the shared→register loads: a k-step's B operand in this many pieces.
+# Register double-buffering of the shared→register loads: a k-step's B operand in this many pieces
+# (each at least one ldmatrix.x4 wide: 16 columns).
 PIECES_PER_K_STEP = 2
+LDMATRIX_COLS = 16
+
+
+def pieces(columns: int) -> int:
+    """How many pieces a B operand of ``columns`` columns loads in (``gemm_double_buffered``)."""
+    return min(PIECES_PER_K_STEP, columns // LDMATRIX_COLS)
 
 
 @dataclass(frozen=True)
@@ -127,13 +133,14 @@ class TileShape:
     dq_tile_n: int
 
 
-# Registers per thread at D=128 (4 warps, 16 rows each): dK and dV 2 · 16·128/32 = 128 fp32, Sᵀ and dPᵀ
-# 2 · 16·tile_m/32 fp32 (32 at tile_m = 32), plus the operand fragments of one piece; 64 query rows per
-# step would add 32 more and leave too little for the rest. The dQ kernel holds dQ (64), S and dP.
-# Shared memory: K, V (tile_n × D) and Q, dO (tile_m × D) tiles: 48 KiB at D=128.
+# Registers per thread (16 rows per warp): dK and dV take 2 · 16·D/32 fp32 (128 at D=128), Sᵀ and dPᵀ
+# 2 · 16·tile_m/32, plus one piece of operands; at D=128 only 16 query rows per step leave room (32 spill
+# 32 bytes), at D=64 64 rows fit. Eight warps (128 keys) share each Q and dO tile between twice the MMAs
+# of four. The dQ kernel holds dQ (16·D/32), S and dP (16·64/32 each). Shared memory at D=128: K and V
+# 2 · 128·128·2 B = 64 KiB, Q and dO 8 KiB; the dQ kernel Q and dO 64 KiB, K and V 32 KiB.
 TILE_SHAPES = {
-    64: TileShape(tile_m=64, tile_n=64, dq_tile_m=64, dq_tile_n=64),
-    128: TileShape(tile_m=32, tile_n=64, dq_tile_m=64, dq_tile_n=64),
+    64: TileShape(tile_m=64, tile_n=128, dq_tile_m=128, dq_tile_n=64),
+    128: TileShape(tile_m=16, tile_n=128, dq_tile_m=128, dq_tile_n=64),
 }
 
 
@@ -187,6 +194,17 @@ def two_tile_storage(dtype: type[cutlass.Numeric], a_layout, b_layout):
 def row_tile_layout(rows: int, head_dim: int):
     """A swizzled (rows, D, 1) shared tile: the one-slot ring ``load_kv_block`` copies into."""
     return swizzled_qkv_layouts(rows, rows, head_dim, 1)[1]
+
+
+def row_tile_copy(dtype: type[cutlass.Numeric], num_threads: int, head_dim: int, tile_rows: tuple[int, ...]):
+    """The cp.async tiled copy of whole rows (D / 8 threads per row, 16 B each) into the swizzled tiles
+    (a 16-byte vector never straddles a swizzle chunk). One copy step covers num_threads · 8 / D rows,
+    which must divide every tile it copies: a partition does not check it, and a taller step would
+    write past a 16-row tile into its neighbour."""
+    step_rows = num_threads * (COPY_BITS // dtype.width) // head_dim
+    if any(rows % step_rows for rows in tile_rows):
+        raise ValueError(f"tiles of {tile_rows} rows are not multiples of the copy's {step_rows} rows")
+    return cp_async_tiled_copy(dtype, num_threads, row_elems=head_dim)
 
 
 @cute.jit
@@ -299,14 +317,16 @@ class _PreprocessKernel:
         for m in cutlass.range_constexpr(cute.size(row_sums)):
             total = lanes_allreduce_sum(row_sums[m], threads_per_row)
             row = tOcO[0, m, 0][0]
-            if tOcO[0, m, 0][1] == 0 and row < seqlen_q:
-                if cutlass.const_expr(self.has_dlse):
-                    total = total - mdLSE[batch, head, row]
-                gDelta[row] = total
-                # Guard: a row that sees no key has LSE -inf; +inf makes its P = exp2(S − inf) = 0, not NaN.
-                lse = gLSE[row]
-                gLSE2[row] = cutlass.Float32(cutlass.select_(lse == -cutlass.Float32.inf, cutlass.Float32.inf,
-                                                             lse * LOG2_E))  # fmt: skip
+            # The row's first lane writes D and LSE₂ (rows past Sq are not written).
+            if tOcO[0, m, 0][1] == 0:
+                if row < seqlen_q:
+                    if cutlass.const_expr(self.has_dlse):
+                        total = total - mdLSE[batch, head, row]
+                    gDelta[row] = total
+                    # Guard: a row that sees no key has LSE -inf; +inf makes its P = exp2(S − inf) = 0, not NaN.
+                    lse = gLSE[row]
+                    lse2 = cutlass.select_(lse == -cutlass.Float32.inf, cutlass.Float32.inf, lse * LOG2_E)
+                    gLSE2[row] = cutlass.Float32(lse2)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -345,7 +365,7 @@ class _DKDVKernel:
         self.kernel(
             mQ, mK, mV, mdO, mLSE2, mDelta, mdK, mdV, softmax_scale, softmax_scale * LOG2_E,
             sQ_layout, sKV_layout,
-            cp_async_tiled_copy(dtype, self.threads_per_cta, row_elems=SWIZZLE_COLS),
+            row_tile_copy(dtype, self.threads_per_cta, self.head_dim, (self.tile_m, self.tile_n)),
             warp_tiled_mma(dtype, self.threads_per_cta),
             two_tile_storage(dtype, sKV_layout, sQ_layout),
         ).launch(
@@ -489,10 +509,10 @@ class _DKDVKernel:
         shape_St = tiled_mma.partition_shape_C((self.tile_n, self.tile_m))
         acc_St = cute.make_rmem_tensor(shape_St, cutlass.Float32)  # (MMA, MMA_N, MMA_M)
         acc_St.fill(0.0)
-        gemm_double_buffered(tiled_mma, acc_St, rK, rQ, PIECES_PER_K_STEP, b_load=load_q, a_load=load_k)
+        gemm_double_buffered(tiled_mma, acc_St, rK, rQ, pieces(self.tile_m), b_load=load_q, a_load=load_k)
         acc_dPt = cute.make_rmem_tensor(shape_St, cutlass.Float32)  # (MMA, MMA_N, MMA_M)
         acc_dPt.fill(0.0)
-        gemm_double_buffered(tiled_mma, acc_dPt, rV, rdO, PIECES_PER_K_STEP, b_load=load_do, a_load=load_v)
+        gemm_double_buffered(tiled_mma, acc_dPt, rV, rdO, pieces(self.tile_m), b_load=load_do, a_load=load_v)
 
         # ---- Pᵀ = exp2(Sᵀ · scale_log2 − LSE₂[col]) and dSᵀ = Pᵀ ∘ (dPᵀ − D[col]) --------------
         # Column coordinates (query rows) = this thread's first one + thread 0's (compile-time) offsets.
@@ -524,10 +544,10 @@ class _DKDVKernel:
         # ---- dV += Pᵀ dO; dK += dSᵀ Q (Pᵀ and dSᵀ in the input dtype, as A operands) --------------
         rPt = cute.make_fragment_like(acc_St, rQ.element_type)
         rPt.store(acc_St.load().to(rQ.element_type))
-        gemm_double_buffered(tiled_mma, acc_dV, accumulator_as_operand_a(rPt), rdOt, PIECES_PER_K_STEP, b_load=load_dot)
+        gemm_double_buffered(tiled_mma, acc_dV, accumulator_as_operand_a(rPt), rdOt, pieces(self.head_dim), b_load=load_dot)
         rdSt = cute.make_fragment_like(acc_dPt, rQ.element_type)
         rdSt.store(acc_dPt.load().to(rQ.element_type))
-        gemm_double_buffered(tiled_mma, acc_dK, accumulator_as_operand_a(rdSt), rQt, PIECES_PER_K_STEP, b_load=load_qt)
+        gemm_double_buffered(tiled_mma, acc_dK, accumulator_as_operand_a(rdSt), rQt, pieces(self.head_dim), b_load=load_qt)
 
 
 @cute.jit
@@ -579,7 +599,7 @@ class _DQKernel:
         self.kernel(
             mQ, mK, mV, mdO, mLSE2, mDelta, mdQ, softmax_scale, softmax_scale * LOG2_E,
             sQ_layout, sKV_layout,
-            cp_async_tiled_copy(dtype, self.threads_per_cta, row_elems=SWIZZLE_COLS),
+            row_tile_copy(dtype, self.threads_per_cta, self.head_dim, (self.tile_m, self.tile_n)),
             warp_tiled_mma(dtype, self.threads_per_cta),
             two_tile_storage(dtype, sQ_layout, sKV_layout),
         ).launch(
@@ -707,12 +727,12 @@ class _DQKernel:
         shape_S = tiled_mma.partition_shape_C((self.tile_m, self.tile_n))
         acc_S = cute.make_rmem_tensor(shape_S, cutlass.Float32)  # (MMA, MMA_M, MMA_N)
         acc_S.fill(0.0)
-        gemm_double_buffered(tiled_mma, acc_S, rQ, rK, PIECES_PER_K_STEP, b_load=load_k, a_load=load_q)
+        gemm_double_buffered(tiled_mma, acc_S, rQ, rK, pieces(self.tile_n), b_load=load_k, a_load=load_q)
         if cutlass.const_expr(masked):
             mask.apply(acc_S, n_block)
         acc_dP = cute.make_rmem_tensor(shape_S, cutlass.Float32)  # (MMA, MMA_M, MMA_N)
         acc_dP.fill(0.0)
-        gemm_double_buffered(tiled_mma, acc_dP, rdO, rV, PIECES_PER_K_STEP, b_load=load_v, a_load=load_do)
+        gemm_double_buffered(tiled_mma, acc_dP, rdO, rV, pieces(self.tile_n), b_load=load_v, a_load=load_do)
         # P = exp2(S · scale_log2 − LSE₂[row]) (masked -inf → 0); dS = P ∘ (dP − D[row]).
         S, dP = rows_by_cols(acc_S), rows_by_cols(acc_dP)
         for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
@@ -721,7 +741,7 @@ class _DQKernel:
                 dP[r, c] = p * (dP[r, c] - delta[r])
         rdS = cute.make_fragment_like(acc_dP, rQ.element_type)
         rdS.store(acc_dP.load().to(rQ.element_type))
-        gemm_double_buffered(tiled_mma, acc_dQ, accumulator_as_operand_a(rdS), rKt, PIECES_PER_K_STEP, b_load=load_kt)
+        gemm_double_buffered(tiled_mma, acc_dQ, accumulator_as_operand_a(rdS), rKt, pieces(self.head_dim), b_load=load_kt)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -757,6 +777,12 @@ KERNELS = {
 }
 
 
+def rows_operand(t: torch.Tensor) -> torch.Tensor:
+    """A (B, H, Sq) row vector (the LSE, dLSE) as the kernels take it: fp32, contiguous, 16-byte aligned."""
+    t = t.float().contiguous()
+    return t.clone() if t.data_ptr() % OPERAND_ALIGNMENT_BYTES else t
+
+
 def backward_config(problem: Problem, has_dlse: bool = False) -> BackwardConfig:
     """The compile key of ``problem``'s backward (``has_dlse``: the LSE is differentiated too)."""
     return BackwardConfig(
@@ -788,12 +814,12 @@ def tiled_gradients(
     config = backward_config(problem, has_dlse=d_lse is not None)
     q, k, v, out, d_out = (kernel_operand(t) for t in (q, k, v, out, d_out))
     rows_shape = (problem.batch, problem.heads, problem.seqlen_q)
-    lse = lse.contiguous().float()
+    lse = rows_operand(lse)
     delta, lse_log2 = (torch.empty(rows_shape, dtype=torch.float32, device=q.device) for _ in "01")
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     cq, ck, cv, cout, cdo, cdq, cdk, cdv = (to_cute_tensor(t) for t in (q, k, v, out, d_out, dq, dk, dv))
     clse, cdelta, clse2 = (to_cute_tensor(t) for t in (lse, delta, lse_log2))
-    cdlse = None if d_lse is None else to_cute_tensor(d_lse.contiguous().float())
+    cdlse = None if d_lse is None else to_cute_tensor(rows_operand(d_lse))
     scale = cutlass.Float32(problem.scale)
     stream = current_stream(q.device)
     KERNELS["preprocess"].kernel(config)(cout, cdo, clse, cdlse, clse2, cdelta, stream)
