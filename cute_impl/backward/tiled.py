@@ -60,7 +60,8 @@ bf16, ``cp.async``, ``ldmatrix``). ``cache_seqlens`` and paged caches are refuse
 compiles for sm_90a without spills (``tests/test_cute_backward.py``).
 """
 
-# No ``from __future__ import annotations``: ``cute.struct`` reads its field annotations as objects.
+from __future__ import annotations
+
 import functools
 import math
 from dataclasses import dataclass
@@ -69,23 +70,20 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass.cute.nvgpu import warp
 from cutlass.cute.runtime import make_fake_stream
 
 from common.contract.capability import BOTTOM_RIGHT, GQA, LSE
 from common.contract.problem import Problem
 from common.contract.registry import Backward
-from common.contract.validation import OPERAND_ALIGNMENT_BYTES, kernel_operand
+from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
 from cute_impl._device import (
-    BlockRange,
-    OperandLoad,
-    SeqlenInfo,
     AttentionMask,
+    BlockRange,
+    SeqlenInfo,
     accumulator_as_operand_a,
     gemm_double_buffered,
     kv_copy_partitions,
-    load_kv_block,
     rows_by_cols,
 )
 from cute_impl._host import (
@@ -93,14 +91,24 @@ from cute_impl._host import (
     CUTE_DTYPES,
     WARP_THREADS,
     CompiledKernels,
-    cp_async_tiled_copy,
     current_stream,
     fake_tensor,
     mma_sync_supports,
     static_head_dim_view,
-    swizzled_qkv_layouts,
     to_cute_tensor,
     warp_tiled_mma,
+)
+from cute_impl.backward._device import (
+    lanes_allreduce_sum,
+    load_rows,
+    read_row_values,
+    row_tile_copy,
+    row_tile_layout,
+    rows_operand,
+    smem_operand,
+    store_rows,
+    transposed,
+    two_tile_storage,
 )
 
 # softmax_scale_log2 = softmax_scale · LOG2_E, so the kernels use exp2; the preprocess scales the LSE by it.
@@ -109,7 +117,6 @@ HEAD_DIMS = (64, 128)
 # Rows per CTA of the preprocess, and its threads.
 ROWS_TILE_M = 64
 ROWS_THREADS = 128
-SMEM_ALIGN_BYTES = 1024
 # Register double-buffering of the shared→register loads: a k-step's B operand in this many pieces
 # (each at least one ldmatrix.x4 wide: 16 columns).
 PIECES_PER_K_STEP = 2
@@ -158,83 +165,6 @@ class BackwardConfig:
     @property
     def tiles(self) -> TileShape:
         return TILE_SHAPES[self.head_dim]
-
-
-def smem_operand(
-    tiled_mma: cute.TiledMma, tidx: cutlass.Int32, smem: cute.Tensor, fragment: cute.Tensor, operand: str, transpose=False
-) -> OperandLoad:
-    """The ldmatrix (S→R) load of one ``mma.sync`` operand ("A" or "B") from ``smem`` into ``fragment``;
-    ``transpose``: ``smem`` is a transposed view of a row-major tile (``ldmatrix.trans``)."""
-    atom = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=transpose, num_matrices=4), smem.element_type)
-    tiled_copy = (cute.make_tiled_copy_A if operand == "A" else cute.make_tiled_copy_B)(atom, tiled_mma)
-    thr_copy = tiled_copy.get_slice(tidx)
-    return OperandLoad(tiled_copy, thr_copy.partition_S(smem), thr_copy.retile(fragment))
-
-
-def transposed(tile: cute.Tensor, rows: int, head_dim: int) -> cute.Tensor:
-    """A (rows, D, 1) shared tile seen as (D, rows): the same memory, read column by column."""
-    return cute.composition(tile, cute.make_layout((head_dim, rows, 1), stride=(rows, 1, rows * head_dim)))[
-        None, None, 0
-    ]
-
-
-def two_tile_storage(dtype: type[cutlass.Numeric], a_layout, b_layout):
-    """Shared memory of a CTA: two tiles of ``a_layout`` (K and V, or Q and dO) and two of ``b_layout``."""
-
-    @cute.struct
-    class SharedStorage:
-        a0: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(a_layout)], SMEM_ALIGN_BYTES]
-        a1: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(a_layout)], SMEM_ALIGN_BYTES]
-        b0: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(b_layout)], SMEM_ALIGN_BYTES]
-        b1: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(b_layout)], SMEM_ALIGN_BYTES]
-
-    return SharedStorage
-
-
-def row_tile_layout(rows: int, head_dim: int):
-    """A swizzled (rows, D, 1) shared tile: the one-slot ring ``load_kv_block`` copies into."""
-    return swizzled_qkv_layouts(rows, rows, head_dim, 1)[1]
-
-
-def row_tile_copy(dtype: type[cutlass.Numeric], num_threads: int, head_dim: int, tile_rows: tuple[int, ...]):
-    """The cp.async tiled copy of whole rows (D / 8 threads per row, 16 B each) into the swizzled tiles
-    (a 16-byte vector never straddles a swizzle chunk). One copy step covers num_threads · 8 / D rows,
-    which must divide every tile it copies: a partition does not check it, and a taller step would
-    write past a 16-row tile into its neighbour."""
-    step_rows = num_threads * (COPY_BITS // dtype.width) // head_dim
-    if any(rows % step_rows for rows in tile_rows):
-        raise ValueError(f"tiles of {tile_rows} rows are not multiples of the copy's {step_rows} rows")
-    return cp_async_tiled_copy(dtype, num_threads, row_elems=head_dim)
-
-
-@cute.jit
-def load_rows(row_copy, block: cutlass.Int32, seqlen: cutlass.Int32):
-    """Both tiles of ``row_copy`` (a ``KVCopy``: K and V, or Q and dO) at ``block``, rows past ``seqlen``
-    zero-filled; single stage: the previous tile's readers are done before, the new tile has landed
-    for every thread after."""
-    cute.arch.barrier()
-    load_kv_block(row_copy, block, 0, seqlen, predicated=True)
-    cute.arch.cp_async_commit_group()
-    cute.arch.cp_async_wait_group(0)
-    cute.arch.barrier()
-
-
-@cute.jit
-def read_row_values(
-    mX: cute.Tensor, index: cutlass.Int32, seqlen: cutlass.Int32, past_end: cutlass.Float32
-) -> cutlass.Float32:
-    """mX[index] of a (Sq,) fp32 vector, or ``past_end`` past its end (the read itself clamped in bounds)."""
-    value = mX[cutlass.min(index, seqlen - 1)]
-    return cutlass.Float32(cutlass.select_(index < seqlen, value, past_end))
-
-
-def lanes_allreduce_sum(value: cutlass.Float32, lanes: int) -> cutlass.Float32:
-    """The sum over ``lanes`` neighbouring lanes (a power of two dividing 32), by butterfly shuffles."""
-    offset = lanes // 2
-    while offset > 0:
-        value = value + cute.arch.shuffle_sync_bfly(value, offset=offset)
-        offset //= 2
-    return value
 
 
 # ----------------------------------------------------------------------------------------------
@@ -318,7 +248,8 @@ class _PreprocessKernel:
             total = lanes_allreduce_sum(row_sums[m], threads_per_row)
             row = tOcO[0, m, 0][0]
             # The row's first lane writes D and LSE₂ (rows past Sq are not written).
-            if tOcO[0, m, 0][1] == 0:
+            # Nested dynamic `if`s, as the forward rungs write their predicates.
+            if tOcO[0, m, 0][1] == 0:  # noqa: SIM102
                 if row < seqlen_q:
                     if cutlass.const_expr(self.has_dlse):
                         total = total - mdLSE[batch, head, row]
@@ -544,23 +475,14 @@ class _DKDVKernel:
         # ---- dV += Pᵀ dO; dK += dSᵀ Q (Pᵀ and dSᵀ in the input dtype, as A operands) --------------
         rPt = cute.make_fragment_like(acc_St, rQ.element_type)
         rPt.store(acc_St.load().to(rQ.element_type))
-        gemm_double_buffered(tiled_mma, acc_dV, accumulator_as_operand_a(rPt), rdOt, pieces(self.head_dim), b_load=load_dot)
+        gemm_double_buffered(
+            tiled_mma, acc_dV, accumulator_as_operand_a(rPt), rdOt, pieces(self.head_dim), b_load=load_dot
+        )
         rdSt = cute.make_fragment_like(acc_dPt, rQ.element_type)
         rdSt.store(acc_dPt.load().to(rQ.element_type))
-        gemm_double_buffered(tiled_mma, acc_dK, accumulator_as_operand_a(rdSt), rQt, pieces(self.head_dim), b_load=load_qt)
-
-
-@cute.jit
-def store_rows(thr_mma, acc: cute.Tensor, gX: cute.Tensor, cX: cute.Tensor, rows_left: cutlass.Int32):
-    """``acc`` (an accumulator of ``thr_mma``) cast to ``gX``'s dtype and stored from the fragment;
-    rows at or past ``rows_left`` (the sequence's end, counted from the tile's first row) are not written."""
-    rX = cute.make_fragment_like(acc, gX.element_type)
-    rX.store(acc.load().to(gX.element_type))
-    tXgX = thr_mma.partition_C(gX)  # (MMA, MMA_ROWS, MMA_D)
-    tXcX = thr_mma.partition_C(cX)  # (row, col) inside the tile
-    for i in cutlass.range_constexpr(cute.size(rX)):
-        if tXcX[i][0] < rows_left:
-            tXgX[i] = rX[i]
+        gemm_double_buffered(
+            tiled_mma, acc_dK, accumulator_as_operand_a(rdSt), rQt, pieces(self.head_dim), b_load=load_qt
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -741,7 +663,9 @@ class _DQKernel:
                 dP[r, c] = p * (dP[r, c] - delta[r])
         rdS = cute.make_fragment_like(acc_dP, rQ.element_type)
         rdS.store(acc_dP.load().to(rQ.element_type))
-        gemm_double_buffered(tiled_mma, acc_dQ, accumulator_as_operand_a(rdS), rKt, pieces(self.head_dim), b_load=load_kt)
+        gemm_double_buffered(
+            tiled_mma, acc_dQ, accumulator_as_operand_a(rdS), rKt, pieces(self.head_dim), b_load=load_kt
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -775,12 +699,6 @@ KERNELS = {
     "dkdv": CompiledKernels(_DKDVKernel, _fake_dkdv_arguments),
     "dq": CompiledKernels(_DQKernel, _fake_dq_arguments),
 }
-
-
-def rows_operand(t: torch.Tensor) -> torch.Tensor:
-    """A (B, H, Sq) row vector (the LSE, dLSE) as the kernels take it: fp32, contiguous, 16-byte aligned."""
-    t = t.float().contiguous()
-    return t.clone() if t.data_ptr() % OPERAND_ALIGNMENT_BYTES else t
 
 
 def backward_config(problem: Problem, has_dlse: bool = False) -> BackwardConfig:
