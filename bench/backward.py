@@ -1,6 +1,7 @@
 """The backward pass timed on one GPU at issue #40's anchor shapes (bf16), in two modes:
 
     python -m bench.backward --out $OUT/backward                  # ladder rows against cuDNN, flash, FA4
+    python -m bench.backward --impl cute/tiled --shape P1 --out $OUT/p1   # chosen rows and anchor shapes
     python -m bench.backward --candidates --out $OUT/candidates   # the tiled rung's variants, to pick one
 
 Default mode: per (shape, implementation) -- each forward rung that has a backward (through
@@ -170,9 +171,10 @@ def baselines_first(impls: Sequence[str]) -> list[str]:
     return [REFERENCE, *[impl for impl in BASELINES[1:] if impl in impls], *others]
 
 
-def run_ladder(out_dir: Path, impls: Sequence[str], budget_s: float) -> int:
+def run_ladder(out_dir: Path, impls: Sequence[str], budget_s: float, shapes: Sequence[tuple] = ()) -> int:
+    """The ladder rows at ``shapes`` (default: every anchor of :data:`SHAPES`)."""
     table = Table(out_dir / "results.csv", budget_s)
-    for shape in SHAPES:
+    for shape in shapes or SHAPES:
         inputs, grads = shape_inputs(shape), {}
         for impl in baselines_first(impls):
             base = {"shape": shape[0], "impl": impl, "variant": ""}
@@ -253,6 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--impl", action="append", help=f"implementations (repeatable; default {', '.join(IMPLS)})")
     parser.add_argument("--candidates", action="store_true", help="time the tiled rung's variants instead")
     parser.add_argument(
+        "--shape", action="append", choices=[shape[0] for shape in SHAPES], help="anchor shapes (repeatable; all)"
+    )
+    parser.add_argument(
         "--budget-s", type=float, default=DEFAULT_BUDGET_S, help="rows after this many seconds are skipped"
     )
     args = parser.parse_args(argv)
@@ -264,7 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.candidates:
         return run_candidates(args.out, args.budget_s)
-    return run_ladder(args.out, args.impl or IMPLS, args.budget_s)
+    shapes = [shape for shape in SHAPES if shape[0] in (args.shape or ())]
+    return run_ladder(args.out, args.impl or IMPLS, args.budget_s, shapes)
 
 
 if __name__ == "__main__":
