@@ -406,8 +406,7 @@ class _DKDVKernel:
                 step(m_block, masked=False)
 
         # ---- 2c. dK carries the softmax scale of S = softmax_scale · Q Kᵀ; dV none -----------
-        for i in cutlass.range_constexpr(cute.size(acc_dK)):
-            acc_dK[i] = acc_dK[i] * softmax_scale
+        acc_dK.store(acc_dK.load() * softmax_scale)
         gdK = cute.local_tile(mdK[batch, kv_head, None, None], tile_kv, (n_block, 0))  # (tile_n, D)
         gdV = cute.local_tile(mdV[batch, kv_head, None, None], tile_kv, (n_block, 0))  # (tile_n, D)
         store_rows(thr_mma, acc_dK, gdK, cute.make_identity_tensor(tile_kv), seqlen_k - n_start)
@@ -622,8 +621,7 @@ class _DQKernel:
             step(n_block_max - 1 - i, masked=False)
 
         # ---- 3c. dQ ·= softmax_scale, stored in the input dtype --------------------------------
-        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-            acc_dQ[i] = acc_dQ[i] * softmax_scale
+        acc_dQ.store(acc_dQ.load() * softmax_scale)
         gdQ = cute.local_tile(mdQ[batch, head, None, None], tile_q, (m_block, 0))  # (tile_m, D)
         store_rows(thr_mma, acc_dQ, gdQ, cute.make_identity_tensor(tile_q), seqlen_q - m_block * self.tile_m)
 
