@@ -26,7 +26,7 @@ from common.contract.problem import Problem
 from common.contract.reference import reference_attention
 from common.reporting.static import cubin_resources
 from cute_impl._host import CUTE_DTYPES
-from cute_impl.backward import tiled
+from cute_impl.backward import naive, tiled
 from cute_impl.backward._device import row_tile_copy
 from tests.test_backward import assert_all_pass, dense_attention, ladder_gradients
 
@@ -78,6 +78,19 @@ def test_every_kernel_compiles_without_spills(head_dim: int, variant: str) -> No
 
 
 @pytest.mark.static
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_naive_compiles_without_spills_or_tensor_cores(variant: str) -> None:
+    causal, alignment, kv_heads, has_dlse = VARIANTS[variant]
+    prob = problem(1000, 1000, 128, causal=causal, alignment=alignment, kv_heads=kv_heads)
+    (binary,) = naive.compile_sm90(prob, has_dlse=has_dlse)
+    usages = cubin_resources(binary.cubin)
+    assert len(usages) == 5, sorted(usages)
+    for kernel, usage in usages.items():
+        assert usage["stack_bytes"] + usage["local_bytes"] == 0, f"{kernel}: {usage}"
+    assert "mma" not in binary.ptx and not ATOMICS.search(binary.ptx)
+
+
+@pytest.mark.static
 def test_fp16_compiles_without_spills() -> None:
     prob = problem(1000, 1000, 128, causal=True, dtype=torch.float16)
     for binary in tiled.compile_sm90(prob):
@@ -118,6 +131,9 @@ def test_refuses_what_it_cannot_differentiate(hopper: torch.device, change: dict
     prob = problem(64, 64, 128).with_(**change)
     ok, why = tiled.BACKWARD.check(prob, hopper)
     assert not ok and reason in why
+    if change != {"softmax_scale": -1.0}:  # naive takes any scale: P is masked to 0, not -inf
+        ok, why = naive.BACKWARD.check(prob, hopper)
+        assert not ok and reason in why
 
 
 def test_refuses_a_cpu_and_an_old_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,18 +183,21 @@ def gpu_inputs(prob: Problem, seed: int) -> tuple[torch.Tensor, ...]:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", list(GPU_CASES))
-def test_gpu_gradients_pass_the_rule(case: str, dtype: torch.dtype) -> None:
-    """Through cute/tiled's forward; tests/test_backward.py pairs cute/pipelined and cute/hopper with it."""
+@pytest.mark.parametrize("forward", ["cute/naive", "cute/tiled"])
+def test_gpu_gradients_pass_the_rule(forward: str, case: str, dtype: torch.dtype) -> None:
+    """Each backward rung through its forward; tests/test_backward.py also pairs cute/pipelined and
+    cute/hopper with the tiled one."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     prob = GPU_CASES[case].with_(dtype=dtype)
     q, k, v, d_out = gpu_inputs(prob, seed=21)
-    assert_all_pass(ladder_gradients("cute/tiled", prob, q, k, v, d_out), q, k, v, d_out, prob)
+    assert_all_pass(ladder_gradients(forward, prob, q, k, v, d_out), q, k, v, d_out, prob)
 
 
 @pytest.mark.gpu
-def test_gpu_the_returned_lse_is_differentiable_too() -> None:
-    """loss = ⟨O, dO⟩ + ⟨LSE, dLSE⟩ through cute/tiled, against fp64 autograd; yardstick: dense torch in bf16."""
+@pytest.mark.parametrize("forward", ["cute/naive", "cute/tiled"])
+def test_gpu_the_returned_lse_is_differentiable_too(forward: str) -> None:
+    """loss = ⟨O, dO⟩ + ⟨LSE, dLSE⟩, against fp64 autograd; yardstick: dense torch in bf16."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     # Every row sees a key (dense_attention, the yardstick, has no guard for a row that sees none).
@@ -195,7 +214,7 @@ def test_gpu_the_returned_lse_is_differentiable_too() -> None:
     reference = grads_of(lambda *t: reference_attention(*t, prob, with_lse=True), torch.float64)
     yardstick = grads_of(lambda *t: dense_attention(*t, prob), prob.dtype)
     mine = grads_of(
-        lambda *t: attention(*t, causal=True, impl="cute/tiled", return_lse=True),
+        lambda *t: attention(*t, causal=True, impl=forward, return_lse=True),
         prob.dtype,
     )
     failed = [check.summary() for check in judge_gradients(mine, reference, yardstick) if not check.ok]
