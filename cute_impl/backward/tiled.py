@@ -54,6 +54,12 @@ accumulator (each element holds its (row, col) coordinate); a load is a tiled co
 thread (``partition_S``/``partition_D``) and the predicate is per copied row. Triton chooses all of that
 for the programmer; here each choice is a line.
 
+Tiles (``TILE_SHAPES``, 8 warps of 16 rows each): the dK/dV kernel holds 128 keys and walks 64 query
+rows per step at D=64 but only 16 at D=128, where dK and dV take 128 of a thread's 255 registers; the
+dQ kernel holds 128 query rows and walks 64 keys. ``mma.sync`` rather than Hopper's WGMMA: this is the
+sm80-style rung, correctness first; a ``hopper`` backward (TMA, WGMMA, warp specialisation) is the next.
+Measurements: none yet (the H200 run is pending).
+
 Constraints: fp16/bf16; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA
 and MQA; a differentiable LSE (``d_lse``); softmax_scale > 0; compute capability ≥ 8.0 (``mma.sync``
 bf16, ``cp.async``, ``ldmatrix``). ``cache_seqlens`` and paged caches are refused. Every kernel
