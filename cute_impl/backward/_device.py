@@ -1,18 +1,24 @@
 """Device and host helpers of the CuTe backward rungs (``cute_impl/backward/``): the shared-memory tiles
 and their copies, the ldmatrix operand loads (plain and transposed), per-row vectors read into registers
-and accumulators stored to HBM. The kernels live in the rung files; the forward's vocabulary (block
+and accumulators stored to HBM; on the host, :func:`cute_gradients`, the ``Backward.gradients`` every
+rung wraps around its launches. The kernels live in the rung files; the forward's vocabulary (block
 ranges, masks, ``gemm_double_buffered``) is ``cute_impl/_device.py``'s.
 """
 
 # No ``from __future__ import annotations``: ``cute.struct`` reads its field annotations as objects.
+from collections.abc import Callable
+from typing import NamedTuple
+
 import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass.cute.nvgpu import warp
 
-from common.contract.validation import OPERAND_ALIGNMENT_BYTES
+from common.contract.problem import Problem
+from common.contract.registry import Gradients, Supports
+from common.contract.validation import OPERAND_ALIGNMENT_BYTES, kernel_operand
 from cute_impl._device import OperandLoad, load_kv_block
-from cute_impl._host import COPY_BITS, cp_async_tiled_copy, swizzled_qkv_layouts
+from cute_impl._host import COPY_BITS, cp_async_tiled_copy, swizzled_qkv_layouts, to_cute_tensor
 
 SMEM_ALIGN_BYTES = 1024
 
@@ -116,3 +122,52 @@ def rows_operand(t: torch.Tensor) -> torch.Tensor:
     """A (B, H, Sq) row vector (the LSE, dLSE) as the kernels take it: fp32, contiguous, 16-byte aligned."""
     t = t.float().contiguous()
     return t.clone() if t.data_ptr() % OPERAND_ALIGNMENT_BYTES else t
+
+
+class BackwardOperands(NamedTuple):
+    """What a backward rung's kernels take, as CuTe tensors: q, O, dO, dQ (B, H, Sq, D); k, v, dK, dV
+    (B, Hkv, Sk, D); the LSE and dLSE (None unless the LSE is differentiated) (B, H, Sq) fp32."""
+
+    q: cute.Tensor
+    k: cute.Tensor
+    v: cute.Tensor
+    out: cute.Tensor
+    d_out: cute.Tensor
+    lse: cute.Tensor
+    d_lse: cute.Tensor | None
+    dq: cute.Tensor
+    dk: cute.Tensor
+    dv: cute.Tensor
+
+
+def cute_gradients(
+    name: str, supports: Supports, launch: Callable[[BackwardOperands, Problem, torch.device], None]
+) -> Gradients:
+    """The ``Backward.gradients`` of rung ``name``: its capability check (a refusal raises, with the
+    reason), q, k, v, O and dO as kernel operands, the LSE (and dLSE) as fp32 rows, dQ, dK and dV
+    allocated in the inputs' dtypes, then ``launch`` runs the rung's kernels on them."""
+
+    def gradients(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        d_out: torch.Tensor,
+        problem: Problem,
+        *,
+        d_lse: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H,
+        Sq) and the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE)."""
+        ok, reason = supports(problem, q.device)
+        if not ok:
+            raise ValueError(f"{name} cannot differentiate {problem.describe()}: {reason}")
+        q, k, v, out, d_out = (kernel_operand(t) for t in (q, k, v, out, d_out))
+        grads = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+        rows = (rows_operand(lse), None if d_lse is None else rows_operand(d_lse))
+        tensors = (q, k, v, out, d_out, *rows, *grads)
+        launch(BackwardOperands(*(None if t is None else to_cute_tensor(t) for t in tensors)), problem, q.device)
+        return grads
+
+    return gradients

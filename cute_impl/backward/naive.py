@@ -55,10 +55,9 @@ from cutlass.cute.runtime import make_fake_stream
 from common.contract.capability import BOTTOM_RIGHT, GQA, LSE, check_common
 from common.contract.problem import Problem
 from common.contract.registry import Backward
-from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
 from cute_impl._host import CUTE_DTYPES, CompiledKernels, current_stream, fake_tensor, to_cute_tensor
-from cute_impl.backward._device import rows_operand
+from cute_impl.backward._device import BackwardOperands, cute_gradients
 
 LOG2_E = math.log2(math.e)
 HEAD_DIMS = (64, 128)
@@ -264,33 +263,18 @@ def naive_config(problem: Problem, has_dlse: bool = False) -> NaiveBackwardConfi
     return NaiveBackwardConfig(problem.dtype, problem.head_dim, problem.causal, problem.bottom_right, has_dlse)
 
 
-def naive_gradients(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    d_out: torch.Tensor,
-    problem: Problem,
-    *,
-    d_lse: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H, Sq)
-    and the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE)."""
-    ok, reason = supports(problem, q.device)
-    if not ok:
-        raise ValueError(f"{BACKWARD_NAME} cannot differentiate {problem.describe()}: {reason}")
-    q, k, v, out, d_out = (kernel_operand(t) for t in (q, k, v, out, d_out))
+def _launch(operands: BackwardOperands, problem: Problem, device: torch.device) -> None:
+    """The five launches on ``operands``, with D, P and dS allocated here, on the current stream."""
     scores_shape = (problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k)
-    probs, d_scores = (torch.empty(scores_shape, dtype=torch.float32, device=q.device) for _ in "01")
-    delta = torch.empty(scores_shape[:3], dtype=torch.float32, device=q.device)
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    tensors = [to_cute_tensor(t) for t in (q, k, v, out, d_out, rows_operand(lse))]
-    d_lse_arg = None if d_lse is None else to_cute_tensor(rows_operand(d_lse))
-    buffers = [to_cute_tensor(t) for t in (delta, probs, d_scores, dq, dk, dv)]
+    # The torch buffers stay referenced until the launch is queued, so none can take another's memory.
+    buffers = [
+        torch.empty(shape, dtype=torch.float32, device=device) for shape in (scores_shape[:3], *[scores_shape] * 2)
+    ]
+    delta, probs, d_scores = (to_cute_tensor(t) for t in buffers)
+    q, k, v, out, d_out, lse, d_lse, dq, dk, dv = operands
     compiled = KERNELS.kernel(naive_config(problem, has_dlse=d_lse is not None))
-    compiled(*tensors, d_lse_arg, *buffers, Float32(problem.scale), current_stream(q.device))
-    return dq, dk, dv
+    compiled(q, k, v, out, d_out, lse, d_lse, delta, probs, d_scores, dq, dk, dv, Float32(problem.scale),
+             current_stream(device))  # fmt: skip
 
 
 def compile_sm90(problem: Problem, has_dlse: bool = False) -> list[KernelBinary]:
@@ -320,6 +304,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 
 BACKWARD_NAME = "cute/backward/naive"
+naive_gradients = cute_gradients(BACKWARD_NAME, supports, _launch)
 BACKWARD = Backward(
     name=BACKWARD_NAME,
     gradients=naive_gradients,

@@ -81,7 +81,6 @@ from cutlass.cute.runtime import make_fake_stream
 from common.contract.capability import BOTTOM_RIGHT, GQA, LSE
 from common.contract.problem import Problem
 from common.contract.registry import Backward
-from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
 from cute_impl._device import (
     AttentionMask,
@@ -105,12 +104,13 @@ from cute_impl._host import (
     warp_tiled_mma,
 )
 from cute_impl.backward._device import (
+    BackwardOperands,
+    cute_gradients,
     lanes_allreduce_sum,
     load_rows,
     read_row_values,
     row_tile_copy,
     row_tile_layout,
-    rows_operand,
     smem_operand,
     store_rows,
     transposed,
@@ -678,9 +678,9 @@ class _DQKernel:
 # ----------------------------------------------------------------------------------------------
 def _fake_preprocess_arguments(config: BackwardConfig) -> tuple:
     element = CUTE_DTYPES[config.dtype]
-    rows = [fake_tensor(cutlass.Float32, 3) for _ in range(2)]
+    lse, lse_log2, delta = (fake_tensor(cutlass.Float32, 3) for _ in range(3))
     d_lse = fake_tensor(cutlass.Float32, 3) if config.has_dlse else None
-    return (fake_tensor(element, 4), fake_tensor(element, 4), rows[0], d_lse, *rows, make_fake_stream())
+    return (fake_tensor(element, 4), fake_tensor(element, 4), lse, d_lse, lse_log2, delta, make_fake_stream())
 
 
 def _fake_dkdv_arguments(config: BackwardConfig) -> tuple:
@@ -717,37 +717,19 @@ def backward_config(problem: Problem, has_dlse: bool = False) -> BackwardConfig:
     )
 
 
-def tiled_gradients(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    d_out: torch.Tensor,
-    problem: Problem,
-    *,
-    d_lse: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H, Sq)
-    and the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE)."""
-    ok, reason = supports(problem, q.device)
-    if not ok:
-        raise ValueError(f"{BACKWARD_NAME} cannot differentiate {problem.describe()}: {reason}")
-    config = backward_config(problem, has_dlse=d_lse is not None)
-    q, k, v, out, d_out = (kernel_operand(t) for t in (q, k, v, out, d_out))
+def _launch(operands: BackwardOperands, problem: Problem, device: torch.device) -> None:
+    """The three launches on ``operands``, with D and LSE₂ allocated here, on the current stream."""
+    config = backward_config(problem, has_dlse=operands.d_lse is not None)
     rows_shape = (problem.batch, problem.heads, problem.seqlen_q)
-    lse = rows_operand(lse)
-    delta, lse_log2 = (torch.empty(rows_shape, dtype=torch.float32, device=q.device) for _ in "01")
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    cq, ck, cv, cout, cdo, cdq, cdk, cdv = (to_cute_tensor(t) for t in (q, k, v, out, d_out, dq, dk, dv))
-    clse, cdelta, clse2 = (to_cute_tensor(t) for t in (lse, delta, lse_log2))
-    cdlse = None if d_lse is None else to_cute_tensor(rows_operand(d_lse))
+    # The torch buffers stay referenced until the launches are queued, so neither can take the other's memory.
+    buffers = [torch.empty(rows_shape, dtype=torch.float32, device=device) for _ in "01"]
+    delta, lse_log2 = (to_cute_tensor(t) for t in buffers)
+    q, k, v, out, d_out, lse, d_lse, dq, dk, dv = operands
     scale = cutlass.Float32(problem.scale)
-    stream = current_stream(q.device)
-    KERNELS["preprocess"].kernel(config)(cout, cdo, clse, cdlse, clse2, cdelta, stream)
-    KERNELS["dkdv"].kernel(config)(cq, ck, cv, cdo, clse2, cdelta, cdk, cdv, scale, stream)
-    KERNELS["dq"].kernel(config)(cq, ck, cv, cdo, clse2, cdelta, cdq, scale, stream)
-    return dq, dk, dv
+    stream = current_stream(device)
+    KERNELS["preprocess"].kernel(config)(out, d_out, lse, d_lse, lse_log2, delta, stream)
+    KERNELS["dkdv"].kernel(config)(q, k, v, d_out, lse_log2, delta, dk, dv, scale, stream)
+    KERNELS["dq"].kernel(config)(q, k, v, d_out, lse_log2, delta, dq, scale, stream)
 
 
 def compile_sm90(problem: Problem, has_dlse: bool = False) -> list[KernelBinary]:
@@ -771,6 +753,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 
 BACKWARD_NAME = "cute/backward/tiled"
+tiled_gradients = cute_gradients(BACKWARD_NAME, supports, _launch)
 BACKWARD = Backward(
     name=BACKWARD_NAME,
     gradients=tiled_gradients,
