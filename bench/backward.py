@@ -1,6 +1,7 @@
 """The backward pass timed on one GPU at issue #40's anchor shapes (bf16), in two modes:
 
     python -m bench.backward --out $OUT/backward                  # ladder rows against cuDNN, flash, FA4
+    python -m bench.backward --impl cute/tiled --shape P1 --out $OUT/p1   # chosen rows and anchor shapes
     python -m bench.backward --candidates --out $OUT/candidates   # the tiled rung's variants, to pick one
     python -m bench.backward --candidates --rung gluon --out $OUT/gluon-candidates   # gluon/backward/hopper's
     python -m bench.backward --shape P1 --shape 'P1 causal' --impl gluon/hopper --out $OUT/p1   # a selection

@@ -32,6 +32,9 @@ tells the compiler the strides are multiples of 8 elements, which ``kernel_opera
 because the 32 lanes of a warp read 32 different K rows. S is written once, read and written twice
 by the softmax and read once by PV. No shared memory, no ``mma``, no ``cp.async``.
 
+Backward (``common.attention`` with inputs that require grad): ``cute_impl/backward/naive.py`` (D 64
+and 128), from this rung's O and LSE.
+
 Constraints: fp16/bf16, head_dim in {32, 64, 128, 256}, any Sq, Sk ≥ 1, sm_80 or newer. Every problem
 feature (``FEATURES``): GQA/MQA (``kv_heads`` dividing ``heads``), causal aligned top-left (SDPA) or
 bottom-right (KV cache), ``cache_seqlens`` ((B,) int32, contiguous, ``prepare``/``bind`` take it as
@@ -78,6 +81,7 @@ from cute_impl._host import (
     fake_tensor,
     to_cute_tensor,
 )
+from cute_impl.backward import naive as naive_backward
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -315,5 +319,8 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 
 IMPLEMENTATION = HOST.implementation(
-    supports=supports, forbidden_ptx=("mma.sync", "wgmma.mma_async"), source_file=__file__
+    supports=supports,
+    forbidden_ptx=("mma.sync", "wgmma.mma_async"),
+    source_file=__file__,
+    backward=naive_backward.BACKWARD,
 )

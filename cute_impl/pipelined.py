@@ -73,6 +73,9 @@ bottom-right offset); ``return_lse`` (``OnlineSoftmax.finalize`` forms each row'
 epilogue stores it; ``run()`` returns (O, lse)). A tile none of whose rows sees a key visits no block:
 O = 0, LSE = -inf.
 
+Backward (``common.attention`` with inputs that require grad): ``cute_impl/backward/tiled.py``, from
+this rung's O and LSE.
+
 Constraints: fp16/bf16, D in {64, 128}, any Sq, Sk >= 1, softmax_scale > 0
 (``row_max`` is taken as max(S) · softmax_scale_log2), compute capability >= 8.0.
 
@@ -135,6 +138,7 @@ from cute_impl._host import (
     swizzled_qkv_layouts,
     warp_tiled_mma,
 )
+from cute_impl.backward import tiled as tiled_backward
 
 SMEM_ALIGN_BYTES = 1024
 # All of the unified L1/shared array as shared memory: two CTAs of the largest tile need 192 KiB.
@@ -420,5 +424,8 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 
 IMPLEMENTATION = HOST.implementation(
-    supports=supports, required_ptx=("mma.sync", "ldmatrix", "cp.async"), source_file=__file__
+    supports=supports,
+    required_ptx=("mma.sync", "ldmatrix", "cp.async"),
+    source_file=__file__,
+    backward=tiled_backward.BACKWARD,
 )

@@ -61,6 +61,9 @@ sets the bottom-right offset); ``return_lse`` (the epilogue forms each row's nat
 (row_max + log2(row_sum)) · ln 2, and stores it; ``run()`` returns (O, lse)). A tile none of whose
 rows sees a key visits no block: O = 0, LSE = -inf.
 
+Backward (``common.attention`` with inputs that require grad): ``cute_impl/backward/tiled.py``, from
+this rung's O and LSE.
+
 Constraints: fp16/bf16, D in {64, 128}; any Sq, Sk >= 1; softmax_scale > 0
 (``row_max`` is taken as max(S) · softmax_scale_log2); compute capability >= 8.0 (``mma.sync`` bf16
 and ``cp.async`` are sm_80 features; Hopper runs them too).
@@ -101,6 +104,7 @@ from cute_impl._host import (
     static_head_dim_view,
     warp_tiled_mma,
 )
+from cute_impl.backward import tiled as tiled_backward
 
 LOG2_E = math.log2(math.e)
 # ln 2: the LSE is returned in natural-log units, row_max is in log2 units.
@@ -469,4 +473,6 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     return mma_sync_supports("cute/tiled", problem, device, head_dims=HEAD_DIMS, features=FEATURES)
 
 
-IMPLEMENTATION = HOST.implementation(supports=supports, required_ptx=("mma.sync", "cp.async"), source_file=__file__)
+IMPLEMENTATION = HOST.implementation(
+    supports=supports, required_ptx=("mma.sync", "cp.async"), source_file=__file__, backward=tiled_backward.BACKWARD
+)
