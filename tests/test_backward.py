@@ -172,7 +172,7 @@ def assert_lse_gradients_pass(impl: str, prob: Problem, q, k, v, d_out, d_lse) -
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prob: Problem) -> tuple[torch.Tensor, ...]:
     """O and LSE in q's dtype by plain torch (no row without a visible key)."""
     k, v = (t.repeat_interleave(prob.kv_group, dim=1) for t in (k, v))
-    rows = torch.arange(prob.seqlen_q)
+    rows = torch.arange(prob.seqlen_q, device=q.device)
     visible = visible_keys_mask(prob, prob.seqlen_k, rows, prob.seqlen_k, q.device)
     scores = (q @ k.transpose(-1, -2) * prob.scale).masked_fill(~visible, -math.inf)
     return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)
