@@ -33,7 +33,7 @@ fastest passing one the rungs' configuration and times each FP8 rung kernel only
 and not, against the best bf16 rung (cute/hopper) in the same process. Writes ``fp8_quantiser_ab.csv``
 and ``fp8_quantiser_ab.md``.
 
-``--quantiser-config field=value,...`` runs any mode with another ``DEFAULT_CONFIG`` (the rungs'
+``--quantiser-config field=value,...`` runs any mode with another default configuration (the rungs'
 quantiser too), so a configuration the sweep found can be timed end to end before it is committed.
 
 usage (project root):  python -m bench.fp8_quantiser --out results/h200/fp8-quantiser [--only cute/fp8]
@@ -217,7 +217,7 @@ def sweep_configs(full: bool) -> list[Config]:
     """Each knob alone from ``BEFORE``, the default, then tiles per program x load overlap on one launch
     with the reciprocal division (``full``), or a short list around the expected best; no repeats."""
     configs = [BEFORE, replace(BEFORE, single_launch=True), replace(BEFORE, division="reciprocal"), Config(),
-               fp8_quantiser.DEFAULT_CONFIG]  # fmt: skip
+               fp8_quantiser.default_config(128, fp8.VARIANTS["block+rotation"])]  # fmt: skip
     for tiles in (2, 4, 8, 16) if full else (4,):
         configs += [
             Config(tiles_per_program=tiles),
@@ -304,7 +304,7 @@ def judged_rows(
         registers, spills = _kernel_resources(quantiser)
         row = SweepRow(*shape, quantiser.launches, registers, spills, ms * 1e3, gbytes / (ms * 1e-3), verdict,
                        same)  # fmt: skip
-        row.note = "default" if config == fp8_quantiser.DEFAULT_CONFIG else ""
+        row.note = "default" if config == fp8_quantiser.default_config(problem.head_dim, quantisation) else ""
         rows.append(row)
         print(f"{' | '.join(shape)} | {row.launches} | {registers} | {spills} | {row.us:.1f} us | "
               f"{row.gbps:.0f} GB/s | {verdict} | {same}", flush=True)  # fmt: skip
@@ -379,8 +379,8 @@ def run_sweep(args: argparse.Namespace) -> None:
 # tiles in flight behind the one computed; 144 / 176 KB: one program an SM, of 16 warps at 121 registers,
 # or of 8 at 166).
 AB_CANDIDATES = [
-    fp8_quantiser.DEFAULT_CONFIG,
-    Config(tiles_per_program=8, prefetch=True, maxnreg=128),
+    fp8_quantiser.PIPELINED_CONFIG,
+    fp8_quantiser.PREFETCH_CONFIG,
     Config(programs_per_sm=2, prefetch=True, maxnreg=128),
     Config(programs_per_sm=2, num_stages=2, maxnreg=128),
     Config(programs_per_sm=1, num_stages=3, num_warps=16),
@@ -406,7 +406,7 @@ class EndToEndRow:
 
 
 def end_to_end_rows(args: argparse.Namespace) -> tuple[list[EndToEndRow], dict[bool, float]]:
-    """Per causal mode: each FP8 rung kernel only and end to end (the fused quantiser at ``DEFAULT_CONFIG``
+    """Per causal mode: each FP8 rung kernel only and end to end (the fused quantiser at its default configuration
     and the kernel per call; its output checked equal to the kernel's), and the best bf16 rung's TFLOP/s."""
     from common.measure.timing import tflops
 
@@ -486,7 +486,7 @@ def run_ab(args: argparse.Namespace) -> None:
     passing = [row for row in candidates if row.reference.startswith("ok") and row.same_bytes in ("first", "yes")]
     best = min(passing, key=lambda row: row.us) if passing else None
     if best is not None:
-        fp8_quantiser.DEFAULT_CONFIG = next(c for c in AB_CANDIDATES if c.describe() == best.config)
+        fp8_quantiser.use_config(next(c for c in AB_CANDIDATES if c.describe() == best.config))
     print(f"best candidate: {fp8_quantiser.DEFAULT_CONFIG!r}" if best else "no candidate passed", flush=True)
     torch.backends.cuda.matmul.allow_tf32 = True
     e2e, bf16 = end_to_end_rows(args)
@@ -554,7 +554,7 @@ def main() -> None:
     require_gpu("bench/fp8_quantiser.py")
     if args.quantiser_config is not None:
         # Read by every FusedQuantiser built from here on (the rungs' included), like DEFAULT_ROTATION_METHOD.
-        fp8_quantiser.DEFAULT_CONFIG = args.quantiser_config
+        fp8_quantiser.use_config(args.quantiser_config)
         print(f"fused quantiser: {args.quantiser_config.describe()}", flush=True)
     if args.sweep:
         run_sweep(args)

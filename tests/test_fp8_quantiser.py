@@ -548,7 +548,7 @@ for head_dim in (64, 128, 256):
             if method == "butterfly" and head_dim > fused.BUTTERFLY_MAX_HEAD_DIM:
                 continue
             for layout in (fp8.ValueLayout(False, 16), fp8.ValueLayout(True, 128)):
-                rows += builds(head_dim, variant, method, layout, fused.DEFAULT_CONFIG)
+                rows += builds(head_dim, variant, method, layout, fused.default_config(head_dim, quantisation, method))
 # What bench/fp8_quantiser.py --sweep times (the knobs that change the binary), and a spilling register cap.
 layout = fp8.ValueLayout(True, 128)
 for variant, method in FULL_GRID:

@@ -22,7 +22,7 @@ holds; Triton 3.6 issues a 2-stage loop's next load at the end of the body, afte
 that only 3 or more stages keep a load in flight while a tile is computed), ``num_warps``, ``maxnreg``
 (8 warps at 128 registers keep two programs an SM; a lower cap spills, and at 80 ptxas cannot place the
 wgmma accumulators), ``division`` and ``programs_per_sm`` (a persistent grid whose programs walk Q, K and
-V in turn). ``DEFAULT_CONFIG`` is what the rungs run; ``python -m bench.fp8_quantiser --ab`` times the
+V in turn). ``default_config(D, quantisation)`` is what the rungs run; ``python -m bench.fp8_quantiser --ab`` times the
 candidates against the read bandwidth.
 
 Equality with the reference (``operand_differences``): without rotation the arithmetic is the same
@@ -63,6 +63,7 @@ from common.contract.fp8 import (
 from common.contract.problem import Problem
 from common.contract.splits import DEFAULT_SM_COUNT, sm_count
 from common.toolchain.compile import KernelBinary
+from common.toolchain.releases import triton_release
 from triton_impl.fp8_quantiser_kernel import (
     ROTATE_BUTTERFLY,
     ROTATE_NONE,
@@ -170,13 +171,39 @@ class QuantiserConfig:
         )
 
 
-# What the rungs run (their quantisers read it when built, so bench/fp8_quantiser.py can swap it), chosen by
-# the GPU sweep (bench/fp8_quantiser.py --sweep, H100, P1 Q+K+V with block scales and rotation, 2026-11-26;
-# docs/perf-log.md): one launch, 8 tiles a program, 2 tiles in flight through shared memory: 149.3 µs against
-# 217.3 for 4 tiles without overlap and 197.6 for the three launches before the knobs. The fastest row, the
-# next tile prefetched in registers under a 128-register cap (133.5 µs), spills at D=64 under Triton 3.8
-# (8 bytes) and at D=128 under 3.9 (88 bytes), so it is not the default of every head dim and release.
-DEFAULT_CONFIG = QuantiserConfig(tiles_per_program=8, num_stages=2)
+# What the rungs run (their quantisers read it when built, so bench/fp8_quantiser.py can swap it), per Triton
+# release. The GPU sweep (bench/fp8_quantiser.py --sweep, H100, P1 Q+K+V with block scales and rotation,
+# 2026-11-26; docs/perf-log.md) chose one launch, 8 tiles a program, 2 tiles in flight through shared memory:
+# 149.3 µs against 217.3 for 4 tiles without overlap and 197.6 for the three launches before the knobs.
+PIPELINED_CONFIG = QuantiserConfig(tiles_per_program=8, num_stages=2)
+DEFAULT_CONFIG = PIPELINED_CONFIG
+# The next tile prefetched in registers under a 128-register cap keeps a load in flight while a tile is
+# computed (Triton 3.6 waits for the shared-memory pipeline's next tile at the top of each iteration):
+# 113.6 µs against PIPELINED_CONFIG's 137.6 at P1 on an H200 under Triton 3.6 (bench/fp8_quantiser.py --ab,
+# 2026-11-29, results/h200/fp8-quantiser-ab/). It spills under Triton 3.8 and 3.9 (16 bytes at D=64, 88 at
+# D=128, sm_90a) and under 3.6 at D=64 (8 bytes), for per-tensor scales at D=128 (16 bytes) and with the
+# butterfly rotation (384 bytes), so it is the default of block scales with the tensor-core rotation at D=128
+# under 3.6 only (tests/test_fp8_quantiser.py compiles every default build spill-free in each release's CI leg).
+PREFETCH_CONFIG = QuantiserConfig(tiles_per_program=8, prefetch=True, maxnreg=128)
+# (head dim, quantisation name, rotation method) -> its configuration where it is not DEFAULT_CONFIG.
+KIND_CONFIGS: dict[tuple[int, str, str], QuantiserConfig] = (
+    {(128, name, "tensor_core"): PREFETCH_CONFIG for name in ("block+rotation", "block")}
+    if triton_release() == "3.6"
+    else {}
+)
+
+
+def default_config(head_dim: int, quantisation: Quantisation, rotation_method: str | None = None) -> QuantiserConfig:
+    """What a quantiser of ``head_dim``, ``quantisation`` and ``rotation_method`` (default
+    ``DEFAULT_ROTATION_METHOD``) runs: its ``KIND_CONFIGS`` entry, else ``DEFAULT_CONFIG``."""
+    method = rotation_method or DEFAULT_ROTATION_METHOD
+    return KIND_CONFIGS.get((head_dim, quantisation.name, method), DEFAULT_CONFIG)
+
+
+def use_config(config: QuantiserConfig) -> None:
+    """Make ``config`` every head dim's default (bench/fp8_quantiser.py times candidates through the rungs)."""
+    global DEFAULT_CONFIG, KIND_CONFIGS
+    DEFAULT_CONFIG, KIND_CONFIGS = config, {}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -259,7 +286,7 @@ def shared_bytes(
     wgmma operand and the transposed store's exchange. sm_90a builds under Triton 3.8 use this much at
     D = 256 with block scales and rotation, and less elsewhere (3.6: 294,912 bytes there); the
     capability-matrix test compiles every configuration a check accepts and holds it to the budget."""
-    config = config or DEFAULT_CONFIG
+    config = config or default_config(head_dim, quantisation, rotation_method)
     rotation_method = rotation_method or DEFAULT_ROTATION_METHOD
     element = dtype.itemsize
     tile = _tile_rows_of(quantisation) * head_dim * element
@@ -271,7 +298,8 @@ def shared_memory_supported(rung: str, problem: Problem, quantisation: Quantisat
     """The capability check's part for the fused quantiser an FP8 rung runs before its kernel: refused
     where its shared memory (``shared_bytes``, default rotation method and configuration) exceeds sm_90's."""
     needed = shared_bytes(problem.head_dim, problem.dtype, quantisation)
-    return check_shared_memory(rung, _quantiser_words(problem.head_dim, quantisation, DEFAULT_CONFIG), needed)
+    words = _quantiser_words(problem.head_dim, quantisation, default_config(problem.head_dim, quantisation))
+    return check_shared_memory(rung, words, needed)
 
 
 def _quantiser_words(head_dim: int, quantisation: Quantisation, config: QuantiserConfig) -> str:
@@ -407,7 +435,7 @@ class FusedQuantiser:
 
     ``q_shape`` (B, H, Sq, D), ``kv_shape`` (B, Hkv, Sk, D); ``dtype`` fp16 or bf16; ``device`` CUDA,
     or CPU under the Triton interpreter. ``rotation_method``: one of ``ROTATION_METHODS``, by default
-    ``DEFAULT_ROTATION_METHOD``; ``config``: a ``QuantiserConfig``, by default ``DEFAULT_CONFIG``; both
+    ``DEFAULT_ROTATION_METHOD``; ``config``: a ``QuantiserConfig``, by default ``default_config(D, quantisation)``; both
     defaults as they read when the quantiser is built (the rungs and their emulations take them from
     there, so bench/fp8_quantiser.py can time other choices through them).
     """
@@ -424,7 +452,7 @@ class FusedQuantiser:
         config: QuantiserConfig | None = None,
     ):
         rotation_method = rotation_method or DEFAULT_ROTATION_METHOD
-        self.config = config or DEFAULT_CONFIG
+        self.config = config or default_config(q_shape[3], quantisation, rotation_method)
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -528,7 +556,7 @@ def compile_sm90(
 
     from common.toolchain.compile import compile_triton_sm90_launch
 
-    config = config or DEFAULT_CONFIG
+    config = config or default_config(head_dim, quantisation, rotation_method)
     _check_quantisation(quantisation, value_layout, head_dim, rotation_method)
     q_shape = (batch, heads[0], seqlens[0], head_dim)
     kv_shape = (batch, heads[1], seqlens[1], head_dim)
