@@ -46,7 +46,9 @@ class AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, d_out: torch.Tensor, d_lse: torch.Tensor | None = None) -> tuple[Any, ...]:
-        q, k, v, out, lse = ctx.saved_tensors
+        # The rungs read plain tensors: a saved leaf still requires grad, which DLPack (the CuTe DSL's
+        # way in) refuses to export.
+        q, k, v, out, lse = (t.detach() for t in ctx.saved_tensors)
         dq, dk, dv = ctx.backward_rung.gradients(
             q, k, v, out, lse, d_out, ctx.problem, d_lse=d_lse if ctx.return_lse else None
         )
