@@ -50,7 +50,7 @@ SHAPES = (
 REFERENCE = "sdpa/cudnn"
 FA4 = "fa4/sm90"
 BASELINES = (REFERENCE, "sdpa/flash", FA4)
-IMPLS = ("triton/tiled", "triton/hopper", "gluon/hopper", *BASELINES)
+IMPLS = ("triton/tiled", "triton/hopper", "gluon/hopper", "cute/tiled", "cute/hopper", *BASELINES)
 # The forward whose O and LSE the candidates differentiate.
 CANDIDATE_FORWARD = "triton/hopper"
 # A variant's gradients may be at most this far from cuDNN's (relative L2, per gradient). bf16 puts

@@ -364,9 +364,10 @@ def backward_pick(frame: pd.DataFrame) -> str:
     ours = ladder.groupby("shape", sort=False)["bwd_tflops"].max()
     shares = ours / fastest["bwd_tflops"].reindex(ours.index)
     names = ", ".join(f"`{impl}`" for impl in fastest["impl"].unique())
-    rungs = ", ".join(f"`{impl}`" for impl in dict.fromkeys(ladder["impl"]))
+    best = ladder.loc[ladder.groupby("shape", sort=False)["bwd_tflops"].idxmax(), "impl"]
+    leaders = ", ".join(f"`{impl}`" for impl in dict.fromkeys(best))
     return (
-        f"Training: for speed use {names}; the ladder's backward ({rungs}, Triton only) runs at "
+        f"Training: for speed use {names}; the ladder's fastest backward ({leaders}) runs at "
         f"{shares.min():.2f}-{shares.max():.2f}× its TFLOP/s."
     )
 
