@@ -268,16 +268,22 @@ def _merge_kernel(
 # ----------------------------------------------------------------------------------------------
 # Host: tile shape, split rule, bind, prepare
 # ----------------------------------------------------------------------------------------------
+def next_power_of_2(n: int) -> int:
+    """The least power of two >= n (n >= 1), in plain Python: ``triton.next_power_of_2`` goes through
+    Triton's constexpr machinery, a measurable cost in a host path that runs at every decode step."""
+    return 1 << (n - 1).bit_length()
+
+
 def block_m_for(problem: Problem) -> int:
     """Rows of one packed M tile: group · Sq rounded up to a power of two in [16, max_block_m]."""
     return min(
         DEFAULT_CONFIGS[problem.head_dim].max_block_m,
-        max(MIN_BLOCK_M, triton.next_power_of_2(problem.kv_group * problem.seqlen_q)),
+        max(MIN_BLOCK_M, next_power_of_2(problem.kv_group * problem.seqlen_q)),
     )
 
 
 def m_blocks_for(problem: Problem) -> int:
-    return triton.cdiv(problem.kv_group * problem.seqlen_q, block_m_for(problem))
+    return -(-problem.kv_group * problem.seqlen_q // block_m_for(problem))
 
 
 def planned_num_splits(problem: Problem, device: torch.device) -> int:
@@ -335,7 +341,7 @@ def merge_launch(
     merge_args = (out_partial, lse_partial, out, lse_arg, *out.stride()[:3], *merge_sizes)
     merge_options = {
         "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim,
-        "BLOCK_SPLITS": triton.next_power_of_2(num_splits), "num_warps": 1,
+        "BLOCK_SPLITS": next_power_of_2(num_splits), "num_warps": 1,
     }  # fmt: skip
 
     def merge() -> None:

@@ -30,6 +30,8 @@ bandwidth under the wave floor alone, which the per-sequence floor is for.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from common.contract.problem import Problem
@@ -58,6 +60,7 @@ def uneven_fewest_splits(ctas_per_split: int, batch: int, most: int, sm_count: i
     return min(most, max(waves_floor, one_sequence_fills))
 
 
+@lru_cache(maxsize=1024)
 def choose_num_splits(ctas_per_split: int, seqlen_k: int, sm_count: int, uneven: bool = False, batch: int = 1) -> int:
     """The split rule of the module docstring: the fewest splits among those (each keeping
     ``MIN_KEYS_PER_SPLIT`` keys; with ``uneven`` work over ``batch`` sequences, at least

@@ -103,7 +103,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma_wait
@@ -513,7 +512,7 @@ def _split_kernel(
 # ----------------------------------------------------------------------------------------------
 def m_blocks_for(problem: Problem) -> int:
     """M tiles of one (batch, KV head): the group · Sq packed rows in tiles of BLOCK_M."""
-    return triton.cdiv(problem.kv_group * problem.seqlen_q, BLOCK_M)
+    return -(-problem.kv_group * problem.seqlen_q // BLOCK_M)
 
 
 def planned_num_splits(problem: Problem, device: torch.device) -> int:
