@@ -102,12 +102,15 @@ class TritonEntry:
         bound = self.bind(q, k, v, checked, **per_call_inputs(checked, cache_seqlens, block_table), **options)
         return warmed_up(bound, q.device)
 
-    def implementation(self, **fields: Any) -> Implementation:
-        """The registry entry of this rung: its name, stack and rung, ``prepare`` and ``bind``, and ``fields``."""
-        stack, rung = self.inputs.rung.split("/")
-        return Implementation(
-            name=self.inputs.rung, stack=stack, rung=rung, prepare=self.prepare, bind=self.bind, **fields
-        )
+    def implementation(
+        self, supports: Check, compile_sm90: Callable[[Problem], list[KernelBinary]], **fields: Any
+    ) -> Implementation:
+        """The registry entry of this rung: its name, ``prepare`` and ``bind``, its capability check and
+        sm_90a compile path, and ``fields``; it runs on CPU tensors under the Triton interpreter."""
+        return Implementation.named(
+            self.inputs.rung, prepare=self.prepare, bind=self.bind, supports=supports, compile_sm90=compile_sm90,
+            runs_on_cpu=True, **fields,
+        )  # fmt: skip
 
 
 def ladder_supported(problem: Problem, device: torch.device, head_dims: tuple[int, ...]) -> tuple[bool, str]:

@@ -448,10 +448,5 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
 
 
 IMPLEMENTATION = ENTRY.implementation(
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=True,
-    required_ptx=("mma.sync", "cp.async"),
-    source_file=__file__,
-    default_configs=DEFAULT_CONFIGS,
+    supports, compile_sm90, required_ptx=("mma.sync", "cp.async"), source_file=__file__, default_configs=DEFAULT_CONFIGS
 )

@@ -580,9 +580,8 @@ def compile_kernel_sm90(
 
 
 IMPLEMENTATION = ENTRY.implementation(
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=True,
+    supports,
+    compile_sm90,
     required_ptx=("cp.async.bulk.tensor", "wgmma.mma_async"),
     forbidden_ptx=("cp.async",),
     source_file=__file__,

@@ -312,9 +312,8 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
 
 
 IMPLEMENTATION = ENTRY.implementation(
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=True,
+    supports,
+    compile_sm90,
     forbidden_ptx=("mma.sync", "wgmma.mma_async"),
     source_file=__file__,
     backward=naive_backward.BACKWARD,

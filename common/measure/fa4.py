@@ -224,13 +224,5 @@ def prepare(
     return warmed_up(run, q.device)
 
 
-IMPLEMENTATION = Implementation(
-    name=NAME,
-    stack="fa4",
-    rung="sm90",
-    prepare=prepare,
-    bind=bind,
-    supports=supports,
-    runs_on_cpu=False,
-    notes="FlashAttention-4 (flash_attn.cute), imported as a baseline",
-)
+NOTES = "FlashAttention-4 (flash_attn.cute), imported as a baseline"
+IMPLEMENTATION = Implementation.named(NAME, prepare=prepare, bind=bind, supports=supports, notes=NOTES)

@@ -98,10 +98,8 @@ def _prepare(
 
 
 IMPLEMENTATIONS = [
-    Implementation(
-        name=f"sdpa/{backend_name}",
-        stack="sdpa",
-        rung=backend_name,
+    Implementation.named(
+        f"sdpa/{backend_name}",
         prepare=partial(_prepare, backend_name),
         bind=partial(_bind, backend_name),
         supports=partial(_supports, backend_name),

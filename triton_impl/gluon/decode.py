@@ -111,7 +111,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from common.contract import capability, splits
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
+from common.contract.registry import Runner, warmed_up
 from common.contract.validation import kernel_operand, validate_for_problem
 from common.toolchain.compile import KernelBinary
 from triton_impl import decode as triton_decode
@@ -137,6 +137,7 @@ from triton_impl.gluon._host import (
     descriptor,
     descriptor_type,
     gluon_device_supported,
+    gluon_implementation,
 )
 
 RUNG = "gluon/decode"
@@ -673,18 +674,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     return [compile_gluon_sm90(_split_kernel, signature, constexprs, {"num_warps": NUM_WARPS}, SPLIT_ALIGNED)]
 
 
-IMPLEMENTATION = Implementation(
-    name=RUNG,
-    stack="gluon",
-    rung="decode",
-    prepare=decode_attention,
-    bind=bind,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=False,
-    required_ptx=("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier"),
-    forbidden_ptx=("cp.async",),
-    source_file=__file__,
+IMPLEMENTATION = gluon_implementation(
+    "decode", supports, compile_sm90, prepare=decode_attention, bind=bind, source_file=__file__,
     default_configs=DEFAULT_CONFIGS,
-    notes="Gluon has no interpreter path: it runs only on an sm_90 GPU",
-)
+)  # fmt: skip

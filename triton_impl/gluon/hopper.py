@@ -111,7 +111,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
+from common.contract.registry import Runner, warmed_up
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import release_configs
@@ -145,6 +145,7 @@ from triton_impl.gluon._host import (
     descriptor,
     descriptor_type,
     feature_arguments,
+    gluon_implementation,
     gluon_supported,
     launch_constexprs,
     launch_options,
@@ -770,18 +771,7 @@ def compile_sm90(problem: Problem, config: GluonConfig | None = None) -> list[Ke
     return [compile_kernel_sm90(signature, constexprs, config)]
 
 
-IMPLEMENTATION = Implementation(
-    name=RUNG,
-    stack="gluon",
-    rung="hopper",
-    prepare=prepare,
-    bind=bind,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=False,
-    required_ptx=("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier", "setmaxnreg"),
-    forbidden_ptx=("cp.async",),
-    source_file=__file__,
-    default_configs=DEFAULT_CONFIGS,
-    notes="Gluon has no interpreter path: it runs only on an sm_90 GPU",
-)
+IMPLEMENTATION = gluon_implementation(
+    "hopper", supports, compile_sm90, prepare=prepare, bind=bind, required_ptx=("setmaxnreg",),
+    source_file=__file__, default_configs=DEFAULT_CONFIGS,
+)  # fmt: skip
