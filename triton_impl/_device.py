@@ -3,7 +3,9 @@
 The names are the ones the CuTe and Gluon stacks use, so that a diff of two rungs teaches:
 
 * ``kv_head`` → :func:`kv_head_index`: GQA, the KV head a query head reads,
-  ``head // (heads // kv_heads)`` (K and V are indexed by it, never repeated).
+  ``head // (heads // kv_heads)`` (K and V are indexed by it, never repeated). :func:`program_heads`
+  reads a program's (batch, head, kv_head) off its grid axis and :func:`head_base` points at one
+  (batch, head) of a strided tensor: the naive rungs (forward and backward) share these two.
 * ``SeqlenInfo`` → :func:`seqlen_info`: ``(seqlen_k, causal_offset)`` of one sequence. ``seqlen_k``
   is the padded key length, or the sequence's own ``cache_seqlens[batch]`` (clamped to [0, Sk], so a
   bad length cannot read out of bounds); ``causal_offset`` shifts the causal diagonal: row i sees
@@ -37,7 +39,8 @@ functions that take and return their state, not objects as in the other stacks: 
 type (``triton.language.core._aggregate``) is private in both tested releases (3.6 and 3.9).
 There is no ``RESCALE_THRESHOLD`` in this stack: every Triton rung rescales O at every key block.
 
-The rungs up to ``tiled`` spell all of this out inline so that each file reads alone.
+The rungs up to ``tiled`` spell all of this out inline so that each file reads alone, except the
+head indexing of :func:`program_heads` and :func:`head_base`, which is no rung's idea.
 """
 
 from __future__ import annotations
@@ -60,6 +63,23 @@ LN_2 = tl.constexpr(math.log(2.0))
 def kv_head_index(head, heads, kv_heads):
     """GQA: the KV head query head ``head`` reads (groups of heads // kv_heads query heads)."""
     return head // (heads // kv_heads)
+
+
+@triton.jit
+def program_heads(AXIS: tl.constexpr, heads, kv_heads):
+    """``(batch_head, batch, head, kv_head)`` of this program, whose axis ``AXIS`` runs over
+    batch · heads + head, in int32 (the naive rungs, forward and backward, index their S and P
+    buffers by batch_head)."""
+    batch_head = tl.program_id(AXIS)
+    batch = batch_head // heads
+    head = batch_head % heads
+    return batch_head, batch, head, kv_head_index(head, heads, kv_heads)
+
+
+@triton.jit
+def head_base(X, batch, head, stride_b, stride_h):
+    """(batch, head) of a strided (B, H, S, D) tensor X, offsets in int64 (B·H·S·D may pass 2³¹)."""
+    return X + batch.to(tl.int64) * stride_b + head.to(tl.int64) * stride_h
 
 
 @triton.jit

@@ -64,7 +64,6 @@ spills (``tests/test_backward.py``); which is fastest is the GPU's to say.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -78,7 +77,7 @@ from common.contract.registry import Backward, Launch
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
 from triton_impl._device import kv_head_index
-from triton_impl.backward._host import backward_supported, compile_launches, run_launches
+from triton_impl.backward._host import backward_supported, compile_launches, head_strides, launched_gradients
 
 # softmax_scale_log2 = softmax_scale · LOG2_E, so the kernels use exp2; the preprocess scales the LSE by it.
 LOG2_E = tl.constexpr(math.log2(math.e))
@@ -412,11 +411,6 @@ def _dq_kernel(
 # ----------------------------------------------------------------------------------------------
 # Host: allocate D, LSE₂, dQ (and its accumulator) and the gradients, list the launches
 # ----------------------------------------------------------------------------------------------
-def _strides(t: torch.Tensor) -> tuple[int, int, int]:
-    """(batch, head, row) strides of a (B, H, S, D) tensor whose last dim is contiguous."""
-    return t.stride(0), t.stride(1), t.stride(2)
-
-
 def _tma_operand(t: torch.Tensor, rows: int) -> TensorDescriptor:
     """A 4-D TMA descriptor over (B, H, S, D), one (batch, head) box of ``rows`` × D per copy, so every
     (batch, head) keeps its own bounds. ``kernel_operand`` has aligned the base and the strides to 16
@@ -427,16 +421,9 @@ def _tma_operand(t: torch.Tensor, rows: int) -> TensorDescriptor:
 
 
 def _launches(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    d_out: torch.Tensor,
-    problem: Problem,
-    d_lse: torch.Tensor | None,
-    config: BackwardConfig | None = None,
-) -> tuple[list[Launch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+    problem: Problem, d_lse: torch.Tensor | None, config: BackwardConfig | None = None,
+) -> tuple[list[Launch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:  # fmt: skip
     """The three launches and the (dq, dk, dv) they write; buffers are allocated on the inputs' device."""
     config = config or default_config(problem.head_dim, q.device)
     atomic = config.dq == "atomic"
@@ -453,7 +440,7 @@ def _launches(
     d_lse_arg = d_lse.contiguous() if d_lse is not None else lse
     rows_grid = (triton.cdiv(seqlen_q, ROWS_BLOCK_M), batch * heads)
     rows_options = {"HEAD_DIM": problem.head_dim, "BLOCK_M": ROWS_BLOCK_M}
-    strides = tuple(_strides(t) for t in (q, k, v, d_out))
+    strides = tuple(head_strides(t) for t in (q, k, v, d_out))
     sizes = (heads, problem.kv_heads, seqlen_q, seqlen_k, problem.scale, problem.scale * LOG2_E.value)
     common = {
         "CAUSAL": problem.causal, "BOTTOM_RIGHT": problem.bottom_right, "TMA": config.tma,
@@ -470,7 +457,10 @@ def _launches(
     launches = [
         (
             _preprocess_kernel, rows_grid,
-            (out, d_out, lse, d_lse_arg, delta, lse_log2, dq_accum, *_strides(out), *_strides(d_out), heads, seqlen_q),
+            (
+                out, d_out, lse, d_lse_arg, delta, lse_log2, dq_accum, *head_strides(out), *head_strides(d_out),
+                heads, seqlen_q,
+            ),
             {"HAS_DLSE": d_lse is not None, "ZERO_DQ": atomic, **rows_options},
         ),
         (
@@ -497,27 +487,15 @@ def _launches(
     return launches, (dq, dk, dv)
 
 
-def tiled_gradients(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    d_out: torch.Tensor,
-    problem: Problem,
-    *,
-    d_lse: torch.Tensor | None = None,
-    config: BackwardConfig | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H, Sq)
-    and the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE); ``config`` replaces
-    the head dim's default variant (``CANDIDATES``)."""
-    return run_launches(functools.partial(_launches, config=config), q, k, v, out, lse, d_out, problem, d_lse)
+# (dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H, Sq) and
+# the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE); the keyword ``config``
+# replaces the head dim's default variant (``CANDIDATES``).
+tiled_gradients = launched_gradients(_launches)
 
 
 def compile_sm90(problem: Problem, config: BackwardConfig | None = None) -> list[KernelBinary]:
     """The three kernels compiled for sm_90a as ``problem``'s launches build them (meta tensors: no GPU)."""
-    return compile_launches(functools.partial(_launches, config=config), problem)
+    return compile_launches(_launches, problem, config=config)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -530,11 +508,4 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 
 BACKWARD_NAME = "triton/backward/tiled"
-BACKWARD = Backward(
-    name=BACKWARD_NAME,
-    gradients=tiled_gradients,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=True,
-    source_file=__file__,
-)
+BACKWARD = Backward(BACKWARD_NAME, tiled_gradients, supports, compile_sm90, runs_on_cpu=True, source_file=__file__)
