@@ -331,13 +331,9 @@ def quantiser(q: torch.Tensor, k: torch.Tensor, quantisation: Quantisation) -> F
 
 
 def launch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
+    q: torch.Tensor, k: torch.Tensor, problem: Problem, quantisation: Quantisation = DEFAULT_QUANTISATION, *,
     cache_seqlens: torch.Tensor | None = None,
-) -> QuantisedLaunch:
+) -> QuantisedLaunch:  # fmt: skip
     """The fused quantiser's buffers and the kernel's descriptors over them, at the default
     configuration; nothing launched."""
     fused = quantiser(q, k, quantisation)

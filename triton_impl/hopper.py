@@ -454,14 +454,9 @@ class HopperAttention:
     calling it launches the kernel and returns O, or (O, lse)."""
 
     def __init__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        problem: Problem,
-        config: HopperKernelConfig,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, config: HopperKernelConfig,
         cache_seqlens: torch.Tensor | None = None,
-    ):
+    ):  # fmt: skip
         batch, heads, seqlen_q, _ = q.shape
         self.config = config
         self.out = torch.empty_like(q)

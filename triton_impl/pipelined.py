@@ -237,13 +237,9 @@ def _tuning_key(problem: Problem, device: torch.device) -> tuple:
 
 
 def tune(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    problem: Problem,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, problem: Problem,
     cache_seqlens: torch.Tensor | None = None,
-) -> list[tuple[TileConfig, float]]:
+) -> list[tuple[TileConfig, float]]:  # fmt: skip
     """Median milliseconds of every candidate that fits the device's shared memory, fastest first."""
     budget = shared_memory_budget(q.device)
     args = pointer_arguments(q, k, v, out, problem, allocate_lse(problem, q.device), cache_seqlens)
@@ -267,13 +263,9 @@ def planned_config(problem: Problem, device: torch.device) -> TileConfig | None:
 
 
 def choose_config(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    problem: Problem,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, problem: Problem,
     cache_seqlens: torch.Tensor | None = None,
-) -> TileConfig:
+) -> TileConfig:  # fmt: skip
     """``planned_config``, autotuning on these tensors first where the bucket has no choice yet."""
     config = planned_config(problem, q.device)
     if config is None:

@@ -75,24 +75,16 @@ def _supports(backend_name: str, problem: Problem, device: torch.device) -> tupl
 
 
 def _bind(
-    backend_name: str,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
+    backend_name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
     cache_seqlens: torch.Tensor | None = None,
-) -> Runner:
+) -> Runner:  # fmt: skip
     return partial(_run_backend, BACKENDS[backend_name], q, k, v, problem, cache_seqlens)
 
 
 def _prepare(
-    backend_name: str,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
+    backend_name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
     cache_seqlens: torch.Tensor | None = None,
-) -> Runner:
+) -> Runner:  # fmt: skip
     # SDPA validates its own inputs at every call; prepare only warms the backend up.
     return warmed_up(_bind(backend_name, q, k, v, problem, cache_seqlens), q.device)
 

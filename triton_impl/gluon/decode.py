@@ -547,15 +547,10 @@ class GluonDecode:
     ``num_splits`` overrides the rule."""
 
     def __init__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        problem: Problem,
-        cache_seqlens: torch.Tensor | None = None,
-        num_splits: int | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
+        cache_seqlens: torch.Tensor | None = None, num_splits: int | None = None,
         block_table: torch.Tensor | None = None,
-    ):
+    ):  # fmt: skip
         num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device)
         dtype = GLUON_DTYPES[q.dtype]
         self.num_splits = num_splits
@@ -581,15 +576,9 @@ class GluonDecode:
 
 
 def bind(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-    block_table: torch.Tensor | None = None,
-    num_splits: int | None = None,
-) -> GluonDecode:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None, num_splits: int | None = None,
+) -> GluonDecode:  # fmt: skip
     """The prepared launch for validated q, k, v (page pools with ``block_table`` when the problem is
     paged; no launch); ``num_splits`` overrides the rule."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
@@ -597,15 +586,9 @@ def bind(
 
 
 def decode_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-    block_table: torch.Tensor | None = None,
-    num_splits: int | None = None,
-) -> Runner:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None, num_splits: int | None = None,
+) -> Runner:  # fmt: skip
     """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) or page pools (num_pages, page_size, Hkv, D)
     with their ``block_table``, bind them and compile by one warm-up launch. ``num_splits`` overrides
     the split rule (not part of the public API)."""

@@ -377,13 +377,9 @@ def _validate(
 
 
 def launch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
+    q: torch.Tensor, k: torch.Tensor, problem: Problem, quantisation: Quantisation = DEFAULT_QUANTISATION, *,
     cache_seqlens: torch.Tensor | None = None,
-) -> QuantisedLaunch:
+) -> QuantisedLaunch:  # fmt: skip
     """The fused quantiser's buffers (Vᵀ in this kernel's layout) and the kernel's descriptors over
     them, at the default configuration; nothing launched."""
     config = default_config(problem)

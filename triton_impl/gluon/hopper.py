@@ -673,14 +673,9 @@ class GluonAttention:
     coordinates name the KV head. ``cache_seqlens`` is read by the kernel at every launch."""
 
     def __init__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        problem: Problem,
-        config: GluonConfig,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, config: GluonConfig,
         cache_seqlens: torch.Tensor | None = None,
-    ):
+    ):  # fmt: skip
         batch, heads, seqlen_q, _ = q.shape
         dtype = GLUON_DTYPES[q.dtype]
         self.return_lse = problem.return_lse
