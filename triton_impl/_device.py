@@ -34,6 +34,10 @@ The names are the ones the CuTe and Gluon stacks use, so that a diff of two rung
 * ``LOG2_E`` (the host folds it into ``softmax_scale_log2 = softmax_scale · LOG2_E``, so the kernels
   use ``exp2``) and ``LN_2`` (the kernels turn the log2-domain LSE into a natural log with it).
 
+The mainloop: :func:`attend_key_blocks` folds a range of key blocks into (acc, row_max, row_sum),
+masked or not; :func:`attend_key_range` is the peeled loop of ``pipelined`` and ``decode`` (unmasked
+blocks, then masked ones).
+
 Triton inlines every ``@triton.jit`` call, so these functions cost nothing at run time. They are
 functions that take and return their state, not objects as in the other stacks: Triton's struct
 type (``triton.language.core._aggregate``) is private in both tested releases (3.6 and 3.9).
@@ -260,3 +264,29 @@ def attend_key_blocks(
         # O += P V with P in the input dtype, onto O rescaled to the new maximum.
         acc = tl.dot(P.to(v.dtype), v, online_softmax_rescale(acc, alpha))
     return acc, row_max, row_sum
+
+
+@triton.jit
+def attend_key_range(
+    acc, row_max, row_sum, q,
+    k_base, v_base, stride_kn, stride_vn,
+    offs_m, key_begin, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
+    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    block_table_row=None, stride_kpage=0, stride_vpage=0, PAGE_SIZE: tl.constexpr = 0,
+):  # fmt: skip
+    """The peeled mainloop of ``pipelined`` and ``decode`` over keys [key_begin, key_end): first the
+    blocks before ``unmasked_end``, which every row of the tile sees in full (no mask: the hot loop),
+    then the rest, masked (the sequence tail and the causal diagonal). Arguments as in
+    :func:`attend_key_blocks`."""
+    acc, row_max, row_sum = attend_key_blocks(
+        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
+        offs_m, key_begin, unmasked_end, seqlen_k, causal_offset, softmax_scale_log2,
+        CAUSAL=CAUSAL, MASKED=False, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+        block_table_row=block_table_row, stride_kpage=stride_kpage, stride_vpage=stride_vpage, PAGE_SIZE=PAGE_SIZE,
+    )  # fmt: skip
+    return attend_key_blocks(
+        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
+        offs_m, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
+        CAUSAL=CAUSAL, MASKED=True, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+        block_table_row=block_table_row, stride_kpage=stride_kpage, stride_vpage=stride_vpage, PAGE_SIZE=PAGE_SIZE,
+    )  # fmt: skip

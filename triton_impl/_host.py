@@ -127,6 +127,20 @@ def ladder_supported(problem: Problem, device: torch.device, head_dims: tuple[in
     return check_features("triton ladder rung", problem, FEATURES)
 
 
+def tile_rung_supported(rung: str, problem: Problem, head_dims: tuple[int, ...]) -> tuple[bool, str]:
+    """The problem checks of the Hopper and FP8 rungs of Triton and Gluon (``gluon/_host.gluon_supported``
+    makes them too): every problem feature (GQA, both causal alignments, ``cache_seqlens``, the LSE),
+    a head dim in ``head_dims``, and softmax_scale >= 0 (their softmax scales the row maximum once)."""
+    ok, reason = check_features(rung, problem, FEATURES)
+    if not ok:
+        return ok, reason
+    if problem.head_dim not in head_dims:
+        return False, f"{rung} needs head_dim in {list(head_dims)}, got {problem.head_dim}"
+    if problem.scale < 0:
+        return False, f"{rung} needs softmax_scale >= 0, got {problem.scale}"
+    return True, ""
+
+
 def feature_constexprs(problem: Problem) -> dict[str, bool]:
     """The constexprs of the problem features: the mask (causal, aligned bottom-right where that
     differs from top-left), per-sequence lengths, and whether the epilogue stores the LSE."""

@@ -18,8 +18,8 @@ Algorithm (one program per BLOCK_M query rows of one (batch, head)):
   2. ``block_range`` (the BlockRange of ``_device.py``) gives the key blocks [n_block_min,
      n_block_max) the tile visits; the last ``n_masked_blocks`` of them need the sequence and causal
      mask, the ones before are visible to every row of the tile.
-  3. ``attend_key_blocks`` folds the unmasked blocks, then the masked ones, into the running (acc,
-     row_max, row_sum): S = Q Kᵀ → ``attention_mask`` → ``online_softmax_update`` →
+  3. ``attend_key_range`` (``attend_key_blocks`` twice) folds the unmasked blocks, then the masked
+     ones, into the running (acc, row_max, row_sum): S = Q Kᵀ → ``attention_mask`` → ``online_softmax_update`` →
      ``online_softmax_rescale`` of O → O += P V.
   4. ``online_softmax_finalize``: O = acc / row_sum, stored in the input dtype (rows past Sq are not
      stored).
@@ -60,7 +60,7 @@ from common.contract.registry import Runner
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import release_configs
-from triton_impl._device import attend_key_blocks, block_range, kv_head_index, online_softmax_finalize, seqlen_info
+from triton_impl._device import attend_key_range, block_range, kv_head_index, online_softmax_finalize, seqlen_info
 from triton_impl._host import (
     TritonEntry,
     TritonInputs,
@@ -164,15 +164,10 @@ def _pipelined_kernel(
     key_end = tl.minimum(seqlen_k, m_block * BLOCK_M + BLOCK_M + causal_offset) if CAUSAL else seqlen_k
 
     # 3. The unmasked blocks first (the bulk of the work), then the diagonal and the sequence tail.
-    acc, row_max, row_sum = attend_key_blocks(
+    acc, row_max, row_sum = attend_key_range(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        offs_m, n_block_min * BLOCK_N, unmasked_end, seqlen_k, causal_offset, softmax_scale_log2,
-        CAUSAL=CAUSAL, MASKED=False, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
-    )  # fmt: skip
-    acc, row_max, row_sum = attend_key_blocks(
-        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        offs_m, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
-        CAUSAL=CAUSAL, MASKED=True, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+        offs_m, n_block_min * BLOCK_N, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
+        CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
     )  # fmt: skip
 
     # 4. Normalise once; a row with no visible key (row_sum 0) is written as 0, not 0 / 0, and its

@@ -23,12 +23,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import mangle_type
 
-from common.contract.capability import FEATURES, check_features
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Supports
 from common.contract.validation import validate_for_problem
 from common.toolchain.arch import check_sm90
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
+from triton_impl._host import tile_rung_supported
 
 # What the PTX of every Gluon rung holds: TMA loads, wgmma and mbarriers (tiles never come by cp.async).
 GLUON_PTX = ("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier")
@@ -172,13 +172,9 @@ def gluon_implementation(
 def gluon_supported(problem: Problem, device: torch.device, rung: str) -> tuple[bool, str]:
     """Device, head-dim, feature and scale checks of both prefill rungs (after their own dtype check).
     Both implement every problem feature (GQA, both causal alignments, cache_seqlens, the LSE)."""
-    ok, reason = check_features(rung, problem, FEATURES)
+    ok, reason = tile_rung_supported(rung, problem, HEAD_DIMS)
     if not ok:
         return ok, reason
-    if problem.head_dim not in HEAD_DIMS:
-        return False, f"{rung} needs head_dim in {list(HEAD_DIMS)}, got {problem.head_dim}"
-    if problem.scale < 0:
-        return False, f"{rung} needs softmax_scale >= 0, got {problem.scale}"
     return gluon_device_supported(rung, device, "warpgroup_mma is Hopper's")
 
 

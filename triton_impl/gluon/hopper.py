@@ -288,15 +288,9 @@ def _pipelined_step(carry, n_block, step_args, constants: gl.constexpr, MASKED: 
             S * softmax_scale_log2, offs_m, n_block * BLOCK_N, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL
         )
     P_f32, alpha_n, row_max, row_sum = online_softmax_update(
-        S,
-        row_max,
-        row_sum,
-        softmax_scale_log2,
-        S_SCALED=MASKED,
-        MASKED=MASKED,
-        P_EXPONENT=constants.P_EXPONENT,
-        ROW_TREE=constants.ROW_TREE,
-    )
+        S, row_max, row_sum, softmax_scale_log2, S_SCALED=MASKED, MASKED=MASKED,
+        P_EXPONENT=constants.P_EXPONENT, ROW_TREE=constants.ROW_TREE,
+    )  # fmt: skip
     if FP8:
         if not MASKED:
             # P_n's words take the registers of P_(n-1)'s, which the running wgmma reads: made after it.
@@ -400,15 +394,9 @@ def _softmax_partition(
     mbarrier.arrive(k_empty.index(0), count=1)
     S = attention_mask(S * first_scale_log2, offs_m, 0, seqlen_k, causal_offset, CAUSAL=CAUSAL)
     P_f32, alpha, row_max, row_sum = online_softmax_update(
-        S,
-        row_max,
-        row_sum,
-        first_scale_log2,
-        S_SCALED=True,
-        MASKED=True,
-        P_EXPONENT=constants.P_EXPONENT,
-        ROW_TREE=constants.ROW_TREE,
-    )
+        S, row_max, row_sum, first_scale_log2, S_SCALED=True, MASKED=True,
+        P_EXPONENT=constants.P_EXPONENT, ROW_TREE=constants.ROW_TREE,
+    )  # fmt: skip
     P = fp8.operand_p(P_f32, p_layout) if FP8 else _operand_p(P_f32, v_ring.dtype, p_layout)
     # FP8: acc is zero, so block 0's alpha (finite: 0 for rows that saw no key) needs no V-scale ratio.
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, constants.o_layout)
