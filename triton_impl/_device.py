@@ -3,9 +3,10 @@
 The names are the ones the CuTe and Gluon stacks use, so that a diff of two rungs teaches:
 
 * ``kv_head`` → :func:`kv_head_index`: GQA, the KV head a query head reads,
-  ``head // (heads // kv_heads)`` (K and V are indexed by it, never repeated). :func:`program_heads`
-  reads a program's (batch, head, kv_head) off its grid axis and :func:`head_base` points at one
-  (batch, head) of a strided tensor: the naive rungs (forward and backward) share these two.
+  ``head // (heads // kv_heads)`` (K and V are indexed by it, never repeated). :func:`batch_and_head`
+  splits a grid index batch · heads + head in int64. The naive rungs (forward and backward) index in
+  int32 and widen at the pointer: :func:`program_heads` reads a program's (batch, head, kv_head) off
+  its grid axis and :func:`head_base` points at one (batch, head) of a strided tensor.
 * ``SeqlenInfo`` → :func:`seqlen_info`: ``(seqlen_k, causal_offset)`` of one sequence. ``seqlen_k``
   is the padded key length, or the sequence's own ``cache_seqlens[batch]`` (clamped to [0, Sk], so a
   bad length cannot read out of bounds); ``causal_offset`` shifts the causal diagonal: row i sees
@@ -45,6 +46,7 @@ There is no ``RESCALE_THRESHOLD`` in this stack: every Triton rung rescales O at
 
 The rungs up to ``tiled`` spell all of this out inline so that each file reads alone, except the
 head indexing of :func:`program_heads` and :func:`head_base`, which is no rung's idea.
+The backward rungs use this vocabulary too (``triton_impl/backward/``).
 """
 
 from __future__ import annotations
@@ -67,6 +69,13 @@ LN_2 = tl.constexpr(math.log(2.0))
 def kv_head_index(head, heads, kv_heads):
     """GQA: the KV head query head ``head`` reads (groups of heads // kv_heads query heads)."""
     return head // (heads // kv_heads)
+
+
+@triton.jit
+def batch_and_head(batch_head, heads):
+    """``(batch, head)`` of a grid index ``batch_head`` = batch · heads + head, in int64 (they scale
+    strides). With ``kv_heads`` for ``heads`` it splits a (batch, KV head) index the same way."""
+    return (batch_head // heads).to(tl.int64), (batch_head % heads).to(tl.int64)
 
 
 @triton.jit

@@ -91,6 +91,7 @@ from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from triton_impl._device import (
     LOG2_E,
     attend_key_range,
+    batch_and_head,
     online_softmax_finalize,
     seqlen_info,
     split_key_range,
@@ -166,8 +167,7 @@ def _split_kernel(
     num_splits = tl.num_programs(0)
     m_block = tl.program_id(1)
     batch_kv_head = tl.program_id(2)
-    batch = (batch_kv_head // kv_heads).to(tl.int64)
-    kv_head = (batch_kv_head % kv_heads).to(tl.int64)
+    batch, kv_head = batch_and_head(batch_kv_head, kv_heads)
     group = heads // kv_heads
 
     # 1. This sequence's keys, the last one any row sees, and this split's share of them.

@@ -60,7 +60,14 @@ from common.contract.registry import Runner
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import release_configs
-from triton_impl._device import attend_key_range, block_range, kv_head_index, online_softmax_finalize, seqlen_info
+from triton_impl._device import (
+    attend_key_range,
+    batch_and_head,
+    block_range,
+    kv_head_index,
+    online_softmax_finalize,
+    seqlen_info,
+)
 from triton_impl._host import (
     TritonEntry,
     TritonInputs,
@@ -139,8 +146,7 @@ def _pipelined_kernel(
     # 1. Causal tiles near the bottom see the most keys: launching them first shortens the tail.
     m_block = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
     batch_head = tl.program_id(1)
-    batch = (batch_head // heads).to(tl.int64)
-    head = (batch_head % heads).to(tl.int64)
+    batch, head = batch_and_head(batch_head, heads)
     kv_head = kv_head_index(head, heads, kv_heads)
     seqlen_k, causal_offset = seqlen_info(CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS, BOTTOM_RIGHT)
     q_base = Q + batch * stride_qb + head * stride_qh

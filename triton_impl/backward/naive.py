@@ -50,7 +50,8 @@ from common.contract.problem import Problem
 from common.contract.registry import Backward, Launch
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
-from triton_impl._device import head_base, program_heads
+from triton_impl._device import batch_and_head, head_base, program_heads
+from triton_impl.backward._device import softmax_delta
 from triton_impl.backward._host import backward_supported, compile_launches, head_strides, launched_gradients
 
 # A constexpr: P = exp2((S − LSE) · LOG2_E), S and the LSE in natural units.
@@ -122,21 +123,10 @@ def _delta_kernel(
 ):  # fmt: skip
     m_block = tl.program_id(0)
     batch_head = tl.program_id(1)
-    batch = (batch_head // heads).to(tl.int64)
-    head = (batch_head % heads).to(tl.int64)
-    work = Delta.dtype.element_ty
-    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < seqlen_q
-
-    o = tl.load(Out + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)  # fmt: skip
-    d_o = tl.load(DOut + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
-                  mask=row_ok[:, None], other=0.0)  # fmt: skip
-    delta = tl.sum(o.to(work) * d_o.to(work), axis=1)
-    rows = batch_head.to(tl.int64) * seqlen_q + offs_m
-    if HAS_DLSE:
-        delta -= tl.load(DLse + rows, mask=row_ok, other=0.0).to(work)
+    delta, rows, row_ok = softmax_delta(
+        Out, DOut, DLse, (stride_ob, stride_oh, stride_om), (stride_dob, stride_doh, stride_dom),
+        batch_head, heads, m_block, seqlen_q, Delta.dtype.element_ty, HAS_DLSE, HEAD_DIM, BLOCK_M,
+    )  # fmt: skip
     tl.store(Delta + rows, delta, mask=row_ok)
 
 
@@ -226,8 +216,7 @@ def _dkv_kernel(
 ):  # fmt: skip
     n_block = tl.program_id(0)
     batch_kv_head = tl.program_id(1)
-    batch = (batch_kv_head // kv_heads).to(tl.int64)
-    kv_head = (batch_kv_head % kv_heads).to(tl.int64)
+    batch, kv_head = batch_and_head(batch_kv_head, kv_heads)
     group = heads // kv_heads
     work = P.dtype.element_ty
 

@@ -76,7 +76,8 @@ from common.contract.problem import Problem
 from common.contract.registry import Backward, Launch
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
-from triton_impl._device import kv_head_index
+from triton_impl._device import batch_and_head, kv_head_index
+from triton_impl.backward._device import softmax_delta
 from triton_impl.backward._host import backward_supported, compile_launches, head_strides, launched_gradients
 
 # softmax_scale_log2 = softmax_scale · LOG2_E, so the kernels use exp2; the preprocess scales the LSE by it.
@@ -171,26 +172,17 @@ def _preprocess_kernel(
 ):  # fmt: skip
     m_block = tl.program_id(0)
     batch_head = tl.program_id(1)
-    batch = (batch_head // heads).to(tl.int64)
-    head = (batch_head % heads).to(tl.int64)
-    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < seqlen_q
-
-    o = tl.load(Out + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)  # fmt: skip
-    d_o = tl.load(DOut + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
-                  mask=row_ok[:, None], other=0.0)  # fmt: skip
-    delta = tl.sum(o.to(tl.float32) * d_o.to(tl.float32), axis=1)
-    # Rows of the (B, H, Sq) LSE, D, LSE₂ and the (B, H, Sq, D) dQ accumulator, all contiguous.
-    rows = batch_head.to(tl.int64) * seqlen_q + offs_m
-    if HAS_DLSE:
-        delta -= tl.load(DLse + rows, mask=row_ok, other=0.0)
+    # rows: the rows of the (B, H, Sq) LSE, D, LSE₂ and the (B, H, Sq, D) dQ accumulator, all contiguous.
+    delta, rows, row_ok = softmax_delta(
+        Out, DOut, DLse, (stride_ob, stride_oh, stride_om), (stride_dob, stride_doh, stride_dom),
+        batch_head, heads, m_block, seqlen_q, tl.float32, HAS_DLSE, HEAD_DIM, BLOCK_M,
+    )  # fmt: skip
     tl.store(Delta + rows, delta, mask=row_ok)
     # Guard: a row that sees no key has LSE -inf; +inf makes its P = exp2(S − inf) = 0, not NaN.
     lse = tl.load(Lse + rows, mask=row_ok, other=0.0)
     tl.store(LseLog2 + rows, tl.where(lse == float("-inf"), float("inf"), lse * LOG2_E), mask=row_ok)
     if ZERO_DQ:
+        offs_d = tl.arange(0, HEAD_DIM)
         tl.store(DQAccum + rows[:, None] * HEAD_DIM + offs_d[None, :], tl.zeros((BLOCK_M, HEAD_DIM), tl.float32),
                  mask=row_ok[:, None])  # fmt: skip
 
@@ -262,8 +254,7 @@ def _dkdv_kernel(
 ):  # fmt: skip
     n_block = tl.program_id(0)
     batch_kv_head = tl.program_id(1)
-    batch = (batch_kv_head // kv_heads).to(tl.int64)
-    kv_head = (batch_kv_head % kv_heads).to(tl.int64)
+    batch, kv_head = batch_and_head(batch_kv_head, kv_heads)
     group = heads // kv_heads
     # Row i sees keys j <= i + causal_offset: 0 top-left, Sk − Sq bottom-right.
     causal_offset = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
@@ -367,8 +358,7 @@ def _dq_kernel(
     # Causal: the last query blocks see the most keys; launching them first evens out the tail.
     m_block = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
     batch_head = tl.program_id(1)
-    batch = (batch_head // heads).to(tl.int64)
-    head = (batch_head % heads).to(tl.int64)
+    batch, head = batch_and_head(batch_head, heads)
     kv_head = kv_head_index(head, heads, kv_heads)
     causal_offset = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
     m_start = m_block * BLOCK_M
