@@ -1,12 +1,13 @@
-"""The device vocabulary of the Triton stack, used by every rung from ``pipelined`` on.
+"""The device vocabulary of the Triton stack, used by every rung from ``pipelined`` on and the backward rungs.
 
 The names are the ones the CuTe and Gluon stacks use, so that a diff of two rungs teaches:
 
 * ``kv_head`` → :func:`kv_head_index`: GQA, the KV head a query head reads,
   ``head // (heads // kv_heads)`` (K and V are indexed by it, never repeated). :func:`batch_and_head`
-  splits a grid index batch · heads + head in int64. The naive rungs (forward and backward) index in
-  int32 and widen at the pointer: :func:`program_heads` reads a program's (batch, head, kv_head) off
-  its grid axis and :func:`head_base` points at one (batch, head) of a strided tensor.
+  splits a grid index batch · heads + head in int64, :func:`query_heads` adds the KV head. The naive
+  rungs (forward and backward) index in int32 and widen at the pointer: :func:`program_heads` reads a
+  program's (batch, head, kv_head) off its grid axis and :func:`head_base` points at one (batch,
+  head) of a strided tensor.
 * ``SeqlenInfo`` → :func:`seqlen_info`: ``(seqlen_k, causal_offset)`` of one sequence. ``seqlen_k``
   is the padded key length, or the sequence's own ``cache_seqlens[batch]`` (clamped to [0, Sk], so a
   bad length cannot read out of bounds); ``causal_offset`` shifts the causal diagonal: row i sees
@@ -76,6 +77,14 @@ def batch_and_head(batch_head, heads):
     """``(batch, head)`` of a grid index ``batch_head`` = batch · heads + head, in int64 (they scale
     strides). With ``kv_heads`` for ``heads`` it splits a (batch, KV head) index the same way."""
     return (batch_head // heads).to(tl.int64), (batch_head % heads).to(tl.int64)
+
+
+@triton.jit
+def query_heads(batch_head, heads, kv_heads):
+    """``(batch, head, kv_head)`` of a query-head grid index ``batch_head`` = batch · heads + head, in
+    int64: :func:`batch_and_head`, then :func:`kv_head_index`."""
+    batch, head = batch_and_head(batch_head, heads)
+    return batch, head, kv_head_index(head, heads, kv_heads)
 
 
 @triton.jit

@@ -277,12 +277,9 @@ class Fp8Attention:
     launches the kernel and returns O (bf16)."""
 
     def __init__(
-        self,
-        operands: KernelOperands,
-        problem: Problem,
-        config: HopperKernelConfig,
+        self, operands: KernelOperands, problem: Problem, config: HopperKernelConfig,
         cache_seqlens: torch.Tensor | None = None,
-    ):
+    ):  # fmt: skip
         batch, heads, seqlen_q, head_dim = operands.q8.shape
         if config.overlap:
             raise ValueError(

@@ -62,10 +62,9 @@ from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import release_configs
 from triton_impl._device import (
     attend_key_range,
-    batch_and_head,
     block_range,
-    kv_head_index,
     online_softmax_finalize,
+    query_heads,
     seqlen_info,
 )
 from triton_impl._host import (
@@ -146,8 +145,7 @@ def _pipelined_kernel(
     # 1. Causal tiles near the bottom see the most keys: launching them first shortens the tail.
     m_block = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
     batch_head = tl.program_id(1)
-    batch, head = batch_and_head(batch_head, heads)
-    kv_head = kv_head_index(head, heads, kv_heads)
+    batch, head, kv_head = query_heads(batch_head, heads, kv_heads)
     seqlen_k, causal_offset = seqlen_info(CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS, BOTTOM_RIGHT)
     q_base = Q + batch * stride_qb + head * stride_qh
     k_base = K + batch * stride_kb + kv_head * stride_kh

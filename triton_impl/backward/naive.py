@@ -215,8 +215,7 @@ def _dkv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     n_block = tl.program_id(0)
-    batch_kv_head = tl.program_id(1)
-    batch, kv_head = batch_and_head(batch_kv_head, kv_heads)
+    batch, kv_head = batch_and_head(tl.program_id(1), kv_heads)
     group = heads // kv_heads
     work = P.dtype.element_ty
 

@@ -76,7 +76,7 @@ from common.contract.problem import Problem
 from common.contract.registry import Backward, Launch
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
-from triton_impl._device import batch_and_head, kv_head_index
+from triton_impl._device import batch_and_head, query_heads
 from triton_impl.backward._device import softmax_delta
 from triton_impl.backward._host import backward_supported, compile_launches, head_strides, launched_gradients
 
@@ -358,8 +358,7 @@ def _dq_kernel(
     # Causal: the last query blocks see the most keys; launching them first evens out the tail.
     m_block = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
     batch_head = tl.program_id(1)
-    batch, head = batch_and_head(batch_head, heads)
-    kv_head = kv_head_index(head, heads, kv_heads)
+    batch, head, kv_head = query_heads(batch_head, heads, kv_heads)
     causal_offset = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
     m_start = m_block * BLOCK_M
     rows = m_start + tl.arange(0, BLOCK_M)

@@ -324,12 +324,9 @@ class GluonFp8Attention:
     shape (B, Hkv, ...), quantised as given (per KV head)."""
 
     def __init__(
-        self,
-        operands: KernelOperands,
-        problem: Problem,
-        config: GluonConfig,
+        self, operands: KernelOperands, problem: Problem, config: GluonConfig,
         cache_seqlens: torch.Tensor | None = None,
-    ):
+    ):  # fmt: skip
         batch, heads, seqlen_q, head_dim = operands.q8.shape
         quantisation = operands.quantisation
         check_quantisation_blocks(quantisation, config)
