@@ -65,7 +65,6 @@ import torch
 
 from common.contract.metrics import SDPA_RELATIVE_RULE, ErrorRule
 from common.contract.problem import Problem
-from common.contract.validation import require_block_table_as_stated, require_cache_seqlens_as_stated
 from common.toolchain.compile import KernelBinary
 
 STACKS = ("triton", "gluon", "cute", "sdpa", "fa4", "flashinfer")
@@ -206,12 +205,21 @@ def per_call_inputs(
 ) -> dict[str, torch.Tensor]:
     """The keyword arguments of ``prepare`` and ``bind`` beyond q, k, v and the problem: ``cache_seqlens``
     exactly when the problem carries per-sequence lengths, ``block_table`` exactly when its cache is
-    paged (see the module docstring); either given against the problem's word is a ``ValueError``, in
-    the words of the input validation (``common.contract.validation``)."""
-    require_cache_seqlens_as_stated(problem, cache_seqlens)
-    require_block_table_as_stated(problem, block_table)
-    given = {"cache_seqlens": cache_seqlens, "block_table": block_table}
-    return {name: tensor for name, tensor in given.items() if tensor is not None}
+    paged (see the module docstring)."""
+    inputs = {}
+    if problem.has_cache_seqlens:
+        if cache_seqlens is None:
+            raise ValueError(f"{problem.describe()} carries per-sequence key lengths, but cache_seqlens is None")
+        inputs["cache_seqlens"] = cache_seqlens
+    elif cache_seqlens is not None:
+        raise ValueError("cache_seqlens was given for a problem without per-sequence lengths (has_cache_seqlens=False)")
+    if problem.paged:
+        if block_table is None:
+            raise ValueError(f"{problem.describe()} reads a paged KV cache, but block_table is None")
+        inputs["block_table"] = block_table
+    elif block_table is not None:
+        raise ValueError("block_table was given for a problem without a paged KV cache (page_size=0)")
+    return inputs
 
 
 def warmed_up(run: Runner, device: torch.device) -> Runner:
