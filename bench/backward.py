@@ -1,7 +1,10 @@
 """The backward pass timed on one GPU at issue #40's anchor shapes (bf16), in two modes:
 
     python -m bench.backward --out $OUT/backward                  # ladder rows against cuDNN, flash, FA4
+    python -m bench.backward --impl cute/tiled --shape P1 --out $OUT/p1   # chosen rows and anchor shapes
     python -m bench.backward --candidates --out $OUT/candidates   # the tiled rung's variants, to pick one
+    python -m bench.backward --candidates --rung gluon --out $OUT/gluon-candidates   # gluon/backward/hopper's
+    python -m bench.backward --shape P1 --shape 'P1 causal' --impl gluon/hopper --out $OUT/p1   # a selection
 
 Default mode: per (shape, implementation) -- each forward rung that has a backward (through
 ``common.attention``'s autograd), SDPA's cuDNN and flash backends and FlashAttention-4's backward
@@ -11,8 +14,9 @@ Default mode: per (shape, implementation) -- each forward rung that has a backwa
 
 ``--candidates``: per shape, O and the LSE from one untimed forward (``triton/hopper``), then every
 variant of ``triton_impl/backward/tiled.py``'s ``CANDIDATES`` for the head dim (tiles × warps × stages,
-TMA or pointer loads, dQ by atomics or by a separate pass) called directly: its gradients are checked
-first (relative L2 distance of dQ, dK and dV from cuDNN's on the same inputs, at most
+TMA or pointer loads, dQ by atomics or by a separate pass) called directly (``--rung gluon``: the
+forward ``gluon/hopper`` and the tiles of ``triton_impl/gluon/backward.py``'s ``CANDIDATES``): its
+gradients are checked first (relative L2 distance of dQ, dK and dV from cuDNN's on the same inputs, at most
 :data:`CHECK_BOUND`; a variant that fails is reported ``wrong`` and not timed), then its backward is
 timed alone, beside cuDNN's, flash's and FA4's backward timed alike. Writes candidates.csv and prints a
 table per shape with TFLOP/s and the ratios to cuDNN and FA4; the fastest correct variant per head dim
@@ -28,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 EXIT_MISSING = 2
 # (name, B, H, S, D, causal): the issue's anchors.
@@ -44,7 +50,7 @@ SHAPES = (
 REFERENCE = "sdpa/cudnn"
 FA4 = "fa4/sm90"
 BASELINES = (REFERENCE, "sdpa/flash", FA4)
-IMPLS = ("triton/tiled", "triton/hopper", *BASELINES)
+IMPLS = ("triton/tiled", "triton/hopper", "gluon/hopper", *BASELINES)
 # The forward whose O and LSE the candidates differentiate.
 CANDIDATE_FORWARD = "triton/hopper"
 # A variant's gradients may be at most this far from cuDNN's (relative L2, per gradient). bf16 puts
@@ -170,9 +176,10 @@ def baselines_first(impls: Sequence[str]) -> list[str]:
     return [REFERENCE, *[impl for impl in BASELINES[1:] if impl in impls], *others]
 
 
-def run_ladder(out_dir: Path, impls: Sequence[str], budget_s: float) -> int:
+def run_ladder(out_dir: Path, impls: Sequence[str], budget_s: float, shapes: Sequence[str] | None = None) -> int:
+    """Every implementation on every shape (``shapes``: the names to keep, default all)."""
     table = Table(out_dir / "results.csv", budget_s)
-    for shape in SHAPES:
+    for shape in chosen_shapes(shapes):
         inputs, grads = shape_inputs(shape), {}
         for impl in baselines_first(impls):
             base = {"shape": shape[0], "impl": impl, "variant": ""}
@@ -181,19 +188,51 @@ def run_ladder(out_dir: Path, impls: Sequence[str], budget_s: float) -> int:
     return 1 if table.failed else 0
 
 
-def candidate_row(shape: tuple, config, inputs: tuple, saved: tuple, reference: tuple) -> Callable[[], dict]:
-    """A variant of the tiled rung: checked against cuDNN's gradients, then its backward timed alone."""
+def chosen_shapes(names: Sequence[str] | None) -> tuple[tuple, ...]:
+    """The anchor shapes called ``names`` (all without names); an unknown name lists the known ones."""
+    known = [shape[0] for shape in SHAPES]
+    unknown = sorted(set(names or ()) - set(known))
+    if unknown:
+        raise SystemExit(f"bench.backward: unknown --shape {unknown}; known: {known}")
+    return tuple(shape for shape in SHAPES if not names or shape[0] in names)
+
+
+class CandidateRung(NamedTuple):
+    """A backward rung whose variants ``--candidates`` times: its row name, module (with ``CANDIDATES``),
+    gradients function and the keyword that takes a variant; the forward whose O and LSE it differentiates
+    (None: :data:`CANDIDATE_FORWARD`)."""
+
+    name: str
+    module: str
+    gradients: str
+    keyword: str
+    forward: str | None
+
+
+CANDIDATE_RUNGS = {
+    "tiled": CandidateRung("triton/backward/tiled", "triton_impl.backward.tiled", "tiled_gradients", "config", None),
+    "gluon": CandidateRung(
+        "gluon/backward/hopper", "triton_impl.gluon.backward", "hopper_gradients", "tiles", "gluon/hopper"
+    ),
+}
+
+
+def candidate_row(
+    shape: tuple, config, inputs: tuple, saved: tuple, reference: tuple, rung: CandidateRung = CANDIDATE_RUNGS["tiled"]
+) -> Callable[[], dict]:
+    """A variant of ``rung``: checked against cuDNN's gradients, then its backward timed alone."""
 
     def run() -> dict:
         from common.measure.backward import backward_flops
-        from triton_impl.backward.tiled import tiled_gradients
 
+        # Looked up when the row runs, so that a test can plant a wrong variant in the module.
+        gradients = getattr(importlib.import_module(rung.module), rung.gradients)
         problem = problem_of(shape)
         q, k, v, d_out = inputs
         out, lse = saved
 
         def backward() -> tuple:
-            return tiled_gradients(q, k, v, out, lse, d_out, problem, config=config)
+            return gradients(q, k, v, out, lse, d_out, problem, **{rung.keyword: config})
 
         found = distances(backward(), reference)
         far = {label: value for label, value in found.items() if not value <= CHECK_BOUND}
@@ -205,15 +244,17 @@ def candidate_row(shape: tuple, config, inputs: tuple, saved: tuple, reference: 
     return run
 
 
-def run_candidates(out_dir: Path, budget_s: float) -> int:
+def run_candidates(out_dir: Path, budget_s: float, shapes: Sequence[str] | None = None, rung: str = "tiled") -> int:
     import torch
 
     from common.contract.api import attention
-    from triton_impl.backward.tiled import CANDIDATES
 
+    candidate = CANDIDATE_RUNGS[rung]
+    candidates = importlib.import_module(candidate.module).CANDIDATES
+    forward = candidate.forward or CANDIDATE_FORWARD
     table = Table(out_dir / "candidates.csv", budget_s)
     summary = []
-    for shape in SHAPES:
+    for shape in chosen_shapes(shapes):
         inputs, grads, records = shape_inputs(shape), {}, []
         for impl in BASELINES:
             base = {"shape": shape[0], "impl": impl, "variant": ""}
@@ -222,10 +263,11 @@ def run_candidates(out_dir: Path, budget_s: float) -> int:
             print(f"{shape[0]}: no cuDNN gradients to check the candidates against; shape left out", flush=True)
             continue
         with torch.no_grad():
-            saved = attention(*inputs[:3], causal=shape[5], impl=CANDIDATE_FORWARD, return_lse=True)
-        for config in CANDIDATES[shape[4]]:
-            base = {"shape": shape[0], "impl": "triton/backward/tiled", "variant": config.label}
-            records.append(measure(table, base, candidate_row(shape, config, inputs, saved, grads[REFERENCE])))
+            saved = attention(*inputs[:3], causal=shape[5], impl=forward, return_lse=True)
+        for config in candidates[shape[4]]:
+            base = {"shape": shape[0], "impl": candidate.name, "variant": config.label}
+            row = candidate_row(shape, config, inputs, saved, grads[REFERENCE], candidate)
+            records.append(measure(table, base, row))
         summary += records
     table.close()
     print_summary(summary)
@@ -251,11 +293,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.backward", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/backward"), help="output folder")
     parser.add_argument("--impl", action="append", help=f"implementations (repeatable; default {', '.join(IMPLS)})")
-    parser.add_argument("--candidates", action="store_true", help="time the tiled rung's variants instead")
+    parser.add_argument("--candidates", action="store_true", help="time a backward rung's variants instead")
+    parser.add_argument(
+        "--rung", choices=tuple(CANDIDATE_RUNGS), default="tiled", help="whose variants --candidates times"
+    )
+    parser.add_argument("--shape", action="append", help="anchor shapes by name (repeatable; default all)")
     parser.add_argument(
         "--budget-s", type=float, default=DEFAULT_BUDGET_S, help="rows after this many seconds are skipped"
     )
     args = parser.parse_args(argv)
+    chosen_shapes(args.shape)
     import torch
 
     if not torch.cuda.is_available():
@@ -263,8 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_MISSING
     args.out.mkdir(parents=True, exist_ok=True)
     if args.candidates:
-        return run_candidates(args.out, args.budget_s)
-    return run_ladder(args.out, args.impl or IMPLS, args.budget_s)
+        return run_candidates(args.out, args.budget_s, args.shape, args.rung)
+    return run_ladder(args.out, args.impl or IMPLS, args.budget_s, args.shape)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,19 @@ configuration (the knobs must not change a byte). One row per configuration: µs
 registers and spills, the two verdicts; a build that fails is a row saying so. Writes
 ``fp8_quantiser_sweep.csv`` and ``fp8_quantiser_sweep.md``.
 
-``--quantiser-config field=value,...`` runs either mode with another ``DEFAULT_CONFIG`` (the rungs'
+``--ab`` times ``AB_CANDIDATES`` (a few configurations the static analysis favours; docs/perf-log.md) at P1,
+block+rotation in gluon/fp8's V layout, each judged as in ``--sweep``, against the HBM read bandwidth
+measured in the same run (``common.measure.peaks.measure_read_gbps``: µs, GB/s, % of it); then makes the
+fastest passing one the rungs' configuration and times each FP8 rung kernel only and end to end, causal
+and not, against the best bf16 rung (cute/hopper) in the same process. Writes ``fp8_quantiser_ab.csv``
+and ``fp8_quantiser_ab.md``.
+
+``--quantiser-config field=value,...`` runs any mode with another ``DEFAULT_CONFIG`` (the rungs'
 quantiser too), so a configuration the sweep found can be timed end to end before it is committed.
 
 usage (project root):  python -m bench.fp8_quantiser --out results/h200/fp8-quantiser [--only cute/fp8]
                        python -m bench.fp8_quantiser --sweep --out results/h100/fp8-quantiser-sweep
+                       python -m bench.fp8_quantiser --ab --out results/h200/fp8-quantiser-ab
                        python -m bench.fp8_quantiser --out DIR --quantiser-config tiles_per_program=8,prefetch=true
 Exits 2 with one line without a GPU.
 """
@@ -254,54 +262,63 @@ def _kernel_resources(quantiser) -> tuple[str, str]:
     return str(max(registers)), str(max(spills))
 
 
-def sweep_rows(problem: Problem, inputs, args: argparse.Namespace) -> list[SweepRow]:
+def judged_rows(
+    problem: Problem, inputs, args: argparse.Namespace, variant: str, method: str, layout_of: str, configs: list[Config]
+) -> list[SweepRow]:
+    """One row per configuration of one variant, rotation method and V layout: its operands judged against
+    the torch reference and its bytes against the first configuration's, then timed; a build that fails is
+    a row saying so."""
     from triton.errors import TritonError
 
-    layout = LAYOUTS[args.sweep_layout]
+    layout = LAYOUTS[layout_of]
     gbytes = _bytes_moved(problem) / 1e9
+    quantisation = fp8.VARIANTS[variant]
+    reference = fp8.kernel_operands(fp8.quantise(*inputs, quantisation), layout)
+    rows = []
+    first_bytes = None
+    for config in configs:
+        shape = (variant, method if quantisation.rotation else "-", config.describe())
+        try:
+            quantiser = fp8_quantiser.FusedQuantiser(
+                inputs[0].shape, inputs[1].shape, problem.dtype, inputs[0].device, quantisation, layout, method, config
+            )
+            # Reused memory could hold the last configuration's values: NaN in every buffer, so a
+            # tile this one leaves unwritten fails both verdicts.
+            quantiser.operands.poison_()
+            operands = quantiser(*inputs)
+            torch.cuda.synchronize()
+        except (TritonError, RuntimeError) as error:
+            # A configuration that does not build or launch (ptxas, shared memory) is a result.
+            message = str(error).strip().splitlines()[0][:120]
+            rows.append(SweepRow(*shape, 0, "-", "-", float("nan"), float("nan"), "-", "-", f"failed: {message}"))
+            print(f"{' | '.join(shape)} | build failed: {message}", flush=True)
+            continue
+        differences = fp8_quantiser.operand_differences(operands, reference)
+        verdict = f"{'ok' if differences.ok else 'FAILED'} ({differences.differing} differ)"
+        current = [tensor.clone() for tensor in operands.buffers()]
+        if first_bytes is None:
+            first_bytes, same = current, "first"
+        else:
+            same = "yes" if all(torch.equal(a, b) for a, b in zip(current, first_bytes, strict=True)) else "NO"
+        ms = _time(lambda fq=quantiser: fq(*inputs), args)
+        registers, spills = _kernel_resources(quantiser)
+        row = SweepRow(*shape, quantiser.launches, registers, spills, ms * 1e3, gbytes / (ms * 1e-3), verdict,
+                       same)  # fmt: skip
+        row.note = "default" if config == fp8_quantiser.DEFAULT_CONFIG else ""
+        rows.append(row)
+        print(f"{' | '.join(shape)} | {row.launches} | {registers} | {spills} | {row.us:.1f} us | "
+              f"{row.gbps:.0f} GB/s | {verdict} | {same}", flush=True)  # fmt: skip
+    return rows
+
+
+def sweep_rows(problem: Problem, inputs, args: argparse.Namespace) -> list[SweepRow]:
     rows = []
     for variant, methods in SWEEP_CASES.items():
         if variant not in args.sweep_variants:
             continue
-        quantisation = fp8.VARIANTS[variant]
-        reference = fp8.kernel_operands(fp8.quantise(*inputs, quantisation), layout)
-        for method in methods if quantisation.rotation else methods[:1]:
-            first_bytes = None
-            for config in sweep_configs((variant, method) in FULL_GRID):
-                shape = (variant, method if quantisation.rotation else "-", config.describe())
-                try:
-                    quantiser = fp8_quantiser.FusedQuantiser(
-                        inputs[0].shape, inputs[1].shape, problem.dtype, inputs[0].device, quantisation, layout, method,
-                        config,
-                    )  # fmt: skip
-                    # Reused memory could hold the last configuration's values: NaN in every buffer, so a
-                    # tile this one leaves unwritten fails both verdicts.
-                    quantiser.operands.poison_()
-                    operands = quantiser(*inputs)
-                    torch.cuda.synchronize()
-                except (TritonError, RuntimeError) as error:
-                    # A configuration that does not build or launch (ptxas, shared memory) is a result.
-                    message = str(error).strip().splitlines()[0][:120]
-                    rows.append(
-                        SweepRow(*shape, 0, "-", "-", float("nan"), float("nan"), "-", "-", f"failed: {message}")
-                    )
-                    print(f"{' | '.join(shape)} | build failed: {message}", flush=True)
-                    continue
-                differences = fp8_quantiser.operand_differences(operands, reference)
-                verdict = f"{'ok' if differences.ok else 'FAILED'} ({differences.differing} differ)"
-                current = [tensor.clone() for tensor in operands.buffers()]
-                if first_bytes is None:
-                    first_bytes, same = current, "first"
-                else:
-                    same = "yes" if all(torch.equal(a, b) for a, b in zip(current, first_bytes, strict=True)) else "NO"
-                ms = _time(lambda fq=quantiser: fq(*inputs), args)
-                registers, spills = _kernel_resources(quantiser)
-                row = SweepRow(*shape, quantiser.launches, registers, spills, ms * 1e3, gbytes / (ms * 1e-3), verdict,
-                               same)  # fmt: skip
-                row.note = "default" if config == fp8_quantiser.DEFAULT_CONFIG else ""
-                rows.append(row)
-                print(f"{' | '.join(shape)} | {row.launches} | {registers} | {spills} | {row.us:.1f} us | "
-                      f"{row.gbps:.0f} GB/s | {verdict} | {same}", flush=True)  # fmt: skip
+        for method in methods if fp8.VARIANTS[variant].rotation else methods[:1]:
+            configs = sweep_configs((variant, method) in FULL_GRID)
+            rows += judged_rows(problem, inputs, args, variant, method, args.sweep_layout, configs)
     return rows
 
 
@@ -349,6 +366,143 @@ def run_sweep(args: argparse.Namespace) -> None:
     print(f"wrote {args.out / 'fp8_quantiser_sweep.csv'} and {args.out / 'fp8_quantiser_sweep.md'}")
 
 
+# ----------------------------------------------------------------------------------------------------
+# --ab: candidate configurations against the read bandwidth, then FP8 end to end against the best bf16
+# ----------------------------------------------------------------------------------------------------
+# What the candidates change (fp8_quantiser.QuantiserConfig): how many tiles' bytes are in flight while one
+# is computed, and what that costs in programs an SM holds. sm_90a builds under Triton 3.6 at D=128
+# (registers, shared memory; no spill but the persistent prefetch's 48 bytes): the default's 2 cp.async
+# stages (128, 112 KB: 2 programs of 8 warps an SM; its next tile's load is issued at the end of the loop
+# body, so each tile waits the whole load latency), the next tile prefetched in registers under a
+# 128-register cap (128, 64 KB: 2 an SM), a persistent grid (every program its share of Q, K and V: no
+# second wave, no tensor's programs finishing early) with the same two overlaps, and 3 or 4 stages (1 or 2
+# tiles in flight behind the one computed; 144 / 176 KB: one program an SM, of 16 warps at 121 registers,
+# or of 8 at 166).
+AB_CANDIDATES = [
+    fp8_quantiser.DEFAULT_CONFIG,
+    Config(tiles_per_program=8, prefetch=True, maxnreg=128),
+    Config(programs_per_sm=2, prefetch=True, maxnreg=128),
+    Config(programs_per_sm=2, num_stages=2, maxnreg=128),
+    Config(programs_per_sm=1, num_stages=3, num_warps=16),
+    Config(programs_per_sm=1, num_stages=4, num_warps=16),
+    Config(programs_per_sm=1, num_stages=4),
+    Config(tiles_per_program=8, num_stages=4, num_warps=16),
+]
+# The rungs' default quantisation and the V layout the candidates are timed in (gluon/fp8, the best FP8 kernel).
+AB_VARIANT, AB_LAYOUT = "block+rotation", "gluon/fp8"
+# The best bf16 rung (issue #37's denominator).
+BF16_BEST = ("cute/hopper", "cute_impl.hopper")
+
+
+@dataclass
+class EndToEndRow:
+    rung: str
+    causal: bool
+    kernel_us: float
+    kernel_tflops: float
+    e2e_us: float
+    e2e_tflops: float
+    note: str = ""
+
+
+def end_to_end_rows(args: argparse.Namespace) -> tuple[list[EndToEndRow], dict[bool, float]]:
+    """Per causal mode: each FP8 rung kernel only and end to end (the fused quantiser at ``DEFAULT_CONFIG``
+    and the kernel per call; its output checked equal to the kernel's), and the best bf16 rung's TFLOP/s."""
+    from common.measure.timing import tflops
+
+    rows, bf16 = [], {}
+    for causal in (False, True):
+        problem = Problem.canonical(args.seqlen, heads=args.heads, causal=causal)
+        inputs = fp8.fa3_inputs(problem, seed=0, device="cuda")
+        bf16_ms = _time(importlib.import_module(BF16_BEST[1]).prepare(*inputs, problem), args)
+        bf16[causal] = tflops(problem.flops, bf16_ms)
+        print(
+            f"{BF16_BEST[0]:10s} causal={causal!s:5s} {bf16_ms * 1e3:9.1f} us {bf16[causal]:7.0f} TFLOP/s", flush=True
+        )
+        for rung in args.only:
+            module = importlib.import_module(RUNGS[rung])
+            ok, reason = module.IMPLEMENTATION.check(problem, inputs[0].device)
+            if not ok:
+                print(f"{rung}: skipped, {reason}", flush=True)
+                continue
+            kernel_only = module.prepare(*inputs, problem)
+            expected = kernel_only().clone()
+            kernel_ms = _time(kernel_only, args)
+            end_to_end = module.prepare_end_to_end(*inputs, problem)
+            note = "" if torch.equal(end_to_end(), expected) else "output differs from kernel only"
+            e2e_ms = _time(end_to_end, args)
+            row = EndToEndRow(rung, causal, kernel_ms * 1e3, tflops(problem.flops, kernel_ms), e2e_ms * 1e3,
+                              tflops(problem.flops, e2e_ms), note)  # fmt: skip
+            rows.append(row)
+            print(f"{rung:10s} causal={causal!s:5s} kernel {row.kernel_us:9.1f} us {row.kernel_tflops:5.0f} | e2e "
+                  f"{row.e2e_us:9.1f} us {row.e2e_tflops:5.0f} TFLOP/s {note}", flush=True)  # fmt: skip
+    return rows, bf16
+
+
+def ab_markdown(
+    candidates: list[SweepRow], best: SweepRow | None, read_gbps: float, e2e: list[EndToEndRow],
+    bf16: dict[bool, float], problem: Problem, device_name: str,
+) -> str:  # fmt: skip
+    shape = f"B={problem.batch} H={problem.heads} S={problem.seqlen_q} D={problem.head_dim} {problem.dtype_name}"
+    ideal_us = _bytes_moved(problem) / (read_gbps * 1e9) * 1e6
+    lines = [f"# Fused FP8 quantiser A/B and FP8 end to end, {device_name} ({shape})", "",
+             f"Read bandwidth measured in this run: {read_gbps:.0f} GB/s; {_bytes_moved(problem) / 1e6:.0f} MB "
+             f"per quantisation, so {ideal_us:.1f} µs at that bandwidth. Variant {AB_VARIANT}, tensor-core rotation, "
+             f"V in {AB_LAYOUT}'s layout.", "",
+             "| config | launches | regs | spills | µs | GB/s | % of read BW | vs reference | same bytes | note |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for row in candidates:
+        lines.append(f"| {row.config} | {row.launches} | {row.registers} | {row.spills} | {row.us:.1f} | "
+                     f"{row.gbps:.0f} | {row.gbps / read_gbps:.0%} | {row.reference} | {row.same_bytes} | "
+                     f"{'best; ' if row is best else ''}{row.note} |")  # fmt: skip
+    lines += ["", f"## End to end with the best candidate ({best.config if best else 'none passed: default'})", "",
+              f"| rung | causal | kernel µs | kernel TFLOP/s | e2e µs | e2e TFLOP/s | e2e - kernel µs | e2e / kernel | "
+              f"e2e / {BF16_BEST[0]} | note |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for row in e2e:
+        lines.append(f"| {row.rung} | {row.causal} | {row.kernel_us:.1f} | {row.kernel_tflops:.0f} | {row.e2e_us:.1f} "
+                     f"| {row.e2e_tflops:.0f} | {row.e2e_us - row.kernel_us:.1f} | "
+                     f"{row.e2e_tflops / row.kernel_tflops:.3f} | {row.e2e_tflops / bf16[row.causal]:.3f} | "
+                     f"{row.note} |")  # fmt: skip
+    lines += ["", f"{BF16_BEST[0]} (bf16): {bf16[False]:.0f} TFLOP/s non-causal, {bf16[True]:.0f} causal. "
+              f"Targets (issue #37): best FP8 e2e >= 1.1x {BF16_BEST[0]} in both modes; every e2e >= 0.9x its "
+              "kernel."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def run_ab(args: argparse.Namespace) -> None:
+    """The candidates at P1 (each judged, then timed), the fastest that passes both verdicts made the
+    rungs' quantiser configuration, then every FP8 rung end to end against the best bf16 rung."""
+    from common.measure.peaks import measure_read_gbps
+
+    device = torch.device("cuda")
+    read_gbps = measure_read_gbps(device)
+    print(f"read bandwidth {read_gbps:.0f} GB/s", flush=True)
+    problem = Problem.canonical(args.seqlen, heads=args.heads)
+    inputs = fp8.fa3_inputs(problem, seed=0, device=device)
+    # The reference's rotation in full fp32 (a TF32 GEMM would round the matrix's entries).
+    torch.backends.cuda.matmul.allow_tf32 = False
+    candidates = judged_rows(problem, inputs, args, AB_VARIANT, "tensor_core", AB_LAYOUT, AB_CANDIDATES)
+    del inputs
+    passing = [row for row in candidates if row.reference.startswith("ok") and row.same_bytes in ("first", "yes")]
+    best = min(passing, key=lambda row: row.us) if passing else None
+    if best is not None:
+        fp8_quantiser.DEFAULT_CONFIG = next(c for c in AB_CANDIDATES if c.describe() == best.config)
+    print(f"best candidate: {fp8_quantiser.DEFAULT_CONFIG!r}" if best else "no candidate passed", flush=True)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    e2e, bf16 = end_to_end_rows(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with (args.out / "fp8_quantiser_ab.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["kind", *asdict(candidates[0]), "read_gbps"])
+        writer.writerows(["quantiser", *asdict(row).values(), read_gbps] for row in candidates)
+        writer.writerow(["end_to_end", *asdict(e2e[0]), "bf16_tflops"] if e2e else ["end_to_end"])
+        writer.writerows(["end_to_end", *asdict(row).values(), bf16[row.causal]] for row in e2e)
+    report = ab_markdown(candidates, best, read_gbps, e2e, bf16, problem, torch.cuda.get_device_name())
+    (args.out / "fp8_quantiser_ab.md").write_text(report)
+    print(report)
+    print(f"wrote {args.out / 'fp8_quantiser_ab.csv'} and {args.out / 'fp8_quantiser_ab.md'}")
+
+
 def quantiser_config(text: str) -> fp8_quantiser.QuantiserConfig:
     """``field=value,...`` as a QuantiserConfig (``true``/``false``, ``none``, integers, strings)."""
     fields = {}
@@ -374,6 +528,12 @@ def main() -> None:
     parser.add_argument("--warmup-ms", type=float, default=100)
     parser.add_argument("--rep-ms", type=float, default=500)
     parser.add_argument("--sweep", action="store_true", help="time the fused quantiser's knobs instead")
+    parser.add_argument(
+        "--ab",
+        action="store_true",
+        help="time AB_CANDIDATES against the read bandwidth, then the FP8 rungs end to end with the best one "
+        "against the best bf16 rung, causal and not",
+    )
     parser.add_argument("--sweep-variants", default=",".join(SWEEP_CASES), help="comma-separated variants")
     parser.add_argument("--sweep-layout", default="gluon/fp8", choices=list(LAYOUTS), help="whose V layout")
     parser.add_argument(
@@ -398,6 +558,9 @@ def main() -> None:
         print(f"fused quantiser: {args.quantiser_config.describe()}", flush=True)
     if args.sweep:
         run_sweep(args)
+        return
+    if args.ab:
+        run_ab(args)
         return
     rows: list[Row] = []
     for causal in (False, True):

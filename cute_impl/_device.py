@@ -20,6 +20,8 @@ ones the Triton and Gluon stacks use, so that a diff of two rungs teaches:
 * :func:`ldmatrix_operands`: the ldmatrix (S→R) copies of Q, K and Vᵀ into the ``mma.sync`` fragments.
 * :func:`gemm_double_buffered`: ``acc += A B`` over a warp's ``mma.sync`` fragments, each ldmatrix
   issued one piece ahead of the MMAs that consume it.
+* :func:`refill_kv_ring`, :func:`scores`, :func:`values_product`: steps 3a (refill the ring, wait for
+  this block), 3b (S = Q Kᵀ) and 3e (O += P V) of the main loop that ``pipelined`` and ``decode`` share.
 * The constants :data:`LOG2_E` and :data:`RESCALE_THRESHOLD`, defined once for the stack.
 
 The fragment-level objects here (mask, online softmax, copies) speak the ``mma.sync.m16n8k16``
@@ -238,6 +240,60 @@ def load_kv_block(
                 kv_copy.tVsV[None, n, None, slot].fill(0)
         else:
             copy_kv_row(kv_copy, n, n_block, slot)
+
+
+# ----------------------------------------------------------------------------------------------
+# One step of the ldmatrix rungs' main loop (pipelined: the CTA's tile; decode: one warp's keys of
+# it). The two rungs share the ring and the fragments, so steps 3a, 3b and 3e are written once here;
+# the mask and the online softmax between them (3c, 3d) stay in each rung's ``attend_block``.
+# ----------------------------------------------------------------------------------------------
+@cute.jit
+def refill_kv_ring(
+    kv_copy: KVCopy, step: cutlass.Int32, stages: cutlass.Constexpr, n_block_max: cutlass.Int32,
+    n_blocks: cutlass.Int32, seqlen_k: cutlass.Int32,
+):  # fmt: skip
+    """3a: once every thread is done with the slot freed last iteration, refill it with the block
+    ``stages - 1`` steps ahead (if the ``n_blocks`` blocks below ``n_block_max`` have one), then wait
+    only for this step's block: ``cp.async.wait_group(stages - 1)``, never for the whole ring."""
+    cute.arch.barrier()
+    ahead = step + stages - 1
+    if ahead < n_blocks:
+        load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % stages, seqlen_k, predicated=False)
+    # Always commit (possibly an empty group) so that "stages-1 groups pending" means block i landed.
+    cute.arch.cp_async_commit_group()
+    cute.arch.cp_async_wait_group(stages - 1)
+    cute.arch.barrier()
+
+
+def scores(
+    tiled_mma: cute.TiledMma, smem_operands: LdmatrixOperands, tSrQ: cute.Tensor, tSrK: cute.Tensor,
+    slot: cutlass.Int32, tile_mn: tuple[int, int], pieces: int,
+) -> cute.Tensor:  # fmt: skip
+    """3b: S = Q Kᵀ (a fresh fp32 accumulator of ``tile_mn``) with K from ring slot ``slot``, Q and K
+    loaded by ldmatrix, double-buffered (:func:`gemm_double_buffered`, ``pieces`` per k-step)."""
+    copy_K, tSsK, tSrK_view = smem_operands.k
+    acc_S = cute.make_rmem_tensor(tiled_mma.partition_shape_C(tile_mn), cutlass.Float32)
+    acc_S.fill(0.0)
+    gemm_double_buffered(
+        tiled_mma, acc_S, tSrQ, tSrK, pieces,
+        b_load=OperandLoad(copy_K, tSsK[None, None, None, slot], tSrK_view), a_load=smem_operands.q,
+    )  # fmt: skip
+    return acc_S
+
+
+def values_product(
+    tiled_mma: cute.TiledMma, smem_operands: LdmatrixOperands, acc_S: cute.Tensor, acc_O: cute.Tensor,
+    tOrVt: cute.Tensor, slot: cutlass.Int32, pieces: int, dtype: type[cutlass.Numeric],
+) -> None:  # fmt: skip
+    """3e: O += P V. P (``acc_S`` after the softmax) is cast to ``dtype`` and reused in registers as
+    the A operand (:func:`accumulator_as_operand_a`); Vᵀ from ring slot ``slot`` by ldmatrix.trans."""
+    copy_V, tOsVt, tOrVt_view = smem_operands.vt
+    rP = cute.make_fragment_like(acc_S, dtype)
+    rP.store(acc_S.load().to(dtype))
+    tOrP = accumulator_as_operand_a(rP)  # (MMA, MMA_M, MMA_K = keys / 16)
+    gemm_double_buffered(
+        tiled_mma, acc_O, tOrP, tOrVt, pieces, b_load=OperandLoad(copy_V, tOsVt[None, None, None, slot], tOrVt_view)
+    )
 
 
 @cute.jit

@@ -294,9 +294,7 @@ class AttentionMask:
         self.causal = causal
         self.tScS = tScS
         self.row_start = row_start
-        self.seqlen_k = seqlen.seqlen_k
-        self.causal_offset = seqlen.causal_offset
-        self.bottom_right = seqlen.bottom_right
+        self.seqlen = seqlen
 
     @cute.jit
     def apply(self, acc_S: cute.Tensor, n_block: Int32):
@@ -305,12 +303,12 @@ class AttentionMask:
         col_start = n_block * self.tile_n
         for r in cutlass.range_constexpr(cute.size(rS, mode=[0])):
             # Keys col < key_limit count for this row.
-            key_limit = self.seqlen_k - col_start
+            key_limit = self.seqlen.seqlen_k - col_start
             if cutlass.const_expr(self.causal):
                 # Row i sees keys j < i + 1 + causal_offset.
                 diagonal_end = self.row_start + cS[r, 0][0] + 1
-                if cutlass.const_expr(self.bottom_right):
-                    diagonal_end = diagonal_end + self.causal_offset
+                if cutlass.const_expr(self.seqlen.bottom_right):
+                    diagonal_end = diagonal_end + self.seqlen.causal_offset
                 key_limit = cutlass.min(key_limit, diagonal_end - col_start)
             for c in cutlass.range_constexpr(cute.size(rS, mode=[1])):
                 # A select, not an `if`: the DSL lowers a dynamic `if` that writes one element of a

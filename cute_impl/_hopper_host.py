@@ -153,19 +153,10 @@ class HopperKernels(CompiledKernels[HopperAttentionConfig]):
         super().__init__(kernel_class, fake_arguments, arch=SM90A)
 
     def launcher(
-        self,
-        config: HopperAttentionConfig,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        softmax_scale_log2: float,
-        output_scale: float,
-        sm_count: int | None = None,
-        scales: FP8Scales | None = None,
-        *,
-        cache_seqlens: torch.Tensor | None = None,
-        return_lse: bool = False,
-    ) -> Runner:
+        self, config: HopperAttentionConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        softmax_scale_log2: float, output_scale: float, sm_count: int | None = None, scales: FP8Scales | None = None, *,
+        cache_seqlens: torch.Tensor | None = None, return_lse: bool = False,
+    ) -> Runner:  # fmt: skip
         """Compile (cached on ``config``), allocate O and LSE once, and return the launch-only ``run``.
 
         ``sm_count`` caps a persistent grid (default: the device's SMs; tests pass fewer so that every

@@ -9,7 +9,7 @@ compile for the static analysis trace the same function with the same argument t
 """
 
 from collections.abc import Callable, Collection, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import cuda.bindings.driver as cuda
@@ -20,15 +20,13 @@ from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 from cutlass.cute.typing import AddressSpace
 
-from common.contract.capability import FEATURES, GQA, check_common, check_features
+from common.contract.capability import FEATURES, check_common, check_features
 from common.contract.problem import Problem
-from common.contract.registry import Runner, per_call_inputs, warmed_up
+from common.contract.registry import Implementation, Runner, per_call_inputs, warmed_up
 from common.contract.validation import (
     OPERAND_ALIGNMENT_BYTES,
     kernel_operand,
-    require_block_table_as_stated,
-    require_cache_seqlens_as_stated,
-    validate_attention_inputs,
+    validate_for_problem,
 )
 from common.toolchain.compile import KernelBinary, compile_cute_sm90
 
@@ -152,14 +150,20 @@ class ProblemConfig:
 
     @staticmethod
     def of(problem: Problem) -> "ProblemConfig":
-        return ProblemConfig(
-            dtype=problem.dtype,
-            head_dim=problem.head_dim,
-            causal=problem.causal,
-            bottom_right=problem.bottom_right,
-            has_cache_seqlens=problem.has_cache_seqlens,
-            return_lse=problem.return_lse,
-        )
+        """The key of ``problem``: each field is the Problem's attribute of the same name."""
+        return ProblemConfig(**{field.name: getattr(problem, field.name) for field in fields(ProblemConfig)})
+
+
+def feature_flags(problem: Problem) -> dict[str, bool]:
+    """The problem features as the compile-time flags of a tile rung's key (tiled's and pipelined's
+    ``TileConfig``), named as their fields: GQA (Hkv < H), the bottom-right diagonal, per-sequence key
+    lengths, the LSE (the CuTe counterpart of Triton's ``feature_constexprs``)."""
+    return {
+        "gqa": problem.kv_heads != problem.heads,
+        "bottom_right": problem.bottom_right,
+        "has_cache_seqlens": problem.has_cache_seqlens,
+        "return_lse": problem.return_lse,
+    }
 
 
 def fake_attention_arguments(config: Any) -> tuple[Any, ...]:
@@ -215,34 +219,17 @@ class RungHost:
         self.problem_check = problem_check
 
     def prepare(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        problem: Problem,
-        *,
-        cache_seqlens: torch.Tensor | None = None,
-        block_table: torch.Tensor | None = None,
-        **options: Any,
-    ) -> Runner:
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *,
+        cache_seqlens: torch.Tensor | None = None, block_table: torch.Tensor | None = None, **options: Any,
+    ) -> Runner:  # fmt: skip
         """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) or, with a ``block_table``, page pools
         (num_pages, page_size, Hkv, D) (and ``cache_seqlens``) against the rung's
         head dims, features and limits, bind them to the Problem they describe (compiling on first
-        use), and launch once to warm up. ``options`` go to ``plan_launch`` (decode's ``num_splits``)."""
-        require_cache_seqlens_as_stated(problem, cache_seqlens)
-        require_block_table_as_stated(problem, block_table)
-        checked = validate_attention_inputs(
-            q,
-            k,
-            v,
-            causal=problem.causal,
-            softmax_scale=problem.softmax_scale,
-            causal_alignment=problem.causal_alignment,
-            cache_seqlens=cache_seqlens,
-            return_lse=problem.return_lse,
-            block_table=block_table,
-            allow_gqa=GQA in self.features,
-            head_dims=self.head_dims,
+        use), and launch once to warm up. ``options`` go to ``plan_launch`` (decode's ``num_splits``).
+        The tensors are checked with every feature ``problem`` states; a feature the rung lacks is
+        then refused by name (every CuTe rung implements GQA, the one the tensors' shapes carry)."""
+        checked = validate_for_problem(
+            q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table, head_dims=self.head_dims
         )
         checks = [check_features(self.name, checked, self.features)]
         if self.problem_check is not None:
@@ -266,6 +253,15 @@ class RungHost:
     def compile_sm90(self, problem: Problem, **options: Any) -> list[KernelBinary]:
         """The kernels of ``plan(problem)`` compiled for sm_90a on fake tensors (no GPU needed)."""
         return self.kernels.binaries(self.plan(problem, **options), self.name.replace("/", "_"))
+
+    def implementation(self, **entry_fields: Any) -> Implementation:
+        """The registry entry of this rung (as ``triton_impl._host.TritonEntry.implementation``): its
+        name, stack and rung, ``prepare``, ``bind`` and ``compile_sm90``, no CPU path, and ``entry_fields``."""
+        stack, rung = self.name.split("/")
+        return Implementation(
+            name=self.name, stack=stack, rung=rung, prepare=self.prepare, bind=self.bind,
+            compile_sm90=self.compile_sm90, runs_on_cpu=False, **entry_fields,
+        )  # fmt: skip
 
 
 def attention_launch(

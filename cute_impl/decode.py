@@ -52,6 +52,8 @@ Algorithm (split kernel, grid (num_splits, m_blocks, B·Hkv); sections of :meth:
       each row's diagonal, taken at the row's token, ``row % Sq``);
    d. ``OnlineSoftmax.update`` / ``rescale`` (the warp's own row_max and row_sum, lazy rescaling);
    e. O += P V over the warp's keys (P reused in registers, V via ``ldmatrix.trans``).
+   Steps a, b and e are ``pipelined``'s, with a warp's keys for its tile (``refill_kv_ring``,
+   ``scores``, ``values_product`` of ``_device.py``).
 4. Epilogue: each warp's ``OnlineSoftmax.finalize`` (its O and natural-log LSE; no key: O = 0,
    LSE = -inf) goes to shared memory (the drained K/V ring); barrier; :func:`merge_splits` over the
    warps, row chunk by row chunk; the result goes to O (one split: cast to the output dtype, and the
@@ -92,7 +94,6 @@ from cutlass.cute.runtime import make_fake_stream
 from common.contract import splits
 from common.contract.capability import FEATURES, PAGED_KV
 from common.contract.problem import Problem
-from common.contract.registry import Implementation
 from cute_impl._device import (
     LOG2_E,
     AttentionMask,
@@ -100,16 +101,16 @@ from cute_impl._device import (
     KVCopy,
     LdmatrixOperands,
     OnlineSoftmax,
-    OperandLoad,
     PagedKV,
     SeqlenInfo,
-    accumulator_as_operand_a,
-    gemm_double_buffered,
     kv_copy_partitions,
     ldmatrix_operands,
     load_kv_block,
+    refill_kv_ring,
     rows_by_cols,
+    scores,
     split_key_range,
+    values_product,
 )
 from cute_impl._host import (
     CUTE_DTYPES,
@@ -229,19 +230,10 @@ class DecodeKernel:
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def __call__(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor | None,
-        mOPartial: cute.Tensor | None,
-        mLSEPartial: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        mBlockTable: cute.Tensor | None,
-        softmax_scale: cutlass.Float32,
-        stream: cuda.CUstream,
-    ):
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
+        mOPartial: cute.Tensor | None, mLSEPartial: cute.Tensor | None, mCacheSeqlens: cute.Tensor | None,
+        mBlockTable: cute.Tensor | None, softmax_scale: cutlass.Float32, stream: cuda.CUstream,
+    ):  # fmt: skip
         """q (B, H, Sq, D), k, v (B, Hkv, Sk, D); mO (B·Hkv, group·Sq, D) and mLSE (B·Hkv, group·Sq) or
         None: the packed rows of O and its LSE; mOPartial (num_splits, B·Hkv, group·Sq, D) and
         mLSEPartial (num_splits, B·Hkv, group·Sq), fp32, when split, else None; mCacheSeqlens (B,)
@@ -299,25 +291,12 @@ class DecodeKernel:
     # ------------------------------------------------------------------------------------------
     @cute.kernel
     def split_kernel(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor | None,
-        mOPartial: cute.Tensor | None,
-        mLSEPartial: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        mBlockTable: cute.Tensor | None,
-        softmax_scale_log2: cutlass.Float32,
-        sQ_layout: cute.ComposedLayout,
-        sKV_layout: cute.ComposedLayout,
-        sO_parts_layout: cute.Layout,
-        sLSE_parts_layout: cute.Layout,
-        gmem_tiled_copy: cute.TiledCopy,
-        warp_mma: cute.TiledMma,
-        SharedStorage: cutlass.Constexpr,
-    ):
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
+        mOPartial: cute.Tensor | None, mLSEPartial: cute.Tensor | None, mCacheSeqlens: cute.Tensor | None,
+        mBlockTable: cute.Tensor | None, softmax_scale_log2: cutlass.Float32, sQ_layout: cute.ComposedLayout,
+        sKV_layout: cute.ComposedLayout, sO_parts_layout: cute.Layout, sLSE_parts_layout: cute.Layout,
+        gmem_tiled_copy: cute.TiledCopy, warp_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr,
+    ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         split, m_block, batch_kv_head = cute.arch.block_idx()
         num_splits, _, _ = cute.arch.grid_dim()
@@ -439,17 +418,9 @@ class DecodeKernel:
 
     @cute.jit
     def load_packed_q(
-        self,
-        gmem_tiled_copy: cute.TiledCopy,
-        gmem_thr_copy: Any,
-        mQ: cute.Tensor,
-        sQ: cute.Tensor,
-        batch: cutlass.Int32,
-        kv_head: cutlass.Int32,
-        group: cutlass.Int32,
-        m_block: cutlass.Int32,
-        rows: cutlass.Int32,
-    ):
+        self, gmem_tiled_copy: cute.TiledCopy, gmem_thr_copy: Any, mQ: cute.Tensor, sQ: cute.Tensor,
+        batch: cutlass.Int32, kv_head: cutlass.Int32, group: cutlass.Int32, m_block: cutlass.Int32, rows: cutlass.Int32,
+    ):  # fmt: skip
         """cp.async the packed Q tile (no commit): tile row r is packed row m_block · tile_m + r, query
         head kv_head · group + row // Sq, token row % Sq; rows past group · Sq are zero-filled (their
         S is then finite, and they are never stored)."""
@@ -470,51 +441,22 @@ class DecodeKernel:
 
     @cute.jit
     def attend_block(
-        self,
-        kv_copy: KVCopy,
-        warp_mma: cute.TiledMma,
-        smem_operands: LdmatrixOperands,
-        tSrQ: cute.Tensor,
-        tSrK: cute.Tensor,
-        tOrVt: cute.Tensor,
-        acc_O: cute.Tensor,
-        softmax: OnlineSoftmax,
-        mask: AttentionMask,
-        warp_index: cutlass.Int32,
-        n_block_max: cutlass.Int32,
-        n_blocks: cutlass.Int32,
-        seqlen_k: cutlass.Int32,
-        step: cutlass.Int32,
-        masked: cutlass.Constexpr,
-    ):
+        self, kv_copy: KVCopy, warp_mma: cute.TiledMma, smem_operands: LdmatrixOperands, tSrQ: cute.Tensor,
+        tSrK: cute.Tensor, tOrVt: cute.Tensor, acc_O: cute.Tensor, softmax: OnlineSoftmax, mask: AttentionMask,
+        warp_index: cutlass.Int32, n_block_max: cutlass.Int32, n_blocks: cutlass.Int32, seqlen_k: cutlass.Int32,
+        step: cutlass.Int32, masked: cutlass.Constexpr,
+    ):  # fmt: skip
         """Iteration ``step`` of the split (block ``n_block_max - 1 - step``): refill the ring, then this
         warp's S = Q Kᵀ → mask → online softmax → rescale O → O += P V."""
-        (copy_K, tSsK, tSrK_view), (copy_V, tOsVt, tOrVt_view) = smem_operands.k, smem_operands.vt
         n_block = n_block_max - 1 - step
         slot = step % self.stages
 
         # ---- 3a. Refill the slot freed last iteration; wait only for this block ------------------
-        cute.arch.barrier()
-        ahead = step + self.stages - 1
-        if ahead < n_blocks:
-            load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % self.stages, seqlen_k, predicated=False)
-        # Always commit (possibly an empty group) so that "stages-1 groups pending" means block i landed.
-        cute.arch.cp_async_commit_group()
-        cute.arch.cp_async_wait_group(self.stages - 1)
-        cute.arch.barrier()
+        refill_kv_ring(kv_copy, step, self.stages, n_block_max, n_blocks, seqlen_k)
 
         # ---- 3b. S = Q Kᵀ over this warp's keys --------------------------------------------------
-        acc_S = cute.make_rmem_tensor(warp_mma.partition_shape_C((self.tile_m, self.keys_per_warp)), cutlass.Float32)
-        acc_S.fill(0.0)
-        gemm_double_buffered(
-            warp_mma,
-            acc_S,
-            tSrQ,
-            tSrK,
-            self.keys_per_warp // MMA_K,
-            b_load=OperandLoad(copy_K, tSsK[None, None, None, slot], tSrK_view),
-            a_load=smem_operands.q,
-        )
+        tile_mn = (self.tile_m, self.keys_per_warp)
+        acc_S = scores(warp_mma, smem_operands, tSrQ, tSrK, slot, tile_mn, self.keys_per_warp // MMA_K)
 
         # ---- 3c./3d. Mask, online softmax, rescale O ---------------------------------------------
         if cutlass.const_expr(masked):
@@ -523,17 +465,8 @@ class DecodeKernel:
         softmax.rescale(acc_O, row_scale)
 
         # ---- 3e. O += P V over this warp's keys ---------------------------------------------------
-        rP = cute.make_fragment_like(acc_S, tSrQ.element_type)
-        rP.store(acc_S.load().to(tSrQ.element_type))
-        tOrP = accumulator_as_operand_a(rP)  # (MMA, MMA_M, MMA_K = keys_per_warp / 16)
-        gemm_double_buffered(
-            warp_mma,
-            acc_O,
-            tOrP,
-            tOrVt,
-            self.config.shape.pieces_per_k_step,
-            b_load=OperandLoad(copy_V, tOsVt[None, None, None, slot], tOrVt_view),
-        )
+        pieces = self.config.shape.pieces_per_k_step
+        values_product(warp_mma, smem_operands, acc_S, acc_O, tOrVt, slot, pieces, tSrQ.element_type)
 
     @cute.jit
     def store_warp_part(
@@ -549,15 +482,9 @@ class DecodeKernel:
 
     @cute.jit
     def merge_warps_and_store(
-        self,
-        sO_parts: cute.Tensor,
-        sLSE_parts: cute.Tensor,
-        gO: cute.Tensor,
-        gLSE: cute.Tensor | None,
-        row_start: cutlass.Int32,
-        rows: cutlass.Int32,
-        tidx: cutlass.Int32,
-    ):
+        self, sO_parts: cute.Tensor, sLSE_parts: cute.Tensor, gO: cute.Tensor, gLSE: cute.Tensor | None,
+        row_start: cutlass.Int32, rows: cutlass.Int32, tidx: cutlass.Int32,
+    ):  # fmt: skip
         """Merge the warps' parts of each tile row and store it: a thread takes ``MERGE_COLS`` columns
         of one row per pass (a warp covers 128 columns); rows past ``rows`` are skipped. ``gO`` is
         O's packed rows (B·Hkv slice, output dtype) or this split's fp32 partial rows; ``gLSE`` likewise
@@ -627,13 +554,9 @@ def merge_splits(lse_parts: cute.Tensor, o_parts: cute.Tensor, merged: cute.Tens
 
 
 def split_block_range(
-    split: cutlass.Int32,
-    num_splits: cutlass.Int32,
-    seqlen: SeqlenInfo,
-    seqlen_q: cutlass.Int32,
-    tile_n: int,
+    split: cutlass.Int32, num_splits: cutlass.Int32, seqlen: SeqlenInfo, seqlen_q: cutlass.Int32, tile_n: int,
     causal: bool,
-) -> BlockRange:
+) -> BlockRange:  # fmt: skip
     """The key blocks split ``split`` of ``num_splits`` visits for one sequence (``seqlen``): the keys
     any row sees end at ``key_end`` (the sequence's ``seqlen_k``; causal: no row sees a key at or past
     the last token's diagonal end, Sq + causal_offset), cut by ``split_key_range``; the top
@@ -690,15 +613,9 @@ def decode_config(problem: Problem, split: bool) -> DecodeConfig:
 
 
 def plan_launch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-    block_table: torch.Tensor | None = None,
-    num_splits: int | None = None,
-) -> Launch:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None, num_splits: int | None = None,
+) -> Launch:  # fmt: skip
     """Allocate O, the LSE and the split workspace for validated q, k, v; ``run()`` launches the split
     kernel and, with more than one split, the merge, and carries the ``num_splits`` it chose.
     Paged (``block_table``): k and v are (num_pages, page_size, Hkv, D) pools, passed as their
@@ -786,15 +703,6 @@ HOST = RungHost(
 decode_attention, bind, compile_sm90 = HOST.prepare, HOST.bind, HOST.compile_sm90
 
 
-IMPLEMENTATION = Implementation(
-    name="cute/decode",
-    stack="cute",
-    rung="decode",
-    prepare=decode_attention,
-    bind=bind,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    required_ptx=("mma.sync", "ldmatrix", "cp.async"),
-    runs_on_cpu=False,
-    source_file=__file__,
+IMPLEMENTATION = HOST.implementation(
+    supports=supports, required_ptx=("mma.sync", "ldmatrix", "cp.async"), source_file=__file__
 )

@@ -87,7 +87,7 @@ import dataclasses
 
 import torch
 
-from common.contract.capability import FEATURES, check_features
+from common.contract.capability import FEATURES
 from common.contract.fp8 import KEY_GROUP, KernelOperands, KernelOrder, Quantisation, ValueLayout
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
@@ -95,14 +95,7 @@ from common.contract.registry import Implementation, Runner
 from common.toolchain.compile import KernelBinary
 from cute_impl._device import LOG2_E
 from cute_impl._hopper_host import HopperAttentionConfig, default_config
-from cute_impl.hopper import (
-    DTYPES,
-    KERNELS,
-    ROWS_PER_WARPGROUP,
-    common_problem_supported,
-    hopper_device_supported,
-    validated_problem,
-)
+from cute_impl.hopper import KERNELS, ROWS_PER_WARPGROUP, validated_problem, wgmma_supports
 from triton_impl.fp8_launch import Fp8Entry, QuantisedLaunch
 from triton_impl.fp8_quantiser import FusedQuantiser, compile_sm90_for, quantise_for_kernel, shared_memory_supported
 
@@ -164,13 +157,9 @@ def quantised_launcher(
 
 
 def launch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
+    q: torch.Tensor, k: torch.Tensor, problem: Problem, quantisation: Quantisation = DEFAULT_QUANTISATION, *,
     cache_seqlens: torch.Tensor | None = None,
-) -> QuantisedLaunch:
+) -> QuantisedLaunch:  # fmt: skip
     """The fused quantiser's buffers and the launch-only kernel over them (compiled once per
     configuration); nothing launched."""
     config = fp8_config(problem, quantisation)
@@ -204,15 +193,9 @@ def compile_sm90(problem: Problem, quantisation: Quantisation = DEFAULT_QUANTISA
 
 
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
-    ok, reason = hopper_device_supported(device)
-    if not ok:
-        return ok, reason
-    if problem.dtype not in DTYPES:
-        return False, f"inputs must be fp16 or bf16 (quantised to e4m3 in prepare), got {problem.dtype_name}"
-    ok, reason = check_features("cute/fp8", problem, FEATURES)
-    if not ok:
-        return ok, reason
-    ok, reason = common_problem_supported(problem)
+    ok, reason = wgmma_supports(
+        "cute/fp8", problem, device, "inputs must be fp16 or bf16 (quantised to e4m3 in prepare)"
+    )
     if not ok:
         return ok, reason
     return shared_memory_supported("cute/fp8", problem, DEFAULT_QUANTISATION)
@@ -224,20 +207,9 @@ def compile_quantiser_sm90(problem: Problem) -> list[KernelBinary]:
 
 
 IMPLEMENTATION = Implementation(
-    name="cute/fp8",
-    stack="cute",
-    rung="fp8",
-    prepare=prepare,
-    bind=bind,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    compile_input_transform_sm90=compile_quantiser_sm90,
-    error_rule=FP8_RULE,
-    emulate=emulate,
-    prepare_end_to_end=prepare_end_to_end,
-    runs_on_cpu=False,
-    required_ptx=("e4m3 mma", "wgmma.mma_async"),
-    forbidden_ptx=("mma.sync",),
-    source_file=__file__,
+    name="cute/fp8", stack="cute", rung="fp8", prepare=prepare, bind=bind, supports=supports,
+    compile_sm90=compile_sm90, compile_input_transform_sm90=compile_quantiser_sm90, runs_on_cpu=False,
+    error_rule=FP8_RULE, emulate=emulate, prepare_end_to_end=prepare_end_to_end, source_file=__file__,
+    required_ptx=("e4m3 mma", "wgmma.mma_async"), forbidden_ptx=("mma.sync",),
     notes=f"quantisation: {DEFAULT_QUANTISATION.describe()}",
-)
+)  # fmt: skip

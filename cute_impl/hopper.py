@@ -89,6 +89,9 @@ three consumers (D=64) the turn goes round WG1 -> WG2 -> WG3. Persistent: once e
 issued its last S = Q Kᵀ of a tile, the producer loads the next tile's Q and first K/V blocks under
 that tile's last P V, normalisation and O store.
 
+Backward (``common.attention`` with inputs that require grad): ``cute_impl/backward/tiled.py`` (the
+``mma.sync`` FA2 backward; no Hopper backward yet), from this rung's O and LSE.
+
 Constraints
 -----------
 sm_90 (sm_90a features), fp16/bf16, head_dim 64 or 128, softmax_scale > 0 (a positive scale commutes
@@ -166,6 +169,7 @@ from cute_impl._hopper_device import (
 )
 from cute_impl._hopper_host import FP8_CUTLASS, HopperAttentionConfig, HopperKernels, default_config
 from cute_impl._host import CUTE_DTYPES
+from cute_impl.backward import tiled as tiled_backward
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -204,30 +208,18 @@ class HopperAttention:
         self.block_scales = config.block_scales
         self.pingpong = config.pingpong
         # Problem features, all compile time so that the canonical kernel stays as it was.
-        self.gqa = config.gqa
-        self.bottom_right = config.bottom_right
-        self.has_cache_seqlens = config.has_cache_seqlens
+        self.gqa, self.bottom_right, self.has_cache_seqlens = config.gqa, config.bottom_right, config.has_cache_seqlens
 
     # ------------------------------------------------------------------------------------------------
     # Host side: layouts, TMA descriptors, launch
     # ------------------------------------------------------------------------------------------------
     @cute.jit
     def __call__(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
-        mCacheSeqlens: cute.Tensor | None,
-        mQScale: cute.Tensor | None,
-        mKScale: cute.Tensor | None,
-        mVScale: cute.Tensor | None,
-        softmax_scale_log2: Float32,
-        output_scale: Float32,
-        sm_count: Int32,
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+        mCacheSeqlens: cute.Tensor | None, mQScale: cute.Tensor | None, mKScale: cute.Tensor | None,
+        mVScale: cute.Tensor | None, softmax_scale_log2: Float32, output_scale: Float32, sm_count: Int32,
         stream: cuda.CUstream,
-    ):
+    ):  # fmt: skip
         """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D) (FP8: v as (B, Hkv, D, Sk')), lse (B, H, Sq) fp32;
         ``mCacheSeqlens`` the (B,) int32 key lengths, None without them. FP8 passes its e4m3 scales
         as (B, H, blocks) for Q and (B, Hkv, blocks) for K and V, fp32 tensors (one block each when per
@@ -276,29 +268,13 @@ class HopperAttention:
     # ------------------------------------------------------------------------------------------------
     @cute.kernel
     def kernel(
-        self,
-        qk_mma: cute.TiledMma,
-        pv_mma: cute.TiledMma,
-        tma_atom_Q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_atom_K: cute.CopyAtom,
-        mK: cute.Tensor,
-        tma_atom_V: cute.CopyAtom,
-        mV: cute.Tensor,
-        tma_atom_O: cute.CopyAtom,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
-        mCacheSeqlens: cute.Tensor | None,
-        mQScale: cute.Tensor | None,
-        mKScale: cute.Tensor | None,
-        mVScale: cute.Tensor | None,
-        softmax_scale_log2: Float32,
-        output_scale: Float32,
-        sQ_layout: cute.ComposedLayout,
-        sK_layout: cute.ComposedLayout,
-        sV_layout: cute.ComposedLayout,
-        sO_layout: cute.ComposedLayout,
-    ):
+        self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor,
+        tma_atom_K: cute.CopyAtom, mK: cute.Tensor, tma_atom_V: cute.CopyAtom, mV: cute.Tensor,
+        tma_atom_O: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor, mCacheSeqlens: cute.Tensor | None,
+        mQScale: cute.Tensor | None, mKScale: cute.Tensor | None, mVScale: cute.Tensor | None,
+        softmax_scale_log2: Float32, output_scale: Float32, sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout,
+    ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         warp_group = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
@@ -462,14 +438,9 @@ class HopperAttention:
     # returns them, so that the runtime loops carry their state.
     @cute.jit
     def first_block(
-        self,
-        gemms: WarpgroupGemms,
-        softmax: OnlineSoftmax,
-        scales: BlockScales | None,
-        mask: AttentionMask,
-        k_consumer: pipeline.PipelineConsumer,
-        n_block: Int32,
-    ) -> pipeline.PipelineConsumer:
+        self, gemms: WarpgroupGemms, softmax: OnlineSoftmax, scales: BlockScales | None, mask: AttentionMask,
+        k_consumer: pipeline.PipelineConsumer, n_block: Int32,
+    ) -> pipeline.PipelineConsumer:  # fmt: skip
         """2a-d for the first block: S = Q Kᵀ, mask, first softmax update, P. No O yet."""
         acc_S = cute.make_rmem_tensor(gemms.acc_S_shape, Float32)
         k_slot = k_consumer.wait_and_advance()
@@ -477,9 +448,7 @@ class HopperAttention:
         gemms.qk(acc_S, stage=k_slot.index)
         gemms.turns.pass_on()
         # Block scales are loaded while the GEMM runs, so that their latency hides behind it.
-        key_scale = None
-        if cutlass.const_expr(scales is not None):
-            key_scale = scales.key(n_block)
+        key_scale = None if scales is None else scales.key(n_block)
         warpgroup.wait_group(0)
         k_slot.release()
         mask.apply(acc_S, n_block)
@@ -491,15 +460,9 @@ class HopperAttention:
 
     @cute.jit
     def next_block(
-        self,
-        gemms: WarpgroupGemms,
-        softmax: OnlineSoftmax,
-        scales: BlockScales | None,
-        mask: AttentionMask | None,
-        k_consumer: pipeline.PipelineConsumer,
-        v_consumer: pipeline.PipelineConsumer,
-        n_block: Int32,
-    ) -> tuple[pipeline.PipelineConsumer, pipeline.PipelineConsumer]:
+        self, gemms: WarpgroupGemms, softmax: OnlineSoftmax, scales: BlockScales | None, mask: AttentionMask | None,
+        k_consumer: pipeline.PipelineConsumer, v_consumer: pipeline.PipelineConsumer, n_block: Int32,
+    ) -> tuple[pipeline.PipelineConsumer, pipeline.PipelineConsumer]:  # fmt: skip
         """2a-e overlapped: issue S = Q K[n]ᵀ and O += P V[n + 1]; softmax S while O's WGMMA runs.
         With block scales, K[n]'s scale joins the softmax and V[n + 1]'s multiplies its P V."""
         acc_S = cute.make_rmem_tensor(gemms.acc_S_shape, Float32)
@@ -517,14 +480,11 @@ class HopperAttention:
         # Block scales are loaded once the GEMMs are issued: ptxas copies each into a uniform register
         # right after its load, and loaded before them, that wait held up their issue every block
         # (docs/perf-log.md, issue #17). V's scale is needed only after the softmax.
-        key_scale, pv_scale = None, None
-        if cutlass.const_expr(scales is not None):
-            key_scale = scales.key(n_block)
+        key_scale = None if scales is None else scales.key(n_block)
         # S is ready when at most the (later) O group is still in flight.
         warpgroup.wait_group(1)
         k_slot.release()
-        if cutlass.const_expr(scales is not None):
-            pv_scale = scales.value(n_block + 1)
+        pv_scale = None if scales is None else scales.value(n_block + 1)
         if cutlass.const_expr(mask is not None):
             mask.apply(acc_S, n_block)
         row_scale = softmax.update(acc_S, key_scale)
@@ -540,13 +500,9 @@ class HopperAttention:
 
     @cute.jit
     def last_block(
-        self,
-        gemms: WarpgroupGemms,
-        scales: BlockScales | None,
-        softmax: OnlineSoftmax,
-        v_consumer: pipeline.PipelineConsumer,
-        n_block: Int32,
-    ) -> pipeline.PipelineConsumer:
+        self, gemms: WarpgroupGemms, scales: BlockScales | None, softmax: OnlineSoftmax,
+        v_consumer: pipeline.PipelineConsumer, n_block: Int32,
+    ) -> pipeline.PipelineConsumer:  # fmt: skip
         """2e for the last block (the lowest, ``n_block_min``): O += P V."""
         v_slot = v_consumer.wait_and_advance()
         acc_O = gemms.acc_O
@@ -556,9 +512,7 @@ class HopperAttention:
             softmax.rescale(acc_O, gemms.o_scale)
         gemms.pv(acc_PV, stage=v_slot.index)
         gemms.turns.pass_on()
-        pv_scale = None
-        if cutlass.const_expr(scales is not None):
-            pv_scale = scales.value(n_block)
+        pv_scale = None if scales is None else scales.value(n_block)
         warpgroup.wait_group(0)
         v_slot.release()
         if cutlass.const_expr(self.separate_pv):
@@ -575,15 +529,9 @@ KERNELS = HopperKernels(HopperAttention)
 
 
 def validated_problem(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-    name: str = "cute/hopper",
-    features: tuple[str, ...] = FEATURES,
-) -> Problem:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *,
+    cache_seqlens: torch.Tensor | None = None, name: str = "cute/hopper", features: tuple[str, ...] = FEATURES,
+) -> Problem:  # fmt: skip
     """The Problem that q (B, H, Sq, D), k and v (B, Hkv, Sk, D) describe, refused with a ValueError
     where ``supports`` would refuse it (dtype, head dim, softmax_scale <= 0, grid size, a device other
     than sm_90, a problem feature not in ``features``); no GPU work. Shared with ``fp8.py``."""
@@ -653,28 +601,27 @@ def common_problem_supported(problem: Problem) -> tuple[bool, str]:
     return True, ""
 
 
+def wgmma_supports(name: str, problem: Problem, device: torch.device, dtype_rule: str) -> tuple[bool, str]:
+    """The capability check of the WGMMA rungs (this one and ``fp8.py``; the counterpart of the
+    ``mma.sync`` rungs' ``mma_sync_supports``), the first refusal in this order: an sm_90 device, fp16/bf16
+    inputs (``dtype_rule`` says what the rung does with them), the problem features, the limits of
+    :func:`common_problem_supported`."""
+    checks = (
+        hopper_device_supported(device),
+        (problem.dtype in DTYPES, f"{dtype_rule}, got {problem.dtype_name}"),
+        check_features(name, problem, FEATURES),
+        common_problem_supported(problem),
+    )
+    return next(((ok, reason) for ok, reason in checks if not ok), (True, ""))
+
+
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
-    ok, reason = hopper_device_supported(device)
-    if not ok:
-        return ok, reason
-    if problem.dtype not in DTYPES:
-        return False, f"dtype must be fp16 or bf16, got {problem.dtype_name}"
-    ok, reason = check_features("cute/hopper", problem, FEATURES)
-    if not ok:
-        return ok, reason
-    return common_problem_supported(problem)
+    return wgmma_supports("cute/hopper", problem, device, "dtype must be fp16 or bf16")
 
 
 IMPLEMENTATION = Implementation(
-    name="cute/hopper",
-    stack="cute",
-    rung="hopper",
-    prepare=prepare,
-    bind=bind,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=False,
+    name="cute/hopper", stack="cute", rung="hopper", prepare=prepare, bind=bind, supports=supports,
+    compile_sm90=compile_sm90, runs_on_cpu=False, source_file=__file__,
     required_ptx=("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier", "setmaxnreg"),
-    forbidden_ptx=("mma.sync", "cp.async"),
-    source_file=__file__,
-)
+    forbidden_ptx=("mma.sync", "cp.async"), backward=tiled_backward.BACKWARD,
+)  # fmt: skip

@@ -32,6 +32,9 @@ tells the compiler the strides are multiples of 8 elements, which ``kernel_opera
 because the 32 lanes of a warp read 32 different K rows. S is written once, read and written twice
 by the softmax and read once by PV. No shared memory, no ``mma``, no ``cp.async``.
 
+Backward (``common.attention`` with inputs that require grad): ``cute_impl/backward/naive.py`` (D 64
+and 128), from this rung's O and LSE.
+
 Constraints: fp16/bf16, head_dim in {32, 64, 128, 256}, any Sq, Sk ≥ 1, sm_80 or newer. Every problem
 feature (``FEATURES``): GQA/MQA (``kv_heads`` dividing ``heads``), causal aligned top-left (SDPA) or
 bottom-right (KV cache), ``cache_seqlens`` ((B,) int32, contiguous, ``prepare``/``bind`` take it as
@@ -67,7 +70,6 @@ from cutlass.cute.runtime import make_fake_stream
 
 from common.contract.capability import FEATURES, check_common
 from common.contract.problem import Problem
-from common.contract.registry import Implementation
 from cute_impl._host import (
     CUTE_DTYPES,
     CompiledKernels,
@@ -79,6 +81,7 @@ from cute_impl._host import (
     fake_tensor,
     to_cute_tensor,
 )
+from cute_impl.backward import naive as naive_backward
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -111,17 +114,9 @@ class NaiveAttention:
 
     @cute.jit
     def __call__(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mS: cute.Tensor,
-        mO: cute.Tensor,
-        mLse: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        softmax_scale_log2: Float32,
-        stream: cuda.CUstream,
-    ) -> None:
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mS: cute.Tensor, mO: cute.Tensor,
+        mLse: cute.Tensor | None, mCacheSeqlens: cute.Tensor | None, softmax_scale_log2: Float32, stream: cuda.CUstream,
+    ) -> None:  # fmt: skip
         """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D), s (B, H, Sq, Sk) fp32; ``mLse`` (B, H, Sq) fp32, None
         without ``return_lse``; ``mCacheSeqlens`` the (B,) int32 key lengths, None without them."""
         batch_heads = mQ.shape[0] * mQ.shape[1]
@@ -160,13 +155,9 @@ class NaiveAttention:
     # ---- 1. S = softmax_scale_log2 · Q Kᵀ, one thread per (row, col) ----
     @cute.kernel
     def scores_kernel(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mS: cute.Tensor,
-        mCacheSeqlens: cute.Tensor | None,
+        self, mQ: cute.Tensor, mK: cute.Tensor, mS: cute.Tensor, mCacheSeqlens: cute.Tensor | None,
         softmax_scale_log2: Float32,
-    ) -> None:
+    ) -> None:  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         row, col_block, batch_head = cute.arch.block_idx()
         heads, kv_heads = mQ.shape[1], mK.shape[1]
@@ -327,15 +318,9 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     return score_buffer_fits(problem, free_bytes)
 
 
-IMPLEMENTATION = Implementation(
-    name="cute/naive",
-    stack="cute",
-    rung="naive",
-    prepare=prepare,
-    bind=bind,
+IMPLEMENTATION = HOST.implementation(
     supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=False,
     forbidden_ptx=("mma.sync", "wgmma.mma_async"),
     source_file=__file__,
+    backward=naive_backward.BACKWARD,
 )

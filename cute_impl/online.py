@@ -85,7 +85,6 @@ from cutlass import Float32, Int32, const_expr
 
 from common.contract.capability import FEATURES, check_common
 from common.contract.problem import Problem
-from common.contract.registry import Implementation
 from cute_impl._host import (
     CompiledKernels,
     ProblemConfig,
@@ -138,16 +137,9 @@ class OnlineAttention:
 
     @cute.jit
     def __call__(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLse: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        softmax_scale_log2: Float32,
-        stream: cuda.CUstream,
-    ) -> None:
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLse: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, softmax_scale_log2: Float32, stream: cuda.CUstream,
+    ) -> None:  # fmt: skip
         """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D); ``mLse`` (B, H, Sq) fp32, None without
         ``return_lse``; ``mCacheSeqlens`` the (B,) int32 key lengths, None without them."""
         num_m_blocks = cute.ceil_div(mQ.shape[2], self.tile_m)
@@ -190,15 +182,9 @@ class OnlineAttention:
 
     @cute.kernel
     def kernel(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLse: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        softmax_scale_log2: Float32,
-    ) -> None:
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLse: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, softmax_scale_log2: Float32,
+    ) -> None:  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         m_block_rev, head, batch = cute.arch.block_idx()
         heads, kv_heads = mQ.shape[1], mK.shape[1]
@@ -408,15 +394,6 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     return True, ""
 
 
-IMPLEMENTATION = Implementation(
-    name="cute/online",
-    stack="cute",
-    rung="online",
-    prepare=prepare,
-    bind=bind,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=False,
-    forbidden_ptx=("mma.sync", "wgmma.mma_async"),
-    source_file=__file__,
+IMPLEMENTATION = HOST.implementation(
+    supports=supports, forbidden_ptx=("mma.sync", "wgmma.mma_async"), source_file=__file__
 )

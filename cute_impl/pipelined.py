@@ -31,8 +31,9 @@ rows, and its accumulator rows sit in quads of 4 lanes, as ``_device`` describes
 
 The kernel only orchestrates; the step's pieces are the CuTe stack's shared objects of
 ``_device.py``, named as in every stack: ``BlockRange``, ``AttentionMask``, ``OnlineSoftmax``
-(``update``, ``rescale``, ``finalize``). ``attend_block`` has its operands bound once
-(``functools.partial``), so the main loop passes only the step and whether it masks.
+(``update``, ``rescale``, ``finalize``), and the ring refill and the two GEMMs of a step, which
+``decode`` runs too (``refill_kv_ring``, ``scores``, ``values_product``). ``attend_block`` has its
+operands bound once (``functools.partial``), so the main loop passes only the step and whether it masks.
 
 Algorithm (the sections of :meth:`PipelinedAttentionKernel.kernel`):
 1. Tiles of this CTA and its ``BlockRange`` (fully masked causal blocks are never visited).
@@ -72,6 +73,9 @@ bottom-right offset); ``return_lse`` (``OnlineSoftmax.finalize`` forms each row'
 epilogue stores it; ``run()`` returns (O, lse)). A tile none of whose rows sees a key visits no block:
 O = 0, LSE = -inf.
 
+Backward (``common.attention`` with inputs that require grad): ``cute_impl/backward/tiled.py``, from
+this rung's O and LSE.
+
 Constraints: fp16/bf16, D in {64, 128}, any Sq, Sk >= 1, softmax_scale > 0
 (``row_max`` is taken as max(S) · softmax_scale_log2), compute capability >= 8.0.
 
@@ -100,7 +104,6 @@ import torch
 
 from common.contract.capability import FEATURES
 from common.contract.problem import Problem
-from common.contract.registry import Implementation
 from cute_impl._device import (
     LOG2_E,
     AttentionMask,
@@ -108,15 +111,15 @@ from cute_impl._device import (
     KVCopy,
     LdmatrixOperands,
     OnlineSoftmax,
-    OperandLoad,
     SeqlenInfo,
-    accumulator_as_operand_a,
-    gemm_double_buffered,
     kv_copy_partitions,
     kv_head_index,
     ldmatrix_operands,
     load_kv_block,
+    refill_kv_ring,
     rows_by_cols,
+    scores,
+    values_product,
 )
 from cute_impl._host import (
     SWIZZLE_COLS,
@@ -126,6 +129,7 @@ from cute_impl._host import (
     attention_launch,
     cp_async_tiled_copy,
     fake_attention_arguments,
+    feature_flags,
     mma_sync_supports,
     positive_scale,
     qkv_shared_storage,
@@ -134,6 +138,7 @@ from cute_impl._host import (
     swizzled_qkv_layouts,
     warp_tiled_mma,
 )
+from cute_impl.backward import tiled as tiled_backward
 
 SMEM_ALIGN_BYTES = 1024
 # All of the unified L1/shared array as shared memory: two CTAs of the largest tile need 192 KiB.
@@ -205,16 +210,9 @@ class PipelinedAttentionKernel:
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def __call__(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        softmax_scale: cutlass.Float32,
-        stream: cuda.CUstream,
-    ):
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, softmax_scale: cutlass.Float32, stream: cuda.CUstream,
+    ):  # fmt: skip
         """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D); ``mLSE`` the (B, H, Sq) fp32 LSE when returned and
         ``mCacheSeqlens`` the (B,) int32 key lengths when given, else None (compile time)."""
         dtype = mQ.element_type
@@ -248,20 +246,11 @@ class PipelinedAttentionKernel:
     # ------------------------------------------------------------------------------------------
     @cute.kernel
     def kernel(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        softmax_scale_log2: cutlass.Float32,
-        sQ_layout: cute.ComposedLayout,
-        sKV_layout: cute.ComposedLayout,
-        gmem_tiled_copy: cute.TiledCopy,
-        tiled_mma: cute.TiledMma,
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, softmax_scale_log2: cutlass.Float32, sQ_layout: cute.ComposedLayout,
+        sKV_layout: cute.ComposedLayout, gmem_tiled_copy: cute.TiledCopy, tiled_mma: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
-    ):
+    ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         block_m, head, batch = cute.arch.block_idx()
         grid_m, _, _ = cute.arch.grid_dim()
@@ -373,48 +362,20 @@ class PipelinedAttentionKernel:
 
     @cute.jit
     def attend_block(
-        self,
-        kv_copy: KVCopy,
-        tiled_mma: cute.TiledMma,
-        smem_operands: LdmatrixOperands,
-        tSrQ: cute.Tensor,
-        tSrK: cute.Tensor,
-        tOrVt: cute.Tensor,
-        acc_O: cute.Tensor,
-        softmax: OnlineSoftmax,
-        mask: AttentionMask,
-        n_block_max: cutlass.Int32,
-        step: cutlass.Int32,
-        masked: cutlass.Constexpr,
-    ):
+        self, kv_copy: KVCopy, tiled_mma: cute.TiledMma, smem_operands: LdmatrixOperands, tSrQ: cute.Tensor,
+        tSrK: cute.Tensor, tOrVt: cute.Tensor, acc_O: cute.Tensor, softmax: OnlineSoftmax, mask: AttentionMask,
+        n_block_max: cutlass.Int32, step: cutlass.Int32, masked: cutlass.Constexpr,
+    ):  # fmt: skip
         """Iteration ``step`` (block ``n_block_max - 1 - step``): refill the ring, then
         S = Q Kᵀ → mask → online softmax → rescale O → O += P V."""
-        (copy_K, tSsK, tSrK_view), (copy_V, tOsVt, tOrVt_view) = smem_operands.k, smem_operands.vt
         n_block = n_block_max - 1 - step
         slot = step % self.stages
 
         # ---- 3a. Refill the slot freed last iteration; wait only for this block --------------
-        cute.arch.barrier()
-        ahead = step + self.stages - 1
-        if ahead < n_block_max:
-            load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % self.stages, mask.seqlen_k, predicated=False)
-        # Always commit (possibly an empty group) so that "stages-1 groups pending" means block i landed.
-        cute.arch.cp_async_commit_group()
-        cute.arch.cp_async_wait_group(self.stages - 1)
-        cute.arch.barrier()
+        refill_kv_ring(kv_copy, step, self.stages, n_block_max, n_block_max, mask.seqlen_k)
 
         # ---- 3b. S = Q Kᵀ -------------------------------------------------------------------
-        acc_S = cute.make_rmem_tensor(tiled_mma.partition_shape_C((self.tile_m, self.tile_n)), cutlass.Float32)
-        acc_S.fill(0.0)
-        gemm_double_buffered(
-            tiled_mma,
-            acc_S,
-            tSrQ,
-            tSrK,
-            self.pieces_per_k_step,
-            b_load=OperandLoad(copy_K, tSsK[None, None, None, slot], tSrK_view),
-            a_load=smem_operands.q,
-        )
+        acc_S = scores(tiled_mma, smem_operands, tSrQ, tSrK, slot, (self.tile_m, self.tile_n), self.pieces_per_k_step)
 
         # ---- 3c./3d. Mask, online softmax, rescale O ------------------------------------------
         if cutlass.const_expr(masked):
@@ -423,17 +384,7 @@ class PipelinedAttentionKernel:
         softmax.rescale(acc_O, row_scale)
 
         # ---- 3e. O += P V ---------------------------------------------------------------------
-        rP = cute.make_fragment_like(acc_S, tSrQ.element_type)
-        rP.store(acc_S.load().to(tSrQ.element_type))
-        tOrP = accumulator_as_operand_a(rP)  # (MMA, MMA_M, MMA_K = tile_n / 16)
-        gemm_double_buffered(
-            tiled_mma,
-            acc_O,
-            tOrP,
-            tOrVt,
-            self.pieces_per_k_step,
-            b_load=OperandLoad(copy_V, tOsVt[None, None, None, slot], tOrVt_view),
-        )
+        values_product(tiled_mma, smem_operands, acc_S, acc_O, tOrVt, slot, self.pieces_per_k_step, tSrQ.element_type)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -442,15 +393,9 @@ class PipelinedAttentionKernel:
 def tile_config(problem: Problem) -> TileConfig:
     """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every prepare),
     with the problem's features as compile-time flags (all off for the canonical problem)."""
+    shape = TILE_CONFIGS[problem.head_dim]
     return TileConfig(
-        dtype=problem.dtype,
-        head_dim=problem.head_dim,
-        causal=problem.causal,
-        shape=TILE_CONFIGS[problem.head_dim],
-        gqa=problem.kv_heads != problem.heads,
-        bottom_right=problem.bottom_right,
-        has_cache_seqlens=problem.has_cache_seqlens,
-        return_lse=problem.return_lse,
+        dtype=problem.dtype, head_dim=problem.head_dim, causal=problem.causal, shape=shape, **feature_flags(problem)
     )
 
 
@@ -478,15 +423,9 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     return mma_sync_supports("cute/pipelined", problem, device, head_dims=tuple(TILE_CONFIGS), features=FEATURES)
 
 
-IMPLEMENTATION = Implementation(
-    name="cute/pipelined",
-    stack="cute",
-    rung="pipelined",
-    prepare=prepare,
-    bind=bind,
+IMPLEMENTATION = HOST.implementation(
     supports=supports,
-    compile_sm90=compile_sm90,
     required_ptx=("mma.sync", "ldmatrix", "cp.async"),
-    runs_on_cpu=False,
     source_file=__file__,
+    backward=tiled_backward.BACKWARD,
 )

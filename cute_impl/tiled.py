@@ -61,6 +61,9 @@ sets the bottom-right offset); ``return_lse`` (the epilogue forms each row's nat
 (row_max + log2(row_sum)) · ln 2, and stores it; ``run()`` returns (O, lse)). A tile none of whose
 rows sees a key visits no block: O = 0, LSE = -inf.
 
+Backward (``common.attention`` with inputs that require grad): ``cute_impl/backward/tiled.py``, from
+this rung's O and LSE.
+
 Constraints: fp16/bf16, D in {64, 128}; any Sq, Sk >= 1; softmax_scale > 0
 (``row_max`` is taken as max(S) · softmax_scale_log2); compute capability >= 8.0 (``mma.sync`` bf16
 and ``cp.async`` are sm_80 features; Hopper runs them too).
@@ -87,13 +90,13 @@ import torch
 
 from common.contract.capability import FEATURES
 from common.contract.problem import Problem
-from common.contract.registry import Implementation
 from cute_impl._host import (
     CompiledKernels,
     RungHost,
     attention_launch,
     cp_async_tiled_copy,
     fake_attention_arguments,
+    feature_flags,
     mma_sync_supports,
     positive_scale,
     qkv_shared_storage,
@@ -101,6 +104,7 @@ from cute_impl._host import (
     static_head_dim_view,
     warp_tiled_mma,
 )
+from cute_impl.backward import tiled as tiled_backward
 
 LOG2_E = math.log2(math.e)
 # ln 2: the LSE is returned in natural-log units, row_max is in log2 units.
@@ -154,16 +158,9 @@ class TiledAttentionKernel:
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def __call__(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        softmax_scale: cutlass.Float32,
-        stream: cuda.CUstream,
-    ):
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, softmax_scale: cutlass.Float32, stream: cuda.CUstream,
+    ):  # fmt: skip
         """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D); ``mLSE`` the (B, H, Sq) fp32 LSE when returned and
         ``mCacheSeqlens`` the (B,) int32 key lengths when given, else None (compile time)."""
         dtype = mQ.element_type
@@ -192,20 +189,11 @@ class TiledAttentionKernel:
     # ------------------------------------------------------------------------------------------
     @cute.kernel
     def kernel(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor | None,
-        mCacheSeqlens: cute.Tensor | None,
-        softmax_scale_log2: cutlass.Float32,
-        sQ_layout: cute.Layout,
-        sKV_layout: cute.Layout,
-        gmem_tiled_copy: cute.TiledCopy,
-        tiled_mma: cute.TiledMma,
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, softmax_scale_log2: cutlass.Float32, sQ_layout: cute.Layout,
+        sKV_layout: cute.Layout, gmem_tiled_copy: cute.TiledCopy, tiled_mma: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
-    ):
+    ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         seqlen_q = mQ.shape[2]
@@ -284,21 +272,21 @@ class TiledAttentionKernel:
                 tQsQ[None, m, None].fill(0)
 
         # ---- 3. K/V blocks, last first: masked iterations, then the unmasked rest ------------
+        # Operands bound once: an iteration passes only its block (and whether it masks).
+        load_kv = partial(self.load_kv, gmem_tiled_copy, tKgK, tKsK, tVgV, tVsV, tKVcKV, seqlen_k=seqlen_k)
+        attend = partial(
+            self.attend_block, tiled_mma, thr_mma, tSsQ, tSrQ, tSsK, tSrK, tOsVt, tOrVt, acc_O, row_max, row_sum,
+            softmax_scale_log2, m_block, seqlen_q, seqlen_k, causal_offset,
+        )  # fmt: skip
         for step in cutlass.range_constexpr(self.n_masked_blocks):
             if step < n_block_max:
                 n_block = n_block_max - 1 - step
-                self.load_kv(gmem_tiled_copy, tKgK, tKsK, tVgV, tVsV, tKVcKV, n_block, seqlen_k)
-                self.attend_block(
-                    tiled_mma, thr_mma, tSsQ, tSrQ, tSsK, tSrK, tOsVt, tOrVt, acc_O, row_max, row_sum,
-                    softmax_scale_log2, m_block, n_block, seqlen_q, seqlen_k, causal_offset, True,
-                )  # fmt: skip
+                load_kv(n_block)
+                attend(n_block, masked=True)
         for step in cutlass.range(self.n_masked_blocks, n_block_max, 1):
             n_block = n_block_max - 1 - step
-            self.load_kv(gmem_tiled_copy, tKgK, tKsK, tVgV, tVsV, tKVcKV, n_block, seqlen_k)
-            self.attend_block(
-                tiled_mma, thr_mma, tSsQ, tSrQ, tSsK, tSrK, tOsVt, tOrVt, acc_O, row_max, row_sum,
-                softmax_scale_log2, m_block, n_block, seqlen_q, seqlen_k, causal_offset, False,
-            )  # fmt: skip
+            load_kv(n_block)
+            attend(n_block, masked=False)
 
         # ---- 4. Epilogue: normalise, cast, predicated store (and the LSE) --------------------
         lse = cute.make_rmem_tensor(rows_per_thread, cutlass.Float32) if cutlass.const_expr(self.return_lse) else None
@@ -333,16 +321,9 @@ class TiledAttentionKernel:
 
     @cute.jit
     def load_kv(
-        self,
-        gmem_tiled_copy: cute.TiledCopy,
-        tKgK: cute.Tensor,
-        tKsK: cute.Tensor,
-        tVgV: cute.Tensor,
-        tVsV: cute.Tensor,
-        tKVcKV: cute.Tensor,
-        n_block: cutlass.Int32,
-        seqlen_k: cutlass.Int32,
-    ):
+        self, gmem_tiled_copy: cute.TiledCopy, tKgK: cute.Tensor, tKsK: cute.Tensor, tVgV: cute.Tensor,
+        tVsV: cute.Tensor, tKVcKV: cute.Tensor, n_block: cutlass.Int32, seqlen_k: cutlass.Int32,
+    ):  # fmt: skip
         """Single stage: every thread must be done with the previous tile before it is
         overwritten, and the new tile must have landed before anyone reads it."""
         cute.arch.barrier()
@@ -360,26 +341,11 @@ class TiledAttentionKernel:
 
     @cute.jit
     def attend_block(
-        self,
-        tiled_mma: cute.TiledMma,
-        thr_mma: cute.ThrMma,
-        tSsQ: cute.Tensor,
-        tSrQ: cute.Tensor,
-        tSsK: cute.Tensor,
-        tSrK: cute.Tensor,
-        tOsVt: cute.Tensor,
-        tOrVt: cute.Tensor,
-        acc_O: cute.Tensor,
-        row_max: cute.Tensor,
-        row_sum: cute.Tensor,
-        softmax_scale_log2: cutlass.Float32,
-        m_block: cutlass.Int32,
-        n_block: cutlass.Int32,
-        seqlen_q: cutlass.Int32,
-        seqlen_k: cutlass.Int32,
-        causal_offset: cutlass.Int32,
-        masked: cutlass.Constexpr,
-    ):
+        self, tiled_mma: cute.TiledMma, thr_mma: cute.ThrMma, tSsQ: cute.Tensor, tSrQ: cute.Tensor, tSsK: cute.Tensor,
+        tSrK: cute.Tensor, tOsVt: cute.Tensor, tOrVt: cute.Tensor, acc_O: cute.Tensor, row_max: cute.Tensor,
+        row_sum: cute.Tensor, softmax_scale_log2: cutlass.Float32, m_block: cutlass.Int32, seqlen_q: cutlass.Int32,
+        seqlen_k: cutlass.Int32, causal_offset: cutlass.Int32, n_block: cutlass.Int32, masked: cutlass.Constexpr,
+    ):  # fmt: skip
         """One K/V block: S = Q Kᵀ → mask → online softmax → rescale O → O += P V."""
         # ---- 3b. S = Q Kᵀ, one 16-wide k-step of D at a time ---------------------------------
         acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.tile_m, self.tile_n)), cutlass.Float32)
@@ -481,15 +447,7 @@ def _quad_allreduce(value: cutlass.Float32, op: Any) -> cutlass.Float32:
 def tile_config(problem: Problem) -> TileConfig:
     """The compile-cache key of this problem: head dim, causal, and the problem's features as
     compile-time flags (all off for the canonical problem)."""
-    return TileConfig(
-        dtype=problem.dtype,
-        head_dim=problem.head_dim,
-        causal=problem.causal,
-        gqa=problem.kv_heads != problem.heads,
-        bottom_right=problem.bottom_right,
-        has_cache_seqlens=problem.has_cache_seqlens,
-        return_lse=problem.return_lse,
-    )
+    return TileConfig(dtype=problem.dtype, head_dim=problem.head_dim, causal=problem.causal, **feature_flags(problem))
 
 
 # The host entry points: validate (head dims, every feature, a positive scale) → plan (the TileConfig,
@@ -515,15 +473,6 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     return mma_sync_supports("cute/tiled", problem, device, head_dims=HEAD_DIMS, features=FEATURES)
 
 
-IMPLEMENTATION = Implementation(
-    name="cute/tiled",
-    stack="cute",
-    rung="tiled",
-    prepare=prepare,
-    bind=bind,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    required_ptx=("mma.sync", "cp.async"),
-    runs_on_cpu=False,
-    source_file=__file__,
+IMPLEMENTATION = HOST.implementation(
+    supports=supports, required_ptx=("mma.sync", "cp.async"), source_file=__file__, backward=tiled_backward.BACKWARD
 )

@@ -22,8 +22,8 @@ def never_bind(*args: object, **kwargs: object) -> None:
 
 def stop_at_bind(monkeypatch: pytest.MonkeyPatch) -> dict:
     """cute/decode's prepare() validates CPU tensors and stops at bind; returns bind's keywords once reached."""
-    validate = functools.partial(_host.validate_attention_inputs, device_types=("cpu",))
-    monkeypatch.setattr(_host, "validate_attention_inputs", validate)
+    validate = functools.partial(_host.validate_for_problem, device_types=("cpu",))
+    monkeypatch.setattr(_host, "validate_for_problem", validate)
     seen: dict = {}
 
     def never_bind(*args: object, **kwargs: object) -> None:

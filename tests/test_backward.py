@@ -29,6 +29,7 @@ from common.contract.reference import reference_attention, visible_keys_mask
 from common.contract.registry import Backward, discover, with_backward
 from tests._helpers import json_from_child
 from triton_impl.backward import tiled as tiled_backward
+from triton_impl.gluon import backward as gluon_backward
 
 IMPLEMENTATIONS, _ = discover(include_baselines=False)
 # Each backward rung, with the first forward rung (ladder order) that names it: the pair tested end to end.
@@ -37,6 +38,8 @@ for _impl in IMPLEMENTATIONS:
     if _impl.backward is not None and _impl.runs_on_cpu:
         FORWARD_OF.setdefault(_impl.backward.name, _impl.name)
 BACKWARD_NAMES = list(FORWARD_OF)
+# Every backward rung, the GPU-only ones (gluon/backward/hopper) included.
+ALL_BACKWARD_NAMES = {_impl.backward.name for _impl in IMPLEMENTATIONS if _impl.backward is not None}
 
 
 def problem(
@@ -141,25 +144,31 @@ def test_the_returned_lse_is_differentiable_too() -> None:
     prob = CASES["gqa_causal_bottom_right"]
     q, k, v, d_out = inputs(prob, seed=2)
     d_lse = torch.randn(q.shape[:3], generator=torch.Generator().manual_seed(5))
+    for impl in FORWARD_OF.values():
+        assert_lse_gradients_pass(impl, prob, q, k, v, d_out, d_lse)
+
+
+def assert_lse_gradients_pass(impl: str, prob: Problem, q, k, v, d_out, d_lse) -> None:
+    """``impl``'s gradients of ⟨O, dO⟩ + ⟨LSE, dLSE⟩ against fp64 autograd, by the rule with torch autograd
+    on the dense computation in the inputs' dtype as the yardstick (SDPA returns no LSE)."""
     ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
     ref_out, ref_lse = reference_attention(*ref_leaves, prob, with_lse=True)
     reference = torch.autograd.grad((ref_out * d_out).sum() + (ref_lse * d_lse).sum(), ref_leaves)
-    # Yardstick: fp32 torch autograd on the same dense computation (SDPA returns no LSE).
     torch_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     torch_out, torch_lse = dense_attention(*torch_leaves, prob)
     yardstick = torch.autograd.grad((torch_out * d_out).sum() + (torch_lse * d_lse).sum(), torch_leaves)
-    for impl in FORWARD_OF.values():
-        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        out, lse = attention(*leaves, causal=True, causal_alignment="bottom_right", impl=impl, return_lse=True)
-        grads = torch.autograd.grad((out * d_out).sum() + (lse * d_lse).sum(), leaves)
-        failed = [check.summary() for check in judge_gradients(grads, reference, yardstick) if not check.ok]
-        assert not failed, f"{impl}: " + "\n".join(failed)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = attention(*leaves, causal=prob.causal, causal_alignment=prob.causal_alignment, impl=impl,
+                         return_lse=True)  # fmt: skip
+    grads = torch.autograd.grad((out * d_out).sum() + (lse * d_lse).sum(), leaves)
+    failed = [check.summary() for check in judge_gradients(grads, reference, yardstick) if not check.ok]
+    assert not failed, f"{impl}: " + "\n".join(failed)
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prob: Problem) -> tuple[torch.Tensor, ...]:
     """O and LSE in q's dtype by plain torch (no row without a visible key)."""
     k, v = (t.repeat_interleave(prob.kv_group, dim=1) for t in (k, v))
-    rows = torch.arange(prob.seqlen_q)
+    rows = torch.arange(prob.seqlen_q, device=q.device)
     visible = visible_keys_mask(prob, prob.seqlen_k, rows, prob.seqlen_k, q.device)
     scores = (q @ k.transpose(-1, -2) * prob.scale).masked_fill(~visible, -math.inf)
     return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)
@@ -314,8 +323,9 @@ COMPILE_SCRIPT = """
 import json, torch
 from common.contract.problem import Problem
 from common.contract.registry import discover
-from common.reporting.static import cubin_resources
+from common.reporting.static import cubin_resources, ptx_features
 from triton_impl.backward import tiled
+from triton_impl.gluon import backward as gluon_backward
 backwards = {impl.backward.name: impl.backward for impl in discover(include_baselines=False)[0] if impl.backward}
 rows = []
 for name, backward in backwards.items():
@@ -331,15 +341,33 @@ for head_dim, configs in tiled.CANDIDATES.items():
             for binary in tiled.compile_sm90(problem, config):
                 usage = next(iter(cubin_resources(binary.cubin).values()))
                 rows.append([config.label, head_dim, binary.name, usage["stack_bytes"] + usage["local_bytes"]])
+# The Gluon rung's tile variants, ragged, non-causal and causal bottom-right (the default's causal top-left
+# build is above); the preprocess is the tiled rung's, compiled above.
+for head_dim, variants in gluon_backward.CANDIDATES.items():
+    for tiles in variants:
+        for features in ({}, {"causal": True, "causal_alignment": "bottom_right"}):
+            problem = Problem(2, 16, 1000, 777, head_dim, torch.bfloat16, kv_heads=4, **features)
+            for binary in gluon_backward.compile_sm90(problem, tiles)[1:]:
+                usage = next(iter(cubin_resources(binary.cubin).values()))
+                assert binary.shared_bytes <= 232_448, (tiles.label, binary.name, binary.shared_bytes)
+                # What the rung claims: TMA, mbarriers, wgmma and setmaxnreg; no mma.sync, no cp.async.
+                found = ptx_features(binary.ptx)
+                wanted = ("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier", "setmaxnreg")
+                assert all(found[name] for name in wanted), (tiles.label, binary.name, found)
+                assert not found["mma.sync"] and not found["cp.async"], (tiles.label, binary.name, found)
+                spill = usage["stack_bytes"] + usage["local_bytes"]
+                rows.append(["gluon " + tiles.label, head_dim, binary.name, spill])
 print(json.dumps(rows))
 """
 
 
 @pytest.mark.static
 def test_every_backward_compiles_for_sm90a_without_spills() -> None:
-    """Every rung's default launches and every tile candidate of the tiled rung, causal and not."""
+    """Every rung's default launches and every tile candidate of the tiled rung and of the Gluon rung,
+    causal and not; the Gluon kernels also within the H200's shared memory per block and with the PTX
+    they claim (TMA, mbarriers, wgmma, setmaxnreg; no mma.sync or cp.async)."""
     rows = json_from_child(["-c", COMPILE_SCRIPT], timeout=600)
-    assert set(BACKWARD_NAMES) <= {row[0] for row in rows}
+    assert {row[0] for row in rows} >= ALL_BACKWARD_NAMES
     spilled = [row for row in rows if row[3]]
     assert not spilled, f"(backward, head_dim, kernel, spill bytes per thread): {spilled}"
 
@@ -352,6 +380,9 @@ GPU_CASES = {
                                            alignment="bottom_right"),
     "mqa_full_d64_ragged": problem(777, 333, heads=4, kv_heads=1, head_dim=64),
     "mha_causal_top_left_d128": problem(1024, 1024, heads=4, kv_heads=4, head_dim=128, causal=True),
+    # Sq > Sk bottom-right: the first 700 rows see no key (LSE -inf, zero gradients).
+    "gqa_causal_bottom_right_sq_gt_sk_d64": problem(1000, 300, heads=6, kv_heads=2, head_dim=64, causal=True,
+                                                   alignment="bottom_right"),
 }  # fmt: skip
 
 
@@ -366,6 +397,45 @@ def test_gpu_gradients_pass_the_rule(impl: str, case: str, dtype: torch.dtype) -
     q, k, v = make_inputs(prob, seed=11, device="cuda", offset=0.5)
     d_out = torch.randn(q.shape, generator=torch.Generator(device="cuda").manual_seed(3), device="cuda").to(dtype)
     assert_all_pass(ladder_gradients(impl, prob, q, k, v, d_out), q, k, v, d_out, prob)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", [impl.name for impl in IMPLEMENTATIONS if impl.backward])
+def test_gpu_the_returned_lse_is_differentiable_too(impl: str) -> None:
+    """The LSE's gradient on the GPU in bf16, GQA, causal bottom-right, ragged over several blocks."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    prob = GPU_CASES["gqa_causal_bottom_right_d128"].with_(dtype=torch.bfloat16)
+    q, k, v = make_inputs(prob, seed=15, device="cuda", offset=0.5)
+    generator = torch.Generator(device="cuda").manual_seed(6)
+    d_out = torch.randn(q.shape, generator=generator, device="cuda").bfloat16()
+    d_lse = torch.randn(q.shape[:3], generator=generator, device="cuda")
+    assert_lse_gradients_pass(impl, prob, q, k, v, d_out, d_lse)
+
+
+def test_gluon_backward_refuses_what_it_cannot_differentiate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an sm_90 device (faked: the check reads only the capability) it takes fp16/bf16, D 64 and 128,
+    GQA, both alignments and the LSE; it refuses cache_seqlens, paged caches, D=256, fp32, other GPUs, CPU."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    cuda = torch.device("cuda")
+    supported = problem(77, 1000, heads=8, kv_heads=2, head_dim=128, causal=True, alignment="bottom_right",
+                        dtype=torch.bfloat16).with_(return_lse=True)  # fmt: skip
+    assert gluon_backward.supports(supported, cuda) == (True, "")
+    assert gluon_backward.supports(supported.with_(head_dim=64, dtype=torch.float16), cuda)[0]
+    refusals = {
+        "cache_seqlens": supported.with_(has_cache_seqlens=True),
+        "paged": supported.with_(seqlen_k=1024, has_cache_seqlens=True, page_size=16),
+        "head_dim": supported.with_(head_dim=256),
+        "fp16 and bf16": supported.with_(dtype=torch.float32),
+    }
+    for words, refused in refusals.items():
+        ok, reason = gluon_backward.supports(refused, cuda)
+        assert not ok and "gluon/backward/hopper" in reason and words in reason, reason
+    ok, reason = gluon_backward.supports(supported, torch.device("cpu"))
+    assert not ok and "CUDA" in reason, reason
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    ok, reason = gluon_backward.supports(supported, cuda)
+    assert not ok and "sm_90" in reason, reason
 
 
 # ----------------------------------------------------------------------------------------------
@@ -413,6 +483,23 @@ def test_bench_candidates_reports_a_wrong_variant_untimed(tiny_bench, tmp_path: 
     rows = [row for row in read_rows(tmp_path / "candidates.csv") if row["impl"] == "triton/backward/tiled"]
     assert {row["status"] for row in rows} == {"wrong"}
     assert all(row["bwd_ms"] == "" and "dq_vs_cudnn" in row["reason"] for row in rows)
+
+
+def test_bench_candidate_rungs_name_real_variants_and_forwards() -> None:
+    """``--candidates --rung``: each rung's module has its CANDIDATES and gradients function taking the
+    variant by the named keyword, and its forward is a registered rung whose backward is that rung."""
+    import importlib
+    import inspect
+
+    import bench.backward as bench
+    from common.contract.registry import get
+
+    for candidate in bench.CANDIDATE_RUNGS.values():
+        module = importlib.import_module(candidate.module)
+        assert set(module.CANDIDATES) == {64, 128}
+        assert candidate.keyword in inspect.signature(getattr(module, candidate.gradients)).parameters
+        forward = get(candidate.forward or bench.CANDIDATE_FORWARD)
+        assert forward.backward is not None and forward.backward.name == candidate.name
 
 
 def test_bench_ladder_rows_past_the_budget_are_skipped(tiny_bench, tmp_path: Path) -> None:
@@ -527,15 +614,26 @@ def test_train_ladder_losses_follow_sdpa(planted: bool, monkeypatch: pytest.Monk
     assert same != planted, (ladder_losses, sdpa_losses)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    ("head_dim", "config"),
-    [(head_dim, config) for head_dim, configs in tiled_backward.CANDIDATES.items() for config in configs],
-    ids=lambda value: f"d{value}" if isinstance(value, int) else value.label.replace(" ", "_"),
+# Each backward rung with tile variants: the forward whose O and LSE it differentiates, its gradients
+# function and the keyword that takes a variant.
+VARIANT_RUNGS = (
+    ("triton/tiled", tiled_backward, tiled_backward.tiled_gradients, "config"),
+    ("gluon/hopper", gluon_backward, gluon_backward.hopper_gradients, "tiles"),
 )
-def test_gpu_every_tiled_candidate_passes_the_rule(head_dim: int, config: tiled_backward.BackwardConfig) -> None:
-    """Each variant the candidates bench may make the default, bf16 on the GPU, GQA, causal bottom-right,
-    ragged lengths over several blocks, against fp64 by the same rule."""
+GPU_VARIANTS = [
+    pytest.param(forward, gradients, {keyword: variant}, head_dim, id=f"{forward}-d{head_dim}-{variant.label}")
+    for forward, module, gradients, keyword in VARIANT_RUNGS
+    for head_dim, variants in module.CANDIDATES.items()
+    for variant in variants
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("forward", "gradients", "variant", "head_dim"), GPU_VARIANTS)
+def test_gpu_every_candidate_passes_the_rule(forward: str, gradients, variant: dict, head_dim: int) -> None:
+    """Each variant the candidates bench may make the default (the tiled rung's and the Gluon rung's),
+    bf16 on the GPU, GQA, causal bottom-right, ragged lengths over several blocks (key and query tails
+    inside them), against fp64 by the same rule."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     prob = problem(300, 1000, heads=8, kv_heads=2, head_dim=head_dim, causal=True, alignment="bottom_right")
@@ -543,8 +641,5 @@ def test_gpu_every_tiled_candidate_passes_the_rule(head_dim: int, config: tiled_
     q, k, v = make_inputs(prob, seed=12, device="cuda", offset=0.5)
     d_out = torch.randn(q.shape, generator=torch.Generator(device="cuda").manual_seed(4), device="cuda").bfloat16()
     with torch.no_grad():
-        out, lse = attention(
-            q, k, v, causal=True, causal_alignment="bottom_right", impl="triton/tiled", return_lse=True
-        )
-    grads = tiled_backward.tiled_gradients(q, k, v, out, lse, d_out, prob, config=config)
-    assert_all_pass(grads, q, k, v, d_out, prob)
+        out, lse = attention(q, k, v, causal=True, causal_alignment="bottom_right", impl=forward, return_lse=True)
+    assert_all_pass(gradients(q, k, v, out, lse, d_out, prob, **variant), q, k, v, d_out, prob)

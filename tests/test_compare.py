@@ -413,6 +413,7 @@ SWEEP_NAMES = ["triton/naive", "triton/pipelined", "triton/hopper", "triton/fp8"
 SWEEP_CHOICE = [_fake(name, _right) for name in SWEEP_NAMES] + [
     Unavailable("triton_impl.gluon.tiled", "not implemented yet"),
     Implementation("sdpa/flash", "sdpa", "flash", prepare=_right, supports=lambda p, d: (True, "")),
+    Implementation("sdpa/math", "sdpa", "math", prepare=_right, supports=lambda p, d: (True, "")),
 ]
 
 
@@ -421,8 +422,8 @@ def test_decode_times_the_decode_hopper_and_baseline_rows_by_default():
     assert [item.name for item in kept] == ["triton/hopper", "triton/decode", "sdpa/flash"]
     # The rows left out are named, with why and how to time them.
     assert note == (
-        "teaching and FP8 rungs not timed in --decode (--all-rungs times them): "
-        "triton/naive, triton/pipelined, triton/fp8, cute/online, gluon/tiled"
+        "teaching, FP8 and SDPA math rows not timed in --decode (--all-rungs times them): "
+        "triton/naive, triton/pipelined, triton/fp8, cute/online, gluon/tiled, sdpa/math"
     )
 
 

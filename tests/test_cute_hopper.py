@@ -221,7 +221,6 @@ def test_supports_every_feature(monkeypatch):
     """cute/hopper and cute/fp8 take GQA, both alignments, cache_seqlens and the LSE (fp8's judged
     against its emulation, which takes the key lengths and returns the LSE with a bound)."""
     monkeypatch.setattr(hopper, "hopper_device_supported", lambda device: (True, ""))
-    monkeypatch.setattr(fp8, "hopper_device_supported", lambda device: (True, ""))
     device = torch.device("cuda")
     everything = Problem(
         2, 8, 77, 1000, 128, causal=True, kv_heads=1, causal_alignment="bottom_right",

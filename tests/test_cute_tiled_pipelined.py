@@ -88,8 +88,8 @@ def test_pipelined_waits_for_one_block_not_for_all():
 @pytest.fixture
 def cpu_prepare(monkeypatch: pytest.MonkeyPatch) -> None:
     """prepare() validates CPU tensors and stops at bind: what it refuses, it refuses before any GPU work."""
-    validate = functools.partial(_host.validate_attention_inputs, device_types=("cpu",))
-    monkeypatch.setattr(_host, "validate_attention_inputs", validate)
+    validate = functools.partial(_host.validate_for_problem, device_types=("cpu",))
+    monkeypatch.setattr(_host, "validate_for_problem", validate)
     for module in MODULES.values():
         monkeypatch.setattr(module.HOST, "bind", never_bind)
 

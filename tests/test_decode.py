@@ -121,12 +121,15 @@ def test_prefill_sized_problem_is_refused():
 @pytest.mark.parametrize("ctas_per_split", [1, 8, 32, 64, 256, 2048])
 @pytest.mark.parametrize("seqlen_k", [1024, 4096, 32768, 131072])
 def test_split_rule_fills_the_waves(ctas_per_split: int, seqlen_k: int, uneven: bool):
-    sms = 132
-    chosen = splits.choose_num_splits(ctas_per_split, seqlen_k, sms, uneven)
+    sms, batch = 132, max(1, ctas_per_split // 8)
+    chosen = splits.choose_num_splits(ctas_per_split, seqlen_k, sms, uneven, batch)
     most = min(splits.MAX_SPLITS, seqlen_k // splits.MIN_KEYS_PER_SPLIT)
     assert 1 <= chosen <= splits.MAX_SPLITS and (chosen == 1 or seqlen_k // chosen >= splits.MIN_KEYS_PER_SPLIT)
-    # Uneven work: at least UNEVEN_MIN_WAVES waves of CTAs, where the keys allow that many splits.
-    fewest = min(most, -(-splits.UNEVEN_MIN_WAVES * sms // ctas_per_split)) if uneven else 1
+    # Uneven work: at least UNEVEN_MIN_WAVES waves of CTAs, and one sequence's 8 CTAs per split filling
+    # a wave (up to UNEVEN_MAX_WAVES waves), where the keys allow that many splits.
+    waves = -(-splits.UNEVEN_MIN_WAVES * sms // ctas_per_split)
+    alone = min(-(-sms // 8), max(1, splits.UNEVEN_MAX_WAVES * sms // ctas_per_split))
+    fewest = min(most, max(waves, alone)) if uneven else 1
     assert chosen >= fewest
     allowed = range(fewest, most + 1)
     best = max(splits.wave_efficiency(ctas_per_split * s, sms) for s in allowed)
@@ -149,11 +152,14 @@ def test_split_rule_examples():
     # sequence's splits are even, with or without its length.
     problem = Problem(1, 32, 1, 131072, 128, kv_heads=8, has_cache_seqlens=True)
     assert decode.planned_num_splits(problem, CPU) == splits.choose_num_splits(8, 131072, splits.DEFAULT_SM_COUNT)
-    # Eight sequences with their own lengths (the sweep's ragged batch): four waves, not the one that
-    # two splits would fill (results/h100/decode/splits/: 8 splits within 3 % of the fastest count).
+    # Eight sequences with their own lengths (the sweep's ragged batch): one sequence's 8 CTAs per split
+    # alone fill a wave at 17 splits, and 18 fill the waves best, not the one wave that two splits
+    # would fill (results/h100/decode/splits/: 16 splits the fastest or within 1 % of it).
     ragged = Problem(8, 32, 1, 32768, 128, kv_heads=8, has_cache_seqlens=True)
     assert splits.choose_num_splits(64, 32768, 132) == 2
-    assert decode.planned_num_splits(ragged, CPU) == 8
+    assert decode.planned_num_splits(ragged, CPU) == 18
+    # A large ragged batch stops at UNEVEN_MAX_WAVES waves of (mostly empty) CTAs.
+    assert splits.choose_num_splits(64 * 4, 44800, 132, uneven=True, batch=64) == 8
     assert decode.planned_num_splits(ragged.with_(has_cache_seqlens=False), CPU) == 2
 
 

@@ -111,7 +111,10 @@ KNOB_CONFIGS = [
     fused.QuantiserConfig(tiles_per_program=3, prefetch=True),
     fused.QuantiserConfig(single_launch=False, tiles_per_program=2),
     fused.QuantiserConfig(tiles_per_program=4, num_stages=2, division="ieee"),
+    fused.QuantiserConfig(programs_per_sm=1, prefetch=True),
 ]
+# The SM count the knob test's persistent grid sees: 3 programs, so that each walks several tiles of each tensor.
+CPU_SM_COUNT = 3
 
 
 @pytest.mark.parametrize("config", KNOB_CONFIGS, ids=lambda config: config.describe())
@@ -124,11 +127,18 @@ KNOB_CONFIGS = [
     ],
 )
 def test_every_knob_writes_the_default_configurations_bytes(
-    config: fused.QuantiserConfig, variant: str, layout: str, head_dim: int, dtype: torch.dtype
+    config: fused.QuantiserConfig,
+    variant: str,
+    layout: str,
+    head_dim: int,
+    dtype: torch.dtype,
+    monkeypatch: pytest.MonkeyPatch,
 ):
     """Into poisoned buffers, byte for byte what the default configuration writes (and so the reference's
     rule holds): the knobs change how tiles are distributed and divided, never a value. Q's 20 tiles
-    (5 a head: the last one ragged) over 7 programs of 3 leave the last program one tile short."""
+    (5 a head: the last one ragged) over 7 programs of 3 leave the last program one tile short; the
+    persistent grid of 3 programs walks 7, 7 and 6 of them, then 2, 1 and 1 of K's 4 and of V's 4."""
+    monkeypatch.setattr(fused, "sm_count", lambda device: CPU_SM_COUNT)
     problem = _problem(head_dim, dtype, (600, 150))
     q, k, v = _inputs(problem)
     quantisation = fp8.quantisation_named(variant)
@@ -474,6 +484,12 @@ def test_bad_inputs_are_refused_with_what_was_expected():
         ({"num_warps": 3}, "got 3"),
         ({"maxnreg": 300}, r"\[24, 255\] or be None, got 300"),
         ({"division": "fast"}, "got 'fast'"),
+        ({"programs_per_sm": -1}, "programs_per_sm must be >= 0"),
+        (
+            {"programs_per_sm": 2, "tiles_per_program": 4},
+            "needs single_launch=True and tiles_per_program=1, got True and 4",
+        ),
+        ({"programs_per_sm": 2, "single_launch": False}, "needs single_launch=True and tiles_per_program=1, got False"),
     ):
         with pytest.raises(ValueError, match=message):
             fused.QuantiserConfig(**knobs)  # fmt: skip
@@ -643,6 +659,9 @@ GPU_KNOB_CONFIGS = [
     fused.QuantiserConfig(tiles_per_program=8, num_stages=3),
     fused.QuantiserConfig(tiles_per_program=4, prefetch=True, maxnreg=128),
     fused.QuantiserConfig(num_warps=16),
+    fused.QuantiserConfig(programs_per_sm=2, prefetch=True, maxnreg=128),
+    fused.QuantiserConfig(programs_per_sm=2, num_stages=2),
+    fused.QuantiserConfig(programs_per_sm=1, num_stages=4, num_warps=16),
 ]
 
 

@@ -30,6 +30,7 @@ PROBLEM = Problem(batch=1, heads=2, seqlen_q=48, seqlen_k=48, head_dim=64, dtype
 def fresh_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test starts from an empty cache of the default size."""
     monkeypatch.setattr(api, "_PLANS", api.PlanCache())
+    monkeypatch.setattr(api, "_GROWING", api.PlanCache())
 
 
 def counted(impl_name: str, calls: Counter, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -102,6 +103,52 @@ def test_second_call_binds_without_preparing_on_the_gpu(impl_name: str, monkeypa
     second = attention(q, k, v, impl=impl_name)
     assert calls == Counter({"prepare": 1, "prepare run": 1, "bind": 1, "bind run": 1}), dict(calls)
     assert torch.equal(second, get(impl_name).prepare(q, k, v, problem)())
+
+
+DECODE = PROBLEM.with_(seqlen_q=1, causal=True, causal_alignment="bottom_right")
+
+
+def test_a_growing_cache_binds_each_new_length_without_preparing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers' DynamicCache makes K and V one key longer at every decode step: a new signature per
+    step, planned (validated, checked) but only bound, not prepared again, each answer bit for bit what
+    the rung's prepare gives on the same tensors."""
+    calls: Counter = Counter()
+    counted("triton/decode", calls, monkeypatch)
+    for step, seqlen_k in enumerate((48, 49, 50)):
+        problem = DECODE.with_(seqlen_k=seqlen_k)
+        q, k, v = inputs(problem, seed=step)
+        out = attention(q, k, v, causal=True, causal_alignment="bottom_right", impl="triton/decode")
+        assert torch.equal(out, get("triton/decode").prepare(q, k, v, problem)())
+    assert calls == Counter({"prepare": 1, "prepare run": 1, "bind": 2, "bind run": 2}), dict(calls)
+    assert plan_cache_info().misses == 3
+
+
+def test_a_growing_cache_still_checks_each_new_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bind-only path skips prepare, never the capability check: a length the rung refuses raises."""
+    impl = get("triton/decode")
+
+    def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
+        return (False, "planted: not 49 keys") if problem.seqlen_k == 49 else impl.supports(problem, device)
+
+    picky = dataclasses.replace(impl, supports=supports)
+    monkeypatch.setattr(api, "get", lambda name: picky if name == "triton/decode" else get(name))
+    attention(*inputs(DECODE), causal=True, causal_alignment="bottom_right", impl="triton/decode")
+    with pytest.raises(ValueError, match="planted: not 49 keys"):
+        attention(
+            *inputs(DECODE.with_(seqlen_k=49)), causal=True, causal_alignment="bottom_right", impl="triton/decode"
+        )
+
+
+def test_views_into_a_larger_cache_prepare_each_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """K and V sliced from a preallocated cache are not whole tensors: their strides do not follow from
+    the shape, so no length shares a plan's preparation with another."""
+    calls: Counter = Counter()
+    counted("triton/decode", calls, monkeypatch)
+    q, k, v = inputs(DECODE.with_(seqlen_k=64))
+    for seqlen_k in (48, 49):
+        attention(q, k[:, :, :seqlen_k], v[:, :, :seqlen_k], causal=True, causal_alignment="bottom_right",
+                  impl="triton/decode")  # fmt: skip
+    assert calls["prepare"] == 2 and calls["bind"] == 0
 
 
 @pytest.mark.parametrize(

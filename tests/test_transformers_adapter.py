@@ -354,7 +354,7 @@ def test_bf16_greedy_generate_on_gpu(names):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("impl", ["triton", "auto"])
+@pytest.mark.parametrize("impl", ["triton", "gluon", "cute", "auto"])
 def test_bf16_generate_with_cuda_graphs_on_gpu(names, impl):
     """transformers' compiled StaticCache decode (torch.compile "reduce-overhead": CUDA graphs) through the
     custom op: it records (nothing a call keeps is left in the graph's pool: the adapter's mask verdict,

@@ -17,10 +17,13 @@ Knobs (``QuantiserConfig``, timed by ``python -m bench.fp8_quantiser --sweep``; 
 ``single_launch`` (one launch: no gaps or tails between tensors), ``tiles_per_program`` (the sign
 matrix loaded once for several tiles, fewer programs to schedule; more leave a longer tail),
 ``prefetch`` / ``num_stages`` (the next tile's bytes in flight while this one is computed: the first
-costs 32 registers a thread, the second 32 KB of shared memory a stage in each tensor's branch, which
-Triton does not overlap, so both lower the programs an SM holds), ``num_warps``, ``maxnreg`` (8 warps
-at 128 registers keep two programs an SM; a lower cap spills, and at 80 ptxas cannot place the wgmma
-accumulators) and ``division``. ``DEFAULT_CONFIG`` is what the rungs run.
+costs 32 registers a thread, the second 32 KB of shared memory a stage, so both lower the programs an SM
+holds; Triton 3.6 issues a 2-stage loop's next load at the end of the body, after this tile's stores, so
+that only 3 or more stages keep a load in flight while a tile is computed), ``num_warps``, ``maxnreg``
+(8 warps at 128 registers keep two programs an SM; a lower cap spills, and at 80 ptxas cannot place the
+wgmma accumulators), ``division`` and ``programs_per_sm`` (a persistent grid whose programs walk Q, K and
+V in turn). ``DEFAULT_CONFIG`` is what the rungs run; ``python -m bench.fp8_quantiser --ab`` times the
+candidates against the read bandwidth.
 
 Equality with the reference (``operand_differences``): without rotation the arithmetic is the same
 operation for operation (exact amax, one correctly rounded division, one rounding), so bytes and
@@ -58,6 +61,7 @@ from common.contract.fp8 import (
     random_hadamard,
 )
 from common.contract.problem import Problem
+from common.contract.splits import DEFAULT_SM_COUNT, sm_count
 from common.toolchain.compile import KernelBinary
 from triton_impl.fp8_quantiser_kernel import (
     ROTATE_BUTTERFLY,
@@ -116,7 +120,12 @@ class QuantiserConfig:
     * ``maxnreg``: register cap per thread (None: ptxas's choice), which sets how many programs fit an SM.
     * ``division``: ``reciprocal`` (each block's reciprocal once, then one or two exact Newton
       corrections per element) or ``ieee`` (``div.rn`` per element); both give the correctly rounded
-      quotient, a zero's sign included (a rotated zero is +0; an unrotated -0 is kept by a select).
+      quotient, a zero's sign included.
+    * ``programs_per_sm``: 0 = each program works on one tensor (program ranges, above); n > 0 = a
+      persistent grid of n programs per SM (the device's SM count), each walking Q's tiles program,
+      program + grid, ..., then K's, then V's, so that every program carries the same share of each
+      tensor: no tensor's programs finish early and leave their SMs idle (the rotated Q and K tiles
+      cost more than V's), and no second wave. Needs one launch and ``tiles_per_program`` = 1.
     """
 
     single_launch: bool = True
@@ -126,6 +135,7 @@ class QuantiserConfig:
     num_warps: int | None = None
     maxnreg: int | None = None
     division: str = "reciprocal"
+    programs_per_sm: int = 0
 
     def __post_init__(self) -> None:
         if self.tiles_per_program < 1 or self.num_stages < 1:
@@ -140,12 +150,22 @@ class QuantiserConfig:
             raise ValueError(f"maxnreg must lie in [24, 255] or be None, got {self.maxnreg}")
         if self.division not in DIVISIONS:
             raise ValueError(f"division must be one of {DIVISIONS}, got {self.division!r}")
+        if self.programs_per_sm < 0:
+            raise ValueError(f"programs_per_sm must be >= 0 (0: no persistent grid), got {self.programs_per_sm}")
+        if self.programs_per_sm and (not self.single_launch or self.tiles_per_program != 1):
+            raise ValueError(
+                "a persistent grid (programs_per_sm > 0) walks every tensor in one launch: it needs "
+                f"single_launch=True and tiles_per_program=1, got {self.single_launch} and {self.tiles_per_program}"
+            )
 
     def describe(self) -> str:
         """One compact line for tables: launches, tiles/program, stages, warps, registers, division."""
         overlap = "prefetch" if self.prefetch else f"stages={self.num_stages}"
+        schedule = (
+            f"persistent {self.programs_per_sm}/SM" if self.programs_per_sm else f"tiles/prog={self.tiles_per_program}"
+        )
         return (
-            f"{'1 launch' if self.single_launch else '3 launches'} tiles/prog={self.tiles_per_program} {overlap} "
+            f"{'1 launch' if self.single_launch else '3 launches'} {schedule} {overlap} "
             f"warps={self.num_warps or 'auto'} maxnreg={self.maxnreg or '-'} {self.division}"
         )
 
@@ -323,9 +343,18 @@ def _geometries(
     return tuple(geometries)
 
 
-def _programs(geometries: tuple[_TensorGeometry, ...], config: QuantiserConfig) -> tuple[int, ...]:
-    """Programs per tensor: its tiles, ``tiles_per_program`` to a program."""
+def _programs(geometries: tuple[_TensorGeometry, ...], config: QuantiserConfig, sm_count: int) -> tuple[int, ...]:
+    """Programs per tensor: its tiles, ``tiles_per_program`` to a program; with a persistent grid, the
+    grid (``programs_per_sm`` x ``sm_count``, no more than the largest tensor's tiles) for every tensor."""
+    if config.programs_per_sm:
+        grid = min(config.programs_per_sm * sm_count, max(geometry.tiles for geometry in geometries))
+        return (grid,) * len(geometries)
     return tuple(-(-geometry.tiles // config.tiles_per_program) for geometry in geometries)
+
+
+def _grid(programs: tuple[int, ...], config: QuantiserConfig) -> int:
+    """Programs of one launch: the tensors' ranges back to back, or the persistent grid they share."""
+    return max(programs) if config.programs_per_sm else sum(programs)
 
 
 def _launches(programs: tuple[int, ...], single_launch: bool) -> tuple[tuple[int, ...], ...]:
@@ -349,7 +378,7 @@ def _launch_options(
     tile_rows = _tile_rows_of(quantisation)
     q_kind, k_kind, v_kind = _tensor_kinds(quantisation, value_layout, rotation_method)
     setup = LaunchSetup(head_dim, int(math.log2(head_dim)), tile_rows, step, config.num_stages, config.prefetch,
-                        config.division == "reciprocal", interpreted)  # fmt: skip
+                        config.division == "reciprocal", config.programs_per_sm > 0, interpreted)  # fmt: skip
     options = {"Q_KIND": q_kind, "K_KIND": k_kind, "V_KIND": v_kind, "SETUP": setup,
                "num_warps": config.num_warps or _num_warps(tile_rows, head_dim)}  # fmt: skip
     if config.maxnreg is not None:
@@ -424,7 +453,9 @@ class FusedQuantiser:
             )
             for index, geometry in enumerate(geometries)
         )
-        self._launch_programs = _launches(_programs(geometries, self.config), self.config.single_launch)
+        self._launch_programs = _launches(
+            _programs(geometries, self.config, sm_count(device)), self.config.single_launch
+        )
         self._options = {
             step: _launch_options(quantisation, value_layout, rotation_method, self.config, head_dim, step, interpreted)
             for step in _steps(quantisation)
@@ -473,7 +504,7 @@ class FusedQuantiser:
     def _launch(self, tensors: tuple[TensorArgs, ...], step: int) -> None:
         rotation, rotation_scale = self._rotation
         for programs in self._launch_programs:
-            self.compiled[step] = quantise_kernel[(sum(programs),)](
+            self.compiled[step] = quantise_kernel[(_grid(programs, self.config),)](
                 *tensors, *programs, rotation, rotation_scale, **self._options[step]
             )
 
@@ -525,7 +556,7 @@ def compile_sm90(
     )
     tc = quantisation.rotation and rotation_method == "tensor_core"
     rotation = MockTensor(dtype if tc else torch.float32)
-    programs = _launches(_programs(geometries, config), config.single_launch)[0]
+    programs = _launches(_programs(geometries, config, DEFAULT_SM_COUNT), config.single_launch)[0]
     binaries = [
         compile_triton_sm90_launch(
             quantise_kernel,

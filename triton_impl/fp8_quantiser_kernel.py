@@ -7,7 +7,8 @@ written in 8), so the kernel is built to keep bytes in flight and to spend few i
 
 Launch (``quantise_kernel``; ``FusedQuantiser`` plans it): one grid for all three tensors; programs
 [0, q_programs) take Q's tiles, the next k_programs K's, the rest V's (``single_launch=False``
-launches the same kernel once per tensor). A tile is 128 rows (``TILE_ROWS``: the larger block; Q's
+launches the same kernel once per tensor); or a persistent grid (``PERSISTENT``) whose every program
+takes its share of Q's tiles, then of K's, then of V's. A tile is 128 rows (``TILE_ROWS``: the larger block; Q's
 64-row blocks go two to a tile) of one (batch, head), so every tensor's tile has the same shape and one
 warp count (64 fp32 values a thread: 8 warps at D=128) serves the launch. A program loops over
 ``tiles_per_program`` tiles of its tensor, strided by the tensor's program count.
@@ -36,9 +37,9 @@ stays in shared memory across the loop); then per tile:
      which saturates exactly as the reference's clamp to ±448 does (a quotient can round a hair past
      448) and keeps NaN, so no clamp is needed. The division (``division``):
      * ``reciprocal``: per block r = 1/d rounded (``_divisor_of``, d = the scale), per element
-       q = x · r, then q -= (d·q - x) · r, the residual d·q - x formed exactly by an fma (taken in this
-       sign so that x = -0 gives -0 under an IEEE negation; Triton 3.6 writes -y as 0 - y, +0 for
-       y = +0, so there x = -0 gives +0: ``_quotient``). Markstein's theorem: with r within half an
+       q = x · r, then q -= (d·q - x) · r as two fmas, the residual d·q - x formed exactly and its
+       product with -r subtracted (``_quotient``: the negations are products with -1, exact for zeros,
+       which keep their sign with no select). Markstein's theorem: with r within half an
        ulp of 1/d, q within an ulp of x/d and the residual exact, one such step gives the correctly
        rounded quotient; the first step brings any q there, the second is exact
        (``ROTATED_CORRECTIONS`` = 2, for rotated values, which are any fp32 number). For bf16/fp16
@@ -46,7 +47,8 @@ stays in shared memory across the loop); then per tile:
        amax (``UNROTATED_CORRECTIONS`` = 1).
        Residuals are exact while d >= 2^-60 (``RECIPROCAL_MIN_SCALE``); a block of tiny values moves
        up by 2^89 (d and x both: exact), and an infinite scale (an infinity in the block) becomes
-       d = r = 0, which gives x / inf's signed zero. 1 multiply and 2 or 4 fmas an element.
+       d = r = 0, which gives x / inf's signed zero. 1 multiply and 2 or 4 fmas an element (the
+       negation of x rides in the fmas' operands).
      * ``ieee``: ``div.rn`` per element (a reciprocal approximation, refinement, a range check and a
        slow-path branch: about 10 instructions an element, more than everything else a tile does).
   5. Store: Q and K as (B, H, S, D) rows; V transposed as (B, Hkv, D, Sk') with keys padded to the
@@ -134,6 +136,7 @@ class LaunchSetup(NamedTuple):
     NUM_STAGES: int
     PREFETCH: bool
     RECIPROCAL_DIVISION: bool
+    PERSISTENT: bool
     INTERPRETED: bool
 
 
@@ -236,20 +239,22 @@ def _quotient(x, scale, divisor, reciprocal, factor, prescaled, RECIPROCAL_DIVIS
     """x / scale correctly rounded (the reference's IEEE division); the per-row operands broadcast
     against x. ``div.rn`` per element, or the reciprocal division (module docstring, step 4):
     x · factor (only where a block of the tile was moved up: ``prescaled``), q = x · r, then
-    CORRECTIONS times q -= (d·q - x) · r, the residual d·q - x formed exactly by an fma; with one
-    correction (x a bf16/fp16 value, which may be -0), x = ±0 itself where x is zero: Triton 3.6 writes
-    the unary minus as 0 - y (``sub.f32`` from 0f00000000; 3.8 emits a negation), so -(d·q - x) of
-    x = -0 is +0 and q ends +0 where IEEE division gives -0, one e4m3 byte (0x00 for 0x80) of the same
-    value. A rotated zero is +0 (``_rotated``), and x = +0 gives +0 under either negation, so the
-    rotated path needs no select (one made Triton 3.7 spill the butterfly's cast: 16 bytes)."""
+    CORRECTIONS times q += (x - d·q) · r, written as q = fma(fma(d, q, -x), -r, q) so that each
+    correction is two fmas: the residual d·q - x, formed exactly, and its product with -r subtracted
+    (the same exact values as (x - d·q) · r added, so the same rounding). The negations are products
+    with -1, exact for zeros too (Triton 3.6 writes the unary minus as 0 - y, +0 for y = +0), and
+    ptxas folds them into the fmas' operands: -x once per element, -r once per row. A zero keeps its
+    sign through every correction (q = ±0 gives the residual +0, and -0 + q = q), so x = -0 divides
+    to -0 without a select, rotated or not."""
     if RECIPROCAL_DIVISION:
         if prescaled:
             x = x * factor
         quotient = x * reciprocal
+        minus_x = x * -1.0
+        minus_reciprocal = reciprocal * -1.0
         for _ in tl.static_range(CORRECTIONS):
-            quotient = _fma(-_fma(divisor, quotient, -x, INTERPRETED), reciprocal, quotient, INTERPRETED)
-        if CORRECTIONS == 1:
-            quotient = tl.where(x == 0, x, quotient)
+            residual = _fma(divisor, quotient, minus_x, INTERPRETED)
+            quotient = _fma(residual, minus_reciprocal, quotient, INTERPRETED)
     else:
         quotient = tl.math.div_rn(x, tl.broadcast_to(scale, x.shape))
     return quotient
@@ -372,9 +377,14 @@ def _quantise_tiles(T, program, programs, ROTATION, rotation_scale, KIND: tl.con
 def quantise_kernel(Q, K, V, q_programs, k_programs, v_programs, ROTATION, rotation_scale, Q_KIND: tl.constexpr,
                      K_KIND: tl.constexpr, V_KIND: tl.constexpr, SETUP: tl.constexpr):  # fmt: skip
     """Programs [0, q_programs) quantise Q's tiles, the next k_programs K's, the rest V's (a launch
-    for one tensor passes 0 programs for the others)."""
+    for one tensor passes 0 programs for the others); a persistent grid (``SETUP.PERSISTENT``, all three
+    counts the grid) has every program quantise its share of Q's tiles, then K's, then V's."""
     program = tl.program_id(0)
-    if program < q_programs:
+    if SETUP.PERSISTENT:
+        _quantise_tiles(Q, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
+        _quantise_tiles(K, program, k_programs, ROTATION, rotation_scale, K_KIND, SETUP)
+        _quantise_tiles(V, program, v_programs, ROTATION, rotation_scale, V_KIND, SETUP)
+    elif program < q_programs:
         _quantise_tiles(Q, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
     elif program < q_programs + k_programs:
         _quantise_tiles(K, program - q_programs, k_programs, ROTATION, rotation_scale, K_KIND, SETUP)

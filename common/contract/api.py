@@ -26,6 +26,13 @@ and the kernels clamp each length to [0, Sk], so a bad value cannot read out of 
 (that would synchronise every call): an index outside the pools is the caller's contract, as in
 FlashAttention's ``flash_attn_with_kvcache``.
 
+A decode step against a growing cache (transformers' DynamicCache: K and V are whole contiguous
+(B, Hkv, Sk, D) tensors one key longer at every step) is a new signature at every step. Its plan is
+still made in full (validation, the capability checks, the dispatch), but where a plan of the same
+signature *less Sk* (:func:`growing_cache_key`) was prepared with the same rung, the new one only binds:
+the rung compiled and warmed up for the earlier length, and its kernels take Sk as an argument, so
+``prepare``'s warm-up launch (a second kernel launch per step) and its rung-level set-up are skipped.
+
 The cache keeps the :data:`PLAN_CACHE_SIZE` most recently used plans; ``clear_plan_cache()`` empties
 it and ``plan_cache_info()`` reports hits, misses and size. Plans hold no tensors: memory belongs to
 the caller and to each rung's own compile cache.
@@ -119,11 +126,14 @@ class PlanCache:
 
 
 _PLANS = PlanCache()
+# growing_cache_key -> the last plan prepared under it (see the module docstring).
+_GROWING = PlanCache()
 
 
 def clear_plan_cache() -> None:
     """Forget every plan (and the hit/miss counts); the next call of each signature prepares again."""
     _PLANS.clear()
+    _GROWING.clear()
 
 
 def plan_cache_info() -> PlanCacheInfo:
@@ -171,13 +181,8 @@ def _index_signature(index: torch.Tensor | None) -> tuple | None:
     return (tuple(index.shape), index.stride(), index.dtype, index.device)
 
 
-def plan_key(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options) -> tuple:
-    """Everything a plan depends on (see the module docstring)."""
+def _options_signature(options: Options) -> tuple:
     return (
-        impl,
-        _tensor_signature(q),
-        _tensor_signature(k),
-        _tensor_signature(v),
         options.causal,
         options.softmax_scale,
         options.causal_alignment,
@@ -187,6 +192,27 @@ def plan_key(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, optio
         _index_signature(options.block_table),
         toolchain_versions(),
     )
+
+
+def plan_key(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options) -> tuple:
+    """Everything a plan depends on (see the module docstring)."""
+    return (impl, _tensor_signature(q), _tensor_signature(k), _tensor_signature(v), *_options_signature(options))
+
+
+def growing_cache_key(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options) -> tuple | None:
+    """:func:`plan_key` less Sk for a decode step (at most ``DECODE_MAX_SEQLEN_Q`` query tokens against
+    a longer cache) whose K and V are whole contiguous 4-D tensors, whose strides then follow from the
+    shape; None for any other call (a paged cache, views into a larger cache, prefill), which keeps its
+    full key only."""
+    if options.block_table is not None or q.dim() != 4 or q.shape[2] > dispatch.DECODE_MAX_SEQLEN_Q:
+        return None
+    if any(t.dim() != 4 or not t.is_contiguous() for t in (k, v)) or k.shape[2] <= q.shape[2]:
+        return None
+
+    def without_seqlen(t: torch.Tensor) -> tuple:
+        return (t.shape[:2], t.shape[3], t.dtype, t.device, t.data_ptr() % OPERAND_ALIGNMENT_BYTES == 0)
+
+    return (impl, _tensor_signature(q), without_seqlen(k), without_seqlen(v), *_options_signature(options))
 
 
 def _cacheable(impl: object, q: object, k: object, v: object, options: Options) -> bool:
@@ -226,10 +252,13 @@ def _registered(impl: object) -> Implementation:
         ) from None
 
 
-def _make_plan(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options) -> tuple[Plan, Runner]:
+def _make_plan(
+    impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options, growing: tuple | None = None
+) -> tuple[Plan, Runner]:
     """Full validation, the rung (``impl`` itself, or the one a stack name dispatches to), its
-    capability check (and its backward's, for a differentiable call) and ``prepare``; returns the plan
-    and this call's prepared launch."""
+    capability check (and its backward's, for a differentiable call) and ``prepare`` (only ``bind``
+    where the ``growing`` cache key already has a plan of this rung); returns the plan and this call's
+    launch."""
     implementation = None if impl in dispatch.DISPATCH_NAMES else _registered(impl)
     problem = validate_attention_inputs(
         q,
@@ -254,8 +283,15 @@ def _make_plan(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, opt
             raise ValueError(f"{impl} cannot run {problem.describe()}: {reason}")
     if options.differentiable:
         _check_backward(implementation, problem, q.device)
+    plan = Plan(implementation, problem)
+    earlier = None if growing is None else _GROWING.get(growing)
+    if earlier is not None and earlier.implementation is implementation and implementation.bind is not None:
+        return plan, _bind(plan, q, k, v, options)
     extra = per_call_inputs(problem, options.cache_seqlens, options.block_table)
-    return Plan(implementation, problem), implementation.prepare(q, k, v, problem, **extra)
+    run = implementation.prepare(q, k, v, problem, **extra)
+    if growing is not None:
+        _GROWING.put(growing, plan)
+    return plan, run
 
 
 def _bind(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options) -> Runner:
@@ -323,7 +359,7 @@ def attention(
         key = plan_key(impl, q, k, v, options)
         plan = _PLANS.get(key)
         if plan is None:
-            plan, run = _make_plan(impl, *operands, options)
+            plan, run = _make_plan(impl, *operands, options, growing_cache_key(impl, q, k, v, options))
             _PLANS.put(key, plan)
         else:
             run = _bind(plan, *operands, options)

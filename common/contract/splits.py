@@ -17,10 +17,15 @@ each sequence's splits follow its own length, so a short sequence gets short (or
 **Uneven work.** With cache lengths and more than one sequence, the CTAs' work is unknown and may be
 very uneven: a wave-filling count leaves the SMs that ran short sequences idle while the longest one's
 splits finish. There the rule only considers counts that give at least :data:`UNEVEN_MIN_WAVES` waves of
-CTAs, so that the block scheduler hands a freed SM the next CTA. Measured (H100, B=8, Hkv=8, 32k
+CTAs, so that the block scheduler hands a freed SM the next CTA, and that let one sequence's splits alone
+fill a wave (``sm_count / (ctas_per_split / batch)`` splits), since a single long sequence may hold most
+of the keys; the second floor stops at :data:`UNEVEN_MAX_WAVES` waves of CTAs, as the CTAs of short
+sequences are mostly empty and each still costs a scheduling slot. Measured (H100, B=8, Hkv=8, 32k
 padded, lengths spread over 0..32k; ``results/h100/decode/splits/``): 2 splits (one wave) took 240 /
-203 / 198 µs in triton / gluon / cute, 8 splits (four waves) 183 / 177 / 180, within 3 % of each
-stack's fastest count. One sequence has even splits, so B=1 keeps the wave rule.
+203 / 198 µs in triton / gluon / cute, 8 splits (four waves) 183 / 177 / 180, 16 splits 179 / 177 /
+179, the fastest or within 1 % of it in each stack; the rule now picks 18. The H200 random sweep
+(``results/h200/decode-random/``) found ragged batches with one long sequence at 23-80 % of the read
+bandwidth under the wave floor alone, which the per-sequence floor is for.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ MAX_SPLITS = 128
 MIN_KEYS_PER_SPLIT = 512
 WAVE_TOLERANCE = 0.05
 UNEVEN_MIN_WAVES = 3
+UNEVEN_MAX_WAVES = 16
 # The SM count the rule assumes where there is no GPU (the interpreter, the sm_90a compile): an H100.
 DEFAULT_SM_COUNT = 132
 
@@ -43,13 +49,22 @@ def wave_efficiency(ctas: int, sm_count: int) -> float:
     return ctas / (waves * sm_count)
 
 
-def choose_num_splits(ctas_per_split: int, seqlen_k: int, sm_count: int, uneven: bool = False) -> int:
+def uneven_fewest_splits(ctas_per_split: int, batch: int, most: int, sm_count: int) -> int:
+    """The fewest splits of uneven work (module docstring): :data:`UNEVEN_MIN_WAVES` waves of CTAs, and
+    one sequence's splits alone filling a wave up to :data:`UNEVEN_MAX_WAVES` waves; at most ``most``."""
+    waves_floor = -(-UNEVEN_MIN_WAVES * sm_count // ctas_per_split)
+    sequence_ctas = max(1, ctas_per_split // batch)
+    one_sequence_fills = min(-(-sm_count // sequence_ctas), max(1, UNEVEN_MAX_WAVES * sm_count // ctas_per_split))
+    return min(most, max(waves_floor, one_sequence_fills))
+
+
+def choose_num_splits(ctas_per_split: int, seqlen_k: int, sm_count: int, uneven: bool = False, batch: int = 1) -> int:
     """The split rule of the module docstring: the fewest splits among those (each keeping
-    ``MIN_KEYS_PER_SPLIT`` keys; with ``uneven`` work, giving ``UNEVEN_MIN_WAVES`` waves where the
-    keys allow) whose busy fraction is at least ``1 - WAVE_TOLERANCE`` of the best one's (relative, so
-    that a tiny grid still takes every split it can)."""
+    ``MIN_KEYS_PER_SPLIT`` keys; with ``uneven`` work over ``batch`` sequences, at least
+    :func:`uneven_fewest_splits` where the keys allow) whose busy fraction is at least
+    ``1 - WAVE_TOLERANCE`` of the best one's (relative, so that a tiny grid still takes every split it can)."""
     most = max(1, min(MAX_SPLITS, seqlen_k // MIN_KEYS_PER_SPLIT))
-    fewest = min(most, -(-UNEVEN_MIN_WAVES * sm_count // ctas_per_split)) if uneven else 1
+    fewest = uneven_fewest_splits(ctas_per_split, batch, most, sm_count) if uneven else 1
     efficiency = {splits: wave_efficiency(ctas_per_split * splits, sm_count) for splits in range(fewest, most + 1)}
     best = max(efficiency.values())
     return min(splits for splits, value in efficiency.items() if value >= best * (1 - WAVE_TOLERANCE))
@@ -68,7 +83,7 @@ def planned_num_splits(problem: Problem, m_blocks: int, device: torch.device) ->
     several sequences have their own lengths."""
     ctas_per_split = problem.batch * problem.kv_heads * m_blocks
     uneven = problem.has_cache_seqlens and problem.batch > 1
-    return choose_num_splits(ctas_per_split, problem.seqlen_k, sm_count(device), uneven)
+    return choose_num_splits(ctas_per_split, problem.seqlen_k, sm_count(device), uneven, problem.batch)
 
 
 def resolve_num_splits(num_splits: int | None, problem: Problem, m_blocks: int, device: torch.device) -> int:

@@ -73,10 +73,12 @@ def compile_triton_sm90_launch(kernel: Any, *args: Any, **kwargs: Any) -> Kernel
     build it: Triton's own launch binder specialises the argument values (integers equal to 1 become
     constants, integers and pointers divisible by 16 get the divisibility hint, tuples element by
     element), so the binary is the one the GPU runs for those values. Pointers may be CPU tensors or
-    ``triton.runtime.jit.MockTensor``; ``kwargs`` holds the constexprs and launch options."""
+    ``triton.runtime.jit.MockTensor``; ``kwargs`` holds the constexprs and launch options. A
+    ``@gluon.jit`` kernel compiles as Gluon (``GluonASTSource``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
     from triton.runtime.jit import create_function_from_signature
 
     target = GPUTarget("cuda", SM90_TARGET, WARP_SIZE)
@@ -84,7 +86,9 @@ def compile_triton_sm90_launch(kernel: Any, *args: Any, **kwargs: Any) -> Kernel
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound_args, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound_args, specialization, options)
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
+    source_type = GluonASTSource if isinstance(kernel, GluonJITFunction) else ASTSource
+    source = source_type(kernel, signature, constexprs, attrs)
+    compiled = triton.compile(source, target=target, options=options.__dict__)
     return _triton_binary(kernel, compiled)
 
 

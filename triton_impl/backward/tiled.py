@@ -409,6 +409,36 @@ def _tma_operand(t: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]])
 
 
+def preprocess_launch(
+    out: torch.Tensor,
+    d_out: torch.Tensor,
+    lse: torch.Tensor,
+    d_lse: torch.Tensor | None,
+    problem: Problem,
+    dq_accum: torch.Tensor | None = None,
+) -> tuple[Launch, torch.Tensor, torch.Tensor]:
+    """The preprocess launch (step 1) and the fp32 (B·H·Sq) D and LSE₂ it writes; ``dq_accum`` (atomic
+    dQ) is zeroed by it too. ``out`` and ``d_out`` must be kernel operands (``kernel_operand``).
+    ``gluon/backward/hopper`` launches it as well."""
+    batch, heads, seqlen_q = problem.batch, problem.heads, problem.seqlen_q
+    lse = lse.contiguous()
+    delta, lse_log2 = (torch.empty((batch * heads * seqlen_q,), dtype=torch.float32, device=out.device) for _ in "01")
+    # Without d_lse the kernel never reads its argument (HAS_DLSE False): pass the LSE in its place;
+    # without an accumulator (ZERO_DQ False), D in its.
+    d_lse_arg = d_lse.contiguous() if d_lse is not None else lse
+    accum_arg = delta if dq_accum is None else dq_accum
+    launch = (
+        _preprocess_kernel, (triton.cdiv(seqlen_q, ROWS_BLOCK_M), batch * heads),
+        (
+            out, d_out, lse, d_lse_arg, delta, lse_log2, accum_arg, *head_strides(out), *head_strides(d_out),
+            heads, seqlen_q,
+        ),
+        {"HAS_DLSE": d_lse is not None, "ZERO_DQ": dq_accum is not None, "HEAD_DIM": problem.head_dim,
+         "BLOCK_M": ROWS_BLOCK_M},
+    )  # fmt: skip
+    return launch, delta, lse_log2
+
+
 def _launches(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
     problem: Problem, d_lse: torch.Tensor | None, config: BackwardConfig | None = None,
@@ -418,15 +448,13 @@ def _launches(
     atomic = config.dq == "atomic"
     q, k, v, out, d_out = (kernel_operand(t) for t in (q, k, v, out, d_out))
     batch, heads, seqlen_q, seqlen_k = problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k
-    lse = lse.contiguous()
-    delta, lse_log2 = (torch.empty((batch * heads * seqlen_q,), dtype=torch.float32, device=q.device) for _ in "01")
-    # Without atomics the preprocess never touches the accumulator (ZERO_DQ False): D stands in for it.
-    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device) if atomic else delta
+    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device) if atomic else None
+    preprocess, delta, lse_log2 = preprocess_launch(out, d_out, lse, d_lse, problem, dq_accum)
+    # Without atomics the kernels never touch the accumulator (DQ_ATOMIC False): D stands in for it.
+    dq_accum = delta if dq_accum is None else dq_accum
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    # Without d_lse the kernel never reads its argument (HAS_DLSE False): pass the LSE in its place.
-    d_lse_arg = d_lse.contiguous() if d_lse is not None else lse
     rows_grid = (triton.cdiv(seqlen_q, ROWS_BLOCK_M), batch * heads)
     rows_options = {"HEAD_DIM": problem.head_dim, "BLOCK_M": ROWS_BLOCK_M}
     strides = tuple(head_strides(t) for t in (q, k, v, d_out))
@@ -444,14 +472,7 @@ def _launches(
 
     q_in, k_in, v_in, do_in = tiles(config.block_m, config.block_n)
     launches = [
-        (
-            _preprocess_kernel, rows_grid,
-            (
-                out, d_out, lse, d_lse_arg, delta, lse_log2, dq_accum, *head_strides(out), *head_strides(d_out),
-                heads, seqlen_q,
-            ),
-            {"HAS_DLSE": d_lse is not None, "ZERO_DQ": atomic, **rows_options},
-        ),
+        preprocess,
         (
             _dkdv_kernel, (triton.cdiv(seqlen_k, config.block_n), batch * problem.kv_heads),
             (q_in, k_in, v_in, do_in, lse_log2, delta, dq_accum, dk, dv, *strides, *sizes),

@@ -92,7 +92,8 @@ partitions took the kernel from triton/hopper's speed well above it at D=128; a 
 consumer is what D=64 needs; ping-pong costs more than it gives at D=128 in bf16 (gluon/fp8 takes it:
 its softmax is as long as its GEMMs); P packed by inline ``cvt`` rather than Triton's conversion
 saved Triton 3.6's ptxas a PRMT per word (it shows at D=64, where issue is tight). Not done: lazy O
-rescaling and a persistent tile scheduler.
+rescaling and a persistent tile scheduler. Backward (``common.attention`` with inputs that require grad):
+``triton_impl/gluon/backward.py``, from this rung's O and LSE.
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import release_configs
 from triton_impl._host import LOG2_E
+from triton_impl.gluon import backward as gluon_backward
 from triton_impl.gluon import fp8
 from triton_impl.gluon._device import (
     _as_box,
@@ -756,5 +758,5 @@ def compile_sm90(problem: Problem, config: GluonConfig | None = None) -> list[Ke
 
 IMPLEMENTATION = gluon_implementation(
     "hopper", supports, compile_sm90, prepare=prepare, bind=bind, required_ptx=("setmaxnreg",),
-    source_file=__file__, default_configs=DEFAULT_CONFIGS,
+    source_file=__file__, default_configs=DEFAULT_CONFIGS, backward=gluon_backward.BACKWARD,
 )  # fmt: skip

@@ -1,0 +1,173 @@
+"""Device and host helpers of the CuTe backward rungs (``cute_impl/backward/``): the shared-memory tiles
+and their copies, the ldmatrix operand loads (plain and transposed), per-row vectors read into registers
+and accumulators stored to HBM; on the host, :func:`cute_gradients`, the ``Backward.gradients`` every
+rung wraps around its launches. The kernels live in the rung files; the forward's vocabulary (block
+ranges, masks, ``gemm_double_buffered``) is ``cute_impl/_device.py``'s.
+"""
+
+# No ``from __future__ import annotations``: ``cute.struct`` reads its field annotations as objects.
+from collections.abc import Callable
+from typing import NamedTuple
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.nvgpu import warp
+
+from common.contract.problem import Problem
+from common.contract.registry import Gradients, Supports
+from common.contract.validation import OPERAND_ALIGNMENT_BYTES, kernel_operand
+from cute_impl._device import OperandLoad, load_kv_block
+from cute_impl._host import COPY_BITS, cp_async_tiled_copy, swizzled_qkv_layouts, to_cute_tensor
+
+SMEM_ALIGN_BYTES = 1024
+
+
+def smem_operand(
+    tiled_mma: cute.TiledMma,
+    tidx: cutlass.Int32,
+    smem: cute.Tensor,
+    fragment: cute.Tensor,
+    operand: str,
+    transpose: bool = False,
+) -> OperandLoad:
+    """The ldmatrix (S→R) load of one ``mma.sync`` operand ("A" or "B") from ``smem`` into ``fragment``;
+    ``transpose``: ``smem`` is a transposed view of a row-major tile (``ldmatrix.trans``)."""
+    atom = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=transpose, num_matrices=4), smem.element_type)
+    tiled_copy = (cute.make_tiled_copy_A if operand == "A" else cute.make_tiled_copy_B)(atom, tiled_mma)
+    thr_copy = tiled_copy.get_slice(tidx)
+    return OperandLoad(tiled_copy, thr_copy.partition_S(smem), thr_copy.retile(fragment))
+
+
+def transposed(tile: cute.Tensor, rows: int, head_dim: int) -> cute.Tensor:
+    """A (rows, D, 1) shared tile seen as (D, rows): the same memory, read column by column."""
+    return cute.composition(tile, cute.make_layout((head_dim, rows, 1), stride=(rows, 1, rows * head_dim)))[
+        None, None, 0
+    ]
+
+
+def two_tile_storage(dtype: type[cutlass.Numeric], a_layout, b_layout):
+    """Shared memory of a CTA: two tiles of ``a_layout`` (K and V, or Q and dO) and two of ``b_layout``."""
+
+    @cute.struct
+    class SharedStorage:
+        a0: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(a_layout)], SMEM_ALIGN_BYTES]
+        a1: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(a_layout)], SMEM_ALIGN_BYTES]
+        b0: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(b_layout)], SMEM_ALIGN_BYTES]
+        b1: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(b_layout)], SMEM_ALIGN_BYTES]
+
+    return SharedStorage
+
+
+def row_tile_layout(rows: int, head_dim: int):
+    """A swizzled (rows, D, 1) shared tile: the one-slot ring ``load_kv_block`` copies into."""
+    return swizzled_qkv_layouts(rows, rows, head_dim, 1)[1]
+
+
+def row_tile_copy(dtype: type[cutlass.Numeric], num_threads: int, head_dim: int, tile_rows: tuple[int, ...]):
+    """The cp.async tiled copy of whole rows (D / 8 threads per row, 16 B each) into the swizzled tiles
+    (a 16-byte vector never straddles a swizzle chunk). One copy step covers num_threads · 8 / D rows,
+    which must divide every tile it copies: a partition does not check it, and a taller step would
+    write past a 16-row tile into its neighbour."""
+    step_rows = num_threads * (COPY_BITS // dtype.width) // head_dim
+    if any(rows % step_rows for rows in tile_rows):
+        raise ValueError(f"tiles of {tile_rows} rows are not multiples of the copy's {step_rows} rows")
+    return cp_async_tiled_copy(dtype, num_threads, row_elems=head_dim)
+
+
+@cute.jit
+def load_rows(row_copy, block: cutlass.Int32, seqlen: cutlass.Int32):
+    """Both tiles of ``row_copy`` (a ``KVCopy``: K and V, or Q and dO) at ``block``, rows past ``seqlen``
+    zero-filled; single stage: the previous tile's readers are done before, the new tile has landed
+    for every thread after."""
+    cute.arch.barrier()
+    load_kv_block(row_copy, block, 0, seqlen, predicated=True)
+    cute.arch.cp_async_commit_group()
+    cute.arch.cp_async_wait_group(0)
+    cute.arch.barrier()
+
+
+@cute.jit
+def read_row_values(
+    mX: cute.Tensor, index: cutlass.Int32, seqlen: cutlass.Int32, past_end: cutlass.Float32
+) -> cutlass.Float32:
+    """mX[index] of a (Sq,) fp32 vector, or ``past_end`` past its end (the read itself clamped in bounds)."""
+    value = mX[cutlass.min(index, seqlen - 1)]
+    return cutlass.Float32(cutlass.select_(index < seqlen, value, past_end))
+
+
+def lanes_allreduce_sum(value: cutlass.Float32, lanes: int) -> cutlass.Float32:
+    """The sum over ``lanes`` neighbouring lanes (a power of two dividing 32), by butterfly shuffles."""
+    offset = lanes // 2
+    while offset > 0:
+        value = value + cute.arch.shuffle_sync_bfly(value, offset=offset)
+        offset //= 2
+    return value
+
+
+@cute.jit
+def store_rows(thr_mma, acc: cute.Tensor, gX: cute.Tensor, cX: cute.Tensor, rows_left: cutlass.Int32):
+    """``acc`` (an accumulator of ``thr_mma``) cast to ``gX``'s dtype and stored from the fragment;
+    rows at or past ``rows_left`` (the sequence's end, counted from the tile's first row) are not written."""
+    rX = cute.make_fragment_like(acc, gX.element_type)
+    rX.store(acc.load().to(gX.element_type))
+    tXgX = thr_mma.partition_C(gX)  # (MMA, MMA_ROWS, MMA_D)
+    tXcX = thr_mma.partition_C(cX)  # (row, col) inside the tile
+    for i in cutlass.range_constexpr(cute.size(rX)):
+        if tXcX[i][0] < rows_left:
+            tXgX[i] = rX[i]
+
+
+def rows_operand(t: torch.Tensor) -> torch.Tensor:
+    """A (B, H, Sq) row vector (the LSE, dLSE) as the kernels take it: fp32, contiguous, 16-byte aligned."""
+    t = t.float().contiguous()
+    return t.clone() if t.data_ptr() % OPERAND_ALIGNMENT_BYTES else t
+
+
+class BackwardOperands(NamedTuple):
+    """What a backward rung's kernels take, as CuTe tensors: q, O, dO, dQ (B, H, Sq, D); k, v, dK, dV
+    (B, Hkv, Sk, D); the LSE and dLSE (None unless the LSE is differentiated) (B, H, Sq) fp32."""
+
+    q: cute.Tensor
+    k: cute.Tensor
+    v: cute.Tensor
+    out: cute.Tensor
+    d_out: cute.Tensor
+    lse: cute.Tensor
+    d_lse: cute.Tensor | None
+    dq: cute.Tensor
+    dk: cute.Tensor
+    dv: cute.Tensor
+
+
+def cute_gradients(
+    name: str, supports: Supports, launch: Callable[[BackwardOperands, Problem, torch.device], None]
+) -> Gradients:
+    """The ``Backward.gradients`` of rung ``name``: its capability check (a refusal raises, with the
+    reason), q, k, v, O and dO as kernel operands, the LSE (and dLSE) as fp32 rows, dQ, dK and dV
+    allocated in the inputs' dtypes, then ``launch`` runs the rung's kernels on them."""
+
+    def gradients(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        d_out: torch.Tensor,
+        problem: Problem,
+        *,
+        d_lse: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H,
+        Sq) and the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE)."""
+        ok, reason = supports(problem, q.device)
+        if not ok:
+            raise ValueError(f"{name} cannot differentiate {problem.describe()}: {reason}")
+        q, k, v, out, d_out = (kernel_operand(t) for t in (q, k, v, out, d_out))
+        grads = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+        rows = (rows_operand(lse), None if d_lse is None else rows_operand(d_lse))
+        tensors = (q, k, v, out, d_out, *rows, *grads)
+        launch(BackwardOperands(*(None if t is None else to_cute_tensor(t) for t in tensors)), problem, q.device)
+        return grads
+
+    return gradients

@@ -1,0 +1,618 @@
+"""Gluon backward rung ``hopper`` (FlashAttention-3's backward on sm_90a), the backward of ``gluon/hopper``
+(counterparts: ``triton_impl/backward/tiled.py``, the FlashAttention-2 backward in Triton).
+
+What it adds over the Triton tiled backward: the same algorithm (recompute P from the saved LSE per
+key block, dK and dV in registers, dQ by a separate pass) with every decision Triton's compiler makes
+for it written out, and the warp specialisation Triton 3.6 cannot do on sm_90:
+  * TMA descriptors over (B, H, S, D) with a (1, 1, rows, D) box (``_host.descriptor``), so every
+    (batch, head) has its own bounds: a ragged tail reads zeros and a store clips rows past S;
+  * shared-memory rings and mbarriers allocated and phased by name (``_allocate``): ``fixed_ready``
+    for the tiles a CTA keeps, ``a_ready``/``b_ready`` for the two streamed tiles of a ring slot,
+    ``empty`` when both consumer warpgroups have finished with the slot;
+  * one TMA load warp (``_load_partition``, 24 registers) and two consumer warpgroups, each its own
+    partition with its own rows and register budget (``setmaxnreg`` 240), as in ``gluon/hopper``;
+  * every product a ``warpgroup_mma`` (wgmma) issued by hand, asynchronously, with the wait depth
+    written out (``warpgroup_mma_wait(1)`` retires all but the newest), operands from shared memory
+    or (P and dS) from registers in wgmma's A-operand layout, fp32 accumulators.
+
+The key block is the rows of every product of the dK/dV kernel, as in the Triton rung: Sᵀ = K Qᵀ,
+dPᵀ = V dOᵀ, dV += Pᵀ dO, dK += dSᵀ Q, so that Pᵀ and dSᵀ come out of their accumulators already in
+the layout of the next product's A operand (no transpose through shared memory). Each consumer
+warpgroup owns 64 of the CTA's 128 keys (one m64 wgmma per product).
+
+dQ: by a separate Gluon pass (``_dq_kernel``, the Triton tutorial's choice and the Triton rung's
+fastest), not by atomics. Its products (S = Q Kᵀ, dP = dO Vᵀ, dQ += dS K) are the forward's shapes,
+so it is right by the same construction, deterministic, and needs neither an fp32 buffer nor the
+transposed dS in shared memory that an atomic dQ = dS K needs here (dS is held as dSᵀ). It costs
+seven products per tile instead of five.
+
+Algorithm (three launches):
+  1. The Triton rung's ``_preprocess_kernel`` (reused): D = rowsum(dO ∘ O) − dLSE and
+     LSE₂ = LSE · LOG2_E (+inf where a row sees no key, so that its P is 0), fp32 (B·H·Sq).
+  2. ``_dkdv_kernel`` (one CTA per 128 keys of one (batch, KV head)):
+     a. Load warp: TMA each consumer's 64-row K and V tiles once; then, for every query head of the
+        KV head's group and every query block whose rows see these keys (``_query_blocks``), wait
+        for a free ring slot and TMA the Q and dO tiles into it.
+     b. Each consumer, per ring slot (``_dkdv_step``): issue Sᵀ = K Qᵀ and dPᵀ = V dOᵀ; wait for Sᵀ;
+        Pᵀ = exp2(Sᵀ · softmax_scale_log2 − LSE₂) (masked blocks: 0 past the causal diagonal and the
+        key tail); issue dV += Pᵀ dO; wait for dPᵀ; dSᵀ = Pᵀ ∘ (dPᵀ − D); issue dK += dSᵀ Q; wait
+        for both; free the slot. The blocks that need the mask come first, then the others.
+     c. dK ·= softmax_scale; dK and dV through the consumer's K and V tiles and one TMA store each.
+  3. ``_dq_kernel`` (one CTA per 128 query rows of one (batch, head); the causal diagonal's CTAs,
+     with the most keys, first): the load warp TMAs each consumer's Q and dO tiles once and streams
+     the K and V tiles of the KV head; each consumer (``_dq_step``) issues S = Q Kᵀ and dP = dO Vᵀ,
+     P = exp2(S · softmax_scale_log2 − LSE₂) (masked: ``attention_mask``), dS = P ∘ (dP − D),
+     dQ += dS K; at the end dQ ·= softmax_scale, out by a TMA store.
+
+Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` (K, V once per dK/dV CTA; Q, dO once per
+(key block, query block) through a ``NUM_STAGES``-slot ring; LSE₂ and D by plain loads into the
+registers of the rows' layout, masked, issued under the wgmmas: a TMA descriptor over the (B·H, Sq)
+fp32 vectors needs a row stride of Sq · 4 bytes aligned to 16, which a ragged Sq is not); SMEM → tensor
+cores by ``wgmma.mma_async``; Pᵀ and dSᵀ never leave registers (packed two per 32-bit word by
+``cvt``, ``_device._operand_p``); dK, dV and dQ registers → SMEM → HBM by TMA stores.
+
+Constraints: fp16 and bf16; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not;
+GQA and MQA (dK and dV summed over the group's query heads in registers, no atomics); the LSE's
+gradient (``d_lse``); exactly sm_90. Refused: ``cache_seqlens`` (``gluon/hopper``'s forward takes
+them; this backward has no per-sequence key lengths), paged caches, D = 256, fp32. Gluon has no
+interpreter path: the rung compiles without a GPU (``compile_sm90``) but runs only on one.
+
+Limits (not done): the consumers wait for each step's last products before freeing the slot, so a
+step's softmax does not yet run under the previous step's dK/dV products (FA3 overlaps them); no
+ping-pong between the consumers, no persistent scheduler, and the dQ pass recomputes S and dP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
+
+from common.contract.capability import BOTTOM_RIGHT, GQA, LSE, check_features
+from common.contract.problem import Problem
+from common.contract.registry import Backward, Launch
+from common.contract.validation import kernel_operand
+from common.toolchain.compile import KernelBinary
+from triton_impl._host import LOG2_E
+from triton_impl.backward import tiled
+from triton_impl.backward._host import compile_launches, launched_gradients
+from triton_impl.gluon._device import (
+    _as_box,
+    _operand_p,
+    _partition_barrier,
+    _ready_tile,
+    _scores,
+    _tma_load,
+    _tma_store,
+    _values_product,
+    attention_mask,
+    block_range,
+    kv_head_index,
+)
+from triton_impl.gluon._host import (
+    CONSUMER_ROWS,
+    CONSUMER_WARPS,
+    GLUON_DTYPES,
+    HEAD_DIMS,
+    LOAD_REGISTERS,
+    LOAD_WARPS,
+    GluonConfig,
+    descriptor,
+    gluon_device_supported,
+)
+
+BACKWARD_NAME = "gluon/backward/hopper"
+DTYPES = (torch.float16, torch.bfloat16)
+# Two consumer warpgroups of CONSUMER_ROWS (64) rows each: 128 keys per dK/dV CTA, 128 query rows per dQ CTA.
+NUM_CONSUMERS = gl.constexpr(2)
+# The register budgets of two consumer warpgroups and the load warp (gluon/hopper's at two consumers).
+BUDGET = GluonConfig(block_n=CONSUMER_ROWS, num_stages=1, consumers=NUM_CONSUMERS.value)
+
+
+@dataclass(frozen=True)
+class BackwardTiles:
+    """The tiles and ring depths of one variant: the dK/dV kernel streams ``dkdv_block_m`` query rows
+    per ring slot through ``dkdv_stages`` slots; the dQ kernel ``dq_block_n`` keys through ``dq_stages``."""
+
+    dkdv_block_m: int
+    dkdv_stages: int
+    dq_block_n: int
+    dq_stages: int
+
+    @property
+    def label(self) -> str:
+        return f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, dq 128x{self.dq_block_n} s{self.dq_stages}"
+
+
+# Per head dim, the default first; every one compiles for sm_90a without spills (tests/test_backward.py,
+# Triton 3.6 and 3.8). Each consumer thread of the dK/dV kernel holds dK and dV (2 × 64 fp32 registers at
+# D=128) beside Sᵀ and dPᵀ: 64 query rows per slot spill there (120 bytes per thread under Triton 3.8) and
+# 32 do not; at D=64, 128 rows spill and 64 do not. Which is fastest is the GPU's to say (bench/backward.py).
+CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
+    64: (BackwardTiles(64, 2, 64, 2), BackwardTiles(64, 3, 128, 2)),
+    128: (BackwardTiles(32, 3, 64, 3), BackwardTiles(32, 2, 64, 2)),
+}
+
+
+class StepConstants(NamedTuple):
+    """The layouts and flags every consumer step shares, built once per kernel as a ``gl.constexpr``."""
+
+    s_layout: gl.NVMMADistributedLayout  # Sᵀ and dPᵀ (dK/dV kernel), S and dP (dQ kernel)
+    acc_layout: gl.NVMMADistributedLayout  # dK and dV, or dQ: 64 rows × HEAD_DIM
+    p_layout: gl.DotOperandLayout  # Pᵀ and dSᵀ (or dS) as wgmma's A operand, from registers
+    NUM_STAGES: int
+    CAUSAL: bool
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared memory, barriers and the load partition (both kernels: two fixed tiles per consumer, a ring)
+# ----------------------------------------------------------------------------------------------
+@gluon.jit
+def _allocate(desc_fixed, desc_stream, NUM_STAGES: gl.constexpr):
+    """Shared memory for two fixed tiles per consumer (K and V, or Q and dO; 64 rows × D each, the
+    shape of ``desc_fixed``'s box) and a ring of ``NUM_STAGES`` slots of two streamed tiles (the shape
+    of ``desc_stream``'s box); their barriers, initialised and fenced."""
+    dtype: gl.constexpr = desc_fixed.dtype
+    WG_ROWS: gl.constexpr = desc_fixed.block_type.shape[2]
+    ROWS: gl.constexpr = desc_stream.block_type.shape[2]
+    HEAD_DIM: gl.constexpr = desc_fixed.block_type.shape[3]
+    fixed_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_ROWS, HEAD_DIM], dtype)
+    ring_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
+    fixed_a = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, WG_ROWS, HEAD_DIM], fixed_layout)
+    fixed_b = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, WG_ROWS, HEAD_DIM], fixed_layout)
+    ring_a = gl.allocate_shared_memory(dtype, [NUM_STAGES, ROWS, HEAD_DIM], ring_layout)
+    ring_b = gl.allocate_shared_memory(dtype, [NUM_STAGES, ROWS, HEAD_DIM], ring_layout)
+    fixed_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    a_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    b_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for consumer in gl.static_range(NUM_CONSUMERS):
+        mbarrier.init(fixed_ready.index(consumer), count=1)
+    for stage in gl.static_range(NUM_STAGES):
+        mbarrier.init(a_ready.index(stage), count=1)
+        mbarrier.init(b_ready.index(stage), count=1)
+        # A slot is empty once both consumer warpgroups have arrived.
+        mbarrier.init(empty.index(stage), count=NUM_CONSUMERS)
+    # The inits are generic-proxy writes and TMA completes the barriers through the async proxy: a
+    # proxy fence orders them (as in gluon/hopper); warp_specialize's entry barrier does the rest.
+    fence_async_shared()
+    return (fixed_a, fixed_b, ring_a, ring_b), (fixed_ready, a_ready, b_ready, empty)
+
+
+@gluon.jit
+def _load_partition(loader, NUM_STAGES: gl.constexpr):
+    """One warp issuing TMA copies. First each consumer's two fixed tiles (rows ``fixed_start`` +
+    64 · consumer of ``fixed_head``), on one barrier per consumer; then the stream: for each of
+    ``stream_heads`` heads from ``stream_head``, ``blocks`` blocks of rows from block ``first_block``,
+    the two tiles of a block into one ring slot, once both consumers have freed it."""
+    descs, smem, barriers, coords = loader
+    desc_fixed_a, desc_fixed_b, desc_a, desc_b = descs
+    fixed_a, fixed_b, ring_a, ring_b = smem
+    fixed_ready, a_ready, b_ready, empty = barriers
+    batch, fixed_head, fixed_start, stream_head, stream_heads, first_block, blocks = coords
+    WG_ROWS: gl.constexpr = fixed_a.shape[1]
+    ROWS: gl.constexpr = ring_a.shape[1]
+
+    for consumer in gl.static_range(NUM_CONSUMERS):
+        ready = fixed_ready.index(consumer)
+        mbarrier.expect(ready, desc_fixed_a.block_type.nbytes + desc_fixed_b.block_type.nbytes)
+        start = fixed_start + consumer * WG_ROWS
+        _tma_load(desc_fixed_a, [batch, fixed_head, start, 0], ready, _as_box(fixed_a.index(consumer)))
+        _tma_load(desc_fixed_b, [batch, fixed_head, start, 0], ready, _as_box(fixed_b.index(consumer)))
+    for step in range(stream_heads * blocks):
+        stage = step % NUM_STAGES
+        # A fresh mbarrier counts as having completed the phase before phase 0: the first lap passes.
+        mbarrier.wait(empty.index(stage), ((step // NUM_STAGES) & 1) ^ 1)
+        head = stream_head + step // blocks
+        row = (first_block + step % blocks) * ROWS
+        mbarrier.expect(a_ready.index(stage), desc_a.block_type.nbytes)
+        _tma_load(desc_a, [batch, head, row, 0], a_ready.index(stage), _as_box(ring_a.index(stage)))
+        mbarrier.expect(b_ready.index(stage), desc_b.block_type.nbytes)
+        _tma_load(desc_b, [batch, head, row, 0], b_ready.index(stage), _as_box(ring_b.index(stage)))
+
+
+@gluon.jit
+def _store_tile(desc, coords, smem, tile):
+    """A consumer's gradient tile through its own (no longer read) shared tile and one TMA store; rows
+    past the sequence are clipped by the descriptor's per-(batch, head) bounds. Wait with store_wait."""
+    _partition_barrier()
+    smem.store(tile.to(desc.dtype))
+    fence_async_shared()
+    _partition_barrier()
+    _tma_store(desc, coords, _as_box(smem))
+
+
+# ----------------------------------------------------------------------------------------------
+# dK and dV: one CTA per 128 keys of one (batch, KV head); each consumer owns 64 of them
+# ----------------------------------------------------------------------------------------------
+@gluon.jit
+def _query_blocks(n_start, seqlen_q, seqlen_k, causal_offset, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr):  # fmt: skip
+    """The query blocks of one query head that the keys [n_start, n_start + BLOCK_N) receive gradient
+    from: ``(first_block, blocks, masked_blocks)``. Causal: rows i < n_start − causal_offset see none
+    of these keys and are skipped; the blocks up to the last key's diagonal are masked. A key block
+    holding the key tail masks every block (its keys past Sk get P = 0)."""
+    end_block = (seqlen_q + BLOCK_M - 1) // BLOCK_M
+    first_block = 0
+    unmasked_from = 0
+    if CAUSAL:
+        first_block = gl.minimum(gl.maximum(n_start - causal_offset, 0) // BLOCK_M, end_block)
+        diagonal_end = gl.maximum(n_start + BLOCK_N - 1 - causal_offset, 0)
+        unmasked_from = gl.maximum((diagonal_end + BLOCK_M - 1) // BLOCK_M, first_block)
+    unmasked_from = gl.minimum(gl.where(n_start + BLOCK_N > seqlen_k, end_block, unmasked_from), end_block)
+    return first_block, end_block - first_block, unmasked_from - first_block
+
+
+@gluon.jit
+def _transposed_mask(p_t, offs_n, offs_m, seqlen_k, causal_offset, CAUSAL: gl.constexpr):
+    """Pᵀ (keys ``offs_n`` as rows, query rows ``offs_m`` as columns) with 0 where the key is past
+    ``seqlen_k`` or, causal, after the query row's diagonal (j > i + causal_offset): the transpose of
+    ``_device.attention_mask``, applied after the exp (Pᵀ, not Sᵀ, is what the products read)."""
+    visible = offs_n[:, None] < seqlen_k
+    if CAUSAL:
+        visible = visible & (offs_n[:, None] <= offs_m[None, :] + causal_offset)
+    return gl.where(visible, p_t, 0.0)
+
+
+@gluon.jit
+def _dkdv_step(carry, step, m_start, row_base, step_args, constants: gl.constexpr, MASKED: gl.constexpr):
+    """One ring slot of Q and dO (query rows from ``m_start``; their LSE₂ and D from ``row_base`` in
+    the (B·H·Sq) vectors) into this consumer's dK and dV (see the module docstring, step 2b)."""
+    dk, dv = carry
+    k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty, LseLog2, Delta, offs_n, seqlen, scale_log2 = step_args
+    seqlen_q, seqlen_k, causal_offset = seqlen
+    s_layout: gl.constexpr = constants.s_layout
+    p_layout: gl.constexpr = constants.p_layout
+    NUM_STAGES: gl.constexpr = constants.NUM_STAGES
+    BLOCK_M: gl.constexpr = q_ring.shape[1]
+
+    q_tile = _ready_tile(q_ring, q_ready, step, NUM_STAGES)
+    s_t_token = _scores(k_smem, q_tile, s_layout)
+    do_tile = _ready_tile(do_ring, do_ready, step, NUM_STAGES)
+    dp_t_token = _scores(v_smem, do_tile, s_layout)
+    # The rows' LSE₂ and D load under the two wgmmas (rows past Sq: LSE₂ +inf makes their P 0).
+    offs_m = m_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    row_ok = offs_m < seqlen_q
+    lse_log2 = gl.load(LseLog2 + row_base + offs_m, mask=row_ok, other=float("inf"))
+    delta = gl.load(Delta + row_base + offs_m, mask=row_ok, other=0.0)
+
+    # wgmmas retire in order: one left in flight means Sᵀ is done, dPᵀ may still run.
+    s_t = warpgroup_mma_wait(1, deps=[s_t_token])
+    p_t = gl.exp2(s_t * scale_log2 - lse_log2[None, :])
+    if MASKED:
+        p_t = _transposed_mask(p_t, offs_n, offs_m, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL)
+    dv_token = _values_product(_operand_p(p_t, q_ring.dtype, p_layout), do_tile, dv, p_layout)
+    # dV += Pᵀ dO runs while dSᵀ = Pᵀ ∘ (dPᵀ − D) is made; dK += dSᵀ Q follows it.
+    dp_t = warpgroup_mma_wait(1, deps=[dp_t_token])
+    d_s_t = _operand_p(p_t * (dp_t - delta[None, :]), q_ring.dtype, p_layout)
+    dk_token = _values_product(d_s_t, q_tile, dk, p_layout)
+    dv, dk = warpgroup_mma_wait(0, deps=[dv_token, dk_token])
+    mbarrier.arrive(empty.index(step % NUM_STAGES), count=1)
+    return dk, dv
+
+
+@gluon.jit
+def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
+    """Consumer ``index``: keys n_start + 64 · index ... + 63, its K and V tiles; every query head of the
+    group and every query block the load warp streams, masked blocks first; then dK and dV out."""
+    smem, barriers, out_descs, vectors, coords, seqlen, scales = args
+    fixed_k, fixed_v, q_ring, do_ring = smem
+    fixed_ready, q_ready, do_ready, empty = barriers
+    desc_dk, desc_dv = out_descs
+    LseLog2, Delta = vectors
+    batch, heads, kv_head, group, n_start, first_block, blocks, masked_blocks = coords
+    seqlen_q, _, _ = seqlen
+    softmax_scale, softmax_scale_log2 = scales
+    k_smem = fixed_k.index(index)
+    v_smem = fixed_v.index(index)
+    WG_N: gl.constexpr = k_smem.shape[0]
+    HEAD_DIM: gl.constexpr = k_smem.shape[1]
+    BLOCK_M: gl.constexpr = q_ring.shape[1]
+    key_start = n_start + index * WG_N
+    offs_n = key_start + gl.arange(0, WG_N, layout=gl.SliceLayout(1, constants.s_layout))
+    dk = gl.zeros([WG_N, HEAD_DIM], gl.float32, constants.acc_layout)
+    dv = gl.zeros([WG_N, HEAD_DIM], gl.float32, constants.acc_layout)
+    carry = (dk, dv)
+
+    mbarrier.wait(fixed_ready.index(index), 0)
+    step_args = (k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty, LseLog2, Delta, offs_n, seqlen,
+                 softmax_scale_log2)  # fmt: skip
+    # GQA: the query heads kv_head · group ... kv_head · group + group − 1 read this KV head; dK and dV
+    # sum over them here, in registers.
+    for h in range(group):
+        row_base = (batch * heads + kv_head * group + h).to(gl.int64) * seqlen_q
+        for block in range(masked_blocks):
+            m_start = (first_block + block) * BLOCK_M
+            carry = _dkdv_step(carry, h * blocks + block, m_start, row_base, step_args, constants, MASKED=True)
+        for block in range(masked_blocks, blocks):
+            m_start = (first_block + block) * BLOCK_M
+            carry = _dkdv_step(carry, h * blocks + block, m_start, row_base, step_args, constants, MASKED=False)
+    dk, dv = carry
+
+    # dK carries the softmax scale of S = softmax_scale · Q Kᵀ; dV none.
+    _store_tile(desc_dk, [batch, kv_head, key_start, 0], k_smem, dk * softmax_scale)
+    _store_tile(desc_dv, [batch, kv_head, key_start, 0], v_smem, dv)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _dkdv_kernel(
+    desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LseLog2, Delta,
+    heads, kv_heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale_log2,
+    NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    num_warps: gl.constexpr,
+):  # fmt: skip
+    """dK and dV (B, Hkv, Sk, D) of one 128-key block of one (batch, KV head); Q, dO by 4-D descriptors
+    with a BLOCK_M-row box, K, V, dK, dV with a 64-row box; LSE₂ and D fp32 (B·H·Sq) vectors."""
+    WG_N: gl.constexpr = desc_k.block_type.shape[2]
+    BLOCK_N: gl.constexpr = NUM_CONSUMERS * WG_N
+    BLOCK_M: gl.constexpr = desc_q.block_type.shape[2]
+    HEAD_DIM: gl.constexpr = desc_q.block_type.shape[3]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16]
+    )
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    # Pᵀ and dSᵀ as wgmma's A operand from registers: two 16-bit k per thread and register.
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    constants: gl.constexpr = StepConstants(s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL)
+
+    n_block = gl.program_id(0)
+    batch_kv_head = gl.program_id(1)
+    batch = batch_kv_head // kv_heads
+    kv_head = batch_kv_head % kv_heads
+    group = heads // kv_heads
+    # Row i sees keys j <= i + causal_offset: 0 top-left, Sk − Sq bottom-right.
+    causal_offset = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+    n_start = n_block * BLOCK_N
+    first_block, blocks, masked_blocks = _query_blocks(
+        n_start, seqlen_q, seqlen_k, causal_offset, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N
+    )
+    smem, barriers = _allocate(desc_k, desc_q, NUM_STAGES)
+
+    loader = (
+        (desc_k, desc_v, desc_q, desc_do),
+        smem,
+        barriers,
+        (batch, kv_head, n_start, kv_head * group, group, first_block, blocks),
+    )
+    consumer_args = (
+        smem,
+        barriers,
+        (desc_dk, desc_dv),
+        (LseLog2, Delta),
+        (batch, heads, kv_head, group, n_start, first_block, blocks, masked_blocks),
+        (seqlen_q, seqlen_k, causal_offset),
+        (softmax_scale, softmax_scale_log2),
+    )
+    gl.warp_specialize(
+        [
+            (_dkdv_consumer, (0, consumer_args, constants)),
+            (_dkdv_consumer, (1, consumer_args, constants)),
+            (_load_partition, (loader, NUM_STAGES)),
+        ],
+        [CONSUMER_WARPS, LOAD_WARPS],
+        [CONSUMER_REGS, LOAD_REGISTERS],
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# dQ: one CTA per 128 query rows of one (batch, head); each consumer owns 64 of them
+# ----------------------------------------------------------------------------------------------
+@gluon.jit
+def _dq_step(dq, n_block, step_args, constants: gl.constexpr, MASKED: gl.constexpr):
+    """One ring slot of K and V (keys from n_block · BLOCK_N) into this consumer's dQ (step 3)."""
+    q_smem, do_smem, k_ring, v_ring, k_ready, v_ready, empty, offs_m, rows, seqlen, scale_log2 = step_args
+    lse_log2, delta = rows
+    _, seqlen_k, causal_offset = seqlen
+    s_layout: gl.constexpr = constants.s_layout
+    p_layout: gl.constexpr = constants.p_layout
+    NUM_STAGES: gl.constexpr = constants.NUM_STAGES
+    BLOCK_N: gl.constexpr = k_ring.shape[1]
+
+    k_tile = _ready_tile(k_ring, k_ready, n_block, NUM_STAGES)
+    s_token = _scores(q_smem, k_tile, s_layout)
+    v_tile = _ready_tile(v_ring, v_ready, n_block, NUM_STAGES)
+    dp_token = _scores(do_smem, v_tile, s_layout)
+    S = warpgroup_mma_wait(1, deps=[s_token]) * scale_log2
+    if MASKED:
+        S = attention_mask(S, offs_m, n_block * BLOCK_N, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL)
+    # Rows that see no key (LSE₂ +inf) and masked scores (-inf) give P = 0.
+    P = gl.exp2(S - lse_log2[:, None])
+    dP = warpgroup_mma_wait(0, deps=[dp_token])
+    d_s = _operand_p(P * (dP - delta[:, None]), k_ring.dtype, p_layout)
+    dq = warpgroup_mma_wait(0, deps=[_values_product(d_s, k_tile, dq, p_layout)])
+    mbarrier.arrive(empty.index(n_block % NUM_STAGES), count=1)
+    return dq
+
+
+@gluon.jit
+def _dq_consumer(index: gl.constexpr, args, constants: gl.constexpr):
+    """Consumer ``index``: query rows start_m + 64 · index ... + 63, its Q and dO tiles; the unmasked key
+    blocks (seen in full by every row of the CTA), then the causal diagonal and the key tail; dQ out."""
+    smem, barriers, desc_dq, vectors, coords, seqlen, scales = args
+    fixed_q, fixed_do, k_ring, v_ring = smem
+    fixed_ready, k_ready, v_ready, empty = barriers
+    LseLog2, Delta = vectors
+    batch, head, batch_head, start_m, n_block_max, n_masked_blocks = coords
+    seqlen_q, _, _ = seqlen
+    softmax_scale, softmax_scale_log2 = scales
+    q_smem = fixed_q.index(index)
+    do_smem = fixed_do.index(index)
+    WG_M: gl.constexpr = q_smem.shape[0]
+    HEAD_DIM: gl.constexpr = q_smem.shape[1]
+    consumer_m = start_m + index * WG_M
+    offs_m = consumer_m + gl.arange(0, WG_M, layout=gl.SliceLayout(1, constants.s_layout))
+    row_ok = offs_m < seqlen_q
+    # This head's rows of the (B·H·Sq) vectors; rows past Sq: LSE₂ +inf makes their P 0.
+    row_base = batch_head.to(gl.int64) * seqlen_q
+    lse_log2 = gl.load(LseLog2 + row_base + offs_m, mask=row_ok, other=float("inf"))
+    delta = gl.load(Delta + row_base + offs_m, mask=row_ok, other=0.0)
+    dq = gl.zeros([WG_M, HEAD_DIM], gl.float32, constants.acc_layout)
+
+    mbarrier.wait(fixed_ready.index(index), 0)
+    step_args = (q_smem, do_smem, k_ring, v_ring, k_ready, v_ready, empty, offs_m, (lse_log2, delta), seqlen,
+                 softmax_scale_log2)  # fmt: skip
+    n_unmasked = n_block_max - n_masked_blocks
+    for n_block in range(n_unmasked):
+        dq = _dq_step(dq, n_block, step_args, constants, MASKED=False)
+    for n_block in range(n_unmasked, n_block_max):
+        dq = _dq_step(dq, n_block, step_args, constants, MASKED=True)
+
+    # dQ carries the softmax scale; rows past Sq are clipped by the store.
+    _store_tile(desc_dq, [batch, head, consumer_m, 0], q_smem, dq * softmax_scale)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _dq_kernel(
+    desc_q, desc_k, desc_v, desc_do, desc_dq, LseLog2, Delta,
+    heads, kv_heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale_log2,
+    NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    num_warps: gl.constexpr,
+):  # fmt: skip
+    """dQ (B, H, Sq, D) of 128 query rows of one (batch, head); Q, dO, dQ by 4-D descriptors with a
+    64-row box, K and V with a BLOCK_N-row box (their KV head's: GQA reads them, never repeats them)."""
+    WG_M: gl.constexpr = desc_q.block_type.shape[2]
+    BLOCK_M: gl.constexpr = NUM_CONSUMERS * WG_M
+    BLOCK_N: gl.constexpr = desc_k.block_type.shape[2]
+    HEAD_DIM: gl.constexpr = desc_q.block_type.shape[3]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    # dS as wgmma's A operand from registers: two 16-bit k per thread and register.
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    constants: gl.constexpr = StepConstants(s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL)
+
+    # Causal: the last query blocks see the most keys; launching them first evens out the tail.
+    m_block = gl.num_programs(0) - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)
+    batch_head = gl.program_id(1)
+    batch = batch_head // heads
+    head = batch_head % heads
+    kv_head = kv_head_index(head, heads, kv_heads)
+    causal_offset = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
+    start_m = m_block * BLOCK_M
+    # The key blocks any of the CTA's rows sees; the top n_masked_blocks need the mask for some row.
+    _, n_block_max, n_masked_blocks = block_range(
+        start_m, seqlen_k, causal_offset, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N
+    )
+    smem, barriers = _allocate(desc_q, desc_k, NUM_STAGES)
+
+    loader = ((desc_q, desc_do, desc_k, desc_v), smem, barriers, (batch, head, start_m, kv_head, 1, 0, n_block_max))
+    consumer_args = (
+        smem,
+        barriers,
+        desc_dq,
+        (LseLog2, Delta),
+        (batch, head, batch_head, start_m, n_block_max, n_masked_blocks),
+        (seqlen_q, seqlen_k, causal_offset),
+        (softmax_scale, softmax_scale_log2),
+    )
+    gl.warp_specialize(
+        [
+            (_dq_consumer, (0, consumer_args, constants)),
+            (_dq_consumer, (1, consumer_args, constants)),
+            (_load_partition, (loader, NUM_STAGES)),
+        ],
+        [CONSUMER_WARPS, LOAD_WARPS],
+        [CONSUMER_REGS, LOAD_REGISTERS],
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Host: operands, descriptors and the three launches
+# ----------------------------------------------------------------------------------------------
+def _tma_operand(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a TMA descriptor can address it: strides 16-byte aligned (``kernel_operand``) and no
+    broadcast dim (stride 0, as autograd's dO of a sum can be), which TMA cannot express."""
+    t = kernel_operand(t)
+    if any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape, strict=True)):
+        t = t.contiguous()
+    return t
+
+
+def _launches(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    d_out: torch.Tensor,
+    problem: Problem,
+    d_lse: torch.Tensor | None,
+    tiles: BackwardTiles | None = None,
+) -> tuple[list[Launch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The preprocess, dK/dV and dQ launches and the (dq, dk, dv) they write."""
+    tiles = tiles or CANDIDATES[problem.head_dim][0]
+    q, k, v, out, d_out = (_tma_operand(t) for t in (q, k, v, out, d_out))
+    preprocess, delta, lse_log2 = tiled.preprocess_launch(out, d_out, lse, d_lse, problem)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    dtype = GLUON_DTYPES[q.dtype]
+    rows = CONSUMER_ROWS
+    scalars = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale,
+               problem.scale * LOG2_E)  # fmt: skip
+    options = {
+        "CAUSAL": problem.causal, "BOTTOM_RIGHT": problem.bottom_right, "CONSUMER_REGS": BUDGET.consumer_registers,
+        "num_warps": BUDGET.num_warps, "maxnreg": BUDGET.maxnreg,
+    }  # fmt: skip
+    dkdv = (
+        _dkdv_kernel,
+        (triton.cdiv(problem.seqlen_k, NUM_CONSUMERS.value * rows), problem.batch * problem.kv_heads),
+        (
+            descriptor(q, tiles.dkdv_block_m, dtype), descriptor(k, rows, dtype), descriptor(v, rows, dtype),
+            descriptor(d_out, tiles.dkdv_block_m, dtype), descriptor(dk, rows, dtype), descriptor(dv, rows, dtype),
+            lse_log2, delta, *scalars,
+        ),
+        {**options, "NUM_STAGES": tiles.dkdv_stages},
+    )  # fmt: skip
+    dq_launch = (
+        _dq_kernel,
+        (triton.cdiv(problem.seqlen_q, NUM_CONSUMERS.value * rows), problem.batch * problem.heads),
+        (
+            descriptor(q, rows, dtype), descriptor(k, tiles.dq_block_n, dtype), descriptor(v, tiles.dq_block_n, dtype),
+            descriptor(d_out, rows, dtype), descriptor(dq, rows, dtype), lse_log2, delta, *scalars,
+        ),
+        {**options, "NUM_STAGES": tiles.dq_stages},
+    )  # fmt: skip
+    return [preprocess, dkdv, dq_launch], (dq, dk, dv)
+
+
+# (dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H, Sq) and
+# the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE); the keyword ``tiles``
+# replaces the head dim's default variant (``CANDIDATES``).
+hopper_gradients = launched_gradients(_launches)
+
+
+def compile_sm90(problem: Problem, tiles: BackwardTiles | None = None) -> list[KernelBinary]:
+    """The three kernels compiled for sm_90a as ``problem``'s launches build them (meta tensors: no GPU)."""
+    return compile_launches(_launches, problem, tiles=tiles)
+
+
+# ----------------------------------------------------------------------------------------------
+# Capability check
+# ----------------------------------------------------------------------------------------------
+def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
+    """fp16/bf16, D 64 or 128, GQA, both causal alignments and the LSE's gradient, on an sm_90 GPU; no
+    ``cache_seqlens``, no paged cache."""
+    if problem.dtype not in DTYPES:
+        return False, f"{BACKWARD_NAME} runs fp16 and bf16, got {problem.dtype_name}"
+    if problem.head_dim not in HEAD_DIMS:
+        return False, f"{BACKWARD_NAME} needs head_dim in {list(HEAD_DIMS)}, got {problem.head_dim}"
+    ok, reason = check_features(BACKWARD_NAME, problem, (GQA, BOTTOM_RIGHT, LSE))
+    if not ok:
+        return ok, reason
+    return gluon_device_supported(BACKWARD_NAME, device, "warpgroup_mma is Hopper's")
+
+
+BACKWARD = Backward(BACKWARD_NAME, hopper_gradients, supports, compile_sm90, source_file=__file__)
