@@ -12,7 +12,7 @@ import torch
 from common.contract.capability import BOTTOM_RIGHT, GQA, LSE, check_features
 from common.contract.devices import triton_device_supported, triton_dtype_supported
 from common.contract.problem import Problem
-from common.contract.registry import Gradients, Launch, meta_operands
+from common.contract.registry import Launch, meta_operands
 from common.toolchain.compile import KernelBinary, compile_triton_sm90_launch
 
 # Each backward rung's launches for a problem: (the launches, the (dq, dk, dv) they write).
@@ -24,21 +24,16 @@ def head_strides(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
-def launched_gradients(build: LaunchBuilder) -> Gradients:
-    """The rung's ``gradients(q, k, v, out, lse, d_out, problem, *, d_lse=None, **options)`` (see
-    ``common.contract.registry``): every kernel ``build`` lists launched in order, the (dq, dk, dv)
-    they write returned. ``options`` (tiled: ``config``) go to ``build``."""
-
-    def gradients(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-        d_out: torch.Tensor, problem: Problem, *, d_lse: torch.Tensor | None = None, **options: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-        launches, written = build(q, k, v, out, lse, d_out, problem, d_lse, **options)
-        for kernel, grid, args, launch_options in launches:
-            kernel[grid](*args, **launch_options)
-        return written
-
-    return gradients
+def run_launches(
+    build: LaunchBuilder, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    d_out: torch.Tensor, problem: Problem, d_lse: torch.Tensor | None, **options: Any,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The body of every backward rung's ``gradients``: launch each kernel ``build`` lists, in order, and
+    return the (dq, dk, dv) they write. ``options`` go to ``build`` (tiled: ``config``, gluon: ``tiles``)."""
+    launches, written = build(q, k, v, out, lse, d_out, problem, d_lse, **options)
+    for kernel, grid, args, launch_options in launches:
+        kernel[grid](*args, **launch_options)
+    return written
 
 
 def compile_launches(build: LaunchBuilder, problem: Problem, **options: Any) -> list[KernelBinary]:

@@ -52,7 +52,7 @@ from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
 from triton_impl._device import batch_and_head, head_base, program_heads
 from triton_impl.backward._device import softmax_delta
-from triton_impl.backward._host import backward_supported, compile_launches, head_strides, launched_gradients
+from triton_impl.backward._host import backward_supported, compile_launches, head_strides, run_launches
 
 # A constexpr: P = exp2((S − LSE) · LOG2_E), S and the LSE in natural units.
 LOG2_E = tl.constexpr(1.4426950408889634)
@@ -306,9 +306,13 @@ def _launches(
     return launches, (dq, dk, dv)
 
 
-# (dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H, Sq) and
-# the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE): the five launches, in order.
-naive_gradients = launched_gradients(_launches)
+def naive_gradients(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+    problem: Problem, *, d_lse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H, Sq)
+    and the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE)."""
+    return run_launches(_launches, q, k, v, out, lse, d_out, problem, d_lse)
 
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:

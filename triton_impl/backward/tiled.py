@@ -78,7 +78,7 @@ from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
 from triton_impl._device import batch_and_head, query_heads
 from triton_impl.backward._device import softmax_delta
-from triton_impl.backward._host import backward_supported, compile_launches, head_strides, launched_gradients
+from triton_impl.backward._host import backward_supported, compile_launches, head_strides, run_launches
 
 # softmax_scale_log2 = softmax_scale · LOG2_E, so the kernels use exp2; the preprocess scales the LSE by it.
 LOG2_E = tl.constexpr(math.log2(math.e))
@@ -497,10 +497,14 @@ def _launches(
     return launches, (dq, dk, dv)
 
 
-# (dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H, Sq) and
-# the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE); the keyword ``config``
-# replaces the head dim's default variant (``CANDIDATES``).
-tiled_gradients = launched_gradients(_launches)
+def tiled_gradients(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+    problem: Problem, *, d_lse: torch.Tensor | None = None, config: BackwardConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H, Sq)
+    and the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE); ``config`` replaces
+    the head dim's default variant (``CANDIDATES``)."""
+    return run_launches(_launches, q, k, v, out, lse, d_out, problem, d_lse, config=config)
 
 
 def compile_sm90(problem: Problem, config: BackwardConfig | None = None) -> list[KernelBinary]:

@@ -80,7 +80,7 @@ from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
 from triton_impl._host import LOG2_E
 from triton_impl.backward import tiled
-from triton_impl.backward._host import compile_launches, launched_gradients
+from triton_impl.backward._host import compile_launches, run_launches
 from triton_impl.gluon._device import (
     _as_box,
     _operand_p,
@@ -588,10 +588,14 @@ def _launches(
     return [preprocess, dkdv, dq_launch], (dq, dk, dv)
 
 
-# (dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H, Sq) and
-# the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE); the keyword ``tiles``
-# replaces the head dim's default variant (``CANDIDATES``).
-hopper_gradients = launched_gradients(_launches)
+def hopper_gradients(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+    problem: Problem, *, d_lse: torch.Tensor | None = None, tiles: BackwardTiles | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H, Sq)
+    and the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE); ``tiles`` replaces
+    the head dim's default variant (``CANDIDATES``)."""
+    return run_launches(_launches, q, k, v, out, lse, d_out, problem, d_lse, tiles=tiles)
 
 
 def compile_sm90(problem: Problem, tiles: BackwardTiles | None = None) -> list[KernelBinary]:
