@@ -501,9 +501,8 @@ def tiled_gradients(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
     problem: Problem, *, d_lse: torch.Tensor | None = None, config: BackwardConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H, Sq)
-    and the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE); ``config`` replaces
-    the head dim's default variant (``CANDIDATES``)."""
+    """The rung's ``Gradients`` (``common.contract.registry``: dq, dk, dv from O, the LSE, dO and dLSE);
+    ``config`` replaces the head dim's default variant (``CANDIDATES``)."""
     return run_launches(_launches, q, k, v, out, lse, d_out, problem, d_lse, config=config)
 
 
