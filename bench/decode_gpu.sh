@@ -15,13 +15,8 @@
 # EXTRA_PYTHONPATH (folders where FA4 or FlashInfer were unpacked by an earlier call).
 # Outputs in $OUT: gpu.log, pytest_graph.log, random.log, random/, graph.log, graph/.
 set -uo pipefail
-if ! python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  echo "decode_gpu.sh needs a CUDA GPU (Hopper); none is visible" >&2
-  exit 2
-fi
-OUT=${OUT:-runs/decode_gpu}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+# shellcheck source=bench/_gpu_run.sh
+source "$(dirname "$0")/_gpu_run.sh" decode_gpu.sh runs/decode_gpu
 if [ -f .gpu/activate.sh ]; then
   # shellcheck disable=SC1091
   source .gpu/activate.sh > "$OUT/gpu.log" 2>&1

@@ -11,13 +11,8 @@
 # sdpa/cudnn), AB_TIMING (compare.py's --warmup and --rep in ms, default "50 300").
 # Outputs in $OUT: ab.log (one line per row: round, tree, impl, causal, TFLOP/s) and ab.tgz (every run's folder).
 set -uo pipefail
-if ! python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  echo "house_ab.sh needs a CUDA GPU (Hopper); none is visible" >&2
-  exit 2
-fi
-OUT=${OUT:-runs/house_ab}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+# shellcheck source=bench/_gpu_run.sh
+source "$(dirname "$0")/_gpu_run.sh" house_ab.sh runs/house_ab
 if [ ! -f .gpu/before.tar.gz ]; then
   echo "house_ab.sh: .gpu/before.tar.gz is missing (git archive of the commit before the refactor)" >&2
   exit 2

@@ -13,11 +13,7 @@ sm_90a without spills (in a child process, as the interpreter is chosen when Tri
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,10 +27,10 @@ from common.contract.inputs import make_cache_seqlens, make_inputs
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention, visible_keys_mask
 from common.contract.registry import Backward, discover, with_backward
+from tests._helpers import json_from_child
 from triton_impl.backward import tiled as tiled_backward
 from triton_impl.gluon import backward as gluon_backward
 
-ROOT = Path(__file__).resolve().parent.parent
 IMPLEMENTATIONS, _ = discover(include_baselines=False)
 # Each backward rung, with the first forward rung (ladder order) that names it: the pair tested end to end.
 FORWARD_OF: dict[str, str] = {}
@@ -370,13 +366,7 @@ def test_every_backward_compiles_for_sm90a_without_spills() -> None:
     """Every rung's default launches and every tile candidate of the tiled rung and of the Gluon rung,
     causal and not; the Gluon kernels also within the H200's shared memory per block and with the PTX
     they claim (TMA, mbarriers, wgmma, setmaxnreg; no mma.sync or cp.async)."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [sys.executable, "-c", COMPILE_SCRIPT], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    rows = json.loads(done.stdout.splitlines()[-1])
+    rows = json_from_child(["-c", COMPILE_SCRIPT], timeout=600)
     assert {row[0] for row in rows} >= ALL_BACKWARD_NAMES
     spilled = [row for row in rows if row[3]]
     assert not spilled, f"(backward, head_dim, kernel, spill bytes per thread): {spilled}"

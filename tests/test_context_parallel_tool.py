@@ -178,17 +178,24 @@ def test_report_tables_plot_and_status(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------
 # End to end: torchrun, 2 gloo processes, a Triton rung under the interpreter
 # ----------------------------------------------------------------------------------------------
-def test_two_process_gloo_run(tmp_path: Path) -> None:
-    out = tmp_path / "cp"
+def _gloo_sweep(out: Path, *options: str) -> subprocess.CompletedProcess:
+    """The sweep under torchrun in 2 gloo processes on CPU tensors (heads 2, head dim 32, triton/tiled)
+    with ``options``, writing to ``out``."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "-m", "common.tools.context_parallel", "--device", "cpu", "--tokens-per-gpu", "48,32", "--heads", "2",
-        "--kv-heads", "1", "--head-dim", "32", "--impl", "triton/tiled", "--impl", "sdpa/math",
-        "--torch-cp", "cudnn", "--target-ms", "1", "--min-reps", "1", "--check-rows", "6", "--timeout-s", "120",
-        "--out", str(out),
+        "-m", "common.tools.context_parallel", "--device", "cpu", "--heads", "2", "--head-dim", "32",
+        "--impl", "triton/tiled", "--timeout-s", "120", "--out", str(out), *options,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_two_process_gloo_run(tmp_path: Path) -> None:
+    out = tmp_path / "cp"
+    done = _gloo_sweep(
+        out, "--tokens-per-gpu", "48,32", "--kv-heads", "1", "--impl", "sdpa/math", "--torch-cp", "cudnn",
+        "--target-ms", "1", "--min-reps", "1", "--check-rows", "6",
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     frame = pd.read_csv(out / "results.csv", dtype={"reason": str})
     assert len(frame) == 2 * 2 * 3, frame[["impl", "tokens_per_gpu", "causal", "status", "reason"]]
@@ -207,14 +214,7 @@ def test_two_process_gloo_run(tmp_path: Path) -> None:
 def test_rows_left_by_the_deadline_fail_the_run(tmp_path: Path) -> None:
     """A sweep the deadline cut short exits 1, its unrun rows recorded as skipped with the reason."""
     out = tmp_path / "cp"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "-m", "common.tools.context_parallel", "--device", "cpu", "--tokens-per-gpu", "32", "--heads", "2",
-        "--head-dim", "32", "--impl", "triton/tiled", "--torch-cp", "none", "--deadline-s", "0",
-        "--transfer-first", "--timeout-s", "120", "--out", str(out),
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = _gloo_sweep(out, "--tokens-per-gpu", "32", "--torch-cp", "none", "--deadline-s", "0", "--transfer-first")
     assert done.returncode != 0, done.stdout[-3000:] + done.stderr[-3000:]
     frame = pd.read_csv(out / "results.csv", dtype={"reason": str})
     assert set(frame["status"]) == {"skipped"} and frame["reason"].str.contains("--deadline-s 0 reached").all()

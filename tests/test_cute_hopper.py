@@ -21,6 +21,7 @@ from common.reporting.static import cubin_resources
 from cute_impl import _hopper_device, _hopper_host, fp8, hopper
 from cute_impl._device import BlockRange, SeqlenInfo
 from cute_impl._hopper_device import TileScheduler
+from tests._helpers import MASKS, check_features, edge_cache_seqlens, feature_grid, feature_problem
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -347,30 +348,7 @@ def test_hopper_reads_strided_views():
     assert err.rel_l2_err < 1e-2, err.summary()
 
 
-# The masks of the feature tests: (causal, causal_alignment).
-MASKS = {"full": (False, "top_left"), "causal": (True, "top_left"), "causal_bottom_right": (True, "bottom_right")}
-
-
-def _edge_cache_seqlens(batch: int, seqlen_k: int, device: torch.device) -> torch.Tensor:
-    """(B,) int32 key lengths with the edges: a full sequence (Sk), an empty one (0), ragged others."""
-    lengths = [seqlen_k, 0, *(max(1, (seqlen_k * (3 + 2 * i)) // 7) for i in range(batch - 2))]
-    return torch.tensor(lengths[:batch], dtype=torch.int32, device=device)
-
-
-def _feature_problem(seqlens, head_dim, kv_heads, mask, cache_lengths, return_lse=True, batch=3, heads=8):
-    causal, alignment = MASKS[mask]
-    return Problem(
-        batch, heads, *seqlens, head_dim, dtype=torch.bfloat16, causal=causal, kv_heads=kv_heads,
-        causal_alignment=alignment, has_cache_seqlens=cache_lengths, return_lse=return_lse,
-    )  # fmt: skip
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("cache_lengths", [False, True], ids=["dense", "cache_seqlens"])
-@pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize("seqlens", [(77, 1000), (1000, 77), (333, 333)], ids=str)
-@pytest.mark.parametrize("kv_heads", [1, 4], ids=["mqa", "gqa4"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@feature_grid()
 def test_hopper_gqa_alignments_cache_seqlens_and_lse(
     head_dim: int, kv_heads: int, seqlens: tuple[int, int], mask: str, cache_lengths: bool
 ):
@@ -378,13 +356,7 @@ def test_hopper_gqa_alignments_cache_seqlens_and_lse(
     with Sq != Sk (bottom-right with Sq > Sk leaves rows that see no key: O = 0, LSE = -inf), and
     per-sequence lengths Sk, 0 and ragged; O against the fp64 reference by the rung's rule and the LSE
     by the contract's LSE rule, on poisoned outputs."""
-    problem = _feature_problem(seqlens, head_dim, kv_heads, mask, cache_lengths)
-    q, k, v = make_inputs(problem, seed=11, offset=0.5)
-    cache_seqlens = _edge_cache_seqlens(problem.batch, problem.seqlen_k, q.device) if cache_lengths else None
-    assert hopper.supports(problem, q.device)[0]
-    result = check_on_inputs(hopper.IMPLEMENTATION, q, k, v, problem, cache_seqlens=cache_seqlens)
-    assert result.ok, f"{problem.describe()}: {result.summary()}"
-    assert result.lse is not None
+    check_features(hopper.IMPLEMENTATION, feature_problem(seqlens, head_dim, kv_heads, mask, cache_lengths), seed=11)
 
 
 @pytest.mark.gpu
@@ -395,7 +367,7 @@ def test_persistent_ctas_with_gqa_and_bottom_right(seqlens: tuple[int, int], hea
     """Three persistent CTAs over dozens of tiles of a GQA bottom-right problem (and, 16-bit, per-sequence
     lengths): tiles that see no key still run their one fully masked block, so the rings stay in step."""
     cache_lengths = not fp8_operands
-    problem = _feature_problem(seqlens, head_dim, 1, "causal_bottom_right", cache_lengths, return_lse=False, heads=5)
+    problem = feature_problem(seqlens, head_dim, 1, "causal_bottom_right", cache_lengths, return_lse=False, heads=5)
     q, k, v = make_inputs(problem, seed=7, offset=0.5)
     if fp8_operands:
         quantisation = fp8.DEFAULT_QUANTISATION
@@ -403,7 +375,7 @@ def test_persistent_ctas_with_gqa_and_bottom_right(seqlens: tuple[int, int], hea
         run = fp8.quantised_launcher(config, fp8.quantised(q, k, v, quantisation), problem, sm_count=3)
         impl, cache_seqlens = fp8.IMPLEMENTATION, None
     else:
-        cache_seqlens = _edge_cache_seqlens(problem.batch, problem.seqlen_k, q.device)
+        cache_seqlens = edge_cache_seqlens(problem.batch, problem.seqlen_k, q.device)
         config = dataclasses.replace(hopper.default_config(problem), persistent=True)
         run = hopper.KERNELS.launcher(
             config, q, k, v, problem.scale * hopper.LOG2_E, 1.0, sm_count=3, cache_seqlens=cache_seqlens
@@ -427,7 +399,7 @@ def test_fp8_gqa_and_bottom_right_match_the_emulation(
 ):
     """cute/fp8 with K and V (and their block scales) read at the KV head, judged by FP8_RULE against
     the emulation of its own per-KV-head quantisation; both alignments with Sq != Sk."""
-    problem = _feature_problem(seqlens, head_dim, kv_heads, mask, False, return_lse=False)
+    problem = feature_problem(seqlens, head_dim, kv_heads, mask, False, return_lse=False)
     q, k, v = make_inputs(problem, seed=13, offset=0.5)
     result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
     assert result.ok, f"{problem.describe()}: {result.summary()}"

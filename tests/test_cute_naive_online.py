@@ -17,6 +17,7 @@ pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl")
 
 from cute_impl import naive as cute_naive
 from cute_impl import online as cute_online
+from tests._helpers import check_features, edge_cache_seqlens, feature_grid, feature_problem
 
 RUNGS = {"cute/naive": cute_naive, "cute/online": cute_online}
 # Configurations the shared static test (canonical: D=128, bf16, non-causal) does not compile.
@@ -159,21 +160,7 @@ def test_naive_refuses_score_buffer_larger_than_free_memory():
 
 
 # ---- problem features on the GPU: GQA, both alignments, per-sequence lengths, the LSE ----
-MASKS = {"full": (False, "top_left"), "causal": (True, "top_left"), "causal_bottom_right": (True, "bottom_right")}
-
-
-def _edge_cache_seqlens(batch: int, seqlen_k: int) -> torch.Tensor:
-    """(B,) int32 key lengths with the edges: a full sequence (Sk), an empty one (0), ragged others."""
-    lengths = [seqlen_k, 0, *(max(1, (seqlen_k * (3 + 2 * i)) // 7) for i in range(batch - 2))]
-    return torch.tensor(lengths[:batch], dtype=torch.int32, device="cuda")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("cache_lengths", [False, True], ids=["dense", "cache_seqlens"])
-@pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize("seqlens", [(77, 1000), (1000, 77)], ids=str)
-@pytest.mark.parametrize("kv_heads", [1, 4], ids=["mqa", "gqa4"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@feature_grid(seqlens=((77, 1000), (1000, 77)))
 @pytest.mark.parametrize("impl_name", list(RUNGS))
 def test_gqa_alignments_cache_seqlens_and_lse(
     impl_name: str, head_dim: int, kv_heads: int, seqlens: tuple[int, int], mask: str, cache_lengths: bool
@@ -182,18 +169,8 @@ def test_gqa_alignments_cache_seqlens_and_lse(
     Sq != Sk (bottom-right with Sq > Sk leaves rows that see no key: O = 0, LSE = -inf), key lengths
     Sk, 0 and ragged; O against the fp64 reference by the rung's rule and the LSE by the contract's
     LSE rule, on poisoned outputs."""
-    causal, alignment = MASKS[mask]
-    problem = Problem(
-        3, 8, *seqlens, head_dim, dtype=torch.bfloat16, causal=causal, kv_heads=kv_heads,
-        causal_alignment=alignment, has_cache_seqlens=cache_lengths, return_lse=True,
-    )  # fmt: skip
-    q, k, v = make_inputs(problem, seed=19, offset=0.5)
-    cache_seqlens = _edge_cache_seqlens(problem.batch, problem.seqlen_k) if cache_lengths else None
-    impl = RUNGS[impl_name].IMPLEMENTATION
-    assert impl.check(problem, q.device) == (True, "")
-    result = check_on_inputs(impl, q, k, v, problem, cache_seqlens=cache_seqlens)
-    assert result.ok, f"{impl_name} {problem.describe()}: {result.summary()}"
-    assert result.lse is not None
+    problem = feature_problem(seqlens, head_dim, kv_heads, mask, cache_lengths)
+    check_features(RUNGS[impl_name].IMPLEMENTATION, problem, seed=19)
 
 
 @pytest.mark.gpu
@@ -206,7 +183,7 @@ def test_empty_sequence_and_rows_before_the_diagonal_see_no_key(impl_name: str):
         has_cache_seqlens=True, return_lse=True,
     )  # fmt: skip
     q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in make_inputs(problem, seed=23, offset=0.5))
-    cache_seqlens = _edge_cache_seqlens(problem.batch, problem.seqlen_k)
+    cache_seqlens = edge_cache_seqlens(problem.batch, problem.seqlen_k, "cuda")
     out, lse = run_poisoned(RUNGS[impl_name].prepare(q, k, v, problem, cache_seqlens=cache_seqlens))
     assert torch.all(out[1] == 0) and torch.all(lse[1] == -torch.inf)
     for b, length in enumerate(cache_seqlens.tolist()):

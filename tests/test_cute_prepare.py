@@ -17,16 +17,9 @@ from common.contract.problem import Problem
 pytest.importorskip("cutlass")
 import cute_impl.fp8 as cute_fp8  # after the skip: the CuTe rungs import cutlass
 import cute_impl.hopper as cute_hopper
+from tests.cute_stubs import BindReachedError, never_bind
 
 RUNGS = {"cute/hopper": cute_hopper, "cute/fp8": cute_fp8}
-
-
-class BindReachedError(Exception):
-    """Raised by the stand-in ``bind``: validation let the problem through."""
-
-
-def _never_bind(*args: object, **kwargs: object) -> None:
-    raise BindReachedError
 
 
 @pytest.fixture
@@ -35,7 +28,7 @@ def cpu_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
     validate = functools.partial(cute_hopper.validate_for_problem, device_types=("cpu",))
     monkeypatch.setattr(cute_hopper, "validate_for_problem", validate)
     for module in RUNGS.values():
-        _patch_bind(monkeypatch, module, _never_bind)
+        _patch_bind(monkeypatch, module, never_bind)
 
 
 def _patch_bind(monkeypatch: pytest.MonkeyPatch, module: object, replacement: object) -> None:

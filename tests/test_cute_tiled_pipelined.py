@@ -18,6 +18,8 @@ from common.contract.reference import reference_attention, sdpa
 from common.reporting.static import cubin_resources
 from cute_impl import _host, pipelined, tiled
 from cute_impl._device import BlockRange, SeqlenInfo
+from tests._helpers import check_features, feature_grid, feature_problem
+from tests.cute_stubs import BindReachedError, never_bind
 
 MODULES = {"cute/tiled": tiled, "cute/pipelined": pipelined}
 # Shared memory per SM on the H100/H200 available to CTAs, in bytes.
@@ -83,21 +85,13 @@ def test_pipelined_waits_for_one_block_not_for_all():
     assert set(re.findall(r"cp\.async\.wait_group\s+(\d+)", tiled_ptx)) == {"0"}
 
 
-class BindReachedError(Exception):
-    pass
-
-
-def _never_bind(*args: object, **kwargs: object) -> None:
-    raise BindReachedError
-
-
 @pytest.fixture
 def cpu_prepare(monkeypatch: pytest.MonkeyPatch) -> None:
     """prepare() validates CPU tensors and stops at bind: what it refuses, it refuses before any GPU work."""
     validate = functools.partial(_host.validate_for_problem, device_types=("cpu",))
     monkeypatch.setattr(_host, "validate_for_problem", validate)
     for module in MODULES.values():
-        monkeypatch.setattr(module.HOST, "bind", _never_bind)
+        monkeypatch.setattr(module.HOST, "bind", never_bind)
 
 
 @pytest.mark.parametrize("scale", [-0.125, 0.0])
@@ -245,21 +239,7 @@ def test_tile_boundaries_causal(name: str, seqlens: tuple[int, int]):
 
 
 # The masks of the feature tests: (causal, causal_alignment).
-MASKS = {"full": (False, "top_left"), "causal": (True, "top_left"), "causal_bottom_right": (True, "bottom_right")}
-
-
-def _edge_cache_seqlens(batch: int, seqlen_k: int, device: torch.device) -> torch.Tensor:
-    """(B,) int32 key lengths with the edges: a full sequence (Sk), an empty one (0), ragged others."""
-    lengths = [seqlen_k, 0, *(max(1, (seqlen_k * (3 + 2 * i)) // 7) for i in range(batch - 2))]
-    return torch.tensor(lengths[:batch], dtype=torch.int32, device=device)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("cache_lengths", [False, True], ids=["dense", "cache_seqlens"])
-@pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize("seqlens", [(77, 1000), (1000, 77), (333, 333)], ids=str)
-@pytest.mark.parametrize("kv_heads", [1, 4], ids=["mqa", "gqa4"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@feature_grid()
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_gqa_alignments_cache_seqlens_and_lse(
     name: str, head_dim: int, kv_heads: int, seqlens: tuple[int, int], mask: str, cache_lengths: bool
@@ -268,18 +248,8 @@ def test_gqa_alignments_cache_seqlens_and_lse(
     causal alignments with Sq != Sk (bottom-right with Sq > Sk leaves rows that see no key: O = 0,
     LSE = -inf), per-sequence lengths Sk, 0 and ragged; O against the fp64 reference by the rung's rule
     and the LSE by the contract's LSE rule, on poisoned outputs."""
-    causal, alignment = MASKS[mask]
-    problem = Problem(
-        3, 8, *seqlens, head_dim, dtype=torch.bfloat16, causal=causal, kv_heads=kv_heads,
-        causal_alignment=alignment, has_cache_seqlens=cache_lengths, return_lse=True,
-    )  # fmt: skip
-    q, k, v = make_inputs(problem, seed=11, offset=0.5)
-    cache_seqlens = _edge_cache_seqlens(problem.batch, problem.seqlen_k, q.device) if cache_lengths else None
-    module = MODULES[name]
-    assert module.supports(problem, q.device)[0]
-    result = check_on_inputs(module.IMPLEMENTATION, q, k, v, problem, cache_seqlens=cache_seqlens)
-    assert result.ok, f"{name} {problem.describe()}: {result.summary()}"
-    assert result.lse is not None
+    problem = feature_problem(seqlens, head_dim, kv_heads, mask, cache_lengths)
+    check_features(MODULES[name].IMPLEMENTATION, problem, seed=11)
 
 
 @pytest.mark.gpu

@@ -13,10 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -30,6 +26,7 @@ from common.contract.inputs import make_inputs, make_paged_kv
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, discover
 from common.measure.timing import capture
+from tests._helpers import json_from_child
 from triton_impl import decode
 from triton_impl._device import split_key_range
 from triton_impl.gluon import decode as gluon_decode
@@ -41,7 +38,6 @@ SEQLEN_K = 300
 LENGTHS = (SEQLEN_K, 0, 131)
 
 
-ROOT = Path(__file__).resolve().parent.parent
 # Every registered decode rung, for the GPU tests.
 DECODE_IMPLS = {impl.name: impl for impl in discover(include_baselines=False)[0] if impl.rung == "decode"}
 
@@ -500,17 +496,7 @@ SM90_SHARED_BYTES = 232_448
 def gluon_launches() -> list[dict]:
     """Every GLUON_LAUNCHES entry compiled in one child process without the interpreter (which the CPU
     test session turns on, and which breaks Gluon compilation)."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-c", _GLUON_LAUNCH_SCRIPT, json.dumps(GLUON_LAUNCHES)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert done.returncode == 0, f"sm_90a compile failed:\n{done.stderr[-4000:]}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json_from_child(["-c", _GLUON_LAUNCH_SCRIPT, json.dumps(GLUON_LAUNCHES)], timeout=1200)
 
 
 @pytest.mark.static

@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from common.contract.check import run_poisoned
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
-from common.contract.registry import discover
 from common.measure import fa4
 
 PROBLEM = Problem(batch=2, heads=3, seqlen_q=40, seqlen_k=56, head_dim=64, dtype=torch.float32)
@@ -57,12 +56,6 @@ def fake_package(root: Path, interface: str, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.syspath_prepend(str(root))
     for name in [name for name in sys.modules if name.split(".")[0] == "flash_attn"]:
         monkeypatch.delitem(sys.modules, name)
-
-
-def test_fa4_is_a_registered_baseline() -> None:
-    available, _ = discover()
-    (row,) = [impl for impl in available if impl.name == "fa4/sm90"]
-    assert row.stack == "fa4" and row.bind is not None and not row.runs_on_cpu
 
 
 def test_not_installed_is_unavailable_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:

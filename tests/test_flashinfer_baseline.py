@@ -17,7 +17,6 @@ import torch
 from common.contract.check import check_on_inputs
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
-from common.contract.registry import discover
 from common.measure import flashinfer as baseline
 
 CUDA = torch.device("cuda")
@@ -97,12 +96,6 @@ def decode_problem(**changes: object) -> Problem:
 # ----------------------------------------------------------------------------------------------------
 # Registration, unavailable paths, capability rules
 # ----------------------------------------------------------------------------------------------------
-def test_flashinfer_is_a_registered_baseline() -> None:
-    available, _ = discover()
-    (row,) = [impl for impl in available if impl.name == "flashinfer/decode"]
-    assert row.stack == "flashinfer" and row.bind is not None and not row.runs_on_cpu
-
-
 def test_not_installed_is_unavailable_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "flashinfer", None)
     ok, reason = baseline.supports(decode_problem(), CUDA)

@@ -5,11 +5,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,8 +15,8 @@ from common.contract.inputs import make_inputs
 from common.contract.metrics import FP8_RULE, error_stats
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
+from tests._helpers import json_from_child, require_supported
 
-ROOT = Path(__file__).resolve().parent.parent
 HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
 # The CuTe rung is tested wherever its DSL is installed; a broken import then fails here, not skips.
 MODULES = ["triton_impl.fp8", "triton_impl.gluon.fp8", *(["cute_impl.fp8"] if HAS_CUTLASS else [])]
@@ -117,11 +112,7 @@ print(json.dumps(rows))
 def test_triton_fp8_variants_compile_to_e4m3_wgmma_without_spills():
     """The interpreter's e4m3 cast does not round to nearest, so on a CPU the Triton rung is checked
     by compiling every variant for sm_90a (in a process without TRITON_INTERPRET)."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", _TRITON_PROBE], capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    for name, (has_e4m3, spills) in json.loads(done.stdout.splitlines()[-1]).items():
+    for name, (has_e4m3, spills) in json_from_child(["-c", _TRITON_PROBE], timeout=900).items():
         assert has_e4m3 and spills == 0, f"{name}: e4m3 wgmma {has_e4m3}, {spills} bytes spilled"
 
 
@@ -131,9 +122,7 @@ def test_triton_fp8_variants_compile_to_e4m3_wgmma_without_spills():
 def _check(module_name: str, problem: Problem, inputs: str, variant: str, seed: int):
     module = _module(module_name)
     impl = module.IMPLEMENTATION
-    ok, reason = impl.check(problem, torch.device("cuda"))
-    if not ok:
-        pytest.skip(reason)
+    require_supported(impl, problem, "cuda")
     quantisation = VARIANTS[variant]
     variant_impl = impl.__class__(
         **{
@@ -211,9 +200,7 @@ def test_gpu_fp8_attention_runs_the_fused_quantiser_in_every_call(module_name: s
 
     module = _module(module_name)
     problem = Problem(2, 4, 700, 900, 128, dtype=torch.bfloat16, causal=True, kv_heads=2)
-    ok, reason = module.IMPLEMENTATION.check(problem, torch.device("cuda"))
-    if not ok:
-        pytest.skip(reason)
+    require_supported(module.IMPLEMENTATION, problem, "cuda")
     clear_plan_cache()
     inputs = [fa3_inputs(problem, seed=seed, device="cuda") for seed in (1, 2, 3)]
     outs = [attention(q, k, v, causal=True, impl=module.IMPLEMENTATION.name) for q, k, v in inputs]

@@ -15,10 +15,6 @@ the shared rung tests (``FP8_RULE`` against ``common.contract.fp8.emulate``).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,11 +25,11 @@ from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
 from common.contract.registry import discover
+from tests._helpers import json_from_child, require_supported
 from triton_impl import fp8_launch
 from triton_impl.gluon import fp8, hopper
 from triton_impl.gluon._host import LOAD_REGISTERS
 
-ROOT = Path(__file__).resolve().parent.parent
 # The compile fixture runs once per variant in one pytest-xdist worker (--dist loadgroup).
 pytestmark = [pytest.mark.xdist_group("gluon-compile"), pytest.mark.static]
 HAS_CUDA = torch.cuda.is_available()
@@ -104,19 +100,9 @@ print(json.dumps({
 def _compile_in_child(
     rung: str, head_dim: int, causal: bool, dtype_name: str, variant: str | None, features: bool
 ) -> dict:
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     torch_dtype = {"bf16": "bfloat16", "fp16": "float16"}[dtype_name]
     spec = [rung, head_dim, causal, torch_dtype, variant, FEATURES if features else {}]
-    done = subprocess.run(
-        [sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(spec)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, f"sm_90a compile failed:\n{done.stderr[-4000:]}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json_from_child(["-c", _COMPILE_SCRIPT, json.dumps(spec)], timeout=600)
 
 
 @pytest.fixture(
@@ -322,17 +308,7 @@ def test_launch_arguments_compile_through_the_jit_binder(
     launch (on CPU tensors: Triton's own binder and argument packing, no driver): the host
     arguments and the kernel's parameters agree, fp16/bf16 passes the FP8 scales as None constexprs,
     and the GQA / KV-cache launches (kv_heads, cache_seqlens) bind too."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-c", _LAUNCH_SCRIPT, json.dumps([rung, *seqlens, head_dim, causal, features])],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, f"launch compile failed:\n{done.stderr[-4000:]}"
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = json_from_child(["-c", _LAUNCH_SCRIPT, json.dumps([rung, *seqlens, head_dim, causal, features])], 600)
     assert result["e4m3"] == (rung == "fp8")
     assert result["spill_bytes"] == 0, result
     if rung == "hopper":
@@ -456,9 +432,7 @@ def test_fp8_emulation_follows_the_kernel_order(monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.parametrize("seqlens", [(77, 1000), (1000, 77), (333, 333)], ids=lambda s: f"sq{s[0]}-sk{s[1]}")
 def test_gpu_lse_matches_reference(seqlens: tuple[int, int], causal: bool):
     problem = Problem(2, 3, *seqlens, 128, dtype=torch.bfloat16, causal=causal)
-    ok, reason = hopper.IMPLEMENTATION.check(problem, torch.device("cuda"))
-    if not ok:
-        pytest.skip(reason)
+    require_supported(hopper.IMPLEMENTATION, problem, "cuda")
     q, k, v = make_inputs(problem, seed=5)
     run = hopper.prepare(q, k, v, problem)
     run.lse.fill_(float("nan"))
@@ -468,15 +442,19 @@ def test_gpu_lse_matches_reference(seqlens: tuple[int, int], causal: bool):
     assert error < 1e-2, f"max |lse - reference| = {error:.3g}"
 
 
+def _bound_to_new_inputs(module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Problem, torch.Tensor]:
+    """``module``'s bind on new inputs (seed 2) of a signature its prepare has planned (seed 1):
+    (q, k, v, problem, O)."""
+    problem = Problem(1, 2, 500, 700, 64, dtype=torch.float16, causal=True)
+    require_supported(module.IMPLEMENTATION, problem, "cuda")
+    module.prepare(*make_inputs(problem, seed=1), problem)
+    q, k, v = make_inputs(problem, seed=2)
+    return q, k, v, problem, module.bind(q, k, v, problem)()
+
+
 @pytest.mark.gpu
 def test_gpu_bind_runs_new_inputs_of_a_prepared_signature():
-    problem = Problem(1, 2, 500, 700, 64, dtype=torch.float16, causal=True)
-    ok, reason = hopper.IMPLEMENTATION.check(problem, torch.device("cuda"))
-    if not ok:
-        pytest.skip(reason)
-    hopper.prepare(*make_inputs(problem, seed=1), problem)
-    q, k, v = make_inputs(problem, seed=2)
-    out = hopper.bind(q, k, v, problem)()
+    q, k, v, problem, out = _bound_to_new_inputs(hopper)
     expected = reference_attention(q, k, v, problem)
     error = (out.double() - expected).abs().max().item()
     assert error < 2e-2, f"max |O - reference| = {error:.3g}"
@@ -490,9 +468,7 @@ def test_gpu_fp8_lse_matches_its_dequantised_operands(seqlens: tuple[int, int], 
     """LSE of the e4m3 scores: against fp64 attention of the dequantised Q and K, the kernel's only
     error is the fp8 wgmma's accumulation (a missed 2^P_EXPONENT would be off by 5.5)."""
     problem = Problem(2, 3, *seqlens, 128, dtype=torch.bfloat16, causal=causal)
-    ok, reason = fp8.IMPLEMENTATION.check(problem, torch.device("cuda"))
-    if not ok:
-        pytest.skip(reason)
+    require_supported(fp8.IMPLEMENTATION, problem, "cuda")
     q, k, v = make_inputs(problem, seed=6)
     quantisation = VARIANTS[variant]
     run = fp8.prepare(q, k, v, problem, quantisation)
@@ -508,13 +484,7 @@ def test_gpu_fp8_lse_matches_its_dequantised_operands(seqlens: tuple[int, int], 
 
 @pytest.mark.gpu
 def test_gpu_fp8_bind_runs_new_inputs_of_a_prepared_signature():
-    problem = Problem(1, 2, 500, 700, 64, dtype=torch.float16, causal=True)
-    ok, reason = fp8.IMPLEMENTATION.check(problem, torch.device("cuda"))
-    if not ok:
-        pytest.skip(reason)
-    fp8.prepare(*make_inputs(problem, seed=1), problem)
-    q, k, v = make_inputs(problem, seed=2)
-    out = fp8.bind(q, k, v, problem)()
+    q, k, v, problem, out = _bound_to_new_inputs(fp8)
     emulated = fp8.emulate(q, k, v, problem)
     excess = ((out.double() - emulated.out).abs() - emulated.bound).max().item()
     assert excess <= 0, f"O exceeds the emulation's bound by {excess:.3g}"

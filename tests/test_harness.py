@@ -202,6 +202,14 @@ def test_registry_names_are_unique_and_well_formed():
         assert impl.name == f"{impl.stack}/{impl.rung}"
 
 
+@pytest.mark.parametrize("name", ["fa4/sm90", "flashinfer/decode"])
+def test_imported_baselines_are_registered_gpu_only(name: str):
+    """FA4 and FlashInfer are listed (available, whether or not installed) with a bind and no CPU path."""
+    available, _ = discover()
+    (row,) = [impl for impl in available if impl.name == name]
+    assert row.stack == name.split("/")[0] and row.bind is not None and not row.runs_on_cpu
+
+
 def test_unknown_name_lists_the_valid_ones():
     with pytest.raises(ValueError, match=r"valid names: .*sdpa/math"):
         get("triton/warp-drive")

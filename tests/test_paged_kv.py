@@ -11,11 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -32,13 +27,13 @@ from common.contract.registry import Implementation, discover, per_call_inputs
 from common.measure.peaks import Peaks
 from common.measure.runner import TimingOptions, make_workload, measure
 from common.toolchain.releases import triton_release
+from tests._helpers import json_from_child, require_supported
 from tests.capability_matrix import pretend_sm90
 from triton_impl import _device, decode
 from triton_impl._device import kv_page_slots
 from triton_impl.gluon import decode as gluon_decode
 
 CPU = torch.device("cpu")
-ROOT = Path(__file__).resolve().parents[1]
 interpreter_only = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run on CPU-only machines")
 AVAILABLE, _ = discover()
 
@@ -367,11 +362,7 @@ TABLE_BUFFER_BYTES = 4096
 
 def _build_probe(script: str) -> dict:
     """Run a compile probe in a child process without TRITON_INTERPRET; its last stdout line is JSON."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
+    return json_from_child(["-c", script], timeout=900)
 
 
 @pytest.mark.static
@@ -538,13 +529,7 @@ def test_gpu_gluon_paged_decode_bf16(case: tuple[int, int, int, int | None, int]
 def test_gpu_gluon_paged_output_equals_its_contiguous_output_bit_for_bit(page_size: int):
     """The same tile, ring and splits: the pages change where each chunk is copied from, never the
     arithmetic (keys past a sequence's end weigh P = 0 whichever rows fill them)."""
-    problem = _gluon_problem(page_size, 2, 8)
-    q, (k, v), (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=13, device="cuda")
-    paged = gluon_decode.decode_attention(q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table)
-    dense = gluon_decode.decode_attention(q, k, v, problem.with_(page_size=0), cache_seqlens=lengths)
-    assert paged.num_splits == dense.num_splits
-    (out_paged, lse_paged), (out_dense, lse_dense) = paged(), dense()
-    assert torch.equal(out_paged, out_dense) and torch.equal(lse_paged, lse_dense)
+    _assert_paged_equals_contiguous(gluon_decode.decode_attention, _gluon_problem(page_size, 2, 8), seed=13)
 
 
 def _shifted_pages(t: torch.Tensor) -> torch.Tensor:
@@ -608,10 +593,15 @@ def test_gpu_paged_decode_bf16(case: tuple[int, int, int, int | None]):
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [16, 256])
 def test_gpu_paged_output_equals_the_contiguous_output_bit_for_bit(page_size: int):
-    problem = _gpu_problem(page_size, 2, 8)
-    q, (k, v), (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=11, device="cuda")
-    paged = decode.prepare(q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table)
-    dense = decode.prepare(q, k, v, problem.with_(page_size=0), cache_seqlens=lengths)
+    _assert_paged_equals_contiguous(decode.prepare, _gpu_problem(page_size, 2, 8), seed=11)
+
+
+def _assert_paged_equals_contiguous(prepare, problem: Problem, seed: int) -> None:
+    """The rung prepared on page pools and on the same keys contiguous: the same splits, and O and
+    the LSE equal bit for bit."""
+    q, (k, v), (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=seed, device="cuda")
+    paged = prepare(q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table)
+    dense = prepare(q, k, v, problem.with_(page_size=0), cache_seqlens=lengths)
     assert paged.num_splits == dense.num_splits
     (out_paged, lse_paged), (out_dense, lse_dense) = paged(), dense()
     assert torch.equal(out_paged, out_dense) and torch.equal(lse_paged, lse_dense)
@@ -639,8 +629,6 @@ def test_gpu_fa4_paged_against_fp64():
     """FA4's page_table path, where the installed FA4 takes it (its refusal otherwise)."""
     fa4 = {impl.name: impl for impl in AVAILABLE}["fa4/sm90"]
     problem = _gpu_problem(16, 1, 8).with_(return_lse=False)
-    ok, reason = fa4.check(problem, torch.device("cuda"))
-    if not ok:
-        pytest.skip(reason)
+    require_supported(fa4, problem, "cuda")
     result = check_implementation(fa4, problem, device="cuda", seed=3)
     assert result.ok, f"fa4/sm90 {problem.describe()}: {result.summary()}"

@@ -10,6 +10,7 @@ from common.contract.inputs import make_inputs
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
 from common.contract.registry import discover
+from tests._helpers import require_supported
 from tests.numerics import HARD_INPUTS
 
 AVAILABLE, _ = discover(include_baselines=False)
@@ -33,9 +34,7 @@ def test_gpu_matches_reference(
     batch, heads = (1, 2) if max(seqlens) > 4096 else (2, 3)
     problem = Problem(batch, heads, seqlen_q, seqlen_k, head_dim, dtype=dtype, causal=causal)
     impl = BY_NAME[impl_name]
-    ok, reason = impl.check(problem, torch.device("cuda"))
-    if not ok:
-        pytest.skip(reason)
+    require_supported(impl, problem, "cuda")
     result = check_implementation(impl, problem, device="cuda", seed=seqlen_q + 7 * seqlen_k + head_dim)
     assert result.ok, f"{impl_name} {problem.describe()}: {result.summary()}"
 
@@ -46,9 +45,7 @@ def test_gpu_matches_reference(
 def test_gpu_hard_inputs(impl_name: str, inputs: str, causal: bool):
     problem = Problem(2, 3, 333, 517, 128, dtype=torch.bfloat16, causal=causal)
     impl = BY_NAME[impl_name]
-    ok, reason = impl.check(problem, torch.device("cuda"))
-    if not ok:
-        pytest.skip(reason)
+    require_supported(impl, problem, "cuda")
     result = check_on_inputs(impl, *HARD_INPUTS[inputs](problem, "cuda"), problem)
     if impl.error_rule is FP8_RULE and inputs == "large_magnitude":
         # Scores ~900x a standard-normal's make softmax an argmax; e4m3's 2^-4 relative rounding of
@@ -62,9 +59,7 @@ def test_gpu_hard_inputs(impl_name: str, inputs: str, causal: bool):
 def test_gpu_output_is_bitwise_deterministic(impl_name: str):
     problem = Problem(2, 4, 1000, 1000, 128, dtype=torch.bfloat16, causal=True)
     impl = BY_NAME[impl_name]
-    ok, reason = impl.check(problem, torch.device("cuda"))
-    if not ok:
-        pytest.skip(reason)
+    require_supported(impl, problem, "cuda")
     q, k, v = make_inputs(problem, seed=21)
     run = impl.prepare(q, k, v, problem)
     first = run().clone()

@@ -327,17 +327,23 @@ def test_mask_function_skips_plain_causal_without_building_it():
     assert ladder_mask(q_length=8, kv_length=8, q_offset=0, attention_mask=ones, **sizes) is not None
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-def test_bf16_greedy_generate_on_gpu(names):
-    """2-layer bf16 model, 32 greedy tokens equal to SDPA's (a divergence is allowed only at a near tie)."""
+def _gpu_reference(new_tokens: int):
+    """The 2-layer bf16 SDPA model on the GPU (seeded), a 16-token prompt and its ``new_tokens`` greedy
+    tokens: ``(model, prompt, tokens)``, what the ladder's attention must reproduce."""
     torch.manual_seed(0)
     config = tiny_config(
         hidden_size=256, intermediate_size=512, num_attention_heads=8, num_key_value_heads=2, head_dim=64
     )
     reference = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to("cuda", torch.bfloat16).eval()
     prompt = torch.randint(3, VOCAB, (1, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
-    expected = greedy(reference, prompt, 32)
+    return reference, prompt, greedy(reference, prompt, new_tokens)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_bf16_greedy_generate_on_gpu(names):
+    """2-layer bf16 model, 32 greedy tokens equal to SDPA's (a divergence is allowed only at a near tie)."""
+    reference, prompt, expected = _gpu_reference(32)
     got = greedy(with_attention(reference, PREFIX + "triton/pipelined"), prompt, 32)
     if not torch.equal(got, expected):
         first = int((got != expected).int().argmax())
@@ -355,13 +361,7 @@ def test_bf16_generate_with_cuda_graphs_on_gpu(names, impl):
     the rungs' lasting buffers) and its tokens are SDPA's but at a near tie."""
     from transformers.generation.configuration_utils import CompileConfig
 
-    torch.manual_seed(0)
-    config = tiny_config(
-        hidden_size=256, intermediate_size=512, num_attention_heads=8, num_key_value_heads=2, head_dim=64
-    )
-    reference = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to("cuda", torch.bfloat16).eval()
-    prompt = torch.randint(3, VOCAB, (1, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
-    expected = greedy(reference, prompt, 16)
+    reference, prompt, expected = _gpu_reference(16)
     torch._dynamo.reset()
     model = with_attention(reference, PREFIX + impl)
     got = greedy(model, prompt, 16, cache_implementation="static", compile_config=CompileConfig(mode="reduce-overhead"))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import shutil
@@ -22,6 +21,7 @@ from common.contract.metrics import error_stats
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
 from common.tools.sanitize import HOST_API_ERRORS
+from tests._helpers import json_from_child
 from triton_impl import fp8, hopper
 from triton_impl.fp8_quantiser import shared_bytes
 
@@ -136,11 +136,7 @@ print(json.dumps(rows))
 def _compile_probe(code: str) -> dict:
     """Run a compile probe in a process without TRITON_INTERPRET (see common/reporting/static.py);
     its last line is JSON."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
+    return json_from_child(["-c", code], timeout=900)
 
 
 @pytest.mark.static

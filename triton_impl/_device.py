@@ -1,9 +1,13 @@
-"""The device vocabulary of the Triton stack, used by every rung from ``pipelined`` on.
+"""The device vocabulary of the Triton stack, used by every rung from ``pipelined`` on and the backward rungs.
 
 The names are the ones the CuTe and Gluon stacks use, so that a diff of two rungs teaches:
 
 * ``kv_head`` → :func:`kv_head_index`: GQA, the KV head a query head reads,
-  ``head // (heads // kv_heads)`` (K and V are indexed by it, never repeated).
+  ``head // (heads // kv_heads)`` (K and V are indexed by it, never repeated). :func:`batch_and_head`
+  splits a grid index batch · heads + head in int64, :func:`query_heads` adds the KV head. The naive
+  rungs (forward and backward) index in int32 and widen at the pointer: :func:`program_heads` reads a
+  program's (batch, head, kv_head) off its grid axis and :func:`head_base` points at one (batch,
+  head) of a strided tensor.
 * ``SeqlenInfo`` → :func:`seqlen_info`: ``(seqlen_k, causal_offset)`` of one sequence. ``seqlen_k``
   is the padded key length, or the sequence's own ``cache_seqlens[batch]`` (clamped to [0, Sk], so a
   bad length cannot read out of bounds); ``causal_offset`` shifts the causal diagonal: row i sees
@@ -32,12 +36,18 @@ The names are the ones the CuTe and Gluon stacks use, so that a diff of two rung
 * ``LOG2_E`` (the host folds it into ``softmax_scale_log2 = softmax_scale · LOG2_E``, so the kernels
   use ``exp2``) and ``LN_2`` (the kernels turn the log2-domain LSE into a natural log with it).
 
+The mainloop: :func:`attend_key_blocks` folds a range of key blocks into (acc, row_max, row_sum),
+masked or not; :func:`attend_key_range` is the peeled loop of ``pipelined`` and ``decode`` (unmasked
+blocks, then masked ones).
+
 Triton inlines every ``@triton.jit`` call, so these functions cost nothing at run time. They are
 functions that take and return their state, not objects as in the other stacks: Triton's struct
 type (``triton.language.core._aggregate``) is private in both tested releases (3.6 and 3.9).
 There is no ``RESCALE_THRESHOLD`` in this stack: every Triton rung rescales O at every key block.
 
-The rungs up to ``tiled`` spell all of this out inline so that each file reads alone.
+The rungs up to ``tiled`` spell all of this out inline so that each file reads alone, except the
+head indexing of :func:`program_heads` and :func:`head_base`, which is no rung's idea.
+The backward rungs use this vocabulary too (``triton_impl/backward/``).
 """
 
 from __future__ import annotations
@@ -60,6 +70,38 @@ LN_2 = tl.constexpr(math.log(2.0))
 def kv_head_index(head, heads, kv_heads):
     """GQA: the KV head query head ``head`` reads (groups of heads // kv_heads query heads)."""
     return head // (heads // kv_heads)
+
+
+@triton.jit
+def batch_and_head(batch_head, heads):
+    """``(batch, head)`` of a grid index ``batch_head`` = batch · heads + head, in int64 (they scale
+    strides). With ``kv_heads`` for ``heads`` it splits a (batch, KV head) index the same way."""
+    return (batch_head // heads).to(tl.int64), (batch_head % heads).to(tl.int64)
+
+
+@triton.jit
+def query_heads(batch_head, heads, kv_heads):
+    """``(batch, head, kv_head)`` of a query-head grid index ``batch_head`` = batch · heads + head, in
+    int64: :func:`batch_and_head`, then :func:`kv_head_index`."""
+    batch, head = batch_and_head(batch_head, heads)
+    return batch, head, kv_head_index(head, heads, kv_heads)
+
+
+@triton.jit
+def program_heads(AXIS: tl.constexpr, heads, kv_heads):
+    """``(batch_head, batch, head, kv_head)`` of this program, whose axis ``AXIS`` runs over
+    batch · heads + head, in int32 (the naive rungs, forward and backward, index their S and P
+    buffers by batch_head)."""
+    batch_head = tl.program_id(AXIS)
+    batch = batch_head // heads
+    head = batch_head % heads
+    return batch_head, batch, head, kv_head_index(head, heads, kv_heads)
+
+
+@triton.jit
+def head_base(X, batch, head, stride_b, stride_h):
+    """(batch, head) of a strided (B, H, S, D) tensor X, offsets in int64 (B·H·S·D may pass 2³¹)."""
+    return X + batch.to(tl.int64) * stride_b + head.to(tl.int64) * stride_h
 
 
 @triton.jit
@@ -240,3 +282,29 @@ def attend_key_blocks(
         # O += P V with P in the input dtype, onto O rescaled to the new maximum.
         acc = tl.dot(P.to(v.dtype), v, online_softmax_rescale(acc, alpha))
     return acc, row_max, row_sum
+
+
+@triton.jit
+def attend_key_range(
+    acc, row_max, row_sum, q,
+    k_base, v_base, stride_kn, stride_vn,
+    offs_m, key_begin, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
+    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    block_table_row=None, stride_kpage=0, stride_vpage=0, PAGE_SIZE: tl.constexpr = 0,
+):  # fmt: skip
+    """The peeled mainloop of ``pipelined`` and ``decode`` over keys [key_begin, key_end): first the
+    blocks before ``unmasked_end``, which every row of the tile sees in full (no mask: the hot loop),
+    then the rest, masked (the sequence tail and the causal diagonal). Arguments as in
+    :func:`attend_key_blocks`."""
+    acc, row_max, row_sum = attend_key_blocks(
+        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
+        offs_m, key_begin, unmasked_end, seqlen_k, causal_offset, softmax_scale_log2,
+        CAUSAL=CAUSAL, MASKED=False, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+        block_table_row=block_table_row, stride_kpage=stride_kpage, stride_vpage=stride_vpage, PAGE_SIZE=PAGE_SIZE,
+    )  # fmt: skip
+    return attend_key_blocks(
+        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
+        offs_m, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
+        CAUSAL=CAUSAL, MASKED=True, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+        block_table_row=block_table_row, stride_kpage=stride_kpage, stride_vpage=stride_vpage, PAGE_SIZE=PAGE_SIZE,
+    )  # fmt: skip

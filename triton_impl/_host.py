@@ -102,12 +102,15 @@ class TritonEntry:
         bound = self.bind(q, k, v, checked, **per_call_inputs(checked, cache_seqlens, block_table), **options)
         return warmed_up(bound, q.device)
 
-    def implementation(self, **fields: Any) -> Implementation:
-        """The registry entry of this rung: its name, stack and rung, ``prepare`` and ``bind``, and ``fields``."""
-        stack, rung = self.inputs.rung.split("/")
-        return Implementation(
-            name=self.inputs.rung, stack=stack, rung=rung, prepare=self.prepare, bind=self.bind, **fields
-        )
+    def implementation(
+        self, supports: Check, compile_sm90: Callable[[Problem], list[KernelBinary]], **fields: Any
+    ) -> Implementation:
+        """The registry entry of this rung: its name, ``prepare`` and ``bind``, its capability check and
+        sm_90a compile path, and ``fields``; it runs on CPU tensors under the Triton interpreter."""
+        return Implementation.named(
+            self.inputs.rung, prepare=self.prepare, bind=self.bind, supports=supports, compile_sm90=compile_sm90,
+            runs_on_cpu=True, **fields,
+        )  # fmt: skip
 
 
 def ladder_supported(problem: Problem, device: torch.device, head_dims: tuple[int, ...]) -> tuple[bool, str]:
@@ -122,6 +125,20 @@ def ladder_supported(problem: Problem, device: torch.device, head_dims: tuple[in
     if problem.head_dim not in head_dims:
         return False, f"head_dim {problem.head_dim} not supported (supported: {list(head_dims)})"
     return check_features("triton ladder rung", problem, FEATURES)
+
+
+def tile_rung_supported(rung: str, problem: Problem, head_dims: tuple[int, ...]) -> tuple[bool, str]:
+    """The problem checks of the Hopper and FP8 rungs of Triton and Gluon (``gluon/_host.gluon_supported``
+    makes them too): every problem feature (GQA, both causal alignments, ``cache_seqlens``, the LSE),
+    a head dim in ``head_dims``, and softmax_scale >= 0 (their softmax scales the row maximum once)."""
+    ok, reason = check_features(rung, problem, FEATURES)
+    if not ok:
+        return ok, reason
+    if problem.head_dim not in head_dims:
+        return False, f"{rung} needs head_dim in {list(head_dims)}, got {problem.head_dim}"
+    if problem.scale < 0:
+        return False, f"{rung} needs softmax_scale >= 0, got {problem.scale}"
+    return True, ""
 
 
 def feature_constexprs(problem: Problem) -> dict[str, bool]:

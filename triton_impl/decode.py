@@ -51,7 +51,7 @@ Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one
      ``key_end`` (the length; causal: at most Sq + causal_offset); ``split_key_range`` cuts this
      split's [key_begin, key_end) out of them.
   2. Load the packed Q tile: row r reads query head kv_head · group + r // Sq, token r % Sq.
-  3. ``attend_key_blocks`` over the split's blocks seen by every row (no mask), then over the rest
+  3. ``attend_key_range``: the split's blocks seen by every row (no mask), then the rest
      (the sequence tail and the causal diagonal, masked with each row's own token index). Paged: each
      key's row is found through this sequence's row of the block table (``kv_page_slots``).
   4. ``online_softmax_finalize``: O and the natural-log LSE of the split; a split with no key writes
@@ -90,7 +90,8 @@ from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from triton_impl._device import (
     LOG2_E,
-    attend_key_blocks,
+    attend_key_range,
+    batch_and_head,
     online_softmax_finalize,
     seqlen_info,
     split_key_range,
@@ -166,8 +167,7 @@ def _split_kernel(
     num_splits = tl.num_programs(0)
     m_block = tl.program_id(1)
     batch_kv_head = tl.program_id(2)
-    batch = (batch_kv_head // kv_heads).to(tl.int64)
-    kv_head = (batch_kv_head % kv_heads).to(tl.int64)
+    batch, kv_head = batch_and_head(batch_kv_head, kv_heads)
     group = heads // kv_heads
 
     # 1. This sequence's keys, the last one any row sees, and this split's share of them.
@@ -202,16 +202,10 @@ def _split_kernel(
     # mask; the rest of the split (the tail and the diagonal) takes each row's own token index.
     visible_to_all = tl.minimum(seqlen_k, causal_offset + 1) if CAUSAL else seqlen_k
     unmasked_end = tl.minimum(tl.maximum(visible_to_all // BLOCK_N * BLOCK_N, key_begin), key_end)
-    acc, row_max, row_sum = attend_key_blocks(
+    acc, row_max, row_sum = attend_key_range(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        offs_m, key_begin, unmasked_end, seqlen_k, causal_offset, softmax_scale_log2,
-        CAUSAL=CAUSAL, MASKED=False, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
-        block_table_row=block_table_row, stride_kpage=stride_kb, stride_vpage=stride_vb, PAGE_SIZE=PAGE_SIZE,
-    )  # fmt: skip
-    acc, row_max, row_sum = attend_key_blocks(
-        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        offs_m, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
-        CAUSAL=CAUSAL, MASKED=True, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+        offs_m, key_begin, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
+        CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
         block_table_row=block_table_row, stride_kpage=stride_kb, stride_vpage=stride_vb, PAGE_SIZE=PAGE_SIZE,
     )  # fmt: skip
 
@@ -454,10 +448,5 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
 
 
 IMPLEMENTATION = ENTRY.implementation(
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=True,
-    required_ptx=("mma.sync", "cp.async"),
-    source_file=__file__,
-    default_configs=DEFAULT_CONFIGS,
+    supports, compile_sm90, required_ptx=("mma.sync", "cp.async"), source_file=__file__, default_configs=DEFAULT_CONFIGS
 )

@@ -92,7 +92,6 @@ import triton.language as tl
 from common.contract import fp8 as fp8_quantisation
 from common.contract.devices import triton_device_supported, triton_interpreting
 from common.contract.fp8 import KernelOperands, KernelOrder, Quantisation, ValueLayout
-from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
 from common.contract.registry import Implementation
 from common.toolchain.compile import KernelBinary
@@ -278,12 +277,9 @@ class Fp8Attention:
     launches the kernel and returns O (bf16)."""
 
     def __init__(
-        self,
-        operands: KernelOperands,
-        problem: Problem,
-        config: HopperKernelConfig,
+        self, operands: KernelOperands, problem: Problem, config: HopperKernelConfig,
         cache_seqlens: torch.Tensor | None = None,
-    ):
+    ):  # fmt: skip
         batch, heads, seqlen_q, head_dim = operands.q8.shape
         if config.overlap:
             raise ValueError(
@@ -332,13 +328,9 @@ def quantiser(q: torch.Tensor, k: torch.Tensor, quantisation: Quantisation) -> F
 
 
 def launch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
+    q: torch.Tensor, k: torch.Tensor, problem: Problem, quantisation: Quantisation = DEFAULT_QUANTISATION, *,
     cache_seqlens: torch.Tensor | None = None,
-) -> QuantisedLaunch:
+) -> QuantisedLaunch:  # fmt: skip
     """The fused quantiser's buffers and the kernel's descriptors over them, at the default
     configuration; nothing launched."""
     fused = quantiser(q, k, quantisation)
@@ -411,19 +403,11 @@ def compile_quantiser_sm90(problem: Problem) -> list[KernelBinary]:
     return compile_sm90_for(problem, DEFAULT_QUANTISATION, VALUE_LAYOUT)
 
 
-IMPLEMENTATION = Implementation(
-    name="triton/fp8",
-    stack="triton",
-    rung="fp8",
-    prepare=prepare,
-    bind=bind,
+IMPLEMENTATION = Implementation.named(
+    "triton/fp8",
     supports=supports,
     compile_sm90=compile_sm90,
-    compile_input_transform_sm90=compile_quantiser_sm90,
-    error_rule=FP8_RULE,
-    emulate=emulate,
-    prepare_end_to_end=prepare_end_to_end,
-    runs_on_cpu=False,
+    **ENTRY.registry_fields(compile_quantiser_sm90),
     required_ptx=("cp.async.bulk.tensor", "wgmma.mma_async", "e4m3 mma"),
     # Q, K and V tiles come by TMA; the block scales (4 bytes per key block) are scalar loads that
     # Triton's pipeliner prefetches num_stages blocks ahead with cp.async, so cp.async is allowed.

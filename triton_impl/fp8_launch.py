@@ -12,6 +12,7 @@ same order; only four pieces are the rung's own, and an ``Fp8Entry`` takes exact
 * ``value_layout(problem)``: Vᵀ as the kernel reads it (key order, padding), which the emulation's
   operands take on.
 
+``Fp8Entry.registry_fields`` gives the registry fields these make, for every FP8 rung's entry alike.
 The quantised launch (``QuantisedLaunch``) and the per-call end-to-end runner live here too: they
 are what every FP8 rung's ``prepare`` builds over the quantiser (``triton_impl/fp8_quantiser.py``).
 """
@@ -20,13 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from common.contract.fp8 import Emulation, KernelOperands, KernelOrder, Quantisation, ValueLayout
 from common.contract.fp8 import emulate as emulate_quantised
+from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
 from common.contract.registry import Runner, per_call_inputs, warmed_up
+from common.toolchain.compile import KernelBinary
 from triton_impl.fp8_quantiser import FusedQuantiser, quantise_for_kernel
 
 
@@ -80,6 +84,15 @@ class Fp8Entry:
     kernel_order: Callable[[Problem], KernelOrder]
     value_layout: Callable[[Problem], ValueLayout]
     default_quantisation: Quantisation
+
+    def registry_fields(self, compile_quantiser_sm90: Callable[[Problem], list[KernelBinary]]) -> dict[str, Any]:
+        """The FP8 part of the rung's registry entry: ``prepare``, ``bind``, ``prepare_end_to_end``, the
+        fp64 ``emulate`` that ``FP8_RULE`` judges against, and the fused quantiser's sm_90a compile path
+        as the input transform."""
+        return {
+            "prepare": self.prepare, "bind": self.bind, "prepare_end_to_end": self.prepare_end_to_end,
+            "emulate": self.emulate, "error_rule": FP8_RULE, "compile_input_transform_sm90": compile_quantiser_sm90,
+        }  # fmt: skip
 
     def _quantisation(self, quantisation: Quantisation | None) -> Quantisation:
         return self.default_quantisation if quantisation is None else quantisation

@@ -94,7 +94,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from common.contract.capability import FEATURES, check_features, check_shared_memory
+from common.contract.capability import check_shared_memory
 from common.contract.devices import triton_device_supported, triton_dtype_supported, triton_interpreting
 from common.contract.problem import Problem
 from common.contract.validation import kernel_operand
@@ -120,6 +120,7 @@ from triton_impl._host import (
     feature_constexprs,
     rung_result,
     size_arguments,
+    tile_rung_supported,
 )
 from triton_impl.backward import tiled as tiled_backward
 
@@ -454,14 +455,9 @@ class HopperAttention:
     calling it launches the kernel and returns O, or (O, lse)."""
 
     def __init__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        problem: Problem,
-        config: HopperKernelConfig,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, config: HopperKernelConfig,
         cache_seqlens: torch.Tensor | None = None,
-    ):
+    ):  # fmt: skip
         batch, heads, seqlen_q, _ = q.shape
         self.config = config
         self.out = torch.empty_like(q)
@@ -517,13 +513,9 @@ prepare = ENTRY.prepare
 def hopper_supported(problem: Problem, device: torch.device, rung: str, needs: str) -> tuple[bool, str]:
     """Head dim, scale, feature and sm_90 checks of both Triton Hopper rungs (after their own dtype
     check). Both implement every problem feature: GQA, both causal alignments, cache_seqlens, the LSE."""
-    ok, reason = check_features(rung, problem, FEATURES)
+    ok, reason = tile_rung_supported(rung, problem, HEAD_DIMS)
     if not ok:
         return ok, reason
-    if problem.head_dim not in HEAD_DIMS:
-        return False, f"{rung} needs head_dim in {list(HEAD_DIMS)}, got {problem.head_dim}"
-    if problem.scale < 0:
-        return False, f"{rung} needs softmax_scale >= 0, got {problem.scale}"
     # On the CPU the interpreter runs it; a GPU must be sm_90, the one architecture its tiles are for.
     return check_sm90(rung, device, needs) if device.type == "cuda" else (True, "")
 
@@ -580,9 +572,8 @@ def compile_kernel_sm90(
 
 
 IMPLEMENTATION = ENTRY.implementation(
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=True,
+    supports,
+    compile_sm90,
     required_ptx=("cp.async.bulk.tensor", "wgmma.mma_async"),
     forbidden_ptx=("cp.async",),
     source_file=__file__,

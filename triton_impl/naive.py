@@ -53,6 +53,7 @@ from common.contract.problem import Problem
 from common.contract.registry import Runner
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
+from triton_impl._device import head_base, program_heads
 from triton_impl._host import TritonEntry, TritonInputs, allocate_lse, feature_buffers, ladder_supported
 from triton_impl.backward import naive as naive_backward
 
@@ -82,13 +83,9 @@ def _scores_kernel(
 ):  # fmt: skip
     m_block = tl.program_id(0)
     n_block = tl.program_id(1)
-    batch_head = tl.program_id(2)
-    batch = batch_head // heads
-    head = batch_head % heads
-    # GQA: this query head reads KV head head // (heads // kv_heads).
-    kv_head = head // (heads // kv_heads)
-    q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-    k_base = K + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
+    batch_head, batch, head, kv_head = program_heads(2, heads, kv_heads)
+    q_base = head_base(Q, batch, head, stride_qb, stride_qh)
+    k_base = head_base(K, batch, kv_head, stride_kb, stride_kh)
     # This sequence's keys: its own length in a padded cache (clamped to [0, Sk]), else Sk. Row i
     # sees keys j <= i + causal_offset: 0 top-left, the sequence's Sk - Sq bottom-right.
     seqlen_k_seq = seqlen_k
@@ -168,12 +165,9 @@ def _pv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     m_block = tl.program_id(0)
-    batch_head = tl.program_id(1)
-    batch = batch_head // heads
-    head = batch_head % heads
-    kv_head = head // (heads // kv_heads)
-    v_base = V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
-    o_base = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
+    batch_head, batch, head, kv_head = program_heads(1, heads, kv_heads)
+    v_base = head_base(V, batch, kv_head, stride_vb, stride_vh)
+    o_base = head_base(Out, batch, head, stride_ob, stride_oh)
 
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -312,9 +306,8 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
 
 
 IMPLEMENTATION = ENTRY.implementation(
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=True,
+    supports,
+    compile_sm90,
     forbidden_ptx=("mma.sync", "wgmma.mma_async"),
     source_file=__file__,
     backward=naive_backward.BACKWARD,

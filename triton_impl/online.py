@@ -283,10 +283,5 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
 
 
 IMPLEMENTATION = ENTRY.implementation(
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=True,
-    forbidden_ptx=("mma.sync", "wgmma.mma_async"),
-    source_file=__file__,
-    default_configs=CONFIGS,
+    supports, compile_sm90, forbidden_ptx=("mma.sync", "wgmma.mma_async"), source_file=__file__, default_configs=CONFIGS
 )

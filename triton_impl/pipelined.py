@@ -18,8 +18,8 @@ Algorithm (one program per BLOCK_M query rows of one (batch, head)):
   2. ``block_range`` (the BlockRange of ``_device.py``) gives the key blocks [n_block_min,
      n_block_max) the tile visits; the last ``n_masked_blocks`` of them need the sequence and causal
      mask, the ones before are visible to every row of the tile.
-  3. ``attend_key_blocks`` folds the unmasked blocks, then the masked ones, into the running (acc,
-     row_max, row_sum): S = Q Kᵀ → ``attention_mask`` → ``online_softmax_update`` →
+  3. ``attend_key_range`` (``attend_key_blocks`` twice) folds the unmasked blocks, then the masked
+     ones, into the running (acc, row_max, row_sum): S = Q Kᵀ → ``attention_mask`` → ``online_softmax_update`` →
      ``online_softmax_rescale`` of O → O += P V.
   4. ``online_softmax_finalize``: O = acc / row_sum, stored in the input dtype (rows past Sq are not
      stored).
@@ -60,7 +60,13 @@ from common.contract.registry import Runner
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import release_configs
-from triton_impl._device import attend_key_blocks, block_range, kv_head_index, online_softmax_finalize, seqlen_info
+from triton_impl._device import (
+    attend_key_range,
+    block_range,
+    online_softmax_finalize,
+    query_heads,
+    seqlen_info,
+)
 from triton_impl._host import (
     TritonEntry,
     TritonInputs,
@@ -139,9 +145,7 @@ def _pipelined_kernel(
     # 1. Causal tiles near the bottom see the most keys: launching them first shortens the tail.
     m_block = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
     batch_head = tl.program_id(1)
-    batch = (batch_head // heads).to(tl.int64)
-    head = (batch_head % heads).to(tl.int64)
-    kv_head = kv_head_index(head, heads, kv_heads)
+    batch, head, kv_head = query_heads(batch_head, heads, kv_heads)
     seqlen_k, causal_offset = seqlen_info(CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS, BOTTOM_RIGHT)
     q_base = Q + batch * stride_qb + head * stride_qh
     k_base = K + batch * stride_kb + kv_head * stride_kh
@@ -164,15 +168,10 @@ def _pipelined_kernel(
     key_end = tl.minimum(seqlen_k, m_block * BLOCK_M + BLOCK_M + causal_offset) if CAUSAL else seqlen_k
 
     # 3. The unmasked blocks first (the bulk of the work), then the diagonal and the sequence tail.
-    acc, row_max, row_sum = attend_key_blocks(
+    acc, row_max, row_sum = attend_key_range(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        offs_m, n_block_min * BLOCK_N, unmasked_end, seqlen_k, causal_offset, softmax_scale_log2,
-        CAUSAL=CAUSAL, MASKED=False, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
-    )  # fmt: skip
-    acc, row_max, row_sum = attend_key_blocks(
-        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        offs_m, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
-        CAUSAL=CAUSAL, MASKED=True, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+        offs_m, n_block_min * BLOCK_N, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
+        CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
     )  # fmt: skip
 
     # 4. Normalise once; a row with no visible key (row_sum 0) is written as 0, not 0 / 0, and its
@@ -237,13 +236,9 @@ def _tuning_key(problem: Problem, device: torch.device) -> tuple:
 
 
 def tune(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    problem: Problem,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, problem: Problem,
     cache_seqlens: torch.Tensor | None = None,
-) -> list[tuple[TileConfig, float]]:
+) -> list[tuple[TileConfig, float]]:  # fmt: skip
     """Median milliseconds of every candidate that fits the device's shared memory, fastest first."""
     budget = shared_memory_budget(q.device)
     args = pointer_arguments(q, k, v, out, problem, allocate_lse(problem, q.device), cache_seqlens)
@@ -267,13 +262,9 @@ def planned_config(problem: Problem, device: torch.device) -> TileConfig | None:
 
 
 def choose_config(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    problem: Problem,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, problem: Problem,
     cache_seqlens: torch.Tensor | None = None,
-) -> TileConfig:
+) -> TileConfig:  # fmt: skip
     """``planned_config``, autotuning on these tensors first where the bucket has no choice yet."""
     config = planned_config(problem, q.device)
     if config is None:
@@ -352,9 +343,8 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
 
 
 IMPLEMENTATION = ENTRY.implementation(
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=True,
+    supports,
+    compile_sm90,
     required_ptx=("wgmma.mma_async", "cp.async"),
     source_file=__file__,
     default_configs=DEFAULT_CONFIGS,

@@ -192,9 +192,8 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
 
 
 IMPLEMENTATION = ENTRY.implementation(
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=True,
+    supports,
+    compile_sm90,
     required_ptx=("wgmma.mma_async",),
     source_file=__file__,
     default_configs=BLOCKS,

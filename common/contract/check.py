@@ -118,15 +118,9 @@ def check_implementation(
 
 
 def check_on_inputs(
-    impl: Implementation,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-    block_table: torch.Tensor | None = None,
-) -> CheckResult:
+    impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *,
+    cache_seqlens: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+) -> CheckResult:  # fmt: skip
     """Poisoned run of ``impl`` on the given tensors, judged against the fp64 reference and SDPA; the
     returned LSE, if any, against the fp64 LSE by its own rule (``common.contract.metrics.lse_bound``),
     or for an FP8 rule against its emulation's LSE, within that bound plus the emulation's. k and v are

@@ -94,15 +94,9 @@ def _attend_rows(
 
 
 def reference_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-    block_table: torch.Tensor | None = None,
-    with_lse: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None, with_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """float64 O (B, H, Sq, D), and the natural-log LSE (B, H, Sq) when ``with_lse``; k and v are page
     pools read through ``block_table`` when the problem is paged."""
     k, v = contiguous_kv(k, v, problem, cache_seqlens, block_table)

@@ -101,8 +101,23 @@ Gradients = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 Launch = tuple[Any, tuple[int, ...], tuple[Any, ...], dict[str, Any]]
 
 
+class DeviceChecked:
+    """The capability check of a forward or backward rung (``name``, ``runs_on_cpu`` and ``supports``
+    are its fields): shared so that both refuse a CPU device in the same words, before the rung's own check."""
+
+    name: str
+    runs_on_cpu: bool
+    supports: Supports
+
+    def check(self, problem: Problem, device: torch.device) -> tuple[bool, str]:
+        """The capability check, with the device type checked first."""
+        if device.type == "cpu" and not self.runs_on_cpu:
+            return False, f"{self.name} needs a CUDA GPU (it has no CPU or interpreter path)"
+        return self.supports(problem, device)
+
+
 @dataclass(frozen=True)
-class Backward:
+class Backward(DeviceChecked):
     """A backward rung: the gradients of attention from the forward's O and LSE."""
 
     name: str
@@ -114,15 +129,9 @@ class Backward:
     runs_on_cpu: bool = False
     source_file: str | None = None
 
-    def check(self, problem: Problem, device: torch.device) -> tuple[bool, str]:
-        """The capability check, with the device type checked first."""
-        if device.type == "cpu" and not self.runs_on_cpu:
-            return False, f"{self.name} needs a CUDA GPU (it has no CPU or interpreter path)"
-        return self.supports(problem, device)
-
 
 @dataclass(frozen=True)
-class Implementation:
+class Implementation(DeviceChecked):
     name: str
     stack: str
     rung: str
@@ -159,11 +168,12 @@ class Implementation:
         if self.stack not in BASELINE_STACKS and self.rung not in KNOWN_RUNGS:
             raise ValueError(f"rung must be one of {KNOWN_RUNGS}, got {self.rung!r}")
 
-    def check(self, problem: Problem, device: torch.device) -> tuple[bool, str]:
-        """The capability check, with the device type checked first."""
-        if device.type == "cpu" and not self.runs_on_cpu:
-            return False, f"{self.name} needs a CUDA GPU (it has no CPU or interpreter path)"
-        return self.supports(problem, device)
+    @classmethod
+    def named(cls, name: str, **fields: Any) -> Implementation:
+        """The entry ``name`` ("stack/rung", e.g. "gluon/hopper") with its stack and rung read from the
+        name, so the three cannot disagree; ``fields`` are the rest (``prepare``, ``supports``, ...)."""
+        stack, rung = name.split("/")
+        return cls(name=name, stack=stack, rung=rung, **fields)
 
 
 @dataclass(frozen=True)

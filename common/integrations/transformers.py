@@ -221,14 +221,9 @@ _EAGER_FORWARDS: dict[str, Callable[..., torch.Tensor]] = {}
 
 @torch.library.custom_op("ladder::attention", mutates_args=())
 def compiled_attention(
-    name: str,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    causal: bool,
-    scaling: float | None,
-) -> torch.Tensor:
+    name: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+    causal: bool, scaling: float | None,
+) -> torch.Tensor:  # fmt: skip
     """The ``ladder:`` attention ``name`` as one opaque operator for ``torch.compile``: Dynamo does not
     trace the mask check, the plan cache or the kernel launch (none of which it can), and CUDA graphs
     capture the launch (see the module docstring, "torch.compile")."""
@@ -237,14 +232,9 @@ def compiled_attention(
 
 @compiled_attention.register_fake
 def _compiled_attention_shape(
-    name: str,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    causal: bool,
-    scaling: float | None,
-) -> torch.Tensor:
+    name: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+    causal: bool, scaling: float | None,
+) -> torch.Tensor:  # fmt: skip
     batch, heads, seqlen_q, _ = query.shape
     return query.new_empty((batch, seqlen_q, heads, value.shape[-1]))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import platform
 import re
@@ -61,26 +62,16 @@ def _cutlass_dsl_version() -> str | None:
     return version
 
 
-def _fa4_info() -> dict[str, Any] | None:
-    """FlashAttention-4's version or source fingerprint (``common.measure.fa4``), None before that module exists."""
+def _baseline_info(module: str, function: str) -> dict[str, Any] | None:
+    """``module.function()`` of a baseline's module (FlashAttention-4's version or source fingerprint,
+    FlashInfer's version or why it cannot be used), None before that module exists."""
     try:
-        from common.measure.fa4 import fa4_version_info
+        info = getattr(importlib.import_module(module), function)
     except ModuleNotFoundError as error:
-        if error.name != "common.measure.fa4":
+        if error.name != module:
             raise
         return None
-    return fa4_version_info()
-
-
-def _flashinfer_info() -> dict[str, Any] | None:
-    """FlashInfer's version or why it cannot be used (``common.measure.flashinfer``), None before that module exists."""
-    try:
-        from common.measure.flashinfer import flashinfer_version_info
-    except ModuleNotFoundError as error:
-        if error.name != "common.measure.flashinfer":
-            raise
-        return None
-    return flashinfer_version_info()
+    return info()
 
 
 def _triton_toolchain() -> dict[str, Any]:
@@ -112,8 +103,8 @@ def manifest(device: torch.device) -> dict[str, Any]:
         "nvidia_cutlass_dsl": _cutlass_dsl_version(),
         "git_commit": _git_commit(),
         "device": str(device),
-        "fa4": _fa4_info(),
-        "flashinfer": _flashinfer_info(),
+        "fa4": _baseline_info("common.measure.fa4", "fa4_version_info"),
+        "flashinfer": _baseline_info("common.measure.flashinfer", "flashinfer_version_info"),
         **_triton_toolchain(),
     }
     if device.type == "cuda":

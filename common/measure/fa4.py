@@ -171,14 +171,9 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 
 def bind(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None,
     block_table: torch.Tensor | None = None,
-) -> Runner:
+) -> Runner:  # fmt: skip
     """Copy validated q, k, v into FA4's (B, S, H, D) layout (paged k and v stay the pools they are) and
     allocate O there; ``run()`` only launches FA4 and returns O viewed as (B, H, Sq, D), with FA4's LSE
     when the problem returns it."""
@@ -207,14 +202,9 @@ def bind(
 
 
 def prepare(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None,
     block_table: torch.Tensor | None = None,
-) -> Runner:
+) -> Runner:  # fmt: skip
     """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) or page pools, change their layout (untimed),
     and compile by one warm-up launch."""
     checked = validate_for_problem(
@@ -224,13 +214,5 @@ def prepare(
     return warmed_up(run, q.device)
 
 
-IMPLEMENTATION = Implementation(
-    name=NAME,
-    stack="fa4",
-    rung="sm90",
-    prepare=prepare,
-    bind=bind,
-    supports=supports,
-    runs_on_cpu=False,
-    notes="FlashAttention-4 (flash_attn.cute), imported as a baseline",
-)
+NOTES = "FlashAttention-4 (flash_attn.cute), imported as a baseline"
+IMPLEMENTATION = Implementation.named(NAME, prepare=prepare, bind=bind, supports=supports, notes=NOTES)

@@ -326,13 +326,5 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     return _builds(problem.dtype, problem.head_dim, uses_tensor_cores(problem), torch.device(device))
 
 
-IMPLEMENTATION = Implementation(
-    name=NAME,
-    stack="flashinfer",
-    rung="decode",
-    prepare=prepare,
-    bind=bind,
-    supports=supports,
-    runs_on_cpu=False,
-    notes="FlashInfer's batch decode (flashinfer-python), imported as a baseline",
-)
+NOTES = "FlashInfer's batch decode (flashinfer-python), imported as a baseline"
+IMPLEMENTATION = Implementation.named(NAME, prepare=prepare, bind=bind, supports=supports, notes=NOTES)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 # The first columns are fixed by the harness issue; the rest follow.
 CSV_COLUMNS = (
@@ -112,16 +114,19 @@ assert tuple(field.name for field in fields(ResultRow)) == CSV_COLUMNS, "ResultR
 
 
 class CsvLog:
-    """Writes the header once, then one flushed row per finished measurement."""
+    """Writes the header (``columns``) once, then one flushed row per finished measurement: a
+    ``ResultRow``, or the record of another sweep's row (the context-parallel sweep's ``CpRow.record()``)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, columns: tuple[str, ...] = CSV_COLUMNS) -> None:
         self.path = path
+        self.columns = columns
         with path.open("w", newline="") as handle:
-            csv.writer(handle).writerow(CSV_COLUMNS)
+            csv.writer(handle).writerow(columns)
 
-    def append(self, row: ResultRow) -> None:
+    def append(self, row: ResultRow | Mapping[str, Any]) -> None:
+        record = row if isinstance(row, Mapping) else asdict(row)
         with self.path.open("a", newline="") as handle:
-            csv.DictWriter(handle, fieldnames=CSV_COLUMNS).writerow(asdict(row))
+            csv.DictWriter(handle, fieldnames=self.columns).writerow(record)
 
 
 def _registry_stacks() -> tuple[tuple[str, ...], tuple[str, ...]]:

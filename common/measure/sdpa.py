@@ -75,33 +75,23 @@ def _supports(backend_name: str, problem: Problem, device: torch.device) -> tupl
 
 
 def _bind(
-    backend_name: str,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
+    backend_name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
     cache_seqlens: torch.Tensor | None = None,
-) -> Runner:
+) -> Runner:  # fmt: skip
     return partial(_run_backend, BACKENDS[backend_name], q, k, v, problem, cache_seqlens)
 
 
 def _prepare(
-    backend_name: str,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
+    backend_name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
     cache_seqlens: torch.Tensor | None = None,
-) -> Runner:
+) -> Runner:  # fmt: skip
     # SDPA validates its own inputs at every call; prepare only warms the backend up.
     return warmed_up(_bind(backend_name, q, k, v, problem, cache_seqlens), q.device)
 
 
 IMPLEMENTATIONS = [
-    Implementation(
-        name=f"sdpa/{backend_name}",
-        stack="sdpa",
-        rung=backend_name,
+    Implementation.named(
+        f"sdpa/{backend_name}",
         prepare=partial(_prepare, backend_name),
         bind=partial(_bind, backend_name),
         supports=partial(_supports, backend_name),

@@ -4,13 +4,12 @@ targets of issue 31 read from the rows, every row with its check, the GPUs and t
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from common.measure.context_parallel import BAD_STATUSES, CP_COLUMNS, CpRow
+from common.measure.context_parallel import BAD_STATUSES
 from common.reporting.report import markdown_table
 
 # Issue 31's targets: efficiency of the best ring at the longest shard, and the ring's time over
@@ -36,19 +35,6 @@ ROW_COLUMNS = (
     ("rows_checked", "rows checked"),
     ("reason", "reason"),
 )
-
-
-class CpCsv:
-    """results.csv: the header once, then one flushed row per measurement."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        with path.open("w", newline="") as handle:
-            csv.writer(handle).writerow(CP_COLUMNS)
-
-    def append(self, row: CpRow) -> None:
-        with self.path.open("a", newline="") as handle:
-            csv.DictWriter(handle, fieldnames=CP_COLUMNS).writerow(row.record())
 
 
 def read_rows(path: Path) -> pd.DataFrame:

@@ -269,8 +269,9 @@ def _line(row) -> str:
 
 def run(args: argparse.Namespace, ranks) -> int:
     """The sweep: one row per (tokens, mask, method), written by rank 0 as it finishes."""
-    from common.measure.context_parallel import Options, blank_row, gather, measure_ring, measure_torch_cp
-    from common.reporting.context_parallel import CpCsv, exit_status, read_rows, write_efficiency_plot, write_report
+    from common.measure.context_parallel import CP_COLUMNS, Options, blank_row, gather, measure_ring, measure_torch_cp
+    from common.measure.results import CsvLog
+    from common.reporting.context_parallel import exit_status, read_rows, write_efficiency_plot, write_report
 
     leader = ranks.rank == 0
     out_dir = Path(gather(ranks, str(args.out or default_out(ranks)))[0])
@@ -278,7 +279,7 @@ def run(args: argparse.Namespace, ranks) -> int:
     if leader:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "env.json").write_text(json.dumps(env, indent=2))
-        log = CpCsv(out_dir / "results.csv")
+        log = CsvLog(out_dir / "results.csv", CP_COLUMNS)
     options = Options(
         args.check_rows, args.target_ms, args.min_reps, args.max_reps, args.seed, args.torch_cp_rotate,
         args.transfer_first,
@@ -298,7 +299,7 @@ def run(args: argparse.Namespace, ranks) -> int:
             else:
                 row = measure_torch_cp(ranks, name, point, options)
             if leader:
-                log.append(row)
+                log.append(row.record())
                 print(_line(row), flush=True)
     if not leader:
         return 0

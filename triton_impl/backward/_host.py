@@ -1,9 +1,11 @@
-"""Host glue shared by the Triton backward rungs: running and compiling a rung's list of launches, and
-the checks every backward rung makes. The kernels and the launch lists stay in the rung files."""
+"""Host glue shared by the Triton backward rungs: a rung's ``gradients`` and sm_90a compile path from its
+list of launches, the strides its kernels take, and the checks every backward rung makes. The kernels
+and the launch lists stay in the rung files."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -17,28 +19,27 @@ from common.toolchain.compile import KernelBinary, compile_triton_sm90_launch
 LaunchBuilder = Callable[..., tuple[list[Launch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]
 
 
+def head_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, head, row) strides of a (B, H, S, D) tensor whose last dim is contiguous."""
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
 def run_launches(
-    build: LaunchBuilder,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    d_out: torch.Tensor,
-    problem: Problem,
-    d_lse: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch every kernel ``build`` lists, in order; the (dq, dk, dv) they write."""
-    launches, gradients = build(q, k, v, out, lse, d_out, problem, d_lse)
-    for kernel, grid, args, options in launches:
-        kernel[grid](*args, **options)
-    return gradients
+    build: LaunchBuilder, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    d_out: torch.Tensor, problem: Problem, d_lse: torch.Tensor | None, **options: Any,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The body of every backward rung's ``gradients``: launch each kernel ``build`` lists, in order, and
+    return the (dq, dk, dv) they write. ``options`` go to ``build`` (tiled: ``config``, gluon: ``tiles``)."""
+    launches, written = build(q, k, v, out, lse, d_out, problem, d_lse, **options)
+    for kernel, grid, args, launch_options in launches:
+        kernel[grid](*args, **launch_options)
+    return written
 
 
-def compile_launches(build: LaunchBuilder, problem: Problem) -> list[KernelBinary]:
+def compile_launches(build: LaunchBuilder, problem: Problem, **options: Any) -> list[KernelBinary]:
     """The kernels ``build`` lists compiled for sm_90a as they would launch (meta tensors: no GPU)."""
-    launches, _ = build(*meta_operands(problem), problem, None)
-    return [compile_triton_sm90_launch(kernel, *args, **options) for kernel, _, args, options in launches]
+    launches, _ = build(*meta_operands(problem), problem, None, **options)
+    return [compile_triton_sm90_launch(kernel, *args, **launch_options) for kernel, _, args, launch_options in launches]
 
 
 def backward_supported(name: str, problem: Problem, device: torch.device, head_dims: tuple[int, ...]):

@@ -50,7 +50,9 @@ from common.contract.problem import Problem
 from common.contract.registry import Backward, Launch
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
-from triton_impl.backward._host import backward_supported, compile_launches, run_launches
+from triton_impl._device import batch_and_head, head_base, program_heads
+from triton_impl.backward._device import softmax_delta
+from triton_impl.backward._host import backward_supported, compile_launches, head_strides, run_launches
 
 # A constexpr: P = exp2((S − LSE) · LOG2_E), S and the LSE in natural units.
 LOG2_E = tl.constexpr(1.4426950408889634)
@@ -77,13 +79,9 @@ def _probs_kernel(
 ):  # fmt: skip
     m_block = tl.program_id(0)
     n_block = tl.program_id(1)
-    batch_head = tl.program_id(2)
-    batch = batch_head // heads
-    head = batch_head % heads
-    # GQA: this query head reads KV head head // (heads // kv_heads).
-    kv_head = head // (heads // kv_heads)
-    q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-    k_base = K + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
+    batch_head, batch, head, kv_head = program_heads(2, heads, kv_heads)
+    q_base = head_base(Q, batch, head, stride_qb, stride_qh)
+    k_base = head_base(K, batch, kv_head, stride_kb, stride_kh)
     # Row i sees keys j <= i + causal_offset: 0 top-left, Sk − Sq bottom-right.
     causal_offset = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
     work = P.dtype.element_ty
@@ -125,21 +123,10 @@ def _delta_kernel(
 ):  # fmt: skip
     m_block = tl.program_id(0)
     batch_head = tl.program_id(1)
-    batch = (batch_head // heads).to(tl.int64)
-    head = (batch_head % heads).to(tl.int64)
-    work = Delta.dtype.element_ty
-    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < seqlen_q
-
-    o = tl.load(Out + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)  # fmt: skip
-    d_o = tl.load(DOut + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
-                  mask=row_ok[:, None], other=0.0)  # fmt: skip
-    delta = tl.sum(o.to(work) * d_o.to(work), axis=1)
-    rows = batch_head.to(tl.int64) * seqlen_q + offs_m
-    if HAS_DLSE:
-        delta -= tl.load(DLse + rows, mask=row_ok, other=0.0).to(work)
+    delta, rows, row_ok = softmax_delta(
+        Out, DOut, DLse, (stride_ob, stride_oh, stride_om), (stride_dob, stride_doh, stride_dom),
+        batch_head, heads, m_block, seqlen_q, Delta.dtype.element_ty, HAS_DLSE, HEAD_DIM, BLOCK_M,
+    )  # fmt: skip
     tl.store(Delta + rows, delta, mask=row_ok)
 
 
@@ -156,12 +143,9 @@ def _dscores_kernel(
 ):  # fmt: skip
     m_block = tl.program_id(0)
     n_block = tl.program_id(1)
-    batch_head = tl.program_id(2)
-    batch = batch_head // heads
-    head = batch_head % heads
-    kv_head = head // (heads // kv_heads)
-    do_base = DOut + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
-    v_base = V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
+    batch_head, batch, head, kv_head = program_heads(2, heads, kv_heads)
+    do_base = head_base(DOut, batch, head, stride_dob, stride_doh)
+    v_base = head_base(V, batch, kv_head, stride_vb, stride_vh)
     work = DS.dtype.element_ty
 
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -194,12 +178,9 @@ def _dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     m_block = tl.program_id(0)
-    batch_head = tl.program_id(1)
-    batch = batch_head // heads
-    head = batch_head % heads
-    kv_head = head // (heads // kv_heads)
-    k_base = K + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
-    dq_base = DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
+    batch_head, batch, head, kv_head = program_heads(1, heads, kv_heads)
+    k_base = head_base(K, batch, kv_head, stride_kb, stride_kh)
+    dq_base = head_base(DQ, batch, head, stride_dqb, stride_dqh)
     work = DS.dtype.element_ty
 
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -234,9 +215,7 @@ def _dkv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     n_block = tl.program_id(0)
-    batch_kv_head = tl.program_id(1)
-    batch = (batch_kv_head // kv_heads).to(tl.int64)
-    kv_head = (batch_kv_head % kv_heads).to(tl.int64)
+    batch, kv_head = batch_and_head(tl.program_id(1), kv_heads)
     group = heads // kv_heads
     work = P.dtype.element_ty
 
@@ -275,21 +254,10 @@ def _dkv_kernel(
 # ----------------------------------------------------------------------------------------------
 # Host: allocate P, dS, D and the gradients, launch the five kernels (or compile them for sm_90a)
 # ----------------------------------------------------------------------------------------------
-def _strides(t: torch.Tensor) -> tuple[int, int, int]:
-    """(batch, head, row) strides of a (B, H, S, D) tensor whose last dim is contiguous."""
-    return t.stride(0), t.stride(1), t.stride(2)
-
-
 def _launches(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    d_out: torch.Tensor,
-    problem: Problem,
-    d_lse: torch.Tensor | None,
-) -> tuple[list[Launch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+    problem: Problem, d_lse: torch.Tensor | None,
+) -> tuple[list[Launch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:  # fmt: skip
     """The five launches and the (dq, dk, dv) they write; buffers are allocated on the inputs' device."""
     q, k, v, out, d_out = (kernel_operand(t) for t in (q, k, v, out, d_out))
     batch, heads, seqlen_q, seqlen_k = problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k
@@ -309,25 +277,28 @@ def _launches(
     launches = [
         (
             _probs_kernel, tiles,
-            (q, k, lse, probs, *_strides(q), *_strides(k), *sizes, problem.scale),
+            (q, k, lse, probs, *head_strides(q), *head_strides(k), *sizes, problem.scale),
             {"CAUSAL": problem.causal, "BOTTOM_RIGHT": problem.bottom_right, **blocks},
         ),
         (
             _delta_kernel, (tiles[0], batch * heads),
-            (out, d_out, d_lse_arg, delta, *_strides(out), *_strides(d_out), heads, seqlen_q),
+            (out, d_out, d_lse_arg, delta, *head_strides(out), *head_strides(d_out), heads, seqlen_q),
             {"HAS_DLSE": d_lse is not None, "HEAD_DIM": problem.head_dim, "BLOCK_M": BLOCK_M, "num_warps": NUM_WARPS},
         ),
-        (_dscores_kernel, tiles, (d_out, v, probs, delta, d_scores, *_strides(d_out), *_strides(v), *sizes), blocks),
+        (
+            _dscores_kernel, tiles,
+            (d_out, v, probs, delta, d_scores, *head_strides(d_out), *head_strides(v), *sizes), blocks,
+        ),
         (
             _dq_kernel, (tiles[0], batch * heads),
-            (d_scores, k, dq, *_strides(k), *_strides(dq), *sizes, problem.scale),
+            (d_scores, k, dq, *head_strides(k), *head_strides(dq), *sizes, problem.scale),
             blocks,
         ),
         (
             _dkv_kernel, (tiles[1], batch * problem.kv_heads),
             (
-                probs, d_scores, q, d_out, dk, dv, *_strides(q), *_strides(d_out), *_strides(dk), *_strides(dv),
-                *sizes, problem.scale,
+                probs, d_scores, q, d_out, dk, dv,
+                *(stride for t in (q, d_out, dk, dv) for stride in head_strides(t)), *sizes, problem.scale,
             ),
             blocks,
         ),
@@ -336,16 +307,9 @@ def _launches(
 
 
 def naive_gradients(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    d_out: torch.Tensor,
-    problem: Problem,
-    *,
-    d_lse: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+    problem: Problem, *, d_lse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H, Sq)
     and the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE)."""
     return run_launches(_launches, q, k, v, out, lse, d_out, problem, d_lse)
@@ -377,11 +341,4 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 
 BACKWARD_NAME = "triton/backward/naive"
-BACKWARD = Backward(
-    name=BACKWARD_NAME,
-    gradients=naive_gradients,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=True,
-    source_file=__file__,
-)
+BACKWARD = Backward(BACKWARD_NAME, naive_gradients, supports, compile_sm90, runs_on_cpu=True, source_file=__file__)

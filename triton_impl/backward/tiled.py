@@ -64,7 +64,6 @@ spills (``tests/test_backward.py``); which is fastest is the GPU's to say.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -77,8 +76,9 @@ from common.contract.problem import Problem
 from common.contract.registry import Backward, Launch
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
-from triton_impl._device import kv_head_index
-from triton_impl.backward._host import backward_supported, compile_launches, run_launches
+from triton_impl._device import batch_and_head, query_heads
+from triton_impl.backward._device import softmax_delta
+from triton_impl.backward._host import backward_supported, compile_launches, head_strides, run_launches
 
 # softmax_scale_log2 = softmax_scale · LOG2_E, so the kernels use exp2; the preprocess scales the LSE by it.
 LOG2_E = tl.constexpr(math.log2(math.e))
@@ -172,26 +172,17 @@ def _preprocess_kernel(
 ):  # fmt: skip
     m_block = tl.program_id(0)
     batch_head = tl.program_id(1)
-    batch = (batch_head // heads).to(tl.int64)
-    head = (batch_head % heads).to(tl.int64)
-    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < seqlen_q
-
-    o = tl.load(Out + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)  # fmt: skip
-    d_o = tl.load(DOut + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
-                  mask=row_ok[:, None], other=0.0)  # fmt: skip
-    delta = tl.sum(o.to(tl.float32) * d_o.to(tl.float32), axis=1)
-    # Rows of the (B, H, Sq) LSE, D, LSE₂ and the (B, H, Sq, D) dQ accumulator, all contiguous.
-    rows = batch_head.to(tl.int64) * seqlen_q + offs_m
-    if HAS_DLSE:
-        delta -= tl.load(DLse + rows, mask=row_ok, other=0.0)
+    # rows: the rows of the (B, H, Sq) LSE, D, LSE₂ and the (B, H, Sq, D) dQ accumulator, all contiguous.
+    delta, rows, row_ok = softmax_delta(
+        Out, DOut, DLse, (stride_ob, stride_oh, stride_om), (stride_dob, stride_doh, stride_dom),
+        batch_head, heads, m_block, seqlen_q, tl.float32, HAS_DLSE, HEAD_DIM, BLOCK_M,
+    )  # fmt: skip
     tl.store(Delta + rows, delta, mask=row_ok)
     # Guard: a row that sees no key has LSE -inf; +inf makes its P = exp2(S − inf) = 0, not NaN.
     lse = tl.load(Lse + rows, mask=row_ok, other=0.0)
     tl.store(LseLog2 + rows, tl.where(lse == float("-inf"), float("inf"), lse * LOG2_E), mask=row_ok)
     if ZERO_DQ:
+        offs_d = tl.arange(0, HEAD_DIM)
         tl.store(DQAccum + rows[:, None] * HEAD_DIM + offs_d[None, :], tl.zeros((BLOCK_M, HEAD_DIM), tl.float32),
                  mask=row_ok[:, None])  # fmt: skip
 
@@ -263,8 +254,7 @@ def _dkdv_kernel(
 ):  # fmt: skip
     n_block = tl.program_id(0)
     batch_kv_head = tl.program_id(1)
-    batch = (batch_kv_head // kv_heads).to(tl.int64)
-    kv_head = (batch_kv_head % kv_heads).to(tl.int64)
+    batch, kv_head = batch_and_head(batch_kv_head, kv_heads)
     group = heads // kv_heads
     # Row i sees keys j <= i + causal_offset: 0 top-left, Sk − Sq bottom-right.
     causal_offset = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
@@ -368,9 +358,7 @@ def _dq_kernel(
     # Causal: the last query blocks see the most keys; launching them first evens out the tail.
     m_block = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
     batch_head = tl.program_id(1)
-    batch = (batch_head // heads).to(tl.int64)
-    head = (batch_head % heads).to(tl.int64)
-    kv_head = kv_head_index(head, heads, kv_heads)
+    batch, head, kv_head = query_heads(batch_head, heads, kv_heads)
     causal_offset = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
     m_start = m_block * BLOCK_M
     rows = m_start + tl.arange(0, BLOCK_M)
@@ -412,11 +400,6 @@ def _dq_kernel(
 # ----------------------------------------------------------------------------------------------
 # Host: allocate D, LSE₂, dQ (and its accumulator) and the gradients, list the launches
 # ----------------------------------------------------------------------------------------------
-def _strides(t: torch.Tensor) -> tuple[int, int, int]:
-    """(batch, head, row) strides of a (B, H, S, D) tensor whose last dim is contiguous."""
-    return t.stride(0), t.stride(1), t.stride(2)
-
-
 def _tma_operand(t: torch.Tensor, rows: int) -> TensorDescriptor:
     """A 4-D TMA descriptor over (B, H, S, D), one (batch, head) box of ``rows`` × D per copy, so every
     (batch, head) keeps its own bounds. ``kernel_operand`` has aligned the base and the strides to 16
@@ -446,7 +429,10 @@ def preprocess_launch(
     accum_arg = delta if dq_accum is None else dq_accum
     launch = (
         _preprocess_kernel, (triton.cdiv(seqlen_q, ROWS_BLOCK_M), batch * heads),
-        (out, d_out, lse, d_lse_arg, delta, lse_log2, accum_arg, *_strides(out), *_strides(d_out), heads, seqlen_q),
+        (
+            out, d_out, lse, d_lse_arg, delta, lse_log2, accum_arg, *head_strides(out), *head_strides(d_out),
+            heads, seqlen_q,
+        ),
         {"HAS_DLSE": d_lse is not None, "ZERO_DQ": dq_accum is not None, "HEAD_DIM": problem.head_dim,
          "BLOCK_M": ROWS_BLOCK_M},
     )  # fmt: skip
@@ -454,16 +440,9 @@ def preprocess_launch(
 
 
 def _launches(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    d_out: torch.Tensor,
-    problem: Problem,
-    d_lse: torch.Tensor | None,
-    config: BackwardConfig | None = None,
-) -> tuple[list[Launch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+    problem: Problem, d_lse: torch.Tensor | None, config: BackwardConfig | None = None,
+) -> tuple[list[Launch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:  # fmt: skip
     """The three launches and the (dq, dk, dv) they write; buffers are allocated on the inputs' device."""
     config = config or default_config(problem.head_dim, q.device)
     atomic = config.dq == "atomic"
@@ -478,7 +457,7 @@ def _launches(
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     rows_grid = (triton.cdiv(seqlen_q, ROWS_BLOCK_M), batch * heads)
     rows_options = {"HEAD_DIM": problem.head_dim, "BLOCK_M": ROWS_BLOCK_M}
-    strides = tuple(_strides(t) for t in (q, k, v, d_out))
+    strides = tuple(head_strides(t) for t in (q, k, v, d_out))
     sizes = (heads, problem.kv_heads, seqlen_q, seqlen_k, problem.scale, problem.scale * LOG2_E.value)
     common = {
         "CAUSAL": problem.causal, "BOTTOM_RIGHT": problem.bottom_right, "TMA": config.tma,
@@ -519,26 +498,17 @@ def _launches(
 
 
 def tiled_gradients(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    d_out: torch.Tensor,
-    problem: Problem,
-    *,
-    d_lse: torch.Tensor | None = None,
-    config: BackwardConfig | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H, Sq)
-    and the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE); ``config`` replaces
-    the head dim's default variant (``CANDIDATES``)."""
-    return run_launches(functools.partial(_launches, config=config), q, k, v, out, lse, d_out, problem, d_lse)
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+    problem: Problem, *, d_lse: torch.Tensor | None = None, config: BackwardConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The rung's ``Gradients`` (``common.contract.registry``: dq, dk, dv from O, the LSE, dO and dLSE);
+    ``config`` replaces the head dim's default variant (``CANDIDATES``)."""
+    return run_launches(_launches, q, k, v, out, lse, d_out, problem, d_lse, config=config)
 
 
 def compile_sm90(problem: Problem, config: BackwardConfig | None = None) -> list[KernelBinary]:
     """The three kernels compiled for sm_90a as ``problem``'s launches build them (meta tensors: no GPU)."""
-    return compile_launches(functools.partial(_launches, config=config), problem)
+    return compile_launches(_launches, problem, config=config)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -551,11 +521,4 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 
 BACKWARD_NAME = "triton/backward/tiled"
-BACKWARD = Backward(
-    name=BACKWARD_NAME,
-    gradients=tiled_gradients,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=True,
-    source_file=__file__,
-)
+BACKWARD = Backward(BACKWARD_NAME, tiled_gradients, supports, compile_sm90, runs_on_cpu=True, source_file=__file__)

@@ -4,6 +4,7 @@
   ``gluon/fp8`` launches too (its constants are ``gl.constexpr``: the kernel reads them as well).
 * TMA descriptors over (B, H, S, D) tensors (``descriptor``) and their signature types for a
   static compile (``descriptor_type``); ``gluon/decode`` builds its K and V descriptors the same way.
+* The registry entry of every Gluon rung (``gluon_implementation``).
 * Validation and the capability check of the two prefill rungs (``validate_gluon_inputs``,
   ``gluon_supported``), the hopper kernel's constexprs and launch options, and the sm_90a compile
   of any Gluon kernel without a GPU (``compile_gluon_sm90``).
@@ -13,19 +14,25 @@ It is the Gluon twin of ``triton_impl/_host.py``; the device vocabulary is in ``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import mangle_type
 
-from common.contract.capability import FEATURES, check_features
 from common.contract.problem import Problem
+from common.contract.registry import Implementation, Supports
 from common.contract.validation import validate_for_problem
 from common.toolchain.arch import check_sm90
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
+from triton_impl._host import tile_rung_supported
 
+# What the PTX of every Gluon rung holds: TMA loads, wgmma and mbarriers (tiles never come by cp.async).
+GLUON_PTX = ("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier")
+GLUON_NOTE = "Gluon has no interpreter path: it runs only on an sm_90 GPU"
 # Head dims of the two prefill rungs (gluon/hopper, gluon/fp8).
 HEAD_DIMS = (64, 128)
 GLUON_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float8_e4m3fn: gl.float8e4nv}
@@ -148,16 +155,26 @@ def validate_gluon_inputs(
     return checked
 
 
+def gluon_implementation(
+    rung: str, supports: Supports, compile_sm90: Callable[[Problem], list[KernelBinary]], *,
+    required_ptx: tuple[str, ...] = (), notes: str = "", **fields: Any,
+) -> Implementation:  # fmt: skip
+    """The registry entry of ``gluon/<rung>``: an sm_90 GPU only, its PTX holding ``GLUON_PTX`` and
+    ``required_ptx`` and no ``cp.async``, ``notes`` followed by ``GLUON_NOTE``; ``fields`` are the rest
+    (``prepare``, ``bind``, ...). Written once, so the three rungs state these facts alike."""
+    return Implementation.named(
+        f"gluon/{rung}", supports=supports, compile_sm90=compile_sm90, runs_on_cpu=False,
+        required_ptx=(*GLUON_PTX, *required_ptx), forbidden_ptx=("cp.async",),
+        notes="; ".join(filter(None, (notes, GLUON_NOTE))), **fields,
+    )  # fmt: skip
+
+
 def gluon_supported(problem: Problem, device: torch.device, rung: str) -> tuple[bool, str]:
     """Device, head-dim, feature and scale checks of both prefill rungs (after their own dtype check).
     Both implement every problem feature (GQA, both causal alignments, cache_seqlens, the LSE)."""
-    ok, reason = check_features(rung, problem, FEATURES)
+    ok, reason = tile_rung_supported(rung, problem, HEAD_DIMS)
     if not ok:
         return ok, reason
-    if problem.head_dim not in HEAD_DIMS:
-        return False, f"{rung} needs head_dim in {list(HEAD_DIMS)}, got {problem.head_dim}"
-    if problem.scale < 0:
-        return False, f"{rung} needs softmax_scale >= 0, got {problem.scale}"
     return gluon_device_supported(rung, device, "warpgroup_mma is Hopper's")
 
 

@@ -64,7 +64,6 @@ ping-pong between the consumers, no persistent scheduler, and the dQ pass recomp
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -590,26 +589,17 @@ def _launches(
 
 
 def hopper_gradients(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    d_out: torch.Tensor,
-    problem: Problem,
-    *,
-    d_lse: torch.Tensor | None = None,
-    tiles: BackwardTiles | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H, Sq)
-    and the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE); ``tiles`` replaces
-    the head dim's default variant (``CANDIDATES``)."""
-    return run_launches(functools.partial(_launches, tiles=tiles), q, k, v, out, lse, d_out, problem, d_lse)
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+    problem: Problem, *, d_lse: torch.Tensor | None = None, tiles: BackwardTiles | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The rung's ``Gradients`` (``common.contract.registry``: dq, dk, dv from O, the LSE, dO and dLSE);
+    ``tiles`` replaces the head dim's default variant (``CANDIDATES``)."""
+    return run_launches(_launches, q, k, v, out, lse, d_out, problem, d_lse, tiles=tiles)
 
 
 def compile_sm90(problem: Problem, tiles: BackwardTiles | None = None) -> list[KernelBinary]:
     """The three kernels compiled for sm_90a as ``problem``'s launches build them (meta tensors: no GPU)."""
-    return compile_launches(functools.partial(_launches, tiles=tiles), problem)
+    return compile_launches(_launches, problem, tiles=tiles)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -628,11 +618,4 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     return gluon_device_supported(BACKWARD_NAME, device, "warpgroup_mma is Hopper's")
 
 
-BACKWARD = Backward(
-    name=BACKWARD_NAME,
-    gradients=hopper_gradients,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=False,
-    source_file=__file__,
-)
+BACKWARD = Backward(BACKWARD_NAME, hopper_gradients, supports, compile_sm90, source_file=__file__)

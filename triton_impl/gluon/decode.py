@@ -110,7 +110,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from common.contract import capability, splits
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
+from common.contract.registry import Runner, warmed_up
 from common.contract.validation import kernel_operand, validate_for_problem
 from common.toolchain.compile import KernelBinary
 from triton_impl import decode as triton_decode
@@ -136,6 +136,7 @@ from triton_impl.gluon._host import (
     descriptor,
     descriptor_type,
     gluon_device_supported,
+    gluon_implementation,
 )
 
 RUNG = "gluon/decode"
@@ -545,15 +546,10 @@ class GluonDecode:
     ``num_splits`` overrides the rule."""
 
     def __init__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        problem: Problem,
-        cache_seqlens: torch.Tensor | None = None,
-        num_splits: int | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
+        cache_seqlens: torch.Tensor | None = None, num_splits: int | None = None,
         block_table: torch.Tensor | None = None,
-    ):
+    ):  # fmt: skip
         num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device)
         dtype = GLUON_DTYPES[q.dtype]
         self.num_splits = num_splits
@@ -579,15 +575,9 @@ class GluonDecode:
 
 
 def bind(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-    block_table: torch.Tensor | None = None,
-    num_splits: int | None = None,
-) -> GluonDecode:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None, num_splits: int | None = None,
+) -> GluonDecode:  # fmt: skip
     """The prepared launch for validated q, k, v (page pools with ``block_table`` when the problem is
     paged; no launch); ``num_splits`` overrides the rule."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
@@ -595,15 +585,9 @@ def bind(
 
 
 def decode_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    problem: Problem,
-    *,
-    cache_seqlens: torch.Tensor | None = None,
-    block_table: torch.Tensor | None = None,
-    num_splits: int | None = None,
-) -> Runner:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None, num_splits: int | None = None,
+) -> Runner:  # fmt: skip
     """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) or page pools (num_pages, page_size, Hkv, D)
     with their ``block_table``, bind them and compile by one warm-up launch. ``num_splits`` overrides
     the split rule (not part of the public API)."""
@@ -672,18 +656,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     return [compile_gluon_sm90(_split_kernel, signature, constexprs, {"num_warps": NUM_WARPS}, SPLIT_ALIGNED)]
 
 
-IMPLEMENTATION = Implementation(
-    name=RUNG,
-    stack="gluon",
-    rung="decode",
-    prepare=decode_attention,
-    bind=bind,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=False,
-    required_ptx=("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier"),
-    forbidden_ptx=("cp.async",),
-    source_file=__file__,
+IMPLEMENTATION = gluon_implementation(
+    "decode", supports, compile_sm90, prepare=decode_attention, bind=bind, source_file=__file__,
     default_configs=DEFAULT_CONFIGS,
-    notes="Gluon has no interpreter path: it runs only on an sm_90 GPU",
-)
+)  # fmt: skip

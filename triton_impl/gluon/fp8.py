@@ -110,9 +110,7 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma
 
 from common.contract import fp8 as contract_fp8
 from common.contract.fp8 import KernelOperands, KernelOrder, Quantisation, ValueLayout
-from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
-from common.contract.registry import Implementation
 from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import release_configs
 from triton_impl._host import LOG2_E
@@ -128,6 +126,7 @@ from triton_impl.gluon._host import (
     descriptor,
     descriptor_type,
     feature_arguments,
+    gluon_implementation,
     gluon_supported,
     launch_constexprs,
     launch_options,
@@ -325,12 +324,9 @@ class GluonFp8Attention:
     shape (B, Hkv, ...), quantised as given (per KV head)."""
 
     def __init__(
-        self,
-        operands: KernelOperands,
-        problem: Problem,
-        config: GluonConfig,
+        self, operands: KernelOperands, problem: Problem, config: GluonConfig,
         cache_seqlens: torch.Tensor | None = None,
-    ):
+    ):  # fmt: skip
         batch, heads, seqlen_q, head_dim = operands.q8.shape
         quantisation = operands.quantisation
         check_quantisation_blocks(quantisation, config)
@@ -378,13 +374,9 @@ def _validate(
 
 
 def launch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    problem: Problem,
-    quantisation: Quantisation = DEFAULT_QUANTISATION,
-    *,
+    q: torch.Tensor, k: torch.Tensor, problem: Problem, quantisation: Quantisation = DEFAULT_QUANTISATION, *,
     cache_seqlens: torch.Tensor | None = None,
-) -> QuantisedLaunch:
+) -> QuantisedLaunch:  # fmt: skip
     """The fused quantiser's buffers (Vᵀ in this kernel's layout) and the kernel's descriptors over
     them, at the default configuration; nothing launched."""
     config = default_config(problem)
@@ -447,23 +439,14 @@ def compile_quantiser_sm90(problem: Problem) -> list[KernelBinary]:
     return compile_sm90_for(problem, DEFAULT_QUANTISATION, value_layout(default_config(problem)))
 
 
-IMPLEMENTATION = Implementation(
-    name=RUNG,
-    stack="gluon",
-    rung="fp8",
-    prepare=prepare,
-    bind=bind,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    compile_input_transform_sm90=compile_quantiser_sm90,
-    error_rule=FP8_RULE,
-    emulate=emulate,
-    prepare_end_to_end=prepare_end_to_end,
-    runs_on_cpu=False,
-    required_ptx=("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier", "setmaxnreg", "e4m3 mma"),
-    # Q, K, Vᵀ come by TMA; the scales are plain scalar loads.
-    forbidden_ptx=("cp.async",),
+# Q, K, Vᵀ come by TMA; the scales are plain scalar loads.
+IMPLEMENTATION = gluon_implementation(
+    "fp8",
+    supports,
+    compile_sm90,
+    **ENTRY.registry_fields(compile_quantiser_sm90),
+    required_ptx=("setmaxnreg", "e4m3 mma"),
     source_file=__file__,
     default_configs=DEFAULT_CONFIGS,
-    notes=f"quantisation: {DEFAULT_QUANTISATION.describe()}; Gluon has no interpreter path: sm_90 GPU only",
+    notes=f"quantisation: {DEFAULT_QUANTISATION.describe()}",
 )

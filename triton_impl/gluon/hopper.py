@@ -112,7 +112,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Runner, warmed_up
+from common.contract.registry import Runner, warmed_up
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import release_configs
@@ -147,6 +147,7 @@ from triton_impl.gluon._host import (
     descriptor,
     descriptor_type,
     feature_arguments,
+    gluon_implementation,
     gluon_supported,
     launch_constexprs,
     launch_options,
@@ -289,15 +290,9 @@ def _pipelined_step(carry, n_block, step_args, constants: gl.constexpr, MASKED: 
             S * softmax_scale_log2, offs_m, n_block * BLOCK_N, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL
         )
     P_f32, alpha_n, row_max, row_sum = online_softmax_update(
-        S,
-        row_max,
-        row_sum,
-        softmax_scale_log2,
-        S_SCALED=MASKED,
-        MASKED=MASKED,
-        P_EXPONENT=constants.P_EXPONENT,
-        ROW_TREE=constants.ROW_TREE,
-    )
+        S, row_max, row_sum, softmax_scale_log2, S_SCALED=MASKED, MASKED=MASKED,
+        P_EXPONENT=constants.P_EXPONENT, ROW_TREE=constants.ROW_TREE,
+    )  # fmt: skip
     if FP8:
         if not MASKED:
             # P_n's words take the registers of P_(n-1)'s, which the running wgmma reads: made after it.
@@ -401,15 +396,9 @@ def _softmax_partition(
     mbarrier.arrive(k_empty.index(0), count=1)
     S = attention_mask(S * first_scale_log2, offs_m, 0, seqlen_k, causal_offset, CAUSAL=CAUSAL)
     P_f32, alpha, row_max, row_sum = online_softmax_update(
-        S,
-        row_max,
-        row_sum,
-        first_scale_log2,
-        S_SCALED=True,
-        MASKED=True,
-        P_EXPONENT=constants.P_EXPONENT,
-        ROW_TREE=constants.ROW_TREE,
-    )
+        S, row_max, row_sum, first_scale_log2, S_SCALED=True, MASKED=True,
+        P_EXPONENT=constants.P_EXPONENT, ROW_TREE=constants.ROW_TREE,
+    )  # fmt: skip
     P = fp8.operand_p(P_f32, p_layout) if FP8 else _operand_p(P_f32, v_ring.dtype, p_layout)
     # FP8: acc is zero, so block 0's alpha (finite: 0 for rows that saw no key) needs no V-scale ratio.
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, constants.o_layout)
@@ -674,14 +663,9 @@ class GluonAttention:
     coordinates name the KV head. ``cache_seqlens`` is read by the kernel at every launch."""
 
     def __init__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        problem: Problem,
-        config: GluonConfig,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, config: GluonConfig,
         cache_seqlens: torch.Tensor | None = None,
-    ):
+    ):  # fmt: skip
         batch, heads, seqlen_q, _ = q.shape
         dtype = GLUON_DTYPES[q.dtype]
         self.return_lse = problem.return_lse
@@ -772,19 +756,7 @@ def compile_sm90(problem: Problem, config: GluonConfig | None = None) -> list[Ke
     return [compile_kernel_sm90(signature, constexprs, config)]
 
 
-IMPLEMENTATION = Implementation(
-    name=RUNG,
-    stack="gluon",
-    rung="hopper",
-    prepare=prepare,
-    bind=bind,
-    supports=supports,
-    compile_sm90=compile_sm90,
-    runs_on_cpu=False,
-    required_ptx=("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier", "setmaxnreg"),
-    forbidden_ptx=("cp.async",),
-    source_file=__file__,
-    default_configs=DEFAULT_CONFIGS,
-    notes="Gluon has no interpreter path: it runs only on an sm_90 GPU",
-    backward=gluon_backward.BACKWARD,
-)
+IMPLEMENTATION = gluon_implementation(
+    "hopper", supports, compile_sm90, prepare=prepare, bind=bind, required_ptx=("setmaxnreg",),
+    source_file=__file__, default_configs=DEFAULT_CONFIGS, backward=gluon_backward.BACKWARD,
+)  # fmt: skip

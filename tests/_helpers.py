@@ -1,0 +1,91 @@
+"""Helpers the test files share: skipping a case a rung refuses, compiling in a child process, and the
+problem features the CuTe rungs' GPU tests cross (masks, edge key lengths, the shared check)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from common.contract.check import check_on_inputs
+from common.contract.inputs import make_inputs
+from common.contract.problem import Problem
+from common.contract.registry import Implementation
+from common.reporting.static import compile_environment
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def require_supported(impl: Implementation, problem: Problem, device: torch.device | str) -> None:
+    """Skip the test, with the rung's own reason, when its capability check refuses ``problem`` on
+    ``device``; a refusal is a skip that says why, never a pass."""
+    ok, reason = impl.check(problem, torch.device(device))
+    if not ok:
+        pytest.skip(reason)
+
+
+def json_from_child(args: list[str], timeout: float) -> Any:
+    """Run ``python *args`` from the project root in a process without ``TRITON_INTERPRET`` (Triton and
+    Gluon compile for sm_90a there; the CPU test session interprets) and return its last stdout line,
+    parsed as JSON. A failing child fails the test with the end of its stderr."""
+    done = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=compile_environment(), capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, f"the child process failed:\n{done.stderr[-4000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# The masks of the CuTe rungs' feature tests: (causal, causal_alignment).
+MASKS = {"full": (False, "top_left"), "causal": (True, "top_left"), "causal_bottom_right": (True, "bottom_right")}
+
+
+def edge_cache_seqlens(batch: int, seqlen_k: int, device: torch.device | str) -> torch.Tensor:
+    """(B,) int32 key lengths with the edges: a full sequence (Sk), an empty one (0), ragged others."""
+    lengths = [seqlen_k, 0, *(max(1, (seqlen_k * (3 + 2 * i)) // 7) for i in range(batch - 2))]
+    return torch.tensor(lengths[:batch], dtype=torch.int32, device=device)
+
+
+def feature_problem(
+    seqlens: tuple[int, int], head_dim: int, kv_heads: int, mask: str, cache_lengths: bool,
+    return_lse: bool = True, batch: int = 3, heads: int = 8,
+) -> Problem:  # fmt: skip
+    """A bf16 problem of the feature tests: GQA over ``kv_heads``, the ``MASKS[mask]`` alignment, per-sequence
+    key lengths when ``cache_lengths``."""
+    causal, alignment = MASKS[mask]
+    return Problem(
+        batch, heads, *seqlens, head_dim, dtype=torch.bfloat16, causal=causal, kv_heads=kv_heads,
+        causal_alignment=alignment, has_cache_seqlens=cache_lengths, return_lse=return_lse,
+    )  # fmt: skip
+
+
+def check_features(impl: Implementation, problem: Problem, seed: int) -> None:
+    """``impl`` on a feature problem, on the GPU: offset inputs (seed ``seed``), the edge key lengths when
+    the problem has them; O against the fp64 reference by the rung's rule and the LSE by the contract's
+    LSE rule, on poisoned outputs. The rung must accept the problem (no skip)."""
+    q, k, v = make_inputs(problem, seed=seed, offset=0.5)
+    cache_seqlens = edge_cache_seqlens(problem.batch, problem.seqlen_k, q.device) if problem.has_cache_seqlens else None
+    assert impl.check(problem, q.device) == (True, "")
+    result = check_on_inputs(impl, q, k, v, problem, cache_seqlens=cache_seqlens)
+    assert result.ok, f"{impl.name} {problem.describe()}: {result.summary()}"
+    assert result.lse is not None
+
+
+def feature_grid(seqlens: tuple[tuple[int, int], ...] = ((77, 1000), (1000, 77), (333, 333))) -> Callable:
+    """The cases of a feature test, as stacked ``parametrize`` marks (GPU only): head dims 64 and 128,
+    MQA and GQA-4, the (Sq, Sk) ``seqlens``, every mask of ``MASKS``, dense and per-sequence key lengths."""
+    marks = (
+        pytest.mark.parametrize("head_dim", [64, 128]),
+        pytest.mark.parametrize("kv_heads", [1, 4], ids=["mqa", "gqa4"]),
+        pytest.mark.parametrize("seqlens", list(seqlens), ids=str),
+        pytest.mark.parametrize("mask", list(MASKS)),
+        pytest.mark.parametrize("cache_lengths", [False, True], ids=["dense", "cache_seqlens"]),
+        pytest.mark.gpu,
+    )
+    return lambda test: functools.reduce(lambda marked, mark: mark(marked), marks, test)
