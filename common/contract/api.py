@@ -331,8 +331,8 @@ def attention(
     units, -inf for a row that sees no key (whose output row is 0).
 
     Inputs that require grad (under grad mode) make the call differentiable through the implementation's
-    backward rung (the Triton rungs have one; see the module docstring); the returned LSE is then
-    differentiable too.
+    backward rung (``common.contract.registry.with_backward()`` names the rungs that have one; see the
+    module docstring); the returned LSE is then differentiable too.
 
     ``block_table``: a paged KV cache (FlashAttention's ``flash_attn_with_kvcache`` layout, FlashInfer's
     "NHD"): a (B, max_pages_per_seq) int32 tensor on the inputs' device, with k and v page pools

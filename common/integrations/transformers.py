@@ -32,7 +32,7 @@ natively, k and v are never repeated), with ``softmax_scale=scaling``, and retur
 and every mask the API cannot express (below). A rung that cannot run the problem (dtype, head dim,
 device, a feature) raises its own ``ValueError`` with its capability reason; nothing falls back to
 another implementation. Training: under grad mode with tensors that require grad, ``common.attention``
-differentiates through the rung's backward (the Triton rungs have one; ``cache_seqlens``, so a static
+differentiates through the rung's backward (each stack has some; ``cache_seqlens``, so a static
 cache's mask, is refused) and raises ``NotImplementedError`` for a rung without one (use
 ``model.eval()`` and ``torch.no_grad()``; ``generate()`` already runs without grad).
 
