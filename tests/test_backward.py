@@ -448,6 +448,16 @@ def test_gluon_backward_refuses_what_it_cannot_differentiate(monkeypatch: pytest
     assert not ok and "sm_90" in reason, reason
 
 
+def test_gluon_overlapped_tiles_refuse_a_single_ring_slot() -> None:
+    """Overlapped steps free a slot one step late: one slot would deadlock the load warp, so the variant
+    is refused when made; two slots are taken, as is one slot without the overlap."""
+    for stages in ((1, 2), (2, 1)):
+        with pytest.raises(ValueError, match="two ring slots"):
+            gluon_backward.BackwardTiles(32, stages[0], 64, stages[1], overlap=True)
+    assert gluon_backward.BackwardTiles(32, 2, 64, 2, overlap=True).label.endswith(" overlap")
+    assert gluon_backward.BackwardTiles(32, 1, 64, 1).label == "dkdv 128x32 s1, dq 128x64 s1"
+
+
 # ----------------------------------------------------------------------------------------------
 # bench/backward.py on CPU: a tiny shape under the interpreter, SDPA math as the reference
 # ----------------------------------------------------------------------------------------------
