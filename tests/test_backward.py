@@ -438,6 +438,16 @@ def test_gluon_backward_refuses_what_it_cannot_differentiate(monkeypatch: pytest
     assert not ok and "sm_90" in reason, reason
 
 
+def test_gluon_overlapped_tiles_refuse_a_single_ring_slot() -> None:
+    """Overlapped steps free a slot one step late: one slot would deadlock the load warp, so the variant
+    is refused when made; two slots are taken, as is one slot without the overlap."""
+    for stages in ((1, 2), (2, 1)):
+        with pytest.raises(ValueError, match="two ring slots"):
+            gluon_backward.BackwardTiles(32, stages[0], 64, stages[1], overlap=True)
+    assert gluon_backward.BackwardTiles(32, 2, 64, 2, overlap=True).label.endswith(" overlap")
+    assert gluon_backward.BackwardTiles(32, 1, 64, 1).label == "dkdv 128x32 s1, dq 128x64 s1"
+
+
 # ----------------------------------------------------------------------------------------------
 # bench/backward.py on CPU: a tiny shape under the interpreter, SDPA math as the reference
 # ----------------------------------------------------------------------------------------------
@@ -633,13 +643,16 @@ GPU_VARIANTS = [
 def test_gpu_every_candidate_passes_the_rule(forward: str, gradients, variant: dict, head_dim: int) -> None:
     """Each variant the candidates bench may make the default (the tiled rung's and the Gluon rung's),
     bf16 on the GPU, GQA, causal bottom-right, ragged lengths over several blocks (key and query tails
-    inside them), against fp64 by the same rule."""
+    inside them), against fp64 by the same rule; also Sq > Sk, whose first query blocks see no key (a dQ
+    CTA without a step)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    prob = problem(300, 1000, heads=8, kv_heads=2, head_dim=head_dim, causal=True, alignment="bottom_right")
-    prob = prob.with_(dtype=torch.bfloat16)
-    q, k, v = make_inputs(prob, seed=12, device="cuda", offset=0.5)
-    d_out = torch.randn(q.shape, generator=torch.Generator(device="cuda").manual_seed(4), device="cuda").bfloat16()
-    with torch.no_grad():
-        out, lse = attention(q, k, v, causal=True, causal_alignment="bottom_right", impl=forward, return_lse=True)
-    assert_all_pass(gradients(q, k, v, out, lse, d_out, prob, **variant), q, k, v, d_out, prob)
+    for seqlen_q, seqlen_k, heads in ((300, 1000, 8), (1000, 300, 6)):
+        prob = problem(seqlen_q, seqlen_k, heads=heads, kv_heads=2, head_dim=head_dim, causal=True,
+                       alignment="bottom_right").with_(dtype=torch.bfloat16)  # fmt: skip
+        q, k, v = make_inputs(prob, seed=12, device="cuda", offset=0.5)
+        generator = torch.Generator(device="cuda").manual_seed(4)
+        d_out = torch.randn(q.shape, generator=generator, device="cuda").bfloat16()
+        with torch.no_grad():
+            out, lse = attention(q, k, v, causal=True, causal_alignment="bottom_right", impl=forward, return_lse=True)
+        assert_all_pass(gradients(q, k, v, out, lse, d_out, prob, **variant), q, k, v, d_out, prob)

@@ -37,6 +37,9 @@ Algorithm (three launches):
         Pᵀ = exp2(Sᵀ · softmax_scale_log2 − LSE₂) (masked blocks: 0 past the causal diagonal and the
         key tail); issue dV += Pᵀ dO; wait for dPᵀ; dSᵀ = Pᵀ ∘ (dPᵀ − D); issue dK += dSᵀ Q; wait
         for both; free the slot. The blocks that need the mask come first, then the others.
+        Overlapped (``BackwardTiles.overlap``, a candidate): the step's dK += dSᵀ Q is issued in the
+        next step, after that step's Sᵀ and dPᵀ, so it runs under the next exp2; the slot is freed
+        one step later, and the last step's product follows the loop. The dQ pass likewise.
      c. dK ·= softmax_scale; dK and dV through the consumer's K and V tiles and one TMA store each.
   3. ``_dq_kernel`` (one CTA per 128 query rows of one (batch, head); the causal diagonal's CTAs,
      with the most keys, first): the load warp TMAs each consumer's Q and dO tiles once and streams
@@ -57,9 +60,10 @@ gradient (``d_lse``); exactly sm_90. Refused: ``cache_seqlens`` (``gluon/hopper`
 them; this backward has no per-sequence key lengths), paged caches, D = 256, fp32. Gluon has no
 interpreter path: the rung compiles without a GPU (``compile_sm90``) but runs only on one.
 
-Limits (not done): the consumers wait for each step's last products before freeing the slot, so a
-step's softmax does not yet run under the previous step's dK/dV products (FA3 overlaps them); no
-ping-pong between the consumers, no persistent scheduler, and the dQ pass recomputes S and dP.
+Limits (not done): by default the consumers wait for each step's last products before freeing the
+slot, so a step's softmax does not run under the previous step's dK product (the ``overlap`` candidates
+do that; no product stays in flight across a loop's back edge, which made ptxas serialise every wgmma);
+no ping-pong between the consumers, no persistent scheduler, and the dQ pass recomputes S and dP.
 """
 
 from __future__ import annotations
@@ -117,25 +121,40 @@ BUDGET = GluonConfig(block_n=CONSUMER_ROWS, num_stages=1, consumers=NUM_CONSUMER
 @dataclass(frozen=True)
 class BackwardTiles:
     """The tiles and ring depths of one variant: the dK/dV kernel streams ``dkdv_block_m`` query rows
-    per ring slot through ``dkdv_stages`` slots; the dQ kernel ``dq_block_n`` keys through ``dq_stages``."""
+    per ring slot through ``dkdv_stages`` slots; the dQ kernel ``dq_block_n`` keys through ``dq_stages``.
+    ``overlap``: each consumer step issues the previous step's last product (dK += dSᵀ Q, dQ += dS K)
+    after its own first two, so that it runs under this step's exp2 (``_dkdv_step``, ``_dq_step``)."""
 
     dkdv_block_m: int
     dkdv_stages: int
     dq_block_n: int
     dq_stages: int
+    overlap: bool = False
+
+    def __post_init__(self) -> None:
+        # Overlapped, a slot is freed one step late: one slot would deadlock the load warp.
+        if self.overlap and min(self.dkdv_stages, self.dq_stages) < 2:
+            raise ValueError(f"overlapped steps need two ring slots or more per kernel, got {self}")
 
     @property
     def label(self) -> str:
-        return f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, dq 128x{self.dq_block_n} s{self.dq_stages}"
+        tiles = f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, dq 128x{self.dq_block_n} s{self.dq_stages}"
+        return tiles + (" overlap" if self.overlap else "")
 
 
 # Per head dim, the default first; every one compiles for sm_90a without spills (tests/test_backward.py,
 # Triton 3.6 and 3.8). Each consumer thread of the dK/dV kernel holds dK and dV (2 × 64 fp32 registers at
 # D=128) beside Sᵀ and dPᵀ: 64 query rows per slot spill there (120 bytes per thread under Triton 3.8) and
-# 32 do not; at D=64, 128 rows spill and 64 do not. Which is fastest is the GPU's to say (bench/backward.py).
+# 32 do not; at D=64, 128 rows spill and 64 do not. The overlapped ones hold a slot one step longer, hence
+# three slots or more. Which is fastest is the GPU's to say (bench/backward.py).
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
-    64: (BackwardTiles(64, 2, 64, 2), BackwardTiles(64, 3, 128, 2)),
-    128: (BackwardTiles(32, 3, 64, 3), BackwardTiles(32, 2, 64, 2)),
+    64: (BackwardTiles(64, 2, 64, 2), BackwardTiles(64, 3, 128, 2), BackwardTiles(64, 3, 64, 3, overlap=True)),
+    128: (
+        BackwardTiles(32, 3, 64, 3),
+        BackwardTiles(32, 2, 64, 2),
+        BackwardTiles(32, 3, 64, 3, overlap=True),
+        BackwardTiles(32, 4, 64, 3, overlap=True),
+    ),
 }
 
 
@@ -147,6 +166,7 @@ class StepConstants(NamedTuple):
     p_layout: gl.DotOperandLayout  # Pᵀ and dSᵀ (or dS) as wgmma's A operand, from registers
     NUM_STAGES: int
     CAUSAL: bool
+    OVERLAP: bool  # a step issues the previous step's last product (``BackwardTiles.overlap``)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -217,6 +237,29 @@ def _load_partition(loader, NUM_STAGES: gl.constexpr):
 
 
 @gluon.jit
+def _previous_stage(step, NUM_STAGES: gl.constexpr):
+    """Overlapped steps: the ring slot of the previous step (step 0: its own, whose tiles have landed)."""
+    return gl.maximum(step - 1, 0) % NUM_STAGES
+
+
+@gluon.jit
+def _release_previous(empty, step, NUM_STAGES: gl.constexpr):
+    """Overlapped steps: free the previous step's ring slot (none before step 0) once the products
+    that read it have retired."""
+    mbarrier.arrive(empty.index(_previous_stage(step, NUM_STAGES)), count=1, pred=step > 0)
+
+
+@gluon.jit
+def _last_product(acc, words, ring, steps, p_layout: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """Overlapped steps: the last step's dK += dSᵀ Q (or dQ += dS K) from its packed ``words`` and the
+    slot it read, run to the end; without steps, the gradient (zero) as it is."""
+    if steps > 0:
+        last = ring.index((steps - 1) % NUM_STAGES)
+        acc = warpgroup_mma_wait(0, deps=[_values_product(words, last, acc, p_layout)])
+    return acc
+
+
+@gluon.jit
 def _store_tile(desc, coords, smem, tile):
     """A consumer's gradient tile through its own (no longer read) shared tile and one TMA store; rows
     past the sequence are clipped by the descriptor's per-(batch, head) bounds. Wait with store_wait."""
@@ -262,38 +305,52 @@ def _transposed_mask(p_t, offs_n, offs_m, seqlen_k, causal_offset, CAUSAL: gl.co
 @gluon.jit
 def _dkdv_step(carry, step, m_start, row_base, step_args, constants: gl.constexpr, MASKED: gl.constexpr):
     """One ring slot of Q and dO (query rows from ``m_start``; their LSE₂ and D from ``row_base`` in
-    the (B·H·Sq) vectors) into this consumer's dK and dV (see the module docstring, step 2b)."""
-    dk, dv = carry
+    the (B·H·Sq) vectors) into this consumer's dK and dV (see the module docstring, step 2b).
+    Overlapped, ``carry`` also holds the previous step's dSᵀ (packed): its dK += dSᵀ Q is issued after
+    this step's Sᵀ and dPᵀ, so that it runs under this step's softmax, and this step's dSᵀ is returned."""
+    dk = carry[0]
+    dv = carry[1]
     k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty, LseLog2, Delta, offs_n, seqlen, scale_log2 = step_args
     seqlen_q, seqlen_k, causal_offset = seqlen
     s_layout: gl.constexpr = constants.s_layout
     p_layout: gl.constexpr = constants.p_layout
     NUM_STAGES: gl.constexpr = constants.NUM_STAGES
+    OVERLAP: gl.constexpr = constants.OVERLAP
     BLOCK_M: gl.constexpr = q_ring.shape[1]
 
     q_tile = _ready_tile(q_ring, q_ready, step, NUM_STAGES)
     s_t_token = _scores(k_smem, q_tile, s_layout)
     do_tile = _ready_tile(do_ring, do_ready, step, NUM_STAGES)
     dp_t_token = _scores(v_smem, do_tile, s_layout)
-    # The rows' LSE₂ and D load under the two wgmmas (rows past Sq: LSE₂ +inf makes their P 0).
+    if OVERLAP:
+        dk = _values_product(carry[2], q_ring.index(_previous_stage(step, NUM_STAGES)), dk, p_layout)
+    # The rows' LSE₂ and D load under the wgmmas (rows past Sq: LSE₂ +inf makes their P 0).
     offs_m = m_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
     row_ok = offs_m < seqlen_q
     lse_log2 = gl.load(LseLog2 + row_base + offs_m, mask=row_ok, other=float("inf"))
     delta = gl.load(Delta + row_base + offs_m, mask=row_ok, other=0.0)
 
-    # wgmmas retire in order: one left in flight means Sᵀ is done, dPᵀ may still run.
-    s_t = warpgroup_mma_wait(1, deps=[s_t_token])
+    # wgmmas retire in order: one left in flight (two overlapped: the previous dK too) means Sᵀ is done.
+    s_t = warpgroup_mma_wait(2 if OVERLAP else 1, deps=[s_t_token])
     p_t = gl.exp2(s_t * scale_log2 - lse_log2[None, :])
     if MASKED:
         p_t = _transposed_mask(p_t, offs_n, offs_m, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL)
     dv_token = _values_product(_operand_p(p_t, q_ring.dtype, p_layout), do_tile, dv, p_layout)
-    # dV += Pᵀ dO runs while dSᵀ = Pᵀ ∘ (dPᵀ − D) is made; dK += dSᵀ Q follows it.
-    dp_t = warpgroup_mma_wait(1, deps=[dp_t_token])
-    d_s_t = _operand_p(p_t * (dp_t - delta[None, :]), q_ring.dtype, p_layout)
-    dk_token = _values_product(d_s_t, q_tile, dk, p_layout)
-    dv, dk = warpgroup_mma_wait(0, deps=[dv_token, dk_token])
-    mbarrier.arrive(empty.index(step % NUM_STAGES), count=1)
-    return dk, dv
+    # dV += Pᵀ dO runs while dSᵀ = Pᵀ ∘ (dPᵀ − D) is made (overlapped: the previous dK too).
+    dp_t = warpgroup_mma_wait(2 if OVERLAP else 1, deps=[dp_t_token])
+    d_s_t = p_t * (dp_t - delta[None, :])
+    if OVERLAP:
+        # dSᵀ's words take the registers of the previous step's, which its dK product reads: made after
+        # it has retired (as gluon/hopper's P), and with it the previous slot is free.
+        dk, dv = warpgroup_mma_wait(0, deps=[dk, dv_token])
+        _release_previous(empty, step, NUM_STAGES)
+        carry = (dk, dv, _operand_p(d_s_t, q_ring.dtype, p_layout))
+    else:
+        dk_token = _values_product(_operand_p(d_s_t, q_ring.dtype, p_layout), q_tile, dk, p_layout)
+        dv, dk = warpgroup_mma_wait(0, deps=[dv_token, dk_token])
+        mbarrier.arrive(empty.index(step % NUM_STAGES), count=1)
+        carry = (dk, dv)
+    return carry
 
 
 @gluon.jit
@@ -318,6 +375,10 @@ def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
     dk = gl.zeros([WG_N, HEAD_DIM], gl.float32, constants.acc_layout)
     dv = gl.zeros([WG_N, HEAD_DIM], gl.float32, constants.acc_layout)
     carry = (dk, dv)
+    if constants.OVERLAP:
+        # Step 0's "previous dSᵀ" is zero: its dK product adds nothing.
+        carry = (dk, dv, _operand_p(gl.zeros([WG_N, BLOCK_M], gl.float32, constants.s_layout), q_ring.dtype,
+                                    constants.p_layout))  # fmt: skip
 
     mbarrier.wait(fixed_ready.index(index), 0)
     step_args = (k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty, LseLog2, Delta, offs_n, seqlen,
@@ -332,7 +393,10 @@ def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
         for block in range(masked_blocks, blocks):
             m_start = (first_block + block) * BLOCK_M
             carry = _dkdv_step(carry, h * blocks + block, m_start, row_base, step_args, constants, MASKED=False)
-    dk, dv = carry
+    dk = carry[0]
+    dv = carry[1]
+    if constants.OVERLAP:
+        dk = _last_product(dk, carry[2], q_ring, group * blocks, constants.p_layout, constants.NUM_STAGES)
 
     # dK carries the softmax scale of S = softmax_scale · Q Kᵀ; dV none.
     _store_tile(desc_dk, [batch, kv_head, key_start, 0], k_smem, dk * softmax_scale)
@@ -344,8 +408,8 @@ def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
 def _dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LseLog2, Delta,
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale_log2,
-    NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    num_warps: gl.constexpr,
+    NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, OVERLAP: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """dK and dV (B, Hkv, Sk, D) of one 128-key block of one (batch, KV head); Q, dO by 4-D descriptors
     with a BLOCK_M-row box, K, V, dK, dV with a 64-row box; LSE₂ and D fp32 (B·H·Sq) vectors."""
@@ -361,7 +425,7 @@ def _dkdv_kernel(
     )
     # Pᵀ and dSᵀ as wgmma's A operand from registers: two 16-bit k per thread and register.
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    constants: gl.constexpr = StepConstants(s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL)
+    constants: gl.constexpr = StepConstants(s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP)
 
     n_block = gl.program_id(0)
     batch_kv_head = gl.program_id(1)
@@ -406,30 +470,45 @@ def _dkdv_kernel(
 # dQ: one CTA per 128 query rows of one (batch, head); each consumer owns 64 of them
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
-def _dq_step(dq, n_block, step_args, constants: gl.constexpr, MASKED: gl.constexpr):
-    """One ring slot of K and V (keys from n_block · BLOCK_N) into this consumer's dQ (step 3)."""
+def _dq_step(carry, n_block, step_args, constants: gl.constexpr, MASKED: gl.constexpr):
+    """One ring slot of K and V (keys from n_block · BLOCK_N) into this consumer's dQ (step 3).
+    Overlapped, ``carry`` also holds the previous step's dS (packed), whose dQ += dS K runs under this
+    step's softmax (as in ``_dkdv_step``)."""
+    dq = carry[0]
     q_smem, do_smem, k_ring, v_ring, k_ready, v_ready, empty, offs_m, rows, seqlen, scale_log2 = step_args
     lse_log2, delta = rows
     _, seqlen_k, causal_offset = seqlen
     s_layout: gl.constexpr = constants.s_layout
     p_layout: gl.constexpr = constants.p_layout
     NUM_STAGES: gl.constexpr = constants.NUM_STAGES
+    OVERLAP: gl.constexpr = constants.OVERLAP
     BLOCK_N: gl.constexpr = k_ring.shape[1]
 
     k_tile = _ready_tile(k_ring, k_ready, n_block, NUM_STAGES)
     s_token = _scores(q_smem, k_tile, s_layout)
     v_tile = _ready_tile(v_ring, v_ready, n_block, NUM_STAGES)
     dp_token = _scores(do_smem, v_tile, s_layout)
-    S = warpgroup_mma_wait(1, deps=[s_token]) * scale_log2
+    if OVERLAP:
+        dq = _values_product(carry[1], k_ring.index(_previous_stage(n_block, NUM_STAGES)), dq, p_layout)
+    S = warpgroup_mma_wait(2 if OVERLAP else 1, deps=[s_token]) * scale_log2
     if MASKED:
         S = attention_mask(S, offs_m, n_block * BLOCK_N, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL)
     # Rows that see no key (LSE₂ +inf) and masked scores (-inf) give P = 0.
     P = gl.exp2(S - lse_log2[:, None])
-    dP = warpgroup_mma_wait(0, deps=[dp_token])
-    d_s = _operand_p(P * (dP - delta[:, None]), k_ring.dtype, p_layout)
-    dq = warpgroup_mma_wait(0, deps=[_values_product(d_s, k_tile, dq, p_layout)])
-    mbarrier.arrive(empty.index(n_block % NUM_STAGES), count=1)
-    return dq
+    dP = warpgroup_mma_wait(1 if OVERLAP else 0, deps=[dp_token])
+    d_s = P * (dP - delta[:, None])
+    if OVERLAP:
+        # dS's words are made once the previous dQ product reading the old ones has retired.
+        dq = warpgroup_mma_wait(0, deps=[dq])
+        _release_previous(empty, n_block, NUM_STAGES)
+        carry = (dq, _operand_p(d_s, k_ring.dtype, p_layout))
+    else:
+        dq = warpgroup_mma_wait(
+            0, deps=[_values_product(_operand_p(d_s, k_ring.dtype, p_layout), k_tile, dq, p_layout)]
+        )
+        mbarrier.arrive(empty.index(n_block % NUM_STAGES), count=1)
+        carry = (dq,)
+    return carry
 
 
 @gluon.jit
@@ -455,15 +534,24 @@ def _dq_consumer(index: gl.constexpr, args, constants: gl.constexpr):
     lse_log2 = gl.load(LseLog2 + row_base + offs_m, mask=row_ok, other=float("inf"))
     delta = gl.load(Delta + row_base + offs_m, mask=row_ok, other=0.0)
     dq = gl.zeros([WG_M, HEAD_DIM], gl.float32, constants.acc_layout)
+    carry = (dq,)
+    if constants.OVERLAP:
+        # Step 0's "previous dS" is zero: its dQ product adds nothing.
+        BLOCK_N: gl.constexpr = k_ring.shape[1]
+        zero = gl.zeros([WG_M, BLOCK_N], gl.float32, constants.s_layout)
+        carry = (dq, _operand_p(zero, k_ring.dtype, constants.p_layout))
 
     mbarrier.wait(fixed_ready.index(index), 0)
     step_args = (q_smem, do_smem, k_ring, v_ring, k_ready, v_ready, empty, offs_m, (lse_log2, delta), seqlen,
                  softmax_scale_log2)  # fmt: skip
     n_unmasked = n_block_max - n_masked_blocks
     for n_block in range(n_unmasked):
-        dq = _dq_step(dq, n_block, step_args, constants, MASKED=False)
+        carry = _dq_step(carry, n_block, step_args, constants, MASKED=False)
     for n_block in range(n_unmasked, n_block_max):
-        dq = _dq_step(dq, n_block, step_args, constants, MASKED=True)
+        carry = _dq_step(carry, n_block, step_args, constants, MASKED=True)
+    dq = carry[0]
+    if constants.OVERLAP:
+        dq = _last_product(dq, carry[1], k_ring, n_block_max, constants.p_layout, constants.NUM_STAGES)
 
     # dQ carries the softmax scale; rows past Sq are clipped by the store.
     _store_tile(desc_dq, [batch, head, consumer_m, 0], q_smem, dq * softmax_scale)
@@ -474,8 +562,8 @@ def _dq_consumer(index: gl.constexpr, args, constants: gl.constexpr):
 def _dq_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_dq, LseLog2, Delta,
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale_log2,
-    NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    num_warps: gl.constexpr,
+    NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, OVERLAP: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """dQ (B, H, Sq, D) of 128 query rows of one (batch, head); Q, dO, dQ by 4-D descriptors with a
     64-row box, K and V with a BLOCK_N-row box (their KV head's: GQA reads them, never repeats them)."""
@@ -491,7 +579,7 @@ def _dq_kernel(
     )
     # dS as wgmma's A operand from registers: two 16-bit k per thread and register.
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    constants: gl.constexpr = StepConstants(s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL)
+    constants: gl.constexpr = StepConstants(s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP)
 
     # Causal: the last query blocks see the most keys; launching them first evens out the tail.
     m_block = gl.num_programs(0) - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)
@@ -563,8 +651,8 @@ def _launches(
     scalars = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale,
                problem.scale * LOG2_E)  # fmt: skip
     options = {
-        "CAUSAL": problem.causal, "BOTTOM_RIGHT": problem.bottom_right, "CONSUMER_REGS": BUDGET.consumer_registers,
-        "num_warps": BUDGET.num_warps, "maxnreg": BUDGET.maxnreg,
+        "CAUSAL": problem.causal, "BOTTOM_RIGHT": problem.bottom_right, "OVERLAP": tiles.overlap,
+        "CONSUMER_REGS": BUDGET.consumer_registers, "num_warps": BUDGET.num_warps, "maxnreg": BUDGET.maxnreg,
     }  # fmt: skip
     dkdv = (
         _dkdv_kernel,
