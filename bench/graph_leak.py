@@ -9,11 +9,15 @@ allocator's history on (``torch.cuda.memory._record_memory_history`` and Inducto
 in the pool; the log then lists the live tensors at that address and what holds them (three levels of
 ``gc.get_referrers``). A case passing prints the rungs its plans chose and the cached placeholders.
 
-Cases are ``stack:prompt:lasting``: ``prompt`` 16 runs the prompt on the stack's decode rung (Sq <= 16
-against a 32-slot cache), 32 on a prefill rung (gluon/hopper makes no placeholder, so gluon/decode makes
-it inside the compiled step's warm-up, as the 8k run did); ``lasting`` "side-stream" puts back the
-pre-fix ``lasting`` (a side stream of the caller's thread) for the Triton placeholder, "fixed" keeps the
-tree's. Run: ``python -m bench.graph_leak --out $OUT/graph-leak`` (about a minute on an H200: the cases
+Cases are ``stack:prompt:lasting``. ``prompt`` 16 runs the prompt on the stack's decode rung (Sq <= 16
+against the 31-slot cache, with lengths: the fp32 LSE placeholder is made eagerly); the last step sees
+every slot, so the mask function returns None (plain causal), Dynamo's guard on the mask fails, and that
+step is compiled and warmed up anew; its plan (no lengths) binds the int32 ``CacheSeqlens`` placeholder,
+first made inside that warm-up. 32
+runs the prompt on a prefill rung (gluon/hopper makes no placeholder, so gluon/decode makes the fp32 one
+in the first step's warm-up, as the 8k run did). ``lasting`` "side-stream" puts back the pre-fix
+``lasting`` (a side stream of the caller's thread) for the Triton placeholder, "fixed" keeps the tree's.
+Run: ``python -m bench.graph_leak --out $OUT/graph-leak`` (about a minute on an H200: the cases
 in parallel, one log each and ``summary.txt``). Exit 0 when every "fixed" case records.
 """
 
@@ -41,6 +45,7 @@ CASES = (
     "triton:32:fixed",
     "gluon:32:fixed",
     "triton:16:side-stream",
+    "gluon:16:side-stream",
     "gluon:32:side-stream",
 )
 NEW_TOKENS = 16

@@ -2,10 +2,11 @@
 
 torch.compile's CUDA graph trees hand a graph's memory pool every allocation of the thread that warms it
 up, on any stream; a cache first filled inside a compiled step then leaves its entry in the pool and the
-warm-up check fails ("tensor(s) in the cudagraph pool not tracked as outputs"; the H200's compiled
-StaticCache generate through ladder:triton). Two rules, both checkable without a GPU: ``lasting`` builds
-on a thread other than the caller's, and every cached function that returns a tensor builds it through
-``lasting``.
+warm-up check fails ("tensor(s) in the cudagraph pool not tracked as outputs"). On the H200, ladder:triton's
+compiled StaticCache generate failed so: its last step sees every slot, the mask function returns None, the
+step is compiled and warmed up anew, and its plan (no lengths) made Triton's int32 placeholder there.
+Two rules, both checkable without a GPU: ``lasting`` builds on a thread other than the caller's, and every
+cached function that returns a tensor builds it through ``lasting``.
 """
 
 from __future__ import annotations
