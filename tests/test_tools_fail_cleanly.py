@@ -37,6 +37,7 @@ def _fake_sanitizer(folder: Path) -> None:
         ("common.tools.context_parallel", False, "not started by torchrun"),
         ("common.tools.gpu_tests", False, "needs a CUDA GPU"),
         ("bench.generate", False, "needs a CUDA GPU"),
+        ("bench.graph_leak", False, "needs a CUDA GPU"),
         ("bench.backward", False, "needs a CUDA GPU"),
         ("bench.gluon_paged_decode", False, "needs a CUDA GPU"),
         ("bench.cute_paged_decode", False, "needs a CUDA GPU"),

@@ -1,10 +1,11 @@
 """Where the Triton rungs may run: CUDA always, CPU tensors only under the Triton interpreter; and how a
-buffer that lives as long as the process is allocated on a GPU."""
+buffer that lives as long as the process is allocated on a GPU (:func:`lasting`)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import torch
@@ -15,22 +16,35 @@ T = TypeVar("T")
 
 
 def lasting(factory: Callable[[], T], device: torch.device | str) -> T:
-    """``factory()`` for a buffer a cache keeps for the life of the process, built on a side stream.
+    """``factory()`` for a buffer a cache keeps for the life of the process, built where no CUDA graph
+    memory pool can take it: on a thread of its own, on that thread's own stream.
 
-    While torch.compile's CUDA graphs warm a graph up or record it, every allocation of the current stream
-    goes to the graph's memory pool, and a tensor left alive there (a cache entry made during the first,
-    eager run of a compiled step) fails the recording ("tensor(s) in the cudagraph pool not tracked as
-    outputs"). The side stream's allocations come from the ordinary pool; the current stream waits for
-    the side stream's writes before anything reads them."""
+    torch.compile's CUDA graph trees give a graph's memory pool every allocation of the thread that warms
+    the graph up (``_cuda_beginAllocateCurrentThreadToPool``: any stream of that thread), and, while it
+    records, every allocation of a stream that joins the capture (a side stream made to wait on the
+    capturing one joins it). A cache entry made there (a cache first filled inside a compiled step) stays
+    alive in the pool and fails the check after warm-up or recording ("tensor(s) in the cudagraph pool not
+    tracked as outputs"). Another thread's allocations come from the ordinary pool in both phases, and a
+    capture in torch's "thread_local" mode (CUDA graph trees') lets that thread allocate and synchronise.
+    The factory's writes are finished when this returns (its stream is synchronised), so no stream of the
+    caller waits on it (a capturing stream could not); nor does its stream wait on the caller's, so the
+    factory reads only host data and other lasting buffers."""
     device = torch.device(device)
     if device.type != "cuda":
         return factory()
-    current = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(current)
-    with torch.cuda.stream(side):
-        made = factory()
-    current.wait_stream(side)
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lasting") as worker:
+        return worker.submit(_build_on_own_stream, factory, device).result()
+
+
+def _build_on_own_stream(factory: Callable[[], T], device: torch.device) -> T:
+    """``factory()`` on a new stream of ``device``, waited for."""
+    with torch.cuda.device(device):
+        stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(stream):
+            made = factory()
+        stream.synchronize()
     return made
 
 

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from common.contract.capability import BOTTOM_RIGHT, CACHE_SEQLENS, GQA, LSE, check_features
+from common.contract.devices import lasting
 from common.contract.problem import Problem
 from common.contract.reference import sequence_lengths
 from common.contract.registry import Implementation, Runner, warmed_up
@@ -176,7 +177,7 @@ def paged_view(cache: torch.Tensor, page_size: int) -> tuple[torch.Tensor, list[
 @cache
 def _workspace(device: torch.device) -> torch.Tensor:
     """One float workspace per device, shared by every wrapper (runs are sequential on one stream)."""
-    return torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    return lasting(lambda: torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device), device)
 
 
 def _query_tokens(q: torch.Tensor, problem: Problem) -> torch.Tensor:
