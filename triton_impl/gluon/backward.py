@@ -146,13 +146,15 @@ class BackwardTiles:
 # Triton 3.6 and 3.8). Each consumer thread of the dK/dV kernel holds dK and dV (2 × 64 fp32 registers at
 # D=128) beside Sᵀ and dPᵀ: 64 query rows per slot spill there (120 bytes per thread under Triton 3.8) and
 # 32 do not; at D=64, 128 rows spill and 64 do not. The overlapped ones hold a slot one step longer, hence
-# three slots or more. Which is fastest is the GPU's to say (bench/backward.py).
+# three slots or more. Measured at D=128 (H200, Triton 3.6, P1 / P1 causal, TFLOP/s of the backward,
+# results/h200/backward-gluon-candidates/): overlapped s3 450.9 / 407.4, overlapped s4 449.4 / 408.1,
+# s2 428.2 / 407.0, s3 419.1 / 400.7 (the default before). D=64 is not timed yet (its first stays).
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     64: (BackwardTiles(64, 2, 64, 2), BackwardTiles(64, 3, 128, 2), BackwardTiles(64, 3, 64, 3, overlap=True)),
     128: (
+        BackwardTiles(32, 3, 64, 3, overlap=True),
         BackwardTiles(32, 3, 64, 3),
         BackwardTiles(32, 2, 64, 2),
-        BackwardTiles(32, 3, 64, 3, overlap=True),
         BackwardTiles(32, 4, 64, 3, overlap=True),
     ),
 }
