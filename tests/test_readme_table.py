@@ -342,12 +342,12 @@ def test_backward_block_regenerates_and_follows_its_csv(tmp_path: Path):
     copy = _copy(BACKWARD_CSV, tmp_path)
     committed = backward_table(ROOT / BACKWARD_CSV, ROOT)
     assert backward_table(copy, tmp_path) == committed
-    assert "| P1 | 160 | 160 | 535 | 303 |" in committed
-    assert "runs at 0.30-0.49× its TFLOP/s" in committed
+    assert "| P1 | 380 | 377 | 419 | 169 | 169 | 535 | 303 | failed |" in committed
+    assert "fastest backward (`gluon/hopper`) runs at 0.78-0.83× its TFLOP/s" in committed
     frame = pd.read_csv(copy)
     frame.loc[frame["impl"] == "triton/tiled", "bwd_tflops"] *= 2
     frame.loc[(frame["impl"] == "triton/hopper") & (frame["shape"] == "P1"), "status"] = "failed"
     frame.to_csv(copy, index=False)
     tampered = backward_table(copy, tmp_path)
-    assert "| P1 | 320 | failed | 535 | 303 |" in tampered
-    assert "runs at 0.60-0.98× its TFLOP/s" in tampered
+    assert "| P1 | 760 | failed | 419 | 169 | 169 | 535 | 303 | failed |" in tampered
+    assert "fastest backward (`triton/tiled`) runs at 1.42-1.43× its TFLOP/s" in tampered
