@@ -37,7 +37,7 @@ Algorithm (three launches):
         Pᵀ = exp2(Sᵀ · softmax_scale_log2 − LSE₂) (masked blocks: 0 past the causal diagonal and the
         key tail); issue dV += Pᵀ dO; wait for dPᵀ; dSᵀ = Pᵀ ∘ (dPᵀ − D); issue dK += dSᵀ Q; wait
         for both; free the slot. The blocks that need the mask come first, then the others.
-        Overlapped (``BackwardTiles.overlap``, a candidate): the step's dK += dSᵀ Q is issued in the
+        Overlapped (``BackwardTiles.overlap``, the D=128 default): the step's dK += dSᵀ Q is issued in the
         next step, after that step's Sᵀ and dPᵀ, so it runs under the next exp2; the slot is freed
         one step later, and the last step's product follows the loop. The dQ pass likewise.
      c. dK ·= softmax_scale; dK and dV through the consumer's K and V tiles and one TMA store each.
@@ -60,10 +60,11 @@ gradient (``d_lse``); exactly sm_90. Refused: ``cache_seqlens`` (``gluon/hopper`
 them; this backward has no per-sequence key lengths), paged caches, D = 256, fp32. Gluon has no
 interpreter path: the rung compiles without a GPU (``compile_sm90``) but runs only on one.
 
-Limits (not done): by default the consumers wait for each step's last products before freeing the
-slot, so a step's softmax does not run under the previous step's dK product (the ``overlap`` candidates
-do that; no product stays in flight across a loop's back edge, which made ptxas serialise every wgmma);
-no ping-pong between the consumers, no persistent scheduler, and the dQ pass recomputes S and dP.
+Limits (not done): without ``overlap`` (D=64's default) the consumers wait for each step's last products
+before freeing the slot, so a step's softmax does not run under the previous step's dK product (the
+overlapped tiles do that; no product stays in flight across a loop's back edge, which made ptxas
+serialise every wgmma); no ping-pong between the consumers, no persistent scheduler, and the dQ pass
+recomputes S and dP.
 """
 
 from __future__ import annotations
