@@ -83,6 +83,7 @@ from common.contract.problem import Problem
 from common.contract.registry import Backward, Launch
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
+from common.toolchain.releases import triton_release
 from triton_impl._host import LOG2_E
 from triton_impl.backward import tiled
 from triton_impl.backward._host import compile_launches, run_launches
@@ -150,7 +151,10 @@ class BackwardTiles:
 # three slots or more. Measured at D=128 (H200, Triton 3.6, P1 / P1 causal, TFLOP/s of the backward,
 # results/h200/backward-gluon-candidates/): overlapped s3 450.9 / 407.4, overlapped s4 449.4 / 408.1,
 # s2 428.2 / 407.0, s3 419.1 / 400.7 (the default before). D=64 is not timed yet (its first stays).
-CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
+# Under Triton 3.9 the overlapped dK/dV kernels spill (16-64 bytes per thread, sm_90a): that release keeps
+# the others, the non-overlapped s3 its D=128 default.
+OVERLAP_SPILLS = ("3.9",)
+ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     64: (BackwardTiles(64, 2, 64, 2), BackwardTiles(64, 3, 128, 2), BackwardTiles(64, 3, 64, 3, overlap=True)),
     128: (
         BackwardTiles(32, 3, 64, 3, overlap=True),
@@ -158,6 +162,10 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(32, 2, 64, 2),
         BackwardTiles(32, 4, 64, 3, overlap=True),
     ),
+}
+CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
+    head_dim: tuple(t for t in tiles if not (t.overlap and triton_release() in OVERLAP_SPILLS))
+    for head_dim, tiles in ALL_CANDIDATES.items()
 }
 
 
