@@ -13,6 +13,7 @@ sm_90a without spills (in a child process, as the interpreter is chosen when Tri
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -622,6 +623,28 @@ def test_train_ladder_losses_follow_sdpa(planted: bool, monkeypatch: pytest.Monk
     assert ladder_losses[0] == pytest.approx(sdpa_losses[0], rel=TRAIN_RTOL)
     same = ladder_losses == pytest.approx(sdpa_losses, rel=TRAIN_RTOL)
     assert same != planted, (ladder_losses, sdpa_losses)
+
+
+def test_train_run_gives_each_ladder_stack_its_verdict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run per ladder stack beside the two SDPA runs, a verdict each; a stack whose run fails (planted)
+    has no verdict and the exit status is 1."""
+    import bench.train as train_tool
+
+    recipe = train_tool.Recipe(**TINY_RECIPE)
+    assert train_tool.run(tmp_path / "ok", recipe, "cpu", ("ladder:triton",)) == 0
+    summary = json.loads((tmp_path / "ok" / "summary.json").read_text())
+    assert set(summary["verdicts"]) == {"ladder:triton"} and summary["verdicts"]["ladder:triton"]["passed"]
+    real = train_tool.train
+
+    def broken_gluon(recipe, attn_implementation, seed, device):
+        if attn_implementation == "ladder:gluon":
+            raise RuntimeError("planted")
+        return real(recipe, attn_implementation, seed, device)
+
+    monkeypatch.setattr(train_tool, "train", broken_gluon)
+    assert train_tool.run(tmp_path / "bad", recipe, "cpu", ("ladder:triton", "ladder:gluon")) == 1
+    summary = json.loads((tmp_path / "bad" / "summary.json").read_text())
+    assert set(summary["verdicts"]) == {"ladder:triton"} and "planted" in summary["failures"]["ladder:gluon seed 0"]
 
 
 # Each backward rung with tile variants: the forward whose O and LSE it differentiates, its gradients
