@@ -33,6 +33,7 @@ import math
 import os
 import re
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -841,6 +842,7 @@ def run_decode(args: argparse.Namespace) -> int:
             reason = too_large(case, device)
             workload = None if reason else make_workload(case.problem, "cuda", case.cache_seqlens(device))
             for impl in implementations:
+                started = time.perf_counter()
                 if workload is None:
                     row = blank_row(impl.name, impl.stack, impl.rung, case.problem, "skipped", reason)
                 else:
@@ -850,8 +852,10 @@ def run_decode(args: argparse.Namespace) -> int:
                 writer.writerow(record)
                 handle.flush()
                 speed = f"{record['us']:9.1f} us {record['gbps']:7.0f} GB/s {record['pct_read_bw']:4.0f}%"
+                # The row's wall time (compile, checks and timing): what the sweep's length is made of.
+                took = f"[{time.perf_counter() - started:5.1f} s]"
                 console.print(
-                    f"{row.impl:18s} {case.describe():60s} {row.status:8s} {speed} {row.reason}", markup=False
+                    f"{row.impl:18s} {case.describe():60s} {row.status:8s} {speed} {took} {row.reason}", markup=False
                 )
             del workload
             torch.cuda.empty_cache()
