@@ -809,7 +809,7 @@ def run_decode(args: argparse.Namespace) -> int:
     from common.measure.decode_sweep import too_large
     from common.measure.environment import manifest
     from common.measure.peaks import measure_peaks
-    from common.measure.runner import blank_row, make_workload, measure
+    from common.measure.runner import blank_row, freeze_imports, make_workload, measure
 
     if not torch.cuda.is_available() or args.device == "cpu":
         raise RefusedError("--decode needs a CUDA GPU (its caches are far beyond the Triton interpreter's reach)")
@@ -833,6 +833,7 @@ def run_decode(args: argparse.Namespace) -> int:
     (out_dir / "env.json").write_text(json.dumps(env, indent=2))
     options = timing_options(args)
     records = []
+    freeze_imports()
     console = Console(width=CONSOLE_WIDTH)
     console.print(f"HBM read bandwidth (measured): {_number(read_gbps or float('nan'), '.0f')} GB/s")
     with (out_dir / "decode.csv").open("w", newline="") as handle:
@@ -840,7 +841,9 @@ def run_decode(args: argparse.Namespace) -> int:
         writer.writeheader()
         for case in decode_cases_for(args):
             reason = too_large(case, device)
-            workload = None if reason else make_workload(case.problem, "cuda", case.cache_seqlens(device))
+            # Drawn on the GPU: the CPU's generator takes about a minute for the largest caches.
+            cache_seqlens = None if reason else case.cache_seqlens(device)
+            workload = None if reason else make_workload(case.problem, "cuda", cache_seqlens, on_device=True)
             for impl in implementations:
                 started = time.perf_counter()
                 if workload is None:
