@@ -314,13 +314,14 @@ def autocast_operands(
     same, so that a model trained under autocast runs the same kernels with either. The cast is
     differentiable: gradients reach the fp32 tensors in fp32. Like autocast, fp64 is left alone.
     """
-    device_type = q.device.type
-    if not torch.is_autocast_enabled(device_type):
+    # Anything but a tensor goes on unchanged to validation, which names it.
+    if not isinstance(q, torch.Tensor) or not torch.is_autocast_enabled(q.device.type):
         return q, k, v
-    dtype = torch.get_autocast_dtype(device_type)
+    dtype = torch.get_autocast_dtype(q.device.type)
 
     def cast(t: torch.Tensor) -> torch.Tensor:
-        return t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 else t
+        castable = isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+        return t.to(dtype) if castable else t
 
     return cast(q), cast(k), cast(v)
 
