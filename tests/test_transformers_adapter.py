@@ -374,7 +374,7 @@ def test_bf16_generate_with_cuda_graphs_on_gpu(names, impl):
 
 def test_compiled_op_answers_in_autocasts_dtype() -> None:
     """Under autocast the op's fake (what torch.compile plans with) has the dtype the eager call returns."""
-    q, k, v = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)
+    q, k, v = torch.randn(1, 4, 3, 32), torch.randn(1, 2, 5, 32), torch.randn(1, 2, 5, 32)
     assert adapter._compiled_attention_shape("x", q, k, v, None, True, None).dtype == torch.float32
     with torch.autocast("cpu", dtype=torch.float16):
         fake = adapter._compiled_attention_shape("x", q, k, v, None, True, None)
