@@ -58,6 +58,10 @@ SHAPES = {
     "D64c": (4, 32, 8192, 64, True),
 }
 SMOKE_SHAPES = ((1, 16, 1008, 1232), (2, 3, 77, 1000))
+# The static census's ceilings: an H200's SMs at the clock of the H100/H200 datasheet's tensor-core
+# peaks (under the 700 W cap the runs measured 1.68-1.88 GHz; docs/perf-log.md).
+CENSUS_SMS = 132
+CENSUS_CLOCK_GHZ = 1.83
 
 
 def _configs(prefix: str, rung: str, shape: str, named: list[tuple[str, C]]) -> list[tuple]:
@@ -260,6 +264,10 @@ def bench(cands: list[tuple], rounds: int, wanted: str, judged: bool = False) ->
 
 
 def _compile_sm90(rung: str, p: Problem, cfg):
+    if cfg is None:
+        from common.contract.registry import get
+
+        return get(rung).compile_sm90(p)[0]
     if rung == "cute/fp8":
         from cute_impl import fp8 as cf
 
@@ -270,17 +278,24 @@ def _compile_sm90(rung: str, p: Problem, cfg):
 
 
 def static(cands: list[tuple]) -> None:
-    """Registers and spilled bytes of each candidate's sm_90a build (registry rows are skipped)."""
-    from common.reporting.static import cubin_resources
+    """Registers and spilled bytes of each candidate's sm_90a build, and its key-block loop's demand on
+    the pipes (``LoopCensus``: issue, exp2-unit and tensor-core cycles per warpgroup and block, the
+    limiter, the TFLOP/s ceiling at ``CENSUS_CLOCK_GHZ``)."""
+    from common.reporting.static import cubin_loop_census, cubin_resources
 
     for label, rung, (b, h, s, d, causal), cfg in cands:
-        if cfg is None:
-            continue
         p = Problem(b, h, s, s, d, dtype=torch.bfloat16, causal=causal)
         try:
-            res = cubin_resources(_compile_sm90(rung, p, cfg).cubin)
+            binary = _compile_sm90(rung, p, cfg)
+            res = cubin_resources(binary.cubin)
             spill = max(u["stack_bytes"] + u["local_bytes"] for u in res.values())
-            _say(label=label, spill=spill, regs=max(u["registers"] for u in res.values()))
+            loop = cubin_loop_census(binary.cubin)
+            census = {} if loop is None else {
+                "issue": loop.instructions, "exp2": loop.exp2, "xu_cycles": loop.xu_cycles,
+                "tensor_cycles": loop.tensor_cycles, "limiter": loop.limiter,
+                "ceiling": round(loop.ceiling_tflops(CENSUS_SMS, CENSUS_CLOCK_GHZ)),
+            }  # fmt: skip
+            _say(label=label, spill=spill, regs=max(u["registers"] for u in res.values()), **census)
         except Exception as error:  # noqa: BLE001 - a configuration that does not compile is reported
             _say(label=label, error=str(error)[:200])
 
