@@ -68,12 +68,18 @@ def test_value_operand_is_transposed_padded_and_permuted():
 
 def _d64_candidates() -> list:
     """(rung as bench.gluon_sweep names it, configuration, causal) of every D=64 FP8 candidate."""
+    mask = {False: "full", True: "causal"}
     gluon = _module("triton_impl.gluon.fp8").D64_CANDIDATES
-    cands = [pytest.param("fp8", cfg, causal, id=f"gluon-{causal}-{cfg}") for causal in gluon for cfg in gluon[causal]]
+    tiles = "{0.block_n}n{0.num_stages}s{0.consumers}c".format
+    cands = [
+        pytest.param("fp8", cfg, causal, id=f"gluon-{mask[causal]}-{tiles(cfg)}" + "-pp" * cfg.pingpong)
+        for causal in gluon
+        for cfg in gluon[causal]
+    ]
     if HAS_CUTLASS:
         cute = _module("cute_impl.fp8").D64_CANDIDATES
         cands += [
-            pytest.param("cute/fp8", knobs, causal, id=f"cute-{causal}-{name}")
+            pytest.param("cute/fp8", knobs, causal, id=f"cute-{mask[causal]}-{name}")
             for causal in cute
             for name, knobs in cute[causal].items()
         ]
