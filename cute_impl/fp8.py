@@ -127,12 +127,16 @@ D64_CANDIDATES: dict[bool, dict[str, dict[str, Any]]] = {
         # Two consumers at 240 registers with 256-key blocks: the per-block work (O rescale and P V add,
         # barriers, two rescale exp2) over twice the keys, for a third fewer warps (causal: spills).
         "2-warpgroups-256-keys": {"consumer_warpgroups": 2, "tile_n": 256},
+        # Per-tensor scales (rotation kept): what the block scales cost, two global loads per key
+        # block in front of the exp2 phase (12 issue slots per block, 39 causal).
+        "per-tensor-scales": {"block_scales": False},
     },
     True: {
         "pingpong-on": {"pingpong": True},
         "3-stages": {"kv_stages": 3},
         "persistent": {"persistent": True},
         "64-keys-4-stages": {"tile_n": 64, "kv_stages": 4},
+        "per-tensor-scales": {"block_scales": False},
     },
 }
 
@@ -140,7 +144,12 @@ D64_CANDIDATES: dict[bool, dict[str, dict[str, Any]]] = {
 def fp8_config(problem: Problem, quantisation: Quantisation, **knobs: Any) -> HopperAttentionConfig:
     """``hopper``'s FP8 configuration, reading block scales when ``quantisation`` has them; ``knobs``
     replace fields of the default (``D64_CANDIDATES``)."""
-    config = dataclasses.replace(default_config(problem, fp8=True), block_scales=quantisation.block, **knobs)
+    config = dataclasses.replace(default_config(problem, fp8=True), **{"block_scales": quantisation.block, **knobs})
+    if config.block_scales != quantisation.block:
+        raise ValueError(
+            f"cute/fp8 reads block scales exactly when the quantisation has them: block_scales="
+            f"{config.block_scales}, quantisation {quantisation.name}"
+        )
     if quantisation.block and (
         quantisation.q_block_rows != ROWS_PER_WARPGROUP or quantisation.kv_block_rows != config.tile_n
     ):
@@ -152,8 +161,13 @@ def fp8_config(problem: Problem, quantisation: Quantisation, **knobs: Any) -> Ho
 
 
 def candidate_quantisation(knobs: dict[str, Any]) -> Quantisation:
-    """``DEFAULT_QUANTISATION`` with K/V scale blocks of the candidate's key block (they must match)."""
-    return dataclasses.replace(DEFAULT_QUANTISATION, kv_block_rows=knobs.get("tile_n", DEFAULT_TILE_N))
+    """``DEFAULT_QUANTISATION`` with K/V scale blocks of the candidate's key block (they must match), or
+    per-tensor scales where the candidate reads no block scales."""
+    return dataclasses.replace(
+        DEFAULT_QUANTISATION,
+        block=knobs.get("block_scales", DEFAULT_QUANTISATION.block),
+        kv_block_rows=knobs.get("tile_n", DEFAULT_TILE_N),
+    )
 
 
 def quantised(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, quantisation: Quantisation) -> KernelOperands:

@@ -106,6 +106,8 @@ def test_cute_block_scales_must_match_its_tiles():
     odd = VARIANTS["block"].__class__(block=True, rotation=False, q_block_rows=128, kv_block_rows=128)
     with pytest.raises(ValueError, match="must match its tiles"):
         fp8.fp8_config(Problem(1, 1, 64, 64, 128), odd)
+    with pytest.raises(ValueError, match="block scales exactly when"):
+        fp8.fp8_config(Problem(1, 1, 64, 64, 128), fp8.DEFAULT_QUANTISATION, block_scales=False)
 
 
 @pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
