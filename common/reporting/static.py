@@ -117,9 +117,10 @@ class LoopCensus:
 
 
 def loop_census(sass: str) -> LoopCensus | None:
-    """The smallest loop (a backward branch and the instructions it spans) holding both MUFU.EX2 and a
-    warpgroup GEMM: the steady-state key-block step. Instructions on a conditional path inside it (the
-    lazy O rescale) count as if taken, so ``instructions`` is an upper bound. None without such a loop."""
+    """The smallest loop (a backward branch and the instructions it spans, no EXIT among them) holding
+    both MUFU.EX2 and a warpgroup GEMM: the steady-state key-block step. Instructions on a conditional
+    path inside it (the lazy O rescale) count as if taken, so ``instructions`` is an upper bound. None
+    without such a loop."""
     listing = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _SASS_INSTRUCTION.finditer(sass)]
     best = None
     for end, (address, opcode, operands) in enumerate(listing):
@@ -128,14 +129,16 @@ def loop_census(sass: str) -> LoopCensus | None:
             continue
         body = [entry for entry in listing[: end + 1] if entry[0] >= int(target.group(1), 16)]
         gmmas = [shape for _, op, _ in body if (shape := _GMMA_SHAPE.match(op))]
-        if not gmmas or not any(op.startswith("MUFU.EX2") for _, op, _ in body):
+        opcodes = [op for _, op, _ in body]
+        # A span holding EXIT is no loop: a barrier's retry stub after the kernel's end jumping back.
+        if not gmmas or not any(op.startswith("MUFU.EX2") for op in opcodes) or "EXIT" in opcodes:
             continue
         if best is None or len(body) < best.instructions:
             flops = [2 * 64 * int(n) * int(k) for _, n, k in (g.groups() for g in gmmas)]
             rates = [TENSOR_FLOPS_PER_CLOCK[g.group(1)] for g in gmmas]
             best = LoopCensus(
                 instructions=len(body),
-                exp2=sum(op.startswith("MUFU.EX2") for _, op, _ in body),
+                exp2=sum(op.startswith("MUFU.EX2") for op in opcodes),
                 gmma=len(gmmas),
                 gmma_flops=sum(flops),
                 tensor_cycles=sum(f / r for f, r in zip(flops, rates, strict=True)),
