@@ -112,6 +112,7 @@ KNOB_CONFIGS = [
     fused.QuantiserConfig(single_launch=False, tiles_per_program=2),
     fused.QuantiserConfig(tiles_per_program=4, num_stages=2, division="ieee"),
     fused.QuantiserConfig(programs_per_sm=1, prefetch=True),
+    fused.QuantiserConfig(programs_per_sm=1, num_stages=3, tma=True),
 ]
 # The SM count the knob test's persistent grid sees: 3 programs, so that each walks several tiles of each tensor.
 CPU_SM_COUNT = 3

@@ -19,7 +19,13 @@ stays in shared memory across the loop); then per tile:
      reads it permuted (``ValueLayout.permuted``) is loaded in slot order (row r of the tile is key
      ``PERMUTED_KEY_ORDER``-mapped r), so that its store in step 5 is a plain transposed tile. With
      ``prefetch`` the next tile's load is issued before this tile is computed (registers); with
-     ``num_stages`` > 1 Triton's pipeliner does it by cp.async into shared memory.
+     ``num_stages`` > 1 Triton's pipeliner does it by cp.async into shared memory. With ``TMA`` a
+     tensor whose tile is a block of rows in order (Q, K, and V in key order) is a tensor descriptor
+     (B, H, S, D) and each tile one TMA copy of a (1, 1, TILE_ROWS, D) box into shared memory (rows
+     past S filled with zeros by the copy); Triton's pipeliner keeps ``num_stages`` - 1 such copies in
+     flight on mbarriers, and the rotation's wgmma reads the tile where it landed, so a rotated tile
+     never passes through registers before its product (no address arithmetic, no repacking, no
+     store to shared memory).
   2. Q and K with ``rotation``: multiply by ``random_hadamard(D, seed)`` = sign matrix x c, the same
      matrix as the reference, one of two ways (``ROTATION_METHODS``):
      * ``tensor_core``: the tile times the ±1 sign matrix on wgmma, both operands in the input's own
@@ -72,6 +78,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from common.contract.fp8 import E4M3_MAX
 
@@ -93,11 +100,11 @@ ROTATE_NONE, ROTATE_TENSOR_CORE, ROTATE_BUTTERFLY = tl.constexpr(0), tl.constexp
 
 
 class TensorArgs(NamedTuple):
-    """One tensor's runtime arguments (a tuple argument of ``quantise_kernel``): its input with
-    strides, its geometry in tiles, where its e4m3 values and scales go, and (per-tensor scales)
-    its tiles' amaxes and its amax."""
+    """One tensor's runtime arguments (a tuple argument of ``quantise_kernel``): its input (with
+    ``LaunchSetup.TMA``, for rows in order, its tensor descriptor) with strides, its geometry in tiles,
+    where its e4m3 values and scales go, and (per-tensor scales) its tiles' amaxes and its amax."""
 
-    X: torch.Tensor
+    X: torch.Tensor | TensorDescriptor
     stride_b: int
     stride_h: int
     stride_s: int
@@ -137,6 +144,7 @@ class LaunchSetup(NamedTuple):
     PREFETCH: bool
     RECIPROCAL_DIVISION: bool
     PERSISTENT: bool
+    TMA: bool
     INTERPRETED: bool
 
 
@@ -309,18 +317,25 @@ def _tile_rows(m_tile, TILE_ROWS: tl.constexpr, PERMUTED: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(T, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, PERMUTED: tl.constexpr):
+def _load_tile(T, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, PERMUTED: tl.constexpr, TMA: tl.constexpr):
     """Tile ``tile`` of tensor T in its dtype (V for a permuted layout in slot order); rows past S, and
-    every row of a tile past the last, as zeros."""
-    batch_head = (tile // T.tiles_per_head).to(tl.int64)
-    rows = _tile_rows(tile % T.tiles_per_head, TILE_ROWS, PERMUTED)
-    offs_d = tl.arange(0, HEAD_DIM)
-    x_ptrs = (T.X + (batch_head // T.heads) * T.stride_b + (batch_head % T.heads) * T.stride_h
-              + rows[:, None] * T.stride_s + offs_d[None, :] * T.stride_d)  # fmt: skip
-    # A tile past the last reads no row (its valid length is 0): one comparison per row, a mask Triton
-    # 3.9's interpreter also takes (it refuses a tensor mask combined with a scalar one).
-    valid_rows = tl.where(tile < T.tiles, T.seqlen, 0)
-    return tl.load(x_ptrs, mask=rows[:, None] < valid_rows, other=0.0)
+    every row of a tile past the last, as zeros. ``TMA`` (rows in order only): T.X is the tensor's
+    descriptor and the tile one copy of its box (the caller never asks for a tile past the last)."""
+    if TMA and not PERMUTED:
+        batch_head_32 = tile // T.tiles_per_head
+        box = T.X.load([batch_head_32 // T.heads, batch_head_32 % T.heads, (tile % T.tiles_per_head) * TILE_ROWS, 0])
+        x = box.reshape(TILE_ROWS, HEAD_DIM)
+    else:
+        batch_head = (tile // T.tiles_per_head).to(tl.int64)
+        rows = _tile_rows(tile % T.tiles_per_head, TILE_ROWS, PERMUTED)
+        offs_d = tl.arange(0, HEAD_DIM)
+        x_ptrs = (T.X + (batch_head // T.heads) * T.stride_b + (batch_head % T.heads) * T.stride_h
+                  + rows[:, None] * T.stride_s + offs_d[None, :] * T.stride_d)  # fmt: skip
+        # A tile past the last reads no row (its valid length is 0): one comparison per row, a mask Triton
+        # 3.9's interpreter also takes (it refuses a tensor mask combined with a scalar one).
+        valid_rows = tl.where(tile < T.tiles, T.seqlen, 0)
+        x = tl.load(x_ptrs, mask=rows[:, None] < valid_rows, other=0.0)
+    return x
 
 
 @triton.jit
@@ -333,7 +348,7 @@ def _quantise_tiles(T, program, programs, ROTATION, rotation_scale, KIND: tl.con
     if KIND.ROTATE != ROTATE_NONE:
         rotation = _rotation_operand(ROTATION, KIND.ROTATE, HEAD_DIM)
     if SETUP.PREFETCH:
-        x_next = _load_tile(T, program, TILE_ROWS, HEAD_DIM, KIND.PERMUTED)
+        x_next = _load_tile(T, program, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
     for tile in tl.range(program, T.tiles, programs, num_stages=SETUP.NUM_STAGES):
         batch_head = (tile // T.tiles_per_head).to(tl.int64)
         m_tile = tile % T.tiles_per_head
@@ -341,9 +356,9 @@ def _quantise_tiles(T, program, programs, ROTATION, rotation_scale, KIND: tl.con
         # ---- 1. load (PREFETCH: this tile came with the previous one; ask for the next before computing)
         if SETUP.PREFETCH:
             x = x_next
-            x_next = _load_tile(T, tile + programs, TILE_ROWS, HEAD_DIM, KIND.PERMUTED)
+            x_next = _load_tile(T, tile + programs, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
         else:
-            x = _load_tile(T, tile, TILE_ROWS, HEAD_DIM, KIND.PERMUTED)
+            x = _load_tile(T, tile, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
 
         # ---- 2. rotation
         if KIND.ROTATE != ROTATE_NONE:
