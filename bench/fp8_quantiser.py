@@ -233,6 +233,7 @@ def sweep_configs(full: bool) -> list[Config]:
             Config(tiles_per_program=4, division="ieee"),
             Config(num_warps=16),
             Config(tiles_per_program=4, num_warps=16),
+            Config(programs_per_sm=1, num_stages=3, num_warps=16, tma=True),
         ]
     return list(dict.fromkeys(configs))
 

@@ -564,7 +564,7 @@ layout = fp8.ValueLayout(True, 128)
 for variant, method in FULL_GRID:
     seen = set()
     for config in sweep_configs(full=True):
-        key = (config.num_stages, config.prefetch, config.num_warps, config.maxnreg, config.division)
+        key = (config.num_stages, config.prefetch, config.num_warps, config.maxnreg, config.division, config.tma)
         if key not in seen:
             seen.add(key)
             sweep += builds(128, variant, method, layout, config)
