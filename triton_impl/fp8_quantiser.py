@@ -355,11 +355,9 @@ class _TensorGeometry:
     tiles: int
     scale_shape: tuple[int, int, int]
 
-    def arguments(self, x, out, scales, tile_amax, tensor_amax, tma_rows: int = 0) -> TensorArgs:
-        """The kernel's TensorArgs for input ``x`` (a tensor, or a mock pointer with shape and strides for
-        builds); ``tma_rows`` > 0: x as a TMA descriptor of boxes of that many rows (``QuantiserConfig.tma``)."""
-        source = tma_descriptor(x, tma_rows) if tma_rows else x
-        return TensorArgs(source, *x.stride(), self.heads, self.seqlen, self.tiles_per_head, self.tiles, out,
+    def arguments(self, x, out, scales, tile_amax, tensor_amax) -> TensorArgs:
+        """The kernel's TensorArgs for input ``x`` (a tensor, or a mock pointer with shape and strides for builds)."""
+        return TensorArgs(x, *x.stride(), self.heads, self.seqlen, self.tiles_per_head, self.tiles, out,
                           self.out_rows, scales, self.scale_shape[-1], tile_amax, tensor_amax)  # fmt: skip
 
 
@@ -455,7 +453,11 @@ class _TensorPlan:
     tma_rows: int
 
     def arguments(self, x: torch.Tensor) -> TensorArgs:
-        return self.geometry.arguments(x, self.out, self.scales, self.tile_amax, self.tensor_amax, self.tma_rows)
+        return self.geometry.arguments(x, self.out, self.scales, self.tile_amax, self.tensor_amax)
+
+    def descriptor(self, x: torch.Tensor) -> TensorDescriptor | None:
+        """x's TMA descriptor where this tensor is loaded by copies, else None."""
+        return tma_descriptor(x, self.tma_rows) if self.tma_rows else None
 
 
 def _tma_rows(config: QuantiserConfig, quantisation: Quantisation, value_layout: ValueLayout) -> tuple[int, ...]:
@@ -558,22 +560,26 @@ class FusedQuantiser:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> KernelOperands:
         """Quantise q, k, v into this quantiser's buffers."""
         self._check_inputs(q, k, v)
-        tensors = tuple(plan.arguments(x) for plan, x in zip(self._plans, (q, k, v), strict=True))
+        inputs = (q, k, v)
+        tensors = tuple(plan.arguments(x) for plan, x in zip(self._plans, inputs, strict=True))
+        descriptors = tuple(plan.descriptor(x) for plan, x in zip(self._plans, inputs, strict=True))
         if self.quantisation.block:
-            self._launch(tensors, STEP_BLOCK.value)
+            self._launch(tensors, descriptors, STEP_BLOCK.value)
             return self.operands
-        self._launch(tensors, STEP_AMAX.value)
+        self._launch(tensors, descriptors, STEP_AMAX.value)
         tensor_amax_kernel[(len(tensors),)](
             self._tile_amax, self._tensor_amax, *self._tile_counts, CHUNK=AMAX_CHUNK, num_warps=AMAX_WARPS
         )
-        self._launch(tensors, STEP_CAST.value)
+        self._launch(tensors, descriptors, STEP_CAST.value)
         return self.operands
 
-    def _launch(self, tensors: tuple[TensorArgs, ...], step: int) -> None:
+    def _launch(
+        self, tensors: tuple[TensorArgs, ...], descriptors: tuple[TensorDescriptor | None, ...], step: int
+    ) -> None:
         rotation, rotation_scale = self._rotation
         for programs in self._launch_programs:
             self.compiled[step] = quantise_kernel[(_grid(programs, self.config),)](
-                *tensors, *programs, rotation, rotation_scale, **self._options[step]
+                *tensors, *descriptors, *programs, rotation, rotation_scale, **self._options[step]
             )
 
 
@@ -613,18 +619,15 @@ def compile_sm90(
         def stride(self) -> tuple[int, ...]:
             return self._strides
 
+    inputs = tuple(_Input(shape) for shape in (q_shape, kv_shape, kv_shape))
     tensors = tuple(
-        geometry.arguments(
-            _Input(shape),
-            MockTensor(torch.float8_e4m3fn),
-            MockTensor(torch.float32),
-            MockTensor(torch.float32),
-            MockTensor(torch.float32),
-            tma_rows,
-        )
-        for geometry, shape, tma_rows in zip(
-            geometries, (q_shape, kv_shape, kv_shape), _tma_rows(config, quantisation, value_layout), strict=True
-        )
+        geometry.arguments(x, MockTensor(torch.float8_e4m3fn), MockTensor(torch.float32), MockTensor(torch.float32),
+                           MockTensor(torch.float32))
+        for geometry, x in zip(geometries, inputs, strict=True)
+    )  # fmt: skip
+    descriptors = tuple(
+        tma_descriptor(x, rows) if rows else None
+        for x, rows in zip(inputs, _tma_rows(config, quantisation, value_layout), strict=True)
     )
     tc = quantisation.rotation and rotation_method == "tensor_core"
     rotation = MockTensor(dtype if tc else torch.float32)
@@ -633,6 +636,7 @@ def compile_sm90(
         compile_triton_sm90_launch(
             quantise_kernel,
             *tensors,
+            *descriptors,
             *programs,
             rotation,
             1.0,

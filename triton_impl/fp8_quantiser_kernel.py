@@ -78,7 +78,6 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from common.contract.fp8 import E4M3_MAX
 
@@ -100,11 +99,11 @@ ROTATE_NONE, ROTATE_TENSOR_CORE, ROTATE_BUTTERFLY = tl.constexpr(0), tl.constexp
 
 
 class TensorArgs(NamedTuple):
-    """One tensor's runtime arguments (a tuple argument of ``quantise_kernel``): its input (with
-    ``LaunchSetup.TMA``, for rows in order, its tensor descriptor) with strides, its geometry in tiles,
-    where its e4m3 values and scales go, and (per-tensor scales) its tiles' amaxes and its amax."""
+    """One tensor's runtime arguments (a tuple argument of ``quantise_kernel``): its input with
+    strides, its geometry in tiles, where its e4m3 values and scales go, and (per-tensor scales)
+    its tiles' amaxes and its amax."""
 
-    X: torch.Tensor | TensorDescriptor
+    X: torch.Tensor
     stride_b: int
     stride_h: int
     stride_s: int
@@ -317,13 +316,14 @@ def _tile_rows(m_tile, TILE_ROWS: tl.constexpr, PERMUTED: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(T, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, PERMUTED: tl.constexpr, TMA: tl.constexpr):
+def _load_tile(T, X_DESC, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, PERMUTED: tl.constexpr,
+               TMA: tl.constexpr):  # fmt: skip
     """Tile ``tile`` of tensor T in its dtype (V for a permuted layout in slot order); rows past S, and
-    every row of a tile past the last, as zeros. ``TMA`` (rows in order only): T.X is the tensor's
-    descriptor and the tile one copy of its box (the caller never asks for a tile past the last)."""
+    every row of a tile past the last, as zeros. ``TMA`` (rows in order only): one copy of X_DESC's box
+    (the tensor's descriptor; the caller never asks for a tile past the last)."""
     if TMA and not PERMUTED:
         batch_head_32 = tile // T.tiles_per_head
-        box = T.X.load([batch_head_32 // T.heads, batch_head_32 % T.heads, (tile % T.tiles_per_head) * TILE_ROWS, 0])
+        box = X_DESC.load([batch_head_32 // T.heads, batch_head_32 % T.heads, (tile % T.tiles_per_head) * TILE_ROWS, 0])
         x = box.reshape(TILE_ROWS, HEAD_DIM)
     else:
         batch_head = (tile // T.tiles_per_head).to(tl.int64)
@@ -339,16 +339,17 @@ def _load_tile(T, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, PERMUTE
 
 
 @triton.jit
-def _quantise_tiles(T, program, programs, ROTATION, rotation_scale, KIND: tl.constexpr, SETUP: tl.constexpr):
-    """Tiles program, program + programs, ... of one tensor (T: its ``TensorArgs``; KIND: its
-    ``TensorKind``): the module docstring's steps 1-5 for each."""
+def _quantise_tiles(T, X_DESC, program, programs, ROTATION, rotation_scale, KIND: tl.constexpr,
+                    SETUP: tl.constexpr):  # fmt: skip
+    """Tiles program, program + programs, ... of one tensor (T: its ``TensorArgs``; X_DESC: its TMA
+    descriptor or None; KIND: its ``TensorKind``): the module docstring's steps 1-5 for each."""
     HEAD_DIM: tl.constexpr = SETUP.HEAD_DIM
     TILE_ROWS: tl.constexpr = SETUP.TILE_ROWS
     offs_d = tl.arange(0, HEAD_DIM)
     if KIND.ROTATE != ROTATE_NONE:
         rotation = _rotation_operand(ROTATION, KIND.ROTATE, HEAD_DIM)
     if SETUP.PREFETCH:
-        x_next = _load_tile(T, program, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
+        x_next = _load_tile(T, X_DESC, program, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
     for tile in tl.range(program, T.tiles, programs, num_stages=SETUP.NUM_STAGES):
         batch_head = (tile // T.tiles_per_head).to(tl.int64)
         m_tile = tile % T.tiles_per_head
@@ -356,9 +357,9 @@ def _quantise_tiles(T, program, programs, ROTATION, rotation_scale, KIND: tl.con
         # ---- 1. load (PREFETCH: this tile came with the previous one; ask for the next before computing)
         if SETUP.PREFETCH:
             x = x_next
-            x_next = _load_tile(T, tile + programs, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
+            x_next = _load_tile(T, X_DESC, tile + programs, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
         else:
-            x = _load_tile(T, tile, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
+            x = _load_tile(T, X_DESC, tile, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
 
         # ---- 2. rotation
         if KIND.ROTATE != ROTATE_NONE:
@@ -389,22 +390,25 @@ def _quantise_tiles(T, program, programs, ROTATION, rotation_scale, KIND: tl.con
 
 
 @triton.jit
-def quantise_kernel(Q, K, V, q_programs, k_programs, v_programs, ROTATION, rotation_scale, Q_KIND: tl.constexpr,
-                     K_KIND: tl.constexpr, V_KIND: tl.constexpr, SETUP: tl.constexpr):  # fmt: skip
+def quantise_kernel(Q, K, V, Q_DESC, K_DESC, V_DESC, q_programs, k_programs, v_programs, ROTATION, rotation_scale,
+                    Q_KIND: tl.constexpr, K_KIND: tl.constexpr, V_KIND: tl.constexpr, SETUP: tl.constexpr):  # fmt: skip
     """Programs [0, q_programs) quantise Q's tiles, the next k_programs K's, the rest V's (a launch
     for one tensor passes 0 programs for the others); a persistent grid (``SETUP.PERSISTENT``, all three
-    counts the grid) has every program quantise its share of Q's tiles, then K's, then V's."""
+    counts the grid) has every program quantise its share of Q's tiles, then K's, then V's. Q_DESC,
+    K_DESC, V_DESC: each tensor's TMA descriptor where ``SETUP.TMA`` loads it by copies, else None
+    (top-level arguments: Triton's launcher expands a descriptor only there, not inside a tuple)."""
     program = tl.program_id(0)
     if SETUP.PERSISTENT:
-        _quantise_tiles(Q, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
-        _quantise_tiles(K, program, k_programs, ROTATION, rotation_scale, K_KIND, SETUP)
-        _quantise_tiles(V, program, v_programs, ROTATION, rotation_scale, V_KIND, SETUP)
+        _quantise_tiles(Q, Q_DESC, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
+        _quantise_tiles(K, K_DESC, program, k_programs, ROTATION, rotation_scale, K_KIND, SETUP)
+        _quantise_tiles(V, V_DESC, program, v_programs, ROTATION, rotation_scale, V_KIND, SETUP)
     elif program < q_programs:
-        _quantise_tiles(Q, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
+        _quantise_tiles(Q, Q_DESC, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
     elif program < q_programs + k_programs:
-        _quantise_tiles(K, program - q_programs, k_programs, ROTATION, rotation_scale, K_KIND, SETUP)
+        _quantise_tiles(K, K_DESC, program - q_programs, k_programs, ROTATION, rotation_scale, K_KIND, SETUP)
     else:
-        _quantise_tiles(V, program - q_programs - k_programs, v_programs, ROTATION, rotation_scale, V_KIND, SETUP)
+        _quantise_tiles(V, V_DESC, program - q_programs - k_programs, v_programs, ROTATION, rotation_scale, V_KIND,
+                        SETUP)  # fmt: skip
 
 
 @triton.jit
