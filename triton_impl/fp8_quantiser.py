@@ -296,12 +296,18 @@ def shared_bytes(
     Triton does not share) the ``num_stages - 1`` tiles in flight; one more tile for the rotation's
     wgmma operand and the transposed store's exchange. sm_90a builds under Triton 3.8 use this much at
     D = 256 with block scales and rotation, and less elsewhere (3.6: 294,912 bytes there); the
-    capability-matrix test compiles every configuration a check accepts and holds it to the budget."""
+    capability-matrix test compiles every configuration a check accepts and holds it to the budget.
+    With ``tma`` the three branches share one ring of ``num_stages`` boxes, and the e4m3 tile's exchange
+    comes on top: 147,480 and 180,256 bytes for 3 and 4 stages at D = 128 with rotation under Triton 3.6
+    and 3.8 (persistent grids; 8 tiles a program under 3.8 takes more), this estimate less the barriers."""
     config = config or default_config(head_dim, quantisation, rotation_method)
     rotation_method = rotation_method or DEFAULT_ROTATION_METHOD
     element = dtype.itemsize
-    tile = _tile_rows_of(quantisation) * head_dim * element
+    tile_elements = _tile_rows_of(quantisation) * head_dim
+    tile = tile_elements * element
     sign_matrix = head_dim * head_dim * element if quantisation.rotation and rotation_method == "tensor_core" else 0
+    if config.tma:
+        return sign_matrix + config.num_stages * tile + tile_elements
     return sign_matrix + (3 * (config.num_stages - 1) + 1) * tile
 
 
