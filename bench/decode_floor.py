@@ -2,14 +2,18 @@
 
 Settings, each applied at bind time by module constants the rungs read there:
 
-* ``before``: the merges read the splits' partials one at a time (``MERGE_SPLITS_PER_STEP = 1`` in
-  ``triton_impl/decode.py``, whose merge gluon/decode shares, and ``cute_impl/decode.py``): a chain of
-  one L2 round trip per split, the merge as it was;
+* ``before``: the merges as they were: triton/decode's (which gluon/decode shares) reads the splits'
+  partials one at a time (``MERGE_SPLITS_PER_STEP = 1``, a chain of one L2 round trip per split);
+  cute/decode's loops are unrolled as the compiler chooses (``MERGE_SPLITS_PER_STEP = 0``: the committed
+  merge's machine code, instruction for instruction);
 * ``after``: the rungs as committed (``MERGE_SPLITS_PER_STEP`` splits a step);
-* ``after+tile64`` (gluon/decode at D=64 and 128 only): ``after`` with 64-key blocks (3 stages at
-  D=128, 6 at D=64; 112 and 104 KB of shared memory), so that two CTAs share an SM and one CTA's fixed
-  latency (cache length, Q, first block, epilogue) hides under the other's stream. A candidate, not the
-  default: ``bench/decode_model.py`` predicts +8 to +16 points on the ragged shapes.
+* ``after+tile``: ``after`` with a candidate tile (:data:`TILE_CANDIDATES`, not the defaults) where the
+  model (``bench/decode_model.py``) finds the rung's CTAs the limit: gluon/decode at D=64 and 128 with
+  64-key blocks (3 stages at D=128, 6 at D=64; 112 and 104 KB of shared memory), so that two CTAs share
+  an SM and one CTA's fixed latency (cache length, Q, first block, epilogue) hides under the other's
+  stream (modelled +9 to +17 points on the ragged shapes); triton/decode at D=64 with 128-key blocks,
+  64 KB in flight per CTA instead of 32 (modelled +15 points on the paged ragged shape, where the long
+  sequence's CTAs cannot draw their share of the bandwidth).
 
 For the low shapes of ``compare.py --decode --decode-random 10 --decode-seed 1``
 (``results/h200/decode-random/``) and two good ones, each (rung, setting) is checked against the fp64
@@ -39,32 +43,48 @@ from bench import require_gpu
 # B=2 Hkv=4 131k).
 SHAPES = (3, 4, 7, 8, 9, 0, 2)
 SEED = 1
-SETTINGS = ("before", "after", "after+tile64")
+SETTINGS = ("before", "after", "after+tile")
+
+
+def tile_candidates() -> dict[tuple[str, int], tuple[object, object]]:
+    """(rung, head dim) -> (the rung's DEFAULT_CONFIGS dict, the candidate tile of ``after+tile``)."""
+    from triton_impl import decode as triton_decode
+    from triton_impl.gluon import decode as gluon_decode
+
+    return {
+        ("gluon/decode", 64): (gluon_decode.DEFAULT_CONFIGS, gluon_decode.DecodeConfig(64, 6)),
+        ("gluon/decode", 128): (gluon_decode.DEFAULT_CONFIGS, gluon_decode.DecodeConfig(64, 3)),
+        ("triton/decode", 64): (triton_decode.DEFAULT_CONFIGS, triton_decode.TileConfig(128, 4, 3)),
+    }
+
+
 COLUMNS = ("impl", "shape", "setting", "num_splits", "status", "us", "pct_read_bw", "rel_l2_err", "reason")
 
 
 def applies(setting: str, impl_name: str, head_dim: int) -> bool:
-    return setting != "after+tile64" or (impl_name == "gluon/decode" and head_dim in (64, 128))
+    return setting != "after+tile" or (impl_name, head_dim) in tile_candidates()
 
 
 @contextlib.contextmanager
-def applied(setting: str, head_dim: int) -> Iterator[None]:
-    """The module constants of ``setting`` for the binds inside; the committed values restored after."""
+def applied(setting: str, impl_name: str, head_dim: int) -> Iterator[None]:
+    """The module constants of ``setting`` for ``impl_name``'s binds inside; the committed values
+    restored after."""
     from cute_impl import decode as cute_decode
     from triton_impl import decode as triton_decode
-    from triton_impl.gluon import decode as gluon_decode
 
     saved_steps = (triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP)
-    saved_tile = gluon_decode.DEFAULT_CONFIGS[head_dim]
+    configs, candidate = tile_candidates().get((impl_name, head_dim), ({}, None))
+    saved_tile = configs.get(head_dim)
     if setting == "before":
-        triton_decode.MERGE_SPLITS_PER_STEP = cute_decode.MERGE_SPLITS_PER_STEP = 1
-    if setting == "after+tile64":
-        gluon_decode.DEFAULT_CONFIGS[head_dim] = gluon_decode.DecodeConfig(64, 3 if head_dim == 128 else 6)
+        triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP = 1, 0
+    if setting == "after+tile":
+        configs[head_dim] = candidate
     try:
         yield
     finally:
         triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP = saved_steps
-        gluon_decode.DEFAULT_CONFIGS[head_dim] = saved_tile
+        if saved_tile is not None:
+            configs[head_dim] = saved_tile
 
 
 def measure(impl, case, workload, options) -> tuple[str, float, float, int, str]:
@@ -136,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 results: dict[str, list[tuple]] = {setting: [] for setting in settings}
                 for _ in range(args.rounds):
                     for setting in settings:
-                        with applied(setting, head_dim):
+                        with applied(setting, impl.name, head_dim):
                             impl.prepare(workload.q, workload.k, workload.v, case.problem, **extra)
                             results[setting].append(measure(impl, case, workload, options))
                 for setting, measured in results.items():

@@ -12,13 +12,12 @@ split rule of ``common/contract/splits.py``, each split's keys cut from the sequ
 3. a streaming CTA draws at most ``in_flight / LATENCY_US`` (its ring's blocks in flight, Little's law)
    and all of them together at most the read bandwidth, shared evenly;
 4. the split kernel adds ``LAUNCH_US``; the merge (more than one split) ``MERGE_GAP_US`` plus one
-   ``MERGE_STEP_US`` L2 round trip per dependent load step of its loop over the splits (triton: the
-   LSE vector then one step per ``splits_per_step`` splits; cute: two loops, the LSEs then the O's).
+   ``MERGE_STEP_US`` L2 round trip per dependent load step over the splits (:func:`merge_steps`).
 
 The percentage is the bytes a step must read (each key of each sequence's own length once per KV head,
 ``DecodeCase.kv_bytes_read``, as ``compare.py --decode`` counts them; never the padded cache) over the
 modelled time. The constants were fitted by hand (grid search) to the committed H200 random sweep
-(``results/h200/decode-random-split-rule/``: 24 rung × shape points, RMS error about 5 points); the model
+(``results/h200/decode-random-split-rule/``: 24 rung × shape points, RMS error 3.6 points); the model
 ranks causes and variants, it does not replace a measurement. Its known miss: a CTA alone on the GPU sees
 the unloaded latency, not ``LATENCY_US``, so a grid of a few long CTAs (the paged row under the old
 rule, 23 % measured) comes out lower than measured.
@@ -37,15 +36,19 @@ from common.measure.decode_sweep import DecodeCase, random_cases
 
 SM_COUNT = 132
 READ_GBPS = 4419.0
-LATENCY_US = 1.5
-FIXED_US = 5.0
-EMPTY_US = 2.5
+LATENCY_US = 1.75
+FIXED_US = 4.0
+EMPTY_US = 3.0
 LAUNCH_US = 4.0
 MERGE_GAP_US = 2.5
-MERGE_STEP_US = 0.45
+MERGE_STEP_US = 0.7
 STEP_US = 0.25
 # The random sweep the model is read against: ``compare.py --decode --decode-random 10 --decode-seed 1``.
 SEED, COUNT = 1, 10
+# bench/decode_floor.py's ``after+tile`` candidates, (rung, head dim) -> (key block, blocks in flight,
+# CTAs per SM): gluon's 64-key rings (112 / 104 KB, two CTAs per SM), triton's 128-key blocks at D=64
+# (72 KB, three CTAs per SM, 64 KB in flight instead of 32).
+TILE_CANDIDATES = {("gluon", 64): (64, 5, 2), ("gluon", 128): (64, 2, 2), ("triton", 64): (128, 2, 3)}
 
 
 @dataclass(frozen=True)
@@ -58,23 +61,23 @@ class StackModel:
     occupancy: int
     max_block_m: int
     pads_blocks: bool  # TMA reads a whole block past a sequence's end (gluon)
-    merge_loops: int  # dependent loops over the splits in the merge: triton 1 (LSEs as one vector), cute 2
-    merge_splits_per_step: int = 1  # splits whose loads one step of a merge loop issues together
+    merge_splits_per_step: int = 1  # the rung's MERGE_SPLITS_PER_STEP (cute: 0, the compiler's unrolling)
 
 
-def stack_models(head_dim: int, merge_splits_per_step: int = 1) -> list[StackModel]:
+def stack_models(head_dim: int, merge_splits_per_step: int | None = None) -> list[StackModel]:
     """triton, gluon and cute decode at ``head_dim``: key blocks, ring depths and occupancies from their
     tile tables and docstrings (triton: 3 cp.async stages; gluon: one 200-224 KB CTA per SM; cute: 6
-    stages at D=64, 3 above)."""
+    stages at D=64, 3 above). ``merge_splits_per_step`` None: the merges before issue #38's floor."""
     triton_block = {64: 64, 128: 64, 256: 32}[head_dim]
     triton_occupancy = {64: 4, 128: 3, 256: 2}[head_dim]
     gluon_block = {64: 128, 128: 128, 256: 64}[head_dim]
     deep_ring = {64: 5, 128: 2, 256: 2}[head_dim]
     step = merge_splits_per_step
+    cute_occupancy = {64: 2, 128: 2, 256: 1}[head_dim]
     return [
-        StackModel("triton", triton_block, 2, triton_occupancy, 64 if head_dim < 256 else 32, False, 1, step),
-        StackModel("gluon", gluon_block, deep_ring, 1, 64, True, 1, step),
-        StackModel("cute", 64, deep_ring, {64: 2, 128: 2, 256: 1}[head_dim], 4096 // head_dim, False, 2, step),
+        StackModel("triton", triton_block, 2, triton_occupancy, 64 if head_dim < 256 else 32, False, step or 1),
+        StackModel("gluon", gluon_block, deep_ring, 1, 64, True, step or 1),
+        StackModel("cute", 64, deep_ring, cute_occupancy, 4096 // head_dim, False, step or 0),
     ]
 
 
@@ -133,12 +136,24 @@ def makespan_us(work: list[int], stack: StackModel, head_dim: int, fixed_us: flo
         now += STEP_US
 
 
+def merge_steps(stack: StackModel, num_splits: int) -> int:
+    """Dependent L2 round trips of the merge: triton's reads the LSEs as one vector, then its loop reads
+    ``merge_splits_per_step`` splits a step; cute's two loops (LSEs, then O) are unrolled that many
+    times, or with 0 as the compiler chose (sm_90a SASS of the committed merge: the LSE loop 16 times,
+    the O loop twice)."""
+    per_step = stack.merge_splits_per_step
+    if stack.name != "cute":
+        return 1 + -(-num_splits // per_step)
+    if per_step == 0:
+        return -(-num_splits // 16) + -(-num_splits // 2)
+    return 2 * -(-num_splits // per_step)
+
+
 def merge_us(stack: StackModel, num_splits: int) -> float:
     """Step 4 of the module docstring (0 with one split: the split kernel writes O)."""
     if num_splits == 1:
         return 0.0
-    steps = 1 + stack.merge_loops * -(-num_splits // stack.merge_splits_per_step)
-    return MERGE_GAP_US + MERGE_STEP_US * steps
+    return MERGE_GAP_US + MERGE_STEP_US * merge_steps(stack, num_splits)
 
 
 @dataclass(frozen=True)
@@ -194,24 +209,37 @@ def rule_splits(case: DecodeCase, stack: StackModel) -> int:
     return splits.choose_num_splits(ctas_per_split, p.seqlen_k, SM_COUNT, p.has_cache_seqlens and p.batch > 1, p.batch)
 
 
+def with_tile_candidate(stack: StackModel, head_dim: int) -> StackModel | None:
+    """``stack`` with its ``after+tile`` candidate, or None where it has none."""
+    candidate = TILE_CANDIDATES.get((stack.name, head_dim))
+    if candidate is None:
+        return None
+    block_n, in_flight_blocks, occupancy = candidate
+    return replace(stack, block_n=block_n, in_flight_blocks=in_flight_blocks, occupancy=occupancy)
+
+
 def table(merge_splits_per_step: int) -> str:
-    """A markdown row per (shape, rung): the grid, where the time goes before, and % before → after
-    (``merge_splits_per_step`` splits a merge step after, one before)."""
+    """A markdown row per (shape, rung): the grid, where the time goes before (µs: the ideal, the CTAs'
+    fixed latencies, the merge, the rest), and % before → after (``merge_splits_per_step`` splits a
+    merge step) → after with the rung's tile candidate, as bench/decode_floor.py times them."""
     lines = [
         "| shape | rung | splits | CTAs (busy) | waves | largest CTA | median busy CTA | ideal | fixed | "
-        "merge | tail | before | after |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "merge | tail | before | after | after+tile |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for case in random_cases(COUNT, SEED):
         for stack in stack_models(case.problem.head_dim):
             num_splits = rule_splits(case, stack)
             before = predict(case, stack, num_splits)
-            after = predict(case, replace(stack, merge_splits_per_step=merge_splits_per_step), num_splits)
+            after_stack = replace(stack, merge_splits_per_step=merge_splits_per_step)
+            after = predict(case, after_stack, num_splits)
+            tile_stack = with_tile_candidate(after_stack, case.problem.head_dim)
+            tile = f"{predict(case, tile_stack, num_splits).pct:.0f} %" if tile_stack else "—"
             lines.append(
                 f"| {case.describe()} | {stack.name} | {num_splits} | {before.ctas} ({before.busy_ctas}) | "
                 f"{before.waves:.1f} | {before.max_cta_mb:.2f} MB | {before.median_busy_kb:.0f} KB | "
                 f"{before.ideal_us:.0f} µs | {before.fixed_us:.0f} | {before.merge_us:.0f} | {before.tail_us:.0f} | "
-                f"{before.us:.0f} µs ({before.pct:.0f} %) | {after.us:.0f} µs ({after.pct:.0f} %) |"
+                f"{before.us:.0f} µs ({before.pct:.0f} %) | {after.us:.0f} µs ({after.pct:.0f} %) | {tile} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -151,10 +151,11 @@ MERGE_THREADS = 128
 # The merges weigh natural-log LSEs by exp2((lseₛ - lse_max) · COMBINE_LOG2_E) (a name of its own so a
 # test can plant the log2-unit bug).
 COMBINE_LOG2_E = LOG2_E
-# Splits the merge kernel reads a step (its loop over the splits unrolled that many times, so their
-# loads are in flight together: num_splits / MERGE_SPLITS_PER_STEP round trips to L2, not one per
-# split). 1 is the merge before issue #38's decode floor, which bench/decode_floor.py sets to time both
-# in one process. triton/decode's merge has the same name and meaning.
+# Splits the merge kernel reads a step: its two loops over the splits (LSEs, then O) unrolled that many
+# times, so that as many loads are in flight together (triton/decode's merge has the same name and
+# meaning). 0 leaves the unrolling to the compiler, the merge before issue #38's decode floor (sm_90a:
+# the LSE loop 16 times, the O loop only twice, num_splits / 2 round trips to L2), which
+# bench/decode_floor.py sets to time both in one process.
 MERGE_SPLITS_PER_STEP = 8
 
 
@@ -503,7 +504,7 @@ class DecodeKernel:
         for tile_pass in cutlass.range_constexpr(self.tile_m // rows_per_pass):
             r = tile_pass * rows_per_pass + tidx // chunks
             merged = cute.make_rmem_tensor(MERGE_COLS, cutlass.Float32)
-            lse = merge_splits(sLSE_parts[None, r], sO_chunks[None, r, (None, chunk)], merged, 1)
+            lse = merge_splits(sLSE_parts[None, r], sO_chunks[None, r, (None, chunk)], merged, 0)
             row = row_start + r
             if row < rows:
                 _store_row_chunk(merged, cute.local_tile(gO[row, None], (MERGE_COLS,), (chunk,)))
@@ -549,7 +550,7 @@ def merge_splits(
     warps' parts in shared memory (split kernel) or the splits' partials in HBM (merge kernel). A
     part with LSE -inf (no key) weighs exp(-inf) = 0; a row no part saw keeps lse = -inf and O = 0.
     ``parts_per_step``: the loops' unrolling, so that parts in HBM are loaded that many at a time (1:
-    one after the other, as the warps' parts in shared memory are)."""
+    one after the other; 0: the compiler's choice, for the warps' few parts in shared memory)."""
     num_parts = cute.size(lse_parts)
     lse_max = cutlass.Float32(-cutlass.Float32.inf)
     for s in cutlass.range(num_parts, unroll=parts_per_step):

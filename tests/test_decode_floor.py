@@ -3,7 +3,6 @@ the A/B's refusal, its settings (set and restored) and its table."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -42,15 +41,14 @@ def test_model_grid_check_fails_a_planted_split_cut(monkeypatch: pytest.MonkeyPa
 
 
 def test_model_merge_steps_and_one_split():
-    """One split has no merge; the merge's round trips fall with the splits read a step; cute has two loops."""
+    """One split has no merge; the merge's round trips fall with the splits read a step; cute's merge
+    before was unrolled by the compiler (LSE loop 16, O loop 2 a step)."""
     triton, _, cute = decode_model.stack_models(128)
     assert decode_model.merge_us(triton, 1) == 0.0
-    serial, stepped = (
-        decode_model.merge_us(triton, 24),
-        decode_model.merge_us(replace(triton, merge_splits_per_step=8), 24),
-    )
-    assert serial - stepped == pytest.approx(decode_model.MERGE_STEP_US * (24 - 3))
-    assert decode_model.merge_us(cute, 24) > serial
+    assert decode_model.merge_steps(triton, 24) == 25 and decode_model.merge_steps(cute, 24) == 2 + 12
+    after = decode_model.stack_models(128, merge_splits_per_step=8)
+    assert [decode_model.merge_steps(stack, 24) for stack in after] == [4, 4, 6]
+    assert decode_model.merge_us(after[0], 24) < decode_model.merge_us(triton, 24)
     prediction = decode_model.predict(RAGGED, triton, 3)
     assert 0 < prediction.pct < 100 and prediction.busy_ctas == 2 * (3 + 3)
 
@@ -67,19 +65,22 @@ def test_floor_without_a_gpu_exits_2_with_one_line(tmp_path: Path, capsys: pytes
 
 def test_floor_settings_are_applied_then_restored():
     committed = (triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP)
-    tile = gluon_decode.DEFAULT_CONFIGS[128]
+    tiles = (gluon_decode.DEFAULT_CONFIGS[128], triton_decode.DEFAULT_CONFIGS[64])
     assert committed == (8, 8)
-    with decode_floor.applied("before", 128):
-        assert (triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP) == (1, 1)
-        assert gluon_decode.DEFAULT_CONFIGS[128] == tile
-    with pytest.raises(RuntimeError), decode_floor.applied("after+tile64", 128):
+    with decode_floor.applied("before", "gluon/decode", 128):
+        assert (triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP) == (1, 0)
+        assert gluon_decode.DEFAULT_CONFIGS[128] == tiles[0]
+    with pytest.raises(RuntimeError), decode_floor.applied("after+tile", "gluon/decode", 128):
         assert gluon_decode.DEFAULT_CONFIGS[128] == gluon_decode.DecodeConfig(64, 3)
         raise RuntimeError("a failing bind")
+    with decode_floor.applied("after+tile", "triton/decode", 64):
+        assert triton_decode.DEFAULT_CONFIGS[64].block_n == 128 and gluon_decode.DEFAULT_CONFIGS[128] == tiles[0]
     assert committed == (triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP)
-    assert gluon_decode.DEFAULT_CONFIGS[128] == tile
-    assert decode_floor.applies("after+tile64", "gluon/decode", 64)
-    assert not decode_floor.applies("after+tile64", "gluon/decode", 256)
-    assert not decode_floor.applies("after+tile64", "triton/decode", 128)
+    assert tiles == (gluon_decode.DEFAULT_CONFIGS[128], triton_decode.DEFAULT_CONFIGS[64])
+    assert decode_floor.applies("after+tile", "gluon/decode", 64)
+    assert not decode_floor.applies("after+tile", "gluon/decode", 256)
+    assert not decode_floor.applies("after+tile", "triton/decode", 128)
+    assert not decode_floor.applies("after+tile", "cute/decode", 64)
 
 
 def test_floor_table_has_a_column_per_setting():
@@ -91,5 +92,5 @@ def test_floor_table_has_a_column_per_setting():
          "pct_read_bw": 88.0},
     ]  # fmt: skip
     table = decode_floor.markdown(rows, 4419.0)
-    assert "(4419 GB/s)" in table and "| shape | rung | splits | before | after | after+tile64 |" in table
+    assert "(4419 GB/s)" in table and "| shape | rung | splits | before | after | after+tile |" in table
     assert f"| {shape} | gluon/decode | 4 | 120.0 µs (66 %) | wrong | — |" in table
