@@ -13,7 +13,10 @@ Settings, each applied at bind time by module constants the rungs read there:
   an SM and one CTA's fixed latency (cache length, Q, first block, epilogue) hides under the other's
   stream (modelled +9 to +17 points on the ragged shapes); triton/decode at D=64 with 128-key blocks,
   64 KB in flight per CTA instead of 32 (modelled +15 points on the paged ragged shape, where the long
-  sequence's CTAs cannot draw their share of the bandwidth).
+  sequence's CTAs cannot draw their share of the bandwidth);
+* ``after+splits``: ``after`` with the split count forced to the one the model finds best for that rung
+  and shape (:data:`MODEL_SPLITS`, where it beats the rule's count by 3 points or more): whether the
+  shared rule should weigh a rung's CTAs (gluon's one CTA per SM prefers fewer splits).
 
 For the low shapes of ``compare.py --decode --decode-random 10 --decode-seed 1``
 (``results/h200/decode-random/``) and two good ones, each (rung, setting) is checked against the fp64
@@ -43,7 +46,21 @@ from bench import require_gpu
 # B=2 Hkv=4 131k).
 SHAPES = (3, 4, 7, 8, 9, 0, 2)
 SEED = 1
-SETTINGS = ("before", "after", "after+tile")
+SETTINGS = ("before", "after", "after+tile", "after+splits")
+# (index into the shapes, rung) -> the split count bench/decode_model.py predicts best among 1, 2, 3, 4,
+# 6, 8, 12, 16, 24, 32, 48 with the merge after (the rule's count, modelled % -> best, modelled %).
+MODEL_SPLITS = {
+    (3, "gluon/decode"): 3,  # 18: 81 -> 92
+    (3, "cute/decode"): 6,  # 18: 89 -> 92
+    (4, "gluon/decode"): 1,  # 2: 64 -> 74
+    (4, "cute/decode"): 1,  # 2: 76 -> 83
+    (7, "triton/decode"): 4,  # 8: 66 -> 74
+    (7, "gluon/decode"): 2,  # 8: 59 -> 72
+    (7, "cute/decode"): 2,  # 8: 59 -> 74
+    (8, "triton/decode"): 48,  # 33: 65 -> 76
+    (8, "gluon/decode"): 12,  # 33: 63 -> 85
+    (8, "cute/decode"): 24,  # 33: 78 -> 84
+}
 
 
 def tile_candidates() -> dict[tuple[str, int], tuple[object, object]]:
@@ -61,8 +78,12 @@ def tile_candidates() -> dict[tuple[str, int], tuple[object, object]]:
 COLUMNS = ("impl", "shape", "setting", "num_splits", "status", "us", "pct_read_bw", "rel_l2_err", "reason")
 
 
-def applies(setting: str, impl_name: str, head_dim: int) -> bool:
-    return setting != "after+tile" or (impl_name, head_dim) in tile_candidates()
+def applies(setting: str, impl_name: str, head_dim: int, shape_index: int) -> bool:
+    if setting == "after+tile":
+        return (impl_name, head_dim) in tile_candidates()
+    if setting == "after+splits":
+        return (shape_index, impl_name) in MODEL_SPLITS
+    return True
 
 
 @contextlib.contextmanager
@@ -87,9 +108,10 @@ def applied(setting: str, impl_name: str, head_dim: int) -> Iterator[None]:
             configs[head_dim] = saved_tile
 
 
-def measure(impl, case, workload, options) -> tuple[str, float, float, int, str]:
-    """(status, µs, rel. L2 error, num_splits, reason) of ``impl`` bound under the current constants:
-    judged against fp64 on a poisoned output, then timed; never raises."""
+def measure(impl, case, workload, options, num_splits: int | None = None) -> tuple[str, float, float, int, str]:
+    """(status, µs, rel. L2 error, num_splits, reason) of ``impl`` bound under the current constants
+    (``num_splits`` forced, or None for the rule): judged against fp64 on a poisoned output, then timed;
+    never raises."""
     import torch
 
     from common.contract.check import judge_output, run_poisoned
@@ -100,7 +122,7 @@ def measure(impl, case, workload, options) -> tuple[str, float, float, int, str]
     inputs = (workload.q, workload.k, workload.v)
     extra = per_call_inputs(case.problem, workload.cache_seqlens, workload.block_table)
     try:
-        run = impl.bind(*inputs, case.problem, **extra)
+        run = impl.bind(*inputs, case.problem, **extra, num_splits=num_splits)
         out = run_poisoned(run)
         err = error_stats(out, workload.reference)
         ok, reason, _ = judge_output(impl, out, err, inputs, case.problem, workload.reference, workload.sdpa_error)
@@ -140,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     with (args.out / "decode_floor.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, COLUMNS)
         writer.writeheader()
-        for case in (cases[index] for index in SHAPES):
+        for index in SHAPES:
+            case = cases[index]
             if skip := too_large(case, device):
                 print(f"skipped {case.describe()}: {skip}", flush=True)
                 continue
@@ -152,13 +175,14 @@ def main(argv: list[str] | None = None) -> int:
                 if not ok:
                     print(f"{impl.name:14s} {case.describe()}: refused: {reason}", flush=True)
                     continue
-                settings = [setting for setting in SETTINGS if applies(setting, impl.name, head_dim)]
+                settings = [setting for setting in SETTINGS if applies(setting, impl.name, head_dim, index)]
                 results: dict[str, list[tuple]] = {setting: [] for setting in settings}
                 for _ in range(args.rounds):
                     for setting in settings:
                         with applied(setting, impl.name, head_dim):
                             impl.prepare(workload.q, workload.k, workload.v, case.problem, **extra)
-                            results[setting].append(measure(impl, case, workload, options))
+                            forced = MODEL_SPLITS[index, impl.name] if setting == "after+splits" else None
+                            results[setting].append(measure(impl, case, workload, options, forced))
                 for setting, measured in results.items():
                     status = next((m[0] for m in measured if m[0] != "ok"), "ok")
                     us = statistics.mean(m[1] for m in measured)
@@ -194,7 +218,7 @@ def markdown(rows: list[dict], read_gbps: float) -> str:
         for impl in dict.fromkeys(row["impl"] for row in rows if row["shape"] == shape):
             by_setting = {row["setting"]: row for row in rows if row["shape"] == shape and row["impl"] == impl}
             cells = [_cell(by_setting.get(setting)) for setting in SETTINGS]
-            splits = next(iter(by_setting.values()))["num_splits"]
+            splits = by_setting.get("after", next(iter(by_setting.values())))["num_splits"]
             lines.append(f"| {shape} | {impl} | {splits} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bench import decode_floor, decode_model
-from common.measure.decode_sweep import DecodeCase, decode_problem
+from common.measure.decode_sweep import DecodeCase, decode_problem, random_cases
 from cute_impl import decode as cute_decode
 from triton_impl import decode as triton_decode
 from triton_impl.gluon import decode as gluon_decode
@@ -77,10 +77,12 @@ def test_floor_settings_are_applied_then_restored():
         assert triton_decode.DEFAULT_CONFIGS[64].block_n == 128 and gluon_decode.DEFAULT_CONFIGS[128] == tiles[0]
     assert committed == (triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP)
     assert tiles == (gluon_decode.DEFAULT_CONFIGS[128], triton_decode.DEFAULT_CONFIGS[64])
-    assert decode_floor.applies("after+tile", "gluon/decode", 64)
-    assert not decode_floor.applies("after+tile", "gluon/decode", 256)
-    assert not decode_floor.applies("after+tile", "triton/decode", 128)
-    assert not decode_floor.applies("after+tile", "cute/decode", 64)
+    assert decode_floor.applies("after+tile", "gluon/decode", 64, 0)
+    assert not decode_floor.applies("after+tile", "gluon/decode", 256, 0)
+    assert not decode_floor.applies("after+tile", "triton/decode", 128, 0)
+    assert not decode_floor.applies("after+tile", "cute/decode", 64, 0)
+    assert decode_floor.applies("after+splits", "gluon/decode", 128, 4)
+    assert not decode_floor.applies("after+splits", "triton/decode", 128, 4)
 
 
 def test_floor_table_has_a_column_per_setting():
@@ -92,5 +94,15 @@ def test_floor_table_has_a_column_per_setting():
          "pct_read_bw": 88.0},
     ]  # fmt: skip
     table = decode_floor.markdown(rows, 4419.0)
-    assert "(4419 GB/s)" in table and "| shape | rung | splits | before | after | after+tile |" in table
-    assert f"| {shape} | gluon/decode | 4 | 120.0 µs (66 %) | wrong | — |" in table
+    assert "(4419 GB/s)" in table and "| shape | rung | splits | before | after | after+tile | after+splits |" in table
+    assert f"| {shape} | gluon/decode | 4 | 120.0 µs (66 %) | wrong | — | — |" in table
+
+
+def test_floor_model_splits_name_timed_shapes_and_beat_the_rule_in_the_model():
+    """Each forced count of ``after+splits`` names a shape the run times; one is recomputed: B=32 Hkv=32
+    ragged, gluon/decode at one split against the rule's two."""
+    assert all(index in decode_floor.SHAPES for index, _ in decode_floor.MODEL_SPLITS)
+    case = random_cases(5, decode_floor.SEED)[4]
+    gluon = decode_model.stack_models(128, merge_splits_per_step=8)[1]
+    assert decode_floor.MODEL_SPLITS[4, "gluon/decode"] == 1 and decode_model.rule_splits(case, gluon) == 2
+    assert decode_model.predict(case, gluon, 1).pct > decode_model.predict(case, gluon, 2).pct + 3
