@@ -177,10 +177,11 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 settings = [setting for setting in SETTINGS if applies(setting, impl.name, head_dim, index)]
                 results: dict[str, list[tuple]] = {setting: [] for setting in settings}
-                for _ in range(args.rounds):
+                for round_index in range(args.rounds):
                     for setting in settings:
                         with applied(setting, impl.name, head_dim):
-                            impl.prepare(workload.q, workload.k, workload.v, case.problem, **extra)
+                            if round_index == 0:  # validation, the capability check, the compile
+                                impl.prepare(workload.q, workload.k, workload.v, case.problem, **extra)
                             forced = MODEL_SPLITS[index, impl.name] if setting == "after+splits" else None
                             results[setting].append(measure(impl, case, workload, options, forced))
                 for setting, measured in results.items():
