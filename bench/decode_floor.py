@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     from common.contract.registry import discover, per_call_inputs
     from common.measure.decode_sweep import random_cases, too_large
     from common.measure.peaks import measure_read_gbps
-    from common.measure.runner import TimingOptions, make_workload
+    from common.measure.runner import TimingOptions, freeze_imports, make_workload
 
     device = torch.device("cuda")
     available, _ = discover(include_baselines=False)
@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     read_gbps = measure_read_gbps(device)
     options = TimingOptions(50.0, args.rep)
+    freeze_imports()
     rows: list[dict] = []
     with (args.out / "decode_floor.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, COLUMNS)
@@ -168,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"skipped {case.describe()}: {skip}", flush=True)
                 continue
             head_dim = case.problem.head_dim
-            workload = make_workload(case.problem, "cuda", case.cache_seqlens(device))
+            # Inputs drawn on the GPU: the padded caches are up to 14 GB (the D=256 paged shape).
+            workload = make_workload(case.problem, "cuda", case.cache_seqlens(device), on_device=True)
             extra = per_call_inputs(case.problem, workload.cache_seqlens, workload.block_table)
             for impl in impls:
                 ok, reason = impl.check(case.problem, device)
