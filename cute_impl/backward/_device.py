@@ -7,7 +7,7 @@ ranges, masks, ``gemm_double_buffered``) is ``cute_impl/_device.py``'s.
 
 # No ``from __future__ import annotations``: ``cute.struct`` reads its field annotations as objects.
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -140,12 +140,11 @@ class BackwardOperands(NamedTuple):
     dv: cute.Tensor
 
 
-def cute_gradients(
-    name: str, supports: Supports, launch: Callable[[BackwardOperands, Problem, torch.device], None]
-) -> Gradients:
+def cute_gradients(name: str, supports: Supports, launch: Callable[..., None]) -> Gradients:
     """The ``Backward.gradients`` of rung ``name``: its capability check (a refusal raises, with the
     reason), q, k, v, O and dO as kernel operands, the LSE (and dLSE) as fp32 rows, dQ, dK and dV
-    allocated in the inputs' dtypes, then ``launch`` runs the rung's kernels on them."""
+    allocated in the inputs' dtypes, then ``launch(operands, problem, device, **options)`` runs the rung's
+    kernels on them (``options``: a rung's variant, e.g. ``tiles``; none for the default)."""
 
     def gradients(
         q: torch.Tensor,
@@ -157,6 +156,7 @@ def cute_gradients(
         problem: Problem,
         *,
         d_lse: torch.Tensor | None = None,
+        **options: Any,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H,
         Sq) and the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE)."""
@@ -167,7 +167,8 @@ def cute_gradients(
         grads = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
         rows = (rows_operand(lse), None if d_lse is None else rows_operand(d_lse))
         tensors = (q, k, v, out, d_out, *rows, *grads)
-        launch(BackwardOperands(*(None if t is None else to_cute_tensor(t) for t in tensors)), problem, q.device)
+        operands = BackwardOperands(*(None if t is None else to_cute_tensor(t) for t in tensors))
+        launch(operands, problem, q.device, **options)
         return grads
 
     return gradients
