@@ -1,5 +1,6 @@
-"""cute/backward/tiled beyond the shared backward tests (``tests/test_backward.py``, which also runs its
-GPU gradients through cute/tiled, cute/pipelined and cute/hopper and compiles it for sm_90a).
+"""cute/backward/tiled and cute/backward/hopper beyond the shared backward tests (``tests/test_backward.py``,
+which also runs their GPU gradients through cute/tiled, cute/pipelined and cute/hopper and compiles their
+defaults for sm_90a).
 
 Without a GPU: every kernel variant (D 64 and 128, causal in both alignments and not, GQA, dLSE, both
 dtypes) compiles for sm_90a without spills and with the instructions the rung is about; the capability
@@ -17,6 +18,8 @@ import pytest
 import torch
 
 pytest.importorskip("cutlass")
+import cutlass
+import cutlass.cute as cute
 
 from common import attention
 from common.contract import capability
@@ -26,6 +29,7 @@ from common.contract.problem import Problem
 from common.contract.reference import reference_attention
 from common.reporting.static import cubin_resources
 from cute_impl._host import CUTE_DTYPES
+from cute_impl.backward import hopper as hopper_backward
 from cute_impl.backward import naive, tiled
 from cute_impl.backward._device import row_tile_copy
 from tests.test_backward import assert_all_pass, dense_attention, ladder_gradients
@@ -99,6 +103,46 @@ def test_fp16_compiles_without_spills() -> None:
             assert usage["stack_bytes"] + usage["local_bytes"] == 0, binary.name
 
 
+@pytest.mark.static
+def test_hopper_compiles_without_spills_to_wgmma_and_tma() -> None:
+    """The hopper rung's dK/dV and dQ kernels with every compile-time feature on (tests/test_backward.py
+    compiles the defaults causal top-left GQA at both head dims): no spills, every product a wgmma,
+    loads by TMA, no mma.sync, no cp.async and no atomics (dQ by a separate pass)."""
+    head_dim, variant = 128, "causal_bottom_right_mqa_dlse"
+    causal, alignment, kv_heads, has_dlse = VARIANTS[variant]
+    prob = problem(1000, 777, head_dim, causal=causal, alignment=alignment, kv_heads=kv_heads)
+    binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse)
+    assert [binary.name.rsplit("_", 1)[-1] for binary in binaries] == ["preprocess", "dkdv", "dq"]
+    for binary in binaries[1:]:
+        for usage in cubin_resources(binary.cubin).values():
+            spills = usage["stack_bytes"] + usage["local_bytes"]
+            assert spills == 0, f"{binary.name} {prob.describe()}: {usage['registers']} registers, {spills} B spilled"
+        for instruction in ("wgmma.mma_async.sync.aligned", "cp.async.bulk.tensor", "setmaxnreg"):
+            assert instruction in binary.ptx, f"{binary.name}: no {instruction}"
+        assert "mma.sync" not in binary.ptx and not re.search(r"cp\.async\.(ca|cg)", binary.ptx), binary.name
+        assert not ATOMICS.search(binary.ptx), f"{binary.name}: dQ by a separate pass needs no atomics"
+
+
+@cute.jit
+def _transposed_layout_strings(rows: cutlass.Constexpr, head_dim: cutlass.Constexpr, found: cutlass.Constexpr):
+    k_major, mn_major = hopper_backward.streamed_layouts(cutlass.BFloat16, rows, head_dim, 2)
+    found.append((str(k_major.inner), str(cute.select(k_major.outer, mode=[1, 0, 2]))))
+    found.append((str(mn_major.inner), str(mn_major.outer)))
+    found.append((str(k_major.inner), str(k_major.outer)))
+
+
+@pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
+def test_hopper_reads_one_ring_tile_through_two_layouts_of_the_same_bytes(head_dim: int) -> None:
+    """sQt, sdOt and sKt are the MN-major layouts over the K-major tiles' bytes: exactly the K-major
+    layout with its two modes swapped, swizzle included (else a B operand would read other elements)."""
+    for rows in {tiles.tile_m for tiles in hopper_backward.CANDIDATES[head_dim]} | {64, 128}:
+        found: list = []
+        _transposed_layout_strings(rows, head_dim, found)
+        assert found[0] == found[1], (rows, head_dim, found)
+        # Planted: the K-major layout without the swap is not the MN-major one.
+        assert found[2] != found[1], (rows, head_dim, found)
+
+
 # ----------------------------------------------------------------------------------------------
 # What the rung refuses, and why
 # ----------------------------------------------------------------------------------------------
@@ -144,6 +188,33 @@ def test_refuses_a_cpu_and_an_old_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not ok and "sm_80" in why
 
 
+def test_hopper_supports_sm90_only_with_every_feature_it_implements(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an sm_90 device (faked) it takes fp16/bf16, D 64 and 128, GQA/MQA, both alignments and the LSE;
+    it refuses what tiled refuses (cache_seqlens, D=256, fp32, a negative scale), sm_80 and the CPU."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(capability, "_architecture", lambda device: (9, 0))
+    cuda = torch.device("cuda")
+    for head_dim in hopper_backward.HEAD_DIMS:
+        for dtype in CUTE_DTYPES:
+            prob = problem(77, 1000, head_dim, causal=True, alignment="bottom_right", kv_heads=1).with_(dtype=dtype)
+            assert hopper_backward.supports(prob.with_(return_lse=True), cuda) == (True, "")
+    refusals = {"head_dim": 256, "dtype": torch.float32, "has_cache_seqlens": True, "softmax_scale": -1.0}
+    reasons = {
+        "head_dim": "head_dim",
+        "dtype": "dtypes",
+        "has_cache_seqlens": "cache_seqlens",
+        "softmax_scale": "softmax_scale",
+    }
+    for field, value in refusals.items():
+        ok, why = hopper_backward.BACKWARD.check(problem(64, 64, 128).with_(**{field: value}), cuda)
+        assert not ok and reasons[field] in why, why
+    ok, why = hopper_backward.supports(problem(64, 64, 128), torch.device("cpu"))
+    assert not ok and "CUDA" in why, why
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    ok, why = hopper_backward.supports(problem(64, 64, 128), cuda)
+    assert not ok and "sm_90" in why, why
+
+
 def test_gradients_refuse_cpu_tensors_before_any_kernel() -> None:
     prob = problem(8, 8, 64)
     q = torch.zeros(1, 4, 8, 64, dtype=torch.bfloat16)
@@ -182,10 +253,10 @@ def gpu_inputs(prob: Problem, seed: int) -> tuple[torch.Tensor, ...]:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", list(GPU_CASES))
-@pytest.mark.parametrize("forward", ["cute/naive", "cute/tiled"])
+@pytest.mark.parametrize("forward", ["cute/naive", "cute/tiled", "cute/hopper"])
 def test_gpu_gradients_pass_the_rule(forward: str, case: str) -> None:
     """Each backward rung through its forward, bf16 (tests/test_backward.py runs fp16 too, and pairs
-    cute/pipelined and cute/hopper with the tiled rung)."""
+    cute/pipelined with the tiled rung); cute/hopper's backward is the hopper rung."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     prob = GPU_CASES[case]
@@ -194,7 +265,7 @@ def test_gpu_gradients_pass_the_rule(forward: str, case: str) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("forward", ["cute/naive", "cute/tiled"])
+@pytest.mark.parametrize("forward", ["cute/naive", "cute/tiled", "cute/hopper"])
 def test_gpu_the_returned_lse_is_differentiable_too(forward: str) -> None:
     """loss = ⟨O, dO⟩ + ⟨LSE, dLSE⟩, against fp64 autograd; yardstick: dense torch in bf16."""
     if not torch.cuda.is_available():
@@ -221,12 +292,37 @@ def test_gpu_the_returned_lse_is_differentiable_too(forward: str) -> None:
 
 
 @pytest.mark.gpu
-def test_gpu_gradients_are_deterministic() -> None:
+@pytest.mark.parametrize("forward", ["cute/tiled", "cute/hopper"])
+def test_gpu_gradients_are_deterministic(forward: str) -> None:
     """dQ by a separate pass (no atomics): two backward passes give bit-identical gradients."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     prob = GPU_CASES["gqa_causal_top_left_ragged_d64"]
     q, k, v, d_out = gpu_inputs(prob, seed=23)
-    first = ladder_gradients("cute/tiled", prob, q, k, v, d_out)
-    second = ladder_gradients("cute/tiled", prob, q, k, v, d_out)
+    first = ladder_gradients(forward, prob, q, k, v, d_out)
+    second = ladder_gradients(forward, prob, q, k, v, d_out)
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("head_dim", "tiles"),
+    [(head_dim, tiles) for head_dim, variants in hopper_backward.CANDIDATES.items() for tiles in variants],
+    ids=lambda value: value.label if isinstance(value, hopper_backward.BackwardTiles) else f"d{value}",
+)
+@pytest.mark.parametrize("case", ["ragged", "sq_gt_sk"])
+def test_gpu_every_hopper_candidate_passes_the_rule(
+    head_dim: int, tiles: hopper_backward.BackwardTiles, case: str
+) -> None:
+    """Each variant ``bench.backward --candidates --rung cute`` may make the default, bf16, GQA, causal
+    bottom-right over several key and query blocks with ragged tails (Sq < Sk: key blocks without a
+    query block; Sq > Sk: query CTAs whose rows see no key), from cute/hopper's O and LSE."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    seqlen_q, seqlen_k = (300, 1000) if case == "ragged" else (1000, 300)
+    prob = problem(seqlen_q, seqlen_k, head_dim, causal=True, alignment="bottom_right", kv_heads=2)
+    q, k, v, d_out = gpu_inputs(prob, seed=24)
+    with torch.no_grad():
+        out, lse = attention(q, k, v, causal=True, causal_alignment="bottom_right", impl="cute/hopper", return_lse=True)
+    grads = hopper_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=tiles)
+    assert_all_pass(grads, q, k, v, d_out, prob)
