@@ -61,6 +61,7 @@ from dataclasses import dataclass
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 import torch
 from cutlass import Float32, Int32
@@ -83,12 +84,14 @@ from cute_impl._hopper_device import (
     THREADS_PER_WARPGROUP,
     WARPS_PER_WARPGROUP,
     AttentionMask,
+    ReadOnlyInRegions,
     head_major,
     one_stage,
     rows_by_cols,
     scores_to_operand_a,
     sequence_major,
     tma_partition,
+    tma_pipeline,
     tma_ring,
     warpgroup_gemm,
     warpgroup_mmas,
@@ -123,17 +126,31 @@ class BackwardTiles:
     tile_m: int
     dq_tile_n: int
     stages: int
+    # The dQ kernel's dQ += dS K stays in flight under the next step's S and dP, its slot freed one step
+    # later (``SlotRelease``). The dK/dV kernel has no such variant: with dV and dK in flight across the
+    # loop's back edge, ptxas serialises every wgmma of the loop (one wait per instruction in the SASS).
+    dq_overlap: bool = False
 
     @property
     def label(self) -> str:
-        return f"m{self.tile_m}_dqn{self.dq_tile_n}_s{self.stages}"
+        return f"m{self.tile_m}_dqn{self.dq_tile_n}_s{self.stages}" + ("_dqoverlap" if self.dq_overlap else "")
 
 
 # The first of each head dim is the default. D=128: 64 query rows is the register limit (see the
 # docstring); the dQ kernel's S and dP take dq_tile_n / 2 registers each beside dQ's 64.
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
-    64: (BackwardTiles(64, 128, 2), BackwardTiles(128, 128, 2), BackwardTiles(64, 64, 3)),
-    128: (BackwardTiles(64, 64, 2), BackwardTiles(64, 128, 2), BackwardTiles(64, 64, 3)),
+    64: (
+        BackwardTiles(64, 128, 2),
+        BackwardTiles(64, 128, 3, dq_overlap=True),
+        BackwardTiles(64, 64, 2),
+        BackwardTiles(64, 64, 3, dq_overlap=True),
+    ),
+    128: (
+        BackwardTiles(64, 64, 2),
+        BackwardTiles(64, 64, 3, dq_overlap=True),
+        BackwardTiles(64, 128, 2),
+        BackwardTiles(64, 128, 3, dq_overlap=True),
+    ),
 }
 
 
@@ -221,6 +238,34 @@ def query_block_range(
     return m_block_min, m_block_unmasked, m_block_max
 
 
+class SlotRelease(ReadOnlyInRegions):
+    """Frees the slots of the dQ kernel's K/V ring. Without ``overlap`` a step waits for its last product
+    and frees its own slot (:meth:`step_done`). Overlapped, the step's dQ += dS K still reads the slot
+    when the next step starts, so the next step frees it (:meth:`free_previous`) once its own first
+    product has retired: wgmma groups retire in issue order, so the older one has too."""
+
+    def __init__(self, ring: pipeline.PipelineTmaAsync, stages: int, overlap: bool):
+        self.ring = ring
+        self.stages = stages
+        self.overlap = overlap
+
+    @cute.jit
+    def free_previous(self, steps_done: Int32):
+        """Overlapped: free the slot of step ``steps_done - 1`` (none before the first step)."""
+        if cutlass.const_expr(self.overlap):  # noqa: SIM102 (a compile-time and a runtime test)
+            if steps_done > 0:
+                previous = steps_done - 1
+                phase = previous // self.stages % 2
+                self.ring.consumer_release(pipeline.PipelineState(self.stages, previous, previous % self.stages, phase))
+
+    @cute.jit
+    def step_done(self, slot):
+        """Not overlapped: the step's products retire and its slot is freed."""
+        if cutlass.const_expr(not self.overlap):
+            warpgroup.wait_group(0)
+            slot.release()
+
+
 # ----------------------------------------------------------------------------------------------
 # 2. dK and dV: 128 keys per CTA, the query blocks (of every head of the group) streamed
 # ----------------------------------------------------------------------------------------------
@@ -285,10 +330,12 @@ class _DKDVKernel:
         causal_offset = 0
         if cutlass.const_expr(self.bottom_right):
             causal_offset = seqlen_k - seqlen_q
-        n_start = n_block * KEY_TILE
-        m_block_min, m_block_unmasked, m_block_max = query_block_range(
-            n_start, KEY_TILE, self.tile_m, seqlen_q, seqlen_k, self.causal, causal_offset
-        )
+        # The key block's first key and its query blocks are computed in each role's branch: computed
+        # before, ptxas spilled the first key around the branch (4 bytes per thread).
+        query_blocks = functools.partial(
+            query_block_range, tile_n=KEY_TILE, tile_m=self.tile_m, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+            causal=self.causal, causal_offset=causal_offset,
+        )  # fmt: skip
 
         # ==== Shared memory and barriers ==============================================================
         storage = SmemAllocator().allocate(self.shared_storage)
@@ -308,6 +355,7 @@ class _DKDVKernel:
         if warp_group == 0:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
             if warp_idx == 0:
+                m_block_min, _, m_block_max = query_blocks(n_block * KEY_TILE)
                 kv_bh = (kv_head, batch)
                 gK = cute.local_tile(mK[None, None, kv_bh], (rows, D), (None, 0))  # (64, D, Sk/64)
                 gV = cute.local_tile(mV[None, None, kv_bh], (rows, D), (None, 0))  # (64, D, Sk/64)
@@ -328,6 +376,8 @@ class _DKDVKernel:
         # ==== Consumer warpgroups: 64 keys each =======================================================
         if warp_group > 0:
             cute.arch.setmaxregister_increase(CONSUMER_REGISTERS[CONSUMER_WARPGROUPS])
+            n_start = n_block * KEY_TILE
+            m_block_min, m_block_unmasked, m_block_max = query_blocks(n_start)
             w = warp_group - 1
             wg_tidx = tidx % THREADS_PER_WARPGROUP
             st_thr = st_mma.get_slice(wg_tidx)
@@ -404,15 +454,16 @@ class _DKDVKernel:
         warpgroup.wait_group(1)
         for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
             key = key_start + cS[r, 0][0]
-            # Query q sees the key when q + causal_offset >= key (causal) and the key exists.
-            first_visible = key - causal_offset - m_start
+            # Row r keeps the columns from first_visible on: causal, query q sees the key when q +
+            # causal_offset >= key; a key past Sk is seen by none (first_visible past the tile).
+            first_visible = 0
+            if cutlass.const_expr(self.causal):
+                first_visible = key - causal_offset - m_start
+            first_visible = cutlass.select_(key < seqlen_k, first_visible, self.tile_m)
             for c in cutlass.range_constexpr(columns):
                 p = cute.math.exp2(St[r, c] * softmax_scale_log2 - lse2[c], fastmath=True)
                 if cutlass.const_expr(masked):
-                    visible = key < seqlen_k
-                    if cutlass.const_expr(self.causal):
-                        visible = visible & (cS[r, c][1] >= first_visible)
-                    p = Float32(cutlass.select_(visible, p, 0.0))
+                    p = Float32(cutlass.select_(cS[r, c][1] >= first_visible, p, 0.0))
                 St[r, c] = p
         scores_to_operand_a(acc_St, tdVrPt)
         dv_gemm(stage=slot.index)
@@ -446,6 +497,7 @@ class _DQKernel:
         self.gqa = config.gqa
         self.tile_n = config.tiles.dq_tile_n
         self.stages = config.tiles.stages
+        self.overlap = config.tiles.dq_overlap
         self.threads_per_cta = THREADS_PER_CTA
 
     @cute.jit
@@ -510,7 +562,13 @@ class _DQKernel:
         storage = SmemAllocator().allocate(self.shared_storage)
         ring = functools.partial(tma_ring, consumer_warps=CONSUMER_WARPGROUPS * WARPS_PER_WARPGROUP)
         q_producer, q_consumer = ring(storage.fixed_barriers.data_ptr(), stages=1, tx_bytes=self.q_bytes)
-        kv_producer, kv_consumer = ring(storage.ring_barriers.data_ptr(), stages=self.stages, tx_bytes=self.kv_bytes)
+        kv_ring = tma_pipeline(
+            storage.ring_barriers.data_ptr(),
+            stages=self.stages,
+            consumer_warps=CONSUMER_WARPGROUPS * WARPS_PER_WARPGROUP,
+            tx_bytes=self.kv_bytes,
+        )
+        kv_producer, kv_consumer = kv_ring.make_participants()
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
         sQ = smem_tensor(storage.fixed_a, sQ_layout)  # (64, D, warpgroup)
@@ -572,14 +630,16 @@ class _DQKernel:
             mask = AttentionMask(self.tile_n, self.causal, tScS, row_start, seqlen)
             step = functools.partial(
                 self.dq_step, gemms, tdQrdS, s_thr.partition_shape_C((rows, self.tile_n)), lse2, delta, mask,
-                softmax_scale * LOG2_E,
+                softmax_scale * LOG2_E, SlotRelease(kv_ring, self.stages, self.overlap),
             )  # fmt: skip
             q_consumer.wait_and_advance()  # Q and dO stay for the whole CTA: never released
             n_top = blocks.n_block_max - 1
+            steps_done = Int32(0)
             for i in cutlass.range(blocks.n_masked_blocks, unroll=1):
-                kv_consumer = step(kv_consumer, n_top - i, masked=True)
+                kv_consumer, steps_done = step(kv_consumer, steps_done, n_top - i, masked=True)
             for i in cutlass.range(blocks.n_masked_blocks, n_blocks, unroll=1):
-                kv_consumer = step(kv_consumer, n_top - i, masked=False)
+                kv_consumer, steps_done = step(kv_consumer, steps_done, n_top - i, masked=False)
+            warpgroup.wait_group(0)  # overlapped: the last step's dQ
 
             # ---- dQ ·= softmax_scale, stored in the input dtype -------------------------------------
             acc_dQ.store(acc_dQ.load() * softmax_scale)
@@ -589,7 +649,8 @@ class _DQKernel:
     @cute.jit
     def dq_step(
         self, gemms: tuple, tdQrdS: cute.Tensor, acc_shape: cute.Shape, lse2: cute.Tensor, delta: cute.Tensor,
-        mask: AttentionMask, softmax_scale_log2: Float32, kv_consumer, n_block: Int32, masked: cutlass.Constexpr,
+        mask: AttentionMask, softmax_scale_log2: Float32, release: SlotRelease, kv_consumer, steps_done: Int32,
+        n_block: Int32, masked: cutlass.Constexpr,
     ):  # fmt: skip
         """One key block from the ring: S = Q Kᵀ → mask → P → dP = dO Vᵀ → dS → dQ += dS K."""
         s_gemm, dp_gemm, dq_gemm = gemms
@@ -598,7 +659,9 @@ class _DQKernel:
         acc_dP = cute.make_rmem_tensor(acc_shape, Float32)
         s_gemm(acc_S, stage=slot.index)
         dp_gemm(acc_dP, stage=slot.index)
+        # S has retired (overlapped: so has the previous step's dQ, issued before it).
         warpgroup.wait_group(1)
+        release.free_previous(steps_done)
         if cutlass.const_expr(masked):
             mask.apply(acc_S, n_block)
         # P = exp2(S · scale_log2 − LSE₂[row]) (masked -inf → 0); dS = P ∘ (dP − D[row]).
@@ -612,9 +675,8 @@ class _DQKernel:
                 dP[r, c] = S[r, c] * (dP[r, c] - delta[r])
         scores_to_operand_a(acc_dP, tdQrdS)
         dq_gemm(stage=slot.index)
-        warpgroup.wait_group(0)
-        slot.release()
-        return kv_consumer
+        release.step_done(slot)
+        return kv_consumer, steps_done + 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -697,7 +759,18 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 
 BACKWARD_NAME = "cute/backward/hopper"
-hopper_gradients = cute_gradients(BACKWARD_NAME, supports, _launch)
+_gradients = cute_gradients(BACKWARD_NAME, supports, _launch)
+
+
+def hopper_gradients(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+    problem: Problem, *, d_lse: torch.Tensor | None = None, tiles: BackwardTiles | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D) from the forward's O and LSE and the loss's
+    d_out (and d_lse); ``tiles`` replaces the head dim's default variant (``CANDIDATES``)."""
+    return _gradients(q, k, v, out, lse, d_out, problem, d_lse=d_lse, tiles=tiles)
+
+
 BACKWARD = Backward(
     name=BACKWARD_NAME,
     gradients=hopper_gradients,
