@@ -13,6 +13,8 @@ and the returned LSE differentiated too.
 from __future__ import annotations
 
 import re
+import subprocess
+import tempfile
 
 import pytest
 import torch
@@ -27,7 +29,7 @@ from common.contract.gradients import judge_gradients
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
-from common.reporting.static import cubin_resources
+from common.reporting.static import _cuobjdump, cubin_resources
 from cute_impl._host import CUTE_DTYPES
 from cute_impl.backward import hopper as hopper_backward
 from cute_impl.backward import naive, tiled
@@ -103,24 +105,49 @@ def test_fp16_compiles_without_spills() -> None:
             assert usage["stack_bytes"] + usage["local_bytes"] == 0, binary.name
 
 
+def sass_of(binary) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(binary.cubin)
+        handle.flush()
+        return subprocess.run([_cuobjdump(), "-sass", handle.name], capture_output=True, text=True, check=True).stdout
+
+
+def wgmma_serialised(sass: str) -> bool:
+    """ptxas serialises the wgmmas of a kernel it cannot prove safe: a WARPGROUP.ARRIVE (and a wait) per
+    HGMMA instead of one per product of 4-8 k-steps."""
+    return sass.count("WARPGROUP.ARRIVE") * 2 > sass.count("HGMMA.")
+
+
 @pytest.mark.static
-def test_hopper_compiles_without_spills_to_wgmma_and_tma() -> None:
+def test_hopper_compiles_without_spills_to_unserialised_wgmma_and_tma() -> None:
     """The hopper rung's dK/dV and dQ kernels with every compile-time feature on (tests/test_backward.py
-    compiles the defaults causal top-left GQA at both head dims): no spills, every product a wgmma,
-    loads by TMA, no mma.sync, no cp.async and no atomics (dQ by a separate pass)."""
-    head_dim, variant = 128, "causal_bottom_right_mqa_dlse"
-    causal, alignment, kv_heads, has_dlse = VARIANTS[variant]
-    prob = problem(1000, 777, head_dim, causal=causal, alignment=alignment, kv_heads=kv_heads)
+    compiles the defaults causal top-left GQA at both head dims), and the overlapped dQ kernel: no spills,
+    every product a wgmma (8 per k-step product at D=128: Sᵀ, dPᵀ, S, dP; 4 for dV, dK and dQ at 64 rows
+    or keys per step), none serialised, loads by TMA, no mma.sync, no cp.async and no atomics. Planted:
+    the one variant ptxas serialises (overlapped dQ with 128 keys per step) fails the rule."""
+    causal, alignment, kv_heads, has_dlse = VARIANTS["causal_bottom_right_mqa_dlse"]
+    prob = problem(1000, 777, 128, causal=causal, alignment=alignment, kv_heads=kv_heads)
     binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse)
     assert [binary.name.rsplit("_", 1)[-1] for binary in binaries] == ["preprocess", "dkdv", "dq"]
+    overlapped = hopper_backward.BackwardTiles(64, 64, 3, dq_overlap=True)
+    binaries += hopper_backward.compile_sm90(prob, tiles=overlapped)[2:]
+    # Products per step: masked and unmasked steps each have their own copy of the loop body.
+    hgmma_per_step = {"dkdv": 8 + 8 + 4 + 4, "dq": 8 + 8 + 4}
     for binary in binaries[1:]:
         for usage in cubin_resources(binary.cubin).values():
             spills = usage["stack_bytes"] + usage["local_bytes"]
             assert spills == 0, f"{binary.name} {prob.describe()}: {usage['registers']} registers, {spills} B spilled"
+        sass = sass_of(binary)
+        assert sass.count("HGMMA.") == 2 * hgmma_per_step[binary.name.rsplit("_", 1)[-1]], binary.name
+        assert not wgmma_serialised(sass), f"{binary.name}: ptxas serialised the wgmmas"
         for instruction in ("wgmma.mma_async.sync.aligned", "cp.async.bulk.tensor", "setmaxnreg"):
             assert instruction in binary.ptx, f"{binary.name}: no {instruction}"
         assert "mma.sync" not in binary.ptx and not re.search(r"cp\.async\.(ca|cg)", binary.ptx), binary.name
         assert not ATOMICS.search(binary.ptx), f"{binary.name}: dQ by a separate pass needs no atomics"
+    (serialised,) = hopper_backward.KERNELS["dq"].binaries(
+        hopper_backward.backward_config(prob, hopper_backward.BackwardTiles(64, 128, 3, dq_overlap=True)), "dq"
+    )
+    assert wgmma_serialised(sass_of(serialised))
 
 
 @cute.jit

@@ -145,11 +145,13 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 64, 2),
         BackwardTiles(64, 64, 3, dq_overlap=True),
     ),
+    # D=128 dq_tile_n=128 has no overlapped variant: holding dS (32 registers) across the loop's back
+    # edge beside S, dP and dQ, ptxas serialises the dQ kernel's wgmmas.
     128: (
         BackwardTiles(64, 64, 2),
         BackwardTiles(64, 64, 3, dq_overlap=True),
+        BackwardTiles(64, 64, 4, dq_overlap=True),
         BackwardTiles(64, 128, 2),
-        BackwardTiles(64, 128, 3, dq_overlap=True),
     ),
 }
 
