@@ -33,7 +33,7 @@ from common.reporting.static import _cuobjdump, cubin_resources
 from cute_impl._host import CUTE_DTYPES
 from cute_impl.backward import hopper as hopper_backward
 from cute_impl.backward import naive, tiled
-from cute_impl.backward._device import row_tile_copy
+from cute_impl.backward._device import row_tile_copy, streamed_layouts
 from tests.test_backward import assert_all_pass, dense_attention, ladder_gradients
 
 # PTX atomics (atom.global.add, red.relaxed.gpu.global.add, ...), not the "red." inside "shared.".
@@ -152,7 +152,7 @@ def test_hopper_compiles_without_spills_to_unserialised_wgmma_and_tma() -> None:
 
 @cute.jit
 def _transposed_layout_strings(rows: cutlass.Constexpr, head_dim: cutlass.Constexpr, found: cutlass.Constexpr):
-    k_major, mn_major = hopper_backward.streamed_layouts(cutlass.BFloat16, rows, head_dim, 2)
+    k_major, mn_major = streamed_layouts(cutlass.BFloat16, rows, head_dim, 2)
     found.append((str(k_major.inner), str(cute.select(k_major.outer, mode=[1, 0, 2]))))
     found.append((str(mn_major.inner), str(mn_major.outer)))
     found.append((str(k_major.inner), str(k_major.outer)))

@@ -61,14 +61,11 @@ from dataclasses import dataclass
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-import cutlass.pipeline as pipeline
-import cutlass.utils.hopper_helpers as sm90_utils
 import torch
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cute.runtime import make_fake_stream
 from cutlass.memory import SmemAllocator
-from cutlass.tensor_utils import LayoutEnum
 
 from common.contract.capability import BOTTOM_RIGHT, GQA, LSE
 from common.contract.problem import Problem
@@ -80,11 +77,9 @@ from cute_impl._hopper_device import (
     CONSUMER_REGISTERS,
     PRODUCER_REGISTERS,
     ROWS_PER_WARPGROUP,
-    SMEM_ALIGN_BYTES,
     THREADS_PER_WARPGROUP,
     WARPS_PER_WARPGROUP,
     AttentionMask,
-    ReadOnlyInRegions,
     head_major,
     one_stage,
     rows_by_cols,
@@ -106,7 +101,21 @@ from cute_impl._host import (
     to_cute_tensor,
 )
 from cute_impl.backward import tiled
-from cute_impl.backward._device import BackwardOperands, cute_gradients, read_row_values, store_rows
+from cute_impl.backward._device import (
+    MN_MAJOR,
+    BackwardOperands,
+    SlotRelease,
+    cute_gradients,
+    fixed_layout,
+    load_fixed,
+    load_pair,
+    query_block_range,
+    read_row_values,
+    shared_storage,
+    smem_tensor,
+    store_rows,
+    streamed_layouts,
+)
 
 HEAD_DIMS = (64, 128)
 # Two consumer warpgroups of 64 rows: 128 keys per dK/dV CTA, 128 query rows per dQ CTA.
@@ -114,8 +123,6 @@ CONSUMER_WARPGROUPS = 2
 KEY_TILE = CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP
 QUERY_TILE = CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP
 THREADS_PER_CTA = (1 + CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
-# Tiles read both K-major and MN-major (Q, dO; K) need the same bytes under both layouts.
-K_MAJOR, MN_MAJOR = LayoutEnum.ROW_MAJOR, LayoutEnum.COL_MAJOR
 
 
 @dataclass(frozen=True)
@@ -126,31 +133,40 @@ class BackwardTiles:
     tile_m: int
     dq_tile_n: int
     stages: int
-    # The dQ kernel's dQ += dS K stays in flight under the next step's S and dP, its slot freed one step
-    # later (``SlotRelease``). The dK/dV kernel has no such variant: with dV and dK in flight across the
-    # loop's back edge, ptxas serialises every wgmma of the loop (one wait per instruction in the SASS).
+    # A step's last products (dV += Pᵀ dO and dK += dSᵀ Q; dQ += dS K) stay in flight under the next
+    # step's first two, its slot freed one step later (``SlotRelease``). Only where ptxas keeps the wgmmas
+    # asynchronous: at D=128 with 64 rows per step in flight across the loop's back edge (and with
+    # anything in flight across the dK/dV kernel's loop over the group's heads) it serialises every
+    # wgmma of the loop (one wait per instruction in the SASS).
+    dkdv_overlap: bool = False
     dq_overlap: bool = False
+
+    def __post_init__(self) -> None:
+        # Overlapped, a slot is freed one step late: one slot would deadlock the producer.
+        if (self.dkdv_overlap or self.dq_overlap) and self.stages < 2:
+            raise ValueError(f"overlapped steps need two ring slots or more, got {self}")
 
     @property
     def label(self) -> str:
-        return f"m{self.tile_m}_dqn{self.dq_tile_n}_s{self.stages}" + ("_dqoverlap" if self.dq_overlap else "")
+        overlaps = ("_dkdvoverlap" if self.dkdv_overlap else "") + ("_dqoverlap" if self.dq_overlap else "")
+        return f"m{self.tile_m}_dqn{self.dq_tile_n}_s{self.stages}" + overlaps
 
 
-# The first of each head dim is the default. D=128: 64 query rows is the register limit (see the
-# docstring); the dQ kernel's S and dP take dq_tile_n / 2 registers each beside dQ's 64.
+# The first of each head dim is the default (not overlapped: the simplest). D=128: 64 query rows per
+# dK/dV step is the register limit (see the docstring), 32 leave room to overlap; the dQ kernel's S
+# and dP take dq_tile_n / 2 registers each beside dQ's 64 (at 128 keys, no room to overlap).
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     64: (
         BackwardTiles(64, 128, 2),
-        BackwardTiles(64, 128, 3, dq_overlap=True),
+        BackwardTiles(64, 128, 3, dkdv_overlap=True, dq_overlap=True),
+        BackwardTiles(64, 64, 3, dkdv_overlap=True, dq_overlap=True),
         BackwardTiles(64, 64, 2),
-        BackwardTiles(64, 64, 3, dq_overlap=True),
     ),
-    # D=128 dq_tile_n=128 has no overlapped variant: holding dS (32 registers) across the loop's back
-    # edge beside S, dP and dQ, ptxas serialises the dQ kernel's wgmmas.
     128: (
         BackwardTiles(64, 64, 2),
+        BackwardTiles(32, 64, 3, dkdv_overlap=True, dq_overlap=True),
+        BackwardTiles(32, 64, 4, dkdv_overlap=True, dq_overlap=True),
         BackwardTiles(64, 64, 3, dq_overlap=True),
-        BackwardTiles(64, 64, 4, dq_overlap=True),
         BackwardTiles(64, 128, 2),
     ),
 }
@@ -168,106 +184,6 @@ class HopperBackwardConfig:
     tiles: BackwardTiles
 
 
-def streamed_layouts(dtype: type[cutlass.Numeric], rows: int, head_dim: int, stages: int) -> tuple:
-    """A ring of (rows, D) tiles read as the B operand both K-major, (rows, D, stage), and MN-major,
-    (D, rows, stage): two layouts of the same bytes."""
-    k_major = sm90_utils.make_smem_layout_b(K_MAJOR, (ROWS_PER_WARPGROUP, rows, head_dim), dtype, stages)
-    mn_major = sm90_utils.make_smem_layout_b(MN_MAJOR, (ROWS_PER_WARPGROUP, head_dim, rows), dtype, stages)
-    return k_major, mn_major
-
-
-def fixed_layout(dtype: type[cutlass.Numeric], head_dim: int) -> cute.ComposedLayout:
-    """One (64, D) A-operand box per consumer warpgroup: (64, D, warpgroup)."""
-    return sm90_utils.make_smem_layout_a(
-        K_MAJOR, (ROWS_PER_WARPGROUP, ROWS_PER_WARPGROUP, head_dim), dtype, CONSUMER_WARPGROUPS
-    )
-
-
-def shared_storage(
-    dtype: type[cutlass.Numeric], fixed: cute.ComposedLayout, streamed: cute.ComposedLayout, stages: int
-) -> type:
-    """Barriers of the fixed pair's one-slot ring and the streamed pair's ring, then the two fixed
-    tiles (K and V, or Q and dO) and the two streamed ones, each 1024-byte aligned (swizzle period)."""
-    fixed_cosize, streamed_cosize = cute.cosize(fixed), cute.cosize(streamed)
-    fields = {
-        "fixed_barriers": cute.struct.MemRange[cutlass.Int64, 2],
-        "ring_barriers": cute.struct.MemRange[cutlass.Int64, 2 * stages],
-        "fixed_a": cute.struct.Align[cute.struct.MemRange[dtype, fixed_cosize], SMEM_ALIGN_BYTES],
-        "fixed_b": cute.struct.Align[cute.struct.MemRange[dtype, fixed_cosize], SMEM_ALIGN_BYTES],
-        "ring_a": cute.struct.Align[cute.struct.MemRange[dtype, streamed_cosize], SMEM_ALIGN_BYTES],
-        "ring_b": cute.struct.Align[cute.struct.MemRange[dtype, streamed_cosize], SMEM_ALIGN_BYTES],
-    }
-    return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
-
-
-def smem_tensor(field, layout: cute.ComposedLayout) -> cute.Tensor:
-    return field.get_tensor(layout.outer, swizzle=layout.inner)
-
-
-@cute.jit
-def load_pair(atoms: tuple, sources: tuple, rings: tuple, producer):
-    """Wait for a free slot, then TMA both tiles of a pair (Q and dO, or K and V) into it, completing
-    one barrier; returns the producer so that loops carry it."""
-    slot = producer.acquire_and_advance()
-    for atom, source, ring in zip(atoms, sources, rings, strict=True):
-        cute.copy(atom, source, ring[None, slot.index], tma_bar_ptr=slot.barrier)
-    return producer
-
-
-@cute.jit
-def load_fixed(atoms: tuple, sources: tuple, boxes: tuple, first_box: Int32, producer):
-    """The CTA's fixed pair (K and V, or Q and dO): box ``first_box + w`` into warpgroup ``w``'s box."""
-    slot = producer.acquire_and_advance()
-    for atom, source, box in zip(atoms, sources, boxes, strict=True):
-        for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
-            cute.copy(atom, source[None, first_box + w], box[None, w], tma_bar_ptr=slot.barrier)
-
-
-def query_block_range(
-    n_start: Int32, tile_n: int, tile_m: int, seqlen_q: Int32, seqlen_k: Int32, causal: bool, causal_offset
-) -> tuple[Int32, Int32, Int32]:
-    """The query blocks of the keys [n_start, n_start + tile_n): [m_block_min, m_block_unmasked) need the
-    mask (the causal diagonal; all of them when this key block holds the key tail), then up to
-    m_block_max none. Causal: rows i < n_start − causal_offset see none of these keys."""
-    m_block_max = cute.ceil_div(seqlen_q, tile_m)
-    m_block_min = 0
-    m_block_unmasked = 0
-    if cutlass.const_expr(causal):
-        m_block_min = cutlass.max(n_start - causal_offset, 0) // tile_m
-        diagonal_end = cutlass.max(n_start + tile_n - 1 - causal_offset, 0)
-        m_block_unmasked = cutlass.max(cutlass.min(cute.ceil_div(diagonal_end, tile_m), m_block_max), m_block_min)
-    m_block_unmasked = cutlass.select_(n_start + tile_n > seqlen_k, m_block_max, m_block_unmasked)
-    return m_block_min, m_block_unmasked, m_block_max
-
-
-class SlotRelease(ReadOnlyInRegions):
-    """Frees the slots of the dQ kernel's K/V ring. Without ``overlap`` a step waits for its last product
-    and frees its own slot (:meth:`step_done`). Overlapped, the step's dQ += dS K still reads the slot
-    when the next step starts, so the next step frees it (:meth:`free_previous`) once its own first
-    product has retired: wgmma groups retire in issue order, so the older one has too."""
-
-    def __init__(self, ring: pipeline.PipelineTmaAsync, stages: int, overlap: bool):
-        self.ring = ring
-        self.stages = stages
-        self.overlap = overlap
-
-    @cute.jit
-    def free_previous(self, steps_done: Int32):
-        """Overlapped: free the slot of step ``steps_done - 1`` (none before the first step)."""
-        if cutlass.const_expr(self.overlap):  # noqa: SIM102 (a compile-time and a runtime test)
-            if steps_done > 0:
-                previous = steps_done - 1
-                phase = previous // self.stages % 2
-                self.ring.consumer_release(pipeline.PipelineState(self.stages, previous, previous % self.stages, phase))
-
-    @cute.jit
-    def step_done(self, slot):
-        """Not overlapped: the step's products retire and its slot is freed."""
-        if cutlass.const_expr(not self.overlap):
-            warpgroup.wait_group(0)
-            slot.release()
-
-
 # ----------------------------------------------------------------------------------------------
 # 2. dK and dV: 128 keys per CTA, the query blocks (of every head of the group) streamed
 # ----------------------------------------------------------------------------------------------
@@ -281,6 +197,7 @@ class _DKDVKernel:
         self.bottom_right = config.bottom_right
         self.tile_m = config.tiles.tile_m
         self.stages = config.tiles.stages
+        self.overlap = config.tiles.dkdv_overlap
         self.threads_per_cta = THREADS_PER_CTA
 
     @cute.jit
@@ -293,7 +210,7 @@ class _DKDVKernel:
         mLSE2, mDelta = head_major(mLSE2), head_major(mDelta)  # (Sq, (H, B))
         D, rows = self.head_dim, ROWS_PER_WARPGROUP
         st_mma, grad_mma = warpgroup_mmas(self.dtype, self.tile_m, D, MN_MAJOR.sm90_mma_major_mode())
-        sKV_layout = fixed_layout(self.dtype, D)  # (64, D, warpgroup)
+        sKV_layout = fixed_layout(self.dtype, D, CONSUMER_WARPGROUPS)  # (64, D, warpgroup)
         sQ_layout, sQt_layout = streamed_layouts(self.dtype, self.tile_m, D, self.stages)
         load = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_K, mK_tma = cpasync.make_tiled_tma_atom(load, mK, one_stage(sKV_layout), (rows, D))
@@ -343,7 +260,13 @@ class _DKDVKernel:
         storage = SmemAllocator().allocate(self.shared_storage)
         ring = functools.partial(tma_ring, consumer_warps=CONSUMER_WARPGROUPS * WARPS_PER_WARPGROUP)
         kv_producer, kv_consumer = ring(storage.fixed_barriers.data_ptr(), stages=1, tx_bytes=self.kv_bytes)
-        q_producer, q_consumer = ring(storage.ring_barriers.data_ptr(), stages=self.stages, tx_bytes=self.q_bytes)
+        q_ring = tma_pipeline(
+            storage.ring_barriers.data_ptr(),
+            stages=self.stages,
+            consumer_warps=CONSUMER_WARPGROUPS * WARPS_PER_WARPGROUP,
+            tx_bytes=self.q_bytes,
+        )
+        q_producer, q_consumer = q_ring.make_participants()
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
         sK = smem_tensor(storage.fixed_a, sKV_layout)  # (64, D, warpgroup)
@@ -405,18 +328,21 @@ class _DKDVKernel:
             acc_shape = st_thr.partition_shape_C((rows, self.tile_m))  # ((2, 2, tile_m/8), 1, 1)
             tScS = st_thr.partition_C(cute.make_identity_tensor((rows, self.tile_m)))  # (key, query) per value
             key_start = n_start + w * rows
+            release = SlotRelease(q_ring, self.stages, self.overlap)
+            steps_done = Int32(0)
             kv_consumer.wait_and_advance()  # K and V stay for the whole CTA: never released
             for head_in_group in cutlass.range(group, unroll=1):
                 bh = (kv_head * group + head_in_group, batch)
                 step = functools.partial(
                     self.dkdv_step, gemms, (tdVrPt, tdKrdSt), acc_shape, tScS,
                     (mLSE2[None, bh], mDelta[None, bh], seqlen_q, seqlen_k, causal_offset), key_start,
-                    softmax_scale * LOG2_E,
+                    softmax_scale * LOG2_E, release,
                 )  # fmt: skip
                 for m_block in cutlass.range(m_block_min, m_block_unmasked, unroll=1):
-                    q_consumer = step(q_consumer, m_block, masked=True)
+                    q_consumer, steps_done = step(q_consumer, steps_done, m_block, masked=True)
                 for m_block in cutlass.range(m_block_unmasked, m_block_max, unroll=1):
-                    q_consumer = step(q_consumer, m_block, masked=False)
+                    q_consumer, steps_done = step(q_consumer, steps_done, m_block, masked=False)
+                warpgroup.wait_group(0)  # overlapped: the head's last dV and dK
 
             # ---- dK carries the softmax scale of S = softmax_scale · Q Kᵀ; dV none ------------------
             acc_dK.store(acc_dK.load() * softmax_scale)
@@ -431,7 +357,8 @@ class _DKDVKernel:
     @cute.jit
     def dkdv_step(
         self, gemms: tuple, operands_a: tuple, acc_shape: cute.Shape, tScS: cute.Tensor, rows: tuple,
-        key_start: Int32, softmax_scale_log2: Float32, q_consumer, m_block: Int32, masked: cutlass.Constexpr,
+        key_start: Int32, softmax_scale_log2: Float32, release: SlotRelease, q_consumer, steps_done: Int32,
+        m_block: Int32, masked: cutlass.Constexpr,
     ):  # fmt: skip
         """One query block from the ring: the four products, Pᵀ and dSᵀ between them (``masked``: the
         causal diagonal and the key tail get Pᵀ = 0; the query tail needs no mask: its Q and dO are
@@ -453,7 +380,9 @@ class _DKDVKernel:
         lse2 = cute.make_rmem_tensor(columns, Float32)
         for c in cutlass.range_constexpr(columns):
             lse2[c] = read_row_values(gLSE2, m_start + cS[0, c][1], seqlen_q, Float32.inf)
+        # Sᵀ has retired (overlapped: so have the previous step's dV and dK, issued before it).
         warpgroup.wait_group(1)
+        release.free_previous(steps_done)
         for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
             key = key_start + cS[r, 0][0]
             # Row r keeps the columns from first_visible on: causal, query q sees the key when q +
@@ -480,9 +409,8 @@ class _DKDVKernel:
                 dPt[r, c] = St[r, c] * (dPt[r, c] - delta[c])
         scores_to_operand_a(acc_dPt, tdKrdSt)
         dk_gemm(stage=slot.index)
-        warpgroup.wait_group(0)
-        slot.release()
-        return q_consumer
+        release.step_done(slot)
+        return q_consumer, steps_done + 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -512,7 +440,7 @@ class _DQKernel:
         mLSE2, mDelta = head_major(mLSE2), head_major(mDelta)  # (Sq, (H, B))
         D, rows = self.head_dim, ROWS_PER_WARPGROUP
         s_mma, dq_mma = warpgroup_mmas(self.dtype, self.tile_n, D, MN_MAJOR.sm90_mma_major_mode())
-        sQ_layout = fixed_layout(self.dtype, D)  # (64, D, warpgroup)
+        sQ_layout = fixed_layout(self.dtype, D, CONSUMER_WARPGROUPS)  # (64, D, warpgroup)
         sK_layout, sKt_layout = streamed_layouts(self.dtype, self.tile_n, D, self.stages)
         load = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_Q, mQ_tma = cpasync.make_tiled_tma_atom(load, mQ, one_stage(sQ_layout), (rows, D))
