@@ -242,6 +242,15 @@ def test_hopper_supports_sm90_only_with_every_feature_it_implements(monkeypatch:
     assert not ok and "sm_90" in why, why
 
 
+def test_hopper_overlapped_tiles_refuse_a_single_ring_slot() -> None:
+    """Overlapped steps free a slot one step late: with one slot the producer would wait forever."""
+    for overlap in ({"dkdv_overlap": True}, {"dq_overlap": True}):
+        with pytest.raises(ValueError, match="two ring slots"):
+            hopper_backward.BackwardTiles(64, 64, 1, **overlap)
+        assert hopper_backward.BackwardTiles(64, 64, 2, **overlap).label.endswith("overlap")
+    assert hopper_backward.BackwardTiles(64, 64, 1).label == "m64_dqn64_s1"
+
+
 def test_gradients_refuse_cpu_tensors_before_any_kernel() -> None:
     prob = problem(8, 8, 64)
     q = torch.zeros(1, 4, 8, 64, dtype=torch.bfloat16)

@@ -40,17 +40,21 @@ consumers' registers (``setmaxnreg``: 240 per consumer thread, 24 for the produc
 read from HBM (L1/L2) into registers. Gradients leave straight from the accumulators.
 
 Tiles (``BackwardTiles``, ``CANDIDATES``): ``tile_m`` query rows per dK/dV step (the N of Sᵀ), the dQ
-kernel's ``dq_tile_n`` keys per step, ``stages`` ring slots. At D=128 a consumer thread holds dK and dV
-(2 · 64 fp32), Sᵀ and dPᵀ (2 · tile_m / 2) and Pᵀ, dSᵀ in 16 bits: 64 query rows per step is the most
-that fits 240 registers.
+kernel's ``dq_tile_n`` keys per step, ``stages`` ring slots, and two overlaps: ``dkdv_overlap`` leaves
+a step's dV and dK products in flight under the next step's Sᵀ and dPᵀ (and its exp2), ``dq_overlap``
+the dQ product under the next S and dP; a slot is then freed one step later (``SlotRelease``). At
+D=128 a consumer thread holds dK and dV (2 · 64 fp32), Sᵀ and dPᵀ (2 · tile_m / 2) and Pᵀ, dSᵀ in 16
+bits: 64 query rows per step is the most that fits 240 registers (237 used), and only 32 leave ptxas
+the room to keep overlapped wgmmas asynchronous (the static test checks the SASS for serialised ones).
 
 Constraints: fp16/bf16; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA
 and MQA (dK and dV summed over the group's query heads in registers, no atomics); the LSE's gradient;
 exactly sm_90 (WGMMA, setmaxnreg). Refused: ``cache_seqlens``, paged caches, D = 256, fp32.
 
-Limits (not done): no step overlaps the next one's products (each waits for its own last wgmma
-before releasing the slot), no ping-pong between the consumer warpgroups, no persistent scheduler;
-the dQ pass recomputes S and dP (seven products per tile pair instead of FA3's five with atomics).
+Limits (not done): no ping-pong between the consumer warpgroups, no persistent scheduler, gradients
+stored from the accumulators (no TMA store); the dQ pass recomputes S and dP (seven products per
+tile pair instead of FA3's five, with dQ by atomics). Not measured on a GPU yet: the candidates are
+``python -m bench.backward --candidates --rung cute``.
 """
 
 from __future__ import annotations
