@@ -17,13 +17,14 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 import torch
 from cutlass.cute.nvgpu import warp, warpgroup
+from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from common.contract.problem import Problem
 from common.contract.registry import Gradients, Supports
 from common.contract.validation import OPERAND_ALIGNMENT_BYTES, kernel_operand
 from cute_impl._device import OperandLoad, load_kv_block
-from cute_impl._hopper_device import ROWS_PER_WARPGROUP, ReadOnlyInRegions
+from cute_impl._hopper_device import ROWS_PER_WARPGROUP, ReadOnlyInRegions, tma_pipeline, tma_ring
 from cute_impl._host import COPY_BITS, cp_async_tiled_copy, swizzled_qkv_layouts, to_cute_tensor
 
 SMEM_ALIGN_BYTES = 1024
@@ -161,6 +162,20 @@ def shared_storage(
 
 def smem_tensor(field, layout: cute.ComposedLayout) -> cute.Tensor:
     return field.get_tensor(layout.outer, swizzle=layout.inner)
+
+
+def allocate_rings(storage_type, stages: int, fixed_bytes: int, ring_bytes: int, consumer_warps: int) -> tuple:
+    """The kernel's shared storage (``shared_storage``), the fixed pair's one-slot ring as (producer,
+    consumer) and the streamed pair's ring itself (a ``SlotRelease`` frees its slots by index), their
+    barriers initialised and published to the whole CTA."""
+    storage = SmemAllocator().allocate(storage_type)
+    fixed = tma_ring(storage.fixed_barriers.data_ptr(), stages=1, consumer_warps=consumer_warps, tx_bytes=fixed_bytes)
+    ring = tma_pipeline(
+        storage.ring_barriers.data_ptr(), stages=stages, consumer_warps=consumer_warps, tx_bytes=ring_bytes
+    )
+    cute.arch.mbarrier_init_fence()
+    cute.arch.barrier()
+    return storage, fixed, ring
 
 
 @cute.jit

@@ -69,7 +69,6 @@ import torch
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cute.runtime import make_fake_stream
-from cutlass.memory import SmemAllocator
 
 from common.contract.capability import BOTTOM_RIGHT, GQA, LSE
 from common.contract.problem import Problem
@@ -90,8 +89,6 @@ from cute_impl._hopper_device import (
     scores_to_operand_a,
     sequence_major,
     tma_partition,
-    tma_pipeline,
-    tma_ring,
     warpgroup_gemm,
     warpgroup_mmas,
 )
@@ -109,6 +106,7 @@ from cute_impl.backward._device import (
     MN_MAJOR,
     BackwardOperands,
     SlotRelease,
+    allocate_rings,
     cute_gradients,
     fixed_layout,
     load_fixed,
@@ -261,18 +259,10 @@ class _DKDVKernel:
         )  # fmt: skip
 
         # ==== Shared memory and barriers ==============================================================
-        storage = SmemAllocator().allocate(self.shared_storage)
-        ring = functools.partial(tma_ring, consumer_warps=CONSUMER_WARPGROUPS * WARPS_PER_WARPGROUP)
-        kv_producer, kv_consumer = ring(storage.fixed_barriers.data_ptr(), stages=1, tx_bytes=self.kv_bytes)
-        q_ring = tma_pipeline(
-            storage.ring_barriers.data_ptr(),
-            stages=self.stages,
-            consumer_warps=CONSUMER_WARPGROUPS * WARPS_PER_WARPGROUP,
-            tx_bytes=self.q_bytes,
+        storage, (kv_producer, kv_consumer), q_ring = allocate_rings(
+            self.shared_storage, self.stages, self.kv_bytes, self.q_bytes, CONSUMER_WARPGROUPS * WARPS_PER_WARPGROUP
         )
         q_producer, q_consumer = q_ring.make_participants()
-        cute.arch.mbarrier_init_fence()
-        cute.arch.barrier()
         sK = smem_tensor(storage.fixed_a, sKV_layout)  # (64, D, warpgroup)
         sV = smem_tensor(storage.fixed_b, sKV_layout)  # (64, D, warpgroup)
         sQ = smem_tensor(storage.ring_a, sQ_layout)  # (tile_m, D, stage)
@@ -493,18 +483,10 @@ class _DQKernel:
         n_blocks = blocks.n_block_max - blocks.n_block_min
 
         # ==== Shared memory and barriers ==============================================================
-        storage = SmemAllocator().allocate(self.shared_storage)
-        ring = functools.partial(tma_ring, consumer_warps=CONSUMER_WARPGROUPS * WARPS_PER_WARPGROUP)
-        q_producer, q_consumer = ring(storage.fixed_barriers.data_ptr(), stages=1, tx_bytes=self.q_bytes)
-        kv_ring = tma_pipeline(
-            storage.ring_barriers.data_ptr(),
-            stages=self.stages,
-            consumer_warps=CONSUMER_WARPGROUPS * WARPS_PER_WARPGROUP,
-            tx_bytes=self.kv_bytes,
+        storage, (q_producer, q_consumer), kv_ring = allocate_rings(
+            self.shared_storage, self.stages, self.q_bytes, self.kv_bytes, CONSUMER_WARPGROUPS * WARPS_PER_WARPGROUP
         )
         kv_producer, kv_consumer = kv_ring.make_participants()
-        cute.arch.mbarrier_init_fence()
-        cute.arch.barrier()
         sQ = smem_tensor(storage.fixed_a, sQ_layout)  # (64, D, warpgroup)
         sdO = smem_tensor(storage.fixed_b, sQ_layout)  # (64, D, warpgroup)
         sK = smem_tensor(storage.ring_a, sK_layout)  # (tile_n, D, stage)
