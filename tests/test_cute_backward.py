@@ -2,12 +2,14 @@
 which also runs their GPU gradients through cute/tiled, cute/pipelined and cute/hopper and compiles their
 defaults for sm_90a).
 
-Without a GPU: every kernel variant (D 64 and 128, causal in both alignments and not, GQA, dLSE, both
-dtypes) compiles for sm_90a without spills and with the instructions the rung is about; the capability
-check refuses what the rung cannot differentiate, each with its reason; a copy taller than its tile is
-refused at trace time. With a GPU: gradients against fp64 by the yardstick rule on the shapes that probe
-this rung's tiles (query and key tails inside one tile, rows that see no key, one query or key, MQA),
-and the returned LSE differentiated too.
+Without a GPU: every tiled kernel variant (D 64 and 128, causal in both alignments and not, GQA, dLSE,
+both dtypes) and the hopper kernels with every feature on compile for sm_90a without spills and with the
+instructions the rung is about (hopper: wgmma not serialised by ptxas, read in the SASS); the hopper
+rung's MN-major ring layouts are its K-major ones transposed; the capability checks refuse what a rung
+cannot differentiate, each with its reason; a copy taller than its tile and an overlapped hopper variant
+with one ring slot are refused. With a GPU: gradients against fp64 by the yardstick rule on the shapes
+that probe the rungs' tiles (query and key tails inside one tile, rows that see no key, one query or
+key, MQA), for every hopper candidate too, and the returned LSE differentiated too.
 """
 
 from __future__ import annotations
