@@ -14,6 +14,7 @@ key, MQA), for every hopper candidate too, and the returned LSE differentiated t
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import tempfile
@@ -35,7 +36,7 @@ from common.reporting.static import _cuobjdump, cubin_resources
 from cute_impl._host import CUTE_DTYPES
 from cute_impl.backward import hopper as hopper_backward
 from cute_impl.backward import naive, tiled
-from cute_impl.backward._device import row_tile_copy, streamed_layouts
+from cute_impl.backward._device import query_block_range, row_tile_copy, streamed_layouts
 from tests.test_backward import assert_all_pass, dense_attention, ladder_gradients
 
 # PTX atomics (atom.global.add, red.relaxed.gpu.global.add, ...), not the "red." inside "shared.".
@@ -150,6 +151,45 @@ def test_hopper_compiles_without_spills_to_unserialised_wgmma_and_tma() -> None:
         hopper_backward.backward_config(prob, hopper_backward.BackwardTiles(64, 128, 3, dq_overlap=True)), "dq"
     )
     assert wgmma_serialised(sass_of(serialised))
+
+
+def schedule_errors(rule) -> list[tuple]:
+    """Where ``rule`` (``query_block_range``'s signature) misplans a key block's query blocks: a block
+    outside [m_block_min, m_block_max) whose rows see one of the keys, or a block from m_block_unmasked on
+    with a (row < Sq, key) pair the mask would have hidden (a key past Sk, or past the causal diagonal)."""
+    errors = []
+    tile_n = 128
+    for seqlen_q, seqlen_k, causal, bottom_right, tile_m in itertools.product(
+        (1, 37, 64, 77, 300, 1000), (1, 37, 128, 300, 1000), (False, True), (False, True), (32, 64)
+    ):
+        offset = seqlen_k - seqlen_q if bottom_right else 0
+        for n_start in range(0, seqlen_k, tile_n):
+            low, unmasked, high = rule(n_start, tile_n, tile_m, seqlen_q, seqlen_k, causal, offset)
+            for m_block in range(-(-seqlen_q // tile_m)):
+                first_row, last_row = m_block * tile_m, min((m_block + 1) * tile_m, seqlen_q) - 1
+                last_key = n_start + tile_n - 1
+                any_visible = not causal or n_start <= last_row + offset
+                all_visible = last_key < seqlen_k and (not causal or last_key <= first_row + offset)
+                if (any_visible and not low <= m_block < high) or (unmasked <= m_block < high and not all_visible):
+                    errors.append((seqlen_q, seqlen_k, causal, bottom_right, tile_m, n_start, m_block))
+    return errors
+
+
+def test_hopper_dkdv_query_blocks_cover_every_visible_pair_and_mask_where_needed() -> None:
+    """The dK/dV kernel's query blocks per key block (``query_block_range``, on Python ints), against the
+    definition, over ragged lengths, both alignments and Sq ≷ Sk. Planted: one block too few, and one
+    diagonal block left unmasked, both fail."""
+    assert schedule_errors(query_block_range) == []
+
+    def one_block_short(*args):
+        low, unmasked, high = query_block_range(*args)
+        return low + 1, max(unmasked, low + 1), high
+
+    def diagonal_unmasked(*args):
+        low, unmasked, high = query_block_range(*args)
+        return low, max(unmasked - 1, low), high
+
+    assert schedule_errors(one_block_short) and schedule_errors(diagonal_unmasked)
 
 
 @cute.jit

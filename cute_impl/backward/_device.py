@@ -210,14 +210,18 @@ def query_block_range(
     """The query blocks of the keys [n_start, n_start + tile_n): [m_block_min, m_block_unmasked) need the
     mask (the causal diagonal; all of them when this key block holds the key tail), then up to
     m_block_max none. Causal: rows i < n_start − causal_offset see none of these keys."""
-    m_block_max = cute.ceil_div(seqlen_q, tile_m)
+    # Plain arithmetic (no select), so that the rule also runs on Python ints (tests/test_cute_backward.py).
+    m_block_max = (seqlen_q + tile_m - 1) // tile_m
     m_block_min = 0
     m_block_unmasked = 0
     if cutlass.const_expr(causal):
         m_block_min = cutlass.max(n_start - causal_offset, 0) // tile_m
         diagonal_end = cutlass.max(n_start + tile_n - 1 - causal_offset, 0)
-        m_block_unmasked = cutlass.max(cutlass.min(cute.ceil_div(diagonal_end, tile_m), m_block_max), m_block_min)
-    m_block_unmasked = cutlass.select_(n_start + tile_n > seqlen_k, m_block_max, m_block_unmasked)
+        m_block_unmasked = cutlass.max(cutlass.min((diagonal_end + tile_m - 1) // tile_m, m_block_max), m_block_min)
+    # A key block holding the key tail masks all its query blocks (holds_tail: 1 if it does, else 0; where
+    # m_block_min > m_block_max both loops stay empty either way).
+    holds_tail = cutlass.min(1, cutlass.max(0, n_start + tile_n - seqlen_k))
+    m_block_unmasked = cutlass.max(m_block_unmasked, holds_tail * m_block_max)
     return m_block_min, m_block_unmasked, m_block_max
 
 
