@@ -69,7 +69,6 @@ def tile_candidates() -> dict[tuple[str, int], tuple[object, object]]:
     from triton_impl.gluon import decode as gluon_decode
 
     return {
-        ("gluon/decode", 64): (gluon_decode.DEFAULT_CONFIGS, gluon_decode.DecodeConfig(64, 6)),
         ("gluon/decode", 128): (gluon_decode.DEFAULT_CONFIGS, gluon_decode.DecodeConfig(64, 3)),
         ("triton/decode", 64): (triton_decode.DEFAULT_CONFIGS, triton_decode.TileConfig(128, 4, 3)),
     }

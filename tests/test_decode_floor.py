@@ -77,7 +77,7 @@ def test_floor_settings_are_applied_then_restored():
         assert triton_decode.DEFAULT_CONFIGS[64].block_n == 128 and gluon_decode.DEFAULT_CONFIGS[128] == tiles[0]
     assert committed == (triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP)
     assert tiles == (gluon_decode.DEFAULT_CONFIGS[128], triton_decode.DEFAULT_CONFIGS[64])
-    assert decode_floor.applies("after+tile", "gluon/decode", 64, 0)
+    assert not decode_floor.applies("after+tile", "gluon/decode", 64, 0)  # its 64-key tile is the default now
     assert not decode_floor.applies("after+tile", "gluon/decode", 256, 0)
     assert not decode_floor.applies("after+tile", "triton/decode", 128, 0)
     assert not decode_floor.applies("after+tile", "cute/decode", 64, 0)
