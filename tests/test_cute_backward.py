@@ -68,6 +68,7 @@ def problem(
 # ----------------------------------------------------------------------------------------------
 # Static: compiles for sm_90a without spills, with the rung's instructions
 # ----------------------------------------------------------------------------------------------
+@pytest.mark.cute_compile
 @pytest.mark.static
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("head_dim", tiled.HEAD_DIMS, ids=lambda d: f"d{d}")
@@ -86,6 +87,7 @@ def test_every_kernel_compiles_without_spills(head_dim: int, variant: str) -> No
         assert not ATOMICS.search(binary.ptx), f"{binary.name}: dQ by a separate pass needs no atomics"
 
 
+@pytest.mark.cute_compile
 @pytest.mark.static
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_naive_compiles_without_spills_or_tensor_cores(variant: str) -> None:
@@ -99,6 +101,7 @@ def test_naive_compiles_without_spills_or_tensor_cores(variant: str) -> None:
     assert "mma" not in binary.ptx and not ATOMICS.search(binary.ptx)
 
 
+@pytest.mark.cute_compile
 @pytest.mark.static
 def test_fp16_compiles_without_spills() -> None:
     prob = problem(1000, 1000, 128, causal=True, dtype=torch.float16)

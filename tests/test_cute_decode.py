@@ -134,6 +134,7 @@ COMPILED_CASES = [
 ]  # fmt: skip
 
 
+@pytest.mark.cute_compile
 @pytest.mark.parametrize(
     ("head_dim", "dtype"), COMPILED_CASES, ids=[f"d{d}-{t}".replace("torch.", "") for d, t in COMPILED_CASES]
 )
@@ -153,6 +154,7 @@ def test_compiles_for_sm90_without_spills(head_dim: int, dtype: torch.dtype):
             assert spills == 0, f"{problem.describe()} {kind}: {usage['registers']} registers, {spills} B spilled"
 
 
+@pytest.mark.cute_compile
 def test_ptx_streams_through_the_ring_and_merges():
     """The split kernel waits for one block (wait_group(stages - 1)), copies with cp.async, multiplies
     with ldmatrix + mma.sync and forms the LSE (lg2); the merge kernel only in the split form."""

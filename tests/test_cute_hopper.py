@@ -36,6 +36,7 @@ def test_refuses_what_it_cannot_run(impl):
     assert not ok and "softmax_scale" in reason
 
 
+@pytest.mark.cute_compile
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_d64_runs_three_consumer_warpgroups_at_160_registers(causal: bool):
     """D=64's default: 512 threads, consumers raised to 160 registers; the non-causal build does not spill."""
@@ -48,6 +49,7 @@ def test_d64_runs_three_consumer_warpgroups_at_160_registers(causal: bool):
         assert stack == 0, f"non-causal D=64 spills {stack} bytes"
 
 
+@pytest.mark.cute_compile
 @pytest.mark.parametrize("fp8_operands", [False, True], ids=["bf16", "fp8"])
 def test_persistent_kernel_loops_over_tiles(fp8_operands: bool):
     """D=128 defaults are persistent, causal too; causal D=64 keeps one CTA per tile. The tile loop
@@ -204,6 +206,7 @@ def test_problem_features_are_in_the_compile_key():
     assert hopper.default_config(square.with_(causal_alignment="bottom_right")) == hopper.default_config(square)
 
 
+@pytest.mark.cute_compile
 @pytest.mark.parametrize("fp8_operands", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_every_feature_at_once_compiles_without_spills(head_dim: int, fp8_operands: bool):
@@ -257,6 +260,7 @@ def _gemm_events(ptx: str) -> str:
     return "".join(codes[match] for match in re.findall(pattern, ptx))
 
 
+@pytest.mark.cute_compile
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_o_rescale_is_issued_under_the_qk_gemm(head_dim: int, causal: bool):

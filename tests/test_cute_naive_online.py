@@ -30,6 +30,7 @@ EXTRA_COMPILES = [
 ]
 
 
+@pytest.mark.cute_compile
 @pytest.mark.parametrize(
     ("impl_name", "head_dim", "dtype", "causal"),
     EXTRA_COMPILES,
@@ -57,6 +58,7 @@ FEATURE_COMPILES = [
 ]
 
 
+@pytest.mark.cute_compile
 @pytest.mark.parametrize(
     ("impl_name", "head_dim", "features"),
     FEATURE_COMPILES,

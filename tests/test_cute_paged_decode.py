@@ -124,6 +124,7 @@ def test_prepare_validates_the_pools_then_binds_with_the_table(cpu_prepare: dict
 # ----------------------------------------------------------------------------------------------------
 # sm_90a: the paged build compiles without spills (one build serves every page size)
 # ----------------------------------------------------------------------------------------------------
+@pytest.mark.cute_compile
 @pytest.mark.static
 @pytest.mark.parametrize("head_dim", decode.HEAD_DIMS)
 def test_paged_build_compiles_without_spills(head_dim: int):

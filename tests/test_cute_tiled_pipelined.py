@@ -61,6 +61,7 @@ def test_bad_inputs_raise_before_any_kernel(name: str):
             prepare(odd, odd, odd, Problem(1, 1, 8, 8, 96))
 
 
+@pytest.mark.cute_compile
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
@@ -74,6 +75,7 @@ def test_no_spills_at_any_supported_configuration(name: str, head_dim: int, dtyp
             assert spills == 0, f"{name} {problem.describe()}: {usage['registers']} registers, {spills} B stack/local"
 
 
+@pytest.mark.cute_compile
 def test_pipelined_waits_for_one_block_not_for_all():
     """The ring's point: the main loop waits with wait_group(stages-1), tiled with wait_group(0)."""
     problem = Problem(1, 1, 256, 256, 64, causal=True)
@@ -187,6 +189,7 @@ def test_block_range_visits_every_visible_key_and_masks_where_needed(
             assert not hidden, f"{where}: block of (row, key) {hidden[0]} runs without the mask it needs"
 
 
+@pytest.mark.cute_compile
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_features_compile_without_spills_and_keep_the_canonical_kernel(name: str, head_dim: int):

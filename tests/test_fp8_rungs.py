@@ -110,6 +110,7 @@ def test_cute_block_scales_must_match_its_tiles():
         fp8.fp8_config(Problem(1, 1, 64, 64, 128), fp8.DEFAULT_QUANTISATION, block_scales=False)
 
 
+@pytest.mark.cute_compile
 @pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
