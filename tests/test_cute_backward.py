@@ -124,6 +124,7 @@ def wgmma_serialised(sass: str) -> bool:
     return sass.count("WARPGROUP.ARRIVE") * 2 > sass.count("HGMMA.")
 
 
+@pytest.mark.cute_compile
 @pytest.mark.static
 def test_hopper_compiles_without_spills_to_unserialised_wgmma_and_tma() -> None:
     """The hopper rung's dK/dV and dQ kernels with every compile-time feature on (tests/test_backward.py
