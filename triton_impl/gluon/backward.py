@@ -76,7 +76,13 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from common.contract.capability import BOTTOM_RIGHT, GQA, LSE, check_features
 from common.contract.problem import Problem
@@ -132,16 +138,20 @@ class BackwardTiles:
     dq_block_n: int
     dq_stages: int
     overlap: bool = False
+    # dQ by fp32 atomics from the dK/dV kernel (``_atomic_dq``), no dQ pass (its two tile fields unused).
+    atomic_dq: bool = False
 
     def __post_init__(self) -> None:
         # Overlapped, a slot is freed one step late: one slot would deadlock the load warp.
         if self.overlap and min(self.dkdv_stages, self.dq_stages) < 2:
             raise ValueError(f"overlapped steps need two ring slots or more per kernel, got {self}")
+        if self.overlap and self.atomic_dq:
+            raise ValueError(f"the atomic dQ is built for the non-overlapped steps only, got {self}")
 
     @property
     def label(self) -> str:
-        tiles = f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, dq 128x{self.dq_block_n} s{self.dq_stages}"
-        return tiles + (" overlap" if self.overlap else "")
+        dq = "dq atomic" if self.atomic_dq else f"dq 128x{self.dq_block_n} s{self.dq_stages}"
+        return f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, {dq}" + (" overlap" if self.overlap else "")
 
 
 # Per head dim, the default first; every one compiles for sm_90a without spills (tests/test_backward.py,
@@ -161,6 +171,7 @@ ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(32, 3, 64, 3),
         BackwardTiles(32, 2, 64, 2),
         BackwardTiles(32, 4, 64, 3, overlap=True),
+        BackwardTiles(32, 3, 64, 3, atomic_dq=True),
     ),
 }
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
@@ -178,6 +189,7 @@ class StepConstants(NamedTuple):
     NUM_STAGES: int
     CAUSAL: bool
     OVERLAP: bool  # a step issues the previous step's last product (``BackwardTiles.overlap``)
+    ATOMIC_DQ: bool = False  # the dK/dV kernel adds each step's dQ share (``BackwardTiles.atomic_dq``)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -285,6 +297,36 @@ def _store_tile(desc, coords, smem, tile):
 # dK and dV: one CTA per 128 keys of one (batch, KV head); each consumer owns 64 of them
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
+def _dq_t_product(d_s_t, k_smem, ds_smem, s_layout: gl.constexpr):
+    """Issue this consumer's share of dQᵀ = Kᵀ dSᵀ (HEAD_DIM × BLOCK_M: the query rows are too few for
+    an m64 wgmma's M, D is not), a wgmma token. dSᵀ goes through the consumer's shared tile (a B operand
+    lives in shared memory); Kᵀ is the consumer's K tile read transposed (MN-major A, as 16-bit allows)."""
+    HEAD_DIM: gl.constexpr = k_smem.shape[1]
+    BLOCK_M: gl.constexpr = ds_smem.shape[1]
+    # Every warp's wait for the previous step's dQᵀ product (which read ds_smem) lies before this barrier.
+    _partition_barrier()
+    ds_smem.store(d_s_t.to(ds_smem.dtype))
+    fence_async_shared()
+    _partition_barrier()
+    zero = gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, s_layout)
+    return warpgroup_mma(k_smem.permute((1, 0)), ds_smem, zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _add_dq(dq_t, DQAccum, row_base, m_start, seqlen_q, s_layout: gl.constexpr):
+    """dQ_accum[rows m_start ...] += dQᵀ's transpose by relaxed fp32 atomics (the other key blocks, and the
+    other consumer, add to the same rows); rows past Sq are left out."""
+    HEAD_DIM: gl.constexpr = dq_t.shape[0]
+    BLOCK_M: gl.constexpr = dq_t.shape[1]
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, s_layout))
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    # One scalar base per step; the tile's offsets are int32 and the same every step.
+    tile = DQAccum + (row_base + m_start) * HEAD_DIM
+    row_ok = (m_start + rows < seqlen_q)[None, :]
+    gl.atomic_add(tile + rows[None, :] * HEAD_DIM + offs_d[:, None], dq_t, mask=row_ok, sem="relaxed")
+
+
+@gluon.jit
 def _query_blocks(n_start, seqlen_q, seqlen_k, causal_offset, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr):  # fmt: skip
     """The query blocks of one query head that the keys [n_start, n_start + BLOCK_N) receive gradient
@@ -321,7 +363,8 @@ def _dkdv_step(carry, step, m_start, row_base, step_args, constants: gl.constexp
     this step's Sᵀ and dPᵀ, so that it runs under this step's softmax, and this step's dSᵀ is returned."""
     dk = carry[0]
     dv = carry[1]
-    k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty, LseLog2, Delta, offs_n, seqlen, scale_log2 = step_args
+    k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty, vectors, offs_n, seqlen, scale_log2 = step_args
+    LseLog2, Delta, DQAccum, ds_smem = vectors
     seqlen_q, seqlen_k, causal_offset = seqlen
     s_layout: gl.constexpr = constants.s_layout
     p_layout: gl.constexpr = constants.p_layout
@@ -356,6 +399,14 @@ def _dkdv_step(carry, step, m_start, row_base, step_args, constants: gl.constexp
         dk, dv = warpgroup_mma_wait(0, deps=[dk, dv_token])
         _release_previous(empty, step, NUM_STAGES)
         carry = (dk, dv, _operand_p(d_s_t, q_ring.dtype, p_layout))
+    elif constants.ATOMIC_DQ:
+        dk_token = _values_product(_operand_p(d_s_t, q_ring.dtype, p_layout), q_tile, dk, p_layout)
+        # dSᵀ is stored for dQᵀ while dV and dK run.
+        dq_t_token = _dq_t_product(d_s_t, k_smem, ds_smem, s_layout)
+        dv, dk, dq_t = warpgroup_mma_wait(0, deps=[dv_token, dk_token, dq_t_token])
+        mbarrier.arrive(empty.index(step % NUM_STAGES), count=1)
+        _add_dq(dq_t, DQAccum, row_base, m_start, seqlen_q, s_layout)
+        carry = (dk, dv)
     else:
         dk_token = _values_product(_operand_p(d_s_t, q_ring.dtype, p_layout), q_tile, dk, p_layout)
         dv, dk = warpgroup_mma_wait(0, deps=[dv_token, dk_token])
@@ -372,7 +423,7 @@ def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
     fixed_k, fixed_v, q_ring, do_ring = smem
     fixed_ready, q_ready, do_ready, empty = barriers
     desc_dk, desc_dv = out_descs
-    LseLog2, Delta = vectors
+    LseLog2, Delta, DQAccum, ds_all = vectors
     batch, heads, kv_head, group, n_start, first_block, blocks, masked_blocks = coords
     seqlen_q, _, _ = seqlen
     softmax_scale, softmax_scale_log2 = scales
@@ -392,8 +443,9 @@ def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
                                     constants.p_layout))  # fmt: skip
 
     mbarrier.wait(fixed_ready.index(index), 0)
-    step_args = (k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty, LseLog2, Delta, offs_n, seqlen,
-                 softmax_scale_log2)  # fmt: skip
+    ds_smem = ds_all.index(index) if constants.ATOMIC_DQ else None
+    step_args = (k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty, (LseLog2, Delta, DQAccum, ds_smem),
+                 offs_n, seqlen, softmax_scale_log2)  # fmt: skip
     # GQA: the query heads kv_head · group ... kv_head · group + group − 1 read this KV head; dK and dV
     # sum over them here, in registers.
     for h in range(group):
@@ -417,13 +469,14 @@ def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
 
 @gluon.jit
 def _dkdv_kernel(
-    desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LseLog2, Delta,
+    desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LseLog2, Delta, DQAccum,
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale_log2,
     NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, OVERLAP: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    ATOMIC_DQ: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """dK and dV (B, Hkv, Sk, D) of one 128-key block of one (batch, KV head); Q, dO by 4-D descriptors
-    with a BLOCK_M-row box, K, V, dK, dV with a 64-row box; LSE₂ and D fp32 (B·H·Sq) vectors."""
+    with a BLOCK_M-row box, K, V, dK, dV with a 64-row box; LSE₂ and D fp32 (B·H·Sq) vectors; with
+    ``ATOMIC_DQ`` the (B, H, Sq, D) fp32 dQ accumulator too (otherwise never read)."""
     WG_N: gl.constexpr = desc_k.block_type.shape[2]
     BLOCK_N: gl.constexpr = NUM_CONSUMERS * WG_N
     BLOCK_M: gl.constexpr = desc_q.block_type.shape[2]
@@ -436,7 +489,7 @@ def _dkdv_kernel(
     )
     # Pᵀ and dSᵀ as wgmma's A operand from registers: two 16-bit k per thread and register.
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    constants: gl.constexpr = StepConstants(s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP)
+    constants: gl.constexpr = StepConstants(s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP, ATOMIC_DQ)
 
     n_block = gl.program_id(0)
     batch_kv_head = gl.program_id(1)
@@ -450,6 +503,11 @@ def _dkdv_kernel(
         n_start, seqlen_q, seqlen_k, causal_offset, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N
     )
     smem, barriers = _allocate(desc_k, desc_q, NUM_STAGES)
+    ds_all = None
+    if ATOMIC_DQ:
+        # Each consumer's dSᵀ (WG_N keys × BLOCK_M query rows), the B operand of its dQᵀ product.
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_N, BLOCK_M], desc_q.dtype)
+        ds_all = gl.allocate_shared_memory(desc_q.dtype, [NUM_CONSUMERS, WG_N, BLOCK_M], ds_layout)
 
     loader = (
         (desc_k, desc_v, desc_q, desc_do),
@@ -461,7 +519,7 @@ def _dkdv_kernel(
         smem,
         barriers,
         (desc_dk, desc_dv),
-        (LseLog2, Delta),
+        (LseLog2, Delta, DQAccum, ds_all),
         (batch, heads, kv_head, group, n_start, first_block, blocks, masked_blocks),
         (seqlen_q, seqlen_k, causal_offset),
         (softmax_scale, softmax_scale_log2),
@@ -650,10 +708,13 @@ def _launches(
     d_lse: torch.Tensor | None,
     tiles: BackwardTiles | None = None,
 ) -> tuple[list[Launch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """The preprocess, dK/dV and dQ launches and the (dq, dk, dv) they write."""
+    """The preprocess, dK/dV and dQ (a dQ pass, or the atomic dQ's conversion) launches and the
+    (dq, dk, dv) they write."""
     tiles = tiles or CANDIDATES[problem.head_dim][0]
     q, k, v, out, d_out = (_tma_operand(t) for t in (q, k, v, out, d_out))
-    preprocess, delta, lse_log2 = tiled.preprocess_launch(out, d_out, lse, d_lse, problem)
+    # The atomic dQ's fp32 accumulator, zeroed by the preprocess.
+    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device) if tiles.atomic_dq else None
+    preprocess, delta, lse_log2 = tiled.preprocess_launch(out, d_out, lse, d_lse, problem, dq_accum)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -671,10 +732,20 @@ def _launches(
         (
             descriptor(q, tiles.dkdv_block_m, dtype), descriptor(k, rows, dtype), descriptor(v, rows, dtype),
             descriptor(d_out, tiles.dkdv_block_m, dtype), descriptor(dk, rows, dtype), descriptor(dv, rows, dtype),
-            lse_log2, delta, *scalars,
+            # Without atomics the kernel never reads the accumulator (ATOMIC_DQ False): D stands in for it.
+            lse_log2, delta, delta if dq_accum is None else dq_accum, *scalars,
         ),
-        {**options, "NUM_STAGES": tiles.dkdv_stages},
+        {**options, "NUM_STAGES": tiles.dkdv_stages, "ATOMIC_DQ": tiles.atomic_dq},
     )  # fmt: skip
+    if dq_accum is not None:
+        # dQ = softmax_scale · dQ_accum in the input dtype (the Triton rung's last kernel).
+        convert = (
+            tiled._dq_convert_kernel,
+            (triton.cdiv(problem.seqlen_q, tiled.ROWS_BLOCK_M), problem.batch * problem.heads),
+            (dq_accum, dq, problem.seqlen_q, problem.scale),
+            {"HEAD_DIM": problem.head_dim, "BLOCK_M": tiled.ROWS_BLOCK_M},
+        )
+        return [preprocess, dkdv, convert], (dq, dk, dv)
     dq_launch = (
         _dq_kernel,
         (triton.cdiv(problem.seqlen_q, NUM_CONSUMERS.value * rows), problem.batch * problem.heads),
