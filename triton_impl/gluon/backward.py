@@ -297,28 +297,36 @@ def _store_tile(desc, coords, smem, tile):
 # dK and dV: one CTA per 128 keys of one (batch, KV head); each consumer owns 64 of them
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
-def _dq_t_product(d_s_t, k_smem, ds_smem, s_layout: gl.constexpr):
-    """Issue this consumer's share of dQᵀ = Kᵀ dSᵀ (HEAD_DIM × BLOCK_M: the query rows are too few for
-    an m64 wgmma's M, D is not), a wgmma token. dSᵀ goes through the consumer's shared tile (a B operand
-    lives in shared memory); Kᵀ is the consumer's K tile read transposed (MN-major A, as 16-bit allows)."""
-    HEAD_DIM: gl.constexpr = k_smem.shape[1]
-    BLOCK_M: gl.constexpr = ds_smem.shape[1]
-    # Every warp's wait for the previous step's dQᵀ product (which read ds_smem) lies before this barrier.
-    _partition_barrier()
-    ds_smem.store(d_s_t.to(ds_smem.dtype))
+def _dq_t_product(d_s_t, step, index, k_t, ds_all, ds_ready, s_layout: gl.constexpr):
+    """Issue consumer ``index``'s share of dQᵀ = Kᵀ dSᵀ over the CTA's 128 keys: its half of D's rows
+    (64 × BLOCK_M; the query rows are too few for an m64 wgmma's M, D is not), a wgmma token. Both
+    consumers' dSᵀ go through shared memory (a B operand lives there), double-buffered by step parity:
+    a consumer's wait for its step-s product lies before its step-(s+1) arrival, so a buffer is rewritten
+    only once both have read it. ``k_t``: this half of D's rows of each consumer's K tile, transposed
+    (MN-major A)."""
+    HALF_D: gl.constexpr = k_t[0].shape[0]
+    BLOCK_M: gl.constexpr = ds_all.shape[2]
+    buffer = step % 2
+    ds_all.index(buffer * NUM_CONSUMERS + index).store(d_s_t.to(ds_all.dtype))
     fence_async_shared()
+    # All four warps' stores precede the consumer's one arrival.
     _partition_barrier()
-    zero = gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, s_layout)
-    return warpgroup_mma(k_smem.permute((1, 0)), ds_smem, zero, use_acc=False, is_async=True)
+    mbarrier.arrive(ds_ready.index(buffer), count=1)
+    mbarrier.wait(ds_ready.index(buffer), (step // 2) & 1)
+    dq_t = gl.zeros([HALF_D, BLOCK_M], gl.float32, s_layout)
+    for keys in gl.static_range(NUM_CONSUMERS):
+        dq_t = warpgroup_mma(k_t[keys], ds_all.index(buffer * NUM_CONSUMERS + keys), dq_t, use_acc=keys > 0, is_async=True)
+    return dq_t
 
 
 @gluon.jit
-def _add_dq(dq_t, DQAccum, row_base, m_start, seqlen_q, s_layout: gl.constexpr):
-    """dQ_accum[rows m_start ...] += dQᵀ's transpose by relaxed fp32 atomics (the other key blocks, and the
-    other consumer, add to the same rows); rows past Sq are left out."""
-    HEAD_DIM: gl.constexpr = dq_t.shape[0]
+def _add_dq(dq_t, DQAccum, row_base, m_start, seqlen_q, index, s_layout: gl.constexpr):
+    """dQ_accum[rows m_start ..., consumer ``index``'s half of D] += dQᵀ's transpose by relaxed fp32
+    atomics (the other key blocks add to the same rows); rows past Sq are left out."""
+    HALF_D: gl.constexpr = dq_t.shape[0]
+    HEAD_DIM: gl.constexpr = NUM_CONSUMERS * HALF_D
     BLOCK_M: gl.constexpr = dq_t.shape[1]
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, s_layout))
+    offs_d = index * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(1, s_layout))
     rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
     # One scalar base per step; the tile's offsets are int32 and the same every step.
     tile = DQAccum + (row_base + m_start) * HEAD_DIM
@@ -364,7 +372,7 @@ def _dkdv_step(carry, step, m_start, row_base, step_args, constants: gl.constexp
     dk = carry[0]
     dv = carry[1]
     k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty, vectors, offs_n, seqlen, scale_log2 = step_args
-    LseLog2, Delta, DQAccum, ds_smem = vectors
+    LseLog2, Delta, DQAccum, ds_all, ds_ready, index, k_t = vectors
     seqlen_q, seqlen_k, causal_offset = seqlen
     s_layout: gl.constexpr = constants.s_layout
     p_layout: gl.constexpr = constants.p_layout
@@ -402,10 +410,10 @@ def _dkdv_step(carry, step, m_start, row_base, step_args, constants: gl.constexp
     elif constants.ATOMIC_DQ:
         dk_token = _values_product(_operand_p(d_s_t, q_ring.dtype, p_layout), q_tile, dk, p_layout)
         # dSᵀ is stored for dQᵀ while dV and dK run.
-        dq_t_token = _dq_t_product(d_s_t, k_smem, ds_smem, s_layout)
+        dq_t_token = _dq_t_product(d_s_t, step, index, k_t, ds_all, ds_ready, s_layout)
         dv, dk, dq_t = warpgroup_mma_wait(0, deps=[dv_token, dk_token, dq_t_token])
         mbarrier.arrive(empty.index(step % NUM_STAGES), count=1)
-        _add_dq(dq_t, DQAccum, row_base, m_start, seqlen_q, s_layout)
+        _add_dq(dq_t, DQAccum, row_base, m_start, seqlen_q, index, s_layout)
         carry = (dk, dv)
     else:
         dk_token = _values_product(_operand_p(d_s_t, q_ring.dtype, p_layout), q_tile, dk, p_layout)
@@ -423,7 +431,7 @@ def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
     fixed_k, fixed_v, q_ring, do_ring = smem
     fixed_ready, q_ready, do_ready, empty = barriers
     desc_dk, desc_dv = out_descs
-    LseLog2, Delta, DQAccum, ds_all = vectors
+    LseLog2, Delta, DQAccum, ds_all, ds_ready = vectors
     batch, heads, kv_head, group, n_start, first_block, blocks, masked_blocks = coords
     seqlen_q, _, _ = seqlen
     softmax_scale, softmax_scale_log2 = scales
@@ -443,9 +451,17 @@ def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
                                     constants.p_layout))  # fmt: skip
 
     mbarrier.wait(fixed_ready.index(index), 0)
-    ds_smem = ds_all.index(index) if constants.ATOMIC_DQ else None
-    step_args = (k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty, (LseLog2, Delta, DQAccum, ds_smem),
-                 offs_n, seqlen, softmax_scale_log2)  # fmt: skip
+    k_t = (k_smem, k_smem)  # read only by the atomic dQ
+    if constants.ATOMIC_DQ:
+        # This consumer's half of D's rows of both K tiles, transposed (``_dq_t_product``).
+        HALF_D: gl.constexpr = HEAD_DIM // NUM_CONSUMERS
+        k_t = (
+            fixed_k.index(0).slice(index * HALF_D, HALF_D, dim=1).permute((1, 0)),
+            fixed_k.index(1).slice(index * HALF_D, HALF_D, dim=1).permute((1, 0)),
+        )
+    step_args = (k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty,
+                 (LseLog2, Delta, DQAccum, ds_all, ds_ready, index, k_t), offs_n, seqlen,
+                 softmax_scale_log2)  # fmt: skip
     # GQA: the query heads kv_head · group ... kv_head · group + group − 1 read this KV head; dK and dV
     # sum over them here, in registers.
     for h in range(group):
@@ -503,11 +519,18 @@ def _dkdv_kernel(
         n_start, seqlen_q, seqlen_k, causal_offset, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N
     )
     smem, barriers = _allocate(desc_k, desc_q, NUM_STAGES)
-    ds_all = None
+    # Without ATOMIC_DQ the consumers never read these: the Q ring and its barriers stand in for them.
+    ds_all = smem[2]
+    ds_ready = barriers[1]
     if ATOMIC_DQ:
-        # Each consumer's dSᵀ (WG_N keys × BLOCK_M query rows), the B operand of its dQᵀ product.
+        # Two buffers (step parity: buffer · NUM_CONSUMERS + consumer) of each consumer's dSᵀ (WG_N keys × BLOCK_M query rows), the B
+        # operands of both consumers' dQᵀ products; a buffer is ready once both consumers have arrived.
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_N, BLOCK_M], desc_q.dtype)
-        ds_all = gl.allocate_shared_memory(desc_q.dtype, [NUM_CONSUMERS, WG_N, BLOCK_M], ds_layout)
+        ds_all = gl.allocate_shared_memory(desc_q.dtype, [2 * NUM_CONSUMERS, WG_N, BLOCK_M], ds_layout)
+        ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for buffer in gl.static_range(2):
+            mbarrier.init(ds_ready.index(buffer), count=NUM_CONSUMERS)
+        fence_async_shared()
 
     loader = (
         (desc_k, desc_v, desc_q, desc_do),
@@ -519,7 +542,7 @@ def _dkdv_kernel(
         smem,
         barriers,
         (desc_dk, desc_dv),
-        (LseLog2, Delta, DQAccum, ds_all),
+        (LseLog2, Delta, DQAccum, ds_all, ds_ready),
         (batch, heads, kv_head, group, n_start, first_block, blocks, masked_blocks),
         (seqlen_q, seqlen_k, causal_offset),
         (softmax_scale, softmax_scale_log2),
