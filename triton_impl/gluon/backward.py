@@ -47,6 +47,14 @@ Algorithm (three launches):
      P = exp2(S · softmax_scale_log2 − LSE₂) (masked: ``attention_mask``), dS = P ∘ (dP − D),
      dQ += dS K; at the end dQ ·= softmax_scale, out by a TMA store.
 
+Atomic dQ (``BackwardTiles.atomic_dq``, FA3's choice, a candidate): no dQ pass; in step 2b each consumer
+also stores its dSᵀ to shared memory (double-buffered by step parity, an mbarrier per buffer that both
+consumers arrive on), issues dQᵀ = Kᵀ dSᵀ for its half of D over the CTA's 128 keys (``_device.dq_t_product``,
+MN-major Kᵀ from the K tiles) before dK += dSᵀ Q, and adds the 64 × BLOCK_M result into a (B, H, Sq, D)
+fp32 accumulator by relaxed atomics while dK runs (``_device.add_dq``); the preprocess zeroes the accumulator
+and the tiled rung's ``_dq_convert_kernel`` scales and casts it. Five products instead of seven, for
+B·H·(Sk/128)·Sq·D fp32 reductions in L2.
+
 Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` (K, V once per dK/dV CTA; Q, dO once per
 (key block, query block) through a ``NUM_STAGES``-slot ring; LSE₂ and D by plain loads into the
 registers of the rows' layout, masked, issued under the wgmmas: a TMA descriptor over the (B·H, Sq)
@@ -76,13 +84,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
-    mbarrier,
-    tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
 
 from common.contract.capability import BOTTOM_RIGHT, GQA, LSE, check_features
 from common.contract.problem import Problem
@@ -102,8 +104,10 @@ from triton_impl.gluon._device import (
     _tma_load,
     _tma_store,
     _values_product,
+    add_dq,
     attention_mask,
     block_range,
+    dq_t_product,
     kv_head_index,
 )
 from triton_impl.gluon._host import (
@@ -174,8 +178,16 @@ ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(32, 3, 64, 3, atomic_dq=True),
     ),
 }
+# The atomic dQ (not timed yet) spills under Triton 3.6 (16 bytes per thread non-causal, 8 causal: scalars
+# in the prologue and between the loops, not the step) and 3.9 (96/88), not under 3.8.
+ATOMIC_SPILLS = ("3.6", "3.9")
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
-    head_dim: tuple(t for t in tiles if not (t.overlap and triton_release() in OVERLAP_SPILLS))
+    head_dim: tuple(
+        t
+        for t in tiles
+        if not (t.overlap and triton_release() in OVERLAP_SPILLS)
+        and not (t.atomic_dq and triton_release() in ATOMIC_SPILLS)
+    )
     for head_dim, tiles in ALL_CANDIDATES.items()
 }
 
@@ -297,44 +309,6 @@ def _store_tile(desc, coords, smem, tile):
 # dK and dV: one CTA per 128 keys of one (batch, KV head); each consumer owns 64 of them
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
-def _dq_t_product(d_s_t, step, index, k_t, ds_all, ds_ready, s_layout: gl.constexpr):
-    """Issue consumer ``index``'s share of dQᵀ = Kᵀ dSᵀ over the CTA's 128 keys: its half of D's rows
-    (64 × BLOCK_M; the query rows are too few for an m64 wgmma's M, D is not), a wgmma token. Both
-    consumers' dSᵀ go through shared memory (a B operand lives there), double-buffered by step parity:
-    a consumer's wait for its step-s product lies before its step-(s+1) arrival, so a buffer is rewritten
-    only once both have read it. ``k_t``: this half of D's rows of each consumer's K tile, transposed
-    (MN-major A)."""
-    HALF_D: gl.constexpr = k_t[0].shape[0]
-    BLOCK_M: gl.constexpr = ds_all.shape[2]
-    buffer = step % 2
-    ds_all.index(buffer * NUM_CONSUMERS + index).store(d_s_t.to(ds_all.dtype))
-    fence_async_shared()
-    # All four warps' stores precede the consumer's one arrival.
-    _partition_barrier()
-    mbarrier.arrive(ds_ready.index(buffer), count=1)
-    mbarrier.wait(ds_ready.index(buffer), (step // 2) & 1)
-    dq_t = gl.zeros([HALF_D, BLOCK_M], gl.float32, s_layout)
-    for keys in gl.static_range(NUM_CONSUMERS):
-        dq_t = warpgroup_mma(k_t[keys], ds_all.index(buffer * NUM_CONSUMERS + keys), dq_t, use_acc=keys > 0, is_async=True)
-    return dq_t
-
-
-@gluon.jit
-def _add_dq(dq_t, DQAccum, row_base, m_start, seqlen_q, index, s_layout: gl.constexpr):
-    """dQ_accum[rows m_start ..., consumer ``index``'s half of D] += dQᵀ's transpose by relaxed fp32
-    atomics (the other key blocks add to the same rows); rows past Sq are left out."""
-    HALF_D: gl.constexpr = dq_t.shape[0]
-    HEAD_DIM: gl.constexpr = NUM_CONSUMERS * HALF_D
-    BLOCK_M: gl.constexpr = dq_t.shape[1]
-    offs_d = index * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(1, s_layout))
-    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-    # One scalar base per step; the tile's offsets are int32 and the same every step.
-    tile = DQAccum + (row_base + m_start) * HEAD_DIM
-    row_ok = (m_start + rows < seqlen_q)[None, :]
-    gl.atomic_add(tile + rows[None, :] * HEAD_DIM + offs_d[:, None], dq_t, mask=row_ok, sem="relaxed")
-
-
-@gluon.jit
 def _query_blocks(n_start, seqlen_q, seqlen_k, causal_offset, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr):  # fmt: skip
     """The query blocks of one query head that the keys [n_start, n_start + BLOCK_N) receive gradient
@@ -408,12 +382,13 @@ def _dkdv_step(carry, step, m_start, row_base, step_args, constants: gl.constexp
         _release_previous(empty, step, NUM_STAGES)
         carry = (dk, dv, _operand_p(d_s_t, q_ring.dtype, p_layout))
     elif constants.ATOMIC_DQ:
+        # dSᵀ is stored for dQᵀ while dV runs; dQᵀ's atomics run under dK += dSᵀ Q.
+        dq_t_token = dq_t_product(d_s_t, step, index, k_t, ds_all, ds_ready, s_layout)
         dk_token = _values_product(_operand_p(d_s_t, q_ring.dtype, p_layout), q_tile, dk, p_layout)
-        # dSᵀ is stored for dQᵀ while dV and dK run.
-        dq_t_token = _dq_t_product(d_s_t, step, index, k_t, ds_all, ds_ready, s_layout)
-        dv, dk, dq_t = warpgroup_mma_wait(0, deps=[dv_token, dk_token, dq_t_token])
+        dv, dq_t = warpgroup_mma_wait(1, deps=[dv_token, dq_t_token])
+        add_dq(dq_t, DQAccum, row_base, m_start, seqlen_q, index, s_layout)
+        dk = warpgroup_mma_wait(0, deps=[dk_token])
         mbarrier.arrive(empty.index(step % NUM_STAGES), count=1)
-        _add_dq(dq_t, DQAccum, row_base, m_start, seqlen_q, index, s_layout)
         carry = (dk, dv)
     else:
         dk_token = _values_product(_operand_p(d_s_t, q_ring.dtype, p_layout), q_tile, dk, p_layout)
@@ -453,7 +428,7 @@ def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
     mbarrier.wait(fixed_ready.index(index), 0)
     k_t = (k_smem, k_smem)  # read only by the atomic dQ
     if constants.ATOMIC_DQ:
-        # This consumer's half of D's rows of both K tiles, transposed (``_dq_t_product``).
+        # This consumer's half of D's rows of both K tiles, transposed (``_device.dq_t_product``).
         HALF_D: gl.constexpr = HEAD_DIM // NUM_CONSUMERS
         k_t = (
             fixed_k.index(0).slice(index * HALF_D, HALF_D, dim=1).permute((1, 0)),
@@ -523,8 +498,9 @@ def _dkdv_kernel(
     ds_all = smem[2]
     ds_ready = barriers[1]
     if ATOMIC_DQ:
-        # Two buffers (step parity: buffer · NUM_CONSUMERS + consumer) of each consumer's dSᵀ (WG_N keys × BLOCK_M query rows), the B
-        # operands of both consumers' dQᵀ products; a buffer is ready once both consumers have arrived.
+        # Two buffers (step parity; index buffer · NUM_CONSUMERS + consumer) of each consumer's dSᵀ (WG_N
+        # keys × BLOCK_M query rows), the B operands of both consumers' dQᵀ products; a buffer is ready
+        # once both consumers have arrived.
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_N, BLOCK_M], desc_q.dtype)
         ds_all = gl.allocate_shared_memory(desc_q.dtype, [2 * NUM_CONSUMERS, WG_N, BLOCK_M], ds_layout)
         ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
