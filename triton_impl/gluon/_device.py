@@ -309,16 +309,12 @@ def _packed_pairs(P, dtype: gl.constexpr):
 # The backward's atomic dQ (gluon/backward/hopper, ``BackwardTiles.atomic_dq``)
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
-def dq_t_product(d_s_t, step, index, k_t, ds_all, ds_ready, s_layout: gl.constexpr):
-    """The backward's atomic dQ: issue consumer ``index``'s share of dQᵀ = Kᵀ dSᵀ over the CTA's
-    128 keys, its half of D's rows (64 × BLOCK_M: the query rows are too few for an m64 wgmma's M), a
-    wgmma token. Both consumers' dSᵀ go through shared memory (a B operand lives there), double-buffered
-    by step parity: a consumer waits for its step-s product before its step-(s+1) arrival, so a buffer
-    is rewritten only once both have read it. ``k_t``: this half of D of each consumer's K tile,
-    transposed (MN-major A)."""
-    NUM_CONSUMERS: gl.constexpr = len(k_t)
-    HALF_D: gl.constexpr = k_t[0].shape[0]
-    BLOCK_M: gl.constexpr = ds_all.shape[2]
+def share_ds(d_s_t, step, index, ds_all, ds_ready):
+    """The backward's atomic dQ: consumer ``index``'s dSᵀ into its shared buffer of this step's parity,
+    then wait until the other consumer's is there too; returns the buffer. Double-buffered: a consumer
+    waits for its step-s dQᵀ product before its step-(s+1) arrival, so a buffer is rewritten only once
+    both consumers have read it."""
+    NUM_CONSUMERS: gl.constexpr = ds_all.shape[0] // 2
     buffer = step % 2
     ds_all.index(buffer * NUM_CONSUMERS + index).store(d_s_t.to(ds_all.dtype))
     fence_async_shared()
@@ -326,6 +322,18 @@ def dq_t_product(d_s_t, step, index, k_t, ds_all, ds_ready, s_layout: gl.constex
     _partition_barrier()
     mbarrier.arrive(ds_ready.index(buffer), count=1)
     mbarrier.wait(ds_ready.index(buffer), (step // 2) & 1)
+    return buffer
+
+
+@gluon.jit
+def dq_t_product(buffer, k_t, ds_all, s_layout: gl.constexpr):
+    """The backward's atomic dQ: issue one consumer's share of dQᵀ = Kᵀ dSᵀ over the CTA's keys (both
+    consumers' dSᵀ in ``buffer``, ``share_ds``), its half of D's rows (64 × BLOCK_M: the query rows are
+    too few for an m64 wgmma's M), a wgmma token. ``k_t``: that half of D of each consumer's K tile,
+    transposed (MN-major A)."""
+    NUM_CONSUMERS: gl.constexpr = len(k_t)
+    HALF_D: gl.constexpr = k_t[0].shape[0]
+    BLOCK_M: gl.constexpr = ds_all.shape[2]
     dq_t = gl.zeros([HALF_D, BLOCK_M], gl.float32, s_layout)
     for keys in gl.static_range(NUM_CONSUMERS):
         dq_t = warpgroup_mma(

@@ -109,6 +109,7 @@ from triton_impl.gluon._device import (
     block_range,
     dq_t_product,
     kv_head_index,
+    share_ds,
 )
 from triton_impl.gluon._host import (
     CONSUMER_ROWS,
@@ -382,13 +383,14 @@ def _dkdv_step(carry, step, m_start, row_base, step_args, constants: gl.constexp
         _release_previous(empty, step, NUM_STAGES)
         carry = (dk, dv, _operand_p(d_s_t, q_ring.dtype, p_layout))
     elif constants.ATOMIC_DQ:
-        # dSᵀ is stored for dQᵀ while dV runs; dQᵀ's atomics run under dK += dSᵀ Q.
-        dq_t_token = dq_t_product(d_s_t, step, index, k_t, ds_all, ds_ready, s_layout)
+        # dSᵀ is shared for dQᵀ while dV and dK run; dQᵀ's accumulator is made once dV's Pᵀ words are free.
         dk_token = _values_product(_operand_p(d_s_t, q_ring.dtype, p_layout), q_tile, dk, p_layout)
-        dv, dq_t = warpgroup_mma_wait(1, deps=[dv_token, dq_t_token])
-        add_dq(dq_t, DQAccum, row_base, m_start, seqlen_q, index, s_layout)
-        dk = warpgroup_mma_wait(0, deps=[dk_token])
+        buffer = share_ds(d_s_t, step, index, ds_all, ds_ready)
+        dv = warpgroup_mma_wait(1, deps=[dv_token])
+        dq_t_token = dq_t_product(buffer, k_t, ds_all, s_layout)
+        dk, dq_t = warpgroup_mma_wait(0, deps=[dk_token, dq_t_token])
         mbarrier.arrive(empty.index(step % NUM_STAGES), count=1)
+        add_dq(dq_t, DQAccum, row_base, m_start, seqlen_q, index, s_layout)
         carry = (dk, dv)
     else:
         dk_token = _values_product(_operand_p(d_s_t, q_ring.dtype, p_layout), q_tile, dk, p_layout)
