@@ -448,6 +448,11 @@ def test_gluon_overlapped_tiles_refuse_a_single_ring_slot() -> None:
             gluon_backward.BackwardTiles(32, stages[0], 64, stages[1], overlap=True)
     assert gluon_backward.BackwardTiles(32, 2, 64, 2, overlap=True).label.endswith(" overlap")
     assert gluon_backward.BackwardTiles(32, 1, 64, 1).label == "dkdv 128x32 s1, dq 128x64 s1"
+    # Only an overlapped kernel needs two slots; the label names the overlapped kernels.
+    mixed = gluon_backward.BackwardTiles(32, 3, 128, 1, overlap=True, dq_overlap=False)
+    assert mixed.label == "dkdv 128x32 s3, dq 128x128 s1 overlap dkdv" and not mixed.overlaps_dq
+    with pytest.raises(ValueError, match="two ring slots"):
+        gluon_backward.BackwardTiles(32, 1, 128, 2, overlap=True, dq_overlap=False)
     # The atomic dQ is built on the non-overlapped step only; its label names no dQ pass.
     with pytest.raises(ValueError, match="atomic dQ"):
         gluon_backward.BackwardTiles(32, 3, 64, 3, overlap=True, atomic_dq=True)

@@ -47,13 +47,11 @@ Algorithm (three launches):
      P = exp2(S · softmax_scale_log2 − LSE₂) (masked: ``attention_mask``), dS = P ∘ (dP − D),
      dQ += dS K; at the end dQ ·= softmax_scale, out by a TMA store.
 
-Atomic dQ (``BackwardTiles.atomic_dq``, FA3's choice, a candidate): no dQ pass; in step 2b each consumer
-also stores its dSᵀ to shared memory (double-buffered by step parity, an mbarrier per buffer that both
-consumers arrive on), issues dQᵀ = Kᵀ dSᵀ for its half of D over the CTA's 128 keys (``_device.dq_t_product``,
-MN-major Kᵀ from the K tiles) before dK += dSᵀ Q, and adds the 64 × BLOCK_M result into a (B, H, Sq, D)
-fp32 accumulator by relaxed atomics while dK runs (``_device.add_dq``); the preprocess zeroes the accumulator
-and the tiled rung's ``_dq_convert_kernel`` scales and casts it. Five products instead of seven, for
-B·H·(Sk/128)·Sq·D fp32 reductions in L2.
+Atomic dQ (``BackwardTiles.atomic_dq``, FA3's choice; a candidate, D=128): no dQ pass; in step 2b both
+consumers share their dSᵀ through shared memory (``_device.share_ds``), each computes dQᵀ = Kᵀ dSᵀ for
+its half of D over the CTA's 128 keys (``dq_t_product``) and adds it to a zeroed (B, H, Sq, D) fp32
+accumulator by relaxed atomics (``add_dq``), which the tiled rung's ``_dq_convert_kernel`` scales and
+casts. Five products instead of seven, for B·H·(Sk/128)·Sq·D fp32 reductions in L2.
 
 Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` (K, V once per dK/dV CTA; Q, dO once per
 (key block, query block) through a ``NUM_STAGES``-slot ring; LSE₂ and D by plain loads into the
@@ -136,27 +134,36 @@ class BackwardTiles:
     """The tiles and ring depths of one variant: the dK/dV kernel streams ``dkdv_block_m`` query rows
     per ring slot through ``dkdv_stages`` slots; the dQ kernel ``dq_block_n`` keys through ``dq_stages``.
     ``overlap``: each consumer step issues the previous step's last product (dK += dSᵀ Q, dQ += dS K)
-    after its own first two, so that it runs under this step's exp2 (``_dkdv_step``, ``_dq_step``)."""
+    after its own first two, so that it runs under this step's exp2 (``_dkdv_step``, ``_dq_step``);
+    ``dq_overlap`` False keeps the dQ pass's steps plain (its 128-key tiles spill overlapped)."""
 
     dkdv_block_m: int
     dkdv_stages: int
     dq_block_n: int
     dq_stages: int
     overlap: bool = False
-    # dQ by fp32 atomics from the dK/dV kernel (``_atomic_dq``), no dQ pass (its two tile fields unused).
+    dq_overlap: bool | None = None  # None: as ``overlap``
+    # dQ by fp32 atomics from the dK/dV kernel (``_device.dq_t_product``, ``_device.add_dq``), no dQ pass
+    # (its two tile fields unused).
     atomic_dq: bool = False
 
     def __post_init__(self) -> None:
         # Overlapped, a slot is freed one step late: one slot would deadlock the load warp.
-        if self.overlap and min(self.dkdv_stages, self.dq_stages) < 2:
+        if (self.overlap and self.dkdv_stages < 2) or (self.overlaps_dq and self.dq_stages < 2):
             raise ValueError(f"overlapped steps need two ring slots or more per kernel, got {self}")
         if self.overlap and self.atomic_dq:
             raise ValueError(f"the atomic dQ is built for the non-overlapped steps only, got {self}")
 
     @property
+    def overlaps_dq(self) -> bool:
+        return self.overlap if self.dq_overlap is None else self.dq_overlap
+
+    @property
     def label(self) -> str:
         dq = "dq atomic" if self.atomic_dq else f"dq 128x{self.dq_block_n} s{self.dq_stages}"
-        return f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, {dq}" + (" overlap" if self.overlap else "")
+        overlap = {(True, True): " overlap", (True, False): " overlap dkdv", (False, True): " overlap dq"}
+        suffix = overlap.get((self.overlap, self.overlaps_dq), "")
+        return f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, {dq}{suffix}"
 
 
 # Per head dim, the default first; every one compiles for sm_90a without spills (tests/test_backward.py,
@@ -168,6 +175,8 @@ class BackwardTiles:
 # s2 428.2 / 407.0, s3 419.1 / 400.7 (the default before). D=64 is not timed yet (its first stays).
 # Under Triton 3.9 the overlapped dK/dV kernels spill (16-64 bytes per thread, sm_90a): that release keeps
 # the others, the non-overlapped s3 its D=128 default.
+# Not timed yet: the dQ pass with 128-key tiles (half the steps and waits per key, a better wgmma shape;
+# plain steps: overlapped they spill 80-288 bytes) beside the overlapped or the plain dK/dV kernel.
 OVERLAP_SPILLS = ("3.9",)
 ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     64: (BackwardTiles(64, 2, 64, 2), BackwardTiles(64, 3, 128, 2), BackwardTiles(64, 3, 64, 3, overlap=True)),
@@ -176,12 +185,13 @@ ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(32, 3, 64, 3),
         BackwardTiles(32, 2, 64, 2),
         BackwardTiles(32, 4, 64, 3, overlap=True),
+        BackwardTiles(32, 3, 128, 2, overlap=True, dq_overlap=False),
+        BackwardTiles(32, 3, 128, 2),
         BackwardTiles(32, 3, 64, 3, atomic_dq=True),
     ),
 }
 # The atomic dQ (not timed yet) spills under every release at the static test's ragged GQA shapes (bytes per
-# thread, non-causal / causal bottom-right, Sq 1000 Sk 777: 3.6 40/40, 3.8 16/8, 3.9 160/120; at P1's
-# S=8192: 3.6 16/8, 3.8 0/0): no release lists it; ALL_CANDIDATES keeps it for the GPU tests and an A/B.
+# thread, non-causal/causal: 3.6 40/40, 3.8 16/8, 3.9 160/120; P1: 3.6 16/8, 3.8 0/0): no release lists it.
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     head_dim: tuple(t for t in tiles if not t.atomic_dq and not (t.overlap and triton_release() in OVERLAP_SPILLS))
     for head_dim, tiles in ALL_CANDIDATES.items()
@@ -425,7 +435,7 @@ def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
     mbarrier.wait(fixed_ready.index(index), 0)
     k_t = (k_smem, k_smem)  # read only by the atomic dQ
     if constants.ATOMIC_DQ:
-        # This consumer's half of D's rows of both K tiles, transposed (``_device.dq_t_product``).
+        # This consumer's half of D's rows of both K tiles, transposed (``dq_t_product``).
         HALF_D: gl.constexpr = HEAD_DIM // NUM_CONSUMERS
         k_t = (
             fixed_k.index(0).slice(index * HALF_D, HALF_D, dim=1).permute((1, 0)),
@@ -707,6 +717,9 @@ def _launches(
     """The preprocess, dK/dV and dQ (a dQ pass, or the atomic dQ's conversion) launches and the
     (dq, dk, dv) they write."""
     tiles = tiles or CANDIDATES[problem.head_dim][0]
+    if tiles.atomic_dq and problem.head_dim != 128:
+        # Each consumer's dQᵀ share is half of D's rows: one m64 wgmma at D=128, too few rows below.
+        raise ValueError(f"{BACKWARD_NAME}: the atomic dQ needs head_dim 128, got {problem.head_dim}")
     q, k, v, out, d_out = (_tma_operand(t) for t in (q, k, v, out, d_out))
     # The atomic dQ's fp32 accumulator, zeroed by the preprocess.
     dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device) if tiles.atomic_dq else None
@@ -749,7 +762,7 @@ def _launches(
             descriptor(q, rows, dtype), descriptor(k, tiles.dq_block_n, dtype), descriptor(v, tiles.dq_block_n, dtype),
             descriptor(d_out, rows, dtype), descriptor(dq, rows, dtype), lse_log2, delta, *scalars,
         ),
-        {**options, "NUM_STAGES": tiles.dq_stages},
+        {**options, "NUM_STAGES": tiles.dq_stages, "OVERLAP": tiles.overlaps_dq},
     )  # fmt: skip
     return [preprocess, dkdv, dq_launch], (dq, dk, dv)
 
