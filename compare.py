@@ -33,6 +33,7 @@ import math
 import os
 import re
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -808,7 +809,7 @@ def run_decode(args: argparse.Namespace) -> int:
     from common.measure.decode_sweep import too_large
     from common.measure.environment import manifest
     from common.measure.peaks import measure_peaks
-    from common.measure.runner import blank_row, make_workload, measure
+    from common.measure.runner import blank_row, freeze_imports, make_workload, measure
 
     if not torch.cuda.is_available() or args.device == "cpu":
         raise RefusedError("--decode needs a CUDA GPU (its caches are far beyond the Triton interpreter's reach)")
@@ -832,6 +833,7 @@ def run_decode(args: argparse.Namespace) -> int:
     (out_dir / "env.json").write_text(json.dumps(env, indent=2))
     options = timing_options(args)
     records = []
+    freeze_imports()
     console = Console(width=CONSOLE_WIDTH)
     console.print(f"HBM read bandwidth (measured): {_number(read_gbps or float('nan'), '.0f')} GB/s")
     with (out_dir / "decode.csv").open("w", newline="") as handle:
@@ -839,8 +841,11 @@ def run_decode(args: argparse.Namespace) -> int:
         writer.writeheader()
         for case in decode_cases_for(args):
             reason = too_large(case, device)
-            workload = None if reason else make_workload(case.problem, "cuda", case.cache_seqlens(device))
+            # Drawn on the GPU: the CPU's generator takes about a minute for the largest caches.
+            cache_seqlens = None if reason else case.cache_seqlens(device)
+            workload = None if reason else make_workload(case.problem, "cuda", cache_seqlens, on_device=True)
             for impl in implementations:
+                started = time.perf_counter()
                 if workload is None:
                     row = blank_row(impl.name, impl.stack, impl.rung, case.problem, "skipped", reason)
                 else:
@@ -850,8 +855,10 @@ def run_decode(args: argparse.Namespace) -> int:
                 writer.writerow(record)
                 handle.flush()
                 speed = f"{record['us']:9.1f} us {record['gbps']:7.0f} GB/s {record['pct_read_bw']:4.0f}%"
+                # The row's wall time (compile, checks and timing): what the sweep's length is made of.
+                took = f"[{time.perf_counter() - started:5.1f} s]"
                 console.print(
-                    f"{row.impl:18s} {case.describe():60s} {row.status:8s} {speed} {row.reason}", markup=False
+                    f"{row.impl:18s} {case.describe():60s} {row.status:8s} {speed} {took} {row.reason}", markup=False
                 )
             del workload
             torch.cuda.empty_cache()

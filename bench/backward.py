@@ -4,6 +4,7 @@
     python -m bench.backward --impl cute/tiled --shape P1 --out $OUT/p1   # chosen rows and anchor shapes
     python -m bench.backward --candidates --out $OUT/candidates   # the tiled rung's variants, to pick one
     python -m bench.backward --candidates --rung gluon --out $OUT/gluon-candidates   # gluon/backward/hopper's
+    python -m bench.backward --candidates --rung cute --out $OUT/cute-candidates     # cute/backward/hopper's
     python -m bench.backward --shape P1 --shape 'P1 causal' --impl gluon/hopper --out $OUT/p1   # a selection
 
 Default mode: per (shape, implementation) -- each forward rung that has a backward (through
@@ -15,8 +16,9 @@ Default mode: per (shape, implementation) -- each forward rung that has a backwa
 ``--candidates``: per shape, O and the LSE from one untimed forward (``triton/hopper``), then every
 variant of ``triton_impl/backward/tiled.py``'s ``CANDIDATES`` for the head dim (tiles × warps × stages,
 TMA or pointer loads, dQ by atomics or by a separate pass) called directly (``--rung gluon``: the
-forward ``gluon/hopper`` and the tiles of ``triton_impl/gluon/backward.py``'s ``CANDIDATES``): its
-gradients are checked first (relative L2 distance of dQ, dK and dV from cuDNN's on the same inputs, at most
+forward ``gluon/hopper`` and the tiles of ``triton_impl/gluon/backward.py``'s ``CANDIDATES``; ``--rung
+cute``: ``cute/hopper`` and ``cute_impl/backward/hopper.py``'s): its gradients are checked first
+(relative L2 distance of dQ, dK and dV from cuDNN's on the same inputs, at most
 :data:`CHECK_BOUND`; a variant that fails is reported ``wrong`` and not timed), then its backward is
 timed alone, beside cuDNN's, flash's and FA4's backward timed alike. Writes candidates.csv and prints a
 table per shape with TFLOP/s and the ratios to cuDNN and FA4; the fastest correct variant per head dim
@@ -213,6 +215,9 @@ CANDIDATE_RUNGS = {
     "tiled": CandidateRung("triton/backward/tiled", "triton_impl.backward.tiled", "tiled_gradients", "config", None),
     "gluon": CandidateRung(
         "gluon/backward/hopper", "triton_impl.gluon.backward", "hopper_gradients", "tiles", "gluon/hopper"
+    ),
+    "cute": CandidateRung(
+        "cute/backward/hopper", "cute_impl.backward.hopper", "hopper_gradients", "tiles", "cute/hopper"
     ),
 }
 

@@ -233,6 +233,7 @@ def sweep_configs(full: bool) -> list[Config]:
             Config(tiles_per_program=4, division="ieee"),
             Config(num_warps=16),
             Config(tiles_per_program=4, num_warps=16),
+            Config(programs_per_sm=1, num_stages=3, num_warps=16, tma=True),
         ]
     return list(dict.fromkeys(configs))
 
@@ -370,23 +371,29 @@ def run_sweep(args: argparse.Namespace) -> None:
 # --ab: candidate configurations against the read bandwidth, then FP8 end to end against the best bf16
 # ----------------------------------------------------------------------------------------------------
 # What the candidates change (fp8_quantiser.QuantiserConfig): how many tiles' bytes are in flight while one
-# is computed, and what that costs in programs an SM holds. sm_90a builds under Triton 3.6 at D=128
-# (registers, shared memory; no spill but the persistent prefetch's 48 bytes): the default's 2 cp.async
-# stages (128, 112 KB: 2 programs of 8 warps an SM; its next tile's load is issued at the end of the loop
-# body, so each tile waits the whole load latency), the next tile prefetched in registers under a
-# 128-register cap (128, 64 KB: 2 an SM), a persistent grid (every program its share of Q, K and V: no
-# second wave, no tensor's programs finishing early) with the same two overlaps, and 3 or 4 stages (1 or 2
-# tiles in flight behind the one computed; 144 / 176 KB: one program an SM, of 16 warps at 121 registers,
-# or of 8 at 166).
+# is computed, what that costs in programs an SM holds, and the instructions a tile takes. The H200 A/B of
+# 2026-11-29 (results/h200/fp8-quantiser-ab/): the 2-stage cp.async default 137.6 µs, the register prefetch
+# 113.6 (61 % of the read bandwidth; now the default under Triton 3.6), persistent and 3-4-stage cp.async grids
+# 122-165. The prefetch keeps one 32 KB tile in flight a program (two programs an SM), and its loop issues
+# 1053 / 951 / 865 SASS instructions a thread per Q / K / V tile (8 warps): at the measured time that is an
+# issue rate near 1.7 per cycle an SM, so the kernel is bound by issue and by bytes in flight together.
+# The tma rows (sm_90a, Triton 3.6, D=128, block+rotation, V in gluon/fp8's permuted layout, so V stays on
+# cp.async): Q and K copied by TMA into a ring that the rotation's wgmma reads in place (no register round
+# trip: Q's loop 899-905 instructions at 8 warps, 624 at 16), Triton 3.6 issuing each copy at the end of the
+# loop body, so that num_stages - 2 copies are in flight while a tile is computed (num_stages - 1 briefly).
+# Shared memory a program (ring + 32 KB sign matrix + 16 KB exchange): 2 stages 115 KB (two programs an SM,
+# just), 3 stages 147 KB, 4 stages 180 KB (one). Registers: 128 at 8 warps (165 uncapped), ~104 at 16 warps;
+# no spills under 3.6 or 3.8. Warp-instructions for a Q, K and V tile: prefetch 22,952, tma at 8 warps ~20,000,
+# tma at 16 warps ~26,300, cp.async at 16 warps (the 152 µs row) 28,096.
 AB_CANDIDATES = [
-    fp8_quantiser.PIPELINED_CONFIG,
     fp8_quantiser.PREFETCH_CONFIG,
-    Config(programs_per_sm=2, prefetch=True, maxnreg=128),
-    Config(programs_per_sm=2, num_stages=2, maxnreg=128),
-    Config(programs_per_sm=1, num_stages=3, num_warps=16),
-    Config(programs_per_sm=1, num_stages=4, num_warps=16),
-    Config(programs_per_sm=1, num_stages=4),
-    Config(tiles_per_program=8, num_stages=4, num_warps=16),
+    fp8_quantiser.PIPELINED_CONFIG,
+    Config(programs_per_sm=2, num_stages=2, maxnreg=128, tma=True),
+    Config(programs_per_sm=1, num_stages=4, tma=True),
+    Config(programs_per_sm=1, num_stages=3, num_warps=16, tma=True),
+    Config(programs_per_sm=1, num_stages=4, num_warps=16, tma=True),
+    Config(tiles_per_program=8, num_stages=3, num_warps=16, tma=True),
+    Config(tiles_per_program=8, num_stages=4, num_warps=16, tma=True),
 ]
 # The rungs' default quantisation and the V layout the candidates are timed in (gluon/fp8, the best FP8 kernel).
 AB_VARIANT, AB_LAYOUT = "block+rotation", "gluon/fp8"

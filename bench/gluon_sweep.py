@@ -1,8 +1,10 @@
-"""Gluon configuration sweep: candidates judged on ragged shapes, then timed in one process.
+"""Gluon (and cute/fp8) configuration sweep: candidates judged on ragged shapes, then timed in one process.
 
-A candidate is a label, a rung (``fp8``/``hopper`` for a Gluon configuration, or a registry name such
-as ``triton/hopper`` for its prepared default), a timed shape and a ``GluonConfig`` (None for a
-registry row). Candidate sets (``--cands``):
+A candidate is a label, a rung (``fp8``/``hopper`` for a Gluon configuration, ``cute/fp8`` for knobs of
+``cute_impl.fp8.fp8_config``, or a registry name such as ``triton/hopper`` for its prepared default), a
+timed shape and its configuration (a ``GluonConfig``, a dict of cute/fp8 knobs, or None for a registry
+row). FP8 candidates quantise with the rung's default, K/V scale blocks widened to whole key blocks.
+Candidate sets (``--cands``):
 
 - ``sweep-4``: the fourth stop's configurations of gluon/fp8 and gluon/hopper (issue #20;
   ``results/h200/gluon-sweep-4/``);
@@ -10,16 +12,20 @@ registry row). Candidate sets (``--cands``):
 - ``gluon-ab-hopper``, ``gluon-ab-fp8``: the first Gluon A/B against triton/hopper, cute/hopper and
   gluon/hopper, and triton/fp8, cute/fp8 (``results/h200/gluon-ab/``; those logs came from an earlier
   script that timed each candidate once with ``time_cuda``'s defaults and judged bf16 by max error).
+- ``fp8-d64``: issue #37's FP8 at D=64 (B=4 H=32 S=8192, non-causal and causal): the defaults and
+  ``D64_CANDIDATES`` of cute/fp8 and gluon/fp8 against cute/hopper, the best bf16 rung (needs the CuTe DSL).
 
 Subcommands (from the project root):
 
     python -m bench.gluon_sweep smoke I N [--cands SET]      # judge candidates I::N (poisoned output,
                                                               # fp64 reference, SDPA yardstick / FP8
                                                               # emulation rule); one JSON line each
-    python -m bench.gluon_sweep bench ROUNDS [FILTER] [--cands SET]
+    python -m bench.gluon_sweep bench ROUNDS [FILTER] [--cands SET] [--judge]
                                                               # time the candidates whose label holds one
                                                               # of FILTER's '|'-separated parts: interleaved
-                                                              # rounds in rotated order, median TFLOP/s
+                                                              # rounds in rotated order, median TFLOP/s;
+                                                              # --judge: the smoke first, in this process
+                                                              # (each kernel compiled once), failures untimed
     python -m bench.gluon_sweep static [--cands SET]          # sm_90a registers and spills, no GPU
 
 ``bash bench/smoke_then_bench.sh bench.gluon_sweep ROUNDS --cands SET`` runs the smoke in 8 processes
@@ -52,6 +58,10 @@ SHAPES = {
     "D64c": (4, 32, 8192, 64, True),
 }
 SMOKE_SHAPES = ((1, 16, 1008, 1232), (2, 3, 77, 1000))
+# The static census's ceilings: an H200's SMs at the clock of the H100/H200 datasheet's tensor-core
+# peaks (under the 700 W cap the runs measured 1.68-1.88 GHz; docs/perf-log.md).
+CENSUS_SMS = 132
+CENSUS_CLOCK_GHZ = 1.83
 
 
 def _configs(prefix: str, rung: str, shape: str, named: list[tuple[str, C]]) -> list[tuple]:
@@ -111,29 +121,71 @@ FIRST_AB_HOPPER = {
     64: [C(128, 3, 2), C(128, 2, 2, True), C(128, 4, 2, True), C(128, 3, 3), C(128, 2, 3, True)],
 }
 FIRST_AB_FP8 = {128: [C(64, 3), C(128, 3), C(128, 2)], 64: [C(64, 3, 3, True), C(128, 3)]}
+
+
+def _fp8_d64() -> list[tuple]:
+    from cute_impl.fp8 import D64_CANDIDATES as CUTE_D64
+
+    cands = []
+    for name in ("D64", "D64c"):
+        shape = SHAPES[name]
+        causal = shape[4]
+        default = gf.default_config(Problem(*shape[:3], shape[2], shape[3], causal=causal))
+        cands.append((f"{name} cute/hopper (bf16)", "cute/hopper", shape, None))
+        knobs = {"default": {}, **CUTE_D64[causal]}
+        cands += [(f"{name} cute/fp8 {label}", "cute/fp8", shape, knob) for label, knob in knobs.items()]
+        gluon = (default, *gf.D64_CANDIDATES[causal])
+        cands += [(f"{name} gluon/fp8 {cfg}{' (default)' * (cfg == default)}", "fp8", shape, cfg) for cfg in gluon]
+    return cands
+
+
 CANDIDATE_SETS = {
     "sweep-4": _sweep_4,
     "row-tree": _row_tree,
     "gluon-ab-hopper": lambda: _first_ab("hopper", ("triton/hopper", "cute/hopper", "gluon/hopper"), FIRST_AB_HOPPER),
     "gluon-ab-fp8": lambda: _first_ab("fp8", ("triton/fp8", "gluon/fp8", "cute/fp8", "gluon/hopper"), FIRST_AB_FP8),
+    "fp8-d64": _fp8_d64,
 }
 
 
-def runner(rung: str, q, k, v, p: Problem, cfg: C | None):
-    """Prepared launch of one candidate: a Gluon configuration, or a registry row's default."""
+def _fp8_operands(rung: str, cfg, q, k, v, p: Problem):
+    """An FP8 candidate's quantised operands and the key-block order its emulation follows: ``fp8`` (a
+    ``GluonConfig``) or ``cute/fp8`` (knobs of ``fp8_config``)."""
+    from common.contract.fp8 import KernelOrder
+    from triton_impl.fp8_quantiser import quantise_for_kernel
+
+    if rung == "cute/fp8":
+        from cute_impl import fp8 as cf
+
+        quantisation = cf.candidate_quantisation(cfg)
+        tile_n = cf.fp8_config(p, quantisation, **cfg).tile_n
+        return cf.quantised(q, k, v, quantisation), KernelOrder(block_n=tile_n, reverse=True)
+    operands = quantise_for_kernel(q, k, v, gf.candidate_quantisation(cfg), gf.value_layout(cfg))
+    return operands, KernelOrder(block_n=cfg.block_n, reverse=False)
+
+
+def _fp8_launch(rung: str, cfg, operands, p: Problem):
+    if rung == "cute/fp8":
+        from cute_impl import fp8 as cf
+
+        return cf.quantised_launcher(cf.fp8_config(p, operands.quantisation, **cfg), operands, p)
+    return gf.GluonFp8Attention(operands, p, cfg)
+
+
+def runner(rung: str, q, k, v, p: Problem, cfg):
+    """Prepared launch of one candidate: a Gluon configuration, cute/fp8 knobs, or a registry row's default."""
     if cfg is None:
         from common.contract.registry import get
 
         return get(rung).prepare(q, k, v, p)
-    if rung == "fp8":
-        return gf.GluonFp8Attention(gf._quantised(q, k, v, gf.DEFAULT_QUANTISATION), p, cfg)
+    if rung in ("fp8", "cute/fp8"):
+        return _fp8_launch(rung, cfg, _fp8_operands(rung, cfg, q, k, v, p)[0], p)
     return gh.GluonAttention(q, k, v, p, cfg)
 
 
-def judge(rung: str, out, q, k, v, p: Problem, cfg: C | None) -> tuple[bool, str]:
+def judge(rung: str, out, q, k, v, p: Problem, cfg) -> tuple[bool, str]:
     """The rung's own rule: FP8_RULE against this configuration's emulation, or the registry row's rule."""
     from common.contract.check import judge_output, sdpa_error
-    from common.contract.fp8 import KernelOrder
     from common.contract.fp8 import emulate as emulate_quantised
     from common.contract.metrics import FP8_RULE, emulation_stats, error_stats
     from common.contract.reference import reference_attention
@@ -145,9 +197,9 @@ def judge(rung: str, out, q, k, v, p: Problem, cfg: C | None) -> tuple[bool, str
     if cfg is None:
         ok, reason, _ = judge_output(get(rung), out, err, (q, k, v), p, ref, yard)
         return ok, reason
-    if rung == "fp8":
-        ops = gf._quantised(q, k, v, gf.DEFAULT_QUANTISATION)
-        em = emulate_quantised(ops, p, KernelOrder(block_n=cfg.block_n, reverse=False))
+    if rung in ("fp8", "cute/fp8"):
+        operands, order = _fp8_operands(rung, cfg, q, k, v, p)
+        em = emulate_quantised(operands.as_quantised(), p, order)
         return FP8_RULE.judge(err, yard, emulation_stats(out, em.out, em.bound, ref))
     return get("gluon/hopper").error_rule.judge(err, yard, None)
 
@@ -156,11 +208,12 @@ def _say(**fields) -> None:
     print(json.dumps({"triton": triton.__version__, **fields}), flush=True)
 
 
-def smoke(cands: list[tuple], index: int, count: int) -> bool:
+def smoke(cands: list[tuple], index: int, count: int) -> set[str]:
+    """Judge candidates ``index::count`` on the smoke shapes; the labels that failed."""
     from common.contract.check import run_poisoned
     from common.contract.inputs import make_inputs
 
-    ok = True
+    failed = set()
     for label, rung, (_b, _h, _s, d, causal), cfg in cands[index::count]:
         for b, h, sq, sk in SMOKE_SHAPES:
             p = Problem(b, h, sq, sk, d, dtype=torch.bfloat16, causal=causal)
@@ -170,18 +223,22 @@ def smoke(cands: list[tuple], index: int, count: int) -> bool:
             except Exception as error:  # noqa: BLE001 - a candidate that cannot run fails its smoke, the rest go on
                 passed, reason = False, f"{type(error).__name__}: {str(error)[:200]}"
             _say(smoke=label, shape=p.describe(), ok=bool(passed), reason=reason)
-            ok &= bool(passed)
-    return ok
+            if not passed:
+                failed.add(label)
+    return failed
 
 
-def bench(cands: list[tuple], rounds: int, wanted: str) -> None:
+def bench(cands: list[tuple], rounds: int, wanted: str, judged: bool = False) -> None:
+    """Time the wanted candidates in interleaved rounds; ``judged``: the smoke first, failures untimed."""
     from common.contract.inputs import make_inputs
     from common.measure.timing import tflops, time_cuda
 
     parts = wanted.split("|")
+    chosen = [cand for cand in cands if any(part in cand[0] for part in parts)]
+    failed = smoke(chosen, 0, 1) if judged else set()
     groups: dict[tuple, list] = {}
-    for label, rung, shape, cfg in cands:
-        if any(part in label for part in parts):
+    for label, rung, shape, cfg in chosen:
+        if label not in failed:
             groups.setdefault(shape, []).append((label, rung, cfg))
     for (b, h, s, d, causal), variants in groups.items():
         p = Problem(b, h, s, s, d, dtype=torch.bfloat16, causal=causal)
@@ -206,18 +263,39 @@ def bench(cands: list[tuple], rounds: int, wanted: str) -> None:
         torch.cuda.empty_cache()
 
 
+def _compile_sm90(rung: str, p: Problem, cfg):
+    if cfg is None:
+        from common.contract.registry import get
+
+        return get(rung).compile_sm90(p)[0]
+    if rung == "cute/fp8":
+        from cute_impl import fp8 as cf
+
+        return cf.compile_sm90(p, cf.candidate_quantisation(cfg), **cfg)[0]
+    if rung == "fp8":
+        return gf.compile_sm90(p, cfg, gf.candidate_quantisation(cfg))[0]
+    return gh.compile_sm90(p, cfg)[0]
+
+
 def static(cands: list[tuple]) -> None:
-    """Registers and spilled bytes of each Gluon candidate's sm_90a build (registry rows are skipped)."""
-    from common.reporting.static import cubin_resources
+    """Registers and spilled bytes of each candidate's sm_90a build, and its key-block loop's demand on
+    the pipes (``LoopCensus``: issue, exp2-unit and tensor-core cycles per warpgroup and block, the
+    limiter, the TFLOP/s ceiling at ``CENSUS_CLOCK_GHZ``)."""
+    from common.reporting.static import cubin_loop_census, cubin_resources
 
     for label, rung, (b, h, s, d, causal), cfg in cands:
-        if cfg is None:
-            continue
         p = Problem(b, h, s, s, d, dtype=torch.bfloat16, causal=causal)
         try:
-            res = cubin_resources((gf if rung == "fp8" else gh).compile_sm90(p, cfg)[0].cubin)
+            binary = _compile_sm90(rung, p, cfg)
+            res = cubin_resources(binary.cubin)
             spill = max(u["stack_bytes"] + u["local_bytes"] for u in res.values())
-            _say(label=label, spill=spill, regs=max(u["registers"] for u in res.values()))
+            loop = cubin_loop_census(binary.cubin)
+            census = {} if loop is None else {
+                "issue": loop.instructions, "exp2": loop.exp2, "xu_cycles": loop.xu_cycles,
+                "tensor_cycles": loop.tensor_cycles, "limiter": loop.limiter,
+                "ceiling": round(loop.ceiling_tflops(CENSUS_SMS, CENSUS_CLOCK_GHZ)),
+            }  # fmt: skip
+            _say(label=label, spill=spill, regs=max(u["registers"] for u in res.values()), **census)
         except Exception as error:  # noqa: BLE001 - a configuration that does not compile is reported
             _say(label=label, error=str(error)[:200])
 
@@ -233,6 +311,7 @@ def main() -> None:
     bench_args = sub.add_parser("bench", parents=[common], help="time the candidates in interleaved rounds")
     bench_args.add_argument("rounds", type=int)
     bench_args.add_argument("filter", nargs="?", default="", help="'|'-separated label substrings (default: all)")
+    bench_args.add_argument("--judge", action="store_true", help="the smoke first, in this process; failures untimed")
     sub.add_parser("static", parents=[common], help="sm_90a registers and spills (no GPU)")
     args = parser.parse_args()
     cands = CANDIDATE_SETS[args.cands]()
@@ -241,8 +320,8 @@ def main() -> None:
         return
     require_gpu("bench.gluon_sweep " + args.command)
     if args.command == "smoke":
-        sys.exit(0 if smoke(cands, args.index, args.count) else 1)
-    bench(cands, args.rounds, args.filter)
+        sys.exit(1 if smoke(cands, args.index, args.count) else 0)
+    bench(cands, args.rounds, args.filter, args.judge)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ whole stack's, in ``_device.py``; the objects here speak the WGMMA fragment layo
 :class:`AttentionMask` writes ``-inf`` where a score must not count, :class:`OnlineSoftmax`
 carries ``row_max`` (log2 units of the scaled scores) and ``row_sum`` across key blocks,
 :class:`NamedBarrier` names the barrier ids, :class:`TileScheduler` deals query tiles to CTAs,
-:class:`QueryBoxes` is the Q pipeline and :func:`tma_ring` the K/V rings, :class:`WarpgroupGemms`
-binds a consumer warpgroup's GEMM operands once, :class:`WarpgroupTurns` is the ping-pong between
+:class:`QueryBoxes` is the Q pipeline and :func:`tma_ring` the K/V rings (:func:`tma_pipeline` the
+ring itself, for a consumer that releases slots by index), :class:`WarpgroupGemms` binds a consumer
+warpgroup's GEMM operands once, :class:`WarpgroupTurns` is the ping-pong between
 consumer warpgroups, :class:`OutputEpilogue` stores O and the LSE, :class:`Fp8Descales` folds the
 FP8 scales. The fragment helpers translate between the WGMMA accumulator layout and (row, column)
 views. For the launch (``HopperAttention.__call__``), :func:`warpgroup_mmas` builds the two tiled
@@ -641,9 +642,9 @@ def warpgroup_gemm(
     warpgroup.commit_group()
 
 
-def tma_ring(
+def tma_pipeline(
     barriers: cute.Pointer, *, stages: int, consumer_warps: int, tx_bytes: int
-) -> tuple[pipeline.PipelineProducer, pipeline.PipelineConsumer]:
+) -> pipeline.PipelineTmaAsync:
     """A ring of ``stages`` shared-memory slots filled by TMA: full barrier 1 producer arrive +
     expect_tx(``tx_bytes``); empty barrier one arrive per consumer warp. Initialised without a CTA
     barrier: the kernel fences and syncs once after all its barriers."""
@@ -654,7 +655,14 @@ def tma_ring(
         consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
         tx_count=tx_bytes,
         defer_sync=True,
-    ).make_participants()
+    )
+
+
+def tma_ring(
+    barriers: cute.Pointer, *, stages: int, consumer_warps: int, tx_bytes: int
+) -> tuple[pipeline.PipelineProducer, pipeline.PipelineConsumer]:
+    """:func:`tma_pipeline`'s producer and consumer."""
+    return tma_pipeline(barriers, stages=stages, consumer_warps=consumer_warps, tx_bytes=tx_bytes).make_participants()
 
 
 class WarpgroupGemms(NamedTuple):

@@ -59,7 +59,8 @@ Algorithm (split kernel, grid (num_splits, m_blocks, B·Hkv); sections of :meth:
    warps, row chunk by row chunk; the result goes to O (one split: cast to the output dtype, and the
    LSE if returned) or to this split's fp32 partials (and its LSE, always).
 5. Merge kernel (more than one split; grid (row blocks, B·Hkv)): one thread per 4 columns of a row,
-   :func:`merge_splits` over the splits' partials in HBM, O cast to the output dtype, and the LSE.
+   :func:`merge_splits` over the splits' partials in HBM, its loops unrolled ``MERGE_SPLITS_PER_STEP``
+   times so that as many splits' loads are in flight together, O cast to the output dtype, and the LSE.
 
 Data movement: K and V HBM →(cp.async.cg, 16 B)→ a ``stages``-deep swizzled shared-memory ring
 (``Swizzle<3,3,3>``, as ``pipelined``) →(ldmatrix / ldmatrix.trans)→ registers → ``mma.sync``
@@ -150,6 +151,12 @@ MERGE_THREADS = 128
 # The merges weigh natural-log LSEs by exp2((lseₛ - lse_max) · COMBINE_LOG2_E) (a name of its own so a
 # test can plant the log2-unit bug).
 COMBINE_LOG2_E = LOG2_E
+# Splits the merge kernel reads a step: its two loops over the splits (LSEs, then O) unrolled that many
+# times, so that as many loads are in flight together (triton/decode's merge has the same name and
+# meaning). 0 leaves the unrolling to the compiler, the merge before issue #38's decode floor (sm_90a:
+# the LSE loop 16 times, the O loop only twice, num_splits / 2 round trips to L2), which
+# bench/decode_floor.py sets to time both in one process.
+MERGE_SPLITS_PER_STEP = 8
 
 
 class TileShape(NamedTuple):
@@ -194,6 +201,7 @@ class DecodeConfig:
     return_lse: bool  # O's LSE is returned (B, H, Sq)
     split: bool  # more than one split: partials, then the merge kernel
     paged: bool = False  # K and V are page pools read through a (B, max_pages_per_seq) int32 block table
+    merge_splits_per_step: int = MERGE_SPLITS_PER_STEP  # the merge kernel's unrolling over the splits
 
     @property
     def keys_per_warp(self) -> int:
@@ -496,7 +504,7 @@ class DecodeKernel:
         for tile_pass in cutlass.range_constexpr(self.tile_m // rows_per_pass):
             r = tile_pass * rows_per_pass + tidx // chunks
             merged = cute.make_rmem_tensor(MERGE_COLS, cutlass.Float32)
-            lse = merge_splits(sLSE_parts[None, r], sO_chunks[None, r, (None, chunk)], merged)
+            lse = merge_splits(sLSE_parts[None, r], sO_chunks[None, r, (None, chunk)], merged, 0)
             row = row_start + r
             if row < rows:
                 _store_row_chunk(merged, cute.local_tile(gO[row, None], (MERGE_COLS,), (chunk,)))
@@ -520,7 +528,10 @@ class DecodeKernel:
             # (num_splits, (4, chunks)) of this row: each split's partial O, cut into 16-byte chunks.
             o_chunks = cute.logical_divide(mOPartial[None, batch_kv_head, row, None], (None, MERGE_COLS))
             merged = cute.make_rmem_tensor(MERGE_COLS, cutlass.Float32)
-            lse = merge_splits(mLSEPartial[None, batch_kv_head, row], o_chunks[None, (None, chunk)], merged)
+            lse = merge_splits(
+                mLSEPartial[None, batch_kv_head, row], o_chunks[None, (None, chunk)], merged,
+                self.config.merge_splits_per_step,
+            )  # fmt: skip
             _store_row_chunk(merged, cute.local_tile(mO[batch_kv_head, row, None], (MERGE_COLS,), (chunk,)))
             if cutlass.const_expr(mLSE is not None):  # noqa: SIM102
                 if chunk == 0:
@@ -531,20 +542,24 @@ class DecodeKernel:
 # The split's key blocks, the merge both kernels share, and the stores.
 # ----------------------------------------------------------------------------------------------
 @cute.jit
-def merge_splits(lse_parts: cute.Tensor, o_parts: cute.Tensor, merged: cute.Tensor) -> cutlass.Float32:
+def merge_splits(
+    lse_parts: cute.Tensor, o_parts: cute.Tensor, merged: cute.Tensor, parts_per_step: cutlass.Constexpr[int]
+) -> cutlass.Float32:
     """Merge the parts s of one row chunk: ``merged`` = Σₛ exp(lseₛ - lse) · Oₛ and the returned lse =
     log Σₛ exp(lseₛ), natural log. ``lse_parts`` (parts,) and ``o_parts`` (parts, MERGE_COLS) are the
     warps' parts in shared memory (split kernel) or the splits' partials in HBM (merge kernel). A
-    part with LSE -inf (no key) weighs exp(-inf) = 0; a row no part saw keeps lse = -inf and O = 0."""
+    part with LSE -inf (no key) weighs exp(-inf) = 0; a row no part saw keeps lse = -inf and O = 0.
+    ``parts_per_step``: the loops' unrolling, so that parts in HBM are loaded that many at a time (1:
+    one after the other; 0: the compiler's choice, for the warps' few parts in shared memory)."""
     num_parts = cute.size(lse_parts)
     lse_max = cutlass.Float32(-cutlass.Float32.inf)
-    for s in cutlass.range(num_parts):
+    for s in cutlass.range(num_parts, unroll=parts_per_step):
         lse_max = cute.arch.fmax(lse_max, lse_parts[s])
     # Weights are taken against the largest LSE (so none overflows); against 0 if every part is -inf.
     lse_base = cutlass.Float32(cutlass.select_(lse_max == -cutlass.Float32.inf, 0.0, lse_max))
     weight_sum = cutlass.Float32(0.0)
     merged.fill(0.0)
-    for s in cutlass.range(num_parts):
+    for s in cutlass.range(num_parts, unroll=parts_per_step):
         weight = cute.math.exp2((lse_parts[s] - lse_base) * COMBINE_LOG2_E, fastmath=True)
         weight_sum = weight_sum + weight
         merged.store(merged.load() + o_parts[s, None].load() * weight)
@@ -609,6 +624,7 @@ def decode_config(problem: Problem, split: bool) -> DecodeConfig:
         return_lse=problem.return_lse,
         split=split,
         paged=problem.paged,
+        merge_splits_per_step=MERGE_SPLITS_PER_STEP,
     )
 
 

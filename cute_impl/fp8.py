@@ -84,6 +84,7 @@ judges the kernel's. Block scales must match the tiles (64 Q rows, 128 keys).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -94,7 +95,7 @@ from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner
 from common.toolchain.compile import KernelBinary
 from cute_impl._device import LOG2_E
-from cute_impl._hopper_host import HopperAttentionConfig, default_config
+from cute_impl._hopper_host import DEFAULT_TILE_N, HopperAttentionConfig, default_config
 from cute_impl.hopper import KERNELS, ROWS_PER_WARPGROUP, validated_problem, wgmma_supports
 from triton_impl.fp8_launch import Fp8Entry, QuantisedLaunch
 from triton_impl.fp8_quantiser import FusedQuantiser, compile_sm90_for, quantise_for_kernel, shared_memory_supported
@@ -107,9 +108,48 @@ DEFAULT_QUANTISATION = Quantisation(block=True, rotation=True)
 VALUE_LAYOUT = ValueLayout(permuted=True, key_multiple=KEY_GROUP)
 
 
-def fp8_config(problem: Problem, quantisation: Quantisation) -> HopperAttentionConfig:
-    """``hopper``'s FP8 configuration, reading block scales when ``quantisation`` has them."""
-    config = dataclasses.replace(default_config(problem, fp8=True), block_scales=quantisation.block)
+# D=64 configurations for issue #37's A/B (``python -m bench.gluon_sweep bench 3 --cands fp8-d64``;
+# ``tests/test_fp8_rungs.py`` judges each by FP8_RULE on the GPU): knobs replacing ``fp8_config``'s
+# choice, each with the bottleneck it attacks. At D=64 a 64 x 128 block of one warpgroup costs each SM
+# sub-partition 66 MUFU.EX2 (528 cycles of the exp2 unit), about 480 issue slots, but only 256 cycles
+# of the e4m3 tensor core (docs/perf-log.md): the softmax, not the GEMMs, sets the pace, so every
+# candidate changes how the consumers' softmaxes overlap or what each block costs beyond its scores.
+D64_CANDIDATES: dict[bool, dict[str, dict[str, Any]]] = {
+    False: {
+        # Ping-pong serialises the warpgroups' GEMMs, which at FP8 are half as long as the softmax they
+        # should hide (FP8 at D=128 gained 2.4 % without it).
+        "pingpong-off": {"pingpong": False},
+        # A third K/V stage: the loads run further ahead of three consumers.
+        "3-stages": {"kv_stages": 3},
+        "one-cta-per-tile": {"persistent": False},
+        # 64-key blocks, 4 stages: shorter softmax phases interleave more finely across the consumers.
+        "64-keys-4-stages": {"tile_n": 64, "kv_stages": 4},
+        # Two consumers at 240 registers with 256-key blocks: the per-block work (O rescale and P V add,
+        # barriers, two rescale exp2) over twice the keys, for a third fewer warps (causal: spills).
+        "2-warpgroups-256-keys": {"consumer_warpgroups": 2, "tile_n": 256},
+        # Per-tensor scales (rotation kept): what the block scales cost, two global loads per key
+        # block in front of the exp2 phase (12 issue slots per block, 39 causal).
+        "per-tensor-scales": {"block_scales": False},
+    },
+    True: {
+        "pingpong-on": {"pingpong": True},
+        "3-stages": {"kv_stages": 3},
+        "persistent": {"persistent": True},
+        "64-keys-4-stages": {"tile_n": 64, "kv_stages": 4},
+        "per-tensor-scales": {"block_scales": False},
+    },
+}
+
+
+def fp8_config(problem: Problem, quantisation: Quantisation, **knobs: Any) -> HopperAttentionConfig:
+    """``hopper``'s FP8 configuration, reading block scales when ``quantisation`` has them; ``knobs``
+    replace fields of the default (``D64_CANDIDATES``)."""
+    config = dataclasses.replace(default_config(problem, fp8=True), **{"block_scales": quantisation.block, **knobs})
+    if config.block_scales != quantisation.block:
+        raise ValueError(
+            f"cute/fp8 reads block scales exactly when the quantisation has them: block_scales="
+            f"{config.block_scales}, quantisation {quantisation.name}"
+        )
     if quantisation.block and (
         quantisation.q_block_rows != ROWS_PER_WARPGROUP or quantisation.kv_block_rows != config.tile_n
     ):
@@ -118,6 +158,16 @@ def fp8_config(problem: Problem, quantisation: Quantisation) -> HopperAttentionC
             f"{config.tile_n} keys per block), got {quantisation.q_block_rows} / {quantisation.kv_block_rows}"
         )
     return config
+
+
+def candidate_quantisation(knobs: dict[str, Any]) -> Quantisation:
+    """``DEFAULT_QUANTISATION`` with K/V scale blocks of the candidate's key block (they must match), or
+    per-tensor scales where the candidate reads no block scales."""
+    return dataclasses.replace(
+        DEFAULT_QUANTISATION,
+        block=knobs.get("block_scales", DEFAULT_QUANTISATION.block),
+        kv_block_rows=knobs.get("tile_n", DEFAULT_TILE_N),
+    )
 
 
 def quantised(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, quantisation: Quantisation) -> KernelOperands:
@@ -188,8 +238,10 @@ ENTRY = Fp8Entry(_validate, launch, _kernel_order, _value_layout, DEFAULT_QUANTI
 bind, prepare, prepare_end_to_end, emulate = ENTRY.bind, ENTRY.prepare, ENTRY.prepare_end_to_end, ENTRY.emulate
 
 
-def compile_sm90(problem: Problem, quantisation: Quantisation = DEFAULT_QUANTISATION) -> list[KernelBinary]:
-    return KERNELS.binaries(fp8_config(problem, quantisation), "cute_fp8_attention")
+def compile_sm90(
+    problem: Problem, quantisation: Quantisation = DEFAULT_QUANTISATION, **knobs: Any
+) -> list[KernelBinary]:
+    return KERNELS.binaries(fp8_config(problem, quantisation, **knobs), "cute_fp8_attention")
 
 
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:

@@ -89,8 +89,8 @@ three consumers (D=64) the turn goes round WG1 -> WG2 -> WG3. Persistent: once e
 issued its last S = Q Kᵀ of a tile, the producer loads the next tile's Q and first K/V blocks under
 that tile's last P V, normalisation and O store.
 
-Backward (``common.attention`` with inputs that require grad): ``cute_impl/backward/tiled.py`` (the
-``mma.sync`` FA2 backward; no Hopper backward yet), from this rung's O and LSE.
+Backward (``common.attention`` with inputs that require grad): ``cute_impl/backward/hopper.py`` (TMA,
+WGMMA and a producer warp, as here), from this rung's O and LSE.
 
 Constraints
 -----------
@@ -169,7 +169,7 @@ from cute_impl._hopper_device import (
 )
 from cute_impl._hopper_host import FP8_CUTLASS, HopperAttentionConfig, HopperKernels, default_config
 from cute_impl._host import CUTE_DTYPES
-from cute_impl.backward import tiled as tiled_backward
+from cute_impl.backward import hopper as hopper_backward
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -623,5 +623,5 @@ IMPLEMENTATION = Implementation(
     name="cute/hopper", stack="cute", rung="hopper", prepare=prepare, bind=bind, supports=supports,
     compile_sm90=compile_sm90, runs_on_cpu=False, source_file=__file__,
     required_ptx=("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier", "setmaxnreg"),
-    forbidden_ptx=("mma.sync", "cp.async"), backward=tiled_backward.BACKWARD,
+    forbidden_ptx=("mma.sync", "cp.async"), backward=hopper_backward.BACKWARD,
 )  # fmt: skip

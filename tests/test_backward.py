@@ -114,6 +114,24 @@ def test_zero_mean_inputs_pass_the_rule() -> None:
     assert_all_pass(ladder_gradients(FORWARD_OF["triton/backward/tiled"], prob, q, k, v, d_out), q, k, v, d_out, prob)
 
 
+def test_autocast_attends_in_its_dtype_and_differentiates_the_fp32_inputs() -> None:
+    """Under autocast, fp32 q, k, v (a model's rotary output) attend in autocast's dtype, as with SDPA;
+    the gradients reach the fp32 tensors. Without the cast the output would stay fp32 (bench/train.py's
+    GPU run refused fp32 before)."""
+    prob = CASES["gqa_causal_bottom_right"]
+    q, k, v, d_out = inputs(prob)
+    impl = FORWARD_OF["triton/backward/tiled"]
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = attention(*leaves, causal=True, causal_alignment="bottom_right", impl=impl)
+    half = attention(q.half(), k.half(), v.half(), causal=True, causal_alignment="bottom_right", impl=impl)
+    assert out.dtype == torch.float16
+    assert torch.equal(out, half)
+    out.backward(d_out.half())
+    assert all(t.grad is not None and t.grad.dtype == torch.float32 for t in leaves)
+    assert all(torch.isfinite(t.grad).all() for t in leaves)
+
+
 # Each candidate of the tiled rung (TMA and pointer loads, dQ by atomics or a separate pass) on a shape
 # that spans several 128-key and 128-row blocks, with the key tail and the causal diagonal inside them.
 CANDIDATE_CASE = {"seqlen_q": 150, "seqlen_k": 290, "causal": True, "alignment": "bottom_right"}

@@ -1,22 +1,30 @@
-"""cute/backward/tiled beyond the shared backward tests (``tests/test_backward.py``, which also runs its
-GPU gradients through cute/tiled, cute/pipelined and cute/hopper and compiles it for sm_90a).
+"""cute/backward/tiled and cute/backward/hopper beyond the shared backward tests (``tests/test_backward.py``,
+which also runs their GPU gradients through cute/tiled, cute/pipelined and cute/hopper and compiles their
+defaults for sm_90a).
 
-Without a GPU: every kernel variant (D 64 and 128, causal in both alignments and not, GQA, dLSE, both
-dtypes) compiles for sm_90a without spills and with the instructions the rung is about; the capability
-check refuses what the rung cannot differentiate, each with its reason; a copy taller than its tile is
-refused at trace time. With a GPU: gradients against fp64 by the yardstick rule on the shapes that probe
-this rung's tiles (query and key tails inside one tile, rows that see no key, one query or key, MQA),
-and the returned LSE differentiated too.
+Without a GPU: every tiled kernel variant (D 64 and 128, causal in both alignments and not, GQA, dLSE,
+both dtypes) and the hopper kernels with every feature on compile for sm_90a without spills and with the
+instructions the rung is about (hopper: wgmma not serialised by ptxas, read in the SASS); the hopper
+rung's MN-major ring layouts are its K-major ones transposed; the capability checks refuse what a rung
+cannot differentiate, each with its reason; a copy taller than its tile and an overlapped hopper variant
+with one ring slot are refused. With a GPU: gradients against fp64 by the yardstick rule on the shapes
+that probe the rungs' tiles (query and key tails inside one tile, rows that see no key, one query or
+key, MQA), for every hopper candidate too, and the returned LSE differentiated too.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
+import subprocess
+import tempfile
 
 import pytest
 import torch
 
 pytest.importorskip("cutlass")
+import cutlass
+import cutlass.cute as cute
 
 from common import attention
 from common.contract import capability
@@ -24,10 +32,11 @@ from common.contract.gradients import judge_gradients
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
-from common.reporting.static import cubin_resources
+from common.reporting.static import _cuobjdump, cubin_resources
 from cute_impl._host import CUTE_DTYPES
+from cute_impl.backward import hopper as hopper_backward
 from cute_impl.backward import naive, tiled
-from cute_impl.backward._device import row_tile_copy
+from cute_impl.backward._device import query_block_range, row_tile_copy, streamed_layouts
 from tests.test_backward import assert_all_pass, dense_attention, ladder_gradients
 
 # PTX atomics (atom.global.add, red.relaxed.gpu.global.add, ...), not the "red." inside "shared.".
@@ -99,6 +108,110 @@ def test_fp16_compiles_without_spills() -> None:
             assert usage["stack_bytes"] + usage["local_bytes"] == 0, binary.name
 
 
+def sass_of(binary) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(binary.cubin)
+        handle.flush()
+        return subprocess.run([_cuobjdump(), "-sass", handle.name], capture_output=True, text=True, check=True).stdout
+
+
+def wgmma_serialised(sass: str) -> bool:
+    """ptxas serialises the wgmmas of a kernel it cannot prove safe: a WARPGROUP.ARRIVE (and a wait) per
+    HGMMA instead of one per product of 4-8 k-steps."""
+    return sass.count("WARPGROUP.ARRIVE") * 2 > sass.count("HGMMA.")
+
+
+@pytest.mark.static
+def test_hopper_compiles_without_spills_to_unserialised_wgmma_and_tma() -> None:
+    """The hopper rung's dK/dV and dQ kernels with every compile-time feature on (tests/test_backward.py
+    compiles the defaults causal top-left GQA at both head dims), and the overlapped dQ kernel: no spills,
+    every product a wgmma (8 per k-step product at D=128: Sᵀ, dPᵀ, S, dP; 4 for dV, dK and dQ at 64 rows
+    or keys per step), none serialised, loads by TMA, no mma.sync, no cp.async and no atomics. Planted:
+    the one variant ptxas serialises (overlapped dQ with 128 keys per step) fails the rule."""
+    causal, alignment, kv_heads, has_dlse = VARIANTS["causal_bottom_right_mqa_dlse"]
+    prob = problem(1000, 777, 128, causal=causal, alignment=alignment, kv_heads=kv_heads)
+    binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse)
+    assert [binary.name.rsplit("_", 1)[-1] for binary in binaries] == ["preprocess", "dkdv", "dq"]
+    overlapped = hopper_backward.BackwardTiles(64, 64, 3, dq_overlap=True)
+    binaries += hopper_backward.compile_sm90(prob, tiles=overlapped)[2:]
+    # Products per step: masked and unmasked steps each have their own copy of the loop body.
+    hgmma_per_step = {"dkdv": 8 + 8 + 4 + 4, "dq": 8 + 8 + 4}
+    for binary in binaries[1:]:
+        for usage in cubin_resources(binary.cubin).values():
+            spills = usage["stack_bytes"] + usage["local_bytes"]
+            assert spills == 0, f"{binary.name} {prob.describe()}: {usage['registers']} registers, {spills} B spilled"
+        sass = sass_of(binary)
+        assert sass.count("HGMMA.") == 2 * hgmma_per_step[binary.name.rsplit("_", 1)[-1]], binary.name
+        assert not wgmma_serialised(sass), f"{binary.name}: ptxas serialised the wgmmas"
+        for instruction in ("wgmma.mma_async.sync.aligned", "cp.async.bulk.tensor", "setmaxnreg"):
+            assert instruction in binary.ptx, f"{binary.name}: no {instruction}"
+        assert "mma.sync" not in binary.ptx and not re.search(r"cp\.async\.(ca|cg)", binary.ptx), binary.name
+        assert not ATOMICS.search(binary.ptx), f"{binary.name}: dQ by a separate pass needs no atomics"
+    (serialised,) = hopper_backward.KERNELS["dq"].binaries(
+        hopper_backward.backward_config(prob, hopper_backward.BackwardTiles(64, 128, 3, dq_overlap=True)), "dq"
+    )
+    assert wgmma_serialised(sass_of(serialised))
+
+
+def schedule_errors(rule) -> list[tuple]:
+    """Where ``rule`` (``query_block_range``'s signature) misplans a key block's query blocks: a block
+    outside [m_block_min, m_block_max) whose rows see one of the keys, or a block from m_block_unmasked on
+    with a (row < Sq, key) pair the mask would have hidden (a key past Sk, or past the causal diagonal)."""
+    errors = []
+    tile_n = 128
+    for seqlen_q, seqlen_k, causal, bottom_right, tile_m in itertools.product(
+        (1, 37, 64, 77, 300, 1000), (1, 37, 128, 300, 1000), (False, True), (False, True), (32, 64)
+    ):
+        offset = seqlen_k - seqlen_q if bottom_right else 0
+        for n_start in range(0, seqlen_k, tile_n):
+            low, unmasked, high = rule(n_start, tile_n, tile_m, seqlen_q, seqlen_k, causal, offset)
+            for m_block in range(-(-seqlen_q // tile_m)):
+                first_row, last_row = m_block * tile_m, min((m_block + 1) * tile_m, seqlen_q) - 1
+                last_key = n_start + tile_n - 1
+                any_visible = not causal or n_start <= last_row + offset
+                all_visible = last_key < seqlen_k and (not causal or last_key <= first_row + offset)
+                if (any_visible and not low <= m_block < high) or (unmasked <= m_block < high and not all_visible):
+                    errors.append((seqlen_q, seqlen_k, causal, bottom_right, tile_m, n_start, m_block))
+    return errors
+
+
+def test_hopper_dkdv_query_blocks_cover_every_visible_pair_and_mask_where_needed() -> None:
+    """The dK/dV kernel's query blocks per key block (``query_block_range``, on Python ints), against the
+    definition, over ragged lengths, both alignments and Sq ≷ Sk. Planted: one block too few, and one
+    diagonal block left unmasked, both fail."""
+    assert schedule_errors(query_block_range) == []
+
+    def one_block_short(*args):
+        low, unmasked, high = query_block_range(*args)
+        return low + 1, max(unmasked, low + 1), high
+
+    def diagonal_unmasked(*args):
+        low, unmasked, high = query_block_range(*args)
+        return low, max(unmasked - 1, low), high
+
+    assert schedule_errors(one_block_short) and schedule_errors(diagonal_unmasked)
+
+
+@cute.jit
+def _transposed_layout_strings(rows: cutlass.Constexpr, head_dim: cutlass.Constexpr, found: cutlass.Constexpr):
+    k_major, mn_major = streamed_layouts(cutlass.BFloat16, rows, head_dim, 2)
+    found.append((str(k_major.inner), str(cute.select(k_major.outer, mode=[1, 0, 2]))))
+    found.append((str(mn_major.inner), str(mn_major.outer)))
+    found.append((str(k_major.inner), str(k_major.outer)))
+
+
+@pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
+def test_hopper_reads_one_ring_tile_through_two_layouts_of_the_same_bytes(head_dim: int) -> None:
+    """sQt, sdOt and sKt are the MN-major layouts over the K-major tiles' bytes: exactly the K-major
+    layout with its two modes swapped, swizzle included (else a B operand would read other elements)."""
+    for rows in {tiles.tile_m for tiles in hopper_backward.CANDIDATES[head_dim]} | {64, 128}:
+        found: list = []
+        _transposed_layout_strings(rows, head_dim, found)
+        assert found[0] == found[1], (rows, head_dim, found)
+        # Planted: the K-major layout without the swap is not the MN-major one.
+        assert found[2] != found[1], (rows, head_dim, found)
+
+
 # ----------------------------------------------------------------------------------------------
 # What the rung refuses, and why
 # ----------------------------------------------------------------------------------------------
@@ -144,6 +257,42 @@ def test_refuses_a_cpu_and_an_old_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not ok and "sm_80" in why
 
 
+def test_hopper_supports_sm90_only_with_every_feature_it_implements(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an sm_90 device (faked) it takes fp16/bf16, D 64 and 128, GQA/MQA, both alignments and the LSE;
+    it refuses what tiled refuses (cache_seqlens, D=256, fp32, a negative scale), sm_80 and the CPU."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(capability, "_architecture", lambda device: (9, 0))
+    cuda = torch.device("cuda")
+    for head_dim in hopper_backward.HEAD_DIMS:
+        for dtype in CUTE_DTYPES:
+            prob = problem(77, 1000, head_dim, causal=True, alignment="bottom_right", kv_heads=1).with_(dtype=dtype)
+            assert hopper_backward.supports(prob.with_(return_lse=True), cuda) == (True, "")
+    refusals = {"head_dim": 256, "dtype": torch.float32, "has_cache_seqlens": True, "softmax_scale": -1.0}
+    reasons = {
+        "head_dim": "head_dim",
+        "dtype": "dtypes",
+        "has_cache_seqlens": "cache_seqlens",
+        "softmax_scale": "softmax_scale",
+    }
+    for field, value in refusals.items():
+        ok, why = hopper_backward.BACKWARD.check(problem(64, 64, 128).with_(**{field: value}), cuda)
+        assert not ok and reasons[field] in why, why
+    ok, why = hopper_backward.supports(problem(64, 64, 128), torch.device("cpu"))
+    assert not ok and "CUDA" in why, why
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    ok, why = hopper_backward.supports(problem(64, 64, 128), cuda)
+    assert not ok and "sm_90" in why, why
+
+
+def test_hopper_overlapped_tiles_refuse_a_single_ring_slot() -> None:
+    """Overlapped steps free a slot one step late: with one slot the producer would wait forever."""
+    for overlap in ({"dkdv_overlap": True}, {"dq_overlap": True}):
+        with pytest.raises(ValueError, match="two ring slots"):
+            hopper_backward.BackwardTiles(64, 64, 1, **overlap)
+        assert hopper_backward.BackwardTiles(64, 64, 2, **overlap).label.endswith("overlap")
+    assert hopper_backward.BackwardTiles(64, 64, 1).label == "m64_dqn64_s1"
+
+
 def test_gradients_refuse_cpu_tensors_before_any_kernel() -> None:
     prob = problem(8, 8, 64)
     q = torch.zeros(1, 4, 8, 64, dtype=torch.bfloat16)
@@ -182,10 +331,10 @@ def gpu_inputs(prob: Problem, seed: int) -> tuple[torch.Tensor, ...]:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", list(GPU_CASES))
-@pytest.mark.parametrize("forward", ["cute/naive", "cute/tiled"])
+@pytest.mark.parametrize("forward", ["cute/naive", "cute/tiled", "cute/hopper"])
 def test_gpu_gradients_pass_the_rule(forward: str, case: str) -> None:
     """Each backward rung through its forward, bf16 (tests/test_backward.py runs fp16 too, and pairs
-    cute/pipelined and cute/hopper with the tiled rung)."""
+    cute/pipelined with the tiled rung); cute/hopper's backward is the hopper rung."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     prob = GPU_CASES[case]
@@ -194,7 +343,7 @@ def test_gpu_gradients_pass_the_rule(forward: str, case: str) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("forward", ["cute/naive", "cute/tiled"])
+@pytest.mark.parametrize("forward", ["cute/naive", "cute/tiled", "cute/hopper"])
 def test_gpu_the_returned_lse_is_differentiable_too(forward: str) -> None:
     """loss = ⟨O, dO⟩ + ⟨LSE, dLSE⟩, against fp64 autograd; yardstick: dense torch in bf16."""
     if not torch.cuda.is_available():
@@ -221,12 +370,37 @@ def test_gpu_the_returned_lse_is_differentiable_too(forward: str) -> None:
 
 
 @pytest.mark.gpu
-def test_gpu_gradients_are_deterministic() -> None:
+@pytest.mark.parametrize("forward", ["cute/tiled", "cute/hopper"])
+def test_gpu_gradients_are_deterministic(forward: str) -> None:
     """dQ by a separate pass (no atomics): two backward passes give bit-identical gradients."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     prob = GPU_CASES["gqa_causal_top_left_ragged_d64"]
     q, k, v, d_out = gpu_inputs(prob, seed=23)
-    first = ladder_gradients("cute/tiled", prob, q, k, v, d_out)
-    second = ladder_gradients("cute/tiled", prob, q, k, v, d_out)
+    first = ladder_gradients(forward, prob, q, k, v, d_out)
+    second = ladder_gradients(forward, prob, q, k, v, d_out)
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("head_dim", "tiles"),
+    [(head_dim, tiles) for head_dim, variants in hopper_backward.CANDIDATES.items() for tiles in variants],
+    ids=lambda value: value.label if isinstance(value, hopper_backward.BackwardTiles) else f"d{value}",
+)
+@pytest.mark.parametrize("case", ["ragged", "sq_gt_sk"])
+def test_gpu_every_hopper_candidate_passes_the_rule(
+    head_dim: int, tiles: hopper_backward.BackwardTiles, case: str
+) -> None:
+    """Each variant ``bench.backward --candidates --rung cute`` may make the default, bf16, GQA, causal
+    bottom-right over several key and query blocks with ragged tails (Sq < Sk: key blocks without a
+    query block; Sq > Sk: query CTAs whose rows see no key), from cute/hopper's O and LSE."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    seqlen_q, seqlen_k = (300, 1000) if case == "ragged" else (1000, 300)
+    prob = problem(seqlen_q, seqlen_k, head_dim, causal=True, alignment="bottom_right", kv_heads=2)
+    q, k, v, d_out = gpu_inputs(prob, seed=24)
+    with torch.no_grad():
+        out, lse = attention(q, k, v, causal=True, causal_alignment="bottom_right", impl="cute/hopper", return_lse=True)
+    grads = hopper_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=tiles)
+    assert_all_pass(grads, q, k, v, d_out, prob)

@@ -175,6 +175,21 @@ def test_forced_split_count_overrides_the_rule_and_must_be_positive():
         decode.bind(*make_inputs(small, seed=0, device="cpu"), small, num_splits=0)
 
 
+@interpreter_only
+@pytest.mark.parametrize("splits_per_step", [1, 8])
+def test_merge_reads_the_splits_in_steps(splits_per_step: int, monkeypatch: pytest.MonkeyPatch):
+    """The merge reads MERGE_SPLITS_PER_STEP splits a step: 11 splits of a 704-key sequence (one 64-key
+    block each, none empty) are 8 + 3 (a masked last step) or one at a time (the merge before issue #38's
+    floor, bench/decode_floor.py's "before"); both match fp64 (a mask `split < num_splits - 1` planted in
+    the merge fails both: checked by hand)."""
+    monkeypatch.setattr(decode, "MERGE_SPLITS_PER_STEP", splits_per_step)
+    problem = _decode_problem(1, 2, seqlen_k=704)
+    q, k, v = make_inputs(problem, seed=5, device="cpu", offset=0.5)
+    lengths = torch.tensor((704, 0, 131), dtype=torch.int32)
+    result = check_on_inputs(_with_splits(11), q, k, v, problem, cache_seqlens=lengths)
+    assert result.ok, f"{problem.describe()} splits=11, {splits_per_step} a step: {result.summary()}"
+
+
 # ----------------------------------------------------------------------------------------------------
 # Planted bugs the check must catch
 # ----------------------------------------------------------------------------------------------------

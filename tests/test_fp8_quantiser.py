@@ -112,6 +112,7 @@ KNOB_CONFIGS = [
     fused.QuantiserConfig(single_launch=False, tiles_per_program=2),
     fused.QuantiserConfig(tiles_per_program=4, num_stages=2, division="ieee"),
     fused.QuantiserConfig(programs_per_sm=1, prefetch=True),
+    fused.QuantiserConfig(programs_per_sm=1, num_stages=3, tma=True),
 ]
 # The SM count the knob test's persistent grid sees: 3 programs, so that each walks several tiles of each tensor.
 CPU_SM_COUNT = 3
@@ -481,6 +482,7 @@ def test_bad_inputs_are_refused_with_what_was_expected():
     for knobs, message in (
         ({"tiles_per_program": 0}, "tiles_per_program and num_stages must be >= 1, got 0 and 1"),
         ({"prefetch": True, "num_stages": 2}, "choose one"),
+        ({"prefetch": True, "tma": True}, "prefetch .registers. and tma .shared memory. both overlap loads"),
         ({"num_warps": 3}, "got 3"),
         ({"maxnreg": 300}, r"\[24, 255\] or be None, got 300"),
         ({"division": "fast"}, "got 'fast'"),
@@ -497,6 +499,13 @@ def test_bad_inputs_are_refused_with_what_was_expected():
     q = torch.zeros(1, 2, 64, 64, dtype=torch.float16)
     with pytest.raises(ValueError, match=r"k: expected \(1, 1, 64, 64\) torch.float16 on cpu"):
         quantiser(q, q, q)
+    # TMA reads 16-byte aligned rows: a row stride of 68 fp16 values (136 bytes) is refused, not misread.
+    config = fused.QuantiserConfig(num_stages=3, tma=True)
+    quantiser = fused.FusedQuantiser((1, 2, 64, 64), (1, 2, 64, 64), torch.float16, "cpu", quantisation, layout,
+                                     config=config)  # fmt: skip
+    unaligned = torch.zeros(1, 2, 64, 68, dtype=torch.float16)[..., :64]
+    with pytest.raises(ValueError, match=r"tma configuration needs .* got strides \(8704, 4352, 68, 1\)"):
+        quantiser(unaligned, unaligned, unaligned)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -524,7 +533,8 @@ def facts(name, binary, step, rotated, method, config):
         "fma": bool(re.search(r"fma\.rn\.f32", ptx)),
         "wgmma": bool(re.search(r"wgmma\.mma_async", ptx)),
         "vector_loads": bool(re.search(r"ld\.global\.v4\.b32", ptx))
-        or bool(re.search(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 0x10", ptx)),
+        or bool(re.search(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 0x10", ptx))
+        or bool(re.search(r"cp\.async\.bulk\.tensor\.4d", ptx)),
         "scalar_loads": bool(re.search(r"ld\.global\.(b16|b8)\b", ptx)),
         "vector_stores": bool(re.search(r"st\.global\.v4\.b32", ptx)),
         "byte_stores": bool(re.search(r"st\.global\.b8\b", ptx)),
@@ -554,7 +564,7 @@ layout = fp8.ValueLayout(True, 128)
 for variant, method in FULL_GRID:
     seen = set()
     for config in sweep_configs(full=True):
-        key = (config.num_stages, config.prefetch, config.num_warps, config.maxnreg, config.division)
+        key = (config.num_stages, config.prefetch, config.num_warps, config.maxnreg, config.division, config.tma)
         if key not in seen:
             seen.add(key)
             sweep += builds(128, variant, method, layout, config)
@@ -657,6 +667,8 @@ GPU_KNOB_CONFIGS = [
     *KNOB_CONFIGS,
     fused.QuantiserConfig(tiles_per_program=4, num_stages=2),
     fused.QuantiserConfig(tiles_per_program=8, num_stages=3),
+    fused.QuantiserConfig(programs_per_sm=1, num_stages=4, num_warps=16, tma=True),
+    fused.QuantiserConfig(programs_per_sm=2, num_stages=2, maxnreg=128, tma=True),
     fused.QuantiserConfig(tiles_per_program=4, prefetch=True, maxnreg=128),
     fused.QuantiserConfig(num_warps=16),
     fused.QuantiserConfig(programs_per_sm=2, prefetch=True, maxnreg=128),

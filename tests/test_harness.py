@@ -96,6 +96,21 @@ def test_inputs_are_seeded_and_offset():
     torch.testing.assert_close(shifted[2] - 3.0, first[2], rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_inputs_drawn_on_the_device_are_seeded_standard_normal(device: str):
+    """compare.py --decode draws its caches on the GPU: still one seed, one set of numbers, standard normal."""
+    problem = Problem(2, 4, 1, 4096, 64, dtype=torch.bfloat16, kv_heads=2)
+    first = make_inputs(problem, seed=1, device=device, offset=0.5, on_device=True)
+    again = make_inputs(problem, seed=1, device=device, offset=0.5, on_device=True)
+    other = make_inputs(problem, seed=2, device=device, offset=0.5, on_device=True)
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert all(t.device.type == device and t.dtype == torch.bfloat16 for t in first)
+    assert not torch.equal(first[1], other[1])
+    k, v = first[1].double(), first[2].double()
+    assert abs(k.mean().item()) < 0.01 and abs(k.std().item() - 1) < 0.01
+    assert abs(v.mean().item() - 0.5) < 0.01
+
+
 # ---------------------------------------------------------------- metrics and rules
 def test_error_stats_of_identical_and_perturbed_outputs():
     ref = torch.randn(2, 2, 8, 4, dtype=torch.float64)

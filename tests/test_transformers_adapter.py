@@ -370,3 +370,14 @@ def test_bf16_generate_with_cuda_graphs_on_gpu(names, impl):
         context = torch.cat([prompt, expected[:, :first]], dim=1)
         top2 = logits(reference, context)[0, -1].float().topk(2).values
         assert (top2[0] - top2[1]).item() < 0.05, f"diverged at token {first} without a near tie"
+
+
+def test_compiled_op_answers_in_autocasts_dtype() -> None:
+    """Under autocast the op's fake (what torch.compile plans with) has the dtype the eager call returns."""
+    q, k, v = torch.randn(1, 4, 3, 32), torch.randn(1, 2, 5, 32), torch.randn(1, 2, 5, 32)
+    assert adapter._compiled_attention_shape("x", q, k, v, None, True, None).dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.float16):
+        fake = adapter._compiled_attention_shape("x", q, k, v, None, True, None)
+        eager = attention(q, k, v, causal=True, causal_alignment="bottom_right", impl=FAST_RUNG)
+    assert fake.dtype == eager.dtype == torch.float16
+    assert fake.shape == eager.transpose(1, 2).shape

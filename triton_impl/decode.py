@@ -34,7 +34,10 @@ Why a second kernel for the merge: the alternatives are atomics on O (the order 
 changes from run to run, and the rescaling by the final LSE needs every split first) or "the last
 split to finish merges" (a global counter per tile, a memory fence, and counters to reset between
 calls and under CUDA graphs). A separate launch is deterministic and simple; it costs one launch
-and a read of the fp32 partials, num_splits · rows · (D + 1) · 4 bytes, small beside the cache.
+and a read of the fp32 partials, num_splits · rows · (D + 1) · 4 bytes, small beside the cache. Its
+latency is not small: read one split after the other, each split is an L2 round trip (about 0.5 µs),
+10-20 µs at 20-30 splits, a quarter of a step at a 128 MB cache; so it reads ``MERGE_SPLITS_PER_STEP``
+splits a step, their loads in flight together (``bench/decode_model.py``, issue #38).
 With one split the first kernel writes O and the LSE itself and the merge is not launched.
 
 The split count: the shared rule of ``common/contract/splits.py`` (one rule for every decode rung),
@@ -57,7 +60,8 @@ Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one
   4. ``online_softmax_finalize``: O and the natural-log LSE of the split; a split with no key writes
      O = 0 and LSE = -inf, which the merge weighs by exp(-inf) = 0.
   5. Merge (``_merge_kernel``, one program per (batch, head, token)): the maximum LSE, the sum of
-     exp(lseₛ - max), then O = Σₛ exp(lseₛ - lse) · Oₛ in the output dtype and lse.
+     exp(lseₛ - max), then O = Σₛ exp(lseₛ - lse) · Oₛ, ``MERGE_SPLITS_PER_STEP`` splits a step, in the
+     output dtype and lse.
 
 Data movement: Q is read once per CTA (rows = group · Sq); K (as Kᵀ) and V stream HBM → shared memory
 through ``cp.async`` in ``num_stages`` buffers (Triton's pipeliner; paged, the block table's entries
@@ -112,6 +116,11 @@ from triton_impl._host import (
 MAX_SEQLEN_Q = 16
 # Packed rows per M tile: tl.dot needs 16, and past 64 rows (32 at D=256) a group is cut into tiles.
 MIN_BLOCK_M, MAX_BLOCK_M = 16, 64
+# Splits the merge reads a step (independent loads in flight together). 1 reads them one after the
+# other, a chain of num_splits round trips to L2 (the merge before issue #38's decode floor), which
+# bench/decode_floor.py sets to time both in one process. 8 keeps a step's O (8 · D fp32) in the
+# registers of the merge's one warp at D=256 (64 a thread).
+MERGE_SPLITS_PER_STEP = 8
 # In the merge, natural-log LSEs are weighed by exp2((lseₛ - lse_max) · LOG2_E).
 MERGE_LOG2_E = tl.constexpr(LOG2_E)
 
@@ -232,7 +241,7 @@ def _merge_kernel(
     OutPartial, LsePartial, Out, Lse,
     stride_ob, stride_oh, stride_om,
     heads, seqlen_q, num_splits, rows,
-    RETURN_LSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
+    RETURN_LSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SPLITS: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     batch = row // (heads * seqlen_q)
@@ -246,12 +255,19 @@ def _merge_kernel(
     lse_s = tl.load(LsePartial + offs_s * rows + row, mask=offs_s < num_splits, other=float("-inf"))
     lse_max = tl.max(lse_s, 0)
     lse_base = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    weights = tl.math.exp2((lse_s - lse_base) * MERGE_LOG2_E)
-    weight_sum = tl.sum(weights, 0)
+    weight_sum = tl.sum(tl.math.exp2((lse_s - lse_base) * MERGE_LOG2_E), 0)
+    # O = Σₛ exp(lseₛ - lse_base) · Oₛ, SPLITS_PER_STEP splits a step: their loads are independent, so
+    # they are in flight together and the loop costs num_splits / SPLITS_PER_STEP round trips to L2,
+    # not one per split. Splits past num_splits load weight 0 and O = 0.
     acc = tl.zeros((HEAD_DIM,), dtype=tl.float32)
-    for split in range(0, num_splits):
-        weight = tl.math.exp2((tl.load(LsePartial + split * rows + row) - lse_base) * MERGE_LOG2_E)
-        acc += weight * tl.load(OutPartial + (split * rows + row) * HEAD_DIM + offs_d)
+    offs_step = tl.arange(0, SPLITS_PER_STEP)
+    for first_split in range(0, num_splits, SPLITS_PER_STEP):
+        split = first_split + offs_step
+        in_range = split < num_splits
+        lse_step = tl.load(LsePartial + split * rows + row, mask=in_range, other=float("-inf"))
+        weight = tl.math.exp2((lse_step - lse_base) * MERGE_LOG2_E)
+        o_ptrs = OutPartial + (split[:, None] * rows + row) * HEAD_DIM + offs_d[None, :]
+        acc += tl.sum(weight[:, None] * tl.load(o_ptrs, mask=in_range[:, None], other=0.0), 0)
     has_keys = weight_sum > 0.0
     out = acc * tl.where(has_keys, 1.0 / weight_sum, 0.0)
     tl.store(Out + batch * stride_ob + head * stride_oh + m * stride_om + offs_d, out.to(Out.dtype.element_ty))
@@ -335,7 +351,7 @@ def merge_launch(
     merge_args = (out_partial, lse_partial, out, lse_arg, *out.stride()[:3], *merge_sizes)
     merge_options = {
         "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim,
-        "BLOCK_SPLITS": next_power_of_2(num_splits), "num_warps": 1,
+        "BLOCK_SPLITS": next_power_of_2(num_splits), "SPLITS_PER_STEP": MERGE_SPLITS_PER_STEP, "num_warps": 1,
     }  # fmt: skip
 
     def merge() -> None:
@@ -439,7 +455,10 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
             **{name: "i32" for name in ("stride_ob", "stride_oh", "stride_om", "heads", "seqlen_q")},
             "num_splits": "i32", "rows": "i32",
         },
-        {"RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim, "BLOCK_SPLITS": 128},
+        {
+            "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim, "BLOCK_SPLITS": 128,
+            "SPLITS_PER_STEP": MERGE_SPLITS_PER_STEP,
+        },
         num_warps=1,
         num_stages=1,
         aligned=("OutPartial", "LsePartial", "Out", "Lse"),

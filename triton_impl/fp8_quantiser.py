@@ -21,9 +21,11 @@ costs 32 registers a thread, the second 32 KB of shared memory a stage, so both 
 holds; Triton 3.6 issues a 2-stage loop's next load at the end of the body, after this tile's stores, so
 that only 3 or more stages keep a load in flight while a tile is computed), ``num_warps``, ``maxnreg``
 (8 warps at 128 registers keep two programs an SM; a lower cap spills, and at 80 ptxas cannot place the
-wgmma accumulators), ``division`` and ``programs_per_sm`` (a persistent grid whose programs walk Q, K and
-V in turn). ``default_config(D, quantisation)`` is what the rungs run; ``python -m bench.fp8_quantiser --ab`` times the
-candidates against the read bandwidth.
+wgmma accumulators), ``division``, ``programs_per_sm`` (a persistent grid whose programs walk Q, K and
+V in turn) and ``tma`` (tiles of rows in order copied by TMA into a ``num_stages``-deep shared-memory ring:
+more bytes in flight an SM than registers allow, and Q's and K's tiles reach the rotation's wgmma without
+passing registers). ``default_config(D, quantisation)`` is what the rungs run; ``python -m bench.fp8_quantiser
+--ab`` times the candidates against the read bandwidth.
 
 Equality with the reference (``operand_differences``): without rotation the arithmetic is the same
 operation for operation (exact amax, one correctly rounded division, one rounding), so bytes and
@@ -48,6 +50,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from common.contract.capability import check_shared_memory
 from common.contract.devices import lasting, triton_interpreting
@@ -77,6 +80,7 @@ from triton_impl.fp8_quantiser_kernel import (
     quantise_kernel,
     tensor_amax_kernel,
 )
+from triton_impl.hopper import descriptor
 
 ROTATION_METHODS = ("tensor_core", "butterfly")
 # The butterflies' reshapes spill at D = 256 (16 warps, 128 registers a thread): refused there.
@@ -122,6 +126,10 @@ class QuantiserConfig:
     * ``division``: ``reciprocal`` (each block's reciprocal once, then one or two exact Newton
       corrections per element) or ``ieee`` (``div.rn`` per element); both give the correctly rounded
       quotient, a zero's sign included.
+    * ``tma``: each tile of a tensor whose rows are in order (Q, K; V in key order, not permuted) is one
+      TMA copy from the tensor's descriptor into shared memory, ``num_stages`` - 1 of them in flight
+      (Triton's pipeliner, mbarriers); the rotation's wgmma reads the tile there. Needs inputs whose
+      strides and base are 16-byte aligned with D contiguous (``tma_descriptor``); not with ``prefetch``.
     * ``programs_per_sm``: 0 = each program works on one tensor (program ranges, above); n > 0 = a
       persistent grid of n programs per SM (the device's SM count), each walking Q's tiles program,
       program + grid, ..., then K's, then V's, so that every program carries the same share of each
@@ -137,6 +145,7 @@ class QuantiserConfig:
     maxnreg: int | None = None
     division: str = "reciprocal"
     programs_per_sm: int = 0
+    tma: bool = False
 
     def __post_init__(self) -> None:
         if self.tiles_per_program < 1 or self.num_stages < 1:
@@ -145,6 +154,8 @@ class QuantiserConfig:
             )
         if self.prefetch and self.num_stages > 1:
             raise ValueError("prefetch (registers) and num_stages > 1 (shared memory) both overlap loads: choose one")
+        if self.prefetch and self.tma:
+            raise ValueError("prefetch (registers) and tma (shared memory) both overlap loads: choose one")
         if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps must be a power of two from 1 to 16 or None, got {self.num_warps}")
         if self.maxnreg is not None and not 24 <= self.maxnreg <= 255:
@@ -161,7 +172,7 @@ class QuantiserConfig:
 
     def describe(self) -> str:
         """One compact line for tables: launches, tiles/program, stages, warps, registers, division."""
-        overlap = "prefetch" if self.prefetch else f"stages={self.num_stages}"
+        overlap = "prefetch" if self.prefetch else f"{'tma ' if self.tma else ''}stages={self.num_stages}"
         schedule = (
             f"persistent {self.programs_per_sm}/SM" if self.programs_per_sm else f"tiles/prog={self.tiles_per_program}"
         )
@@ -285,12 +296,18 @@ def shared_bytes(
     Triton does not share) the ``num_stages - 1`` tiles in flight; one more tile for the rotation's
     wgmma operand and the transposed store's exchange. sm_90a builds under Triton 3.8 use this much at
     D = 256 with block scales and rotation, and less elsewhere (3.6: 294,912 bytes there); the
-    capability-matrix test compiles every configuration a check accepts and holds it to the budget."""
+    capability-matrix test compiles every configuration a check accepts and holds it to the budget.
+    With ``tma`` the three branches share one ring of ``num_stages`` boxes, and the e4m3 tile's exchange
+    comes on top: 147,480 and 180,256 bytes for 3 and 4 stages at D = 128 with rotation under Triton 3.6
+    and 3.8 (persistent grids; 8 tiles a program under 3.8 takes more), this estimate less the barriers."""
     config = config or default_config(head_dim, quantisation, rotation_method)
     rotation_method = rotation_method or DEFAULT_ROTATION_METHOD
     element = dtype.itemsize
-    tile = _tile_rows_of(quantisation) * head_dim * element
+    tile_elements = _tile_rows_of(quantisation) * head_dim
+    tile = tile_elements * element
     sign_matrix = head_dim * head_dim * element if quantisation.rotation and rotation_method == "tensor_core" else 0
+    if config.tma:
+        return sign_matrix + config.num_stages * tile + tile_elements
     return sign_matrix + (3 * (config.num_stages - 1) + 1) * tile
 
 
@@ -345,9 +362,23 @@ class _TensorGeometry:
     scale_shape: tuple[int, int, int]
 
     def arguments(self, x, out, scales, tile_amax, tensor_amax) -> TensorArgs:
-        """The kernel's TensorArgs for input ``x`` (a tensor, or a mock pointer with strides for builds)."""
+        """The kernel's TensorArgs for input ``x`` (a tensor, or a mock pointer with shape and strides for builds)."""
         return TensorArgs(x, *x.stride(), self.heads, self.seqlen, self.tiles_per_head, self.tiles, out,
                           self.out_rows, scales, self.scale_shape[-1], tile_amax, tensor_amax)  # fmt: skip
+
+
+def tma_descriptor(x, box_rows: int) -> TensorDescriptor:
+    """x (B, H, S, D) as the 4-D descriptor ``QuantiserConfig.tma`` loads (``triton_impl.hopper.descriptor``:
+    one (batch, head) box of ``box_rows`` x D a copy); refused unless D is contiguous and the base and the
+    other strides are 16-byte aligned, as TMA needs."""
+    element = x.dtype.itemsize
+    aligned = x.stride()[-1] == 1 and all(stride * element % 16 == 0 for stride in x.stride()[:-1])
+    if not aligned or x.data_ptr() % 16:
+        raise ValueError(
+            f"the fused fp8 quantiser's tma configuration needs inputs with D contiguous and a 16-byte aligned base "
+            f"and strides; got strides {tuple(x.stride())} of {element}-byte elements at address {x.data_ptr():#x}"
+        )
+    return descriptor(x, box_rows)
 
 
 def _geometries(
@@ -406,7 +437,8 @@ def _launch_options(
     tile_rows = _tile_rows_of(quantisation)
     q_kind, k_kind, v_kind = _tensor_kinds(quantisation, value_layout, rotation_method)
     setup = LaunchSetup(head_dim, int(math.log2(head_dim)), tile_rows, step, config.num_stages, config.prefetch,
-                        config.division == "reciprocal", config.programs_per_sm > 0, interpreted)  # fmt: skip
+                        config.division == "reciprocal", config.programs_per_sm > 0, config.tma,
+                        interpreted)  # fmt: skip
     options = {"Q_KIND": q_kind, "K_KIND": k_kind, "V_KIND": v_kind, "SETUP": setup,
                "num_warps": config.num_warps or _num_warps(tile_rows, head_dim)}  # fmt: skip
     if config.maxnreg is not None:
@@ -416,16 +448,29 @@ def _launch_options(
 
 @dataclass(frozen=True)
 class _TensorPlan:
-    """One tensor's buffers: its output and scales, its slices of the per-tensor amax buffers."""
+    """One tensor's buffers: its output and scales, its slices of the per-tensor amax buffers; the rows of
+    its TMA box (0: loaded by pointers)."""
 
     geometry: _TensorGeometry
     out: torch.Tensor
     scales: torch.Tensor
     tile_amax: torch.Tensor
     tensor_amax: torch.Tensor
+    tma_rows: int
 
     def arguments(self, x: torch.Tensor) -> TensorArgs:
         return self.geometry.arguments(x, self.out, self.scales, self.tile_amax, self.tensor_amax)
+
+    def descriptor(self, x: torch.Tensor) -> TensorDescriptor | None:
+        """x's TMA descriptor where this tensor is loaded by copies, else None."""
+        return tma_descriptor(x, self.tma_rows) if self.tma_rows else None
+
+
+def _tma_rows(config: QuantiserConfig, quantisation: Quantisation, value_layout: ValueLayout) -> tuple[int, ...]:
+    """Rows of each tensor's TMA box (Q, K, V): the tile's with ``config.tma`` for rows in order (V only in
+    key order), else 0 (pointer loads; the kernel makes the same choice from ``TensorKind.PERMUTED``)."""
+    rows = _tile_rows_of(quantisation) if config.tma else 0
+    return (rows, rows, 0 if value_layout.permuted else rows)
 
 
 class FusedQuantiser:
@@ -478,8 +523,11 @@ class FusedQuantiser:
                 scales=torch.empty(geometry.scale_shape, dtype=torch.float32, device=device),
                 tile_amax=self._tile_amax[sum(self._tile_counts[:index]) :],
                 tensor_amax=self._tensor_amax[index:],
+                tma_rows=tma_rows,
             )
-            for index, geometry in enumerate(geometries)
+            for index, (geometry, tma_rows) in enumerate(
+                zip(geometries, _tma_rows(self.config, quantisation, value_layout), strict=True)
+            )
         )
         self._launch_programs = _launches(
             _programs(geometries, self.config, sm_count(device)), self.config.single_launch
@@ -518,22 +566,26 @@ class FusedQuantiser:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> KernelOperands:
         """Quantise q, k, v into this quantiser's buffers."""
         self._check_inputs(q, k, v)
-        tensors = tuple(plan.arguments(x) for plan, x in zip(self._plans, (q, k, v), strict=True))
+        inputs = (q, k, v)
+        tensors = tuple(plan.arguments(x) for plan, x in zip(self._plans, inputs, strict=True))
+        descriptors = tuple(plan.descriptor(x) for plan, x in zip(self._plans, inputs, strict=True))
         if self.quantisation.block:
-            self._launch(tensors, STEP_BLOCK.value)
+            self._launch(tensors, descriptors, STEP_BLOCK.value)
             return self.operands
-        self._launch(tensors, STEP_AMAX.value)
+        self._launch(tensors, descriptors, STEP_AMAX.value)
         tensor_amax_kernel[(len(tensors),)](
             self._tile_amax, self._tensor_amax, *self._tile_counts, CHUNK=AMAX_CHUNK, num_warps=AMAX_WARPS
         )
-        self._launch(tensors, STEP_CAST.value)
+        self._launch(tensors, descriptors, STEP_CAST.value)
         return self.operands
 
-    def _launch(self, tensors: tuple[TensorArgs, ...], step: int) -> None:
+    def _launch(
+        self, tensors: tuple[TensorArgs, ...], descriptors: tuple[TensorDescriptor | None, ...], step: int
+    ) -> None:
         rotation, rotation_scale = self._rotation
         for programs in self._launch_programs:
             self.compiled[step] = quantise_kernel[(_grid(programs, self.config),)](
-                *tensors, *programs, rotation, rotation_scale, **self._options[step]
+                *tensors, *descriptors, *programs, rotation, rotation_scale, **self._options[step]
             )
 
 
@@ -567,20 +619,21 @@ def compile_sm90(
 
         def __init__(self, shape: tuple[int, ...]):
             super().__init__(dtype)
+            self.shape = shape
             self._strides = tuple(math.prod(shape[index + 1 :]) for index in range(len(shape)))
 
         def stride(self) -> tuple[int, ...]:
             return self._strides
 
+    inputs = tuple(_Input(shape) for shape in (q_shape, kv_shape, kv_shape))
     tensors = tuple(
-        geometry.arguments(
-            _Input(shape),
-            MockTensor(torch.float8_e4m3fn),
-            MockTensor(torch.float32),
-            MockTensor(torch.float32),
-            MockTensor(torch.float32),
-        )
-        for geometry, shape in zip(geometries, (q_shape, kv_shape, kv_shape), strict=True)
+        geometry.arguments(x, MockTensor(torch.float8_e4m3fn), MockTensor(torch.float32), MockTensor(torch.float32),
+                           MockTensor(torch.float32))
+        for geometry, x in zip(geometries, inputs, strict=True)
+    )  # fmt: skip
+    descriptors = tuple(
+        tma_descriptor(x, rows) if rows else None
+        for x, rows in zip(inputs, _tma_rows(config, quantisation, value_layout), strict=True)
     )
     tc = quantisation.rotation and rotation_method == "tensor_core"
     rotation = MockTensor(dtype if tc else torch.float32)
@@ -589,6 +642,7 @@ def compile_sm90(
         compile_triton_sm90_launch(
             quantise_kernel,
             *tensors,
+            *descriptors,
             *programs,
             rotation,
             1.0,

@@ -19,7 +19,13 @@ stays in shared memory across the loop); then per tile:
      reads it permuted (``ValueLayout.permuted``) is loaded in slot order (row r of the tile is key
      ``PERMUTED_KEY_ORDER``-mapped r), so that its store in step 5 is a plain transposed tile. With
      ``prefetch`` the next tile's load is issued before this tile is computed (registers); with
-     ``num_stages`` > 1 Triton's pipeliner does it by cp.async into shared memory.
+     ``num_stages`` > 1 Triton's pipeliner does it by cp.async into shared memory. With ``TMA`` a
+     tensor whose tile is a block of rows in order (Q, K, and V in key order) is a tensor descriptor
+     (B, H, S, D) and each tile one TMA copy of a (1, 1, TILE_ROWS, D) box into shared memory (rows
+     past S filled with zeros by the copy); Triton's pipeliner keeps ``num_stages`` - 1 such copies in
+     flight on mbarriers, and the rotation's wgmma reads the tile where it landed, so a rotated tile
+     never passes through registers before its product (no address arithmetic, no repacking, no
+     store to shared memory).
   2. Q and K with ``rotation``: multiply by ``random_hadamard(D, seed)`` = sign matrix x c, the same
      matrix as the reference, one of two ways (``ROTATION_METHODS``):
      * ``tensor_core``: the tile times the ±1 sign matrix on wgmma, both operands in the input's own
@@ -137,6 +143,7 @@ class LaunchSetup(NamedTuple):
     PREFETCH: bool
     RECIPROCAL_DIVISION: bool
     PERSISTENT: bool
+    TMA: bool
     INTERPRETED: bool
 
 
@@ -309,31 +316,40 @@ def _tile_rows(m_tile, TILE_ROWS: tl.constexpr, PERMUTED: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(T, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, PERMUTED: tl.constexpr):
+def _load_tile(T, X_DESC, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, PERMUTED: tl.constexpr,
+               TMA: tl.constexpr):  # fmt: skip
     """Tile ``tile`` of tensor T in its dtype (V for a permuted layout in slot order); rows past S, and
-    every row of a tile past the last, as zeros."""
-    batch_head = (tile // T.tiles_per_head).to(tl.int64)
-    rows = _tile_rows(tile % T.tiles_per_head, TILE_ROWS, PERMUTED)
-    offs_d = tl.arange(0, HEAD_DIM)
-    x_ptrs = (T.X + (batch_head // T.heads) * T.stride_b + (batch_head % T.heads) * T.stride_h
-              + rows[:, None] * T.stride_s + offs_d[None, :] * T.stride_d)  # fmt: skip
-    # A tile past the last reads no row (its valid length is 0): one comparison per row, a mask Triton
-    # 3.9's interpreter also takes (it refuses a tensor mask combined with a scalar one).
-    valid_rows = tl.where(tile < T.tiles, T.seqlen, 0)
-    return tl.load(x_ptrs, mask=rows[:, None] < valid_rows, other=0.0)
+    every row of a tile past the last, as zeros. ``TMA`` (rows in order only): one copy of X_DESC's box
+    (the tensor's descriptor; the caller never asks for a tile past the last)."""
+    if TMA and not PERMUTED:
+        batch_head_32 = tile // T.tiles_per_head
+        box = X_DESC.load([batch_head_32 // T.heads, batch_head_32 % T.heads, (tile % T.tiles_per_head) * TILE_ROWS, 0])
+        x = box.reshape(TILE_ROWS, HEAD_DIM)
+    else:
+        batch_head = (tile // T.tiles_per_head).to(tl.int64)
+        rows = _tile_rows(tile % T.tiles_per_head, TILE_ROWS, PERMUTED)
+        offs_d = tl.arange(0, HEAD_DIM)
+        x_ptrs = (T.X + (batch_head // T.heads) * T.stride_b + (batch_head % T.heads) * T.stride_h
+                  + rows[:, None] * T.stride_s + offs_d[None, :] * T.stride_d)  # fmt: skip
+        # A tile past the last reads no row (its valid length is 0): one comparison per row, a mask Triton
+        # 3.9's interpreter also takes (it refuses a tensor mask combined with a scalar one).
+        valid_rows = tl.where(tile < T.tiles, T.seqlen, 0)
+        x = tl.load(x_ptrs, mask=rows[:, None] < valid_rows, other=0.0)
+    return x
 
 
 @triton.jit
-def _quantise_tiles(T, program, programs, ROTATION, rotation_scale, KIND: tl.constexpr, SETUP: tl.constexpr):
-    """Tiles program, program + programs, ... of one tensor (T: its ``TensorArgs``; KIND: its
-    ``TensorKind``): the module docstring's steps 1-5 for each."""
+def _quantise_tiles(T, X_DESC, program, programs, ROTATION, rotation_scale, KIND: tl.constexpr,
+                    SETUP: tl.constexpr):  # fmt: skip
+    """Tiles program, program + programs, ... of one tensor (T: its ``TensorArgs``; X_DESC: its TMA
+    descriptor or None; KIND: its ``TensorKind``): the module docstring's steps 1-5 for each."""
     HEAD_DIM: tl.constexpr = SETUP.HEAD_DIM
     TILE_ROWS: tl.constexpr = SETUP.TILE_ROWS
     offs_d = tl.arange(0, HEAD_DIM)
     if KIND.ROTATE != ROTATE_NONE:
         rotation = _rotation_operand(ROTATION, KIND.ROTATE, HEAD_DIM)
     if SETUP.PREFETCH:
-        x_next = _load_tile(T, program, TILE_ROWS, HEAD_DIM, KIND.PERMUTED)
+        x_next = _load_tile(T, X_DESC, program, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
     for tile in tl.range(program, T.tiles, programs, num_stages=SETUP.NUM_STAGES):
         batch_head = (tile // T.tiles_per_head).to(tl.int64)
         m_tile = tile % T.tiles_per_head
@@ -341,9 +357,9 @@ def _quantise_tiles(T, program, programs, ROTATION, rotation_scale, KIND: tl.con
         # ---- 1. load (PREFETCH: this tile came with the previous one; ask for the next before computing)
         if SETUP.PREFETCH:
             x = x_next
-            x_next = _load_tile(T, tile + programs, TILE_ROWS, HEAD_DIM, KIND.PERMUTED)
+            x_next = _load_tile(T, X_DESC, tile + programs, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
         else:
-            x = _load_tile(T, tile, TILE_ROWS, HEAD_DIM, KIND.PERMUTED)
+            x = _load_tile(T, X_DESC, tile, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
 
         # ---- 2. rotation
         if KIND.ROTATE != ROTATE_NONE:
@@ -374,22 +390,25 @@ def _quantise_tiles(T, program, programs, ROTATION, rotation_scale, KIND: tl.con
 
 
 @triton.jit
-def quantise_kernel(Q, K, V, q_programs, k_programs, v_programs, ROTATION, rotation_scale, Q_KIND: tl.constexpr,
-                     K_KIND: tl.constexpr, V_KIND: tl.constexpr, SETUP: tl.constexpr):  # fmt: skip
+def quantise_kernel(Q, K, V, Q_DESC, K_DESC, V_DESC, q_programs, k_programs, v_programs, ROTATION, rotation_scale,
+                    Q_KIND: tl.constexpr, K_KIND: tl.constexpr, V_KIND: tl.constexpr, SETUP: tl.constexpr):  # fmt: skip
     """Programs [0, q_programs) quantise Q's tiles, the next k_programs K's, the rest V's (a launch
     for one tensor passes 0 programs for the others); a persistent grid (``SETUP.PERSISTENT``, all three
-    counts the grid) has every program quantise its share of Q's tiles, then K's, then V's."""
+    counts the grid) has every program quantise its share of Q's tiles, then K's, then V's. Q_DESC,
+    K_DESC, V_DESC: each tensor's TMA descriptor where ``SETUP.TMA`` loads it by copies, else None
+    (top-level arguments: Triton's launcher expands a descriptor only there, not inside a tuple)."""
     program = tl.program_id(0)
     if SETUP.PERSISTENT:
-        _quantise_tiles(Q, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
-        _quantise_tiles(K, program, k_programs, ROTATION, rotation_scale, K_KIND, SETUP)
-        _quantise_tiles(V, program, v_programs, ROTATION, rotation_scale, V_KIND, SETUP)
+        _quantise_tiles(Q, Q_DESC, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
+        _quantise_tiles(K, K_DESC, program, k_programs, ROTATION, rotation_scale, K_KIND, SETUP)
+        _quantise_tiles(V, V_DESC, program, v_programs, ROTATION, rotation_scale, V_KIND, SETUP)
     elif program < q_programs:
-        _quantise_tiles(Q, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
+        _quantise_tiles(Q, Q_DESC, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
     elif program < q_programs + k_programs:
-        _quantise_tiles(K, program - q_programs, k_programs, ROTATION, rotation_scale, K_KIND, SETUP)
+        _quantise_tiles(K, K_DESC, program - q_programs, k_programs, ROTATION, rotation_scale, K_KIND, SETUP)
     else:
-        _quantise_tiles(V, program - q_programs - k_programs, v_programs, ROTATION, rotation_scale, V_KIND, SETUP)
+        _quantise_tiles(V, V_DESC, program - q_programs - k_programs, v_programs, ROTATION, rotation_scale, V_KIND,
+                        SETUP)  # fmt: skip
 
 
 @triton.jit

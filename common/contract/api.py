@@ -304,6 +304,28 @@ def _bind(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options
     return bind(q, k, v, plan.problem, **extra)
 
 
+def autocast_operands(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k and v in autocast's dtype where autocast is on for their device, else unchanged.
+
+    SDPA is on autocast's lower-precision list, so a model whose projections or rotary embedding
+    hand it fp32 tensors under ``torch.autocast(dtype=bf16)`` attends in bf16; ``attention`` does the
+    same, so that a model trained under autocast runs the same kernels with either. The cast is
+    differentiable: gradients reach the fp32 tensors in fp32. Like autocast, fp64 is left alone.
+    """
+    # Anything but a tensor goes on unchanged to validation, which names it.
+    if not isinstance(q, torch.Tensor) or not torch.is_autocast_enabled(q.device.type):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(q.device.type)
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        castable = isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+        return t.to(dtype) if castable else t
+
+    return cast(q), cast(k), cast(v)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -330,6 +352,9 @@ def attention(
     alignment uses it. ``return_lse=True`` returns ``(O, lse)``, lse (B, H, Sq) fp32 in natural-log
     units, -inf for a row that sees no key (whose output row is 0).
 
+    Under ``torch.autocast`` for the inputs' device, q, k and v are cast to its dtype first, as SDPA's
+    are (:func:`autocast_operands`).
+
     Inputs that require grad (under grad mode) make the call differentiable through the implementation's
     backward rung (``common.contract.registry.with_backward()`` names the rungs that have one; see the
     module docstring); the returned LSE is then differentiable too.
@@ -349,6 +374,7 @@ def attention(
     NotImplementedError for tensors that require grad when the implementation has no backward,
     ValueError when its backward cannot differentiate the problem, and TypeError/ValueError for bad tensors.
     """
+    q, k, v = autocast_operands(q, k, v)
     differentiable = requires_grad(q, k, v)
     options = Options(causal, softmax_scale, causal_alignment, cache_seqlens, return_lse, block_table, differentiable)
     # A differentiable call's rung reads detached tensors; autograd sees q, k, v through AttentionFunction.

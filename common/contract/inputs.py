@@ -14,18 +14,24 @@ def make_inputs(
     seed: int = 0,
     device: str | torch.device = "cuda",
     offset: float = 0.0,
+    on_device: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Standard-normal q, k, v; ``offset`` is added to v so the output mean is not near zero."""
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+    """Standard-normal q, k, v; ``offset`` is added to v so the output mean is not near zero.
+
+    By default they are drawn in fp32 on the CPU, so a seed gives the same numbers on every device.
+    ``on_device=True`` draws them on ``device`` with its own generator instead: the same numbers for a
+    seed only on the same kind of device, but a decode cache of tens of GB takes a fraction of a second
+    there, against a minute of the CPU's serial generator (``compare.py --decode``)."""
+    where = torch.device(device) if on_device else torch.device("cpu")
+    generator = torch.Generator(device=where).manual_seed(seed)
     q_shape = (problem.batch, problem.heads, problem.seqlen_q, problem.head_dim)
     kv_shape = (problem.batch, problem.kv_heads, problem.seqlen_k, problem.head_dim)
 
-    def draw(shape: tuple[int, ...]) -> torch.Tensor:
-        # Drawn in fp32 on the CPU so a seed gives the same numbers on every device.
-        return torch.randn(shape, generator=generator, dtype=torch.float32)
+    def draw(shape: tuple[int, ...], shift: float = 0.0) -> torch.Tensor:
+        drawn = torch.randn(shape, generator=generator, dtype=torch.float32, device=where) + shift
+        return drawn.to(device=device, dtype=problem.dtype)
 
-    q, k, v = draw(q_shape), draw(kv_shape), draw(kv_shape) + offset
-    return tuple(t.to(device=device, dtype=problem.dtype) for t in (q, k, v))
+    return draw(q_shape), draw(kv_shape), draw(kv_shape, offset)
 
 
 def poison_(out: torch.Tensor) -> torch.Tensor:

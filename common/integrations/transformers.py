@@ -99,7 +99,7 @@ from typing import Any
 
 import torch
 
-from common.contract.api import attention
+from common.contract.api import attention, autocast_operands
 from common.contract.dispatch import DISPATCH_NAMES
 from common.contract.registry import discover
 
@@ -236,7 +236,9 @@ def _compiled_attention_shape(
     causal: bool, scaling: float | None,
 ) -> torch.Tensor:  # fmt: skip
     batch, heads, seqlen_q, _ = query.shape
-    return query.new_empty((batch, seqlen_q, heads, value.shape[-1]))
+    # Under autocast the op attends (and answers) in autocast's dtype, as attention() does.
+    dtype = autocast_operands(query, key, value)[0].dtype
+    return query.new_empty((batch, seqlen_q, heads, value.shape[-1]), dtype=dtype)
 
 
 def _eager_forward(name: str, impl: str, attention_fn: AttentionFn) -> Callable[..., torch.Tensor]:

@@ -44,11 +44,14 @@ class Workload:
     block_table: torch.Tensor | None = None
 
 
-def make_workload(problem: Problem, device: str, cache_seqlens: torch.Tensor | None = None) -> Workload:
-    """Inputs (standard normal, seed 0), fp64 reference and SDPA's same-dtype error for one problem,
+def make_workload(
+    problem: Problem, device: str, cache_seqlens: torch.Tensor | None = None, *, on_device: bool = False
+) -> Workload:
+    """Inputs (standard normal, seed 0; drawn on the device with ``on_device``, see
+    ``common.contract.inputs.make_inputs``), fp64 reference and SDPA's same-dtype error for one problem,
     with its per-sequence key lengths when it has them; a paged problem's k and v go into page pools
     with a shuffled block table (``common.contract.inputs.make_paged_kv``)."""
-    q, k, v = make_inputs(problem, seed=0, device=device)
+    q, k, v = make_inputs(problem, seed=0, device=device, on_device=on_device)
     block_table = None
     if problem.paged:
         k, v, block_table = make_paged_kv(problem, k, v, seed=0)
@@ -81,6 +84,14 @@ def blank_row(impl_name: str, stack: str, rung: str, problem: Problem, status: s
         kv_heads=problem.kv_heads,
         causal_alignment=problem.causal_alignment,
     )
+
+
+def freeze_imports() -> None:
+    """Leave what exists now (the imported modules: the Triton, CuTe DSL and torch object graphs, about
+    half a million objects) out of every later garbage collection. They live as long as the process;
+    without this each row's full collection in :func:`measure` scans them (0.3-0.7 s a row)."""
+    gc.collect()
+    gc.freeze()
 
 
 def _release() -> None:

@@ -79,6 +79,82 @@ def cubin_resources(cubin: bytes) -> dict[str, dict[str, int]]:
     }
 
 
+# The key-block loop's demand on the pipes of sm_90 (per SM: 4 sub-partitions, each issuing one warp
+# instruction per cycle; an exp2 unit of 4 lanes per sub-partition, so a warp's MUFU.EX2 holds it 8
+# cycles; dense tensor-core FLOP per cycle per SM by operand type, so H100's 989 / 1979 TFLOP/s at 1.83 GHz).
+XU_CYCLES_PER_WARP_EXP2 = 8
+TENSOR_FLOPS_PER_CLOCK = {"HGMMA": 4096, "QGMMA": 8192}
+_SASS_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0-9_.]*)([^;]*);")
+_GMMA_SHAPE = re.compile(r"^([HQ]GMMA)\.64x(\d+)x(\d+)\.")
+
+
+@dataclass(frozen=True)
+class LoopCensus:
+    """One iteration of a kernel's key-block loop (one key block of one warpgroup), from its SASS: each
+    of the warpgroup's 4 warps sits on its own sub-partition, so ``instructions`` is the issue cycles
+    and ``exp2`` x 8 the exp2-unit cycles it costs each sub-partition, while its GEMMs hold the SM's
+    tensor cores ``tensor_cycles``. Whichever is largest bounds the loop however well warps overlap."""
+
+    instructions: int
+    exp2: int
+    gmma: int
+    gmma_flops: int
+    tensor_cycles: float
+
+    @property
+    def xu_cycles(self) -> int:
+        return self.exp2 * XU_CYCLES_PER_WARP_EXP2
+
+    @property
+    def limiter(self) -> str:
+        demands = {"issue": self.instructions, "exp2 unit": self.xu_cycles, "tensor cores": self.tensor_cycles}
+        return max(demands, key=demands.__getitem__)
+
+    def ceiling_tflops(self, sms: int, clock_ghz: float) -> float:
+        """TFLOP/s if the limiting pipe never idles."""
+        cycles = max(self.instructions, self.xu_cycles, self.tensor_cycles)
+        return self.gmma_flops / cycles * sms * clock_ghz * 1e-3
+
+
+def loop_census(sass: str) -> LoopCensus | None:
+    """The smallest loop (a backward branch and the instructions it spans, no EXIT among them) holding
+    both MUFU.EX2 and a warpgroup GEMM: the steady-state key-block step. Instructions on a conditional
+    path inside it (the lazy O rescale) count as if taken, so ``instructions`` is an upper bound. None
+    without such a loop."""
+    listing = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _SASS_INSTRUCTION.finditer(sass)]
+    best = None
+    for end, (address, opcode, operands) in enumerate(listing):
+        target = re.match(r"\s*(0x[0-9a-f]+)", operands)
+        if not opcode.startswith("BRA") or target is None or int(target.group(1), 16) > address:
+            continue
+        body = [entry for entry in listing[: end + 1] if entry[0] >= int(target.group(1), 16)]
+        gmmas = [shape for _, op, _ in body if (shape := _GMMA_SHAPE.match(op))]
+        opcodes = [op for _, op, _ in body]
+        # A span holding EXIT is no loop: a barrier's retry stub after the kernel's end jumping back.
+        if not gmmas or not any(op.startswith("MUFU.EX2") for op in opcodes) or "EXIT" in opcodes:
+            continue
+        if best is None or len(body) < best.instructions:
+            flops = [2 * 64 * int(n) * int(k) for _, n, k in (g.groups() for g in gmmas)]
+            rates = [TENSOR_FLOPS_PER_CLOCK[g.group(1)] for g in gmmas]
+            best = LoopCensus(
+                instructions=len(body),
+                exp2=sum(op.startswith("MUFU.EX2") for op in opcodes),
+                gmma=len(gmmas),
+                gmma_flops=sum(flops),
+                tensor_cycles=sum(f / r for f, r in zip(flops, rates, strict=True)),
+            )
+    return best
+
+
+def cubin_loop_census(cubin: bytes) -> LoopCensus | None:
+    """:func:`loop_census` of a cubin's SASS (``cuobjdump -sass``)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        sass = subprocess.run([_cuobjdump(), "-sass", handle.name], capture_output=True, text=True, check=True).stdout
+    return loop_census(sass)
+
+
 @dataclass(frozen=True)
 class StaticRow:
     """What one implementation's compiled kernels use, for the tests and the tradeoff table."""

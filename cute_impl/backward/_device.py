@@ -1,26 +1,35 @@
 """Device and host helpers of the CuTe backward rungs (``cute_impl/backward/``): the shared-memory tiles
 and their copies, the ldmatrix operand loads (plain and transposed), per-row vectors read into registers
-and accumulators stored to HBM; on the host, :func:`cute_gradients`, the ``Backward.gradients`` every
-rung wraps around its launches. The kernels live in the rung files; the forward's vocabulary (block
-ranges, masks, ``gemm_double_buffered``) is ``cute_impl/_device.py``'s.
+and accumulators stored to HBM; for ``hopper``, the swizzled rings read K-major and MN-major, their TMA
+loads, the query blocks of a key block and :class:`SlotRelease`; on the host, :func:`cute_gradients`, the
+``Backward.gradients`` every rung wraps around its launches. The kernels live in the rung files; the
+forward's vocabulary (block ranges, masks, ``gemm_double_buffered``; WGMMA fragments, TMA rings) is
+``cute_impl/_device.py``'s and ``cute_impl/_hopper_device.py``'s.
 """
 
 # No ``from __future__ import annotations``: ``cute.struct`` reads its field annotations as objects.
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
 import torch
-from cutlass.cute.nvgpu import warp
+from cutlass.cute.nvgpu import warp, warpgroup
+from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
 
 from common.contract.problem import Problem
 from common.contract.registry import Gradients, Supports
 from common.contract.validation import OPERAND_ALIGNMENT_BYTES, kernel_operand
 from cute_impl._device import OperandLoad, load_kv_block
+from cute_impl._hopper_device import ROWS_PER_WARPGROUP, ReadOnlyInRegions, tma_pipeline, tma_ring
 from cute_impl._host import COPY_BITS, cp_async_tiled_copy, swizzled_qkv_layouts, to_cute_tensor
 
 SMEM_ALIGN_BYTES = 1024
+# The B operands read both K-major and MN-major (Q and dO, K) are two layouts of the same bytes.
+K_MAJOR, MN_MAJOR = LayoutEnum.ROW_MAJOR, LayoutEnum.COL_MAJOR
 
 
 def smem_operand(
@@ -118,6 +127,132 @@ def store_rows(thr_mma, acc: cute.Tensor, gX: cute.Tensor, cX: cute.Tensor, rows
             tXgX[i] = rX[i]
 
 
+# ----------------------------------------------------------------------------------------------
+# hopper: swizzled rings for WGMMA, their TMA loads, query blocks, slot release
+# ----------------------------------------------------------------------------------------------
+def streamed_layouts(dtype: type[cutlass.Numeric], rows: int, head_dim: int, stages: int) -> tuple:
+    """A ring of (rows, D) tiles read as the B operand both K-major, (rows, D, stage), and MN-major,
+    (D, rows, stage): two layouts of the same bytes."""
+    k_major = sm90_utils.make_smem_layout_b(K_MAJOR, (ROWS_PER_WARPGROUP, rows, head_dim), dtype, stages)
+    mn_major = sm90_utils.make_smem_layout_b(MN_MAJOR, (ROWS_PER_WARPGROUP, head_dim, rows), dtype, stages)
+    return k_major, mn_major
+
+
+def fixed_layout(dtype: type[cutlass.Numeric], head_dim: int, warpgroups: int) -> cute.ComposedLayout:
+    """One (64, D) A-operand box per consumer warpgroup: (64, D, warpgroup)."""
+    return sm90_utils.make_smem_layout_a(K_MAJOR, (ROWS_PER_WARPGROUP, ROWS_PER_WARPGROUP, head_dim), dtype, warpgroups)
+
+
+def shared_storage(
+    dtype: type[cutlass.Numeric], fixed: cute.ComposedLayout, streamed: cute.ComposedLayout, stages: int
+) -> type:
+    """Barriers of the fixed pair's one-slot ring and the streamed pair's ring, then the two fixed
+    tiles (K and V, or Q and dO) and the two streamed ones, each 1024-byte aligned (swizzle period)."""
+    fixed_cosize, streamed_cosize = cute.cosize(fixed), cute.cosize(streamed)
+    fields = {
+        "fixed_barriers": cute.struct.MemRange[cutlass.Int64, 2],
+        "ring_barriers": cute.struct.MemRange[cutlass.Int64, 2 * stages],
+        "fixed_a": cute.struct.Align[cute.struct.MemRange[dtype, fixed_cosize], SMEM_ALIGN_BYTES],
+        "fixed_b": cute.struct.Align[cute.struct.MemRange[dtype, fixed_cosize], SMEM_ALIGN_BYTES],
+        "ring_a": cute.struct.Align[cute.struct.MemRange[dtype, streamed_cosize], SMEM_ALIGN_BYTES],
+        "ring_b": cute.struct.Align[cute.struct.MemRange[dtype, streamed_cosize], SMEM_ALIGN_BYTES],
+    }
+    return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+
+def smem_tensor(field, layout: cute.ComposedLayout) -> cute.Tensor:
+    return field.get_tensor(layout.outer, swizzle=layout.inner)
+
+
+def allocate_rings(storage_type, stages: int, fixed_bytes: int, ring_bytes: int, consumer_warps: int) -> tuple:
+    """The kernel's shared storage (``shared_storage``), the fixed pair's one-slot ring as (producer,
+    consumer) and the streamed pair's ring itself (a ``SlotRelease`` frees its slots by index), their
+    barriers initialised and published to the whole CTA."""
+    storage = SmemAllocator().allocate(storage_type)
+    fixed = tma_ring(storage.fixed_barriers.data_ptr(), stages=1, consumer_warps=consumer_warps, tx_bytes=fixed_bytes)
+    ring = tma_pipeline(
+        storage.ring_barriers.data_ptr(), stages=stages, consumer_warps=consumer_warps, tx_bytes=ring_bytes
+    )
+    cute.arch.mbarrier_init_fence()
+    cute.arch.barrier()
+    return storage, fixed, ring
+
+
+@cute.jit
+def load_pair(atoms: tuple, sources: tuple, rings: tuple, producer):
+    """Wait for a free slot, then TMA both tiles of a pair (Q and dO, or K and V) into it, completing
+    one barrier; returns the producer so that loops carry it."""
+    slot = producer.acquire_and_advance()
+    for atom, source, ring in zip(atoms, sources, rings, strict=True):
+        cute.copy(atom, source, ring[None, slot.index], tma_bar_ptr=slot.barrier)
+    return producer
+
+
+@cute.jit
+def load_fixed(atoms: tuple, sources: tuple, boxes: tuple, first_box: cutlass.Int32, producer):
+    """The CTA's fixed pair (K and V, or Q and dO), (TMA, warpgroup) boxes: source box ``first_box + w``
+    into warpgroup ``w``'s box."""
+    slot = producer.acquire_and_advance()
+    for atom, source, box in zip(atoms, sources, boxes, strict=True):
+        for w in cutlass.range_constexpr(cute.size(box, mode=[1])):
+            cute.copy(atom, source[None, first_box + w], box[None, w], tma_bar_ptr=slot.barrier)
+
+
+def query_block_range(
+    n_start: cutlass.Int32,
+    tile_n: int,
+    tile_m: int,
+    seqlen_q: cutlass.Int32,
+    seqlen_k: cutlass.Int32,
+    causal: bool,
+    causal_offset,
+) -> tuple[cutlass.Int32, cutlass.Int32, cutlass.Int32]:
+    """The query blocks of the keys [n_start, n_start + tile_n): [m_block_min, m_block_unmasked) need the
+    mask (the causal diagonal; all of them when this key block holds the key tail), then up to
+    m_block_max none. Causal: rows i < n_start − causal_offset see none of these keys."""
+    # Plain arithmetic (no select), so that the rule also runs on Python ints (tests/test_cute_backward.py).
+    m_block_max = (seqlen_q + tile_m - 1) // tile_m
+    m_block_min = 0
+    m_block_unmasked = 0
+    if cutlass.const_expr(causal):
+        m_block_min = cutlass.max(n_start - causal_offset, 0) // tile_m
+        diagonal_end = cutlass.max(n_start + tile_n - 1 - causal_offset, 0)
+        m_block_unmasked = cutlass.max(cutlass.min((diagonal_end + tile_m - 1) // tile_m, m_block_max), m_block_min)
+    # A key block holding the key tail masks all its query blocks (holds_tail: 1 if it does, else 0; where
+    # m_block_min > m_block_max both loops stay empty either way).
+    holds_tail = cutlass.min(1, cutlass.max(0, n_start + tile_n - seqlen_k))
+    m_block_unmasked = cutlass.max(m_block_unmasked, holds_tail * m_block_max)
+    return m_block_min, m_block_unmasked, m_block_max
+
+
+class SlotRelease(ReadOnlyInRegions):
+    """Frees the slots of a streamed ring. Without ``overlap`` a step waits for its last products and
+    frees its own slot (:meth:`step_done`). Overlapped, the step's last products still read the slot
+    when the next step starts, so the next step frees it (:meth:`free_previous`) once its own first
+    product has retired: wgmma groups retire in issue order, so the older ones have too."""
+
+    def __init__(self, ring: pipeline.PipelineTmaAsync, stages: int, overlap: bool):
+        self.ring = ring
+        self.stages = stages
+        self.overlap = overlap
+
+    @cute.jit
+    def free_previous(self, steps_done: cutlass.Int32):
+        """Overlapped: free the slot of step ``steps_done - 1`` (none before the first step)."""
+        if cutlass.const_expr(self.overlap):  # noqa: SIM102 (a compile-time and a runtime test)
+            if steps_done > 0:
+                previous = steps_done - 1
+                phase = previous // self.stages % 2
+                self.ring.consumer_release(pipeline.PipelineState(self.stages, previous, previous % self.stages, phase))
+
+    @cute.jit
+    def step_done(self, slot):
+        """Not overlapped: the step's products retire and its slot is freed."""
+        if cutlass.const_expr(not self.overlap):
+            warpgroup.wait_group(0)
+            slot.release()
+
+
 def rows_operand(t: torch.Tensor) -> torch.Tensor:
     """A (B, H, Sq) row vector (the LSE, dLSE) as the kernels take it: fp32, contiguous, 16-byte aligned."""
     t = t.float().contiguous()
@@ -140,12 +275,11 @@ class BackwardOperands(NamedTuple):
     dv: cute.Tensor
 
 
-def cute_gradients(
-    name: str, supports: Supports, launch: Callable[[BackwardOperands, Problem, torch.device], None]
-) -> Gradients:
+def cute_gradients(name: str, supports: Supports, launch: Callable[..., None]) -> Gradients:
     """The ``Backward.gradients`` of rung ``name``: its capability check (a refusal raises, with the
     reason), q, k, v, O and dO as kernel operands, the LSE (and dLSE) as fp32 rows, dQ, dK and dV
-    allocated in the inputs' dtypes, then ``launch`` runs the rung's kernels on them."""
+    allocated in the inputs' dtypes, then ``launch(operands, problem, device, **options)`` runs the rung's
+    kernels on them (``options``: a rung's variant, e.g. ``tiles``; none for the default)."""
 
     def gradients(
         q: torch.Tensor,
@@ -157,6 +291,7 @@ def cute_gradients(
         problem: Problem,
         *,
         d_lse: torch.Tensor | None = None,
+        **options: Any,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D), given the forward's O and LSE (B, H,
         Sq) and the loss's gradients d_out (like O) and, optionally, d_lse (like the LSE)."""
@@ -167,7 +302,8 @@ def cute_gradients(
         grads = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
         rows = (rows_operand(lse), None if d_lse is None else rows_operand(d_lse))
         tensors = (q, k, v, out, d_out, *rows, *grads)
-        launch(BackwardOperands(*(None if t is None else to_cute_tensor(t) for t in tensors)), problem, q.device)
+        operands = BackwardOperands(*(None if t is None else to_cute_tensor(t) for t in tensors))
+        launch(operands, problem, q.device, **options)
         return grads
 
     return gradients

@@ -166,10 +166,13 @@ class DecodeConfig:
 
 
 # Each stage holds one K and one V block: 64 KB at D=128 (128 keys), so three stages keep at least
-# 128 KB per SM in flight while the warpgroup computes on the third. D=64 takes six 32 KB stages,
-# D=256 three 64 KB stages of 64 keys (224 KB with its 32 KB Q tile, under the 227 KB a CTA may use).
+# 128 KB per SM in flight while the warpgroup computes on the third. D=64 takes six 16 KB stages of 64
+# keys, so two CTAs share an SM and one's fixed costs hide under the other's copies (H200, issue #38's
+# low shapes: ragged B=8 D=64 73 -> 84 % of the read bandwidth, paged ragged D=64 61 -> 64 %;
+# results/h200/decode-floor/); D=256 three 64 KB stages of 64 keys (224 KB with its 32 KB Q tile, under
+# the 227 KB a CTA may use).
 DEFAULT_CONFIGS: dict[int, DecodeConfig] = {
-    64: DecodeConfig(128, 6),
+    64: DecodeConfig(64, 6),
     128: DecodeConfig(128, 3),
     256: DecodeConfig(64, 3),
 }

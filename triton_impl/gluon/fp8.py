@@ -102,6 +102,8 @@ rescaling, a persistent scheduler).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -292,6 +294,35 @@ DEFAULT_CONFIGS = release_configs(
         (128, True): GluonConfig(128, 3, row_tree=True),
     },
 )
+
+
+# D=64 configurations for issue #37's A/B (``python -m bench.gluon_sweep bench 3 --cands fp8-d64``;
+# ``tests/test_fp8_rungs.py`` judges each by FP8_RULE on the GPU), keyed by causal. The softmax sets
+# the pace at D=64 (each 64 x 128 block: 66 MUFU.EX2 per thread, 528 exp2-unit cycles per SM
+# sub-partition against 256 tensor-core cycles), so the candidates change how many consumers overlap
+# their softmaxes and how long each phase is: three consumers fit 128 registers with 64-key blocks only
+# (128-key blocks spill 48-72 bytes); 256-key blocks fit two consumers non-causal under Triton 3.6 only
+# (causal, or Triton 3.8: 216-312 bytes of spill).
+D64_CANDIDATES: dict[bool, tuple[GluonConfig, ...]] = {
+    False: (
+        GluonConfig(64, 3, consumers=3, pingpong=True, row_tree=True),
+        GluonConfig(64, 4, consumers=3, pingpong=True, row_tree=True),
+        GluonConfig(64, 3, consumers=3, row_tree=True),
+        GluonConfig(128, 3, pingpong=True, row_tree=True),
+        GluonConfig(256, 2, row_tree=True),
+    ),
+    True: (
+        GluonConfig(64, 3, consumers=3, pingpong=True, row_tree=True),
+        GluonConfig(64, 3, consumers=3, row_tree=True),
+        GluonConfig(128, 3, pingpong=True, row_tree=True),
+    ),
+}
+
+
+def candidate_quantisation(config: GluonConfig) -> Quantisation:
+    """``DEFAULT_QUANTISATION`` with K/V scale blocks that hold whole key blocks of ``config``."""
+    kv_rows = max(DEFAULT_QUANTISATION.kv_block_rows, config.block_n)
+    return dataclasses.replace(DEFAULT_QUANTISATION, kv_block_rows=kv_rows)
 
 
 def default_config(problem: Problem) -> GluonConfig:

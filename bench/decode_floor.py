@@ -1,0 +1,237 @@
+"""Issue #38's decode floor: each decode rung before and after, on the random sweep's low shapes, in one process.
+
+Settings, each applied at bind time by module constants the rungs read there:
+
+* ``before``: the merges as they were: triton/decode's (which gluon/decode shares) reads the splits'
+  partials one at a time (``MERGE_SPLITS_PER_STEP = 1``, a chain of one L2 round trip per split);
+  cute/decode's loops are unrolled as the compiler chooses (``MERGE_SPLITS_PER_STEP = 0``: the committed
+  merge's machine code, instruction for instruction);
+* ``after``: the rungs as committed (``MERGE_SPLITS_PER_STEP`` splits a step);
+* ``after+tile``: ``after`` with a candidate tile (:data:`TILE_CANDIDATES`, not the defaults) where the
+  model (``bench/decode_model.py``) finds the rung's CTAs the limit: gluon/decode at D=64 and 128 with
+  64-key blocks (3 stages at D=128, 6 at D=64; 112 and 104 KB of shared memory), so that two CTAs share
+  an SM and one CTA's fixed latency (cache length, Q, first block, epilogue) hides under the other's
+  stream (modelled +9 to +17 points on the ragged shapes); triton/decode at D=64 with 128-key blocks,
+  64 KB in flight per CTA instead of 32 (modelled +15 points on the paged ragged shape, where the long
+  sequence's CTAs cannot draw their share of the bandwidth);
+* ``after+splits``: ``after`` with the split count forced to the one the model finds best for that rung
+  and shape (:data:`MODEL_SPLITS`, where it beats the rule's count by 3 points or more): whether the
+  shared rule should weigh a rung's CTAs (gluon's one CTA per SM prefers fewer splits).
+
+For the low shapes of ``compare.py --decode --decode-random 10 --decode-seed 1``
+(``results/h200/decode-random/``) and two good ones, each (rung, setting) is checked against the fp64
+reference (poisoned output) and timed (median, L2 flushed), the settings alternating for
+``--rounds`` rounds so that drift hits all alike. Writes ``decode_floor.csv`` and ``decode_floor.md``
+(µs, mean of the rounds' medians, and % of the read bandwidth measured in the same run, counting each
+key of each sequence's own length once, as ``compare.py --decode`` does) under ``--out``.
+
+    python -m bench.decode_floor --out runs/decode-floor       # from the project root, on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import fnmatch
+import statistics
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from bench import require_gpu
+
+# Indices into random_cases(10, seed=1): the low ones (B=8 Hkv=8 D=64 ragged; B=32 Hkv=32 ragged; B=3
+# Hkv=32 D=256 paged; B=16 Hkv=4 D=64 paged ragged; B=3 Hkv=2 55k) and two good ones (B=2 Hkv=16 59k;
+# B=2 Hkv=4 131k).
+SHAPES = (3, 4, 7, 8, 9, 0, 2)
+SEED = 1
+SETTINGS = ("before", "after", "after+tile", "after+splits")
+# (index into the shapes, rung) -> the split count bench/decode_model.py predicts best among 1, 2, 3, 4,
+# 6, 8, 12, 16, 24, 32, 48 with the merge after (the rule's count, modelled % -> best, modelled %).
+MODEL_SPLITS = {
+    (3, "gluon/decode"): 3,  # 18: 81 -> 92
+    (3, "cute/decode"): 6,  # 18: 89 -> 92
+    (4, "gluon/decode"): 1,  # 2: 64 -> 74
+    (4, "cute/decode"): 1,  # 2: 76 -> 83
+    (7, "triton/decode"): 4,  # 8: 66 -> 74
+    (7, "gluon/decode"): 2,  # 8: 59 -> 72
+    (7, "cute/decode"): 2,  # 8: 59 -> 74
+    (8, "triton/decode"): 48,  # 33: 65 -> 76
+    (8, "gluon/decode"): 12,  # 33: 63 -> 85
+    (8, "cute/decode"): 24,  # 33: 78 -> 84
+}
+
+
+def tile_candidates() -> dict[tuple[str, int], tuple[object, object]]:
+    """(rung, head dim) -> (the rung's DEFAULT_CONFIGS dict, the candidate tile of ``after+tile``)."""
+    from triton_impl import decode as triton_decode
+    from triton_impl.gluon import decode as gluon_decode
+
+    return {
+        ("gluon/decode", 128): (gluon_decode.DEFAULT_CONFIGS, gluon_decode.DecodeConfig(64, 3)),
+        ("triton/decode", 64): (triton_decode.DEFAULT_CONFIGS, triton_decode.TileConfig(128, 4, 3)),
+    }
+
+
+COLUMNS = ("impl", "shape", "setting", "num_splits", "status", "us", "pct_read_bw", "rel_l2_err", "reason")
+
+
+def applies(setting: str, impl_name: str, head_dim: int, shape_index: int) -> bool:
+    if setting == "after+tile":
+        return (impl_name, head_dim) in tile_candidates()
+    if setting == "after+splits":
+        return (shape_index, impl_name) in MODEL_SPLITS
+    return True
+
+
+@contextlib.contextmanager
+def applied(setting: str, impl_name: str, head_dim: int) -> Iterator[None]:
+    """The module constants of ``setting`` for ``impl_name``'s binds inside; the committed values
+    restored after."""
+    from cute_impl import decode as cute_decode
+    from triton_impl import decode as triton_decode
+
+    saved_steps = (triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP)
+    configs, candidate = tile_candidates().get((impl_name, head_dim), ({}, None))
+    saved_tile = configs.get(head_dim)
+    if setting == "before":
+        triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP = 1, 0
+    if setting == "after+tile":
+        configs[head_dim] = candidate
+    try:
+        yield
+    finally:
+        triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP = saved_steps
+        if saved_tile is not None:
+            configs[head_dim] = saved_tile
+
+
+def measure(impl, case, workload, options, num_splits: int | None = None) -> tuple[str, float, float, int, str]:
+    """(status, µs, rel. L2 error, num_splits, reason) of ``impl`` bound under the current constants
+    (``num_splits`` forced, or None for the rule): judged against fp64 on a poisoned output, then timed;
+    never raises."""
+    import torch
+
+    from common.contract.check import judge_output, run_poisoned
+    from common.contract.metrics import error_stats
+    from common.contract.registry import per_call_inputs
+    from common.measure.timing import time_cuda
+
+    inputs = (workload.q, workload.k, workload.v)
+    extra = per_call_inputs(case.problem, workload.cache_seqlens, workload.block_table)
+    try:
+        run = impl.bind(*inputs, case.problem, **extra, num_splits=num_splits)
+        out = run_poisoned(run)
+        err = error_stats(out, workload.reference)
+        ok, reason, _ = judge_output(impl, out, err, inputs, case.problem, workload.reference, workload.sdpa_error)
+        del out
+        timing = time_cuda(run, warmup_ms=options.warmup_ms, rep_ms=options.rep_ms)
+    except Exception as error:  # noqa: BLE001 - a variant that fails is a row, the run goes on
+        return "failed", float("nan"), float("nan"), 0, f"{type(error).__name__}: {error}".splitlines()[0]
+    finally:
+        torch.cuda.empty_cache()
+    return ("ok" if ok else "wrong"), timing.ms * 1e3, err.rel_l2_err, getattr(run, "num_splits", 0), reason
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("runs/decode-floor"), help="output folder")
+    parser.add_argument("--only", default="*/decode", help="glob on decode rung names (default every one)")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the settings (default 2)")
+    parser.add_argument("--rep", type=float, default=150.0, help="timed repetitions per variant, ms")
+    args = parser.parse_args(argv)
+    require_gpu("bench.decode_floor")
+    import torch
+
+    from bench.decode_splits import split_implementations
+    from common.contract.registry import discover, per_call_inputs
+    from common.measure.decode_sweep import random_cases, too_large
+    from common.measure.peaks import measure_read_gbps
+    from common.measure.runner import TimingOptions, freeze_imports, make_workload
+
+    device = torch.device("cuda")
+    available, _ = discover(include_baselines=False)
+    impls = [impl for impl in split_implementations(available) if fnmatch.fnmatch(impl.name, args.only)]
+    cases = random_cases(max(SHAPES) + 1, SEED)
+    args.out.mkdir(parents=True, exist_ok=True)
+    read_gbps = measure_read_gbps(device)
+    options = TimingOptions(50.0, args.rep)
+    freeze_imports()
+    rows: list[dict] = []
+    with (args.out / "decode_floor.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, COLUMNS)
+        writer.writeheader()
+        for index in SHAPES:
+            case = cases[index]
+            if skip := too_large(case, device):
+                print(f"skipped {case.describe()}: {skip}", flush=True)
+                continue
+            head_dim = case.problem.head_dim
+            # Inputs drawn on the GPU: the padded caches are up to 14 GB (the D=256 paged shape).
+            workload = make_workload(case.problem, "cuda", case.cache_seqlens(device), on_device=True)
+            extra = per_call_inputs(case.problem, workload.cache_seqlens, workload.block_table)
+            for impl in impls:
+                ok, reason = impl.check(case.problem, device)
+                if not ok:
+                    print(f"{impl.name:14s} {case.describe()}: refused: {reason}", flush=True)
+                    continue
+                settings = [setting for setting in SETTINGS if applies(setting, impl.name, head_dim, index)]
+                results: dict[str, list[tuple]] = {setting: [] for setting in settings}
+                for round_index in range(args.rounds):
+                    for setting in settings:
+                        with applied(setting, impl.name, head_dim):
+                            if round_index == 0:  # validation, the capability check, the compile
+                                impl.prepare(workload.q, workload.k, workload.v, case.problem, **extra)
+                            forced = MODEL_SPLITS[index, impl.name] if setting == "after+splits" else None
+                            results[setting].append(measure(impl, case, workload, options, forced))
+                for setting, measured in results.items():
+                    status = next((m[0] for m in measured if m[0] != "ok"), "ok")
+                    us = statistics.mean(m[1] for m in measured)
+                    record = {
+                        "impl": impl.name, "shape": case.describe(), "setting": setting, "num_splits": measured[0][3],
+                        "status": status, "us": us, "pct_read_bw": 100 * case.kv_bytes_read / (us * 1e3) / read_gbps,
+                        "rel_l2_err": max(m[2] for m in measured), "reason": "; ".join({m[4] for m in measured} - {""}),
+                    }  # fmt: skip
+                    rows.append(record)
+                    writer.writerow(record)
+                    handle.flush()
+                    print(
+                        f"{impl.name:14s} {case.describe():96s} {setting:13s} splits={record['num_splits']:3d} "
+                        f"{status:6s} {us:8.1f} us {record['pct_read_bw']:5.1f} % {record['reason']}",
+                        flush=True,
+                    )
+            del workload
+            torch.cuda.empty_cache()
+    (args.out / "decode_floor.md").write_text(markdown(rows, read_gbps))
+    print((args.out / "decode_floor.md").read_text())
+    return 0 if rows and all(row["status"] == "ok" for row in rows) else 1
+
+
+def markdown(rows: list[dict], read_gbps: float) -> str:
+    """One line per (shape, rung): µs (% of the read bandwidth) per setting."""
+    lines = [
+        f"Decode floor A/B (bench/decode_floor.py): µs per step and % of the read bandwidth ({read_gbps:.0f} GB/s)",
+        "",
+        "| shape | rung | splits | " + " | ".join(SETTINGS) + " |",
+        "|---|---|---|" + "---|" * len(SETTINGS),
+    ]
+    for shape in dict.fromkeys(row["shape"] for row in rows):
+        for impl in dict.fromkeys(row["impl"] for row in rows if row["shape"] == shape):
+            by_setting = {row["setting"]: row for row in rows if row["shape"] == shape and row["impl"] == impl}
+            cells = [_cell(by_setting.get(setting)) for setting in SETTINGS]
+            splits = by_setting.get("after", next(iter(by_setting.values())))["num_splits"]
+            lines.append(f"| {shape} | {impl} | {splits} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return "—"
+    if row["status"] != "ok":
+        return row["status"]
+    return f"{row['us']:.1f} µs ({row['pct_read_bw']:.0f} %)"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""A timing model of the decode rungs: where a shape's time goes when it misses the read bandwidth.
+
+No GPU. For each shape it lays out the CTAs a rung launches (grid (num_splits, m_blocks, B·Hkv), the
+split rule of ``common/contract/splits.py``, each split's keys cut from the sequence's own length as
+``split_key_range`` cuts them) and replays them through a fluid model of an H200:
+
+1. each SM holds ``occupancy`` CTAs of the rung (its ring's shared memory); the block scheduler hands a
+   freed slot the next CTA of the grid in launch order (split fastest, then M tile, then batch · Hkv);
+2. a CTA first pays a fixed latency, ``FIXED_US`` (its launch, the cache length, Q and the first K/V
+   block's round trips, the epilogue's stores; ``EMPTY_US`` for a split with no key), then streams its
+   K/V bytes (gluon's TMA reads whole blocks past a sequence's end);
+3. a streaming CTA draws at most ``in_flight / LATENCY_US`` (its ring's blocks in flight, Little's law)
+   and all of them together at most the read bandwidth, shared evenly;
+4. the split kernel adds ``LAUNCH_US``; the merge (more than one split) ``MERGE_GAP_US`` plus one
+   ``MERGE_STEP_US`` L2 round trip per dependent load step over the splits (:func:`merge_steps`).
+
+The percentage is the bytes a step must read (each key of each sequence's own length once per KV head,
+``DecodeCase.kv_bytes_read``, as ``compare.py --decode`` counts them; never the padded cache) over the
+modelled time. The constants were fitted by hand (grid search) to the committed H200 random sweep
+(``results/h200/decode-random-split-rule/``: 24 rung × shape points, RMS error 3.6 points); the model
+ranks causes and variants, it does not replace a measurement. Its known miss: a CTA alone on the GPU sees
+the unloaded latency, not ``LATENCY_US``, so a grid of a few long CTAs (the paged row under the old
+rule, 23 % measured) comes out lower than measured.
+
+    python -m bench.decode_model            # the seed-1 sweep's shapes, every stack, before and after
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, replace
+
+from common.contract import splits
+from common.measure.decode_sweep import DecodeCase, random_cases
+
+SM_COUNT = 132
+READ_GBPS = 4419.0
+LATENCY_US = 1.75
+FIXED_US = 4.0
+EMPTY_US = 3.0
+LAUNCH_US = 4.0
+MERGE_GAP_US = 2.5
+MERGE_STEP_US = 0.7
+STEP_US = 0.25
+# The random sweep the model is read against: ``compare.py --decode --decode-random 10 --decode-seed 1``.
+SEED, COUNT = 1, 10
+# bench/decode_floor.py's ``after+tile`` candidates, (rung, head dim) -> (key block, blocks in flight,
+# CTAs per SM): gluon's 64-key rings (112 / 104 KB, two CTAs per SM), triton's 128-key blocks at D=64
+# (72 KB, three CTAs per SM, 64 KB in flight instead of 32).
+TILE_CANDIDATES = {("gluon", 64): (64, 5, 2), ("gluon", 128): (64, 2, 2), ("triton", 64): (128, 2, 3)}
+
+
+@dataclass(frozen=True)
+class StackModel:
+    """What the model needs of one rung at one head dim."""
+
+    name: str
+    block_n: int
+    in_flight_blocks: int
+    occupancy: int
+    max_block_m: int
+    pads_blocks: bool  # TMA reads a whole block past a sequence's end (gluon)
+    merge_splits_per_step: int = 1  # the rung's MERGE_SPLITS_PER_STEP (cute: 0, the compiler's unrolling)
+
+
+def stack_models(head_dim: int, merge_splits_per_step: int | None = None) -> list[StackModel]:
+    """triton, gluon and cute decode at ``head_dim``: key blocks, ring depths and occupancies from their
+    tile tables and docstrings (triton: 3 cp.async stages; gluon: one 200-224 KB CTA per SM; cute: 6
+    stages at D=64, 3 above). ``merge_splits_per_step`` None: the merges before issue #38's floor."""
+    triton_block = {64: 64, 128: 64, 256: 32}[head_dim]
+    triton_occupancy = {64: 4, 128: 3, 256: 2}[head_dim]
+    gluon_block = {64: 128, 128: 128, 256: 64}[head_dim]
+    deep_ring = {64: 5, 128: 2, 256: 2}[head_dim]
+    step = merge_splits_per_step
+    cute_occupancy = {64: 2, 128: 2, 256: 1}[head_dim]
+    return [
+        StackModel("triton", triton_block, 2, triton_occupancy, 64 if head_dim < 256 else 32, False, step or 1),
+        StackModel("gluon", gluon_block, deep_ring, 1, 64, True, step or 1),
+        StackModel("cute", 64, deep_ring, cute_occupancy, 4096 // head_dim, False, step or 0),
+    ]
+
+
+def m_blocks(case: DecodeCase, stack: StackModel) -> int:
+    packed = case.problem.kv_group * case.problem.seqlen_q
+    block_m = 64 if stack.name == "gluon" else min(stack.max_block_m, max(16, 1 << (packed - 1).bit_length()))
+    return -(-packed // block_m)
+
+
+def split_keys(length: int, split: int, num_splits: int, block_n: int) -> int:
+    """Keys of split ``split`` of a sequence of ``length`` keys (``split_key_range``)."""
+    n_blocks = -(-length // block_n)
+    per_split = -(-n_blocks // num_splits)
+    begin = min(split * per_split * block_n, length)
+    return min(begin + per_split * block_n, length) - begin
+
+
+def cta_bytes(case: DecodeCase, stack: StackModel, num_splits: int) -> list[int]:
+    """K/V bytes each CTA of the grid reads, in launch order."""
+    p = case.problem
+    lengths = case.lengths or (p.seqlen_k,) * p.batch
+    bytes_per_key = 2 * p.head_dim * p.dtype.itemsize
+    work = []
+    for batch_kv_head in range(p.batch * p.kv_heads):
+        length = lengths[batch_kv_head // p.kv_heads]
+        for _ in range(m_blocks(case, stack)):
+            for split in range(num_splits):
+                keys = split_keys(length, split, num_splits, stack.block_n)
+                if stack.pads_blocks:
+                    keys = -(-keys // stack.block_n) * stack.block_n
+                work.append(keys * bytes_per_key)
+    return work
+
+
+def makespan_us(work: list[int], stack: StackModel, head_dim: int, fixed_us: float, empty_us: float) -> float:
+    """Steps 1-3 of the module docstring: µs from the first CTA's start to the last one's end."""
+    slots = SM_COUNT * stack.occupancy
+    cap = stack.in_flight_blocks * stack.block_n * 4 * head_dim / 1e6 / LATENCY_US  # MB per µs
+    bandwidth = READ_GBPS / 1e3  # MB per µs
+    pending = iter(work)
+    active: list[list[float]] = []  # per CTA: [fixed µs left, MB left]
+    now = 0.0
+    while True:
+        while len(active) < slots and (nxt := next(pending, None)) is not None:
+            active.append([fixed_us if nxt else empty_us, nxt / 1e6])
+        if not active:
+            return now
+        streaming = sum(1 for cta in active if cta[0] <= 0.0)
+        rate = min(cap, bandwidth / streaming) if streaming else 0.0
+        for cta in active:
+            if cta[0] > 0.0:
+                cta[0] -= STEP_US
+            else:
+                cta[1] -= rate * STEP_US
+        active = [cta for cta in active if cta[0] > 0.0 or cta[1] > 0.0]
+        now += STEP_US
+
+
+def merge_steps(stack: StackModel, num_splits: int) -> int:
+    """Dependent L2 round trips of the merge: triton's reads the LSEs as one vector, then its loop reads
+    ``merge_splits_per_step`` splits a step; cute's two loops (LSEs, then O) are unrolled that many
+    times, or with 0 as the compiler chose (sm_90a SASS of the committed merge: the LSE loop 16 times,
+    the O loop twice)."""
+    per_step = stack.merge_splits_per_step
+    if stack.name != "cute":
+        return 1 + -(-num_splits // per_step)
+    if per_step == 0:
+        return -(-num_splits // 16) + -(-num_splits // 2)
+    return 2 * -(-num_splits // per_step)
+
+
+def merge_us(stack: StackModel, num_splits: int) -> float:
+    """Step 4 of the module docstring (0 with one split: the split kernel writes O)."""
+    if num_splits == 1:
+        return 0.0
+    return MERGE_GAP_US + MERGE_STEP_US * merge_steps(stack, num_splits)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Modelled time of one rung at one split count, and where it goes."""
+
+    num_splits: int
+    ctas: int
+    busy_ctas: int
+    waves: float  # CTAs over the SMs' CTA slots
+    max_cta_mb: float
+    median_busy_kb: float
+    ideal_us: float  # the bytes a step needs at the read bandwidth
+    fixed_us: float  # what the CTAs' fixed latencies add
+    merge_us: float
+    us: float
+
+    @property
+    def pct(self) -> float:
+        return 100 * self.ideal_us / self.us
+
+    @property
+    def tail_us(self) -> float:
+        """The rest: uneven CTAs, the last wave, bytes in flight per CTA."""
+        return self.us - self.ideal_us - self.fixed_us - self.merge_us - LAUNCH_US
+
+
+def predict(case: DecodeCase, stack: StackModel, num_splits: int) -> Prediction:
+    work = cta_bytes(case, stack, num_splits)
+    head_dim = case.problem.head_dim
+    span = makespan_us(work, stack, head_dim, FIXED_US, EMPTY_US)
+    without_fixed = makespan_us(work, stack, head_dim, 0.0, 0.0)
+    merge = merge_us(stack, num_splits)
+    busy = sorted(w for w in work if w)
+    return Prediction(
+        num_splits=num_splits,
+        ctas=len(work),
+        busy_ctas=len(busy),
+        waves=len(work) / (SM_COUNT * stack.occupancy),
+        max_cta_mb=max(work) / 1e6,
+        median_busy_kb=busy[len(busy) // 2] / 1e3 if busy else 0.0,
+        ideal_us=case.kv_bytes_read / (READ_GBPS * 1e3),
+        fixed_us=span - without_fixed,
+        merge_us=merge,
+        us=LAUNCH_US + span + merge,
+    )
+
+
+def rule_splits(case: DecodeCase, stack: StackModel) -> int:
+    """The split count the shared rule gives this rung (``splits.planned_num_splits`` on 132 SMs)."""
+    p = case.problem
+    ctas_per_split = p.batch * p.kv_heads * m_blocks(case, stack)
+    return splits.choose_num_splits(ctas_per_split, p.seqlen_k, SM_COUNT, p.has_cache_seqlens and p.batch > 1, p.batch)
+
+
+def with_tile_candidate(stack: StackModel, head_dim: int) -> StackModel | None:
+    """``stack`` with its ``after+tile`` candidate, or None where it has none."""
+    candidate = TILE_CANDIDATES.get((stack.name, head_dim))
+    if candidate is None:
+        return None
+    block_n, in_flight_blocks, occupancy = candidate
+    return replace(stack, block_n=block_n, in_flight_blocks=in_flight_blocks, occupancy=occupancy)
+
+
+def table(merge_splits_per_step: int) -> str:
+    """A markdown row per (shape, rung): the grid, where the time goes before (µs: the ideal, the CTAs'
+    fixed latencies, the merge, the rest), and % before → after (``merge_splits_per_step`` splits a
+    merge step) → after with the rung's tile candidate, as bench/decode_floor.py times them."""
+    lines = [
+        "| shape | rung | splits | CTAs (busy) | waves | largest CTA | median busy CTA | ideal | fixed | "
+        "merge | tail | before | after | after+tile |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case in random_cases(COUNT, SEED):
+        for stack in stack_models(case.problem.head_dim):
+            num_splits = rule_splits(case, stack)
+            before = predict(case, stack, num_splits)
+            after_stack = replace(stack, merge_splits_per_step=merge_splits_per_step)
+            after = predict(case, after_stack, num_splits)
+            tile_stack = with_tile_candidate(after_stack, case.problem.head_dim)
+            tile = f"{predict(case, tile_stack, num_splits).pct:.0f} %" if tile_stack else "—"
+            lines.append(
+                f"| {case.describe()} | {stack.name} | {num_splits} | {before.ctas} ({before.busy_ctas}) | "
+                f"{before.waves:.1f} | {before.max_cta_mb:.2f} MB | {before.median_busy_kb:.0f} KB | "
+                f"{before.ideal_us:.0f} µs | {before.fixed_us:.0f} | {before.merge_us:.0f} | {before.tail_us:.0f} | "
+                f"{before.us:.0f} µs ({before.pct:.0f} %) | {after.us:.0f} µs ({after.pct:.0f} %) | {tile} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--merge-splits-per-step", type=int, default=8, help="the merge after (default 8)")
+    args = parser.parse_args(argv)
+    print(table(args.merge_splits_per_step), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

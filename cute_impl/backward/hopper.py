@@ -1,0 +1,697 @@
+"""Backward rung ``hopper`` in the CuTe DSL, FlashAttention-3's backward on sm_90a, the backward of
+``cute/hopper`` (counterparts: ``triton_impl/gluon/backward.py``; the previous rung ``tiled.py``).
+
+What it adds over ``tiled``: the same algorithm (P recomputed from the saved LSE, dK and dV in
+registers, dQ by a separate pass, three launches) on Hopper's machinery, which removes the three
+limits the tiled rung measured: every product is a ``wgmma.mma_async`` of one warpgroup (64 rows,
+operands read by the tensor cores straight from swizzled shared memory, no ldmatrix per warp);
+the tiles stream through a TMA ring of ``stages`` slots filled by a producer warp ahead of the
+consumers (``cp.async.bulk.tensor`` + mbarriers, no CTA-wide barrier per step); and the query step
+is 64 rows at D=128 rather than 16, because a warpgroup's accumulators are spread over 128 threads.
+
+As in ``tiled``, the key block is the rows (M) of every product of the dK/dV kernel: Sᵀ = K Qᵀ and
+dPᵀ = V dOᵀ (both operands K-major in shared memory), then dV += Pᵀ dO and dK += dSᵀ Q, whose A
+operands Pᵀ and dSᵀ are the previous accumulators converted in registers (the m64nN accumulator
+fragment is the m64k16 A fragment, ``scores_to_operand_a``) and whose B operands are Q and dO read
+MN-major: the same shared memory as their K-major tiles, described by a second layout (``sQt``,
+``sdOt``; the 128-byte swizzle atom of 8 rows × 64 columns is both a K-major and an MN-major atom).
+The dQ kernel is the forward's shape: S = Q Kᵀ, dP = dO Vᵀ, dQ += dS K with K read MN-major.
+
+Algorithm (three launches):
+  1. ``tiled``'s ``_PreprocessKernel``: D = rowsum(dO ∘ O) − dLSE and LSE₂ = LSE · LOG2_E (+inf for a
+     row that sees no key, so its P is 0), both (B, H, Sq) fp32.
+  2. ``_DKDVKernel`` (one CTA per ``KEY_TILE`` = 128 keys of one (batch, KV head); a producer warp and
+     two consumer warpgroups of 64 keys each):
+     a. Producer: TMA each warpgroup's K and V boxes once; then, for every query head of the group
+        and every query block that sees these keys, Q and dO into the next ring slot.
+     b. Consumer, per slot (``dkdv_step``): issue Sᵀ = K Qᵀ and dPᵀ = V dOᵀ; read LSE₂ of its
+        columns; wait for Sᵀ; Pᵀ = exp2(Sᵀ · softmax_scale_log2 − LSE₂) (masked blocks: 0 past the
+        causal diagonal and the key tail); issue dV += Pᵀ dO; wait for dPᵀ; dSᵀ = Pᵀ ∘ (dPᵀ − D);
+        issue dK += dSᵀ Q; wait for both; release the slot. Masked blocks first, then the rest.
+     c. dK ·= softmax_scale; dK and dV stored from the accumulators (rows past Sk not written).
+  3. ``_DQKernel`` (one CTA per 128 query rows of one (batch, head), longest first when causal):
+     the producer TMAs each warpgroup's Q and dO boxes once and streams K and V; each consumer
+     (``dq_step``) issues S = Q Kᵀ and dP = dO Vᵀ, masks S (-inf), P = exp2(S · scale_log2 − LSE₂),
+     dS = P ∘ (dP − D), issues dQ += dS K; at the end dQ ·= softmax_scale, stored from registers.
+
+Data movement: HBM →(TMA, ring of ``stages`` slots; rows past the sequence zero-filled by the box
+bounds)→ SMEM (128-byte swizzle) →(wgmma descriptors)→ tensor cores → fp32 accumulators in the
+consumers' registers (``setmaxnreg``: 240 per consumer thread, 24 for the producer). LSE₂ and D are
+read from HBM (L1/L2) into registers. Gradients leave straight from the accumulators.
+
+Tiles (``BackwardTiles``, ``CANDIDATES``): ``tile_m`` query rows per dK/dV step (the N of Sᵀ), the dQ
+kernel's ``dq_tile_n`` keys per step, ``stages`` ring slots, and two overlaps: ``dkdv_overlap`` leaves
+a step's dV and dK products in flight under the next step's Sᵀ and dPᵀ (and its exp2), ``dq_overlap``
+the dQ product under the next S and dP; a slot is then freed one step later (``SlotRelease``). At
+D=128 a consumer thread holds dK and dV (2 · 64 fp32), Sᵀ and dPᵀ (2 · tile_m / 2) and Pᵀ, dSᵀ in 16
+bits: 64 query rows per step is the most that fits 240 registers (237 used), and only 32 leave ptxas
+the room to keep overlapped wgmmas asynchronous (the static test checks the SASS for serialised ones).
+
+Constraints: fp16/bf16; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA
+and MQA (dK and dV summed over the group's query heads in registers, no atomics); the LSE's gradient;
+exactly sm_90 (WGMMA, setmaxnreg). Refused: ``cache_seqlens``, paged caches, D = 256, fp32.
+
+Limits (not done): no ping-pong between the consumer warpgroups, no persistent scheduler, gradients
+stored from the accumulators (no TMA store); the dQ pass recomputes S and dP (seven products per
+tile pair instead of FA3's five, with dQ by atomics). Not measured on a GPU yet: the candidates are
+``python -m bench.backward --candidates --rung cute``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.runtime import make_fake_stream
+
+from common.contract.capability import BOTTOM_RIGHT, GQA, LSE
+from common.contract.problem import Problem
+from common.contract.registry import Backward
+from common.toolchain.arch import SM90A, check_sm90
+from common.toolchain.compile import KernelBinary
+from cute_impl._device import LOG2_E, BlockRange, SeqlenInfo
+from cute_impl._hopper_device import (
+    CONSUMER_REGISTERS,
+    PRODUCER_REGISTERS,
+    ROWS_PER_WARPGROUP,
+    THREADS_PER_WARPGROUP,
+    WARPS_PER_WARPGROUP,
+    AttentionMask,
+    head_major,
+    one_stage,
+    rows_by_cols,
+    scores_to_operand_a,
+    sequence_major,
+    tma_partition,
+    warpgroup_gemm,
+    warpgroup_mmas,
+)
+from cute_impl._hopper_host import GENERIC
+from cute_impl._host import (
+    CUTE_DTYPES,
+    CompiledKernels,
+    current_stream,
+    fake_tensor,
+    mma_sync_supports,
+    to_cute_tensor,
+)
+from cute_impl.backward import tiled
+from cute_impl.backward._device import (
+    MN_MAJOR,
+    BackwardOperands,
+    SlotRelease,
+    allocate_rings,
+    cute_gradients,
+    fixed_layout,
+    load_fixed,
+    load_pair,
+    query_block_range,
+    read_row_values,
+    shared_storage,
+    smem_tensor,
+    store_rows,
+    streamed_layouts,
+)
+
+HEAD_DIMS = (64, 128)
+# Two consumer warpgroups of 64 rows: 128 keys per dK/dV CTA, 128 query rows per dQ CTA.
+CONSUMER_WARPGROUPS = 2
+KEY_TILE = CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP
+QUERY_TILE = CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP
+THREADS_PER_CTA = (1 + CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
+
+
+@dataclass(frozen=True)
+class BackwardTiles:
+    """One variant: ``tile_m`` query rows per dK/dV step, ``dq_tile_n`` keys per dQ step, ``stages``
+    slots in each kernel's ring of streamed tiles."""
+
+    tile_m: int
+    dq_tile_n: int
+    stages: int
+    # A step's last products (dV += Pᵀ dO and dK += dSᵀ Q; dQ += dS K) stay in flight under the next
+    # step's first two, its slot freed one step later (``SlotRelease``). Only where ptxas keeps the wgmmas
+    # asynchronous: at D=128 with 64 rows per step in flight across the loop's back edge (and with
+    # anything in flight across the dK/dV kernel's loop over the group's heads) it serialises every
+    # wgmma of the loop (one wait per instruction in the SASS).
+    dkdv_overlap: bool = False
+    dq_overlap: bool = False
+
+    def __post_init__(self) -> None:
+        # Overlapped, a slot is freed one step late: one slot would deadlock the producer.
+        if (self.dkdv_overlap or self.dq_overlap) and self.stages < 2:
+            raise ValueError(f"overlapped steps need two ring slots or more, got {self}")
+
+    @property
+    def label(self) -> str:
+        overlaps = ("_dkdvoverlap" if self.dkdv_overlap else "") + ("_dqoverlap" if self.dq_overlap else "")
+        return f"m{self.tile_m}_dqn{self.dq_tile_n}_s{self.stages}" + overlaps
+
+
+# The first of each head dim is the default (not overlapped: the simplest). D=128: 64 query rows per
+# dK/dV step is the register limit (see the docstring), 32 leave room to overlap; the dQ kernel's S
+# and dP take dq_tile_n / 2 registers each beside dQ's 64 (at 128 keys, no room to overlap).
+CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
+    64: (
+        BackwardTiles(64, 128, 2),
+        BackwardTiles(64, 128, 3, dkdv_overlap=True, dq_overlap=True),
+        BackwardTiles(64, 64, 3, dkdv_overlap=True, dq_overlap=True),
+        BackwardTiles(64, 64, 2),
+    ),
+    128: (
+        BackwardTiles(64, 64, 2),
+        BackwardTiles(32, 64, 3, dkdv_overlap=True, dq_overlap=True),
+        BackwardTiles(32, 64, 4, dkdv_overlap=True, dq_overlap=True),
+        BackwardTiles(64, 64, 3, dq_overlap=True),
+        BackwardTiles(64, 128, 2),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class HopperBackwardConfig:
+    """Everything that changes the generated code of the dK/dV and dQ kernels (the compile key)."""
+
+    dtype: torch.dtype
+    head_dim: int
+    causal: bool
+    bottom_right: bool
+    gqa: bool
+    tiles: BackwardTiles
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. dK and dV: 128 keys per CTA, the query blocks (of every head of the group) streamed
+# ----------------------------------------------------------------------------------------------
+class _DKDVKernel:
+    """Sᵀ = K Qᵀ → Pᵀ → dPᵀ = V dOᵀ → dV += Pᵀ dO → dSᵀ → dK += dSᵀ Q per query block, in wgmma."""
+
+    def __init__(self, config: HopperBackwardConfig):
+        self.dtype = CUTE_DTYPES[config.dtype]
+        self.head_dim = config.head_dim
+        self.causal = config.causal
+        self.bottom_right = config.bottom_right
+        self.tile_m = config.tiles.tile_m
+        self.stages = config.tiles.stages
+        self.overlap = config.tiles.dkdv_overlap
+        self.threads_per_cta = THREADS_PER_CTA
+
+    @cute.jit
+    def __call__(
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
+        mDelta: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, softmax_scale: Float32, stream: cuda.CUstream,
+    ):  # fmt: skip
+        """q, do (B, H, Sq, D); k, v, dk, dv (B, Hkv, Sk, D); lse2, delta (B, H, Sq) fp32."""
+        mQ, mK, mV, mdO, mdK, mdV = (sequence_major(t) for t in (mQ, mK, mV, mdO, mdK, mdV))  # (S, D, (H, B))
+        mLSE2, mDelta = head_major(mLSE2), head_major(mDelta)  # (Sq, (H, B))
+        D, rows = self.head_dim, ROWS_PER_WARPGROUP
+        st_mma, grad_mma = warpgroup_mmas(self.dtype, self.tile_m, D, MN_MAJOR.sm90_mma_major_mode())
+        sKV_layout = fixed_layout(self.dtype, D, CONSUMER_WARPGROUPS)  # (64, D, warpgroup)
+        sQ_layout, sQt_layout = streamed_layouts(self.dtype, self.tile_m, D, self.stages)
+        load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_K, mK_tma = cpasync.make_tiled_tma_atom(load, mK, one_stage(sKV_layout), (rows, D))
+        tma_atom_V, mV_tma = cpasync.make_tiled_tma_atom(load, mV, one_stage(sKV_layout), (rows, D))
+        tma_atom_Q, mQ_tma = cpasync.make_tiled_tma_atom(load, mQ, one_stage(sQ_layout), (self.tile_m, D))
+        tma_atom_dO, mdO_tma = cpasync.make_tiled_tma_atom(load, mdO, one_stage(sQ_layout), (self.tile_m, D))
+        self.kv_bytes = 2 * CONSUMER_WARPGROUPS * cute.size_in_bytes(self.dtype, one_stage(sKV_layout))
+        self.q_bytes = 2 * cute.size_in_bytes(self.dtype, one_stage(sQ_layout))
+        self.shared_storage = shared_storage(self.dtype, sKV_layout, sQ_layout, self.stages)
+        self.kernel(
+            st_mma, grad_mma, tma_atom_K, mK_tma, tma_atom_V, mV_tma, tma_atom_Q, mQ_tma, tma_atom_dO, mdO_tma,
+            mLSE2, mDelta, mdK, mdV, softmax_scale, sKV_layout, sQ_layout, sQt_layout,
+        ).launch(
+            grid=[cute.ceil_div(mK.shape[0], KEY_TILE), mK.shape[2][0], mK.shape[2][1]],
+            block=[self.threads_per_cta, 1, 1],
+            smem=self.shared_storage.size_in_bytes(),
+            stream=stream,
+            min_blocks_per_mp=1,
+        )  # fmt: skip
+
+    @cute.kernel
+    def kernel(
+        self, st_mma: cute.TiledMma, grad_mma: cute.TiledMma, tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
+        tma_atom_V: cute.CopyAtom, mV: cute.Tensor, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor,
+        tma_atom_dO: cute.CopyAtom, mdO: cute.Tensor, mLSE2: cute.Tensor, mDelta: cute.Tensor, mdK: cute.Tensor,
+        mdV: cute.Tensor, softmax_scale: Float32, sKV_layout: cute.ComposedLayout, sQ_layout: cute.ComposedLayout,
+        sQt_layout: cute.ComposedLayout,
+    ):  # fmt: skip
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        warp_group = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+        n_block, kv_head, batch = cute.arch.block_idx()
+        seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+        group = mQ.shape[2][0] // mK.shape[2][0]
+        D, rows = self.head_dim, ROWS_PER_WARPGROUP
+        causal_offset = 0
+        if cutlass.const_expr(self.bottom_right):
+            causal_offset = seqlen_k - seqlen_q
+        # The key block's first key and its query blocks are computed in each role's branch: computed
+        # before, ptxas spilled the first key around the branch (4 bytes per thread).
+        query_blocks = functools.partial(
+            query_block_range, tile_n=KEY_TILE, tile_m=self.tile_m, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+            causal=self.causal, causal_offset=causal_offset,
+        )  # fmt: skip
+
+        # ==== Shared memory and barriers ==============================================================
+        storage, (kv_producer, kv_consumer), q_ring = allocate_rings(
+            self.shared_storage, self.stages, self.kv_bytes, self.q_bytes, CONSUMER_WARPGROUPS * WARPS_PER_WARPGROUP
+        )
+        q_producer, q_consumer = q_ring.make_participants()
+        sK = smem_tensor(storage.fixed_a, sKV_layout)  # (64, D, warpgroup)
+        sV = smem_tensor(storage.fixed_b, sKV_layout)  # (64, D, warpgroup)
+        sQ = smem_tensor(storage.ring_a, sQ_layout)  # (tile_m, D, stage)
+        sdO = smem_tensor(storage.ring_b, sQ_layout)  # (tile_m, D, stage)
+        sQt = smem_tensor(storage.ring_a, sQt_layout)  # (D, tile_m, stage): sQ read MN-major
+        sdOt = smem_tensor(storage.ring_b, sQt_layout)  # (D, tile_m, stage)
+
+        # ==== Producer warp: K and V once, then Q and dO per query block ==============================
+        if warp_group == 0:
+            cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
+            if warp_idx == 0:
+                m_block_min, _, m_block_max = query_blocks(n_block * KEY_TILE)
+                kv_bh = (kv_head, batch)
+                gK = cute.local_tile(mK[None, None, kv_bh], (rows, D), (None, 0))  # (64, D, Sk/64)
+                gV = cute.local_tile(mV[None, None, kv_bh], (rows, D), (None, 0))  # (64, D, Sk/64)
+                tKsK, tKgK = tma_partition(tma_atom_K, sK, gK)  # (TMA, warpgroup), (TMA, Sk/64)
+                tVsV, tVgV = tma_partition(tma_atom_V, sV, gV)
+                load_fixed((tma_atom_K, tma_atom_V), (tKgK, tVgV), (tKsK, tVsV), n_block * CONSUMER_WARPGROUPS,
+                           kv_producer)  # fmt: skip
+                for head_in_group in cutlass.range(group, unroll=1):
+                    bh = (kv_head * group + head_in_group, batch)
+                    gQ = cute.local_tile(mQ[None, None, bh], (self.tile_m, D), (None, 0))  # (tile_m, D, m)
+                    gdO = cute.local_tile(mdO[None, None, bh], (self.tile_m, D), (None, 0))  # (tile_m, D, m)
+                    tQsQ, tQgQ = tma_partition(tma_atom_Q, sQ, gQ)  # (TMA, stage), (TMA, m)
+                    tdOsdO, tdOgdO = tma_partition(tma_atom_dO, sdO, gdO)
+                    for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+                        q_producer = load_pair((tma_atom_Q, tma_atom_dO), (tQgQ[None, m_block], tdOgdO[None, m_block]),
+                                               (tQsQ, tdOsdO), q_producer)  # fmt: skip
+
+        # ==== Consumer warpgroups: 64 keys each =======================================================
+        if warp_group > 0:
+            cute.arch.setmaxregister_increase(CONSUMER_REGISTERS[CONSUMER_WARPGROUPS])
+            n_start = n_block * KEY_TILE
+            m_block_min, m_block_unmasked, m_block_max = query_blocks(n_start)
+            w = warp_group - 1
+            wg_tidx = tidx % THREADS_PER_WARPGROUP
+            st_thr = st_mma.get_slice(wg_tidx)
+            grad_thr = grad_mma.get_slice(wg_tidx)
+            tSrK = st_thr.make_fragment_A(st_thr.partition_A(sK[None, None, w]))  # (MMA, 1, D/16)
+            tdPrV = st_thr.make_fragment_A(st_thr.partition_A(sV[None, None, w]))  # (MMA, 1, D/16)
+            tSrQ = st_thr.make_fragment_B(st_thr.partition_B(sQ))  # (MMA, 1, D/16, stage)
+            tdPrdO = st_thr.make_fragment_B(st_thr.partition_B(sdO))  # (MMA, 1, D/16, stage)
+            tdKrQt = grad_thr.make_fragment_B(grad_thr.partition_B(sQt))  # (MMA, 1, tile_m/16, stage)
+            tdVrdOt = grad_thr.make_fragment_B(grad_thr.partition_B(sdOt))  # (MMA, 1, tile_m/16, stage)
+            acc_dK = grad_thr.make_fragment_C(grad_thr.partition_shape_C((rows, D)))  # ((2, 2, D/8), 1, 1)
+            acc_dV = grad_thr.make_fragment_C(grad_thr.partition_shape_C((rows, D)))  # ((2, 2, D/8), 1, 1)
+            acc_dK.fill(0.0)
+            acc_dV.fill(0.0)
+            tdVrPt = cute.make_rmem_tensor(grad_thr.partition_shape_A((rows, self.tile_m)), self.dtype)
+            tdKrdSt = cute.make_rmem_tensor(grad_thr.partition_shape_A((rows, self.tile_m)), self.dtype)
+            gemms = (
+                functools.partial(warpgroup_gemm, st_mma, tA=tSrK, tB=tSrQ, accumulate=False),
+                functools.partial(warpgroup_gemm, st_mma, tA=tdPrV, tB=tdPrdO, accumulate=False),
+                functools.partial(warpgroup_gemm, grad_mma, acc_dV, tA=tdVrPt, tB=tdVrdOt, accumulate=True),
+                functools.partial(warpgroup_gemm, grad_mma, acc_dK, tA=tdKrdSt, tB=tdKrQt, accumulate=True),
+            )
+            acc_shape = st_thr.partition_shape_C((rows, self.tile_m))  # ((2, 2, tile_m/8), 1, 1)
+            tScS = st_thr.partition_C(cute.make_identity_tensor((rows, self.tile_m)))  # (key, query) per value
+            key_start = n_start + w * rows
+            release = SlotRelease(q_ring, self.stages, self.overlap)
+            steps_done = Int32(0)
+            kv_consumer.wait_and_advance()  # K and V stay for the whole CTA: never released
+            for head_in_group in cutlass.range(group, unroll=1):
+                bh = (kv_head * group + head_in_group, batch)
+                step = functools.partial(
+                    self.dkdv_step, gemms, (tdVrPt, tdKrdSt), acc_shape, tScS,
+                    (mLSE2[None, bh], mDelta[None, bh], seqlen_q, seqlen_k, causal_offset), key_start,
+                    softmax_scale * LOG2_E, release,
+                )  # fmt: skip
+                for m_block in cutlass.range(m_block_min, m_block_unmasked, unroll=1):
+                    q_consumer, steps_done = step(q_consumer, steps_done, m_block, masked=True)
+                for m_block in cutlass.range(m_block_unmasked, m_block_max, unroll=1):
+                    q_consumer, steps_done = step(q_consumer, steps_done, m_block, masked=False)
+                warpgroup.wait_group(0)  # overlapped: the head's last dV and dK
+
+            # ---- dK carries the softmax scale of S = softmax_scale · Q Kᵀ; dV none ------------------
+            acc_dK.store(acc_dK.load() * softmax_scale)
+            kv_bh = (kv_head, batch)
+            cKV = cute.make_identity_tensor((rows, D))
+            box = n_block * CONSUMER_WARPGROUPS + w
+            gdK = cute.local_tile(mdK[None, None, kv_bh], (rows, D), (box, 0))  # (64, D)
+            gdV = cute.local_tile(mdV[None, None, kv_bh], (rows, D), (box, 0))  # (64, D)
+            store_rows(grad_thr, acc_dK, gdK, cKV, seqlen_k - key_start)
+            store_rows(grad_thr, acc_dV, gdV, cKV, seqlen_k - key_start)
+
+    @cute.jit
+    def dkdv_step(
+        self, gemms: tuple, operands_a: tuple, acc_shape: cute.Shape, tScS: cute.Tensor, rows: tuple,
+        key_start: Int32, softmax_scale_log2: Float32, release: SlotRelease, q_consumer, steps_done: Int32,
+        m_block: Int32, masked: cutlass.Constexpr,
+    ):  # fmt: skip
+        """One query block from the ring: the four products, Pᵀ and dSᵀ between them (``masked``: the
+        causal diagonal and the key tail get Pᵀ = 0; the query tail needs no mask: its Q and dO are
+        zero-filled and its LSE₂ +inf)."""
+        st_gemm, dpt_gemm, dv_gemm, dk_gemm = gemms
+        tdVrPt, tdKrdSt = operands_a
+        gLSE2, gDelta, seqlen_q, seqlen_k, causal_offset = rows
+        slot = q_consumer.wait_and_advance()
+        acc_St = cute.make_rmem_tensor(acc_shape, Float32)  # ((2, 2, tile_m/8), 1, 1)
+        acc_dPt = cute.make_rmem_tensor(acc_shape, Float32)
+        st_gemm(acc_St, stage=slot.index)
+        dpt_gemm(acc_dPt, stage=slot.index)
+
+        # ---- Pᵀ = exp2(Sᵀ · scale_log2 − LSE₂[query]), read while the products run ----------------
+        m_start = m_block * self.tile_m
+        cS = rows_by_cols(tScS)  # (key, query) of every value, rows by columns
+        St, dPt = rows_by_cols(acc_St), rows_by_cols(acc_dPt)
+        columns = cute.size(St, mode=[1])
+        lse2 = cute.make_rmem_tensor(columns, Float32)
+        for c in cutlass.range_constexpr(columns):
+            lse2[c] = read_row_values(gLSE2, m_start + cS[0, c][1], seqlen_q, Float32.inf)
+        # Sᵀ has retired (overlapped: so have the previous step's dV and dK, issued before it).
+        warpgroup.wait_group(1)
+        release.free_previous(steps_done)
+        for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
+            key = key_start + cS[r, 0][0]
+            # Row r keeps the columns from first_visible on: causal, query q sees the key when q +
+            # causal_offset >= key; a key past Sk is seen by none (first_visible past the tile).
+            first_visible = 0
+            if cutlass.const_expr(self.causal):
+                first_visible = key - causal_offset - m_start
+            first_visible = cutlass.select_(key < seqlen_k, first_visible, self.tile_m)
+            for c in cutlass.range_constexpr(columns):
+                p = cute.math.exp2(St[r, c] * softmax_scale_log2 - lse2[c], fastmath=True)
+                if cutlass.const_expr(masked):
+                    p = Float32(cutlass.select_(cS[r, c][1] >= first_visible, p, 0.0))
+                St[r, c] = p
+        scores_to_operand_a(acc_St, tdVrPt)
+        dv_gemm(stage=slot.index)
+
+        # ---- dSᵀ = Pᵀ ∘ (dPᵀ − D[query]) --------------------------------------------------------
+        delta = cute.make_rmem_tensor(columns, Float32)
+        for c in cutlass.range_constexpr(columns):
+            delta[c] = read_row_values(gDelta, m_start + cS[0, c][1], seqlen_q, Float32(0.0))
+        warpgroup.wait_group(1)
+        for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
+            for c in cutlass.range_constexpr(columns):
+                dPt[r, c] = St[r, c] * (dPt[r, c] - delta[c])
+        scores_to_operand_a(acc_dPt, tdKrdSt)
+        dk_gemm(stage=slot.index)
+        release.step_done(slot)
+        return q_consumer, steps_done + 1
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. dQ: 128 query rows per CTA, the key blocks streamed
+# ----------------------------------------------------------------------------------------------
+class _DQKernel:
+    """The separate dQ pass: S = Q Kᵀ → mask → P → dP = dO Vᵀ → dS → dQ += dS K per key block."""
+
+    def __init__(self, config: HopperBackwardConfig):
+        self.dtype = CUTE_DTYPES[config.dtype]
+        self.head_dim = config.head_dim
+        self.causal = config.causal
+        self.bottom_right = config.bottom_right
+        self.gqa = config.gqa
+        self.tile_n = config.tiles.dq_tile_n
+        self.stages = config.tiles.stages
+        self.overlap = config.tiles.dq_overlap
+        self.threads_per_cta = THREADS_PER_CTA
+
+    @cute.jit
+    def __call__(
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
+        mDelta: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32, stream: cuda.CUstream,
+    ):  # fmt: skip
+        """q, do, dq (B, H, Sq, D); k, v (B, Hkv, Sk, D); lse2, delta (B, H, Sq) fp32."""
+        mQ, mK, mV, mdO, mdQ = (sequence_major(t) for t in (mQ, mK, mV, mdO, mdQ))  # (S, D, (H, B))
+        mLSE2, mDelta = head_major(mLSE2), head_major(mDelta)  # (Sq, (H, B))
+        D, rows = self.head_dim, ROWS_PER_WARPGROUP
+        s_mma, dq_mma = warpgroup_mmas(self.dtype, self.tile_n, D, MN_MAJOR.sm90_mma_major_mode())
+        sQ_layout = fixed_layout(self.dtype, D, CONSUMER_WARPGROUPS)  # (64, D, warpgroup)
+        sK_layout, sKt_layout = streamed_layouts(self.dtype, self.tile_n, D, self.stages)
+        load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_Q, mQ_tma = cpasync.make_tiled_tma_atom(load, mQ, one_stage(sQ_layout), (rows, D))
+        tma_atom_dO, mdO_tma = cpasync.make_tiled_tma_atom(load, mdO, one_stage(sQ_layout), (rows, D))
+        tma_atom_K, mK_tma = cpasync.make_tiled_tma_atom(load, mK, one_stage(sK_layout), (self.tile_n, D))
+        tma_atom_V, mV_tma = cpasync.make_tiled_tma_atom(load, mV, one_stage(sK_layout), (self.tile_n, D))
+        self.q_bytes = 2 * CONSUMER_WARPGROUPS * cute.size_in_bytes(self.dtype, one_stage(sQ_layout))
+        self.kv_bytes = 2 * cute.size_in_bytes(self.dtype, one_stage(sK_layout))
+        self.shared_storage = shared_storage(self.dtype, sQ_layout, sK_layout, self.stages)
+        self.kernel(
+            s_mma, dq_mma, tma_atom_Q, mQ_tma, tma_atom_dO, mdO_tma, tma_atom_K, mK_tma, tma_atom_V, mV_tma,
+            mLSE2, mDelta, mdQ, softmax_scale, sQ_layout, sK_layout, sKt_layout,
+        ).launch(
+            grid=[cute.ceil_div(mQ.shape[0], QUERY_TILE), mQ.shape[2][0], mQ.shape[2][1]],
+            block=[self.threads_per_cta, 1, 1],
+            smem=self.shared_storage.size_in_bytes(),
+            stream=stream,
+            min_blocks_per_mp=1,
+        )  # fmt: skip
+
+    @cute.kernel
+    def kernel(
+        self, s_mma: cute.TiledMma, dq_mma: cute.TiledMma, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor,
+        tma_atom_dO: cute.CopyAtom, mdO: cute.Tensor, tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
+        tma_atom_V: cute.CopyAtom, mV: cute.Tensor, mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQ: cute.Tensor,
+        softmax_scale: Float32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+        sKt_layout: cute.ComposedLayout,
+    ):  # fmt: skip
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        warp_group = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+        block_m, head, batch = cute.arch.block_idx()
+        grid_m, _, _ = cute.arch.grid_dim()
+        seqlen_q = mQ.shape[0]
+        D, rows = self.head_dim, ROWS_PER_WARPGROUP
+        # Causal: the last query blocks see the most keys; launching them first evens out the tail.
+        m_block = block_m
+        if cutlass.const_expr(self.causal):
+            m_block = grid_m - 1 - block_m
+        kv_head = head
+        if cutlass.const_expr(self.gqa):
+            kv_head = head // (mQ.shape[2][0] // mK.shape[2][0])
+        bh, kv_bh = (head, batch), (kv_head, batch)
+        seqlen = SeqlenInfo.create(batch, seqlen_q, mK.shape[0], None, self.bottom_right)
+        blocks = BlockRange.create_exact(m_block, seqlen, QUERY_TILE, self.tile_n, self.causal)
+        n_blocks = blocks.n_block_max - blocks.n_block_min
+
+        # ==== Shared memory and barriers ==============================================================
+        storage, (q_producer, q_consumer), kv_ring = allocate_rings(
+            self.shared_storage, self.stages, self.q_bytes, self.kv_bytes, CONSUMER_WARPGROUPS * WARPS_PER_WARPGROUP
+        )
+        kv_producer, kv_consumer = kv_ring.make_participants()
+        sQ = smem_tensor(storage.fixed_a, sQ_layout)  # (64, D, warpgroup)
+        sdO = smem_tensor(storage.fixed_b, sQ_layout)  # (64, D, warpgroup)
+        sK = smem_tensor(storage.ring_a, sK_layout)  # (tile_n, D, stage)
+        sV = smem_tensor(storage.ring_b, sK_layout)  # (tile_n, D, stage)
+        sKt = smem_tensor(storage.ring_a, sKt_layout)  # (D, tile_n, stage): sK read MN-major
+
+        # ==== Producer warp: Q and dO once, then K and V per key block, the top one first =============
+        if warp_group == 0:
+            cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
+            if warp_idx == 0:
+                gQ = cute.local_tile(mQ[None, None, bh], (rows, D), (None, 0))  # (64, D, Sq/64)
+                gdO = cute.local_tile(mdO[None, None, bh], (rows, D), (None, 0))  # (64, D, Sq/64)
+                tQsQ, tQgQ = tma_partition(tma_atom_Q, sQ, gQ)  # (TMA, warpgroup), (TMA, Sq/64)
+                tdOsdO, tdOgdO = tma_partition(tma_atom_dO, sdO, gdO)
+                load_fixed((tma_atom_Q, tma_atom_dO), (tQgQ, tdOgdO), (tQsQ, tdOsdO), m_block * CONSUMER_WARPGROUPS,
+                           q_producer)  # fmt: skip
+                gK = cute.local_tile(mK[None, None, kv_bh], (self.tile_n, D), (None, 0))  # (tile_n, D, n)
+                gV = cute.local_tile(mV[None, None, kv_bh], (self.tile_n, D), (None, 0))  # (tile_n, D, n)
+                tKsK, tKgK = tma_partition(tma_atom_K, sK, gK)  # (TMA, stage), (TMA, n)
+                tVsV, tVgV = tma_partition(tma_atom_V, sV, gV)
+                for i in cutlass.range(n_blocks, unroll=1):
+                    n_block = blocks.n_block_max - 1 - i
+                    kv_producer = load_pair((tma_atom_K, tma_atom_V), (tKgK[None, n_block], tVgV[None, n_block]),
+                                            (tKsK, tVsV), kv_producer)  # fmt: skip
+
+        # ==== Consumer warpgroups: 64 query rows each =================================================
+        if warp_group > 0:
+            cute.arch.setmaxregister_increase(CONSUMER_REGISTERS[CONSUMER_WARPGROUPS])
+            w = warp_group - 1
+            wg_tidx = tidx % THREADS_PER_WARPGROUP
+            s_thr = s_mma.get_slice(wg_tidx)
+            dq_thr = dq_mma.get_slice(wg_tidx)
+            tSrQ = s_thr.make_fragment_A(s_thr.partition_A(sQ[None, None, w]))  # (MMA, 1, D/16)
+            tdPrdO = s_thr.make_fragment_A(s_thr.partition_A(sdO[None, None, w]))  # (MMA, 1, D/16)
+            tSrK = s_thr.make_fragment_B(s_thr.partition_B(sK))  # (MMA, 1, D/16, stage)
+            tdPrV = s_thr.make_fragment_B(s_thr.partition_B(sV))  # (MMA, 1, D/16, stage)
+            tdQrKt = dq_thr.make_fragment_B(dq_thr.partition_B(sKt))  # (MMA, 1, tile_n/16, stage)
+            acc_dQ = dq_thr.make_fragment_C(dq_thr.partition_shape_C((rows, D)))  # ((2, 2, D/8), 1, 1)
+            acc_dQ.fill(0.0)
+            tdQrdS = cute.make_rmem_tensor(dq_thr.partition_shape_A((rows, self.tile_n)), self.dtype)
+            gemms = (
+                functools.partial(warpgroup_gemm, s_mma, tA=tSrQ, tB=tSrK, accumulate=False),
+                functools.partial(warpgroup_gemm, s_mma, tA=tdPrdO, tB=tdPrV, accumulate=False),
+                functools.partial(warpgroup_gemm, dq_mma, acc_dQ, tA=tdQrdS, tB=tdQrKt, accumulate=True),
+            )
+            tScS = s_thr.partition_C(cute.make_identity_tensor((rows, self.tile_n)))  # (row, key) per value
+            row_start = m_block * QUERY_TILE + w * rows
+            # LSE₂ and D of this thread's two rows (rows past Sq: +inf and 0, so their P and dS are 0).
+            cS = rows_by_cols(tScS)
+            row_count = cute.size(cS, mode=[0])
+            lse2 = cute.make_rmem_tensor(row_count, Float32)
+            delta = cute.make_rmem_tensor(row_count, Float32)
+            for r in cutlass.range_constexpr(row_count):
+                row = row_start + cS[r, 0][0]
+                lse2[r] = read_row_values(mLSE2[None, bh], row, seqlen_q, Float32.inf)
+                delta[r] = read_row_values(mDelta[None, bh], row, seqlen_q, Float32(0.0))
+            mask = AttentionMask(self.tile_n, self.causal, tScS, row_start, seqlen)
+            step = functools.partial(
+                self.dq_step, gemms, tdQrdS, s_thr.partition_shape_C((rows, self.tile_n)), lse2, delta, mask,
+                softmax_scale * LOG2_E, SlotRelease(kv_ring, self.stages, self.overlap),
+            )  # fmt: skip
+            q_consumer.wait_and_advance()  # Q and dO stay for the whole CTA: never released
+            n_top = blocks.n_block_max - 1
+            steps_done = Int32(0)
+            for i in cutlass.range(blocks.n_masked_blocks, unroll=1):
+                kv_consumer, steps_done = step(kv_consumer, steps_done, n_top - i, masked=True)
+            for i in cutlass.range(blocks.n_masked_blocks, n_blocks, unroll=1):
+                kv_consumer, steps_done = step(kv_consumer, steps_done, n_top - i, masked=False)
+            warpgroup.wait_group(0)  # overlapped: the last step's dQ
+
+            # ---- dQ ·= softmax_scale, stored in the input dtype -------------------------------------
+            acc_dQ.store(acc_dQ.load() * softmax_scale)
+            gdQ = cute.local_tile(mdQ[None, None, bh], (rows, D), (m_block * CONSUMER_WARPGROUPS + w, 0))  # (64, D)
+            store_rows(dq_thr, acc_dQ, gdQ, cute.make_identity_tensor((rows, D)), seqlen_q - row_start)
+
+    @cute.jit
+    def dq_step(
+        self, gemms: tuple, tdQrdS: cute.Tensor, acc_shape: cute.Shape, lse2: cute.Tensor, delta: cute.Tensor,
+        mask: AttentionMask, softmax_scale_log2: Float32, release: SlotRelease, kv_consumer, steps_done: Int32,
+        n_block: Int32, masked: cutlass.Constexpr,
+    ):  # fmt: skip
+        """One key block from the ring: S = Q Kᵀ → mask → P → dP = dO Vᵀ → dS → dQ += dS K."""
+        s_gemm, dp_gemm, dq_gemm = gemms
+        slot = kv_consumer.wait_and_advance()
+        acc_S = cute.make_rmem_tensor(acc_shape, Float32)  # ((2, 2, tile_n/8), 1, 1)
+        acc_dP = cute.make_rmem_tensor(acc_shape, Float32)
+        s_gemm(acc_S, stage=slot.index)
+        dp_gemm(acc_dP, stage=slot.index)
+        # S has retired (overlapped: so has the previous step's dQ, issued before it).
+        warpgroup.wait_group(1)
+        release.free_previous(steps_done)
+        if cutlass.const_expr(masked):
+            mask.apply(acc_S, n_block)
+        # P = exp2(S · scale_log2 − LSE₂[row]) (masked -inf → 0); dS = P ∘ (dP − D[row]).
+        S, dP = rows_by_cols(acc_S), rows_by_cols(acc_dP)
+        for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
+            for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
+                S[r, c] = cute.math.exp2(S[r, c] * softmax_scale_log2 - lse2[r], fastmath=True)
+        warpgroup.wait_group(0)
+        for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
+            for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
+                dP[r, c] = S[r, c] * (dP[r, c] - delta[r])
+        scores_to_operand_a(acc_dP, tdQrdS)
+        dq_gemm(stage=slot.index)
+        release.step_done(slot)
+        return kv_consumer, steps_done + 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Host: compile once per configuration (from fakes), validate, allocate, launch
+# ----------------------------------------------------------------------------------------------
+def _fake_dkdv_arguments(config: HopperBackwardConfig) -> tuple:
+    element = CUTE_DTYPES[config.dtype]
+    operands = [fake_tensor(element, 4, GENERIC) for _ in range(4)]
+    rows = [fake_tensor(Float32, 3, GENERIC) for _ in range(2)]
+    gradients = [fake_tensor(element, 4, GENERIC) for _ in range(2)]
+    return (*operands, *rows, *gradients, Float32(1.0), make_fake_stream())
+
+
+def _fake_dq_arguments(config: HopperBackwardConfig) -> tuple:
+    element = CUTE_DTYPES[config.dtype]
+    operands = [fake_tensor(element, 4, GENERIC) for _ in range(4)]
+    rows = [fake_tensor(Float32, 3, GENERIC) for _ in range(2)]
+    return (*operands, *rows, fake_tensor(element, 4, GENERIC), Float32(1.0), make_fake_stream())
+
+
+# The binaries' names: this prefix and the kernel's key.
+NAME = "cute_backward_hopper_"
+KERNELS = {
+    "dkdv": CompiledKernels(_DKDVKernel, _fake_dkdv_arguments, arch=SM90A),
+    "dq": CompiledKernels(_DQKernel, _fake_dq_arguments, arch=SM90A),
+}
+
+
+def backward_config(problem: Problem, tiles: BackwardTiles | None = None) -> HopperBackwardConfig:
+    """The compile key of ``problem``'s dK/dV and dQ kernels (``tiles``: the head dim's default)."""
+    return HopperBackwardConfig(
+        dtype=problem.dtype,
+        head_dim=problem.head_dim,
+        causal=problem.causal,
+        bottom_right=problem.bottom_right,
+        gqa=problem.kv_heads != problem.heads,
+        tiles=tiles or CANDIDATES[problem.head_dim][0],
+    )
+
+
+def _launch(
+    operands: BackwardOperands, problem: Problem, device: torch.device, tiles: BackwardTiles | None = None
+) -> None:
+    """``tiled``'s preprocess, then the dK/dV and dQ kernels, on the current stream."""
+    config = backward_config(problem, tiles)
+    rows_shape = (problem.batch, problem.heads, problem.seqlen_q)
+    # The torch buffers stay referenced until the launches are queued, so neither can take the other's memory.
+    buffers = [torch.empty(rows_shape, dtype=torch.float32, device=device) for _ in "01"]
+    delta, lse_log2 = (to_cute_tensor(t) for t in buffers)
+    q, k, v, out, d_out, lse, d_lse, dq, dk, dv = operands
+    scale = Float32(problem.scale)
+    stream = current_stream(device)
+    preprocess = tiled.KERNELS["preprocess"].kernel(tiled.backward_config(problem, has_dlse=d_lse is not None))
+    preprocess(out, d_out, lse, d_lse, lse_log2, delta, stream)
+    KERNELS["dkdv"].kernel(config)(q, k, v, d_out, lse_log2, delta, dk, dv, scale, stream)
+    KERNELS["dq"].kernel(config)(q, k, v, d_out, lse_log2, delta, dq, scale, stream)
+
+
+def compile_sm90(problem: Problem, has_dlse: bool = False, tiles: BackwardTiles | None = None) -> list[KernelBinary]:
+    """The preprocess (``tiled``'s), dK/dV and dQ kernels for sm_90a at ``problem``'s configuration."""
+    config = backward_config(problem, tiles)
+    preprocess = tiled.KERNELS["preprocess"].binaries(tiled.backward_config(problem, has_dlse), NAME + "preprocess")
+    return [
+        *preprocess,
+        *(binary for name, kernels in KERNELS.items() for binary in kernels.binaries(config, NAME + name)),
+    ]
+
+
+# ----------------------------------------------------------------------------------------------
+# Capability check
+# ----------------------------------------------------------------------------------------------
+def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
+    """Exactly sm_90 (WGMMA, TMA, setmaxnreg), fp16/bf16, D 64 or 128, softmax_scale > 0, and the
+    features GQA, both causal alignments and a differentiable LSE; ``cache_seqlens`` and paged caches
+    are refused."""
+    ok, reason = check_sm90(BACKWARD_NAME, device, "sm_90a: TMA, WGMMA, setmaxnreg")
+    if not ok:
+        return ok, reason
+    return mma_sync_supports(BACKWARD_NAME, problem, device, head_dims=HEAD_DIMS, features=(GQA, BOTTOM_RIGHT, LSE))
+
+
+BACKWARD_NAME = "cute/backward/hopper"
+_gradients = cute_gradients(BACKWARD_NAME, supports, _launch)
+
+
+def hopper_gradients(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+    problem: Problem, *, d_lse: torch.Tensor | None = None, tiles: BackwardTiles | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, dk, dv) of q (B, H, Sq, D), k and v (B, Hkv, Sk, D) from the forward's O and LSE and the loss's
+    d_out (and d_lse); ``tiles`` replaces the head dim's default variant (``CANDIDATES``)."""
+    return _gradients(q, k, v, out, lse, d_out, problem, d_lse=d_lse, tiles=tiles)
+
+
+BACKWARD = Backward(
+    name=BACKWARD_NAME,
+    gradients=hopper_gradients,
+    supports=supports,
+    compile_sm90=compile_sm90,
+    runs_on_cpu=False,
+    source_file=__file__,
+)

@@ -1,0 +1,108 @@
+"""bench/decode_model.py and bench/decode_floor.py without a GPU: the model's grid layout and merge cost,
+the A/B's refusal, its settings (set and restored) and its table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import decode_floor, decode_model
+from common.measure.decode_sweep import DecodeCase, decode_problem, random_cases
+from cute_impl import decode as cute_decode
+from triton_impl import decode as triton_decode
+from triton_impl.gluon import decode as gluon_decode
+
+RAGGED = DecodeCase(decode_problem(3, 4096, 2, ragged=True, heads=8), (4096, 0, 1000))
+
+
+def _broken_split_keys(length: int, split: int, num_splits: int, block_n: int) -> int:
+    """Planted: blocks per split rounded down, so the last blocks of a sequence belong to no split."""
+    per_split = -(-length // block_n) // num_splits
+    begin = min(split * per_split * block_n, length)
+    return min(begin + per_split * block_n, length) - begin
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 7])
+def test_model_grid_reads_every_key_once(num_splits: int):
+    """The modelled CTAs of triton/decode (no padding past a sequence's end) read exactly the bytes a step
+    needs, the figure the percentage divides; gluon's TMA reads whole blocks, at least as many."""
+    triton, gluon, _ = decode_model.stack_models(128)
+    assert sum(decode_model.cta_bytes(RAGGED, triton, num_splits)) == RAGGED.kv_bytes_read
+    assert sum(decode_model.cta_bytes(RAGGED, gluon, num_splits)) >= RAGGED.kv_bytes_read
+    assert len(decode_model.cta_bytes(RAGGED, triton, num_splits)) == 3 * 2 * num_splits
+
+
+def test_model_grid_check_fails_a_planted_split_cut(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(decode_model, "split_keys", _broken_split_keys)
+    triton = decode_model.stack_models(128)[0]
+    assert sum(decode_model.cta_bytes(RAGGED, triton, 7)) < RAGGED.kv_bytes_read
+
+
+def test_model_merge_steps_and_one_split():
+    """One split has no merge; the merge's round trips fall with the splits read a step; cute's merge
+    before was unrolled by the compiler (LSE loop 16, O loop 2 a step)."""
+    triton, _, cute = decode_model.stack_models(128)
+    assert decode_model.merge_us(triton, 1) == 0.0
+    assert decode_model.merge_steps(triton, 24) == 25 and decode_model.merge_steps(cute, 24) == 2 + 12
+    after = decode_model.stack_models(128, merge_splits_per_step=8)
+    assert [decode_model.merge_steps(stack, 24) for stack in after] == [4, 4, 6]
+    assert decode_model.merge_us(after[0], 24) < decode_model.merge_us(triton, 24)
+    prediction = decode_model.predict(RAGGED, triton, 3)
+    assert 0 < prediction.pct < 100 and prediction.busy_ctas == 2 * (3 + 3)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_floor_without_a_gpu_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit) as exit_info:
+        decode_floor.main(["--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs a CUDA GPU" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_floor_settings_are_applied_then_restored():
+    committed = (triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP)
+    tiles = (gluon_decode.DEFAULT_CONFIGS[128], triton_decode.DEFAULT_CONFIGS[64])
+    assert committed == (8, 8)
+    with decode_floor.applied("before", "gluon/decode", 128):
+        assert (triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP) == (1, 0)
+        assert gluon_decode.DEFAULT_CONFIGS[128] == tiles[0]
+    with pytest.raises(RuntimeError), decode_floor.applied("after+tile", "gluon/decode", 128):
+        assert gluon_decode.DEFAULT_CONFIGS[128] == gluon_decode.DecodeConfig(64, 3)
+        raise RuntimeError("a failing bind")
+    with decode_floor.applied("after+tile", "triton/decode", 64):
+        assert triton_decode.DEFAULT_CONFIGS[64].block_n == 128 and gluon_decode.DEFAULT_CONFIGS[128] == tiles[0]
+    assert committed == (triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP)
+    assert tiles == (gluon_decode.DEFAULT_CONFIGS[128], triton_decode.DEFAULT_CONFIGS[64])
+    assert not decode_floor.applies("after+tile", "gluon/decode", 64, 0)  # its 64-key tile is the default now
+    assert not decode_floor.applies("after+tile", "gluon/decode", 256, 0)
+    assert not decode_floor.applies("after+tile", "triton/decode", 128, 0)
+    assert not decode_floor.applies("after+tile", "cute/decode", 64, 0)
+    assert decode_floor.applies("after+splits", "gluon/decode", 128, 4)
+    assert not decode_floor.applies("after+splits", "triton/decode", 128, 4)
+
+
+def test_floor_table_has_a_column_per_setting():
+    shape = RAGGED.describe()
+    rows = [
+        {"impl": "gluon/decode", "shape": shape, "setting": "before", "num_splits": 4, "status": "ok", "us": 120.0,
+         "pct_read_bw": 66.0},
+        {"impl": "gluon/decode", "shape": shape, "setting": "after", "num_splits": 4, "status": "wrong", "us": 90.0,
+         "pct_read_bw": 88.0},
+    ]  # fmt: skip
+    table = decode_floor.markdown(rows, 4419.0)
+    assert "(4419 GB/s)" in table and "| shape | rung | splits | before | after | after+tile | after+splits |" in table
+    assert f"| {shape} | gluon/decode | 4 | 120.0 µs (66 %) | wrong | — | — |" in table
+
+
+def test_floor_model_splits_name_timed_shapes_and_beat_the_rule_in_the_model():
+    """Each forced count of ``after+splits`` names a shape the run times; one is recomputed: B=32 Hkv=32
+    ragged, gluon/decode at one split against the rule's two."""
+    assert all(index in decode_floor.SHAPES for index, _ in decode_floor.MODEL_SPLITS)
+    case = random_cases(5, decode_floor.SEED)[4]
+    gluon = decode_model.stack_models(128, merge_splits_per_step=8)[1]
+    assert decode_floor.MODEL_SPLITS[4, "gluon/decode"] == 1 and decode_model.rule_splits(case, gluon) == 2
+    assert decode_model.predict(case, gluon, 1).pct > decode_model.predict(case, gluon, 2).pct + 3
