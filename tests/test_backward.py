@@ -366,7 +366,8 @@ for head_dim, variants in gluon_backward.CANDIDATES.items():
     for tiles in variants:
         for features in ({}, {"causal": True, "causal_alignment": "bottom_right"}):
             problem = Problem(2, 16, 1000, 777, head_dim, torch.bfloat16, kv_heads=4, **features)
-            for binary in gluon_backward.compile_sm90(problem, tiles)[1:]:
+            # The atomic dQ's last launch is the tiled rung's conversion kernel (compiled above at D=64).
+            for binary in gluon_backward.compile_sm90(problem, tiles)[1 : 2 if tiles.atomic_dq else 3]:
                 usage = next(iter(cubin_resources(binary.cubin).values()))
                 assert binary.shared_bytes <= 232_448, (tiles.label, binary.name, binary.shared_bytes)
                 # What the rung claims: TMA, mbarriers, wgmma and setmaxnreg; no mma.sync, no cp.async.
@@ -465,6 +466,15 @@ def test_gluon_overlapped_tiles_refuse_a_single_ring_slot() -> None:
             gluon_backward.BackwardTiles(32, stages[0], 64, stages[1], overlap=True)
     assert gluon_backward.BackwardTiles(32, 2, 64, 2, overlap=True).label.endswith(" overlap")
     assert gluon_backward.BackwardTiles(32, 1, 64, 1).label == "dkdv 128x32 s1, dq 128x64 s1"
+    # Only an overlapped kernel needs two slots; the label names the overlapped kernels.
+    mixed = gluon_backward.BackwardTiles(32, 3, 128, 1, overlap=True, dq_overlap=False)
+    assert mixed.label == "dkdv 128x32 s3, dq 128x128 s1 overlap dkdv" and not mixed.overlaps_dq
+    with pytest.raises(ValueError, match="two ring slots"):
+        gluon_backward.BackwardTiles(32, 1, 128, 2, overlap=True, dq_overlap=False)
+    # The atomic dQ is built on the non-overlapped step only; its label names no dQ pass.
+    with pytest.raises(ValueError, match="atomic dQ"):
+        gluon_backward.BackwardTiles(32, 3, 64, 3, overlap=True, atomic_dq=True)
+    assert gluon_backward.BackwardTiles(32, 3, 64, 3, atomic_dq=True).label == "dkdv 128x32 s3, dq atomic"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -666,15 +676,16 @@ def test_train_run_gives_each_ladder_stack_its_verdict(tmp_path: Path, monkeypat
 
 
 # Each backward rung with tile variants: the forward whose O and LSE it differentiates, its gradients
-# function and the keyword that takes a variant.
+# function, the keyword that takes a variant and its variants (the Gluon rung's every one, those a release
+# leaves out of its CANDIDATES for spilling included: a spill slows a kernel, it must not make it wrong).
 VARIANT_RUNGS = (
-    ("triton/tiled", tiled_backward, tiled_backward.tiled_gradients, "config"),
-    ("gluon/hopper", gluon_backward, gluon_backward.hopper_gradients, "tiles"),
+    ("triton/tiled", tiled_backward.tiled_gradients, "config", tiled_backward.CANDIDATES),
+    ("gluon/hopper", gluon_backward.hopper_gradients, "tiles", gluon_backward.ALL_CANDIDATES),
 )
 GPU_VARIANTS = [
     pytest.param(forward, gradients, {keyword: variant}, head_dim, id=f"{forward}-d{head_dim}-{variant.label}")
-    for forward, module, gradients, keyword in VARIANT_RUNGS
-    for head_dim, variants in module.CANDIDATES.items()
+    for forward, gradients, keyword, candidates in VARIANT_RUNGS
+    for head_dim, variants in candidates.items()
     for variant in variants
 ]
 

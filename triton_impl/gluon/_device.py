@@ -39,6 +39,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -302,3 +303,55 @@ def _packed_pairs(P, dtype: gl.constexpr):
     else:
         asm: gl.constexpr = "cvt.rn.f16x2.f32 $0, $2, $1;"
     return gl.inline_asm_elementwise(asm=asm, constraints="=r,r,r", args=[k0, k1], dtype=gl.int32, is_pure=True, pack=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# The backward's atomic dQ (gluon/backward/hopper, ``BackwardTiles.atomic_dq``)
+# ----------------------------------------------------------------------------------------------
+@gluon.jit
+def share_ds(d_s_t, step, index, ds_all, ds_ready):
+    """The backward's atomic dQ: consumer ``index``'s dSᵀ into its shared buffer of this step's parity,
+    then wait until the other consumer's is there too; returns the buffer. Double-buffered: a consumer
+    waits for its step-s dQᵀ product before its step-(s+1) arrival, so a buffer is rewritten only once
+    both consumers have read it."""
+    NUM_CONSUMERS: gl.constexpr = ds_all.shape[0] // 2
+    buffer = step % 2
+    ds_all.index(buffer * NUM_CONSUMERS + index).store(d_s_t.to(ds_all.dtype))
+    fence_async_shared()
+    # All four warps' stores precede the consumer's one arrival.
+    _partition_barrier()
+    mbarrier.arrive(ds_ready.index(buffer), count=1)
+    mbarrier.wait(ds_ready.index(buffer), (step // 2) & 1)
+    return buffer
+
+
+@gluon.jit
+def dq_t_product(buffer, k_t, ds_all, s_layout: gl.constexpr):
+    """The backward's atomic dQ: issue one consumer's share of dQᵀ = Kᵀ dSᵀ over the CTA's keys (both
+    consumers' dSᵀ in ``buffer``, ``share_ds``), its half of D's rows (64 × BLOCK_M: the query rows are
+    too few for an m64 wgmma's M), a wgmma token. ``k_t``: that half of D of each consumer's K tile,
+    transposed (MN-major A)."""
+    NUM_CONSUMERS: gl.constexpr = len(k_t)
+    HALF_D: gl.constexpr = k_t[0].shape[0]
+    BLOCK_M: gl.constexpr = ds_all.shape[2]
+    dq_t = gl.zeros([HALF_D, BLOCK_M], gl.float32, s_layout)
+    for keys in gl.static_range(NUM_CONSUMERS):
+        dq_t = warpgroup_mma(
+            k_t[keys], ds_all.index(buffer * NUM_CONSUMERS + keys), dq_t, use_acc=keys > 0, is_async=True
+        )
+    return dq_t
+
+
+@gluon.jit
+def add_dq(dq_t, DQAccum, row_base, m_start, seqlen_q, index, s_layout: gl.constexpr):
+    """The backward's atomic dQ: dQ_accum[rows m_start ..., consumer ``index``'s half of D] += dQᵀ's
+    transpose by relaxed fp32 atomics (the other key blocks add to the same rows); rows past Sq left out."""
+    HALF_D: gl.constexpr = dq_t.shape[0]
+    HEAD_DIM: gl.constexpr = 2 * HALF_D
+    BLOCK_M: gl.constexpr = dq_t.shape[1]
+    offs_d = index * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(1, s_layout))
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    # One scalar base per step; the tile's offsets are int32 and the same every step.
+    tile = DQAccum + (row_base + m_start) * HEAD_DIM
+    row_ok = (m_start + rows < seqlen_q)[None, :]
+    gl.atomic_add(tile + rows[None, :] * HEAD_DIM + offs_d[:, None], dq_t, mask=row_ok, sem="relaxed")

@@ -47,6 +47,12 @@ Algorithm (three launches):
      P = exp2(S · softmax_scale_log2 − LSE₂) (masked: ``attention_mask``), dS = P ∘ (dP − D),
      dQ += dS K; at the end dQ ·= softmax_scale, out by a TMA store.
 
+Atomic dQ (``BackwardTiles.atomic_dq``, FA3's choice; a candidate, D=128): no dQ pass; in step 2b both
+consumers share their dSᵀ through shared memory (``_device.share_ds``), each computes dQᵀ = Kᵀ dSᵀ for
+its half of D over the CTA's 128 keys (``dq_t_product``) and adds it to a zeroed (B, H, Sq, D) fp32
+accumulator by relaxed atomics (``add_dq``), which the tiled rung's ``_dq_convert_kernel`` scales and
+casts. Five products instead of seven, for B·H·(Sk/128)·Sq·D fp32 reductions in L2.
+
 Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` (K, V once per dK/dV CTA; Q, dO once per
 (key block, query block) through a ``NUM_STAGES``-slot ring; LSE₂ and D by plain loads into the
 registers of the rows' layout, masked, issued under the wgmmas: a TMA descriptor over the (B·H, Sq)
@@ -96,9 +102,12 @@ from triton_impl.gluon._device import (
     _tma_load,
     _tma_store,
     _values_product,
+    add_dq,
     attention_mask,
     block_range,
+    dq_t_product,
     kv_head_index,
+    share_ds,
 )
 from triton_impl.gluon._host import (
     CONSUMER_ROWS,
@@ -125,23 +134,36 @@ class BackwardTiles:
     """The tiles and ring depths of one variant: the dK/dV kernel streams ``dkdv_block_m`` query rows
     per ring slot through ``dkdv_stages`` slots; the dQ kernel ``dq_block_n`` keys through ``dq_stages``.
     ``overlap``: each consumer step issues the previous step's last product (dK += dSᵀ Q, dQ += dS K)
-    after its own first two, so that it runs under this step's exp2 (``_dkdv_step``, ``_dq_step``)."""
+    after its own first two, so that it runs under this step's exp2 (``_dkdv_step``, ``_dq_step``);
+    ``dq_overlap`` False keeps the dQ pass's steps plain (its 128-key tiles spill overlapped)."""
 
     dkdv_block_m: int
     dkdv_stages: int
     dq_block_n: int
     dq_stages: int
     overlap: bool = False
+    dq_overlap: bool | None = None  # None: as ``overlap``
+    # dQ by fp32 atomics from the dK/dV kernel (``_device.dq_t_product``, ``_device.add_dq``), no dQ pass
+    # (its two tile fields unused).
+    atomic_dq: bool = False
 
     def __post_init__(self) -> None:
         # Overlapped, a slot is freed one step late: one slot would deadlock the load warp.
-        if self.overlap and min(self.dkdv_stages, self.dq_stages) < 2:
+        if (self.overlap and self.dkdv_stages < 2) or (self.overlaps_dq and self.dq_stages < 2):
             raise ValueError(f"overlapped steps need two ring slots or more per kernel, got {self}")
+        if self.overlap and self.atomic_dq:
+            raise ValueError(f"the atomic dQ is built for the non-overlapped steps only, got {self}")
+
+    @property
+    def overlaps_dq(self) -> bool:
+        return self.overlap if self.dq_overlap is None else self.dq_overlap
 
     @property
     def label(self) -> str:
-        tiles = f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, dq 128x{self.dq_block_n} s{self.dq_stages}"
-        return tiles + (" overlap" if self.overlap else "")
+        dq = "dq atomic" if self.atomic_dq else f"dq 128x{self.dq_block_n} s{self.dq_stages}"
+        overlap = {(True, True): " overlap", (True, False): " overlap dkdv", (False, True): " overlap dq"}
+        suffix = overlap.get((self.overlap, self.overlaps_dq), "")
+        return f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, {dq}{suffix}"
 
 
 # Per head dim, the default first; every one compiles for sm_90a without spills (tests/test_backward.py,
@@ -153,6 +175,8 @@ class BackwardTiles:
 # s2 428.2 / 407.0, s3 419.1 / 400.7 (the default before). D=64 is not timed yet (its first stays).
 # Under Triton 3.9 the overlapped dK/dV kernels spill (16-64 bytes per thread, sm_90a): that release keeps
 # the others, the non-overlapped s3 its D=128 default.
+# Not timed yet: the dQ pass with 128-key tiles (half the steps and waits per key, a better wgmma shape;
+# plain steps: overlapped they spill 80-288 bytes) beside the overlapped or the plain dK/dV kernel.
 OVERLAP_SPILLS = ("3.9",)
 ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     64: (BackwardTiles(64, 2, 64, 2), BackwardTiles(64, 3, 128, 2), BackwardTiles(64, 3, 64, 3, overlap=True)),
@@ -161,10 +185,15 @@ ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(32, 3, 64, 3),
         BackwardTiles(32, 2, 64, 2),
         BackwardTiles(32, 4, 64, 3, overlap=True),
+        BackwardTiles(32, 3, 128, 2, overlap=True, dq_overlap=False),
+        BackwardTiles(32, 3, 128, 2),
+        BackwardTiles(32, 3, 64, 3, atomic_dq=True),
     ),
 }
+# The atomic dQ (not timed yet) spills under every release at the static test's ragged GQA shapes (bytes per
+# thread, non-causal/causal: 3.6 40/40, 3.8 16/8, 3.9 160/120; P1: 3.6 16/8, 3.8 0/0): no release lists it.
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
-    head_dim: tuple(t for t in tiles if not (t.overlap and triton_release() in OVERLAP_SPILLS))
+    head_dim: tuple(t for t in tiles if not t.atomic_dq and not (t.overlap and triton_release() in OVERLAP_SPILLS))
     for head_dim, tiles in ALL_CANDIDATES.items()
 }
 
@@ -178,6 +207,7 @@ class StepConstants(NamedTuple):
     NUM_STAGES: int
     CAUSAL: bool
     OVERLAP: bool  # a step issues the previous step's last product (``BackwardTiles.overlap``)
+    ATOMIC_DQ: bool = False  # the dK/dV kernel adds each step's dQ share (``BackwardTiles.atomic_dq``)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -321,7 +351,8 @@ def _dkdv_step(carry, step, m_start, row_base, step_args, constants: gl.constexp
     this step's Sᵀ and dPᵀ, so that it runs under this step's softmax, and this step's dSᵀ is returned."""
     dk = carry[0]
     dv = carry[1]
-    k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty, LseLog2, Delta, offs_n, seqlen, scale_log2 = step_args
+    k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty, vectors, offs_n, seqlen, scale_log2 = step_args
+    LseLog2, Delta, DQAccum, ds_all, ds_ready, index, k_t = vectors
     seqlen_q, seqlen_k, causal_offset = seqlen
     s_layout: gl.constexpr = constants.s_layout
     p_layout: gl.constexpr = constants.p_layout
@@ -356,6 +387,16 @@ def _dkdv_step(carry, step, m_start, row_base, step_args, constants: gl.constexp
         dk, dv = warpgroup_mma_wait(0, deps=[dk, dv_token])
         _release_previous(empty, step, NUM_STAGES)
         carry = (dk, dv, _operand_p(d_s_t, q_ring.dtype, p_layout))
+    elif constants.ATOMIC_DQ:
+        # dSᵀ is shared for dQᵀ while dV and dK run; dQᵀ's accumulator is made once dV's Pᵀ words are free.
+        dk_token = _values_product(_operand_p(d_s_t, q_ring.dtype, p_layout), q_tile, dk, p_layout)
+        buffer = share_ds(d_s_t, step, index, ds_all, ds_ready)
+        dv = warpgroup_mma_wait(1, deps=[dv_token])
+        dq_t_token = dq_t_product(buffer, k_t, ds_all, s_layout)
+        dk, dq_t = warpgroup_mma_wait(0, deps=[dk_token, dq_t_token])
+        mbarrier.arrive(empty.index(step % NUM_STAGES), count=1)
+        add_dq(dq_t, DQAccum, row_base, m_start, seqlen_q, index, s_layout)
+        carry = (dk, dv)
     else:
         dk_token = _values_product(_operand_p(d_s_t, q_ring.dtype, p_layout), q_tile, dk, p_layout)
         dv, dk = warpgroup_mma_wait(0, deps=[dv_token, dk_token])
@@ -372,7 +413,7 @@ def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
     fixed_k, fixed_v, q_ring, do_ring = smem
     fixed_ready, q_ready, do_ready, empty = barriers
     desc_dk, desc_dv = out_descs
-    LseLog2, Delta = vectors
+    LseLog2, Delta, DQAccum, ds_all, ds_ready = vectors
     batch, heads, kv_head, group, n_start, first_block, blocks, masked_blocks = coords
     seqlen_q, _, _ = seqlen
     softmax_scale, softmax_scale_log2 = scales
@@ -392,7 +433,16 @@ def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
                                     constants.p_layout))  # fmt: skip
 
     mbarrier.wait(fixed_ready.index(index), 0)
-    step_args = (k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty, LseLog2, Delta, offs_n, seqlen,
+    k_t = (k_smem, k_smem)  # read only by the atomic dQ
+    if constants.ATOMIC_DQ:
+        # This consumer's half of D's rows of both K tiles, transposed (``dq_t_product``).
+        HALF_D: gl.constexpr = HEAD_DIM // NUM_CONSUMERS
+        k_t = (
+            fixed_k.index(0).slice(index * HALF_D, HALF_D, dim=1).permute((1, 0)),
+            fixed_k.index(1).slice(index * HALF_D, HALF_D, dim=1).permute((1, 0)),
+        )
+    step_args = (k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty,
+                 (LseLog2, Delta, DQAccum, ds_all, ds_ready, index, k_t), offs_n, seqlen,
                  softmax_scale_log2)  # fmt: skip
     # GQA: the query heads kv_head · group ... kv_head · group + group − 1 read this KV head; dK and dV
     # sum over them here, in registers.
@@ -417,13 +467,14 @@ def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
 
 @gluon.jit
 def _dkdv_kernel(
-    desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LseLog2, Delta,
+    desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LseLog2, Delta, DQAccum,
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale_log2,
     NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, OVERLAP: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    ATOMIC_DQ: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """dK and dV (B, Hkv, Sk, D) of one 128-key block of one (batch, KV head); Q, dO by 4-D descriptors
-    with a BLOCK_M-row box, K, V, dK, dV with a 64-row box; LSE₂ and D fp32 (B·H·Sq) vectors."""
+    with a BLOCK_M-row box, K, V, dK, dV with a 64-row box; LSE₂ and D fp32 (B·H·Sq) vectors; with
+    ``ATOMIC_DQ`` the (B, H, Sq, D) fp32 dQ accumulator too (otherwise never read)."""
     WG_N: gl.constexpr = desc_k.block_type.shape[2]
     BLOCK_N: gl.constexpr = NUM_CONSUMERS * WG_N
     BLOCK_M: gl.constexpr = desc_q.block_type.shape[2]
@@ -436,7 +487,7 @@ def _dkdv_kernel(
     )
     # Pᵀ and dSᵀ as wgmma's A operand from registers: two 16-bit k per thread and register.
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    constants: gl.constexpr = StepConstants(s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP)
+    constants: gl.constexpr = StepConstants(s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP, ATOMIC_DQ)
 
     n_block = gl.program_id(0)
     batch_kv_head = gl.program_id(1)
@@ -450,6 +501,19 @@ def _dkdv_kernel(
         n_start, seqlen_q, seqlen_k, causal_offset, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N
     )
     smem, barriers = _allocate(desc_k, desc_q, NUM_STAGES)
+    # Without ATOMIC_DQ the consumers never read these: the Q ring and its barriers stand in for them.
+    ds_all = smem[2]
+    ds_ready = barriers[1]
+    if ATOMIC_DQ:
+        # Two buffers (step parity; index buffer · NUM_CONSUMERS + consumer) of each consumer's dSᵀ (WG_N
+        # keys × BLOCK_M query rows), the B operands of both consumers' dQᵀ products; a buffer is ready
+        # once both consumers have arrived.
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_N, BLOCK_M], desc_q.dtype)
+        ds_all = gl.allocate_shared_memory(desc_q.dtype, [2 * NUM_CONSUMERS, WG_N, BLOCK_M], ds_layout)
+        ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for buffer in gl.static_range(2):
+            mbarrier.init(ds_ready.index(buffer), count=NUM_CONSUMERS)
+        fence_async_shared()
 
     loader = (
         (desc_k, desc_v, desc_q, desc_do),
@@ -461,7 +525,7 @@ def _dkdv_kernel(
         smem,
         barriers,
         (desc_dk, desc_dv),
-        (LseLog2, Delta),
+        (LseLog2, Delta, DQAccum, ds_all, ds_ready),
         (batch, heads, kv_head, group, n_start, first_block, blocks, masked_blocks),
         (seqlen_q, seqlen_k, causal_offset),
         (softmax_scale, softmax_scale_log2),
@@ -650,10 +714,16 @@ def _launches(
     d_lse: torch.Tensor | None,
     tiles: BackwardTiles | None = None,
 ) -> tuple[list[Launch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """The preprocess, dK/dV and dQ launches and the (dq, dk, dv) they write."""
+    """The preprocess, dK/dV and dQ (a dQ pass, or the atomic dQ's conversion) launches and the
+    (dq, dk, dv) they write."""
     tiles = tiles or CANDIDATES[problem.head_dim][0]
+    if tiles.atomic_dq and problem.head_dim != 128:
+        # Each consumer's dQᵀ share is half of D's rows: one m64 wgmma at D=128, too few rows below.
+        raise ValueError(f"{BACKWARD_NAME}: the atomic dQ needs head_dim 128, got {problem.head_dim}")
     q, k, v, out, d_out = (_tma_operand(t) for t in (q, k, v, out, d_out))
-    preprocess, delta, lse_log2 = tiled.preprocess_launch(out, d_out, lse, d_lse, problem)
+    # The atomic dQ's fp32 accumulator, zeroed by the preprocess.
+    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device) if tiles.atomic_dq else None
+    preprocess, delta, lse_log2 = tiled.preprocess_launch(out, d_out, lse, d_lse, problem, dq_accum)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -671,10 +741,20 @@ def _launches(
         (
             descriptor(q, tiles.dkdv_block_m, dtype), descriptor(k, rows, dtype), descriptor(v, rows, dtype),
             descriptor(d_out, tiles.dkdv_block_m, dtype), descriptor(dk, rows, dtype), descriptor(dv, rows, dtype),
-            lse_log2, delta, *scalars,
+            # Without atomics the kernel never reads the accumulator (ATOMIC_DQ False): D stands in for it.
+            lse_log2, delta, delta if dq_accum is None else dq_accum, *scalars,
         ),
-        {**options, "NUM_STAGES": tiles.dkdv_stages},
+        {**options, "NUM_STAGES": tiles.dkdv_stages, "ATOMIC_DQ": tiles.atomic_dq},
     )  # fmt: skip
+    if dq_accum is not None:
+        # dQ = softmax_scale · dQ_accum in the input dtype (the Triton rung's last kernel).
+        convert = (
+            tiled._dq_convert_kernel,
+            (triton.cdiv(problem.seqlen_q, tiled.ROWS_BLOCK_M), problem.batch * problem.heads),
+            (dq_accum, dq, problem.seqlen_q, problem.scale),
+            {"HEAD_DIM": problem.head_dim, "BLOCK_M": tiled.ROWS_BLOCK_M},
+        )
+        return [preprocess, dkdv, convert], (dq, dk, dv)
     dq_launch = (
         _dq_kernel,
         (triton.cdiv(problem.seqlen_q, NUM_CONSUMERS.value * rows), problem.batch * problem.heads),
@@ -682,7 +762,7 @@ def _launches(
             descriptor(q, rows, dtype), descriptor(k, tiles.dq_block_n, dtype), descriptor(v, tiles.dq_block_n, dtype),
             descriptor(d_out, rows, dtype), descriptor(dq, rows, dtype), lse_log2, delta, *scalars,
         ),
-        {**options, "NUM_STAGES": tiles.dq_stages},
+        {**options, "NUM_STAGES": tiles.dq_stages, "OVERLAP": tiles.overlaps_dq},
     )  # fmt: skip
     return [preprocess, dkdv, dq_launch], (dq, dk, dv)
 
