@@ -347,9 +347,9 @@ def context_parallel_block(root: Path) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# Backward (README only): the committed bench/backward.py run
+# Backward (README only): the committed compare.py --backward run (bench/backward.py's results.csv reads too)
 # ----------------------------------------------------------------------------------------------
-BACKWARD_CSV = Path("results") / "h200" / "backward" / "results.csv"
+BACKWARD_CSV = Path("results") / "h200" / "backward-compare" / "backward.csv"
 BACKWARD_BEGIN, BACKWARD_END = "<!-- backward:begin -->", "<!-- backward:end -->"
 
 
@@ -372,11 +372,19 @@ def backward_pick(frame: pd.DataFrame) -> str:
     )
 
 
+def _backward_shape(row: pd.Series) -> str:
+    """A compare.py --backward row's problem, as the table's row label."""
+    causal = " causal" if str(row["causal"]) == "True" else ""
+    return f"B={row['batch']} H={row['heads']} S={row['seqlen_q']} D={row['head_dim']}{causal}"
+
+
 def backward_table(csv_path: Path, root: Path) -> str:
     """The pick sentence, then TFLOP/s of the backward alone per shape (rows) and implementation (columns)."""
     if not csv_path.exists():
         return "_No backward run committed yet._"
     frame = pd.read_csv(csv_path, dtype={"reason": str}).fillna({"reason": ""})
+    if "shape" not in frame.columns:
+        frame["shape"] = frame.apply(_backward_shape, axis=1)
     impls = column_order(list(frame["impl"]))
     lines = [
         backward_pick(frame),
