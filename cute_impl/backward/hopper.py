@@ -51,9 +51,19 @@ Constraints: fp16/bf16; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal (top-left or b
 and MQA (dK and dV summed over the group's query heads in registers, no atomics); the LSE's gradient;
 exactly sm_90 (WGMMA, setmaxnreg). Refused: ``cache_seqlens``, paged caches, D = 256, fp32.
 
+What the measurements taught (H200, B=2 H=16 S=8192 D=128 bf16, TFLOP/s counting the five products,
+``results/h200/backward-compare/``): 421 (395 causal), 2.5× ``tiled`` and 0.93× the Gluon rung, whose
+default overlaps its dK product at 32 query rows per step. Here the overlapped 32-row variants (each
+Sᵀ an m64n32 wgmma, twice the steps and waits per key) ran slower than the plain 64-row default, and
+overlapping only the dQ pass stayed within noise (``results/h200/backward-cute-hopper-candidates/``):
+the default is the plain one. The tensor cores run seven products for the five counted, so 421 is
+about 590 TFLOP/s of wgmma work: at that rate, five products alone would come within 3 % of
+FlashAttention-4's sm90 backward (608), which makes dQ += dS K in the dK/dV kernel and adds it to an
+fp32 dQ by bulk reduce-adds from shared memory, issued by a warp of its own.
+
 Limits (not done): no ping-pong between the consumer warpgroups, no persistent scheduler, gradients
 stored from the accumulators (no TMA store); the dQ pass recomputes S and dP (seven products per
-tile pair instead of FA3's five, with dQ by atomics). Not measured on a GPU yet: the candidates are
+tile pair instead of five); no atomic or reduce-add dQ variant. The candidates are
 ``python -m bench.backward --candidates --rung cute``.
 """
 

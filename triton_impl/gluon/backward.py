@@ -15,16 +15,10 @@ for it written out, and the warp specialisation Triton 3.6 cannot do on sm_90:
     written out (``warpgroup_mma_wait(1)`` retires all but the newest), operands from shared memory
     or (P and dS) from registers in wgmma's A-operand layout, fp32 accumulators.
 
-The key block is the rows of every product of the dK/dV kernel, as in the Triton rung: Sᵀ = K Qᵀ,
-dPᵀ = V dOᵀ, dV += Pᵀ dO, dK += dSᵀ Q, so that Pᵀ and dSᵀ come out of their accumulators already in
-the layout of the next product's A operand (no transpose through shared memory). Each consumer
-warpgroup owns 64 of the CTA's 128 keys (one m64 wgmma per product).
-
-dQ: by a separate Gluon pass (``_dq_kernel``, the Triton tutorial's choice and the Triton rung's
-fastest), not by atomics. Its products (S = Q Kᵀ, dP = dO Vᵀ, dQ += dS K) are the forward's shapes,
-so it is right by the same construction, deterministic, and needs neither an fp32 buffer nor the
-transposed dS in shared memory that an atomic dQ = dS K needs here (dS is held as dSᵀ). It costs
-seven products per tile instead of five.
+The key block is the rows of every product of the dK/dV kernel, as in the Triton rung: Sᵀ = K Qᵀ, dPᵀ = V dOᵀ,
+dV += Pᵀ dO, dK += dSᵀ Q, so that Pᵀ and dSᵀ come out of their accumulators already in the layout of the next
+product's A operand (no transpose through shared memory). Each consumer warpgroup owns 64 of the CTA's 128
+keys (one m64 wgmma per product).
 
 Algorithm (three launches):
   1. The Triton rung's ``_preprocess_kernel`` (reused): D = rowsum(dO ∘ O) − dLSE and
@@ -47,30 +41,35 @@ Algorithm (three launches):
      P = exp2(S · softmax_scale_log2 − LSE₂) (masked: ``attention_mask``), dS = P ∘ (dP − D),
      dQ += dS K; at the end dQ ·= softmax_scale, out by a TMA store.
 
-Atomic dQ (``BackwardTiles.atomic_dq``, FA3's choice; a candidate, D=128): no dQ pass; in step 2b both
-consumers share their dSᵀ through shared memory (``_device.share_ds``), each computes dQᵀ = Kᵀ dSᵀ for
-its half of D over the CTA's 128 keys (``dq_t_product``) and adds it to a zeroed (B, H, Sq, D) fp32
-accumulator by relaxed atomics (``add_dq``), which the tiled rung's ``_dq_convert_kernel`` scales and
-casts. Five products instead of seven, for B·H·(Sk/128)·Sq·D fp32 reductions in L2.
+dQ: by a separate pass (step 3; the Triton tutorial's choice and the Triton rung's fastest), whose products
+are the forward's shapes: deterministic, no fp32 buffer, but seven products per tile instead of five. The
+atomic dQ (``BackwardTiles.atomic_dq``, FA3's choice; D=128, plain steps, listed by no release) has no pass:
+in step 2b the consumers share their dSᵀ through shared memory (``_device.share_ds``), each makes dQᵀ = Kᵀ dSᵀ
+for its half of D (``dq_t_product``, Kᵀ an MN-major view of the K tiles) and adds it to a zeroed fp32 buffer
+by relaxed atomics (``add_dq``; ``tiled._dq_convert_kernel`` scales and casts). It lost (P1: 319 TFLOP/s, the
+default 456; ``results/h200/backward-gluon-candidates-atomic/``): the per-element reductions, issued by the
+consumers after a wait for dQᵀ, and the per-step dSᵀ exchange cost more than the pass they remove.
 
-Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` (K, V once per dK/dV CTA; Q, dO once per
-(key block, query block) through a ``NUM_STAGES``-slot ring; LSE₂ and D by plain loads into the
-registers of the rows' layout, masked, issued under the wgmmas: a TMA descriptor over the (B·H, Sq)
-fp32 vectors needs a row stride of Sq · 4 bytes aligned to 16, which a ragged Sq is not); SMEM → tensor
-cores by ``wgmma.mma_async``; Pᵀ and dSᵀ never leave registers (packed two per 32-bit word by
-``cvt``, ``_device._operand_p``); dK, dV and dQ registers → SMEM → HBM by TMA stores.
+Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` (K, V once per dK/dV CTA; Q, dO once per (key block,
+query block) through a ``NUM_STAGES``-slot ring; LSE₂ and D by plain loads into the registers of the rows'
+layout, masked, under the wgmmas: a TMA box over them needs Sq · 4 bytes aligned to 16, which a ragged Sq is
+not); SMEM → tensor cores by ``wgmma.mma_async``; Pᵀ and dSᵀ never leave registers (packed two per 32-bit word
+by ``cvt``, ``_device._operand_p``); dK, dV and dQ registers → SMEM → HBM by TMA stores.
 
-Constraints: fp16 and bf16; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not;
-GQA and MQA (dK and dV summed over the group's query heads in registers, no atomics); the LSE's
-gradient (``d_lse``); exactly sm_90. Refused: ``cache_seqlens`` (``gluon/hopper``'s forward takes
-them; this backward has no per-sequence key lengths), paged caches, D = 256, fp32. Gluon has no
-interpreter path: the rung compiles without a GPU (``compile_sm90``) but runs only on one.
+Constraints: fp16 and bf16; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA and
+MQA (dK and dV summed over the group's query heads in registers, no atomics); the LSE's gradient (``d_lse``);
+exactly sm_90. Refused: ``cache_seqlens`` (``gluon/hopper``'s forward takes them; this backward has no
+per-sequence key lengths), paged caches, D = 256, fp32. Gluon has no interpreter path: the rung compiles
+without a GPU (``compile_sm90``) but runs only on one.
 
-Limits (not done): without ``overlap`` (D=64's default) the consumers wait for each step's last products
-before freeing the slot, so a step's softmax does not run under the previous step's dK product (the
-overlapped tiles do that; no product stays in flight across a loop's back edge, which made ptxas
-serialise every wgmma); no ping-pong between the consumers, no persistent scheduler, and the dQ pass
-recomputes S and dP.
+Measured at P1 (B=2 H=16 S=8192 D=128 bf16, ``results/h200/backward-compare/``): 453 TFLOP/s counting five
+products (408 causal), 0.75× (0.73×) FlashAttention-4's sm90 backward. It runs seven: 634 TFLOP/s of wgmma
+work, more than FA4's 608, which makes dQ += dS K once, in its dK/dV kernel, and adds it to an fp32 dQ by bulk
+reduce-adds from shared memory issued by a warp of its own. Limits (not done): without ``overlap`` (D=64's
+default) the consumers wait for each step's last products before freeing the slot, so a step's softmax does
+not run under the previous step's dK product (the overlapped tiles do that; no product stays in flight across
+a loop's back edge, which made ptxas serialise every wgmma); no ping-pong between the consumers, no persistent
+scheduler, no reduce-add dQ.
 """
 
 from __future__ import annotations
