@@ -174,8 +174,8 @@ class BackwardTiles:
 # s2 428.2 / 407.0, s3 419.1 / 400.7 (the default before). D=64 is not timed yet (its first stays).
 # Under Triton 3.9 the overlapped dK/dV kernels spill (16-64 bytes per thread, sm_90a): that release keeps
 # the others, the non-overlapped s3 its D=128 default.
-# Not timed yet: the dQ pass with 128-key tiles (half the steps and waits per key, a better wgmma shape;
-# plain steps: overlapped they spill 80-288 bytes) beside the overlapped or the plain dK/dV kernel.
+# The dQ pass with 128-key tiles (plain steps: overlapped they spill 80-288 bytes) gains nothing: 448.8 /
+# 407.4 beside the overlapped dK/dV kernel, 421.0 / 411.3 beside the plain one (backward-gluon-candidates-atomic/).
 OVERLAP_SPILLS = ("3.9",)
 ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     64: (BackwardTiles(64, 2, 64, 2), BackwardTiles(64, 3, 128, 2), BackwardTiles(64, 3, 64, 3, overlap=True)),
@@ -189,7 +189,7 @@ ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(32, 3, 64, 3, atomic_dq=True),
     ),
 }
-# The atomic dQ (not timed yet) spills under every release at the static test's ragged GQA shapes (bytes per
+# The atomic dQ (319.3 at P1 against 456.4: slower) spills under every release at the static test's ragged GQA shapes (bytes per
 # thread, non-causal/causal: 3.6 40/40, 3.8 16/8, 3.9 160/120; P1: 3.6 16/8, 3.8 0/0): no release lists it.
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     head_dim: tuple(t for t in tiles if not t.atomic_dq and not (t.overlap and triton_release() in OVERLAP_SPILLS))
