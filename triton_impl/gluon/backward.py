@@ -189,8 +189,8 @@ ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(32, 3, 64, 3, atomic_dq=True),
     ),
 }
-# The atomic dQ (319.3 at P1 against 456.4: slower) spills under every release at the static test's ragged GQA shapes (bytes per
-# thread, non-causal/causal: 3.6 40/40, 3.8 16/8, 3.9 160/120; P1: 3.6 16/8, 3.8 0/0): no release lists it.
+# The atomic dQ (319.3 at P1 against 456.4) spills at the static test's ragged GQA shapes (bytes per thread,
+# non-causal/causal: 3.6 40/40, 3.8 16/8, 3.9 160/120; P1: 3.6 16/8, 3.8 0/0): no release lists it.
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     head_dim: tuple(t for t in tiles if not t.atomic_dq and not (t.overlap and triton_release() in OVERLAP_SPILLS))
     for head_dim, tiles in ALL_CANDIDATES.items()
