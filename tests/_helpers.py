@@ -1,5 +1,6 @@
-"""Helpers the test files share: skipping a case a rung refuses, compiling in a child process, and the
-problem features the CuTe rungs' GPU tests cross (masks, edge key lengths, the shared check)."""
+"""Helpers the test files share: skipping a case a rung refuses, compiling in a child process (one script,
+or a batch of scripts in one process), and the problem features the CuTe rungs' GPU tests cross (masks, edge
+key lengths, the shared check)."""
 
 from __future__ import annotations
 

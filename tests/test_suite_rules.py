@@ -8,8 +8,9 @@
 The marker rule reads the test files' syntax: a call counts as a CuTe compile when it is the toolchain's
 ``compile_cute_sm90`` or a ``compile_sm90`` / ``binaries`` call whose receiver names a ``cute_impl`` module
 (imported, assigned from one, or looked up in something built from one), in the test or in a function or
-fixture of its file that the test calls or requests. Compiles through the registry (``impl.compile_sm90``,
-test_static_sm90.py) are every stack's and stay in every leg; they are not CuTe calls here.
+fixture of its file that the test calls or requests (functions of other modules are not followed).
+Compiles through the registry (``impl.compile_sm90``, test_static_sm90.py) are every stack's and stay in
+every leg; they are not CuTe calls here.
 """
 
 from __future__ import annotations
