@@ -1,5 +1,6 @@
-"""Helpers the test files share: skipping a case a rung refuses, compiling in a child process, and the
-problem features the CuTe rungs' GPU tests cross (masks, edge key lengths, the shared check)."""
+"""Helpers the test files share: skipping a case a rung refuses, compiling in a child process (one script,
+or a batch of scripts in one process), and the problem features the CuTe rungs' GPU tests cross (masks, edge
+key lengths, the shared check)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,41 @@ def json_from_child(args: list[str], timeout: float) -> Any:
     )
     assert done.returncode == 0, f"the child process failed:\n{done.stderr[-4000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# Runs each script of a batch as ``python -c script *args`` would (its own globals, ``sys.argv``), in one
+# process: one import of torch, Triton and the rungs for the batch. A script that raises gives its traceback
+# in place of its result, so the other scripts still run.
+_BATCH_SCRIPT = """
+import contextlib, io, json, sys, traceback
+results = {}
+for key, (script, args) in json.loads(sys.argv[1]).items():
+    sys.argv = ["-c", *args]
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(compile(script, f"<{key}>", "exec"), {"__name__": "__main__"})
+        results[key] = {"result": json.loads(printed.getvalue().strip().splitlines()[-1])}
+    except Exception:
+        results[key] = {"error": traceback.format_exc()}
+print(json.dumps(results))
+"""
+
+
+def scripts_in_one_child(scripts: dict[str, tuple[str, list[str]]], timeout: float) -> dict[str, dict]:
+    """Run every ``key: (script, args)`` of ``scripts`` in one child process (as ``json_from_child``: without
+    ``TRITON_INTERPRET``), each as ``python -c script *args`` would; each script's last stdout line is JSON.
+    Returns, per key, ``{"result": ...}`` or ``{"error": traceback}``: read one with ``child_result``."""
+    return json_from_child(["-c", _BATCH_SCRIPT, json.dumps(scripts)], timeout=timeout)
+
+
+def child_result(results: dict[str, dict], key: str) -> Any:
+    """The result of script ``key`` of a ``scripts_in_one_child`` batch; a script that raised fails the test
+    that reads it, with its traceback (the batch's other tests stand on their own results)."""
+    entry = results[key]
+    if "error" in entry:
+        pytest.fail(f"{key} failed in the child process:\n{entry['error'][-4000:]}", pytrace=False)
+    return entry["result"]
 
 
 # The masks of the CuTe rungs' feature tests: (causal, causal_alignment).

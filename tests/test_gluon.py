@@ -25,12 +25,12 @@ from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
 from common.contract.registry import discover
-from tests._helpers import json_from_child, require_supported
+from tests._helpers import child_result, require_supported, scripts_in_one_child
 from triton_impl import fp8_launch
 from triton_impl.gluon import fp8, hopper
 from triton_impl.gluon._host import LOAD_REGISTERS
 
-# The compile fixture runs once per variant in one pytest-xdist worker (--dist loadgroup).
+# The compile fixture runs once, for every variant, in one pytest-xdist worker (--dist loadgroup).
 pytestmark = [pytest.mark.xdist_group("gluon-compile"), pytest.mark.static]
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -97,24 +97,33 @@ print(json.dumps({
 """
 
 
-def _compile_in_child(
-    rung: str, head_dim: int, causal: bool, dtype_name: str, variant: str | None, features: bool
-) -> dict:
+def _compile_spec(rung: str, head_dim: int, causal: bool, dtype_name: str, variant: str | None, features: bool) -> str:
     torch_dtype = {"bf16": "bfloat16", "fp16": "float16"}[dtype_name]
-    spec = [rung, head_dim, causal, torch_dtype, variant, FEATURES if features else {}]
-    return json_from_child(["-c", _COMPILE_SCRIPT, json.dumps(spec)], timeout=600)
+    return json.dumps([rung, head_dim, causal, torch_dtype, variant, FEATURES if features else {}])
 
 
-@pytest.fixture(
-    scope="module",
-    params=COMPILED,
-    ids=[
-        f"{r}-d{d}-{'causal' if c else 'full'}-{t}{'-' + v if v else ''}{'-features' if f else ''}"
-        for r, d, c, t, v, f in COMPILED
-    ],
-)
-def compiled(request: pytest.FixtureRequest) -> dict:
-    return _compile_in_child(*request.param)
+COMPILED_IDS = [
+    f"{r}-d{d}-{'causal' if c else 'full'}-{t}{'-' + v if v else ''}{'-features' if f else ''}"
+    for r, d, c, t, v, f in COMPILED
+]
+
+
+@pytest.fixture(scope="module")
+def builds() -> dict[str, dict]:
+    """Every COMPILED variant and every LAUNCHES probe in one child process (one import of torch, Triton
+    and the rungs for the module; the module's tests share one pytest-xdist worker), keyed
+    ``compile/<variant id>`` and ``launch/<probe id>``; read one entry with ``child_result``."""
+    scripts = {
+        f"compile/{name}": (_COMPILE_SCRIPT, [_compile_spec(*spec)])
+        for name, spec in zip(COMPILED_IDS, COMPILED, strict=True)
+    }
+    scripts |= {f"launch/{name}": (_LAUNCH_SCRIPT, [json.dumps(spec)]) for name, spec in LAUNCHES.items()}
+    return scripts_in_one_child(scripts, timeout=1800)
+
+
+@pytest.fixture(scope="module", params=COMPILED_IDS)
+def compiled(request: pytest.FixtureRequest, builds: dict[str, dict]) -> dict:
+    return child_result(builds, f"compile/{request.param}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -288,27 +297,25 @@ print(json.dumps({
 
 
 GQA_KV_CACHE = {"kv_heads": 2, "causal_alignment": "bottom_right", "has_cache_seqlens": True, "return_lse": True}
+# The prepared launches compiled through Triton's JIT binder: (rung, seqlen_q, seqlen_k, head_dim, causal,
+# features) by probe id.
+LAUNCHES = {
+    "hopper": ("hopper", 300, 517, 128, False, {}),
+    "fp8": ("fp8", 300, 517, 128, False, {}),
+    "fp8-one-key": ("fp8", 1, 1, 64, True, {}),
+    "hopper-gqa-kv-cache": ("hopper", 77, 1000, 64, True, GQA_KV_CACHE),
+    "fp8-gqa-kv-cache": ("fp8", 1000, 77, 128, True, GQA_KV_CACHE),
+}
 
 
-@pytest.mark.parametrize(
-    "rung, seqlens, head_dim, causal, features",
-    [
-        ("hopper", (300, 517), 128, False, {}),
-        ("fp8", (300, 517), 128, False, {}),
-        ("fp8", (1, 1), 64, True, {}),
-        ("hopper", (77, 1000), 64, True, GQA_KV_CACHE),
-        ("fp8", (1000, 77), 128, True, GQA_KV_CACHE),
-    ],
-    ids=["hopper", "fp8", "fp8-one-key", "hopper-gqa-kv-cache", "fp8-gqa-kv-cache"],
-)
-def test_launch_arguments_compile_through_the_jit_binder(
-    rung: str, seqlens: tuple[int, int], head_dim: int, causal: bool, features: dict
-):
+@pytest.mark.parametrize("probe", list(LAUNCHES))
+def test_launch_arguments_compile_through_the_jit_binder(probe: str, builds: dict[str, dict]):
     """What ``attention_kernel[grid](*args, **options)`` would compile from each rung's prepared
     launch (on CPU tensors: Triton's own binder and argument packing, no driver): the host
     arguments and the kernel's parameters agree, fp16/bf16 passes the FP8 scales as None constexprs,
     and the GQA / KV-cache launches (kv_heads, cache_seqlens) bind too."""
-    result = json_from_child(["-c", _LAUNCH_SCRIPT, json.dumps([rung, *seqlens, head_dim, causal, features])], 600)
+    rung = LAUNCHES[probe][0]
+    result = child_result(builds, f"launch/{probe}")
     assert result["e4m3"] == (rung == "fp8")
     assert result["spill_bytes"] == 0, result
     if rung == "hopper":

@@ -27,7 +27,7 @@ from common.contract.registry import Implementation, discover, per_call_inputs
 from common.measure.peaks import Peaks
 from common.measure.runner import TimingOptions, make_workload, measure
 from common.toolchain.releases import triton_release
-from tests._helpers import json_from_child, require_supported
+from tests._helpers import child_result, require_supported, scripts_in_one_child
 from tests.capability_matrix import pretend_sm90
 from triton_impl import _device, decode
 from triton_impl._device import kv_page_slots
@@ -360,15 +360,18 @@ print(json.dumps(rows))
 TABLE_BUFFER_BYTES = 4096
 
 
-def _build_probe(script: str) -> dict:
-    """Run a compile probe in a child process without TRITON_INTERPRET; its last stdout line is JSON."""
-    return json_from_child(["-c", script], timeout=900)
+@pytest.fixture(scope="module")
+def paged_builds() -> dict[str, dict]:
+    """Both stacks' paged build probes, ``triton`` (above) and ``gluon`` (below), in one child process without
+    TRITON_INTERPRET: one import for the two tests (one pytest-xdist group); read one with ``child_result``."""
+    probes = {"triton": (_PAGED_BUILD_PROBE, []), "gluon": (_GLUON_PAGED_BUILD_PROBE, [])}
+    return scripts_in_one_child(probes, timeout=1800)
 
 
 @pytest.mark.static
 @pytest.mark.xdist_group("static-sm90")
-def test_paged_build_compiles_without_spills_at_the_contiguous_depth():
-    rows = _build_probe(_PAGED_BUILD_PROBE)
+def test_paged_build_compiles_without_spills_at_the_contiguous_depth(paged_builds: dict[str, dict]):
+    rows = child_result(paged_builds, "triton")
     for head_dim in decode.HEAD_DIMS:
         _, dense_shared, _ = rows[f"D={head_dim} page=0"]
         for page_size in (16, 256):
@@ -465,11 +468,11 @@ KNOWN_GLUON_PAGED_SPILLS: dict[tuple[str, str], int] = {
 
 @pytest.mark.static
 @pytest.mark.xdist_group("static-sm90")
-def test_gluon_paged_build_compiles_without_spills_on_the_contiguous_ring():
+def test_gluon_paged_build_compiles_without_spills_on_the_contiguous_ring(paged_builds: dict[str, dict]):
     """Every head dim, pages smaller than a key block (16, and 48: not a power of two) and larger (256):
     no spills (but a release's known ones, bounded), TMA and no cp.async, the shared memory of the
     contiguous build (the same ring), and more copy instructions when a block takes several chunks."""
-    rows = _build_probe(_GLUON_PAGED_BUILD_PROBE)
+    rows = child_result(paged_builds, "gluon")
     for head_dim in gluon_decode.HEAD_DIMS:
         _, dense_shared, _, _, dense_copies = rows[f"D={head_dim} page=0"]
         for page_size in (16, 48, 256):

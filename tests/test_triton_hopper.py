@@ -21,7 +21,7 @@ from common.contract.metrics import error_stats
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
 from common.tools.sanitize import HOST_API_ERRORS
-from tests._helpers import json_from_child
+from tests._helpers import child_result, json_from_child, scripts_in_one_child
 from triton_impl import fp8, hopper
 from triton_impl.fp8_quantiser import shared_bytes
 
@@ -139,9 +139,18 @@ def _compile_probe(code: str) -> dict:
     return json_from_child(["-c", code], timeout=900)
 
 
+@pytest.fixture(scope="module")
+def static_probes() -> dict[str, dict]:
+    """The static tests' probes, ``warp-specialised`` (above) and ``fp8-occupancy`` (below), in one child
+    process: one import for the two tests (one pytest-xdist group); read one with ``child_result``."""
+    probes = {"warp-specialised": (_WS_PROBE, []), "fp8-occupancy": (_FP8_OCCUPANCY_PROBE, [])}
+    return scripts_in_one_child(probes, timeout=1800)
+
+
 @pytest.mark.static
-def test_warp_specialised_configs_use_setmaxnreg():
-    rows = _compile_probe(_WS_PROBE)
+@pytest.mark.xdist_group("triton-hopper-compile")
+def test_warp_specialised_configs_use_setmaxnreg(static_probes: dict[str, dict]):
+    rows = child_result(static_probes, "warp-specialised")
     for name, (has_setmaxnreg, spills) in rows.items():
         assert has_setmaxnreg == name.endswith("True"), f"{name}: setmaxnreg present = {has_setmaxnreg}"
         assert spills == 0, f"{name} spills {spills} bytes"
@@ -169,9 +178,10 @@ CTA_RESERVED_SHARED_BYTES = 1024
 
 
 @pytest.mark.static
-def test_fp8_default_configs_fit_two_ctas_per_sm():
+@pytest.mark.xdist_group("triton-hopper-compile")
+def test_fp8_default_configs_fit_two_ctas_per_sm(static_probes: dict[str, dict]):
     # The fp8 defaults rely on two independent one-warpgroup CTAs per SM (triton_impl/fp8.py).
-    for name, (threads, registers, spills, shared) in _compile_probe(_FP8_OCCUPANCY_PROBE).items():
+    for name, (threads, registers, spills, shared) in child_result(static_probes, "fp8-occupancy").items():
         registers_per_warp = -(-registers * 32 // 256) * 256
         assert 2 * (threads // 32) * registers_per_warp <= SM90_REGISTERS, f"{name}: {registers} registers"
         assert 2 * (shared + CTA_RESERVED_SHARED_BYTES) <= SM90_SHARED_BYTES, f"{name}: {shared} B shared"
