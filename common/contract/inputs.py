@@ -28,7 +28,10 @@ def make_inputs(
     kv_shape = (problem.batch, problem.kv_heads, problem.seqlen_k, problem.head_dim)
 
     def draw(shape: tuple[int, ...], shift: float = 0.0) -> torch.Tensor:
-        drawn = torch.randn(shape, generator=generator, dtype=torch.float32, device=where) + shift
+        drawn = torch.randn(shape, generator=generator, dtype=torch.float32, device=where)
+        if shift:
+            # In place: a second fp32 copy of a decode cache would double the draw's peak memory.
+            drawn.add_(shift)
         return drawn.to(device=device, dtype=problem.dtype)
 
     return draw(q_shape), draw(kv_shape), draw(kv_shape, offset)
