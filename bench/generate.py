@@ -62,6 +62,7 @@ FLASH_CANDIDATES = ("flash_attention_4", "flash_attention_3", "flash_attention_2
 DEFAULT_IMPLS = (SDPA, *LADDER_NAMES, FLASH, EAGER)
 CACHES = ("dynamic", "static", "static-compiled")
 PREFILL_REPEATS = 3
+PROFILE_LINES = 45
 # Eager materialises B·H·Sq·Sk scores in the model dtype, their fp32 softmax and its cast back (about
 # 8 bytes per score); it runs only where that takes at most this share of the free memory.
 EAGER_BYTES_PER_SCORE = 8
@@ -102,6 +103,7 @@ class Sweep:
     new_tokens: int
     row_budget_s: float
     total_budget_s: float
+    profile: bool = False
 
 
 # A Llama-3-8B-like layer (32 / 8 heads, head_dim 128, hidden 4096, MLP 14336), 4 of them.
@@ -199,6 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--row-budget", type=float, help="seconds one row may take (default 60)")
     parser.add_argument("--total-budget", type=float, help="seconds for all rows; later rows are skipped (default 420)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after each row, cProfile one more generate() of the row's length: profile-<row>.txt under --out "
+        "(where a decode step's host time goes)",
+    )
     return parser
 
 
@@ -208,6 +216,7 @@ def sweep_for(args: argparse.Namespace) -> Sweep:
     overrides = {
         "prompts": args.prompts, "batches": args.batches, "caches": args.caches, "impls": args.impls,
         "new_tokens": args.new_tokens, "row_budget_s": args.row_budget, "total_budget_s": args.total_budget,
+        "profile": args.profile or None,
     }  # fmt: skip
     sweep = replace(base, **{key: value for key, value in overrides.items() if value is not None})
     if sweep.new_tokens < 2:
@@ -318,6 +327,19 @@ def measure(model: Any, ids: Any, case: Case, clock: Clock, reference: Any) -> t
     return numbers, logits
 
 
+def profile_generate(model: Any, ids: Any, case: Case, path: Path) -> None:
+    """cProfile of one generate() of the case's length, its functions by own time and by cumulative time:
+    at these model sizes a decode step is host time, and this says whose."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.runcall(model.generate, ids, **generate_kwargs(case, ids))
+    with path.open("w") as handle:
+        for order in ("tottime", "cumulative"):
+            pstats.Stats(profiler, stream=handle).sort_stats(order).print_stats(PROFILE_LINES)
+
+
 def eager_refusal(case: Case, spec: ModelSpec, device: Any) -> str:
     """Why eager attention would not fit here ('' when it would)."""
     import torch
@@ -377,6 +399,7 @@ class Context:
     clock: Clock
     flash: tuple[str, str]
     started: float
+    out_dir: Path
 
     def remaining_s(self) -> float:
         return self.sweep.total_budget_s - (time.monotonic() - self.started)
@@ -420,6 +443,9 @@ def run_row(impl: str, case: Case, ids: Any, reference: Any, context: Context) -
         with deadline(budget):
             context.model.set_attn_implementation(name)
             numbers, logits = measure(context.model, ids, case, context.clock, reference)
+            if context.sweep.profile:
+                label = f"{impl.replace(':', '-')}-{case.cache}-B{case.batch}-P{case.prompt}"
+                profile_generate(context.model, ids, case, context.out_dir / f"profile-{label}.txt")
         row.status = "ok"
         for key, value in numbers.items():
             setattr(row, key, value)
@@ -588,7 +614,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (out_dir / "env.json").write_text(json.dumps(env, indent=2, default=str))
     model = build_model(spec, dtype, device)
     flash = find_flash(model) if FLASH in sweep.impls else ("", "")
-    context = Context(model, spec, sweep, Clock(device), flash, time.monotonic())
+    context = Context(model, spec, sweep, Clock(device), flash, time.monotonic(), out_dir)
     rows = run_sweep(context, out_dir)
     report = write_report(rows, env, out_dir)
     print(f"wrote {out_dir}/results.csv, env.json, {report.name} and the plot")
