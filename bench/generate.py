@@ -22,9 +22,12 @@ same cache setup and prefill, so the difference is the decode steps alone (a pre
 pays a different setup, and subtracting it gave negative decode times on a loaded CPU); tokens/s =
 batch · 1000 / that.
 A row that fails, runs out of memory or overruns its time budget is written with its reason, and the
-sweep goes on; once the total budget is spent, the remaining rows are written as skipped. Writes
-results.csv (rows appended as they finish), env.json, report.md and generate_ms_per_token.png under
-``--out``.
+sweep goes on; once the total budget is spent, the remaining rows are written as skipped. With
+``--rounds R`` every case measures its implementations R times in turn and keeps the medians (an eager
+decode step is host time, and the host's speed drifts: SDPA's step read 5.8 and 7.3 ms in two calls of
+one day). Writes results.csv (a row per implementation and case, as each case finishes), rounds.csv
+(a row per round; its ``rounds`` column is the round's number), env.json, report.md and
+generate_ms_per_token.png under ``--out``.
 
     python -m bench.generate --out runs/generate              # H200: about 8 minutes
     python -m bench.generate --quick --out runs/generate-q    # 1k prompt, batch 1, 32 tokens
@@ -104,6 +107,7 @@ class Sweep:
     row_budget_s: float
     total_budget_s: float
     profile: bool = False
+    rounds: int = 1
 
 
 # A Llama-3-8B-like layer (32 / 8 heads, head_dim 128, hidden 4096, MLP 14336), 4 of them.
@@ -146,6 +150,7 @@ class Row:
     logits_rel_l2: float = math.nan
     rungs: str = ""
     reason: str = ""
+    rounds: int = 0
 
 
 COLUMNS = tuple(item.name for item in fields(Row))
@@ -202,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--row-budget", type=float, help="seconds one row may take (default 60)")
     parser.add_argument("--total-budget", type=float, help="seconds for all rows; later rows are skipped (default 420)")
     parser.add_argument(
+        "--rounds",
+        type=int,
+        help="measure every row of a case this many times, the implementations in turn, and keep the medians "
+        "(default 1): an eager decode step is host time, which drifts by tens of percent over minutes",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="after each row, cProfile one more generate() of the row's length: profile-<row>.txt under --out "
@@ -216,13 +227,15 @@ def sweep_for(args: argparse.Namespace) -> Sweep:
     overrides = {
         "prompts": args.prompts, "batches": args.batches, "caches": args.caches, "impls": args.impls,
         "new_tokens": args.new_tokens, "row_budget_s": args.row_budget, "total_budget_s": args.total_budget,
-        "profile": args.profile or None,
+        "profile": args.profile or None, "rounds": args.rounds,
     }  # fmt: skip
     sweep = replace(base, **{key: value for key, value in overrides.items() if value is not None})
     if sweep.new_tokens < 2:
         raise ValueError(
             f"--new-tokens must be at least 2 (one prefill token, then decode steps), got {sweep.new_tokens}"
         )
+    if sweep.rounds < 1:
+        raise ValueError(f"--rounds must be at least 1, got {sweep.rounds}")
     if min(sweep.row_budget_s, sweep.total_budget_s) <= 0:
         raise ValueError(f"budgets must be positive, got {sweep.row_budget_s} and {sweep.total_budget_s}")
     return sweep
@@ -475,23 +488,58 @@ def prompt_ids(case: Case, spec: ModelSpec, device: Any) -> Any:
     return torch.randint(3, spec.vocab, (case.batch, case.prompt), generator=generator).to(device)
 
 
+def combined(measured: list[Row]) -> Row:
+    """One row from a case's rounds of one implementation: the medians of the times when every round ran,
+    else the first round that did not run, with its status and reason."""
+    for index, row in enumerate(measured):
+        if row.status != "ok":
+            return replace(row, rounds=index, reason=f"round {index + 1}: {row.reason}" if index else row.reason)
+    decode_ms = statistics.median(row.decode_ms_per_token for row in measured)
+    return replace(
+        measured[0],
+        prefill_ms=statistics.median(row.prefill_ms for row in measured),
+        decode_ms_per_token=decode_ms,
+        tokens_per_s=measured[0].batch * 1e3 / decode_ms,
+        rounds=len(measured),
+    )
+
+
+def run_case(case: Case, context: Context, rounds_writer: csv.DictWriter) -> list[Row]:
+    """Every implementation of one case, ``rounds`` times in turn (so that a drift of the host's speed
+    spreads over all of them), combined into one row each; an implementation whose row did not run is
+    not tried again."""
+    ids = prompt_ids(case, context.spec, context.model.device)
+    reference = None
+    measured: dict[str, list[Row]] = {impl: [] for impl in context.sweep.impls}
+    for round_index in range(context.sweep.rounds):
+        for impl, earlier in measured.items():
+            if earlier and earlier[-1].status != "ok":
+                continue
+            row, logits = run_row(impl, case, ids, reference, context)
+            if impl == SDPA and row.status == "ok" and reference is None:
+                reference = logits
+            earlier.append(row)
+            rounds_writer.writerow({**asdict(row), "rounds": round_index + 1})
+    return [combined(rows) for rows in measured.values()]
+
+
 def run_sweep(context: Context, out_dir: Path) -> list[Row]:
-    """Every row, appended to results.csv and printed as it finishes."""
+    """Every row, appended to results.csv and printed as its case finishes; rounds.csv keeps each round."""
     rows = []
-    with (out_dir / "results.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, COLUMNS)
+    with (
+        (out_dir / "results.csv").open("w", newline="") as handle,
+        (out_dir / "rounds.csv").open("w", newline="") as rounds_handle,
+    ):
+        writer, rounds_writer = csv.DictWriter(handle, COLUMNS), csv.DictWriter(rounds_handle, COLUMNS)
         writer.writeheader()
+        rounds_writer.writeheader()
         for case in cases(context.sweep):
-            ids = prompt_ids(case, context.spec, context.model.device)
-            reference = None
-            for impl in context.sweep.impls:
-                row, logits = run_row(impl, case, ids, reference, context)
-                if impl == SDPA and row.status == "ok":
-                    reference = logits
+            for row in run_case(case, context, rounds_writer):
                 rows.append(row)
                 writer.writerow(asdict(row))
-                handle.flush()
                 print(line(row), flush=True)
+            handle.flush()
+            rounds_handle.flush()
     return rows
 
 

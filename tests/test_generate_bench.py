@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import csv
 import time
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -113,3 +115,36 @@ def test_compare_generate_hands_its_arguments_to_the_tool(monkeypatch: pytest.Mo
     assert calls == [["--quick", "--out", "x"]]
     with pytest.raises(SystemExit):
         compare.main(["--seqlen", "8", "--generate"])
+
+
+def _row(status: str = "ok", decode_ms: float = 2.0, prefill_ms: float = 10.0, reason: str = "") -> generate.Row:
+    return generate.Row(
+        "ladder:triton", "ladder:triton", "dynamic", 4, 12, 3, status, prefill_ms, decode_ms, 4e3 / decode_ms,
+        reason=reason,
+    )  # fmt: skip
+
+
+def test_rounds_combine_into_medians_and_a_failed_round_fails_the_row():
+    rounds = [_row(decode_ms=2.0, prefill_ms=30.0), _row(decode_ms=9.0, prefill_ms=10.0), _row(decode_ms=3.0)]
+    row = generate.combined(rounds)
+    assert (row.decode_ms_per_token, row.prefill_ms, row.tokens_per_s, row.rounds) == (3.0, 10.0, 4e3 / 3.0, 3)
+    failed = generate.combined([_row(), _row("timeout", reason="over its time budget")])
+    assert failed.status == "timeout" and failed.reason == "round 2: over its time budget", failed
+
+
+def test_rounds_measure_the_implementations_in_turn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    calls = []
+
+    def fake_row(impl, case, ids, reference, context):
+        calls.append(impl)
+        return _row("failed" if impl == "b" else "ok", decode_ms=float(len(calls))), None
+
+    monkeypatch.setattr(generate, "run_row", fake_row)
+    monkeypatch.setattr(generate, "prompt_ids", lambda case, spec, device: None)
+    sweep = replace(generate.CPU_SWEEP, prompts=(12,), batches=(1,), caches=("dynamic",), impls=("a", "b", "c"))
+    model = SimpleNamespace(device="cpu")
+    context = generate.Context(model, generate.CPU_MODEL, replace(sweep, rounds=3), None, ("", ""), 0.0, tmp_path)
+    rows = generate.run_sweep(context, tmp_path)
+    assert calls == ["a", "b", "c", "a", "c", "a", "c"]  # in turn; the failed "b" is not tried again
+    assert [row.rounds for row in rows] == [3, 0, 3] and rows[0].decode_ms_per_token == 4.0
+    assert len((tmp_path / "rounds.csv").read_text().splitlines()) == 1 + 7
