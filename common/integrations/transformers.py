@@ -178,7 +178,9 @@ def mask_pattern(mask: torch.Tensor, batch: int, seqlen_q: int, seqlen_k: int, n
 def _mask_lengths(mask: torch.Tensor, batch: int) -> torch.Tensor:
     """The keys the last query row of each sequence sees, summed on the device (no synchronisation)."""
     keep = mask if mask.dtype == torch.bool else mask == 0
-    return keep[:, 0, -1, :].sum(-1).to(torch.int32).expand(batch).contiguous()
+    # Summed straight into int32: one kernel per layer of a captured decode step, not a sum and a cast.
+    lengths = keep[:, 0, -1, :].sum(-1, dtype=torch.int32)
+    return lengths if lengths.shape[0] == batch else lengths.expand(batch).contiguous()
 
 
 def _captured_mask_pattern(mask: torch.Tensor, batch: int, seqlen_q: int, seqlen_k: int, name: str):
