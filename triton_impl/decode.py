@@ -87,7 +87,7 @@ import triton.language as tl
 
 from common.contract import splits
 from common.contract.capability import FEATURES, PAGED_KV, check_features
-from common.contract.devices import triton_device_supported, triton_dtype_supported
+from common.contract.devices import lasting, triton_device_supported, triton_dtype_supported
 from common.contract.problem import Problem
 from common.contract.registry import Runner
 from common.contract.validation import kernel_operand
@@ -121,6 +121,13 @@ MIN_BLOCK_M, MAX_BLOCK_M = 16, 64
 # bench/decode_floor.py sets to time both in one process. 8 keeps a step's O (8 · D fp32) in the
 # registers of the merge's one warp at D=256 (64 a thread).
 MERGE_SPLITS_PER_STEP = 8
+# Registers per thread a merge step's O tiles may take (see merge_splits_per_step).
+MERGE_STEP_REGISTERS = 64
+# The splits of a tile merged by the last of them to finish, in the split kernel (one launch a step);
+# False: by a second kernel (bench/decode_floor.py sets it to time both in one process).
+FUSED_MERGE = True
+# The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
+MIN_ARRIVAL_COUNTERS = 1024
 # In the merge, natural-log LSEs are weighed by exp2((lseₛ - lse_max) · LOG2_E).
 MERGE_LOG2_E = tl.constexpr(LOG2_E)
 
@@ -157,6 +164,27 @@ def num_stages_for(problem: Problem) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
+# Packed rows of an M tile, and the final O / LSE store
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M: tl.constexpr):
+    """``(head, offs_m, row_ok)`` of M tile ``m_block`` of a KV head's packed rows: row r is token
+    r % Sq of query head kv_head · group + r // Sq; rows past group · Sq are padding."""
+    offs_r = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    return kv_head * group + offs_r // seqlen_q, offs_r % seqlen_q, offs_r < group * seqlen_q
+
+
+@triton.jit
+def store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM: tl.constexpr, RETURN_LSE: tl.constexpr):
+    """O in the output dtype at ``out_rows`` = (Out, each row's offset), and the LSE when asked."""
+    Out, row_offsets = out_rows
+    offs_d = tl.arange(0, HEAD_DIM)
+    tl.store(Out + row_offsets[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    if RETURN_LSE:
+        tl.store(Lse + row, lse, mask=row_ok)
+
+
+# ----------------------------------------------------------------------------------------------
 # Kernel 1: one split of the keys for one packed M tile of one (batch, KV head)
 # ----------------------------------------------------------------------------------------------
 @triton.jit
@@ -167,10 +195,10 @@ def _split_kernel(
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om,
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2,
-    BlockTable, stride_btb,
+    BlockTable, stride_btb, Counters,
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, FUSED_MERGE: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
 ):  # fmt: skip
     split = tl.program_id(0)
     num_splits = tl.num_programs(0)
@@ -185,11 +213,8 @@ def _split_kernel(
     key_begin, key_end = split_key_range(split, num_splits, key_end, BLOCK_N)
 
     # 2. The packed Q tile: row r is token r % Sq of query head kv_head · group + r // Sq.
-    offs_r = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    head, offs_m, row_ok = packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_r < group * seqlen_q
-    head = kv_head * group + offs_r // seqlen_q
-    offs_m = offs_r % seqlen_q
     q_ptrs = Q + batch * stride_qb + head[:, None] * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
     if PAGE_SIZE:
@@ -222,57 +247,113 @@ def _split_kernel(
     # partials are (num_splits, B, H, Sq, D) and (num_splits, B, H, Sq), contiguous.
     out, lse = online_softmax_finalize(acc, row_max, row_sum, 1.0)
     row = (batch * heads + head) * seqlen_q + offs_m
+    out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
     if SPLIT:
-        partial_row = split.to(tl.int64) * tl.num_programs(2) * group * seqlen_q + row
+        rows = tl.num_programs(2).to(tl.int64) * group * seqlen_q
+        partial_row = split * rows + row
         tl.store(OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
         tl.store(LsePartial + partial_row, lse, mask=row_ok)
+        # 5. Fused merge: the tile's last split to finish merges all of them (``last_to_arrive``).
+        if FUSED_MERGE:
+            work_item = batch_kv_head * tl.num_programs(1) + m_block
+            if last_to_arrive(Counters + work_item, num_splits):
+                out, lse = merge_splits(
+                    OutPartial, LsePartial, row, row_ok, rows, num_splits,
+                    HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_PER_STEP=SPLITS_PER_STEP,
+                )  # fmt: skip
+                store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
     else:
-        o_ptrs = Out + batch * stride_ob + head[:, None] * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
-        if RETURN_LSE:
-            tl.store(Lse + row, lse, mask=row_ok)
+        store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
 
 
 # ----------------------------------------------------------------------------------------------
-# Kernel 2: merge the splits of one (batch, head, token) by their LSE
+# The merge: the splits of one packed M tile by their LSE, fused into kernel 1 or as kernel 2
 # ----------------------------------------------------------------------------------------------
+@triton.jit
+def last_to_arrive(Counter, num_splits):
+    """True in the CTA that is the last of its tile's ``num_splits`` splits to have stored its partials,
+    which then reads everyone's; that CTA also puts the counter back to 0, so the next launch (or a
+    CUDA-graph replay) finds it zeroed with no host memset.
+
+    Why the partials are visible to it (PTX memory model): every thread stores its rows, then
+    ``debug_barrier`` (bar.sync) orders those stores before whatever the CTA does next; the arrival is
+    one gpu-scope acq_rel ``atom.add`` (Triton issues a scalar atomic from one thread and passes the old
+    value to the others through shared memory, behind a barrier). Its release half is cumulative, so the
+    whole CTA's stores that bar.sync ordered before it are published with it; the last CTA's acquire
+    half reads the count every other arrival wrote, so it synchronises with each of their releases; the
+    barrier behind the broadcast orders every thread's later loads after that acquire. Hence the
+    partials the last CTA loads are the ones each split stored, which CUTLASS's split-K semaphore
+    (bar.sync, then a release by one thread; an acquire, then bar.sync) relies on too. No other CTA
+    touches the counter after the last arrival, and the kernel's end orders the reset before the next
+    launch."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(Counter, 1, sem="acq_rel", scope="gpu")
+    last = arrived == num_splits - 1
+    if last:
+        tl.store(Counter, 0)
+    return last
+
+
+@triton.jit
+def merge_splits(
+    OutPartial, LsePartial, row, row_ok, rows, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
+):  # fmt: skip
+    """``(O, lse)`` of the packed rows ``row`` (their index in one split's (B, H, Sq) slab of ``rows``)
+    merged from the splits' partials: lse = lse_max + log Σₛ exp(lseₛ - lse_max) and O = Σₛ exp(lseₛ -
+    lse_max) · Oₛ / Σₛ exp(lseₛ - lse_max). The sums run split after split, element by element (no
+    reduction across threads), so the bits depend only on the split order: the same whichever CTA
+    merges, in kernel 1 or kernel 2, with any warp count. Each step unrolls ``SPLITS_PER_STEP`` splits,
+    whose loads are independent and fly together (a step is one round trip to L2, not one a split).
+    Splits with no key (-inf) weigh 0; a row with no key at all gets O = 0 and lse = -inf."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    lse_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    for first_split in range(0, num_splits, SPLITS_PER_STEP):
+        for step in tl.static_range(SPLITS_PER_STEP):
+            split = first_split + step
+            lse_s = tl.load(LsePartial + split * rows + row, mask=row_ok & (split < num_splits), other=float("-inf"))
+            lse_max = tl.maximum(lse_max, lse_s)
+    lse_base = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    weight_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    for first_split in range(0, num_splits, SPLITS_PER_STEP):
+        for step in tl.static_range(SPLITS_PER_STEP):
+            split = first_split + step
+            in_range = row_ok & (split < num_splits)
+            partial_row = split * rows + row
+            lse_s = tl.load(LsePartial + partial_row, mask=in_range, other=float("-inf"))
+            o_ptrs = OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :]
+            o_s = tl.load(o_ptrs, mask=in_range[:, None], other=0.0)
+            weight = tl.math.exp2((lse_s - lse_base) * MERGE_LOG2_E)
+            weight_sum += weight
+            acc += weight[:, None] * o_s
+    has_keys = weight_sum > 0.0
+    out = acc * tl.where(has_keys, 1.0 / weight_sum, 0.0)[:, None]
+    lse = tl.where(has_keys, lse_base + tl.log(weight_sum), float("-inf"))
+    return out, lse
+
+
 @triton.jit
 def _merge_kernel(
     OutPartial, LsePartial, Out, Lse,
     stride_ob, stride_oh, stride_om,
-    heads, seqlen_q, num_splits, rows,
-    RETURN_LSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SPLITS: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
+    heads, kv_heads, seqlen_q, num_splits,
+    RETURN_LSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    batch = row // (heads * seqlen_q)
-    head = (row // seqlen_q) % heads
-    m = row % seqlen_q
-    offs_s = tl.arange(0, BLOCK_SPLITS)
-    offs_d = tl.arange(0, HEAD_DIM)
-
-    # 5. lse = lse_max + log(Σ exp(lseₛ - lse_max)); splits with no key (-inf) weigh 0. A row with
-    # no key at all keeps lse = -inf and O = 0.
-    lse_s = tl.load(LsePartial + offs_s * rows + row, mask=offs_s < num_splits, other=float("-inf"))
-    lse_max = tl.max(lse_s, 0)
-    lse_base = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    weight_sum = tl.sum(tl.math.exp2((lse_s - lse_base) * MERGE_LOG2_E), 0)
-    # O = Σₛ exp(lseₛ - lse_base) · Oₛ, SPLITS_PER_STEP splits a step: their loads are independent, so
-    # they are in flight together and the loop costs num_splits / SPLITS_PER_STEP round trips to L2,
-    # not one per split. Splits past num_splits load weight 0 and O = 0.
-    acc = tl.zeros((HEAD_DIM,), dtype=tl.float32)
-    offs_step = tl.arange(0, SPLITS_PER_STEP)
-    for first_split in range(0, num_splits, SPLITS_PER_STEP):
-        split = first_split + offs_step
-        in_range = split < num_splits
-        lse_step = tl.load(LsePartial + split * rows + row, mask=in_range, other=float("-inf"))
-        weight = tl.math.exp2((lse_step - lse_base) * MERGE_LOG2_E)
-        o_ptrs = OutPartial + (split[:, None] * rows + row) * HEAD_DIM + offs_d[None, :]
-        acc += tl.sum(weight[:, None] * tl.load(o_ptrs, mask=in_range[:, None], other=0.0), 0)
-    has_keys = weight_sum > 0.0
-    out = acc * tl.where(has_keys, 1.0 / weight_sum, 0.0)
-    tl.store(Out + batch * stride_ob + head * stride_oh + m * stride_om + offs_d, out.to(Out.dtype.element_ty))
-    if RETURN_LSE:
-        tl.store(Lse + row, tl.where(has_keys, lse_base + tl.log(weight_sum), float("-inf")))
+    """Kernel 2 (``FUSED_MERGE = False``, and gluon/decode): one program per packed M tile, the tile
+    kernel 1 wrote, merged by the same :func:`merge_splits`."""
+    m_block = tl.program_id(0)
+    batch, kv_head = batch_and_head(tl.program_id(1), kv_heads)
+    group = heads // kv_heads
+    head, offs_m, row_ok = packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M)
+    row = (batch * heads + head) * seqlen_q + offs_m
+    rows = tl.num_programs(1).to(tl.int64) * group * seqlen_q
+    out, lse = merge_splits(
+        OutPartial, LsePartial, row, row_ok, rows, num_splits,
+        HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_PER_STEP=SPLITS_PER_STEP,
+    )  # fmt: skip
+    out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
+    store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -301,13 +382,48 @@ def planned_num_splits(problem: Problem, device: torch.device) -> int:
     return splits.planned_num_splits(problem, m_blocks_for(problem), device)
 
 
+def merge_splits_per_step(problem: Problem) -> int:
+    """Splits :func:`merge_splits` unrolls a step: ``MERGE_SPLITS_PER_STEP``, fewer where a step's O
+    tiles (BLOCK_M × D fp32 each) would take more than ``MERGE_STEP_REGISTERS`` per thread of the
+    split kernel's warps (so the fused merge does not raise kernel 1's register count)."""
+    threads = 32 * DEFAULT_CONFIGS[problem.head_dim].num_warps
+    fitting = MERGE_STEP_REGISTERS * threads // (block_m_for(problem) * problem.head_dim)
+    return max(1, min(MERGE_SPLITS_PER_STEP, fitting))
+
+
 def _split_constexprs(problem: Problem, *, split: bool) -> dict[str, int | bool]:
     config = DEFAULT_CONFIGS[problem.head_dim]
     return {
         **feature_constexprs(problem),
         "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n, "SPLIT": split,
-        "PAGE_SIZE": problem.page_size,
+        "PAGE_SIZE": problem.page_size, "FUSED_MERGE": split and FUSED_MERGE,
+        "SPLITS_PER_STEP": merge_splits_per_step(problem),
     }  # fmt: skip
+
+
+# Per device, the arrival counters of the fused merge (one int32 per M tile of the grid), zeroed once
+# and kept zero between launches by the kernel itself.
+_ARRIVAL_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def arrival_counters(device: torch.device, work_items: int) -> torch.Tensor:
+    """The process-lifetime counters of ``device``, at least ``work_items`` of them: a larger grid than
+    any before allocates a new zeroed buffer (a power of two of counters) outside any CUDA-graph pool
+    (:func:`~common.contract.devices.lasting`); runners bound earlier keep theirs. Launches that share
+    the counters must not overlap (one stream), as for the split workspace of one runner."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    counters = _ARRIVAL_COUNTERS.get(device)
+    if counters is None or counters.numel() < work_items:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"triton/decode: the fused merge needs {work_items} arrival counters on {device}, more than "
+                "any launch before; bind (or run) this shape once before capturing it in a CUDA graph"
+            )
+        size = next_power_of_2(max(work_items, MIN_ARRIVAL_COUNTERS))
+        counters = lasting(lambda: torch.zeros(size, dtype=torch.int32, device=device), device)
+        _ARRIVAL_COUNTERS[device] = counters
+    return counters
 
 
 def kv_row_strides(t: torch.Tensor, paged: bool) -> tuple[int, int, int]:
@@ -344,18 +460,18 @@ def merge_launch(
     out: torch.Tensor,
     lse_arg: torch.Tensor | None,
 ) -> Callable[[], None]:
-    """The merge kernel's launch over the splits' partials into O (and the LSE), one program per
-    (batch, head, token) row. Shared with gluon/decode."""
-    rows = problem.batch * problem.heads * problem.seqlen_q
-    merge_sizes = (problem.heads, problem.seqlen_q, num_splits, rows)
+    """The merge kernel's launch over the splits' partials into O (and the LSE), one program per packed
+    M tile of triton/decode's. Shared with gluon/decode."""
+    merge_sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, num_splits)
     merge_args = (out_partial, lse_partial, out, lse_arg, *out.stride()[:3], *merge_sizes)
+    merge_grid = (m_blocks_for(problem), problem.batch * problem.kv_heads)
     merge_options = {
-        "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim,
-        "BLOCK_SPLITS": next_power_of_2(num_splits), "SPLITS_PER_STEP": MERGE_SPLITS_PER_STEP, "num_warps": 1,
+        "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
+        "SPLITS_PER_STEP": merge_splits_per_step(problem), "num_warps": DEFAULT_CONFIGS[problem.head_dim].num_warps,
     }  # fmt: skip
 
     def merge() -> None:
-        _merge_kernel[(rows,)](*merge_args, **merge_options)
+        _merge_kernel[merge_grid](*merge_args, **merge_options)
 
     return merge
 
@@ -385,15 +501,18 @@ def bind(
         **_split_constexprs(problem, split=num_splits > 1),
         "num_warps": config.num_warps, "num_stages": num_stages_for(problem),
     }  # fmt: skip
+    fused = split_options["FUSED_MERGE"]
+    counters = arrival_counters(q.device, split_grid[1] * split_grid[2]) if fused else None
     merge = merge_launch(problem, num_splits, out_partial, lse_partial, out, lse_arg)
 
     def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        _split_kernel[split_grid](*split_args, **split_options)
-        if num_splits > 1:
+        _split_kernel[split_grid](*split_args, counters, **split_options)
+        if num_splits > 1 and not fused:
             merge()
         return rung_result(out, lse)
 
     run.num_splits = num_splits
+    run.fused_merge = fused
     return run
 
 
@@ -428,7 +547,8 @@ def decode_shape(problem: Problem) -> Problem:
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """Both kernels compiled for sm_90a at ``problem``'s head dim, dtype, mask and paging (one query
-    token when ``problem`` is prefill-sized); the split kernel in its split-writing form."""
+    token when ``problem`` is prefill-sized); the split kernel in its split-writing form, with the
+    fused merge when ``FUSED_MERGE`` (the merge kernel is then gluon/decode's and the A/B's)."""
     problem = decode_shape(problem)
     config = DEFAULT_CONFIGS[problem.head_dim]
     signature = {
@@ -439,6 +559,10 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
         signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
     else:
         constexprs.update({"BlockTable": None, "stride_btb": None})
+    if constexprs["FUSED_MERGE"]:
+        signature["Counters"] = "*i32"
+    else:
+        constexprs["Counters"] = None
     split = compile_triton_sm90(
         _split_kernel,
         signature,
@@ -452,14 +576,14 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
         _merge_kernel,
         {
             "OutPartial": "*fp32", "LsePartial": "*fp32", "Out": element, "Lse": "*fp32",
-            **{name: "i32" for name in ("stride_ob", "stride_oh", "stride_om", "heads", "seqlen_q")},
-            "num_splits": "i32", "rows": "i32",
+            **{name: "i32" for name in ("stride_ob", "stride_oh", "stride_om", "heads", "kv_heads", "seqlen_q")},
+            "num_splits": "i32",
         },
         {
-            "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim, "BLOCK_SPLITS": 128,
-            "SPLITS_PER_STEP": MERGE_SPLITS_PER_STEP,
+            "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
+            "SPLITS_PER_STEP": merge_splits_per_step(problem),
         },
-        num_warps=1,
+        num_warps=config.num_warps,
         num_stages=1,
         aligned=("OutPartial", "LsePartial", "Out", "Lse"),
     )  # fmt: skip
