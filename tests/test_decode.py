@@ -191,6 +191,81 @@ def test_merge_reads_the_splits_in_steps(splits_per_step: int, monkeypatch: pyte
 
 
 # ----------------------------------------------------------------------------------------------------
+# The fused merge: the last split of a tile to arrive merges, and resets its arrival counter
+# ----------------------------------------------------------------------------------------------------
+# 16 tokens of MQA over 8 heads: 128 packed rows, two 64-row M tiles (two counters per sequence), three
+# splits of the ragged LENGTHS (the empty sequence's splits all empty, the 131-key one's last empty).
+FUSED_PROBLEM = _decode_problem(16, 1)
+
+
+def _fused_twice_and_two_launches() -> tuple[list, tuple]:
+    """Two poisoned calls of one fused runner in a row, and one of the two-launch path (FUSED_MERGE
+    off at bind), on FUSED_PROBLEM with three splits: ([first, second], two_launch), each (O, lse)."""
+    q, k, v = make_inputs(FUSED_PROBLEM, seed=11, device="cpu", offset=0.5)
+    lengths = torch.tensor(LENGTHS, dtype=torch.int32)
+    fused = decode.bind(q, k, v, FUSED_PROBLEM, cache_seqlens=lengths, num_splits=3)
+    assert fused.fused_merge and decode.m_blocks_for(FUSED_PROBLEM) == 2
+    calls = [tuple(t.clone() for t in run_poisoned(fused)) for _ in range(2)]
+    decode.FUSED_MERGE = False
+    try:
+        two_launch = decode.bind(q, k, v, FUSED_PROBLEM, cache_seqlens=lengths, num_splits=3)
+    finally:
+        decode.FUSED_MERGE = True
+    assert not two_launch.fused_merge
+    return calls, run_poisoned(two_launch)
+
+
+@interpreter_only
+def test_fused_merge_twice_in_a_row_equals_the_two_launch_merge_bit_for_bit():
+    """Each call of a fused runner (run_poisoned: two calls each) writes every row, so its counters were
+    back to 0 after the call before; the result is the two-launch path's, bit for bit (one merge_splits
+    in both), which test_ragged_cache_against_fp64 and test_two_launch_merge_against_fp64 hold to fp64.
+    A counter left at its count fails: test_planted_counter_not_reset_fails_the_next_call."""
+    calls, two_launch = _fused_twice_and_two_launches()
+    for out, lse in (*calls, two_launch):
+        assert not out.isnan().any() and not lse.isnan().any(), "a row left unwritten (poisoned)"
+    for out, lse in calls:
+        assert torch.equal(out, two_launch[0]) and torch.equal(lse, two_launch[1])
+    assert not decode.arrival_counters(CPU, 1).any(), "counters left non-zero after the launches"
+
+
+@triton.jit
+def _arrive_without_reset(Counter, num_splits):
+    tl.debug_barrier()
+    arrived = tl.atomic_add(Counter, 1, sem="acq_rel", scope="gpu")
+    return arrived == num_splits - 1
+
+
+@interpreter_only
+def test_planted_counter_not_reset_fails_the_next_call(monkeypatch: pytest.MonkeyPatch):
+    """The last CTA merges but leaves its counter at num_splits: the next launch's arrivals (the poisoned
+    one of each run_poisoned) count past num_splits - 1, nobody merges, and O stays NaN."""
+    monkeypatch.setattr(decode, "_ARRIVAL_COUNTERS", {})  # the dirtied counters go with the test
+    monkeypatch.setattr(decode, "last_to_arrive", _arrive_without_reset)
+    calls, _ = _fused_twice_and_two_launches()
+    assert all(out.isnan().any() for out, _ in calls), "a launch merged although its counters were not reset"
+
+
+@interpreter_only
+def test_two_launch_merge_against_fp64(monkeypatch: pytest.MonkeyPatch):
+    """The two-launch path (kept for the A/B, and gluon/decode's merge) against fp64: ragged, GQA, LSE."""
+    monkeypatch.setattr(decode, "FUSED_MERGE", False)
+    problem = _decode_problem(5, 2)
+    result = _check(problem, 3, seed=7)
+    assert result.ok, f"{problem.describe()} splits=3, two launches: {result.summary()}"
+
+
+def test_arrival_counters_grow_for_a_larger_grid_and_stay_per_device(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(decode, "_ARRIVAL_COUNTERS", {})
+    small = decode.arrival_counters(CPU, 10)
+    assert small.numel() == decode.MIN_ARRIVAL_COUNTERS and small.dtype == torch.int32 and not small.any()
+    assert decode.arrival_counters(CPU, decode.MIN_ARRIVAL_COUNTERS) is small
+    large = decode.arrival_counters(CPU, 3 * decode.MIN_ARRIVAL_COUNTERS)
+    assert large.numel() == 4 * decode.MIN_ARRIVAL_COUNTERS and not large.any()
+    assert decode.arrival_counters(CPU, 10) is large
+
+
+# ----------------------------------------------------------------------------------------------------
 # Planted bugs the check must catch
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
@@ -351,6 +426,34 @@ def test_gpu_strided_inputs(impl_name: str):
 # The lengths a captured decode step replays with: the cache grows by one token per step, and a batch
 # slot is refilled with a short prompt (issue #38 item 5: no host sync, no reallocation per step).
 GRAPH_LENGTHS = ((3000, 17, 4096, 1), (3001, 18, 4096, 2), (3002, 4000, 9, 0))
+
+
+# GPU_CASES with forced split counts (several M tiles, empty splits, D 64 to 256, no mask).
+FUSED_GPU_CASES = [case for case in GPU_CASES if case.splits and case.splits > 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=[case.name for case in FUSED_GPU_CASES])
+def test_gpu_fused_merge_is_deterministic_and_equals_two_launches(case: GpuCase, monkeypatch: pytest.MonkeyPatch):
+    """triton/decode's fused merge on the GPU, where the last CTA to arrive varies from launch to launch:
+    20 launches give the same bits, which are the two-launch path's (one merge_splits in both)."""
+    problem = case.problem()
+    q, k, v = make_inputs(problem, seed=4, device="cuda", offset=0.5)
+    lengths = case.cache_seqlens()
+    fused = decode.prepare(q, k, v, problem, cache_seqlens=lengths, num_splits=case.splits)
+    assert fused.fused_merge
+    first = [t.clone() for t in _as_tuple(run_poisoned(fused))]
+    assert not any(t.isnan().any() for t in first), "a row left unwritten (poisoned)"
+    for launch in range(20):
+        again = _as_tuple(fused())
+        assert all(map(torch.equal, first, again)), f"launch {launch + 2} differs from the first"
+    monkeypatch.setattr(decode, "FUSED_MERGE", False)
+    two_launch = decode.prepare(q, k, v, problem, cache_seqlens=lengths, num_splits=case.splits)
+    assert all(map(torch.equal, first, _as_tuple(run_poisoned(two_launch)))), "fused and two launches differ"
+
+
+def _as_tuple(result: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return result if isinstance(result, tuple) else (result,)
 
 
 @pytest.mark.gpu

@@ -6,8 +6,8 @@ cache alone. One long sequence then runs on a handful of SMs while the rest of t
 every query head of a GQA group reads the same K/V bytes again. This rung removes both:
   * Split-KV: the keys of each sequence are cut into ``num_splits`` ranges of whole key blocks, one
     CTA each (``split_key_range`` of ``_device.py``), so B·Hkv·num_splits CTAs fill the GPU however
-    small B is. Each split writes its normalised partial O (fp32) and its LSE; a second kernel merges
-    them: lse = log Σₛ exp(lseₛ), O = Σₛ exp(lseₛ - lse) · Oₛ.
+    small B is. Each split writes its normalised partial O (fp32) and its LSE, and the last split of a
+    tile to finish merges them all: lse = log Σₛ exp(lseₛ), O = Σₛ exp(lseₛ - lse) · Oₛ.
   * GQA packing: the ``group = H / Hkv`` query heads of one KV head share a CTA. Their rows are
     stacked into one M tile, row r = (head in group) · Sq + query token, padded to at least 16 rows
     for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``), so each K/V byte is read from
@@ -30,15 +30,22 @@ stay coalesced. The table's load takes pipeline stages of its own, so a paged bu
 are not checked (a device synchronisation per call): each must name a page of the pools, the
 caller's contract as in FlashAttention; the entries of pages past a sequence's length are never read.
 
-Why a second kernel for the merge: the alternatives are atomics on O (the order of fp32 adds then
-changes from run to run, and the rescaling by the final LSE needs every split first) or "the last
-split to finish merges" (a global counter per tile, a memory fence, and counters to reset between
-calls and under CUDA graphs). A separate launch is deterministic and simple; it costs one launch
-and a read of the fp32 partials, num_splits · rows · (D + 1) · 4 bytes, small beside the cache. Its
-latency is not small: read one split after the other, each split is an L2 round trip (about 0.5 µs),
-10-20 µs at 20-30 splits, a quarter of a step at a 128 MB cache; so it reads ``MERGE_SPLITS_PER_STEP``
-splits a step, their loads in flight together (``bench/decode_model.py``, issue #38).
-With one split the first kernel writes O and the LSE itself and the merge is not launched.
+The merge, in the split kernel (issue #38): a separate merge kernel costs a launch, and the tail of
+the split kernel and the ramp of the merge's CTAs, about 10-15 µs of a 36 µs step at a 160 MB cache;
+eager, a second launch is also host time. So each split CTA, once its partials are stored, counts
+itself in on its tile's arrival counter (one int32 per (batch, KV head, M tile), ``last_to_arrive``),
+and the CTA that arrives last reads every split's partials in split order (``merge_splits``) and writes
+O and the LSE. Reading in split order, element by element, makes the result independent of which CTA
+came last: deterministic, and bit for bit the two-launch path's (``FUSED_MERGE = False``: the same
+``merge_splits`` as a second kernel, ``_merge_kernel``, kept for the A/B and used by gluon/decode).
+The ordering argument (stores, bar.sync, one acq_rel atomic at gpu scope) is in ``last_to_arrive``.
+The last CTA also puts the counter back to 0, so a launch or a CUDA-graph replay needs no memset;
+the counters live for the process, per device (``arrival_counters``), grown (outside a capture) for
+a larger grid. Atomics on O instead would change the order of fp32 adds from run to run. The merge
+reads the fp32 partials, num_splits · rows · (D + 1) · 4 bytes, small beside the cache, but one split
+after the other each is an L2 round trip (about 0.5 µs), 10-20 µs at 20-30 splits; so it unrolls
+``merge_splits_per_step`` splits a step, their loads in flight together (``bench/decode_model.py``).
+With one split the split kernel writes O and the LSE itself: no counter, no merge.
 
 The split count: the shared rule of ``common/contract/splits.py`` (one rule for every decode rung),
 fed with this rung's CTAs per split, ``B · Hkv · m_blocks``: the fewest splits (each keeping at
@@ -49,7 +56,7 @@ CTAs, 97% of a wave); B=64, Hkv=32 gets 1. The padded Sk is used, never the valu
 sequence's splits follow its own length, so a short sequence gets short (or empty) splits.
 ``bind(..., num_splits=n)`` (and ``decode_attention``) forces a count for sweeps and tests.
 
-Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one M tile):
+Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one M tile; one launch):
   1. ``seqlen_info``: the sequence's own length and causal offset; the keys any row sees end at
      ``key_end`` (the length; causal: at most Sq + causal_offset); ``split_key_range`` cuts this
      split's [key_begin, key_end) out of them.
@@ -59,15 +66,15 @@ Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one
      key's row is found through this sequence's row of the block table (``kv_page_slots``).
   4. ``online_softmax_finalize``: O and the natural-log LSE of the split; a split with no key writes
      O = 0 and LSE = -inf, which the merge weighs by exp(-inf) = 0.
-  5. Merge (``_merge_kernel``, one program per (batch, head, token)): the maximum LSE, the sum of
-     exp(lseₛ - max), then O = Σₛ exp(lseₛ - lse) · Oₛ, ``MERGE_SPLITS_PER_STEP`` splits a step, in the
-     output dtype and lse.
+  5. Merge (``last_to_arrive``, then ``merge_splits`` in the tile's last CTA): the maximum LSE, then,
+     split after split, the sum of exp(lseₛ - max) and of exp(lseₛ - max) · Oₛ; O and lse stored in
+     the output dtype and fp32.
 
 Data movement: Q is read once per CTA (rows = group · Sq); K (as Kᵀ) and V stream HBM → shared memory
 through ``cp.async`` in ``num_stages`` buffers (Triton's pipeliner; paged, the block table's entries
 for each key block by ``cp.async`` too, a stage ahead of the K/V rows), S, P and O stay in registers;
 the partials go to an fp32 workspace in HBM ((num_splits, B, H, Sq, D) and (num_splits, B, H, Sq)),
-read back once by the merge.
+read back once by the tile's last CTA (mostly from L2, where they were just written).
 
 Constraints: fp16 and bf16 on a CUDA GPU (fp32 under the Triton interpreter only); D ∈ {64, 128,
 256}; 1 <= Sq <= ``MAX_SEQLEN_Q`` (a prefill-sized Sq is refused: use a prefill rung); GQA and MQA;
@@ -116,12 +123,13 @@ from triton_impl._host import (
 MAX_SEQLEN_Q = 16
 # Packed rows per M tile: tl.dot needs 16, and past 64 rows (32 at D=256) a group is cut into tiles.
 MIN_BLOCK_M, MAX_BLOCK_M = 16, 64
-# Splits the merge reads a step (independent loads in flight together). 1 reads them one after the
-# other, a chain of num_splits round trips to L2 (the merge before issue #38's decode floor), which
-# bench/decode_floor.py sets to time both in one process. 8 keeps a step's O (8 · D fp32) in the
-# registers of the merge's one warp at D=256 (64 a thread).
+# The most splits the merge reads a step (independent loads in flight together). 1 reads them one
+# after the other, a chain of num_splits round trips to L2 (the merge before issue #38's decode
+# floor), which bench/decode_floor.py sets to time both in one process.
 MERGE_SPLITS_PER_STEP = 8
-# Registers per thread a merge step's O tiles may take (see merge_splits_per_step).
+# Registers per thread a merge step's O tiles may take (``merge_splits_per_step``): 4 splits of a
+# 16 × 128 tile on 4 warps. The fused split kernel at D=128 then takes 148 registers (96 without the
+# merge; sm_90a): 3 CTAs an SM either way, as its 70 KB of shared memory already allows no more.
 MERGE_STEP_REGISTERS = 64
 # The splits of a tile merged by the last of them to finish, in the split kernel (one launch a step);
 # False: by a second kernel (bench/decode_floor.py sets it to time both in one process).
