@@ -51,7 +51,7 @@ SHAPES = (3, 4, 7, 8, 9, 0, 2)
 SEED = 1
 SETTINGS = ("before", "after", "two-launch", "after+tile", "after+splits")
 # The rungs whose split kernel merges its splits itself unless triton/decode's FUSED_MERGE is False.
-FUSED_RUNGS = ("triton/decode",)
+FUSED_RUNGS = ("triton/decode", "gluon/decode")
 # (index into the shapes, rung) -> the split count bench/decode_model.py predicts best among 1, 2, 3, 4,
 # 6, 8, 12, 16, 24, 32, 48 with the merge after (the rule's count, modelled % -> best, modelled %).
 MODEL_SPLITS = {

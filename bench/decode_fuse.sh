@@ -18,7 +18,7 @@ python3 -m pytest -q -m gpu tests/test_decode.py tests/test_paged_kv.py -k "(tri
 tail -3 "$OUT/pytest.log"
 python3 -m bench.decode_fuse --out "$OUT/fuse" > "$OUT/fuse.log" 2>&1 || status=1
 tail -8 "$OUT/fuse.log"
-timeout 100 python3 -m bench.decode_floor --only "triton/decode" --settings after,two-launch --rounds 2 --rep 100 \
+timeout 110 python3 -m bench.decode_floor --only "[tg]*/decode" --settings after,two-launch --rounds 2 --rep 60 \
   --out "$OUT/floor" > "$OUT/floor.log" 2>&1 || status=1
 tail -12 "$OUT/floor.log"
 exit $status

@@ -434,13 +434,19 @@ FUSED_GPU_CASES = [case for case in GPU_CASES if case.splits and case.splits > 1
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=[case.name for case in FUSED_GPU_CASES])
-def test_gpu_fused_merge_is_deterministic_and_equals_two_launches(case: GpuCase, monkeypatch: pytest.MonkeyPatch):
-    """triton/decode's fused merge on the GPU, where the last CTA to arrive varies from launch to launch:
-    20 launches give the same bits, which are the two-launch path's (one merge_splits in both)."""
+@pytest.mark.parametrize("impl_name", ["triton/decode", "gluon/decode"])
+def test_gpu_fused_merge_is_deterministic_and_equals_two_launches(
+    impl_name: str, case: GpuCase, monkeypatch: pytest.MonkeyPatch
+):
+    """The fused merge on the GPU, where the last CTA to arrive varies from launch to launch: 20 launches
+    give the same bits, which are the two-launch path's (triton/decode's merge_splits in both; gluon's
+    copy of it does the same operations in the same order)."""
+    impl = DECODE_IMPLS[impl_name]
     problem = case.problem()
+    _gpu_check_or_skip(impl, problem)
     q, k, v = make_inputs(problem, seed=4, device="cuda", offset=0.5)
     lengths = case.cache_seqlens()
-    fused = decode.prepare(q, k, v, problem, cache_seqlens=lengths, num_splits=case.splits)
+    fused = impl.prepare(q, k, v, problem, cache_seqlens=lengths, num_splits=case.splits)
     assert fused.fused_merge
     first = [t.clone() for t in _as_tuple(run_poisoned(fused))]
     assert not any(t.isnan().any() for t in first), "a row left unwritten (poisoned)"
@@ -448,7 +454,8 @@ def test_gpu_fused_merge_is_deterministic_and_equals_two_launches(case: GpuCase,
         again = _as_tuple(fused())
         assert all(map(torch.equal, first, again)), f"launch {launch + 2} differs from the first"
     monkeypatch.setattr(decode, "FUSED_MERGE", False)
-    two_launch = decode.prepare(q, k, v, problem, cache_seqlens=lengths, num_splits=case.splits)
+    two_launch = impl.prepare(q, k, v, problem, cache_seqlens=lengths, num_splits=case.splits)
+    assert not two_launch.fused_merge
     assert all(map(torch.equal, first, _as_tuple(run_poisoned(two_launch)))), "fused and two launches differ"
 
 
@@ -593,6 +600,7 @@ for launch in json.loads(sys.argv[1]):
         "features": ptx_features(compiled.asm["ptx"]),
         "one_group_in_flight": "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass,
         "split_form": prepared.split_options["SPLIT"],
+        "arrival_atomic": "atom.global.gpu.acq_rel.add" in compiled.asm["ptx"],
         "grid": prepared.split_grid,
     })
 print(json.dumps(results))
@@ -632,4 +640,6 @@ def test_gluon_decode_launches_compile_without_spills(index: int, gluon_launches
     # S_i's wait leaves O += P_(i-1) V_(i-1) in flight: the softmax runs under it, not after it.
     assert compiled["one_group_in_flight"], "no wgmma wait leaves a group in flight: serialised wgmmas"
     assert compiled["split_form"] == (launch["splits"] > 1)
+    # Several splits: the fused merge's arrival (one gpu-scope acq_rel atomic); one split: no counter.
+    assert compiled["arrival_atomic"] == (launch["splits"] > 1)
     assert compiled["grid"][0] == launch["splits"]

@@ -37,7 +37,7 @@ itself in on its tile's arrival counter (one int32 per (batch, KV head, M tile),
 and the CTA that arrives last reads every split's partials in split order (``merge_splits``) and writes
 O and the LSE. Reading in split order, element by element, makes the result independent of which CTA
 came last: deterministic, and bit for bit the two-launch path's (``FUSED_MERGE = False``: the same
-``merge_splits`` as a second kernel, ``_merge_kernel``, kept for the A/B and used by gluon/decode).
+``merge_splits`` as a second kernel, ``_merge_kernel``, kept for the A/B, gluon/decode's too).
 The ordering argument (stores, bar.sync, one acq_rel atomic at gpu scope) is in ``last_to_arrive``.
 The last CTA also puts the counter back to 0, so a launch or a CUDA-graph replay needs no memset;
 the counters live for the process, per device (``arrival_counters``), grown (outside a capture) for
@@ -390,13 +390,16 @@ def planned_num_splits(problem: Problem, device: torch.device) -> int:
     return splits.planned_num_splits(problem, m_blocks_for(problem), device)
 
 
-def merge_splits_per_step(problem: Problem) -> int:
-    """Splits :func:`merge_splits` unrolls a step: ``MERGE_SPLITS_PER_STEP``, fewer where a step's O
-    tiles (BLOCK_M × D fp32 each) would take more than ``MERGE_STEP_REGISTERS`` per thread of the
-    split kernel's warps (so the fused merge does not raise kernel 1's register count)."""
-    threads = 32 * DEFAULT_CONFIGS[problem.head_dim].num_warps
-    fitting = MERGE_STEP_REGISTERS * threads // (block_m_for(problem) * problem.head_dim)
+def merge_splits_per_step(block_m: int, head_dim: int, num_warps: int) -> int:
+    """Splits :func:`merge_splits` unrolls a step on ``block_m`` rows: ``MERGE_SPLITS_PER_STEP``, fewer
+    where a step's O tiles (block_m × D fp32 each) would take more than ``MERGE_STEP_REGISTERS`` per
+    thread of ``num_warps`` warps. Shared with gluon/decode."""
+    fitting = MERGE_STEP_REGISTERS * 32 * num_warps // (block_m * head_dim)
     return max(1, min(MERGE_SPLITS_PER_STEP, fitting))
+
+
+def _merge_step(problem: Problem) -> int:
+    return merge_splits_per_step(block_m_for(problem), problem.head_dim, DEFAULT_CONFIGS[problem.head_dim].num_warps)
 
 
 def _split_constexprs(problem: Problem, *, split: bool) -> dict[str, int | bool]:
@@ -405,7 +408,7 @@ def _split_constexprs(problem: Problem, *, split: bool) -> dict[str, int | bool]
         **feature_constexprs(problem),
         "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n, "SPLIT": split,
         "PAGE_SIZE": problem.page_size, "FUSED_MERGE": split and FUSED_MERGE,
-        "SPLITS_PER_STEP": merge_splits_per_step(problem),
+        "SPLITS_PER_STEP": _merge_step(problem),
     }  # fmt: skip
 
 
@@ -475,7 +478,7 @@ def merge_launch(
     merge_grid = (m_blocks_for(problem), problem.batch * problem.kv_heads)
     merge_options = {
         "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
-        "SPLITS_PER_STEP": merge_splits_per_step(problem), "num_warps": DEFAULT_CONFIGS[problem.head_dim].num_warps,
+        "SPLITS_PER_STEP": _merge_step(problem), "num_warps": DEFAULT_CONFIGS[problem.head_dim].num_warps,
     }  # fmt: skip
 
     def merge() -> None:
@@ -589,7 +592,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
         },
         {
             "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
-            "SPLITS_PER_STEP": merge_splits_per_step(problem),
+            "SPLITS_PER_STEP": _merge_step(problem),
         },
         num_warps=config.num_warps,
         num_stages=1,
