@@ -281,7 +281,8 @@ def _split_kernel(
 def last_to_arrive(Counter, num_splits):
     """True in the CTA that is the last of its tile's ``num_splits`` splits to have stored its partials,
     which then reads everyone's; that CTA also puts the counter back to 0, so the next launch (or a
-    CUDA-graph replay) finds it zeroed with no host memset.
+    CUDA-graph replay) finds it zeroed with no host memset. Every split arrives, an empty one too (it
+    stores O = 0 and LSE = -inf: no CTA returns early), so the count always reaches ``num_splits``.
 
     Why the partials are visible to it (PTX memory model): every thread stores its rows, then
     ``debug_barrier`` (bar.sync) orders those stores before whatever the CTA does next; the arrival is

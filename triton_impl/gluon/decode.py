@@ -591,16 +591,17 @@ def _merge_tile(
     layout: gl.constexpr = _q_load_layout(HEAD_DIM, num_warps)
     row_layout: gl.constexpr = gl.SliceLayout(1, layout)
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
-    for chunk in gl.static_range(BLOCK_M // MERGE_ROWS):
-        if m_block * BLOCK_M + chunk * MERGE_ROWS < group * seqlen_q:
-            rows_block = m_block * (BLOCK_M // MERGE_ROWS) + chunk
-            head, token, row_ok = _packed_rows(rows_block, kv_head, group, seqlen_q, MERGE_ROWS, row_layout)
-            row = (batch.to(gl.int64) * heads + head) * seqlen_q + token
-            out, lse = _merge_splits(partials, row, row_ok, offs_d, SPLITS_PER_STEP, layout)
-            o_rows = batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh + token * stride_om
-            gl.store(Out + o_rows[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
-            if RETURN_LSE:
-                gl.store(Lse + row, lse, mask=row_ok)
+    # The chunks of MERGE_ROWS rows that hold a real row (a runtime loop: one copy of the merge's code).
+    first_chunk = m_block * (BLOCK_M // MERGE_ROWS)
+    end_chunk = gl.minimum(first_chunk + BLOCK_M // MERGE_ROWS, (group * seqlen_q + MERGE_ROWS - 1) // MERGE_ROWS)
+    for chunk in range(first_chunk, end_chunk):
+        head, token, row_ok = _packed_rows(chunk, kv_head, group, seqlen_q, MERGE_ROWS, row_layout)
+        row = (batch.to(gl.int64) * heads + head) * seqlen_q + token
+        out, lse = _merge_splits(partials, row, row_ok, offs_d, SPLITS_PER_STEP, layout)
+        o_rows = batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh + token * stride_om
+        gl.store(Out + o_rows[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+        if RETURN_LSE:
+            gl.store(Lse + row, lse, mask=row_ok)
 
 
 # ----------------------------------------------------------------------------------------------
