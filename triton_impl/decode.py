@@ -314,13 +314,21 @@ def merge_splits(
     reduction across threads), so the bits depend only on the split order: the same whichever CTA
     merges, in kernel 1 or kernel 2, with any warp count. Each step unrolls ``SPLITS_PER_STEP`` splits,
     whose loads are independent and fly together (a step is one round trip to L2, not one a split).
-    Splits with no key (-inf) weigh 0; a row with no key at all gets O = 0 and lse = -inf."""
+    The loads are ``.cg``, from L2: the acquire of ``last_to_arrive`` already orders them after the
+    other splits' stores, and L2 is where those stores are, never in an L1 line that another CTA of
+    this SM may have filled earlier in the launch. Splits with no key (-inf) weigh 0; a row with no
+    key at all gets O = 0 and lse = -inf."""
     offs_d = tl.arange(0, HEAD_DIM)
     lse_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     for first_split in range(0, num_splits, SPLITS_PER_STEP):
         for step in tl.static_range(SPLITS_PER_STEP):
             split = first_split + step
-            lse_s = tl.load(LsePartial + split * rows + row, mask=row_ok & (split < num_splits), other=float("-inf"))
+            lse_s = tl.load(
+                LsePartial + split * rows + row,
+                mask=row_ok & (split < num_splits),
+                other=float("-inf"),
+                cache_modifier=".cg",
+            )
             lse_max = tl.maximum(lse_max, lse_s)
     lse_base = tl.where(lse_max == float("-inf"), 0.0, lse_max)
     weight_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -330,9 +338,9 @@ def merge_splits(
             split = first_split + step
             in_range = row_ok & (split < num_splits)
             partial_row = split * rows + row
-            lse_s = tl.load(LsePartial + partial_row, mask=in_range, other=float("-inf"))
+            lse_s = tl.load(LsePartial + partial_row, mask=in_range, other=float("-inf"), cache_modifier=".cg")
             o_ptrs = OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :]
-            o_s = tl.load(o_ptrs, mask=in_range[:, None], other=0.0)
+            o_s = tl.load(o_ptrs, mask=in_range[:, None], other=0.0, cache_modifier=".cg")
             weight = tl.math.exp2((lse_s - lse_base) * MERGE_LOG2_E)
             weight_sum += weight
             acc += weight[:, None] * o_s
@@ -493,8 +501,9 @@ def bind(
     cache_seqlens: torch.Tensor | None = None, block_table: torch.Tensor | None = None, num_splits: int | None = None,
 ) -> Runner:  # fmt: skip
     """Allocate O, the LSE and the split workspace for validated q, k, v (page pools with
-    ``block_table`` when the problem is paged) and return ``run()`` launching the split kernel and,
-    with more than one split, the merge. ``num_splits`` overrides the rule (sweeps, tests)."""
+    ``block_table`` when the problem is paged) and return ``run()`` launching the split kernel, which
+    merges its splits itself (with ``FUSED_MERGE`` off and more than one split, the merge kernel
+    follows). ``num_splits`` overrides the rule (sweeps, tests)."""
     num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device)
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)

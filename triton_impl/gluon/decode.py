@@ -556,7 +556,12 @@ def _merge_splits(partials, row, row_ok, offs_d, SPLITS_PER_STEP: gl.constexpr, 
     for first_split in range(0, num_splits, SPLITS_PER_STEP):
         for step in gl.static_range(SPLITS_PER_STEP):
             split = first_split + step
-            lse_s = gl.load(LsePartial + split * rows + row, mask=row_ok & (split < num_splits), other=float("-inf"))
+            lse_s = gl.load(
+                LsePartial + split * rows + row,
+                mask=row_ok & (split < num_splits),
+                other=float("-inf"),
+                cache_modifier=".cg",
+            )
             lse_max = gl.maximum(lse_max, lse_s)
     lse_base = gl.where(lse_max == float("-inf"), 0.0, lse_max)
     weight_sum = gl.zeros_like(lse_max)
@@ -567,9 +572,9 @@ def _merge_splits(partials, row, row_ok, offs_d, SPLITS_PER_STEP: gl.constexpr, 
             split = first_split + step
             in_range = row_ok & (split < num_splits)
             partial_row = split * rows + row
-            lse_s = gl.load(LsePartial + partial_row, mask=in_range, other=float("-inf"))
+            lse_s = gl.load(LsePartial + partial_row, mask=in_range, other=float("-inf"), cache_modifier=".cg")
             o_ptrs = OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :]
-            o_s = gl.load(o_ptrs, mask=in_range[:, None], other=0.0)
+            o_s = gl.load(o_ptrs, mask=in_range[:, None], other=0.0, cache_modifier=".cg")
             weight = gl.exp2((lse_s - lse_base) * MERGE_LOG2_E)
             weight_sum += weight
             acc += weight[:, None] * o_s
