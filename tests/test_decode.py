@@ -1,6 +1,7 @@
 """The decode rungs (flash decoding): triton/decode's split-KV against the fp64 reference under the
-interpreter, the split rule, and planted bugs (a dropped split, a log2-unit merge, a split reading past
-its length) that the check must fail; gluon/decode compiled for sm_90a from its real launch arguments.
+interpreter, the split rule, the fused merge (twice in a row, bit for bit the two-launch merge), and
+planted bugs (a dropped split, a log2-unit merge, a split reading past its length, an arrival counter
+left unreset) that the checks must fail; gluon/decode compiled for sm_90a from its real launch arguments.
 
 GPU (``gpu`` marker): every registered decode rung (``DECODE_IMPLS``: triton/decode, gluon/decode,
 cute/decode, and any rung registered with rung "decode") against fp64 on ragged, GQA/MQA, Sq up to 16,
@@ -100,6 +101,7 @@ def test_one_split_writes_o_and_lse_directly_and_many_splits_agree():
     one = decode.prepare(q, k, v, problem, cache_seqlens=lengths, num_splits=1)
     many = decode.prepare(q, k, v, problem, cache_seqlens=lengths, num_splits=7)
     assert (one.num_splits, many.num_splits) == (1, 7)
+    assert (one.fused_merge, many.fused_merge) == (False, True)  # one split: O written directly, no counter
     (out_one, lse_one), (out_many, lse_many) = one(), many()
     torch.testing.assert_close(out_many, out_one, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse_many, lse_one, atol=1e-5, rtol=1e-5)
