@@ -6,12 +6,18 @@
 #   2. bench.decode_fuse: fused against two launches at B=1 Hkv=8, 4k and 32k keys (device time eager
 #      and from a CUDA graph, and the host rate of eager steps);
 #   3. bench.decode_floor on issue #38's floor shapes, settings after (fused) and two-launch.
-# Run from the project root: command `bash bench/decode_fuse.sh` (no carry needed).
-# Outputs in $OUT: pytest.log, fuse.log, fuse/, floor.log, floor/.
+# Run from the project root: command `bash bench/decode_fuse.sh`. Triton only: nothing needs carrying
+# (a carried .gpu/activate.sh is sourced, as in decode_gpu.sh, so that cute/decode loads too).
+# Outputs in $OUT: gpu.log, pytest.log, fuse.log, fuse/, floor.log, floor/.
 set -uo pipefail
 # shellcheck source=bench/_gpu_run.sh
 source "$(dirname "$0")/_gpu_run.sh" decode_fuse.sh runs/decode_fuse
+if [ -f .gpu/activate.sh ]; then
+  # shellcheck disable=SC1091
+  source .gpu/activate.sh > "$OUT/gpu.log" 2>&1
+fi
 export PYTHONPATH="${PYTHONPATH:-$PWD}"
+nvidia-smi --query-gpu=name,memory.total --format=csv >> "$OUT/gpu.log" 2>&1
 status=0
 python3 -m pytest -q -m gpu tests/test_decode.py tests/test_paged_kv.py -k "(triton or gluon or fused or paged_decode_bf16) and not planted" \
   > "$OUT/pytest.log" 2>&1 || status=1
