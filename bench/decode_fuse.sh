@@ -7,18 +7,13 @@
 #      and from a CUDA graph, and the host rate of eager steps);
 #   3. bench.decode_floor on issue #38's floor shapes, settings after (fused) and two-launch, one round,
 #      cut at 50 s (decode_floor.csv holds the rows finished by then).
-# Run from the project root: command `bash bench/decode_fuse.sh`. Triton only: nothing needs carrying
-# (a carried .gpu/activate.sh is sourced, as in decode_gpu.sh, so that cute/decode loads too).
+# Run from the project root: command `bash bench/decode_fuse.sh`; Triton and Gluon only, nothing to carry.
 # Outputs in $OUT: gpu.log, pytest_fused.log, pytest.log, fuse.log, fuse/, floor.log, floor/.
 set -uo pipefail
 # shellcheck source=bench/_gpu_run.sh
 source "$(dirname "$0")/_gpu_run.sh" decode_fuse.sh runs/decode_fuse
-if [ -f .gpu/activate.sh ]; then
-  # shellcheck disable=SC1091
-  source .gpu/activate.sh > "$OUT/gpu.log" 2>&1
-fi
 export PYTHONPATH="${PYTHONPATH:-$PWD}"
-nvidia-smi --query-gpu=name,memory.total --format=csv >> "$OUT/gpu.log" 2>&1
+nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.log" 2>&1
 status=0
 # The fused merge's own checks and the CUDA-graph replays first, then the rest against fp64.
 timeout 50 python3 -m pytest -q -m gpu tests/test_decode.py -k "fused or (graph and (triton or gluon))" \
