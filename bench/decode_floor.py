@@ -2,8 +2,9 @@
 
 Settings, each applied at bind time by module constants the rungs read there:
 
-* ``before``: the merges as they were: triton/decode's (which gluon/decode shares) reads the splits'
-  partials one at a time (``MERGE_SPLITS_PER_STEP = 1``, a chain of one L2 round trip per split);
+* ``before``: the merges reading the splits' partials one at a time as they did: triton/decode's
+  (fused, and the merge kernel gluon/decode shares) with ``MERGE_SPLITS_PER_STEP = 1``, a chain of one
+  L2 round trip per split;
   cute/decode's loops are unrolled as the compiler chooses (``MERGE_SPLITS_PER_STEP = 0``: the committed
   merge's machine code, instruction for instruction);
 * ``after``: the rungs as committed (``MERGE_SPLITS_PER_STEP`` splits a step);
@@ -14,6 +15,8 @@ Settings, each applied at bind time by module constants the rungs read there:
   stream (modelled +9 to +17 points on the ragged shapes); triton/decode at D=64 with 128-key blocks,
   64 KB in flight per CTA instead of 32 (modelled +15 points on the paged ragged shape, where the long
   sequence's CTAs cannot draw their share of the bandwidth);
+* ``two-launch``: ``after`` with the merge as a second kernel (``FUSED_MERGE = False``) in the rungs
+  whose split kernel merges by itself (:data:`FUSED_RUNGS`): the one-launch step (issue #38) A/B;
 * ``after+splits``: ``after`` with the split count forced to the one the model finds best for that rung
   and shape (:data:`MODEL_SPLITS`, where it beats the rule's count by 3 points or more): whether the
   shared rule should weigh a rung's CTAs (gluon's one CTA per SM prefers fewer splits).
@@ -46,7 +49,9 @@ from bench import require_gpu
 # B=2 Hkv=4 131k).
 SHAPES = (3, 4, 7, 8, 9, 0, 2)
 SEED = 1
-SETTINGS = ("before", "after", "after+tile", "after+splits")
+SETTINGS = ("before", "after", "two-launch", "after+tile", "after+splits")
+# The rungs whose split kernel merges its splits itself unless triton/decode's FUSED_MERGE is False.
+FUSED_RUNGS = ("triton/decode", "gluon/decode")
 # (index into the shapes, rung) -> the split count bench/decode_model.py predicts best among 1, 2, 3, 4,
 # 6, 8, 12, 16, 24, 32, 48 with the merge after (the rule's count, modelled % -> best, modelled %).
 MODEL_SPLITS = {
@@ -82,6 +87,8 @@ def applies(setting: str, impl_name: str, head_dim: int, shape_index: int) -> bo
         return (impl_name, head_dim) in tile_candidates()
     if setting == "after+splits":
         return (shape_index, impl_name) in MODEL_SPLITS
+    if setting == "two-launch":
+        return impl_name in FUSED_RUNGS
     return True
 
 
@@ -93,16 +100,20 @@ def applied(setting: str, impl_name: str, head_dim: int) -> Iterator[None]:
     from triton_impl import decode as triton_decode
 
     saved_steps = (triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP)
+    saved_fused = triton_decode.FUSED_MERGE
     configs, candidate = tile_candidates().get((impl_name, head_dim), ({}, None))
     saved_tile = configs.get(head_dim)
     if setting == "before":
         triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP = 1, 0
     if setting == "after+tile":
         configs[head_dim] = candidate
+    if setting == "two-launch":
+        triton_decode.FUSED_MERGE = False
     try:
         yield
     finally:
         triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP = saved_steps
+        triton_decode.FUSED_MERGE = saved_fused
         if saved_tile is not None:
             configs[head_dim] = saved_tile
 
@@ -140,7 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="*/decode", help="glob on decode rung names (default every one)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the settings (default 2)")
     parser.add_argument("--rep", type=float, default=150.0, help="timed repetitions per variant, ms")
+    parser.add_argument(
+        "--settings", default=",".join(SETTINGS), help=f"comma-separated subset of {','.join(SETTINGS)} (default all)"
+    )
     args = parser.parse_args(argv)
+    chosen = args.settings.split(",")
+    if unknown := set(chosen) - set(SETTINGS):
+        parser.error(f"--settings takes {', '.join(SETTINGS)}; got {', '.join(sorted(unknown))}")
     require_gpu("bench.decode_floor")
     import torch
 
@@ -176,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not ok:
                     print(f"{impl.name:14s} {case.describe()}: refused: {reason}", flush=True)
                     continue
-                settings = [setting for setting in SETTINGS if applies(setting, impl.name, head_dim, index)]
+                settings = [setting for setting in chosen if applies(setting, impl.name, head_dim, index)]
                 results: dict[str, list[tuple]] = {setting: [] for setting in settings}
                 for round_index in range(args.rounds):
                     for setting in settings:

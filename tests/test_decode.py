@@ -1,6 +1,7 @@
 """The decode rungs (flash decoding): triton/decode's split-KV against the fp64 reference under the
-interpreter, the split rule, and planted bugs (a dropped split, a log2-unit merge, a split reading past
-its length) that the check must fail; gluon/decode compiled for sm_90a from its real launch arguments.
+interpreter, the split rule, the fused merge (twice in a row, bit for bit the two-launch merge), and
+planted bugs (a dropped split, a log2-unit merge, a split reading past its length, an arrival counter
+left unreset) that the checks must fail; gluon/decode compiled for sm_90a from its real launch arguments.
 
 GPU (``gpu`` marker): every registered decode rung (``DECODE_IMPLS``: triton/decode, gluon/decode,
 cute/decode, and any rung registered with rung "decode") against fp64 on ragged, GQA/MQA, Sq up to 16,
@@ -100,6 +101,7 @@ def test_one_split_writes_o_and_lse_directly_and_many_splits_agree():
     one = decode.prepare(q, k, v, problem, cache_seqlens=lengths, num_splits=1)
     many = decode.prepare(q, k, v, problem, cache_seqlens=lengths, num_splits=7)
     assert (one.num_splits, many.num_splits) == (1, 7)
+    assert (one.fused_merge, many.fused_merge) == (False, True)  # one split: O written directly, no counter
     (out_one, lse_one), (out_many, lse_many) = one(), many()
     torch.testing.assert_close(out_many, out_one, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse_many, lse_one, atol=1e-5, rtol=1e-5)
@@ -188,6 +190,81 @@ def test_merge_reads_the_splits_in_steps(splits_per_step: int, monkeypatch: pyte
     lengths = torch.tensor((704, 0, 131), dtype=torch.int32)
     result = check_on_inputs(_with_splits(11), q, k, v, problem, cache_seqlens=lengths)
     assert result.ok, f"{problem.describe()} splits=11, {splits_per_step} a step: {result.summary()}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# The fused merge: the last split of a tile to arrive merges, and resets its arrival counter
+# ----------------------------------------------------------------------------------------------------
+# 16 tokens of MQA over 8 heads: 128 packed rows, two 64-row M tiles (two counters per sequence), three
+# splits of the ragged LENGTHS (the empty sequence's splits all empty, the 131-key one's last empty).
+FUSED_PROBLEM = _decode_problem(16, 1)
+
+
+def _fused_twice_and_two_launches() -> tuple[list, tuple]:
+    """Two poisoned calls of one fused runner in a row, and one of the two-launch path (FUSED_MERGE
+    off at bind), on FUSED_PROBLEM with three splits: ([first, second], two_launch), each (O, lse)."""
+    q, k, v = make_inputs(FUSED_PROBLEM, seed=11, device="cpu", offset=0.5)
+    lengths = torch.tensor(LENGTHS, dtype=torch.int32)
+    fused = decode.bind(q, k, v, FUSED_PROBLEM, cache_seqlens=lengths, num_splits=3)
+    assert fused.fused_merge and decode.m_blocks_for(FUSED_PROBLEM) == 2
+    calls = [tuple(t.clone() for t in run_poisoned(fused)) for _ in range(2)]
+    decode.FUSED_MERGE = False
+    try:
+        two_launch = decode.bind(q, k, v, FUSED_PROBLEM, cache_seqlens=lengths, num_splits=3)
+    finally:
+        decode.FUSED_MERGE = True
+    assert not two_launch.fused_merge
+    return calls, run_poisoned(two_launch)
+
+
+@interpreter_only
+def test_fused_merge_twice_in_a_row_equals_the_two_launch_merge_bit_for_bit():
+    """Each call of a fused runner (run_poisoned: two calls each) writes every row, so its counters were
+    back to 0 after the call before; the result is the two-launch path's, bit for bit (one merge_splits
+    in both), which test_ragged_cache_against_fp64 and test_two_launch_merge_against_fp64 hold to fp64.
+    A counter left at its count fails: test_planted_counter_not_reset_fails_the_next_call."""
+    calls, two_launch = _fused_twice_and_two_launches()
+    for out, lse in (*calls, two_launch):
+        assert not out.isnan().any() and not lse.isnan().any(), "a row left unwritten (poisoned)"
+    for out, lse in calls:
+        assert torch.equal(out, two_launch[0]) and torch.equal(lse, two_launch[1])
+    assert not decode.arrival_counters(CPU, 1).any(), "counters left non-zero after the launches"
+
+
+@triton.jit
+def _arrive_without_reset(Counter, num_splits):
+    tl.debug_barrier()
+    arrived = tl.atomic_add(Counter, 1, sem="acq_rel", scope="gpu")
+    return arrived == num_splits - 1
+
+
+@interpreter_only
+def test_planted_counter_not_reset_fails_the_next_call(monkeypatch: pytest.MonkeyPatch):
+    """The last CTA merges but leaves its counter at num_splits: the next launch's arrivals (the poisoned
+    one of each run_poisoned) count past num_splits - 1, nobody merges, and O stays NaN."""
+    monkeypatch.setattr(decode, "_ARRIVAL_COUNTERS", {})  # the dirtied counters go with the test
+    monkeypatch.setattr(decode, "last_to_arrive", _arrive_without_reset)
+    calls, _ = _fused_twice_and_two_launches()
+    assert all(out.isnan().any() for out, _ in calls), "a launch merged although its counters were not reset"
+
+
+@interpreter_only
+def test_two_launch_merge_against_fp64(monkeypatch: pytest.MonkeyPatch):
+    """The two-launch path (kept for the A/B, and gluon/decode's merge) against fp64: ragged, GQA, LSE."""
+    monkeypatch.setattr(decode, "FUSED_MERGE", False)
+    problem = _decode_problem(5, 2)
+    result = _check(problem, 3, seed=7)
+    assert result.ok, f"{problem.describe()} splits=3, two launches: {result.summary()}"
+
+
+def test_arrival_counters_grow_for_a_larger_grid_and_stay_per_device(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(decode, "_ARRIVAL_COUNTERS", {})
+    small = decode.arrival_counters(CPU, 10)
+    assert small.numel() == decode.MIN_ARRIVAL_COUNTERS and small.dtype == torch.int32 and not small.any()
+    assert decode.arrival_counters(CPU, decode.MIN_ARRIVAL_COUNTERS) is small
+    large = decode.arrival_counters(CPU, 3 * decode.MIN_ARRIVAL_COUNTERS)
+    assert large.numel() == 4 * decode.MIN_ARRIVAL_COUNTERS and not large.any()
+    assert decode.arrival_counters(CPU, 10) is large
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -353,6 +430,41 @@ def test_gpu_strided_inputs(impl_name: str):
 GRAPH_LENGTHS = ((3000, 17, 4096, 1), (3001, 18, 4096, 2), (3002, 4000, 9, 0))
 
 
+# GPU_CASES with forced split counts (several M tiles, empty splits, D 64 to 256, no mask).
+FUSED_GPU_CASES = [case for case in GPU_CASES if case.splits and case.splits > 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=[case.name for case in FUSED_GPU_CASES])
+@pytest.mark.parametrize("impl_name", ["triton/decode", "gluon/decode"])
+def test_gpu_fused_merge_is_deterministic_and_equals_two_launches(
+    impl_name: str, case: GpuCase, monkeypatch: pytest.MonkeyPatch
+):
+    """The fused merge on the GPU, where the last CTA to arrive varies from launch to launch: 20 launches
+    give the same bits, which are the two-launch path's (triton/decode's merge_splits in both; gluon's
+    copy of it does the same operations in the same order)."""
+    impl = DECODE_IMPLS[impl_name]
+    problem = case.problem()
+    _gpu_check_or_skip(impl, problem)
+    q, k, v = make_inputs(problem, seed=4, device="cuda", offset=0.5)
+    lengths = case.cache_seqlens()
+    fused = impl.prepare(q, k, v, problem, cache_seqlens=lengths, num_splits=case.splits)
+    assert fused.fused_merge
+    first = [t.clone() for t in _as_tuple(run_poisoned(fused))]
+    assert not any(t.isnan().any() for t in first), "a row left unwritten (poisoned)"
+    for launch in range(20):
+        again = _as_tuple(fused())
+        assert all(map(torch.equal, first, again)), f"launch {launch + 2} differs from the first"
+    monkeypatch.setattr(decode, "FUSED_MERGE", False)
+    two_launch = impl.prepare(q, k, v, problem, cache_seqlens=lengths, num_splits=case.splits)
+    assert not two_launch.fused_merge
+    assert all(map(torch.equal, first, _as_tuple(run_poisoned(two_launch)))), "fused and two launches differ"
+
+
+def _as_tuple(result: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return result if isinstance(result, tuple) else (result,)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("impl_name", sorted(DECODE_IMPLS))
@@ -490,6 +602,7 @@ for launch in json.loads(sys.argv[1]):
         "features": ptx_features(compiled.asm["ptx"]),
         "one_group_in_flight": "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass,
         "split_form": prepared.split_options["SPLIT"],
+        "arrival_atomic": "atom.global.gpu.acq_rel.add" in compiled.asm["ptx"],
         "grid": prepared.split_grid,
     })
 print(json.dumps(results))
@@ -529,4 +642,6 @@ def test_gluon_decode_launches_compile_without_spills(index: int, gluon_launches
     # S_i's wait leaves O += P_(i-1) V_(i-1) in flight: the softmax runs under it, not after it.
     assert compiled["one_group_in_flight"], "no wgmma wait leaves a group in flight: serialised wgmmas"
     assert compiled["split_form"] == (launch["splits"] > 1)
+    # Several splits: the fused merge's arrival (one gpu-scope acq_rel atomic); one split: no counter.
+    assert compiled["arrival_atomic"] == (launch["splits"] > 1)
     assert compiled["grid"][0] == launch["splits"]

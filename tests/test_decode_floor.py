@@ -81,6 +81,11 @@ def test_floor_settings_are_applied_then_restored():
     assert not decode_floor.applies("after+tile", "gluon/decode", 256, 0)
     assert not decode_floor.applies("after+tile", "triton/decode", 128, 0)
     assert not decode_floor.applies("after+tile", "cute/decode", 64, 0)
+    with decode_floor.applied("two-launch", "triton/decode", 128):
+        assert not triton_decode.FUSED_MERGE and triton_decode.MERGE_SPLITS_PER_STEP == 8
+    assert triton_decode.FUSED_MERGE
+    assert decode_floor.applies("two-launch", "triton/decode", 64, 0)
+    assert not decode_floor.applies("two-launch", "cute/decode", 64, 0)
     assert decode_floor.applies("after+splits", "gluon/decode", 128, 4)
     assert not decode_floor.applies("after+splits", "triton/decode", 128, 4)
 
@@ -94,8 +99,9 @@ def test_floor_table_has_a_column_per_setting():
          "pct_read_bw": 88.0},
     ]  # fmt: skip
     table = decode_floor.markdown(rows, 4419.0)
-    assert "(4419 GB/s)" in table and "| shape | rung | splits | before | after | after+tile | after+splits |" in table
-    assert f"| {shape} | gluon/decode | 4 | 120.0 µs (66 %) | wrong | — | — |" in table
+    header = "| shape | rung | splits | before | after | two-launch | after+tile | after+splits |"
+    assert "(4419 GB/s)" in table and header in table
+    assert f"| {shape} | gluon/decode | 4 | 120.0 µs (66 %) | wrong | — | — | — |" in table
 
 
 def test_floor_model_splits_name_timed_shapes_and_beat_the_rule_in_the_model():

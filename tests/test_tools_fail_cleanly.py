@@ -41,6 +41,7 @@ def _fake_sanitizer(folder: Path) -> None:
         ("bench.backward", False, "needs a CUDA GPU"),
         ("bench.gluon_paged_decode", False, "needs a CUDA GPU"),
         ("bench.cute_paged_decode", False, "needs a CUDA GPU"),
+        ("bench.decode_fuse", False, "needs a CUDA GPU"),
         ("bench.train", False, "needs a CUDA GPU"),
     ],
 )

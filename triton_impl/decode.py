@@ -6,8 +6,8 @@ cache alone. One long sequence then runs on a handful of SMs while the rest of t
 every query head of a GQA group reads the same K/V bytes again. This rung removes both:
   * Split-KV: the keys of each sequence are cut into ``num_splits`` ranges of whole key blocks, one
     CTA each (``split_key_range`` of ``_device.py``), so B·Hkv·num_splits CTAs fill the GPU however
-    small B is. Each split writes its normalised partial O (fp32) and its LSE; a second kernel merges
-    them: lse = log Σₛ exp(lseₛ), O = Σₛ exp(lseₛ - lse) · Oₛ.
+    small B is. Each split writes its normalised partial O (fp32) and its LSE, and the last split of a
+    tile to finish merges them all: lse = log Σₛ exp(lseₛ), O = Σₛ exp(lseₛ - lse) · Oₛ.
   * GQA packing: the ``group = H / Hkv`` query heads of one KV head share a CTA. Their rows are
     stacked into one M tile, row r = (head in group) · Sq + query token, padded to at least 16 rows
     for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``), so each K/V byte is read from
@@ -30,15 +30,22 @@ stay coalesced. The table's load takes pipeline stages of its own, so a paged bu
 are not checked (a device synchronisation per call): each must name a page of the pools, the
 caller's contract as in FlashAttention; the entries of pages past a sequence's length are never read.
 
-Why a second kernel for the merge: the alternatives are atomics on O (the order of fp32 adds then
-changes from run to run, and the rescaling by the final LSE needs every split first) or "the last
-split to finish merges" (a global counter per tile, a memory fence, and counters to reset between
-calls and under CUDA graphs). A separate launch is deterministic and simple; it costs one launch
-and a read of the fp32 partials, num_splits · rows · (D + 1) · 4 bytes, small beside the cache. Its
-latency is not small: read one split after the other, each split is an L2 round trip (about 0.5 µs),
-10-20 µs at 20-30 splits, a quarter of a step at a 128 MB cache; so it reads ``MERGE_SPLITS_PER_STEP``
-splits a step, their loads in flight together (``bench/decode_model.py``, issue #38).
-With one split the first kernel writes O and the LSE itself and the merge is not launched.
+The merge, in the split kernel (issue #38): a separate merge kernel costs a launch, and the tail of
+the split kernel and the ramp of the merge's CTAs, about 10-15 µs of a 36 µs step at a 160 MB cache;
+eager, a second launch is also host time. So each split CTA, once its partials are stored, counts
+itself in on its tile's arrival counter (one int32 per (batch, KV head, M tile), ``last_to_arrive``),
+and the CTA that arrives last reads every split's partials in split order (``merge_splits``) and writes
+O and the LSE. Reading in split order, element by element, makes the result independent of which CTA
+came last: deterministic, and bit for bit the two-launch path's (``FUSED_MERGE = False``: the same
+``merge_splits`` as a second kernel, ``_merge_kernel``, kept for the A/B, gluon/decode's too).
+The ordering argument (stores, bar.sync, one acq_rel atomic at gpu scope) is in ``last_to_arrive``.
+The last CTA also puts the counter back to 0, so a launch or a CUDA-graph replay needs no memset;
+the counters live for the process, per device (``arrival_counters``), grown (outside a capture) for
+a larger grid. Atomics on O instead would change the order of fp32 adds from run to run. The merge
+reads the fp32 partials, num_splits · rows · (D + 1) · 4 bytes, small beside the cache, but one split
+after the other each is an L2 round trip (about 0.5 µs), 10-20 µs at 20-30 splits; so it unrolls
+``merge_splits_per_step`` splits a step, their loads in flight together (``bench/decode_model.py``).
+With one split the split kernel writes O and the LSE itself: no counter, no merge.
 
 The split count: the shared rule of ``common/contract/splits.py`` (one rule for every decode rung),
 fed with this rung's CTAs per split, ``B · Hkv · m_blocks``: the fewest splits (each keeping at
@@ -49,7 +56,7 @@ CTAs, 97% of a wave); B=64, Hkv=32 gets 1. The padded Sk is used, never the valu
 sequence's splits follow its own length, so a short sequence gets short (or empty) splits.
 ``bind(..., num_splits=n)`` (and ``decode_attention``) forces a count for sweeps and tests.
 
-Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one M tile):
+Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one M tile; one launch):
   1. ``seqlen_info``: the sequence's own length and causal offset; the keys any row sees end at
      ``key_end`` (the length; causal: at most Sq + causal_offset); ``split_key_range`` cuts this
      split's [key_begin, key_end) out of them.
@@ -59,15 +66,15 @@ Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one
      key's row is found through this sequence's row of the block table (``kv_page_slots``).
   4. ``online_softmax_finalize``: O and the natural-log LSE of the split; a split with no key writes
      O = 0 and LSE = -inf, which the merge weighs by exp(-inf) = 0.
-  5. Merge (``_merge_kernel``, one program per (batch, head, token)): the maximum LSE, the sum of
-     exp(lseₛ - max), then O = Σₛ exp(lseₛ - lse) · Oₛ, ``MERGE_SPLITS_PER_STEP`` splits a step, in the
-     output dtype and lse.
+  5. Merge (``last_to_arrive``, then ``merge_splits`` in the tile's last CTA): the maximum LSE, then,
+     split after split, the sum of exp(lseₛ - max) and of exp(lseₛ - max) · Oₛ; O and lse stored in
+     the output dtype and fp32.
 
 Data movement: Q is read once per CTA (rows = group · Sq); K (as Kᵀ) and V stream HBM → shared memory
 through ``cp.async`` in ``num_stages`` buffers (Triton's pipeliner; paged, the block table's entries
 for each key block by ``cp.async`` too, a stage ahead of the K/V rows), S, P and O stay in registers;
 the partials go to an fp32 workspace in HBM ((num_splits, B, H, Sq, D) and (num_splits, B, H, Sq)),
-read back once by the merge.
+read back once by the tile's last CTA (mostly from L2, where they were just written).
 
 Constraints: fp16 and bf16 on a CUDA GPU (fp32 under the Triton interpreter only); D ∈ {64, 128,
 256}; 1 <= Sq <= ``MAX_SEQLEN_Q`` (a prefill-sized Sq is refused: use a prefill rung); GQA and MQA;
@@ -87,7 +94,7 @@ import triton.language as tl
 
 from common.contract import splits
 from common.contract.capability import FEATURES, PAGED_KV, check_features
-from common.contract.devices import triton_device_supported, triton_dtype_supported
+from common.contract.devices import lasting, triton_device_supported, triton_dtype_supported
 from common.contract.problem import Problem
 from common.contract.registry import Runner
 from common.contract.validation import kernel_operand
@@ -116,11 +123,19 @@ from triton_impl._host import (
 MAX_SEQLEN_Q = 16
 # Packed rows per M tile: tl.dot needs 16, and past 64 rows (32 at D=256) a group is cut into tiles.
 MIN_BLOCK_M, MAX_BLOCK_M = 16, 64
-# Splits the merge reads a step (independent loads in flight together). 1 reads them one after the
-# other, a chain of num_splits round trips to L2 (the merge before issue #38's decode floor), which
-# bench/decode_floor.py sets to time both in one process. 8 keeps a step's O (8 · D fp32) in the
-# registers of the merge's one warp at D=256 (64 a thread).
+# The most splits the merge reads a step (independent loads in flight together). 1 reads them one
+# after the other, a chain of num_splits round trips to L2 (the merge before issue #38's decode
+# floor), which bench/decode_floor.py sets to time both in one process.
 MERGE_SPLITS_PER_STEP = 8
+# Registers per thread a merge step's O tiles may take (``merge_splits_per_step``): 4 splits of a
+# 16 × 128 tile on 4 warps. The fused split kernel at D=128 then takes 148 registers (96 without the
+# merge; sm_90a): 3 CTAs an SM either way, as its 70 KB of shared memory already allows no more.
+MERGE_STEP_REGISTERS = 64
+# The splits of a tile merged by the last of them to finish, in the split kernel (one launch a step);
+# False: by a second kernel (bench/decode_floor.py sets it to time both in one process).
+FUSED_MERGE = True
+# The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
+MIN_ARRIVAL_COUNTERS = 1024
 # In the merge, natural-log LSEs are weighed by exp2((lseₛ - lse_max) · LOG2_E).
 MERGE_LOG2_E = tl.constexpr(LOG2_E)
 
@@ -157,6 +172,27 @@ def num_stages_for(problem: Problem) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
+# Packed rows of an M tile, and the final O / LSE store
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M: tl.constexpr):
+    """``(head, offs_m, row_ok)`` of M tile ``m_block`` of a KV head's packed rows: row r is token
+    r % Sq of query head kv_head · group + r // Sq; rows past group · Sq are padding."""
+    offs_r = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    return kv_head * group + offs_r // seqlen_q, offs_r % seqlen_q, offs_r < group * seqlen_q
+
+
+@triton.jit
+def store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM: tl.constexpr, RETURN_LSE: tl.constexpr):
+    """O in the output dtype at ``out_rows`` = (Out, each row's offset), and the LSE when asked."""
+    Out, row_offsets = out_rows
+    offs_d = tl.arange(0, HEAD_DIM)
+    tl.store(Out + row_offsets[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    if RETURN_LSE:
+        tl.store(Lse + row, lse, mask=row_ok)
+
+
+# ----------------------------------------------------------------------------------------------
 # Kernel 1: one split of the keys for one packed M tile of one (batch, KV head)
 # ----------------------------------------------------------------------------------------------
 @triton.jit
@@ -167,10 +203,10 @@ def _split_kernel(
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om,
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2,
-    BlockTable, stride_btb,
+    BlockTable, stride_btb, Counters,
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, FUSED_MERGE: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
 ):  # fmt: skip
     split = tl.program_id(0)
     num_splits = tl.num_programs(0)
@@ -185,11 +221,8 @@ def _split_kernel(
     key_begin, key_end = split_key_range(split, num_splits, key_end, BLOCK_N)
 
     # 2. The packed Q tile: row r is token r % Sq of query head kv_head · group + r // Sq.
-    offs_r = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    head, offs_m, row_ok = packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_r < group * seqlen_q
-    head = kv_head * group + offs_r // seqlen_q
-    offs_m = offs_r % seqlen_q
     q_ptrs = Q + batch * stride_qb + head[:, None] * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
     if PAGE_SIZE:
@@ -222,57 +255,122 @@ def _split_kernel(
     # partials are (num_splits, B, H, Sq, D) and (num_splits, B, H, Sq), contiguous.
     out, lse = online_softmax_finalize(acc, row_max, row_sum, 1.0)
     row = (batch * heads + head) * seqlen_q + offs_m
+    out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
     if SPLIT:
-        partial_row = split.to(tl.int64) * tl.num_programs(2) * group * seqlen_q + row
+        rows = tl.num_programs(2).to(tl.int64) * group * seqlen_q
+        partial_row = split * rows + row
         tl.store(OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
         tl.store(LsePartial + partial_row, lse, mask=row_ok)
+        # 5. Fused merge: the tile's last split to finish merges all of them (``last_to_arrive``).
+        if FUSED_MERGE:
+            work_item = batch_kv_head * tl.num_programs(1) + m_block
+            if last_to_arrive(Counters + work_item, num_splits):
+                out, lse = merge_splits(
+                    OutPartial, LsePartial, row, row_ok, rows, num_splits,
+                    HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_PER_STEP=SPLITS_PER_STEP,
+                )  # fmt: skip
+                store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
     else:
-        o_ptrs = Out + batch * stride_ob + head[:, None] * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
-        if RETURN_LSE:
-            tl.store(Lse + row, lse, mask=row_ok)
+        store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
 
 
 # ----------------------------------------------------------------------------------------------
-# Kernel 2: merge the splits of one (batch, head, token) by their LSE
+# The merge: the splits of one packed M tile by their LSE, fused into kernel 1 or as kernel 2
 # ----------------------------------------------------------------------------------------------
+@triton.jit
+def last_to_arrive(Counter, num_splits):
+    """True in the CTA that is the last of its tile's ``num_splits`` splits to have stored its partials,
+    which then reads everyone's; that CTA also puts the counter back to 0, so the next launch (or a
+    CUDA-graph replay) finds it zeroed with no host memset. Every split arrives, an empty one too (it
+    stores O = 0 and LSE = -inf: no CTA returns early), so the count always reaches ``num_splits``.
+
+    Why the partials are visible to it (PTX memory model): every thread stores its rows, then
+    ``debug_barrier`` (bar.sync) orders those stores before whatever the CTA does next; the arrival is
+    one gpu-scope acq_rel ``atom.add`` (Triton issues a scalar atomic from one thread and passes the old
+    value to the others through shared memory, behind a barrier). Its release half is cumulative, so the
+    whole CTA's stores that bar.sync ordered before it are published with it; the last CTA's acquire
+    half reads the count every other arrival wrote, so it synchronises with each of their releases; the
+    barrier behind the broadcast orders every thread's later loads after that acquire. Hence the
+    partials the last CTA loads are the ones each split stored, which CUTLASS's split-K semaphore
+    (bar.sync, then a release by one thread; an acquire, then bar.sync) relies on too. No other CTA
+    touches the counter after the last arrival, and the kernel's end orders the reset before the next
+    launch."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(Counter, 1, sem="acq_rel", scope="gpu")
+    last = arrived == num_splits - 1
+    if last:
+        tl.store(Counter, 0)
+    return last
+
+
+@triton.jit
+def merge_splits(
+    OutPartial, LsePartial, row, row_ok, rows, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
+):  # fmt: skip
+    """``(O, lse)`` of the packed rows ``row`` (their index in one split's (B, H, Sq) slab of ``rows``)
+    merged from the splits' partials: lse = lse_max + log Σₛ exp(lseₛ - lse_max) and O = Σₛ exp(lseₛ -
+    lse_max) · Oₛ / Σₛ exp(lseₛ - lse_max). The sums run split after split, element by element (no
+    reduction across threads), so the bits depend only on the split order: the same whichever CTA
+    merges, in kernel 1 or kernel 2, with any warp count. Each step unrolls ``SPLITS_PER_STEP`` splits,
+    whose loads are independent and fly together (a step is one round trip to L2, not one a split).
+    The loads are ``.cg``, from L2: the acquire of ``last_to_arrive`` already orders them after the
+    other splits' stores, and L2 is where those stores are, never in an L1 line that another CTA of
+    this SM may have filled earlier in the launch. Splits with no key (-inf) weigh 0; a row with no
+    key at all gets O = 0 and lse = -inf."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    lse_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    for first_split in range(0, num_splits, SPLITS_PER_STEP):
+        for step in tl.static_range(SPLITS_PER_STEP):
+            split = first_split + step
+            lse_s = tl.load(
+                LsePartial + split * rows + row,
+                mask=row_ok & (split < num_splits),
+                other=float("-inf"),
+                cache_modifier=".cg",
+            )
+            lse_max = tl.maximum(lse_max, lse_s)
+    lse_base = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    weight_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    for first_split in range(0, num_splits, SPLITS_PER_STEP):
+        for step in tl.static_range(SPLITS_PER_STEP):
+            split = first_split + step
+            in_range = row_ok & (split < num_splits)
+            partial_row = split * rows + row
+            lse_s = tl.load(LsePartial + partial_row, mask=in_range, other=float("-inf"), cache_modifier=".cg")
+            o_ptrs = OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :]
+            o_s = tl.load(o_ptrs, mask=in_range[:, None], other=0.0, cache_modifier=".cg")
+            weight = tl.math.exp2((lse_s - lse_base) * MERGE_LOG2_E)
+            weight_sum += weight
+            acc += weight[:, None] * o_s
+    has_keys = weight_sum > 0.0
+    out = acc * tl.where(has_keys, 1.0 / weight_sum, 0.0)[:, None]
+    lse = tl.where(has_keys, lse_base + tl.log(weight_sum), float("-inf"))
+    return out, lse
+
+
 @triton.jit
 def _merge_kernel(
     OutPartial, LsePartial, Out, Lse,
     stride_ob, stride_oh, stride_om,
-    heads, seqlen_q, num_splits, rows,
-    RETURN_LSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SPLITS: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
+    heads, kv_heads, seqlen_q, num_splits,
+    RETURN_LSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    batch = row // (heads * seqlen_q)
-    head = (row // seqlen_q) % heads
-    m = row % seqlen_q
-    offs_s = tl.arange(0, BLOCK_SPLITS)
-    offs_d = tl.arange(0, HEAD_DIM)
-
-    # 5. lse = lse_max + log(Σ exp(lseₛ - lse_max)); splits with no key (-inf) weigh 0. A row with
-    # no key at all keeps lse = -inf and O = 0.
-    lse_s = tl.load(LsePartial + offs_s * rows + row, mask=offs_s < num_splits, other=float("-inf"))
-    lse_max = tl.max(lse_s, 0)
-    lse_base = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    weight_sum = tl.sum(tl.math.exp2((lse_s - lse_base) * MERGE_LOG2_E), 0)
-    # O = Σₛ exp(lseₛ - lse_base) · Oₛ, SPLITS_PER_STEP splits a step: their loads are independent, so
-    # they are in flight together and the loop costs num_splits / SPLITS_PER_STEP round trips to L2,
-    # not one per split. Splits past num_splits load weight 0 and O = 0.
-    acc = tl.zeros((HEAD_DIM,), dtype=tl.float32)
-    offs_step = tl.arange(0, SPLITS_PER_STEP)
-    for first_split in range(0, num_splits, SPLITS_PER_STEP):
-        split = first_split + offs_step
-        in_range = split < num_splits
-        lse_step = tl.load(LsePartial + split * rows + row, mask=in_range, other=float("-inf"))
-        weight = tl.math.exp2((lse_step - lse_base) * MERGE_LOG2_E)
-        o_ptrs = OutPartial + (split[:, None] * rows + row) * HEAD_DIM + offs_d[None, :]
-        acc += tl.sum(weight[:, None] * tl.load(o_ptrs, mask=in_range[:, None], other=0.0), 0)
-    has_keys = weight_sum > 0.0
-    out = acc * tl.where(has_keys, 1.0 / weight_sum, 0.0)
-    tl.store(Out + batch * stride_ob + head * stride_oh + m * stride_om + offs_d, out.to(Out.dtype.element_ty))
-    if RETURN_LSE:
-        tl.store(Lse + row, tl.where(has_keys, lse_base + tl.log(weight_sum), float("-inf")))
+    """Kernel 2 (``FUSED_MERGE = False``, and gluon/decode): one program per packed M tile, the tile
+    kernel 1 wrote, merged by the same :func:`merge_splits`."""
+    m_block = tl.program_id(0)
+    batch, kv_head = batch_and_head(tl.program_id(1), kv_heads)
+    group = heads // kv_heads
+    head, offs_m, row_ok = packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M)
+    row = (batch * heads + head) * seqlen_q + offs_m
+    rows = tl.num_programs(1).to(tl.int64) * group * seqlen_q
+    out, lse = merge_splits(
+        OutPartial, LsePartial, row, row_ok, rows, num_splits,
+        HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_PER_STEP=SPLITS_PER_STEP,
+    )  # fmt: skip
+    out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
+    store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -301,13 +399,51 @@ def planned_num_splits(problem: Problem, device: torch.device) -> int:
     return splits.planned_num_splits(problem, m_blocks_for(problem), device)
 
 
+def merge_splits_per_step(block_m: int, head_dim: int, num_warps: int) -> int:
+    """Splits :func:`merge_splits` unrolls a step on ``block_m`` rows: ``MERGE_SPLITS_PER_STEP``, fewer
+    where a step's O tiles (block_m × D fp32 each) would take more than ``MERGE_STEP_REGISTERS`` per
+    thread of ``num_warps`` warps. Shared with gluon/decode."""
+    fitting = MERGE_STEP_REGISTERS * 32 * num_warps // (block_m * head_dim)
+    return max(1, min(MERGE_SPLITS_PER_STEP, fitting))
+
+
+def _merge_step(problem: Problem) -> int:
+    return merge_splits_per_step(block_m_for(problem), problem.head_dim, DEFAULT_CONFIGS[problem.head_dim].num_warps)
+
+
 def _split_constexprs(problem: Problem, *, split: bool) -> dict[str, int | bool]:
     config = DEFAULT_CONFIGS[problem.head_dim]
     return {
         **feature_constexprs(problem),
         "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n, "SPLIT": split,
-        "PAGE_SIZE": problem.page_size,
+        "PAGE_SIZE": problem.page_size, "FUSED_MERGE": split and FUSED_MERGE,
+        "SPLITS_PER_STEP": _merge_step(problem),
     }  # fmt: skip
+
+
+# Per device, the arrival counters of the fused merge (one int32 per M tile of the grid), zeroed once
+# and kept zero between launches by the kernel itself.
+_ARRIVAL_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def arrival_counters(device: torch.device, work_items: int) -> torch.Tensor:
+    """The process-lifetime counters of ``device``, at least ``work_items`` of them: a larger grid than
+    any before allocates a new zeroed buffer (a power of two of counters) outside any CUDA-graph pool
+    (:func:`~common.contract.devices.lasting`); runners bound earlier keep theirs. Launches that share
+    the counters must not overlap (one stream), as for the split workspace of one runner."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    counters = _ARRIVAL_COUNTERS.get(device)
+    if counters is None or counters.numel() < work_items:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"triton/decode: the fused merge needs {work_items} arrival counters on {device}, more than "
+                "any launch before; bind (or run) this shape once before capturing it in a CUDA graph"
+            )
+        size = next_power_of_2(max(work_items, MIN_ARRIVAL_COUNTERS))
+        counters = lasting(lambda: torch.zeros(size, dtype=torch.int32, device=device), device)
+        _ARRIVAL_COUNTERS[device] = counters
+    return counters
 
 
 def kv_row_strides(t: torch.Tensor, paged: bool) -> tuple[int, int, int]:
@@ -344,18 +480,18 @@ def merge_launch(
     out: torch.Tensor,
     lse_arg: torch.Tensor | None,
 ) -> Callable[[], None]:
-    """The merge kernel's launch over the splits' partials into O (and the LSE), one program per
-    (batch, head, token) row. Shared with gluon/decode."""
-    rows = problem.batch * problem.heads * problem.seqlen_q
-    merge_sizes = (problem.heads, problem.seqlen_q, num_splits, rows)
+    """The merge kernel's launch over the splits' partials into O (and the LSE), one program per packed
+    M tile of triton/decode's. Shared with gluon/decode."""
+    merge_sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, num_splits)
     merge_args = (out_partial, lse_partial, out, lse_arg, *out.stride()[:3], *merge_sizes)
+    merge_grid = (m_blocks_for(problem), problem.batch * problem.kv_heads)
     merge_options = {
-        "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim,
-        "BLOCK_SPLITS": next_power_of_2(num_splits), "SPLITS_PER_STEP": MERGE_SPLITS_PER_STEP, "num_warps": 1,
+        "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
+        "SPLITS_PER_STEP": _merge_step(problem), "num_warps": DEFAULT_CONFIGS[problem.head_dim].num_warps,
     }  # fmt: skip
 
     def merge() -> None:
-        _merge_kernel[(rows,)](*merge_args, **merge_options)
+        _merge_kernel[merge_grid](*merge_args, **merge_options)
 
     return merge
 
@@ -365,8 +501,9 @@ def bind(
     cache_seqlens: torch.Tensor | None = None, block_table: torch.Tensor | None = None, num_splits: int | None = None,
 ) -> Runner:  # fmt: skip
     """Allocate O, the LSE and the split workspace for validated q, k, v (page pools with
-    ``block_table`` when the problem is paged) and return ``run()`` launching the split kernel and,
-    with more than one split, the merge. ``num_splits`` overrides the rule (sweeps, tests)."""
+    ``block_table`` when the problem is paged) and return ``run()`` launching the split kernel, which
+    merges its splits itself (with ``FUSED_MERGE`` off and more than one split, the merge kernel
+    follows). ``num_splits`` overrides the rule (sweeps, tests)."""
     num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device)
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -385,15 +522,18 @@ def bind(
         **_split_constexprs(problem, split=num_splits > 1),
         "num_warps": config.num_warps, "num_stages": num_stages_for(problem),
     }  # fmt: skip
+    fused = split_options["FUSED_MERGE"]
+    counters = arrival_counters(q.device, split_grid[1] * split_grid[2]) if fused else None
     merge = merge_launch(problem, num_splits, out_partial, lse_partial, out, lse_arg)
 
     def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        _split_kernel[split_grid](*split_args, **split_options)
-        if num_splits > 1:
+        _split_kernel[split_grid](*split_args, counters, **split_options)
+        if num_splits > 1 and not fused:
             merge()
         return rung_result(out, lse)
 
     run.num_splits = num_splits
+    run.fused_merge = fused
     return run
 
 
@@ -428,7 +568,8 @@ def decode_shape(problem: Problem) -> Problem:
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """Both kernels compiled for sm_90a at ``problem``'s head dim, dtype, mask and paging (one query
-    token when ``problem`` is prefill-sized); the split kernel in its split-writing form."""
+    token when ``problem`` is prefill-sized); the split kernel in its split-writing form, with the
+    fused merge when ``FUSED_MERGE`` (the merge kernel is then gluon/decode's and the A/B's)."""
     problem = decode_shape(problem)
     config = DEFAULT_CONFIGS[problem.head_dim]
     signature = {
@@ -439,6 +580,10 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
         signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
     else:
         constexprs.update({"BlockTable": None, "stride_btb": None})
+    if constexprs["FUSED_MERGE"]:
+        signature["Counters"] = "*i32"
+    else:
+        constexprs["Counters"] = None
     split = compile_triton_sm90(
         _split_kernel,
         signature,
@@ -452,14 +597,14 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
         _merge_kernel,
         {
             "OutPartial": "*fp32", "LsePartial": "*fp32", "Out": element, "Lse": "*fp32",
-            **{name: "i32" for name in ("stride_ob", "stride_oh", "stride_om", "heads", "seqlen_q")},
-            "num_splits": "i32", "rows": "i32",
+            **{name: "i32" for name in ("stride_ob", "stride_oh", "stride_om", "heads", "kv_heads", "seqlen_q")},
+            "num_splits": "i32",
         },
         {
-            "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim, "BLOCK_SPLITS": 128,
-            "SPLITS_PER_STEP": MERGE_SPLITS_PER_STEP,
+            "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
+            "SPLITS_PER_STEP": _merge_step(problem),
         },
-        num_warps=1,
+        num_warps=config.num_warps,
         num_stages=1,
         aligned=("OutPartial", "LsePartial", "Out", "Lse"),
     )  # fmt: skip

@@ -6,10 +6,13 @@ are cut into ``num_splits`` ranges of whole key blocks, one CTA each, by the sam
 (``common/contract/splits.py``, on this rung's CTA count); the ``group = H / Hkv`` query heads of
 a KV head are packed into one M tile (row r = head in group · Sq + token), so each K/V byte is read
 from HBM once per KV head; each split writes its normalised fp32 partial O and natural-log LSE
-(O = 0, LSE = -inf for a split with no key); a second kernel merges them. That merge is
-triton/decode's ``_merge_kernel`` itself: Gluon is Triton, the merge is a few loads and exps per
-output row with no layout or copy worth spelling out, and one merge for both rungs means they combine
-their splits in the same order. With one split the split kernel writes O and the LSE itself.
+(O = 0, LSE = -inf for a split with no key), and the last split of a tile to finish merges them in
+the same kernel: triton/decode's arrival protocol (``_last_to_arrive``: a barrier, one gpu-scope
+acq_rel atomic on the tile's counter, the last CTA resets it; the memory-ordering argument is in
+triton/decode's ``last_to_arrive``) and its ``merge_splits`` written in Gluon (``_merge_splits``: the
+same operations element by element in split order, so the same bits as triton/decode's merge kernel,
+which is the two-launch path here too: ``FUSED_MERGE = False``). With one split the split kernel
+writes O and the LSE itself.
 
 What Gluon makes explicit (what Triton decides in triton/decode / what this file writes):
   * Copies: the pipeliner turns the K and V loads into ``cp.async``, 16 bytes per thread and
@@ -76,14 +79,15 @@ Algorithm (grid = (num_splits, m_blocks, B · Hkv); one CTA of one warpgroup per
      running the softmax of S_i, waiting for P V and refilling the slot; the last P V.
   6. ``online_softmax_finalize``: O and the natural-log LSE of the split (O = 0, LSE = -inf without
      keys), stored as fp32 partials or, with one split, as O and the LSE.
-  7. The merge (triton/decode's ``_merge_kernel``, one program per (batch, head, token)):
-     lse = log Σₛ exp(lseₛ), O = Σₛ exp(lseₛ - lse) · Oₛ.
+  7. The merge, in the tile's last CTA to arrive (``_merge_tile``, ``MERGE_ROWS`` packed rows at a
+     time, only the tile's real ones): lse = log Σₛ exp(lseₛ), O = Σₛ exp(lseₛ - lse) · Oₛ.
 
 Data movement: K and V HBM → shared memory by ``cp.async.bulk.tensor`` on 4-D descriptors over
 (B, Hkv, Sk, D) with a (1, 1, BLOCK_N, D) box, so each (batch, KV head) has its own bounds; Q HBM →
 registers → shared memory; shared memory → tensor cores by ``wgmma.mma_async`` (Q and K_i for S; V_i,
 with P from registers, for P V); O from the accumulator registers to HBM by plain stores. The fp32
-partials, num_splits · rows · (D + 1) · 4 bytes, are read back once by the merge.
+partials, num_splits · rows · (D + 1) · 4 bytes, are read back once by the tile's last CTA, in Q's
+load layout (16-byte vectors along D).
 
 Constraints: fp16 and bf16; D ∈ {64, 128, 256} (shared memory 200, 208 and 224 KB of the 227 KB a
 CTA may use); 1 <= Sq <= ``MAX_SEQLEN_Q`` (a prefill-sized Sq is refused: use a prefill rung); GQA and
@@ -149,6 +153,10 @@ IMPLEMENTED_FEATURES = (
 # into several M tiles, each a CTA of its own.
 BLOCK_M = 64
 NUM_WARPS = 4
+# Rows the fused merge takes at a time (so that its O tiles stay a few registers a thread).
+MERGE_ROWS = gl.constexpr(16)
+# The merge weighs natural-log LSEs by exp2((lseₛ - lse_max) · LOG2_E), as triton/decode's.
+MERGE_LOG2_E = gl.constexpr(LOG2_E)
 
 
 @dataclass(frozen=True)
@@ -407,15 +415,16 @@ def _split_kernel(
     Q, desc_k, desc_v, Out, Lse, CacheSeqlens, OutPartial, LsePartial,
     stride_qb, stride_qh, stride_qm,
     stride_ob, stride_oh, stride_om,
-    heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2, BlockTable, stride_btb,
+    heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2, BlockTable, stride_btb, Counters,
     CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, HAS_CACHE_SEQLENS: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, SPLIT: gl.constexpr,
-    PAGE_SIZE: gl.constexpr, num_warps: gl.constexpr,
+    PAGE_SIZE: gl.constexpr, FUSED_MERGE: gl.constexpr, SPLITS_PER_STEP: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """K and V are (B, Hkv, Sk, D) caches, or (``PAGE_SIZE`` > 0) page pools (num_pages, page_size, Hkv,
     D) that ``desc_k`` / ``desc_v`` see as (num_pages, Hkv, page_size, D), with ``BlockTable`` the
     (B, max_pages) int32 table and ``stride_btb`` its row stride (both None for a contiguous cache);
-    their box is a key block, or for pages a chunk of one (``kv_chunk_rows``)."""
+    their box is a key block, or for pages a chunk of one (``kv_chunk_rows``). ``Counters``: the
+    arrival counters of the fused merge (one per M tile of the grid; None without it)."""
     HEAD_DIM: gl.constexpr = desc_k.block_type.shape[3]
     dtype: gl.constexpr = desc_k.dtype
     # wgmma's accumulators (S: BLOCK_M × BLOCK_N, O: BLOCK_M × D; a warp holds 16 whole rows of each)
@@ -501,12 +510,101 @@ def _split_kernel(
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
     row = (batch.to(gl.int64) * heads + head) * seqlen_q + token
     if SPLIT:
-        partial_row = split.to(gl.int64) * gl.num_programs(2) * group * seqlen_q + row
+        rows = gl.num_programs(2).to(gl.int64) * group * seqlen_q
+        partial_row = split * rows + row
         gl.store(OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
         gl.store(LsePartial + partial_row, lse, mask=row_ok)
+        # 7. Fused merge: the tile's last split to finish merges all of them.
+        if FUSED_MERGE:
+            work_item = batch_kv_head * gl.num_programs(1) + m_block
+            if _last_to_arrive(Counters + work_item, num_splits):
+                partials = (OutPartial, LsePartial, rows, num_splits)
+                outputs = (Out, Lse, stride_ob, stride_oh, stride_om)
+                tile = (batch, kv_head, group, heads, seqlen_q, m_block)
+                _merge_tile(partials, outputs, tile, BLOCK_M, HEAD_DIM, SPLITS_PER_STEP, RETURN_LSE, num_warps)
     else:
         o_rows_offset = batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh + token * stride_om
         gl.store(Out + o_rows_offset[:, None] + offs_d[None, :], out.to(dtype), mask=row_ok[:, None])
+        if RETURN_LSE:
+            gl.store(Lse + row, lse, mask=row_ok)
+
+
+# ----------------------------------------------------------------------------------------------
+# The fused merge: triton/decode's protocol and merge_splits, in Gluon
+# ----------------------------------------------------------------------------------------------
+@gluon.jit
+def _last_to_arrive(Counter, num_splits):
+    """True in the CTA that is the last of its tile's ``num_splits`` splits to have stored its
+    partials; that CTA puts the counter back to 0. triton/decode's ``last_to_arrive``, where the
+    memory-ordering argument is: a barrier over the warpgroup orders every thread's partial stores
+    before the one gpu-scope acq_rel atomic (a scalar atomic: one thread, its old value passed to the
+    others through shared memory behind a barrier), whose acquire in the last CTA orders its loads."""
+    _partition_barrier()
+    arrived = gl.atomic_add(Counter, 1, sem="acq_rel", scope="gpu")
+    last = arrived == num_splits - 1
+    if last:
+        gl.store(Counter, 0)
+    return last
+
+
+@gluon.jit
+def _merge_splits(partials, row, row_ok, offs_d, SPLITS_PER_STEP: gl.constexpr, layout: gl.constexpr):
+    """triton/decode's ``merge_splits`` on rows in a distributed layout: the same operations, element
+    by element, in the same split order, so the same bits as its merge kernel."""
+    OutPartial, LsePartial, rows, num_splits = partials
+    lse_max = gl.full_like(row_ok, float("-inf"), dtype=gl.float32)
+    for first_split in range(0, num_splits, SPLITS_PER_STEP):
+        for step in gl.static_range(SPLITS_PER_STEP):
+            split = first_split + step
+            lse_s = gl.load(
+                LsePartial + split * rows + row,
+                mask=row_ok & (split < num_splits),
+                other=float("-inf"),
+                cache_modifier=".cg",
+            )
+            lse_max = gl.maximum(lse_max, lse_s)
+    lse_base = gl.where(lse_max == float("-inf"), 0.0, lse_max)
+    weight_sum = gl.zeros_like(lse_max)
+    HEAD_DIM: gl.constexpr = offs_d.shape[0]
+    acc = gl.zeros([MERGE_ROWS, HEAD_DIM], gl.float32, layout)
+    for first_split in range(0, num_splits, SPLITS_PER_STEP):
+        for step in gl.static_range(SPLITS_PER_STEP):
+            split = first_split + step
+            in_range = row_ok & (split < num_splits)
+            partial_row = split * rows + row
+            lse_s = gl.load(LsePartial + partial_row, mask=in_range, other=float("-inf"), cache_modifier=".cg")
+            o_ptrs = OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :]
+            o_s = gl.load(o_ptrs, mask=in_range[:, None], other=0.0, cache_modifier=".cg")
+            weight = gl.exp2((lse_s - lse_base) * MERGE_LOG2_E)
+            weight_sum += weight
+            acc += weight[:, None] * o_s
+    has_keys = weight_sum > 0.0
+    out = acc * gl.where(has_keys, 1.0 / weight_sum, 0.0)[:, None]
+    lse = gl.where(has_keys, lse_base + gl.log(weight_sum), float("-inf"))
+    return out, lse
+
+
+@gluon.jit
+def _merge_tile(
+    partials, outputs, tile, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, SPLITS_PER_STEP: gl.constexpr,
+    RETURN_LSE: gl.constexpr, num_warps: gl.constexpr,
+):  # fmt: skip
+    """Merge the tile's real rows (group · Sq of its ``BLOCK_M``, often 4 to 16) ``MERGE_ROWS`` at a
+    time, in Q's load layout (whole rows per warp), and store O and the LSE."""
+    batch, kv_head, group, heads, seqlen_q, m_block = tile
+    Out, Lse, stride_ob, stride_oh, stride_om = outputs
+    layout: gl.constexpr = _q_load_layout(HEAD_DIM, num_warps)
+    row_layout: gl.constexpr = gl.SliceLayout(1, layout)
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+    # The chunks of MERGE_ROWS rows that hold a real row (a runtime loop: one copy of the merge's code).
+    first_chunk = m_block * (BLOCK_M // MERGE_ROWS)
+    end_chunk = gl.minimum(first_chunk + BLOCK_M // MERGE_ROWS, (group * seqlen_q + MERGE_ROWS - 1) // MERGE_ROWS)
+    for chunk in range(first_chunk, end_chunk):
+        head, token, row_ok = _packed_rows(chunk, kv_head, group, seqlen_q, MERGE_ROWS, row_layout)
+        row = (batch.to(gl.int64) * heads + head) * seqlen_q + token
+        out, lse = _merge_splits(partials, row, row_ok, offs_d, SPLITS_PER_STEP, layout)
+        o_rows = batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh + token * stride_om
+        gl.store(Out + o_rows[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
         if RETURN_LSE:
             gl.store(Lse + row, lse, mask=row_ok)
 
@@ -529,6 +627,8 @@ def split_constexprs(problem: Problem, split: bool) -> dict[str, int | bool]:
     return {
         **feature_constexprs(problem), "BLOCK_M": BLOCK_M, "BLOCK_N": config.block_n,
         "NUM_STAGES": config.num_stages, "SPLIT": split, "PAGE_SIZE": problem.page_size,
+        "FUSED_MERGE": split and triton_decode.FUSED_MERGE,
+        "SPLITS_PER_STEP": triton_decode.merge_splits_per_step(MERGE_ROWS.value, problem.head_dim, NUM_WARPS),
     }  # fmt: skip
 
 
@@ -543,8 +643,9 @@ def kv_descriptor(t: torch.Tensor, problem: Problem, dtype: gl.dtype) -> TensorD
 
 class GluonDecode:
     """Prepared launch: K's and V's TMA descriptors, O, the LSE and the split workspace built once for
-    validated q, k, v; calling it launches the split kernel and, with more than one split,
-    triton/decode's merge, and returns O, or (O, lse) when the problem returns the LSE.
+    validated q, k, v; calling it launches the split kernel (which merges its splits itself, or, with
+    ``FUSED_MERGE`` off, then triton/decode's merge) and returns O, or (O, lse) when the problem
+    returns the LSE.
     ``cache_seqlens`` (and a paged problem's ``block_table``) are read by the kernel at every launch;
     ``num_splits`` overrides the rule."""
 
@@ -568,11 +669,15 @@ class GluonDecode:
         )  # fmt: skip
         self.split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
         self.split_options = {**split_constexprs(problem, num_splits > 1), "num_warps": NUM_WARPS}
+        self.fused_merge = self.split_options["FUSED_MERGE"]
+        work_items = self.split_grid[1] * self.split_grid[2]
+        counters = triton_decode.arrival_counters(q.device, work_items) if self.fused_merge else None
+        self.split_args = (*self.split_args, counters)
         self._merge = triton_decode.merge_launch(problem, num_splits, out_partial, lse_partial, self.out, lse_arg)
 
     def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _split_kernel[self.split_grid](*self.split_args, **self.split_options)
-        if self.num_splits > 1:
+        if self.num_splits > 1 and not self.fused_merge:
             self._merge()
         return rung_result(self.out, self.lse)
 
@@ -640,9 +745,10 @@ SPLIT_ALIGNED = (
 
 
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
-    """The split kernel, in its split-writing form, for sm_90a at ``problem``'s head dim, dtype and
-    features (one query token when ``problem`` is prefill-sized; no GPU needed). The merge is
-    triton/decode's kernel and is compiled, and its resources listed, under that rung."""
+    """The split kernel, in its split-writing form (with the fused merge when triton/decode's
+    ``FUSED_MERGE``), for sm_90a at ``problem``'s head dim, dtype and features (one query token when
+    ``problem`` is prefill-sized; no GPU needed). The two-launch path's merge is triton/decode's kernel
+    and is compiled, and its resources listed, under that rung."""
     problem = triton_decode.decode_shape(problem)
     element = "*fp16" if problem.dtype == torch.float16 else "*bf16"
     kv_type = descriptor_type(problem.dtype, kv_chunk_rows(problem), problem.head_dim)
@@ -656,6 +762,10 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
         signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
     else:
         constexprs.update({"BlockTable": None, "stride_btb": None})
+    if constexprs["FUSED_MERGE"]:
+        signature["Counters"] = "*i32"
+    else:
+        constexprs["Counters"] = None
     return [compile_gluon_sm90(_split_kernel, signature, constexprs, {"num_warps": NUM_WARPS}, SPLIT_ALIGNED)]
 
 
