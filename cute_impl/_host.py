@@ -5,12 +5,12 @@ pipelined, decode).
 None of this is kernel code. Every kernel is compiled once per configuration from fake tensors with
 dynamic shape and strides (:class:`CompiledKernels`), so one compilation serves every shape and a GPU
 launch and a CPU compile for the static analysis trace the same function with the same argument
-types. The compile goes through TVM-FFI (``--enable-tvm-ffi``): the compiled function then takes torch
-tensors, Python floats and ints and ``None`` as they are, checks each tensor against its fake (dtype,
-rank, unit stride of the last dimension, alignment, device) in compiled code and launches on torch's
-current stream. A launch converts nothing in Python: no DLPack capsule, no CuTe tensor per operand
-per call (each cost tens of microseconds in an eager decode step, where a growing KV cache hands new
-tensors every call).
+types. The compile goes through TVM-FFI (``cute.EnableTVMFFI``): the compiled function then takes
+torch tensors, Python floats and ints and ``None`` as they are, checks each tensor against its fake
+(dtype, rank, unit stride of the last dimension, alignment, device) in compiled code and launches on
+torch's current stream. A launch converts nothing in Python: no DLPack capsule and no CuTe tensor per
+operand per call, which were most of an eager decode step's host time (a growing KV cache hands new
+tensors to every call; results/h200/generate-profile/).
 """
 
 from collections.abc import Callable, Collection, Hashable, Sequence

@@ -245,3 +245,15 @@ def test_the_compiled_kernel_takes_torch_tensors_and_checks_them():
     out = torch.empty(problem.batch * problem.kv_heads, problem.kv_group, problem.head_dim, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"argument #0.*expected device_type=cuda"):
         compiled(q, k, v, out, None, None, None, None, None, problem.scale)
+
+
+def test_the_environment_manifest_records_the_launch_path():
+    """Runs record the TVM-FFI release the CuTe rungs launch through, and whether torch hands it tensors
+    through the DLPack exchange API."""
+    import tvm_ffi
+
+    from common.measure.environment import manifest
+
+    info = manifest(torch.device("cpu"))
+    assert info["apache_tvm_ffi"] == tvm_ffi.__version__
+    assert info["torch_dlpack_exchange_api"] is hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
