@@ -191,8 +191,8 @@ def test_every_launch_argument_fits_the_compiled_signature(launch: str, calls: l
 
 def test_planted_launch_arguments_are_caught(calls: list[Call]):
     """The check refuses what the old DLPack path passed (CuTe tensors; FP8 as uint8), a tensor where
-    the configuration compiled one out, a wrong scalar kind, a transposed operand, and a fake that
-    does not declare CUDA (a generic address space alone says CPU)."""
+    the configuration compiled one out, a wrong scalar kind, a transposed operand, and a fake in the
+    generic address space, which the DSL declares a CPU tensor (hence ``_host.generic_view``)."""
     _fp8(FEATURED)
     kernels, config, arguments = calls[0]
     params = signature(kernels, config)
