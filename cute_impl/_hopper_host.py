@@ -5,7 +5,7 @@ the generated code; :func:`default_config` picks it per problem, as measured. :c
 (``_host.CompiledKernels``) compiles the kernel once per configuration, always from fake tensors
 (:func:`fake_arguments`), so a GPU launch and a CPU compile for the static analysis trace the same
 function with the same argument types and produce the same PTX. At launch, :func:`tensor_arguments`
-turns torch tensors into the CuTe tensors those fakes stand for.
+lists the torch tensors those fakes stand for, passed as they are (TVM-FFI, ``_host``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from typing import Any
 
 import torch
 from cutlass import Float8E4M3FN, Float32, Int32
-from cutlass.cute.runtime import make_fake_stream
-from cutlass.cute.typing import AddressSpace
 
 from common.contract.problem import Problem
 from common.contract.registry import Runner
@@ -27,11 +25,11 @@ from cute_impl._host import (
     CompiledKernels,
     cache_seqlens_tensor,
     fake_cache_seqlens,
+    fake_stream,
     fake_tensor,
-    to_cute_tensor,
 )
 
-# FP8 operands: e4m3, carried as uint8 tensors by torch and retyped at launch.
+# FP8 operands: e4m3 (torch's float8_e4m3fn tensors, passed as they are).
 FP8_CUTLASS = Float8E4M3FN
 # The SM count passed when compiling (it only sizes the persistent grid); launches pass the device's.
 STATIC_SM_COUNT = 132
@@ -39,9 +37,6 @@ STATIC_SM_COUNT = 132
 DEFAULT_TILE_N = 128
 
 FP8Scales = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-# The TMA rungs' fake tensors are typed in the generic address space (what ``to_cute_tensor`` reports
-# for a tensor in CPU memory, so that a CPU compile from launch tensors gives the same PTX).
-GENERIC = AddressSpace.generic
 
 
 @dataclass(frozen=True)
@@ -112,13 +107,13 @@ def fake_arguments(config: HopperAttentionConfig) -> tuple[Any, ...]:
     key lengths (None without them), the three FP8 scale tensors (None for 16-bit), the scalars and
     the stream."""
     element = FP8_CUTLASS if config.fp8 else CUTE_DTYPES[config.dtype]
-    operands = [fake_tensor(element, 4, GENERIC) for _ in range(3)]
-    outputs = [fake_tensor(CUTE_DTYPES[config.out_dtype], 4, GENERIC), fake_tensor(Float32, 3, GENERIC)]
+    operands = [fake_tensor(element, 4) for _ in range(3)]
+    outputs = [fake_tensor(CUTE_DTYPES[config.out_dtype], 4), fake_tensor(Float32, 3)]
     cache_seqlens = fake_cache_seqlens() if config.has_cache_seqlens else None
-    scales = [fake_tensor(Float32, 3, GENERIC) for _ in range(3)] if config.fp8 else [None] * 3
+    scales = [fake_tensor(Float32, 3) for _ in range(3)] if config.fp8 else [None] * 3
     # The scalars' values do not enter the code: softmax_scale_log2, output_scale, SM count.
     scalars = [Float32(1.0), Float32(1.0), Int32(STATIC_SM_COUNT)]
-    return (*operands, *outputs, cache_seqlens, *scales, *scalars, make_fake_stream())
+    return (*operands, *outputs, cache_seqlens, *scales, *scalars, fake_stream())
 
 
 def tensor_arguments(
@@ -128,8 +123,7 @@ def tensor_arguments(
     cache_seqlens: torch.Tensor | None = None,
 ) -> tuple[Any, ...]:
     """q, k, v, o, lse, the key lengths (and the FP8 scales, else None) as the kernel takes them at
-    launch: the runtime counterparts of ``fake_arguments``' tensors (e4m3 travels as uint8, retyped
-    here)."""
+    launch: the runtime counterparts of ``fake_arguments``' tensors."""
     if config.fp8 != (scales is not None):
         raise ValueError(
             f"FP8 operands need their scales and 16-bit ones none: fp8={config.fp8}, scales given={scales is not None}"
@@ -139,12 +133,8 @@ def tensor_arguments(
             f"cache_seqlens must be given exactly when compiled for them: has_cache_seqlens="
             f"{config.has_cache_seqlens}, cache_seqlens given={cache_seqlens is not None}"
         )
-    q, k, v, o, lse = tensors
-    element = FP8_CUTLASS if config.fp8 else None
     lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
-    scale_args = (None,) * 3 if scales is None else tuple(to_cute_tensor(t) for t in scales)
-    operands = (to_cute_tensor(t, element) for t in (q, k, v))
-    return (*operands, to_cute_tensor(o), to_cute_tensor(lse), lengths, *scale_args)
+    return (*tensors, lengths, *((None,) * 3 if scales is None else scales))
 
 
 class HopperKernels(CompiledKernels[HopperAttentionConfig]):
@@ -171,7 +161,7 @@ class HopperKernels(CompiledKernels[HopperAttentionConfig]):
         args = tensor_arguments(config, (q, k, v, o, lse), scales, cache_seqlens)
         # The SM count is a launch argument (read here, at run time), so compiling never queries a device.
         sm_count = sm_count or torch.cuda.get_device_properties(q.device).multi_processor_count
-        scalars = (Float32(softmax_scale_log2), Float32(output_scale), Int32(sm_count))
-        run = self.runner(config, (*args, *scalars), (o, lse) if return_lse else o, q.device)
+        scalars = (float(softmax_scale_log2), float(output_scale), int(sm_count))
+        run = self.runner(config, (*args, *scalars), (o, lse) if return_lse else o)
         run.lse = lse  # for a future backward pass and for tests
         return run

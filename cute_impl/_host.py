@@ -1,23 +1,27 @@
-"""Host-side glue shared by the CuTe rungs: dtypes, operands, streams, the compile cache, the
-validating ``prepare``, fake operands for CPU compiles, and the launch setup of the ``mma.sync``
-rungs (tiled, pipelined, decode).
+"""Host-side glue shared by the CuTe rungs: dtypes, operands, the compile cache, the validating
+``prepare``, fake operands for CPU compiles, and the launch setup of the ``mma.sync`` rungs (tiled,
+pipelined, decode).
 
-None of this is kernel code. It turns torch tensors into CuTe tensors with dynamic shape and
-strides, so one compilation serves every shape; builds the matching fake tensors; and compiles each
-kernel configuration once, from those fakes (:class:`CompiledKernels`), so that a GPU launch and a CPU
-compile for the static analysis trace the same function with the same argument types.
+None of this is kernel code. Every kernel is compiled once per configuration from fake tensors with
+dynamic shape and strides (:class:`CompiledKernels`), so one compilation serves every shape and a GPU
+launch and a CPU compile for the static analysis trace the same function with the same argument
+types. The compile goes through TVM-FFI (``cute.EnableTVMFFI``): the compiled function then takes
+torch tensors, Python floats and ints and ``None`` as they are, checks each tensor against its fake
+(dtype, rank, unit stride of the last dimension, alignment, device) in compiled code and launches on
+torch's current stream. A launch converts nothing in Python: no DLPack capsule and no CuTe tensor per
+operand per call, which were most of an eager decode step's host time (a growing KV cache hands new
+tensors to every call; results/h200/generate-profile/).
 """
 
 from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Generic, NamedTuple, TypeVar
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass.cute.nvgpu import cpasync, warp
-from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
+from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from cutlass.cute.typing import AddressSpace
 
 from common.contract.capability import FEATURES, check_common, check_features
@@ -37,66 +41,77 @@ CUTE_DTYPES = {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}
 MMA_SYNC_MIN_CAPABILITY = (8, 0)
 
 
-def to_cute_tensor(tensor: torch.Tensor, element_type: type | None = None) -> cute.Tensor:
-    """A tensor with dynamic shape and strides (one compile serves all sizes); its last dimension is
-    contiguous and 16-byte aligned. ``element_type`` overrides the dlpack one: torch has no e4m3
-    dlpack type, so FP8 travels as uint8."""
-    converted = from_dlpack(tensor, assumed_align=OPERAND_ALIGNMENT_BYTES)
-    if element_type is not None:
-        converted.element_type = element_type
-    return converted.mark_layout_dynamic(leading_dim=tensor.dim() - 1)
+# Compile option: the compiled function takes torch tensors and Python scalars directly (see above).
+TVM_FFI = cute.EnableTVMFFI
 
 
-def current_stream(device: torch.device | None = None) -> cuda.CUstream:
-    """torch's current stream (on ``device``), read at every launch so CUDA-graph capture records it."""
-    return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
+def fake_stream() -> Any:
+    """The stream argument of every kernel: TVM-FFI's environment stream, which the call sets to
+    torch's current stream on the tensors' device, read at every launch so that a CUDA-graph capture
+    on a side stream records it. The compiled function takes no stream argument."""
+    return make_fake_stream(use_tvm_ffi_env_stream=True)
 
 
 def fake_cache_seqlens() -> Any:
     """What ``cache_seqlens_tensor`` passes at launch: (B,) int32, contiguous, 4-byte aligned."""
-    return make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), memspace=AddressSpace.generic, assumed_align=4)
+    return make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4)
 
 
 def fake_block_table() -> Any:
     """What ``block_table_tensor`` passes at launch: (B, max_pages_per_seq) int32, rows contiguous."""
     shape, stride = (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1)
-    return make_fake_tensor(cutlass.Int32, shape, stride, memspace=AddressSpace.generic, assumed_align=4)
+    return make_fake_tensor(cutlass.Int32, shape, stride, assumed_align=4)
 
 
-def block_table_tensor(block_table: torch.Tensor) -> cute.Tensor:
+def generic_view(tensor: cute.Tensor | None) -> cute.Tensor | None:
+    """``tensor`` (or None) addressed through a generic pointer, in a launcher's ``@cute.jit
+    __call__``. TVM-FFI passes a CUDA tensor only as global memory (the DSL calls a generic tensor a
+    CPU one), while the kernels read the key lengths and block tables, and the TMA rungs address every
+    operand, through generic pointers: their code as compiled and measured since the fakes were
+    generic. This keeps that code; global pointers change it (``ld.global`` for the key lengths)."""
+    if tensor is None:
+        return None
+    address = tensor.iterator
+    iterator = cute.make_ptr(
+        tensor.element_type, address.toint(), AddressSpace.generic, assumed_align=address.alignment
+    )
+    return cute.make_tensor(iterator, tensor.layout)
+
+
+def block_table_tensor(block_table: torch.Tensor) -> torch.Tensor:
     """The (B, max_pages_per_seq) int32 block table as the kernel takes it (each row's entries made
     adjacent; the runtime counterpart of the fake)."""
-    table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
-    return from_dlpack(table, assumed_align=4).mark_layout_dynamic(leading_dim=1)
+    return block_table if block_table.stride(1) == 1 else block_table.contiguous()
 
 
-def cache_seqlens_tensor(cache_seqlens: torch.Tensor) -> cute.Tensor:
+def cache_seqlens_tensor(cache_seqlens: torch.Tensor) -> torch.Tensor:
     """The (B,) int32 key lengths as the kernel takes them (the runtime counterpart of the fake)."""
     if not cache_seqlens.is_contiguous():
         raise ValueError(f"cache_seqlens must be contiguous, got stride {cache_seqlens.stride()}")
-    return from_dlpack(cache_seqlens, assumed_align=4).mark_layout_dynamic(leading_dim=0)
+    return cache_seqlens
 
 
-def fake_tensor(element_type: type, rank: int, memspace: AddressSpace = AddressSpace.gmem) -> Any:
-    """What ``to_cute_tensor`` passes at launch, without data: every dimension and outer stride
-    symbolic, the last dimension contiguous, 16-byte aligned. The compiled function reads each
-    tensor's sizes and strides in the order this type declares, so the two must agree exactly (a
-    static head dim here would shift every stride after it). ``memspace`` is part of the type, not of
-    what is passed: ``cp.async`` sources must be global memory; the TMA rungs compile for generic."""
+def fake_tensor(element_type: type, rank: int) -> Any:
+    """What a launch passes for a torch operand, without data: a CUDA tensor (global memory) with
+    every dimension and outer stride symbolic, the last dimension contiguous, 16-byte aligned
+    (``kernel_operand`` guarantees both, and the TVM-FFI call checks them). The compiled function reads
+    each tensor's sizes and strides in the order this type declares (a static head dim here would
+    shift every stride after it)."""
     sizes = tuple(cute.sym_int() for _ in range(rank))
     strides = (*(cute.sym_int64() for _ in range(rank - 1)), 1)
-    return make_fake_tensor(element_type, sizes, strides, memspace=memspace, assumed_align=OPERAND_ALIGNMENT_BYTES)
+    return make_fake_tensor(element_type, sizes, strides, assumed_align=OPERAND_ALIGNMENT_BYTES)
 
 
 class CompiledKernels(Generic[Config]):
     """A kernel class compiled once per configuration (the compile key: everything that changes the
-    generated code), always from fake tensors.
+    generated code), always from fake tensors and always through TVM-FFI.
 
     ``kernel_class(config)`` is the ``@cute.jit`` launcher object (with ``threads_per_cta``);
-    ``fake_arguments(config)`` its whole argument list without data (tensors, scalars, a fake stream).
-    :meth:`kernel` compiles for launches on the GPU (for ``arch``, default the device's own),
-    :meth:`binaries` for sm_90a on a CPU for the static analysis, keeping PTX and cubin: the same
-    trace, so the machine code the analysis sees is the one that runs.
+    ``fake_arguments(config)`` its whole argument list without data (tensors, scalars, and
+    :func:`fake_stream` last). :meth:`kernel` compiles for launches on the GPU (for ``arch``, default
+    the device's own): the result takes the launch arguments without the stream. :meth:`binaries`
+    compiles the same for sm_90a on a CPU for the static analysis, keeping PTX and cubin: the same
+    trace with the same options, so the machine code the analysis sees is the one that runs.
     """
 
     def __init__(
@@ -112,25 +127,28 @@ class CompiledKernels(Generic[Config]):
         self.compiled: dict[Config, Callable[..., None]] = {}
 
     def kernel(self, config: Config) -> Callable[..., None]:
-        """The kernel of ``config``, compiled on first use."""
+        """The kernel of ``config``, compiled on first use; it takes torch tensors, ``None`` where the
+        configuration has no tensor, and Python floats and ints for the scalars."""
         if config not in self.compiled:
-            compile_for = cute.compile if self.arch is None else cute.compile[cute.GPUArch(self.arch)]
+            options = (TVM_FFI,) if self.arch is None else (cute.GPUArch(self.arch), TVM_FFI)
+            compile_for = cute.compile[options]
             self.compiled[config] = compile_for(self.kernel_class(config), *self.fake_arguments(config))
         return self.compiled[config]
 
     def binaries(self, config: Config, name: str) -> list[KernelBinary]:
         """The same compile for sm_90a on a CPU, keeping PTX and cubin for the static analysis."""
         kernel = self.kernel_class(config)
-        return [compile_cute_sm90(kernel, *self.fake_arguments(config), name=name, threads=kernel.threads_per_cta)]
+        fakes = self.fake_arguments(config)
+        return [compile_cute_sm90(kernel, *fakes, name=name, threads=kernel.threads_per_cta, options=(TVM_FFI,))]
 
-    def runner(self, config: Config, arguments: Sequence[Any], result: Any, device: torch.device) -> Runner:
+    def runner(self, config: Config, arguments: Sequence[Any], result: Any) -> Runner:
         """Compile (cached on ``config``) and return the launch-only ``run()``: it passes ``arguments``
-        (the launch counterparts of the fakes, without the stream) and returns ``result``."""
+        (the launch counterparts of the fakes, without the stream: the call launches on torch's
+        current stream) and returns ``result``."""
         compiled = self.kernel(config)
 
         def run() -> Any:
-            # The stream is read at launch so that a CUDA-graph capture on a side stream records this launch.
-            compiled(*arguments, current_stream(device))
+            compiled(*arguments)
             return result
 
         return run
@@ -175,7 +193,7 @@ def fake_attention_arguments(config: Any) -> tuple[Any, ...]:
     operands = [fake_tensor(element, 4) for _ in range(4)]
     lse = fake_tensor(cutlass.Float32, 3) if config.return_lse else None
     lengths = fake_cache_seqlens() if config.has_cache_seqlens else None
-    return (*operands, lse, lengths, cutlass.Float32(1.0), make_fake_stream())
+    return (*operands, lse, lengths, cutlass.Float32(1.0), fake_stream())
 
 
 class Launch(NamedTuple):
@@ -245,7 +263,7 @@ class RungHost:
         ``inputs``: the per-call inputs (``cache_seqlens``) and the options of ``plan_launch``."""
         q, k, v = (kernel_operand(t) for t in (q, k, v))
         launch = self.plan_launch(q, k, v, problem, **inputs)
-        run = self.kernels.runner(launch.config, launch.arguments, launch.result, q.device)
+        run = self.kernels.runner(launch.config, launch.arguments, launch.result)
         for attribute, value in (launch.chosen or {}).items():
             setattr(run, attribute, value)
         return run
@@ -281,9 +299,8 @@ def attention_launch(
     lse = None
     if problem.return_lse:
         lse = torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=q.device)
-    tensors = [None if t is None else to_cute_tensor(t) for t in (q, k, v, out, lse)]
     lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
-    arguments = (*tensors, lengths, cutlass.Float32(problem.scale * scale_factor))
+    arguments = (q, k, v, out, lse, lengths, problem.scale * scale_factor)
     return Launch(plan(problem), arguments, (out, lse) if problem.return_lse else out)
 
 

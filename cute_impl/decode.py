@@ -90,7 +90,6 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass.cute.runtime import make_fake_stream
 
 from common.contract import splits
 from common.contract.capability import FEATURES, PAGED_KV
@@ -125,13 +124,14 @@ from cute_impl._host import (
     cp_async_tiled_copy,
     fake_block_table,
     fake_cache_seqlens,
+    fake_stream,
     fake_tensor,
+    generic_view,
     mma_sync_supports,
     positive_scale,
     qkv_ring_storage,
     static_head_dim_view,
     swizzled_qkv_layouts,
-    to_cute_tensor,
     warp_tiled_mma,
 )
 
@@ -249,6 +249,8 @@ class DecodeKernel:
         (B, max_pages_per_seq) int32 table, else None. None-ness is compile time."""
         dtype = mQ.element_type
         mQ, mK, mV, mO = [static_head_dim_view(t, self.head_dim) for t in (mQ, mK, mV, mO)]
+        # Read through generic pointers (``_host.generic_view``), as they were compiled and measured.
+        mCacheSeqlens, mBlockTable = generic_view(mCacheSeqlens), generic_view(mBlockTable)
         num_splits = 1
         if cutlass.const_expr(self.split):
             mOPartial = static_head_dim_view(mOPartial, self.head_dim)
@@ -650,10 +652,9 @@ def plan_launch(
         )
     packed = (out.view(batch_kv_heads, rows, head_dim), None if lse is None else lse.view(batch_kv_heads, rows))
     kv = [pool.permute(0, 2, 1, 3) for pool in (k, v)] if problem.paged else [k, v]  # pools (pages, Hkv, slots, D)
-    tensors = [None if t is None else to_cute_tensor(t) for t in (q, *kv, *packed, *partials)]
     lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
     table = None if block_table is None else block_table_tensor(block_table)
-    arguments = (*tensors, lengths, table, cutlass.Float32(problem.scale))
+    arguments = (q, *kv, *packed, *partials, lengths, table, problem.scale)
     result = (out, lse) if problem.return_lse else out
     return Launch(decode_config(problem, split=num_splits > 1), arguments, result, {"num_splits": num_splits})
 
@@ -692,7 +693,7 @@ def fake_arguments(config: DecodeConfig) -> tuple[Any, ...]:
     partials = [fake_tensor(cutlass.Float32, 4), fake_tensor(cutlass.Float32, 3)] if config.split else [None, None]
     lengths = fake_cache_seqlens() if config.has_cache_seqlens else None
     table = fake_block_table() if config.paged else None
-    return (*operands, *packed, *partials, lengths, table, cutlass.Float32(1.0), make_fake_stream())
+    return (*operands, *packed, *partials, lengths, table, cutlass.Float32(1.0), fake_stream())
 
 
 def compile_plan(problem: Problem, split: bool = True) -> DecodeConfig:

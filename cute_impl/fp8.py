@@ -189,13 +189,12 @@ def quantised_launcher(
     ``problem.return_lse``)."""
     if operands.value_layout != VALUE_LAYOUT:
         raise ValueError(f"cute/fp8 reads Vᵀ as {VALUE_LAYOUT}, got {operands.value_layout}")
-    q8, k8, vt8 = (t.view(torch.uint8) for t in (operands.q8, operands.k8, operands.vt8))
     scales = (operands.q_scale, operands.k_scale, operands.v_scale)
     run = KERNELS.launcher(
         config,
-        q8,
-        k8,
-        vt8,
+        operands.q8,
+        operands.k8,
+        operands.vt8,
         problem.scale * LOG2_E,
         1.0,
         sm_count=sm_count,

@@ -168,7 +168,7 @@ from cute_impl._hopper_device import (
     warpgroup_mmas,
 )
 from cute_impl._hopper_host import FP8_CUTLASS, HopperAttentionConfig, HopperKernels, default_config
-from cute_impl._host import CUTE_DTYPES
+from cute_impl._host import CUTE_DTYPES, generic_view
 from cute_impl.backward import hopper as hopper_backward
 
 HEAD_DIMS = (64, 128)
@@ -224,6 +224,10 @@ class HopperAttention:
         ``mCacheSeqlens`` the (B,) int32 key lengths, None without them. FP8 passes its e4m3 scales
         as (B, H, blocks) for Q and (B, Hkv, blocks) for K and V, fp32 tensors (one block each when per
         tensor); 16-bit passes None for them."""
+        # Every tensor addressed through a generic pointer (``_host.generic_view``), as measured.
+        mQ, mK, mV, mO, mLSE, mCacheSeqlens, mQScale, mKScale, mVScale = [
+            generic_view(t) for t in (mQ, mK, mV, mO, mLSE, mCacheSeqlens, mQScale, mKScale, mVScale)
+        ]
         # Views of the same memory: (S, D, (H, B)) for the TMA boxes, V as the B operand of P V, and
         # (X, (H, B)) for the LSE and the FP8 scales.
         mQ, mK, mO = (sequence_major(t) for t in (mQ, mK, mO))

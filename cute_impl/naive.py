@@ -66,7 +66,6 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.runtime import make_fake_stream
 
 from common.contract.capability import FEATURES, check_common
 from common.contract.problem import Problem
@@ -78,8 +77,9 @@ from cute_impl._host import (
     RungHost,
     cache_seqlens_tensor,
     fake_cache_seqlens,
+    fake_stream,
     fake_tensor,
-    to_cute_tensor,
+    generic_view,
 )
 from cute_impl.backward import naive as naive_backward
 
@@ -119,6 +119,7 @@ class NaiveAttention:
     ) -> None:  # fmt: skip
         """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D), s (B, H, Sq, Sk) fp32; ``mLse`` (B, H, Sq) fp32, None
         without ``return_lse``; ``mCacheSeqlens`` the (B,) int32 key lengths, None without them."""
+        mCacheSeqlens = generic_view(mCacheSeqlens)  # read through a generic pointer (``_host.generic_view``)
         batch_heads = mQ.shape[0] * mQ.shape[1]
         seqlen_q, seqlen_k = mQ.shape[2], mK.shape[2]
         self.scores_kernel(mQ, mK, mS, mCacheSeqlens, softmax_scale_log2).launch(
@@ -260,7 +261,7 @@ def fake_arguments(config: ProblemConfig) -> tuple[Any, ...]:
     tensors = [fake_tensor(element, 4) for _ in range(3)] + [fake_tensor(Float32, 4), fake_tensor(element, 4)]
     lse = fake_tensor(Float32, 3) if config.return_lse else None
     lengths = fake_cache_seqlens() if config.has_cache_seqlens else None
-    return (*tensors, lse, lengths, Float32(1.0), make_fake_stream())
+    return (*tensors, lse, lengths, Float32(1.0), fake_stream())
 
 
 def plan_launch(
@@ -272,11 +273,9 @@ def plan_launch(
     scores = torch.empty((batch, heads, seqlen_q, seqlen_k), dtype=torch.float32, device=q.device)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device) if problem.return_lse else None
-    tensors = [to_cute_tensor(t) for t in (q, k, v, scores, out)]
     # None when the problem returns no LSE or has no per-sequence lengths: compiled out of the kernels.
-    lse_arg = None if lse is None else to_cute_tensor(lse)
     lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
-    arguments = (*tensors, lse_arg, lengths, Float32(problem.scale * LOG2_E))
+    arguments = (q, k, v, scores, out, lse, lengths, problem.scale * LOG2_E)
     return Launch(ProblemConfig.of(problem), arguments, out if lse is None else (out, lse))
 
 

@@ -91,6 +91,7 @@ from cute_impl._host import (
     RungHost,
     attention_launch,
     fake_attention_arguments,
+    generic_view,
 )
 
 LOG2_E = math.log2(math.e)
@@ -142,6 +143,7 @@ class OnlineAttention:
     ) -> None:  # fmt: skip
         """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D); ``mLse`` (B, H, Sq) fp32, None without
         ``return_lse``; ``mCacheSeqlens`` the (B,) int32 key lengths, None without them."""
+        mCacheSeqlens = generic_view(mCacheSeqlens)  # read through a generic pointer (``_host.generic_view``)
         num_m_blocks = cute.ceil_div(mQ.shape[2], self.tile_m)
         self.kernel(mQ, mK, mV, mO, mLse, mCacheSeqlens, softmax_scale_log2).launch(
             grid=[num_m_blocks, mQ.shape[1], mQ.shape[0]],

@@ -97,6 +97,7 @@ from cute_impl._host import (
     cp_async_tiled_copy,
     fake_attention_arguments,
     feature_flags,
+    generic_view,
     mma_sync_supports,
     positive_scale,
     qkv_shared_storage,
@@ -163,6 +164,7 @@ class TiledAttentionKernel:
     ):  # fmt: skip
         """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D); ``mLSE`` the (B, H, Sq) fp32 LSE when returned and
         ``mCacheSeqlens`` the (B,) int32 key lengths when given, else None (compile time)."""
+        mCacheSeqlens = generic_view(mCacheSeqlens)  # read through a generic pointer (``_host.generic_view``)
         dtype = mQ.element_type
         mQ, mK, mV, mO = [static_head_dim_view(t, self.head_dim) for t in (mQ, mK, mV, mO)]
         # Plain row-major tiles: consecutive rows of 128 (or 64) elements share banks, which is

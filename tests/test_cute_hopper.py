@@ -18,7 +18,7 @@ from common.contract.metrics import error_stats
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
 from common.reporting.static import cubin_resources
-from cute_impl import _hopper_device, _hopper_host, fp8, hopper
+from cute_impl import _hopper_device, fp8, hopper
 from cute_impl._device import BlockRange, SeqlenInfo
 from cute_impl._hopper_device import TileScheduler
 from tests._helpers import MASKS, check_features, edge_cache_seqlens, feature_grid, feature_problem
@@ -62,36 +62,6 @@ def test_persistent_kernel_loops_over_tiles(fp8_operands: bool):
     # Q-full and Q-empty waits plus the K and V rings: more mbarrier waits than the per-tile kernel.
     assert "%nctaid.x" in ptx, "the snake over tiles is dealt by the grid size"
     assert len(re.findall(r"mbarrier\.try_wait", ptx)) >= 4
-
-
-@pytest.mark.parametrize(("fp8_operands", "cache_lengths"), [(False, False), (True, False), (False, True)],
-                         ids=["bf16", "fp8", "bf16-cache_seqlens"])  # fmt: skip
-def test_fake_arguments_compile_like_the_launch_tensors(fp8_operands: bool, cache_lengths: bool):
-    """The kernel is compiled once from ``fake_arguments`` and then called with ``tensor_arguments``;
-    the call passes each tensor's sizes and strides as its runtime type lays them out, so a fake that
-    declared a different layout (a static head dim, a global address space) would read them wrongly.
-    A compile from the launch tensors themselves (here on CPU memory) must give the same PTX."""
-    from cutlass import Float32, Int32
-    from cutlass.cute.runtime import make_fake_stream
-
-    from common.toolchain.compile import compile_cute_sm90
-
-    problem = Problem(1, 2, 256, 256, 128, has_cache_seqlens=cache_lengths)
-    config = hopper.default_config(problem, fp8=fp8_operands)
-    q = torch.zeros(1, 2, 256, 128, dtype=torch.uint8 if fp8_operands else torch.bfloat16)
-    outputs = (torch.zeros(1, 2, 256, 128, dtype=config.out_dtype), torch.zeros(1, 2, 256))
-    scales = tuple(torch.ones(1, 2, 4) for _ in range(3)) if fp8_operands else None
-    lengths = torch.full((1,), 100, dtype=torch.int32) if cache_lengths else None
-    launched = _hopper_host.tensor_arguments(config, (q, q.clone(), q.clone(), *outputs), scales, lengths)
-    scalars = (Float32(1.0), Float32(1.0), Int32(_hopper_host.STATIC_SM_COUNT), make_fake_stream())
-    kernel = hopper.HopperAttention(config)
-    from_tensors = compile_cute_sm90(kernel, *launched, *scalars, name="launch", threads=kernel.threads_per_cta)
-    from_fakes = hopper.KERNELS.binaries(config, "fake")[0]
-
-    def body(ptx: str) -> str:
-        return re.sub(r"kernel_cutlass\w*", "kernel", ptx)
-
-    assert body(from_tensors.ptx) == body(from_fakes.ptx)
 
 
 @pytest.mark.parametrize(("ctas", "tiles"), [(3, 10), (132, 2048), (132, 132), (7, 1000)])

@@ -29,11 +29,7 @@ CUTE_COMPILE_METHODS = ("compile_sm90", "binaries")
 CUTE_TOOLCHAIN_COMPILE = "compile_cute_sm90"
 MARKER = "cute_compile"
 # Unmarked tests that compile CuTe in process on purpose, so that every CI leg runs them: why, by test.
-ALLOWED_UNMARKED = {
-    "test_cute_hopper.py::test_fake_arguments_compile_like_the_launch_tensors": (
-        "compiles from torch tensors: the CuTe layouts of torch tensors vary with torch (.ci/run's header)"
-    ),
-}
+ALLOWED_UNMARKED: dict[str, str] = {}
 
 
 def _names(node: ast.AST) -> set[str]:

@@ -37,6 +37,8 @@ from common.measure.fa4 import fa4_version_info
 SHAPES = {
     "P1": Problem.canonical(8192),
     "small": Problem(batch=1, heads=8, seqlen_q=512, seqlen_k=512, head_dim=64),
+    # One eager decode step of an 8k-token Llama-shaped cache (results/h200/generate-profile/): host-bound.
+    "decode": Problem(batch=1, heads=32, seqlen_q=1, seqlen_k=8192, head_dim=128, kv_heads=8),
 }
 # Alternating rounds of (prepared loop, attention loop); medians over rounds.
 ROUNDS = 5

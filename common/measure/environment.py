@@ -101,6 +101,10 @@ def manifest(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "triton": _version("triton"),
         "nvidia_cutlass_dsl": _cutlass_dsl_version(),
+        # The CuTe rungs' launch path (TVM-FFI) and whether torch hands it tensors through the DLPack
+        # exchange API (a C call per tensor) rather than a Python __dlpack__ capsule.
+        "apache_tvm_ffi": _version("apache-tvm-ffi"),
+        "torch_dlpack_exchange_api": hasattr(torch.Tensor, "__dlpack_c_exchange_api__"),
         "git_commit": _git_commit(),
         "device": str(device),
         "fa4": _baseline_info("common.measure.fa4", "fa4_version_info"),

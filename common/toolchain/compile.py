@@ -93,20 +93,27 @@ def compile_triton_sm90_launch(kernel: Any, *args: Any, **kwargs: Any) -> Kernel
 
 
 def compile_cute_sm90(
-    jit_function: Callable[..., Any], *fake_args: Any, name: str, threads: int, shared_bytes: int | None = None
+    jit_function: Callable[..., Any],
+    *fake_args: Any,
+    name: str,
+    threads: int,
+    shared_bytes: int | None = None,
+    options: tuple[Any, ...] = (),
 ) -> KernelBinary:
     """Compile a ``@cute.jit`` launcher for sm_90a on fake tensors; keeps PTX and cubin.
 
     The cubin records only static shared memory; a rung that knows its dynamic shared-memory size
-    passes it as ``shared_bytes`` so the tradeoff table shows what a CTA really occupies.
+    passes it as ``shared_bytes`` so the tradeoff table shows what a CTA really occupies. ``options``:
+    the compile options of the launches (the CuTe rungs': ``cute.EnableTVMFFI``), so that this is
+    their compile.
     """
     import cutlass.cute as cute
     from cutlass.base_dsl.compiler import DumpDir
 
     # KeepPTX/KeepCUBIN also write files; send them to a scratch folder, not the working directory.
     with tempfile.TemporaryDirectory(prefix="cute-sm90-") as scratch:
-        options = cute.compile[cute.GPUArch(SM90A), cute.KeepPTX, cute.KeepCUBIN, DumpDir(scratch)]
-        compiled = options(jit_function, *fake_args)
+        compile_for = cute.compile[(cute.GPUArch(SM90A), cute.KeepPTX, cute.KeepCUBIN, DumpDir(scratch), *options)]
+        compiled = compile_for(jit_function, *fake_args)
         return KernelBinary(
             name=name,
             ptx=compiled.__ptx__,

@@ -25,7 +25,7 @@ from common.contract.registry import Gradients, Supports
 from common.contract.validation import OPERAND_ALIGNMENT_BYTES, kernel_operand
 from cute_impl._device import OperandLoad, load_kv_block
 from cute_impl._hopper_device import ROWS_PER_WARPGROUP, ReadOnlyInRegions, tma_pipeline, tma_ring
-from cute_impl._host import COPY_BITS, cp_async_tiled_copy, swizzled_qkv_layouts, to_cute_tensor
+from cute_impl._host import COPY_BITS, cp_async_tiled_copy, swizzled_qkv_layouts
 
 SMEM_ALIGN_BYTES = 1024
 # The B operands read both K-major and MN-major (Q and dO, K) are two layouts of the same bytes.
@@ -260,19 +260,20 @@ def rows_operand(t: torch.Tensor) -> torch.Tensor:
 
 
 class BackwardOperands(NamedTuple):
-    """What a backward rung's kernels take, as CuTe tensors: q, O, dO, dQ (B, H, Sq, D); k, v, dK, dV
-    (B, Hkv, Sk, D); the LSE and dLSE (None unless the LSE is differentiated) (B, H, Sq) fp32."""
+    """What a backward rung's kernels take (torch tensors, passed to the TVM-FFI calls as they are):
+    q, O, dO, dQ (B, H, Sq, D); k, v, dK, dV (B, Hkv, Sk, D); the LSE and dLSE (None unless the LSE is
+    differentiated) (B, H, Sq) fp32."""
 
-    q: cute.Tensor
-    k: cute.Tensor
-    v: cute.Tensor
-    out: cute.Tensor
-    d_out: cute.Tensor
-    lse: cute.Tensor
-    d_lse: cute.Tensor | None
-    dq: cute.Tensor
-    dk: cute.Tensor
-    dv: cute.Tensor
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    out: torch.Tensor
+    d_out: torch.Tensor
+    lse: torch.Tensor
+    d_lse: torch.Tensor | None
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
 
 
 def cute_gradients(name: str, supports: Supports, launch: Callable[..., None]) -> Gradients:
@@ -302,7 +303,7 @@ def cute_gradients(name: str, supports: Supports, launch: Callable[..., None]) -
         grads = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
         rows = (rows_operand(lse), None if d_lse is None else rows_operand(d_lse))
         tensors = (q, k, v, out, d_out, *rows, *grads)
-        operands = BackwardOperands(*(None if t is None else to_cute_tensor(t) for t in tensors))
+        operands = BackwardOperands(*tensors)
         launch(operands, problem, q.device, **options)
         return grads
 

@@ -78,7 +78,6 @@ import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.cute.runtime import make_fake_stream
 
 from common.contract.capability import BOTTOM_RIGHT, GQA, LSE
 from common.contract.problem import Problem
@@ -102,14 +101,13 @@ from cute_impl._hopper_device import (
     warpgroup_gemm,
     warpgroup_mmas,
 )
-from cute_impl._hopper_host import GENERIC
 from cute_impl._host import (
     CUTE_DTYPES,
     CompiledKernels,
-    current_stream,
+    fake_stream,
     fake_tensor,
+    generic_view,
     mma_sync_supports,
-    to_cute_tensor,
 )
 from cute_impl.backward import tiled
 from cute_impl.backward._device import (
@@ -218,6 +216,8 @@ class _DKDVKernel:
         mDelta: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, softmax_scale: Float32, stream: cuda.CUstream,
     ):  # fmt: skip
         """q, do (B, H, Sq, D); k, v, dk, dv (B, Hkv, Sk, D); lse2, delta (B, H, Sq) fp32."""
+        # Every tensor addressed through a generic pointer (``_host.generic_view``), as measured.
+        mQ, mK, mV, mdO, mLSE2, mDelta, mdK, mdV = [generic_view(t) for t in (mQ, mK, mV, mdO, mLSE2, mDelta, mdK, mdV)]
         mQ, mK, mV, mdO, mdK, mdV = (sequence_major(t) for t in (mQ, mK, mV, mdO, mdK, mdV))  # (S, D, (H, B))
         mLSE2, mDelta = head_major(mLSE2), head_major(mDelta)  # (Sq, (H, B))
         D, rows = self.head_dim, ROWS_PER_WARPGROUP
@@ -440,6 +440,8 @@ class _DQKernel:
         mDelta: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32, stream: cuda.CUstream,
     ):  # fmt: skip
         """q, do, dq (B, H, Sq, D); k, v (B, Hkv, Sk, D); lse2, delta (B, H, Sq) fp32."""
+        # Every tensor addressed through a generic pointer (``_host.generic_view``), as measured.
+        mQ, mK, mV, mdO, mLSE2, mDelta, mdQ = [generic_view(t) for t in (mQ, mK, mV, mdO, mLSE2, mDelta, mdQ)]
         mQ, mK, mV, mdO, mdQ = (sequence_major(t) for t in (mQ, mK, mV, mdO, mdQ))  # (S, D, (H, B))
         mLSE2, mDelta = head_major(mLSE2), head_major(mDelta)  # (Sq, (H, B))
         D, rows = self.head_dim, ROWS_PER_WARPGROUP
@@ -610,17 +612,17 @@ class _DQKernel:
 # ----------------------------------------------------------------------------------------------
 def _fake_dkdv_arguments(config: HopperBackwardConfig) -> tuple:
     element = CUTE_DTYPES[config.dtype]
-    operands = [fake_tensor(element, 4, GENERIC) for _ in range(4)]
-    rows = [fake_tensor(Float32, 3, GENERIC) for _ in range(2)]
-    gradients = [fake_tensor(element, 4, GENERIC) for _ in range(2)]
-    return (*operands, *rows, *gradients, Float32(1.0), make_fake_stream())
+    operands = [fake_tensor(element, 4) for _ in range(4)]
+    rows = [fake_tensor(Float32, 3) for _ in range(2)]
+    gradients = [fake_tensor(element, 4) for _ in range(2)]
+    return (*operands, *rows, *gradients, Float32(1.0), fake_stream())
 
 
 def _fake_dq_arguments(config: HopperBackwardConfig) -> tuple:
     element = CUTE_DTYPES[config.dtype]
-    operands = [fake_tensor(element, 4, GENERIC) for _ in range(4)]
-    rows = [fake_tensor(Float32, 3, GENERIC) for _ in range(2)]
-    return (*operands, *rows, fake_tensor(element, 4, GENERIC), Float32(1.0), make_fake_stream())
+    operands = [fake_tensor(element, 4) for _ in range(4)]
+    rows = [fake_tensor(Float32, 3) for _ in range(2)]
+    return (*operands, *rows, fake_tensor(element, 4), Float32(1.0), fake_stream())
 
 
 # The binaries' names: this prefix and the kernel's key.
@@ -649,16 +651,12 @@ def _launch(
     """``tiled``'s preprocess, then the dK/dV and dQ kernels, on the current stream."""
     config = backward_config(problem, tiles)
     rows_shape = (problem.batch, problem.heads, problem.seqlen_q)
-    # The torch buffers stay referenced until the launches are queued, so neither can take the other's memory.
-    buffers = [torch.empty(rows_shape, dtype=torch.float32, device=device) for _ in "01"]
-    delta, lse_log2 = (to_cute_tensor(t) for t in buffers)
+    delta, lse_log2 = (torch.empty(rows_shape, dtype=torch.float32, device=device) for _ in "01")
     q, k, v, out, d_out, lse, d_lse, dq, dk, dv = operands
-    scale = Float32(problem.scale)
-    stream = current_stream(device)
     preprocess = tiled.KERNELS["preprocess"].kernel(tiled.backward_config(problem, has_dlse=d_lse is not None))
-    preprocess(out, d_out, lse, d_lse, lse_log2, delta, stream)
-    KERNELS["dkdv"].kernel(config)(q, k, v, d_out, lse_log2, delta, dk, dv, scale, stream)
-    KERNELS["dq"].kernel(config)(q, k, v, d_out, lse_log2, delta, dq, scale, stream)
+    preprocess(out, d_out, lse, d_lse, lse_log2, delta)
+    KERNELS["dkdv"].kernel(config)(q, k, v, d_out, lse_log2, delta, dk, dv, problem.scale)
+    KERNELS["dq"].kernel(config)(q, k, v, d_out, lse_log2, delta, dq, problem.scale)
 
 
 def compile_sm90(problem: Problem, has_dlse: bool = False, tiles: BackwardTiles | None = None) -> list[KernelBinary]:

@@ -50,13 +50,12 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32, const_expr
-from cutlass.cute.runtime import make_fake_stream
 
 from common.contract.capability import BOTTOM_RIGHT, GQA, LSE, check_common
 from common.contract.problem import Problem
 from common.contract.registry import Backward
 from common.toolchain.compile import KernelBinary
-from cute_impl._host import CUTE_DTYPES, CompiledKernels, current_stream, fake_tensor, to_cute_tensor
+from cute_impl._host import CUTE_DTYPES, CompiledKernels, fake_stream, fake_tensor
 from cute_impl.backward._device import BackwardOperands, cute_gradients
 
 LOG2_E = math.log2(math.e)
@@ -252,7 +251,7 @@ def _fake_arguments(config: NaiveBackwardConfig) -> tuple:
     d_lse = fake_tensor(Float32, 3) if config.has_dlse else None
     scores = [fake_tensor(Float32, 4) for _ in range(2)]
     gradients = [fake_tensor(element, 4) for _ in range(3)]
-    return (*operands, lse, d_lse, delta, *scores, *gradients, Float32(1.0), make_fake_stream())
+    return (*operands, lse, d_lse, delta, *scores, *gradients, Float32(1.0), fake_stream())
 
 
 KERNELS = CompiledKernels(NaiveBackward, _fake_arguments)
@@ -266,15 +265,12 @@ def naive_config(problem: Problem, has_dlse: bool = False) -> NaiveBackwardConfi
 def _launch(operands: BackwardOperands, problem: Problem, device: torch.device) -> None:
     """The five launches on ``operands``, with D, P and dS allocated here, on the current stream."""
     scores_shape = (problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k)
-    # The torch buffers stay referenced until the launch is queued, so none can take another's memory.
-    buffers = [
+    delta, probs, d_scores = (
         torch.empty(shape, dtype=torch.float32, device=device) for shape in (scores_shape[:3], *[scores_shape] * 2)
-    ]
-    delta, probs, d_scores = (to_cute_tensor(t) for t in buffers)
+    )
     q, k, v, out, d_out, lse, d_lse, dq, dk, dv = operands
     compiled = KERNELS.kernel(naive_config(problem, has_dlse=d_lse is not None))
-    compiled(q, k, v, out, d_out, lse, d_lse, delta, probs, d_scores, dq, dk, dv, Float32(problem.scale),
-             current_stream(device))  # fmt: skip
+    compiled(q, k, v, out, d_out, lse, d_lse, delta, probs, d_scores, dq, dk, dv, problem.scale)
 
 
 def compile_sm90(problem: Problem, has_dlse: bool = False) -> list[KernelBinary]:

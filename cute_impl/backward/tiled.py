@@ -77,7 +77,6 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass.cute.runtime import make_fake_stream
 
 from common.contract.capability import BOTTOM_RIGHT, GQA, LSE
 from common.contract.problem import Problem
@@ -97,11 +96,10 @@ from cute_impl._host import (
     CUTE_DTYPES,
     WARP_THREADS,
     CompiledKernels,
-    current_stream,
+    fake_stream,
     fake_tensor,
     mma_sync_supports,
     static_head_dim_view,
-    to_cute_tensor,
     warp_tiled_mma,
 )
 from cute_impl.backward._device import (
@@ -681,7 +679,7 @@ def _fake_preprocess_arguments(config: BackwardConfig) -> tuple:
     element = CUTE_DTYPES[config.dtype]
     lse, lse_log2, delta = (fake_tensor(cutlass.Float32, 3) for _ in range(3))
     d_lse = fake_tensor(cutlass.Float32, 3) if config.has_dlse else None
-    return (fake_tensor(element, 4), fake_tensor(element, 4), lse, d_lse, lse_log2, delta, make_fake_stream())
+    return (fake_tensor(element, 4), fake_tensor(element, 4), lse, d_lse, lse_log2, delta, fake_stream())
 
 
 def _fake_dkdv_arguments(config: BackwardConfig) -> tuple:
@@ -689,14 +687,14 @@ def _fake_dkdv_arguments(config: BackwardConfig) -> tuple:
     operands = [fake_tensor(element, 4) for _ in range(4)]
     rows = [fake_tensor(cutlass.Float32, 3) for _ in range(2)]
     gradients = [fake_tensor(element, 4) for _ in range(2)]
-    return (*operands, *rows, *gradients, cutlass.Float32(1.0), make_fake_stream())
+    return (*operands, *rows, *gradients, cutlass.Float32(1.0), fake_stream())
 
 
 def _fake_dq_arguments(config: BackwardConfig) -> tuple:
     element = CUTE_DTYPES[config.dtype]
     operands = [fake_tensor(element, 4) for _ in range(4)]
     rows = [fake_tensor(cutlass.Float32, 3) for _ in range(2)]
-    return (*operands, *rows, fake_tensor(element, 4), cutlass.Float32(1.0), make_fake_stream())
+    return (*operands, *rows, fake_tensor(element, 4), cutlass.Float32(1.0), fake_stream())
 
 
 KERNELS = {
@@ -722,15 +720,11 @@ def _launch(operands: BackwardOperands, problem: Problem, device: torch.device) 
     """The three launches on ``operands``, with D and LSE₂ allocated here, on the current stream."""
     config = backward_config(problem, has_dlse=operands.d_lse is not None)
     rows_shape = (problem.batch, problem.heads, problem.seqlen_q)
-    # The torch buffers stay referenced until the launches are queued, so neither can take the other's memory.
-    buffers = [torch.empty(rows_shape, dtype=torch.float32, device=device) for _ in "01"]
-    delta, lse_log2 = (to_cute_tensor(t) for t in buffers)
+    delta, lse_log2 = (torch.empty(rows_shape, dtype=torch.float32, device=device) for _ in "01")
     q, k, v, out, d_out, lse, d_lse, dq, dk, dv = operands
-    scale = cutlass.Float32(problem.scale)
-    stream = current_stream(device)
-    KERNELS["preprocess"].kernel(config)(out, d_out, lse, d_lse, lse_log2, delta, stream)
-    KERNELS["dkdv"].kernel(config)(q, k, v, d_out, lse_log2, delta, dk, dv, scale, stream)
-    KERNELS["dq"].kernel(config)(q, k, v, d_out, lse_log2, delta, dq, scale, stream)
+    KERNELS["preprocess"].kernel(config)(out, d_out, lse, d_lse, lse_log2, delta)
+    KERNELS["dkdv"].kernel(config)(q, k, v, d_out, lse_log2, delta, dk, dv, problem.scale)
+    KERNELS["dq"].kernel(config)(q, k, v, d_out, lse_log2, delta, dq, problem.scale)
 
 
 def compile_sm90(problem: Problem, has_dlse: bool = False) -> list[KernelBinary]:
