@@ -5,6 +5,7 @@
     python -m bench.backward --candidates --out $OUT/candidates   # the tiled rung's variants, to pick one
     python -m bench.backward --candidates --rung gluon --out $OUT/gluon-candidates   # gluon/backward/hopper's
     python -m bench.backward --candidates --rung cute --out $OUT/cute-candidates     # cute/backward/hopper's
+    python -m bench.backward --candidates --rung cute --variant m64_s2_dqreduce --out $OUT/c   # chosen variants
     python -m bench.backward --shape P1 --shape 'P1 causal' --impl gluon/hopper --out $OUT/p1   # a selection
 
 Default mode: per (shape, implementation) -- each forward rung that has a backward (through
@@ -249,13 +250,23 @@ def candidate_row(
     return run
 
 
-def run_candidates(out_dir: Path, budget_s: float, shapes: Sequence[str] | None = None, rung: str = "tiled") -> int:
+def run_candidates(
+    out_dir: Path,
+    budget_s: float,
+    shapes: Sequence[str] | None = None,
+    rung: str = "tiled",
+    variants: Sequence[str] | None = None,
+) -> int:
+    """``variants``: only the candidates with these labels (default all)."""
     import torch
 
     from common.contract.api import attention
 
     candidate = CANDIDATE_RUNGS[rung]
     candidates = importlib.import_module(candidate.module).CANDIDATES
+    known = {config.label for configs in candidates.values() for config in configs}
+    if set(variants or ()) - known:
+        raise ValueError(f"--variant {sorted(set(variants) - known)} not among {rung}'s candidates {sorted(known)}")
     forward = candidate.forward or CANDIDATE_FORWARD
     table = Table(out_dir / "candidates.csv", budget_s)
     summary = []
@@ -270,6 +281,8 @@ def run_candidates(out_dir: Path, budget_s: float, shapes: Sequence[str] | None 
         with torch.no_grad():
             saved = attention(*inputs[:3], causal=shape[5], impl=forward, return_lse=True)
         for config in candidates[shape[4]]:
+            if variants and config.label not in variants:
+                continue
             base = {"shape": shape[0], "impl": candidate.name, "variant": config.label}
             row = candidate_row(shape, config, inputs, saved, grads[REFERENCE], candidate)
             records.append(measure(table, base, row))
@@ -303,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rung", choices=tuple(CANDIDATE_RUNGS), default="tiled", help="whose variants --candidates times"
     )
     parser.add_argument("--shape", action="append", help="anchor shapes by name (repeatable; default all)")
+    parser.add_argument("--variant", action="append", help="--candidates: only these labels (repeatable)")
     parser.add_argument(
         "--budget-s", type=float, default=DEFAULT_BUDGET_S, help="rows after this many seconds are skipped"
     )
@@ -315,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_MISSING
     args.out.mkdir(parents=True, exist_ok=True)
     if args.candidates:
-        return run_candidates(args.out, args.budget_s, args.shape, args.rung)
+        return run_candidates(args.out, args.budget_s, args.shape, args.rung, args.variant)
     return run_ladder(args.out, args.impl or IMPLS, args.budget_s, args.shape)
 
 
