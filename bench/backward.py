@@ -257,7 +257,7 @@ def run_candidates(
     rung: str = "tiled",
     variants: Sequence[str] | None = None,
 ) -> int:
-    """``variants``: only the candidates with these labels (default all)."""
+    """``variants``: only the candidates with these labels, in this order (default all)."""
     import torch
 
     from common.contract.api import attention
@@ -280,9 +280,10 @@ def run_candidates(
             continue
         with torch.no_grad():
             saved = attention(*inputs[:3], causal=shape[5], impl=forward, return_lse=True)
-        for config in candidates[shape[4]]:
-            if variants and config.label not in variants:
-                continue
+        configs = candidates[shape[4]]
+        if variants:  # in the order given, so that the budget skips the last ones named
+            configs = [config for label in variants for config in configs if config.label == label]
+        for config in configs:
             base = {"shape": shape[0], "impl": candidate.name, "variant": config.label}
             row = candidate_row(shape, config, inputs, saved, grads[REFERENCE], candidate)
             records.append(measure(table, base, row))

@@ -509,6 +509,17 @@ def test_bench_candidates_checks_and_times_every_variant(tiny_bench, tmp_path: P
     assert all(float(row[f"{name}_vs_cudnn"]) < 1e-4 for row in rows[1:] for name in ("dq", "dk", "dv"))
 
 
+def test_bench_candidates_times_only_the_variants_named_in_their_order(tiny_bench, tmp_path: Path) -> None:
+    """``--variant``: those candidates alone, in the order named (the budget skips the last); a label
+    that is no candidate is refused before anything runs."""
+    chosen = [config.label for config in tiled_backward.CANDIDATES[64]][:2][::-1]
+    assert tiny_bench.run_candidates(tmp_path, budget_s=600, variants=chosen) == 0
+    rows = read_rows(tmp_path / "candidates.csv")
+    assert [row["variant"] for row in rows if row["impl"] == "triton/backward/tiled"] == chosen
+    with pytest.raises(ValueError, match=r"\['no such variant'\] not among tiled's candidates"):
+        tiny_bench.run_candidates(tmp_path / "bad", budget_s=600, variants=["no such variant"])
+
+
 def test_bench_candidates_reports_a_wrong_variant_untimed(tiny_bench, tmp_path: Path, monkeypatch) -> None:
     """A variant whose dQ is off (the softmax scale applied twice) is 'wrong' and has no time."""
     real = tiled_backward.tiled_gradients
