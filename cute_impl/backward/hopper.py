@@ -61,9 +61,15 @@ about 590 TFLOP/s of wgmma work: at that rate, five products alone would come wi
 FlashAttention-4's sm90 backward (608), which makes dQ += dS K in the dK/dV kernel and adds it to an
 fp32 dQ by bulk reduce-adds from shared memory, issued by a warp of its own.
 
+The variant ``dq="reduce"`` (``BackwardTiles.dq``, ``hopper_dq.py``, a candidate, not the default) does
+that: step 2 also shares dSᵀ through shared memory and issues dQ[:, half] = dS K (five products per
+step), warp 1 of the producer warpgroup adds each step's dQ tile into an fp32 dQaccum by
+``cp.reduce.async.bulk``, and step 3 becomes a postprocess (dQ = softmax_scale · dQaccum). dK and dV
+are unchanged and deterministic; dQ's adds land in no fixed order, so dQ is not bitwise reproducible.
+
 Limits (not done): no ping-pong between the consumer warpgroups, no persistent scheduler, gradients
-stored from the accumulators (no TMA store); the dQ pass recomputes S and dP (seven products per
-tile pair instead of five); no atomic or reduce-add dQ variant. The candidates are
+stored from the accumulators (no TMA store); the default's dQ pass recomputes S and dP (seven products
+per tile pair instead of five; ``dq="reduce"`` removes them, untimed yet). The candidates are
 ``python -m bench.backward --candidates --rung cute``.
 """
 

@@ -112,8 +112,12 @@ def staged_dq_layout(head_dim: int) -> cute.Layout:
 
 
 def thread_chunk(chunk: cute.Tensor, head_dim: int, thread: Int32) -> cute.Tensor:
-    """Thread ``thread``'s accumulators inside a flat tile in fragment order: (4, vectors)."""
-    return cute.make_tensor(chunk.iterator, staged_dq_layout(head_dim))[None, thread, None]
+    """Thread ``thread``'s accumulators inside a flat tile in fragment order: (4, vectors). Every tile
+    starts 16-byte aligned (dQaccum's chunks and the staging tiles are multiples of 16 KB or 8 KB apart),
+    which the DSL cannot see through a runtime index: said here, so that copies use 16-byte vectors."""
+    start = chunk.iterator
+    aligned = cute.make_ptr(Float32, start.toint(), start.memspace, assumed_align=VALUES_PER_VECTOR * 4)
+    return cute.make_tensor(aligned, staged_dq_layout(head_dim))[None, thread, None]
 
 
 def fragment_as_vectors(acc: cute.Tensor, head_dim: int) -> cute.Tensor:
