@@ -5,7 +5,7 @@
     python -m bench.backward --candidates --out $OUT/candidates   # the tiled rung's variants, to pick one
     python -m bench.backward --candidates --rung gluon --out $OUT/gluon-candidates   # gluon/backward/hopper's
     python -m bench.backward --candidates --rung cute --out $OUT/cute-candidates     # cute/backward/hopper's
-    python -m bench.backward --candidates --rung cute --variant m64_s2_dqreduce --out $OUT/c   # chosen variants
+    python -m bench.backward --candidates --rung cute --variant default --variant m64_s2_dqreduce --out $OUT/c
     python -m bench.backward --shape P1 --shape 'P1 causal' --impl gluon/hopper --out $OUT/p1   # a selection
 
 Default mode: per (shape, implementation) -- each forward rung that has a backward (through
@@ -54,6 +54,8 @@ REFERENCE = "sdpa/cudnn"
 FA4 = "fa4/sm90"
 BASELINES = (REFERENCE, "sdpa/flash", FA4)
 IMPLS = ("triton/tiled", "triton/hopper", "gluon/hopper", "cute/tiled", "cute/hopper", *BASELINES)
+# --variant's name for each head dim's first candidate, the rung's default.
+DEFAULT_VARIANT = "default"
 # The forward whose O and LSE the candidates differentiate.
 CANDIDATE_FORWARD = "triton/hopper"
 # A variant's gradients may be at most this far from cuDNN's (relative L2, per gradient). bf16 puts
@@ -257,14 +259,15 @@ def run_candidates(
     rung: str = "tiled",
     variants: Sequence[str] | None = None,
 ) -> int:
-    """``variants``: only the candidates with these labels, in this order (default all)."""
+    """``variants``: only the candidates with these labels, in this order (default all); ``default``
+    names each head dim's first candidate, the rung's default."""
     import torch
 
     from common.contract.api import attention
 
     candidate = CANDIDATE_RUNGS[rung]
     candidates = importlib.import_module(candidate.module).CANDIDATES
-    known = {config.label for configs in candidates.values() for config in configs}
+    known = {DEFAULT_VARIANT} | {config.label for configs in candidates.values() for config in configs}
     if set(variants or ()) - known:
         raise ValueError(f"--variant {sorted(set(variants) - known)} not among {rung}'s candidates {sorted(known)}")
     forward = candidate.forward or CANDIDATE_FORWARD
@@ -282,7 +285,8 @@ def run_candidates(
             saved = attention(*inputs[:3], causal=shape[5], impl=forward, return_lse=True)
         configs = candidates[shape[4]]
         if variants:  # in the order given, so that the budget skips the last ones named
-            configs = [config for label in variants for config in configs if config.label == label]
+            labels = [configs[0].label if label == DEFAULT_VARIANT else label for label in variants]
+            configs = [config for label in dict.fromkeys(labels) for config in configs if config.label == label]
         for config in configs:
             base = {"shape": shape[0], "impl": candidate.name, "variant": config.label}
             row = candidate_row(shape, config, inputs, saved, grads[REFERENCE], candidate)
@@ -317,7 +321,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rung", choices=tuple(CANDIDATE_RUNGS), default="tiled", help="whose variants --candidates times"
     )
     parser.add_argument("--shape", action="append", help="anchor shapes by name (repeatable; default all)")
-    parser.add_argument("--variant", action="append", help="--candidates: only these labels (repeatable)")
+    parser.add_argument(
+        "--variant", action="append", help="--candidates: only these labels, 'default' the rung's (repeatable)"
+    )
     parser.add_argument(
         "--budget-s", type=float, default=DEFAULT_BUDGET_S, help="rows after this many seconds are skipped"
     )

@@ -510,12 +510,12 @@ def test_bench_candidates_checks_and_times_every_variant(tiny_bench, tmp_path: P
 
 
 def test_bench_candidates_times_only_the_variants_named_in_their_order(tiny_bench, tmp_path: Path) -> None:
-    """``--variant``: those candidates alone, in the order named (the budget skips the last); a label
-    that is no candidate is refused before anything runs."""
-    chosen = [config.label for config in tiled_backward.CANDIDATES[64]][:2][::-1]
-    assert tiny_bench.run_candidates(tmp_path, budget_s=600, variants=chosen) == 0
+    """``--variant``: those candidates alone, in the order named (the budget skips the last), ``default``
+    the head dim's first; a label that is no candidate is refused before anything runs."""
+    labels = [config.label for config in tiled_backward.CANDIDATES[64]]
+    assert tiny_bench.run_candidates(tmp_path, budget_s=600, variants=[labels[2], "default", labels[0]]) == 0
     rows = read_rows(tmp_path / "candidates.csv")
-    assert [row["variant"] for row in rows if row["impl"] == "triton/backward/tiled"] == chosen
+    assert [row["variant"] for row in rows if row["impl"] == "triton/backward/tiled"] == [labels[2], labels[0]]
     with pytest.raises(ValueError, match=r"\['no such variant'\] not among tiled's candidates"):
         tiny_bench.run_candidates(tmp_path / "bad", budget_s=600, variants=["no such variant"])
 

@@ -30,8 +30,19 @@ fragment order; ``DQPostprocessKernel`` reads every chunk back into the same fra
 arithmetic has to agree with the MMA's layout), scales it and stores dQ through the MMA's partition,
 rows past Sq dropped.
 
+Resources: shared memory gains 32 KB of dS buffers (2 buffers × 2 warpgroups × 64 × 64 × 2 bytes) and
+64 · D · 4 bytes of staging (D=128: 192 KB in all with two ring slots); the kernel compiles without
+spills at D=64 and 128 under the default's register split (setmaxnreg 240 / 24). dSᵀ goes to shared memory by ``stmatrix``, one swizzled
+address per four 8×8 matrices: stored element by element, ptxas kept 16 precomputed swizzled addresses
+live across the loop and spilled 72 bytes at D=128.
+
+Counterparts: FlashAttention-4's ``flash_attn/cute/flash_bwd_sm90.py`` (the model: dQaccum store warp,
+bulk reduce-add, postprocess); ``triton_impl/gluon/backward.py``'s ``atomic_dq`` (the same dS exchange
+with per-element fp32 atomics from the consumers' registers, which lost to its dQ pass).
+
 Limits: 64 query rows per step (the M of the dQ wgmma), no overlapped steps; D/2 columns per
-warpgroup, so D=64 runs m64n32 dQ products.
+warpgroup, so D=64 runs m64n32 dQ products. Not yet timed (``python -m bench.backward --candidates
+--rung cute --variant m64_s2_dqreduce``).
 """
 
 from __future__ import annotations
