@@ -202,6 +202,8 @@ BUGS = {
     "no_row_sum": ("dq", "dk"),
     "dq_without_scale": ("dq",),
     "dq_last_block_only": ("dq",),
+    # dQ added from every key block but one (a lost reduce-add: cute/backward/hopper's dq="reduce").
+    "dq_one_block_lost": ("dq",),
     "gqa_first_head_only": ("dk", "dv"),
 }
 
@@ -231,6 +233,8 @@ def model_backward(q, k, v, out, lse, d_out, prob: Problem, bug: str | None = No
                     d_s = probs * (d_out[b, head] @ v_block.T - delta[b, head, :, None])
                     dk[b, kv_head, keys] += prob.scale * d_s.T @ q[b, head]
                     share = dq_scale * d_s @ k_block
+                    if bug == "dq_one_block_lost" and start == MODEL_BLOCK_N:
+                        share = torch.zeros_like(share)
                     dq[b, head] = share if bug == "dq_last_block_only" else dq[b, head] + share
     return dq, dk, dv
 
