@@ -30,6 +30,8 @@ from cute_impl._host import COPY_BITS, cp_async_tiled_copy, swizzled_qkv_layouts
 SMEM_ALIGN_BYTES = 1024
 # The B operands read both K-major and MN-major (Q and dO, K) are two layouts of the same bytes.
 K_MAJOR, MN_MAJOR = LayoutEnum.ROW_MAJOR, LayoutEnum.COL_MAJOR
+# hopper: two consumer warpgroups of 64 rows (128 keys per dK/dV CTA, 128 query rows per dQ CTA).
+CONSUMER_WARPGROUPS = 2
 
 
 def smem_operand(

@@ -119,6 +119,7 @@ from cute_impl._host import (
 )
 from cute_impl.backward import hopper_dq, tiled
 from cute_impl.backward._device import (
+    CONSUMER_WARPGROUPS,
     MN_MAJOR,
     BackwardOperands,
     SlotRelease,
@@ -136,8 +137,6 @@ from cute_impl.backward._device import (
 )
 
 HEAD_DIMS = (64, 128)
-# Two consumer warpgroups of 64 rows: 128 keys per dK/dV CTA, 128 query rows per dQ CTA.
-CONSUMER_WARPGROUPS = 2
 KEY_TILE = CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP
 QUERY_TILE = CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP
 THREADS_PER_CTA = (1 + CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP

@@ -32,9 +32,9 @@ rows past Sq dropped.
 
 Resources: shared memory gains 32 KB of dS buffers (2 buffers × 2 warpgroups × 64 × 64 × 2 bytes) and
 64 · D · 4 bytes of staging (D=128: 192 KB in all with two ring slots); the kernel compiles without
-spills at D=64 and 128 under the default's register split (setmaxnreg 240 / 24). dSᵀ goes to shared memory by ``stmatrix``, one swizzled
-address per four 8×8 matrices: stored element by element, ptxas kept 16 precomputed swizzled addresses
-live across the loop and spilled 72 bytes at D=128.
+spills at D=64 and 128 under the default's register split (setmaxnreg 240 / 24). dSᵀ goes to shared
+memory by ``stmatrix``, one swizzled address per four 8×8 matrices: stored element by element, ptxas
+kept 16 precomputed swizzled addresses live across the loop and spilled 72 bytes at D=128.
 
 Counterparts: FlashAttention-4's ``flash_attn/cute/flash_bwd_sm90.py`` (the model: dQaccum store warp,
 bulk reduce-add, postprocess); ``triton_impl/gluon/backward.py``'s ``atomic_dq`` (the same dS exchange
@@ -59,9 +59,15 @@ from cutlass.cute.nvgpu import warp, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 
 from cute_impl._hopper_device import ROWS_PER_WARPGROUP, THREADS_PER_WARPGROUP, ReadOnlyInRegions, sequence_major
-from cute_impl.backward._device import K_MAJOR, MN_MAJOR, SMEM_ALIGN_BYTES, store_rows, streamed_layouts
+from cute_impl.backward._device import (
+    CONSUMER_WARPGROUPS,
+    K_MAJOR,
+    MN_MAJOR,
+    SMEM_ALIGN_BYTES,
+    store_rows,
+    streamed_layouts,
+)
 
-CONSUMER_WARPGROUPS = 2
 # dS buffers: a warpgroup writes step s + 1's dS while the other may still read step s's.
 DS_BUFFERS = 2
 # A thread stages its dQ accumulators 4 fp32 (16 bytes) at a time.
