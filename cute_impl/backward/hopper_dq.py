@@ -173,7 +173,7 @@ class DQReduce(ReadOnlyInRegions):
         # stmatrix: one swizzled address per 8x8 matrices; element stores would keep one per pair live.
         store_atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype)
         self.thr_store = cute.make_tiled_copy_C(store_atom, st_mma).get_slice(wg_tidx)
-        self.tSsdSt = self.thr_store.partition_D(sdSt)  # (CPY, 1, 64/16, slot)
+        self.tSsdSt = self.thr_store.partition_D(sdSt)  # (CPY, CPY_M, CPY_N, slot)
         sdS = storage.dS.get_tensor(read.outer, swizzle=read.inner)  # (64 queries, 64 keys, slot)
         kt = keys_mn_major(dtype, head_dim)
         sKt = storage.fixed_a.get_tensor(kt.outer, swizzle=kt.inner)  # (D, 64 keys, warpgroup): sK MN-major
