@@ -5,6 +5,7 @@
     python -m bench.backward --candidates --out $OUT/candidates   # the tiled rung's variants, to pick one
     python -m bench.backward --candidates --rung gluon --out $OUT/gluon-candidates   # gluon/backward/hopper's
     python -m bench.backward --candidates --rung cute --out $OUT/cute-candidates     # cute/backward/hopper's
+    python -m bench.backward --candidates --rung cute --variant default --variant m64_s2_dqreduce --out $OUT/c
     python -m bench.backward --shape P1 --shape 'P1 causal' --impl gluon/hopper --out $OUT/p1   # a selection
 
 Default mode: per (shape, implementation) -- each forward rung that has a backward (through
@@ -53,6 +54,8 @@ REFERENCE = "sdpa/cudnn"
 FA4 = "fa4/sm90"
 BASELINES = (REFERENCE, "sdpa/flash", FA4)
 IMPLS = ("triton/tiled", "triton/hopper", "gluon/hopper", "cute/tiled", "cute/hopper", *BASELINES)
+# --variant's name for each head dim's first candidate, the rung's default.
+DEFAULT_VARIANT = "default"
 # The forward whose O and LSE the candidates differentiate.
 CANDIDATE_FORWARD = "triton/hopper"
 # A variant's gradients may be at most this far from cuDNN's (relative L2, per gradient). bf16 puts
@@ -249,13 +252,24 @@ def candidate_row(
     return run
 
 
-def run_candidates(out_dir: Path, budget_s: float, shapes: Sequence[str] | None = None, rung: str = "tiled") -> int:
+def run_candidates(
+    out_dir: Path,
+    budget_s: float,
+    shapes: Sequence[str] | None = None,
+    rung: str = "tiled",
+    variants: Sequence[str] | None = None,
+) -> int:
+    """``variants``: only the candidates with these labels, in this order (default all); ``default``
+    names each head dim's first candidate, the rung's default."""
     import torch
 
     from common.contract.api import attention
 
     candidate = CANDIDATE_RUNGS[rung]
     candidates = importlib.import_module(candidate.module).CANDIDATES
+    known = {DEFAULT_VARIANT} | {config.label for configs in candidates.values() for config in configs}
+    if set(variants or ()) - known:
+        raise ValueError(f"--variant {sorted(set(variants) - known)} not among {rung}'s candidates {sorted(known)}")
     forward = candidate.forward or CANDIDATE_FORWARD
     table = Table(out_dir / "candidates.csv", budget_s)
     summary = []
@@ -269,7 +283,11 @@ def run_candidates(out_dir: Path, budget_s: float, shapes: Sequence[str] | None 
             continue
         with torch.no_grad():
             saved = attention(*inputs[:3], causal=shape[5], impl=forward, return_lse=True)
-        for config in candidates[shape[4]]:
+        configs = candidates[shape[4]]
+        if variants:  # in the order given, so that the budget skips the last ones named
+            labels = [configs[0].label if label == DEFAULT_VARIANT else label for label in variants]
+            configs = [config for label in dict.fromkeys(labels) for config in configs if config.label == label]
+        for config in configs:
             base = {"shape": shape[0], "impl": candidate.name, "variant": config.label}
             row = candidate_row(shape, config, inputs, saved, grads[REFERENCE], candidate)
             records.append(measure(table, base, row))
@@ -304,6 +322,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--shape", action="append", help="anchor shapes by name (repeatable; default all)")
     parser.add_argument(
+        "--variant", action="append", help="--candidates: only these labels, 'default' the rung's (repeatable)"
+    )
+    parser.add_argument(
         "--budget-s", type=float, default=DEFAULT_BUDGET_S, help="rows after this many seconds are skipped"
     )
     args = parser.parse_args(argv)
@@ -315,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_MISSING
     args.out.mkdir(parents=True, exist_ok=True)
     if args.candidates:
-        return run_candidates(args.out, args.budget_s, args.shape, args.rung)
+        return run_candidates(args.out, args.budget_s, args.shape, args.rung, args.variant)
     return run_ladder(args.out, args.impl or IMPLS, args.budget_s, args.shape)
 
 

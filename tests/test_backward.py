@@ -202,6 +202,8 @@ BUGS = {
     "no_row_sum": ("dq", "dk"),
     "dq_without_scale": ("dq",),
     "dq_last_block_only": ("dq",),
+    # dQ added from every key block but one (a lost reduce-add: cute/backward/hopper's dq="reduce").
+    "dq_one_block_lost": ("dq",),
     "gqa_first_head_only": ("dk", "dv"),
 }
 
@@ -231,6 +233,8 @@ def model_backward(q, k, v, out, lse, d_out, prob: Problem, bug: str | None = No
                     d_s = probs * (d_out[b, head] @ v_block.T - delta[b, head, :, None])
                     dk[b, kv_head, keys] += prob.scale * d_s.T @ q[b, head]
                     share = dq_scale * d_s @ k_block
+                    if bug == "dq_one_block_lost" and start == MODEL_BLOCK_N:
+                        share = torch.zeros_like(share)
                     dq[b, head] = share if bug == "dq_last_block_only" else dq[b, head] + share
     return dq, dk, dv
 
@@ -507,6 +511,17 @@ def test_bench_candidates_checks_and_times_every_variant(tiny_bench, tmp_path: P
     assert variants == [config.label for config in tiled_backward.CANDIDATES[64]]
     assert all(row["status"] == "ok" and float(row["vs_cudnn"]) > 0 for row in rows)
     assert all(float(row[f"{name}_vs_cudnn"]) < 1e-4 for row in rows[1:] for name in ("dq", "dk", "dv"))
+
+
+def test_bench_candidates_times_only_the_variants_named_in_their_order(tiny_bench, tmp_path: Path) -> None:
+    """``--variant``: those candidates alone, in the order named (the budget skips the last), ``default``
+    the head dim's first; a label that is no candidate is refused before anything runs."""
+    labels = [config.label for config in tiled_backward.CANDIDATES[64]]
+    assert tiny_bench.run_candidates(tmp_path, budget_s=600, variants=[labels[2], "default", labels[0]]) == 0
+    rows = read_rows(tmp_path / "candidates.csv")
+    assert [row["variant"] for row in rows if row["impl"] == "triton/backward/tiled"] == [labels[2], labels[0]]
+    with pytest.raises(ValueError, match=r"\['no such variant'\] not among tiled's candidates"):
+        tiny_bench.run_candidates(tmp_path / "bad", budget_s=600, variants=["no such variant"])
 
 
 def test_bench_candidates_reports_a_wrong_variant_untimed(tiny_bench, tmp_path: Path, monkeypatch) -> None:

@@ -35,8 +35,8 @@ from common.contract.reference import reference_attention
 from common.reporting.static import _cuobjdump, cubin_resources
 from cute_impl._host import CUTE_DTYPES
 from cute_impl.backward import hopper as hopper_backward
-from cute_impl.backward import naive, tiled
-from cute_impl.backward._device import query_block_range, row_tile_copy, streamed_layouts
+from cute_impl.backward import hopper_dq, naive, tiled
+from cute_impl.backward._device import fixed_layout, query_block_range, row_tile_copy, streamed_layouts
 from tests.test_backward import assert_all_pass, dense_attention, ladder_gradients
 
 # PTX atomics (atom.global.add, red.relaxed.gpu.global.add, ...), not the "red." inside "shared.".
@@ -157,6 +157,46 @@ def test_hopper_compiles_without_spills_to_unserialised_wgmma_and_tma() -> None:
     assert wgmma_serialised(sass_of(serialised))
 
 
+DQ_REDUCE = hopper_backward.BackwardTiles(64, 64, 2, dq="reduce")
+BULK_REDUCE_ADD = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
+
+
+def hgmma_per_step(binaries: list) -> dict[str, int]:
+    """HGMMA instructions per step of each kernel after the preprocess (the masked and unmasked steps are
+    two copies of the loop body)."""
+    return {binary.name.rsplit("_", 1)[-1]: sass_of(binary).count("HGMMA.") // 2 for binary in binaries[1:]}
+
+
+@pytest.mark.cute_compile
+@pytest.mark.static
+@pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
+def test_hopper_dq_reduce_computes_dq_in_the_dkdv_kernel(head_dim: int) -> None:
+    """dq="reduce" with every compile-time feature on: after the preprocess, the dK/dV kernel with dQ and
+    the postprocess, no spills. Per step the dK/dV kernel runs five products in wgmma, 64 · 64 · D
+    multiply-adds each per warpgroup (Sᵀ and dPᵀ: D/16 k-steps; dV and dK: 4; dQ = dS K over both
+    warpgroups' 128 keys at D/2 columns: 2 · 4), none serialised, dS shared by stmatrix, dQ leaving by one
+    bulk reduce-add per warpgroup and no atomics; the postprocess has no product. Planted: the default
+    runs four products per step in its dK/dV kernel and three more in its dQ kernel."""
+    causal, alignment, kv_heads, has_dlse = VARIANTS["causal_bottom_right_mqa_dlse"]
+    prob = problem(1000, 777, head_dim, causal=causal, alignment=alignment, kv_heads=kv_heads)
+    binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=DQ_REDUCE)
+    assert [binary.name.rsplit("_", 1)[-1] for binary in binaries] == ["preprocess", "dkdv", "postprocess"]
+    k_steps = head_dim // 16
+    assert hgmma_per_step(binaries) == {"dkdv": 2 * k_steps + 4 + 4 + 2 * 4, "postprocess": 0}
+    dkdv, postprocess = binaries[1:]
+    assert sass_of(dkdv).count(f"HGMMA.64x{head_dim // 2}x16") == 2 * 2 * 4 + 2 * 2 * k_steps * (head_dim == 128)
+    for binary in (dkdv, postprocess):
+        for usage in cubin_resources(binary.cubin).values():
+            spills = usage["stack_bytes"] + usage["local_bytes"]
+            assert spills == 0, f"{binary.name} {prob.describe()}: {usage['registers']} registers, {spills} B spilled"
+        assert not ATOMICS.search(binary.ptx), f"{binary.name}: dQ is added by bulk reduce-adds, not atomics"
+    assert not wgmma_serialised(sass_of(dkdv)), "ptxas serialised the wgmmas"
+    assert dkdv.ptx.count(BULK_REDUCE_ADD) == hopper_dq.CONSUMER_WARPGROUPS and "stmatrix" in dkdv.ptx
+    default = hopper_backward.compile_sm90(prob, has_dlse=has_dlse)
+    assert hgmma_per_step(default) == {"dkdv": 2 * k_steps + 4 + 4, "dq": hgmma_per_step(default)["dq"]}
+    assert not any(BULK_REDUCE_ADD in binary.ptx for binary in default)
+
+
 def schedule_errors(rule) -> list[tuple]:
     """Where ``rule`` (``query_block_range``'s signature) misplans a key block's query blocks: a block
     outside [m_block_min, m_block_max) whose rows see one of the keys, or a block from m_block_unmasked on
@@ -214,6 +254,30 @@ def test_hopper_reads_one_ring_tile_through_two_layouts_of_the_same_bytes(head_d
         assert found[0] == found[1], (rows, head_dim, found)
         # Planted: the K-major layout without the swap is not the MN-major one.
         assert found[2] != found[1], (rows, head_dim, found)
+
+
+@cute.jit
+def _dq_layout_strings(head_dim: cutlass.Constexpr, found: cutlass.Constexpr):
+    """(written with its modes swapped, read, written as is) for the dS buffers, then for the K tiles."""
+    written, read = hopper_dq.ds_layouts(cutlass.BFloat16)
+    keys = fixed_layout(cutlass.BFloat16, head_dim, hopper_dq.CONSUMER_WARPGROUPS)
+    keys_t = hopper_dq.keys_mn_major(cutlass.BFloat16, head_dim)
+    for layout, transposed in ((written, read), (keys, keys_t)):
+        found.append((str(layout.inner), str(cute.select(layout.outer, mode=[1, 0, 2]))))
+        found.append((str(transposed.inner), str(transposed.outer)))
+        found.append((str(layout.inner), str(layout.outer)))
+
+
+@pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
+def test_hopper_dq_reduce_reads_ds_and_k_through_transposed_layouts_of_the_same_bytes(head_dim: int) -> None:
+    """dq="reduce": the dS buffers are written as dSᵀ and read as dS, the K tiles loaded for Sᵀ = K Qᵀ
+    read as dQ's MN-major B operand: each read layout is its written layout with the modes swapped,
+    swizzle included. Planted: the written layouts without the swap are not the read ones."""
+    found: list = []
+    _dq_layout_strings(head_dim, found)
+    for swapped, read, unswapped in (found[:3], found[3:]):
+        assert swapped == read, (head_dim, found)
+        assert unswapped != read, (head_dim, found)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -297,6 +361,19 @@ def test_hopper_overlapped_tiles_refuse_a_single_ring_slot() -> None:
     assert hopper_backward.BackwardTiles(64, 64, 1).label == "m64_dqn64_s1"
 
 
+def test_hopper_dq_reduce_refuses_what_it_is_not_built_for() -> None:
+    """dq="reduce" takes 64 query rows per step (the dQ wgmma's M) and no overlapped step; an unknown dq
+    mode is refused. Its label names the mode, not the unused dQ kernel's tile."""
+    for tiles in ({"tile_m": 32}, {"dkdv_overlap": True}, {"dq_overlap": True}):
+        with pytest.raises(ValueError, match="dq='reduce'"):
+            hopper_backward.BackwardTiles(**({"tile_m": 64, "dq_tile_n": 64, "stages": 2} | tiles), dq="reduce")
+    with pytest.raises(ValueError, match="'pass' or 'reduce'"):
+        hopper_backward.BackwardTiles(64, 64, 2, dq="atomic")
+    assert DQ_REDUCE.label == "m64_s2_dqreduce"
+    assert all(DQ_REDUCE in variants for variants in hopper_backward.CANDIDATES.values())
+    assert all(variants[0].dq == "pass" for variants in hopper_backward.CANDIDATES.values())
+
+
 def test_gradients_refuse_cpu_tensors_before_any_kernel() -> None:
     prob = problem(8, 8, 64)
     q = torch.zeros(1, 4, 8, 64, dtype=torch.bfloat16)
@@ -376,7 +453,8 @@ def test_gpu_the_returned_lse_is_differentiable_too(forward: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("forward", ["cute/tiled", "cute/hopper"])
 def test_gpu_gradients_are_deterministic(forward: str) -> None:
-    """dQ by a separate pass (no atomics): two backward passes give bit-identical gradients."""
+    """dQ by a separate pass (no atomics): two backward passes give bit-identical gradients (the rungs'
+    defaults; dq="reduce" adds dQ in no fixed order: test_gpu_dq_reduce_keeps_dk_and_dv_deterministic)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     prob = GPU_CASES["gqa_causal_top_left_ragged_d64"]
@@ -408,3 +486,21 @@ def test_gpu_every_hopper_candidate_passes_the_rule(
         out, lse = attention(q, k, v, causal=True, causal_alignment="bottom_right", impl="cute/hopper", return_lse=True)
     grads = hopper_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=tiles)
     assert_all_pass(grads, q, k, v, d_out, prob)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
+def test_gpu_dq_reduce_keeps_dk_and_dv_deterministic(head_dim: int) -> None:
+    """dq="reduce": dK and dV still come from registers (bit-identical over two runs); dQ's fp32 adds
+    land in no fixed order, so it is only held to the rule, every run (full attention, several key blocks
+    per query row: every block's dQ is added)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    prob = problem(300, 1000, head_dim, kv_heads=2)
+    q, k, v, d_out = gpu_inputs(prob, seed=25)
+    with torch.no_grad():
+        out, lse = attention(q, k, v, impl="cute/hopper", return_lse=True)
+    runs = [hopper_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=DQ_REDUCE) for _ in range(2)]
+    for grads in runs:
+        assert_all_pass(grads, q, k, v, d_out, prob)
+    assert torch.equal(runs[0][1], runs[1][1]) and torch.equal(runs[0][2], runs[1][2])

@@ -11,6 +11,7 @@ float or an int for a scalar; no stream (the call takes torch's current one).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -143,6 +144,10 @@ def _fp8(problem: Problem) -> None:
     fp8.quantised_launcher(config, operands, problem, sm_count=SM_COUNT, cache_seqlens=lengths)()
 
 
+# The dK/dV kernel that adds dQ into an fp32 buffer (one more argument), then its postprocess.
+DQ_REDUCE = next(tiles for tiles in hopper_backward.CANDIDATES[128] if tiles.dq == "reduce")
+
+
 def _backward(launch: Callable[..., None], problem: Problem, with_dlse: bool) -> None:
     q, k, v = _inputs(problem)
     rows = torch.zeros(problem.batch, problem.heads, problem.seqlen_q)
@@ -177,6 +182,9 @@ LAUNCHES: dict[str, Callable[[], None]] = {
     "backward-naive": lambda: _backward(naive_backward._launch, FEATURED.with_(has_cache_seqlens=False), True),
     "backward-tiled": lambda: _backward(tiled_backward._launch, FEATURED.with_(has_cache_seqlens=False), False),
     "backward-hopper": lambda: _backward(hopper_backward._launch, FEATURED.with_(has_cache_seqlens=False), True),
+    "backward-hopper-dq-reduce": lambda: _backward(
+        functools.partial(hopper_backward._launch, tiles=DQ_REDUCE), FEATURED.with_(has_cache_seqlens=False), True
+    ),
 }
 
 

@@ -30,6 +30,8 @@ from cute_impl._host import COPY_BITS, cp_async_tiled_copy, swizzled_qkv_layouts
 SMEM_ALIGN_BYTES = 1024
 # The B operands read both K-major and MN-major (Q and dO, K) are two layouts of the same bytes.
 K_MAJOR, MN_MAJOR = LayoutEnum.ROW_MAJOR, LayoutEnum.COL_MAJOR
+# hopper: two consumer warpgroups of 64 rows (128 keys per dK/dV CTA, 128 query rows per dQ CTA).
+CONSUMER_WARPGROUPS = 2
 
 
 def smem_operand(
@@ -144,10 +146,15 @@ def fixed_layout(dtype: type[cutlass.Numeric], head_dim: int, warpgroups: int) -
 
 
 def shared_storage(
-    dtype: type[cutlass.Numeric], fixed: cute.ComposedLayout, streamed: cute.ComposedLayout, stages: int
+    dtype: type[cutlass.Numeric],
+    fixed: cute.ComposedLayout,
+    streamed: cute.ComposedLayout,
+    stages: int,
+    extra: dict | None = None,
 ) -> type:
     """Barriers of the fixed pair's one-slot ring and the streamed pair's ring, then the two fixed
-    tiles (K and V, or Q and dO) and the two streamed ones, each 1024-byte aligned (swizzle period)."""
+    tiles (K and V, or Q and dO) and the two streamed ones, each 1024-byte aligned (swizzle period),
+    then the ``extra`` fields (name → struct field type) a variant adds."""
     fixed_cosize, streamed_cosize = cute.cosize(fixed), cute.cosize(streamed)
     fields = {
         "fixed_barriers": cute.struct.MemRange[cutlass.Int64, 2],
@@ -156,6 +163,7 @@ def shared_storage(
         "fixed_b": cute.struct.Align[cute.struct.MemRange[dtype, fixed_cosize], SMEM_ALIGN_BYTES],
         "ring_a": cute.struct.Align[cute.struct.MemRange[dtype, streamed_cosize], SMEM_ALIGN_BYTES],
         "ring_b": cute.struct.Align[cute.struct.MemRange[dtype, streamed_cosize], SMEM_ALIGN_BYTES],
+        **(extra or {}),
     }
     return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 

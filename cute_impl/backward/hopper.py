@@ -61,9 +61,15 @@ about 590 TFLOP/s of wgmma work: at that rate, five products alone would come wi
 FlashAttention-4's sm90 backward (608), which makes dQ += dS K in the dK/dV kernel and adds it to an
 fp32 dQ by bulk reduce-adds from shared memory, issued by a warp of its own.
 
+The variant ``dq="reduce"`` (``BackwardTiles.dq``, ``hopper_dq.py``, a candidate, not the default) does
+that: step 2 also shares dSᵀ through shared memory and issues dQ[:, half] = dS K (five products per
+step), warp 1 of the producer warpgroup adds each step's dQ tile into an fp32 dQaccum by
+``cp.reduce.async.bulk``, and step 3 becomes a postprocess (dQ = softmax_scale · dQaccum). dK and dV
+are unchanged and deterministic; dQ's adds land in no fixed order, so dQ is not bitwise reproducible.
+
 Limits (not done): no ping-pong between the consumer warpgroups, no persistent scheduler, gradients
-stored from the accumulators (no TMA store); the dQ pass recomputes S and dP (seven products per
-tile pair instead of five); no atomic or reduce-add dQ variant. The candidates are
+stored from the accumulators (no TMA store); the default's dQ pass recomputes S and dP (seven products
+per tile pair instead of five; ``dq="reduce"`` removes them, untimed yet). The candidates are
 ``python -m bench.backward --candidates --rung cute``.
 """
 
@@ -109,8 +115,9 @@ from cute_impl._host import (
     generic_view,
     mma_sync_supports,
 )
-from cute_impl.backward import tiled
+from cute_impl.backward import hopper_dq, tiled
 from cute_impl.backward._device import (
+    CONSUMER_WARPGROUPS,
     MN_MAJOR,
     BackwardOperands,
     SlotRelease,
@@ -128,8 +135,6 @@ from cute_impl.backward._device import (
 )
 
 HEAD_DIMS = (64, 128)
-# Two consumer warpgroups of 64 rows: 128 keys per dK/dV CTA, 128 query rows per dQ CTA.
-CONSUMER_WARPGROUPS = 2
 KEY_TILE = CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP
 QUERY_TILE = CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP
 THREADS_PER_CTA = (1 + CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
@@ -150,14 +155,24 @@ class BackwardTiles:
     # wgmma of the loop (one wait per instruction in the SASS).
     dkdv_overlap: bool = False
     dq_overlap: bool = False
+    # "pass": dQ by the separate kernel (deterministic); "reduce": dQ in the dK/dV kernel, added into an
+    # fp32 dQaccum by bulk reduce-adds (``hopper_dq.py``; not bitwise deterministic).
+    dq: str = "pass"
 
     def __post_init__(self) -> None:
         # Overlapped, a slot is freed one step late: one slot would deadlock the producer.
         if (self.dkdv_overlap or self.dq_overlap) and self.stages < 2:
             raise ValueError(f"overlapped steps need two ring slots or more, got {self}")
+        if self.dq not in ("pass", "reduce"):
+            raise ValueError(f"dq is 'pass' or 'reduce', got {self.dq!r}")
+        # The dQ product's M is the step's query rows: one m64 wgmma; its steps are not overlapped.
+        if self.dq == "reduce" and (self.tile_m != ROWS_PER_WARPGROUP or self.dkdv_overlap or self.dq_overlap):
+            raise ValueError(f"dq='reduce' takes 64 query rows per step and no overlap, got {self}")
 
     @property
     def label(self) -> str:
+        if self.dq == "reduce":
+            return f"m{self.tile_m}_s{self.stages}_dqreduce"
         overlaps = ("_dkdvoverlap" if self.dkdv_overlap else "") + ("_dqoverlap" if self.dq_overlap else "")
         return f"m{self.tile_m}_dqn{self.dq_tile_n}_s{self.stages}" + overlaps
 
@@ -171,6 +186,7 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 128, 3, dkdv_overlap=True, dq_overlap=True),
         BackwardTiles(64, 64, 3, dkdv_overlap=True, dq_overlap=True),
         BackwardTiles(64, 64, 2),
+        BackwardTiles(64, 64, 2, dq="reduce"),
     ),
     128: (
         BackwardTiles(64, 64, 2),
@@ -178,6 +194,7 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(32, 64, 4, dkdv_overlap=True, dq_overlap=True),
         BackwardTiles(64, 64, 3, dq_overlap=True),
         BackwardTiles(64, 128, 2),
+        BackwardTiles(64, 64, 2, dq="reduce"),
     ),
 }
 
@@ -208,16 +225,21 @@ class _DKDVKernel:
         self.tile_m = config.tiles.tile_m
         self.stages = config.tiles.stages
         self.overlap = config.tiles.dkdv_overlap
+        self.dq_reduce = config.tiles.dq == "reduce"
         self.threads_per_cta = THREADS_PER_CTA
 
     @cute.jit
     def __call__(
         self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
-        mDelta: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, softmax_scale: Float32, stream: cuda.CUstream,
+        mDelta: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, softmax_scale: Float32,
+        mdQaccum: cute.Tensor | None, stream: cuda.CUstream,
     ):  # fmt: skip
-        """q, do (B, H, Sq, D); k, v, dk, dv (B, Hkv, Sk, D); lse2, delta (B, H, Sq) fp32."""
+        """q, do (B, H, Sq, D); k, v, dk, dv (B, Hkv, Sk, D); lse2, delta (B, H, Sq) fp32; dq="reduce":
+        dq_accum (B, H, query blocks, 2, 64 · D/2) fp32, zeroed (``hopper_dq.py``), else None."""
         # Every tensor addressed through a generic pointer (``_host.generic_view``), as measured.
         mQ, mK, mV, mdO, mLSE2, mDelta, mdK, mdV = [generic_view(t) for t in (mQ, mK, mV, mdO, mLSE2, mDelta, mdK, mdV)]
+        if cutlass.const_expr(mdQaccum is not None):
+            mdQaccum = generic_view(mdQaccum)
         mQ, mK, mV, mdO, mdK, mdV = (sequence_major(t) for t in (mQ, mK, mV, mdO, mdK, mdV))  # (S, D, (H, B))
         mLSE2, mDelta = head_major(mLSE2), head_major(mDelta)  # (Sq, (H, B))
         D, rows = self.head_dim, ROWS_PER_WARPGROUP
@@ -231,10 +253,11 @@ class _DKDVKernel:
         tma_atom_dO, mdO_tma = cpasync.make_tiled_tma_atom(load, mdO, one_stage(sQ_layout), (self.tile_m, D))
         self.kv_bytes = 2 * CONSUMER_WARPGROUPS * cute.size_in_bytes(self.dtype, one_stage(sKV_layout))
         self.q_bytes = 2 * cute.size_in_bytes(self.dtype, one_stage(sQ_layout))
-        self.shared_storage = shared_storage(self.dtype, sKV_layout, sQ_layout, self.stages)
+        dq_fields = hopper_dq.dq_storage_fields(self.dtype, D) if self.dq_reduce else None
+        self.shared_storage = shared_storage(self.dtype, sKV_layout, sQ_layout, self.stages, dq_fields)
         self.kernel(
             st_mma, grad_mma, tma_atom_K, mK_tma, tma_atom_V, mV_tma, tma_atom_Q, mQ_tma, tma_atom_dO, mdO_tma,
-            mLSE2, mDelta, mdK, mdV, softmax_scale, sKV_layout, sQ_layout, sQt_layout,
+            mLSE2, mDelta, mdK, mdV, softmax_scale, sKV_layout, sQ_layout, sQt_layout, mdQaccum,
         ).launch(
             grid=[cute.ceil_div(mK.shape[0], KEY_TILE), mK.shape[2][0], mK.shape[2][1]],
             block=[self.threads_per_cta, 1, 1],
@@ -249,7 +272,7 @@ class _DKDVKernel:
         tma_atom_V: cute.CopyAtom, mV: cute.Tensor, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor,
         tma_atom_dO: cute.CopyAtom, mdO: cute.Tensor, mLSE2: cute.Tensor, mDelta: cute.Tensor, mdK: cute.Tensor,
         mdV: cute.Tensor, softmax_scale: Float32, sKV_layout: cute.ComposedLayout, sQ_layout: cute.ComposedLayout,
-        sQt_layout: cute.ComposedLayout,
+        sQt_layout: cute.ComposedLayout, mdQaccum: cute.Tensor | None,
     ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -301,6 +324,10 @@ class _DKDVKernel:
                     for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
                         q_producer = load_pair((tma_atom_Q, tma_atom_dO), (tQgQ[None, m_block], tdOgdO[None, m_block]),
                                                (tQsQ, tdOsdO), q_producer)  # fmt: skip
+            if cutlass.const_expr(self.dq_reduce):  # noqa: SIM102 (a compile-time and a runtime test)
+                if warp_idx == 1:  # dq="reduce": adds the consumers' dQ tiles into dQaccum
+                    n_start = n_block * KEY_TILE
+                    hopper_dq.dq_writer(mdQaccum, storage.dQ, D, query_blocks, group, kv_head, batch, n_start)
 
         # ==== Consumer warpgroups: 64 keys each =======================================================
         if warp_group > 0:
@@ -333,6 +360,9 @@ class _DKDVKernel:
             tScS = st_thr.partition_C(cute.make_identity_tensor((rows, self.tile_m)))  # (key, query) per value
             key_start = n_start + w * rows
             release = SlotRelease(q_ring, self.stages, self.overlap)
+            dq = None
+            if cutlass.const_expr(self.dq_reduce):
+                dq = hopper_dq.DQReduce(storage, self.dtype, D, st_mma, w, wg_tidx)
             steps_done = Int32(0)
             kv_consumer.wait_and_advance()  # K and V stay for the whole CTA: never released
             for head_in_group in cutlass.range(group, unroll=1):
@@ -340,7 +370,7 @@ class _DKDVKernel:
                 step = functools.partial(
                     self.dkdv_step, gemms, (tdVrPt, tdKrdSt), acc_shape, tScS,
                     (mLSE2[None, bh], mDelta[None, bh], seqlen_q, seqlen_k, causal_offset), key_start,
-                    softmax_scale * LOG2_E, release,
+                    softmax_scale * LOG2_E, release, dq,
                 )  # fmt: skip
                 for m_block in cutlass.range(m_block_min, m_block_unmasked, unroll=1):
                     q_consumer, steps_done = step(q_consumer, steps_done, m_block, masked=True)
@@ -361,12 +391,12 @@ class _DKDVKernel:
     @cute.jit
     def dkdv_step(
         self, gemms: tuple, operands_a: tuple, acc_shape: cute.Shape, tScS: cute.Tensor, rows: tuple,
-        key_start: Int32, softmax_scale_log2: Float32, release: SlotRelease, q_consumer, steps_done: Int32,
+        key_start: Int32, softmax_scale_log2: Float32, release: SlotRelease, dq, q_consumer, steps_done: Int32,
         m_block: Int32, masked: cutlass.Constexpr,
     ):  # fmt: skip
         """One query block from the ring: the four products, Pᵀ and dSᵀ between them (``masked``: the
         causal diagonal and the key tail get Pᵀ = 0; the query tail needs no mask: its Q and dO are
-        zero-filled and its LSE₂ +inf)."""
+        zero-filled and its LSE₂ +inf); ``dq`` (a ``hopper_dq.DQReduce``, or None): dQ = dS K too."""
         st_gemm, dpt_gemm, dv_gemm, dk_gemm = gemms
         tdVrPt, tdKrdSt = operands_a
         gLSE2, gDelta, seqlen_q, seqlen_k, causal_offset = rows
@@ -412,7 +442,12 @@ class _DKDVKernel:
             for c in cutlass.range_constexpr(columns):
                 dPt[r, c] = St[r, c] * (dPt[r, c] - delta[c])
         scores_to_operand_a(acc_dPt, tdKrdSt)
+        if cutlass.const_expr(dq is not None):
+            dq.share_dS(tdKrdSt, acc_dPt.layout, steps_done)
+            acc_dQ = dq.issue(steps_done)
         dk_gemm(stage=slot.index)
+        if cutlass.const_expr(dq is not None):
+            dq.hand_over(acc_dQ)
         release.step_done(slot)
         return q_consumer, steps_done + 1
 
@@ -615,7 +650,8 @@ def _fake_dkdv_arguments(config: HopperBackwardConfig) -> tuple:
     operands = [fake_tensor(element, 4) for _ in range(4)]
     rows = [fake_tensor(Float32, 3) for _ in range(2)]
     gradients = [fake_tensor(element, 4) for _ in range(2)]
-    return (*operands, *rows, *gradients, Float32(1.0), fake_stream())
+    dq_accum = fake_tensor(Float32, 5) if config.tiles.dq == "reduce" else None
+    return (*operands, *rows, *gradients, Float32(1.0), dq_accum, fake_stream())
 
 
 def _fake_dq_arguments(config: HopperBackwardConfig) -> tuple:
@@ -625,12 +661,26 @@ def _fake_dq_arguments(config: HopperBackwardConfig) -> tuple:
     return (*operands, *rows, fake_tensor(element, 4), Float32(1.0), fake_stream())
 
 
+def _fake_postprocess_arguments(config: HopperBackwardConfig) -> tuple:
+    return (fake_tensor(Float32, 5), fake_tensor(CUTE_DTYPES[config.dtype], 4), Float32(1.0), fake_stream())
+
+
+def _postprocess_kernel(config: HopperBackwardConfig) -> hopper_dq.DQPostprocessKernel:
+    return hopper_dq.DQPostprocessKernel(CUTE_DTYPES[config.dtype], config.head_dim)
+
+
 # The binaries' names: this prefix and the kernel's key.
 NAME = "cute_backward_hopper_"
 KERNELS = {
     "dkdv": CompiledKernels(_DKDVKernel, _fake_dkdv_arguments, arch=SM90A),
     "dq": CompiledKernels(_DQKernel, _fake_dq_arguments, arch=SM90A),
+    "postprocess": CompiledKernels(_postprocess_kernel, _fake_postprocess_arguments, arch=SM90A),
 }
+
+
+def _kernel_names(config: HopperBackwardConfig) -> tuple[str, ...]:
+    """The kernels after the preprocess: dK/dV then dQ's pass, or dK/dV with dQ then dQ's postprocess."""
+    return ("dkdv", "postprocess") if config.tiles.dq == "reduce" else ("dkdv", "dq")
 
 
 def backward_config(problem: Problem, tiles: BackwardTiles | None = None) -> HopperBackwardConfig:
@@ -648,24 +698,34 @@ def backward_config(problem: Problem, tiles: BackwardTiles | None = None) -> Hop
 def _launch(
     operands: BackwardOperands, problem: Problem, device: torch.device, tiles: BackwardTiles | None = None
 ) -> None:
-    """``tiled``'s preprocess, then the dK/dV and dQ kernels, on the current stream."""
+    """``tiled``'s preprocess, then the dK/dV and dQ kernels (dq="reduce": dK/dV adding into a zeroed fp32
+    dQaccum, then its postprocess), on the current stream."""
     config = backward_config(problem, tiles)
     rows_shape = (problem.batch, problem.heads, problem.seqlen_q)
     delta, lse_log2 = (torch.empty(rows_shape, dtype=torch.float32, device=device) for _ in "01")
     q, k, v, out, d_out, lse, d_lse, dq, dk, dv = operands
     preprocess = tiled.KERNELS["preprocess"].kernel(tiled.backward_config(problem, has_dlse=d_lse is not None))
     preprocess(out, d_out, lse, d_lse, lse_log2, delta)
-    KERNELS["dkdv"].kernel(config)(q, k, v, d_out, lse_log2, delta, dk, dv, problem.scale)
+    if config.tiles.dq == "reduce":
+        query_blocks = -(-problem.seqlen_q // ROWS_PER_WARPGROUP)
+        chunk = ROWS_PER_WARPGROUP * problem.head_dim // 2
+        shape = (problem.batch, problem.heads, query_blocks, CONSUMER_WARPGROUPS, chunk)
+        dq_accum = torch.zeros(shape, dtype=torch.float32, device=device)
+        KERNELS["dkdv"].kernel(config)(q, k, v, d_out, lse_log2, delta, dk, dv, problem.scale, dq_accum)
+        KERNELS["postprocess"].kernel(config)(dq_accum, dq, problem.scale)
+        return
+    KERNELS["dkdv"].kernel(config)(q, k, v, d_out, lse_log2, delta, dk, dv, problem.scale, None)
     KERNELS["dq"].kernel(config)(q, k, v, d_out, lse_log2, delta, dq, problem.scale)
 
 
 def compile_sm90(problem: Problem, has_dlse: bool = False, tiles: BackwardTiles | None = None) -> list[KernelBinary]:
-    """The preprocess (``tiled``'s), dK/dV and dQ kernels for sm_90a at ``problem``'s configuration."""
+    """The preprocess (``tiled``'s), dK/dV and dQ kernels (dq="reduce": dK/dV and the postprocess) for
+    sm_90a at ``problem``'s configuration."""
     config = backward_config(problem, tiles)
     preprocess = tiled.KERNELS["preprocess"].binaries(tiled.backward_config(problem, has_dlse), NAME + "preprocess")
     return [
         *preprocess,
-        *(binary for name, kernels in KERNELS.items() for binary in kernels.binaries(config, NAME + name)),
+        *(binary for name in _kernel_names(config) for binary in KERNELS[name].binaries(config, NAME + name)),
     ]
 
 

@@ -1,0 +1,287 @@
+"""dQ without recomputation for the CuTe ``hopper`` backward (``hopper.py``, ``BackwardTiles(dq="reduce")``):
+the pieces the dK/dV kernel adds to compute dQ itself, and the small kernel that finishes dQ.
+
+What it adds: ``hopper.py``'s default runs a second kernel for dQ that recomputes S and dP, seven
+products per (query block, key block) where five are counted. Here the dK/dV kernel, which already
+holds dSᵀ for its 128 keys and the step's 64 query rows, also computes that block's share of dQ,
+dQ_block = dS K (64 × D, fp32), and adds it into an fp32 ``dQaccum`` in HBM; a last launch scales it by
+softmax_scale and converts it. Five wgmma products per step; the price is the fp32 adds to HBM (64 · D
+· 4 bytes per step) and the order of the adds across key blocks, which is not fixed: dQ is not bitwise
+deterministic (dK and dV still are).
+
+How data moves, per step (``DQReduce``):
+  1. Each consumer warpgroup writes its dSᵀ (64 keys × 64 queries, 16-bit, already converted for
+     dK += dSᵀ Q) into shared memory, into one of two buffers (the step's parity: a warpgroup may be a
+     step ahead of the other), ``fence.proxy.async`` and a named barrier of both warpgroups: dQ's sum
+     runs over all 128 keys, so each warpgroup reads both halves of dS.
+  2. dQ[:, half w] = dS K[:, half w]: warpgroup w computes the D/2 columns of its half over the 128
+     keys (A = dS read MN-major from the buffer, B = K read MN-major from the CTA's K tiles: the same
+     bytes as their K-major layouts), issued before dK += dSᵀ Q so it retires first. 64 · D/2 fp32
+     accumulators: 32 registers per thread at D=128.
+  3. Once dQ has retired, the warpgroup waits until its fp32 staging tile is free (named barrier
+     ``DQ_EMPTY``), stores its accumulators there in fragment order (16 bytes per thread, consecutive
+     threads consecutive: no bank conflicts), fences and signals ``DQ_FULL``.
+  4. Warp 1 of the producer warpgroup (``dq_writer``), which walks the same query blocks, adds each
+     staged tile to its chunk of ``dQaccum`` with one ``cp.reduce.async.bulk...add.f32`` (the L2 does
+     the adds, asynchronously: the consumers never wait on atomics) and frees the tile once the bulk
+     copy has read it (``cp.async.bulk.wait_group.read``).
+``dQaccum`` is (B, H, query blocks, 2, 64 · D/2) fp32, zeroed, each chunk one warpgroup's tile in
+fragment order; ``DQPostprocessKernel`` reads every chunk back into the same fragment (so no index
+arithmetic has to agree with the MMA's layout), scales it and stores dQ through the MMA's partition,
+rows past Sq dropped.
+
+Resources: shared memory gains 32 KB of dS buffers (2 buffers × 2 warpgroups × 64 × 64 × 2 bytes) and
+64 · D · 4 bytes of staging (D=128: 192 KB in all with two ring slots); the kernel compiles without
+spills at D=64 and 128 under the default's register split (setmaxnreg 240 / 24). dSᵀ goes to shared
+memory by ``stmatrix``, one swizzled address per four 8×8 matrices: stored element by element, ptxas
+kept 16 precomputed swizzled addresses live across the loop and spilled 72 bytes at D=128.
+
+Counterparts: FlashAttention-4's ``flash_attn/cute/flash_bwd_sm90.py`` (the model: dQaccum store warp,
+bulk reduce-add, postprocess); ``triton_impl/gluon/backward.py``'s ``atomic_dq`` (the same dS exchange
+with per-element fp32 atomics from the consumers' registers, which lost to its dQ pass).
+
+Limits: 64 query rows per step (the M of the dQ wgmma), no overlapped steps; D/2 columns per
+warpgroup, so D=64 runs m64n32 dQ products. Not yet timed (``python -m bench.backward --candidates
+--rung cute --variant m64_s2_dqreduce``).
+"""
+
+from __future__ import annotations
+
+import enum
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import warp, warpgroup
+from cutlass.cutlass_dsl import dsl_user_op
+
+from cute_impl._hopper_device import ROWS_PER_WARPGROUP, THREADS_PER_WARPGROUP, ReadOnlyInRegions, sequence_major
+from cute_impl._host import generic_view
+from cute_impl.backward._device import (
+    CONSUMER_WARPGROUPS,
+    K_MAJOR,
+    MN_MAJOR,
+    SMEM_ALIGN_BYTES,
+    store_rows,
+    streamed_layouts,
+)
+
+# dS buffers: a warpgroup writes step s + 1's dS while the other may still read step s's.
+DS_BUFFERS = 2
+# A thread stages its dQ accumulators 4 fp32 (16 bytes) at a time.
+VALUES_PER_VECTOR = 4
+WARP_THREADS = 32
+
+
+class DQBarrier(enum.IntEnum):
+    """Named barrier ids of the dK/dV kernel with dQ (0 is ``__syncthreads``); the ``_WG1`` members are
+    offset by the consumer warpgroup index."""
+
+    DS_READY = 1
+    DQ_EMPTY_WG1 = 2
+    DQ_EMPTY_WG2 = 3
+    DQ_FULL_WG1 = 4
+    DQ_FULL_WG2 = 5
+
+
+def dq_mma(dtype: type[cutlass.Numeric], head_dim: int) -> cute.TiledMma:
+    """One warpgroup's dQ[:, half] = dS K[:, half]: 64 × D/2, both operands MN-major in shared memory."""
+    mn_major = MN_MAJOR.sm90_mma_major_mode()
+    return sm90_utils.make_trivial_tiled_mma(
+        dtype, dtype, mn_major, mn_major, Float32, (1, 1, 1), (ROWS_PER_WARPGROUP, head_dim // 2)
+    )
+
+
+def ds_layouts(dtype: type[cutlass.Numeric]) -> tuple[cute.ComposedLayout, cute.ComposedLayout]:
+    """The dS tiles, (buffer, warpgroup) slots of 64 keys × 64 queries: written as dSᵀ (keys, queries,
+    slot), queries contiguous, and read as the A operand dS (queries, keys, slot), MN-major: the same
+    bytes (the 128-byte swizzle atom is both)."""
+    rows, slots = ROWS_PER_WARPGROUP, DS_BUFFERS * CONSUMER_WARPGROUPS
+    written = sm90_utils.make_smem_layout_b(K_MAJOR, (rows, rows, rows), dtype, slots)
+    read = sm90_utils.make_smem_layout_a(MN_MAJOR, (rows, rows, rows), dtype, slots)
+    return written, read
+
+
+def keys_mn_major(dtype: type[cutlass.Numeric], head_dim: int) -> cute.ComposedLayout:
+    """The CTA's K tiles (64 keys, D, warpgroup) read as dQ's B operand: (D, 64 keys, warpgroup)."""
+    return streamed_layouts(dtype, ROWS_PER_WARPGROUP, head_dim, CONSUMER_WARPGROUPS)[1]
+
+
+def dq_storage_fields(dtype: type[cutlass.Numeric], head_dim: int) -> dict:
+    """The shared memory the dQ path adds: the dS buffers and one fp32 staging tile per warpgroup."""
+    staged = ROWS_PER_WARPGROUP * head_dim
+    return {
+        "dS": cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(ds_layouts(dtype)[0])], SMEM_ALIGN_BYTES],
+        "dQ": cute.struct.Align[cute.struct.MemRange[Float32, staged], SMEM_ALIGN_BYTES],
+    }
+
+
+def staged_dq_layout(head_dim: int) -> cute.Layout:
+    """One warpgroup's dQ tile in fragment order: (value in vector, thread, vector) → offset. Thread t's
+    vector v (accumulators 4v..4v+3) is at (v · 128 + t) · 4: a warp's 16-byte stores are contiguous."""
+    vectors = ROWS_PER_WARPGROUP * head_dim // 2 // THREADS_PER_WARPGROUP // VALUES_PER_VECTOR
+    return cute.make_layout(
+        (VALUES_PER_VECTOR, THREADS_PER_WARPGROUP, vectors),
+        stride=(1, VALUES_PER_VECTOR, VALUES_PER_VECTOR * THREADS_PER_WARPGROUP),
+    )
+
+
+def thread_chunk(chunk: cute.Tensor, head_dim: int, thread: Int32) -> cute.Tensor:
+    """Thread ``thread``'s accumulators inside a flat tile in fragment order: (4, vectors). Every tile
+    starts 16-byte aligned (dQaccum's chunks and the staging tiles are multiples of 16 KB or 8 KB apart),
+    which the DSL cannot see through a runtime index: said here, so that copies use 16-byte vectors."""
+    start = chunk.iterator
+    aligned = cute.make_ptr(Float32, start.toint(), start.memspace, assumed_align=VALUES_PER_VECTOR * 4)
+    return cute.make_tensor(aligned, staged_dq_layout(head_dim))[None, thread, None]
+
+
+def fragment_as_vectors(acc: cute.Tensor, head_dim: int) -> cute.Tensor:
+    """A dQ accumulator fragment seen as (4, vectors), its registers in order."""
+    vectors = ROWS_PER_WARPGROUP * head_dim // 2 // THREADS_PER_WARPGROUP // VALUES_PER_VECTOR
+    return cute.make_tensor(acc.iterator, cute.make_layout((VALUES_PER_VECTOR, vectors)))
+
+
+@dsl_user_op
+def reduce_add_bulk(gmem: cute.Pointer, smem: cute.Pointer, size_bytes: int, *, loc=None, ip=None) -> None:
+    """gmem[0 : size_bytes) += smem[0 : size_bytes) in fp32, one bulk copy of the async proxy, added to
+    the calling thread's current bulk group (``cp.async.bulk.commit_group`` closes it)."""
+    llvm.inline_asm(
+        None,
+        [gmem.llvm_ptr, smem.toint(loc=loc, ip=ip).ir_value(), Int32(size_bytes).ir_value()],
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
+        "l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+class DQReduce(ReadOnlyInRegions):
+    """One consumer warpgroup's share of the dQ path (steps 1-3 of the module docstring)."""
+
+    def __init__(
+        self, storage, dtype: type[cutlass.Numeric], head_dim: int, st_mma: cute.TiledMma, w: Int32, wg_tidx: Int32
+    ):
+        self.head_dim = head_dim
+        self.w = w
+        self.wg_tidx = wg_tidx
+        self.mma = dq_mma(dtype, head_dim)
+        written, read = ds_layouts(dtype)
+        sdSt = storage.dS.get_tensor(written.outer, swizzle=written.inner)  # (64 keys, 64 queries, slot)
+        # stmatrix: one swizzled address per 8x8 matrices; element stores would keep one per pair live.
+        store_atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype)
+        self.thr_store = cute.make_tiled_copy_C(store_atom, st_mma).get_slice(wg_tidx)
+        self.tSsdSt = self.thr_store.partition_D(sdSt)  # (CPY, CPY_M, CPY_N, slot)
+        sdS = storage.dS.get_tensor(read.outer, swizzle=read.inner)  # (64 queries, 64 keys, slot)
+        kt = keys_mn_major(dtype, head_dim)
+        sKt = storage.fixed_a.get_tensor(kt.outer, swizzle=kt.inner)  # (D, 64 keys, warpgroup): sK MN-major
+        sKt_half = cute.local_tile(sKt, (head_dim // 2, ROWS_PER_WARPGROUP, CONSUMER_WARPGROUPS), (w, 0, 0))
+        thr = self.mma.get_slice(wg_tidx)
+        self.tdQrdS = thr.make_fragment_A(thr.partition_A(sdS))  # (MMA, 1, 64/16, slot)
+        self.tdQrKt = thr.make_fragment_B(thr.partition_B(sKt_half))  # (MMA, 1, 64/16, warpgroup)
+        self.acc_shape = thr.partition_shape_C((ROWS_PER_WARPGROUP, head_dim // 2))  # ((2, 2, D/16), 1, 1)
+        self.sdQ = storage.dQ.get_tensor(cute.make_layout((ROWS_PER_WARPGROUP * head_dim // 2, CONSUMER_WARPGROUPS)))
+
+    @cute.jit
+    def share_dS(self, tdKrdSt: cute.Tensor, acc_layout: cute.Layout, step: Int32):
+        """Step 1: this warpgroup's dSᵀ (the dK product's A fragment, in accumulator order) into its slot
+        of the step's buffer, visible to both warpgroups' wgmma once the barrier is passed."""
+        slot = step % DS_BUFFERS * CONSUMER_WARPGROUPS + self.w
+        rdSt = self.thr_store.retile(cute.make_tensor(tdKrdSt.iterator, acc_layout))
+        cute.copy(self.thr_store, rdSt, self.tSsdSt[None, None, None, slot])
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=int(DQBarrier.DS_READY), number_of_threads=2 * THREADS_PER_WARPGROUP)
+
+    @cute.jit
+    def issue(self, step: Int32) -> cute.Tensor:
+        """Step 2: dQ[:, half w] = dS K[:, half w] over both warpgroups' keys, one wgmma group."""
+        acc_dQ = cute.make_rmem_tensor(self.acc_shape, Float32)
+        mma_atom = cute.make_mma_atom(self.mma.op)
+        buffer = step % DS_BUFFERS * CONSUMER_WARPGROUPS
+        warpgroup.fence()
+        for box in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
+            for k in cutlass.range_constexpr(cute.size(self.tdQrKt, mode=[2])):
+                mma_atom.set(warpgroup.Field.ACCUMULATE, box != 0 or k != 0)
+                tA = self.tdQrdS[None, None, k, buffer + box]
+                cute.gemm(mma_atom, acc_dQ, tA, self.tdQrKt[None, None, k, box], acc_dQ)
+        warpgroup.commit_group()
+        return acc_dQ
+
+    @cute.jit
+    def hand_over(self, acc_dQ: cute.Tensor):
+        """Step 3 (the dQ group retired: issued before dK's, one group left in flight): stage dQ for the
+        writer warp once it has freed the tile."""
+        warpgroup.wait_group(1)
+        handshake = WARP_THREADS + THREADS_PER_WARPGROUP
+        cute.arch.barrier(barrier_id=int(DQBarrier.DQ_EMPTY_WG1) + self.w, number_of_threads=handshake)
+        staged = thread_chunk(self.sdQ[None, self.w], self.head_dim, self.wg_tidx)
+        cute.autovec_copy(fragment_as_vectors(acc_dQ, self.head_dim), staged)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(barrier_id=int(DQBarrier.DQ_FULL_WG1) + self.w, number_of_threads=handshake)
+
+
+@cute.jit
+def dq_writer(
+    mdQaccum: cute.Tensor, sdQ_storage, head_dim: cutlass.Constexpr, query_blocks, group: Int32, kv_head: Int32,
+    batch: Int32, n_start: Int32,
+):  # fmt: skip
+    """Step 4, one warp: per query block of every head of the group (the consumers' order), free both
+    staging tiles (their last bulk reads done), then add each, once staged, to its ``dQaccum`` chunk."""
+    chunk_values = ROWS_PER_WARPGROUP * head_dim // 2
+    sdQ = sdQ_storage.get_tensor(cute.make_layout((chunk_values, CONSUMER_WARPGROUPS)))
+    handshake = WARP_THREADS + THREADS_PER_WARPGROUP
+    m_block_min, _, m_block_max = query_blocks(n_start)
+    for head_in_group in cutlass.range(group, unroll=1):
+        head = kv_head * group + head_in_group
+        for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+            for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
+                cute.arch.cp_async_bulk_wait_group(CONSUMER_WARPGROUPS - 1 - w, read=True)
+                cute.arch.barrier_arrive(barrier_id=int(DQBarrier.DQ_EMPTY_WG1) + w, number_of_threads=handshake)
+            for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
+                cute.arch.barrier(barrier_id=int(DQBarrier.DQ_FULL_WG1) + w, number_of_threads=handshake)
+                with cute.arch.elect_one():
+                    gdQaccum = mdQaccum[batch, head, m_block, w, None]  # (64 · D/2,)
+                    reduce_add_bulk(gdQaccum.iterator, sdQ[None, w].iterator, chunk_values * Float32.width // 8)
+                cute.arch.cp_async_bulk_commit_group()
+    cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+
+class DQPostprocessKernel:
+    """dQ = softmax_scale · dQaccum in the input dtype: one CTA of two warpgroups per (query block, head,
+    batch); thread t of warpgroup w reads chunk w's values of thread t back into the dQ accumulator
+    fragment and stores it through the MMA's partition (rows past Sq not written)."""
+
+    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int):
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.threads_per_cta = CONSUMER_WARPGROUPS * THREADS_PER_WARPGROUP
+
+    @cute.jit
+    def __call__(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32, stream: cuda.CUstream):
+        """dq_accum (B, H, query blocks, 2, 64 · D/2) fp32; dq (B, H, Sq, D)."""
+        # Addressed through generic pointers (``_host.generic_view``), as the dK/dV kernel's tensors.
+        mdQaccum, mdQ = generic_view(mdQaccum), generic_view(mdQ)
+        mdQ = sequence_major(mdQ)  # (Sq, D, (H, B))
+        self.kernel(dq_mma(self.dtype, self.head_dim), mdQaccum, mdQ, softmax_scale).launch(
+            grid=[mdQaccum.shape[2], mdQaccum.shape[1], mdQaccum.shape[0]],
+            block=[self.threads_per_cta, 1, 1],
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(self, mma: cute.TiledMma, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32):
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = cute.arch.block_idx()
+        w = tidx // THREADS_PER_WARPGROUP
+        wg_tidx = tidx % THREADS_PER_WARPGROUP
+        D, rows = self.head_dim, ROWS_PER_WARPGROUP
+        thr = mma.get_slice(wg_tidx)
+        acc_dQ = cute.make_rmem_tensor(thr.partition_shape_C((rows, D // 2)), Float32)  # ((2, 2, D/16), 1, 1)
+        cute.autovec_copy(thread_chunk(mdQaccum[batch, head, m_block, w, None], D, wg_tidx),
+                          fragment_as_vectors(acc_dQ, D))  # fmt: skip
+        acc_dQ.store(acc_dQ.load() * softmax_scale)
+        gdQ = cute.local_tile(mdQ[None, None, (head, batch)], (rows, D // 2), (m_block, w))  # (64, D/2)
+        store_rows(thr, acc_dQ, gdQ, cute.make_identity_tensor((rows, D // 2)), mdQ.shape[0] - m_block * rows)
