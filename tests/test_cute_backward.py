@@ -134,7 +134,8 @@ def test_hopper_compiles_without_spills_to_unserialised_wgmma_and_tma() -> None:
     the one variant ptxas serialises (overlapped dQ with 128 keys per step) fails the rule."""
     causal, alignment, kv_heads, has_dlse = VARIANTS["causal_bottom_right_mqa_dlse"]
     prob = problem(1000, 777, 128, causal=causal, alignment=alignment, kv_heads=kv_heads)
-    binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse)
+    separate_pass = hopper_backward.CANDIDATES[128][0]
+    binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=separate_pass)
     assert [binary.name.rsplit("_", 1)[-1] for binary in binaries] == ["preprocess", "dkdv", "dq"]
     overlapped = hopper_backward.BackwardTiles(64, 64, 3, dq_overlap=True)
     binaries += hopper_backward.compile_sm90(prob, tiles=overlapped)[2:]
@@ -192,7 +193,7 @@ def test_hopper_dq_reduce_computes_dq_in_the_dkdv_kernel(head_dim: int) -> None:
         assert not ATOMICS.search(binary.ptx), f"{binary.name}: dQ is added by bulk reduce-adds, not atomics"
     assert not wgmma_serialised(sass_of(dkdv)), "ptxas serialised the wgmmas"
     assert dkdv.ptx.count(BULK_REDUCE_ADD) == hopper_dq.CONSUMER_WARPGROUPS and "stmatrix" in dkdv.ptx
-    default = hopper_backward.compile_sm90(prob, has_dlse=has_dlse)
+    default = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=hopper_backward.CANDIDATES[head_dim][0])
     assert hgmma_per_step(default) == {"dkdv": 2 * k_steps + 4 + 4, "dq": hgmma_per_step(default)["dq"]}
     assert not any(BULK_REDUCE_ADD in binary.ptx for binary in default)
 
@@ -374,6 +375,21 @@ def test_hopper_dq_reduce_refuses_what_it_is_not_built_for() -> None:
     assert all(variants[0].dq == "pass" for variants in hopper_backward.CANDIDATES.values())
 
 
+@pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
+def test_hopper_default_adds_dq_by_reduce_unless_deterministic_algorithms_are_on(head_dim: int) -> None:
+    """The default is dq="reduce"; under torch.use_deterministic_algorithms it is the first candidate,
+    the separate dQ pass (planted: a default that ignores the switch fails the second assertion)."""
+    prob = problem(300, 1000, head_dim, causal=True, alignment="bottom_right", kv_heads=2)
+    assert hopper_backward.backward_config(prob).tiles.dq == "reduce"
+    was_on = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        deterministic = hopper_backward.backward_config(prob).tiles
+    finally:
+        torch.use_deterministic_algorithms(was_on)
+    assert deterministic == hopper_backward.CANDIDATES[head_dim][0] and deterministic.dq == "pass"
+
+
 def test_gradients_refuse_cpu_tensors_before_any_kernel() -> None:
     prob = problem(8, 8, 64)
     q = torch.zeros(1, 4, 8, 64, dtype=torch.bfloat16)
@@ -453,14 +469,20 @@ def test_gpu_the_returned_lse_is_differentiable_too(forward: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("forward", ["cute/tiled", "cute/hopper"])
 def test_gpu_gradients_are_deterministic(forward: str) -> None:
-    """dQ by a separate pass (no atomics): two backward passes give bit-identical gradients (the rungs'
-    defaults; dq="reduce" adds dQ in no fixed order: test_gpu_dq_reduce_keeps_dk_and_dv_deterministic)."""
+    """Under torch.use_deterministic_algorithms, two backward passes give bit-identical gradients: dQ by
+    a separate pass, no atomics (cute/hopper's default otherwise, dq="reduce", adds dQ in no fixed order:
+    test_gpu_dq_reduce_keeps_dk_and_dv_deterministic)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     prob = GPU_CASES["gqa_causal_top_left_ragged_d64"]
     q, k, v, d_out = gpu_inputs(prob, seed=23)
-    first = ladder_gradients(forward, prob, q, k, v, d_out)
-    second = ladder_gradients(forward, prob, q, k, v, d_out)
+    was_on = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        first = ladder_gradients(forward, prob, q, k, v, d_out)
+        second = ladder_gradients(forward, prob, q, k, v, d_out)
+    finally:
+        torch.use_deterministic_algorithms(was_on)
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 
 

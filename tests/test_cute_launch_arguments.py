@@ -144,8 +144,9 @@ def _fp8(problem: Problem) -> None:
     fp8.quantised_launcher(config, operands, problem, sm_count=SM_COUNT, cache_seqlens=lengths)()
 
 
-# The dK/dV kernel that adds dQ into an fp32 buffer (one more argument), then its postprocess.
-DQ_REDUCE = next(tiles for tiles in hopper_backward.CANDIDATES[128] if tiles.dq == "reduce")
+# cute/hopper's backward with dQ by a separate kernel (its deterministic variant; the default adds dQ
+# into an fp32 buffer, one more argument, then runs its postprocess).
+SEPARATE_DQ_PASS = hopper_backward.CANDIDATES[128][0]
 
 
 def _backward(launch: Callable[..., None], problem: Problem, with_dlse: bool) -> None:
@@ -182,8 +183,10 @@ LAUNCHES: dict[str, Callable[[], None]] = {
     "backward-naive": lambda: _backward(naive_backward._launch, FEATURED.with_(has_cache_seqlens=False), True),
     "backward-tiled": lambda: _backward(tiled_backward._launch, FEATURED.with_(has_cache_seqlens=False), False),
     "backward-hopper": lambda: _backward(hopper_backward._launch, FEATURED.with_(has_cache_seqlens=False), True),
-    "backward-hopper-dq-reduce": lambda: _backward(
-        functools.partial(hopper_backward._launch, tiles=DQ_REDUCE), FEATURED.with_(has_cache_seqlens=False), True
+    "backward-hopper-separate-dq": lambda: _backward(
+        functools.partial(hopper_backward._launch, tiles=SEPARATE_DQ_PASS),
+        FEATURED.with_(has_cache_seqlens=False),
+        True,
     ),
 }
 

@@ -61,16 +61,20 @@ about 590 TFLOP/s of wgmma work: at that rate, five products alone would come wi
 FlashAttention-4's sm90 backward (608), which makes dQ += dS K in the dK/dV kernel and adds it to an
 fp32 dQ by bulk reduce-adds from shared memory, issued by a warp of its own.
 
-The variant ``dq="reduce"`` (``BackwardTiles.dq``, ``hopper_dq.py``, a candidate, not the default) does
-that: step 2 also shares dSᵀ through shared memory and issues dQ[:, half] = dS K (five products per
-step), warp 1 of the producer warpgroup adds each step's dQ tile into an fp32 dQaccum by
+The variant ``dq="reduce"`` (``BackwardTiles.dq``, ``hopper_dq.py``) does that, and is the default
+(``default_tiles``): step 2 also shares dSᵀ through shared memory and issues dQ[:, half] = dS K (five
+products per step), warp 1 of the producer warpgroup adds each step's dQ tile into an fp32 dQaccum by
 ``cp.reduce.async.bulk``, and step 3 becomes a postprocess (dQ = softmax_scale · dQaccum). dK and dV
-are unchanged and deterministic; dQ's adds land in no fixed order, so dQ is not bitwise reproducible.
+are unchanged and deterministic; dQ's adds land in no fixed order, so dQ is not bitwise reproducible:
+under ``torch.use_deterministic_algorithms(True)`` the rung runs the separate dQ pass instead. First
+GPU run (``results/h200/backward-cute-dq-reduce/``, same process): 453.9 / 431.7 TFLOP/s at P1 / causal
+and 360.3 at D=64 (B=4 H=32), against 417.6 / 388.6 / 332.4 for the separate pass and FA4's 600.7 /
+555.7 / 518.4: +9-11 %, short of the 480-560 predicted from the products alone (the dSᵀ exchange, its
+barriers and 8.6 GB of fp32 reduce traffic at P1 are the rest).
 
 Limits (not done): no ping-pong between the consumer warpgroups, no persistent scheduler, gradients
-stored from the accumulators (no TMA store); the default's dQ pass recomputes S and dP (seven products
-per tile pair instead of five; ``dq="reduce"`` removes them, untimed yet). The candidates are
-``python -m bench.backward --candidates --rung cute``.
+stored from the accumulators (no TMA store); dq="reduce" needs 64 query rows per step and no overlap.
+The candidates are ``python -m bench.backward --candidates --rung cute``.
 """
 
 from __future__ import annotations
@@ -177,7 +181,8 @@ class BackwardTiles:
         return f"m{self.tile_m}_dqn{self.dq_tile_n}_s{self.stages}" + overlaps
 
 
-# The first of each head dim is the default (not overlapped: the simplest). D=128: 64 query rows per
+# The first of each head dim is the deterministic default (not overlapped: the simplest; see
+# ``default_tiles``: dq="reduce" is the default otherwise). D=128: 64 query rows per
 # dK/dV step is the register limit (see the docstring), 32 leave room to overlap; the dQ kernel's S
 # and dP take dq_tile_n / 2 registers each beside dQ's 64 (at 128 keys, no room to overlap).
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
@@ -683,15 +688,26 @@ def _kernel_names(config: HopperBackwardConfig) -> tuple[str, ...]:
     return ("dkdv", "postprocess") if config.tiles.dq == "reduce" else ("dkdv", "dq")
 
 
+def default_tiles(head_dim: int) -> BackwardTiles:
+    """dQ by bulk reduce-adds in the dK/dV kernel (dq="reduce": 454 / 432 TFLOP/s at P1 / causal against
+    418 / 389 with the separate pass, results/h200/backward-cute-dq-reduce/); while
+    ``torch.use_deterministic_algorithms`` is on, the head dim's first candidate, whose separate dQ pass
+    gives bit-identical gradients run after run (as torch's own nondeterministic kernels give way to
+    deterministic ones under that switch)."""
+    if torch.are_deterministic_algorithms_enabled():
+        return CANDIDATES[head_dim][0]
+    return next(tiles for tiles in CANDIDATES[head_dim] if tiles.dq == "reduce")
+
+
 def backward_config(problem: Problem, tiles: BackwardTiles | None = None) -> HopperBackwardConfig:
-    """The compile key of ``problem``'s dK/dV and dQ kernels (``tiles``: the head dim's default)."""
+    """The compile key of ``problem``'s dK/dV and dQ kernels (``tiles``: ``default_tiles``)."""
     return HopperBackwardConfig(
         dtype=problem.dtype,
         head_dim=problem.head_dim,
         causal=problem.causal,
         bottom_right=problem.bottom_right,
         gqa=problem.kv_heads != problem.heads,
-        tiles=tiles or CANDIDATES[problem.head_dim][0],
+        tiles=tiles or default_tiles(problem.head_dim),
     )
 
 
