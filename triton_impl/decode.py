@@ -193,6 +193,66 @@ def store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM: tl.constexpr, R
 
 
 # ----------------------------------------------------------------------------------------------
+# One CTA's work: the packed Q tile of one (batch, KV head) against a range of its keys
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def attended_keys(seqlen_k, causal_offset, seqlen_q, CAUSAL: tl.constexpr):
+    """The end of the keys any packed row sees (the length; causal: at most Sq + causal_offset); a
+    scalar for one sequence or a vector of them (the balanced split's plan)."""
+    return tl.maximum(tl.minimum(seqlen_k, seqlen_q + causal_offset), 0) if CAUSAL else seqlen_k
+
+
+@triton.jit
+def attend_split(
+    q_operand, k_operand, v_operand, BlockTable, stride_btb,
+    batch, kv_head, m_block, group, seqlen_q, seqlen_k, causal_offset, key_begin, key_end, softmax_scale_log2,
+    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+):  # fmt: skip
+    """Steps 2-4 of the algorithm for M tile ``m_block`` of (``batch``, ``kv_head``) over its keys
+    [key_begin, key_end): ``(out, lse, head, offs_m, row_ok)``, O normalised and the natural-log LSE of
+    those keys. ``q_operand`` is (Q, batch, head and row strides), ``k_operand`` and ``v_operand`` the
+    same for K and V (paged: the page stride where the batch stride stands)."""
+    Q, stride_qb, stride_qh, stride_qm = q_operand
+    K, stride_kb, stride_kh, stride_kn = k_operand
+    V, stride_vb, stride_vh, stride_vn = v_operand
+    # 2. The packed Q tile: row r is token r % Sq of query head kv_head · group + r // Sq.
+    head, offs_m, row_ok = packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_ptrs = Q + batch * stride_qb + head[:, None] * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    if PAGE_SIZE:
+        # Paged: K and V are pools shared by every sequence (stride_kb is their page stride); this
+        # sequence's row of the block table says which page holds which of its keys.
+        block_table_row = BlockTable + batch * stride_btb
+        k_base = K + kv_head * stride_kh
+        v_base = V + kv_head * stride_vh
+    else:
+        block_table_row = BlockTable
+        k_base = K + batch * stride_kb + kv_head * stride_kh
+        v_base = V + batch * stride_vb + kv_head * stride_vh
+
+    row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+
+    # 3. Keys every row sees (below the first token's diagonal and inside the sequence) need no
+    # mask; the rest of the range (the tail and the diagonal) takes each row's own token index.
+    visible_to_all = tl.minimum(seqlen_k, causal_offset + 1) if CAUSAL else seqlen_k
+    unmasked_end = tl.minimum(tl.maximum(visible_to_all // BLOCK_N * BLOCK_N, key_begin), key_end)
+    acc, row_max, row_sum = attend_key_range(
+        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
+        offs_m, key_begin, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
+        CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+        block_table_row=block_table_row, stride_kpage=stride_kb, stride_vpage=stride_vb, PAGE_SIZE=PAGE_SIZE,
+    )  # fmt: skip
+
+    # 4. O and the natural-log LSE of these keys (O = 0, LSE = -inf where there were none).
+    out, lse = online_softmax_finalize(acc, row_max, row_sum, 1.0)
+    return out, lse, head, offs_m, row_ok
+
+
+# ----------------------------------------------------------------------------------------------
 # Kernel 1: one split of the keys for one packed M tile of one (batch, KV head)
 # ----------------------------------------------------------------------------------------------
 @triton.jit
@@ -217,43 +277,18 @@ def _split_kernel(
 
     # 1. This sequence's keys, the last one any row sees, and this split's share of them.
     seqlen_k, causal_offset = seqlen_info(CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS, BOTTOM_RIGHT)
-    key_end = tl.maximum(tl.minimum(seqlen_k, seqlen_q + causal_offset), 0) if CAUSAL else seqlen_k
+    key_end = attended_keys(seqlen_k, causal_offset, seqlen_q, CAUSAL)
     key_begin, key_end = split_key_range(split, num_splits, key_end, BLOCK_N)
 
-    # 2. The packed Q tile: row r is token r % Sq of query head kv_head · group + r // Sq.
-    head, offs_m, row_ok = packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    q_ptrs = Q + batch * stride_qb + head[:, None] * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
-    if PAGE_SIZE:
-        # Paged: K and V are pools shared by every sequence (stride_kb is their page stride); this
-        # sequence's row of the block table says which page holds which of its keys.
-        block_table_row = BlockTable + batch * stride_btb
-        k_base = K + kv_head * stride_kh
-        v_base = V + kv_head * stride_vh
-    else:
-        block_table_row = BlockTable
-        k_base = K + batch * stride_kb + kv_head * stride_kh
-        v_base = V + batch * stride_vb + kv_head * stride_vh
-
-    row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
-
-    # 3. Keys every row sees (below the first token's diagonal and inside the sequence) need no
-    # mask; the rest of the split (the tail and the diagonal) takes each row's own token index.
-    visible_to_all = tl.minimum(seqlen_k, causal_offset + 1) if CAUSAL else seqlen_k
-    unmasked_end = tl.minimum(tl.maximum(visible_to_all // BLOCK_N * BLOCK_N, key_begin), key_end)
-    acc, row_max, row_sum = attend_key_range(
-        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
-        offs_m, key_begin, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
-        CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
-        block_table_row=block_table_row, stride_kpage=stride_kb, stride_vpage=stride_vb, PAGE_SIZE=PAGE_SIZE,
+    # 2.-4. The packed Q tile against the split's keys: its O and natural-log LSE (O = 0, LSE = -inf for
+    # a split that saw no key). The partials are (num_splits, B, H, Sq, D) and (num_splits, B, H, Sq).
+    out, lse, head, offs_m, row_ok = attend_split(
+        (Q, stride_qb, stride_qh, stride_qm), (K, stride_kb, stride_kh, stride_kn), (V, stride_vb, stride_vh, stride_vn),
+        BlockTable, stride_btb, batch, kv_head, m_block, group, seqlen_q, seqlen_k, causal_offset,
+        key_begin, key_end, softmax_scale_log2,
+        CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
     )  # fmt: skip
-
-    # 4. This split's O and natural-log LSE (O = 0, LSE = -inf for a split that saw no key). The
-    # partials are (num_splits, B, H, Sq, D) and (num_splits, B, H, Sq), contiguous.
-    out, lse = online_softmax_finalize(acc, row_max, row_sum, 1.0)
+    offs_d = tl.arange(0, HEAD_DIM)
     row = (batch * heads + head) * seqlen_q + offs_m
     out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
     if SPLIT:
