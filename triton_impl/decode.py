@@ -56,6 +56,18 @@ CTAs, 97% of a wave); B=64, Hkv=32 gets 1. The padded Sk is used, never the valu
 sequence's splits follow its own length, so a short sequence gets short (or empty) splits.
 ``bind(..., num_splits=n)`` (and ``decode_attention``) forces a count for sweeps and tests.
 
+The balanced split (``BALANCED_SPLIT``, off until a GPU times it: ``bench/decode_floor.py --settings
+after,balanced``): in a ragged batch the rule's splits of a short sequence end at once while the long
+one's few carry its keys. ``_balanced_split_kernel`` gives every CTA an equal share of the valid keys,
+FlashInfer's plan done on the device (``balanced_share``): each CTA reads the B lengths, sizes a share
+as total key blocks / ``target_shares`` (at least ``BALANCED_MIN_KEYS``), gives each (batch, KV head)
+cdiv(its blocks, share) splits (one for an empty sequence) and finds its own in their prefix sum. The
+grid, target_shares (``BALANCED_SHARES_PER_SM`` per SM over the M tiles) + B · Hkv CTAs per M tile,
+holds every share whatever the lengths: the shape fixes it, and a CUDA graph replays it with new lengths
+(CTAs past the last share store nothing). An item's shares fill consecutive slabs of the partials; its
+last to arrive merges them (``merge_splits``; an item of one share writes O itself). ``num_splits=``
+forces target_shares; the merge is always fused.
+
 Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one M tile; one launch):
   1. ``seqlen_info``: the sequence's own length and causal offset; the keys any row sees end at
      ``key_end`` (the length; causal: at most Sq + causal_offset); ``split_key_range`` cuts this
@@ -102,6 +114,8 @@ from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from triton_impl._device import (
     LOG2_E,
     attend_key_range,
+    attended_keys,
+    balanced_share,
     batch_and_head,
     online_softmax_finalize,
     seqlen_info,
@@ -212,13 +226,6 @@ def store_partials(OutPartial, LsePartial, partial_row, out, lse, row_ok, HEAD_D
 # One CTA's work: the packed Q tile of one (batch, KV head) against a range of its keys
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def attended_keys(seqlen_k, causal_offset, seqlen_q, CAUSAL: tl.constexpr):
-    """The end of the keys any packed row sees (the length; causal: at most Sq + causal_offset); a
-    scalar for one sequence or a vector of them (the balanced split's plan)."""
-    return tl.maximum(tl.minimum(seqlen_k, seqlen_q + causal_offset), 0) if CAUSAL else seqlen_k
-
-
-@triton.jit
 def attend_split(
     q_operand, k_operand, v_operand, BlockTable, stride_btb,
     batch, kv_head, m_block, group, seqlen_q, seqlen_k, causal_offset, key_begin, key_end, softmax_scale_log2,
@@ -326,43 +333,6 @@ def _split_kernel(
 # ----------------------------------------------------------------------------------------------
 # Kernel 1, balanced (``BALANCED_SPLIT``): equal shares of the valid keys, planned on the device
 # ----------------------------------------------------------------------------------------------
-@triton.jit
-def balanced_share(
-    CacheSeqlens, share, batch_size, kv_heads, seqlen_q, seqlen_k, target_shares, min_share_blocks,
-    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-):  # fmt: skip
-    """The work of CTA ``share`` of the balanced grid: ``(batch, kv_head, split, item_shares,
-    first_share)``, split ``split`` of the ``item_shares`` of work item (batch, kv_head), whose shares
-    are the grid's ``first_share`` onwards; ``batch >= batch_size`` for a CTA past the last share.
-
-    Every CTA computes the same plan from the cache lengths (BLOCK_B >= batch_size of them, one load
-    and a few reductions): the key blocks each sequence's rows see, their total over the B · Hkv work
-    items, the share size ``chunk`` = that total / ``target_shares`` blocks (at least
-    ``min_share_blocks``), each item's share count cdiv(its blocks, chunk) (at least 1, so an empty
-    sequence still writes O = 0 and LSE = -inf), and their prefix sum over the sequences, items in
-    (batch, KV head) order. The share's sequence is the count of sequences whose shares end at or
-    before it (the binary search of a host plan, as one vector compare). Σ items' shares <=
-    target_shares + B · Hkv, the grid the host launches."""
-    offs_b = tl.arange(0, BLOCK_B)
-    in_batch = offs_b < batch_size
-    if HAS_CACHE_SEQLENS:
-        lengths = tl.minimum(tl.maximum(tl.load(CacheSeqlens + offs_b, mask=in_batch, other=0), 0), seqlen_k)
-    else:
-        lengths = tl.where(in_batch, seqlen_k, 0)
-    causal_offsets = lengths - seqlen_q if BOTTOM_RIGHT else tl.zeros_like(lengths)
-    blocks = (attended_keys(lengths, causal_offsets, seqlen_q, CAUSAL) + BLOCK_N - 1) // BLOCK_N
-    total_blocks = kv_heads * tl.sum(blocks, axis=0)
-    chunk = tl.maximum((total_blocks + target_shares - 1) // target_shares, min_share_blocks)
-    shares = tl.where(in_batch, tl.maximum((blocks + chunk - 1) // chunk, 1), 0)
-    batch_shares = kv_heads * shares
-    batch = tl.sum((tl.cumsum(batch_shares, axis=0) <= share).to(tl.int32), axis=0)
-    batch_begin = tl.sum(tl.where(offs_b < batch, batch_shares, 0), axis=0)
-    item_shares = tl.maximum(tl.sum(tl.where(offs_b == batch, shares, 0), axis=0), 1)
-    kv_head = (share - batch_begin) // item_shares
-    return batch, kv_head, (share - batch_begin) % item_shares, item_shares, batch_begin + kv_head * item_shares
-
-
 @triton.jit
 def _balanced_split_kernel(
     Q, K, V, Out, Lse, CacheSeqlens, OutPartial, LsePartial,
