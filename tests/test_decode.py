@@ -29,7 +29,7 @@ from common.contract.registry import Implementation, discover
 from common.measure.timing import capture
 from tests._helpers import json_from_child
 from triton_impl import decode
-from triton_impl._device import split_key_range
+from triton_impl._device import balanced_share, split_key_range
 from triton_impl.gluon import decode as gluon_decode
 
 CPU = torch.device("cpu")
@@ -298,6 +298,129 @@ def test_planted_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
     name, replacement = PLANTED[bug]
     monkeypatch.setattr(decode, name, replacement)
     result = _check(problem, 3)
+    assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"
+
+
+# ----------------------------------------------------------------------------------------------------
+# The balanced split (BALANCED_SPLIT, off by default): equal shares of the valid keys, planned on the device
+# ----------------------------------------------------------------------------------------------------
+# Wildly different lengths: one long sequence, many short ones, empty ones, one ending mid-block.
+BALANCED_LENGTHS = (1000, 0, 5, 64, 1, 0, 130)
+# (Sq, kv_heads, D, page size, lengths, forced shares): one token of GQA among many sequences; 4 tokens
+# paged (pages of 16 keys); 16 tokens of MQA at D=256 (32-key blocks, a 64-row M tile). Each grid has
+# CTAs past the last share. (The host's plan, 264 shares on the interpreter's 132 SMs, would take 10 s.)
+BALANCED_CASES = [
+    (1, 2, 64, 0, BALANCED_LENGTHS, 12),
+    (4, 2, 128, 16, BALANCED_LENGTHS[:4], 5),
+    (16, 1, 256, 0, (1000, 3, 0), 4),
+]
+
+
+def _balanced_problem(seqlen_q: int, kv_heads: int, head_dim: int, page_size: int, lengths: tuple) -> Problem:
+    heads = 8 if seqlen_q < 16 else 4
+    seqlen_k = -(-max(lengths) // page_size) * page_size if page_size else max(lengths)  # paged: whole pages
+    return _decode_problem(
+        seqlen_q, kv_heads, heads=heads, batch=len(lengths), seqlen_k=seqlen_k, head_dim=head_dim,
+        page_size=page_size,
+    )  # fmt: skip
+
+
+def _balanced_check(case: tuple, *, seed: int = 0):
+    """``check_on_inputs`` (fp64, poisoned) of the balanced split on ``case``, its shares forced."""
+    seqlen_q, kv_heads, head_dim, page_size, lengths, shares = case
+    problem = _balanced_problem(seqlen_q, kv_heads, head_dim, page_size, lengths)
+    q, k, v = make_inputs(problem, seed=seed, device="cpu", offset=0.5)
+    extra = {"cache_seqlens": torch.tensor(lengths, dtype=torch.int32)}
+    if page_size:
+        k, v, extra["block_table"] = make_paged_kv(problem, k, v, seed=seed)
+    return problem, check_on_inputs(_with_splits(shares), q, k, v, problem, **extra)
+
+
+@pytest.fixture
+def balanced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The knob on, and shares of at least one 64-key block (not 512 keys), so that the interpreter's
+    short caches are cut into several shares per (batch, KV head)."""
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", True)
+    monkeypatch.setattr(decode, "BALANCED_MIN_KEYS", 64)
+
+
+def test_balanced_split_is_off_by_default_and_its_grid_is_fixed_by_the_shape():
+    """The default path is the padded-Sk split; the balanced grid follows from the shape and the SM count
+    (a CUDA graph keeps it), never from the lengths."""
+    assert decode.BALANCED_SPLIT is False
+    problem = _balanced_problem(1, 2, 64, 0, (300, 0, 131))
+    assert decode.bind(*make_inputs(problem, seed=0, device="cpu"), problem, num_splits=3).balanced is False
+    assert decode.balanced_target_shares(problem, CPU) == splits.DEFAULT_SM_COUNT * decode.BALANCED_SHARES_PER_SM
+    mqa = _decode_problem(16, 1, heads=8)  # 128 packed rows: two M tiles share the SMs
+    assert decode.balanced_target_shares(mqa, CPU) == splits.DEFAULT_SM_COUNT * decode.BALANCED_SHARES_PER_SM // 2
+    with pytest.raises(ValueError, match="must be >= 1, got 0"):
+        decode.bind_balanced(*make_inputs(problem, seed=0, device="cpu"), problem, shares=0)
+
+
+@interpreter_only
+@pytest.mark.parametrize(
+    "case", BALANCED_CASES, ids=[f"sq{c[0]}-hkv{c[1]}-d{c[2]}-page{c[3]}-shares{c[5]}" for c in BALANCED_CASES]
+)
+def test_balanced_split_against_fp64(case: tuple, balanced: None):
+    problem, result = _balanced_check(case, seed=case[0] + case[2])
+    assert result.ok, f"{problem.describe()} balanced, shares={case[5]}: {result.summary()}"
+
+
+@interpreter_only
+def test_balanced_split_is_deterministic_and_replays_with_new_lengths(balanced: None):
+    """One bound runner: two calls give the same bits (every row written: poisoned first), and after the
+    lengths change in place (as a CUDA-graph replay sees them) it equals the default path on the new
+    lengths, so the plan read them on the device."""
+    problem = _balanced_problem(1, 2, 64, 0, BALANCED_LENGTHS)
+    q, k, v = make_inputs(problem, seed=21, device="cpu", offset=0.5)
+    lengths = torch.tensor(BALANCED_LENGTHS, dtype=torch.int32)
+    run = decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=6)
+    assert run.balanced and run.num_splits == 6
+    first = [t.clone() for t in run_poisoned(run)]
+    assert not any(t.isnan().any() for t in first), "a row left unwritten (poisoned)"
+    assert all(map(torch.equal, first, run()))
+    lengths.copy_(torch.tensor((3, 1000, 0, 0, 200, 64, 1), dtype=torch.int32))
+    replayed = run_poisoned(run)
+    decode.BALANCED_SPLIT = False  # restored by the fixture's monkeypatch
+    default = run_poisoned(decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=3))
+    for got, expected in zip(replayed, default, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@triton.jit
+def _shift_one_block(split, num_splits, key_end, BLOCK_N: tl.constexpr):
+    key_begin, split_end = split_key_range(split, num_splits, key_end, BLOCK_N)
+    return tl.minimum(key_begin + BLOCK_N, key_end), tl.minimum(split_end + BLOCK_N, key_end)
+
+
+@triton.jit
+def _one_share_too_many(
+    CacheSeqlens, share, batch_size, kv_heads, seqlen_q, seqlen_k, target_shares, min_share_blocks,
+    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+):  # fmt: skip
+    batch, kv_head, split, item_shares, first_share = balanced_share(
+        CacheSeqlens, share, batch_size, kv_heads, seqlen_q, seqlen_k, target_shares, min_share_blocks,
+        CAUSAL, BOTTOM_RIGHT, HAS_CACHE_SEQLENS, BLOCK_N, BLOCK_B,
+    )  # fmt: skip
+    return batch, kv_head, split, item_shares + 1, first_share
+
+
+BALANCED_PLANTED = {
+    **{bug: PLANTED[bug] for bug in ("dropped split", "split reads past its sequence's length")},
+    "every share's keys one block late (an off-by-one in the key range mapping)": ("split_key_range", _shift_one_block),
+    "one share per item too many (the merge waits for a share no CTA runs)": ("balanced_share", _one_share_too_many),
+}
+
+
+@interpreter_only
+@pytest.mark.parametrize("bug", sorted(BALANCED_PLANTED))
+def test_planted_bug_fails_the_balanced_check(bug: str, balanced: None, monkeypatch: pytest.MonkeyPatch):
+    """Each planted bug fails the fp64 check of a case that passes unplanted (the first BALANCED_CASES)."""
+    monkeypatch.setattr(decode, "_ARRIVAL_COUNTERS", {})  # counters a bug leaves dirty go with the test
+    name, replacement = BALANCED_PLANTED[bug]
+    monkeypatch.setattr(decode, name, replacement)
+    _, result = _balanced_check(BALANCED_CASES[0], seed=1)
     assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"
 
 
