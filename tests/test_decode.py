@@ -399,11 +399,11 @@ def _one_share_too_many(
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
-    batch, kv_head, split, item_shares, first_share = balanced_share(
+    batch, kv_head, split, item_shares = balanced_share(
         CacheSeqlens, share, batch_size, kv_heads, seqlen_q, seqlen_k, target_shares, min_share_blocks,
         CAUSAL, BOTTOM_RIGHT, HAS_CACHE_SEQLENS, BLOCK_N, BLOCK_B,
     )  # fmt: skip
-    return batch, kv_head, split, item_shares + 1, first_share
+    return batch, kv_head, split, item_shares + 1
 
 
 BALANCED_PLANTED = {
@@ -595,7 +595,11 @@ def test_gpu_decode_step_replays_in_a_cuda_graph_with_new_lengths(impl_name: str
     """A decode step captured once in a CUDA graph, replayed after ``cache_seqlens`` changes in place:
     each replay writes (poisoned first) exactly what an eager call with those lengths writes, and the
     lengths change the answer (so a graph that froze them would fail)."""
-    impl = DECODE_IMPLS[impl_name]
+    _check_graph_replays(DECODE_IMPLS[impl_name], paged)
+
+
+def _check_graph_replays(impl: Implementation, paged: bool) -> None:
+    impl_name = impl.name
     problem = Problem(
         4, 16, 1, 4096, 128, dtype=torch.bfloat16, causal=True, kv_heads=4, causal_alignment="bottom_right",
         has_cache_seqlens=True, page_size=64 if paged else 0,
@@ -618,6 +622,90 @@ def test_gpu_decode_step_replays_in_a_cuda_graph_with_new_lengths(impl_name: str
         assert torch.equal(captured, eager), f"{impl_name}: the replay at lengths {step} differs from an eager call"
         answers.append(eager)
     assert not torch.equal(answers[0], answers[1]) and not torch.equal(answers[1], answers[2])
+
+
+# The balanced split kernel compiled for sm_90a (a child process without the interpreter): D 64 paged,
+# D 128 at one token and 16 (MQA, 255 registers), D 256 at 4 tokens; the cp.async pipeline and the shared
+# memory of the default split kernel (its K/V stages kept), the arrival atomic; no spills, except at D=256:
+# 8 bytes of stack there (Triton 3.8: one 32-bit value of the plan stored before the key loop and loaded
+# after it, at 168 registers: one STL and one LDL in the whole kernel; the default kernel needs none).
+BALANCED_COMPILES = [(64, 2, 64), (128, 1, 0), (128, 16, 0), (256, 4, 0)]
+BALANCED_SPILL_BYTES = {256: 8}
+_BALANCED_COMPILE_SCRIPT = """
+import json, sys, torch
+from common.contract.problem import Problem
+from common.reporting.static import cubin_resources
+from common.toolchain.compile import compile_triton_sm90
+from triton_impl import decode
+from triton_impl._host import POINTER_ALIGNED, feature_constexprs, pointer_signature
+results = []
+for head_dim, seqlen_q, page_size in json.loads(sys.argv[1]):
+    problem = Problem(
+        8, 32, seqlen_q, 32768, head_dim, dtype=torch.bfloat16, causal=True, kv_heads=1 if seqlen_q == 16 else 8,
+        causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True, page_size=page_size,
+    )
+    config = decode.DEFAULT_CONFIGS[head_dim]
+    signature = {**pointer_signature(problem.dtype), "OutPartial": "*fp32", "LsePartial": "*fp32", "Counters": "*i32",
+                 "batch_size": "i32", "target_shares": "i32", "min_share_blocks": "i32"}
+    constexprs = {**feature_constexprs(problem), "HEAD_DIM": head_dim, "BLOCK_M": decode.block_m_for(problem),
+                  "BLOCK_N": config.block_n, "PAGE_SIZE": page_size, "SPLITS_PER_STEP": decode._merge_step(problem),
+                  "BLOCK_B": 16}
+    if page_size:
+        signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
+    else:
+        constexprs.update({"BlockTable": None, "stride_btb": None})
+    binary = compile_triton_sm90(decode._balanced_split_kernel, signature, constexprs, num_warps=config.num_warps,
+        num_stages=decode.num_stages_for(problem), aligned=(*POINTER_ALIGNED, "OutPartial", "LsePartial"))
+    (resources,) = cubin_resources(binary.cubin).values()
+    results.append({
+        "registers": resources["registers"], "spill_bytes": resources["local_bytes"] + resources["stack_bytes"],
+        "shared_bytes": binary.shared_bytes, "default_shared_bytes": decode.compile_sm90(problem)[0].shared_bytes,
+        "cp_async": "cp.async" in binary.ptx, "arrival_atomic": "atom.global.gpu.acq_rel.add" in binary.ptx,
+    })
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.static
+def test_balanced_split_kernel_compiles_for_sm90_without_spills():
+    compiled = json_from_child(["-c", _BALANCED_COMPILE_SCRIPT, json.dumps(BALANCED_COMPILES)], timeout=1200)
+    for (head_dim, seqlen_q, page_size), result in zip(BALANCED_COMPILES, compiled, strict=True):
+        where = f"D={head_dim} Sq={seqlen_q} page={page_size}: {result}"
+        assert result["spill_bytes"] <= BALANCED_SPILL_BYTES.get(head_dim, 0), where
+        assert result["cp_async"] and result["arrival_atomic"], where
+        assert result["shared_bytes"] == result["default_shared_bytes"], where
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU: triton/decode's balanced split (BALANCED_SPLIT on): fp64, determinism, a CUDA graph
+# ----------------------------------------------------------------------------------------------------
+# The ragged GPU_CASES (lengths Sk, 0, Sk // 3 + 1, 5): GQA, MQA at 16 tokens (several M tiles), D 64 to
+# 256, fp16 and bf16, both alignments and none; shares forced where the case forces splits.
+BALANCED_GPU_CASES = [case for case in GPU_CASES if case.ragged]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", BALANCED_GPU_CASES, ids=[case.name for case in BALANCED_GPU_CASES])
+def test_gpu_balanced_split_against_fp64_and_deterministic(case: GpuCase, monkeypatch: pytest.MonkeyPatch):
+    """Against fp64 (poisoned), then 20 launches with the same bits: the merging CTA varies on a GPU."""
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", True)
+    problem = case.problem()
+    q, k, v = make_inputs(problem, seed=GPU_CASES.index(case) + 1, device="cuda", offset=0.5)
+    forced = decode.IMPLEMENTATION if case.splits is None else _with_splits(case.splits)
+    result = check_on_inputs(forced, q, k, v, problem, cache_seqlens=case.cache_seqlens())
+    assert result.ok, f"balanced {problem.describe()} shares={case.splits}: {result.summary()}"
+    run = forced.prepare(q, k, v, problem, cache_seqlens=case.cache_seqlens())
+    assert run.balanced
+    first = [t.clone() for t in _as_tuple(run_poisoned(run))]
+    for launch in range(20):
+        assert all(map(torch.equal, first, _as_tuple(run()))), f"launch {launch + 2} differs from the first"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_gpu_balanced_split_replays_in_a_cuda_graph_with_new_lengths(paged: bool, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", True)
+    _check_graph_replays(decode.IMPLEMENTATION, paged)
 
 
 # ----------------------------------------------------------------------------------------------------

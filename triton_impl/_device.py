@@ -166,9 +166,9 @@ def balanced_share(
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
-    """The work of CTA ``share`` of the balanced grid: ``(batch, kv_head, split, item_shares,
-    first_share)``, split ``split`` of the ``item_shares`` of work item (batch, kv_head), whose shares
-    are the grid's ``first_share`` onwards; ``batch >= batch_size`` for a CTA past the last share.
+    """The work of CTA ``share`` of the balanced grid: ``(batch, kv_head, split, item_shares)``, split
+    ``split`` of the ``item_shares`` of work item (batch, kv_head), whose shares are consecutive CTAs of
+    the grid (from ``share - split`` on); ``batch >= batch_size`` for a CTA past the last share.
 
     Every CTA computes the same plan from the cache lengths (BLOCK_B >= batch_size of them, one load
     and a few reductions): the key blocks each sequence's rows see, their total over the B · Hkv work
@@ -193,8 +193,7 @@ def balanced_share(
     batch = tl.sum((tl.cumsum(batch_shares, axis=0) <= share).to(tl.int32), axis=0)
     batch_begin = tl.sum(tl.where(offs_b < batch, batch_shares, 0), axis=0)
     item_shares = tl.maximum(tl.sum(tl.where(offs_b == batch, shares, 0), axis=0), 1)
-    kv_head = (share - batch_begin) // item_shares
-    return batch, kv_head, (share - batch_begin) % item_shares, item_shares, batch_begin + kv_head * item_shares
+    return batch, (share - batch_begin) // item_shares, (share - batch_begin) % item_shares, item_shares
 
 
 # ----------------------------------------------------------------------------------------------

@@ -353,7 +353,7 @@ def _balanced_split_kernel(
     group = heads // kv_heads
     # 1. This CTA's work item and split (``balanced_share``); CTAs past the last share compute an
     # empty range of item (0, 0) and store nothing.
-    batch, kv_head, split, item_shares, first_share = balanced_share(
+    batch, kv_head, split, item_shares = balanced_share(
         CacheSeqlens, share, batch_size, kv_heads, seqlen_q, seqlen_k, target_shares, min_share_blocks,
         CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, BLOCK_N=BLOCK_N, BLOCK_B=BLOCK_B,
     )  # fmt: skip
@@ -378,12 +378,13 @@ def _balanced_split_kernel(
         if item_shares == 1:
             store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
         else:
-            # 5. The item's partials are its shares' slabs of group · Sq rows, from ``first_share`` on;
-            # its last share to arrive merges them in split order.
+            # 5. Each share's partials are slab ``share`` of group · Sq rows, so the item's are the slabs
+            # from share - split on; its last share to arrive merges them in split order.
             rows = tl.cast(group * seqlen_q, tl.int64)
             item_row = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+            store_partials(OutPartial, LsePartial, share * rows + item_row, out, lse, row_ok, HEAD_DIM=HEAD_DIM)
+            first_share = share - split
             item_out, item_lse = OutPartial + first_share * rows * HEAD_DIM, LsePartial + first_share * rows
-            store_partials(item_out, item_lse, split * rows + item_row, out, lse, row_ok, HEAD_DIM=HEAD_DIM)
             work_item = (batch * kv_heads + kv_head) * tl.num_programs(1) + m_block
             if last_to_arrive(Counters + work_item, item_shares):
                 out, lse = merge_splits(
