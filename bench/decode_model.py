@@ -287,7 +287,7 @@ def balanced_table(cases: list[DecodeCase], min_keys: int = splits.MIN_KEYS_PER_
     and 4 shares per SM (the most shares of one item, CTAs per M tile, modelled µs and %)."""
     lines = ["| shape | after | balanced, 2 / SM | balanced, 4 / SM |", "|---|---|---|---|"]
     for case in cases:
-        stack = replace(stack_models(case.problem.head_dim, 8)[0])
+        stack = stack_models(case.problem.head_dim, 8)[0]
         after = predict(case, stack, rule_splits(case, stack))
         cells = [f"{after.num_splits} splits: {after.us:.0f} µs ({after.pct:.0f} %)"]
         for per_sm in (2, 4):
