@@ -28,8 +28,9 @@ from common.contract.problem import Problem
 from common.contract.registry import Implementation, discover
 from common.measure.timing import capture
 from tests._helpers import json_from_child
+from triton_impl import _device as device
 from triton_impl import decode
-from triton_impl._device import balanced_share, split_key_range
+from triton_impl._device import split_key_range
 from triton_impl.gluon import decode as gluon_decode
 
 CPU = torch.device("cpu")
@@ -394,22 +395,14 @@ def _shift_one_block(split, num_splits, key_end, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _one_share_too_many(
-    CacheSeqlens, share, batch_size, kv_heads, seqlen_q, seqlen_k, target_shares, min_share_blocks,
-    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-):  # fmt: skip
-    batch, kv_head, split, item_shares = balanced_share(
-        CacheSeqlens, share, batch_size, kv_heads, seqlen_q, seqlen_k, target_shares, min_share_blocks,
-        CAUSAL, BOTTOM_RIGHT, HAS_CACHE_SEQLENS, BLOCK_N, BLOCK_B,
-    )  # fmt: skip
-    return batch, kv_head, split, item_shares + 1
+def _one_share_too_many(blocks, chunk):
+    return tl.maximum((blocks + chunk - 1) // chunk, 1) + 1
 
 
 BALANCED_PLANTED = {
     **{bug: PLANTED[bug] for bug in ("dropped split", "split reads past its sequence's length")},
     "every share's keys one block late (an off-by-one in the key range mapping)": ("split_key_range", _shift_one_block),
-    "one share per item too many (the merge waits for a share no CTA runs)": ("balanced_share", _one_share_too_many),
+    "one share per item too many (the merge waits for a share no CTA runs)": ("item_shares_of", _one_share_too_many),
 }
 
 
@@ -419,7 +412,8 @@ def test_planted_bug_fails_the_balanced_check(bug: str, balanced: None, monkeypa
     """Each planted bug fails the fp64 check of a case that passes unplanted (the first BALANCED_CASES)."""
     monkeypatch.setattr(decode, "_ARRIVAL_COUNTERS", {})  # counters a bug leaves dirty go with the test
     name, replacement = BALANCED_PLANTED[bug]
-    monkeypatch.setattr(decode, name, replacement)
+    # The plan's helpers are _device's globals (balanced_share's), the others decode's.
+    monkeypatch.setattr(device if name == "item_shares_of" else decode, name, replacement)
     _, result = _balanced_check(BALANCED_CASES[0], seed=1)
     assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"
 

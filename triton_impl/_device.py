@@ -161,23 +161,30 @@ def split_key_range(split, num_splits, key_end, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def item_shares_of(blocks, chunk):
+    """Shares of a work item of ``blocks`` key blocks in the balanced split: cdiv(blocks, chunk), at least
+    1 (an empty sequence's one share writes O = 0 and LSE = -inf)."""
+    return tl.maximum((blocks + chunk - 1) // chunk, 1)
+
+
+@triton.jit
 def balanced_share(
     CacheSeqlens, share, batch_size, kv_heads, seqlen_q, seqlen_k, target_shares, min_share_blocks,
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
-    """The work of CTA ``share`` of the balanced grid: ``(batch, kv_head, split, item_shares)``, split
-    ``split`` of the ``item_shares`` of work item (batch, kv_head), whose shares are consecutive CTAs of
-    the grid (from ``share - split`` on); ``batch >= batch_size`` for a CTA past the last share.
+    """The work of CTA ``share`` of the balanced grid: ``(batch, kv_head, split, item_shares, has_work)``,
+    split ``split`` of the ``item_shares`` of work item (batch, kv_head), whose shares are consecutive
+    CTAs of the grid (from ``share - split`` on). A CTA past the last share gets ``has_work`` False and
+    split 1 of 1 of item (0, 0), which :func:`split_key_range` makes an empty range.
 
     Every CTA computes the same plan from the cache lengths (BLOCK_B >= batch_size of them, one load
     and a few reductions): the key blocks each sequence's rows see, their total over the B · Hkv work
     items, the share size ``chunk`` = that total / ``target_shares`` blocks (at least
-    ``min_share_blocks``), each item's share count cdiv(its blocks, chunk) (at least 1, so an empty
-    sequence still writes O = 0 and LSE = -inf), and their prefix sum over the sequences, items in
-    (batch, KV head) order. The share's sequence is the count of sequences whose shares end at or
-    before it (the binary search of a host plan, as one vector compare). Σ items' shares <=
-    target_shares + B · Hkv, the grid the host launches."""
+    ``min_share_blocks``), each item's share count (:func:`item_shares_of`), and their prefix sum over
+    the sequences, items in (batch, KV head) order. The share's sequence is the count of sequences
+    whose shares end at or before it (the binary search of a host plan, as one vector compare). Σ
+    items' shares <= target_shares + B · Hkv, the grid the host launches."""
     offs_b = tl.arange(0, BLOCK_B)
     in_batch = offs_b < batch_size
     if HAS_CACHE_SEQLENS:
@@ -188,12 +195,14 @@ def balanced_share(
     blocks = (attended_keys(lengths, causal_offsets, seqlen_q, CAUSAL) + BLOCK_N - 1) // BLOCK_N
     total_blocks = kv_heads * tl.sum(blocks, axis=0)
     chunk = tl.maximum((total_blocks + target_shares - 1) // target_shares, min_share_blocks)
-    shares = tl.where(in_batch, tl.maximum((blocks + chunk - 1) // chunk, 1), 0)
-    batch_shares = kv_heads * shares
+    batch_shares = tl.where(in_batch, kv_heads * item_shares_of(blocks, chunk), 0)
     batch = tl.sum((tl.cumsum(batch_shares, axis=0) <= share).to(tl.int32), axis=0)
-    batch_begin = tl.sum(tl.where(offs_b < batch, batch_shares, 0), axis=0)
-    item_shares = tl.maximum(tl.sum(tl.where(offs_b == batch, shares, 0), axis=0), 1)
-    return batch, (share - batch_begin) // item_shares, (share - batch_begin) % item_shares, item_shares
+    has_work = batch < batch_size
+    local = share - tl.sum(tl.where(offs_b < batch, batch_shares, 0), axis=0)
+    item_shares = tl.where(has_work, tl.sum(tl.where(offs_b == batch, batch_shares, 0), axis=0) // kv_heads, 1)
+    kv_head = tl.where(has_work, local // item_shares, 0)
+    split = tl.where(has_work, local % item_shares, 1)
+    return tl.where(has_work, batch, 0), kv_head, split, item_shares, has_work
 
 
 # ----------------------------------------------------------------------------------------------

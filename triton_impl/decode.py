@@ -227,18 +227,23 @@ def store_partials(OutPartial, LsePartial, partial_row, out, lse, row_ok, HEAD_D
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def attend_split(
-    q_operand, k_operand, v_operand, BlockTable, stride_btb,
-    batch, kv_head, m_block, group, seqlen_q, seqlen_k, causal_offset, key_begin, key_end, softmax_scale_log2,
-    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
+    q_operand, k_operand, v_operand, BlockTable, stride_btb, CacheSeqlens,
+    batch, kv_head, m_block, split, num_splits, group, seqlen_q, seqlen_k, softmax_scale_log2,
+    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
 ):  # fmt: skip
-    """Steps 2-4 of the algorithm for M tile ``m_block`` of (``batch``, ``kv_head``) over its keys
-    [key_begin, key_end): ``(out, lse, head, offs_m, row_ok)``, O normalised and the natural-log LSE of
-    those keys. ``q_operand`` is (Q, batch, head and row strides), ``k_operand`` and ``v_operand`` the
-    same for K and V (paged: the page stride where the batch stride stands)."""
+    """Steps 1-4 of the algorithm for M tile ``m_block`` of (``batch``, ``kv_head``) over split ``split``
+    of ``num_splits`` of its keys: ``(out, lse, head, offs_m, row_ok)``, O normalised and the natural-log
+    LSE of those keys. ``q_operand`` is (Q, batch, head and row strides), ``k_operand`` and ``v_operand``
+    the same for K and V (paged: the page stride where the batch stride stands)."""
     Q, stride_qb, stride_qh, stride_qm = q_operand
     K, stride_kb, stride_kh, stride_kn = k_operand
     V, stride_vb, stride_vh, stride_vn = v_operand
+    # 1. This sequence's keys, the last one any row sees, and this split's share of them.
+    seqlen_k, causal_offset = seqlen_info(CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS, BOTTOM_RIGHT)
+    key_end = attended_keys(seqlen_k, causal_offset, seqlen_q, CAUSAL)
+    key_begin, key_end = split_key_range(split, num_splits, key_end, BLOCK_N)
+
     # 2. The packed Q tile: row r is token r % Sq of query head kv_head · group + r // Sq.
     head, offs_m, row_ok = packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -298,19 +303,15 @@ def _split_kernel(
     batch, kv_head = batch_and_head(batch_kv_head, kv_heads)
     group = heads // kv_heads
 
-    # 1. This sequence's keys, the last one any row sees, and this split's share of them.
-    seqlen_k, causal_offset = seqlen_info(CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS, BOTTOM_RIGHT)
-    key_end = attended_keys(seqlen_k, causal_offset, seqlen_q, CAUSAL)
-    key_begin, key_end = split_key_range(split, num_splits, key_end, BLOCK_N)
-
-    # 2.-4. The packed Q tile against the split's keys: its O and natural-log LSE (O = 0, LSE = -inf for
-    # a split that saw no key). The partials are (num_splits, B, H, Sq, D) and (num_splits, B, H, Sq).
+    # 1.-4. The split's keys of this sequence against the packed Q tile: its O and natural-log LSE (O = 0,
+    # LSE = -inf for a split that saw no key). The partials are (num_splits, B, H, Sq, D) and (num_splits,
+    # B, H, Sq).
     k_operand, v_operand = (K, stride_kb, stride_kh, stride_kn), (V, stride_vb, stride_vh, stride_vn)
     out, lse, head, offs_m, row_ok = attend_split(
-        (Q, stride_qb, stride_qh, stride_qm), k_operand, v_operand,
-        BlockTable, stride_btb, batch, kv_head, m_block, group, seqlen_q, seqlen_k, causal_offset,
-        key_begin, key_end, softmax_scale_log2,
-        CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
+        (Q, stride_qb, stride_qh, stride_qm), k_operand, v_operand, BlockTable, stride_btb, CacheSeqlens,
+        batch, kv_head, m_block, split, num_splits, group, seqlen_q, seqlen_k, softmax_scale_log2,
+        CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, HEAD_DIM=HEAD_DIM,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
     )  # fmt: skip
     row = (batch * heads + head) * seqlen_q + offs_m
     out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
@@ -351,26 +352,20 @@ def _balanced_split_kernel(
     share = tl.program_id(0)
     m_block = tl.program_id(1)
     group = heads // kv_heads
-    # 1. This CTA's work item and split (``balanced_share``); CTAs past the last share compute an
-    # empty range of item (0, 0) and store nothing.
-    batch, kv_head, split, item_shares = balanced_share(
+    # 0. This CTA's work item and split (``balanced_share``); a CTA past the last share attends an
+    # empty range and stores nothing.
+    batch, kv_head, split, item_shares, has_work = balanced_share(
         CacheSeqlens, share, batch_size, kv_heads, seqlen_q, seqlen_k, target_shares, min_share_blocks,
         CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, BLOCK_N=BLOCK_N, BLOCK_B=BLOCK_B,
     )  # fmt: skip
-    has_work = batch < batch_size
-    batch = tl.where(has_work, batch, 0)
-    kv_head = tl.where(has_work, kv_head, 0)
-    seqlen_k, causal_offset = seqlen_info(CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS, BOTTOM_RIGHT)
-    key_end = tl.where(has_work, attended_keys(seqlen_k, causal_offset, seqlen_q, CAUSAL), 0)
-    key_begin, key_end = split_key_range(split, item_shares, key_end, BLOCK_N)
 
-    # 2.-4. As in ``_split_kernel``.
+    # 1.-4. As in ``_split_kernel``, over the item's ``item_shares`` splits.
     k_operand, v_operand = (K, stride_kb, stride_kh, stride_kn), (V, stride_vb, stride_vh, stride_vn)
     out, lse, head, offs_m, row_ok = attend_split(
-        (Q, stride_qb, stride_qh, stride_qm), k_operand, v_operand,
-        BlockTable, stride_btb, batch, kv_head, m_block, group, seqlen_q, seqlen_k, causal_offset,
-        key_begin, key_end, softmax_scale_log2,
-        CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
+        (Q, stride_qb, stride_qh, stride_qm), k_operand, v_operand, BlockTable, stride_btb, CacheSeqlens,
+        batch, kv_head, m_block, split, item_shares, group, seqlen_q, seqlen_k, softmax_scale_log2,
+        CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, HEAD_DIM=HEAD_DIM,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
     )  # fmt: skip
     row = (batch * heads + head) * seqlen_q + offs_m
     out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
