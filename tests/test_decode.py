@@ -1,13 +1,17 @@
 """The decode rungs (flash decoding): triton/decode's split-KV against the fp64 reference under the
 interpreter, the split rule, the fused merge (twice in a row, bit for bit the two-launch merge), and
 planted bugs (a dropped split, a log2-unit merge, a split reading past its length, an arrival counter
-left unreset) that the checks must fail; gluon/decode compiled for sm_90a from its real launch arguments.
+left unreset) that the checks must fail; triton/decode's balanced split (``BALANCED_SPLIT``, off by
+default) against fp64 on wildly ragged lengths, bit for bit twice, with lengths changed in place, its
+planted bugs, and its kernel compiled for sm_90a; gluon/decode compiled for sm_90a from its real launch
+arguments.
 
 GPU (``gpu`` marker): every registered decode rung (``DECODE_IMPLS``: triton/decode, gluon/decode,
 cute/decode, and any rung registered with rung "decode") against fp64 on ragged, GQA/MQA, Sq up to 16,
 forced split counts including 1, both alignments, D 64/128/256, fp16/bf16, the LSE and strided inputs,
 with poisoned outputs. Every decode rung's ``prepare`` takes ``num_splits=`` and its ``run`` reports
-``num_splits``. cute/decode's own checks are in ``tests/test_cute_decode.py``."""
+``num_splits``. The balanced split on the GPU: fp64, 20 launches bit for bit, CUDA-graph replays.
+cute/decode's own checks are in ``tests/test_cute_decode.py``."""
 
 from __future__ import annotations
 
