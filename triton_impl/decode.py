@@ -440,7 +440,8 @@ def merge_splits(
             split = first_split + step
             lse_s = tl.load(
                 LsePartial + split * rows + row,
-                mask=row_ok & (split < num_splits),
+                # tl.where, not row_ok & (a scalar): Triton 3.9's interpreter refuses the mixed mask.
+                mask=tl.where(split < num_splits, row_ok, False),
                 other=float("-inf"),
                 cache_modifier=".cg",
             )
@@ -451,7 +452,7 @@ def merge_splits(
     for first_split in range(0, num_splits, SPLITS_PER_STEP):
         for step in tl.static_range(SPLITS_PER_STEP):
             split = first_split + step
-            in_range = row_ok & (split < num_splits)
+            in_range = tl.where(split < num_splits, row_ok, False)
             partial_row = split * rows + row
             lse_s = tl.load(LsePartial + partial_row, mask=in_range, other=float("-inf"), cache_modifier=".cg")
             o_ptrs = OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :]
