@@ -26,19 +26,19 @@ import os
 # Before Triton is imported: the interpreter's device check takes CPU tensors.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import argparse  # noqa: E402
-import cProfile  # noqa: E402
-import functools  # noqa: E402
-import pstats  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
+import argparse
+import cProfile
+import functools
+import pstats
+import statistics
+import time
+from collections.abc import Callable
 
-import torch  # noqa: E402
+import torch
 
-import common.contract.api as api  # noqa: E402
-from common.contract.problem import Problem  # noqa: E402
-from common.contract.registry import Implementation  # noqa: E402
+import common.contract.api as api
+from common.contract.problem import Problem
+from common.contract.registry import Implementation
 
 DECODE = Problem(
     batch=1, heads=32, seqlen_q=1, seqlen_k=8192, head_dim=128, dtype=torch.float16, kv_heads=8, causal=True,
