@@ -294,10 +294,11 @@ def validate_for_problem(
 
 def is_kernel_addressable(tensor: torch.Tensor) -> bool:
     """True when the inner dim is contiguous and base and outer strides are 16-byte aligned."""
-    element = tensor.element_size()
-    if tensor.stride(-1) != 1 or tensor.data_ptr() % OPERAND_ALIGNMENT_BYTES:
+    *outer, inner = tensor.stride()
+    if inner != 1 or tensor.data_ptr() % OPERAND_ALIGNMENT_BYTES:
         return False
-    return all((stride * element) % OPERAND_ALIGNMENT_BYTES == 0 for stride in tensor.stride()[:-1])
+    element = tensor.element_size()
+    return all((stride * element) % OPERAND_ALIGNMENT_BYTES == 0 for stride in outer)
 
 
 def kernel_operand(tensor: torch.Tensor) -> torch.Tensor:
