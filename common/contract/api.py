@@ -54,6 +54,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
+from typing import NamedTuple
 
 import torch
 
@@ -159,13 +160,19 @@ def toolchain_versions() -> tuple[str | None, str | None]:
 def _tensor_signature(t: torch.Tensor) -> tuple:
     # A misaligned tensor is copied by kernel_operand in bind; alignment is part of the signature so
     # that the plan (and its validated problem) is keyed on the same layout class it was made for.
-    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() % OPERAND_ALIGNMENT_BYTES == 0)
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % OPERAND_ALIGNMENT_BYTES == 0)
 
 
-@dataclass(frozen=True)
-class Options:
+def _without_seqlen(t: torch.Tensor) -> tuple:
+    """:func:`_tensor_signature` of a contiguous (B, Hkv, Sk, D) cache less Sk (its strides follow from the shape)."""
+    shape = t.shape
+    return (shape[0], shape[1], shape[3], t.dtype, t.device, t.data_ptr() % OPERAND_ALIGNMENT_BYTES == 0)
+
+
+class Options(NamedTuple):
     """The keyword arguments of ``attention`` beyond the tensors and ``impl``, and ``differentiable``:
-    whether autograd must see the call (q, k or v requires grad under grad mode)."""
+    whether autograd must see the call (q, k or v requires grad under grad mode). A named tuple: made
+    at every call, in a third of a frozen dataclass's time."""
 
     causal: object = False
     softmax_scale: object = None
@@ -208,13 +215,9 @@ def growing_cache_key(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     full key only."""
     if options.block_table is not None or q.dim() != 4 or q.shape[2] > dispatch.DECODE_MAX_SEQLEN_Q:
         return None
-    if any(t.dim() != 4 or not t.is_contiguous() for t in (k, v)) or k.shape[2] <= q.shape[2]:
+    if k.dim() != 4 or v.dim() != 4 or not (k.is_contiguous() and v.is_contiguous()) or k.shape[2] <= q.shape[2]:
         return None
-
-    def without_seqlen(t: torch.Tensor) -> tuple:
-        return (t.shape[:2], t.shape[3], t.dtype, t.device, t.data_ptr() % OPERAND_ALIGNMENT_BYTES == 0)
-
-    return (impl, _tensor_signature(q), without_seqlen(k), without_seqlen(v), *_options_signature(options))
+    return (impl, _tensor_signature(q), _without_seqlen(k), _without_seqlen(v), *_options_signature(options))
 
 
 def _cacheable(impl: object, q: object, k: object, v: object, options: Options) -> bool:
