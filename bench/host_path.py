@@ -15,8 +15,8 @@ D=128), fp16 (the interpreter refuses bf16), causal bottom-right, in two paths:
   * ``same``: the same tensors again (a plan hit: key, cache, bind);
   * ``growing``: K and V one key longer at every call, as transformers' DynamicCache hands them (a plan
     miss on Sk: validation, the capability check or dispatch, then bind only).
-Each round times ``--calls`` calls of each (implementation, path) in turn; the table gives the median of
-the rounds' µs per call. ``--profile NAME`` prints cProfile's own and cumulative times of one path instead.
+Each round times ``--calls`` calls of each (implementation, path) in turn, in CPU time of the calling thread;
+the table gives the median of the rounds' µs per call. ``--profile NAME`` prints cProfile's own and cumulative times of one path instead.
 """
 
 from __future__ import annotations
@@ -107,11 +107,12 @@ def calls(impl: str, path: str, count: int, start: int) -> list[tuple[torch.Tens
 
 
 def time_calls(impl: str, arguments: list[tuple[torch.Tensor, ...]]) -> float:
-    """µs per ``attention()`` call over ``arguments``."""
-    begin = time.perf_counter()
+    """µs of this thread's CPU time per ``attention()`` call over ``arguments`` (CPU time: on a shared
+    machine, the time other processes hold the cores would otherwise count)."""
+    begin = time.thread_time()
     for q, k, v in arguments:
         api.attention(q, k, v, causal=True, causal_alignment="bottom_right", impl=impl)
-    return (time.perf_counter() - begin) / len(arguments) * 1e6
+    return (time.thread_time() - begin) / len(arguments) * 1e6
 
 
 def main() -> None:
