@@ -210,7 +210,7 @@ class Problem:
             changes["kv_heads"] = None
         # The constructor on every field (all are init fields): dataclasses.replace's field walk took
         # twice as long, and a growing KV cache makes a problem one key longer at every decode step.
-        return Problem(**{**vars(self), **changes})
+        return type(self)(**{**vars(self), **changes})
 
     def describe(self) -> str:
         mask = "causal" if self.causal else "full"
