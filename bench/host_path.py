@@ -15,8 +15,9 @@ D=128), fp16 (the interpreter refuses bf16), causal bottom-right, in two paths:
   * ``same``: the same tensors again (a plan hit: key, cache, bind);
   * ``growing``: K and V one key longer at every call, as transformers' DynamicCache hands them (a plan
     miss on Sk: validation, the capability check or dispatch, then bind only).
-Each round times ``--calls`` calls of each (implementation, path) in turn, in CPU time of the calling thread;
-the table gives the median of the rounds' µs per call. ``--profile NAME`` prints cProfile's own and cumulative times of one path instead.
+Each round times ``--calls`` calls of each (implementation, path) in turn, in CPU time of the calling
+thread (on a shared machine, wall-clock rounds differed by 2x); the table gives the median of the rounds'
+µs per call. ``--profile IMPL:PATH`` prints cProfile's own and cumulative times of one path instead.
 """
 
 from __future__ import annotations
