@@ -19,7 +19,12 @@ Settings, each applied at bind time by module constants the rungs read there:
   whose split kernel merges by itself (:data:`FUSED_RUNGS`): the one-launch step (issue #38) A/B;
 * ``after+splits``: ``after`` with the split count forced to the one the model finds best for that rung
   and shape (:data:`MODEL_SPLITS`, where it beats the rule's count by 3 points or more): whether the
-  shared rule should weigh a rung's CTAs (gluon's one CTA per SM prefers fewer splits).
+  shared rule should weigh a rung's CTAs (gluon's one CTA per SM prefers fewer splits);
+* ``balanced``, ``balanced-4``: triton/decode with its balanced split on (``BALANCED_SPLIT``: each CTA an
+  equal share of the valid keys, planned on the device), aiming at 2 (the committed
+  ``BALANCED_SHARES_PER_SM``) or 4 shares per SM.
+
+``--seed`` and ``--shapes`` time other shapes of the random sweep (``after+splits`` is seed 1's only).
 
 For the low shapes of ``compare.py --decode --decode-random 10 --decode-seed 1``
 (``results/h200/decode-random/``) and two good ones, each (rung, setting) is checked against the fp64
@@ -49,7 +54,9 @@ from bench import require_gpu
 # B=2 Hkv=4 131k).
 SHAPES = (3, 4, 7, 8, 9, 0, 2)
 SEED = 1
-SETTINGS = ("before", "after", "two-launch", "after+tile", "after+splits")
+SETTINGS = ("before", "after", "two-launch", "after+tile", "after+splits", "balanced", "balanced-4")
+# The balanced settings' shares per SM (triton/decode's BALANCED_SHARES_PER_SM).
+BALANCED_SETTINGS = {"balanced": 2, "balanced-4": 4}
 # The rungs whose split kernel merges its splits itself unless triton/decode's FUSED_MERGE is False.
 FUSED_RUNGS = ("triton/decode", "gluon/decode")
 # (index into the shapes, rung) -> the split count bench/decode_model.py predicts best among 1, 2, 3, 4,
@@ -89,6 +96,8 @@ def applies(setting: str, impl_name: str, head_dim: int, shape_index: int) -> bo
         return (shape_index, impl_name) in MODEL_SPLITS
     if setting == "two-launch":
         return impl_name in FUSED_RUNGS
+    if setting in BALANCED_SETTINGS:
+        return impl_name == "triton/decode"
     return True
 
 
@@ -101,6 +110,7 @@ def applied(setting: str, impl_name: str, head_dim: int) -> Iterator[None]:
 
     saved_steps = (triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP)
     saved_fused = triton_decode.FUSED_MERGE
+    saved_balanced = (triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM)
     configs, candidate = tile_candidates().get((impl_name, head_dim), ({}, None))
     saved_tile = configs.get(head_dim)
     if setting == "before":
@@ -109,11 +119,14 @@ def applied(setting: str, impl_name: str, head_dim: int) -> Iterator[None]:
         configs[head_dim] = candidate
     if setting == "two-launch":
         triton_decode.FUSED_MERGE = False
+    if setting in BALANCED_SETTINGS:
+        triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM = True, BALANCED_SETTINGS[setting]
     try:
         yield
     finally:
         triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP = saved_steps
         triton_decode.FUSED_MERGE = saved_fused
+        triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM = saved_balanced
         if saved_tile is not None:
             configs[head_dim] = saved_tile
 
@@ -154,10 +167,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--settings", default=",".join(SETTINGS), help=f"comma-separated subset of {','.join(SETTINGS)} (default all)"
     )
+    parser.add_argument("--seed", type=int, default=SEED, help=f"the random sweep's seed (default {SEED})")
+    parser.add_argument(
+        "--shapes",
+        default=",".join(map(str, SHAPES)),
+        help="comma-separated indices into its shapes (default the floor's)",
+    )
     args = parser.parse_args(argv)
     chosen = args.settings.split(",")
     if unknown := set(chosen) - set(SETTINGS):
         parser.error(f"--settings takes {', '.join(SETTINGS)}; got {', '.join(sorted(unknown))}")
+    if args.seed != SEED and "after+splits" in chosen:
+        parser.error(f"after+splits holds the model's split counts for seed {SEED}'s shapes only")
+    shapes = [int(index) for index in args.shapes.split(",")]
     require_gpu("bench.decode_floor")
     import torch
 
@@ -170,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda")
     available, _ = discover(include_baselines=False)
     impls = [impl for impl in split_implementations(available) if fnmatch.fnmatch(impl.name, args.only)]
-    cases = random_cases(max(SHAPES) + 1, SEED)
+    cases = random_cases(max(shapes) + 1, args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     read_gbps = measure_read_gbps(device)
     options = TimingOptions(50.0, args.rep)
@@ -179,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     with (args.out / "decode_floor.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, COLUMNS)
         writer.writeheader()
-        for index in SHAPES:
+        for index in shapes:
             case = cases[index]
             if skip := too_large(case, device):
                 print(f"skipped {case.describe()}: {skip}", flush=True)

@@ -112,6 +112,44 @@ def cta_bytes(case: DecodeCase, stack: StackModel, num_splits: int) -> list[int]
     return work
 
 
+def balanced_share_keys(case: DecodeCase, block_n: int, target: int, min_keys: int) -> list[tuple[int, int]]:
+    """(work item, keys) of each CTA of one M tile of triton/decode's balanced grid, in launch order
+    (``balanced_share``: a share is cdiv(total blocks, target) blocks, at least ``min_keys`` keys; an item
+    of b blocks takes max(1, cdiv(b, share)) splits, cut as ``split_key_range`` cuts them); the CTAs past
+    the last share are (-1, 0)."""
+    p = case.problem
+    lengths = case.lengths or (p.seqlen_k,) * p.batch
+    blocks = [-(-length // block_n) for length in lengths]
+    chunk = max(-(-p.kv_heads * sum(blocks) // target), max(1, -(-min_keys // block_n)))
+    shares = []
+    for batch_kv_head in range(p.batch * p.kv_heads):
+        length = lengths[batch_kv_head // p.kv_heads]
+        item_shares = max(1, -(-blocks[batch_kv_head // p.kv_heads] // chunk))
+        shares += [(batch_kv_head, split_keys(length, split, item_shares, block_n)) for split in range(item_shares)]
+    return shares + [(-1, 0)] * (target + p.batch * p.kv_heads - len(shares))
+
+
+def predict_balanced(case: DecodeCase, stack: StackModel, shares_per_sm: int, min_keys: int) -> Prediction:
+    """:func:`predict` for triton/decode's balanced split (``BALANCED_SHARES_PER_SM`` = ``shares_per_sm``):
+    every M tile's shares in launch order; the merge of the item with the most shares."""
+    m_tiles = m_blocks(case, stack)
+    target = max(1, -(-SM_COUNT * shares_per_sm // m_tiles))
+    shares = balanced_share_keys(case, stack.block_n, target, min_keys)
+    bytes_per_key = 2 * case.problem.head_dim * case.problem.dtype.itemsize
+    work = [keys * bytes_per_key for keys in (keys for _ in range(m_tiles) for _, keys in shares)]
+    most = max(sum(1 for other, _ in shares if other == item) for item, _ in shares if item >= 0)
+    head_dim = case.problem.head_dim
+    span = makespan_us(work, stack, head_dim, FIXED_US, EMPTY_US)
+    busy = sorted(w for w in work if w)
+    return Prediction(
+        num_splits=most, ctas=len(work), busy_ctas=len(busy), waves=len(work) / (SM_COUNT * stack.occupancy),
+        max_cta_mb=max(work) / 1e6, median_busy_kb=busy[len(busy) // 2] / 1e3 if busy else 0.0,
+        ideal_us=case.kv_bytes_read / (READ_GBPS * 1e3),
+        fixed_us=span - makespan_us(work, stack, head_dim, 0.0, 0.0), merge_us=merge_us(stack, most),
+        us=LAUNCH_US + span + merge_us(stack, most),
+    )  # fmt: skip
+
+
 def makespan_us(work: list[int], stack: StackModel, head_dim: int, fixed_us: float, empty_us: float) -> float:
     """Steps 1-3 of the module docstring: µs from the first CTA's start to the last one's end."""
     slots = SM_COUNT * stack.occupancy
@@ -244,10 +282,31 @@ def table(merge_splits_per_step: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def balanced_table(cases: list[DecodeCase], min_keys: int = splits.MIN_KEYS_PER_SPLIT) -> str:
+    """A markdown row per shape: triton/decode after (the rule's splits) against the balanced split at 2
+    and 4 shares per SM (the most shares of one item, CTAs per M tile, modelled µs and %)."""
+    lines = ["| shape | after | balanced, 2 / SM | balanced, 4 / SM |", "|---|---|---|---|"]
+    for case in cases:
+        stack = stack_models(case.problem.head_dim, 8)[0]
+        after = predict(case, stack, rule_splits(case, stack))
+        cells = [f"{after.num_splits} splits: {after.us:.0f} µs ({after.pct:.0f} %)"]
+        for per_sm in (2, 4):
+            balanced = predict_balanced(case, stack, per_sm, min_keys)
+            cells.append(f"≤ {balanced.num_splits} shares: {balanced.us:.0f} µs ({balanced.pct:.0f} %)")
+        lines.append(f"| {case.describe()} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--merge-splits-per-step", type=int, default=8, help="the merge after (default 8)")
+    parser.add_argument(
+        "--balanced", action="store_true", help="triton/decode after vs its balanced split (seeds 1 and 29)"
+    )
     args = parser.parse_args(argv)
+    if args.balanced:
+        print(balanced_table(random_cases(COUNT, SEED) + random_cases(8, 29)), end="")
+        return 0
     print(table(args.merge_splits_per_step), end="")
     return 0
 

@@ -35,7 +35,7 @@ Pipelines and barriers (producer -> consumer, arrive counts)
 * K ring and V ring (``PipelineTmaAsync``, ``kv_stages`` = 2 each): full: 1 producer arrive with
   expect_tx (the tile's bytes), completed by TMA; empty: 4 n arrives, one elected lane per consumer
   warp, as soon as the WGMMA that read the stage has retired. The rings run on across tiles.
-* Ping-pong (``WarpgroupTurns``; 16-bit non-causal, FP8 only causal at D=64): named barrier ``TURN_WG1 + w``
+* Ping-pong (``WarpgroupTurns``; 16-bit non-causal only): named barrier ``TURN_WG1 + w``
   (256 threads: 128 of consumer ``w`` wait, 128 of consumer ``w - 1`` arrive) gates consumer ``w``'s
   WGMMA issue; the last consumer arrives once up front, so consumer 0 goes first.
 * Epilogue (``OutputEpilogue``): named barrier ``EPILOGUE_WG1 + w`` (128 threads) between the

@@ -1,13 +1,17 @@
 """The decode rungs (flash decoding): triton/decode's split-KV against the fp64 reference under the
 interpreter, the split rule, the fused merge (twice in a row, bit for bit the two-launch merge), and
 planted bugs (a dropped split, a log2-unit merge, a split reading past its length, an arrival counter
-left unreset) that the checks must fail; gluon/decode compiled for sm_90a from its real launch arguments.
+left unreset) that the checks must fail; triton/decode's balanced split (``BALANCED_SPLIT``, off by
+default) against fp64 on wildly ragged lengths, bit for bit twice, with lengths changed in place, its
+planted bugs, and its kernel compiled for sm_90a; gluon/decode compiled for sm_90a from its real launch
+arguments.
 
 GPU (``gpu`` marker): every registered decode rung (``DECODE_IMPLS``: triton/decode, gluon/decode,
 cute/decode, and any rung registered with rung "decode") against fp64 on ragged, GQA/MQA, Sq up to 16,
 forced split counts including 1, both alignments, D 64/128/256, fp16/bf16, the LSE and strided inputs,
 with poisoned outputs. Every decode rung's ``prepare`` takes ``num_splits=`` and its ``run`` reports
-``num_splits``. cute/decode's own checks are in ``tests/test_cute_decode.py``."""
+``num_splits``. The balanced split on the GPU: fp64, 20 launches bit for bit, CUDA-graph replays.
+cute/decode's own checks are in ``tests/test_cute_decode.py``."""
 
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from common.contract.problem import Problem
 from common.contract.registry import Implementation, discover
 from common.measure.timing import capture
 from tests._helpers import json_from_child
+from triton_impl import _device as device
 from triton_impl import decode
 from triton_impl._device import split_key_range
 from triton_impl.gluon import decode as gluon_decode
@@ -302,6 +307,122 @@ def test_planted_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
 
 
 # ----------------------------------------------------------------------------------------------------
+# The balanced split (BALANCED_SPLIT, off by default): equal shares of the valid keys, planned on the device
+# ----------------------------------------------------------------------------------------------------
+# Wildly different lengths: one long sequence, many short ones, empty ones, one ending mid-block.
+BALANCED_LENGTHS = (1000, 0, 5, 64, 1, 0, 130)
+# (Sq, kv_heads, D, page size, lengths, forced shares): one token of GQA among many sequences; 4 tokens
+# paged (pages of 16 keys); 16 tokens of MQA at D=256 (32-key blocks, a 64-row M tile). Each grid has
+# CTAs past the last share. (The host's plan, 264 shares on the interpreter's 132 SMs, would take 10 s.)
+BALANCED_CASES = [
+    (1, 2, 64, 0, BALANCED_LENGTHS, 12),
+    (4, 2, 128, 16, BALANCED_LENGTHS[:4], 5),
+    (16, 1, 256, 0, (1000, 3, 0), 4),
+]
+
+
+def _balanced_problem(seqlen_q: int, kv_heads: int, head_dim: int, page_size: int, lengths: tuple) -> Problem:
+    heads = 8 if seqlen_q < 16 else 4
+    seqlen_k = -(-max(lengths) // page_size) * page_size if page_size else max(lengths)  # paged: whole pages
+    return _decode_problem(
+        seqlen_q, kv_heads, heads=heads, batch=len(lengths), seqlen_k=seqlen_k, head_dim=head_dim,
+        page_size=page_size,
+    )  # fmt: skip
+
+
+def _balanced_check(case: tuple, *, seed: int = 0):
+    """``check_on_inputs`` (fp64, poisoned) of the balanced split on ``case``, its shares forced."""
+    seqlen_q, kv_heads, head_dim, page_size, lengths, shares = case
+    problem = _balanced_problem(seqlen_q, kv_heads, head_dim, page_size, lengths)
+    q, k, v = make_inputs(problem, seed=seed, device="cpu", offset=0.5)
+    extra = {"cache_seqlens": torch.tensor(lengths, dtype=torch.int32)}
+    if page_size:
+        k, v, extra["block_table"] = make_paged_kv(problem, k, v, seed=seed)
+    return problem, check_on_inputs(_with_splits(shares), q, k, v, problem, **extra)
+
+
+@pytest.fixture
+def balanced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The knob on, and shares of at least one 64-key block (not 512 keys), so that the interpreter's
+    short caches are cut into several shares per (batch, KV head)."""
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", True)
+    monkeypatch.setattr(decode, "BALANCED_MIN_KEYS", 64)
+
+
+def test_balanced_split_is_off_by_default_and_its_grid_is_fixed_by_the_shape():
+    """The default path is the padded-Sk split; the balanced grid follows from the shape and the SM count
+    (a CUDA graph keeps it), never from the lengths."""
+    assert decode.BALANCED_SPLIT is False
+    problem = _balanced_problem(1, 2, 64, 0, (300, 0, 131))
+    assert decode.bind(*make_inputs(problem, seed=0, device="cpu"), problem, num_splits=3).balanced is False
+    assert decode.balanced_target_shares(problem, CPU) == splits.DEFAULT_SM_COUNT * decode.BALANCED_SHARES_PER_SM
+    mqa = _decode_problem(16, 1, heads=8)  # 128 packed rows: two M tiles share the SMs
+    assert decode.balanced_target_shares(mqa, CPU) == splits.DEFAULT_SM_COUNT * decode.BALANCED_SHARES_PER_SM // 2
+    with pytest.raises(ValueError, match="must be >= 1, got 0"):
+        decode.bind_balanced(*make_inputs(problem, seed=0, device="cpu"), problem, shares=0)
+
+
+@interpreter_only
+@pytest.mark.parametrize(
+    "case", BALANCED_CASES, ids=[f"sq{c[0]}-hkv{c[1]}-d{c[2]}-page{c[3]}-shares{c[5]}" for c in BALANCED_CASES]
+)
+def test_balanced_split_against_fp64(case: tuple, balanced: None):
+    problem, result = _balanced_check(case, seed=case[0] + case[2])
+    assert result.ok, f"{problem.describe()} balanced, shares={case[5]}: {result.summary()}"
+
+
+@interpreter_only
+def test_balanced_split_is_deterministic_and_replays_with_new_lengths(balanced: None):
+    """One bound runner: two calls give the same bits (every row written: poisoned first), and after the
+    lengths change in place (as a CUDA-graph replay sees them) it equals the default path on the new
+    lengths, so the plan read them on the device."""
+    problem = _balanced_problem(1, 2, 64, 0, BALANCED_LENGTHS)
+    q, k, v = make_inputs(problem, seed=21, device="cpu", offset=0.5)
+    lengths = torch.tensor(BALANCED_LENGTHS, dtype=torch.int32)
+    run = decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=6)
+    assert run.balanced and run.num_splits == 6
+    first = [t.clone() for t in run_poisoned(run)]
+    assert not any(t.isnan().any() for t in first), "a row left unwritten (poisoned)"
+    assert all(map(torch.equal, first, run()))
+    lengths.copy_(torch.tensor((3, 1000, 0, 0, 200, 64, 1), dtype=torch.int32))
+    replayed = run_poisoned(run)
+    decode.BALANCED_SPLIT = False  # restored by the fixture's monkeypatch
+    default = run_poisoned(decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=3))
+    for got, expected in zip(replayed, default, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@triton.jit
+def _shift_one_block(split, num_splits, key_end, BLOCK_N: tl.constexpr):
+    key_begin, split_end = split_key_range(split, num_splits, key_end, BLOCK_N)
+    return tl.minimum(key_begin + BLOCK_N, key_end), tl.minimum(split_end + BLOCK_N, key_end)
+
+
+@triton.jit
+def _one_share_too_many(blocks, chunk):
+    return tl.maximum((blocks + chunk - 1) // chunk, 1) + 1
+
+
+BALANCED_PLANTED = {
+    **{bug: PLANTED[bug] for bug in ("dropped split", "split reads past its sequence's length")},
+    "every share's keys one block late (an off-by-one in the key range mapping)": ("split_key_range", _shift_one_block),
+    "one share per item too many (the merge waits for a share no CTA runs)": ("item_shares_of", _one_share_too_many),
+}
+
+
+@interpreter_only
+@pytest.mark.parametrize("bug", sorted(BALANCED_PLANTED))
+def test_planted_bug_fails_the_balanced_check(bug: str, balanced: None, monkeypatch: pytest.MonkeyPatch):
+    """Each planted bug fails the fp64 check of a case that passes unplanted (the first BALANCED_CASES)."""
+    monkeypatch.setattr(decode, "_ARRIVAL_COUNTERS", {})  # counters a bug leaves dirty go with the test
+    name, replacement = BALANCED_PLANTED[bug]
+    # The plan's helpers are _device's globals (balanced_share's), the others decode's.
+    monkeypatch.setattr(device if name == "item_shares_of" else decode, name, replacement)
+    _, result = _balanced_check(BALANCED_CASES[0], seed=1)
+    assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"
+
+
+# ----------------------------------------------------------------------------------------------------
 # GPU: every decode rung at decode sizes
 # ----------------------------------------------------------------------------------------------------
 class GpuCase(NamedTuple):
@@ -472,7 +593,11 @@ def test_gpu_decode_step_replays_in_a_cuda_graph_with_new_lengths(impl_name: str
     """A decode step captured once in a CUDA graph, replayed after ``cache_seqlens`` changes in place:
     each replay writes (poisoned first) exactly what an eager call with those lengths writes, and the
     lengths change the answer (so a graph that froze them would fail)."""
-    impl = DECODE_IMPLS[impl_name]
+    _check_graph_replays(DECODE_IMPLS[impl_name], paged)
+
+
+def _check_graph_replays(impl: Implementation, paged: bool) -> None:
+    impl_name = impl.name
     problem = Problem(
         4, 16, 1, 4096, 128, dtype=torch.bfloat16, causal=True, kv_heads=4, causal_alignment="bottom_right",
         has_cache_seqlens=True, page_size=64 if paged else 0,
@@ -495,6 +620,90 @@ def test_gpu_decode_step_replays_in_a_cuda_graph_with_new_lengths(impl_name: str
         assert torch.equal(captured, eager), f"{impl_name}: the replay at lengths {step} differs from an eager call"
         answers.append(eager)
     assert not torch.equal(answers[0], answers[1]) and not torch.equal(answers[1], answers[2])
+
+
+# The balanced split kernel compiled for sm_90a (a child process without the interpreter): D 64 paged,
+# D 128 at one token and 16 (MQA, 255 registers), D 256 at 4 tokens; the cp.async pipeline and the shared
+# memory of the default split kernel (its K/V stages kept), the arrival atomic; no spills, except at D=256:
+# 8 bytes of stack there (Triton 3.8: one 32-bit value of the plan stored before the key loop and loaded
+# after it, at 168 registers: one STL and one LDL in the whole kernel; the default kernel needs none).
+BALANCED_COMPILES = [(64, 2, 64), (128, 1, 0), (128, 16, 0), (256, 4, 0)]
+BALANCED_SPILL_BYTES = {256: 8}
+_BALANCED_COMPILE_SCRIPT = """
+import json, sys, torch
+from common.contract.problem import Problem
+from common.reporting.static import cubin_resources
+from common.toolchain.compile import compile_triton_sm90
+from triton_impl import decode
+from triton_impl._host import POINTER_ALIGNED, feature_constexprs, pointer_signature
+results = []
+for head_dim, seqlen_q, page_size in json.loads(sys.argv[1]):
+    problem = Problem(
+        8, 32, seqlen_q, 32768, head_dim, dtype=torch.bfloat16, causal=True, kv_heads=1 if seqlen_q == 16 else 8,
+        causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True, page_size=page_size,
+    )
+    config = decode.DEFAULT_CONFIGS[head_dim]
+    signature = {**pointer_signature(problem.dtype), "OutPartial": "*fp32", "LsePartial": "*fp32", "Counters": "*i32",
+                 "batch_size": "i32", "target_shares": "i32", "min_share_blocks": "i32"}
+    constexprs = {**feature_constexprs(problem), "HEAD_DIM": head_dim, "BLOCK_M": decode.block_m_for(problem),
+                  "BLOCK_N": config.block_n, "PAGE_SIZE": page_size, "SPLITS_PER_STEP": decode._merge_step(problem),
+                  "BLOCK_B": 16}
+    if page_size:
+        signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
+    else:
+        constexprs.update({"BlockTable": None, "stride_btb": None})
+    binary = compile_triton_sm90(decode._balanced_split_kernel, signature, constexprs, num_warps=config.num_warps,
+        num_stages=decode.num_stages_for(problem), aligned=(*POINTER_ALIGNED, "OutPartial", "LsePartial"))
+    (resources,) = cubin_resources(binary.cubin).values()
+    results.append({
+        "registers": resources["registers"], "spill_bytes": resources["local_bytes"] + resources["stack_bytes"],
+        "shared_bytes": binary.shared_bytes, "default_shared_bytes": decode.compile_sm90(problem)[0].shared_bytes,
+        "cp_async": "cp.async" in binary.ptx, "arrival_atomic": "atom.global.gpu.acq_rel.add" in binary.ptx,
+    })
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.static
+def test_balanced_split_kernel_compiles_for_sm90_without_spills():
+    compiled = json_from_child(["-c", _BALANCED_COMPILE_SCRIPT, json.dumps(BALANCED_COMPILES)], timeout=1200)
+    for (head_dim, seqlen_q, page_size), result in zip(BALANCED_COMPILES, compiled, strict=True):
+        where = f"D={head_dim} Sq={seqlen_q} page={page_size}: {result}"
+        assert result["spill_bytes"] <= BALANCED_SPILL_BYTES.get(head_dim, 0), where
+        assert result["cp_async"] and result["arrival_atomic"], where
+        assert result["shared_bytes"] == result["default_shared_bytes"], where
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU: triton/decode's balanced split (BALANCED_SPLIT on): fp64, determinism, a CUDA graph
+# ----------------------------------------------------------------------------------------------------
+# The ragged GPU_CASES (lengths Sk, 0, Sk // 3 + 1, 5): GQA, MQA at 16 tokens (several M tiles), D 64 to
+# 256, fp16 and bf16, both alignments and none; shares forced where the case forces splits.
+BALANCED_GPU_CASES = [case for case in GPU_CASES if case.ragged]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", BALANCED_GPU_CASES, ids=[case.name for case in BALANCED_GPU_CASES])
+def test_gpu_balanced_split_against_fp64_and_deterministic(case: GpuCase, monkeypatch: pytest.MonkeyPatch):
+    """Against fp64 (poisoned), then 20 launches with the same bits: the merging CTA varies on a GPU."""
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", True)
+    problem = case.problem()
+    q, k, v = make_inputs(problem, seed=GPU_CASES.index(case) + 1, device="cuda", offset=0.5)
+    forced = decode.IMPLEMENTATION if case.splits is None else _with_splits(case.splits)
+    result = check_on_inputs(forced, q, k, v, problem, cache_seqlens=case.cache_seqlens())
+    assert result.ok, f"balanced {problem.describe()} shares={case.splits}: {result.summary()}"
+    run = forced.prepare(q, k, v, problem, cache_seqlens=case.cache_seqlens())
+    assert run.balanced
+    first = [t.clone() for t in _as_tuple(run_poisoned(run))]
+    for launch in range(20):
+        assert all(map(torch.equal, first, _as_tuple(run()))), f"launch {launch + 2} differs from the first"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_gpu_balanced_split_replays_in_a_cuda_graph_with_new_lengths(paged: bool, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", True)
+    _check_graph_replays(decode.IMPLEMENTATION, paged)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -112,3 +112,29 @@ def test_floor_model_splits_name_timed_shapes_and_beat_the_rule_in_the_model():
     gluon = decode_model.stack_models(128, merge_splits_per_step=8)[1]
     assert decode_floor.MODEL_SPLITS[4, "gluon/decode"] == 1 and decode_model.rule_splits(case, gluon) == 2
     assert decode_model.predict(case, gluon, 1).pct > decode_model.predict(case, gluon, 2).pct + 3
+
+
+def test_floor_balanced_settings_turn_the_knob_for_triton_only_and_restore_it():
+    committed = (triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM)
+    assert committed == (False, 2)
+    with decode_floor.applied("balanced-4", "triton/decode", 128):
+        assert (triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM) == (True, 4)
+    with pytest.raises(RuntimeError), decode_floor.applied("balanced", "triton/decode", 128):
+        assert (triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM) == (True, 2)
+        raise RuntimeError("a failing bind")
+    assert committed == (triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM)
+    assert decode_floor.applies("balanced", "triton/decode", 64, 0)
+    assert not decode_floor.applies("balanced", "gluon/decode", 64, 0)
+
+
+@pytest.mark.parametrize("target", [1, 5, 64])
+def test_model_balanced_grid_reads_every_key_once(target: int):
+    """The modelled balanced grid (triton/decode's ``balanced_share`` in Python) holds every share of the
+    ragged case in target + B · Hkv CTAs, each item's shares consecutive, and reads each key once."""
+    shares = decode_model.balanced_share_keys(RAGGED, 64, target, 64)
+    p = RAGGED.problem
+    assert len(shares) == target + p.batch * p.kv_heads
+    items = [item for item, _ in shares if item >= 0]
+    assert items == sorted(items) and set(items) == set(range(p.batch * p.kv_heads))
+    bytes_per_key = 2 * p.head_dim * p.dtype.itemsize
+    assert sum(keys for _, keys in shares) * bytes_per_key == RAGGED.kv_bytes_read

@@ -19,7 +19,10 @@ The names are the ones the CuTe and Gluon stacks use, so that a diff of two rung
   mask, the blocks before them are seen in full by every row; blocks from n_block_max on are never
   loaded. A tile whose rows see no key (bottom-right, Sq > Sk, or a length of 0) gets an empty range.
   Flash decoding (``decode``) also splits the keys across CTAs: :func:`split_key_range` gives split
-  ``split``'s share ``[key_begin, key_end)``, whole BLOCK_N blocks cut from the sequence's own keys.
+  ``split``'s share ``[key_begin, key_end)``, whole BLOCK_N blocks cut from the sequence's own keys;
+  :func:`balanced_share` (decode's balanced split) plans on the device how many splits each (batch, KV
+  head) takes so that every CTA reads about as many keys, and which one a CTA is; :func:`attended_keys`
+  is where the keys any row of a sequence sees end.
 * ``PagedKVManager`` → :func:`kv_page_slots`: a paged KV cache (``decode``) keeps K and V in pools of
   ``PAGE_SIZE``-key pages; a sequence's logical key j lives in page ``block_table[b, j // PAGE_SIZE]``,
   slot ``j % PAGE_SIZE``. :func:`attend_key_blocks` looks the page up per key (a key block may span
@@ -115,6 +118,13 @@ def seqlen_info(
     return seqlen_k, causal_offset
 
 
+@triton.jit
+def attended_keys(seqlen_k, causal_offset, seqlen_q, CAUSAL: tl.constexpr):
+    """The end of the keys any packed row sees (the length; causal: at most Sq + causal_offset); a
+    scalar for one sequence or a vector of them (the balanced split's plan)."""
+    return tl.maximum(tl.minimum(seqlen_k, seqlen_q + causal_offset), 0) if CAUSAL else seqlen_k
+
+
 # ----------------------------------------------------------------------------------------------
 # BlockRange
 # ----------------------------------------------------------------------------------------------
@@ -148,6 +158,51 @@ def split_key_range(split, num_splits, key_end, BLOCK_N: tl.constexpr):
     split_begin = tl.minimum(split * blocks_per_split * BLOCK_N, key_end)
     split_end = tl.minimum(split_begin + blocks_per_split * BLOCK_N, key_end)
     return split_begin, split_end
+
+
+@triton.jit
+def item_shares_of(blocks, chunk):
+    """Shares of a work item of ``blocks`` key blocks in the balanced split: cdiv(blocks, chunk), at least
+    1 (an empty sequence's one share writes O = 0 and LSE = -inf)."""
+    return tl.maximum((blocks + chunk - 1) // chunk, 1)
+
+
+@triton.jit
+def balanced_share(
+    CacheSeqlens, share, batch_size, kv_heads, seqlen_q, seqlen_k, target_shares, min_share_blocks,
+    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+):  # fmt: skip
+    """The work of CTA ``share`` of the balanced grid: ``(batch, kv_head, split, item_shares, has_work)``,
+    split ``split`` of the ``item_shares`` of work item (batch, kv_head), whose shares are consecutive
+    CTAs of the grid (from ``share - split`` on). A CTA past the last share gets ``has_work`` False and
+    split 1 of 1 of item (0, 0), which :func:`split_key_range` makes an empty range.
+
+    Every CTA computes the same plan from the cache lengths (BLOCK_B >= batch_size of them, one load
+    and a few reductions): the key blocks each sequence's rows see, their total over the B · Hkv work
+    items, the share size ``chunk`` = that total / ``target_shares`` blocks (at least
+    ``min_share_blocks``), each item's share count (:func:`item_shares_of`), and their prefix sum over
+    the sequences, items in (batch, KV head) order. The share's sequence is the count of sequences
+    whose shares end at or before it (the binary search of a host plan, as one vector compare). Σ
+    items' shares <= target_shares + B · Hkv, the grid the host launches."""
+    offs_b = tl.arange(0, BLOCK_B)
+    in_batch = offs_b < batch_size
+    if HAS_CACHE_SEQLENS:
+        lengths = tl.minimum(tl.maximum(tl.load(CacheSeqlens + offs_b, mask=in_batch, other=0), 0), seqlen_k)
+    else:
+        lengths = tl.where(in_batch, seqlen_k, 0)
+    causal_offsets = lengths - seqlen_q if BOTTOM_RIGHT else tl.zeros_like(lengths)
+    blocks = (attended_keys(lengths, causal_offsets, seqlen_q, CAUSAL) + BLOCK_N - 1) // BLOCK_N
+    total_blocks = kv_heads * tl.sum(blocks, axis=0)
+    chunk = tl.maximum((total_blocks + target_shares - 1) // target_shares, min_share_blocks)
+    batch_shares = tl.where(in_batch, kv_heads * item_shares_of(blocks, chunk), 0)
+    batch = tl.sum((tl.cumsum(batch_shares, axis=0) <= share).to(tl.int32), axis=0)
+    has_work = batch < batch_size
+    local = share - tl.sum(tl.where(offs_b < batch, batch_shares, 0), axis=0)
+    item_shares = tl.where(has_work, tl.sum(tl.where(offs_b == batch, batch_shares, 0), axis=0) // kv_heads, 1)
+    kv_head = tl.where(has_work, local // item_shares, 0)
+    split = tl.where(has_work, local % item_shares, 1)
+    return tl.where(has_work, batch, 0), kv_head, split, item_shares, has_work
 
 
 # ----------------------------------------------------------------------------------------------

@@ -56,6 +56,18 @@ CTAs, 97% of a wave); B=64, Hkv=32 gets 1. The padded Sk is used, never the valu
 sequence's splits follow its own length, so a short sequence gets short (or empty) splits.
 ``bind(..., num_splits=n)`` (and ``decode_attention``) forces a count for sweeps and tests.
 
+The balanced split (``BALANCED_SPLIT``, off until a GPU times it: ``bench/decode_floor.py --settings
+after,balanced``): in a ragged batch the rule's splits of a short sequence end at once while the long
+one's few carry its keys. ``_balanced_split_kernel`` gives every CTA an equal share of the valid keys,
+FlashInfer's plan done on the device (``balanced_share``): each CTA reads the B lengths, sizes a share
+as total key blocks / ``target_shares`` (at least ``BALANCED_MIN_KEYS``), gives each (batch, KV head)
+cdiv(its blocks, share) splits (one for an empty sequence) and finds its own in their prefix sum. The
+grid, target_shares (``BALANCED_SHARES_PER_SM`` per SM over the M tiles) + B · Hkv CTAs per M tile,
+holds every share whatever the lengths: the shape fixes it, and a CUDA graph replays it with new lengths
+(CTAs past the last share store nothing). An item's shares fill consecutive slabs of the partials; its
+last to arrive merges them (``merge_splits``; an item of one share writes O itself). ``num_splits=``
+forces target_shares; the merge is always fused.
+
 Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one M tile; one launch):
   1. ``seqlen_info``: the sequence's own length and causal offset; the keys any row sees end at
      ``key_end`` (the length; causal: at most Sq + causal_offset); ``split_key_range`` cuts this
@@ -102,6 +114,8 @@ from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from triton_impl._device import (
     LOG2_E,
     attend_key_range,
+    attended_keys,
+    balanced_share,
     batch_and_head,
     online_softmax_finalize,
     seqlen_info,
@@ -134,6 +148,14 @@ MERGE_STEP_REGISTERS = 64
 # The splits of a tile merged by the last of them to finish, in the split kernel (one launch a step);
 # False: by a second kernel (bench/decode_floor.py sets it to time both in one process).
 FUSED_MERGE = True
+# The balanced split (off until a GPU A/B times it; bench/decode_floor.py's ``balanced`` setting): bind
+# launches ``_balanced_split_kernel``, whose CTAs take equal shares of the valid keys (module docstring),
+# aiming at BALANCED_SHARES_PER_SM shares per SM, each of at least BALANCED_MIN_KEYS keys; the cache
+# lengths' vector it reads is at least MIN_BLOCK_B long.
+BALANCED_SPLIT = False
+BALANCED_SHARES_PER_SM = 2
+BALANCED_MIN_KEYS = splits.MIN_KEYS_PER_SPLIT
+MIN_BLOCK_B = 16
 # The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
 MIN_ARRIVAL_COUNTERS = 1024
 # In the merge, natural-log LSEs are weighed by exp2((lseₛ - lse_max) · LOG2_E).
@@ -192,32 +214,34 @@ def store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM: tl.constexpr, R
         tl.store(Lse + row, lse, mask=row_ok)
 
 
+@triton.jit
+def store_partials(OutPartial, LsePartial, partial_row, out, lse, row_ok, HEAD_DIM: tl.constexpr):
+    """One split's fp32 O and LSE at rows ``partial_row`` of the partials, for the merge."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    tl.store(OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
+    tl.store(LsePartial + partial_row, lse, mask=row_ok)
+
+
 # ----------------------------------------------------------------------------------------------
-# Kernel 1: one split of the keys for one packed M tile of one (batch, KV head)
+# One CTA's work: the packed Q tile of one (batch, KV head) against a range of its keys
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _split_kernel(
-    Q, K, V, Out, Lse, CacheSeqlens, OutPartial, LsePartial,
-    stride_qb, stride_qh, stride_qm,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    stride_ob, stride_oh, stride_om,
-    heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2,
-    BlockTable, stride_btb, Counters,
-    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, FUSED_MERGE: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
+def attend_split(
+    q_operand, k_operand, v_operand, BlockTable, stride_btb, CacheSeqlens,
+    batch, kv_head, m_block, split, num_splits, group, seqlen_q, seqlen_k, softmax_scale_log2,
+    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
 ):  # fmt: skip
-    split = tl.program_id(0)
-    num_splits = tl.num_programs(0)
-    m_block = tl.program_id(1)
-    batch_kv_head = tl.program_id(2)
-    batch, kv_head = batch_and_head(batch_kv_head, kv_heads)
-    group = heads // kv_heads
-
+    """Steps 1-4 of the algorithm for M tile ``m_block`` of (``batch``, ``kv_head``) over split ``split``
+    of ``num_splits`` of its keys: ``(out, lse, head, offs_m, row_ok)``, O normalised and the natural-log
+    LSE of those keys. ``q_operand`` is (Q, batch, head and row strides), ``k_operand`` and ``v_operand``
+    the same for K and V (paged: the page stride where the batch stride stands)."""
+    Q, stride_qb, stride_qh, stride_qm = q_operand
+    K, stride_kb, stride_kh, stride_kn = k_operand
+    V, stride_vb, stride_vh, stride_vn = v_operand
     # 1. This sequence's keys, the last one any row sees, and this split's share of them.
     seqlen_k, causal_offset = seqlen_info(CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS, BOTTOM_RIGHT)
-    key_end = tl.maximum(tl.minimum(seqlen_k, seqlen_q + causal_offset), 0) if CAUSAL else seqlen_k
+    key_end = attended_keys(seqlen_k, causal_offset, seqlen_q, CAUSAL)
     key_begin, key_end = split_key_range(split, num_splits, key_end, BLOCK_N)
 
     # 2. The packed Q tile: row r is token r % Sq of query head kv_head · group + r // Sq.
@@ -241,7 +265,7 @@ def _split_kernel(
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
 
     # 3. Keys every row sees (below the first token's diagonal and inside the sequence) need no
-    # mask; the rest of the split (the tail and the diagonal) takes each row's own token index.
+    # mask; the rest of the range (the tail and the diagonal) takes each row's own token index.
     visible_to_all = tl.minimum(seqlen_k, causal_offset + 1) if CAUSAL else seqlen_k
     unmasked_end = tl.minimum(tl.maximum(visible_to_all // BLOCK_N * BLOCK_N, key_begin), key_end)
     acc, row_max, row_sum = attend_key_range(
@@ -251,16 +275,49 @@ def _split_kernel(
         block_table_row=block_table_row, stride_kpage=stride_kb, stride_vpage=stride_vb, PAGE_SIZE=PAGE_SIZE,
     )  # fmt: skip
 
-    # 4. This split's O and natural-log LSE (O = 0, LSE = -inf for a split that saw no key). The
-    # partials are (num_splits, B, H, Sq, D) and (num_splits, B, H, Sq), contiguous.
+    # 4. O and the natural-log LSE of these keys (O = 0, LSE = -inf where there were none).
     out, lse = online_softmax_finalize(acc, row_max, row_sum, 1.0)
+    return out, lse, head, offs_m, row_ok
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel 1: one split of the keys for one packed M tile of one (batch, KV head)
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _split_kernel(
+    Q, K, V, Out, Lse, CacheSeqlens, OutPartial, LsePartial,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om,
+    heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2,
+    BlockTable, stride_btb, Counters,
+    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, FUSED_MERGE: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
+):  # fmt: skip
+    split = tl.program_id(0)
+    num_splits = tl.num_programs(0)
+    m_block = tl.program_id(1)
+    batch_kv_head = tl.program_id(2)
+    batch, kv_head = batch_and_head(batch_kv_head, kv_heads)
+    group = heads // kv_heads
+
+    # 1.-4. The split's keys of this sequence against the packed Q tile: its O and natural-log LSE (O = 0,
+    # LSE = -inf for a split that saw no key). The partials are (num_splits, B, H, Sq, D) and (num_splits,
+    # B, H, Sq).
+    k_operand, v_operand = (K, stride_kb, stride_kh, stride_kn), (V, stride_vb, stride_vh, stride_vn)
+    out, lse, head, offs_m, row_ok = attend_split(
+        (Q, stride_qb, stride_qh, stride_qm), k_operand, v_operand, BlockTable, stride_btb, CacheSeqlens,
+        batch, kv_head, m_block, split, num_splits, group, seqlen_q, seqlen_k, softmax_scale_log2,
+        CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, HEAD_DIM=HEAD_DIM,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
+    )  # fmt: skip
     row = (batch * heads + head) * seqlen_q + offs_m
     out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
     if SPLIT:
         rows = tl.num_programs(2).to(tl.int64) * group * seqlen_q
-        partial_row = split * rows + row
-        tl.store(OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
-        tl.store(LsePartial + partial_row, lse, mask=row_ok)
+        store_partials(OutPartial, LsePartial, split * rows + row, out, lse, row_ok, HEAD_DIM=HEAD_DIM)
         # 5. Fused merge: the tile's last split to finish merges all of them (``last_to_arrive``).
         if FUSED_MERGE:
             work_item = batch_kv_head * tl.num_programs(1) + m_block
@@ -272,6 +329,64 @@ def _split_kernel(
                 store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
     else:
         store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel 1, balanced (``BALANCED_SPLIT``): equal shares of the valid keys, planned on the device
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _balanced_split_kernel(
+    Q, K, V, Out, Lse, CacheSeqlens, OutPartial, LsePartial,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om,
+    heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2,
+    BlockTable, stride_btb, Counters, batch_size, target_shares, min_share_blocks,
+    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    SPLITS_PER_STEP: tl.constexpr, BLOCK_B: tl.constexpr,
+):  # fmt: skip
+    """Grid (target_shares + B · Hkv, m_blocks): one share of one M tile's keys per program, then the
+    item's last share to arrive merges (an item of one share writes O and the LSE itself)."""
+    share = tl.program_id(0)
+    m_block = tl.program_id(1)
+    group = heads // kv_heads
+    # 0. This CTA's work item and split (``balanced_share``); a CTA past the last share attends an
+    # empty range and stores nothing.
+    batch, kv_head, split, item_shares, has_work = balanced_share(
+        CacheSeqlens, share, batch_size, kv_heads, seqlen_q, seqlen_k, target_shares, min_share_blocks,
+        CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, BLOCK_N=BLOCK_N, BLOCK_B=BLOCK_B,
+    )  # fmt: skip
+
+    # 1.-4. As in ``_split_kernel``, over the item's ``item_shares`` splits.
+    k_operand, v_operand = (K, stride_kb, stride_kh, stride_kn), (V, stride_vb, stride_vh, stride_vn)
+    out, lse, head, offs_m, row_ok = attend_split(
+        (Q, stride_qb, stride_qh, stride_qm), k_operand, v_operand, BlockTable, stride_btb, CacheSeqlens,
+        batch, kv_head, m_block, split, item_shares, group, seqlen_q, seqlen_k, softmax_scale_log2,
+        CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, HEAD_DIM=HEAD_DIM,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
+    )  # fmt: skip
+    row = (batch * heads + head) * seqlen_q + offs_m
+    out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
+    if has_work:
+        if item_shares == 1:
+            store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
+        else:
+            # 5. Each share's partials are slab ``share`` of group · Sq rows, so the item's are the slabs
+            # from share - split on; its last share to arrive merges them in split order.
+            rows = tl.cast(group * seqlen_q, tl.int64)
+            item_row = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+            store_partials(OutPartial, LsePartial, share * rows + item_row, out, lse, row_ok, HEAD_DIM=HEAD_DIM)
+            first_share = share - split
+            item_out, item_lse = OutPartial + first_share * rows * HEAD_DIM, LsePartial + first_share * rows
+            work_item = (batch * kv_heads + kv_head) * tl.num_programs(1) + m_block
+            if last_to_arrive(Counters + work_item, item_shares):
+                out, lse = merge_splits(
+                    item_out, item_lse, item_row, row_ok, rows, item_shares,
+                    HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_PER_STEP=SPLITS_PER_STEP,
+                )  # fmt: skip
+                store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -496,6 +611,25 @@ def merge_launch(
     return merge
 
 
+def launch_arguments(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, workspace: tuple[torch.Tensor, torch.Tensor],
+    cache_seqlens: torch.Tensor | None, block_table: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, tuple]:  # fmt: skip
+    """``(out, lse, lse_arg, args)``: O and the LSE allocated, and the arguments both split kernels
+    take before ``Counters``, with ``workspace`` (the partial O and LSE) as OutPartial, LsePartial."""
+    q, k, v = (kernel_operand(t) for t in (q, k, v))
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = allocate_lse(problem, q.device)
+    lse_arg, lengths_arg = feature_buffers(lse, cache_seqlens, q.device)
+    kv_strides = (*kv_row_strides(k, problem.paged), *kv_row_strides(v, problem.paged))
+    strides = (*q.stride()[:3], *kv_strides, *out.stride()[:3])
+    args = (
+        q, k, v, out, lse_arg, lengths_arg, *workspace,
+        *strides, *size_arguments(problem), *paging_arguments(block_table),
+    )  # fmt: skip
+    return out, lse, lse_arg, args
+
+
 def bind(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *,
     cache_seqlens: torch.Tensor | None = None, block_table: torch.Tensor | None = None, num_splits: int | None = None,
@@ -503,19 +637,14 @@ def bind(
     """Allocate O, the LSE and the split workspace for validated q, k, v (page pools with
     ``block_table`` when the problem is paged) and return ``run()`` launching the split kernel, which
     merges its splits itself (with ``FUSED_MERGE`` off and more than one split, the merge kernel
-    follows). ``num_splits`` overrides the rule (sweeps, tests)."""
+    follows). ``num_splits`` overrides the rule (sweeps, tests). With ``BALANCED_SPLIT`` on,
+    :func:`bind_balanced` instead."""
+    if BALANCED_SPLIT:
+        return bind_balanced(q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table, shares=num_splits)
     num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device)
-    q, k, v = (kernel_operand(t) for t in (q, k, v))
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = allocate_lse(problem, q.device)
-    lse_arg, lengths_arg = feature_buffers(lse, cache_seqlens, q.device)
     out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
-    kv_strides = (*kv_row_strides(k, problem.paged), *kv_row_strides(v, problem.paged))
-    strides = (*q.stride()[:3], *kv_strides, *out.stride()[:3])
-    split_args = (
-        q, k, v, out, lse_arg, lengths_arg, out_partial, lse_partial,
-        *strides, *size_arguments(problem), *paging_arguments(block_table),
-    )  # fmt: skip
+    workspace = (out_partial, lse_partial)
+    out, lse, lse_arg, split_args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
     config = DEFAULT_CONFIGS[problem.head_dim]
     split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
     split_options = {
@@ -536,6 +665,52 @@ def bind(
 
     run.num_splits = num_splits
     run.fused_merge = fused
+    run.balanced = False
+    return run
+
+
+def balanced_target_shares(problem: Problem, device: torch.device) -> int:
+    """The equal shares of one M tile's keys the balanced grid aims at: ``BALANCED_SHARES_PER_SM`` per SM
+    of ``device`` over the problem's M tiles. The shape and the device fix it, never the lengths."""
+    return max(1, -(-splits.sm_count(device) * BALANCED_SHARES_PER_SM // m_blocks_for(problem)))
+
+
+def bind_balanced(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *,
+    cache_seqlens: torch.Tensor | None = None, block_table: torch.Tensor | None = None, shares: int | None = None,
+) -> Runner:  # fmt: skip
+    """``run()`` launching :func:`_balanced_split_kernel` on a grid of ``shares`` (default
+    :func:`balanced_target_shares`; forced for tests and sweeps, at least 1) + B · Hkv CTAs per M tile,
+    with a workspace of as many slabs of group · Sq partial rows: every allocation and the grid follow
+    from the shape, so a CUDA graph captures it once and replays it with new ``cache_seqlens``."""
+    if shares is not None and shares < 1:
+        raise ValueError(f"num_splits (the balanced split's shares) must be >= 1, got {shares}")
+    target = shares or balanced_target_shares(problem, q.device)
+    m_blocks, items = m_blocks_for(problem), problem.batch * problem.kv_heads
+    grid = (target + items, m_blocks)
+    partial_shape = (grid[0], problem.kv_group * problem.seqlen_q)
+    workspace = tuple(
+        torch.empty(shape, dtype=torch.float32, device=q.device)
+        for shape in ((*partial_shape, problem.head_dim), partial_shape)
+    )
+    out, lse, _, args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
+    config = DEFAULT_CONFIGS[problem.head_dim]
+    sizes = (problem.batch, target, max(1, -(-BALANCED_MIN_KEYS // config.block_n)))
+    options = {
+        **feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
+        "BLOCK_N": config.block_n, "PAGE_SIZE": problem.page_size, "SPLITS_PER_STEP": _merge_step(problem),
+        "BLOCK_B": next_power_of_2(max(problem.batch, MIN_BLOCK_B)),
+        "num_warps": config.num_warps, "num_stages": num_stages_for(problem),
+    }  # fmt: skip
+    counters = arrival_counters(q.device, items * m_blocks)
+
+    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        _balanced_split_kernel[grid](*args, counters, *sizes, **options)
+        return rung_result(out, lse)
+
+    run.num_splits = target
+    run.fused_merge = True
+    run.balanced = True
     return run
 
 
