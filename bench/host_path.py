@@ -69,6 +69,7 @@ def stub_launches() -> None:
 
     triton_decode._split_kernel = NoLaunch()
     triton_decode._merge_kernel = NoLaunch()
+    triton_decode._balanced_split_kernel = NoLaunch()
     gluon_decode._split_kernel = NoLaunch()
     gluon_decode.gluon_device_supported = lambda rung, device, why: (True, "")
     gluon_decode.validate_for_problem = functools.partial(gluon_decode.validate_for_problem, device_types=("cpu",))
