@@ -139,6 +139,27 @@ def test_a_growing_cache_still_checks_each_new_length(monkeypatch: pytest.Monkey
         )
 
 
+def test_a_growing_cache_checks_what_reads_the_new_length() -> None:
+    """A longer cache skips the checks its growing key proves (validate_longer_cache), not those that
+    read Sk: lengths past the new Sk and a v of another length still raise; a valid step's problem is
+    the one full validation gives."""
+    decode = dict(causal=True, causal_alignment="bottom_right", impl="triton/decode")
+    attention(*inputs(DECODE), cache_seqlens=torch.tensor([48], dtype=torch.int32), **decode)
+    q, k, v = inputs(DECODE.with_(seqlen_k=49))
+    with pytest.raises(ValueError, match=r"cache_seqlens must lie in \[0, Sk\] = \[0, 49\]"):
+        attention(q, k, v, cache_seqlens=torch.tensor([50], dtype=torch.int32), **decode)
+    with pytest.raises(ValueError, match="k and v must have the same shape"):
+        attention(q, k, inputs(DECODE.with_(seqlen_k=50))[2], cache_seqlens=torch.tensor([49], dtype=torch.int32),
+                  **decode)  # fmt: skip
+    lengths = torch.tensor([49], dtype=torch.int32)
+    attention(q, k, v, cache_seqlens=lengths, **decode)
+    (plan,) = [plan for key, plan in api._PLANS._plans.items() if key[2][0][2] == 49]
+    assert plan.problem == api.validate_attention_inputs(
+        q, k, v, causal=True, causal_alignment="bottom_right", cache_seqlens=lengths, allow_gqa=True,
+        dtypes=api.API_DTYPES, device_types=api.API_DEVICE_TYPES,
+    )  # fmt: skip
+
+
 def test_views_into_a_larger_cache_prepare_each_length(monkeypatch: pytest.MonkeyPatch) -> None:
     """K and V sliced from a preallocated cache are not whole tensors: their strides do not follow from
     the shape, so no length shares a plan's preparation with another."""

@@ -654,11 +654,13 @@ def bind(
     }  # fmt: skip
     fused = split_options["FUSED_MERGE"]
     counters = arrival_counters(q.device, split_grid[1] * split_grid[2]) if fused else None
-    merge = merge_launch(problem, num_splits, out_partial, lse_partial, out, lse_arg)
+    # Only the two-launch path (more than one split, FUSED_MERGE off) launches the merge kernel.
+    two_launch = num_splits > 1 and not fused
+    merge = merge_launch(problem, num_splits, out_partial, lse_partial, out, lse_arg) if two_launch else None
 
     def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _split_kernel[split_grid](*split_args, counters, **split_options)
-        if num_splits > 1 and not fused:
+        if merge is not None:
             merge()
         return rung_result(out, lse)
 

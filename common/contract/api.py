@@ -27,11 +27,13 @@ and the kernels clamp each length to [0, Sk], so a bad value cannot read out of 
 FlashAttention's ``flash_attn_with_kvcache``.
 
 A decode step against a growing cache (transformers' DynamicCache: K and V are whole contiguous
-(B, Hkv, Sk, D) tensors one key longer at every step) is a new signature at every step. Its plan is
-still made in full (validation, the capability checks, the dispatch), but where a plan of the same
-signature *less Sk* (:func:`growing_cache_key`) was prepared with the same rung, the new one only binds:
-the rung compiled and warmed up for the earlier length, and its kernels take Sk as an argument, so
-``prepare``'s warm-up launch (a second kernel launch per step) and its rung-level set-up are skipped.
+(B, Hkv, Sk, D) tensors one key longer at every step) is a new signature at every step. Where a plan of
+the same signature *less Sk* (:func:`growing_cache_key`) was prepared, the key proves everything
+validation checks but what reads Sk, so only that is checked again (v as long as k, the values of
+``cache_seqlens``; ``validation.validate_longer_cache``); the capability check (or the dispatch) runs
+on the new problem in full. Where that earlier plan has the same rung, the new one only binds: the rung
+compiled and warmed up for the earlier length, and its kernels take Sk as an argument, so ``prepare``'s
+warm-up launch (a second kernel launch per step) and its rung-level set-up are skipped.
 
 The cache keeps the :data:`PLAN_CACHE_SIZE` most recently used plans; ``clear_plan_cache()`` empties
 it and ``plan_cache_info()`` reports hits, misses and size. Plans hold no tensors: memory belongs to
@@ -52,6 +54,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
+from typing import NamedTuple
 
 import torch
 
@@ -59,7 +62,7 @@ from common.contract import dispatch
 from common.contract.autograd import AttentionFunction, detached, requires_grad
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner, get, per_call_inputs, with_backward
-from common.contract.validation import OPERAND_ALIGNMENT_BYTES, validate_attention_inputs
+from common.contract.validation import OPERAND_ALIGNMENT_BYTES, validate_attention_inputs, validate_longer_cache
 
 DEFAULT_IMPL = "triton/pipelined"
 # Plans kept before the least recently used one is dropped: a plan is a few hundred bytes, and a
@@ -157,13 +160,19 @@ def toolchain_versions() -> tuple[str | None, str | None]:
 def _tensor_signature(t: torch.Tensor) -> tuple:
     # A misaligned tensor is copied by kernel_operand in bind; alignment is part of the signature so
     # that the plan (and its validated problem) is keyed on the same layout class it was made for.
-    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() % OPERAND_ALIGNMENT_BYTES == 0)
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % OPERAND_ALIGNMENT_BYTES == 0)
 
 
-@dataclass(frozen=True)
-class Options:
+def _without_seqlen(t: torch.Tensor) -> tuple:
+    """:func:`_tensor_signature` of a contiguous (B, Hkv, Sk, D) cache less Sk (its strides follow from the shape)."""
+    shape = t.shape
+    return (shape[0], shape[1], shape[3], t.dtype, t.device, t.data_ptr() % OPERAND_ALIGNMENT_BYTES == 0)
+
+
+class Options(NamedTuple):
     """The keyword arguments of ``attention`` beyond the tensors and ``impl``, and ``differentiable``:
-    whether autograd must see the call (q, k or v requires grad under grad mode)."""
+    whether autograd must see the call (q, k or v requires grad under grad mode). A named tuple: made
+    at every call, in a third of a frozen dataclass's time."""
 
     causal: object = False
     softmax_scale: object = None
@@ -206,13 +215,9 @@ def growing_cache_key(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     full key only."""
     if options.block_table is not None or q.dim() != 4 or q.shape[2] > dispatch.DECODE_MAX_SEQLEN_Q:
         return None
-    if any(t.dim() != 4 or not t.is_contiguous() for t in (k, v)) or k.shape[2] <= q.shape[2]:
+    if k.dim() != 4 or v.dim() != 4 or not (k.is_contiguous() and v.is_contiguous()) or k.shape[2] <= q.shape[2]:
         return None
-
-    def without_seqlen(t: torch.Tensor) -> tuple:
-        return (t.shape[:2], t.shape[3], t.dtype, t.device, t.data_ptr() % OPERAND_ALIGNMENT_BYTES == 0)
-
-    return (impl, _tensor_signature(q), without_seqlen(k), without_seqlen(v), *_options_signature(options))
+    return (impl, _tensor_signature(q), _without_seqlen(k), _without_seqlen(v), *_options_signature(options))
 
 
 def _cacheable(impl: object, q: object, k: object, v: object, options: Options) -> bool:
@@ -255,26 +260,31 @@ def _registered(impl: object) -> Implementation:
 def _make_plan(
     impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options, growing: tuple | None = None
 ) -> tuple[Plan, Runner]:
-    """Full validation, the rung (``impl`` itself, or the one a stack name dispatches to), its
-    capability check (and its backward's, for a differentiable call) and ``prepare`` (only ``bind``
-    where the ``growing`` cache key already has a plan of this rung); returns the plan and this call's
-    launch."""
+    """Validation (in full, or only of what reads Sk where the ``growing`` cache key has a plan), the
+    rung (``impl`` itself, or the one a stack name dispatches to), its capability check (and its
+    backward's, for a differentiable call) and ``prepare`` (only ``bind`` where the ``growing`` cache
+    key has a plan of this rung); returns the plan and this call's launch."""
     implementation = None if impl in dispatch.DISPATCH_NAMES else _registered(impl)
-    problem = validate_attention_inputs(
-        q,
-        k,
-        v,
-        causal=options.causal,
-        softmax_scale=options.softmax_scale,
-        causal_alignment=options.causal_alignment,
-        cache_seqlens=options.cache_seqlens,
-        # The backward recomputes P from the LSE, so a differentiable forward always returns it.
-        return_lse=options.return_lse or options.differentiable,
-        block_table=options.block_table,
-        allow_gqa=True,
-        dtypes=API_DTYPES,
-        device_types=API_DEVICE_TYPES,
-    )
+    earlier = None if growing is None else _GROWING.get(growing)
+    if earlier is not None:
+        # The growing key proves every check but those that read Sk (validate_longer_cache).
+        problem = validate_longer_cache(earlier.problem, k, v, options.cache_seqlens)
+    else:
+        problem = validate_attention_inputs(
+            q,
+            k,
+            v,
+            causal=options.causal,
+            softmax_scale=options.softmax_scale,
+            causal_alignment=options.causal_alignment,
+            cache_seqlens=options.cache_seqlens,
+            # The backward recomputes P from the LSE, so a differentiable forward always returns it.
+            return_lse=options.return_lse or options.differentiable,
+            block_table=options.block_table,
+            allow_gqa=True,
+            dtypes=API_DTYPES,
+            device_types=API_DEVICE_TYPES,
+        )
     if implementation is None:
         implementation = dispatch.resolve(impl, problem, q.device)
     else:
@@ -284,7 +294,6 @@ def _make_plan(
     if options.differentiable:
         _check_backward(implementation, problem, q.device)
     plan = Plan(implementation, problem)
-    earlier = None if growing is None else _GROWING.get(growing)
     if earlier is not None and earlier.implementation is implementation and implementation.bind is not None:
         return plan, _bind(plan, q, k, v, options)
     extra = per_call_inputs(problem, options.cache_seqlens, options.block_table)

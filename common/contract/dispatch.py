@@ -25,12 +25,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 
 import torch
 
+from common.contract import registry
 from common.contract.problem import Problem
-from common.contract.registry import Implementation, Unavailable, discover
+from common.contract.registry import Implementation, Unavailable
 
 STACK_NAMES = ("triton", "gluon", "cute")
 AUTO = "auto"
@@ -69,20 +69,10 @@ def routes(name: str, problem: Problem) -> tuple[str, ...]:
 
 
 def lookup(name: str) -> Implementation | Unavailable | None:
-    """The registry's implementation called ``name``, the reason its module did not import, or None."""
-    return _by_name().get(name)
-
-
-@cache
-def _by_name() -> dict[str, Implementation | Unavailable]:
-    """The rungs by name, built once: the registry's modules are imported once per process, and
-    walking them on every plan (a decode step against a growing cache plans anew at each step) cost
-    about 100 µs of host time a call."""
-    available, missing = discover(include_baselines=False)
-    by_name: dict[str, Implementation | Unavailable] = {}
-    for item in (*available, *missing):
-        by_name.setdefault(item.name, item)
-    return by_name
+    """The registry's rung called ``name``, the reason its module did not import, or None (the
+    registry's lookup, built once per process: a growing-cache decode step plans, so dispatches, anew
+    at every step)."""
+    return registry.lookup(name)
 
 
 @dataclass(frozen=True)

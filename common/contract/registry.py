@@ -59,6 +59,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import torch
@@ -267,15 +268,32 @@ def with_backward() -> list[str]:
     return [impl.name for impl in _implementations(RUNG_MODULES)[0] if impl.backward is not None]
 
 
+@cache
+def _by_name(modules: tuple[str, ...]) -> dict[str, Implementation | Unavailable]:
+    """The implementations of ``modules`` by name, and each module that did not import (its
+    :class:`Unavailable`, under the name it would have had), built once per process: walking the
+    modules cost tens of µs, and ``common.attention`` looks a rung up at every decode step against a
+    growing cache (each step plans anew). A module that failed to import is not retried."""
+    available, missing = _implementations(modules)
+    by_name: dict[str, Implementation | Unavailable] = {}
+    for item in (*available, *missing):
+        by_name.setdefault(item.name, item)
+    return by_name
+
+
+def lookup(name: str) -> Implementation | Unavailable | None:
+    """The rung called ``name`` (no baselines), the reason its module did not import, or None."""
+    return _by_name(RUNG_MODULES).get(name)
+
+
 def get(name: str) -> Implementation:
     """The implementation called ``name``; an unknown name lists the valid ones.
 
     Only a baseline's name (``sdpa/...``, ``fa4/...``) loads the baseline modules, which live in
     ``common.measure``: a user's call of a rung (``common.attention``) imports no benchmark code."""
     baseline = name.partition("/")[0] in BASELINE_STACKS
-    available, _ = _implementations(BASELINE_MODULES if baseline else RUNG_MODULES)
-    for impl in available:
-        if impl.name == name:
-            return impl
+    found = _by_name(BASELINE_MODULES if baseline else RUNG_MODULES).get(name)
+    if isinstance(found, Implementation):
+        return found
     valid = ", ".join(impl.name for impl in discover()[0])
     raise ValueError(f"unknown implementation {name!r}; valid names: {valid}")

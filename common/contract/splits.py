@@ -60,13 +60,19 @@ def uneven_fewest_splits(ctas_per_split: int, batch: int, most: int, sm_count: i
     return min(most, max(waves_floor, one_sequence_fills))
 
 
-@lru_cache(maxsize=1024)
 def choose_num_splits(ctas_per_split: int, seqlen_k: int, sm_count: int, uneven: bool = False, batch: int = 1) -> int:
     """The split rule of the module docstring: the fewest splits among those (each keeping
     ``MIN_KEYS_PER_SPLIT`` keys; with ``uneven`` work over ``batch`` sequences, at least
     :func:`uneven_fewest_splits` where the keys allow) whose busy fraction is at least
     ``1 - WAVE_TOLERANCE`` of the best one's (relative, so that a tiny grid still takes every split it can)."""
     most = max(1, min(MAX_SPLITS, seqlen_k // MIN_KEYS_PER_SPLIT))
+    return _fewest_good_splits(ctas_per_split, most, sm_count, uneven, batch)
+
+
+# Keyed on the most splits the keys allow, not on Sk: a cache one key longer at every decode step
+# (transformers' DynamicCache) finds the answer cached for 512 steps in a row.
+@lru_cache(maxsize=1024)
+def _fewest_good_splits(ctas_per_split: int, most: int, sm_count: int, uneven: bool, batch: int) -> int:
     fewest = uneven_fewest_splits(ctas_per_split, batch, most, sm_count) if uneven else 1
     efficiency = {splits: wave_efficiency(ctas_per_split * splits, sm_count) for splits in range(fewest, most + 1)}
     best = max(efficiency.values())

@@ -227,6 +227,22 @@ def validate_attention_inputs(
     )
 
 
+def validate_longer_cache(
+    problem: Problem, k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor | None = None
+) -> Problem:
+    """``problem`` at k's key length, for tensors that differ from those ``problem`` was validated on
+    (by :func:`validate_attention_inputs`) only in Sk: q the same, k and v contiguous (B, Hkv, Sk, D)
+    caches of the same shapes less Sk, dtype, device and alignment, ``cache_seqlens`` of the same
+    signature, the same options (``common.contract.api.growing_cache_key`` proves all of it). Only the
+    checks that read Sk run again: v as long as k, and the values of ``cache_seqlens`` in [0, Sk]."""
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    seqlen_k = k.shape[2]
+    if cache_seqlens is not None:
+        check_cache_seqlens(cache_seqlens, problem.batch, seqlen_k, k.device)
+    return problem.with_(seqlen_k=seqlen_k)
+
+
 def require_cache_seqlens_as_stated(problem: Problem, cache_seqlens: object) -> None:
     """``cache_seqlens`` is given exactly when ``problem`` says it has per-sequence lengths."""
     if problem.has_cache_seqlens != (cache_seqlens is not None):
@@ -278,10 +294,11 @@ def validate_for_problem(
 
 def is_kernel_addressable(tensor: torch.Tensor) -> bool:
     """True when the inner dim is contiguous and base and outer strides are 16-byte aligned."""
-    element = tensor.element_size()
-    if tensor.stride(-1) != 1 or tensor.data_ptr() % OPERAND_ALIGNMENT_BYTES:
+    *outer, inner = tensor.stride()
+    if inner != 1 or tensor.data_ptr() % OPERAND_ALIGNMENT_BYTES:
         return False
-    return all((stride * element) % OPERAND_ALIGNMENT_BYTES == 0 for stride in tensor.stride()[:-1])
+    element = tensor.element_size()
+    return all((stride * element) % OPERAND_ALIGNMENT_BYTES == 0 for stride in outer)
 
 
 def kernel_operand(tensor: torch.Tensor) -> torch.Tensor:

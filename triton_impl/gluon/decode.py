@@ -673,11 +673,14 @@ class GluonDecode:
         work_items = self.split_grid[1] * self.split_grid[2]
         counters = triton_decode.arrival_counters(q.device, work_items) if self.fused_merge else None
         self.split_args = (*self.split_args, counters)
-        self._merge = triton_decode.merge_launch(problem, num_splits, out_partial, lse_partial, self.out, lse_arg)
+        # Only the two-launch path (more than one split, FUSED_MERGE off) launches the merge kernel.
+        two_launch = num_splits > 1 and not self.fused_merge
+        merge_args = (problem, num_splits, out_partial, lse_partial, self.out, lse_arg)
+        self._merge = triton_decode.merge_launch(*merge_args) if two_launch else None
 
     def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _split_kernel[self.split_grid](*self.split_args, **self.split_options)
-        if self.num_splits > 1 and not self.fused_merge:
+        if self._merge is not None:
             self._merge()
         return rung_result(self.out, self.lse)
 

@@ -1,0 +1,158 @@
+"""Host time of ``common.attention()`` per decode call on the CPU, with every kernel launch stubbed (issue #39).
+
+python -m bench.host_path [--calls 200] [--rounds 5] [--impls triton/decode,cute/decode,auto] [--profile NAME]
+
+What a user's eager decode step costs on the host before any kernel runs: the plan key, the plan
+cache, validation and dispatch where the call plans, and the rung's ``bind`` (operands, output, split
+workspace, launch arguments). No GPU is needed: the tensors are CPU tensors, the Triton split kernel
+(triton/decode, gluon/decode) and the CuTe compiled function (cute/decode) are replaced by no-ops, and
+the device checks of the Gluon and CuTe rungs let a CPU device through (the Triton interpreter's does
+already). What is left out is the launch itself (Triton's launcher, the CuTe DSL's TVM-FFI call):
+``common.measure.api_overhead`` times those on a GPU.
+
+The shape is ``results/h200/cute-tvm-ffi/api-overhead/``'s decode step (B=1 H=32 Hkv=8 Sq=1 Sk=8192
+D=128), fp16 (the interpreter refuses bf16), causal bottom-right, in two paths:
+  * ``same``: the same tensors again (a plan hit: key, cache, bind);
+  * ``growing``: K and V one key longer at every call, as transformers' DynamicCache hands them (a plan
+    miss on Sk: validation, the capability check or dispatch, then bind only).
+Each round times ``--calls`` calls of each (implementation, path) in turn, in CPU time of the calling
+thread (on a shared machine, wall-clock rounds differed by 2x); the table gives the median of the rounds'
+µs per call. ``--profile IMPL:PATH`` prints cProfile's own and cumulative times of one path instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before Triton is imported: the interpreter's device check takes CPU tensors.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import argparse
+import cProfile
+import functools
+import pstats
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+import common.contract.api as api
+from common.contract.problem import Problem
+from common.contract.registry import Implementation
+
+DECODE = Problem(
+    batch=1, heads=32, seqlen_q=1, seqlen_k=8192, head_dim=128, dtype=torch.float16, kv_heads=8, causal=True,
+    causal_alignment="bottom_right",
+)  # fmt: skip
+IMPLS = ("triton/decode", "gluon/decode", "cute/decode", "triton", "cute", "auto")
+PATHS = ("same", "growing")
+
+
+class NoLaunch:
+    """A Triton JIT function whose ``kernel[grid](...)`` launches nothing."""
+
+    def __getitem__(self, grid: object) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def _on_cpu(implementation: Implementation, supports: Callable) -> None:
+    # The registry's entries are frozen: the stub changes them for this process only.
+    object.__setattr__(implementation, "runs_on_cpu", True)
+    object.__setattr__(implementation, "supports", supports)
+
+
+def stub_launches() -> None:
+    """Replace every launch by a no-op and let the GPU-only decode rungs accept CPU tensors."""
+    import triton_impl.decode as triton_decode
+    import triton_impl.gluon.decode as gluon_decode
+
+    triton_decode._split_kernel = NoLaunch()
+    triton_decode._merge_kernel = NoLaunch()
+    triton_decode._balanced_split_kernel = NoLaunch()
+    gluon_decode._split_kernel = NoLaunch()
+    gluon_decode.gluon_device_supported = lambda rung, device, why: (True, "")
+    gluon_decode.validate_for_problem = functools.partial(gluon_decode.validate_for_problem, device_types=("cpu",))
+    _on_cpu(gluon_decode.IMPLEMENTATION, gluon_decode.supports)
+    try:
+        import cute_impl._host as cute_host
+        import cute_impl.decode as cute_decode
+    except ImportError:
+        return
+    cute_host.check_common = functools.partial(cute_host.check_common, device_types=("cpu",))
+    cute_host.validate_for_problem = functools.partial(cute_host.validate_for_problem, device_types=("cpu",))
+    kernels = cute_decode.HOST.kernels
+
+    def no_compile(config: object) -> Callable[..., None]:
+        # The compile cache's lookup stays (it is part of a bind); the compile does not.
+        if config not in kernels.compiled:
+            kernels.compiled[config] = lambda *args: None
+        return kernels.compiled[config]
+
+    kernels.kernel = no_compile
+    _on_cpu(cute_decode.IMPLEMENTATION, cute_decode.supports)
+
+
+def _tensors(seqlen_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # Never written or read (no kernel runs): empty CPU memory is only reserved, not touched.
+    q = torch.empty((DECODE.batch, DECODE.heads, DECODE.seqlen_q, DECODE.head_dim), dtype=DECODE.dtype)
+    kv_shape = (DECODE.batch, DECODE.kv_heads, seqlen_k, DECODE.head_dim)
+    return q, torch.empty(kv_shape, dtype=DECODE.dtype), torch.empty(kv_shape, dtype=DECODE.dtype)
+
+
+def calls(impl: str, path: str, count: int, start: int) -> list[tuple[torch.Tensor, ...]]:
+    """The arguments of ``count`` calls: one set of tensors again, or a cache one key longer each call
+    (from ``start`` keys past the problem's, so no length repeats across rounds)."""
+    if path == "same":
+        return [_tensors(DECODE.seqlen_k)] * count
+    return [_tensors(DECODE.seqlen_k + start + step) for step in range(count)]
+
+
+def time_calls(impl: str, arguments: list[tuple[torch.Tensor, ...]]) -> float:
+    """µs of this thread's CPU time per ``attention()`` call over ``arguments`` (CPU time: on a shared
+    machine, the time other processes hold the cores would otherwise count)."""
+    begin = time.thread_time()
+    for q, k, v in arguments:
+        api.attention(q, k, v, causal=True, causal_alignment="bottom_right", impl=impl)
+    return (time.thread_time() - begin) / len(arguments) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument("--profile", metavar="NAME", help="cProfile NAME's calls (e.g. cute/decode:growing)")
+    args = parser.parse_args()
+    stub_launches()
+    impls = args.impls.split(",")
+    # First calls plan (and for "same" keep the plan): untimed.
+    for impl in impls:
+        for q, k, v in (_tensors(DECODE.seqlen_k), _tensors(DECODE.seqlen_k - 1)):
+            api.attention(q, k, v, causal=True, causal_alignment="bottom_right", impl=impl)
+    if args.profile:
+        impl, path = args.profile.rsplit(":", 1)
+        arguments = calls(impl, path, args.calls, 1)
+        profiler = cProfile.Profile()
+        profiler.runcall(time_calls, impl, arguments)
+        for order in ("tottime", "cumulative"):
+            pstats.Stats(profiler).sort_stats(order).print_stats(25)
+        return
+    times: dict[tuple[str, str], list[float]] = {(impl, path): [] for impl in impls for path in PATHS}
+    start = 1
+    for _ in range(args.rounds):
+        for impl in impls:
+            for path in PATHS:
+                arguments = calls(impl, path, args.calls, start)
+                start += args.calls
+                times[impl, path].append(time_calls(impl, arguments))
+                del arguments
+    print("| impl | same (plan hit) µs | growing cache µs |")
+    print("|---|---:|---:|")
+    for impl in impls:
+        same, growing = (statistics.median(times[impl, path]) for path in PATHS)
+        print(f"| {impl} | {same:.1f} | {growing:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
