@@ -215,8 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="after each row, cProfile one more generate() of the row's length: profile-<row>.txt under --out "
-        "(where a decode step's host time goes)",
+        help="after each case's rounds, cProfile one more generate() of each row's length: profile-<row>.txt "
+        "under --out (where a decode step's host time goes)",
     )
     return parser
 
@@ -456,9 +456,6 @@ def run_row(impl: str, case: Case, ids: Any, reference: Any, context: Context) -
         with deadline(budget):
             context.model.set_attn_implementation(name)
             numbers, logits = measure(context.model, ids, case, context.clock, reference)
-            if context.sweep.profile:
-                label = f"{impl.replace(':', '-')}-{case.cache}-B{case.batch}-P{case.prompt}"
-                profile_generate(context.model, ids, case, context.out_dir / f"profile-{label}.txt")
         row.status = "ok"
         for key, value in numbers.items():
             setattr(row, key, value)
@@ -520,6 +517,13 @@ def run_case(case: Case, context: Context, rounds_writer: csv.DictWriter) -> lis
                 reference = logits
             earlier.append(row)
             rounds_writer.writerow({**asdict(row), "rounds": round_index + 1})
+    if context.sweep.profile:
+        # Once per implementation that ran, after its rounds (a profile per round would be overwritten).
+        for impl, rows in measured.items():
+            if rows[-1].status == "ok":
+                context.model.set_attn_implementation(rows[-1].attn_implementation)
+                label = f"{impl.replace(':', '-')}-{case.cache}-B{case.batch}-P{case.prompt}"
+                profile_generate(context.model, ids, case, context.out_dir / f"profile-{label}.txt")
     return [combined(rows) for rows in measured.values()]
 
 
