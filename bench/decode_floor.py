@@ -7,7 +7,9 @@ Settings, each applied at bind time by module constants the rungs read there:
   L2 round trip per split;
   cute/decode's loops are unrolled as the compiler chooses (``MERGE_SPLITS_PER_STEP = 0``: the committed
   merge's machine code, instruction for instruction);
-* ``after``: the rungs as committed (``MERGE_SPLITS_PER_STEP`` splits a step);
+* ``after``: the rungs as committed (``MERGE_SPLITS_PER_STEP`` splits a step), triton/decode with its
+  padded-Sk split (``BALANCED_SPLIT = "never"``, as in every setting but the balanced ones: a call with
+  ``cache_seqlens`` takes the balanced split by default since the fifth stop's A/B);
 * ``after+tile``: ``after`` with a candidate tile (:data:`TILE_CANDIDATES`, not the defaults) where the
   model (``bench/decode_model.py``) finds the rung's CTAs the limit: gluon/decode at D=64 and 128 with
   64-key blocks (3 stages at D=128, 6 at D=64; 112 and 104 KB of shared memory), so that two CTAs share
@@ -20,9 +22,9 @@ Settings, each applied at bind time by module constants the rungs read there:
 * ``after+splits``: ``after`` with the split count forced to the one the model finds best for that rung
   and shape (:data:`MODEL_SPLITS`, where it beats the rule's count by 3 points or more): whether the
   shared rule should weigh a rung's CTAs (gluon's one CTA per SM prefers fewer splits);
-* ``balanced``, ``balanced-4``: triton/decode with its balanced split on (``BALANCED_SPLIT``: each CTA an
-  equal share of the valid keys, planned on the device), aiming at 2 (the committed
-  ``BALANCED_SHARES_PER_SM``) or 4 shares per SM.
+* ``balanced``, ``balanced-4``: triton/decode with its balanced split for every call (``"always"``:
+  each CTA an equal share of the valid keys, planned on the device; also without ``cache_seqlens``),
+  aiming at 2 (the committed ``BALANCED_SHARES_PER_SM``) or 4 shares per SM.
 
 ``--seed`` and ``--shapes`` time other shapes of the random sweep (``after+splits`` is seed 1's only).
 
@@ -119,8 +121,9 @@ def applied(setting: str, impl_name: str, head_dim: int) -> Iterator[None]:
         configs[head_dim] = candidate
     if setting == "two-launch":
         triton_decode.FUSED_MERGE = False
+    triton_decode.BALANCED_SPLIT = "never"
     if setting in BALANCED_SETTINGS:
-        triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM = True, BALANCED_SETTINGS[setting]
+        triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM = "always", BALANCED_SETTINGS[setting]
     try:
         yield
     finally:

@@ -56,8 +56,8 @@ CTAs, 97% of a wave); B=64, Hkv=32 gets 1. The padded Sk is used, never the valu
 sequence's splits follow its own length, so a short sequence gets short (or empty) splits.
 ``bind(..., num_splits=n)`` (and ``decode_attention``) forces a count for sweeps and tests.
 
-The balanced split (``BALANCED_SPLIT``, off until a GPU times it: ``bench/decode_floor.py --settings
-after,balanced``): in a ragged batch the rule's splits of a short sequence end at once while the long
+The balanced split (``BALANCED_SPLIT = "ragged"``: every call with ``cache_seqlens``; H200 A/B in
+``results/h200/decode-balanced/``): in a ragged batch the rule's splits of a short sequence end at once while the long
 one's few carry its keys. ``_balanced_split_kernel`` gives every CTA an equal share of the valid keys,
 FlashInfer's plan done on the device (``balanced_share``): each CTA reads the B lengths, sizes a share
 as total key blocks / ``target_shares`` (at least ``BALANCED_MIN_KEYS``), gives each (batch, KV head)
@@ -148,11 +148,14 @@ MERGE_STEP_REGISTERS = 64
 # The splits of a tile merged by the last of them to finish, in the split kernel (one launch a step);
 # False: by a second kernel (bench/decode_floor.py sets it to time both in one process).
 FUSED_MERGE = True
-# The balanced split (off until a GPU A/B times it; bench/decode_floor.py's ``balanced`` setting): bind
-# launches ``_balanced_split_kernel``, whose CTAs take equal shares of the valid keys (module docstring),
-# aiming at BALANCED_SHARES_PER_SM shares per SM, each of at least BALANCED_MIN_KEYS keys; the cache
-# lengths' vector it reads is at least MIN_BLOCK_B long.
-BALANCED_SPLIT = False
+# The balanced split: a call with cache_seqlens (whose lengths the host never reads) binds
+# ``_balanced_split_kernel``, whose CTAs take equal shares of the valid keys (module docstring), aiming at
+# BALANCED_SHARES_PER_SM shares per SM, each of at least BALANCED_MIN_KEYS keys; the cache lengths' vector
+# it reads is at least MIN_BLOCK_B long. H200 (results/h200/decode-balanced/): +2 to +19 points of the
+# read bandwidth on ragged caches, -1 on one; on full caches the padded-Sk rule's splits are already
+# equal and the balanced grid lost up to 8 points, so a call without lengths keeps it. "always" and
+# "never" force one split for every call (tests, bench/decode_floor.py).
+BALANCED_SPLIT = "ragged"
 BALANCED_SHARES_PER_SM = 2
 BALANCED_MIN_KEYS = splits.MIN_KEYS_PER_SPLIT
 MIN_BLOCK_B = 16
@@ -638,9 +641,9 @@ def bind(
     """Allocate O, the LSE and the split workspace for validated q, k, v (page pools with
     ``block_table`` when the problem is paged) and return ``run()`` launching the split kernel, which
     merges its splits itself (with ``FUSED_MERGE`` off and more than one split, the merge kernel
-    follows). ``num_splits`` overrides the rule (sweeps, tests). With ``BALANCED_SPLIT`` on,
-    :func:`bind_balanced` instead."""
-    if BALANCED_SPLIT:
+    follows). ``num_splits`` overrides the rule (sweeps, tests). A call with ``cache_seqlens`` binds
+    :func:`bind_balanced` instead (``BALANCED_SPLIT``)."""
+    if BALANCED_SPLIT == "always" or (BALANCED_SPLIT == "ragged" and problem.has_cache_seqlens):
         return bind_balanced(q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table, shares=num_splits)
     num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device)
     out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
