@@ -9,7 +9,8 @@ rung's MN-major ring layouts are its K-major ones transposed; the capability che
 cannot differentiate, each with its reason; a copy taller than its tile and an overlapped hopper variant
 with one ring slot are refused. With a GPU: gradients against fp64 by the yardstick rule on the shapes
 that probe the rungs' tiles (query and key tails inside one tile, rows that see no key, one query or
-key, MQA), for every hopper candidate too, and the returned LSE differentiated too.
+key, MQA), for every hopper candidate too (the tma_rows ones on every such shape), and the returned LSE
+differentiated too.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from common.contract.reference import reference_attention
 from common.reporting.static import _cuobjdump, cubin_resources
 from cute_impl._host import CUTE_DTYPES
 from cute_impl.backward import hopper as hopper_backward
-from cute_impl.backward import hopper_dq, naive, tiled
+from cute_impl.backward import hopper_dq, hopper_rows, naive, tiled
 from cute_impl.backward._device import fixed_layout, query_block_range, row_tile_copy, streamed_layouts
 from tests.test_backward import assert_all_pass, dense_attention, ladder_gradients
 
@@ -220,6 +221,52 @@ def schedule_errors(rule) -> list[tuple]:
     return errors
 
 
+TMA_ROWS = [tiles for variants in hopper_backward.CANDIDATES.values() for tiles in variants if tiles.tma_rows]
+# A load from global memory in SASS (LDG.E...), not a TMA load (UTMALDG).
+GLOBAL_LOAD = re.compile(r"(?<![A-Z])LDG\.")
+
+
+@pytest.mark.cute_compile
+@pytest.mark.static
+@pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
+def test_hopper_tma_rows_load_lse_and_d_by_tma_only(head_dim: int) -> None:
+    """tma_rows with every compile-time feature on: the dK/dV kernel compiles without spills, its wgmmas
+    not serialised, the same products per step as dq="reduce"; its only loads from global memory are TMA
+    (two more 3-D boxes per ring slot, LSE₂ and D), the step reads them from shared memory, and its
+    unmasked step is at least 100 SASS instructions shorter. Planted: dq="reduce" alone reads LSE₂ and D
+    from HBM in every step (LDG in its loop), which fails the rule."""
+    causal, alignment, kv_heads, has_dlse = VARIANTS["causal_bottom_right_mqa_dlse"]
+    prob = problem(1000, 777, head_dim, causal=causal, alignment=alignment, kv_heads=kv_heads)
+    tiles = next(tiles for tiles in TMA_ROWS if tiles.stages == 2)
+    binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=tiles)
+    default = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=DQ_REDUCE)
+    assert hgmma_per_step(binaries) == hgmma_per_step(default)
+    dkdv, default_dkdv = binaries[1], default[1]
+    for usage in cubin_resources(dkdv.cubin).values():
+        assert usage["stack_bytes"] + usage["local_bytes"] == 0, f"{dkdv.name} {prob.describe()}: {usage}"
+    sass, default_sass = sass_of(dkdv), sass_of(default_dkdv)
+    assert not wgmma_serialised(sass), "ptxas serialised the wgmmas"
+    assert not GLOBAL_LOAD.search(sass), "LSE₂ and D still read from global memory"
+    assert sass.count("UTMALDG.3D") == 2 and default_sass.count("UTMALDG.3D") == 0
+    assert "LDS.64" in sass
+    assert GLOBAL_LOAD.search(default_sass), "planted: the HBM reads are what the rule detects"
+    assert unmasked_step_length(default_sass) - unmasked_step_length(sass) >= 100
+
+
+def unmasked_step_length(sass: str) -> int:
+    """SASS instructions of the shortest loop holding HGMMAs: the unmasked dK/dV step."""
+    addresses = [int(a, 16) for a in re.findall(r"/\*([0-9a-f]{4,})\*/\s+\S", sass)]
+    branches = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?P\d\s+)?BRA\s+0x([0-9a-f]+)", sass)
+    loops = [(int(target, 16), int(at, 16)) for at, target in branches if int(target, 16) < int(at, 16)]
+    instructions = dict(re.findall(r"/\*([0-9a-f]{4,})\*/\s+(\S[^;]*);", sass))
+    lengths = [
+        sum(1 for a in addresses if start <= a <= end)
+        for start, end in loops
+        if any("HGMMA" in instructions.get(f"{a:04x}", "") for a in addresses if start <= a <= end)
+    ]
+    return min(lengths)
+
+
 def test_hopper_dkdv_query_blocks_cover_every_visible_pair_and_mask_where_needed() -> None:
     """The dK/dV kernel's query blocks per key block (``query_block_range``, on Python ints), against the
     definition, over ragged lengths, both alignments and Sq ≷ Sk. Planted: one block too few, and one
@@ -375,6 +422,29 @@ def test_hopper_dq_reduce_refuses_what_it_is_not_built_for() -> None:
     assert all(variants[0].dq == "pass" for variants in hopper_backward.CANDIDATES.values())
 
 
+def test_hopper_tma_rows_is_a_candidate_not_the_default() -> None:
+    """tma_rows variants are named by their label and never picked as the default (until measured)."""
+    assert {tiles.label for tiles in TMA_ROWS} == {"m64_s2_dqreduce_tmarows", "m64_s3_dqreduce_tmarows"}
+    for head_dim in hopper_backward.HEAD_DIMS:
+        assert not hopper_backward.default_tiles(head_dim).tma_rows
+    assert hopper_backward.BackwardTiles(64, 64, 2, tma_rows=True).label == "m64_dqn64_s2_tmarows"
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 77, 80, 1000])
+def test_row_vectors_give_every_head_a_tma_aligned_row(seqlen_q: int) -> None:
+    """LSE₂ and D are (B, H, Sq) views whose head rows start 16 bytes apart or a multiple of it (a TMA
+    source's outer strides); the two never share storage. Planted: a contiguous (B, H, 77) tensor's
+    head stride, 308 bytes, is not a multiple of 16."""
+    prob = Problem(2, 3, seqlen_q, 64, 64, torch.bfloat16)
+    lse2, delta = hopper_rows.row_vectors(prob, torch.device("cpu"))
+    for vector in (lse2, delta):
+        assert vector.shape == (2, 3, seqlen_q) and vector.dtype == torch.float32 and vector.stride(2) == 1
+        assert all(stride * 4 % hopper_rows.TMA_STRIDE_BYTES == 0 for stride in vector.stride()[:2])
+        assert vector.stride(1) - seqlen_q < hopper_rows.TMA_STRIDE_BYTES // 4
+    assert lse2.untyped_storage().data_ptr() != delta.untyped_storage().data_ptr()
+    assert torch.empty(2, 3, 77).stride(1) * 4 % hopper_rows.TMA_STRIDE_BYTES != 0
+
+
 @pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
 def test_hopper_default_adds_dq_by_reduce_unless_deterministic_algorithms_are_on(head_dim: int) -> None:
     """The default is dq="reduce"; under torch.use_deterministic_algorithms it is the first candidate,
@@ -526,3 +596,31 @@ def test_gpu_dq_reduce_keeps_dk_and_dv_deterministic(head_dim: int) -> None:
     for grads in runs:
         assert_all_pass(grads, q, k, v, d_out, prob)
     assert torch.equal(runs[0][1], runs[1][1]) and torch.equal(runs[0][2], runs[1][2])
+
+
+TMA_ROWS_CASES = [
+    (case, tiles)
+    for case, prob in GPU_CASES.items()
+    for tiles in TMA_ROWS
+    if tiles in hopper_backward.CANDIDATES[prob.head_dim]
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("case", "tiles"), TMA_ROWS_CASES, ids=[f"{case}-{tiles.label}" for case, tiles in TMA_ROWS_CASES]
+)
+def test_gpu_tma_rows_pass_the_rule(case: str, tiles: hopper_backward.BackwardTiles) -> None:
+    """tma_rows on the shapes that probe the tiles: query tails inside a block (rows past Sq zero-filled by
+    the box, so P = 1 there), Sq not a multiple of four (the padded head rows), rows that see no key,
+    one query or key, MQA; from cute/hopper's O and LSE."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    prob = GPU_CASES[case]
+    q, k, v, d_out = gpu_inputs(prob, seed=26)
+    with torch.no_grad():
+        out, lse = attention(
+            q, k, v, causal=prob.causal, causal_alignment=prob.causal_alignment, impl="cute/hopper", return_lse=True
+        )
+    grads = hopper_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=tiles)
+    assert_all_pass(grads, q, k, v, d_out, prob)
