@@ -221,7 +221,10 @@ def schedule_errors(rule) -> list[tuple]:
     return errors
 
 
-TMA_ROWS = [tiles for variants in hopper_backward.CANDIDATES.values() for tiles in variants if tiles.tma_rows]
+# The tma_rows candidates, once each (a variant of both head dims is one value).
+TMA_ROWS = list(
+    dict.fromkeys(tiles for variants in hopper_backward.CANDIDATES.values() for tiles in variants if tiles.tma_rows)
+)
 # A load from global memory in SASS (LDG.E...), not a TMA load (UTMALDG).
 GLOBAL_LOAD = re.compile(r"(?<![A-Z])LDG\.")
 
