@@ -19,6 +19,7 @@ import itertools
 import re
 import subprocess
 import tempfile
+from dataclasses import replace
 
 import pytest
 import torch
@@ -253,21 +254,45 @@ def test_hopper_tma_rows_load_lse_and_d_by_tma_only(head_dim: int) -> None:
     assert sass.count("UTMALDG.3D") == 2 and default_sass.count("UTMALDG.3D") == 0
     assert "LDS.64" in sass
     assert GLOBAL_LOAD.search(default_sass), "planted: the HBM reads are what the rule detects"
-    assert unmasked_step_length(default_sass) - unmasked_step_length(sass) >= 100
+    assert len(unmasked_step(default_sass)) - len(unmasked_step(sass)) >= 100
 
 
-def unmasked_step_length(sass: str) -> int:
-    """SASS instructions of the shortest loop holding HGMMAs: the unmasked dK/dV step."""
-    addresses = [int(a, 16) for a in re.findall(r"/\*([0-9a-f]{4,})\*/\s+\S", sass)]
-    branches = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?P\d\s+)?BRA\s+0x([0-9a-f]+)", sass)
-    loops = [(int(target, 16), int(at, 16)) for at, target in branches if int(target, 16) < int(at, 16)]
-    instructions = dict(re.findall(r"/\*([0-9a-f]{4,})\*/\s+(\S[^;]*);", sass))
-    lengths = [
-        sum(1 for a in addresses if start <= a <= end)
-        for start, end in loops
-        if any("HGMMA" in instructions.get(f"{a:04x}", "") for a in addresses if start <= a <= end)
+def unmasked_step(sass: str) -> list[str]:
+    """The SASS instructions of the shortest loop holding HGMMAs: the unmasked dK/dV step."""
+    instructions = [(int(at, 16), text) for at, text in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(\S[^;]*);", sass)]
+    loops = [
+        (int(target.group(1), 16), at)
+        for at, text in instructions
+        if (target := re.search(r"\bBRA\s+0x([0-9a-f]+)", text)) and int(target.group(1), 16) < at
     ]
-    return min(lengths)
+    bodies = [[text for at, text in instructions if start <= at <= end] for start, end in loops]
+    return min((body for body in bodies if any("HGMMA" in text for text in body)), key=len)
+
+
+DRAIN = "WARPGROUP.DEPBAR.LE gsb0, 0x0"
+
+
+@pytest.mark.cute_compile
+@pytest.mark.static
+def test_hopper_dq_reduce_overlaps_dk_with_the_next_step_at_d64_only() -> None:
+    """dq="reduce" with dkdv_overlap (the D=64 tma_rows candidate), every compile-time feature on: no
+    spills, wgmmas not serialised, and the unmasked step never waits for all its wgmmas (no drain in its
+    loop): its dK retires under the next step's Sᵀ and dPᵀ. Planted: the non-overlapped variant drains
+    every step; the same kernel at D=128 is serialised by ptxas (why it is a D=64 candidate only)."""
+    causal, alignment, kv_heads, has_dlse = VARIANTS["causal_bottom_right_mqa_dlse"]
+    (overlapped,) = [tiles for tiles in TMA_ROWS if tiles.dkdv_overlap]
+    assert overlapped in hopper_backward.CANDIDATES[64] and overlapped not in hopper_backward.CANDIDATES[128]
+    sass = {}
+    for head_dim, tiles in ((64, overlapped), (64, replace(overlapped, dkdv_overlap=False)), (128, overlapped)):
+        prob = problem(1000, 777, head_dim, causal=causal, alignment=alignment, kv_heads=kv_heads)
+        dkdv = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=tiles)[1]
+        sass[head_dim, tiles.dkdv_overlap] = sass_of(dkdv)
+        if head_dim == 64:
+            for usage in cubin_resources(dkdv.cubin).values():
+                assert usage["stack_bytes"] + usage["local_bytes"] == 0, f"{tiles.label}: {usage}"
+    assert not wgmma_serialised(sass[64, True]) and DRAIN not in " ".join(unmasked_step(sass[64, True]))
+    assert DRAIN in " ".join(unmasked_step(sass[64, False]))
+    assert wgmma_serialised(sass[128, True])
 
 
 def test_hopper_dkdv_query_blocks_cover_every_visible_pair_and_mask_where_needed() -> None:
@@ -413,21 +438,24 @@ def test_hopper_overlapped_tiles_refuse_a_single_ring_slot() -> None:
 
 
 def test_hopper_dq_reduce_refuses_what_it_is_not_built_for() -> None:
-    """dq="reduce" takes 64 query rows per step (the dQ wgmma's M) and no overlapped step; an unknown dq
-    mode is refused. Its label names the mode, not the unused dQ kernel's tile."""
-    for tiles in ({"tile_m": 32}, {"dkdv_overlap": True}, {"dq_overlap": True}):
+    """dq="reduce" takes 64 query rows per step (the dQ wgmma's M) and no dQ kernel to overlap (its dK may
+    overlap the next step); an unknown dq mode is refused. Its label names the mode, not the unused dQ
+    kernel's tile."""
+    for tiles in ({"tile_m": 32}, {"dq_overlap": True}):
         with pytest.raises(ValueError, match="dq='reduce'"):
             hopper_backward.BackwardTiles(**({"tile_m": 64, "dq_tile_n": 64, "stages": 2} | tiles), dq="reduce")
     with pytest.raises(ValueError, match="'pass' or 'reduce'"):
         hopper_backward.BackwardTiles(64, 64, 2, dq="atomic")
     assert DQ_REDUCE.label == "m64_s2_dqreduce"
+    overlapped = hopper_backward.BackwardTiles(64, 64, 3, dkdv_overlap=True, dq="reduce")
+    assert overlapped.label == "m64_s3_dqreduce_dkdvoverlap"
     assert all(DQ_REDUCE in variants for variants in hopper_backward.CANDIDATES.values())
     assert all(variants[0].dq == "pass" for variants in hopper_backward.CANDIDATES.values())
 
 
 def test_hopper_tma_rows_is_a_candidate_not_the_default() -> None:
     """tma_rows variants are named by their label and never picked as the default (until measured)."""
-    assert {tiles.label for tiles in TMA_ROWS} == {"m64_s2_dqreduce_tmarows", "m64_s3_dqreduce_tmarows"}
+    assert {tiles.label for tiles in TMA_ROWS} == {"m64_s2_dqreduce_tmarows", "m64_s3_dqreduce_dkdvoverlap_tmarows"}
     for head_dim in hopper_backward.HEAD_DIMS:
         assert not hopper_backward.default_tiles(head_dim).tma_rows
     assert hopper_backward.BackwardTiles(64, 64, 2, tma_rows=True).label == "m64_dqn64_s2_tmarows"

@@ -73,9 +73,9 @@ and 360.3 at D=64 (B=4 H=32), against 417.6 / 388.6 / 332.4 for the separate pas
 barriers and 8.6 GB of fp32 reduce traffic at P1 are the rest).
 
 Limits (not done): no ping-pong between the consumer warpgroups, no persistent scheduler, gradients
-stored from the accumulators (no TMA store); dq="reduce" needs 64 query rows per step and no overlap.
-The variant ``tma_rows`` (``hopper_rows.py``, not yet timed) loads each query block's LSE₂ and D by TMA
-into its ring slot, read from shared memory by the dK/dV step instead of from HBM by every thread.
+stored from the accumulators (no TMA store); dq="reduce" needs 64 query rows per step (its dK/dV overlap
+only at D=64). The variant ``tma_rows`` (``hopper_rows.py``, not yet timed) loads each query block's LSE₂
+and D by TMA into its ring slot, read from shared memory by the dK/dV step, not from HBM by every thread.
 The candidates are ``python -m bench.backward --candidates --rung cute``.
 """
 
@@ -174,15 +174,16 @@ class BackwardTiles:
             raise ValueError(f"overlapped steps need two ring slots or more, got {self}")
         if self.dq not in ("pass", "reduce"):
             raise ValueError(f"dq is 'pass' or 'reduce', got {self.dq!r}")
-        # The dQ product's M is the step's query rows: one m64 wgmma; its steps are not overlapped.
-        if self.dq == "reduce" and (self.tile_m != ROWS_PER_WARPGROUP or self.dkdv_overlap or self.dq_overlap):
-            raise ValueError(f"dq='reduce' takes 64 query rows per step and no overlap, got {self}")
+        # The dQ product's M is the step's query rows: one m64 wgmma; it retires within its step (a step's
+        # dK may stay in flight, ``dkdv_overlap``); no dQ kernel to overlap.
+        if self.dq == "reduce" and (self.tile_m != ROWS_PER_WARPGROUP or self.dq_overlap):
+            raise ValueError(f"dq='reduce' takes 64 query rows per step and no dq_overlap, got {self}")
 
     @property
     def label(self) -> str:
         rows = "_tmarows" if self.tma_rows else ""
         if self.dq == "reduce":
-            return f"m{self.tile_m}_s{self.stages}_dqreduce" + rows
+            return f"m{self.tile_m}_s{self.stages}_dqreduce" + ("_dkdvoverlap" if self.dkdv_overlap else "") + rows
         overlaps = ("_dkdvoverlap" if self.dkdv_overlap else "") + ("_dqoverlap" if self.dq_overlap else "")
         return f"m{self.tile_m}_dqn{self.dq_tile_n}_s{self.stages}" + overlaps + rows
 
@@ -199,7 +200,7 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 64, 2),
         BackwardTiles(64, 64, 2, dq="reduce"),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True),
-        BackwardTiles(64, 64, 3, dq="reduce", tma_rows=True),
+        BackwardTiles(64, 64, 3, dkdv_overlap=True, dq="reduce", tma_rows=True),
     ),
     128: (
         BackwardTiles(64, 64, 2),
