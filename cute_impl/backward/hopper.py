@@ -424,8 +424,8 @@ class _DKDVKernel:
         m_block: Int32, masked: cutlass.Constexpr,
     ):  # fmt: skip
         """One query block from the ring: the four products, Pᵀ and dSᵀ between them (``masked``: the
-        causal diagonal and the key tail get Pᵀ = 0; the query tail needs no mask: its Q and dO are
-        zero-filled and its LSE₂ +inf); ``dq`` (a ``hopper_dq.DQReduce``, or None): dQ = dS K too."""
+        causal diagonal and the key tail get Pᵀ = 0; the query tail needs no mask: its Q and dO are zero-
+        filled, its LSE₂ +inf or, staged, 0: ``hopper_rows.py``); ``dq`` (``hopper_dq.DQReduce`` or None): dQ too."""
         st_gemm, dpt_gemm, dv_gemm, dk_gemm = gemms
         tdVrPt, tdKrdSt = operands_a
         gLSE2, gDelta, seqlen_q, seqlen_k, causal_offset = rows
