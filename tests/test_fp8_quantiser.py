@@ -113,6 +113,7 @@ KNOB_CONFIGS = [
     fused.QuantiserConfig(tiles_per_program=4, num_stages=2, division="ieee"),
     fused.QuantiserConfig(programs_per_sm=1, prefetch=True),
     fused.QuantiserConfig(programs_per_sm=1, num_stages=3, tma=True),
+    fused.QuantiserConfig(tiles_per_program=3, prefetch=True, interleave=True),
 ]
 # The SM count the knob test's persistent grid sees: 3 programs, so that each walks several tiles of each tensor.
 CPU_SM_COUNT = 3
@@ -492,6 +493,8 @@ def test_bad_inputs_are_refused_with_what_was_expected():
             "needs single_launch=True and tiles_per_program=1, got True and 4",
         ),
         ({"programs_per_sm": 2, "single_launch": False}, "needs single_launch=True and tiles_per_program=1, got False"),
+        ({"interleave": True, "single_launch": False}, "needs single_launch=True and programs_per_sm=0, got False and 0"),
+        ({"interleave": True, "programs_per_sm": 1}, "needs single_launch=True and programs_per_sm=0, got True and 1"),
     ):
         with pytest.raises(ValueError, match=message):
             fused.QuantiserConfig(**knobs)  # fmt: skip
