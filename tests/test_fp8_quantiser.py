@@ -677,6 +677,8 @@ GPU_KNOB_CONFIGS = [
     fused.QuantiserConfig(programs_per_sm=2, prefetch=True, maxnreg=128),
     fused.QuantiserConfig(programs_per_sm=2, num_stages=2),
     fused.QuantiserConfig(programs_per_sm=1, num_stages=4, num_warps=16),
+    fused.QuantiserConfig(tiles_per_program=8, prefetch=True, maxnreg=128, interleave=True),
+    fused.QuantiserConfig(tiles_per_program=8, num_warps=16, maxnreg=64, interleave=True),
 ]
 
 
