@@ -21,12 +21,18 @@ source "$(dirname "$0")/_gpu_run.sh" fp8_e2e_ab.sh runs/fp8_e2e_ab
 export PYTHONPATH="${PYTHONPATH:-$PWD}"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.log" 2>&1
 status=0
-timeout 75 python3 -m pytest -q -m gpu tests/test_fp8_quantiser.py \
-  -k "gpu_every_knob and interleaved and block+rotation-tensor_core" > "$OUT/pytest.log" 2>&1 || status=1
+knob_test=tests/test_fp8_quantiser.py::test_gpu_every_knob_writes_the_default_configurations_bytes
+tests=()
+for shape in "(2, 16, 16, 8192, 8192, 128)" "(2, 8, 2, 1000, 777, 128)"; do
+  for config in "tiles/prog=8 prefetch warps=auto maxnreg=128" "tiles/prog=8 stages=1 warps=16 maxnreg=64"; do
+    tests+=("$knob_test[$shape-block+rotation-tensor_core-1 launch interleaved $config reciprocal]")
+  done
+done
+timeout 60 python3 -m pytest -q -m gpu "${tests[@]}" > "$OUT/pytest.log" 2>&1 || status=1
 tail -3 "$OUT/pytest.log"
 prefetch="tiles_per_program=8,prefetch=true,maxnreg=128"
 candidates="$prefetch;$prefetch,interleave=true;tiles_per_program=8,num_warps=16,maxnreg=64,interleave=true"
-timeout 110 python3 -m bench.fp8_quantiser --ab --only cute/fp8,gluon/fp8 --candidates "$candidates" \
+timeout 115 python3 -m bench.fp8_quantiser --ab --only cute/fp8,gluon/fp8 --candidates "$candidates" \
   --e2e-each --e2e-rounds 2 --warmup-ms 25 --rep-ms 150 --out "$OUT/ab" > "$OUT/ab.log" 2>&1 || status=1
 tail -40 "$OUT/ab.log"
 exit $status
