@@ -493,8 +493,8 @@ def test_bad_inputs_are_refused_with_what_was_expected():
             "needs single_launch=True and tiles_per_program=1, got True and 4",
         ),
         ({"programs_per_sm": 2, "single_launch": False}, "needs single_launch=True and tiles_per_program=1, got False"),
-        ({"interleave": True, "single_launch": False}, "needs single_launch=True and programs_per_sm=0, got False and 0"),
-        ({"interleave": True, "programs_per_sm": 1}, "needs single_launch=True and programs_per_sm=0, got True and 1"),
+        ({"interleave": True, "single_launch": False}, "single_launch=True and programs_per_sm=0, got False and 0"),
+        ({"interleave": True, "programs_per_sm": 1}, "single_launch=True and programs_per_sm=0, got True and 1"),
     ):
         with pytest.raises(ValueError, match=message):
             fused.QuantiserConfig(**knobs)  # fmt: skip
