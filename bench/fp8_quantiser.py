@@ -31,7 +31,9 @@ block+rotation in gluon/fp8's V layout, each judged as in ``--sweep``, against t
 measured in the same run (``common.measure.peaks.measure_read_gbps``: µs, GB/s, % of it); then makes the
 fastest passing one the rungs' configuration and times each FP8 rung kernel only and end to end, causal
 and not, against the best bf16 rung (cute/hopper) in the same process. Writes ``fp8_quantiser_ab.csv``
-and ``fp8_quantiser_ab.md``.
+and ``fp8_quantiser_ab.md``. ``--candidates`` replaces ``AB_CANDIDATES``; ``--e2e-each`` times every passing
+candidate end to end (``--e2e-rounds`` interleaved rounds, medians), each beside the quantiser alone in the rung's
+V layout, so that e2e - kernel - quantiser is what a call pays beyond its two launches.
 
 ``--quantiser-config field=value,...`` runs any mode with another default configuration (the rungs'
 quantiser too), so a configuration the sweep found can be timed end to end before it is committed.
@@ -49,6 +51,7 @@ import argparse
 import csv
 import functools
 import importlib
+import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -420,11 +423,6 @@ class EndToEndRow:
         return self.e2e_us - self.kernel_us - self.quantiser_us
 
 
-def _median(samples: list[float]) -> float:
-    ordered = sorted(samples)
-    return ordered[len(ordered) // 2]
-
-
 def _rung_end_to_end(
     rung: str, module, problem: Problem, inputs, configs: list[Config], args: argparse.Namespace
 ) -> list[EndToEndRow]:
@@ -450,13 +448,13 @@ def _rung_end_to_end(
         for index, (end_to_end, quantise) in enumerate(runs):
             e2e[index].append(_time(end_to_end, args))
             alone[index].append(_time(quantise, args))
-    kernel_ms = _median(kernel)
+    kernel_ms = statistics.median(kernel)
     rows = []
     for config, note, e2e_samples, alone_samples in zip(configs, notes, e2e, alone, strict=True):
-        e2e_ms = _median(e2e_samples)
+        e2e_ms = statistics.median(e2e_samples)
         row = EndToEndRow(rung, problem.causal, kernel_ms * 1e3, tflops(problem.flops, kernel_ms), e2e_ms * 1e3,
                           tflops(problem.flops, e2e_ms), note, config.describe(),
-                          _median(alone_samples) * 1e3)  # fmt: skip
+                          statistics.median(alone_samples) * 1e3)  # fmt: skip
         rows.append(row)
         print(f"{rung:10s} causal={problem.causal!s:5s} kernel {row.kernel_us:7.1f} us {row.kernel_tflops:4.0f} | "
               f"quantiser {row.quantiser_us:6.1f} us | e2e {row.e2e_us:7.1f} us {row.e2e_tflops:4.0f} TFLOP/s | "
