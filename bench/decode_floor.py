@@ -24,6 +24,15 @@ Settings, each applied at bind time by module constants the rungs read there:
   equal share of the valid keys, planned on the device), aiming at 2 (the committed
   ``BALANCED_SHARES_PER_SM``) or 4 shares per SM.
 
+* issue #38's fifth stop (:data:`FIFTH_SETTINGS`; ``bench/decode_floor5.sh``), each rung's switches of that
+  name where it has them, a setting timed only where it changes the rung's plan for the shape (split count,
+  ring; :func:`plan_signature`): ``slots-2``, the split rule filling two CTA slots per SM with even work
+  (``SPLIT_CTAS_PER_SM = 2``, at most what the rung's rings leave room for); ``one-split``, a short cache
+  whose items fill a wave in one split (``SHORT_CACHE_ONE_SPLIT``); ``deep-ring``, triton/decode's
+  ``DEEP_RING`` (a grid of at most one CTA per SM takes cute/decode's ring depth); ``short-tile``,
+  gluon/decode's ``SHORT_CACHE_TILE`` (a two-CTAs-an-SM ring at D=128 for short caches); ``fifth``, all of
+  them together.
+
 ``--seed`` and ``--shapes`` time other shapes of the random sweep (``after+splits`` is seed 1's only).
 
 For the low shapes of ``compare.py --decode --decode-random 10 --decode-seed 1``
@@ -42,6 +51,7 @@ import argparse
 import contextlib
 import csv
 import fnmatch
+import importlib
 import statistics
 import sys
 from collections.abc import Iterator
@@ -54,7 +64,21 @@ from bench import require_gpu
 # B=2 Hkv=4 131k).
 SHAPES = (3, 4, 7, 8, 9, 0, 2)
 SEED = 1
-SETTINGS = ("before", "after", "two-launch", "after+tile", "after+splits", "balanced", "balanced-4")
+# Issue #38's fifth stop: setting -> the module switches it sets in each rung that has them.
+FIFTH_SETTINGS = {
+    "slots-2": {"SPLIT_CTAS_PER_SM": 2},
+    "one-split": {"SHORT_CACHE_ONE_SPLIT": True},
+    "deep-ring": {"DEEP_RING": True},
+    "short-tile": {"SHORT_CACHE_TILE": True},
+    "fifth": {"SPLIT_CTAS_PER_SM": 2, "SHORT_CACHE_ONE_SPLIT": True, "DEEP_RING": True, "SHORT_CACHE_TILE": True},
+}
+SETTINGS = ("before", "after", "two-launch", "after+tile", "after+splits", "balanced", "balanced-4", *FIFTH_SETTINGS)
+# Each decode rung's module, whose switches the fifth stop's settings set.
+RUNG_MODULES = {
+    "triton/decode": "triton_impl.decode",
+    "gluon/decode": "triton_impl.gluon.decode",
+    "cute/decode": "cute_impl.decode",
+}
 # The balanced settings' shares per SM (triton/decode's BALANCED_SHARES_PER_SM).
 BALANCED_SETTINGS = {"balanced": 2, "balanced-4": 4}
 # The rungs whose split kernel merges its splits itself unless triton/decode's FUSED_MERGE is False.
@@ -89,6 +113,41 @@ def tile_candidates() -> dict[tuple[str, int], tuple[object, object]]:
 COLUMNS = ("impl", "shape", "setting", "num_splits", "status", "us", "pct_read_bw", "rel_l2_err", "reason")
 
 
+def fifth_switches(setting: str, impl_name: str) -> dict[str, object]:
+    """The switches of fifth-stop ``setting`` that ``impl_name``'s module has (empty for any other setting)."""
+    if setting not in FIFTH_SETTINGS or impl_name not in RUNG_MODULES:
+        return {}
+    module = importlib.import_module(RUNG_MODULES[impl_name])
+    return {name: value for name, value in FIFTH_SETTINGS[setting].items() if hasattr(module, name)}
+
+
+def plan_signature(impl_name: str, problem, device) -> tuple:
+    """What the fifth stop's switches may change in ``impl_name``'s launch of ``problem``, read on the host
+    under the current constants: the split count, and triton/decode's pipeline depth (``DEEP_RING``: a grid
+    of at most one CTA per SM) or gluon/decode's ring (``decode_config``)."""
+    from common.contract import splits
+
+    module = importlib.import_module(RUNG_MODULES[impl_name])
+    num_splits = module.planned_num_splits(problem, device)
+    if impl_name == "triton/decode":
+        ctas = num_splits * module.m_blocks_for(problem) * problem.batch * problem.kv_heads
+        return num_splits, module.num_stages_for(problem, module.DEEP_RING and ctas <= splits.sm_count(device))
+    if impl_name == "gluon/decode":
+        return num_splits, module.decode_config(problem)
+    return (num_splits,)
+
+
+def changes_plan(setting: str, impl_name: str, problem, device) -> bool:
+    """Whether fifth-stop ``setting`` changes ``impl_name``'s plan for ``problem`` (else its row would time
+    the committed launch again)."""
+    switches = fifth_switches(setting, impl_name)
+    if not switches:
+        return False
+    committed = plan_signature(impl_name, problem, device)
+    with applied(setting, impl_name, problem.head_dim):
+        return plan_signature(impl_name, problem, device) != committed
+
+
 def applies(setting: str, impl_name: str, head_dim: int, shape_index: int) -> bool:
     if setting == "after+tile":
         return (impl_name, head_dim) in tile_candidates()
@@ -98,6 +157,8 @@ def applies(setting: str, impl_name: str, head_dim: int, shape_index: int) -> bo
         return impl_name in FUSED_RUNGS
     if setting in BALANCED_SETTINGS:
         return impl_name == "triton/decode"
+    if setting in FIFTH_SETTINGS:
+        return bool(fifth_switches(setting, impl_name))
     return True
 
 
@@ -121,9 +182,16 @@ def applied(setting: str, impl_name: str, head_dim: int) -> Iterator[None]:
         triton_decode.FUSED_MERGE = False
     if setting in BALANCED_SETTINGS:
         triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM = True, BALANCED_SETTINGS[setting]
+    switches = fifth_switches(setting, impl_name)
+    module = importlib.import_module(RUNG_MODULES[impl_name]) if switches else None
+    saved_switches = {name: getattr(module, name) for name in switches}
+    for name, value in switches.items():
+        setattr(module, name, value)
     try:
         yield
     finally:
+        for name, value in saved_switches.items():
+            setattr(module, name, value)
         triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP = saved_steps
         triton_decode.FUSED_MERGE = saved_fused
         triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM = saved_balanced
@@ -215,7 +283,12 @@ def main(argv: list[str] | None = None) -> int:
                 if not ok:
                     print(f"{impl.name:14s} {case.describe()}: refused: {reason}", flush=True)
                     continue
-                settings = [setting for setting in chosen if applies(setting, impl.name, head_dim, index)]
+                settings = [
+                    setting
+                    for setting in chosen
+                    if applies(setting, impl.name, head_dim, index)
+                    and (setting not in FIFTH_SETTINGS or changes_plan(setting, impl.name, case.problem, device))
+                ]
                 results: dict[str, list[tuple]] = {setting: [] for setting in settings}
                 for round_index in range(args.rounds):
                     for setting in settings:
