@@ -137,15 +137,23 @@ def plan_signature(impl_name: str, problem, device) -> tuple:
     return (num_splits,)
 
 
-def changes_plan(setting: str, impl_name: str, problem, device) -> bool:
-    """Whether fifth-stop ``setting`` changes ``impl_name``'s plan for ``problem`` (else its row would time
-    the committed launch again)."""
-    switches = fifth_switches(setting, impl_name)
-    if not switches:
-        return False
-    committed = plan_signature(impl_name, problem, device)
-    with applied(setting, impl_name, problem.head_dim):
-        return plan_signature(impl_name, problem, device) != committed
+def fifth_settings_to_time(settings: list[str], impl_name: str, problem, device) -> list[str]:
+    """``settings`` without the fifth-stop ones that would time a plan already timed: the committed one
+    (the switch changes nothing for this shape) or an earlier setting's (``fifth`` where one switch
+    decides alone)."""
+    if not set(settings) & set(FIFTH_SETTINGS):
+        return settings
+    seen = {plan_signature(impl_name, problem, device)}
+    kept = []
+    for setting in settings:
+        if setting in FIFTH_SETTINGS:
+            with applied(setting, impl_name, problem.head_dim):
+                plan = plan_signature(impl_name, problem, device)
+            if plan in seen:
+                continue
+            seen.add(plan)
+        kept.append(setting)
+    return kept
 
 
 def applies(setting: str, impl_name: str, head_dim: int, shape_index: int) -> bool:
@@ -248,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed != SEED and "after+splits" in chosen:
         parser.error(f"after+splits holds the model's split counts for seed {SEED}'s shapes only")
     shapes = [int(index) for index in args.shapes.split(",")]
+    chosen_fifth = set(chosen) & set(FIFTH_SETTINGS)
     require_gpu("bench.decode_floor")
     import torch
 
@@ -283,12 +292,11 @@ def main(argv: list[str] | None = None) -> int:
                 if not ok:
                     print(f"{impl.name:14s} {case.describe()}: refused: {reason}", flush=True)
                     continue
-                settings = [
-                    setting
-                    for setting in chosen
-                    if applies(setting, impl.name, head_dim, index)
-                    and (setting not in FIFTH_SETTINGS or changes_plan(setting, impl.name, case.problem, device))
-                ]
+                settings = [setting for setting in chosen if applies(setting, impl.name, head_dim, index)]
+                settings = fifth_settings_to_time(settings, impl.name, case.problem, device)
+                if chosen_fifth and not set(settings) & set(FIFTH_SETTINGS):
+                    print(f"{impl.name:14s} {case.describe()}: no fifth-stop setting changes its plan", flush=True)
+                    continue
                 results: dict[str, list[tuple]] = {setting: [] for setting in settings}
                 for round_index in range(args.rounds):
                     for setting in settings:

@@ -230,15 +230,16 @@ def test_deep_ring_and_short_tile_compile_for_sm90_without_spills():
 # ----------------------------------------------------------------------------------------------------
 # (switch values, problem, lengths on the GPU (None: the padded cache)): few items on a long cache (D=64,
 # 276k as on the H200's low row, at B=2 to keep the fp64 reference small); many short ragged MHA heads.
+SHORT_LENGTHS = (1020, 18, 0, 505, 1, 64, 777, 130)
 GPU_SETTINGS = {
     "slots-2": ({"SPLIT_CTAS_PER_SM": 2}, _problem(2, 2, 65536, head_dim=64, seqlen_q=2), None),
     "deep-ring": ({"DEEP_RING": True}, _problem(2, 2, 65536, head_dim=64, seqlen_q=2), None),
-    "one-split": ({"SHORT_CACHE_ONE_SPLIT": True}, _problem(8, 32, 1024, seqlen_q=8, ragged=True), (1020, 18, 0, 505)),
-    "short-tile": ({"SHORT_CACHE_TILE": True}, _problem(8, 32, 1024, seqlen_q=8, ragged=True), (1020, 18, 0, 505)),
+    "one-split": ({"SHORT_CACHE_ONE_SPLIT": True}, _problem(8, 32, 1024, seqlen_q=8, ragged=True), SHORT_LENGTHS),
+    "short-tile": ({"SHORT_CACHE_TILE": True}, _problem(8, 32, 1024, seqlen_q=8, ragged=True), SHORT_LENGTHS),
     "one-split+short-tile": (
         {"SHORT_CACHE_ONE_SPLIT": True, "SHORT_CACHE_TILE": True},
-        _problem(8, 32, 1024, seqlen_q=8, ragged=True, dtype=torch.float16),
-        (1020, 18, 0, 505),
+        _problem(8, 32, 1024, seqlen_q=8, ragged=True),
+        SHORT_LENGTHS,
     ),
 }
 
@@ -262,5 +263,10 @@ def test_gpu_switch_against_fp64(impl_name: str, setting: str, monkeypatch: pyte
         assert module.planned_num_splits(problem, device) > committed
     q, k, v = make_inputs(problem, seed=len(setting), device="cuda", offset=0.5 if len(setting) % 2 else 0.0)
     cache_seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    if "DEEP_RING" in present:
+        run = module.bind(q, k, v, problem, cache_seqlens=cache_seqlens)
+        assert run.num_stages == module.DEEP_RING_STAGES[problem.head_dim]
+    if "SHORT_CACHE_TILE" in present:
+        assert module.decode_config(problem) == module.SHORT_CACHE_CONFIGS[problem.head_dim]
     result = check_on_inputs(DECODE_IMPLS[impl_name], q, k, v, problem, cache_seqlens=cache_seqlens)
     assert result.ok, f"{impl_name} {setting} {problem.describe()}: {result.summary()}"
