@@ -138,3 +138,41 @@ def test_model_balanced_grid_reads_every_key_once(target: int):
     assert items == sorted(items) and set(items) == set(range(p.batch * p.kv_heads))
     bytes_per_key = 2 * p.head_dim * p.dtype.itemsize
     assert sum(keys for _, keys in shares) * bytes_per_key == RAGGED.kv_bytes_read
+
+
+def test_floor_fifth_settings_set_each_rungs_switches_and_restore_them():
+    with pytest.raises(RuntimeError), decode_floor.applied("fifth", "gluon/decode", 128):
+        assert gluon_decode.SPLIT_CTAS_PER_SM == 2 and gluon_decode.SHORT_CACHE_TILE
+        assert gluon_decode.SHORT_CACHE_ONE_SPLIT and triton_decode.SPLIT_CTAS_PER_SM == 1
+        raise RuntimeError("a failing bind")
+    with decode_floor.applied("deep-ring", "triton/decode", 64):
+        assert triton_decode.DEEP_RING and not triton_decode.SHORT_CACHE_ONE_SPLIT
+    committed = (1, False, False)
+    assert committed == (triton_decode.SPLIT_CTAS_PER_SM, triton_decode.SHORT_CACHE_ONE_SPLIT, triton_decode.DEEP_RING)
+    assert committed == (
+        gluon_decode.SPLIT_CTAS_PER_SM,
+        gluon_decode.SHORT_CACHE_ONE_SPLIT,
+        gluon_decode.SHORT_CACHE_TILE,
+    )
+    assert (cute_decode.SPLIT_CTAS_PER_SM, cute_decode.SHORT_CACHE_ONE_SPLIT) == (1, False)
+    assert not decode_floor.applies("deep-ring", "cute/decode", 64, 0)
+    assert not decode_floor.applies("short-tile", "triton/decode", 128, 0)
+
+
+def test_floor_fifth_settings_time_only_new_plans():
+    """Seed 29's B=4 Hkv=2 D=64 276k: triton/decode times slots-2 (32 splits) and deep-ring (16 splits, 6
+    stages), not fifth (slots-2's plan again) nor one-split (a long cache); B=32 MHA 1k ragged: gluon/decode
+    one-split, short-tile and fifth (both), triton/decode one-split only."""
+    cases = random_cases(8, 29)
+    fifth = ["after", *decode_floor.FIFTH_SETTINGS]
+    cpu = torch.device("cpu")
+
+    def timed(impl_name: str, case: DecodeCase) -> list[str]:
+        settings = [s for s in fifth if decode_floor.applies(s, impl_name, case.problem.head_dim, 0)]
+        return decode_floor.fifth_settings_to_time(settings, impl_name, case.problem, cpu)
+
+    assert timed("triton/decode", cases[6]) == ["after", "slots-2", "deep-ring"]
+    assert timed("cute/decode", cases[6]) == ["after", "slots-2"]
+    assert timed("gluon/decode", cases[7]) == ["after", "one-split", "short-tile", "fifth"]
+    assert timed("triton/decode", cases[7]) == ["after", "one-split"]
+    assert decode_floor.plan_signature("triton/decode", cases[6].problem, cpu) == (16, 3)
