@@ -30,8 +30,8 @@ Settings, each applied at bind time by module constants the rungs read there:
   (``SPLIT_CTAS_PER_SM = 2``, at most what the rung's rings leave room for); ``one-split``, a short cache
   whose items fill a wave in one split (``SHORT_CACHE_ONE_SPLIT``); ``deep-ring``, triton/decode's
   ``DEEP_RING`` (a grid of at most one CTA per SM takes cute/decode's ring depth); ``short-tile``,
-  gluon/decode's ``SHORT_CACHE_TILE`` (a two-CTAs-an-SM ring at D=128 for short caches); ``fifth``, all of
-  them together.
+  ``SHORT_CACHE_TILE`` at D=128 for short caches (gluon/decode: a ring two CTAs share an SM with;
+  triton/decode: 32-key blocks, five CTAs an SM, not three); ``fifth``, all of them together.
 
 ``--seed`` and ``--shapes`` time other shapes of the random sweep (``after+splits`` is seed 1's only).
 
@@ -123,15 +123,16 @@ def fifth_switches(setting: str, impl_name: str) -> dict[str, object]:
 
 def plan_signature(impl_name: str, problem, device) -> tuple:
     """What the fifth stop's switches may change in ``impl_name``'s launch of ``problem``, read on the host
-    under the current constants: the split count, and triton/decode's pipeline depth (``DEEP_RING``: a grid
-    of at most one CTA per SM) or gluon/decode's ring (``decode_config``)."""
+    under the current constants: the split count, and triton/decode's tile and pipeline depth
+    (``SHORT_CACHE_TILE``; ``DEEP_RING``: a grid of at most one CTA per SM) or gluon/decode's ring."""
     from common.contract import splits
 
     module = importlib.import_module(RUNG_MODULES[impl_name])
     num_splits = module.planned_num_splits(problem, device)
     if impl_name == "triton/decode":
         ctas = num_splits * module.m_blocks_for(problem) * problem.batch * problem.kv_heads
-        return num_splits, module.num_stages_for(problem, module.DEEP_RING and ctas <= splits.sm_count(device))
+        deep = module.DEEP_RING and ctas <= splits.sm_count(device)
+        return num_splits, module.tile_config(problem), module.num_stages_for(problem, deep)
     if impl_name == "gluon/decode":
         return num_splits, module.decode_config(problem)
     return (num_splits,)

@@ -155,29 +155,36 @@ def test_gluon_short_tile_and_slots_follow_what_fits(monkeypatch: pytest.MonkeyP
 # ----------------------------------------------------------------------------------------------------
 # triton/decode with the switches on, against fp64 under the interpreter
 # ----------------------------------------------------------------------------------------------------
-# (switch values, problem, lengths, expected (num_splits, num_stages)) on a 4-SM device: few items on a
-# long-ish cache (slots: 2 items fill 8 slots with 4 splits; deep ring: 2 splits of 2 items on 4 SMs);
-# a short ragged cache of 6 items (one split), an empty sequence among them.
+# (switch values, (batch, kv_heads, seqlen_k, head_dim), lengths, expected (num_splits, block_n,
+# num_stages)) on a 4-SM device: few items on a long-ish cache (slots: 2 items fill 8 slots with 4 splits;
+# deep ring: 2 splits of 2 items on 4 SMs); a short ragged cache of 6 items (one split; the short tile at
+# D=128 with it), an empty sequence among them.
 INTERPRETER_CASES = {
-    "slots-2": ({"SPLIT_CTAS_PER_SM": 2}, (1, 2, 2048), None, (4, 3)),
-    "deep-ring": ({"DEEP_RING": True}, (1, 2, 2048), None, (2, 6)),
-    "one-split": ({"SHORT_CACHE_ONE_SPLIT": True}, (3, 2, 1100), (1100, 0, 131), (1, 3)),
+    "slots-2": ({"SPLIT_CTAS_PER_SM": 2}, (1, 2, 2048, 64), None, (4, 64, 3)),
+    "deep-ring": ({"DEEP_RING": True}, (1, 2, 2048, 64), None, (2, 64, 6)),
+    "one-split": ({"SHORT_CACHE_ONE_SPLIT": True}, (3, 2, 1100, 64), (1100, 0, 131), (1, 64, 3)),
+    "one-split+short-tile": (
+        {"SHORT_CACHE_ONE_SPLIT": True, "SHORT_CACHE_TILE": True},
+        (3, 2, 1100, 128),
+        (1100, 0, 131),
+        (1, 32, 3),
+    ),
 }
 
 
 @interpreter_only
 @pytest.mark.parametrize("name", sorted(INTERPRETER_CASES))
 def test_triton_switch_against_fp64(name: str, monkeypatch: pytest.MonkeyPatch):
-    switches, (batch, kv_heads, seqlen_k), lengths, expected = INTERPRETER_CASES[name]
+    switches, (batch, kv_heads, seqlen_k, head_dim), lengths, expected = INTERPRETER_CASES[name]
     monkeypatch.setattr(splits, "DEFAULT_SM_COUNT", 4)
     for switch, value in switches.items():
         monkeypatch.setattr(decode, switch, value)
-    problem = _problem(batch, kv_heads, seqlen_k, head_dim=64, group=2, seqlen_q=2, dtype=torch.float32,
+    problem = _problem(batch, kv_heads, seqlen_k, head_dim=head_dim, group=2, seqlen_q=2, dtype=torch.float32,
                        ragged=lengths is not None)  # fmt: skip
     q, k, v = make_inputs(problem, seed=len(name), device="cpu", offset=0.5)
     cache_seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32)
     run = decode.prepare(q, k, v, problem, cache_seqlens=cache_seqlens)
-    assert (run.num_splits, run.num_stages) == expected
+    assert (run.num_splits, decode.tile_config(problem).block_n, run.num_stages) == expected
     result = check_on_inputs(decode.IMPLEMENTATION, q, k, v, problem, cache_seqlens=cache_seqlens)
     assert result.ok, f"{name} {problem.describe()}: {result.summary()}"
 
@@ -192,36 +199,38 @@ from common.contract.problem import Problem
 from common.reporting.static import cubin_resources
 from triton_impl import decode
 from triton_impl.gluon import decode as gluon_decode
-decode.DEEP_RING = True
-gluon_decode.SHORT_CACHE_TILE = True
 results = []
-for rung, head_dim, seqlen_k, page_size in json.loads(sys.argv[1]):
+for rung, switch, head_dim, seqlen_k, page_size in json.loads(sys.argv[1]):
     problem = Problem(8, 32, 2, seqlen_k, head_dim, dtype=torch.bfloat16, causal=True, kv_heads=8,
                       causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True, page_size=page_size)
     module = decode if rung == "triton" else gluon_decode
+    setattr(module, switch, True)
     binary = module.compile_sm90(problem)[0]
+    setattr(module, switch, False)
     (resources,) = cubin_resources(binary.cubin).values()
     results.append({"spill_bytes": resources["local_bytes"] + resources["stack_bytes"],
                     "registers": resources["registers"], "shared_bytes": binary.shared_bytes})
 print(json.dumps(results))
 """
-# (rung, D, Sk, page size): triton's deep ring at each head dim, contiguous and paged; gluon's short ring.
+# (rung, switch, D, Sk, page size): triton's deep ring at each head dim, contiguous and paged; the short
+# tiles, which must leave room for more CTAs an SM (the deep ring is for one): gluon two, triton five.
 COMPILES = [
-    ("triton", 64, 32768, 0), ("triton", 64, 32768, 64), ("triton", 128, 32768, 0), ("triton", 128, 32768, 16),
-    ("triton", 256, 32768, 0), ("gluon", 128, 1024, 0), ("gluon", 128, 1024, 16),
+    ("triton", "DEEP_RING", 64, 32768, 0), ("triton", "DEEP_RING", 64, 32768, 64),
+    ("triton", "DEEP_RING", 128, 32768, 0), ("triton", "DEEP_RING", 128, 32768, 16),
+    ("triton", "DEEP_RING", 256, 32768, 0), ("triton", "SHORT_CACHE_TILE", 128, 1024, 0),
+    ("gluon", "SHORT_CACHE_TILE", 128, 1024, 0), ("gluon", "SHORT_CACHE_TILE", 128, 1024, 16),
 ]  # fmt: skip
+CTAS_PER_SM = {"DEEP_RING": 1, "SHORT_CACHE_TILE": 2, ("triton", "SHORT_CACHE_TILE"): 5}
 
 
 @pytest.mark.static
 def test_deep_ring_and_short_tile_compile_for_sm90_without_spills():
     compiled = json_from_child(["-c", _COMPILE_SCRIPT, json.dumps(COMPILES)], timeout=1200)
-    for (rung, head_dim, _, page_size), result in zip(COMPILES, compiled, strict=True):
-        where = f"{rung} D={head_dim} page={page_size}: {result}"
+    for (rung, switch, head_dim, _, page_size), result in zip(COMPILES, compiled, strict=True):
+        where = f"{rung} {switch} D={head_dim} page={page_size}: {result}"
         assert result["spill_bytes"] == 0, where
-        # The deep ring is for one CTA an SM; gluon's short ring must leave room for two.
-        limit = (
-            gluon_decode.SM_SHARED_BYTES // 2 - gluon_decode.CTA_RESERVED_SHARED_BYTES if rung == "gluon" else 232448
-        )
+        ctas = CTAS_PER_SM.get((rung, switch), CTAS_PER_SM[switch])
+        limit = gluon_decode.SM_SHARED_BYTES // ctas - gluon_decode.CTA_RESERVED_SHARED_BYTES
         assert 0 < result["shared_bytes"] <= limit, where
 
 
@@ -267,6 +276,7 @@ def test_gpu_switch_against_fp64(impl_name: str, setting: str, monkeypatch: pyte
         run = module.bind(q, k, v, problem, cache_seqlens=cache_seqlens)
         assert run.num_stages == module.DEEP_RING_STAGES[problem.head_dim]
     if "SHORT_CACHE_TILE" in present:
-        assert module.decode_config(problem) == module.SHORT_CACHE_CONFIGS[problem.head_dim]
+        config = module.tile_config(problem) if impl_name == "triton/decode" else module.decode_config(problem)
+        assert config == module.SHORT_CACHE_CONFIGS[problem.head_dim]
     result = check_on_inputs(DECODE_IMPLS[impl_name], q, k, v, problem, cache_seqlens=cache_seqlens)
     assert result.ok, f"{impl_name} {setting} {problem.describe()}: {result.summary()}"

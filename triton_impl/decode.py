@@ -47,15 +47,13 @@ after the other each is an L2 round trip (about 0.5 µs), 10-20 µs at 20-30 spl
 ``merge_splits_per_step`` splits a step, their loads in flight together (``bench/decode_model.py``).
 With one split the split kernel writes O and the LSE itself: no counter, no merge.
 
-The split count: the shared rule of ``common/contract/splits.py`` (one rule for every decode rung,
-its examples and reasons there), fed with this rung's CTAs per split, ``B · Hkv · m_blocks``, and the
-padded Sk, never the values of ``cache_seqlens``; inside the kernel each sequence's splits follow its
-own length, so a short sequence gets short (or empty) splits. ``SPLIT_CTAS_PER_SM`` and
-``SHORT_CACHE_ONE_SPLIT`` (issue #38's fifth stop, off until ``bench/decode_floor5.sh`` times them) ask
-it for more CTAs per SM with few items, one split on a short cache (``splits.SplitPolicy``); with
-``DEEP_RING`` a grid of at most one CTA per SM, where no other CTA hides its loads under its compute,
-takes cute/decode's depth (five K/V blocks in flight at D=64, not two). ``bind(..., num_splits=n)``
-forces a count for sweeps and tests.
+The split count: the shared rule of ``common/contract/splits.py`` (its examples and reasons there) on
+this rung's CTAs per split, ``B · Hkv · m_blocks``, and the padded Sk, never the values of
+``cache_seqlens``; inside the kernel each sequence's splits follow its own length. Issue #38's fifth stop
+(switches off until ``bench/decode_floor5.sh`` times them): ``SPLIT_CTAS_PER_SM`` and
+``SHORT_CACHE_ONE_SPLIT`` (``splits.SplitPolicy``); ``DEEP_RING``, cute/decode's ring depth for a grid of
+at most one CTA per SM (no other CTA hides its loads); ``SHORT_CACHE_TILE``, 32-key blocks at D=128 for
+short caches (five CTAs an SM, not three). ``bind(..., num_splits=n)`` forces a count.
 
 The balanced split (``BALANCED_SPLIT``, off until a GPU times it: ``bench/decode_floor.py --settings
 after,balanced``): in a ragged batch the rule's splits of a short sequence end at once while the long
@@ -158,7 +156,7 @@ BALANCED_SHARES_PER_SM = 2
 BALANCED_MIN_KEYS = splits.MIN_KEYS_PER_SPLIT
 MIN_BLOCK_B = 16
 # Issue #38's fifth stop, off until bench/decode_floor5.sh times them (module docstring):
-SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING = 1, False, False
+SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 1, False, False, False
 # The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
 MIN_ARRIVAL_COUNTERS = 1024
 # In the merge, natural-log LSEs are weighed by exp2((lseₛ - lse_max) · LOG2_E).
@@ -189,13 +187,21 @@ HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
 # stages keep both at the same depth (sm_90a, D=128: 71680 bytes of shared memory contiguous at 3
 # stages, 72704 paged at 5, 39424 paged at 3 or 4).
 PAGED_EXTRA_STAGES = 2
-# CTAs of the split kernel an SM holds (sm_90a: fused merge's registers, the ring); DEEP_RING's depths.
+# CTAs of the split kernel an SM holds (sm_90a: fused merge's registers, the ring); DEEP_RING's depths;
+# SHORT_CACHE_TILE's tiles (D=128, sm_90a: 37 KB of shared memory, 96 registers: five CTAs an SM, not 3).
 CTAS_PER_SM_FIT, DEEP_RING_STAGES = {64: 4, 128: 3, 256: 2}, {64: 6, 128: 5, 256: 5}
+SHORT_CACHE_CONFIGS = {128: TileConfig(32, 4, 3)}
+
+
+def tile_config(problem: Problem) -> TileConfig:
+    """``problem``'s tile: SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
+    configs = SHORT_CACHE_CONFIGS if SHORT_CACHE_TILE and problem.seqlen_k <= splits.SHORT_CACHE_KEYS else {}
+    return configs.get(problem.head_dim, DEFAULT_CONFIGS[problem.head_dim])
 
 
 def num_stages_for(problem: Problem, deep: bool = False) -> int:
     """The split kernel's depth: the tile's (``deep``: DEEP_RING's), plus PAGED_EXTRA_STAGES when paged."""
-    stages = DEEP_RING_STAGES[problem.head_dim] if deep else DEFAULT_CONFIGS[problem.head_dim].num_stages
+    stages = DEEP_RING_STAGES[problem.head_dim] if deep else tile_config(problem).num_stages
     return stages + (PAGED_EXTRA_STAGES if problem.paged else 0)
 
 
@@ -512,7 +518,7 @@ def next_power_of_2(n: int) -> int:
 def block_m_for(problem: Problem) -> int:
     """Rows of one packed M tile: group · Sq rounded up to a power of two in [16, max_block_m]."""
     return min(
-        DEFAULT_CONFIGS[problem.head_dim].max_block_m,
+        tile_config(problem).max_block_m,
         max(MIN_BLOCK_M, next_power_of_2(problem.kv_group * problem.seqlen_q)),
     )
 
@@ -535,11 +541,11 @@ def merge_splits_per_step(block_m: int, head_dim: int, num_warps: int) -> int:
 
 
 def _merge_step(problem: Problem) -> int:
-    return merge_splits_per_step(block_m_for(problem), problem.head_dim, DEFAULT_CONFIGS[problem.head_dim].num_warps)
+    return merge_splits_per_step(block_m_for(problem), problem.head_dim, tile_config(problem).num_warps)
 
 
 def _split_constexprs(problem: Problem, *, split: bool) -> dict[str, int | bool]:
-    config = DEFAULT_CONFIGS[problem.head_dim]
+    config = tile_config(problem)
     return {
         **feature_constexprs(problem),
         "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n, "SPLIT": split,
@@ -610,7 +616,7 @@ def merge_launch(
     merge_grid = (m_blocks_for(problem), problem.batch * problem.kv_heads)
     merge_options = {
         "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
-        "SPLITS_PER_STEP": _merge_step(problem), "num_warps": DEFAULT_CONFIGS[problem.head_dim].num_warps,
+        "SPLITS_PER_STEP": _merge_step(problem), "num_warps": tile_config(problem).num_warps,
     }  # fmt: skip
 
     def merge() -> None:
@@ -653,7 +659,7 @@ def bind(
     out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
     workspace = (out_partial, lse_partial)
     out, lse, lse_arg, split_args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
-    config = DEFAULT_CONFIGS[problem.head_dim]
+    config = tile_config(problem)
     split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
     deep = DEEP_RING and split_grid[0] * split_grid[1] * split_grid[2] <= splits.sm_count(q.device)
     split_options = {
@@ -704,7 +710,7 @@ def bind_balanced(
         for shape in ((*partial_shape, problem.head_dim), partial_shape)
     )
     out, lse, _, args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
-    config = DEFAULT_CONFIGS[problem.head_dim]
+    config = tile_config(problem)
     sizes = (problem.batch, target, max(1, -(-BALANCED_MIN_KEYS // config.block_n)))
     options = {
         **feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
@@ -759,10 +765,8 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     fused merge when ``FUSED_MERGE`` (the merge kernel is then gluon/decode's and the A/B's), at the
     ``DEEP_RING`` depth when that switch is on."""
     problem = decode_shape(problem)
-    config = DEFAULT_CONFIGS[problem.head_dim]
-    signature = {
-        **pointer_signature(problem.dtype), "OutPartial": "*fp32", "LsePartial": "*fp32",
-    }  # fmt: skip
+    config = tile_config(problem)
+    signature = {**pointer_signature(problem.dtype), "OutPartial": "*fp32", "LsePartial": "*fp32"}
     constexprs = _split_constexprs(problem, split=True)
     if problem.paged:
         signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
@@ -784,13 +788,9 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
             **{name: "i32" for name in ("stride_ob", "stride_oh", "stride_om", "heads", "kv_heads", "seqlen_q")},
             "num_splits": "i32",
         },
-        {
-            "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
-            "SPLITS_PER_STEP": _merge_step(problem),
-        },
-        num_warps=config.num_warps,
-        num_stages=1,
-        aligned=("OutPartial", "LsePartial", "Out", "Lse"),
+        {"RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
+         "SPLITS_PER_STEP": _merge_step(problem)},
+        num_warps=config.num_warps, num_stages=1, aligned=("OutPartial", "LsePartial", "Out", "Lse"),
     )  # fmt: skip
     return [split, merge]
 
