@@ -179,3 +179,19 @@ def test_floor_fifth_settings_time_only_new_plans():
     assert decode_floor.plan_signature("triton/decode", cases[6].problem, cpu) == (
         16, triton_decode.DEFAULT_CONFIGS[64], 3,
     )  # fmt: skip
+
+
+def test_model_fifth_variants_match_the_rungs_plans():
+    """The model's fifth-stop variants are the plans the rungs' switches make (seed 29's B=4 Hkv=2 D=64 276k:
+    32 splits with two slots, five blocks in flight with the deep ring; B=32 MHA 1k ragged: one split, the
+    short rings), and the model ranks the triton/decode fix above the committed plan on the first."""
+    cases = random_cases(8, 29)
+    triton, _, cute = decode_model.stack_models(64, 8)
+    variants = decode_model.fifth_variants(cases[6], triton)
+    assert variants["slots-2"][1] == 32 and variants["deep-ring"][0].in_flight_blocks == 5
+    assert variants["one-split"] is None and variants["short-tile"] is None and variants["fifth"] is None
+    after = decode_model.predict(cases[6], *variants["after"]).pct
+    assert decode_model.predict(cases[6], *variants["deep-ring"]).pct > after + 20
+    assert decode_model.fifth_variants(cases[6], cute)["deep-ring"] is None
+    short = decode_model.fifth_variants(cases[7], decode_model.stack_models(128, 8)[1])
+    assert short["one-split"][1] == 1 and short["short-tile"][0].occupancy == 2 and short["fifth"][1] == 1
