@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# triton/decode's balanced split (BALANCED_SPLIT, off by default) on a GPU for the first time, in one
+# triton/decode's balanced split (BALANCED_SPLIT; off when written, since the default for calls with cache_seqlens) on a GPU for the first time, in one
 # device call (about 3 minutes on an H200):
 #   1. its GPU tests: the ragged GPU_CASES against fp64 with the knob on (GQA, MQA at 16 tokens, D 64 to
 #      256, fp16/bf16, both alignments and none, empty sequences), 20 launches bit for bit (the merging CTA

@@ -7,7 +7,9 @@ Settings, each applied at bind time by module constants the rungs read there:
   L2 round trip per split;
   cute/decode's loops are unrolled as the compiler chooses (``MERGE_SPLITS_PER_STEP = 0``: the committed
   merge's machine code, instruction for instruction);
-* ``after``: the rungs as committed (``MERGE_SPLITS_PER_STEP`` splits a step);
+* ``after``: the rungs as committed (``MERGE_SPLITS_PER_STEP`` splits a step), triton/decode with its
+  padded-Sk split (``BALANCED_SPLIT = "never"``, as in every setting but the balanced ones: a call with
+  ``cache_seqlens`` takes the balanced split by default since the fifth stop's A/B);
 * ``after+tile``: ``after`` with a candidate tile (:data:`TILE_CANDIDATES`, not the defaults) where the
   model (``bench/decode_model.py``) finds the rung's CTAs the limit: gluon/decode at D=64 and 128 with
   64-key blocks (3 stages at D=128, 6 at D=64; 112 and 104 KB of shared memory), so that two CTAs share
@@ -20,9 +22,9 @@ Settings, each applied at bind time by module constants the rungs read there:
 * ``after+splits``: ``after`` with the split count forced to the one the model finds best for that rung
   and shape (:data:`MODEL_SPLITS`, where it beats the rule's count by 3 points or more): whether the
   shared rule should weigh a rung's CTAs (gluon's one CTA per SM prefers fewer splits);
-* ``balanced``, ``balanced-4``: triton/decode with its balanced split on (``BALANCED_SPLIT``: each CTA an
-  equal share of the valid keys, planned on the device), aiming at 2 (the committed
-  ``BALANCED_SHARES_PER_SM``) or 4 shares per SM.
+* ``balanced``, ``balanced-4``: triton/decode with its balanced split for every call (``"always"``:
+  each CTA an equal share of the valid keys, planned on the device; also without ``cache_seqlens``),
+  aiming at 2 (the committed ``BALANCED_SHARES_PER_SM``) or 4 shares per SM.
 
 * issue #38's fifth stop (:data:`FIFTH_SETTINGS`; ``bench/decode_floor5.sh``), each rung's switches of that
   name where it has them, a setting timed only where it changes the rung's plan for the shape (split count,
@@ -31,7 +33,10 @@ Settings, each applied at bind time by module constants the rungs read there:
   whose items fill a wave in one split (``SHORT_CACHE_ONE_SPLIT``); ``deep-ring``, triton/decode's
   ``DEEP_RING`` (a grid of at most one CTA per SM takes cute/decode's ring depth); ``short-tile``,
   ``SHORT_CACHE_TILE`` at D=128 for short caches (gluon/decode: a ring two CTAs share an SM with;
-  triton/decode: 32-key blocks, five CTAs an SM, not three); ``fifth``, all of them together.
+  triton/decode: 32-key blocks, five CTAs an SM, not three); ``fifth``, all of them together; for
+  triton/decode, whose calls with ``cache_seqlens`` take the balanced split by default (every other setting
+  times its padded-Sk split), ``committed`` (that default) and ``balanced+short-tile`` (the balanced
+  kernel on the short-cache tile).
 
 ``--seed`` and ``--shapes`` time other shapes of the random sweep (``after+splits`` is seed 1's only).
 
@@ -71,6 +76,8 @@ FIFTH_SETTINGS = {
     "deep-ring": {"DEEP_RING": True},
     "short-tile": {"SHORT_CACHE_TILE": True},
     "fifth": {"SPLIT_CTAS_PER_SM": 2, "SHORT_CACHE_ONE_SPLIT": True, "DEEP_RING": True, "SHORT_CACHE_TILE": True},
+    "committed": {"BALANCED_SPLIT": "ragged"},
+    "balanced+short-tile": {"BALANCED_SPLIT": "ragged", "SHORT_CACHE_TILE": True},
 }
 SETTINGS = ("before", "after", "two-launch", "after+tile", "after+splits", "balanced", "balanced-4", *FIFTH_SETTINGS)
 # Each decode rung's module, whose switches the fifth stop's settings set.
@@ -130,6 +137,8 @@ def plan_signature(impl_name: str, problem, device) -> tuple:
     module = importlib.import_module(RUNG_MODULES[impl_name])
     num_splits = module.planned_num_splits(problem, device)
     if impl_name == "triton/decode":
+        if module.BALANCED_SPLIT == "always" or (module.BALANCED_SPLIT == "ragged" and problem.has_cache_seqlens):
+            return "balanced", module.tile_config(problem), module.num_stages_for(problem)
         ctas = num_splits * module.m_blocks_for(problem) * problem.batch * problem.kv_heads
         deep = module.DEEP_RING and ctas <= splits.sm_count(device)
         return num_splits, module.tile_config(problem), module.num_stages_for(problem, deep)
@@ -144,7 +153,8 @@ def fifth_settings_to_time(settings: list[str], impl_name: str, problem, device)
     decides alone)."""
     if not set(settings) & set(FIFTH_SETTINGS):
         return settings
-    seen = {plan_signature(impl_name, problem, device)}
+    with applied("after", impl_name, problem.head_dim):
+        seen = {plan_signature(impl_name, problem, device)}
     kept = []
     for setting in settings:
         if setting in FIFTH_SETTINGS:
@@ -189,8 +199,9 @@ def applied(setting: str, impl_name: str, head_dim: int) -> Iterator[None]:
         configs[head_dim] = candidate
     if setting == "two-launch":
         triton_decode.FUSED_MERGE = False
+    triton_decode.BALANCED_SPLIT = "never"
     if setting in BALANCED_SETTINGS:
-        triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM = True, BALANCED_SETTINGS[setting]
+        triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM = "always", BALANCED_SETTINGS[setting]
     switches = fifth_switches(setting, impl_name)
     module = importlib.import_module(RUNG_MODULES[impl_name]) if switches else None
     saved_switches = {name: getattr(module, name) for name in switches}

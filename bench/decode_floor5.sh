@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.log" 2>&1
 status=0
 timeout 45 python3 -m pytest -q -m gpu tests/test_decode_policy.py > "$OUT/pytest.log" 2>&1 || status=1
 tail -3 "$OUT/pytest.log"
-floor=(python3 -m bench.decode_floor --settings after,slots-2,one-split,deep-ring,short-tile,fifth --rounds 1 --rep 40)
+floor=(python3 -m bench.decode_floor --settings after,slots-2,one-split,deep-ring,short-tile,fifth,committed,balanced+short-tile --rounds 1 --rep 40)
 timeout 75 "${floor[@]}" --seed 29 --shapes 6,7,2,5 --out "$OUT/floor5-seed29" > "$OUT/floor5-seed29.log" 2>&1 || status=1
 tail -14 "$OUT/floor5-seed29.log"
 timeout 55 "${floor[@]}" --shapes 4,9,0,2 --out "$OUT/floor5-seed1" > "$OUT/floor5-seed1.log" 2>&1 || status=1

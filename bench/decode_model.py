@@ -341,20 +341,27 @@ def fifth_variants(case: DecodeCase, stack: StackModel) -> dict[str, tuple[Stack
 
 def fifth_table(cases: list[DecodeCase]) -> str:
     """A markdown row per (shape, rung): modelled % of the read bandwidth (split count) of each fifth-stop
-    setting, with the merge after (8 splits a step); — where a setting leaves the plan as it is."""
-    names = ("after", "slots-2", "one-split", "deep-ring", "short-tile", "fifth")
+    setting, with the merge after (8 splits a step); — where a setting leaves the plan as it is. For
+    triton/decode on ragged shapes also its committed balanced split (2 shares per SM; most shares of one
+    item), alone and on the short tile."""
+    names = ("after", "slots-2", "one-split", "deep-ring", "short-tile", "fifth", "committed", "balanced+short-tile")
     lines = ["| shape | rung | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for case in cases:
         for stack in stack_models(case.problem.head_dim, 8):
-            cells = []
-            for variant in fifth_variants(case, stack).values():
-                if variant is None:
-                    cells.append("—")
-                    continue
-                prediction = predict(case, *variant)
-                cells.append(f"{prediction.pct:.0f} % ({prediction.num_splits})")
+            variants = fifth_variants(case, stack)
+            cells = ["—" if v is None else _pct_cell(predict(case, *v)) for v in variants.values()]
+            balanced = [None, None]
+            if stack.name == "triton" and case.problem.has_cache_seqlens:
+                short = variants["short-tile"]
+                balanced = [stack, short[0] if short else None]
+            min_keys = splits.MIN_KEYS_PER_SPLIT
+            cells += ["—" if b is None else _pct_cell(predict_balanced(case, b, 2, min_keys)) for b in balanced]
             lines.append(f"| {case.describe()} | {stack.name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _pct_cell(prediction: Prediction) -> str:
+    return f"{prediction.pct:.0f} % ({prediction.num_splits})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,11 @@
 """The decode rungs (flash decoding): triton/decode's split-KV against the fp64 reference under the
 interpreter, the split rule, the fused merge (twice in a row, bit for bit the two-launch merge), and
 planted bugs (a dropped split, a log2-unit merge, a split reading past its length, an arrival counter
-left unreset) that the checks must fail; triton/decode's balanced split (``BALANCED_SPLIT``, off by
-default) against fp64 on wildly ragged lengths, bit for bit twice, with lengths changed in place, its
-planted bugs, and its kernel compiled for sm_90a; gluon/decode compiled for sm_90a from its real launch
-arguments.
+left unreset) that the checks must fail (the padded-Sk split, which a call with ``cache_seqlens`` takes
+only with ``BALANCED_SPLIT = "never"``: this file's tests turn it off unless they ask for it); triton/decode's
+balanced split (the default for a call with ``cache_seqlens``) against fp64 on wildly ragged lengths,
+bit for bit twice, with lengths changed in place, its planted bugs, and its kernel compiled for sm_90a;
+gluon/decode compiled for sm_90a from its real launch arguments.
 
 GPU (``gpu`` marker): every registered decode rung (``DECODE_IMPLS``: triton/decode, gluon/decode,
 cute/decode, and any rung registered with rung "decode") against fp64 on ragged, GQA/MQA, Sq up to 16,
@@ -43,6 +44,17 @@ interpreter_only = pytest.mark.skipif(torch.cuda.is_available(), reason="interpr
 # A padded cache of 300 keys: ragged lengths with a full sequence, an empty one, and one ending mid-block.
 SEQLEN_K = 300
 LENGTHS = (SEQLEN_K, 0, 131)
+
+
+# The balanced split's switch as committed (the fixture below turns it off for the padded split's tests).
+COMMITTED_BALANCED_SPLIT = decode.BALANCED_SPLIT
+
+
+@pytest.fixture(autouse=True)
+def padded_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The padded-Sk split for every call: most tests here force its split counts, merge and planted
+    bugs; the balanced split's tests turn it back on (``balanced``)."""
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", "never")
 
 
 # Every registered decode rung, for the GPU tests.
@@ -308,7 +320,7 @@ def test_planted_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
 
 
 # ----------------------------------------------------------------------------------------------------
-# The balanced split (BALANCED_SPLIT, off by default): equal shares of the valid keys, planned on the device
+# The balanced split (the default for a call with cache_seqlens): equal shares of the valid keys, planned on the device
 # ----------------------------------------------------------------------------------------------------
 # Wildly different lengths: one long sequence, many short ones, empty ones, one ending mid-block.
 BALANCED_LENGTHS = (1000, 0, 5, 64, 1, 0, 130)
@@ -346,16 +358,23 @@ def _balanced_check(case: tuple, *, seed: int = 0):
 def balanced(monkeypatch: pytest.MonkeyPatch) -> None:
     """The knob on, and shares of at least one 64-key block (not 512 keys), so that the interpreter's
     short caches are cut into several shares per (batch, KV head)."""
-    monkeypatch.setattr(decode, "BALANCED_SPLIT", True)
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", "always")
     monkeypatch.setattr(decode, "BALANCED_MIN_KEYS", 64)
 
 
-def test_balanced_split_is_off_by_default_and_its_grid_is_fixed_by_the_shape():
-    """The default path is the padded-Sk split; the balanced grid follows from the shape and the SM count
-    (a CUDA graph keeps it), never from the lengths."""
-    assert decode.BALANCED_SPLIT is False
+def test_balanced_split_is_the_default_with_cache_seqlens_and_its_grid_is_fixed_by_the_shape(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A call with cache_seqlens takes the balanced split, one without the padded-Sk split; the balanced
+    grid follows from the shape and the SM count (a CUDA graph keeps it), never from the lengths."""
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", COMMITTED_BALANCED_SPLIT)
+    assert COMMITTED_BALANCED_SPLIT == "ragged"
     problem = _balanced_problem(1, 2, 64, 0, (300, 0, 131))
-    assert decode.bind(*make_inputs(problem, seed=0, device="cpu"), problem, num_splits=3).balanced is False
+    inputs = make_inputs(problem, seed=0, device="cpu")
+    lengths = torch.tensor((300, 0, 131), dtype=torch.int32)
+    assert decode.bind(*inputs, problem, cache_seqlens=lengths, num_splits=3).balanced is True
+    full = problem.with_(has_cache_seqlens=False)
+    assert decode.bind(*inputs, full, num_splits=3).balanced is False
     assert decode.balanced_target_shares(problem, CPU) == splits.DEFAULT_SM_COUNT * decode.BALANCED_SHARES_PER_SM
     mqa = _decode_problem(16, 1, heads=8)  # 128 packed rows: two M tiles share the SMs
     assert decode.balanced_target_shares(mqa, CPU) == splits.DEFAULT_SM_COUNT * decode.BALANCED_SHARES_PER_SM // 2
@@ -387,7 +406,7 @@ def test_balanced_split_is_deterministic_and_replays_with_new_lengths(balanced: 
     assert all(map(torch.equal, first, run()))
     lengths.copy_(torch.tensor((3, 1000, 0, 0, 200, 64, 1), dtype=torch.int32))
     replayed = run_poisoned(run)
-    decode.BALANCED_SPLIT = False  # restored by the fixture's monkeypatch
+    decode.BALANCED_SPLIT = "never"  # restored by the fixture's monkeypatch
     default = run_poisoned(decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=3))
     for got, expected in zip(replayed, default, strict=True):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
@@ -682,7 +701,7 @@ def test_balanced_split_kernel_compiles_for_sm90_without_spills():
 
 
 # ----------------------------------------------------------------------------------------------------
-# GPU: triton/decode's balanced split (BALANCED_SPLIT on): fp64, determinism, a CUDA graph
+# GPU: triton/decode's balanced split (BALANCED_SPLIT "always"): fp64, determinism, a CUDA graph
 # ----------------------------------------------------------------------------------------------------
 # The ragged GPU_CASES (lengths Sk, 0, Sk // 3 + 1, 5): GQA, MQA at 16 tokens (several M tiles), D 64 to
 # 256, fp16 and bf16, both alignments and none; shares forced where the case forces splits.
@@ -693,7 +712,7 @@ BALANCED_GPU_CASES = [case for case in GPU_CASES if case.ragged]
 @pytest.mark.parametrize("case", BALANCED_GPU_CASES, ids=[case.name for case in BALANCED_GPU_CASES])
 def test_gpu_balanced_split_against_fp64_and_deterministic(case: GpuCase, monkeypatch: pytest.MonkeyPatch):
     """Against fp64 (poisoned), then 20 launches with the same bits: the merging CTA varies on a GPU."""
-    monkeypatch.setattr(decode, "BALANCED_SPLIT", True)
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", "always")
     problem = case.problem()
     q, k, v = make_inputs(problem, seed=GPU_CASES.index(case) + 1, device="cuda", offset=0.5)
     forced = decode.IMPLEMENTATION if case.splits is None else _with_splits(case.splits)
@@ -709,7 +728,7 @@ def test_gpu_balanced_split_against_fp64_and_deterministic(case: GpuCase, monkey
 @pytest.mark.gpu
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 def test_gpu_balanced_split_replays_in_a_cuda_graph_with_new_lengths(paged: bool, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(decode, "BALANCED_SPLIT", True)
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", "always")
     _check_graph_replays(decode.IMPLEMENTATION, paged)
 
 

@@ -116,11 +116,13 @@ def test_floor_model_splits_name_timed_shapes_and_beat_the_rule_in_the_model():
 
 def test_floor_balanced_settings_turn_the_knob_for_triton_only_and_restore_it():
     committed = (triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM)
-    assert committed == (False, 2)
+    assert committed == ("ragged", 2)
+    with decode_floor.applied("after", "triton/decode", 128):
+        assert triton_decode.BALANCED_SPLIT == "never"
     with decode_floor.applied("balanced-4", "triton/decode", 128):
-        assert (triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM) == (True, 4)
+        assert (triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM) == ("always", 4)
     with pytest.raises(RuntimeError), decode_floor.applied("balanced", "triton/decode", 128):
-        assert (triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM) == (True, 2)
+        assert (triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM) == ("always", 2)
         raise RuntimeError("a failing bind")
     assert committed == (triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM)
     assert decode_floor.applies("balanced", "triton/decode", 64, 0)
@@ -162,7 +164,8 @@ def test_floor_fifth_settings_set_each_rungs_switches_and_restore_them():
 def test_floor_fifth_settings_time_only_new_plans():
     """Seed 29's B=4 Hkv=2 D=64 276k: triton/decode times slots-2 (32 splits) and deep-ring (16 splits, 6
     stages), not fifth (slots-2's plan again) nor one-split (a long cache); B=32 MHA 1k ragged: gluon/decode
-    and triton/decode one-split, short-tile and fifth (both), cute/decode one-split only."""
+    and triton/decode one-split, short-tile and fifth (both), cute/decode one-split only; triton/decode's
+    committed balanced split (ragged) alone and on the short tile."""
     cases = random_cases(8, 29)
     fifth = ["after", *decode_floor.FIFTH_SETTINGS]
     cpu = torch.device("cpu")
@@ -174,7 +177,10 @@ def test_floor_fifth_settings_time_only_new_plans():
     assert timed("triton/decode", cases[6]) == ["after", "slots-2", "deep-ring"]
     assert timed("cute/decode", cases[6]) == ["after", "slots-2"]
     assert timed("gluon/decode", cases[7]) == ["after", "one-split", "short-tile", "fifth"]
-    assert timed("triton/decode", cases[7]) == ["after", "one-split", "short-tile", "fifth"]
+    assert timed("triton/decode", cases[7]) == [
+        "after", "one-split", "short-tile", "fifth", "committed", "balanced+short-tile",
+    ]  # fmt: skip
+    assert timed("triton/decode", cases[6])[-1] == "deep-ring"  # full cache: the committed split is after's
     assert timed("cute/decode", cases[7]) == ["after", "one-split"]
     assert decode_floor.plan_signature("triton/decode", cases[6].problem, cpu) == (
         16, triton_decode.DEFAULT_CONFIGS[64], 3,

@@ -169,6 +169,13 @@ INTERPRETER_CASES = {
         (1100, 0, 131),
         (1, 32, 3),
     ),
+    # The committed balanced split of a ragged call on the short tile: 2 shares per SM, its own depth.
+    "balanced+short-tile": (
+        {"BALANCED_SPLIT": "ragged", "SHORT_CACHE_TILE": True},
+        (3, 2, 1100, 128),
+        (1100, 0, 131),
+        (8, 32, None),
+    ),
 }
 
 
@@ -177,14 +184,16 @@ INTERPRETER_CASES = {
 def test_triton_switch_against_fp64(name: str, monkeypatch: pytest.MonkeyPatch):
     switches, (batch, kv_heads, seqlen_k, head_dim), lengths, expected = INTERPRETER_CASES[name]
     monkeypatch.setattr(splits, "DEFAULT_SM_COUNT", 4)
-    for switch, value in switches.items():
+    # The switches are the padded-Sk split's (the balanced split, a ragged call's default, only where named).
+    for switch, value in {"BALANCED_SPLIT": "never", **switches}.items():
         monkeypatch.setattr(decode, switch, value)
     problem = _problem(batch, kv_heads, seqlen_k, head_dim=head_dim, group=2, seqlen_q=2, dtype=torch.float32,
                        ragged=lengths is not None)  # fmt: skip
     q, k, v = make_inputs(problem, seed=len(name), device="cpu", offset=0.5)
     cache_seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32)
     run = decode.prepare(q, k, v, problem, cache_seqlens=cache_seqlens)
-    assert (run.num_splits, decode.tile_config(problem).block_n, run.num_stages) == expected
+    assert (run.num_splits, decode.tile_config(problem).block_n, getattr(run, "num_stages", None)) == expected
+    assert run.balanced == ("BALANCED_SPLIT" in switches)
     result = check_on_inputs(decode.IMPLEMENTATION, q, k, v, problem, cache_seqlens=cache_seqlens)
     assert result.ok, f"{name} {problem.describe()}: {result.summary()}"
 
@@ -250,6 +259,11 @@ GPU_SETTINGS = {
         _problem(8, 32, 1024, seqlen_q=8, ragged=True),
         SHORT_LENGTHS,
     ),
+    "balanced+short-tile": (
+        {"BALANCED_SPLIT": "ragged", "SHORT_CACHE_TILE": True},
+        _problem(8, 32, 1024, seqlen_q=8, ragged=True),
+        SHORT_LENGTHS,
+    ),
 }
 
 
@@ -260,10 +274,12 @@ def test_gpu_switch_against_fp64(impl_name: str, setting: str, monkeypatch: pyte
     switches, problem, lengths = GPU_SETTINGS[setting]
     module = importlib.import_module(RUNG_MODULES[impl_name])
     present = {switch: value for switch, value in switches.items() if hasattr(module, switch)}
-    if not present:
-        pytest.skip(f"{impl_name} has no {', '.join(switches)}")
+    if present.keys() != switches.keys():
+        pytest.skip(f"{impl_name} lacks {', '.join(switches.keys() - present.keys())}")
     device = torch.device("cuda")
     committed = module.planned_num_splits(problem, device)
+    if hasattr(module, "BALANCED_SPLIT"):  # the padded-Sk split's switches, the balanced split where named
+        present = {"BALANCED_SPLIT": "never", **present}
     for switch, value in present.items():
         monkeypatch.setattr(module, switch, value)
     if "SHORT_CACHE_ONE_SPLIT" in present:

@@ -47,16 +47,15 @@ after the other each is an L2 round trip (about 0.5 µs), 10-20 µs at 20-30 spl
 ``merge_splits_per_step`` splits a step, their loads in flight together (``bench/decode_model.py``).
 With one split the split kernel writes O and the LSE itself: no counter, no merge.
 
-The split count: the shared rule of ``common/contract/splits.py`` (its examples and reasons there) on
-this rung's CTAs per split, ``B · Hkv · m_blocks``, and the padded Sk, never the values of
-``cache_seqlens``; inside the kernel each sequence's splits follow its own length. Issue #38's fifth stop
-(switches off until ``bench/decode_floor5.sh`` times them): ``SPLIT_CTAS_PER_SM`` and
-``SHORT_CACHE_ONE_SPLIT`` (``splits.SplitPolicy``); ``DEEP_RING``, cute/decode's ring depth for a grid of
-at most one CTA per SM (no other CTA hides its loads); ``SHORT_CACHE_TILE``, 32-key blocks at D=128 for
-short caches (five CTAs an SM, not three). ``bind(..., num_splits=n)`` forces a count.
+The split count: the shared rule of ``common/contract/splits.py`` (examples and reasons there) on this
+rung's CTAs per split, ``B · Hkv · m_blocks``, and the padded Sk, never ``cache_seqlens`` (inside the kernel
+each sequence's splits follow its own length: a short one gets short or empty splits). Fifth-stop switches
+(issue #38, off until ``bench/decode_floor5.sh`` times them): ``SPLIT_CTAS_PER_SM``, ``SHORT_CACHE_ONE_SPLIT``
+(``SplitPolicy``); ``DEEP_RING`` (cute/decode's ring depth for a grid of at most one CTA per SM);
+``SHORT_CACHE_TILE`` (32-key blocks at D=128 for short caches). ``bind(..., num_splits=n)`` forces a count.
 
-The balanced split (``BALANCED_SPLIT``, off until a GPU times it: ``bench/decode_floor.py --settings
-after,balanced``): in a ragged batch the rule's splits of a short sequence end at once while the long
+The balanced split (``BALANCED_SPLIT = "ragged"``: every call with ``cache_seqlens``; H200 A/B in
+``results/h200/decode-balanced/``): in a ragged batch the rule's splits of a short sequence end at once while the long
 one's few carry its keys. ``_balanced_split_kernel`` gives every CTA an equal share of the valid keys,
 FlashInfer's plan done on the device (``balanced_share``): each CTA reads the B lengths, sizes a share
 as total key blocks / ``target_shares`` (at least ``BALANCED_MIN_KEYS``), gives each (batch, KV head)
@@ -147,16 +146,18 @@ MERGE_STEP_REGISTERS = 64
 # The splits of a tile merged by the last of them to finish, in the split kernel (one launch a step);
 # False: by a second kernel (bench/decode_floor.py sets it to time both in one process).
 FUSED_MERGE = True
-# The balanced split (off until a GPU A/B times it; bench/decode_floor.py's ``balanced`` setting): bind
-# launches ``_balanced_split_kernel``, whose CTAs take equal shares of the valid keys (module docstring),
-# aiming at BALANCED_SHARES_PER_SM shares per SM, each of at least BALANCED_MIN_KEYS keys; the cache
-# lengths' vector it reads is at least MIN_BLOCK_B long.
-BALANCED_SPLIT = False
+# The balanced split: a call with cache_seqlens (whose lengths the host never reads) binds
+# ``_balanced_split_kernel``, whose CTAs take equal shares of the valid keys (module docstring), aiming at
+# BALANCED_SHARES_PER_SM shares per SM, each of at least BALANCED_MIN_KEYS keys; the cache lengths' vector
+# it reads is at least MIN_BLOCK_B long. H200 (results/h200/decode-balanced/): +2 to +19 points of the
+# read bandwidth on ragged caches, -1 on one; on full caches the padded-Sk rule's splits are already
+# equal and the balanced grid lost up to 8 points, so a call without lengths keeps it. "always" and
+# "never" force one split for every call (tests, bench/decode_floor.py).
+BALANCED_SPLIT = "ragged"
 BALANCED_SHARES_PER_SM = 2
 BALANCED_MIN_KEYS = splits.MIN_KEYS_PER_SPLIT
 MIN_BLOCK_B = 16
-# Issue #38's fifth stop, off until bench/decode_floor5.sh times them (module docstring):
-SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 1, False, False, False
+SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 1, False, False, False  # fifth stop
 # The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
 MIN_ARRIVAL_COUNTERS = 1024
 # In the merge, natural-log LSEs are weighed by exp2((lseₛ - lse_max) · LOG2_E).
@@ -187,8 +188,7 @@ HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
 # stages keep both at the same depth (sm_90a, D=128: 71680 bytes of shared memory contiguous at 3
 # stages, 72704 paged at 5, 39424 paged at 3 or 4).
 PAGED_EXTRA_STAGES = 2
-# CTAs of the split kernel an SM holds (sm_90a: fused merge's registers, the ring); DEEP_RING's depths;
-# SHORT_CACHE_TILE's tiles (D=128, sm_90a: 37 KB of shared memory, 96 registers: five CTAs an SM, not 3).
+# Split-kernel CTAs an SM holds; DEEP_RING's depths; SHORT_CACHE_TILE's (D=128: 37 KB, 96 registers: 5 an SM).
 CTAS_PER_SM_FIT, DEEP_RING_STAGES = {64: 4, 128: 3, 256: 2}, {64: 6, 128: 5, 256: 5}
 SHORT_CACHE_CONFIGS = {128: TileConfig(32, 4, 3)}
 
@@ -651,9 +651,9 @@ def bind(
     """Allocate O, the LSE and the split workspace for validated q, k, v (page pools with
     ``block_table`` when the problem is paged) and return ``run()`` launching the split kernel, which
     merges its splits itself (with ``FUSED_MERGE`` off and more than one split, the merge kernel
-    follows). ``num_splits`` overrides the rule (sweeps, tests). With ``BALANCED_SPLIT`` on,
-    :func:`bind_balanced` instead."""
-    if BALANCED_SPLIT:
+    follows). ``num_splits`` overrides the rule (sweeps, tests). A call with ``cache_seqlens`` binds
+    :func:`bind_balanced` instead (``BALANCED_SPLIT``)."""
+    if BALANCED_SPLIT == "always" or (BALANCED_SPLIT == "ragged" and problem.has_cache_seqlens):
         return bind_balanced(q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table, shares=num_splits)
     num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device, split_policy(problem))
     out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
