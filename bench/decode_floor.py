@@ -219,6 +219,16 @@ def applied(setting: str, impl_name: str, head_dim: int) -> Iterator[None]:
             configs[head_dim] = saved_tile
 
 
+def prepared(impl, workload, problem, extra: dict) -> tuple[str, float, float, int, str] | None:
+    """Validation, the capability check and the compile of ``impl`` under the current constants: None, or
+    a failed measurement (a setting that cannot build is a row, the run goes on)."""
+    try:
+        impl.prepare(workload.q, workload.k, workload.v, problem, **extra)
+    except Exception as error:  # noqa: BLE001 - a variant that fails is a row, the run goes on
+        return "failed", float("nan"), float("nan"), 0, f"prepare: {type(error).__name__}: {error}".splitlines()[0]
+    return None
+
+
 def measure(impl, case, workload, options, num_splits: int | None = None) -> tuple[str, float, float, int, str]:
     """(status, µs, rel. L2 error, num_splits, reason) of ``impl`` bound under the current constants
     (``num_splits`` forced, or None for the rule): judged against fp64 on a poisoned output, then timed;
@@ -313,8 +323,9 @@ def main(argv: list[str] | None = None) -> int:
                 for round_index in range(args.rounds):
                     for setting in settings:
                         with applied(setting, impl.name, head_dim):
-                            if round_index == 0:  # validation, the capability check, the compile
-                                impl.prepare(workload.q, workload.k, workload.v, case.problem, **extra)
+                            if round_index == 0 and (failed := prepared(impl, workload, case.problem, extra)):
+                                results[setting].append(failed)
+                                continue
                             forced = MODEL_SPLITS[index, impl.name] if setting == "after+splits" else None
                             results[setting].append(measure(impl, case, workload, options, forced))
                 for setting, measured in results.items():

@@ -201,3 +201,20 @@ def test_model_fifth_variants_match_the_rungs_plans():
     assert decode_model.fifth_variants(cases[6], cute)["deep-ring"] is None
     short = decode_model.fifth_variants(cases[7], decode_model.stack_models(128, 8)[1])
     assert short["one-split"][1] == 1 and short["short-tile"][0].occupancy == 2 and short["fifth"][1] == 1
+
+
+def test_floor_prepare_failure_is_a_row_not_a_crash():
+    class Workload:
+        q = k = v = None
+
+    class Failing:
+        def prepare(self, *args, **kwargs):
+            raise RuntimeError("out of shared memory\nmore")
+
+    class Working:
+        def prepare(self, *args, **kwargs):
+            return None
+
+    failed = decode_floor.prepared(Failing(), Workload(), RAGGED.problem, {})
+    assert failed[0] == "failed" and failed[4] == "prepare: RuntimeError: out of shared memory"
+    assert decode_floor.prepared(Working(), Workload(), RAGGED.problem, {}) is None
