@@ -31,7 +31,9 @@ block+rotation in gluon/fp8's V layout, each judged as in ``--sweep``, against t
 measured in the same run (``common.measure.peaks.measure_read_gbps``: µs, GB/s, % of it); then makes the
 fastest passing one the rungs' configuration and times each FP8 rung kernel only and end to end, causal
 and not, against the best bf16 rung (cute/hopper) in the same process. Writes ``fp8_quantiser_ab.csv``
-and ``fp8_quantiser_ab.md``.
+and ``fp8_quantiser_ab.md``. ``--candidates`` replaces ``AB_CANDIDATES``; ``--e2e-each`` times every passing
+candidate end to end (``--e2e-rounds`` interleaved rounds, medians), each beside the quantiser alone in the rung's
+V layout, so that e2e - kernel - quantiser is what a call pays beyond its two launches.
 
 ``--quantiser-config field=value,...`` runs any mode with another default configuration (the rungs'
 quantiser too), so a configuration the sweep found can be timed end to end before it is committed.
@@ -49,6 +51,7 @@ import argparse
 import csv
 import functools
 import importlib
+import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -410,39 +413,82 @@ class EndToEndRow:
     e2e_us: float
     e2e_tflops: float
     note: str = ""
+    config: str = ""
+    # The fused quantiser alone at this configuration in the rung's V layout (same inputs, same process), so that
+    # e2e - kernel - quantiser is what a call pays beyond its two launches.
+    quantiser_us: float = float("nan")
+
+    @property
+    def other_us(self) -> float:
+        return self.e2e_us - self.kernel_us - self.quantiser_us
 
 
-def end_to_end_rows(args: argparse.Namespace) -> tuple[list[EndToEndRow], dict[bool, float]]:
-    """Per causal mode: each FP8 rung kernel only and end to end (the fused quantiser at its default configuration
-    and the kernel per call; its output checked equal to the kernel's), and the best bf16 rung's TFLOP/s."""
+def _rung_end_to_end(
+    rung: str, module, problem: Problem, inputs, configs: list[Config], args: argparse.Namespace
+) -> list[EndToEndRow]:
+    """One rung, one causal mode: its kernel only, then per configuration (made the rungs' default while its run is
+    built) the fused quantiser alone in the rung's V layout and end to end (output checked equal to the kernel's);
+    ``args.e2e_rounds`` rounds, each timing every configuration in turn, medians kept."""
     from common.measure.timing import tflops
 
+    kernel_only = module.prepare(*inputs, problem)
+    expected = kernel_only().clone()
+    quantisation = module.DEFAULT_QUANTISATION
+    runs, notes = [], []
+    for config in configs:
+        fp8_quantiser.use_config(config)
+        end_to_end = module.prepare_end_to_end(*inputs, problem)
+        notes.append("" if torch.equal(end_to_end(), expected) else "output differs from kernel only")
+        alone = fp8_quantiser.FusedQuantiser(inputs[0].shape, inputs[1].shape, problem.dtype, inputs[0].device,
+                                             quantisation, LAYOUTS[rung], config=config)  # fmt: skip
+        runs.append((end_to_end, lambda fq=alone: fq(*inputs)))
+    kernel, e2e, alone = [], [[] for _ in configs], [[] for _ in configs]
+    for _ in range(args.e2e_rounds):
+        kernel.append(_time(kernel_only, args))
+        for index, (end_to_end, quantise) in enumerate(runs):
+            e2e[index].append(_time(end_to_end, args))
+            alone[index].append(_time(quantise, args))
+    kernel_ms = statistics.median(kernel)
+    rows = []
+    for config, note, e2e_samples, alone_samples in zip(configs, notes, e2e, alone, strict=True):
+        e2e_ms = statistics.median(e2e_samples)
+        row = EndToEndRow(rung, problem.causal, kernel_ms * 1e3, tflops(problem.flops, kernel_ms), e2e_ms * 1e3,
+                          tflops(problem.flops, e2e_ms), note, config.describe(),
+                          statistics.median(alone_samples) * 1e3)  # fmt: skip
+        rows.append(row)
+        print(f"{rung:10s} causal={problem.causal!s:5s} kernel {row.kernel_us:7.1f} us {row.kernel_tflops:4.0f} | "
+              f"quantiser {row.quantiser_us:6.1f} us | e2e {row.e2e_us:7.1f} us {row.e2e_tflops:4.0f} TFLOP/s | "
+              f"other {row.other_us:5.1f} us | {row.config} {note}", flush=True)  # fmt: skip
+    return rows
+
+
+def end_to_end_rows(
+    args: argparse.Namespace, configs: list[Config] | None = None
+) -> tuple[list[EndToEndRow], dict[bool, float]]:
+    """Per causal mode: each FP8 rung kernel only and end to end with each of ``configs`` (default: the current
+    default configuration), and the best bf16 rung's TFLOP/s. The default configuration is restored after."""
+    from common.measure.timing import tflops
+
+    saved = fp8_quantiser.DEFAULT_CONFIG, fp8_quantiser.KIND_CONFIGS
+    configs = configs or [fp8_quantiser.default_config(128, fp8.VARIANTS[AB_VARIANT])]
     rows, bf16 = [], {}
-    for causal in (False, True):
-        problem = Problem.canonical(args.seqlen, heads=args.heads, causal=causal)
-        inputs = fp8.fa3_inputs(problem, seed=0, device="cuda")
-        bf16_ms = _time(importlib.import_module(BF16_BEST[1]).prepare(*inputs, problem), args)
-        bf16[causal] = tflops(problem.flops, bf16_ms)
-        print(
-            f"{BF16_BEST[0]:10s} causal={causal!s:5s} {bf16_ms * 1e3:9.1f} us {bf16[causal]:7.0f} TFLOP/s", flush=True
-        )
-        for rung in args.only:
-            module = importlib.import_module(RUNGS[rung])
-            ok, reason = module.IMPLEMENTATION.check(problem, inputs[0].device)
-            if not ok:
-                print(f"{rung}: skipped, {reason}", flush=True)
-                continue
-            kernel_only = module.prepare(*inputs, problem)
-            expected = kernel_only().clone()
-            kernel_ms = _time(kernel_only, args)
-            end_to_end = module.prepare_end_to_end(*inputs, problem)
-            note = "" if torch.equal(end_to_end(), expected) else "output differs from kernel only"
-            e2e_ms = _time(end_to_end, args)
-            row = EndToEndRow(rung, causal, kernel_ms * 1e3, tflops(problem.flops, kernel_ms), e2e_ms * 1e3,
-                              tflops(problem.flops, e2e_ms), note)  # fmt: skip
-            rows.append(row)
-            print(f"{rung:10s} causal={causal!s:5s} kernel {row.kernel_us:9.1f} us {row.kernel_tflops:5.0f} | e2e "
-                  f"{row.e2e_us:9.1f} us {row.e2e_tflops:5.0f} TFLOP/s {note}", flush=True)  # fmt: skip
+    try:
+        for causal in (False, True):
+            problem = Problem.canonical(args.seqlen, heads=args.heads, causal=causal)
+            inputs = fp8.fa3_inputs(problem, seed=0, device="cuda")
+            bf16_ms = _time(importlib.import_module(BF16_BEST[1]).prepare(*inputs, problem), args)
+            bf16[causal] = tflops(problem.flops, bf16_ms)
+            print(f"{BF16_BEST[0]:10s} causal={causal!s:5s} {bf16_ms * 1e3:9.1f} us {bf16[causal]:7.0f} TFLOP/s",
+                  flush=True)  # fmt: skip
+            for rung in args.only:
+                module = importlib.import_module(RUNGS[rung])
+                ok, reason = module.IMPLEMENTATION.check(problem, inputs[0].device)
+                if not ok:
+                    print(f"{rung}: skipped, {reason}", flush=True)
+                    continue
+                rows += _rung_end_to_end(rung, module, problem, inputs, configs, args)
+    finally:
+        fp8_quantiser.DEFAULT_CONFIG, fp8_quantiser.KIND_CONFIGS = saved
     return rows, bf16
 
 
@@ -462,23 +508,30 @@ def ab_markdown(
         lines.append(f"| {row.config} | {row.launches} | {row.registers} | {row.spills} | {row.us:.1f} | "
                      f"{row.gbps:.0f} | {row.gbps / read_gbps:.0%} | {row.reference} | {row.same_bytes} | "
                      f"{'best; ' if row is best else ''}{row.note} |")  # fmt: skip
-    lines += ["", f"## End to end with the best candidate ({best.config if best else 'none passed: default'})", "",
-              f"| rung | causal | kernel µs | kernel TFLOP/s | e2e µs | e2e TFLOP/s | e2e - kernel µs | e2e / kernel | "
-              f"e2e / {BF16_BEST[0]} | note |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    chosen = f"the best candidate ({best.config if best else 'none passed: default'})"
+    if len({row.config for row in e2e}) > 1:
+        chosen = "each passing candidate"
+    lines += ["", f"## End to end with {chosen}", "",
+              f"| rung | causal | config | kernel µs | kernel TFLOP/s | quantiser µs | e2e µs | e2e TFLOP/s | "
+              f"e2e - kernel µs | other µs | e2e / kernel | e2e / {BF16_BEST[0]} | note |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in e2e:
-        lines.append(f"| {row.rung} | {row.causal} | {row.kernel_us:.1f} | {row.kernel_tflops:.0f} | {row.e2e_us:.1f} "
-                     f"| {row.e2e_tflops:.0f} | {row.e2e_us - row.kernel_us:.1f} | "
+        lines.append(f"| {row.rung} | {row.causal} | {row.config} | {row.kernel_us:.1f} | {row.kernel_tflops:.0f} | "
+                     f"{row.quantiser_us:.1f} | {row.e2e_us:.1f} | {row.e2e_tflops:.0f} | "
+                     f"{row.e2e_us - row.kernel_us:.1f} | {row.other_us:.1f} | "
                      f"{row.e2e_tflops / row.kernel_tflops:.3f} | {row.e2e_tflops / bf16[row.causal]:.3f} | "
                      f"{row.note} |")  # fmt: skip
     lines += ["", f"{BF16_BEST[0]} (bf16): {bf16[False]:.0f} TFLOP/s non-causal, {bf16[True]:.0f} causal. "
               f"Targets (issue #37): best FP8 e2e >= 1.1x {BF16_BEST[0]} in both modes; every e2e >= 0.9x its "
-              "kernel."]  # fmt: skip
+              "kernel. `quantiser µs`: the fused quantiser alone in the rung's V layout at that configuration; "
+              "`other µs` = e2e - kernel - quantiser."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 def run_ab(args: argparse.Namespace) -> None:
-    """The candidates at P1 (each judged, then timed), the fastest that passes both verdicts made the
-    rungs' quantiser configuration, then every FP8 rung end to end against the best bf16 rung."""
+    """The candidates (``--candidates``, else ``AB_CANDIDATES``) at P1 (each judged, then timed), the fastest that
+    passes both verdicts made the rungs' quantiser configuration, then every FP8 rung end to end against the best
+    bf16 rung; with ``--e2e-each``, end to end with every passing candidate in turn instead."""
     from common.measure.peaks import measure_read_gbps
 
     device = torch.device("cuda")
@@ -488,15 +541,17 @@ def run_ab(args: argparse.Namespace) -> None:
     inputs = fp8.fa3_inputs(problem, seed=0, device=device)
     # The reference's rotation in full fp32 (a TF32 GEMM would round the matrix's entries).
     torch.backends.cuda.matmul.allow_tf32 = False
-    candidates = judged_rows(problem, inputs, args, AB_VARIANT, "tensor_core", AB_LAYOUT, AB_CANDIDATES)
+    configs = args.candidates or AB_CANDIDATES
+    candidates = judged_rows(problem, inputs, args, AB_VARIANT, "tensor_core", AB_LAYOUT, configs)
     del inputs
     passing = [row for row in candidates if row.reference.startswith("ok") and row.same_bytes in ("first", "yes")]
     best = min(passing, key=lambda row: row.us) if passing else None
-    if best is not None:
-        fp8_quantiser.use_config(next(c for c in AB_CANDIDATES if c.describe() == best.config))
-    print(f"best candidate: {fp8_quantiser.DEFAULT_CONFIG!r}" if best else "no candidate passed", flush=True)
+    by_name = {config.describe(): config for config in configs}
+    if best is not None and not args.e2e_each:
+        fp8_quantiser.use_config(by_name[best.config])
+    print(f"best candidate: {by_name[best.config]!r}" if best else "no candidate passed", flush=True)
     torch.backends.cuda.matmul.allow_tf32 = True
-    e2e, bf16 = end_to_end_rows(args)
+    e2e, bf16 = end_to_end_rows(args, [by_name[row.config] for row in passing] if args.e2e_each else None)
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / "fp8_quantiser_ab.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -540,6 +595,18 @@ def main() -> None:
         action="store_true",
         help="time AB_CANDIDATES against the read bandwidth, then the FP8 rungs end to end with the best one "
         "against the best bf16 rung, causal and not",
+    )
+    parser.add_argument(
+        "--candidates",
+        type=lambda text: [quantiser_config(spec) for spec in text.split(";") if spec.strip()],
+        help="--ab's configurations instead of AB_CANDIDATES, ';'-separated, each as --quantiser-config takes it "
+        "(the first is the one the others' bytes are compared with)",
+    )
+    parser.add_argument(
+        "--e2e-each", action="store_true", help="--ab: time every passing candidate end to end, not only the best"
+    )
+    parser.add_argument(
+        "--e2e-rounds", type=int, default=1, help="end-to-end rounds, each timing every configuration in turn"
     )
     parser.add_argument("--sweep-variants", default=",".join(SWEEP_CASES), help="comma-separated variants")
     parser.add_argument("--sweep-layout", default="gluon/fp8", choices=list(LAYOUTS), help="whose V layout")

@@ -9,7 +9,8 @@ rung's MN-major ring layouts are its K-major ones transposed; the capability che
 cannot differentiate, each with its reason; a copy taller than its tile and an overlapped hopper variant
 with one ring slot are refused. With a GPU: gradients against fp64 by the yardstick rule on the shapes
 that probe the rungs' tiles (query and key tails inside one tile, rows that see no key, one query or
-key, MQA), for every hopper candidate too, and the returned LSE differentiated too.
+key, MQA), for every hopper candidate too (the tma_rows ones on every such shape), and the returned LSE
+differentiated too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import itertools
 import re
 import subprocess
 import tempfile
+from dataclasses import replace
 
 import pytest
 import torch
@@ -35,7 +37,7 @@ from common.contract.reference import reference_attention
 from common.reporting.static import _cuobjdump, cubin_resources
 from cute_impl._host import CUTE_DTYPES
 from cute_impl.backward import hopper as hopper_backward
-from cute_impl.backward import hopper_dq, naive, tiled
+from cute_impl.backward import hopper_dq, hopper_rows, naive, tiled
 from cute_impl.backward._device import fixed_layout, query_block_range, row_tile_copy, streamed_layouts
 from tests.test_backward import assert_all_pass, dense_attention, ladder_gradients
 
@@ -220,6 +222,79 @@ def schedule_errors(rule) -> list[tuple]:
     return errors
 
 
+# The tma_rows candidates, once each (a variant of both head dims is one value).
+TMA_ROWS = list(
+    dict.fromkeys(tiles for variants in hopper_backward.CANDIDATES.values() for tiles in variants if tiles.tma_rows)
+)
+# A load from global memory in SASS (LDG.E...), not a TMA load (UTMALDG).
+GLOBAL_LOAD = re.compile(r"(?<![A-Z])LDG\.")
+
+
+@pytest.mark.cute_compile
+@pytest.mark.static
+@pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
+def test_hopper_tma_rows_load_lse_and_d_by_tma_only(head_dim: int) -> None:
+    """tma_rows with every compile-time feature on: the dK/dV kernel compiles without spills, its wgmmas
+    not serialised, the same products per step as dq="reduce"; its only loads from global memory are TMA
+    (two more 3-D boxes per ring slot, LSE₂ and D), the step reads them from shared memory, and its
+    unmasked step is at least 100 SASS instructions shorter. Planted: dq="reduce" alone reads LSE₂ and D
+    from HBM in every step (LDG in its loop), which fails the rule."""
+    causal, alignment, kv_heads, has_dlse = VARIANTS["causal_bottom_right_mqa_dlse"]
+    prob = problem(1000, 777, head_dim, causal=causal, alignment=alignment, kv_heads=kv_heads)
+    tiles = next(tiles for tiles in TMA_ROWS if tiles.stages == 2)
+    binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=tiles)
+    default = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=DQ_REDUCE)
+    assert hgmma_per_step(binaries) == hgmma_per_step(default)
+    dkdv, default_dkdv = binaries[1], default[1]
+    for usage in cubin_resources(dkdv.cubin).values():
+        assert usage["stack_bytes"] + usage["local_bytes"] == 0, f"{dkdv.name} {prob.describe()}: {usage}"
+    sass, default_sass = sass_of(dkdv), sass_of(default_dkdv)
+    assert not wgmma_serialised(sass), "ptxas serialised the wgmmas"
+    assert not GLOBAL_LOAD.search(sass), "LSE₂ and D still read from global memory"
+    assert sass.count("UTMALDG.3D") == 2 and default_sass.count("UTMALDG.3D") == 0
+    assert "LDS.64" in sass
+    assert GLOBAL_LOAD.search(default_sass), "planted: the HBM reads are what the rule detects"
+    assert len(unmasked_step(default_sass)) - len(unmasked_step(sass)) >= 100
+
+
+def unmasked_step(sass: str) -> list[str]:
+    """The SASS instructions of the shortest loop holding HGMMAs: the unmasked dK/dV step."""
+    instructions = [(int(at, 16), text) for at, text in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(\S[^;]*);", sass)]
+    loops = [
+        (int(target.group(1), 16), at)
+        for at, text in instructions
+        if (target := re.search(r"\bBRA\s+0x([0-9a-f]+)", text)) and int(target.group(1), 16) < at
+    ]
+    bodies = [[text for at, text in instructions if start <= at <= end] for start, end in loops]
+    return min((body for body in bodies if any("HGMMA" in text for text in body)), key=len)
+
+
+DRAIN = "WARPGROUP.DEPBAR.LE gsb0, 0x0"
+
+
+@pytest.mark.cute_compile
+@pytest.mark.static
+def test_hopper_dq_reduce_overlaps_dk_with_the_next_step_at_d64_only() -> None:
+    """dq="reduce" with dkdv_overlap (the D=64 tma_rows candidate), every compile-time feature on: no
+    spills, wgmmas not serialised, and the unmasked step never waits for all its wgmmas (no drain in its
+    loop): its dK retires under the next step's Sᵀ and dPᵀ. Planted: the non-overlapped variant drains
+    every step; the same kernel at D=128 is serialised by ptxas (why it is a D=64 candidate only)."""
+    causal, alignment, kv_heads, has_dlse = VARIANTS["causal_bottom_right_mqa_dlse"]
+    (overlapped,) = [tiles for tiles in TMA_ROWS if tiles.dkdv_overlap]
+    assert overlapped in hopper_backward.CANDIDATES[64] and overlapped not in hopper_backward.CANDIDATES[128]
+    sass = {}
+    for head_dim, tiles in ((64, overlapped), (64, replace(overlapped, dkdv_overlap=False)), (128, overlapped)):
+        prob = problem(1000, 777, head_dim, causal=causal, alignment=alignment, kv_heads=kv_heads)
+        dkdv = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=tiles)[1]
+        sass[head_dim, tiles.dkdv_overlap] = sass_of(dkdv)
+        if head_dim == 64:
+            for usage in cubin_resources(dkdv.cubin).values():
+                assert usage["stack_bytes"] + usage["local_bytes"] == 0, f"{tiles.label}: {usage}"
+    assert not wgmma_serialised(sass[64, True]) and DRAIN not in " ".join(unmasked_step(sass[64, True]))
+    assert DRAIN in " ".join(unmasked_step(sass[64, False]))
+    assert wgmma_serialised(sass[128, True])
+
+
 def test_hopper_dkdv_query_blocks_cover_every_visible_pair_and_mask_where_needed() -> None:
     """The dK/dV kernel's query blocks per key block (``query_block_range``, on Python ints), against the
     definition, over ragged lengths, both alignments and Sq ≷ Sk. Planted: one block too few, and one
@@ -363,16 +438,42 @@ def test_hopper_overlapped_tiles_refuse_a_single_ring_slot() -> None:
 
 
 def test_hopper_dq_reduce_refuses_what_it_is_not_built_for() -> None:
-    """dq="reduce" takes 64 query rows per step (the dQ wgmma's M) and no overlapped step; an unknown dq
-    mode is refused. Its label names the mode, not the unused dQ kernel's tile."""
-    for tiles in ({"tile_m": 32}, {"dkdv_overlap": True}, {"dq_overlap": True}):
+    """dq="reduce" takes 64 query rows per step (the dQ wgmma's M) and no dQ kernel to overlap (its dK may
+    overlap the next step); an unknown dq mode is refused. Its label names the mode, not the unused dQ
+    kernel's tile."""
+    for tiles in ({"tile_m": 32}, {"dq_overlap": True}):
         with pytest.raises(ValueError, match="dq='reduce'"):
             hopper_backward.BackwardTiles(**({"tile_m": 64, "dq_tile_n": 64, "stages": 2} | tiles), dq="reduce")
     with pytest.raises(ValueError, match="'pass' or 'reduce'"):
         hopper_backward.BackwardTiles(64, 64, 2, dq="atomic")
     assert DQ_REDUCE.label == "m64_s2_dqreduce"
+    overlapped = hopper_backward.BackwardTiles(64, 64, 3, dkdv_overlap=True, dq="reduce")
+    assert overlapped.label == "m64_s3_dqreduce_dkdvoverlap"
     assert all(DQ_REDUCE in variants for variants in hopper_backward.CANDIDATES.values())
     assert all(variants[0].dq == "pass" for variants in hopper_backward.CANDIDATES.values())
+
+
+def test_hopper_tma_rows_is_a_candidate_not_the_default() -> None:
+    """tma_rows variants are named by their label and never picked as the default (until measured)."""
+    assert {tiles.label for tiles in TMA_ROWS} == {"m64_s2_dqreduce_tmarows", "m64_s3_dqreduce_dkdvoverlap_tmarows"}
+    for head_dim in hopper_backward.HEAD_DIMS:
+        assert not hopper_backward.default_tiles(head_dim).tma_rows
+    assert hopper_backward.BackwardTiles(64, 64, 2, tma_rows=True).label == "m64_dqn64_s2_tmarows"
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 77, 80, 1000])
+def test_row_vectors_give_every_head_a_tma_aligned_row(seqlen_q: int) -> None:
+    """LSE₂ and D are (B, H, Sq) views whose head rows start 16 bytes apart or a multiple of it (a TMA
+    source's outer strides); the two never share storage. Planted: a contiguous (B, H, 77) tensor's
+    head stride, 308 bytes, is not a multiple of 16."""
+    prob = Problem(2, 3, seqlen_q, 64, 64, torch.bfloat16)
+    lse2, delta = hopper_rows.row_vectors(prob, torch.device("cpu"))
+    for vector in (lse2, delta):
+        assert vector.shape == (2, 3, seqlen_q) and vector.dtype == torch.float32 and vector.stride(2) == 1
+        assert all(stride * 4 % hopper_rows.TMA_STRIDE_BYTES == 0 for stride in vector.stride()[:2])
+        assert vector.stride(1) - seqlen_q < hopper_rows.TMA_STRIDE_BYTES // 4
+    assert lse2.untyped_storage().data_ptr() != delta.untyped_storage().data_ptr()
+    assert torch.empty(2, 3, 77).stride(1) * 4 % hopper_rows.TMA_STRIDE_BYTES != 0
 
 
 @pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
@@ -526,3 +627,31 @@ def test_gpu_dq_reduce_keeps_dk_and_dv_deterministic(head_dim: int) -> None:
     for grads in runs:
         assert_all_pass(grads, q, k, v, d_out, prob)
     assert torch.equal(runs[0][1], runs[1][1]) and torch.equal(runs[0][2], runs[1][2])
+
+
+TMA_ROWS_CASES = [
+    (case, tiles)
+    for case, prob in GPU_CASES.items()
+    for tiles in TMA_ROWS
+    if tiles in hopper_backward.CANDIDATES[prob.head_dim]
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("case", "tiles"), TMA_ROWS_CASES, ids=[f"{case}-{tiles.label}" for case, tiles in TMA_ROWS_CASES]
+)
+def test_gpu_tma_rows_pass_the_rule(case: str, tiles: hopper_backward.BackwardTiles) -> None:
+    """tma_rows on the shapes that probe the tiles: query tails inside a block (rows past Sq zero-filled by
+    the box, so P = 1 there), Sq not a multiple of four (the padded head rows), rows that see no key,
+    one query or key, MQA; from cute/hopper's O and LSE."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    prob = GPU_CASES[case]
+    q, k, v, d_out = gpu_inputs(prob, seed=26)
+    with torch.no_grad():
+        out, lse = attention(
+            q, k, v, causal=prob.causal, causal_alignment=prob.causal_alignment, impl="cute/hopper", return_lse=True
+        )
+    grads = hopper_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=tiles)
+    assert_all_pass(grads, q, k, v, d_out, prob)

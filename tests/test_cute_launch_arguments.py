@@ -147,6 +147,8 @@ def _fp8(problem: Problem) -> None:
 # cute/hopper's backward with dQ by a separate kernel (its deterministic variant; the default adds dQ
 # into an fp32 buffer, one more argument, then runs its postprocess).
 SEPARATE_DQ_PASS = hopper_backward.CANDIDATES[128][0]
+# LSE₂ and D by TMA (``hopper_rows.py``): the same host arguments, the rows allocated TMA-aligned.
+TMA_ROWS = next(tiles for tiles in hopper_backward.CANDIDATES[128] if tiles.tma_rows)
 
 
 def _backward(launch: Callable[..., None], problem: Problem, with_dlse: bool) -> None:
@@ -186,6 +188,11 @@ LAUNCHES: dict[str, Callable[[], None]] = {
     "backward-hopper-separate-dq": lambda: _backward(
         functools.partial(hopper_backward._launch, tiles=SEPARATE_DQ_PASS),
         FEATURED.with_(has_cache_seqlens=False),
+        True,
+    ),
+    "backward-hopper-tma-rows": lambda: _backward(
+        functools.partial(hopper_backward._launch, tiles=TMA_ROWS),
+        FEATURED.with_(has_cache_seqlens=False, seqlen_q=77),  # LSE₂ and D as views of padded rows
         True,
     ),
 }

@@ -113,6 +113,7 @@ KNOB_CONFIGS = [
     fused.QuantiserConfig(tiles_per_program=4, num_stages=2, division="ieee"),
     fused.QuantiserConfig(programs_per_sm=1, prefetch=True),
     fused.QuantiserConfig(programs_per_sm=1, num_stages=3, tma=True),
+    fused.QuantiserConfig(tiles_per_program=3, prefetch=True, interleave=True),
 ]
 # The SM count the knob test's persistent grid sees: 3 programs, so that each walks several tiles of each tensor.
 CPU_SM_COUNT = 3
@@ -492,6 +493,8 @@ def test_bad_inputs_are_refused_with_what_was_expected():
             "needs single_launch=True and tiles_per_program=1, got True and 4",
         ),
         ({"programs_per_sm": 2, "single_launch": False}, "needs single_launch=True and tiles_per_program=1, got False"),
+        ({"interleave": True, "single_launch": False}, "single_launch=True and programs_per_sm=0, got False and 0"),
+        ({"interleave": True, "programs_per_sm": 1}, "single_launch=True and programs_per_sm=0, got True and 1"),
     ):
         with pytest.raises(ValueError, match=message):
             fused.QuantiserConfig(**knobs)  # fmt: skip
@@ -506,6 +509,48 @@ def test_bad_inputs_are_refused_with_what_was_expected():
     unaligned = torch.zeros(1, 2, 64, 68, dtype=torch.float16)[..., :64]
     with pytest.raises(ValueError, match=r"tma configuration needs .* got strides \(8704, 4352, 68, 1\)"):
         quantiser(unaligned, unaligned, unaligned)
+
+
+def test_ab_times_each_configuration_end_to_end_in_rounds(monkeypatch: pytest.MonkeyPatch):
+    """bench/fp8_quantiser.py --ab --e2e-each (no GPU: timings and quantisers stubbed): each configuration is the
+    rungs' default while its end-to-end run is built, the quantiser alone runs at that configuration, every round
+    times each configuration in turn, rows keep medians and e2e - kernel - quantiser, the default comes back."""
+    import argparse
+
+    from bench import fp8_quantiser as bench
+
+    timings = iter([1.0, 3.0, 2.0, 5.0, 0.4, 1.0, 3.5, 2.5, 5.5, 0.6])  # kernel, (e2e, alone) x 2, per round
+    monkeypatch.setattr(bench, "_time", lambda run, args: (run(), next(timings))[1])
+    timed, built, out = [], [], torch.zeros(2)
+
+    class Alone:
+        def __init__(self, *args, config: fused.QuantiserConfig):
+            self.config = config
+
+        def __call__(self, *inputs):
+            timed.append(f"alone {self.config.describe()}")
+
+    def end_to_end(*args):
+        built.append(fused.DEFAULT_CONFIG)
+        return lambda: (timed.append("e2e"), out)[1]
+
+    monkeypatch.setattr(bench.fp8_quantiser, "FusedQuantiser", Alone)
+    rung = argparse.Namespace(DEFAULT_QUANTISATION=fp8.VARIANTS["block+rotation"], prepare_end_to_end=end_to_end,
+                              prepare=lambda *args: lambda: (timed.append("kernel"), out)[1])  # fmt: skip
+    configs = [fused.PREFETCH_CONFIG, dataclasses.replace(fused.PREFETCH_CONFIG, interleave=True)]
+    # use_config replaces both; monkeypatch puts them back whatever happens.
+    monkeypatch.setattr(fused, "DEFAULT_CONFIG", fused.DEFAULT_CONFIG)
+    monkeypatch.setattr(fused, "KIND_CONFIGS", fused.KIND_CONFIGS)
+    problem = Problem.canonical(128, heads=1, causal=True)
+    rows = bench._rung_end_to_end("cute/fp8", rung, problem, (torch.zeros(1, 1, 128, 128),) * 3, configs,
+                                  argparse.Namespace(e2e_rounds=2))  # fmt: skip
+    assert built == configs
+    alone = [f"alone {config.describe()}" for config in configs]
+    assert timed == ["kernel", "e2e", "e2e"] + ["kernel", "e2e", alone[0], "e2e", alone[1]] * 2
+    assert [(row.config, row.kernel_us, row.e2e_us, row.quantiser_us) for row in rows] == [
+        (configs[0].describe(), 1000.0, 3250.0, 2250.0), (configs[1].describe(), 1000.0, 5250.0, 500.0)
+    ]  # fmt: skip
+    assert rows[0].other_us == 0.0 and rows[1].other_us == 3750.0 and not rows[0].note
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -674,6 +719,8 @@ GPU_KNOB_CONFIGS = [
     fused.QuantiserConfig(programs_per_sm=2, prefetch=True, maxnreg=128),
     fused.QuantiserConfig(programs_per_sm=2, num_stages=2),
     fused.QuantiserConfig(programs_per_sm=1, num_stages=4, num_warps=16),
+    fused.QuantiserConfig(tiles_per_program=8, prefetch=True, maxnreg=128, interleave=True),
+    fused.QuantiserConfig(tiles_per_program=8, num_warps=16, maxnreg=64, interleave=True),
 ]
 
 

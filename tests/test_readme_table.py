@@ -192,12 +192,17 @@ def test_generate_table_regenerates_byte_identically():
     )
 
 
+# The full sweep of 2026-11-28 (every stack, eager and static caches, rows that did not run): the
+# tampering tests' fixed input, whichever run the README shows.
+SWEEP_CSV = Path("results") / "h200" / "generate" / "results.csv"
+
+
 def _copy_generate_run(root: Path) -> pd.DataFrame:
-    """The committed generate run copied under ``root``; its CSV as a frame to tamper with."""
-    folder = root / GENERATE_CSV.parent
+    """The committed full sweep copied under ``root``; its CSV as a frame to tamper with."""
+    folder = root / SWEEP_CSV.parent
     folder.mkdir(parents=True)
-    shutil.copy(ROOT / GENERATE_CSV.parent / "env.json", folder / "env.json")
-    return pd.read_csv(ROOT / GENERATE_CSV)
+    shutil.copy(ROOT / SWEEP_CSV.parent / "env.json", folder / "env.json")
+    return pd.read_csv(ROOT / SWEEP_CSV)
 
 
 def _case(frame: pd.DataFrame, impl: str, batch: int, cache: str) -> pd.Series:
@@ -207,13 +212,13 @@ def _case(frame: pd.DataFrame, impl: str, batch: int, cache: str) -> pd.Series:
 def test_a_tampered_generate_csv_value_changes_the_table(tmp_path: Path):
     """The copy regenerates the committed table; doubling one tokens/s moves its cell and its ratio."""
     frame = _copy_generate_run(tmp_path)
-    frame.to_csv(tmp_path / GENERATE_CSV, index=False)
-    committed = generate_table(ROOT / GENERATE_CSV, ROOT)
-    assert generate_table(tmp_path / GENERATE_CSV, tmp_path) == committed
+    frame.to_csv(tmp_path / SWEEP_CSV, index=False)
+    committed = generate_table(ROOT / SWEEP_CSV, ROOT)
+    assert generate_table(tmp_path / SWEEP_CSV, tmp_path) == committed
     assert "| ladder:auto | 143 (0.76×) |" in committed
     frame.loc[_case(frame, "ladder:auto", 1, "dynamic"), "tokens_per_s"] *= 2
-    frame.to_csv(tmp_path / GENERATE_CSV, index=False)
-    tampered = generate_table(tmp_path / GENERATE_CSV, tmp_path)
+    frame.to_csv(tmp_path / SWEEP_CSV, index=False)
+    tampered = generate_table(tmp_path / SWEEP_CSV, tmp_path)
     assert tampered != committed
     assert "| ladder:auto | 285 (1.53×) |" in tampered
     # The pick sentence above the table follows: sdpa now leads in 2 cases, ladder:auto in one more.
@@ -226,8 +231,8 @@ def test_a_generate_row_that_did_not_run_is_a_dash_named_under_the_table(tmp_pat
     failed = _case(frame, "ladder:gluon", 8, "static")
     frame.loc[failed, ["status", "reason"]] = ["failed", "RuntimeError: planted"]
     frame.loc[failed, ["prefill_ms", "decode_ms_per_token", "tokens_per_s"]] = float("nan")
-    frame.to_csv(tmp_path / GENERATE_CSV, index=False)
-    table = generate_table(tmp_path / GENERATE_CSV, tmp_path)
+    frame.to_csv(tmp_path / SWEEP_CSV, index=False)
+    table = generate_table(tmp_path / SWEEP_CSV, tmp_path)
     assert "| ladder:gluon | 168 (0.90×) | 108 (0.66×) | 859 (0.61×) | — | 31.8 |" in table
     assert "- ladder:gluon at B=8 static: failed (RuntimeError: planted)" in table
     assert "- eager at B=8 dynamic, B=8 static: skipped (eager's score matrices need about 130 GiB" in table

@@ -22,10 +22,11 @@ holds; Triton 3.6 issues a 2-stage loop's next load at the end of the body, afte
 that only 3 or more stages keep a load in flight while a tile is computed), ``num_warps``, ``maxnreg``
 (8 warps at 128 registers keep two programs an SM; a lower cap spills, and at 80 ptxas cannot place the
 wgmma accumulators), ``division``, ``programs_per_sm`` (a persistent grid whose programs walk Q, K and
-V in turn) and ``tma`` (tiles of rows in order copied by TMA into a ``num_stages``-deep shared-memory ring:
+V in turn), ``tma`` (tiles of rows in order copied by TMA into a ``num_stages``-deep shared-memory ring:
 more bytes in flight an SM than registers allow, and Q's and K's tiles reach the rotation's wgmma without
-passing registers). ``default_config(D, quantisation)`` is what the rungs run; ``python -m bench.fp8_quantiser
---ab`` times the candidates against the read bandwidth.
+passing registers) and ``interleave`` (Q's, K's and V's programs alternate, so that rotated tiles, bound by
+instructions, share each SM with V's, bound by memory). ``default_config(D, quantisation)`` is what the
+rungs run; ``python -m bench.fp8_quantiser --ab`` times the candidates against the read bandwidth.
 
 Equality with the reference (``operand_differences``): without rotation the arithmetic is the same
 operation for operation (exact amax, one correctly rounded division, one rounding), so bytes and
@@ -135,6 +136,8 @@ class QuantiserConfig:
       program + grid, ..., then K's, then V's, so that every program carries the same share of each
       tensor: no tensor's programs finish early and leave their SMs idle (the rotated Q and K tiles
       cost more than V's), and no second wave. Needs one launch and ``tiles_per_program`` = 1.
+    * ``interleave``: programs of Q, K and V alternate in launch order (Q, K, V, Q, ... while all three have
+      programs left), not Q's, then K's, then V's. Needs one launch and no persistent grid.
     """
 
     single_launch: bool = True
@@ -146,6 +149,7 @@ class QuantiserConfig:
     division: str = "reciprocal"
     programs_per_sm: int = 0
     tma: bool = False
+    interleave: bool = False
 
     def __post_init__(self) -> None:
         if self.tiles_per_program < 1 or self.num_stages < 1:
@@ -170,6 +174,12 @@ class QuantiserConfig:
                 f"single_launch=True and tiles_per_program=1, got {self.single_launch} and {self.tiles_per_program}"
             )
 
+        if self.interleave and (not self.single_launch or self.programs_per_sm):
+            raise ValueError(
+                "interleave orders the programs of one launch: it needs single_launch=True and programs_per_sm=0, "
+                f"got {self.single_launch} and {self.programs_per_sm}"
+            )
+
     def describe(self) -> str:
         """One compact line for tables: launches, tiles/program, stages, warps, registers, division."""
         overlap = "prefetch" if self.prefetch else f"{'tma ' if self.tma else ''}stages={self.num_stages}"
@@ -177,8 +187,8 @@ class QuantiserConfig:
             f"persistent {self.programs_per_sm}/SM" if self.programs_per_sm else f"tiles/prog={self.tiles_per_program}"
         )
         return (
-            f"{'1 launch' if self.single_launch else '3 launches'} {schedule} {overlap} "
-            f"warps={self.num_warps or 'auto'} maxnreg={self.maxnreg or '-'} {self.division}"
+            f"{'1 launch' if self.single_launch else '3 launches'}{' interleaved' if self.interleave else ''} "
+            f"{schedule} {overlap} warps={self.num_warps or 'auto'} maxnreg={self.maxnreg or '-'} {self.division}"
         )
 
 
@@ -437,7 +447,7 @@ def _launch_options(
     tile_rows = _tile_rows_of(quantisation)
     q_kind, k_kind, v_kind = _tensor_kinds(quantisation, value_layout, rotation_method)
     setup = LaunchSetup(head_dim, int(math.log2(head_dim)), tile_rows, step, config.num_stages, config.prefetch,
-                        config.division == "reciprocal", config.programs_per_sm > 0, config.tma,
+                        config.division == "reciprocal", config.programs_per_sm > 0, config.tma, config.interleave,
                         interpreted)  # fmt: skip
     options = {"Q_KIND": q_kind, "K_KIND": k_kind, "V_KIND": v_kind, "SETUP": setup,
                "num_warps": config.num_warps or _num_warps(tile_rows, head_dim)}  # fmt: skip
@@ -506,10 +516,8 @@ class FusedQuantiser:
         _check_signature(self.q_shape, self.kv_shape, dtype, device, rotation_method)
         head_dim = self.q_shape[3]
         _check_quantisation(quantisation, value_layout, head_dim, rotation_method)
-        # No shared-memory check here: ``shared_bytes`` is exact only where the rungs' capability checks
-        # need it (the default configuration at D=256) and over-counts other knobs (3 stages at D=128: a
-        # 262,144-byte estimate for a build that runs, seen on an H200 on 2026-11-28); a knob that does
-        # not fit is refused by Triton at launch (OutOfResources).
+        # No shared-memory check here: ``shared_bytes`` is exact only for the rungs' default configurations and
+        # over-counts other knobs; a knob that does not fit is refused by Triton at launch (OutOfResources).
         interpreted = device.type == "cpu"
         geometries = _geometries(self.q_shape, self.kv_shape, quantisation, value_layout)
         self._tile_counts = tuple(geometry.tiles for geometry in geometries)
@@ -667,15 +675,9 @@ def compile_sm90(
 def compile_sm90_for(problem: Problem, quantisation: Quantisation, value_layout: ValueLayout) -> list[KernelBinary]:
     """:func:`compile_sm90` at ``problem``'s head dim, dtype and shape: what an FP8 rung launches before
     its kernel (``Implementation.compile_input_transform_sm90``)."""
-    return compile_sm90(
-        problem.head_dim,
-        problem.dtype,
-        quantisation,
-        value_layout,
-        seqlens=(problem.seqlen_q, problem.seqlen_k),
-        heads=(problem.heads, problem.kv_heads),
-        batch=problem.batch,
-    )
+    return compile_sm90(problem.head_dim, problem.dtype, quantisation, value_layout,
+                        seqlens=(problem.seqlen_q, problem.seqlen_k), heads=(problem.heads, problem.kv_heads),
+                        batch=problem.batch)  # fmt: skip
 
 
 def quantise_fused(

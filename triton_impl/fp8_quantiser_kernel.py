@@ -7,8 +7,10 @@ written in 8), so the kernel is built to keep bytes in flight and to spend few i
 
 Launch (``quantise_kernel``; ``FusedQuantiser`` plans it): one grid for all three tensors; programs
 [0, q_programs) take Q's tiles, the next k_programs K's, the rest V's (``single_launch=False``
-launches the same kernel once per tensor); or a persistent grid (``PERSISTENT``) whose every program
-takes its share of Q's tiles, then of K's, then of V's. A tile is 128 rows (``TILE_ROWS``: the larger block; Q's
+launches the same kernel once per tensor), or (``INTERLEAVED``) Q's, K's and V's programs alternating in
+program order, so that an SM holds rotated tiles (instruction-bound) and V's (memory-bound) at once
+(``_interleaved_program``); or a persistent grid (``PERSISTENT``) whose every program takes its share of
+Q's tiles, then of K's, then of V's. A tile is 128 rows (``TILE_ROWS``: the larger block; Q's
 64-row blocks go two to a tile) of one (batch, head), so every tensor's tile has the same shape and one
 warp count (64 fp32 values a thread: 8 warps at D=128) serves the launch. A program loops over
 ``tiles_per_program`` tiles of its tensor, strided by the tensor's program count.
@@ -144,6 +146,7 @@ class LaunchSetup(NamedTuple):
     RECIPROCAL_DIVISION: bool
     PERSISTENT: bool
     TMA: bool
+    INTERLEAVED: bool
     INTERPRETED: bool
 
 
@@ -390,10 +393,27 @@ def _quantise_tiles(T, X_DESC, program, programs, ROTATION, rotation_scale, KIND
 
 
 @triton.jit
+def _interleaved_program(program, q_programs, k_programs, v_programs):
+    """(tensor, index) of ``program`` in the interleaved order: while every tensor has programs left they
+    alternate Q, K, V, Q, K, V, ... (program 3 i + t is tensor t's program i), then the tensors' remaining
+    programs follow in order (Q's, K's, V's). Tensor 0 is Q, 1 K, 2 V."""
+    shared = tl.where(q_programs < k_programs, q_programs, k_programs)
+    shared = tl.where(v_programs < shared, v_programs, shared)
+    rest = program - 3 * shared
+    q_rest = q_programs - shared
+    k_rest = k_programs - shared
+    tensor = tl.where(rest < 0, program % 3, tl.where(rest < q_rest, 0, tl.where(rest < q_rest + k_rest, 1, 2)))
+    before = tl.where(tensor == 0, 0, tl.where(tensor == 1, q_rest, q_rest + k_rest))
+    index = tl.where(rest < 0, program // 3, shared + rest - before)
+    return tensor, index
+
+
+@triton.jit
 def quantise_kernel(Q, K, V, Q_DESC, K_DESC, V_DESC, q_programs, k_programs, v_programs, ROTATION, rotation_scale,
                     Q_KIND: tl.constexpr, K_KIND: tl.constexpr, V_KIND: tl.constexpr, SETUP: tl.constexpr):  # fmt: skip
     """Programs [0, q_programs) quantise Q's tiles, the next k_programs K's, the rest V's (a launch
-    for one tensor passes 0 programs for the others); a persistent grid (``SETUP.PERSISTENT``, all three
+    for one tensor passes 0 programs for the others), or in the interleaved order (``SETUP.INTERLEAVED``,
+    ``_interleaved_program``); a persistent grid (``SETUP.PERSISTENT``, all three
     counts the grid) has every program quantise its share of Q's tiles, then K's, then V's. Q_DESC,
     K_DESC, V_DESC: each tensor's TMA descriptor where ``SETUP.TMA`` loads it by copies, else None
     (top-level arguments: Triton's launcher expands a descriptor only there, not inside a tuple)."""
@@ -402,6 +422,14 @@ def quantise_kernel(Q, K, V, Q_DESC, K_DESC, V_DESC, q_programs, k_programs, v_p
         _quantise_tiles(Q, Q_DESC, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
         _quantise_tiles(K, K_DESC, program, k_programs, ROTATION, rotation_scale, K_KIND, SETUP)
         _quantise_tiles(V, V_DESC, program, v_programs, ROTATION, rotation_scale, V_KIND, SETUP)
+    elif SETUP.INTERLEAVED:
+        tensor, index = _interleaved_program(program, q_programs, k_programs, v_programs)
+        if tensor == 0:
+            _quantise_tiles(Q, Q_DESC, index, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
+        elif tensor == 1:
+            _quantise_tiles(K, K_DESC, index, k_programs, ROTATION, rotation_scale, K_KIND, SETUP)
+        else:
+            _quantise_tiles(V, V_DESC, index, v_programs, ROTATION, rotation_scale, V_KIND, SETUP)
     elif program < q_programs:
         _quantise_tiles(Q, Q_DESC, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
     elif program < q_programs + k_programs:

@@ -290,10 +290,13 @@ def bind(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
 ) -> Runner:
     """Allocate O (and the LSE) for validated q, k, v and return ``run()`` launching the kernel with
-    the planned tiles."""
+    the planned tiles, tuning them first where this problem's bucket has none yet: ``attention()``
+    binds a growing cache's plan (a DynamicCache's decode step, one key more each call) without
+    preparing it, and Sk crosses into a new power-of-two bucket every doubling."""
     config = planned_config(problem, q.device)
     if config is None:
-        raise RuntimeError(f"triton/pipelined has not tuned {problem.describe()} yet: prepare it before binding")
+        _tune_once(q, k, v, problem, cache_seqlens)
+        config = planned_config(problem, q.device)
     launch_options = _launch_options(config, problem)
     return pointer_runner(_pipelined_kernel, q, k, v, problem, cache_seqlens, config.block_m, launch_options)
 

@@ -73,7 +73,9 @@ and 360.3 at D=64 (B=4 H=32), against 417.6 / 388.6 / 332.4 for the separate pas
 barriers and 8.6 GB of fp32 reduce traffic at P1 are the rest).
 
 Limits (not done): no ping-pong between the consumer warpgroups, no persistent scheduler, gradients
-stored from the accumulators (no TMA store); dq="reduce" needs 64 query rows per step and no overlap.
+stored from the accumulators (no TMA store); dq="reduce" needs 64 query rows per step (its dK/dV overlap
+only at D=64). The variant ``tma_rows`` (``hopper_rows.py``, not yet timed) loads each query block's LSE₂
+and D by TMA into its ring slot, read from shared memory by the dK/dV step, not from HBM by every thread.
 The candidates are ``python -m bench.backward --candidates --rung cute``.
 """
 
@@ -119,7 +121,7 @@ from cute_impl._host import (
     generic_view,
     mma_sync_supports,
 )
-from cute_impl.backward import hopper_dq, tiled
+from cute_impl.backward import hopper_dq, hopper_rows, tiled
 from cute_impl.backward._device import (
     CONSUMER_WARPGROUPS,
     MN_MAJOR,
@@ -162,6 +164,9 @@ class BackwardTiles:
     # "pass": dQ by the separate kernel (deterministic); "reduce": dQ in the dK/dV kernel, added into an
     # fp32 dQaccum by bulk reduce-adds (``hopper_dq.py``; not bitwise deterministic).
     dq: str = "pass"
+    # LSE₂ and D of each query block loaded by TMA with its Q and dO into the ring slot and read from shared
+    # memory by the dK/dV kernel, instead of 2 · tile_m / 8 bounds-checked loads from HBM per thread per step.
+    tma_rows: bool = False
 
     def __post_init__(self) -> None:
         # Overlapped, a slot is freed one step late: one slot would deadlock the producer.
@@ -169,16 +174,18 @@ class BackwardTiles:
             raise ValueError(f"overlapped steps need two ring slots or more, got {self}")
         if self.dq not in ("pass", "reduce"):
             raise ValueError(f"dq is 'pass' or 'reduce', got {self.dq!r}")
-        # The dQ product's M is the step's query rows: one m64 wgmma; its steps are not overlapped.
-        if self.dq == "reduce" and (self.tile_m != ROWS_PER_WARPGROUP or self.dkdv_overlap or self.dq_overlap):
-            raise ValueError(f"dq='reduce' takes 64 query rows per step and no overlap, got {self}")
+        # The dQ product's M is the step's query rows: one m64 wgmma; it retires within its step (a step's
+        # dK may stay in flight, ``dkdv_overlap``); no dQ kernel to overlap.
+        if self.dq == "reduce" and (self.tile_m != ROWS_PER_WARPGROUP or self.dq_overlap):
+            raise ValueError(f"dq='reduce' takes 64 query rows per step and no dq_overlap, got {self}")
 
     @property
     def label(self) -> str:
+        rows = "_tmarows" if self.tma_rows else ""
         if self.dq == "reduce":
-            return f"m{self.tile_m}_s{self.stages}_dqreduce"
+            return f"m{self.tile_m}_s{self.stages}_dqreduce" + ("_dkdvoverlap" if self.dkdv_overlap else "") + rows
         overlaps = ("_dkdvoverlap" if self.dkdv_overlap else "") + ("_dqoverlap" if self.dq_overlap else "")
-        return f"m{self.tile_m}_dqn{self.dq_tile_n}_s{self.stages}" + overlaps
+        return f"m{self.tile_m}_dqn{self.dq_tile_n}_s{self.stages}" + overlaps + rows
 
 
 # The first of each head dim is the deterministic default (not overlapped: the simplest; see
@@ -192,6 +199,8 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 64, 3, dkdv_overlap=True, dq_overlap=True),
         BackwardTiles(64, 64, 2),
         BackwardTiles(64, 64, 2, dq="reduce"),
+        BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True),
+        BackwardTiles(64, 64, 3, dkdv_overlap=True, dq="reduce", tma_rows=True),
     ),
     128: (
         BackwardTiles(64, 64, 2),
@@ -200,6 +209,7 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 64, 3, dq_overlap=True),
         BackwardTiles(64, 128, 2),
         BackwardTiles(64, 64, 2, dq="reduce"),
+        BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True),
     ),
 }
 
@@ -231,6 +241,7 @@ class _DKDVKernel:
         self.stages = config.tiles.stages
         self.overlap = config.tiles.dkdv_overlap
         self.dq_reduce = config.tiles.dq == "reduce"
+        self.tma_rows = config.tiles.tma_rows
         self.threads_per_cta = THREADS_PER_CTA
 
     @cute.jit
@@ -258,11 +269,16 @@ class _DKDVKernel:
         tma_atom_dO, mdO_tma = cpasync.make_tiled_tma_atom(load, mdO, one_stage(sQ_layout), (self.tile_m, D))
         self.kv_bytes = 2 * CONSUMER_WARPGROUPS * cute.size_in_bytes(self.dtype, one_stage(sKV_layout))
         self.q_bytes = 2 * cute.size_in_bytes(self.dtype, one_stage(sQ_layout))
-        dq_fields = hopper_dq.dq_storage_fields(self.dtype, D) if self.dq_reduce else None
-        self.shared_storage = shared_storage(self.dtype, sKV_layout, sQ_layout, self.stages, dq_fields)
+        extra = hopper_dq.dq_storage_fields(self.dtype, D) if self.dq_reduce else {}
+        row_atoms = (None, None)
+        if cutlass.const_expr(self.tma_rows):  # mLSE2 and mDelta become TMA coordinates
+            row_atoms, (mLSE2, mDelta) = hopper_rows.tma_atoms(mLSE2, mDelta, self.tile_m)
+            self.q_bytes += hopper_rows.slot_bytes(self.tile_m)
+            extra = {**extra, **hopper_rows.storage_fields(self.tile_m, self.stages)}
+        self.shared_storage = shared_storage(self.dtype, sKV_layout, sQ_layout, self.stages, extra)
         self.kernel(
             st_mma, grad_mma, tma_atom_K, mK_tma, tma_atom_V, mV_tma, tma_atom_Q, mQ_tma, tma_atom_dO, mdO_tma,
-            mLSE2, mDelta, mdK, mdV, softmax_scale, sKV_layout, sQ_layout, sQt_layout, mdQaccum,
+            mLSE2, mDelta, mdK, mdV, softmax_scale, sKV_layout, sQ_layout, sQt_layout, mdQaccum, *row_atoms,
         ).launch(
             grid=[cute.ceil_div(mK.shape[0], KEY_TILE), mK.shape[2][0], mK.shape[2][1]],
             block=[self.threads_per_cta, 1, 1],
@@ -277,7 +293,8 @@ class _DKDVKernel:
         tma_atom_V: cute.CopyAtom, mV: cute.Tensor, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor,
         tma_atom_dO: cute.CopyAtom, mdO: cute.Tensor, mLSE2: cute.Tensor, mDelta: cute.Tensor, mdK: cute.Tensor,
         mdV: cute.Tensor, softmax_scale: Float32, sKV_layout: cute.ComposedLayout, sQ_layout: cute.ComposedLayout,
-        sQt_layout: cute.ComposedLayout, mdQaccum: cute.Tensor | None,
+        sQt_layout: cute.ComposedLayout, mdQaccum: cute.Tensor | None, tma_atom_LSE2: cute.CopyAtom | None,
+        tma_atom_Delta: cute.CopyAtom | None,
     ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -307,6 +324,9 @@ class _DKDVKernel:
         sdO = smem_tensor(storage.ring_b, sQ_layout)  # (tile_m, D, stage)
         sQt = smem_tensor(storage.ring_a, sQt_layout)  # (D, tile_m, stage): sQ read MN-major
         sdOt = smem_tensor(storage.ring_b, sQt_layout)  # (D, tile_m, stage)
+        staged = None
+        if cutlass.const_expr(self.tma_rows):
+            staged = hopper_rows.staged_rows(storage, self.tile_m, self.stages)  # (tile_m, stage) each
 
         # ==== Producer warp: K and V once, then Q and dO per query block ==============================
         if warp_group == 0:
@@ -326,9 +346,13 @@ class _DKDVKernel:
                     gdO = cute.local_tile(mdO[None, None, bh], (self.tile_m, D), (None, 0))  # (tile_m, D, m)
                     tQsQ, tQgQ = tma_partition(tma_atom_Q, sQ, gQ)  # (TMA, stage), (TMA, m)
                     tdOsdO, tdOgdO = tma_partition(tma_atom_dO, sdO, gdO)
+                    loads = ((tma_atom_Q, tma_atom_dO), (tQgQ, tdOgdO), (tQsQ, tdOsdO))  # (atoms, sources, slots)
+                    if cutlass.const_expr(self.tma_rows):  # LSE₂ and D of the block into the same slot
+                        loads = hopper_rows.add_loads(loads, (tma_atom_LSE2, tma_atom_Delta), staged, (mLSE2, mDelta),
+                                                      bh)  # fmt: skip
+                    atoms, sources, slots = loads
                     for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
-                        q_producer = load_pair((tma_atom_Q, tma_atom_dO), (tQgQ[None, m_block], tdOgdO[None, m_block]),
-                                               (tQsQ, tdOsdO), q_producer)  # fmt: skip
+                        q_producer = load_pair(atoms, tuple(g[None, m_block] for g in sources), slots, q_producer)
             if cutlass.const_expr(self.dq_reduce):  # noqa: SIM102 (a compile-time and a runtime test)
                 if warp_idx == 1:  # dq="reduce": adds the consumers' dQ tiles into dQaccum
                     n_start = n_block * KEY_TILE
@@ -374,7 +398,7 @@ class _DKDVKernel:
                 bh = (kv_head * group + head_in_group, batch)
                 step = functools.partial(
                     self.dkdv_step, gemms, (tdVrPt, tdKrdSt), acc_shape, tScS,
-                    (mLSE2[None, bh], mDelta[None, bh], seqlen_q, seqlen_k, causal_offset), key_start,
+                    (*hopper_rows.step_rows(mLSE2, mDelta, staged, bh), seqlen_q, seqlen_k, causal_offset), key_start,
                     softmax_scale * LOG2_E, release, dq,
                 )  # fmt: skip
                 for m_block in cutlass.range(m_block_min, m_block_unmasked, unroll=1):
@@ -400,8 +424,8 @@ class _DKDVKernel:
         m_block: Int32, masked: cutlass.Constexpr,
     ):  # fmt: skip
         """One query block from the ring: the four products, Pᵀ and dSᵀ between them (``masked``: the
-        causal diagonal and the key tail get Pᵀ = 0; the query tail needs no mask: its Q and dO are
-        zero-filled and its LSE₂ +inf); ``dq`` (a ``hopper_dq.DQReduce``, or None): dQ = dS K too."""
+        causal diagonal and the key tail get Pᵀ = 0; the query tail needs no mask: its Q and dO are zero-
+        filled, its LSE₂ +inf or, staged, 0: ``hopper_rows.py``); ``dq`` (``hopper_dq.DQReduce`` or None): dQ too."""
         st_gemm, dpt_gemm, dv_gemm, dk_gemm = gemms
         tdVrPt, tdKrdSt = operands_a
         gLSE2, gDelta, seqlen_q, seqlen_k, causal_offset = rows
@@ -416,9 +440,7 @@ class _DKDVKernel:
         cS = rows_by_cols(tScS)  # (key, query) of every value, rows by columns
         St, dPt = rows_by_cols(acc_St), rows_by_cols(acc_dPt)
         columns = cute.size(St, mode=[1])
-        lse2 = cute.make_rmem_tensor(columns, Float32)
-        for c in cutlass.range_constexpr(columns):
-            lse2[c] = read_row_values(gLSE2, m_start + cS[0, c][1], seqlen_q, Float32.inf)
+        lse2 = hopper_rows.step_values(gLSE2, m_start, cS, slot.index, seqlen_q, Float32.inf, self.tma_rows)
         # Sᵀ has retired (overlapped: so have the previous step's dV and dK, issued before it).
         warpgroup.wait_group(1)
         release.free_previous(steps_done)
@@ -439,9 +461,7 @@ class _DKDVKernel:
         dv_gemm(stage=slot.index)
 
         # ---- dSᵀ = Pᵀ ∘ (dPᵀ − D[query]) --------------------------------------------------------
-        delta = cute.make_rmem_tensor(columns, Float32)
-        for c in cutlass.range_constexpr(columns):
-            delta[c] = read_row_values(gDelta, m_start + cS[0, c][1], seqlen_q, Float32(0.0))
+        delta = hopper_rows.step_values(gDelta, m_start, cS, slot.index, seqlen_q, Float32(0.0), self.tma_rows)
         warpgroup.wait_group(1)
         for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
             for c in cutlass.range_constexpr(columns):
@@ -717,8 +737,7 @@ def _launch(
     """``tiled``'s preprocess, then the dK/dV and dQ kernels (dq="reduce": dK/dV adding into a zeroed fp32
     dQaccum, then its postprocess), on the current stream."""
     config = backward_config(problem, tiles)
-    rows_shape = (problem.batch, problem.heads, problem.seqlen_q)
-    delta, lse_log2 = (torch.empty(rows_shape, dtype=torch.float32, device=device) for _ in "01")
+    delta, lse_log2 = hopper_rows.row_vectors(problem, device)
     q, k, v, out, d_out, lse, d_lse, dq, dk, dv = operands
     preprocess = tiled.KERNELS["preprocess"].kernel(tiled.backward_config(problem, has_dlse=d_lse is not None))
     preprocess(out, d_out, lse, d_lse, lse_log2, delta)

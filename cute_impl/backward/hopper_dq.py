@@ -40,7 +40,9 @@ Counterparts: FlashAttention-4's ``flash_attn/cute/flash_bwd_sm90.py`` (the mode
 bulk reduce-add, postprocess); ``triton_impl/gluon/backward.py``'s ``atomic_dq`` (the same dS exchange
 with per-element fp32 atomics from the consumers' registers, which lost to its dQ pass).
 
-Limits: 64 query rows per step (the M of the dQ wgmma), no overlapped steps; D/2 columns per
+Limits: 64 query rows per step (the M of the dQ wgmma); dQ retires within its step (``hand_over``
+waits for it), while a step's dK may stay in flight under the next step's Sᵀ and dPᵀ (``dkdv_overlap``:
+ptxas keeps that asynchronous at D=64 and serialises every wgmma at D=128); D/2 columns per
 warpgroup, so D=64 runs m64n32 dQ products. Not yet timed (``python -m bench.backward --candidates
 --rung cute --variant m64_s2_dqreduce``).
 """
