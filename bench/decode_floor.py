@@ -26,6 +26,18 @@ Settings, each applied at bind time by module constants the rungs read there:
   each CTA an equal share of the valid keys, planned on the device; also without ``cache_seqlens``),
   aiming at 2 (the committed ``BALANCED_SHARES_PER_SM``) or 4 shares per SM.
 
+* issue #38's fifth stop (:data:`FIFTH_SETTINGS`; ``bench/decode_floor5.sh``), each rung's switches of that
+  name where it has them, a setting timed only where it changes the rung's plan for the shape (split count,
+  ring; :func:`plan_signature`): ``slots-2``, the split rule filling two CTA slots per SM with even work
+  (``SPLIT_CTAS_PER_SM = 2``, at most what the rung's rings leave room for); ``one-split``, a short cache
+  whose items fill a wave in one split (``SHORT_CACHE_ONE_SPLIT``); ``deep-ring``, triton/decode's
+  ``DEEP_RING`` (a grid of at most one CTA per SM takes cute/decode's ring depth); ``short-tile``,
+  ``SHORT_CACHE_TILE`` at D=128 for short caches (gluon/decode: a ring two CTAs share an SM with;
+  triton/decode: 32-key blocks, five CTAs an SM, not three); ``fifth``, all of them together; for
+  triton/decode, whose calls with ``cache_seqlens`` take the balanced split by default (every other setting
+  times its padded-Sk split), ``committed`` (that default) and ``balanced+short-tile`` (the balanced
+  kernel on the short-cache tile).
+
 ``--seed`` and ``--shapes`` time other shapes of the random sweep (``after+splits`` is seed 1's only).
 
 For the low shapes of ``compare.py --decode --decode-random 10 --decode-seed 1``
@@ -44,6 +56,7 @@ import argparse
 import contextlib
 import csv
 import fnmatch
+import importlib
 import statistics
 import sys
 from collections.abc import Iterator
@@ -56,7 +69,23 @@ from bench import require_gpu
 # B=2 Hkv=4 131k).
 SHAPES = (3, 4, 7, 8, 9, 0, 2)
 SEED = 1
-SETTINGS = ("before", "after", "two-launch", "after+tile", "after+splits", "balanced", "balanced-4")
+# Issue #38's fifth stop: setting -> the module switches it sets in each rung that has them.
+FIFTH_SETTINGS = {
+    "slots-2": {"SPLIT_CTAS_PER_SM": 2},
+    "one-split": {"SHORT_CACHE_ONE_SPLIT": True},
+    "deep-ring": {"DEEP_RING": True},
+    "short-tile": {"SHORT_CACHE_TILE": True},
+    "fifth": {"SPLIT_CTAS_PER_SM": 2, "SHORT_CACHE_ONE_SPLIT": True, "DEEP_RING": True, "SHORT_CACHE_TILE": True},
+    "committed": {"BALANCED_SPLIT": "ragged"},
+    "balanced+short-tile": {"BALANCED_SPLIT": "ragged", "SHORT_CACHE_TILE": True},
+}
+SETTINGS = ("before", "after", "two-launch", "after+tile", "after+splits", "balanced", "balanced-4", *FIFTH_SETTINGS)
+# Each decode rung's module, whose switches the fifth stop's settings set.
+RUNG_MODULES = {
+    "triton/decode": "triton_impl.decode",
+    "gluon/decode": "triton_impl.gluon.decode",
+    "cute/decode": "cute_impl.decode",
+}
 # The balanced settings' shares per SM (triton/decode's BALANCED_SHARES_PER_SM).
 BALANCED_SETTINGS = {"balanced": 2, "balanced-4": 4}
 # The rungs whose split kernel merges its splits itself unless triton/decode's FUSED_MERGE is False.
@@ -91,6 +120,53 @@ def tile_candidates() -> dict[tuple[str, int], tuple[object, object]]:
 COLUMNS = ("impl", "shape", "setting", "num_splits", "status", "us", "pct_read_bw", "rel_l2_err", "reason")
 
 
+def fifth_switches(setting: str, impl_name: str) -> dict[str, object]:
+    """The switches of fifth-stop ``setting`` that ``impl_name``'s module has (empty for any other setting)."""
+    if setting not in FIFTH_SETTINGS or impl_name not in RUNG_MODULES:
+        return {}
+    module = importlib.import_module(RUNG_MODULES[impl_name])
+    return {name: value for name, value in FIFTH_SETTINGS[setting].items() if hasattr(module, name)}
+
+
+def plan_signature(impl_name: str, problem, device) -> tuple:
+    """What the fifth stop's switches may change in ``impl_name``'s launch of ``problem``, read on the host
+    under the current constants: the split count, and triton/decode's tile and pipeline depth
+    (``SHORT_CACHE_TILE``; ``DEEP_RING``: a grid of at most one CTA per SM) or gluon/decode's ring."""
+    from common.contract import splits
+
+    module = importlib.import_module(RUNG_MODULES[impl_name])
+    num_splits = module.planned_num_splits(problem, device)
+    if impl_name == "triton/decode":
+        if module.BALANCED_SPLIT == "always" or (module.BALANCED_SPLIT == "ragged" and problem.has_cache_seqlens):
+            return "balanced", module.tile_config(problem), module.num_stages_for(problem)
+        ctas = num_splits * module.m_blocks_for(problem) * problem.batch * problem.kv_heads
+        deep = module.DEEP_RING and ctas <= splits.sm_count(device)
+        return num_splits, module.tile_config(problem), module.num_stages_for(problem, deep)
+    if impl_name == "gluon/decode":
+        return num_splits, module.decode_config(problem)
+    return (num_splits,)
+
+
+def fifth_settings_to_time(settings: list[str], impl_name: str, problem, device) -> list[str]:
+    """``settings`` without the fifth-stop ones that would time a plan already timed: the committed one
+    (the switch changes nothing for this shape) or an earlier setting's (``fifth`` where one switch
+    decides alone)."""
+    if not set(settings) & set(FIFTH_SETTINGS):
+        return settings
+    with applied("after", impl_name, problem.head_dim):
+        seen = {plan_signature(impl_name, problem, device)}
+    kept = []
+    for setting in settings:
+        if setting in FIFTH_SETTINGS:
+            with applied(setting, impl_name, problem.head_dim):
+                plan = plan_signature(impl_name, problem, device)
+            if plan in seen:
+                continue
+            seen.add(plan)
+        kept.append(setting)
+    return kept
+
+
 def applies(setting: str, impl_name: str, head_dim: int, shape_index: int) -> bool:
     if setting == "after+tile":
         return (impl_name, head_dim) in tile_candidates()
@@ -100,6 +176,8 @@ def applies(setting: str, impl_name: str, head_dim: int, shape_index: int) -> bo
         return impl_name in FUSED_RUNGS
     if setting in BALANCED_SETTINGS:
         return impl_name == "triton/decode"
+    if setting in FIFTH_SETTINGS:
+        return bool(fifth_switches(setting, impl_name))
     return True
 
 
@@ -124,14 +202,31 @@ def applied(setting: str, impl_name: str, head_dim: int) -> Iterator[None]:
     triton_decode.BALANCED_SPLIT = "never"
     if setting in BALANCED_SETTINGS:
         triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM = "always", BALANCED_SETTINGS[setting]
+    switches = fifth_switches(setting, impl_name)
+    module = importlib.import_module(RUNG_MODULES[impl_name]) if switches else None
+    saved_switches = {name: getattr(module, name) for name in switches}
+    for name, value in switches.items():
+        setattr(module, name, value)
     try:
         yield
     finally:
+        for name, value in saved_switches.items():
+            setattr(module, name, value)
         triton_decode.MERGE_SPLITS_PER_STEP, cute_decode.MERGE_SPLITS_PER_STEP = saved_steps
         triton_decode.FUSED_MERGE = saved_fused
         triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM = saved_balanced
         if saved_tile is not None:
             configs[head_dim] = saved_tile
+
+
+def prepared(impl, workload, problem, extra: dict) -> tuple[str, float, float, int, str] | None:
+    """Validation, the capability check and the compile of ``impl`` under the current constants: None, or
+    a failed measurement (a setting that cannot build is a row, the run goes on)."""
+    try:
+        impl.prepare(workload.q, workload.k, workload.v, problem, **extra)
+    except Exception as error:  # noqa: BLE001 - a variant that fails is a row, the run goes on
+        return "failed", float("nan"), float("nan"), 0, f"prepare: {type(error).__name__}: {error}".splitlines()[0]
+    return None
 
 
 def measure(impl, case, workload, options, num_splits: int | None = None) -> tuple[str, float, float, int, str]:
@@ -183,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed != SEED and "after+splits" in chosen:
         parser.error(f"after+splits holds the model's split counts for seed {SEED}'s shapes only")
     shapes = [int(index) for index in args.shapes.split(",")]
+    chosen_fifth = set(chosen) & set(FIFTH_SETTINGS)
     require_gpu("bench.decode_floor")
     import torch
 
@@ -219,12 +315,17 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{impl.name:14s} {case.describe()}: refused: {reason}", flush=True)
                     continue
                 settings = [setting for setting in chosen if applies(setting, impl.name, head_dim, index)]
+                settings = fifth_settings_to_time(settings, impl.name, case.problem, device)
+                if chosen_fifth and not set(settings) & set(FIFTH_SETTINGS):
+                    print(f"{impl.name:14s} {case.describe()}: no fifth-stop setting changes its plan", flush=True)
+                    continue
                 results: dict[str, list[tuple]] = {setting: [] for setting in settings}
                 for round_index in range(args.rounds):
                     for setting in settings:
                         with applied(setting, impl.name, head_dim):
-                            if round_index == 0:  # validation, the capability check, the compile
-                                impl.prepare(workload.q, workload.k, workload.v, case.problem, **extra)
+                            if round_index == 0 and (failed := prepared(impl, workload, case.problem, extra)):
+                                results[setting].append(failed)
+                                continue
                             forced = MODEL_SPLITS[index, impl.name] if setting == "after+splits" else None
                             results[setting].append(measure(impl, case, workload, options, forced))
                 for setting, measured in results.items():

@@ -31,6 +31,8 @@ import argparse
 import sys
 from dataclasses import dataclass, replace
 
+import torch
+
 from common.contract import splits
 from common.measure.decode_sweep import DecodeCase, random_cases
 
@@ -49,6 +51,13 @@ SEED, COUNT = 1, 10
 # CTAs per SM): gluon's 64-key rings (112 / 104 KB, two CTAs per SM), triton's 128-key blocks at D=64
 # (72 KB, three CTAs per SM, 64 KB in flight instead of 32).
 TILE_CANDIDATES = {("gluon", 64): (64, 5, 2), ("gluon", 128): (64, 2, 2), ("triton", 64): (128, 2, 3)}
+# Issue #38's fifth stop (bench/decode_floor.py's fifth-stop settings): CTAs of a rung's split kernel an SM
+# holds per head dim (``SPLIT_CTAS_PER_SM`` asks for at most that many), triton/decode's ``DEEP_RING``
+# blocks in flight (its DEEP_RING_STAGES - 1), and the ``SHORT_CACHE_TILE`` rings at D=128 as (key block,
+# blocks in flight, CTAs per SM).
+FIFTH_FIT = {"triton": {64: 4, 128: 3, 256: 2}, "gluon": {64: 2, 128: 1, 256: 1}, "cute": {64: 2, 128: 2, 256: 1}}
+DEEP_RING_IN_FLIGHT = {64: 5, 128: 4, 256: 4}
+SHORT_TILES = {"triton": (32, 2, 5), "gluon": (64, 2, 2)}
 
 
 @dataclass(frozen=True)
@@ -297,13 +306,78 @@ def balanced_table(cases: list[DecodeCase], min_keys: int = splits.MIN_KEYS_PER_
     return "\n".join(lines) + "\n"
 
 
+def fifth_variants(case: DecodeCase, stack: StackModel) -> dict[str, tuple[StackModel, int] | None]:
+    """The (stack, split count) each fifth-stop setting gives ``stack`` on ``case`` (``after``: the
+    committed rule; None where the setting leaves the plan as it is or the rung has no such switch)."""
+    p = case.problem
+    m_tiles = m_blocks(case, stack)
+    rule = rule_splits(case, stack)
+    cpu = torch.device("cpu")
+    fit = min(2, FIFTH_FIT[stack.name][p.head_dim])
+    slots = splits.planned_num_splits(p, m_tiles, cpu, splits.SplitPolicy(ctas_per_sm=fit))
+    one = splits.planned_num_splits(p, m_tiles, cpu, splits.SplitPolicy(short_one_split=True))
+    deep = stack.name == "triton" and rule * m_tiles * p.batch * p.kv_heads <= SM_COUNT
+    short = p.head_dim == 128 and p.seqlen_k <= splits.SHORT_CACHE_KEYS and stack.name in SHORT_TILES
+    short_stack = stack
+    if short:
+        block_n, in_flight, occupancy = SHORT_TILES[stack.name]
+        short_stack = replace(stack, block_n=block_n, in_flight_blocks=in_flight, occupancy=occupancy)
+    variants = {
+        "after": (stack, rule),
+        "slots-2": (stack, slots) if slots != rule else None,
+        "one-split": (stack, one) if one != rule else None,
+        "deep-ring": (replace(stack, in_flight_blocks=DEEP_RING_IN_FLIGHT[p.head_dim]), rule) if deep else None,
+        "short-tile": (short_stack, rule) if short else None,
+    }
+    # fifth: every switch on; the deep ring only where the grid stays one CTA per SM.
+    fifth_splits = one if one != rule else slots
+    fifth_stack = short_stack if short else stack
+    if stack.name == "triton" and fifth_splits * m_tiles * p.batch * p.kv_heads <= SM_COUNT:
+        fifth_stack = replace(fifth_stack, in_flight_blocks=DEEP_RING_IN_FLIGHT[p.head_dim])
+    fifth = (fifth_stack, fifth_splits)
+    variants["fifth"] = fifth if fifth not in variants.values() else None
+    return variants
+
+
+def fifth_table(cases: list[DecodeCase]) -> str:
+    """A markdown row per (shape, rung): modelled % of the read bandwidth (split count) of each fifth-stop
+    setting, with the merge after (8 splits a step); — where a setting leaves the plan as it is. For
+    triton/decode on ragged shapes also its committed balanced split (2 shares per SM; most shares of one
+    item), alone and on the short tile."""
+    names = ("after", "slots-2", "one-split", "deep-ring", "short-tile", "fifth", "committed", "balanced+short-tile")
+    lines = ["| shape | rung | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for case in cases:
+        for stack in stack_models(case.problem.head_dim, 8):
+            variants = fifth_variants(case, stack)
+            cells = ["—" if v is None else _pct_cell(predict(case, *v)) for v in variants.values()]
+            balanced = [None, None]
+            if stack.name == "triton" and case.problem.has_cache_seqlens:
+                short = variants["short-tile"]
+                balanced = [stack, short[0] if short else None]
+            min_keys = splits.MIN_KEYS_PER_SPLIT
+            cells += ["—" if b is None else _pct_cell(predict_balanced(case, b, 2, min_keys)) for b in balanced]
+            lines.append(f"| {case.describe()} | {stack.name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _pct_cell(prediction: Prediction) -> str:
+    return f"{prediction.pct:.0f} % ({prediction.num_splits})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--merge-splits-per-step", type=int, default=8, help="the merge after (default 8)")
     parser.add_argument(
         "--balanced", action="store_true", help="triton/decode after vs its balanced split (seeds 1 and 29)"
     )
+    parser.add_argument(
+        "--fifth", action="store_true", help="the fifth stop's settings on bench/decode_floor5.sh's shapes"
+    )
     args = parser.parse_args(argv)
+    if args.fifth:
+        seed29, seed1 = random_cases(8, 29), random_cases(COUNT, SEED)
+        print(fifth_table([seed29[i] for i in (6, 7, 2, 5)] + [seed1[i] for i in (4, 9, 0, 2)]), end="")
+        return 0
     if args.balanced:
         print(balanced_table(random_cases(COUNT, SEED) + random_cases(8, 29)), end="")
         return 0

@@ -183,6 +183,12 @@ TILE_CONFIGS = {
     256: TileShape(tile_n=64, stages=3, num_warps=4, max_tile_m=16, pieces_per_k_step=2),
 }
 HEAD_DIMS = tuple(sorted(TILE_CONFIGS))
+# Issue #38's fifth stop, off until bench/decode_floor5.sh times them (``splits.SplitPolicy``, as in
+# triton/decode): the split rule's even work fills SPLIT_CTAS_PER_SM CTA slots per SM, at most the
+# CTAS_PER_SM_FIT this table's rings leave room for; SHORT_CACHE_ONE_SPLIT keeps a short cache whose
+# items fill a wave in one split (no merge kernel, a CTA's fixed cost paid once per item).
+SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT = 1, False
+CTAS_PER_SM_FIT = {64: 2, 128: 2, 256: 1}
 # Every problem feature, and the paged KV cache (a block table of pages of 16 to 256 keys).
 DECODE_FEATURES = (*FEATURES, PAGED_KV)
 
@@ -608,8 +614,13 @@ def m_blocks_for(problem: Problem) -> int:
 
 
 def planned_num_splits(problem: Problem, device: torch.device) -> int:
-    """The shared split rule (``common/contract/splits.py``) for this rung's M tiles."""
-    return splits.planned_num_splits(problem, m_blocks_for(problem), device)
+    """The shared split rule (``common/contract/splits.py``) for this rung's M tiles and policy."""
+    return splits.planned_num_splits(problem, m_blocks_for(problem), device, split_policy(problem))
+
+
+def split_policy(problem: Problem) -> splits.SplitPolicy:
+    """This rung's ask of the split rule, from its fifth-stop switches (default: the rule as it was)."""
+    return splits.SplitPolicy(min(SPLIT_CTAS_PER_SM, CTAS_PER_SM_FIT[problem.head_dim]), SHORT_CACHE_ONE_SPLIT)
 
 
 def decode_config(problem: Problem, split: bool) -> DecodeConfig:
@@ -638,7 +649,7 @@ def plan_launch(
     kernel and, with more than one split, the merge, and carries the ``num_splits`` it chose.
     Paged (``block_table``): k and v are (num_pages, page_size, Hkv, D) pools, passed as their
     (num_pages, Hkv, page_size, D) view. ``num_splits`` overrides the rule (sweeps, tests)."""
-    num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device)
+    num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device, split_policy(problem))
     batch_kv_heads, rows, head_dim = problem.batch * problem.kv_heads, problem.kv_group * problem.seqlen_q, q.shape[3]
     # empty_like: a third of the host time of torch.empty with a shape, dtype and device to parse.
     out = torch.empty_like(q, memory_format=torch.contiguous_format)

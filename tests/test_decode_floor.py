@@ -140,3 +140,81 @@ def test_model_balanced_grid_reads_every_key_once(target: int):
     assert items == sorted(items) and set(items) == set(range(p.batch * p.kv_heads))
     bytes_per_key = 2 * p.head_dim * p.dtype.itemsize
     assert sum(keys for _, keys in shares) * bytes_per_key == RAGGED.kv_bytes_read
+
+
+def test_floor_fifth_settings_set_each_rungs_switches_and_restore_them():
+    with pytest.raises(RuntimeError), decode_floor.applied("fifth", "gluon/decode", 128):
+        assert gluon_decode.SPLIT_CTAS_PER_SM == 2 and gluon_decode.SHORT_CACHE_TILE
+        assert gluon_decode.SHORT_CACHE_ONE_SPLIT and triton_decode.SPLIT_CTAS_PER_SM == 1
+        raise RuntimeError("a failing bind")
+    with decode_floor.applied("deep-ring", "triton/decode", 64):
+        assert triton_decode.DEEP_RING and not triton_decode.SHORT_CACHE_ONE_SPLIT
+    committed = (1, False, False)
+    assert committed == (triton_decode.SPLIT_CTAS_PER_SM, triton_decode.SHORT_CACHE_ONE_SPLIT, triton_decode.DEEP_RING)
+    assert committed == (
+        gluon_decode.SPLIT_CTAS_PER_SM,
+        gluon_decode.SHORT_CACHE_ONE_SPLIT,
+        gluon_decode.SHORT_CACHE_TILE,
+    )
+    assert (cute_decode.SPLIT_CTAS_PER_SM, cute_decode.SHORT_CACHE_ONE_SPLIT) == (1, False)
+    assert not decode_floor.applies("deep-ring", "cute/decode", 64, 0)
+    assert not decode_floor.applies("short-tile", "cute/decode", 128, 0)
+
+
+def test_floor_fifth_settings_time_only_new_plans():
+    """Seed 29's B=4 Hkv=2 D=64 276k: triton/decode times slots-2 (32 splits) and deep-ring (16 splits, 6
+    stages), not fifth (slots-2's plan again) nor one-split (a long cache); B=32 MHA 1k ragged: gluon/decode
+    and triton/decode one-split, short-tile and fifth (both), cute/decode one-split only; triton/decode's
+    committed balanced split (ragged) alone and on the short tile."""
+    cases = random_cases(8, 29)
+    fifth = ["after", *decode_floor.FIFTH_SETTINGS]
+    cpu = torch.device("cpu")
+
+    def timed(impl_name: str, case: DecodeCase) -> list[str]:
+        settings = [s for s in fifth if decode_floor.applies(s, impl_name, case.problem.head_dim, 0)]
+        return decode_floor.fifth_settings_to_time(settings, impl_name, case.problem, cpu)
+
+    assert timed("triton/decode", cases[6]) == ["after", "slots-2", "deep-ring"]
+    assert timed("cute/decode", cases[6]) == ["after", "slots-2"]
+    assert timed("gluon/decode", cases[7]) == ["after", "one-split", "short-tile", "fifth"]
+    assert timed("triton/decode", cases[7]) == [
+        "after", "one-split", "short-tile", "fifth", "committed", "balanced+short-tile",
+    ]  # fmt: skip
+    assert timed("triton/decode", cases[6])[-1] == "deep-ring"  # full cache: the committed split is after's
+    assert timed("cute/decode", cases[7]) == ["after", "one-split"]
+    assert decode_floor.plan_signature("triton/decode", cases[6].problem, cpu) == (
+        16, triton_decode.DEFAULT_CONFIGS[64], 3,
+    )  # fmt: skip
+
+
+def test_model_fifth_variants_match_the_rungs_plans():
+    """The model's fifth-stop variants are the plans the rungs' switches make (seed 29's B=4 Hkv=2 D=64 276k:
+    32 splits with two slots, five blocks in flight with the deep ring; B=32 MHA 1k ragged: one split, the
+    short rings), and the model ranks the triton/decode fix above the committed plan on the first."""
+    cases = random_cases(8, 29)
+    triton, _, cute = decode_model.stack_models(64, 8)
+    variants = decode_model.fifth_variants(cases[6], triton)
+    assert variants["slots-2"][1] == 32 and variants["deep-ring"][0].in_flight_blocks == 5
+    assert variants["one-split"] is None and variants["short-tile"] is None and variants["fifth"] is None
+    after = decode_model.predict(cases[6], *variants["after"]).pct
+    assert decode_model.predict(cases[6], *variants["deep-ring"]).pct > after + 20
+    assert decode_model.fifth_variants(cases[6], cute)["deep-ring"] is None
+    short = decode_model.fifth_variants(cases[7], decode_model.stack_models(128, 8)[1])
+    assert short["one-split"][1] == 1 and short["short-tile"][0].occupancy == 2 and short["fifth"][1] == 1
+
+
+def test_floor_prepare_failure_is_a_row_not_a_crash():
+    class Workload:
+        q = k = v = None
+
+    class Failing:
+        def prepare(self, *args, **kwargs):
+            raise RuntimeError("out of shared memory\nmore")
+
+    class Working:
+        def prepare(self, *args, **kwargs):
+            return None
+
+    failed = decode_floor.prepared(Failing(), Workload(), RAGGED.problem, {})
+    assert failed[0] == "failed" and failed[4] == "prepare: RuntimeError: out of shared memory"
+    assert decode_floor.prepared(Working(), Workload(), RAGGED.problem, {}) is None

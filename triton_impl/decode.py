@@ -47,14 +47,12 @@ after the other each is an L2 round trip (about 0.5 µs), 10-20 µs at 20-30 spl
 ``merge_splits_per_step`` splits a step, their loads in flight together (``bench/decode_model.py``).
 With one split the split kernel writes O and the LSE itself: no counter, no merge.
 
-The split count: the shared rule of ``common/contract/splits.py`` (one rule for every decode rung),
-fed with this rung's CTAs per split, ``B · Hkv · m_blocks``: the fewest splits (each keeping at
-least ``MIN_KEYS_PER_SPLIT`` keys of the padded cache) whose CTAs fill whole waves of the SMs within
-``WAVE_TOLERANCE`` of the best count. E.g. on 132 SMs: B=1, Hkv=8 at 128k keys gets 16 splits (128
-CTAs, 97% of a wave); B=64, Hkv=32 gets 1. The padded Sk is used, never the values of
-``cache_seqlens`` (an input read at launch, on which a plan may not depend); inside the kernel each
-sequence's splits follow its own length, so a short sequence gets short (or empty) splits.
-``bind(..., num_splits=n)`` (and ``decode_attention``) forces a count for sweeps and tests.
+The split count: the shared rule of ``common/contract/splits.py`` (examples and reasons there) on this
+rung's CTAs per split, ``B · Hkv · m_blocks``, and the padded Sk, never ``cache_seqlens`` (inside the kernel
+each sequence's splits follow its own length: a short one gets short or empty splits). Fifth-stop switches
+(issue #38, off until ``bench/decode_floor5.sh`` times them): ``SPLIT_CTAS_PER_SM``, ``SHORT_CACHE_ONE_SPLIT``
+(``SplitPolicy``); ``DEEP_RING`` (cute/decode's ring depth for a grid of at most one CTA per SM);
+``SHORT_CACHE_TILE`` (32-key blocks at D=128 for short caches). ``bind(..., num_splits=n)`` forces a count.
 
 The balanced split (``BALANCED_SPLIT = "ragged"``: every call with ``cache_seqlens``; H200 A/B in
 ``results/h200/decode-balanced/``): in a ragged batch the rule's splits of a short sequence end at once while the long
@@ -159,6 +157,7 @@ BALANCED_SPLIT = "ragged"
 BALANCED_SHARES_PER_SM = 2
 BALANCED_MIN_KEYS = splits.MIN_KEYS_PER_SPLIT
 MIN_BLOCK_B = 16
+SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 1, False, False, False  # fifth stop
 # The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
 MIN_ARRIVAL_COUNTERS = 1024
 # In the merge, natural-log LSEs are weighed by exp2((lseₛ - lse_max) · LOG2_E).
@@ -189,11 +188,26 @@ HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
 # stages keep both at the same depth (sm_90a, D=128: 71680 bytes of shared memory contiguous at 3
 # stages, 72704 paged at 5, 39424 paged at 3 or 4).
 PAGED_EXTRA_STAGES = 2
+# Split-kernel CTAs an SM holds; DEEP_RING's depths; SHORT_CACHE_TILE's (D=128: 37 KB, 96 registers: 5 an SM).
+CTAS_PER_SM_FIT, DEEP_RING_STAGES = {64: 4, 128: 3, 256: 2}, {64: 6, 128: 5, 256: 5}
+SHORT_CACHE_CONFIGS = {128: TileConfig(32, 4, 3)}
 
 
-def num_stages_for(problem: Problem) -> int:
-    """The split kernel's pipeline depth: the tile's, plus :data:`PAGED_EXTRA_STAGES` when paged."""
-    return DEFAULT_CONFIGS[problem.head_dim].num_stages + (PAGED_EXTRA_STAGES if problem.paged else 0)
+def tile_config(problem: Problem) -> TileConfig:
+    """``problem``'s tile: SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
+    configs = SHORT_CACHE_CONFIGS if SHORT_CACHE_TILE and problem.seqlen_k <= splits.SHORT_CACHE_KEYS else {}
+    return configs.get(problem.head_dim, DEFAULT_CONFIGS[problem.head_dim])
+
+
+def num_stages_for(problem: Problem, deep: bool = False) -> int:
+    """The split kernel's depth: the tile's (``deep``: DEEP_RING's), plus PAGED_EXTRA_STAGES when paged."""
+    stages = DEEP_RING_STAGES[problem.head_dim] if deep else tile_config(problem).num_stages
+    return stages + (PAGED_EXTRA_STAGES if problem.paged else 0)
+
+
+def split_policy(problem: Problem) -> splits.SplitPolicy:
+    """This rung's ask of the split rule, from its fifth-stop switches (default: the rule as it was)."""
+    return splits.SplitPolicy(min(SPLIT_CTAS_PER_SM, CTAS_PER_SM_FIT[problem.head_dim]), SHORT_CACHE_ONE_SPLIT)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -504,7 +518,7 @@ def next_power_of_2(n: int) -> int:
 def block_m_for(problem: Problem) -> int:
     """Rows of one packed M tile: group · Sq rounded up to a power of two in [16, max_block_m]."""
     return min(
-        DEFAULT_CONFIGS[problem.head_dim].max_block_m,
+        tile_config(problem).max_block_m,
         max(MIN_BLOCK_M, next_power_of_2(problem.kv_group * problem.seqlen_q)),
     )
 
@@ -514,8 +528,8 @@ def m_blocks_for(problem: Problem) -> int:
 
 
 def planned_num_splits(problem: Problem, device: torch.device) -> int:
-    """The shared split rule (``common/contract/splits.py``) for this rung's M tiles."""
-    return splits.planned_num_splits(problem, m_blocks_for(problem), device)
+    """The shared split rule (``common/contract/splits.py``) for this rung's M tiles and policy."""
+    return splits.planned_num_splits(problem, m_blocks_for(problem), device, split_policy(problem))
 
 
 def merge_splits_per_step(block_m: int, head_dim: int, num_warps: int) -> int:
@@ -527,11 +541,11 @@ def merge_splits_per_step(block_m: int, head_dim: int, num_warps: int) -> int:
 
 
 def _merge_step(problem: Problem) -> int:
-    return merge_splits_per_step(block_m_for(problem), problem.head_dim, DEFAULT_CONFIGS[problem.head_dim].num_warps)
+    return merge_splits_per_step(block_m_for(problem), problem.head_dim, tile_config(problem).num_warps)
 
 
 def _split_constexprs(problem: Problem, *, split: bool) -> dict[str, int | bool]:
-    config = DEFAULT_CONFIGS[problem.head_dim]
+    config = tile_config(problem)
     return {
         **feature_constexprs(problem),
         "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n, "SPLIT": split,
@@ -592,13 +606,9 @@ def split_workspace(problem: Problem, num_splits: int, device: torch.device) -> 
 
 
 def merge_launch(
-    problem: Problem,
-    num_splits: int,
-    out_partial: torch.Tensor,
-    lse_partial: torch.Tensor,
-    out: torch.Tensor,
+    problem: Problem, num_splits: int, out_partial: torch.Tensor, lse_partial: torch.Tensor, out: torch.Tensor,
     lse_arg: torch.Tensor | None,
-) -> Callable[[], None]:
+) -> Callable[[], None]:  # fmt: skip
     """The merge kernel's launch over the splits' partials into O (and the LSE), one program per packed
     M tile of triton/decode's. Shared with gluon/decode."""
     merge_sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, num_splits)
@@ -606,7 +616,7 @@ def merge_launch(
     merge_grid = (m_blocks_for(problem), problem.batch * problem.kv_heads)
     merge_options = {
         "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
-        "SPLITS_PER_STEP": _merge_step(problem), "num_warps": DEFAULT_CONFIGS[problem.head_dim].num_warps,
+        "SPLITS_PER_STEP": _merge_step(problem), "num_warps": tile_config(problem).num_warps,
     }  # fmt: skip
 
     def merge() -> None:
@@ -645,15 +655,16 @@ def bind(
     :func:`bind_balanced` instead (``BALANCED_SPLIT``)."""
     if BALANCED_SPLIT == "always" or (BALANCED_SPLIT == "ragged" and problem.has_cache_seqlens):
         return bind_balanced(q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table, shares=num_splits)
-    num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device)
+    num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device, split_policy(problem))
     out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
     workspace = (out_partial, lse_partial)
     out, lse, lse_arg, split_args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
-    config = DEFAULT_CONFIGS[problem.head_dim]
+    config = tile_config(problem)
     split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
+    deep = DEEP_RING and split_grid[0] * split_grid[1] * split_grid[2] <= splits.sm_count(q.device)
     split_options = {
         **_split_constexprs(problem, split=num_splits > 1),
-        "num_warps": config.num_warps, "num_stages": num_stages_for(problem),
+        "num_warps": config.num_warps, "num_stages": num_stages_for(problem, deep),
     }  # fmt: skip
     fused = split_options["FUSED_MERGE"]
     counters = arrival_counters(q.device, split_grid[1] * split_grid[2]) if fused else None
@@ -670,6 +681,7 @@ def bind(
     run.num_splits = num_splits
     run.fused_merge = fused
     run.balanced = False
+    run.num_stages = split_options["num_stages"]
     return run
 
 
@@ -698,7 +710,7 @@ def bind_balanced(
         for shape in ((*partial_shape, problem.head_dim), partial_shape)
     )
     out, lse, _, args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
-    config = DEFAULT_CONFIGS[problem.head_dim]
+    config = tile_config(problem)
     sizes = (problem.batch, target, max(1, -(-BALANCED_MIN_KEYS // config.block_n)))
     options = {
         **feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
@@ -750,12 +762,11 @@ def decode_shape(problem: Problem) -> Problem:
 def compile_sm90(problem: Problem) -> list[KernelBinary]:
     """Both kernels compiled for sm_90a at ``problem``'s head dim, dtype, mask and paging (one query
     token when ``problem`` is prefill-sized); the split kernel in its split-writing form, with the
-    fused merge when ``FUSED_MERGE`` (the merge kernel is then gluon/decode's and the A/B's)."""
+    fused merge when ``FUSED_MERGE`` (the merge kernel is then gluon/decode's and the A/B's), at the
+    ``DEEP_RING`` depth when that switch is on."""
     problem = decode_shape(problem)
-    config = DEFAULT_CONFIGS[problem.head_dim]
-    signature = {
-        **pointer_signature(problem.dtype), "OutPartial": "*fp32", "LsePartial": "*fp32",
-    }  # fmt: skip
+    config = tile_config(problem)
+    signature = {**pointer_signature(problem.dtype), "OutPartial": "*fp32", "LsePartial": "*fp32"}
     constexprs = _split_constexprs(problem, split=True)
     if problem.paged:
         signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
@@ -766,13 +777,9 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     else:
         constexprs["Counters"] = None
     split = compile_triton_sm90(
-        _split_kernel,
-        signature,
-        constexprs,
-        num_warps=config.num_warps,
-        num_stages=num_stages_for(problem),
-        aligned=(*POINTER_ALIGNED, "OutPartial", "LsePartial"),
-    )
+        _split_kernel, signature, constexprs, num_warps=config.num_warps,
+        num_stages=num_stages_for(problem, DEEP_RING), aligned=(*POINTER_ALIGNED, "OutPartial", "LsePartial"),
+    )  # fmt: skip
     element = "*fp16" if problem.dtype == torch.float16 else "*bf16"
     merge = compile_triton_sm90(
         _merge_kernel,
@@ -781,13 +788,9 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
             **{name: "i32" for name in ("stride_ob", "stride_oh", "stride_om", "heads", "kv_heads", "seqlen_q")},
             "num_splits": "i32",
         },
-        {
-            "RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
-            "SPLITS_PER_STEP": _merge_step(problem),
-        },
-        num_warps=config.num_warps,
-        num_stages=1,
-        aligned=("OutPartial", "LsePartial", "Out", "Lse"),
+        {"RETURN_LSE": problem.return_lse, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
+         "SPLITS_PER_STEP": _merge_step(problem)},
+        num_warps=config.num_warps, num_stages=1, aligned=("OutPartial", "LsePartial", "Out", "Lse"),
     )  # fmt: skip
     return [split, merge]
 

@@ -26,10 +26,24 @@ padded, lengths spread over 0..32k; ``results/h100/decode/splits/``): 2 splits (
 179, the fastest or within 1 % of it in each stack; the rule now picks 18. The H200 random sweep
 (``results/h200/decode-random/``) found ragged batches with one long sequence at 23-80 % of the read
 bandwidth under the wave floor alone, which the per-sequence floor is for.
+
+**A rung's policy** (:class:`SplitPolicy`, issue #38's fifth stop; each rung builds it from its own
+module switches, off by default, until a GPU A/B times them: ``bench/decode_floor5.sh``):
+
+* ``ctas_per_sm``: even work counts ``ctas_per_sm`` CTA slots per SM, not one, where the rung's shared
+  memory fits that many. With few (batch, KV head) items on a long cache the rule's one CTA per SM
+  leaves each SM one CTA's bytes in flight and one CTA's per-block compute in series with its loads
+  (H200: B=4 Hkv=2 D=64 276k, triton/decode 62 % of the read bandwidth at 16 splits, 128 CTAs);
+  two CTAs an SM overlap one's compute with the other's copies.
+* ``short_one_split``: a padded cache of at most :data:`SHORT_CACHE_KEYS` keys whose items alone fill a
+  wave takes one split: its splits would be a block or two of keys each (or empty), every CTA paying
+  its fixed cost (launch, Q, the first block's round trip, the partials, the merge) for little streaming
+  (H200: B=32 H=32 MHA Sq=8 1k ragged, 2 splits, 2048 CTAs: 34-52 % of the read bandwidth).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -41,6 +55,8 @@ MIN_KEYS_PER_SPLIT = 512
 WAVE_TOLERANCE = 0.05
 UNEVEN_MIN_WAVES = 3
 UNEVEN_MAX_WAVES = 16
+# The longest padded cache :attr:`SplitPolicy.short_one_split` keeps in one split.
+SHORT_CACHE_KEYS = 8192
 # The SM count the rule assumes where there is no GPU (the interpreter, the sm_90a compile): an H100.
 DEFAULT_SM_COUNT = 132
 
@@ -86,20 +102,44 @@ def sm_count(device: torch.device) -> int:
     return DEFAULT_SM_COUNT
 
 
-def planned_num_splits(problem: Problem, m_blocks: int, device: torch.device) -> int:
+@dataclass(frozen=True)
+class SplitPolicy:
+    """How a rung asks the rule (module docstring, "A rung's policy"): the default is the rule as it
+    was, one CTA slot per SM and no short-cache exception."""
+
+    ctas_per_sm: int = 1
+    short_one_split: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ctas_per_sm < 1:
+            raise ValueError(f"SplitPolicy.ctas_per_sm must be >= 1, got {self.ctas_per_sm}")
+
+
+DEFAULT_POLICY = SplitPolicy()
+
+
+def planned_num_splits(
+    problem: Problem, m_blocks: int, device: torch.device, policy: SplitPolicy = DEFAULT_POLICY
+) -> int:
     """The split count of one call of ``problem`` by a rung that packs one KV group into ``m_blocks``
     M tiles: B · Hkv · m_blocks CTAs per split, the padded Sk, ``device``'s SMs; uneven work where
-    several sequences have their own lengths."""
+    several sequences have their own lengths; ``policy`` as the module docstring says."""
     ctas_per_split = problem.batch * problem.kv_heads * m_blocks
     uneven = problem.has_cache_seqlens and problem.batch > 1
-    return choose_num_splits(ctas_per_split, problem.seqlen_k, sm_count(device), uneven, problem.batch)
+    sms = sm_count(device)
+    if policy.short_one_split and problem.seqlen_k <= SHORT_CACHE_KEYS and ctas_per_split >= sms:
+        return 1
+    slots = sms if uneven else sms * policy.ctas_per_sm
+    return choose_num_splits(ctas_per_split, problem.seqlen_k, slots, uneven, problem.batch)
 
 
-def resolve_num_splits(num_splits: int | None, problem: Problem, m_blocks: int, device: torch.device) -> int:
+def resolve_num_splits(
+    num_splits: int | None, problem: Problem, m_blocks: int, device: torch.device, policy: SplitPolicy = DEFAULT_POLICY
+) -> int:
     """The split count of one bound call: ``num_splits`` where a caller forces one (sweeps, tests; at
-    least 1, else ValueError), otherwise :func:`planned_num_splits`."""
+    least 1, else ValueError), otherwise :func:`planned_num_splits` under ``policy``."""
     if num_splits is None:
-        return planned_num_splits(problem, m_blocks, device)
+        return planned_num_splits(problem, m_blocks, device, policy)
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     return num_splits

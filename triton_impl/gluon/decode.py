@@ -185,8 +185,28 @@ DEFAULT_CONFIGS: dict[int, DecodeConfig] = {
     256: DecodeConfig(64, 3),
 }
 HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
+# Issue #38's fifth stop, off until bench/decode_floor5.sh times them: triton/decode's split-policy switches
+# (slots up to what the ring leaves: split_policy); SHORT_CACHE_TILE: a short padded cache takes a ring two CTAs
+# share an SM with, one's fixed costs under the other's copies (D=128's 208 KB ring: 34 % at B=32 MHA Sq=8 1k).
+SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, SHORT_CACHE_TILE = 1, False, False
+SHORT_CACHE_CONFIGS = {128: DecodeConfig(64, 3)}
+SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES = 233472, 1024
 # Paged: the fewest key rows one TMA copy may take from a page (two 8-row swizzle atoms of the tile).
 MIN_PAGE_CHUNK = 16
+
+
+def decode_config(problem: Problem) -> DecodeConfig:
+    """``problem``'s ring: SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
+    configs = SHORT_CACHE_CONFIGS if SHORT_CACHE_TILE and problem.seqlen_k <= splits.SHORT_CACHE_KEYS else {}
+    return configs.get(problem.head_dim, DEFAULT_CONFIGS[problem.head_dim])
+
+
+def split_policy(problem: Problem) -> splits.SplitPolicy:
+    """The split rule's policy from the switches: CTA slots up to what an SM holds (K/V ring, Q tile)."""
+    config = decode_config(problem)
+    tiles_bytes = (config.num_stages * 2 * config.block_n + BLOCK_M) * problem.head_dim * 2
+    fit = max(1, SM_SHARED_BYTES // (tiles_bytes + CTA_RESERVED_SHARED_BYTES))
+    return splits.SplitPolicy(min(SPLIT_CTAS_PER_SM, fit), SHORT_CACHE_ONE_SPLIT)
 
 
 def kv_chunk_rows(problem: Problem) -> int | None:
@@ -194,7 +214,7 @@ def kv_chunk_rows(problem: Problem) -> int | None:
     the largest power of two up to the block that divides ``page_size``, so that each copy lies in one
     page (a block takes block_n / chunk copies); None when that is below ``MIN_PAGE_CHUNK`` (a page size
     with no factor 16, which this rung refuses)."""
-    chunk = DEFAULT_CONFIGS[problem.head_dim].block_n
+    chunk = decode_config(problem).block_n
     while problem.paged and chunk >= MIN_PAGE_CHUNK and problem.page_size % chunk:
         chunk //= 2
     return chunk if chunk >= MIN_PAGE_CHUNK else None
@@ -618,12 +638,12 @@ def m_blocks_for(problem: Problem) -> int:
 
 
 def planned_num_splits(problem: Problem, device: torch.device) -> int:
-    """The shared split rule (``common/contract/splits.py``) on this rung's M tiles."""
-    return splits.planned_num_splits(problem, m_blocks_for(problem), device)
+    """The shared split rule (``common/contract/splits.py``) on this rung's M tiles and policy."""
+    return splits.planned_num_splits(problem, m_blocks_for(problem), device, split_policy(problem))
 
 
 def split_constexprs(problem: Problem, split: bool) -> dict[str, int | bool]:
-    config = DEFAULT_CONFIGS[problem.head_dim]
+    config = decode_config(problem)
     return {
         **feature_constexprs(problem), "BLOCK_M": BLOCK_M, "BLOCK_N": config.block_n,
         "NUM_STAGES": config.num_stages, "SPLIT": split, "PAGE_SIZE": problem.page_size,
@@ -654,7 +674,8 @@ class GluonDecode:
         cache_seqlens: torch.Tensor | None = None, num_splits: int | None = None,
         block_table: torch.Tensor | None = None,
     ):  # fmt: skip
-        num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device)
+        policy = split_policy(problem)
+        num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device, policy)
         dtype = GLUON_DTYPES[q.dtype]
         self.num_splits = num_splits
         self.out = torch.empty_like(q, memory_format=torch.contiguous_format)

@@ -1,0 +1,298 @@
+"""Issue #38's fifth stop: the decode rungs' split policy (``splits.SplitPolicy``), triton/decode's
+``DEEP_RING`` and gluon/decode's ``SHORT_CACHE_TILE``, all off by default.
+
+CPU: the default policy is the rule as it was; the policy's two rules (CTA slots per SM for even work, one
+split on a short cache whose items fill a wave) hold on a grid of shapes, and planted rules (the policy
+ignored, the short-cache bound off by one) fail that check; triton/decode with every switch on against the
+fp64 reference under the interpreter, the switches shown to take effect (a 4-SM device, so that small
+grids reach them); triton/decode's deep ring and gluon/decode's short-cache ring compiled for sm_90a
+without spills, within the shared memory they claim.
+
+GPU (``gpu`` marker; ``bench/decode_floor5.sh``): each switch on, on a shape where it changes the plan,
+in every decode rung that has it, against fp64 on a poisoned output."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from common.contract import splits
+from common.contract.check import check_on_inputs
+from common.contract.inputs import make_inputs
+from common.contract.problem import Problem
+from common.contract.registry import discover
+from tests._helpers import json_from_child
+from triton_impl import decode
+from triton_impl.gluon import decode as gluon_decode
+
+CPU = torch.device("cpu")
+interpreter_only = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run on CPU-only machines")
+RUNG_MODULES = {
+    "triton/decode": "triton_impl.decode",
+    "gluon/decode": "triton_impl.gluon.decode",
+    "cute/decode": "cute_impl.decode",
+}
+DECODE_IMPLS = {impl.name: impl for impl in discover(include_baselines=False)[0] if impl.name in RUNG_MODULES}
+SWITCHES = ("SPLIT_CTAS_PER_SM", "SHORT_CACHE_ONE_SPLIT", "DEEP_RING", "SHORT_CACHE_TILE")
+
+
+def _problem(batch: int, kv_heads: int, seqlen_k: int, head_dim: int = 128, **changes) -> Problem:
+    fields = dict(
+        batch=batch, heads=kv_heads * changes.pop("group", 1), seqlen_q=changes.pop("seqlen_q", 1),
+        seqlen_k=seqlen_k, head_dim=head_dim, dtype=changes.pop("dtype", torch.bfloat16), causal=True,
+        kv_heads=kv_heads, causal_alignment="bottom_right", has_cache_seqlens=changes.pop("ragged", False),
+        return_lse=True,
+    )  # fmt: skip
+    return Problem(**fields, **changes)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The policy's rules
+# ----------------------------------------------------------------------------------------------------
+# (batch, kv_heads, seqlen_k, ragged): few items on long caches, many on short ones, ragged and not; 200
+# items at the short-cache bound and one key past it (the rule gives 5 splits there).
+POLICY_SHAPES = [
+    (4, 2, 282624, False), (1, 8, 131072, False), (3, 2, 55040, False), (2, 4, 131584, False),
+    (32, 32, 1024, True), (32, 32, 4864, True), (16, 16, 1280, False), (1, 8, 1024, False),
+    (64, 1, 181504, True), (8, 8, 146944, True), (8, 25, 8192, False), (8, 25, 8193, False),
+]  # fmt: skip
+
+
+def _policy_violations(plan: Callable[[Problem, splits.SplitPolicy], int]) -> list[str]:
+    """Where ``plan`` (problem, policy) -> splits breaks the policy's rules on :data:`POLICY_SHAPES` (132
+    SMs, one M tile): the default policy is the rule as it was; with ``short_one_split`` a cache of at
+    most SHORT_CACHE_KEYS keys whose items fill a wave takes 1, any other the rule's count; with
+    ``ctas_per_sm = 2`` even work fills 264 slots within WAVE_TOLERANCE of the best count, uneven work
+    keeps the rule's."""
+    sms, wrong = splits.DEFAULT_SM_COUNT, []
+    for batch, kv_heads, seqlen_k, ragged in POLICY_SHAPES:
+        problem = _problem(batch, kv_heads, seqlen_k, ragged=ragged)
+        ctas, uneven = batch * kv_heads, ragged and batch > 1
+        rule = splits.choose_num_splits(ctas, seqlen_k, sms, uneven, batch)
+        where = f"B={batch} Hkv={kv_heads} Sk={seqlen_k} ragged={ragged}"
+        if plan(problem, splits.DEFAULT_POLICY) != rule:
+            wrong.append(f"{where}: default policy {plan(problem, splits.DEFAULT_POLICY)} != rule {rule}")
+        short = seqlen_k <= splits.SHORT_CACHE_KEYS and ctas >= sms
+        if (got := plan(problem, splits.SplitPolicy(short_one_split=True))) != (1 if short else rule):
+            wrong.append(f"{where}: short_one_split gave {got}")
+        got = plan(problem, splits.SplitPolicy(ctas_per_sm=2))
+        if uneven and got != rule:
+            wrong.append(f"{where}: ctas_per_sm=2 changed uneven work's {rule} to {got}")
+        most = max(1, min(splits.MAX_SPLITS, seqlen_k // splits.MIN_KEYS_PER_SPLIT))
+        best = max(splits.wave_efficiency(ctas * n, 2 * sms) for n in range(1, most + 1))
+        if not uneven and splits.wave_efficiency(ctas * got, 2 * sms) < best * (1 - splits.WAVE_TOLERANCE):
+            wrong.append(f"{where}: ctas_per_sm=2 gave {got} splits, under the best fill of 264 slots")
+    return wrong
+
+
+def _planned(problem: Problem, policy: splits.SplitPolicy) -> int:
+    return splits.planned_num_splits(problem, 1, CPU, policy)
+
+
+def test_split_policy_rules_hold():
+    assert _policy_violations(_planned) == []
+    # The two shapes each switch is for: B=4 Hkv=2 276k takes 32 splits (256 CTAs, two an SM); B=32 MHA 1k
+    # ragged one split (1024 CTAs, no merge).
+    assert _planned(_problem(4, 2, 282624), splits.SplitPolicy(ctas_per_sm=2)) == 32
+    assert _planned(_problem(32, 32, 1024, ragged=True), splits.SplitPolicy(short_one_split=True)) == 1
+    with pytest.raises(ValueError, match="ctas_per_sm"):
+        splits.SplitPolicy(ctas_per_sm=0)
+
+
+def _policy_ignored(problem: Problem, policy: splits.SplitPolicy) -> int:
+    """Planted: the rung's policy never reaches the rule."""
+    return splits.planned_num_splits(problem, 1, CPU)
+
+
+def _short_bound_off_by_one(problem: Problem, policy: splits.SplitPolicy) -> int:
+    """Planted: one split for caches one key past SHORT_CACHE_KEYS too."""
+    if policy.short_one_split and problem.seqlen_k == splits.SHORT_CACHE_KEYS + 1:
+        return 1
+    return splits.planned_num_splits(problem, 1, CPU, policy)
+
+
+def _slots_on_uneven_work(problem: Problem, policy: splits.SplitPolicy) -> int:
+    """Planted: the slots counted for uneven work too."""
+    ctas, sms = problem.batch * problem.kv_heads, splits.DEFAULT_SM_COUNT * policy.ctas_per_sm
+    if policy.short_one_split and problem.seqlen_k <= splits.SHORT_CACHE_KEYS and ctas >= splits.DEFAULT_SM_COUNT:
+        return 1
+    uneven = problem.has_cache_seqlens and problem.batch > 1
+    return splits.choose_num_splits(ctas, problem.seqlen_k, sms, uneven, problem.batch)
+
+
+@pytest.mark.parametrize("planted", [_policy_ignored, _short_bound_off_by_one, _slots_on_uneven_work])
+def test_planted_policy_bug_fails_the_rules(planted: Callable[[Problem, splits.SplitPolicy], int]):
+    assert _policy_violations(planted), f"{planted.__name__} passed the policy's rules"
+
+
+def test_switches_are_off_by_default_and_each_rung_asks_the_default_policy():
+    problem = _problem(4, 2, 282624, head_dim=64)
+    for name, module_name in RUNG_MODULES.items():
+        module = importlib.import_module(module_name)
+        for switch in SWITCHES:
+            if hasattr(module, switch):
+                assert getattr(module, switch) in (1, False), f"{name}.{switch} is on"
+        assert module.split_policy(problem) == splits.DEFAULT_POLICY, name
+    assert gluon_decode.decode_config(_problem(32, 32, 1024)) == gluon_decode.DEFAULT_CONFIGS[128]
+
+
+def test_gluon_short_tile_and_slots_follow_what_fits(monkeypatch: pytest.MonkeyPatch):
+    """Two CTAs an SM where the ring leaves room (D=64's, the short-cache ring at D=128), one otherwise."""
+    monkeypatch.setattr(gluon_decode, "SPLIT_CTAS_PER_SM", 2)
+    assert gluon_decode.split_policy(_problem(4, 2, 282624, head_dim=64)).ctas_per_sm == 2
+    assert gluon_decode.split_policy(_problem(32, 32, 1024)).ctas_per_sm == 1
+    monkeypatch.setattr(gluon_decode, "SHORT_CACHE_TILE", True)
+    assert gluon_decode.decode_config(_problem(32, 32, 1024)) == gluon_decode.SHORT_CACHE_CONFIGS[128]
+    assert gluon_decode.split_policy(_problem(32, 32, 1024)).ctas_per_sm == 2
+    assert gluon_decode.decode_config(_problem(32, 32, splits.SHORT_CACHE_KEYS + 1)).num_stages == 3
+    assert gluon_decode.decode_config(_problem(32, 32, 1024, head_dim=64)) == gluon_decode.DEFAULT_CONFIGS[64]
+
+
+# ----------------------------------------------------------------------------------------------------
+# triton/decode with the switches on, against fp64 under the interpreter
+# ----------------------------------------------------------------------------------------------------
+# (switch values, (batch, kv_heads, seqlen_k, head_dim), lengths, expected (num_splits, block_n,
+# num_stages)) on a 4-SM device: few items on a long-ish cache (slots: 2 items fill 8 slots with 4 splits;
+# deep ring: 2 splits of 2 items on 4 SMs); a short ragged cache of 6 items (one split; the short tile at
+# D=128 with it), an empty sequence among them.
+INTERPRETER_CASES = {
+    "slots-2": ({"SPLIT_CTAS_PER_SM": 2}, (1, 2, 2048, 64), None, (4, 64, 3)),
+    "deep-ring": ({"DEEP_RING": True}, (1, 2, 2048, 64), None, (2, 64, 6)),
+    "one-split": ({"SHORT_CACHE_ONE_SPLIT": True}, (3, 2, 1100, 64), (1100, 0, 131), (1, 64, 3)),
+    "one-split+short-tile": (
+        {"SHORT_CACHE_ONE_SPLIT": True, "SHORT_CACHE_TILE": True},
+        (3, 2, 1100, 128),
+        (1100, 0, 131),
+        (1, 32, 3),
+    ),
+    # The committed balanced split of a ragged call on the short tile: 2 shares per SM, its own depth.
+    "balanced+short-tile": (
+        {"BALANCED_SPLIT": "ragged", "SHORT_CACHE_TILE": True},
+        (3, 2, 1100, 128),
+        (1100, 0, 131),
+        (8, 32, None),
+    ),
+}
+
+
+@interpreter_only
+@pytest.mark.parametrize("name", sorted(INTERPRETER_CASES))
+def test_triton_switch_against_fp64(name: str, monkeypatch: pytest.MonkeyPatch):
+    switches, (batch, kv_heads, seqlen_k, head_dim), lengths, expected = INTERPRETER_CASES[name]
+    monkeypatch.setattr(splits, "DEFAULT_SM_COUNT", 4)
+    # The switches are the padded-Sk split's (the balanced split, a ragged call's default, only where named).
+    for switch, value in {"BALANCED_SPLIT": "never", **switches}.items():
+        monkeypatch.setattr(decode, switch, value)
+    problem = _problem(batch, kv_heads, seqlen_k, head_dim=head_dim, group=2, seqlen_q=2, dtype=torch.float32,
+                       ragged=lengths is not None)  # fmt: skip
+    q, k, v = make_inputs(problem, seed=len(name), device="cpu", offset=0.5)
+    cache_seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32)
+    run = decode.prepare(q, k, v, problem, cache_seqlens=cache_seqlens)
+    assert (run.num_splits, decode.tile_config(problem).block_n, getattr(run, "num_stages", None)) == expected
+    assert run.balanced == ("BALANCED_SPLIT" in switches)
+    result = check_on_inputs(decode.IMPLEMENTATION, q, k, v, problem, cache_seqlens=cache_seqlens)
+    assert result.ok, f"{name} {problem.describe()}: {result.summary()}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# sm_90a: the deep ring and gluon's short-cache ring without spills, in the shared memory they claim
+# ----------------------------------------------------------------------------------------------------
+_COMPILE_SCRIPT = r"""
+import json, sys
+import torch
+from common.contract.problem import Problem
+from common.reporting.static import cubin_resources
+from triton_impl import decode
+from triton_impl.gluon import decode as gluon_decode
+results = []
+for rung, switch, head_dim, seqlen_k, page_size in json.loads(sys.argv[1]):
+    problem = Problem(8, 32, 2, seqlen_k, head_dim, dtype=torch.bfloat16, causal=True, kv_heads=8,
+                      causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True, page_size=page_size)
+    module = decode if rung == "triton" else gluon_decode
+    setattr(module, switch, True)
+    binary = module.compile_sm90(problem)[0]
+    setattr(module, switch, False)
+    (resources,) = cubin_resources(binary.cubin).values()
+    results.append({"spill_bytes": resources["local_bytes"] + resources["stack_bytes"],
+                    "registers": resources["registers"], "shared_bytes": binary.shared_bytes})
+print(json.dumps(results))
+"""
+# (rung, switch, D, Sk, page size): triton's deep ring at each head dim, contiguous and paged; the short
+# tiles, which must leave room for more CTAs an SM (the deep ring is for one): gluon two, triton five.
+COMPILES = [
+    ("triton", "DEEP_RING", 64, 32768, 0), ("triton", "DEEP_RING", 64, 32768, 64),
+    ("triton", "DEEP_RING", 128, 32768, 0), ("triton", "DEEP_RING", 128, 32768, 16),
+    ("triton", "DEEP_RING", 256, 32768, 0), ("triton", "SHORT_CACHE_TILE", 128, 1024, 0),
+    ("gluon", "SHORT_CACHE_TILE", 128, 1024, 0), ("gluon", "SHORT_CACHE_TILE", 128, 1024, 16),
+]  # fmt: skip
+CTAS_PER_SM = {"DEEP_RING": 1, "SHORT_CACHE_TILE": 2, ("triton", "SHORT_CACHE_TILE"): 5}
+
+
+@pytest.mark.static
+def test_deep_ring_and_short_tile_compile_for_sm90_without_spills():
+    compiled = json_from_child(["-c", _COMPILE_SCRIPT, json.dumps(COMPILES)], timeout=1200)
+    for (rung, switch, head_dim, _, page_size), result in zip(COMPILES, compiled, strict=True):
+        where = f"{rung} {switch} D={head_dim} page={page_size}: {result}"
+        assert result["spill_bytes"] == 0, where
+        ctas = CTAS_PER_SM.get((rung, switch), CTAS_PER_SM[switch])
+        limit = gluon_decode.SM_SHARED_BYTES // ctas - gluon_decode.CTA_RESERVED_SHARED_BYTES
+        assert 0 < result["shared_bytes"] <= limit, where
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU: each switch on, where it changes the plan, in every decode rung that has it
+# ----------------------------------------------------------------------------------------------------
+# (switch values, problem, lengths on the GPU (None: the padded cache)): few items on a long cache (D=64,
+# 276k as on the H200's low row, at B=2 to keep the fp64 reference small); many short ragged MHA heads.
+SHORT_LENGTHS = (1020, 18, 0, 505, 1, 64, 777, 130)
+GPU_SETTINGS = {
+    "slots-2": ({"SPLIT_CTAS_PER_SM": 2}, _problem(2, 2, 65536, head_dim=64, seqlen_q=2), None),
+    "deep-ring": ({"DEEP_RING": True}, _problem(2, 2, 65536, head_dim=64, seqlen_q=2), None),
+    "one-split": ({"SHORT_CACHE_ONE_SPLIT": True}, _problem(8, 32, 1024, seqlen_q=8, ragged=True), SHORT_LENGTHS),
+    "short-tile": ({"SHORT_CACHE_TILE": True}, _problem(8, 32, 1024, seqlen_q=8, ragged=True), SHORT_LENGTHS),
+    "one-split+short-tile": (
+        {"SHORT_CACHE_ONE_SPLIT": True, "SHORT_CACHE_TILE": True},
+        _problem(8, 32, 1024, seqlen_q=8, ragged=True),
+        SHORT_LENGTHS,
+    ),
+    "balanced+short-tile": (
+        {"BALANCED_SPLIT": "ragged", "SHORT_CACHE_TILE": True},
+        _problem(8, 32, 1024, seqlen_q=8, ragged=True),
+        SHORT_LENGTHS,
+    ),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("setting", sorted(GPU_SETTINGS))
+@pytest.mark.parametrize("impl_name", sorted(DECODE_IMPLS))
+def test_gpu_switch_against_fp64(impl_name: str, setting: str, monkeypatch: pytest.MonkeyPatch):
+    switches, problem, lengths = GPU_SETTINGS[setting]
+    module = importlib.import_module(RUNG_MODULES[impl_name])
+    present = {switch: value for switch, value in switches.items() if hasattr(module, switch)}
+    if present.keys() != switches.keys():
+        pytest.skip(f"{impl_name} lacks {', '.join(switches.keys() - present.keys())}")
+    device = torch.device("cuda")
+    committed = module.planned_num_splits(problem, device)
+    if hasattr(module, "BALANCED_SPLIT"):  # the padded-Sk split's switches, the balanced split where named
+        present = {"BALANCED_SPLIT": "never", **present}
+    for switch, value in present.items():
+        monkeypatch.setattr(module, switch, value)
+    if "SHORT_CACHE_ONE_SPLIT" in present:
+        assert module.planned_num_splits(problem, device) == 1 != committed
+    if "SPLIT_CTAS_PER_SM" in present:
+        assert module.planned_num_splits(problem, device) > committed
+    q, k, v = make_inputs(problem, seed=len(setting), device="cuda", offset=0.5 if len(setting) % 2 else 0.0)
+    cache_seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    if "DEEP_RING" in present:
+        run = module.bind(q, k, v, problem, cache_seqlens=cache_seqlens)
+        assert run.num_stages == module.DEEP_RING_STAGES[problem.head_dim]
+    if "SHORT_CACHE_TILE" in present:
+        config = module.tile_config(problem) if impl_name == "triton/decode" else module.decode_config(problem)
+        assert config == module.SHORT_CACHE_CONFIGS[problem.head_dim]
+    result = check_on_inputs(DECODE_IMPLS[impl_name], q, k, v, problem, cache_seqlens=cache_seqlens)
+    assert result.ok, f"{impl_name} {setting} {problem.describe()}: {result.summary()}"
