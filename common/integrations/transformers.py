@@ -139,17 +139,6 @@ def _keep(mask: torch.Tensor, name: str) -> torch.Tensor:
     return keep
 
 
-def _kept_prefix(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row of a (B, Sq, Sk) boolean mask: how many keys it keeps, and whether they are the first ones
-    (keys j < that count). Two reductions over the mask and no temporary of its size: a prefill mask of
-    8 × 8k × 8k is half a GB, and comparing it with a built pattern took several passes and allocations
-    of that size. The first dropped key (``argmin`` returns the first minimum) sits at the count exactly
-    when the kept keys are a prefix."""
-    counts = keep.sum(-1)
-    first_dropped = keep.view(torch.uint8).argmin(-1)
-    return counts, (counts == keep.shape[-1]) | (first_dropped == counts)
-
-
 def mask_pattern(mask: torch.Tensor, batch: int, seqlen_q: int, seqlen_k: int, name: str = PREFIX):
     """``(causal, cache_seqlens)`` equivalent to a 4D attention mask, or a ValueError if none is.
 
@@ -163,15 +152,15 @@ def mask_pattern(mask: torch.Tensor, batch: int, seqlen_q: int, seqlen_k: int, n
     keep = _keep(mask, name)
     if keep.shape[1] != 1 and not torch.equal(keep, keep[:, :1].expand_as(keep)):
         raise _refuse(name, "a per-head attention_mask is not supported")
-    counts, prefix = _kept_prefix(keep[:, 0])
-    lengths = counts[:, -1]
-    full = lengths[:, None].expand_as(counts)
-    rows = torch.arange(seqlen_q, device=keep.device)
-    causal_counts = torch.minimum((rows[None] + full - seqlen_q + 1).clamp_min(0), full)
-    is_prefix = bool(prefix.all())
-    if is_prefix and torch.equal(counts, causal_counts):
+    keep = keep[:, 0]
+    lengths = keep[:, -1, :].sum(-1)
+    keys = torch.arange(seqlen_k, device=keep.device)
+    rows = torch.arange(seqlen_q, device=keep.device)[:, None]
+    valid = keys[None, None, :] < lengths[:, None, None]
+    causal_keep = valid & (keys[None, None, :] <= rows[None] + lengths[:, None, None] - seqlen_q)
+    if torch.equal(keep, causal_keep):
         causal = True
-    elif is_prefix and torch.equal(counts, full):
+    elif torch.equal(keep, valid.expand_as(keep)):
         causal = False
     else:
         raise _refuse(
@@ -350,11 +339,12 @@ def ladder_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     if mask is None or mask.ndim != 4:
         return mask
     seqlen_q, seqlen_k = mask.shape[-2:]
-    if seqlen_q > seqlen_k:
-        return mask
-    counts, prefix = _kept_prefix(mask[:, 0])
-    bottom_right = torch.arange(seqlen_k - seqlen_q + 1, seqlen_k + 1, device=mask.device)
-    return None if bool(prefix.all()) and bool((counts == bottom_right).all()) else mask
+    keep = mask[:, 0]
+    keys = torch.arange(seqlen_k, device=mask.device)
+    rows = torch.arange(seqlen_q, device=mask.device)[:, None]
+    if seqlen_q <= seqlen_k and bool((keep == (keys <= rows + seqlen_k - seqlen_q)).all()):
+        return None
+    return mask
 
 
 def register_attention_implementations(impls: Sequence[str] | None = None) -> list[str]:
