@@ -79,6 +79,9 @@ FIFTH_SETTINGS = {
     "committed": {"BALANCED_SPLIT": "ragged"},
     "balanced+short-tile": {"BALANCED_SPLIT": "ragged", "SHORT_CACHE_TILE": True},
 }
+# The fifth stop's switches off: every setting starts from them (so ``after`` stays the rule before the fifth
+# stop, whatever a rung commits), then sets its own.
+FIFTH_OFF = {"SPLIT_CTAS_PER_SM": 1, "SHORT_CACHE_ONE_SPLIT": False, "DEEP_RING": False, "SHORT_CACHE_TILE": False}
 SETTINGS = ("before", "after", "two-launch", "after+tile", "after+splits", "balanced", "balanced-4", *FIFTH_SETTINGS)
 # Each decode rung's module, whose switches the fifth stop's settings set.
 RUNG_MODULES = {
@@ -121,11 +124,13 @@ COLUMNS = ("impl", "shape", "setting", "num_splits", "status", "us", "pct_read_b
 
 
 def fifth_switches(setting: str, impl_name: str) -> dict[str, object]:
-    """The switches of fifth-stop ``setting`` that ``impl_name``'s module has (empty for any other setting)."""
-    if setting not in FIFTH_SETTINGS or impl_name not in RUNG_MODULES:
+    """The fifth stop's switches ``impl_name``'s module has, off (:data:`FIFTH_OFF`) but for those fifth-stop
+    ``setting`` sets (empty for a rung without a module here)."""
+    if impl_name not in RUNG_MODULES:
         return {}
     module = importlib.import_module(RUNG_MODULES[impl_name])
-    return {name: value for name, value in FIFTH_SETTINGS[setting].items() if hasattr(module, name)}
+    wanted = {**FIFTH_OFF, **FIFTH_SETTINGS.get(setting, {})}
+    return {name: value for name, value in wanted.items() if hasattr(module, name)}
 
 
 def plan_signature(impl_name: str, problem, device) -> tuple:
@@ -177,7 +182,7 @@ def applies(setting: str, impl_name: str, head_dim: int, shape_index: int) -> bo
     if setting in BALANCED_SETTINGS:
         return impl_name == "triton/decode"
     if setting in FIFTH_SETTINGS:
-        return bool(fifth_switches(setting, impl_name))
+        return bool(set(fifth_switches(setting, impl_name)) & set(FIFTH_SETTINGS[setting]))
     return True
 
 

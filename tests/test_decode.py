@@ -161,7 +161,7 @@ def test_split_rule_fills_the_waves(ctas_per_split: int, seqlen_k: int, uneven: 
     )
 
 
-def test_split_rule_examples():
+def test_split_rule_examples(monkeypatch: pytest.MonkeyPatch):
     # One sequence, 8 KV heads, 128k keys: 8 CTAs alone would use 8 of 132 SMs.
     assert splits.wave_efficiency(8 * splits.choose_num_splits(8, 131072, 132), 132) >= 0.95
     # A full batch already fills the GPU: no split, no merge.
@@ -171,6 +171,9 @@ def test_split_rule_examples():
     # The plan reads the padded Sk, never the cache lengths (bind takes no lengths' values); one
     # sequence's splits are even, with or without its length.
     problem = Problem(1, 32, 1, 131072, 128, kv_heads=8, has_cache_seqlens=True)
+    # triton/decode asks for two CTA slots an SM on even work (SPLIT_CTAS_PER_SM): twice the splits.
+    assert decode.planned_num_splits(problem, CPU) == 2 * splits.choose_num_splits(8, 131072, splits.DEFAULT_SM_COUNT)
+    monkeypatch.setattr(decode, "SPLIT_CTAS_PER_SM", 1)
     assert decode.planned_num_splits(problem, CPU) == splits.choose_num_splits(8, 131072, splits.DEFAULT_SM_COUNT)
     # Eight sequences with their own lengths (the sweep's ragged batch): one sequence's 8 CTAs per split
     # alone fill a wave at 17 splits, and 18 fill the waves best, not the one wave that two splits
@@ -756,14 +759,16 @@ def test_gluon_decode_refuses_with_a_reason(problem: Problem, needs: str):
     assert not ok and needs in reason and "gluon/decode" in reason, reason
 
 
-def test_gluon_split_plan_counts_its_own_m_tiles():
+def test_gluon_split_plan_counts_its_own_m_tiles(monkeypatch: pytest.MonkeyPatch):
     # 16 tokens of 32 query heads over one KV head: 512 packed rows, eight 64-row M tiles per sequence.
     mqa = Problem(2, 32, 16, 131072, 128, kv_heads=1)
     assert gluon_decode.m_blocks_for(mqa) == 8
     expected = splits.choose_num_splits(2 * 8, 131072, splits.DEFAULT_SM_COUNT)
     assert gluon_decode.planned_num_splits(mqa, CPU) == expected
-    # One token of a group of 4: one tile; the rule then matches triton/decode's for the same CTAs.
+    # One token of a group of 4: one tile; the rule then matches triton/decode's for the same CTAs and the
+    # same CTA slots an SM (gluon's D=128 ring leaves one, triton/decode asks for two).
     gqa = Problem(1, 32, 1, 131072, 128, kv_heads=8, has_cache_seqlens=True)
+    monkeypatch.setattr(decode, "SPLIT_CTAS_PER_SM", 1)
     assert gluon_decode.planned_num_splits(gqa, CPU) == decode.planned_num_splits(gqa, CPU)
 
 

@@ -145,18 +145,21 @@ def test_model_balanced_grid_reads_every_key_once(target: int):
 def test_floor_fifth_settings_set_each_rungs_switches_and_restore_them():
     with pytest.raises(RuntimeError), decode_floor.applied("fifth", "gluon/decode", 128):
         assert gluon_decode.SPLIT_CTAS_PER_SM == 2 and gluon_decode.SHORT_CACHE_TILE
-        assert gluon_decode.SHORT_CACHE_ONE_SPLIT and triton_decode.SPLIT_CTAS_PER_SM == 1
+        assert gluon_decode.SHORT_CACHE_ONE_SPLIT and triton_decode.SPLIT_CTAS_PER_SM == 2  # not its rung: as committed
         raise RuntimeError("a failing bind")
     with decode_floor.applied("deep-ring", "triton/decode", 64):
         assert triton_decode.DEEP_RING and not triton_decode.SHORT_CACHE_ONE_SPLIT
-    committed = (1, False, False)
-    assert committed == (triton_decode.SPLIT_CTAS_PER_SM, triton_decode.SHORT_CACHE_ONE_SPLIT, triton_decode.DEEP_RING)
-    assert committed == (
-        gluon_decode.SPLIT_CTAS_PER_SM,
-        gluon_decode.SHORT_CACHE_ONE_SPLIT,
-        gluon_decode.SHORT_CACHE_TILE,
-    )
-    assert (cute_decode.SPLIT_CTAS_PER_SM, cute_decode.SHORT_CACHE_ONE_SPLIT) == (1, False)
+    committed = {
+        triton_decode: (2, False, False, False),
+        gluon_decode: (2, True, None, True),
+        cute_decode: (1, False, None, None),
+    }
+    for module, values in committed.items():
+        assert values == tuple(getattr(module, name, None) for name in decode_floor.FIFTH_OFF)
+        with decode_floor.applied("after", module.IMPLEMENTATION.name, 128):
+            off = tuple(getattr(module, name, None) for name in decode_floor.FIFTH_OFF)
+            expected = zip(values, decode_floor.FIFTH_OFF.values(), strict=True)
+            assert off == tuple(None if v is None else w for v, w in expected)
     assert not decode_floor.applies("deep-ring", "cute/decode", 64, 0)
     assert not decode_floor.applies("short-tile", "cute/decode", 128, 0)
 
@@ -182,9 +185,11 @@ def test_floor_fifth_settings_time_only_new_plans():
     ]  # fmt: skip
     assert timed("triton/decode", cases[6])[-1] == "deep-ring"  # full cache: the committed split is after's
     assert timed("cute/decode", cases[7]) == ["after", "one-split"]
-    assert decode_floor.plan_signature("triton/decode", cases[6].problem, cpu) == (
-        16, triton_decode.DEFAULT_CONFIGS[64], 3,
-    )  # fmt: skip
+    with decode_floor.applied("after", "triton/decode", 64):
+        after = decode_floor.plan_signature("triton/decode", cases[6].problem, cpu)
+    assert after == (16, triton_decode.DEFAULT_CONFIGS[64], 3)
+    # As committed (two CTA slots an SM): slots-2's plan.
+    assert decode_floor.plan_signature("triton/decode", cases[6].problem, cpu)[0] == 32
 
 
 def test_model_fifth_variants_match_the_rungs_plans():

@@ -1,5 +1,7 @@
 """Issue #38's fifth stop: the decode rungs' split policy (``splits.SplitPolicy``), triton/decode's
-``DEEP_RING`` and gluon/decode's ``SHORT_CACHE_TILE``, all off by default.
+``DEEP_RING`` and gluon/decode's ``SHORT_CACHE_TILE``: what each rung commits (triton/decode two CTA slots an
+SM; gluon/decode all three of its switches; cute/decode none), and each switch's rules from the switches off
+(an autouse fixture turns them off in every rung for this file's tests).
 
 CPU: the default policy is the rule as it was; the policy's two rules (CTA slots per SM for even work, one
 split on a short cache whose items fill a wave) hold on a grid of shapes, and planted rules (the policy
@@ -38,6 +40,22 @@ RUNG_MODULES = {
 }
 DECODE_IMPLS = {impl.name: impl for impl in discover(include_baselines=False)[0] if impl.name in RUNG_MODULES}
 SWITCHES = ("SPLIT_CTAS_PER_SM", "SHORT_CACHE_ONE_SPLIT", "DEEP_RING", "SHORT_CACHE_TILE")
+SWITCHES_OFF = {"SPLIT_CTAS_PER_SM": 1, "SHORT_CACHE_ONE_SPLIT": False, "DEEP_RING": False, "SHORT_CACHE_TILE": False}
+# Each rung's switches as committed, read before any test turns them off.
+COMMITTED = {
+    name: {switch: getattr(module, switch) for switch in SWITCHES if hasattr(module, switch)}
+    for name, module in ((name, importlib.import_module(path)) for name, path in RUNG_MODULES.items())
+}
+
+
+@pytest.fixture(autouse=True)
+def switches_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rung's fifth-stop switches off: each test turns on the ones it is about."""
+    for module_name in RUNG_MODULES.values():
+        module = importlib.import_module(module_name)
+        for switch, value in SWITCHES_OFF.items():
+            if hasattr(module, switch):
+                monkeypatch.setattr(module, switch, value)
 
 
 def _problem(batch: int, kv_heads: int, seqlen_k: int, head_dim: int = 128, **changes) -> Problem:
@@ -129,14 +147,18 @@ def test_planted_policy_bug_fails_the_rules(planted: Callable[[Problem, splits.S
     assert _policy_violations(planted), f"{planted.__name__} passed the policy's rules"
 
 
-def test_switches_are_off_by_default_and_each_rung_asks_the_default_policy():
+def test_committed_switches_and_with_them_off_each_rung_asks_the_default_policy():
+    """The values the H200 A/B chose (results/h200/decode-floor5/); with every switch off (the fixture)
+    each rung asks the split rule as it was before the fifth stop."""
+    assert {name: COMMITTED[name] for name in RUNG_MODULES} == {
+        "triton/decode": {"SPLIT_CTAS_PER_SM": 2, "SHORT_CACHE_ONE_SPLIT": False, "DEEP_RING": False,
+                          "SHORT_CACHE_TILE": False},
+        "gluon/decode": {"SPLIT_CTAS_PER_SM": 2, "SHORT_CACHE_ONE_SPLIT": True, "SHORT_CACHE_TILE": True},
+        "cute/decode": {"SPLIT_CTAS_PER_SM": 1, "SHORT_CACHE_ONE_SPLIT": False},
+    }  # fmt: skip
     problem = _problem(4, 2, 282624, head_dim=64)
     for name, module_name in RUNG_MODULES.items():
-        module = importlib.import_module(module_name)
-        for switch in SWITCHES:
-            if hasattr(module, switch):
-                assert getattr(module, switch) in (1, False), f"{name}.{switch} is on"
-        assert module.split_policy(problem) == splits.DEFAULT_POLICY, name
+        assert importlib.import_module(module_name).split_policy(problem) == splits.DEFAULT_POLICY, name
     assert gluon_decode.decode_config(_problem(32, 32, 1024)) == gluon_decode.DEFAULT_CONFIGS[128]
 
 

@@ -399,7 +399,11 @@ def chunks_lie_in_pages(chunk: int | None, page_size: int, block_n: int) -> bool
     ("head_dim", "page_size", "chunk"),
     [(128, 16, 16), (128, 48, 16), (128, 64, 64), (128, 256, 128), (256, 256, 64), (64, 32, 32), (64, 160, 32)],
 )
-def test_gluon_copies_pages_in_chunks_that_lie_in_one_page(head_dim: int, page_size: int, chunk: int):
+def test_gluon_copies_pages_in_chunks_that_lie_in_one_page(
+    head_dim: int, page_size: int, chunk: int, monkeypatch: pytest.MonkeyPatch
+):
+    # The default tiles' chunks (these short caches would take the short-cache tile, 64-key blocks at D=128).
+    monkeypatch.setattr(gluon_decode, "SHORT_CACHE_TILE", False)
     problem = _paged_problem(page_size, head_dim=head_dim, dtype=torch.bfloat16)
     block_n = gluon_decode.DEFAULT_CONFIGS[head_dim].block_n
     assert gluon_decode.kv_chunk_rows(problem) == chunk

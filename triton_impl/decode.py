@@ -50,7 +50,7 @@ With one split the split kernel writes O and the LSE itself: no counter, no merg
 The split count: the shared rule of ``common/contract/splits.py`` (examples and reasons there) on this
 rung's CTAs per split, ``B · Hkv · m_blocks``, and the padded Sk, never ``cache_seqlens`` (inside the kernel
 each sequence's splits follow its own length: a short one gets short or empty splits). Fifth-stop switches
-(issue #38, off until ``bench/decode_floor5.sh`` times them): ``SPLIT_CTAS_PER_SM``, ``SHORT_CACHE_ONE_SPLIT``
+(issue #38; ``bench/decode_floor5.sh`` timed them, two slots an SM on): ``SPLIT_CTAS_PER_SM``, ``SHORT_CACHE_ONE_SPLIT``
 (``SplitPolicy``); ``DEEP_RING`` (cute/decode's ring depth for a grid of at most one CTA per SM);
 ``SHORT_CACHE_TILE`` (32-key blocks at D=128 for short caches). ``bind(..., num_splits=n)`` forces a count.
 
@@ -157,7 +157,9 @@ BALANCED_SPLIT = "ragged"
 BALANCED_SHARES_PER_SM = 2
 BALANCED_MIN_KEYS = splits.MIN_KEYS_PER_SPLIT
 MIN_BLOCK_B = 16
-SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 1, False, False, False  # fifth stop
+# Fifth stop's switches, H200 A/B (results/h200/decode-floor5/): two CTA slots an SM for full caches (B=4 Hkv=2
+# D=64 276k: 63 -> 85 %; 59k and 131k +1-3 points; B=3 Hkv=2 55k -4); the others lost or did not move it.
+SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 2, False, False, False
 # The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
 MIN_ARRIVAL_COUNTERS = 1024
 # In the merge, natural-log LSEs are weighed by exp2((lseₛ - lse_max) · LOG2_E).

@@ -188,8 +188,8 @@ class BackwardTiles:
         return f"m{self.tile_m}_dqn{self.dq_tile_n}_s{self.stages}" + overlaps + rows
 
 
-# The first of each head dim is the deterministic default (not overlapped: the simplest; see
-# ``default_tiles``: dq="reduce" is the default otherwise). D=128: 64 query rows per
+# The first of each head dim is the deterministic default (not overlapped: the simplest), the last the
+# default otherwise (``default_tiles``). D=128: 64 query rows per
 # dK/dV step is the register limit (see the docstring), 32 leave room to overlap; the dQ kernel's S
 # and dP take dq_tile_n / 2 registers each beside dQ's 64 (at 128 keys, no room to overlap).
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
@@ -709,14 +709,14 @@ def _kernel_names(config: HopperBackwardConfig) -> tuple[str, ...]:
 
 
 def default_tiles(head_dim: int) -> BackwardTiles:
-    """dQ by bulk reduce-adds in the dK/dV kernel (dq="reduce": 454 / 432 TFLOP/s at P1 / causal against
-    418 / 389 with the separate pass, results/h200/backward-cute-dq-reduce/); while
+    """The head dim's last candidate: dQ by bulk reduce-adds, LSE₂ and D by TMA (H200: P1 / causal / D=64
+    541 / 486 / 439 TFLOP/s against 455 / 429 / 360 without, results/h200/backward-cute-tma-rows/); while
     ``torch.use_deterministic_algorithms`` is on, the head dim's first candidate, whose separate dQ pass
     gives bit-identical gradients run after run (as torch's own nondeterministic kernels give way to
     deterministic ones under that switch)."""
     if torch.are_deterministic_algorithms_enabled():
         return CANDIDATES[head_dim][0]
-    return next(tiles for tiles in CANDIDATES[head_dim] if tiles.dq == "reduce")
+    return CANDIDATES[head_dim][-1]
 
 
 def backward_config(problem: Problem, tiles: BackwardTiles | None = None) -> HopperBackwardConfig:

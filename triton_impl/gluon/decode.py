@@ -185,10 +185,12 @@ DEFAULT_CONFIGS: dict[int, DecodeConfig] = {
     256: DecodeConfig(64, 3),
 }
 HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
-# Issue #38's fifth stop, off until bench/decode_floor5.sh times them: triton/decode's split-policy switches
-# (slots up to what the ring leaves: split_policy); SHORT_CACHE_TILE: a short padded cache takes a ring two CTAs
-# share an SM with, one's fixed costs under the other's copies (D=128's 208 KB ring: 34 % at B=32 MHA Sq=8 1k).
-SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, SHORT_CACHE_TILE = 1, False, False
+# Issue #38's fifth stop: triton/decode's split-policy switches (slots up to what the ring leaves:
+# split_policy); SHORT_CACHE_TILE: a short padded cache takes a ring two CTAs share an SM with, one's fixed
+# costs under the other's copies (D=128's 208 KB ring: 34 % at B=32 MHA Sq=8 1k). All on after the H200 A/B
+# (results/h200/decode-floor5/): B=32 MHA Sq=8 1k ragged 35 -> 57 %, B=32 Hkv=32 4.9k ragged 62 -> 73 %,
+# B=4 Hkv=2 D=64 276k 78 -> 88 %, the short full caches +2 points; no row lost.
+SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, SHORT_CACHE_TILE = 2, True, True
 SHORT_CACHE_CONFIGS = {128: DecodeConfig(64, 3)}
 SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES = 233472, 1024
 # Paged: the fewest key rows one TMA copy may take from a page (two 8-row swizzle atoms of the tile).
