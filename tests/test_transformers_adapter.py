@@ -327,6 +327,29 @@ def test_mask_function_skips_plain_causal_without_building_it():
     assert ladder_mask(q_length=8, kv_length=8, q_offset=0, attention_mask=ones, **sizes) is not None
 
 
+@pytest.mark.skipif(
+    "q_length" not in inspect.signature(sdpa_mask).parameters,
+    reason="this transformers passes cache_position, not q_length",
+)
+@pytest.mark.parametrize(("q_length", "q_offset"), [(8, 0), (3, 5), (1, 7)])
+def test_a_static_cache_mask_is_known_from_its_arguments_and_never_read(q_length, q_offset, monkeypatch):
+    """A StaticCache's mask (16 slots, 8 tokens written): the attention takes its verdict from the mask
+    function's arguments without reading it, and that verdict is the one reading it gives (a wrong length
+    or alignment in the shortcut fails the comparison); padding among the written tokens makes it read."""
+    ones = torch.ones(2, 8, dtype=torch.bool)
+    sizes = dict(batch_size=2, kv_offset=0, mask_function=causal_mask_function, device="cpu", kv_length=16)
+    static = ladder_mask(q_length=q_length, q_offset=q_offset, attention_mask=ones, **sizes)
+    read = mask_pattern(static, 2, q_length, 16)
+    monkeypatch.setattr(adapter, "mask_pattern", lambda *args: pytest.fail("the shortcut must not read the mask"))
+    causal, lengths = adapter._cached_mask_pattern(static, 2, q_length, 16, "t")
+    assert causal == read[0] and torch.equal(lengths, read[1]) and lengths.tolist() == [8, 8]
+    monkeypatch.undo()
+    ones[1, 2] = False  # padding among the written tokens: the mask is read, and refused
+    padded = ladder_mask(q_length=q_length, q_offset=q_offset, attention_mask=ones, **sizes)
+    with pytest.raises(ValueError, match="not one the API can express"):
+        adapter._cached_mask_pattern(padded, 2, q_length, 16, "t")
+
+
 def _gpu_reference(new_tokens: int):
     """The 2-layer bf16 SDPA model on the GPU (seeded), a 16-token prompt and its ``new_tokens`` greedy
     tokens: ``(model, prompt, tokens)``, what the ladder's attention must reproduce."""

@@ -322,20 +322,32 @@ def ladder_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
         return sdpa_mask(*args, **kwargs)
     q_length, kv_length = kwargs.get("q_length"), kwargs.get("kv_length")
     q_offset, kv_offset = kwargs.get("q_offset", 0), kwargs.get("kv_offset", 0)
+    kv_seen = None  # the keys a plain causal mask lets the last query see: q_offset + q_length
     if (
         not args
         and isinstance(q_length, int)
         and isinstance(q_offset, int)
         and kv_offset == 0
-        and q_offset + q_length == kv_length
+        and isinstance(kv_length, int)
+        and q_offset + q_length <= kv_length
         and kwargs.get("mask_function", causal_mask_function) is causal_mask_function
         and kwargs.get("local_size") is None
     ):
         padding = prepare_padding_mask(kwargs.get("attention_mask"), kv_length, kv_offset)
-        if padding is None or bool(padding.all()):
+        if padding is None or bool(padding[:, : q_offset + q_length].all()):
+            kv_seen = q_offset + q_length
+        if kv_seen == kv_length:
             return None
     kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
     mask = sdpa_mask(*args, **kwargs)
+    if kv_seen is not None and mask is not None and mask.ndim == 4:
+        # A StaticCache's slots past the tokens written: key j is kept for query i exactly when j <= q_offset
+        # + i, i.e. bottom-right causal over the first kv_seen keys of every sequence. Known from the
+        # arguments, so neither this function nor the attention reads the mask (reading an 8k prompt's at
+        # B=8 took 3.5 ms on an H200: docs/perf-log.md, fifth stop).
+        _LAST_MASK[:] = [weakref.ref(mask), mask._version, (True, False)]
+        _VERIFIED_PATTERNS[(tuple(mask.shape), mask.dtype, *mask.shape[-2:])] = True
+        return mask
     if mask is None or mask.ndim != 4:
         return mask
     seqlen_q, seqlen_k = mask.shape[-2:]
