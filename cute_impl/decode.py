@@ -183,7 +183,7 @@ TILE_CONFIGS = {
     256: TileShape(tile_n=64, stages=3, num_warps=4, max_tile_m=16, pieces_per_k_step=2),
 }
 HEAD_DIMS = tuple(sorted(TILE_CONFIGS))
-# Issue #38's fifth stop, off until bench/decode_floor5.sh times them (``splits.SplitPolicy``, as in
+# Issue #38's fifth stop, off: bench/decode_floor5.sh's call ran out before cute's rows (``splits.SplitPolicy``, as in
 # triton/decode): the split rule's even work fills SPLIT_CTAS_PER_SM CTA slots per SM, at most the
 # CTAS_PER_SM_FIT this table's rings leave room for; SHORT_CACHE_ONE_SPLIT keeps a short cache whose
 # items fill a wave in one split (no merge kernel, a CTA's fixed cost paid once per item).

@@ -28,7 +28,8 @@ padded, lengths spread over 0..32k; ``results/h100/decode/splits/``): 2 splits (
 bandwidth under the wave floor alone, which the per-sequence floor is for.
 
 **A rung's policy** (:class:`SplitPolicy`, issue #38's fifth stop; each rung builds it from its own
-module switches, off by default, until a GPU A/B times them: ``bench/decode_floor5.sh``):
+module switches, set by the H200 A/B of ``bench/decode_floor5.sh``: triton/decode two CTA slots, gluon/decode
+every switch, cute/decode none yet, ``results/h200/decode-floor5/``):
 
 * ``ctas_per_sm``: even work counts ``ctas_per_sm`` CTA slots per SM, not one, where the rung's shared
   memory fits that many. With few (batch, KV head) items on a long cache the rule's one CTA per SM
