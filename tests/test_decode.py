@@ -378,8 +378,11 @@ def test_balanced_split_is_the_default_with_cache_seqlens_and_its_grid_is_fixed_
     assert decode.bind(*inputs, problem, cache_seqlens=lengths, num_splits=3).balanced is True
     full = problem.with_(has_cache_seqlens=False)
     assert decode.bind(*inputs, full, num_splits=3).balanced is False
-    assert decode.balanced_target_shares(problem, CPU) == splits.DEFAULT_SM_COUNT * decode.BALANCED_SHARES_PER_SM
-    mqa = _decode_problem(16, 1, heads=8)  # 128 packed rows: two M tiles share the SMs
+    # A 300-key cache: one 512-key share per sequence at most, so 3 sequences x 2 KV heads, not 264.
+    assert decode.balanced_target_shares(problem, CPU) == 6
+    long = problem.with_(seqlen_k=65536)
+    assert decode.balanced_target_shares(long, CPU) == splits.DEFAULT_SM_COUNT * decode.BALANCED_SHARES_PER_SM
+    mqa = _decode_problem(16, 1, heads=8).with_(seqlen_k=65536)  # 128 packed rows: two M tiles share the SMs
     assert decode.balanced_target_shares(mqa, CPU) == splits.DEFAULT_SM_COUNT * decode.BALANCED_SHARES_PER_SM // 2
     with pytest.raises(ValueError, match="must be >= 1, got 0"):
         decode.bind_balanced(*make_inputs(problem, seed=0, device="cpu"), problem, shares=0)

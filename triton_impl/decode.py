@@ -50,9 +50,8 @@ With one split the split kernel writes O and the LSE itself: no counter, no merg
 The split count: the shared rule of ``common/contract/splits.py`` (examples and reasons there) on this
 rung's CTAs per split, ``B · Hkv · m_blocks``, and the padded Sk, never ``cache_seqlens`` (inside the kernel
 each sequence's splits follow its own length: a short one gets short or empty splits). Fifth-stop switches
-(issue #38; ``bench/decode_floor5.sh`` timed them, two slots an SM on): ``SPLIT_CTAS_PER_SM``, ``SHORT_CACHE_ONE_SPLIT``
-(``SplitPolicy``); ``DEEP_RING`` (cute/decode's ring depth for a grid of at most one CTA per SM);
-``SHORT_CACHE_TILE`` (32-key blocks at D=128 for short caches). ``bind(..., num_splits=n)`` forces a count.
+(issue #38, timed by ``bench/decode_floor5.sh``): ``SPLIT_CTAS_PER_SM`` (two), ``SHORT_CACHE_ONE_SPLIT``, ``DEEP_RING``
+(cute's ring depth), ``SHORT_CACHE_TILE`` (32-key blocks). ``bind(..., num_splits=n)`` forces a count.
 
 The balanced split (``BALANCED_SPLIT = "ragged"``: every call with ``cache_seqlens``; H200 A/B in
 ``results/h200/decode-balanced/``): in a ragged batch the rule's splits of a short sequence end at once while the long
@@ -146,19 +145,14 @@ MERGE_STEP_REGISTERS = 64
 # The splits of a tile merged by the last of them to finish, in the split kernel (one launch a step);
 # False: by a second kernel (bench/decode_floor.py sets it to time both in one process).
 FUSED_MERGE = True
-# The balanced split: a call with cache_seqlens (whose lengths the host never reads) binds
-# ``_balanced_split_kernel``, whose CTAs take equal shares of the valid keys (module docstring), aiming at
-# BALANCED_SHARES_PER_SM shares per SM, each of at least BALANCED_MIN_KEYS keys; the cache lengths' vector
-# it reads is at least MIN_BLOCK_B long. H200 (results/h200/decode-balanced/): +2 to +19 points of the
-# read bandwidth on ragged caches, -1 on one; on full caches the padded-Sk rule's splits are already
-# equal and the balanced grid lost up to 8 points, so a call without lengths keeps it. "always" and
-# "never" force one split for every call (tests, bench/decode_floor.py).
+# The balanced split (module docstring) for calls with cache_seqlens ("always"/"never": tests, bench): on an
+# H200 +2 to +19 points on ragged caches, up to -8 on full ones (results/h200/decode-balanced/); shares of at
+# least BALANCED_MIN_KEYS keys, BALANCED_SHARES_PER_SM per SM; the lengths' vector at least MIN_BLOCK_B long.
 BALANCED_SPLIT = "ragged"
 BALANCED_SHARES_PER_SM = 2
 BALANCED_MIN_KEYS = splits.MIN_KEYS_PER_SPLIT
 MIN_BLOCK_B = 16
-# Fifth stop's switches, H200 A/B (results/h200/decode-floor5/): two CTA slots an SM for full caches (B=4 Hkv=2
-# D=64 276k: 63 -> 85 %; 59k and 131k +1-3 points; B=3 Hkv=2 55k -4); the others lost or did not move it.
+# Fifth stop's switches (results/h200/decode-floor5/): two CTA slots an SM on full caches (276k D=64 63 -> 85 %).
 SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 2, False, False, False
 # The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
 MIN_ARRIVAL_COUNTERS = 1024
@@ -688,9 +682,13 @@ def bind(
 
 
 def balanced_target_shares(problem: Problem, device: torch.device) -> int:
-    """The equal shares of one M tile's keys the balanced grid aims at: ``BALANCED_SHARES_PER_SM`` per SM
-    of ``device`` over the problem's M tiles. The shape and the device fix it, never the lengths."""
-    return max(1, -(-splits.sm_count(device) * BALANCED_SHARES_PER_SM // m_blocks_for(problem)))
+    """The balanced grid's shares per M tile: ``BALANCED_SHARES_PER_SM`` per SM over the M tiles, at most what
+    full sequences fill with ``BALANCED_MIN_KEYS``-key shares (more CTAs would only start and stop: 264 on a
+    300-key cache took 7 s a call under the interpreter). The shape and the device fix it, never the lengths."""
+    per_sm = triton.cdiv(splits.sm_count(device) * BALANCED_SHARES_PER_SM, m_blocks_for(problem))
+    block_n = tile_config(problem).block_n
+    shares_per_sequence = triton.cdiv(triton.cdiv(problem.seqlen_k, block_n), triton.cdiv(BALANCED_MIN_KEYS, block_n))
+    return max(1, min(per_sm, problem.batch * problem.kv_heads * shares_per_sequence))
 
 
 def bind_balanced(
