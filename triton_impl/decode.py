@@ -711,7 +711,7 @@ def bind_balanced(
     )
     out, lse, _, args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
     config = tile_config(problem)
-    sizes = (problem.batch, target, max(1, -(-BALANCED_MIN_KEYS // config.block_n)))
+    sizes = (problem.batch, target, triton.cdiv(BALANCED_MIN_KEYS, config.block_n))  # as balanced_target_shares
     options = {
         **feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
         "BLOCK_N": config.block_n, "PAGE_SIZE": problem.page_size, "SPLITS_PER_STEP": _merge_step(problem),
