@@ -27,9 +27,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench import require_gpu
 from bench.generate import GPU_MODEL, build_model
 
-EXIT_USAGE = 2
 OWN_CODE = ("common/", "triton_impl/", "cute_impl/")
 
 
@@ -87,11 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    require_gpu("bench.generate_syncs")
     import torch
 
-    if not torch.cuda.is_available():
-        print("bench.generate_syncs needs a CUDA GPU (none is visible)", file=sys.stderr)
-        return EXIT_USAGE
     from common.integrations.transformers import register_attention_implementations
 
     register_attention_implementations()
