@@ -196,6 +196,15 @@ def _captured_mask_pattern(mask: torch.Tensor, batch: int, seqlen_q: int, seqlen
     return causal, _mask_lengths(mask, batch)
 
 
+def _remember_verdict(mask: torch.Tensor, causal: bool, every_key: bool) -> tuple[bool, bool]:
+    """Keep ``mask``'s verdict for the next call with this tensor and, for a mask of per-sequence lengths,
+    its pattern for a CUDA-graph capture of the same shape (``_captured_mask_pattern``)."""
+    _LAST_MASK[:] = [weakref.ref(mask), mask._version, (causal, every_key)]
+    if not every_key:
+        _VERIFIED_PATTERNS[(tuple(mask.shape), mask.dtype, *mask.shape[-2:])] = causal
+    return causal, every_key
+
+
 def _cached_mask_pattern(mask: torch.Tensor, batch: int, seqlen_q: int, seqlen_k: int, name: str):
     """``(causal, cache_seqlens)`` of a mask, read (one synchronisation) once per mask tensor: the verdict
     kept is ``(causal, every length is Sk)``, never a tensor, so nothing of a call outlives it (a kept
@@ -206,10 +215,7 @@ def _cached_mask_pattern(mask: torch.Tensor, batch: int, seqlen_q: int, seqlen_k
     ref, version, verdict = _LAST_MASK
     if ref is None or ref() is not mask or version != mask._version:
         causal, lengths = mask_pattern(mask, batch, seqlen_q, seqlen_k, name)
-        verdict = (causal, lengths is None)
-        _LAST_MASK[:] = [weakref.ref(mask), mask._version, verdict]
-        if lengths is not None:
-            _VERIFIED_PATTERNS[tuple(mask.shape), mask.dtype, seqlen_q, seqlen_k] = causal
+        verdict = _remember_verdict(mask, causal, every_key=lengths is None)
     causal, every_key = verdict
     return causal, None if every_key else _mask_lengths(mask, batch)
 
@@ -345,8 +351,7 @@ def ladder_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
         # + i, i.e. bottom-right causal over the first kv_seen keys of every sequence. Known from the
         # arguments, so neither this function nor the attention reads the mask (reading an 8k prompt's at
         # B=8 took 3.5 ms on an H200: docs/perf-log.md, fifth stop).
-        _LAST_MASK[:] = [weakref.ref(mask), mask._version, (True, False)]
-        _VERIFIED_PATTERNS[(tuple(mask.shape), mask.dtype, *mask.shape[-2:])] = True
+        _remember_verdict(mask, causal=True, every_key=False)
         return mask
     if mask is None or mask.ndim != 4:
         return mask
