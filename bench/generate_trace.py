@@ -1,4 +1,4 @@
-"""Where a compiled ``generate()`` decode step spends the GPU's time: kernels per step, by name.
+"""Where a compiled ``generate()`` decode step and its prefill spend the GPU's time: kernels by name.
 
 With a StaticCache compiled in "reduce-overhead" mode a decode step is CUDA-graph replays, so the host's
 Python is no longer the step: what is left is the GPU's kernels and the gaps between them. This tool runs
@@ -8,11 +8,12 @@ implementation, warms the compiled step up (graphs captured), then records two `
 divided by ``steps``, is one decode step: its kernel count, its summed kernel time, and its kernels by
 name; beside them the step's wall time from CUDA events (the same difference). A step whose wall time
 exceeds its kernel time by much waits on the host; one whose kernels differ between implementations
-says which kernels cost what.
+says which kernels cost what. The prompt's prefill (one forward into a fresh cache, as ``bench.generate``
+times it) is recorded the same way, after a warm-up forward.
 
     python -m bench.generate_trace --prompt 8192 --batches 1,8 --impls sdpa,ladder:auto --out $OUT/trace
 
-Writes kernels.csv (impl, batch, kernel, calls per step, µs per step) and steps.csv (impl, batch, wall µs
+Writes kernels.csv (impl, batch, phase, kernel, calls and µs per step) and steps.csv (impl, batch, phase, wall µs
 per step, kernel µs per step, kernels per step, and the host's graph launches, kernel launches and attention
 operator calls per step: an operator replayed from a graph makes none) under ``--out`` and prints both,
 heaviest kernels first. Without a CUDA GPU it prints one line and exits 2.
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import require_gpu
-from bench.generate import GPU_MODEL, Case, build_model, generate_kwargs
+from bench.generate import GPU_MODEL, Case, build_model, generate_kwargs, prefill
 
 KERNEL_ROWS = 12  # kernels printed per (impl, batch); kernels.csv keeps every one
 # Host-side events counted per step: a graph replay is one cudaGraphLaunch; an attention operator that runs
@@ -72,8 +73,21 @@ def per_step(long: collections.Counter, short: collections.Counter, steps: int) 
     return {name: (long[name] - short[name]) / steps for name in long | short if long[name] != short[name]}
 
 
-def trace_case(model: Any, impl: str, case: Case, steps: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One (impl, batch): the step's totals and its kernels by name."""
+def summary(
+    label: dict[str, Any], wall: float, micros: dict[str, float], calls: dict[str, float], host: dict[str, float]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The steps.csv row (wall and kernel µs, kernel count, HOST_EVENTS) and the kernels.csv rows of one phase."""
+    head = {**label, "wall_us": wall, "kernel_us": sum(micros.values()), "kernels": sum(calls.values())}
+    head |= {name: host.get(name, 0.0) for name in HOST_EVENTS}
+    kernels = [
+        {**label, "kernel": name, "calls": calls.get(name, 0.0), "us": us}
+        for name, us in sorted(micros.items(), key=lambda item: -item[1])
+    ]
+    return head, kernels
+
+
+def trace_case(model: Any, impl: str, case: Case, steps: int) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """One (impl, batch): the summary of a decode step and of the prompt's prefill."""
     import torch
 
     ids = torch.randint(3, GPU_MODEL.vocab, (case.batch, case.prompt), device="cuda")
@@ -87,16 +101,17 @@ def trace_case(model: Any, impl: str, case: Case, steps: int) -> tuple[dict[str,
     wall = (wall_micros(generate(steps + 1)) - wall_micros(generate(1))) / steps
     long_us, long_calls, long_host = kernel_times(generate(steps + 1))
     short_us, short_calls, short_host = kernel_times(generate(1))
-    micros, calls = per_step(long_us, short_us, steps), per_step(long_calls, short_calls, steps)
-    host = per_step(long_host, short_host, steps)
-    head = {"impl": impl, "batch": case.batch, "wall_us": wall, "kernel_us": sum(micros.values())}
-    head["kernels"] = sum(calls.values())
-    head |= {name: host.get(name, 0.0) for name in HOST_EVENTS}
-    kernels = [
-        {"impl": impl, "batch": case.batch, "kernel": name, "calls": calls.get(name, 0.0), "us": us}
-        for name, us in sorted(micros.items(), key=lambda item: -item[1])
-    ]
-    return head, kernels
+    step = summary(
+        {"impl": impl, "batch": case.batch, "phase": "decode step"}, wall, per_step(long_us, short_us, steps),
+        per_step(long_calls, short_calls, steps), per_step(long_host, short_host, steps),
+    )  # fmt: skip
+
+    def prompt() -> Any:
+        return prefill(model, ids, case)
+
+    prompt()
+    wall = wall_micros(prompt)
+    return [step, summary({"impl": impl, "batch": case.batch, "phase": "prefill"}, wall, *kernel_times(prompt))]
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -130,14 +145,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for batch in (int(text) for text in args.batches.split(",")):
         case = Case(args.cache, batch, args.prompt, args.steps + 1)
         for impl in args.impls.split(","):
-            head, rows = trace_case(model, impl, case, args.steps)
-            steps.append(head)
-            kernels += rows
-            print(f"{impl:14s} B={batch:<2d} wall {head['wall_us']:8.1f} µs/step, kernels {head['kernel_us']:8.1f} µs"
-                  f" in {head['kernels']:.0f}; host calls per step: "
-                  + ", ".join(f"{name} {head[name]:.1f}" for name in HOST_EVENTS))  # fmt: skip
-            for row in rows[:KERNEL_ROWS]:
-                print(f"    {row['us']:8.1f} µs {row['calls']:5.1f}×  {row['kernel'][:110]}")
+            for head, rows in trace_case(model, impl, case, args.steps):
+                steps.append(head)
+                kernels += rows
+                print(f"{impl:14s} B={batch:<2d} {head['phase']:11s} wall {head['wall_us']:9.1f} µs, kernels "
+                      f"{head['kernel_us']:9.1f} µs in {head['kernels']:.0f}; host calls: "
+                      + ", ".join(f"{name} {head[name]:.1f}" for name in HOST_EVENTS))  # fmt: skip
+                for row in rows[:KERNEL_ROWS]:
+                    print(f"    {row['us']:9.1f} µs {row['calls']:5.1f}×  {row['kernel'][:110]}")
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "steps.csv", steps)
     write_csv(args.out / "kernels.csv", kernels)

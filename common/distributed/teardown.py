@@ -7,12 +7,24 @@ interpreter and aborts the process ("terminate called without an active exceptio
 with torch 2.11 on CPUs about once in twenty runs, the stack in ``ProcessGroupGloo::runLoop`` →
 ``~AsyncAllgatherWork``). A barrier first: while the caller waits in it (the GIL released), every
 rank's workers finish with the collectives before it.
+
+The barrier narrows the window without closing it: a gloo group has two worker threads, and the one that
+ran the last collective may still be in its C++ cleanup, short of the decref, when the barrier (run by
+the other) returns. It aborts because Python 3.12 ends a thread that asks for the GIL during finalisation
+with ``pthread_exit``, whose unwinding through the work's ``noexcept`` destructor is ``std::terminate``
+(the abort was still seen, once in about twenty runs of the two-process CPU test with torch 2.11). A
+command-line tool run by torchrun therefore leaves through :func:`exit_without_finalising`: its output is
+written, flushed and closed, and the process ends without the finalisation that a late worker thread
+would trip over.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 import torch.distributed as dist
 
@@ -30,3 +42,12 @@ def leaving_process_group(group: dist.ProcessGroup | None = None) -> Iterator[No
         dist.barrier(group=group)
     finally:
         dist.destroy_process_group()
+
+
+def exit_without_finalising(status: int) -> NoReturn:
+    """End a distributed tool's process with ``status`` after flushing stdout and stderr, skipping the
+    interpreter's finalisation (see the module docstring): for a ``__main__`` after its process group
+    is left, never for code that a caller imports and continues after."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

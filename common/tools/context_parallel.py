@@ -343,4 +343,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from common.distributed.teardown import exit_without_finalising
+
+    exit_without_finalising(main())
