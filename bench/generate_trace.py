@@ -128,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--impls", default="sdpa,ladder:auto", help="comma-separated attn_implementation names")
     parser.add_argument("--cache", default="static-compiled", choices=("dynamic", "static", "static-compiled"))
     parser.add_argument("--steps", type=int, default=16, help="decode steps traced (default 16)")
+    parser.add_argument(
+        "--torch-logs", default="",
+        help="comma-separated torch._logging.set_logs switches to turn on (e.g. recompiles,perf_hints,cudagraphs):"
+        " why a step is not a graph replay",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("runs/generate-trace"))
     return parser
 
@@ -139,6 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from common.integrations.transformers import register_attention_implementations
 
+    if args.torch_logs:
+        torch._logging.set_logs(**dict.fromkeys(args.torch_logs.split(","), True))
     register_attention_implementations()
     model = build_model(GPU_MODEL, torch.bfloat16, torch.device("cuda"))
     steps, kernels = [], []
