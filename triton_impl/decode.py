@@ -192,8 +192,10 @@ CTAS_PER_SM_FIT, DEEP_RING_STAGES = {64: 4, 128: 3, 256: 2}, {64: 6, 128: 5, 256
 SHORT_CACHE_CONFIGS = {128: TileConfig(32, 4, 3)}
 # Issue #38's packed rows (off by default; bench/decode_packed_ab.sh): more than MAX_BLOCK_M packed rows at
 # D <= 128 take one 128-row tile on 8 warps, so the group's keys are loaded once a CTA, not once per 64 rows.
+# Its 8 warps take 170-255 registers a thread (sm_90a): one CTA an SM, so D=64 keeps 4 blocks in flight, not 2.
 WIDE_M_TILE = False
-WIDE_CONFIGS = {64: TileConfig(64, 8, 3, max_block_m=128), 128: TileConfig(64, 8, 3, max_block_m=128)}
+WIDE_CONFIGS = {64: TileConfig(64, 8, 5, max_block_m=128), 128: TileConfig(64, 8, 3, max_block_m=128)}
+WIDE_CTAS_PER_SM = 1
 
 
 def tile_config(problem: Problem) -> TileConfig:
@@ -213,7 +215,9 @@ def num_stages_for(problem: Problem, deep: bool = False) -> int:
 
 def split_policy(problem: Problem) -> splits.SplitPolicy:
     """This rung's ask of the split rule, from its fifth-stop switches (default: the rule as it was)."""
-    return splits.SplitPolicy(min(SPLIT_CTAS_PER_SM, CTAS_PER_SM_FIT[problem.head_dim]), SHORT_CACHE_ONE_SPLIT)
+    wide = tile_config(problem) is WIDE_CONFIGS.get(problem.head_dim)
+    fit = WIDE_CTAS_PER_SM if wide else CTAS_PER_SM_FIT[problem.head_dim]
+    return splits.SplitPolicy(min(SPLIT_CTAS_PER_SM, fit), SHORT_CACHE_ONE_SPLIT)
 
 
 # ----------------------------------------------------------------------------------------------
