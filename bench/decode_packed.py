@@ -28,9 +28,9 @@ import csv
 import importlib
 import math
 import random
-import statistics
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 from bench import require_gpu
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     require_gpu("bench.decode_packed")
     import torch
 
-    from bench.decode_floor import measure, prepared
+    from bench.decode_floor import alternating_rounds, summary
     from common.contract.registry import discover, per_call_inputs
     from common.measure.decode_sweep import roofline_us, too_large
     from common.measure.peaks import measure_bf16_sustained_tflops, measure_read_gbps
@@ -130,25 +130,19 @@ def main(argv: list[str] | None = None) -> int:
             extra = per_call_inputs(case.problem, workload.cache_seqlens, workload.block_table)
             for impl in impls:
                 settings = settings_to_time(impl.name, case.problem)
-                results: dict[str, list[tuple]] = {setting: [] for setting in settings}
-                for round_index in range(args.rounds):
-                    for setting in settings:
-                        with applied(setting, impl.name):
-                            if round_index == 0 and (failed := prepared(impl, workload, case.problem, extra)):
-                                results[setting].append(failed)
-                                continue
-                            results[setting].append(measure(impl, case, workload, options))
+                results = alternating_rounds(
+                    impl, case, (workload, extra), settings, args.rounds, options,
+                    apply=partial(applied, impl_name=impl.name),
+                )  # fmt: skip
                 for setting, measured in results.items():
                     with applied(setting, impl.name):
                         rows_cta = rows_per_cta(impl.name, case.problem)
-                    status = next((m[0] for m in measured if m[0] != "ok"), "ok")
-                    us = statistics.mean(m[1] for m in measured)
+                    status, us, rel_l2_err, reason = summary(measured)
                     record = {
                         "label": label, "impl": impl.name, "shape": case.describe(), "setting": setting,
                         "rows_per_cta": rows_cta, "status": status, "us": us,
                         "pct_read_bw": 100 * case.kv_bytes_read / (us * 1e3) / read_gbps,
-                        "pct_roofline": 100 * roofline / us, "rel_l2_err": max(m[2] for m in measured),
-                        "reason": "; ".join({m[4] for m in measured} - {""}),
+                        "pct_roofline": 100 * roofline / us, "rel_l2_err": rel_l2_err, "reason": reason,
                     }  # fmt: skip
                     rows.append(record)
                     writer.writerow(record)
