@@ -6,7 +6,8 @@ of the others); triton/decode with it on against fp64 under the interpreter, con
 planted wide plan whose grid still counts 64-row tiles fails the check. Static: both rungs' wide kernels
 compile for sm_90a without spills, in the shared memory a CTA may take (gluon's D=128 ring and 128-row Q
 tile: 224 KB). GPU (``gpu`` marker; ``bench/decode_packed_ab.sh``): both rungs with it on against fp64 on
-a poisoned output, on the worst row's kind (group 16 × Sq 8, D=64, paged, ragged) and 256 rows at D=128.
+a poisoned output, on the worst row's kind (group 16 × Sq 8, D=64, paged, ragged) and 256 rows at D=128
+(two wide tiles, split and merged). Also ``bench/decode_packed.py``'s shapes, settings and table (CPU).
 """
 
 from __future__ import annotations
