@@ -10,8 +10,10 @@ every query head of a GQA group reads the same K/V bytes again. This rung remove
     tile to finish merges them all: lse = log Σₛ exp(lseₛ), O = Σₛ exp(lseₛ - lse) · Oₛ.
   * GQA packing: the ``group = H / Hkv`` query heads of one KV head share a CTA. Their rows are
     stacked into one M tile, row r = (head in group) · Sq + query token, padded to at least 16 rows
-    for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``), so each K/V byte is read from
-    HBM once per KV head, not once per query head.
+    for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``; ``WIDE_M_TILE``: one 128-row tile
+    on 8 warps at D <= 128), so each K/V byte is read from HBM once per KV head, not once per query head.
+    Many packed rows make a step compute-heavy: a key's 4 · D bytes feed 4 · D · rows FLOPs, rows FLOPs a
+    byte, so 128 rows at 4.4 TB/s ask 564 TFLOP/s of the tensor cores (``decode_sweep.roofline_us``).
   * Paged KV cache (``block_table``, vLLM's and FlashInfer's layout): K and V live in pools of pages
     (num_pages, page_size, Hkv, D) shared by every sequence, and sequence b's key j is in page
     ``block_table[b, j // page_size]``, slot ``j % page_size``, so a serving engine grows a sequence

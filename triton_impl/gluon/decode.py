@@ -57,7 +57,10 @@ Why these choices:
   * One warpgroup, no warp specialisation: gluon/hopper's load warp exists so that copies never wait
     for a busy consumer; here the consumer waits for memory. The warpgroup issues its own copies, and
     a slot's reuse is ordered by program order plus one barrier over its warps, so the ring needs
-    ready barriers only (no empty barriers, no register budgets per partition).
+    ready barriers only (no empty barriers, no register budgets per partition). ``WIDE_M_TILE`` (off):
+    more than 64 packed rows take two warpgroups on one ring (8 warps, 128 rows), each its own wgmmas,
+    so the group's keys are copied once a CTA rather than once per 64 rows, and one's softmax can run
+    under the other's wgmmas.
   * The ring depth: at least ``NUM_STAGES - 1`` blocks stay in flight while the warpgroup computes
     (128 KB at D=128: 3 stages of 64 KB), well above what keeps an SM's share of HBM busy (bandwidth ×
     latency, about 36 KB per SM at 4.8 TB/s and 1 µs). The ring takes most of the shared memory, so
