@@ -738,7 +738,7 @@ def exit_status(run: Run) -> int:
 # ----------------------------------------------------------------------------------------------
 DECODE_COLUMNS = (
     "impl", "case", "batch", "heads", "kv_heads", "seqlen_k", "lengths", "status", "us", "gbps", "pct_read_bw",
-    "rel_l2_err", "sdpa_rel_l2_err", "reason",
+    "pct_roofline", "rel_l2_err", "sdpa_rel_l2_err", "reason",
 )  # fmt: skip
 
 
@@ -756,31 +756,42 @@ def decode_cases_for(args: argparse.Namespace) -> list:
     )
 
 
-def decode_record(row, case, read_gbps: float | None) -> dict:
-    """A decode.csv record: the time in µs, K+V bytes read per second and their share of the read peak."""
+def decode_record(row, case, read_gbps: float | None, gemm_tflops: float | None = None) -> dict:
+    """A decode.csv record: the time in µs, K+V bytes read per second and their share of the read peak,
+    and the share of the roofline (``decode_sweep.roofline_us``: the bytes at ``read_gbps`` or the FLOPs
+    at ``gemm_tflops``, the sustained bf16 GEMM rate, whichever takes longer)."""
+    from common.measure.decode_sweep import roofline_us
+
     measured = row.status in ("ok", "wrong")
     gbps = case.kv_bytes_read / (row.ms * 1e-3) / 1e9 if measured else float("nan")
+    us = row.ms * 1e3 if measured else float("nan")
     problem = case.problem
     return {
         "impl": row.impl, "case": case.describe(), "batch": problem.batch, "heads": problem.heads,
         "kv_heads": problem.kv_heads, "seqlen_k": problem.seqlen_k,
         "lengths": " ".join(map(str, case.lengths)) if case.lengths else "", "status": row.status,
-        "us": row.ms * 1e3 if measured else float("nan"), "gbps": gbps,
-        "pct_read_bw": 100 * gbps / read_gbps if read_gbps else float("nan"),
+        "us": us, "gbps": gbps, "pct_read_bw": 100 * gbps / read_gbps if read_gbps else float("nan"),
+        "pct_roofline": 100 * roofline_us(case, read_gbps, gemm_tflops) / us,
         "rel_l2_err": row.rel_l2_err, "sdpa_rel_l2_err": row.sdpa_rel_l2_err, "reason": row.reason,
     }  # fmt: skip
 
 
 def lowest_bandwidth_line(records: list[dict]) -> str:
     """Each implementation's lowest share of the read bandwidth over the cases it ran (the issue #38
-    yardstick: a decode rung is as good as its worst shape), and the case where it fell that low."""
+    yardstick: a decode rung is as good as its worst shape), and the case where it fell that low (with its
+    share of the roofline where that differs)."""
+    from common.reporting.decode_table import bandwidth_share
+
     worst: dict[str, dict] = {}
     for record in records:
         if record["status"] == "ok" and math.isfinite(record["pct_read_bw"]):
             held = worst.get(record["impl"])
             if held is None or record["pct_read_bw"] < held["pct_read_bw"]:
                 worst[record["impl"]] = record
-    parts = [f"{impl} {record['pct_read_bw']:.0f} % ({record['case']})" for impl, record in worst.items()]
+    parts = [
+        f"{impl} {bandwidth_share(record['pct_read_bw'], record.get('pct_roofline', math.nan))} ({record['case']})"
+        for impl, record in worst.items()
+    ]
     return "lowest % of read bandwidth: " + ("; ".join(parts) if parts else "no row ran")
 
 
@@ -850,11 +861,14 @@ def run_decode(args: argparse.Namespace) -> int:
                     row = blank_row(impl.name, impl.stack, impl.rung, case.problem, "skipped", reason)
                 else:
                     row = measure(impl, workload, device, options, peaks)
-                record = decode_record(row, case, read_gbps)
+                record = decode_record(row, case, read_gbps, peaks.bf16_sustained_tflops)
                 records.append(record)
                 writer.writerow(record)
                 handle.flush()
-                speed = f"{record['us']:9.1f} us {record['gbps']:7.0f} GB/s {record['pct_read_bw']:4.0f}%"
+                speed = (
+                    f"{record['us']:9.1f} us {record['gbps']:7.0f} GB/s {record['pct_read_bw']:4.0f}% "
+                    f"{record['pct_roofline']:4.0f}% roof"
+                )
                 # The row's wall time (compile, checks and timing): what the sweep's length is made of.
                 took = f"[{time.perf_counter() - started:5.1f} s]"
                 console.print(
@@ -862,12 +876,17 @@ def run_decode(args: argparse.Namespace) -> int:
                 )
             del workload
             torch.cuda.empty_cache()
-    table = Table(title=f"Decode: µs, GB/s of K+V read, % of {_number(read_gbps or float('nan'), '.0f')} GB/s read")
-    for column in ("impl", "case", "status", "µs", "GB/s", "% read BW", "rel L2 err"):
+    read = _number(read_gbps or float("nan"), ".0f")
+    gemm = _number(peaks.bf16_sustained_tflops or float("nan"), ".0f")
+    table = Table(
+        title=f"Decode: µs, GB/s of K+V read, % of {read} GB/s read, % of the roofline (also {gemm} TFLOP/s bf16)"
+    )
+    for column in ("impl", "case", "status", "µs", "GB/s", "% read BW", "% roofline", "rel L2 err"):
         table.add_column(column, no_wrap=column != "case")
     table.add_column("reason", overflow="fold", ratio=1)
     for record in records:
-        cells = [_number(record[key], spec) for key, spec in (("us", ".1f"), ("gbps", ".0f"), ("pct_read_bw", ".0f"))]
+        shown = (("us", ".1f"), ("gbps", ".0f"), ("pct_read_bw", ".0f"), ("pct_roofline", ".0f"))
+        cells = [_number(record[key], spec) for key, spec in shown]
         status = f"[{_status_colour(record['status'])}]{record['status']}[/]"
         table.add_row(
             record["impl"], record["case"], status, *cells, _number(record["rel_l2_err"], ".2e"), record["reason"]

@@ -59,7 +59,8 @@ import fnmatch
 import importlib
 import statistics
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 from bench import require_gpu
@@ -261,6 +262,39 @@ def measure(impl, case, workload, options, num_splits: int | None = None) -> tup
     return ("ok" if ok else "wrong"), timing.ms * 1e3, err.rel_l2_err, getattr(run, "num_splits", 0), reason
 
 
+def model_splits(setting: str, shape_index: int, impl_name: str) -> int | None:
+    """The split count ``setting`` forces: the model's best for ``after+splits``, else None (the rule)."""
+    return MODEL_SPLITS[shape_index, impl_name] if setting == "after+splits" else None
+
+
+def alternating_rounds(
+    impl, case, prepared_inputs: tuple, settings: list[str], rounds: int, options,
+    apply: Callable[[str], contextlib.AbstractContextManager],
+    forced_splits: Callable[[str], int | None] = lambda _: None,
+) -> dict[str, list[tuple[str, float, float, int, str]]]:  # fmt: skip
+    """setting -> one :func:`measure` a round: each of ``settings`` under ``apply(setting)`` (its constants),
+    prepared in the first round (a failed prepare is that round's row), then checked and timed at
+    ``forced_splits(setting)`` (None: the rule), the settings alternating round by round so that drift hits
+    all alike. ``prepared_inputs``: the workload and its per-call inputs (``per_call_inputs``)."""
+    workload, extra = prepared_inputs
+    results: dict[str, list[tuple[str, float, float, int, str]]] = {setting: [] for setting in settings}
+    for round_index in range(rounds):
+        for setting in settings:
+            with apply(setting):
+                if round_index == 0 and (failed := prepared(impl, workload, case.problem, extra)):
+                    results[setting].append(failed)
+                    continue
+                results[setting].append(measure(impl, case, workload, options, forced_splits(setting)))
+    return results
+
+
+def summary(measured: list[tuple[str, float, float, int, str]]) -> tuple[str, float, float, str]:
+    """(status, mean µs, worst rel. L2 error, reasons) of one setting's rounds: a round not ok names the status."""
+    status = next((m[0] for m in measured if m[0] != "ok"), "ok")
+    reasons = "; ".join({m[4] for m in measured} - {""})
+    return status, statistics.mean(m[1] for m in measured), max(m[2] for m in measured), reasons
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/decode-floor"), help="output folder")
@@ -324,22 +358,17 @@ def main(argv: list[str] | None = None) -> int:
                 if chosen_fifth and not set(settings) & set(FIFTH_SETTINGS):
                     print(f"{impl.name:14s} {case.describe()}: no fifth-stop setting changes its plan", flush=True)
                     continue
-                results: dict[str, list[tuple]] = {setting: [] for setting in settings}
-                for round_index in range(args.rounds):
-                    for setting in settings:
-                        with applied(setting, impl.name, head_dim):
-                            if round_index == 0 and (failed := prepared(impl, workload, case.problem, extra)):
-                                results[setting].append(failed)
-                                continue
-                            forced = MODEL_SPLITS[index, impl.name] if setting == "after+splits" else None
-                            results[setting].append(measure(impl, case, workload, options, forced))
+                results = alternating_rounds(
+                    impl, case, (workload, extra), settings, args.rounds, options,
+                    apply=partial(applied, impl_name=impl.name, head_dim=head_dim),
+                    forced_splits=partial(model_splits, shape_index=index, impl_name=impl.name),
+                )  # fmt: skip
                 for setting, measured in results.items():
-                    status = next((m[0] for m in measured if m[0] != "ok"), "ok")
-                    us = statistics.mean(m[1] for m in measured)
+                    status, us, rel_l2_err, reason = summary(measured)
                     record = {
                         "impl": impl.name, "shape": case.describe(), "setting": setting, "num_splits": measured[0][3],
                         "status": status, "us": us, "pct_read_bw": 100 * case.kv_bytes_read / (us * 1e3) / read_gbps,
-                        "rel_l2_err": max(m[2] for m in measured), "reason": "; ".join({m[4] for m in measured} - {""}),
+                        "rel_l2_err": rel_l2_err, "reason": reason,
                     }  # fmt: skip
                     rows.append(record)
                     writer.writerow(record)

@@ -5,8 +5,10 @@ cache) this times every decode rung whose ``bind`` takes a forced ``num_splits``
 splits and at the count its rule chooses. Each variant is first checked against the fp64 reference
 (poisoned output, the rung's own rule); times are medians of CUDA-event timings with the L2 flushed
 (``common.measure.timing.time_cuda``), reported in µs, GB/s of K and V read and % of the HBM read
-bandwidth measured in the same run. Writes ``decode_splits.csv`` and ``decode_splits.md`` (a table per
-rung: a row per shape, a column per split count, the fastest in bold) under ``--out``.
+bandwidth measured in the same run, and % of the roofline (``decode_sweep.roofline_us``: the bytes at
+that bandwidth or the FLOPs at the sustained bf16 GEMM rate, whichever takes longer). Writes
+``decode_splits.csv`` and ``decode_splits.md`` (a table per rung: a row per shape, a column per split
+count, the fastest in bold) under ``--out``.
 
     python -m bench.decode_splits --out runs/decode-splits        # from the project root, on a GPU
 """
@@ -26,7 +28,9 @@ from bench import require_gpu
 
 SPLIT_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 CHOSEN = "chosen"
-COLUMNS = ("impl", "shape", "splits", "num_splits", "status", "us", "gbps", "pct_read_bw", "rel_l2_err", "reason")
+COLUMNS = ("impl", "shape", "splits", "num_splits", "status", "us", "gbps", "pct_read_bw", "pct_roofline", "rel_l2_err",
+    "reason",
+)  # fmt: skip
 
 
 @dataclass
@@ -41,6 +45,7 @@ class SplitRow:
     us: float = math.nan
     gbps: float = math.nan
     pct_read_bw: float = math.nan
+    pct_roofline: float = math.nan
     rel_l2_err: float = math.nan
     reason: str = ""
 
@@ -73,13 +78,16 @@ def split_implementations(implementations: list) -> list:
     ]
 
 
-def measure_splits(impl, case, workload, splits: int | None, read_gbps: float | None, options) -> SplitRow:
+def measure_splits(
+    impl, case, workload, splits: int | None, read_gbps: float | None, options, gemm_tflops: float | None = None
+) -> SplitRow:
     """Check ``impl`` at ``splits`` (None: its rule) against fp64, then time it; never raises."""
     import torch
 
     from common.contract.check import judge_output, run_poisoned
     from common.contract.metrics import error_stats
     from common.contract.registry import per_call_inputs
+    from common.measure.decode_sweep import roofline_us
     from common.measure.timing import time_cuda
 
     label = CHOSEN if splits is None else str(splits)
@@ -106,10 +114,13 @@ def measure_splits(impl, case, workload, splits: int | None, read_gbps: float | 
     row.us = timing.ms * 1e3
     row.gbps = case.kv_bytes_read / (timing.ms * 1e-3) / 1e9
     row.pct_read_bw = 100 * row.gbps / read_gbps if read_gbps else math.nan
+    row.pct_roofline = 100 * roofline_us(case, read_gbps, gemm_tflops) / row.us
     return row
 
 
-def sweep_case(impl, case, workload, skip: str, read_gbps: float | None, options, device) -> list[SplitRow]:
+def sweep_case(
+    impl, case, workload, skip: str, read_gbps: float | None, options, device, gemm_tflops: float | None = None
+) -> list[SplitRow]:
     """Every split count of one rung on one shape: skipped rows with the reason when the shape does not
     fit the GPU or the rung refuses it, else prepared once (validation, compile) and measured per count."""
     from common.contract.registry import per_call_inputs
@@ -134,7 +145,7 @@ def sweep_case(impl, case, workload, skip: str, read_gbps: float | None, options
         )
     except Exception as error:  # noqa: BLE001 - a rung that cannot prepare is a row, the sweep goes on
         return every_count("failed", f"prepare: {type(error).__name__}: {error}")
-    return [measure_splits(impl, case, workload, splits, read_gbps, options) for splits in counts]
+    return [measure_splits(impl, case, workload, splits, read_gbps, options, gemm_tflops) for splits in counts]
 
 
 def _cell(row: SplitRow | None, fastest: bool) -> str:
@@ -142,13 +153,17 @@ def _cell(row: SplitRow | None, fastest: bool) -> str:
         return "—"
     if row.status != "ok":
         return row.status
-    text = f"{row.us:.1f} ({row.pct_read_bw:.0f} %)" if math.isfinite(row.pct_read_bw) else f"{row.us:.1f}"
+    from common.reporting.decode_table import bandwidth_share
+
+    share = bandwidth_share(row.pct_read_bw, row.pct_roofline)
+    text = f"{row.us:.1f} ({share})" if math.isfinite(row.pct_read_bw) else f"{row.us:.1f}"
     return f"**{text}**" if fastest else text
 
 
 def markdown(rows: list[SplitRow], read_gbps: float | None, gpu: str) -> str:
-    """A table per rung: a row per shape, µs (% of read bandwidth) per split count, the fastest in bold,
-    the rule's choice last with its count, and how far it is from the fastest."""
+    """A table per rung: a row per shape, µs (% of read bandwidth; % of the roofline where the FLOPs, not
+    the bytes, set it) per split count, the fastest in bold, the rule's choice last with its count, and
+    how far it is from the fastest."""
     counts = list(dict.fromkeys(row.splits for row in rows if row.splits != CHOSEN))
     read = f"{read_gbps:.0f} GB/s" if read_gbps else "not measured"
     lines = [
@@ -189,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from common.contract.registry import discover
     from common.measure.decode_sweep import too_large
-    from common.measure.peaks import measure_read_gbps
+    from common.measure.peaks import measure_bf16_sustained_tflops, measure_read_gbps
     from common.measure.runner import TimingOptions, make_workload
 
     device = torch.device("cuda")
@@ -199,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.decode_splits: no decode rung with a num_splits keyword matches {args.only!r}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    read_gbps = measure_read_gbps(device)
+    read_gbps, gemm_tflops = measure_read_gbps(device), measure_bf16_sustained_tflops(device)
     options = TimingOptions(args.warmup, args.rep)
     rows: list[SplitRow] = []
     with (args.out / "decode_splits.csv").open("w", newline="") as handle:
@@ -209,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             skip = too_large(case, device)
             workload = None if skip else make_workload(case.problem, "cuda", case.cache_seqlens(device))
             for impl in impls:
-                for row in sweep_case(impl, case, workload, skip, read_gbps, options, device):
+                for row in sweep_case(impl, case, workload, skip, read_gbps, options, device, gemm_tflops):
                     rows.append(row)
                     writer.writerow(asdict(row))
                     handle.flush()

@@ -6,6 +6,7 @@ import argparse
 import csv
 import io
 import json
+import math
 import os
 import subprocess
 import sys
@@ -370,6 +371,82 @@ def test_decode_record_reports_kv_bytes_per_second_and_share_of_read_bandwidth()
     record = compare.decode_record(row, case, read_gbps=case.kv_bytes_read / 0.02e-3 / 1e9)
     assert record["us"] == pytest.approx(10.0) and record["pct_read_bw"] == pytest.approx(200.0)
     assert record["gbps"] == pytest.approx(case.kv_bytes_read / 1e-5 / 1e9)
+
+
+def _kept_scores(case) -> int:
+    """Scores the bottom-right causal mask keeps, counted on an explicit (Sq, Sk) mask per sequence."""
+    p = case.problem
+    lengths = case.lengths or (p.seqlen_k,) * p.batch
+    token, key = torch.arange(p.seqlen_q)[:, None], torch.arange(p.seqlen_k)[None, :]
+    kept = sum(int(((key < n) & (key <= token + n - p.seqlen_q)).sum()) for n in lengths)
+    return p.heads * kept
+
+
+# Issue #38's worst row (seed 31's seventh shape: B=32 Hkv=32 group 16 Sq=8 D=64, paged, ragged) and a
+# memory-bound one (B=32 Hkv=16 group 2 Sq=1 D=64), with that run's ceilings (4410 GB/s, 677 TFLOP/s).
+READ_GBPS, GEMM_TFLOPS = 4410.0, 677.0
+
+
+def test_decode_flops_count_each_kept_score_of_each_sequence_at_four_times_d():
+    """The roofline's FLOPs are Q Kᵀ and P V on the scores the mask keeps at each sequence's own length;
+    the padded cache's count, or one without the causal triangle, is caught (planted)."""
+    from common.measure.decode_sweep import DecodeCase, random_cases
+
+    cases = random_cases(8, 31)
+    for case in cases:
+        assert case.flops == 4 * case.problem.head_dim * _kept_scores(case), case.describe()
+    packed = cases[6]
+    assert packed.problem.kv_group * packed.problem.seqlen_q == 128 and packed.problem.head_dim == 64
+    # Each K/V byte feeds about group · Sq FLOPs (4 · D · rows a key against 4 · D bytes): 128 less the triangle.
+    assert 127 < packed.flops / packed.kv_bytes_read < 128
+    padded = DecodeCase(packed.problem)
+    assert padded.flops != 4 * 64 * _kept_scores(packed)
+    no_triangle = 4 * 64 * packed.problem.heads * packed.problem.seqlen_q * sum(packed.lengths)
+    assert no_triangle != 4 * 64 * _kept_scores(packed)
+
+
+def test_roofline_is_the_longer_of_the_bytes_at_the_read_bandwidth_and_the_flops_at_the_gemm_rate():
+    from common.measure.decode_sweep import random_cases, roofline_us
+
+    cases = random_cases(8, 31)
+    packed, narrow = cases[6], cases[5]
+    bytes_us = {case: case.kv_bytes_read / READ_GBPS / 1e3 for case in (packed, narrow)}
+    flops_us = {case: case.flops / GEMM_TFLOPS / 1e6 for case in (packed, narrow)}
+    # 128 rows at D=64: the FLOPs take 83 % of the bytes' time (54.1 µs vs 44.9), still memory-bound ...
+    assert roofline_us(packed, READ_GBPS, GEMM_TFLOPS) == pytest.approx(bytes_us[packed]) == pytest.approx(54.1, 0.01)
+    assert flops_us[packed] == pytest.approx(44.9, 0.01)
+    # ... and at the GEMM rate of a GPU with half the tensor cores, compute-bound.
+    assert roofline_us(packed, READ_GBPS, GEMM_TFLOPS / 2) == pytest.approx(2 * flops_us[packed])
+    assert roofline_us(narrow, READ_GBPS, GEMM_TFLOPS) == pytest.approx(bytes_us[narrow])
+    # Planted: the sum of the two (no overlap) or the shorter one is not the roofline.
+    for wrong in (bytes_us[packed] + flops_us[packed], flops_us[packed]):
+        assert roofline_us(packed, READ_GBPS, GEMM_TFLOPS) != pytest.approx(wrong)
+    # A ceiling not measured gives NaN, never a number.
+    assert math.isnan(roofline_us(packed, None, GEMM_TFLOPS)) and math.isnan(roofline_us(packed, READ_GBPS, None))
+
+
+def test_decode_record_divides_the_roofline_by_the_time_and_shows_it_where_it_is_not_the_bandwidth():
+    from common.measure.decode_sweep import random_cases
+    from common.reporting.decode_table import bandwidth_share
+
+    packed = random_cases(8, 31)[6]
+    row = blank_row("gluon/decode", "gluon", "decode", packed.problem, "ok", "")
+    row.ms = 0.1233
+    record = compare.decode_record(row, packed, READ_GBPS, GEMM_TFLOPS)
+    assert record["pct_read_bw"] == pytest.approx(43.9, abs=0.1)
+    assert record["pct_roofline"] == pytest.approx(record["pct_read_bw"])
+    # On a GPU with half the tensor cores the FLOPs set the least time (89.8 µs, not the bytes' 54.1).
+    slow = compare.decode_record(row, packed, READ_GBPS, GEMM_TFLOPS / 2)
+    assert slow["pct_roofline"] == pytest.approx(2 * 44.9 / 123.3 * 100, 0.01)
+    assert bandwidth_share(slow["pct_read_bw"], slow["pct_roofline"]) == "44 %; 73 % roofline"
+    assert bandwidth_share(record["pct_read_bw"], record["pct_roofline"]) == "44 %"
+    # No GEMM ceiling: NaN, and the cell shows the bandwidth alone.
+    missing = compare.decode_record(row, packed, READ_GBPS)
+    assert math.isnan(missing["pct_roofline"]) and bandwidth_share(44.0, missing["pct_roofline"]) == "44 %"
+    rows = [record | {"impl": "a", "case": "packed"}, slow | {"impl": "b", "case": "packed"}]
+    assert compare.lowest_bandwidth_line(rows) == (
+        "lowest % of read bandwidth: a 44 % (packed); b 44 %; 73 % roofline (packed)"
+    )
 
 
 def test_decode_outputs_are_the_plot_and_a_report_with_the_read_bandwidth_beside_the_gemm_peaks(tmp_path: Path):

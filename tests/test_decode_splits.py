@@ -51,3 +51,12 @@ def test_table_marks_the_fastest_count_and_compares_the_rules_choice_with_it() -
     assert "| shape | 1 split | 16 splits | 64 splits | rule's choice | choice / fastest |" in table
     # The wrong count is not a candidate for fastest: it shows its status, not a time.
     assert f"| {shape} | 900.0 (20 %) | **190.0 (91 %)** | wrong | 8: 209.0 (83 %) | 1.10 |" in table
+
+
+def test_table_adds_the_share_of_the_roofline_where_the_flops_set_it() -> None:
+    shape = "B=32 H=512 Hkv=32 Sq=16 Sk=4352 D=64 bf16 causal(bottom_right)"
+    rows = [
+        SplitRow("gluon/decode", shape, "1", 1, "ok", us=200.0, pct_read_bw=30.0, pct_roofline=50.0),
+        SplitRow("gluon/decode", shape, CHOSEN, 1, "ok", us=200.0, pct_read_bw=30.0, pct_roofline=30.0),
+    ]
+    assert f"| {shape} | **200.0 (30 %; 50 % roofline)** | 1: 200.0 (30 %) | 1.00 |" in markdown(rows, 4410.0, "H200")

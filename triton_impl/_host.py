@@ -245,3 +245,32 @@ def pointer_signature(dtype: torch.dtype) -> dict[str, str]:
         **{name: "i32" for name in POINTER_STRIDES},
         **SIZE_SIGNATURE,
     }
+
+
+# ----------------------------------------------------------------------------------------------
+# Decode (triton/decode and gluon/decode): the paged cache's strides and table, the split workspace
+# ----------------------------------------------------------------------------------------------
+def kv_row_strides(t: torch.Tensor, paged: bool) -> tuple[int, int, int]:
+    """The (batch, head, row) strides the split kernel takes for K or V: those of a (B, Hkv, Sk, D)
+    cache, or for a page pool (num_pages, page_size, Hkv, D) its (page, head, slot) strides, the page
+    stride standing where the batch stride does."""
+    return (t.stride(0), t.stride(2), t.stride(1)) if paged else t.stride()[:3]
+
+
+def paging_arguments(block_table: torch.Tensor | None) -> tuple[torch.Tensor | None, int | None]:
+    """``BlockTable, stride_btb`` of the split kernel: the table (its entries of a row made adjacent)
+    and its row stride; ``(None, None)`` for a contiguous cache, which Triton specialises away as
+    constexprs, so that build has exactly the parameters and code it had before paging."""
+    if block_table is None:
+        return None, None
+    table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
+    return table, table.stride(0)
+
+
+def split_workspace(problem: Problem, num_splits: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The splits' fp32 partial O (num_splits, B, H, Sq, D) and LSE (num_splits, B, H, Sq); one split
+    writes O and the LSE directly and needs none (one-element placeholders). Shared with gluon/decode."""
+    partial_shape = (num_splits, problem.batch, problem.heads, problem.seqlen_q)
+    partial_shapes = ((*partial_shape, problem.head_dim), partial_shape) if num_splits > 1 else ((1,), (1,))
+    out_partial, lse_partial = (torch.empty(shape, dtype=torch.float32, device=device) for shape in partial_shapes)
+    return out_partial, lse_partial

@@ -10,8 +10,10 @@ every query head of a GQA group reads the same K/V bytes again. This rung remove
     tile to finish merges them all: lse = log Σₛ exp(lseₛ), O = Σₛ exp(lseₛ - lse) · Oₛ.
   * GQA packing: the ``group = H / Hkv`` query heads of one KV head share a CTA. Their rows are
     stacked into one M tile, row r = (head in group) · Sq + query token, padded to at least 16 rows
-    for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``), so each K/V byte is read from
-    HBM once per KV head, not once per query head.
+    for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``; ``WIDE_M_TILE``: one 128-row tile
+    on 8 warps at D <= 128), so each K/V byte is read from HBM once per KV head, not once per query head.
+    Many packed rows make a step compute-heavy: a key's 4 · D bytes feed 4 · D · rows FLOPs, rows FLOPs a
+    byte, so 128 rows at 4.4 TB/s ask 564 TFLOP/s of the tensor cores (``decode_sweep.roofline_us``).
   * Paged KV cache (``block_table``, vLLM's and FlashInfer's layout): K and V live in pools of pages
     (num_pages, page_size, Hkv, D) shared by every sequence, and sequence b's key j is in page
     ``block_table[b, j // page_size]``, slot ``j % page_size``, so a serving engine grows a sequence
@@ -125,9 +127,12 @@ from triton_impl._host import (
     allocate_lse,
     feature_buffers,
     feature_constexprs,
+    kv_row_strides,
+    paging_arguments,
     pointer_signature,
     rung_result,
     size_arguments,
+    split_workspace,
 )
 
 # Query tokens per step this rung takes; more is prefill.
@@ -187,10 +192,19 @@ PAGED_EXTRA_STAGES = 2
 # Split-kernel CTAs an SM holds; DEEP_RING's depths; SHORT_CACHE_TILE's (D=128: 37 KB, 96 registers: 5 an SM).
 CTAS_PER_SM_FIT, DEEP_RING_STAGES = {64: 4, 128: 3, 256: 2}, {64: 6, 128: 5, 256: 5}
 SHORT_CACHE_CONFIGS = {128: TileConfig(32, 4, 3)}
+# Issue #38's packed rows (off by default; bench/decode_packed_ab.sh): more than MAX_BLOCK_M packed rows at
+# D <= 128 take one 128-row tile on 8 warps, so the group's keys are loaded once a CTA, not once per 64 rows.
+# Its 8 warps take 170-255 registers a thread (sm_90a): one CTA an SM, so D=64 keeps 4 blocks in flight, not 2.
+WIDE_M_TILE = False
+WIDE_CONFIGS = {64: TileConfig(64, 8, 5, max_block_m=128), 128: TileConfig(64, 8, 3, max_block_m=128)}
+WIDE_CTAS_PER_SM = 1
 
 
 def tile_config(problem: Problem) -> TileConfig:
-    """``problem``'s tile: SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
+    """``problem``'s tile: WIDE_CONFIGS' for many packed rows under WIDE_M_TILE, SHORT_CACHE_CONFIGS' for a short
+    cache under SHORT_CACHE_TILE, else the default."""
+    if WIDE_M_TILE and problem.kv_group * problem.seqlen_q > MAX_BLOCK_M and problem.head_dim in WIDE_CONFIGS:
+        return WIDE_CONFIGS[problem.head_dim]
     configs = SHORT_CACHE_CONFIGS if SHORT_CACHE_TILE and problem.seqlen_k <= splits.SHORT_CACHE_KEYS else {}
     return configs.get(problem.head_dim, DEFAULT_CONFIGS[problem.head_dim])
 
@@ -203,7 +217,9 @@ def num_stages_for(problem: Problem, deep: bool = False) -> int:
 
 def split_policy(problem: Problem) -> splits.SplitPolicy:
     """This rung's ask of the split rule, from its fifth-stop switches (default: the rule as it was)."""
-    return splits.SplitPolicy(min(SPLIT_CTAS_PER_SM, CTAS_PER_SM_FIT[problem.head_dim]), SHORT_CACHE_ONE_SPLIT)
+    wide = tile_config(problem) is WIDE_CONFIGS.get(problem.head_dim)
+    fit = WIDE_CTAS_PER_SM if wide else CTAS_PER_SM_FIT[problem.head_dim]
+    return splits.SplitPolicy(min(SPLIT_CTAS_PER_SM, fit), SHORT_CACHE_ONE_SPLIT)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -573,32 +589,6 @@ def arrival_counters(device: torch.device, work_items: int) -> torch.Tensor:
         counters = lasting(lambda: torch.zeros(size, dtype=torch.int32, device=device), device)
         _ARRIVAL_COUNTERS[device] = counters
     return counters
-
-
-def kv_row_strides(t: torch.Tensor, paged: bool) -> tuple[int, int, int]:
-    """The (batch, head, row) strides the split kernel takes for K or V: those of a (B, Hkv, Sk, D)
-    cache, or for a page pool (num_pages, page_size, Hkv, D) its (page, head, slot) strides, the page
-    stride standing where the batch stride does."""
-    return (t.stride(0), t.stride(2), t.stride(1)) if paged else t.stride()[:3]
-
-
-def paging_arguments(block_table: torch.Tensor | None) -> tuple[torch.Tensor | None, int | None]:
-    """``BlockTable, stride_btb`` of the split kernel: the table (its entries of a row made adjacent)
-    and its row stride; ``(None, None)`` for a contiguous cache, which Triton specialises away as
-    constexprs, so that build has exactly the parameters and code it had before paging."""
-    if block_table is None:
-        return None, None
-    table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
-    return table, table.stride(0)
-
-
-def split_workspace(problem: Problem, num_splits: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The splits' fp32 partial O (num_splits, B, H, Sq, D) and LSE (num_splits, B, H, Sq); one split
-    writes O and the LSE directly and needs none (one-element placeholders). Shared with gluon/decode."""
-    partial_shape = (num_splits, problem.batch, problem.heads, problem.seqlen_q)
-    partial_shapes = ((*partial_shape, problem.head_dim), partial_shape) if num_splits > 1 else ((1,), (1,))
-    out_partial, lse_partial = (torch.empty(shape, dtype=torch.float32, device=device) for shape in partial_shapes)
-    return out_partial, lse_partial
 
 
 def merge_launch(

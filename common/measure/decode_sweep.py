@@ -9,6 +9,14 @@ contiguous one shows what paging costs; implementations without a paged path rep
 A decode step is memory-bound, so each row is judged by the
 K and V bytes it must read (at each sequence's own length) over its time, in GB/s and as a share of
 the measured HBM read bandwidth (``common.measure.peaks.measure_read_gbps``).
+
+The roofline (:func:`roofline_us`): a step is memory-bound only while its tensor cores keep up. With
+``rows = group · Sq`` packed query rows per KV head, a key costs 4 · D · rows FLOPs (Q Kᵀ and P V) for
+its 4 · D bytes of K and V (bf16): ``rows`` FLOPs a byte. At 128 rows that is 4.4 TB/s × 128 = 564
+TFLOP/s, near the H200's sustained bf16 GEMM rate (677 TFLOP/s); at group 16 × Sq 16 (256 rows) the
+tensor cores, not HBM, set the floor, and no kernel reaches 85 % of the read bandwidth. So each row is
+also judged against max(bytes / read bandwidth, FLOPs / sustained bf16 GEMM rate), the FLOPs counted
+on the scores the causal mask keeps at each sequence's own length (``DecodeCase.flops``).
 """
 
 from __future__ import annotations
@@ -58,6 +66,14 @@ class DecodeCase:
         element = torch.empty((), dtype=self.problem.dtype).element_size()
         keys = sum(self.lengths) if self.lengths is not None else self.problem.batch * self.problem.seqlen_k
         return 2 * keys * self.problem.kv_heads * self.problem.head_dim * element
+
+    @property
+    def flops(self) -> int:
+        """Tensor-core FLOPs a step must do: Q Kᵀ and P V (4 · D a kept score) on every score the mask
+        keeps, each sequence at its own length (bottom-right causal: token i of Sq sees L - Sq + 1 + i keys)."""
+        if self.lengths is None:
+            return self.problem.flops
+        return 4 * self.problem.head_dim * self.problem.visible_scores_for(self.lengths)
 
     def memory_needed(self) -> int:
         """A bound on the device memory of one case: the padded K and V, once more per query head of a
@@ -152,6 +168,14 @@ def _random_case(rng: random.Random) -> DecodeCase:
         return DecodeCase(problem)
     lengths = tuple(max(seqlen_q, min(seqlen_k, round(2 ** rng.uniform(4, math.log2(seqlen_k))))) for _ in range(batch))
     return DecodeCase(problem, lengths)
+
+
+def roofline_us(case: DecodeCase, read_gbps: float | None, gemm_tflops: float | None) -> float:
+    """The least time a step can take, µs: its K and V bytes at the read bandwidth or its FLOPs at the
+    sustained bf16 GEMM rate, whichever is longer; NaN when either ceiling was not measured."""
+    if not read_gbps or not gemm_tflops:
+        return math.nan
+    return max(case.kv_bytes_read / (read_gbps * 1e3), case.flops / (gemm_tflops * 1e6))
 
 
 def too_large(case: DecodeCase, device: torch.device) -> str:

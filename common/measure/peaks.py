@@ -78,6 +78,21 @@ def _fp8_operands(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, Mat
     return a, b, lambda x, y: torch._scaled_mm(x, y, one, one, out_dtype=torch.bfloat16)
 
 
+def _bf16_operands(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, Matmul]:
+    a, b = (torch.randn(GEMM_SIZE, GEMM_SIZE, device=device, dtype=torch.bfloat16) for _ in range(2))
+    return a, b, torch.matmul
+
+
+def measure_bf16_sustained_tflops(device: torch.device) -> float | None:
+    """The sustained bf16 GEMM rate alone (``measure_peaks``' figure, about 2.5 s): the compute side of a
+    decode step's roofline (``common.measure.decode_sweep.roofline_us``) for tools that need no other peak."""
+    if device.type != "cuda":
+        return None
+    rate = _gemm_or_none(partial(_gemm_tflops, *_bf16_operands(device), SUSTAINED_WARMUP_MS, SUSTAINED_MS))
+    torch.cuda.empty_cache()
+    return rate
+
+
 def _burst_tflops(a: torch.Tensor, b: torch.Tensor, matmul: Matmul) -> float:
     """Median of ``BURST_CALLS`` GEMMs, each timed by its own events, right after a copy spin-up."""
     matmul(a, b)
@@ -109,11 +124,7 @@ def measure_peaks(device: torch.device) -> Peaks:
     """Both bursts first (a cool GPU), then both sustained runs. Random data: zeros run faster."""
     if device.type != "cuda":
         return Peaks(None, None, None)
-    bf16 = (
-        torch.randn(GEMM_SIZE, GEMM_SIZE, device=device, dtype=torch.bfloat16),
-        torch.randn(GEMM_SIZE, GEMM_SIZE, device=device, dtype=torch.bfloat16),
-        torch.matmul,
-    )
+    bf16 = _bf16_operands(device)
     fp8 = _fp8_operands(device)
     bursts = [_gemm_or_none(partial(_burst_tflops, *ops)) if ops else None for ops in (bf16, fp8)]
     sustained = [

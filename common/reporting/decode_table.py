@@ -22,6 +22,11 @@ from common.measure.results import baseline_stacks
 DECODE_GLOB = "results/*/decode/decode.csv"
 DECODE_BEGIN, DECODE_END = "<!-- decode:begin -->", "<!-- decode:end -->"
 MISSING = "—"
+# Said under the heading of a run with the roofline column (issue #38's roofline; earlier runs lack it).
+ROOFLINE_NOTE = (
+    "; where the step's FLOPs at the sustained bf16 GEMM rate take longer than its bytes at the read bandwidth, "
+    "also the share of that roofline"
+)
 
 
 def column_order(impls: list[str]) -> list[str]:
@@ -64,15 +69,21 @@ def case_label(row: pd.Series) -> str:
     return label
 
 
+def bandwidth_share(pct_read_bw: float, pct_roofline: float) -> str:
+    """'90 %' (the share of the read bandwidth), or '44 %; 54 % roofline' where the roofline differs from the
+    read bandwidth alone: the step's FLOPs at the sustained bf16 GEMM rate take longer than its bytes."""
+    compute_bound = math.isfinite(pct_roofline) and round(pct_roofline) != round(pct_read_bw)
+    return f"{pct_read_bw:.0f} %" + (f"; {pct_roofline:.0f} % roofline" if compute_bound else "")
+
+
 def cell(row: pd.Series) -> str:
-    """'192.5 µs (90 %)' for a passing row, marked when wrong; the status for a row that did not run."""
+    """'192.5 µs (90 %)' for a passing row, '123.3 µs (44 %; 54 % roofline)' where the tensor cores, not
+    the read bandwidth, set the least time (``pct_roofline``, runs since issue #38's roofline), marked
+    when wrong; the status for a row that did not run."""
     if row["status"] not in ("ok", "wrong") or not math.isfinite(row["us"]):
         return str(row["status"])
-    text = (
-        f"{row['us']:.1f} µs ({row['pct_read_bw']:.0f} %)"
-        if math.isfinite(row["pct_read_bw"])
-        else f"{row['us']:.1f} µs"
-    )
+    share = bandwidth_share(row["pct_read_bw"], row.get("pct_roofline", math.nan))
+    text = f"{row['us']:.1f} µs ({share})" if math.isfinite(row["pct_read_bw"]) else f"{row['us']:.1f} µs"
     return text if row["status"] == "ok" else f"{text} (wrong)"
 
 
@@ -113,7 +124,7 @@ def run_table(csv_path: Path, env_path: Path, root: Path) -> list[str]:
         f"Decode on the {env.get('gpu') or 'unknown GPU'}, {shape}, Triton {env.get('triton') or '?'}: µs per step "
         f"(median, L2 flushed) and, in brackets, the share of the HBM read bandwidth measured in the same run "
         f"({f'{read:.0f} GB/s' if read else 'not measured'}), counting each K and V byte a step must read once "
-        f"(from `{_shown(csv_path, root)}`).",
+        f"(from `{_shown(csv_path, root)}`){ROOFLINE_NOTE if 'pct_roofline' in frame else ''}.",
         "",
         "| B | KV heads | cache | " + " | ".join(impls) + " |",
         "|---|---|---|" + "---|" * len(impls),

@@ -216,7 +216,10 @@ def write_decode_report(env: dict[str, Any], peaks: Peaks, plots: list[Path], ou
     lines += [
         *environment_lines(env, peaks),
         "- GB/s = the K and V bytes a step must read (every key of each sequence's own length, once per KV "
-        "head) / t; % read BW divides by the measured HBM read bandwidth; times are medians with L2 flushed.",
+        "head) / t; % read BW divides by the measured HBM read bandwidth; % roofline divides the least time, "
+        "max(bytes / read bandwidth, FLOPs / sustained bf16 GEMM rate), by t (FLOPs: 4 · D a score the causal "
+        "mask keeps, each sequence at its own length; group · Sq packed rows make each K/V byte feed that many "
+        "FLOPs); times are medians with L2 flushed.",
         "",
         *run_table(out_dir / "decode.csv", out_dir / "env.json", out_dir),
         "",

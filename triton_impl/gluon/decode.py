@@ -7,12 +7,12 @@ are cut into ``num_splits`` ranges of whole key blocks, one CTA each, by the sam
 a KV head are packed into one M tile (row r = head in group · Sq + token), so each K/V byte is read
 from HBM once per KV head; each split writes its normalised fp32 partial O and natural-log LSE
 (O = 0, LSE = -inf for a split with no key), and the last split of a tile to finish merges them in
-the same kernel: triton/decode's arrival protocol (``_last_to_arrive``: a barrier, one gpu-scope
-acq_rel atomic on the tile's counter, the last CTA resets it; the memory-ordering argument is in
-triton/decode's ``last_to_arrive``) and its ``merge_splits`` written in Gluon (``_merge_splits``: the
-same operations element by element in split order, so the same bits as triton/decode's merge kernel,
-which is the two-launch path here too: ``FUSED_MERGE = False``). With one split the split kernel
-writes O and the LSE itself.
+the same kernel: triton/decode's arrival protocol (``_last_to_arrive``, in ``_decode_merge.py``: a
+barrier, one gpu-scope acq_rel atomic on the tile's counter, the last CTA resets it; the memory-ordering
+argument is in triton/decode's ``last_to_arrive``) and its ``merge_splits`` written in Gluon
+(``_merge_splits``, beside it: the same operations element by element in split order, so the same bits
+as triton/decode's merge kernel, which is the two-launch path here too: ``FUSED_MERGE = False``). With
+one split the split kernel writes O and the LSE itself.
 
 What Gluon makes explicit (what Triton decides in triton/decode / what this file writes):
   * Copies: the pipeliner turns the K and V loads into ``cp.async``, 16 bytes per thread and
@@ -57,7 +57,10 @@ Why these choices:
   * One warpgroup, no warp specialisation: gluon/hopper's load warp exists so that copies never wait
     for a busy consumer; here the consumer waits for memory. The warpgroup issues its own copies, and
     a slot's reuse is ordered by program order plus one barrier over its warps, so the ring needs
-    ready barriers only (no empty barriers, no register budgets per partition).
+    ready barriers only (no empty barriers, no register budgets per partition). ``WIDE_M_TILE`` (off):
+    more than 64 packed rows take two warpgroups on one ring (8 warps, 128 rows), each its own wgmmas,
+    so the group's keys are copied once a CTA rather than once per 64 rows, and one's softmax can run
+    under the other's wgmmas.
   * The ring depth: at least ``NUM_STAGES - 1`` blocks stay in flight while the warpgroup computes
     (128 KB at D=128: 3 stages of 64 KB), well above what keeps an SM's share of HBM busy (bandwidth ×
     latency, about 36 KB per SM at 4.8 TB/s and 1 µs). The ring takes most of the shared memory, so
@@ -118,7 +121,16 @@ from common.contract.registry import Runner, warmed_up
 from common.contract.validation import kernel_operand, validate_for_problem
 from common.toolchain.compile import KernelBinary
 from triton_impl import decode as triton_decode
-from triton_impl._host import LOG2_E, allocate_lse, feature_buffers, feature_constexprs, rung_result
+from triton_impl._host import (
+    LOG2_E,
+    allocate_lse,
+    feature_buffers,
+    feature_constexprs,
+    paging_arguments,
+    rung_result,
+    split_workspace,
+)
+from triton_impl.gluon._decode_merge import MERGE_ROWS, _last_to_arrive, _merge_splits
 from triton_impl.gluon._device import (
     _as_box,
     _operand_p,
@@ -153,10 +165,12 @@ IMPLEMENTED_FEATURES = (
 # into several M tiles, each a CTA of its own.
 BLOCK_M = 64
 NUM_WARPS = 4
-# Rows the fused merge takes at a time (so that its O tiles stay a few registers a thread).
-MERGE_ROWS = gl.constexpr(16)
-# The merge weighs natural-log LSEs by exp2((lseₛ - lse_max) · LOG2_E), as triton/decode's.
-MERGE_LOG2_E = gl.constexpr(LOG2_E)
+# Issue #38's packed rows (off by default; bench/decode_packed_ab.sh): a group · Sq of more than BLOCK_M rows
+# at D <= 128 takes one CTA of two warpgroups (WIDE_NUM_WARPS), 64 rows each, on one K/V ring: the rows'
+# keys are copied to shared memory once, not once per 64-row tile, and one CTA's fixed costs serve 128 rows.
+# D=256 keeps 64-row tiles (its 192 KB ring and a 64 KB Q tile exceed a CTA's shared memory).
+WIDE_M_TILE = False
+WIDE_BLOCK_M, WIDE_NUM_WARPS, WIDE_HEAD_DIMS = 128, 8, (64, 128)
 
 
 @dataclass(frozen=True)
@@ -206,7 +220,7 @@ def decode_config(problem: Problem) -> DecodeConfig:
 def split_policy(problem: Problem) -> splits.SplitPolicy:
     """The split rule's policy from the switches: CTA slots up to what an SM holds (K/V ring, Q tile)."""
     config = decode_config(problem)
-    tiles_bytes = (config.num_stages * 2 * config.block_n + BLOCK_M) * problem.head_dim * 2
+    tiles_bytes = (config.num_stages * 2 * config.block_n + block_m_for(problem)) * problem.head_dim * 2
     fit = max(1, SM_SHARED_BYTES // (tiles_bytes + CTA_RESERVED_SHARED_BYTES))
     return splits.SplitPolicy(min(SPLIT_CTAS_PER_SM, fit), SHORT_CACHE_ONE_SPLIT)
 
@@ -449,7 +463,8 @@ def _split_kernel(
     arrival counters of the fused merge (one per M tile of the grid; None without it)."""
     HEAD_DIM: gl.constexpr = desc_k.block_type.shape[3]
     dtype: gl.constexpr = desc_k.dtype
-    # wgmma's accumulators (S: BLOCK_M × BLOCK_N, O: BLOCK_M × D; a warp holds 16 whole rows of each)
+    # wgmma's accumulators (S: BLOCK_M × BLOCK_N, O: BLOCK_M × D; a warp holds 16 whole rows of each, a
+    # warpgroup 64: with WIDE_M_TILE's 8 warps the two warpgroups issue their own wgmmas on the same ring)
     # and P as the A operand of P V from registers.
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
@@ -552,60 +567,8 @@ def _split_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
-# The fused merge: triton/decode's protocol and merge_splits, in Gluon
+# The fused merge: triton/decode's protocol and merge_splits, in Gluon (``_decode_merge.py``), over the tile
 # ----------------------------------------------------------------------------------------------
-@gluon.jit
-def _last_to_arrive(Counter, num_splits):
-    """True in the CTA that is the last of its tile's ``num_splits`` splits to have stored its
-    partials; that CTA puts the counter back to 0. triton/decode's ``last_to_arrive``, where the
-    memory-ordering argument is: a barrier over the warpgroup orders every thread's partial stores
-    before the one gpu-scope acq_rel atomic (a scalar atomic: one thread, its old value passed to the
-    others through shared memory behind a barrier), whose acquire in the last CTA orders its loads."""
-    _partition_barrier()
-    arrived = gl.atomic_add(Counter, 1, sem="acq_rel", scope="gpu")
-    last = arrived == num_splits - 1
-    if last:
-        gl.store(Counter, 0)
-    return last
-
-
-@gluon.jit
-def _merge_splits(partials, row, row_ok, offs_d, SPLITS_PER_STEP: gl.constexpr, layout: gl.constexpr):
-    """triton/decode's ``merge_splits`` on rows in a distributed layout: the same operations, element
-    by element, in the same split order, so the same bits as its merge kernel."""
-    OutPartial, LsePartial, rows, num_splits = partials
-    lse_max = gl.full_like(row_ok, float("-inf"), dtype=gl.float32)
-    for first_split in range(0, num_splits, SPLITS_PER_STEP):
-        for step in gl.static_range(SPLITS_PER_STEP):
-            split = first_split + step
-            lse_s = gl.load(
-                LsePartial + split * rows + row,
-                mask=row_ok & (split < num_splits),
-                other=float("-inf"),
-                cache_modifier=".cg",
-            )
-            lse_max = gl.maximum(lse_max, lse_s)
-    lse_base = gl.where(lse_max == float("-inf"), 0.0, lse_max)
-    weight_sum = gl.zeros_like(lse_max)
-    HEAD_DIM: gl.constexpr = offs_d.shape[0]
-    acc = gl.zeros([MERGE_ROWS, HEAD_DIM], gl.float32, layout)
-    for first_split in range(0, num_splits, SPLITS_PER_STEP):
-        for step in gl.static_range(SPLITS_PER_STEP):
-            split = first_split + step
-            in_range = row_ok & (split < num_splits)
-            partial_row = split * rows + row
-            lse_s = gl.load(LsePartial + partial_row, mask=in_range, other=float("-inf"), cache_modifier=".cg")
-            o_ptrs = OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :]
-            o_s = gl.load(o_ptrs, mask=in_range[:, None], other=0.0, cache_modifier=".cg")
-            weight = gl.exp2((lse_s - lse_base) * MERGE_LOG2_E)
-            weight_sum += weight
-            acc += weight[:, None] * o_s
-    has_keys = weight_sum > 0.0
-    out = acc * gl.where(has_keys, 1.0 / weight_sum, 0.0)[:, None]
-    lse = gl.where(has_keys, lse_base + gl.log(weight_sum), float("-inf"))
-    return out, lse
-
-
 @gluon.jit
 def _merge_tile(
     partials, outputs, tile, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, SPLITS_PER_STEP: gl.constexpr,
@@ -634,9 +597,23 @@ def _merge_tile(
 # ----------------------------------------------------------------------------------------------
 # Host: tile shape, split rule, bind, prepare
 # ----------------------------------------------------------------------------------------------
+def wide_m_tile(problem: Problem) -> bool:
+    """``WIDE_M_TILE`` applies: more packed rows than one warpgroup's tile, at a head dim it fits."""
+    return WIDE_M_TILE and problem.kv_group * problem.seqlen_q > BLOCK_M and problem.head_dim in WIDE_HEAD_DIMS
+
+
+def block_m_for(problem: Problem) -> int:
+    """Packed rows per CTA: one warpgroup's BLOCK_M, or WIDE_BLOCK_M for two (``wide_m_tile``)."""
+    return WIDE_BLOCK_M if wide_m_tile(problem) else BLOCK_M
+
+
+def num_warps_for(problem: Problem) -> int:
+    return WIDE_NUM_WARPS if wide_m_tile(problem) else NUM_WARPS
+
+
 def m_blocks_for(problem: Problem) -> int:
-    """M tiles of one (batch, KV head): the group · Sq packed rows in tiles of BLOCK_M."""
-    return -(-problem.kv_group * problem.seqlen_q // BLOCK_M)
+    """M tiles of one (batch, KV head): the group · Sq packed rows in tiles of ``block_m_for``."""
+    return -(-problem.kv_group * problem.seqlen_q // block_m_for(problem))
 
 
 def planned_num_splits(problem: Problem, device: torch.device) -> int:
@@ -647,10 +624,12 @@ def planned_num_splits(problem: Problem, device: torch.device) -> int:
 def split_constexprs(problem: Problem, split: bool) -> dict[str, int | bool]:
     config = decode_config(problem)
     return {
-        **feature_constexprs(problem), "BLOCK_M": BLOCK_M, "BLOCK_N": config.block_n,
+        **feature_constexprs(problem), "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n,
         "NUM_STAGES": config.num_stages, "SPLIT": split, "PAGE_SIZE": problem.page_size,
         "FUSED_MERGE": split and triton_decode.FUSED_MERGE,
-        "SPLITS_PER_STEP": triton_decode.merge_splits_per_step(MERGE_ROWS.value, problem.head_dim, NUM_WARPS),
+        "SPLITS_PER_STEP": triton_decode.merge_splits_per_step(
+            MERGE_ROWS.value, problem.head_dim, num_warps_for(problem)
+        ),
     }  # fmt: skip
 
 
@@ -683,15 +662,15 @@ class GluonDecode:
         self.out = torch.empty_like(q, memory_format=torch.contiguous_format)
         self.lse = allocate_lse(problem, q.device)
         lse_arg, lengths_arg = feature_buffers(self.lse, cache_seqlens, q.device)
-        out_partial, lse_partial = triton_decode.split_workspace(problem, num_splits, q.device)
+        out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
         desc_k, desc_v = (kv_descriptor(t, problem, dtype) for t in (k, v))
         sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E)
         self.split_args = (
             q, desc_k, desc_v, self.out, lse_arg, lengths_arg, out_partial, lse_partial,
-            *q.stride()[:3], *self.out.stride()[:3], *sizes, *triton_decode.paging_arguments(block_table),
+            *q.stride()[:3], *self.out.stride()[:3], *sizes, *paging_arguments(block_table),
         )  # fmt: skip
         self.split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
-        self.split_options = {**split_constexprs(problem, num_splits > 1), "num_warps": NUM_WARPS}
+        self.split_options = {**split_constexprs(problem, num_splits > 1), "num_warps": num_warps_for(problem)}
         self.fused_merge = self.split_options["FUSED_MERGE"]
         work_items = self.split_grid[1] * self.split_grid[2]
         counters = triton_decode.arrival_counters(q.device, work_items) if self.fused_merge else None
@@ -783,7 +762,8 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
         "OutPartial": "*fp32", "LsePartial": "*fp32", **dict.fromkeys(SPLIT_ALIGNED[5:], "i32"),
         "heads": "i32", "kv_heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "softmax_scale_log2": "fp32",
     }  # fmt: skip
-    constexprs = {**split_constexprs(problem, True), "num_warps": NUM_WARPS}
+    num_warps = num_warps_for(problem)
+    constexprs = {**split_constexprs(problem, True), "num_warps": num_warps}
     if problem.paged:
         signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
     else:
@@ -792,7 +772,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
         signature["Counters"] = "*i32"
     else:
         constexprs["Counters"] = None
-    return [compile_gluon_sm90(_split_kernel, signature, constexprs, {"num_warps": NUM_WARPS}, SPLIT_ALIGNED)]
+    return [compile_gluon_sm90(_split_kernel, signature, constexprs, {"num_warps": num_warps}, SPLIT_ALIGNED)]
 
 
 IMPLEMENTATION = gluon_implementation(
