@@ -319,3 +319,41 @@ def test_gpu_cute_fp8_end_to_end_takes_cache_seqlens_and_returns_the_lse():
     out_e2e, lse_e2e = end_to_end()
     assert torch.equal(out_e2e, out) and torch.equal(lse_e2e, lse)
     assert torch.all(out[1] == 0) and torch.all(lse[1] == -torch.inf)  # the empty sequence
+
+
+# cute/fp8 with Q quantised in its kernel (``QUANTISE_Q_IN_KERNEL``, issue #37): a P1-like shape and ragged GQA
+# shapes, every mask, judged by FP8_RULE against the emulation of the full quantiser's operands (the rule is
+# unchanged); the kernel's Q scales must be the quantiser's bit for bit, and its O the default path's.
+Q_IN_KERNEL_SHAPES = {
+    "p1-like": (1, 4, 4, 4096, 4096),
+    "ragged-gqa": (2, 8, 2, 1000, 777),
+    "ragged-gqa-short-q": (2, 8, 2, 77, 1000),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("shape", list(Q_IN_KERNEL_SHAPES))
+def test_gpu_cute_fp8_q_in_kernel_meets_the_rule_and_matches_the_quantiser(
+    shape: str, mask: str, monkeypatch: pytest.MonkeyPatch
+):
+    fp8 = _module("cute_impl.fp8")
+    batch, heads, kv_heads, seqlen_q, seqlen_k = Q_IN_KERNEL_SHAPES[shape]
+    causal, alignment = MASKS[mask]
+    problem = Problem(batch, heads, seqlen_q, seqlen_k, 128, dtype=torch.bfloat16, causal=causal,
+                      kv_heads=kv_heads, causal_alignment=alignment)  # fmt: skip
+    q, k, v = fa3_inputs(problem, seed=3, device="cuda")
+    monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
+    result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
+    assert result.ok, f"{problem.describe()}: {result.summary()}"
+    in_kernel = fp8.prepare(q, k, v, problem)
+    out, q_scale = in_kernel().clone(), in_kernel.quantiser.operands.q_scale.clone()
+    end_to_end = fp8.prepare_end_to_end(q, k, v, problem)
+    assert torch.equal(run_poisoned(end_to_end), out)
+    monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", False)
+    quantised = fp8.prepare(q, k, v, problem)
+    expected_scale = quantised.quantiser.operands.q_scale
+    assert torch.equal(q_scale, expected_scale), f"{(q_scale != expected_scale).sum()} Q scales differ"
+    differing = (out != quantised()).sum().item()
+    assert differing == 0, f"{differing} of {out.numel()} outputs differ from the quantiser's path"
