@@ -92,9 +92,12 @@ class QueryLayouts(NamedTuple):
         }
 
 
-def init_rotation_barrier(full: cute.Pointer) -> None:
-    """Called by the elected thread that initialises the kernel's other barriers."""
-    cute.arch.mbarrier_init(full, PRODUCER_ARRIVES)
+@cute.jit
+def init_rotation_barrier(full: cute.Pointer, warp_idx: Int32) -> None:
+    """One elected thread of warp 0, before the CTA-wide barrier that publishes the kernel's barrier inits."""
+    if warp_idx == 0:
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_init(full, PRODUCER_ARRIVES)
 
 
 @cute.jit

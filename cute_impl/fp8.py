@@ -18,6 +18,10 @@ Algorithm
    ``DEFAULT_QUANTISATION`` (block scales and rotation) is what compare.py runs; ``quantisation=``
    selects the other ``common.contract.fp8.VARIANTS``. The quantiser writes steps 2 and 3's layout
    (``VALUE_LAYOUT``) directly; ``prepare_end_to_end``'s run() is that quantiser and the kernel.
+   ``QUANTISE_Q_IN_KERNEL`` (off by default; issue #37): the quantiser does K and V only and the kernel
+   reads Q in bf16/fp16, each consumer warpgroup rotating, scaling and rounding its 64-row box as the
+   quantiser would (``_fp8_query.py``: Q's scale block is that box), so a call reads Q once instead of
+   three times; the emulation and FP8_RULE are unchanged (the kernel's Q is the quantiser's).
 2. V stored transposed, (B, Hkv, D, Sk') with Sk' = Sk rounded up to 16 and zero padding: FP8 WGMMA
    reads a shared-memory B operand only K-major, and for O = P V the K dimension is the key index.
 3. Inside each group of 16 keys, V's key order is permuted (``common.contract.fp8.PERMUTED_KEY_ORDER``). The m64k32 FP8

@@ -32,6 +32,9 @@ Pipelines and barriers (producer -> consumer, arrive counts)
 * Q (``QueryBoxes``, one box per consumer, one phase per tile): full: 1 producer arrive + expect_tx
   (the box's bytes), completed by TMA; empty: 4 arrives, one elected lane per warp of consumer ``w``
   once its last S = Q Kᵀ of the tile has retired; the producer then loads the next tile's Q box.
+  FP8 with ``quantise_q``: the box arrives in bf16/fp16 and the consumer writes its e4m3 box itself
+  (``_fp8_query.py``: rotation wgmma against a sign matrix loaded once per CTA on its own mbarrier, amax
+  over named barrier ``QUANTISE_WG1 + w``), then releases the input box at once.
 * K ring and V ring (``PipelineTmaAsync``, ``kv_stages`` = 2 each): full: 1 producer arrive with
   expect_tx (the tile's bytes), completed by TMA; empty: 4 n arrives, one elected lane per consumer
   warp, as soon as the WGMMA that read the stage has retired. The rings run on across tiles.
@@ -281,7 +284,7 @@ class HopperAttention:
         self.kernel(
             qk_mma, pv_mma, tma_atom_Q, mQ_tma, tma_atom_K, mK_tma, tma_atom_V, mV_tma, tma_atom_O, mO_tma, mLSE,
             mCacheSeqlens, mQScale, mKScale, mVScale, softmax_scale_log2, output_scale, smem.q, smem.k, smem.v,
-            smem.o, q_box, tma_atom_R, mR_tma, rotation_layout,
+            smem.o, None if query is None else q_box, tma_atom_R, mR_tma, rotation_layout,
         ).launch(
             grid=[ctas, 1, 1],
             block=[self.threads_per_cta, 1, 1],
@@ -301,7 +304,7 @@ class HopperAttention:
         mQScale: cute.Tensor | None, mKScale: cute.Tensor | None, mVScale: cute.Tensor | None,
         softmax_scale_log2: Float32, output_scale: Float32, sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout,
-        sQ_in_layout: cute.ComposedLayout, tma_atom_R: cute.CopyAtom | None, mR: cute.Tensor | None,
+        sQ_in_layout: cute.ComposedLayout | None, tma_atom_R: cute.CopyAtom | None, mR: cute.Tensor | None,
         sR_layout: cute.ComposedLayout | None,
     ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
@@ -329,8 +332,8 @@ class HopperAttention:
         if warp_idx == 0:
             with cute.arch.elect_one():
                 q_boxes.init_barriers()
-                if cutlass.const_expr(self.quantise_q):
-                    init_rotation_barrier(storage.rotation_full.data_ptr())
+        if cutlass.const_expr(self.quantise_q):
+            init_rotation_barrier(storage.rotation_full.data_ptr(), warp_idx)
         # K and V rings: one elected lane per consumer warp releases a stage.
         kv_ring = functools.partial(tma_ring, stages=self.kv_stages, consumer_warps=W * WARPS_PER_WARPGROUP)
         k_producer, k_consumer = kv_ring(storage.k_barriers.data_ptr(), tx_bytes=self.k_bytes)

@@ -127,6 +127,31 @@ def test_cute_fp8_variants_compile_to_e4m3_wgmma(variant: str, head_dim: int, ca
     assert stack <= (CAUSAL_STACK_BYTES if causal else 0), f"{stack} bytes of stack"
 
 
+@pytest.mark.cute_compile
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cute_fp8_q_in_kernel_compiles_to_the_rotation_wgmma_without_spills(causal: bool):
+    """``quantise_q`` at P1 (GQA and bottom-right too when causal): the rotation's bf16 wgmma beside the e4m3
+    ones, IEEE division, no stack; the canonical build (knob off) is unchanged, which the fingerprint shows."""
+    from common.reporting.static import cubin_resources, ptx_features
+
+    fp8 = _module("cute_impl.fp8")
+    problem = Problem(2, 16, 8192, 8192, 128, dtype=torch.bfloat16, causal=causal, kv_heads=4 if causal else 16,
+                      causal_alignment="bottom_right" if causal else "top_left")  # fmt: skip
+    binary = fp8.compile_sm90(problem, quantise_q=True)[0]
+    assert ptx_features(binary.ptx)["e4m3 mma"], "no e4m3 wgmma in the PTX"
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in binary.ptx, "no bf16 rotation wgmma"
+    assert "div.rn.f32" in binary.ptx
+    assert max(usage["stack_bytes"] for usage in cubin_resources(binary.cubin).values()) == 0
+
+
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+def test_cute_q_in_kernel_needs_block_scales_and_rotation():
+    fp8 = _module("cute_impl.fp8")
+    with pytest.raises(ValueError, match="quantises Q in its kernel only with block scales and rotation, got block"):
+        fp8.fp8_config(Problem(1, 1, 64, 64, 128), VARIANTS["block"], quantise_q=True)
+
+
 _TRITON_PROBE = """
 import json
 from common.contract.fp8 import VARIANTS
