@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue #37: cute/fp8 with Q quantised in its kernel (cute_impl.fp8.QUANTISE_Q_IN_KERNEL, off by default) against
 # the default, in one device call (about 2.5 minutes on an H200):
-#   1. the knob's GPU tests (FP8 rule against the emulation of the full quantiser's operands on a P1-like shape and
-#      ragged GQA shapes, full / causal top-left / causal bottom-right; the kernel's Q scales and O equal the
-#      default path's; end to end equal to kernel only);
+#   1. the knob's 13 GPU tests (FP8 rule against the emulation of the full quantiser's operands on a P1-like shape
+#      and ragged GQA shapes, full / causal top-left / causal bottom-right, end to end equal to kernel only; apart,
+#      the kernel's Q scales and O equal to the default path's bit for bit; a wrong rotation fails the rule);
 #   2. bench.fp8_q_in_kernel at P1, non-causal and causal, one process, 3 interleaved rounds: cute/hopper (bf16),
 #      cute/fp8 kernel only, end to end and its quantiser alone, knob off and on.
 # Run from the project root: `bash bench/fp8_q_in_kernel_ab.sh` (cute/* needs the CuTe DSL and TVM-FFI, as for the

@@ -348,7 +348,7 @@ def test_gpu_cute_fp8_end_to_end_takes_cache_seqlens_and_returns_the_lse():
 
 # cute/fp8 with Q quantised in its kernel (``QUANTISE_Q_IN_KERNEL``, issue #37): a P1-like shape and ragged GQA
 # shapes, every mask, judged by FP8_RULE against the emulation of the full quantiser's operands (the rule is
-# unchanged); the kernel's Q scales must be the quantiser's bit for bit, and its O the default path's.
+# unchanged); then, apart, whether the kernel's Q is the quantiser's bit for bit (its scales, and so its O).
 Q_IN_KERNEL_SHAPES = {
     "p1-like": (1, 4, 4, 4096, 4096),
     "ragged-gqa": (2, 8, 2, 1000, 777),
@@ -356,29 +356,63 @@ Q_IN_KERNEL_SHAPES = {
 }
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
-@pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize("shape", list(Q_IN_KERNEL_SHAPES))
-def test_gpu_cute_fp8_q_in_kernel_meets_the_rule_and_matches_the_quantiser(
-    shape: str, mask: str, monkeypatch: pytest.MonkeyPatch
-):
-    fp8 = _module("cute_impl.fp8")
+def _q_in_kernel_case(shape: str, mask: str):
     batch, heads, kv_heads, seqlen_q, seqlen_k = Q_IN_KERNEL_SHAPES[shape]
     causal, alignment = MASKS[mask]
     problem = Problem(batch, heads, seqlen_q, seqlen_k, 128, dtype=torch.bfloat16, causal=causal,
                       kv_heads=kv_heads, causal_alignment=alignment)  # fmt: skip
-    q, k, v = fa3_inputs(problem, seed=3, device="cuda")
+    return problem, fa3_inputs(problem, seed=3, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("shape", list(Q_IN_KERNEL_SHAPES))
+def test_gpu_cute_fp8_q_in_kernel_meets_the_rule(shape: str, mask: str, monkeypatch: pytest.MonkeyPatch):
+    """Kernel only (poisoned outputs) by FP8_RULE, and end to end (the K/V-only quantiser, then the kernel
+    reading bf16 Q) equal to kernel only."""
+    fp8 = _module("cute_impl.fp8")
+    problem, (q, k, v) = _q_in_kernel_case(shape, mask)
     monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
     result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
     assert result.ok, f"{problem.describe()}: {result.summary()}"
+    kernel_only = fp8.prepare(q, k, v, problem)
+    assert kernel_only.quantiser.query is False
+    out = kernel_only().clone()
+    assert torch.equal(run_poisoned(fp8.prepare_end_to_end(q, k, v, problem)), out)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+@pytest.mark.parametrize("mask", list(MASKS))
+def test_gpu_cute_fp8_q_in_kernel_is_the_quantisers_q(mask: str, monkeypatch: pytest.MonkeyPatch):
+    """The same rotation sums (k16 groups in order on the tensor cores), amax, IEEE divisions and rounding as
+    the fused quantiser: Q's scales equal bit for bit, and so does O (the kernel is otherwise the same)."""
+    fp8 = _module("cute_impl.fp8")
+    problem, (q, k, v) = _q_in_kernel_case("ragged-gqa", mask)
+    monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
     in_kernel = fp8.prepare(q, k, v, problem)
     out, q_scale = in_kernel().clone(), in_kernel.quantiser.operands.q_scale.clone()
-    end_to_end = fp8.prepare_end_to_end(q, k, v, problem)
-    assert torch.equal(run_poisoned(end_to_end), out)
     monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", False)
     quantised = fp8.prepare(q, k, v, problem)
     expected_scale = quantised.quantiser.operands.q_scale
     assert torch.equal(q_scale, expected_scale), f"{(q_scale != expected_scale).sum()} Q scales differ"
     differing = (out != quantised()).sum().item()
     assert differing == 0, f"{differing} of {out.numel()} outputs differ from the quantiser's path"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+def test_gpu_cute_fp8_q_in_kernel_with_a_wrong_rotation_fails_the_rule(monkeypatch: pytest.MonkeyPatch):
+    """Planted bug: the kernel rotates Q by the sign matrix untransposed (diag(s) H instead of H diag(s)), while K
+    keeps the quantiser's rotation: the rule must fail it."""
+    from common.contract.fp8 import random_hadamard
+
+    fp8 = _module("cute_impl.fp8")
+    problem, (q, k, v) = _q_in_kernel_case("ragged-gqa", "causal")
+    monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
+    monkeypatch.setattr(fp8, "sign_matrix_transposed",
+                        lambda head_dim, seed, dtype, device: torch.sign(random_hadamard(head_dim, seed, device))
+                        .to(dtype).contiguous())  # fmt: skip
+    result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
+    assert not result.ok, f"a wrong rotation of Q passed: {result.summary()}"
