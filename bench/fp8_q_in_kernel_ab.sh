@@ -14,9 +14,9 @@ source "$(dirname "$0")/_gpu_run.sh" fp8_q_in_kernel_ab.sh runs/fp8_q_in_kernel_
 export PYTHONPATH="${PYTHONPATH:-$PWD}"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.log" 2>&1
 status=0
-timeout 80 python3 -m pytest -q -m gpu -n 6 -p no:cacheprovider tests/test_fp8_rungs.py -k q_in_kernel \
+timeout 75 python3 -m pytest -q -m gpu -n 6 -p no:cacheprovider tests/test_fp8_rungs.py -k q_in_kernel \
   > "$OUT/pytest.log" 2>&1 || status=1
 tail -3 "$OUT/pytest.log"
-timeout 65 python3 -m bench.fp8_q_in_kernel --rounds 3 --out "$OUT/ab" > "$OUT/ab.log" 2>&1 || status=1
+timeout 70 python3 -m bench.fp8_q_in_kernel --rounds 3 --out "$OUT/ab" > "$OUT/ab.log" 2>&1 || status=1
 tail -25 "$OUT/ab.log"
 exit $status
