@@ -224,6 +224,35 @@ def test_compiled_attention_without_the_op_breaks_the_graph(names, reference, pr
         compiled_greedy(with_attention(reference, PREFIX + FAST_RUNG), prompt[:1], 3)
 
 
+def _capturing_as_on_a_gpu(device: object) -> bool:
+    """``_capturing`` as a CUDA device runs it: while Dynamo traces, the question reaches
+    ``torch.cuda.is_current_stream_capturing``, which Dynamo cannot trace; outside, no capture."""
+    return torch.cuda.is_current_stream_capturing() if torch.compiler.is_compiling() else False
+
+
+def test_compiled_mask_function_never_asks_cuda_while_tracing(names, reference, prompt, monkeypatch):
+    """On a GPU the mask function's capture check was traced into the compiled decode step and broke
+    its graph (several graphs, parts eager): it must see that it is compiling before asking CUDA."""
+    monkeypatch.setattr(adapter, "_capturing", _capturing_as_on_a_gpu)
+    tokens = 3
+    model = with_attention(reference, PREFIX + FAST_RUNG)
+    assert torch.equal(compiled_greedy(model, prompt[:1], tokens), greedy(reference, prompt[:1], tokens))
+
+
+def test_mask_function_asking_cuda_first_breaks_the_compiled_graph(names, reference, prompt, monkeypatch):
+    """Planted: the capture check before the compiling check (the order that broke the GPU's graph)."""
+    monkeypatch.setattr(adapter, "_capturing", _capturing_as_on_a_gpu)
+
+    def asks_cuda_first(*args: object, **kwargs: object) -> object:
+        adapter._capturing(kwargs.get("device"))
+        return adapter.ladder_mask(*args, **kwargs)
+
+    name = PREFIX + FAST_RUNG
+    monkeypatch.setitem(AttentionMaskInterface._global_mapping, name, asks_cuda_first)
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        compiled_greedy(with_attention(reference, name), prompt[:1], 3)
+
+
 def test_a_stack_name_serves_prefill_and_decode(names, monkeypatch):
     """``ladder:triton`` on a model whose head dim (64) the Triton decode and Hopper rungs take: the
     prompt runs on triton/hopper, each generated token on triton/decode, and both match SDPA."""

@@ -321,9 +321,11 @@ def ladder_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     for the plain bottom-right causal mask over every key, else transformers' boolean mask."""
     from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
 
-    if _capturing(kwargs.get("device")) or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _capturing(kwargs.get("device")):
         # Checking the mask synchronises (and Dynamo cannot trace a branch on tensor values): the
         # attention function reads it inside the custom op, by its verified pattern while capturing.
+        # Compiling is asked first: Dynamo cannot trace CUDA's "is this stream capturing?" (a graph break
+        # that split a compiled decode step into several graphs, parts of it eager, on the GPU).
         kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
         return sdpa_mask(*args, **kwargs)
     q_length, kv_length = kwargs.get("q_length"), kwargs.get("kv_length")
