@@ -1,7 +1,7 @@
-"""Issue #38's packed rows: ``WIDE_M_TILE`` in triton/decode and gluon/decode (off by default), one CTA for
-up to 128 packed rows (group · Sq) at D <= 128 instead of one per 64.
+"""Issue #38's packed rows: ``WIDE_M_TILE`` in triton/decode (on by default) and gluon/decode (off), one CTA
+for up to 128 packed rows (group · Sq) at D <= 128 instead of one per 64.
 
-CPU: off, every rung plans as before; on, the tile, warps and M tiles of the shapes it is for (and none
+CPU: off, every rung plans with 64-row tiles; on, the tile, warps and M tiles of the shapes it is for (and none
 of the others); triton/decode with it on against fp64 under the interpreter, contiguous and paged; a
 planted wide plan whose grid still counts 64-row tiles fails the check. Static: both rungs' wide kernels
 compile for sm_90a without spills, in the shared memory a CTA may take (gluon's D=128 ring and 128-row Q

@@ -192,10 +192,12 @@ PAGED_EXTRA_STAGES = 2
 # Split-kernel CTAs an SM holds; DEEP_RING's depths; SHORT_CACHE_TILE's (D=128: 37 KB, 96 registers: 5 an SM).
 CTAS_PER_SM_FIT, DEEP_RING_STAGES = {64: 4, 128: 3, 256: 2}, {64: 6, 128: 5, 256: 5}
 SHORT_CACHE_CONFIGS = {128: TileConfig(32, 4, 3)}
-# Issue #38's packed rows (off by default; bench/decode_packed_ab.sh): more than MAX_BLOCK_M packed rows at
-# D <= 128 take one 128-row tile on 8 warps, so the group's keys are loaded once a CTA, not once per 64 rows.
-# Its 8 warps take 170-255 registers a thread (sm_90a): one CTA an SM, so D=64 keeps 4 blocks in flight, not 2.
-WIDE_M_TILE = False
+# Issue #38's packed rows (bench/decode_packed_ab.sh): more than MAX_BLOCK_M packed rows at D <= 128 take one
+# 128-row tile on 8 warps, so the group's keys are loaded once a CTA, not once per 64 rows. Its 8 warps take
+# 170-255 registers a thread (sm_90a): one CTA an SM, so D=64 keeps 4 blocks in flight, not 2. On by default
+# since it measured 0.80-0.92x the 64-row tiles' time on three of four such shapes and 1.00x on the fourth
+# (H200, results/h200/decode-packed-ab/); gluon/decode's lost there and stays off.
+WIDE_M_TILE = True
 WIDE_CONFIGS = {64: TileConfig(64, 8, 5, max_block_m=128), 128: TileConfig(64, 8, 3, max_block_m=128)}
 WIDE_CTAS_PER_SM = 1
 

@@ -168,7 +168,8 @@ NUM_WARPS = 4
 # Issue #38's packed rows (off by default; bench/decode_packed_ab.sh): a group · Sq of more than BLOCK_M rows
 # at D <= 128 takes one CTA of two warpgroups (WIDE_NUM_WARPS), 64 rows each, on one K/V ring: the rows'
 # keys are copied to shared memory once, not once per 64-row tile, and one CTA's fixed costs serve 128 rows.
-# D=256 keeps 64-row tiles (its 192 KB ring and a 64 KB Q tile exceed a CTA's shared memory).
+# D=256 keeps 64-row tiles (its 192 KB ring and a 64 KB Q tile exceed a CTA's shared memory). Off: measured
+# 0.99-1.12x the 64-row tiles' time on four such shapes (H200, results/h200/decode-packed-ab/).
 WIDE_M_TILE = False
 WIDE_BLOCK_M, WIDE_NUM_WARPS, WIDE_HEAD_DIMS = 128, 8, (64, 128)
 
