@@ -157,6 +157,17 @@ def attention_mask(S, offs_m, start_n, seqlen_k, causal_offset, CAUSAL: gl.const
     return gl.where(visible, S, float("-inf"))
 
 
+@gluon.jit
+def transposed_mask(p_t, offs_n, offs_m, seqlen_k, causal_offset, CAUSAL: gl.constexpr):
+    """Pᵀ (keys ``offs_n`` as rows, query rows ``offs_m`` as columns) with 0 where the key is past
+    ``seqlen_k`` or, causal, after the query row's diagonal (j > i + causal_offset): the transpose of
+    :func:`attention_mask`, applied after the exp (Pᵀ, not Sᵀ, is what the products read)."""
+    visible = offs_n[:, None] < seqlen_k
+    if CAUSAL:
+        visible = visible & (offs_n[:, None] <= offs_m[None, :] + causal_offset)
+    return gl.where(visible, p_t, 0.0)
+
+
 # ----------------------------------------------------------------------------------------------
 # OnlineSoftmax
 # ----------------------------------------------------------------------------------------------
