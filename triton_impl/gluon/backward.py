@@ -52,9 +52,10 @@ consumers after a wait for dQᵀ, and the per-step dSᵀ exchange cost more than
 
 Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` (K, V once per dK/dV CTA; Q, dO once per (key block,
 query block) through a ``NUM_STAGES``-slot ring; LSE₂ and D by plain loads into the registers of the rows'
-layout, masked, under the wgmmas: a TMA box over them needs Sq · 4 bytes aligned to 16, which a ragged Sq is
-not); SMEM → tensor cores by ``wgmma.mma_async``; Pᵀ and dSᵀ never leave registers (packed two per 32-bit word
-by ``cvt``, ``_device._operand_p``); dK, dV and dQ registers → SMEM → HBM by TMA stores.
+layout, masked, under the wgmmas, or with ``tma_rows`` by TMA with Q and dO into the ring slot, each head's
+rows padded to a 16-byte stride, ``backward_rows.py``); SMEM → tensor cores by ``wgmma.mma_async``; Pᵀ and
+dSᵀ never leave registers (packed two per 32-bit word by ``cvt``, ``_device._operand_p``); dK, dV and dQ
+registers → SMEM → HBM by TMA stores.
 
 Constraints: fp16 and bf16; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA and
 MQA (dK and dV summed over the group's query heads in registers, no atomics); the LSE's gradient (``d_lse``);
@@ -180,19 +181,20 @@ class BackwardTiles:
 # the others, the non-overlapped s3 its D=128 default.
 # The dQ pass with 128-key tiles (plain steps: overlapped they spill 80-288 bytes) gains nothing: 448.8 /
 # 407.4 beside the overlapped dK/dV kernel, 421.0 / 411.3 beside the plain one (backward-gluon-candidates-atomic/).
+# tma_rows (not timed yet): the unmasked dK/dV step has no LDG, 238 → 198 SASS instructions (D=128), 383 → 244 (D=64).
 OVERLAP_SPILLS = ("3.9",)
 ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
-    64: (BackwardTiles(64, 2, 64, 2), BackwardTiles(64, 3, 128, 2), BackwardTiles(64, 3, 64, 3, overlap=True)),
-    128: (
-        BackwardTiles(32, 3, 64, 3, overlap=True),
-        BackwardTiles(32, 3, 64, 3),
-        BackwardTiles(32, 2, 64, 2),
-        BackwardTiles(32, 4, 64, 3, overlap=True),
-        BackwardTiles(32, 3, 128, 2, overlap=True, dq_overlap=False),
-        BackwardTiles(32, 3, 128, 2),
-        BackwardTiles(32, 3, 64, 3, atomic_dq=True),
+    64: (
+        BackwardTiles(64, 2, 64, 2), BackwardTiles(64, 3, 128, 2), BackwardTiles(64, 3, 64, 3, overlap=True),
+        BackwardTiles(64, 2, 64, 2, tma_rows=True), BackwardTiles(64, 3, 64, 3, overlap=True, tma_rows=True),
     ),
-}
+    128: (
+        BackwardTiles(32, 3, 64, 3, overlap=True), BackwardTiles(32, 3, 64, 3), BackwardTiles(32, 2, 64, 2),
+        BackwardTiles(32, 4, 64, 3, overlap=True), BackwardTiles(32, 3, 128, 2, overlap=True, dq_overlap=False),
+        BackwardTiles(32, 3, 128, 2), BackwardTiles(32, 3, 64, 3, atomic_dq=True),
+        BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True), BackwardTiles(32, 3, 64, 3, tma_rows=True),
+    ),
+}  # fmt: skip
 # The atomic dQ (319.3 at P1 against 456.4) spills at the static test's ragged GQA shapes (bytes per thread,
 # non-causal/causal: 3.6 40/40, 3.8 16/8, 3.9 160/120; P1: 3.6 16/8, 3.8 0/0): no release lists it.
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
