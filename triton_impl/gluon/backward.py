@@ -494,7 +494,7 @@ def _dkdv_kernel(
         n_start, seqlen_q, seqlen_k, causal_offset, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N
     )
     smem, barriers = _allocate(desc_k, desc_q, NUM_STAGES)
-    row_loads, (LseLog2, Delta) = allocate_rows(LseLog2, Delta, smem[2], TMA_ROWS)
+    row_loads, LseLog2, Delta = allocate_rows(LseLog2, Delta, smem[2], TMA_ROWS)
     # Without ATOMIC_DQ the consumers never read these: the Q ring and its barriers stand in for them.
     ds_all = smem[2]
     ds_ready = barriers[1]

@@ -71,17 +71,17 @@ def head_rows(batch_head, seqlen_q, TMA_ROWS: gl.constexpr):
 @gluon.jit
 def allocate_rows(LseLog2, Delta, q_ring, TMA_ROWS: gl.constexpr):
     """With TMA_ROWS, a ring of LSE₂ and one of D beside the Q ring ``q_ring`` (its slots, a (1, 1, BLOCK_M)
-    fp32 box each): ``(loads, reads)``, what the load warp takes (descriptors and rings) and what the
+    fp32 box each): ``(loads, lse_log2, delta)``, what the load warp takes (descriptors and rings) and what the
     consumers read (the rings). Without, no load and the vectors themselves."""
     loads = ()
-    reads = (LseLog2, Delta)
+    lse_log2 = LseLog2
+    delta = Delta
     if TMA_ROWS:
         shape: gl.constexpr = [q_ring.shape[0], 1, 1, q_ring.shape[1]]
-        lse_ring = gl.allocate_shared_memory(gl.float32, shape, LseLog2.layout)
-        delta_ring = gl.allocate_shared_memory(gl.float32, shape, Delta.layout)
-        loads = (LseLog2, Delta, lse_ring, delta_ring)
-        reads = (lse_ring, delta_ring)
-    return loads, reads
+        lse_log2 = gl.allocate_shared_memory(gl.float32, shape, LseLog2.layout)
+        delta = gl.allocate_shared_memory(gl.float32, shape, Delta.layout)
+        loads = (LseLog2, Delta, lse_log2, delta)
+    return loads, lse_log2, delta
 
 
 @gluon.jit
