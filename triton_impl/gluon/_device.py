@@ -15,7 +15,8 @@ The softmax side uses the names of the Triton stack (``triton_impl/_device.py``)
 * ``split_key_range`` → :func:`split_key_range` (split-KV): one split's [key_begin, key_end) of whole
   key blocks, the Triton stack's rule.
 * ``AttentionMask.apply`` → :func:`attention_mask`: -inf past the sequence's seqlen_k and, causal,
-  after the query row's diagonal (j > i + causal_offset).
+  after the query row's diagonal (j > i + causal_offset); :func:`transposed_mask` is its transpose for
+  the backward's Pᵀ (keys as rows, 0 after the exp).
 * ``OnlineSoftmax`` → :func:`online_softmax_update`, :func:`online_softmax_rescale`,
   :func:`online_softmax_finalize`; ``row_max`` is the maximum of S · softmax_scale_log2 (log2 units
   of the scaled scores), ``row_sum`` the sum of P in the same frame. ``P_EXPONENT`` (update and
