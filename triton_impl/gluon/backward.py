@@ -464,8 +464,8 @@ def _dkdv_kernel(
     ATOMIC_DQ: gl.constexpr, TMA_ROWS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """dK and dV (B, Hkv, Sk, D) of one 128-key block of one (batch, KV head); Q, dO by 4-D descriptors
-    with a BLOCK_M-row box, K, V, dK, dV with a 64-row box; LSE₂ and D fp32 (B·H·Sq) vectors; with
-    ``ATOMIC_DQ`` the (B, H, Sq, D) fp32 dQ accumulator too (otherwise never read)."""
+    with a BLOCK_M-row box, K, V, dK, dV with a 64-row box; LSE₂ and D fp32 (B·H·Sq) vectors (TMA_ROWS: 3-D
+    descriptors, ``dkdv_rows``); with ``ATOMIC_DQ`` the (B, H, Sq, D) fp32 dQ accumulator (else never read)."""
     WG_N: gl.constexpr = desc_k.block_type.shape[2]
     BLOCK_N: gl.constexpr = NUM_CONSUMERS * WG_N
     BLOCK_M: gl.constexpr = desc_q.block_type.shape[2]
