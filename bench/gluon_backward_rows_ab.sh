@@ -2,7 +2,7 @@
 # gluon/hopper's backward with LSE₂ and D loaded by TMA into each ring slot with Q and dO (BackwardTiles.tma_rows,
 # off by default; triton_impl/gluon/backward_rows.py; issue #40), on a GPU for the first time, in one device call
 # (at most about 150 s on an H200):
-#   1. its GPU tests (4 workers, at most 55 s, mostly compiling): every tma_rows candidate against fp64 on the
+#   1. its GPU tests (8 workers, at most 55 s, mostly compiling): every tma_rows candidate against fp64 on the
 #      shapes that probe the rows (Sq not a multiple of four, query tails inside a block, rows that see no key,
 #      one query or key, MQA and GQA, D 64 and 128; tests/test_gluon_backward_rows.py) and on
 #      tests/test_backward.py's ragged GQA causal shapes (test_gpu_every_candidate_passes_the_rule -k tma_rows);
@@ -21,7 +21,7 @@ export PYTHONPATH="${PYTHONPATH:-$PWD}"
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } > "$OUT/gpu.log" 2>&1
 status=0
-timeout 55 python3 -m pytest -q -n 4 -m gpu tests/test_gluon_backward_rows.py tests/test_backward.py -k tma_rows \
+timeout 55 python3 -m pytest -q -n 8 -m gpu tests/test_gluon_backward_rows.py tests/test_backward.py -k tma_rows \
   > "$OUT/pytest.log" 2>&1 || status=1
 tail -3 "$OUT/pytest.log"
 variants=(
