@@ -169,6 +169,7 @@ def _preprocess_kernel(
     stride_dob, stride_doh, stride_dom,
     heads, seqlen_q,
     HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    ROW_ALIGN: tl.constexpr,
 ):  # fmt: skip
     m_block = tl.program_id(0)
     batch_head = tl.program_id(1)
@@ -177,10 +178,14 @@ def _preprocess_kernel(
         Out, DOut, DLse, (stride_ob, stride_oh, stride_om), (stride_dob, stride_doh, stride_dom),
         batch_head, heads, m_block, seqlen_q, tl.float32, HAS_DLSE, HEAD_DIM, BLOCK_M,
     )  # fmt: skip
-    tl.store(Delta + rows, delta, mask=row_ok)
+    # D and LSE₂ rows: each head's starts ROW_ALIGN-aligned (a TMA source: gluon's ``tma_rows``), or packed.
+    stat_rows = rows
+    if ROW_ALIGN > 1:
+        stat_rows = rows + batch_head.to(tl.int64) * (tl.cdiv(seqlen_q, ROW_ALIGN) * ROW_ALIGN - seqlen_q)
+    tl.store(Delta + stat_rows, delta, mask=row_ok)
     # Guard: a row that sees no key has LSE -inf; +inf makes its P = exp2(S − inf) = 0, not NaN.
     lse = tl.load(Lse + rows, mask=row_ok, other=0.0)
-    tl.store(LseLog2 + rows, tl.where(lse == float("-inf"), float("inf"), lse * LOG2_E), mask=row_ok)
+    tl.store(LseLog2 + stat_rows, tl.where(lse == float("-inf"), float("inf"), lse * LOG2_E), mask=row_ok)
     if ZERO_DQ:
         offs_d = tl.arange(0, HEAD_DIM)
         tl.store(DQAccum + rows[:, None] * HEAD_DIM + offs_d[None, :], tl.zeros((BLOCK_M, HEAD_DIM), tl.float32),
@@ -416,13 +421,16 @@ def preprocess_launch(
     d_lse: torch.Tensor | None,
     problem: Problem,
     dq_accum: torch.Tensor | None = None,
+    row_align: int = 1,
 ) -> tuple[Launch, torch.Tensor, torch.Tensor]:
     """The preprocess launch (step 1) and the fp32 (B·H·Sq) D and LSE₂ it writes; ``dq_accum`` (atomic
     dQ) is zeroed by it too. ``out`` and ``d_out`` must be kernel operands (``kernel_operand``).
-    ``gluon/backward/hopper`` launches it as well."""
+    ``gluon/backward/hopper`` launches it as well; ``row_align`` > 1 (its ``tma_rows``): each head's rows
+    of D and LSE₂ start at a multiple of ``row_align`` floats (B·H·Sq rounded up per head; never read there)."""
     batch, heads, seqlen_q = problem.batch, problem.heads, problem.seqlen_q
     lse = lse.contiguous()
-    delta, lse_log2 = (torch.empty((batch * heads * seqlen_q,), dtype=torch.float32, device=out.device) for _ in "01")
+    stat_rows = batch * heads * -(-seqlen_q // row_align) * row_align
+    delta, lse_log2 = (torch.empty((stat_rows,), dtype=torch.float32, device=out.device) for _ in "01")
     # Without d_lse the kernel never reads its argument (HAS_DLSE False): pass the LSE in its place;
     # without an accumulator (ZERO_DQ False), D in its.
     d_lse_arg = d_lse.contiguous() if d_lse is not None else lse
@@ -434,7 +442,7 @@ def preprocess_launch(
             heads, seqlen_q,
         ),
         {"HAS_DLSE": d_lse is not None, "ZERO_DQ": dq_accum is not None, "HEAD_DIM": problem.head_dim,
-         "BLOCK_M": ROWS_BLOCK_M},
+         "BLOCK_M": ROWS_BLOCK_M, "ROW_ALIGN": row_align},
     )  # fmt: skip
     return launch, delta, lse_log2
 

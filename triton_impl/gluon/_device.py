@@ -15,7 +15,8 @@ The softmax side uses the names of the Triton stack (``triton_impl/_device.py``)
 * ``split_key_range`` → :func:`split_key_range` (split-KV): one split's [key_begin, key_end) of whole
   key blocks, the Triton stack's rule.
 * ``AttentionMask.apply`` → :func:`attention_mask`: -inf past the sequence's seqlen_k and, causal,
-  after the query row's diagonal (j > i + causal_offset).
+  after the query row's diagonal (j > i + causal_offset); :func:`transposed_mask` is its transpose for
+  the backward's Pᵀ (keys as rows, 0 after the exp).
 * ``OnlineSoftmax`` → :func:`online_softmax_update`, :func:`online_softmax_rescale`,
   :func:`online_softmax_finalize`; ``row_max`` is the maximum of S · softmax_scale_log2 (log2 units
   of the scaled scores), ``row_sum`` the sum of P in the same frame. ``P_EXPONENT`` (update and
@@ -155,6 +156,17 @@ def attention_mask(S, offs_m, start_n, seqlen_k, causal_offset, CAUSAL: gl.const
     if CAUSAL:
         visible = visible & (offs_n[None, :] <= offs_m[:, None] + causal_offset)
     return gl.where(visible, S, float("-inf"))
+
+
+@gluon.jit
+def transposed_mask(p_t, offs_n, offs_m, seqlen_k, causal_offset, CAUSAL: gl.constexpr):
+    """Pᵀ (keys ``offs_n`` as rows, query rows ``offs_m`` as columns) with 0 where the key is past
+    ``seqlen_k`` or, causal, after the query row's diagonal (j > i + causal_offset): the transpose of
+    :func:`attention_mask`, applied after the exp (Pᵀ, not Sᵀ, is what the products read)."""
+    visible = offs_n[:, None] < seqlen_k
+    if CAUSAL:
+        visible = visible & (offs_n[:, None] <= offs_m[None, :] + causal_offset)
+    return gl.where(visible, p_t, 0.0)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -52,9 +52,10 @@ consumers after a wait for dQᵀ, and the per-step dSᵀ exchange cost more than
 
 Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` (K, V once per dK/dV CTA; Q, dO once per (key block,
 query block) through a ``NUM_STAGES``-slot ring; LSE₂ and D by plain loads into the registers of the rows'
-layout, masked, under the wgmmas: a TMA box over them needs Sq · 4 bytes aligned to 16, which a ragged Sq is
-not); SMEM → tensor cores by ``wgmma.mma_async``; Pᵀ and dSᵀ never leave registers (packed two per 32-bit word
-by ``cvt``, ``_device._operand_p``); dK, dV and dQ registers → SMEM → HBM by TMA stores.
+layout, masked, under the wgmmas, or with ``tma_rows`` by TMA with Q and dO into the ring slot, each head's
+rows padded to a 16-byte stride, ``backward_rows.py``); SMEM → tensor cores by ``wgmma.mma_async``; Pᵀ and
+dSᵀ never leave registers (packed two per 32-bit word by ``cvt``, ``_device._operand_p``); dK, dV and dQ
+registers → SMEM → HBM by TMA stores.
 
 Constraints: fp16 and bf16; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA and
 MQA (dK and dV summed over the group's query heads in registers, no atomics); the LSE's gradient (``d_lse``);
@@ -107,6 +108,7 @@ from triton_impl.gluon._device import (
     dq_t_product,
     kv_head_index,
     share_ds,
+    transposed_mask,
 )
 from triton_impl.gluon._host import (
     CONSUMER_ROWS,
@@ -119,6 +121,7 @@ from triton_impl.gluon._host import (
     descriptor,
     gluon_device_supported,
 )
+from triton_impl.gluon.backward_rows import ROW_ALIGN, allocate_rows, dkdv_rows, head_rows, load_slot, step_rows
 
 BACKWARD_NAME = "gluon/backward/hopper"
 DTYPES = (torch.float16, torch.bfloat16)
@@ -145,6 +148,8 @@ class BackwardTiles:
     # dQ by fp32 atomics from the dK/dV kernel (``_device.dq_t_product``, ``_device.add_dq``), no dQ pass
     # (its two tile fields unused).
     atomic_dq: bool = False
+    # LSE₂ and D of each query block by TMA into the Q and dO ring slot (``backward_rows.py``), not from HBM.
+    tma_rows: bool = False
 
     def __post_init__(self) -> None:
         # Overlapped, a slot is freed one step late: one slot would deadlock the load warp.
@@ -162,7 +167,7 @@ class BackwardTiles:
         dq = "dq atomic" if self.atomic_dq else f"dq 128x{self.dq_block_n} s{self.dq_stages}"
         overlap = {(True, True): " overlap", (True, False): " overlap dkdv", (False, True): " overlap dq"}
         suffix = overlap.get((self.overlap, self.overlaps_dq), "")
-        return f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, {dq}{suffix}"
+        return f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, {dq}{suffix}{' tma_rows' * self.tma_rows}"
 
 
 # Per head dim, the default first; every one compiles for sm_90a without spills (tests/test_backward.py,
@@ -176,19 +181,20 @@ class BackwardTiles:
 # the others, the non-overlapped s3 its D=128 default.
 # The dQ pass with 128-key tiles (plain steps: overlapped they spill 80-288 bytes) gains nothing: 448.8 /
 # 407.4 beside the overlapped dK/dV kernel, 421.0 / 411.3 beside the plain one (backward-gluon-candidates-atomic/).
+# tma_rows (not timed yet): the unmasked dK/dV step has no LDG, 238 → 198 SASS instructions (D=128), 383 → 244 (D=64).
 OVERLAP_SPILLS = ("3.9",)
 ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
-    64: (BackwardTiles(64, 2, 64, 2), BackwardTiles(64, 3, 128, 2), BackwardTiles(64, 3, 64, 3, overlap=True)),
-    128: (
-        BackwardTiles(32, 3, 64, 3, overlap=True),
-        BackwardTiles(32, 3, 64, 3),
-        BackwardTiles(32, 2, 64, 2),
-        BackwardTiles(32, 4, 64, 3, overlap=True),
-        BackwardTiles(32, 3, 128, 2, overlap=True, dq_overlap=False),
-        BackwardTiles(32, 3, 128, 2),
-        BackwardTiles(32, 3, 64, 3, atomic_dq=True),
+    64: (
+        BackwardTiles(64, 2, 64, 2), BackwardTiles(64, 3, 128, 2), BackwardTiles(64, 3, 64, 3, overlap=True),
+        BackwardTiles(64, 2, 64, 2, tma_rows=True), BackwardTiles(64, 3, 64, 3, overlap=True, tma_rows=True),
     ),
-}
+    128: (
+        BackwardTiles(32, 3, 64, 3, overlap=True), BackwardTiles(32, 3, 64, 3), BackwardTiles(32, 2, 64, 2),
+        BackwardTiles(32, 4, 64, 3, overlap=True), BackwardTiles(32, 3, 128, 2, overlap=True, dq_overlap=False),
+        BackwardTiles(32, 3, 128, 2), BackwardTiles(32, 3, 64, 3, atomic_dq=True),
+        BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True), BackwardTiles(32, 3, 64, 3, tma_rows=True),
+    ),
+}  # fmt: skip
 # The atomic dQ (319.3 at P1 against 456.4) spills at the static test's ragged GQA shapes (bytes per thread,
 # non-causal/causal: 3.6 40/40, 3.8 16/8, 3.9 160/120; P1: 3.6 16/8, 3.8 0/0): no release lists it.
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
@@ -207,6 +213,7 @@ class StepConstants(NamedTuple):
     CAUSAL: bool
     OVERLAP: bool  # a step issues the previous step's last product (``BackwardTiles.overlap``)
     ATOMIC_DQ: bool = False  # the dK/dV kernel adds each step's dQ share (``BackwardTiles.atomic_dq``)
+    TMA_ROWS: bool = False  # LSE₂ and D come with Q and dO into the ring (``BackwardTiles.tma_rows``)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -245,12 +252,12 @@ def _allocate(desc_fixed, desc_stream, NUM_STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _load_partition(loader, NUM_STAGES: gl.constexpr):
+def _load_partition(loader, NUM_STAGES: gl.constexpr, TMA_ROWS: gl.constexpr = False):
     """One warp issuing TMA copies. First each consumer's two fixed tiles (rows ``fixed_start`` +
     64 · consumer of ``fixed_head``), on one barrier per consumer; then the stream: for each of
     ``stream_heads`` heads from ``stream_head``, ``blocks`` blocks of rows from block ``first_block``,
     the two tiles of a block into one ring slot, once both consumers have freed it."""
-    descs, smem, barriers, coords = loader
+    descs, smem, barriers, coords, rows = loader
     desc_fixed_a, desc_fixed_b, desc_a, desc_b = descs
     fixed_a, fixed_b, ring_a, ring_b = smem
     fixed_ready, a_ready, b_ready, empty = barriers
@@ -270,10 +277,9 @@ def _load_partition(loader, NUM_STAGES: gl.constexpr):
         mbarrier.wait(empty.index(stage), ((step // NUM_STAGES) & 1) ^ 1)
         head = stream_head + step // blocks
         row = (first_block + step % blocks) * ROWS
-        mbarrier.expect(a_ready.index(stage), desc_a.block_type.nbytes)
-        _tma_load(desc_a, [batch, head, row, 0], a_ready.index(stage), _as_box(ring_a.index(stage)))
-        mbarrier.expect(b_ready.index(stage), desc_b.block_type.nbytes)
-        _tma_load(desc_b, [batch, head, row, 0], b_ready.index(stage), _as_box(ring_b.index(stage)))
+        # With TMA_ROWS (dK/dV), the rows' LSE₂ and D come with Q and dO (``backward_rows``).
+        load_slot(desc_a, ring_a, rows, 0, [batch, head, row], a_ready.index(stage), stage, TMA_ROWS)
+        load_slot(desc_b, ring_b, rows, 1, [batch, head, row], b_ready.index(stage), stage, TMA_ROWS)
 
 
 @gluon.jit
@@ -332,17 +338,6 @@ def _query_blocks(n_start, seqlen_q, seqlen_k, causal_offset, CAUSAL: gl.constex
 
 
 @gluon.jit
-def _transposed_mask(p_t, offs_n, offs_m, seqlen_k, causal_offset, CAUSAL: gl.constexpr):
-    """Pᵀ (keys ``offs_n`` as rows, query rows ``offs_m`` as columns) with 0 where the key is past
-    ``seqlen_k`` or, causal, after the query row's diagonal (j > i + causal_offset): the transpose of
-    ``_device.attention_mask``, applied after the exp (Pᵀ, not Sᵀ, is what the products read)."""
-    visible = offs_n[:, None] < seqlen_k
-    if CAUSAL:
-        visible = visible & (offs_n[:, None] <= offs_m[None, :] + causal_offset)
-    return gl.where(visible, p_t, 0.0)
-
-
-@gluon.jit
 def _dkdv_step(carry, step, m_start, row_base, step_args, constants: gl.constexpr, MASKED: gl.constexpr):
     """One ring slot of Q and dO (query rows from ``m_start``; their LSE₂ and D from ``row_base`` in
     the (B·H·Sq) vectors) into this consumer's dK and dV (see the module docstring, step 2b).
@@ -365,17 +360,14 @@ def _dkdv_step(carry, step, m_start, row_base, step_args, constants: gl.constexp
     dp_t_token = _scores(v_smem, do_tile, s_layout)
     if OVERLAP:
         dk = _values_product(carry[2], q_ring.index(_previous_stage(step, NUM_STAGES)), dk, p_layout)
-    # The rows' LSE₂ and D load under the wgmmas (rows past Sq: LSE₂ +inf makes their P 0).
     offs_m = m_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-    row_ok = offs_m < seqlen_q
-    lse_log2 = gl.load(LseLog2 + row_base + offs_m, mask=row_ok, other=float("inf"))
-    delta = gl.load(Delta + row_base + offs_m, mask=row_ok, other=0.0)
+    lse_log2, delta = step_rows(LseLog2, Delta, row_base, offs_m, seqlen_q, step, NUM_STAGES, constants.TMA_ROWS)
 
     # wgmmas retire in order: one left in flight (two overlapped: the previous dK too) means Sᵀ is done.
     s_t = warpgroup_mma_wait(2 if OVERLAP else 1, deps=[s_t_token])
     p_t = gl.exp2(s_t * scale_log2 - lse_log2[None, :])
     if MASKED:
-        p_t = _transposed_mask(p_t, offs_n, offs_m, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL)
+        p_t = transposed_mask(p_t, offs_n, offs_m, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL)
     dv_token = _values_product(_operand_p(p_t, q_ring.dtype, p_layout), do_tile, dv, p_layout)
     # dV += Pᵀ dO runs while dSᵀ = Pᵀ ∘ (dPᵀ − D) is made (overlapped: the previous dK too).
     dp_t = warpgroup_mma_wait(2 if OVERLAP else 1, deps=[dp_t_token])
@@ -469,11 +461,11 @@ def _dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LseLog2, Delta, DQAccum,
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale_log2,
     NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, OVERLAP: gl.constexpr,
-    ATOMIC_DQ: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    ATOMIC_DQ: gl.constexpr, TMA_ROWS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """dK and dV (B, Hkv, Sk, D) of one 128-key block of one (batch, KV head); Q, dO by 4-D descriptors
-    with a BLOCK_M-row box, K, V, dK, dV with a 64-row box; LSE₂ and D fp32 (B·H·Sq) vectors; with
-    ``ATOMIC_DQ`` the (B, H, Sq, D) fp32 dQ accumulator too (otherwise never read)."""
+    with a BLOCK_M-row box, K, V, dK, dV with a 64-row box; LSE₂ and D fp32 (B·H·Sq) vectors (TMA_ROWS: 3-D
+    descriptors, ``dkdv_rows``); with ``ATOMIC_DQ`` the (B, H, Sq, D) fp32 dQ accumulator (else never read)."""
     WG_N: gl.constexpr = desc_k.block_type.shape[2]
     BLOCK_N: gl.constexpr = NUM_CONSUMERS * WG_N
     BLOCK_M: gl.constexpr = desc_q.block_type.shape[2]
@@ -486,7 +478,9 @@ def _dkdv_kernel(
     )
     # Pᵀ and dSᵀ as wgmma's A operand from registers: two 16-bit k per thread and register.
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    constants: gl.constexpr = StepConstants(s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP, ATOMIC_DQ)
+    constants: gl.constexpr = StepConstants(
+        s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP, ATOMIC_DQ, TMA_ROWS
+    )
 
     n_block = gl.program_id(0)
     batch_kv_head = gl.program_id(1)
@@ -500,6 +494,7 @@ def _dkdv_kernel(
         n_start, seqlen_q, seqlen_k, causal_offset, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N
     )
     smem, barriers = _allocate(desc_k, desc_q, NUM_STAGES)
+    row_loads, LseLog2, Delta = allocate_rows(LseLog2, Delta, smem[2], TMA_ROWS)
     # Without ATOMIC_DQ the consumers never read these: the Q ring and its barriers stand in for them.
     ds_all = smem[2]
     ds_ready = barriers[1]
@@ -519,6 +514,7 @@ def _dkdv_kernel(
         smem,
         barriers,
         (batch, kv_head, n_start, kv_head * group, group, first_block, blocks),
+        row_loads,
     )
     consumer_args = (
         smem,
@@ -533,7 +529,7 @@ def _dkdv_kernel(
         [
             (_dkdv_consumer, (0, consumer_args, constants)),
             (_dkdv_consumer, (1, consumer_args, constants)),
-            (_load_partition, (loader, NUM_STAGES)),
+            (_load_partition, (loader, NUM_STAGES, TMA_ROWS)),
         ],
         [CONSUMER_WARPS, LOAD_WARPS],
         [CONSUMER_REGS, LOAD_REGISTERS],
@@ -604,7 +600,7 @@ def _dq_consumer(index: gl.constexpr, args, constants: gl.constexpr):
     offs_m = consumer_m + gl.arange(0, WG_M, layout=gl.SliceLayout(1, constants.s_layout))
     row_ok = offs_m < seqlen_q
     # This head's rows of the (B·H·Sq) vectors; rows past Sq: LSE₂ +inf makes their P 0.
-    row_base = batch_head.to(gl.int64) * seqlen_q
+    row_base = head_rows(batch_head, seqlen_q, constants.TMA_ROWS)
     lse_log2 = gl.load(LseLog2 + row_base + offs_m, mask=row_ok, other=float("inf"))
     delta = gl.load(Delta + row_base + offs_m, mask=row_ok, other=0.0)
     dq = gl.zeros([WG_M, HEAD_DIM], gl.float32, constants.acc_layout)
@@ -637,7 +633,7 @@ def _dq_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_dq, LseLog2, Delta,
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale_log2,
     NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, OVERLAP: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    TMA_ROWS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """dQ (B, H, Sq, D) of 128 query rows of one (batch, head); Q, dO, dQ by 4-D descriptors with a
     64-row box, K and V with a BLOCK_N-row box (their KV head's: GQA reads them, never repeats them)."""
@@ -653,7 +649,9 @@ def _dq_kernel(
     )
     # dS as wgmma's A operand from registers: two 16-bit k per thread and register.
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    constants: gl.constexpr = StepConstants(s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP)
+    constants: gl.constexpr = StepConstants(
+        s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP, TMA_ROWS=TMA_ROWS
+    )
 
     # Causal: the last query blocks see the most keys; launching them first evens out the tail.
     m_block = gl.num_programs(0) - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)
@@ -669,7 +667,7 @@ def _dq_kernel(
     )
     smem, barriers = _allocate(desc_q, desc_k, NUM_STAGES)
 
-    loader = ((desc_q, desc_do, desc_k, desc_v), smem, barriers, (batch, head, start_m, kv_head, 1, 0, n_block_max))
+    loader = ((desc_q, desc_do, desc_k, desc_v), smem, barriers, (batch, head, start_m, kv_head, 1, 0, n_block_max), ())
     consumer_args = (
         smem,
         barriers,
@@ -722,7 +720,8 @@ def _launches(
     q, k, v, out, d_out = (_tma_operand(t) for t in (q, k, v, out, d_out))
     # The atomic dQ's fp32 accumulator, zeroed by the preprocess.
     dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device) if tiles.atomic_dq else None
-    preprocess, delta, lse_log2 = tiled.preprocess_launch(out, d_out, lse, d_lse, problem, dq_accum)
+    row_align = ROW_ALIGN.value if tiles.tma_rows else 1  # tma_rows: rows padded to a legal TMA stride
+    preprocess, delta, lse_log2 = tiled.preprocess_launch(out, d_out, lse, d_lse, problem, dq_accum, row_align)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -732,7 +731,8 @@ def _launches(
                problem.scale * LOG2_E)  # fmt: skip
     options = {
         "CAUSAL": problem.causal, "BOTTOM_RIGHT": problem.bottom_right, "OVERLAP": tiles.overlap,
-        "CONSUMER_REGS": BUDGET.consumer_registers, "num_warps": BUDGET.num_warps, "maxnreg": BUDGET.maxnreg,
+        "TMA_ROWS": tiles.tma_rows, "CONSUMER_REGS": BUDGET.consumer_registers, "num_warps": BUDGET.num_warps,
+        "maxnreg": BUDGET.maxnreg,
     }  # fmt: skip
     dkdv = (
         _dkdv_kernel,
@@ -741,7 +741,8 @@ def _launches(
             descriptor(q, tiles.dkdv_block_m, dtype), descriptor(k, rows, dtype), descriptor(v, rows, dtype),
             descriptor(d_out, tiles.dkdv_block_m, dtype), descriptor(dk, rows, dtype), descriptor(dv, rows, dtype),
             # Without atomics the kernel never reads the accumulator (ATOMIC_DQ False): D stands in for it.
-            lse_log2, delta, delta if dq_accum is None else dq_accum, *scalars,
+            *dkdv_rows(lse_log2, delta, problem, tiles.dkdv_block_m, tiles.tma_rows),
+            delta if dq_accum is None else dq_accum, *scalars,
         ),
         {**options, "NUM_STAGES": tiles.dkdv_stages, "ATOMIC_DQ": tiles.atomic_dq},
     )  # fmt: skip
