@@ -216,8 +216,9 @@ def test_merge_reads_the_splits_in_steps(splits_per_step: int, monkeypatch: pyte
 # ----------------------------------------------------------------------------------------------------
 # The fused merge: the last split of a tile to arrive merges, and resets its arrival counter
 # ----------------------------------------------------------------------------------------------------
-# 16 tokens of MQA over 8 heads: 128 packed rows, two 64-row M tiles (two counters per sequence), three
-# splits of the ragged LENGTHS (the empty sequence's splits all empty, the 131-key one's last empty).
+# 16 tokens of MQA over 8 heads: 128 packed rows, two 64-row M tiles (two counters per sequence; the tests
+# turn WIDE_M_TILE's one 128-row tile off), three splits of the ragged LENGTHS (the empty sequence's splits
+# all empty, the 131-key one's last empty).
 FUSED_PROBLEM = _decode_problem(16, 1)
 
 
@@ -239,11 +240,12 @@ def _fused_twice_and_two_launches() -> tuple[list, tuple]:
 
 
 @interpreter_only
-def test_fused_merge_twice_in_a_row_equals_the_two_launch_merge_bit_for_bit():
+def test_fused_merge_twice_in_a_row_equals_the_two_launch_merge_bit_for_bit(monkeypatch: pytest.MonkeyPatch):
     """Each call of a fused runner (run_poisoned: two calls each) writes every row, so its counters were
     back to 0 after the call before; the result is the two-launch path's, bit for bit (one merge_splits
     in both), which test_ragged_cache_against_fp64 and test_two_launch_merge_against_fp64 hold to fp64.
     A counter left at its count fails: test_planted_counter_not_reset_fails_the_next_call."""
+    monkeypatch.setattr(decode, "WIDE_M_TILE", False)
     calls, two_launch = _fused_twice_and_two_launches()
     for out, lse in (*calls, two_launch):
         assert not out.isnan().any() and not lse.isnan().any(), "a row left unwritten (poisoned)"
@@ -264,6 +266,7 @@ def test_planted_counter_not_reset_fails_the_next_call(monkeypatch: pytest.Monke
     """The last CTA merges but leaves its counter at num_splits: the next launch's arrivals (the poisoned
     one of each run_poisoned) count past num_splits - 1, nobody merges, and O stays NaN."""
     monkeypatch.setattr(decode, "_ARRIVAL_COUNTERS", {})  # the dirtied counters go with the test
+    monkeypatch.setattr(decode, "WIDE_M_TILE", False)
     monkeypatch.setattr(decode, "last_to_arrive", _arrive_without_reset)
     calls, _ = _fused_twice_and_two_launches()
     assert all(out.isnan().any() for out, _ in calls), "a launch merged although its counters were not reset"
@@ -382,7 +385,9 @@ def test_balanced_split_is_the_default_with_cache_seqlens_and_its_grid_is_fixed_
     assert decode.balanced_target_shares(problem, CPU) == 6
     long = problem.with_(seqlen_k=65536)
     assert decode.balanced_target_shares(long, CPU) == splits.DEFAULT_SM_COUNT * decode.BALANCED_SHARES_PER_SM
-    mqa = _decode_problem(16, 1, heads=8).with_(seqlen_k=65536)  # 128 packed rows: two M tiles share the SMs
+    mqa = _decode_problem(16, 1, heads=8).with_(seqlen_k=65536)  # 128 packed rows: one wide M tile
+    assert decode.balanced_target_shares(mqa, CPU) == splits.DEFAULT_SM_COUNT * decode.BALANCED_SHARES_PER_SM
+    monkeypatch.setattr(decode, "WIDE_M_TILE", False)  # two 64-row M tiles share the SMs
     assert decode.balanced_target_shares(mqa, CPU) == splits.DEFAULT_SM_COUNT * decode.BALANCED_SHARES_PER_SM // 2
     with pytest.raises(ValueError, match="must be >= 1, got 0"):
         decode.bind_balanced(*make_inputs(problem, seed=0, device="cpu"), problem, shares=0)
