@@ -1,0 +1,167 @@
+"""cute/fp8's Q quantised inside the attention kernel (``HopperAttentionConfig.quantise_q``, issue #37).
+
+Why: the fused quantiser (``triton_impl/fp8_quantiser.py``) reads Q, K and V in bf16 and writes them in
+e4m3 before the kernel runs; at P1 Q is a third of its bytes. The attention kernel reads each 64-row Q
+block once per tile anyway, and Q's scale block (``Quantisation.q_block_rows`` = 64 rows of one
+(batch, head)) is exactly one consumer warpgroup's Q box, so each warpgroup can quantise its own box:
+the quantiser then runs for K and V only (``FusedQuantiser(query=False)``).
+
+The same values as the quantiser, step by step (``fp8_quantiser_kernel``'s steps 2-4), per consumer
+warpgroup and tile, on the box the producer loaded by TMA in the input dtype:
+
+1. Rotation: the box times the ±1 sign matrix of ``random_hadamard(D, seed)`` on one wgmma chain
+   (m64nDk16, both operands in the input dtype from shared memory, fp32 accumulator: x · ±1 is exact,
+   the k-blocks summed in order, as the quantiser's ``tl.dot``), then x c, c = the matrix's fp32 entry
+   magnitude (``rotation_scale``). The sign matrix is loaded once per CTA.
+2. amax of the block: |x| per thread (tree), warp (shuffles), then the four warps through shared memory;
+   scale = amax / 448 by IEEE division, 1 for an all-zero block; stored to Q's scale tensor.
+3. x / scale by IEEE division (``div.rn``, the correctly rounded quotient the quantiser's reciprocal
+   division also gives), then e4m3 by ``cvt.rn.satfinite`` (saturating as the reference's clamp).
+4. The e4m3 values go to the warpgroup's e4m3 Q box (the A operand of S = Q Kᵀ), at the accumulator's
+   coordinates, then a proxy fence and the warpgroup's barrier before its first wgmma reads them.
+
+Bit equality with the quantiser holds where the fp32 sums of step 1 are the same: the same k16 groups
+in the same order on the same tensor cores, which is what Triton's wgmma for the quantiser's
+(128, D) x (D, D) product issues; the GPU tests compare the scales and judge the kernel by the FP8
+rule against the emulation of the full quantiser's operands.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from common.contract.fp8 import E4M3_MAX, random_hadamard
+from cute_impl._hopper_device import (
+    PRODUCER_ARRIVES,
+    ROWS_PER_WARPGROUP,
+    SMEM_ALIGN_BYTES,
+    THREADS_PER_WARPGROUP,
+    WARPS_PER_WARPGROUP,
+    NamedBarrier,
+    ReadOnlyInRegions,
+    tma_partition,
+    tree_reduce,
+    warpgroup_gemm,
+)
+
+
+def rotation_scale(head_dim: int) -> float:
+    """c: the fp32 magnitude of every entry of ``random_hadamard(head_dim, seed)`` (the same for every seed),
+    read as the quantiser reads it."""
+    return random_hadamard(head_dim, 0)[0, 0].abs().item()
+
+
+def rotation_mma(dtype: type[cutlass.Numeric], head_dim: int) -> cute.TiledMma:
+    """One warpgroup's rotation product: (64, D) Q box times the (D, D) sign matrix, both K-major in shared memory."""
+    k_major = cute.nvgpu.OperandMajorMode.K
+    return sm90_utils.make_trivial_tiled_mma(
+        dtype, dtype, k_major, k_major, Float32, (1, 1, 1), (ROWS_PER_WARPGROUP, head_dim)
+    )
+
+
+class QueryLayouts(NamedTuple):
+    """Shared memory of the in-kernel quantisation: the input-dtype Q boxes (64, D, warpgroup) the producer
+    loads, and the transposed sign matrix (D, D, 1)."""
+
+    box: cute.ComposedLayout
+    rotation: cute.ComposedLayout
+
+    @staticmethod
+    def create(dtype: type[cutlass.Numeric], head_dim: int, warpgroups: int) -> QueryLayouts:
+        tiler, row_major = (ROWS_PER_WARPGROUP, head_dim, head_dim), LayoutEnum.ROW_MAJOR
+        return QueryLayouts(
+            box=sm90_utils.make_smem_layout_a(row_major, tiler, dtype, warpgroups),
+            rotation=sm90_utils.make_smem_layout_b(row_major, tiler, dtype, 1),
+        )
+
+    def storage_fields(self, dtype: type[cutlass.Numeric], warpgroups: int) -> dict:
+        """The fields ``SharedLayouts.storage`` appends: the rotation's full barrier, each warp's amax, the
+        boxes and the sign matrix (1024-byte aligned: swizzle)."""
+        return {
+            "rotation_full": cute.struct.MemRange[cutlass.Int64, 1],
+            "q_amax": cute.struct.MemRange[Float32, warpgroups * WARPS_PER_WARPGROUP],
+            "sQ_in": cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(self.box)], SMEM_ALIGN_BYTES],
+            "sR": cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(self.rotation)], SMEM_ALIGN_BYTES],
+        }
+
+
+@cute.jit
+def init_rotation_barrier(full: cute.Pointer, warp_idx: Int32) -> None:
+    """One elected thread of warp 0, before the CTA-wide barrier that publishes the kernel's barrier inits."""
+    if warp_idx == 0:
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_init(full, PRODUCER_ARRIVES)
+
+
+@cute.jit
+def load_rotation(atom: cute.CopyAtom, mR: cute.Tensor, sR: cute.Tensor, full: cute.Pointer, rotation_bytes: int):
+    """Producer, once per CTA: TMA the (D, D) sign matrix into ``sR``; ``full`` completes with its bytes."""
+    head_dim = cute.size(sR, mode=[0])
+    gR = cute.local_tile(mR, (head_dim, head_dim), (None, 0))  # (D, D, 1)
+    tRsR, tRgR = tma_partition(atom, sR, gR)  # (TMA, 1), (TMA, 1)
+    with cute.arch.elect_one():
+        cute.arch.mbarrier_arrive_and_expect_tx(full, rotation_bytes)
+    cute.copy(atom, tRgR[None, 0], tRsR[None, 0], tma_bar_ptr=full)
+
+
+class QueryQuantiser(ReadOnlyInRegions):
+    """Steps 1-4 of the module docstring for consumer warpgroup ``w``: :meth:`quantise` turns its loaded
+    input-dtype Q box into its e4m3 Q box and returns the block's scale."""
+
+    def __init__(
+        self, mma: cute.TiledMma, sQ_in: cute.Tensor, sR: cute.Tensor, sQ: cute.Tensor, amax: cute.Tensor,
+        rotation_full: cute.Pointer, w: Int32, wg_tidx: Int32, scale: float,
+    ):  # fmt: skip
+        thr = mma.get_slice(wg_tidx)
+        self.mma = mma
+        self.tRsQ = thr.make_fragment_A(thr.partition_A(sQ_in[None, None, w]))  # (MMA, 1, D/16)
+        self.tRsR = thr.make_fragment_B(thr.partition_B(sR))  # (MMA, 1, D/16, 1)
+        head_dim = cute.size(sQ, mode=[1])
+        self.acc_shape = thr.partition_shape_C((ROWS_PER_WARPGROUP, head_dim))  # ((2, 2, D/8), 1, 1)
+        self.tRsQ8 = thr.partition_C(sQ[None, None, w])  # ((2, 2, D/8), 1, 1) e4m3, the accumulator's coordinates
+        self.amax = amax  # (warps of all warpgroups,) fp32
+        self.rotation_full = rotation_full
+        self.w = w
+        self.warp = wg_tidx // cute.arch.WARP_SIZE
+        self.lane = wg_tidx % cute.arch.WARP_SIZE
+        self.scale = scale
+        self.barrier = NamedBarrier.QUANTISE_WG1 + w
+
+    @cute.jit
+    def wait_rotation(self) -> None:
+        """Once per CTA, before the first tile: the sign matrix has landed."""
+        cute.arch.mbarrier_wait(self.rotation_full, 0)
+
+    @cute.jit
+    def quantise(self) -> Float32:
+        """The box's e4m3 values into the warpgroup's e4m3 Q box; returns the block's scale. The caller has
+        waited for the box and may release it once this returns (the rotation's wgmma has retired)."""
+        # 1. Rotation: the sign matrix product, then x c.
+        acc = cute.make_rmem_tensor(self.acc_shape, Float32)
+        warpgroup_gemm(self.mma, acc, tA=self.tRsQ, tB=self.tRsR, stage=0, accumulate=False)
+        warpgroup.wait_group(0)
+        acc.store(acc.load() * Float32(self.scale))
+        # 2. amax: thread, warp, warpgroup (through shared memory), then the scale.
+        values = [cute.math.abs(acc[i]) for i in range(cute.size(acc))]
+        amax = cute.arch.warp_reduction_max(tree_reduce(values, cute.arch.fmax), threads_in_group=cute.arch.WARP_SIZE)
+        first = self.w * WARPS_PER_WARPGROUP
+        if self.lane == 0:
+            self.amax[first + self.warp] = amax
+        cute.arch.barrier(barrier_id=self.barrier, number_of_threads=THREADS_PER_WARPGROUP)
+        amax = tree_reduce([self.amax[first + i] for i in range(WARPS_PER_WARPGROUP)], cute.arch.fmax)
+        scale = Float32(cutlass.select_(amax > 0.0, amax / Float32(E4M3_MAX), Float32(1.0)))
+        # 3. x / scale correctly rounded, e4m3 with saturation.
+        rQ8 = cute.make_rmem_tensor_like(acc, self.tRsQ8.element_type)
+        rQ8.store((acc.load() / scale).to(self.tRsQ8.element_type))
+        # 4. Into the e4m3 box, visible to the async proxy (wgmma) of every warp of the warpgroup.
+        cute.autovec_copy(rQ8, self.tRsQ8)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=self.barrier, number_of_threads=THREADS_PER_WARPGROUP)
+        return scale
