@@ -132,7 +132,9 @@ def test_cute_fp8_variants_compile_to_e4m3_wgmma(variant: str, head_dim: int, ca
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_cute_fp8_q_in_kernel_compiles_to_the_rotation_wgmma_without_spills(causal: bool):
     """``quantise_q`` at P1 (GQA and bottom-right too when causal): the rotation's bf16 wgmma beside the e4m3
-    ones, IEEE division, no stack; the canonical build (knob off) is unchanged, which the fingerprint shows."""
+    ones, the reciprocal division's fmas instead of 64 IEEE divisions a thread (IEEE division only for the
+    scale and its reciprocal), no stack; the canonical build (knob off) is unchanged, which the fingerprint
+    shows."""
     from common.reporting.static import cubin_resources, ptx_features
 
     fp8 = _module("cute_impl.fp8")
@@ -141,7 +143,8 @@ def test_cute_fp8_q_in_kernel_compiles_to_the_rotation_wgmma_without_spills(caus
     binary = fp8.compile_sm90(problem, quantise_q=True)[0]
     assert ptx_features(binary.ptx)["e4m3 mma"], "no e4m3 wgmma in the PTX"
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in binary.ptx, "no bf16 rotation wgmma"
-    assert "div.rn.f32" in binary.ptx
+    assert 2 <= binary.ptx.count("div.rn.f32") < 8, "the scale and its reciprocal by IEEE division, no other"
+    assert binary.ptx.count("fma.rn.f32") >= 4 * 64, "the reciprocal division's two Markstein steps an element"
     assert max(usage["stack_bytes"] for usage in cubin_resources(binary.cubin).values()) == 0
 
 
