@@ -188,10 +188,14 @@ class QueryQuantiser(ReadOnlyInRegions):
         scale = Float32(cutlass.select_(amax > 0.0, amax / Float32(E4M3_MAX), Float32(1.0)))
         # 3. x / scale correctly rounded (the reciprocal division), e4m3 with saturation.
         divisor, reciprocal, factor = divisor_of(scale)
-        if factor != Float32(1.0):  # the same for the whole warpgroup: a block of tiny values, moved up
-            acc.store(acc.load() * factor)
-        for i in cutlass.range(cute.size(acc), unroll_full=True):
-            acc[i] = quotient(acc[i], divisor, reciprocal)
+        # Two copies of the loop, so that the usual one carries no multiply by the factor (predicated, it
+        # would still take an issue slot an element); the branch is the same for the whole warpgroup.
+        if factor == Float32(1.0):
+            for i in cutlass.range(cute.size(acc), unroll_full=True):
+                acc[i] = quotient(acc[i], divisor, reciprocal)
+        else:  # a block of tiny values, moved up with its divisor by a power of two (exact)
+            for i in cutlass.range(cute.size(acc), unroll_full=True):
+                acc[i] = quotient(acc[i] * factor, divisor, reciprocal)
         rQ8 = cute.make_rmem_tensor_like(acc, self.tRsQ8.element_type)
         rQ8.store(acc.load().to(self.tRsQ8.element_type))
         # 4. Into the e4m3 box, visible to the async proxy (wgmma) of every warp of the warpgroup.
