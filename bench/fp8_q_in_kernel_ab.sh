@@ -3,7 +3,9 @@
 # the default, in one device call (about 2.5 minutes on an H200):
 #   1. the knob's 13 GPU tests (FP8 rule against the emulation of the full quantiser's operands on a P1-like shape
 #      and ragged GQA shapes, full / causal top-left / causal bottom-right, end to end equal to kernel only; apart,
-#      the kernel's Q scales and O equal to the default path's bit for bit; a wrong rotation fails the rule);
+#      the kernel's Q scales and O equal to the default path's bit for bit (the reciprocal division's quotient is
+#      the quantiser's); a wrong rotation fails the rule). The GQA shapes draw K and V at their KV heads (before
+#      commit 841dd34 fa3_inputs gave them Q's heads, and the reference judged another problem than the kernel ran);
 #   2. bench.fp8_q_in_kernel at P1, non-causal and causal, one process, 3 interleaved rounds: cute/hopper (bf16),
 #      cute/fp8 kernel only, end to end and its quantiser alone, knob off and on.
 # Run from the project root: `bash bench/fp8_q_in_kernel_ab.sh` (cute/* needs the CuTe DSL and TVM-FFI, as for the

@@ -4,7 +4,10 @@ Why: the fused quantiser (``triton_impl/fp8_quantiser.py``) reads Q, K and V in 
 e4m3 before the kernel runs; at P1 Q is a third of its bytes. The attention kernel reads each 64-row Q
 block once per tile anyway, and Q's scale block (``Quantisation.q_block_rows`` = 64 rows of one
 (batch, head)) is exactly one consumer warpgroup's Q box, so each warpgroup can quantise its own box:
-the quantiser then runs for K and V only (``FusedQuantiser(query=False)``).
+the quantiser then runs for K and V only (``FusedQuantiser(query=False)``). With GQA too: cute/fp8 does
+not pack query heads into a tile (a tile is 128 rows of one (batch, query head); only K, V and their
+scales are read at the KV head), so box ``m_block * W + w`` of (batch, head) is always that scale block,
+and a box past Sq (its rows zero-filled by TMA) writes no scale.
 
 The same values as the quantiser, step by step (``fp8_quantiser_kernel``'s steps 2-4), per consumer
 warpgroup and tile, on the box the producer loaded by TMA in the input dtype:
