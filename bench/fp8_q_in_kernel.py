@@ -1,10 +1,11 @@
 """cute/fp8 with Q quantised in its kernel (``cute_impl.fp8.QUANTISE_Q_IN_KERNEL``) against the default (the fused
 quantiser writes Q too), issue #37: at P1 (B=2 H=16 S=8192 D=128 bf16, FA3 inputs), non-causal and causal, in one
 process, ``--rounds`` interleaved rounds (medians; every timing ``common.measure.timing.time_cuda``: L2 flushed,
-median): cute/hopper (bf16, the issue's denominator), then per knob setting cute/fp8 kernel only, end to end
-(quantiser + kernel per call) and the fused quantiser alone (Q, K, V; or K and V only with the knob). Each knob-on
-output is checked equal to the knob-off one (the in-kernel Q is the quantiser's bit for bit where the rotation's
-sums agree). Writes ``fp8_q_in_kernel.csv`` and ``.md`` to ``--out``.
+median): cute/hopper (bf16, the issue's denominator), then per setting (``SETTINGS``: off, on, on with ping-pong)
+cute/fp8 kernel only, end to end (quantiser + kernel per call) and the fused quantiser alone (Q, K, V; or K and V
+only with the knob). Each setting's output is checked equal to the knob-off one (the in-kernel Q is the
+quantiser's bit for bit where the rotation's sums agree; ping-pong changes only when GEMMs are issued). Writes
+``fp8_q_in_kernel.csv`` and ``.md`` to ``--out``.
 
 usage (project root, GPU):  python -m bench.fp8_q_in_kernel [--out DIR] [--rounds 3]
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import statistics
 from pathlib import Path
 
@@ -24,17 +26,28 @@ from common.contract import fp8 as contract
 from common.contract.problem import Problem
 from common.measure.timing import tflops
 
-SETTINGS = {"off": False, "on": True}
+# Each setting: the knob, and knobs of ``fp8_config`` on top of the default configuration. "on+pingpong" staggers
+# the two consumer warpgroups (``WarpgroupTurns``), so that one's quantisation at a tile's start can overlap the
+# other's GEMMs instead of both leaving the tensor cores idle at once (FP8 runs without ping-pong by default).
+SETTINGS: dict[str, tuple[bool, dict]] = {
+    "off": (False, {}),
+    "on": (True, {}),
+    "on+pingpong": (True, {"pingpong": True}),
+}
 
 
-def _runs(problem: Problem, inputs, cute_fp8, in_kernel: bool) -> dict:
-    """kernel / e2e / quantiser runs of cute/fp8 with the knob set to ``in_kernel`` (read when each is built)."""
+def _runs(problem: Problem, inputs, cute_fp8, in_kernel: bool, knobs: dict) -> dict:
+    """kernel / e2e / quantiser runs of cute/fp8 with the knob set to ``in_kernel`` and ``knobs`` added to its
+    configuration (both read when each launch is built)."""
+    default_config = cute_fp8.fp8_config
     cute_fp8.QUANTISE_Q_IN_KERNEL = in_kernel
+    cute_fp8.fp8_config = functools.partial(default_config, **knobs)
     try:
         kernel = cute_fp8.prepare(*inputs, problem)
         end_to_end = cute_fp8.prepare_end_to_end(*inputs, problem)
     finally:
         cute_fp8.QUANTISE_Q_IN_KERNEL = False
+        cute_fp8.fp8_config = default_config
     # The kernel-only launch's own quantiser (Q, K, V; K and V only with the knob), timed alone.
     return {"kernel": kernel, "e2e": end_to_end, "quantiser": lambda: kernel.quantise(*inputs)}
 
@@ -45,8 +58,9 @@ def case_rows(causal: bool, inputs, args: argparse.Namespace) -> list[dict]:
 
     problem = Problem.canonical(args.seqlen, heads=args.heads, causal=causal)
     bf16 = hopper.prepare(*inputs, problem)
-    runs = {name: _runs(problem, inputs, cute_fp8, on) for name, on in SETTINGS.items()}
-    same = torch.equal(runs["on"]["kernel"]().clone(), runs["off"]["kernel"]())
+    runs = {name: _runs(problem, inputs, cute_fp8, on, knobs) for name, (on, knobs) in SETTINGS.items()}
+    reference = runs["off"]["kernel"]().clone()
+    same = {name: torch.equal(kinds["kernel"](), reference) for name, kinds in runs.items()}
     samples: dict[tuple[str, str], list[float]] = {("bf16", "kernel"): []}
     for _ in range(args.rounds):
         samples[("bf16", "kernel")].append(_time(bf16, args))
@@ -60,10 +74,10 @@ def case_rows(causal: bool, inputs, args: argparse.Namespace) -> list[dict]:
         row = {"causal": causal, "rung": "cute/hopper" if name == "bf16" else "cute/fp8", "q_in_kernel": name,
                "what": kind, "us": ms * 1e3, "tflops": tflops(problem.flops, ms) if kind != "quantiser" else "",
                "vs_bf16": tflops(problem.flops, ms) / bf16_tflops if kind != "quantiser" else "",
-               "spread_us": (max(values) - min(values)) * 1e3, "same_output_as_off": same}  # fmt: skip
+               "spread_us": (max(values) - min(values)) * 1e3, "same_output_as_off": same.get(name, "")}  # fmt: skip
         rows.append(row)
         rate = f"{row['tflops']:.0f} TFLOP/s, {row['vs_bf16']:.3f}x bf16" if kind != "quantiser" else ""
-        print(f"causal={causal!s:5s} {row['rung']:11s} q_in_kernel={name:4s} {kind:9s} {row['us']:8.1f} us {rate} "
+        print(f"causal={causal!s:5s} {row['rung']:11s} q_in_kernel={name:11s} {kind:9s} {row['us']:8.1f} us {rate} "
               f"(spread {row['spread_us']:.1f} us)", flush=True)  # fmt: skip
     return rows
 

@@ -129,18 +129,19 @@ def test_cute_fp8_variants_compile_to_e4m3_wgmma(variant: str, head_dim: int, ca
 
 @pytest.mark.cute_compile
 @pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+@pytest.mark.parametrize("pingpong", [False, True], ids=["no-pingpong", "pingpong"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_cute_fp8_q_in_kernel_compiles_to_the_rotation_wgmma_without_spills(causal: bool):
+def test_cute_fp8_q_in_kernel_compiles_to_the_rotation_wgmma_without_spills(causal: bool, pingpong: bool):
     """``quantise_q`` at P1 (GQA and bottom-right too when causal): the rotation's bf16 wgmma beside the e4m3
     ones, the reciprocal division's fmas instead of 64 IEEE divisions a thread (IEEE division only for the
-    scale and its reciprocal), no stack; the canonical build (knob off) is unchanged, which the fingerprint
-    shows."""
+    scale and its reciprocal), no stack, with and without ping-pong (bench/fp8_q_in_kernel.py times both);
+    the canonical build (knob off) is unchanged, which the fingerprint shows."""
     from common.reporting.static import cubin_resources, ptx_features
 
     fp8 = _module("cute_impl.fp8")
     problem = Problem(2, 16, 8192, 8192, 128, dtype=torch.bfloat16, causal=causal, kv_heads=4 if causal else 16,
                       causal_alignment="bottom_right" if causal else "top_left")  # fmt: skip
-    binary = fp8.compile_sm90(problem, quantise_q=True)[0]
+    binary = fp8.compile_sm90(problem, quantise_q=True, pingpong=pingpong)[0]
     assert ptx_features(binary.ptx)["e4m3 mma"], "no e4m3 wgmma in the PTX"
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in binary.ptx, "no bf16 rotation wgmma"
     assert 2 <= binary.ptx.count("div.rn.f32") < 8, "the scale and its reciprocal by IEEE division, no other"
