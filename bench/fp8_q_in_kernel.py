@@ -1,11 +1,11 @@
 """cute/fp8 with Q quantised in its kernel (``cute_impl.fp8.QUANTISE_Q_IN_KERNEL``) against the default (the fused
 quantiser writes Q too), issue #37: at P1 (B=2 H=16 S=8192 D=128 bf16, FA3 inputs), non-causal and causal, in one
 process, ``--rounds`` interleaved rounds (medians; every timing ``common.measure.timing.time_cuda``: L2 flushed,
-median): cute/hopper (bf16, the issue's denominator), then per setting (``SETTINGS``: off, on, on with ping-pong)
-cute/fp8 kernel only, end to end (quantiser + kernel per call) and the fused quantiser alone (Q, K, V; or K and V
-only with the knob). Each setting's output is checked equal to the knob-off one (the in-kernel Q is the
-quantiser's bit for bit where the rotation's sums agree; ping-pong changes only when GEMMs are issued). Writes
-``fp8_q_in_kernel.csv`` and ``.md`` to ``--out``.
+median): cute/hopper (bf16, the issue's denominator), then per setting (``SETTINGS``: off, on, on with the
+rotation ahead, on with ping-pong) cute/fp8 kernel only, end to end (quantiser + kernel per call) and the fused
+quantiser alone (Q, K, V; or K and V only with the knob). Each setting's output is checked equal to the knob-off
+one (the in-kernel Q is the quantiser's bit for bit where the rotation's sums agree; ahead and ping-pong change
+only when GEMMs run). Writes ``fp8_q_in_kernel.csv`` and ``.md`` to ``--out``.
 
 usage (project root, GPU):  python -m bench.fp8_q_in_kernel [--out DIR] [--rounds 3]
 """
@@ -26,12 +26,14 @@ from common.contract import fp8 as contract
 from common.contract.problem import Problem
 from common.measure.timing import tflops
 
-# Each setting: the knob, and knobs of ``fp8_config`` on top of the default configuration. "on+pingpong" staggers
-# the two consumer warpgroups (``WarpgroupTurns``), so that one's quantisation at a tile's start can overlap the
-# other's GEMMs instead of both leaving the tensor cores idle at once (FP8 runs without ping-pong by default).
+# Each setting: the knob, and knobs of ``fp8_config`` on top of the default configuration. "on+ahead" issues the
+# next tile's rotation under a tile's normalisation and O store (``rotate_ahead``); "on+pingpong" staggers the two
+# consumer warpgroups (``WarpgroupTurns``), so that one's quantisation at a tile's start can overlap the other's
+# GEMMs instead of both leaving the tensor cores idle at once (FP8 runs without ping-pong by default).
 SETTINGS: dict[str, tuple[bool, dict]] = {
     "off": (False, {}),
     "on": (True, {}),
+    "on+ahead": (True, {"rotate_ahead": True}),
     "on+pingpong": (True, {"pingpong": True}),
 }
 

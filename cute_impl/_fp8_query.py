@@ -171,15 +171,30 @@ class QueryQuantiser(ReadOnlyInRegions):
         """Once per CTA, before the first tile: the sign matrix has landed."""
         cute.arch.mbarrier_wait(self.rotation_full, 0)
 
+    def accumulator(self) -> cute.Tensor:
+        """The rotation's fp32 accumulator, ((2, 2, D/8), 1, 1) a thread: per tile, or (``rotate_ahead``) once
+        before the tile loop, the next tile's rotation being issued at the end of a tile."""
+        return cute.make_rmem_tensor(self.acc_shape, Float32)
+
     @cute.jit
-    def quantise(self) -> Float32:
-        """The box's e4m3 values into the warpgroup's e4m3 Q box; returns the block's scale. The caller has
-        waited for the box and may release it once this returns (the rotation's wgmma has retired)."""
-        # 1. Rotation: the sign matrix product, then x c.
-        acc = cute.make_rmem_tensor(self.acc_shape, Float32)
+    def rotate(self, acc: cute.Tensor, *, cleared: cutlass.Constexpr[bool] = False) -> None:
+        """Step 1's product into ``acc``, issued (async, its own wgmma group): the caller has waited for the
+        box. ``cleared``: zeros written first, so that the wgmma's in-out accumulator operands do not keep the
+        previous tile's values alive through the tile between (an accumulator defined before the loop)."""
+        if cutlass.const_expr(cleared):
+            acc.fill(0.0)
         warpgroup_gemm(self.mma, acc, tA=self.tRsQ, tB=self.tRsR, stage=0, accumulate=False)
+
+    @cute.jit
+    def quantise(self, rotated: cute.Tensor) -> Float32:
+        """After :meth:`rotate` into ``rotated``, with no wgmma group issued since: the box's e4m3 values into
+        the warpgroup's e4m3 Q box; returns the block's scale. The caller may release the input box once this
+        returns (the rotation's wgmma has retired)."""
+        # 1. Rotation: the product retired, then x c (into registers of their own: ``rotated`` is left as the
+        # wgmma wrote it).
         warpgroup.wait_group(0)
-        acc.store(acc.load() * Float32(self.scale))
+        acc = cute.make_rmem_tensor(self.acc_shape, Float32)
+        acc.store(rotated.load() * Float32(self.scale))
         # 2. amax: thread, warp, warpgroup (through shared memory), then the scale.
         values = [cute.math.abs(acc[i]) for i in range(cute.size(acc))]
         amax = cute.arch.warp_reduction_max(tree_reduce(values, cute.arch.fmax), threads_in_group=cute.arch.WARP_SIZE)

@@ -73,6 +73,10 @@ class HopperAttentionConfig:
     # scales and rounds its own 64 rows (``_fp8_query.QueryQuantiser``) instead of reading the fused
     # quantiser's e4m3 Q; the kernel then writes Q's block scales and takes the rotation's sign matrix.
     quantise_q: bool = False
+    # With ``quantise_q``: the next tile's rotation wgmma issued at the end of a tile, after its last P V and
+    # before its normalisation and O store, so that the tensor cores run it under that epilogue instead of
+    # at the next tile's start (``hopper.py``, step 5).
+    rotate_ahead: bool = False
 
     @property
     def out_dtype(self) -> torch.dtype:

@@ -159,6 +159,8 @@ def fp8_config(problem: Problem, quantisation: Quantisation, **knobs: Any) -> Ho
     """``hopper``'s FP8 configuration, reading block scales when ``quantisation`` has them; ``knobs``
     replace fields of the default (``D64_CANDIDATES``)."""
     config = dataclasses.replace(default_config(problem, fp8=True), **{"block_scales": quantisation.block, **knobs})
+    if config.rotate_ahead and not config.quantise_q:
+        raise ValueError("cute/fp8 issues the next tile's rotation ahead (rotate_ahead) only with quantise_q")
     if config.quantise_q and not (quantisation.block and quantisation.rotation):
         raise ValueError(
             f"cute/fp8 quantises Q in its kernel only with block scales and rotation, got {quantisation.name}"

@@ -34,7 +34,8 @@ Pipelines and barriers (producer -> consumer, arrive counts)
   once its last S = Q Kᵀ of the tile has retired; the producer then loads the next tile's Q box.
   FP8 with ``quantise_q``: the box arrives in bf16/fp16 and the consumer writes its e4m3 box itself
   (``_fp8_query.py``: rotation wgmma against a sign matrix loaded once per CTA on its own mbarrier, amax
-  over named barrier ``QUANTISE_WG1 + w``), then releases the input box at once.
+  over named barrier ``QUANTISE_WG1 + w``), then releases the input box at once. ``rotate_ahead``
+  issues the next tile's rotation after the tile's last P V, under its normalisation and O store.
 * K ring and V ring (``PipelineTmaAsync``, ``kv_stages`` = 2 each): full: 1 producer arrive with
   expect_tx (the tile's bytes), completed by TMA; empty: 4 n arrives, one elected lane per consumer
   warp, as soon as the WGMMA that read the stage has retired. The rings run on across tiles.
@@ -219,7 +220,7 @@ class HopperAttention:
         self.block_scales = config.block_scales
         self.pingpong = config.pingpong
         # FP8: Q read in its input dtype and quantised by each consumer warpgroup (``_fp8_query.py``).
-        self.quantise_q = config.quantise_q
+        self.quantise_q, self.rotate_ahead = config.quantise_q, config.quantise_q and config.rotate_ahead
         self.input_dtype = CUTE_DTYPES[config.dtype]
         self.rotation_scale = rotation_scale(config.head_dim) if config.quantise_q else 1.0
         # Problem features, all compile time so that the canonical kernel stays as it was.
@@ -419,6 +420,11 @@ class HopperAttention:
                 )  # fmt: skip
                 quantiser.wait_rotation()
             q_state = QueryBoxes.consumer_state()
+            if cutlass.const_expr(self.rotate_ahead):
+                # The first tile's rotation; each later one is issued at the end of the tile before.
+                rotated_ahead = quantiser.accumulator()
+                q_boxes.wait(w, q_state)
+                quantiser.rotate(rotated_ahead, cleared=True)
             # Every warpgroup of the CTA visits the same key blocks of every tile, so the turns balance
             # over the whole tile loop.
             turns.start()
@@ -432,8 +438,13 @@ class HopperAttention:
                 if cutlass.const_expr(self.quantise_q):
                     # 1. This warpgroup's Q box in the input dtype, quantised to its e4m3 box (the input box
                     # is free once the rotation has read it), and Q's block scale written for the caller.
-                    q_boxes.wait(w, q_state)
-                    q_scale = quantiser.quantise()
+                    if cutlass.const_expr(self.rotate_ahead):
+                        q_scale = quantiser.quantise(rotated_ahead)
+                    else:
+                        q_boxes.wait(w, q_state)
+                        rotated = quantiser.accumulator()
+                        quantiser.rotate(rotated)
+                        q_scale = quantiser.quantise(rotated)
                     q_boxes.release(w)
                     q_state.advance()
                     descales.store_query_scale(q_scale, m_block * W + w, bh, wg_tidx)
@@ -474,6 +485,15 @@ class HopperAttention:
                     q_boxes.release(w)
                     q_state.advance()
                 v_consumer = last_block(v_consumer, blocks.n_block_min)
+                if cutlass.const_expr(self.rotate_ahead):
+                    # Ahead of steps 3-4: the next tile's rotation, issued now, runs on the tensor cores
+                    # under them; its box was loaded during this tile (released at the tile's start).
+                    # After the CTA's last tile it rotates that tile's box again (no wait: nothing loads it),
+                    # which the loop's exit waits for: one issue on every path keeps the accumulator in
+                    # registers (a conditional one left it in local memory).
+                    if local_tile + 1 < local_tiles:
+                        q_boxes.wait(w, q_state)
+                    quantiser.rotate(rotated_ahead, cleared=True)
 
                 # 3. Normalise, log-sum-exp.
                 lse = softmax.finalize(acc_O, tile_output_scale)
@@ -482,6 +502,8 @@ class HopperAttention:
                 # 4. O -> SMEM (stmatrix) -> TMA store.
                 epilogue.store_output(acc_O, mO[None, None, bh], m_block)
             turns.finish()
+            if cutlass.const_expr(self.rotate_ahead):
+                warpgroup.wait_group(0)  # the rotation issued after the last tile
             if wg_tidx < cute.arch.WARP_SIZE:
                 # The last TMA store must have read shared memory before the CTA exits.
                 cute.arch.cp_async_bulk_wait_group(0, read=True)

@@ -129,24 +129,26 @@ def test_cute_fp8_variants_compile_to_e4m3_wgmma(variant: str, head_dim: int, ca
 
 @pytest.mark.cute_compile
 @pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
-@pytest.mark.parametrize("pingpong", [False, True], ids=["no-pingpong", "pingpong"])
+@pytest.mark.parametrize("knobs", [{}, {"pingpong": True}, {"rotate_ahead": True}], ids=["alone", "pingpong", "ahead"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_cute_fp8_q_in_kernel_compiles_to_the_rotation_wgmma_without_spills(causal: bool, pingpong: bool):
+def test_cute_fp8_q_in_kernel_compiles_to_the_rotation_wgmma_without_spills(causal: bool, knobs: dict):
     """``quantise_q`` at P1 (GQA and bottom-right too when causal): the rotation's bf16 wgmma beside the e4m3
     ones, the reciprocal division's fmas instead of 64 IEEE divisions a thread (IEEE division only for the
-    scale and its reciprocal), no stack, with and without ping-pong (bench/fp8_q_in_kernel.py times both);
-    the canonical build (knob off) is unchanged, which the fingerprint shows."""
+    scale and its reciprocal), no stack, alone, with ping-pong and with the rotation issued ahead
+    (bench/fp8_q_in_kernel.py times all three; ahead and causal, one value a tile goes to local memory, as
+    in the other causal FP8 builds); the canonical build (knob off) is unchanged, which the fingerprint shows."""
     from common.reporting.static import cubin_resources, ptx_features
 
     fp8 = _module("cute_impl.fp8")
     problem = Problem(2, 16, 8192, 8192, 128, dtype=torch.bfloat16, causal=causal, kv_heads=4 if causal else 16,
                       causal_alignment="bottom_right" if causal else "top_left")  # fmt: skip
-    binary = fp8.compile_sm90(problem, quantise_q=True, pingpong=pingpong)[0]
+    binary = fp8.compile_sm90(problem, quantise_q=True, **knobs)[0]
     assert ptx_features(binary.ptx)["e4m3 mma"], "no e4m3 wgmma in the PTX"
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in binary.ptx, "no bf16 rotation wgmma"
     assert 2 <= binary.ptx.count("div.rn.f32") < 8, "the scale and its reciprocal by IEEE division, no other"
     assert binary.ptx.count("fma.rn.f32") >= 4 * 64, "the reciprocal division's two Markstein steps an element"
-    assert max(usage["stack_bytes"] for usage in cubin_resources(binary.cubin).values()) == 0
+    stack = max(usage["stack_bytes"] for usage in cubin_resources(binary.cubin).values())
+    assert stack <= (CAUSAL_STACK_BYTES if causal and knobs.get("rotate_ahead") else 0), f"{stack} bytes of stack"
 
 
 @pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
@@ -154,6 +156,8 @@ def test_cute_q_in_kernel_needs_block_scales_and_rotation():
     fp8 = _module("cute_impl.fp8")
     with pytest.raises(ValueError, match="quantises Q in its kernel only with block scales and rotation, got block"):
         fp8.fp8_config(Problem(1, 1, 64, 64, 128), VARIANTS["block"], quantise_q=True)
+    with pytest.raises(ValueError, match="rotation ahead \\(rotate_ahead\\) only with quantise_q"):
+        fp8.fp8_config(Problem(1, 1, 64, 64, 128), VARIANTS["block+rotation"], rotate_ahead=True)
 
 
 _TRITON_PROBE = """
@@ -404,6 +408,26 @@ def test_gpu_cute_fp8_q_in_kernel_is_the_quantisers_q(mask: str, monkeypatch: py
     assert torch.equal(q_scale, expected_scale), f"{(q_scale != expected_scale).sum()} Q scales differ"
     differing = (out != quantised()).sum().item()
     assert differing == 0, f"{differing} of {out.numel()} outputs differ from the quantiser's path"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+@pytest.mark.parametrize("shape", ["p1-like", "ragged-gqa"])
+def test_gpu_cute_fp8_q_in_kernel_rotated_ahead_is_the_same(shape: str, monkeypatch: pytest.MonkeyPatch):
+    """``rotate_ahead`` (the next tile's rotation issued under a tile's epilogue) changes only when the product
+    runs: Q's scales and O equal the knob's without it, bit for bit. P1-like: every persistent CTA walks
+    several tiles (rotations issued ahead); ragged GQA: one tile a CTA (only the one after the last tile)."""
+    import functools
+
+    fp8 = _module("cute_impl.fp8")
+    problem, (q, k, v) = _q_in_kernel_case(shape, "causal")
+    monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
+    plain = fp8.prepare(q, k, v, problem)
+    out, q_scale = plain().clone(), plain.quantiser.operands.q_scale.clone()
+    monkeypatch.setattr(fp8, "fp8_config", functools.partial(fp8.fp8_config, rotate_ahead=True))
+    ahead = fp8.prepare(q, k, v, problem)
+    assert torch.equal(run_poisoned(ahead), out)
+    assert torch.equal(ahead.quantiser.operands.q_scale, q_scale)
 
 
 @pytest.mark.gpu
