@@ -15,7 +15,9 @@ warpgroup and tile, on the box the producer loaded by TMA in the input dtype:
 1. Rotation: the box times the ±1 sign matrix of ``random_hadamard(D, seed)`` on one wgmma chain
    (m64nDk16, both operands in the input dtype from shared memory, fp32 accumulator: x · ±1 is exact,
    the k-blocks summed in order, as the quantiser's ``tl.dot``), then x c, c = the matrix's fp32 entry
-   magnitude (``rotation_scale``). The sign matrix is loaded once per CTA.
+   magnitude (``rotation_scale``). The sign matrix is loaded once per CTA. The product is issued at the
+   tile's start, or (``rotate_ahead``) at the end of the tile before, after its last P V, so that the
+   tensor cores run it under that tile's normalisation and O store (``rotate`` and ``quantise`` apart).
 2. amax of the block: |x| per thread (tree), warp (shuffles), then the four warps through shared memory;
    scale = amax / 448 by IEEE division, 1 for an all-zero block; stored to Q's scale tensor.
 3. x / scale correctly rounded by the quantiser's reciprocal division (``fp8_quantiser_kernel``'s step 4,
@@ -31,6 +33,10 @@ Bit equality with the quantiser holds where the fp32 sums of step 1 are the same
 in the same order on the same tensor cores, which is what Triton's wgmma for the quantiser's
 (128, D) x (D, D) product issues; the GPU tests compare the scales and judge the kernel by the FP8
 rule against the emulation of the full quantiser's operands.
+
+Cost: both consumer warpgroups quantise at once at a tile's start, so the tensor cores idle meanwhile:
+the rotation (two 64 x D x D bf16 products) and about 550 instructions a thread (x c, amax, the division,
+the cast, 32 two-byte stores), per tile of 128 rows.
 """
 
 from __future__ import annotations
