@@ -150,8 +150,8 @@ def quotient(x: Float32, divisor: Float32, reciprocal: Float32) -> Float32:
 
 
 class QueryQuantiser(ReadOnlyInRegions):
-    """Steps 1-4 of the module docstring for consumer warpgroup ``w``: :meth:`quantise` turns its loaded
-    input-dtype Q box into its e4m3 Q box and returns the block's scale."""
+    """Steps 1-4 of the module docstring for consumer warpgroup ``w``: :meth:`rotate` issues the product of its
+    loaded input-dtype Q box, :meth:`quantise` turns it into its e4m3 Q box and returns the block's scale."""
 
     def __init__(
         self, mma: cute.TiledMma, sQ_in: cute.Tensor, sR: cute.Tensor, sQ: cute.Tensor, amax: cute.Tensor,
