@@ -166,6 +166,10 @@ class NamedBarrier(enum.IntEnum):
     TURN_WG1 = 4
     TURN_WG2 = 5
     TURN_WG3 = 6
+    # FP8 with Q quantised in the kernel (``_fp8_query.py``): the warpgroup's amax exchange and e4m3 Q box.
+    QUANTISE_WG1 = 7
+    QUANTISE_WG2 = 8
+    QUANTISE_WG3 = 9
 
 
 class WorkTile(NamedTuple):
@@ -478,12 +482,24 @@ class Fp8Descales(ReadOnlyInRegions):
         q_block: Int32,
         bh: tuple[Int32, Int32],
         kv_bh: tuple[Int32, Int32],
+        q_scale: Float32 | None = None,
     ) -> TileScales:
+        """``q_scale``: Q's block scale where the kernel quantised Q itself, else read here."""
         if self.block:
             scales = BlockScales(self.k_scales[None, kv_bh], self.v_scales[None, kv_bh])
-            return TileScales(softmax_scale_log2 * self.q_scales[q_block, bh], output_scale, scales)
+            if q_scale is None:
+                q_scale = self.q_scales[q_block, bh]
+            return TileScales(softmax_scale_log2 * q_scale, output_scale, scales)
         scale_log2 = softmax_scale_log2 * self.q_scales[0, bh] * self.k_scales[0, kv_bh]
         return TileScales(scale_log2, output_scale * self.v_scales[0, kv_bh], None)
+
+    @cute.jit
+    def store_query_scale(self, q_scale: Float32, q_block: Int32, bh: tuple[Int32, Int32], wg_tidx: Int32) -> None:
+        """Q quantised in the kernel: one thread writes its block's scale (none for a block past Sq)."""
+        # A compile-time and a runtime test cannot share one `if` in the DSL; nor can two runtime ones.
+        if wg_tidx == 0:  # noqa: SIM102
+            if q_block < self.q_scales.shape[0]:
+                self.q_scales[q_block, bh] = q_scale
 
 
 class TileScales(NamedTuple):
@@ -580,9 +596,11 @@ class SharedLayouts(NamedTuple):
         warpgroups: int,
         kv_stages: int,
         o_aliases_q: bool,
+        extra_fields: dict | None = None,
     ) -> type:
         """The kernel's shared-memory struct: the Q boxes' full/empty barriers, the K and V rings'
-        barriers (full and empty per stage), then Q, K, V and O, each 1024-byte aligned (swizzle)."""
+        barriers (full and empty per stage), then Q, K, V and O, each 1024-byte aligned (swizzle), then
+        ``extra_fields`` (FP8 with Q quantised in the kernel: ``_fp8_query.QueryLayouts.storage_fields``)."""
         q_cosize, k_cosize, v_cosize = cute.cosize(self.q), cute.cosize(self.k), cute.cosize(self.v)
         # 16-bit: O reuses its warpgroup's Q box (dead after the last Q Kᵀ), which is what makes room
         # for larger K/V tiles or more stages. FP8 or persistent: O has its own boxes.
@@ -597,6 +615,7 @@ class SharedLayouts(NamedTuple):
             "sK": cute.struct.Align[cute.struct.MemRange[dtype, k_cosize], SMEM_ALIGN_BYTES],
             "sV": cute.struct.Align[cute.struct.MemRange[dtype, v_cosize], SMEM_ALIGN_BYTES],
             "sO": cute.struct.Align[cute.struct.MemRange[out_dtype, o_cosize], SMEM_ALIGN_BYTES],
+            **(extra_fields or {}),
         }
         # The fields are given as a dict: in a class body, this module's postponed annotations would
         # reach cute.struct as strings.

@@ -69,6 +69,14 @@ class HopperAttentionConfig:
     bottom_right: bool = False
     # Per-sequence key lengths (``cache_seqlens``, a (B,) int32 kernel argument).
     has_cache_seqlens: bool = False
+    # FP8 with block scales and rotation only: Q arrives in bf16/fp16 and each consumer warpgroup rotates,
+    # scales and rounds its own 64 rows (``_fp8_query.QueryQuantiser``) instead of reading the fused
+    # quantiser's e4m3 Q; the kernel then writes Q's block scales and takes the rotation's sign matrix.
+    quantise_q: bool = False
+    # With ``quantise_q``: the next tile's rotation wgmma issued at the end of a tile, after its last P V and
+    # before its normalisation and O store, so that the tensor cores run it under that epilogue instead of
+    # at the next tile's start (``hopper.py``, step 5).
+    rotate_ahead: bool = False
 
     @property
     def out_dtype(self) -> torch.dtype:
@@ -104,16 +112,18 @@ def default_config(problem: Problem, fp8: bool = False) -> HopperAttentionConfig
 
 def fake_arguments(config: HopperAttentionConfig) -> tuple[Any, ...]:
     """The kernel's arguments for compiling ``config``: q, k, v (V transposed for FP8), o, lse, the
-    key lengths (None without them), the three FP8 scale tensors (None for 16-bit), the scalars and
-    the stream."""
+    key lengths (None without them), the three FP8 scale tensors (None for 16-bit), the rotation's
+    (D, D) sign matrix (``quantise_q`` only, else None), the scalars and the stream."""
     element = FP8_CUTLASS if config.fp8 else CUTE_DTYPES[config.dtype]
-    operands = [fake_tensor(element, 4) for _ in range(3)]
+    query = CUTE_DTYPES[config.dtype] if config.quantise_q else element
+    operands = [fake_tensor(query, 4), fake_tensor(element, 4), fake_tensor(element, 4)]
     outputs = [fake_tensor(CUTE_DTYPES[config.out_dtype], 4), fake_tensor(Float32, 3)]
     cache_seqlens = fake_cache_seqlens() if config.has_cache_seqlens else None
     scales = [fake_tensor(Float32, 3) for _ in range(3)] if config.fp8 else [None] * 3
+    rotation = fake_tensor(CUTE_DTYPES[config.dtype], 2) if config.quantise_q else None
     # The scalars' values do not enter the code: softmax_scale_log2, output_scale, SM count.
     scalars = [Float32(1.0), Float32(1.0), Int32(STATIC_SM_COUNT)]
-    return (*operands, *outputs, cache_seqlens, *scales, *scalars, fake_stream())
+    return (*operands, *outputs, cache_seqlens, *scales, rotation, *scalars, fake_stream())
 
 
 def tensor_arguments(
@@ -121,9 +131,10 @@ def tensor_arguments(
     tensors: tuple[torch.Tensor, ...],
     scales: FP8Scales | None,
     cache_seqlens: torch.Tensor | None = None,
+    rotation: torch.Tensor | None = None,
 ) -> tuple[Any, ...]:
-    """q, k, v, o, lse, the key lengths (and the FP8 scales, else None) as the kernel takes them at
-    launch: the runtime counterparts of ``fake_arguments``' tensors."""
+    """q, k, v, o, lse, the key lengths (and the FP8 scales, else None), the rotation's sign matrix (else
+    None) as the kernel takes them at launch: the runtime counterparts of ``fake_arguments``' tensors."""
     if config.fp8 != (scales is not None):
         raise ValueError(
             f"FP8 operands need their scales and 16-bit ones none: fp8={config.fp8}, scales given={scales is not None}"
@@ -133,8 +144,13 @@ def tensor_arguments(
             f"cache_seqlens must be given exactly when compiled for them: has_cache_seqlens="
             f"{config.has_cache_seqlens}, cache_seqlens given={cache_seqlens is not None}"
         )
+    if config.quantise_q != (rotation is not None):
+        raise ValueError(
+            f"the rotation's sign matrix must be given exactly when Q is quantised in the kernel: quantise_q="
+            f"{config.quantise_q}, rotation given={rotation is not None}"
+        )
     lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
-    return (*tensors, lengths, *((None,) * 3 if scales is None else scales))
+    return (*tensors, lengths, *((None,) * 3 if scales is None else scales), rotation)
 
 
 class HopperKernels(CompiledKernels[HopperAttentionConfig]):
@@ -147,18 +163,20 @@ class HopperKernels(CompiledKernels[HopperAttentionConfig]):
     def launcher(
         self, config: HopperAttentionConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         softmax_scale_log2: float, output_scale: float, sm_count: int | None = None, scales: FP8Scales | None = None, *,
-        cache_seqlens: torch.Tensor | None = None, return_lse: bool = False,
+        cache_seqlens: torch.Tensor | None = None, return_lse: bool = False, rotation: torch.Tensor | None = None,
     ) -> Runner:  # fmt: skip
         """Compile (cached on ``config``), allocate O and LSE once, and return the launch-only ``run``.
 
         ``sm_count`` caps a persistent grid (default: the device's SMs; tests pass fewer so that every
         CTA walks many tiles). ``scales`` (FP8 only): Q's e4m3 scales (B, H, blocks), K's and V's
-        (B, Hkv, blocks), fp32. ``cache_seqlens``: the (B,) int32 key lengths, read at every launch.
+        (B, Hkv, blocks), fp32 (with ``quantise_q`` q is bf16/fp16 and the kernel writes Q's scales into
+        ``scales[0]``; ``rotation`` is the transposed (D, D) sign matrix of the Hadamard rotation, in q's
+        dtype). ``cache_seqlens``: the (B,) int32 key lengths, read at every launch.
         The kernel always writes the LSE; ``run()`` returns (O, lse) when ``return_lse``, else O."""
         batch, heads, seqlen_q, head_dim = q.shape
         o = torch.empty((batch, heads, seqlen_q, head_dim), dtype=config.out_dtype, device=q.device)
         lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
-        args = tensor_arguments(config, (q, k, v, o, lse), scales, cache_seqlens)
+        args = tensor_arguments(config, (q, k, v, o, lse), scales, cache_seqlens, rotation)
         # The SM count is a launch argument (read here, at run time), so compiling never queries a device.
         sm_count = sm_count or torch.cuda.get_device_properties(q.device).multi_processor_count
         scalars = (float(softmax_scale_log2), float(output_scale), int(sm_count))

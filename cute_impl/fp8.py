@@ -18,6 +18,10 @@ Algorithm
    ``DEFAULT_QUANTISATION`` (block scales and rotation) is what compare.py runs; ``quantisation=``
    selects the other ``common.contract.fp8.VARIANTS``. The quantiser writes steps 2 and 3's layout
    (``VALUE_LAYOUT``) directly; ``prepare_end_to_end``'s run() is that quantiser and the kernel.
+   ``QUANTISE_Q_IN_KERNEL`` (off by default; issue #37): the quantiser does K and V only and the kernel
+   reads Q in bf16/fp16, each consumer warpgroup rotating, scaling and rounding its 64-row box as the
+   quantiser would (``_fp8_query.py``: Q's scale block is that box), so a call reads Q once instead of
+   three times; the emulation and FP8_RULE are unchanged (the kernel's Q is the quantiser's).
 2. V stored transposed, (B, Hkv, D, Sk') with Sk' = Sk rounded up to 16 and zero padding: FP8 WGMMA
    reads a shared-memory B operand only K-major, and for O = P V the K dimension is the key index.
 3. Inside each group of 16 keys, V's key order is permuted (``common.contract.fp8.PERMUTED_KEY_ORDER``). The m64k32 FP8
@@ -85,15 +89,18 @@ judges the kernel's. Block scales must match the tiles (64 Q rows, 128 keys).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import torch
 
 from common.contract.capability import FEATURES
-from common.contract.fp8 import KEY_GROUP, KernelOperands, KernelOrder, Quantisation, ValueLayout
+from common.contract.devices import lasting
+from common.contract.fp8 import KEY_GROUP, KernelOperands, KernelOrder, Quantisation, ValueLayout, random_hadamard
 from common.contract.metrics import FP8_RULE
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner
+from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
 from cute_impl._device import LOG2_E
 from cute_impl._hopper_host import DEFAULT_TILE_N, HopperAttentionConfig, default_config
@@ -107,6 +114,10 @@ from triton_impl.fp8_quantiser import FusedQuantiser, compile_sm90_for, quantise
 DEFAULT_QUANTISATION = Quantisation(block=True, rotation=True)
 # Vᵀ as the kernel reads it (steps 2-3): keys permuted, padded to a whole group of 16.
 VALUE_LAYOUT = ValueLayout(permuted=True, key_multiple=KEY_GROUP)
+# Issue #37's knob (off by default; bench/fp8_q_in_kernel_ab.sh times it): the kernel takes Q in bf16/fp16 and
+# each consumer warpgroup quantises its 64 rows as the fused quantiser would (``_fp8_query.py``), so the
+# quantiser runs for K and V only. Read when a launch is built (``launch``), so tests and benches can set it.
+QUANTISE_Q_IN_KERNEL = False
 
 
 # D=64 configurations for issue #37's A/B (``python -m bench.gluon_sweep bench 3 --cands fp8-d64``;
@@ -148,6 +159,12 @@ def fp8_config(problem: Problem, quantisation: Quantisation, **knobs: Any) -> Ho
     """``hopper``'s FP8 configuration, reading block scales when ``quantisation`` has them; ``knobs``
     replace fields of the default (``D64_CANDIDATES``)."""
     config = dataclasses.replace(default_config(problem, fp8=True), **{"block_scales": quantisation.block, **knobs})
+    if config.rotate_ahead and not config.quantise_q:
+        raise ValueError("cute/fp8 issues the next tile's rotation ahead (rotate_ahead) only with quantise_q")
+    if config.quantise_q and not (quantisation.block and quantisation.rotation):
+        raise ValueError(
+            f"cute/fp8 quantises Q in its kernel only with block scales and rotation, got {quantisation.name}"
+        )
     if config.block_scales != quantisation.block:
         raise ValueError(
             f"cute/fp8 reads block scales exactly when the quantisation has them: block_scales="
@@ -185,16 +202,25 @@ def quantised_launcher(
     sm_count: int | None = None,
     *,
     cache_seqlens: torch.Tensor | None = None,
+    query: torch.Tensor | None = None,
 ) -> Runner:
     """The ``hopper`` launcher over the e4m3 bytes of Q, K and permuted Vᵀ (``VALUE_LAYOUT``) with
     the scales, the key lengths (``cache_seqlens``) and the LSE (returned with O when
-    ``problem.return_lse``)."""
+    ``problem.return_lse``). With ``config.quantise_q`` it reads ``query`` (Q in bf16/fp16) instead of
+    ``operands.q8`` and writes Q's scales into ``operands.q_scale``."""
     if operands.value_layout != VALUE_LAYOUT:
         raise ValueError(f"cute/fp8 reads Vᵀ as {VALUE_LAYOUT}, got {operands.value_layout}")
+    if config.quantise_q != (query is not None):
+        raise ValueError(
+            f"Q in its input dtype must be given exactly when the kernel quantises it: quantise_q={config.quantise_q}, "
+            f"query given={query is not None}"
+        )
     scales = (operands.q_scale, operands.k_scale, operands.v_scale)
+    rotation = None if query is None else sign_matrix_transposed(problem.head_dim, operands.quantisation.seed,
+                                                                   query.dtype, query.device)  # fmt: skip
     run = KERNELS.launcher(
         config,
-        operands.q8,
+        operands.q8 if query is None else kernel_operand(query),
         operands.k8,
         operands.vt8,
         problem.scale * LOG2_E,
@@ -203,9 +229,18 @@ def quantised_launcher(
         scales=scales,
         cache_seqlens=cache_seqlens,
         return_lse=problem.return_lse,
+        rotation=rotation,
     )
     run.variant = operands.quantisation.name
     return run
+
+
+@functools.cache
+def sign_matrix_transposed(head_dim: int, seed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The ±1 signs of ``random_hadamard(head_dim, seed)`` transposed, (D, D) in ``dtype``: the K-major B
+    operand of the in-kernel rotation (the quantiser's sign matrix; its magnitude is the kernel's constant)."""
+    matrix = random_hadamard(head_dim, seed, device)
+    return lasting(lambda: torch.sign(matrix).T.to(dtype).contiguous(), device)
 
 
 def launch(
@@ -213,10 +248,14 @@ def launch(
     cache_seqlens: torch.Tensor | None = None,
 ) -> QuantisedLaunch:  # fmt: skip
     """The fused quantiser's buffers and the launch-only kernel over them (compiled once per
-    configuration); nothing launched."""
-    config = fp8_config(problem, quantisation)
-    fused = FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, VALUE_LAYOUT)
-    kernel = quantised_launcher(config, fused.operands, problem, cache_seqlens=cache_seqlens)
+    configuration); nothing launched. With ``QUANTISE_Q_IN_KERNEL`` the quantiser does K and V only and the
+    kernel reads ``q`` itself (this very tensor, at every launch)."""
+    in_kernel = QUANTISE_Q_IN_KERNEL
+    config = fp8_config(problem, quantisation, quantise_q=in_kernel)
+    fused = FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, VALUE_LAYOUT, query=not in_kernel)
+    kernel = quantised_launcher(
+        config, fused.operands, problem, cache_seqlens=cache_seqlens, query=q if in_kernel else None
+    )
     return QuantisedLaunch(fused, kernel)
 
 

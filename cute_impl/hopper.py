@@ -32,6 +32,10 @@ Pipelines and barriers (producer -> consumer, arrive counts)
 * Q (``QueryBoxes``, one box per consumer, one phase per tile): full: 1 producer arrive + expect_tx
   (the box's bytes), completed by TMA; empty: 4 arrives, one elected lane per warp of consumer ``w``
   once its last S = Q Kᵀ of the tile has retired; the producer then loads the next tile's Q box.
+  FP8 with ``quantise_q``: the box arrives in bf16/fp16 and the consumer writes its e4m3 box itself
+  (``_fp8_query.py``: rotation wgmma against a sign matrix loaded once per CTA on its own mbarrier, amax
+  over named barrier ``QUANTISE_WG1 + w``), then releases the input box at once. ``rotate_ahead``
+  issues the next tile's rotation after the tile's last P V, under its normalisation and O store.
 * K ring and V ring (``PipelineTmaAsync``, ``kv_stages`` = 2 each): full: 1 producer arrive with
   expect_tx (the tile's bytes), completed by TMA; empty: 4 n arrives, one elected lane per consumer
   warp, as soon as the WGMMA that read the stage has retired. The rings run on across tiles.
@@ -138,6 +142,14 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError(f"cute/hopper needs nvidia-cutlass-dsl: {error}") from error
 
 from cute_impl._device import LOG2_E, RESCALE_THRESHOLD, BlockRange, SeqlenInfo, kv_head_index
+from cute_impl._fp8_query import (
+    QueryLayouts,
+    QueryQuantiser,
+    init_rotation_barrier,
+    load_rotation,
+    rotation_mma,
+    rotation_scale,
+)
 from cute_impl._hopper_device import (
     CONSUMER_REGISTERS,
     PRODUCER_REGISTERS,
@@ -207,6 +219,10 @@ class HopperAttention:
         self.separate_pv = config.fp8
         self.block_scales = config.block_scales
         self.pingpong = config.pingpong
+        # FP8: Q read in its input dtype and quantised by each consumer warpgroup (``_fp8_query.py``).
+        self.quantise_q, self.rotate_ahead = config.quantise_q, config.quantise_q and config.rotate_ahead
+        self.input_dtype = CUTE_DTYPES[config.dtype]
+        self.rotation_scale = rotation_scale(config.head_dim) if config.quantise_q else 1.0
         # Problem features, all compile time so that the canonical kernel stays as it was.
         self.gqa, self.bottom_right, self.has_cache_seqlens = config.gqa, config.bottom_right, config.has_cache_seqlens
 
@@ -217,16 +233,17 @@ class HopperAttention:
     def __call__(
         self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
         mCacheSeqlens: cute.Tensor | None, mQScale: cute.Tensor | None, mKScale: cute.Tensor | None,
-        mVScale: cute.Tensor | None, softmax_scale_log2: Float32, output_scale: Float32, sm_count: Int32,
-        stream: cuda.CUstream,
+        mVScale: cute.Tensor | None, mRotation: cute.Tensor | None, softmax_scale_log2: Float32,
+        output_scale: Float32, sm_count: Int32, stream: cuda.CUstream,
     ):  # fmt: skip
         """q, o (B, H, Sq, D), k, v (B, Hkv, Sk, D) (FP8: v as (B, Hkv, D, Sk')), lse (B, H, Sq) fp32;
         ``mCacheSeqlens`` the (B,) int32 key lengths, None without them. FP8 passes its e4m3 scales
         as (B, H, blocks) for Q and (B, Hkv, blocks) for K and V, fp32 tensors (one block each when per
-        tensor); 16-bit passes None for them."""
+        tensor); 16-bit passes None for them. ``quantise_q``: q in its input dtype, Q's scales written by
+        the kernel, ``mRotation`` the transposed (D, D) sign matrix (else None)."""
         # Every tensor addressed through a generic pointer (``_host.generic_view``), as measured.
-        mQ, mK, mV, mO, mLSE, mCacheSeqlens, mQScale, mKScale, mVScale = [
-            generic_view(t) for t in (mQ, mK, mV, mO, mLSE, mCacheSeqlens, mQScale, mKScale, mVScale)
+        mQ, mK, mV, mO, mLSE, mCacheSeqlens, mQScale, mKScale, mVScale, mRotation = [
+            generic_view(t) for t in (mQ, mK, mV, mO, mLSE, mCacheSeqlens, mQScale, mKScale, mVScale, mRotation)
         ]
         # Views of the same memory: (S, D, (H, B)) for the TMA boxes, V as the B operand of P V, and
         # (X, (H, B)) for the LSE and the FP8 scales.
@@ -242,23 +259,33 @@ class HopperAttention:
         # One TMA atom per operand, copying one stage's box: Q and O (64, D), K (tile_n, D), V (D, tile_n);
         # each with the TMA view of its whole tensor (``mX_tma``), which the kernel takes as ``mX``.
         load = cpasync.CopyBulkTensorTileG2SOp()
-        tma_atom_Q, mQ_tma = cpasync.make_tiled_tma_atom(load, mQ, one_stage(smem.q), (rows, D))
+        # quantise_q: Q's boxes are loaded in the input dtype; the consumers write the e4m3 boxes ``smem.q``.
+        query, q_box, q_dtype, extra_fields = None, smem.q, self.dtype, None
+        tma_atom_R, mR_tma, rotation_layout = None, None, None
+        if cutlass.const_expr(self.quantise_q):
+            query, q_dtype = QueryLayouts.create(self.input_dtype, D, self.consumer_warpgroups), self.input_dtype
+            q_box, rotation_layout = query.box, query.rotation
+            extra_fields = query.storage_fields(self.input_dtype, self.consumer_warpgroups)
+            tma_atom_R, mR_tma = cpasync.make_tiled_tma_atom(load, mRotation, one_stage(rotation_layout), (D, D))
+            self.rotation_bytes = cute.size_in_bytes(self.input_dtype, one_stage(rotation_layout))
+        tma_atom_Q, mQ_tma = cpasync.make_tiled_tma_atom(load, mQ, one_stage(q_box), (rows, D))
         tma_atom_K, mK_tma = cpasync.make_tiled_tma_atom(load, mK, one_stage(smem.k), (self.tile_n, D))
         tma_atom_V, mV_tma = cpasync.make_tiled_tma_atom(load, mV, one_stage(smem.v), (D, self.tile_n))
         store = cpasync.CopyBulkTensorTileS2GOp()
         tma_atom_O, mO_tma = cpasync.make_tiled_tma_atom(store, mO, one_stage(smem.o), (rows, D))
         self.q_bytes, self.k_bytes, self.v_bytes = (
-            cute.size_in_bytes(self.dtype, one_stage(layout)) for layout in (smem.q, smem.k, smem.v)
+            cute.size_in_bytes(dtype, one_stage(layout))
+            for dtype, layout in ((q_dtype, q_box), (self.dtype, smem.k), (self.dtype, smem.v))
         )
         self.shared_storage = smem.storage(
-            self.dtype, self.out_dtype, self.consumer_warpgroups, self.kv_stages, self.o_aliases_q
+            self.dtype, self.out_dtype, self.consumer_warpgroups, self.kv_stages, self.o_aliases_q, extra_fields
         )
         tiles = TileScheduler.tile_total(self.tile_m, mQ.shape[0], mQ.shape[2][0], mQ.shape[2][1])
         ctas = cutlass.min(tiles, sm_count) if cutlass.const_expr(self.persistent) else tiles
         self.kernel(
             qk_mma, pv_mma, tma_atom_Q, mQ_tma, tma_atom_K, mK_tma, tma_atom_V, mV_tma, tma_atom_O, mO_tma, mLSE,
             mCacheSeqlens, mQScale, mKScale, mVScale, softmax_scale_log2, output_scale, smem.q, smem.k, smem.v,
-            smem.o,
+            smem.o, None if query is None else q_box, tma_atom_R, mR_tma, rotation_layout,
         ).launch(
             grid=[ctas, 1, 1],
             block=[self.threads_per_cta, 1, 1],
@@ -278,6 +305,8 @@ class HopperAttention:
         mQScale: cute.Tensor | None, mKScale: cute.Tensor | None, mVScale: cute.Tensor | None,
         softmax_scale_log2: Float32, output_scale: Float32, sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout,
+        sQ_in_layout: cute.ComposedLayout | None, tma_atom_R: cute.CopyAtom | None, mR: cute.Tensor | None,
+        sR_layout: cute.ComposedLayout | None,
     ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -304,6 +333,8 @@ class HopperAttention:
         if warp_idx == 0:
             with cute.arch.elect_one():
                 q_boxes.init_barriers()
+        if cutlass.const_expr(self.quantise_q):
+            init_rotation_barrier(storage.rotation_full.data_ptr(), warp_idx)
         # K and V rings: one elected lane per consumer warp releases a stage.
         kv_ring = functools.partial(tma_ring, stages=self.kv_stages, consumer_warps=W * WARPS_PER_WARPGROUP)
         k_producer, k_consumer = kv_ring(storage.k_barriers.data_ptr(), tx_bytes=self.k_bytes)
@@ -318,11 +349,18 @@ class HopperAttention:
             sO = sQ  # (64, D, warpgroup): same dtype and layout as Q
         else:
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # (64, D, warpgroup)
+        # The boxes the producer loads Q into: the e4m3 ones, or (quantise_q) the input-dtype ones.
+        sQ_in, sR = sQ, None
+        if cutlass.const_expr(self.quantise_q):
+            sQ_in = storage.sQ_in.get_tensor(sQ_in_layout.outer, swizzle=sQ_in_layout.inner)  # (64, D, warpgroup)
+            sR = storage.sR.get_tensor(sR_layout.outer, swizzle=sR_layout.inner)  # (D, D, 1)
 
         # ==== Producer warp: all TMA loads =================================================================
         if warp_group == 0:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
             if warp_idx == 0:
+                if cutlass.const_expr(self.quantise_q):
+                    load_rotation(tma_atom_R, mR, sR, storage.rotation_full.data_ptr(), self.rotation_bytes)
                 q_state = QueryBoxes.producer_state()
                 for local_tile in cutlass.range(local_tiles, unroll=1):
                     m_block, bh = scheduler.work_tile(local_tile)
@@ -331,7 +369,7 @@ class HopperAttention:
                     gQ = cute.local_tile(mQ[None, None, bh], (rows, D), (None, 0))  # (64, D, Sq/64)
                     gK = cute.local_tile(mK[None, None, kv_bh], (self.tile_n, D), (None, 0))  # (tile_n, D, n)
                     gV = cute.local_tile(mV[None, None, kv_bh], (D, self.tile_n), (0, None))  # (D, tile_n, n)
-                    tQsQ, tQgQ = tma_partition(tma_atom_Q, sQ, gQ)  # (TMA, warpgroup), (TMA, Sq/64)
+                    tQsQ, tQgQ = tma_partition(tma_atom_Q, sQ_in, gQ)  # (TMA, warpgroup), (TMA, Sq/64)
                     tKsK, tKgK = tma_partition(tma_atom_K, sK, gK)  # (TMA, stage), (TMA, n)
                     tVsV, tVgV = tma_partition(tma_atom_V, sV, gV)  # (TMA, stage), (TMA, n)
                     for w in cutlass.range_constexpr(W):
@@ -373,7 +411,20 @@ class HopperAttention:
                 turns=turns,
                 o_scale=cute.make_rmem_tensor(ROWS_PER_THREAD, Float32),
             )
+            quantiser = None
+            if cutlass.const_expr(self.quantise_q):
+                q_amax = storage.q_amax.get_tensor(cute.make_layout(W * WARPS_PER_WARPGROUP))
+                quantiser = QueryQuantiser(
+                    rotation_mma(self.input_dtype, D), sQ_in, sR, sQ, q_amax, storage.rotation_full.data_ptr(), w,
+                    wg_tidx, self.rotation_scale,
+                )  # fmt: skip
+                quantiser.wait_rotation()
             q_state = QueryBoxes.consumer_state()
+            if cutlass.const_expr(self.rotate_ahead):
+                # The first tile's rotation; each later one is issued at the end of the tile before.
+                rotated_ahead = quantiser.accumulator()
+                q_boxes.wait(w, q_state)
+                quantiser.rotate(rotated_ahead, cleared=True)
             # Every warpgroup of the CTA visits the same key blocks of every tile, so the turns balance
             # over the whole tile loop.
             turns.start()
@@ -383,9 +434,23 @@ class HopperAttention:
                 blocks = block_range(m_block, seqlen)
                 row_start = m_block * self.tile_m + w * rows
                 tile_scale_log2, tile_output_scale, scales = softmax_scale_log2, output_scale, None
+                q_scale = None
+                if cutlass.const_expr(self.quantise_q):
+                    # 1. This warpgroup's Q box in the input dtype, quantised to its e4m3 box (the input box
+                    # is free once the rotation has read it), and Q's block scale written for the caller.
+                    if cutlass.const_expr(self.rotate_ahead):
+                        q_scale = quantiser.quantise(rotated_ahead)
+                    else:
+                        q_boxes.wait(w, q_state)
+                        rotated = quantiser.accumulator()
+                        quantiser.rotate(rotated)
+                        q_scale = quantiser.quantise(rotated)
+                    q_boxes.release(w)
+                    q_state.advance()
+                    descales.store_query_scale(q_scale, m_block * W + w, bh, wg_tidx)
                 if cutlass.const_expr(self.fp8):
                     tile_scale_log2, tile_output_scale, scales = descales.for_tile(
-                        softmax_scale_log2, output_scale, m_block * W + w, bh, kv_head_batch(bh)
+                        softmax_scale_log2, output_scale, m_block * W + w, bh, kv_head_batch(bh), q_scale
                     )
                 acc_O.fill(0.0)
                 # FP8: P in [0, 2^8] rather than [0, 1] keeps small probabilities out of e4m3's subnormals,
@@ -404,7 +469,8 @@ class HopperAttention:
                 last_block = functools.partial(self.last_block, gemms, scales, softmax)
 
                 # 1. This warpgroup's Q box.
-                q_boxes.wait(w, q_state)
+                if cutlass.const_expr(not self.quantise_q):
+                    q_boxes.wait(w, q_state)
                 # 2. Key blocks from the top: the first needs the sequence mask and starts the softmax,
                 # then the rest of the causal diagonal (masked), then the rest (no mask). Each later step
                 # issues its S = Q Kᵀ together with the previous block's O += P V.
@@ -415,9 +481,19 @@ class HopperAttention:
                 for i in cutlass.range(blocks.n_masked_blocks, blocks.n_block_max - blocks.n_block_min, unroll=1):
                     k_consumer, v_consumer = unmasked_block(k_consumer, v_consumer, n_top - i)
                 # Every S = Q Kᵀ of this tile has retired: the producer may load the next tile's Q.
-                q_boxes.release(w)
-                q_state.advance()
+                if cutlass.const_expr(not self.quantise_q):
+                    q_boxes.release(w)
+                    q_state.advance()
                 v_consumer = last_block(v_consumer, blocks.n_block_min)
+                if cutlass.const_expr(self.rotate_ahead):
+                    # Ahead of steps 3-4: the next tile's rotation, issued now, runs on the tensor cores
+                    # under them; its box was loaded during this tile (released at the tile's start).
+                    # After the CTA's last tile it rotates that tile's box again (no wait: nothing loads it),
+                    # which the loop's exit waits for: one issue on every path keeps the accumulator in
+                    # registers (a conditional one left it in local memory).
+                    if local_tile + 1 < local_tiles:
+                        q_boxes.wait(w, q_state)
+                    quantiser.rotate(rotated_ahead, cleared=True)
 
                 # 3. Normalise, log-sum-exp.
                 lse = softmax.finalize(acc_O, tile_output_scale)
@@ -426,6 +502,8 @@ class HopperAttention:
                 # 4. O -> SMEM (stmatrix) -> TMA store.
                 epilogue.store_output(acc_O, mO[None, None, bh], m_block)
             turns.finish()
+            if cutlass.const_expr(self.rotate_ahead):
+                warpgroup.wait_group(0)  # the rotation issued after the last tile
             if wg_tidx < cute.arch.WARP_SIZE:
                 # The last TMA store must have read shared memory before the CTA exits.
                 cute.arch.cp_async_bulk_wait_group(0, read=True)

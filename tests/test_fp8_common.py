@@ -108,6 +108,25 @@ def test_fa3_inputs_have_the_papers_outlier_rate():
     assert 0.5e-3 < (q.abs() > 6).float().mean().item() < 1.5e-3
 
 
+def test_fa3_inputs_draw_k_and_v_at_the_problems_kv_heads():
+    """GQA: K and V (B, Hkv, Sk, D). Drawn with Q's H heads instead, the reference and the emulation (KV head
+    h // (H / Hkv) of the problem) and a rung (KV head h, from the tensors) judged different problems: cute/fp8's
+    ragged GQA cases of the in-kernel Q quantisation failed at relative L2 1.3 on that, as SDPA did."""
+    problem = Problem(2, 8, 77, 100, 64, dtype=torch.bfloat16, kv_heads=2)
+    q, k, v = fp8.fa3_inputs(problem, seed=0, device="cpu")
+    assert q.shape == (2, 8, 77, 64) and k.shape == v.shape == (2, 2, 100, 64)
+
+
+def test_a_check_refuses_inputs_drawn_for_other_heads():
+    """The planted bug above: K and V with Q's heads for a GQA problem are refused before anything runs."""
+    from common.contract.check import check_on_inputs
+
+    problem = Problem(1, 4, 16, 16, 64, dtype=torch.float32, kv_heads=2)
+    q, k, v = make_inputs(dataclasses.replace(problem, kv_heads=4), seed=0, device="cpu")
+    with pytest.raises(ValueError, match="needs q with 4 heads and k with 2 KV heads, got 4 and 4"):
+        check_on_inputs(None, q, k, v, problem)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_emulation_without_rounding_effects_is_exact_attention(causal: bool):
     """Inputs that e4m3 holds exactly after scaling (amax 3.5 maps onto 448 = 3.5 x 2^7), so only P's

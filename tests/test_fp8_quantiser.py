@@ -156,6 +156,34 @@ def test_every_knob_writes_the_default_configurations_bytes(
     )
 
 
+@pytest.mark.parametrize("config", [None, *KNOB_CONFIGS[:3], KNOB_CONFIGS[-1]],
+                         ids=lambda config: config.describe() if config else "default")  # fmt: skip
+def test_a_quantiser_of_k_and_v_only_writes_their_bytes_and_leaves_q(config: fused.QuantiserConfig | None):
+    """``query=False`` (cute/fp8 quantising Q in its kernel): into poisoned buffers, K's and V's bytes and
+    scales exactly as the full quantiser writes them; Q's bytes and scales untouched (still poisoned)."""
+    problem = _problem(64, torch.bfloat16, (600, 150))
+    q, k, v = _inputs(problem)
+    quantisation, layout = fp8.quantisation_named("block+rotation"), LAYOUTS["cute"]
+    full = fused.quantise_fused(q, k, v, quantisation, layout, config=config).buffers()
+    quantiser = fused.FusedQuantiser(q.shape, k.shape, q.dtype, "cpu", quantisation, layout, config=config, query=False)
+    quantiser.operands.poison_()
+    q8, k8, vt8, q_scale, k_scale, v_scale = quantiser(q, k, v).buffers()
+    for name, got, want in (("k8", k8, full[1]), ("vt8", vt8, full[2]), ("k_scale", k_scale, full[4]),
+                            ("v_scale", v_scale, full[5])):  # fmt: skip
+        assert torch.equal(got, want), f"{name} differs from the full quantiser's"
+    assert torch.all(q8 == 0x7F) and torch.all(q_scale.isnan())
+    assert quantiser.launches == (1 if quantiser.config.single_launch else 2)
+
+
+def test_a_quantiser_of_k_and_v_only_refuses_per_tensor_scales_and_persistent_grids():
+    shapes = ((2, 2, 64, 64), (2, 1, 64, 64), torch.bfloat16, "cpu")
+    with pytest.raises(ValueError, match="needs block scales and no persistent grid, got block "):
+        fused.FusedQuantiser(*shapes, fp8.quantisation_named("block"), LAYOUTS["cute"], query=False,
+                             config=fused.QuantiserConfig(programs_per_sm=1))  # fmt: skip
+    with pytest.raises(ValueError, match="needs block scales and no persistent grid, got per-tensor"):
+        fused.FusedQuantiser(*shapes, fp8.quantisation_named("per-tensor"), LAYOUTS["cute"], query=False)
+
+
 def test_a_launch_that_leaves_tiles_unwritten_is_caught(monkeypatch: pytest.MonkeyPatch):
     """The knob test's check fails a planted bug: V's tile count one short (the loops stop before its
     last tile), so that the last V tile keeps its poison."""

@@ -127,6 +127,39 @@ def test_cute_fp8_variants_compile_to_e4m3_wgmma(variant: str, head_dim: int, ca
     assert stack <= (CAUSAL_STACK_BYTES if causal else 0), f"{stack} bytes of stack"
 
 
+@pytest.mark.cute_compile
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+@pytest.mark.parametrize("knobs", [{}, {"pingpong": True}, {"rotate_ahead": True}], ids=["alone", "pingpong", "ahead"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cute_fp8_q_in_kernel_compiles_to_the_rotation_wgmma_without_spills(causal: bool, knobs: dict):
+    """``quantise_q`` at P1 (GQA and bottom-right too when causal): the rotation's bf16 wgmma beside the e4m3
+    ones, the reciprocal division's fmas instead of 64 IEEE divisions a thread (IEEE division only for the
+    scale and its reciprocal), no stack, alone, with ping-pong and with the rotation issued ahead
+    (bench/fp8_q_in_kernel.py times all three; ahead and causal, one value a tile goes to local memory, as
+    in the other causal FP8 builds); the canonical build (knob off) is unchanged, which the fingerprint shows."""
+    from common.reporting.static import cubin_resources, ptx_features
+
+    fp8 = _module("cute_impl.fp8")
+    problem = Problem(2, 16, 8192, 8192, 128, dtype=torch.bfloat16, causal=causal, kv_heads=4 if causal else 16,
+                      causal_alignment="bottom_right" if causal else "top_left")  # fmt: skip
+    binary = fp8.compile_sm90(problem, quantise_q=True, **knobs)[0]
+    assert ptx_features(binary.ptx)["e4m3 mma"], "no e4m3 wgmma in the PTX"
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in binary.ptx, "no bf16 rotation wgmma"
+    assert 2 <= binary.ptx.count("div.rn.f32") < 8, "the scale and its reciprocal by IEEE division, no other"
+    assert binary.ptx.count("fma.rn.f32") >= 4 * 64, "the reciprocal division's two Markstein steps an element"
+    stack = max(usage["stack_bytes"] for usage in cubin_resources(binary.cubin).values())
+    assert stack <= (CAUSAL_STACK_BYTES if causal and knobs.get("rotate_ahead") else 0), f"{stack} bytes of stack"
+
+
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+def test_cute_q_in_kernel_needs_block_scales_and_rotation():
+    fp8 = _module("cute_impl.fp8")
+    with pytest.raises(ValueError, match="quantises Q in its kernel only with block scales and rotation, got block"):
+        fp8.fp8_config(Problem(1, 1, 64, 64, 128), VARIANTS["block"], quantise_q=True)
+    with pytest.raises(ValueError, match="rotation ahead \\(rotate_ahead\\) only with quantise_q"):
+        fp8.fp8_config(Problem(1, 1, 64, 64, 128), VARIANTS["block+rotation"], rotate_ahead=True)
+
+
 _TRITON_PROBE = """
 import json
 from common.contract.fp8 import VARIANTS
@@ -319,3 +352,96 @@ def test_gpu_cute_fp8_end_to_end_takes_cache_seqlens_and_returns_the_lse():
     out_e2e, lse_e2e = end_to_end()
     assert torch.equal(out_e2e, out) and torch.equal(lse_e2e, lse)
     assert torch.all(out[1] == 0) and torch.all(lse[1] == -torch.inf)  # the empty sequence
+
+
+# cute/fp8 with Q quantised in its kernel (``QUANTISE_Q_IN_KERNEL``, issue #37): a P1-like shape and ragged GQA
+# shapes, every mask, judged by FP8_RULE against the emulation of the full quantiser's operands (the rule is
+# unchanged); then, apart, whether the kernel's Q is the quantiser's bit for bit (its scales, and so its O).
+Q_IN_KERNEL_SHAPES = {
+    # 512 query tiles: every persistent CTA of an H200 (132 SMs) walks several, so Q boxes are reloaded and requantised.
+    "p1-like": (2, 8, 8, 4096, 4096),
+    "ragged-gqa": (2, 8, 2, 1000, 777),
+    "ragged-gqa-short-q": (2, 8, 2, 77, 1000),
+}
+
+
+def _q_in_kernel_case(shape: str, mask: str):
+    batch, heads, kv_heads, seqlen_q, seqlen_k = Q_IN_KERNEL_SHAPES[shape]
+    causal, alignment = MASKS[mask]
+    problem = Problem(batch, heads, seqlen_q, seqlen_k, 128, dtype=torch.bfloat16, causal=causal,
+                      kv_heads=kv_heads, causal_alignment=alignment)  # fmt: skip
+    return problem, fa3_inputs(problem, seed=3, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("shape", list(Q_IN_KERNEL_SHAPES))
+def test_gpu_cute_fp8_q_in_kernel_meets_the_rule(shape: str, mask: str, monkeypatch: pytest.MonkeyPatch):
+    """Kernel only (poisoned outputs) by FP8_RULE, and end to end (the K/V-only quantiser, then the kernel
+    reading bf16 Q) equal to kernel only."""
+    fp8 = _module("cute_impl.fp8")
+    problem, (q, k, v) = _q_in_kernel_case(shape, mask)
+    monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
+    result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
+    assert result.ok, f"{problem.describe()}: {result.summary()}"
+    kernel_only = fp8.prepare(q, k, v, problem)
+    assert kernel_only.quantiser.query is False
+    out = kernel_only().clone()
+    assert torch.equal(run_poisoned(fp8.prepare_end_to_end(q, k, v, problem)), out)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+@pytest.mark.parametrize("mask", list(MASKS))
+def test_gpu_cute_fp8_q_in_kernel_is_the_quantisers_q(mask: str, monkeypatch: pytest.MonkeyPatch):
+    """The same rotation sums (k16 groups in order on the tensor cores), amax, IEEE divisions and rounding as
+    the fused quantiser: Q's scales equal bit for bit, and so does O (the kernel is otherwise the same)."""
+    fp8 = _module("cute_impl.fp8")
+    problem, (q, k, v) = _q_in_kernel_case("ragged-gqa", mask)
+    monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
+    in_kernel = fp8.prepare(q, k, v, problem)
+    out, q_scale = in_kernel().clone(), in_kernel.quantiser.operands.q_scale.clone()
+    monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", False)
+    quantised = fp8.prepare(q, k, v, problem)
+    expected_scale = quantised.quantiser.operands.q_scale
+    assert torch.equal(q_scale, expected_scale), f"{(q_scale != expected_scale).sum()} Q scales differ"
+    differing = (out != quantised()).sum().item()
+    assert differing == 0, f"{differing} of {out.numel()} outputs differ from the quantiser's path"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+@pytest.mark.parametrize("shape", ["p1-like", "ragged-gqa"])
+def test_gpu_cute_fp8_q_in_kernel_rotated_ahead_is_the_same(shape: str, monkeypatch: pytest.MonkeyPatch):
+    """``rotate_ahead`` (the next tile's rotation issued under a tile's epilogue) changes only when the product
+    runs: Q's scales and O equal the knob's without it, bit for bit. P1-like: every persistent CTA walks
+    several tiles (rotations issued ahead); ragged GQA: one tile a CTA (only the one after the last tile)."""
+    import functools
+
+    fp8 = _module("cute_impl.fp8")
+    problem, (q, k, v) = _q_in_kernel_case(shape, "causal")
+    monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
+    plain = fp8.prepare(q, k, v, problem)
+    out, q_scale = plain().clone(), plain.quantiser.operands.q_scale.clone()
+    monkeypatch.setattr(fp8, "fp8_config", functools.partial(fp8.fp8_config, rotate_ahead=True))
+    ahead = fp8.prepare(q, k, v, problem)
+    assert torch.equal(run_poisoned(ahead), out)
+    assert torch.equal(ahead.quantiser.operands.q_scale, q_scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+def test_gpu_cute_fp8_q_in_kernel_with_a_wrong_rotation_fails_the_rule(monkeypatch: pytest.MonkeyPatch):
+    """Planted bug: the kernel rotates Q by the sign matrix untransposed (diag(s) H instead of H diag(s)), while K
+    keeps the quantiser's rotation: the rule must fail it."""
+    from common.contract.fp8 import random_hadamard
+
+    fp8 = _module("cute_impl.fp8")
+    problem, (q, k, v) = _q_in_kernel_case("ragged-gqa", "causal")
+    monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
+    monkeypatch.setattr(fp8, "sign_matrix_transposed",
+                        lambda head_dim, seed, dtype, device: torch.sign(random_hadamard(head_dim, seed, device))
+                        .to(dtype).contiguous())  # fmt: skip
+    result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
+    assert not result.ok, f"a wrong rotation of Q passed: {result.summary()}"

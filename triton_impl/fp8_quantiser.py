@@ -427,11 +427,12 @@ def _grid(programs: tuple[int, ...], config: QuantiserConfig) -> int:
 
 
 def _launches(programs: tuple[int, ...], single_launch: bool) -> tuple[tuple[int, ...], ...]:
-    """Program counts (Q, K, V) of each launch of a pass: all in one, or one tensor per launch."""
+    """Program counts (Q, K, V) of each launch of a pass: all in one, or one tensor per launch (none for a
+    tensor without programs: Q's where the kernel quantises it)."""
     if single_launch:
         return (programs,)
     return tuple(tuple(count if index == tensor else 0 for index, count in enumerate(programs))
-                 for tensor in range(len(programs)))  # fmt: skip
+                 for tensor in range(len(programs)) if programs[tensor])  # fmt: skip
 
 
 def _launch_options(
@@ -493,6 +494,11 @@ class FusedQuantiser:
     ``DEFAULT_ROTATION_METHOD``; ``config``: a ``QuantiserConfig``, by default ``default_config(D, quantisation)``; both
     defaults as they read when the quantiser is built (the rungs and their emulations take them from
     there, so bench/fp8_quantiser.py can time other choices through them).
+
+    ``query=False``: K and V only (Q's programs are none, the same launch otherwise, so K's and V's bytes do not
+    change), for a kernel that quantises Q itself (cute/fp8's ``quantise_q``); ``operands.q8`` is then never
+    written and ``operands.q_scale`` is that kernel's to write. Block scales only (per-tensor Q needs Q's amax
+    before any cast), and no persistent grid (its programs walk every tensor).
     """
 
     def __init__(
@@ -505,9 +511,17 @@ class FusedQuantiser:
         value_layout: ValueLayout,
         rotation_method: str | None = None,
         config: QuantiserConfig | None = None,
+        *,
+        query: bool = True,
     ):
         rotation_method = rotation_method or DEFAULT_ROTATION_METHOD
         self.config = config or default_config(q_shape[3], quantisation, rotation_method)
+        if not query and (not quantisation.block or self.config.programs_per_sm):
+            raise ValueError(
+                "a quantiser of K and V only (query=False) needs block scales and no persistent grid, got "
+                f"{quantisation.name} and programs_per_sm={self.config.programs_per_sm}"
+            )
+        self.query = query
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -537,9 +551,8 @@ class FusedQuantiser:
                 zip(geometries, _tma_rows(self.config, quantisation, value_layout), strict=True)
             )
         )
-        self._launch_programs = _launches(
-            _programs(geometries, self.config, sm_count(device)), self.config.single_launch
-        )
+        programs = _programs(geometries, self.config, sm_count(device))
+        self._launch_programs = _launches(programs if query else (0, *programs[1:]), self.config.single_launch)
         self._options = {
             step: _launch_options(quantisation, value_layout, rotation_method, self.config, head_dim, step, interpreted)
             for step in _steps(quantisation)

@@ -41,6 +41,18 @@ class CheckResult:
         return f"{verdict}: {self.error.summary()} | sdpa: {sdpa_text}{emulation_text}{lse_text}"
 
 
+def check_heads(q: torch.Tensor, k: torch.Tensor, problem: Problem) -> None:
+    """The tensors' query and KV heads are the problem's: the reference and the emulation map query head h to
+    KV head ``problem.kv_head(h)``, while a rung takes its heads from the tensors, so inputs drawn for other
+    heads (K with H heads for a GQA problem) would judge two different problems against each other."""
+    kv_heads = k.shape[2] if problem.page_size else k.shape[1]
+    if (q.shape[1], kv_heads) != (problem.heads, problem.kv_heads):
+        raise ValueError(
+            f"{problem.describe()} needs q with {problem.heads} heads and k with {problem.kv_heads} KV heads, "
+            f"got {q.shape[1]} and {kv_heads}"
+        )
+
+
 def run_poisoned(run: Runner) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Run once, poison the returned buffer(s) (O, and the LSE when returned) with NaN, run again:
     unwritten elements stay NaN."""
@@ -125,6 +137,7 @@ def check_on_inputs(
     returned LSE, if any, against the fp64 LSE by its own rule (``common.contract.metrics.lse_bound``),
     or for an FP8 rule against its emulation's LSE, within that bound plus the emulation's. k and v are
     page pools read through ``block_table`` when the problem is paged."""
+    check_heads(q, k, problem)
     ref, ref_lse = reference_attention(
         q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table, with_lse=True
     )

@@ -354,11 +354,13 @@ def kernel_operands(operands: QuantisedOperands, layout: ValueLayout) -> KernelO
 def fa3_inputs(
     problem: Problem, seed: int, device: str | torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """FlashAttention-3's Table 3 distribution: N(0, 1) + N(0, 100) x Bernoulli(0.001), for Q, K and V."""
+    """FlashAttention-3's Table 3 distribution: N(0, 1) + N(0, 100) x Bernoulli(0.001), for Q (B, H, Sq, D)
+    and K and V (B, Hkv, Sk, D) (the problem's KV heads: GQA and MQA draw fewer K/V heads than Q's)."""
     generator = torch.Generator().manual_seed(seed)
     tensors = []
-    for seqlen in (problem.seqlen_q, problem.seqlen_k, problem.seqlen_k):
-        shape = (problem.batch, problem.heads, seqlen, problem.head_dim)
+    for heads, seqlen in ((problem.heads, problem.seqlen_q), (problem.kv_heads, problem.seqlen_k),
+                          (problem.kv_heads, problem.seqlen_k)):  # fmt: skip
+        shape = (problem.batch, heads, seqlen, problem.head_dim)
         base = torch.randn(shape, generator=generator)
         outlier = torch.randn(shape, generator=generator) * FA3_OUTLIER_STD
         hit = torch.rand(shape, generator=generator) < FA3_OUTLIER_PROBABILITY
