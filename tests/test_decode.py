@@ -653,8 +653,9 @@ def _check_graph_replays(impl: Implementation, paged: bool) -> None:
     assert not torch.equal(answers[0], answers[1]) and not torch.equal(answers[1], answers[2])
 
 
-# The balanced split kernel compiled for sm_90a (a child process without the interpreter): D 64 paged,
-# D 128 at one token and 16 (MQA, 255 registers), D 256 at 4 tokens; the cp.async pipeline and the shared
+# The balanced split kernel compiled for sm_90a (a child process without the interpreter) with each problem's
+# tile (tile_config): D 64 paged, D 128 at one token and 16 (MQA: 512 packed rows, WIDE_M_TILE's 128-row
+# tiles on 8 warps), D 256 at 4 tokens; the cp.async pipeline and the shared
 # memory of the default split kernel (its K/V stages kept), the arrival atomic; no spills, except one value
 # of the plan that some releases keep on the stack across the key loop (one STL and one LDL in the whole
 # kernel; the default kernel needs none), bounded per release (bytes per thread, measured 2026-11-29).
@@ -678,7 +679,7 @@ for head_dim, seqlen_q, page_size in json.loads(sys.argv[1]):
         8, 32, seqlen_q, 32768, head_dim, dtype=torch.bfloat16, causal=True, kv_heads=1 if seqlen_q == 16 else 8,
         causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True, page_size=page_size,
     )
-    config = decode.DEFAULT_CONFIGS[head_dim]
+    config = decode.tile_config(problem)
     signature = {**pointer_signature(problem.dtype), "OutPartial": "*fp32", "LsePartial": "*fp32", "Counters": "*i32",
                  "batch_size": "i32", "target_shares": "i32", "min_share_blocks": "i32"}
     constexprs = {**feature_constexprs(problem), "HEAD_DIM": head_dim, "BLOCK_M": decode.block_m_for(problem),
