@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue #37: cute/fp8 with Q quantised in its kernel (cute_impl.fp8.QUANTISE_Q_IN_KERNEL, off by default) against
-# the default, in one device call (about 2.5 minutes on an H200):
+# Issue #37: cute/fp8 with Q quantised in its kernel (cute_impl.fp8.QUANTISE_Q_IN_KERNEL, on by default at
+# D=128 since this A/B) against the quantiser's Q, in one device call (about 2.5 minutes on an H200):
 #   1. the knob's 15 GPU tests (FP8 rule against the emulation of the full quantiser's operands on a P1-like shape
 #      and ragged GQA shapes, full / causal top-left / causal bottom-right, end to end equal to kernel only; apart,
 #      the kernel's Q scales and O equal to the default path's bit for bit (the reciprocal division's quotient is

@@ -18,7 +18,7 @@ Algorithm
    ``DEFAULT_QUANTISATION`` (block scales and rotation) is what compare.py runs; ``quantisation=``
    selects the other ``common.contract.fp8.VARIANTS``. The quantiser writes steps 2 and 3's layout
    (``VALUE_LAYOUT``) directly; ``prepare_end_to_end``'s run() is that quantiser and the kernel.
-   ``QUANTISE_Q_IN_KERNEL`` (off by default; issue #37): the quantiser does K and V only and the kernel
+   ``QUANTISE_Q_IN_KERNEL`` (on by default at D=128; issue #37): the quantiser does K and V only and the kernel
    reads Q in bf16/fp16, each consumer warpgroup rotating, scaling and rounding its 64-row box as the
    quantiser would (``_fp8_query.py``: Q's scale block is that box), so a call reads Q once instead of
    three times; the emulation and FP8_RULE are unchanged (the kernel's Q is the quantiser's).
@@ -114,10 +114,14 @@ from triton_impl.fp8_quantiser import FusedQuantiser, compile_sm90_for, quantise
 DEFAULT_QUANTISATION = Quantisation(block=True, rotation=True)
 # Vᵀ as the kernel reads it (steps 2-3): keys permuted, padded to a whole group of 16.
 VALUE_LAYOUT = ValueLayout(permuted=True, key_multiple=KEY_GROUP)
-# Issue #37's knob (off by default; bench/fp8_q_in_kernel_ab.sh times it): the kernel takes Q in bf16/fp16 and
-# each consumer warpgroup quantises its 64 rows as the fused quantiser would (``_fp8_query.py``), so the
-# quantiser runs for K and V only. Read when a launch is built (``launch``), so tests and benches can set it.
-QUANTISE_Q_IN_KERNEL = False
+# Issue #37's knob (bench/fp8_q_in_kernel_ab.sh times it): the kernel takes Q in bf16/fp16 and each consumer
+# warpgroup quantises its 64 rows as the fused quantiser would (``_fp8_query.py``), so the quantiser runs for
+# K and V only. Read when a launch is built (``launch``), so tests and benches can set it. On by default for
+# block scales with rotation at the head dims in QUANTISE_Q_HEAD_DIMS, where it was measured (H200, P1 causal:
+# end to end 813.6 -> 789.4 us, non-causal 1415.7 -> 1413.3; results/h200/fp8-q-in-kernel-ab2/) and its GPU
+# tests run; D=64 keeps the quantiser's Q (compiled spill-free, not run on a GPU).
+QUANTISE_Q_IN_KERNEL = True
+QUANTISE_Q_HEAD_DIMS = (128,)
 
 
 # D=64 configurations for issue #37's A/B (``python -m bench.gluon_sweep bench 3 --cands fp8-d64``;
@@ -243,6 +247,17 @@ def sign_matrix_transposed(head_dim: int, seed: int, dtype: torch.dtype, device:
     return lasting(lambda: torch.sign(matrix).T.to(dtype).contiguous(), device)
 
 
+def quantises_q_in_kernel(problem: Problem, quantisation: Quantisation) -> bool:
+    """Whether ``launch`` takes Q unquantised: ``QUANTISE_Q_IN_KERNEL`` on, block scales with rotation (the only
+    variant the kernel's Q quantisation implements) and a head dim in ``QUANTISE_Q_HEAD_DIMS``."""
+    return (
+        QUANTISE_Q_IN_KERNEL
+        and quantisation.block
+        and quantisation.rotation
+        and problem.head_dim in QUANTISE_Q_HEAD_DIMS
+    )
+
+
 def launch(
     q: torch.Tensor, k: torch.Tensor, problem: Problem, quantisation: Quantisation = DEFAULT_QUANTISATION, *,
     cache_seqlens: torch.Tensor | None = None,
@@ -250,7 +265,7 @@ def launch(
     """The fused quantiser's buffers and the launch-only kernel over them (compiled once per
     configuration); nothing launched. With ``QUANTISE_Q_IN_KERNEL`` the quantiser does K and V only and the
     kernel reads ``q`` itself (this very tensor, at every launch)."""
-    in_kernel = QUANTISE_Q_IN_KERNEL
+    in_kernel = quantises_q_in_kernel(problem, quantisation)
     config = fp8_config(problem, quantisation, quantise_q=in_kernel)
     fused = FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, VALUE_LAYOUT, query=not in_kernel)
     kernel = quantised_launcher(

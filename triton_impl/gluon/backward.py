@@ -176,23 +176,23 @@ class BackwardTiles:
 # 32 do not; at D=64, 128 rows spill and 64 do not. The overlapped ones hold a slot one step longer, hence
 # three slots or more. Measured at D=128 (H200, Triton 3.6, P1 / P1 causal, TFLOP/s of the backward,
 # results/h200/backward-gluon-candidates/): overlapped s3 450.9 / 407.4, overlapped s4 449.4 / 408.1,
-# s2 428.2 / 407.0, s3 419.1 / 400.7 (the default before). D=64 is not timed yet (its first stays).
-# Under Triton 3.9 the overlapped dK/dV kernels spill (16-64 bytes per thread, sm_90a): that release keeps
-# the others, the non-overlapped s3 its D=128 default.
+# s2 428.2 / 407.0, s3 419.1 / 400.7 (an earlier default). Under Triton 3.9 the overlapped dK/dV kernels spill
+# (16-64 bytes per thread, sm_90a): that release keeps the others, the plain s3 with tma_rows its D=128 default.
 # The dQ pass with 128-key tiles (plain steps: overlapped they spill 80-288 bytes) gains nothing: 448.8 /
 # 407.4 beside the overlapped dK/dV kernel, 421.0 / 411.3 beside the plain one (backward-gluon-candidates-atomic/).
-# tma_rows (not timed yet): the unmasked dK/dV step has no LDG, 238 → 198 SASS instructions (D=128), 383 → 244 (D=64).
+# tma_rows (the defaults): step without LDG, 238 → 198 SASS instructions (D=128), 383 → 244 (D=64); 456.8 → 468.6 /
+# 409.0 → 444.2 at P1 / causal, 360.6 → 387.7 at D=64 B=4 H=32 (H200, results/h200/backward-gluon-tma-rows/).
 OVERLAP_SPILLS = ("3.9",)
 ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     64: (
-        BackwardTiles(64, 2, 64, 2), BackwardTiles(64, 3, 128, 2), BackwardTiles(64, 3, 64, 3, overlap=True),
-        BackwardTiles(64, 2, 64, 2, tma_rows=True), BackwardTiles(64, 3, 64, 3, overlap=True, tma_rows=True),
+        BackwardTiles(64, 2, 64, 2, tma_rows=True), BackwardTiles(64, 2, 64, 2), BackwardTiles(64, 3, 128, 2),
+        BackwardTiles(64, 3, 64, 3, overlap=True), BackwardTiles(64, 3, 64, 3, overlap=True, tma_rows=True),
     ),
     128: (
-        BackwardTiles(32, 3, 64, 3, overlap=True), BackwardTiles(32, 3, 64, 3), BackwardTiles(32, 2, 64, 2),
+        BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True), BackwardTiles(32, 3, 64, 3, overlap=True),
+        BackwardTiles(32, 3, 64, 3, tma_rows=True), BackwardTiles(32, 3, 64, 3), BackwardTiles(32, 2, 64, 2),
         BackwardTiles(32, 4, 64, 3, overlap=True), BackwardTiles(32, 3, 128, 2, overlap=True, dq_overlap=False),
         BackwardTiles(32, 3, 128, 2), BackwardTiles(32, 3, 64, 3, atomic_dq=True),
-        BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True), BackwardTiles(32, 3, 64, 3, tma_rows=True),
     ),
 }  # fmt: skip
 # The atomic dQ (319.3 at P1 against 456.4) spills at the static test's ragged GQA shapes (bytes per thread,
