@@ -249,7 +249,9 @@ def test_mask_function_asking_cuda_first_breaks_the_compiled_graph(names, refere
 
     name = PREFIX + FAST_RUNG
     monkeypatch.setitem(AttentionMaskInterface._global_mapping, name, asks_cuda_first)
-    with pytest.raises(torch._dynamo.exc.Unsupported):
+    # Dynamo refuses to trace the question (a graph break) or, in some releases, runs it on fake tensors and
+    # fails there (torch 2.11 without a GPU): either way the step does not compile as one graph.
+    with pytest.raises((torch._dynamo.exc.Unsupported, torch._dynamo.exc.TorchRuntimeError)):
         compiled_greedy(with_attention(reference, name), prompt[:1], 3)
 
 
