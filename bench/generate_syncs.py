@@ -1,4 +1,5 @@
-"""Where an eager ``generate()`` decode step waits for the GPU: host synchronisations per step, by origin.
+"""Where an eager ``generate()`` step waits for the GPU: host synchronisations per decode step, or per
+prefill, by origin.
 
 An eager decode step is host time, and the host overlaps it with the GPU's work only while it never
 waits: one synchronisation per step makes the step the host's time *plus* the GPU's. This tool runs the
@@ -10,8 +11,13 @@ sync attributed to the innermost frame of this project, else of transformers.
 
     python -m bench.generate_syncs --prompt 1024 --batches 1,8 --impls sdpa,ladder:auto --out $OUT/syncs
 
-Writes syncs.csv (impl, batch, origin, syncs per decode step) under ``--out`` and prints it. Without a
-CUDA GPU it prints one line and exits 2.
+``--phase prefill`` counts instead the synchronisations of one prefill as ``bench.generate`` times it (one
+forward over the prompt into a fresh StaticCache, after a warm-up one): a prefill that waits for the GPU
+in its layers leaves the GPU idle while the host launches the next kernels, wall time its kernels do not
+show.
+
+Writes syncs.csv (impl, batch, phase, origin, syncs per decode step or per prefill) under ``--out`` and
+prints it. Without a CUDA GPU it prints one line and exits 2.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import require_gpu
-from bench.generate import GPU_MODEL, build_model
+from bench.generate import GPU_MODEL, Case, build_model, prefill
 
 OWN_CODE = ("common/", "triton_impl/", "cute_impl/")
 
@@ -75,12 +81,24 @@ def syncs_per_step(generate: Callable[[int], Any], steps: int) -> dict[str, floa
     return {where: (long[where] - short[where]) / steps for where in long | short if long[where] != short[where]}
 
 
+def syncs_per_prefill(run: Callable[[], Any]) -> dict[str, float]:
+    """Synchronisations of one prefill by origin, after a warm-up prefill."""
+    run()
+    with counted_syncs() as counts:
+        run()
+    return {where: float(count) for where, count in counts.items()}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompt", type=int, default=1024, help="prompt length (default 1024)")
     parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes (default 1,8)")
     parser.add_argument("--impls", default="sdpa,ladder:auto", help="comma-separated attn_implementation names")
     parser.add_argument("--steps", type=int, default=8, help="decode steps counted (default 8)")
+    parser.add_argument(
+        "--phase", choices=("decode", "prefill"), default="decode",
+        help="count per decode step (DynamicCache) or per prefill (a fresh StaticCache; default decode)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("runs/generate-syncs"))
     return parser
 
@@ -106,16 +124,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         for impl in args.impls.split(","):
             model.set_attn_implementation(impl)
-            counts = syncs_per_step(generate, args.steps)
-            rows += [{"impl": impl, "batch": batch, "origin": k, "syncs_per_step": v} for k, v in counts.items()]
-            rows.append({"impl": impl, "batch": batch, "origin": "total", "syncs_per_step": sum(counts.values())})
+            if args.phase == "prefill":
+                case = Case("static", batch, args.prompt, args.steps)
+                counts = syncs_per_prefill(lambda ids=ids, case=case: prefill(model, ids, case))
+            else:
+                counts = syncs_per_step(generate, args.steps)
+            counts["total"] = sum(counts.values())
+            row = {"impl": impl, "batch": batch, "phase": args.phase}
+            rows += [{**row, "origin": where, "syncs": count} for where, count in counts.items()]
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / "syncs.csv").open("w", newline="") as sink:
-        writer = csv.DictWriter(sink, fieldnames=["impl", "batch", "origin", "syncs_per_step"])
+        writer = csv.DictWriter(sink, fieldnames=["impl", "batch", "phase", "origin", "syncs"])
         writer.writeheader()
         writer.writerows(rows)
     for row in rows:
-        print(f"{row['impl']:14s} B={row['batch']:<2d} {row['syncs_per_step']:6.2f}  {row['origin']}")
+        print(f"{row['impl']:14s} B={row['batch']:<2d} {row['syncs']:6.2f}  {row['origin']}")
     return 0
 
 
