@@ -6,8 +6,8 @@ Sq=8 D=256 paged(32) ragged 23..138969 (453 MB). The default sweep's small-cache
 excess for every implementation, FlashInfer included (B=1 Hkv=8 32k, 134 MB: 51-66 µs against 30 µs of
 bytes), so this run separates what any read of that size costs in this harness from what the kernels add.
 
-For one rung (``--impl``) in one process, on those three shapes and two that read at about 90 % (B=1 Hkv=8
-128k, B=64 Hkv=8 32k), it times:
+For each decode rung (``--impls``) in one process, shape by shape, on those three shapes and two that read
+at about 90 % (B=1 Hkv=8 128k, B=64 Hkv=8 32k), it times:
 
 * ``read``: ``torch.sum`` over a flat bf16 buffer of exactly the step's K/V bytes, the same reduction
   ``compare.py`` calibrates the read bandwidth with over 4 GiB: the size-matched floor of this harness;
@@ -24,7 +24,7 @@ so that L2 holds clean lines, then the timed call between two events; median of 
 are of the read bandwidth measured in the same process (``measure_read_gbps``). Writes ``fewpairs.csv``
 and ``fewpairs.md`` under ``--out``.
 
-    python -m bench.decode_fewpairs --impl gluon/decode --out runs/fewpairs     # project root, on a GPU
+    python -m bench.decode_fewpairs --out runs/fewpairs     # from the project root, on a GPU
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ from unittest import mock
 
 from bench import require_gpu
 
-# Indices into random_cases(8, seed=31): B=3 Hkv=8 13k; B=8 Hkv=8 group 4 8.7k; B=16 MQA D=256 paged ragged.
-SEED, SEED_SHAPES = 31, (3, 7, 0)
-# The default sweep's good rows (batch, seqlen_k, kv_heads): no setting may lose there.
-GOOD_SHAPES = ((1, 131072, 8), (64, 32768, 8))
+# The rows in the order timed (a run cut short keeps the first): an index into random_cases(8, seed=31)
+# (3: B=3 Hkv=8 13k; 7: B=8 Hkv=8 group 4 8.7k; 0: B=16 MQA D=256 paged ragged) or one of the default
+# sweep's good rows (batch, seqlen_k, kv_heads), where no setting may lose.
+SEED = 31
+CASES = (3, 7, (1, 131072, 8), 0, (64, 32768, 8))
 RUNG_MODULES = {
     "triton/decode": "triton_impl.decode",
     "gluon/decode": "triton_impl.gluon.decode",
@@ -136,11 +137,11 @@ def timings(fn: Callable[[], object], rep_ms: float, reps: int) -> dict[str, flo
 
 
 def cases() -> list:
-    """The three low rows of seed 31, then the two good rows."""
+    """:data:`CASES`: seed 31's low rows and the default sweep's good ones."""
     from common.measure.decode_sweep import DecodeCase, decode_problem, random_cases
 
-    drawn = random_cases(max(SEED_SHAPES) + 1, SEED)
-    return [drawn[i] for i in SEED_SHAPES] + [DecodeCase(decode_problem(*shape)) for shape in GOOD_SHAPES]
+    drawn = random_cases(8, SEED)
+    return [drawn[entry] if isinstance(entry, int) else DecodeCase(decode_problem(*entry)) for entry in CASES]
 
 
 def row(impl: str, case, setting: str, splits: int, status: str, us: dict, read_gbps: float, err: float, why: str):
@@ -180,7 +181,9 @@ def measure_setting(
 def arguments(argv: list[str] | None) -> argparse.Namespace:
     """The command line (module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--impl", required=True, choices=sorted(RUNG_MODULES), help="the decode rung to A/B")
+    parser.add_argument(
+        "--impls", default=",".join(RUNG_MODULES), help="comma-separated decode rungs to A/B (default all three)"
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/fewpairs"), help="output folder")
     parser.add_argument("--rep", type=float, default=40.0, help="do_bench's timed ms per eager/graph measurement")
     parser.add_argument("--reps", type=int, default=40, help="timed calls per clean-L2 measurement")
@@ -190,12 +193,16 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
+    if unknown := set(args.impls.split(",")) - set(RUNG_MODULES):
+        print(f"--impls takes {', '.join(RUNG_MODULES)}; got {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
     require_gpu("bench.decode_fewpairs")
     return run(args)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Every row of the module docstring for ``args.impl``; 0 when each timed setting passed its check."""
+    """Every row of the module docstring for ``args.impls``, shape by shape; 0 when each timed setting passed
+    its check and every rung asked for was available."""
     import torch
 
     from common.contract.registry import discover, per_call_inputs
@@ -203,11 +210,10 @@ def run(args: argparse.Namespace) -> int:
     from common.measure.runner import freeze_imports, make_workload
 
     device = torch.device("cuda")
-    impl = next((i for i in discover(include_baselines=False)[0] if i.name == args.impl), None)
-    if impl is None:
-        print(f"{args.impl} is not available here (its toolchain is missing)", file=sys.stderr)
-        return 2
-    module = importlib.import_module(RUNG_MODULES[args.impl])
+    wanted = args.impls.split(",")
+    impls = {i.name: i for i in discover(include_baselines=False)[0] if i.name in wanted}
+    for name in set(wanted) - set(impls):
+        print(f"{name} is not available here (its toolchain is missing): no rows", flush=True)
     read_gbps = measure_read_gbps(device)
     print(f"read bandwidth (4 GiB sum, do_bench): {read_gbps:.0f} GB/s", flush=True)
     freeze_imports()
@@ -235,18 +241,21 @@ def run(args: argparse.Namespace) -> int:
                 del flat
             workload = make_workload(case.problem, "cuda", case.cache_seqlens(device), on_device=True)
             extra = per_call_inputs(case.problem, workload.cache_seqlens, workload.block_table)
-            for setting, planned, forced, same_as in planned_settings(args.impl, module, case.problem, index, device):
-                if same_as:
-                    emit(row(args.impl, case, setting, planned, "skip", {}, read_gbps, 0.0, f"same plan as {same_as}"))
-                    continue
-                with switched(module, SETTINGS.get(setting, {})):
-                    status, splits, us, err, reason = measure_setting(impl, case, workload, extra, args, forced)
-                emit(row(args.impl, case, setting, splits or planned, status, us, read_gbps, err, reason))
+            for name, impl in impls.items():
+                module = importlib.import_module(RUNG_MODULES[name])
+                for setting, planned, forced, same_as in planned_settings(name, module, case.problem, index, device):
+                    if same_as:
+                        emit(row(name, case, setting, planned, "skip", {}, read_gbps, 0.0, f"same plan as {same_as}"))
+                        continue
+                    with switched(module, SETTINGS.get(setting, {})):
+                        status, splits, us, err, reason = measure_setting(impl, case, workload, extra, args, forced)
+                    emit(row(name, case, setting, splits or planned, status, us, read_gbps, err, reason))
             del workload, extra
             torch.cuda.empty_cache()
     (args.out / "fewpairs.md").write_text(markdown(rows, read_gbps))
     print((args.out / "fewpairs.md").read_text())
-    return 0 if rows and all(r["status"] in ("ok", "skip") for r in rows) else 1
+    passed = rows and all(r["status"] in ("ok", "skip") for r in rows)
+    return 0 if passed and len(impls) == len(set(wanted)) else 1
 
 
 def markdown(rows: list[dict], read_gbps: float) -> str:
