@@ -215,7 +215,10 @@ def run(args: argparse.Namespace) -> int:
     for name in set(wanted) - set(impls):
         print(f"{name} is not available here (its toolchain is missing): no rows", flush=True)
     read_gbps = measure_read_gbps(device)
-    print(f"read bandwidth (4 GiB sum, do_bench): {read_gbps:.0f} GB/s", flush=True)
+    props = torch.cuda.get_device_properties(device)
+    l2_mib = props.L2_cache_size / 2**20
+    print(f"read bandwidth (4 GiB sum, do_bench): {read_gbps:.0f} GB/s; {props.multi_processor_count} SMs, "
+        f"L2 {l2_mib:.0f} MiB (what do_bench's zeroing leaves dirty)", flush=True)  # fmt: skip
     freeze_imports()
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
