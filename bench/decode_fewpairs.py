@@ -13,9 +13,11 @@ at about 90 % (B=1 Hkv=8 128k, B=64 Hkv=8 32k), it times:
   ``compare.py`` calibrates the read bandwidth with over 4 GiB: the size-matched floor of this harness;
 * each setting of the rung: ``default`` (as committed); ``fewer-waves`` (``FEWER_WAVES = True``:
   ``splits.SplitPolicy.fewer_waves``); for cute/decode ``slots-2`` (``SPLIT_CTAS_PER_SM = 2``, the fifth
-  stop's switch its A/B never reached). A setting is timed only where it changes the plan (split count);
-  otherwise its launch is the default's, bit for bit, and the row says ``same plan``. Every timed setting
-  is first checked against fp64 on a poisoned output.
+  stop's switch its A/B never reached); on seed 31's rows ``quarter``, ``half`` and ``double`` the default's
+  split count, forced (the ragged row fewer only: triton/decode's balanced shares, gluon's and cute's
+  padded splits, 1655 of whose 2048 CTAs hold no key). A setting is timed only where it changes the plan
+  (split count); otherwise its launch is an earlier setting's, bit for bit, and the row says ``same plan``.
+  Every timed setting is first checked against fp64 on a poisoned output.
 
 Each in four ways: ``eager`` and ``graph`` (``common.measure.timing.time_cuda``: ``do_bench``, which zeroes
 a 256 MB buffer before every run, leaving L2 full of dirty lines that the timed kernel's reads must write
@@ -59,9 +61,14 @@ SETTINGS = {
 }
 # slots-2 is the committed value in triton/decode and gluon/decode; only cute/decode's A/B is open.
 SETTING_RUNGS = {"slots-2": ("cute/decode",)}
-# Forced split counts around the default's (full low rows only: the split rule's local optimum).
-FORCED_SPLITS = {"half": lambda splits: max(1, splits // 2), "double": lambda splits: 2 * splits}
-SWEPT_CASES = 2
+# Forced split counts around the default's on seed 31's rows (the rule's local optimum; on the ragged row,
+# where 1655 of the 2048 CTAs of gluon and cute have no key, fewer only; triton/decode: balanced shares).
+FORCED_SPLITS = {
+    "quarter": lambda splits: max(1, splits // 4),
+    "half": lambda splits: max(1, splits // 2),
+    "double": lambda splits: 2 * splits,
+}
+RAGGED_FORCED = ("quarter", "half")
 FLUSH_BYTES = 256 * 2**20
 MODES = ("eager", "graph", "eager-clean", "graph-clean")
 COLUMNS = ("impl", "shape", "mb", "setting", "num_splits", "status", *(f"{m}_us" for m in MODES),
@@ -83,17 +90,28 @@ def settings_for(impl_name: str, module) -> list[str]:
     ]
 
 
+def split_count(module, problem, device) -> int:
+    """The split count ``module``'s rung launches ``problem`` with under its current constants (triton/decode's
+    balanced split: its shares per M tile, which a forced ``num_splits`` replaces)."""
+    if getattr(module, "BALANCED_SPLIT", "never") == "always" or (
+        getattr(module, "BALANCED_SPLIT", "never") == "ragged" and problem.has_cache_seqlens
+    ):
+        return module.balanced_target_shares(problem, device)
+    return module.planned_num_splits(problem, device)
+
+
 def planned_settings(impl_name: str, module, problem, index: int, device) -> list[tuple[str, int, int | None, str]]:
     """(setting, split count, the count forced or None, the earlier setting of the same plan or "") per
     setting ``impl_name`` takes on the ``index``-th case: its switches' settings, then (the first
-    SWEPT_CASES cases) the counts of FORCED_SPLITS around the default's."""
+    seed 31's rows) the counts of FORCED_SPLITS around the default's."""
     planned: list[tuple[str, int, int | None]] = []
     for setting in settings_for(impl_name, module):
         with switched(module, SETTINGS[setting]):
-            planned.append((setting, module.planned_num_splits(problem, device), None))
-    if index < SWEPT_CASES:
+            planned.append((setting, split_count(module, problem, device), None))
+    if isinstance(CASES[index], int):
         default = planned[0][1]
-        planned += [(name, count(default), count(default)) for name, count in FORCED_SPLITS.items()]
+        names = RAGGED_FORCED if problem.has_cache_seqlens else FORCED_SPLITS
+        planned += [(name, FORCED_SPLITS[name](default), FORCED_SPLITS[name](default)) for name in names]
     first: dict[int, str] = {}
     result = []
     for setting, splits, forced in planned:
@@ -185,8 +203,8 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         "--impls", default=",".join(RUNG_MODULES), help="comma-separated decode rungs to A/B (default all three)"
     )
     parser.add_argument("--out", type=Path, default=Path("runs/fewpairs"), help="output folder")
-    parser.add_argument("--rep", type=float, default=40.0, help="do_bench's timed ms per eager/graph measurement")
-    parser.add_argument("--reps", type=int, default=40, help="timed calls per clean-L2 measurement")
+    parser.add_argument("--rep", type=float, default=25.0, help="do_bench's timed ms per eager/graph measurement")
+    parser.add_argument("--reps", type=int, default=25, help="timed calls per clean-L2 measurement")
     parser.add_argument("--no-read", action="store_true", help="leave out the size-matched read rows")
     return parser.parse_args(argv)
 

@@ -4,7 +4,7 @@
 # rows (B=3 Hkv=8 Sq=8 13k; B=8 Hkv=8 group 4 Sq=4 8.7k), the control B=1 Hkv=8 128k, seed 31's B=16 MQA Sq=8
 # D=256 paged(32) ragged row, and the control B=64 Hkv=8 32k: each rung as committed against FEWER_WAVES
 # (splits.SplitPolicy.fewer_waves) and, for cute/decode, SPLIT_CTAS_PER_SM = 2, each timed only where it
-# changes the split count, and on the two full low rows half and double the committed count (forced); beside
+# changes the split count, and on seed 31's rows a quarter, half and (full caches) double the committed count; beside
 # them a torch.sum over exactly the step's bytes (the read-bandwidth reduction at the step's size). Every row
 # checked against fp64 first, then timed four ways: do_bench eager and CUDA-graph (L2 zeroed before each run,
 # as compare.py times) and the same with L2 left clean by a read-only flush. Cut at 170 s (the CSV keeps the
