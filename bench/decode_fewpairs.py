@@ -14,9 +14,9 @@ at about 90 % (B=1 Hkv=8 128k, B=64 Hkv=8 32k), it times:
 * each setting of the rung: ``default`` (as committed); ``fewer-waves`` (``FEWER_WAVES = True``:
   ``splits.SplitPolicy.fewer_waves``); for cute/decode ``slots-2`` (``SPLIT_CTAS_PER_SM = 2``, the fifth
   stop's switch its A/B never reached); on seed 31's rows ``quarter``, ``half`` and ``double`` the default's
-  split count, forced (the ragged row fewer only: triton/decode's balanced shares, gluon's and cute's
-  padded splits, 1655 of whose 2048 CTAs hold no key). A setting is timed only where it changes the plan
-  (split count); otherwise its launch is an earlier setting's, bit for bit, and the row says ``same plan``.
+  split count, forced (the ragged row fewer only: triton/decode's balanced shares; gluon's and cute's
+  padded splits, 2048 CTAs there, 1143 of them without a key). A setting is timed only where it changes the
+  plan (split count); otherwise its launch is an earlier setting's, bit for bit, and the row says ``same plan``.
   Every timed setting is first checked against fp64 on a poisoned output.
 
 Each in four ways: ``eager`` and ``graph`` (``common.measure.timing.time_cuda``: ``do_bench``, which zeroes
@@ -62,7 +62,7 @@ SETTINGS = {
 # slots-2 is the committed value in triton/decode and gluon/decode; only cute/decode's A/B is open.
 SETTING_RUNGS = {"slots-2": ("cute/decode",)}
 # Forced split counts around the default's on seed 31's rows (the rule's local optimum; on the ragged row,
-# where 1655 of the 2048 CTAs of gluon and cute have no key, fewer only; triton/decode: balanced shares).
+# where 1143 of the 2048 CTAs of gluon and cute have no key, fewer only; triton/decode: balanced shares).
 FORCED_SPLITS = {
     "quarter": lambda splits: max(1, splits // 4),
     "half": lambda splits: max(1, splits // 2),
