@@ -330,11 +330,13 @@ def test_deep_ring_and_short_tile_compile_for_sm90_without_spills():
 # GPU: each switch on, where it changes the plan, in every decode rung that has it
 # ----------------------------------------------------------------------------------------------------
 # (switch values, problem, lengths on the GPU (None: the padded cache)): few items on a long cache (D=64,
-# 276k as on the H200's low row, at B=2 to keep the fp64 reference small); many short ragged MHA heads.
+# 276k as on the H200's low row, at B=2 to keep the fp64 reference small); many short ragged MHA heads;
+# seed 31's B=3 Hkv=8 Sq=8 13k (11 splits on 132 SMs, two waves; 5 with FEWER_WAVES).
 SHORT_LENGTHS = (1020, 18, 0, 505, 1, 64, 777, 130)
 GPU_SETTINGS = {
     "slots-2": ({"SPLIT_CTAS_PER_SM": 2}, _problem(2, 2, 65536, head_dim=64, seqlen_q=2), None),
     "deep-ring": ({"DEEP_RING": True}, _problem(2, 2, 65536, head_dim=64, seqlen_q=2), None),
+    "fewer-waves": ({"FEWER_WAVES": True}, _problem(3, 8, 13312, seqlen_q=8), None),
     "one-split": ({"SHORT_CACHE_ONE_SPLIT": True}, _problem(8, 32, 1024, seqlen_q=8, ragged=True), SHORT_LENGTHS),
     "short-tile": ({"SHORT_CACHE_TILE": True}, _problem(8, 32, 1024, seqlen_q=8, ragged=True), SHORT_LENGTHS),
     "one-split+short-tile": (
@@ -369,6 +371,8 @@ def test_gpu_switch_against_fp64(impl_name: str, setting: str, monkeypatch: pyte
         assert module.planned_num_splits(problem, device) == 1 != committed
     if "SPLIT_CTAS_PER_SM" in present:
         assert module.planned_num_splits(problem, device) > committed
+    if "FEWER_WAVES" in present:
+        assert module.planned_num_splits(problem, device) < committed
     q, k, v = make_inputs(problem, seed=len(setting), device="cuda", offset=0.5 if len(setting) % 2 else 0.0)
     cache_seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32, device="cuda")
     if "DEEP_RING" in present:
