@@ -188,6 +188,8 @@ HEAD_DIMS = tuple(sorted(TILE_CONFIGS))
 # CTAS_PER_SM_FIT this table's rings leave room for; SHORT_CACHE_ONE_SPLIT keeps a short cache whose
 # items fill a wave in one split (no merge kernel, a CTA's fixed cost paid once per item).
 SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT = 1, False
+# Seventh stop's switch, off until bench/decode_fewpairs_ab.sh (``splits.SplitPolicy.fewer_waves``).
+FEWER_WAVES = False
 CTAS_PER_SM_FIT = {64: 2, 128: 2, 256: 1}
 # Every problem feature, and the paged KV cache (a block table of pages of 16 to 256 keys).
 DECODE_FEATURES = (*FEATURES, PAGED_KV)
@@ -620,7 +622,8 @@ def planned_num_splits(problem: Problem, device: torch.device) -> int:
 
 def split_policy(problem: Problem) -> splits.SplitPolicy:
     """This rung's ask of the split rule, from its fifth-stop switches (default: the rule as it was)."""
-    return splits.SplitPolicy(min(SPLIT_CTAS_PER_SM, CTAS_PER_SM_FIT[problem.head_dim]), SHORT_CACHE_ONE_SPLIT)
+    fit = CTAS_PER_SM_FIT[problem.head_dim]
+    return splits.SplitPolicy(min(SPLIT_CTAS_PER_SM, fit), SHORT_CACHE_ONE_SPLIT, FEWER_WAVES)
 
 
 def decode_config(problem: Problem, split: bool) -> DecodeConfig:

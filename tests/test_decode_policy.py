@@ -3,9 +3,12 @@
 SM; gluon/decode all three of its switches; cute/decode none), and each switch's rules from the switches off
 (an autouse fixture turns them off in every rung for this file's tests).
 
-CPU: the default policy is the rule as it was; the policy's two rules (CTA slots per SM for even work, one
-split on a short cache whose items fill a wave) hold on a grid of shapes, and planted rules (the policy
-ignored, the short-cache bound off by one) fail that check; triton/decode with every switch on against the
+The seventh stop's ``FEWER_WAVES`` (``SplitPolicy.fewer_waves``, off in every rung) is checked with them.
+
+CPU: the default policy is the rule as it was; the policy's three rules (CTA slots per SM for even work, one
+split on a short cache whose items fill a wave, the fewest waves at least 85 % busy) hold on a grid of
+shapes, and planted rules (the policy ignored, the short-cache bound off by one, fewer waves however idle
+or on uneven work) fail that check; triton/decode with every switch on against the
 fp64 reference under the interpreter, the switches shown to take effect (a 4-SM device, so that small
 grids reach them); triton/decode's deep ring and gluon/decode's short-cache ring compiled for sm_90a
 without spills, within the shared memory they claim.
@@ -39,8 +42,11 @@ RUNG_MODULES = {
     "cute/decode": "cute_impl.decode",
 }
 DECODE_IMPLS = {impl.name: impl for impl in discover(include_baselines=False)[0] if impl.name in RUNG_MODULES}
-SWITCHES = ("SPLIT_CTAS_PER_SM", "SHORT_CACHE_ONE_SPLIT", "DEEP_RING", "SHORT_CACHE_TILE")
-SWITCHES_OFF = {"SPLIT_CTAS_PER_SM": 1, "SHORT_CACHE_ONE_SPLIT": False, "DEEP_RING": False, "SHORT_CACHE_TILE": False}
+SWITCHES = ("SPLIT_CTAS_PER_SM", "SHORT_CACHE_ONE_SPLIT", "DEEP_RING", "SHORT_CACHE_TILE", "FEWER_WAVES")
+SWITCHES_OFF = {
+    "SPLIT_CTAS_PER_SM": 1, "SHORT_CACHE_ONE_SPLIT": False, "DEEP_RING": False, "SHORT_CACHE_TILE": False,
+    "FEWER_WAVES": False,
+}  # fmt: skip
 # Each rung's switches as committed, read before any test turns them off.
 COMMITTED = {
     name: {switch: getattr(module, switch) for switch in SWITCHES if hasattr(module, switch)}
@@ -77,6 +83,7 @@ POLICY_SHAPES = [
     (4, 2, 282624, False), (1, 8, 131072, False), (3, 2, 55040, False), (2, 4, 131584, False),
     (32, 32, 1024, True), (32, 32, 4864, True), (16, 16, 1280, False), (1, 8, 1024, False),
     (64, 1, 181504, True), (8, 8, 146944, True), (8, 25, 8192, False), (8, 25, 8193, False),
+    (3, 8, 13312, False), (1, 48, 65536, False),
 ]  # fmt: skip
 
 
@@ -104,7 +111,27 @@ def _policy_violations(plan: Callable[[Problem, splits.SplitPolicy], int]) -> li
         best = max(splits.wave_efficiency(ctas * n, 2 * sms) for n in range(1, most + 1))
         if not uneven and splits.wave_efficiency(ctas * got, 2 * sms) < best * (1 - splits.WAVE_TOLERANCE):
             wrong.append(f"{where}: ctas_per_sm=2 gave {got} splits, under the best fill of 264 slots")
+        wrong += _fewer_waves_violations(where, ctas, rule, uneven, plan(problem, splits.SplitPolicy(fewer_waves=True)))
     return wrong
+
+
+def _fewer_waves_violations(where: str, ctas: int, rule: int, uneven: bool, got: int) -> list[str]:
+    """``fewer_waves``: uneven work keeps the rule's count; even work takes the most splits of the fewest
+    waves (of 132 slots) at least FEWER_WAVES_MIN_BUSY busy, never more waves than the rule's count."""
+    sms = splits.DEFAULT_SM_COUNT
+
+    def waves(n: int) -> int:
+        return -(-ctas * n // sms)
+
+    def busy(n: int) -> bool:
+        return splits.wave_efficiency(ctas * n, sms) >= splits.FEWER_WAVES_MIN_BUSY
+
+    if uneven:
+        return [] if got == rule else [f"{where}: fewer_waves changed uneven work's {rule} to {got}"]
+    candidates = [n for n in range(1, rule) if waves(n) < waves(rule) and busy(n)]
+    least = min(map(waves, candidates), default=waves(rule))
+    want = max((n for n in candidates if waves(n) == least), default=rule)
+    return [] if got == want else [f"{where}: fewer_waves gave {got} splits, want {want} ({least} waves)"]
 
 
 def _planned(problem: Problem, policy: splits.SplitPolicy) -> int:
@@ -117,6 +144,12 @@ def test_split_policy_rules_hold():
     # ragged one split (1024 CTAs, no merge).
     assert _planned(_problem(4, 2, 282624), splits.SplitPolicy(ctas_per_sm=2)) == 32
     assert _planned(_problem(32, 32, 1024, ragged=True), splits.SplitPolicy(short_one_split=True)) == 1
+    # fewer_waves: B=3 Hkv=8 13k takes 5 splits (120 CTAs, one wave), not 11 (two); B=1 Hkv=8 128k keeps 16.
+    assert [_planned(_problem(3, 8, 13312), splits.SplitPolicy(fewer_waves=fewer)) for fewer in (False, True)] == [
+        11,
+        5,
+    ]
+    assert _planned(_problem(1, 8, 131072), splits.SplitPolicy(fewer_waves=True)) == 16
     with pytest.raises(ValueError, match="ctas_per_sm"):
         splits.SplitPolicy(ctas_per_sm=0)
 
@@ -142,7 +175,34 @@ def _slots_on_uneven_work(problem: Problem, policy: splits.SplitPolicy) -> int:
     return splits.choose_num_splits(ctas, problem.seqlen_k, sms, uneven, problem.batch)
 
 
-@pytest.mark.parametrize("planted", [_policy_ignored, _short_bound_off_by_one, _slots_on_uneven_work])
+def _fewer_waves_at_any_busy(problem: Problem, policy: splits.SplitPolicy) -> int:
+    """Planted: ``fewer_waves`` takes one wave's most splits however idle that wave is."""
+    chosen = splits.planned_num_splits(problem, 1, CPU, splits.SplitPolicy(policy.ctas_per_sm, policy.short_one_split))
+    ctas = problem.batch * problem.kv_heads
+    even = not (problem.has_cache_seqlens and problem.batch > 1)
+    if policy.fewer_waves and even and ctas <= splits.DEFAULT_SM_COUNT:
+        return min(chosen, splits.DEFAULT_SM_COUNT // ctas)
+    return chosen
+
+
+def _fewer_waves_on_uneven_work(problem: Problem, policy: splits.SplitPolicy) -> int:
+    """Planted: ``fewer_waves`` applied to uneven work too."""
+    chosen = splits.planned_num_splits(problem, 1, CPU, policy)
+    if policy.fewer_waves and problem.has_cache_seqlens and problem.batch > 1:
+        return splits.fewer_waves_splits(problem.batch * problem.kv_heads, chosen, splits.DEFAULT_SM_COUNT)
+    return chosen
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        _policy_ignored,
+        _short_bound_off_by_one,
+        _slots_on_uneven_work,
+        _fewer_waves_at_any_busy,
+        _fewer_waves_on_uneven_work,
+    ],
+)
 def test_planted_policy_bug_fails_the_rules(planted: Callable[[Problem, splits.SplitPolicy], int]):
     assert _policy_violations(planted), f"{planted.__name__} passed the policy's rules"
 
@@ -152,9 +212,10 @@ def test_committed_switches_and_with_them_off_each_rung_asks_the_default_policy(
     each rung asks the split rule as it was before the fifth stop."""
     assert {name: COMMITTED[name] for name in RUNG_MODULES} == {
         "triton/decode": {"SPLIT_CTAS_PER_SM": 2, "SHORT_CACHE_ONE_SPLIT": False, "DEEP_RING": False,
-                          "SHORT_CACHE_TILE": False},
-        "gluon/decode": {"SPLIT_CTAS_PER_SM": 2, "SHORT_CACHE_ONE_SPLIT": True, "SHORT_CACHE_TILE": True},
-        "cute/decode": {"SPLIT_CTAS_PER_SM": 1, "SHORT_CACHE_ONE_SPLIT": False},
+                          "SHORT_CACHE_TILE": False, "FEWER_WAVES": False},
+        "gluon/decode": {"SPLIT_CTAS_PER_SM": 2, "SHORT_CACHE_ONE_SPLIT": True, "SHORT_CACHE_TILE": True,
+                         "FEWER_WAVES": False},
+        "cute/decode": {"SPLIT_CTAS_PER_SM": 1, "SHORT_CACHE_ONE_SPLIT": False, "FEWER_WAVES": False},
     }  # fmt: skip
     problem = _problem(4, 2, 282624, head_dim=64)
     for name, module_name in RUNG_MODULES.items():
@@ -269,11 +330,13 @@ def test_deep_ring_and_short_tile_compile_for_sm90_without_spills():
 # GPU: each switch on, where it changes the plan, in every decode rung that has it
 # ----------------------------------------------------------------------------------------------------
 # (switch values, problem, lengths on the GPU (None: the padded cache)): few items on a long cache (D=64,
-# 276k as on the H200's low row, at B=2 to keep the fp64 reference small); many short ragged MHA heads.
+# 276k as on the H200's low row, at B=2 to keep the fp64 reference small); many short ragged MHA heads;
+# seed 31's B=3 Hkv=8 Sq=8 13k (11 splits on 132 SMs, two waves; 5 with FEWER_WAVES).
 SHORT_LENGTHS = (1020, 18, 0, 505, 1, 64, 777, 130)
 GPU_SETTINGS = {
     "slots-2": ({"SPLIT_CTAS_PER_SM": 2}, _problem(2, 2, 65536, head_dim=64, seqlen_q=2), None),
     "deep-ring": ({"DEEP_RING": True}, _problem(2, 2, 65536, head_dim=64, seqlen_q=2), None),
+    "fewer-waves": ({"FEWER_WAVES": True}, _problem(3, 8, 13312, seqlen_q=8), None),
     "one-split": ({"SHORT_CACHE_ONE_SPLIT": True}, _problem(8, 32, 1024, seqlen_q=8, ragged=True), SHORT_LENGTHS),
     "short-tile": ({"SHORT_CACHE_TILE": True}, _problem(8, 32, 1024, seqlen_q=8, ragged=True), SHORT_LENGTHS),
     "one-split+short-tile": (
@@ -308,6 +371,8 @@ def test_gpu_switch_against_fp64(impl_name: str, setting: str, monkeypatch: pyte
         assert module.planned_num_splits(problem, device) == 1 != committed
     if "SPLIT_CTAS_PER_SM" in present:
         assert module.planned_num_splits(problem, device) > committed
+    if "FEWER_WAVES" in present:
+        assert module.planned_num_splits(problem, device) < committed
     q, k, v = make_inputs(problem, seed=len(setting), device="cuda", offset=0.5 if len(setting) % 2 else 0.0)
     cache_seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32, device="cuda")
     if "DEEP_RING" in present:

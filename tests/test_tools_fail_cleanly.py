@@ -42,6 +42,7 @@ def _fake_sanitizer(folder: Path) -> None:
         ("bench.gluon_paged_decode", False, "needs a CUDA GPU"),
         ("bench.cute_paged_decode", False, "needs a CUDA GPU"),
         ("bench.decode_fuse", False, "needs a CUDA GPU"),
+        ("bench.decode_fewpairs", False, "needs a CUDA GPU"),
         ("bench.train", False, "needs a CUDA GPU"),
         ("bench.fp8_q_in_kernel", False, "needs a CUDA GPU"),
     ],

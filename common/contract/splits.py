@@ -40,6 +40,12 @@ every switch, cute/decode none yet, ``results/h200/decode-floor5/``):
   wave takes one split: its splits would be a block or two of keys each (or empty), every CTA paying
   its fixed cost (launch, Q, the first block's round trip, the partials, the merge) for little streaming
   (H200: B=32 H=32 MHA Sq=8 1k ragged, 2 splits, 2048 CTAs: 34-52 % of the read bandwidth).
+* ``fewer_waves`` (issue #38's seventh stop, off in every rung until ``bench/decode_fewpairs_ab.sh`` times it):
+  even work whose rule count takes more than one wave of CTA slots takes the fewest waves that are still
+  at least :data:`FEWER_WAVES_MIN_BUSY` busy (:func:`fewer_waves_splits`). The busy fraction alone cannot
+  tell one wave at 91 % from two at 100 %, but each wave boundary costs every SM a CTA's ramp (Q, the
+  ring's first blocks) with nothing else in flight. E.g. B=3 Hkv=8 13k: 11 splits (264 CTAs, two waves
+  of 132 one-slot CTAs) become 5 (120 CTAs, one wave).
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ UNEVEN_MIN_WAVES = 3
 UNEVEN_MAX_WAVES = 16
 # The longest padded cache :attr:`SplitPolicy.short_one_split` keeps in one split.
 SHORT_CACHE_KEYS = 8192
+# The least busy fraction :attr:`SplitPolicy.fewer_waves` accepts for a count of fewer waves.
+FEWER_WAVES_MIN_BUSY = 0.85
 # The SM count the rule assumes where there is no GPU (the interpreter, the sm_90a compile): an H100.
 DEFAULT_SM_COUNT = 132
 
@@ -96,6 +104,19 @@ def _fewest_good_splits(ctas_per_split: int, most: int, sm_count: int, uneven: b
     return min(splits for splits, value in efficiency.items() if value >= best * (1 - WAVE_TOLERANCE))
 
 
+def fewer_waves_splits(ctas_per_split: int, chosen: int, slots: int) -> int:
+    """``chosen`` splits, or, where their CTAs take more than one wave of ``slots``, the most splits that
+    fit the fewest waves with a busy fraction of at least :data:`FEWER_WAVES_MIN_BUSY` (module docstring,
+    ``fewer_waves``)."""
+    waves = -(-ctas_per_split * chosen // slots)
+    for fewer in range(1, waves):
+        fitting = [n for n in range(1, chosen) if ctas_per_split * n <= fewer * slots]
+        busy = [n for n in fitting if wave_efficiency(ctas_per_split * n, slots) >= FEWER_WAVES_MIN_BUSY]
+        if busy:
+            return max(busy)
+    return chosen
+
+
 def sm_count(device: torch.device) -> int:
     """The device's SM count, or :data:`DEFAULT_SM_COUNT` off a GPU."""
     if device.type == "cuda":
@@ -106,10 +127,11 @@ def sm_count(device: torch.device) -> int:
 @dataclass(frozen=True)
 class SplitPolicy:
     """How a rung asks the rule (module docstring, "A rung's policy"): the default is the rule as it
-    was, one CTA slot per SM and no short-cache exception."""
+    was, one CTA slot per SM, no short-cache exception, no preference for fewer waves."""
 
     ctas_per_sm: int = 1
     short_one_split: bool = False
+    fewer_waves: bool = False
 
     def __post_init__(self) -> None:
         if self.ctas_per_sm < 1:
@@ -131,7 +153,10 @@ def planned_num_splits(
     if policy.short_one_split and problem.seqlen_k <= SHORT_CACHE_KEYS and ctas_per_split >= sms:
         return 1
     slots = sms if uneven else sms * policy.ctas_per_sm
-    return choose_num_splits(ctas_per_split, problem.seqlen_k, slots, uneven, problem.batch)
+    chosen = choose_num_splits(ctas_per_split, problem.seqlen_k, slots, uneven, problem.batch)
+    if policy.fewer_waves and not uneven:
+        return fewer_waves_splits(ctas_per_split, chosen, slots)
+    return chosen
 
 
 def resolve_num_splits(

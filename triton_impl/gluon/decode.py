@@ -206,6 +206,8 @@ HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
 # (results/h200/decode-floor5/): B=32 MHA Sq=8 1k ragged 35 -> 57 %, B=32 Hkv=32 4.9k ragged 62 -> 73 %,
 # B=4 Hkv=2 D=64 276k 78 -> 88 %, the short full caches +2 points; no row lost.
 SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, SHORT_CACHE_TILE = 2, True, True
+# Seventh stop's switch, off until bench/decode_fewpairs_ab.sh (``splits.SplitPolicy.fewer_waves``).
+FEWER_WAVES = False
 SHORT_CACHE_CONFIGS = {128: DecodeConfig(64, 3)}
 SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES = 233472, 1024
 # Paged: the fewest key rows one TMA copy may take from a page (two 8-row swizzle atoms of the tile).
@@ -223,7 +225,7 @@ def split_policy(problem: Problem) -> splits.SplitPolicy:
     config = decode_config(problem)
     tiles_bytes = (config.num_stages * 2 * config.block_n + block_m_for(problem)) * problem.head_dim * 2
     fit = max(1, SM_SHARED_BYTES // (tiles_bytes + CTA_RESERVED_SHARED_BYTES))
-    return splits.SplitPolicy(min(SPLIT_CTAS_PER_SM, fit), SHORT_CACHE_ONE_SPLIT)
+    return splits.SplitPolicy(min(SPLIT_CTAS_PER_SM, fit), SHORT_CACHE_ONE_SPLIT, FEWER_WAVES)
 
 
 def kv_chunk_rows(problem: Problem) -> int | None:
