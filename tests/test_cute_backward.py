@@ -309,7 +309,7 @@ def test_hopper_dq_reduce_128_rows_at_d64(monkeypatch: pytest.MonkeyPatch) -> No
     """dq="reduce" at 128 query rows per step (D=64 only), every compile-time feature on: no spills, wgmmas
     not serialised, five products per step in 32 HGMMAs (Sᵀ and dPᵀ m64n128 over D/16 k-steps, dV and dK
     over 8, each warpgroup's dQ m64n64 over 2 × 4: its 64 query rows, every column), each warpgroup's dQ
-    tile leaving by one bulk reduce-add. Planted:
+    tile leaving by one bulk reduce-add; at D=128 it is refused. Planted:
     LSE₂ and D held in registers for all 32 of a thread's columns (``hopper_rows.HELD_COLUMNS``) spill."""
     causal, alignment, kv_heads, has_dlse = VARIANTS["causal_bottom_right_mqa_dlse"]
     prob = problem(1000, 777, 64, causal=causal, alignment=alignment, kv_heads=kv_heads)
@@ -322,6 +322,8 @@ def test_hopper_dq_reduce_128_rows_at_d64(monkeypatch: pytest.MonkeyPatch) -> No
     assert [spilled_bytes(binary) for binary in binaries[1:]] == [0, 0]
     assert not wgmma_serialised(sass), "ptxas serialised the wgmmas"
     assert dkdv.ptx.count(BULK_REDUCE_ADD) == hopper_dq.CONSUMER_WARPGROUPS and not ATOMICS.search(dkdv.ptx)
+    with pytest.raises(ValueError, match="D=64 only"):  # its shared memory would not fit at D=128
+        hopper_backward.compile_sm90(problem(300, 300, 128), tiles=DQ_REDUCE_128)
     monkeypatch.setattr(hopper_rows, "HELD_COLUMNS", 32)
     planted = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=DQ_REDUCE_128)[1]
     assert spilled_bytes(planted) > 0 or wgmma_serialised(sass_of(planted))
@@ -701,3 +703,36 @@ def test_gpu_tma_rows_pass_the_rule(case: str, tiles: hopper_backward.BackwardTi
         )
     grads = hopper_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=tiles)
     assert_all_pass(grads, q, k, v, d_out, prob)
+
+
+# Many key and query blocks per CTA at D=64 (the anchor's head dim, at lengths fp64 can judge), GQA.
+LONG_D64_CASES = {
+    "gqa_full_2048": problem(2048, 2048, 64, kv_heads=2),
+    "gqa_causal_top_left_2048": problem(2048, 2048, 64, causal=True, kv_heads=2),
+    "gqa_causal_bottom_right_ragged": problem(1999, 2100, 64, causal=True, alignment="bottom_right", kv_heads=2),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(LONG_D64_CASES))
+def test_gpu_dq_reduce_128_rows_pass_the_rule_over_many_blocks(case: str) -> None:
+    """dq="reduce" at 128 query rows per step (m128_s2_dqreduce_tmarows) against fp64 by the rule, from
+    cute/hopper's O and LSE, with 16 or more key blocks adding into each query block's dQ. Planted: each
+    128-row block's dQ rows [64, 128) added to its rows [0, 64) and lost (what a wrong ``hopper_dq.dq_box``,
+    both warpgroups on the first rows, gives) fails the rule."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    prob = LONG_D64_CASES[case]
+    q, k, v, d_out = gpu_inputs(prob, seed=27)
+    with torch.no_grad():
+        out, lse = attention(
+            q, k, v, causal=prob.causal, causal_alignment=prob.causal_alignment, impl="cute/hopper", return_lse=True
+        )
+    dq, dk, dv = hopper_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=DQ_REDUCE_128)
+    assert_all_pass((dq, dk, dv), q, k, v, d_out, prob)
+    planted = dq.clone()
+    blocks = planted[:, :, : prob.seqlen_q // 128 * 128].unflatten(2, (-1, 2, 64))  # a view of planted
+    blocks[:, :, :, 0] += blocks[:, :, :, 1]
+    blocks[:, :, :, 1] = 0
+    with pytest.raises(AssertionError, match="dq WRONG"):
+        assert_all_pass((planted, dk, dv), q, k, v, d_out, prob)

@@ -129,7 +129,10 @@ def keys_mn_major(dtype: type[cutlass.Numeric], head_dim: int) -> cute.ComposedL
 
 
 def dq_storage_fields(dtype: type[cutlass.Numeric], head_dim: int, tile_m: int) -> dict:
-    """The shared memory the dQ path adds: the dS buffers and one fp32 staging tile per warpgroup."""
+    """The shared memory the dQ path adds: the dS buffers and one fp32 staging tile per warpgroup (128
+    query rows per step: D=64 only, the kernel then takes 195 KB; at D=128 it would not fit the 227 KB)."""
+    if tile_m > ROWS_PER_WARPGROUP and head_dim > ROWS_PER_WARPGROUP:
+        raise ValueError(f"dq='reduce' takes 128 query rows per step at D=64 only (shared memory), got D={head_dim}")
     staged = CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP * dq_columns(head_dim, tile_m)
     written = ds_layouts(dtype, tile_m)[0]
     return {
