@@ -696,13 +696,18 @@ def test_gpu_tma_rows_pass_the_rule(case: str, tiles: hopper_backward.BackwardTi
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     prob = GPU_CASES[case]
-    q, k, v, d_out = gpu_inputs(prob, seed=26)
+    inputs, grads = hopper_gradients_of(prob, 26, tiles)
+    assert_all_pass(grads, *inputs, prob)
+
+
+def hopper_gradients_of(prob: Problem, seed: int, tiles: hopper_backward.BackwardTiles) -> tuple[tuple, tuple]:
+    """``gpu_inputs`` (q, k, v, dO) and the hopper rung's (dq, dk, dv) at ``tiles`` from cute/hopper's O and LSE."""
+    q, k, v, d_out = gpu_inputs(prob, seed=seed)
     with torch.no_grad():
         out, lse = attention(
             q, k, v, causal=prob.causal, causal_alignment=prob.causal_alignment, impl="cute/hopper", return_lse=True
         )
-    grads = hopper_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=tiles)
-    assert_all_pass(grads, q, k, v, d_out, prob)
+    return (q, k, v, d_out), hopper_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=tiles)
 
 
 # Many key and query blocks per CTA at D=64 (the anchor's head dim, at lengths fp64 can judge), GQA.
@@ -723,16 +728,11 @@ def test_gpu_dq_reduce_128_rows_pass_the_rule_over_many_blocks(case: str) -> Non
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     prob = LONG_D64_CASES[case]
-    q, k, v, d_out = gpu_inputs(prob, seed=27)
-    with torch.no_grad():
-        out, lse = attention(
-            q, k, v, causal=prob.causal, causal_alignment=prob.causal_alignment, impl="cute/hopper", return_lse=True
-        )
-    dq, dk, dv = hopper_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=DQ_REDUCE_128)
-    assert_all_pass((dq, dk, dv), q, k, v, d_out, prob)
+    inputs, (dq, dk, dv) = hopper_gradients_of(prob, 27, DQ_REDUCE_128)
+    assert_all_pass((dq, dk, dv), *inputs, prob)
     planted = dq.clone()
     blocks = planted[:, :, : prob.seqlen_q // 128 * 128].unflatten(2, (-1, 2, 64))  # a view of planted
     blocks[:, :, :, 0] += blocks[:, :, :, 1]
     blocks[:, :, :, 1] = 0
     with pytest.raises(AssertionError, match="dq WRONG"):
-        assert_all_pass((planted, dk, dv), q, k, v, d_out, prob)
+        assert_all_pass((planted, dk, dv), *inputs, prob)
