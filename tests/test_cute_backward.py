@@ -207,7 +207,7 @@ def schedule_errors(rule) -> list[tuple]:
     errors = []
     tile_n = 128
     for seqlen_q, seqlen_k, causal, bottom_right, tile_m in itertools.product(
-        (1, 37, 64, 77, 300, 1000), (1, 37, 128, 300, 1000), (False, True), (False, True), (32, 64)
+        (1, 37, 64, 77, 300, 1000), (1, 37, 128, 300, 1000), (False, True), (False, True), (32, 64, 128)
     ):
         offset = seqlen_k - seqlen_q if bottom_right else 0
         for n_start in range(0, seqlen_k, tile_n):
@@ -295,6 +295,40 @@ def test_hopper_dq_reduce_overlaps_dk_with_the_next_step_at_d64_only() -> None:
     assert wgmma_serialised(sass[128, True])
 
 
+# FlashAttention-3's D=64 step: 128 query rows, dQ in the dK/dV kernel (the only 128-row candidate).
+(DQ_REDUCE_128,) = [tiles for tiles in TMA_ROWS if tiles.tile_m == 128]
+
+
+def spilled_bytes(binary) -> int:
+    return sum(usage["stack_bytes"] + usage["local_bytes"] for usage in cubin_resources(binary.cubin).values())
+
+
+@pytest.mark.cute_compile
+@pytest.mark.static
+def test_hopper_dq_reduce_128_rows_at_d64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dq="reduce" at 128 query rows per step (D=64 only), every compile-time feature on: no spills, wgmmas
+    not serialised, five products per step in 32 HGMMAs (Sᵀ and dPᵀ m64n128 over D/16 k-steps, dV and dK
+    over 8, each warpgroup's dQ m64n64 over 2 × 4: its 64 query rows, every column), each warpgroup's dQ
+    tile leaving by one bulk reduce-add; at D=128 it is refused. Planted:
+    LSE₂ and D held in registers for all 32 of a thread's columns (``hopper_rows.HELD_COLUMNS``) spill."""
+    causal, alignment, kv_heads, has_dlse = VARIANTS["causal_bottom_right_mqa_dlse"]
+    prob = problem(1000, 777, 64, causal=causal, alignment=alignment, kv_heads=kv_heads)
+    assert DQ_REDUCE_128 in hopper_backward.CANDIDATES[64] and DQ_REDUCE_128 not in hopper_backward.CANDIDATES[128]
+    binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=DQ_REDUCE_128)
+    assert hgmma_per_step(binaries) == {"dkdv": 2 * 4 + 8 + 8 + 2 * 4, "postprocess": 0}
+    dkdv = binaries[1]
+    sass = sass_of(dkdv)
+    assert sass.count("HGMMA.64x128x16") == 2 * 2 * 4
+    assert [spilled_bytes(binary) for binary in binaries[1:]] == [0, 0]
+    assert not wgmma_serialised(sass), "ptxas serialised the wgmmas"
+    assert dkdv.ptx.count(BULK_REDUCE_ADD) == hopper_dq.CONSUMER_WARPGROUPS and not ATOMICS.search(dkdv.ptx)
+    with pytest.raises(ValueError, match="D=64 only"):  # its shared memory would not fit at D=128
+        hopper_backward.compile_sm90(problem(300, 300, 128), tiles=DQ_REDUCE_128)
+    monkeypatch.setattr(hopper_rows, "HELD_COLUMNS", 32)
+    planted = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=DQ_REDUCE_128)[1]
+    assert spilled_bytes(planted) > 0 or wgmma_serialised(sass_of(planted))
+
+
 def test_hopper_dkdv_query_blocks_cover_every_visible_pair_and_mask_where_needed() -> None:
     """The dK/dV kernel's query blocks per key block (``query_block_range``, on Python ints), against the
     definition, over ragged lengths, both alignments and Sq ≷ Sk. Planted: one block too few, and one
@@ -333,9 +367,9 @@ def test_hopper_reads_one_ring_tile_through_two_layouts_of_the_same_bytes(head_d
 
 
 @cute.jit
-def _dq_layout_strings(head_dim: cutlass.Constexpr, found: cutlass.Constexpr):
+def _dq_layout_strings(head_dim: cutlass.Constexpr, tile_m: cutlass.Constexpr, found: cutlass.Constexpr):
     """(written with its modes swapped, read, written as is) for the dS buffers, then for the K tiles."""
-    written, read = hopper_dq.ds_layouts(cutlass.BFloat16)
+    written, read = hopper_dq.ds_layouts(cutlass.BFloat16, tile_m)
     keys = fixed_layout(cutlass.BFloat16, head_dim, hopper_dq.CONSUMER_WARPGROUPS)
     keys_t = hopper_dq.keys_mn_major(cutlass.BFloat16, head_dim)
     for layout, transposed in ((written, read), (keys, keys_t)):
@@ -344,13 +378,17 @@ def _dq_layout_strings(head_dim: cutlass.Constexpr, found: cutlass.Constexpr):
         found.append((str(layout.inner), str(layout.outer)))
 
 
+@pytest.mark.parametrize("tile_m", [64, 128], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
-def test_hopper_dq_reduce_reads_ds_and_k_through_transposed_layouts_of_the_same_bytes(head_dim: int) -> None:
-    """dq="reduce": the dS buffers are written as dSᵀ and read as dS, the K tiles loaded for Sᵀ = K Qᵀ
-    read as dQ's MN-major B operand: each read layout is its written layout with the modes swapped,
-    swizzle included. Planted: the written layouts without the swap are not the read ones."""
+def test_hopper_dq_reduce_reads_ds_and_k_through_transposed_layouts_of_the_same_bytes(
+    head_dim: int, tile_m: int
+) -> None:
+    """dq="reduce": the dS buffers (64 keys × 64 or 128 queries) are written as dSᵀ and read as dS, the K
+    tiles loaded for Sᵀ = K Qᵀ read as dQ's MN-major B operand: each read layout is its written layout
+    with the modes swapped, swizzle included. Planted: the written layouts without the swap are not the
+    read ones."""
     found: list = []
-    _dq_layout_strings(head_dim, found)
+    _dq_layout_strings(head_dim, tile_m, found)
     for swapped, read, unswapped in (found[:3], found[3:]):
         assert swapped == read, (head_dim, found)
         assert unswapped != read, (head_dim, found)
@@ -438,10 +476,10 @@ def test_hopper_overlapped_tiles_refuse_a_single_ring_slot() -> None:
 
 
 def test_hopper_dq_reduce_refuses_what_it_is_not_built_for() -> None:
-    """dq="reduce" takes 64 query rows per step (the dQ wgmma's M) and no dQ kernel to overlap (its dK may
-    overlap the next step); an unknown dq mode is refused. Its label names the mode, not the unused dQ
-    kernel's tile."""
-    for tiles in ({"tile_m": 32}, {"dq_overlap": True}):
+    """dq="reduce" takes 64 or 128 query rows per step (one or two m64 dQ tiles) and no dQ kernel to
+    overlap (its dK may overlap the next step); an unknown dq mode is refused. Its label names the mode,
+    not the unused dQ kernel's tile."""
+    for tiles in ({"tile_m": 32}, {"tile_m": 96}, {"dq_overlap": True}):
         with pytest.raises(ValueError, match="dq='reduce'"):
             hopper_backward.BackwardTiles(**({"tile_m": 64, "dq_tile_n": 64, "stages": 2} | tiles), dq="reduce")
     with pytest.raises(ValueError, match="'pass' or 'reduce'"):
@@ -456,7 +494,11 @@ def test_hopper_dq_reduce_refuses_what_it_is_not_built_for() -> None:
 def test_hopper_tma_rows_is_the_default_and_the_deterministic_switch_leaves_it() -> None:
     """The measured default (results/h200/backward-cute-tma-rows/): LSE₂ and D by TMA, at D=64 with dK in
     flight under the next step; under deterministic algorithms the separate dQ pass, without."""
-    assert {tiles.label for tiles in TMA_ROWS} == {"m64_s2_dqreduce_tmarows", "m64_s3_dqreduce_dkdvoverlap_tmarows"}
+    assert {tiles.label for tiles in TMA_ROWS} == {
+        "m64_s2_dqreduce_tmarows",
+        "m128_s2_dqreduce_tmarows",
+        "m64_s3_dqreduce_dkdvoverlap_tmarows",
+    }
     defaults = {head_dim: hopper_backward.default_tiles(head_dim).label for head_dim in hopper_backward.HEAD_DIMS}
     assert defaults == {64: "m64_s3_dqreduce_dkdvoverlap_tmarows", 128: "m64_s2_dqreduce_tmarows"}
     torch.use_deterministic_algorithms(True)
@@ -654,10 +696,43 @@ def test_gpu_tma_rows_pass_the_rule(case: str, tiles: hopper_backward.BackwardTi
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     prob = GPU_CASES[case]
-    q, k, v, d_out = gpu_inputs(prob, seed=26)
+    inputs, grads = hopper_gradients_of(prob, 26, tiles)
+    assert_all_pass(grads, *inputs, prob)
+
+
+def hopper_gradients_of(prob: Problem, seed: int, tiles: hopper_backward.BackwardTiles) -> tuple[tuple, tuple]:
+    """``gpu_inputs`` (q, k, v, dO) and the hopper rung's (dq, dk, dv) at ``tiles`` from cute/hopper's O and LSE."""
+    q, k, v, d_out = gpu_inputs(prob, seed=seed)
     with torch.no_grad():
         out, lse = attention(
             q, k, v, causal=prob.causal, causal_alignment=prob.causal_alignment, impl="cute/hopper", return_lse=True
         )
-    grads = hopper_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=tiles)
-    assert_all_pass(grads, q, k, v, d_out, prob)
+    return (q, k, v, d_out), hopper_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=tiles)
+
+
+# Many key and query blocks per CTA at D=64 (the anchor's head dim, at lengths fp64 can judge), GQA.
+LONG_D64_CASES = {
+    "gqa_full_2048": problem(2048, 2048, 64, kv_heads=2),
+    "gqa_causal_top_left_2048": problem(2048, 2048, 64, causal=True, kv_heads=2),
+    "gqa_causal_bottom_right_ragged": problem(1999, 2100, 64, causal=True, alignment="bottom_right", kv_heads=2),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(LONG_D64_CASES))
+def test_gpu_dq_reduce_128_rows_pass_the_rule_over_many_blocks(case: str) -> None:
+    """dq="reduce" at 128 query rows per step (m128_s2_dqreduce_tmarows) against fp64 by the rule, from
+    cute/hopper's O and LSE, with 16 or more key blocks adding into each query block's dQ. Planted: each
+    128-row block's dQ rows [64, 128) added to its rows [0, 64) and lost (what a wrong ``hopper_dq.dq_box``,
+    both warpgroups on the first rows, gives) fails the rule."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    prob = LONG_D64_CASES[case]
+    inputs, (dq, dk, dv) = hopper_gradients_of(prob, 27, DQ_REDUCE_128)
+    assert_all_pass((dq, dk, dv), *inputs, prob)
+    planted = dq.clone()
+    blocks = planted[:, :, : prob.seqlen_q // 128 * 128].unflatten(2, (-1, 2, 64))  # a view of planted
+    blocks[:, :, :, 0] += blocks[:, :, :, 1]
+    blocks[:, :, :, 1] = 0
+    with pytest.raises(AssertionError, match="dq WRONG"):
+        assert_all_pass((planted, dk, dv), *inputs, prob)

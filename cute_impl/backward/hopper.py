@@ -2,7 +2,8 @@
 ``cute/hopper`` (counterparts: ``triton_impl/gluon/backward.py``; the previous rung ``tiled.py``).
 
 What it adds over ``tiled``: the same algorithm (P recomputed from the saved LSE, dK and dV in
-registers, dQ by a separate pass, three launches) on Hopper's machinery, which removes the three
+registers, dQ by a separate pass, three launches; the default computes dQ in the dK/dV kernel instead,
+``dq="reduce"`` below) on Hopper's machinery, which removes the three
 limits the tiled rung measured: every product is a ``wgmma.mma_async`` of one warpgroup (64 rows,
 operands read by the tensor cores straight from swizzled shared memory, no ldmatrix per warp);
 the tiles stream through a TMA ring of ``stages`` slots filled by a producer warp ahead of the
@@ -36,8 +37,7 @@ Algorithm (three launches):
 
 Data movement: HBM →(TMA, ring of ``stages`` slots; rows past the sequence zero-filled by the box
 bounds)→ SMEM (128-byte swizzle) →(wgmma descriptors)→ tensor cores → fp32 accumulators in the
-consumers' registers (``setmaxnreg``: 240 per consumer thread, 24 for the producer). LSE₂ and D are
-read from HBM (L1/L2) into registers. Gradients leave straight from the accumulators.
+consumers' registers (``setmaxnreg``: 240 / 24 per consumer / producer thread). LSE₂ and D: from HBM.
 
 Tiles (``BackwardTiles``, ``CANDIDATES``): ``tile_m`` query rows per dK/dV step (the N of Sᵀ), the dQ
 kernel's ``dq_tile_n`` keys per step, ``stages`` ring slots, and two overlaps: ``dkdv_overlap`` leaves
@@ -52,31 +52,25 @@ and MQA (dK and dV summed over the group's query heads in registers, no atomics)
 exactly sm_90 (WGMMA, setmaxnreg). Refused: ``cache_seqlens``, paged caches, D = 256, fp32.
 
 What the measurements taught (H200, B=2 H=16 S=8192 D=128 bf16, TFLOP/s counting the five products,
-``results/h200/backward-compare/``): 421 (395 causal), 2.5× ``tiled`` and 0.93× the Gluon rung, whose
-default overlaps its dK product at 32 query rows per step. Here the overlapped 32-row variants (each
-Sᵀ an m64n32 wgmma, twice the steps and waits per key) ran slower than the plain 64-row default, and
-overlapping only the dQ pass stayed within noise (``results/h200/backward-cute-hopper-candidates/``):
-the default is the plain one. The tensor cores run seven products for the five counted, so 421 is
-about 590 TFLOP/s of wgmma work: at that rate, five products alone would come within 3 % of
-FlashAttention-4's sm90 backward (608), which makes dQ += dS K in the dK/dV kernel and adds it to an
-fp32 dQ by bulk reduce-adds from shared memory, issued by a warp of its own.
+``results/h200/backward-compare/``): 421 (395 causal) with the separate dQ pass, 2.5× ``tiled``; its
+overlapped 32-row variants ran slower (``results/h200/backward-cute-hopper-candidates/``). The tensor
+cores ran seven products for the five counted (about 590 TFLOP/s of wgmma work, near FA4's 608 with
+five), which FA3/FA4 avoid by computing dQ in the dK/dV kernel and adding it to an fp32 dQ by bulk
+reduce-adds from shared memory, issued by a warp of its own.
 
 The variant ``dq="reduce"`` (``BackwardTiles.dq``, ``hopper_dq.py``) does that, and is the default
-(``default_tiles``): step 2 also shares dSᵀ through shared memory and issues dQ[:, half] = dS K (five
+(``default_tiles``): step 2 also shares dSᵀ through shared memory and issues a dQ tile = dS K (five
 products per step), warp 1 of the producer warpgroup adds each step's dQ tile into an fp32 dQaccum by
 ``cp.reduce.async.bulk``, and step 3 becomes a postprocess (dQ = softmax_scale · dQaccum). dK and dV
-are unchanged and deterministic; dQ's adds land in no fixed order, so dQ is not bitwise reproducible:
-under ``torch.use_deterministic_algorithms(True)`` the rung runs the separate dQ pass instead. First
-GPU run (``results/h200/backward-cute-dq-reduce/``, same process): 453.9 / 431.7 TFLOP/s at P1 / causal
-and 360.3 at D=64 (B=4 H=32), against 417.6 / 388.6 / 332.4 for the separate pass and FA4's 600.7 /
-555.7 / 518.4: +9-11 %, short of the 480-560 predicted from the products alone (the dSᵀ exchange, its
-barriers and 8.6 GB of fp32 reduce traffic at P1 are the rest).
+are deterministic; dQ's adds land in no fixed order (under ``torch.use_deterministic_algorithms`` the
+rung runs the separate pass). First GPU run (``results/h200/backward-cute-dq-reduce/``): 453.9 / 431.7
+TFLOP/s at P1 / causal, 360.3 at D=64 (B=4 H=32): +9-11 % over the separate pass.
 
 Limits (not done): no ping-pong between the consumer warpgroups, no persistent scheduler, gradients
-stored from the accumulators (no TMA store); dq="reduce" needs 64 query rows per step (its dK/dV overlap
-only at D=64). ``tma_rows`` (``hopper_rows.py``, the default: 540.8 / 485.5 / 439.0 TFLOP/s, P1 / causal /
-D=64) loads each query block's LSE₂ and D by TMA into its ring slot, read from shared memory by the step.
-The candidates are ``python -m bench.backward --candidates --rung cute``.
+stored from the accumulators (no TMA store); dq="reduce" takes 64 query rows per step, or 128 at D=64
+(FA3's D=64 step; dV then issued after dSᵀ, ptxas serialised the loop otherwise; not yet timed), and its
+dK/dV overlap only at D=64. ``tma_rows`` (``hopper_rows.py``, the default: 540.8 / 485.5 / 439.0 TFLOP/s,
+P1 / causal / D=64) loads LSE₂ and D by TMA into the ring. Candidates: ``bench.backward --candidates``.
 """
 
 from __future__ import annotations
@@ -174,10 +168,10 @@ class BackwardTiles:
             raise ValueError(f"overlapped steps need two ring slots or more, got {self}")
         if self.dq not in ("pass", "reduce"):
             raise ValueError(f"dq is 'pass' or 'reduce', got {self.dq!r}")
-        # The dQ product's M is the step's query rows: one m64 wgmma; it retires within its step (a step's
-        # dK may stay in flight, ``dkdv_overlap``); no dQ kernel to overlap.
-        if self.dq == "reduce" and (self.tile_m != ROWS_PER_WARPGROUP or self.dq_overlap):
-            raise ValueError(f"dq='reduce' takes 64 query rows per step and no dq_overlap, got {self}")
+        # dQ's M is 64 query rows: a step's 64 (D split between the warpgroups) or 128 (one half each,
+        # ``hopper_dq.dq_box``); it retires within its step (dK may not: ``dkdv_overlap``); no dQ kernel.
+        if self.dq == "reduce" and (self.tile_m not in (64, 128) or self.dq_overlap):
+            raise ValueError(f"dq='reduce' takes 64 or 128 query rows per step and no dq_overlap, got {self}")
 
     @property
     def label(self) -> str:
@@ -188,10 +182,9 @@ class BackwardTiles:
         return f"m{self.tile_m}_dqn{self.dq_tile_n}_s{self.stages}" + overlaps + rows
 
 
-# The first of each head dim is the deterministic default (not overlapped: the simplest), the last the
-# default otherwise (``default_tiles``). D=128: 64 query rows per
-# dK/dV step is the register limit (see the docstring), 32 leave room to overlap; the dQ kernel's S
-# and dP take dq_tile_n / 2 registers each beside dQ's 64 (at 128 keys, no room to overlap).
+# The first of each head dim is the deterministic default, the last the default otherwise (``default_tiles``).
+# D=128: 64 query rows per dK/dV step is the register limit (docstring), 32 leave room to overlap; the
+# dQ kernel's S and dP take dq_tile_n / 2 registers each beside dQ's 64 (at 128 keys, no room to overlap).
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     64: (
         BackwardTiles(64, 128, 2),
@@ -200,6 +193,7 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 64, 2),
         BackwardTiles(64, 64, 2, dq="reduce"),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True),
+        BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True),
         BackwardTiles(64, 64, 3, dkdv_overlap=True, dq="reduce", tma_rows=True),
     ),
     128: (
@@ -251,7 +245,7 @@ class _DKDVKernel:
         mdQaccum: cute.Tensor | None, stream: cuda.CUstream,
     ):  # fmt: skip
         """q, do (B, H, Sq, D); k, v, dk, dv (B, Hkv, Sk, D); lse2, delta (B, H, Sq) fp32; dq="reduce":
-        dq_accum (B, H, query blocks, 2, 64 · D/2) fp32, zeroed (``hopper_dq.py``), else None."""
+        dq_accum (B, H, query blocks, 2, tile_m · D/2) fp32, zeroed (``hopper_dq.py``), else None."""
         # Every tensor addressed through a generic pointer (``_host.generic_view``), as measured.
         mQ, mK, mV, mdO, mLSE2, mDelta, mdK, mdV = [generic_view(t) for t in (mQ, mK, mV, mdO, mLSE2, mDelta, mdK, mdV)]
         if cutlass.const_expr(mdQaccum is not None):
@@ -269,7 +263,7 @@ class _DKDVKernel:
         tma_atom_dO, mdO_tma = cpasync.make_tiled_tma_atom(load, mdO, one_stage(sQ_layout), (self.tile_m, D))
         self.kv_bytes = 2 * CONSUMER_WARPGROUPS * cute.size_in_bytes(self.dtype, one_stage(sKV_layout))
         self.q_bytes = 2 * cute.size_in_bytes(self.dtype, one_stage(sQ_layout))
-        extra = hopper_dq.dq_storage_fields(self.dtype, D) if self.dq_reduce else {}
+        extra = hopper_dq.dq_storage_fields(self.dtype, D, self.tile_m) if self.dq_reduce else {}
         row_atoms = (None, None)
         if cutlass.const_expr(self.tma_rows):  # mLSE2 and mDelta become TMA coordinates
             row_atoms, (mLSE2, mDelta) = hopper_rows.tma_atoms(mLSE2, mDelta, self.tile_m)
@@ -356,7 +350,8 @@ class _DKDVKernel:
             if cutlass.const_expr(self.dq_reduce):  # noqa: SIM102 (a compile-time and a runtime test)
                 if warp_idx == 1:  # dq="reduce": adds the consumers' dQ tiles into dQaccum
                     n_start = n_block * KEY_TILE
-                    hopper_dq.dq_writer(mdQaccum, storage.dQ, D, query_blocks, group, kv_head, batch, n_start)
+                    columns = hopper_dq.dq_columns(D, self.tile_m)
+                    hopper_dq.dq_writer(mdQaccum, storage.dQ, columns, query_blocks, group, kv_head, batch, n_start)
 
         # ==== Consumer warpgroups: 64 keys each =======================================================
         if warp_group > 0:
@@ -391,7 +386,7 @@ class _DKDVKernel:
             release = SlotRelease(q_ring, self.stages, self.overlap)
             dq = None
             if cutlass.const_expr(self.dq_reduce):
-                dq = hopper_dq.DQReduce(storage, self.dtype, D, st_mma, w, wg_tidx)
+                dq = hopper_dq.DQReduce(storage, self.dtype, D, self.tile_m, st_mma, w, wg_tidx)
             steps_done = Int32(0)
             kv_consumer.wait_and_advance()  # K and V stay for the whole CTA: never released
             for head_in_group in cutlass.range(group, unroll=1):
@@ -458,15 +453,20 @@ class _DKDVKernel:
                     p = Float32(cutlass.select_(cS[r, c][1] >= first_visible, p, 0.0))
                 St[r, c] = p
         scores_to_operand_a(acc_St, tdVrPt)
-        dv_gemm(stage=slot.index)
+        # 128 query rows: dV waits for dSᵀ (in flight, its Pᵀ and dV registers made ptxas serialise the loop).
+        late_dv = self.tile_m > ROWS_PER_WARPGROUP
+        if cutlass.const_expr(not late_dv):
+            dv_gemm(stage=slot.index)
 
         # ---- dSᵀ = Pᵀ ∘ (dPᵀ − D[query]) --------------------------------------------------------
         delta = hopper_rows.step_values(gDelta, m_start, cS, slot.index, seqlen_q, Float32(0.0), self.tma_rows)
-        warpgroup.wait_group(1)
+        warpgroup.wait_group(0 if late_dv else 1)
         for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
             for c in cutlass.range_constexpr(columns):
                 dPt[r, c] = St[r, c] * (dPt[r, c] - delta[c])
         scores_to_operand_a(acc_dPt, tdKrdSt)
+        if cutlass.const_expr(late_dv):
+            dv_gemm(stage=slot.index)
         if cutlass.const_expr(dq is not None):
             dq.share_dS(tdKrdSt, acc_dPt.layout, steps_done)
             acc_dQ = dq.issue(steps_done)
@@ -691,7 +691,7 @@ def _fake_postprocess_arguments(config: HopperBackwardConfig) -> tuple:
 
 
 def _postprocess_kernel(config: HopperBackwardConfig) -> hopper_dq.DQPostprocessKernel:
-    return hopper_dq.DQPostprocessKernel(CUTE_DTYPES[config.dtype], config.head_dim)
+    return hopper_dq.DQPostprocessKernel(CUTE_DTYPES[config.dtype], config.head_dim, config.tiles.tile_m)
 
 
 # The binaries' names: this prefix and the kernel's key.
@@ -742,8 +742,8 @@ def _launch(
     preprocess = tiled.KERNELS["preprocess"].kernel(tiled.backward_config(problem, has_dlse=d_lse is not None))
     preprocess(out, d_out, lse, d_lse, lse_log2, delta)
     if config.tiles.dq == "reduce":
-        query_blocks = -(-problem.seqlen_q // ROWS_PER_WARPGROUP)
-        chunk = ROWS_PER_WARPGROUP * problem.head_dim // 2
+        query_blocks = -(-problem.seqlen_q // config.tiles.tile_m)
+        chunk = config.tiles.tile_m * problem.head_dim // CONSUMER_WARPGROUPS
         shape = (problem.batch, problem.heads, query_blocks, CONSUMER_WARPGROUPS, chunk)
         dq_accum = torch.zeros(shape, dtype=torch.float32, device=device)
         KERNELS["dkdv"].kernel(config)(q, k, v, d_out, lse_log2, delta, dk, dv, problem.scale, dq_accum)

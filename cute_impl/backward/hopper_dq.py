@@ -17,7 +17,8 @@ How data moves, per step (``DQReduce``):
   2. dQ[:, half w] = dS K[:, half w]: warpgroup w computes the D/2 columns of its half over the 128
      keys (A = dS read MN-major from the buffer, B = K read MN-major from the CTA's K tiles: the same
      bytes as their K-major layouts), issued before dK += dSᵀ Q so it retires first. 64 · D/2 fp32
-     accumulators: 32 registers per thread at D=128.
+     accumulators: 32 registers per thread at D=128. With 128 query rows per step (D=64) warpgroup w
+     computes query rows [64w, 64w + 64) and every column instead (``dq_box``): still one m64 tile.
   3. Once dQ has retired, the warpgroup waits until its fp32 staging tile is free (named barrier
      ``DQ_EMPTY``), stores its accumulators there in fragment order (16 bytes per thread, consecutive
      threads consecutive: no bank conflicts), fences and signals ``DQ_FULL``.
@@ -40,11 +41,12 @@ Counterparts: FlashAttention-4's ``flash_attn/cute/flash_bwd_sm90.py`` (the mode
 bulk reduce-add, postprocess); ``triton_impl/gluon/backward.py``'s ``atomic_dq`` (the same dS exchange
 with per-element fp32 atomics from the consumers' registers, which lost to its dQ pass).
 
-Limits: 64 query rows per step (the M of the dQ wgmma); dQ retires within its step (``hand_over``
+Limits: 64 or 128 query rows per step (one or two m64 dQ tiles); dQ retires within its step (``hand_over``
 waits for it), while a step's dK may stay in flight under the next step's Sᵀ and dPᵀ (``dkdv_overlap``:
-ptxas keeps that asynchronous at D=64 and serialises every wgmma at D=128); D/2 columns per
-warpgroup, so D=64 runs m64n32 dQ products. Not yet timed (``python -m bench.backward --candidates
---rung cute --variant m64_s2_dqreduce``).
+ptxas keeps that asynchronous at D=64 and serialises every wgmma at D=128); at 64 rows D=64 runs
+m64n32 dQ products, at 128 rows (FlashAttention-3's D=64 tile) m64n64 ones, with 64 KB of dS buffers
+(``hopper.py`` then issues dV after dSᵀ and ``hopper_rows`` reads LSE₂ and D where used: both spilled
+or serialised otherwise). Timed: ``bench/cute_bwd_fused_dq_ab.sh``.
 """
 
 from __future__ import annotations
@@ -89,21 +91,35 @@ class DQBarrier(enum.IntEnum):
     DQ_FULL_WG2 = 5
 
 
-def dq_mma(dtype: type[cutlass.Numeric], head_dim: int) -> cute.TiledMma:
-    """One warpgroup's dQ[:, half] = dS K[:, half]: 64 × D/2, both operands MN-major in shared memory."""
+def dq_columns(head_dim: int, tile_m: int) -> int:
+    """The D columns of one warpgroup's dQ tile (64 query rows): a step of 64 rows splits D between the
+    two warpgroups, a step of 128 rows gives each warpgroup 64 rows and every column."""
+    return head_dim * tile_m // (CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP)
+
+
+def dq_box(w: Int32, tile_m: int) -> tuple:
+    """Warpgroup ``w``'s dQ tile inside the step's (tile_m, D): (64-row box, column box)."""
+    if tile_m == ROWS_PER_WARPGROUP:
+        return 0, w
+    return w, 0
+
+
+def dq_mma(dtype: type[cutlass.Numeric], head_dim: int, tile_m: int) -> cute.TiledMma:
+    """One warpgroup's dQ tile = dS K over 128 keys, 64 × ``dq_columns``, both operands MN-major in
+    shared memory."""
     mn_major = MN_MAJOR.sm90_mma_major_mode()
     return sm90_utils.make_trivial_tiled_mma(
-        dtype, dtype, mn_major, mn_major, Float32, (1, 1, 1), (ROWS_PER_WARPGROUP, head_dim // 2)
+        dtype, dtype, mn_major, mn_major, Float32, (1, 1, 1), (ROWS_PER_WARPGROUP, dq_columns(head_dim, tile_m))
     )
 
 
-def ds_layouts(dtype: type[cutlass.Numeric]) -> tuple[cute.ComposedLayout, cute.ComposedLayout]:
-    """The dS tiles, (buffer, warpgroup) slots of 64 keys × 64 queries: written as dSᵀ (keys, queries,
-    slot), queries contiguous, and read as the A operand dS (queries, keys, slot), MN-major: the same
-    bytes (the 128-byte swizzle atom is both)."""
+def ds_layouts(dtype: type[cutlass.Numeric], tile_m: int) -> tuple[cute.ComposedLayout, cute.ComposedLayout]:
+    """The dS tiles, (buffer, warpgroup) slots of 64 keys × tile_m queries: written as dSᵀ (keys,
+    queries, slot), queries contiguous, and read as the A operand dS (queries, keys, slot), MN-major: the
+    same bytes (the 128-byte swizzle atom is both)."""
     rows, slots = ROWS_PER_WARPGROUP, DS_BUFFERS * CONSUMER_WARPGROUPS
-    written = sm90_utils.make_smem_layout_b(K_MAJOR, (rows, rows, rows), dtype, slots)
-    read = sm90_utils.make_smem_layout_a(MN_MAJOR, (rows, rows, rows), dtype, slots)
+    written = sm90_utils.make_smem_layout_b(K_MAJOR, (rows, rows, tile_m), dtype, slots)
+    read = sm90_utils.make_smem_layout_a(MN_MAJOR, (tile_m, rows, rows), dtype, slots)
     return written, read
 
 
@@ -112,37 +128,42 @@ def keys_mn_major(dtype: type[cutlass.Numeric], head_dim: int) -> cute.ComposedL
     return streamed_layouts(dtype, ROWS_PER_WARPGROUP, head_dim, CONSUMER_WARPGROUPS)[1]
 
 
-def dq_storage_fields(dtype: type[cutlass.Numeric], head_dim: int) -> dict:
-    """The shared memory the dQ path adds: the dS buffers and one fp32 staging tile per warpgroup."""
-    staged = ROWS_PER_WARPGROUP * head_dim
+def dq_storage_fields(dtype: type[cutlass.Numeric], head_dim: int, tile_m: int) -> dict:
+    """The shared memory the dQ path adds: the dS buffers and one fp32 staging tile per warpgroup (128
+    query rows per step: D=64 only, the kernel then takes 195 KB; at D=128 it would not fit the 227 KB)."""
+    if tile_m > ROWS_PER_WARPGROUP and head_dim > ROWS_PER_WARPGROUP:
+        raise ValueError(f"dq='reduce' takes 128 query rows per step at D=64 only (shared memory), got D={head_dim}")
+    staged = CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP * dq_columns(head_dim, tile_m)
+    written = ds_layouts(dtype, tile_m)[0]
     return {
-        "dS": cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(ds_layouts(dtype)[0])], SMEM_ALIGN_BYTES],
+        "dS": cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(written)], SMEM_ALIGN_BYTES],
         "dQ": cute.struct.Align[cute.struct.MemRange[Float32, staged], SMEM_ALIGN_BYTES],
     }
 
 
-def staged_dq_layout(head_dim: int) -> cute.Layout:
-    """One warpgroup's dQ tile in fragment order: (value in vector, thread, vector) → offset. Thread t's
-    vector v (accumulators 4v..4v+3) is at (v · 128 + t) · 4: a warp's 16-byte stores are contiguous."""
-    vectors = ROWS_PER_WARPGROUP * head_dim // 2 // THREADS_PER_WARPGROUP // VALUES_PER_VECTOR
+def staged_dq_layout(columns: int) -> cute.Layout:
+    """One warpgroup's dQ tile (64 × ``columns``) in fragment order: (value in vector, thread, vector) →
+    offset. Thread t's vector v (accumulators 4v..4v+3) is at (v · 128 + t) · 4: a warp's 16-byte stores
+    are contiguous."""
+    vectors = ROWS_PER_WARPGROUP * columns // THREADS_PER_WARPGROUP // VALUES_PER_VECTOR
     return cute.make_layout(
         (VALUES_PER_VECTOR, THREADS_PER_WARPGROUP, vectors),
         stride=(1, VALUES_PER_VECTOR, VALUES_PER_VECTOR * THREADS_PER_WARPGROUP),
     )
 
 
-def thread_chunk(chunk: cute.Tensor, head_dim: int, thread: Int32) -> cute.Tensor:
+def thread_chunk(chunk: cute.Tensor, columns: int, thread: Int32) -> cute.Tensor:
     """Thread ``thread``'s accumulators inside a flat tile in fragment order: (4, vectors). Every tile
     starts 16-byte aligned (dQaccum's chunks and the staging tiles are multiples of 16 KB or 8 KB apart),
     which the DSL cannot see through a runtime index: said here, so that copies use 16-byte vectors."""
     start = chunk.iterator
     aligned = cute.make_ptr(Float32, start.toint(), start.memspace, assumed_align=VALUES_PER_VECTOR * 4)
-    return cute.make_tensor(aligned, staged_dq_layout(head_dim))[None, thread, None]
+    return cute.make_tensor(aligned, staged_dq_layout(columns))[None, thread, None]
 
 
-def fragment_as_vectors(acc: cute.Tensor, head_dim: int) -> cute.Tensor:
-    """A dQ accumulator fragment seen as (4, vectors), its registers in order."""
-    vectors = ROWS_PER_WARPGROUP * head_dim // 2 // THREADS_PER_WARPGROUP // VALUES_PER_VECTOR
+def fragment_as_vectors(acc: cute.Tensor, columns: int) -> cute.Tensor:
+    """A dQ accumulator fragment (64 × ``columns``) seen as (4, vectors), its registers in order."""
+    vectors = ROWS_PER_WARPGROUP * columns // THREADS_PER_WARPGROUP // VALUES_PER_VECTOR
     return cute.make_tensor(acc.iterator, cute.make_layout((VALUES_PER_VECTOR, vectors)))
 
 
@@ -165,27 +186,31 @@ class DQReduce(ReadOnlyInRegions):
     """One consumer warpgroup's share of the dQ path (steps 1-3 of the module docstring)."""
 
     def __init__(
-        self, storage, dtype: type[cutlass.Numeric], head_dim: int, st_mma: cute.TiledMma, w: Int32, wg_tidx: Int32
-    ):
-        self.head_dim = head_dim
+        self, storage, dtype: type[cutlass.Numeric], head_dim: int, tile_m: int, st_mma: cute.TiledMma, w: Int32,
+        wg_tidx: Int32,
+    ):  # fmt: skip
+        self.columns = dq_columns(head_dim, tile_m)
         self.w = w
         self.wg_tidx = wg_tidx
-        self.mma = dq_mma(dtype, head_dim)
-        written, read = ds_layouts(dtype)
-        sdSt = storage.dS.get_tensor(written.outer, swizzle=written.inner)  # (64 keys, 64 queries, slot)
+        self.mma = dq_mma(dtype, head_dim, tile_m)
+        written, read = ds_layouts(dtype, tile_m)
+        sdSt = storage.dS.get_tensor(written.outer, swizzle=written.inner)  # (64 keys, tile_m queries, slot)
         # stmatrix: one swizzled address per 8x8 matrices; element stores would keep one per pair live.
         store_atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype)
         self.thr_store = cute.make_tiled_copy_C(store_atom, st_mma).get_slice(wg_tidx)
         self.tSsdSt = self.thr_store.partition_D(sdSt)  # (CPY, CPY_M, CPY_N, slot)
-        sdS = storage.dS.get_tensor(read.outer, swizzle=read.inner)  # (64 queries, 64 keys, slot)
+        sdS = storage.dS.get_tensor(read.outer, swizzle=read.inner)  # (tile_m queries, 64 keys, slot)
         kt = keys_mn_major(dtype, head_dim)
         sKt = storage.fixed_a.get_tensor(kt.outer, swizzle=kt.inner)  # (D, 64 keys, warpgroup): sK MN-major
-        sKt_half = cute.local_tile(sKt, (head_dim // 2, ROWS_PER_WARPGROUP, CONSUMER_WARPGROUPS), (w, 0, 0))
+        rows, slots = ROWS_PER_WARPGROUP, DS_BUFFERS * CONSUMER_WARPGROUPS
+        row_box, column_box = dq_box(w, tile_m)
+        sdS_rows = cute.local_tile(sdS, (rows, rows, slots), (row_box, 0, 0))  # (64 queries, 64 keys, slot)
+        sKt_columns = cute.local_tile(sKt, (self.columns, rows, CONSUMER_WARPGROUPS), (column_box, 0, 0))
         thr = self.mma.get_slice(wg_tidx)
-        self.tdQrdS = thr.make_fragment_A(thr.partition_A(sdS))  # (MMA, 1, 64/16, slot)
-        self.tdQrKt = thr.make_fragment_B(thr.partition_B(sKt_half))  # (MMA, 1, 64/16, warpgroup)
-        self.acc_shape = thr.partition_shape_C((ROWS_PER_WARPGROUP, head_dim // 2))  # ((2, 2, D/16), 1, 1)
-        self.sdQ = storage.dQ.get_tensor(cute.make_layout((ROWS_PER_WARPGROUP * head_dim // 2, CONSUMER_WARPGROUPS)))
+        self.tdQrdS = thr.make_fragment_A(thr.partition_A(sdS_rows))  # (MMA, 1, 64/16, slot)
+        self.tdQrKt = thr.make_fragment_B(thr.partition_B(sKt_columns))  # (MMA, 1, 64/16, warpgroup)
+        self.acc_shape = thr.partition_shape_C((rows, self.columns))  # ((2, 2, columns/8), 1, 1)
+        self.sdQ = storage.dQ.get_tensor(cute.make_layout((rows * self.columns, CONSUMER_WARPGROUPS)))
 
     @cute.jit
     def share_dS(self, tdKrdSt: cute.Tensor, acc_layout: cute.Layout, step: Int32):
@@ -199,7 +224,7 @@ class DQReduce(ReadOnlyInRegions):
 
     @cute.jit
     def issue(self, step: Int32) -> cute.Tensor:
-        """Step 2: dQ[:, half w] = dS K[:, half w] over both warpgroups' keys, one wgmma group."""
+        """Step 2: warpgroup w's dQ tile (``dq_box``) = dS K over both warpgroups' keys, one wgmma group."""
         acc_dQ = cute.make_rmem_tensor(self.acc_shape, Float32)
         mma_atom = cute.make_mma_atom(self.mma.op)
         buffer = step % DS_BUFFERS * CONSUMER_WARPGROUPS
@@ -219,20 +244,20 @@ class DQReduce(ReadOnlyInRegions):
         warpgroup.wait_group(1)
         handshake = WARP_THREADS + THREADS_PER_WARPGROUP
         cute.arch.barrier(barrier_id=int(DQBarrier.DQ_EMPTY_WG1) + self.w, number_of_threads=handshake)
-        staged = thread_chunk(self.sdQ[None, self.w], self.head_dim, self.wg_tidx)
-        cute.autovec_copy(fragment_as_vectors(acc_dQ, self.head_dim), staged)
+        staged = thread_chunk(self.sdQ[None, self.w], self.columns, self.wg_tidx)
+        cute.autovec_copy(fragment_as_vectors(acc_dQ, self.columns), staged)
         cute.arch.fence_view_async_shared()
         cute.arch.barrier_arrive(barrier_id=int(DQBarrier.DQ_FULL_WG1) + self.w, number_of_threads=handshake)
 
 
 @cute.jit
 def dq_writer(
-    mdQaccum: cute.Tensor, sdQ_storage, head_dim: cutlass.Constexpr, query_blocks, group: Int32, kv_head: Int32,
+    mdQaccum: cute.Tensor, sdQ_storage, columns: cutlass.Constexpr, query_blocks, group: Int32, kv_head: Int32,
     batch: Int32, n_start: Int32,
 ):  # fmt: skip
     """Step 4, one warp: per query block of every head of the group (the consumers' order), free both
     staging tiles (their last bulk reads done), then add each, once staged, to its ``dQaccum`` chunk."""
-    chunk_values = ROWS_PER_WARPGROUP * head_dim // 2
+    chunk_values = ROWS_PER_WARPGROUP * columns
     sdQ = sdQ_storage.get_tensor(cute.make_layout((chunk_values, CONSUMER_WARPGROUPS)))
     handshake = WARP_THREADS + THREADS_PER_WARPGROUP
     m_block_min, _, m_block_max = query_blocks(n_start)
@@ -245,29 +270,30 @@ def dq_writer(
             for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
                 cute.arch.barrier(barrier_id=int(DQBarrier.DQ_FULL_WG1) + w, number_of_threads=handshake)
                 with cute.arch.elect_one():
-                    gdQaccum = mdQaccum[batch, head, m_block, w, None]  # (64 · D/2,)
+                    gdQaccum = mdQaccum[batch, head, m_block, w, None]  # (64 · columns,)
                     reduce_add_bulk(gdQaccum.iterator, sdQ[None, w].iterator, chunk_values * Float32.width // 8)
                 cute.arch.cp_async_bulk_commit_group()
     cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
 class DQPostprocessKernel:
-    """dQ = softmax_scale · dQaccum in the input dtype: one CTA of two warpgroups per (query block, head,
-    batch); thread t of warpgroup w reads chunk w's values of thread t back into the dQ accumulator
-    fragment and stores it through the MMA's partition (rows past Sq not written)."""
+    """dQ = softmax_scale · dQaccum in the input dtype: one CTA of two warpgroups per (query block of
+    ``tile_m`` rows, head, batch); thread t of warpgroup w reads chunk w's values of thread t back into the
+    dQ accumulator fragment and stores it through the MMA's partition (rows past Sq not written)."""
 
-    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int):
+    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, tile_m: int):
         self.dtype = dtype
         self.head_dim = head_dim
+        self.tile_m = tile_m
         self.threads_per_cta = CONSUMER_WARPGROUPS * THREADS_PER_WARPGROUP
 
     @cute.jit
     def __call__(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32, stream: cuda.CUstream):
-        """dq_accum (B, H, query blocks, 2, 64 · D/2) fp32; dq (B, H, Sq, D)."""
+        """dq_accum (B, H, query blocks, 2, 64 · columns) fp32 (``dq_columns``); dq (B, H, Sq, D)."""
         # Addressed through generic pointers (``_host.generic_view``), as the dK/dV kernel's tensors.
         mdQaccum, mdQ = generic_view(mdQaccum), generic_view(mdQ)
         mdQ = sequence_major(mdQ)  # (Sq, D, (H, B))
-        self.kernel(dq_mma(self.dtype, self.head_dim), mdQaccum, mdQ, softmax_scale).launch(
+        self.kernel(dq_mma(self.dtype, self.head_dim, self.tile_m), mdQaccum, mdQ, softmax_scale).launch(
             grid=[mdQaccum.shape[2], mdQaccum.shape[1], mdQaccum.shape[0]],
             block=[self.threads_per_cta, 1, 1],
             stream=stream,
@@ -279,11 +305,13 @@ class DQPostprocessKernel:
         m_block, head, batch = cute.arch.block_idx()
         w = tidx // THREADS_PER_WARPGROUP
         wg_tidx = tidx % THREADS_PER_WARPGROUP
-        D, rows = self.head_dim, ROWS_PER_WARPGROUP
+        columns, rows = dq_columns(self.head_dim, self.tile_m), ROWS_PER_WARPGROUP
         thr = mma.get_slice(wg_tidx)
-        acc_dQ = cute.make_rmem_tensor(thr.partition_shape_C((rows, D // 2)), Float32)  # ((2, 2, D/16), 1, 1)
-        cute.autovec_copy(thread_chunk(mdQaccum[batch, head, m_block, w, None], D, wg_tidx),
-                          fragment_as_vectors(acc_dQ, D))  # fmt: skip
+        acc_dQ = cute.make_rmem_tensor(thr.partition_shape_C((rows, columns)), Float32)  # ((2, 2, columns/8), 1, 1)
+        cute.autovec_copy(thread_chunk(mdQaccum[batch, head, m_block, w, None], columns, wg_tidx),
+                          fragment_as_vectors(acc_dQ, columns))  # fmt: skip
         acc_dQ.store(acc_dQ.load() * softmax_scale)
-        gdQ = cute.local_tile(mdQ[None, None, (head, batch)], (rows, D // 2), (m_block, w))  # (64, D/2)
-        store_rows(thr, acc_dQ, gdQ, cute.make_identity_tensor((rows, D // 2)), mdQ.shape[0] - m_block * rows)
+        row_box, column_box = dq_box(w, self.tile_m)
+        box = m_block * (self.tile_m // rows) + row_box
+        gdQ = cute.local_tile(mdQ[None, None, (head, batch)], (rows, columns), (box, column_box))  # (64, columns)
+        store_rows(thr, acc_dQ, gdQ, cute.make_identity_tensor((rows, columns)), mdQ.shape[0] - box * rows)

@@ -36,6 +36,9 @@ from cute_impl.backward._device import read_row_values
 TMA_STRIDE_BYTES = 16
 TMA_SMEM_ALIGN_BYTES = 128
 FLOAT_BYTES = 4
+# A thread's staged values loaded ahead of their use into registers, at most: at 128 query rows per step
+# a thread has 32 columns, and holding both vectors' values spilled (28 bytes at D=64).
+HELD_COLUMNS = 16
 
 
 def row_vectors(problem: Problem, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,15 +96,28 @@ def step_rows(mLSE2: cute.Tensor, mDelta: cute.Tensor, staged: tuple | None, bh:
     return staged if staged is not None else (mLSE2[None, bh], mDelta[None, bh])
 
 
+class StagedColumns:
+    """A staged vector's values at a fragment's query columns, read from shared memory where used
+    (``column[c]``), not held in registers."""
+
+    def __init__(self, staged: cute.Tensor, cS: cute.Tensor, stage: cutlass.Int32):
+        self.staged, self.cS, self.stage = staged, cS, stage
+
+    def __getitem__(self, c: int) -> cutlass.Float32:
+        return self.staged[self.cS[0, c][1], self.stage]
+
+
 @cute.jit
 def step_values(
     vector: cute.Tensor, m_start: cutlass.Int32, cS: cute.Tensor, stage: cutlass.Int32, seqlen_q: cutlass.Int32,
     past_end: cutlass.Float32, staged: cutlass.Constexpr,
-) -> cute.Tensor:  # fmt: skip
+) -> "cute.Tensor | StagedColumns":  # fmt: skip
     """LSE₂ or D at the query columns of a (key, query) fragment ``cS`` (rows by columns), one value per
-    column: ``staged``, from ring slot ``stage`` of its (tile_m, stage) copy; else from the (Sq,) vector
-    in HBM, ``past_end`` past Sq."""
+    column: ``staged``, from ring slot ``stage`` of its (tile_m, stage) copy (past ``HELD_COLUMNS``, read
+    where used: ``StagedColumns``); else from the (Sq,) vector in HBM, ``past_end`` past Sq."""
     columns = cute.size(cS, mode=[1])
+    if cutlass.const_expr(staged and columns > HELD_COLUMNS):
+        return StagedColumns(vector, cS, stage)
     values = cute.make_rmem_tensor(columns, cutlass.Float32)
     for c in cutlass.range_constexpr(columns):
         if cutlass.const_expr(staged):
