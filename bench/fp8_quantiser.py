@@ -89,12 +89,12 @@ class Row:
     note: str = field(default="")
 
 
-def _bytes_moved(problem: Problem) -> int:
-    """Q, K, V read once in their dtype, written once in e4m3 with their block scales (the minimum)."""
-    elements = (
-        problem.batch * problem.head_dim * (problem.heads * problem.seqlen_q + 2 * problem.kv_heads * problem.seqlen_k)
-    )
-    scales = problem.batch * (problem.heads * problem.seqlen_q // 64 + 2 * problem.kv_heads * problem.seqlen_k // 128)
+def _bytes_moved(problem: Problem, query: bool = True) -> int:
+    """Q (unless ``query`` is False), K and V read once in their dtype, written once in e4m3 with their block
+    scales (the minimum)."""
+    query_rows = problem.heads * problem.seqlen_q if query else 0
+    elements = problem.batch * problem.head_dim * (query_rows + 2 * problem.kv_heads * problem.seqlen_k)
+    scales = problem.batch * (query_rows // 64 + 2 * problem.kv_heads * problem.seqlen_k // 128)
     return elements * (problem.dtype.itemsize + E4M3_BYTES) + scales * SCALE_BYTES
 
 
@@ -267,15 +267,25 @@ def _kernel_resources(quantiser) -> tuple[str, str]:
 
 
 def judged_rows(
-    problem: Problem, inputs, args: argparse.Namespace, variant: str, method: str, layout_of: str, configs: list[Config]
+    problem: Problem,
+    inputs,
+    args: argparse.Namespace,
+    variant: str,
+    method: str,
+    layout_of: str,
+    configs: list[Config],
+    query: bool = True,
 ) -> list[SweepRow]:
     """One row per configuration of one variant, rotation method and V layout: its operands judged against
     the torch reference and its bytes against the first configuration's, then timed; a build that fails is
-    a row saying so."""
+    a row saying so. ``query`` False: the quantiser of K and V only (``FusedQuantiser(query=False)``), judged
+    on K's and V's bytes and scales (Q's buffers keep their poison)."""
     from triton.errors import TritonError
 
     layout = LAYOUTS[layout_of]
-    gbytes = _bytes_moved(problem) / 1e9
+    gbytes = _bytes_moved(problem, query) / 1e9
+    # Indices in KernelOperands.buffers() (q8, k8, vt8, q_scale, k_scale, v_scale) of what the launch writes.
+    written = (0, 1, 2, 3, 4, 5) if query else (1, 2, 4, 5)
     quantisation = fp8.VARIANTS[variant]
     reference = fp8.kernel_operands(fp8.quantise(*inputs, quantisation), layout)
     rows = []
@@ -284,7 +294,15 @@ def judged_rows(
         shape = (variant, method if quantisation.rotation else "-", config.describe())
         try:
             quantiser = fp8_quantiser.FusedQuantiser(
-                inputs[0].shape, inputs[1].shape, problem.dtype, inputs[0].device, quantisation, layout, method, config
+                inputs[0].shape,
+                inputs[1].shape,
+                problem.dtype,
+                inputs[0].device,
+                quantisation,
+                layout,
+                method,
+                config,
+                query=query,
             )
             # Reused memory could hold the last configuration's values: NaN in every buffer, so a
             # tile this one leaves unwritten fails both verdicts.
@@ -298,8 +316,10 @@ def judged_rows(
             print(f"{' | '.join(shape)} | build failed: {message}", flush=True)
             continue
         differences = fp8_quantiser.operand_differences(operands, reference)
+        if not query:
+            differences = fp8_quantiser.OperandDifferences(tuple(t for t in differences.tensors if t.name != "q"))
         verdict = f"{'ok' if differences.ok else 'FAILED'} ({differences.differing} differ)"
-        current = [tensor.clone() for tensor in operands.buffers()]
+        current = [tensor.clone() for index, tensor in enumerate(operands.buffers()) if index in written]
         if first_bytes is None:
             first_bytes, same = current, "first"
         else:
@@ -308,7 +328,8 @@ def judged_rows(
         registers, spills = _kernel_resources(quantiser)
         row = SweepRow(*shape, quantiser.launches, registers, spills, ms * 1e3, gbytes / (ms * 1e-3), verdict,
                        same)  # fmt: skip
-        row.note = "default" if config == fp8_quantiser.default_config(problem.head_dim, quantisation) else ""
+        default = fp8_quantiser.default_config(problem.head_dim, quantisation, query=query)
+        row.note = "default" if config == default else ""
         rows.append(row)
         print(f"{' | '.join(shape)} | {row.launches} | {registers} | {spills} | {row.us:.1f} us | "
               f"{row.gbps:.0f} GB/s | {verdict} | {same}", flush=True)  # fmt: skip
@@ -398,6 +419,26 @@ AB_CANDIDATES = [
     Config(tiles_per_program=8, num_stages=3, num_warps=16, tma=True),
     Config(tiles_per_program=8, num_stages=4, num_warps=16, tma=True),
 ]
+# --ab --kv-only: the quantiser of K and V only (cute/fp8 quantises Q in its kernel at D=128). Its launch at P1: 2048
+# K tiles (rotated: loop 951 SASS instructions a thread, 7 barriers, 8 HGMMA) and 2048 V tiles (865, 5 barriers), 128
+# rows a tile, 8 warps; 128 registers, no spills (sm_90a, Triton 3.6, PREFETCH_CONFIG), so two programs an SM (264
+# slots on 132 SMs), each with one 32 KB tile in flight while it computes another: 64 KB an SM at most. The sixth
+# stop measured 77 µs for it (2.6 TB/s of its 201 MB), the same rate per byte as Q, K, V together (113.6 µs, 302 MB):
+# about 4.9 µs a tile a program, at an issue rate near 0.4 a cycle a sub-partition, so latency-bound, not issue-bound.
+# What the mix changes is the schedule: at 8 tiles a program the 512 programs run as two rounds, the first nearly
+# all K (two rotated programs an SM), the second all V with 16 slots empty, each round paying its first tile's load
+# and K's 32 KB sign matrix unhidden. Candidates (tiles_per_program changes no binary): 16 tiles a program is 256
+# programs, one round in the 264 slots, an SM mostly holding one K and one V program by dispatch order (block i and
+# block i + 132); 4 tiles, four rounds; 16 warps under a 64-register cap, two programs of 16 warps an SM (twice the
+# warps to hide the chain's latency, but 72 bytes spilled and 28 % more instructions a tile). Not a candidate:
+# ``interleave``, whose order (``_interleaved_program``) alternates only while every tensor has programs, so with
+# Q's none it runs K's programs, then V's, as without it.
+KV_AB_CANDIDATES = [
+    fp8_quantiser.PREFETCH_CONFIG,
+    replace(fp8_quantiser.PREFETCH_CONFIG, tiles_per_program=16),
+    replace(fp8_quantiser.PREFETCH_CONFIG, tiles_per_program=4),
+    replace(fp8_quantiser.PREFETCH_CONFIG, tiles_per_program=16, num_warps=16, maxnreg=64),
+]
 # The rungs' default quantisation and the V layout the candidates are timed in (gluon/fp8, the best FP8 kernel).
 AB_VARIANT, AB_LAYOUT = "block+rotation", "gluon/fp8"
 # The best bf16 rung (issue #37's denominator).
@@ -434,13 +475,15 @@ def _rung_end_to_end(
     kernel_only = module.prepare(*inputs, problem)
     expected = kernel_only().clone()
     quantisation = module.DEFAULT_QUANTISATION
+    # The rung's own quantiser: K and V only where its kernel quantises Q (cute/fp8's QUANTISE_Q_IN_KERNEL).
+    query = not getattr(module, "quantises_q_in_kernel", lambda *_: False)(problem, quantisation)
     runs, notes = [], []
     for config in configs:
         fp8_quantiser.use_config(config)
         end_to_end = module.prepare_end_to_end(*inputs, problem)
         notes.append("" if torch.equal(end_to_end(), expected) else "output differs from kernel only")
         alone = fp8_quantiser.FusedQuantiser(inputs[0].shape, inputs[1].shape, problem.dtype, inputs[0].device,
-                                             quantisation, LAYOUTS[rung], config=config)  # fmt: skip
+                                             quantisation, LAYOUTS[rung], config=config, query=query)  # fmt: skip
         runs.append((end_to_end, lambda fq=alone: fq(*inputs)))
     kernel, e2e, alone = [], [[] for _ in configs], [[] for _ in configs]
     for _ in range(args.e2e_rounds):
@@ -494,14 +537,16 @@ def end_to_end_rows(
 
 def ab_markdown(
     candidates: list[SweepRow], best: SweepRow | None, read_gbps: float, e2e: list[EndToEndRow],
-    bf16: dict[bool, float], problem: Problem, device_name: str,
+    bf16: dict[bool, float], problem: Problem, device_name: str, query: bool = True, layout_of: str = AB_LAYOUT,
 ) -> str:  # fmt: skip
     shape = f"B={problem.batch} H={problem.heads} S={problem.seqlen_q} D={problem.head_dim} {problem.dtype_name}"
-    ideal_us = _bytes_moved(problem) / (read_gbps * 1e9) * 1e6
+    moved = _bytes_moved(problem, query)
+    ideal_us = moved / (read_gbps * 1e9) * 1e6
+    tensors = "Q, K and V" if query else "K and V only (query=False: cute/fp8 quantises Q in its kernel)"
     lines = [f"# Fused FP8 quantiser A/B and FP8 end to end, {device_name} ({shape})", "",
-             f"Read bandwidth measured in this run: {read_gbps:.0f} GB/s; {_bytes_moved(problem) / 1e6:.0f} MB "
-             f"per quantisation, so {ideal_us:.1f} µs at that bandwidth. Variant {AB_VARIANT}, tensor-core rotation, "
-             f"V in {AB_LAYOUT}'s layout.", "",
+             f"Read bandwidth measured in this run: {read_gbps:.0f} GB/s; {moved / 1e6:.0f} MB per quantisation of "
+             f"{tensors}, so {ideal_us:.1f} µs at that bandwidth. Variant {AB_VARIANT}, tensor-core rotation, "
+             f"V in {layout_of}'s layout.", "",
              "| config | launches | regs | spills | µs | GB/s | % of read BW | vs reference | same bytes | note |",
              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in candidates:
@@ -531,7 +576,9 @@ def ab_markdown(
 def run_ab(args: argparse.Namespace) -> None:
     """The candidates (``--candidates``, else ``AB_CANDIDATES``) at P1 (each judged, then timed), the fastest that
     passes both verdicts made the rungs' quantiser configuration, then every FP8 rung end to end against the best
-    bf16 rung; with ``--e2e-each``, end to end with every passing candidate in turn instead."""
+    bf16 rung; with ``--e2e-each``, end to end with every passing candidate in turn instead. ``--kv-only``: the
+    quantiser of K and V only in cute/fp8's V layout (``KV_AB_CANDIDATES``), then cute/fp8 end to end with its
+    K/V-only default and with the fastest candidate, ``--e2e-rounds`` interleaved rounds."""
     from common.measure.peaks import measure_read_gbps
 
     device = torch.device("cuda")
@@ -541,17 +588,24 @@ def run_ab(args: argparse.Namespace) -> None:
     inputs = fp8.fa3_inputs(problem, seed=0, device=device)
     # The reference's rotation in full fp32 (a TF32 GEMM would round the matrix's entries).
     torch.backends.cuda.matmul.allow_tf32 = False
-    configs = args.candidates or AB_CANDIDATES
-    candidates = judged_rows(problem, inputs, args, AB_VARIANT, "tensor_core", AB_LAYOUT, configs)
+    query, layout_of = (False, "cute/fp8") if args.kv_only else (True, AB_LAYOUT)
+    configs = args.candidates or (KV_AB_CANDIDATES if args.kv_only else AB_CANDIDATES)
+    candidates = judged_rows(problem, inputs, args, AB_VARIANT, "tensor_core", layout_of, configs, query)
     del inputs
     passing = [row for row in candidates if row.reference.startswith("ok") and row.same_bytes in ("first", "yes")]
     best = min(passing, key=lambda row: row.us) if passing else None
     by_name = {config.describe(): config for config in configs}
-    if best is not None and not args.e2e_each:
-        fp8_quantiser.use_config(by_name[best.config])
     print(f"best candidate: {by_name[best.config]!r}" if best else "no candidate passed", flush=True)
     torch.backends.cuda.matmul.allow_tf32 = True
-    e2e, bf16 = end_to_end_rows(args, [by_name[row.config] for row in passing] if args.e2e_each else None)
+    e2e_configs = None
+    if args.e2e_each:
+        e2e_configs = [by_name[row.config] for row in passing]
+    elif args.kv_only:
+        default = fp8_quantiser.default_config(problem.head_dim, fp8.VARIANTS[AB_VARIANT], query=False)
+        e2e_configs = list(dict.fromkeys([default, *([by_name[best.config]] if best else [])]))
+    elif best is not None:
+        fp8_quantiser.use_config(by_name[best.config])
+    e2e, bf16 = end_to_end_rows(args, e2e_configs)
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / "fp8_quantiser_ab.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -559,7 +613,8 @@ def run_ab(args: argparse.Namespace) -> None:
         writer.writerows(["quantiser", *asdict(row).values(), read_gbps] for row in candidates)
         writer.writerow(["end_to_end", *asdict(e2e[0]), "bf16_tflops"] if e2e else ["end_to_end"])
         writer.writerows(["end_to_end", *asdict(row).values(), bf16[row.causal]] for row in e2e)
-    report = ab_markdown(candidates, best, read_gbps, e2e, bf16, problem, torch.cuda.get_device_name())
+    report = ab_markdown(candidates, best, read_gbps, e2e, bf16, problem, torch.cuda.get_device_name(), query,
+                         layout_of)  # fmt: skip
     (args.out / "fp8_quantiser_ab.md").write_text(report)
     print(report)
     print(f"wrote {args.out / 'fp8_quantiser_ab.csv'} and {args.out / 'fp8_quantiser_ab.md'}")
@@ -603,6 +658,12 @@ def main() -> None:
         "(the first is the one the others' bytes are compared with)",
     )
     parser.add_argument(
+        "--kv-only",
+        action="store_true",
+        help="--ab: the quantiser of K and V only (cute/fp8 quantises Q in its kernel), KV_AB_CANDIDATES in cute/fp8's "
+        "V layout, then cute/fp8 end to end with the K/V-only default and the fastest candidate",
+    )
+    parser.add_argument(
         "--e2e-each", action="store_true", help="--ab: time every passing candidate end to end, not only the best"
     )
     parser.add_argument(
@@ -617,7 +678,7 @@ def main() -> None:
         "'tiles_per_program=8,prefetch=true,maxnreg=128' (fields of fp8_quantiser.QuantiserConfig)",
     )
     args = parser.parse_args()
-    args.only = [name for name in args.only.split(",") if name]
+    args.only = ["cute/fp8"] if args.kv_only else [name for name in args.only.split(",") if name]
     unknown = [name for name in args.only if name not in RUNGS]
     if unknown:
         parser.error(f"unknown rungs {unknown}; valid: {', '.join(RUNGS)}")

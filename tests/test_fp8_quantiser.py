@@ -552,7 +552,7 @@ def test_ab_times_each_configuration_end_to_end_in_rounds(monkeypatch: pytest.Mo
     timed, built, out = [], [], torch.zeros(2)
 
     class Alone:
-        def __init__(self, *args, config: fused.QuantiserConfig):
+        def __init__(self, *args, config: fused.QuantiserConfig, query: bool):
             self.config = config
 
         def __call__(self, *inputs):

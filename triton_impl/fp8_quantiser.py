@@ -49,6 +49,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from itertools import product
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -206,19 +207,22 @@ DEFAULT_CONFIG = PIPELINED_CONFIG
 # butterfly rotation (384 bytes), so it is the default of block scales with the tensor-core rotation at D=128
 # under 3.6 only (tests/test_fp8_quantiser.py compiles every default build spill-free in each release's CI leg).
 PREFETCH_CONFIG = QuantiserConfig(tiles_per_program=8, prefetch=True, maxnreg=128)
-# (head dim, quantisation name, rotation method) -> its configuration where it is not DEFAULT_CONFIG.
-KIND_CONFIGS: dict[tuple[int, str, str], QuantiserConfig] = (
-    {(128, name, "tensor_core"): PREFETCH_CONFIG for name in ("block+rotation", "block")}
+# (head dim, quantisation name, rotation method, query) -> its configuration where it is not DEFAULT_CONFIG. query
+# False (K and V only, half of the tiles rotated) has its own key: bench/fp8_kv_quantiser_ab.sh times its candidates.
+KIND_CONFIGS: dict[tuple[int, str, str, bool], QuantiserConfig] = (
+    {(128, *kind): PREFETCH_CONFIG for kind in product(("block+rotation", "block"), ("tensor_core",), (True, False))}
     if triton_release() == "3.6"
     else {}
 )
 
 
-def default_config(head_dim: int, quantisation: Quantisation, rotation_method: str | None = None) -> QuantiserConfig:
-    """What a quantiser of ``head_dim``, ``quantisation`` and ``rotation_method`` (default
-    ``DEFAULT_ROTATION_METHOD``) runs: its ``KIND_CONFIGS`` entry, else ``DEFAULT_CONFIG``."""
+def default_config(
+    head_dim: int, quantisation: Quantisation, rotation_method: str | None = None, *, query: bool = True
+) -> QuantiserConfig:
+    """What a quantiser of ``head_dim``, ``quantisation``, ``rotation_method`` (default ``DEFAULT_ROTATION_METHOD``)
+    and ``query`` (``FusedQuantiser``'s) runs: its ``KIND_CONFIGS`` entry, else ``DEFAULT_CONFIG``."""
     method = rotation_method or DEFAULT_ROTATION_METHOD
-    return KIND_CONFIGS.get((head_dim, quantisation.name, method), DEFAULT_CONFIG)
+    return KIND_CONFIGS.get((head_dim, quantisation.name, method, query), DEFAULT_CONFIG)
 
 
 def use_config(config: QuantiserConfig) -> None:
@@ -244,16 +248,12 @@ def _rotation_operand_tensor(
     return lasting(lambda: matrix[0].contiguous(), device), 1.0
 
 
-def _is_power_of_two(value: int) -> bool:
-    return value >= 1 and not value & (value - 1)
-
-
 def _check_quantisation(
     quantisation: Quantisation, value_layout: ValueLayout, head_dim: int, rotation_method: str
 ) -> None:
     for name, value in (("head_dim", head_dim), ("q_block_rows", quantisation.q_block_rows),
                         ("kv_block_rows", quantisation.kv_block_rows)):  # fmt: skip
-        if not _is_power_of_two(value):
+        if value < 1 or value & (value - 1):  # not a power of two
             raise ValueError(f"the fused fp8 quantiser needs a power-of-two {name}, got {value}")
     if value_layout.permuted and quantisation.kv_block_rows % KEY_GROUP:
         raise ValueError(
@@ -515,7 +515,7 @@ class FusedQuantiser:
         query: bool = True,
     ):
         rotation_method = rotation_method or DEFAULT_ROTATION_METHOD
-        self.config = config or default_config(q_shape[3], quantisation, rotation_method)
+        self.config = config or default_config(q_shape[3], quantisation, rotation_method, query=query)
         if not query and (not quantisation.block or self.config.programs_per_sm):
             raise ValueError(
                 "a quantiser of K and V only (query=False) needs block scales and no persistent grid, got "
