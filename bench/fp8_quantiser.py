@@ -425,17 +425,22 @@ AB_CANDIDATES = [
 # slots on 132 SMs), each with one 32 KB tile in flight while it computes another: 64 KB an SM at most. The sixth
 # stop measured 77 µs for it (2.6 TB/s of its 201 MB), the same rate per byte as Q, K, V together (113.6 µs, 302 MB):
 # about 4.9 µs a tile a program, at an issue rate near 0.4 a cycle a sub-partition, so latency-bound, not issue-bound.
-# What the mix changes is the schedule: at 8 tiles a program the 512 programs run as two rounds, the first nearly
-# all K (two rotated programs an SM), the second all V with 16 slots empty, each round paying its first tile's load
-# and K's 32 KB sign matrix unhidden. Candidates (tiles_per_program changes no binary): 16 tiles a program is 256
-# programs, one round in the 264 slots, an SM mostly holding one K and one V program by dispatch order (block i and
-# block i + 132); 4 tiles, four rounds; 16 warps under a 64-register cap, two programs of 16 warps an SM (twice the
-# warps to hide the chain's latency, but 72 bytes spilled and 28 % more instructions a tile). Not a candidate:
-# ``interleave``, whose order (``_interleaved_program``) alternates only while every tensor has programs, so with
-# Q's none it runs K's programs, then V's, as without it.
+# What the mix changes is the schedule. At 8 tiles a program the 512 programs run as two rounds: first K's 256 (two
+# rotated programs an SM, each 8 tiles long, all started at once and ending together, memory underused), then V's
+# (memory-bound, short), longest jobs first, so the tail is short; 8 tiles is the fewest that fit K in one round.
+# Candidates (tiles_per_program changes no binary; interleave's build has the same loops, 128 registers, no spills):
+# 16 tiles a program, 256 programs in one round of the 264 slots, an SM holding one K and one V program by dispatch
+# order (block i and i + 132) or, interleaved, by construction (K, V, K, V: ``_interleaved_program`` gives turns
+# only to tensors with programs), one prologue instead of two, but K spread over half the slots: a gain only where a
+# K program runs faster beside a V program than beside another K; 8 tiles interleaved, K and V side by side in both
+# rounds, long K programs started late (Q, K, V interleaved lost 6 µs of 114 in the fifth stop); 4 tiles, shorter
+# jobs and a shorter tail, four prologues; 16 warps under a 64-register cap, two programs of 16 warps an SM (twice
+# the warps to hide the chain's latency, the same bytes in flight, but 72 bytes spilled and 28 % more instructions).
 KV_AB_CANDIDATES = [
     fp8_quantiser.PREFETCH_CONFIG,
     replace(fp8_quantiser.PREFETCH_CONFIG, tiles_per_program=16),
+    replace(fp8_quantiser.PREFETCH_CONFIG, tiles_per_program=16, interleave=True),
+    replace(fp8_quantiser.PREFETCH_CONFIG, interleave=True),
     replace(fp8_quantiser.PREFETCH_CONFIG, tiles_per_program=4),
     replace(fp8_quantiser.PREFETCH_CONFIG, tiles_per_program=16, num_warps=16, maxnreg=64),
 ]
@@ -573,6 +578,21 @@ def ab_markdown(
     return "\n".join(lines) + "\n"
 
 
+def end_to_end_configs(
+    args: argparse.Namespace, problem: Problem, passing: list[Config], best: Config | None
+) -> list[Config] | None:
+    """What ``run_ab`` times end to end: every passing candidate (``--e2e-each``); with ``--kv-only`` the K/V-only
+    default and the fastest candidate; else the fastest, made the rungs' configuration (None: the default)."""
+    if args.e2e_each:
+        return passing
+    if args.kv_only:
+        default = fp8_quantiser.default_config(problem.head_dim, fp8.VARIANTS[AB_VARIANT], query=False)
+        return list(dict.fromkeys([default, *([best] if best else [])]))
+    if best is not None:
+        fp8_quantiser.use_config(best)
+    return None
+
+
 def run_ab(args: argparse.Namespace) -> None:
     """The candidates (``--candidates``, else ``AB_CANDIDATES``) at P1 (each judged, then timed), the fastest that
     passes both verdicts made the rungs' quantiser configuration, then every FP8 rung end to end against the best
@@ -597,15 +617,10 @@ def run_ab(args: argparse.Namespace) -> None:
     by_name = {config.describe(): config for config in configs}
     print(f"best candidate: {by_name[best.config]!r}" if best else "no candidate passed", flush=True)
     torch.backends.cuda.matmul.allow_tf32 = True
-    e2e_configs = None
-    if args.e2e_each:
-        e2e_configs = [by_name[row.config] for row in passing]
-    elif args.kv_only:
-        default = fp8_quantiser.default_config(problem.head_dim, fp8.VARIANTS[AB_VARIANT], query=False)
-        e2e_configs = list(dict.fromkeys([default, *([by_name[best.config]] if best else [])]))
-    elif best is not None:
-        fp8_quantiser.use_config(by_name[best.config])
-    e2e, bf16 = end_to_end_rows(args, e2e_configs)
+    fastest = by_name[best.config] if best else None
+    e2e, bf16 = end_to_end_rows(
+        args, end_to_end_configs(args, problem, [by_name[row.config] for row in passing], fastest)
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / "fp8_quantiser_ab.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)

@@ -631,6 +631,31 @@ def test_ab_times_each_configuration_end_to_end_in_rounds(monkeypatch: pytest.Mo
     assert rows[0].other_us == 0.0 and rows[1].other_us == 3750.0 and not rows[0].note
 
 
+def test_kv_only_ab_times_the_kv_default_and_the_fastest_candidate_end_to_end(monkeypatch: pytest.MonkeyPatch):
+    """``--ab --kv-only`` times cute/fp8 end to end with the K/V-only launch's default and the fastest candidate (once
+    where they are the same); ``--e2e-each`` every passing candidate; plain ``--ab`` makes the fastest the rungs'."""
+    import argparse
+
+    import bench.fp8_quantiser as bench
+
+    monkeypatch.setattr(fused, "DEFAULT_CONFIG", fused.DEFAULT_CONFIG)
+    monkeypatch.setattr(fused, "KIND_CONFIGS", fused.KIND_CONFIGS)
+    problem = Problem.canonical(128)
+    default = fused.default_config(128, fp8.VARIANTS["block+rotation"], query=False)
+    fastest = dataclasses.replace(default, tiles_per_program=16)
+    passing = [default, fastest]
+
+    def configs(kv_only: bool, e2e_each: bool, best: fused.QuantiserConfig | None):
+        return bench.end_to_end_configs(argparse.Namespace(kv_only=kv_only, e2e_each=e2e_each), problem, passing, best)
+
+    assert configs(True, False, fastest) == [default, fastest]
+    assert configs(True, False, default) == [default]
+    assert configs(True, True, fastest) == passing
+    assert (
+        configs(False, False, fastest) is None and fused.default_config(128, fp8.VARIANTS["block+rotation"]) == fastest
+    )
+
+
 # ----------------------------------------------------------------------------------------------------
 # sm_90a builds (no GPU needed)
 # ----------------------------------------------------------------------------------------------------
