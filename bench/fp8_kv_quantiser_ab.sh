@@ -3,9 +3,11 @@
 # FusedQuantiser(query=False)), tuned for that launch, in one device call (about 2-3 minutes on an H200):
 #   bench.fp8_quantiser --ab --kv-only at P1 (B=2 H=16 S=8192 D=128 bf16), one process: the HBM read bandwidth, then
 #   each of KV_AB_CANDIDATES (the K/V-only default first) judged (K's and V's bytes and scales against the torch
-#   reference and against the default's bytes; Q's buffers left poisoned) and timed (L2 flushed, median): µs, GB/s,
-#   % of the read bandwidth; then cute/fp8 kernel only, its K/V quantiser alone and end to end, causal and not, with
-#   the default and with the fastest passing candidate, 3 interleaved rounds, against cute/hopper (bf16).
+#   reference and against the default's bytes; Q's buffers left poisoned) and timed (L2 flushed, median; 3 rounds,
+#   every candidate in turn, medians): µs, GB/s, % of the read bandwidth; then cute/fp8 kernel only, its K/V
+#   quantiser alone and end to end, causal and not, with the default and with the fastest passing candidate, 3
+#   interleaved rounds, against cute/hopper (bf16). Each candidate's and each end-to-end row's line is in ab.log as it
+#   is measured (the tables are written at the end).
 # Run from the project root: `bash bench/fp8_kv_quantiser_ab.sh` (cute/* needs the CuTe DSL and TVM-FFI, as for the
 # other CuTe runs). Outputs in $OUT: gpu.log, ab.log, ab/fp8_quantiser_ab.{csv,md}.
 set -uo pipefail
@@ -14,7 +16,7 @@ source "$(dirname "$0")/_gpu_run.sh" fp8_kv_quantiser_ab.sh runs/fp8_kv_quantise
 export PYTHONPATH="${PYTHONPATH:-$PWD}"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.log" 2>&1
 status=0
-timeout 170 python3 -m bench.fp8_quantiser --ab --kv-only --e2e-rounds 3 --warmup-ms 25 --rep-ms 150 \
-  --out "$OUT/ab" > "$OUT/ab.log" 2>&1 || status=1
+timeout 170 python3 -m bench.fp8_quantiser --ab --kv-only --quantiser-rounds 3 --e2e-rounds 3 \
+  --warmup-ms 25 --rep-ms 150 --out "$OUT/ab" > "$OUT/ab.log" 2>&1 || status=1
 tail -40 "$OUT/ab.log"
 exit $status

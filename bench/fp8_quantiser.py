@@ -279,7 +279,8 @@ def judged_rows(
     """One row per configuration of one variant, rotation method and V layout: its operands judged against
     the torch reference and its bytes against the first configuration's, then timed; a build that fails is
     a row saying so. ``query`` False: the quantiser of K and V only (``FusedQuantiser(query=False)``), judged
-    on K's and V's bytes and scales (Q's buffers keep their poison)."""
+    on K's and V's bytes and scales (Q's buffers keep their poison). ``args.quantiser_rounds`` > 1 times every
+    configuration that built again in that many rounds in turn, medians kept (drift between rows evens out)."""
     from triton.errors import TritonError
 
     layout = LAYOUTS[layout_of]
@@ -288,7 +289,7 @@ def judged_rows(
     written = (0, 1, 2, 3, 4, 5) if query else (1, 2, 4, 5)
     quantisation = fp8.VARIANTS[variant]
     reference = fp8.kernel_operands(fp8.quantise(*inputs, quantisation), layout)
-    rows = []
+    rows, timed = [], []
     first_bytes = None
     for config in configs:
         shape = (variant, method if quantisation.rotation else "-", config.describe())
@@ -324,15 +325,26 @@ def judged_rows(
             first_bytes, same = current, "first"
         else:
             same = "yes" if all(torch.equal(a, b) for a, b in zip(current, first_bytes, strict=True)) else "NO"
-        ms = _time(lambda fq=quantiser: fq(*inputs), args)
+        run = functools.partial(quantiser, *inputs)
+        ms = _time(run, args)
         registers, spills = _kernel_resources(quantiser)
         row = SweepRow(*shape, quantiser.launches, registers, spills, ms * 1e3, gbytes / (ms * 1e-3), verdict,
                        same)  # fmt: skip
         default = fp8_quantiser.default_config(problem.head_dim, quantisation, query=query)
         row.note = "default" if config == default else ""
         rows.append(row)
+        timed.append((row, run, [ms]))
         print(f"{' | '.join(shape)} | {row.launches} | {registers} | {spills} | {row.us:.1f} us | "
               f"{row.gbps:.0f} GB/s | {verdict} | {same}", flush=True)  # fmt: skip
+    for _ in range(args.quantiser_rounds - 1):
+        for _, run, samples in timed:
+            samples.append(_time(run, args))
+    for row, _, samples in timed:
+        row.us = statistics.median(samples) * 1e3
+        row.gbps = gbytes / (row.us * 1e-6)
+    if args.quantiser_rounds > 1:
+        print("\n".join(f"{row.config}: {row.us:.1f} us median of {len(samples)} rounds, {row.gbps:.0f} GB/s"
+                        for row, _, samples in timed), flush=True)  # fmt: skip
     return rows
 
 
@@ -671,6 +683,12 @@ def main() -> None:
         type=lambda text: [quantiser_config(spec) for spec in text.split(";") if spec.strip()],
         help="--ab's configurations instead of AB_CANDIDATES, ';'-separated, each as --quantiser-config takes it "
         "(the first is the one the others' bytes are compared with)",
+    )
+    parser.add_argument(
+        "--quantiser-rounds",
+        type=int,
+        default=1,
+        help="--sweep / --ab: time every configuration that built in this many rounds, each in turn, medians kept",
     )
     parser.add_argument(
         "--kv-only",
