@@ -439,22 +439,23 @@ AB_CANDIDATES = [
 # about 4.9 µs a tile a program, at an issue rate near 0.4 a cycle a sub-partition, so latency-bound, not issue-bound.
 # What the mix changes is the schedule. At 8 tiles a program the 512 programs run as two rounds: first K's 256 (two
 # rotated programs an SM, each 8 tiles long, all started at once and ending together, memory underused), then V's
-# (memory-bound, short), longest jobs first, so the tail is short; 8 tiles is the fewest that fit K in one round.
-# Candidates (tiles_per_program changes no binary; interleave's build has the same loops, 128 registers, no spills):
-# 16 tiles a program, 256 programs in one round of the 264 slots, an SM holding one K and one V program by dispatch
-# order (block i and i + 132) or, interleaved, by construction (K, V, K, V: ``_interleaved_program`` gives turns
-# only to tensors with programs), one prologue instead of two, but K spread over half the slots: a gain only where a
-# K program runs faster beside a V program than beside another K; 8 tiles interleaved, K and V side by side in both
-# rounds, long K programs started late (Q, K, V interleaved lost 6 µs of 114 in the fifth stop); 4 tiles, shorter
-# jobs and a shorter tail, four prologues; 16 warps under a 64-register cap, two programs of 16 warps an SM (twice
-# the warps to hide the chain's latency, the same bytes in flight, but 72 bytes spilled and 28 % more instructions).
+# (short), longest jobs first, so the tail is short; 8 tiles is the fewest that fit K in one round. A slot model (264
+# slots, a program's tiles at a fixed rate whatever its neighbour: K 4.7 µs, V 2.5-4.5 µs, 1.5 µs to start) gives the
+# default 61-77 µs and no candidate below it. Candidates (tiles_per_program changes no binary; interleave's build has
+# the same loops, 128 registers, no spills): 16 tiles a program, 256 programs in one round, an SM holding one K and
+# one V program by dispatch order (block i and i + 132) or, interleaved, by construction (``_interleaved_program``
+# gives turns only to tensors with programs): one start instead of two, but K on half the slots, 16 x 4.7 µs long (a
+# gain only if a K program runs faster beside a V program than beside another K); 8 tiles interleaved: K and V side
+# by side, long K programs started late, a tail (Q, K, V interleaved lost 6 µs of 114 in the fifth stop); 4 tiles:
+# four starts a slot; 16 warps under a 64-register cap: two programs of 16 warps an SM, twice the warps to hide a
+# tile's chain of latencies with the same bytes in flight, but 72 bytes spilled and 28 % more instructions a tile.
 KV_AB_CANDIDATES = [
     fp8_quantiser.PREFETCH_CONFIG,
     replace(fp8_quantiser.PREFETCH_CONFIG, tiles_per_program=16),
     replace(fp8_quantiser.PREFETCH_CONFIG, tiles_per_program=16, interleave=True),
     replace(fp8_quantiser.PREFETCH_CONFIG, interleave=True),
     replace(fp8_quantiser.PREFETCH_CONFIG, tiles_per_program=4),
-    replace(fp8_quantiser.PREFETCH_CONFIG, tiles_per_program=16, num_warps=16, maxnreg=64),
+    replace(fp8_quantiser.PREFETCH_CONFIG, num_warps=16, maxnreg=64),
 ]
 # The rungs' default quantisation and the V layout the candidates are timed in (gluon/fp8, the best FP8 kernel).
 AB_VARIANT, AB_LAYOUT = "block+rotation", "gluon/fp8"
