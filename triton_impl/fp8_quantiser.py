@@ -137,8 +137,8 @@ class QuantiserConfig:
       program + grid, ..., then K's, then V's, so that every program carries the same share of each
       tensor: no tensor's programs finish early and leave their SMs idle (the rotated Q and K tiles
       cost more than V's), and no second wave. Needs one launch and ``tiles_per_program`` = 1.
-    * ``interleave``: programs of Q, K and V alternate in launch order (Q, K, V, Q, ... while all three have
-      programs left), not Q's, then K's, then V's. Needs one launch and no persistent grid.
+    * ``interleave``: programs of Q, K and V alternate in launch order (Q, K, V, Q, ... or K, V, K, ... without Q's,
+      while each has programs left), not Q's, then K's, then V's. Needs one launch and no persistent grid.
     """
 
     single_launch: bool = True

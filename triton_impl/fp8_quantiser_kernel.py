@@ -7,8 +7,8 @@ written in 8), so the kernel is built to keep bytes in flight and to spend few i
 
 Launch (``quantise_kernel``; ``FusedQuantiser`` plans it): one grid for all three tensors; programs
 [0, q_programs) take Q's tiles, the next k_programs K's, the rest V's (``single_launch=False``
-launches the same kernel once per tensor), or (``INTERLEAVED``) Q's, K's and V's programs alternating in
-program order, so that an SM holds rotated tiles (instruction-bound) and V's (memory-bound) at once
+launches the same kernel once per tensor), or (``INTERLEAVED``) Q's (if any), K's and V's programs alternating
+in program order, so that an SM holds rotated tiles (instruction-bound) and V's (memory-bound) at once
 (``_interleaved_program``); or a persistent grid (``PERSISTENT``) whose every program takes its share of
 Q's tiles, then of K's, then of V's. A tile is 128 rows (``TILE_ROWS``: the larger block; Q's
 64-row blocks go two to a tile) of one (batch, head), so every tensor's tile has the same shape and one
