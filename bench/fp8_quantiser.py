@@ -438,17 +438,19 @@ AB_CANDIDATES = [
 # stop measured 77 µs for it (2.6 TB/s of its 201 MB), the same rate per byte as Q, K, V together (113.6 µs, 302 MB):
 # about 4.9 µs a tile a program, at an issue rate near 0.4 a cycle a sub-partition, so latency-bound, not issue-bound.
 # What the mix changes is the schedule. At 8 tiles a program the 512 programs run as two rounds: first K's 256 (two
-# rotated programs an SM, each 8 tiles long, all started at once and ending together, memory underused), then V's
-# (short), longest jobs first, so the tail is short; 8 tiles is the fewest that fit K in one round. A slot model (264
-# slots, a program's tiles at a fixed rate whatever its neighbour: K 4.7 µs, V 2.5-4.5 µs, 1.5 µs to start) gives the
-# default 61-77 µs and no candidate below it. Candidates (tiles_per_program changes no binary; interleave's build has
-# the same loops, 128 registers, no spills): 16 tiles a program, 256 programs in one round, an SM holding one K and
-# one V program by dispatch order (block i and i + 132) or, interleaved, by construction (``_interleaved_program``
-# gives turns only to tensors with programs): one start instead of two, but K on half the slots, 16 x 4.7 µs long (a
-# gain only if a K program runs faster beside a V program than beside another K); 8 tiles interleaved: K and V side
-# by side, long K programs started late, a tail (Q, K, V interleaved lost 6 µs of 114 in the fifth stop); 4 tiles:
-# four starts a slot; 16 warps under a 64-register cap: two programs of 16 warps an SM, twice the warps to hide a
-# tile's chain of latencies with the same bytes in flight, but 72 bytes spilled and 28 % more instructions a tile.
+# rotated programs an SM, 8 tiles each, started at once and ending together), then V's, longest jobs first, so the
+# tail is short; 8 tiles is the fewest that fit K in one round. A slot model (264 slots, each program's tiles at a
+# fixed time whatever its neighbour, 1.5 µs to start a program, 3 µs a launch) fitted to both measured launches (Q,
+# K, V 113.6 µs; K, V 77.4) gives a K tile 4.4 µs of a program and a V tile 4.5: V's lighter code does not shorten
+# its tiles, so the bytes in flight, not the instructions, set the pace. It predicts K, V at 8 tiles 77.2 µs, 16
+# tiles 76.5 (interleaved or not), 8 interleaved 78.0, 4 tiles 80.2 (and Q, K, V interleaved 115.5, measured 120.6:
+# interleaving costs more than the model sees). Candidates (tiles_per_program changes no binary; interleave's build
+# has the same loops, 128 registers, no spills): 16 tiles, 256 programs in one round, an SM holding one K and one V
+# program by dispatch order (block i and i + 132) or, interleaved, by construction (``_interleaved_program`` gives
+# turns only to tensors with programs), one start a slot instead of two; 8 tiles interleaved, K and V side by side,
+# long K programs started late; 4 tiles, four starts a slot; 16 warps under a 64-register cap: two programs of 16
+# warps an SM, the same bytes in flight, twice the warps for a tile's chain of latencies, but 72 bytes spilled (10
+# spill instructions in K's loop) and 28 % more instructions a tile: a test of whether the instructions matter.
 KV_AB_CANDIDATES = [
     fp8_quantiser.PREFETCH_CONFIG,
     replace(fp8_quantiser.PREFETCH_CONFIG, tiles_per_program=16),
