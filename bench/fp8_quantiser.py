@@ -35,12 +35,18 @@ and ``fp8_quantiser_ab.md``. ``--candidates`` replaces ``AB_CANDIDATES``; ``--e2
 candidate end to end (``--e2e-rounds`` interleaved rounds, medians), each beside the quantiser alone in the rung's
 V layout, so that e2e - kernel - quantiser is what a call pays beyond its two launches.
 
+``--ab --kv-only`` times the quantiser of K and V only (``FusedQuantiser(query=False)``, what cute/fp8 runs where its
+kernel quantises Q) in cute/fp8's V layout: ``KV_AB_CANDIDATES``, judged on K's and V's bytes and scales, then
+cute/fp8 end to end with the K/V-only default and the fastest candidate. ``--quantiser-rounds`` times the candidates
+again in interleaved rounds (medians).
+
 ``--quantiser-config field=value,...`` runs any mode with another default configuration (the rungs'
 quantiser too), so a configuration the sweep found can be timed end to end before it is committed.
 
 usage (project root):  python -m bench.fp8_quantiser --out results/h200/fp8-quantiser [--only cute/fp8]
                        python -m bench.fp8_quantiser --sweep --out results/h100/fp8-quantiser-sweep
                        python -m bench.fp8_quantiser --ab --out results/h200/fp8-quantiser-ab
+                       python -m bench.fp8_quantiser --ab --kv-only --quantiser-rounds 3 --e2e-rounds 3 --out DIR
                        python -m bench.fp8_quantiser --out DIR --quantiser-config tiles_per_program=8,prefetch=true
 Exits 2 with one line without a GPU.
 """
