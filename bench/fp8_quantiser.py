@@ -35,12 +35,18 @@ and ``fp8_quantiser_ab.md``. ``--candidates`` replaces ``AB_CANDIDATES``; ``--e2
 candidate end to end (``--e2e-rounds`` interleaved rounds, medians), each beside the quantiser alone in the rung's
 V layout, so that e2e - kernel - quantiser is what a call pays beyond its two launches.
 
+``--ab --kv-only`` times the quantiser of K and V only (``FusedQuantiser(query=False)``, what cute/fp8 runs where its
+kernel quantises Q) in cute/fp8's V layout: ``KV_AB_CANDIDATES``, judged on K's and V's bytes and scales, then
+cute/fp8 end to end with the K/V-only default and the fastest candidate. ``--quantiser-rounds`` times the candidates
+again in interleaved rounds (medians).
+
 ``--quantiser-config field=value,...`` runs any mode with another default configuration (the rungs'
 quantiser too), so a configuration the sweep found can be timed end to end before it is committed.
 
 usage (project root):  python -m bench.fp8_quantiser --out results/h200/fp8-quantiser [--only cute/fp8]
                        python -m bench.fp8_quantiser --sweep --out results/h100/fp8-quantiser-sweep
                        python -m bench.fp8_quantiser --ab --out results/h200/fp8-quantiser-ab
+                       python -m bench.fp8_quantiser --ab --kv-only --quantiser-rounds 3 --e2e-rounds 3 --out DIR
                        python -m bench.fp8_quantiser --out DIR --quantiser-config tiles_per_program=8,prefetch=true
 Exits 2 with one line without a GPU.
 """
@@ -89,12 +95,12 @@ class Row:
     note: str = field(default="")
 
 
-def _bytes_moved(problem: Problem) -> int:
-    """Q, K, V read once in their dtype, written once in e4m3 with their block scales (the minimum)."""
-    elements = (
-        problem.batch * problem.head_dim * (problem.heads * problem.seqlen_q + 2 * problem.kv_heads * problem.seqlen_k)
-    )
-    scales = problem.batch * (problem.heads * problem.seqlen_q // 64 + 2 * problem.kv_heads * problem.seqlen_k // 128)
+def _bytes_moved(problem: Problem, query: bool = True) -> int:
+    """Q (unless ``query`` is False), K and V read once in their dtype, written once in e4m3 with their block
+    scales (the minimum)."""
+    query_rows = problem.heads * problem.seqlen_q if query else 0
+    elements = problem.batch * problem.head_dim * (query_rows + 2 * problem.kv_heads * problem.seqlen_k)
+    scales = problem.batch * (query_rows // 64 + 2 * problem.kv_heads * problem.seqlen_k // 128)
     return elements * (problem.dtype.itemsize + E4M3_BYTES) + scales * SCALE_BYTES
 
 
@@ -267,24 +273,43 @@ def _kernel_resources(quantiser) -> tuple[str, str]:
 
 
 def judged_rows(
-    problem: Problem, inputs, args: argparse.Namespace, variant: str, method: str, layout_of: str, configs: list[Config]
+    problem: Problem,
+    inputs,
+    args: argparse.Namespace,
+    variant: str,
+    method: str,
+    layout_of: str,
+    configs: list[Config],
+    query: bool = True,
 ) -> list[SweepRow]:
     """One row per configuration of one variant, rotation method and V layout: its operands judged against
     the torch reference and its bytes against the first configuration's, then timed; a build that fails is
-    a row saying so."""
+    a row saying so. ``query`` False: the quantiser of K and V only (``FusedQuantiser(query=False)``), judged
+    on K's and V's bytes and scales (Q's buffers keep their poison). ``args.quantiser_rounds`` > 1 times every
+    configuration that built again in that many rounds in turn, medians kept (drift between rows evens out)."""
     from triton.errors import TritonError
 
     layout = LAYOUTS[layout_of]
-    gbytes = _bytes_moved(problem) / 1e9
+    gbytes = _bytes_moved(problem, query) / 1e9
+    # Indices in KernelOperands.buffers() (q8, k8, vt8, q_scale, k_scale, v_scale) of what the launch writes.
+    written = (0, 1, 2, 3, 4, 5) if query else (1, 2, 4, 5)
     quantisation = fp8.VARIANTS[variant]
     reference = fp8.kernel_operands(fp8.quantise(*inputs, quantisation), layout)
-    rows = []
+    rows, timed = [], []
     first_bytes = None
     for config in configs:
         shape = (variant, method if quantisation.rotation else "-", config.describe())
         try:
             quantiser = fp8_quantiser.FusedQuantiser(
-                inputs[0].shape, inputs[1].shape, problem.dtype, inputs[0].device, quantisation, layout, method, config
+                inputs[0].shape,
+                inputs[1].shape,
+                problem.dtype,
+                inputs[0].device,
+                quantisation,
+                layout,
+                method,
+                config,
+                query=query,
             )
             # Reused memory could hold the last configuration's values: NaN in every buffer, so a
             # tile this one leaves unwritten fails both verdicts.
@@ -298,20 +323,34 @@ def judged_rows(
             print(f"{' | '.join(shape)} | build failed: {message}", flush=True)
             continue
         differences = fp8_quantiser.operand_differences(operands, reference)
+        if not query:
+            differences = fp8_quantiser.OperandDifferences(tuple(t for t in differences.tensors if t.name != "q"))
         verdict = f"{'ok' if differences.ok else 'FAILED'} ({differences.differing} differ)"
-        current = [tensor.clone() for tensor in operands.buffers()]
+        current = [tensor.clone() for index, tensor in enumerate(operands.buffers()) if index in written]
         if first_bytes is None:
             first_bytes, same = current, "first"
         else:
             same = "yes" if all(torch.equal(a, b) for a, b in zip(current, first_bytes, strict=True)) else "NO"
-        ms = _time(lambda fq=quantiser: fq(*inputs), args)
+        run = functools.partial(quantiser, *inputs)
+        ms = _time(run, args)
         registers, spills = _kernel_resources(quantiser)
         row = SweepRow(*shape, quantiser.launches, registers, spills, ms * 1e3, gbytes / (ms * 1e-3), verdict,
                        same)  # fmt: skip
-        row.note = "default" if config == fp8_quantiser.default_config(problem.head_dim, quantisation) else ""
+        default = fp8_quantiser.default_config(problem.head_dim, quantisation, query=query)
+        row.note = "default" if config == default else ""
         rows.append(row)
+        timed.append((row, run, [ms]))
         print(f"{' | '.join(shape)} | {row.launches} | {registers} | {spills} | {row.us:.1f} us | "
               f"{row.gbps:.0f} GB/s | {verdict} | {same}", flush=True)  # fmt: skip
+    for _ in range(args.quantiser_rounds - 1):
+        for _, run, samples in timed:
+            samples.append(_time(run, args))
+    for row, _, samples in timed:
+        row.us = statistics.median(samples) * 1e3
+        row.gbps = gbytes / (row.us * 1e-6)
+    if args.quantiser_rounds > 1:
+        print("\n".join(f"{row.config}: {row.us:.1f} us median of {len(samples)} rounds, {row.gbps:.0f} GB/s"
+                        for row, _, samples in timed), flush=True)  # fmt: skip
     return rows
 
 
@@ -398,6 +437,34 @@ AB_CANDIDATES = [
     Config(tiles_per_program=8, num_stages=3, num_warps=16, tma=True),
     Config(tiles_per_program=8, num_stages=4, num_warps=16, tma=True),
 ]
+# --ab --kv-only: the quantiser of K and V only (cute/fp8 quantises Q in its kernel at D=128). Its launch at P1: 2048
+# K tiles (rotated: loop 951 SASS instructions a thread, 7 barriers, 8 HGMMA) and 2048 V tiles (865, 5 barriers), 128
+# rows a tile, 8 warps; 128 registers, no spills (sm_90a, Triton 3.6, PREFETCH_CONFIG), so two programs an SM (264
+# slots on 132 SMs), each with one 32 KB tile in flight while it computes another: 64 KB an SM at most. The sixth
+# stop measured 77 µs for it (2.6 TB/s of its 201 MB), the same rate per byte as Q, K, V together (113.6 µs, 302 MB):
+# about 4.9 µs a tile a program, at an issue rate near 0.4 a cycle a sub-partition, so latency-bound, not issue-bound.
+# What the mix changes is the schedule. At 8 tiles a program the 512 programs run as two rounds: first K's 256 (two
+# rotated programs an SM, 8 tiles each, started at once and ending together), then V's, longest jobs first, so the
+# tail is short; 8 tiles is the fewest that fit K in one round. A slot model (264 slots, each program's tiles at a
+# fixed time whatever its neighbour, 1.5 µs to start a program, 3 µs a launch) fitted to both measured launches (Q,
+# K, V 113.6 µs; K, V 77.4) gives a K tile 4.4 µs of a program and a V tile 4.5: V's lighter code does not shorten
+# its tiles, so the bytes in flight, not the instructions, set the pace. It predicts K, V at 8 tiles 77.2 µs, 16
+# tiles 76.5 (interleaved or not), 8 interleaved 78.0, 4 tiles 80.2 (and Q, K, V interleaved 115.5, measured 120.6:
+# interleaving costs more than the model sees). Candidates (tiles_per_program changes no binary; interleave's build
+# has the same loops, 128 registers, no spills): 16 tiles, 256 programs in one round, an SM holding one K and one V
+# program by dispatch order (block i and i + 132) or, interleaved, by construction (``_interleaved_program`` gives
+# turns only to tensors with programs), one start a slot instead of two; 8 tiles interleaved, K and V side by side,
+# long K programs started late; 4 tiles, four starts a slot; 16 warps under a 64-register cap: two programs of 16
+# warps an SM, the same bytes in flight, twice the warps for a tile's chain of latencies, but 72 bytes spilled (10
+# spill instructions in K's loop) and 28 % more instructions a tile: a test of whether the instructions matter.
+KV_AB_CANDIDATES = [
+    fp8_quantiser.PREFETCH_CONFIG,
+    replace(fp8_quantiser.PREFETCH_CONFIG, tiles_per_program=16),
+    replace(fp8_quantiser.PREFETCH_CONFIG, tiles_per_program=16, interleave=True),
+    replace(fp8_quantiser.PREFETCH_CONFIG, interleave=True),
+    replace(fp8_quantiser.PREFETCH_CONFIG, tiles_per_program=4),
+    replace(fp8_quantiser.PREFETCH_CONFIG, num_warps=16, maxnreg=64),
+]
 # The rungs' default quantisation and the V layout the candidates are timed in (gluon/fp8, the best FP8 kernel).
 AB_VARIANT, AB_LAYOUT = "block+rotation", "gluon/fp8"
 # The best bf16 rung (issue #37's denominator).
@@ -434,13 +501,15 @@ def _rung_end_to_end(
     kernel_only = module.prepare(*inputs, problem)
     expected = kernel_only().clone()
     quantisation = module.DEFAULT_QUANTISATION
+    # The rung's own quantiser: K and V only where its kernel quantises Q (cute/fp8's QUANTISE_Q_IN_KERNEL).
+    query = not getattr(module, "quantises_q_in_kernel", lambda *_: False)(problem, quantisation)
     runs, notes = [], []
     for config in configs:
         fp8_quantiser.use_config(config)
         end_to_end = module.prepare_end_to_end(*inputs, problem)
         notes.append("" if torch.equal(end_to_end(), expected) else "output differs from kernel only")
         alone = fp8_quantiser.FusedQuantiser(inputs[0].shape, inputs[1].shape, problem.dtype, inputs[0].device,
-                                             quantisation, LAYOUTS[rung], config=config)  # fmt: skip
+                                             quantisation, LAYOUTS[rung], config=config, query=query)  # fmt: skip
         runs.append((end_to_end, lambda fq=alone: fq(*inputs)))
     kernel, e2e, alone = [], [[] for _ in configs], [[] for _ in configs]
     for _ in range(args.e2e_rounds):
@@ -473,7 +542,8 @@ def end_to_end_rows(
     configs = configs or [fp8_quantiser.default_config(128, fp8.VARIANTS[AB_VARIANT])]
     rows, bf16 = [], {}
     try:
-        for causal in (False, True):
+        # Causal first: issue #37's missing target, should a device call's time run out.
+        for causal in (True, False):
             problem = Problem.canonical(args.seqlen, heads=args.heads, causal=causal)
             inputs = fp8.fa3_inputs(problem, seed=0, device="cuda")
             bf16_ms = _time(importlib.import_module(BF16_BEST[1]).prepare(*inputs, problem), args)
@@ -494,14 +564,16 @@ def end_to_end_rows(
 
 def ab_markdown(
     candidates: list[SweepRow], best: SweepRow | None, read_gbps: float, e2e: list[EndToEndRow],
-    bf16: dict[bool, float], problem: Problem, device_name: str,
+    bf16: dict[bool, float], problem: Problem, device_name: str, query: bool = True, layout_of: str = AB_LAYOUT,
 ) -> str:  # fmt: skip
     shape = f"B={problem.batch} H={problem.heads} S={problem.seqlen_q} D={problem.head_dim} {problem.dtype_name}"
-    ideal_us = _bytes_moved(problem) / (read_gbps * 1e9) * 1e6
+    moved = _bytes_moved(problem, query)
+    ideal_us = moved / (read_gbps * 1e9) * 1e6
+    tensors = "Q, K and V" if query else "K and V only (query=False: cute/fp8 quantises Q in its kernel)"
     lines = [f"# Fused FP8 quantiser A/B and FP8 end to end, {device_name} ({shape})", "",
-             f"Read bandwidth measured in this run: {read_gbps:.0f} GB/s; {_bytes_moved(problem) / 1e6:.0f} MB "
-             f"per quantisation, so {ideal_us:.1f} µs at that bandwidth. Variant {AB_VARIANT}, tensor-core rotation, "
-             f"V in {AB_LAYOUT}'s layout.", "",
+             f"Read bandwidth measured in this run: {read_gbps:.0f} GB/s; {moved / 1e6:.0f} MB per quantisation of "
+             f"{tensors}, so {ideal_us:.1f} µs at that bandwidth. Variant {AB_VARIANT}, tensor-core rotation, "
+             f"V in {layout_of}'s layout.", "",
              "| config | launches | regs | spills | µs | GB/s | % of read BW | vs reference | same bytes | note |",
              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in candidates:
@@ -528,10 +600,27 @@ def ab_markdown(
     return "\n".join(lines) + "\n"
 
 
+def end_to_end_configs(
+    args: argparse.Namespace, problem: Problem, passing: list[Config], best: Config | None
+) -> list[Config] | None:
+    """What ``run_ab`` times end to end: every passing candidate (``--e2e-each``); with ``--kv-only`` the K/V-only
+    default and the fastest candidate; else the fastest, made the rungs' configuration (None: the default)."""
+    if args.e2e_each:
+        return passing
+    if args.kv_only:
+        default = fp8_quantiser.default_config(problem.head_dim, fp8.VARIANTS[AB_VARIANT], query=False)
+        return list(dict.fromkeys([default, *([best] if best else [])]))
+    if best is not None:
+        fp8_quantiser.use_config(best)
+    return None
+
+
 def run_ab(args: argparse.Namespace) -> None:
     """The candidates (``--candidates``, else ``AB_CANDIDATES``) at P1 (each judged, then timed), the fastest that
     passes both verdicts made the rungs' quantiser configuration, then every FP8 rung end to end against the best
-    bf16 rung; with ``--e2e-each``, end to end with every passing candidate in turn instead."""
+    bf16 rung; with ``--e2e-each``, end to end with every passing candidate in turn instead. ``--kv-only``: the
+    quantiser of K and V only in cute/fp8's V layout (``KV_AB_CANDIDATES``), then cute/fp8 end to end with its
+    K/V-only default and with the fastest candidate, ``--e2e-rounds`` interleaved rounds."""
     from common.measure.peaks import measure_read_gbps
 
     device = torch.device("cuda")
@@ -541,17 +630,19 @@ def run_ab(args: argparse.Namespace) -> None:
     inputs = fp8.fa3_inputs(problem, seed=0, device=device)
     # The reference's rotation in full fp32 (a TF32 GEMM would round the matrix's entries).
     torch.backends.cuda.matmul.allow_tf32 = False
-    configs = args.candidates or AB_CANDIDATES
-    candidates = judged_rows(problem, inputs, args, AB_VARIANT, "tensor_core", AB_LAYOUT, configs)
+    query, layout_of = (False, "cute/fp8") if args.kv_only else (True, AB_LAYOUT)
+    configs = args.candidates or (KV_AB_CANDIDATES if args.kv_only else AB_CANDIDATES)
+    candidates = judged_rows(problem, inputs, args, AB_VARIANT, "tensor_core", layout_of, configs, query)
     del inputs
     passing = [row for row in candidates if row.reference.startswith("ok") and row.same_bytes in ("first", "yes")]
     best = min(passing, key=lambda row: row.us) if passing else None
     by_name = {config.describe(): config for config in configs}
-    if best is not None and not args.e2e_each:
-        fp8_quantiser.use_config(by_name[best.config])
     print(f"best candidate: {by_name[best.config]!r}" if best else "no candidate passed", flush=True)
     torch.backends.cuda.matmul.allow_tf32 = True
-    e2e, bf16 = end_to_end_rows(args, [by_name[row.config] for row in passing] if args.e2e_each else None)
+    fastest = by_name[best.config] if best else None
+    e2e, bf16 = end_to_end_rows(
+        args, end_to_end_configs(args, problem, [by_name[row.config] for row in passing], fastest)
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / "fp8_quantiser_ab.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -559,7 +650,8 @@ def run_ab(args: argparse.Namespace) -> None:
         writer.writerows(["quantiser", *asdict(row).values(), read_gbps] for row in candidates)
         writer.writerow(["end_to_end", *asdict(e2e[0]), "bf16_tflops"] if e2e else ["end_to_end"])
         writer.writerows(["end_to_end", *asdict(row).values(), bf16[row.causal]] for row in e2e)
-    report = ab_markdown(candidates, best, read_gbps, e2e, bf16, problem, torch.cuda.get_device_name())
+    report = ab_markdown(candidates, best, read_gbps, e2e, bf16, problem, torch.cuda.get_device_name(), query,
+                         layout_of)  # fmt: skip
     (args.out / "fp8_quantiser_ab.md").write_text(report)
     print(report)
     print(f"wrote {args.out / 'fp8_quantiser_ab.csv'} and {args.out / 'fp8_quantiser_ab.md'}")
@@ -603,6 +695,18 @@ def main() -> None:
         "(the first is the one the others' bytes are compared with)",
     )
     parser.add_argument(
+        "--quantiser-rounds",
+        type=int,
+        default=1,
+        help="--sweep / --ab: time every configuration that built in this many rounds, each in turn, medians kept",
+    )
+    parser.add_argument(
+        "--kv-only",
+        action="store_true",
+        help="--ab: the quantiser of K and V only (cute/fp8 quantises Q in its kernel), KV_AB_CANDIDATES in cute/fp8's "
+        "V layout, then cute/fp8 end to end with the K/V-only default and the fastest candidate",
+    )
+    parser.add_argument(
         "--e2e-each", action="store_true", help="--ab: time every passing candidate end to end, not only the best"
     )
     parser.add_argument(
@@ -617,7 +721,7 @@ def main() -> None:
         "'tiles_per_program=8,prefetch=true,maxnreg=128' (fields of fp8_quantiser.QuantiserConfig)",
     )
     args = parser.parse_args()
-    args.only = [name for name in args.only.split(",") if name]
+    args.only = ["cute/fp8"] if args.kv_only else [name for name in args.only.split(",") if name]
     unknown = [name for name in args.only if name not in RUNGS]
     if unknown:
         parser.error(f"unknown rungs {unknown}; valid: {', '.join(RUNGS)}")

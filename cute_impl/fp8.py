@@ -310,8 +310,11 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 
 def compile_quantiser_sm90(problem: Problem) -> list[KernelBinary]:
-    """The fused quantiser this rung launches before its kernel, for sm_90a at ``problem``'s shape."""
-    return compile_sm90_for(problem, DEFAULT_QUANTISATION, VALUE_LAYOUT)
+    """The fused quantiser this rung launches before its kernel (K and V only where the kernel quantises Q), for
+    sm_90a at ``problem``'s shape."""
+    return compile_sm90_for(
+        problem, DEFAULT_QUANTISATION, VALUE_LAYOUT, not quantises_q_in_kernel(problem, DEFAULT_QUANTISATION)
+    )
 
 
 IMPLEMENTATION = Implementation(

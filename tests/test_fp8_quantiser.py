@@ -184,6 +184,56 @@ def test_a_quantiser_of_k_and_v_only_refuses_per_tensor_scales_and_persistent_gr
         fused.FusedQuantiser(*shapes, fp8.quantisation_named("per-tensor"), LAYOUTS["cute"], query=False)
 
 
+@triton.jit
+def _interleaved_order_kernel(ORDER, q_programs, k_programs, v_programs):
+    """ORDER[program] = (tensor, index) of each program of an interleaved launch."""
+    program = tl.program_id(0)
+    tensor, index = kernel._interleaved_program(program, q_programs, k_programs, v_programs)
+    tl.store(ORDER + 2 * program, tensor)
+    tl.store(ORDER + 2 * program + 1, index)
+
+
+def _interleaved_order(programs: tuple[int, int, int]) -> list[tuple[int, int]]:
+    order = torch.full((sum(programs), 2), -1, dtype=torch.int32)
+    _interleaved_order_kernel[(sum(programs),)](order, *programs)
+    return [tuple(pair) for pair in order.tolist()]
+
+
+@pytest.mark.parametrize(
+    ("programs", "turns"),
+    [((3, 5, 4), [0, 1, 2] * 3 + [1, 1, 2]), ((0, 3, 5), [1, 2] * 3 + [2, 2]), ((0, 4, 2), [1, 2] * 2 + [1, 1])],
+)
+def test_interleaved_programs_take_turns_among_the_tensors_that_have_programs(programs, turns):
+    """Each tensor's programs once each, in order, and the tensors with programs taking turns while all have some
+    left: Q, K, V, Q, K, V, ..., or K, V, K, V, ... where Q has none (a quantiser of K and V only)."""
+    order = _interleaved_order(programs)
+    assert [tensor for tensor, _ in order] == turns
+    for tensor, count in enumerate(programs):
+        assert [index for t, index in order if t == tensor] == list(range(count))
+
+
+def test_an_interleaved_order_that_gives_q_a_turn_without_programs_is_caught(monkeypatch: pytest.MonkeyPatch):
+    """The order test fails the planted bug: the turns counted over three tensors whatever Q has (the order before
+    the K/V-only launch), which runs K's programs, then V's, never alternating."""
+
+    @triton.jit
+    def three_turns(program, q_programs, k_programs, v_programs):
+        shared = tl.where(q_programs < k_programs, q_programs, k_programs)
+        shared = tl.where(v_programs < shared, v_programs, shared)
+        rest = program - 3 * shared
+        k_rest = k_programs - shared
+        tensor = tl.where(
+            rest < 0,
+            program % 3,
+            tl.where(rest < q_programs - shared, 0, tl.where(rest < q_programs - shared + k_rest, 1, 2)),
+        )
+        before = tl.where(tensor == 0, 0, tl.where(tensor == 1, q_programs - shared, q_programs - shared + k_rest))
+        return tensor, tl.where(rest < 0, program // 3, shared + rest - before)
+
+    monkeypatch.setattr(kernel, "_interleaved_program", three_turns)
+    assert [tensor for tensor, _ in _interleaved_order((0, 3, 5))] == [1, 1, 1, 2, 2, 2, 2, 2]
+
+
 def test_a_launch_that_leaves_tiles_unwritten_is_caught(monkeypatch: pytest.MonkeyPatch):
     """The knob test's check fails a planted bug: V's tile count one short (the loops stop before its
     last tile), so that the last V tile keeps its poison."""
@@ -552,7 +602,7 @@ def test_ab_times_each_configuration_end_to_end_in_rounds(monkeypatch: pytest.Mo
     timed, built, out = [], [], torch.zeros(2)
 
     class Alone:
-        def __init__(self, *args, config: fused.QuantiserConfig):
+        def __init__(self, *args, config: fused.QuantiserConfig, query: bool):
             self.config = config
 
         def __call__(self, *inputs):
@@ -579,6 +629,31 @@ def test_ab_times_each_configuration_end_to_end_in_rounds(monkeypatch: pytest.Mo
         (configs[0].describe(), 1000.0, 3250.0, 2250.0), (configs[1].describe(), 1000.0, 5250.0, 500.0)
     ]  # fmt: skip
     assert rows[0].other_us == 0.0 and rows[1].other_us == 3750.0 and not rows[0].note
+
+
+def test_kv_only_ab_times_the_kv_default_and_the_fastest_candidate_end_to_end(monkeypatch: pytest.MonkeyPatch):
+    """``--ab --kv-only`` times cute/fp8 end to end with the K/V-only launch's default and the fastest candidate (once
+    where they are the same); ``--e2e-each`` every passing candidate; plain ``--ab`` makes the fastest the rungs'."""
+    import argparse
+
+    import bench.fp8_quantiser as bench
+
+    monkeypatch.setattr(fused, "DEFAULT_CONFIG", fused.DEFAULT_CONFIG)
+    monkeypatch.setattr(fused, "KIND_CONFIGS", fused.KIND_CONFIGS)
+    problem = Problem.canonical(128)
+    default = fused.default_config(128, fp8.VARIANTS["block+rotation"], query=False)
+    fastest = dataclasses.replace(default, tiles_per_program=16)
+    passing = [default, fastest]
+
+    def configs(kv_only: bool, e2e_each: bool, best: fused.QuantiserConfig | None):
+        return bench.end_to_end_configs(argparse.Namespace(kv_only=kv_only, e2e_each=e2e_each), problem, passing, best)
+
+    assert configs(True, False, fastest) == [default, fastest]
+    assert configs(True, False, default) == [default]
+    assert configs(True, True, fastest) == passing
+    assert (
+        configs(False, False, fastest) is None and fused.default_config(128, fp8.VARIANTS["block+rotation"]) == fastest
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -630,8 +705,12 @@ for head_dim in (64, 128, 256):
         for method in methods:
             if method == "butterfly" and head_dim > fused.BUTTERFLY_MAX_HEAD_DIM:
                 continue
+            # The launch of K and V only (query=False) has a KIND_CONFIGS key of its own: built where it differs.
+            defaults = dict.fromkeys(fused.default_config(head_dim, quantisation, method, query=query)
+                                     for query in (True, False))
             for layout in (fp8.ValueLayout(False, 16), fp8.ValueLayout(True, 128)):
-                rows += builds(head_dim, variant, method, layout, fused.default_config(head_dim, quantisation, method))
+                for config in defaults:
+                    rows += builds(head_dim, variant, method, layout, config)
 # What bench/fp8_quantiser.py --sweep times (the knobs that change the binary), and a spilling register cap.
 layout = fp8.ValueLayout(True, 128)
 for variant, method in FULL_GRID:

@@ -49,6 +49,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from itertools import product
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -136,8 +137,8 @@ class QuantiserConfig:
       program + grid, ..., then K's, then V's, so that every program carries the same share of each
       tensor: no tensor's programs finish early and leave their SMs idle (the rotated Q and K tiles
       cost more than V's), and no second wave. Needs one launch and ``tiles_per_program`` = 1.
-    * ``interleave``: programs of Q, K and V alternate in launch order (Q, K, V, Q, ... while all three have
-      programs left), not Q's, then K's, then V's. Needs one launch and no persistent grid.
+    * ``interleave``: programs of Q, K and V alternate in launch order (Q, K, V, Q, ... or K, V, K, ... without Q's,
+      while each has programs left), not Q's, then K's, then V's. Needs one launch and no persistent grid.
     """
 
     single_launch: bool = True
@@ -206,19 +207,22 @@ DEFAULT_CONFIG = PIPELINED_CONFIG
 # butterfly rotation (384 bytes), so it is the default of block scales with the tensor-core rotation at D=128
 # under 3.6 only (tests/test_fp8_quantiser.py compiles every default build spill-free in each release's CI leg).
 PREFETCH_CONFIG = QuantiserConfig(tiles_per_program=8, prefetch=True, maxnreg=128)
-# (head dim, quantisation name, rotation method) -> its configuration where it is not DEFAULT_CONFIG.
-KIND_CONFIGS: dict[tuple[int, str, str], QuantiserConfig] = (
-    {(128, name, "tensor_core"): PREFETCH_CONFIG for name in ("block+rotation", "block")}
+# (head dim, quantisation name, rotation method, query) -> its configuration where it is not DEFAULT_CONFIG. query
+# False (K and V only, half of the tiles rotated) has its own key: bench/fp8_kv_quantiser_ab.sh times its candidates.
+KIND_CONFIGS: dict[tuple[int, str, str, bool], QuantiserConfig] = (
+    {(128, *kind): PREFETCH_CONFIG for kind in product(("block+rotation", "block"), ("tensor_core",), (True, False))}
     if triton_release() == "3.6"
     else {}
 )
 
 
-def default_config(head_dim: int, quantisation: Quantisation, rotation_method: str | None = None) -> QuantiserConfig:
-    """What a quantiser of ``head_dim``, ``quantisation`` and ``rotation_method`` (default
-    ``DEFAULT_ROTATION_METHOD``) runs: its ``KIND_CONFIGS`` entry, else ``DEFAULT_CONFIG``."""
+def default_config(
+    head_dim: int, quantisation: Quantisation, rotation_method: str | None = None, *, query: bool = True
+) -> QuantiserConfig:
+    """What a quantiser of ``head_dim``, ``quantisation``, ``rotation_method`` (default ``DEFAULT_ROTATION_METHOD``)
+    and ``query`` (``FusedQuantiser``'s) runs: its ``KIND_CONFIGS`` entry, else ``DEFAULT_CONFIG``."""
     method = rotation_method or DEFAULT_ROTATION_METHOD
-    return KIND_CONFIGS.get((head_dim, quantisation.name, method), DEFAULT_CONFIG)
+    return KIND_CONFIGS.get((head_dim, quantisation.name, method, query), DEFAULT_CONFIG)
 
 
 def use_config(config: QuantiserConfig) -> None:
@@ -244,16 +248,12 @@ def _rotation_operand_tensor(
     return lasting(lambda: matrix[0].contiguous(), device), 1.0
 
 
-def _is_power_of_two(value: int) -> bool:
-    return value >= 1 and not value & (value - 1)
-
-
 def _check_quantisation(
     quantisation: Quantisation, value_layout: ValueLayout, head_dim: int, rotation_method: str
 ) -> None:
     for name, value in (("head_dim", head_dim), ("q_block_rows", quantisation.q_block_rows),
                         ("kv_block_rows", quantisation.kv_block_rows)):  # fmt: skip
-        if not _is_power_of_two(value):
+        if value < 1 or value & (value - 1):  # not a power of two
             raise ValueError(f"the fused fp8 quantiser needs a power-of-two {name}, got {value}")
     if value_layout.permuted and quantisation.kv_block_rows % KEY_GROUP:
         raise ValueError(
@@ -325,16 +325,10 @@ def shared_memory_supported(rung: str, problem: Problem, quantisation: Quantisat
     """The capability check's part for the fused quantiser an FP8 rung runs before its kernel: refused
     where its shared memory (``shared_bytes``, default rotation method and configuration) exceeds sm_90's."""
     needed = shared_bytes(problem.head_dim, problem.dtype, quantisation)
-    words = _quantiser_words(problem.head_dim, quantisation, default_config(problem.head_dim, quantisation))
+    config = default_config(problem.head_dim, quantisation)
+    words = (f"the fused fp8 quantiser at head_dim {problem.head_dim} ({quantisation.name}, "
+             f"{_tile_rows_of(quantisation)}-row tiles, {config.num_stages} stages)")  # fmt: skip
     return check_shared_memory(rung, words, needed)
-
-
-def _quantiser_words(head_dim: int, quantisation: Quantisation, config: QuantiserConfig) -> str:
-    tile_rows = _tile_rows_of(quantisation)
-    return (
-        f"the fused fp8 quantiser at head_dim {head_dim} ({quantisation.name}, {tile_rows}-row tiles, "
-        f"{config.num_stages} stages)"
-    )
 
 
 def _tensor_kinds(
@@ -412,13 +406,16 @@ def _geometries(
     return tuple(geometries)
 
 
-def _programs(geometries: tuple[_TensorGeometry, ...], config: QuantiserConfig, sm_count: int) -> tuple[int, ...]:
-    """Programs per tensor: its tiles, ``tiles_per_program`` to a program; with a persistent grid, the
-    grid (``programs_per_sm`` x ``sm_count``, no more than the largest tensor's tiles) for every tensor."""
+def _programs(
+    geometries: tuple[_TensorGeometry, ...], config: QuantiserConfig, sm_count: int, query: bool = True
+) -> tuple[int, ...]:
+    """Programs per tensor: its tiles, ``tiles_per_program`` to a program (Q none without ``query``); with a persistent
+    grid, the grid (``programs_per_sm`` x ``sm_count``, at most the largest tensor's tiles) for every tensor."""
     if config.programs_per_sm:
         grid = min(config.programs_per_sm * sm_count, max(geometry.tiles for geometry in geometries))
         return (grid,) * len(geometries)
-    return tuple(-(-geometry.tiles // config.tiles_per_program) for geometry in geometries)
+    programs = tuple(-(-geometry.tiles // config.tiles_per_program) for geometry in geometries)
+    return programs if query else (0, *programs[1:])
 
 
 def _grid(programs: tuple[int, ...], config: QuantiserConfig) -> int:
@@ -515,7 +512,7 @@ class FusedQuantiser:
         query: bool = True,
     ):
         rotation_method = rotation_method or DEFAULT_ROTATION_METHOD
-        self.config = config or default_config(q_shape[3], quantisation, rotation_method)
+        self.config = config or default_config(q_shape[3], quantisation, rotation_method, query=query)
         if not query and (not quantisation.block or self.config.programs_per_sm):
             raise ValueError(
                 "a quantiser of K and V only (query=False) needs block scales and no persistent grid, got "
@@ -551,8 +548,8 @@ class FusedQuantiser:
                 zip(geometries, _tma_rows(self.config, quantisation, value_layout), strict=True)
             )
         )
-        programs = _programs(geometries, self.config, sm_count(device))
-        self._launch_programs = _launches(programs if query else (0, *programs[1:]), self.config.single_launch)
+        programs = _programs(geometries, self.config, sm_count(device), query)
+        self._launch_programs = _launches(programs, self.config.single_launch)
         self._options = {
             step: _launch_options(quantisation, value_layout, rotation_method, self.config, head_dim, step, interpreted)
             for step in _steps(quantisation)
@@ -620,16 +617,17 @@ def compile_sm90(
     seqlens: tuple[int, int] = (8192, 8192),
     heads: tuple[int, int] = (16, 16),
     batch: int = 2,
+    query: bool = True,
 ) -> list[KernelBinary]:
-    """Every distinct kernel a ``FusedQuantiser`` of this kind launches, compiled for sm_90a (no GPU
-    needed) with the specialisation its launches get at that shape (by default P1, contiguous inputs):
+    """Every distinct kernel a ``FusedQuantiser`` of this kind (``query``: its own) launches, compiled for sm_90a
+    (no GPU needed) with the specialisation its launches get at that shape (by default P1, contiguous inputs):
     ``quantise_kernel`` once per pass (block scales: one; per-tensor: amax and cast), then the
     per-tensor amax reduction."""
     from triton.runtime.jit import MockTensor
 
     from common.toolchain.compile import compile_triton_sm90_launch
 
-    config = config or default_config(head_dim, quantisation, rotation_method)
+    config = config or default_config(head_dim, quantisation, rotation_method, query=query)
     _check_quantisation(quantisation, value_layout, head_dim, rotation_method)
     q_shape = (batch, heads[0], seqlens[0], head_dim)
     kv_shape = (batch, heads[1], seqlens[1], head_dim)
@@ -658,7 +656,7 @@ def compile_sm90(
     )
     tc = quantisation.rotation and rotation_method == "tensor_core"
     rotation = MockTensor(dtype if tc else torch.float32)
-    programs = _launches(_programs(geometries, config, DEFAULT_SM_COUNT), config.single_launch)[0]
+    programs = _launches(_programs(geometries, config, DEFAULT_SM_COUNT, query), config.single_launch)[0]
     binaries = [
         compile_triton_sm90_launch(
             quantise_kernel,
@@ -685,12 +683,14 @@ def compile_sm90(
     return binaries
 
 
-def compile_sm90_for(problem: Problem, quantisation: Quantisation, value_layout: ValueLayout) -> list[KernelBinary]:
+def compile_sm90_for(
+    problem: Problem, quantisation: Quantisation, value_layout: ValueLayout, query: bool = True
+) -> list[KernelBinary]:
     """:func:`compile_sm90` at ``problem``'s head dim, dtype and shape: what an FP8 rung launches before
-    its kernel (``Implementation.compile_input_transform_sm90``)."""
+    its kernel (``Implementation.compile_input_transform_sm90``; ``query`` False: K and V only)."""
     return compile_sm90(problem.head_dim, problem.dtype, quantisation, value_layout,
                         seqlens=(problem.seqlen_q, problem.seqlen_k), heads=(problem.heads, problem.kv_heads),
-                        batch=problem.batch)  # fmt: skip
+                        batch=problem.batch, query=query)  # fmt: skip
 
 
 def quantise_fused(

@@ -7,8 +7,8 @@ written in 8), so the kernel is built to keep bytes in flight and to spend few i
 
 Launch (``quantise_kernel``; ``FusedQuantiser`` plans it): one grid for all three tensors; programs
 [0, q_programs) take Q's tiles, the next k_programs K's, the rest V's (``single_launch=False``
-launches the same kernel once per tensor), or (``INTERLEAVED``) Q's, K's and V's programs alternating in
-program order, so that an SM holds rotated tiles (instruction-bound) and V's (memory-bound) at once
+launches the same kernel once per tensor), or (``INTERLEAVED``) Q's (if any), K's and V's programs alternating
+in program order, so that an SM holds rotated tiles (instruction-bound) and V's (memory-bound) at once
 (``_interleaved_program``); or a persistent grid (``PERSISTENT``) whose every program takes its share of
 Q's tiles, then of K's, then of V's. A tile is 128 rows (``TILE_ROWS``: the larger block; Q's
 64-row blocks go two to a tile) of one (batch, head), so every tensor's tile has the same shape and one
@@ -394,17 +394,21 @@ def _quantise_tiles(T, X_DESC, program, programs, ROTATION, rotation_scale, KIND
 
 @triton.jit
 def _interleaved_program(program, q_programs, k_programs, v_programs):
-    """(tensor, index) of ``program`` in the interleaved order: while every tensor has programs left they
-    alternate Q, K, V, Q, K, V, ... (program 3 i + t is tensor t's program i), then the tensors' remaining
-    programs follow in order (Q's, K's, V's). Tensor 0 is Q, 1 K, 2 V."""
-    shared = tl.where(q_programs < k_programs, q_programs, k_programs)
-    shared = tl.where(v_programs < shared, v_programs, shared)
-    rest = program - 3 * shared
-    q_rest = q_programs - shared
+    """(tensor, index) of ``program`` in the interleaved order: while every tensor with programs has programs left
+    they take turns, Q, K, V, Q, K, V, ... (program 3 i + t is tensor t's program i), or K, V, K, V, ... in a launch
+    of K and V only (Q's programs none: program 2 i + t is tensor 1 + t's), then the tensors' remaining programs
+    follow in order (Q's, K's, V's). Tensor 0 is Q, 1 K, 2 V; K and V always have programs."""
+    skip_q = tl.where(q_programs == 0, 1, 0)
+    turns = 3 - skip_q
+    shared = tl.where(v_programs < k_programs, v_programs, k_programs)
+    shared = tl.where((skip_q == 0) & (q_programs < shared), q_programs, shared)
+    rest = program - turns * shared
+    q_rest = q_programs - shared * (1 - skip_q)
     k_rest = k_programs - shared
-    tensor = tl.where(rest < 0, program % 3, tl.where(rest < q_rest, 0, tl.where(rest < q_rest + k_rest, 1, 2)))
+    tensor = tl.where(rest < 0, program % turns + skip_q,
+                      tl.where(rest < q_rest, 0, tl.where(rest < q_rest + k_rest, 1, 2)))  # fmt: skip
     before = tl.where(tensor == 0, 0, tl.where(tensor == 1, q_rest, q_rest + k_rest))
-    index = tl.where(rest < 0, program // 3, shared + rest - before)
+    index = tl.where(rest < 0, program // turns, shared + rest - before)
     return tensor, index
 
 
