@@ -492,15 +492,15 @@ def test_hopper_dq_reduce_refuses_what_it_is_not_built_for() -> None:
 
 
 def test_hopper_tma_rows_is_the_default_and_the_deterministic_switch_leaves_it() -> None:
-    """The measured default (results/h200/backward-cute-tma-rows/): LSE₂ and D by TMA, at D=64 with dK in
-    flight under the next step; under deterministic algorithms the separate dQ pass, without."""
+    """The measured defaults (results/h200/backward-cute-tma-rows/, backward-cute-d64-m128/): LSE₂ and D by
+    TMA, at D=64 128 query rows a step; under deterministic algorithms the separate dQ pass, without."""
     assert {tiles.label for tiles in TMA_ROWS} == {
         "m64_s2_dqreduce_tmarows",
         "m128_s2_dqreduce_tmarows",
         "m64_s3_dqreduce_dkdvoverlap_tmarows",
     }
     defaults = {head_dim: hopper_backward.default_tiles(head_dim).label for head_dim in hopper_backward.HEAD_DIMS}
-    assert defaults == {64: "m64_s3_dqreduce_dkdvoverlap_tmarows", 128: "m64_s2_dqreduce_tmarows"}
+    assert defaults == {64: "m128_s2_dqreduce_tmarows", 128: "m64_s2_dqreduce_tmarows"}
     torch.use_deterministic_algorithms(True)
     try:
         assert all(hopper_backward.default_tiles(d).dq == "pass" for d in hopper_backward.HEAD_DIMS)

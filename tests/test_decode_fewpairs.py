@@ -45,8 +45,10 @@ def test_each_plan_is_timed_once_and_the_switches_are_restored(impl_name: str):
 
 def test_fewer_waves_and_forced_counts_where_expected():
     gluon, cute, triton = (_plans(name) for name in ("gluon/decode", "cute/decode", "triton/decode"))
-    # B=3 Hkv=8 13k: 11 splits by the rule, 5 with fewer_waves (gluon, cute); triton's 264 slots keep 11.
-    assert gluon[0]["default"][0] == 11 and gluon[0]["fewer-waves"] == (5, None, "")
+    # B=3 Hkv=8 13k: 11 splits by the rule, 5 with fewer_waves (cute; gluon's default since the A/B);
+    # triton's 264 slots keep 11.
+    assert gluon[0]["default"][0] == 5 and gluon[0]["fewer-waves"] == (5, None, "default")
+    assert cute[0]["default"][0] == 11 and cute[0]["fewer-waves"] == (5, None, "")
     assert triton[0]["fewer-waves"] == (11, None, "default")
     # cute's slots-2 changes B=8 group 4 (2 -> 4) and the 128k control (16 -> 32).
     assert (cute[1]["slots-2"][0], cute[2]["slots-2"][0]) == (4, 32)

@@ -3,7 +3,8 @@
 SM; gluon/decode all three of its switches; cute/decode none), and each switch's rules from the switches off
 (an autouse fixture turns them off in every rung for this file's tests).
 
-The seventh stop's ``FEWER_WAVES`` (``SplitPolicy.fewer_waves``, off in every rung) is checked with them.
+The seventh stop's ``FEWER_WAVES`` (``SplitPolicy.fewer_waves``; on in gluon/decode after the H200 A/B,
+results/h200/decode-fewpairs/) is checked with them.
 
 CPU: the default policy is the rule as it was; the policy's three rules (CTA slots per SM for even work, one
 split on a short cache whose items fill a wave, the fewest waves at least 85 % busy) hold on a grid of
@@ -208,13 +209,13 @@ def test_planted_policy_bug_fails_the_rules(planted: Callable[[Problem, splits.S
 
 
 def test_committed_switches_and_with_them_off_each_rung_asks_the_default_policy():
-    """The values the H200 A/B chose (results/h200/decode-floor5/); with every switch off (the fixture)
-    each rung asks the split rule as it was before the fifth stop."""
+    """The values the H200 A/Bs chose (results/h200/decode-floor5/, decode-fewpairs/); with every switch off
+    (the fixture) each rung asks the split rule as it was before the fifth stop."""
     assert {name: COMMITTED[name] for name in RUNG_MODULES} == {
         "triton/decode": {"SPLIT_CTAS_PER_SM": 2, "SHORT_CACHE_ONE_SPLIT": False, "DEEP_RING": False,
                           "SHORT_CACHE_TILE": False, "FEWER_WAVES": False},
         "gluon/decode": {"SPLIT_CTAS_PER_SM": 2, "SHORT_CACHE_ONE_SPLIT": True, "SHORT_CACHE_TILE": True,
-                         "FEWER_WAVES": False},
+                         "FEWER_WAVES": True},
         "cute/decode": {"SPLIT_CTAS_PER_SM": 1, "SHORT_CACHE_ONE_SPLIT": False, "FEWER_WAVES": False},
     }  # fmt: skip
     problem = _problem(4, 2, 282624, head_dim=64)

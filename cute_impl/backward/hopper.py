@@ -52,11 +52,9 @@ and MQA (dK and dV summed over the group's query heads in registers, no atomics)
 exactly sm_90 (WGMMA, setmaxnreg). Refused: ``cache_seqlens``, paged caches, D = 256, fp32.
 
 What the measurements taught (H200, B=2 H=16 S=8192 D=128 bf16, TFLOP/s counting the five products,
-``results/h200/backward-compare/``): 421 (395 causal) with the separate dQ pass, 2.5× ``tiled``; its
-overlapped 32-row variants ran slower (``results/h200/backward-cute-hopper-candidates/``). The tensor
-cores ran seven products for the five counted (about 590 TFLOP/s of wgmma work, near FA4's 608 with
-five), which FA3/FA4 avoid by computing dQ in the dK/dV kernel and adding it to an fp32 dQ by bulk
-reduce-adds from shared memory, issued by a warp of its own.
+``results/h200/backward-compare/``): 421 (395 causal) with the separate dQ pass, 2.5× ``tiled``, its
+tensor cores running seven products for the five counted, which FA3/FA4 avoid by computing dQ in the
+dK/dV kernel and adding it to an fp32 dQ by bulk reduce-adds from shared memory, by a warp of its own.
 
 The variant ``dq="reduce"`` (``BackwardTiles.dq``, ``hopper_dq.py``) does that, and is the default
 (``default_tiles``): step 2 also shares dSᵀ through shared memory and issues a dQ tile = dS K (five
@@ -193,8 +191,8 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 64, 2),
         BackwardTiles(64, 64, 2, dq="reduce"),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True),
-        BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True),
         BackwardTiles(64, 64, 3, dkdv_overlap=True, dq="reduce", tma_rows=True),
+        BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True),
     ),
     128: (
         BackwardTiles(64, 64, 2),
@@ -709,8 +707,9 @@ def _kernel_names(config: HopperBackwardConfig) -> tuple[str, ...]:
 
 
 def default_tiles(head_dim: int) -> BackwardTiles:
-    """The head dim's last candidate: dQ by bulk reduce-adds, LSE₂ and D by TMA (H200: P1 / causal / D=64
-    541 / 486 / 439 TFLOP/s against 455 / 429 / 360 without, results/h200/backward-cute-tma-rows/); while
+    """The head dim's last candidate: dQ by bulk reduce-adds, LSE₂ and D by TMA (H200: P1 / causal 541 / 486
+    TFLOP/s against 455 / 429 without, results/h200/backward-cute-tma-rows/), at D=64 128 query rows a step
+    (490.9 against 435.5, results/h200/backward-cute-d64-m128/); while
     ``torch.use_deterministic_algorithms`` is on, the head dim's first candidate, whose separate dQ pass
     gives bit-identical gradients run after run (as torch's own nondeterministic kernels give way to
     deterministic ones under that switch)."""

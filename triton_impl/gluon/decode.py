@@ -206,8 +206,9 @@ HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
 # (results/h200/decode-floor5/): B=32 MHA Sq=8 1k ragged 35 -> 57 %, B=32 Hkv=32 4.9k ragged 62 -> 73 %,
 # B=4 Hkv=2 D=64 276k 78 -> 88 %, the short full caches +2 points; no row lost.
 SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, SHORT_CACHE_TILE = 2, True, True
-# Seventh stop's switch, off until bench/decode_fewpairs_ab.sh (``splits.SplitPolicy.fewer_waves``).
-FEWER_WAVES = False
+# Seventh stop (``splits.SplitPolicy.fewer_waves``, H200, results/h200/decode-fewpairs/): B=3 Hkv=8 13k
+# 63.6 -> 58.5 us (11 -> 5 splits, one wave of the 208 KB ring's one slot); no other timed plan changed.
+FEWER_WAVES = True
 SHORT_CACHE_CONFIGS = {128: DecodeConfig(64, 3)}
 SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES = 233472, 1024
 # Paged: the fewest key rows one TMA copy may take from a page (two 8-row swizzle atoms of the tile).
