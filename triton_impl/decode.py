@@ -676,13 +676,12 @@ def bind(
 
 
 def balanced_target_shares(problem: Problem, device: torch.device) -> int:
-    """The balanced grid's shares per M tile: ``BALANCED_SHARES_PER_SM`` per SM over the M tiles, at most what
-    full sequences fill with ``BALANCED_MIN_KEYS``-key shares (more CTAs would only start and stop: 264 on a
-    300-key cache took 7 s a call under the interpreter). The shape and the device fix it, never the lengths."""
-    per_sm = triton.cdiv(splits.sm_count(device) * BALANCED_SHARES_PER_SM, m_blocks_for(problem))
+    """The balanced grid's shares per M tile (``splits.balanced_target_shares``) at this rung's
+    ``BALANCED_SHARES_PER_SM``, ``BALANCED_MIN_KEYS`` and key block."""
     block_n = tile_config(problem).block_n
-    shares_per_sequence = triton.cdiv(triton.cdiv(problem.seqlen_k, block_n), triton.cdiv(BALANCED_MIN_KEYS, block_n))
-    return max(1, min(per_sm, problem.batch * problem.kv_heads * shares_per_sequence))
+    return splits.balanced_target_shares(
+        problem, m_blocks_for(problem), block_n, device, BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS
+    )
 
 
 def bind_balanced(
@@ -705,7 +704,7 @@ def bind_balanced(
     )
     out, lse, _, args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
     config = tile_config(problem)
-    sizes = (problem.batch, target, triton.cdiv(BALANCED_MIN_KEYS, config.block_n))  # as balanced_target_shares
+    sizes = (problem.batch, target, splits.balanced_min_share_blocks(config.block_n, BALANCED_MIN_KEYS))
     options = {
         **feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
         "BLOCK_N": config.block_n, "PAGE_SIZE": problem.page_size, "SPLITS_PER_STEP": _merge_step(problem),

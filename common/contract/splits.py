@@ -159,6 +159,26 @@ def planned_num_splits(
     return chosen
 
 
+def balanced_min_share_blocks(block_n: int, min_keys: int = MIN_KEYS_PER_SPLIT) -> int:
+    """The balanced split's smallest share, in ``block_n``-key blocks: ``min_keys`` keys rounded up."""
+    return -(-min_keys // block_n)
+
+
+def balanced_target_shares(
+    problem: Problem, m_blocks: int, block_n: int, device: torch.device, shares_per_sm: int,
+    min_keys: int = MIN_KEYS_PER_SPLIT,
+) -> int:  # fmt: skip
+    """The balanced split's shares per M tile (``triton_impl/decode.py``'s "The balanced split"):
+    ``shares_per_sm`` per SM over the ``m_blocks`` M tiles, at most what full sequences fill with
+    ``min_keys``-key shares (more CTAs would only start and stop: 264 on a 300-key cache took 7 s a call
+    under the interpreter). The shape and the device fix it, never the lengths, so a CUDA graph replays
+    the grid with new ``cache_seqlens``."""
+    per_sm = -(-sm_count(device) * shares_per_sm // m_blocks)
+    sequence_blocks = -(-problem.seqlen_k // block_n)
+    shares_per_sequence = -(-sequence_blocks // balanced_min_share_blocks(block_n, min_keys))
+    return max(1, min(per_sm, problem.batch * problem.kv_heads * shares_per_sequence))
+
+
 def resolve_num_splits(
     num_splits: int | None, problem: Problem, m_blocks: int, device: torch.device, policy: SplitPolicy = DEFAULT_POLICY
 ) -> int:
