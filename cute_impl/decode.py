@@ -26,6 +26,13 @@ keeping the memory system busy, not the tensor cores:
   tile would be three quarters padding for 16 packed rows, and no MMA choice matters when the
   tensor cores idle on memory; ``mma.sync`` lets each warp own its keys and its softmax.
 
+* **The balanced split** (``BALANCED_SPLIT``, triton/decode's switch and plan, ``_decode_plan.py``):
+  in a ragged batch the padded split leaves most of a short sequence's CTAs without a key while the
+  long one's few carry its keys. Balanced, the grid is target_shares + B·Hkv CTAs per M tile (the shape
+  fixes it: a CUDA graph replays it with new lengths); each CTA reads the B lengths, sizes a share as
+  total key blocks / target_shares, finds its (batch, KV head, split) and stores its partials into the
+  slab of its index; the merge kernel finds each item's slabs by the same plan.
+
 Why a second kernel for the merge (as in ``triton/decode``): atomics on O would make the order of fp32
 adds change from run to run, and "the last split to finish merges" needs a global counter per tile,
 a fence and counters to reset under CUDA graphs. The merge kernel is launched from the same
@@ -94,10 +101,10 @@ import torch
 from common.contract import splits
 from common.contract.capability import FEATURES, PAGED_KV
 from common.contract.problem import Problem
+from cute_impl._decode_plan import BalancedPlan, sequence_blocks, slab_range, split_block_range
 from cute_impl._device import (
     LOG2_E,
     AttentionMask,
-    BlockRange,
     KVCopy,
     LdmatrixOperands,
     OnlineSoftmax,
@@ -109,7 +116,6 @@ from cute_impl._device import (
     refill_kv_ring,
     rows_by_cols,
     scores,
-    split_key_range,
     values_product,
 )
 from cute_impl._host import (
@@ -140,11 +146,6 @@ MAX_SEQLEN_Q = 16
 # mma.sync.m16n8k16: a packed tile has at least 16 rows, a warp's keys and S's k-steps come in 16s.
 MMA_M = MMA_K = 16
 SMEM_ALIGN_BYTES = 1024
-# Causal: the keys some row of a split cannot see lie in the last Sq - 1 <= 15 keys of the sequence's
-# range [0, key_end) (plus the keys past seqlen_k in its top block), which cross at most one block
-# boundary with tile_n >= 16: the top two blocks of a split take the mask. Without causal only the
-# top block, which the sequence's end can cut.
-CAUSAL_MASKED_BLOCKS, TAIL_MASKED_BLOCKS = 2, 1
 # The merges: each thread merges 4 fp32 columns of a row (16-byte loads); merge kernel CTAs of 4 warps.
 MERGE_COLS = 4
 MERGE_THREADS = 128
@@ -191,6 +192,11 @@ SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT = 1, False
 # Seventh stop's switch, off until bench/decode_fewpairs_ab.sh (``splits.SplitPolicy.fewer_waves``).
 FEWER_WAVES = False
 CTAS_PER_SM_FIT = {64: 2, 128: 2, 256: 1}
+# Issue #38's balanced split (triton/decode's, ``_decode_balanced.py``; the names and values of triton's
+# switch: "ragged" for calls with cache_seqlens, "always", "never"), off until bench/cute_balanced_ab.sh.
+BALANCED_SPLIT = "never"
+BALANCED_SHARES_PER_SM = 2
+BALANCED_MIN_KEYS = splits.MIN_KEYS_PER_SPLIT
 # Every problem feature, and the paged KV cache (a block table of pages of 16 to 256 keys).
 DECODE_FEATURES = (*FEATURES, PAGED_KV)
 
@@ -210,6 +216,7 @@ class DecodeConfig:
     split: bool  # more than one split: partials, then the merge kernel
     paged: bool = False  # K and V are page pools read through a (B, max_pages_per_seq) int32 block table
     merge_splits_per_step: int = MERGE_SPLITS_PER_STEP  # the merge kernel's unrolling over the splits
+    balanced_min_blocks: int = 0  # the balanced split's least share in key blocks; 0: the padded split
 
     @property
     def keys_per_warp(self) -> int:
@@ -271,6 +278,8 @@ class DecodeKernel:
         sLSE_parts_layout = cute.make_layout((self.num_warps, self.tile_m), stride=(self.tile_m, 1))
         rows = mO.shape[1]
         batch_kv_heads = mO.shape[0]
+        # Balanced: one CTA per partial slab (num_splits of them) and M tile; each plans its item.
+        grid_items = 1 if self.config.balanced_min_blocks else batch_kv_heads
         self.split_kernel(
             mQ,
             mK,
@@ -292,13 +301,14 @@ class DecodeKernel:
             warp_tiled_mma(dtype, WARP_THREADS),
             qkv_ring_storage(dtype, sQ_layout, sKV_layout, SMEM_ALIGN_BYTES),
         ).launch(
-            grid=(num_splits, cute.ceil_div(rows, self.tile_m), batch_kv_heads),
+            grid=(num_splits, cute.ceil_div(rows, self.tile_m), grid_items),
             block=[self.threads_per_cta, 1, 1],
             stream=stream,
         )
         if cutlass.const_expr(self.split):
             rows_per_cta = MERGE_THREADS // (self.head_dim // MERGE_COLS)
-            self.merge_kernel(mOPartial, mLSEPartial, mO, mLSE).launch(
+            plan_inputs = (mQ, mK, mCacheSeqlens, mBlockTable) if self.config.balanced_min_blocks else (None,) * 4
+            self.merge_kernel(mOPartial, mLSEPartial, mO, mLSE, *plan_inputs).launch(
                 grid=(cute.ceil_div(rows, rows_per_cta), batch_kv_heads, 1),
                 block=[MERGE_THREADS, 1, 1],
                 stream=stream,
@@ -329,9 +339,11 @@ class DecodeKernel:
 
         # ---- 1. This sequence's keys and this split's blocks of them ---------------------------
         # The cache's capacity in keys: Sk, or the block table's pages of page_size keys.
-        capacity = mK.shape[2]
-        if cutlass.const_expr(self.config.paged):
-            capacity = mK.shape[2] * mBlockTable.shape[1]
+        capacity = self.cache_capacity(mK, mBlockTable)
+        share, has_work = split, True
+        if cutlass.const_expr(self.config.balanced_min_blocks):
+            plan = self.balanced_plan(mQ, mK, mCacheSeqlens, mBlockTable, mOPartial.shape[0] - mO.shape[0])
+            batch, kv_head, split, num_splits, has_work = plan.share(share)
         seqlen = SeqlenInfo.create(batch, seqlen_q, capacity, mCacheSeqlens, self.bottom_right)
         block_range = split_block_range(split, num_splits, seqlen, seqlen_q, self.tile_n, self.causal)
         n_blocks = block_range.n_block_max - block_range.n_block_min
@@ -426,13 +438,36 @@ class DecodeKernel:
         sLSE_parts = cute.make_tensor(sO_parts.iterator + cute.cosize(sO_parts_layout), sLSE_parts_layout)
         self.store_warp_part(thr_mma, acc_O, lse, sO_parts[warp_index, None, None], sLSE_parts[warp_index, None])
         cute.arch.barrier()
-        if cutlass.const_expr(self.split):
+        if cutlass.const_expr(self.config.balanced_min_blocks):
+            gO, gLSE = mOPartial[share, 0, None, None], mLSEPartial[share, 0, None]  # this share's slab
+            rows = cutlass.Int32(cutlass.select_(has_work, rows, 0))  # a CTA past the last share: no store
+        elif cutlass.const_expr(self.split):
             gO = mOPartial[split, batch_kv_head, None, None]  # (rows, D) fp32
             gLSE = mLSEPartial[split, batch_kv_head, None]  # (rows,)
         else:
             gO = mO[batch_kv_head, None, None]  # (rows, D)
             gLSE = mLSE[batch_kv_head, None] if cutlass.const_expr(self.store_lse) else None  # (rows,)
         self.merge_warps_and_store(sO_parts, sLSE_parts, gO, gLSE, m_block * self.tile_m, rows, tidx)
+
+    @cute.jit
+    def cache_capacity(self, mK: cute.Tensor, mBlockTable: cute.Tensor | None) -> cutlass.Int32:
+        """The cache's capacity in keys: Sk, or the block table's pages of page_size keys."""
+        capacity = mK.shape[2]
+        if cutlass.const_expr(self.config.paged):
+            capacity = mK.shape[2] * mBlockTable.shape[1]
+        return capacity
+
+    def balanced_plan(
+        self, mQ: cute.Tensor, mK: cute.Tensor, mCacheSeqlens: cute.Tensor | None, mBlockTable: cute.Tensor | None,
+        target_shares: cutlass.Int32,
+    ) -> BalancedPlan:  # fmt: skip
+        """The balanced split's plan (``_decode_balanced.py``) over the batch of q; a sequence's blocks are
+        those its rows see (:func:`split_block_range` of one split), as the split kernel walks them."""
+        blocks_of = partial(
+            sequence_blocks, seqlen_q=mQ.shape[2], capacity=self.cache_capacity(mK, mBlockTable),
+            cache_seqlens=mCacheSeqlens, bottom_right=self.bottom_right, causal=self.causal, tile_n=self.tile_n,
+        )  # fmt: skip
+        return BalancedPlan(blocks_of, mQ.shape[0], mK.shape[1], target_shares, self.config.balanced_min_blocks)
 
     @cute.jit
     def load_packed_q(
@@ -527,7 +562,11 @@ class DecodeKernel:
     # Kernel 2: merge the splits of every packed row of one (batch, KV head) by their LSE.
     # ------------------------------------------------------------------------------------------
     @cute.kernel
-    def merge_kernel(self, mOPartial: cute.Tensor, mLSEPartial: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None):
+    def merge_kernel(
+        self, mOPartial: cute.Tensor, mLSEPartial: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
+        mQ: cute.Tensor | None, mK: cute.Tensor | None, mCacheSeqlens: cute.Tensor | None,
+        mBlockTable: cute.Tensor | None,
+    ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         row_block, batch_kv_head, _ = cute.arch.block_idx()
         chunks = self.head_dim // MERGE_COLS
@@ -535,11 +574,19 @@ class DecodeKernel:
         row = row_block * (MERGE_THREADS // chunks) + tidx // chunks
         rows = mO.shape[1]
         if row < rows:
+            o_parts, lse_parts = mOPartial[None, batch_kv_head, row, None], mLSEPartial[None, batch_kv_head, row]
+            if cutlass.const_expr(self.config.balanced_min_blocks):  # mQ, mK, the lengths and table given
+                kv_heads = mK.shape[1]
+                plan = self.balanced_plan(mQ, mK, mCacheSeqlens, mBlockTable, mOPartial.shape[0] - mO.shape[0])
+                first, count = plan.item_slabs(batch_kv_head // kv_heads, batch_kv_head % kv_heads)
+                o_parts, lse_parts = (
+                    slab_range(t, first, count) for t in (mOPartial[None, 0, row, None], mLSEPartial[None, 0, row])
+                )
             # (num_splits, (4, chunks)) of this row: each split's partial O, cut into 16-byte chunks.
-            o_chunks = cute.logical_divide(mOPartial[None, batch_kv_head, row, None], (None, MERGE_COLS))
+            o_chunks = cute.logical_divide(o_parts, (None, MERGE_COLS))
             merged = cute.make_rmem_tensor(MERGE_COLS, cutlass.Float32)
             lse = merge_splits(
-                mLSEPartial[None, batch_kv_head, row], o_chunks[None, (None, chunk)], merged,
+                lse_parts, o_chunks[None, (None, chunk)], merged,
                 self.config.merge_splits_per_step,
             )  # fmt: skip
             _store_row_chunk(merged, cute.local_tile(mO[batch_kv_head, row, None], (MERGE_COLS,), (chunk,)))
@@ -578,22 +625,6 @@ def merge_splits(
     return cutlass.Float32(cutlass.select_(has_keys, lse_base + cute.math.log(weight_sum), -cutlass.Float32.inf))
 
 
-def split_block_range(
-    split: cutlass.Int32, num_splits: cutlass.Int32, seqlen: SeqlenInfo, seqlen_q: cutlass.Int32, tile_n: int,
-    causal: bool,
-) -> BlockRange:  # fmt: skip
-    """The key blocks split ``split`` of ``num_splits`` visits for one sequence (``seqlen``): the keys
-    any row sees end at ``key_end`` (the sequence's ``seqlen_k``; causal: no row sees a key at or past
-    the last token's diagonal end, Sq + causal_offset), cut by ``split_key_range``; the top
-    ``CAUSAL_MASKED_BLOCKS`` (causal) or ``TAIL_MASKED_BLOCKS`` of the split take the mask. Plain
-    arithmetic, so a CPU test checks it against every key's visibility."""
-    key_end = seqlen.seqlen_k
-    if causal:
-        key_end = cutlass.max(cutlass.min(key_end, seqlen_q + seqlen.causal_offset), 0)
-    n_masked_blocks = CAUSAL_MASKED_BLOCKS if causal else TAIL_MASKED_BLOCKS
-    return split_key_range(split, num_splits, key_end, tile_n, n_masked_blocks)
-
-
 @cute.jit
 def _store_row_chunk(merged: cute.Tensor, gO_chunk: cute.Tensor):
     """``merged`` (fp32) into ``MERGE_COLS`` consecutive columns of an output row, cast to its dtype."""
@@ -628,7 +659,8 @@ def split_policy(problem: Problem) -> splits.SplitPolicy:
 
 def decode_config(problem: Problem, split: bool) -> DecodeConfig:
     """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every bind), with
-    the problem's features as compile-time flags."""
+    the problem's features as compile-time flags; the balanced split (always split) by ``BALANCED_SPLIT``."""
+    balanced = split and splits.balanced_split_applies(BALANCED_SPLIT, problem)
     return DecodeConfig(
         dtype=problem.dtype,
         head_dim=problem.head_dim,
@@ -641,6 +673,8 @@ def decode_config(problem: Problem, split: bool) -> DecodeConfig:
         split=split,
         paged=problem.paged,
         merge_splits_per_step=MERGE_SPLITS_PER_STEP,
+        balanced_min_blocks=balanced
+        and splits.balanced_min_share_blocks(TILE_CONFIGS[problem.head_dim].tile_n, BALANCED_MIN_KEYS),
     )
 
 
@@ -652,18 +686,27 @@ def plan_launch(
     kernel and, with more than one split, the merge, and carries the ``num_splits`` it chose.
     Paged (``block_table``): k and v are (num_pages, page_size, Hkv, D) pools, passed as their
     (num_pages, Hkv, page_size, D) view. ``num_splits`` overrides the rule (sweeps, tests)."""
-    num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device, split_policy(problem))
     batch_kv_heads, rows, head_dim = problem.batch * problem.kv_heads, problem.kv_group * problem.seqlen_q, q.shape[3]
+    slabs, items, m_blocks, device = None, batch_kv_heads, m_blocks_for(problem), q.device
+    if splits.balanced_split_applies(BALANCED_SPLIT, problem):  # slabs: target_shares + B · Hkv, of all items
+        tile_n, per_sm = TILE_CONFIGS[problem.head_dim].tile_n, BALANCED_SHARES_PER_SM
+        num_splits = splits.resolve_balanced_shares(
+            num_splits, problem, m_blocks, tile_n, device, per_sm, BALANCED_MIN_KEYS
+        )
+        slabs, items = num_splits + batch_kv_heads, 1
+    else:
+        num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks, device, split_policy(problem))
     # empty_like: a third of the host time of torch.empty with a shape, dtype and device to parse.
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = None
     if problem.return_lse:
         lse = torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=q.device)
     partials = (None, None)
-    if num_splits > 1:
+    split = slabs is not None or num_splits > 1
+    if split:
         partials = (
-            torch.empty((num_splits, batch_kv_heads, rows, head_dim), dtype=torch.float32, device=q.device),
-            torch.empty((num_splits, batch_kv_heads, rows), dtype=torch.float32, device=q.device),
+            torch.empty((slabs or num_splits, items, rows, head_dim), dtype=torch.float32, device=q.device),
+            torch.empty((slabs or num_splits, items, rows), dtype=torch.float32, device=q.device),
         )
     packed = (out.view(batch_kv_heads, rows, head_dim), None if lse is None else lse.view(batch_kv_heads, rows))
     kv = [pool.permute(0, 2, 1, 3) for pool in (k, v)] if problem.paged else [k, v]  # pools (pages, Hkv, slots, D)
@@ -671,7 +714,8 @@ def plan_launch(
     table = None if block_table is None else block_table_tensor(block_table)
     arguments = (q, *kv, *packed, *partials, lengths, table, problem.scale)
     result = (out, lse) if problem.return_lse else out
-    return Launch(decode_config(problem, split=num_splits > 1), arguments, result, {"num_splits": num_splits})
+    chosen = {"num_splits": num_splits, "balanced": slabs is not None}
+    return Launch(decode_config(problem, split=split), arguments, result, chosen)
 
 
 def decode_limits(problem: Problem) -> tuple[bool, str]:

@@ -643,7 +643,7 @@ def bind(
     merges its splits itself (with ``FUSED_MERGE`` off and more than one split, the merge kernel
     follows). ``num_splits`` overrides the rule (sweeps, tests). A call with ``cache_seqlens`` binds
     :func:`bind_balanced` instead (``BALANCED_SPLIT``)."""
-    if BALANCED_SPLIT == "always" or (BALANCED_SPLIT == "ragged" and problem.has_cache_seqlens):
+    if splits.balanced_split_applies(BALANCED_SPLIT, problem):
         return bind_balanced(q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table, shares=num_splits)
     num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device, split_policy(problem))
     out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
@@ -692,9 +692,10 @@ def bind_balanced(
     :func:`balanced_target_shares`; forced for tests and sweeps, at least 1) + B · Hkv CTAs per M tile,
     with a workspace of as many slabs of group · Sq partial rows: every allocation and the grid follow
     from the shape, so a CUDA graph captures it once and replays it with new ``cache_seqlens``."""
-    if shares is not None and shares < 1:
-        raise ValueError(f"num_splits (the balanced split's shares) must be >= 1, got {shares}")
-    target = shares or balanced_target_shares(problem, q.device)
+    block_n, per_sm = tile_config(problem).block_n, BALANCED_SHARES_PER_SM
+    target = splits.resolve_balanced_shares(
+        shares, problem, m_blocks_for(problem), block_n, q.device, per_sm, BALANCED_MIN_KEYS
+    )
     m_blocks, items = m_blocks_for(problem), problem.batch * problem.kv_heads
     grid = (target + items, m_blocks)
     partial_shape = (grid[0], problem.kv_group * problem.seqlen_q)

@@ -179,6 +179,25 @@ def balanced_target_shares(
     return max(1, min(per_sm, problem.batch * problem.kv_heads * shares_per_sequence))
 
 
+def balanced_split_applies(switch: str, problem: Problem) -> bool:
+    """Whether a rung's ``BALANCED_SPLIT`` switch gives ``problem``'s calls the balanced split: "always",
+    "ragged" (calls with ``cache_seqlens``) or "never"; anything else is a ValueError."""
+    if switch not in ("ragged", "always", "never"):
+        raise ValueError(f"BALANCED_SPLIT must be 'ragged', 'always' or 'never', got {switch!r}")
+    return switch == "always" or (switch == "ragged" and problem.has_cache_seqlens)
+
+
+def resolve_balanced_shares(
+    shares: int | None, problem: Problem, m_blocks: int, block_n: int, device: torch.device, shares_per_sm: int,
+    min_keys: int = MIN_KEYS_PER_SPLIT,
+) -> int:  # fmt: skip
+    """The balanced split's target shares of one bound call: ``shares`` where a caller forces them (tests,
+    sweeps; at least 1, else ValueError), otherwise :func:`balanced_target_shares`."""
+    if shares is not None and shares < 1:
+        raise ValueError(f"num_splits (the balanced split's shares) must be >= 1, got {shares}")
+    return shares or balanced_target_shares(problem, m_blocks, block_n, device, shares_per_sm, min_keys)
+
+
 def resolve_num_splits(
     num_splits: int | None, problem: Problem, m_blocks: int, device: torch.device, policy: SplitPolicy = DEFAULT_POLICY
 ) -> int:
