@@ -15,13 +15,14 @@ import torch
 pytest.importorskip("cutlass")
 
 import cutlass
+import cutlass.cute as cute
 
 from common.contract import splits
 from common.contract.check import check_on_inputs
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.reporting.static import cubin_resources
-from cute_impl import _device, decode
+from cute_impl import _decode_plan, _device, decode
 from cute_impl._device import BlockRange, SeqlenInfo
 from tests.cute_stubs import BindReachedError, stop_at_bind
 
@@ -154,6 +155,37 @@ def test_compiles_for_sm90_without_spills(head_dim: int, dtype: torch.dtype):
             assert spills == 0, f"{problem.describe()} {kind}: {usage['registers']} registers, {spills} B spilled"
 
 
+# The balanced split (BALANCED_SPLIT "always"): D 64, 128 and 256; one token and 8; paged (pages of 32) and
+# contiguous; GQA, bottom-right, cache lengths and the LSE.
+BALANCED_COMPILES = [(64, 1, 0), (64, 8, 32), (128, 1, 32), (128, 8, 0), (256, 1, 0), (256, 8, 32)]
+
+
+@pytest.mark.cute_compile
+@pytest.mark.parametrize(("head_dim", "seqlen_q", "page_size"), BALANCED_COMPILES)
+def test_balanced_split_compiles_for_sm90_without_spills(
+    head_dim: int, seqlen_q: int, page_size: int, monkeypatch: pytest.MonkeyPatch
+):
+    """Both kernels, spill-free; the merge kernel takes the plan's inputs (q, k, the lengths; paged: the
+    block table), which the padded split's merge does not."""
+    problem = _featured(head_dim, torch.bfloat16, seqlen_q=seqlen_q).with_(page_size=page_size)
+    (padded,) = decode.compile_sm90(problem, split=True)
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", "always")
+    assert decode.compile_plan(problem).balanced_min_blocks == decode.BALANCED_MIN_KEYS // 64
+    (balanced,) = decode.compile_sm90(problem, split=True)
+    kernels = cubin_resources(balanced.cubin)
+    assert len(kernels) == 2, sorted(kernels)
+    for name, usage in kernels.items():
+        assert usage["stack_bytes"] + usage["local_bytes"] == 0, f"{problem.describe()} {name}: {usage}"
+    merge_params = [_merge_params(binary.ptx) for binary in (padded, balanced)]
+    assert merge_params[1] == merge_params[0] + 3 + (page_size > 0), merge_params
+
+
+def _merge_params(ptx: str) -> int:
+    """The merge kernel's parameter count in ``ptx``."""
+    entry = next(e for e in ptx.split(".entry ")[1:] if e.startswith("kernel_cutlass_merge_kernel"))
+    return entry[: entry.index(")")].count(".param")
+
+
 @pytest.mark.cute_compile
 def test_ptx_streams_through_the_ring_and_merges():
     """The split kernel waits for one block (wait_group(stages - 1)), copies with cp.async, multiplies
@@ -255,12 +287,23 @@ class _IgnoringCacheSeqlens(SeqlenInfo):
         return SeqlenInfo.create(batch, seqlen_q, seqlen_k, None, bottom_right)
 
 
-# bug: (module name, replacement, forced split count). With one split only the warps' merge runs.
+def _one_share_fewer(blocks, share_blocks):
+    return cutlass.max(cute.ceil_div(blocks, share_blocks) - 1, 1)
+
+
+def _last_slab_missed(parts, first, count):
+    return _decode_plan.slab_range(parts, first, cutlass.max(count - 1, 1))
+
+
+# bug: (module, name, replacement, forced split count; None: the balanced split's own shares). With one
+# split only the warps' merge runs. The balanced ones: 4096 keys of 2 KV heads in 8 shares of 8 blocks.
 PLANTED = {
-    "dropped split": ("split_key_range", _drop_split_one, 3),
-    "merges weigh natural-log LSEs as log2": ("COMBINE_LOG2_E", 1.0, 3),
-    "the warps' merge weighs natural-log LSEs as log2": ("COMBINE_LOG2_E", 1.0, 1),
-    "split reads past its sequence's length": ("SeqlenInfo", _IgnoringCacheSeqlens, 3),
+    "dropped split": (_decode_plan, "split_key_range", _drop_split_one, 3),
+    "merges weigh natural-log LSEs as log2": (decode, "COMBINE_LOG2_E", 1.0, 3),
+    "the warps' merge weighs natural-log LSEs as log2": (decode, "COMBINE_LOG2_E", 1.0, 1),
+    "split reads past its sequence's length": (decode, "SeqlenInfo", _IgnoringCacheSeqlens, 3),
+    "balanced: an item's last share is never planned": (_decode_plan, "item_shares_of", _one_share_fewer, None),
+    "balanced: the merge misses an item's last slab": (decode, "slab_range", _last_slab_missed, None),
 }
 
 
@@ -278,11 +321,13 @@ def test_planted_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
     tile_n = decode.TILE_CONFIGS[128].tile_n
     blocks = [decode.split_block_range(s, 3, SeqlenInfo(392, 391, True), 1, tile_n, True) for s in range(3)]
     assert [min(r.n_block_max * tile_n, 392) - r.n_block_min * tile_n for r in blocks] == [192, 192, 8]
-    name, replacement, num_splits = PLANTED[bug]
+    module, name, replacement, num_splits = PLANTED[bug]
+    if num_splits is None:
+        monkeypatch.setattr(decode, "BALANCED_SPLIT", "always")
     prepare = functools.partial(decode.decode_attention, num_splits=num_splits)
     impl = dataclasses.replace(decode.IMPLEMENTATION, prepare=prepare)
     assert check_on_inputs(impl, q, k, v, problem, cache_seqlens=lengths).ok, "the unplanted kernel must pass"
     monkeypatch.setattr(decode.HOST.kernels, "compiled", {})
-    monkeypatch.setattr(decode, name, replacement)
+    monkeypatch.setattr(module, name, replacement)
     result = check_on_inputs(impl, q, k, v, problem, cache_seqlens=lengths)
     assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"

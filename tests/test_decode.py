@@ -11,13 +11,16 @@ GPU (``gpu`` marker): every registered decode rung (``DECODE_IMPLS``: triton/dec
 cute/decode, and any rung registered with rung "decode") against fp64 on ragged, GQA/MQA, Sq up to 16,
 forced split counts including 1, both alignments, D 64/128/256, fp16/bf16, the LSE and strided inputs,
 with poisoned outputs. Every decode rung's ``prepare`` takes ``num_splits=`` and its ``run`` reports
-``num_splits``. The balanced split on the GPU: fp64, 20 launches bit for bit, CUDA-graph replays.
-cute/decode's own checks are in ``tests/test_cute_decode.py``."""
+``num_splits``. The balanced split on the GPU, in each rung that has one (``BALANCED_RUNGS``: triton/decode,
+cute/decode): fp64 on the ragged cases and on one long sequence among short and empty ones (paged too),
+20 launches bit for bit, CUDA-graph replays with new lengths. cute/decode's own checks are in
+``tests/test_cute_decode.py``."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import json
 from typing import NamedTuple
 
@@ -718,18 +721,31 @@ def test_balanced_split_kernel_compiles_for_sm90_without_spills():
 # The ragged GPU_CASES (lengths Sk, 0, Sk // 3 + 1, 5): GQA, MQA at 16 tokens (several M tiles), D 64 to
 # 256, fp16 and bf16, both alignments and none; shares forced where the case forces splits.
 BALANCED_GPU_CASES = [case for case in GPU_CASES if case.ragged]
+# The rungs with a balanced split (a BALANCED_SPLIT switch), by module; imported when a test asks (cute: cutlass).
+BALANCED_RUNGS = {"triton/decode": "triton_impl.decode", "cute/decode": "cute_impl.decode"}
+
+
+def _balanced(impl_name: str, monkeypatch: pytest.MonkeyPatch) -> Implementation:
+    """``impl_name`` with its balanced split on for every call (``BALANCED_SPLIT = "always"``)."""
+    if impl_name == "cute/decode":
+        pytest.importorskip("cutlass")
+    monkeypatch.setattr(importlib.import_module(BALANCED_RUNGS[impl_name]), "BALANCED_SPLIT", "always")
+    return DECODE_IMPLS[impl_name]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", BALANCED_GPU_CASES, ids=[case.name for case in BALANCED_GPU_CASES])
-def test_gpu_balanced_split_against_fp64_and_deterministic(case: GpuCase, monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize("impl_name", sorted(BALANCED_RUNGS))
+def test_gpu_balanced_split_against_fp64_and_deterministic(
+    impl_name: str, case: GpuCase, monkeypatch: pytest.MonkeyPatch
+):
     """Against fp64 (poisoned), then 20 launches with the same bits: the merging CTA varies on a GPU."""
-    monkeypatch.setattr(decode, "BALANCED_SPLIT", "always")
+    impl = _balanced(impl_name, monkeypatch)
     problem = case.problem()
     q, k, v = make_inputs(problem, seed=GPU_CASES.index(case) + 1, device="cuda", offset=0.5)
-    forced = decode.IMPLEMENTATION if case.splits is None else _with_splits(case.splits)
+    forced = impl if case.splits is None else _with_splits(case.splits, impl)
     result = check_on_inputs(forced, q, k, v, problem, cache_seqlens=case.cache_seqlens())
-    assert result.ok, f"balanced {problem.describe()} shares={case.splits}: {result.summary()}"
+    assert result.ok, f"{impl_name} balanced {problem.describe()} shares={case.splits}: {result.summary()}"
     run = forced.prepare(q, k, v, problem, cache_seqlens=case.cache_seqlens())
     assert run.balanced
     first = [t.clone() for t in _as_tuple(run_poisoned(run))]
@@ -737,11 +753,44 @@ def test_gpu_balanced_split_against_fp64_and_deterministic(case: GpuCase, monkey
         assert all(map(torch.equal, first, _as_tuple(run()))), f"launch {launch + 2} differs from the first"
 
 
+# One very long sequence among short and empty ones (issue #38's ragged rows: most padded splits empty),
+# bottom-right: GQA at one token with D 64, MQA at 8 tokens with D 256; contiguous and pages of 32 keys.
+LONG_AMONG_SHORT = (23, 0, 40000, 1, 700, 5, 64, 3000)
+BALANCED_LONG_CASES = [(1, 8, 2, 64), (8, 1, 1, 256)]  # (Sq, heads, kv_heads, D)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
-def test_gpu_balanced_split_replays_in_a_cuda_graph_with_new_lengths(paged: bool, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(decode, "BALANCED_SPLIT", "always")
-    _check_graph_replays(decode.IMPLEMENTATION, paged)
+@pytest.mark.parametrize(
+    "case", BALANCED_LONG_CASES, ids=[f"sq{c[0]}-h{c[1]}-hkv{c[2]}-d{c[3]}" for c in BALANCED_LONG_CASES]
+)
+@pytest.mark.parametrize("impl_name", sorted(BALANCED_RUNGS))
+def test_gpu_balanced_split_one_long_sequence_among_short_ones(
+    impl_name: str, case: tuple[int, int, int, int], paged: bool, monkeypatch: pytest.MonkeyPatch
+):
+    impl = _balanced(impl_name, monkeypatch)
+    seqlen_q, heads, kv_heads, head_dim = case
+    problem = Problem(
+        len(LONG_AMONG_SHORT), heads, seqlen_q, 40960, head_dim, dtype=torch.bfloat16, causal=True,
+        kv_heads=kv_heads, causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True,
+        page_size=32 if paged else 0,
+    )  # fmt: skip
+    q, k, v = make_inputs(problem, seed=head_dim + seqlen_q, device="cuda", offset=0.5)
+    table = None
+    if paged:
+        k, v, table = make_paged_kv(problem, k, v, seed=seqlen_q)
+    lengths = torch.tensor(LONG_AMONG_SHORT, dtype=torch.int32, device="cuda")
+    result = check_on_inputs(impl, q, k, v, problem, cache_seqlens=lengths, block_table=table)
+    assert result.ok, f"{impl_name} balanced {problem.describe()}: {result.summary()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("impl_name", sorted(BALANCED_RUNGS))
+def test_gpu_balanced_split_replays_in_a_cuda_graph_with_new_lengths(
+    impl_name: str, paged: bool, monkeypatch: pytest.MonkeyPatch
+):
+    _check_graph_replays(_balanced(impl_name, monkeypatch), paged)
 
 
 # ----------------------------------------------------------------------------------------------------
