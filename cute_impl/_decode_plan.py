@@ -77,19 +77,15 @@ def item_shares_of(blocks: cutlass.Int32, share_blocks: cutlass.Int32) -> cutlas
     return cutlass.max(cute.ceil_div(blocks, share_blocks), 1)
 
 
-class BalancedPlan:
+class BalancedPlan(NamedTuple):
     """The plan over ``batch_size`` sequences of ``kv_heads`` items each: ``blocks_of(b)`` is the key
     blocks sequence b's rows see; ``target_shares`` the grid's shares (its CTAs past them: B · Hkv)."""
 
-    def __init__(
-        self, blocks_of: Callable[[cutlass.Int32], cutlass.Int32], batch_size: cutlass.Int32,
-        kv_heads: cutlass.Int32, target_shares: cutlass.Int32, min_share_blocks: int,
-    ):  # fmt: skip
-        self.blocks_of = blocks_of
-        self.batch_size = batch_size
-        self.kv_heads = kv_heads
-        self.target_shares = target_shares
-        self.min_share_blocks = min_share_blocks
+    blocks_of: Callable[[cutlass.Int32], cutlass.Int32]
+    batch_size: cutlass.Int32
+    kv_heads: cutlass.Int32
+    target_shares: cutlass.Int32
+    min_share_blocks: int
 
     @cute.jit
     def share_blocks(self) -> cutlass.Int32:
