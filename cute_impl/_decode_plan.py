@@ -32,6 +32,9 @@ from cute_impl._device import BlockRange, SeqlenInfo, split_key_range
 # boundary with tile_n >= 16: the top two blocks of a split take the mask. Without causal only the
 # top block, which the sequence's end can cut.
 CAUSAL_MASKED_BLOCKS, TAIL_MASKED_BLOCKS = 2, 1
+# The balanced plan's loops over the B lengths, unrolled so that this many lengths' loads are in flight
+# together (one after the other, 32 sequences would cost each CTA 32 round trips to L2 before its first key).
+PLAN_UNROLL = 8
 
 
 def split_block_range(
@@ -91,7 +94,7 @@ class BalancedPlan(NamedTuple):
     def share_blocks(self) -> cutlass.Int32:
         """The share size in key blocks: the items' total blocks / target_shares, at least the minimum."""
         total = cutlass.Int32(0)
-        for b in cutlass.range(self.batch_size, unroll=1):
+        for b in cutlass.range(self.batch_size, unroll=PLAN_UNROLL):
             total = total + self.blocks_of(b)
         return cutlass.max(cute.ceil_div(total * self.kv_heads, self.target_shares), self.min_share_blocks)
 
@@ -105,7 +108,7 @@ class BalancedPlan(NamedTuple):
         first = cutlass.Int32(0)
         item_shares = cutlass.Int32(1)
         start = cutlass.Int32(0)
-        for b in cutlass.range(self.batch_size, unroll=1):
+        for b in cutlass.range(self.batch_size, unroll=PLAN_UNROLL):
             shares = item_shares_of(self.blocks_of(b), share_blocks)
             end = start + self.kv_heads * shares
             batch = batch + cutlass.Int32(cutlass.select_(end <= share, 1, 0))
@@ -130,7 +133,7 @@ class BalancedPlan(NamedTuple):
         share_blocks = self.share_blocks()
         start = cutlass.Int32(0)
         count = cutlass.Int32(1)
-        for b in cutlass.range(self.batch_size, unroll=1):
+        for b in cutlass.range(self.batch_size, unroll=PLAN_UNROLL):
             shares = item_shares_of(self.blocks_of(b), share_blocks)
             start = start + cutlass.Int32(cutlass.select_(b < batch, self.kv_heads * shares, 0))
             count = cutlass.Int32(cutlass.select_(b == batch, shares, count))
