@@ -1,0 +1,42 @@
+"""bench/cute_balanced_ab.py's plan on the CPU: the rows it names, and that its settings turn cute/decode's
+balanced split off and on (the compile key and the grid of shares) and restore the committed switch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass")
+
+from bench import cute_balanced_ab
+from bench.decode_fewpairs import switched
+from common.contract import splits
+from cute_impl import decode
+
+CPU = torch.device("cpu")
+
+
+def test_cases_are_the_ragged_rows_and_two_full_caches_given_as_lengths():
+    cases = cute_balanced_ab.cases()
+    assert [case.describe().split(" bf16")[0] for case in cases] == [
+        "B=16 H=1 Sq=8 Sk=147456 D=256", "B=32 H=10 Hkv=2 Sq=1 Sk=410368 D=64", "B=16 H=256 Hkv=32 Sq=2 Sk=19712 D=128",
+        "B=8 H=32 Hkv=8 Sq=1 Sk=8192 D=128", "B=1 H=32 Hkv=8 Sq=1 Sk=131072 D=128",
+    ]  # fmt: skip
+    assert [(min(case.lengths), max(case.lengths)) for case in cases[:3]] == [(23, 138969), (21, 288703), (16, 14082)]
+    assert all(case.problem.has_cache_seqlens for case in cases)
+    assert all(case.lengths == (case.problem.seqlen_k,) * case.problem.batch for case in cases[3:])
+
+
+def test_settings_switch_the_balanced_split_and_restore_it():
+    committed = decode.BALANCED_SPLIT
+    problem = cute_balanced_ab.cases()[0].problem
+    balanced = {}
+    for name, setting, switches in cute_balanced_ab.SETTINGS:
+        if name == "cute/decode":
+            with switched(decode, switches):
+                balanced[setting] = decode.compile_plan(problem).balanced_min_blocks
+    assert balanced == {"never": 0, "always": splits.MIN_KEYS_PER_SPLIT // decode.TILE_CONFIGS[256].tile_n}
+    assert committed == decode.BALANCED_SPLIT
+    # The ragged MQA row: 264 shares (2 per SM of 132) + 16 items, where the padded split launches 2048 CTAs.
+    tile_n = decode.TILE_CONFIGS[256].tile_n
+    assert splits.balanced_target_shares(problem, 1, tile_n, CPU, decode.BALANCED_SHARES_PER_SM) == 264
