@@ -79,13 +79,12 @@ def run(args: argparse.Namespace) -> int:
     from common.measure.peaks import measure_read_gbps
     from common.measure.runner import freeze_imports, make_workload
 
-    device = torch.device("cuda")
+    args.out.mkdir(parents=True, exist_ok=True)
+    device, rows = torch.device("cuda"), []
     impls = {i.name: i for i in discover(include_baselines=False)[0] if i.name in MODULES}
     read_gbps = measure_read_gbps(device)
     print(f"read bandwidth (4 GiB sum, do_bench): {read_gbps:.0f} GB/s", flush=True)
     freeze_imports()
-    args.out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
     with (args.out / "balanced.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, COLUMNS)
         writer.writeheader()
