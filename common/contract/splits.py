@@ -46,6 +46,11 @@ every switch, cute/decode none yet, ``results/h200/decode-floor5/``):
   tell one wave at 91 % from two at 100 %, but each wave boundary costs every SM a CTA's ramp (Q, the
   ring's first blocks) with nothing else in flight. E.g. B=3 Hkv=8 13k: 11 splits (264 CTAs, two waves
   of 132 one-slot CTAs) become 5 (120 CTAs, one wave).
+
+**The balanced split** (``BALANCED_SPLIT`` of triton/decode and cute/decode, planned on the device from the
+lengths): the host part both rungs share is here, the switch's meaning (:func:`balanced_split_applies`) and
+the grid's target shares (:func:`balanced_target_shares`, :func:`resolve_balanced_shares`), which follow
+from the shape and the device only.
 """
 
 from __future__ import annotations
