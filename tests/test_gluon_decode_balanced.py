@@ -220,3 +220,21 @@ def test_gpu_gluon_balanced_split_replays_in_a_cuda_graph_with_new_lengths(
 ):  # fmt: skip
     monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", "always")
     _check_graph_replays(gluon_decode.IMPLEMENTATION, paged)
+
+
+def test_ab_tool_times_seed31s_ragged_rows_and_full_caches_with_cache_seqlens():
+    """bench/gluon_balanced_ab's plan on the CPU: seed 31's two ragged paged rows as drawn, then the full
+    caches with every length at Sk; gluon "never" and "always", triton/decode as committed."""
+    from bench import gluon_balanced_ab
+
+    described = [case.describe() for case in gluon_balanced_ab.cases()]
+    assert described[0].startswith("B=16 H=1 Sq=8 Sk=147456 D=256") and "paged(32) lengths=23..138969" in described[0]
+    assert described[1].startswith("B=32 H=512 Hkv=32 Sq=8") and "paged(64) lengths=22..4186" in described[1]
+    assert "B=8 H=32 Hkv=8 Sq=1 Sk=8192" in described[2] and "lengths=8192..8192" in described[2]
+    assert "B=1 H=32 Hkv=8 Sq=1 Sk=131072" in described[3] and "lengths=131072..131072" in described[3]
+    settings = [(name, setting, switches) for name, setting, switches in gluon_balanced_ab.SETTINGS]
+    assert settings == [
+        ("gluon/decode", "never", {"BALANCED_SPLIT": "never"}),
+        ("gluon/decode", "always", {"BALANCED_SPLIT": "always"}),
+        ("triton/decode", "committed", {}),
+    ]
