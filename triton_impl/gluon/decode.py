@@ -12,7 +12,10 @@ barrier, one gpu-scope acq_rel atomic on the tile's counter, the last CTA resets
 argument is in triton/decode's ``last_to_arrive``) and its ``merge_splits`` written in Gluon
 (``_merge_splits``, beside it: the same operations element by element in split order, so the same bits
 as triton/decode's merge kernel, which is the two-launch path here too: ``FUSED_MERGE = False``). With
-one split the split kernel writes O and the LSE itself.
+one split the split kernel writes O and the LSE itself. ``BALANCED_SPLIT`` (off: "never"; triton/decode's
+values) takes triton/decode's balanced split instead: a grid of target shares + B · Hkv CTAs per M tile,
+each an equal share of the valid keys by the Triton stack's own device plan (``balanced_share``), its
+partials in a slab of packed rows and the item's last share merging (``BALANCED``; ``_decode_balanced.py``).
 
 What Gluon makes explicit (what Triton decides in triton/decode / what this file writes):
   * Copies: the pipeliner turns the K and V loads into ``cp.async``, 16 bytes per thread and
