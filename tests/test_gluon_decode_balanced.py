@@ -40,7 +40,7 @@ def _problem(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int
     return Problem(
         batch, heads, seqlen_q, seqlen_k, head_dim, dtype=changes.pop("dtype", torch.bfloat16),
         causal=alignment is not None, kv_heads=kv_heads, causal_alignment=alignment or "top_left",
-        has_cache_seqlens=True, return_lse=True, **changes,
+        has_cache_seqlens=changes.pop("has_cache_seqlens", True), return_lse=True, **changes,
     )  # fmt: skip
 
 
@@ -154,14 +154,14 @@ class BalancedCase(NamedTuple):
 
     name: str
     problem: Problem
-    lengths: tuple[int, ...]
+    lengths: tuple[int, ...] | None  # None: no cache_seqlens, every sequence at Sk
     shares: int | None = None
 
 
 # One very long sequence among short and empty ones (seed 31's B=16 MQA D=256 pages of 32, at 64k keys);
 # GQA at one token on vLLM's pages of 16; GQA of 16 at 8 tokens (128 packed rows, two M tiles), pages of 64;
 # forced small targets (an item of many shares, of one share, CTAs past the last share); fp16 D=64 top-left
-# and D=128 without a mask, contiguous.
+# and D=128 without a mask, contiguous; no cache_seqlens ("always" takes a call without them too).
 LONG = (23, 0, 311, 5, 65536, 1, 0, 4000, 64, 7, 130, 0, 999, 2, 77, 4096)
 CASES = [
     BalancedCase("mqa-sq8-d256-page32-one-long", _problem(16, 1, 1, 8, 65536, 256, page_size=32), LONG),
@@ -175,6 +175,7 @@ CASES = [
         (2048, 0, 700, 5),
     ),
     BalancedCase("gqa-sq1-d128-full-mask", _problem(4, 32, 8, 1, 8192, 128, alignment=None), (8192, 8192, 0, 100)),
+    BalancedCase("gqa-sq8-d128-no-lengths", _problem(2, 32, 8, 8, 5000, 128, has_cache_seqlens=False), None),
 ]
 
 
@@ -187,7 +188,9 @@ def _balanced_impl(shares: int | None) -> Implementation:
 
 def _inputs(case: BalancedCase, seed: int) -> tuple[tuple, dict]:
     q, k, v = make_inputs(case.problem, seed=seed, device="cuda", offset=0.5)
-    extra = {"cache_seqlens": torch.tensor(case.lengths, dtype=torch.int32, device="cuda")}
+    extra = {}
+    if case.lengths is not None:
+        extra["cache_seqlens"] = torch.tensor(case.lengths, dtype=torch.int32, device="cuda")
     if case.problem.paged:
         k, v, extra["block_table"] = make_paged_kv(case.problem, k, v, seed=seed)
     return (q, k, v), extra
