@@ -15,12 +15,11 @@ machinery (four timing modes, % of the read bandwidth measured in the same proce
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
 
 from bench import require_gpu
-from bench.decode_fewpairs import COLUMNS, MODES, SEED, markdown, measure_setting, row, switched
+from bench.decode_fewpairs import SEED, emitter, markdown, measure_setting, row, switched
 
 # (rung, setting name, module switches) in the order timed, per shape.
 SETTINGS = (
@@ -75,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     with (args.out / "balanced.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, COLUMNS)
-        writer.writeheader()
+        emit = emitter(handle, rows)
         for case in cases():
             print(f"-- {case.describe()}", flush=True)
             workload = make_workload(case.problem, "cuda", case.cache_seqlens(device), on_device=True)
@@ -85,12 +83,7 @@ def run(args: argparse.Namespace) -> int:
                 module = importlib.import_module(MODULES[name])
                 with switched(module, switches):
                     status, splits, us, err, reason = measure_setting(impls[name], case, workload, extra, args, None)
-                record = row(name, case, setting, splits, status, us, read_gbps, err, reason)
-                rows.append(record)
-                writer.writerow(record)
-                handle.flush()
-                cells = " ".join(f"{m} {record[f'{m}_us']:7.1f} us {record[f'{m}_pct']:5.1f} %" for m in MODES)
-                print(f"{name:14s} {setting:9s} splits={splits:4d} {status:6s} {cells} {reason}", flush=True)
+                emit(row(name, case, setting, splits, status, us, read_gbps, err, reason))
             del workload, extra
             torch.cuda.empty_cache()
     title = "gluon/decode balanced split A/B (bench/gluon_balanced_ab.py)"

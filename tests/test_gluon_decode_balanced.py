@@ -13,8 +13,6 @@ target and forced ones; 20 launches bit for bit; a CUDA graph replayed with new 
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 from typing import NamedTuple
 
@@ -22,12 +20,11 @@ import pytest
 import torch
 
 from common.contract import splits
-from common.contract.check import check_on_inputs, run_poisoned
+from common.contract.check import check_on_inputs
 from common.contract.inputs import make_inputs, make_paged_kv
 from common.contract.problem import Problem
-from common.contract.registry import Implementation
 from tests._helpers import json_from_child
-from tests.test_decode import _check_graph_replays
+from tests.test_decode import _check_graph_replays, _with_splits, assert_launches_repeat
 from triton_impl import decode as triton_decode
 from triton_impl._host import balanced_shares_for
 from triton_impl.gluon import decode as gluon_decode
@@ -179,13 +176,6 @@ CASES = [
 ]
 
 
-def _balanced_impl(shares: int | None) -> Implementation:
-    impl = gluon_decode.IMPLEMENTATION
-    if shares is None:
-        return impl
-    return dataclasses.replace(impl, prepare=functools.partial(impl.prepare, num_splits=shares))
-
-
 def _inputs(case: BalancedCase, seed: int) -> tuple[tuple, dict]:
     q, k, v = make_inputs(case.problem, seed=seed, device="cuda", offset=0.5)
     extra = {}
@@ -196,24 +186,20 @@ def _inputs(case: BalancedCase, seed: int) -> tuple[tuple, dict]:
     return (q, k, v), extra
 
 
-def _as_tuple(result: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    return result if isinstance(result, tuple) else (result,)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_gpu_gluon_balanced_split_against_fp64_and_deterministic(case: BalancedCase, monkeypatch: pytest.MonkeyPatch):
     """Against fp64 (poisoned), then 20 launches with the same bits (the merging CTA varies on a GPU)."""
     monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", "always")
     (q, k, v), extra = _inputs(case, seed=CASES.index(case) + 1)
-    impl = _balanced_impl(case.shares)
+    impl = (
+        gluon_decode.IMPLEMENTATION if case.shares is None else _with_splits(case.shares, gluon_decode.IMPLEMENTATION)
+    )
     result = check_on_inputs(impl, q, k, v, case.problem, **extra)
     assert result.ok, f"gluon balanced {case.problem.describe()} shares={case.shares}: {result.summary()}"
     run = impl.prepare(q, k, v, case.problem, **extra)
     assert run.balanced
-    first = [t.clone() for t in _as_tuple(run_poisoned(run))]
-    for launch in range(20):
-        assert all(map(torch.equal, first, _as_tuple(run()))), f"launch {launch + 2} differs from the first"
+    assert_launches_repeat(run)
 
 
 @pytest.mark.gpu
