@@ -21,8 +21,9 @@ The names are the ones the CuTe and Gluon stacks use, so that a diff of two rung
   Flash decoding (``decode``) also splits the keys across CTAs: :func:`split_key_range` gives split
   ``split``'s share ``[key_begin, key_end)``, whole BLOCK_N blocks cut from the sequence's own keys;
   :func:`balanced_share` (decode's balanced split) plans on the device how many splits each (batch, KV
-  head) takes so that every CTA reads about as many keys, and which one a CTA is; :func:`attended_keys`
-  is where the keys any row of a sequence sees end.
+  head) takes so that every CTA reads about as many keys, and which one a CTA is (the plan itself,
+  :func:`balanced_plan`, is gluon/decode's too); :func:`attended_keys` is where the keys any row of a
+  sequence sees end.
 * ``PagedKVManager`` → :func:`kv_page_slots`: a paged KV cache (``decode``) keeps K and V in pools of
   ``PAGE_SIZE``-key pages; a sequence's logical key j lives in page ``block_table[b, j // PAGE_SIZE]``,
   slot ``j % PAGE_SIZE``. :func:`attend_key_blocks` looks the page up per key (a key block may span

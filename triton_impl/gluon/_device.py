@@ -14,6 +14,9 @@ The softmax side uses the names of the Triton stack (``triton_impl/_device.py``)
   [n_block_min, n_block_max) of which the top ``n_masked_blocks`` need the mask.
 * ``split_key_range`` → :func:`split_key_range` (split-KV): one split's [key_begin, key_end) of whole
   key blocks, the Triton stack's rule.
+* ``balanced_share`` → :func:`balanced_share` (decode's balanced split): the cache lengths loaded in a
+  layout, then the Triton stack's own ``balanced_plan`` (it makes no tensor of its own, so it compiles as
+  Gluon): which (batch, KV head) and split a CTA of the balanced grid takes.
 * ``AttentionMask.apply`` → :func:`attention_mask`: -inf past the sequence's seqlen_k and, causal,
   after the query row's diagonal (j > i + causal_offset); :func:`transposed_mask` is its transpose for
   the backward's Pᵀ (keys as rows, 0 after the exp).
