@@ -227,3 +227,21 @@ def test_ab_tool_times_seed31s_ragged_rows_and_full_caches_with_cache_seqlens():
         ("gluon/decode", "always", {"BALANCED_SPLIT": "always"}),
         ("triton/decode", "committed", {}),
     ]
+
+
+@pytest.mark.gpu
+def test_gpu_gluon_balanced_plan_missing_a_sequence_fails_the_check(monkeypatch: pytest.MonkeyPatch):
+    """A planted bug: the plan told one sequence fewer than the batch, so the last sequence's rows are never
+    written (poisoned), which the fp64 check must catch."""
+    monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", "always")
+    planned = gluon_decode.balanced_sizes
+
+    def one_sequence_short(*args):
+        batch, target, min_share_blocks = planned(*args)
+        return batch - 1, target, min_share_blocks
+
+    monkeypatch.setattr(gluon_decode, "balanced_sizes", one_sequence_short)
+    case = CASES[1]
+    (q, k, v), extra = _inputs(case, seed=2)
+    result = check_on_inputs(gluon_decode.IMPLEMENTATION, q, k, v, case.problem, **extra)
+    assert not result.ok, f"the planted plan passed: {result.summary()}"
