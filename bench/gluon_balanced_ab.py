@@ -4,8 +4,9 @@ On seed 31's B=16 MQA Sq=8 D=256 paged(32) ragged row (23..138969 keys, 453 MB: 
 gluon/decode 2048 CTAs, 1143 of them without a key) and its B=32 H=512 Hkv=32 Sq=8 D=64 paged(64) ragged
 row (22..4186), and on two full caches passed with cache_seqlens (B=8 Hkv=8 8k, B=1 Hkv=8 128k: what
 "ragged" would cost where the rule's splits are already even), in one process, it times gluon/decode with
-the switch "never" and "always", and triton/decode as committed (its balanced split on every call with
-cache_seqlens), each first checked against fp64 on a poisoned output; ``bench/decode_fewpairs.py``'s
+the switch "never" and "always" (shares per SM at most the CTA slots its ring leaves: ``BALANCED_SHARES_BY_SLOTS``),
+"always-2/SM" (triton/decode's two shares an SM), and triton/decode as committed (its balanced split on every
+call with cache_seqlens), each first checked against fp64 on a poisoned output; ``bench/decode_fewpairs.py``'s
 machinery (four timing modes, % of the read bandwidth measured in the same process). Writes
 ``balanced.csv`` and ``balanced.md`` under ``--out``.
 
@@ -25,6 +26,7 @@ from bench.decode_fewpairs import SEED, emitter, markdown, measure_setting, row,
 SETTINGS = (
     ("gluon/decode", "never", {"BALANCED_SPLIT": "never"}),
     ("gluon/decode", "always", {"BALANCED_SPLIT": "always"}),
+    ("gluon/decode", "always-2/SM", {"BALANCED_SPLIT": "always", "BALANCED_SHARES_BY_SLOTS": False}),
     ("triton/decode", "committed", {}),
 )
 MODULES = {"gluon/decode": "triton_impl.gluon.decode", "triton/decode": "triton_impl.decode"}

@@ -3,7 +3,8 @@
 # on an H200): first its GPU tests (tests/test_gluon_decode_balanced.py -m gpu: "always" against fp64 on ragged,
 # paged, GQA/MQA, causal shapes with empty and very long sequences, Sq 1 and 8; 20 launches bit for bit; a CUDA
 # graph with new lengths; a planted plan missing a sequence fails), then bench.gluon_balanced_ab in one process:
-# gluon/decode "never" (committed) against "always", and triton/decode as committed, on seed 31's B=16 MQA Sq=8
+# gluon/decode "never" (committed) against "always" (one share per CTA slot) and "always-2/SM" (triton/decode's
+# two shares an SM), and triton/decode as committed, on seed 31's B=16 MQA Sq=8
 # D=256 paged(32) ragged row, its B=32 H=512 Hkv=32 Sq=8 D=64 paged(64) ragged row, and two full caches with
 # cache_seqlens (B=8 Hkv=8 8k, B=1 Hkv=8 128k: what "ragged" would cost there); each row checked against fp64,
 # then timed four ways (bench/decode_fewpairs.py's modes). The tests are cut at 55 s, the A/B at 85 s (its CSV

@@ -58,10 +58,14 @@ def test_balanced_grid_and_workspace_follow_the_shape(monkeypatch: pytest.Monkey
     q, k, v = make_inputs(problem, seed=0, device="cpu")
     lengths = torch.tensor((65536, 0, 7), dtype=torch.int32)
     run = gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths)
-    target = splits.DEFAULT_SM_COUNT * triton_decode.BALANCED_SHARES_PER_SM // 2
+    # D=128's long ring leaves one CTA slot an SM: one share an SM (two with triton/decode's count).
+    assert gluon_decode.split_policy(problem).ctas_per_sm == 1
+    target = splits.DEFAULT_SM_COUNT // 2
     block_n = gluon_decode.decode_config(problem).block_n
-    sizes = (block_n, triton_decode.BALANCED_SHARES_PER_SM, triton_decode.BALANCED_MIN_KEYS)
-    assert target == balanced_shares_for(problem, CPU, 2, *sizes)
+    assert target == balanced_shares_for(problem, CPU, 2, block_n, 1, triton_decode.BALANCED_MIN_KEYS)
+    monkeypatch.setattr(gluon_decode, "BALANCED_SHARES_BY_SLOTS", False)
+    assert gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths).num_splits == 2 * target
+    monkeypatch.setattr(gluon_decode, "BALANCED_SHARES_BY_SLOTS", True)
     assert run.balanced and run.fused_merge and run.num_splits == target
     assert run.split_grid == (target + 3 * 2, 2)
     assert run.split_options["BALANCED"] and not run.split_options["SPLIT"] and run.split_options["BLOCK_B"] == 16
@@ -213,7 +217,8 @@ def test_gpu_gluon_balanced_split_replays_in_a_cuda_graph_with_new_lengths(
 
 def test_ab_tool_times_seed31s_ragged_rows_and_full_caches_with_cache_seqlens():
     """bench/gluon_balanced_ab's plan on the CPU: seed 31's two ragged paged rows as drawn, then the full
-    caches with every length at Sk; gluon "never" and "always", triton/decode as committed."""
+    caches with every length at Sk; gluon "never", "always" (one share a CTA slot) and "always" with
+    triton/decode's two shares an SM; triton/decode as committed."""
     from bench import gluon_balanced_ab
 
     described = [case.describe() for case in gluon_balanced_ab.cases()]
@@ -225,6 +230,7 @@ def test_ab_tool_times_seed31s_ragged_rows_and_full_caches_with_cache_seqlens():
     assert settings == [
         ("gluon/decode", "never", {"BALANCED_SPLIT": "never"}),
         ("gluon/decode", "always", {"BALANCED_SPLIT": "always"}),
+        ("gluon/decode", "always-2/SM", {"BALANCED_SPLIT": "always", "BALANCED_SHARES_BY_SLOTS": False}),
         ("triton/decode", "committed", {}),
     ]
 

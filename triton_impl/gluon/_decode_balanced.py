@@ -54,13 +54,15 @@ def _store_balanced(
 
 
 def balanced_sizes(
-    problem: Problem, device: torch.device, shares: int | None, m_blocks: int, block_n: int
+    problem: Problem, device: torch.device, shares: int | None, m_blocks: int, block_n: int, slots: int | None
 ) -> tuple[int, int, int]:
     """The balanced kernel's (batch size, target shares, fewest key blocks a share takes): triton/decode's
-    ``BALANCED_SHARES_PER_SM`` and ``BALANCED_MIN_KEYS`` on ``m_blocks`` tiles of ``block_n``-key blocks
-    (``_host.balanced_shares_for``); ``shares`` forces the target."""
+    ``BALANCED_SHARES_PER_SM`` (at most ``slots``, the CTAs an SM holds, unless None) and
+    ``BALANCED_MIN_KEYS`` on ``m_blocks`` tiles of ``block_n``-key blocks (``_host.balanced_shares_for``);
+    ``shares`` forces the target."""
     if shares is not None and shares < 1:
         raise ValueError(f"num_splits (the balanced split's shares) must be >= 1, got {shares}")
     per_sm, min_keys = triton_decode.BALANCED_SHARES_PER_SM, triton_decode.BALANCED_MIN_KEYS
+    per_sm = per_sm if slots is None else min(per_sm, slots)
     target = shares or balanced_shares_for(problem, device, m_blocks, block_n, per_sm, min_keys)
     return problem.batch, target, -(-min_keys // block_n)

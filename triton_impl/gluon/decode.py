@@ -225,6 +225,9 @@ FEWER_WAVES = False
 # triton/decode's balanced split (its switch, values and share plan: "ragged", "always", "never"), off until
 # bench/gluon_balanced_ab.sh: the share rule on seed 31's B=16 MQA ragged row leaves 1143 of 2048 CTAs keyless.
 BALANCED_SPLIT = "never"
+# Its shares per SM: triton/decode's BALANCED_SHARES_PER_SM, at most the CTA slots the ring leaves (split_policy's:
+# one at D=128's long ring and D=256), so that the shares are one wave; False: triton/decode's count (the A/B).
+BALANCED_SHARES_BY_SLOTS = True
 SHORT_CACHE_CONFIGS = {128: DecodeConfig(64, 3)}
 SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES = 233472, 1024
 # Paged: the fewest key rows one TMA copy may take from a page (two 8-row swizzle atoms of the tile).
@@ -657,7 +660,8 @@ class GluonDecode:
         self.balanced = balanced_split(problem)
         m_blocks, items = m_blocks_for(problem), problem.batch * problem.kv_heads
         if self.balanced:
-            plan = balanced_sizes(problem, q.device, num_splits, m_blocks, decode_config(problem).block_n)
+            slots = policy.ctas_per_sm if BALANCED_SHARES_BY_SLOTS else None
+            plan = balanced_sizes(problem, q.device, num_splits, m_blocks, decode_config(problem).block_n, slots)
             num_splits = plan[1]
             self.split_grid = (num_splits + items, m_blocks)
             out_partial, lse_partial = balanced_workspace(problem, self.split_grid[0], q.device)
