@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import triton
 
+from common.contract import splits
 from common.contract.capability import FEATURES, check_features
 from common.contract.devices import (
     lasting,
@@ -274,3 +275,24 @@ def split_workspace(problem: Problem, num_splits: int, device: torch.device) -> 
     partial_shapes = ((*partial_shape, problem.head_dim), partial_shape) if num_splits > 1 else ((1,), (1,))
     out_partial, lse_partial = (torch.empty(shape, dtype=torch.float32, device=device) for shape in partial_shapes)
     return out_partial, lse_partial
+
+
+def balanced_shares_for(
+    problem: Problem, device: torch.device, m_blocks: int, block_n: int, shares_per_sm: int, min_keys: int
+) -> int:
+    """The balanced split's shares per M tile (decode, both stacks): ``shares_per_sm`` per SM over the
+    ``m_blocks`` M tiles, at most what full sequences fill with ``min_keys``-key shares of ``block_n``-key
+    blocks (more CTAs would only start and stop: 264 on a 300-key cache took 7 s a call under the
+    interpreter). The shape and the device fix it, never the lengths."""
+    per_sm = triton.cdiv(splits.sm_count(device) * shares_per_sm, m_blocks)
+    shares_per_sequence = triton.cdiv(triton.cdiv(problem.seqlen_k, block_n), triton.cdiv(min_keys, block_n))
+    return max(1, min(per_sm, problem.batch * problem.kv_heads * shares_per_sequence))
+
+
+def balanced_workspace(problem: Problem, slabs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The balanced split's fp32 partial O and LSE: ``slabs`` (one per CTA of an M tile's grid) of
+    group · Sq packed rows each, (slabs, rows, D) and (slabs, rows)."""
+    shape = (slabs, problem.kv_group * problem.seqlen_q)
+    return torch.empty((*shape, problem.head_dim), dtype=torch.float32, device=device), torch.empty(
+        shape, dtype=torch.float32, device=device
+    )

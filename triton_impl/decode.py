@@ -125,6 +125,8 @@ from triton_impl._host import (
     TritonEntry,
     TritonInputs,
     allocate_lse,
+    balanced_shares_for,
+    balanced_workspace,
     feature_buffers,
     feature_constexprs,
     kv_row_strides,
@@ -676,13 +678,9 @@ def bind(
 
 
 def balanced_target_shares(problem: Problem, device: torch.device) -> int:
-    """The balanced grid's shares per M tile: ``BALANCED_SHARES_PER_SM`` per SM over the M tiles, at most what
-    full sequences fill with ``BALANCED_MIN_KEYS``-key shares (more CTAs would only start and stop: 264 on a
-    300-key cache took 7 s a call under the interpreter). The shape and the device fix it, never the lengths."""
-    per_sm = triton.cdiv(splits.sm_count(device) * BALANCED_SHARES_PER_SM, m_blocks_for(problem))
-    block_n = tile_config(problem).block_n
-    shares_per_sequence = triton.cdiv(triton.cdiv(problem.seqlen_k, block_n), triton.cdiv(BALANCED_MIN_KEYS, block_n))
-    return max(1, min(per_sm, problem.batch * problem.kv_heads * shares_per_sequence))
+    """The balanced grid's shares per M tile (``_host.balanced_shares_for`` on this rung's tiles)."""
+    sizes = (tile_config(problem).block_n, BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS)
+    return balanced_shares_for(problem, device, m_blocks_for(problem), *sizes)
 
 
 def bind_balanced(
@@ -698,11 +696,7 @@ def bind_balanced(
     target = shares or balanced_target_shares(problem, q.device)
     m_blocks, items = m_blocks_for(problem), problem.batch * problem.kv_heads
     grid = (target + items, m_blocks)
-    partial_shape = (grid[0], problem.kv_group * problem.seqlen_q)
-    workspace = tuple(
-        torch.empty(shape, dtype=torch.float32, device=q.device)
-        for shape in ((*partial_shape, problem.head_dim), partial_shape)
-    )
+    workspace = balanced_workspace(problem, grid[0], q.device)
     out, lse, _, args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
     config = tile_config(problem)
     sizes = (problem.batch, target, triton.cdiv(BALANCED_MIN_KEYS, config.block_n))  # as balanced_target_shares
