@@ -14,7 +14,7 @@ beside a ``torch.sum`` over exactly the step's bytes (``read``), on:
 
 Every setting is checked against fp64 on a poisoned output first, then timed four ways
 (``bench.decode_fewpairs``'s ``timings``: do_bench eager and graph, and both with a clean L2). Writes
-``balanced.csv`` and ``balanced.md`` under ``--out``.
+``balanced.csv`` (each row as it is timed) and ``balanced.md`` under ``--out``.
 
     python -m bench.cute_balanced_ab --out runs/cute-balanced     # from the project root, on a GPU
 """
@@ -22,13 +22,12 @@ Every setting is checked against fp64 on a poisoned output first, then timed fou
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib
 import sys
 from pathlib import Path
 
 from bench import require_gpu
-from bench.decode_fewpairs import COLUMNS, MODES, markdown, measure_setting, row, switched, timings
+from bench.decode_fewpairs import emitter, markdown, measure_setting, row, switched, timings
 
 # (seed, index into random_cases(8, seed)) or a full cache (batch, seqlen_k, kv_heads) given as lengths.
 CASES = ((31, 0), (37, 3), (37, 6), (8, 8192, 8), (1, 131072, 8))
@@ -86,29 +85,21 @@ def run(args: argparse.Namespace) -> int:
     print(f"read bandwidth (4 GiB sum, do_bench): {read_gbps:.0f} GB/s", flush=True)
     freeze_imports()
     with (args.out / "balanced.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, COLUMNS)
-        writer.writeheader()
+        emit = emitter(handle, rows)
         for case in cases():
             print(f"-- {case.describe()}", flush=True)
             flat = torch.ones(case.kv_bytes_read // 2, dtype=torch.bfloat16, device=device)
-            records = [row("read", case, "sum", 0, "ok", timings(flat.sum, args.rep, args.reps), read_gbps, 0.0, "")]
+            emit(row("read", case, "sum", 0, "ok", timings(flat.sum, args.rep, args.reps), read_gbps, 0.0, ""))
             del flat
             workload = make_workload(case.problem, "cuda", case.cache_seqlens(device), on_device=True)
             extra = per_call_inputs(case.problem, workload.cache_seqlens, workload.block_table)
             for name, setting, switches in SETTINGS:
                 if name not in impls:
-                    records.append(row(name, case, setting, 0, "missing", {}, read_gbps, 0.0, "not available here"))
+                    emit(row(name, case, setting, 0, "missing", {}, read_gbps, 0.0, "not available here"))
                     continue
                 with switched(importlib.import_module(MODULES[name]), switches):
                     status, splits, us, err, why = measure_setting(impls[name], case, workload, extra, args, None)
-                records.append(row(name, case, setting, splits, status, us, read_gbps, err, why))
-            for record in records:
-                writer.writerow(record)
-                cells = " ".join(f"{m} {record[f'{m}_us']:7.1f} us {record[f'{m}_pct']:5.1f} %" for m in MODES)
-                print(f"{record['impl']:14s} {record['setting']:9s} splits={record['num_splits']:4d} "
-                      f"{record['status']:7s} {cells} {record['reason']}", flush=True)  # fmt: skip
-            handle.flush()
-            rows += records
+                emit(row(name, case, setting, splits, status, us, read_gbps, err, why))
             del workload, extra
             torch.cuda.empty_cache()
     (args.out / "balanced.md").write_text(markdown(rows, read_gbps))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue #38: cute/decode's balanced split (BALANCED_SPLIT, "never" as committed) on one GPU in one device call
-# (about 2 minutes on an H200, cut at 75 s + 90 s: the CSV keeps the shapes done by then, in the order below):
+# (about 2 minutes on an H200, cut at 75 s + 90 s: the CSV keeps the rows done by then, in the order below):
 #   1. its GPU tests against fp64 (pytest -m gpu -k "balanced and cute"): the ragged GPU_CASES (GQA, MQA at 16
 #      tokens, D 64 to 256, fp16/bf16, both alignments and none, an empty sequence), one long sequence among
 #      short and empty ones (Sq 1 GQA D=64, Sq 8 MQA D=256, contiguous and paged(32)), 20 launches bit for bit,

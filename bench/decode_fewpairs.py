@@ -241,18 +241,7 @@ def run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     with (args.out / "fewpairs.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, COLUMNS)
-        writer.writeheader()
-
-        def emit(record: dict) -> None:
-            rows.append(record)
-            writer.writerow(record)
-            handle.flush()
-            cells = " ".join(f"{m} {record[f'{m}_us']:7.1f} us {record[f'{m}_pct']:5.1f} %" for m in MODES)
-            head = f"{record['impl']:14s} {record['mb']:7.1f} MB {record['setting']:11s}"
-            print(
-                f"{head} splits={record['num_splits']:3d} {record['status']:6s} {cells} {record['reason']}", flush=True
-            )
+        emit = emitter(handle, rows)
 
         for index, case in enumerate(cases()):
             print(f"-- {case.describe()}", flush=True)
@@ -277,6 +266,23 @@ def run(args: argparse.Namespace) -> int:
     print((args.out / "fewpairs.md").read_text())
     passed = rows and all(r["status"] in ("ok", "skip") for r in rows)
     return 0 if passed and len(impls) == len(set(wanted)) else 1
+
+
+def emitter(handle, rows: list[dict]) -> Callable[[dict], None]:
+    """``emit(record)``: the record appended to ``rows``, written to the CSV ``handle`` (its header first,
+    flushed, so that a run cut short keeps it) and printed."""
+    writer = csv.DictWriter(handle, COLUMNS)
+    writer.writeheader()
+
+    def emit(record: dict) -> None:
+        rows.append(record)
+        writer.writerow(record)
+        handle.flush()
+        cells = " ".join(f"{m} {record[f'{m}_us']:7.1f} us {record[f'{m}_pct']:5.1f} %" for m in MODES)
+        head = f"{record['impl']:14s} {record['mb']:7.1f} MB {record['setting']:11s}"
+        print(f"{head} splits={record['num_splits']:3d} {record['status']:6s} {cells} {record['reason']}", flush=True)
+
+    return emit
 
 
 def markdown(rows: list[dict], read_gbps: float) -> str:

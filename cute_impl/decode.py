@@ -691,7 +691,7 @@ def plan_launch(
     if splits.balanced_split_applies(BALANCED_SPLIT, problem):  # slabs: target_shares + B · Hkv, of all items
         tile_n, per_sm = TILE_CONFIGS[problem.head_dim].tile_n, BALANCED_SHARES_PER_SM
         num_splits = splits.resolve_balanced_shares(
-            num_splits, problem, m_blocks, tile_n, device, per_sm, BALANCED_MIN_KEYS
+            num_splits, problem, device, m_blocks, tile_n, per_sm, BALANCED_MIN_KEYS
         )
         slabs, items = num_splits + batch_kv_heads, 1
     else:

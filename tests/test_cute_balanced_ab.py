@@ -39,4 +39,4 @@ def test_settings_switch_the_balanced_split_and_restore_it():
     assert committed == decode.BALANCED_SPLIT
     # The ragged MQA row: 264 shares (2 per SM of 132) + 16 items, where the padded split launches 2048 CTAs.
     tile_n = decode.TILE_CONFIGS[256].tile_n
-    assert splits.balanced_target_shares(problem, 1, tile_n, CPU, decode.BALANCED_SHARES_PER_SM) == 264
+    assert splits.balanced_target_shares(problem, CPU, 1, tile_n, decode.BALANCED_SHARES_PER_SM) == 264

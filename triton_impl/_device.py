@@ -21,8 +21,9 @@ The names are the ones the CuTe and Gluon stacks use, so that a diff of two rung
   Flash decoding (``decode``) also splits the keys across CTAs: :func:`split_key_range` gives split
   ``split``'s share ``[key_begin, key_end)``, whole BLOCK_N blocks cut from the sequence's own keys;
   :func:`balanced_share` (decode's balanced split) plans on the device how many splits each (batch, KV
-  head) takes so that every CTA reads about as many keys, and which one a CTA is; :func:`attended_keys`
-  is where the keys any row of a sequence sees end.
+  head) takes so that every CTA reads about as many keys, and which one a CTA is (the plan itself,
+  :func:`balanced_plan`, is gluon/decode's too); :func:`attended_keys` is where the keys any row of a
+  sequence sees end.
 * ``PagedKVManager`` → :func:`kv_page_slots`: a paged KV cache (``decode``) keeps K and V in pools of
   ``PAGE_SIZE``-key pages; a sequence's logical key j lives in page ``block_table[b, j // PAGE_SIZE]``,
   slot ``j % PAGE_SIZE``. :func:`attend_key_blocks` looks the page up per key (a key block may span
@@ -173,25 +174,39 @@ def balanced_share(
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
-    """The work of CTA ``share`` of the balanced grid: ``(batch, kv_head, split, item_shares, has_work)``,
-    split ``split`` of the ``item_shares`` of work item (batch, kv_head), whose shares are consecutive
-    CTAs of the grid (from ``share - split`` on). A CTA past the last share gets ``has_work`` False and
-    split 1 of 1 of item (0, 0), which :func:`split_key_range` makes an empty range.
-
-    Every CTA computes the same plan from the cache lengths (BLOCK_B >= batch_size of them, one load
-    and a few reductions): the key blocks each sequence's rows see, their total over the B · Hkv work
-    items, the share size ``chunk`` = that total / ``target_shares`` blocks (at least
-    ``min_share_blocks``), each item's share count (:func:`item_shares_of`), and their prefix sum over
-    the sequences, items in (batch, KV head) order. The share's sequence is the count of sequences
-    whose shares end at or before it (the binary search of a host plan, as one vector compare). Σ
-    items' shares <= target_shares + B · Hkv, the grid the host launches."""
+    """The work of CTA ``share`` of the balanced grid: ``(batch, kv_head, split, item_shares, has_work)``
+    (:func:`balanced_plan`) from the cache lengths, BLOCK_B >= batch_size of them in one load."""
     offs_b = tl.arange(0, BLOCK_B)
     in_batch = offs_b < batch_size
     if HAS_CACHE_SEQLENS:
         lengths = tl.minimum(tl.maximum(tl.load(CacheSeqlens + offs_b, mask=in_batch, other=0), 0), seqlen_k)
     else:
         lengths = tl.where(in_batch, seqlen_k, 0)
-    causal_offsets = lengths - seqlen_q if BOTTOM_RIGHT else tl.zeros_like(lengths)
+    sizes = (batch_size, kv_heads, seqlen_q, target_shares, min_share_blocks)
+    return balanced_plan(lengths, offs_b, share, sizes, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, BLOCK_N=BLOCK_N)
+
+
+@triton.jit
+def balanced_plan(
+    lengths, offs_b, share, sizes, CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, BLOCK_N: tl.constexpr
+):  # fmt: skip
+    """The balanced split's plan for CTA ``share``: ``(batch, kv_head, split, item_shares, has_work)``,
+    split ``split`` of the ``item_shares`` of work item (batch, kv_head), whose shares are consecutive
+    CTAs of the grid (from ``share - split`` on). A CTA past the last share gets ``has_work`` False and
+    split 1 of 1 of item (0, 0), which :func:`split_key_range` makes an empty range. Both stacks run it
+    (gluon/decode through its ``balanced_share``, which loads ``lengths`` in a layout): no op here
+    makes a tensor of its own, so it compiles as Gluon too.
+
+    Every CTA computes the same plan from the cache lengths (``offs_b`` their indices, 0 past the batch):
+    the key blocks each sequence's rows see, their total over the B · Hkv work items, the share size
+    ``chunk`` = that total / ``target_shares`` blocks (at least ``min_share_blocks``), each item's share
+    count (:func:`item_shares_of`), and their prefix sum over the sequences, items in (batch, KV head)
+    order. The share's sequence is the count of sequences whose shares end at or before it (the binary
+    search of a host plan, as one vector compare). Σ items' shares <= target_shares + B · Hkv, the grid
+    the host launches."""
+    batch_size, kv_heads, seqlen_q, target_shares, min_share_blocks = sizes
+    in_batch = offs_b < batch_size
+    causal_offsets = lengths - seqlen_q if BOTTOM_RIGHT else lengths * 0
     blocks = (attended_keys(lengths, causal_offsets, seqlen_q, CAUSAL) + BLOCK_N - 1) // BLOCK_N
     total_blocks = kv_heads * tl.sum(blocks, axis=0)
     chunk = tl.maximum((total_blocks + target_shares - 1) // target_shares, min_share_blocks)

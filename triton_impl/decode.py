@@ -125,6 +125,7 @@ from triton_impl._host import (
     TritonEntry,
     TritonInputs,
     allocate_lse,
+    balanced_workspace,
     feature_buffers,
     feature_constexprs,
     kv_row_strides,
@@ -680,7 +681,7 @@ def balanced_target_shares(problem: Problem, device: torch.device) -> int:
     ``BALANCED_SHARES_PER_SM``, ``BALANCED_MIN_KEYS`` and key block."""
     block_n = tile_config(problem).block_n
     return splits.balanced_target_shares(
-        problem, m_blocks_for(problem), block_n, device, BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS
+        problem, device, m_blocks_for(problem), block_n, BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS
     )
 
 
@@ -694,15 +695,11 @@ def bind_balanced(
     from the shape, so a CUDA graph captures it once and replays it with new ``cache_seqlens``."""
     block_n, per_sm = tile_config(problem).block_n, BALANCED_SHARES_PER_SM
     target = splits.resolve_balanced_shares(
-        shares, problem, m_blocks_for(problem), block_n, q.device, per_sm, BALANCED_MIN_KEYS
+        shares, problem, q.device, m_blocks_for(problem), block_n, per_sm, BALANCED_MIN_KEYS
     )
     m_blocks, items = m_blocks_for(problem), problem.batch * problem.kv_heads
     grid = (target + items, m_blocks)
-    partial_shape = (grid[0], problem.kv_group * problem.seqlen_q)
-    workspace = tuple(
-        torch.empty(shape, dtype=torch.float32, device=q.device)
-        for shape in ((*partial_shape, problem.head_dim), partial_shape)
-    )
+    workspace = balanced_workspace(problem, grid[0], q.device)
     out, lse, _, args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
     config = tile_config(problem)
     sizes = (problem.batch, target, splits.balanced_min_share_blocks(config.block_n, BALANCED_MIN_KEYS))

@@ -170,7 +170,7 @@ def balanced_min_share_blocks(block_n: int, min_keys: int = MIN_KEYS_PER_SPLIT) 
 
 
 def balanced_target_shares(
-    problem: Problem, m_blocks: int, block_n: int, device: torch.device, shares_per_sm: int,
+    problem: Problem, device: torch.device, m_blocks: int, block_n: int, shares_per_sm: int,
     min_keys: int = MIN_KEYS_PER_SPLIT,
 ) -> int:  # fmt: skip
     """The balanced split's shares per M tile (``triton_impl/decode.py``'s "The balanced split"):
@@ -193,14 +193,14 @@ def balanced_split_applies(switch: str, problem: Problem) -> bool:
 
 
 def resolve_balanced_shares(
-    shares: int | None, problem: Problem, m_blocks: int, block_n: int, device: torch.device, shares_per_sm: int,
+    shares: int | None, problem: Problem, device: torch.device, m_blocks: int, block_n: int, shares_per_sm: int,
     min_keys: int = MIN_KEYS_PER_SPLIT,
 ) -> int:  # fmt: skip
     """The balanced split's target shares of one bound call: ``shares`` where a caller forces them (tests,
     sweeps; at least 1, else ValueError), otherwise :func:`balanced_target_shares`."""
     if shares is not None and shares < 1:
         raise ValueError(f"num_splits (the balanced split's shares) must be >= 1, got {shares}")
-    return shares or balanced_target_shares(problem, m_blocks, block_n, device, shares_per_sm, min_keys)
+    return shares or balanced_target_shares(problem, device, m_blocks, block_n, shares_per_sm, min_keys)
 
 
 def resolve_num_splits(

@@ -14,6 +14,9 @@ The softmax side uses the names of the Triton stack (``triton_impl/_device.py``)
   [n_block_min, n_block_max) of which the top ``n_masked_blocks`` need the mask.
 * ``split_key_range`` → :func:`split_key_range` (split-KV): one split's [key_begin, key_end) of whole
   key blocks, the Triton stack's rule.
+* ``balanced_share`` → :func:`balanced_share` (decode's balanced split): the cache lengths loaded in a
+  layout, then the Triton stack's own ``balanced_plan`` (it makes no tensor of its own, so it compiles as
+  Gluon): which (batch, KV head) and split a CTA of the balanced grid takes.
 * ``AttentionMask.apply`` → :func:`attention_mask`: -inf past the sequence's seqlen_k and, causal,
   after the query row's diagonal (j > i + causal_offset); :func:`transposed_mask` is its transpose for
   the backward's Pᵀ (keys as rows, 0 after the exp).
@@ -46,7 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
 )
 
-from triton_impl._device import LN_2
+from triton_impl._device import LN_2, balanced_plan
 
 # The row reductions fold the in-thread columns of a key block down to the 8 of one wgmma accumulator
 # group (2 registers x 4 lanes), which gl.max / gl.sum finish: at most 4 levels, for 128 keys.
@@ -138,6 +141,24 @@ def split_key_range(split, num_splits, key_end, BLOCK_N: gl.constexpr):
     split_begin = gl.minimum(split * blocks_per_split * BLOCK_N, key_end)
     split_end = gl.minimum(split_begin + blocks_per_split * BLOCK_N, key_end)
     return split_begin, split_end
+
+
+@gluon.jit
+def balanced_share(
+    CacheSeqlens, share, sizes, seqlen_k, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+    HAS_CACHE_SEQLENS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_B: gl.constexpr, num_warps: gl.constexpr,
+):  # fmt: skip
+    """The balanced split (``gluon/decode``): the work of CTA ``share``, ``(batch, kv_head, split,
+    item_shares, has_work)``, by the Triton stack's own ``balanced_plan`` on the cache lengths, loaded
+    here in a layout over the CTA's warps (BLOCK_B >= batch size of them). ``sizes``: (batch size, Hkv,
+    Sq, target shares, the fewest key blocks a share takes)."""
+    offs_b = gl.arange(0, BLOCK_B, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
+    in_batch = offs_b < sizes[0]
+    if HAS_CACHE_SEQLENS:
+        lengths = gl.minimum(gl.maximum(gl.load(CacheSeqlens + offs_b, mask=in_batch, other=0), 0), seqlen_k)
+    else:
+        lengths = gl.where(in_batch, seqlen_k, 0)
+    return balanced_plan(lengths, offs_b, share, sizes, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, BLOCK_N=BLOCK_N)
 
 
 # ----------------------------------------------------------------------------------------------

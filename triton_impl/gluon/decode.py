@@ -12,7 +12,10 @@ barrier, one gpu-scope acq_rel atomic on the tile's counter, the last CTA resets
 argument is in triton/decode's ``last_to_arrive``) and its ``merge_splits`` written in Gluon
 (``_merge_splits``, beside it: the same operations element by element in split order, so the same bits
 as triton/decode's merge kernel, which is the two-launch path here too: ``FUSED_MERGE = False``). With
-one split the split kernel writes O and the LSE itself.
+one split the split kernel writes O and the LSE itself. ``BALANCED_SPLIT`` (off: "never"; triton/decode's
+values) takes triton/decode's balanced split instead: a grid of target shares + B · Hkv CTAs per M tile,
+each an equal share of the valid keys by the Triton stack's own device plan (``balanced_share``), its
+partials in a slab of packed rows and the item's last share merging (``BALANCED``; ``_decode_balanced.py``).
 
 What Gluon makes explicit (what Triton decides in triton/decode / what this file writes):
   * Copies: the pipeliner turns the K and V loads into ``cp.async``, 16 bytes per thread and
@@ -124,13 +127,23 @@ from triton_impl import decode as triton_decode
 from triton_impl._host import (
     LOG2_E,
     allocate_lse,
+    balanced_workspace,
     feature_buffers,
     feature_constexprs,
     paging_arguments,
     rung_result,
     split_workspace,
 )
-from triton_impl.gluon._decode_merge import MERGE_ROWS, _last_to_arrive, _merge_splits
+from triton_impl.gluon._decode_balanced import _store_balanced, balanced_sizes
+from triton_impl.gluon._decode_merge import (
+    MERGE_ROWS,
+    _last_to_arrive,
+    _merge_tile,
+    _packed_rows,
+    _q_load_layout,
+    _store_output,
+    _store_partials,
+)
 from triton_impl.gluon._device import (
     _as_box,
     _operand_p,
@@ -140,6 +153,7 @@ from triton_impl.gluon._device import (
     _tma_load,
     _values_product,
     attention_mask,
+    balanced_share,
     online_softmax_finalize,
     online_softmax_rescale,
     online_softmax_update,
@@ -209,6 +223,12 @@ SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, SHORT_CACHE_TILE = 2, True, True
 # Seventh stop (``splits.SplitPolicy.fewer_waves``, H200, results/h200/decode-fewpairs/): B=3 Hkv=8 13k
 # 63.6 -> 58.5 us (11 -> 5 splits, one wave of the 208 KB ring's one slot); no other timed plan changed.
 FEWER_WAVES = True
+# triton/decode's balanced split (its switch, values and share plan: "ragged", "always", "never"), off until
+# bench/gluon_balanced_ab.sh: the share rule on seed 31's B=16 MQA ragged row leaves 1143 of 2048 CTAs keyless.
+BALANCED_SPLIT = "never"
+# Its shares per SM: triton/decode's BALANCED_SHARES_PER_SM, at most the CTA slots the ring leaves (split_policy's:
+# one at D=128's long ring and D=256), so that the shares are one wave; False: triton/decode's count (the A/B).
+BALANCED_SHARES_BY_SLOTS = True
 SHORT_CACHE_CONFIGS = {128: DecodeConfig(64, 3)}
 SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES = 233472, 1024
 # Paged: the fewest key rows one TMA copy may take from a page (two 8-row swizzle atoms of the tile).
@@ -278,21 +298,6 @@ class StepConstants(NamedTuple):
 # ----------------------------------------------------------------------------------------------
 # Device parts: the packed rows, the K/V ring, one pipelined key block
 # ----------------------------------------------------------------------------------------------
-@gluon.jit
-def _packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M: gl.constexpr, layout: gl.constexpr):
-    """GQA packing, in ``layout``: row r of M tile ``m_block`` is token r % Sq of query head
-    kv_head · group + r // Sq. Returns ``(head, token, row_ok)``; rows past group · Sq pad the tile."""
-    offs_r = m_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=layout)
-    return kv_head * group + offs_r // seqlen_q, offs_r % seqlen_q, offs_r < group * seqlen_q
-
-
-@gluon.constexpr_function
-def _q_load_layout(head_dim, num_warps):
-    """Registers of the Q tile as it is loaded: 16-byte vectors along D, a warp over whole rows."""
-    columns = min(32, head_dim // 8)
-    return gl.BlockedLayout([1, 8], [32 // columns, columns], [num_warps, 1], [1, 0])
-
-
 @gluon.jit
 def _stage_packed_q(Q, q_smem, batch, kv_head, group, m_block, seqlen_q, q_strides, num_warps: gl.constexpr):
     """Load the packed Q tile by pointers (its rows come from ``group`` heads) into ``q_smem``, zeros
@@ -456,15 +461,19 @@ def _split_kernel(
     stride_qb, stride_qh, stride_qm,
     stride_ob, stride_oh, stride_om,
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2, BlockTable, stride_btb, Counters,
+    batch_size, target_shares, min_share_blocks,
     CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, HAS_CACHE_SEQLENS: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, SPLIT: gl.constexpr,
-    PAGE_SIZE: gl.constexpr, FUSED_MERGE: gl.constexpr, SPLITS_PER_STEP: gl.constexpr, num_warps: gl.constexpr,
+    PAGE_SIZE: gl.constexpr, FUSED_MERGE: gl.constexpr, SPLITS_PER_STEP: gl.constexpr, BALANCED: gl.constexpr,
+    BLOCK_B: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """K and V are (B, Hkv, Sk, D) caches, or (``PAGE_SIZE`` > 0) page pools (num_pages, page_size, Hkv,
     D) that ``desc_k`` / ``desc_v`` see as (num_pages, Hkv, page_size, D), with ``BlockTable`` the
     (B, max_pages) int32 table and ``stride_btb`` its row stride (both None for a contiguous cache);
     their box is a key block, or for pages a chunk of one (``kv_chunk_rows``). ``Counters``: the
-    arrival counters of the fused merge (one per M tile of the grid; None without it)."""
+    arrival counters of the fused merge (one per M tile of the grid; None without it). ``BALANCED``: the
+    grid is (target_shares + B · Hkv, m_blocks), CTA ``share`` takes the split ``balanced_share`` plans
+    from the ``batch_size`` lengths (None, None, None without it)."""
     HEAD_DIM: gl.constexpr = desc_k.block_type.shape[3]
     dtype: gl.constexpr = desc_k.dtype
     # wgmma's accumulators (S: BLOCK_M × BLOCK_N, O: BLOCK_M × D; a warp holds 16 whole rows of each, a
@@ -477,12 +486,21 @@ def _split_kernel(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
     )
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    split = gl.program_id(0)
-    num_splits = gl.num_programs(0)
-    m_block = gl.program_id(1)
-    batch_kv_head = gl.program_id(2)
-    batch = batch_kv_head // kv_heads
-    kv_head = batch_kv_head % kv_heads
+    if BALANCED:
+        # 0. This CTA's work item and split; past the last share: an empty range, nothing stored.
+        share = gl.program_id(0)
+        m_block = gl.program_id(1)
+        batch, kv_head, split, num_splits, has_work = balanced_share(
+            CacheSeqlens, share, (batch_size, kv_heads, seqlen_q, target_shares, min_share_blocks), seqlen_k,
+            CAUSAL, BOTTOM_RIGHT, HAS_CACHE_SEQLENS, BLOCK_N, BLOCK_B, num_warps,
+        )  # fmt: skip
+    else:
+        split = gl.program_id(0)
+        num_splits = gl.num_programs(0)
+        m_block = gl.program_id(1)
+        batch_kv_head = gl.program_id(2)
+        batch = batch_kv_head // kv_heads
+        kv_head = batch_kv_head % kv_heads
     group = heads // kv_heads
 
     # 1. This sequence's keys, the last one any row sees, and this split's share of them: blocks
@@ -550,52 +568,26 @@ def _split_kernel(
     lse = gl.convert_layout(lse, o_rows)
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
     row = (batch.to(gl.int64) * heads + head) * seqlen_q + token
-    if SPLIT:
+    outputs = (Out, Lse, stride_ob, stride_oh, stride_om)
+    tile = (batch, kv_head, group, heads, seqlen_q, m_block)
+    if BALANCED:
+        # 7'. O, or the partials in the share's slab and the item's merge (``_decode_balanced.py``).
+        workspace, work = (OutPartial, LsePartial, Counters), (share, split, num_splits, has_work)
+        rows_of = (head, token, row, row_ok, offs_d)
+        _store_balanced(
+            workspace, outputs, tile, work, rows_of, out, lse, BLOCK_M, HEAD_DIM, SPLITS_PER_STEP, RETURN_LSE, num_warps
+        )
+    elif SPLIT:
         rows = gl.num_programs(2).to(gl.int64) * group * seqlen_q
-        partial_row = split * rows + row
-        gl.store(OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
-        gl.store(LsePartial + partial_row, lse, mask=row_ok)
+        _store_partials(OutPartial, LsePartial, split * rows + row, out, lse, row_ok, offs_d)
         # 7. Fused merge: the tile's last split to finish merges all of them.
         if FUSED_MERGE:
             work_item = batch_kv_head * gl.num_programs(1) + m_block
             if _last_to_arrive(Counters + work_item, num_splits):
                 partials = (OutPartial, LsePartial, rows, num_splits)
-                outputs = (Out, Lse, stride_ob, stride_oh, stride_om)
-                tile = (batch, kv_head, group, heads, seqlen_q, m_block)
                 _merge_tile(partials, outputs, tile, BLOCK_M, HEAD_DIM, SPLITS_PER_STEP, RETURN_LSE, num_warps)
     else:
-        o_rows_offset = batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh + token * stride_om
-        gl.store(Out + o_rows_offset[:, None] + offs_d[None, :], out.to(dtype), mask=row_ok[:, None])
-        if RETURN_LSE:
-            gl.store(Lse + row, lse, mask=row_ok)
-
-
-# ----------------------------------------------------------------------------------------------
-# The fused merge: triton/decode's protocol and merge_splits, in Gluon (``_decode_merge.py``), over the tile
-# ----------------------------------------------------------------------------------------------
-@gluon.jit
-def _merge_tile(
-    partials, outputs, tile, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, SPLITS_PER_STEP: gl.constexpr,
-    RETURN_LSE: gl.constexpr, num_warps: gl.constexpr,
-):  # fmt: skip
-    """Merge the tile's real rows (group · Sq of its ``BLOCK_M``, often 4 to 16) ``MERGE_ROWS`` at a
-    time, in Q's load layout (whole rows per warp), and store O and the LSE."""
-    batch, kv_head, group, heads, seqlen_q, m_block = tile
-    Out, Lse, stride_ob, stride_oh, stride_om = outputs
-    layout: gl.constexpr = _q_load_layout(HEAD_DIM, num_warps)
-    row_layout: gl.constexpr = gl.SliceLayout(1, layout)
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
-    # The chunks of MERGE_ROWS rows that hold a real row (a runtime loop: one copy of the merge's code).
-    first_chunk = m_block * (BLOCK_M // MERGE_ROWS)
-    end_chunk = gl.minimum(first_chunk + BLOCK_M // MERGE_ROWS, (group * seqlen_q + MERGE_ROWS - 1) // MERGE_ROWS)
-    for chunk in range(first_chunk, end_chunk):
-        head, token, row_ok = _packed_rows(chunk, kv_head, group, seqlen_q, MERGE_ROWS, row_layout)
-        row = (batch.to(gl.int64) * heads + head) * seqlen_q + token
-        out, lse = _merge_splits(partials, row, row_ok, offs_d, SPLITS_PER_STEP, layout)
-        o_rows = batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh + token * stride_om
-        gl.store(Out + o_rows[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
-        if RETURN_LSE:
-            gl.store(Lse + row, lse, mask=row_ok)
+        _store_output(outputs, batch, head, token, row, row_ok, offs_d, out, lse, RETURN_LSE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -625,12 +617,18 @@ def planned_num_splits(problem: Problem, device: torch.device) -> int:
     return splits.planned_num_splits(problem, m_blocks_for(problem), device, split_policy(problem))
 
 
-def split_constexprs(problem: Problem, split: bool) -> dict[str, int | bool]:
+def balanced_split(problem: Problem) -> bool:
+    """``BALANCED_SPLIT`` takes ``problem``: "always", or "ragged" on a call with cache_seqlens."""
+    return BALANCED_SPLIT == "always" or (BALANCED_SPLIT == "ragged" and problem.has_cache_seqlens)
+
+
+def split_constexprs(problem: Problem, split: bool, balanced: bool = False) -> dict[str, int | bool | None]:
     config = decode_config(problem)
+    block_b = triton_decode.next_power_of_2(max(problem.batch, triton_decode.MIN_BLOCK_B)) if balanced else None
     return {
         **feature_constexprs(problem), "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n,
         "NUM_STAGES": config.num_stages, "SPLIT": split, "PAGE_SIZE": problem.page_size,
-        "FUSED_MERGE": split and triton_decode.FUSED_MERGE,
+        "FUSED_MERGE": split and triton_decode.FUSED_MERGE, "BALANCED": balanced, "BLOCK_B": block_b,
         "SPLITS_PER_STEP": triton_decode.merge_splits_per_step(
             MERGE_ROWS.value, problem.head_dim, num_warps_for(problem)
         ),
@@ -660,25 +658,35 @@ class GluonDecode:
         block_table: torch.Tensor | None = None,
     ):  # fmt: skip
         policy = split_policy(problem)
-        num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device, policy)
+        self.balanced = balanced_split(problem)
+        m_blocks, items = m_blocks_for(problem), problem.batch * problem.kv_heads
+        if self.balanced:
+            slots = policy.ctas_per_sm if BALANCED_SHARES_BY_SLOTS else None
+            plan = balanced_sizes(problem, q.device, num_splits, m_blocks, decode_config(problem).block_n, slots)
+            num_splits = plan[1]
+            self.split_grid = (num_splits + items, m_blocks)
+            out_partial, lse_partial = balanced_workspace(problem, self.split_grid[0], q.device)
+        else:
+            plan = (None, None, None)
+            num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks, q.device, policy)
+            self.split_grid = (num_splits, m_blocks, items)
+            out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
         dtype = GLUON_DTYPES[q.dtype]
         self.num_splits = num_splits
         self.out = torch.empty_like(q, memory_format=torch.contiguous_format)
         self.lse = allocate_lse(problem, q.device)
         lse_arg, lengths_arg = feature_buffers(self.lse, cache_seqlens, q.device)
-        out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
         desc_k, desc_v = (kv_descriptor(t, problem, dtype) for t in (k, v))
         sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E)
         self.split_args = (
             q, desc_k, desc_v, self.out, lse_arg, lengths_arg, out_partial, lse_partial,
             *q.stride()[:3], *self.out.stride()[:3], *sizes, *paging_arguments(block_table),
         )  # fmt: skip
-        self.split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
-        self.split_options = {**split_constexprs(problem, num_splits > 1), "num_warps": num_warps_for(problem)}
-        self.fused_merge = self.split_options["FUSED_MERGE"]
-        work_items = self.split_grid[1] * self.split_grid[2]
-        counters = triton_decode.arrival_counters(q.device, work_items) if self.fused_merge else None
-        self.split_args = (*self.split_args, counters)
+        split_options = split_constexprs(problem, num_splits > 1 and not self.balanced, self.balanced)
+        self.split_options = {**split_options, "num_warps": num_warps_for(problem)}
+        self.fused_merge = self.split_options["FUSED_MERGE"] or self.balanced
+        counters = triton_decode.arrival_counters(q.device, m_blocks * items) if self.fused_merge else None
+        self.split_args = (*self.split_args, counters, *plan)
         # Only the two-launch path (more than one split, FUSED_MERGE off) launches the merge kernel.
         two_launch = num_splits > 1 and not self.fused_merge
         merge_args = (problem, num_splits, out_partial, lse_partial, self.out, lse_arg)
@@ -767,12 +775,18 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
         "heads": "i32", "kv_heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "softmax_scale_log2": "fp32",
     }  # fmt: skip
     num_warps = num_warps_for(problem)
-    constexprs = {**split_constexprs(problem, True), "num_warps": num_warps}
+    balanced = balanced_split(problem)
+    constexprs = {**split_constexprs(problem, not balanced, balanced), "num_warps": num_warps}
+    plan = ("batch_size", "target_shares", "min_share_blocks")
+    if balanced:
+        signature.update(dict.fromkeys(plan, "i32"))
+    else:
+        constexprs.update(dict.fromkeys(plan))
     if problem.paged:
         signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
     else:
         constexprs.update({"BlockTable": None, "stride_btb": None})
-    if constexprs["FUSED_MERGE"]:
+    if constexprs["FUSED_MERGE"] or balanced:
         signature["Counters"] = "*i32"
     else:
         constexprs["Counters"] = None

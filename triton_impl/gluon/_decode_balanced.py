@@ -1,0 +1,68 @@
+"""gluon/decode's balanced split (``BALANCED_SPLIT``), triton/decode's (its module docstring; the share
+plan is the Triton stack's ``balanced_plan``, run here through ``gluon/_device.py``'s ``balanced_share``).
+
+In a ragged batch the split rule cuts every sequence into as many splits as the longest needs, so a
+short sequence's splits end at once (or have no key at all: 1143 of 2048 CTAs on seed 31's B=16 MQA row)
+while the long one's carry its keys. The balanced grid instead has target_shares + B · Hkv CTAs per M
+tile, each an equal share of the valid keys (at least ``BALANCED_MIN_KEYS``): a (batch, KV head) item of
+n key blocks takes cdiv(n, share) consecutive CTAs, whose partials are consecutive slabs of group · Sq
+packed rows; the item's last share to arrive merges them (``_merge_tile`` on packed rows), and an item of
+one share writes O and the LSE itself. The shape fixes the grid and the workspace, so a CUDA graph
+replays it with new lengths. Here: the kernel's stores (:func:`_store_balanced`) and the host's sizes
+(:func:`balanced_sizes`); the split kernel (``decode.py``, ``BALANCED``) is the rule's otherwise.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from common.contract.problem import Problem
+from triton_impl import decode as triton_decode
+from triton_impl._host import balanced_shares_for
+from triton_impl.gluon._decode_merge import _last_to_arrive, _merge_tile, _store_output, _store_partials
+
+
+@gluon.jit
+def _store_balanced(
+    workspace, outputs, tile, work, rows_of, out, lse, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+    SPLITS_PER_STEP: gl.constexpr, RETURN_LSE: gl.constexpr, num_warps: gl.constexpr,
+):  # fmt: skip
+    """Store CTA ``share``'s result (``work``: share, split, item shares, has_work): O itself for an item
+    of one share; else the partials in slab ``share`` and, in the item's last share to arrive, the merge
+    of its slabs from share - split on. A CTA past the last share stores nothing."""
+    OutPartial, LsePartial, Counters = workspace
+    batch, kv_head, group, heads, seqlen_q, m_block = tile
+    share, split, item_shares, has_work = work
+    head, token, row, row_ok, offs_d = rows_of
+    if has_work:
+        if item_shares == 1:
+            _store_output(outputs, batch, head, token, row, row_ok, offs_d, out, lse, RETURN_LSE)
+        else:
+            rows = gl.to_tensor(group * seqlen_q).to(gl.int64)
+            packed_row = (head - kv_head * group) * seqlen_q + token
+            _store_partials(OutPartial, LsePartial, share * rows + packed_row, out, lse, row_ok, offs_d)
+            # The item's arrival counter: (batch, KV head, M tile), heads // group = Hkv.
+            work_item = (batch * (heads // group) + kv_head) * gl.num_programs(1) + m_block
+            if _last_to_arrive(Counters + work_item, item_shares):
+                first = (share - split) * rows
+                partials = (OutPartial + first * HEAD_DIM, LsePartial + first, rows, item_shares)
+                _merge_tile(
+                    partials, outputs, tile, BLOCK_M, HEAD_DIM, SPLITS_PER_STEP, RETURN_LSE, num_warps, PACKED=True
+                )
+
+
+def balanced_sizes(
+    problem: Problem, device: torch.device, shares: int | None, m_blocks: int, block_n: int, slots: int | None
+) -> tuple[int, int, int]:
+    """The balanced kernel's (batch size, target shares, fewest key blocks a share takes): triton/decode's
+    ``BALANCED_SHARES_PER_SM`` (at most ``slots``, the CTAs an SM holds, unless None) and
+    ``BALANCED_MIN_KEYS`` on ``m_blocks`` tiles of ``block_n``-key blocks (``_host.balanced_shares_for``);
+    ``shares`` forces the target."""
+    if shares is not None and shares < 1:
+        raise ValueError(f"num_splits (the balanced split's shares) must be >= 1, got {shares}")
+    per_sm, min_keys = triton_decode.BALANCED_SHARES_PER_SM, triton_decode.BALANCED_MIN_KEYS
+    per_sm = per_sm if slots is None else min(per_sm, slots)
+    target = shares or balanced_shares_for(problem, device, m_blocks, block_n, per_sm, min_keys)
+    return problem.batch, target, -(-min_keys // block_n)
