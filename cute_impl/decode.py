@@ -192,9 +192,10 @@ SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT = 1, False
 # Seventh stop's switch, off until bench/decode_fewpairs_ab.sh (``splits.SplitPolicy.fewer_waves``).
 FEWER_WAVES = False
 CTAS_PER_SM_FIT = {64: 2, 128: 2, 256: 1}
-# Issue #38's balanced split (triton/decode's, ``_decode_balanced.py``; the names and values of triton's
-# switch: "ragged" for calls with cache_seqlens, "always", "never"), off until bench/cute_balanced_ab.sh.
-BALANCED_SPLIT = "never"
+# Issue #38's balanced split (triton/decode's plan, ``_decode_plan.py``; the switch's values in splits.py) where
+# the rule splits a ragged batch (H200, results/h200/decode-balanced-gluon-cute/): B=16 MQA D=256 ragged 190.0
+# -> 147.2 us, B=32 Hkv=2 D=64 ragged 197.8 -> 184.6, B=8 8k 85.0 -> 83.0; B=1 128k 138.1 -> 144.3: not there.
+BALANCED_SPLIT = "ragged-split"
 BALANCED_SHARES_PER_SM = 2
 BALANCED_MIN_KEYS = splits.MIN_KEYS_PER_SPLIT
 # Every problem feature, and the paged KV cache (a block table of pages of 16 to 256 keys).
@@ -657,10 +658,16 @@ def split_policy(problem: Problem) -> splits.SplitPolicy:
     return splits.SplitPolicy(min(SPLIT_CTAS_PER_SM, fit), SHORT_CACHE_ONE_SPLIT, FEWER_WAVES)
 
 
-def decode_config(problem: Problem, split: bool) -> DecodeConfig:
+def balanced_split(problem: Problem, device: torch.device | None = None) -> bool:
+    """Whether ``BALANCED_SPLIT`` takes ``problem`` on ``device`` (``splits.balanced_split_applies``, this
+    rung's split rule; without a device, the rule's default SM count, as the sm_90a compile assumes)."""
+    rule_device = device or torch.device("cpu")
+    return splits.balanced_split_applies(BALANCED_SPLIT, problem, lambda: planned_num_splits(problem, rule_device))
+
+
+def decode_config(problem: Problem, split: bool, balanced: bool = False) -> DecodeConfig:
     """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every bind), with
-    the problem's features as compile-time flags; the balanced split (always split) by ``BALANCED_SPLIT``."""
-    balanced = split and splits.balanced_split_applies(BALANCED_SPLIT, problem)
+    the problem's features as compile-time flags; ``balanced``: the balanced split's (always split)."""
     return DecodeConfig(
         dtype=problem.dtype,
         head_dim=problem.head_dim,
@@ -688,7 +695,7 @@ def plan_launch(
     (num_pages, Hkv, page_size, D) view. ``num_splits`` overrides the rule (sweeps, tests)."""
     batch_kv_heads, rows, head_dim = problem.batch * problem.kv_heads, problem.kv_group * problem.seqlen_q, q.shape[3]
     slabs, items, m_blocks, device = None, batch_kv_heads, m_blocks_for(problem), q.device
-    if splits.balanced_split_applies(BALANCED_SPLIT, problem):  # slabs: target_shares + B · Hkv, of all items
+    if balanced_split(problem, device):  # slabs: target_shares + B · Hkv, of all items
         tile_n, per_sm = TILE_CONFIGS[problem.head_dim].tile_n, BALANCED_SHARES_PER_SM
         num_splits = splits.resolve_balanced_shares(
             num_splits, problem, device, m_blocks, tile_n, per_sm, BALANCED_MIN_KEYS
@@ -715,7 +722,7 @@ def plan_launch(
     arguments = (q, *kv, *packed, *partials, lengths, table, problem.scale)
     result = (out, lse) if problem.return_lse else out
     chosen = {"num_splits": num_splits, "balanced": slabs is not None}
-    return Launch(decode_config(problem, split=split), arguments, result, chosen)
+    return Launch(decode_config(problem, split=split, balanced=slabs is not None), arguments, result, chosen)
 
 
 def decode_limits(problem: Problem) -> tuple[bool, str]:
@@ -760,7 +767,7 @@ def compile_plan(problem: Problem, split: bool = True) -> DecodeConfig:
     merge; ``split=False``: the split kernel writing O directly) at ``problem``'s head dim, dtype, mask
     and features (one query token when ``problem`` is prefill-sized, as the canonical problem is)."""
     decode_sized = problem if problem.seqlen_q <= MAX_SEQLEN_Q else problem.with_(seqlen_q=1)
-    return decode_config(decode_sized, split=split)
+    return decode_config(decode_sized, split=split, balanced=split and balanced_split(decode_sized))
 
 
 # The host entry points: validate (head dims, every feature, Sq <= 16, a positive scale) → plan (the

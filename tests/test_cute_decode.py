@@ -15,7 +15,6 @@ import torch
 pytest.importorskip("cutlass")
 
 import cutlass
-import cutlass.cute as cute
 
 from common.contract import splits
 from common.contract.check import check_on_inputs
@@ -168,6 +167,7 @@ def test_balanced_split_compiles_for_sm90_without_spills(
     """Both kernels, spill-free; the merge kernel takes the plan's inputs (q, k, the lengths; paged: the
     block table), which the padded split's merge does not."""
     problem = _featured(head_dim, torch.bfloat16, seqlen_q=seqlen_q).with_(page_size=page_size)
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", "never")
     (padded,) = decode.compile_sm90(problem, split=True)
     monkeypatch.setattr(decode, "BALANCED_SPLIT", "always")
     assert decode.compile_plan(problem).balanced_min_blocks == decode.BALANCED_MIN_KEYS // 64
@@ -287,22 +287,20 @@ class _IgnoringCacheSeqlens(SeqlenInfo):
         return SeqlenInfo.create(batch, seqlen_q, seqlen_k, None, bottom_right)
 
 
-def _one_share_fewer(blocks, share_blocks):
-    return cutlass.max(cute.ceil_div(blocks, share_blocks) - 1, 1)
-
-
 def _last_slab_missed(parts, first, count):
     return _decode_plan.slab_range(parts, first, cutlass.max(count - 1, 1))
 
 
 # bug: (module, name, replacement, forced split count; None: the balanced split's own shares). With one
 # split only the warps' merge runs. The balanced ones: 4096 keys of 2 KV heads in 8 shares of 8 blocks.
+# A wrong share count per item is no bug to plant: the split kernel and the merge read the same plan and
+# each share's keys are the item's divided by that count, so one share fewer still covers every key (on
+# the H200 such a plant passed the check: results/h200/decode-balanced-gluon-cute/).
 PLANTED = {
     "dropped split": (_decode_plan, "split_key_range", _drop_split_one, 3),
     "merges weigh natural-log LSEs as log2": (decode, "COMBINE_LOG2_E", 1.0, 3),
     "the warps' merge weighs natural-log LSEs as log2": (decode, "COMBINE_LOG2_E", 1.0, 1),
     "split reads past its sequence's length": (decode, "SeqlenInfo", _IgnoringCacheSeqlens, 3),
-    "balanced: an item's last share is never planned": (_decode_plan, "item_shares_of", _one_share_fewer, None),
     "balanced: the merge misses an item's last slab": (decode, "slab_range", _last_slab_missed, None),
 }
 

@@ -41,19 +41,35 @@ def _problem(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int
     )  # fmt: skip
 
 
-def test_balanced_switch_is_triton_decodes_and_off_by_default(monkeypatch: pytest.MonkeyPatch):
-    assert gluon_decode.BALANCED_SPLIT == "never"
+def test_balanced_switch_is_triton_decodes_and_on_where_the_rule_splits_a_ragged_batch(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The committed "ragged-split" (results/h200/decode-balanced-gluon-cute/): a ragged batch the rule
+    splits, not one sequence, not a batch whose items alone fill the GPU (the rule's one split)."""
+    assert gluon_decode.BALANCED_SPLIT == "ragged-split"
     problem = _problem(3, 8, 2, 1, 4096, 128)
-    full = problem.with_(has_cache_seqlens=False)
-    for switch, ragged, padded in (("never", False, False), ("ragged", True, False), ("always", True, True)):
+    full, single, many = (
+        problem.with_(has_cache_seqlens=False),
+        problem.with_(batch=1),
+        _problem(64, 64, 64, 1, 4096, 64),
+    )
+    assert gluon_decode.planned_num_splits(problem, torch.device("cpu")) > 1
+    assert gluon_decode.planned_num_splits(many, torch.device("cpu")) == 1
+    cases = (
+        ("never", False, False, False, False), ("ragged", True, False, True, True),
+        ("ragged-split", True, False, False, False), ("always", True, True, True, True),
+    )  # fmt: skip
+    for switch, *expected in cases:
         monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", switch)
-        assert (gluon_decode.balanced_split(problem), gluon_decode.balanced_split(full)) == (ragged, padded), switch
+        got = [gluon_decode.balanced_split(p) for p in (problem, full, single, many)]
+        assert got == expected, switch
 
 
 def test_balanced_grid_and_workspace_follow_the_shape(monkeypatch: pytest.MonkeyPatch):
     """target shares (triton/decode's rule on gluon's M tiles and key blocks) + B · Hkv CTAs per M tile,
     a slab of group · Sq packed rows per CTA; a forced target replaces the rule's, 0 is refused."""
     monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", "always")
+    monkeypatch.setattr(gluon_decode, "BALANCED_SHARES_BY_SLOTS", True)
     problem = _problem(3, 32, 2, 8, 65536, 128)  # 128 packed rows: two 64-row M tiles
     q, k, v = make_inputs(problem, seed=0, device="cpu")
     lengths = torch.tensor((65536, 0, 7), dtype=torch.int32)

@@ -55,6 +55,7 @@ from the shape and the device only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -184,11 +185,21 @@ def balanced_target_shares(
     return max(1, min(per_sm, problem.batch * problem.kv_heads * shares_per_sequence))
 
 
-def balanced_split_applies(switch: str, problem: Problem) -> bool:
+BALANCED_SWITCHES = ("ragged", "ragged-split", "always", "never")
+
+
+def balanced_split_applies(switch: str, problem: Problem, rule_splits: Callable[[], int] | None = None) -> bool:
     """Whether a rung's ``BALANCED_SPLIT`` switch gives ``problem``'s calls the balanced split: "always",
-    "ragged" (calls with ``cache_seqlens``) or "never"; anything else is a ValueError."""
-    if switch not in ("ragged", "always", "never"):
-        raise ValueError(f"BALANCED_SPLIT must be 'ragged', 'always' or 'never', got {switch!r}")
+    "ragged" (calls with ``cache_seqlens``), "ragged-split" (calls with ``cache_seqlens`` over more than one
+    sequence whose split rule, ``rule_splits()``, splits them: where the items alone fill the GPU or one
+    sequence is all the work, the shares only add CTAs; H200, results/h200/decode-balanced-gluon-cute/) or
+    "never"; anything else is a ValueError."""
+    if switch not in BALANCED_SWITCHES:
+        raise ValueError(f"BALANCED_SPLIT must be one of {BALANCED_SWITCHES}, got {switch!r}")
+    if switch == "ragged-split":
+        if rule_splits is None:
+            raise ValueError("BALANCED_SPLIT 'ragged-split' needs the rung's split rule (rule_splits)")
+        return problem.has_cache_seqlens and problem.batch > 1 and rule_splits() > 1
     return switch == "always" or (switch == "ragged" and problem.has_cache_seqlens)
 
 

@@ -12,8 +12,8 @@ barrier, one gpu-scope acq_rel atomic on the tile's counter, the last CTA resets
 argument is in triton/decode's ``last_to_arrive``) and its ``merge_splits`` written in Gluon
 (``_merge_splits``, beside it: the same operations element by element in split order, so the same bits
 as triton/decode's merge kernel, which is the two-launch path here too: ``FUSED_MERGE = False``). With
-one split the split kernel writes O and the LSE itself. ``BALANCED_SPLIT`` (off: "never"; triton/decode's
-values) takes triton/decode's balanced split instead: a grid of target shares + B · Hkv CTAs per M tile,
+one split the split kernel writes O and the LSE itself. ``BALANCED_SPLIT`` ("ragged-split": a ragged batch the
+rule splits) takes triton/decode's balanced split instead: a grid of target shares + B · Hkv CTAs per M tile,
 each an equal share of the valid keys by the Triton stack's own device plan (``balanced_share``), its
 partials in a slab of packed rows and the item's last share merging (``BALANCED``; ``_decode_balanced.py``).
 
@@ -220,15 +220,14 @@ HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
 # (results/h200/decode-floor5/): B=32 MHA Sq=8 1k ragged 35 -> 57 %, B=32 Hkv=32 4.9k ragged 62 -> 73 %,
 # B=4 Hkv=2 D=64 276k 78 -> 88 %, the short full caches +2 points; no row lost.
 SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, SHORT_CACHE_TILE = 2, True, True
-# Seventh stop (``splits.SplitPolicy.fewer_waves``, H200, results/h200/decode-fewpairs/): B=3 Hkv=8 13k
-# 63.6 -> 58.5 us (11 -> 5 splits, one wave of the 208 KB ring's one slot); no other timed plan changed.
+# ``splits.SplitPolicy.fewer_waves`` (results/h200/decode-fewpairs/): B=3 Hkv=8 13k 63.6 -> 58.5 us, 1 wave.
 FEWER_WAVES = True
-# triton/decode's balanced split (its switch, values and share plan: "ragged", "always", "never"), off until
-# bench/gluon_balanced_ab.sh: the share rule on seed 31's B=16 MQA ragged row leaves 1143 of 2048 CTAs keyless.
-BALANCED_SPLIT = "never"
-# Its shares per SM: triton/decode's BALANCED_SHARES_PER_SM, at most the CTA slots the ring leaves (split_policy's:
-# one at D=128's long ring and D=256), so that the shares are one wave; False: triton/decode's count (the A/B).
-BALANCED_SHARES_BY_SLOTS = True
+# triton/decode's balanced split (its switch, values and share plan), where the rule splits a ragged batch
+# (H200, results/h200/decode-balanced-gluon-cute/): B=16 MQA D=256 ragged 213.5 -> 154.4 us, B=8 8k 84.9 -> 78.5;
+# where the rule does not split, B=32 Hkv=32 ragged 124.3 -> 160.8, and at B=1 128k 136.8 -> 144.0: not there.
+BALANCED_SPLIT = "ragged-split"
+# True: shares per SM at most the ring's CTA slots (1 at D=128's long ring, D=256): B=1 128k 144.0 -> 200.9 us.
+BALANCED_SHARES_BY_SLOTS = False
 SHORT_CACHE_CONFIGS = {128: DecodeConfig(64, 3)}
 SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES = 233472, 1024
 # Paged: the fewest key rows one TMA copy may take from a page (two 8-row swizzle atoms of the tile).
@@ -617,9 +616,11 @@ def planned_num_splits(problem: Problem, device: torch.device) -> int:
     return splits.planned_num_splits(problem, m_blocks_for(problem), device, split_policy(problem))
 
 
-def balanced_split(problem: Problem) -> bool:
-    """``BALANCED_SPLIT`` takes ``problem``: "always", or "ragged" on a call with cache_seqlens."""
-    return BALANCED_SPLIT == "always" or (BALANCED_SPLIT == "ragged" and problem.has_cache_seqlens)
+def balanced_split(problem: Problem, device: torch.device | None = None) -> bool:
+    """Whether ``BALANCED_SPLIT`` takes ``problem`` on ``device`` (``splits.balanced_split_applies``, this
+    rung's split rule; without a device, the rule's default SM count, as the sm_90a compile assumes)."""
+    rule_device = device or torch.device("cpu")
+    return splits.balanced_split_applies(BALANCED_SPLIT, problem, lambda: planned_num_splits(problem, rule_device))
 
 
 def split_constexprs(problem: Problem, split: bool, balanced: bool = False) -> dict[str, int | bool | None]:
@@ -658,7 +659,7 @@ class GluonDecode:
         block_table: torch.Tensor | None = None,
     ):  # fmt: skip
         policy = split_policy(problem)
-        self.balanced = balanced_split(problem)
+        self.balanced = balanced_split(problem, q.device)
         m_blocks, items = m_blocks_for(problem), problem.batch * problem.kv_heads
         if self.balanced:
             slots = policy.ctas_per_sm if BALANCED_SHARES_BY_SLOTS else None
