@@ -208,6 +208,43 @@ def test_planted_policy_bug_fails_the_rules(planted: Callable[[Problem, splits.S
     assert _policy_violations(planted), f"{planted.__name__} passed the policy's rules"
 
 
+# ----------------------------------------------------------------------------------------------------
+# The balanced split's switch (splits.balanced_split_applies)
+# ----------------------------------------------------------------------------------------------------
+def _balanced_violations(applies: Callable[..., bool]) -> list[str]:
+    """The switch's rules, on a ragged batch, a padded one, one sequence, and a rule that does not split."""
+    ragged, padded = _problem(4, 8, 65536, ragged=True), _problem(4, 8, 65536)
+    single = _problem(1, 8, 65536, ragged=True)
+    cases = {  # (switch, problem, the rule's split count): applies
+        ("never", ragged, 8): False, ("always", padded, 1): True, ("ragged", ragged, 1): True,
+        ("ragged", padded, 8): False, ("ragged-split", ragged, 8): True, ("ragged-split", ragged, 1): False,
+        ("ragged-split", single, 8): False, ("ragged-split", padded, 8): False,
+    }  # fmt: skip
+    return [str(case) for case, want in cases.items() if applies(case[0], case[1], lambda n=case[2]: n) != want]
+
+
+def _ragged_split_ignores_the_rule(switch: str, problem: Problem, rule: Callable[[], int]) -> bool:
+    return splits.balanced_split_applies("ragged" if switch == "ragged-split" else switch, problem, rule)
+
+
+def _ragged_split_at_one_sequence(switch: str, problem: Problem, rule: Callable[[], int]) -> bool:
+    one = switch == "ragged-split" and problem.batch == 1 and problem.has_cache_seqlens and rule() > 1
+    return one or splits.balanced_split_applies(switch, problem, rule)
+
+
+def test_balanced_switch_values_and_their_rules():
+    assert not _balanced_violations(splits.balanced_split_applies)
+    with pytest.raises(ValueError, match="must be one of"):
+        splits.balanced_split_applies("sometimes", _problem(4, 8, 65536, ragged=True))
+    with pytest.raises(ValueError, match="needs the rung's split rule"):
+        splits.balanced_split_applies("ragged-split", _problem(4, 8, 65536, ragged=True))
+
+
+@pytest.mark.parametrize("planted", [_ragged_split_ignores_the_rule, _ragged_split_at_one_sequence])
+def test_planted_balanced_switch_bug_fails_its_rules(planted: Callable[..., bool]):
+    assert _balanced_violations(planted), f"{planted.__name__} passed the switch's rules"
+
+
 def test_committed_switches_and_with_them_off_each_rung_asks_the_default_policy():
     """The values the H200 A/Bs chose (results/h200/decode-floor5/, decode-fewpairs/); with every switch off
     (the fixture) each rung asks the split rule as it was before the fifth stop."""
