@@ -154,9 +154,10 @@ def test_compiles_for_sm90_without_spills(head_dim: int, dtype: torch.dtype):
             assert spills == 0, f"{problem.describe()} {kind}: {usage['registers']} registers, {spills} B spilled"
 
 
-# The balanced split (BALANCED_SPLIT "always"): D 64, 128 and 256; one token and 8; paged (pages of 32) and
-# contiguous; GQA, bottom-right, cache lengths and the LSE.
-BALANCED_COMPILES = [(64, 1, 0), (64, 8, 32), (128, 1, 32), (128, 8, 0), (256, 1, 0), (256, 8, 32)]
+# The balanced split (BALANCED_SPLIT "always"): each head dim once, one token and 8, paged (pages of 32) and
+# contiguous; GQA, bottom-right, cache lengths and the LSE (three of the six, for CI's time: the other three
+# compiled without spills when the split was built, and the GPU tests run all of them).
+BALANCED_COMPILES = [(64, 8, 32), (128, 1, 32), (256, 8, 0)]
 
 
 @pytest.mark.cute_compile
