@@ -156,7 +156,7 @@ def test_compiles_for_sm90_without_spills(head_dim: int, dtype: torch.dtype):
 
 # The balanced split (BALANCED_SPLIT "always"): each head dim once, one token and 8, paged (pages of 32) and
 # contiguous; GQA, bottom-right, cache lengths and the LSE (three of the six, for CI's time: the other three
-# compiled without spills when the split was built, and the GPU tests run all of them).
+# compiled without spills when the split was built; the GPU tests run it at every head dim).
 BALANCED_COMPILES = [(64, 8, 32), (128, 1, 32), (256, 8, 0)]
 
 
