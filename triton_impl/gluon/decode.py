@@ -123,6 +123,7 @@ from common.contract.problem import Problem
 from common.contract.registry import Runner, warmed_up
 from common.contract.validation import kernel_operand, validate_for_problem
 from common.toolchain.compile import KernelBinary
+from common.toolchain.releases import triton_release
 from triton_impl import decode as triton_decode
 from triton_impl._host import (
     LOG2_E,
@@ -208,17 +209,11 @@ class DecodeConfig:
 # low shapes: ragged B=8 D=64 73 -> 84 % of the read bandwidth, paged ragged D=64 61 -> 64 %;
 # results/h200/decode-floor/); D=256 three 64 KB stages of 64 keys (224 KB with its 32 KB Q tile, under
 # the 227 KB a CTA may use).
-DEFAULT_CONFIGS: dict[int, DecodeConfig] = {
-    64: DecodeConfig(64, 6),
-    128: DecodeConfig(128, 3),
-    256: DecodeConfig(64, 3),
-}
+DEFAULT_CONFIGS = {64: DecodeConfig(64, 6), 128: DecodeConfig(128, 3), 256: DecodeConfig(64, 3)}
 HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
-# Issue #38's fifth stop: triton/decode's split-policy switches (slots up to what the ring leaves:
-# split_policy); SHORT_CACHE_TILE: a short padded cache takes a ring two CTAs share an SM with, one's fixed
-# costs under the other's copies (D=128's 208 KB ring: 34 % at B=32 MHA Sq=8 1k). All on after the H200 A/B
-# (results/h200/decode-floor5/): B=32 MHA Sq=8 1k ragged 35 -> 57 %, B=32 Hkv=32 4.9k ragged 62 -> 73 %,
-# B=4 Hkv=2 D=64 276k 78 -> 88 %, the short full caches +2 points; no row lost.
+# Issue #38's fifth stop: triton/decode's split-policy switches (slots up to what the ring leaves); SHORT_CACHE_TILE:
+# a short padded cache takes a ring two CTAs share an SM with (D=128's 208 KB ring: 34 % at B=32 MHA Sq=8 1k). All on
+# after the H200 A/B (results/h200/decode-floor5/): B=32 MHA Sq=8 1k ragged 35 -> 57 %, B=4 Hkv=2 D=64 276k 78 -> 88 %.
 SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, SHORT_CACHE_TILE = 2, True, True
 # ``splits.SplitPolicy.fewer_waves`` (results/h200/decode-fewpairs/): B=3 Hkv=8 13k 63.6 -> 58.5 us, 1 wave.
 FEWER_WAVES = True
@@ -228,6 +223,8 @@ FEWER_WAVES = True
 BALANCED_SPLIT = "ragged-split"
 # True: shares per SM at most the ring's CTA slots (1 at D=128's long ring, D=256): B=1 128k 144.0 -> 200.9 us.
 BALANCED_SHARES_BY_SLOTS = False
+# Triton release -> head dims whose balanced kernel spills (3.9, D=256: 16-40 bytes a thread): never balanced there.
+BALANCED_SPILLS = {"3.9": (256,)}
 SHORT_CACHE_CONFIGS = {128: DecodeConfig(64, 3)}
 SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES = 233472, 1024
 # Paged: the fewest key rows one TMA copy may take from a page (two 8-row swizzle atoms of the tile).
@@ -618,7 +615,10 @@ def planned_num_splits(problem: Problem, device: torch.device) -> int:
 
 def balanced_split(problem: Problem, device: torch.device | None = None) -> bool:
     """Whether ``BALANCED_SPLIT`` takes ``problem`` on ``device`` (``splits.balanced_split_applies``, this
-    rung's split rule; without a device, the rule's default SM count, as the sm_90a compile assumes)."""
+    rung's split rule; without a device, its default SM count, as the sm_90a compile assumes; never where
+    the balanced kernel spills under this Triton release: ``BALANCED_SPILLS``)."""
+    if problem.head_dim in BALANCED_SPILLS.get(triton_release(), ()):
+        return False
     rule_device = device or torch.device("cpu")
     return splits.balanced_split_applies(BALANCED_SPLIT, problem, lambda: planned_num_splits(problem, rule_device))
 
