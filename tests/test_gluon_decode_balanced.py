@@ -27,7 +27,6 @@ from common.toolchain.releases import triton_release
 from tests._helpers import json_from_child
 from tests.test_decode import _check_graph_replays, _with_splits, assert_launches_repeat
 from triton_impl import decode as triton_decode
-from triton_impl._host import balanced_shares_for
 from triton_impl.gluon import decode as gluon_decode
 
 CPU = torch.device("cpu")
@@ -79,7 +78,7 @@ def test_balanced_grid_and_workspace_follow_the_shape(monkeypatch: pytest.Monkey
     assert gluon_decode.split_policy(problem).ctas_per_sm == 1
     target = splits.DEFAULT_SM_COUNT // 2
     block_n = gluon_decode.decode_config(problem).block_n
-    assert target == balanced_shares_for(problem, CPU, 2, block_n, 1, triton_decode.BALANCED_MIN_KEYS)
+    assert target == splits.balanced_target_shares(problem, CPU, 2, block_n, 1, triton_decode.BALANCED_MIN_KEYS)
     monkeypatch.setattr(gluon_decode, "BALANCED_SHARES_BY_SLOTS", False)
     assert gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths).num_splits == 2 * target
     monkeypatch.setattr(gluon_decode, "BALANCED_SHARES_BY_SLOTS", True)

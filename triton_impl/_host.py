@@ -22,7 +22,6 @@ from typing import Any
 import torch
 import triton
 
-from common.contract import splits
 from common.contract.capability import FEATURES, check_features
 from common.contract.devices import (
     lasting,
@@ -275,10 +274,6 @@ def split_workspace(problem: Problem, num_splits: int, device: torch.device) -> 
     partial_shapes = ((*partial_shape, problem.head_dim), partial_shape) if num_splits > 1 else ((1,), (1,))
     out_partial, lse_partial = (torch.empty(shape, dtype=torch.float32, device=device) for shape in partial_shapes)
     return out_partial, lse_partial
-
-
-# The balanced split's shares per M tile (decode, every stack): the shared host math of common/contract/splits.py.
-balanced_shares_for = splits.balanced_target_shares
 
 
 def balanced_workspace(problem: Problem, slabs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

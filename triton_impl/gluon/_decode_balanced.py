@@ -18,9 +18,9 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from common.contract import splits
 from common.contract.problem import Problem
 from triton_impl import decode as triton_decode
-from triton_impl._host import balanced_shares_for
 from triton_impl.gluon._decode_merge import _last_to_arrive, _merge_tile, _store_output, _store_partials
 
 
@@ -58,11 +58,9 @@ def balanced_sizes(
 ) -> tuple[int, int, int]:
     """The balanced kernel's (batch size, target shares, fewest key blocks a share takes): triton/decode's
     ``BALANCED_SHARES_PER_SM`` (at most ``slots``, the CTAs an SM holds, unless None) and
-    ``BALANCED_MIN_KEYS`` on ``m_blocks`` tiles of ``block_n``-key blocks (``_host.balanced_shares_for``);
+    ``BALANCED_MIN_KEYS`` on ``m_blocks`` tiles of ``block_n``-key blocks (``splits.resolve_balanced_shares``);
     ``shares`` forces the target."""
-    if shares is not None and shares < 1:
-        raise ValueError(f"num_splits (the balanced split's shares) must be >= 1, got {shares}")
     per_sm, min_keys = triton_decode.BALANCED_SHARES_PER_SM, triton_decode.BALANCED_MIN_KEYS
     per_sm = per_sm if slots is None else min(per_sm, slots)
-    target = shares or balanced_shares_for(problem, device, m_blocks, block_n, per_sm, min_keys)
-    return problem.batch, target, -(-min_keys // block_n)
+    target = splits.resolve_balanced_shares(shares, problem, device, m_blocks, block_n, per_sm, min_keys)
+    return problem.batch, target, splits.balanced_min_share_blocks(block_n, min_keys)
