@@ -40,13 +40,14 @@ SETTINGS = (
 MODULES = {"cute/decode": "cute_impl.decode", "triton/decode": "triton_impl.decode"}
 
 
-def cases() -> list:
-    """:data:`CASES` as DecodeCases (the full caches with every length given, so "ragged" would apply)."""
+def cases(entries: tuple = CASES) -> list:
+    """``entries`` (:data:`CASES`) as DecodeCases (the full caches with every length given, so "ragged" would
+    apply)."""
     from common.measure.decode_sweep import DecodeCase, decode_problem, random_cases
 
-    drawn = {seed: random_cases(8, seed) for seed in {entry[0] for entry in CASES if len(entry) == 2}}
+    drawn = {seed: random_cases(8, seed) for seed in {entry[0] for entry in entries if len(entry) == 2}}
     result = []
-    for entry in CASES:
+    for entry in entries:
         if len(entry) == 2:
             result.append(drawn[entry[0]][entry[1]])
         else:
@@ -70,8 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     return run(args)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Every row of the module docstring; 0 when each setting passed its check and both rungs were available."""
+def run(args: argparse.Namespace, settings: tuple = SETTINGS, modules: dict = MODULES, entries: tuple = CASES) -> int:
+    """Every row of the module docstring (or ``settings`` of the rungs in ``modules`` on ``entries``); 0 when each
+    setting passed its check and every rung was available."""
     import torch
 
     from common.contract.registry import discover, per_call_inputs
@@ -80,24 +82,24 @@ def run(args: argparse.Namespace) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     device, rows = torch.device("cuda"), []
-    impls = {i.name: i for i in discover(include_baselines=False)[0] if i.name in MODULES}
+    impls = {i.name: i for i in discover(include_baselines=False)[0] if i.name in modules}
     read_gbps = measure_read_gbps(device)
     print(f"read bandwidth (4 GiB sum, do_bench): {read_gbps:.0f} GB/s", flush=True)
     freeze_imports()
     with (args.out / "balanced.csv").open("w", newline="") as handle:
         emit = emitter(handle, rows)
-        for case in cases():
+        for case in cases(entries):
             print(f"-- {case.describe()}", flush=True)
             flat = torch.ones(case.kv_bytes_read // 2, dtype=torch.bfloat16, device=device)
             emit(row("read", case, "sum", 0, "ok", timings(flat.sum, args.rep, args.reps), read_gbps, 0.0, ""))
             del flat
             workload = make_workload(case.problem, "cuda", case.cache_seqlens(device), on_device=True)
             extra = per_call_inputs(case.problem, workload.cache_seqlens, workload.block_table)
-            for name, setting, switches in SETTINGS:
+            for name, setting, switches in settings:
                 if name not in impls:
                     emit(row(name, case, setting, 0, "missing", {}, read_gbps, 0.0, "not available here"))
                     continue
-                with switched(importlib.import_module(MODULES[name]), switches):
+                with switched(importlib.import_module(modules[name]), switches):
                     status, splits, us, err, why = measure_setting(impls[name], case, workload, extra, args, None)
                 emit(row(name, case, setting, splits, status, us, read_gbps, err, why))
             del workload, extra

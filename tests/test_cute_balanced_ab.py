@@ -40,3 +40,22 @@ def test_settings_switch_the_balanced_split_and_restore_it():
     # The ragged MQA row: 264 shares (2 per SM of 132) + 16 items, where the padded split launches 2048 CTAs.
     tile_n = decode.TILE_CONFIGS[256].tile_n
     assert splits.balanced_target_shares(problem, CPU, 1, tile_n, decode.BALANCED_SHARES_PER_SM) == 264
+
+
+def test_triton_settings_switch_its_balanced_split_only_where_the_rule_splits():
+    """bench/triton_balanced_ab.py: "ragged" balances every row given lengths, "ragged-split" not B=1 (one
+    sequence is all the work), and the committed switch comes back. Seed 31's B=32 Hkv=32 row, one split in
+    gluon's rule, is two in triton's (two CTAs an SM), so "ragged-split" still balances it here."""
+    from bench import triton_balanced_ab
+    from triton_impl import decode as triton_decode
+
+    committed = triton_decode.BALANCED_SPLIT
+    rows = cute_balanced_ab.cases(triton_balanced_ab.CASES)
+    assert rows[1].describe().startswith("B=32 H=512 Hkv=32 Sq=8")
+    taken = {}
+    for name, setting, switches in triton_balanced_ab.SETTINGS:
+        if name == "triton/decode":
+            with switched(triton_decode, switches):
+                taken[setting] = [triton_decode.balanced_split(row.problem, CPU) for row in rows]
+    assert taken == {"ragged": [True] * 6, "ragged-split": [True] * 5 + [False], "never": [False] * 6}
+    assert committed == triton_decode.BALANCED_SPLIT

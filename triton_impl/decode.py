@@ -644,7 +644,7 @@ def bind(
     merges its splits itself (with ``FUSED_MERGE`` off and more than one split, the merge kernel
     follows). ``num_splits`` overrides the rule (sweeps, tests). A call with ``cache_seqlens`` binds
     :func:`bind_balanced` instead (``BALANCED_SPLIT``)."""
-    if splits.balanced_split_applies(BALANCED_SPLIT, problem):
+    if balanced_split(problem, q.device):
         return bind_balanced(q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table, shares=num_splits)
     num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device, split_policy(problem))
     out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
@@ -674,6 +674,12 @@ def bind(
     run.balanced = False
     run.num_stages = split_options["num_stages"]
     return run
+
+
+def balanced_split(problem: Problem, device: torch.device) -> bool:
+    """Whether ``BALANCED_SPLIT`` gives ``problem``'s calls on ``device`` the balanced split
+    (``splits.balanced_split_applies`` with this rung's split rule)."""
+    return splits.balanced_split_applies(BALANCED_SPLIT, problem, lambda: planned_num_splits(problem, device))
 
 
 def balanced_target_shares(problem: Problem, device: torch.device) -> int:
