@@ -143,7 +143,7 @@ def plan_signature(impl_name: str, problem, device) -> tuple:
     module = importlib.import_module(RUNG_MODULES[impl_name])
     num_splits = module.planned_num_splits(problem, device)
     if impl_name == "triton/decode":
-        if module.BALANCED_SPLIT == "always" or (module.BALANCED_SPLIT == "ragged" and problem.has_cache_seqlens):
+        if module.balanced_split(problem, device):
             return "balanced", module.tile_config(problem), module.num_stages_for(problem)
         ctas = num_splits * module.m_blocks_for(problem) * problem.batch * problem.kv_heads
         deep = module.DEEP_RING and ctas <= splits.sm_count(device)

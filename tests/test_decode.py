@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import importlib
 import json
+import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -54,11 +55,18 @@ LENGTHS = (SEQLEN_K, 0, 131)
 COMMITTED_BALANCED_SPLIT = decode.BALANCED_SPLIT
 
 
+# The decode rungs with a balanced split, by module (cute's only where the CuTe DSL imported it).
+BALANCED_MODULES = ("triton_impl.decode", "triton_impl.gluon.decode", "cute_impl.decode")
+
+
 @pytest.fixture(autouse=True)
 def padded_split(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The padded-Sk split for every call: most tests here force its split counts, merge and planted
-    bugs; the balanced split's tests turn it back on (``balanced``)."""
-    monkeypatch.setattr(decode, "BALANCED_SPLIT", "never")
+    """The padded-Sk split for every call of every decode rung: most tests here force its split counts,
+    merge and planted bugs (gluon's and cute's "ragged-split" would take the ragged GPU cases elsewhere);
+    the balanced split's tests turn it back on (``balanced``, ``_balanced``)."""
+    for name in BALANCED_MODULES:
+        if name in sys.modules:
+            monkeypatch.setattr(sys.modules[name], "BALANCED_SPLIT", "never")
 
 
 # Every registered decode rung, for the GPU tests.
@@ -375,11 +383,19 @@ def balanced(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_balanced_split_is_the_default_with_cache_seqlens_and_its_grid_is_fixed_by_the_shape(
     monkeypatch: pytest.MonkeyPatch,
 ):
-    """A call with cache_seqlens takes the balanced split, one without the padded-Sk split; the balanced
-    grid follows from the shape and the SM count (a CUDA graph keeps it), never from the lengths."""
+    """As committed ("ragged-split"), a call with cache_seqlens over several sequences that the split rule
+    splits takes the balanced split; one sequence, a rule of one split or no cache_seqlens the padded-Sk
+    split. The balanced grid follows from the shape and the SM count (a CUDA graph keeps it), never from
+    the lengths."""
     monkeypatch.setattr(decode, "BALANCED_SPLIT", COMMITTED_BALANCED_SPLIT)
-    assert COMMITTED_BALANCED_SPLIT == "ragged"
+    assert COMMITTED_BALANCED_SPLIT == "ragged-split"
     problem = _balanced_problem(1, 2, 64, 0, (300, 0, 131))
+    long = problem.with_(seqlen_k=65536)
+    assert decode.planned_num_splits(long, CPU) > 1 and decode.balanced_split(long, CPU)
+    assert not decode.balanced_split(long.with_(has_cache_seqlens=False), CPU)
+    assert not decode.balanced_split(long.with_(batch=1), CPU)
+    assert decode.balanced_split(problem, CPU) == (decode.planned_num_splits(problem, CPU) > 1)
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", "ragged")
     inputs = make_inputs(problem, seed=0, device="cpu")
     lengths = torch.tensor((300, 0, 131), dtype=torch.int32)
     assert decode.bind(*inputs, problem, cache_seqlens=lengths, num_splits=3).balanced is True

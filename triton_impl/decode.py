@@ -55,10 +55,11 @@ each sequence's splits follow its own length: a short one gets short or empty sp
 (issue #38, timed by ``bench/decode_floor5.sh``): ``SPLIT_CTAS_PER_SM`` (two), ``SHORT_CACHE_ONE_SPLIT``, ``DEEP_RING``
 (cute's ring depth), ``SHORT_CACHE_TILE`` (32-key blocks). ``bind(..., num_splits=n)`` forces a count.
 
-The balanced split (``BALANCED_SPLIT = "ragged"``: every call with ``cache_seqlens``; H200 A/B in
-``results/h200/decode-balanced/``): in a ragged batch the rule's splits of a short sequence end at once while the long
-one's few carry its keys. ``_balanced_split_kernel`` gives every CTA an equal share of the valid keys,
-FlashInfer's plan done on the device (``balanced_share``): each CTA reads the B lengths, sizes a share
+The balanced split (``BALANCED_SPLIT = "ragged-split"``: a call with ``cache_seqlens`` over several sequences
+whose split rule splits them, as in gluon/decode and cute/decode; H200 A/Bs in ``results/h200/decode-balanced/``
+and ``results/h200/decode-balanced-triton/``): in a ragged batch the rule's splits of a short sequence end at
+once while the long one's few carry its keys. ``_balanced_split_kernel`` gives every CTA an equal share of the
+valid keys, FlashInfer's plan done on the device (``balanced_share``): each CTA reads the B lengths, sizes a share
 as total key blocks / ``target_shares`` (at least ``BALANCED_MIN_KEYS``), gives each (batch, KV head)
 cdiv(its blocks, share) splits (one for an empty sequence) and finds its own in their prefix sum. The
 grid, target_shares (``BALANCED_SHARES_PER_SM`` per SM over the M tiles) + B · Hkv CTAs per M tile,
@@ -151,10 +152,11 @@ MERGE_STEP_REGISTERS = 64
 # The splits of a tile merged by the last of them to finish, in the split kernel (one launch a step);
 # False: by a second kernel (bench/decode_floor.py sets it to time both in one process).
 FUSED_MERGE = True
-# The balanced split (module docstring) for calls with cache_seqlens ("always"/"never": tests, bench): on an
-# H200 +2 to +19 points on ragged caches, up to -8 on full ones (results/h200/decode-balanced/); shares of at
-# least BALANCED_MIN_KEYS keys, BALANCED_SHARES_PER_SM per SM; the lengths' vector at least MIN_BLOCK_B long.
-BALANCED_SPLIT = "ragged"
+# The balanced split (module docstring; switch values: splits.BALANCED_SWITCHES): on an H200 +2 to +19 points
+# on ragged caches, up to -8 on full ones (results/h200/decode-balanced/); "ragged-split" rather than "ragged"
+# (every call with cache_seqlens): level on every ragged row, B=1 128k 146.7 -> 145.2 us (decode-balanced-triton).
+# Shares of at least BALANCED_MIN_KEYS keys, BALANCED_SHARES_PER_SM per SM; the lengths' vector >= MIN_BLOCK_B.
+BALANCED_SPLIT = "ragged-split"
 BALANCED_SHARES_PER_SM = 2
 BALANCED_MIN_KEYS = splits.MIN_KEYS_PER_SPLIT
 MIN_BLOCK_B = 16
