@@ -260,14 +260,18 @@ def run_candidates(
     variants: Sequence[str] | None = None,
 ) -> int:
     """``variants``: only the candidates with these labels, in this order (default all); ``default``
-    names each head dim's first candidate, the rung's default."""
+    names each head dim's first candidate, the rung's default. A named label may also be one of the rung's
+    ``ALL_CANDIDATES`` that no release lists (an off-by-default variant under A/B); a label a head dim
+    lacks is left out at that head dim."""
     import torch
 
     from common.contract.api import attention
 
     candidate = CANDIDATE_RUNGS[rung]
-    candidates = importlib.import_module(candidate.module).CANDIDATES
-    known = {DEFAULT_VARIANT} | {config.label for configs in candidates.values() for config in configs}
+    module = importlib.import_module(candidate.module)
+    candidates = module.CANDIDATES
+    nameable = getattr(module, "ALL_CANDIDATES", candidates)
+    known = {DEFAULT_VARIANT} | {config.label for configs in nameable.values() for config in configs}
     if set(variants or ()) - known:
         raise ValueError(f"--variant {sorted(set(variants) - known)} not among {rung}'s candidates {sorted(known)}")
     forward = candidate.forward or CANDIDATE_FORWARD
@@ -286,7 +290,8 @@ def run_candidates(
         configs = candidates[shape[4]]
         if variants:  # in the order given, so that the budget skips the last ones named
             labels = [configs[0].label if label == DEFAULT_VARIANT else label for label in variants]
-            configs = [config for label in dict.fromkeys(labels) for config in configs if config.label == label]
+            pool = nameable[shape[4]]
+            configs = [config for label in dict.fromkeys(labels) for config in pool if config.label == label]
         for config in configs:
             base = {"shape": shape[0], "impl": candidate.name, "variant": config.label}
             row = candidate_row(shape, config, inputs, saved, grads[REFERENCE], candidate)

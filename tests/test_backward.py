@@ -13,6 +13,7 @@ sm_90a without spills (in a child process, as the interpreter is chosen when Tri
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -370,8 +371,8 @@ for head_dim, variants in gluon_backward.CANDIDATES.items():
     for tiles in variants:
         for features in ({}, {"causal": True, "causal_alignment": "bottom_right"}):
             problem = Problem(2, 16, 1000, 777, head_dim, torch.bfloat16, kv_heads=4, **features)
-            # The atomic dQ's last launch is the tiled rung's conversion kernel (compiled above at D=64).
-            for binary in gluon_backward.compile_sm90(problem, tiles)[1 : 2 if tiles.atomic_dq else 3]:
+            # An in-kernel dQ's last launch is a conversion kernel (tests/test_gluon_backward_dq.py).
+            for binary in gluon_backward.compile_sm90(problem, tiles)[1 : 3 if tiles.dq == "pass" else 2]:
                 usage = next(iter(cubin_resources(binary.cubin).values()))
                 assert binary.shared_bytes <= 232_448, (tiles.label, binary.name, binary.shared_bytes)
                 # What the rung claims: TMA, mbarriers, wgmma and setmaxnreg; no mma.sync, no cp.async.
@@ -476,9 +477,9 @@ def test_gluon_overlapped_tiles_refuse_a_single_ring_slot() -> None:
     with pytest.raises(ValueError, match="two ring slots"):
         gluon_backward.BackwardTiles(32, 1, 128, 2, overlap=True, dq_overlap=False)
     # The atomic dQ is built on the non-overlapped step only; its label names no dQ pass.
-    with pytest.raises(ValueError, match="atomic dQ"):
-        gluon_backward.BackwardTiles(32, 3, 64, 3, overlap=True, atomic_dq=True)
-    assert gluon_backward.BackwardTiles(32, 3, 64, 3, atomic_dq=True).label == "dkdv 128x32 s3, dq atomic"
+    with pytest.raises(ValueError, match="in-kernel dQ"):
+        gluon_backward.BackwardTiles(32, 3, 64, 3, overlap=True, dq="atomic")
+    assert gluon_backward.BackwardTiles(32, 3, 64, 3, dq="atomic").label == "dkdv 128x32 s3, dq atomic"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -522,6 +523,23 @@ def test_bench_candidates_times_only_the_variants_named_in_their_order(tiny_benc
     assert [row["variant"] for row in rows if row["impl"] == "triton/backward/tiled"] == [labels[2], labels[0]]
     with pytest.raises(ValueError, match=r"\['no such variant'\] not among tiled's candidates"):
         tiny_bench.run_candidates(tmp_path / "bad", budget_s=600, variants=["no such variant"])
+
+
+def test_bench_candidates_times_a_named_variant_no_release_lists(
+    tiny_bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--variant`` may name one of the rung's ``ALL_CANDIDATES`` that ``CANDIDATES`` leaves out (an
+    off-by-default variant under A/B); ``default`` stays ``CANDIDATES``' first. Planted: without
+    ``ALL_CANDIDATES`` the same label is refused."""
+    listed = tiled_backward.CANDIDATES[64]
+    extra = dataclasses.replace(listed[0], num_stages=listed[0].num_stages + 1)
+    assert extra.label not in {config.label for config in listed}
+    with pytest.raises(ValueError, match="not among tiled's candidates"):
+        tiny_bench.run_candidates(tmp_path / "bad", budget_s=600, variants=[extra.label])
+    monkeypatch.setattr(tiled_backward, "ALL_CANDIDATES", {64: (*listed, extra)}, raising=False)
+    assert tiny_bench.run_candidates(tmp_path, budget_s=600, variants=["default", extra.label]) == 0
+    rows = read_rows(tmp_path / "candidates.csv")
+    assert [row["variant"] for row in rows if row["impl"] == "triton/backward/tiled"] == [listed[0].label, extra.label]
 
 
 def test_bench_candidates_reports_a_wrong_variant_untimed(tiny_bench, tmp_path: Path, monkeypatch) -> None:

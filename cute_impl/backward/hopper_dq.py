@@ -38,7 +38,7 @@ memory by ``stmatrix``, one swizzled address per four 8×8 matrices: stored elem
 kept 16 precomputed swizzled addresses live across the loop and spilled 72 bytes at D=128.
 
 Counterparts: FlashAttention-4's ``flash_attn/cute/flash_bwd_sm90.py`` (the model: dQaccum store warp,
-bulk reduce-add, postprocess); ``triton_impl/gluon/backward.py``'s ``atomic_dq`` (the same dS exchange
+bulk reduce-add, postprocess); ``triton_impl/gluon/backward.py``'s ``dq="atomic"`` (the same dS exchange
 with per-element fp32 atomics from the consumers' registers, which lost to its dQ pass).
 
 Limits: 64 or 128 query rows per step (one or two m64 dQ tiles); dQ retires within its step (``hand_over``

@@ -339,7 +339,7 @@ def _packed_pairs(P, dtype: gl.constexpr):
 
 
 # ----------------------------------------------------------------------------------------------
-# The backward's atomic dQ (gluon/backward/hopper, ``BackwardTiles.atomic_dq``)
+# The backward's in-kernel dQ (gluon/backward/hopper, ``BackwardTiles.dq``, ``backward_dq.py``)
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
 def share_ds(d_s_t, step, index, ds_all, ds_ready):

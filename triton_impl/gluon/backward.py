@@ -41,21 +41,20 @@ Algorithm (three launches):
      P = exp2(S · softmax_scale_log2 − LSE₂) (masked: ``attention_mask``), dS = P ∘ (dP − D),
      dQ += dS K; at the end dQ ·= softmax_scale, out by a TMA store.
 
-dQ: by a separate pass (step 3; the Triton tutorial's choice and the Triton rung's fastest), whose products
-are the forward's shapes: deterministic, no fp32 buffer, but seven products per tile instead of five. The
-atomic dQ (``BackwardTiles.atomic_dq``, FA3's choice; D=128, plain steps, listed by no release) has no pass:
-in step 2b the consumers share their dSᵀ through shared memory (``_device.share_ds``), each makes dQᵀ = Kᵀ dSᵀ
-for its half of D (``dq_t_product``, Kᵀ an MN-major view of the K tiles) and adds it to a zeroed fp32 buffer
-by relaxed atomics (``add_dq``; ``tiled._dq_convert_kernel`` scales and casts). It lost (P1: 319 TFLOP/s, the
-default 456; ``results/h200/backward-gluon-candidates-atomic/``): the per-element reductions, issued by the
-consumers after a wait for dQᵀ, and the per-step dSᵀ exchange cost more than the pass they remove.
+dQ (``BackwardTiles.dq``): by default (``"pass"``) a separate pass (step 3; the Triton tutorial's choice and the
+Triton rung's fastest), whose products are the forward's shapes: deterministic, no fp32 buffer, but seven
+products per tile instead of five. ``"atomic"`` and ``"reduce"`` (D=128, plain steps, listed by no release;
+``backward_dq.py``) have no pass: in step 2b the consumers share their dSᵀ through shared memory, each makes
+dQᵀ = Kᵀ dSᵀ for its half of D and adds it to a zeroed fp32 buffer, by relaxed per-element atomics (lost: P1
+319 TFLOP/s, the default 456; ``results/h200/backward-gluon-candidates-atomic/``) or, FA3's way, through an
+fp32 staging tile and one TMA bulk reduce-add per step into a transposed accumulator; a last kernel converts.
 
 Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` (K, V once per dK/dV CTA; Q, dO once per (key block,
 query block) through a ``NUM_STAGES``-slot ring; LSE₂ and D by plain loads into the registers of the rows'
 layout, masked, under the wgmmas, or with ``tma_rows`` by TMA with Q and dO into the ring slot, each head's
 rows padded to a 16-byte stride, ``backward_rows.py``); SMEM → tensor cores by ``wgmma.mma_async``; Pᵀ and
-dSᵀ never leave registers (packed two per 32-bit word by ``cvt``, ``_device._operand_p``); dK, dV and dQ
-registers → SMEM → HBM by TMA stores.
+dSᵀ are operands from registers (packed two per 32-bit word by ``cvt``, ``_device._operand_p``; an in-kernel dQ
+also shares dSᵀ through SMEM); dK, dV and dQ registers → SMEM → HBM by TMA stores (``"reduce"``: reduce-adds).
 
 Constraints: fp16 and bf16; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA and
 MQA (dK and dV summed over the group's query heads in registers, no atomics); the LSE's gradient (``d_lse``);
@@ -70,7 +69,7 @@ reduce-adds from shared memory issued by a warp of its own. Limits (not done): w
 default) the consumers wait for each step's last products before freeing the slot, so a step's softmax does
 not run under the previous step's dK product (the overlapped tiles do that; no product stays in flight across
 a loop's back edge, which made ptxas serialise every wgmma); no ping-pong between the consumers, no persistent
-scheduler, no reduce-add dQ.
+scheduler; the reduce-add dQ is issued by the consumers (FA4: a warp of its own) and untimed yet.
 """
 
 from __future__ import annotations
@@ -102,7 +101,6 @@ from triton_impl.gluon._device import (
     _tma_load,
     _tma_store,
     _values_product,
-    add_dq,
     attention_mask,
     block_range,
     dq_t_product,
@@ -120,6 +118,17 @@ from triton_impl.gluon._host import (
     GluonConfig,
     descriptor,
     gluon_device_supported,
+)
+from triton_impl.gluon.backward_dq import (
+    DQ_MODES,
+    IN_KERNEL_HEAD_DIM,
+    accumulator_descriptor,
+    add_dq_share,
+    allocate_dq,
+    convert_launch,
+    k_halves,
+    k_tiles_free,
+    transposed_accumulator,
 )
 from triton_impl.gluon.backward_rows import ROW_ALIGN, allocate_rows, dkdv_rows, head_rows, load_slot, step_rows
 
@@ -145,9 +154,9 @@ class BackwardTiles:
     dq_stages: int
     overlap: bool = False
     dq_overlap: bool | None = None  # None: as ``overlap``
-    # dQ by fp32 atomics from the dK/dV kernel (``_device.dq_t_product``, ``_device.add_dq``), no dQ pass
-    # (its two tile fields unused).
-    atomic_dq: bool = False
+    # "pass": dQ by the separate kernel; "atomic" or "reduce": in the dK/dV kernel by fp32 atomics or TMA
+    # reduce-adds (``backward_dq.py``), no dQ pass (its two tile fields unused).
+    dq: str = "pass"
     # LSE₂ and D of each query block by TMA into the Q and dO ring slot (``backward_rows.py``), not from HBM.
     tma_rows: bool = False
 
@@ -155,8 +164,10 @@ class BackwardTiles:
         # Overlapped, a slot is freed one step late: one slot would deadlock the load warp.
         if (self.overlap and self.dkdv_stages < 2) or (self.overlaps_dq and self.dq_stages < 2):
             raise ValueError(f"overlapped steps need two ring slots or more per kernel, got {self}")
-        if self.overlap and self.atomic_dq:
-            raise ValueError(f"the atomic dQ is built for the non-overlapped steps only, got {self}")
+        if self.dq not in DQ_MODES:
+            raise ValueError(f"dq is one of {DQ_MODES}, got {self.dq!r}")
+        if self.overlap and self.dq != "pass":
+            raise ValueError(f"the in-kernel dQ is built for the non-overlapped steps only, got {self}")
 
     @property
     def overlaps_dq(self) -> bool:
@@ -164,7 +175,7 @@ class BackwardTiles:
 
     @property
     def label(self) -> str:
-        dq = "dq atomic" if self.atomic_dq else f"dq 128x{self.dq_block_n} s{self.dq_stages}"
+        dq = f"dq {self.dq}" if self.dq != "pass" else f"dq 128x{self.dq_block_n} s{self.dq_stages}"
         overlap = {(True, True): " overlap", (True, False): " overlap dkdv", (False, True): " overlap dq"}
         suffix = overlap.get((self.overlap, self.overlaps_dq), "")
         return f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, {dq}{suffix}{' tma_rows' * self.tma_rows}"
@@ -192,13 +203,15 @@ ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True), BackwardTiles(32, 3, 64, 3, overlap=True),
         BackwardTiles(32, 3, 64, 3, tma_rows=True), BackwardTiles(32, 3, 64, 3), BackwardTiles(32, 2, 64, 2),
         BackwardTiles(32, 4, 64, 3, overlap=True), BackwardTiles(32, 3, 128, 2, overlap=True, dq_overlap=False),
-        BackwardTiles(32, 3, 128, 2), BackwardTiles(32, 3, 64, 3, atomic_dq=True),
+        BackwardTiles(32, 3, 128, 2), BackwardTiles(32, 3, 64, 3, dq="atomic"),
+        BackwardTiles(32, 3, 64, 3, dq="reduce", tma_rows=True), BackwardTiles(32, 3, 64, 3, dq="reduce"),
     ),
 }  # fmt: skip
 # The atomic dQ (319.3 at P1 against 456.4) spills at the static test's ragged GQA shapes (bytes per thread,
-# non-causal/causal: 3.6 40/40, 3.8 16/8, 3.9 160/120; P1: 3.6 16/8, 3.8 0/0): no release lists it.
+# non-causal/causal: 3.6 40/40, 3.8 16/8, 3.9 160/120; P1: 3.6 16/8, 3.8 0/0): no release lists it. The reduce
+# dQ compiles without spills (3.6, 3.8; tests/test_gluon_backward_dq.py): off until the GPU A/B.
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
-    head_dim: tuple(t for t in tiles if not t.atomic_dq and not (t.overlap and triton_release() in OVERLAP_SPILLS))
+    head_dim: tuple(t for t in tiles if t.dq == "pass" and not (t.overlap and triton_release() in OVERLAP_SPILLS))
     for head_dim, tiles in ALL_CANDIDATES.items()
 }
 
@@ -212,7 +225,7 @@ class StepConstants(NamedTuple):
     NUM_STAGES: int
     CAUSAL: bool
     OVERLAP: bool  # a step issues the previous step's last product (``BackwardTiles.overlap``)
-    ATOMIC_DQ: bool = False  # the dK/dV kernel adds each step's dQ share (``BackwardTiles.atomic_dq``)
+    DQ: str = "pass"  # "atomic", "reduce": the dK/dV kernel adds each step's dQ share (``BackwardTiles.dq``)
     TMA_ROWS: bool = False  # LSE₂ and D come with Q and dO into the ring (``BackwardTiles.tma_rows``)
 
 
@@ -338,15 +351,15 @@ def _query_blocks(n_start, seqlen_q, seqlen_k, causal_offset, CAUSAL: gl.constex
 
 
 @gluon.jit
-def _dkdv_step(carry, step, m_start, row_base, step_args, constants: gl.constexpr, MASKED: gl.constexpr):
-    """One ring slot of Q and dO (query rows from ``m_start``; their LSE₂ and D from ``row_base`` in
-    the (B·H·Sq) vectors) into this consumer's dK and dV (see the module docstring, step 2b).
+def _dkdv_step(carry, step, m_start, batch_head, step_args, constants: gl.constexpr, MASKED: gl.constexpr):
+    """One ring slot of Q and dO (query rows from ``m_start`` of head ``batch_head``: batch · H + head) into
+    this consumer's dK and dV (see the module docstring, step 2b).
     Overlapped, ``carry`` also holds the previous step's dSᵀ (packed): its dK += dSᵀ Q is issued after
     this step's Sᵀ and dPᵀ, so that it runs under this step's softmax, and this step's dSᵀ is returned."""
     dk = carry[0]
     dv = carry[1]
     k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty, vectors, offs_n, seqlen, scale_log2 = step_args
-    LseLog2, Delta, DQAccum, ds_all, ds_ready, index, k_t = vectors
+    LseLog2, Delta, dq_out, ds_all, ds_ready, index, k_t = vectors
     seqlen_q, seqlen_k, causal_offset = seqlen
     s_layout: gl.constexpr = constants.s_layout
     p_layout: gl.constexpr = constants.p_layout
@@ -361,6 +374,7 @@ def _dkdv_step(carry, step, m_start, row_base, step_args, constants: gl.constexp
     if OVERLAP:
         dk = _values_product(carry[2], q_ring.index(_previous_stage(step, NUM_STAGES)), dk, p_layout)
     offs_m = m_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    row_base = batch_head.to(gl.int64) * seqlen_q
     lse_log2, delta = step_rows(LseLog2, Delta, row_base, offs_m, seqlen_q, step, NUM_STAGES, constants.TMA_ROWS)
 
     # wgmmas retire in order: one left in flight (two overlapped: the previous dK too) means Sᵀ is done.
@@ -378,7 +392,7 @@ def _dkdv_step(carry, step, m_start, row_base, step_args, constants: gl.constexp
         dk, dv = warpgroup_mma_wait(0, deps=[dk, dv_token])
         _release_previous(empty, step, NUM_STAGES)
         carry = (dk, dv, _operand_p(d_s_t, q_ring.dtype, p_layout))
-    elif constants.ATOMIC_DQ:
+    elif constants.DQ != "pass":
         # dSᵀ is shared for dQᵀ while dV and dK run; dQᵀ's accumulator is made once dV's Pᵀ words are free.
         dk_token = _values_product(_operand_p(d_s_t, q_ring.dtype, p_layout), q_tile, dk, p_layout)
         buffer = share_ds(d_s_t, step, index, ds_all, ds_ready)
@@ -386,7 +400,7 @@ def _dkdv_step(carry, step, m_start, row_base, step_args, constants: gl.constexp
         dq_t_token = dq_t_product(buffer, k_t, ds_all, s_layout)
         dk, dq_t = warpgroup_mma_wait(0, deps=[dk_token, dq_t_token])
         mbarrier.arrive(empty.index(step % NUM_STAGES), count=1)
-        add_dq(dq_t, DQAccum, row_base, m_start, seqlen_q, index, s_layout)
+        add_dq_share(dq_t, dq_out, batch_head, m_start, seqlen_q, index, s_layout, constants.DQ)
         carry = (dk, dv)
     else:
         dk_token = _values_product(_operand_p(d_s_t, q_ring.dtype, p_layout), q_tile, dk, p_layout)
@@ -404,9 +418,8 @@ def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
     fixed_k, fixed_v, q_ring, do_ring = smem
     fixed_ready, q_ready, do_ready, empty = barriers
     desc_dk, desc_dv = out_descs
-    LseLog2, Delta, DQAccum, ds_all, ds_ready = vectors
+    LseLog2, Delta, dq_out, ds_all, ds_ready = vectors
     batch, heads, kv_head, group, n_start, first_block, blocks, masked_blocks = coords
-    seqlen_q, _, _ = seqlen
     softmax_scale, softmax_scale_log2 = scales
     k_smem = fixed_k.index(index)
     v_smem = fixed_v.index(index)
@@ -424,31 +437,25 @@ def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
                                     constants.p_layout))  # fmt: skip
 
     mbarrier.wait(fixed_ready.index(index), 0)
-    k_t = (k_smem, k_smem)  # read only by the atomic dQ
-    if constants.ATOMIC_DQ:
-        # This consumer's half of D's rows of both K tiles, transposed (``dq_t_product``).
-        HALF_D: gl.constexpr = HEAD_DIM // NUM_CONSUMERS
-        k_t = (
-            fixed_k.index(0).slice(index * HALF_D, HALF_D, dim=1).permute((1, 0)),
-            fixed_k.index(1).slice(index * HALF_D, HALF_D, dim=1).permute((1, 0)),
-        )
-    step_args = (k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty,
-                 (LseLog2, Delta, DQAccum, ds_all, ds_ready, index, k_t), offs_n, seqlen,
+    vectors = (LseLog2, Delta, dq_out, ds_all, ds_ready, index, k_halves(fixed_k, index, constants.DQ))
+    step_args = (k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty, vectors, offs_n, seqlen,
                  softmax_scale_log2)  # fmt: skip
     # GQA: the query heads kv_head · group ... kv_head · group + group − 1 read this KV head; dK and dV
     # sum over them here, in registers.
     for h in range(group):
-        row_base = (batch * heads + kv_head * group + h).to(gl.int64) * seqlen_q
+        batch_head = batch * heads + kv_head * group + h
         for block in range(masked_blocks):
             m_start = (first_block + block) * BLOCK_M
-            carry = _dkdv_step(carry, h * blocks + block, m_start, row_base, step_args, constants, MASKED=True)
+            carry = _dkdv_step(carry, h * blocks + block, m_start, batch_head, step_args, constants, MASKED=True)
         for block in range(masked_blocks, blocks):
             m_start = (first_block + block) * BLOCK_M
-            carry = _dkdv_step(carry, h * blocks + block, m_start, row_base, step_args, constants, MASKED=False)
+            carry = _dkdv_step(carry, h * blocks + block, m_start, batch_head, step_args, constants, MASKED=False)
     dk = carry[0]
     dv = carry[1]
     if constants.OVERLAP:
         dk = _last_product(dk, carry[2], q_ring, group * blocks, constants.p_layout, constants.NUM_STAGES)
+    # dK goes out through the K tile, which the other consumer's dQᵀ products read too.
+    k_tiles_free(ds_ready, group * blocks, constants.DQ)
 
     # dK carries the softmax scale of S = softmax_scale · Q Kᵀ; dV none.
     _store_tile(desc_dk, [batch, kv_head, key_start, 0], k_smem, dk * softmax_scale)
@@ -461,11 +468,12 @@ def _dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LseLog2, Delta, DQAccum,
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale_log2,
     NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, OVERLAP: gl.constexpr,
-    ATOMIC_DQ: gl.constexpr, TMA_ROWS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    DQ: gl.constexpr, TMA_ROWS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """dK and dV (B, Hkv, Sk, D) of one 128-key block of one (batch, KV head); Q, dO by 4-D descriptors
     with a BLOCK_M-row box, K, V, dK, dV with a 64-row box; LSE₂ and D fp32 (B·H·Sq) vectors (TMA_ROWS: 3-D
-    descriptors, ``dkdv_rows``); with ``ATOMIC_DQ`` the (B, H, Sq, D) fp32 dQ accumulator (else never read)."""
+    descriptors, ``dkdv_rows``); the fp32 dQ accumulator of ``DQ`` "atomic" (B, H, Sq, D) or "reduce" (the
+    transposed one's descriptor, ``backward_dq``), else never read."""
     WG_N: gl.constexpr = desc_k.block_type.shape[2]
     BLOCK_N: gl.constexpr = NUM_CONSUMERS * WG_N
     BLOCK_M: gl.constexpr = desc_q.block_type.shape[2]
@@ -478,9 +486,7 @@ def _dkdv_kernel(
     )
     # Pᵀ and dSᵀ as wgmma's A operand from registers: two 16-bit k per thread and register.
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    constants: gl.constexpr = StepConstants(
-        s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP, ATOMIC_DQ, TMA_ROWS
-    )
+    constants: gl.constexpr = StepConstants(s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP, DQ, TMA_ROWS)
 
     n_block = gl.program_id(0)
     batch_kv_head = gl.program_id(1)
@@ -495,20 +501,7 @@ def _dkdv_kernel(
     )
     smem, barriers = _allocate(desc_k, desc_q, NUM_STAGES)
     row_loads, LseLog2, Delta = allocate_rows(LseLog2, Delta, smem[2], TMA_ROWS)
-    # Without ATOMIC_DQ the consumers never read these: the Q ring and its barriers stand in for them.
-    ds_all = smem[2]
-    ds_ready = barriers[1]
-    if ATOMIC_DQ:
-        # Two buffers (step parity; index buffer · NUM_CONSUMERS + consumer) of each consumer's dSᵀ (WG_N
-        # keys × BLOCK_M query rows), the B operands of both consumers' dQᵀ products; a buffer is ready
-        # once both consumers have arrived.
-        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_N, BLOCK_M], desc_q.dtype)
-        ds_all = gl.allocate_shared_memory(desc_q.dtype, [2 * NUM_CONSUMERS, WG_N, BLOCK_M], ds_layout)
-        ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for buffer in gl.static_range(2):
-            mbarrier.init(ds_ready.index(buffer), count=NUM_CONSUMERS)
-        fence_async_shared()
-
+    ds_all, ds_ready, staging = allocate_dq(desc_k, desc_q, smem[2], barriers[1], DQ, NUM_CONSUMERS)
     loader = (
         (desc_k, desc_v, desc_q, desc_do),
         smem,
@@ -520,7 +513,7 @@ def _dkdv_kernel(
         smem,
         barriers,
         (desc_dk, desc_dv),
-        (LseLog2, Delta, DQAccum, ds_all, ds_ready),
+        (LseLog2, Delta, (DQAccum, staging), ds_all, ds_ready),
         (batch, heads, kv_head, group, n_start, first_block, blocks, masked_blocks),
         (seqlen_q, seqlen_k, causal_offset),
         (softmax_scale, softmax_scale_log2),
@@ -711,15 +704,16 @@ def _launches(
     d_lse: torch.Tensor | None,
     tiles: BackwardTiles | None = None,
 ) -> tuple[list[Launch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """The preprocess, dK/dV and dQ (a dQ pass, or the atomic dQ's conversion) launches and the
+    """The preprocess, dK/dV and dQ (a dQ pass, or the in-kernel dQ's conversion) launches and the
     (dq, dk, dv) they write."""
     tiles = tiles or CANDIDATES[problem.head_dim][0]
-    if tiles.atomic_dq and problem.head_dim != 128:
+    if tiles.dq != "pass" and problem.head_dim != IN_KERNEL_HEAD_DIM:
         # Each consumer's dQᵀ share is half of D's rows: one m64 wgmma at D=128, too few rows below.
-        raise ValueError(f"{BACKWARD_NAME}: the atomic dQ needs head_dim 128, got {problem.head_dim}")
+        raise ValueError(f"{BACKWARD_NAME}: dq={tiles.dq!r} needs head_dim 128, got {problem.head_dim}")
     q, k, v, out, d_out = (_tma_operand(t) for t in (q, k, v, out, d_out))
-    # The atomic dQ's fp32 accumulator, zeroed by the preprocess.
-    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device) if tiles.atomic_dq else None
+    # The atomic dQ's fp32 accumulator, zeroed by the preprocess; the reduce-adds' transposed one, zeroed here.
+    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device) if tiles.dq == "atomic" else None
+    accum_t = transposed_accumulator(problem, q.device) if tiles.dq == "reduce" else None
     row_align = ROW_ALIGN.value if tiles.tma_rows else 1  # tma_rows: rows padded to a legal TMA stride
     preprocess, delta, lse_log2 = tiled.preprocess_launch(out, d_out, lse, d_lse, problem, dq_accum, row_align)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -740,12 +734,15 @@ def _launches(
         (
             descriptor(q, tiles.dkdv_block_m, dtype), descriptor(k, rows, dtype), descriptor(v, rows, dtype),
             descriptor(d_out, tiles.dkdv_block_m, dtype), descriptor(dk, rows, dtype), descriptor(dv, rows, dtype),
-            # Without atomics the kernel never reads the accumulator (ATOMIC_DQ False): D stands in for it.
+            # With dq "pass" the kernel never reads the accumulator: D stands in for it.
             *dkdv_rows(lse_log2, delta, problem, tiles.dkdv_block_m, tiles.tma_rows),
-            delta if dq_accum is None else dq_accum, *scalars,
+            accumulator_descriptor(accum_t, problem, tiles.dkdv_block_m) if accum_t is not None
+            else delta if dq_accum is None else dq_accum, *scalars,
         ),
-        {**options, "NUM_STAGES": tiles.dkdv_stages, "ATOMIC_DQ": tiles.atomic_dq},
+        {**options, "NUM_STAGES": tiles.dkdv_stages, "DQ": tiles.dq},
     )  # fmt: skip
+    if accum_t is not None:
+        return [preprocess, dkdv, convert_launch(accum_t, dq, problem)], (dq, dk, dv)
     if dq_accum is not None:
         # dQ = softmax_scale · dQ_accum in the input dtype (the Triton rung's last kernel).
         convert = (

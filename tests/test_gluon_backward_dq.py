@@ -1,0 +1,178 @@
+"""gluon/backward/hopper's in-kernel dQ by TMA reduce-adds (``BackwardTiles(dq="reduce")``,
+``triton_impl/gluon/backward_dq.py``; issue #40): each dK/dV step's dQᵀ share leaves through an fp32 staging
+tile and one ``cp.reduce.async.bulk.tensor`` add into a transposed (B·H, D, Sq) accumulator.
+
+On CPU: the variant's checks and labels, its head-dim refusal, the accumulator's descriptor (bounds at Sq, the
+staging tile's layout) and, under the interpreter, the conversion kernel (transpose, scale, padded rows).
+Static (a child process without the interpreter): the dK/dV kernel compiles for sm_90a without spills, with
+its wgmmas not serialised, adding dQ by bulk reduce-adds and by no per-element atomic. On the GPU: the
+variants against fp64 on shapes that probe the accumulator (Sq not a multiple of four, a query tail inside a
+block, rows that see no key, one query or key, MQA, GQA), and a planted unzeroed accumulator that must fail.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common import attention
+from common.contract.inputs import make_inputs
+from tests._helpers import json_from_child
+from tests.test_backward import assert_all_pass, problem
+from triton_impl.gluon import backward as gluon_backward
+from triton_impl.gluon import backward_dq
+
+REDUCE = [tiles for tiles in gluon_backward.ALL_CANDIDATES[128] if tiles.dq == "reduce"]
+
+
+def test_dq_modes_are_checked_and_named() -> None:
+    """dq is one of the three modes; the in-kernel ones run the plain steps only; labels name the mode; no
+    release lists an in-kernel dQ (off by default) while ALL_CANDIDATES has a reduce variant with tma_rows."""
+    tiles = gluon_backward.BackwardTiles
+    with pytest.raises(ValueError, match="dq is one of"):
+        tiles(32, 3, 64, 3, dq="reduced")
+    with pytest.raises(ValueError, match="in-kernel dQ"):
+        tiles(32, 3, 64, 3, overlap=True, dq="reduce")
+    assert tiles(32, 3, 64, 3, dq="reduce", tma_rows=True).label == "dkdv 128x32 s3, dq reduce tma_rows"
+    assert tiles(32, 3, 64, 3, dq="atomic").label == "dkdv 128x32 s3, dq atomic"
+    assert all(t.dq == "pass" for variants in gluon_backward.CANDIDATES.values() for t in variants)
+    assert any(t.tma_rows for t in REDUCE)
+
+
+def test_reduce_refuses_head_dim_64() -> None:
+    """Each consumer's dQᵀ share is D/2 rows, one m64 wgmma only at D=128: D=64 is refused with its reason."""
+    with pytest.raises(ValueError, match="dq='reduce' needs head_dim 128"):
+        gluon_backward.compile_sm90(problem(77, 333, head_dim=64), REDUCE[0])
+
+
+def test_accumulator_descriptor_stops_at_sq_in_the_staging_layout() -> None:
+    """Sq = 37: the accumulator's head-dim rows are 40 floats apart (16-byte strides), zeroed; the descriptor
+    covers (B·H, D, 37), one consumer's (1, 64, 32) share per box, in the layout of the kernel's staging tile
+    (fp32, 128-byte swizzle), so a reduce-add clips the query rows past Sq."""
+    prob = problem(37, 53, heads=4, kv_heads=2, head_dim=128)
+    accum_t = backward_dq.transposed_accumulator(prob, torch.device("cpu"))
+    assert accum_t.shape == (4, 128, 40) and not accum_t.any()
+    desc = backward_dq.accumulator_descriptor(accum_t, prob, 32)
+    assert desc.shape == [4, 128, 37] and desc.strides == [128 * 40, 40, 1] and desc.block_shape == [1, 64, 32]
+    assert desc.layout.swizzle_byte_width == 128 and desc.layout.element_bitwidth == 32
+
+
+def _convert(accum_t: torch.Tensor, prob, padded_q: int) -> torch.Tensor:
+    dq = torch.empty((prob.batch, prob.heads, prob.seqlen_q, prob.head_dim))
+    kernel, grid, args, options = backward_dq.convert_launch(accum_t, dq, prob)
+    args = (*args[:3], padded_q, *args[4:])
+    kernel[grid](*args, **options)
+    return dq
+
+
+def test_conversion_transposes_scales_and_skips_the_padding() -> None:
+    """Under the interpreter: dQ = softmax_scale · the accumulator's transpose over its first Sq = 77 rows
+    (two 64-row programs, a tail in the second), the padding (filled with NaN here) never read. Planted: the
+    accumulator read at a packed stride (Sq) misplaces every head-dim row after the first."""
+    prob = problem(77, 53, heads=3, kv_heads=1, head_dim=128)
+    accum_t = backward_dq.transposed_accumulator(prob, torch.device("cpu"))
+    accum_t.normal_(generator=torch.Generator().manual_seed(3))
+    accum_t[..., prob.seqlen_q :] = float("nan")
+    expected = (accum_t[..., : prob.seqlen_q].transpose(1, 2) * prob.scale).reshape(1, 3, 77, 128)
+    assert torch.equal(_convert(accum_t, prob, accum_t.shape[-1]), expected)
+    assert not torch.equal(_convert(accum_t, prob, prob.seqlen_q), expected)
+
+
+# The reduce variants' dK/dV kernel at ragged GQA shapes (non-causal, causal bottom-right) and at P1, and the
+# atomic variant (the plant: per-element atomics, no bulk reduce) at the ragged causal one.
+SASS_SCRIPT = """
+import json, re, subprocess, tempfile, torch
+from common.contract.problem import Problem
+from common.reporting.static import _cuobjdump, cubin_resources
+from triton_impl.gluon import backward as gluon_backward
+shapes = {
+    "ragged": Problem(2, 16, 1000, 777, 128, torch.bfloat16, kv_heads=4),
+    "ragged causal": Problem(2, 16, 1000, 777, 128, torch.bfloat16, kv_heads=4, causal=True,
+                             causal_alignment="bottom_right"),
+    "P1": Problem(2, 16, 8192, 8192, 128, torch.bfloat16),
+}
+chosen = [(t, name) for t in gluon_backward.ALL_CANDIDATES[128] if t.dq == "reduce" for name in shapes]
+chosen.append((next(t for t in gluon_backward.ALL_CANDIDATES[128] if t.dq == "atomic"), "ragged causal"))
+rows = []
+for tiles, name in chosen:
+    binaries = gluon_backward.compile_sm90(shapes[name], tiles)
+    dkdv = binaries[1]
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(dkdv.cubin)
+        handle.flush()
+        sass = subprocess.run([_cuobjdump(), "-sass", handle.name], capture_output=True, text=True,
+                              check=True).stdout
+    usage = next(iter(cubin_resources(dkdv.cubin).values()))
+    rows.append({
+        "tiles": tiles.label, "shape": name, "launches": [b.name for b in binaries],
+        "spill": usage["stack_bytes"] + usage["local_bytes"], "shared": dkdv.shared_bytes,
+        "serialised": sass.count("WARPGROUP.ARRIVE") * 2 > sass.count("HGMMA."),
+        "bulk_adds": len(re.findall(r"cp\\.reduce\\.async\\.bulk\\.tensor\\.3d\\S*\\.add", dkdv.ptx)),
+        "atomics": len(re.findall(r"\\b(?:red|atom)\\.global", dkdv.ptx)),
+    })
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.static
+def test_reduce_dkdv_kernel_adds_dq_by_bulk_reduce_without_spills() -> None:
+    """Each reduce variant at each shape: three launches (preprocess, dK/dV, the transposed conversion), no
+    spills, within the H200's shared memory per block, wgmmas not serialised, dQ added by 3-D bulk
+    reduce-adds and by no per-element atomic. Planted: the atomic variant, whose per-element atomics the rule
+    detects (and which has no bulk add)."""
+    rows = json_from_child(["-c", SASS_SCRIPT], timeout=600)
+    *mine, planted = rows
+    assert len(mine) == 3 * len(REDUCE)
+    for row in mine:
+        assert row["launches"][1:] == ["_dkdv_kernel", "_dq_transposed_convert_kernel"], row
+        assert row["spill"] == 0 and not row["serialised"] and row["shared"] <= 232_448, row
+        assert row["bulk_adds"] > 0 and row["atomics"] == 0, row
+    assert planted["atomics"] > 0 and planted["bulk_adds"] == 0, ("planted: atomics must be detected", planted)
+
+
+# Shapes that probe the accumulator: Sq not a multiple of four (padded head-dim rows) with a query tail inside
+# a block, rows that see no key (Sq > Sk bottom-right), one query row, one key, MQA, and a non-causal GQA
+# shape over several key blocks.
+GPU_SHAPES = {
+    "sq77_sk333_gqa_causal_bottom_right": problem(77, 333, heads=4, kv_heads=2, causal=True, alignment="bottom_right"),
+    "sq1001_sk300_mqa_causal_bottom_right": problem(
+        1001, 300, heads=3, kv_heads=1, causal=True, alignment="bottom_right"
+    ),
+    "sq1_sk129_mha": problem(1, 129, heads=2, kv_heads=2),
+    "sq517_sk1_gqa": problem(517, 1, heads=4, kv_heads=2),
+    "sq1000_sk777_gqa": problem(1000, 777, heads=8, kv_heads=2),
+}
+GPU_CASES = [pytest.param(name, tiles, id=f"{name}-{tiles.label}") for tiles in REDUCE for name in GPU_SHAPES]
+
+
+def _gradients(shape: str, tiles: gluon_backward.BackwardTiles):
+    prob = GPU_SHAPES[shape].with_(head_dim=128, dtype=torch.bfloat16)
+    q, k, v = make_inputs(prob, seed=23, device="cuda", offset=0.5)
+    d_out = torch.randn(q.shape, generator=torch.Generator(device="cuda").manual_seed(9), device="cuda").bfloat16()
+    with torch.no_grad():
+        out, lse = attention(q, k, v, causal=prob.causal, causal_alignment=prob.causal_alignment,
+                             impl="gluon/hopper", return_lse=True)  # fmt: skip
+    grads = gluon_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=tiles)
+    return grads, (q, k, v, d_out, prob)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("shape", "tiles"), GPU_CASES)
+def test_gpu_reduce_passes_the_rule(shape: str, tiles: gluon_backward.BackwardTiles) -> None:
+    """Each reduce variant in bf16 against fp64 by the gradient rule, from gluon/hopper's O and LSE."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    grads, operands = _gradients(shape, tiles)
+    assert_all_pass(grads, *operands)
+
+
+@pytest.mark.gpu
+def test_gpu_an_unzeroed_accumulator_fails_the_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: the accumulator starts at 1 instead of 0; the rule must reject the dQ that follows."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    real = backward_dq.transposed_accumulator
+    monkeypatch.setattr(gluon_backward, "transposed_accumulator", lambda prob, device: real(prob, device) + 1)
+    grads, operands = _gradients("sq1000_sk777_gqa", REDUCE[0])
+    with pytest.raises(AssertionError, match="dq"):
+        assert_all_pass(grads, *operands)
