@@ -77,6 +77,11 @@ class HopperAttentionConfig:
     # before its normalisation and O store, so that the tensor cores run it under that epilogue instead of
     # at the next tile's start (``hopper.py``, step 5).
     rotate_ahead: bool = False
+    # Programmatic dependent launch (``fp8.py``'s ``PROGRAMMATIC_LAUNCH``): launched with programmatic stream
+    # serialisation, so that the CTAs start while the kernel before (the fused quantiser, which signals
+    # ``griddepcontrol.launch_dependents``) finishes; each role executes ``griddepcontrol.wait`` before its first
+    # read of what that kernel writes (``hopper.py``, "Programmatic dependent launch").
+    pdl: bool = False
 
     @property
     def out_dtype(self) -> torch.dtype:
@@ -182,4 +187,5 @@ class HopperKernels(CompiledKernels[HopperAttentionConfig]):
         scalars = (float(softmax_scale_log2), float(output_scale), int(sm_count))
         run = self.runner(config, (*args, *scalars), (o, lse) if return_lse else o)
         run.lse = lse  # for a future backward pass and for tests
+        run.config = config  # for tests: the compile key it launches
         return run

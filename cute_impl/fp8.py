@@ -22,6 +22,9 @@ Algorithm
    reads Q in bf16/fp16, each consumer warpgroup rotating, scaling and rounding its 64-row box as the
    quantiser would (``_fp8_query.py``: Q's scale block is that box), so a call reads Q once instead of
    three times; the emulation and FP8_RULE are unchanged (the kernel's Q is the quantiser's).
+   ``PROGRAMMATIC_LAUNCH`` (issue #37, off by default): end to end, the kernel is launched by programmatic
+   dependent launch, so that it starts under the quantiser's last wave and waits for it only before reading what
+   it writes (``hopper.py``, "Programmatic dependent launch").
 2. V stored transposed, (B, Hkv, D, Sk') with Sk' = Sk rounded up to 16 and zero padding: FP8 WGMMA
    reads a shared-memory B operand only K-major, and for O = P V the K dimension is the key index.
 3. Inside each group of 16 keys, V's key order is permuted (``common.contract.fp8.PERMUTED_KEY_ORDER``). The m64k32 FP8
@@ -105,6 +108,7 @@ from common.toolchain.compile import KernelBinary
 from cute_impl._device import LOG2_E
 from cute_impl._hopper_host import DEFAULT_TILE_N, HopperAttentionConfig, default_config
 from cute_impl.hopper import KERNELS, ROWS_PER_WARPGROUP, validated_problem, wgmma_supports
+from triton_impl import fp8_quantiser
 from triton_impl.fp8_launch import Fp8Entry, QuantisedLaunch
 from triton_impl.fp8_quantiser import FusedQuantiser, compile_sm90_for, quantise_for_kernel, shared_memory_supported
 
@@ -122,6 +126,14 @@ VALUE_LAYOUT = ValueLayout(permuted=True, key_multiple=KEY_GROUP)
 # tests run; D=64 keeps the quantiser's Q (compiled spill-free, not run on a GPU).
 QUANTISE_Q_IN_KERNEL = True
 QUANTISE_Q_HEAD_DIMS = (128,)
+# Issue #37's PDL knob (bench/fp8_pdl_ab.sh times it): end to end, the fused quantiser signals
+# ``griddepcontrol.launch_dependents`` as each program starts (``QuantiserConfig.launch_dependents``) and the kernel
+# is launched with programmatic dependent launch (``HopperAttentionConfig.pdl``), so that its CTAs start (launch,
+# barriers, the sign matrix, Q's boxes and, with ``QUANTISE_Q_IN_KERNEL``, Q's quantisation) under the quantiser's
+# last wave and wait (``griddepcontrol.wait``) just before their first read of what it writes. Only the end-to-end
+# launch takes it: a kernel-only run follows any kernel, which may write Q while the kernel reads it early. Read
+# when a launch is built. Off until the A/B.
+PROGRAMMATIC_LAUNCH = False
 
 
 # D=64 configurations for issue #37's A/B (``python -m bench.gluon_sweep bench 3 --cands fp8-d64``;
@@ -260,14 +272,18 @@ def quantises_q_in_kernel(problem: Problem, quantisation: Quantisation) -> bool:
 
 def launch(
     q: torch.Tensor, k: torch.Tensor, problem: Problem, quantisation: Quantisation = DEFAULT_QUANTISATION, *,
-    cache_seqlens: torch.Tensor | None = None,
+    cache_seqlens: torch.Tensor | None = None, after_quantiser: bool = False,
 ) -> QuantisedLaunch:  # fmt: skip
     """The fused quantiser's buffers and the launch-only kernel over them (compiled once per
     configuration); nothing launched. With ``QUANTISE_Q_IN_KERNEL`` the quantiser does K and V only and the
-    kernel reads ``q`` itself (this very tensor, at every launch)."""
+    kernel reads ``q`` itself (this very tensor, at every launch). ``after_quantiser``: the kernel is only ever
+    launched right after the quantiser (end to end), so ``PROGRAMMATIC_LAUNCH`` applies."""
     in_kernel = quantises_q_in_kernel(problem, quantisation)
-    config = fp8_config(problem, quantisation, quantise_q=in_kernel)
-    fused = FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, VALUE_LAYOUT, query=not in_kernel)
+    pdl = after_quantiser and PROGRAMMATIC_LAUNCH
+    config = fp8_config(problem, quantisation, quantise_q=in_kernel, pdl=pdl)
+    quantiser_config = fp8_quantiser.default_config(problem.head_dim, quantisation, query=not in_kernel)
+    fused = FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, VALUE_LAYOUT, query=not in_kernel,
+                           config=dataclasses.replace(quantiser_config, launch_dependents=pdl))  # fmt: skip
     kernel = quantised_launcher(
         config, fused.operands, problem, cache_seqlens=cache_seqlens, query=q if in_kernel else None
     )
@@ -290,7 +306,8 @@ def _value_layout(problem: Problem) -> ValueLayout:
 
 
 # bind, prepare, prepare_end_to_end and emulate: the FP8 rungs' shared entry (triton_impl/fp8_launch.py).
-ENTRY = Fp8Entry(_validate, launch, _kernel_order, _value_layout, DEFAULT_QUANTISATION)
+ENTRY = Fp8Entry(_validate, launch, _kernel_order, _value_layout, DEFAULT_QUANTISATION,
+                 launch_end_to_end=functools.partial(launch, after_quantiser=True))  # fmt: skip
 bind, prepare, prepare_end_to_end, emulate = ENTRY.bind, ENTRY.prepare, ENTRY.prepare_end_to_end, ENTRY.emulate
 
 

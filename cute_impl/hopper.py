@@ -45,6 +45,12 @@ Pipelines and barriers (producer -> consumer, arrive counts)
 * Epilogue (``OutputEpilogue``): named barrier ``EPILOGUE_WG1 + w`` (128 threads) between the
   shared-memory writes of O and the TMA store that one warp issues. The store stays in flight; a
   persistent CTA waits for it to have read the box before writing the next tile's O there.
+* Programmatic dependent launch (``pdl``: cute/fp8 end to end, ``fp8.PROGRAMMATIC_LAUNCH``): launched with
+  programmatic stream serialisation, the CTAs may start while the grid before (the fused quantiser) still runs,
+  and read its writes only after ``griddepcontrol.wait``: the producer before a tile's Q boxes (the quantiser's
+  e4m3 Q) or, with ``quantise_q``, after them and before K and V; each consumer before the tile's scales (after
+  quantising its Q box). What comes before the wait (barriers, the sign matrix, Q in the input dtype and its
+  quantisation, Q's scales, the key lengths) must not touch what the grid before writes or reads.
 
 Algorithm (each consumer warpgroup; numbers match the kernel's sections)
 ------------------------------------------------------------------------
@@ -225,6 +231,7 @@ class HopperAttention:
         self.rotation_scale = rotation_scale(config.head_dim) if config.quantise_q else 1.0
         # Problem features, all compile time so that the canonical kernel stays as it was.
         self.gqa, self.bottom_right, self.has_cache_seqlens = config.gqa, config.bottom_right, config.has_cache_seqlens
+        self.pdl = config.pdl
 
     # ------------------------------------------------------------------------------------------------
     # Host side: layouts, TMA descriptors, launch
@@ -292,6 +299,7 @@ class HopperAttention:
             smem=self.shared_storage.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=1,
+            use_pdl=self.pdl,
         )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------------
@@ -372,9 +380,15 @@ class HopperAttention:
                     tQsQ, tQgQ = tma_partition(tma_atom_Q, sQ_in, gQ)  # (TMA, warpgroup), (TMA, Sq/64)
                     tKsK, tKgK = tma_partition(tma_atom_K, sK, gK)  # (TMA, stage), (TMA, n)
                     tVsV, tVgV = tma_partition(tma_atom_V, sV, gV)  # (TMA, stage), (TMA, n)
+                    # PDL: the previous grid's writes are read from here on (returns at once after the first
+                    # tile): the e4m3 Q's boxes, or (quantise_q, Q the caller's) K's and V's.
+                    if cutlass.const_expr(self.pdl and not self.quantise_q):
+                        cute.arch.griddepcontrol_wait()
                     for w in cutlass.range_constexpr(W):
                         q_boxes.load(tma_atom_Q, tQgQ[None, m_block * W + w], tQsQ[None, w], w, q_state)
                     q_state.advance()
+                    if cutlass.const_expr(self.pdl and self.quantise_q):
+                        cute.arch.griddepcontrol_wait()
                     blocks = block_range(m_block, seqlen_info(bh[1]))
                     for i in cutlass.range(blocks.n_block_max - blocks.n_block_min, unroll=1):
                         n_block = blocks.n_block_max - 1 - i
@@ -449,6 +463,8 @@ class HopperAttention:
                     q_state.advance()
                     descales.store_query_scale(q_scale, m_block * W + w, bh, wg_tidx)
                 if cutlass.const_expr(self.fp8):
+                    if cutlass.const_expr(self.pdl):
+                        cute.arch.griddepcontrol_wait()  # the scales are the previous grid's (PDL)
                     tile_scale_log2, tile_output_scale, scales = descales.for_tile(
                         softmax_scale_log2, output_scale, m_block * W + w, bh, kv_head_batch(bh), q_scale
                     )

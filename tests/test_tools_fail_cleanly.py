@@ -46,6 +46,7 @@ def _fake_sanitizer(folder: Path) -> None:
         ("bench.gluon_balanced_ab", False, "needs a CUDA GPU"),
         ("bench.train", False, "needs a CUDA GPU"),
         ("bench.fp8_q_in_kernel", False, "needs a CUDA GPU"),
+        ("bench.fp8_pdl", False, "needs a CUDA GPU"),
     ],
 )
 def test_tool_names_what_is_missing_and_exits_2(module: str, with_sanitizer: bool, missing: str, tmp_path: Path):

@@ -10,7 +10,11 @@ same order; only four pieces are the rung's own, and an ``Fp8Entry`` takes exact
 * ``kernel_order(problem)``: the key blocks the kernel visits and in which direction, which the fp64
   emulation repeats (the order of the rounding of P V sums);
 * ``value_layout(problem)``: Vᵀ as the kernel reads it (key order, padding), which the emulation's
-  operands take on.
+  operands take on;
+
+and, optionally, ``launch_end_to_end`` (``launch``'s arguments): the launch ``prepare_end_to_end`` builds where it
+differs from ``launch`` (cute/fp8's kernel launched by programmatic dependent launch, which only the quantiser may
+precede).
 
 ``Fp8Entry.registry_fields`` gives the registry fields these make, for every FP8 rung's entry alike.
 The quantised launch (``QuantisedLaunch``) and the per-call end-to-end runner live here too: they
@@ -84,6 +88,9 @@ class Fp8Entry:
     kernel_order: Callable[[Problem], KernelOrder]
     value_layout: Callable[[Problem], ValueLayout]
     default_quantisation: Quantisation
+    # What ``prepare_end_to_end`` builds, where it differs from ``launch`` (same arguments): a kernel that may start
+    # under the quantiser's tail (cute/fp8's programmatic dependent launch) only where the quantiser precedes it.
+    launch_end_to_end: Callable[..., QuantisedLaunch] | None = None
 
     def registry_fields(self, compile_quantiser_sm90: Callable[[Problem], list[KernelBinary]]) -> dict[str, Any]:
         """The FP8 part of the rung's registry entry: ``prepare``, ``bind``, ``prepare_end_to_end``, the
@@ -125,9 +132,8 @@ class Fp8Entry:
         """Like ``prepare``, but every run() runs the fused quantiser and then the kernel: fp8's per-call
         cost."""
         checked = self.validate(q, k, v, problem, cache_seqlens)
-        prepared = self.launch(
-            q, k, checked, self._quantisation(quantisation), **per_call_inputs(checked, cache_seqlens)
-        )
+        launch = self.launch_end_to_end or self.launch
+        prepared = launch(q, k, checked, self._quantisation(quantisation), **per_call_inputs(checked, cache_seqlens))
         return end_to_end_runner(prepared, q, k, v)
 
     def emulate(

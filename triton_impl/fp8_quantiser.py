@@ -139,6 +139,10 @@ class QuantiserConfig:
       cost more than V's), and no second wave. Needs one launch and ``tiles_per_program`` = 1.
     * ``interleave``: programs of Q, K and V alternate in launch order (Q, K, V, Q, ... or K, V, K, ... without Q's,
       while each has programs left), not Q's, then K's, then V's. Needs one launch and no persistent grid.
+    * ``launch_dependents``: each program first executes ``griddepcontrol.launch_dependents``, so that a kernel
+      launched next with programmatic dependent launch (cute/fp8's ``PROGRAMMATIC_LAUNCH``) may start its CTAs
+      once every program has started; that kernel waits (``griddepcontrol.wait``) before it reads what this one
+      writes. Without such a kernel the instruction does nothing. Not under the interpreter.
     """
 
     single_launch: bool = True
@@ -151,6 +155,7 @@ class QuantiserConfig:
     programs_per_sm: int = 0
     tma: bool = False
     interleave: bool = False
+    launch_dependents: bool = False
 
     def __post_init__(self) -> None:
         if self.tiles_per_program < 1 or self.num_stages < 1:
@@ -190,6 +195,7 @@ class QuantiserConfig:
         return (
             f"{'1 launch' if self.single_launch else '3 launches'}{' interleaved' if self.interleave else ''} "
             f"{schedule} {overlap} warps={self.num_warps or 'auto'} maxnreg={self.maxnreg or '-'} {self.division}"
+            f"{' launch-dependents' if self.launch_dependents else ''}"
         )
 
 
@@ -446,7 +452,7 @@ def _launch_options(
     q_kind, k_kind, v_kind = _tensor_kinds(quantisation, value_layout, rotation_method)
     setup = LaunchSetup(head_dim, int(math.log2(head_dim)), tile_rows, step, config.num_stages, config.prefetch,
                         config.division == "reciprocal", config.programs_per_sm > 0, config.tma, config.interleave,
-                        interpreted)  # fmt: skip
+                        config.launch_dependents and not interpreted, interpreted)  # fmt: skip
     options = {"Q_KIND": q_kind, "K_KIND": k_kind, "V_KIND": v_kind, "SETUP": setup,
                "num_warps": config.num_warps or _num_warps(tile_rows, head_dim)}  # fmt: skip
     if config.maxnreg is not None:

@@ -13,7 +13,9 @@ in program order, so that an SM holds rotated tiles (instruction-bound) and V's 
 Q's tiles, then of K's, then of V's. A tile is 128 rows (``TILE_ROWS``: the larger block; Q's
 64-row blocks go two to a tile) of one (batch, head), so every tensor's tile has the same shape and one
 warp count (64 fp32 values a thread: 8 warps at D=128) serves the launch. A program loops over
-``tiles_per_program`` tiles of its tensor, strided by the tensor's program count.
+``tiles_per_program`` tiles of its tensor, strided by the tensor's program count. With ``LAUNCH_DEPENDENTS`` every
+program first executes ``griddepcontrol.launch_dependents`` (programmatic dependent launch: an attention kernel
+launched next with PDL starts its prologue under this launch's last wave and waits before reading its operands).
 
 Per program (``_quantise_tiles``): the rotation operand is loaded once (the tensor-core sign matrix
 stays in shared memory across the loop); then per tile:
@@ -80,6 +82,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from common.contract.fp8 import E4M3_MAX
 
@@ -134,8 +137,9 @@ class TensorKind(NamedTuple):
 
 
 class LaunchSetup(NamedTuple):
-    """Constexprs shared by the three tensors of a launch. ``INTERPRETED``: the CPU interpreter's
-    replacements (module docstring, "Interpreter")."""
+    """Constexprs shared by the three tensors of a launch. ``LAUNCH_DEPENDENTS``: ``QuantiserConfig``'s
+    ``launch_dependents`` (never under the interpreter). ``INTERPRETED``: the CPU interpreter's replacements
+    (module docstring, "Interpreter")."""
 
     HEAD_DIM: int
     LOG2_HEAD_DIM: int
@@ -147,6 +151,7 @@ class LaunchSetup(NamedTuple):
     PERSISTENT: bool
     TMA: bool
     INTERLEAVED: bool
+    LAUNCH_DEPENDENTS: bool
     INTERPRETED: bool
 
 
@@ -421,6 +426,9 @@ def quantise_kernel(Q, K, V, Q_DESC, K_DESC, V_DESC, q_programs, k_programs, v_p
     counts the grid) has every program quantise its share of Q's tiles, then K's, then V's. Q_DESC,
     K_DESC, V_DESC: each tensor's TMA descriptor where ``SETUP.TMA`` loads it by copies, else None
     (top-level arguments: Triton's launcher expands a descriptor only there, not inside a tuple)."""
+    if SETUP.LAUNCH_DEPENDENTS:
+        # Programmatic dependent launch: the next kernel, launched with PDL, may start once every program got here.
+        gdc_launch_dependents()
     program = tl.program_id(0)
     if SETUP.PERSISTENT:
         _quantise_tiles(Q, Q_DESC, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)

@@ -1,0 +1,108 @@
+"""cute/fp8 end to end with programmatic dependent launch (``cute_impl.fp8.PROGRAMMATIC_LAUNCH``) against without,
+issue #37: at P1 (B=2 H=16 S=8192 D=128 bf16, FA3 inputs), causal first, then non-causal, in one process,
+``--rounds`` interleaved rounds (medians; every timing ``common.measure.timing.time_cuda``: L2 flushed, median):
+cute/hopper (bf16, the issue's denominator), cute/fp8 kernel only (never PDL: any kernel may precede it), its fused
+quantiser alone (K and V where the kernel quantises Q), and end to end (quantiser + kernel per call) with the knob
+off and on. ``gap`` = end to end - kernel - quantiser: what a call pays beyond its two launches, which PDL should
+shrink (the kernel's launch, barrier set-up, Q's load and quantisation under the quantiser's last wave). The two
+end-to-end outputs are checked equal (PDL changes when the kernel starts, not what it computes). Writes
+``fp8_pdl.csv`` and ``.md`` to ``--out``.
+
+usage (project root, GPU):  python -m bench.fp8_pdl [--out DIR] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+from pathlib import Path
+
+import torch
+
+from bench import require_gpu
+from bench.fp8_quantiser import _time
+from common.contract import fp8 as contract
+from common.contract.problem import Problem
+from common.measure.timing import tflops
+
+KNOB = {"e2e off": False, "e2e on": True}
+
+
+def _runs(problem: Problem, inputs) -> dict:
+    """What one case times, by name: cute/hopper, cute/fp8 kernel only, its quantiser alone, end to end with the
+    knob off and on (read when each launch is built)."""
+    from cute_impl import fp8, hopper
+
+    kernel = fp8.prepare(*inputs, problem)
+    runs = {"bf16": hopper.prepare(*inputs, problem), "kernel": kernel, "quantiser": lambda: kernel.quantise(*inputs)}
+    for name, on in KNOB.items():
+        fp8.PROGRAMMATIC_LAUNCH = on
+        try:
+            runs[name] = fp8.prepare_end_to_end(*inputs, problem)
+        finally:
+            fp8.PROGRAMMATIC_LAUNCH = False
+    return runs
+
+
+def case_rows(causal: bool, inputs, args: argparse.Namespace) -> list[dict]:
+    problem = Problem.canonical(args.seqlen, heads=args.heads, causal=causal)
+    runs = _runs(problem, inputs)
+    same = torch.equal(runs["e2e off"]().clone(), runs["e2e on"]())
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(args.rounds):
+        for name, run in runs.items():
+            samples[name].append(_time(run, args))
+    us = {name: statistics.median(values) * 1e3 for name, values in samples.items()}
+    rows = []
+    for name, values in samples.items():
+        timed_attention = name != "quantiser"
+        row = {"causal": causal, "what": name, "us": us[name],
+               "tflops": tflops(problem.flops, us[name] * 1e-3) if timed_attention else "",
+               "vs_bf16": us["bf16"] / us[name] if timed_attention else "",
+               "gap_us": us[name] - us["kernel"] - us["quantiser"] if name in KNOB else "",
+               "spread_us": (max(values) - min(values)) * 1e3, "same_output": same if name in KNOB else ""}  # fmt: skip
+        rows.append(row)
+        ratio = f" {row['vs_bf16']:.3f}x bf16" if timed_attention else ""
+        gap = f" gap {row['gap_us']:.1f} us" if name in KNOB else ""
+        print(f"causal={causal!s:5s} {name:9s} {row['us']:8.1f} us{ratio}{gap} (spread {row['spread_us']:.1f} us)",
+              flush=True)  # fmt: skip
+    return rows
+
+
+def _cell(value: object, digits: int) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("runs/fp8_pdl"))
+    parser.add_argument("--seqlen", type=int, default=8192)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup-ms", type=float, default=25)
+    parser.add_argument("--rep-ms", type=float, default=150)
+    args = parser.parse_args()
+    require_gpu("bench.fp8_pdl")
+    # One draw for both masks (at P1 it takes seconds on the host).
+    inputs = contract.fa3_inputs(Problem.canonical(args.seqlen, heads=args.heads), seed=0, device="cuda")
+    # Causal first: the issue's target, should the device call's time run out.
+    rows = case_rows(True, inputs, args) + case_rows(False, inputs, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with (args.out / "fp8_pdl.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = [f"# cute/fp8 end to end with PDL, {torch.cuda.get_device_name()} (P1, {args.rounds} rounds)", "",
+             "| causal | what | µs | TFLOP/s | ÷ cute/hopper | gap µs | spread µs | O off = on |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for row in rows:
+        lines.append(f"| {row['causal']} | {row['what']} | {row['us']:.1f} | {_cell(row['tflops'], 0)} | "
+                     f"{_cell(row['vs_bf16'], 3)} | {_cell(row['gap_us'], 1)} | {row['spread_us']:.1f} | "
+                     f"{row['same_output']} |")  # fmt: skip
+    (args.out / "fp8_pdl.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
