@@ -321,8 +321,9 @@ def test_planted_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
     blocks = [decode.split_block_range(s, 3, SeqlenInfo(392, 391, True), 1, tile_n, True) for s in range(3)]
     assert [min(r.n_block_max * tile_n, 392) - r.n_block_min * tile_n for r in blocks] == [192, 192, 8]
     module, name, replacement, num_splits = PLANTED[bug]
-    if num_splits is None:
-        monkeypatch.setattr(decode, "BALANCED_SPLIT", "always")
+    # The balanced split's bug under its switch "always"; the padded split's under "never" (the committed
+    # "ragged-split" would give these ragged lengths the balanced split, which plants nothing of theirs).
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", "always" if num_splits is None else "never")
     prepare = functools.partial(decode.decode_attention, num_splits=num_splits)
     impl = dataclasses.replace(decode.IMPLEMENTATION, prepare=prepare)
     assert check_on_inputs(impl, q, k, v, problem, cache_seqlens=lengths).ok, "the unplanted kernel must pass"
