@@ -40,8 +40,6 @@ for _impl in IMPLEMENTATIONS:
     if _impl.backward is not None and _impl.runs_on_cpu:
         FORWARD_OF.setdefault(_impl.backward.name, _impl.name)
 BACKWARD_NAMES = list(FORWARD_OF)
-# Every backward rung, the GPU-only ones (gluon/backward/hopper) included.
-ALL_BACKWARD_NAMES = {_impl.backward.name for _impl in IMPLEMENTATIONS if _impl.backward is not None}
 
 
 def problem(
@@ -343,14 +341,18 @@ def test_a_backward_refuses_cache_seqlens_with_its_reason() -> None:
 # ----------------------------------------------------------------------------------------------
 # Every backward rung compiles for sm_90a without spills (a child process without the interpreter)
 # ----------------------------------------------------------------------------------------------
+# ``python -c COMPILE_SCRIPT STACKS``: the defaults of the backward rungs of STACKS (comma-separated), and with
+# "triton" and "gluon" their tile candidates.
 COMPILE_SCRIPT = """
-import json, torch
+import json, sys, torch
 from common.contract.problem import Problem
 from common.contract.registry import discover
 from common.reporting.static import cubin_resources, ptx_features
 from triton_impl.backward import tiled
 from triton_impl.gluon import backward as gluon_backward
-backwards = {impl.backward.name: impl.backward for impl in discover(include_baselines=False)[0] if impl.backward}
+stacks = sys.argv[1].split(",")
+impls = discover(include_baselines=False)[0]
+backwards = {impl.backward.name: impl.backward for impl in impls if impl.backward and impl.stack in stacks}
 rows = []
 for name, backward in backwards.items():
     for head_dim in (64, 128):
@@ -358,7 +360,7 @@ for name, backward in backwards.items():
         for binary in backward.compile_sm90(problem):
             usage = next(iter(cubin_resources(binary.cubin).values()))
             rows.append([name, head_dim, binary.name, usage["stack_bytes"] + usage["local_bytes"]])
-for head_dim, configs in tiled.CANDIDATES.items():
+for head_dim, configs in (tiled.CANDIDATES if "triton" in stacks else {}).items():
     for config in configs:
         for causal in (False, True):
             problem = Problem(2, 16, 8192, 8192, head_dim, torch.bfloat16, causal=causal, kv_heads=4)
@@ -367,7 +369,7 @@ for head_dim, configs in tiled.CANDIDATES.items():
                 rows.append([config.label, head_dim, binary.name, usage["stack_bytes"] + usage["local_bytes"]])
 # The Gluon rung's tile variants, ragged, non-causal and causal bottom-right (the default's causal top-left
 # build is above); the preprocess is the tiled rung's, compiled above.
-for head_dim, variants in gluon_backward.CANDIDATES.items():
+for head_dim, variants in (gluon_backward.CANDIDATES if "gluon" in stacks else {}).items():
     for tiles in variants:
         for features in ({}, {"causal": True, "causal_alignment": "bottom_right"}):
             problem = Problem(2, 16, 1000, 777, head_dim, torch.bfloat16, kv_heads=4, **features)
@@ -386,15 +388,29 @@ print(json.dumps(rows))
 """
 
 
-@pytest.mark.static
-def test_every_backward_compiles_for_sm90a_without_spills() -> None:
-    """Every rung's default launches and every tile candidate of the tiled rung and of the Gluon rung,
-    causal and not; the Gluon kernels also within the H200's shared memory per block and with the PTX
-    they claim (TMA, mbarriers, wgmma, setmaxnreg; no mma.sync or cp.async)."""
-    rows = json_from_child(["-c", COMPILE_SCRIPT], timeout=600)
-    assert {row[0] for row in rows} >= ALL_BACKWARD_NAMES
+def _compiled_backwards(stacks: tuple[str, ...]) -> None:
+    """COMPILE_SCRIPT on ``stacks``: every backward rung of theirs built, none spilling."""
+    rows = json_from_child(["-c", COMPILE_SCRIPT, ",".join(stacks)], timeout=600)
+    names = {impl.backward.name for impl in IMPLEMENTATIONS if impl.backward is not None and impl.stack in stacks}
+    assert names and {row[0] for row in rows} >= names
     spilled = [row for row in rows if row[3]]
     assert not spilled, f"(backward, head_dim, kernel, spill bytes per thread): {spilled}"
+
+
+@pytest.mark.static
+def test_every_triton_and_gluon_backward_compiles_for_sm90a_without_spills() -> None:
+    """Every Triton and Gluon rung's default launches and every tile candidate of the tiled rung and of the
+    Gluon rung, causal and not; the Gluon kernels also within the H200's shared memory per block and with
+    the PTX they claim (TMA, mbarriers, wgmma, setmaxnreg; no mma.sync or cp.async)."""
+    _compiled_backwards(("triton", "gluon"))
+
+
+@pytest.mark.cute_compile
+@pytest.mark.static
+def test_every_cute_backward_compiles_for_sm90a_without_spills() -> None:
+    """The CuTe rungs' default launches (the same bytes under every torch and Triton: once, in CI's
+    readme leg, as every cute_compile test)."""
+    _compiled_backwards(("cute",))
 
 
 # ----------------------------------------------------------------------------------------------
