@@ -35,6 +35,8 @@ from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
 from common.reporting.static import _cuobjdump, cubin_resources
+from common.toolchain.arch import SM90_SHARED_MEMORY_BYTES
+from common.toolchain.compile import compile_cute_sm90
 from cute_impl._host import CUTE_DTYPES
 from cute_impl.backward import hopper as hopper_backward
 from cute_impl.backward import hopper_dq, hopper_rows, naive, tiled
@@ -207,7 +209,7 @@ def schedule_errors(rule) -> list[tuple]:
     errors = []
     tile_n = 128
     for seqlen_q, seqlen_k, causal, bottom_right, tile_m in itertools.product(
-        (1, 37, 64, 77, 300, 1000), (1, 37, 128, 300, 1000), (False, True), (False, True), (32, 64, 128)
+        (1, 37, 64, 77, 300, 1000), (1, 37, 128, 300, 1000), (False, True), (False, True), (32, 64, 80, 128)
     ):
         offset = seqlen_k - seqlen_q if bottom_right else 0
         for n_start in range(0, seqlen_k, tile_n):
@@ -329,6 +331,57 @@ def test_hopper_dq_reduce_128_rows_at_d64(monkeypatch: pytest.MonkeyPatch) -> No
     assert spilled_bytes(planted) > 0 or wgmma_serialised(sass_of(planted))
 
 
+# FlashAttention-4's non-causal D=128 step: 80 query rows, dQ transposed (the only 80-row candidate).
+(DQ_REDUCE_80,) = [tiles for tiles in TMA_ROWS if tiles.tile_m == 80]
+
+
+@pytest.mark.cute_compile
+@pytest.mark.static
+@pytest.mark.parametrize("variant", ["full_mha", "causal_bottom_right_mqa_dlse"])
+def test_hopper_dq_reduce_80_rows_at_d128(monkeypatch: pytest.MonkeyPatch, variant: str) -> None:
+    """dq="reduce" at 80 query rows per step (D=128 only), without and with every compile-time feature: no
+    spills, wgmmas not serialised, five products per step in 34 HGMMAs (Sᵀ and dPᵀ m64n80 over D/16 k-steps,
+    dV and dK m64n128 over 80/16, each warpgroup's dQᵀ m64n80 over 2 × 4: its 64 rows of D, every query),
+    each warpgroup's dQᵀ tile leaving by one bulk reduce-add; at D=64 it is refused. Planted: without LSE₂
+    in Sᵀ's accumulator and dSᵀ from the 16-bit Pᵀ (``hopper_rows.lse_in_accumulator``) ptxas serialises the
+    wgmmas or spills."""
+    causal, alignment, kv_heads, has_dlse = VARIANTS[variant]
+    prob = problem(1000, 777, 128, causal=causal, alignment=alignment, kv_heads=kv_heads)
+    assert DQ_REDUCE_80 in hopper_backward.CANDIDATES[128] and DQ_REDUCE_80 not in hopper_backward.CANDIDATES[64]
+    binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=DQ_REDUCE_80)
+    assert hgmma_per_step(binaries) == {"dkdv": 8 + 8 + 5 + 5 + 2 * 4, "postprocess": 0}
+    dkdv = binaries[1]
+    sass = sass_of(dkdv)
+    assert sass.count("HGMMA.64x80x16") == 2 * (8 + 8 + 2 * 4) and sass.count("HGMMA.64x128x16") == 2 * (5 + 5)
+    assert [spilled_bytes(binary) for binary in binaries[1:]] == [0, 0]
+    assert not wgmma_serialised(sass), "ptxas serialised the wgmmas"
+    assert dkdv.ptx.count(BULK_REDUCE_ADD) == hopper_dq.CONSUMER_WARPGROUPS and not ATOMICS.search(dkdv.ptx)
+    with pytest.raises(ValueError, match="D=128 only"):
+        hopper_backward.compile_sm90(problem(300, 300, 64), tiles=DQ_REDUCE_80)
+    monkeypatch.setattr(hopper_rows, "lse_in_accumulator", lambda tile_m: False)
+    planted = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=DQ_REDUCE_80)[1]
+    assert spilled_bytes(planted) > 0 or wgmma_serialised(sass_of(planted))
+
+
+@pytest.mark.cute_compile
+@pytest.mark.static
+def test_hopper_dq_reduce_80_rows_fit_an_sm90_cta() -> None:
+    """At 80 query rows the dK/dV kernel's shared memory (two ring slots of Q, dO, LSE₂ and D; K and V; the
+    dS buffers and the dQᵀ staging) fits what an sm_90 CTA may use. Planted: a third ring slot does not."""
+    prob = problem(1000, 777, 128)
+    fits, third_slot = (dkdv_shared_bytes(prob, tiles) for tiles in (DQ_REDUCE_80, replace(DQ_REDUCE_80, stages=3)))
+    assert fits <= SM90_SHARED_MEMORY_BYTES < third_slot, (fits, third_slot)
+
+
+def dkdv_shared_bytes(prob: Problem, tiles: hopper_backward.BackwardTiles) -> int:
+    """The dynamic shared memory the dK/dV kernel of ``tiles`` asks for at launch (sized while it is traced)."""
+    config = hopper_backward.backward_config(prob, tiles)
+    kernel = hopper_backward._DKDVKernel(config)
+    fakes = hopper_backward._fake_dkdv_arguments(config)
+    compile_cute_sm90(kernel, *fakes, name="dkdv", threads=kernel.threads_per_cta, options=(cute.EnableTVMFFI,))
+    return kernel.shared_storage.size_in_bytes()
+
+
 def test_hopper_dkdv_query_blocks_cover_every_visible_pair_and_mask_where_needed() -> None:
     """The dK/dV kernel's query blocks per key block (``query_block_range``, on Python ints), against the
     definition, over ragged lengths, both alignments and Sq ≷ Sk. Planted: one block too few, and one
@@ -378,12 +431,12 @@ def _dq_layout_strings(head_dim: cutlass.Constexpr, tile_m: cutlass.Constexpr, f
         found.append((str(layout.inner), str(layout.outer)))
 
 
-@pytest.mark.parametrize("tile_m", [64, 128], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("tile_m", [64, 80, 128], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
 def test_hopper_dq_reduce_reads_ds_and_k_through_transposed_layouts_of_the_same_bytes(
     head_dim: int, tile_m: int
 ) -> None:
-    """dq="reduce": the dS buffers (64 keys × 64 or 128 queries) are written as dSᵀ and read as dS, the K
+    """dq="reduce": the dS buffers (64 keys × 64, 80 or 128 queries) are written as dSᵀ and read as dS, the K
     tiles loaded for Sᵀ = K Qᵀ read as dQ's MN-major B operand: each read layout is its written layout
     with the modes swapped, swizzle included. Planted: the written layouts without the swap are not the
     read ones."""
@@ -476,14 +529,20 @@ def test_hopper_overlapped_tiles_refuse_a_single_ring_slot() -> None:
 
 
 def test_hopper_dq_reduce_refuses_what_it_is_not_built_for() -> None:
-    """dq="reduce" takes 64 or 128 query rows per step (one or two m64 dQ tiles) and no dQ kernel to
-    overlap (its dK may overlap the next step); an unknown dq mode is refused. Its label names the mode,
-    not the unused dQ kernel's tile."""
+    """dq="reduce" takes 64, 80 or 128 query rows per step (one or two m64 dQ tiles, or at 80 rows dQᵀ) and
+    no dQ kernel to overlap (its dK may overlap the next step); an unknown dq mode is refused, and 80 rows
+    without dq="reduce" and tma_rows. Its label names the mode, not the unused dQ kernel's tile."""
     for tiles in ({"tile_m": 32}, {"tile_m": 96}, {"dq_overlap": True}):
         with pytest.raises(ValueError, match="dq='reduce'"):
             hopper_backward.BackwardTiles(**({"tile_m": 64, "dq_tile_n": 64, "stages": 2} | tiles), dq="reduce")
     with pytest.raises(ValueError, match="'pass' or 'reduce'"):
         hopper_backward.BackwardTiles(64, 64, 2, dq="atomic")
+    # 80 rows seed Sᵀ with the staged LSE₂ and compute dQᵀ: dq="reduce" with tma_rows, not overlapped, only.
+    for tiles in ({"dq": "pass"}, {"tma_rows": False}, {"dkdv_overlap": True}):
+        with pytest.raises(ValueError, match="80 query rows"):
+            hopper_backward.BackwardTiles(**({"tile_m": 80, "dq_tile_n": 64, "stages": 2, "dq": "reduce",
+                                              "tma_rows": True} | tiles))  # fmt: skip
+    assert DQ_REDUCE_80.label == "m80_s2_dqreduce_tmarows"
     assert DQ_REDUCE.label == "m64_s2_dqreduce"
     overlapped = hopper_backward.BackwardTiles(64, 64, 3, dkdv_overlap=True, dq="reduce")
     assert overlapped.label == "m64_s3_dqreduce_dkdvoverlap"
@@ -498,6 +557,7 @@ def test_hopper_tma_rows_is_the_default_and_the_deterministic_switch_leaves_it()
         "m64_s2_dqreduce_tmarows",
         "m128_s2_dqreduce_tmarows",
         "m64_s3_dqreduce_dkdvoverlap_tmarows",
+        "m80_s2_dqreduce_tmarows",
     }
     defaults = {head_dim: hopper_backward.default_tiles(head_dim).label for head_dim in hopper_backward.HEAD_DIMS}
     assert defaults == {64: "m128_s2_dqreduce_tmarows", 128: "m64_s2_dqreduce_tmarows"}
@@ -507,6 +567,16 @@ def test_hopper_tma_rows_is_the_default_and_the_deterministic_switch_leaves_it()
     finally:
         torch.use_deterministic_algorithms(False)
     assert hopper_backward.BackwardTiles(64, 64, 2, tma_rows=True).label == "m64_dqn64_s2_tmarows"
+
+
+def test_hopper_rows_start_every_staged_slot_tma_aligned() -> None:
+    """tma_rows: each ring slot's LSE₂ and D box starts 128-byte aligned in shared memory (a TMA
+    destination), at every candidate's tile_m, and covers the slot's tile_m values. Planted: 80 values a
+    slot packed back to back would start slot 1 320 bytes in."""
+    for tile_m in {tiles.tile_m for tiles in TMA_ROWS}:
+        stride = hopper_rows.stage_stride(tile_m)
+        assert stride >= tile_m and stride * hopper_rows.FLOAT_BYTES % hopper_rows.TMA_SMEM_ALIGN_BYTES == 0
+    assert 80 * hopper_rows.FLOAT_BYTES % hopper_rows.TMA_SMEM_ALIGN_BYTES != 0
 
 
 @pytest.mark.parametrize("seqlen_q", [1, 77, 80, 1000])
@@ -734,5 +804,34 @@ def test_gpu_dq_reduce_128_rows_pass_the_rule_over_many_blocks(case: str) -> Non
     blocks = planted[:, :, : prob.seqlen_q // 128 * 128].unflatten(2, (-1, 2, 64))  # a view of planted
     blocks[:, :, :, 0] += blocks[:, :, :, 1]
     blocks[:, :, :, 1] = 0
+    with pytest.raises(AssertionError, match="dq WRONG"):
+        assert_all_pass((planted, dk, dv), *inputs, prob)
+
+
+# Many key and query blocks per CTA at D=128 (the 80-row step's head dim), GQA; 1999 queries end inside an
+# 80-row block.
+LONG_D128_CASES = {
+    "gqa_full_2048": problem(2048, 2048, 128, kv_heads=2),
+    "gqa_causal_top_left_2048": problem(2048, 2048, 128, causal=True, kv_heads=2),
+    "gqa_causal_bottom_right_ragged": problem(1999, 2100, 128, causal=True, alignment="bottom_right", kv_heads=2),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(LONG_D128_CASES))
+def test_gpu_dq_reduce_80_rows_pass_the_rule_over_many_blocks(case: str) -> None:
+    """dq="reduce" at 80 query rows per step (m80_s2_dqreduce_tmarows: LSE₂ in Sᵀ's accumulator, dSᵀ from
+    the 16-bit Pᵀ, dQᵀ per warpgroup) against fp64 by the rule, from cute/hopper's O and LSE, with 16 or
+    more key blocks adding into each query block's dQ. Planted: dQ's columns [64, 128) added to its columns
+    [0, 64) and lost (what a wrong ``hopper_dq.dq_box``, both warpgroups on the first half of D, gives)
+    fails the rule."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    prob = LONG_D128_CASES[case]
+    inputs, (dq, dk, dv) = hopper_gradients_of(prob, 28, DQ_REDUCE_80)
+    assert_all_pass((dq, dk, dv), *inputs, prob)
+    planted = dq.clone()
+    planted[..., :64] += planted[..., 64:]
+    planted[..., 64:] = 0
     with pytest.raises(AssertionError, match="dq WRONG"):
         assert_all_pass((planted, dk, dv), *inputs, prob)

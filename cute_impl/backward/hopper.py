@@ -30,7 +30,7 @@ Algorithm (three launches):
         causal diagonal and the key tail); issue dV += Pᵀ dO; wait for dPᵀ; dSᵀ = Pᵀ ∘ (dPᵀ − D);
         issue dK += dSᵀ Q; wait for both; release the slot. Masked blocks first, then the rest.
      c. dK ·= softmax_scale; dK and dV stored from the accumulators (rows past Sk not written).
-  3. ``_DQKernel`` (one CTA per 128 query rows of one (batch, head), longest first when causal):
+  3. ``hopper_pass.DQPassKernel`` (one CTA per 128 query rows of one (batch, head), longest first when causal):
      the producer TMAs each warpgroup's Q and dO boxes once and streams K and V; each consumer
      (``dq_step``) issues S = Q Kᵀ and dP = dO Vᵀ, masks S (-inf), P = exp2(S · scale_log2 − LSE₂),
      dS = P ∘ (dP − D), issues dQ += dS K; at the end dQ ·= softmax_scale, stored from registers.
@@ -44,8 +44,11 @@ kernel's ``dq_tile_n`` keys per step, ``stages`` ring slots, and two overlaps: `
 a step's dV and dK products in flight under the next step's Sᵀ and dPᵀ (and its exp2), ``dq_overlap``
 the dQ product under the next S and dP; a slot is then freed one step later (``SlotRelease``). At
 D=128 a consumer thread holds dK and dV (2 · 64 fp32), Sᵀ and dPᵀ (2 · tile_m / 2) and Pᵀ, dSᵀ in 16
-bits: 64 query rows per step is the most that fits 240 registers (237 used), and only 32 leave ptxas
-the room to keep overlapped wgmmas asynchronous (the static test checks the SASS for serialised ones).
+bits: 64 query rows per step fit 240 registers as the step is written (237 used); 80 (FlashAttention-4's
+non-causal D=128 tile, dq="reduce" only) fit once Sᵀ's accumulator starts at −LSE₂ / scale_log2 and dSᵀ
+reads the 16-bit Pᵀ (``hopper_rows.lse_in_accumulator``), dQ then computed transposed (``hopper_dq.py``);
+only 32 leave ptxas the room to keep overlapped wgmmas asynchronous (the static test checks the SASS for
+serialised ones).
 
 Constraints: fp16/bf16; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA
 and MQA (dK and dV summed over the group's query heads in registers, no atomics); the LSE's gradient;
@@ -65,8 +68,9 @@ rung runs the separate pass). First GPU run (``results/h200/backward-cute-dq-red
 TFLOP/s at P1 / causal, 360.3 at D=64 (B=4 H=32): +9-11 % over the separate pass.
 
 Limits (not done): no ping-pong between the consumer warpgroups, no persistent scheduler, gradients
-stored from the accumulators (no TMA store); dq="reduce" takes 64 query rows per step, or 128 at D=64
-(FA3's D=64 step; dV then issued after dSᵀ, ptxas serialised the loop otherwise; not yet timed), and its
+stored from the accumulators (no TMA store); dq="reduce" takes 64 query rows per step, 128 at D=64
+(FA3's D=64 step, the D=64 default; dV then issued after dSᵀ, ptxas serialised the loop otherwise) or 80
+at D=128 (FA4's non-causal step; a candidate, not yet timed: ``bench/cute_bwd_d128_ab.sh``), and its
 dK/dV overlap only at D=64. ``tma_rows`` (``hopper_rows.py``, the default: 540.8 / 485.5 / 439.0 TFLOP/s,
 P1 / causal / D=64) loads LSE₂ and D by TMA into the ring. Candidates: ``bench.backward --candidates``.
 """
@@ -88,14 +92,13 @@ from common.contract.problem import Problem
 from common.contract.registry import Backward
 from common.toolchain.arch import SM90A, check_sm90
 from common.toolchain.compile import KernelBinary
-from cute_impl._device import LOG2_E, BlockRange, SeqlenInfo
+from cute_impl._device import LOG2_E
 from cute_impl._hopper_device import (
     CONSUMER_REGISTERS,
     PRODUCER_REGISTERS,
     ROWS_PER_WARPGROUP,
     THREADS_PER_WARPGROUP,
     WARPS_PER_WARPGROUP,
-    AttentionMask,
     head_major,
     one_stage,
     rows_by_cols,
@@ -113,7 +116,7 @@ from cute_impl._host import (
     generic_view,
     mma_sync_supports,
 )
-from cute_impl.backward import hopper_dq, hopper_rows, tiled
+from cute_impl.backward import hopper_dq, hopper_pass, hopper_rows, tiled
 from cute_impl.backward._device import (
     CONSUMER_WARPGROUPS,
     MN_MAJOR,
@@ -125,7 +128,6 @@ from cute_impl.backward._device import (
     load_fixed,
     load_pair,
     query_block_range,
-    read_row_values,
     shared_storage,
     smem_tensor,
     store_rows,
@@ -134,7 +136,6 @@ from cute_impl.backward._device import (
 
 HEAD_DIMS = (64, 128)
 KEY_TILE = CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP
-QUERY_TILE = CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP
 THREADS_PER_CTA = (1 + CONSUMER_WARPGROUPS) * THREADS_PER_WARPGROUP
 
 
@@ -166,10 +167,13 @@ class BackwardTiles:
             raise ValueError(f"overlapped steps need two ring slots or more, got {self}")
         if self.dq not in ("pass", "reduce"):
             raise ValueError(f"dq is 'pass' or 'reduce', got {self.dq!r}")
-        # dQ's M is 64 query rows: a step's 64 (D split between the warpgroups) or 128 (one half each,
-        # ``hopper_dq.dq_box``); it retires within its step (dK may not: ``dkdv_overlap``); no dQ kernel.
-        if self.dq == "reduce" and (self.tile_m not in (64, 128) or self.dq_overlap):
-            raise ValueError(f"dq='reduce' takes 64 or 128 query rows per step and no dq_overlap, got {self}")
+        # dQ's M is 64 query rows (a step's 64, D split between the warpgroups, or 128, one half each) or, at
+        # 80 rows, half of D (dQᵀ; ``hopper_dq.dq_box``); it retires within its step (dK may not); no dQ kernel.
+        if self.dq == "reduce" and (self.tile_m not in (64, 80, 128) or self.dq_overlap):
+            raise ValueError(f"dq='reduce' takes 64, 80 or 128 query rows per step and no dq_overlap, got {self}")
+        # 80 rows seed Sᵀ with the staged LSE₂ (``hopper_rows.seed_scores``); the separate pass has no dQᵀ.
+        if self.tile_m == 80 and (self.dq != "reduce" or not self.tma_rows or self.dkdv_overlap):
+            raise ValueError(f"80 query rows per step take dq='reduce' and tma_rows, not overlapped, got {self}")
 
     @property
     def label(self) -> str:
@@ -201,6 +205,7 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 64, 3, dq_overlap=True),
         BackwardTiles(64, 128, 2),
         BackwardTiles(64, 64, 2, dq="reduce"),
+        BackwardTiles(80, 64, 2, dq="reduce", tma_rows=True),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True),
     ),
 }
@@ -271,6 +276,7 @@ class _DKDVKernel:
         self.kernel(
             st_mma, grad_mma, tma_atom_K, mK_tma, tma_atom_V, mV_tma, tma_atom_Q, mQ_tma, tma_atom_dO, mdO_tma,
             mLSE2, mDelta, mdK, mdV, softmax_scale, sKV_layout, sQ_layout, sQt_layout, mdQaccum, *row_atoms,
+            mQ.shape[2][0] // mK.shape[2][0],
         ).launch(
             grid=[cute.ceil_div(mK.shape[0], KEY_TILE), mK.shape[2][0], mK.shape[2][1]],
             block=[self.threads_per_cta, 1, 1],
@@ -286,20 +292,20 @@ class _DKDVKernel:
         tma_atom_dO: cute.CopyAtom, mdO: cute.Tensor, mLSE2: cute.Tensor, mDelta: cute.Tensor, mdK: cute.Tensor,
         mdV: cute.Tensor, softmax_scale: Float32, sKV_layout: cute.ComposedLayout, sQ_layout: cute.ComposedLayout,
         sQt_layout: cute.ComposedLayout, mdQaccum: cute.Tensor | None, tma_atom_LSE2: cute.CopyAtom | None,
-        tma_atom_Delta: cute.CopyAtom | None,
+        tma_atom_Delta: cute.CopyAtom | None, group: Int32,
     ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         warp_group = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
         n_block, kv_head, batch = cute.arch.block_idx()
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
-        group = mQ.shape[2][0] // mK.shape[2][0]
         D, rows = self.head_dim, ROWS_PER_WARPGROUP
         causal_offset = 0
         if cutlass.const_expr(self.bottom_right):
             causal_offset = seqlen_k - seqlen_q
         # The key block's first key and its query blocks are computed in each role's branch: computed
-        # before, ptxas spilled the first key around the branch (4 bytes per thread).
+        # before, ptxas spilled the first key around the branch (4 bytes per thread). The query heads per KV
+        # head (``group``) come divided by the launch: divided here, ptxas spilled the quotient (80 rows).
         query_blocks = functools.partial(
             query_block_range, tile_n=KEY_TILE, tile_m=self.tile_m, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
             causal=self.causal, causal_offset=causal_offset,
@@ -425,14 +431,19 @@ class _DKDVKernel:
         slot = q_consumer.wait_and_advance()
         acc_St = cute.make_rmem_tensor(acc_shape, Float32)  # ((2, 2, tile_m/8), 1, 1)
         acc_dPt = cute.make_rmem_tensor(acc_shape, Float32)
-        st_gemm(acc_St, stage=slot.index)
-        dpt_gemm(acc_dPt, stage=slot.index)
-
-        # ---- Pᵀ = exp2(Sᵀ · scale_log2 − LSE₂[query]), read while the products run ----------------
         m_start = m_block * self.tile_m
         cS = rows_by_cols(tScS)  # (key, query) of every value, rows by columns
         St, dPt = rows_by_cols(acc_St), rows_by_cols(acc_dPt)
         columns = cute.size(St, mode=[1])
+        # 80 query rows: Sᵀ's accumulator starts at −LSE₂ / scale_log2 and dSᵀ reads the 16-bit Pᵀ (below), so
+        # neither LSE₂ nor fp32 Pᵀ takes registers beside the four accumulators (``hopper_rows.py``).
+        lse_in_acc = hopper_rows.lse_in_accumulator(self.tile_m)
+        if cutlass.const_expr(lse_in_acc):
+            hopper_rows.seed_scores(St, gLSE2, cS, slot.index, softmax_scale_log2)
+        st_gemm(acc_St, stage=slot.index, accumulate=lse_in_acc)
+        dpt_gemm(acc_dPt, stage=slot.index)
+
+        # ---- Pᵀ = exp2(Sᵀ · scale_log2 − LSE₂[query]), read while the products run ----------------
         lse2 = hopper_rows.step_values(gLSE2, m_start, cS, slot.index, seqlen_q, Float32.inf, self.tma_rows)
         # Sᵀ has retired (overlapped: so have the previous step's dV and dK, issued before it).
         warpgroup.wait_group(1)
@@ -446,22 +457,27 @@ class _DKDVKernel:
                 first_visible = key - causal_offset - m_start
             first_visible = cutlass.select_(key < seqlen_k, first_visible, self.tile_m)
             for c in cutlass.range_constexpr(columns):
-                p = cute.math.exp2(St[r, c] * softmax_scale_log2 - lse2[c], fastmath=True)
+                exponent = St[r, c] * softmax_scale_log2
+                if cutlass.const_expr(not lse_in_acc):
+                    exponent = exponent - lse2[c]
+                p = cute.math.exp2(exponent, fastmath=True)
                 if cutlass.const_expr(masked):
                     p = Float32(cutlass.select_(cS[r, c][1] >= first_visible, p, 0.0))
                 St[r, c] = p
         scores_to_operand_a(acc_St, tdVrPt)
         # 128 query rows: dV waits for dSᵀ (in flight, its Pᵀ and dV registers made ptxas serialise the loop).
-        late_dv = self.tile_m > ROWS_PER_WARPGROUP
+        late_dv = self.tile_m == 2 * ROWS_PER_WARPGROUP
         if cutlass.const_expr(not late_dv):
             dv_gemm(stage=slot.index)
 
         # ---- dSᵀ = Pᵀ ∘ (dPᵀ − D[query]) --------------------------------------------------------
+        if cutlass.const_expr(lse_in_acc):  # 80 rows: from dV's 16-bit Pᵀ (fp32 Pᵀ is dead from here)
+            St = rows_by_cols(cute.make_tensor(tdVrPt.iterator, acc_St.layout))
         delta = hopper_rows.step_values(gDelta, m_start, cS, slot.index, seqlen_q, Float32(0.0), self.tma_rows)
         warpgroup.wait_group(0 if late_dv else 1)
         for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
             for c in cutlass.range_constexpr(columns):
-                dPt[r, c] = St[r, c] * (dPt[r, c] - delta[c])
+                dPt[r, c] = Float32(St[r, c]) * (dPt[r, c] - delta[c])
         scores_to_operand_a(acc_dPt, tdKrdSt)
         if cutlass.const_expr(late_dv):
             dv_gemm(stage=slot.index)
@@ -473,196 +489,6 @@ class _DKDVKernel:
             dq.hand_over(acc_dQ)
         release.step_done(slot)
         return q_consumer, steps_done + 1
-
-
-# ----------------------------------------------------------------------------------------------
-# 3. dQ: 128 query rows per CTA, the key blocks streamed
-# ----------------------------------------------------------------------------------------------
-class _DQKernel:
-    """The separate dQ pass: S = Q Kᵀ → mask → P → dP = dO Vᵀ → dS → dQ += dS K per key block."""
-
-    def __init__(self, config: HopperBackwardConfig):
-        self.dtype = CUTE_DTYPES[config.dtype]
-        self.head_dim = config.head_dim
-        self.causal = config.causal
-        self.bottom_right = config.bottom_right
-        self.gqa = config.gqa
-        self.tile_n = config.tiles.dq_tile_n
-        self.stages = config.tiles.stages
-        self.overlap = config.tiles.dq_overlap
-        self.threads_per_cta = THREADS_PER_CTA
-
-    @cute.jit
-    def __call__(
-        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
-        mDelta: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32, stream: cuda.CUstream,
-    ):  # fmt: skip
-        """q, do, dq (B, H, Sq, D); k, v (B, Hkv, Sk, D); lse2, delta (B, H, Sq) fp32."""
-        # Every tensor addressed through a generic pointer (``_host.generic_view``), as measured.
-        mQ, mK, mV, mdO, mLSE2, mDelta, mdQ = [generic_view(t) for t in (mQ, mK, mV, mdO, mLSE2, mDelta, mdQ)]
-        mQ, mK, mV, mdO, mdQ = (sequence_major(t) for t in (mQ, mK, mV, mdO, mdQ))  # (S, D, (H, B))
-        mLSE2, mDelta = head_major(mLSE2), head_major(mDelta)  # (Sq, (H, B))
-        D, rows = self.head_dim, ROWS_PER_WARPGROUP
-        s_mma, dq_mma = warpgroup_mmas(self.dtype, self.tile_n, D, MN_MAJOR.sm90_mma_major_mode())
-        sQ_layout = fixed_layout(self.dtype, D, CONSUMER_WARPGROUPS)  # (64, D, warpgroup)
-        sK_layout, sKt_layout = streamed_layouts(self.dtype, self.tile_n, D, self.stages)
-        load = cpasync.CopyBulkTensorTileG2SOp()
-        tma_atom_Q, mQ_tma = cpasync.make_tiled_tma_atom(load, mQ, one_stage(sQ_layout), (rows, D))
-        tma_atom_dO, mdO_tma = cpasync.make_tiled_tma_atom(load, mdO, one_stage(sQ_layout), (rows, D))
-        tma_atom_K, mK_tma = cpasync.make_tiled_tma_atom(load, mK, one_stage(sK_layout), (self.tile_n, D))
-        tma_atom_V, mV_tma = cpasync.make_tiled_tma_atom(load, mV, one_stage(sK_layout), (self.tile_n, D))
-        self.q_bytes = 2 * CONSUMER_WARPGROUPS * cute.size_in_bytes(self.dtype, one_stage(sQ_layout))
-        self.kv_bytes = 2 * cute.size_in_bytes(self.dtype, one_stage(sK_layout))
-        self.shared_storage = shared_storage(self.dtype, sQ_layout, sK_layout, self.stages)
-        self.kernel(
-            s_mma, dq_mma, tma_atom_Q, mQ_tma, tma_atom_dO, mdO_tma, tma_atom_K, mK_tma, tma_atom_V, mV_tma,
-            mLSE2, mDelta, mdQ, softmax_scale, sQ_layout, sK_layout, sKt_layout,
-        ).launch(
-            grid=[cute.ceil_div(mQ.shape[0], QUERY_TILE), mQ.shape[2][0], mQ.shape[2][1]],
-            block=[self.threads_per_cta, 1, 1],
-            smem=self.shared_storage.size_in_bytes(),
-            stream=stream,
-            min_blocks_per_mp=1,
-        )  # fmt: skip
-
-    @cute.kernel
-    def kernel(
-        self, s_mma: cute.TiledMma, dq_mma: cute.TiledMma, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor,
-        tma_atom_dO: cute.CopyAtom, mdO: cute.Tensor, tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
-        tma_atom_V: cute.CopyAtom, mV: cute.Tensor, mLSE2: cute.Tensor, mDelta: cute.Tensor, mdQ: cute.Tensor,
-        softmax_scale: Float32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-        sKt_layout: cute.ComposedLayout,
-    ):  # fmt: skip
-        tidx, _, _ = cute.arch.thread_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        warp_group = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
-        block_m, head, batch = cute.arch.block_idx()
-        grid_m, _, _ = cute.arch.grid_dim()
-        seqlen_q = mQ.shape[0]
-        D, rows = self.head_dim, ROWS_PER_WARPGROUP
-        # Causal: the last query blocks see the most keys; launching them first evens out the tail.
-        m_block = block_m
-        if cutlass.const_expr(self.causal):
-            m_block = grid_m - 1 - block_m
-        kv_head = head
-        if cutlass.const_expr(self.gqa):
-            kv_head = head // (mQ.shape[2][0] // mK.shape[2][0])
-        bh, kv_bh = (head, batch), (kv_head, batch)
-        seqlen = SeqlenInfo.create(batch, seqlen_q, mK.shape[0], None, self.bottom_right)
-        blocks = BlockRange.create_exact(m_block, seqlen, QUERY_TILE, self.tile_n, self.causal)
-        n_blocks = blocks.n_block_max - blocks.n_block_min
-
-        # ==== Shared memory and barriers ==============================================================
-        storage, (q_producer, q_consumer), kv_ring = allocate_rings(
-            self.shared_storage, self.stages, self.q_bytes, self.kv_bytes, CONSUMER_WARPGROUPS * WARPS_PER_WARPGROUP
-        )
-        kv_producer, kv_consumer = kv_ring.make_participants()
-        sQ = smem_tensor(storage.fixed_a, sQ_layout)  # (64, D, warpgroup)
-        sdO = smem_tensor(storage.fixed_b, sQ_layout)  # (64, D, warpgroup)
-        sK = smem_tensor(storage.ring_a, sK_layout)  # (tile_n, D, stage)
-        sV = smem_tensor(storage.ring_b, sK_layout)  # (tile_n, D, stage)
-        sKt = smem_tensor(storage.ring_a, sKt_layout)  # (D, tile_n, stage): sK read MN-major
-
-        # ==== Producer warp: Q and dO once, then K and V per key block, the top one first =============
-        if warp_group == 0:
-            cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
-            if warp_idx == 0:
-                gQ = cute.local_tile(mQ[None, None, bh], (rows, D), (None, 0))  # (64, D, Sq/64)
-                gdO = cute.local_tile(mdO[None, None, bh], (rows, D), (None, 0))  # (64, D, Sq/64)
-                tQsQ, tQgQ = tma_partition(tma_atom_Q, sQ, gQ)  # (TMA, warpgroup), (TMA, Sq/64)
-                tdOsdO, tdOgdO = tma_partition(tma_atom_dO, sdO, gdO)
-                load_fixed((tma_atom_Q, tma_atom_dO), (tQgQ, tdOgdO), (tQsQ, tdOsdO), m_block * CONSUMER_WARPGROUPS,
-                           q_producer)  # fmt: skip
-                gK = cute.local_tile(mK[None, None, kv_bh], (self.tile_n, D), (None, 0))  # (tile_n, D, n)
-                gV = cute.local_tile(mV[None, None, kv_bh], (self.tile_n, D), (None, 0))  # (tile_n, D, n)
-                tKsK, tKgK = tma_partition(tma_atom_K, sK, gK)  # (TMA, stage), (TMA, n)
-                tVsV, tVgV = tma_partition(tma_atom_V, sV, gV)
-                for i in cutlass.range(n_blocks, unroll=1):
-                    n_block = blocks.n_block_max - 1 - i
-                    kv_producer = load_pair((tma_atom_K, tma_atom_V), (tKgK[None, n_block], tVgV[None, n_block]),
-                                            (tKsK, tVsV), kv_producer)  # fmt: skip
-
-        # ==== Consumer warpgroups: 64 query rows each =================================================
-        if warp_group > 0:
-            cute.arch.setmaxregister_increase(CONSUMER_REGISTERS[CONSUMER_WARPGROUPS])
-            w = warp_group - 1
-            wg_tidx = tidx % THREADS_PER_WARPGROUP
-            s_thr = s_mma.get_slice(wg_tidx)
-            dq_thr = dq_mma.get_slice(wg_tidx)
-            tSrQ = s_thr.make_fragment_A(s_thr.partition_A(sQ[None, None, w]))  # (MMA, 1, D/16)
-            tdPrdO = s_thr.make_fragment_A(s_thr.partition_A(sdO[None, None, w]))  # (MMA, 1, D/16)
-            tSrK = s_thr.make_fragment_B(s_thr.partition_B(sK))  # (MMA, 1, D/16, stage)
-            tdPrV = s_thr.make_fragment_B(s_thr.partition_B(sV))  # (MMA, 1, D/16, stage)
-            tdQrKt = dq_thr.make_fragment_B(dq_thr.partition_B(sKt))  # (MMA, 1, tile_n/16, stage)
-            acc_dQ = dq_thr.make_fragment_C(dq_thr.partition_shape_C((rows, D)))  # ((2, 2, D/8), 1, 1)
-            acc_dQ.fill(0.0)
-            tdQrdS = cute.make_rmem_tensor(dq_thr.partition_shape_A((rows, self.tile_n)), self.dtype)
-            gemms = (
-                functools.partial(warpgroup_gemm, s_mma, tA=tSrQ, tB=tSrK, accumulate=False),
-                functools.partial(warpgroup_gemm, s_mma, tA=tdPrdO, tB=tdPrV, accumulate=False),
-                functools.partial(warpgroup_gemm, dq_mma, acc_dQ, tA=tdQrdS, tB=tdQrKt, accumulate=True),
-            )
-            tScS = s_thr.partition_C(cute.make_identity_tensor((rows, self.tile_n)))  # (row, key) per value
-            row_start = m_block * QUERY_TILE + w * rows
-            # LSE₂ and D of this thread's two rows (rows past Sq: +inf and 0, so their P and dS are 0).
-            cS = rows_by_cols(tScS)
-            row_count = cute.size(cS, mode=[0])
-            lse2 = cute.make_rmem_tensor(row_count, Float32)
-            delta = cute.make_rmem_tensor(row_count, Float32)
-            for r in cutlass.range_constexpr(row_count):
-                row = row_start + cS[r, 0][0]
-                lse2[r] = read_row_values(mLSE2[None, bh], row, seqlen_q, Float32.inf)
-                delta[r] = read_row_values(mDelta[None, bh], row, seqlen_q, Float32(0.0))
-            mask = AttentionMask(self.tile_n, self.causal, tScS, row_start, seqlen)
-            step = functools.partial(
-                self.dq_step, gemms, tdQrdS, s_thr.partition_shape_C((rows, self.tile_n)), lse2, delta, mask,
-                softmax_scale * LOG2_E, SlotRelease(kv_ring, self.stages, self.overlap),
-            )  # fmt: skip
-            q_consumer.wait_and_advance()  # Q and dO stay for the whole CTA: never released
-            n_top = blocks.n_block_max - 1
-            steps_done = Int32(0)
-            for i in cutlass.range(blocks.n_masked_blocks, unroll=1):
-                kv_consumer, steps_done = step(kv_consumer, steps_done, n_top - i, masked=True)
-            for i in cutlass.range(blocks.n_masked_blocks, n_blocks, unroll=1):
-                kv_consumer, steps_done = step(kv_consumer, steps_done, n_top - i, masked=False)
-            warpgroup.wait_group(0)  # overlapped: the last step's dQ
-
-            # ---- dQ ·= softmax_scale, stored in the input dtype -------------------------------------
-            acc_dQ.store(acc_dQ.load() * softmax_scale)
-            gdQ = cute.local_tile(mdQ[None, None, bh], (rows, D), (m_block * CONSUMER_WARPGROUPS + w, 0))  # (64, D)
-            store_rows(dq_thr, acc_dQ, gdQ, cute.make_identity_tensor((rows, D)), seqlen_q - row_start)
-
-    @cute.jit
-    def dq_step(
-        self, gemms: tuple, tdQrdS: cute.Tensor, acc_shape: cute.Shape, lse2: cute.Tensor, delta: cute.Tensor,
-        mask: AttentionMask, softmax_scale_log2: Float32, release: SlotRelease, kv_consumer, steps_done: Int32,
-        n_block: Int32, masked: cutlass.Constexpr,
-    ):  # fmt: skip
-        """One key block from the ring: S = Q Kᵀ → mask → P → dP = dO Vᵀ → dS → dQ += dS K."""
-        s_gemm, dp_gemm, dq_gemm = gemms
-        slot = kv_consumer.wait_and_advance()
-        acc_S = cute.make_rmem_tensor(acc_shape, Float32)  # ((2, 2, tile_n/8), 1, 1)
-        acc_dP = cute.make_rmem_tensor(acc_shape, Float32)
-        s_gemm(acc_S, stage=slot.index)
-        dp_gemm(acc_dP, stage=slot.index)
-        # S has retired (overlapped: so has the previous step's dQ, issued before it).
-        warpgroup.wait_group(1)
-        release.free_previous(steps_done)
-        if cutlass.const_expr(masked):
-            mask.apply(acc_S, n_block)
-        # P = exp2(S · scale_log2 − LSE₂[row]) (masked -inf → 0); dS = P ∘ (dP − D[row]).
-        S, dP = rows_by_cols(acc_S), rows_by_cols(acc_dP)
-        for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
-            for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
-                S[r, c] = cute.math.exp2(S[r, c] * softmax_scale_log2 - lse2[r], fastmath=True)
-        warpgroup.wait_group(0)
-        for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
-            for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
-                dP[r, c] = S[r, c] * (dP[r, c] - delta[r])
-        scores_to_operand_a(acc_dP, tdQrdS)
-        dq_gemm(stage=slot.index)
-        release.step_done(slot)
-        return kv_consumer, steps_done + 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -696,7 +522,7 @@ def _postprocess_kernel(config: HopperBackwardConfig) -> hopper_dq.DQPostprocess
 NAME = "cute_backward_hopper_"
 KERNELS = {
     "dkdv": CompiledKernels(_DKDVKernel, _fake_dkdv_arguments, arch=SM90A),
-    "dq": CompiledKernels(_DQKernel, _fake_dq_arguments, arch=SM90A),
+    "dq": CompiledKernels(hopper_pass.DQPassKernel, _fake_dq_arguments, arch=SM90A),
     "postprocess": CompiledKernels(_postprocess_kernel, _fake_postprocess_arguments, arch=SM90A),
 }
 

@@ -19,6 +19,9 @@ How data moves, per step (``DQReduce``):
      bytes as their K-major layouts), issued before dK += dSᵀ Q so it retires first. 64 · D/2 fp32
      accumulators: 32 registers per thread at D=128. With 128 query rows per step (D=64) warpgroup w
      computes query rows [64w, 64w + 64) and every column instead (``dq_box``): still one m64 tile.
+     With 80 (D=128, FlashAttention-4's non-causal tile) no m64 tile of query rows exists: warpgroup w
+     computes dQᵀ rows [64w, 64w + 64) of D over the 80 queries instead, dQᵀ = Kᵀ dSᵀ (``dq_transposed``;
+     A = Kᵀ, B = dSᵀ: the same two buffers, the operands swapped), m64n80, 40 registers per thread.
   3. Once dQ has retired, the warpgroup waits until its fp32 staging tile is free (named barrier
      ``DQ_EMPTY``), stores its accumulators there in fragment order (16 bytes per thread, consecutive
      threads consecutive: no bank conflicts), fences and signals ``DQ_FULL``.
@@ -29,24 +32,27 @@ How data moves, per step (``DQReduce``):
 ``dQaccum`` is (B, H, query blocks, 2, 64 · D/2) fp32, zeroed, each chunk one warpgroup's tile in
 fragment order; ``DQPostprocessKernel`` reads every chunk back into the same fragment (so no index
 arithmetic has to agree with the MMA's layout), scales it and stores dQ through the MMA's partition,
-rows past Sq dropped.
+rows past Sq dropped (transposed: through a (D, Sq) view of dQ, two bytes a store, ``store_columns``).
 
 Resources: shared memory gains 32 KB of dS buffers (2 buffers × 2 warpgroups × 64 × 64 × 2 bytes) and
 64 · D · 4 bytes of staging (D=128: 192 KB in all with two ring slots); the kernel compiles without
 spills at D=64 and 128 under the default's register split (setmaxnreg 240 / 24). dSᵀ goes to shared
 memory by ``stmatrix``, one swizzled address per four 8×8 matrices: stored element by element, ptxas
-kept 16 precomputed swizzled addresses live across the loop and spilled 72 bytes at D=128.
+kept 16 precomputed swizzled addresses live across the loop and spilled 72 bytes at D=128. At 80 rows
+the dS buffers (64 keys × 80 queries, 160 bytes a row) take a 32-byte swizzle, 40 KB, the staging 40 KB:
+226 KB in all with two ring slots of Q, dO, LSE₂ and D (FlashAttention-4's tile takes the same).
 
 Counterparts: FlashAttention-4's ``flash_attn/cute/flash_bwd_sm90.py`` (the model: dQaccum store warp,
 bulk reduce-add, postprocess); ``triton_impl/gluon/backward.py``'s ``dq="atomic"`` (the same dS exchange
 with per-element fp32 atomics from the consumers' registers, which lost to its dQ pass).
 
-Limits: 64 or 128 query rows per step (one or two m64 dQ tiles); dQ retires within its step (``hand_over``
-waits for it), while a step's dK may stay in flight under the next step's Sᵀ and dPᵀ (``dkdv_overlap``:
-ptxas keeps that asynchronous at D=64 and serialises every wgmma at D=128); at 64 rows D=64 runs
-m64n32 dQ products, at 128 rows (FlashAttention-3's D=64 tile) m64n64 ones, with 64 KB of dS buffers
-(``hopper.py`` then issues dV after dSᵀ and ``hopper_rows`` reads LSE₂ and D where used: both spilled
-or serialised otherwise). Timed: ``bench/cute_bwd_fused_dq_ab.sh``.
+Limits: 64, 80 (D=128, transposed) or 128 query rows per step (one or two m64 dQ tiles); dQ retires within
+its step (``hand_over`` waits for it), while a step's dK may stay in flight under the next step's Sᵀ and
+dPᵀ (``dkdv_overlap``: ptxas keeps that asynchronous at D=64 and serialises every wgmma at D=128); at 64
+rows D=64 runs m64n32 dQ products, at 128 rows (FlashAttention-3's D=64 tile) m64n64 ones, with 64 KB
+of dS buffers (``hopper.py`` then issues dV after dSᵀ and ``hopper_rows`` reads LSE₂ and D where used:
+both spilled or serialised otherwise), at 80 rows m64n80 dQᵀ ones. Timed: ``bench/cute_bwd_fused_dq_ab.sh``
+(128 rows), ``bench/cute_bwd_d128_ab.sh`` (80 rows).
 """
 
 from __future__ import annotations
@@ -91,14 +97,24 @@ class DQBarrier(enum.IntEnum):
     DQ_FULL_WG2 = 5
 
 
+def dq_transposed(tile_m: int) -> bool:
+    """A step of 80 query rows (D=128, FlashAttention-4's non-causal tile) has no m64 dQ tile: each
+    warpgroup computes dQᵀ = Kᵀ dSᵀ for its D/2 = 64 rows of dQᵀ over the step's queries instead."""
+    return tile_m % ROWS_PER_WARPGROUP != 0
+
+
 def dq_columns(head_dim: int, tile_m: int) -> int:
-    """The D columns of one warpgroup's dQ tile (64 query rows): a step of 64 rows splits D between the
-    two warpgroups, a step of 128 rows gives each warpgroup 64 rows and every column."""
+    """The N of one warpgroup's dQ tile (64 × N): a step of 64 rows splits D between the two warpgroups
+    (N = D/2), a step of 128 rows gives each warpgroup 64 rows and every column (N = D); transposed, the
+    step's tile_m queries (N = tile_m, D = 128 only: its 64 rows are half of D)."""
+    if dq_transposed(tile_m):
+        return tile_m
     return head_dim * tile_m // (CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP)
 
 
 def dq_box(w: Int32, tile_m: int) -> tuple:
-    """Warpgroup ``w``'s dQ tile inside the step's (tile_m, D): (64-row box, column box)."""
+    """Warpgroup ``w``'s dQ tile inside the step's (tile_m, D), or transposed inside its (D, tile_m):
+    (64-row box, column box)."""
     if tile_m == ROWS_PER_WARPGROUP:
         return 0, w
     return w, 0
@@ -106,7 +122,7 @@ def dq_box(w: Int32, tile_m: int) -> tuple:
 
 def dq_mma(dtype: type[cutlass.Numeric], head_dim: int, tile_m: int) -> cute.TiledMma:
     """One warpgroup's dQ tile = dS K over 128 keys, 64 × ``dq_columns``, both operands MN-major in
-    shared memory."""
+    shared memory (transposed, dQᵀ = Kᵀ dSᵀ: Kᵀ is MN-major as A, dSᵀ as B, the same bytes)."""
     mn_major = MN_MAJOR.sm90_mma_major_mode()
     return sm90_utils.make_trivial_tiled_mma(
         dtype, dtype, mn_major, mn_major, Float32, (1, 1, 1), (ROWS_PER_WARPGROUP, dq_columns(head_dim, tile_m))
@@ -130,9 +146,12 @@ def keys_mn_major(dtype: type[cutlass.Numeric], head_dim: int) -> cute.ComposedL
 
 def dq_storage_fields(dtype: type[cutlass.Numeric], head_dim: int, tile_m: int) -> dict:
     """The shared memory the dQ path adds: the dS buffers and one fp32 staging tile per warpgroup (128
-    query rows per step: D=64 only, the kernel then takes 195 KB; at D=128 it would not fit the 227 KB)."""
-    if tile_m > ROWS_PER_WARPGROUP and head_dim > ROWS_PER_WARPGROUP:
+    query rows per step: D=64 only, the kernel then takes 195 KB; at D=128 it would not fit the 227 KB;
+    80 rows, transposed: D=128 only, 226 KB in all with two ring slots)."""
+    if tile_m == CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP and head_dim > ROWS_PER_WARPGROUP:
         raise ValueError(f"dq='reduce' takes 128 query rows per step at D=64 only (shared memory), got D={head_dim}")
+    if dq_transposed(tile_m) and head_dim != CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP:
+        raise ValueError(f"dq='reduce' takes {tile_m} query rows per step at D=128 only (dQᵀ), got D={head_dim}")
     staged = CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP * dq_columns(head_dim, tile_m)
     written = ds_layouts(dtype, tile_m)[0]
     return {
@@ -154,7 +173,7 @@ def staged_dq_layout(columns: int) -> cute.Layout:
 
 def thread_chunk(chunk: cute.Tensor, columns: int, thread: Int32) -> cute.Tensor:
     """Thread ``thread``'s accumulators inside a flat tile in fragment order: (4, vectors). Every tile
-    starts 16-byte aligned (dQaccum's chunks and the staging tiles are multiples of 16 KB or 8 KB apart),
+    starts 16-byte aligned (dQaccum's chunks and the staging tiles are multiples of 4 KB apart),
     which the DSL cannot see through a runtime index: said here, so that copies use 16-byte vectors."""
     start = chunk.iterator
     aligned = cute.make_ptr(Float32, start.toint(), start.memspace, assumed_align=VALUES_PER_VECTOR * 4)
@@ -204,11 +223,17 @@ class DQReduce(ReadOnlyInRegions):
         sKt = storage.fixed_a.get_tensor(kt.outer, swizzle=kt.inner)  # (D, 64 keys, warpgroup): sK MN-major
         rows, slots = ROWS_PER_WARPGROUP, DS_BUFFERS * CONSUMER_WARPGROUPS
         row_box, column_box = dq_box(w, tile_m)
-        sdS_rows = cute.local_tile(sdS, (rows, rows, slots), (row_box, 0, 0))  # (64 queries, 64 keys, slot)
-        sKt_columns = cute.local_tile(sKt, (self.columns, rows, CONSUMER_WARPGROUPS), (column_box, 0, 0))
         thr = self.mma.get_slice(wg_tidx)
-        self.tdQrdS = thr.make_fragment_A(thr.partition_A(sdS_rows))  # (MMA, 1, 64/16, slot)
-        self.tdQrKt = thr.make_fragment_B(thr.partition_B(sKt_columns))  # (MMA, 1, 64/16, warpgroup)
+        self.transposed = dq_transposed(tile_m)
+        if self.transposed:  # dQᵀ rows [64w, 64w + 64) of D: A = those rows of Kᵀ, B = dSᵀ (all its queries)
+            sKt_rows = cute.local_tile(sKt, (rows, rows, CONSUMER_WARPGROUPS), (row_box, 0, 0))  # (64 D, 64 keys, wg)
+            self.tdQrKt = thr.make_fragment_A(thr.partition_A(sKt_rows))  # (MMA, 1, 64/16, warpgroup)
+            self.tdQrdS = thr.make_fragment_B(thr.partition_B(sdS))  # (MMA, 1, 64/16, slot)
+        else:
+            sdS_rows = cute.local_tile(sdS, (rows, rows, slots), (row_box, 0, 0))  # (64 queries, 64 keys, slot)
+            sKt_columns = cute.local_tile(sKt, (self.columns, rows, CONSUMER_WARPGROUPS), (column_box, 0, 0))
+            self.tdQrdS = thr.make_fragment_A(thr.partition_A(sdS_rows))  # (MMA, 1, 64/16, slot)
+            self.tdQrKt = thr.make_fragment_B(thr.partition_B(sKt_columns))  # (MMA, 1, 64/16, warpgroup)
         self.acc_shape = thr.partition_shape_C((rows, self.columns))  # ((2, 2, columns/8), 1, 1)
         self.sdQ = storage.dQ.get_tensor(cute.make_layout((rows * self.columns, CONSUMER_WARPGROUPS)))
 
@@ -224,7 +249,8 @@ class DQReduce(ReadOnlyInRegions):
 
     @cute.jit
     def issue(self, step: Int32) -> cute.Tensor:
-        """Step 2: warpgroup w's dQ tile (``dq_box``) = dS K over both warpgroups' keys, one wgmma group."""
+        """Step 2: warpgroup w's dQ tile (``dq_box``) = dS K (or dQᵀ = Kᵀ dSᵀ) over both warpgroups' keys, one
+        wgmma group."""
         acc_dQ = cute.make_rmem_tensor(self.acc_shape, Float32)
         mma_atom = cute.make_mma_atom(self.mma.op)
         buffer = step % DS_BUFFERS * CONSUMER_WARPGROUPS
@@ -232,8 +258,9 @@ class DQReduce(ReadOnlyInRegions):
         for box in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
             for k in cutlass.range_constexpr(cute.size(self.tdQrKt, mode=[2])):
                 mma_atom.set(warpgroup.Field.ACCUMULATE, box != 0 or k != 0)
-                tA = self.tdQrdS[None, None, k, buffer + box]
-                cute.gemm(mma_atom, acc_dQ, tA, self.tdQrKt[None, None, k, box], acc_dQ)
+                dS, Kt = self.tdQrdS[None, None, k, buffer + box], self.tdQrKt[None, None, k, box]
+                tA, tB = (Kt, dS) if cutlass.const_expr(self.transposed) else (dS, Kt)
+                cute.gemm(mma_atom, acc_dQ, tA, tB, acc_dQ)
         warpgroup.commit_group()
         return acc_dQ
 
@@ -312,6 +339,26 @@ class DQPostprocessKernel:
                           fragment_as_vectors(acc_dQ, columns))  # fmt: skip
         acc_dQ.store(acc_dQ.load() * softmax_scale)
         row_box, column_box = dq_box(w, self.tile_m)
-        box = m_block * (self.tile_m // rows) + row_box
-        gdQ = cute.local_tile(mdQ[None, None, (head, batch)], (rows, columns), (box, column_box))  # (64, columns)
-        store_rows(thr, acc_dQ, gdQ, cute.make_identity_tensor((rows, columns)), mdQ.shape[0] - box * rows)
+        cdQ = cute.make_identity_tensor((rows, columns))
+        if cutlass.const_expr(dq_transposed(self.tile_m)):  # dQᵀ rows [64w, 64w + 64) of D, the block's queries
+            mdQt = cute.make_tensor(mdQ.iterator, cute.select(mdQ.layout, mode=[1, 0, 2]))  # (D, Sq, (H, B))
+            gdQt = cute.local_tile(mdQt[None, None, (head, batch)], (rows, columns), (row_box, m_block))
+            store_columns(thr, acc_dQ, gdQt, cdQ, mdQ.shape[0] - m_block * self.tile_m)  # (64, tile_m)
+        else:
+            box = m_block * (self.tile_m // rows) + row_box
+            gdQ = cute.local_tile(mdQ[None, None, (head, batch)], (rows, columns), (box, column_box))  # (64, columns)
+            store_rows(thr, acc_dQ, gdQ, cdQ, mdQ.shape[0] - box * rows)
+
+
+@cute.jit
+def store_columns(thr_mma, acc: cute.Tensor, gXt: cute.Tensor, cXt: cute.Tensor, columns_left: Int32):
+    """``acc`` (an accumulator of ``thr_mma`` over a transposed tile, ``gXt``) cast and stored; columns at or
+    past ``columns_left`` (the query rows past Sq) are not written. Two bytes a store: a thread's adjacent
+    values are D elements apart in dQ (the postprocess only, 2 · Sq · D bytes)."""
+    rX = cute.make_fragment_like(acc, gXt.element_type)
+    rX.store(acc.load().to(gXt.element_type))
+    tXgX = thr_mma.partition_C(gXt)  # (MMA, 1, 1)
+    tXcX = thr_mma.partition_C(cXt)  # (row, column) inside the tile
+    for i in cutlass.range_constexpr(cute.size(rX)):
+        if tXcX[i][1] < columns_left:
+            tXgX[i] = rX[i]

@@ -39,6 +39,8 @@ FLOAT_BYTES = 4
 # A thread's staged values loaded ahead of their use into registers, at most: at 128 query rows per step
 # a thread has 32 columns, and holding both vectors' values spilled (28 bytes at D=64).
 HELD_COLUMNS = 16
+# A step of this many query rows (m64n80 products, D=128) takes LSE₂ into Sᵀ's accumulator (``seed_scores``).
+LSE_IN_ACCUMULATOR_ROWS = 80
 
 
 def row_vectors(problem: Problem, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,15 +57,23 @@ def slot_bytes(tile_m: int) -> int:
     return 2 * tile_m * FLOAT_BYTES
 
 
+def stage_stride(tile_m: int) -> int:
+    """The floats between two ring slots' staged LSE₂ (or D): tile_m rounded up so that every slot's box
+    starts ``TMA_SMEM_ALIGN_BYTES``-aligned (80 rows: 96, else slot 1 would start 320 bytes in)."""
+    align = TMA_SMEM_ALIGN_BYTES // FLOAT_BYTES
+    return -(-tile_m // align) * align
+
+
 def storage_fields(tile_m: int, stages: int) -> dict:
-    """The shared memory of each ring slot's LSE₂ and D, (tile_m, stage) fp32 each."""
-    values = cute.struct.MemRange[cutlass.Float32, tile_m * stages]
+    """The shared memory of each ring slot's LSE₂ and D, (tile_m, stage) fp32 each, slots ``stage_stride``
+    floats apart."""
+    values = cute.struct.MemRange[cutlass.Float32, stage_stride(tile_m) * stages]
     return {name: cute.struct.Align[values, TMA_SMEM_ALIGN_BYTES] for name in ("lse2", "delta")}
 
 
 def staged_rows(storage, tile_m: int, stages: int) -> tuple[cute.Tensor, cute.Tensor]:
     """sLSE2 and sDelta (``storage_fields``): two (tile_m, stage) tensors."""
-    layout = cute.make_layout((tile_m, stages))
+    layout = cute.make_layout((tile_m, stages), stride=(1, stage_stride(tile_m)))
     return storage.lse2.get_tensor(layout), storage.delta.get_tensor(layout)
 
 
@@ -125,3 +135,26 @@ def step_values(
         else:
             values[c] = read_row_values(vector, m_start + cS[0, c][1], seqlen_q, past_end)
     return values
+
+
+def lse_in_accumulator(tile_m: int) -> bool:
+    """Whether the dK/dV step of ``tile_m`` query rows seeds Sᵀ's accumulator with −LSE₂ / scale_log2
+    (``seed_scores``) and computes dSᵀ from the 16-bit Pᵀ. At 80 rows a consumer thread holds dK and dV
+    (128 fp32), Sᵀ and dPᵀ (40 each); with LSE₂'s 20 values and fp32 Pᵀ beside its 16-bit copy as well,
+    ptxas serialised every wgmma of the loop (it needed 256 registers of the 240)."""
+    return tile_m == LSE_IN_ACCUMULATOR_ROWS
+
+
+def seed_scores(
+    St: cute.Tensor, staged: cute.Tensor, cS: cute.Tensor, stage: cutlass.Int32, softmax_scale_log2: cutlass.Float32
+) -> None:
+    """Sᵀ's accumulator (rows by columns) set to −LSE₂[query] / scale_log2 from ring slot ``stage`` of the
+    staged LSE₂, so that the wgmma that adds K Qᵀ leaves Sᵀ − LSE₂ / scale_log2 and Pᵀ = exp2(acc ·
+    scale_log2). The subtraction moves into the fp32 accumulation (|LSE₂| / scale_log2 ≈ 10² against
+    fp32's 2⁻²⁴: an exponent off by about 10⁻⁵ · scale_log2); +inf (a row that sees no key) stays −inf.
+    Plain Python, unrolled while the calling kernel is traced: as a ``@cute.jit`` function, the DSL's
+    preprocessor failed to rewrite it in a pytest run that had called ``@cute.jit`` functions directly."""
+    lse2 = StagedColumns(staged, cS, stage)
+    for r in range(cute.size(St, mode=[0])):
+        for c in range(cute.size(St, mode=[1])):
+            St[r, c] = lse2[c] * (-1.0 / softmax_scale_log2)
