@@ -20,7 +20,7 @@ from typing import Any, TypeGuard
 
 import pandas as pd
 
-GENERATE_CSV = Path("results") / "h200" / "generate-8k" / "results.csv"
+GENERATE_CSV = Path("results") / "h200" / "generate-8k-2026-11-30" / "results.csv"
 GENERATE_BEGIN, GENERATE_END = "<!-- generate:begin -->", "<!-- generate:end -->"
 PROMPT = 8192
 REFERENCE = "sdpa"
