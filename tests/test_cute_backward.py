@@ -40,7 +40,13 @@ from common.toolchain.compile import compile_cute_sm90
 from cute_impl._host import CUTE_DTYPES
 from cute_impl.backward import hopper as hopper_backward
 from cute_impl.backward import hopper_dq, hopper_rows, naive, tiled
-from cute_impl.backward._device import fixed_layout, query_block_range, row_tile_copy, streamed_layouts
+from cute_impl.backward._device import (
+    fixed_layout,
+    heaviest_first,
+    query_block_range,
+    row_tile_copy,
+    streamed_layouts,
+)
 from tests.test_backward import assert_all_pass, dense_attention, ladder_gradients
 
 # PTX atomics (atom.global.add, red.relaxed.gpu.global.add, ...), not the "red." inside "shared.".
@@ -298,7 +304,7 @@ def test_hopper_dq_reduce_overlaps_dk_with_the_next_step_at_d64_only() -> None:
 
 
 # FlashAttention-3's D=64 step: 128 query rows, dQ in the dK/dV kernel (the only 128-row candidate).
-(DQ_REDUCE_128,) = [tiles for tiles in TMA_ROWS if tiles.tile_m == 128]
+(DQ_REDUCE_128,) = [tiles for tiles in TMA_ROWS if tiles.tile_m == 128 and tiles.heaviest_first == 1]
 
 
 def spilled_bytes(binary) -> int:
@@ -380,6 +386,74 @@ def dkdv_shared_bytes(prob: Problem, tiles: hopper_backward.BackwardTiles) -> in
     fakes = hopper_backward._fake_dkdv_arguments(config)
     compile_cute_sm90(kernel, *fakes, name="dkdv", threads=kernel.threads_per_cta, options=(cute.EnableTVMFFI,))
     return kernel.shared_storage.size_in_bytes()
+
+
+def _heaviest_first_order(rule, grid: tuple[int, int, int], items_per_group: int) -> list[tuple[int, int, int]]:
+    """The (block, head, batch) each CTA takes under ``rule``, in the launch order (block fastest)."""
+    blocks, heads, batches = grid
+    return [
+        rule(block, head, batch, items_per_group, grid)
+        for batch in range(batches)
+        for head in range(heads)
+        for block in range(blocks)
+    ]
+
+
+def _heaviest_first_errors(rule) -> list[str]:
+    """Where ``rule`` (``heaviest_first``'s signature) is no bijection of the grid, or does not launch each
+    group's items block-major (block 0 of every item of the group first), on Python ints."""
+    errors = []
+    for grid in ((5, 3, 3), (8, 2, 1), (1, 4, 2), (7, 1, 5), (64, 16, 2)):
+        for size in (1, 2, 3, 4):
+            order = _heaviest_first_order(rule, grid, size)
+            if sorted(order) != sorted(itertools.product(range(grid[0]), range(grid[1]), range(grid[2]))):
+                errors.append(f"grid {grid}, groups of {size}: not a bijection")
+                continue
+            items = grid[1] * grid[2]
+            for first in range(0, items, size):
+                members = min(size, items - first)
+                launched = order[first * grid[0] : (first + members) * grid[0]]
+                if [block for block, _, _ in launched] != sorted(block for block, _, _ in launched):
+                    errors.append(f"grid {grid}, groups of {size}: items {first}.. not block-major")
+    return errors
+
+
+def _heaviest_first_full_groups_only(block, head, batch, items_per_group, grid):
+    """A planted bug: the last group sized as a full one (its blocks then land on items past the grid)."""
+    blocks, heads, _ = grid
+    linear = block + blocks * (head + heads * batch)
+    first = linear // (items_per_group * blocks) * items_per_group
+    within = linear - first * blocks
+    item = first + within % items_per_group
+    return within // items_per_group, item % heads, item // heads
+
+
+def test_heaviest_first_is_a_block_major_bijection_of_the_grid() -> None:
+    """``heaviest_first`` (on Python ints) maps every grid onto itself and launches each group of items
+    block-major; groups of one are the grid's own order. Planted: a rule that sizes the last group as a full
+    one fails."""
+    assert _heaviest_first_errors(heaviest_first) == []
+    assert _heaviest_first_order(heaviest_first, (5, 3, 2), 1) == [
+        (block, head, batch) for batch in range(2) for head in range(3) for block in range(5)
+    ]
+    assert _heaviest_first_order(heaviest_first, (3, 2, 1), 2)[:4] == [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0)]
+    assert _heaviest_first_errors(_heaviest_first_full_groups_only)
+
+
+@pytest.mark.cute_compile
+@pytest.mark.static
+def test_hopper_heaviest_first_remaps_only_the_causal_launch() -> None:
+    """The heaviest-first candidates compile without spills; causal, the dK/dV kernel reads the grid's size
+    (``%nctaid``: the remap), not where every block's work is the same (non-causal: the default's order)."""
+    for head_dim in hopper_backward.HEAD_DIMS:
+        ordered = replace(hopper_backward.default_tiles(head_dim), heaviest_first=2)
+        assert ordered in hopper_backward.CANDIDATES[head_dim]
+        for causal in (True, False):
+            prob = problem(1000, 777, head_dim, causal=causal, alignment="bottom_right", kv_heads=2)
+            (dkdv,) = [b for b in hopper_backward.compile_sm90(prob, tiles=ordered) if b.name.endswith("dkdv")]
+            assert ("nctaid" in dkdv.ptx) == causal, (head_dim, causal)
+            for usage in cubin_resources(dkdv.cubin).values():
+                assert usage["stack_bytes"] + usage["local_bytes"] == 0, f"{dkdv.name}: {usage}"
 
 
 def test_hopper_dkdv_query_blocks_cover_every_visible_pair_and_mask_where_needed() -> None:
@@ -558,6 +632,8 @@ def test_hopper_tma_rows_is_the_default_and_the_deterministic_switch_leaves_it()
         "m128_s2_dqreduce_tmarows",
         "m64_s3_dqreduce_dkdvoverlap_tmarows",
         "m80_s2_dqreduce_tmarows",
+        "m64_s2_dqreduce_tmarows_hf2",
+        "m128_s2_dqreduce_tmarows_hf2",
     }
     defaults = {head_dim: hopper_backward.default_tiles(head_dim).label for head_dim in hopper_backward.HEAD_DIMS}
     assert defaults == {64: "m128_s2_dqreduce_tmarows", 128: "m64_s2_dqreduce_tmarows"}
