@@ -56,10 +56,10 @@ def cases(entries: tuple = CASES) -> list:
     return result
 
 
-def arguments(argv: list[str] | None) -> argparse.Namespace:
-    """The command line (module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("runs/cute-balanced"), help="output folder")
+def arguments(argv: list[str] | None, doc: str = __doc__, out: str = "runs/cute-balanced") -> argparse.Namespace:
+    """The command line of this tool (or of the one whose docstring is ``doc``, writing under ``out``)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(out), help="output folder")
     parser.add_argument("--rep", type=float, default=20.0, help="do_bench's timed ms per eager/graph measurement")
     parser.add_argument("--reps", type=int, default=20, help="timed calls per clean-L2 measurement")
     return parser.parse_args(argv)
@@ -71,9 +71,16 @@ def main(argv: list[str] | None = None) -> int:
     return run(args)
 
 
-def run(args: argparse.Namespace, settings: tuple = SETTINGS, modules: dict = MODULES, entries: tuple = CASES) -> int:
-    """Every row of the module docstring (or ``settings`` of the rungs in ``modules`` on ``entries``); 0 when each
-    setting passed its check and every rung was available."""
+def run(
+    args: argparse.Namespace,
+    settings: tuple = SETTINGS,
+    modules: dict = MODULES,
+    entries: tuple = CASES,
+    title: str = "Few-pair decode A/B (bench/decode_fewpairs.py)",
+) -> int:
+    """Every row of the module docstring (or ``settings`` of the rungs in ``modules`` on ``entries``), the
+    markdown under ``title`` written and printed last; 0 when each setting passed its check and every rung was
+    available."""
     import torch
 
     from common.contract.registry import discover, per_call_inputs
@@ -104,8 +111,10 @@ def run(args: argparse.Namespace, settings: tuple = SETTINGS, modules: dict = MO
                 emit(row(name, case, setting, splits, status, us, read_gbps, err, why))
             del workload, extra
             torch.cuda.empty_cache()
-    (args.out / "balanced.md").write_text(markdown(rows, read_gbps))
-    return 0 if all(r["status"] == "ok" for r in rows) else 1
+    table = markdown(rows, read_gbps, title)
+    (args.out / "balanced.md").write_text(table)
+    print(table)
+    return 0 if rows and all(r["status"] == "ok" for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -285,9 +285,9 @@ def emitter(handle, rows: list[dict]) -> Callable[[dict], None]:
     return emit
 
 
-def markdown(rows: list[dict], read_gbps: float) -> str:
-    """One table: a row per (shape, implementation, setting), µs and % per timing mode."""
-    title = f"Few-pair decode A/B (bench/decode_fewpairs.py): µs and % of the read bandwidth ({read_gbps:.0f} GB/s)"
+def markdown(rows: list[dict], read_gbps: float, source: str = "Few-pair decode A/B (bench/decode_fewpairs.py)") -> str:
+    """One table under ``source``'s title: a row per (shape, implementation, setting), µs and % per timing mode."""
+    title = f"{source}: µs and % of the read bandwidth ({read_gbps:.0f} GB/s)"
     header = ("shape", "MB", "impl", "setting", "splits", *MODES)
     lines = [title, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
