@@ -1,6 +1,6 @@
 """Helpers the test files share: skipping a case a rung refuses, compiling in a child process (one script,
 or a batch of scripts in one process), and the problem features the CuTe rungs' GPU tests cross (masks, edge
-key lengths, the shared check)."""
+key lengths, the shared check, the FP8 rungs' cases)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from common.contract.check import check_on_inputs
+from common.contract.fp8 import fa3_inputs
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.contract.registry import Implementation
@@ -99,6 +100,16 @@ def feature_problem(
         batch, heads, *seqlens, head_dim, dtype=torch.bfloat16, causal=causal, kv_heads=kv_heads,
         causal_alignment=alignment, has_cache_seqlens=cache_lengths, return_lse=return_lse,
     )  # fmt: skip
+
+
+def fa3_case(dims: tuple[int, int, int, int, int], mask: str, seed: int) -> tuple[Problem, tuple[torch.Tensor, ...]]:
+    """The FP8 rungs' GPU case: a bf16 D=128 problem of ``dims`` (batch, heads, kv_heads, Sq, Sk) under the
+    ``MASKS[mask]`` alignment, and FA3's inputs for it drawn with ``seed``."""
+    batch, heads, kv_heads, seqlen_q, seqlen_k = dims
+    problem = feature_problem(
+        (seqlen_q, seqlen_k), 128, kv_heads, mask, cache_lengths=False, return_lse=False, batch=batch, heads=heads
+    )
+    return problem, fa3_inputs(problem, seed=seed, device="cuda")
 
 
 def check_features(impl: Implementation, problem: Problem, seed: int) -> None:
