@@ -83,9 +83,9 @@ def run(
     available."""
     import torch
 
-    from common.contract.registry import discover, per_call_inputs
+    from common.contract.registry import discover
     from common.measure.peaks import measure_read_gbps
-    from common.measure.runner import freeze_imports, make_workload
+    from common.measure.runner import freeze_imports
 
     args.out.mkdir(parents=True, exist_ok=True)
     device, rows = torch.device("cuda"), []
@@ -100,8 +100,7 @@ def run(
             flat = torch.ones(case.kv_bytes_read // 2, dtype=torch.bfloat16, device=device)
             emit(row("read", case, "sum", 0, "ok", timings(flat.sum, args.rep, args.reps), read_gbps, 0.0, ""))
             del flat
-            workload = make_workload(case.problem, "cuda", case.cache_seqlens(device), on_device=True)
-            extra = per_call_inputs(case.problem, workload.cache_seqlens, workload.block_table)
+            workload, extra = case.gpu_workload(device)
             for name, setting, switches in settings:
                 if name not in impls:
                     emit(row(name, case, setting, 0, "missing", {}, read_gbps, 0.0, "not available here"))

@@ -223,9 +223,9 @@ def run(args: argparse.Namespace) -> int:
     its check and every rung asked for was available."""
     import torch
 
-    from common.contract.registry import discover, per_call_inputs
+    from common.contract.registry import discover
     from common.measure.peaks import measure_read_gbps
-    from common.measure.runner import freeze_imports, make_workload
+    from common.measure.runner import freeze_imports
 
     device = torch.device("cuda")
     wanted = args.impls.split(",")
@@ -249,8 +249,7 @@ def run(args: argparse.Namespace) -> int:
                 flat = torch.ones(case.kv_bytes_read // 2, dtype=torch.bfloat16, device=device)
                 emit(row("read", case, "sum", 0, "ok", timings(flat.sum, args.rep, args.reps), read_gbps, 0.0, ""))
                 del flat
-            workload = make_workload(case.problem, "cuda", case.cache_seqlens(device), on_device=True)
-            extra = per_call_inputs(case.problem, workload.cache_seqlens, workload.block_table)
+            workload, extra = case.gpu_workload(device)
             for name, impl in impls.items():
                 module = importlib.import_module(RUNG_MODULES[name])
                 for setting, planned, forced, same_as in planned_settings(name, module, case.problem, index, device):

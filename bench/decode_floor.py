@@ -322,10 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from bench.decode_splits import split_implementations
-    from common.contract.registry import discover, per_call_inputs
+    from common.contract.registry import discover
     from common.measure.decode_sweep import random_cases, too_large
     from common.measure.peaks import measure_read_gbps
-    from common.measure.runner import TimingOptions, freeze_imports, make_workload
+    from common.measure.runner import TimingOptions, freeze_imports
 
     device = torch.device("cuda")
     available, _ = discover(include_baselines=False)
@@ -345,9 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"skipped {case.describe()}: {skip}", flush=True)
                 continue
             head_dim = case.problem.head_dim
-            # Inputs drawn on the GPU: the padded caches are up to 14 GB (the D=256 paged shape).
-            workload = make_workload(case.problem, "cuda", case.cache_seqlens(device), on_device=True)
-            extra = per_call_inputs(case.problem, workload.cache_seqlens, workload.block_table)
+            workload, extra = case.gpu_workload(device)
             for impl in impls:
                 ok, reason = impl.check(case.problem, device)
                 if not ok:

@@ -102,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from bench.decode_floor import alternating_rounds, summary
-    from common.contract.registry import discover, per_call_inputs
+    from common.contract.registry import discover
     from common.measure.decode_sweep import roofline_us, too_large
     from common.measure.peaks import measure_bf16_sustained_tflops, measure_read_gbps
-    from common.measure.runner import TimingOptions, freeze_imports, make_workload
+    from common.measure.runner import TimingOptions, freeze_imports
 
     device = torch.device("cuda")
     available, _ = discover(include_baselines=False)
@@ -126,8 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{label}: skipped: {skip}", flush=True)
                 continue
             roofline = roofline_us(case, read_gbps, gemm_tflops)
-            workload = make_workload(case.problem, "cuda", case.cache_seqlens(device), on_device=True)
-            extra = per_call_inputs(case.problem, workload.cache_seqlens, workload.block_table)
+            workload, extra = case.gpu_workload(device)
             for impl in impls:
                 settings = settings_to_time(impl.name, case.problem)
                 results = alternating_rounds(
