@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from bench import require_gpu
-from bench.decode_fewpairs import emitter, markdown, measure_setting, row, switched, timings
+from bench.decode_fewpairs import emitter, markdown, measure_setting, read_row, row, switched
 
 # (seed, index into random_cases(8, seed)) or a full cache (batch, seqlen_k, kv_heads) given as lengths.
 CASES = ((31, 0), (37, 3), (37, 6), (8, 8192, 8), (1, 131072, 8))
@@ -97,9 +97,7 @@ def run(
         emit = emitter(handle, rows)
         for case in cases(entries):
             print(f"-- {case.describe()}", flush=True)
-            flat = torch.ones(case.kv_bytes_read // 2, dtype=torch.bfloat16, device=device)
-            emit(row("read", case, "sum", 0, "ok", timings(flat.sum, args.rep, args.reps), read_gbps, 0.0, ""))
-            del flat
+            emit(read_row(case, read_gbps, args, device))
             workload, extra = case.gpu_workload(device)
             for name, setting, switches in settings:
                 if name not in impls:

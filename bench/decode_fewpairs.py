@@ -174,6 +174,14 @@ def row(impl: str, case, setting: str, splits: int, status: str, us: dict, read_
     return record
 
 
+def read_row(case, read_gbps: float, args: argparse.Namespace, device) -> dict:
+    """The size-matched read: a ``torch.sum`` over exactly the step's K and V bytes, timed as the settings are."""
+    import torch
+
+    flat = torch.ones(case.kv_bytes_read // 2, dtype=torch.bfloat16, device=device)
+    return row("read", case, "sum", 0, "ok", timings(flat.sum, args.rep, args.reps), read_gbps, 0.0, "")
+
+
 def measure_setting(
     impl, case, workload, extra: dict, args, num_splits: int | None
 ) -> tuple[str, int, dict, float, str]:
@@ -246,9 +254,7 @@ def run(args: argparse.Namespace) -> int:
         for index, case in enumerate(cases()):
             print(f"-- {case.describe()}", flush=True)
             if not args.no_read:
-                flat = torch.ones(case.kv_bytes_read // 2, dtype=torch.bfloat16, device=device)
-                emit(row("read", case, "sum", 0, "ok", timings(flat.sum, args.rep, args.reps), read_gbps, 0.0, ""))
-                del flat
+                emit(read_row(case, read_gbps, args, device))
             workload, extra = case.gpu_workload(device)
             for name, impl in impls.items():
                 module = importlib.import_module(RUNG_MODULES[name])
