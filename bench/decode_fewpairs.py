@@ -187,17 +187,13 @@ def measure_setting(
 ) -> tuple[str, int, dict, float, str]:
     """(status, num_splits, µs per mode, rel. L2 error, reason) of ``impl`` prepared (compiled, warmed up) and
     bound under the current constants, at ``num_splits`` (None: the rule)."""
-    from common.contract.check import judge_output, run_poisoned
-    from common.contract.metrics import error_stats
+    from common.measure.runner import judge_on_workload
 
     inputs = (workload.q, workload.k, workload.v)
     try:
         impl.prepare(*inputs, case.problem, **extra)
         run = impl.bind(*inputs, case.problem, **extra, num_splits=num_splits)
-        out = run_poisoned(run)
-        err = error_stats(out, workload.reference)
-        ok, reason, _ = judge_output(impl, out, err, inputs, case.problem, workload.reference, workload.sdpa_error)
-        del out
+        ok, reason, err = judge_on_workload(impl, run, workload)
         us = timings(run, args.rep, args.reps)
     except Exception as error:  # noqa: BLE001 - a setting that fails is a row, the run goes on
         return "failed", 0, {}, float("nan"), f"{type(error).__name__}: {error}".splitlines()[0]

@@ -241,19 +241,15 @@ def measure(impl, case, workload, options, num_splits: int | None = None) -> tup
     never raises."""
     import torch
 
-    from common.contract.check import judge_output, run_poisoned
-    from common.contract.metrics import error_stats
     from common.contract.registry import per_call_inputs
+    from common.measure.runner import judge_on_workload
     from common.measure.timing import time_cuda
 
     inputs = (workload.q, workload.k, workload.v)
     extra = per_call_inputs(case.problem, workload.cache_seqlens, workload.block_table)
     try:
         run = impl.bind(*inputs, case.problem, **extra, num_splits=num_splits)
-        out = run_poisoned(run)
-        err = error_stats(out, workload.reference)
-        ok, reason, _ = judge_output(impl, out, err, inputs, case.problem, workload.reference, workload.sdpa_error)
-        del out
+        ok, reason, err = judge_on_workload(impl, run, workload)
         timing = time_cuda(run, warmup_ms=options.warmup_ms, rep_ms=options.rep_ms)
     except Exception as error:  # noqa: BLE001 - a variant that fails is a row, the run goes on
         return "failed", float("nan"), float("nan"), 0, f"{type(error).__name__}: {error}".splitlines()[0]
