@@ -13,7 +13,6 @@ usage (project root, GPU):  python -m bench.fp8_q_in_kernel [--out DIR] [--round
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import statistics
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from bench import require_gpu
 from bench.fp8_quantiser import _time
 from common.contract import fp8 as contract
 from common.contract.problem import Problem
+from common.measure.results import write_rows
 from common.measure.timing import tflops
 
 # Each setting: the knob, and knobs of ``fp8_config`` on top of the default configuration. "on+ahead" issues the
@@ -113,10 +113,7 @@ def both_masks(
 def write(out: Path, stem: str, rows: list[dict], lines: list[str]) -> None:
     """``rows`` to ``stem.csv`` and the table ``lines`` to ``stem.md`` under ``out``; the table printed."""
     out.mkdir(parents=True, exist_ok=True)
-    with (out / f"{stem}.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(out / f"{stem}.csv", rows)
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,16 @@ class ResultRow:
 
 
 CSV_COLUMNS = tuple(field.name for field in fields(ResultRow))
+
+
+def write_rows(path: Path, rows: Sequence[Any], columns: Sequence[str] | None = None) -> None:
+    """``rows`` (mappings or dataclass instances) as the CSV file ``path``: the header ``columns`` (by default the
+    first row's keys), then a line a row."""
+    records = [row if isinstance(row, Mapping) else asdict(row) for row in rows]
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(records[0] if columns is None else columns))
+        writer.writeheader()
+        writer.writerows(records)
 
 
 class CsvLog:
