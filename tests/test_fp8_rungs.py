@@ -15,7 +15,15 @@ from common.contract.inputs import make_inputs
 from common.contract.metrics import FP8_RULE, error_stats
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
-from tests._helpers import MASKS, edge_cache_seqlens, fa3_case, feature_problem, json_from_child, require_supported
+from tests._helpers import (
+    MASKS,
+    edge_cache_seqlens,
+    fa3_case,
+    feature_grid,
+    feature_problem,
+    json_from_child,
+    require_supported,
+)
 
 HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
 # The CuTe rung is tested wherever its DSL is installed; a broken import then fails here, not skips.
@@ -298,13 +306,8 @@ def test_gpu_fp8_attention_runs_the_fused_quantiser_in_every_call(module_name: s
 
 # cute/fp8's problem features (GQA, both alignments, per-sequence lengths, the LSE), judged against
 # the emulation of its own quantisation, which takes the same mask and key lengths and bounds the LSE.
-@pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
-@pytest.mark.parametrize("cache_lengths", [False, True], ids=["dense", "cache_seqlens"])
-@pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize("seqlens", [(77, 1000), (1000, 77)], ids=str)
-@pytest.mark.parametrize("kv_heads", [1, 4], ids=["mqa", "gqa4"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@feature_grid(seqlens=((77, 1000), (1000, 77)))
 def test_gpu_cute_fp8_gqa_alignments_cache_seqlens_and_lse(
     head_dim: int, kv_heads: int, seqlens: tuple[int, int], mask: str, cache_lengths: bool
 ):
