@@ -93,21 +93,20 @@ def run(
     read_gbps = measure_read_gbps(device)
     print(f"read bandwidth (4 GiB sum, do_bench): {read_gbps:.0f} GB/s", flush=True)
     freeze_imports()
-    with (args.out / "balanced.csv").open("w", newline="") as handle:
-        emit = emitter(handle, rows)
-        for case in cases(entries):
-            print(f"-- {case.describe()}", flush=True)
-            emit(read_row(case, read_gbps, args, device))
-            workload, extra = case.gpu_workload(device)
-            for name, setting, switches in settings:
-                if name not in impls:
-                    emit(row(name, case, setting, 0, "missing", {}, read_gbps, 0.0, "not available here"))
-                    continue
-                with switched(importlib.import_module(modules[name]), switches):
-                    status, splits, us, err, why = measure_setting(impls[name], case, workload, extra, args, None)
-                emit(row(name, case, setting, splits, status, us, read_gbps, err, why))
-            del workload, extra
-            torch.cuda.empty_cache()
+    emit = emitter(args.out / "balanced.csv", rows)
+    for case in cases(entries):
+        print(f"-- {case.describe()}", flush=True)
+        emit(read_row(case, read_gbps, args, device))
+        workload, extra = case.gpu_workload(device)
+        for name, setting, switches in settings:
+            if name not in impls:
+                emit(row(name, case, setting, 0, "missing", {}, read_gbps, 0.0, "not available here"))
+                continue
+            with switched(importlib.import_module(modules[name]), switches):
+                status, splits, us, err, why = measure_setting(impls[name], case, workload, extra, args, None)
+            emit(row(name, case, setting, splits, status, us, read_gbps, err, why))
+        del workload, extra
+        torch.cuda.empty_cache()
     table = markdown(rows, read_gbps, title)
     (args.out / "balanced.md").write_text(table)
     print(table)

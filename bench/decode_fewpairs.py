@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import importlib
 import statistics
 import sys
@@ -42,6 +41,7 @@ from pathlib import Path
 from unittest import mock
 
 from bench import require_gpu
+from common.measure.results import CsvLog
 
 # The rows in the order timed (a run cut short keeps the first): an index into random_cases(8, seed=31)
 # (3: B=3 Hkv=8 13k; 7: B=8 Hkv=8 group 4 8.7k; 0: B=16 MQA D=256 paged ragged) or one of the default
@@ -244,41 +244,37 @@ def run(args: argparse.Namespace) -> int:
     freeze_imports()
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
-    with (args.out / "fewpairs.csv").open("w", newline="") as handle:
-        emit = emitter(handle, rows)
-
-        for index, case in enumerate(cases()):
-            print(f"-- {case.describe()}", flush=True)
-            if not args.no_read:
-                emit(read_row(case, read_gbps, args, device))
-            workload, extra = case.gpu_workload(device)
-            for name, impl in impls.items():
-                module = importlib.import_module(RUNG_MODULES[name])
-                for setting, planned, forced, same_as in planned_settings(name, module, case.problem, index, device):
-                    if same_as:
-                        emit(row(name, case, setting, planned, "skip", {}, read_gbps, 0.0, f"same plan as {same_as}"))
-                        continue
-                    with switched(module, SETTINGS.get(setting, {})):
-                        status, splits, us, err, reason = measure_setting(impl, case, workload, extra, args, forced)
-                    emit(row(name, case, setting, splits or planned, status, us, read_gbps, err, reason))
-            del workload, extra
-            torch.cuda.empty_cache()
+    emit = emitter(args.out / "fewpairs.csv", rows)
+    for index, case in enumerate(cases()):
+        print(f"-- {case.describe()}", flush=True)
+        if not args.no_read:
+            emit(read_row(case, read_gbps, args, device))
+        workload, extra = case.gpu_workload(device)
+        for name, impl in impls.items():
+            module = importlib.import_module(RUNG_MODULES[name])
+            for setting, planned, forced, same_as in planned_settings(name, module, case.problem, index, device):
+                if same_as:
+                    emit(row(name, case, setting, planned, "skip", {}, read_gbps, 0.0, f"same plan as {same_as}"))
+                    continue
+                with switched(module, SETTINGS.get(setting, {})):
+                    status, splits, us, err, reason = measure_setting(impl, case, workload, extra, args, forced)
+                emit(row(name, case, setting, splits or planned, status, us, read_gbps, err, reason))
+        del workload, extra
+        torch.cuda.empty_cache()
     (args.out / "fewpairs.md").write_text(markdown(rows, read_gbps))
     print((args.out / "fewpairs.md").read_text())
     passed = rows and all(r["status"] in ("ok", "skip") for r in rows)
     return 0 if passed and len(impls) == len(set(wanted)) else 1
 
 
-def emitter(handle, rows: list[dict]) -> Callable[[dict], None]:
-    """``emit(record)``: the record appended to ``rows``, written to the CSV ``handle`` (its header first,
+def emitter(path: Path, rows: list[dict]) -> Callable[[dict], None]:
+    """``emit(record)``: the record appended to ``rows``, to the CSV ``path`` (its header first, each row
     flushed, so that a run cut short keeps it) and printed."""
-    writer = csv.DictWriter(handle, COLUMNS)
-    writer.writeheader()
+    log = CsvLog(path, COLUMNS)
 
     def emit(record: dict) -> None:
         rows.append(record)
-        writer.writerow(record)
-        handle.flush()
+        log.append(record)
         cells = " ".join(f"{m} {record[f'{m}_us']:7.1f} us {record[f'{m}_pct']:5.1f} %" for m in MODES)
         head = f"{record['impl']:14s} {record['mb']:7.1f} MB {record['setting']:11s}"
         print(f"{head} splits={record['num_splits']:3d} {record['status']:6s} {cells} {record['reason']}", flush=True)

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import fnmatch
 import importlib
 import statistics
@@ -64,6 +63,7 @@ from functools import partial
 from pathlib import Path
 
 from bench import require_gpu
+from common.measure.results import CsvLog
 
 # Indices into random_cases(10, seed=1): the low ones (B=8 Hkv=8 D=64 ragged; B=32 Hkv=32 ragged; B=3
 # Hkv=32 D=256 paged; B=16 Hkv=4 D=64 paged ragged; B=3 Hkv=2 55k) and two good ones (B=2 Hkv=16 59k;
@@ -332,48 +332,45 @@ def main(argv: list[str] | None = None) -> int:
     options = TimingOptions(50.0, args.rep)
     freeze_imports()
     rows: list[dict] = []
-    with (args.out / "decode_floor.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, COLUMNS)
-        writer.writeheader()
-        for index in shapes:
-            case = cases[index]
-            if skip := too_large(case, device):
-                print(f"skipped {case.describe()}: {skip}", flush=True)
+    log = CsvLog(args.out / "decode_floor.csv", COLUMNS)
+    for index in shapes:
+        case = cases[index]
+        if skip := too_large(case, device):
+            print(f"skipped {case.describe()}: {skip}", flush=True)
+            continue
+        head_dim = case.problem.head_dim
+        workload, extra = case.gpu_workload(device)
+        for impl in impls:
+            ok, reason = impl.check(case.problem, device)
+            if not ok:
+                print(f"{impl.name:14s} {case.describe()}: refused: {reason}", flush=True)
                 continue
-            head_dim = case.problem.head_dim
-            workload, extra = case.gpu_workload(device)
-            for impl in impls:
-                ok, reason = impl.check(case.problem, device)
-                if not ok:
-                    print(f"{impl.name:14s} {case.describe()}: refused: {reason}", flush=True)
-                    continue
-                settings = [setting for setting in chosen if applies(setting, impl.name, head_dim, index)]
-                settings = fifth_settings_to_time(settings, impl.name, case.problem, device)
-                if chosen_fifth and not set(settings) & set(FIFTH_SETTINGS):
-                    print(f"{impl.name:14s} {case.describe()}: no fifth-stop setting changes its plan", flush=True)
-                    continue
-                results = alternating_rounds(
-                    impl, case, (workload, extra), settings, args.rounds, options,
-                    apply=partial(applied, impl_name=impl.name, head_dim=head_dim),
-                    forced_splits=partial(model_splits, shape_index=index, impl_name=impl.name),
-                )  # fmt: skip
-                for setting, measured in results.items():
-                    status, us, rel_l2_err, reason = summary(measured)
-                    record = {
-                        "impl": impl.name, "shape": case.describe(), "setting": setting, "num_splits": measured[0][3],
-                        "status": status, "us": us, "pct_read_bw": 100 * case.kv_bytes_read / (us * 1e3) / read_gbps,
-                        "rel_l2_err": rel_l2_err, "reason": reason,
-                    }  # fmt: skip
-                    rows.append(record)
-                    writer.writerow(record)
-                    handle.flush()
-                    print(
-                        f"{impl.name:14s} {case.describe():96s} {setting:13s} splits={record['num_splits']:3d} "
-                        f"{status:6s} {us:8.1f} us {record['pct_read_bw']:5.1f} % {record['reason']}",
-                        flush=True,
-                    )
-            del workload
-            torch.cuda.empty_cache()
+            settings = [setting for setting in chosen if applies(setting, impl.name, head_dim, index)]
+            settings = fifth_settings_to_time(settings, impl.name, case.problem, device)
+            if chosen_fifth and not set(settings) & set(FIFTH_SETTINGS):
+                print(f"{impl.name:14s} {case.describe()}: no fifth-stop setting changes its plan", flush=True)
+                continue
+            results = alternating_rounds(
+                impl, case, (workload, extra), settings, args.rounds, options,
+                apply=partial(applied, impl_name=impl.name, head_dim=head_dim),
+                forced_splits=partial(model_splits, shape_index=index, impl_name=impl.name),
+            )  # fmt: skip
+            for setting, measured in results.items():
+                status, us, rel_l2_err, reason = summary(measured)
+                record = {
+                    "impl": impl.name, "shape": case.describe(), "setting": setting, "num_splits": measured[0][3],
+                    "status": status, "us": us, "pct_read_bw": 100 * case.kv_bytes_read / (us * 1e3) / read_gbps,
+                    "rel_l2_err": rel_l2_err, "reason": reason,
+                }  # fmt: skip
+                rows.append(record)
+                log.append(record)
+                print(
+                    f"{impl.name:14s} {case.describe():96s} {setting:13s} splits={record['num_splits']:3d} "
+                    f"{status:6s} {us:8.1f} us {record['pct_read_bw']:5.1f} % {record['reason']}",
+                    flush=True,
+                )
+        del workload
+        torch.cuda.empty_cache()
     (args.out / "decode_floor.md").write_text(markdown(rows, read_gbps))
     print((args.out / "decode_floor.md").read_text())
     return 0 if rows and all(row["status"] == "ok" for row in rows) else 1
