@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from bench import require_gpu
-from bench.decode_fewpairs import emitter, markdown, measure_setting, row, switched, timings
+from bench.decode_fewpairs import emitter, markdown, measure_setting, read_row, row, switched
 
 # (seed, index into random_cases(8, seed)) or a full cache (batch, seqlen_k, kv_heads) given as lengths.
 CASES = ((31, 0), (37, 3), (37, 6), (8, 8192, 8), (1, 131072, 8))
@@ -56,10 +56,10 @@ def cases(entries: tuple = CASES) -> list:
     return result
 
 
-def arguments(argv: list[str] | None) -> argparse.Namespace:
-    """The command line (module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("runs/cute-balanced"), help="output folder")
+def arguments(argv: list[str] | None, doc: str = __doc__, out: str = "runs/cute-balanced") -> argparse.Namespace:
+    """The command line of this tool (or of the one whose docstring is ``doc``, writing under ``out``)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(out), help="output folder")
     parser.add_argument("--rep", type=float, default=20.0, help="do_bench's timed ms per eager/graph measurement")
     parser.add_argument("--reps", type=int, default=20, help="timed calls per clean-L2 measurement")
     return parser.parse_args(argv)
@@ -71,14 +71,21 @@ def main(argv: list[str] | None = None) -> int:
     return run(args)
 
 
-def run(args: argparse.Namespace, settings: tuple = SETTINGS, modules: dict = MODULES, entries: tuple = CASES) -> int:
-    """Every row of the module docstring (or ``settings`` of the rungs in ``modules`` on ``entries``); 0 when each
-    setting passed its check and every rung was available."""
+def run(
+    args: argparse.Namespace,
+    settings: tuple = SETTINGS,
+    modules: dict = MODULES,
+    entries: tuple = CASES,
+    title: str = "Few-pair decode A/B (bench/decode_fewpairs.py)",
+) -> int:
+    """Every row of the module docstring (or ``settings`` of the rungs in ``modules`` on ``entries``), the
+    markdown under ``title`` written and printed last; 0 when each setting passed its check and every rung was
+    available."""
     import torch
 
-    from common.contract.registry import discover, per_call_inputs
+    from common.contract.registry import discover
     from common.measure.peaks import measure_read_gbps
-    from common.measure.runner import freeze_imports, make_workload
+    from common.measure.runner import freeze_imports
 
     args.out.mkdir(parents=True, exist_ok=True)
     device, rows = torch.device("cuda"), []
@@ -86,26 +93,24 @@ def run(args: argparse.Namespace, settings: tuple = SETTINGS, modules: dict = MO
     read_gbps = measure_read_gbps(device)
     print(f"read bandwidth (4 GiB sum, do_bench): {read_gbps:.0f} GB/s", flush=True)
     freeze_imports()
-    with (args.out / "balanced.csv").open("w", newline="") as handle:
-        emit = emitter(handle, rows)
-        for case in cases(entries):
-            print(f"-- {case.describe()}", flush=True)
-            flat = torch.ones(case.kv_bytes_read // 2, dtype=torch.bfloat16, device=device)
-            emit(row("read", case, "sum", 0, "ok", timings(flat.sum, args.rep, args.reps), read_gbps, 0.0, ""))
-            del flat
-            workload = make_workload(case.problem, "cuda", case.cache_seqlens(device), on_device=True)
-            extra = per_call_inputs(case.problem, workload.cache_seqlens, workload.block_table)
-            for name, setting, switches in settings:
-                if name not in impls:
-                    emit(row(name, case, setting, 0, "missing", {}, read_gbps, 0.0, "not available here"))
-                    continue
-                with switched(importlib.import_module(modules[name]), switches):
-                    status, splits, us, err, why = measure_setting(impls[name], case, workload, extra, args, None)
-                emit(row(name, case, setting, splits, status, us, read_gbps, err, why))
-            del workload, extra
-            torch.cuda.empty_cache()
-    (args.out / "balanced.md").write_text(markdown(rows, read_gbps))
-    return 0 if all(r["status"] == "ok" for r in rows) else 1
+    emit = emitter(args.out / "balanced.csv", rows)
+    for case in cases(entries):
+        print(f"-- {case.describe()}", flush=True)
+        emit(read_row(case, read_gbps, args, device))
+        workload, extra = case.gpu_workload(device)
+        for name, setting, switches in settings:
+            if name not in impls:
+                emit(row(name, case, setting, 0, "missing", {}, read_gbps, 0.0, "not available here"))
+                continue
+            with switched(importlib.import_module(modules[name]), switches):
+                status, splits, us, err, why = measure_setting(impls[name], case, workload, extra, args, None)
+            emit(row(name, case, setting, splits, status, us, read_gbps, err, why))
+        del workload, extra
+        torch.cuda.empty_cache()
+    table = markdown(rows, read_gbps, title)
+    (args.out / "balanced.md").write_text(table)
+    print(table)
+    return 0 if rows and all(r["status"] == "ok" for r in rows) else 1
 
 
 if __name__ == "__main__":

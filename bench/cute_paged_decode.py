@@ -13,10 +13,10 @@ the contiguous one) under ``--out`` and prints it.
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 
 from bench import require_gpu
+from common.measure.results import write_rows
 
 # (batch, cache length): a long single sequence, a typical serving batch, a large batch.
 SHAPES = ((1, 131072), (8, 32768), (64, 8192))
@@ -60,10 +60,7 @@ def main() -> None:
             print(", ".join(f"{key}={rows[-1][key]}" for key in COLUMNS[:-1]), flush=True)
             torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
-    with (args.out / "cute_paged_decode.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(args.out / "cute_paged_decode.csv", rows, COLUMNS)
 
 
 if __name__ == "__main__":

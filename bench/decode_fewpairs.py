@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import importlib
 import statistics
 import sys
@@ -42,6 +41,7 @@ from pathlib import Path
 from unittest import mock
 
 from bench import require_gpu
+from common.measure.results import CsvLog
 
 # The rows in the order timed (a run cut short keeps the first): an index into random_cases(8, seed=31)
 # (3: B=3 Hkv=8 13k; 7: B=8 Hkv=8 group 4 8.7k; 0: B=16 MQA D=256 paged ragged) or one of the default
@@ -174,22 +174,26 @@ def row(impl: str, case, setting: str, splits: int, status: str, us: dict, read_
     return record
 
 
+def read_row(case, read_gbps: float, args: argparse.Namespace, device) -> dict:
+    """The size-matched read: a ``torch.sum`` over exactly the step's K and V bytes, timed as the settings are."""
+    import torch
+
+    flat = torch.ones(case.kv_bytes_read // 2, dtype=torch.bfloat16, device=device)
+    return row("read", case, "sum", 0, "ok", timings(flat.sum, args.rep, args.reps), read_gbps, 0.0, "")
+
+
 def measure_setting(
     impl, case, workload, extra: dict, args, num_splits: int | None
 ) -> tuple[str, int, dict, float, str]:
     """(status, num_splits, µs per mode, rel. L2 error, reason) of ``impl`` prepared (compiled, warmed up) and
     bound under the current constants, at ``num_splits`` (None: the rule)."""
-    from common.contract.check import judge_output, run_poisoned
-    from common.contract.metrics import error_stats
+    from common.measure.runner import judge_on_workload
 
     inputs = (workload.q, workload.k, workload.v)
     try:
         impl.prepare(*inputs, case.problem, **extra)
         run = impl.bind(*inputs, case.problem, **extra, num_splits=num_splits)
-        out = run_poisoned(run)
-        err = error_stats(out, workload.reference)
-        ok, reason, _ = judge_output(impl, out, err, inputs, case.problem, workload.reference, workload.sdpa_error)
-        del out
+        ok, reason, err = judge_on_workload(impl, run, workload)
         us = timings(run, args.rep, args.reps)
     except Exception as error:  # noqa: BLE001 - a setting that fails is a row, the run goes on
         return "failed", 0, {}, float("nan"), f"{type(error).__name__}: {error}".splitlines()[0]
@@ -223,9 +227,9 @@ def run(args: argparse.Namespace) -> int:
     its check and every rung asked for was available."""
     import torch
 
-    from common.contract.registry import discover, per_call_inputs
+    from common.contract.registry import discover
     from common.measure.peaks import measure_read_gbps
-    from common.measure.runner import freeze_imports, make_workload
+    from common.measure.runner import freeze_imports
 
     device = torch.device("cuda")
     wanted = args.impls.split(",")
@@ -240,44 +244,37 @@ def run(args: argparse.Namespace) -> int:
     freeze_imports()
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
-    with (args.out / "fewpairs.csv").open("w", newline="") as handle:
-        emit = emitter(handle, rows)
-
-        for index, case in enumerate(cases()):
-            print(f"-- {case.describe()}", flush=True)
-            if not args.no_read:
-                flat = torch.ones(case.kv_bytes_read // 2, dtype=torch.bfloat16, device=device)
-                emit(row("read", case, "sum", 0, "ok", timings(flat.sum, args.rep, args.reps), read_gbps, 0.0, ""))
-                del flat
-            workload = make_workload(case.problem, "cuda", case.cache_seqlens(device), on_device=True)
-            extra = per_call_inputs(case.problem, workload.cache_seqlens, workload.block_table)
-            for name, impl in impls.items():
-                module = importlib.import_module(RUNG_MODULES[name])
-                for setting, planned, forced, same_as in planned_settings(name, module, case.problem, index, device):
-                    if same_as:
-                        emit(row(name, case, setting, planned, "skip", {}, read_gbps, 0.0, f"same plan as {same_as}"))
-                        continue
-                    with switched(module, SETTINGS.get(setting, {})):
-                        status, splits, us, err, reason = measure_setting(impl, case, workload, extra, args, forced)
-                    emit(row(name, case, setting, splits or planned, status, us, read_gbps, err, reason))
-            del workload, extra
-            torch.cuda.empty_cache()
+    emit = emitter(args.out / "fewpairs.csv", rows)
+    for index, case in enumerate(cases()):
+        print(f"-- {case.describe()}", flush=True)
+        if not args.no_read:
+            emit(read_row(case, read_gbps, args, device))
+        workload, extra = case.gpu_workload(device)
+        for name, impl in impls.items():
+            module = importlib.import_module(RUNG_MODULES[name])
+            for setting, planned, forced, same_as in planned_settings(name, module, case.problem, index, device):
+                if same_as:
+                    emit(row(name, case, setting, planned, "skip", {}, read_gbps, 0.0, f"same plan as {same_as}"))
+                    continue
+                with switched(module, SETTINGS.get(setting, {})):
+                    status, splits, us, err, reason = measure_setting(impl, case, workload, extra, args, forced)
+                emit(row(name, case, setting, splits or planned, status, us, read_gbps, err, reason))
+        del workload, extra
+        torch.cuda.empty_cache()
     (args.out / "fewpairs.md").write_text(markdown(rows, read_gbps))
     print((args.out / "fewpairs.md").read_text())
     passed = rows and all(r["status"] in ("ok", "skip") for r in rows)
     return 0 if passed and len(impls) == len(set(wanted)) else 1
 
 
-def emitter(handle, rows: list[dict]) -> Callable[[dict], None]:
-    """``emit(record)``: the record appended to ``rows``, written to the CSV ``handle`` (its header first,
+def emitter(path: Path, rows: list[dict]) -> Callable[[dict], None]:
+    """``emit(record)``: the record appended to ``rows``, to the CSV ``path`` (its header first, each row
     flushed, so that a run cut short keeps it) and printed."""
-    writer = csv.DictWriter(handle, COLUMNS)
-    writer.writeheader()
+    log = CsvLog(path, COLUMNS)
 
     def emit(record: dict) -> None:
         rows.append(record)
-        writer.writerow(record)
-        handle.flush()
+        log.append(record)
         cells = " ".join(f"{m} {record[f'{m}_us']:7.1f} us {record[f'{m}_pct']:5.1f} %" for m in MODES)
         head = f"{record['impl']:14s} {record['mb']:7.1f} MB {record['setting']:11s}"
         print(f"{head} splits={record['num_splits']:3d} {record['status']:6s} {cells} {record['reason']}", flush=True)
@@ -285,9 +282,9 @@ def emitter(handle, rows: list[dict]) -> Callable[[dict], None]:
     return emit
 
 
-def markdown(rows: list[dict], read_gbps: float) -> str:
-    """One table: a row per (shape, implementation, setting), µs and % per timing mode."""
-    title = f"Few-pair decode A/B (bench/decode_fewpairs.py): µs and % of the read bandwidth ({read_gbps:.0f} GB/s)"
+def markdown(rows: list[dict], read_gbps: float, source: str = "Few-pair decode A/B (bench/decode_fewpairs.py)") -> str:
+    """One table under ``source``'s title: a row per (shape, implementation, setting), µs and % per timing mode."""
+    title = f"{source}: µs and % of the read bandwidth ({read_gbps:.0f} GB/s)"
     header = ("shape", "MB", "impl", "setting", "splits", *MODES)
     lines = [title, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:

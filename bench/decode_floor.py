@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import fnmatch
 import importlib
 import statistics
@@ -64,6 +63,7 @@ from functools import partial
 from pathlib import Path
 
 from bench import require_gpu
+from common.measure.results import CsvLog
 
 # Indices into random_cases(10, seed=1): the low ones (B=8 Hkv=8 D=64 ragged; B=32 Hkv=32 ragged; B=3
 # Hkv=32 D=256 paged; B=16 Hkv=4 D=64 paged ragged; B=3 Hkv=2 55k) and two good ones (B=2 Hkv=16 59k;
@@ -241,19 +241,15 @@ def measure(impl, case, workload, options, num_splits: int | None = None) -> tup
     never raises."""
     import torch
 
-    from common.contract.check import judge_output, run_poisoned
-    from common.contract.metrics import error_stats
     from common.contract.registry import per_call_inputs
+    from common.measure.runner import judge_on_workload
     from common.measure.timing import time_cuda
 
     inputs = (workload.q, workload.k, workload.v)
     extra = per_call_inputs(case.problem, workload.cache_seqlens, workload.block_table)
     try:
         run = impl.bind(*inputs, case.problem, **extra, num_splits=num_splits)
-        out = run_poisoned(run)
-        err = error_stats(out, workload.reference)
-        ok, reason, _ = judge_output(impl, out, err, inputs, case.problem, workload.reference, workload.sdpa_error)
-        del out
+        ok, reason, err = judge_on_workload(impl, run, workload)
         timing = time_cuda(run, warmup_ms=options.warmup_ms, rep_ms=options.rep_ms)
     except Exception as error:  # noqa: BLE001 - a variant that fails is a row, the run goes on
         return "failed", float("nan"), float("nan"), 0, f"{type(error).__name__}: {error}".splitlines()[0]
@@ -322,10 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from bench.decode_splits import split_implementations
-    from common.contract.registry import discover, per_call_inputs
+    from common.contract.registry import discover
     from common.measure.decode_sweep import random_cases, too_large
     from common.measure.peaks import measure_read_gbps
-    from common.measure.runner import TimingOptions, freeze_imports, make_workload
+    from common.measure.runner import TimingOptions, freeze_imports
 
     device = torch.device("cuda")
     available, _ = discover(include_baselines=False)
@@ -336,50 +332,45 @@ def main(argv: list[str] | None = None) -> int:
     options = TimingOptions(50.0, args.rep)
     freeze_imports()
     rows: list[dict] = []
-    with (args.out / "decode_floor.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, COLUMNS)
-        writer.writeheader()
-        for index in shapes:
-            case = cases[index]
-            if skip := too_large(case, device):
-                print(f"skipped {case.describe()}: {skip}", flush=True)
+    log = CsvLog(args.out / "decode_floor.csv", COLUMNS)
+    for index in shapes:
+        case = cases[index]
+        if skip := too_large(case, device):
+            print(f"skipped {case.describe()}: {skip}", flush=True)
+            continue
+        head_dim = case.problem.head_dim
+        workload, extra = case.gpu_workload(device)
+        for impl in impls:
+            ok, reason = impl.check(case.problem, device)
+            if not ok:
+                print(f"{impl.name:14s} {case.describe()}: refused: {reason}", flush=True)
                 continue
-            head_dim = case.problem.head_dim
-            # Inputs drawn on the GPU: the padded caches are up to 14 GB (the D=256 paged shape).
-            workload = make_workload(case.problem, "cuda", case.cache_seqlens(device), on_device=True)
-            extra = per_call_inputs(case.problem, workload.cache_seqlens, workload.block_table)
-            for impl in impls:
-                ok, reason = impl.check(case.problem, device)
-                if not ok:
-                    print(f"{impl.name:14s} {case.describe()}: refused: {reason}", flush=True)
-                    continue
-                settings = [setting for setting in chosen if applies(setting, impl.name, head_dim, index)]
-                settings = fifth_settings_to_time(settings, impl.name, case.problem, device)
-                if chosen_fifth and not set(settings) & set(FIFTH_SETTINGS):
-                    print(f"{impl.name:14s} {case.describe()}: no fifth-stop setting changes its plan", flush=True)
-                    continue
-                results = alternating_rounds(
-                    impl, case, (workload, extra), settings, args.rounds, options,
-                    apply=partial(applied, impl_name=impl.name, head_dim=head_dim),
-                    forced_splits=partial(model_splits, shape_index=index, impl_name=impl.name),
-                )  # fmt: skip
-                for setting, measured in results.items():
-                    status, us, rel_l2_err, reason = summary(measured)
-                    record = {
-                        "impl": impl.name, "shape": case.describe(), "setting": setting, "num_splits": measured[0][3],
-                        "status": status, "us": us, "pct_read_bw": 100 * case.kv_bytes_read / (us * 1e3) / read_gbps,
-                        "rel_l2_err": rel_l2_err, "reason": reason,
-                    }  # fmt: skip
-                    rows.append(record)
-                    writer.writerow(record)
-                    handle.flush()
-                    print(
-                        f"{impl.name:14s} {case.describe():96s} {setting:13s} splits={record['num_splits']:3d} "
-                        f"{status:6s} {us:8.1f} us {record['pct_read_bw']:5.1f} % {record['reason']}",
-                        flush=True,
-                    )
-            del workload
-            torch.cuda.empty_cache()
+            settings = [setting for setting in chosen if applies(setting, impl.name, head_dim, index)]
+            settings = fifth_settings_to_time(settings, impl.name, case.problem, device)
+            if chosen_fifth and not set(settings) & set(FIFTH_SETTINGS):
+                print(f"{impl.name:14s} {case.describe()}: no fifth-stop setting changes its plan", flush=True)
+                continue
+            results = alternating_rounds(
+                impl, case, (workload, extra), settings, args.rounds, options,
+                apply=partial(applied, impl_name=impl.name, head_dim=head_dim),
+                forced_splits=partial(model_splits, shape_index=index, impl_name=impl.name),
+            )  # fmt: skip
+            for setting, measured in results.items():
+                status, us, rel_l2_err, reason = summary(measured)
+                record = {
+                    "impl": impl.name, "shape": case.describe(), "setting": setting, "num_splits": measured[0][3],
+                    "status": status, "us": us, "pct_read_bw": 100 * case.kv_bytes_read / (us * 1e3) / read_gbps,
+                    "rel_l2_err": rel_l2_err, "reason": reason,
+                }  # fmt: skip
+                rows.append(record)
+                log.append(record)
+                print(
+                    f"{impl.name:14s} {case.describe():96s} {setting:13s} splits={record['num_splits']:3d} "
+                    f"{status:6s} {us:8.1f} us {record['pct_read_bw']:5.1f} % {record['reason']}",
+                    flush=True,
+                )
+        del workload
+        torch.cuda.empty_cache()
     (args.out / "decode_floor.md").write_text(markdown(rows, read_gbps))
     print((args.out / "decode_floor.md").read_text())
     return 0 if rows and all(row["status"] == "ok" for row in rows) else 1

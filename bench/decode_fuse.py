@@ -20,12 +20,12 @@ Writes ``decode_fuse.csv`` and ``decode_fuse.md`` under ``--out``.
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 from pathlib import Path
 
 from bench import require_gpu
+from common.measure.results import write_rows
 
 SEQLENS_K = (4096, 32768)
 VARIANTS = ("fused", "two-launch")
@@ -105,10 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{row['graph_us']:6.1f} us, host {row['host_us']:6.1f} us/step",
                     flush=True,
                 )
-    with (args.out / "decode_fuse.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(args.out / "decode_fuse.csv", rows, COLUMNS)
     (args.out / "decode_fuse.md").write_text(markdown(rows))
     print((args.out / "decode_fuse.md").read_text())
     return 0 if rows and all(row["ok"] and row["same_bits"] for row in rows) else 1

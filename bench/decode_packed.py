@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import importlib
 import math
 import random
@@ -34,6 +33,7 @@ from functools import partial
 from pathlib import Path
 
 from bench import require_gpu
+from common.measure.results import CsvLog
 
 SETTINGS = ("default", "wide")
 RUNG_MODULES = {"triton/decode": "triton_impl.decode", "gluon/decode": "triton_impl.gluon.decode"}
@@ -102,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from bench.decode_floor import alternating_rounds, summary
-    from common.contract.registry import discover, per_call_inputs
+    from common.contract.registry import discover
     from common.measure.decode_sweep import roofline_us, too_large
     from common.measure.peaks import measure_bf16_sustained_tflops, measure_read_gbps
-    from common.measure.runner import TimingOptions, freeze_imports, make_workload
+    from common.measure.runner import TimingOptions, freeze_imports
 
     device = torch.device("cuda")
     available, _ = discover(include_baselines=False)
@@ -118,43 +118,39 @@ def main(argv: list[str] | None = None) -> int:
     options = TimingOptions(25.0, args.rep)
     freeze_imports()
     rows: list[dict] = []
-    with (args.out / "decode_packed.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, COLUMNS)
-        writer.writeheader()
-        for label, case in cases:
-            if skip := too_large(case, device):
-                print(f"{label}: skipped: {skip}", flush=True)
-                continue
-            roofline = roofline_us(case, read_gbps, gemm_tflops)
-            workload = make_workload(case.problem, "cuda", case.cache_seqlens(device), on_device=True)
-            extra = per_call_inputs(case.problem, workload.cache_seqlens, workload.block_table)
-            for impl in impls:
-                settings = settings_to_time(impl.name, case.problem)
-                results = alternating_rounds(
-                    impl, case, (workload, extra), settings, args.rounds, options,
-                    apply=partial(applied, impl_name=impl.name),
-                )  # fmt: skip
-                for setting, measured in results.items():
-                    with applied(setting, impl.name):
-                        rows_cta = rows_per_cta(impl.name, case.problem)
-                    status, us, rel_l2_err, reason = summary(measured)
-                    record = {
-                        "label": label, "impl": impl.name, "shape": case.describe(), "setting": setting,
-                        "rows_per_cta": rows_cta, "status": status, "us": us,
-                        "pct_read_bw": 100 * case.kv_bytes_read / (us * 1e3) / read_gbps,
-                        "pct_roofline": 100 * roofline / us, "rel_l2_err": rel_l2_err, "reason": reason,
-                    }  # fmt: skip
-                    rows.append(record)
-                    writer.writerow(record)
-                    handle.flush()
-                    shares = f"{record['pct_read_bw']:5.1f} % BW {record['pct_roofline']:5.1f} % roofline"
-                    print(
-                        f"{label:28s} {impl.name:14s} {setting:8s} rows={rows_cta:3d} {status:6s} {us:8.1f} us "
-                        f"{shares} {record['reason']}",
-                        flush=True,
-                    )
-            del workload
-            torch.cuda.empty_cache()
+    log = CsvLog(args.out / "decode_packed.csv", COLUMNS)
+    for label, case in cases:
+        if skip := too_large(case, device):
+            print(f"{label}: skipped: {skip}", flush=True)
+            continue
+        roofline = roofline_us(case, read_gbps, gemm_tflops)
+        workload, extra = case.gpu_workload(device)
+        for impl in impls:
+            settings = settings_to_time(impl.name, case.problem)
+            results = alternating_rounds(
+                impl, case, (workload, extra), settings, args.rounds, options,
+                apply=partial(applied, impl_name=impl.name),
+            )  # fmt: skip
+            for setting, measured in results.items():
+                with applied(setting, impl.name):
+                    rows_cta = rows_per_cta(impl.name, case.problem)
+                status, us, rel_l2_err, reason = summary(measured)
+                record = {
+                    "label": label, "impl": impl.name, "shape": case.describe(), "setting": setting,
+                    "rows_per_cta": rows_cta, "status": status, "us": us,
+                    "pct_read_bw": 100 * case.kv_bytes_read / (us * 1e3) / read_gbps,
+                    "pct_roofline": 100 * roofline / us, "rel_l2_err": rel_l2_err, "reason": reason,
+                }  # fmt: skip
+                rows.append(record)
+                log.append(record)
+                shares = f"{record['pct_read_bw']:5.1f} % BW {record['pct_roofline']:5.1f} % roofline"
+                print(
+                    f"{label:28s} {impl.name:14s} {setting:8s} rows={rows_cta:3d} {status:6s} {us:8.1f} us "
+                    f"{shares} {record['reason']}",
+                    flush=True,
+                )
+        del workload
+        torch.cuda.empty_cache()
     (args.out / "decode_packed.md").write_text(markdown(rows, read_gbps, gemm_tflops))
     print((args.out / "decode_packed.md").read_text())
     return 0 if rows and all(row["status"] == "ok" for row in rows) else 1

@@ -84,10 +84,9 @@ def measure_splits(
     """Check ``impl`` at ``splits`` (None: its rule) against fp64, then time it; never raises."""
     import torch
 
-    from common.contract.check import judge_output, run_poisoned
-    from common.contract.metrics import error_stats
     from common.contract.registry import per_call_inputs
     from common.measure.decode_sweep import roofline_us
+    from common.measure.runner import judge_on_workload
     from common.measure.timing import time_cuda
 
     label = CHOSEN if splits is None else str(splits)
@@ -98,13 +97,10 @@ def measure_splits(
             *inputs, case.problem, **per_call_inputs(case.problem, workload.cache_seqlens), num_splits=splits
         )
         row.num_splits = getattr(run, "num_splits", splits)
-        out = run_poisoned(run)
-        err = error_stats(out, workload.reference)
+        ok, reason, err = judge_on_workload(impl, run, workload)
         row.rel_l2_err = err.rel_l2_err
-        ok, reason, _ = judge_output(impl, out, err, inputs, case.problem, workload.reference, workload.sdpa_error)
         if not ok:
             row.status, row.reason = "wrong", reason
-        del out
         timing = time_cuda(run, warmup_ms=options.warmup_ms, rep_ms=options.rep_ms)
     except Exception as error:  # noqa: BLE001 - a variant that fails is a row, the sweep goes on
         row.status, row.reason = "failed", f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from common.contract.problem import Problem
+from common.measure.results import write_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,10 +123,7 @@ def _in_child(problem_name: str) -> list[Fingerprint]:
 
 def _write(rows: list[Fingerprint], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(Fingerprint.__dataclass_fields__))
-        writer.writeheader()
-        writer.writerows(asdict(row) for row in rows)
+    write_rows(out, rows, list(Fingerprint.__dataclass_fields__))
 
 
 def _read(path: Path) -> dict[tuple[str, str, str], dict[str, str]]:

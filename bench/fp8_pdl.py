@@ -14,15 +14,12 @@ usage (project root, GPU):  python -m bench.fp8_pdl [--out DIR] [--rounds 3]
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
-from pathlib import Path
 
 import torch
 
-from bench import require_gpu
+from bench import fp8_q_in_kernel, require_gpu
 from bench.fp8_quantiser import _time
-from common.contract import fp8 as contract
 from common.contract.problem import Problem
 from common.measure.timing import tflops
 
@@ -75,24 +72,9 @@ def _cell(value: object, digits: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("runs/fp8_pdl"))
-    parser.add_argument("--seqlen", type=int, default=8192)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--warmup-ms", type=float, default=25)
-    parser.add_argument("--rep-ms", type=float, default=150)
-    args = parser.parse_args()
+    args = fp8_q_in_kernel.arguments(__doc__, "runs/fp8_pdl")
     require_gpu("bench.fp8_pdl")
-    # One draw for both masks (at P1 it takes seconds on the host).
-    inputs = contract.fa3_inputs(Problem.canonical(args.seqlen, heads=args.heads), seed=0, device="cuda")
-    # Causal first: the target, should the device call's time run out.
-    rows = case_rows(True, inputs, args) + case_rows(False, inputs, args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with (args.out / "fp8_pdl.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    rows = fp8_q_in_kernel.both_masks(args, case_rows)
     lines = [f"# cute/fp8 end to end with PDL, {torch.cuda.get_device_name()} (P1, {args.rounds} rounds)", "",
              "| causal | what | µs | TFLOP/s | ÷ cute/hopper | gap µs | spread µs | O off = on |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -100,8 +82,7 @@ def main() -> None:
         lines.append(f"| {row['causal']} | {row['what']} | {row['us']:.1f} | {_cell(row['tflops'], 0)} | "
                      f"{_cell(row['vs_bf16'], 3)} | {_cell(row['gap_us'], 1)} | {row['spread_us']:.1f} | "
                      f"{row['same_output']} |")  # fmt: skip
-    (args.out / "fp8_pdl.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    fp8_q_in_kernel.write(args.out, "fp8_pdl", rows, lines)
 
 
 if __name__ == "__main__":

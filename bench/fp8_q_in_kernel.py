@@ -13,9 +13,9 @@ usage (project root, GPU):  python -m bench.fp8_q_in_kernel [--out DIR] [--round
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -24,6 +24,7 @@ from bench import require_gpu
 from bench.fp8_quantiser import _time
 from common.contract import fp8 as contract
 from common.contract.problem import Problem
+from common.measure.results import write_rows
 from common.measure.timing import tflops
 
 # Each setting: the knob, and knobs of ``fp8_config`` on top of the default configuration. "on+ahead" issues the
@@ -88,25 +89,39 @@ def case_rows(causal: bool, inputs, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("runs/fp8_q_in_kernel"))
+def arguments(doc: str = __doc__, out: str = "runs/fp8_q_in_kernel") -> argparse.Namespace:
+    """The command line of this tool (or of the one whose docstring is ``doc``, writing under ``out``)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(out))
     parser.add_argument("--seqlen", type=int, default=8192)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup-ms", type=float, default=25)
     parser.add_argument("--rep-ms", type=float, default=150)
-    args = parser.parse_args()
-    require_gpu("bench.fp8_q_in_kernel")
-    # One draw for both modes (at P1 it takes seconds on the host).
+    return parser.parse_args()
+
+
+def both_masks(
+    args: argparse.Namespace, case_rows: Callable[[bool, object, argparse.Namespace], list[dict]]
+) -> list[dict]:
+    """``case_rows`` causal (the issue's target, should the device call's time run out), then non-causal, on one
+    draw of the FA3 inputs (at P1 it takes seconds on the host)."""
     inputs = contract.fa3_inputs(Problem.canonical(args.seqlen, heads=args.heads), seed=0, device="cuda")
-    # Causal first: the issue's target, should the device call's time run out.
-    rows = case_rows(True, inputs, args) + case_rows(False, inputs, args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with (args.out / "fp8_q_in_kernel.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    return case_rows(True, inputs, args) + case_rows(False, inputs, args)
+
+
+def write(out: Path, stem: str, rows: list[dict], lines: list[str]) -> None:
+    """``rows`` to ``stem.csv`` and the table ``lines`` to ``stem.md`` under ``out``; the table printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_rows(out / f"{stem}.csv", rows)
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main() -> None:
+    args = arguments()
+    require_gpu("bench.fp8_q_in_kernel")
+    rows = both_masks(args, case_rows)
     lines = [f"# cute/fp8, Q quantised in the kernel, {torch.cuda.get_device_name()} (P1, {args.rounds} rounds)", "",
              "| causal | rung | Q in kernel | what | µs | TFLOP/s | ÷ cute/hopper | spread µs | O = knob off |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -115,8 +130,7 @@ def main() -> None:
         ratio = f"{row['vs_bf16']:.3f}" if row["vs_bf16"] != "" else ""
         lines.append(f"| {row['causal']} | {row['rung']} | {row['q_in_kernel']} | {row['what']} | {row['us']:.1f} | "
                      f"{tf} | {ratio} | {row['spread_us']:.1f} | {row['same_output_as_off']} |")  # fmt: skip
-    (args.out / "fp8_q_in_kernel.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write(args.out, "fp8_q_in_kernel", rows, lines)
 
 
 if __name__ == "__main__":

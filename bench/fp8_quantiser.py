@@ -66,6 +66,7 @@ import torch
 from bench import require_gpu
 from common.contract import fp8
 from common.contract.problem import Problem
+from common.measure.results import write_rows
 from triton_impl import fp8_quantiser
 
 RUNGS = {"triton/fp8": "triton_impl.fp8", "gluon/fp8": "triton_impl.gluon.fp8", "cute/fp8": "cute_impl.fp8"}
@@ -399,10 +400,7 @@ def run_sweep(args: argparse.Namespace) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = sweep_rows(problem, inputs, args)
     args.out.mkdir(parents=True, exist_ok=True)
-    with (args.out / "fp8_quantiser_sweep.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(asdict(rows[0])))
-        writer.writeheader()
-        writer.writerows(asdict(row) for row in rows)
+    write_rows(args.out / "fp8_quantiser_sweep.csv", rows)
     report = sweep_markdown(rows, problem, torch.cuda.get_device_name(), args.sweep_layout)
     (args.out / "fp8_quantiser_sweep.md").write_text(report)
     print(report)
@@ -749,10 +747,7 @@ def main() -> None:
         for rung in args.only:
             rows += one_rung_rows(rung, problem, inputs, args)
     args.out.mkdir(parents=True, exist_ok=True)
-    with (args.out / "fp8_quantiser.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(asdict(rows[0])))
-        writer.writeheader()
-        writer.writerows(asdict(row) for row in rows)
+    write_rows(args.out / "fp8_quantiser.csv", rows)
     (args.out / "fp8_quantiser.md").write_text(
         markdown(rows, Problem.canonical(args.seqlen, heads=args.heads), torch.cuda.get_device_name())
     )

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import csv
 import sys
 import traceback
 import warnings
@@ -35,6 +34,7 @@ from typing import Any
 
 from bench import require_gpu
 from bench.generate import GPU_MODEL, Case, build_model, prefill
+from common.measure.results import write_rows
 
 OWN_CODE = ("common/", "triton_impl/", "cute_impl/")
 
@@ -133,10 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             row = {"impl": impl, "batch": batch, "phase": args.phase}
             rows += [{**row, "origin": where, "syncs": count} for where, count in counts.items()]
     args.out.mkdir(parents=True, exist_ok=True)
-    with (args.out / "syncs.csv").open("w", newline="") as sink:
-        writer = csv.DictWriter(sink, fieldnames=["impl", "batch", "phase", "origin", "syncs"])
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(args.out / "syncs.csv", rows, ["impl", "batch", "phase", "origin", "syncs"])
     for row in rows:
         print(f"{row['impl']:14s} B={row['batch']:<2d} {row['syncs']:6.2f}  {row['origin']}")
     return 0

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import csv
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 
 from bench import require_gpu
 from bench.generate import GPU_MODEL, Case, build_model, generate_kwargs, prefill
+from common.measure.results import write_rows
 
 KERNEL_ROWS = 12  # kernels printed per (impl, batch); kernels.csv keeps every one
 # Host-side events counted per step: a graph replay is one cudaGraphLaunch; an attention operator that runs
@@ -114,13 +114,6 @@ def trace_case(model: Any, impl: str, case: Case, steps: int) -> list[tuple[dict
     return [step, summary({"impl": impl, "batch": case.batch, "phase": "prefill"}, wall, *kernel_times(prompt))]
 
 
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    with path.open("w", newline="") as sink:
-        writer = csv.DictWriter(sink, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompt", type=int, default=8192, help="prompt length (default 8192)")
@@ -161,8 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for row in rows[:KERNEL_ROWS]:
                     print(f"    {row['us']:9.1f} µs {row['calls']:5.1f}×  {row['kernel'][:110]}")
     args.out.mkdir(parents=True, exist_ok=True)
-    write_csv(args.out / "steps.csv", steps)
-    write_csv(args.out / "kernels.csv", kernels)
+    write_rows(args.out / "steps.csv", steps)
+    write_rows(args.out / "kernels.csv", kernels)
     return 0
 
 

@@ -16,13 +16,13 @@ triton/decode on the same pools beside it. Writes ``gluon_paged_decode.csv`` and
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench import require_gpu
+from common.measure.results import write_rows
 
 PAGE_SIZES = (0, 16, 64, 256)
 RUNGS = ("gluon/decode", "triton/decode")
@@ -114,10 +114,7 @@ def run(options: argparse.Namespace) -> list[PagedRow]:
 
 def write(rows: list[PagedRow], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "gluon_paged_decode.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(PagedRow.__dataclass_fields__))
-        writer.writeheader()
-        writer.writerows(asdict(row) for row in rows)
+    write_rows(out / "gluon_paged_decode.csv", rows, list(PagedRow.__dataclass_fields__))
     lines = [
         "B=8, Hkv=8, H=32, Sk=32768 (full), D=128, bf16, one token; page 0 = contiguous cache",
         "",

@@ -35,7 +35,7 @@ MODULES = {"triton/decode": "triton_impl.decode", "gluon/decode": "triton_impl.g
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = cute_balanced_ab.arguments(argv)
+    args = cute_balanced_ab.arguments(argv, __doc__, "runs/triton-balanced")
     require_gpu("bench.triton_balanced_ab")
     return cute_balanced_ab.run(args, SETTINGS, MODULES, CASES)
 

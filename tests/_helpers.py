@@ -1,6 +1,6 @@
-"""Helpers the test files share: skipping a case a rung refuses, compiling in a child process (one script,
-or a batch of scripts in one process), and the problem features the CuTe rungs' GPU tests cross (masks, edge
-key lengths, the shared check)."""
+"""Helpers the test files share: skipping a case a rung refuses, a stand-in package for a baseline's
+import, compiling in a child process (one script, or a batch of scripts in one process), and the problem
+features the CuTe rungs' GPU tests cross (masks, edge key lengths, the shared check, the FP8 rungs' cases)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import functools
 import json
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from common.contract.check import check_on_inputs
+from common.contract.fp8 import fa3_inputs
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.contract.registry import Implementation
@@ -30,6 +32,19 @@ def require_supported(impl: Implementation, problem: Problem, device: torch.devi
     ok, reason = impl.check(problem, torch.device(device))
     if not ok:
         pytest.skip(reason)
+
+
+def install_fake_package(root: Path, files: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in package under ``root``: each of ``files`` (path under ``root`` -> source, dedented) written,
+    ``root`` first on sys.path and any cached import of the package (the first part of the paths) dropped."""
+    for relative, source in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source))
+    monkeypatch.syspath_prepend(str(root))
+    packages = {Path(relative).parts[0] for relative in files}
+    for name in [name for name in sys.modules if name.split(".")[0] in packages]:
+        monkeypatch.delitem(sys.modules, name)
 
 
 def json_from_child(args: list[str], timeout: float) -> Any:
@@ -99,6 +114,16 @@ def feature_problem(
         batch, heads, *seqlens, head_dim, dtype=torch.bfloat16, causal=causal, kv_heads=kv_heads,
         causal_alignment=alignment, has_cache_seqlens=cache_lengths, return_lse=return_lse,
     )  # fmt: skip
+
+
+def fa3_case(dims: tuple[int, int, int, int, int], mask: str, seed: int) -> tuple[Problem, tuple[torch.Tensor, ...]]:
+    """The FP8 rungs' GPU case: a bf16 D=128 problem of ``dims`` (batch, heads, kv_heads, Sq, Sk) under the
+    ``MASKS[mask]`` alignment, and FA3's inputs for it drawn with ``seed``."""
+    batch, heads, kv_heads, seqlen_q, seqlen_k = dims
+    problem = feature_problem(
+        (seqlen_q, seqlen_k), 128, kv_heads, mask, cache_lengths=False, return_lse=False, batch=batch, heads=heads
+    )
+    return problem, fa3_inputs(problem, seed=seed, device="cuda")
 
 
 def check_features(impl: Implementation, problem: Problem, seed: int) -> None:

@@ -20,7 +20,7 @@ from rich.console import Console
 import compare
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Unavailable
-from common.measure.results import CSV_COLUMNS, ResultRow
+from common.measure.results import CSV_COLUMNS, ResultRow, write_rows
 from common.measure.runner import blank_row
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +87,15 @@ def test_unknown_implementation_lists_valid_names():
 
 def test_csv_schema_starts_with_the_issue_columns():
     assert list(CSV_COLUMNS[: len(ISSUE_COLUMNS)]) == ISSUE_COLUMNS
+
+
+def test_write_rows_takes_mappings_or_dataclasses_under_the_first_rows_keys_or_given_columns(tmp_path: Path):
+    row = blank_row("triton/naive", "triton", "naive", Problem(1, 2, 16, 16, 8), "ok", "")
+    write_rows(tmp_path / "rows.csv", [row])
+    with (tmp_path / "rows.csv").open() as handle:
+        assert tuple(next(csv.reader(handle))) == CSV_COLUMNS
+    write_rows(tmp_path / "dicts.csv", [{"a": 1, "b": "x"}, {"b": "y", "a": 2}], columns=["b", "a"])
+    assert (tmp_path / "dicts.csv").read_text().splitlines() == ["b,a", "x,1", "y,2"]
 
 
 def test_cpu_run_end_to_end(tmp_path: Path):

@@ -3,8 +3,6 @@ the A/B's refusal, its settings (set and restored) and its table."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -51,16 +49,6 @@ def test_model_merge_steps_and_one_split():
     assert decode_model.merge_us(after[0], 24) < decode_model.merge_us(triton, 24)
     prediction = decode_model.predict(RAGGED, triton, 3)
     assert 0 < prediction.pct < 100 and prediction.busy_ctas == 2 * (3 + 3)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
-def test_floor_without_a_gpu_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    with pytest.raises(SystemExit) as exit_info:
-        decode_floor.main(["--out", str(tmp_path / "out")])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "needs a CUDA GPU" in err
-    assert not (tmp_path / "out").exists()
 
 
 def test_floor_settings_are_applied_then_restored():

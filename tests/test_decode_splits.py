@@ -2,24 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-import torch
-
-from bench import decode_splits
 from bench.decode_splits import CHOSEN, SplitRow, decode_shapes, markdown, split_implementations
 from common.contract.registry import discover
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
-def test_without_a_gpu_it_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        decode_splits.main(["--out", str(tmp_path / "out")])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "needs a CUDA GPU" in err
-    assert not (tmp_path / "out").exists()
 
 
 def test_it_sweeps_the_decode_rungs_that_take_a_forced_split_count_and_no_baseline() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 import tarfile
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from common.contract.check import run_poisoned
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.measure import fa4
+from tests._helpers import install_fake_package
 
 PROBLEM = Problem(batch=2, heads=3, seqlen_q=40, seqlen_k=56, head_dim=64, dtype=torch.float32)
 # A stand-in for FA4's interface: its forward's signature, computing with SDPA in (B, S, H, D).
@@ -48,14 +48,8 @@ def fresh_import(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def fake_package(root: Path, interface: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``flash_attn/cute/interface.py`` with the given source, first on sys.path."""
-    package = root / "flash_attn" / "cute"
-    package.mkdir(parents=True)
-    (root / "flash_attn" / "__init__.py").write_text("")
-    (package / "__init__.py").write_text("")
-    (package / "interface.py").write_text(textwrap.dedent(interface))
-    monkeypatch.syspath_prepend(str(root))
-    for name in [name for name in sys.modules if name.split(".")[0] == "flash_attn"]:
-        monkeypatch.delitem(sys.modules, name)
+    files = {"flash_attn/__init__.py": "", "flash_attn/cute/__init__.py": "", "flash_attn/cute/interface.py": interface}
+    install_fake_package(root, files, monkeypatch)
 
 
 def test_not_installed_is_unavailable_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from common.contract.check import check_on_inputs
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.measure import flashinfer as baseline
+from tests._helpers import install_fake_package
 
 CUDA = torch.device("cuda")
 # A stand-in for FlashInfer's decode wrapper: the same call signatures, reading the HND pages through
@@ -77,12 +77,7 @@ def fresh_import() -> Iterator[None]:
 
 def fake_package(root: Path, source: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A ``flashinfer`` package with the given source, first on sys.path."""
-    package = root / "flashinfer"
-    package.mkdir()
-    (package / "__init__.py").write_text(textwrap.dedent(source))
-    monkeypatch.syspath_prepend(str(root))
-    for name in [name for name in sys.modules if name.split(".")[0] == "flashinfer"]:
-        monkeypatch.delitem(sys.modules, name)
+    install_fake_package(root, {"flashinfer/__init__.py": source}, monkeypatch)
 
 
 def decode_problem(**changes: object) -> Problem:

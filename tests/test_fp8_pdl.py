@@ -17,10 +17,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from common.contract.fp8 import fa3_inputs
 from common.contract.inputs import poison_, poison_all_
 from common.contract.problem import Problem
-from tests._helpers import MASKS, json_from_child
+from tests._helpers import MASKS, fa3_case, json_from_child
 
 HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
 needs_cutlass = pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
@@ -248,14 +247,6 @@ POISON_ROUNDS = 3
 UNGUARDED_TRIES = 5
 
 
-def _case(shape: str, mask: str):
-    batch, heads, kv_heads, seqlen_q, seqlen_k = SHAPES[shape]
-    causal, alignment = MASKS[mask]
-    problem = Problem(batch, heads, seqlen_q, seqlen_k, 128, dtype=torch.bfloat16, causal=causal,
-                      kv_heads=kv_heads, causal_alignment=alignment)  # fmt: skip
-    return problem, fa3_inputs(problem, seed=5, device="cuda")
-
-
 def _programmatic_end_to_end(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """(the end-to-end launch with the knob on, its run()): the quantiser, then the PDL kernel."""
     from cute_impl import fp8
@@ -286,7 +277,7 @@ def test_gpu_programmatic_end_to_end_equals_kernel_only(shape: str, mask: str, m
     """End to end with the knob (quantiser buffers poisoned before each call) equals kernel only bit for bit."""
     from cute_impl import fp8
 
-    problem, (q, k, v) = _case(shape, mask)
+    problem, (q, k, v) = fa3_case(SHAPES[shape], mask, seed=5)
     monkeypatch.setattr(fp8, "PROGRAMMATIC_LAUNCH", True)
     expected = fp8.prepare(q, k, v, problem)().clone()
     launch, run = _programmatic_end_to_end(problem, q, k, v)
@@ -307,7 +298,7 @@ def test_gpu_programmatic_kernel_without_its_waits_reads_unwritten_operands(monk
 
     from cute_impl import fp8, hopper
 
-    problem, (q, k, v) = _case("p1-like", "causal")
+    problem, (q, k, v) = fa3_case(SHAPES["p1-like"], "causal", seed=5)
     monkeypatch.setattr(fp8, "PROGRAMMATIC_LAUNCH", True)
     expected = fp8.prepare(q, k, v, problem)().clone()
     monkeypatch.setattr(cute.arch, "griddepcontrol_wait", lambda **_: None)

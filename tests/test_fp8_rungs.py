@@ -15,7 +15,15 @@ from common.contract.inputs import make_inputs
 from common.contract.metrics import FP8_RULE, error_stats
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
-from tests._helpers import json_from_child, require_supported
+from tests._helpers import (
+    MASKS,
+    edge_cache_seqlens,
+    fa3_case,
+    feature_grid,
+    feature_problem,
+    json_from_child,
+    require_supported,
+)
 
 HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
 # The CuTe rung is tested wherever its DSL is installed; a broken import then fails here, not skips.
@@ -298,30 +306,8 @@ def test_gpu_fp8_attention_runs_the_fused_quantiser_in_every_call(module_name: s
 
 # cute/fp8's problem features (GQA, both alignments, per-sequence lengths, the LSE), judged against
 # the emulation of its own quantisation, which takes the same mask and key lengths and bounds the LSE.
-MASKS = {"full": (False, "top_left"), "causal": (True, "top_left"), "causal_bottom_right": (True, "bottom_right")}
-
-
-def _edge_cache_seqlens(batch: int, seqlen_k: int) -> torch.Tensor:
-    """(B,) int32 key lengths with the edges: a full sequence (Sk), an empty one (0), ragged others."""
-    lengths = [seqlen_k, 0, *(max(1, (seqlen_k * (3 + 2 * i)) // 7) for i in range(batch - 2))]
-    return torch.tensor(lengths[:batch], dtype=torch.int32, device="cuda")
-
-
-def _feature_problem(seqlens, head_dim: int, kv_heads: int, mask: str, cache_lengths: bool) -> Problem:
-    causal, alignment = MASKS[mask]
-    return Problem(
-        3, 8, *seqlens, head_dim, dtype=torch.bfloat16, causal=causal, kv_heads=kv_heads,
-        causal_alignment=alignment, has_cache_seqlens=cache_lengths, return_lse=True,
-    )  # fmt: skip
-
-
-@pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
-@pytest.mark.parametrize("cache_lengths", [False, True], ids=["dense", "cache_seqlens"])
-@pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize("seqlens", [(77, 1000), (1000, 77)], ids=str)
-@pytest.mark.parametrize("kv_heads", [1, 4], ids=["mqa", "gqa4"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@feature_grid(seqlens=((77, 1000), (1000, 77)))
 def test_gpu_cute_fp8_gqa_alignments_cache_seqlens_and_lse(
     head_dim: int, kv_heads: int, seqlens: tuple[int, int], mask: str, cache_lengths: bool
 ):
@@ -329,9 +315,9 @@ def test_gpu_cute_fp8_gqa_alignments_cache_seqlens_and_lse(
     leaves rows that see no key: O = 0, LSE = -inf), key lengths Sk, 0 and ragged; O and the LSE
     judged by FP8_RULE against the emulation, on poisoned outputs."""
     fp8 = _module("cute_impl.fp8")
-    problem = _feature_problem(seqlens, head_dim, kv_heads, mask, cache_lengths)
+    problem = feature_problem(seqlens, head_dim, kv_heads, mask, cache_lengths)
     q, k, v = make_inputs(problem, seed=17, offset=0.5)
-    cache_seqlens = _edge_cache_seqlens(problem.batch, problem.seqlen_k) if cache_lengths else None
+    cache_seqlens = edge_cache_seqlens(problem.batch, problem.seqlen_k, "cuda") if cache_lengths else None
     assert fp8.supports(problem, q.device) == (True, "")
     result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem, cache_seqlens=cache_seqlens)
     assert result.ok, f"{problem.describe()}: {result.summary()}"
@@ -343,9 +329,9 @@ def test_gpu_cute_fp8_gqa_alignments_cache_seqlens_and_lse(
 def test_gpu_cute_fp8_end_to_end_takes_cache_seqlens_and_returns_the_lse():
     """prepare_end_to_end passes the key lengths to every bind and returns (O, lse) like prepare."""
     fp8 = _module("cute_impl.fp8")
-    problem = _feature_problem((333, 517), 64, 2, "causal_bottom_right", True)
+    problem = feature_problem((333, 517), 64, 2, "causal_bottom_right", True)
     q, k, v = make_inputs(problem, seed=5)
-    cache_seqlens = _edge_cache_seqlens(problem.batch, problem.seqlen_k)
+    cache_seqlens = edge_cache_seqlens(problem.batch, problem.seqlen_k, "cuda")
     kernel_only = fp8.prepare(q, k, v, problem, cache_seqlens=cache_seqlens)
     end_to_end = fp8.prepare_end_to_end(q, k, v, problem, cache_seqlens=cache_seqlens)
     out, lse = (t.clone() for t in kernel_only())
@@ -365,14 +351,6 @@ Q_IN_KERNEL_SHAPES = {
 }
 
 
-def _q_in_kernel_case(shape: str, mask: str):
-    batch, heads, kv_heads, seqlen_q, seqlen_k = Q_IN_KERNEL_SHAPES[shape]
-    causal, alignment = MASKS[mask]
-    problem = Problem(batch, heads, seqlen_q, seqlen_k, 128, dtype=torch.bfloat16, causal=causal,
-                      kv_heads=kv_heads, causal_alignment=alignment)  # fmt: skip
-    return problem, fa3_inputs(problem, seed=3, device="cuda")
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
 @pytest.mark.parametrize("mask", list(MASKS))
@@ -381,7 +359,7 @@ def test_gpu_cute_fp8_q_in_kernel_meets_the_rule(shape: str, mask: str, monkeypa
     """Kernel only (poisoned outputs) by FP8_RULE, and end to end (the K/V-only quantiser, then the kernel
     reading bf16 Q) equal to kernel only."""
     fp8 = _module("cute_impl.fp8")
-    problem, (q, k, v) = _q_in_kernel_case(shape, mask)
+    problem, (q, k, v) = fa3_case(Q_IN_KERNEL_SHAPES[shape], mask, seed=3)
     monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
     result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
     assert result.ok, f"{problem.describe()}: {result.summary()}"
@@ -398,7 +376,7 @@ def test_gpu_cute_fp8_q_in_kernel_is_the_quantisers_q(mask: str, monkeypatch: py
     """The same rotation sums (k16 groups in order on the tensor cores), amax, IEEE divisions and rounding as
     the fused quantiser: Q's scales equal bit for bit, and so does O (the kernel is otherwise the same)."""
     fp8 = _module("cute_impl.fp8")
-    problem, (q, k, v) = _q_in_kernel_case("ragged-gqa", mask)
+    problem, (q, k, v) = fa3_case(Q_IN_KERNEL_SHAPES["ragged-gqa"], mask, seed=3)
     monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
     in_kernel = fp8.prepare(q, k, v, problem)
     out, q_scale = in_kernel().clone(), in_kernel.quantiser.operands.q_scale.clone()
@@ -420,7 +398,7 @@ def test_gpu_cute_fp8_q_in_kernel_rotated_ahead_is_the_same(shape: str, monkeypa
     import functools
 
     fp8 = _module("cute_impl.fp8")
-    problem, (q, k, v) = _q_in_kernel_case(shape, "causal")
+    problem, (q, k, v) = fa3_case(Q_IN_KERNEL_SHAPES[shape], "causal", seed=3)
     monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
     plain = fp8.prepare(q, k, v, problem)
     out, q_scale = plain().clone(), plain.quantiser.operands.q_scale.clone()
@@ -438,7 +416,7 @@ def test_gpu_cute_fp8_q_in_kernel_with_a_wrong_rotation_fails_the_rule(monkeypat
     from common.contract.fp8 import random_hadamard
 
     fp8 = _module("cute_impl.fp8")
-    problem, (q, k, v) = _q_in_kernel_case("ragged-gqa", "causal")
+    problem, (q, k, v) = fa3_case(Q_IN_KERNEL_SHAPES["ragged-gqa"], "causal", seed=3)
     monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
     monkeypatch.setattr(fp8, "sign_matrix_transposed",
                         lambda head_dim, seed, dtype, device: torch.sign(random_hadamard(head_dim, seed, device))

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import traceback
 
-import pytest
-import torch
-
 from bench import generate_syncs
 
 
@@ -24,11 +21,3 @@ def test_origin_is_the_innermost_frame_of_this_project_then_of_transformers() ->
     assert generate_syncs.origin(stack) == "/repo/common/integrations/transformers.py:7 (ladder_mask)"
     assert generate_syncs.origin(stack[:1] + stack[2:]) == "transformers/masking_utils.py:7 (sdpa_mask)"
     assert generate_syncs.origin(stack[3:]) == "torch/_tensor.py:7 (__bool__)"
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
-def test_without_a_gpu_it_says_so_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exited:
-        generate_syncs.main([])
-    assert exited.value.code == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().err

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import collections
 
-import pytest
-import torch
-
 from bench import generate_trace
 
 
@@ -16,11 +13,3 @@ def test_a_step_is_the_long_trace_minus_the_short_one_per_step() -> None:
     short = collections.Counter({"gemm": 10.0, "embed": 5.0, "prefill_only": 3.0})
     step = generate_trace.per_step(long, short, steps=4)
     assert step == {"gemm": 40.0, "attention": 10.0, "prefill_only": -0.75}
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
-def test_without_a_gpu_it_says_so_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exited:
-        generate_trace.main([])
-    assert exited.value.code == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().err

@@ -240,9 +240,9 @@ def test_ab_tool_times_seed31s_ragged_rows_and_full_caches_with_cache_seqlens():
     """bench/gluon_balanced_ab's plan on the CPU: seed 31's two ragged paged rows as drawn, then the full
     caches with every length at Sk; gluon "never", "always" (one share a CTA slot) and "always" with
     triton/decode's two shares an SM; triton/decode as committed."""
-    from bench import gluon_balanced_ab
+    from bench import cute_balanced_ab, gluon_balanced_ab
 
-    described = [case.describe() for case in gluon_balanced_ab.cases()]
+    described = [case.describe() for case in cute_balanced_ab.cases(gluon_balanced_ab.CASES)]
     assert described[0].startswith("B=16 H=1 Sq=8 Sk=147456 D=256") and "paged(32) lengths=23..138969" in described[0]
     assert described[1].startswith("B=32 H=512 Hkv=32 Sq=8") and "paged(64) lengths=22..4186" in described[1]
     assert "B=8 H=32 Hkv=8 Sq=1 Sk=8192" in described[2] and "lengths=8192..8192" in described[2]

@@ -1,4 +1,4 @@
-"""The GPU tools, started where they cannot run, print one line naming what is missing and exit 2."""
+"""The GPU tools, started where they cannot run, print one line naming what is missing, write nothing and exit 2."""
 
 from __future__ import annotations
 
@@ -47,6 +47,10 @@ def _fake_sanitizer(folder: Path) -> None:
         ("bench.train", False, "needs a CUDA GPU"),
         ("bench.fp8_q_in_kernel", False, "needs a CUDA GPU"),
         ("bench.fp8_pdl", False, "needs a CUDA GPU"),
+        ("bench.decode_floor", False, "needs a CUDA GPU"),
+        ("bench.decode_splits", False, "needs a CUDA GPU"),
+        ("bench.generate_syncs", False, "needs a CUDA GPU"),
+        ("bench.generate_trace", False, "needs a CUDA GPU"),
     ],
 )
 def test_tool_names_what_is_missing_and_exits_2(module: str, with_sanitizer: bool, missing: str, tmp_path: Path):
@@ -58,6 +62,7 @@ def test_tool_names_what_is_missing_and_exits_2(module: str, with_sanitizer: boo
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     assert done.returncode == MISSING_EXIT, f"exit {done.returncode}:\n{done.stdout}\n{done.stderr}"
     assert len(lines) == 1 and missing in lines[0], f"expected one line saying {missing!r}, got:\n{lines}"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["bin"], "it wrote before refusing"
 
 
 def test_gpu_test_parts_are_disjoint_and_cover_the_suite():

@@ -16,7 +16,6 @@ at a small shape, where both are host-bound, the host microseconds are the hones
 from __future__ import annotations
 
 import argparse
-import csv
 import fnmatch
 import gc
 import json
@@ -33,6 +32,7 @@ from common.contract.problem import Problem
 from common.contract.registry import Implementation, discover
 from common.measure.environment import manifest
 from common.measure.fa4 import fa4_version_info
+from common.measure.results import write_rows
 
 SHAPES = {
     "P1": Problem.canonical(8192),
@@ -204,10 +204,7 @@ def main() -> None:
             )
     print(f"plan cache: {plan_cache_info()}")
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "results.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=[field.name for field in fields(OverheadRow)])
-        writer.writeheader()
-        writer.writerows(asdict(row) for row in rows)
+    write_rows(args.out / "results.csv", rows, [field.name for field in fields(OverheadRow)])
     environment = {**manifest(torch.device("cuda")), "fa4": fa4_version_info(), "plan_cache": asdict(plan_cache_info())}
     (args.out / "env.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
     (args.out / "report.md").write_text(markdown(rows, environment))

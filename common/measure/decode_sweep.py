@@ -24,10 +24,14 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from common.contract.problem import Problem
+
+if TYPE_CHECKING:
+    from common.measure.runner import Workload
 
 BATCHES = (1, 8, 64)
 CACHE_LENGTHS = (4096, 32768, 131072)
@@ -59,6 +63,15 @@ class DecodeCase:
         if self.lengths is None:
             return None
         return torch.tensor(self.lengths, dtype=torch.int32, device=device)
+
+    def gpu_workload(self, device: torch.device) -> tuple[Workload, dict[str, torch.Tensor]]:
+        """The case's workload drawn on ``device`` (the padded caches reach 14 GB: the D=256 paged shape) and
+        its per-call inputs beyond q, k, v (``common.contract.registry.per_call_inputs``)."""
+        from common.contract.registry import per_call_inputs
+        from common.measure.runner import make_workload
+
+        workload = make_workload(self.problem, device.type, self.cache_seqlens(device), on_device=True)
+        return workload, per_call_inputs(self.problem, workload.cache_seqlens, workload.block_table)
 
     @property
     def kv_bytes_read(self) -> int:

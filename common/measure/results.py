@@ -4,53 +4,11 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-# The first columns are fixed by the harness issue; the rest follow.
-CSV_COLUMNS = (
-    "impl",
-    "stack",
-    "rung",
-    "batch",
-    "heads",
-    "seqlen_q",
-    "seqlen_k",
-    "head_dim",
-    "dtype",
-    "causal",
-    "status",
-    "reason",
-    "ms",
-    "ms_p20",
-    "ms_p80",
-    "tflops",
-    "pct_peak",
-    "gbps",
-    "extra_mem_bytes",
-    "max_abs_err",
-    "rel_l2_err",
-    "err_ratio_vs_sdpa",
-    "prepare_s",
-    "rmse",
-    "nonfinite",
-    "sdpa_max_abs_err",
-    "sdpa_rel_l2_err",
-    "error_rule",
-    "timing",
-    "device",
-    "first_call_ms",
-    "host_launch_us",
-    "ms_end_to_end",
-    "tflops_end_to_end",
-    "rel_l2_bound",
-    "emulation_rel_l2_err",
-    "variant",
-    "kv_heads",
-    "causal_alignment",
-)
 STATUSES = ("ok", "wrong", "failed", "skipped", "oom", "timeout")
 # Statuses that make compare.py exit non-zero: the row ran (or should have) and did not pass.
 BAD_STATUSES = ("wrong", "failed", "oom", "timeout")
@@ -61,6 +19,9 @@ NAN = math.nan
 
 @dataclass
 class ResultRow:
+    """One CSV row; its fields in order are the columns (``CSV_COLUMNS``): the first ones, up to ``prepare_s``,
+    fixed by the harness issue, the rest following."""
+
     impl: str
     stack: str
     rung: str
@@ -110,7 +71,17 @@ class ResultRow:
             raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
 
 
-assert tuple(field.name for field in fields(ResultRow)) == CSV_COLUMNS, "ResultRow must follow CSV_COLUMNS"
+CSV_COLUMNS = tuple(field.name for field in fields(ResultRow))
+
+
+def write_rows(path: Path, rows: Sequence[Any], columns: Sequence[str] | None = None) -> None:
+    """``rows`` (mappings or dataclass instances) as the CSV file ``path``: the header ``columns`` (by default the
+    first row's keys), then a line a row."""
+    records = [row if isinstance(row, Mapping) else asdict(row) for row in rows]
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(records[0] if columns is None else columns))
+        writer.writeheader()
+        writer.writerows(records)
 
 
 class CsvLog:

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from common.contract.check import judge_output, run_poisoned
-from common.contract.metrics import ErrorRule, error_stats
+from common.contract.metrics import ErrorRule
 from common.measure.results import MEASURED_STATUSES, ResultRow
-from common.measure.runner import TimingOptions, Workload
+from common.measure.runner import TimingOptions, Workload, judge_on_workload
 from common.measure.timing import Timing, tflops, time_cuda, time_host
 
 HOOK = "prepare_end_to_end"
@@ -54,11 +53,7 @@ def add_end_to_end(
 def _measure_end_to_end(row, impl, prepare, workload: Workload, device: torch.device, options: TimingOptions) -> None:
     problem = workload.problem
     run = prepare(workload.q, workload.k, workload.v, problem)
-    out = run_poisoned(run)
-    err = error_stats(out, workload.reference)
-    inputs = (workload.q, workload.k, workload.v)
-    ok, reason, _ = judge_output(impl, out, err, inputs, problem, workload.reference, workload.sdpa_error)
-    del out
+    ok, reason, _ = judge_on_workload(impl, run, workload)
     if not ok:
         row.status = "wrong"
         row.reason = "; ".join(filter(None, [row.reason, f"end-to-end path: {reason}"]))

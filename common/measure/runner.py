@@ -19,7 +19,7 @@ from common.contract.inputs import make_inputs, make_paged_kv
 from common.contract.metrics import ErrorStats, error_stats, ratio_vs_sdpa
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
-from common.contract.registry import Implementation, per_call_inputs
+from common.contract.registry import Implementation, Runner, per_call_inputs
 from common.measure.peaks import Peaks
 from common.measure.results import ResultRow
 from common.measure.timing import Timing, tflops, time_cuda, time_host
@@ -65,6 +65,16 @@ class TimingOptions:
     warmup_ms: float = 100.0
     rep_ms: float = 500.0
     cuda_graph: bool = False
+
+
+def judge_on_workload(impl: Implementation, run: Runner, workload: Workload) -> tuple[bool, str, ErrorStats]:
+    """``run`` on a poisoned output, its error against the workload's fp64 reference judged by ``impl``'s rule
+    (SDPA's same-dtype error the yardstick): (passed, why not, the error)."""
+    out = run_poisoned(run)
+    err = error_stats(out, workload.reference)
+    inputs = (workload.q, workload.k, workload.v)
+    ok, reason, _ = judge_output(impl, out, err, inputs, workload.problem, workload.reference, workload.sdpa_error)
+    return ok, reason, err
 
 
 def blank_row(impl_name: str, stack: str, rung: str, problem: Problem, status: str, reason: str) -> ResultRow:

@@ -16,9 +16,8 @@ inputs quantised once, untimed) and end to end (quantise, rotate and launch in e
 from __future__ import annotations
 
 import argparse
-import csv
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,6 +28,7 @@ from common.contract.metrics import FP8_RULE, emulation_stats, error_stats
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention, sdpa
 from common.contract.registry import Implementation, discover, get
+from common.measure.results import write_rows
 from common.measure.timing import tflops, time_cuda
 
 # The FP8 rungs that take a ``quantisation`` in prepare, emulate and prepare_end_to_end.
@@ -217,15 +217,8 @@ def speed_table(rows: list[SpeedRow]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Output
+# Command line
 # ----------------------------------------------------------------------------------------------------
-def write_csv(path: Path, rows: list) -> None:
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(asdict(rows[0])))
-        writer.writeheader()
-        writer.writerows(asdict(row) for row in rows)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=2)
@@ -247,12 +240,12 @@ def main() -> None:
         for dtype_name, dtype in DTYPES.items():
             rows.extend(sixteen_bit_rows(problem.with_(dtype=dtype, causal=causal), dtype_name))
         # Written after each mask, so that a run cut short keeps what it measured.
-        write_csv(args.out_dir / "fp8_error.csv", rows)
+        write_rows(args.out_dir / "fp8_error.csv", rows)
         (args.out_dir / "fp8_error.md").write_text(error_table(rows, problem))
     print(error_table(rows, problem))
     if args.speed:
         timed = [row for causal in (False, True) for row in speed_rows(causal, args.warmup_ms, args.rep_ms)]
-        write_csv(args.out_dir / "fp8_speed.csv", timed)
+        write_rows(args.out_dir / "fp8_speed.csv", timed)
         (args.out_dir / "fp8_speed.md").write_text(speed_table(timed))
         print(speed_table(timed))
 
