@@ -61,6 +61,10 @@ SETTINGS = {
 }
 # slots-2 is the committed value in triton/decode and gluon/decode; only cute/decode's A/B is open.
 SETTING_RUNGS = {"slots-2": ("cute/decode",)}
+# Every setting under the balanced split as it was when this A/B ran (seventh stop of 2026-11-29): triton's
+# for every call with cache_seqlens, gluon's and cute's off (their "ragged-split" came after, from
+# bench/gluon_balanced_ab.py and bench/cute_balanced_ab.py), so that a rerun times what the results say.
+BALANCED_AS_TIMED = {"triton/decode": "ragged", "gluon/decode": "never", "cute/decode": "never"}
 # Forced split counts around the default's on seed 31's rows (the rule's local optimum; on the ragged row,
 # where 1143 of the 2048 CTAs of gluon and cute have no key, fewer only; triton/decode: balanced shares).
 FORCED_SPLITS = {
@@ -90,6 +94,11 @@ def settings_for(impl_name: str, module) -> list[str]:
     ]
 
 
+def setting_switches(impl_name: str, setting: str) -> dict[str, object]:
+    """The module switches of ``setting`` (a forced count: the default's) on the balanced split as timed."""
+    return {"BALANCED_SPLIT": BALANCED_AS_TIMED[impl_name], **SETTINGS.get(setting, {})}
+
+
 def split_count(module, problem, device) -> int:
     """The split count ``module``'s rung launches ``problem`` with under its current constants (triton/decode's
     balanced split: its shares per M tile, which a forced ``num_splits`` replaces)."""
@@ -106,7 +115,7 @@ def planned_settings(impl_name: str, module, problem, index: int, device) -> lis
     seed 31's rows) the counts of FORCED_SPLITS around the default's."""
     planned: list[tuple[str, int, int | None]] = []
     for setting in settings_for(impl_name, module):
-        with switched(module, SETTINGS[setting]):
+        with switched(module, setting_switches(impl_name, setting)):
             planned.append((setting, split_count(module, problem, device), None))
     if isinstance(CASES[index], int):
         default = planned[0][1]
@@ -256,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
                 if same_as:
                     emit(row(name, case, setting, planned, "skip", {}, read_gbps, 0.0, f"same plan as {same_as}"))
                     continue
-                with switched(module, SETTINGS.get(setting, {})):
+                with switched(module, setting_switches(name, setting)):
                     status, splits, us, err, reason = measure_setting(impl, case, workload, extra, args, forced)
                 emit(row(name, case, setting, splits or planned, status, us, read_gbps, err, reason))
         del workload, extra
