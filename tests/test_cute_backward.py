@@ -304,7 +304,7 @@ def test_hopper_dq_reduce_overlaps_dk_with_the_next_step_at_d64_only() -> None:
 
 
 # FlashAttention-3's D=64 step: 128 query rows, dQ in the dK/dV kernel (the only 128-row candidate).
-(DQ_REDUCE_128,) = [tiles for tiles in TMA_ROWS if tiles.tile_m == 128 and tiles.heaviest_first == 1]
+(DQ_REDUCE_128,) = [tiles for tiles in TMA_ROWS if tiles.tile_m == 128 and not tiles.heaviest_first]
 
 
 def spilled_bytes(binary) -> int:
@@ -388,11 +388,11 @@ def dkdv_shared_bytes(prob: Problem, tiles: hopper_backward.BackwardTiles) -> in
     return kernel.shared_storage.size_in_bytes()
 
 
-def _heaviest_first_order(rule, grid: tuple[int, int, int], items_per_group: int) -> list[tuple[int, int, int]]:
+def _heaviest_first_order(rule, grid: tuple[int, int, int], wave_ctas: int) -> list[tuple[int, int, int]]:
     """The (block, head, batch) each CTA takes under ``rule``, in the launch order (block fastest)."""
     blocks, heads, batches = grid
     return [
-        rule(block, head, batch, items_per_group, grid)
+        rule(block, head, batch, wave_ctas, grid)
         for batch in range(batches)
         for head in range(heads)
         for block in range(blocks)
@@ -401,42 +401,45 @@ def _heaviest_first_order(rule, grid: tuple[int, int, int], items_per_group: int
 
 def _heaviest_first_errors(rule) -> list[str]:
     """Where ``rule`` (``heaviest_first``'s signature) is no bijection of the grid, or does not launch each
-    group's items block-major (block 0 of every item of the group first), on Python ints."""
+    group of items (the power of two that first fills the wave) block-major, on Python ints."""
     errors = []
-    for grid in ((5, 3, 3), (8, 2, 1), (1, 4, 2), (7, 1, 5), (64, 16, 2)):
-        for size in (1, 2, 3, 4):
-            order = _heaviest_first_order(rule, grid, size)
+    for grid in ((5, 3, 3), (8, 2, 1), (1, 4, 2), (7, 1, 5), (64, 16, 2), (16, 16, 8)):
+        for wave in (1, 10, 16, 132):
+            order = _heaviest_first_order(rule, grid, wave)
             if sorted(order) != sorted(itertools.product(range(grid[0]), range(grid[1]), range(grid[2]))):
-                errors.append(f"grid {grid}, groups of {size}: not a bijection")
+                errors.append(f"grid {grid}, wave {wave}: not a bijection")
                 continue
-            items = grid[1] * grid[2]
+            size, items = 1 << (-(-wave // grid[0]) - 1).bit_length(), grid[1] * grid[2]
             for first in range(0, items, size):
-                members = min(size, items - first)
-                launched = order[first * grid[0] : (first + members) * grid[0]]
+                launched = order[first * grid[0] : min(first + size, items) * grid[0]]
                 if [block for block, _, _ in launched] != sorted(block for block, _, _ in launched):
-                    errors.append(f"grid {grid}, groups of {size}: items {first}.. not block-major")
+                    errors.append(f"grid {grid}, wave {wave}: items {first}.. not block-major")
     return errors
 
 
-def _heaviest_first_full_groups_only(block, head, batch, items_per_group, grid):
+def _heaviest_first_full_groups_only(block, head, batch, wave_ctas, grid):
     """A planted bug: the last group sized as a full one (its blocks then land on items past the grid)."""
     blocks, heads, _ = grid
+    size = 1 << (-(-wave_ctas // blocks) - 1).bit_length()
     linear = block + blocks * (head + heads * batch)
-    first = linear // (items_per_group * blocks) * items_per_group
+    first = linear // (size * blocks) * size
     within = linear - first * blocks
-    item = first + within % items_per_group
-    return within // items_per_group, item % heads, item // heads
+    item = first + within % size
+    return within // size, item % heads, item // heads
 
 
 def test_heaviest_first_is_a_block_major_bijection_of_the_grid() -> None:
     """``heaviest_first`` (on Python ints) maps every grid onto itself and launches each group of items
-    block-major; groups of one are the grid's own order. Planted: a rule that sizes the last group as a full
-    one fails."""
+    block-major, groups of the power of two of items that first fills a wave: four items of 64 key blocks at
+    P1 on 132 SMs, one item where its blocks fill the wave alone (the grid's own order). Planted: a rule that
+    sizes the last group as a full one fails."""
     assert _heaviest_first_errors(heaviest_first) == []
-    assert _heaviest_first_order(heaviest_first, (5, 3, 2), 1) == [
+    assert _heaviest_first_order(heaviest_first, (5, 3, 2), 5) == [
         (block, head, batch) for batch in range(2) for head in range(3) for block in range(5)
     ]
-    assert _heaviest_first_order(heaviest_first, (3, 2, 1), 2)[:4] == [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0)]
+    p1 = _heaviest_first_order(heaviest_first, (64, 16, 2), 132)
+    assert p1[:5] == [(0, 0, 0), (0, 1, 0), (0, 2, 0), (0, 3, 0), (1, 0, 0)]
+    assert _heaviest_first_order(heaviest_first, (132, 3, 1), 132)[:2] == [(0, 0, 0), (1, 0, 0)]
     assert _heaviest_first_errors(_heaviest_first_full_groups_only)
 
 
@@ -446,7 +449,7 @@ def test_hopper_heaviest_first_remaps_only_the_causal_launch() -> None:
     """The heaviest-first candidates compile without spills; causal, the dK/dV kernel reads the grid's size
     (``%nctaid``: the remap), not where every block's work is the same (non-causal: the default's order)."""
     for head_dim in hopper_backward.HEAD_DIMS:
-        ordered = replace(hopper_backward.default_tiles(head_dim), heaviest_first=2)
+        ordered = replace(hopper_backward.default_tiles(head_dim), heaviest_first=True)
         assert ordered in hopper_backward.CANDIDATES[head_dim]
         for causal in (True, False):
             prob = problem(1000, 777, head_dim, causal=causal, alignment="bottom_right", kv_heads=2)
@@ -632,8 +635,8 @@ def test_hopper_tma_rows_is_the_default_and_the_deterministic_switch_leaves_it()
         "m128_s2_dqreduce_tmarows",
         "m64_s3_dqreduce_dkdvoverlap_tmarows",
         "m80_s2_dqreduce_tmarows",
-        "m64_s2_dqreduce_tmarows_hf2",
-        "m128_s2_dqreduce_tmarows_hf2",
+        "m64_s2_dqreduce_tmarows_heaviestfirst",
+        "m128_s2_dqreduce_tmarows_heaviestfirst",
     }
     defaults = {head_dim: hopper_backward.default_tiles(head_dim).label for head_dim in hopper_backward.HEAD_DIMS}
     assert defaults == {64: "m128_s2_dqreduce_tmarows", 128: "m64_s2_dqreduce_tmarows"}

@@ -161,9 +161,9 @@ class BackwardTiles:
     # LSE₂ and D of each query block loaded by TMA with its Q and dO into the ring slot and read from shared
     # memory by the dK/dV kernel, instead of 2 · tile_m / 8 bounds-checked loads from HBM per thread per step.
     tma_rows: bool = False
-    # Causal: the dK/dV kernel's CTAs taken block-major in groups of this many (batch, KV head) items, so that
-    # every item's heaviest key blocks start early (``_device.heaviest_first``); 1: the grid's own order.
-    heaviest_first: int = 1
+    # Causal: the dK/dV kernel's CTAs taken block-major in groups of (batch, KV head) items that fill a wave,
+    # so that no item's heaviest key blocks start in the last wave (``_device.heaviest_first``).
+    heaviest_first: bool = False
 
     def __post_init__(self) -> None:
         # Overlapped, a slot is freed one step late: one slot would deadlock the producer.
@@ -181,7 +181,7 @@ class BackwardTiles:
 
     @property
     def label(self) -> str:
-        rows = ("_tmarows" if self.tma_rows else "") + (f"_hf{self.heaviest_first}" if self.heaviest_first > 1 else "")
+        rows = ("_tmarows" if self.tma_rows else "") + ("_heaviestfirst" if self.heaviest_first else "")
         if self.dq == "reduce":
             return f"m{self.tile_m}_s{self.stages}_dqreduce" + ("_dkdvoverlap" if self.dkdv_overlap else "") + rows
         overlaps = ("_dkdvoverlap" if self.dkdv_overlap else "") + ("_dqoverlap" if self.dq_overlap else "")
@@ -200,7 +200,7 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 64, 2, dq="reduce"),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True),
         BackwardTiles(64, 64, 3, dkdv_overlap=True, dq="reduce", tma_rows=True),
-        BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, heaviest_first=2),
+        BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True),
     ),
     128: (
@@ -211,7 +211,7 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 128, 2),
         BackwardTiles(64, 64, 2, dq="reduce"),
         BackwardTiles(80, 64, 2, dq="reduce", tma_rows=True),
-        BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=2),
+        BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True),
     ),
 }
@@ -245,7 +245,7 @@ class _DKDVKernel:
         self.overlap = config.tiles.dkdv_overlap
         self.dq_reduce = config.tiles.dq == "reduce"
         self.tma_rows = config.tiles.tma_rows
-        self.heaviest_first = config.tiles.heaviest_first if config.causal else 1
+        self.heaviest_first = config.tiles.heaviest_first and config.causal
         self.threads_per_cta = THREADS_PER_CTA
 
     @cute.jit
@@ -305,8 +305,8 @@ class _DKDVKernel:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         warp_group = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
         n_block, kv_head, batch = cute.arch.block_idx()
-        if cutlass.const_expr(self.heaviest_first > 1):
-            n_block, kv_head, batch = heaviest_first(n_block, kv_head, batch, self.heaviest_first)
+        if cutlass.const_expr(self.heaviest_first):
+            n_block, kv_head, batch = heaviest_first(n_block, kv_head, batch)
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
         D, rows = self.head_dim, ROWS_PER_WARPGROUP
         causal_offset = 0
