@@ -397,6 +397,32 @@ def _compiled_backwards(stacks: tuple[str, ...]) -> None:
     assert not spilled, f"(backward, head_dim, kernel, spill bytes per thread): {spilled}"
 
 
+HEAVIEST_FIRST_SCRIPT = """
+import json, torch
+from common.contract.problem import Problem
+from triton_impl.gluon import backward as gluon_backward
+tiles = next(t for t in gluon_backward.CANDIDATES[64] if t.heaviest_first)
+rows = []
+for causal in (True, False):
+    problem = Problem(2, 8, 300, 1000, 64, torch.bfloat16, kv_heads=2, causal=causal, causal_alignment="bottom_right")
+    for plain, ordered in zip(gluon_backward.compile_sm90(problem), gluon_backward.compile_sm90(problem, tiles)):
+        rows.append([causal, ordered.name, "nctaid" in plain.ptx, "nctaid" in ordered.ptx])
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.static
+def test_gluon_heaviest_first_remaps_only_the_causal_launches() -> None:
+    """``heaviest_first`` (``_device.heaviest_first``: a group's blocks first, the grid's size read by
+    ``%nctaid``) enters both causal kernels and neither non-causal one; the dQ pass reads the grid's size
+    causal anyway (its last query block first). Whether the order is a bijection the GPU tests show (every
+    candidate against fp64: a CTA left out leaves its dK, dV or dQ rows unwritten)."""
+    rows = json_from_child(["-c", HEAVIEST_FIRST_SCRIPT], timeout=600)
+    reads = {(causal, name.rsplit("_kernel", 1)[0].lstrip("_")): pair for causal, name, *pair in rows}
+    assert reads[True, "dkdv"] == [False, True] and reads[True, "dq"] == [True, True]
+    assert reads[False, "dkdv"] == [False, False] and reads[False, "dq"] == [False, False]
+
+
 @pytest.mark.static
 def test_every_triton_and_gluon_backward_compiles_for_sm90a_without_spills() -> None:
     """Every Triton and Gluon rung's default launches and every tile candidate of the tiled rung and of the

@@ -74,6 +74,30 @@ def _as_box(tile):
     return tile.reshape([1, 1, tile.shape[0], tile.shape[1]])
 
 
+# The CTAs of one wave on an H100 or H200 (SXM), and the doublings that reach it from one item: heaviest_first's
+# group size (elsewhere only sized for another wave, never wrong).
+WAVE_CTAS = gl.constexpr(132)
+WAVE_DOUBLINGS = gl.constexpr(WAVE_CTAS.value.bit_length())
+
+
+@gluon.jit
+def heaviest_first(block, item, blocks, items):
+    """The (block, item) that the program (``block``, ``item``) of a (blocks, items) grid takes, so that the
+    launch order, block fastest, becomes block-major within groups of items (the power of two of them that
+    first fills a wave): the CuTe backward's ``heaviest_first`` (its docstring: why, and the schedule's
+    numbers), for a grid whose second axis is the (batch, head) item."""
+    needed = (WAVE_CTAS + blocks - 1) // blocks
+    items_per_group = blocks * 0 + 1
+    for _ in gl.static_range(WAVE_DOUBLINGS):  # doubled while short of a wave
+        items_per_group = gl.where(items_per_group < needed, 2 * items_per_group, items_per_group)
+    linear = block + blocks * item
+    first = linear // (items_per_group * blocks) * items_per_group
+    size = gl.minimum(items_per_group, items - first)  # the last group may be smaller
+    within = linear - first * blocks
+    block = within // size
+    return block, first + within - block * size
+
+
 # ----------------------------------------------------------------------------------------------
 # kv_head and SeqlenInfo
 # ----------------------------------------------------------------------------------------------

@@ -58,18 +58,14 @@ also shares dSᵀ through SMEM); dK, dV and dQ registers → SMEM → HBM by TMA
 
 Constraints: fp16 and bf16; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA and
 MQA (dK and dV summed over the group's query heads in registers, no atomics); the LSE's gradient (``d_lse``);
-exactly sm_90. Refused: ``cache_seqlens`` (``gluon/hopper``'s forward takes them; this backward has no
-per-sequence key lengths), paged caches, D = 256, fp32. Gluon has no interpreter path: the rung compiles
-without a GPU (``compile_sm90``) but runs only on one.
+exactly sm_90. Refused: ``cache_seqlens`` (no per-sequence key lengths here), paged caches, D = 256, fp32.
+Gluon has no interpreter path: the rung compiles without a GPU (``compile_sm90``) but runs only on one.
 
-Measured at P1 (B=2 H=16 S=8192 D=128 bf16, ``results/h200/backward-compare/``): 453 TFLOP/s counting five
-products (408 causal), 0.75× (0.73×) FlashAttention-4's sm90 backward. It runs seven: 634 TFLOP/s of wgmma
-work, more than FA4's 608, which makes dQ += dS K once, in its dK/dV kernel, and adds it to an fp32 dQ by bulk
-reduce-adds from shared memory issued by a warp of its own. Limits (not done): without ``overlap`` (D=64's
-default) the consumers wait for each step's last products before freeing the slot, so a step's softmax does
-not run under the previous step's dK product (the overlapped tiles do that; no product stays in flight across
-a loop's back edge, which made ptxas serialise every wgmma); no ping-pong between the consumers, no persistent
-scheduler; the reduce-add dQ is issued by the consumers (FA4: a warp of its own) and untimed yet.
+Measured at P1 (B=2 H=16 S=8192 D=128 bf16; H200, 2026-11-30, ``results/h200/backward-gluon-reduce/``): 466.5
+TFLOP/s counting five products (443.3 causal), 0.77× (0.78×) FlashAttention-4's sm90 backward, whose dK/dV
+kernel makes dQ += dS K once and bulk-adds it from a warp of its own; ours runs seven products (the dQ pass),
+and the in-kernel reduce-add (``dq="reduce"``, plain steps only) reached 450.2. Not done: no ping-pong
+between the consumers, no persistent scheduler; causal CTAs in launch order unless ``heaviest_first``.
 """
 
 from __future__ import annotations
@@ -104,6 +100,7 @@ from triton_impl.gluon._device import (
     attention_mask,
     block_range,
     dq_t_product,
+    heaviest_first,
     kv_head_index,
     share_ds,
     transposed_mask,
@@ -159,6 +156,8 @@ class BackwardTiles:
     dq: str = "pass"
     # LSE₂ and D of each query block by TMA into the Q and dO ring slot (``backward_rows.py``), not from HBM.
     tma_rows: bool = False
+    # Causal: both kernels' CTAs block-major in groups of (batch, head) items (``_device.heaviest_first``).
+    heaviest_first: bool = False
 
     def __post_init__(self) -> None:
         # Overlapped, a slot is freed one step late: one slot would deadlock the load warp.
@@ -178,26 +177,25 @@ class BackwardTiles:
         dq = f"dq {self.dq}" if self.dq != "pass" else f"dq 128x{self.dq_block_n} s{self.dq_stages}"
         overlap = {(True, True): " overlap", (True, False): " overlap dkdv", (False, True): " overlap dq"}
         suffix = overlap.get((self.overlap, self.overlaps_dq), "")
-        return f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, {dq}{suffix}{' tma_rows' * self.tma_rows}"
+        rows = " tma_rows" * self.tma_rows + " heaviest_first" * self.heaviest_first
+        return f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, {dq}{suffix}{rows}"
 
 
-# Per head dim, the default first; every one compiles for sm_90a without spills (tests/test_backward.py,
-# Triton 3.6 and 3.8). Each consumer thread of the dK/dV kernel holds dK and dV (2 × 64 fp32 registers at
-# D=128) beside Sᵀ and dPᵀ: 64 query rows per slot spill there (120 bytes per thread under Triton 3.8) and
-# 32 do not; at D=64, 128 rows spill and 64 do not. The overlapped ones hold a slot one step longer, hence
-# three slots or more. Measured at D=128 (H200, Triton 3.6, P1 / P1 causal, TFLOP/s of the backward,
-# results/h200/backward-gluon-candidates/): overlapped s3 450.9 / 407.4, overlapped s4 449.4 / 408.1,
-# s2 428.2 / 407.0, s3 419.1 / 400.7 (an earlier default). Under Triton 3.9 the overlapped dK/dV kernels spill
-# (16-64 bytes per thread, sm_90a): that release keeps the others, the plain s3 with tma_rows its D=128 default.
-# The dQ pass with 128-key tiles (plain steps: overlapped they spill 80-288 bytes) gains nothing: 448.8 /
-# 407.4 beside the overlapped dK/dV kernel, 421.0 / 411.3 beside the plain one (backward-gluon-candidates-atomic/).
-# tma_rows (the defaults): step without LDG, 238 → 198 SASS instructions (D=128), 383 → 244 (D=64); 456.8 → 468.6 /
-# 409.0 → 444.2 at P1 / causal, 360.6 → 387.7 at D=64 B=4 H=32 (H200, results/h200/backward-gluon-tma-rows/).
+# Per head dim, the default first; every one compiles for sm_90a without spills (tests/test_backward.py, 3.6
+# and 3.8). A dK/dV consumer thread holds dK and dV (2 × 64 fp32 registers at D=128) beside Sᵀ and dPᵀ: 64
+# query rows per slot spill there (120 bytes under 3.8), 32 do not; at D=64, 128 rows spill, 64 do not. The
+# overlapped ones hold a slot one step longer: three slots or more. H200, Triton 3.6, P1 / causal TFLOP/s
+# (results/h200/backward-gluon-candidates/): overlapped s3 450.9 / 407.4, s4 449.4 / 408.1, s2 428.2 / 407.0,
+# s3 419.1 / 400.7. Under 3.9 the overlapped dK/dV kernels spill (16-64 bytes): there the plain s3 with
+# tma_rows is D=128's default. 128-key dQ tiles gain nothing: 448.8 / 407.4 (backward-gluon-candidates-atomic/).
+# tma_rows (the defaults): 238 → 198 SASS instructions a step (D=128), 383 → 244 (D=64); 456.8 → 468.6 / 409.0
+# → 444.2, D=64 B=4 H=32 360.6 → 387.7 (results/h200/backward-gluon-tma-rows/).
 OVERLAP_SPILLS = ("3.9",)
 ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     64: (
         BackwardTiles(64, 2, 64, 2, tma_rows=True), BackwardTiles(64, 2, 64, 2), BackwardTiles(64, 3, 128, 2),
         BackwardTiles(64, 3, 64, 3, overlap=True), BackwardTiles(64, 3, 64, 3, overlap=True, tma_rows=True),
+        BackwardTiles(64, 2, 64, 2, tma_rows=True, heaviest_first=True),
     ),
     128: (
         BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True), BackwardTiles(32, 3, 64, 3, overlap=True),
@@ -205,11 +203,12 @@ ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(32, 4, 64, 3, overlap=True), BackwardTiles(32, 3, 128, 2, overlap=True, dq_overlap=False),
         BackwardTiles(32, 3, 128, 2), BackwardTiles(32, 3, 64, 3, dq="atomic"),
         BackwardTiles(32, 3, 64, 3, dq="reduce", tma_rows=True), BackwardTiles(32, 3, 64, 3, dq="reduce"),
+        BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True, heaviest_first=True),
     ),
 }  # fmt: skip
 # The atomic dQ (319.3 at P1 against 456.4) spills at the static test's ragged GQA shapes (bytes per thread,
 # non-causal/causal: 3.6 40/40, 3.8 16/8, 3.9 160/120; P1: 3.6 16/8, 3.8 0/0): no release lists it. The reduce
-# dQ compiles without spills (3.6, 3.8; tests/test_gluon_backward_dq.py): off until the GPU A/B.
+# dQ, spill-free (3.6, 3.8), lost: 450.2 against 466.5 at P1 (results/h200/backward-gluon-reduce/).
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     head_dim: tuple(t for t in tiles if t.dq == "pass" and not (t.overlap and triton_release() in OVERLAP_SPILLS))
     for head_dim, tiles in ALL_CANDIDATES.items()
@@ -468,7 +467,8 @@ def _dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LseLog2, Delta, DQAccum,
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale_log2,
     NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, OVERLAP: gl.constexpr,
-    DQ: gl.constexpr, TMA_ROWS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    DQ: gl.constexpr, TMA_ROWS: gl.constexpr, HEAVIEST_FIRST: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    num_warps: gl.constexpr,
 ):  # fmt: skip
     """dK and dV (B, Hkv, Sk, D) of one 128-key block of one (batch, KV head); Q, dO by 4-D descriptors
     with a BLOCK_M-row box, K, V, dK, dV with a 64-row box; LSE₂ and D fp32 (B·H·Sq) vectors (TMA_ROWS: 3-D
@@ -488,8 +488,9 @@ def _dkdv_kernel(
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     constants: gl.constexpr = StepConstants(s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP, DQ, TMA_ROWS)
 
-    n_block = gl.program_id(0)
-    batch_kv_head = gl.program_id(1)
+    n_block, batch_kv_head = gl.program_id(0), gl.program_id(1)
+    if HEAVIEST_FIRST:  # causal: key block 0 sees the most query blocks
+        n_block, batch_kv_head = heaviest_first(n_block, batch_kv_head, gl.num_programs(0), gl.num_programs(1))
     batch = batch_kv_head // kv_heads
     kv_head = batch_kv_head % kv_heads
     group = heads // kv_heads
@@ -626,7 +627,7 @@ def _dq_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_dq, LseLog2, Delta,
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale_log2,
     NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, OVERLAP: gl.constexpr,
-    TMA_ROWS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    TMA_ROWS: gl.constexpr, HEAVIEST_FIRST: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """dQ (B, H, Sq, D) of 128 query rows of one (batch, head); Q, dO, dQ by 4-D descriptors with a
     64-row box, K and V with a BLOCK_N-row box (their KV head's: GQA reads them, never repeats them)."""
@@ -647,8 +648,10 @@ def _dq_kernel(
     )
 
     # Causal: the last query blocks see the most keys; launching them first evens out the tail.
-    m_block = gl.num_programs(0) - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)
-    batch_head = gl.program_id(1)
+    m_block, batch_head = gl.program_id(0), gl.program_id(1)
+    if HEAVIEST_FIRST:
+        m_block, batch_head = heaviest_first(m_block, batch_head, gl.num_programs(0), gl.num_programs(1))
+    m_block = gl.num_programs(0) - 1 - m_block if CAUSAL else m_block
     batch = batch_head // heads
     head = batch_head % heads
     kv_head = kv_head_index(head, heads, kv_heads)
@@ -725,8 +728,8 @@ def _launches(
                problem.scale * LOG2_E)  # fmt: skip
     options = {
         "CAUSAL": problem.causal, "BOTTOM_RIGHT": problem.bottom_right, "OVERLAP": tiles.overlap,
-        "TMA_ROWS": tiles.tma_rows, "CONSUMER_REGS": BUDGET.consumer_registers, "num_warps": BUDGET.num_warps,
-        "maxnreg": BUDGET.maxnreg,
+        "TMA_ROWS": tiles.tma_rows, "HEAVIEST_FIRST": tiles.heaviest_first and problem.causal,
+        "CONSUMER_REGS": BUDGET.consumer_registers, "num_warps": BUDGET.num_warps, "maxnreg": BUDGET.maxnreg,
     }  # fmt: skip
     dkdv = (
         _dkdv_kernel,
