@@ -639,7 +639,7 @@ def test_hopper_tma_rows_is_the_default_and_the_deterministic_switch_leaves_it()
         "m128_s2_dqreduce_tmarows_heaviestfirst",
     }
     defaults = {head_dim: hopper_backward.default_tiles(head_dim).label for head_dim in hopper_backward.HEAD_DIMS}
-    assert defaults == {64: "m128_s2_dqreduce_tmarows", 128: "m64_s2_dqreduce_tmarows"}
+    assert defaults == {64: "m128_s2_dqreduce_tmarows", 128: "m64_s2_dqreduce_tmarows_heaviestfirst"}
     torch.use_deterministic_algorithms(True)
     try:
         assert all(hopper_backward.default_tiles(d).dq == "pass" for d in hopper_backward.HEAD_DIMS)

@@ -64,8 +64,8 @@ Gluon has no interpreter path: the rung compiles without a GPU (``compile_sm90``
 Measured at P1 (B=2 H=16 S=8192 D=128 bf16; H200, 2026-11-30, ``results/h200/backward-gluon-reduce/``): 466.5
 TFLOP/s counting five products (443.3 causal), 0.77× (0.78×) FlashAttention-4's sm90 backward, whose dK/dV
 kernel makes dQ += dS K once and bulk-adds it from a warp of its own; ours runs seven products (the dQ pass),
-and the in-kernel reduce-add (``dq="reduce"``, plain steps only) reached 450.2. Not done: no ping-pong
-between the consumers, no persistent scheduler; causal CTAs in launch order unless ``heaviest_first``.
+and the in-kernel reduce-add (``dq="reduce"``, plain steps only) reached 450.2; causal CTAs heaviest first
+(``heaviest_first``, D=128) 434.3 → 446.1. Not done: no ping-pong between the consumers, no persistent scheduler.
 """
 
 from __future__ import annotations
@@ -184,12 +184,12 @@ class BackwardTiles:
 # Per head dim, the default first; every one compiles for sm_90a without spills (tests/test_backward.py, 3.6
 # and 3.8). A dK/dV consumer thread holds dK and dV (2 × 64 fp32 registers at D=128) beside Sᵀ and dPᵀ: 64
 # query rows per slot spill there (120 bytes under 3.8), 32 do not; at D=64, 128 rows spill, 64 do not. The
-# overlapped ones hold a slot one step longer: three slots or more. H200, Triton 3.6, P1 / causal TFLOP/s
-# (results/h200/backward-gluon-candidates/): overlapped s3 450.9 / 407.4, s4 449.4 / 408.1, s2 428.2 / 407.0,
+# overlapped ones hold a slot one step longer: three slots or more. H200, Triton 3.6, P1 / causal TFLOP/s (in
+# results/h200/: backward-gluon-candidates/): overlapped s3 450.9 / 407.4, s4 449.4 / 408.1, s2 428.2 / 407.0,
 # s3 419.1 / 400.7. Under 3.9 the overlapped dK/dV kernels spill (16-64 bytes): there the plain s3 with
 # tma_rows is D=128's default. 128-key dQ tiles gain nothing: 448.8 / 407.4 (backward-gluon-candidates-atomic/).
-# tma_rows (the defaults): 238 → 198 SASS instructions a step (D=128), 383 → 244 (D=64); 456.8 → 468.6 / 409.0
-# → 444.2, D=64 B=4 H=32 360.6 → 387.7 (results/h200/backward-gluon-tma-rows/).
+# tma_rows: 238 → 198 SASS instructions a step at D=128, 383 → 244 at D=64; 456.8 → 468.6 / 409.0 → 444.2, D=64
+# 360.6 → 387.7 (backward-gluon-tma-rows/). heaviest_first: D=128's default (backward-heaviest-first/).
 OVERLAP_SPILLS = ("3.9",)
 ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     64: (
@@ -198,12 +198,12 @@ ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 2, 64, 2, tma_rows=True, heaviest_first=True),
     ),
     128: (
+        BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True, heaviest_first=True),
         BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True), BackwardTiles(32, 3, 64, 3, overlap=True),
         BackwardTiles(32, 3, 64, 3, tma_rows=True), BackwardTiles(32, 3, 64, 3), BackwardTiles(32, 2, 64, 2),
         BackwardTiles(32, 4, 64, 3, overlap=True), BackwardTiles(32, 3, 128, 2, overlap=True, dq_overlap=False),
         BackwardTiles(32, 3, 128, 2), BackwardTiles(32, 3, 64, 3, dq="atomic"),
         BackwardTiles(32, 3, 64, 3, dq="reduce", tma_rows=True), BackwardTiles(32, 3, 64, 3, dq="reduce"),
-        BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True, heaviest_first=True),
     ),
 }  # fmt: skip
 # The atomic dQ (319.3 at P1 against 456.4) spills at the static test's ragged GQA shapes (bytes per thread,
