@@ -155,6 +155,25 @@ def block_range(
 
 
 @gluon.jit
+def query_blocks(n_start, seqlen_q, seqlen_k, causal_offset, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr):  # fmt: skip
+    """The backward's BlockRange over query blocks (gluon/backward/hopper's dK/dV kernel): the query blocks of
+    one query head that the keys [n_start, n_start + BLOCK_N) receive gradient from: ``(first_block, blocks,
+    masked_blocks)``. Causal: rows i < n_start − causal_offset see none of these keys and are skipped; the
+    blocks up to the last key's diagonal are masked. A key block holding the key tail masks every block (its
+    keys past Sk get P = 0)."""
+    end_block = (seqlen_q + BLOCK_M - 1) // BLOCK_M
+    first_block = 0
+    unmasked_from = 0
+    if CAUSAL:
+        first_block = gl.minimum(gl.maximum(n_start - causal_offset, 0) // BLOCK_M, end_block)
+        diagonal_end = gl.maximum(n_start + BLOCK_N - 1 - causal_offset, 0)
+        unmasked_from = gl.maximum((diagonal_end + BLOCK_M - 1) // BLOCK_M, first_block)
+    unmasked_from = gl.minimum(gl.where(n_start + BLOCK_N > seqlen_k, end_block, unmasked_from), end_block)
+    return first_block, end_block - first_block, unmasked_from - first_block
+
+
+@gluon.jit
 def split_key_range(split, num_splits, key_end, BLOCK_N: gl.constexpr):
     """Split-KV (``gluon/decode``): ``(key_begin, key_end)`` of split ``split`` of ``num_splits`` over
     keys [0, key_end), the Triton stack's rule: cdiv(n_blocks, num_splits) whole key blocks each from a
@@ -366,11 +385,11 @@ def _packed_pairs(P, dtype: gl.constexpr):
 # The backward's in-kernel dQ (gluon/backward/hopper, ``BackwardTiles.dq``, ``backward_dq.py``)
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
-def share_ds(d_s_t, step, index, ds_all, ds_ready):
-    """The backward's atomic dQ: consumer ``index``'s dSᵀ into its shared buffer of this step's parity,
-    then wait until the other consumer's is there too; returns the buffer. Double-buffered: a consumer
-    waits for its step-s dQᵀ product before its step-(s+1) arrival, so a buffer is rewritten only once
-    both consumers have read it."""
+def publish_ds(d_s_t, step, index, ds_all, ds_ready):
+    """The backward's in-kernel dQ: consumer ``index``'s dSᵀ into its shared buffer of this step's parity,
+    and its arrival on that buffer's barrier; returns the buffer. Double-buffered: a consumer arrives for
+    step s + 1 only once its products reading step s − 1's buffer have retired, and writes step s + 2's
+    only once it has seen both arrivals of step s + 1, so a buffer is rewritten only once both have read it."""
     NUM_CONSUMERS: gl.constexpr = ds_all.shape[0] // 2
     buffer = step % 2
     ds_all.index(buffer * NUM_CONSUMERS + index).store(d_s_t.to(ds_all.dtype))
@@ -378,6 +397,14 @@ def share_ds(d_s_t, step, index, ds_all, ds_ready):
     # All four warps' stores precede the consumer's one arrival.
     _partition_barrier()
     mbarrier.arrive(ds_ready.index(buffer), count=1)
+    return buffer
+
+
+@gluon.jit
+def share_ds(d_s_t, step, index, ds_all, ds_ready):
+    """The backward's in-kernel dQ, plain steps: ``publish_ds``, then wait until the other consumer's dSᵀ
+    is there too; returns the buffer."""
+    buffer = publish_ds(d_s_t, step, index, ds_all, ds_ready)
     mbarrier.wait(ds_ready.index(buffer), (step // 2) & 1)
     return buffer
 

@@ -43,11 +43,11 @@ Algorithm (three launches):
 
 dQ (``BackwardTiles.dq``): by default (``"pass"``) a separate pass (step 3; the Triton tutorial's choice and the
 Triton rung's fastest), whose products are the forward's shapes: deterministic, no fp32 buffer, but seven
-products per tile instead of five. ``"atomic"`` and ``"reduce"`` (D=128, plain steps, listed by no release;
-``backward_dq.py``) have no pass: in step 2b the consumers share their dSᵀ through shared memory, each makes
-dQᵀ = Kᵀ dSᵀ for its half of D and adds it to a zeroed fp32 buffer, by relaxed per-element atomics (lost: P1
-319 TFLOP/s, the default 456; ``results/h200/backward-gluon-candidates-atomic/``) or, FA3's way, through an
-fp32 staging tile and one TMA bulk reduce-add per step into a transposed accumulator; a last kernel converts.
+products per tile instead of five. ``"atomic"`` (plain steps) and ``"reduce"`` (plain or overlapped; D=128, listed
+by no release; ``backward_dq.py``) have no pass: in step 2b the consumers share their dSᵀ through shared memory,
+each makes dQᵀ = Kᵀ dSᵀ for its half of D (overlapped: the previous step's, beside its dK product) and adds it to
+a zeroed fp32 buffer, by relaxed per-element atomics (lost: P1 319 TFLOP/s, the default 456) or, FA3's way, by a
+TMA bulk reduce-add per step from an fp32 staging tile into a transposed accumulator; a last kernel converts.
 
 Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` (K, V once per dK/dV CTA; Q, dO once per (key block,
 query block) through a ``NUM_STAGES``-slot ring; LSE₂ and D by plain loads into the registers of the rows'
@@ -64,8 +64,8 @@ Gluon has no interpreter path: the rung compiles without a GPU (``compile_sm90``
 Measured at P1 (B=2 H=16 S=8192 D=128 bf16; H200, 2026-11-30, ``results/h200/backward-gluon-reduce/``): 466.5
 TFLOP/s counting five products (443.3 causal), 0.77× (0.78×) FlashAttention-4's sm90 backward, whose dK/dV
 kernel makes dQ += dS K once and bulk-adds it from a warp of its own; ours runs seven products (the dQ pass),
-and the in-kernel reduce-add (``dq="reduce"``, plain steps only) reached 450.2; causal CTAs heaviest first
-(``heaviest_first``, D=128) 434.3 → 446.1. Not done: no ping-pong between the consumers, no persistent scheduler.
+and the in-kernel reduce-add (``dq="reduce"``, plain steps) 450.2; causal CTAs heaviest first (D=128)
+434.3 → 446.1. Not done: no consumer ping-pong, no persistent scheduler, no reduce-add warp of its own.
 """
 
 from __future__ import annotations
@@ -99,10 +99,9 @@ from triton_impl.gluon._device import (
     _values_product,
     attention_mask,
     block_range,
-    dq_t_product,
     heaviest_first,
     kv_head_index,
-    share_ds,
+    query_blocks,
     transposed_mask,
 )
 from triton_impl.gluon._host import (
@@ -120,11 +119,15 @@ from triton_impl.gluon.backward_dq import (
     DQ_MODES,
     IN_KERNEL_HEAD_DIM,
     accumulator_descriptor,
-    add_dq_share,
     allocate_dq,
     convert_launch,
     k_halves,
     k_tiles_free,
+    last_dq_share,
+    late_delta,
+    overlapped_dq_share,
+    plain_dq_share,
+    previous_dq_t,
     transposed_accumulator,
 )
 from triton_impl.gluon.backward_rows import ROW_ALIGN, allocate_rows, dkdv_rows, head_rows, load_slot, step_rows
@@ -165,8 +168,8 @@ class BackwardTiles:
             raise ValueError(f"overlapped steps need two ring slots or more per kernel, got {self}")
         if self.dq not in DQ_MODES:
             raise ValueError(f"dq is one of {DQ_MODES}, got {self.dq!r}")
-        if self.overlap and self.dq != "pass":
-            raise ValueError(f"the in-kernel dQ is built for the non-overlapped steps only, got {self}")
+        if self.overlap and self.dq == "atomic":
+            raise ValueError(f"the atomic in-kernel dQ is built for the non-overlapped steps only, got {self}")
 
     @property
     def overlaps_dq(self) -> bool:
@@ -204,11 +207,13 @@ ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(32, 4, 64, 3, overlap=True), BackwardTiles(32, 3, 128, 2, overlap=True, dq_overlap=False),
         BackwardTiles(32, 3, 128, 2), BackwardTiles(32, 3, 64, 3, dq="atomic"),
         BackwardTiles(32, 3, 64, 3, dq="reduce", tma_rows=True), BackwardTiles(32, 3, 64, 3, dq="reduce"),
+        BackwardTiles(32, 3, 64, 3, overlap=True, dq="reduce", tma_rows=True),
     ),
 }  # fmt: skip
 # The atomic dQ (319.3 at P1 against 456.4) spills at the static test's ragged GQA shapes (bytes per thread,
 # non-causal/causal: 3.6 40/40, 3.8 16/8, 3.9 160/120; P1: 3.6 16/8, 3.8 0/0): no release lists it. The reduce
-# dQ, spill-free (3.6, 3.8), lost: 450.2 against 466.5 at P1 (results/h200/backward-gluon-reduce/).
+# dQ lost plain (H200, P1 / causal 450.2 / 428.8 with tma_rows, the default 466.5 / 443.3); overlapped it
+# spills under 3.6 outside the step loops only (tests/test_gluon_backward_dq.py's KNOWN_SPILLS): untimed yet.
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     head_dim: tuple(t for t in tiles if t.dq == "pass" and not (t.overlap and triton_release() in OVERLAP_SPILLS))
     for head_dim, tiles in ALL_CANDIDATES.items()
@@ -332,24 +337,6 @@ def _store_tile(desc, coords, smem, tile):
 # dK and dV: one CTA per 128 keys of one (batch, KV head); each consumer owns 64 of them
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
-def _query_blocks(n_start, seqlen_q, seqlen_k, causal_offset, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr):  # fmt: skip
-    """The query blocks of one query head that the keys [n_start, n_start + BLOCK_N) receive gradient
-    from: ``(first_block, blocks, masked_blocks)``. Causal: rows i < n_start − causal_offset see none
-    of these keys and are skipped; the blocks up to the last key's diagonal are masked. A key block
-    holding the key tail masks every block (its keys past Sk get P = 0)."""
-    end_block = (seqlen_q + BLOCK_M - 1) // BLOCK_M
-    first_block = 0
-    unmasked_from = 0
-    if CAUSAL:
-        first_block = gl.minimum(gl.maximum(n_start - causal_offset, 0) // BLOCK_M, end_block)
-        diagonal_end = gl.maximum(n_start + BLOCK_N - 1 - causal_offset, 0)
-        unmasked_from = gl.maximum((diagonal_end + BLOCK_M - 1) // BLOCK_M, first_block)
-    unmasked_from = gl.minimum(gl.where(n_start + BLOCK_N > seqlen_k, end_block, unmasked_from), end_block)
-    return first_block, end_block - first_block, unmasked_from - first_block
-
-
-@gluon.jit
 def _dkdv_step(carry, step, m_start, batch_head, step_args, constants: gl.constexpr, MASKED: gl.constexpr):
     """One ring slot of Q and dO (query rows from ``m_start`` of head ``batch_head``: batch · H + head) into
     this consumer's dK and dV (see the module docstring, step 2b).
@@ -358,7 +345,7 @@ def _dkdv_step(carry, step, m_start, batch_head, step_args, constants: gl.conste
     dk = carry[0]
     dv = carry[1]
     k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty, vectors, offs_n, seqlen, scale_log2 = step_args
-    LseLog2, Delta, dq_out, ds_all, ds_ready, index, k_t = vectors
+    LseLog2, Delta = vectors[0], vectors[1]
     seqlen_q, seqlen_k, causal_offset = seqlen
     s_layout: gl.constexpr = constants.s_layout
     p_layout: gl.constexpr = constants.p_layout
@@ -370,37 +357,45 @@ def _dkdv_step(carry, step, m_start, batch_head, step_args, constants: gl.conste
     s_t_token = _scores(k_smem, q_tile, s_layout)
     do_tile = _ready_tile(do_ring, do_ready, step, NUM_STAGES)
     dp_t_token = _scores(v_smem, do_tile, s_layout)
+    # wgmmas retire in order; overlapped, the previous dK and (in-kernel dQ) dQᵀ products follow Sᵀ and dPᵀ.
+    LATER: gl.constexpr = 1 + OVERLAP + (NUM_CONSUMERS if OVERLAP and constants.DQ != "pass" else 0)
     if OVERLAP:
         dk = _values_product(carry[2], q_ring.index(_previous_stage(step, NUM_STAGES)), dk, p_layout)
+        if constants.DQ != "pass":
+            dq_t = previous_dq_t(step, vectors, s_layout)
     offs_m = m_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
     row_base = batch_head.to(gl.int64) * seqlen_q
     lse_log2, delta = step_rows(LseLog2, Delta, row_base, offs_m, seqlen_q, step, NUM_STAGES, constants.TMA_ROWS)
 
-    # wgmmas retire in order: one left in flight (two overlapped: the previous dK too) means Sᵀ is done.
-    s_t = warpgroup_mma_wait(2 if OVERLAP else 1, deps=[s_t_token])
+    s_t = warpgroup_mma_wait(LATER, deps=[s_t_token])
     p_t = gl.exp2(s_t * scale_log2 - lse_log2[None, :])
     if MASKED:
         p_t = transposed_mask(p_t, offs_n, offs_m, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL)
     dv_token = _values_product(_operand_p(p_t, q_ring.dtype, p_layout), do_tile, dv, p_layout)
-    # dV += Pᵀ dO runs while dSᵀ = Pᵀ ∘ (dPᵀ − D) is made (overlapped: the previous dK too).
-    dp_t = warpgroup_mma_wait(2 if OVERLAP else 1, deps=[dp_t_token])
+    # dV += Pᵀ dO runs while dSᵀ = Pᵀ ∘ (dPᵀ − D) is made (overlapped: the previous dK, dQᵀ too).
+    dp_t = warpgroup_mma_wait(LATER, deps=[dp_t_token])
+    if OVERLAP and constants.DQ != "pass":
+        delta = late_delta(Delta, row_base, offs_m, seqlen_q, step, NUM_STAGES, constants.TMA_ROWS)
     d_s_t = p_t * (dp_t - delta[None, :])
     if OVERLAP:
         # dSᵀ's words take the registers of the previous step's, which its dK product reads: made after
         # it has retired (as gluon/hopper's P), and with it the previous slot is free.
-        dk, dv = warpgroup_mma_wait(0, deps=[dk, dv_token])
+        if constants.DQ != "pass":
+            dk, dv, dq_t = warpgroup_mma_wait(0, deps=[dk, dv_token, dq_t])
+        else:
+            dk, dv = warpgroup_mma_wait(0, deps=[dk, dv_token])
         _release_previous(empty, step, NUM_STAGES)
-        carry = (dk, dv, _operand_p(d_s_t, q_ring.dtype, p_layout))
+        words = _operand_p(d_s_t, q_ring.dtype, p_layout)
+        if constants.DQ != "pass":
+            # The previous step's share goes out at its coordinates; this step's are kept for the next.
+            overlapped_dq_share(dq_t, d_s_t, step, carry[3], vectors)
+            carry = (dk, dv, words, (batch_head, m_start))
+        else:
+            carry = (dk, dv, words)
     elif constants.DQ != "pass":
-        # dSᵀ is shared for dQᵀ while dV and dK run; dQᵀ's accumulator is made once dV's Pᵀ words are free.
         dk_token = _values_product(_operand_p(d_s_t, q_ring.dtype, p_layout), q_tile, dk, p_layout)
-        buffer = share_ds(d_s_t, step, index, ds_all, ds_ready)
-        dv = warpgroup_mma_wait(1, deps=[dv_token])
-        dq_t_token = dq_t_product(buffer, k_t, ds_all, s_layout)
-        dk, dq_t = warpgroup_mma_wait(0, deps=[dk_token, dq_t_token])
-        mbarrier.arrive(empty.index(step % NUM_STAGES), count=1)
-        add_dq_share(dq_t, dq_out, batch_head, m_start, seqlen_q, index, s_layout, constants.DQ)
-        carry = (dk, dv)
+        carry = plain_dq_share(dk_token, dv_token, d_s_t, empty.index(step % NUM_STAGES), step, (batch_head, m_start),
+                               seqlen_q, vectors, s_layout, constants.DQ)  # fmt: skip
     else:
         dk_token = _values_product(_operand_p(d_s_t, q_ring.dtype, p_layout), q_tile, dk, p_layout)
         dv, dk = warpgroup_mma_wait(0, deps=[dv_token, dk_token])
@@ -434,6 +429,9 @@ def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
         # Step 0's "previous dSᵀ" is zero: its dK product adds nothing.
         carry = (dk, dv, _operand_p(gl.zeros([WG_N, BLOCK_M], gl.float32, constants.s_layout), q_ring.dtype,
                                     constants.p_layout))  # fmt: skip
+        if constants.DQ != "pass":
+            # The previous step's (batch_head, m_start), where its dQᵀ share goes (none before step 0).
+            carry = (carry[0], carry[1], carry[2], (batch * heads, first_block * BLOCK_M))
 
     mbarrier.wait(fixed_ready.index(index), 0)
     vectors = (LseLog2, Delta, dq_out, ds_all, ds_ready, index, k_halves(fixed_k, index, constants.DQ))
@@ -453,6 +451,8 @@ def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
     dv = carry[1]
     if constants.OVERLAP:
         dk = _last_product(dk, carry[2], q_ring, group * blocks, constants.p_layout, constants.NUM_STAGES)
+        if constants.DQ != "pass":
+            last_dq_share(group * blocks, carry[3], vectors, constants.s_layout)
     # dK goes out through the K tile, which the other consumer's dQᵀ products read too.
     k_tiles_free(ds_ready, group * blocks, constants.DQ)
 
@@ -497,7 +497,7 @@ def _dkdv_kernel(
     # Row i sees keys j <= i + causal_offset: 0 top-left, Sk − Sq bottom-right.
     causal_offset = seqlen_k - seqlen_q if BOTTOM_RIGHT else 0
     n_start = n_block * BLOCK_N
-    first_block, blocks, masked_blocks = _query_blocks(
+    first_block, blocks, masked_blocks = query_blocks(
         n_start, seqlen_q, seqlen_k, causal_offset, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N
     )
     smem, barriers = _allocate(desc_k, desc_q, NUM_STAGES)

@@ -8,7 +8,7 @@ the step's BLOCK_M query rows, also makes that block's dQ share and adds it into
 a last launch scales it by softmax_scale and casts it. Five products per step; dQ is not bitwise
 deterministic (the adds of the key blocks come in any order; dK and dV still are).
 
-Per step, after dK += dSᵀ Q is issued (``_dkdv_step``'s dQ branch):
+Plain steps, per step, after dK += dSᵀ Q is issued (``plain_dq_share``):
   1. Each consumer writes its dSᵀ (64 keys × BLOCK_M queries, 16-bit) into its shared buffer of the step's
      parity and waits for the other's (``_device.share_ds``): dQ sums over all 128 keys of the CTA.
   2. Each consumer issues dQᵀ = Kᵀ dSᵀ for its half of D (``_device.dq_t_product``: M = D/2 = 64 rows, as
@@ -25,13 +25,24 @@ Per step, after dK += dSᵀ Q is issued (``_dkdv_step``'s dQ branch):
      into dQ. The transposed layout is what lets dQᵀ leave without a transpose through registers: each row of
      the staging tile is one head-dim index over the step's query rows.
 
+Overlapped steps (``"reduce"`` only; ``BackwardTiles.overlap``): step s issues Sᵀ and dPᵀ, then the previous
+step's dK += dSᵀ Q and, once both consumers' dSᵀ of step s − 1 are in their buffer, its dQᵀ = Kᵀ dSᵀ
+(``previous_dq_t``), so that both run under step s's exp2; once all have retired (``warpgroup_mma_wait(0)``,
+no product in flight across the loop's back edge), the consumer publishes step s's dSᵀ (``publish_ds``: the
+other consumer waits for it one step later, not now) and sends step s − 1's share by the reduce-add above, at
+that step's (batch_head, m_start), carried through the loop (``overlapped_dq_share``); the last step's product
+and add follow the loop (``last_dq_share``). Step 0 has no previous share: its dQᵀ product reads a buffer not
+yet written and is not added. D is read again just before dSᵀ (``late_delta``): its registers are free under
+the exp2, where dQᵀ's accumulator now sits beside Sᵀ and dPᵀ (spills at causal GQA shapes without it).
+
 Resources (D=128, BLOCK_M = 32): 16 KB of dS buffers (2 parities × 2 consumers × 64 × 32 × 2 bytes), 16 KB of
 staging (2 consumers × 64 × 32 × 4 bytes), 16 fp32 registers per thread for dQᵀ; L2 traffic 32 · D · 4 bytes
 per (query block, key block) step, FlashAttention-3's ratio (its 64 × 128 tiles add 64 · D · 4).
 
-Limits: D=128 only (each consumer's half of D must be the 64 rows of one m64 wgmma), the plain (not
-overlapped) steps. Triton 3.6's Gluon has the TMA reduce op but no Python name for it (3.7 added
-``tma.async_atomic_add``): ``_tma_reduce_add`` builds the same op there.
+Limits: D=128 only (each consumer's half of D must be the 64 rows of one m64 wgmma); the atomic dQ runs the
+plain steps only; the reduce-add is issued by the consumers (FA4: a warp of its own). Triton 3.6's Gluon has
+the TMA reduce op but no Python name for it (3.7 added ``tma.async_atomic_add``): ``_tma_reduce_add`` builds
+the same op there.
 """
 
 from __future__ import annotations
@@ -41,14 +52,14 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from common.contract.problem import Problem
 from common.contract.registry import Launch
-from triton_impl.gluon._device import _partition_barrier, add_dq
+from triton_impl.gluon._device import _partition_barrier, add_dq, dq_t_product, publish_ds, share_ds
 from triton_impl.gluon._host import shared_layout
-from triton_impl.gluon.backward_rows import padded_seqlen
+from triton_impl.gluon.backward_rows import padded_seqlen, step_row
 
 # How the backward makes dQ: a separate pass, or in the dK/dV kernel by atomics or by TMA reduce-adds.
 DQ_MODES = ("pass", "atomic", "reduce")
@@ -141,6 +152,67 @@ def reduce_dq(dq_t, staging, DQAccumT, batch_head, m_start, index):
     fence_async_shared()
     _partition_barrier()
     _tma_reduce_add(DQAccumT, [batch_head, index * HALF_D, m_start], tile.reshape([1, HALF_D, BLOCK_M]))
+
+
+@gluon.jit
+def plain_dq_share(dk, dv, d_s_t, empty, step, coords, seqlen_q, vectors, s_layout: gl.constexpr, DQ: gl.constexpr):
+    """Plain steps, with dK += dSᵀ Q (``dk``) and dV += Pᵀ dO (``dv``) in flight: dSᵀ is shared for dQᵀ while
+    they run; dQᵀ's accumulator is made once dV's Pᵀ words are free; once dK and dQᵀ have retired the ring
+    slot is freed (``empty``) and the share goes out by ``DQ``. Returns ``(dk, dv)``."""
+    dq_out = vectors[2]
+    ds_all = vectors[3]
+    index = vectors[5]
+    buffer = share_ds(d_s_t, step, index, ds_all, vectors[4])
+    dv = warpgroup_mma_wait(1, deps=[dv])
+    dq_t_token = dq_t_product(buffer, vectors[6], ds_all, s_layout)
+    dk, dq_t = warpgroup_mma_wait(0, deps=[dk, dq_t_token])
+    mbarrier.arrive(empty, count=1)
+    add_dq_share(dq_t, dq_out, coords[0], coords[1], seqlen_q, index, s_layout, DQ)
+    return dk, dv
+
+
+@gluon.jit
+def previous_dq_t(step, vectors, s_layout: gl.constexpr):
+    """Overlapped steps: issue the previous step's dQᵀ = Kᵀ dSᵀ (``dq_t_product``, a wgmma token) once both
+    consumers' dSᵀ of that step are in their buffer (``publish_ds``). Step 0 has no previous step: it waits
+    on buffer 1's phase before phase 0, which a fresh barrier has completed, and reads the unwritten buffer;
+    that product is never added (``overlapped_dq_share``)."""
+    ds_all = vectors[3]
+    ds_ready = vectors[4]
+    # Buffer and phase of step s − 1, written with s + 1 so that step 0 needs no branch.
+    buffer = (step + 1) % 2
+    mbarrier.wait(ds_ready.index(buffer), ((step + 1) // 2 + 1) & 1)
+    return dq_t_product(buffer, vectors[6], ds_all, s_layout)
+
+
+@gluon.jit
+def late_delta(Delta, row_base, offs_m, seqlen_q, step, NUM_STAGES: gl.constexpr, TMA_ROWS: gl.constexpr):
+    """Overlapped steps: the step's D read again when dSᵀ is made (``_dkdv_step``'s early load, then unused,
+    is dropped), so that its registers are not live under the exp2 beside dQᵀ's accumulator, Sᵀ and dPᵀ
+    (a spill at causal GQA shapes otherwise)."""
+    return step_row(Delta, row_base, offs_m, seqlen_q, step, NUM_STAGES, TMA_ROWS, 0.0)
+
+
+@gluon.jit
+def overlapped_dq_share(dq_t, d_s_t, step, coords, vectors):
+    """Overlapped steps, once the step's products (the previous step's dQᵀ among them) have retired: this
+    step's dSᵀ into its buffer for the next step's product, then the previous step's dQᵀ share out by a
+    reduce-add at that step's ``coords`` (batch_head, m_start), none before step 0."""
+    dq_out = vectors[2]
+    index = vectors[5]
+    publish_ds(d_s_t, step, index, vectors[3], vectors[4])
+    if step > 0:
+        reduce_dq(dq_t, dq_out[1], dq_out[0], coords[0], coords[1], index)
+
+
+@gluon.jit
+def last_dq_share(steps, coords, vectors, s_layout: gl.constexpr):
+    """Overlapped steps, after the loop: the last step's dQᵀ product, run to the end, and its reduce-add at
+    that step's ``coords``; nothing without steps."""
+    dq_out = vectors[2]
+    if steps > 0:
+        dq_t = warpgroup_mma_wait(0, deps=[previous_dq_t(steps, vectors, s_layout)])
+        reduce_dq(dq_t, dq_out[1], dq_out[0], coords[0], coords[1], vectors[5])
 
 
 @gluon.jit

@@ -99,18 +99,23 @@ def load_slot(desc, ring, rows, which: gl.constexpr, coords, ready, stage, TMA_R
 
 
 @gluon.jit
-def step_rows(LseLog2, Delta, row_base, offs_m, seqlen_q, step, NUM_STAGES: gl.constexpr, TMA_ROWS: gl.constexpr):
-    """LSE₂ and D of a dK/dV step's query columns ``offs_m``, in ``offs_m``'s layout. With TMA_ROWS, from
-    slot step % NUM_STAGES of the rings ``LseLog2`` and ``Delta`` (call after waiting for the slot's Q and
-    dO; rows past Sq 0, the box's zero fill). Else from the vectors at ``row_base`` (rows past Sq: LSE₂ +inf,
-    so that their P is 0, and D 0), issued here so that they load under the step's first wgmmas."""
+def step_row(Vector, row_base, offs_m, seqlen_q, step, NUM_STAGES: gl.constexpr, TMA_ROWS: gl.constexpr,
+             OTHER: gl.constexpr):  # fmt: skip
+    """LSE₂ or D (``Vector``) of a dK/dV step's query columns ``offs_m``, in ``offs_m``'s layout. With TMA_ROWS,
+    from slot step % NUM_STAGES of its ring (call after waiting for the slot's Q and dO; rows past Sq 0, the
+    box's zero fill). Else from the vector at ``row_base``, rows past Sq ``OTHER``."""
     if TMA_ROWS:
-        stage = step % NUM_STAGES
-        BLOCK_M: gl.constexpr = LseLog2.shape[3]
-        lse_log2 = LseLog2.index(stage).reshape([BLOCK_M]).load(offs_m.type.layout)
-        delta = Delta.index(stage).reshape([BLOCK_M]).load(offs_m.type.layout)
+        BLOCK_M: gl.constexpr = Vector.shape[3]
+        row = Vector.index(step % NUM_STAGES).reshape([BLOCK_M]).load(offs_m.type.layout)
     else:
-        row_ok = offs_m < seqlen_q
-        lse_log2 = gl.load(LseLog2 + row_base + offs_m, mask=row_ok, other=float("inf"))
-        delta = gl.load(Delta + row_base + offs_m, mask=row_ok, other=0.0)
+        row = gl.load(Vector + row_base + offs_m, mask=offs_m < seqlen_q, other=OTHER)
+    return row
+
+
+@gluon.jit
+def step_rows(LseLog2, Delta, row_base, offs_m, seqlen_q, step, NUM_STAGES: gl.constexpr, TMA_ROWS: gl.constexpr):
+    """LSE₂ and D of a dK/dV step (``step_row``; rows past Sq: LSE₂ +inf, so that their P is 0, and D 0),
+    issued together so that they load under the step's first wgmmas."""
+    lse_log2 = step_row(LseLog2, row_base, offs_m, seqlen_q, step, NUM_STAGES, TMA_ROWS, float("inf"))
+    delta = step_row(Delta, row_base, offs_m, seqlen_q, step, NUM_STAGES, TMA_ROWS, 0.0)
     return lse_log2, delta
