@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # Issue #37: cute/fp8 end to end with programmatic dependent launch (cute_impl.fp8.PROGRAMMATIC_LAUNCH, off by
 # default) against without, in one device call (about 2.5 minutes on an H200):
-#   1. the knob's 7 GPU tests (tests/test_fp8_pdl.py -m gpu): end to end with PDL equal to kernel only bit for bit,
+#   1. the knob's 6 GPU tests (tests/test_fp8_pdl.py -m gpu): end to end with PDL equal to kernel only bit for bit,
 #      K's and V's e4m3 buffers and scales poisoned before every call, on a P1-like shape and a ragged GQA one, full /
-#      causal top-left / causal bottom-right; and the planted bug: the PDL kernel built without griddepcontrol.wait
-#      must read unwritten (poisoned) operands in some call of five, which also shows that its CTAs do start before
-#      the quantiser ends;
+#      causal top-left / causal bottom-right (the GPU planted bug, the kernel without its waits, raced only
+#      sometimes and was dropped: the waits' placement is checked in the PTX on the CPU);
 #   2. bench.fp8_pdl at P1 (B=2 H=16 S=8192 D=128 bf16), causal then non-causal, one process, 3 interleaved rounds:
 #      cute/hopper (bf16), cute/fp8 kernel only, its K/V quantiser alone, end to end with PDL off and on, with
 #      gap = e2e - kernel - quantiser and the two end-to-end outputs compared.

@@ -3,8 +3,10 @@ fused quantiser signals ``griddepcontrol.launch_dependents`` as each program sta
 with programmatic stream serialisation and waits (``griddepcontrol.wait``) before its first read of what the
 quantiser writes. On the CPU: where the instructions sit in each kernel's sm_90a PTX, the launch attribute in the
 compiled host code, and that only the end-to-end launch takes the knob; each rule with a planted bug. On the GPU:
-end to end with the knob equals kernel only, bit for bit, with the quantiser's buffers poisoned before every call,
-and the kernel without its waits reads them before the quantiser has written them."""
+end to end with the knob equals kernel only, bit for bit, with the quantiser's buffers poisoned before every call.
+A GPU planted bug (the kernel built without its waits, which may read K and V before the quantiser has written
+them) is not a test: on an H200 it gave a differing call in one run and none in five calls of the next
+(2026-11-30), a race that shows only sometimes; the waits' placement is what the PTX tests check."""
 
 from __future__ import annotations
 
@@ -244,7 +246,6 @@ SHAPES = {
     "ragged-gqa": (2, 8, 2, 1000, 777),
 }
 POISON_ROUNDS = 3
-UNGUARDED_TRIES = 5
 
 
 def _programmatic_end_to_end(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
@@ -286,24 +287,3 @@ def test_gpu_programmatic_end_to_end_equals_kernel_only(shape: str, mask: str, m
         out = _poisoned_call(launch, run, out)
         differing = (out != expected).sum().item()
         assert differing == 0, f"{problem.describe()}: {differing} of {out.numel()} outputs differ from kernel only"
-
-
-@pytest.mark.gpu
-@needs_cutlass
-def test_gpu_programmatic_kernel_without_its_waits_reads_unwritten_operands(monkeypatch: pytest.MonkeyPatch):
-    """Planted bug: the PDL kernel built without ``griddepcontrol.wait`` reads K and V before the quantiser has
-    written them, so some call differs from kernel only. (No call differing would also mean that the kernel never
-    starts before the quantiser ends: the knob would hide nothing.)"""
-    import cutlass.cute as cute
-
-    from cute_impl import fp8, hopper
-
-    problem, (q, k, v) = fa3_case(SHAPES["p1-like"], "causal", seed=5)
-    monkeypatch.setattr(fp8, "PROGRAMMATIC_LAUNCH", True)
-    expected = fp8.prepare(q, k, v, problem)().clone()
-    monkeypatch.setattr(cute.arch, "griddepcontrol_wait", lambda **_: None)
-    monkeypatch.setattr(hopper.KERNELS, "compiled", {})
-    launch, run = _programmatic_end_to_end(problem, q, k, v)
-    out = run()
-    differing = [(_poisoned_call(launch, run, out) != expected).sum().item() for _ in range(UNGUARDED_TRIES)]
-    assert max(differing) > 0, f"no call of the unguarded kernel differed in {UNGUARDED_TRIES} tries"
