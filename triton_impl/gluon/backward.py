@@ -64,7 +64,7 @@ Gluon has no interpreter path: the rung compiles without a GPU (``compile_sm90``
 Measured at P1 (B=2 H=16 S=8192 D=128 bf16; H200, 2026-11-30, ``results/h200/backward-gluon-reduce/``): 466.5
 TFLOP/s counting five products (443.3 causal), 0.77× (0.78×) FlashAttention-4's sm90 backward, whose dK/dV
 kernel makes dQ += dS K once and bulk-adds it from a warp of its own; ours runs seven products (the dQ pass),
-and the in-kernel reduce-add (``dq="reduce"``, plain steps) 450.2; causal CTAs heaviest first (D=128)
+and the in-kernel reduce-add (``dq="reduce"``) 450.2 plain, 462.3 overlapped; causal CTAs heaviest first
 434.3 → 446.1. Not done: no consumer ping-pong, no persistent scheduler, no reduce-add warp of its own.
 """
 
@@ -212,8 +212,8 @@ ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
 }  # fmt: skip
 # The atomic dQ (319.3 at P1 against 456.4) spills at the static test's ragged GQA shapes (bytes per thread,
 # non-causal/causal: 3.6 40/40, 3.8 16/8, 3.9 160/120; P1: 3.6 16/8, 3.8 0/0): no release lists it. The reduce
-# dQ lost plain (H200, P1 / causal 450.2 / 428.8 with tma_rows, the default 466.5 / 443.3); overlapped it
-# spills under 3.6 outside the step loops only (tests/test_gluon_backward_dq.py's KNOWN_SPILLS): untimed yet.
+# dQ lost plain (H200, P1 / causal 450.2 / 428.8 with tma_rows, the default 466.5 / 443.3) and overlapped
+# (462.3 / 430.3 against 463.3 / 443.4; it spills under 3.6 outside the step loops: KNOWN_SPILLS): off.
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     head_dim: tuple(t for t in tiles if t.dq == "pass" and not (t.overlap and triton_release() in OVERLAP_SPILLS))
     for head_dim, tiles in ALL_CANDIDATES.items()
