@@ -65,6 +65,10 @@ from triton_impl.gluon.backward_rows import padded_seqlen, step_row
 DQ_MODES = ("pass", "atomic", "reduce")
 # The in-kernel dQ's head dim: each consumer's dQᵀ share is D/2 = 64 rows, one m64 wgmma.
 IN_KERNEL_HEAD_DIM = 128
+# Releases under which every in-kernel dQ variant's dK/dV kernel spills, in its step loops too (Triton 3.9,
+# sm_90a, 2026-11-30: 56-152 bytes per thread at the static test's shapes). No release lists these variants
+# (``backward.CANDIDATES`` holds only dq="pass"); the static test checks all but the spills there.
+IN_KERNEL_DQ_SPILLS = ("3.9",)
 # The conversion kernel's query rows per program.
 CONVERT_BLOCK_M = 64
 
