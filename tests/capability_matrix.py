@@ -6,6 +6,7 @@ A rung that accepts a problem must be able to launch it: its kernel and the kern
 process without ``TRITON_INTERPRET`` (the checks then see what a GPU process sees, and Triton compiles):
 
     python -m tests.capability_matrix                  # JSON rows on the last line of stdout
+    python -m tests.capability_matrix --stacks triton  # the Triton rungs' rows only
     python -m tests.capability_matrix --plant-fp8-d256 # triton/fp8's check forced to accept D=256
 
 No GPU is needed: the device is an H200 as the checks read it (``pretend_sm90``).
@@ -146,11 +147,13 @@ def planted_fp8_d256() -> list[Implementation]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plant-fp8-d256", action="store_true", help="triton/fp8 accepting D=256 (a planted bug)")
+    parser.add_argument("--stacks", default="", help="comma-separated stacks whose rows to make (default: all)")
     args = parser.parse_args()
     if args.plant_fp8_d256:
         rows = matrix(planted_fp8_d256(), (torch.bfloat16,), (256,), ("decode",))
     else:
-        rows = matrix(implementations())
+        stacks = set(filter(None, args.stacks.split(",")))
+        rows = matrix([impl for impl in implementations() if not stacks or impl.stack in stacks])
     print(json.dumps(rows))
 
 
