@@ -102,9 +102,10 @@ def setting_switches(impl_name: str, setting: str) -> dict[str, object]:
 def split_count(module, problem, device) -> int:
     """The split count ``module``'s rung launches ``problem`` with under its current constants (triton/decode's
     balanced split: its shares per M tile, which a forced ``num_splits`` replaces)."""
-    if getattr(module, "BALANCED_SPLIT", "never") == "always" or (
-        getattr(module, "BALANCED_SPLIT", "never") == "ragged" and problem.has_cache_seqlens
-    ):
+    from common.contract.splits import balanced_split_applies
+
+    switch = getattr(module, "BALANCED_SPLIT", "never")
+    if balanced_split_applies(switch, problem, lambda: module.planned_num_splits(problem, device)):
         return module.balanced_target_shares(problem, device)
     return module.planned_num_splits(problem, device)
 

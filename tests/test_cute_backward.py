@@ -859,12 +859,20 @@ def hopper_gradients_of(prob: Problem, seed: int, tiles: hopper_backward.Backwar
     return (q, k, v, d_out), hopper_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=tiles)
 
 
-# Many key and query blocks per CTA at D=64 (the anchor's head dim, at lengths fp64 can judge), GQA.
-LONG_D64_CASES = {
-    "gqa_full_2048": problem(2048, 2048, 64, kv_heads=2),
-    "gqa_causal_top_left_2048": problem(2048, 2048, 64, causal=True, kv_heads=2),
-    "gqa_causal_bottom_right_ragged": problem(1999, 2100, 64, causal=True, alignment="bottom_right", kv_heads=2),
-}
+def long_cases(head_dim: int) -> dict[str, Problem]:
+    """Many key and query blocks per CTA at ``head_dim`` (at lengths fp64 can judge), GQA; 1999 queries end
+    inside a 64-, 80- or 128-row block."""
+    return {
+        "gqa_full_2048": problem(2048, 2048, head_dim, kv_heads=2),
+        "gqa_causal_top_left_2048": problem(2048, 2048, head_dim, causal=True, kv_heads=2),
+        "gqa_causal_bottom_right_ragged": problem(
+            1999, 2100, head_dim, causal=True, alignment="bottom_right", kv_heads=2
+        ),
+    }
+
+
+# D=64: the anchor's head dim (128 rows a step); D=128: the 80-row step's.
+LONG_D64_CASES = long_cases(64)
 
 
 @pytest.mark.gpu
@@ -887,13 +895,7 @@ def test_gpu_dq_reduce_128_rows_pass_the_rule_over_many_blocks(case: str) -> Non
         assert_all_pass((planted, dk, dv), *inputs, prob)
 
 
-# Many key and query blocks per CTA at D=128 (the 80-row step's head dim), GQA; 1999 queries end inside an
-# 80-row block.
-LONG_D128_CASES = {
-    "gqa_full_2048": problem(2048, 2048, 128, kv_heads=2),
-    "gqa_causal_top_left_2048": problem(2048, 2048, 128, causal=True, kv_heads=2),
-    "gqa_causal_bottom_right_ragged": problem(1999, 2100, 128, causal=True, alignment="bottom_right", kv_heads=2),
-}
+LONG_D128_CASES = long_cases(128)
 
 
 @pytest.mark.gpu

@@ -23,6 +23,7 @@ import torch
 
 from common import attention
 from common.contract.inputs import make_inputs
+from tests import test_gluon_backward_rows as backward_rows_tests
 from tests._helpers import json_from_child
 from tests.test_backward import assert_all_pass, problem
 from triton_impl.gluon import backward as gluon_backward
@@ -193,18 +194,10 @@ def test_reduce_dkdv_kernel_adds_dq_by_bulk_reduce_without_spills() -> None:
     assert planted["atomics"] > 0 and planted["bulk_adds"] == 0, ("planted: atomics must be detected", planted)
 
 
-# Shapes that probe the accumulator: Sq not a multiple of four (padded head-dim rows) with a query tail inside
-# a block, rows that see no key (Sq > Sk bottom-right), one query row, one key, MQA, and a non-causal GQA
-# shape over several key blocks.
-GPU_SHAPES = {
-    "sq77_sk333_gqa_causal_bottom_right": problem(77, 333, heads=4, kv_heads=2, causal=True, alignment="bottom_right"),
-    "sq1001_sk300_mqa_causal_bottom_right": problem(
-        1001, 300, heads=3, kv_heads=1, causal=True, alignment="bottom_right"
-    ),
-    "sq1_sk129_mha": problem(1, 129, heads=2, kv_heads=2),
-    "sq517_sk1_gqa": problem(517, 1, heads=4, kv_heads=2),
-    "sq1000_sk777_gqa": problem(1000, 777, heads=8, kv_heads=2),
-}
+# Shapes that probe the accumulator: the rows' shapes (Sq not a multiple of four, padded head-dim rows, with a
+# query tail inside a block; rows that see no key; one query row; one key; MQA) and a non-causal GQA shape over
+# several key blocks.
+GPU_SHAPES = {**backward_rows_tests.GPU_SHAPES, "sq1000_sk777_gqa": problem(1000, 777, heads=8, kv_heads=2)}
 GPU_CASES = [pytest.param(name, tiles, id=f"{name}-{tiles.label}") for tiles in REDUCE for name in GPU_SHAPES]
 
 

@@ -87,7 +87,7 @@ def heaviest_first(block, item, blocks, items):
     first fills a wave): the CuTe backward's ``heaviest_first`` (its docstring: why, and the schedule's
     numbers), for a grid whose second axis is the (batch, head) item."""
     needed = (WAVE_CTAS + blocks - 1) // blocks
-    items_per_group = blocks * 0 + 1
+    items_per_group = blocks * 0 + 1  # 1, as a scalar of blocks' type (the loop reassigns it)
     for _ in gl.static_range(WAVE_DOUBLINGS):  # doubled while short of a wave
         items_per_group = gl.where(items_per_group < needed, 2 * items_per_group, items_per_group)
     linear = block + blocks * item
