@@ -369,6 +369,28 @@ def test_hopper_dq_reduce_80_rows_at_d128(monkeypatch: pytest.MonkeyPatch, varia
     assert spilled_bytes(planted) > 0 or wgmma_serialised(sass_of(planted))
 
 
+# A global-memory access in SASS and its width suffix (LDG.E.128, STG.E.U16, ...).
+GLOBAL_ACCESS = re.compile(r"(?<![A-Z])(LDG|STG)\.E(?:\.(\w+))?")
+
+
+@pytest.mark.cute_compile
+@pytest.mark.static
+@pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
+def test_hopper_dq_postprocess_moves_16_bytes_an_access(head_dim: int) -> None:
+    """The default's postprocess (``hopper_dq.store_quad_rows``) reads dQaccum and writes dQ in 16-byte
+    accesses only: per thread, columns / 32 (quad, vector) groups of four loads and two row stores (columns =
+    64 for both defaults). Planted: the 80-row candidate's transposed postprocess, which stores through the
+    MMA's partition, writes two bytes a store (the default's way before store_quad_rows: 139 µs against
+    FlashAttention-4's 49 at B=8 S=2048, results/h200/backward-kernels-2026-11-30/)."""
+    prob = problem(1000, 777, head_dim, causal=True)
+    postprocess = hopper_backward.compile_sm90(prob, tiles=hopper_backward.default_tiles(head_dim))[-1]
+    accesses = [match.groups() for match in GLOBAL_ACCESS.finditer(sass_of(postprocess))]
+    groups = hopper_dq.dq_columns(head_dim, hopper_backward.default_tiles(head_dim).tile_m) // 32
+    assert sorted(accesses) == [("LDG", "128")] * 4 * groups + [("STG", "128")] * 2 * groups
+    planted = hopper_backward.compile_sm90(problem(1000, 777, 128), tiles=DQ_REDUCE_80)[-1]
+    assert ("STG", "U16") in {match.groups() for match in GLOBAL_ACCESS.finditer(sass_of(planted))}
+
+
 @pytest.mark.cute_compile
 @pytest.mark.static
 def test_hopper_dq_reduce_80_rows_fit_an_sm90_cta() -> None:

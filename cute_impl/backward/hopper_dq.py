@@ -30,9 +30,12 @@ How data moves, per step (``DQReduce``):
      the adds, asynchronously: the consumers never wait on atomics) and frees the tile once the bulk
      copy has read it (``cp.async.bulk.wait_group.read``).
 ``dQaccum`` is (B, H, query blocks, 2, 64 · D/2) fp32, zeroed, each chunk one warpgroup's tile in
-fragment order; ``DQPostprocessKernel`` reads every chunk back into the same fragment (so no index
-arithmetic has to agree with the MMA's layout), scales it and stores dQ through the MMA's partition,
-rows past Sq dropped (transposed: through a (D, Sq) view of dQ, two bytes a store, ``store_columns``).
+fragment order; ``DQPostprocessKernel`` scales each chunk and stores dQ, rows past Sq dropped. It reads a
+chunk by row quads (``store_quad_rows``: the four lanes that hold 8 adjacent columns of two rows, whose
+vectors are 64 contiguous bytes) and writes 16-byte row pieces, so that both sides move whole sectors:
+read back into the fragment and stored through the MMA's partition, two bytes a store, it took 139 µs at
+B=8 S=2048 D=128 (134 MB of dQaccum) against FlashAttention-4's 49 (``results/h200/backward-kernels-
+2026-11-30/``). Transposed (80 query rows) it still does that, through a (D, Sq) view (``store_columns``).
 
 Resources: shared memory gains 32 KB of dS buffers (2 buffers × 2 warpgroups × 64 × 64 × 2 bytes) and
 64 · D · 4 bytes of staging (D=128: 192 KB in all with two ring slots); the kernel compiles without
@@ -75,7 +78,6 @@ from cute_impl.backward._device import (
     K_MAJOR,
     MN_MAJOR,
     SMEM_ALIGN_BYTES,
-    store_rows,
     streamed_layouts,
 )
 
@@ -83,6 +85,10 @@ from cute_impl.backward._device import (
 DS_BUFFERS = 2
 # A thread stages its dQ accumulators 4 fp32 (16 bytes) at a time.
 VALUES_PER_VECTOR = 4
+# A row quad: the four lanes of an m64nN accumulator that hold one row's 8 adjacent columns of a vector.
+QUAD = 4
+QUADS_PER_WARP = 8
+COLUMNS_PER_QUAD = 8
 WARP_THREADS = 32
 
 
@@ -305,8 +311,11 @@ def dq_writer(
 
 class DQPostprocessKernel:
     """dQ = softmax_scale · dQaccum in the input dtype: one CTA of two warpgroups per (query block of
-    ``tile_m`` rows, head, batch); thread t of warpgroup w reads chunk w's values of thread t back into the
-    dQ accumulator fragment and stores it through the MMA's partition (rows past Sq not written)."""
+    ``tile_m`` rows, head, batch), warpgroup w finishing chunk w. A chunk is in fragment order, so the
+    thread that held a value is known from its offset: ``store_quad_rows`` reads, per thread, the 64
+    contiguous bytes of a row quad's vector (8 adjacent columns of two rows) and writes them as two
+    16-byte row pieces, a warp's pieces whole 128-byte lines (rows past Sq not written). Transposed
+    (80 query rows): read back into the fragment and stored through the MMA's partition."""
 
     def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, tile_m: int):
         self.dtype = dtype
@@ -333,21 +342,60 @@ class DQPostprocessKernel:
         w = tidx // THREADS_PER_WARPGROUP
         wg_tidx = tidx % THREADS_PER_WARPGROUP
         columns, rows = dq_columns(self.head_dim, self.tile_m), ROWS_PER_WARPGROUP
-        thr = mma.get_slice(wg_tidx)
-        acc_dQ = cute.make_rmem_tensor(thr.partition_shape_C((rows, columns)), Float32)  # ((2, 2, columns/8), 1, 1)
-        cute.autovec_copy(thread_chunk(mdQaccum[batch, head, m_block, w, None], columns, wg_tidx),
-                          fragment_as_vectors(acc_dQ, columns))  # fmt: skip
-        acc_dQ.store(acc_dQ.load() * softmax_scale)
+        chunk = mdQaccum[batch, head, m_block, w, None]
         row_box, column_box = dq_box(w, self.tile_m)
-        cdQ = cute.make_identity_tensor((rows, columns))
         if cutlass.const_expr(dq_transposed(self.tile_m)):  # dQᵀ rows [64w, 64w + 64) of D, the block's queries
+            thr = mma.get_slice(wg_tidx)
+            acc_dQ = cute.make_rmem_tensor(thr.partition_shape_C((rows, columns)), Float32)  # ((2, 2, columns/8), 1, 1)
+            cute.autovec_copy(thread_chunk(chunk, columns, wg_tidx), fragment_as_vectors(acc_dQ, columns))
+            acc_dQ.store(acc_dQ.load() * softmax_scale)
             mdQt = cute.make_tensor(mdQ.iterator, cute.select(mdQ.layout, mode=[1, 0, 2]))  # (D, Sq, (H, B))
             gdQt = cute.local_tile(mdQt[None, None, (head, batch)], (rows, columns), (row_box, m_block))
+            cdQ = cute.make_identity_tensor((rows, columns))
             store_columns(thr, acc_dQ, gdQt, cdQ, mdQ.shape[0] - m_block * self.tile_m)  # (64, tile_m)
         else:
             box = m_block * (self.tile_m // rows) + row_box
             gdQ = cute.local_tile(mdQ[None, None, (head, batch)], (rows, columns), (box, column_box))  # (64, columns)
-            store_rows(thr, acc_dQ, gdQ, cdQ, mdQ.shape[0] - box * rows)
+            store_quad_rows(chunk, gdQ, columns, wg_tidx, mdQ.shape[0] - box * rows, softmax_scale)
+
+
+@cute.jit
+def store_quad_rows(
+    chunk: cute.Tensor, gX: cute.Tensor, columns: cutlass.Constexpr, thread: Int32, rows_left: Int32, scale: Float32
+):  # fmt: skip
+    """A 64 × ``columns`` fp32 tile in fragment order (``staged_dq_layout``) scaled, cast and stored into
+    ``gX``, coalesced both ways. In an m64nN accumulator, lane l of warp u holds, as its vector v, columns
+    8v + 2(l % 4) + {0, 1} of rows 16u + l // 4 and that + 8: the four lanes of a quad (4q .. 4q + 3, q =
+    16 rows' quad index) hold a row's 8 adjacent columns 8v .. 8v + 7, and their vectors v are 64 contiguous
+    bytes. Each (quad, v) pair is one group; this thread takes groups ``thread + 128 s`` with v fastest, so
+    that a warp reads whole 64-byte pieces and writes four rows' 128 contiguous bytes each; rows at or past
+    ``rows_left`` (the sequence's end, from the tile's first row) are not written."""
+    vectors = columns // COLUMNS_PER_QUAD
+    quads = THREADS_PER_WARPGROUP // QUAD
+    start = chunk.iterator
+    flat = cute.make_tensor(
+        cute.make_ptr(Float32, start.toint(), start.memspace, assumed_align=QUAD * VALUES_PER_VECTOR * 4),
+        cute.make_layout(ROWS_PER_WARPGROUP * columns),
+    )
+    for s in cutlass.range_constexpr(quads * vectors // THREADS_PER_WARPGROUP):
+        group = thread + s * THREADS_PER_WARPGROUP
+        vector, quad = group % vectors, group // vectors
+        values = cute.make_rmem_tensor(QUAD * VALUES_PER_VECTOR, Float32)
+        cute.autovec_copy(cute.local_tile(flat, (QUAD * VALUES_PER_VECTOR,), (vector * quads + quad,)), values)
+        row = (quad // QUADS_PER_WARP) * 16 + quad % QUADS_PER_WARP
+        for half in cutlass.range_constexpr(2):  # rows row and row + 8: values 0, 1 and 2, 3 of each vector
+            piece = cute.make_rmem_tensor(COLUMNS_PER_QUAD, Float32)
+            for lane in cutlass.range_constexpr(QUAD):
+                for column in cutlass.range_constexpr(2):
+                    piece[2 * lane + column] = values[lane * VALUES_PER_VECTOR + 2 * half + column] * scale
+            out = cute.make_rmem_tensor(COLUMNS_PER_QUAD, gX.element_type)
+            out.store(piece.load().to(gX.element_type))
+            if row + 8 * half < rows_left:
+                target = cute.local_tile(gX[row + 8 * half, None], (COLUMNS_PER_QUAD,), (vector,))
+                aligned = cute.make_ptr(
+                    gX.element_type, target.iterator.toint(), target.iterator.memspace, assumed_align=16
+                )
+                cute.autovec_copy(out, cute.make_tensor(aligned, target.layout))
 
 
 @cute.jit

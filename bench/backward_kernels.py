@@ -1,0 +1,102 @@
+"""Where a backward's time goes, kernel by kernel (issue #40), on one GPU:
+
+    python -m bench.backward_kernels --shape 'B8 S2048 causal' --shape 'P1 causal' --out $OUT/kernels
+
+Per (anchor shape, implementation): the forward once with inputs that require grad (as ``bench.backward``
+does, through ``common.measure.backward``), three untimed backwards, then ``--calls`` backwards back to back
+under ``torch.profiler`` (each kernel's device time and launches, per backward) and the same calls between
+two device events (the backward's wall time, gaps between kernels included). Why: the anchors' TFLOP/s say
+how far a rung is from FlashAttention-4, not in which kernel; a backward is three to five launches
+(preprocess, zeroing a dQ accumulator, dK/dV, dQ pass or postprocess) whose bytes grow with S and whose
+main kernel's work grows with S², so at B=8 S=2048 the small kernels weigh four times what they weigh at
+P1 (the same B·S). Back-to-back calls with warm L2, not the L2-flushed medians of ``bench.backward``.
+
+Writes kernels.csv (shape, impl, kernel, launches and µs per backward) and summary.csv (shape, impl, wall
+µs, the kernels' sum, launches), and prints each (shape, implementation)'s kernels, longest first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.backward import BASELINES, chosen_shapes, problem_of, shape_inputs
+from bench.generate_trace import kernel_times, wall_micros
+
+EXIT_MISSING = 2
+IMPLS = ("gluon/hopper", "cute/hopper", *BASELINES)
+WARMUP_CALLS = 3
+NAME_WIDTH = 90
+
+
+def profile_backward(shape: tuple, impl: str, calls: int) -> tuple[dict, list[dict]]:
+    """The summary row and the kernel rows of ``impl``'s backward at ``shape``."""
+    from common.measure.backward import contender, gradients_of
+
+    _grads, backward, _forward_backward = gradients_of(contender(impl, problem_of(shape)), shape_inputs(shape))
+    for _ in range(WARMUP_CALLS):
+        backward()
+
+    def run() -> None:
+        for _ in range(calls):
+            backward()
+
+    wall = wall_micros(run) / calls
+    micros, launches, _host = kernel_times(run)
+    label = {"shape": shape[0], "impl": impl}
+    kernels = [
+        {**label, "kernel": name[:NAME_WIDTH], "launches": launches[name] / calls, "us": us / calls}
+        for name, us in sorted(micros.items(), key=lambda item: -item[1])
+    ]
+    head = {**label, "wall_us": wall, "kernel_us": sum(row["us"] for row in kernels)}
+    return head | {"launches": sum(row["launches"] for row in kernels)}, kernels
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def show(head: dict, kernels: list[dict]) -> None:
+    print(
+        f"\n{head['shape']} {head['impl']}: wall {head['wall_us']:.1f} µs, kernels {head['kernel_us']:.1f} µs "
+        f"in {head['launches']:.0f} launches"
+    )
+    for row in kernels:
+        print(f"  {row['us']:9.1f} µs  x{row['launches']:.0f}  {row['kernel']}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.backward_kernels", description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", action="append", help="anchor shapes by name (repeatable; default all)")
+    parser.add_argument("--impl", action="append", help=f"implementations (repeatable; default {', '.join(IMPLS)})")
+    parser.add_argument("--calls", type=int, default=5, help="backwards profiled per row (default 5)")
+    parser.add_argument("--out", type=Path, default=Path("runs/backward-kernels"), help="output folder")
+    args = parser.parse_args(argv)
+    shapes = chosen_shapes(args.shape)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench.backward_kernels: needs a CUDA GPU (the anchors are H200 shapes); none found", file=sys.stderr)
+        return EXIT_MISSING
+    args.out.mkdir(parents=True, exist_ok=True)
+    heads, kernels = [], []
+    for shape in shapes:
+        for impl in args.impl or IMPLS:
+            head, rows = profile_backward(shape, impl, args.calls)
+            show(head, rows)
+            heads.append(head)
+            kernels.extend(rows)
+            torch.cuda.empty_cache()
+    write_csv(args.out / "summary.csv", heads)
+    write_csv(args.out / "kernels.csv", kernels)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
