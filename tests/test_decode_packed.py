@@ -4,11 +4,11 @@ where many packed rows (group · Sq) make each key block's softmax the long part
 CPU: off, both rungs plan as before; on, triton/decode's wide tile at D=64 takes 32-key blocks, two CTAs an SM and
 a 128-register cap, gluon/decode's full 64-row tiles take the shallow rings (D=64 and 128), and no other shape
 changes; triton/decode with it on against fp64 under the interpreter (a full cache with Sq ≠ Sk and a causal tail,
-and a paged ragged one); a planted grid that covers only the first 64 of 128 rows fails the check. Static: both
-rungs' knob kernels compile for sm_90a without a spill in their key loops (triton's 128-register cap leaves 8 bytes
-in the LSE's epilogue), each within the registers and shared memory its CTA count needs. GPU (``gpu`` marker;
-``bench/decode_packed_ab.sh``): both rungs with it on against fp64 on a poisoned output, on seed 41's low row's
-kind and on 64 packed rows at D=128.
+a paged ragged one, a ragged one on the balanced split); a planted grid that covers only the first 64 of 128 rows
+fails the check. Static: both rungs' knob kernels compile for sm_90a without a spill in their key loops (triton's
+128-register cap leaves 8 bytes in the LSE's epilogue), each within the registers and shared memory its CTA count
+needs. GPU (``gpu`` marker; ``bench/decode_packed_ab.sh``): both rungs with it on against fp64 on a poisoned
+output, on seed 41's low row's kind and on 64 packed rows at D=128.
 """
 
 from __future__ import annotations
@@ -110,8 +110,11 @@ def _interpreter_check(problem: Problem, lengths: tuple[int, ...] | None, num_sp
 
 # 8 heads of a group × Sq 16 = 128 packed rows at D=64 (seed 41's low row's kind): a full cache of 77 keys (two
 # 32-key blocks and a tail under the causal diagonal), forced into 2 splits (the fused merge of 128-row tiles);
-# pages of 16 keys over a ragged batch (a sequence of 1, one of 3 blocks and a tail, one ending on a block).
+# pages of 16 keys over a ragged batch (a sequence of 1, one of 3 blocks and a tail, one ending on a block); a
+# ragged 1k cache the rule splits, so the balanced split's kernel (seed 31's paged row takes it).
 INTERPRETER_CASES = {
+    "balanced-ragged": (_problem(3, 1, 8, 16, 1024, 64, dtype=torch.float32, has_cache_seqlens=True),
+                        (1, 1000, 517), None),
     "full-split": (_problem(1, 1, 8, 16, 77, 64, dtype=torch.float32), None, 2),
     "paged-ragged": (_problem(3, 1, 8, 16, 128, 64, dtype=torch.float32, has_cache_seqlens=True, page_size=16),
                      (1, 105, 64), None),
@@ -124,6 +127,7 @@ def test_triton_packed_occupancy_against_fp64(case: str, monkeypatch: pytest.Mon
     monkeypatch.setattr(decode, "PACKED_OCCUPANCY", True)
     problem, lengths, num_splits = INTERPRETER_CASES[case]
     assert _plan(decode, problem)[:3] == (128, 1, 32)
+    assert decode.balanced_split(problem, torch.device("cpu")) == (case == "balanced-ragged")
     result = _interpreter_check(problem, lengths, num_splits)
     assert result.ok, f"{problem.describe()}: {result.summary()}"
 
