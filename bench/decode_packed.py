@@ -1,21 +1,24 @@
-"""Issue #38's packed rows: the decode rungs' ``WIDE_M_TILE`` against their default, in one process.
+"""Issue #38's short prefill: the decode rungs' ``PACKED_OCCUPANCY`` (and gluon's ``WIDE_M_TILE``) against their
+default, in one process.
 
-``WIDE_M_TILE`` (triton/decode, gluon/decode; off by default) gives more than 64 packed rows (group · Sq)
-at D <= 128 one CTA of 128 rows on 8 warps instead of a CTA per 64 rows, each of which copies the KV head's
-keys into its shared memory again and pays its own fixed costs (gluon: two warpgroups, each its m64 wgmmas,
-on one K/V ring). cute/decode has no such tile: its warps split the keys, each holding O for every row of
-the tile (128 rows × D=64 would be 256 fp32 registers a thread), so it stays at 64 rows.
+Seed 41's lowest row (``compare.py --decode --decode-random 8 --decode-seed 41``: B=16 H=256 Hkv=32 Sq=16 Sk=1024
+D=64, 41 / 43 / 30 % of the read bandwidth in triton / gluon / cute) packs group 8 × Sq 16 = 128 query rows per
+(batch, KV head): a small prefill whose key blocks are compute (wgmma and softmax) as much as bytes, on CTAs that
+each run one serial chain per warp. ``PACKED_OCCUPANCY`` (off in both Triton-side rungs) puts more CTAs on an SM
+so one's softmax runs under another's wgmmas: triton/decode's 128-row tile at D=64 in 32-key blocks under a
+128-register cap (two CTAs an SM, not one), gluon/decode's 64-row tiles in shallow rings (D=64: four CTAs an SM,
+not two; D=128: three). ``wide``: gluon/decode's two-warpgroup tile (its keys copied once a CTA, not once per 64
+rows; lost on seed 31's shapes), timed here where it changes the plan. cute/decode has neither (its warps split
+the keys and each holds every row's O).
 
-Shapes (:func:`packed_cases`): seed 31's four low rows of ``compare.py --decode --decode-random 8
---decode-seed 31`` (B=32 Hkv=32 group 16 Sq=8 D=64 paged ragged, the worst; B=16 MQA Sq=8 D=256 paged
-ragged; B=3 Hkv=8 Sq=8 D=128 13k; B=8 Hkv=8 group 4 Sq=4 D=128 8.7k), the paged ones' contiguous twins
-(same lengths), and two shapes the switch was not tuned on (B=4 Hkv=8 group 16 Sq=16 D=128 16k: 256 rows,
-compute-bound; B=16 Hkv=8 group 8 Sq=16 D=64 in pages of 16, ragged). A setting is timed only where it
-changes the rung's plan (rows a CTA takes); each (rung, setting) is checked against fp64 on a poisoned
+Shapes (:func:`packed_cases`, in the order timed): seed 41's row and its D=128 twin, 128 rows on a 4k cache, 64
+rows at D=64 on 2k and at D=128 on 1k (gluon's knob only), seed 31's worst row (128 rows, paged, ragged), then two
+long caches the knob also changes, which must not regress (128 rows at D=64 on 32k; 256 rows at D=128 on 16k). A
+setting is timed only where it changes the rung's plan; each (rung, setting) is checked against fp64 on a poisoned
 output, then timed (median, L2 flushed), the settings alternating for ``--rounds`` rounds. Writes
-``decode_packed.csv`` and ``decode_packed.md`` under ``--out``: µs, % of the read bandwidth and % of the
-roofline (``decode_sweep.roofline_us``: max(bytes / read bandwidth, FLOPs / sustained bf16 GEMM rate)),
-both ceilings measured in the same run.
+``decode_packed.csv`` and ``decode_packed.md`` under ``--out``: µs, % of the read bandwidth and % of the roofline
+(``decode_sweep.roofline_us``: max(bytes / read bandwidth, FLOPs / sustained bf16 GEMM rate)), both ceilings
+measured in the same run.
 
     python -m bench.decode_packed --out runs/decode-packed        # from the project root, on a GPU
 """
@@ -26,7 +29,6 @@ import argparse
 import contextlib
 import importlib
 import math
-import random
 import sys
 from collections.abc import Iterator
 from functools import partial
@@ -35,59 +37,64 @@ from pathlib import Path
 from bench import require_gpu
 from common.measure.results import CsvLog
 
-SETTINGS = ("default", "wide")
+SETTINGS = ("default", "packed", "wide")
 RUNG_MODULES = {"triton/decode": "triton_impl.decode", "gluon/decode": "triton_impl.gluon.decode"}
-# compare.py --decode --decode-random 8 --decode-seed 31: its rows below 85 % (worst first).
-SEED, SEED_ROWS = 31, (6, 0, 3, 7)
-COLUMNS = ("label", "impl", "shape", "setting", "rows_per_cta", "status", "us", "pct_read_bw", "pct_roofline",
-           "rel_l2_err", "reason")  # fmt: skip
+COLUMNS = ("label", "impl", "shape", "setting", "plan", "status", "us", "pct_read_bw", "pct_roofline", "rel_l2_err",
+           "reason")  # fmt: skip
 
 
 def packed_cases() -> list[tuple[str, object]]:
-    """(label, DecodeCase) in the order timed: first the shapes the switch changes (seed 31's worst row and
-    its contiguous twin, two shapes the switch was not tuned on), then seed 31's other low rows and twins,
-    which it leaves as they are (timed at the default only), so that a run cut short keeps the A/B."""
+    """(label, DecodeCase) in the order timed (module docstring), so that a run cut short keeps seed 41's row."""
     from common.measure.decode_sweep import DecodeCase, decode_problem, random_cases
 
-    drawn = random_cases(max(SEED_ROWS) + 1, SEED)
-    seed_rows: list[tuple[str, object]] = []
-    for index in SEED_ROWS:
-        case = drawn[index]
-        seed_rows.append((f"seed31-{index}", case))
-        if case.problem.paged:
-            seed_rows.append((f"seed31-{index}-contiguous", DecodeCase(case.problem.with_(page_size=0), case.lengths)))
-    wide = decode_problem(4, 16384, 8, heads=8 * 16, head_dim=128, seqlen_q=16)
-    rng = random.Random(38)
-    lengths = tuple(max(16, round(2 ** rng.uniform(4, 16))) for _ in range(16))
-    paged = decode_problem(16, 65536, 8, ragged=True, page_size=16, heads=8 * 8, head_dim=64, seqlen_q=16)
-    untuned = [("untuned-256rows-d128", DecodeCase(wide)), ("untuned-128rows-d64-paged16", DecodeCase(paged, lengths))]
-    return [*seed_rows[:2], *untuned, *seed_rows[2:]]
+    def full(batch: int, seqlen_k: int, kv_heads: int, group: int, seqlen_q: int, head_dim: int) -> DecodeCase:
+        return DecodeCase(decode_problem(batch, seqlen_k, kv_heads, heads=kv_heads * group, head_dim=head_dim,
+                                         seqlen_q=seqlen_q))  # fmt: skip
+
+    return [
+        ("seed41-1", random_cases(2, 41)[1]),
+        ("128rows-d128-1k", full(16, 1024, 32, 8, 16, 128)),
+        ("128rows-d64-4k", full(8, 4096, 32, 8, 16, 64)),
+        ("64rows-d64-2k", full(16, 2048, 32, 4, 16, 64)),
+        ("64rows-d128-1k", full(16, 1024, 32, 8, 8, 128)),
+        ("seed31-6", random_cases(7, 31)[6]),
+        ("long-128rows-d64-32k", full(2, 32768, 8, 8, 16, 64)),
+        ("long-256rows-d128-16k", full(4, 16384, 8, 16, 16, 128)),
+    ]
 
 
-def rows_per_cta(impl_name: str, problem) -> int:
-    """Packed rows one CTA of the rung takes under the current constants (what the switch changes)."""
+def plan_of(impl_name: str, problem) -> str:
+    """What the settings change: rows a CTA takes x M tiles, key block x ring depth, warps."""
     module = importlib.import_module(RUNG_MODULES[impl_name])
-    return module.block_m_for(problem)
+    if impl_name == "triton/decode":
+        config = module.tile_config(problem)
+        depth, warps = config.num_stages, config.num_warps
+    else:
+        config = module.decode_config(problem)
+        depth, warps = config.num_stages, module.num_warps_for(problem)
+    return f"{module.block_m_for(problem)}x{module.m_blocks_for(problem)} n{config.block_n}x{depth} w{warps}"
 
 
 @contextlib.contextmanager
 def applied(setting: str, impl_name: str) -> Iterator[None]:
-    """``WIDE_M_TILE`` on for ``wide`` in the rung's module, restored after."""
+    """The rung's own constants, with PACKED_OCCUPANCY on for ``packed`` and WIDE_M_TILE on for ``wide`` (restored
+    after; triton/decode's wide tile is its default, so ``packed`` keeps it)."""
     module = importlib.import_module(RUNG_MODULES[impl_name])
-    saved = module.WIDE_M_TILE
-    module.WIDE_M_TILE = setting == "wide"
+    saved = module.PACKED_OCCUPANCY, module.WIDE_M_TILE
+    module.PACKED_OCCUPANCY = setting == "packed"
+    module.WIDE_M_TILE = saved[1] or setting == "wide"
     try:
         yield
     finally:
-        module.WIDE_M_TILE = saved
+        module.PACKED_OCCUPANCY, module.WIDE_M_TILE = saved
 
 
 def settings_to_time(impl_name: str, problem) -> list[str]:
-    """``default``, and ``wide`` where it changes the rows a CTA takes."""
+    """``default``, and each other setting where it changes the plan."""
     plans = {}
     for setting in SETTINGS:
         with applied(setting, impl_name):
-            plans.setdefault(rows_per_cta(impl_name, problem), setting)
+            plans.setdefault(plan_of(impl_name, problem), setting)
     return list(plans.values())
 
 
@@ -133,11 +140,11 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             for setting, measured in results.items():
                 with applied(setting, impl.name):
-                    rows_cta = rows_per_cta(impl.name, case.problem)
+                    plan = plan_of(impl.name, case.problem)
                 status, us, rel_l2_err, reason = summary(measured)
                 record = {
                     "label": label, "impl": impl.name, "shape": case.describe(), "setting": setting,
-                    "rows_per_cta": rows_cta, "status": status, "us": us,
+                    "plan": plan, "status": status, "us": us,
                     "pct_read_bw": 100 * case.kv_bytes_read / (us * 1e3) / read_gbps,
                     "pct_roofline": 100 * roofline / us, "rel_l2_err": rel_l2_err, "reason": reason,
                 }  # fmt: skip
@@ -145,47 +152,51 @@ def main(argv: list[str] | None = None) -> int:
                 log.append(record)
                 shares = f"{record['pct_read_bw']:5.1f} % BW {record['pct_roofline']:5.1f} % roofline"
                 print(
-                    f"{label:28s} {impl.name:14s} {setting:8s} rows={rows_cta:3d} {status:6s} {us:8.1f} us "
+                    f"{label:22s} {impl.name:14s} {setting:7s} {plan:18s} {status:6s} {us:8.1f} us "
                     f"{shares} {record['reason']}",
                     flush=True,
                 )
         del workload
         torch.cuda.empty_cache()
-    (args.out / "decode_packed.md").write_text(markdown(rows, read_gbps, gemm_tflops))
+        # After every shape, so that a run cut short keeps the table of the shapes done.
+        (args.out / "decode_packed.md").write_text(markdown(rows, read_gbps, gemm_tflops))
     print((args.out / "decode_packed.md").read_text())
     return 0 if rows and all(row["status"] == "ok" for row in rows) else 1
 
 
 def markdown(rows: list[dict], read_gbps: float, gemm_tflops: float | None) -> str:
     """One line per (shape, rung): µs (% of the read bandwidth; % of the roofline where that differs) per
-    setting, and the change."""
+    setting, and each setting's time over the default's."""
     from common.reporting.decode_table import bandwidth_share
 
     gemm = f"{gemm_tflops:.0f} TFLOP/s" if gemm_tflops else "not measured"
     lines = [
         f"Decode packed rows A/B (bench/decode_packed.py): µs per step, % of the read bandwidth ({read_gbps:.0f} "
-        f"GB/s) and of the roofline (bf16 GEMM sustained {gemm}); '—': the switch does not change the plan",
+        f"GB/s) and of the roofline (bf16 GEMM sustained {gemm}); '—': the setting does not change the plan",
         "",
-        "| shape | rung | default | wide | wide / default |",
-        "|---|---|---|---|---|",
+        "| shape | rung | default | packed | wide | packed / default | wide / default |",
+        "|---|---|---|---|---|---|---|",
     ]
     for label in dict.fromkeys(row["label"] for row in rows):
         for impl in dict.fromkeys(row["impl"] for row in rows if row["label"] == label):
             by = {row["setting"]: row for row in rows if row["label"] == label and row["impl"] == impl}
+            ok = {setting: row for setting, row in by.items() if row["status"] == "ok"}
             cells = []
             for setting in SETTINGS:
                 row = by.get(setting)
                 if row is None:
                     cells.append("—")
-                elif row["status"] != "ok":
+                elif setting not in ok:
                     cells.append(row["status"])
                 else:
                     share = bandwidth_share(row["pct_read_bw"], row["pct_roofline"])
-                    cells.append(f"{row['us']:.1f} µs ({share}; {row['rows_per_cta']} rows)")
-            both = [by.get(setting) for setting in SETTINGS]
-            ratio = f"{both[1]['us'] / both[0]['us']:.2f}" if all(r and r["status"] == "ok" for r in both) else "—"
+                    cells.append(f"{row['us']:.1f} µs ({share}; {row['plan']})")
+            ratios = [
+                f"{ok[setting]['us'] / ok['default']['us']:.2f}" if setting in ok and "default" in ok else "—"
+                for setting in SETTINGS[1:]
+            ]
             shape = next(iter(by.values()))["shape"]
-            lines.append(f"| {label}: {shape} | {impl} | " + " | ".join(cells) + f" | {ratio} |")
+            lines.append(f"| {label}: {shape} | {impl} | " + " | ".join(cells + ratios) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -5,9 +5,9 @@ CPU: off, every rung plans with 64-row tiles; on, the tile, warps and M tiles of
 of the others); triton/decode with it on against fp64 under the interpreter, contiguous and paged; a
 planted wide plan whose grid still counts 64-row tiles fails the check. Static: both rungs' wide kernels
 compile for sm_90a without spills, in the shared memory a CTA may take (gluon's D=128 ring and 128-row Q
-tile: 224 KB). GPU (``gpu`` marker; ``bench/decode_packed_ab.sh``): both rungs with it on against fp64 on
-a poisoned output, on the worst row's kind (group 16 × Sq 8, D=64, paged, ragged) and 256 rows at D=128
-(two wide tiles, split and merged). Also ``bench/decode_packed.py``'s shapes, settings and table (CPU).
+tile: 224 KB). GPU (``gpu`` marker; run for ``results/h200/decode-packed-ab/``): both rungs with it on against
+fp64 on a poisoned output, on the worst row's kind (group 16 × Sq 8, D=64, paged, ragged) and 256 rows at D=128
+(two wide tiles, split and merged).
 """
 
 from __future__ import annotations
@@ -171,41 +171,3 @@ def test_gpu_wide_tile_against_fp64(impl_name: str, case: str, monkeypatch: pyte
         DECODE_IMPLS[impl_name], q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table
     )
     assert result.ok, f"{impl_name} WIDE_M_TILE {problem.describe()}: {result.summary()}"
-
-
-# ----------------------------------------------------------------------------------------------------
-# bench/decode_packed.py without a GPU: its shapes, which settings it times, its table
-# ----------------------------------------------------------------------------------------------------
-def test_packed_bench_times_the_switch_first_where_it_changes_the_plan():
-    from bench.decode_packed import packed_cases, settings_to_time
-    from common.measure.decode_sweep import RANDOM_MIN_CACHE_BYTES
-
-    cases = packed_cases()
-    assert [label for label, _ in cases][:2] == ["seed31-6", "seed31-6-contiguous"]
-    worst, twin = cases[0][1], cases[1][1]
-    assert worst.problem.kv_group * worst.problem.seqlen_q == 128 and worst.problem.paged and not twin.problem.paged
-    assert twin.lengths == worst.lengths and twin.problem.with_(page_size=worst.problem.page_size) == worst.problem
-    timed = [[settings_to_time(name, case.problem) for name in MODULES] for _, case in cases]
-    assert timed == [[["default", "wide"]] * 2] * 4 + [[["default"]] * 2] * 4
-    assert all(case.kv_bytes_read >= RANDOM_MIN_CACHE_BYTES for _, case in cases)
-
-
-def test_packed_bench_table_compares_wide_with_the_default():
-    from bench.decode_packed import markdown
-
-    row = {"label": "seed31-6", "impl": "gluon/decode", "shape": "S", "status": "ok", "reason": ""}
-    rows = [
-        {**row, "setting": "default", "rows_per_cta": 64, "us": 123.3, "pct_read_bw": 43.9, "pct_roofline": 43.9},
-        {**row, "setting": "wide", "rows_per_cta": 128, "us": 98.6, "pct_read_bw": 54.9, "pct_roofline": 54.9},
-        {**row, "label": "seed31-3", "setting": "default", "rows_per_cta": 64, "us": 58.8, "pct_read_bw": 63.0,
-         "pct_roofline": 63.0},
-        {**row, "label": "x", "setting": "default", "status": "wrong", "rows_per_cta": 64, "us": 1.0,
-         "pct_read_bw": 1.0, "pct_roofline": 1.0},
-        {**row, "label": "x", "setting": "wide", "rows_per_cta": 128, "us": 1.0, "pct_read_bw": 1.0,
-         "pct_roofline": 2.0},
-    ]  # fmt: skip
-    table = markdown(rows, 4410.0, 677.0)
-    assert "| seed31-6: S | gluon/decode | 123.3 µs (44 %; 64 rows) | 98.6 µs (55 %; 128 rows) | 0.80 |" in table
-    assert "| seed31-3: S | gluon/decode | 58.8 µs (63 %; 64 rows) | — | — |" in table
-    # A wrong row shows its status and no ratio; a roofline apart from the bandwidth is shown.
-    assert "| x: S | gluon/decode | wrong | 1.0 µs (1 %; 2 % roofline; 128 rows) | — |" in table

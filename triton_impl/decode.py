@@ -10,8 +10,9 @@ every query head of a GQA group reads the same K/V bytes again. This rung remove
     tile to finish merges them all: lse = log Σₛ exp(lseₛ), O = Σₛ exp(lseₛ - lse) · Oₛ.
   * GQA packing: the ``group = H / Hkv`` query heads of one KV head share a CTA. Their rows are
     stacked into one M tile, row r = (head in group) · Sq + query token, padded to at least 16 rows
-    for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``; ``WIDE_M_TILE``: one 128-row tile
-    on 8 warps at D <= 128), so each K/V byte is read from HBM once per KV head, not once per query head.
+    for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``; ``WIDE_M_TILE``: one 128-row tile on 8
+    warps at D <= 128, two an SM under ``PACKED_OCCUPANCY``), so each K/V byte is read from HBM once per KV
+    head, not once per query head.
     Many packed rows make a step compute-heavy: a key's 4 · D bytes feed 4 · D · rows FLOPs, rows FLOPs a
     byte, so 128 rows at 4.4 TB/s ask 564 TFLOP/s of the tensor cores (``decode_sweep.roofline_us``).
   * Paged KV cache (``block_table``, vLLM's and FlashInfer's layout): K and V live in pools of pages
@@ -172,22 +173,20 @@ MERGE_LOG2_E = tl.constexpr(LOG2_E)
 
 @dataclass(frozen=True)
 class TileConfig:
-    """Key tile, warps, pipeline depth and the largest packed M tile per head dim (BLOCK_M follows
-    from group · Sq, up to ``max_block_m``)."""
+    """Key tile, warps, depth, the largest packed M tile (BLOCK_M: group · Sq up to it), the CTAs an SM holds
+    (0: ``CTAS_PER_SM_FIT``'s) and the register cap per thread (Triton's ``maxnreg``) that lets it hold them."""
 
     block_n: int
     num_warps: int
     num_stages: int
     max_block_m: int = MAX_BLOCK_M
+    ctas_per_sm: int = 0
+    max_registers: int | None = None
 
 
 # K and V stages of BLOCK_N × D: 3 stages of 64 × 128 bf16 take 96 KiB of shared memory. At D=256
 # a 64-row M tile spills (40 bytes, sm_90a), so that head dim packs at most 32 rows per tile.
-DEFAULT_CONFIGS: dict[int, TileConfig] = {
-    64: TileConfig(64, 4, 3),
-    128: TileConfig(64, 4, 3),
-    256: TileConfig(32, 4, 3, max_block_m=32),
-}
+DEFAULT_CONFIGS = {64: TileConfig(64, 4, 3), 128: TileConfig(64, 4, 3), 256: TileConfig(32, 4, 3, max_block_m=32)}
 HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
 # Triton's pipeliner gives the block-table load of a paged cache stages of its own: a paged build of
 # n stages keeps (n - 1) // 2 K/V blocks in flight where the contiguous one keeps n - 1. Two more
@@ -197,20 +196,24 @@ PAGED_EXTRA_STAGES = 2
 # Split-kernel CTAs an SM holds; DEEP_RING's depths; SHORT_CACHE_TILE's (D=128: 37 KB, 96 registers: 5 an SM).
 CTAS_PER_SM_FIT, DEEP_RING_STAGES = {64: 4, 128: 3, 256: 2}, {64: 6, 128: 5, 256: 5}
 SHORT_CACHE_CONFIGS = {128: TileConfig(32, 4, 3)}
-# Issue #38's packed rows (bench/decode_packed_ab.sh): more than MAX_BLOCK_M packed rows at D <= 128 take one
-# 128-row tile on 8 warps, so the group's keys are loaded once a CTA, not once per 64 rows. Its 8 warps take
-# 170-255 registers a thread (sm_90a): one CTA an SM, so D=64 keeps 4 blocks in flight, not 2. On by default
-# since it measured 0.80-0.92x the 64-row tiles' time on three of four such shapes and 1.00x on the fourth
-# (H200, results/h200/decode-packed-ab/); gluon/decode's lost there and stays off.
+# Issue #38's packed rows: more than MAX_BLOCK_M packed rows at D <= 128 take one 128-row tile on 8 warps, so the
+# group's keys are loaded once a CTA, not once per 64 rows. Its 8 warps take 170-255 registers a thread (sm_90a):
+# one CTA an SM, so D=64 keeps 4 blocks in flight, not 2. On: 0.80-0.92x the 64-row tiles' time on three of four
+# such shapes, 1.00x on the fourth (H200, results/h200/decode-packed-ab/); gluon/decode's lost there (off).
 WIDE_M_TILE = True
-WIDE_CONFIGS = {64: TileConfig(64, 8, 5, max_block_m=128), 128: TileConfig(64, 8, 3, max_block_m=128)}
-WIDE_CTAS_PER_SM = 1
+WIDE_CONFIGS = {64: TileConfig(64, 8, 5, 128, ctas_per_sm=1), 128: TileConfig(64, 8, 3, 128, ctas_per_sm=1)}
+# Issue #38's short prefill (off until bench/decode_packed_ab.sh): at D=64 the wide tile takes 209 registers (sm_90a),
+# one CTA an SM whose warpgroups meet at a barrier every block (seed 41's group 8 Sq=16 1k row: 41 % of the read
+# bandwidth); 32-key blocks take 128: two CTAs an SM, one's softmax under the other's wgmmas (D=128: 238 registers).
+PACKED_OCCUPANCY, PACKED_CONFIGS = False, {64: TileConfig(32, 8, 5, 128, ctas_per_sm=2, max_registers=128)}
 
 
 def tile_config(problem: Problem) -> TileConfig:
-    """``problem``'s tile: WIDE_CONFIGS' for many packed rows under WIDE_M_TILE, SHORT_CACHE_CONFIGS' for a short
-    cache under SHORT_CACHE_TILE, else the default."""
+    """``problem``'s tile: WIDE_CONFIGS' for many packed rows under WIDE_M_TILE (PACKED_CONFIGS' under
+    PACKED_OCCUPANCY), SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
     if WIDE_M_TILE and problem.kv_group * problem.seqlen_q > MAX_BLOCK_M and problem.head_dim in WIDE_CONFIGS:
+        if PACKED_OCCUPANCY and problem.head_dim in PACKED_CONFIGS:
+            return PACKED_CONFIGS[problem.head_dim]
         return WIDE_CONFIGS[problem.head_dim]
     configs = SHORT_CACHE_CONFIGS if SHORT_CACHE_TILE and problem.seqlen_k <= splits.SHORT_CACHE_KEYS else {}
     return configs.get(problem.head_dim, DEFAULT_CONFIGS[problem.head_dim])
@@ -222,10 +225,15 @@ def num_stages_for(problem: Problem, deep: bool = False) -> int:
     return stages + (PAGED_EXTRA_STAGES if problem.paged else 0)
 
 
+def launch_options(problem: Problem, deep: bool = False) -> dict[str, int | None]:
+    """The split kernels' warps, depth (``num_stages_for``) and register cap."""
+    config = tile_config(problem)
+    return {"num_warps": config.num_warps, "num_stages": num_stages_for(problem, deep), "maxnreg": config.max_registers}
+
+
 def split_policy(problem: Problem) -> splits.SplitPolicy:
     """This rung's ask of the split rule, from its fifth-stop switches (default: the rule as it was)."""
-    wide = tile_config(problem) is WIDE_CONFIGS.get(problem.head_dim)
-    fit = WIDE_CTAS_PER_SM if wide else CTAS_PER_SM_FIT[problem.head_dim]
+    fit = tile_config(problem).ctas_per_sm or CTAS_PER_SM_FIT[problem.head_dim]
     return splits.SplitPolicy(min(SPLIT_CTAS_PER_SM, fit), SHORT_CACHE_ONE_SPLIT, FEWER_WAVES)
 
 
@@ -564,12 +572,10 @@ def _merge_step(problem: Problem) -> int:
 
 
 def _split_constexprs(problem: Problem, *, split: bool) -> dict[str, int | bool]:
-    config = tile_config(problem)
     return {
-        **feature_constexprs(problem),
-        "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n, "SPLIT": split,
-        "PAGE_SIZE": problem.page_size, "FUSED_MERGE": split and FUSED_MERGE,
-        "SPLITS_PER_STEP": _merge_step(problem),
+        **feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
+        "BLOCK_N": tile_config(problem).block_n, "SPLIT": split, "PAGE_SIZE": problem.page_size,
+        "FUSED_MERGE": split and FUSED_MERGE, "SPLITS_PER_STEP": _merge_step(problem),
     }  # fmt: skip
 
 
@@ -652,13 +658,9 @@ def bind(
     out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
     workspace = (out_partial, lse_partial)
     out, lse, lse_arg, split_args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
-    config = tile_config(problem)
     split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
     deep = DEEP_RING and split_grid[0] * split_grid[1] * split_grid[2] <= splits.sm_count(q.device)
-    split_options = {
-        **_split_constexprs(problem, split=num_splits > 1),
-        "num_warps": config.num_warps, "num_stages": num_stages_for(problem, deep),
-    }  # fmt: skip
+    split_options = {**_split_constexprs(problem, split=num_splits > 1), **launch_options(problem, deep)}
     fused = split_options["FUSED_MERGE"]
     counters = arrival_counters(q.device, split_grid[1] * split_grid[2]) if fused else None
     # Only the two-launch path (more than one split, FUSED_MERGE off) launches the merge kernel.
@@ -709,13 +711,12 @@ def bind_balanced(
     grid = (target + items, m_blocks)
     workspace = balanced_workspace(problem, grid[0], q.device)
     out, lse, _, args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
-    config = tile_config(problem)
-    sizes = (problem.batch, target, splits.balanced_min_share_blocks(config.block_n, BALANCED_MIN_KEYS))
+    sizes = (problem.batch, target, splits.balanced_min_share_blocks(block_n, BALANCED_MIN_KEYS))
     options = {
         **feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
-        "BLOCK_N": config.block_n, "PAGE_SIZE": problem.page_size, "SPLITS_PER_STEP": _merge_step(problem),
+        "BLOCK_N": block_n, "PAGE_SIZE": problem.page_size, "SPLITS_PER_STEP": _merge_step(problem),
         "BLOCK_B": next_power_of_2(max(problem.batch, MIN_BLOCK_B)),
-        "num_warps": config.num_warps, "num_stages": num_stages_for(problem),
+        **launch_options(problem),
     }  # fmt: skip
     counters = arrival_counters(q.device, items * m_blocks)
 
@@ -776,8 +777,8 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     else:
         constexprs["Counters"] = None
     split = compile_triton_sm90(
-        _split_kernel, signature, constexprs, num_warps=config.num_warps,
-        num_stages=num_stages_for(problem, DEEP_RING), aligned=(*POINTER_ALIGNED, "OutPartial", "LsePartial"),
+        _split_kernel, signature, constexprs, options=launch_options(problem, DEEP_RING),
+        aligned=(*POINTER_ALIGNED, "OutPartial", "LsePartial"),
     )  # fmt: skip
     element = "*fp16" if problem.dtype == torch.float16 else "*bf16"
     merge = compile_triton_sm90(

@@ -61,13 +61,12 @@ Why these choices:
     for a busy consumer; here the consumer waits for memory. The warpgroup issues its own copies, and
     a slot's reuse is ordered by program order plus one barrier over its warps, so the ring needs
     ready barriers only (no empty barriers, no register budgets per partition). ``WIDE_M_TILE`` (off):
-    more than 64 packed rows take two warpgroups on one ring (8 warps, 128 rows), each its own wgmmas,
-    so the group's keys are copied once a CTA rather than once per 64 rows, and one's softmax can run
-    under the other's wgmmas.
+    more than 64 packed rows take two warpgroups on one ring (8 warps, 128 rows), so the group's keys
+    are copied once a CTA rather than once per 64 rows, and one's softmax can run under the other's wgmmas.
   * The ring depth: at least ``NUM_STAGES - 1`` blocks stay in flight while the warpgroup computes
-    (128 KB at D=128: 3 stages of 64 KB), well above what keeps an SM's share of HBM busy (bandwidth ×
-    latency, about 36 KB per SM at 4.8 TB/s and 1 µs). The ring takes most of the shared memory, so
-    a CTA has its SM to itself, which is what the split rule's waves count.
+    (128 KB at D=128: 3 stages of 64 KB), above what keeps an SM's share of HBM busy (bandwidth × latency,
+    about 36 KB per SM at 4.8 TB/s and 1 µs); D=64's and short caches' rings let two CTAs share an SM, and
+    ``PACKED_OCCUPANCY`` shallower ones three or four where 64 packed rows make the softmax the long part.
   * Q by pointers, not by TMA: the packed rows come from ``group`` heads; a load into registers and a
     store to shared memory take any strides and zero the padding rows, and Q is a few KB against
     the megabytes of K and V a split reads.
@@ -176,25 +175,22 @@ DTYPES = (torch.float16, torch.bfloat16)
 IMPLEMENTED_FEATURES = (
     capability.GQA, capability.BOTTOM_RIGHT, capability.CACHE_SEQLENS, capability.LSE, capability.PAGED_KV,
 )  # fmt: skip
-# Packed rows per CTA: one warpgroup's wgmma M (four warps of 16 rows). A group · Sq of more rows is cut
-# into several M tiles, each a CTA of its own.
-BLOCK_M = 64
-NUM_WARPS = 4
-# Issue #38's packed rows (off by default; bench/decode_packed_ab.sh): a group · Sq of more than BLOCK_M rows
-# at D <= 128 takes one CTA of two warpgroups (WIDE_NUM_WARPS), 64 rows each, on one K/V ring: the rows'
-# keys are copied to shared memory once, not once per 64-row tile, and one CTA's fixed costs serve 128 rows.
-# D=256 keeps 64-row tiles (its 192 KB ring and a 64 KB Q tile exceed a CTA's shared memory). Off: measured
-# 0.99-1.12x the 64-row tiles' time on four such shapes (H200, results/h200/decode-packed-ab/).
+# Packed rows per CTA: one warpgroup's wgmma M (four warps of 16 rows); more rows are cut into M tiles, a CTA each.
+BLOCK_M, NUM_WARPS = 64, 4
+# Issue #38's packed rows: more than BLOCK_M rows at D <= 128 in one CTA of two warpgroups on one K/V ring, keys copied
+# once, not per 64-row tile (not D=256). Off: 0.99-1.12x the 64-row tiles' time (results/h200/decode-packed-ab/).
 WIDE_M_TILE = False
 WIDE_BLOCK_M, WIDE_NUM_WARPS, WIDE_HEAD_DIMS = 128, 8, (64, 128)
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Key block and ring depth per head dim; both change the generated code."""
+    """Key block and ring depth per head dim (both change the generated code), and the CTAs an SM holds where
+    registers, not the ring, set it (0: as many as the ring leaves room for, up to ``SPLIT_CTAS_PER_SM``)."""
 
     block_n: int
     num_stages: int
+    ctas_per_sm: int = 0
 
     def __post_init__(self) -> None:
         # Block i's copy is issued once block i - num_stages has left its slot, at the end of step
@@ -203,12 +199,9 @@ class DecodeConfig:
             raise ValueError(f"gluon/decode's ring needs at least 2 stages, got num_stages={self.num_stages}")
 
 
-# Each stage holds one K and one V block: 64 KB at D=128 (128 keys), so three stages keep at least
-# 128 KB per SM in flight while the warpgroup computes on the third. D=64 takes six 16 KB stages of 64
-# keys, so two CTAs share an SM and one's fixed costs hide under the other's copies (H200, issue #38's
-# low shapes: ragged B=8 D=64 73 -> 84 % of the read bandwidth, paged ragged D=64 61 -> 64 %;
-# results/h200/decode-floor/); D=256 three 64 KB stages of 64 keys (224 KB with its 32 KB Q tile, under
-# the 227 KB a CTA may use).
+# A stage holds a K and a V block: 64 KB at D=128 (128 keys), three keep 128 KB an SM in flight while the warpgroup
+# computes on the third. D=64: six 16 KB stages of 64 keys, two CTAs an SM, one's fixed costs under the other's copies
+# (H200: ragged B=8 D=64 73 -> 84 %, paged ragged 61 -> 64 %; results/h200/decode-floor/); D=256: 3 x 64 KB (224 KB).
 DEFAULT_CONFIGS = {64: DecodeConfig(64, 6), 128: DecodeConfig(128, 3), 256: DecodeConfig(64, 3)}
 HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
 # Issue #38's fifth stop: triton/decode's split-policy switches (slots up to what the ring leaves); SHORT_CACHE_TILE:
@@ -226,14 +219,21 @@ BALANCED_SHARES_BY_SLOTS = False
 # Triton release -> head dims whose balanced kernel spills (3.9, D=256: 16-40 bytes a thread): never balanced there.
 BALANCED_SPILLS = {"3.9": (256,)}
 SHORT_CACHE_CONFIGS = {128: DecodeConfig(64, 3)}
+# Issue #38's short prefill (off until bench/decode_packed_ab.sh): a full 64-row tile at D=64 in its 105 KB ring is two
+# CTAs an SM, each a serial wgmma-softmax-wgmma chain (seed 41's group 8 Sq=16 1k: 43 %); two stages (41 KB; D=128:
+# three of 32 keys, 66 KB; 121-128 registers) let four (three) CTAs, counted by the split rule, share an SM.
+PACKED_OCCUPANCY, PACKED_CONFIGS = False, {64: DecodeConfig(64, 2, 4), 128: DecodeConfig(32, 3, 3)}
 SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES = 233472, 1024
 # Paged: the fewest key rows one TMA copy may take from a page (two 8-row swizzle atoms of the tile).
 MIN_PAGE_CHUNK = 16
 
 
 def decode_config(problem: Problem) -> DecodeConfig:
-    """``problem``'s ring: SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
+    """``problem``'s ring: PACKED_CONFIGS' for a full 64-row tile under PACKED_OCCUPANCY (not WIDE_M_TILE's),
+    SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
+    packed = PACKED_OCCUPANCY and problem.kv_group * problem.seqlen_q >= BLOCK_M and not wide_m_tile(problem)
     configs = SHORT_CACHE_CONFIGS if SHORT_CACHE_TILE and problem.seqlen_k <= splits.SHORT_CACHE_KEYS else {}
+    configs = PACKED_CONFIGS if packed and problem.head_dim in PACKED_CONFIGS else configs
     return configs.get(problem.head_dim, DEFAULT_CONFIGS[problem.head_dim])
 
 
@@ -242,7 +242,7 @@ def split_policy(problem: Problem) -> splits.SplitPolicy:
     config = decode_config(problem)
     tiles_bytes = (config.num_stages * 2 * config.block_n + block_m_for(problem)) * problem.head_dim * 2
     fit = max(1, SM_SHARED_BYTES // (tiles_bytes + CTA_RESERVED_SHARED_BYTES))
-    return splits.SplitPolicy(min(SPLIT_CTAS_PER_SM, fit), SHORT_CACHE_ONE_SPLIT, FEWER_WAVES)
+    return splits.SplitPolicy(config.ctas_per_sm or min(SPLIT_CTAS_PER_SM, fit), SHORT_CACHE_ONE_SPLIT, FEWER_WAVES)
 
 
 def kv_chunk_rows(problem: Problem) -> int | None:
