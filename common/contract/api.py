@@ -38,6 +38,10 @@ as it is. Where that earlier plan has the same rung, the new one only binds: the
 compiled and warmed up for the earlier length, and its kernels take Sk as an argument, so ``prepare``'s
 warm-up launch (a second kernel launch per step) and its rung-level set-up are skipped.
 
+A rung with ``plan_bind`` (cute/decode) has its split count and configuration decided once per plan, not
+at every bind: its module switches (``BALANCED_SPLIT``, the tile table, ...) are read when a signature
+is planned, so ``clear_plan_cache()`` after changing one.
+
 The cache keeps the :data:`PLAN_CACHE_SIZE` most recently used plans; ``clear_plan_cache()`` empties
 it and ``plan_cache_info()`` reports hits, misses and size. Plans hold no tensors: memory belongs to
 the caller and to each rung's own compile cache.
@@ -86,6 +90,8 @@ class Plan:
     implementation: Implementation
     problem: Problem
     for_every_seqlen_k: bool = False
+    # The rung's ``plan_bind(problem, device)``, which each bind of this plan takes (None: it has none).
+    planned: object = None
 
 
 @dataclass(frozen=True)
@@ -288,7 +294,7 @@ def _make_plan(
         problem = validate_longer_cache(earlier.problem, k, v, options.cache_seqlens)
         if earlier.for_every_seqlen_k and earlier.implementation.bind is not None:
             # ... and every input of the capability check (or dispatch) but Sk, which that check ignores.
-            plan = Plan(earlier.implementation, problem, True)
+            plan = _plan(earlier.implementation, problem, True, q.device)
             return plan, _bind(plan, q, k, v, options)
     else:
         problem = validate_attention_inputs(
@@ -317,7 +323,7 @@ def _make_plan(
         for_every_seqlen_k = not implementation.check_reads_seqlen_k
     if options.differentiable:
         _check_backward(implementation, problem, q.device)
-    plan = Plan(implementation, problem, for_every_seqlen_k and not options.differentiable)
+    plan = _plan(implementation, problem, for_every_seqlen_k and not options.differentiable, q.device)
     if earlier is not None and earlier.implementation is implementation and implementation.bind is not None:
         return plan, _bind(plan, q, k, v, options)
     extra = per_call_inputs(problem, options.cache_seqlens, options.block_table)
@@ -327,6 +333,12 @@ def _make_plan(
     return plan, run
 
 
+def _plan(implementation: Implementation, problem: Problem, for_every_seqlen_k: bool, device: torch.device) -> Plan:
+    """The plan of a checked problem, with the rung's ``plan_bind`` made once for all its binds."""
+    planned = None if implementation.plan_bind is None else implementation.plan_bind(problem, device)
+    return Plan(implementation, problem, for_every_seqlen_k, planned)
+
+
 def _bind(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options) -> Runner:
     """The launch of an already-planned signature: the rung's ``bind`` (no validation, no warm-up)."""
     extra = per_call_inputs(plan.problem, options.cache_seqlens, options.block_table)
@@ -334,6 +346,8 @@ def _bind(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options
     if bind is None:
         # A rung without bind yet: correct, but every call pays its prepare (and warm-up).
         return plan.implementation.prepare(q, k, v, plan.problem, **extra)
+    if plan.planned is not None:
+        extra["planned"] = plan.planned
     return bind(q, k, v, plan.problem, **extra)
 
 
