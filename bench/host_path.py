@@ -14,7 +14,8 @@ The shape is ``results/h200/cute-tvm-ffi/api-overhead/``'s decode step (B=1 H=32
 D=128), fp16 (the interpreter refuses bf16), causal bottom-right, in two paths:
   * ``same``: the same tensors again (a plan hit: key, cache, bind);
   * ``growing``: K and V one key longer at every call, as transformers' DynamicCache hands them (a plan
-    miss on Sk: validation, the capability check or dispatch, then bind only).
+    miss on Sk: the checks that read Sk, then bind only; the decode rungs' capability checks ignore Sk,
+    so they and a stack name's dispatch run once per growing family).
 Each round times ``--calls`` calls of each (implementation, path) in turn, in CPU time of the calling
 thread (on a shared machine, wall-clock rounds differed by 2x); the table gives the median of the rounds'
 µs per call. ``--profile IMPL:PATH`` prints cProfile's own and cumulative times of one path instead.

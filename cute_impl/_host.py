@@ -211,6 +211,8 @@ class RungHost:
     """One rung's host entry points, configured once: validate → plan → bind.
 
     ``plan(problem, **options)`` is the compile key of a problem (:meth:`compile_sm90` compiles it);
+    ``launch_plan(problem, device)`` (optional) what ``plan_launch`` decides before it allocates, which it
+    takes back as ``planned=`` (the registry's ``plan_bind``);
     ``plan_launch(q, k, v, problem, *, cache_seqlens, **options)`` allocates the outputs of validated,
     kernel-ready q, k, v and returns the :class:`Launch`. ``head_dims``, ``features`` (names of
     ``common.contract.capability.FEATURES``) and ``problem_check`` (the rung's own limits, as its
@@ -227,11 +229,13 @@ class RungHost:
         head_dims: Collection[int],
         features: Collection[str] = FEATURES,
         problem_check: Callable[[Problem], tuple[bool, str]] | None = None,
+        launch_plan: Callable[[Problem, torch.device], Any] | None = None,
     ):
         self.name = name
         self.kernels = kernels
         self.plan = plan
         self.plan_launch = plan_launch
+        self.launch_plan = launch_plan
         self.head_dims = tuple(head_dims)
         self.features = tuple(features)
         self.problem_check = problem_check
@@ -278,7 +282,7 @@ class RungHost:
         stack, rung = self.name.split("/")
         return Implementation(
             name=self.name, stack=stack, rung=rung, prepare=self.prepare, bind=self.bind,
-            compile_sm90=self.compile_sm90, runs_on_cpu=False, **entry_fields,
+            compile_sm90=self.compile_sm90, runs_on_cpu=False, plan_bind=self.launch_plan, **entry_fields,
         )  # fmt: skip
 
 

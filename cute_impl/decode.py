@@ -685,32 +685,39 @@ def decode_config(problem: Problem, split: bool, balanced: bool = False) -> Deco
     )
 
 
+def launch_plan(problem: Problem, device: torch.device, num_splits: int | None = None) -> tuple:
+    """What a bind of ``problem`` on ``device`` decides before it allocates, from the shape, the device and
+    this module's switches: ``(num_splits, slabs, items, config)``, the split count (the balanced split's
+    shares), the balanced workspace's slabs (None: padded-Sk splits) and items a slab, the compile key.
+    ``num_splits`` overrides the rule (sweeps, tests); ``common.attention`` keeps it with a plan."""
+    slabs, items, m_blocks = None, problem.batch * problem.kv_heads, m_blocks_for(problem)
+    if balanced_split(problem, device):  # slabs: target_shares + B · Hkv, of all items
+        tile_n, shares = TILE_CONFIGS[problem.head_dim].tile_n, (BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS)
+        num_splits = splits.resolve_balanced_shares(num_splits, problem, device, m_blocks, tile_n, *shares)
+        slabs, items = num_splits + items, 1
+    else:
+        num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks, device, split_policy(problem))
+    split = slabs is not None or num_splits > 1
+    return num_splits, slabs, items, decode_config(problem, split=split, balanced=slabs is not None)
+
+
 def plan_launch(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None,
-    block_table: torch.Tensor | None = None, num_splits: int | None = None,
+    block_table: torch.Tensor | None = None, num_splits: int | None = None, planned: tuple | None = None,
 ) -> Launch:  # fmt: skip
     """Allocate O, the LSE and the split workspace for validated q, k, v; ``run()`` launches the split
     kernel and, with more than one split, the merge, and carries the ``num_splits`` it chose.
     Paged (``block_table``): k and v are (num_pages, page_size, Hkv, D) pools, passed as their
-    (num_pages, Hkv, page_size, D) view. ``num_splits`` overrides the rule (sweeps, tests)."""
+    (num_pages, Hkv, page_size, D) view. ``planned``: :func:`launch_plan` of this problem and device."""
+    num_splits, slabs, items, config = planned or launch_plan(problem, q.device, num_splits)
     batch_kv_heads, rows, head_dim = problem.batch * problem.kv_heads, problem.kv_group * problem.seqlen_q, q.shape[3]
-    slabs, items, m_blocks, device = None, batch_kv_heads, m_blocks_for(problem), q.device
-    if balanced_split(problem, device):  # slabs: target_shares + B · Hkv, of all items
-        tile_n, per_sm = TILE_CONFIGS[problem.head_dim].tile_n, BALANCED_SHARES_PER_SM
-        num_splits = splits.resolve_balanced_shares(
-            num_splits, problem, device, m_blocks, tile_n, per_sm, BALANCED_MIN_KEYS
-        )
-        slabs, items = num_splits + batch_kv_heads, 1
-    else:
-        num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks, device, split_policy(problem))
     # empty_like: a third of the host time of torch.empty with a shape, dtype and device to parse.
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = None
     if problem.return_lse:
         lse = torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=q.device)
     partials = (None, None)
-    split = slabs is not None or num_splits > 1
-    if split:
+    if config.split:
         partials = (
             torch.empty((slabs or num_splits, items, rows, head_dim), dtype=torch.float32, device=q.device),
             torch.empty((slabs or num_splits, items, rows), dtype=torch.float32, device=q.device),
@@ -722,7 +729,7 @@ def plan_launch(
     arguments = (q, *kv, *packed, *partials, lengths, table, problem.scale)
     result = (out, lse) if problem.return_lse else out
     chosen = {"num_splits": num_splits, "balanced": slabs is not None}
-    return Launch(decode_config(problem, split=split, balanced=slabs is not None), arguments, result, chosen)
+    return Launch(config, arguments, result, chosen)
 
 
 def decode_limits(problem: Problem) -> tuple[bool, str]:
@@ -779,6 +786,7 @@ HOST = RungHost(
     CompiledKernels(DecodeKernel, fake_arguments),
     plan=compile_plan,
     plan_launch=plan_launch,
+    launch_plan=launch_plan,
     head_dims=HEAD_DIMS,
     features=DECODE_FEATURES,
     problem_check=decode_limits,
@@ -787,5 +795,6 @@ decode_attention, bind, compile_sm90 = HOST.prepare, HOST.bind, HOST.compile_sm9
 
 
 IMPLEMENTATION = HOST.implementation(
-    supports=supports, required_ptx=("mma.sync", "ldmatrix", "cp.async"), source_file=__file__
-)
+    supports=supports, required_ptx=("mma.sync", "ldmatrix", "cp.async"), source_file=__file__,
+    check_reads_seqlen_k=False,
+)  # fmt: skip

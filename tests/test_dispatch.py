@@ -88,7 +88,7 @@ def plant_no_decode(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def plant_key_without_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
     """A plan key of the name alone: the prefill would reuse the decode step's plan."""
-    monkeypatch.setattr(api, "plan_key", lambda impl, q, k, v, options: (impl,))
+    monkeypatch.setattr(api, "_plan_key", lambda impl, q_signature, k, v, options_signature: (impl,))
 
 
 @pytest.mark.parametrize("plant", [plant_decode_to_prefill, plant_no_decode, plant_key_without_shapes])

@@ -49,6 +49,27 @@ def test_problem_rejects_non_positive_sizes(field: str):
         Problem(**sizes)
 
 
+@pytest.mark.parametrize(
+    "change", [{}, {"kv_heads": 2}, {"causal": True, "causal_alignment": "bottom_right"},
+               {"has_cache_seqlens": True, "return_lse": True, "softmax_scale": 0.3}],
+)  # fmt: skip
+@pytest.mark.parametrize("seqlen_k", [1, 4, 77, 8193])
+def test_with_seqlen_k_is_with_and_checks_the_new_length(change: dict, seqlen_k: int):
+    """The growing cache's fast copy (``Problem.with_seqlen_k``) gives ``with_``'s problem, equal and of
+    equal hash (a plan key's), ``bottom_right`` taken at the new Sk, and refuses what ``with_`` refuses."""
+    problem = Problem(batch=2, heads=4, seqlen_q=4, seqlen_k=16, head_dim=64, **change)
+    longer, expected = problem.with_seqlen_k(seqlen_k), problem.with_(seqlen_k=seqlen_k)
+    assert longer == expected and hash(longer) == hash(expected) and vars(longer) == vars(expected)
+    assert longer.bottom_right == expected.bottom_right and problem.seqlen_k == 16
+    for bad in (0, -3, True, 9.0):
+        with pytest.raises(ValueError, match="seqlen_k must be a positive int"):
+            problem.with_seqlen_k(bad)
+    paged = Problem(1, 4, 1, 64, 64, has_cache_seqlens=True, page_size=16)
+    assert paged.with_seqlen_k(96) == paged.with_(seqlen_k=96)
+    with pytest.raises(ValueError, match="whole pages"):
+        paged.with_seqlen_k(97)
+
+
 def test_default_scale_is_inverse_sqrt_head_dim():
     assert Problem(1, 1, 4, 4, 64).scale == pytest.approx(0.125)
     assert Problem(1, 1, 4, 4, 64, softmax_scale=0.3).scale == pytest.approx(0.3)

@@ -15,9 +15,10 @@ import torch
 
 import common.contract.api as api
 from common import attention, clear_plan_cache, plan_cache_info
+from common.contract import dispatch
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
-from common.contract.registry import BASELINE_STACKS, Implementation, discover, get, warmed_up
+from common.contract.registry import BASELINE_STACKS, Implementation, discover, get, lookup, warmed_up
 
 IMPLEMENTATIONS, _ = discover()
 CPU_IMPLS = [impl.name for impl in IMPLEMENTATIONS if impl.runs_on_cpu]
@@ -124,19 +125,109 @@ def test_a_growing_cache_binds_each_new_length_without_preparing(monkeypatch: py
 
 
 def test_a_growing_cache_still_checks_each_new_length(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The bind-only path skips prepare, never the capability check: a length the rung refuses raises."""
+    """The bind-only path skips prepare, never a capability check that reads Sk: a length the rung
+    refuses raises."""
     impl = get("triton/decode")
 
     def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
         return (False, "planted: not 49 keys") if problem.seqlen_k == 49 else impl.supports(problem, device)
 
-    picky = dataclasses.replace(impl, supports=supports)
+    picky = dataclasses.replace(impl, supports=supports, check_reads_seqlen_k=True)
     monkeypatch.setattr(api, "get", lambda name: picky if name == "triton/decode" else get(name))
     attention(*inputs(DECODE), causal=True, causal_alignment="bottom_right", impl="triton/decode")
     with pytest.raises(ValueError, match="planted: not 49 keys"):
         attention(
             *inputs(DECODE.with_(seqlen_k=49)), causal=True, causal_alignment="bottom_right", impl="triton/decode"
         )
+
+
+def picky_at_49(impl: Implementation, calls: Counter, reads_seqlen_k: bool) -> Implementation:
+    """``impl`` with a capability check that counts its calls and refuses a cache of 49 keys, saying
+    (``reads_seqlen_k``) that it reads Sk, or (a planted lie) that it does not."""
+
+    def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
+        calls["check"] += 1
+        return (False, "planted: not 49 keys") if problem.seqlen_k == 49 else impl.supports(problem, device)
+
+    return dataclasses.replace(impl, supports=supports, check_reads_seqlen_k=reads_seqlen_k)
+
+
+@pytest.mark.parametrize("reads_seqlen_k", [True, False], ids=["honest", "planted-lie"])
+def test_a_growing_cache_checks_its_family_once_where_the_check_ignores_seqlen_k(
+    reads_seqlen_k: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rung whose check ignores Sk (``check_reads_seqlen_k`` False, the decode rungs) is checked once
+    per growing family, each step's answer bit for bit the rung's prepare's; one whose check reads Sk at
+    every step. The planted lie (a check that reads Sk said not to) shows what the flag decides: the
+    refused length is then not seen."""
+    calls: Counter = Counter()
+    picky = picky_at_49(get("triton/decode"), calls, reads_seqlen_k)
+    monkeypatch.setattr(api, "get", lambda name: picky if name == "triton/decode" else get(name))
+    decode = dict(causal=True, causal_alignment="bottom_right", impl="triton/decode")
+    for step, seqlen_k in enumerate((48, 50, 51)):
+        problem = DECODE.with_(seqlen_k=seqlen_k)
+        q, k, v = inputs(problem, seed=step)
+        assert torch.equal(attention(q, k, v, **decode), get("triton/decode").prepare(q, k, v, problem)())
+    assert calls["check"] == (3 if reads_seqlen_k else 1)
+    refused = inputs(DECODE.with_(seqlen_k=49))
+    if reads_seqlen_k:
+        with pytest.raises(ValueError, match="planted: not 49 keys"):
+            attention(*refused, **decode)
+    else:
+        attention(*refused, **decode)
+
+
+@pytest.mark.parametrize("reads_seqlen_k", [True, False], ids=["honest", "planted-lie"])
+def test_a_stack_name_dispatches_again_where_a_candidate_reads_seqlen_k(
+    reads_seqlen_k: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stack name keeps its growing family's choice only where every candidate it tried ignores Sk:
+    a decode rung that refuses 49 keys (and says its check reads Sk) hands that step to a prefill rung."""
+    calls: Counter = Counter()
+    picky = picky_at_49(get("triton/decode"), calls, reads_seqlen_k)
+    monkeypatch.setattr(dispatch, "lookup", lambda name: picky if name == "triton/decode" else lookup(name))
+    decode = dict(causal=True, causal_alignment="bottom_right", impl="triton")
+    attention(*inputs(DECODE), **decode)
+    attention(*inputs(DECODE.with_(seqlen_k=49)), **decode)
+    chosen = {key[2][0][2]: plan.implementation.name for key, plan in api._PLANS._plans.items()}
+    assert chosen[48] == "triton/decode"
+    assert (chosen[49] != "triton/decode") == reads_seqlen_k, chosen
+
+
+def seqlen_k_dependence(impl: Implementation, monkeypatch: pytest.MonkeyPatch) -> str | None:
+    """The first decode problem whose check by ``impl`` answers differently at some Sk > Sq (on a CPU and
+    on an sm_90 device, faked), or None: what ``check_reads_seqlen_k=False`` promises."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    base = Problem(batch=2, heads=8, seqlen_q=1, seqlen_k=2, head_dim=128, dtype=torch.float16, kv_heads=2,
+                   causal=True, causal_alignment="bottom_right")  # fmt: skip
+    variants = [{}, {"seqlen_q": 16}, {"seqlen_q": 17}, {"head_dim": 64}, {"head_dim": 96}, {"head_dim": 256},
+                {"dtype": torch.bfloat16}, {"dtype": torch.float32}, {"kv_heads": 8}, {"causal": False},
+                {"has_cache_seqlens": True}, {"return_lse": True}, {"softmax_scale": -0.5},
+                {"has_cache_seqlens": True, "page_size": 16, "seqlen_k": 32}]  # fmt: skip
+    for device in (torch.device("cpu"), torch.device("cuda", 0)):
+        for change in variants:
+            problem = base.with_(**change)
+            page = max(problem.page_size, 1)
+            lengths = {problem.seqlen_q + page, 512, 8192, 8192 + page, 65536, 1 << 20}
+            answers = {impl.check(problem.with_(seqlen_k=-(-n // page) * page), device) for n in lengths}
+            if len(answers) > 1:
+                return f"{problem.describe()} on {device}: {sorted(answers)}"
+    return None
+
+
+@pytest.mark.parametrize("impl_name", [impl.name for impl in IMPLEMENTATIONS if not impl.check_reads_seqlen_k])
+def test_a_check_said_to_ignore_seqlen_k_does(impl_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert seqlen_k_dependence(get(impl_name), monkeypatch) is None
+
+
+def test_a_check_that_reads_seqlen_k_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planted bug: a decode rung's check that refuses caches past 8192 keys."""
+    impl = get("triton/decode")
+
+    def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
+        return (False, "planted") if problem.seqlen_k > 8192 else impl.supports(problem, device)
+
+    assert seqlen_k_dependence(dataclasses.replace(impl, supports=supports), monkeypatch) is not None
 
 
 def test_a_growing_cache_checks_what_reads_the_new_length() -> None:

@@ -261,12 +261,12 @@ def test_a_stack_name_serves_prefill_and_decode(names, monkeypatch):
     chosen = []
 
     def recorded(name, problem, device):
-        implementation = real_resolve(name, problem, device)
-        chosen.append((problem.seqlen_q, implementation.name))
-        return implementation
+        choice = real_resolve(name, problem, device)
+        chosen.append((problem.seqlen_q, choice.implementation.name))
+        return choice
 
-    real_resolve = dispatch.resolve
-    monkeypatch.setattr(dispatch, "resolve", recorded)
+    real_resolve = dispatch.resolve_choice
+    monkeypatch.setattr(dispatch, "resolve_choice", recorded)
     torch.manual_seed(0)
     reference = AutoModelForCausalLM.from_config(tiny_config(head_dim=64), attn_implementation="sdpa").eval()
     ids = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(2))

@@ -31,9 +31,16 @@ A decode step against a growing cache (transformers' DynamicCache: K and V are w
 the same signature *less Sk* (:func:`growing_cache_key`) was prepared, the key proves everything
 validation checks but what reads Sk, so only that is checked again (v as long as k, the values of
 ``cache_seqlens``; ``validation.validate_longer_cache``); the capability check (or the dispatch) runs
-on the new problem in full. Where that earlier plan has the same rung, the new one only binds: the rung
+on the new problem in full, unless it answers alike for every Sk (``Implementation.check_reads_seqlen_k``
+False: the decode rungs; for a stack name, every candidate the dispatch tried) and the call is not
+differentiable: then the growing key proves all of its inputs, and the earlier plan's rung is taken
+as it is. Where that earlier plan has the same rung, the new one only binds: the rung
 compiled and warmed up for the earlier length, and its kernels take Sk as an argument, so ``prepare``'s
 warm-up launch (a second kernel launch per step) and its rung-level set-up are skipped.
+
+A rung with ``plan_bind`` (cute/decode) has its split count and configuration decided once per plan, not
+at every bind: its module switches (``BALANCED_SPLIT``, the tile table, ...) are read when a signature
+is planned, so ``clear_plan_cache()`` after changing one.
 
 The cache keeps the :data:`PLAN_CACHE_SIZE` most recently used plans; ``clear_plan_cache()`` empties
 it and ``plan_cache_info()`` reports hits, misses and size. Plans hold no tensors: memory belongs to
@@ -75,10 +82,16 @@ _SCALE_TYPES = (type(None), float, int)
 
 @dataclass(frozen=True)
 class Plan:
-    """What one signature needs at every call: the implementation and its validated problem."""
+    """What one signature needs at every call: the implementation and its validated problem;
+    ``for_every_seqlen_k``: the capability check (or the dispatch) that chose it answers alike for
+    every Sk > Sq of the problem (``Implementation.check_reads_seqlen_k``), and the call was not
+    differentiable, so a longer cache of its growing key needs no check of its own."""
 
     implementation: Implementation
     problem: Problem
+    for_every_seqlen_k: bool = False
+    # The rung's ``plan_bind(problem, device)``, which each bind of this plan takes (None: it has none).
+    planned: object = None
 
 
 @dataclass(frozen=True)
@@ -205,7 +218,11 @@ def _options_signature(options: Options) -> tuple:
 
 def plan_key(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options) -> tuple:
     """Everything a plan depends on (see the module docstring)."""
-    return (impl, _tensor_signature(q), _tensor_signature(k), _tensor_signature(v), *_options_signature(options))
+    return _plan_key(impl, _tensor_signature(q), k, v, _options_signature(options))
+
+
+def _plan_key(impl: str, q_signature: tuple, k: torch.Tensor, v: torch.Tensor, options_signature: tuple) -> tuple:
+    return (impl, q_signature, _tensor_signature(k), _tensor_signature(v), *options_signature)
 
 
 def growing_cache_key(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options) -> tuple | None:
@@ -213,11 +230,18 @@ def growing_cache_key(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     a longer cache) whose K and V are whole contiguous 4-D tensors, whose strides then follow from the
     shape; None for any other call (a paged cache, views into a larger cache, prefill), which keeps its
     full key only."""
+    return _growing_key(impl, q, _tensor_signature(q), k, v, options, _options_signature(options))
+
+
+def _growing_key(
+    impl: str, q: torch.Tensor, q_signature: tuple, k: torch.Tensor, v: torch.Tensor, options: Options,
+    options_signature: tuple,
+) -> tuple | None:  # fmt: skip
     if options.block_table is not None or q.dim() != 4 or q.shape[2] > dispatch.DECODE_MAX_SEQLEN_Q:
         return None
     if k.dim() != 4 or v.dim() != 4 or not (k.is_contiguous() and v.is_contiguous()) or k.shape[2] <= q.shape[2]:
         return None
-    return (impl, _tensor_signature(q), _without_seqlen(k), _without_seqlen(v), *_options_signature(options))
+    return (impl, q_signature, _without_seqlen(k), _without_seqlen(v), *options_signature)
 
 
 def _cacheable(impl: object, q: object, k: object, v: object, options: Options) -> bool:
@@ -264,11 +288,14 @@ def _make_plan(
     rung (``impl`` itself, or the one a stack name dispatches to), its capability check (and its
     backward's, for a differentiable call) and ``prepare`` (only ``bind`` where the ``growing`` cache
     key has a plan of this rung); returns the plan and this call's launch."""
-    implementation = None if impl in dispatch.DISPATCH_NAMES else _registered(impl)
     earlier = None if growing is None else _GROWING.get(growing)
     if earlier is not None:
         # The growing key proves every check but those that read Sk (validate_longer_cache).
         problem = validate_longer_cache(earlier.problem, k, v, options.cache_seqlens)
+        if earlier.for_every_seqlen_k and earlier.implementation.bind is not None:
+            # ... and every input of the capability check (or dispatch) but Sk, which that check ignores.
+            plan = _plan(earlier.implementation, problem, True, q.device)
+            return plan, _bind(plan, q, k, v, options)
     else:
         problem = validate_attention_inputs(
             q,
@@ -285,15 +312,18 @@ def _make_plan(
             dtypes=API_DTYPES,
             device_types=API_DEVICE_TYPES,
         )
-    if implementation is None:
-        implementation = dispatch.resolve(impl, problem, q.device)
+    if impl in dispatch.DISPATCH_NAMES:
+        choice = dispatch.resolve_choice(impl, problem, q.device)
+        implementation, for_every_seqlen_k = choice.implementation, choice.same_for_every_seqlen_k
     else:
+        implementation = _registered(impl)
         ok, reason = implementation.check(problem, q.device)
         if not ok:
             raise ValueError(f"{impl} cannot run {problem.describe()}: {reason}")
+        for_every_seqlen_k = not implementation.check_reads_seqlen_k
     if options.differentiable:
         _check_backward(implementation, problem, q.device)
-    plan = Plan(implementation, problem)
+    plan = _plan(implementation, problem, for_every_seqlen_k and not options.differentiable, q.device)
     if earlier is not None and earlier.implementation is implementation and implementation.bind is not None:
         return plan, _bind(plan, q, k, v, options)
     extra = per_call_inputs(problem, options.cache_seqlens, options.block_table)
@@ -303,6 +333,12 @@ def _make_plan(
     return plan, run
 
 
+def _plan(implementation: Implementation, problem: Problem, for_every_seqlen_k: bool, device: torch.device) -> Plan:
+    """The plan of a checked problem, with the rung's ``plan_bind`` made once for all its binds."""
+    planned = None if implementation.plan_bind is None else implementation.plan_bind(problem, device)
+    return Plan(implementation, problem, for_every_seqlen_k, planned)
+
+
 def _bind(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options) -> Runner:
     """The launch of an already-planned signature: the rung's ``bind`` (no validation, no warm-up)."""
     extra = per_call_inputs(plan.problem, options.cache_seqlens, options.block_table)
@@ -310,6 +346,8 @@ def _bind(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options
     if bind is None:
         # A rung without bind yet: correct, but every call pays its prepare (and warm-up).
         return plan.implementation.prepare(q, k, v, plan.problem, **extra)
+    if plan.planned is not None:
+        extra["planned"] = plan.planned
     return bind(q, k, v, plan.problem, **extra)
 
 
@@ -391,10 +429,13 @@ def attention(
     if not _cacheable(impl, q, k, v, options):
         plan, run = _make_plan(impl, *operands, options)
     else:
-        key = plan_key(impl, q, k, v, options)
+        # Both keys from one signature of q and of the options: a growing cache computes both per step.
+        q_signature, options_signature = _tensor_signature(q), _options_signature(options)
+        key = _plan_key(impl, q_signature, k, v, options_signature)
         plan = _PLANS.get(key)
         if plan is None:
-            plan, run = _make_plan(impl, *operands, options, growing_cache_key(impl, q, k, v, options))
+            growing = _growing_key(impl, q, q_signature, k, v, options, options_signature)
+            plan, run = _make_plan(impl, *operands, options, growing)
             _PLANS.put(key, plan)
         else:
             run = _bind(plan, *operands, options)

@@ -84,6 +84,14 @@ class Choice:
     implementation: Implementation | None
     refusals: tuple[tuple[str, str], ...]
 
+    @property
+    def same_for_every_seqlen_k(self) -> bool:
+        """True when every candidate tried (the refused ones and the chosen one) answers alike for every
+        Sk > Sq (``Implementation.check_reads_seqlen_k`` False, or a module that did not import): the
+        choice then holds for the whole growing cache it was made for (``common/contract/api.py``)."""
+        tried = (*(lookup(candidate) for candidate, _ in self.refusals), self.implementation)
+        return all(not isinstance(item, Implementation) or not item.check_reads_seqlen_k for item in tried)
+
     def describe(self) -> str:
         """'triton -> triton/decode' and the refusals that led there, for listings and errors."""
         chosen = self.implementation.name if self.implementation else "nothing"
@@ -116,10 +124,15 @@ def choose(name: str, problem: Problem, device: torch.device) -> Choice:
     return Choice(name, None, tuple(refusals))
 
 
-def resolve(name: str, problem: Problem, device: torch.device) -> Implementation:
-    """The implementation ``name`` runs ``problem`` with; a ValueError lists every candidate's refusal."""
+def resolve_choice(name: str, problem: Problem, device: torch.device) -> Choice:
+    """:func:`choose`, with a ValueError listing every candidate's refusal where none accepts."""
     choice = choose(name, problem, device)
     if choice.implementation is None:
         reasons = "\n".join(f"  {candidate}: {reason}" for candidate, reason in choice.refusals)
         raise ValueError(f"no rung of {name!r} can run {problem.describe()} on {device}:\n{reasons}")
-    return choice.implementation
+    return choice
+
+
+def resolve(name: str, problem: Problem, device: torch.device) -> Implementation:
+    """The implementation ``name`` runs ``problem`` with; a ValueError lists every candidate's refusal."""
+    return resolve_choice(name, problem, device).implementation

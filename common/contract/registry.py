@@ -36,6 +36,13 @@ The contract of an implementation:
   (kernels come from the rung's compile cache or Triton's JIT cache). A rung's ``prepare`` is its
   validation, then ``bind``, then :func:`warmed_up`, so the two cannot drift. ``common.attention``
   calls ``prepare`` once per signature and ``bind`` on every later call (``common/contract/api.py``).
+* ``plan_bind(problem, device) -> planned`` (optional): the part of ``bind`` that the problem, the device
+  and the rung's module switches decide (split count, configuration), which ``bind(..., planned=planned)``
+  takes instead of deciding again; ``common.attention`` makes it once per plan, so a plan hit (the other
+  layers of a decode step) only allocates and launches.
+* ``check_reads_seqlen_k``: True (the default) unless ``supports`` (and the device check) answers alike
+  for every Sk > Sq of a problem otherwise the same; ``tests/test_plan_cache.py`` holds each rung that
+  says False to it.
 * ``compile_sm90(problem) -> [KernelBinary]`` (optional): compile for sm_90a without a GPU, so the
   PTX and resource usage can be inspected on any machine.
 * ``compile_input_transform_sm90(problem) -> [KernelBinary]`` (optional): the same for the kernels a
@@ -162,6 +169,11 @@ class Implementation(DeviceChecked):
     notes: str = field(default="", compare=False)
     # The backward rung that differentiates this forward (see the module docstring); None: forward only.
     backward: Backward | None = field(default=None, compare=False)
+    # What ``bind`` decides from the problem and the device alone (see the module docstring).
+    plan_bind: Callable[[Problem, torch.device], Any] | None = field(default=None, compare=False)
+    # False where ``check`` gives one answer for every Sk > Sq of a problem otherwise the same (the decode
+    # rungs): ``common.attention`` then checks a growing cache's family once, not at every step.
+    check_reads_seqlen_k: bool = field(default=True, compare=False)
 
     def __post_init__(self) -> None:
         if self.stack not in STACKS:

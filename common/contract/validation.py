@@ -240,7 +240,7 @@ def validate_longer_cache(
     seqlen_k = k.shape[2]
     if cache_seqlens is not None:
         check_cache_seqlens(cache_seqlens, problem.batch, seqlen_k, k.device)
-    return problem.with_(seqlen_k=seqlen_k)
+    return problem.with_seqlen_k(seqlen_k)
 
 
 def require_cache_seqlens_as_stated(problem: Problem, cache_seqlens: object) -> None:
@@ -297,8 +297,9 @@ def is_kernel_addressable(tensor: torch.Tensor) -> bool:
     *outer, inner = tensor.stride()
     if inner != 1 or tensor.data_ptr() % OPERAND_ALIGNMENT_BYTES:
         return False
-    element = tensor.element_size()
-    return all((stride * element) % OPERAND_ALIGNMENT_BYTES == 0 for stride in outer)
+    # Every outer stride is a multiple of the alignment in bytes exactly when their gcd is: one call,
+    # not a generator per stride (bind asks it of q, k and v at every decode step).
+    return math.gcd(*outer) * tensor.element_size() % OPERAND_ALIGNMENT_BYTES == 0
 
 
 def kernel_operand(tensor: torch.Tensor) -> torch.Tensor:
