@@ -12,7 +12,7 @@ flushed, median): a drift of the GPU's speed over the run reaches every variant 
 2.5 × the forward's FLOPs, halved causal. Writes ``ab.csv`` (one row per shape, variant and round) and prints
 a table last: the median over rounds, × FA4 and × the default.
 
-    python -m bench.gluon_bwd_causal --out $OUT/ab [--rounds 3] [--shape "P1 causal" ...]
+    python -m bench.gluon_bwd_causal --out $OUT/ab [--rounds 3] [--budget-s 100] [--shape "P1 causal" ...]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import argparse
 import csv
 import statistics
 import sys
+import time
 from pathlib import Path
 
 from bench.backward import FA4, SHAPES, autograd_row, problem_of, shape_inputs
@@ -33,6 +34,8 @@ VARIANTS = (
     "dkdv 128x32 s3, dq 128x64 s3 overlap tma_rows heaviest_first limit_mask",
 )
 AB_SHAPES = ("P1 causal", "B8 S2048 causal", "P1")
+# Shorter than time_cuda's defaults: the rounds, not one long timing, even out drift.
+WARMUP_MS, REP_MS = 50, 300
 
 
 def _variants(head_dim: int) -> dict[str, object]:
@@ -45,8 +48,9 @@ def _variants(head_dim: int) -> dict[str, object]:
     return chosen
 
 
-def run_shape(shape: tuple, rounds: int, writer: csv.DictWriter) -> list[dict]:
-    """Check each variant's gradients against the default's, then time FA4 and the variants ``rounds`` times."""
+def run_shape(shape: tuple, rounds: int, writer: csv.DictWriter, deadline: float) -> list[dict]:
+    """Check each variant's gradients against the default's, then time FA4 and the variants ``rounds`` times
+    (after the first, only while ``time.monotonic()`` is before ``deadline``)."""
     import torch
 
     from common.contract.api import attention
@@ -71,13 +75,16 @@ def run_shape(shape: tuple, rounds: int, writer: csv.DictWriter) -> list[dict]:
         differences[label] = max(map(relative_distance, grads, reference))
     rows = []
     for round_ in range(rounds):
+        if round_ and time.monotonic() > deadline:
+            print(f"{shape[0]}: round {round_ + 1} left out, past --budget-s", flush=True)
+            break
         try:
             fa4 = autograd_row(shape, FA4, inputs, None, {})()["bwd_tflops"]
         except Exception as error:  # noqa: BLE001 - FA4 absent: its ratio is left out
             print(f"{shape[0]}: FA4 not timed ({type(error).__name__}: {error})"[:160], flush=True)
             fa4 = float("nan")
         for label, tiles in variants.items():
-            ms = time_cuda(backward(tiles)).ms
+            ms = time_cuda(backward(tiles), warmup_ms=WARMUP_MS, rep_ms=REP_MS).ms
             row = {"shape": shape[0], "variant": label, "round": round_, "bwd_ms": ms,
                    "bwd_tflops": backward_flops(problem) / ms / 1e9, "fa4_tflops": fa4,
                    "distance_vs_default": differences[label]}  # fmt: skip
@@ -110,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/gluon_bwd_causal"))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--budget-s", type=float, default=100.0, help="rounds after the first stop past this")
     parser.add_argument("--shape", action="append", help=f"anchor shapes by name (default {AB_SHAPES})")
     args = parser.parse_args(argv)
     import torch
@@ -119,13 +127,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     names = args.shape or list(AB_SHAPES)
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, deadline = [], time.monotonic() + args.budget_s
     with (args.out / "ab.csv").open("w", newline="") as handle:
         fields = ("shape", "variant", "round", "bwd_ms", "bwd_tflops", "fa4_tflops", "distance_vs_default")
         writer = csv.DictWriter(handle, fields)
         writer.writeheader()
         for name in names:
-            rows += run_shape(next(shape for shape in SHAPES if shape[0] == name), args.rounds, writer)
+            rows += run_shape(next(shape for shape in SHAPES if shape[0] == name), args.rounds, writer, deadline)
             handle.flush()
     print_table(rows)
     return 0
