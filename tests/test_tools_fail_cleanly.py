@@ -39,6 +39,7 @@ def _fake_sanitizer(folder: Path) -> None:
         ("bench.generate", False, "needs a CUDA GPU"),
         ("bench.graph_leak", False, "needs a CUDA GPU"),
         ("bench.backward", False, "needs a CUDA GPU"),
+        ("bench.gluon_bwd_causal", False, "needs a CUDA GPU"),
         ("bench.gluon_paged_decode", False, "needs a CUDA GPU"),
         ("bench.cute_paged_decode", False, "needs a CUDA GPU"),
         ("bench.decode_fuse", False, "needs a CUDA GPU"),

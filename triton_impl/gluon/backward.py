@@ -61,11 +61,9 @@ MQA (dK and dV summed over the group's query heads in registers, no atomics); th
 exactly sm_90. Refused: ``cache_seqlens`` (no per-sequence key lengths here), paged caches, D = 256, fp32.
 Gluon has no interpreter path: the rung compiles without a GPU (``compile_sm90``) but runs only on one.
 
-Measured at P1 (B=2 H=16 S=8192 D=128 bf16; H200, 2026-11-30, ``results/h200/backward-gluon-reduce/``): 466.5
-TFLOP/s counting five products (443.3 causal), 0.77× (0.78×) FlashAttention-4's sm90 backward, whose dK/dV
-kernel makes dQ += dS K once and bulk-adds it from a warp of its own; ours runs seven products (the dQ pass),
-and the in-kernel reduce-add (``dq="reduce"``) 450.2 plain, 462.3 overlapped; causal CTAs heaviest first
-434.3 → 446.1. Not done: no consumer ping-pong, no persistent scheduler, no reduce-add warp of its own.
+Measured (H200, P1 = B=2 H=16 S=8192 D=128 bf16): 465.2 / causal 455.1 TFLOP/s (five products counted), 0.77× / 0.81×
+FA4's sm90 backward, which makes dQ += dS K once and bulk-adds it; ours runs seven (the dQ pass). Causal takes 0.511
+of the non-causal time for 0.508 of the steps (FA4 0.541). ``consumer_ranges``, ``limit_mask``: ``backward_ranges.py``.
 """
 
 from __future__ import annotations
@@ -88,6 +86,7 @@ from common.toolchain.releases import triton_release
 from triton_impl._host import LOG2_E
 from triton_impl.backward import tiled
 from triton_impl.backward._host import compile_launches, run_launches
+from triton_impl.gluon import backward_ranges
 from triton_impl.gluon._device import (
     _as_box,
     _operand_p,
@@ -97,12 +96,10 @@ from triton_impl.gluon._device import (
     _tma_load,
     _tma_store,
     _values_product,
-    attention_mask,
     block_range,
     heaviest_first,
     kv_head_index,
     query_blocks,
-    transposed_mask,
 )
 from triton_impl.gluon._host import (
     CONSUMER_ROWS,
@@ -130,6 +127,7 @@ from triton_impl.gluon.backward_dq import (
     previous_dq_t,
     transposed_accumulator,
 )
+from triton_impl.gluon.backward_ranges import last_product, previous_stage, release_previous
 from triton_impl.gluon.backward_rows import ROW_ALIGN, allocate_rows, dkdv_rows, head_rows, load_slot, step_rows
 
 BACKWARD_NAME = "gluon/backward/hopper"
@@ -161,6 +159,10 @@ class BackwardTiles:
     tma_rows: bool = False
     # Causal: both kernels' CTAs block-major in groups of (batch, head) items (``_device.heaviest_first``).
     heaviest_first: bool = False
+    # Causal: each consumer runs its own 64 keys' (rows') block range, not the CTA's (``backward_ranges.py``).
+    consumer_ranges: bool = False
+    # Masked steps: one compare a value with its row's limit, the dQ pass's mask after the exp (ditto).
+    limit_mask: bool = False
 
     def __post_init__(self) -> None:
         # Overlapped, a slot is freed one step late: one slot would deadlock the load warp.
@@ -170,6 +172,8 @@ class BackwardTiles:
             raise ValueError(f"dq is one of {DQ_MODES}, got {self.dq!r}")
         if self.overlap and self.dq == "atomic":
             raise ValueError(f"the atomic in-kernel dQ is built for the non-overlapped steps only, got {self}")
+        if self.consumer_ranges and self.dq != "pass":
+            raise ValueError(f"an in-kernel dQ shares every step's dSᵀ between the consumers: no own ranges, {self}")
 
     @property
     def overlaps_dq(self) -> bool:
@@ -181,24 +185,22 @@ class BackwardTiles:
         overlap = {(True, True): " overlap", (True, False): " overlap dkdv", (False, True): " overlap dq"}
         suffix = overlap.get((self.overlap, self.overlaps_dq), "")
         rows = " tma_rows" * self.tma_rows + " heaviest_first" * self.heaviest_first
+        rows += " consumer_ranges" * self.consumer_ranges + " limit_mask" * self.limit_mask
         return f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, {dq}{suffix}{rows}"
 
 
 # Per head dim, the default first; every one compiles for sm_90a without spills (tests/test_backward.py, 3.6
 # and 3.8). A dK/dV consumer thread holds dK and dV (2 × 64 fp32 registers at D=128) beside Sᵀ and dPᵀ: 64
 # query rows per slot spill there (120 bytes under 3.8), 32 do not; at D=64, 128 rows spill, 64 do not. The
-# overlapped ones hold a slot one step longer: three slots or more. H200, Triton 3.6, P1 / causal TFLOP/s (in
-# results/h200/: backward-gluon-candidates/): overlapped s3 450.9 / 407.4, s4 449.4 / 408.1, s2 428.2 / 407.0,
-# s3 419.1 / 400.7. Under 3.9 the overlapped dK/dV kernels spill (16-64 bytes): there the plain s3 with
-# tma_rows is D=128's default. 128-key dQ tiles gain nothing: 448.8 / 407.4 (backward-gluon-candidates-atomic/).
-# tma_rows: 238 → 198 SASS instructions a step at D=128, 383 → 244 at D=64; 456.8 → 468.6 / 409.0 → 444.2, D=64
-# 360.6 → 387.7 (backward-gluon-tma-rows/). heaviest_first: D=128's default (backward-heaviest-first/).
+# overlapped ones hold a slot one step longer: three slots or more; under 3.9 they spill (16-64 bytes): there the
+# plain s3 with tma_rows is D=128's default. What each knob measured: docs/perf-log.md, results/h200/backward-*.
 OVERLAP_SPILLS = ("3.9",)
 ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     64: (
         BackwardTiles(64, 2, 64, 2, tma_rows=True), BackwardTiles(64, 2, 64, 2), BackwardTiles(64, 3, 128, 2),
         BackwardTiles(64, 3, 64, 3, overlap=True), BackwardTiles(64, 3, 64, 3, overlap=True, tma_rows=True),
         BackwardTiles(64, 2, 64, 2, tma_rows=True, heaviest_first=True),
+        BackwardTiles(64, 2, 64, 2, tma_rows=True, heaviest_first=True, consumer_ranges=True, limit_mask=True),
     ),
     128: (
         BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True, heaviest_first=True),
@@ -208,6 +210,10 @@ ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(32, 3, 128, 2), BackwardTiles(32, 3, 64, 3, dq="atomic"),
         BackwardTiles(32, 3, 64, 3, dq="reduce", tma_rows=True), BackwardTiles(32, 3, 64, 3, dq="reduce"),
         BackwardTiles(32, 3, 64, 3, overlap=True, dq="reduce", tma_rows=True),
+        BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True, heaviest_first=True, consumer_ranges=True),
+        BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True, heaviest_first=True, limit_mask=True),
+        BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True, heaviest_first=True, consumer_ranges=True,
+                      limit_mask=True),
     ),
 }  # fmt: skip
 # The atomic dQ (319.3 at P1 against 456.4) spills at the static test's ragged GQA shapes (bytes per thread,
@@ -231,6 +237,8 @@ class StepConstants(NamedTuple):
     OVERLAP: bool  # a step issues the previous step's last product (``BackwardTiles.overlap``)
     DQ: str = "pass"  # "atomic", "reduce": the dK/dV kernel adds each step's dQ share (``BackwardTiles.dq``)
     TMA_ROWS: bool = False  # LSE₂ and D come with Q and dO into the ring (``BackwardTiles.tma_rows``)
+    LIMIT_MASK: bool = False  # masked steps compare with a limit per row (``BackwardTiles.limit_mask``)
+    CONSUMER_RANGES: bool = False  # dK/dV: a consumer may skip steps (``BackwardTiles.consumer_ranges``)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -300,29 +308,6 @@ def _load_partition(loader, NUM_STAGES: gl.constexpr, TMA_ROWS: gl.constexpr = F
 
 
 @gluon.jit
-def _previous_stage(step, NUM_STAGES: gl.constexpr):
-    """Overlapped steps: the ring slot of the previous step (step 0: its own, whose tiles have landed)."""
-    return gl.maximum(step - 1, 0) % NUM_STAGES
-
-
-@gluon.jit
-def _release_previous(empty, step, NUM_STAGES: gl.constexpr):
-    """Overlapped steps: free the previous step's ring slot (none before step 0) once the products
-    that read it have retired."""
-    mbarrier.arrive(empty.index(_previous_stage(step, NUM_STAGES)), count=1, pred=step > 0)
-
-
-@gluon.jit
-def _last_product(acc, words, ring, steps, p_layout: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """Overlapped steps: the last step's dK += dSᵀ Q (or dQ += dS K) from its packed ``words`` and the
-    slot it read, run to the end; without steps, the gradient (zero) as it is."""
-    if steps > 0:
-        last = ring.index((steps - 1) % NUM_STAGES)
-        acc = warpgroup_mma_wait(0, deps=[_values_product(words, last, acc, p_layout)])
-    return acc
-
-
-@gluon.jit
 def _store_tile(desc, coords, smem, tile):
     """A consumer's gradient tile through its own (no longer read) shared tile and one TMA store; rows
     past the sequence are clipped by the descriptor's per-(batch, head) bounds. Wait with store_wait."""
@@ -360,7 +345,7 @@ def _dkdv_step(carry, step, m_start, batch_head, step_args, constants: gl.conste
     # wgmmas retire in order; overlapped, the previous dK and (in-kernel dQ) dQᵀ products follow Sᵀ and dPᵀ.
     LATER: gl.constexpr = 1 + OVERLAP + (NUM_CONSUMERS if OVERLAP and constants.DQ != "pass" else 0)
     if OVERLAP:
-        dk = _values_product(carry[2], q_ring.index(_previous_stage(step, NUM_STAGES)), dk, p_layout)
+        dk = _values_product(carry[2], q_ring.index(previous_stage(step, NUM_STAGES)), dk, p_layout)
         if constants.DQ != "pass":
             dq_t = previous_dq_t(step, vectors, s_layout)
     offs_m = m_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
@@ -370,7 +355,7 @@ def _dkdv_step(carry, step, m_start, batch_head, step_args, constants: gl.conste
     s_t = warpgroup_mma_wait(LATER, deps=[s_t_token])
     p_t = gl.exp2(s_t * scale_log2 - lse_log2[None, :])
     if MASKED:
-        p_t = transposed_mask(p_t, offs_n, offs_m, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL)
+        p_t = backward_ranges.mask_p_t(p_t, offs_n, offs_m, m_start, seqlen_k, causal_offset, constants)
     dv_token = _values_product(_operand_p(p_t, q_ring.dtype, p_layout), do_tile, dv, p_layout)
     # dV += Pᵀ dO runs while dSᵀ = Pᵀ ∘ (dPᵀ − D) is made (overlapped: the previous dK, dQᵀ too).
     dp_t = warpgroup_mma_wait(LATER, deps=[dp_t_token])
@@ -384,7 +369,7 @@ def _dkdv_step(carry, step, m_start, batch_head, step_args, constants: gl.conste
             dk, dv, dq_t = warpgroup_mma_wait(0, deps=[dk, dv_token, dq_t])
         else:
             dk, dv = warpgroup_mma_wait(0, deps=[dk, dv_token])
-        _release_previous(empty, step, NUM_STAGES)
+        release_previous(empty, step, NUM_STAGES)
         words = _operand_p(d_s_t, q_ring.dtype, p_layout)
         if constants.DQ != "pass":
             # The previous step's share goes out at its coordinates; this step's are kept for the next.
@@ -407,13 +392,15 @@ def _dkdv_step(carry, step, m_start, batch_head, step_args, constants: gl.conste
 @gluon.jit
 def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
     """Consumer ``index``: keys n_start + 64 · index ... + 63, its K and V tiles; every query head of the
-    group and every query block the load warp streams, masked blocks first; then dK and dV out."""
+    group and every query block the load warp streams, the skipped ones (``consumer_ranges``) and masked
+    ones first; then dK and dV out."""
     smem, barriers, out_descs, vectors, coords, seqlen, scales = args
     fixed_k, fixed_v, q_ring, do_ring = smem
     fixed_ready, q_ready, do_ready, empty = barriers
     desc_dk, desc_dv = out_descs
     LseLog2, Delta, dq_out, ds_all, ds_ready = vectors
-    batch, heads, kv_head, group, n_start, first_block, blocks, masked_blocks = coords
+    batch, heads, kv_head, group, n_start, first_block, blocks, ranges = coords
+    skipped, masked_blocks = ranges[index]
     softmax_scale, softmax_scale_log2 = scales
     k_smem = fixed_k.index(index)
     v_smem = fixed_v.index(index)
@@ -437,20 +424,22 @@ def _dkdv_consumer(index: gl.constexpr, args, constants: gl.constexpr):
     vectors = (LseLog2, Delta, dq_out, ds_all, ds_ready, index, k_halves(fixed_k, index, constants.DQ))
     step_args = (k_smem, v_smem, q_ring, do_ring, q_ready, do_ready, empty, vectors, offs_n, seqlen,
                  softmax_scale_log2)  # fmt: skip
-    # GQA: the query heads kv_head · group ... kv_head · group + group − 1 read this KV head; dK and dV
-    # sum over them here, in registers.
+    # GQA: dK and dV sum over the group's query heads (kv_head · group + h read this KV head), in registers.
     for h in range(group):
         batch_head = batch * heads + kv_head * group + h
-        for block in range(masked_blocks):
+        if constants.CONSUMER_RANGES:  # (an in-kernel dQ's longer carry never skips)
+            for block in range(skipped):
+                carry = backward_ranges.skip_step(carry, h * blocks + block, step_args, constants)
+        for block in range(skipped, skipped + masked_blocks):
             m_start = (first_block + block) * BLOCK_M
             carry = _dkdv_step(carry, h * blocks + block, m_start, batch_head, step_args, constants, MASKED=True)
-        for block in range(masked_blocks, blocks):
+        for block in range(skipped + masked_blocks, blocks):
             m_start = (first_block + block) * BLOCK_M
             carry = _dkdv_step(carry, h * blocks + block, m_start, batch_head, step_args, constants, MASKED=False)
     dk = carry[0]
     dv = carry[1]
     if constants.OVERLAP:
-        dk = _last_product(dk, carry[2], q_ring, group * blocks, constants.p_layout, constants.NUM_STAGES)
+        dk = last_product(dk, carry[2], q_ring, group * blocks, constants.p_layout, constants.NUM_STAGES)
         if constants.DQ != "pass":
             last_dq_share(group * blocks, carry[3], vectors, constants.s_layout)
     # dK goes out through the K tile, which the other consumer's dQᵀ products read too.
@@ -467,8 +456,8 @@ def _dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LseLog2, Delta, DQAccum,
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale_log2,
     NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, OVERLAP: gl.constexpr,
-    DQ: gl.constexpr, TMA_ROWS: gl.constexpr, HEAVIEST_FIRST: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    num_warps: gl.constexpr,
+    DQ: gl.constexpr, TMA_ROWS: gl.constexpr, HEAVIEST_FIRST: gl.constexpr, CONSUMER_RANGES: gl.constexpr,
+    LIMIT_MASK: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """dK and dV (B, Hkv, Sk, D) of one 128-key block of one (batch, KV head); Q, dO by 4-D descriptors
     with a BLOCK_M-row box, K, V, dK, dV with a 64-row box; LSE₂ and D fp32 (B·H·Sq) vectors (TMA_ROWS: 3-D
@@ -486,7 +475,9 @@ def _dkdv_kernel(
     )
     # Pᵀ and dSᵀ as wgmma's A operand from registers: two 16-bit k per thread and register.
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    constants: gl.constexpr = StepConstants(s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP, DQ, TMA_ROWS)
+    constants: gl.constexpr = StepConstants(
+        s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP, DQ, TMA_ROWS, LIMIT_MASK, CONSUMER_RANGES
+    )
 
     n_block, batch_kv_head = gl.program_id(0), gl.program_id(1)
     if HEAVIEST_FIRST:  # causal: key block 0 sees the most query blocks
@@ -500,6 +491,8 @@ def _dkdv_kernel(
     first_block, blocks, masked_blocks = query_blocks(
         n_start, seqlen_q, seqlen_k, causal_offset, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N
     )
+    ranges = backward_ranges.consumer_query_blocks(n_start, seqlen_q, seqlen_k, causal_offset, first_block,
+                                                   masked_blocks, CONSUMER_RANGES, BLOCK_M, WG_N)  # fmt: skip
     smem, barriers = _allocate(desc_k, desc_q, NUM_STAGES)
     row_loads, LseLog2, Delta = allocate_rows(LseLog2, Delta, smem[2], TMA_ROWS)
     ds_all, ds_ready, staging = allocate_dq(desc_k, desc_q, smem[2], barriers[1], DQ, NUM_CONSUMERS)
@@ -515,7 +508,7 @@ def _dkdv_kernel(
         barriers,
         (desc_dk, desc_dv),
         (LseLog2, Delta, (DQAccum, staging), ds_all, ds_ready),
-        (batch, heads, kv_head, group, n_start, first_block, blocks, masked_blocks),
+        (batch, heads, kv_head, group, n_start, first_block, blocks, ranges),
         (seqlen_q, seqlen_k, causal_offset),
         (softmax_scale, softmax_scale_log2),
     )
@@ -553,18 +546,20 @@ def _dq_step(carry, n_block, step_args, constants: gl.constexpr, MASKED: gl.cons
     v_tile = _ready_tile(v_ring, v_ready, n_block, NUM_STAGES)
     dp_token = _scores(do_smem, v_tile, s_layout)
     if OVERLAP:
-        dq = _values_product(carry[1], k_ring.index(_previous_stage(n_block, NUM_STAGES)), dq, p_layout)
+        dq = _values_product(carry[1], k_ring.index(previous_stage(n_block, NUM_STAGES)), dq, p_layout)
     S = warpgroup_mma_wait(2 if OVERLAP else 1, deps=[s_token]) * scale_log2
     if MASKED:
-        S = attention_mask(S, offs_m, n_block * BLOCK_N, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL)
+        S = backward_ranges.mask_scores(S, offs_m, n_block * BLOCK_N, seqlen_k, causal_offset, constants)
     # Rows that see no key (LSE₂ +inf) and masked scores (-inf) give P = 0.
     P = gl.exp2(S - lse_log2[:, None])
+    if MASKED:
+        P = backward_ranges.mask_p(P, offs_m, n_block * BLOCK_N, seqlen_k, causal_offset, constants)
     dP = warpgroup_mma_wait(1 if OVERLAP else 0, deps=[dp_token])
     d_s = P * (dP - delta[:, None])
     if OVERLAP:
         # dS's words are made once the previous dQ product reading the old ones has retired.
         dq = warpgroup_mma_wait(0, deps=[dq])
-        _release_previous(empty, n_block, NUM_STAGES)
+        release_previous(empty, n_block, NUM_STAGES)
         carry = (dq, _operand_p(d_s, k_ring.dtype, p_layout))
     else:
         dq = warpgroup_mma_wait(
@@ -578,12 +573,13 @@ def _dq_step(carry, n_block, step_args, constants: gl.constexpr, MASKED: gl.cons
 @gluon.jit
 def _dq_consumer(index: gl.constexpr, args, constants: gl.constexpr):
     """Consumer ``index``: query rows start_m + 64 · index ... + 63, its Q and dO tiles; the unmasked key
-    blocks (seen in full by every row of the CTA), then the causal diagonal and the key tail; dQ out."""
+    blocks of the CTA's (``consumer_ranges``: its own, a prefix) range, then the diagonal and key tail; dQ out."""
     smem, barriers, desc_dq, vectors, coords, seqlen, scales = args
     fixed_q, fixed_do, k_ring, v_ring = smem
     fixed_ready, k_ready, v_ready, empty = barriers
     LseLog2, Delta = vectors
-    batch, head, batch_head, start_m, n_block_max, n_masked_blocks = coords
+    batch, head, batch_head, start_m, ranges = coords
+    n_block_max, n_masked_blocks = ranges[index]
     seqlen_q, _, _ = seqlen
     softmax_scale, softmax_scale_log2 = scales
     q_smem = fixed_q.index(index)
@@ -615,7 +611,7 @@ def _dq_consumer(index: gl.constexpr, args, constants: gl.constexpr):
         carry = _dq_step(carry, n_block, step_args, constants, MASKED=True)
     dq = carry[0]
     if constants.OVERLAP:
-        dq = _last_product(dq, carry[1], k_ring, n_block_max, constants.p_layout, constants.NUM_STAGES)
+        dq = last_product(dq, carry[1], k_ring, n_block_max, constants.p_layout, constants.NUM_STAGES)
 
     # dQ carries the softmax scale; rows past Sq are clipped by the store.
     _store_tile(desc_dq, [batch, head, consumer_m, 0], q_smem, dq * softmax_scale)
@@ -627,7 +623,8 @@ def _dq_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_dq, LseLog2, Delta,
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale_log2,
     NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, OVERLAP: gl.constexpr,
-    TMA_ROWS: gl.constexpr, HEAVIEST_FIRST: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    TMA_ROWS: gl.constexpr, HEAVIEST_FIRST: gl.constexpr, CONSUMER_RANGES: gl.constexpr, LIMIT_MASK: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """dQ (B, H, Sq, D) of 128 query rows of one (batch, head); Q, dO, dQ by 4-D descriptors with a
     64-row box, K and V with a BLOCK_N-row box (their KV head's: GQA reads them, never repeats them)."""
@@ -644,7 +641,7 @@ def _dq_kernel(
     # dS as wgmma's A operand from registers: two 16-bit k per thread and register.
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     constants: gl.constexpr = StepConstants(
-        s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP, TMA_ROWS=TMA_ROWS
+        s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP, TMA_ROWS=TMA_ROWS, LIMIT_MASK=LIMIT_MASK
     )
 
     # Causal: the last query blocks see the most keys; launching them first evens out the tail.
@@ -661,6 +658,8 @@ def _dq_kernel(
     _, n_block_max, n_masked_blocks = block_range(
         start_m, seqlen_k, causal_offset, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N
     )
+    ranges = backward_ranges.consumer_key_blocks(start_m, seqlen_k, causal_offset, n_block_max, n_masked_blocks,
+                                                 CONSUMER_RANGES, BOTTOM_RIGHT, WG_M, BLOCK_N)  # fmt: skip
     smem, barriers = _allocate(desc_q, desc_k, NUM_STAGES)
 
     loader = ((desc_q, desc_do, desc_k, desc_v), smem, barriers, (batch, head, start_m, kv_head, 1, 0, n_block_max), ())
@@ -669,7 +668,7 @@ def _dq_kernel(
         barriers,
         desc_dq,
         (LseLog2, Delta),
-        (batch, head, batch_head, start_m, n_block_max, n_masked_blocks),
+        (batch, head, batch_head, start_m, ranges),
         (seqlen_q, seqlen_k, causal_offset),
         (softmax_scale, softmax_scale_log2),
     )
@@ -729,6 +728,7 @@ def _launches(
     options = {
         "CAUSAL": problem.causal, "BOTTOM_RIGHT": problem.bottom_right, "OVERLAP": tiles.overlap,
         "TMA_ROWS": tiles.tma_rows, "HEAVIEST_FIRST": tiles.heaviest_first and problem.causal,
+        "CONSUMER_RANGES": tiles.consumer_ranges and problem.causal, "LIMIT_MASK": tiles.limit_mask,
         "CONSUMER_REGS": BUDGET.consumer_registers, "num_warps": BUDGET.num_warps, "maxnreg": BUDGET.maxnreg,
     }  # fmt: skip
     dkdv = (
