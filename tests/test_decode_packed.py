@@ -24,6 +24,7 @@ from common.contract.check import check_on_inputs
 from common.contract.inputs import make_inputs, make_paged_kv
 from common.contract.problem import Problem
 from common.contract.registry import discover
+from common.toolchain.releases import triton_release
 from tests._helpers import json_from_child
 from triton_impl import decode
 from triton_impl.gluon import decode as gluon_decode
@@ -192,9 +193,14 @@ COMPILES = {
     ("gluon", 64, 8, 1024, 0): 4, ("gluon", 128, 8, 1024, 0): 3, ("gluon", 64, 4, 4352, 16): 4,
 }  # fmt: skip
 SM_REGISTERS, SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES = 65536, 233472, 1024
-# Under triton's 128-register cap the LSE's epilogue keeps 8 bytes on the stack (two stores and two loads a CTA,
-# after the key loops; sm_90a, Triton 3.8): allowed there, never a local access inside a key-block loop.
-EPILOGUE_SPILL_BYTES = {"triton": 8, "gluon": 0}
+# Under triton's 128-register cap the LSE's epilogue keeps 8 bytes on the stack under Triton 3.8, 16 under 3.6
+# and 3.9 (stores and loads after the key loops; sm_90a): allowed there, never a local access inside a key-block
+# loop.
+EPILOGUE_SPILL_BYTES = {"triton": 16, "gluon": 0}
+# Compiles that miss the CTAs an SM the knob tells the split rule, by release: under Triton 3.9 gluon's paged D=64
+# tile takes 136 registers (three CTAs an SM, not four). The knob is off (it lost its A/B,
+# results/h200/decode-packed-occupancy-ab/); the test holds the miss so that a change either way shows.
+CTAS_MISSED = {"3.9": {("gluon", 64, 4, 4352, 16)}}
 
 
 @pytest.mark.static
@@ -203,7 +209,8 @@ def test_packed_kernels_compile_for_sm90_within_their_ctas_an_sm():
     for (key, ctas), result in zip(COMPILES.items(), compiled, strict=True):
         where = f"{key} PACKED_OCCUPANCY, {ctas} CTAs an SM: {result}"
         assert result["key_loop_spills"] == 0 and result["spill_bytes"] <= EPILOGUE_SPILL_BYTES[key[0]], where
-        assert result["registers"] * result["threads"] * ctas <= SM_REGISTERS, where
+        fits = result["registers"] * result["threads"] * ctas <= SM_REGISTERS
+        assert fits != (key in CTAS_MISSED.get(triton_release(), set())), where
         assert ctas * (result["shared_bytes"] + CTA_RESERVED_SHARED_BYTES) <= SM_SHARED_BYTES, where
 
 
