@@ -26,18 +26,11 @@ from common.contract.problem import Problem
 from common.contract.registry import discover
 from common.toolchain.releases import triton_release
 from tests._helpers import json_from_child
+
+# The same shapes' builder, rung modules and CPU-only mark as WIDE_M_TILE's tests.
+from tests.test_decode_wide import MODULES, _problem, interpreter_only
 from triton_impl import decode
 from triton_impl.gluon import decode as gluon_decode
-
-interpreter_only = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run on CPU-only machines")
-MODULES = {"triton/decode": decode, "gluon/decode": gluon_decode}
-
-
-def _problem(batch: int, kv_heads: int, group: int, seqlen_q: int, seqlen_k: int, head_dim: int, **changes) -> Problem:
-    return Problem(
-        batch, kv_heads * group, seqlen_q, seqlen_k, head_dim, dtype=changes.pop("dtype", torch.bfloat16),
-        causal=True, kv_heads=kv_heads, causal_alignment="bottom_right", return_lse=True, **changes,
-    )  # fmt: skip
 
 
 def _plan(module, problem: Problem) -> tuple:
