@@ -6,8 +6,8 @@ MMA's C partition (``_device.store_rows``), two bytes a store: 2 · D/2 = 128 ``
 D=128, each warp's store touching eight rows' sectors. Here, as in FlashAttention-4's SM90 backward
 (``epilogue_dKV``), each warpgroup converts its accumulators to the input dtype, writes them by
 ``stmatrix`` into the K and V boxes it no longer needs (its own 64 × D boxes, 128-byte swizzle), and one
-warp stores each box with one TMA store (``cp.async.bulk.tensor``): the tensor's shape is the real Sk, so
-rows past it are clipped by the TMA unit, not written.
+warp stores each box by TMA (``cp.async.bulk.tensor``, one ``UTMASTG`` per 64 columns: the swizzle atom's
+width): the tensor's shape is the real Sk, so rows past it are clipped by the TMA unit, not written.
 
 When the boxes are free (per warpgroup, after the main loop's last ``wait_group(0)``):
   1. dV → its V box: V is read only by this warpgroup's own dPᵀ = V dOᵀ, retired.
