@@ -29,7 +29,9 @@ Algorithm (three launches):
         columns; wait for Sᵀ; Pᵀ = exp2(Sᵀ · softmax_scale_log2 − LSE₂) (masked blocks: 0 past the
         causal diagonal and the key tail); issue dV += Pᵀ dO; wait for dPᵀ; dSᵀ = Pᵀ ∘ (dPᵀ − D);
         issue dK += dSᵀ Q; wait for both; release the slot. Masked blocks first, then the rest.
-     c. dK ·= softmax_scale; dK and dV stored from the accumulators (rows past Sk not written).
+     c. dK ·= softmax_scale; dK and dV stored from the accumulators (rows past Sk not written), or, with
+        ``staged_epilogue``, by stmatrix into the warpgroup's own K and V boxes and TMA-stored from there
+        (``hopper_epilogue.py``; rows past Sk clipped by the TMA unit).
   3. ``hopper_pass.DQPassKernel`` (one CTA per 128 query rows of one (batch, head), longest first when causal):
      the producer TMAs each warpgroup's Q and dO boxes once and streams K and V; each consumer
      (``dq_step``) issues S = Q Kᵀ and dP = dO Vᵀ, masks S (-inf), P = exp2(S · scale_log2 − LSE₂),
@@ -67,8 +69,11 @@ are deterministic; dQ's adds land in no fixed order (under ``torch.use_determini
 rung runs the separate pass). First GPU run (``results/h200/backward-cute-dq-reduce/``): 453.9 / 431.7
 TFLOP/s at P1 / causal, 360.3 at D=64 (B=4 H=32): +9-11 % over the separate pass.
 
-Limits (not done): no ping-pong between the consumer warpgroups, no persistent scheduler, gradients
-stored from the accumulators (no TMA store); dq="reduce" takes 64 query rows per step, 128 at D=64
+Limits (not done): no ping-pong between the consumer warpgroups, no persistent scheduler; the default
+stores dK and dV from the accumulators, two bytes a store (128 ``STG.E.U16`` per consumer thread at
+D=128): the candidates ``*_stagedepi`` (``BackwardTiles.staged_epilogue``, ``hopper_epilogue.py``) stage
+them in the K and V boxes and TMA-store them instead (not yet timed: ``bench/cute_bwd_epilogue_ab.sh``);
+dq="reduce" takes 64 query rows per step, 128 at D=64
 (FA3's D=64 step, the D=64 default; dV then issued after dSᵀ, ptxas serialised the loop otherwise) or 80
 at D=128 (FA4's non-causal step; a candidate, not yet timed: ``bench/cute_bwd_d128_ab.sh``), and its
 dK/dV overlap only at D=64. ``tma_rows`` (``hopper_rows.py``, the default: 540.8 / 485.5 / 439.0 TFLOP/s,
@@ -116,7 +121,7 @@ from cute_impl._host import (
     generic_view,
     mma_sync_supports,
 )
-from cute_impl.backward import hopper_dq, hopper_pass, hopper_rows, tiled
+from cute_impl.backward import hopper_dq, hopper_epilogue, hopper_pass, hopper_rows, tiled
 from cute_impl.backward._device import (
     CONSUMER_WARPGROUPS,
     MN_MAJOR,
@@ -164,6 +169,9 @@ class BackwardTiles:
     # Causal: the dK/dV kernel's CTAs taken block-major in groups of (batch, KV head) items that fill a wave,
     # so that no item's heaviest key blocks start in the last wave (``_device.heaviest_first``).
     heaviest_first: bool = False
+    # dK and dV staged by stmatrix in the K and V boxes the consumers no longer need and stored by TMA
+    # (``hopper_epilogue.py``), instead of two bytes a store from the accumulators (``_device.store_rows``).
+    staged_epilogue: bool = False
 
     def __post_init__(self) -> None:
         # Overlapped, a slot is freed one step late: one slot would deadlock the producer.
@@ -182,6 +190,7 @@ class BackwardTiles:
     @property
     def label(self) -> str:
         rows = ("_tmarows" if self.tma_rows else "") + ("_heaviestfirst" if self.heaviest_first else "")
+        rows += "_stagedepi" if self.staged_epilogue else ""
         if self.dq == "reduce":
             return f"m{self.tile_m}_s{self.stages}_dqreduce" + ("_dkdvoverlap" if self.dkdv_overlap else "") + rows
         overlaps = ("_dkdvoverlap" if self.dkdv_overlap else "") + ("_dqoverlap" if self.dq_overlap else "")
@@ -201,6 +210,7 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True),
         BackwardTiles(64, 64, 3, dkdv_overlap=True, dq="reduce", tma_rows=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True),
+        BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True),
     ),
     128: (
@@ -212,6 +222,7 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 64, 2, dq="reduce"),
         BackwardTiles(80, 64, 2, dq="reduce", tma_rows=True),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True),
+        BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True),
     ),
 }
@@ -246,6 +257,7 @@ class _DKDVKernel:
         self.dq_reduce = config.tiles.dq == "reduce"
         self.tma_rows = config.tiles.tma_rows
         self.heaviest_first = config.tiles.heaviest_first and config.causal
+        self.staged_epilogue = config.tiles.staged_epilogue
         self.threads_per_cta = THREADS_PER_CTA
 
     @cute.jit
@@ -280,10 +292,13 @@ class _DKDVKernel:
             self.q_bytes += hopper_rows.slot_bytes(self.tile_m)
             extra = {**extra, **hopper_rows.storage_fields(self.tile_m, self.stages)}
         self.shared_storage = shared_storage(self.dtype, sKV_layout, sQ_layout, self.stages, extra)
+        store_atoms = (None, None)
+        if cutlass.const_expr(self.staged_epilogue):  # mdK and mdV become TMA coordinates
+            store_atoms, (mdK, mdV) = hopper_epilogue.tma_store_atoms(mdK, mdV, one_stage(sKV_layout), D)
         self.kernel(
             st_mma, grad_mma, tma_atom_K, mK_tma, tma_atom_V, mV_tma, tma_atom_Q, mQ_tma, tma_atom_dO, mdO_tma,
             mLSE2, mDelta, mdK, mdV, softmax_scale, sKV_layout, sQ_layout, sQt_layout, mdQaccum, *row_atoms,
-            mQ.shape[2][0] // mK.shape[2][0],
+            *store_atoms, mQ.shape[2][0] // mK.shape[2][0],
         ).launch(
             grid=[cute.ceil_div(mK.shape[0], KEY_TILE), mK.shape[2][0], mK.shape[2][1]],
             block=[self.threads_per_cta, 1, 1],
@@ -299,7 +314,8 @@ class _DKDVKernel:
         tma_atom_dO: cute.CopyAtom, mdO: cute.Tensor, mLSE2: cute.Tensor, mDelta: cute.Tensor, mdK: cute.Tensor,
         mdV: cute.Tensor, softmax_scale: Float32, sKV_layout: cute.ComposedLayout, sQ_layout: cute.ComposedLayout,
         sQt_layout: cute.ComposedLayout, mdQaccum: cute.Tensor | None, tma_atom_LSE2: cute.CopyAtom | None,
-        tma_atom_Delta: cute.CopyAtom | None, group: Int32,
+        tma_atom_Delta: cute.CopyAtom | None, tma_atom_dK: cute.CopyAtom | None, tma_atom_dV: cute.CopyAtom | None,
+        group: Int32,
     ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -400,6 +416,10 @@ class _DKDVKernel:
             dq = None
             if cutlass.const_expr(self.dq_reduce):
                 dq = hopper_dq.DQReduce(storage, self.dtype, D, self.tile_m, st_mma, w, wg_tidx)
+            epilogue = None
+            if cutlass.const_expr(self.staged_epilogue):
+                atoms = (tma_atom_dK, tma_atom_dV)
+                epilogue = hopper_epilogue.StagedEpilogue(atoms, grad_mma, sK, sV, w, wg_tidx, self.dq_reduce)
             steps_done = Int32(0)
             kv_consumer.wait_and_advance()  # K and V stay for the whole CTA: never released
             for head_in_group in cutlass.range(group, unroll=1):
@@ -418,12 +438,15 @@ class _DKDVKernel:
             # ---- dK carries the softmax scale of S = softmax_scale · Q Kᵀ; dV none ------------------
             acc_dK.store(acc_dK.load() * softmax_scale)
             kv_bh = (kv_head, batch)
-            cKV = cute.make_identity_tensor((rows, D))
             box = n_block * CONSUMER_WARPGROUPS + w
-            gdK = cute.local_tile(mdK[None, None, kv_bh], (rows, D), (box, 0))  # (64, D)
-            gdV = cute.local_tile(mdV[None, None, kv_bh], (rows, D), (box, 0))  # (64, D)
-            store_rows(grad_thr, acc_dK, gdK, cKV, seqlen_k - key_start)
-            store_rows(grad_thr, acc_dV, gdV, cKV, seqlen_k - key_start)
+            if cutlass.const_expr(self.staged_epilogue):  # through the K and V boxes, by TMA (rows past Sk clipped)
+                epilogue.store(acc_dK, acc_dV, mdK[None, None, kv_bh], mdV[None, None, kv_bh], box)
+            else:
+                cKV = cute.make_identity_tensor((rows, D))
+                gdK = cute.local_tile(mdK[None, None, kv_bh], (rows, D), (box, 0))  # (64, D)
+                gdV = cute.local_tile(mdV[None, None, kv_bh], (rows, D), (box, 0))  # (64, D)
+                store_rows(grad_thr, acc_dK, gdK, cKV, seqlen_k - key_start)
+                store_rows(grad_thr, acc_dV, gdV, cKV, seqlen_k - key_start)
 
     @cute.jit
     def dkdv_step(
