@@ -17,12 +17,7 @@
 set -uo pipefail
 # shellcheck source=bench/_gpu_run.sh
 source "$(dirname "$0")/_gpu_run.sh" cute_bwd_d128_ab.sh runs/cute_bwd_d128_ab
-for activate in .gpu/activate.sh .gpu/fa4/activate.sh; do
-  if [ -f "$activate" ]; then
-    # shellcheck disable=SC1090
-    source "$activate" >> "$OUT/gpu.log" 2>&1
-  fi
-done
+source_carried_activations
 export PYTHONPATH="${PYTHONPATH:-$PWD}"
 nvidia-smi --query-gpu=name,memory.total --format=csv >> "$OUT/gpu.log" 2>&1
 status=0
