@@ -23,12 +23,11 @@ import torch
 from common.contract.check import check_on_inputs
 from common.contract.inputs import make_inputs, make_paged_kv
 from common.contract.problem import Problem
-from common.contract.registry import discover
 from common.toolchain.releases import triton_release
 from tests._helpers import json_from_child
 
 # The same shapes' builder, rung modules and CPU-only mark as WIDE_M_TILE's tests.
-from tests.test_decode_wide import MODULES, _problem, interpreter_only
+from tests.test_decode_wide import MODULES, _problem, check_on_gpu, interpreter_only
 from triton_impl import decode
 from triton_impl.gluon import decode as gluon_decode
 
@@ -230,13 +229,7 @@ def test_gpu_packed_occupancy_against_fp64(impl_name: str, case: str, monkeypatc
     monkeypatch.setattr(module, "PACKED_OCCUPANCY", True)
     if _plan(module, problem) == default:
         pytest.skip(f"{impl_name}: PACKED_OCCUPANCY does not change {problem.describe()}")
-    impl = {impl.name: impl for impl in discover(include_baselines=False)[0]}[impl_name]
-    q, k, v = make_inputs(problem, seed=len(case), device="cuda", offset=0.5)
-    cache_seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    block_table = None
-    if problem.paged:
-        k, v, block_table = make_paged_kv(problem, k, v, seed=len(case))
-    result = check_on_inputs(impl, q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table)
+    result = check_on_gpu(impl_name, problem, lengths, seed=len(case))
     assert result.ok, f"{impl_name} PACKED_OCCUPANCY {problem.describe()}: {result.summary()}"
 
 

@@ -162,12 +162,18 @@ def test_gpu_wide_tile_against_fp64(impl_name: str, case: str, monkeypatch: pyte
     module = MODULES[impl_name]
     monkeypatch.setattr(module, "WIDE_M_TILE", True)
     assert _rows_per_tile(module, problem)[:2] == (128, 8)
-    q, k, v = make_inputs(problem, seed=len(case), device="cuda", offset=0.5)
+    result = check_on_gpu(impl_name, problem, lengths, seed=len(case))
+    assert result.ok, f"{impl_name} WIDE_M_TILE {problem.describe()}: {result.summary()}"
+
+
+def check_on_gpu(impl_name: str, problem: Problem, lengths: tuple[int, ...] | None, seed: int):
+    """``impl_name`` against fp64 on fresh CUDA inputs of ``problem`` (offset 0.5), with ``lengths`` as its
+    ``cache_seqlens`` (None: full) and a paged cache where the problem is paged."""
+    q, k, v = make_inputs(problem, seed=seed, device="cuda", offset=0.5)
     cache_seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32, device="cuda")
     block_table = None
     if problem.paged:
-        k, v, block_table = make_paged_kv(problem, k, v, seed=len(case))
-    result = check_on_inputs(
+        k, v, block_table = make_paged_kv(problem, k, v, seed=seed)
+    return check_on_inputs(
         DECODE_IMPLS[impl_name], q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table
     )
-    assert result.ok, f"{impl_name} WIDE_M_TILE {problem.describe()}: {result.summary()}"
