@@ -1,16 +1,16 @@
-"""gluon/backward/hopper's causal knobs against its default, in one process on one GPU (issue #40):
+"""gluon/backward/hopper's causal knobs against the same tiles without them, in one process on one GPU (issue #40):
 ``consumer_ranges`` (each consumer warpgroup its own block range: the steps its half of the diagonal sees
 nothing in are skipped) and ``limit_mask`` (the masked steps compare each value once against its row's
 limit; the dQ pass masks P after the exp), alone and together (``triton_impl/gluon/backward_ranges.py``).
 
 Per shape (P1 causal, B=8 S=2048 causal, P1 non-causal as the control): q, k, v and dO seeded, O and the LSE
-from gluon/hopper; each variant's dQ, dK and dV first compared with the default's (the largest relative L2
+from gluon/hopper; each variant's dQ, dK and dV first compared with the knob-less tiles' (the largest relative L2
 distance of the three: the knobs change no product, only the rounding of S · scale − LSE₂ in the dQ steps no
-longer masked before the exp, so far below cuDNN's 3e-3 from the default); then ``--rounds`` rounds, each
+longer masked before the exp, so far below cuDNN's 3e-3 from the knob-less tiles); then ``--rounds`` rounds, each
 timing FA4's backward (through autograd, as ``bench.backward``) and every variant in turn (device events, L2
 flushed, median): a drift of the GPU's speed over the run reaches every variant alike. Backward TFLOP/s count
 2.5 × the forward's FLOPs, halved causal. Writes ``ab.csv`` (one row per shape, variant and round) and prints
-a table last: the median over rounds, × FA4 and × the default.
+a table last: the median over rounds, × FA4 and × the knob-less tiles (D=128's default before the knobs were measured).
 
     python -m bench.gluon_bwd_causal --out $OUT/ab [--rounds 3] [--budget-s 100] [--shape "P1 causal" ...]
 """
@@ -26,9 +26,10 @@ from pathlib import Path
 
 from bench.backward import FA4, SHAPES, autograd_row, problem_of, shape_inputs
 
-# The labels of ``triton_impl/gluon/backward.py``'s ALL_CANDIDATES[128] under A/B, the default first.
+# The labels of ``triton_impl/gluon/backward.py``'s ALL_CANDIDATES[128] under A/B, the knob-less tiles first;
+# both knobs together are D=128's default.
 VARIANTS = (
-    "default",
+    "dkdv 128x32 s3, dq 128x64 s3 overlap tma_rows heaviest_first",
     "dkdv 128x32 s3, dq 128x64 s3 overlap tma_rows heaviest_first consumer_ranges limit_mask",
     "dkdv 128x32 s3, dq 128x64 s3 overlap tma_rows heaviest_first consumer_ranges",
     "dkdv 128x32 s3, dq 128x64 s3 overlap tma_rows heaviest_first limit_mask",
@@ -42,14 +43,11 @@ def _variants(head_dim: int) -> dict[str, object]:
     from triton_impl.gluon import backward as gluon_backward
 
     pool = gluon_backward.ALL_CANDIDATES[head_dim]
-    chosen = {"default": gluon_backward.CANDIDATES[head_dim][0]}
-    for label in VARIANTS[1:]:
-        chosen[label] = next(tiles for tiles in pool if tiles.label == label)
-    return chosen
+    return {label: next(tiles for tiles in pool if tiles.label == label) for label in VARIANTS}
 
 
 def run_shape(shape: tuple, rounds: int, writer: csv.DictWriter, deadline: float) -> list[dict]:
-    """Check each variant's gradients against the default's, then time FA4 and the variants ``rounds`` times
+    """Check each variant's gradients against the knob-less tiles', then time FA4 and the variants ``rounds`` times
     (after the first, only while ``time.monotonic()`` is before ``deadline``)."""
     import torch
 
@@ -68,7 +66,7 @@ def run_shape(shape: tuple, rounds: int, writer: csv.DictWriter, deadline: float
     def backward(tiles):
         return lambda: hopper_gradients(q, k, v, out, lse, d_out, problem, tiles=tiles)
 
-    reference = backward(variants["default"])()
+    reference = backward(variants[VARIANTS[0]])()
     differences = {}
     for label, tiles in variants.items():
         grads = backward(tiles)()
@@ -87,7 +85,7 @@ def run_shape(shape: tuple, rounds: int, writer: csv.DictWriter, deadline: float
             ms = time_cuda(backward(tiles), warmup_ms=WARMUP_MS, rep_ms=REP_MS).ms
             row = {"shape": shape[0], "variant": label, "round": round_, "bwd_ms": ms,
                    "bwd_tflops": backward_flops(problem) / ms / 1e9, "fa4_tflops": fa4,
-                   "distance_vs_default": differences[label]}  # fmt: skip
+                   "distance_vs_no_knobs": differences[label]}  # fmt: skip
             writer.writerow(row)
             rows.append(row)
             print(" | ".join(f"{value:.4g}" if isinstance(value, float) else str(value) for value in row.values()),
@@ -97,8 +95,8 @@ def run_shape(shape: tuple, rounds: int, writer: csv.DictWriter, deadline: float
 
 
 def print_table(rows: list[dict]) -> None:
-    """Median TFLOP/s over rounds per (shape, variant), × FA4 and × the default, and the gradients' distance."""
-    print(f"\n{'shape':16s} {'variant':28s} {'TFLOP/s':>8s} {'x FA4':>6s} {'x dflt':>7s} {'dist dflt':>11s}")
+    """Median TFLOP/s over rounds per (shape, variant), × FA4 and × the knob-less tiles, and the gradients' distance."""
+    print(f"\n{'shape':16s} {'variant':28s} {'TFLOP/s':>8s} {'x FA4':>6s} {'x none':>7s} {'dist none':>11s}")
     for shape in dict.fromkeys(row["shape"] for row in rows):
         mine = [row for row in rows if row["shape"] == shape]
         fa4 = statistics.median(row["fa4_tflops"] for row in mine)
@@ -108,9 +106,9 @@ def print_table(rows: list[dict]) -> None:
             medians[label] = (statistics.median(row["bwd_tflops"] for row in chosen), chosen[0])
         print(f"{shape:16s} {'FA4 sm90':28s} {fa4:8.1f}")
         for label, (tflops, row) in medians.items():
-            name = label if label == "default" else label.split("heaviest_first ")[-1]
-            print(f"{shape:16s} {name:28s} {tflops:8.1f} {tflops / fa4:6.3f} {tflops / medians['default'][0]:7.3f} "
-                  f"{row['distance_vs_default']:11.3g}")  # fmt: skip
+            name = "no knobs" if label == VARIANTS[0] else label.split("heaviest_first ")[-1]
+            print(f"{shape:16s} {name:28s} {tflops:8.1f} {tflops / fa4:6.3f} {tflops / medians[VARIANTS[0]][0]:7.3f} "
+                  f"{row['distance_vs_no_knobs']:11.3g}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows, deadline = [], time.monotonic() + args.budget_s
     with (args.out / "ab.csv").open("w", newline="") as handle:
-        fields = ("shape", "variant", "round", "bwd_ms", "bwd_tflops", "fa4_tflops", "distance_vs_default")
+        fields = ("shape", "variant", "round", "bwd_ms", "bwd_tflops", "fa4_tflops", "distance_vs_no_knobs")
         writer = csv.DictWriter(handle, fields)
         writer.writeheader()
         for name in names:

@@ -473,7 +473,7 @@ def test_hopper_heaviest_first_remaps_only_the_causal_launch() -> None:
     """The heaviest-first candidates compile without spills; causal, the dK/dV kernel reads the grid's size
     (``%nctaid``: the remap), not where every block's work is the same (non-causal: the default's order)."""
     for head_dim in hopper_backward.HEAD_DIMS:
-        ordered = replace(hopper_backward.default_tiles(head_dim), heaviest_first=True)
+        ordered = replace(hopper_backward.default_tiles(head_dim), heaviest_first=True, staged_epilogue=False)
         assert ordered in hopper_backward.CANDIDATES[head_dim]
         for causal in (True, False):
             prob = problem(1000, 777, head_dim, causal=causal, alignment="bottom_right", kv_heads=2)
@@ -652,8 +652,9 @@ def test_hopper_dq_reduce_refuses_what_it_is_not_built_for() -> None:
 
 
 def test_hopper_tma_rows_is_the_default_and_the_deterministic_switch_leaves_it() -> None:
-    """The measured defaults (results/h200/backward-cute-tma-rows/, backward-cute-d64-m128/): LSE₂ and D by
-    TMA, at D=64 128 query rows a step; under deterministic algorithms the separate dQ pass, without."""
+    """The measured defaults (results/h200/backward-cute-tma-rows/, backward-cute-d64-m128/,
+    backward-staged-epilogue/): LSE₂ and D by TMA, at D=64 128 query rows a step, dK and dV by TMA stores;
+    under deterministic algorithms the separate dQ pass, without."""
     assert {tiles.label for tiles in TMA_ROWS} == {
         "m64_s2_dqreduce_tmarows",
         "m128_s2_dqreduce_tmarows",
@@ -665,7 +666,10 @@ def test_hopper_tma_rows_is_the_default_and_the_deterministic_switch_leaves_it()
         "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi",
     }
     defaults = {head_dim: hopper_backward.default_tiles(head_dim).label for head_dim in hopper_backward.HEAD_DIMS}
-    assert defaults == {64: "m128_s2_dqreduce_tmarows", 128: "m64_s2_dqreduce_tmarows_heaviestfirst"}
+    assert defaults == {
+        64: "m128_s2_dqreduce_tmarows_stagedepi",
+        128: "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi",
+    }
     torch.use_deterministic_algorithms(True)
     try:
         assert all(hopper_backward.default_tiles(d).dq == "pass" for d in hopper_backward.HEAD_DIMS)

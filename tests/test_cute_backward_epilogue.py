@@ -1,12 +1,13 @@
-"""cute/backward/hopper's staged epilogue (``BackwardTiles(staged_epilogue=True)``, ``hopper_epilogue.py``): dK
-and dV through the consumers' K and V boxes by stmatrix and TMA stores, instead of two bytes a store from
-the accumulators.
+"""cute/backward/hopper's staged epilogue (``BackwardTiles(staged_epilogue=True)``, ``hopper_epilogue.py``, the
+default since results/h200/backward-staged-epilogue/): dK and dV through the consumers' K and V boxes by
+stmatrix and TMA stores, instead of two bytes a store from the accumulators.
 
-Without a GPU: each head dim's staged candidate (its default with the epilogue on, listed just before it)
-compiles for sm_90a with every compile-time feature on without spills, its wgmmas not serialised, the same
-products per step and the same shared memory as the default, and its dK/dV kernel writes global memory only
-by TMA (no ``STG``), where the default stores D two-byte values per thread. With a GPU: the staged candidates
-against fp64 by the yardstick rule on ragged, causal (both alignments), GQA/MQA and multi-batch shapes.
+Without a GPU: each head dim's default (the staged epilogue; the candidate listed just before it is the same
+tiles storing from the accumulators) compiles for sm_90a with every compile-time feature on without spills,
+its wgmmas not serialised, the same products per step and the same shared memory as the accumulator store,
+and its dK/dV kernel writes global memory only by TMA (no ``STG``), where the accumulator store writes D
+two-byte values per thread. With a GPU: the staged defaults against fp64 by the yardstick rule on ragged,
+causal (both alignments), GQA/MQA and multi-batch shapes.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ from tests.test_cute_backward import (
     wgmma_serialised,
 )
 
-# Each head dim's staged candidate: the one listed before its default.
-STAGED = {head_dim: variants[-2] for head_dim, variants in hopper_backward.CANDIDATES.items()}
+# Each head dim's staged default, and the same tiles storing from the accumulators, listed just before it.
+STAGED = {head_dim: variants[-1] for head_dim, variants in hopper_backward.CANDIDATES.items()}
+ACCUMULATOR_STORE = {head_dim: variants[-2] for head_dim, variants in hopper_backward.CANDIDATES.items()}
 # A TMA store to global memory in SASS; a shared-memory store of 8x8 matrices (stmatrix).
 TMA_STORE = re.compile(r"\bUTMASTG\b")
 STMATRIX = re.compile(r"\bSTSM\b")
@@ -49,46 +51,47 @@ SWIZZLE_COLUMNS = 64
 BOX_ROWS = 64
 
 
-def test_each_staged_candidate_is_its_default_with_the_epilogue_on() -> None:
-    """The staged candidates are listed just before the defaults (the last candidates, unchanged), each equal
-    to its head dim's default but for the epilogue; the default stores from the accumulators."""
+def test_each_default_is_the_accumulator_store_with_the_epilogue_staged() -> None:
+    """The defaults (the last candidates) stage the epilogue, each equal to the candidate listed just before
+    it but for the epilogue; that one stores from the accumulators."""
     for head_dim, staged in STAGED.items():
-        default = hopper_backward.default_tiles(head_dim)
-        assert default == hopper_backward.CANDIDATES[head_dim][-1] and not default.staged_epilogue
-        assert staged == replace(default, staged_epilogue=True), staged
-        assert staged.label == default.label + "_stagedepi"
+        assert staged == hopper_backward.default_tiles(head_dim), staged
+        accumulator_store = ACCUMULATOR_STORE[head_dim]
+        assert not accumulator_store.staged_epilogue
+        assert staged == replace(accumulator_store, staged_epilogue=True), staged
+        assert staged.label == accumulator_store.label + "_stagedepi"
 
 
 @pytest.mark.cute_compile
 @pytest.mark.static
 @pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
 def test_staged_epilogue_stores_dk_and_dv_by_tma_only(head_dim: int) -> None:
-    """The staged candidate with every compile-time feature on (causal bottom-right, MQA, dLSE): its dK/dV
-    kernel compiles without spills, its wgmmas not serialised, the default's products per step and shared
-    memory (within an sm_90 CTA's), and it writes global memory by TMA only: no ``STG``, one ``UTMASTG`` per
-    64 columns of dK and of dV, and 2 · D/16 more stmatrix (each warp's 16 × D rows of both, 16 × 16 a
-    stmatrix). Planted: the default stores dK and dV from the accumulators, D ``STG.E.U16`` per thread
-    (two bytes a store), and no TMA store."""
+    """The staged default with every compile-time feature on (causal bottom-right, MQA, dLSE): its dK/dV
+    kernel compiles without spills, its wgmmas not serialised, the accumulator store's products per step and
+    shared memory (within an sm_90 CTA's), and it writes global memory by TMA only: no ``STG``, one
+    ``UTMASTG`` per 64 columns of dK and of dV, and 2 · D/16 more stmatrix (each warp's 16 × D rows of both,
+    16 × 16 a stmatrix). Planted: the accumulator store writes dK and dV D ``STG.E.U16`` per thread (two
+    bytes a store), and no TMA store."""
     causal, alignment, kv_heads, has_dlse = VARIANTS["causal_bottom_right_mqa_dlse"]
     prob = problem(1000, 777, head_dim, causal=causal, alignment=alignment, kv_heads=kv_heads)
-    staged, default = STAGED[head_dim], hopper_backward.default_tiles(head_dim)
+    staged, accumulator = STAGED[head_dim], ACCUMULATOR_STORE[head_dim]
     binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=staged)
-    default_binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=default)
-    assert hgmma_per_step(binaries) == hgmma_per_step(default_binaries)
-    dkdv, default_dkdv = binaries[1], default_binaries[1]
+    accumulator_binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=accumulator)
+    assert hgmma_per_step(binaries) == hgmma_per_step(accumulator_binaries)
+    dkdv, accumulator_dkdv = binaries[1], accumulator_binaries[1]
     for usage in cubin_resources(dkdv.cubin).values():
         spills = usage["stack_bytes"] + usage["local_bytes"]
         assert spills == 0, f"{staged.label}: {usage['registers']} registers, {spills} B spilled"
     shared = dkdv_shared_bytes(prob, staged)
-    assert shared == dkdv_shared_bytes(prob, default) and shared <= SM90_SHARED_MEMORY_BYTES, shared
-    sass, default_sass = sass_of(dkdv), sass_of(default_dkdv)
+    assert shared == dkdv_shared_bytes(prob, accumulator) and shared <= SM90_SHARED_MEMORY_BYTES, shared
+    sass, accumulator_sass = sass_of(dkdv), sass_of(accumulator_dkdv)
     assert not wgmma_serialised(sass), "ptxas serialised the wgmmas"
     stores = Counter(match.groups() for match in GLOBAL_ACCESS.finditer(sass) if match.group(1) == "STG")
     assert not stores, f"{staged.label}: stores from registers left: {stores}"
     assert len(TMA_STORE.findall(sass)) == 2 * head_dim // SWIZZLE_COLUMNS
-    assert len(STMATRIX.findall(sass)) - len(STMATRIX.findall(default_sass)) == 2 * head_dim // 16
-    default_stores = Counter(match.groups() for match in GLOBAL_ACCESS.finditer(default_sass))
-    assert default_stores[("STG", "U16")] == head_dim and not TMA_STORE.search(default_sass), default_stores
+    assert len(STMATRIX.findall(sass)) - len(STMATRIX.findall(accumulator_sass)) == 2 * head_dim // 16
+    accumulator_stores = Counter(match.groups() for match in GLOBAL_ACCESS.finditer(accumulator_sass))
+    assert accumulator_stores[("STG", "U16")] == head_dim and not TMA_STORE.search(accumulator_sass), accumulator_stores
 
 
 @pytest.mark.cute_compile
@@ -129,7 +132,7 @@ STAGED_CASES = staged_cases()
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", list(STAGED_CASES))
 def test_gpu_staged_epilogue_passes_the_rule(case: str) -> None:
-    """The head dim's staged candidate against fp64 by the rule, from cute/hopper's O and LSE. Planted: the
+    """The head dim's staged default against fp64 by the rule, from cute/hopper's O and LSE. Planted: the
     first warpgroup's box of the first key block never stored (its TMA stores dropped: dK and dV rows [0, 64)
     left as torch.empty gave them, here zero; the keys every causal query row sees at bottom-right or
     top-left alike) fails the rule."""

@@ -16,6 +16,7 @@ and the non-causal launches of ``consumer_ranges`` are the default's bytes. On t
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from collections.abc import Callable
 from itertools import product
@@ -26,6 +27,7 @@ import torch
 
 from common import attention
 from common.contract.inputs import make_inputs
+from common.toolchain.releases import triton_release
 from tests._helpers import json_from_child
 from tests.test_backward import assert_all_pass, problem
 from triton_impl.gluon import _device, backward_ranges
@@ -226,8 +228,9 @@ def test_limit_masks_equal_the_masks_they_replace() -> None:
 
 
 def test_consumer_ranges_refuse_an_in_kernel_dq_and_are_named() -> None:
-    """An in-kernel dQ exchanges every step's dSᵀ between the consumers: refused. Labels name both knobs; the
-    default has neither."""
+    """An in-kernel dQ exchanges every step's dSᵀ between the consumers: refused. Labels name both knobs. D=128's
+    default has both where the release lists the overlapped tiles (results/h200/backward-gluon-causal-ab*/),
+    D=64's neither (its knobs untimed)."""
     tiles = gluon_backward.BackwardTiles
     with pytest.raises(ValueError, match="no own ranges"):
         tiles(32, 3, 64, 3, dq="reduce", consumer_ranges=True)
@@ -235,8 +238,9 @@ def test_consumer_ranges_refuse_an_in_kernel_dq_and_are_named() -> None:
     assert (
         both.label.endswith("heaviest_first consumer_ranges limit_mask") and both in gluon_backward.ALL_CANDIDATES[128]
     )
-    for variants in gluon_backward.CANDIDATES.values():
-        assert not (variants[0].consumer_ranges or variants[0].limit_mask)
+    overlap_listed = triton_release() not in gluon_backward.OVERLAP_SPILLS
+    assert gluon_backward.CANDIDATES[128][0] == (both if overlap_listed else tiles(32, 3, 64, 3, tma_rows=True))
+    assert not (gluon_backward.CANDIDATES[64][0].consumer_ranges or gluon_backward.CANDIDATES[64][0].limit_mask)
     assert all(t.dq_stages >= 2 for _, t in RANGES), "the dQ consumer's early end needs two ring slots"
 
 
@@ -268,7 +272,8 @@ def step_loops(cubin):
 
 rows = {}
 for head_dim, variants in gluon_backward.CANDIDATES.items():
-    for tiles in [variants[0]] + [t for t in variants if t.consumer_ranges or t.limit_mask]:
+    knobs = [t for t in variants if t.consumer_ranges or t.limit_mask]
+    for tiles in knobs + [dataclasses.replace(t, consumer_ranges=False, limit_mask=False) for t in knobs]:
         for causal in (True, False):
             problem = Problem(2, 16, 1000, 777, head_dim, torch.bfloat16, kv_heads=4, causal=causal,
                               causal_alignment="bottom_right")
@@ -286,18 +291,18 @@ print(json.dumps(rows))
 @pytest.mark.static
 def test_candidates_compile_and_the_limit_mask_shortens_only_the_masked_steps() -> None:
     """Every listed candidate with either knob, causal and not, at a ragged GQA bottom-right shape: no spills, wgmmas
-    not serialised. ``limit_mask``: the longest step (masked) of each causal kernel and of the non-causal dQ
-    pass shorter than the default's by 10 SASS instructions or more (measured under 3.8, D=128 causal: dQ 493 →
-    332, dK/dV 268 → 249), the shortest (unmasked) at most 5 longer (Triton 3.9 schedules D=64's 6 shorter); the
-    non-causal dK/dV steps unchanged.
-    ``consumer_ranges`` alone: the non-causal kernels are the default's bytes (the knob enters causal launches
+    not serialised. Each against the same tiles without the knobs. ``limit_mask``: the longest step (masked) of
+    each causal kernel and of the non-causal dQ pass shorter than the knob-less tiles' by 10 SASS instructions or
+    more (measured under 3.8, D=128 causal: dQ 493 → 332, dK/dV 268 → 249), the shortest (unmasked) at most 5
+    longer (Triton 3.9 schedules D=64's 6 shorter); the non-causal dK/dV steps unchanged.
+    ``consumer_ranges`` alone: the non-causal kernels are the knob-less tiles' bytes (the knob enters causal launches
     only); planted: its causal dK/dV kernel differs, which the comparison detects."""
     rows = json_from_child(["-c", STATIC_SCRIPT], timeout=600)
     for key, row in rows.items():
         assert row["spill"] == 0 and not row["serialised"], (key, row)
     assert LISTED, "the installed release lists none of them"
     for head_dim, tiles in LISTED:
-        default = gluon_backward.CANDIDATES[head_dim][0].label
+        default = dataclasses.replace(tiles, consumer_ranges=False, limit_mask=False).label
         for causal, kernel in product((True, False), ("_dkdv_kernel", "_dq_kernel")):
             mine, base = (rows[f"{head_dim}|{label}|{causal}|{kernel}"] for label in (tiles.label, default))
             if tiles.limit_mask and (causal or kernel == "_dq_kernel"):
@@ -344,10 +349,13 @@ def test_gpu_ranges_and_limit_masks_pass_the_rule(
 
 
 def test_the_ab_names_real_variants() -> None:
-    """``bench/gluon_bwd_causal.py`` times the default and the three candidates with a knob, by their labels."""
+    """``bench/gluon_bwd_causal.py`` times the knob-less tiles and the three candidates with a knob (one of them
+    the default), by their labels."""
     from bench import gluon_bwd_causal
 
     chosen = gluon_bwd_causal._variants(128)
     assert list(chosen) == list(gluon_bwd_causal.VARIANTS)
-    assert chosen["default"] == gluon_backward.CANDIDATES[128][0]
+    knobless = chosen[gluon_bwd_causal.VARIANTS[0]]
+    assert not (knobless.consumer_ranges or knobless.limit_mask)
+    assert gluon_backward.ALL_CANDIDATES[128][0] in chosen.values()
     assert {tiles for _, tiles in RANGES if tiles.dkdv_block_m == 32} == set(list(chosen.values())[1:])

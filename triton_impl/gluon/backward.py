@@ -63,7 +63,8 @@ Gluon has no interpreter path: the rung compiles without a GPU (``compile_sm90``
 
 Measured (H200, P1 = B=2 H=16 S=8192 D=128 bf16): 465.2 / causal 455.1 TFLOP/s (five products counted), 0.77× / 0.81×
 FA4's sm90 backward, which makes dQ += dS K once and bulk-adds it; ours runs seven (the dQ pass). Causal takes 0.511
-of the non-causal time for 0.508 of the steps (FA4 0.541). ``consumer_ranges``, ``limit_mask``: ``backward_ranges.py``.
+of the non-causal time for 0.508 of the steps (FA4 0.541). D=128's default has both causal knobs (``consumer_ranges``,
+``limit_mask``: ``backward_ranges.py``): +1.9 / +2.1 % at B=8 S=2048 causal in two runs, +0.4 / +0.6 % at P1 causal.
 """
 
 from __future__ import annotations
@@ -189,11 +190,10 @@ class BackwardTiles:
         return f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, {dq}{suffix}{rows}"
 
 
-# Per head dim, the default first; every one compiles for sm_90a without spills (tests/test_backward.py, 3.6
-# and 3.8). A dK/dV consumer thread holds dK and dV (2 × 64 fp32 registers at D=128) beside Sᵀ and dPᵀ: 64
-# query rows per slot spill there (120 bytes under 3.8), 32 do not; at D=64, 128 rows spill, 64 do not. The
-# overlapped ones hold a slot one step longer: three slots or more; under 3.9 they spill (16-64 bytes): there the
-# plain s3 with tma_rows is D=128's default. What each knob measured: docs/perf-log.md, results/h200/backward-*.
+# Per head dim, the default first; none spills for sm_90a (tests/test_backward.py). A dK/dV consumer thread holds dK
+# and dV (2 × 64 fp32 registers at D=128) beside Sᵀ and dPᵀ: 64 query rows per slot spill there (120 bytes under
+# 3.8), 32 do not; at D=64, 128 rows spill, 64 do not. The overlapped ones hold a slot one step longer (three slots
+# or more); under 3.9 they spill (16-64 bytes): the plain s3 with tma_rows is D=128's default there. Measured: perf-log.
 OVERLAP_SPILLS = ("3.9",)
 ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     64: (
@@ -203,6 +203,8 @@ ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 2, 64, 2, tma_rows=True, heaviest_first=True, consumer_ranges=True, limit_mask=True),
     ),
     128: (
+        BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True, heaviest_first=True, consumer_ranges=True,
+                      limit_mask=True),
         BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True, heaviest_first=True),
         BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True), BackwardTiles(32, 3, 64, 3, overlap=True),
         BackwardTiles(32, 3, 64, 3, tma_rows=True), BackwardTiles(32, 3, 64, 3), BackwardTiles(32, 2, 64, 2),
@@ -212,8 +214,6 @@ ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(32, 3, 64, 3, overlap=True, dq="reduce", tma_rows=True),
         BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True, heaviest_first=True, consumer_ranges=True),
         BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True, heaviest_first=True, limit_mask=True),
-        BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True, heaviest_first=True, consumer_ranges=True,
-                      limit_mask=True),
     ),
 }  # fmt: skip
 # The atomic dQ (319.3 at P1 against 456.4) spills at the static test's ragged GQA shapes (bytes per thread,
