@@ -3,7 +3,8 @@ before its keys (``cute_impl/_decode_warps.py``), and ``ROW_SPLIT_STAGES``, the 
 
 CPU: off by default; on, the warps along M of each tile (16 rows: none; 32: two; 64: four) and nothing else of
 the plan (tile, M tiles, split count); ``ROW_SPLIT_STAGES`` (empty) deepens only the row split's ring; a split
-of the warps that does not divide the tile is refused. Static (sm_90a): the knob's kernels compile without
+of the warps that does not divide the tile is refused; bench/cute_decode_rows.py times each setting where it
+changes the plan and restores the switches. Static (sm_90a): the knob's kernels compile without
 spills, split and direct, contiguous and paged, at D=64 and 128, D=64's split kernel in the 168 registers that
 let three CTAs share an SM. GPU (``gpu`` marker; ``bench/cute_decode_rows_ab.sh``): the knob against fp64 on a
 poisoned output over GQA packed shapes of group · Sq = 32 to 256 rows (Sq 16 and 5; D=64 and 128), ragged
@@ -90,6 +91,28 @@ def test_a_warp_split_that_does_not_divide_the_tile_is_refused():
     with pytest.raises(ValueError, match="cannot split"):
         _decode_warps.WarpTiles(64, 64, 64, 4, 3, 0)
     assert _decode_warps.row_warps_for(True, 64, 4) == 4 and _decode_warps.row_warps_for(False, 64, 4) == 1
+
+
+def test_bench_times_each_setting_where_it_changes_the_plan_and_restores_the_switches():
+    """bench/cute_decode_rows.py: seed 41's row first, with all three settings; D=128's rows without the D=64
+    ring's; the switches as committed after; the table names every setting's ratio to the default."""
+    from bench import cute_decode_rows
+
+    cases = dict(cute_decode_rows.rows_cases())
+    assert next(iter(cases)) == "seed41-1" and len(cases) == len(cute_decode_rows.ORDER)
+    assert cases["seed41-1"].describe().startswith("B=16 H=256 Hkv=32 Sq=16 Sk=1024 D=64")
+    timed = {label: cute_decode_rows.settings_to_time(case.problem, CPU) for label, case in cases.items()}
+    assert timed["seed41-1"] == list(cute_decode_rows.SETTINGS)
+    assert timed["128rows-d128-1k"] == ["default", "rows"]
+    assert decode.WARPS_SPLIT_ROWS is False and _decode_warps.ROW_SPLIT_STAGES == {}
+    with cute_decode_rows.applied("rows-s4"):
+        assert cute_decode_rows.plan_of(cases["seed41-1"].problem, CPU) == "64x2 w4x1 s4 splits 1"
+    row = {"label": "seed41-1", "shape": "s", "plan": "p", "status": "ok", "pct_read_bw": 30.0}
+    rows = [
+        {**row, "setting": setting, "us": us}
+        for setting, us in zip(cute_decode_rows.SETTINGS, (100.0, 80.0, 70.0), strict=True)
+    ]
+    assert "| 0.80 | 0.70 |" in cute_decode_rows.markdown(rows, 4300.0)
 
 
 # ----------------------------------------------------------------------------------------------------
