@@ -2,7 +2,7 @@
 before its keys (``cute_impl/_decode_warps.py``), and ``ROW_SPLIT_STAGES``, the row split's own ring depth.
 
 CPU: off by default; on, the warps along M of each tile (16 rows: none; 32: two; 64: four) and nothing else of
-the plan (tile, M tiles, split count); ``ROW_SPLIT_STAGES`` (empty) deepens only the row split's ring; a split
+the plan (tile, M tiles, split count); ``ROW_SPLIT_STAGES`` (empty) sets only the row split's ring depth; a split
 of the warps that does not divide the tile is refused; bench/cute_decode_rows.py times each setting where it
 changes the plan and restores the switches. Static (sm_90a): the knob's kernels compile without
 spills, split and direct, contiguous and paged, at D=64 and 128, D=64's split kernel in the 168 registers that
@@ -65,7 +65,7 @@ def test_warps_split_rows_is_off_and_changes_only_the_warps():
                 assert config.keys_per_warp == config.shape.tile_n * row_warps // config.shape.num_warps
 
 
-def test_row_split_stages_deepen_only_the_row_split_ring(monkeypatch: pytest.MonkeyPatch):
+def test_row_split_stages_set_only_the_row_split_ring(monkeypatch: pytest.MonkeyPatch):
     assert _decode_warps.ROW_SPLIT_STAGES == {}, "ROW_SPLIT_STAGES is set by default before its GPU A/B"
     monkeypatch.setattr(_decode_warps, "ROW_SPLIT_STAGES", {64: 4})
     seed41_kind, sixteen_rows = _problem(4, 8, 8, 16, 1024, 64), _problem(4, 8, 4, 4, 1024, 64)
