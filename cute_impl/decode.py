@@ -22,9 +22,9 @@ keeping the memory system busy, not the tensor cores:
   along M, so each warp takes its own ``keys_per_warp`` keys of every K/V block and runs its own online
   softmax: a split inside the split, the warps' partial O and LSE merged through shared memory at the end
   (:func:`merge_splits`, both kernels' formula). ``WARPS_SPLIT_ROWS`` (off) splits the rows first where a
-  tile has more than 16 (``_decode_warps.py``). Why ``mma.sync`` (SM80-style, warp-level), not WGMMA: a 64-row warpgroup
-  tile would be three quarters padding for 16 packed rows, and no MMA choice matters when the
-  tensor cores idle on memory; ``mma.sync`` lets each warp own its keys and its softmax.
+  tile has more than 16 (``_decode_warps.py``). Why ``mma.sync`` (SM80-style, warp-level), not WGMMA: a
+  64-row warpgroup tile would be three quarters padding for 16 packed rows, and no MMA choice matters when
+  the tensor cores idle on memory; ``mma.sync`` lets each warp own its keys and its softmax.
 * **The balanced split** (``BALANCED_SPLIT``, triton/decode's switch and plan, ``_decode_plan.py``):
   in a ragged batch the padded split leaves most of a short sequence's CTAs without a key while the
   long one's few carry its keys. Balanced, the grid is target_shares + B·Hkv CTAs per M tile (the shape
@@ -219,7 +219,6 @@ class DecodeConfig:
     paged: bool = False  # K and V are page pools read through a (B, max_pages_per_seq) int32 block table
     merge_splits_per_step: int = MERGE_SPLITS_PER_STEP  # the merge kernel's unrolling over the splits
     balanced_min_blocks: int = 0  # the balanced split's least share in key blocks; 0: the padded split
-
     row_warps: int = 1  # warps along M (``_decode_warps.py``; WARPS_SPLIT_ROWS): 1, the warps split the keys
 
     @property
