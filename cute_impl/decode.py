@@ -19,13 +19,12 @@ keeping the memory system busy, not the tensor cores:
   once per KV head. ``tile_m`` is group · Sq rounded up to a power of two from 16 (``mma.sync``'s M)
   to ``max_tile_m``; a larger group is cut into ``m_blocks`` tiles.
 * **Warps split the keys, not the rows**: with 16 packed rows there is nothing to share among warps
-  along M, so each of the ``num_warps`` warps takes its own ``keys_per_warp`` rows of every K/V block
-  and runs its own online softmax over them: a split inside the split. At the end the warps' partial
-  O and LSE are merged through shared memory by the same formula as the splits' (:func:`merge_splits`,
-  used by both kernels). Why ``mma.sync`` (SM80-style, warp-level) and not WGMMA: a 64-row warpgroup
-  tile would be three quarters padding for 16 packed rows, and no MMA choice matters when the
-  tensor cores idle on memory; ``mma.sync`` lets each warp own its keys and its softmax.
-
+  along M, so each warp takes its own ``keys_per_warp`` keys of every K/V block and runs its own online
+  softmax: a split inside the split, the warps' partial O and LSE merged through shared memory at the end
+  (:func:`merge_splits`, both kernels' formula). ``WARPS_SPLIT_ROWS`` (off) splits the rows first where a
+  tile has more than 16 (``_decode_warps.py``). Why ``mma.sync`` (SM80-style, warp-level), not WGMMA: a
+  64-row warpgroup tile would be three quarters padding for 16 packed rows, and no MMA choice matters when
+  the tensor cores idle on memory; ``mma.sync`` lets each warp own its keys and its softmax.
 * **The balanced split** (``BALANCED_SPLIT``, triton/decode's switch and plan, ``_decode_plan.py``):
   in a ragged batch the padded split leaves most of a short sequence's CTAs without a key while the
   long one's few carry its keys. Balanced, the grid is target_shares + B·Hkv CTAs per M tile (the shape
@@ -54,7 +53,7 @@ Algorithm (split kernel, grid (num_splits, m_blocks, B·Hkv); sections of :meth:
    predicated (rows past ``seqlen_k`` zero-filled).
 3. Main loop over the split's blocks, last first (the masked ones come first):
    a. refill the ring ``stages - 1`` blocks ahead, ``wait_group(stages - 1)``, barrier;
-   b. each warp: S = Q Kᵀ over its ``keys_per_warp`` keys (ldmatrix, ``mma.sync.m16n8k16``);
+   b. each warp: S = Q Kᵀ, its rows by its ``keys_per_warp`` keys (ldmatrix, ``mma.sync.m16n8k16``);
    c. the top ``n_masked_blocks`` of a split: ``AttentionMask`` (-inf past ``seqlen_k`` and right of
       each row's diagonal, taken at the row's token, ``row % Sq``);
    d. ``OnlineSoftmax.update`` / ``rescale`` (the warp's own row_max and row_sum, lazy rescaling);
@@ -102,6 +101,7 @@ from common.contract import splits
 from common.contract.capability import FEATURES, PAGED_KV
 from common.contract.problem import Problem
 from cute_impl._decode_plan import BalancedPlan, sequence_blocks, slab_range, split_block_range
+from cute_impl._decode_warps import MMA_M, WarpTiles, warp_split
 from cute_impl._device import (
     LOG2_E,
     AttentionMask,
@@ -143,8 +143,8 @@ from cute_impl._host import (
 
 # Query tokens per step this rung takes; more is prefill.
 MAX_SEQLEN_Q = 16
-# mma.sync.m16n8k16: a packed tile has at least 16 rows, a warp's keys and S's k-steps come in 16s.
-MMA_M = MMA_K = 16
+# mma.sync.m16n8k16 (MMA_M: ``_decode_warps.py``): a tile has at least 16 rows, a warp's keys and S's k-steps 16s.
+MMA_K = 16
 SMEM_ALIGN_BYTES = 1024
 # The merges: each thread merges 4 fp32 columns of a row (16-byte loads); merge kernel CTAs of 4 warps.
 MERGE_COLS = 4
@@ -165,7 +165,7 @@ class TileShape(NamedTuple):
 
     tile_n: int  # keys per K/V block of the ring: num_warps · keys_per_warp
     stages: int  # depth of the cp.async ring (stages - 1 blocks in flight)
-    num_warps: int  # each warp takes tile_n / num_warps keys of every block
+    num_warps: int  # each warp takes tile_n / num_warps keys of every block (rows split: _decode_warps.py)
     max_tile_m: int  # packed rows per CTA at most (O is max_tile_m · D / 32 fp32 registers per thread)
     pieces_per_k_step: int  # register double-buffering of O += P V: V's k-step loads in this many pieces
 
@@ -198,6 +198,7 @@ CTAS_PER_SM_FIT = {64: 2, 128: 2, 256: 1}
 BALANCED_SPLIT = "ragged-split"
 BALANCED_SHARES_PER_SM = 2
 BALANCED_MIN_KEYS = splits.MIN_KEYS_PER_SPLIT
+WARPS_SPLIT_ROWS = False  # issue #38's many packed rows (_decode_warps.py), off until bench/cute_decode_rows_ab.sh
 # Every problem feature, and the paged KV cache (a block table of pages of 16 to 256 keys).
 DECODE_FEATURES = (*FEATURES, PAGED_KV)
 
@@ -218,10 +219,11 @@ class DecodeConfig:
     paged: bool = False  # K and V are page pools read through a (B, max_pages_per_seq) int32 block table
     merge_splits_per_step: int = MERGE_SPLITS_PER_STEP  # the merge kernel's unrolling over the splits
     balanced_min_blocks: int = 0  # the balanced split's least share in key blocks; 0: the padded split
+    row_warps: int = 1  # warps along M (``_decode_warps.py``; WARPS_SPLIT_ROWS): 1, the warps split the keys
 
     @property
     def keys_per_warp(self) -> int:
-        return self.shape.tile_n // self.shape.num_warps
+        return self.shape.tile_n * self.row_warps // self.shape.num_warps
 
 
 class DecodeKernel:
@@ -235,17 +237,17 @@ class DecodeKernel:
         self.stages = config.shape.stages
         self.num_warps = config.shape.num_warps
         self.threads_per_cta = self.num_warps * WARP_THREADS
-        self.keys_per_warp = config.keys_per_warp
+        self.keys_per_warp, self.key_warps = config.keys_per_warp, self.num_warps // config.row_warps
         self.causal = config.causal
         self.bottom_right = config.bottom_right
         self.split = config.split
         # The split kernel stores an LSE as a split's partial, or as O's when it is returned.
         self.store_lse = config.split or config.return_lse
-        if self.keys_per_warp % MMA_K or self.tile_m % MMA_M:
+        if self.keys_per_warp % MMA_K or self.tile_m % (MMA_M * config.row_warps):
             raise ValueError(f"keys per warp and tile_m must be multiples of 16, got {config}")
         # The warps' fp32 partials (O and LSE) reuse the drained K/V ring (16-bit elements).
         ring_bytes = 2 * self.tile_n * self.head_dim * self.stages * 2
-        parts_bytes = self.num_warps * self.tile_m * (self.head_dim + 1) * 4
+        parts_bytes = self.key_warps * self.tile_m * (self.head_dim + 1) * 4
         if parts_bytes > ring_bytes:
             raise ValueError(f"the warps' partials ({parts_bytes} B) exceed the K/V ring ({ring_bytes} B): {config}")
 
@@ -272,11 +274,11 @@ class DecodeKernel:
             mOPartial = static_head_dim_view(mOPartial, self.head_dim)
             num_splits = mOPartial.shape[0]
         sQ_layout, sKV_layout = swizzled_qkv_layouts(self.tile_m, self.tile_n, self.head_dim, self.stages)
-        # The warps' partial O (num_warps, tile_m, D) and LSE (num_warps, tile_m), fp32, in the ring.
+        # The key slices' partial O (key_warps, tile_m, D) and LSE (key_warps, tile_m), fp32, in the ring.
         sO_parts_layout = cute.make_layout(
-            (self.num_warps, self.tile_m, self.head_dim), stride=(self.tile_m * self.head_dim, self.head_dim, 1)
+            (self.key_warps, self.tile_m, self.head_dim), stride=(self.tile_m * self.head_dim, self.head_dim, 1)
         )
-        sLSE_parts_layout = cute.make_layout((self.num_warps, self.tile_m), stride=(self.tile_m, 1))
+        sLSE_parts_layout = cute.make_layout((self.key_warps, self.tile_m), stride=(self.tile_m, 1))
         rows = mO.shape[1]
         batch_kv_heads = mO.shape[0]
         # Balanced: one CTA per partial slab (num_splits of them) and M tile; each plans its item.
@@ -364,37 +366,31 @@ class DecodeKernel:
         sQ = storage.sQ.get_tensor(sQ_layout)  # (tile_m, D)
         sK = storage.sKV.get_tensor(sKV_layout)  # (tile_n, D, stages)
         sV = cute.make_tensor(sK.iterator + cute.cosize(sKV_layout), sKV_layout)  # (tile_n, D, stages)
-        # This warp's keys of every block: rows [warp · keys_per_warp, (warp + 1) · keys_per_warp).
-        sK_warp = cute.logical_divide(sK, (self.keys_per_warp, None, None))[(None, warp_index), None, None]
-        sV_warp = cute.logical_divide(sV, (self.keys_per_warp, None, None))[(None, warp_index), None, None]
-        # V as the B operand (D, keys) of O += P V: the same swizzled memory, transposed view.
-        sVt_warp = cute.composition(
-            sV_warp,
-            cute.make_layout(
-                (self.head_dim, self.keys_per_warp, self.stages),
-                stride=(self.keys_per_warp, 1, self.keys_per_warp * self.head_dim),
-            ),
-        )  # (D, keys_per_warp, stages)
+        # This warp's rows of Q and keys of every block (``_decode_warps.py``): Q (rows_per_warp, D), K
+        # (keys_per_warp, D, stages), V as the B operand of O += P V (D, keys_per_warp, stages).
+        warps = WarpTiles(self.tile_m, self.tile_n, self.head_dim, self.num_warps, self.config.row_warps, warp_index)
+        sQ_warp, sK_warp, sVt_warp = warps.operands(sQ, sK, sV)
 
         gmem_thr_copy = gmem_tiled_copy.get_slice(tidx)
         kv_copy = kv_copy_partitions(gmem_tiled_copy, gmem_thr_copy, gK, sK, gV, sV, cKV, pages)
 
         thr_mma = warp_mma.get_slice(lane)
-        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))  # (MMA, MMA_M, MMA_K)
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ_warp))  # (MMA, MMA_M, MMA_K)
         tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK_warp[None, None, 0]))  # (MMA, MMA_N, MMA_K)
         tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt_warp[None, None, 0]))  # (MMA, MMA_D, MMA_K)
-        tile_o = (self.tile_m, self.head_dim)
+        tile_o = (warps.rows_per_warp, self.head_dim)
         acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C(tile_o), cutlass.Float32)  # (MMA, MMA_M, MMA_D)
         acc_O.fill(0.0)
 
-        smem_operands = ldmatrix_operands(warp_mma, lane, sQ, sK_warp, sVt_warp, tSrQ, tSrK, tOrVt)
+        smem_operands = ldmatrix_operands(warp_mma, lane, sQ_warp, sK_warp, sVt_warp, tSrQ, tSrK, tOrVt)
 
         rows_per_thread = cute.size(acc_O, mode=[0, 1]) * cute.size(acc_O, mode=[1])
         softmax = OnlineSoftmax(rows_per_thread, softmax_scale_log2)
-        # Keys counted in warp-sized sub-blocks: warp w's part of block n is sub-block n · num_warps + w.
+        # Rows and keys counted in the warp's sub-tiles: its row block and its keys' sub-block of each block.
         mask = AttentionMask(
-            self.tile_m, self.keys_per_warp, self.causal, warp_mma, lane, m_block, seqlen, packed_seqlen_q=seqlen_q
-        )
+            warps.rows_per_warp, self.keys_per_warp, self.causal, warp_mma, lane, warps.mask_m_block(m_block), seqlen,
+            packed_seqlen_q=seqlen_q,
+        )  # fmt: skip
 
         # ---- 2. Prologue: the packed Q tile and the first stages-1 K/V blocks in flight ----------
         self.load_packed_q(gmem_tiled_copy, gmem_thr_copy, mQ, sQ, batch, kv_head, group, m_block, rows)
@@ -418,7 +414,7 @@ class DecodeKernel:
             acc_O,
             softmax,
             mask,
-            warp_index,
+            warps,
             block_range.n_block_max,
             n_blocks,
             seqlen.seqlen_k,
@@ -435,9 +431,9 @@ class DecodeKernel:
         softmax.finalize(acc_O, lse)
         # Every warp is done with the ring (and no cp.async is in flight): it becomes the merge's scratch.
         cute.arch.barrier()
-        sO_parts = storage.sKV.get_tensor(sO_parts_layout, dtype=cutlass.Float32)  # (num_warps, tile_m, D)
+        sO_parts = storage.sKV.get_tensor(sO_parts_layout, dtype=cutlass.Float32)  # (key_warps, tile_m, D)
         sLSE_parts = cute.make_tensor(sO_parts.iterator + cute.cosize(sO_parts_layout), sLSE_parts_layout)
-        self.store_warp_part(thr_mma, acc_O, lse, sO_parts[warp_index, None, None], sLSE_parts[warp_index, None])
+        self.store_warp_part(thr_mma, acc_O, lse, *warps.part(sO_parts, sLSE_parts))
         cute.arch.barrier()
         if cutlass.const_expr(self.config.balanced_min_blocks):
             gO, gLSE = mOPartial[share, 0, None, None], mLSEPartial[share, 0, None]  # this share's slab
@@ -497,7 +493,7 @@ class DecodeKernel:
     def attend_block(
         self, kv_copy: KVCopy, warp_mma: cute.TiledMma, smem_operands: LdmatrixOperands, tSrQ: cute.Tensor,
         tSrK: cute.Tensor, tOrVt: cute.Tensor, acc_O: cute.Tensor, softmax: OnlineSoftmax, mask: AttentionMask,
-        warp_index: cutlass.Int32, n_block_max: cutlass.Int32, n_blocks: cutlass.Int32, seqlen_k: cutlass.Int32,
+        warps: WarpTiles, n_block_max: cutlass.Int32, n_blocks: cutlass.Int32, seqlen_k: cutlass.Int32,
         step: cutlass.Int32, masked: cutlass.Constexpr,
     ):  # fmt: skip
         """Iteration ``step`` of the split (block ``n_block_max - 1 - step``): refill the ring, then this
@@ -509,12 +505,12 @@ class DecodeKernel:
         refill_kv_ring(kv_copy, step, self.stages, n_block_max, n_blocks, seqlen_k)
 
         # ---- 3b. S = Q Kᵀ over this warp's keys --------------------------------------------------
-        tile_mn = (self.tile_m, self.keys_per_warp)
+        tile_mn = (warps.rows_per_warp, self.keys_per_warp)
         acc_S = scores(warp_mma, smem_operands, tSrQ, tSrK, slot, tile_mn, self.keys_per_warp // MMA_K)
 
         # ---- 3c./3d. Mask, online softmax, rescale O ---------------------------------------------
         if cutlass.const_expr(masked):
-            mask.apply(acc_S, n_block * self.num_warps + warp_index)
+            mask.apply(acc_S, warps.key_sub_block(n_block))
         row_scale = softmax.update(acc_S)
         softmax.rescale(acc_O, row_scale)
 
@@ -529,7 +525,7 @@ class DecodeKernel:
         """This warp's normalised O (tile_m, D) and LSE (tile_m,) into its slot of the merge scratch;
         the first lane of each row's quad writes the row's LSE (``lse`` is in :func:`rows_by_cols` order)."""
         thr_mma.partition_C(sO_part).store(acc_O.load())  # (MMA, MMA_M, MMA_D)
-        cO = rows_by_cols(thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
+        cO = rows_by_cols(thr_mma.partition_C(cute.make_identity_tensor(sO_part.shape)))
         if cO[0, 0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(cO, mode=[0])):
                 sLSE_part[cO[r, 0][0]] = lse[r]
@@ -546,7 +542,7 @@ class DecodeKernel:
         chunks = self.head_dim // MERGE_COLS
         rows_per_pass = self.threads_per_cta // chunks
         chunk = tidx % chunks
-        sO_chunks = cute.logical_divide(sO_parts, (None, None, MERGE_COLS))  # (num_warps, tile_m, (4, chunks))
+        sO_chunks = cute.logical_divide(sO_parts, (None, None, MERGE_COLS))  # (key_warps, tile_m, (4, chunks))
         for tile_pass in cutlass.range_constexpr(self.tile_m // rows_per_pass):
             r = tile_pass * rows_per_pass + tidx // chunks
             merged = cute.make_rmem_tensor(MERGE_COLS, cutlass.Float32)
@@ -668,11 +664,13 @@ def balanced_split(problem: Problem, device: torch.device | None = None) -> bool
 def decode_config(problem: Problem, split: bool, balanced: bool = False) -> DecodeConfig:
     """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every bind), with
     the problem's features as compile-time flags; ``balanced``: the balanced split's (always split)."""
+    shape, row_warps = warp_split(WARPS_SPLIT_ROWS, tile_m_for(problem), problem.head_dim, TILE_CONFIGS)
     return DecodeConfig(
         dtype=problem.dtype,
         head_dim=problem.head_dim,
         tile_m=tile_m_for(problem),
-        shape=TILE_CONFIGS[problem.head_dim],
+        shape=shape,
+        row_warps=row_warps,
         causal=problem.causal,
         bottom_right=problem.bottom_right,
         has_cache_seqlens=problem.has_cache_seqlens,
