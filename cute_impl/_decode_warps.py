@@ -7,7 +7,7 @@ but with many (seed 41's 8 × 16 = 128 rows, 64-row tiles at D=64) each warp hol
 fp32 registers a thread), rescales all of it every block and the CTA merges four 64-row partials at the end
 (sm_90a: 570 instructions a warp a block, 255 registers; ``docs/perf-log.md``, "Seed 41's short prefill").
 
-``decode.WARPS_SPLIT_ROWS`` (off until its GPU A/B, ``bench/cute_decode_rows_ab.sh``) cuts the warps along M
+``decode.WARPS_SPLIT_ROWS`` (on since its GPU A/B, ``results/h200/decode-row-split/``) cuts the warps along M
 first: ``row_warps = min(num_warps, tile_m / 16)`` warps each take ``tile_m / row_warps`` rows, and the
 remaining ``key_warps = num_warps / row_warps`` split the keys as before. A 64-row tile of 4 warps becomes 4
 warps of 16 rows × all 64 keys: each warp's O is 16 × D (32 fp32 registers a thread at D=64), the S and P V

@@ -21,7 +21,7 @@ keeping the memory system busy, not the tensor cores:
 * **Warps split the keys, not the rows**: with 16 packed rows there is nothing to share among warps
   along M, so each warp takes its own ``keys_per_warp`` keys of every K/V block and runs its own online
   softmax: a split inside the split, the warps' partial O and LSE merged through shared memory at the end
-  (:func:`merge_splits`, both kernels' formula). ``WARPS_SPLIT_ROWS`` (off) splits the rows first where a
+  (:func:`merge_splits`, both kernels' formula). ``WARPS_SPLIT_ROWS`` (on) splits the rows first where a
   tile has more than 16 (``_decode_warps.py``). Why ``mma.sync`` (SM80-style, warp-level), not WGMMA: a
   64-row warpgroup tile would be three quarters padding for 16 packed rows, and no MMA choice matters when
   the tensor cores idle on memory; ``mma.sync`` lets each warp own its keys and its softmax.
@@ -198,7 +198,7 @@ CTAS_PER_SM_FIT = {64: 2, 128: 2, 256: 1}
 BALANCED_SPLIT = "ragged-split"
 BALANCED_SHARES_PER_SM = 2
 BALANCED_MIN_KEYS = splits.MIN_KEYS_PER_SPLIT
-WARPS_SPLIT_ROWS = False  # issue #38's many packed rows (_decode_warps.py), off until bench/cute_decode_rows_ab.sh
+WARPS_SPLIT_ROWS = True  # many packed rows (_decode_warps.py): 0.83-0.94x the time (results/h200/decode-row-split/)
 # Every problem feature, and the paged KV cache (a block table of pages of 16 to 256 keys).
 DECODE_FEATURES = (*FEATURES, PAGED_KV)
 

@@ -1,16 +1,16 @@
-"""Issue #38's many packed rows: ``WARPS_SPLIT_ROWS`` in cute/decode (off), warps that split a tile's rows
+"""Issue #38's many packed rows: ``WARPS_SPLIT_ROWS`` in cute/decode (on), warps that split a tile's rows
 before its keys (``cute_impl/_decode_warps.py``), and ``ROW_SPLIT_STAGES``, the row split's own ring depth.
 
-CPU: off by default; on, the warps along M of each tile (16 rows: none; 32: two; 64: four) and nothing else of
-the plan (tile, M tiles, split count); ``ROW_SPLIT_STAGES`` (empty) sets only the row split's ring depth; a split
-of the warps that does not divide the tile is refused; bench/cute_decode_rows.py times each setting where it
-changes the plan and restores the switches. Static (sm_90a): the knob's kernels compile without
-spills, split and direct, contiguous and paged, at D=64 and 128, D=64's split kernel in the 168 registers that
-let three CTAs share an SM. GPU (``gpu`` marker; ``bench/cute_decode_rows_ab.sh``): the knob against fp64 on a
-poisoned output over GQA packed shapes of group · Sq = 32 to 256 rows (Sq 16 and 5; D=64 and 128), ragged
-lengths, paged and not, one split, forced splits and the balanced split, two of them also in the four-stage
-D=64 ring; planted bugs (every warp's partial stored into the first warp's rows; the causal mask taking every
-warp's rows as the first warp's) must fail the check.
+CPU: on by default (``results/h200/decode-row-split/``); against off, the warps along M of each tile (16 rows:
+none; 32: two; 64: four) and nothing else of the plan (tile, M tiles, split count); ``ROW_SPLIT_STAGES`` (empty)
+sets only the row split's ring depth; a split of the warps that does not divide the tile is refused;
+bench/cute_decode_rows.py times each setting where it changes the plan and restores the switches. Static (sm_90a):
+the knob's kernels compile without spills, split and direct, contiguous and paged, at D=64 and 128, D=64's split
+kernel in the 168 registers that let three CTAs share an SM. GPU (``gpu`` marker;
+``bench/cute_decode_rows_ab.sh``): the knob against fp64 on a poisoned output over GQA packed shapes of group · Sq
+= 32 to 256 rows (Sq 16 and 5; D=64 and 128), ragged lengths, paged and not, one split, forced splits and the
+balanced split, two of them also in the four-stage D=64 ring; planted bugs (every warp's partial stored into the
+first warp's rows; the causal mask taking every warp's rows as the first warp's) must fail the check.
 """
 
 from __future__ import annotations
@@ -51,25 +51,27 @@ def _plan(problem: Problem) -> tuple:
 ROW_WARPS = {(8, 16, 64): 4, (2, 16, 64): 2, (8, 5, 64): 4, (8, 16, 128): 2, (16, 16, 256): 1, (4, 1, 64): 1}
 
 
-def test_warps_split_rows_is_off_and_changes_only_the_warps():
-    assert decode.WARPS_SPLIT_ROWS is False, "WARPS_SPLIT_ROWS is on by default before its GPU A/B"
+def test_warps_split_rows_is_on_and_changes_only_the_warps():
+    """On by default (results/h200/decode-row-split/); off, every tile keeps the key split and the same plan."""
+    assert decode.WARPS_SPLIT_ROWS is True, "WARPS_SPLIT_ROWS won its GPU A/B: the default"
     for (group, seqlen_q, head_dim), row_warps in ROW_WARPS.items():
         for seqlen_k in (1024, 32768):
             problem = _problem(4, 8, group, seqlen_q, seqlen_k, head_dim)
-            default = _plan(problem)
-            assert default[3] == 1, problem.describe()
             with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(decode, "WARPS_SPLIT_ROWS", True)
-                assert _plan(problem) == (*default[:3], row_warps), problem.describe()
-                config = decode.decode_config(problem, split=True)
-                assert config.keys_per_warp == config.shape.tile_n * row_warps // config.shape.num_warps
+                patch.setattr(decode, "WARPS_SPLIT_ROWS", False)
+                key_split = _plan(problem)
+            assert key_split[3] == 1, problem.describe()
+            assert _plan(problem) == (*key_split[:3], row_warps), problem.describe()
+            config = decode.decode_config(problem, split=True)
+            assert config.keys_per_warp == config.shape.tile_n * row_warps // config.shape.num_warps
 
 
 def test_row_split_stages_set_only_the_row_split_ring(monkeypatch: pytest.MonkeyPatch):
-    assert _decode_warps.ROW_SPLIT_STAGES == {}, "ROW_SPLIT_STAGES is set by default before its GPU A/B"
+    assert _decode_warps.ROW_SPLIT_STAGES == {}, "the four-stage ring lost at 64 rows, D=64, 2k (1.09x): not a default"
     monkeypatch.setattr(_decode_warps, "ROW_SPLIT_STAGES", {64: 4})
     seed41_kind, sixteen_rows = _problem(4, 8, 8, 16, 1024, 64), _problem(4, 8, 4, 4, 1024, 64)
     default_stages = decode.TILE_CONFIGS[64].stages
+    monkeypatch.setattr(decode, "WARPS_SPLIT_ROWS", False)
     assert decode.decode_config(seed41_kind, split=False).shape.stages == default_stages
     monkeypatch.setattr(decode, "WARPS_SPLIT_ROWS", True)
     assert decode.decode_config(seed41_kind, split=False).shape.stages == 4
@@ -104,7 +106,7 @@ def test_bench_times_each_setting_where_it_changes_the_plan_and_restores_the_swi
     timed = {label: cute_decode_rows.settings_to_time(case.problem, CPU) for label, case in cases.items()}
     assert timed["seed41-1"] == list(cute_decode_rows.SETTINGS)
     assert timed["128rows-d128-1k"] == ["default", "rows"]
-    assert decode.WARPS_SPLIT_ROWS is False and _decode_warps.ROW_SPLIT_STAGES == {}
+    assert decode.WARPS_SPLIT_ROWS is True and _decode_warps.ROW_SPLIT_STAGES == {}
     with cute_decode_rows.applied("rows-s4"):
         assert cute_decode_rows.plan_of(cases["seed41-1"].problem, CPU) == "64x2 w4x1 s4 splits 1"
     row = {"label": "seed41-1", "shape": "s", "plan": "p", "status": "ok", "pct_read_bw": 30.0}
