@@ -11,6 +11,10 @@ how far a rung is from FlashAttention-4, not in which kernel; a backward is thre
 main kernel's work grows with S², so at B=8 S=2048 the small kernels weigh four times what they weigh at
 P1 (the same B·S). Back-to-back calls with warm L2, not the L2-flushed medians of ``bench.backward``.
 
+``--cute-variant LABEL`` (repeatable) adds rows ``cute/hopper[LABEL]``: that candidate of
+``cute_impl/backward/hopper.py`` called directly on cute/hopper's O and LSE (outside autograd), to see which
+kernel a knob moves (``bench/cute_bwd_zero_ab.sh``); a label the shape's head dim lacks is left out there.
+
 Writes kernels.csv (shape, impl, kernel, launches and µs per backward) and summary.csv (shape, impl, wall
 µs, the kernels' sum, launches), and prints each (shape, implementation)'s kernels, longest first.
 """
@@ -19,8 +23,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench.backward import BASELINES, chosen_shapes, problem_of, shape_inputs
@@ -32,11 +37,33 @@ WARMUP_CALLS = 3
 NAME_WIDTH = 90
 
 
-def profile_backward(shape: tuple, impl: str, calls: int) -> tuple[dict, list[dict]]:
-    """The summary row and the kernel rows of ``impl``'s backward at ``shape``."""
+def autograd_backward(shape: tuple, impl: str) -> Callable[[], object]:
+    """``impl``'s backward at ``shape`` through autograd, replayable."""
     from common.measure.backward import contender, gradients_of
 
-    _grads, backward, _forward_backward = gradients_of(contender(impl, problem_of(shape)), shape_inputs(shape))
+    return gradients_of(contender(impl, problem_of(shape)), shape_inputs(shape))[1]
+
+
+def variant_backward(shape: tuple, label: str) -> Callable[[], object] | None:
+    """cute/backward/hopper's candidate ``label`` at ``shape`` on cute/hopper's O and LSE (None where the
+    shape's head dim has no such candidate)."""
+    import torch
+
+    from common.contract.api import attention
+    from cute_impl.backward import hopper
+
+    problem = problem_of(shape)
+    tiles = next((tiles for tiles in hopper.CANDIDATES[problem.head_dim] if tiles.label == label), None)
+    if tiles is None:
+        return None
+    q, k, v, d_out = shape_inputs(shape)
+    with torch.no_grad():
+        out, lse = attention(q, k, v, causal=problem.causal, impl="cute/hopper", return_lse=True)
+    return lambda: hopper.hopper_gradients(q, k, v, out, lse, d_out, problem, tiles=tiles)
+
+
+def profile_backward(shape: tuple, impl: str, calls: int, backward: Callable[[], object]) -> tuple[dict, list[dict]]:
+    """The summary row and the kernel rows of ``impl``'s ``backward`` at ``shape``."""
     for _ in range(WARMUP_CALLS):
         backward()
 
@@ -74,7 +101,12 @@ def show(head: dict, kernels: list[dict]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.backward_kernels", description=__doc__.splitlines()[0])
     parser.add_argument("--shape", action="append", help="anchor shapes by name (repeatable; default all)")
-    parser.add_argument("--impl", action="append", help=f"implementations (repeatable; default {', '.join(IMPLS)})")
+    parser.add_argument(
+        "--impl",
+        action="append",
+        help=f"implementations (repeatable; default {', '.join(IMPLS)}, none with --cute-variant)",
+    )
+    parser.add_argument("--cute-variant", action="append", default=[], help="cute/hopper candidates too (labels)")
     parser.add_argument("--calls", type=int, default=5, help="backwards profiled per row (default 5)")
     parser.add_argument("--out", type=Path, default=Path("runs/backward-kernels"), help="output folder")
     args = parser.parse_args(argv)
@@ -87,8 +119,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     heads, kernels = [], []
     for shape in shapes:
-        for impl in args.impl or IMPLS:
-            head, rows = profile_backward(shape, impl, args.calls)
+        impls = args.impl or (() if args.cute_variant else IMPLS)
+        rows_of = {impl: functools.partial(autograd_backward, shape, impl) for impl in impls}
+        rows_of |= {
+            f"cute/hopper[{label}]": functools.partial(variant_backward, shape, label) for label in args.cute_variant
+        }
+        for impl, make in rows_of.items():
+            backward = make()
+            if backward is None:
+                continue
+            head, rows = profile_backward(shape, impl, args.calls, backward)
             show(head, rows)
             heads.append(head)
             kernels.extend(rows)

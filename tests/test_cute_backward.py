@@ -305,7 +305,9 @@ def test_hopper_dq_reduce_overlaps_dk_with_the_next_step_at_d64_only() -> None:
 
 # FlashAttention-3's D=64 step: 128 query rows, dQ in the dK/dV kernel (the only 128-row candidate).
 (DQ_REDUCE_128,) = [
-    tiles for tiles in TMA_ROWS if tiles.tile_m == 128 and not (tiles.heaviest_first or tiles.staged_epilogue)
+    tiles
+    for tiles in TMA_ROWS
+    if tiles.tile_m == 128 and not (tiles.heaviest_first or tiles.staged_epilogue or tiles.zero_in_preprocess)
 ]
 
 
@@ -664,6 +666,8 @@ def test_hopper_tma_rows_is_the_default_and_the_deterministic_switch_leaves_it()
         "m128_s2_dqreduce_tmarows_heaviestfirst",
         "m128_s2_dqreduce_tmarows_stagedepi",
         "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi",
+        "m128_s2_dqreduce_tmarows_stagedepi_zeropre",
+        "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_zeropre",
     }
     defaults = {head_dim: hopper_backward.default_tiles(head_dim).label for head_dim in hopper_backward.HEAD_DIMS}
     assert defaults == {

@@ -149,6 +149,8 @@ def _fp8(problem: Problem) -> None:
 SEPARATE_DQ_PASS = hopper_backward.CANDIDATES[128][0]
 # LSE₂ and D by TMA (``hopper_rows.py``): the same host arguments, the rows allocated TMA-aligned.
 TMA_ROWS = next(tiles for tiles in hopper_backward.CANDIDATES[128] if tiles.tma_rows)
+# dQaccum zeroed by the preprocess: it takes dQaccum too.
+ZERO_IN_PREPROCESS = next(tiles for tiles in hopper_backward.CANDIDATES[128] if tiles.zero_in_preprocess)
 
 
 def _backward(launch: Callable[..., None], problem: Problem, with_dlse: bool) -> None:
@@ -193,6 +195,11 @@ LAUNCHES: dict[str, Callable[[], None]] = {
     "backward-hopper-tma-rows": lambda: _backward(
         functools.partial(hopper_backward._launch, tiles=TMA_ROWS),
         FEATURED.with_(has_cache_seqlens=False, seqlen_q=77),  # LSE₂ and D as views of padded rows
+        True,
+    ),
+    "backward-hopper-zero-in-preprocess": lambda: _backward(
+        functools.partial(hopper_backward._launch, tiles=ZERO_IN_PREPROCESS),
+        FEATURED.with_(has_cache_seqlens=False, seqlen_q=77),  # dQaccum to the preprocess as (B, H, n)
         True,
     ),
 }

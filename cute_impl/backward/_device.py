@@ -116,6 +116,35 @@ def lanes_allreduce_sum(value: cutlass.Float32, lanes: int) -> cutlass.Float32:
     return value
 
 
+def owned_span(block, blocks, share: int, extent) -> tuple:
+    """The [start, stop) of an fp32 buffer of ``extent`` values that CTA ``block`` of ``blocks`` zeroes: its
+    ``share`` (the values of its rows), the last CTA's running on to ``extent`` (a layout's padding past the
+    blocks' rows). The spans tile [0, extent) exactly, each value once, when (blocks − 1) · share < extent:
+    the buffer holds the last CTA's first row (tests/test_cute_backward_zero.py). Plain arithmetic (no
+    select), so that the rule also runs on Python ints."""
+    start = block * share
+    is_last = 1 - cutlass.min(1, blocks - 1 - block)
+    return start, start + share + is_last * (extent - start - share)
+
+
+# A zeroing store: four fp32, 16 bytes.
+ZERO_VECTOR = 4
+
+
+@cute.jit
+def zero_span(vector: cute.Tensor, start, stop, tidx: cutlass.Int32, threads: cutlass.Constexpr):
+    """vector[start : stop) = 0 by 16-byte stores, thread ``tidx`` of ``threads`` taking every ``threads``-th
+    vector of four: ``vector`` a contiguous fp32 (n,) tensor starting 16-byte aligned, ``start`` and
+    ``stop`` multiples of four (which the DSL cannot see through runtime values: said here)."""
+    address = vector.iterator
+    aligned = cute.make_ptr(cutlass.Float32, address.toint(), address.memspace, assumed_align=ZERO_VECTOR * 4)
+    vectors = cute.make_tensor(aligned, cute.make_layout((ZERO_VECTOR, cute.size(vector) // ZERO_VECTOR)))
+    zeros = cute.make_rmem_tensor(ZERO_VECTOR, cutlass.Float32)
+    zeros.fill(0.0)
+    for v in cutlass.range(start // ZERO_VECTOR + tidx, stop // ZERO_VECTOR, threads, unroll=1):
+        cute.autovec_copy(zeros, vectors[None, v])
+
+
 @cute.jit
 def store_rows(thr_mma, acc: cute.Tensor, gX: cute.Tensor, cX: cute.Tensor, rows_left: cutlass.Int32):
     """``acc`` (an accumulator of ``thr_mma``) cast to ``gX``'s dtype and stored from the fragment;

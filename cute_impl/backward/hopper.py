@@ -75,6 +75,11 @@ consumer thread at D=128; ``results/h200/backward-staged-epilogue/``: 559.6 → 
 498.5 → 507.1 / 370.3 → 422.9 TFLOP/s at P1 / causal / D=64 B=4 H=32 / B=8 S=2048 causal).
 
 Limits (not done): no ping-pong between the consumer warpgroups, no persistent scheduler;
+dq="reduce" zeroes its dQaccum by a separate fill (``torch.zeros``: 29 µs at B=8 H=16 S=2048 D=128, 134 MB,
+``results/h200/backward-kernels-2026-11-30/``): the candidates ``*_zeropre`` (``BackwardTiles.zero_in_preprocess``)
+allocate it by ``torch.empty`` and have the preprocess zero it, each CTA its 64 rows' share by 16-byte stores
+issued before its loads of O and dO, the last CTA of a head the layout's padding too, as FlashAttention-4's
+preprocess does (not yet timed: ``bench/cute_bwd_zero_ab.sh``);
 dq="reduce" takes 64 query rows per step, 128 at D=64
 (FA3's D=64 step, the D=64 default; dV then issued after dSᵀ, ptxas serialised the loop otherwise) or 80
 at D=128 (FA4's non-causal step; a candidate, not yet timed: ``bench/cute_bwd_d128_ab.sh``), and its
@@ -85,7 +90,7 @@ P1 / causal / D=64) loads LSE₂ and D by TMA into the ring. Candidates: ``bench
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -174,6 +179,9 @@ class BackwardTiles:
     # dK and dV staged by stmatrix in the K and V boxes the consumers no longer need and stored by TMA
     # (``hopper_epilogue.py``), instead of two bytes a store from the accumulators (``_device.store_rows``).
     staged_epilogue: bool = False
+    # dq="reduce": dQaccum allocated by ``torch.empty`` and zeroed by the preprocess, each CTA its rows' share by
+    # 16-byte stores before its reads of O and dO (``tiled._PreprocessKernel``), instead of a separate fill.
+    zero_in_preprocess: bool = False
 
     def __post_init__(self) -> None:
         # Overlapped, a slot is freed one step late: one slot would deadlock the producer.
@@ -181,6 +189,8 @@ class BackwardTiles:
             raise ValueError(f"overlapped steps need two ring slots or more, got {self}")
         if self.dq not in ("pass", "reduce"):
             raise ValueError(f"dq is 'pass' or 'reduce', got {self.dq!r}")
+        if self.zero_in_preprocess and self.dq != "reduce":
+            raise ValueError(f"zero_in_preprocess zeroes dq='reduce''s dQaccum (the pass has none), got {self}")
         # dQ's M is 64 query rows (a step's 64, D split between the warpgroups, or 128, one half each) or, at
         # 80 rows, half of D (dQᵀ; ``hopper_dq.dq_box``); it retires within its step (dK may not); no dQ kernel.
         if self.dq == "reduce" and (self.tile_m not in (64, 80, 128) or self.dq_overlap):
@@ -192,7 +202,7 @@ class BackwardTiles:
     @property
     def label(self) -> str:
         rows = ("_tmarows" if self.tma_rows else "") + ("_heaviestfirst" if self.heaviest_first else "")
-        rows += "_stagedepi" if self.staged_epilogue else ""
+        rows += ("_stagedepi" if self.staged_epilogue else "") + ("_zeropre" if self.zero_in_preprocess else "")
         if self.dq == "reduce":
             return f"m{self.tile_m}_s{self.stages}_dqreduce" + ("_dkdvoverlap" if self.dkdv_overlap else "") + rows
         overlaps = ("_dkdvoverlap" if self.dkdv_overlap else "") + ("_dqoverlap" if self.dq_overlap else "")
@@ -212,6 +222,7 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True),
         BackwardTiles(64, 64, 3, dkdv_overlap=True, dq="reduce", tma_rows=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True),
+        BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, zero_in_preprocess=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True),
     ),
@@ -224,6 +235,8 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 64, 2, dq="reduce"),
         BackwardTiles(80, 64, 2, dq="reduce", tma_rows=True),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True),
+        BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True,
+                      zero_in_preprocess=True),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True),
     ),
@@ -232,7 +245,8 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
 
 @dataclass(frozen=True)
 class HopperBackwardConfig:
-    """Everything that changes the generated code of the dK/dV and dQ kernels (the compile key)."""
+    """Everything that changes the generated code of the dK/dV and dQ kernels (the compile key; its tiles
+    without ``zero_in_preprocess``, which only the preprocess reads: both variants share these binaries)."""
 
     dtype: torch.dtype
     head_dim: int
@@ -587,25 +601,39 @@ def backward_config(problem: Problem, tiles: BackwardTiles | None = None) -> Hop
         causal=problem.causal,
         bottom_right=problem.bottom_right,
         gqa=problem.kv_heads != problem.heads,
-        tiles=tiles or default_tiles(problem.head_dim),
+        tiles=replace(tiles or default_tiles(problem.head_dim), zero_in_preprocess=False),
     )
+
+
+def preprocess_config(problem: Problem, tiles: BackwardTiles, has_dlse: bool) -> tiled.BackwardConfig:
+    """The compile key of ``tiled``'s preprocess as this rung runs it (``zero_in_preprocess``: zeroing dQaccum)."""
+    return replace(tiled.backward_config(problem, has_dlse), zero_dq_accum=tiles.zero_in_preprocess)
+
+
+def dq_accumulator(problem: Problem, tiles: BackwardTiles, device: torch.device) -> torch.Tensor:
+    """dq="reduce"'s fp32 dQaccum, (B, H, query blocks, 2, tile_m · D/2), contiguous: zeroed here, or, with
+    ``zero_in_preprocess``, left as ``torch.empty`` gives it for the preprocess to zero."""
+    query_blocks = -(-problem.seqlen_q // tiles.tile_m)
+    chunk = tiles.tile_m * problem.head_dim // CONSUMER_WARPGROUPS
+    shape = (problem.batch, problem.heads, query_blocks, CONSUMER_WARPGROUPS, chunk)
+    allocate = torch.empty if tiles.zero_in_preprocess else torch.zeros
+    return allocate(shape, dtype=torch.float32, device=device)
 
 
 def _launch(
     operands: BackwardOperands, problem: Problem, device: torch.device, tiles: BackwardTiles | None = None
 ) -> None:
     """``tiled``'s preprocess, then the dK/dV and dQ kernels (dq="reduce": dK/dV adding into a zeroed fp32
-    dQaccum, then its postprocess), on the current stream."""
+    dQaccum, zeroed by a fill or by the preprocess, then its postprocess), on the current stream."""
+    tiles = tiles or default_tiles(problem.head_dim)
     config = backward_config(problem, tiles)
     delta, lse_log2 = hopper_rows.row_vectors(problem, device)
     q, k, v, out, d_out, lse, d_lse, dq, dk, dv = operands
-    preprocess = tiled.KERNELS["preprocess"].kernel(tiled.backward_config(problem, has_dlse=d_lse is not None))
-    preprocess(out, d_out, lse, d_lse, lse_log2, delta)
-    if config.tiles.dq == "reduce":
-        query_blocks = -(-problem.seqlen_q // config.tiles.tile_m)
-        chunk = config.tiles.tile_m * problem.head_dim // CONSUMER_WARPGROUPS
-        shape = (problem.batch, problem.heads, query_blocks, CONSUMER_WARPGROUPS, chunk)
-        dq_accum = torch.zeros(shape, dtype=torch.float32, device=device)
+    dq_accum = dq_accumulator(problem, tiles, device) if tiles.dq == "reduce" else None
+    preprocess = tiled.KERNELS["preprocess"].kernel(preprocess_config(problem, tiles, d_lse is not None))
+    zeroed_here = dq_accum.view(problem.batch, problem.heads, -1) if tiles.zero_in_preprocess else None
+    preprocess(out, d_out, lse, d_lse, lse_log2, delta, zeroed_here)
+    if dq_accum is not None:
         KERNELS["dkdv"].kernel(config)(q, k, v, d_out, lse_log2, delta, dk, dv, problem.scale, dq_accum)
         KERNELS["postprocess"].kernel(config)(dq_accum, dq, problem.scale)
         return
@@ -616,8 +644,10 @@ def _launch(
 def compile_sm90(problem: Problem, has_dlse: bool = False, tiles: BackwardTiles | None = None) -> list[KernelBinary]:
     """The preprocess (``tiled``'s), dK/dV and dQ kernels (dq="reduce": dK/dV and the postprocess) for
     sm_90a at ``problem``'s configuration."""
+    tiles = tiles or default_tiles(problem.head_dim)
     config = backward_config(problem, tiles)
-    preprocess = tiled.KERNELS["preprocess"].binaries(tiled.backward_config(problem, has_dlse), NAME + "preprocess")
+    preprocess_key = preprocess_config(problem, tiles, has_dlse)
+    preprocess = tiled.KERNELS["preprocess"].binaries(preprocess_key, NAME + "preprocess")
     return [
         *preprocess,
         *(binary for name in _kernel_names(config) for binary in KERNELS[name].binaries(config, NAME + name)),

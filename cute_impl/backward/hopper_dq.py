@@ -29,13 +29,14 @@ How data moves, per step (``DQReduce``):
      staged tile to its chunk of ``dQaccum`` with one ``cp.reduce.async.bulk...add.f32`` (the L2 does
      the adds, asynchronously: the consumers never wait on atomics) and frees the tile once the bulk
      copy has read it (``cp.async.bulk.wait_group.read``).
-``dQaccum`` is (B, H, query blocks, 2, 64 · D/2) fp32, zeroed, each chunk one warpgroup's tile in
-fragment order; ``DQPostprocessKernel`` scales each chunk and stores dQ, rows past Sq dropped. It reads a
-chunk by row quads (``store_quad_rows``: the four lanes that hold 8 adjacent columns of two rows, whose
-vectors are 64 contiguous bytes) and writes 16-byte row pieces, so that both sides move whole sectors:
-read back into the fragment and stored through the MMA's partition, two bytes a store, it took 139 µs at
-B=8 S=2048 D=128 (134 MB of dQaccum) against FlashAttention-4's 49 (``results/h200/backward-kernels-
-2026-11-30/``). Transposed (80 query rows) it still does that, through a (D, Sq) view (``store_columns``).
+``dQaccum`` is (B, H, query blocks, 2, 64 · D/2) fp32, zeroed before the dK/dV kernel (by a fill, or by the
+preprocess: ``BackwardTiles.zero_in_preprocess``), each chunk one warpgroup's tile in fragment order;
+``DQPostprocessKernel`` scales each chunk and stores dQ, rows past Sq dropped. It reads a chunk by row quads
+(``store_quad_rows``: the four lanes that hold 8 adjacent columns of two rows, whose vectors are 64
+contiguous bytes) and writes 16-byte row pieces, so that both sides move whole sectors: read back into the
+fragment and stored through the MMA's partition, two bytes a store, it took 139 µs at B=8 S=2048 D=128
+(134 MB of dQaccum) against FlashAttention-4's 49 (``results/h200/backward-kernels-2026-11-30/``).
+Transposed (80 query rows) it still does that, through a (D, Sq) view (``store_columns``).
 
 Resources: shared memory gains 32 KB of dS buffers (2 buffers × 2 warpgroups × 64 × 64 × 2 bytes) and
 64 · D · 4 bytes of staging (D=128: 192 KB in all with two ring slots); the kernel compiles without

@@ -107,6 +107,7 @@ from cute_impl.backward._device import (
     cute_gradients,
     lanes_allreduce_sum,
     load_rows,
+    owned_span,
     read_row_values,
     row_tile_copy,
     row_tile_layout,
@@ -114,6 +115,7 @@ from cute_impl.backward._device import (
     store_rows,
     transposed,
     two_tile_storage,
+    zero_span,
 )
 
 # softmax_scale_log2 = softmax_scale · LOG2_E, so the kernels use exp2; the preprocess scales the LSE by it.
@@ -166,6 +168,8 @@ class BackwardConfig:
     bottom_right: bool = False  # causal diagonal shifted by causal_offset = seqlen_k - Sq
     gqa: bool = False  # K and V shared by heads // kv_heads query heads
     has_dlse: bool = False  # the LSE is differentiated too: D = rowsum(dO ∘ O) − dLSE
+    # hopper's dq="reduce" with zero_in_preprocess: the preprocess also zeroes its rows of the fp32 dQaccum.
+    zero_dq_accum: bool = False
 
     @property
     def tiles(self) -> TileShape:
@@ -177,11 +181,17 @@ class BackwardConfig:
 # ----------------------------------------------------------------------------------------------
 class _PreprocessKernel:
     """One CTA per ``ROWS_TILE_M`` rows of one (batch, head); each row's D elements are read by
-    ``D / 8`` neighbouring lanes with 16-byte loads, and their partial sums meet by butterfly shuffles."""
+    ``D / 8`` neighbouring lanes with 16-byte loads, and their partial sums meet by butterfly shuffles.
+    Given an fp32 dQaccum (``hopper``'s dq="reduce" with ``zero_in_preprocess``; this rung has none), each
+    CTA also zeroes a ``ROWS_TILE_M · D`` share of it by 16-byte stores issued before its loads, the last CTA
+    of a head the layout's padding too (``_device.owned_span``): the zeroing launch before the dK/dV kernel
+    goes away, as in FlashAttention-4's preprocess. A share holds the CTA's rows' values, except in the 80-row
+    dQᵀ layout: any exact partition serves, as the dK/dV kernel starts after this one."""
 
     def __init__(self, config: BackwardConfig):
         self.head_dim = config.head_dim
         self.has_dlse = config.has_dlse
+        self.zero_dq_accum = config.zero_dq_accum
         self.threads_per_cta = ROWS_THREADS
 
     @cute.jit
@@ -193,9 +203,11 @@ class _PreprocessKernel:
         mdLSE: cute.Tensor | None,
         mLSE2: cute.Tensor,
         mDelta: cute.Tensor,
+        mdQaccum: cute.Tensor | None,
         stream: cuda.CUstream,
     ):
-        """o, do (B, H, Sq, D); lse, dlse (None unless differentiated), lse2, delta (B, H, Sq) fp32."""
+        """o, do (B, H, Sq, D); lse, dlse (None unless differentiated), lse2, delta (B, H, Sq) fp32; dq_accum
+        (None unless zeroed here) (B, H, n) fp32, each head's n values contiguous, n ≥ Sq · D a multiple of 4."""
         dtype = mO.element_type
         mO, mdO = [static_head_dim_view(t, self.head_dim) for t in (mO, mdO)]
         elems = COPY_BITS // dtype.width
@@ -207,7 +219,7 @@ class _PreprocessKernel:
             cute.make_layout((1, elems)),
         )
         grid = (cute.ceil_div(mO.shape[2], ROWS_TILE_M), mO.shape[1], mO.shape[0])
-        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mDelta, tiled_copy, threads_per_row).launch(
+        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mDelta, mdQaccum, tiled_copy, threads_per_row).launch(
             grid=grid, block=[self.threads_per_cta, 1, 1], stream=stream
         )
 
@@ -220,6 +232,7 @@ class _PreprocessKernel:
         mdLSE: cute.Tensor | None,
         mLSE2: cute.Tensor,
         mDelta: cute.Tensor,
+        mdQaccum: cute.Tensor | None,
         tiled_copy: cute.TiledCopy,
         threads_per_row: cutlass.Constexpr,
     ):
@@ -234,6 +247,13 @@ class _PreprocessKernel:
         tOgO = thr_copy.partition_S(gO)  # (CPY, CPY_M, CPY_D)
         tOgdO = thr_copy.partition_S(gdO)  # (CPY, CPY_M, CPY_D)
         tOcO = thr_copy.partition_S(cO)  # (CPY, CPY_M, CPY_D)
+        # Zeros first: stores hold no registers, so the loads below keep the default's (80 at D=128, six CTAs an
+        # SM; zeroed after the loads were issued, 90 and five).
+        if cutlass.const_expr(self.zero_dq_accum):
+            share = ROWS_TILE_M * self.head_dim
+            head_accum = mdQaccum[batch, head, None]  # (n,)
+            span = owned_span(m_block, cute.ceil_div(seqlen_q, ROWS_TILE_M), share, cute.size(head_accum))
+            zero_span(head_accum, *span, tidx, self.threads_per_cta)
         tOrO = cute.make_rmem_tensor_like(tOgO)
         tOrdO = cute.make_rmem_tensor_like(tOgdO)
         tOrO.fill(0.0)
@@ -679,7 +699,8 @@ def _fake_preprocess_arguments(config: BackwardConfig) -> tuple:
     element = CUTE_DTYPES[config.dtype]
     lse, lse_log2, delta = (fake_tensor(cutlass.Float32, 3) for _ in range(3))
     d_lse = fake_tensor(cutlass.Float32, 3) if config.has_dlse else None
-    return (fake_tensor(element, 4), fake_tensor(element, 4), lse, d_lse, lse_log2, delta, fake_stream())
+    dq_accum = fake_tensor(cutlass.Float32, 3) if config.zero_dq_accum else None
+    return (fake_tensor(element, 4), fake_tensor(element, 4), lse, d_lse, lse_log2, delta, dq_accum, fake_stream())
 
 
 def _fake_dkdv_arguments(config: BackwardConfig) -> tuple:
@@ -722,7 +743,7 @@ def _launch(operands: BackwardOperands, problem: Problem, device: torch.device) 
     rows_shape = (problem.batch, problem.heads, problem.seqlen_q)
     delta, lse_log2 = (torch.empty(rows_shape, dtype=torch.float32, device=device) for _ in "01")
     q, k, v, out, d_out, lse, d_lse, dq, dk, dv = operands
-    KERNELS["preprocess"].kernel(config)(out, d_out, lse, d_lse, lse_log2, delta)
+    KERNELS["preprocess"].kernel(config)(out, d_out, lse, d_lse, lse_log2, delta, None)
     KERNELS["dkdv"].kernel(config)(q, k, v, d_out, lse_log2, delta, dk, dv, problem.scale)
     KERNELS["dq"].kernel(config)(q, k, v, d_out, lse_log2, delta, dq, problem.scale)
 
