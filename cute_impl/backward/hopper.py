@@ -235,8 +235,9 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 64, 2, dq="reduce"),
         BackwardTiles(80, 64, 2, dq="reduce", tma_rows=True),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True),
-        BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True,
-                      zero_in_preprocess=True),
+        BackwardTiles(
+            64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True, zero_in_preprocess=True
+        ),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True),
     ),
