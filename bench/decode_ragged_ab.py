@@ -39,8 +39,8 @@ SEED = 43
 RAGGED, FULL = (1, 4, 2, 7), (3, 5)
 # The item-share caps timed in the Triton-side rungs (a runtime argument: one compile); cute/decode's cap is
 # in its compile key, so it times one value (each costs a compile of the shape).
-CAPS = (24, 48)
-CUTE_CAP = 32
+CAPS = (32, 48)
+CUTE_CAP = 48
 RUNG_MODULES = {
     "triton/decode": "triton_impl.decode",
     "gluon/decode": "triton_impl.gluon.decode",

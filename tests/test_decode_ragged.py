@@ -249,10 +249,10 @@ def test_ab_tool_reproduces_seed43s_rows_and_times_each_cap_where_it_changes_the
     assert "B=3 H=10 Hkv=2 Sq=1 Sk=179712" in described[4] and "lengths=179712..179712" in described[4]
     assert "B=16 H=32 Hkv=4 Sq=1 Sk=11776" in described[5] and "lengths=11776..11776" in described[5]
     settings = decode_ragged_ab.settings()
-    assert [s for r, s, _ in settings if r == "triton/decode"] == ["default", "cap24", "cap48", "4/SM"]
-    assert [s for r, s, _ in settings if r == "cute/decode"] == ["default", "cap32", "4/SM"]
-    gluon_cap = next(switches for r, s, switches in settings if r == "gluon/decode" and s == "cap24")
-    assert gluon_cap == {"triton_impl.gluon._decode_balanced": {"BALANCED_MAX_ITEM_SHARES": 24}}
+    assert [s for r, s, _ in settings if r == "triton/decode"] == ["default", "cap32", "cap48", "4/SM"]
+    assert [s for r, s, _ in settings if r == "cute/decode"] == ["default", "cap48", "4/SM"]
+    gluon_cap = next(switches for r, s, switches in settings if r == "gluon/decode" and s == "cap32")
+    assert gluon_cap == {"triton_impl.gluon._decode_balanced": {"BALANCED_MAX_ITEM_SHARES": 32}}
     for index, binds in ((0, True), (1, True), (2, False), (4, True)):
         case = cases[index]
         default = decode_ragged_ab.plan_of("triton/decode", case.problem, case.lengths, CPU)
@@ -260,6 +260,20 @@ def test_ab_tool_reproduces_seed43s_rows_and_times_each_cap_where_it_changes_the
             capped = decode_ragged_ab.plan_of("triton/decode", case.problem, case.lengths, CPU)
         assert default[0] == "balanced" and (capped != default) == binds, (described[index], default, capped)
         assert max(capped[2]) <= 24
+
+
+def test_model_sees_the_long_items_merge_and_the_cap_shortening_it():
+    """bench/decode_ragged_model on the paged MQA D=256 row: triton/decode's committed plan gives the 108724-key
+    sequence 155 shares (a merge of 156 round trips at 2 splits a step); cap 48 leaves 48 (50 round trips)."""
+    from bench import decode_model, decode_ragged_ab, decode_ragged_model
+
+    case = decode_ragged_ab.cases()[0]
+    plan = decode_ragged_model.rung_plan("triton/decode", case.problem, case.lengths)
+    assert max(plan.shares) == 155 and plan.merge_per_step == 2
+    assert decode_ragged_model.merge_us(plan, 155) == pytest.approx(decode_model.MERGE_STEP_US * 156)
+    with decode_ragged_ab.switched({"triton_impl.decode": {"BALANCED_MAX_ITEM_SHARES": 48}}):
+        capped = decode_ragged_model.rung_plan("triton/decode", case.problem, case.lengths)
+    assert max(capped.shares) == 48 and capped.target == plan.target
 
 
 # ----------------------------------------------------------------------------------------------------
