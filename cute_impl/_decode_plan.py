@@ -11,6 +11,9 @@ empty sequence) and finds its own in their prefix sum, items in (batch, KV head)
 lengths as one vector; here each thread walks them in a scalar loop (B is small: the lengths are one
 cached line or two), with ``select`` only, no branch, so every thread of the CTA agrees.
 
+``BalancedPlan.max_item_shares`` (``decode.BALANCED_MAX_ITEM_SHARES``; 0: none, compiled out) caps one item's
+share count, ``common/contract/splits.py``'s "item-share cap"; both kernels read the same capped plan.
+
 Both kernels of cute/decode compute it: the split kernel to find its (batch, KV head, split) from its
 share index (:meth:`BalancedPlan.share`), the merge kernel to find the slabs of its item's partials
 (:meth:`BalancedPlan.item_slabs`). Computing it twice costs each CTA a loop over B lengths and needs no
@@ -82,13 +85,23 @@ def item_shares_of(blocks: cutlass.Int32, share_blocks: cutlass.Int32) -> cutlas
 
 class BalancedPlan(NamedTuple):
     """The plan over ``batch_size`` sequences of ``kv_heads`` items each: ``blocks_of(b)`` is the key
-    blocks sequence b's rows see; ``target_shares`` the grid's shares (its CTAs past them: B · Hkv)."""
+    blocks sequence b's rows see; ``target_shares`` the grid's shares (its CTAs past them: B · Hkv);
+    ``max_item_shares`` the most shares one item takes (0: no cap; a compile-time constant)."""
 
     blocks_of: Callable[[cutlass.Int32], cutlass.Int32]
     batch_size: cutlass.Int32
     kv_heads: cutlass.Int32
     target_shares: cutlass.Int32
     min_share_blocks: int
+    max_item_shares: int = 0
+
+    def shares_of(self, blocks: cutlass.Int32, share_blocks: cutlass.Int32) -> cutlass.Int32:
+        """An item's shares: :func:`item_shares_of`, at most ``max_item_shares`` where that is not 0 (an item
+        of many shares then cuts its blocks into fewer, larger ones: fewer partials for its merge)."""
+        shares = item_shares_of(blocks, share_blocks)
+        if cutlass.const_expr(self.max_item_shares):
+            shares = cutlass.min(shares, self.max_item_shares)
+        return shares
 
     @cute.jit
     def share_blocks(self) -> cutlass.Int32:
@@ -109,7 +122,7 @@ class BalancedPlan(NamedTuple):
         item_shares = cutlass.Int32(1)
         start = cutlass.Int32(0)
         for b in cutlass.range(self.batch_size, unroll=PLAN_UNROLL):
-            shares = item_shares_of(self.blocks_of(b), share_blocks)
+            shares = self.shares_of(self.blocks_of(b), share_blocks)
             end = start + self.kv_heads * shares
             batch = batch + cutlass.Int32(cutlass.select_(end <= share, 1, 0))
             first = cutlass.Int32(cutlass.select_(end <= share, end, first))
@@ -134,7 +147,7 @@ class BalancedPlan(NamedTuple):
         start = cutlass.Int32(0)
         count = cutlass.Int32(1)
         for b in cutlass.range(self.batch_size, unroll=PLAN_UNROLL):
-            shares = item_shares_of(self.blocks_of(b), share_blocks)
+            shares = self.shares_of(self.blocks_of(b), share_blocks)
             start = start + cutlass.Int32(cutlass.select_(b < batch, self.kv_heads * shares, 0))
             count = cutlass.Int32(cutlass.select_(b == batch, shares, count))
         return start + kv_head * count, count

@@ -141,14 +141,12 @@ from cute_impl._host import (
     warp_tiled_mma,
 )
 
-# Query tokens per step this rung takes; more is prefill.
-MAX_SEQLEN_Q = 16
+MAX_SEQLEN_Q = 16  # query tokens per step this rung takes; more is prefill
 # mma.sync.m16n8k16 (MMA_M: ``_decode_warps.py``): a tile has at least 16 rows, a warp's keys and S's k-steps 16s.
 MMA_K = 16
 SMEM_ALIGN_BYTES = 1024
 # The merges: each thread merges 4 fp32 columns of a row (16-byte loads); merge kernel CTAs of 4 warps.
-MERGE_COLS = 4
-MERGE_THREADS = 128
+MERGE_COLS, MERGE_THREADS = 4, 128
 # The merges weigh natural-log LSEs by exp2((lseₛ - lse_max) · COMBINE_LOG2_E) (a name of its own so a
 # test can plant the log2-unit bug).
 COMBINE_LOG2_E = LOG2_E
@@ -196,7 +194,7 @@ CTAS_PER_SM_FIT = {64: 2, 128: 2, 256: 1}
 # the rule splits a ragged batch (H200, results/h200/decode-balanced-gluon-cute/): B=16 MQA D=256 ragged 190.0
 # -> 147.2 us, B=32 Hkv=2 D=64 ragged 197.8 -> 184.6, B=8 8k 85.0 -> 83.0; B=1 128k 138.1 -> 144.3: not there.
 BALANCED_SPLIT = "ragged-split"
-BALANCED_SHARES_PER_SM = 2
+BALANCED_SHARES_PER_SM, BALANCED_MAX_ITEM_SHARES = 2, 0  # the cap: splits.py's "item-share cap" (0: none, off)
 BALANCED_MIN_KEYS = splits.MIN_KEYS_PER_SPLIT
 WARPS_SPLIT_ROWS = True  # many packed rows (_decode_warps.py): 0.83-0.94x the time (results/h200/decode-row-split/)
 # Every problem feature, and the paged KV cache (a block table of pages of 16 to 256 keys).
@@ -220,6 +218,7 @@ class DecodeConfig:
     merge_splits_per_step: int = MERGE_SPLITS_PER_STEP  # the merge kernel's unrolling over the splits
     balanced_min_blocks: int = 0  # the balanced split's least share in key blocks; 0: the padded split
     row_warps: int = 1  # warps along M (``_decode_warps.py``; WARPS_SPLIT_ROWS): 1, the warps split the keys
+    balanced_max_shares: int = 0  # the balanced split's most shares an item (BALANCED_MAX_ITEM_SHARES); 0: no cap
 
     @property
     def keys_per_warp(self) -> int:
@@ -341,7 +340,6 @@ class DecodeKernel:
         rows = mO.shape[1]  # group · Sq packed rows
 
         # ---- 1. This sequence's keys and this split's blocks of them ---------------------------
-        # The cache's capacity in keys: Sk, or the block table's pages of page_size keys.
         capacity = self.cache_capacity(mK, mBlockTable)
         share, has_work = split, True
         if cutlass.const_expr(self.config.balanced_min_blocks):
@@ -458,13 +456,14 @@ class DecodeKernel:
         self, mQ: cute.Tensor, mK: cute.Tensor, mCacheSeqlens: cute.Tensor | None, mBlockTable: cute.Tensor | None,
         target_shares: cutlass.Int32,
     ) -> BalancedPlan:  # fmt: skip
-        """The balanced split's plan (``_decode_balanced.py``) over the batch of q; a sequence's blocks are
+        """The balanced split's plan (``_decode_plan.py``) over the batch of q; a sequence's blocks are
         those its rows see (:func:`split_block_range` of one split), as the split kernel walks them."""
         blocks_of = partial(
             sequence_blocks, seqlen_q=mQ.shape[2], capacity=self.cache_capacity(mK, mBlockTable),
             cache_seqlens=mCacheSeqlens, bottom_right=self.bottom_right, causal=self.causal, tile_n=self.tile_n,
         )  # fmt: skip
-        return BalancedPlan(blocks_of, mQ.shape[0], mK.shape[1], target_shares, self.config.balanced_min_blocks)
+        sizes = (self.config.balanced_min_blocks, self.config.balanced_max_shares)
+        return BalancedPlan(blocks_of, mQ.shape[0], mK.shape[1], target_shares, *sizes)
 
     @cute.jit
     def load_packed_q(
@@ -680,6 +679,7 @@ def decode_config(problem: Problem, split: bool, balanced: bool = False) -> Deco
         merge_splits_per_step=MERGE_SPLITS_PER_STEP,
         balanced_min_blocks=balanced
         and splits.balanced_min_share_blocks(TILE_CONFIGS[problem.head_dim].tile_n, BALANCED_MIN_KEYS),
+        balanced_max_shares=BALANCED_MAX_ITEM_SHARES if balanced else 0,
     )
 
 

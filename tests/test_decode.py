@@ -701,7 +701,7 @@ for head_dim, seqlen_q, page_size in json.loads(sys.argv[1]):
     )
     config = decode.tile_config(problem)
     signature = {**pointer_signature(problem.dtype), "OutPartial": "*fp32", "LsePartial": "*fp32", "Counters": "*i32",
-                 "batch_size": "i32", "target_shares": "i32", "min_share_blocks": "i32"}
+                 "batch_size": "i32", "target_shares": "i32", "min_share_blocks": "i32", "max_item_shares": "i32"}
     constexprs = {**feature_constexprs(problem), "HEAD_DIM": head_dim, "BLOCK_M": decode.block_m_for(problem),
                   "BLOCK_N": config.block_n, "PAGE_SIZE": page_size, "SPLITS_PER_STEP": decode._merge_step(problem),
                   "BLOCK_B": 16}

@@ -87,14 +87,15 @@ def test_balanced_grid_and_workspace_follow_the_shape(monkeypatch: pytest.Monkey
     assert run.split_options["BALANCED"] and not run.split_options["SPLIT"] and run.split_options["BLOCK_B"] == 16
     out_partial, lse_partial = run.split_args[6:8]
     assert out_partial.shape == (target + 6, 16 * 8, 128) and lse_partial.shape == (target + 6, 16 * 8)
-    assert run.split_args[-3:] == (3, target, -(-triton_decode.BALANCED_MIN_KEYS // block_n))
+    min_blocks = -(-triton_decode.BALANCED_MIN_KEYS // block_n)
+    assert run.split_args[-4:] == (3, target, min_blocks, splits.NO_ITEM_SHARE_CAP)
     forced = gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=5)
     assert forced.split_grid == (5 + 6, 2) and forced.num_splits == 5
     with pytest.raises(ValueError, match="must be >= 1, got 0"):
         gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=0)
     monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", "never")
     default = gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=5)
-    assert not default.balanced and default.split_grid == (5, 2, 6) and default.split_args[-3:] == (None,) * 3
+    assert not default.balanced and default.split_grid == (5, 2, 6) and default.split_args[-4:] == (None,) * 4
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -264,8 +265,8 @@ def test_gpu_gluon_balanced_plan_missing_a_sequence_fails_the_check(monkeypatch:
     planned = gluon_decode.balanced_sizes
 
     def one_sequence_short(*args):
-        batch, target, min_share_blocks = planned(*args)
-        return batch - 1, target, min_share_blocks
+        batch, *rest = planned(*args)
+        return batch - 1, *rest
 
     monkeypatch.setattr(gluon_decode, "balanced_sizes", one_sequence_short)
     case = CASES[1]

@@ -169,20 +169,29 @@ def item_shares_of(blocks, chunk):
 
 
 @triton.jit
+def capped_item_shares(blocks, chunk, max_item_shares):
+    """:func:`item_shares_of`, at most ``max_item_shares`` (``splits.py``'s "item-share cap"; the host passes
+    ``splits.NO_ITEM_SHARE_CAP`` for none): an item of more shares cuts its blocks into that many larger ones,
+    so its merge reads fewer partials."""
+    return tl.minimum(item_shares_of(blocks, chunk), max_item_shares)
+
+
+@triton.jit
 def balanced_share(
     CacheSeqlens, share, batch_size, kv_heads, seqlen_q, seqlen_k, target_shares, min_share_blocks,
-    CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr,
+    max_item_shares, CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
     """The work of CTA ``share`` of the balanced grid: ``(batch, kv_head, split, item_shares, has_work)``
-    (:func:`balanced_plan`) from the cache lengths, BLOCK_B >= batch_size of them in one load."""
+    (:func:`balanced_plan`, at most ``max_item_shares`` shares an item) from the cache lengths, BLOCK_B >=
+    batch_size of them in one load."""
     offs_b = tl.arange(0, BLOCK_B)
     in_batch = offs_b < batch_size
     if HAS_CACHE_SEQLENS:
         lengths = tl.minimum(tl.maximum(tl.load(CacheSeqlens + offs_b, mask=in_batch, other=0), 0), seqlen_k)
     else:
         lengths = tl.where(in_batch, seqlen_k, 0)
-    sizes = (batch_size, kv_heads, seqlen_q, target_shares, min_share_blocks)
+    sizes = (batch_size, kv_heads, seqlen_q, target_shares, min_share_blocks, max_item_shares)
     return balanced_plan(lengths, offs_b, share, sizes, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, BLOCK_N=BLOCK_N)
 
 
@@ -203,14 +212,15 @@ def balanced_plan(
     count (:func:`item_shares_of`), and their prefix sum over the sequences, items in (batch, KV head)
     order. The share's sequence is the count of sequences whose shares end at or before it (the binary
     search of a host plan, as one vector compare). Σ items' shares <= target_shares + B · Hkv, the grid
-    the host launches."""
-    batch_size, kv_heads, seqlen_q, target_shares, min_share_blocks = sizes
+    the host launches. ``max_item_shares`` (the last of ``sizes``) caps an item's share count
+    (:func:`capped_item_shares`); fewer shares keep that bound."""
+    batch_size, kv_heads, seqlen_q, target_shares, min_share_blocks, max_item_shares = sizes
     in_batch = offs_b < batch_size
     causal_offsets = lengths - seqlen_q if BOTTOM_RIGHT else lengths * 0
     blocks = (attended_keys(lengths, causal_offsets, seqlen_q, CAUSAL) + BLOCK_N - 1) // BLOCK_N
     total_blocks = kv_heads * tl.sum(blocks, axis=0)
     chunk = tl.maximum((total_blocks + target_shares - 1) // target_shares, min_share_blocks)
-    batch_shares = tl.where(in_batch, kv_heads * item_shares_of(blocks, chunk), 0)
+    batch_shares = tl.where(in_batch, kv_heads * capped_item_shares(blocks, chunk, max_item_shares), 0)
     batch = tl.sum((tl.cumsum(batch_shares, axis=0) <= share).to(tl.int32), axis=0)
     has_work = batch < batch_size
     local = share - tl.sum(tl.where(offs_b < batch, batch_shares, 0), axis=0)

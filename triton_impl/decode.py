@@ -62,11 +62,11 @@ and ``results/h200/decode-balanced-triton/``): in a ragged batch the rule's spli
 once while the long one's few carry its keys. ``_balanced_split_kernel`` gives every CTA an equal share of the
 valid keys, FlashInfer's plan done on the device (``balanced_share``): each CTA reads the B lengths, sizes a share
 as total key blocks / ``target_shares`` (at least ``BALANCED_MIN_KEYS``), gives each (batch, KV head)
-cdiv(its blocks, share) splits (one for an empty sequence) and finds its own in their prefix sum. The
-grid, target_shares (``BALANCED_SHARES_PER_SM`` per SM over the M tiles) + B · Hkv CTAs per M tile,
-holds every share whatever the lengths: the shape fixes it, and a CUDA graph replays it with new lengths
-(CTAs past the last share store nothing). An item's shares fill consecutive slabs of the partials; its
-last to arrive merges them (``merge_splits``; an item of one share writes O itself). ``num_splits=``
+cdiv(its blocks, share) splits (one for an empty sequence; at most ``BALANCED_MAX_ITEM_SHARES`` unless 0) and
+finds its own in their prefix sum. The grid, target_shares (``BALANCED_SHARES_PER_SM`` per SM over the M tiles)
++ B · Hkv CTAs per M tile, holds every share whatever the lengths: the shape fixes it, and a CUDA graph replays
+it with new lengths (CTAs past the last share store nothing). An item's shares fill consecutive slabs of the
+partials; its last to arrive merges them (``merge_splits``; an item of one share writes O itself). ``num_splits=``
 forces target_shares; the merge is always fused.
 
 Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one M tile; one launch):
@@ -156,11 +156,11 @@ FUSED_MERGE = True
 # The balanced split (module docstring; switch values: splits.BALANCED_SWITCHES): on an H200 +2 to +19 points
 # on ragged caches, up to -8 on full ones (results/h200/decode-balanced/); "ragged-split" rather than "ragged"
 # (every call with cache_seqlens): level on every ragged row, B=1 128k 146.7 -> 145.2 us (decode-balanced-triton).
-# Shares of at least BALANCED_MIN_KEYS keys, BALANCED_SHARES_PER_SM per SM; the lengths' vector >= MIN_BLOCK_B.
+# Shares >= BALANCED_MIN_KEYS keys, BALANCED_SHARES_PER_SM per SM, <= BALANCED_MAX_ITEM_SHARES an item (0: no cap,
+# off until bench/decode_ragged_ab.sh: splits.py's "item-share cap"); the lengths' vector >= MIN_BLOCK_B.
 BALANCED_SPLIT = "ragged-split"
-BALANCED_SHARES_PER_SM = 2
-BALANCED_MIN_KEYS = splits.MIN_KEYS_PER_SPLIT
-MIN_BLOCK_B = 16
+BALANCED_SHARES_PER_SM, BALANCED_MAX_ITEM_SHARES = 2, 0
+BALANCED_MIN_KEYS, MIN_BLOCK_B = splits.MIN_KEYS_PER_SPLIT, 16
 # Fifth stop's switches (results/h200/decode-floor5/): two CTA slots an SM on full caches (276k D=64 63 -> 85 %).
 SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 2, False, False, False
 # Seventh stop's switch, off until bench/decode_fewpairs_ab.sh (``splits.SplitPolicy.fewer_waves``).
@@ -385,7 +385,7 @@ def _balanced_split_kernel(
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om,
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2,
-    BlockTable, stride_btb, Counters, batch_size, target_shares, min_share_blocks,
+    BlockTable, stride_btb, Counters, batch_size, target_shares, min_share_blocks, max_item_shares,
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     SPLITS_PER_STEP: tl.constexpr, BLOCK_B: tl.constexpr,
@@ -399,7 +399,7 @@ def _balanced_split_kernel(
     # empty range and stores nothing.
     batch, kv_head, split, item_shares, has_work = balanced_share(
         CacheSeqlens, share, batch_size, kv_heads, seqlen_q, seqlen_k, target_shares, min_share_blocks,
-        CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, BLOCK_N=BLOCK_N, BLOCK_B=BLOCK_B,
+        max_item_shares, CAUSAL, BOTTOM_RIGHT, HAS_CACHE_SEQLENS, BLOCK_N, BLOCK_B,
     )  # fmt: skip
 
     # 1.-4. As in ``_split_kernel``, over the item's ``item_shares`` splits.
@@ -710,7 +710,7 @@ def bind_balanced(
     grid = (target + items, m_blocks)
     workspace = balanced_workspace(problem, grid[0], q.device)
     out, lse, _, args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
-    sizes = (problem.batch, target, splits.balanced_min_share_blocks(block_n, BALANCED_MIN_KEYS))
+    sizes = (problem.batch, target, *splits.balanced_plan_sizes(block_n, BALANCED_MIN_KEYS, BALANCED_MAX_ITEM_SHARES))
     options = {
         **feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
         "BLOCK_N": block_n, "PAGE_SIZE": problem.page_size, "SPLITS_PER_STEP": _merge_step(problem),

@@ -50,12 +50,22 @@ every switch, cute/decode none yet, ``results/h200/decode-floor5/``):
 **The balanced split** (``BALANCED_SPLIT`` of triton/decode and cute/decode, planned on the device from the
 lengths): the host part both rungs share is here, the switch's meaning (:func:`balanced_split_applies`) and
 the grid's target shares (:func:`balanced_target_shares`, :func:`resolve_balanced_shares`), which follow
-from the shape and the device only.
+from the shape and the device only; :func:`balanced_item_shares` is the device plan's share counts in Python.
+
+**The item-share cap** (``BALANCED_MAX_ITEM_SHARES`` of each rung: triton/decode, gluon/decode's
+``_decode_balanced.py``, cute/decode; 0, no cap, until ``bench/decode_ragged_ab.sh`` times it): at most that
+many shares for one (batch, KV head) item, whose blocks are then cut into fewer, larger shares. Where one item
+holds most of the keys (seed 43's B=8 MQA D=256 paged row: one sequence of 108724 keys among 38..51476, 155
+shares of 704 keys in triton/decode), the share that arrives last merges all of that item's partials alone,
+a chain of L2 round trips as long as the share count over the merge's splits a step (1-2 at D=256, its O tiles'
+registers), tens of µs after every key was read. The cap trades that chain for longer shares: a share is the
+item's blocks over the cap, streamed by one CTA. Capping only lowers counts, so the grid still holds every
+share, and the split and the merge read the same capped plan.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -201,6 +211,35 @@ def balanced_split_applies(switch: str, problem: Problem, rule_splits: Callable[
             raise ValueError("BALANCED_SPLIT 'ragged-split' needs the rung's split rule (rule_splits)")
         return problem.has_cache_seqlens and problem.batch > 1 and rule_splits() > 1
     return switch == "always" or (switch == "ragged" and problem.has_cache_seqlens)
+
+
+def balanced_item_shares(
+    blocks: Sequence[int], kv_heads: int, target_shares: int, min_share_blocks: int, max_item_shares: int = 0
+) -> list[int]:
+    """The shares of each sequence's KV heads under the device plan (``balanced_plan`` of
+    ``triton_impl/_device.py``, ``BalancedPlan`` of ``cute_impl/_decode_plan.py``), ``blocks[b]`` the key
+    blocks sequence b's rows see: a share of cdiv(Hkv · Σ blocks, target_shares) blocks (at least
+    ``min_share_blocks``), cdiv(its blocks, share) shares an item (at least 1; at most ``max_item_shares``
+    where that is not 0, the item-share cap of the module docstring). The grid holds them all:
+    Hkv · Σ shares <= target_shares + B · Hkv."""
+    if max_item_shares < 0:
+        raise ValueError(f"BALANCED_MAX_ITEM_SHARES must be >= 0 (0: no cap), got {max_item_shares}")
+    chunk = max(-(-kv_heads * sum(blocks) // target_shares), min_share_blocks)
+    shares = [max(-(-count // chunk), 1) for count in blocks]
+    return [min(count, max_item_shares) for count in shares] if max_item_shares else shares
+
+
+# What the Triton-side kernels take for "no item-share cap": more shares than any grid holds.
+NO_ITEM_SHARE_CAP = 2**31 - 1
+
+
+def balanced_plan_sizes(block_n: int, min_keys: int, max_item_shares: int) -> tuple[int, int]:
+    """The device plan's (fewest key blocks a share takes, most shares an item takes) as the Triton-side
+    kernels take them: ``min_keys`` in ``block_n``-key blocks, and the item-share cap (module docstring), 0
+    for none passed as :data:`NO_ITEM_SHARE_CAP`; a negative cap is a ValueError."""
+    if max_item_shares < 0:
+        raise ValueError(f"BALANCED_MAX_ITEM_SHARES must be >= 0 (0: no cap), got {max_item_shares}")
+    return balanced_min_share_blocks(block_n, min_keys), max_item_shares or NO_ITEM_SHARE_CAP
 
 
 def resolve_balanced_shares(

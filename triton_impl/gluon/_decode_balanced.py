@@ -9,7 +9,9 @@ n key blocks takes cdiv(n, share) consecutive CTAs, whose partials are consecuti
 packed rows; the item's last share to arrive merges them (``_merge_tile`` on packed rows), and an item of
 one share writes O and the LSE itself. The shape fixes the grid and the workspace, so a CUDA graph
 replays it with new lengths. Here: the kernel's stores (:func:`_store_balanced`) and the host's sizes
-(:func:`balanced_sizes`); the split kernel (``decode.py``, ``BALANCED``) is the rule's otherwise.
+(:func:`balanced_sizes`, :func:`balanced_constexprs`); the split kernel (``decode.py``, ``BALANCED``) is the
+rule's otherwise. ``BALANCED_MAX_ITEM_SHARES`` (0: none, the default until ``bench/decode_ragged_ab.sh`` times
+it) caps the shares of one item, ``common/contract/splits.py``'s "item-share cap".
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from common.contract import splits
 from common.contract.problem import Problem
 from triton_impl import decode as triton_decode
 from triton_impl.gluon._decode_merge import _last_to_arrive, _merge_tile, _store_output, _store_partials
+
+# gluon/decode's item-share cap (splits.py's "item-share cap"; 0: none): off until bench/decode_ragged_ab.sh.
+BALANCED_MAX_ITEM_SHARES = 0
 
 
 @gluon.jit
@@ -55,12 +60,21 @@ def _store_balanced(
 
 def balanced_sizes(
     problem: Problem, device: torch.device, shares: int | None, m_blocks: int, block_n: int, slots: int | None
-) -> tuple[int, int, int]:
-    """The balanced kernel's (batch size, target shares, fewest key blocks a share takes): triton/decode's
+) -> tuple[int, int, int, int]:
+    """The balanced kernel's (batch size, target shares, fewest key blocks a share takes, most shares an item
+    takes: ``BALANCED_MAX_ITEM_SHARES`` as ``splits.balanced_plan_sizes`` passes it): triton/decode's
     ``BALANCED_SHARES_PER_SM`` (at most ``slots``, the CTAs an SM holds, unless None) and
     ``BALANCED_MIN_KEYS`` on ``m_blocks`` tiles of ``block_n``-key blocks (``splits.resolve_balanced_shares``);
     ``shares`` forces the target."""
     per_sm, min_keys = triton_decode.BALANCED_SHARES_PER_SM, triton_decode.BALANCED_MIN_KEYS
     per_sm = per_sm if slots is None else min(per_sm, slots)
     target = splits.resolve_balanced_shares(shares, problem, device, m_blocks, block_n, per_sm, min_keys)
-    return problem.batch, target, splits.balanced_min_share_blocks(block_n, min_keys)
+    return problem.batch, target, *splits.balanced_plan_sizes(block_n, min_keys, BALANCED_MAX_ITEM_SHARES)
+
+
+def balanced_constexprs(problem: Problem, balanced: bool) -> dict[str, int | None]:
+    """The split kernel's constexprs of the balanced plan: the lengths' vector, BLOCK_B >= batch (at least
+    triton/decode's ``MIN_BLOCK_B``; None in the padded split's kernel)."""
+    if not balanced:
+        return {"BLOCK_B": None}
+    return {"BLOCK_B": triton_decode.next_power_of_2(max(problem.batch, triton_decode.MIN_BLOCK_B))}

@@ -194,7 +194,7 @@ def balanced_share(
     """The balanced split (``gluon/decode``): the work of CTA ``share``, ``(batch, kv_head, split,
     item_shares, has_work)``, by the Triton stack's own ``balanced_plan`` on the cache lengths, loaded
     here in a layout over the CTA's warps (BLOCK_B >= batch size of them). ``sizes``: (batch size, Hkv,
-    Sq, target shares, the fewest key blocks a share takes)."""
+    Sq, target shares, the fewest key blocks a share takes, the most shares an item takes)."""
     offs_b = gl.arange(0, BLOCK_B, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
     in_batch = offs_b < sizes[0]
     if HAS_CACHE_SEQLENS:

@@ -134,7 +134,7 @@ from triton_impl._host import (
     rung_result,
     split_workspace,
 )
-from triton_impl.gluon._decode_balanced import _store_balanced, balanced_sizes
+from triton_impl.gluon._decode_balanced import _store_balanced, balanced_constexprs, balanced_sizes
 from triton_impl.gluon._decode_merge import (
     MERGE_ROWS,
     _last_to_arrive,
@@ -457,7 +457,7 @@ def _split_kernel(
     stride_qb, stride_qh, stride_qm,
     stride_ob, stride_oh, stride_om,
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2, BlockTable, stride_btb, Counters,
-    batch_size, target_shares, min_share_blocks,
+    batch_size, target_shares, min_share_blocks, max_item_shares,
     CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, HAS_CACHE_SEQLENS: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, SPLIT: gl.constexpr,
     PAGE_SIZE: gl.constexpr, FUSED_MERGE: gl.constexpr, SPLITS_PER_STEP: gl.constexpr, BALANCED: gl.constexpr,
@@ -469,7 +469,7 @@ def _split_kernel(
     their box is a key block, or for pages a chunk of one (``kv_chunk_rows``). ``Counters``: the
     arrival counters of the fused merge (one per M tile of the grid; None without it). ``BALANCED``: the
     grid is (target_shares + B · Hkv, m_blocks), CTA ``share`` takes the split ``balanced_share`` plans
-    from the ``batch_size`` lengths (None, None, None without it)."""
+    from the ``batch_size`` lengths (the plan's four sizes None without it)."""
     HEAD_DIM: gl.constexpr = desc_k.block_type.shape[3]
     dtype: gl.constexpr = desc_k.dtype
     # wgmma's accumulators (S: BLOCK_M × BLOCK_N, O: BLOCK_M × D; a warp holds 16 whole rows of each, a
@@ -486,9 +486,9 @@ def _split_kernel(
         # 0. This CTA's work item and split; past the last share: an empty range, nothing stored.
         share = gl.program_id(0)
         m_block = gl.program_id(1)
+        sizes = (batch_size, kv_heads, seqlen_q, target_shares, min_share_blocks, max_item_shares)
         batch, kv_head, split, num_splits, has_work = balanced_share(
-            CacheSeqlens, share, (batch_size, kv_heads, seqlen_q, target_shares, min_share_blocks), seqlen_k,
-            CAUSAL, BOTTOM_RIGHT, HAS_CACHE_SEQLENS, BLOCK_N, BLOCK_B, num_warps,
+            CacheSeqlens, share, sizes, seqlen_k, CAUSAL, BOTTOM_RIGHT, HAS_CACHE_SEQLENS, BLOCK_N, BLOCK_B, num_warps,
         )  # fmt: skip
     else:
         split = gl.program_id(0)
@@ -625,11 +625,11 @@ def balanced_split(problem: Problem, device: torch.device | None = None) -> bool
 
 def split_constexprs(problem: Problem, split: bool, balanced: bool = False) -> dict[str, int | bool | None]:
     config = decode_config(problem)
-    block_b = triton_decode.next_power_of_2(max(problem.batch, triton_decode.MIN_BLOCK_B)) if balanced else None
     return {
         **feature_constexprs(problem), "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n,
         "NUM_STAGES": config.num_stages, "SPLIT": split, "PAGE_SIZE": problem.page_size,
-        "FUSED_MERGE": split and triton_decode.FUSED_MERGE, "BALANCED": balanced, "BLOCK_B": block_b,
+        "FUSED_MERGE": split and triton_decode.FUSED_MERGE, "BALANCED": balanced,
+        **balanced_constexprs(problem, balanced),
         "SPLITS_PER_STEP": triton_decode.merge_splits_per_step(
             MERGE_ROWS.value, problem.head_dim, num_warps_for(problem)
         ),
@@ -668,7 +668,7 @@ class GluonDecode:
             self.split_grid = (num_splits + items, m_blocks)
             out_partial, lse_partial = balanced_workspace(problem, self.split_grid[0], q.device)
         else:
-            plan = (None, None, None)
+            plan = (None,) * 4
             num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks, q.device, policy)
             self.split_grid = (num_splits, m_blocks, items)
             out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
@@ -778,7 +778,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     num_warps = num_warps_for(problem)
     balanced = balanced_split(problem)
     constexprs = {**split_constexprs(problem, not balanced, balanced), "num_warps": num_warps}
-    plan = ("batch_size", "target_shares", "min_share_blocks")
+    plan = ("batch_size", "target_shares", "min_share_blocks", "max_item_shares")
     if balanced:
         signature.update(dict.fromkeys(plan, "i32"))
     else:

@@ -1,0 +1,186 @@
+"""The balanced split's critical path on seed 43's ragged rows, per rung and per ``bench/decode_ragged_ab.py`` setting.
+
+No GPU. ``bench/decode_model.py``'s fluid model (its constants: an H200's SMs and read bandwidth, a CTA's fixed
+latency and Little's-law cap on its streaming rate, a merge step's L2 round trip), fed with each rung's own
+balanced plan as committed or under a setting's switches: the target shares, each item's share count
+(``splits.balanced_item_shares``, with the rung's key block, least share and item-share cap), the M tiles, the
+CTAs an SM holds and the blocks a CTA keeps in flight. CTAs start in grid order (shares of M tile 0 first,
+items in (batch, KV head) order) as slots free; an item's merge starts when its last share ends and is a chain
+of dependent L2 round trips: in triton/decode and gluon/decode the last share's (the LSE pass, then the O pass,
+``merge_splits_per_step`` splits a step; gluon per 16 packed rows), in cute/decode a second kernel after the
+first (its own launch, ``MERGE_SPLITS_PER_STEP`` a step). The step is the later of the last CTA and the last merge.
+
+It ranks limiters, it does not replace the A/B: it misses the harness's fixed cost (``do_bench``'s dirty L2,
+16-28 µs at these sizes, ``results/h200/decode-fewpairs/``) and the B=64 D=64 row's measured time (the model has
+it at 82-87 % where the rungs read 53-69 %). A merge step of 0.45 µs (``--merge-step-us``, not decode_model's
+0.7) puts the D=256 rows' defaults near their measured times (triton 121 / gluon 125 / cute 81 µs against 133 /
+140 / 97 on the paged MQA row, 117 / 120 / 131 against 105 / 136 / 137 on the B=3 row); ``--latency-us``
+moves the per-CTA streaming cap, on which the best cap depends (a CTA of a capped item streams more keys).
+
+    python -m bench.decode_ragged_model --merge-step-us 0.45     # from the project root; no GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from bench import decode_model
+from bench.decode_ragged_ab import RUNG_MODULES, cases, settings, switched
+from common.contract import splits
+
+CPU = torch.device("cpu")
+STEP_US = 0.1
+
+
+@dataclass(frozen=True)
+class RungPlan:
+    """What the model needs of one rung's balanced launch of one shape."""
+
+    block_n: int
+    in_flight_blocks: int
+    slots: int  # CTAs an SM holds
+    m_blocks: int
+    target: int
+    shares: tuple[int, ...]  # per sequence, each of its KV heads
+    merge_per_step: int
+    merge_chunks: int  # gluon merges 16 packed rows at a time
+    merge_kernel: bool  # cute: a second kernel
+
+
+def rung_plan(rung: str, problem, lengths: tuple[int, ...]) -> RungPlan:
+    """``rung``'s balanced plan of ``problem`` under its module's current constants."""
+    module = importlib.import_module(RUNG_MODULES[rung])
+    rows = problem.kv_group * problem.seqlen_q
+    if rung == "triton/decode":
+        config = module.tile_config(problem)
+        block_n, stages = config.block_n, config.num_stages
+        slots = config.ctas_per_sm or module.CTAS_PER_SM_FIT[problem.head_dim]
+        target, cap, min_keys = (
+            module.balanced_target_shares(problem, CPU),
+            module.BALANCED_MAX_ITEM_SHARES,
+            module.BALANCED_MIN_KEYS,
+        )
+        per_step, chunks, merge_kernel = module._merge_step(problem), 1, False
+    elif rung == "gluon/decode":
+        from triton_impl.gluon import _decode_balanced, _decode_merge
+
+        config = module.decode_config(problem)
+        block_n, stages, slots = config.block_n, config.num_stages, module.split_policy(problem).ctas_per_sm
+        by_slots = slots if module.BALANCED_SHARES_BY_SLOTS else None
+        _, target, _, _ = _decode_balanced.balanced_sizes(
+            problem, CPU, None, module.m_blocks_for(problem), block_n, by_slots
+        )
+        triton_decode = importlib.import_module("triton_impl.decode")
+        cap, min_keys = _decode_balanced.BALANCED_MAX_ITEM_SHARES, triton_decode.BALANCED_MIN_KEYS
+        merge_rows = _decode_merge.MERGE_ROWS.value
+        per_step = triton_decode.merge_splits_per_step(merge_rows, problem.head_dim, module.num_warps_for(problem))
+        chunks, merge_kernel = -(-min(rows, module.block_m_for(problem)) // merge_rows), False
+    else:
+        shape = module.TILE_CONFIGS[problem.head_dim]
+        block_n, stages, slots = shape.tile_n, shape.stages, module.CTAS_PER_SM_FIT[problem.head_dim]
+        target, _, _, config = module.launch_plan(problem, CPU)
+        cap, min_keys = config.balanced_max_shares, module.BALANCED_MIN_KEYS
+        per_step, chunks, merge_kernel = module.MERGE_SPLITS_PER_STEP, 1, True
+    blocks = [-(-length // block_n) for length in lengths]
+    min_blocks = splits.balanced_min_share_blocks(block_n, min_keys)
+    shares = splits.balanced_item_shares(blocks, problem.kv_heads, target, min_blocks, cap)
+    m_blocks = module.m_blocks_for(problem)
+    return RungPlan(block_n, stages - 1, slots, m_blocks, target, tuple(shares), per_step, chunks, merge_kernel)
+
+
+def merge_us(plan: RungPlan, shares: int) -> float:
+    """An item's merge of ``shares`` partials: its L2 round trips (0 for one share: the share writes O)."""
+    if shares == 1:
+        return 0.0
+    steps = 2 * -(-shares // plan.merge_per_step) * plan.merge_chunks
+    return (decode_model.MERGE_GAP_US if plan.merge_kernel else 0.0) + decode_model.MERGE_STEP_US * steps
+
+
+def ctas(plan: RungPlan, problem, lengths: tuple[int, ...]) -> list[tuple[tuple[int, int, int] | None, int, float]]:
+    """(item, its shares, MB) of each CTA in launch order; the CTAs past the last share carry nothing."""
+    mb_per_key = 4 * problem.head_dim / 1e6
+    work = []
+    for m_block in range(plan.m_blocks):
+        first = len(work)
+        for batch, length in enumerate(lengths):
+            count, blocks = plan.shares[batch], -(-length // plan.block_n)
+            per_share = -(-blocks // count)
+            for kv_head in range(problem.kv_heads):
+                for split in range(count):
+                    begin = min(split * per_share * plan.block_n, length)
+                    keys = min(begin + per_share * plan.block_n, length) - begin
+                    work.append(((batch, kv_head, m_block), count, keys * mb_per_key))
+        work += [(None, 1, 0.0)] * (plan.target + len(lengths) * problem.kv_heads - (len(work) - first))
+    return work
+
+
+def step_us(plan: RungPlan, problem, lengths: tuple[int, ...]) -> tuple[float, float]:
+    """(modelled µs of the step, µs of the longest merge)."""
+    cap = plan.in_flight_blocks * plan.block_n * 4 * problem.head_dim / 1e6 / decode_model.LATENCY_US
+    bandwidth, slots = decode_model.READ_GBPS / 1e3, decode_model.SM_COUNT * plan.slots
+    pending, active, now, arrived, merged = iter(ctas(plan, problem, lengths)), [], 0.0, {}, 0.0
+    while True:
+        while len(active) < slots and (nxt := next(pending, None)) is not None:
+            item, count, mb = nxt
+            active.append([decode_model.FIXED_US if mb else decode_model.EMPTY_US, mb, item, count])
+        if not active:
+            break
+        streaming = sum(1 for cta in active if cta[0] <= 0.0)
+        rate = min(cap, bandwidth / streaming) if streaming else 0.0
+        for cta in active:
+            if cta[0] > 0.0:
+                cta[0] -= STEP_US
+            else:
+                cta[1] -= rate * STEP_US
+        for cta in [c for c in active if c[0] <= 0.0 and c[1] <= 0.0 and c[2] is not None]:
+            arrived[cta[2]] = arrived.get(cta[2], 0) + 1
+            if arrived[cta[2]] == cta[3]:  # the item's last share: its merge follows
+                merged = max(merged, now + merge_us(plan, cta[3]))
+        active = [c for c in active if c[0] > 0.0 or c[1] > 0.0]
+        now += STEP_US
+    longest = merge_us(plan, max(plan.shares))
+    if plan.merge_kernel:
+        return decode_model.LAUNCH_US * 2 + now + longest, longest
+    return decode_model.LAUNCH_US + max(now, merged), longest
+
+
+def table() -> str:
+    """A markdown row per (shape, rung): the default plan and the modelled µs (% of the read bandwidth) of
+    each setting, the longest merge in brackets."""
+    lines = ["| shape | rung | default plan | setting µs (% of the read bandwidth) [longest merge µs] |"]
+    lines.append("|---|---|---|---|")
+    for case in cases():
+        problem, lengths = case.problem, case.lengths
+        ideal = case.kv_bytes_read / (decode_model.READ_GBPS * 1e3)
+        for rung in RUNG_MODULES:
+            cells, described = [], ""
+            for name, setting, switches in settings():
+                if name != rung:
+                    continue
+                with switched(switches):
+                    plan = rung_plan(rung, problem, lengths)
+                us, longest = step_us(plan, problem, lengths)
+                if setting == "default":
+                    described = f"{plan.target} target, {max(plan.shares)} shares of one item, {plan.slots}/SM"
+                cells.append(f"{setting} {us:.0f} ({100 * ideal / us:.0f} %) [{longest:.0f}]")
+            lines.append(f"| {case.describe()} | {rung} | {described} | " + "; ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--merge-step-us", type=float, default=decode_model.MERGE_STEP_US, help="a merge step's µs")
+    parser.add_argument("--latency-us", type=float, default=decode_model.LATENCY_US, help="a CTA's load latency, µs")
+    args = parser.parse_args(argv)
+    decode_model.MERGE_STEP_US, decode_model.LATENCY_US = args.merge_step_us, args.latency_us
+    print(table(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
