@@ -13,7 +13,9 @@ remaining ``key_warps = num_warps / row_warps`` split the keys as before. A 64-r
 warps of 16 rows × all 64 keys: each warp's O is 16 × D (32 fp32 registers a thread at D=64), the S and P V
 products keep their MMA count (the same m16n8k16 tiles, now along N), each warp reads the whole K/V block
 from shared memory instead of the whole Q tile, and the end merge has one part (a copy through shared memory
-for coalesced stores). A 16-row tile keeps the key split; 32 rows become 2 × 2.
+for coalesced stores). A 16-row tile keeps the key split; 32 rows become 2 × 2. With the row split a warp's O is
+16 rows whatever the tile, so D=256 may take 32-row tiles (``ROW_SPLIT_MAX_TILE_M``, off): one M tile, not two, for
+17 to 32 packed rows, each K/V byte read once per (batch, KV head).
 
 :class:`WarpTiles` is the per-warp arithmetic: which rows and keys a warp takes (views of sQ, sK, sV), where
 its rows start for the causal mask, which key sub-block it masks, where its partial goes in the merge scratch.
@@ -37,6 +39,14 @@ MMA_M = 16
 # default six-stage ring (96 KB + the Q tile); four stages (64 KB) let three in. Off until the GPU A/B
 # (``bench/cute_decode_rows_ab.sh``'s setting ``rows-s4`` sets {64: 4}).
 ROW_SPLIT_STAGES: dict[int, int] = {}
+# The row split's largest packed tile per head dim where it differs from ``decode.TILE_CONFIGS`` (empty: the table's).
+# D=256's table tile is 16 rows (the key split holds all of a tile's rows in each warp: 16 x 256 fp32 of O), so 17 to
+# 32 packed rows take two M tiles, each CTA streaming the whole K/V of its (batch, KV head): seed 43's group 5 x Sq 4 =
+# 20 rows read every byte twice from L2, 512 CTAs at one an SM (72 % of the read bandwidth, triton and gluon 87 % with
+# one tile). {256: 32}: one 32-row tile of 2 x 2 warps, each warp 16 rows x 32 keys, the same 16 x 256 O (sm_90a: 243
+# registers, no spills; a key block 575 instructions a warp for 32 rows against 2 x 439 for two 16-row tiles). Off
+# until the GPU A/B (``bench/cute_decode_d256_ab.sh``'s setting ``tile32``).
+ROW_SPLIT_MAX_TILE_M: dict[int, int] = {}
 
 
 def row_warps_for(split_rows: bool, tile_m: int, num_warps: int) -> int:
@@ -45,11 +55,18 @@ def row_warps_for(split_rows: bool, tile_m: int, num_warps: int) -> int:
     return min(num_warps, tile_m // MMA_M) if split_rows else 1
 
 
+def max_tile_m(split_rows: bool, head_dim: int, shapes: dict[int, T]) -> int:
+    """The most packed rows a tile takes at ``head_dim``: its entry of ``shapes`` (``decode.TILE_CONFIGS``), or with
+    ``split_rows`` the row split's (:data:`ROW_SPLIT_MAX_TILE_M`) where it has one."""
+    table = shapes[head_dim].max_tile_m
+    return ROW_SPLIT_MAX_TILE_M.get(head_dim, table) if split_rows else table
+
+
 def warp_split(split_rows: bool, tile_m: int, head_dim: int, shapes: dict[int, T]) -> tuple[T, int]:
     """(the tile shape, warps along M) of a ``tile_m``-row tile at ``head_dim``: its entry of ``shapes``
-    (``decode.TILE_CONFIGS``), with the row split's ring depth (:data:`ROW_SPLIT_STAGES`) where its warps split
-    the rows."""
-    shape = shapes[head_dim]
+    (``decode.TILE_CONFIGS``), with the row split's largest tile (:func:`max_tile_m`) and, where its warps split
+    the rows, ring depth (:data:`ROW_SPLIT_STAGES`)."""
+    shape = shapes[head_dim]._replace(max_tile_m=max_tile_m(split_rows, head_dim, shapes))
     row_warps = row_warps_for(split_rows, tile_m, shape.num_warps)
     if row_warps > 1 and head_dim in ROW_SPLIT_STAGES:
         shape = shape._replace(stages=ROW_SPLIT_STAGES[head_dim])

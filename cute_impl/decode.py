@@ -101,7 +101,7 @@ from common.contract import splits
 from common.contract.capability import FEATURES, PAGED_KV
 from common.contract.problem import Problem
 from cute_impl._decode_plan import BalancedPlan, sequence_blocks, slab_range, split_block_range
-from cute_impl._decode_warps import MMA_M, WarpTiles, warp_split
+from cute_impl._decode_warps import MMA_M, WarpTiles, max_tile_m, warp_split
 from cute_impl._device import (
     LOG2_E,
     AttentionMask,
@@ -172,7 +172,8 @@ class TileShape(NamedTuple):
 #   D = 64:  a block is 16 KiB of K + V; 6 stages (96 KiB, 80 KiB in flight), up to 64 packed rows
 #            (O 128 fp32 registers per thread).
 #   D = 128: a block is 32 KiB; 3 stages (96 KiB, 64 KiB in flight), two CTAs per SM; up to 32 rows.
-#   D = 256: a block is 64 KiB; 3 stages (192 KiB, 128 KiB in flight, one CTA per SM); 16 rows.
+#   D = 256: a block is 64 KiB; 3 stages (192 KiB, 128 KiB in flight, one CTA per SM); 16 rows (the row split:
+#            32 where ``_decode_warps.ROW_SPLIT_MAX_TILE_M`` says, off).
 # The warps' partials take num_warps · tile_m · D · 4 bytes of the drained ring (64 KiB at most). The
 # first H100 run (results/h100/decode/three-stacks-first/) is this table's; a deeper ring with one CTA
 # per SM (4 stages at D = 128) is untimed.
@@ -633,9 +634,9 @@ def _store_row_chunk(merged: cute.Tensor, gO_chunk: cute.Tensor):
 # Host: tile shape, split count, bind, prepare.
 # ----------------------------------------------------------------------------------------------
 def tile_m_for(problem: Problem) -> int:
-    """Packed rows per CTA: group · Sq rounded up to a power of two in [16, max_tile_m]."""
-    packed = problem.kv_group * problem.seqlen_q
-    return min(TILE_CONFIGS[problem.head_dim].max_tile_m, max(MMA_M, 1 << (packed - 1).bit_length()))
+    """Packed rows per CTA: group · Sq rounded up to a power of two in [16, max_tile_m] (the row split's own)."""
+    packed, most = problem.kv_group * problem.seqlen_q, max_tile_m(WARPS_SPLIT_ROWS, problem.head_dim, TILE_CONFIGS)
+    return min(most, max(MMA_M, 1 << (packed - 1).bit_length()))
 
 
 def m_blocks_for(problem: Problem) -> int:
