@@ -1,12 +1,12 @@
-"""Issue #38's D=256 packed rows in cute/decode: ``_decode_warps.ROW_SPLIT_MAX_TILE_M`` {256: 32} (``tile32``, off)
-against the default, in one process.
+"""Issue #38's D=256 packed rows in cute/decode: ``_decode_warps.ROW_SPLIT_MAX_TILE_M`` {256: 32} (``tile32``, the
+default since this A/B) against 16-row D=256 tiles, in one process.
 
 Seed 43's B=16 H=80 Hkv=16 Sq=4 Sk=2048 D=256 row (group 5 x Sq 4 = 20 packed rows, 537 MB) ran at 72 % of the read
 bandwidth in cute/decode (169.9 µs; triton and gluon 87 %): D=256's 16-row tile cuts the 20 rows into two M tiles,
 so two CTAs stream every (batch, KV head)'s K/V (1074 MB from L2), 512 CTAs at one an SM. ``tile32`` takes them in
 one 32-row tile of 2 x 2 warps (the row split), 256 CTAs, every byte once. Settings (``applied``):
 
-* ``default``: as committed;
+* ``default``: D=256's 16-row tiles (``ROW_SPLIT_MAX_TILE_M = {}``, the default this A/B measured against);
 * ``tile32``: ``ROW_SPLIT_MAX_TILE_M = {256: 32}`` (with the row split, on by default).
 
 Shapes (:func:`d256_cases`, in the order timed): seed 43's row; seed 43's ragged 20-row D=256 row (the balanced

@@ -77,6 +77,17 @@ class BalancedWork(NamedTuple):
     has_work: cutlass.Boolean
 
 
+def checked_item_cap(max_item_shares: int) -> int:
+    """``decode.BALANCED_MAX_ITEM_SHARES`` as the plan takes it: 0 (no cap) or 2 and more. One share an item
+    leaves nothing to merge and fails the DSL's compile (a static one-share tile), so it is refused by name."""
+    if max_item_shares == 1 or max_item_shares < 0:
+        raise ValueError(
+            f"cute/decode's BALANCED_MAX_ITEM_SHARES must be 0 (no cap) or at least 2, got {max_item_shares}: "
+            "for one share an item use BALANCED_SPLIT = 'never' (the padded split)"
+        )
+    return max_item_shares
+
+
 def item_shares_of(blocks: cutlass.Int32, share_blocks: cutlass.Int32) -> cutlass.Int32:
     """Shares of a work item of ``blocks`` key blocks: cdiv(blocks, share_blocks), at least 1 (an empty
     sequence's one share stores O = 0 and LSE = -inf)."""

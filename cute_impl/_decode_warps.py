@@ -14,7 +14,7 @@ warps of 16 rows × all 64 keys: each warp's O is 16 × D (32 fp32 registers a t
 products keep their MMA count (the same m16n8k16 tiles, now along N), each warp reads the whole K/V block
 from shared memory instead of the whole Q tile, and the end merge has one part (a copy through shared memory
 for coalesced stores). A 16-row tile keeps the key split; 32 rows become 2 × 2. With the row split a warp's O is
-16 rows whatever the tile, so D=256 may take 32-row tiles (``ROW_SPLIT_MAX_TILE_M``, off): one M tile, not two, for
+16 rows whatever the tile, so D=256 may take 32-row tiles (``ROW_SPLIT_MAX_TILE_M``, on): one M tile, not two, for
 17 to 32 packed rows, each K/V byte read once per (batch, KV head).
 
 :class:`WarpTiles` is the per-warp arithmetic: which rows and keys a warp takes (views of sQ, sK, sV), where
@@ -44,9 +44,9 @@ ROW_SPLIT_STAGES: dict[int, int] = {}
 # 32 packed rows take two M tiles, each CTA streaming the whole K/V of its (batch, KV head): seed 43's group 5 x Sq 4 =
 # 20 rows read every byte twice from L2, 512 CTAs at one an SM (72 % of the read bandwidth, triton and gluon 87 % with
 # one tile). {256: 32}: one 32-row tile of 2 x 2 warps, each warp 16 rows x 32 keys, the same 16 x 256 O (sm_90a: 243
-# registers, no spills; a key block 575 instructions a warp for 32 rows against 2 x 439 for two 16-row tiles). Off
-# until the GPU A/B (``bench/cute_decode_d256_ab.sh``'s setting ``tile32``).
-ROW_SPLIT_MAX_TILE_M: dict[int, int] = {}
+# registers, no spills; a key block 575 instructions a warp for 32 rows against 2 x 439 for two 16-row tiles). On
+# since its GPU A/B (results/h200/decode-d256-tile32/: 0.57-0.85x the time on five D=256 rows of 17-64 packed rows).
+ROW_SPLIT_MAX_TILE_M: dict[int, int] = {256: 32}
 
 
 def row_warps_for(split_rows: bool, tile_m: int, num_warps: int) -> int:

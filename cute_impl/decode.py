@@ -100,7 +100,7 @@ import torch
 from common.contract import splits
 from common.contract.capability import FEATURES, PAGED_KV
 from common.contract.problem import Problem
-from cute_impl._decode_plan import BalancedPlan, sequence_blocks, slab_range, split_block_range
+from cute_impl._decode_plan import BalancedPlan, checked_item_cap, sequence_blocks, slab_range, split_block_range
 from cute_impl._decode_warps import MMA_M, WarpTiles, max_tile_m, warp_split
 from cute_impl._device import (
     LOG2_E,
@@ -173,7 +173,7 @@ class TileShape(NamedTuple):
 #            (O 128 fp32 registers per thread).
 #   D = 128: a block is 32 KiB; 3 stages (96 KiB, 64 KiB in flight), two CTAs per SM; up to 32 rows.
 #   D = 256: a block is 64 KiB; 3 stages (192 KiB, 128 KiB in flight, one CTA per SM); 16 rows (the row split:
-#            32 where ``_decode_warps.ROW_SPLIT_MAX_TILE_M`` says, off).
+#            32 where ``_decode_warps.ROW_SPLIT_MAX_TILE_M`` says, on).
 # The warps' partials take num_warps · tile_m · D · 4 bytes of the drained ring (64 KiB at most). The
 # first H100 run (results/h100/decode/three-stacks-first/) is this table's; a deeper ring with one CTA
 # per SM (4 stages at D = 128) is untimed.
@@ -195,7 +195,8 @@ CTAS_PER_SM_FIT = {64: 2, 128: 2, 256: 1}
 # the rule splits a ragged batch (H200, results/h200/decode-balanced-gluon-cute/): B=16 MQA D=256 ragged 190.0
 # -> 147.2 us, B=32 Hkv=2 D=64 ragged 197.8 -> 184.6, B=8 8k 85.0 -> 83.0; B=1 128k 138.1 -> 144.3: not there.
 BALANCED_SPLIT = "ragged-split"
-BALANCED_SHARES_PER_SM, BALANCED_MAX_ITEM_SHARES = 2, 0  # the cap: splits.py's "item-share cap" (0: none, off)
+# The item-share cap (splits.py; 0: none): 48, seed 43 MQA D=256 row 97.1 -> 84.8 us (results/h200/decode-ragged-cap/).
+BALANCED_SHARES_PER_SM, BALANCED_MAX_ITEM_SHARES = 2, 48
 BALANCED_MIN_KEYS = splits.MIN_KEYS_PER_SPLIT
 WARPS_SPLIT_ROWS = True  # many packed rows (_decode_warps.py): 0.83-0.94x the time (results/h200/decode-row-split/)
 # Every problem feature, and the paged KV cache (a block table of pages of 16 to 256 keys).
@@ -680,7 +681,7 @@ def decode_config(problem: Problem, split: bool, balanced: bool = False) -> Deco
         merge_splits_per_step=MERGE_SPLITS_PER_STEP,
         balanced_min_blocks=balanced
         and splits.balanced_min_share_blocks(TILE_CONFIGS[problem.head_dim].tile_n, BALANCED_MIN_KEYS),
-        balanced_max_shares=BALANCED_MAX_ITEM_SHARES if balanced else 0,
+        balanced_max_shares=checked_item_cap(BALANCED_MAX_ITEM_SHARES) if balanced else 0,
     )
 
 

@@ -1,16 +1,17 @@
-"""Issue #38's D=256 packed rows: ``_decode_warps.ROW_SPLIT_MAX_TILE_M`` in cute/decode (off), the row split's
+"""Issue #38's D=256 packed rows: ``_decode_warps.ROW_SPLIT_MAX_TILE_M`` in cute/decode (on), the row split's
 largest tile per head dim, {256: 32} taking 17 to 32 packed rows at D=256 in one 32-row tile of 2 × 2 warps instead
 of two 16-row tiles that each stream the same K/V.
 
-CPU: off by default; on, seed 43's B=16 H=80 Hkv=16 Sq=4 2k D=256 row (20 packed rows) is one 32-row M tile of 2 × 2
-warps, not two 16-row tiles of 1 × 4, and the split rule counts the one tile; other head dims, 16-row D=256 tiles and
-the key split (``WARPS_SPLIT_ROWS`` off, where 32 rows would hold 32 × 256 fp32 of O a warp) keep their plan; the
-32-row tile's Q, ring and the warps' merge scratch fit an SM's shared memory; bench/cute_decode_d256.py times both
-settings on its shapes, seed 43's row first, the control's plan unchanged, and restores the switch. Static (sm_90a):
-the knob's D=256 kernels compile without spills, direct and split, contiguous, ragged and paged. GPU (``gpu`` marker;
-``bench/cute_decode_d256_ab.sh``): the knob against fp64 on a poisoned output over D=256 GQA packed shapes of 18 to
-64 rows (Sq 4 and 3), ragged and paged, one split, forced splits and the balanced split; planted bugs (the second row
-warp's partial stored over the first's rows; the causal mask taking the second row warp's rows as the first's) fail.
+CPU: on by default (results/h200/decode-d256-tile32/); on, seed 43's B=16 H=80 Hkv=16 Sq=4 2k D=256 row (20 packed
+rows) is one 32-row M tile of 2 × 2 warps, not two 16-row tiles of 1 × 4, and the split rule counts the one tile;
+other head dims, 16-row D=256 tiles and the key split (``WARPS_SPLIT_ROWS`` off, where 32 rows would hold 32 × 256
+fp32 of O a warp) keep their plan; the 32-row tile's Q, ring and the warps' merge scratch fit an SM's shared memory;
+bench/cute_decode_d256.py times both settings on its shapes, seed 43's row first, the control's plan unchanged, and
+restores the switch. Static (sm_90a): the knob's D=256 kernels compile without spills, direct and split, contiguous,
+ragged and paged. GPU (``gpu`` marker; ``bench/cute_decode_d256_ab.sh``): the knob against fp64 on a poisoned output
+over D=256 GQA packed shapes of 18 to 64 rows (Sq 4 and 3), ragged and paged, one split, forced splits and the
+balanced split; planted bugs (the second row warp's partial stored over the first's rows; the causal mask taking the
+second row warp's rows as the first's) fail.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ def _plan(problem: Problem) -> tuple:
 SEED43_ROW = _problem(16, 16, 5, 4, 2048)
 
 
-def test_tile32_is_off_and_takes_seed43s_rows_in_one_tile(monkeypatch: pytest.MonkeyPatch):
-    assert _decode_warps.ROW_SPLIT_MAX_TILE_M == {}, "off until bench/cute_decode_d256_ab.sh's GPU A/B"
+def test_tile32_is_on_and_takes_seed43s_rows_in_one_tile(monkeypatch: pytest.MonkeyPatch):
+    assert _decode_warps.ROW_SPLIT_MAX_TILE_M == TILE32, "on since results/h200/decode-d256-tile32/"
+    monkeypatch.setattr(_decode_warps, "ROW_SPLIT_MAX_TILE_M", {})
     assert _plan(SEED43_ROW) == (16, 2, 1, 1)
     monkeypatch.setattr(_decode_warps, "ROW_SPLIT_MAX_TILE_M", TILE32)
     assert _plan(SEED43_ROW) == (32, 1, 1, 2)
@@ -74,6 +76,7 @@ def test_tile32_changes_only_d256_tiles_of_more_than_16_rows(
     group: int, seqlen_q: int, head_dim: int, monkeypatch: pytest.MonkeyPatch
 ):
     problem = _problem(4, 8, group, seqlen_q, 8192, head_dim)
+    monkeypatch.setattr(_decode_warps, "ROW_SPLIT_MAX_TILE_M", {})
     default = _plan(problem)
     monkeypatch.setattr(_decode_warps, "ROW_SPLIT_MAX_TILE_M", TILE32)
     tile_m, m_blocks, _, row_warps = _plan(problem)
@@ -88,6 +91,7 @@ def test_tile32_changes_only_d256_tiles_of_more_than_16_rows(
 def test_split_rule_counts_the_one_tile(monkeypatch: pytest.MonkeyPatch):
     """20 rows on one 128k sequence: the rule's CTAs per split halve, so its splits double (128 CTAs either way)."""
     problem = _problem(1, 4, 5, 4, 131072)
+    monkeypatch.setattr(_decode_warps, "ROW_SPLIT_MAX_TILE_M", {})
     assert _plan(problem)[1:3] == (2, 16)
     monkeypatch.setattr(_decode_warps, "ROW_SPLIT_MAX_TILE_M", TILE32)
     expected = splits.planned_num_splits(problem, 1, CPU, decode.split_policy(problem))
@@ -115,13 +119,14 @@ def test_bench_times_both_settings_and_restores_the_switch():
     assert next(iter(cases)) == "seed43-6"
     assert cases["seed43-6"].describe().startswith("B=16 H=80 Hkv=16 Sq=4 Sk=2048 D=256")
     for label, case in cases.items():
-        default = plan_of(case.problem, CPU)
+        with cute_decode_d256.applied("default"):
+            default = plan_of(case.problem, CPU)
         with cute_decode_d256.applied("tile32"):
             knob = plan_of(case.problem, CPU)
         assert (knob == default) == label.startswith("control"), (label, default, knob)
     with cute_decode_d256.applied("tile32"):
         assert plan_of(cases["seed43-6"].problem, CPU) == "32x1 w2x2 s3 splits 1"
-    assert _decode_warps.ROW_SPLIT_MAX_TILE_M == {}
+    assert _decode_warps.ROW_SPLIT_MAX_TILE_M == TILE32
     row = {"label": "seed43-6", "shape": "s", "plan": "p", "status": "ok", "pct_read_bw": 70.0}
     rows = [{**row, "setting": "default", "us": 170.0}, {**row, "setting": "tile32", "us": 140.0}]
     assert "| 0.82 |" in cute_decode_d256.markdown(rows, 4400.0)

@@ -44,11 +44,28 @@ SWITCH_MODULES = {
 }
 
 
-def test_the_cap_is_off_by_default_in_every_rung():
+def test_each_rung_takes_the_cap_its_ab_measured():
+    """results/h200/decode-ragged-cap/: gluon 32 and cute 48 gained on seed 43's ragged D=256 rows; every cap
+    lost in triton/decode (its 32-key blocks make long shares slow), which keeps none."""
     assert decode.BALANCED_MAX_ITEM_SHARES == 0
-    assert importlib.import_module("triton_impl.gluon._decode_balanced").BALANCED_MAX_ITEM_SHARES == 0
+    assert importlib.import_module("triton_impl.gluon._decode_balanced").BALANCED_MAX_ITEM_SHARES == 32
     cute_decode = pytest.importorskip("cute_impl.decode")
-    assert cute_decode.BALANCED_MAX_ITEM_SHARES == 0
+    assert cute_decode.BALANCED_MAX_ITEM_SHARES == 48
+
+
+def test_cute_refuses_a_cap_of_one_share_by_name(monkeypatch: pytest.MonkeyPatch):
+    """One share an item fails the CuTe DSL's compile (a static one-share tile; found on the H200): refused
+    with the switch named before any compile, as are negative caps; 0 and 2 are taken."""
+    cute_decode = pytest.importorskip("cute_impl.decode")
+    monkeypatch.setattr(cute_decode, "BALANCED_SPLIT", "always")
+    problem = _long_among_short()
+    for cap in (1, -3):
+        monkeypatch.setattr(cute_decode, "BALANCED_MAX_ITEM_SHARES", cap)
+        with pytest.raises(ValueError, match=r"BALANCED_MAX_ITEM_SHARES must be 0 \(no cap\) or at least 2"):
+            cute_decode.compile_plan(problem)
+    for cap in (0, 2):
+        monkeypatch.setattr(cute_decode, "BALANCED_MAX_ITEM_SHARES", cap)
+        assert cute_decode.compile_plan(problem).balanced_max_shares == cap
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -194,6 +211,8 @@ def test_gluon_balanced_launch_takes_the_cap_and_the_padded_one_does_not(monkeyp
     q, k, v = make_inputs(problem, seed=0, device="cpu")
     lengths = torch.tensor((40960, 0, 7, 300), dtype=torch.int32)
     monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", "always")
+    assert gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths).split_args[-1] == 32
+    monkeypatch.setattr(_decode_balanced, "BALANCED_MAX_ITEM_SHARES", 0)
     assert gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths).split_args[-1] == splits.NO_ITEM_SHARE_CAP
     monkeypatch.setattr(_decode_balanced, "BALANCED_MAX_ITEM_SHARES", 24)
     assert gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths).split_args[-1] == 24
@@ -205,6 +224,7 @@ def test_cute_compile_key_carries_the_cap_where_the_split_is_balanced(monkeypatc
     cute_decode = pytest.importorskip("cute_impl.decode")
     problem = _long_among_short()
     monkeypatch.setattr(cute_decode, "BALANCED_SPLIT", "always")
+    monkeypatch.setattr(cute_decode, "BALANCED_MAX_ITEM_SHARES", 0)
     off = cute_decode.compile_plan(problem)
     monkeypatch.setattr(cute_decode, "BALANCED_MAX_ITEM_SHARES", 24)
     assert off.balanced_max_shares == 0 and cute_decode.compile_plan(problem).balanced_max_shares == 24
@@ -304,6 +324,14 @@ def test_gpu_capped_balanced_split_against_fp64_and_deterministic(
 ):
     impl = _capped_rung(impl_name, cap, monkeypatch)
     problem = _long_among_short(len(LONG_AMONG_SHORT), head_dim).with_(page_size=32 if paged else 0)
+    if impl_name == "cute/decode" and cap == 1:  # refused by name (test_cute_refuses_a_cap_of_one_share_by_name)
+        with pytest.raises(ValueError, match="at least 2"):
+            impl.prepare(
+                *make_inputs(problem, seed=0, device="cuda"),
+                problem,
+                cache_seqlens=torch.tensor(LONG_AMONG_SHORT, dtype=torch.int32, device="cuda"),
+            )
+        return
     q, k, v = make_inputs(problem, seed=cap + head_dim, device="cuda", offset=0.5)
     extra = {"cache_seqlens": torch.tensor(LONG_AMONG_SHORT, dtype=torch.int32, device="cuda")}
     if paged:

@@ -27,6 +27,7 @@ from common.toolchain.releases import triton_release
 from tests._helpers import json_from_child
 from tests.test_decode import _check_graph_replays, _with_splits, assert_launches_repeat
 from triton_impl import decode as triton_decode
+from triton_impl.gluon import _decode_balanced
 from triton_impl.gluon import decode as gluon_decode
 
 CPU = torch.device("cpu")
@@ -88,7 +89,7 @@ def test_balanced_grid_and_workspace_follow_the_shape(monkeypatch: pytest.Monkey
     out_partial, lse_partial = run.split_args[6:8]
     assert out_partial.shape == (target + 6, 16 * 8, 128) and lse_partial.shape == (target + 6, 16 * 8)
     min_blocks = -(-triton_decode.BALANCED_MIN_KEYS // block_n)
-    assert run.split_args[-4:] == (3, target, min_blocks, splits.NO_ITEM_SHARE_CAP)
+    assert run.split_args[-4:] == (3, target, min_blocks, _decode_balanced.BALANCED_MAX_ITEM_SHARES)
     forced = gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=5)
     assert forced.split_grid == (5 + 6, 2) and forced.num_splits == 5
     with pytest.raises(ValueError, match="must be >= 1, got 0"):

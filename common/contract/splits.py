@@ -53,7 +53,7 @@ the grid's target shares (:func:`balanced_target_shares`, :func:`resolve_balance
 from the shape and the device only; :func:`balanced_item_shares` is the device plan's share counts in Python.
 
 **The item-share cap** (``BALANCED_MAX_ITEM_SHARES`` of each rung: triton/decode, gluon/decode's
-``_decode_balanced.py``, cute/decode; 0, no cap, until ``bench/decode_ragged_ab.sh`` times it): at most that
+``_decode_balanced.py``, cute/decode; 0, 32, 48 since ``results/h200/decode-ragged-cap/``): at most that
 many shares for one (batch, KV head) item, whose blocks are then cut into fewer, larger shares. Where one item
 holds most of the keys (seed 43's B=8 MQA D=256 paged row: one sequence of 108724 keys among 38..51476, 155
 shares of 704 keys in triton/decode), the share that arrives last merges all of that item's partials alone,

@@ -10,8 +10,8 @@ packed rows; the item's last share to arrive merges them (``_merge_tile`` on pac
 one share writes O and the LSE itself. The shape fixes the grid and the workspace, so a CUDA graph
 replays it with new lengths. Here: the kernel's stores (:func:`_store_balanced`) and the host's sizes
 (:func:`balanced_sizes`, :func:`balanced_constexprs`); the split kernel (``decode.py``, ``BALANCED``) is the
-rule's otherwise. ``BALANCED_MAX_ITEM_SHARES`` (0: none, the default until ``bench/decode_ragged_ab.sh`` times
-it) caps the shares of one item, ``common/contract/splits.py``'s "item-share cap".
+rule's otherwise. ``BALANCED_MAX_ITEM_SHARES`` (32 since ``results/h200/decode-ragged-cap/``) caps the shares
+of one item, ``common/contract/splits.py``'s "item-share cap".
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from common.contract.problem import Problem
 from triton_impl import decode as triton_decode
 from triton_impl.gluon._decode_merge import _last_to_arrive, _merge_tile, _store_output, _store_partials
 
-# gluon/decode's item-share cap (splits.py's "item-share cap"; 0: none): off until bench/decode_ragged_ab.sh.
-BALANCED_MAX_ITEM_SHARES = 0
+# gluon/decode's item-share cap (splits.py's "item-share cap"; 0: none). 32 (H200, results/h200/decode-ragged-cap/):
+# seed 43's two ragged D=256 rows 140.3 -> 94.7 and 137.0 -> 96.7 us, a full 180k row 177.4 -> 165.0; 48 lost on one.
+BALANCED_MAX_ITEM_SHARES = 32
 
 
 @gluon.jit
