@@ -342,7 +342,7 @@ def test_hopper_dq_reduce_128_rows_at_d64(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 # FlashAttention-4's non-causal D=128 step: 80 query rows, dQ transposed (the only 80-row candidate).
-(DQ_REDUCE_80,) = [tiles for tiles in TMA_ROWS if tiles.tile_m == 80]
+(DQ_REDUCE_80,) = [tiles for tiles in TMA_ROWS if tiles.tile_m == 80 and not tiles.late_dv]
 
 
 @pytest.mark.cute_compile
@@ -668,6 +668,9 @@ def test_hopper_tma_rows_is_the_default_and_the_deterministic_switch_leaves_it()
         "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi",
         "m128_s2_dqreduce_tmarows_stagedepi_zeropre",
         "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_zeropre",
+        "m128_s2_dqreduce_tmarows_stagedepi_latedv",
+        "m80_s2_dqreduce_tmarows_stagedepi_latedv",
+        "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_latedv",
     }
     defaults = {head_dim: hopper_backward.default_tiles(head_dim).label for head_dim in hopper_backward.HEAD_DIMS}
     assert defaults == {
