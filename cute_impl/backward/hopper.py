@@ -88,8 +88,7 @@ dq="reduce" takes 64 query rows per step, 128 at D=64
 at D=128 (FA4's non-causal step; a candidate, not yet timed: ``bench/cute_bwd_d128_ab.sh``), and its
 dK/dV overlap only at D=64. ``tma_rows`` (``hopper_rows.py``, the default: 540.8 / 485.5 / 439.0 TFLOP/s,
 P1 / causal / D=64) loads LSE₂ and D by TMA into the ring. ``late_dv`` candidates (64 and 80 rows at D=128,
-128 at D=64), not yet timed: ``bench/cute_bwd_gap_ab.sh``; the 80-row postprocess still stores dQ two bytes a
-store (``hopper_dq.store_columns``). Candidates: ``bench.backward --candidates``.
+128 at D=64), not yet timed: ``bench/cute_bwd_gap_ab.sh``. Candidates: ``bench.backward --candidates``.
 """
 
 from __future__ import annotations
