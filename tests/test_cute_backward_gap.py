@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,6 +53,8 @@ ROWS_80 = 80
 # The 80-row step with the knob is shorter by at least this many SASS instructions (sm_90a: 602 → 522 at P1).
 SHORTER_80 = 60
 BOX_ROWS = 64
+# A candidate's label as the A/B script names it.
+LABEL = re.compile(r"\bm\d+_s\d+_dqreduce\w*")
 
 
 def dv_after_drain(step: list[str]) -> bool:
@@ -70,6 +73,24 @@ def test_late_dv_candidates_are_listed_tiles_with_the_knob() -> None:
         assert all(tiles.label.endswith("_latedv") for tiles in variants)
     assert [tiles.tile_m for tiles in LATE_DV[128]] == [ROWS_80, 64]
     assert replace(DQ_REDUCE_80, staged_epilogue=True, late_dv=True) in LATE_DV[128]
+
+
+def labels_in_script(script: str) -> set[str]:
+    """The candidate labels a bench script names that no candidate of either head dim has."""
+    known = {tiles.label for variants in hopper_backward.CANDIDATES.values() for tiles in variants}
+    return set(LABEL.findall(script)) - known
+
+
+def test_the_ab_script_names_every_knob_candidate_and_no_unknown_label() -> None:
+    """``bench/cute_bwd_gap_ab.sh`` names each knob candidate and each head dim's default, and every label it
+    passes to ``bench.backward`` and ``bench.backward_kernels`` is a candidate's (no GPU touched). Planted: a
+    misspelt label is found."""
+    script = (Path(__file__).parents[1] / "bench" / "cute_bwd_gap_ab.sh").read_text()
+    named = set(LABEL.findall(script))
+    for head_dim, variants in LATE_DV.items():
+        assert {tiles.label for tiles in variants} | {hopper_backward.default_tiles(head_dim).label} <= named
+    assert not labels_in_script(script)
+    assert labels_in_script(script.replace("_latedv", "_late_dv", 1))
 
 
 def compile_dkdv(head_dim: int, tiles: hopper_backward.BackwardTiles, variant: str) -> tuple:
