@@ -342,7 +342,7 @@ def test_hopper_dq_reduce_128_rows_at_d64(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 # FlashAttention-4's non-causal D=128 step: 80 query rows, dQ transposed (the only 80-row candidate).
-(DQ_REDUCE_80,) = [tiles for tiles in TMA_ROWS if tiles.tile_m == 80]
+(DQ_REDUCE_80,) = [tiles for tiles in TMA_ROWS if tiles.tile_m == 80 and not tiles.late_dv]
 
 
 @pytest.mark.cute_compile
@@ -383,15 +383,24 @@ GLOBAL_ACCESS = re.compile(r"(?<![A-Z])(LDG|STG)\.E(?:\.(\w+))?")
 def test_hopper_dq_postprocess_moves_16_bytes_an_access(head_dim: int) -> None:
     """The default's postprocess (``hopper_dq.store_quad_rows``) reads dQaccum and writes dQ in 16-byte
     accesses only: per thread, columns / 32 (quad, vector) groups of four loads and two row stores (columns =
-    64 for both defaults). Planted: the 80-row candidate's transposed postprocess, which stores through the
-    MMA's partition, writes two bytes a store (the default's way before store_quad_rows: 139 µs against
-    FlashAttention-4's 49 at B=8 S=2048, results/h200/backward-kernels-2026-11-30/)."""
+    64 for both defaults). At D=128 the 80-row candidate's transposed one (``hopper_dq.store_transposed``)
+    too: its 10 vectors of the dQᵀ fragment loaded, 5 transposed stmatrix, 5 row pieces read back from shared
+    memory and stored. Planted: a kernel storing through the MMA's partition (the dK/dV kernel without the
+    staged epilogue; the postprocess's way before store_quad_rows, 139 µs against FlashAttention-4's 49 at B=8
+    S=2048, results/h200/backward-kernels-2026-11-30/) writes two bytes a store."""
     prob = problem(1000, 777, head_dim, causal=True)
     postprocess = hopper_backward.compile_sm90(prob, tiles=hopper_backward.default_tiles(head_dim))[-1]
     accesses = [match.groups() for match in GLOBAL_ACCESS.finditer(sass_of(postprocess))]
     groups = hopper_dq.dq_columns(head_dim, hopper_backward.default_tiles(head_dim).tile_m) // 32
     assert sorted(accesses) == [("LDG", "128")] * 4 * groups + [("STG", "128")] * 2 * groups
-    planted = hopper_backward.compile_sm90(problem(1000, 777, 128), tiles=DQ_REDUCE_80)[-1]
+    if head_dim == 128:
+        transposed = sass_of(hopper_backward.compile_sm90(prob, tiles=DQ_REDUCE_80)[-1])
+        accesses = [match.groups() for match in GLOBAL_ACCESS.finditer(transposed)]
+        assert sorted(accesses) == [("LDG", "128")] * 10 + [("STG", "128")] * 5
+        assert transposed.count("STSM.16.MT88.4") == 5 and transposed.count("LDS.128") == 5
+    accumulator_store = hopper_backward.CANDIDATES[head_dim][-2]
+    assert not accumulator_store.staged_epilogue
+    planted = hopper_backward.compile_sm90(prob, tiles=accumulator_store)[1]
     assert ("STG", "U16") in {match.groups() for match in GLOBAL_ACCESS.finditer(sass_of(planted))}
 
 
@@ -668,6 +677,9 @@ def test_hopper_tma_rows_is_the_default_and_the_deterministic_switch_leaves_it()
         "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi",
         "m128_s2_dqreduce_tmarows_stagedepi_zeropre",
         "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_zeropre",
+        "m128_s2_dqreduce_tmarows_stagedepi_latedv",
+        "m80_s2_dqreduce_tmarows_stagedepi_latedv",
+        "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_latedv",
     }
     defaults = {head_dim: hopper_backward.default_tiles(head_dim).label for head_dim in hopper_backward.HEAD_DIMS}
     assert defaults == {

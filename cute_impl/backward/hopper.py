@@ -49,8 +49,11 @@ D=128 a consumer thread holds dK and dV (2 · 64 fp32), Sᵀ and dPᵀ (2 · til
 bits: 64 query rows per step fit 240 registers as the step is written (237 used); 80 (FlashAttention-4's
 non-causal D=128 tile, dq="reduce" only) fit once Sᵀ's accumulator starts at −LSE₂ / scale_log2 and dSᵀ
 reads the 16-bit Pᵀ (``hopper_rows.lse_in_accumulator``), dQ then computed transposed (``hopper_dq.py``);
-only 32 leave ptxas the room to keep overlapped wgmmas asynchronous (the static test checks the SASS for
-serialised ones).
+with ``late_dv`` (FlashAttention-4's order: dV += Pᵀ dO issued after dSᵀ, Pᵀ converted to 16 bits only then,
+so the two copies are never both live) dSᵀ reads fp32 Pᵀ instead (sm_90a, P1's unmasked step: 602 → 522 SASS
+instructions, 6.5 a query row against the 64-row step's 6.8; FlashAttention-4's own 80-row step: 465, 40 of
+them its sequence mask); only 32 leave ptxas the room to keep overlapped wgmmas asynchronous (the static test
+checks the SASS for serialised ones).
 
 Constraints: fp16/bf16; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA
 and MQA (dK and dV summed over the group's query heads in registers, no atomics); the LSE's gradient;
@@ -84,7 +87,8 @@ dq="reduce" takes 64 query rows per step, 128 at D=64
 (FA3's D=64 step, the D=64 default; dV then issued after dSᵀ, ptxas serialised the loop otherwise) or 80
 at D=128 (FA4's non-causal step; a candidate, not yet timed: ``bench/cute_bwd_d128_ab.sh``), and its
 dK/dV overlap only at D=64. ``tma_rows`` (``hopper_rows.py``, the default: 540.8 / 485.5 / 439.0 TFLOP/s,
-P1 / causal / D=64) loads LSE₂ and D by TMA into the ring. Candidates: ``bench.backward --candidates``.
+P1 / causal / D=64) loads LSE₂ and D by TMA into the ring. ``late_dv`` candidates (64 and 80 rows at D=128,
+128 at D=64), not yet timed: ``bench/cute_bwd_gap_ab.sh``. Candidates: ``bench.backward --candidates``.
 """
 
 from __future__ import annotations
@@ -182,6 +186,10 @@ class BackwardTiles:
     # dq="reduce": dQaccum allocated by ``torch.empty`` and zeroed by the preprocess, each CTA its rows' share by
     # 16-byte stores before its reads of O and dO (``tiled._PreprocessKernel``), instead of a separate fill.
     zero_in_preprocess: bool = False
+    # FlashAttention-4's order in the dK/dV step: dV += Pᵀ dO issued once dSᵀ is computed (after the wait for
+    # dPᵀ, before dSᵀ is shared), Pᵀ converted to 16 bits only then, so that fp32 Pᵀ and its 16-bit copy are never
+    # both live; at 80 rows dSᵀ then reads fp32 Pᵀ, not the 16-bit copy (80 conversions a step fewer).
+    late_dv: bool = False
 
     def __post_init__(self) -> None:
         # Overlapped, a slot is freed one step late: one slot would deadlock the producer.
@@ -203,6 +211,7 @@ class BackwardTiles:
     def label(self) -> str:
         rows = ("_tmarows" if self.tma_rows else "") + ("_heaviestfirst" if self.heaviest_first else "")
         rows += ("_stagedepi" if self.staged_epilogue else "") + ("_zeropre" if self.zero_in_preprocess else "")
+        rows += "_latedv" if self.late_dv else ""
         if self.dq == "reduce":
             return f"m{self.tile_m}_s{self.stages}_dqreduce" + ("_dkdvoverlap" if self.dkdv_overlap else "") + rows
         overlaps = ("_dkdvoverlap" if self.dkdv_overlap else "") + ("_dqoverlap" if self.dq_overlap else "")
@@ -223,6 +232,7 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 64, 3, dkdv_overlap=True, dq="reduce", tma_rows=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, zero_in_preprocess=True),
+        BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True),
     ),
@@ -238,6 +248,8 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(
             64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True, zero_in_preprocess=True
         ),
+        BackwardTiles(80, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True),
+        BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True, late_dv=True),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True),
     ),
@@ -275,6 +287,7 @@ class _DKDVKernel:
         self.tma_rows = config.tiles.tma_rows
         self.heaviest_first = config.tiles.heaviest_first and config.causal
         self.staged_epilogue = config.tiles.staged_epilogue
+        self.late_dv = config.tiles.late_dv
         self.threads_per_cta = THREADS_PER_CTA
 
     @cute.jit
@@ -513,14 +526,17 @@ class _DKDVKernel:
                 if cutlass.const_expr(masked):
                     p = Float32(cutlass.select_(cS[r, c][1] >= first_visible, p, 0.0))
                 St[r, c] = p
-        scores_to_operand_a(acc_St, tdVrPt)
-        # 128 query rows: dV waits for dSᵀ (in flight, its Pᵀ and dV registers made ptxas serialise the loop).
-        late_dv = self.tile_m == 2 * ROWS_PER_WARPGROUP
+        # 128 query rows: dV waits for dSᵀ (in flight, its Pᵀ and dV registers made ptxas serialise the loop);
+        # ``late_dv``: so it does at any size, and Pᵀ's 16-bit copy is made after dSᵀ (FlashAttention-4's order).
+        late_dv = self.late_dv or self.tile_m == 2 * ROWS_PER_WARPGROUP
+        if cutlass.const_expr(not self.late_dv):
+            scores_to_operand_a(acc_St, tdVrPt)
         if cutlass.const_expr(not late_dv):
             dv_gemm(stage=slot.index)
 
         # ---- dSᵀ = Pᵀ ∘ (dPᵀ − D[query]) --------------------------------------------------------
-        if cutlass.const_expr(lse_in_acc):  # 80 rows: from dV's 16-bit Pᵀ (fp32 Pᵀ is dead from here)
+        # 80 rows: from dV's 16-bit Pᵀ (fp32 Pᵀ is dead from here); ``late_dv``: from fp32 Pᵀ, converted after dSᵀ.
+        if cutlass.const_expr(lse_in_acc and not self.late_dv):
             St = rows_by_cols(cute.make_tensor(tdVrPt.iterator, acc_St.layout))
         delta = hopper_rows.step_values(gDelta, m_start, cS, slot.index, seqlen_q, Float32(0.0), self.tma_rows)
         warpgroup.wait_group(0 if late_dv else 1)
@@ -528,6 +544,8 @@ class _DKDVKernel:
             for c in cutlass.range_constexpr(columns):
                 dPt[r, c] = Float32(St[r, c]) * (dPt[r, c] - delta[c])
         scores_to_operand_a(acc_dPt, tdKrdSt)
+        if cutlass.const_expr(self.late_dv):
+            scores_to_operand_a(acc_St, tdVrPt)
         if cutlass.const_expr(late_dv):
             dv_gemm(stage=slot.index)
         if cutlass.const_expr(dq is not None):

@@ -36,7 +36,9 @@ preprocess: ``BackwardTiles.zero_in_preprocess``), each chunk one warpgroup's ti
 contiguous bytes) and writes 16-byte row pieces, so that both sides move whole sectors: read back into the
 fragment and stored through the MMA's partition, two bytes a store, it took 139 µs at B=8 S=2048 D=128
 (134 MB of dQaccum) against FlashAttention-4's 49 (``results/h200/backward-kernels-2026-11-30/``).
-Transposed (80 query rows) it still does that, through a (D, Sq) view (``store_columns``).
+Transposed (80 query rows) it reads each thread's vectors back into the dQᵀ fragment (16-byte loads), writes
+them by transposed stmatrix into a (tile_m, 64) tile in shared memory and stores 16-byte row pieces from there
+(``store_transposed``, as FlashAttention-4's postprocess does for its transposed dQ).
 
 Resources: shared memory gains 32 KB of dS buffers (2 buffers × 2 warpgroups × 64 × 64 × 2 bytes) and
 64 · D · 4 bytes of staging (D=128: 192 KB in all with two ring slots); the kernel compiles without
@@ -71,6 +73,7 @@ from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warp, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.memory import SmemAllocator
 
 from cute_impl._hopper_device import ROWS_PER_WARPGROUP, THREADS_PER_WARPGROUP, ReadOnlyInRegions, sequence_major
 from cute_impl._host import generic_view
@@ -91,6 +94,12 @@ QUAD = 4
 QUADS_PER_WARP = 8
 COLUMNS_PER_QUAD = 8
 WARP_THREADS = 32
+# The transposed postprocess stages each warpgroup's dQ tile (tile_m query rows × 64 columns, 16-bit) in shared
+# memory, its rows this many elements apart: 64 + 8, so that the 8 rows of a transposed stmatrix (16 bytes each,
+# 144 bytes apart) and a quarter warp's 16-byte row pieces fall in distinct banks.
+TRANSPOSED_PITCH = ROWS_PER_WARPGROUP + 8
+# 16-bit elements in one 16-byte access.
+ELEMENTS_PER_PIECE = 8
 
 
 class DQBarrier(enum.IntEnum):
@@ -316,13 +325,16 @@ class DQPostprocessKernel:
     thread that held a value is known from its offset: ``store_quad_rows`` reads, per thread, the 64
     contiguous bytes of a row quad's vector (8 adjacent columns of two rows) and writes them as two
     16-byte row pieces, a warp's pieces whole 128-byte lines (rows past Sq not written). Transposed
-    (80 query rows): read back into the fragment and stored through the MMA's partition."""
+    (80 query rows): read back into the fragment, then through shared memory (``store_transposed``)."""
 
     def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, tile_m: int):
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
         self.threads_per_cta = CONSUMER_WARPGROUPS * THREADS_PER_WARPGROUP
+        # Transposed: each warpgroup's (tile_m, 64) dQ tile staged in shared memory (``store_transposed``).
+        staged = CONSUMER_WARPGROUPS * tile_m * TRANSPOSED_PITCH * dtype.width // 8
+        self.shared_bytes = staged if dq_transposed(tile_m) else 0
 
     @cute.jit
     def __call__(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32, stream: cuda.CUstream):
@@ -333,6 +345,7 @@ class DQPostprocessKernel:
         self.kernel(dq_mma(self.dtype, self.head_dim, self.tile_m), mdQaccum, mdQ, softmax_scale).launch(
             grid=[mdQaccum.shape[2], mdQaccum.shape[1], mdQaccum.shape[0]],
             block=[self.threads_per_cta, 1, 1],
+            smem=self.shared_bytes,
             stream=stream,
         )
 
@@ -349,11 +362,15 @@ class DQPostprocessKernel:
             thr = mma.get_slice(wg_tidx)
             acc_dQ = cute.make_rmem_tensor(thr.partition_shape_C((rows, columns)), Float32)  # ((2, 2, columns/8), 1, 1)
             cute.autovec_copy(thread_chunk(chunk, columns, wg_tidx), fragment_as_vectors(acc_dQ, columns))
-            acc_dQ.store(acc_dQ.load() * softmax_scale)
-            mdQt = cute.make_tensor(mdQ.iterator, cute.select(mdQ.layout, mode=[1, 0, 2]))  # (D, Sq, (H, B))
-            gdQt = cute.local_tile(mdQt[None, None, (head, batch)], (rows, columns), (row_box, m_block))
-            cdQ = cute.make_identity_tensor((rows, columns))
-            store_columns(thr, acc_dQ, gdQt, cdQ, mdQ.shape[0] - m_block * self.tile_m)  # (64, tile_m)
+            rdQ = cute.make_rmem_tensor_like(acc_dQ, self.dtype)
+            rdQ.store((acc_dQ.load() * softmax_scale).to(self.dtype))
+            staged = cute.make_layout(
+                (self.tile_m, rows, CONSUMER_WARPGROUPS), stride=(TRANSPOSED_PITCH, 1, self.tile_m * TRANSPOSED_PITCH)
+            )
+            sdQ = SmemAllocator().allocate_tensor(self.dtype, staged, byte_alignment=128)  # (tile_m, 64, warpgroup)
+            gdQ = cute.local_tile(mdQ[None, None, (head, batch)], (self.tile_m, rows), (m_block, row_box))
+            rows_left = mdQ.shape[0] - m_block * self.tile_m
+            store_transposed(mma, rdQ, sdQ[None, None, w], gdQ, rows_left, w, wg_tidx)  # (tile_m, 64)
         else:
             box = m_block * (self.tile_m // rows) + row_box
             gdQ = cute.local_tile(mdQ[None, None, (head, batch)], (rows, columns), (box, column_box))  # (64, columns)
@@ -400,14 +417,34 @@ def store_quad_rows(
 
 
 @cute.jit
-def store_columns(thr_mma, acc: cute.Tensor, gXt: cute.Tensor, cXt: cute.Tensor, columns_left: Int32):
-    """``acc`` (an accumulator of ``thr_mma`` over a transposed tile, ``gXt``) cast and stored; columns at or
-    past ``columns_left`` (the query rows past Sq) are not written. Two bytes a store: a thread's adjacent
-    values are D elements apart in dQ (the postprocess only, 2 · Sq · D bytes)."""
-    rX = cute.make_fragment_like(acc, gXt.element_type)
-    rX.store(acc.load().to(gXt.element_type))
-    tXgX = thr_mma.partition_C(gXt)  # (MMA, 1, 1)
-    tXcX = thr_mma.partition_C(cXt)  # (row, column) inside the tile
-    for i in cutlass.range_constexpr(cute.size(rX)):
-        if tXcX[i][1] < columns_left:
-            tXgX[i] = rX[i]
+def store_transposed(
+    mma: cute.TiledMma, rdQ: cute.Tensor, sX: cute.Tensor, gX: cute.Tensor, rows_left: Int32, w: Int32, thread: Int32
+):  # fmt: skip
+    """A warpgroup's dQᵀ fragment (``mma``'s accumulator over (64 columns of dQ, tile_m query rows), 16-bit)
+    stored into ``gX`` (tile_m, 64) through ``sX`` (the same shape, rows ``TRANSPOSED_PITCH`` apart): transposed
+    stmatrix (each 8 × 8 matrix's columns, 8 adjacent dQ columns of one query row, 16 contiguous bytes), a barrier
+    of the warpgroup, then 16-byte row pieces read back and stored, a warp's four rows' 128 bytes each; query rows
+    at or past ``rows_left`` are not written. Two bytes a store through the MMA's partition instead took 139 µs
+    at B=8 S=2048 D=128 against 50 for the 64-row postprocess (``results/h200/backward-kernels-2026-11-30/``)."""
+    tile_m, columns = cute.size(sX, mode=[0]), cute.size(sX, mode=[1])
+    sXt = cute.make_tensor(sX.iterator, cute.select(sX.layout, mode=[1, 0]))  # (64, tile_m): the fragment's shape
+    store_atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), sX.element_type)
+    thr_store = cute.make_tiled_copy_C(store_atom, mma).get_slice(thread)
+    cute.copy(thr_store, thr_store.retile(rdQ), thr_store.partition_D(sXt))
+    cute.arch.barrier(barrier_id=1 + w, number_of_threads=THREADS_PER_WARPGROUP)
+    pieces = columns // ELEMENTS_PER_PIECE
+    for s in cutlass.range_constexpr(tile_m * pieces // THREADS_PER_WARPGROUP):
+        piece = thread + s * THREADS_PER_WARPGROUP
+        row, column = piece // pieces, piece % pieces
+        if row < rows_left:
+            values = cute.make_rmem_tensor(ELEMENTS_PER_PIECE, sX.element_type)
+            source = cute.local_tile(sX[row, None], (ELEMENTS_PER_PIECE,), (column,))
+            cute.autovec_copy(aligned_16(source), values)
+            cute.autovec_copy(values, aligned_16(cute.local_tile(gX[row, None], (ELEMENTS_PER_PIECE,), (column,))))
+
+
+def aligned_16(x: cute.Tensor) -> cute.Tensor:
+    """``x`` (8 contiguous 16-bit elements at a 16-byte boundary, which the DSL cannot see through runtime
+    indices) with that alignment declared, so that copies use one 16-byte access."""
+    start = x.iterator
+    return cute.make_tensor(cute.make_ptr(x.element_type, start.toint(), start.memspace, assumed_align=16), x.layout)
