@@ -79,3 +79,18 @@ def test_gpu_test_parts_are_disjoint_and_cover_the_suite():
     for bad in ("0/2", "3/2", "1", "a/b"):
         with pytest.raises(argparse.ArgumentTypeError, match="PART"):
             gpu_tests.parse_part(bad)
+
+
+def test_the_gpu_suite_script_names_what_is_missing_and_exits_2(tmp_path: Path):
+    """``bench/gpu_suite.sh`` (the whole GPU suite in one device call) refuses like the Python tools: one line,
+    exit 2, nothing written (its logs go under $OUT only once a GPU is there)."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PATH=path, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_suite.sh")], capture_output=True, text=True, env=env, cwd=tmp_path,
+        timeout=300,
+    )  # fmt: skip
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.returncode == MISSING_EXIT, f"exit {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    assert len(lines) == 1 and "needs a CUDA GPU" in lines[0], lines
+    assert not any(tmp_path.iterdir()), "it wrote before refusing"
