@@ -21,18 +21,12 @@ shape, checked against fp64 on a poisoned output first (median, L2 flushed), the
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 from collections.abc import Iterator
-from pathlib import Path
-
-from bench import require_gpu
-from common.measure.results import CsvLog
 
 SETTINGS = ("default", "tile32")
 TILE32 = {256: 32}
-COLUMNS = ("label", "shape", "setting", "plan", "status", "us", "pct_read_bw", "rel_l2_err", "reason")
 
 
 def d256_cases() -> list[tuple[str, object]]:
@@ -69,57 +63,11 @@ def applied(setting: str) -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("runs/cute-decode-d256"), help="output folder")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the settings (default 2)")
-    parser.add_argument("--rep", type=float, default=30.0, help="timed repetitions per variant, ms (default 30)")
-    parser.add_argument("--labels", default="", help="comma-separated labels to time (default all, in order)")
-    args = parser.parse_args(argv)
-    require_gpu("bench.cute_decode_d256")
-    import torch
+    from bench.cute_decode_rows import ab_arguments, time_settings
 
-    from bench.cute_decode_rows import plan_of
-    from bench.decode_floor import alternating_rounds, summary
-    from common.contract.registry import discover
-    from common.measure.decode_sweep import too_large
-    from common.measure.peaks import measure_read_gbps
-    from common.measure.runner import TimingOptions, freeze_imports
-
-    device = torch.device("cuda")
-    (impl,) = [impl for impl in discover(include_baselines=False)[0] if impl.name == "cute/decode"]
-    wanted = set(filter(None, args.labels.split(",")))
-    cases = [(label, case) for label, case in d256_cases() if not wanted or label in wanted]
-    args.out.mkdir(parents=True, exist_ok=True)
-    read_gbps = measure_read_gbps(device)
-    print(f"read {read_gbps:.0f} GB/s", flush=True)
-    options = TimingOptions(25.0, args.rep)
-    freeze_imports()
-    rows: list[dict] = []
-    log = CsvLog(args.out / "cute_decode_d256.csv", COLUMNS)
-    for label, case in cases:
-        if skip := too_large(case, device):
-            print(f"{label}: skipped: {skip}", flush=True)
-            continue
-        workload = case.gpu_workload(device)
-        results = alternating_rounds(impl, case, workload, list(SETTINGS), args.rounds, options, applied)
-        for setting, measured in results.items():
-            with applied(setting):
-                plan = plan_of(case.problem, device)
-            status, us, rel_l2_err, reason = summary(measured)
-            record = {
-                "label": label, "shape": case.describe(), "setting": setting, "plan": plan, "status": status,
-                "us": us, "pct_read_bw": 100 * case.kv_bytes_read / (us * 1e3) / read_gbps, "rel_l2_err": rel_l2_err,
-                "reason": reason,
-            }  # fmt: skip
-            rows.append(record)
-            log.append(record)
-            print(f"{label:18s} {setting:8s} {plan:28s} {status:6s} {us:8.1f} us {record['pct_read_bw']:5.1f} % BW "
-                  f"{reason}", flush=True)  # fmt: skip
-        torch.cuda.empty_cache()
-        # After every shape, so that a run cut short keeps the table of the shapes done.
-        (args.out / "cute_decode_d256.md").write_text(markdown(rows, read_gbps))
-    print((args.out / "cute_decode_d256.md").read_text())
-    return 0 if rows and all(row["status"] == "ok" for row in rows) else 1
+    args = ab_arguments("cute_decode_d256", argv, __doc__)
+    return time_settings("cute_decode_d256", args, d256_cases(), lambda problem, device: list(SETTINGS), applied,
+                         markdown)  # fmt: skip
 
 
 def markdown(rows: list[dict], read_gbps: float) -> str:

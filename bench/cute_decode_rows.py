@@ -88,14 +88,23 @@ def settings_to_time(problem, device) -> list[str]:
     return list(plans.values())
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("runs/cute-decode-rows"), help="output folder")
+def ab_arguments(name: str, argv: list[str] | None, doc: str) -> argparse.Namespace:
+    """The options both cute/decode A/Bs take (this one and ``bench.cute_decode_d256``)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(f"runs/{name.replace('_', '-')}"), help="output folder")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the settings (default 2)")
     parser.add_argument("--rep", type=float, default=30.0, help="timed repetitions per variant, ms (default 30)")
     parser.add_argument("--labels", default="", help="comma-separated labels to time (default all, in order)")
-    args = parser.parse_args(argv)
-    require_gpu("bench.cute_decode_rows")
+    return parser.parse_args(argv)
+
+
+def time_settings(name: str, args: argparse.Namespace, cases: list, settings_of, applied_setting, markdown_of) -> int:
+    """cute/decode's A/B loop: the read bandwidth first, then per case (``args.labels``' only, if given) the
+    settings ``settings_of(problem, device)`` alternating ``args.rounds`` times under ``applied_setting``, each
+    checked against fp64 and timed (L2 flushed, median); ``{name}.csv`` row by row and ``{name}.md`` (by
+    ``markdown_of(rows, read_gbps)``) after every case, so that a run cut short keeps the cases done. 0 when
+    every row is ok."""
+    require_gpu(f"bench.{name}")
     import torch
 
     from bench.decode_floor import alternating_rounds, summary
@@ -107,22 +116,24 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda")
     (impl,) = [impl for impl in discover(include_baselines=False)[0] if impl.name == "cute/decode"]
     wanted = set(filter(None, args.labels.split(",")))
-    cases = [(label, case) for label, case in rows_cases() if not wanted or label in wanted]
     args.out.mkdir(parents=True, exist_ok=True)
     read_gbps = measure_read_gbps(device)
     print(f"read {read_gbps:.0f} GB/s", flush=True)
     options = TimingOptions(25.0, args.rep)
     freeze_imports()
     rows: list[dict] = []
-    log = CsvLog(args.out / "cute_decode_rows.csv", COLUMNS)
+    log = CsvLog(args.out / f"{name}.csv", COLUMNS)
     for label, case in cases:
+        if wanted and label not in wanted:
+            continue
         if skip := too_large(case, device):
             print(f"{label}: skipped: {skip}", flush=True)
             continue
-        settings = settings_to_time(case.problem, device)
-        results = alternating_rounds(impl, case, case.gpu_workload(device), settings, args.rounds, options, applied)
+        settings = settings_of(case.problem, device)
+        results = alternating_rounds(impl, case, case.gpu_workload(device), settings, args.rounds, options,
+                                     applied_setting)  # fmt: skip
         for setting, measured in results.items():
-            with applied(setting):
+            with applied_setting(setting):
                 plan = plan_of(case.problem, device)
             status, us, rel_l2_err, reason = summary(measured)
             record = {
@@ -135,10 +146,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label:22s} {setting:8s} {plan:30s} {status:6s} {us:8.1f} us {record['pct_read_bw']:5.1f} % BW "
                   f"{reason}", flush=True)  # fmt: skip
         torch.cuda.empty_cache()
-        # After every shape, so that a run cut short keeps the table of the shapes done.
-        (args.out / "cute_decode_rows.md").write_text(markdown(rows, read_gbps))
-    print((args.out / "cute_decode_rows.md").read_text())
+        (args.out / f"{name}.md").write_text(markdown_of(rows, read_gbps))
+    print((args.out / f"{name}.md").read_text())
     return 0 if rows and all(row["status"] == "ok" for row in rows) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = ab_arguments("cute_decode_rows", argv, __doc__)
+    return time_settings("cute_decode_rows", args, rows_cases(), settings_to_time, applied, markdown)
 
 
 def markdown(rows: list[dict], read_gbps: float) -> str:

@@ -16,8 +16,6 @@ second row warp's rows as the first's) fail.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from pathlib import Path
 
 import pytest
@@ -26,11 +24,10 @@ import torch
 pytest.importorskip("cutlass")
 
 from common.contract import splits
-from common.contract.check import check_on_inputs
-from common.contract.inputs import make_inputs, make_paged_kv
 from common.contract.problem import Problem
 from common.reporting.static import cubin_resources
 from cute_impl import _decode_warps, decode
+from tests.test_cute_decode_rows import RAGGED, check_forced_splits
 
 CPU = torch.device("cpu")
 TILE32 = {256: 32}
@@ -160,20 +157,6 @@ def test_tile32_compiles_for_sm90_without_spills(
 # ----------------------------------------------------------------------------------------------------
 # GPU: the knob against fp64, and planted bugs
 # ----------------------------------------------------------------------------------------------------
-def _check(problem: Problem, lengths: tuple[int, ...] | None, num_splits: int | None, seed: int):
-    """cute/decode against fp64 on fresh CUDA inputs (offset 0.5), ``lengths`` as cache_seqlens, a paged cache
-    where the problem is paged, ``num_splits`` forced (None: the rule's, or the balanced split's shares)."""
-    q, k, v = make_inputs(problem, seed=seed, device="cuda", offset=0.5)
-    cache_seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    block_table = None
-    if problem.paged:
-        k, v, block_table = make_paged_kv(problem, k, v, seed=seed)
-    prepare = functools.partial(decode.decode_attention, num_splits=num_splits)
-    impl = dataclasses.replace(decode.IMPLEMENTATION, prepare=prepare)
-    return check_on_inputs(impl, q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table)
-
-
-RAGGED = (1, 1000, 77, 517)
 # name -> (problem, lengths, forced splits, BALANCED_SPLIT). Packed rows at D=256: 20 (seed 43's group 5 × Sq 4: the
 # second row warp holds 4 real rows), 18 (Sq 3: the row warps' rows start at different tokens), 32, and 64 (two
 # 32-row tiles).
@@ -194,7 +177,7 @@ def test_gpu_tile32_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(_decode_warps, "ROW_SPLIT_MAX_TILE_M", TILE32)
     monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
     assert decode.decode_config(problem, split=True).tile_m == 32, problem.describe()
-    result = _check(problem, lengths, num_splits, seed=len(case))
+    result = check_forced_splits(problem, lengths, num_splits, seed=len(case))
     assert result.ok, f"ROW_SPLIT_MAX_TILE_M {problem.describe()}: {result.summary()}"
 
 
@@ -230,8 +213,8 @@ def test_planted_tile32_bug_fails_the_check(bug: str, monkeypatch: pytest.Monkey
     problem, lengths, num_splits, balanced = GPU_CASES[case]
     monkeypatch.setattr(_decode_warps, "ROW_SPLIT_MAX_TILE_M", TILE32)
     monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
-    assert _check(problem, lengths, num_splits, seed=1).ok, "the unplanted kernel must pass"
+    assert check_forced_splits(problem, lengths, num_splits, seed=1).ok, "the unplanted kernel must pass"
     monkeypatch.setattr(decode.HOST.kernels, "compiled", {})
     monkeypatch.setattr(_decode_warps.WarpTiles, name, replacement)
-    result = _check(problem, lengths, num_splits, seed=1)
+    result = check_forced_splits(problem, lengths, num_splits, seed=1)
     assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"

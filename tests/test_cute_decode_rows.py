@@ -24,11 +24,10 @@ import torch
 pytest.importorskip("cutlass")
 
 from common.contract import splits
-from common.contract.check import check_on_inputs
-from common.contract.inputs import make_inputs, make_paged_kv
 from common.contract.problem import Problem
 from common.reporting.static import cubin_resources
 from cute_impl import _decode_warps, decode
+from tests.test_decode_wide import check_on_gpu
 
 CPU = torch.device("cpu")
 
@@ -151,17 +150,11 @@ def test_row_split_compiles_for_sm90_without_spills(
 # ----------------------------------------------------------------------------------------------------
 # GPU: the knob against fp64, and planted bugs
 # ----------------------------------------------------------------------------------------------------
-def _check(problem: Problem, lengths: tuple[int, ...] | None, num_splits: int | None, seed: int):
-    """cute/decode against fp64 on fresh CUDA inputs (offset 0.5), ``lengths`` as cache_seqlens, a paged cache
-    where the problem is paged, ``num_splits`` forced (None: the rule's, or the balanced split's shares)."""
-    q, k, v = make_inputs(problem, seed=seed, device="cuda", offset=0.5)
-    cache_seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    block_table = None
-    if problem.paged:
-        k, v, block_table = make_paged_kv(problem, k, v, seed=seed)
+def check_forced_splits(problem: Problem, lengths: tuple[int, ...] | None, num_splits: int | None, seed: int):
+    """cute/decode against fp64 (``test_decode_wide.check_on_gpu``: fresh CUDA inputs, ``lengths`` as cache_seqlens,
+    paged where the problem is) with ``num_splits`` forced (None: the rule's, or the balanced split's shares)."""
     prepare = functools.partial(decode.decode_attention, num_splits=num_splits)
-    impl = dataclasses.replace(decode.IMPLEMENTATION, prepare=prepare)
-    return check_on_inputs(impl, q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table)
+    return check_on_gpu(dataclasses.replace(decode.IMPLEMENTATION, prepare=prepare), problem, lengths, seed)
 
 
 RAGGED = (1, 1000, 77, 517)
@@ -192,7 +185,7 @@ def test_gpu_row_split_against_fp64(case: str, stages: int | None, monkeypatch: 
     monkeypatch.setattr(_decode_warps, "ROW_SPLIT_STAGES", {64: stages} if stages else {})
     monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
     assert decode.decode_config(problem, split=True).row_warps > 1, problem.describe()
-    result = _check(problem, lengths, num_splits, seed=len(case))
+    result = check_forced_splits(problem, lengths, num_splits, seed=len(case))
     assert result.ok, f"WARPS_SPLIT_ROWS {problem.describe()}: {result.summary()}"
 
 
@@ -225,8 +218,8 @@ def test_planted_row_split_bug_fails_the_check(bug: str, monkeypatch: pytest.Mon
     problem, lengths, num_splits, balanced = GPU_CASES[case]
     monkeypatch.setattr(decode, "WARPS_SPLIT_ROWS", True)
     monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
-    assert _check(problem, lengths, num_splits, seed=1).ok, "the unplanted kernel must pass"
+    assert check_forced_splits(problem, lengths, num_splits, seed=1).ok, "the unplanted kernel must pass"
     monkeypatch.setattr(decode.HOST.kernels, "compiled", {})
     monkeypatch.setattr(_decode_warps.WarpTiles, name, replacement)
-    result = _check(problem, lengths, num_splits, seed=1)
+    result = check_forced_splits(problem, lengths, num_splits, seed=1)
     assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"

@@ -20,7 +20,7 @@ import torch
 from common.contract.check import check_on_inputs
 from common.contract.inputs import make_inputs, make_paged_kv
 from common.contract.problem import Problem
-from common.contract.registry import discover
+from common.contract.registry import Implementation, discover
 from tests._helpers import json_from_child
 from triton_impl import decode
 from triton_impl.gluon import decode as gluon_decode
@@ -166,14 +166,13 @@ def test_gpu_wide_tile_against_fp64(impl_name: str, case: str, monkeypatch: pyte
     assert result.ok, f"{impl_name} WIDE_M_TILE {problem.describe()}: {result.summary()}"
 
 
-def check_on_gpu(impl_name: str, problem: Problem, lengths: tuple[int, ...] | None, seed: int):
-    """``impl_name`` against fp64 on fresh CUDA inputs of ``problem`` (offset 0.5), with ``lengths`` as its
-    ``cache_seqlens`` (None: full) and a paged cache where the problem is paged."""
+def check_on_gpu(impl: str | Implementation, problem: Problem, lengths: tuple[int, ...] | None, seed: int):
+    """``impl`` (a decode rung's name, or an Implementation) against fp64 on fresh CUDA inputs of ``problem``
+    (offset 0.5), with ``lengths`` as its ``cache_seqlens`` (None: full) and a paged cache where it is paged."""
     q, k, v = make_inputs(problem, seed=seed, device="cuda", offset=0.5)
     cache_seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32, device="cuda")
     block_table = None
     if problem.paged:
         k, v, block_table = make_paged_kv(problem, k, v, seed=seed)
-    return check_on_inputs(
-        DECODE_IMPLS[impl_name], q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table
-    )
+    implementation = DECODE_IMPLS[impl] if isinstance(impl, str) else impl
+    return check_on_inputs(implementation, q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table)
