@@ -27,7 +27,7 @@ from common.contract import splits
 from common.contract.problem import Problem
 from common.reporting.static import cubin_resources
 from cute_impl import _decode_warps, decode
-from tests.test_cute_decode_rows import RAGGED, check_forced_splits
+from tests.test_cute_decode_rows import RAGGED, assert_planted_warp_bug_fails, check_forced_splits
 
 CPU = torch.device("cpu")
 TILE32 = {256: 32}
@@ -210,11 +210,5 @@ PLANTED = {
 @pytest.mark.parametrize("bug", sorted(PLANTED))
 def test_planted_tile32_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
     name, replacement, case = PLANTED[bug]
-    problem, lengths, num_splits, balanced = GPU_CASES[case]
     monkeypatch.setattr(_decode_warps, "ROW_SPLIT_MAX_TILE_M", TILE32)
-    monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
-    assert check_forced_splits(problem, lengths, num_splits, seed=1).ok, "the unplanted kernel must pass"
-    monkeypatch.setattr(decode.HOST.kernels, "compiled", {})
-    monkeypatch.setattr(_decode_warps.WarpTiles, name, replacement)
-    result = check_forced_splits(problem, lengths, num_splits, seed=1)
-    assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"
+    assert_planted_warp_bug_fails(bug, (name, replacement), GPU_CASES[case], monkeypatch)

@@ -211,15 +211,21 @@ PLANTED = {
 }
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("bug", sorted(PLANTED))
-def test_planted_row_split_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
-    name, replacement, case = PLANTED[bug]
-    problem, lengths, num_splits, balanced = GPU_CASES[case]
-    monkeypatch.setattr(decode, "WARPS_SPLIT_ROWS", True)
+def assert_planted_warp_bug_fails(bug: str, planted: tuple, case: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``case`` (problem, lengths, forced splits, BALANCED_SPLIT) passes the fp64 check, then fails it once
+    ``planted`` (a WarpTiles method's name, its planted replacement) is compiled in."""
+    (name, replacement), (problem, lengths, num_splits, balanced) = planted, case
     monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
     assert check_forced_splits(problem, lengths, num_splits, seed=1).ok, "the unplanted kernel must pass"
     monkeypatch.setattr(decode.HOST.kernels, "compiled", {})
     monkeypatch.setattr(_decode_warps.WarpTiles, name, replacement)
     result = check_forced_splits(problem, lengths, num_splits, seed=1)
     assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bug", sorted(PLANTED))
+def test_planted_row_split_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
+    name, replacement, case = PLANTED[bug]
+    monkeypatch.setattr(decode, "WARPS_SPLIT_ROWS", True)
+    assert_planted_warp_bug_fails(bug, (name, replacement), GPU_CASES[case], monkeypatch)
