@@ -119,10 +119,14 @@ def test_rebased_step_issues_fewer_uniform_instructions_per_hgmma(
 
 @pytest.mark.cute_compile
 @pytest.mark.static
-def test_a_rebase_off_the_swizzle_period_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rebase_off_the_swizzle_period_is_refused_or_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rebased pointer keeps the alignment its type proves, which must cover the swizzle period (a coarser
-    one would mask address bits out of the descriptor). Planted: a swizzle period twice the boxes' alignment
-    refuses the compile."""
+    one would mask address bits out of the descriptor); a Kᵀ box inside a swizzle atom (D=64, 64 query rows: the
+    second warpgroup's 32 columns start 64 bytes in) is left as it is and the kernel compiles without spills.
+    Planted: a swizzle period twice the boxes' alignment refuses the compile."""
+    inside_an_atom = hopper_backward.BackwardTiles(64, 64, 2, dq="reduce", rebased_operands=True)
+    dkdv, _ = compile_dkdv(64, inside_an_atom, "causal_bottom_right_mqa_dlse")
+    assert spilled_bytes(dkdv) == 0
     monkeypatch.setattr(hopper_desc, "SMEM_ALIGN_BYTES", 2 * hopper_desc.SMEM_ALIGN_BYTES)
     with pytest.raises(Exception, match="swizzle period"):
         compile_dkdv(128, REBASED[128][-1], "full_mha")

@@ -17,8 +17,9 @@ the warpgroup's K and V rows are a partition of the CTA's tile, not a runtime in
 Where (the boxes that a runtime index selects; the ring's slots, indexed by the stage, already take one
 ``UIADD3.64`` a k-step and are left as they are):
   1. each consumer warpgroup's K and V boxes, the A operands of Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (``w``);
-  2. dq="reduce": its columns (or rows, transposed) of Kᵀ in dQ = dS K (``hopper_dq.dq_box``), and the
-     step's dS buffer, whose offset (``step % 2``) is folded into the address once per step.
+  2. dq="reduce": its columns (or rows, transposed) of Kᵀ in dQ = dS K (``hopper_dq.dq_box``) where they start
+     on a swizzle period (not D=64's 32 columns at 64 query rows: ``rebased_if_aligned``), and the step's dS
+     buffer, whose offset (``step % 2``) is folded into the address once per step.
 sm_90a, P1's unmasked step (one warp, 32 HGMMA): 438 → 410 SASS instructions, 160 → 138 uniform ones (5.0 →
 4.3 a HGMMA; FlashAttention-4's 64-row step: 409 and 113); D=64's 128-row step 578 → 563 (126 → 109 uniform);
 the 80-row ``late_dv`` step 522 → 496 (168 → 141). Registers, spills and the wgmma groups are unchanged.
@@ -44,6 +45,15 @@ def rebased(tensor: cute.Tensor, swizzle: cute.Swizzle, layout: cute.Layout | No
         tensor.element_type, address, cute.AddressSpace.smem, assumed_align=alignment, swizzle_=swizzle
     )
     return cute.make_tensor(pointer, tensor.layout if layout is None else layout)
+
+
+def rebased_if_aligned(tensor: cute.Tensor, swizzle: cute.Swizzle) -> cute.Tensor:
+    """``tensor`` rebased where its pointer type proves the swizzle period's alignment, else as it is (a box that
+    starts inside a swizzle atom, e.g. the second warpgroup's 32 Kᵀ columns at D=64 with 64 query rows, keeps the
+    DSL's descriptor arithmetic: a descriptor built from its address would need the atom's base offset)."""
+    if tensor.iterator.alignment < SMEM_ALIGN_BYTES:
+        return tensor
+    return rebased(tensor, swizzle)
 
 
 def box(staged: cute.Tensor, index: Int32, swizzle: cute.Swizzle, rebase: bool) -> cute.Tensor:

@@ -249,7 +249,7 @@ class DQReduce(ReadOnlyInRegions):
         if self.transposed:  # dQᵀ rows [64w, 64w + 64) of D: A = those rows of Kᵀ, B = dSᵀ (all its queries)
             sKt_rows = cute.local_tile(sKt, (rows, rows, CONSUMER_WARPGROUPS), (row_box, 0, 0))  # (64 D, 64 keys, wg)
             if rebase:
-                sKt_rows = hopper_desc.rebased(sKt_rows, kt.inner)
+                sKt_rows = hopper_desc.rebased_if_aligned(sKt_rows, kt.inner)
             self.sdS = sdS  # (tile_m queries, 64 keys, slot)
             self.tdQrKt = thr.make_fragment_A(thr.partition_A(sKt_rows))  # (MMA, 1, 64/16, warpgroup)
             self.tdQrdS = thr.make_fragment_B(thr.partition_B(sdS))  # (MMA, 1, 64/16, slot)
@@ -257,7 +257,7 @@ class DQReduce(ReadOnlyInRegions):
             self.sdS = cute.local_tile(sdS, (rows, rows, slots), (row_box, 0, 0))  # (64 queries, 64 keys, slot)
             sKt_columns = cute.local_tile(sKt, (self.columns, rows, CONSUMER_WARPGROUPS), (column_box, 0, 0))
             if rebase:
-                sKt_columns = hopper_desc.rebased(sKt_columns, kt.inner)
+                sKt_columns = hopper_desc.rebased_if_aligned(sKt_columns, kt.inner)
             self.tdQrdS = thr.make_fragment_A(thr.partition_A(self.sdS))  # (MMA, 1, 64/16, slot)
             self.tdQrKt = thr.make_fragment_B(thr.partition_B(sKt_columns))  # (MMA, 1, 64/16, warpgroup)
         self.acc_shape = thr.partition_shape_C((rows, self.columns))  # ((2, 2, columns/8), 1, 1)
