@@ -50,7 +50,7 @@ def rebased(tensor: cute.Tensor, swizzle: cute.Swizzle, layout: cute.Layout | No
 def rebased_if_aligned(tensor: cute.Tensor, swizzle: cute.Swizzle) -> cute.Tensor:
     """``tensor`` rebased where its pointer type proves the swizzle period's alignment, else as it is (a box that
     starts inside a swizzle atom, e.g. the second warpgroup's 32 Kᵀ columns at D=64 with 64 query rows, keeps the
-    DSL's descriptor arithmetic: a descriptor built from its address would need the atom's base offset)."""
+    DSL's descriptor arithmetic: its pointer proves only 64 bytes, and ``rebased`` keeps the alignment it is given)."""
     if tensor.iterator.alignment < SMEM_ALIGN_BYTES:
         return tensor
     return rebased(tensor, swizzle)
