@@ -40,8 +40,11 @@ from tests.test_cute_backward import (
     wgmma_serialised,
 )
 
-# The knob's candidates, each head dim's.
-LATE_DV = {head_dim: [t for t in variants if t.late_dv] for head_dim, variants in hopper_backward.CANDIDATES.items()}
+# The knob's candidates, each head dim's (those also rebased: tests/test_cute_backward_desc.py).
+LATE_DV = {
+    head_dim: [t for t in variants if t.late_dv and not t.rebased_operands]
+    for head_dim, variants in hopper_backward.CANDIDATES.items()
+}
 # dV += Pᵀ dO and dK += dSᵀ Q read their A operand from registers: "HGMMA.64xNx16.F32.BF16 Rd, Ra, gdesc[...]".
 REGISTER_A_PRODUCT = re.compile(r"HGMMA\.64x\d+x16\.F32\.\w+ R\d+, R\d+,")
 # The step waits until none of its products is in flight.

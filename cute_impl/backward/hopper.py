@@ -88,7 +88,11 @@ dq="reduce" takes 64 query rows per step, 128 at D=64
 at D=128 (FA4's non-causal step; a candidate, not yet timed: ``bench/cute_bwd_d128_ab.sh``), and its
 dK/dV overlap only at D=64. ``tma_rows`` (``hopper_rows.py``, the default: 540.8 / 485.5 / 439.0 TFLOP/s,
 P1 / causal / D=64) loads LSE₂ and D by TMA into the ring. ``late_dv`` candidates (64 and 80 rows at D=128,
-128 at D=64), not yet timed: ``bench/cute_bwd_gap_ab.sh``. Candidates: ``bench.backward --candidates``.
+128 at D=64), not yet timed: ``bench/cute_bwd_gap_ab.sh``. ``rebased_operands`` (``hopper_desc.py``): the wgmma
+descriptors of the boxes a runtime index picks (each warpgroup's K and V, dQ's Kᵀ share and dS buffer) built from
+the box's own address, not re-added in 64 bits every k-step (sm_90a, P1's unmasked step: 438 → 410 SASS
+instructions, 160 → 138 uniform ones); candidates not yet timed: ``bench/cute_bwd_desc_ab.sh``. Candidates:
+``bench.backward --candidates``.
 """
 
 from __future__ import annotations
@@ -132,7 +136,7 @@ from cute_impl._host import (
     generic_view,
     mma_sync_supports,
 )
-from cute_impl.backward import hopper_dq, hopper_epilogue, hopper_pass, hopper_rows, tiled
+from cute_impl.backward import hopper_desc, hopper_dq, hopper_epilogue, hopper_pass, hopper_rows, tiled
 from cute_impl.backward._device import (
     CONSUMER_WARPGROUPS,
     MN_MAJOR,
@@ -190,6 +194,10 @@ class BackwardTiles:
     # dPᵀ, before dSᵀ is shared), Pᵀ converted to 16 bits only then, so that fp32 Pᵀ and its 16-bit copy are never
     # both live; at 80 rows dSᵀ then reads fp32 Pᵀ, not the 16-bit copy (80 conversions a step fewer).
     late_dv: bool = False
+    # The wgmma descriptors of the shared-memory boxes that a runtime index picks (each warpgroup's K and V, its
+    # share of Kᵀ and the step's dS buffer for dQ) built from the box's own address (``hopper_desc.py``), so that
+    # the k-steps do not redo a 64-bit add with carry on each descriptor.
+    rebased_operands: bool = False
 
     def __post_init__(self) -> None:
         # Overlapped, a slot is freed one step late: one slot would deadlock the producer.
@@ -211,7 +219,7 @@ class BackwardTiles:
     def label(self) -> str:
         rows = ("_tmarows" if self.tma_rows else "") + ("_heaviestfirst" if self.heaviest_first else "")
         rows += ("_stagedepi" if self.staged_epilogue else "") + ("_zeropre" if self.zero_in_preprocess else "")
-        rows += "_latedv" if self.late_dv else ""
+        rows += ("_latedv" if self.late_dv else "") + ("_rebase" if self.rebased_operands else "")
         if self.dq == "reduce":
             return f"m{self.tile_m}_s{self.stages}_dqreduce" + ("_dkdvoverlap" if self.dkdv_overlap else "") + rows
         overlaps = ("_dkdvoverlap" if self.dkdv_overlap else "") + ("_dqoverlap" if self.dq_overlap else "")
@@ -233,6 +241,7 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, zero_in_preprocess=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True),
+        BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, rebased_operands=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True),
     ),
@@ -250,6 +259,10 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         ),
         BackwardTiles(80, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True, late_dv=True),
+        BackwardTiles(80, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True, rebased_operands=True),
+        BackwardTiles(
+            64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True, rebased_operands=True
+        ),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True),
     ),
@@ -288,6 +301,7 @@ class _DKDVKernel:
         self.heaviest_first = config.tiles.heaviest_first and config.causal
         self.staged_epilogue = config.tiles.staged_epilogue
         self.late_dv = config.tiles.late_dv
+        self.rebase = config.tiles.rebased_operands
         self.threads_per_cta = THREADS_PER_CTA
 
     @cute.jit
@@ -421,8 +435,10 @@ class _DKDVKernel:
             wg_tidx = tidx % THREADS_PER_WARPGROUP
             st_thr = st_mma.get_slice(wg_tidx)
             grad_thr = grad_mma.get_slice(wg_tidx)
-            tSrK = st_thr.make_fragment_A(st_thr.partition_A(sK[None, None, w]))  # (MMA, 1, D/16)
-            tdPrV = st_thr.make_fragment_A(st_thr.partition_A(sV[None, None, w]))  # (MMA, 1, D/16)
+            sK_w = hopper_desc.box(sK, w, sKV_layout.inner, self.rebase)  # (64, D)
+            sV_w = hopper_desc.box(sV, w, sKV_layout.inner, self.rebase)  # (64, D)
+            tSrK = st_thr.make_fragment_A(st_thr.partition_A(sK_w))  # (MMA, 1, D/16)
+            tdPrV = st_thr.make_fragment_A(st_thr.partition_A(sV_w))  # (MMA, 1, D/16)
             tSrQ = st_thr.make_fragment_B(st_thr.partition_B(sQ))  # (MMA, 1, D/16, stage)
             tdPrdO = st_thr.make_fragment_B(st_thr.partition_B(sdO))  # (MMA, 1, D/16, stage)
             tdKrQt = grad_thr.make_fragment_B(grad_thr.partition_B(sQt))  # (MMA, 1, tile_m/16, stage)
@@ -445,7 +461,7 @@ class _DKDVKernel:
             release = SlotRelease(q_ring, self.stages, self.overlap)
             dq = None
             if cutlass.const_expr(self.dq_reduce):
-                dq = hopper_dq.DQReduce(storage, self.dtype, D, self.tile_m, st_mma, w, wg_tidx)
+                dq = hopper_dq.DQReduce(storage, self.dtype, D, self.tile_m, st_mma, w, wg_tidx, self.rebase)
             epilogue = None
             if cutlass.const_expr(self.staged_epilogue):
                 atoms = (tma_atom_dK, tma_atom_dV)

@@ -58,7 +58,8 @@ dPᵀ (``dkdv_overlap``: ptxas keeps that asynchronous at D=64 and serialises ev
 rows D=64 runs m64n32 dQ products, at 128 rows (FlashAttention-3's D=64 tile) m64n64 ones, with 64 KB
 of dS buffers (``hopper.py`` then issues dV after dSᵀ and ``hopper_rows`` reads LSE₂ and D where used:
 both spilled or serialised otherwise), at 80 rows m64n80 dQᵀ ones. Timed: ``bench/cute_bwd_fused_dq_ab.sh``
-(128 rows), ``bench/cute_bwd_d128_ab.sh`` (80 rows).
+(128 rows), ``bench/cute_bwd_d128_ab.sh`` (80 rows). With ``BackwardTiles.rebased_operands`` the warpgroup's Kᵀ
+box and each step's dS buffer are described from their own addresses (``hopper_desc.py``).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ from cutlass.memory import SmemAllocator
 
 from cute_impl._hopper_device import ROWS_PER_WARPGROUP, THREADS_PER_WARPGROUP, ReadOnlyInRegions, sequence_major
 from cute_impl._host import generic_view
+from cute_impl.backward import hopper_desc
 from cute_impl.backward._device import (
     CONSUMER_WARPGROUPS,
     K_MAJOR,
@@ -222,8 +224,10 @@ class DQReduce(ReadOnlyInRegions):
 
     def __init__(
         self, storage, dtype: type[cutlass.Numeric], head_dim: int, tile_m: int, st_mma: cute.TiledMma, w: Int32,
-        wg_tidx: Int32,
+        wg_tidx: Int32, rebase: bool = False,
     ):  # fmt: skip
+        """``rebase`` (``BackwardTiles.rebased_operands``): Kᵀ's box and each step's dS buffer described from their
+        own addresses (``hopper_desc.py``)."""
         self.columns = dq_columns(head_dim, tile_m)
         self.w = w
         self.wg_tidx = wg_tidx
@@ -239,16 +243,22 @@ class DQReduce(ReadOnlyInRegions):
         sKt = storage.fixed_a.get_tensor(kt.outer, swizzle=kt.inner)  # (D, 64 keys, warpgroup): sK MN-major
         rows, slots = ROWS_PER_WARPGROUP, DS_BUFFERS * CONSUMER_WARPGROUPS
         row_box, column_box = dq_box(w, tile_m)
-        thr = self.mma.get_slice(wg_tidx)
+        self.thr = thr = self.mma.get_slice(wg_tidx)
         self.transposed = dq_transposed(tile_m)
+        self.rebase, self.ds_swizzle = rebase, read.inner
         if self.transposed:  # dQᵀ rows [64w, 64w + 64) of D: A = those rows of Kᵀ, B = dSᵀ (all its queries)
             sKt_rows = cute.local_tile(sKt, (rows, rows, CONSUMER_WARPGROUPS), (row_box, 0, 0))  # (64 D, 64 keys, wg)
+            if rebase:
+                sKt_rows = hopper_desc.rebased_if_aligned(sKt_rows, kt.inner)
+            self.sdS = sdS  # (tile_m queries, 64 keys, slot)
             self.tdQrKt = thr.make_fragment_A(thr.partition_A(sKt_rows))  # (MMA, 1, 64/16, warpgroup)
             self.tdQrdS = thr.make_fragment_B(thr.partition_B(sdS))  # (MMA, 1, 64/16, slot)
         else:
-            sdS_rows = cute.local_tile(sdS, (rows, rows, slots), (row_box, 0, 0))  # (64 queries, 64 keys, slot)
+            self.sdS = cute.local_tile(sdS, (rows, rows, slots), (row_box, 0, 0))  # (64 queries, 64 keys, slot)
             sKt_columns = cute.local_tile(sKt, (self.columns, rows, CONSUMER_WARPGROUPS), (column_box, 0, 0))
-            self.tdQrdS = thr.make_fragment_A(thr.partition_A(sdS_rows))  # (MMA, 1, 64/16, slot)
+            if rebase:
+                sKt_columns = hopper_desc.rebased_if_aligned(sKt_columns, kt.inner)
+            self.tdQrdS = thr.make_fragment_A(thr.partition_A(self.sdS))  # (MMA, 1, 64/16, slot)
             self.tdQrKt = thr.make_fragment_B(thr.partition_B(sKt_columns))  # (MMA, 1, 64/16, warpgroup)
         self.acc_shape = thr.partition_shape_C((rows, self.columns))  # ((2, 2, columns/8), 1, 1)
         self.sdQ = storage.dQ.get_tensor(cute.make_layout((rows * self.columns, CONSUMER_WARPGROUPS)))
@@ -270,15 +280,26 @@ class DQReduce(ReadOnlyInRegions):
         acc_dQ = cute.make_rmem_tensor(self.acc_shape, Float32)
         mma_atom = cute.make_mma_atom(self.mma.op)
         buffer = step % DS_BUFFERS * CONSUMER_WARPGROUPS
+        tdQrdS = self.tdQrdS
+        if cutlass.const_expr(self.rebase):  # the buffer's offset folded into its address, once per step
+            sdS = hopper_desc.rebased(self.sdS[None, None, buffer], self.ds_swizzle, self.sdS.layout)  # slots from it
+            tdQrdS = self.fragment_dS(sdS)
+            buffer = 0
         warpgroup.fence()
         for box in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
             for k in cutlass.range_constexpr(cute.size(self.tdQrKt, mode=[2])):
                 mma_atom.set(warpgroup.Field.ACCUMULATE, box != 0 or k != 0)
-                dS, Kt = self.tdQrdS[None, None, k, buffer + box], self.tdQrKt[None, None, k, box]
+                dS, Kt = tdQrdS[None, None, k, buffer + box], self.tdQrKt[None, None, k, box]
                 tA, tB = (Kt, dS) if cutlass.const_expr(self.transposed) else (dS, Kt)
                 cute.gemm(mma_atom, acc_dQ, tA, tB, acc_dQ)
         warpgroup.commit_group()
         return acc_dQ
+
+    def fragment_dS(self, sdS: cute.Tensor) -> cute.Tensor:
+        """dS's wgmma operand over ``sdS``: B of dQᵀ (transposed), else A of dQ."""
+        if self.transposed:
+            return self.thr.make_fragment_B(self.thr.partition_B(sdS))
+        return self.thr.make_fragment_A(self.thr.partition_A(sdS))
 
     @cute.jit
     def hand_over(self, acc_dQ: cute.Tensor):
