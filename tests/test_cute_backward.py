@@ -920,6 +920,24 @@ def long_cases(head_dim: int) -> dict[str, Problem]:
     }
 
 
+def knob_cases(variants: dict[int, list]) -> list[tuple[str, Problem, hopper_backward.BackwardTiles]]:
+    """(id, problem, tiles) for every candidate of ``variants`` (head dim -> candidates with a knob) on the shapes
+    that probe the tiles of its head dim (``GPU_CASES``: one query or key, rows that see no key, MQA, ragged tails
+    in one block), ragged causal bottom-right GQA over two batches both ways, and many blocks per CTA
+    (``long_cases``)."""
+    cases = []
+    for head_dim, tiles_list in variants.items():
+        shapes = {name: prob for name, prob in GPU_CASES.items() if prob.head_dim == head_dim}
+        for seqlen_q, seqlen_k in ((300, 1000), (1000, 300)):
+            shapes[f"two_batches_{seqlen_q}x{seqlen_k}"] = Problem(
+                2, 4, seqlen_q, seqlen_k, head_dim, torch.bfloat16, causal=True, kv_heads=2,
+                causal_alignment="bottom_right",
+            )  # fmt: skip
+        shapes.update(long_cases(head_dim))
+        cases += [(f"{name}-{tiles.label}", prob, tiles) for name, prob in shapes.items() for tiles in tiles_list]
+    return cases
+
+
 # D=64: the anchor's head dim (128 rows a step); D=128: the 80-row step's.
 LONG_D64_CASES = long_cases(64)
 

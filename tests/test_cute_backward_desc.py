@@ -29,9 +29,8 @@ from cute_impl.backward import hopper as hopper_backward
 from cute_impl.backward import hopper_desc
 from tests.test_backward import assert_all_pass
 from tests.test_cute_backward import (
-    GPU_CASES,
     hopper_gradients_of,
-    long_cases,
+    knob_cases,
     sass_of,
     spilled_bytes,
     unmasked_step,
@@ -132,23 +131,7 @@ def test_a_rebase_off_the_swizzle_period_is_refused_or_skipped(monkeypatch: pyte
         compile_dkdv(128, REBASED[128][-1], "full_mha")
 
 
-def rebased_cases() -> list[tuple[str, Problem, hopper_backward.BackwardTiles]]:
-    """Every knob candidate on the shapes that probe the tiles of its head dim (``GPU_CASES``), ragged causal
-    bottom-right GQA over two batches both ways, and many blocks per CTA (``long_cases``)."""
-    cases = []
-    for head_dim, variants in REBASED.items():
-        shapes = {name: prob for name, prob in GPU_CASES.items() if prob.head_dim == head_dim}
-        for seqlen_q, seqlen_k in ((300, 1000), (1000, 300)):
-            shapes[f"two_batches_{seqlen_q}x{seqlen_k}"] = Problem(
-                2, 4, seqlen_q, seqlen_k, head_dim, torch.bfloat16, causal=True, kv_heads=2,
-                causal_alignment="bottom_right",
-            )  # fmt: skip
-        shapes.update(long_cases(head_dim))
-        cases += [(f"{name}-{tiles.label}", prob, tiles) for name, prob in shapes.items() for tiles in variants]
-    return cases
-
-
-REBASED_CASES = rebased_cases()
+REBASED_CASES = knob_cases(REBASED)
 
 
 @pytest.mark.gpu

@@ -28,11 +28,10 @@ from cute_impl.backward import hopper_rows
 from tests.test_backward import assert_all_pass
 from tests.test_cute_backward import (
     DQ_REDUCE_80,
-    GPU_CASES,
     VARIANTS,
     hgmma_per_step,
     hopper_gradients_of,
-    long_cases,
+    knob_cases,
     problem,
     sass_of,
     spilled_bytes,
@@ -147,24 +146,7 @@ def test_late_dv_80_rows_read_fp32_pt_in_a_shorter_step(monkeypatch: pytest.Monk
     assert spilled_bytes(planted) > 0 or wgmma_serialised(sass_of(planted))
 
 
-def late_dv_cases() -> list[tuple[str, Problem, hopper_backward.BackwardTiles]]:
-    """Every knob candidate on the shapes that probe the tiles of its head dim (``GPU_CASES``: one query or key,
-    rows that see no key, MQA, ragged tails in one block), ragged causal bottom-right GQA over two batches both
-    ways, and many blocks per CTA (``long_cases``: 1999 queries end inside a 64- and an 80-row block)."""
-    cases = []
-    for head_dim, variants in LATE_DV.items():
-        shapes = {name: prob for name, prob in GPU_CASES.items() if prob.head_dim == head_dim}
-        for seqlen_q, seqlen_k in ((300, 1000), (1000, 300)):
-            shapes[f"two_batches_{seqlen_q}x{seqlen_k}"] = Problem(
-                2, 4, seqlen_q, seqlen_k, head_dim, torch.bfloat16, causal=True, kv_heads=2,
-                causal_alignment="bottom_right",
-            )  # fmt: skip
-        shapes.update(long_cases(head_dim))
-        cases += [(f"{name}-{tiles.label}", prob, tiles) for name, prob in shapes.items() for tiles in variants]
-    return cases
-
-
-LATE_DV_CASES = late_dv_cases()
+LATE_DV_CASES = knob_cases(LATE_DV)
 
 
 @pytest.mark.gpu
