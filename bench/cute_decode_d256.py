@@ -71,26 +71,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(rows: list[dict], read_gbps: float) -> str:
-    """One line per shape: µs (% of the read bandwidth; plan) per setting, and tile32 over the default."""
-    lines = [
+    """This A/B's table (``bench.cute_decode_rows.settings_markdown``)."""
+    from bench.cute_decode_rows import settings_markdown
+
+    title = (
         f"cute/decode ROW_SPLIT_MAX_TILE_M {{256: 32}} A/B (bench/cute_decode_d256.py): µs per step, % of the read "
-        f"bandwidth ({read_gbps:.0f} GB/s); plan: rows a tile x M tiles, warps along M x keys, stages, splits",
-        "",
-        "| shape | default | tile32 | tile32 / default |",
-        "|---|---|---|---|",
-    ]
-    for label in dict.fromkeys(row["label"] for row in rows):
-        by = {row["setting"]: row for row in rows if row["label"] == label}
-        ok = {setting: row for setting, row in by.items() if row["status"] == "ok"}
-        cells = [
-            f"{ok[s]['us']:.1f} µs ({ok[s]['pct_read_bw']:.0f} %; {ok[s]['plan']})" if s in ok else by[s]["status"]
-            for s in SETTINGS
-            if s in by
-        ]
-        ratio = f"{ok['tile32']['us'] / ok['default']['us']:.2f}" if len(ok) == len(SETTINGS) else "—"
-        shape = next(iter(by.values()))["shape"]
-        lines.append(f"| {label}: {shape} | " + " | ".join([*cells, ratio]) + " |")
-    return "\n".join(lines) + "\n"
+        f"bandwidth ({read_gbps:.0f} GB/s); plan: rows a tile x M tiles, warps along M x keys, stages, splits"
+    )
+    return settings_markdown(title, SETTINGS, rows)
 
 
 if __name__ == "__main__":

@@ -156,32 +156,41 @@ def main(argv: list[str] | None = None) -> int:
     return time_settings("cute_decode_rows", args, rows_cases(), settings_to_time, applied, markdown)
 
 
-def markdown(rows: list[dict], read_gbps: float) -> str:
-    """One line per shape: µs (% of the read bandwidth; plan) per setting, and each setting over the default."""
+def settings_markdown(title: str, settings: tuple[str, ...], rows: list[dict]) -> str:
+    """``title``, then one line per shape: µs (% of the read bandwidth; plan) per setting ('—' where a setting
+    was not timed, its status where it failed), and each setting after the first over the first."""
     lines = [
-        f"cute/decode WARPS_SPLIT_ROWS A/B (bench/cute_decode_rows.py): µs per step, % of the read bandwidth "
-        f"({read_gbps:.0f} GB/s); '—': the setting does not change the plan",
+        title,
         "",
-        "| shape | default | rows | rows-s4 | rows / default | rows-s4 / default |",
-        "|---|---|---|---|---|---|",
+        "| shape | " + " | ".join(settings) + " | " + " | ".join(f"{s} / {settings[0]}" for s in settings[1:]) + " |",
+        "|---|" + "---|" * (2 * len(settings) - 1),
     ]
     for label in dict.fromkeys(row["label"] for row in rows):
         by = {row["setting"]: row for row in rows if row["label"] == label}
         ok = {setting: row for setting, row in by.items() if row["status"] == "ok"}
         cells = []
-        for setting in SETTINGS:
+        for setting in settings:
             row = by.get(setting)
             if row is None or setting not in ok:
                 cells.append("—" if row is None else row["status"])
             else:
                 cells.append(f"{row['us']:.1f} µs ({row['pct_read_bw']:.0f} %; {row['plan']})")
         ratios = [
-            f"{ok[setting]['us'] / ok['default']['us']:.2f}" if setting in ok and "default" in ok else "—"
-            for setting in SETTINGS[1:]
+            f"{ok[setting]['us'] / ok[settings[0]]['us']:.2f}" if setting in ok and settings[0] in ok else "—"
+            for setting in settings[1:]
         ]
         shape = next(iter(by.values()))["shape"]
         lines.append(f"| {label}: {shape} | " + " | ".join(cells + ratios) + " |")
     return "\n".join(lines) + "\n"
+
+
+def markdown(rows: list[dict], read_gbps: float) -> str:
+    """This A/B's table (:func:`settings_markdown`)."""
+    title = (
+        f"cute/decode WARPS_SPLIT_ROWS A/B (bench/cute_decode_rows.py): µs per step, % of the read bandwidth "
+        f"({read_gbps:.0f} GB/s); '—': the setting does not change the plan"
+    )
+    return settings_markdown(title, SETTINGS, rows)
 
 
 if __name__ == "__main__":
