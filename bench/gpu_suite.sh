@@ -9,6 +9,8 @@
 # BUDGET_S plus the machine's start:
 #   carry   [".gpu/cutlass-dsl.tar.xz", ".gpu/activate.sh", ".gpu/fa4"]
 #   command BUDGET_S=540 bash bench/gpu_suite.sh
+# A call cut short is finished by the next: carry its logs and name their folder in DONE_DIR; the tests they settled
+# are not run again (common/tools/gpu_tests.py --done).
 # Outputs in $OUT: gpu.log, gpu-tests-N.log (one per part), gpu-tests-ring.log, times.txt; the summary is printed.
 set -uo pipefail
 # shellcheck source=bench/_gpu_run.sh
@@ -20,6 +22,10 @@ RING_S=${RING_S:-110}
 nvidia-smi --query-gpu=name,memory.total --format=csv >> "$OUT/gpu.log" 2>&1
 gpus=$(nvidia-smi --list-gpus | wc -l)
 parts=$((2 * gpus))
+done_logs=()
+if [ -n "${DONE_DIR:-}" ]; then
+  done_logs=(--done "$DONE_DIR"/gpu-tests-[0-9]*.log)
+fi
 reserve=$((gpus > 1 ? RING_S : 0))
 parts_limit=$((BUDGET_S - reserve - SECONDS))
 if [ "$parts_limit" -lt 60 ]; then
@@ -30,7 +36,7 @@ for ((part = 1; part <= parts; part++)); do
   (
     begun=$SECONDS
     CUDA_VISIBLE_DEVICES=$(((part - 1) % gpus)) timeout "$parts_limit" python3 -m common.tools.gpu_tests \
-      --part "$part/$parts" --workers 8 --log "$OUT/gpu-tests-$part.log" > /dev/null 2>&1
+      --part "$part/$parts" --workers 8 --log "$OUT/gpu-tests-$part.log" "${done_logs[@]}" > /dev/null 2>&1
     echo "part $part/$parts rc=$? $((SECONDS - begun)) s (limit $parts_limit s)" >> "$OUT/times.txt"
   ) &
 done

@@ -168,6 +168,8 @@ def test_hopper_compiles_without_spills_to_unserialised_wgmma_and_tma() -> None:
     assert wgmma_serialised(sass_of(serialised))
 
 
+# The tiles the knobs were timed against: each head dim's last candidate, staged, neither knob on.
+BASE = {head_dim: variants[-1] for head_dim, variants in hopper_backward.CANDIDATES.items()}
 DQ_REDUCE = hopper_backward.BackwardTiles(64, 64, 2, dq="reduce")
 BULK_REDUCE_ADD = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
 
@@ -381,7 +383,7 @@ GLOBAL_ACCESS = re.compile(r"(?<![A-Z])(LDG|STG)\.E(?:\.(\w+))?")
 @pytest.mark.static
 @pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
 def test_hopper_dq_postprocess_moves_16_bytes_an_access(head_dim: int) -> None:
-    """The default's postprocess (``hopper_dq.store_quad_rows``) reads dQaccum and writes dQ in 16-byte
+    """The causal default's postprocess (``hopper_dq.store_quad_rows``) reads dQaccum and writes dQ in 16-byte
     accesses only: per thread, columns / 32 (quad, vector) groups of four loads and two row stores (columns =
     64 for both defaults). At D=128 the 80-row candidate's transposed one (``hopper_dq.store_transposed``)
     too: its 10 vectors of the dQᵀ fragment loaded, 5 transposed stmatrix, 5 row pieces read back from shared
@@ -389,9 +391,9 @@ def test_hopper_dq_postprocess_moves_16_bytes_an_access(head_dim: int) -> None:
     staged epilogue; the postprocess's way before store_quad_rows, 139 µs against FlashAttention-4's 49 at B=8
     S=2048, results/h200/backward-kernels-2026-11-30/) writes two bytes a store."""
     prob = problem(1000, 777, head_dim, causal=True)
-    postprocess = hopper_backward.compile_sm90(prob, tiles=hopper_backward.default_tiles(head_dim))[-1]
+    postprocess = hopper_backward.compile_sm90(prob, tiles=hopper_backward.default_tiles(head_dim, prob.causal))[-1]
     accesses = [match.groups() for match in GLOBAL_ACCESS.finditer(sass_of(postprocess))]
-    groups = hopper_dq.dq_columns(head_dim, hopper_backward.default_tiles(head_dim).tile_m) // 32
+    groups = hopper_dq.dq_columns(head_dim, hopper_backward.default_tiles(head_dim, prob.causal).tile_m) // 32
     assert sorted(accesses) == [("LDG", "128")] * 4 * groups + [("STG", "128")] * 2 * groups
     if head_dim == 128:
         transposed = sass_of(hopper_backward.compile_sm90(prob, tiles=DQ_REDUCE_80)[-1])
@@ -484,7 +486,8 @@ def test_hopper_heaviest_first_remaps_only_the_causal_launch() -> None:
     """The heaviest-first candidates compile without spills; causal, the dK/dV kernel reads the grid's size
     (``%nctaid``: the remap), not where every block's work is the same (non-causal: the default's order)."""
     for head_dim in hopper_backward.HEAD_DIMS:
-        ordered = replace(hopper_backward.default_tiles(head_dim), heaviest_first=True, staged_epilogue=False)
+        causal_default = hopper_backward.default_tiles(head_dim, causal=True)
+        ordered = replace(causal_default, heaviest_first=True, staged_epilogue=False, late_dv=False)
         assert ordered in hopper_backward.CANDIDATES[head_dim]
         for causal in (True, False):
             prob = problem(1000, 777, head_dim, causal=causal, alignment="bottom_right", kv_heads=2)
@@ -684,14 +687,17 @@ def test_hopper_tma_rows_is_the_default_and_the_deterministic_switch_leaves_it()
         "m80_s2_dqreduce_tmarows_stagedepi_latedv_rebase",
         "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_rebase",
     }
-    defaults = {head_dim: hopper_backward.default_tiles(head_dim).label for head_dim in hopper_backward.HEAD_DIMS}
+    defaults = {key: hopper_backward.default_tiles(*key).label for key in hopper_backward.DEFAULTS}
     assert defaults == {
-        64: "m128_s2_dqreduce_tmarows_stagedepi",
-        128: "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi",
+        (64, False): "m128_s2_dqreduce_tmarows_stagedepi_latedv",
+        (64, True): "m128_s2_dqreduce_tmarows_stagedepi_latedv",
+        (128, False): "m80_s2_dqreduce_tmarows_stagedepi_latedv_rebase",
+        (128, True): "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_latedv",
     }
+    assert all(tiles in hopper_backward.CANDIDATES[key[0]] for key, tiles in hopper_backward.DEFAULTS.items())
     torch.use_deterministic_algorithms(True)
     try:
-        assert all(hopper_backward.default_tiles(d).dq == "pass" for d in hopper_backward.HEAD_DIMS)
+        assert all(hopper_backward.default_tiles(*key).dq == "pass" for key in hopper_backward.DEFAULTS)
     finally:
         torch.use_deterministic_algorithms(False)
     assert hopper_backward.BackwardTiles(64, 64, 2, tma_rows=True).label == "m64_dqn64_s2_tmarows"

@@ -29,6 +29,7 @@ from cute_impl.backward import hopper as hopper_backward
 from cute_impl.backward import hopper_desc
 from tests.test_backward import assert_all_pass
 from tests.test_cute_backward import (
+    BASE,
     hopper_gradients_of,
     knob_cases,
     sass_of,
@@ -60,21 +61,22 @@ def kept_pointer(tensor: cute.Tensor, swizzle: cute.Swizzle, layout: cute.Layout
 
 
 def test_rebased_candidates_are_listed_tiles_with_the_knob() -> None:
-    """Each head dim lists its default with the knob (before the default, which stays last and without it), D=128
-    also its 80-row ``late_dv`` step; each label ends with ``_rebase``."""
+    """Each head dim lists its staged tiles (``BASE``, last, without it) with the knob, D=128 also its 80-row
+    ``late_dv`` step (the non-causal D=128 default); each label ends with ``_rebase``."""
+    assert hopper_backward.DEFAULTS[128, False] in REBASED[128]
     for head_dim, variants in REBASED.items():
-        default = hopper_backward.default_tiles(head_dim)
-        assert not default.rebased_operands and replace(default, rebased_operands=True) in variants, head_dim
+        base = BASE[head_dim]
+        assert not base.rebased_operands and replace(base, rebased_operands=True) in variants, head_dim
         assert all(tiles.label.endswith("_rebase") for tiles in variants)
     assert sorted(tiles.tile_m for tiles in REBASED[128]) == [64, 80]
 
 
 def test_the_ab_script_names_every_knob_candidate_and_no_unknown_label() -> None:
-    """``bench/cute_bwd_desc_ab.sh`` names each knob candidate and each head dim's default, and every label it
+    """``bench/cute_bwd_desc_ab.sh`` names each knob candidate and each head dim's staged base, and every label it
     passes is a candidate's (no GPU touched). Planted: a misspelt label is found."""
     script = (Path(__file__).parents[1] / "bench" / "cute_bwd_desc_ab.sh").read_text()
     for head_dim, variants in REBASED.items():
-        labels = {tiles.label for tiles in variants} | {hopper_backward.default_tiles(head_dim).label}
+        labels = {tiles.label for tiles in variants} | {BASE[head_dim].label}
         assert all(label in script for label in labels), head_dim
     assert not labels_in_script(script)
     assert labels_in_script(script.replace("stagedepi_rebase", "stagedepi_rebasd", 1))

@@ -39,7 +39,8 @@ from tests.test_cute_backward import (
     wgmma_serialised,
 )
 
-# Each head dim's staged default, and the same tiles storing from the accumulators, listed just before it.
+# Each head dim's staged tiles (its last candidate, the base of the defaults' knobs), and the same tiles storing
+# from the accumulators, listed just before it.
 STAGED = {head_dim: variants[-1] for head_dim, variants in hopper_backward.CANDIDATES.items()}
 ACCUMULATOR_STORE = {head_dim: variants[-2] for head_dim, variants in hopper_backward.CANDIDATES.items()}
 # A TMA store to global memory in SASS; a shared-memory store of 8x8 matrices (stmatrix).
@@ -52,10 +53,11 @@ BOX_ROWS = 64
 
 
 def test_each_default_is_the_accumulator_store_with_the_epilogue_staged() -> None:
-    """The defaults (the last candidates) stage the epilogue, each equal to the candidate listed just before
-    it but for the epilogue; that one stores from the accumulators."""
+    """Every default stages the epilogue; each head dim's last candidate equals the one listed just before it
+    but for the epilogue, which stores from the accumulators."""
+    assert all(tiles.staged_epilogue for tiles in hopper_backward.DEFAULTS.values())
     for head_dim, staged in STAGED.items():
-        assert staged == hopper_backward.default_tiles(head_dim), staged
+        assert staged.staged_epilogue, staged
         accumulator_store = ACCUMULATOR_STORE[head_dim]
         assert not accumulator_store.staged_epilogue
         assert staged == replace(accumulator_store, staged_epilogue=True), staged

@@ -27,6 +27,7 @@ from cute_impl.backward import hopper as hopper_backward
 from cute_impl.backward import hopper_rows
 from tests.test_backward import assert_all_pass
 from tests.test_cute_backward import (
+    BASE,
     DQ_REDUCE_80,
     VARIANTS,
     hgmma_per_step,
@@ -67,11 +68,11 @@ def dv_after_drain(step: list[str]) -> bool:
 
 
 def test_late_dv_candidates_are_listed_tiles_with_the_knob() -> None:
-    """Each head dim lists the knob on its staged default's tiles (before the default, which stays last) and D=128
-    also on the 80-row step; each label ends with ``_latedv``."""
+    """Each head dim lists the knob on its staged tiles (``BASE``, listed last) and D=128 also on the 80-row step;
+    each label ends with ``_latedv``; every default has it."""
+    assert all(tiles.late_dv for tiles in hopper_backward.DEFAULTS.values())
     for head_dim, variants in LATE_DV.items():
-        default = hopper_backward.default_tiles(head_dim)
-        assert not default.late_dv and replace(default, late_dv=True) in variants, head_dim
+        assert not BASE[head_dim].late_dv and replace(BASE[head_dim], late_dv=True) in variants, head_dim
         assert all(tiles.label.endswith("_latedv") for tiles in variants)
     assert [tiles.tile_m for tiles in LATE_DV[128]] == [ROWS_80, 64]
     assert replace(DQ_REDUCE_80, staged_epilogue=True, late_dv=True) in LATE_DV[128]
@@ -84,13 +85,13 @@ def labels_in_script(script: str) -> set[str]:
 
 
 def test_the_ab_script_names_every_knob_candidate_and_no_unknown_label() -> None:
-    """``bench/cute_bwd_gap_ab.sh`` names each knob candidate and each head dim's default, and every label it
+    """``bench/cute_bwd_gap_ab.sh`` names each knob candidate and each head dim's staged base, and every label it
     passes to ``bench.backward`` and ``bench.backward_kernels`` is a candidate's (no GPU touched). Planted: a
     misspelt label is found."""
     script = (Path(__file__).parents[1] / "bench" / "cute_bwd_gap_ab.sh").read_text()
     named = set(LABEL.findall(script))
     for head_dim, variants in LATE_DV.items():
-        assert {tiles.label for tiles in variants} | {hopper_backward.default_tiles(head_dim).label} <= named
+        assert {tiles.label for tiles in variants} | {BASE[head_dim].label} <= named
     assert not labels_in_script(script)
     assert labels_in_script(script.replace("_latedv", "_late_dv", 1))
 
@@ -110,7 +111,7 @@ def compile_dkdv(head_dim: int, tiles: hopper_backward.BackwardTiles, variant: s
 def test_late_dv_issues_dv_after_ds_without_spills(head_dim: int) -> None:
     """Each knob candidate with every compile-time feature on (causal bottom-right, MQA, dLSE): no spills, wgmmas
     not serialised, the products per step of the same tiles without it, and the unmasked step issues dV only
-    after waiting for Sᵀ and dPᵀ both. Planted: the D=128 default issues dV between the two waits (before any
+    after waiting for Sᵀ and dPᵀ both. Planted: D=128's staged base issues dV between the two waits (before any
     full wait), which fails that rule. (At 128 rows, D=64, dV waits without the knob too: there it only moves
     Pᵀ's conversion.)"""
     for tiles in LATE_DV[head_dim]:
@@ -122,8 +123,8 @@ def test_late_dv_issues_dv_after_ds_without_spills(head_dim: int) -> None:
         assert not wgmma_serialised(sass), f"{tiles.label}: ptxas serialised the wgmmas"
         assert dv_after_drain(unmasked_step(sass)), tiles.label
     if head_dim == 128:
-        default, _ = compile_dkdv(head_dim, hopper_backward.default_tiles(head_dim), "causal_bottom_right_mqa_dlse")
-        assert not dv_after_drain(unmasked_step(sass_of(default)))
+        base, _ = compile_dkdv(head_dim, BASE[head_dim], "causal_bottom_right_mqa_dlse")
+        assert not dv_after_drain(unmasked_step(sass_of(base)))
 
 
 @pytest.mark.cute_compile

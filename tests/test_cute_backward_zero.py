@@ -36,6 +36,7 @@ from cute_impl.backward import hopper as hopper_backward
 from cute_impl.backward._device import owned_span
 from tests.test_backward import assert_all_pass
 from tests.test_cute_backward import (
+    BASE,
     DQ_REDUCE_80,
     GLOBAL_ACCESS,
     VARIANTS,
@@ -56,11 +57,13 @@ POISON = 1.0e3
 
 
 def test_each_zeroing_candidate_is_its_default_with_the_knob_on() -> None:
-    """Listed beside the defaults (the last candidates, unchanged, which keep the fill); the knob needs
+    """Listed beside each head dim's staged tiles (``BASE``, the last candidate, which keeps the fill, as every
+    default does); the knob needs
     dq="reduce" (the separate pass has no dQaccum) and names itself in the label."""
+    assert not any(tiles.zero_in_preprocess for tiles in hopper_backward.DEFAULTS.values())
     for head_dim, zeroed in ZEROED.items():
-        default = hopper_backward.default_tiles(head_dim)
-        assert default == hopper_backward.CANDIDATES[head_dim][-1] and not default.zero_in_preprocess
+        default = BASE[head_dim]
+        assert not default.zero_in_preprocess, default
         assert zeroed == replace(default, zero_in_preprocess=True), zeroed
         assert zeroed.label == default.label + "_zeropre"
     with pytest.raises(ValueError, match="zero_in_preprocess"):
@@ -76,7 +79,7 @@ def test_the_ab_script_names_each_default_and_its_zeroing_candidate() -> None:
 
     script = (Path(__file__).parents[1] / "bench" / "cute_bwd_zero_ab.sh").read_text()
     for head_dim, zeroed in ZEROED.items():
-        for label in (hopper_backward.default_tiles(head_dim).label, zeroed.label):
+        for label in (BASE[head_dim].label, zeroed.label):
             assert re.search(rf"\b{label}\b", script), label
     assert not re.search(r"\bm64_s2_dqreduce_tmarows_zeropre\b", script)
     d128 = next(shape for shape in SHAPES if shape[4] == 128)
@@ -161,7 +164,7 @@ def test_preprocess_zeroes_by_16_byte_stores(head_dim: int, monkeypatch: pytest.
     bytes a row) it adds one store, ``STG.E.128`` of zeros, in its loop, and the same 16-byte loads of O and
     dO. Planted: zeros stored four bytes at a time (``_device.ZERO_VECTOR`` = 1) add a 4-byte store instead."""
     zeroing = preprocess_binary(head_dim, ZEROED[head_dim])
-    default = preprocess_binary(head_dim, hopper_backward.default_tiles(head_dim))
+    default = preprocess_binary(head_dim, BASE[head_dim])
     (usage,), (default_usage,) = cubin_resources(zeroing.cubin).values(), cubin_resources(default.cubin).values()
     assert usage["stack_bytes"] + usage["local_bytes"] == 0, usage
     assert usage["registers"] <= default_usage["registers"], (usage, default_usage)
@@ -182,7 +185,7 @@ def test_only_the_preprocess_changes() -> None:
     default's instruction for instruction (D=64, the cheaper compile)."""
     prob = problem(1000, 777, 64, causal=True, alignment="bottom_right", kv_heads=2)
     zeroed = hopper_backward.compile_sm90(prob, tiles=ZEROED[64])
-    default = hopper_backward.compile_sm90(prob, tiles=hopper_backward.default_tiles(64))
+    default = hopper_backward.compile_sm90(prob, tiles=BASE[64])
     assert [b.name for b in zeroed] == [b.name for b in default]
 
     def instructions(binary) -> list[str]:

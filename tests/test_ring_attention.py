@@ -396,8 +396,10 @@ GPU_CASES = [
          jitter_ms=GPU_JITTER_MS, **BF16_D128),
     Case("bug_skip_shard", kernel="triton/hopper", heads=2, local_len=256, bug="skip_shard", **BF16_D128),
     Case("bug_swapped_chunks", kernel="triton/hopper", local_len=256, bug="swapped_chunks", **BF16_D128),
+    # Paused at the sends alone (as on CPUs): a pause before the reading kernel let the shard land first and hid
+    # the early read on two H200s (2026-11-30); rank 0's first send waits 2.0 ms, far longer than a step's kernel.
     Case("bug_no_arrival_wait", kernel="triton/hopper", heads=4, local_len=2048, rows=64, causal=False,
-         jitter_ms=GPU_JITTER_MS, bug="no_arrival_wait", **BF16_D128),
+         jitter_ms=GPU_JITTER_MS, jitter_points=("send",), bug="no_arrival_wait", **BF16_D128),
     Case("bug_late_receive_buffer", kernel="triton/hopper", heads=4, kv_heads=4, local_len=2048, rows=64, causal=False,
          jitter_ms=GPU_JITTER_MS, bug="late_receive_buffer", **BF16_D128),
 ]  # fmt: skip

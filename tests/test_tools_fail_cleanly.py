@@ -81,6 +81,34 @@ def test_gpu_test_parts_are_disjoint_and_cover_the_suite():
             gpu_tests.parse_part(bad)
 
 
+def test_a_cut_gpu_run_settles_only_what_its_log_finished(tmp_path: Path):
+    """``--done``: the tests a cut log passed or skipped are not run again; a failure is, and so is every test the
+    log never reached. Planted: the FAILED line counted as settled would hide the failure from the next call."""
+    from common.tools import gpu_tests
+
+    log = tmp_path / "gpu-tests-1.log"
+    log.write_text(
+        "[gw0] [ 10%] PASSED tests/test_a.py::test_x[d128-bf16] \n"
+        "[gw1] [ 20%] SKIPPED tests/test_a.py::test_y[gpu_ring]@gluon-compile \n"
+        "[gw2] [ 30%] FAILED tests/test_b.py::test_z[sq77 sk1000] \n"
+    )
+    settled = gpu_tests.settled_tests([log])
+    assert settled == {"tests/test_a.py::test_x[d128-bf16]", "tests/test_a.py::test_y[gpu_ring]"}
+    planted = gpu_tests.SETTLED | {"FAILED"}
+    assert "tests/test_b.py::test_z[sq77 sk1000]" in {
+        match.group(2)
+        for line in log.read_text().splitlines()
+        if (match := gpu_tests.OUTCOME.search(line)) and match.group(1) in planted
+    }
+
+
+def test_gpu_tests_names_a_done_log_that_is_not_there(tmp_path: Path, capsys):
+    from common.tools import gpu_tests
+
+    assert gpu_tests.main(["--done", str(tmp_path / "gone.log")]) == MISSING_EXIT
+    assert "gone.log" in capsys.readouterr().err
+
+
 def test_the_gpu_suite_script_names_what_is_missing_and_exits_2(tmp_path: Path):
     """``bench/gpu_suite.sh`` (the whole GPU suite in one device call) refuses like the Python tools: one line,
     exit 2, nothing written (its logs go under $OUT only once a GPU is there)."""

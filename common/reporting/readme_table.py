@@ -349,7 +349,7 @@ def context_parallel_block(root: Path) -> str:
 # ----------------------------------------------------------------------------------------------
 # Backward (README only): the committed compare.py --backward run (bench/backward.py's results.csv reads too)
 # ----------------------------------------------------------------------------------------------
-BACKWARD_CSV = Path("results") / "h200" / "backward-anchors-2026-11-30-third" / "backward.csv"
+BACKWARD_CSV = Path("results") / "h200" / "backward-anchors-2026-11-30-fourth" / "backward.csv"
 BACKWARD_BEGIN, BACKWARD_END = "<!-- backward:begin -->", "<!-- backward:end -->"
 
 

@@ -15,6 +15,7 @@ Exit status: pytest's for the part; 2 without a CUDA GPU (one line) or with a ba
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -22,6 +23,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 EXIT_MISSING = 2
+# The outcome line pytest -v prints under xdist: "[gw0] [ 10%] PASSED tests/...::test_x[...]", its id followed by
+# "@group" where the test is in an xdist_group (--dist loadgroup).
+OUTCOME = re.compile(r"(PASSED|SKIPPED|XFAIL|XPASS|FAILED|ERROR) (tests/\S+::.+?)(?:@[\w.-]+)?\s*$")
+SETTLED = {"PASSED", "SKIPPED", "XFAIL", "XPASS"}
 
 
 def parse_part(text: str) -> tuple[int, int]:
@@ -38,6 +43,17 @@ def parse_part(text: str) -> tuple[int, int]:
 def part_of(test_ids: Sequence[str], part: int, parts: int) -> list[str]:
     """Every ``parts``-th test from the ``part``-th (1-based): the parts are disjoint and cover all."""
     return list(test_ids[part - 1 :: parts])
+
+
+def settled_tests(logs: Sequence[Path]) -> set[str]:
+    """The node ids that ``logs`` (verbose pytest output) report passed, skipped or xfailed."""
+    settled = set()
+    for log in logs:
+        for line in log.read_text(errors="replace").splitlines():
+            match = OUTCOME.search(line)
+            if match and match.group(1) in SETTLED:
+                settled.add(match.group(2))
+    return settled
 
 
 def collect_gpu_tests() -> list[str]:
@@ -75,19 +91,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--part", type=parse_part, default=(1, 1), help="PART/PARTS (default 1/1: all)")
     parser.add_argument("--workers", type=int, default=8, help="xdist workers (default 8)")
     parser.add_argument("--log", type=Path, default=Path("runs/gpu-tests.log"), help="where the output goes too")
+    parser.add_argument("--done", type=Path, nargs="*", default=[], help="logs of a cut run: skip what they settled")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    missing = [str(log) for log in args.done if not log.is_file()]
+    if missing:
+        print(f"gpu_tests: --done expects logs of an earlier run; not files: {', '.join(missing)}", file=sys.stderr)
+        return EXIT_MISSING
     import torch
 
     if not torch.cuda.is_available():
         print("gpu_tests: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return EXIT_MISSING
     part, parts = args.part
-    test_ids = part_of(collect_gpu_tests(), part, parts)
-    print(f"gpu_tests: part {part}/{parts}, {len(test_ids)} tests", flush=True)
+    settled = settled_tests(args.done)
+    test_ids = part_of([test for test in collect_gpu_tests() if test not in settled], part, parts)
+    print(f"gpu_tests: part {part}/{parts}, {len(test_ids)} tests ({len(settled)} settled before)", flush=True)
     return run_part(test_ids, args.workers, args.log)
 
 

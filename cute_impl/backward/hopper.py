@@ -82,17 +82,17 @@ dq="reduce" zeroes its dQaccum by a separate fill (``torch.zeros``: 29 µs at B=
 ``results/h200/backward-kernels-2026-11-30/``): the candidates ``*_zeropre`` (``BackwardTiles.zero_in_preprocess``)
 allocate it by ``torch.empty`` and have the preprocess zero it, each CTA its 64 rows' share by 16-byte stores
 issued before its loads of O and dO, the last CTA of a head the layout's padding too, as FlashAttention-4's
-preprocess does (not yet timed: ``bench/cute_bwd_zero_ab.sh``);
+preprocess does (timed level with the fill, left off: ``results/h200/backward-zero-in-preprocess/``);
 dq="reduce" takes 64 query rows per step, 128 at D=64
 (FA3's D=64 step, the D=64 default; dV then issued after dSᵀ, ptxas serialised the loop otherwise) or 80
-at D=128 (FA4's non-causal step; a candidate, not yet timed: ``bench/cute_bwd_d128_ab.sh``), and its
+at D=128 (FA4's non-causal step, the non-causal D=128 default with ``late_dv``), and its
 dK/dV overlap only at D=64. ``tma_rows`` (``hopper_rows.py``, the default: 540.8 / 485.5 / 439.0 TFLOP/s,
-P1 / causal / D=64) loads LSE₂ and D by TMA into the ring. ``late_dv`` candidates (64 and 80 rows at D=128,
-128 at D=64), not yet timed: ``bench/cute_bwd_gap_ab.sh``. ``rebased_operands`` (``hopper_desc.py``): the wgmma
+P1 / causal / D=64) loads LSE₂ and D by TMA into the ring. ``late_dv`` (64 and 80 rows at D=128, 128 at D=64;
+``bench/cute_bwd_gap_ab.sh``) is in every default. ``rebased_operands`` (``hopper_desc.py``): the wgmma
 descriptors of the boxes a runtime index picks (each warpgroup's K and V, dQ's Kᵀ share and dS buffer) built from
 the box's own address, not re-added in 64 bits every k-step (sm_90a, P1's unmasked step: 438 → 410 SASS
-instructions, 160 → 138 uniform ones); candidates not yet timed: ``bench/cute_bwd_desc_ab.sh``. Candidates:
-``bench.backward --candidates``.
+instructions, 160 → 138 uniform ones; ``bench/cute_bwd_desc_ab.sh``): in the non-causal D=128 default, 80 rows a
+step (``DEFAULTS``: the measurements). Candidates: ``bench.backward --candidates``.
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ class BackwardTiles:
         return f"m{self.tile_m}_dqn{self.dq_tile_n}_s{self.stages}" + overlaps + rows
 
 
-# The first of each head dim is the deterministic default, the last the default otherwise (``default_tiles``).
+# The first of each head dim is the deterministic default (``default_tiles``); ``DEFAULTS`` names the others'.
 # D=128: 64 query rows per dK/dV step is the register limit (docstring), 32 leave room to overlap; the
 # dQ kernel's S and dP take dq_tile_n / 2 registers each beside dQ's 64 (at 128 keys, no room to overlap).
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
@@ -615,17 +615,32 @@ def _kernel_names(config: HopperBackwardConfig) -> tuple[str, ...]:
     return ("dkdv", "postprocess") if config.tiles.dq == "reduce" else ("dkdv", "dq")
 
 
-def default_tiles(head_dim: int) -> BackwardTiles:
-    """The head dim's last candidate: dQ by bulk reduce-adds, LSE₂ and D by TMA (H200: P1 / causal 541 / 486
-    TFLOP/s against 455 / 429 without, results/h200/backward-cute-tma-rows/), at D=64 128 query rows a step
-    (490.9 against 435.5, results/h200/backward-cute-d64-m128/), at D=128 causal CTAs heaviest first (P1
-    causal 491.6 → 507.6, B=8 S=2048 causal 333.0 → 336.7, results/h200/backward-heaviest-first/); while
-    ``torch.use_deterministic_algorithms`` is on, the head dim's first candidate, whose separate dQ pass
-    gives bit-identical gradients run after run (as torch's own nondeterministic kernels give way to
-    deterministic ones under that switch)."""
+# The defaults by (head dim, causal), each a candidate. Both knobs were timed against the staged tiles (each head
+# dim's last candidate) in one call, each beside FA4 (H200, results/h200/backward-late-dv-rebase/): ``late_dv`` won
+# on all four anchors (P1 565.1 → 577.1, P1 causal 540.5 → 557.2, D=64 B=4 H=32 502.6 → 509.8, B=8 S=2048 causal
+# 414.8 → 421.5 TFLOP/s); the 80-row step with both knobs is the fastest non-causal D=128 step (P1 577.0 → 601.7,
+# 0.999x FA4; without the rebase 588.4), FA4's tile choice too, which keeps 64 rows when causal.
+DEFAULTS: dict[tuple[int, bool], BackwardTiles] = {
+    (64, False): BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True),
+    (64, True): BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True),
+    (128, False): BackwardTiles(
+        80, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True, rebased_operands=True
+    ),
+    (128, True): BackwardTiles(
+        64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True, late_dv=True
+    ),
+}
+
+
+def default_tiles(head_dim: int, causal: bool) -> BackwardTiles:
+    """``DEFAULTS[head_dim, causal]``: dQ by bulk reduce-adds, LSE₂ and D by TMA, dK and dV stored by TMA,
+    FlashAttention-4's dV order (``late_dv``), at D=64 128 query rows a step, at D=128 causal 64 rows with the
+    heaviest CTAs first, non-causal 80 rows with rebased descriptors; while ``torch.use_deterministic_algorithms``
+    is on, the head dim's first candidate, whose separate dQ pass gives bit-identical gradients run after run (as
+    torch's own nondeterministic kernels give way to deterministic ones under that switch)."""
     if torch.are_deterministic_algorithms_enabled():
         return CANDIDATES[head_dim][0]
-    return CANDIDATES[head_dim][-1]
+    return DEFAULTS[head_dim, causal]
 
 
 def backward_config(problem: Problem, tiles: BackwardTiles | None = None) -> HopperBackwardConfig:
@@ -636,7 +651,7 @@ def backward_config(problem: Problem, tiles: BackwardTiles | None = None) -> Hop
         causal=problem.causal,
         bottom_right=problem.bottom_right,
         gqa=problem.kv_heads != problem.heads,
-        tiles=replace(tiles or default_tiles(problem.head_dim), zero_in_preprocess=False),
+        tiles=replace(tiles or default_tiles(problem.head_dim, problem.causal), zero_in_preprocess=False),
     )
 
 
@@ -660,7 +675,7 @@ def _launch(
 ) -> None:
     """``tiled``'s preprocess, then the dK/dV and dQ kernels (dq="reduce": dK/dV adding into a zeroed fp32
     dQaccum, zeroed by a fill or by the preprocess, then its postprocess), on the current stream."""
-    tiles = tiles or default_tiles(problem.head_dim)
+    tiles = tiles or default_tiles(problem.head_dim, problem.causal)
     config = backward_config(problem, tiles)
     delta, lse_log2 = hopper_rows.row_vectors(problem, device)
     q, k, v, out, d_out, lse, d_lse, dq, dk, dv = operands
@@ -679,7 +694,7 @@ def _launch(
 def compile_sm90(problem: Problem, has_dlse: bool = False, tiles: BackwardTiles | None = None) -> list[KernelBinary]:
     """The preprocess (``tiled``'s), dK/dV and dQ kernels (dq="reduce": dK/dV and the postprocess) for
     sm_90a at ``problem``'s configuration."""
-    tiles = tiles or default_tiles(problem.head_dim)
+    tiles = tiles or default_tiles(problem.head_dim, problem.causal)
     config = backward_config(problem, tiles)
     preprocess_key = preprocess_config(problem, tiles, has_dlse)
     preprocess = tiled.KERNELS["preprocess"].binaries(preprocess_key, NAME + "preprocess")
