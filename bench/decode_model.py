@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import torch
@@ -159,28 +160,49 @@ def predict_balanced(case: DecodeCase, stack: StackModel, shares_per_sm: int, mi
     )  # fmt: skip
 
 
-def makespan_us(work: list[int], stack: StackModel, head_dim: int, fixed_us: float, empty_us: float) -> float:
-    """Steps 1-3 of the module docstring: µs from the first CTA's start to the last one's end."""
-    slots = SM_COUNT * stack.occupancy
-    cap = stack.in_flight_blocks * stack.block_n * 4 * head_dim / 1e6 / LATENCY_US  # MB per µs
+def fluid_run(
+    ctas: Iterable[tuple[float, float, object]],
+    slots: int,
+    cap: float,
+    on_end: Callable[[object, float], None],
+    step_us: float = STEP_US,
+) -> float:
+    """Steps 1-3 of the module docstring on ``ctas`` (fixed µs, MB, tag) in launch order, in steps of
+    ``step_us``: µs from the first CTA's start to the last one's end, ``on_end(tag, now)`` called as each
+    CTA ends."""
     bandwidth = READ_GBPS / 1e3  # MB per µs
-    pending = iter(work)
-    active: list[list[float]] = []  # per CTA: [fixed µs left, MB left]
+    pending = iter(ctas)
+    active: list[list] = []  # per CTA: [fixed µs left, MB left, tag]
     now = 0.0
     while True:
         while len(active) < slots and (nxt := next(pending, None)) is not None:
-            active.append([fixed_us if nxt else empty_us, nxt / 1e6])
+            active.append(list(nxt))
         if not active:
             return now
         streaming = sum(1 for cta in active if cta[0] <= 0.0)
         rate = min(cap, bandwidth / streaming) if streaming else 0.0
         for cta in active:
             if cta[0] > 0.0:
-                cta[0] -= STEP_US
+                cta[0] -= step_us
             else:
-                cta[1] -= rate * STEP_US
+                cta[1] -= rate * step_us
+        for cta in active:
+            if cta[0] <= 0.0 and cta[1] <= 0.0:
+                on_end(cta[2], now)
         active = [cta for cta in active if cta[0] > 0.0 or cta[1] > 0.0]
-        now += STEP_US
+        now += step_us
+
+
+def stream_cap(in_flight_blocks: int, block_n: int, head_dim: int) -> float:
+    """Step 3's cap on one streaming CTA, MB per µs: its ring's blocks in flight over ``LATENCY_US``."""
+    return in_flight_blocks * block_n * 4 * head_dim / 1e6 / LATENCY_US
+
+
+def makespan_us(work: list[int], stack: StackModel, head_dim: int, fixed_us: float, empty_us: float) -> float:
+    """Steps 1-3 of the module docstring: µs from the first CTA's start to the last one's end."""
+    ctas = ((fixed_us if nxt else empty_us, nxt / 1e6, None) for nxt in work)
+    cap = stream_cap(stack.in_flight_blocks, stack.block_n, head_dim)
+    return fluid_run(ctas, SM_COUNT * stack.occupancy, cap, lambda tag, now: None)
 
 
 def merge_steps(stack: StackModel, num_splits: int) -> int:

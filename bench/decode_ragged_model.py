@@ -121,28 +121,24 @@ def ctas(plan: RungPlan, problem, lengths: tuple[int, ...]) -> list[tuple[tuple[
 
 def step_us(plan: RungPlan, problem, lengths: tuple[int, ...]) -> tuple[float, float]:
     """(modelled µs of the step, µs of the longest merge)."""
-    cap = plan.in_flight_blocks * plan.block_n * 4 * problem.head_dim / 1e6 / decode_model.LATENCY_US
-    bandwidth, slots = decode_model.READ_GBPS / 1e3, decode_model.SM_COUNT * plan.slots
-    pending, active, now, arrived, merged = iter(ctas(plan, problem, lengths)), [], 0.0, {}, 0.0
-    while True:
-        while len(active) < slots and (nxt := next(pending, None)) is not None:
-            item, count, mb = nxt
-            active.append([decode_model.FIXED_US if mb else decode_model.EMPTY_US, mb, item, count])
-        if not active:
-            break
-        streaming = sum(1 for cta in active if cta[0] <= 0.0)
-        rate = min(cap, bandwidth / streaming) if streaming else 0.0
-        for cta in active:
-            if cta[0] > 0.0:
-                cta[0] -= STEP_US
-            else:
-                cta[1] -= rate * STEP_US
-        for cta in [c for c in active if c[0] <= 0.0 and c[1] <= 0.0 and c[2] is not None]:
-            arrived[cta[2]] = arrived.get(cta[2], 0) + 1
-            if arrived[cta[2]] == cta[3]:  # the item's last share: its merge follows
-                merged = max(merged, now + merge_us(plan, cta[3]))
-        active = [c for c in active if c[0] > 0.0 or c[1] > 0.0]
-        now += STEP_US
+    cap = decode_model.stream_cap(plan.in_flight_blocks, plan.block_n, problem.head_dim)
+    arrived: dict[tuple, int] = {}
+    merged = 0.0
+
+    def share_ends(item: tuple[tuple, int] | None, now: float) -> None:
+        nonlocal merged
+        if item is None:
+            return
+        key, count = item
+        arrived[key] = arrived.get(key, 0) + 1
+        if arrived[key] == count:  # the item's last share: its merge follows
+            merged = max(merged, now + merge_us(plan, count))
+
+    work = (
+        (decode_model.FIXED_US if mb else decode_model.EMPTY_US, mb, None if key is None else (key, count))
+        for key, count, mb in ctas(plan, problem, lengths)
+    )
+    now = decode_model.fluid_run(work, decode_model.SM_COUNT * plan.slots, cap, share_ends, STEP_US)
     longest = merge_us(plan, max(plan.shares))
     if plan.merge_kernel:
         return decode_model.LAUNCH_US * 2 + now + longest, longest
