@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole GPU suite in one device call, on a host of one or more GPUs: `common.tools.gpu_tests` in two parts per
-# visible GPU, run side by side (each part pinned to its GPU), then, with two GPUs or more, the ring tests in one
-# process group. Every log is written under $OUT as the tests run, so a call cut by its device-time limit still
-# returns each part's log up to the test it reached (a script that gathers its logs at the end returns nothing
-# then). BUDGET_S (default 540) bounds the whole script from its first line: the parts stop in time to leave the
+# visible GPU (six at most), run side by side (each part pinned to a GPU), then, with two GPUs or more, the ring
+# tests in one process group. A device call returns 8 files at most: the parts' logs, the ring's and times.txt
+# (which opens with the activations' and nvidia-smi's lines) are 8 at most on any host. Every log is written under
+# $OUT as the tests run, so a call cut by its device-time limit still returns each part's log up to the test it
+# reached (a script that gathers its logs at the end returns nothing then). BUDGET_S (default 540) bounds the whole script from its first line: the parts stop in time to leave the
 # ring tests RING_S (default 110; their run on two H200s took 102 s); the ring tests run only in what is left.
 # Run from the project root, carrying the CuTe DSL and FA4 (../shared/gpu/README.md), with the call's limit above
 # BUDGET_S plus the machine's start:
@@ -11,17 +12,18 @@
 #   command BUDGET_S=540 bash bench/gpu_suite.sh
 # A call cut short is finished by the next: carry its logs and name their folder in DONE_DIR; the tests they settled
 # are not run again (common/tools/gpu_tests.py --done).
-# Outputs in $OUT: gpu.log, gpu-tests-N.log (one per part), gpu-tests-ring.log, times.txt; the summary is printed.
+# Outputs in $OUT: gpu-tests-N.log (one per part), gpu-tests-ring.log, times.txt; the summary is printed.
 set -uo pipefail
 # shellcheck source=bench/_gpu_run.sh
 source "$(dirname "$0")/_gpu_run.sh" gpu_suite.sh runs/gpu_suite
-source_carried_activations
+source_carried_activations "$OUT/times.txt"
 export PYTHONPATH="${PYTHONPATH:-$PWD}"
 BUDGET_S=${BUDGET_S:-540}
 RING_S=${RING_S:-110}
-nvidia-smi --query-gpu=name,memory.total --format=csv >> "$OUT/gpu.log" 2>&1
+MAX_PARTS=6
+nvidia-smi --query-gpu=name,memory.total --format=csv >> "$OUT/times.txt" 2>&1
 gpus=$(nvidia-smi --list-gpus | wc -l)
-parts=$((2 * gpus))
+parts=$((2 * gpus < MAX_PARTS ? 2 * gpus : MAX_PARTS))
 done_logs=()
 if [ -n "${DONE_DIR:-}" ]; then
   done_logs=(--done "$DONE_DIR"/gpu-tests-[0-9]*.log)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -107,6 +108,48 @@ def test_gpu_tests_names_a_done_log_that_is_not_there(tmp_path: Path, capsys):
 
     assert gpu_tests.main(["--done", str(tmp_path / "gone.log")]) == MISSING_EXIT
     assert "gone.log" in capsys.readouterr().err
+
+
+FAKE_NVIDIA_SMI = """#!/usr/bin/env bash
+if [ "$1" = --list-gpus ]; then for ((i = 0; i < GPUS; i++)); do echo "GPU $i: NVIDIA H200"; done; fi
+"""
+# python3 as the suite script calls it: the CUDA check passes, gpu_tests writes its --log, pytest prints a line.
+FAKE_PYTHON = """#!/usr/bin/env bash
+if [ "$1" = -c ]; then exit 0; fi
+while [ $# -gt 0 ]; do if [ "$1" = --log ]; then echo "[gw0] [100%] PASSED tests/t.py::t" > "$2"; fi; shift; done
+echo "1 passed"
+"""
+# What a device call returns from $OUT.
+RETURNED_FILES = 8
+
+
+def suite_outputs(tmp_path: Path, gpus: int, script: str) -> list[Path]:
+    """The files ``script`` (``bench/gpu_suite.sh``'s text) leaves under $OUT on a faked host of ``gpus`` GPUs."""
+    fakes, bench, out = tmp_path / "bin", tmp_path / "bench", tmp_path / f"out{gpus}"
+    for folder in (fakes, bench):
+        folder.mkdir(parents=True, exist_ok=True)
+    for name, text in (("nvidia-smi", FAKE_NVIDIA_SMI), ("python3", FAKE_PYTHON)):
+        (fakes / name).write_text(text)
+        (fakes / name).chmod(0o755)
+    (bench / "_gpu_run.sh").write_text((ROOT / "bench" / "_gpu_run.sh").read_text())
+    (bench / "gpu_suite.sh").write_text(script)
+    env = dict(os.environ, PATH=f"{fakes}{os.pathsep}{os.environ['PATH']}", GPUS=str(gpus), OUT=str(out))
+    env.update(BUDGET_S="200", RING_S="10")
+    done = subprocess.run(["bash", str(bench / "gpu_suite.sh")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return sorted(path for path in out.rglob("*") if path.is_file())
+
+
+def test_the_gpu_suite_returns_every_log_on_any_host(tmp_path: Path):
+    """On 1, 2, 4 and 8 GPUs the suite leaves at most the 8 files a device call returns, each part's log among
+    them. Planted: two parts per GPU without the cap leave 18 files on 8 GPUs (the rest would be lost)."""
+    script = (ROOT / "bench" / "gpu_suite.sh").read_text()
+    for gpus in (1, 2, 4, 8):
+        outputs = suite_outputs(tmp_path, gpus, script)
+        parts = [path for path in outputs if re.fullmatch(r"gpu-tests-\d+\.log", path.name)]
+        assert len(outputs) <= RETURNED_FILES and len(parts) == min(2 * gpus, 6), (gpus, outputs)
+    planted = script.replace("MAX_PARTS=6", "MAX_PARTS=64")
+    assert planted != script and len(suite_outputs(tmp_path / "planted", 8, planted)) > RETURNED_FILES
 
 
 def test_the_gpu_suite_script_names_what_is_missing_and_exits_2(tmp_path: Path):
