@@ -63,7 +63,10 @@ INTERPRETER_CALLS_PER_MEASUREMENT = 7
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 # Optional third-party packages whose absence is a stated capability, not a broken rung.
-OPTIONAL_PACKAGES = {"cutlass": "the CuTe DSL (nvidia-cutlass-dsl)"}
+OPTIONAL_PACKAGES = {
+    "cutlass": "the CuTe DSL (nvidia-cutlass-dsl)",
+    "tvm_ffi": "TVM-FFI (apache-tvm-ffi), through which the CuTe rungs compile",
+}
 # The ladder's teaching rungs. They show each step of the ladder on one problem, but take 0.1 s a call
 # at a sweep's large shapes (triton/naive 104 ms at decode B=64, 32k: issue #38), so --decode and the
 # prefill sweeps time them only with --all-rungs.

@@ -13,9 +13,19 @@ operand per call, which were most of an eager decode step's host time (a growing
 tensors to every call; results/h200/generate-profile/).
 """
 
+import importlib.util
 from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Generic, NamedTuple, TypeVar
+
+# Every CuTe kernel compiles through TVM-FFI (below), which the CuTe DSL imports only at the first compile: without
+# it a rung would import, pass its capability check and fail at its first launch. Refused here instead, as an
+# absent optional package (compare.py reports the reason), without paying its import (about 1 s) up front.
+if importlib.util.find_spec("tvm_ffi") is None:
+    raise ModuleNotFoundError(
+        "No module named 'tvm_ffi': the CuTe rungs compile through TVM-FFI (pyproject.toml pins apache-tvm-ffi)",
+        name="tvm_ffi",
+    )
 
 import cutlass
 import cutlass.cute as cute

@@ -292,6 +292,38 @@ def test_broken_import_is_told_apart_from_an_absent_optional_package(monkeypatch
     assert compare.broken_import(Unavailable("cute_impl.naive", "import failed: NameError: name 'x' is not defined"))
 
 
+# Loads a CuTe rung in a fresh process, TVM-FFI hidden when argv[1] is "hidden": prints the rung's status.
+WITHOUT_TVM_FFI = """
+import importlib.util, sys
+found = importlib.util.find_spec
+if sys.argv[1] == "hidden":
+    importlib.util.find_spec = lambda name, *args: None if name == "tvm_ffi" else found(name, *args)
+import compare
+from common.contract.registry import Unavailable, _load
+loaded = _load("cute_impl.naive")
+if isinstance(loaded, Unavailable):
+    print("unavailable", "broken" if compare.broken_import(loaded) else "absent", loaded.reason)
+else:
+    print("loaded", [implementation.name for implementation in loaded])
+"""
+
+
+def test_a_cute_rung_without_tvm_ffi_is_refused_as_an_absent_package():
+    """The CuTe rungs compile through TVM-FFI: without it they are unavailable at import, as an absent optional
+    package with the reason (not a launch failure later). Control: with it, the same rung loads."""
+    pytest.importorskip("cutlass")
+    outcomes = {}
+    for mode in ("hidden", "present"):
+        done = subprocess.run(
+            [sys.executable, "-c", WITHOUT_TVM_FFI, mode], capture_output=True, text=True, cwd=ROOT, timeout=300,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        outcomes[mode] = done.stdout.strip().splitlines()[-1]
+    assert outcomes["hidden"].startswith("unavailable absent") and "apache-tvm-ffi" in outcomes["hidden"], outcomes
+    assert outcomes["present"].startswith("loaded"), outcomes
+
+
 # ---------------------------------------------------------------- Ctrl-C
 def test_ctrl_c_keeps_the_rows_measured_and_exits_130(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     import common.measure.runner
