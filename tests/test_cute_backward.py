@@ -684,6 +684,7 @@ def test_hopper_tma_rows_is_the_default_and_the_deterministic_switch_leaves_it()
         "m80_s2_dqreduce_tmarows_stagedepi_latedv",
         "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_latedv",
         "m128_s2_dqreduce_tmarows_stagedepi_rebase",
+        "m128_s2_dqreduce_tmarows_stagedepi_latedv_rebase",
         "m80_s2_dqreduce_tmarows_stagedepi_latedv_rebase",
         "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_rebase",
     }

@@ -69,12 +69,15 @@ def test_rebased_candidates_are_listed_tiles_with_the_knob() -> None:
         assert not base.rebased_operands and replace(base, rebased_operands=True) in variants, head_dim
         assert all(tiles.label.endswith("_rebase") for tiles in variants)
     assert sorted(tiles.tile_m for tiles in REBASED[128]) == [64, 80]
+    assert replace(hopper_backward.DEFAULTS[64, False], rebased_operands=True) in REBASED[64]
 
 
 def test_the_ab_script_names_every_knob_candidate_and_no_unknown_label() -> None:
-    """``bench/cute_bwd_desc_ab.sh`` names each knob candidate and each head dim's staged base, and every label it
-    passes is a candidate's (no GPU touched). Planted: a misspelt label is found."""
-    script = (Path(__file__).parents[1] / "bench" / "cute_bwd_desc_ab.sh").read_text()
+    """``bench/cute_bwd_desc_ab.sh`` and ``bench/cute_bwd_d64_ab.sh`` (D=64 with both knobs) name each knob
+    candidate and each head dim's staged base, and every label they pass is a candidate's (no GPU touched).
+    Planted: a misspelt label is found."""
+    bench = Path(__file__).parents[1] / "bench"
+    script = "\n".join((bench / name).read_text() for name in ("cute_bwd_desc_ab.sh", "cute_bwd_d64_ab.sh"))
     for head_dim, variants in REBASED.items():
         labels = {tiles.label for tiles in variants} | {BASE[head_dim].label}
         assert all(label in script for label in labels), head_dim

@@ -242,6 +242,9 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, zero_in_preprocess=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, rebased_operands=True),
+        BackwardTiles(
+            128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True, rebased_operands=True
+        ),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True),
     ),
@@ -619,7 +622,8 @@ def _kernel_names(config: HopperBackwardConfig) -> tuple[str, ...]:
 # dim's last candidate) in one call, each beside FA4 (H200, results/h200/backward-late-dv-rebase/): ``late_dv`` won
 # on all four anchors (P1 565.1 → 577.1, P1 causal 540.5 → 557.2, D=64 B=4 H=32 502.6 → 509.8, B=8 S=2048 causal
 # 414.8 → 421.5 TFLOP/s); the 80-row step with both knobs is the fastest non-causal D=128 step (P1 577.0 → 601.7,
-# 0.999x FA4; without the rebase 588.4), FA4's tile choice too, which keeps 64 rows when causal.
+# 0.999x FA4; without the rebase 588.4), FA4's tile choice too, which keeps 64 rows when causal. At D=64 the rebase
+# alone also gained (511.4 → 519.3); both knobs together there are a candidate (``bench/cute_bwd_d64_ab.sh``).
 DEFAULTS: dict[tuple[int, bool], BackwardTiles] = {
     (64, False): BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True),
     (64, True): BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True),
