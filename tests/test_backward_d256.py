@@ -14,6 +14,10 @@ tiled rung: ``tests/test_backward.py``'s ``test_gpu_every_candidate_passes_the_r
 
 from __future__ import annotations
 
+import csv
+import re
+from pathlib import Path
+
 import pytest
 import torch
 import triton
@@ -21,6 +25,8 @@ import triton
 from common.contract.gradients import judge_gradients, reference_gradients, sdpa_gradients
 from common.contract.inputs import make_inputs
 from common.contract.reference import reference_attention
+from common.toolchain.releases import triton_release
+from tests._helpers import json_from_child
 from tests.test_backward import (
     BUGS,
     FORWARD_OF,
@@ -109,6 +115,69 @@ def test_triton_backwards_take_d256_and_gluon_refuses_it(monkeypatch: pytest.Mon
     ok, reason = gluon_backward.supports(prob, cuda)
     assert not ok and "head_dim" in reason and "256" in reason, reason
     assert tiled_backward.CANDIDATES[HEAD_DIM], "every release keeps a D=256 candidate"
+
+
+# ----------------------------------------------------------------------------------------------
+# The TMA variants a release leaves out spill there, and only there (a child process without the interpreter)
+# ----------------------------------------------------------------------------------------------
+SPILL_SCRIPT = """
+import json, torch
+from common.contract.problem import Problem
+from common.reporting.static import cubin_resources
+from triton_impl.backward import tiled
+rows = []
+for config in tiled.ALL_CANDIDATES[256]:
+    problem = Problem(2, 16, 8192, 8192, 256, torch.bfloat16, causal=True, kv_heads=4)
+    for binary in tiled.compile_sm90(problem, config):
+        usage = next(iter(cubin_resources(binary.cubin).values()))
+        rows.append([config.label, config.tma, binary.name, usage["stack_bytes"] + usage["local_bytes"]])
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.static
+def test_d256_tma_variants_spill_only_where_the_release_leaves_them_out() -> None:
+    """``TMA_SPILLS``: under a release that lists D=256 (3.9) every TMA variant's dK/dV kernel spills, so
+    CANDIDATES keeps the pointer variant alone; elsewhere none spills (a stale entry would hide the fast
+    variants, a missing one would make a spilling kernel the default). The candidates a release keeps
+    are compiled, causal and not, by ``tests/test_backward.py``'s static test."""
+    listed = HEAD_DIM in tiled_backward.TMA_SPILLS.get(triton_release(), ())
+    rows = json_from_child(["-c", SPILL_SCRIPT], timeout=600)
+    dkdv = {label: spill for label, tma, name, spill in rows if tma and name.startswith("_dkdv")}
+    assert len(dkdv) == sum(config.tma for config in tiled_backward.ALL_CANDIDATES[HEAD_DIM])
+    assert all(bool(spill) == listed for spill in dkdv.values()), (triton_release(), dkdv)
+    assert not [row for row in rows if row[3] and not (row[1] and row[2].startswith("_dkdv"))], rows
+
+
+# ----------------------------------------------------------------------------------------------
+# bench/backward.py at D=256: shapes only named (bench/triton_bwd_d256_ab.sh names them), candidates on CPU
+# ----------------------------------------------------------------------------------------------
+def test_bench_d256_shapes_run_only_when_named_and_the_ab_script_names_them() -> None:
+    import bench.backward as bench
+
+    assert bench.chosen_shapes(None) == bench.SHAPES
+    assert all(shape[4] == HEAD_DIM for shape in bench.NAMED_SHAPES)
+    script = (Path(__file__).parents[1] / "bench" / "triton_bwd_d256_ab.sh").read_text()
+    assert bench.chosen_shapes(re.findall(r'--shape "([^"]+)"', script)) == bench.NAMED_SHAPES
+
+
+def test_bench_d256_candidates_check_and_time_every_variant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the interpreter (fp32, SDPA math as the reference): every D=256 candidate of this release is
+    checked and timed; the Gluon rung, which has none, leaves the shape out."""
+    import bench.backward as bench
+
+    for name, value in (("DEVICE", "cpu"), ("DTYPE_NAME", "float32"), ("REFERENCE", "sdpa/math"),
+                        ("BASELINES", ("sdpa/math",)), ("CANDIDATE_FORWARD", "triton/tiled"),
+                        ("NAMED_SHAPES", (("tiny d256", 1, 2, 70, HEAD_DIM, True),))):  # fmt: skip
+        monkeypatch.setattr(bench, name, value)
+    assert bench.run_candidates(tmp_path, budget_s=600, shapes=["tiny d256"]) == 0
+    with (tmp_path / "candidates.csv").open() as handle:
+        rows = [row for row in csv.DictReader(handle) if row["impl"] == "triton/backward/tiled"]
+    assert [row["variant"] for row in rows] == [config.label for config in tiled_backward.CANDIDATES[HEAD_DIM]]
+    assert all(row["status"] == "ok" for row in rows), rows
+    (tmp_path / "gluon").mkdir()
+    assert bench.run_candidates(tmp_path / "gluon", budget_s=600, shapes=["tiny d256"], rung="gluon") == 0
+    assert len((tmp_path / "gluon" / "candidates.csv").read_text().splitlines()) == 1  # the header alone
 
 
 # ----------------------------------------------------------------------------------------------
