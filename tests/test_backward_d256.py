@@ -5,11 +5,13 @@ sm_90a, D=256 included).
 On CPU under the interpreter, fp32, small shapes: the gradients of each Triton backward rung through
 ``common.attention`` by the yardstick rule against fp64, ragged lengths, GQA and MQA, causal in both
 alignments (bottom-right with Sq > Sk: rows that see no key) and not (every D=256 candidate of the tiled
-rung: ``tests/test_backward.py``'s ``test_every_tiled_candidate_passes_the_rule``); the planted bugs of the
-block-by-block model at D=256; gradcheck of the naive rung in fp64. The capability checks: the Triton
-rungs take D=256 on a (faked) sm_90 GPU, the Gluon rung refuses it naming the head dim. On the GPU
-(``gpu``): every forward whose backward is a Triton rung, bf16 and fp16, at D=256 (each candidate of the
-tiled rung: ``tests/test_backward.py``'s ``test_gpu_every_candidate_passes_the_rule``).
+rung: ``tests/test_backward.py``'s ``test_every_tiled_candidate_passes_the_rule``); the returned LSE
+differentiated too; the planted bugs of the block-by-block model at D=256; gradcheck of the naive rung in
+fp64. The capability checks: the Triton rungs take D=256 on a (faked) sm_90 GPU, the Gluon rung refuses it
+naming the head dim; the TMA variants a Triton release leaves out spill there, and only there. The bench's
+D=256 shapes and its candidates run. On the GPU (``gpu``): every forward whose backward is a Triton rung,
+bf16 and fp16, at D=256, and its LSE's gradient (each candidate of the tiled rung:
+``tests/test_backward.py``'s ``test_gpu_every_candidate_passes_the_rule``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tests.test_backward import (
     IMPLEMENTATIONS,
     ReferenceWithNaiveBackward,
     assert_all_pass,
+    assert_lse_gradients_pass,
     inputs,
     interpreter_runs_fp64_dots,
     ladder_gradients,
@@ -66,6 +69,15 @@ def test_d256_gradients_pass_the_rule(backward_name: str, case: str) -> None:
     grads = ladder_gradients(FORWARD_OF[backward_name], prob, q, k, v, d_out)
     assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
     assert_all_pass(grads, q, k, v, d_out, prob)
+
+
+@pytest.mark.parametrize("backward_name", TRITON_BACKWARDS)
+def test_d256_returned_lse_is_differentiable_too(backward_name: str) -> None:
+    """loss = ⟨O, dO⟩ + ⟨LSE, dLSE⟩ at D=256 (``tests/test_backward.py``'s rule for it; every row sees a key)."""
+    prob = CASES["gqa_causal_top_left_long_keys"]
+    q, k, v, d_out = inputs(prob, seed=2)
+    d_lse = torch.randn(q.shape[:3], generator=torch.Generator().manual_seed(5))
+    assert_lse_gradients_pass(FORWARD_OF[backward_name], prob, q, k, v, d_out, d_lse)
 
 
 @pytest.mark.parametrize("bug", [None, *BUGS])
@@ -205,3 +217,17 @@ def test_gpu_d256_gradients_pass_the_rule(impl: str, case: str, dtype: torch.dty
     q, k, v = make_inputs(prob, seed=11, device="cuda", offset=0.5)
     d_out = torch.randn(q.shape, generator=torch.Generator(device="cuda").manual_seed(3), device="cuda").to(dtype)
     assert_all_pass(ladder_gradients(impl, prob, q, k, v, d_out), q, k, v, d_out, prob)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", GPU_IMPLS)
+def test_gpu_d256_returned_lse_is_differentiable_too(impl: str) -> None:
+    """The LSE's gradient at D=256 on the GPU in bf16, GQA, causal bottom-right, ragged over several blocks."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    prob = GPU_CASES["gqa_causal_bottom_right"].with_(dtype=torch.bfloat16)
+    q, k, v = make_inputs(prob, seed=15, device="cuda", offset=0.5)
+    generator = torch.Generator(device="cuda").manual_seed(6)
+    d_out = torch.randn(q.shape, generator=generator, device="cuda").bfloat16()
+    d_lse = torch.randn(q.shape[:3], generator=generator, device="cuda")
+    assert_lse_gradients_pass(impl, prob, q, k, v, d_out, d_lse)
