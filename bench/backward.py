@@ -7,6 +7,7 @@
     python -m bench.backward --candidates --rung cute --out $OUT/cute-candidates     # cute/backward/hopper's
     python -m bench.backward --candidates --rung cute --variant default --variant m64_s2_dqreduce --out $OUT/c
     python -m bench.backward --shape P1 --shape 'P1 causal' --impl gluon/hopper --out $OUT/p1   # a selection
+    python -m bench.backward --candidates --shape 'D256 B2 H16 S4096' --out $OUT/d256   # a shape only named
 
 Default mode: per (shape, implementation) -- each forward rung that has a backward (through
 ``common.attention``'s autograd), SDPA's cuDNN and flash backends and FlashAttention-4's backward
@@ -49,6 +50,12 @@ SHAPES = (
     ("P1 causal", 2, 16, 8192, 128, True),
     ("D64 B4 H32", 4, 32, 8192, 64, False),
     ("B8 S2048 causal", 8, 16, 2048, 128, True),
+)
+# Shapes only ``--shape`` names (a run without it leaves them out): D=256, which only the Triton backwards
+# take, its tiled candidates not yet timed (bench/triton_bwd_d256_ab.sh).
+NAMED_SHAPES = (
+    ("D256 B2 H16 S4096", 2, 16, 4096, 256, False),
+    ("D256 B2 H16 S4096 causal", 2, 16, 4096, 256, True),
 )
 REFERENCE = "sdpa/cudnn"
 FA4 = "fa4/sm90"
@@ -194,12 +201,13 @@ def run_ladder(out_dir: Path, impls: Sequence[str], budget_s: float, shapes: Seq
 
 
 def chosen_shapes(names: Sequence[str] | None) -> tuple[tuple, ...]:
-    """The anchor shapes called ``names`` (all without names); an unknown name lists the known ones."""
-    known = [shape[0] for shape in SHAPES]
+    """The shapes called ``names`` (without names the anchors, :data:`SHAPES`); an unknown name lists the
+    known ones."""
+    known = [shape[0] for shape in (*SHAPES, *NAMED_SHAPES)]
     unknown = sorted(set(names or ()) - set(known))
     if unknown:
         raise SystemExit(f"bench.backward: unknown --shape {unknown}; known: {known}")
-    return tuple(shape for shape in SHAPES if not names or shape[0] in names)
+    return tuple(shape for shape in (*SHAPES, *NAMED_SHAPES) if shape[0] in names) if names else SHAPES
 
 
 class CandidateRung(NamedTuple):
@@ -278,6 +286,9 @@ def run_candidates(
     table = Table(out_dir / "candidates.csv", budget_s)
     summary = []
     for shape in chosen_shapes(shapes):
+        if shape[4] not in candidates:
+            print(f"{shape[0]}: {rung} has no D={shape[4]} candidates; shape left out", flush=True)
+            continue
         inputs, grads, records = shape_inputs(shape), {}, []
         for impl in BASELINES:
             base = {"shape": shape[0], "impl": impl, "variant": ""}

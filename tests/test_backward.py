@@ -3,7 +3,8 @@
 Gradients of every backward rung the registry names are judged per gradient (dQ, dK, dV) against
 float64 autograd on the fp64 reference by the forward's rule, 2 × SDPA's own gradient error in the same
 dtype (``common.contract.gradients``), on ragged shapes (Sq=37, Sk=53 and the reverse), causal in both
-alignments and not, GQA and MQA, D=64 and one case at D=128. The rule must fail planted bugs, fed to it
+alignments and not, GQA and MQA, D=64 and one case at D=128 (D=256: ``tests/test_backward_d256.py``), and
+every candidate of the tiled rung at each head dim. The rule must fail planted bugs, fed to it
 from a block-by-block torch model of the tiled backward: D without the row sum, dQ without the softmax
 scale, dQ of the last key block only, dK and dV of only the first query head of each group. The naive
 rung passes ``torch.autograd.gradcheck`` in fp64 (the interpreter runs fp64 dots). An implementation
@@ -131,14 +132,15 @@ def test_autocast_attends_in_its_dtype_and_differentiates_the_fp32_inputs() -> N
     assert all(torch.isfinite(t.grad).all() for t in leaves)
 
 
-# Each candidate of the tiled rung (TMA and pointer loads, dQ by atomics or a separate pass) on a shape
+# Each candidate of the tiled rung (TMA and pointer loads, dQ by atomics or a separate pass), those a Triton
+# release leaves out for spilling included (a spill slows a kernel, it must not make it wrong), on a shape
 # that spans several 128-key and 128-row blocks, with the key tail and the causal diagonal inside them.
 CANDIDATE_CASE = {"seqlen_q": 150, "seqlen_k": 290, "causal": True, "alignment": "bottom_right"}
 
 
 @pytest.mark.parametrize(
     ("head_dim", "config"),
-    [(head_dim, config) for head_dim, configs in tiled_backward.CANDIDATES.items() for config in configs],
+    [(head_dim, config) for head_dim, configs in tiled_backward.ALL_CANDIDATES.items() for config in configs],
     ids=lambda value: f"d{value}" if isinstance(value, int) else value.label.replace(" ", "_"),
 )
 def test_every_tiled_candidate_passes_the_rule(head_dim: int, config: tiled_backward.BackwardConfig) -> None:
@@ -341,8 +343,8 @@ def test_a_backward_refuses_cache_seqlens_with_its_reason() -> None:
 # ----------------------------------------------------------------------------------------------
 # Every backward rung compiles for sm_90a without spills (a child process without the interpreter)
 # ----------------------------------------------------------------------------------------------
-# ``python -c COMPILE_SCRIPT STACKS``: the defaults of the backward rungs of STACKS (comma-separated), and with
-# "triton" and "gluon" their tile candidates.
+# ``python -c COMPILE_SCRIPT STACKS``: the defaults of the backward rungs of STACKS (comma-separated; the Triton
+# rungs' at D=256 too), and with "triton" and "gluon" their tile candidates (this release's CANDIDATES).
 COMPILE_SCRIPT = """
 import json, sys, torch
 from common.contract.problem import Problem
@@ -355,7 +357,7 @@ impls = discover(include_baselines=False)[0]
 backwards = {impl.backward.name: impl.backward for impl in impls if impl.backward and impl.stack in stacks}
 rows = []
 for name, backward in backwards.items():
-    for head_dim in (64, 128):
+    for head_dim in (64, 128, 256) if name.startswith("triton/") else (64, 128):
         problem = Problem(2, 16, 8192, 8192, head_dim, torch.bfloat16, causal=True, kv_heads=4)
         for binary in backward.compile_sm90(problem):
             usage = next(iter(cubin_resources(binary.cubin).values()))
@@ -366,6 +368,7 @@ for head_dim, configs in (tiled.CANDIDATES if "triton" in stacks else {}).items(
             problem = Problem(2, 16, 8192, 8192, head_dim, torch.bfloat16, causal=causal, kv_heads=4)
             for binary in tiled.compile_sm90(problem, config):
                 usage = next(iter(cubin_resources(binary.cubin).values()))
+                assert binary.shared_bytes <= 232_448, (config.label, binary.name, binary.shared_bytes)
                 rows.append([config.label, head_dim, binary.name, usage["stack_bytes"] + usage["local_bytes"]])
 # The Gluon rung's tile variants, ragged, non-causal and causal bottom-right (the default's causal top-left
 # build is above); the preprocess is the tiled rung's, compiled above.
@@ -425,9 +428,10 @@ def test_gluon_heaviest_first_remaps_only_the_causal_launches() -> None:
 
 @pytest.mark.static
 def test_every_triton_and_gluon_backward_compiles_for_sm90a_without_spills() -> None:
-    """Every Triton and Gluon rung's default launches and every tile candidate of the tiled rung and of the
-    Gluon rung, causal and not; the Gluon kernels also within the H200's shared memory per block and with
-    the PTX they claim (TMA, mbarriers, wgmma, setmaxnreg; no mma.sync or cp.async)."""
+    """Every Triton and Gluon rung's default launches (the Triton rungs' at D=256 too) and every tile
+    candidate of the tiled rung and of the Gluon rung, causal and not, all within the H200's shared memory
+    per block; the Gluon kernels also with the PTX they claim (TMA, mbarriers, wgmma, setmaxnreg; no
+    mma.sync or cp.async)."""
     _compiled_backwards(("triton", "gluon"))
 
 
@@ -610,7 +614,7 @@ def test_bench_candidate_rungs_name_real_variants_and_forwards() -> None:
 
     for candidate in bench.CANDIDATE_RUNGS.values():
         module = importlib.import_module(candidate.module)
-        assert set(module.CANDIDATES) == {64, 128}
+        assert {64, 128} <= set(module.CANDIDATES)
         assert candidate.keyword in inspect.signature(getattr(module, candidate.gradients)).parameters
         forward = get(candidate.forward or bench.CANDIDATE_FORWARD)
         assert forward.backward is not None and forward.backward.name == candidate.name
@@ -751,10 +755,10 @@ def test_train_run_gives_each_ladder_stack_its_verdict(tmp_path: Path, monkeypat
 
 
 # Each backward rung with tile variants: the forward whose O and LSE it differentiates, its gradients
-# function, the keyword that takes a variant and its variants (the Gluon rung's every one, those a release
-# leaves out of its CANDIDATES for spilling included: a spill slows a kernel, it must not make it wrong).
+# function, the keyword that takes a variant and its variants (every one, those a release leaves out of
+# its CANDIDATES for spilling included: a spill slows a kernel, it must not make it wrong).
 VARIANT_RUNGS = (
-    ("triton/tiled", tiled_backward.tiled_gradients, "config", tiled_backward.CANDIDATES),
+    ("triton/tiled", tiled_backward.tiled_gradients, "config", tiled_backward.ALL_CANDIDATES),
     ("gluon/hopper", gluon_backward.hopper_gradients, "tiles", gluon_backward.ALL_CANDIDATES),
 )
 GPU_VARIANTS = [

@@ -34,13 +34,16 @@ and 5), so the rung is bound by HBM traffic on them, and by capacity as S grows.
 Constraints: fp16 and bf16 on a CUDA GPU, fp32 under the Triton interpreter (bf16 refused there, as by
 the forward rungs), and fp64 under the interpreter when called directly (the working precision is
 then fp64, so ``torch.autograd.gradcheck`` can check it; no capability check accepts fp64); D ∈ {64,
-128}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA and MQA. ``cache_seqlens`` and
-paged caches are refused. Rows that see no key (LSE -inf) get P = 0, so a zero dQ row.
+128, 256} (BLOCK_M × BLOCK_N tiles of 32 × 32, 16 × 16 at D=256, where every dot spanning D would
+otherwise spill: ``TILES``); any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA and MQA.
+``cache_seqlens`` and paged caches are refused. Rows that see no key (LSE -inf) get P = 0, so a zero dQ row.
 
 Measurements: none yet; the H200 run of ``compare.py --backward`` is pending.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -56,11 +59,23 @@ from triton_impl.backward._host import backward_supported, compile_launches, hea
 
 # A constexpr: P = exp2((S − LSE) · LOG2_E), S and the LSE in natural units.
 LOG2_E = tl.constexpr(1.4426950408889634)
-HEAD_DIMS = (64, 128)
-# Tiles of P and dS, and the rows (keys) a dQ (dK, dV) program owns; every dot spans the whole head dim.
-BLOCK_M, BLOCK_N = 32, 32
-# With 4 warps the D=128 kernels spill (up to 880 bytes per thread, Triton 3.8, sm_90a): every dot spans D.
-NUM_WARPS = 8
+
+
+class NaiveTiles(NamedTuple):
+    """Tiles of P and dS (``block_m`` × ``block_n``), which are also the rows (keys) a dQ (dK, dV)
+    program owns, and the warps of every launch; every dot spans the whole head dim."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+
+
+# Per head dim; each compiles for sm_90a without spills under Triton 3.6 to 3.9 (the static test in
+# tests/test_backward.py). With 4 warps the D=128 kernels spill (up to 880 bytes per thread, Triton 3.8):
+# the dQ accumulator and the dK, dV pair span D. At D=256 32 × 32 tiles spill even with 8 warps (dQ 328
+# and dK/dV 856 bytes, 3.8; 216 and 456 with 16 warps), 16 × 16 ones do not (dK/dV 166-172 registers).
+TILES = {64: NaiveTiles(32, 32, 8), 128: NaiveTiles(32, 32, 8), 256: NaiveTiles(16, 16, 8)}
+HEAD_DIMS = tuple(TILES)
 # The buffers' precision: fp32, fp64 for fp64 inputs (gradcheck under the interpreter).
 WORK_DTYPES = {torch.float64: torch.float64}
 
@@ -272,8 +287,9 @@ def _launches(
     # Without d_lse the kernel never reads its argument (HAS_DLSE False): pass the LSE in its place.
     d_lse_arg = d_lse.contiguous() if d_lse is not None else lse
     sizes = (heads, problem.kv_heads, seqlen_q, seqlen_k)
-    tiles = (triton.cdiv(seqlen_q, BLOCK_M), triton.cdiv(seqlen_k, BLOCK_N), batch * heads)
-    blocks = {"HEAD_DIM": problem.head_dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": NUM_WARPS}
+    block_m, block_n, num_warps = TILES[problem.head_dim]
+    tiles = (triton.cdiv(seqlen_q, block_m), triton.cdiv(seqlen_k, block_n), batch * heads)
+    blocks = {"HEAD_DIM": problem.head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps}
     launches = [
         (
             _probs_kernel, tiles,
@@ -283,7 +299,7 @@ def _launches(
         (
             _delta_kernel, (tiles[0], batch * heads),
             (out, d_out, d_lse_arg, delta, *head_strides(out), *head_strides(d_out), heads, seqlen_q),
-            {"HAS_DLSE": d_lse is not None, "HEAD_DIM": problem.head_dim, "BLOCK_M": BLOCK_M, "num_warps": NUM_WARPS},
+            {"HAS_DLSE": d_lse is not None, "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m, "num_warps": num_warps},
         ),
         (
             _dscores_kernel, tiles,

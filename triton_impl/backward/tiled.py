@@ -50,14 +50,18 @@ rows past the sequence; Hopper and later) or by masked pointer loads (``cp.async
 only fewer instructions: a pointer tile keeps a BLOCK_M × D tensor of addresses and masks live in
 registers, next to the 128 registers per thread that dK and dV take at D=128, and spills. On sm_90a
 (Triton 3.8) every product with 128 rows compiles to ``wgmma`` (m64nBLOCK_Mk16, two warpgroups); the
-dQ share of ``atomic`` (BLOCK_M rows) and its atomics (``red.global.add`` of fp32) go through L2.
+dQ share of ``atomic`` (BLOCK_M rows) and its atomics (``red.global.add`` of fp32) go through L2. At D=256
+the key block is 64 rows (dK and dV take 128 registers per thread over eight warps, as at D=128 with 128
+keys): one wgmma row tile, the two warpgroups splitting the head dim of dK += dSᵀ Q and dV += Pᵀ dO.
 
 Variants (:class:`BackwardConfig`): tiles, warps, stages, TMA or pointers, and the dQ strategy, with
 candidates per head dim in :data:`CANDIDATES` (the first is the default; on a GPU before sm_90 the
-first without TMA). ``bench/backward.py --candidates`` checks and times them all on one GPU.
+first without TMA): :data:`ALL_CANDIDATES` less those the installed Triton release spills
+(:data:`TMA_SPILLS`: at D=256 under 3.9, pointer tiles only). ``bench/backward.py --candidates`` checks
+and times them all on one GPU; D=256's order is static reasoning, not yet timed.
 
 Constraints: fp16 and bf16 on a CUDA GPU, fp32 under the Triton interpreter (bf16 refused there, as by
-the forward rungs); D ∈ {64, 128}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA and
+the forward rungs); D ∈ {64, 128, 256}; any Sq, Sk ≥ 1; causal (top-left or bottom-right) or not; GQA and
 MQA. ``cache_seqlens`` and paged caches are refused. Every candidate compiles for sm_90a without
 spills (``tests/test_backward.py``); which is fastest is the GPU's to say.
 """
@@ -76,6 +80,7 @@ from common.contract.problem import Problem
 from common.contract.registry import Backward, Launch
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
+from common.toolchain.releases import triton_release
 from triton_impl._device import batch_and_head, query_heads
 from triton_impl.backward._device import softmax_delta
 from triton_impl.backward._host import backward_supported, compile_launches, head_strides, run_launches
@@ -120,19 +125,29 @@ class BackwardConfig:
         return f"{dkdv}, dq {self.dq_block_m}x{self.dq_block_n} w{self.dq_num_warps} s{self.dq_num_stages}"
 
 
-# Candidates per head dim, the default first; each compiles for sm_90a without spills (Triton 3.8; the
-# static test compiles them all, causal and not). dK and dV (2 · BLOCK_N × D fp32) live in registers:
-# 128 per thread over eight warps at D=128, which leaves room for the rest only when the Q and dO tiles
-# come by TMA (pointer loads keep a BLOCK_M × D tensor of addresses live: 32-row pointer tiles spill at
-# D=128, 16-row ones do not). The one-warpgroup 64-key variants fit two CTAs per SM (about 29K registers
-# and 66-81 KB of shared memory each), so one CTA's softmax can overlap the other's MMAs.
-# The first of each head dim is the default: the fastest at issue #40's anchors on an H200 (2026-11-29,
+# Candidates per head dim, the default first; each compiles for sm_90a without spills under Triton 3.6, 3.7,
+# 3.8 and (those CANDIDATES keeps) 3.9 (the static test compiles them all, causal and not). dK and dV
+# (2 · BLOCK_N × D fp32) live in registers: 128 per thread over eight warps at D=128, which leaves room for
+# the rest only when the Q and dO tiles come by TMA (pointer loads keep a BLOCK_M × D tensor of addresses
+# live: 32-row pointer tiles spill at D=128, 16-row ones do not). The one-warpgroup 64-key variants fit two
+# CTAs per SM (about 29K registers and 66-81 KB of shared memory each), so one CTA's softmax can overlap
+# the other's MMAs.
+# The first of D=64 and D=128 is the default: the fastest at issue #40's anchors on an H200 (2026-11-29,
 # bench/backward.py --candidates, results/h200/backward-candidates/: D=128 376 TFLOP/s at P1, 348 causal,
 # 287 at B=8 S=2048 causal; D=64 332 at B=4 H=32 S=8192); dQ by atomics was the slowest at every shape.
 # At D=128 the atomic variants (TMA tiles 230 at P1 there, pointer tiles 199) are left out: beside dK and
 # dV in registers the dQ tile's atomics spill under Triton 3.9 (TMA) and 3.7 (pointers); the committed
 # run keeps their numbers, and D=64 keeps atomic variants for the comparison.
-CANDIDATES: dict[int, tuple[BackwardConfig, ...]] = {
+# D=256 has no measurement: its order is static reasoning. 64 keys over eight warps hold dK and dV in 128
+# registers per thread, as 128 keys do at D=128 (the two warpgroups split D; 128 keys need 16 warps, capped
+# at 128 registers, and spill 520-624 bytes; 64 keys on one warpgroup spill 1 KB). At 217-255 registers one
+# dK/dV CTA fits an SM, so its order is query rows per step (32 before 16) and stages (3 before 2: 165 KB of
+# shared memory); the default's dQ pass (64 × 16, four warps, 184-226 registers, 98 KB) fits two CTAs per
+# SM, 64 × 32 (131 KB) and 128 × 32 (197 KB) one. Atomics are left out (16 query rows: 255 registers,
+# Triton 3.8; 32 rows spill). Under Triton 3.9 every TMA dK/dV kernel at D=256 spills (24-152 bytes per
+# thread here: ``TMA_SPILLS``), so CANDIDATES keeps only the 32-key pointer variant there (``mma.sync``;
+# 160-248 registers under every release), the default on GPUs before sm_90 too.
+ALL_CANDIDATES: dict[int, tuple[BackwardConfig, ...]] = {
     64: (
         BackwardConfig(64, 64, 4, 3, "separate", 128, 64, 8, 2, tma=True),
         BackwardConfig(64, 128, 8, 3, "separate", 128, 64, 8, 2, tma=True),
@@ -147,6 +162,18 @@ CANDIDATES: dict[int, tuple[BackwardConfig, ...]] = {
         BackwardConfig(32, 64, 4, 3, "separate", 128, 64, 8, 2, tma=True),
         BackwardConfig(16, 128, 8, 2, "separate", 64, 64, 4, 2),
     ),
+    256: (
+        BackwardConfig(32, 64, 8, 3, "separate", 64, 16, 4, 2, tma=True),
+        BackwardConfig(32, 64, 8, 2, "separate", 64, 32, 4, 2, tma=True),
+        BackwardConfig(16, 64, 8, 3, "separate", 128, 32, 8, 2, tma=True),
+        BackwardConfig(32, 32, 8, 2, "separate", 32, 32, 4, 2),
+    ),
+}
+# Per Triton release, the head dims whose TMA variants spill there (left out of its CANDIDATES).
+TMA_SPILLS: dict[str, tuple[int, ...]] = {"3.9": (256,)}
+CANDIDATES: dict[int, tuple[BackwardConfig, ...]] = {
+    head_dim: tuple(c for c in configs if not (c.tma and head_dim in TMA_SPILLS.get(triton_release(), ())))
+    for head_dim, configs in ALL_CANDIDATES.items()
 }
 HEAD_DIMS = tuple(CANDIDATES)
 
