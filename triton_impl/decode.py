@@ -11,8 +11,8 @@ every query head of a GQA group reads the same K/V bytes again. This rung remove
   * GQA packing: the ``group = H / Hkv`` query heads of one KV head share a CTA. Their rows are
     stacked into one M tile, row r = (head in group) · Sq + query token, padded to at least 16 rows
     for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``; ``WIDE_M_TILE``: one 128-row tile on 8
-    warps at D <= 128, two an SM under ``PACKED_OCCUPANCY``), so each K/V byte is read from HBM once per KV
-    head, not once per query head.
+    warps at D <= 128, two an SM under ``PACKED_OCCUPANCY``; ``WIDE_D256``: 64-row tiles on 8 warps at D=256),
+    so each K/V byte is read from HBM once per KV head, not once per query head.
     Many packed rows make a step compute-heavy: a key's 4 · D bytes feed 4 · D · rows FLOPs, rows FLOPs a
     byte, so 128 rows at 4.4 TB/s ask 564 TFLOP/s of the tensor cores (``decode_sweep.roofline_us``).
   * Paged KV cache (``block_table``, vLLM's and FlashInfer's layout): K and V live in pools of pages
@@ -112,8 +112,9 @@ from common.contract.problem import Problem
 from common.contract.registry import Runner
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
+from common.toolchain.releases import triton_release
+from triton_impl._decode_merge import last_to_arrive, merge_splits
 from triton_impl._device import (
-    LOG2_E,
     attend_key_range,
     attended_keys,
     balanced_share,
@@ -167,8 +168,6 @@ SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 2, False
 FEWER_WAVES = False
 # The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
 MIN_ARRIVAL_COUNTERS = 1024
-# In the merge, natural-log LSEs are weighed by exp2((lseₛ - lse_max) · LOG2_E).
-MERGE_LOG2_E = tl.constexpr(LOG2_E)
 
 
 @dataclass(frozen=True)
@@ -206,15 +205,27 @@ WIDE_CONFIGS = {64: TileConfig(64, 8, 5, 128, ctas_per_sm=1), 128: TileConfig(64
 # one CTA an SM whose warpgroups meet at a barrier every block (seed 41's group 8 Sq=16 1k row: 41 % of the read
 # bandwidth); 32-key blocks take 128: two CTAs an SM, one's softmax under the other's wgmmas (D=128: 238 registers).
 PACKED_OCCUPANCY, PACKED_CONFIGS = False, {64: TileConfig(32, 8, 5, 128, ctas_per_sm=2, max_registers=128)}
+# Issue #38's D=256 packed rows (off until bench/decode_d256_wide_ab.sh): more than 32 packed rows at D=256 take
+# 64-row tiles on 8 warps, so 128 rows read the KV head's keys twice, not four times (seed 47's B=64 H=8 Hkv=1 Sq=16
+# paged row: 11 % of the read bandwidth). 16-key blocks: the fused merge's epilogue keeps 246-255 registers a thread
+# (sm_90a, Triton 3.6 and 3.8; 32-key blocks spill 24-88 bytes; 128 rows spill 592, 204 registers without the merge).
+WIDE_D256, WIDE_D256_CONFIG = False, TileConfig(16, 8, 3, 64, ctas_per_sm=1)
+# Triton releases whose WIDE_D256 kernels spill (3.9: 8 bytes, the non-causal contiguous split kernel): not there.
+WIDE_D256_SPILLS = ("3.9",)
 
 
 def tile_config(problem: Problem) -> TileConfig:
     """``problem``'s tile: WIDE_CONFIGS' for many packed rows under WIDE_M_TILE (PACKED_CONFIGS' under
-    PACKED_OCCUPANCY), SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
-    if WIDE_M_TILE and problem.kv_group * problem.seqlen_q > MAX_BLOCK_M and problem.head_dim in WIDE_CONFIGS:
+    PACKED_OCCUPANCY), WIDE_D256_CONFIG for more than 32 at D=256 under WIDE_D256 (not in a release of
+    WIDE_D256_SPILLS), SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
+    rows = problem.kv_group * problem.seqlen_q
+    if WIDE_M_TILE and rows > MAX_BLOCK_M and problem.head_dim in WIDE_CONFIGS:
         if PACKED_OCCUPANCY and problem.head_dim in PACKED_CONFIGS:
             return PACKED_CONFIGS[problem.head_dim]
         return WIDE_CONFIGS[problem.head_dim]
+    wide_d256 = WIDE_D256 and problem.head_dim == 256 and triton_release() not in WIDE_D256_SPILLS
+    if wide_d256 and rows > DEFAULT_CONFIGS[256].max_block_m:
+        return WIDE_D256_CONFIG
     configs = SHORT_CACHE_CONFIGS if SHORT_CACHE_TILE and problem.seqlen_k <= splits.SHORT_CACHE_KEYS else {}
     return configs.get(problem.head_dim, DEFAULT_CONFIGS[problem.head_dim])
 
@@ -433,82 +444,8 @@ def _balanced_split_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
-# The merge: the splits of one packed M tile by their LSE, fused into kernel 1 or as kernel 2
+# Kernel 2, the two-launch merge (``last_to_arrive`` and ``merge_splits``: ``_decode_merge.py``)
 # ----------------------------------------------------------------------------------------------
-@triton.jit
-def last_to_arrive(Counter, num_splits):
-    """True in the CTA that is the last of its tile's ``num_splits`` splits to have stored its partials,
-    which then reads everyone's; that CTA also puts the counter back to 0, so the next launch (or a
-    CUDA-graph replay) finds it zeroed with no host memset. Every split arrives, an empty one too (it
-    stores O = 0 and LSE = -inf: no CTA returns early), so the count always reaches ``num_splits``.
-
-    Why the partials are visible to it (PTX memory model): every thread stores its rows, then
-    ``debug_barrier`` (bar.sync) orders those stores before whatever the CTA does next; the arrival is
-    one gpu-scope acq_rel ``atom.add`` (Triton issues a scalar atomic from one thread and passes the old
-    value to the others through shared memory, behind a barrier). Its release half is cumulative, so the
-    whole CTA's stores that bar.sync ordered before it are published with it; the last CTA's acquire
-    half reads the count every other arrival wrote, so it synchronises with each of their releases; the
-    barrier behind the broadcast orders every thread's later loads after that acquire. Hence the
-    partials the last CTA loads are the ones each split stored, which CUTLASS's split-K semaphore
-    (bar.sync, then a release by one thread; an acquire, then bar.sync) relies on too. No other CTA
-    touches the counter after the last arrival, and the kernel's end orders the reset before the next
-    launch."""
-    tl.debug_barrier()
-    arrived = tl.atomic_add(Counter, 1, sem="acq_rel", scope="gpu")
-    last = arrived == num_splits - 1
-    if last:
-        tl.store(Counter, 0)
-    return last
-
-
-@triton.jit
-def merge_splits(
-    OutPartial, LsePartial, row, row_ok, rows, num_splits,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
-):  # fmt: skip
-    """``(O, lse)`` of the packed rows ``row`` (their index in one split's (B, H, Sq) slab of ``rows``)
-    merged from the splits' partials: lse = lse_max + log Σₛ exp(lseₛ - lse_max) and O = Σₛ exp(lseₛ -
-    lse_max) · Oₛ / Σₛ exp(lseₛ - lse_max). The sums run split after split, element by element (no
-    reduction across threads), so the bits depend only on the split order: the same whichever CTA
-    merges, in kernel 1 or kernel 2, with any warp count. Each step unrolls ``SPLITS_PER_STEP`` splits,
-    whose loads are independent and fly together (a step is one round trip to L2, not one a split).
-    The loads are ``.cg``, from L2: the acquire of ``last_to_arrive`` already orders them after the
-    other splits' stores, and L2 is where those stores are, never in an L1 line that another CTA of
-    this SM may have filled earlier in the launch. Splits with no key (-inf) weigh 0; a row with no
-    key at all gets O = 0 and lse = -inf."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    lse_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    for first_split in range(0, num_splits, SPLITS_PER_STEP):
-        for step in tl.static_range(SPLITS_PER_STEP):
-            split = first_split + step
-            lse_s = tl.load(
-                LsePartial + split * rows + row,
-                # tl.where, not row_ok & (a scalar): Triton 3.9's interpreter refuses the mixed mask.
-                mask=tl.where(split < num_splits, row_ok, False),
-                other=float("-inf"),
-                cache_modifier=".cg",
-            )
-            lse_max = tl.maximum(lse_max, lse_s)
-    lse_base = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    weight_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
-    for first_split in range(0, num_splits, SPLITS_PER_STEP):
-        for step in tl.static_range(SPLITS_PER_STEP):
-            split = first_split + step
-            in_range = tl.where(split < num_splits, row_ok, False)
-            partial_row = split * rows + row
-            lse_s = tl.load(LsePartial + partial_row, mask=in_range, other=float("-inf"), cache_modifier=".cg")
-            o_ptrs = OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :]
-            o_s = tl.load(o_ptrs, mask=in_range[:, None], other=0.0, cache_modifier=".cg")
-            weight = tl.math.exp2((lse_s - lse_base) * MERGE_LOG2_E)
-            weight_sum += weight
-            acc += weight[:, None] * o_s
-    has_keys = weight_sum > 0.0
-    out = acc * tl.where(has_keys, 1.0 / weight_sum, 0.0)[:, None]
-    lse = tl.where(has_keys, lse_base + tl.log(weight_sum), float("-inf"))
-    return out, lse
-
-
 @triton.jit
 def _merge_kernel(
     OutPartial, LsePartial, Out, Lse,
