@@ -3,14 +3,18 @@
 Seed 47's sweep (``results/h200/decode-random-seed47/``) left triton/decode at 11 % of the read bandwidth on B=64
 H=8 Hkv=1 Sq=16 D=256 paged(256) ragged 17..33118 and at 40 % on B=1 H=64 Hkv=4 Sq=4 Sk=71168 D=256: group · Sq =
 128 and 64 packed rows, cut into 32-row tiles on 4 warps at D=256, each tile reading the KV head's keys again.
-``WIDE_D256`` takes 64-row tiles on 8 warps (16-key blocks, one CTA an SM): half the tiles, half the re-reads.
+Settings (:data:`SETTINGS`, each timed only where it changes the plan): ``default``; ``wide-d256``, the knob (one
+64-row tile for 33-64 rows, 128-row tiles past that, 8 warps, 16-key blocks, 3 stages; one CTA an SM);
+``wide-d256-64``, the knob's 64-row tiles only (two for 128 rows); ``wide-d256-deep``, the knob's tiles at
+:data:`DEEP_STAGES` stages (paged: + PAGED_EXTRA_STAGES), spill-free for sm_90a under Triton 3.6 only (3.8 spills
+584-592 bytes at 128 rows), the GPU machine's release.
 
-Shapes (:func:`d256_cases`, in the order timed): seed 47's two rows, 128 packed rows on a full 4k cache, 64 rows
-in pages of 64 over a ragged batch, and a long MQA cache (128 rows on 128k keys) that must not regress. Both
-settings are checked against fp64 on a poisoned output, then timed (median, L2 flushed), alternating for
-``--rounds`` rounds (``bench.decode_floor.alternating_rounds``, as ``bench/decode_packed.py``). Writes
-``decode_d256_wide.csv`` and ``decode_d256_wide.md`` under ``--out``: µs, % of the read bandwidth and of the
-roofline (``decode_sweep.roofline_us``), both ceilings measured in the same run.
+Shapes (:func:`d256_cases`, in the order timed): seed 47's two rows, a long MQA cache (128 rows on 128k keys) that
+must not regress, 128 packed rows on a full 4k cache, 64 rows in pages of 64 over a ragged batch. Every setting is
+checked against fp64 on a poisoned output, then timed (median, L2 flushed), alternating for ``--rounds`` rounds
+(``bench.decode_floor.alternating_rounds``, as ``bench/decode_packed.py``). Writes ``decode_d256_wide.csv`` and
+``decode_d256_wide.md`` under ``--out``: µs, % of the read bandwidth and of the roofline
+(``decode_sweep.roofline_us``), both ceilings measured in the same run.
 
     python -m bench.decode_d256_wide --out runs/decode-d256-wide        # from the project root, on a GPU
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import sys
 from collections.abc import Iterator
@@ -27,7 +32,8 @@ from pathlib import Path
 from bench import require_gpu
 from common.measure.results import CsvLog
 
-SETTINGS = ("default", "wide-d256")
+SETTINGS = ("default", "wide-d256", "wide-d256-64", "wide-d256-deep")
+DEEP_STAGES = 5
 IMPL = "triton/decode"
 COLUMNS = ("label", "shape", "setting", "plan", "status", "us", "pct_read_bw", "pct_roofline", "rel_l2_err", "reason")
 # The ragged paged neighbour's lengths (16 sequences in pages of 64: empty-ish, full, tails).
@@ -46,31 +52,44 @@ def d256_cases() -> list[tuple[str, object]]:
     return [
         ("seed47-4", seed47[4]),
         ("seed47-6", seed47[6]),
+        ("long-mqa-128k", DecodeCase(shape(2, 131072, 1, 8, 16))),
         ("128rows-4k", DecodeCase(shape(8, 4096, 8, 8, 16))),
         ("64rows-paged", DecodeCase(shape(16, 16384, 2, 16, 4, page_size=64), RAGGED_LENGTHS)),
-        ("long-mqa-128k", DecodeCase(shape(2, 131072, 1, 8, 16))),
     ]
 
 
 @contextlib.contextmanager
 def applied(setting: str) -> Iterator[None]:
-    """triton/decode's constants, with WIDE_D256 on for ``wide-d256`` (restored after)."""
+    """triton/decode's constants under ``setting`` (module docstring), restored after."""
     from triton_impl import decode
 
-    saved = decode.WIDE_D256
-    decode.WIDE_D256 = setting == "wide-d256"
+    saved = decode.WIDE_D256, decode.WIDE_D256_CONFIGS
+    configs = saved[1]
+    if setting == "wide-d256-64":
+        configs = {64: configs[64]}
+    elif setting == "wide-d256-deep":
+        configs = {cap: dataclasses.replace(config, num_stages=DEEP_STAGES) for cap, config in configs.items()}
+    decode.WIDE_D256, decode.WIDE_D256_CONFIGS = setting != "default", configs
     try:
         yield
     finally:
-        decode.WIDE_D256 = saved
+        decode.WIDE_D256, decode.WIDE_D256_CONFIGS = saved
 
 
 def plan_of_setting(setting: str, problem) -> str:
-    """What the knob changes, under ``setting``: rows a CTA takes x M tiles, key block x depth, warps."""
+    """What the settings change, under ``setting``: rows a CTA takes x M tiles, key block x depth, warps."""
     from bench.decode_packed import plan_of
 
     with applied(setting):
         return plan_of(IMPL, problem)
+
+
+def settings_to_time(problem) -> list[str]:
+    """``default``, and each other setting whose plan no earlier setting has."""
+    plans: dict[str, str] = {}
+    for setting in SETTINGS:
+        plans.setdefault(plan_of_setting(setting, problem), setting)
+    return list(plans.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         roofline = roofline_us(case, read_gbps, gemm_tflops)
         workload, extra = case.gpu_workload(device)
-        results = alternating_rounds(impl, case, (workload, extra), list(SETTINGS), args.rounds, options, applied)
+        settings = settings_to_time(case.problem)
+        results = alternating_rounds(impl, case, (workload, extra), settings, args.rounds, options, applied)
         for setting, measured in results.items():
             status, us, rel_l2_err, reason = summary(measured)
             record = {
@@ -126,30 +146,34 @@ def main(argv: list[str] | None = None) -> int:
 
 def markdown(rows: list[dict], read_gbps: float, gemm_tflops: float | None) -> str:
     """One line per shape: µs (% of the read bandwidth; % of the roofline where that differs; plan) per setting,
-    and the knob's time over the default's."""
+    and each setting's time over the default's ('—': the setting does not change the plan)."""
     from common.reporting.decode_table import bandwidth_share
 
     gemm = f"{gemm_tflops:.0f} TFLOP/s" if gemm_tflops else "not measured"
+    knobs = SETTINGS[1:]
     lines = [
         f"triton/decode WIDE_D256 A/B (bench/decode_d256_wide.py): µs per step, % of the read bandwidth "
-        f"({read_gbps:.0f} GB/s) and of the roofline (bf16 GEMM sustained {gemm})",
+        f"({read_gbps:.0f} GB/s) and of the roofline (bf16 GEMM sustained {gemm}); '—': the setting does not "
+        "change the plan",
         "",
-        "| shape | default | wide-d256 | wide-d256 / default |",
-        "|---|---|---|---|",
+        "| shape | " + " | ".join(SETTINGS) + " | " + " | ".join(f"{knob} / default" for knob in knobs) + " |",
+        "|---|" + "---|" * (len(SETTINGS) + len(knobs)),
     ]
     for label in dict.fromkeys(row["label"] for row in rows):
         by = {row["setting"]: row for row in rows if row["label"] == label}
+        ok = {setting: row for setting, row in by.items() if row["status"] == "ok"}
         cells = []
         for setting in SETTINGS:
             row = by.get(setting)
-            if row is None or row["status"] != "ok":
+            if row is None or setting not in ok:
                 cells.append(row["status"] if row else "—")
             else:
                 share = bandwidth_share(row["pct_read_bw"], row["pct_roofline"])
                 cells.append(f"{row['us']:.1f} µs ({share}; {row['plan']})")
-        ok = all(by.get(setting, {}).get("status") == "ok" for setting in SETTINGS)
-        ratio = f"{by['wide-d256']['us'] / by['default']['us']:.2f}" if ok else "—"
-        lines.append(f"| {label}: {next(iter(by.values()))['shape']} | " + " | ".join([*cells, ratio]) + " |")
+        ratios = [
+            f"{ok[knob]['us'] / ok['default']['us']:.2f}" if knob in ok and "default" in ok else "—" for knob in knobs
+        ]
+        lines.append(f"| {label}: {next(iter(by.values()))['shape']} | " + " | ".join(cells + ratios) + " |")
     return "\n".join(lines) + "\n"
 
 

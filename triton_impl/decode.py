@@ -11,7 +11,7 @@ every query head of a GQA group reads the same K/V bytes again. This rung remove
   * GQA packing: the ``group = H / Hkv`` query heads of one KV head share a CTA. Their rows are
     stacked into one M tile, row r = (head in group) · Sq + query token, padded to at least 16 rows
     for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``; ``WIDE_M_TILE``: one 128-row tile on 8
-    warps at D <= 128, two an SM under ``PACKED_OCCUPANCY``; ``WIDE_D256``: 64-row tiles on 8 warps at D=256),
+    warps at D <= 128, two an SM under ``PACKED_OCCUPANCY``; ``WIDE_D256``: 64- or 128-row tiles on 8 warps at D=256),
     so each K/V byte is read from HBM once per KV head, not once per query head.
     Many packed rows make a step compute-heavy: a key's 4 · D bytes feed 4 · D · rows FLOPs, rows FLOPs a
     byte, so 128 rows at 4.4 TB/s ask 564 TFLOP/s of the tensor cores (``decode_sweep.roofline_us``).
@@ -47,7 +47,9 @@ the counters live for the process, per device (``arrival_counters``), grown (out
 a larger grid. Atomics on O instead would change the order of fp32 adds from run to run. The merge
 reads the fp32 partials, num_splits · rows · (D + 1) · 4 bytes, small beside the cache, but one split
 after the other each is an L2 round trip (about 0.5 µs), 10-20 µs at 20-30 splits; so it unrolls
-``merge_splits_per_step`` splits a step, their loads in flight together (``bench/decode_model.py``).
+``merge_splits_per_step`` splits a step, their loads in flight together (``bench/decode_model.py``); a
+tile of more than ``MERGE_TILE_ELEMENTS`` (``WIDE_D256``'s 128 × 256) merges 32 rows at a time
+(``merge_in_chunks``). ``last_to_arrive`` and ``merge_splits`` live in ``_decode_merge.py``.
 With one split the split kernel writes O and the LSE itself: no counter, no merge.
 
 The split count: the shared rule of ``common/contract/splits.py`` (examples and reasons there) on this
@@ -166,6 +168,10 @@ BALANCED_MIN_KEYS, MIN_BLOCK_B = splits.MIN_KEYS_PER_SPLIT, 16
 SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 2, False, False, False
 # Seventh stop's switch, off until bench/decode_fewpairs_ab.sh (``splits.SplitPolicy.fewer_waves``).
 FEWER_WAVES = False
+# The fused merge takes a tile of more than MERGE_TILE_ELEMENTS (rows × D) MERGE_CHUNK_ROWS rows at a time, so that its
+# O tiles fit the registers the key loop left (gluon/decode's MERGE_ROWS): WIDE_D256's 128-row tile spills 592 bytes
+# merged at once; every other tile merges in one go, as before.
+MERGE_TILE_ELEMENTS, MERGE_CHUNK_ROWS = tl.constexpr(128 * 128), tl.constexpr(32)
 # The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
 MIN_ARRIVAL_COUNTERS = 1024
 
@@ -205,18 +211,20 @@ WIDE_CONFIGS = {64: TileConfig(64, 8, 5, 128, ctas_per_sm=1), 128: TileConfig(64
 # one CTA an SM whose warpgroups meet at a barrier every block (seed 41's group 8 Sq=16 1k row: 41 % of the read
 # bandwidth); 32-key blocks take 128: two CTAs an SM, one's softmax under the other's wgmmas (D=128: 238 registers).
 PACKED_OCCUPANCY, PACKED_CONFIGS = False, {64: TileConfig(32, 8, 5, 128, ctas_per_sm=2, max_registers=128)}
-# Issue #38's D=256 packed rows (off until bench/decode_d256_wide_ab.sh): more than 32 packed rows at D=256 take
-# 64-row tiles on 8 warps, so 128 rows read the KV head's keys twice, not four times (seed 47's B=64 H=8 Hkv=1 Sq=16
-# paged row: 11 % of the read bandwidth). 16-key blocks: the fused merge's epilogue keeps 246-255 registers a thread
-# (sm_90a, Triton 3.6 and 3.8; 32-key blocks spill 24-88 bytes; 128 rows spill 592, 204 registers without the merge).
-WIDE_D256, WIDE_D256_CONFIG = False, TileConfig(16, 8, 3, 64, ctas_per_sm=1)
-# Triton releases whose WIDE_D256 kernels spill (3.9: 8 bytes, the non-causal contiguous split kernel): not there.
+# Issue #38's D=256 packed rows (off until bench/decode_d256_wide_ab.sh): more than 32 packed rows at D=256 take one
+# 64-row tile (33-64 rows) or 128-row tiles on 8 warps, one CTA an SM, so 128 rows read the KV head's keys once, not
+# four times (seed 47's B=64 H=8 Hkv=1 Sq=16 paged row: 11 % of the read bandwidth). Keyed by the rows a tile takes at
+# most. 16-key blocks, with the fused merge in chunks (MERGE_TILE_ELEMENTS): 224-255 registers a thread, no spill
+# (sm_90a, Triton 3.6 and 3.8); 32-key blocks spill 8-88 bytes; 128 rows merged at once spill 592.
+WIDE_D256 = False
+WIDE_D256_CONFIGS = {64: TileConfig(16, 8, 3, 64, ctas_per_sm=1), 128: TileConfig(16, 8, 3, 128, ctas_per_sm=1)}
+# Triton releases whose WIDE_D256 kernels spill (3.9: 8 bytes at 64 rows, 16-24 at 128, sm_90a): not there.
 WIDE_D256_SPILLS = ("3.9",)
 
 
 def tile_config(problem: Problem) -> TileConfig:
     """``problem``'s tile: WIDE_CONFIGS' for many packed rows under WIDE_M_TILE (PACKED_CONFIGS' under
-    PACKED_OCCUPANCY), WIDE_D256_CONFIG for more than 32 at D=256 under WIDE_D256 (not in a release of
+    PACKED_OCCUPANCY), WIDE_D256_CONFIGS' for more than 32 at D=256 under WIDE_D256 (not in a release of
     WIDE_D256_SPILLS), SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
     rows = problem.kv_group * problem.seqlen_q
     if WIDE_M_TILE and rows > MAX_BLOCK_M and problem.head_dim in WIDE_CONFIGS:
@@ -225,7 +233,8 @@ def tile_config(problem: Problem) -> TileConfig:
         return WIDE_CONFIGS[problem.head_dim]
     wide_d256 = WIDE_D256 and problem.head_dim == 256 and triton_release() not in WIDE_D256_SPILLS
     if wide_d256 and rows > DEFAULT_CONFIGS[256].max_block_m:
-        return WIDE_D256_CONFIG
+        caps = sorted(WIDE_D256_CONFIGS)
+        return WIDE_D256_CONFIGS[next((cap for cap in caps if rows <= cap), caps[-1])]
     configs = SHORT_CACHE_CONFIGS if SHORT_CACHE_TILE and problem.seqlen_k <= splits.SHORT_CACHE_KEYS else {}
     return configs.get(problem.head_dim, DEFAULT_CONFIGS[problem.head_dim])
 
@@ -275,6 +284,30 @@ def store_partials(OutPartial, LsePartial, partial_row, out, lse, row_ok, HEAD_D
     offs_d = tl.arange(0, HEAD_DIM)
     tl.store(OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
     tl.store(LsePartial + partial_row, lse, mask=row_ok)
+
+
+@triton.jit
+def merge_in_chunks(
+    partials, partial_offset, outputs, batch, kv_head, m_block, group, heads, seqlen_q, rows, num_splits,
+    RETURN_LSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
+):  # fmt: skip
+    """The fused merge of M tile ``m_block`` MERGE_CHUNK_ROWS rows at a time (a tile of more than
+    MERGE_TILE_ELEMENTS, whose O tiles in one go would spill): each chunk's packed rows r, their partials at
+    ``partial_offset`` + r of ``partials`` (OutPartial, LsePartial), merged and stored to ``outputs`` (Out, Lse,
+    O's batch, head and row strides). The same operations per element as one :func:`merge_splits`: the same bits."""
+    OutPartial, LsePartial = partials
+    Out, Lse, stride_ob, stride_oh, stride_om = outputs
+    for chunk in tl.static_range(BLOCK_M // MERGE_CHUNK_ROWS):
+        chunk_block = m_block * (BLOCK_M // MERGE_CHUNK_ROWS) + chunk
+        head, offs_m, row_ok = packed_rows(chunk_block, kv_head, group, seqlen_q, MERGE_CHUNK_ROWS)
+        packed_row = chunk_block * MERGE_CHUNK_ROWS + tl.arange(0, MERGE_CHUNK_ROWS)
+        out, lse = merge_splits(
+            OutPartial, LsePartial, partial_offset + packed_row, row_ok, rows, num_splits,
+            HEAD_DIM=HEAD_DIM, BLOCK_M=MERGE_CHUNK_ROWS, SPLITS_PER_STEP=SPLITS_PER_STEP,
+        )  # fmt: skip
+        out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
+        row = (batch * heads + head) * seqlen_q + offs_m
+        store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -376,11 +409,19 @@ def _split_kernel(
         if FUSED_MERGE:
             work_item = batch_kv_head * tl.num_programs(1) + m_block
             if last_to_arrive(Counters + work_item, num_splits):
-                out, lse = merge_splits(
-                    OutPartial, LsePartial, row, row_ok, rows, num_splits,
-                    HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_PER_STEP=SPLITS_PER_STEP,
-                )  # fmt: skip
-                store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
+                if BLOCK_M * HEAD_DIM > MERGE_TILE_ELEMENTS:
+                    # Partial row = (batch · H + kv_head · group) · Sq + packed row, as ``row``.
+                    merge_in_chunks(
+                        (OutPartial, LsePartial), (batch * heads + kv_head * group) * seqlen_q,
+                        (Out, Lse, stride_ob, stride_oh, stride_om), batch, kv_head, m_block, group, heads, seqlen_q,
+                        rows, num_splits, RETURN_LSE, HEAD_DIM, BLOCK_M, SPLITS_PER_STEP,
+                    )  # fmt: skip
+                else:
+                    out, lse = merge_splits(
+                        OutPartial, LsePartial, row, row_ok, rows, num_splits,
+                        HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_PER_STEP=SPLITS_PER_STEP,
+                    )  # fmt: skip
+                    store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
     else:
         store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
 
@@ -436,11 +477,18 @@ def _balanced_split_kernel(
             item_out, item_lse = OutPartial + first_share * rows * HEAD_DIM, LsePartial + first_share * rows
             work_item = (batch * kv_heads + kv_head) * tl.num_programs(1) + m_block
             if last_to_arrive(Counters + work_item, item_shares):
-                out, lse = merge_splits(
-                    item_out, item_lse, item_row, row_ok, rows, item_shares,
-                    HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_PER_STEP=SPLITS_PER_STEP,
-                )  # fmt: skip
-                store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
+                if BLOCK_M * HEAD_DIM > MERGE_TILE_ELEMENTS:
+                    merge_in_chunks(
+                        (item_out, item_lse), 0, (Out, Lse, stride_ob, stride_oh, stride_om), batch, kv_head,
+                        m_block, group, heads, seqlen_q, rows, item_shares, RETURN_LSE, HEAD_DIM, BLOCK_M,
+                        SPLITS_PER_STEP,
+                    )  # fmt: skip
+                else:
+                    out, lse = merge_splits(
+                        item_out, item_lse, item_row, row_ok, rows, item_shares,
+                        HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_PER_STEP=SPLITS_PER_STEP,
+                    )  # fmt: skip
+                    store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
 
 
 # ----------------------------------------------------------------------------------------------
