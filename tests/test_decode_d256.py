@@ -4,13 +4,13 @@ merge of a 128-row tile runs in 32-row chunks (``merge_in_chunks``).
 
 CPU: off, the plan is the default's; on, the tile, warps and M tiles of the shapes it is for (and none of the others;
 none in a release of ``WIDE_D256_SPILLS``); triton/decode with it on against fp64 under the interpreter (128 rows on a
-full cache forced into two splits, and paged ragged; 256 rows in two tiles; 64 rows on the balanced split); a planted
-grid that drops the second M tile, a planted packed-row → head mapping and a planted chunked merge that stores every
-chunk at the first chunk's rows fail the check. Static: the knob's split and balanced kernels compile for sm_90a
-without spills at 128 and 64 rows, contiguous and paged, causal and not, with the LSE, one CTA an SM; under a release
-of ``WIDE_D256_SPILLS`` the test holds the spill that keeps the knob off there. GPU (``gpu``;
-``bench/decode_d256_wide_ab.sh``): with it on against fp64 on a poisoned output, on seed 47's two rows' kinds and 256
-rows in two tiles.
+full cache forced into two splits, and paged ragged; 256 rows in two tiles, also by the two-launch merge; 64 rows on
+the balanced split); a planted grid that drops the second M tile, a planted packed-row → head mapping and a planted
+chunked merge that stores every chunk at the first chunk's rows fail the check. Static: the knob's split kernel (with
+the two-launch merge kernel) and balanced kernel compile for sm_90a without spills at 128 and 64 rows, contiguous and
+paged, causal and not, with the LSE, one CTA an SM; under a release of ``WIDE_D256_SPILLS`` the test holds the spill
+that keeps the knob off there. GPU (``gpu``; ``bench/decode_d256_wide_ab.sh``): with it on against fp64 on a poisoned
+output, on seed 47's two rows' kinds and 256 rows in two tiles.
 """
 
 from __future__ import annotations
@@ -120,6 +120,15 @@ def test_triton_wide_d256_against_fp64(case: str, monkeypatch: pytest.MonkeyPatc
     assert result.ok, f"{problem.describe()}: {result.summary()}"
 
 
+@interpreter_only
+def test_triton_wide_d256_two_launch_merge_against_fp64(monkeypatch: pytest.MonkeyPatch):
+    """The two-launch path (``FUSED_MERGE = False``: the merge kernel, in chunks too) on 256 rows in two tiles."""
+    _wide_d256(monkeypatch)
+    monkeypatch.setattr(decode, "FUSED_MERGE", False)
+    result = _interpreter_check(*INTERPRETER_CASES["two-tiles"])
+    assert result.ok, result.summary()
+
+
 @triton.jit
 def _packed_rows_of_the_first_tile(m_block, kv_head, group, seqlen_q, BLOCK_M: tl.constexpr):
     """A planted mapping: every M tile's packed rows as the first tile's (its offset m_block · BLOCK_M forgotten)."""
@@ -201,9 +210,14 @@ results = []
 for kernel, causal, page_size, group, seqlen_q in json.loads(sys.argv[1]):
     problem = Problem(64, group, seqlen_q, 40448, 256, dtype=torch.bfloat16, causal=causal, kv_heads=1,
                       causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True, page_size=page_size)
-    binary = decode.compile_sm90(problem)[0] if kernel == "split" else balanced_kernel(problem)
+    # The split kernel with the merge kernel of the two-launch path (FUSED_MERGE = False; its spills summed in).
+    binaries = decode.compile_sm90(problem) if kernel == "split" else [balanced_kernel(problem)]
+    binary, spills = binaries[0], 0
+    for compiled in binaries:
+        (resources,) = cubin_resources(compiled.cubin).values()
+        spills += resources["local_bytes"] + resources["stack_bytes"]
     (resources,) = cubin_resources(binary.cubin).values()
-    results.append({"spill_bytes": resources["local_bytes"] + resources["stack_bytes"],
+    results.append({"spill_bytes": spills,
                     "registers": resources["registers"], "shared_bytes": binary.shared_bytes,
                     "threads": binary.threads_per_cta, "block_m": decode.block_m_for(problem)})
 print(json.dumps(results))

@@ -48,7 +48,7 @@ a larger grid. Atomics on O instead would change the order of fp32 adds from run
 reads the fp32 partials, num_splits · rows · (D + 1) · 4 bytes, small beside the cache, but one split
 after the other each is an L2 round trip (about 0.5 µs), 10-20 µs at 20-30 splits; so it unrolls
 ``merge_splits_per_step`` splits a step, their loads in flight together (``bench/decode_model.py``); a
-tile of more than ``MERGE_TILE_ELEMENTS`` (``WIDE_D256``'s 128 × 256) merges 32 rows at a time
+D=256 tile of more than ``MERGE_CHUNK_ROWS`` rows (``WIDE_D256``'s) merges 32 rows at a time
 (``merge_in_chunks``). ``last_to_arrive`` and ``merge_splits`` live in ``_decode_merge.py``.
 With one split the split kernel writes O and the LSE itself: no counter, no merge.
 
@@ -168,10 +168,10 @@ BALANCED_MIN_KEYS, MIN_BLOCK_B = splits.MIN_KEYS_PER_SPLIT, 16
 SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 2, False, False, False
 # Seventh stop's switch, off until bench/decode_fewpairs_ab.sh (``splits.SplitPolicy.fewer_waves``).
 FEWER_WAVES = False
-# The fused merge takes a tile of more than MERGE_TILE_ELEMENTS (rows × D) MERGE_CHUNK_ROWS rows at a time, so that its
-# O tiles fit the registers the key loop left (gluon/decode's MERGE_ROWS): WIDE_D256's 128-row tile spills 592 bytes
-# merged at once; every other tile merges in one go, as before.
-MERGE_TILE_ELEMENTS, MERGE_CHUNK_ROWS = tl.constexpr(128 * 128), tl.constexpr(32)
+# The merge takes a tile of head dim MERGE_CHUNK_HEAD_DIM and more than MERGE_CHUNK_ROWS rows that many rows at a time,
+# so that its O tiles fit the registers the key loop left (gluon/decode's MERGE_ROWS): WIDE_D256's 128-row tile spills
+# 592 bytes merged at once (sm_90a), its 64-row merge kernel 112 (Triton 3.6); the default tiles merge in one go.
+MERGE_CHUNK_HEAD_DIM, MERGE_CHUNK_ROWS = tl.constexpr(256), tl.constexpr(32)
 # The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
 MIN_ARRIVAL_COUNTERS = 1024
 
@@ -214,11 +214,11 @@ PACKED_OCCUPANCY, PACKED_CONFIGS = False, {64: TileConfig(32, 8, 5, 128, ctas_pe
 # Issue #38's D=256 packed rows (off until bench/decode_d256_wide_ab.sh): more than 32 packed rows at D=256 take one
 # 64-row tile (33-64 rows) or 128-row tiles on 8 warps, one CTA an SM, so 128 rows read the KV head's keys once, not
 # four times (seed 47's B=64 H=8 Hkv=1 Sq=16 paged row: 11 % of the read bandwidth). Keyed by the rows a tile takes at
-# most. 16-key blocks, with the fused merge in chunks (MERGE_TILE_ELEMENTS): 224-255 registers a thread, no spill
+# most. 16-key blocks, with the merge in chunks (MERGE_CHUNK_ROWS): 224-255 registers a thread, no spill
 # (sm_90a, Triton 3.6 and 3.8); 32-key blocks spill 8-88 bytes; 128 rows merged at once spill 592.
 WIDE_D256 = False
 WIDE_D256_CONFIGS = {64: TileConfig(16, 8, 3, 64, ctas_per_sm=1), 128: TileConfig(16, 8, 3, 128, ctas_per_sm=1)}
-# Triton releases whose WIDE_D256 kernels spill (3.9: 8 bytes at 64 rows, 16-24 at 128, sm_90a): not there.
+# Triton releases whose WIDE_D256 kernels spill (3.9: 16-24 bytes at 128 rows, sm_90a): not there.
 WIDE_D256_SPILLS = ("3.9",)
 
 
@@ -291,10 +291,10 @@ def merge_in_chunks(
     partials, partial_offset, outputs, batch, kv_head, m_block, group, heads, seqlen_q, rows, num_splits,
     RETURN_LSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
 ):  # fmt: skip
-    """The fused merge of M tile ``m_block`` MERGE_CHUNK_ROWS rows at a time (a tile of more than
-    MERGE_TILE_ELEMENTS, whose O tiles in one go would spill): each chunk's packed rows r, their partials at
-    ``partial_offset`` + r of ``partials`` (OutPartial, LsePartial), merged and stored to ``outputs`` (Out, Lse,
-    O's batch, head and row strides). The same operations per element as one :func:`merge_splits`: the same bits."""
+    """The merge of M tile ``m_block`` MERGE_CHUNK_ROWS rows at a time (a D=256 tile of more rows, whose O tiles in
+    one go would spill): each chunk's packed rows r, their partials at ``partial_offset`` + r of ``partials``
+    (OutPartial, LsePartial), merged and stored to ``outputs`` (Out, Lse, O's batch, head and row strides). The same
+    operations per element as one :func:`merge_splits`: the same bits."""
     OutPartial, LsePartial = partials
     Out, Lse, stride_ob, stride_oh, stride_om = outputs
     for chunk in tl.static_range(BLOCK_M // MERGE_CHUNK_ROWS):
@@ -409,7 +409,7 @@ def _split_kernel(
         if FUSED_MERGE:
             work_item = batch_kv_head * tl.num_programs(1) + m_block
             if last_to_arrive(Counters + work_item, num_splits):
-                if BLOCK_M * HEAD_DIM > MERGE_TILE_ELEMENTS:
+                if HEAD_DIM >= MERGE_CHUNK_HEAD_DIM and BLOCK_M > MERGE_CHUNK_ROWS:
                     # Partial row = (batch · H + kv_head · group) · Sq + packed row, as ``row``.
                     merge_in_chunks(
                         (OutPartial, LsePartial), (batch * heads + kv_head * group) * seqlen_q,
@@ -477,7 +477,7 @@ def _balanced_split_kernel(
             item_out, item_lse = OutPartial + first_share * rows * HEAD_DIM, LsePartial + first_share * rows
             work_item = (batch * kv_heads + kv_head) * tl.num_programs(1) + m_block
             if last_to_arrive(Counters + work_item, item_shares):
-                if BLOCK_M * HEAD_DIM > MERGE_TILE_ELEMENTS:
+                if HEAD_DIM >= MERGE_CHUNK_HEAD_DIM and BLOCK_M > MERGE_CHUNK_ROWS:
                     merge_in_chunks(
                         (item_out, item_lse), 0, (Out, Lse, stride_ob, stride_oh, stride_om), batch, kv_head,
                         m_block, group, heads, seqlen_q, rows, item_shares, RETURN_LSE, HEAD_DIM, BLOCK_M,
@@ -506,15 +506,23 @@ def _merge_kernel(
     m_block = tl.program_id(0)
     batch, kv_head = batch_and_head(tl.program_id(1), kv_heads)
     group = heads // kv_heads
-    head, offs_m, row_ok = packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M)
-    row = (batch * heads + head) * seqlen_q + offs_m
-    rows = tl.num_programs(1).to(tl.int64) * group * seqlen_q
-    out, lse = merge_splits(
-        OutPartial, LsePartial, row, row_ok, rows, num_splits,
-        HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_PER_STEP=SPLITS_PER_STEP,
-    )  # fmt: skip
-    out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
-    store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
+    if HEAD_DIM >= MERGE_CHUNK_HEAD_DIM and BLOCK_M > MERGE_CHUNK_ROWS:
+        merge_in_chunks(
+            (OutPartial, LsePartial), (batch * heads + kv_head * group) * seqlen_q,
+            (Out, Lse, stride_ob, stride_oh, stride_om), batch, kv_head, m_block, group, heads, seqlen_q,
+            tl.num_programs(1).to(tl.int64) * group * seqlen_q, num_splits, RETURN_LSE, HEAD_DIM, BLOCK_M,
+            SPLITS_PER_STEP,
+        )  # fmt: skip
+    else:
+        head, offs_m, row_ok = packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M)
+        row = (batch * heads + head) * seqlen_q + offs_m
+        rows = tl.num_programs(1).to(tl.int64) * group * seqlen_q
+        out, lse = merge_splits(
+            OutPartial, LsePartial, row, row_ok, rows, num_splits,
+            HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_PER_STEP=SPLITS_PER_STEP,
+        )  # fmt: skip
+        out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
+        store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
 
 
 # ----------------------------------------------------------------------------------------------
