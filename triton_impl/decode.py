@@ -214,8 +214,8 @@ PACKED_OCCUPANCY, PACKED_CONFIGS = False, {64: TileConfig(32, 8, 5, 128, ctas_pe
 # Issue #38's D=256 packed rows (off until bench/decode_d256_wide_ab.sh): more than 32 packed rows at D=256 take one
 # 64-row tile (33-64 rows) or 128-row tiles on 8 warps, one CTA an SM, so 128 rows read the KV head's keys once, not
 # four times (seed 47's B=64 H=8 Hkv=1 Sq=16 paged row: 11 % of the read bandwidth). Keyed by the rows a tile takes at
-# most. 16-key blocks, with the merge in chunks (MERGE_CHUNK_ROWS): 224-255 registers a thread, no spill
-# (sm_90a, Triton 3.6 and 3.8); 32-key blocks spill 8-88 bytes; 128 rows merged at once spill 592.
+# most. 16-key blocks, with the merge in chunks (MERGE_CHUNK_ROWS): 224-255 registers a thread at 128 rows, 163-255 at
+# 64, no spill (sm_90a, Triton 3.6 and 3.8); 32-key blocks spill 8-88 bytes; 128 rows merged at once spill 592.
 WIDE_D256 = False
 WIDE_D256_CONFIGS = {64: TileConfig(16, 8, 3, 64, ctas_per_sm=1), 128: TileConfig(16, 8, 3, 128, ctas_per_sm=1)}
 # Triton releases whose WIDE_D256 kernels spill (3.9: 16-24 bytes at 128 rows, sm_90a): not there.
