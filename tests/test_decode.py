@@ -39,8 +39,8 @@ from common.contract.registry import Implementation, discover
 from common.measure.timing import capture
 from common.toolchain.releases import triton_release
 from tests._helpers import json_from_child
+from triton_impl import _decode_merge, decode
 from triton_impl import _device as device
-from triton_impl import decode
 from triton_impl._device import split_key_range
 from triton_impl.gluon import decode as gluon_decode
 
@@ -332,7 +332,8 @@ PLANTED = {
 def test_planted_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
     problem = _decode_problem(1, 2)  # passes unplanted: test_ragged_cache_against_fp64[sq1-hkv2-splits3]
     name, replacement = PLANTED[bug]
-    monkeypatch.setattr(decode, name, replacement)
+    # The merge's constant is _decode_merge's global (merge_splits'), the others decode's.
+    monkeypatch.setattr(_decode_merge if name == "MERGE_LOG2_E" else decode, name, replacement)
     result = _check(problem, 3)
     assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"
 

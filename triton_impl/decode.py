@@ -11,8 +11,8 @@ every query head of a GQA group reads the same K/V bytes again. This rung remove
   * GQA packing: the ``group = H / Hkv`` query heads of one KV head share a CTA. Their rows are
     stacked into one M tile, row r = (head in group) · Sq + query token, padded to at least 16 rows
     for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``; ``WIDE_M_TILE``: one 128-row tile on 8
-    warps at D <= 128, two an SM under ``PACKED_OCCUPANCY``), so each K/V byte is read from HBM once per KV
-    head, not once per query head.
+    warps at D <= 128, two an SM under ``PACKED_OCCUPANCY``; ``WIDE_D256``: 64- or 128-row tiles on 8 warps at D=256),
+    so each K/V byte is read from HBM once per KV head, not once per query head.
     Many packed rows make a step compute-heavy: a key's 4 · D bytes feed 4 · D · rows FLOPs, rows FLOPs a
     byte, so 128 rows at 4.4 TB/s ask 564 TFLOP/s of the tensor cores (``decode_sweep.roofline_us``).
   * Paged KV cache (``block_table``, vLLM's and FlashInfer's layout): K and V live in pools of pages
@@ -47,7 +47,9 @@ the counters live for the process, per device (``arrival_counters``), grown (out
 a larger grid. Atomics on O instead would change the order of fp32 adds from run to run. The merge
 reads the fp32 partials, num_splits · rows · (D + 1) · 4 bytes, small beside the cache, but one split
 after the other each is an L2 round trip (about 0.5 µs), 10-20 µs at 20-30 splits; so it unrolls
-``merge_splits_per_step`` splits a step, their loads in flight together (``bench/decode_model.py``).
+``merge_splits_per_step`` splits a step, their loads in flight together (``bench/decode_model.py``); a
+D=256 tile of more than ``MERGE_CHUNK_ROWS`` rows (``WIDE_D256``'s) merges 32 rows at a time
+(``merge_in_chunks``). ``last_to_arrive`` and ``merge_splits`` live in ``_decode_merge.py``.
 With one split the split kernel writes O and the LSE itself: no counter, no merge.
 
 The split count: the shared rule of ``common/contract/splits.py`` (examples and reasons there) on this
@@ -112,8 +114,9 @@ from common.contract.problem import Problem
 from common.contract.registry import Runner
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
+from common.toolchain.releases import triton_release
+from triton_impl._decode_merge import last_to_arrive, merge_splits
 from triton_impl._device import (
-    LOG2_E,
     attend_key_range,
     attended_keys,
     balanced_share,
@@ -165,10 +168,12 @@ BALANCED_MIN_KEYS, MIN_BLOCK_B = splits.MIN_KEYS_PER_SPLIT, 16
 SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 2, False, False, False
 # Seventh stop's switch, off until bench/decode_fewpairs_ab.sh (``splits.SplitPolicy.fewer_waves``).
 FEWER_WAVES = False
+# The merge takes a tile of head dim MERGE_CHUNK_HEAD_DIM and more than MERGE_CHUNK_ROWS rows that many rows at a time,
+# so that its O tiles fit the registers the key loop left (gluon/decode's MERGE_ROWS): WIDE_D256's 128-row tile spills
+# 592 bytes merged at once (sm_90a), its 64-row merge kernel 112 (Triton 3.6); the default tiles merge in one go.
+MERGE_CHUNK_HEAD_DIM, MERGE_CHUNK_ROWS = tl.constexpr(256), tl.constexpr(32)
 # The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
 MIN_ARRIVAL_COUNTERS = 1024
-# In the merge, natural-log LSEs are weighed by exp2((lseₛ - lse_max) · LOG2_E).
-MERGE_LOG2_E = tl.constexpr(LOG2_E)
 
 
 @dataclass(frozen=True)
@@ -206,15 +211,30 @@ WIDE_CONFIGS = {64: TileConfig(64, 8, 5, 128, ctas_per_sm=1), 128: TileConfig(64
 # one CTA an SM whose warpgroups meet at a barrier every block (seed 41's group 8 Sq=16 1k row: 41 % of the read
 # bandwidth); 32-key blocks take 128: two CTAs an SM, one's softmax under the other's wgmmas (D=128: 238 registers).
 PACKED_OCCUPANCY, PACKED_CONFIGS = False, {64: TileConfig(32, 8, 5, 128, ctas_per_sm=2, max_registers=128)}
+# Issue #38's D=256 packed rows (off until bench/decode_d256_wide_ab.sh): more than 32 packed rows at D=256 take one
+# 64-row tile (33-64 rows) or 128-row tiles on 8 warps, one CTA an SM, so 128 rows read the KV head's keys once, not
+# four times (seed 47's B=64 H=8 Hkv=1 Sq=16 paged row: 11 % of the read bandwidth). Keyed by the rows a tile takes at
+# most. 16-key blocks, with the merge in chunks (MERGE_CHUNK_ROWS): 224-255 registers a thread at 128 rows, 163-255 at
+# 64, no spill (sm_90a, Triton 3.6 and 3.8); 32-key blocks spill 8-88 bytes; 128 rows merged at once spill 592.
+WIDE_D256 = False
+WIDE_D256_CONFIGS = {64: TileConfig(16, 8, 3, 64, ctas_per_sm=1), 128: TileConfig(16, 8, 3, 128, ctas_per_sm=1)}
+# Triton releases whose WIDE_D256 kernels spill (3.9: 16-24 bytes at 128 rows, sm_90a): not there.
+WIDE_D256_SPILLS = ("3.9",)
 
 
 def tile_config(problem: Problem) -> TileConfig:
     """``problem``'s tile: WIDE_CONFIGS' for many packed rows under WIDE_M_TILE (PACKED_CONFIGS' under
-    PACKED_OCCUPANCY), SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
-    if WIDE_M_TILE and problem.kv_group * problem.seqlen_q > MAX_BLOCK_M and problem.head_dim in WIDE_CONFIGS:
+    PACKED_OCCUPANCY), WIDE_D256_CONFIGS' for more than 32 at D=256 under WIDE_D256 (not in a release of
+    WIDE_D256_SPILLS), SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
+    rows = problem.kv_group * problem.seqlen_q
+    if WIDE_M_TILE and rows > MAX_BLOCK_M and problem.head_dim in WIDE_CONFIGS:
         if PACKED_OCCUPANCY and problem.head_dim in PACKED_CONFIGS:
             return PACKED_CONFIGS[problem.head_dim]
         return WIDE_CONFIGS[problem.head_dim]
+    wide_d256 = WIDE_D256 and problem.head_dim == 256 and triton_release() not in WIDE_D256_SPILLS
+    if wide_d256 and rows > DEFAULT_CONFIGS[256].max_block_m:
+        caps = sorted(WIDE_D256_CONFIGS)
+        return WIDE_D256_CONFIGS[next((cap for cap in caps if rows <= cap), caps[-1])]
     configs = SHORT_CACHE_CONFIGS if SHORT_CACHE_TILE and problem.seqlen_k <= splits.SHORT_CACHE_KEYS else {}
     return configs.get(problem.head_dim, DEFAULT_CONFIGS[problem.head_dim])
 
@@ -264,6 +284,30 @@ def store_partials(OutPartial, LsePartial, partial_row, out, lse, row_ok, HEAD_D
     offs_d = tl.arange(0, HEAD_DIM)
     tl.store(OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
     tl.store(LsePartial + partial_row, lse, mask=row_ok)
+
+
+@triton.jit
+def merge_in_chunks(
+    partials, partial_offset, outputs, batch, kv_head, m_block, group, heads, seqlen_q, rows, num_splits,
+    RETURN_LSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
+):  # fmt: skip
+    """The merge of M tile ``m_block`` MERGE_CHUNK_ROWS rows at a time (a D=256 tile of more rows, whose O tiles in
+    one go would spill): each chunk's packed rows r, their partials at ``partial_offset`` + r of ``partials``
+    (OutPartial, LsePartial), merged and stored to ``outputs`` (Out, Lse, O's batch, head and row strides). The same
+    operations per element as one :func:`merge_splits`: the same bits."""
+    OutPartial, LsePartial = partials
+    Out, Lse, stride_ob, stride_oh, stride_om = outputs
+    for chunk in tl.static_range(BLOCK_M // MERGE_CHUNK_ROWS):
+        chunk_block = m_block * (BLOCK_M // MERGE_CHUNK_ROWS) + chunk
+        head, offs_m, row_ok = packed_rows(chunk_block, kv_head, group, seqlen_q, MERGE_CHUNK_ROWS)
+        packed_row = chunk_block * MERGE_CHUNK_ROWS + tl.arange(0, MERGE_CHUNK_ROWS)
+        out, lse = merge_splits(
+            OutPartial, LsePartial, partial_offset + packed_row, row_ok, rows, num_splits,
+            HEAD_DIM=HEAD_DIM, BLOCK_M=MERGE_CHUNK_ROWS, SPLITS_PER_STEP=SPLITS_PER_STEP,
+        )  # fmt: skip
+        out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
+        row = (batch * heads + head) * seqlen_q + offs_m
+        store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -365,11 +409,19 @@ def _split_kernel(
         if FUSED_MERGE:
             work_item = batch_kv_head * tl.num_programs(1) + m_block
             if last_to_arrive(Counters + work_item, num_splits):
-                out, lse = merge_splits(
-                    OutPartial, LsePartial, row, row_ok, rows, num_splits,
-                    HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_PER_STEP=SPLITS_PER_STEP,
-                )  # fmt: skip
-                store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
+                if HEAD_DIM >= MERGE_CHUNK_HEAD_DIM and BLOCK_M > MERGE_CHUNK_ROWS:
+                    # Partial row = (batch · H + kv_head · group) · Sq + packed row, as ``row``.
+                    merge_in_chunks(
+                        (OutPartial, LsePartial), (batch * heads + kv_head * group) * seqlen_q,
+                        (Out, Lse, stride_ob, stride_oh, stride_om), batch, kv_head, m_block, group, heads, seqlen_q,
+                        rows, num_splits, RETURN_LSE, HEAD_DIM, BLOCK_M, SPLITS_PER_STEP,
+                    )  # fmt: skip
+                else:
+                    out, lse = merge_splits(
+                        OutPartial, LsePartial, row, row_ok, rows, num_splits,
+                        HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_PER_STEP=SPLITS_PER_STEP,
+                    )  # fmt: skip
+                    store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
     else:
         store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
 
@@ -425,90 +477,23 @@ def _balanced_split_kernel(
             item_out, item_lse = OutPartial + first_share * rows * HEAD_DIM, LsePartial + first_share * rows
             work_item = (batch * kv_heads + kv_head) * tl.num_programs(1) + m_block
             if last_to_arrive(Counters + work_item, item_shares):
-                out, lse = merge_splits(
-                    item_out, item_lse, item_row, row_ok, rows, item_shares,
-                    HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_PER_STEP=SPLITS_PER_STEP,
-                )  # fmt: skip
-                store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
+                if HEAD_DIM >= MERGE_CHUNK_HEAD_DIM and BLOCK_M > MERGE_CHUNK_ROWS:
+                    merge_in_chunks(
+                        (item_out, item_lse), 0, (Out, Lse, stride_ob, stride_oh, stride_om), batch, kv_head,
+                        m_block, group, heads, seqlen_q, rows, item_shares, RETURN_LSE, HEAD_DIM, BLOCK_M,
+                        SPLITS_PER_STEP,
+                    )  # fmt: skip
+                else:
+                    out, lse = merge_splits(
+                        item_out, item_lse, item_row, row_ok, rows, item_shares,
+                        HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_PER_STEP=SPLITS_PER_STEP,
+                    )  # fmt: skip
+                    store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
 
 
 # ----------------------------------------------------------------------------------------------
-# The merge: the splits of one packed M tile by their LSE, fused into kernel 1 or as kernel 2
+# Kernel 2, the two-launch merge (``last_to_arrive`` and ``merge_splits``: ``_decode_merge.py``)
 # ----------------------------------------------------------------------------------------------
-@triton.jit
-def last_to_arrive(Counter, num_splits):
-    """True in the CTA that is the last of its tile's ``num_splits`` splits to have stored its partials,
-    which then reads everyone's; that CTA also puts the counter back to 0, so the next launch (or a
-    CUDA-graph replay) finds it zeroed with no host memset. Every split arrives, an empty one too (it
-    stores O = 0 and LSE = -inf: no CTA returns early), so the count always reaches ``num_splits``.
-
-    Why the partials are visible to it (PTX memory model): every thread stores its rows, then
-    ``debug_barrier`` (bar.sync) orders those stores before whatever the CTA does next; the arrival is
-    one gpu-scope acq_rel ``atom.add`` (Triton issues a scalar atomic from one thread and passes the old
-    value to the others through shared memory, behind a barrier). Its release half is cumulative, so the
-    whole CTA's stores that bar.sync ordered before it are published with it; the last CTA's acquire
-    half reads the count every other arrival wrote, so it synchronises with each of their releases; the
-    barrier behind the broadcast orders every thread's later loads after that acquire. Hence the
-    partials the last CTA loads are the ones each split stored, which CUTLASS's split-K semaphore
-    (bar.sync, then a release by one thread; an acquire, then bar.sync) relies on too. No other CTA
-    touches the counter after the last arrival, and the kernel's end orders the reset before the next
-    launch."""
-    tl.debug_barrier()
-    arrived = tl.atomic_add(Counter, 1, sem="acq_rel", scope="gpu")
-    last = arrived == num_splits - 1
-    if last:
-        tl.store(Counter, 0)
-    return last
-
-
-@triton.jit
-def merge_splits(
-    OutPartial, LsePartial, row, row_ok, rows, num_splits,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
-):  # fmt: skip
-    """``(O, lse)`` of the packed rows ``row`` (their index in one split's (B, H, Sq) slab of ``rows``)
-    merged from the splits' partials: lse = lse_max + log Σₛ exp(lseₛ - lse_max) and O = Σₛ exp(lseₛ -
-    lse_max) · Oₛ / Σₛ exp(lseₛ - lse_max). The sums run split after split, element by element (no
-    reduction across threads), so the bits depend only on the split order: the same whichever CTA
-    merges, in kernel 1 or kernel 2, with any warp count. Each step unrolls ``SPLITS_PER_STEP`` splits,
-    whose loads are independent and fly together (a step is one round trip to L2, not one a split).
-    The loads are ``.cg``, from L2: the acquire of ``last_to_arrive`` already orders them after the
-    other splits' stores, and L2 is where those stores are, never in an L1 line that another CTA of
-    this SM may have filled earlier in the launch. Splits with no key (-inf) weigh 0; a row with no
-    key at all gets O = 0 and lse = -inf."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    lse_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    for first_split in range(0, num_splits, SPLITS_PER_STEP):
-        for step in tl.static_range(SPLITS_PER_STEP):
-            split = first_split + step
-            lse_s = tl.load(
-                LsePartial + split * rows + row,
-                # tl.where, not row_ok & (a scalar): Triton 3.9's interpreter refuses the mixed mask.
-                mask=tl.where(split < num_splits, row_ok, False),
-                other=float("-inf"),
-                cache_modifier=".cg",
-            )
-            lse_max = tl.maximum(lse_max, lse_s)
-    lse_base = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    weight_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
-    for first_split in range(0, num_splits, SPLITS_PER_STEP):
-        for step in tl.static_range(SPLITS_PER_STEP):
-            split = first_split + step
-            in_range = tl.where(split < num_splits, row_ok, False)
-            partial_row = split * rows + row
-            lse_s = tl.load(LsePartial + partial_row, mask=in_range, other=float("-inf"), cache_modifier=".cg")
-            o_ptrs = OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :]
-            o_s = tl.load(o_ptrs, mask=in_range[:, None], other=0.0, cache_modifier=".cg")
-            weight = tl.math.exp2((lse_s - lse_base) * MERGE_LOG2_E)
-            weight_sum += weight
-            acc += weight[:, None] * o_s
-    has_keys = weight_sum > 0.0
-    out = acc * tl.where(has_keys, 1.0 / weight_sum, 0.0)[:, None]
-    lse = tl.where(has_keys, lse_base + tl.log(weight_sum), float("-inf"))
-    return out, lse
-
-
 @triton.jit
 def _merge_kernel(
     OutPartial, LsePartial, Out, Lse,
@@ -521,15 +506,23 @@ def _merge_kernel(
     m_block = tl.program_id(0)
     batch, kv_head = batch_and_head(tl.program_id(1), kv_heads)
     group = heads // kv_heads
-    head, offs_m, row_ok = packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M)
-    row = (batch * heads + head) * seqlen_q + offs_m
-    rows = tl.num_programs(1).to(tl.int64) * group * seqlen_q
-    out, lse = merge_splits(
-        OutPartial, LsePartial, row, row_ok, rows, num_splits,
-        HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_PER_STEP=SPLITS_PER_STEP,
-    )  # fmt: skip
-    out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
-    store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
+    if HEAD_DIM >= MERGE_CHUNK_HEAD_DIM and BLOCK_M > MERGE_CHUNK_ROWS:
+        merge_in_chunks(
+            (OutPartial, LsePartial), (batch * heads + kv_head * group) * seqlen_q,
+            (Out, Lse, stride_ob, stride_oh, stride_om), batch, kv_head, m_block, group, heads, seqlen_q,
+            tl.num_programs(1).to(tl.int64) * group * seqlen_q, num_splits, RETURN_LSE, HEAD_DIM, BLOCK_M,
+            SPLITS_PER_STEP,
+        )  # fmt: skip
+    else:
+        head, offs_m, row_ok = packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M)
+        row = (batch * heads + head) * seqlen_q + offs_m
+        rows = tl.num_programs(1).to(tl.int64) * group * seqlen_q
+        out, lse = merge_splits(
+            OutPartial, LsePartial, row, row_ok, rows, num_splits,
+            HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_PER_STEP=SPLITS_PER_STEP,
+        )  # fmt: skip
+        out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
+        store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
 
 
 # ----------------------------------------------------------------------------------------------
