@@ -462,11 +462,16 @@ GPU_CASES = {
 @pytest.mark.parametrize("case", list(GPU_CASES))
 @pytest.mark.parametrize("impl", [impl.name for impl in IMPLEMENTATIONS if impl.backward])
 def test_gpu_gradients_pass_the_rule(impl: str, case: str, dtype: torch.dtype) -> None:
+    check_gpu_gradients(impl, GPU_CASES[case].with_(dtype=dtype))
+
+
+def check_gpu_gradients(impl: str, prob: Problem) -> None:
+    """``impl``'s gradients on the GPU (offset inputs) against fp64 by the rule; skipped without a GPU."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    prob = GPU_CASES[case].with_(dtype=dtype)
     q, k, v = make_inputs(prob, seed=11, device="cuda", offset=0.5)
-    d_out = torch.randn(q.shape, generator=torch.Generator(device="cuda").manual_seed(3), device="cuda").to(dtype)
+    d_out = torch.randn(q.shape, generator=torch.Generator(device="cuda").manual_seed(3), device="cuda")
+    d_out = d_out.to(prob.dtype)
     assert_all_pass(ladder_gradients(impl, prob, q, k, v, d_out), q, k, v, d_out, prob)
 
 
@@ -474,9 +479,13 @@ def test_gpu_gradients_pass_the_rule(impl: str, case: str, dtype: torch.dtype) -
 @pytest.mark.parametrize("impl", [impl.name for impl in IMPLEMENTATIONS if impl.backward])
 def test_gpu_the_returned_lse_is_differentiable_too(impl: str) -> None:
     """The LSE's gradient on the GPU in bf16, GQA, causal bottom-right, ragged over several blocks."""
+    check_gpu_lse_gradients(impl, GPU_CASES["gqa_causal_bottom_right_d128"].with_(dtype=torch.bfloat16))
+
+
+def check_gpu_lse_gradients(impl: str, prob: Problem) -> None:
+    """``impl``'s gradients through O and the returned LSE on the GPU against fp64; skipped without a GPU."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    prob = GPU_CASES["gqa_causal_bottom_right_d128"].with_(dtype=torch.bfloat16)
     q, k, v = make_inputs(prob, seed=15, device="cuda", offset=0.5)
     generator = torch.Generator(device="cuda").manual_seed(6)
     d_out = torch.randn(q.shape, generator=generator, device="cuda").bfloat16()

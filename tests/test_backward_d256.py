@@ -38,6 +38,8 @@ from tests.test_backward import (
     ReferenceWithNaiveBackward,
     assert_all_pass,
     assert_lse_gradients_pass,
+    check_gpu_gradients,
+    check_gpu_lse_gradients,
     inputs,
     interpreter_runs_fp64_dots,
     ladder_gradients,
@@ -211,23 +213,11 @@ GPU_IMPLS = [impl.name for impl in IMPLEMENTATIONS if impl.backward and impl.bac
 @pytest.mark.parametrize("case", list(GPU_CASES))
 @pytest.mark.parametrize("impl", GPU_IMPLS)
 def test_gpu_d256_gradients_pass_the_rule(impl: str, case: str, dtype: torch.dtype) -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    prob = GPU_CASES[case].with_(dtype=dtype)
-    q, k, v = make_inputs(prob, seed=11, device="cuda", offset=0.5)
-    d_out = torch.randn(q.shape, generator=torch.Generator(device="cuda").manual_seed(3), device="cuda").to(dtype)
-    assert_all_pass(ladder_gradients(impl, prob, q, k, v, d_out), q, k, v, d_out, prob)
+    check_gpu_gradients(impl, GPU_CASES[case].with_(dtype=dtype))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", GPU_IMPLS)
 def test_gpu_d256_returned_lse_is_differentiable_too(impl: str) -> None:
     """The LSE's gradient at D=256 on the GPU in bf16, GQA, causal bottom-right, ragged over several blocks."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    prob = GPU_CASES["gqa_causal_bottom_right"].with_(dtype=torch.bfloat16)
-    q, k, v = make_inputs(prob, seed=15, device="cuda", offset=0.5)
-    generator = torch.Generator(device="cuda").manual_seed(6)
-    d_out = torch.randn(q.shape, generator=generator, device="cuda").bfloat16()
-    d_lse = torch.randn(q.shape[:3], generator=generator, device="cuda")
-    assert_lse_gradients_pass(impl, prob, q, k, v, d_out, d_lse)
+    check_gpu_lse_gradients(impl, GPU_CASES["gqa_causal_bottom_right"].with_(dtype=torch.bfloat16))
