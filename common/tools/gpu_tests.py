@@ -9,7 +9,8 @@ PARTS-th test of pytest's collection order, so the slow files are shared out ins
 part; it runs verbosely (one line per test, written to ``--log`` as it goes), so even a part cut short
 says what passed, what failed and where it stopped. Together the parts run every GPU test once.
 
-Exit status: pytest's for the part; 2 without a CUDA GPU (one line) or with a bad ``--part``.
+Exit status: pytest's for the part; 2 without a CUDA GPU (one line), with a bad ``--part`` or a ``--done`` log that
+is not there.
 """
 
 from __future__ import annotations
