@@ -36,13 +36,12 @@ from tests.test_backward import (
     GRADCHECK_RTOL,
     IMPLEMENTATIONS,
     ReferenceWithNaiveBackward,
-    assert_all_pass,
     assert_lse_gradients_pass,
     check_gpu_gradients,
     check_gpu_lse_gradients,
+    check_gradients,
     inputs,
     interpreter_runs_fp64_dots,
-    ladder_gradients,
     model_backward,
     problem,
 )
@@ -66,11 +65,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("backward_name", TRITON_BACKWARDS)
 def test_d256_gradients_pass_the_rule(backward_name: str, case: str) -> None:
-    prob = CASES[case]
-    q, k, v, d_out = inputs(prob)
-    grads = ladder_gradients(FORWARD_OF[backward_name], prob, q, k, v, d_out)
-    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
-    assert_all_pass(grads, q, k, v, d_out, prob)
+    check_gradients(backward_name, CASES[case])
 
 
 @pytest.mark.parametrize("backward_name", TRITON_BACKWARDS)

@@ -624,9 +624,10 @@ def _kernel_names(config: HopperBackwardConfig) -> tuple[str, ...]:
 # 414.8 → 421.5 TFLOP/s); the 80-row step with both knobs is the fastest non-causal D=128 step (P1 577.0 → 601.7,
 # 0.999x FA4; without the rebase 588.4), FA4's tile choice too, which keeps 64 rows when causal. At D=64 the rebase
 # alone also gained (511.4 → 519.3); both knobs together there are a candidate (``bench/cute_bwd_d64_ab.sh``).
+_D64_DEFAULT = BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True)
 DEFAULTS: dict[tuple[int, bool], BackwardTiles] = {
-    (64, False): BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True),
-    (64, True): BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True),
+    (64, False): _D64_DEFAULT,
+    (64, True): _D64_DEFAULT,
     (128, False): BackwardTiles(
         80, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True, rebased_operands=True
     ),
