@@ -1,13 +1,13 @@
-"""Issue #38's D=256 packed rows: triton/decode's ``WIDE_D256`` (off by default) against its default, in one process.
+"""Issue #38's D=256 packed rows: triton/decode's ``WIDE_D256`` (on by default) against 32-row tiles, in one process.
 
 Seed 47's sweep (``results/h200/decode-random-seed47/``) left triton/decode at 11 % of the read bandwidth on B=64
 H=8 Hkv=1 Sq=16 D=256 paged(256) ragged 17..33118 and at 40 % on B=1 H=64 Hkv=4 Sq=4 Sk=71168 D=256: group · Sq =
 128 and 64 packed rows, cut into 32-row tiles on 4 warps at D=256, each tile reading the KV head's keys again.
-Settings (:data:`SETTINGS`, each timed only where it changes the plan): ``default``; ``wide-d256``, the knob (one
-64-row tile for 33-64 rows, 128-row tiles past that, 8 warps, 16-key blocks, 3 stages; one CTA an SM);
-``wide-d256-64``, the knob's 64-row tiles only (two for 128 rows); ``wide-d256-deep``, the knob's tiles at
-:data:`DEEP_STAGES` stages (paged: + PAGED_EXTRA_STAGES), spill-free for sm_90a under Triton 3.6 only (3.8 spills
-584-592 bytes at 128 rows), the GPU machine's release.
+Settings (:data:`SETTINGS`, each timed only where it changes the plan): ``default``, the rung's (``WIDE_D256``:
+128-row tiles past 64 rows, 8 warps, 16-key blocks, 3 stages; one CTA an SM); ``narrow``, the knob off (32-row
+tiles on 4 warps); ``wide-d256-deep``, the knob's tiles at :data:`DEEP_STAGES` stages (paged: + PAGED_EXTRA_STAGES),
+spill-free for sm_90a under Triton 3.6 only (3.8 spills 584-592 bytes), the GPU machine's release. The knob's
+first A/B (``results/h200/decode-d256-wide/``) also timed a 64-row tile for 33-64 rows, mixed and not kept.
 
 Shapes (:func:`d256_cases`, in the order timed): seed 47's two rows, a long MQA cache (128 rows on 128k keys) that
 must not regress, 128 packed rows on a full 4k cache, 64 rows in pages of 64 over a ragged batch. Every setting is
@@ -32,7 +32,7 @@ from pathlib import Path
 from bench import require_gpu
 from common.measure.results import CsvLog
 
-SETTINGS = ("default", "wide-d256", "wide-d256-64", "wide-d256-deep")
+SETTINGS = ("default", "narrow", "wide-d256-deep")
 DEEP_STAGES = 5
 IMPL = "triton/decode"
 COLUMNS = ("label", "shape", "setting", "plan", "status", "us", "pct_read_bw", "pct_roofline", "rel_l2_err", "reason")
@@ -63,17 +63,15 @@ def applied(setting: str) -> Iterator[None]:
     """triton/decode's constants under ``setting`` (module docstring), restored after."""
     from triton_impl import decode
 
-    saved = decode.WIDE_D256, decode.WIDE_D256_CONFIGS
-    configs = saved[1]
-    if setting == "wide-d256-64":
-        configs = {64: configs[64]}
+    saved = decode.WIDE_D256, decode.WIDE_D256_CONFIG
+    if setting == "narrow":
+        decode.WIDE_D256 = False
     elif setting == "wide-d256-deep":
-        configs = {cap: dataclasses.replace(config, num_stages=DEEP_STAGES) for cap, config in configs.items()}
-    decode.WIDE_D256, decode.WIDE_D256_CONFIGS = setting != "default", configs
+        decode.WIDE_D256_CONFIG = dataclasses.replace(saved[1], num_stages=DEEP_STAGES)
     try:
         yield
     finally:
-        decode.WIDE_D256, decode.WIDE_D256_CONFIGS = saved
+        decode.WIDE_D256, decode.WIDE_D256_CONFIG = saved
 
 
 def plan_of_setting(setting: str, problem) -> str:

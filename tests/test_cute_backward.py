@@ -487,7 +487,9 @@ def test_hopper_heaviest_first_remaps_only_the_causal_launch() -> None:
     (``%nctaid``: the remap), not where every block's work is the same (non-causal: the default's order)."""
     for head_dim in hopper_backward.HEAD_DIMS:
         causal_default = hopper_backward.default_tiles(head_dim, causal=True)
-        ordered = replace(causal_default, heaviest_first=True, staged_epilogue=False, late_dv=False)
+        ordered = replace(
+            causal_default, heaviest_first=True, staged_epilogue=False, late_dv=False, rebased_operands=False
+        )
         assert ordered in hopper_backward.CANDIDATES[head_dim]
         for causal in (True, False):
             prob = problem(1000, 777, head_dim, causal=causal, alignment="bottom_right", kv_heads=2)
@@ -690,8 +692,8 @@ def test_hopper_tma_rows_is_the_default_and_the_deterministic_switch_leaves_it()
     }
     defaults = {key: hopper_backward.default_tiles(*key).label for key in hopper_backward.DEFAULTS}
     assert defaults == {
-        (64, False): "m128_s2_dqreduce_tmarows_stagedepi_latedv",
-        (64, True): "m128_s2_dqreduce_tmarows_stagedepi_latedv",
+        (64, False): "m128_s2_dqreduce_tmarows_stagedepi_latedv_rebase",
+        (64, True): "m128_s2_dqreduce_tmarows_stagedepi_latedv_rebase",
         (128, False): "m80_s2_dqreduce_tmarows_stagedepi_latedv_rebase",
         (128, True): "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_latedv",
     }

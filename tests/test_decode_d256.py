@@ -1,16 +1,17 @@
-"""Issue #38's D=256 packed rows: ``WIDE_D256`` in triton/decode (off by default), a 64-row tile (33 to 64 packed rows,
-group · Sq) or 128-row tiles (more) on 8 warps at D=256, where the default takes 32-row tiles on 4 warps; the fused
-merge of a 128-row tile runs in 32-row chunks (``merge_in_chunks``).
+"""Issue #38's D=256 packed rows: ``WIDE_D256`` in triton/decode (on by default), 128-row tiles on 8 warps for more
+than 64 packed rows (group · Sq) at D=256, where the knob off takes 32-row tiles on 4 warps; the fused merge of a
+128-row tile runs in 32-row chunks (``merge_in_chunks``).
 
-CPU: off, the plan is the default's; on, the tile, warps and M tiles of the shapes it is for (and none of the others;
-none in a release of ``WIDE_D256_SPILLS``); triton/decode with it on against fp64 under the interpreter (128 rows on a
-full cache forced into two splits, and paged ragged; 256 rows in two tiles, also by the two-launch merge; 64 rows on
-the balanced split); a planted grid that drops the second M tile, a planted packed-row → head mapping and a planted
-chunked merge that stores every chunk at the first chunk's rows fail the check. Static: the knob's split kernel (with
-the two-launch merge kernel) and balanced kernel compile for sm_90a without spills at 128 and 64 rows, contiguous and
-paged, causal and not, with the LSE, one CTA an SM; under a release of ``WIDE_D256_SPILLS`` the test holds the spill
-that keeps the knob off there. GPU (``gpu``; ``bench/decode_d256_wide_ab.sh``): with it on against fp64 on a poisoned
-output, on seed 47's two rows' kinds and 256 rows in two tiles.
+CPU: off, 32-row tiles; on, the tile, warps and M tiles of the shapes it is for (and none of the others, 64 rows or
+fewer included; none in a release of ``WIDE_D256_SPILLS``); triton/decode with it on against fp64 under the
+interpreter (128 rows on a full cache forced into two splits, and paged ragged; 256 rows in two tiles, also by the
+two-launch merge; 80 rows padded to one tile on the balanced split); a planted grid that drops the second M tile, a
+planted packed-row → head mapping and a planted chunked merge that stores every chunk at the first chunk's rows fail
+the check. Static: the knob's split kernel (with the two-launch merge kernel) and balanced kernel compile for sm_90a
+without spills at 128 rows, contiguous and paged, causal and not, with the LSE, one CTA an SM; under a release of
+``WIDE_D256_SPILLS`` the test holds the spill that keeps the knob off there. GPU (``gpu``;
+``bench/decode_d256_wide_ab.sh``): the default against fp64 on a poisoned output, on seed 47's paged row's kind, 80
+rows padded to one tile and 256 rows in two tiles.
 """
 
 from __future__ import annotations
@@ -44,34 +45,34 @@ def _plan(problem: Problem) -> tuple[int, int, int, int, int]:
     )  # fmt: skip
 
 
-# (group, Sq, D) -> the plan with the knob on (None: as with it off): seed 47's two rows' kinds (128 and 64 rows),
-# 40 rows padded to one 64-row tile, 80 to one 128-row tile, 256 rows in two; 32 rows or fewer at D=256 and D=128's
+# (group, Sq, D) -> the plan with the knob on (None: as with it off): seed 47's paged row's kind (128 rows), 80 rows
+# padded to one 128-row tile, 256 rows in two; 64 rows or fewer at D=256 (seed 47's B=1 row's 64, 40, 32) and D=128's
 # many rows keep theirs.
 D256_PLANS = {
-    (8, 16, 256): (128, 8, 1, 16, 1), (16, 4, 256): (64, 8, 1, 16, 1), (5, 8, 256): (64, 8, 1, 16, 1),
-    (5, 16, 256): (128, 8, 1, 16, 1), (16, 16, 256): (128, 8, 2, 16, 1), (4, 8, 256): None, (16, 1, 256): None,
-    (8, 16, 128): None,
+    (8, 16, 256): (128, 8, 1, 16, 1), (5, 16, 256): (128, 8, 1, 16, 1), (16, 16, 256): (128, 8, 2, 16, 1),
+    (16, 4, 256): None, (5, 8, 256): None, (4, 8, 256): None, (16, 1, 256): None, (8, 16, 128): None,
 }  # fmt: skip
 
 
-def test_wide_d256_changes_only_the_shapes_of_more_than_32_rows_at_d256(monkeypatch: pytest.MonkeyPatch):
-    assert decode.WIDE_D256 is False, "WIDE_D256 is on by default before its GPU A/B"
+def test_wide_d256_changes_only_the_shapes_of_more_than_64_rows_at_d256(monkeypatch: pytest.MonkeyPatch):
+    assert decode.WIDE_D256 is True and decode.WIDE_D256_ABOVE_ROWS == 64, "the measured default"
     monkeypatch.setattr(decode, "WIDE_D256_SPILLS", ())
     for (group, seqlen_q, head_dim), wide in D256_PLANS.items():
         problem = _problem(2, 4, group, seqlen_q, 4096, head_dim)
-        default = _plan(problem)
-        monkeypatch.setattr(decode, "WIDE_D256", True)
-        assert _plan(problem) == (wide or default), problem.describe()
         monkeypatch.setattr(decode, "WIDE_D256", False)
-        assert _plan(problem) == default
+        narrow = _plan(problem)
+        assert narrow[0] <= (32 if head_dim == 256 else 128), problem.describe()
+        monkeypatch.setattr(decode, "WIDE_D256", True)
+        assert _plan(problem) == (wide or narrow), problem.describe()
 
 
 def test_wide_d256_stands_down_in_a_release_whose_kernels_spill(monkeypatch: pytest.MonkeyPatch):
     problem = _problem(2, 4, 8, 16, 4096, 256)
-    default = _plan(problem)
+    monkeypatch.setattr(decode, "WIDE_D256", False)
+    narrow = _plan(problem)
     monkeypatch.setattr(decode, "WIDE_D256", True)
     monkeypatch.setattr(decode, "WIDE_D256_SPILLS", (triton_release(),))
-    assert _plan(problem) == default
+    assert _plan(problem) == narrow
 
 
 def test_wide_d256_launches_its_warps_and_paged_stages(monkeypatch: pytest.MonkeyPatch):
@@ -88,15 +89,15 @@ def test_wide_d256_launches_its_warps_and_paged_stages(monkeypatch: pytest.Monke
 # 8 heads of a group × Sq 16 = 128 packed rows at D=256 (seed 47's paged row's kind, one tile merged in 32-row
 # chunks): a full cache of 77 keys (four 16-key blocks and a tail under the causal diagonal) forced into 2 splits (the
 # fused merge), at B=2 Hkv=2 so that the chunks' partial rows start past 0; pages of 16 keys over a ragged batch (a
-# sequence of 1, one of 6 blocks and a tail, one ending on a block); 16 × 16 = 256 rows in two tiles; 16 × 4 = 64 rows
-# (seed 47's B=1 row's kind, one 64-row tile) on a ragged 1k cache the rule splits: the balanced split's kernel, on 6
-# forced shares (the host's plan on the interpreter's 132 SMs would take long at D=256).
+# sequence of 1, one of 6 blocks and a tail, one ending on a block); 16 × 16 = 256 rows in two tiles; 5 × 16 = 80 rows
+# (padded to one 128-row tile) on a ragged 1k cache the rule splits: the balanced split's kernel, on 6 forced shares
+# (the host's plan on the interpreter's 132 SMs would take long at D=256).
 INTERPRETER_CASES = {
     "full-split": (_problem(2, 2, 8, 16, 77, 256, dtype=torch.float32), None, 2),
     "paged-ragged": (_problem(3, 1, 8, 16, 112, 256, dtype=torch.float32, has_cache_seqlens=True, page_size=16),
                      (1, 105, 64), None),
     "two-tiles": (_problem(1, 1, 16, 16, 40, 256, dtype=torch.float32), None, 2),
-    "balanced-ragged": (_problem(3, 1, 16, 4, 1024, 256, dtype=torch.float32, has_cache_seqlens=True),
+    "balanced-ragged": (_problem(3, 1, 5, 16, 1024, 256, dtype=torch.float32, has_cache_seqlens=True),
                         (1, 1000, 517), 6),
 }  # fmt: skip
 
@@ -113,8 +114,7 @@ def test_triton_wide_d256_against_fp64(case: str, monkeypatch: pytest.MonkeyPatc
     _wide_d256(monkeypatch)
     problem, lengths, num_splits = INTERPRETER_CASES[case]
     rows = problem.kv_group * problem.seqlen_q
-    block_m = 64 if rows <= 64 else 128
-    assert _plan(problem)[:3] == (block_m, 8, rows // block_m)
+    assert _plan(problem)[:3] == (128, 8, -(-rows // 128))
     assert decode.balanced_split(problem, torch.device("cpu")) == (case == "balanced-ragged")
     result = _interpreter_check(problem, lengths, num_splits)
     assert result.ok, f"{problem.describe()}: {result.summary()}"
@@ -224,12 +224,10 @@ print(json.dumps(results))
 """
 # (kernel, causal, page size, group, Sq): the split kernel (full caches, with the fused merge) and the balanced one
 # (ragged), contiguous and in pages of 256, causal (bottom-right) and not, with the LSE, at B=64 MQA: seed 47's paged
-# row's kind (group 8 × Sq 16, the 128-row tile) and its B=1 row's packing (group 16 × Sq 4, the 64-row tile).
+# row's kind (group 8 × Sq 16, the 128-row tile).
 COMPILES = [
-    (kernel, causal, page, *packing)
-    for packing in ((8, 16), (16, 4)) for kernel in ("split", "balanced") for causal in (True, False)
-    for page in (0, 256)
-]  # fmt: skip
+    (kernel, causal, page, 8, 16) for kernel in ("split", "balanced") for causal in (True, False) for page in (0, 256)
+]
 SM_REGISTERS, SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES = 65536, 233472, 1024
 
 
@@ -250,23 +248,21 @@ def test_wide_d256_kernels_compile_for_sm90_without_spills():
 # ----------------------------------------------------------------------------------------------------
 # GPU: triton/decode with the knob against fp64
 # ----------------------------------------------------------------------------------------------------
-# Seed 47's two rows' kinds, smaller: MQA group 8 × Sq 16 (one 128-row tile) in pages of 256 over a ragged batch (a
-# sequence of 17 keys, a full one, a tail); group 16 × Sq 4 (one 64-row tile) on a full 8k cache the rule splits;
-# 16 × 16 = 256 rows (two 128-row tiles, each merged in chunks) on a full 3000-key cache.
+# Seed 47's paged row's kind, smaller: MQA group 8 × Sq 16 (one 128-row tile) in pages of 256 over a ragged batch (a
+# sequence of 17 keys, a full one, a tail); group 5 × Sq 16 = 80 rows (padded to one tile) on a full 8k cache the rule
+# splits; 16 × 16 = 256 rows (two 128-row tiles, each merged in chunks) on a full 3000-key cache.
 GPU_CASES = {
     "paged-128rows": (_problem(4, 1, 8, 16, 4352, 256, has_cache_seqlens=True, page_size=256), (17, 4352, 1000, 77)),
-    "full-64rows": (_problem(1, 4, 16, 4, 8192, 256), None),
+    "full-80rows": (_problem(1, 4, 5, 16, 8192, 256), None),
     "full-256rows": (_problem(2, 2, 16, 16, 3000, 256), None),
 }
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", sorted(GPU_CASES))
-def test_gpu_wide_d256_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
+def test_gpu_wide_d256_against_fp64(case: str):
     problem, lengths = GPU_CASES[case]
-    default = _plan(problem)
-    monkeypatch.setattr(decode, "WIDE_D256", True)
-    if _plan(problem) == default:
+    if decode.tile_config(problem) != decode.WIDE_D256_CONFIG:
         pytest.skip(f"WIDE_D256 stands down under Triton {triton.__version__} (WIDE_D256_SPILLS)")
     result = check_on_gpu("triton/decode", problem, lengths, seed=len(case))
     assert result.ok, f"triton/decode WIDE_D256 {problem.describe()}: {result.summary()}"
@@ -283,15 +279,13 @@ def test_d256_bench_times_seed_47s_rows_first_and_each_setting_where_it_changes_
     assert described[0].startswith("B=64 H=8 Hkv=1 Sq=16 Sk=40448 D=256") and "paged(256)" in described[0]
     assert described[1].startswith("B=1 H=64 Hkv=4 Sq=4 Sk=71168 D=256")
     assert all(case.problem.head_dim == 256 for case in cases.values())
-    # 128 packed rows take every setting; 64 rows have no 64-row-only plan of their own.
-    every = ["default", "wide-d256", "wide-d256-64", "wide-d256-deep"]
-    no_64_only = ["default", "wide-d256", "wide-d256-deep"]
-    expected = {"seed47-4": every, "seed47-6": no_64_only, "long-mqa-128k": every, "128rows-4k": every,
-                "64rows-paged": no_64_only}  # fmt: skip
+    # 128 packed rows take every setting; 64 rows are the default's 32-row tiles in each (the controls).
+    every, controls = ["default", "narrow", "wide-d256-deep"], ["default"]
+    expected = {"seed47-4": every, "seed47-6": controls, "long-mqa-128k": every, "128rows-4k": every,
+                "64rows-paged": controls}  # fmt: skip
     if triton_release() in decode.WIDE_D256_SPILLS:
         expected = {label: ["default"] for label in expected}
     assert {label: settings_to_time(case.problem) for label, case in cases.items()} == expected
-    assert (decode.WIDE_D256, sorted(decode.WIDE_D256_CONFIGS)) == (False, [64, 128])
 
 
 def test_d256_bench_table_compares_each_setting_with_the_default():
@@ -299,12 +293,12 @@ def test_d256_bench_table_compares_each_setting_with_the_default():
 
     row = {"label": "seed47-6", "shape": "S", "status": "ok", "reason": "", "pct_roofline": 50.0}
     rows = [
-        {**row, "setting": "default", "plan": "32x2 n32x3 w4", "us": 100.0, "pct_read_bw": 40.0},
-        {**row, "setting": "wide-d256", "plan": "64x1 n16x3 w8", "us": 80.0, "pct_read_bw": 50.0},
-        {**row, "setting": "wide-d256-deep", "status": "wrong", "plan": "64x1 n16x5 w8", "us": 1.0, "pct_read_bw": 1.0},
+        {**row, "setting": "default", "plan": "128x1 n16x3 w8", "us": 100.0, "pct_read_bw": 40.0},
+        {**row, "setting": "narrow", "plan": "32x4 n32x3 w4", "us": 80.0, "pct_read_bw": 50.0},
+        {**row, "setting": "wide-d256-deep", "status": "wrong", "plan": "128x1 n16x5", "us": 1.0, "pct_read_bw": 1.0},
     ]  # fmt: skip
-    line = "| seed47-6: S | 100.0 µs (40 %; 50 % roofline; 32x2 n32x3 w4) | 80.0 µs (50 %; 64x1 n16x3 w8) | — | wrong |"
-    assert f"{line} 0.80 | — | — |" in markdown(rows, 4421.0, 672.0)
+    line = "| seed47-6: S | 100.0 µs (40 %; 50 % roofline; 128x1 n16x3 w8) | 80.0 µs (50 %; 32x4 n32x3 w4) | wrong |"
+    assert f"{line} 0.80 | — |" in markdown(rows, 4421.0, 672.0)
 
 
 def test_d256_ab_script_names_the_real_test_file_and_module():

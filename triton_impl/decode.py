@@ -11,8 +11,8 @@ every query head of a GQA group reads the same K/V bytes again. This rung remove
   * GQA packing: the ``group = H / Hkv`` query heads of one KV head share a CTA. Their rows are
     stacked into one M tile, row r = (head in group) · Sq + query token, padded to at least 16 rows
     for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``; ``WIDE_M_TILE``: one 128-row tile on 8
-    warps at D <= 128, two an SM under ``PACKED_OCCUPANCY``; ``WIDE_D256``: 64- or 128-row tiles on 8 warps at D=256),
-    so each K/V byte is read from HBM once per KV head, not once per query head.
+    warps at D <= 128, two an SM under ``PACKED_OCCUPANCY``; ``WIDE_D256``: 128-row tiles on 8 warps past 64 rows
+    at D=256), so each K/V byte is read from HBM once per KV head, not once per query head.
     Many packed rows make a step compute-heavy: a key's 4 · D bytes feed 4 · D · rows FLOPs, rows FLOPs a
     byte, so 128 rows at 4.4 TB/s ask 564 TFLOP/s of the tensor cores (``decode_sweep.roofline_us``).
   * Paged KV cache (``block_table``, vLLM's and FlashInfer's layout): K and V live in pools of pages
@@ -170,7 +170,7 @@ SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 2, False
 FEWER_WAVES = False
 # The merge takes a tile of head dim MERGE_CHUNK_HEAD_DIM and more than MERGE_CHUNK_ROWS rows that many rows at a time,
 # so that its O tiles fit the registers the key loop left (gluon/decode's MERGE_ROWS): WIDE_D256's 128-row tile spills
-# 592 bytes merged at once (sm_90a), its 64-row merge kernel 112 (Triton 3.6); the default tiles merge in one go.
+# 592 bytes merged at once (sm_90a); the default tiles merge in one go.
 MERGE_CHUNK_HEAD_DIM, MERGE_CHUNK_ROWS = tl.constexpr(256), tl.constexpr(32)
 # The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
 MIN_ARRIVAL_COUNTERS = 1024
@@ -211,30 +211,31 @@ WIDE_CONFIGS = {64: TileConfig(64, 8, 5, 128, ctas_per_sm=1), 128: TileConfig(64
 # one CTA an SM whose warpgroups meet at a barrier every block (seed 41's group 8 Sq=16 1k row: 41 % of the read
 # bandwidth); 32-key blocks take 128: two CTAs an SM, one's softmax under the other's wgmmas (D=128: 238 registers).
 PACKED_OCCUPANCY, PACKED_CONFIGS = False, {64: TileConfig(32, 8, 5, 128, ctas_per_sm=2, max_registers=128)}
-# Issue #38's D=256 packed rows (off until bench/decode_d256_wide_ab.sh): more than 32 packed rows at D=256 take one
-# 64-row tile (33-64 rows) or 128-row tiles on 8 warps, one CTA an SM, so 128 rows read the KV head's keys once, not
-# four times (seed 47's B=64 H=8 Hkv=1 Sq=16 paged row: 11 % of the read bandwidth). Keyed by the rows a tile takes at
-# most. 16-key blocks, with the merge in chunks (MERGE_CHUNK_ROWS): 224-255 registers a thread at 128 rows, 163-255 at
-# 64, no spill (sm_90a, Triton 3.6 and 3.8); 32-key blocks spill 8-88 bytes; 128 rows merged at once spill 592.
-WIDE_D256 = False
-WIDE_D256_CONFIGS = {64: TileConfig(16, 8, 3, 64, ctas_per_sm=1), 128: TileConfig(16, 8, 3, 128, ctas_per_sm=1)}
-# Triton releases whose WIDE_D256 kernels spill (3.9: 16-24 bytes at 128 rows, sm_90a): not there.
+# Issue #38's D=256 packed rows: more than WIDE_D256_ABOVE_ROWS packed rows at D=256 take 128-row tiles on 8 warps,
+# one CTA an SM, so 128 rows read the KV head's keys once, not four times. 16-key blocks, with the merge in chunks
+# (MERGE_CHUNK_ROWS): 224-255 registers a thread, no spill (sm_90a, Triton 3.6 and 3.8); 32-key blocks spill 8-88
+# bytes; 128 rows merged at once spill 592. Against the 32-row tiles (H200, results/h200/decode-d256-wide/): 0.60x
+# the time on seed 47's B=64 H=8 Hkv=1 Sq=16 paged ragged row (11 -> 19 % of the read bandwidth), 0.59x on 128 rows
+# of a full 4k cache, 1.00x on a 128k MQA cache. A 64-row tile for 33-64 rows was mixed (0.79x on a paged ragged row,
+# 1.19x on seed 47's B=1 H=64 Hkv=4 Sq=4 row: half the CTAs on a batch of one) and is not kept.
+WIDE_D256, WIDE_D256_ABOVE_ROWS = True, 64
+WIDE_D256_CONFIG = TileConfig(16, 8, 3, 128, ctas_per_sm=1)
+# Triton releases whose WIDE_D256 kernels spill (3.9: 16-24 bytes, sm_90a): not there.
 WIDE_D256_SPILLS = ("3.9",)
 
 
 def tile_config(problem: Problem) -> TileConfig:
     """``problem``'s tile: WIDE_CONFIGS' for many packed rows under WIDE_M_TILE (PACKED_CONFIGS' under
-    PACKED_OCCUPANCY), WIDE_D256_CONFIGS' for more than 32 at D=256 under WIDE_D256 (not in a release of
-    WIDE_D256_SPILLS), SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
+    PACKED_OCCUPANCY), WIDE_D256_CONFIG for more than WIDE_D256_ABOVE_ROWS at D=256 under WIDE_D256 (not in a
+    release of WIDE_D256_SPILLS), SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
     rows = problem.kv_group * problem.seqlen_q
     if WIDE_M_TILE and rows > MAX_BLOCK_M and problem.head_dim in WIDE_CONFIGS:
         if PACKED_OCCUPANCY and problem.head_dim in PACKED_CONFIGS:
             return PACKED_CONFIGS[problem.head_dim]
         return WIDE_CONFIGS[problem.head_dim]
     wide_d256 = WIDE_D256 and problem.head_dim == 256 and triton_release() not in WIDE_D256_SPILLS
-    if wide_d256 and rows > DEFAULT_CONFIGS[256].max_block_m:
-        caps = sorted(WIDE_D256_CONFIGS)
-        return WIDE_D256_CONFIGS[next((cap for cap in caps if rows <= cap), caps[-1])]
+    if wide_d256 and rows > WIDE_D256_ABOVE_ROWS:
+        return WIDE_D256_CONFIG
     configs = SHORT_CACHE_CONFIGS if SHORT_CACHE_TILE and problem.seqlen_k <= splits.SHORT_CACHE_KEYS else {}
     return configs.get(problem.head_dim, DEFAULT_CONFIGS[problem.head_dim])
 

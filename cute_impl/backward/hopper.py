@@ -622,9 +622,12 @@ def _kernel_names(config: HopperBackwardConfig) -> tuple[str, ...]:
 # dim's last candidate) in one call, each beside FA4 (H200, results/h200/backward-late-dv-rebase/): ``late_dv`` won
 # on all four anchors (P1 565.1 → 577.1, P1 causal 540.5 → 557.2, D=64 B=4 H=32 502.6 → 509.8, B=8 S=2048 causal
 # 414.8 → 421.5 TFLOP/s); the 80-row step with both knobs is the fastest non-causal D=128 step (P1 577.0 → 601.7,
-# 0.999x FA4; without the rebase 588.4), FA4's tile choice too, which keeps 64 rows when causal. At D=64 the rebase
-# alone also gained (511.4 → 519.3); both knobs together there are a candidate (``bench/cute_bwd_d64_ab.sh``).
-_D64_DEFAULT = BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True)
+# 0.999x FA4; without the rebase 588.4), FA4's tile choice too, which keeps 64 rows when causal. At D=64 both knobs
+# together beat each alone in one process (results/h200/backward-cute-d64-both/: 519.7 against late_dv's 514.4 and
+# the rebase's 515.2, FA4 522.9).
+_D64_DEFAULT = BackwardTiles(
+    128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True, rebased_operands=True
+)
 DEFAULTS: dict[tuple[int, bool], BackwardTiles] = {
     (64, False): _D64_DEFAULT,
     (64, True): _D64_DEFAULT,
@@ -639,10 +642,11 @@ DEFAULTS: dict[tuple[int, bool], BackwardTiles] = {
 
 def default_tiles(head_dim: int, causal: bool) -> BackwardTiles:
     """``DEFAULTS[head_dim, causal]``: dQ by bulk reduce-adds, LSE₂ and D by TMA, dK and dV stored by TMA,
-    FlashAttention-4's dV order (``late_dv``), at D=64 128 query rows a step, at D=128 causal 64 rows with the
-    heaviest CTAs first, non-causal 80 rows with rebased descriptors; while ``torch.use_deterministic_algorithms``
-    is on, the head dim's first candidate, whose separate dQ pass gives bit-identical gradients run after run (as
-    torch's own nondeterministic kernels give way to deterministic ones under that switch)."""
+    FlashAttention-4's dV order (``late_dv``), at D=64 128 query rows a step with rebased descriptors, at D=128
+    causal 64 rows with the heaviest CTAs first, non-causal 80 rows with rebased descriptors; while
+    ``torch.use_deterministic_algorithms`` is on, the head dim's first candidate, whose separate dQ pass gives
+    bit-identical gradients run after run (as torch's own nondeterministic kernels give way to deterministic ones
+    under that switch)."""
     if torch.are_deterministic_algorithms_enabled():
         return CANDIDATES[head_dim][0]
     return DEFAULTS[head_dim, causal]
