@@ -18,6 +18,13 @@ Both kernels of cute/decode compute it: the split kernel to find its (batch, KV 
 share index (:meth:`BalancedPlan.share`), the merge kernel to find the slabs of its item's partials
 (:meth:`BalancedPlan.item_slabs`). Computing it twice costs each CTA a loop over B lengths and needs no
 buffer between the kernels, no ordering beyond the launch order, and nothing to reset under a CUDA graph.
+But every merge thread walks the batch twice (``share_blocks``, then ``item_slabs``) for a pair of ints its
+item's split CTAs already know: at B=64 with 128 packed rows at D=256 the 4096 merge CTAs execute 37 M warp
+instructions, most of them the plan's, in 49 µs beside a 249 µs split kernel (ncu, seed 47 row 4:
+results/h200/decode-ncu-2026-11-30-fifth/). ``decode.MERGE_SLABS_FROM_SPLIT`` (off) has the item's first share
+store the pair instead (``_decode_merge.store_item_slabs``) into a (B·Hkv, 2) int32 buffer that each bind
+allocates beside the partials: every launch rewrites every item's pair before the merge kernel, launched after
+the split kernel on the same stream, reads it, so nothing is reset under a CUDA graph either.
 """
 
 from __future__ import annotations

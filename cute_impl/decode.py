@@ -21,8 +21,8 @@ keeping the memory system busy, not the tensor cores:
 * **Warps split the keys, not the rows**: with 16 packed rows there is nothing to share among warps
   along M, so each warp takes its own ``keys_per_warp`` keys of every K/V block and runs its own online
   softmax: a split inside the split, the warps' partial O and LSE merged through shared memory at the end
-  (:func:`merge_splits`, both kernels' formula). ``WARPS_SPLIT_ROWS`` (on) splits the rows first where a
-  tile has more than 16 (``_decode_warps.py``). Why ``mma.sync`` (SM80-style, warp-level), not WGMMA: a
+  (:func:`merge_splits`, both kernels' formula, ``_decode_merge.py``). ``WARPS_SPLIT_ROWS`` (on) splits the rows
+  first where a tile has more than 16 (``_decode_warps.py``). Why ``mma.sync`` (SM80-style, warp-level), not WGMMA: a
   64-row warpgroup tile would be three quarters padding for 16 packed rows, and no MMA choice matters when
   the tensor cores idle on memory; ``mma.sync`` lets each warp own its keys and its softmax.
 * **The balanced split** (``BALANCED_SPLIT``, triton/decode's switch and plan, ``_decode_plan.py``):
@@ -30,7 +30,8 @@ keeping the memory system busy, not the tensor cores:
   long one's few carry its keys. Balanced, the grid is target_shares + B·Hkv CTAs per M tile (the shape
   fixes it: a CUDA graph replays it with new lengths); each CTA reads the B lengths, sizes a share as
   total key blocks / target_shares, finds its (batch, KV head, split) and stores its partials into the
-  slab of its index; the merge kernel finds each item's slabs by the same plan.
+  slab of its index; the merge kernel finds each item's slabs by the same plan (``MERGE_SLABS_FROM_SPLIT``, off:
+  each item's first share stores its (first slab, count), two int32, and the merge kernel reads them instead).
 
 Why a second kernel for the merge (as in ``triton/decode``): atomics on O would make the order of fp32
 adds change from run to run, and "the last split to finish merges" needs a global counter per tile,
@@ -100,6 +101,7 @@ import torch
 from common.contract import splits
 from common.contract.capability import FEATURES, PAGED_KV
 from common.contract.problem import Problem
+from cute_impl._decode_merge import merge_splits, store_item_slabs
 from cute_impl._decode_plan import BalancedPlan, checked_item_cap, sequence_blocks, slab_range, split_block_range
 from cute_impl._decode_warps import MMA_M, WarpTiles, max_tile_m, warp_split
 from cute_impl._device import (
@@ -147,9 +149,6 @@ MMA_K = 16
 SMEM_ALIGN_BYTES = 1024
 # The merges: each thread merges 4 fp32 columns of a row (16-byte loads); merge kernel CTAs of 4 warps.
 MERGE_COLS, MERGE_THREADS = 4, 128
-# The merges weigh natural-log LSEs by exp2((lseₛ - lse_max) · COMBINE_LOG2_E) (a name of its own so a
-# test can plant the log2-unit bug).
-COMBINE_LOG2_E = LOG2_E
 # Splits the merge kernel reads a step: its two loops over the splits (LSEs, then O) unrolled that many
 # times, so that as many loads are in flight together (triton/decode's merge has the same name and
 # meaning). 0 leaves the unrolling to the compiler, the merge before issue #38's decode floor (sm_90a:
@@ -198,6 +197,10 @@ BALANCED_SPLIT = "ragged-split"
 # The item-share cap (splits.py; 0: none): 48, seed 43 MQA D=256 row 97.1 -> 84.8 us (results/h200/decode-ragged-cap/).
 BALANCED_SHARES_PER_SM, BALANCED_MAX_ITEM_SHARES = 2, 48
 BALANCED_MIN_KEYS = splits.MIN_KEYS_PER_SPLIT
+# Balanced: the merge kernel reads each item's (first slab, count) that the item's first share stored, instead of
+# every thread walking the plan over the batch twice (_decode_plan.py; ncu, seed 47 row 4: a 49 us merge, most of
+# it the plan, beside a 249 us split). Off until bench/cute_merge_plan_ab.sh.
+MERGE_SLABS_FROM_SPLIT = False
 WARPS_SPLIT_ROWS = True  # many packed rows (_decode_warps.py): 0.83-0.94x the time (results/h200/decode-row-split/)
 # Every problem feature, and the paged KV cache (a block table of pages of 16 to 256 keys).
 DECODE_FEATURES = (*FEATURES, PAGED_KV)
@@ -221,6 +224,7 @@ class DecodeConfig:
     balanced_min_blocks: int = 0  # the balanced split's least share in key blocks; 0: the padded split
     row_warps: int = 1  # warps along M (``_decode_warps.py``; WARPS_SPLIT_ROWS): 1, the warps split the keys
     balanced_max_shares: int = 0  # the balanced split's most shares an item (BALANCED_MAX_ITEM_SHARES); 0: no cap
+    merge_slabs_from_split: bool = False  # balanced: the merge reads the item slabs (MERGE_SLABS_FROM_SPLIT)
 
     @property
     def keys_per_warp(self) -> int:
@@ -244,6 +248,10 @@ class DecodeKernel:
         self.split = config.split
         # The split kernel stores an LSE as a split's partial, or as O's when it is returned.
         self.store_lse = config.split or config.return_lse
+        if config.merge_slabs_from_split and not config.balanced_min_blocks:
+            raise ValueError(f"the merge reads item slabs only under the balanced split, got {config}")
+        # Balanced: the merge kernel plans afresh which slabs hold its item's partials, unless it reads them.
+        self.merge_plans = bool(config.balanced_min_blocks) and not config.merge_slabs_from_split
         if self.keys_per_warp % MMA_K or self.tile_m % (MMA_M * config.row_warps):
             raise ValueError(f"keys per warp and tile_m must be multiples of 16, got {config}")
         # The warps' fp32 partials (O and LSE) reuse the drained K/V ring (16-bit elements).
@@ -258,12 +266,14 @@ class DecodeKernel:
     @cute.jit
     def __call__(
         self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
-        mOPartial: cute.Tensor | None, mLSEPartial: cute.Tensor | None, mCacheSeqlens: cute.Tensor | None,
-        mBlockTable: cute.Tensor | None, softmax_scale: cutlass.Float32, stream: cuda.CUstream,
+        mOPartial: cute.Tensor | None, mLSEPartial: cute.Tensor | None, mItemSlabs: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, mBlockTable: cute.Tensor | None, softmax_scale: cutlass.Float32,
+        stream: cuda.CUstream,
     ):  # fmt: skip
         """q (B, H, Sq, D), k, v (B, Hkv, Sk, D); mO (B·Hkv, group·Sq, D) and mLSE (B·Hkv, group·Sq) or
         None: the packed rows of O and its LSE; mOPartial (num_splits, B·Hkv, group·Sq, D) and
-        mLSEPartial (num_splits, B·Hkv, group·Sq), fp32, when split, else None; mCacheSeqlens (B,)
+        mLSEPartial (num_splits, B·Hkv, group·Sq), fp32, when split, else None; mItemSlabs (B·Hkv, 2) int32
+        where the merge reads the item slabs (``merge_slabs_from_split``), else None; mCacheSeqlens (B,)
         int32 or None; paged, k and v are pools (num_pages, Hkv, page_size, D) and mBlockTable the
         (B, max_pages_per_seq) int32 table, else None. None-ness is compile time."""
         dtype = mQ.element_type
@@ -292,6 +302,7 @@ class DecodeKernel:
             mLSE,
             mOPartial,
             mLSEPartial,
+            mItemSlabs,
             mCacheSeqlens,
             mBlockTable,
             softmax_scale * LOG2_E,
@@ -311,8 +322,8 @@ class DecodeKernel:
         )
         if cutlass.const_expr(self.split):
             rows_per_cta = MERGE_THREADS // (self.head_dim // MERGE_COLS)
-            plan_inputs = (mQ, mK, mCacheSeqlens, mBlockTable) if self.config.balanced_min_blocks else (None,) * 4
-            self.merge_kernel(mOPartial, mLSEPartial, mO, mLSE, *plan_inputs).launch(
+            plan_inputs = (mQ, mK, mCacheSeqlens, mBlockTable) if self.merge_plans else (None,) * 4
+            self.merge_kernel(mOPartial, mLSEPartial, mO, mLSE, *plan_inputs, mItemSlabs).launch(
                 grid=(cute.ceil_div(rows, rows_per_cta), batch_kv_heads, 1),
                 block=[MERGE_THREADS, 1, 1],
                 stream=stream,
@@ -324,10 +335,11 @@ class DecodeKernel:
     @cute.kernel
     def split_kernel(
         self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
-        mOPartial: cute.Tensor | None, mLSEPartial: cute.Tensor | None, mCacheSeqlens: cute.Tensor | None,
-        mBlockTable: cute.Tensor | None, softmax_scale_log2: cutlass.Float32, sQ_layout: cute.ComposedLayout,
-        sKV_layout: cute.ComposedLayout, sO_parts_layout: cute.Layout, sLSE_parts_layout: cute.Layout,
-        gmem_tiled_copy: cute.TiledCopy, warp_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr,
+        mOPartial: cute.Tensor | None, mLSEPartial: cute.Tensor | None, mItemSlabs: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, mBlockTable: cute.Tensor | None, softmax_scale_log2: cutlass.Float32,
+        sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout, sO_parts_layout: cute.Layout,
+        sLSE_parts_layout: cute.Layout, gmem_tiled_copy: cute.TiledCopy, warp_mma: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
     ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         split, m_block, batch_kv_head = cute.arch.block_idx()
@@ -347,6 +359,8 @@ class DecodeKernel:
         if cutlass.const_expr(self.config.balanced_min_blocks):
             plan = self.balanced_plan(mQ, mK, mCacheSeqlens, mBlockTable, mOPartial.shape[0] - mO.shape[0])
             batch, kv_head, split, num_splits, has_work = plan.share(share)
+            if cutlass.const_expr(self.config.merge_slabs_from_split):
+                store_item_slabs(mItemSlabs[batch * kv_heads + kv_head, None], share, split, num_splits, tidx, m_block)
         seqlen = SeqlenInfo.create(batch, seqlen_q, capacity, mCacheSeqlens, self.bottom_right)
         block_range = split_block_range(split, num_splits, seqlen, seqlen_q, self.tile_n, self.causal)
         n_blocks = block_range.n_block_max - block_range.n_block_min
@@ -563,7 +577,7 @@ class DecodeKernel:
     def merge_kernel(
         self, mOPartial: cute.Tensor, mLSEPartial: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
         mQ: cute.Tensor | None, mK: cute.Tensor | None, mCacheSeqlens: cute.Tensor | None,
-        mBlockTable: cute.Tensor | None,
+        mBlockTable: cute.Tensor | None, mItemSlabs: cute.Tensor | None,
     ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         row_block, batch_kv_head, _ = cute.arch.block_idx()
@@ -573,10 +587,13 @@ class DecodeKernel:
         rows = mO.shape[1]
         if row < rows:
             o_parts, lse_parts = mOPartial[None, batch_kv_head, row, None], mLSEPartial[None, batch_kv_head, row]
-            if cutlass.const_expr(self.config.balanced_min_blocks):  # mQ, mK, the lengths and table given
+            if cutlass.const_expr(self.merge_plans):  # mQ, mK, the lengths and table given
                 kv_heads = mK.shape[1]
                 plan = self.balanced_plan(mQ, mK, mCacheSeqlens, mBlockTable, mOPartial.shape[0] - mO.shape[0])
                 first, count = plan.item_slabs(batch_kv_head // kv_heads, batch_kv_head % kv_heads)
+            elif cutlass.const_expr(self.config.merge_slabs_from_split):  # stored by the item's first share
+                first, count = mItemSlabs[batch_kv_head, 0], mItemSlabs[batch_kv_head, 1]
+            if cutlass.const_expr(self.config.balanced_min_blocks):
                 o_parts, lse_parts = (
                     slab_range(t, first, count) for t in (mOPartial[None, 0, row, None], mLSEPartial[None, 0, row])
                 )
@@ -594,35 +611,8 @@ class DecodeKernel:
 
 
 # ----------------------------------------------------------------------------------------------
-# The split's key blocks, the merge both kernels share, and the stores.
+# The stores (the merge both kernels share, ``merge_splits``: ``_decode_merge.py``).
 # ----------------------------------------------------------------------------------------------
-@cute.jit
-def merge_splits(
-    lse_parts: cute.Tensor, o_parts: cute.Tensor, merged: cute.Tensor, parts_per_step: cutlass.Constexpr[int]
-) -> cutlass.Float32:
-    """Merge the parts s of one row chunk: ``merged`` = Σₛ exp(lseₛ - lse) · Oₛ and the returned lse =
-    log Σₛ exp(lseₛ), natural log. ``lse_parts`` (parts,) and ``o_parts`` (parts, MERGE_COLS) are the
-    warps' parts in shared memory (split kernel) or the splits' partials in HBM (merge kernel). A
-    part with LSE -inf (no key) weighs exp(-inf) = 0; a row no part saw keeps lse = -inf and O = 0.
-    ``parts_per_step``: the loops' unrolling, so that parts in HBM are loaded that many at a time (1:
-    one after the other; 0: the compiler's choice, for the warps' few parts in shared memory)."""
-    num_parts = cute.size(lse_parts)
-    lse_max = cutlass.Float32(-cutlass.Float32.inf)
-    for s in cutlass.range(num_parts, unroll=parts_per_step):
-        lse_max = cute.arch.fmax(lse_max, lse_parts[s])
-    # Weights are taken against the largest LSE (so none overflows); against 0 if every part is -inf.
-    lse_base = cutlass.Float32(cutlass.select_(lse_max == -cutlass.Float32.inf, 0.0, lse_max))
-    weight_sum = cutlass.Float32(0.0)
-    merged.fill(0.0)
-    for s in cutlass.range(num_parts, unroll=parts_per_step):
-        weight = cute.math.exp2((lse_parts[s] - lse_base) * COMBINE_LOG2_E, fastmath=True)
-        weight_sum = weight_sum + weight
-        merged.store(merged.load() + o_parts[s, None].load() * weight)
-    has_keys = weight_sum > 0.0
-    merged.store(merged.load() * cutlass.Float32(cutlass.select_(has_keys, 1.0 / weight_sum, 0.0)))
-    return cutlass.Float32(cutlass.select_(has_keys, lse_base + cute.math.log(weight_sum), -cutlass.Float32.inf))
-
-
 @cute.jit
 def _store_row_chunk(merged: cute.Tensor, gO_chunk: cute.Tensor):
     """``merged`` (fp32) into ``MERGE_COLS`` consecutive columns of an output row, cast to its dtype."""
@@ -682,6 +672,7 @@ def decode_config(problem: Problem, split: bool, balanced: bool = False) -> Deco
         balanced_min_blocks=balanced
         and splits.balanced_min_share_blocks(TILE_CONFIGS[problem.head_dim].tile_n, BALANCED_MIN_KEYS),
         balanced_max_shares=checked_item_cap(BALANCED_MAX_ITEM_SHARES) if balanced else 0,
+        merge_slabs_from_split=balanced and MERGE_SLABS_FROM_SPLIT,
     )
 
 
@@ -722,11 +713,13 @@ def plan_launch(
             torch.empty((slabs or num_splits, items, rows, head_dim), dtype=torch.float32, device=q.device),
             torch.empty((slabs or num_splits, items, rows), dtype=torch.float32, device=q.device),
         )
+    # The merge's item slabs (MERGE_SLABS_FROM_SPLIT), written by the split kernel at every launch.
+    item_slabs = q.new_empty((batch_kv_heads, 2), dtype=torch.int32) if config.merge_slabs_from_split else None
     packed = (out.view(batch_kv_heads, rows, head_dim), None if lse is None else lse.view(batch_kv_heads, rows))
     kv = [pool.permute(0, 2, 1, 3) for pool in (k, v)] if problem.paged else [k, v]  # pools (pages, Hkv, slots, D)
     lengths = None if cache_seqlens is None else cache_seqlens_tensor(cache_seqlens)
     table = None if block_table is None else block_table_tensor(block_table)
-    arguments = (q, *kv, *packed, *partials, lengths, table, problem.scale)
+    arguments = (q, *kv, *packed, *partials, item_slabs, lengths, table, problem.scale)
     result = (out, lse) if problem.return_lse else out
     chosen = {"num_splits": num_splits, "balanced": slabs is not None}
     return Launch(config, arguments, result, chosen)
@@ -758,15 +751,16 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 def fake_arguments(config: DecodeConfig) -> tuple[Any, ...]:
     """:meth:`DecodeKernel.__call__`'s arguments without data, as ``bind`` passes them: q, k, v
     (B, H or Hkv, S, D) (paged: k and v (num_pages, Hkv, page_size, D)), the packed O (B·Hkv, rows, D)
-    and LSE (or None), the split partials (or None), the key lengths (or None), the block table (or
-    None), the softmax scale (its value does not enter the code) and the stream."""
+    and LSE (or None), the split partials (or None), the merge's item slabs (or None), the key lengths (or
+    None), the block table (or None), the softmax scale (its value does not enter the code) and the stream."""
     element = CUTE_DTYPES[config.dtype]
     operands = [fake_tensor(element, 4) for _ in range(3)]
     packed = [fake_tensor(element, 3), fake_tensor(cutlass.Float32, 2) if config.return_lse else None]
     partials = [fake_tensor(cutlass.Float32, 4), fake_tensor(cutlass.Float32, 3)] if config.split else [None, None]
+    item_slabs = fake_tensor(cutlass.Int32, 2) if config.merge_slabs_from_split else None
     lengths = fake_cache_seqlens() if config.has_cache_seqlens else None
     table = fake_block_table() if config.paged else None
-    return (*operands, *packed, *partials, lengths, table, cutlass.Float32(1.0), fake_stream())
+    return (*operands, *packed, *partials, item_slabs, lengths, table, cutlass.Float32(1.0), fake_stream())
 
 
 def compile_plan(problem: Problem, split: bool = True) -> DecodeConfig:

@@ -21,7 +21,7 @@ from common.contract.check import check_on_inputs
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.reporting.static import cubin_resources
-from cute_impl import _decode_plan, _device, decode
+from cute_impl import _decode_merge, _decode_plan, _device, decode
 from cute_impl._device import BlockRange, SeqlenInfo
 from tests.cute_stubs import BindReachedError, stop_at_bind
 
@@ -299,8 +299,8 @@ def _last_slab_missed(parts, first, count):
 # the H200 such a plant passed the check: results/h200/decode-balanced-gluon-cute/).
 PLANTED = {
     "dropped split": (_decode_plan, "split_key_range", _drop_split_one, 3),
-    "merges weigh natural-log LSEs as log2": (decode, "COMBINE_LOG2_E", 1.0, 3),
-    "the warps' merge weighs natural-log LSEs as log2": (decode, "COMBINE_LOG2_E", 1.0, 1),
+    "merges weigh natural-log LSEs as log2": (_decode_merge, "COMBINE_LOG2_E", 1.0, 3),
+    "the warps' merge weighs natural-log LSEs as log2": (_decode_merge, "COMBINE_LOG2_E", 1.0, 1),
     "split reads past its sequence's length": (decode, "SeqlenInfo", _IgnoringCacheSeqlens, 3),
     "balanced: the merge misses an item's last slab": (decode, "slab_range", _last_slab_missed, None),
 }

@@ -268,8 +268,10 @@ def test_the_compiled_kernel_takes_torch_tensors_and_checks_them():
     assert compiled.__tvm_ffi_object__() is not None
     q, k, v = _inputs(problem)
     out = torch.empty(problem.batch * problem.kv_heads, problem.kv_group, problem.head_dim, dtype=torch.bfloat16)
+    # Every argument between O and the scale is None in this configuration (the fakes less q, k, v, O, scale, stream).
+    nones = (None,) * (len(decode.fake_arguments(config)) - 6)
     with pytest.raises(ValueError, match=r"argument #0.*expected device_type=cuda"):
-        compiled(q, k, v, out, None, None, None, None, None, problem.scale)
+        compiled(q, k, v, out, *nones, problem.scale)
 
 
 def test_the_environment_manifest_records_the_launch_path():
