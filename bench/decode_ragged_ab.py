@@ -101,9 +101,9 @@ def plan_of(rung: str, problem, lengths: tuple[int, ...], device) -> tuple:
         from triton_impl.gluon import _decode_balanced
 
         block_n = module.decode_config(problem).block_n
-        slots = module.split_policy(problem).ctas_per_sm if module.BALANCED_SHARES_BY_SLOTS else None
+        slots = (module.split_policy(problem).ctas_per_sm, module.BALANCED_SHARES_BY_SLOTS)
         _, target, _, _ = _decode_balanced.balanced_sizes(
-            problem, device, None, module.m_blocks_for(problem), block_n, slots
+            problem, device, None, module.m_blocks_for(problem), block_n, *slots
         )
         min_keys, cap = (
             importlib.import_module("triton_impl.decode").BALANCED_MIN_KEYS,

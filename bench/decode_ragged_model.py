@@ -71,9 +71,8 @@ def rung_plan(rung: str, problem, lengths: tuple[int, ...]) -> RungPlan:
 
         config = module.decode_config(problem)
         block_n, stages, slots = config.block_n, config.num_stages, module.split_policy(problem).ctas_per_sm
-        by_slots = slots if module.BALANCED_SHARES_BY_SLOTS else None
         _, target, _, _ = _decode_balanced.balanced_sizes(
-            problem, CPU, None, module.m_blocks_for(problem), block_n, by_slots
+            problem, CPU, None, module.m_blocks_for(problem), block_n, slots, module.BALANCED_SHARES_BY_SLOTS
         )
         triton_decode = importlib.import_module("triton_impl.decode")
         cap, min_keys = _decode_balanced.BALANCED_MAX_ITEM_SHARES, triton_decode.BALANCED_MIN_KEYS

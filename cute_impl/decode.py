@@ -196,14 +196,13 @@ CTAS_PER_SM_FIT = {64: 2, 128: 2, 256: 1}
 BALANCED_SPLIT = "ragged-split"
 # The item-share cap (splits.py; 0: none): 48, seed 43 MQA D=256 row 97.1 -> 84.8 us (results/h200/decode-ragged-cap/).
 BALANCED_SHARES_PER_SM, BALANCED_MAX_ITEM_SHARES = 2, 48
-BALANCED_MIN_KEYS = splits.MIN_KEYS_PER_SPLIT
+BALANCED_TARGET, BALANCED_MIN_KEYS = "per-sm", splits.MIN_KEYS_PER_SPLIT  # "per-slot": splits.py's "target rule"
 # Balanced: the merge kernel reads each item's (first slab, count) that the item's first share stored, instead of
 # every thread walking the plan over the batch twice (_decode_plan.py; ncu, seed 47 row 4: a 49 us merge, most of
 # it the plan, beside a 249 us split). Off until bench/cute_merge_plan_ab.sh.
 MERGE_SLABS_FROM_SPLIT = False
 WARPS_SPLIT_ROWS = True  # many packed rows (_decode_warps.py): 0.83-0.94x the time (results/h200/decode-row-split/)
-# Every problem feature, and the paged KV cache (a block table of pages of 16 to 256 keys).
-DECODE_FEATURES = (*FEATURES, PAGED_KV)
+DECODE_FEATURES = (*FEATURES, PAGED_KV)  # every problem feature, and the paged KV cache (pages of 16 to 256 keys)
 
 
 @dataclass(frozen=True)
@@ -684,7 +683,8 @@ def launch_plan(problem: Problem, device: torch.device, num_splits: int | None =
     slabs, items, m_blocks = None, problem.batch * problem.kv_heads, m_blocks_for(problem)
     if balanced_split(problem, device):  # slabs: target_shares + B · Hkv, of all items
         tile_n, shares = TILE_CONFIGS[problem.head_dim].tile_n, (BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS)
-        num_splits = splits.resolve_balanced_shares(num_splits, problem, device, m_blocks, tile_n, *shares)
+        rule = {"target": BALANCED_TARGET, "ctas_per_sm": CTAS_PER_SM_FIT[problem.head_dim]}
+        num_splits = splits.resolve_balanced_shares(num_splits, problem, device, m_blocks, tile_n, *shares, **rule)
         slabs, items = num_splits + items, 1
     else:
         num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks, device, split_policy(problem))

@@ -48,6 +48,7 @@ def _fake_sanitizer(folder: Path) -> None:
         ("bench.gluon_balanced_ab", False, "needs a CUDA GPU"),
         ("bench.cute_merge_plan_ab", False, "needs a CUDA GPU"),
         ("bench.decode_ragged_ab", False, "needs a CUDA GPU"),
+        ("bench.decode_target_ab", False, "needs a CUDA GPU"),
         ("bench.train", False, "needs a CUDA GPU"),
         ("bench.fp8_q_in_kernel", False, "needs a CUDA GPU"),
         ("bench.fp8_pdl", False, "needs a CUDA GPU"),

@@ -65,11 +65,12 @@ once while the long one's few carry its keys. ``_balanced_split_kernel`` gives e
 valid keys, FlashInfer's plan done on the device (``balanced_share``): each CTA reads the B lengths, sizes a share
 as total key blocks / ``target_shares`` (at least ``BALANCED_MIN_KEYS``), gives each (batch, KV head)
 cdiv(its blocks, share) splits (one for an empty sequence; at most ``BALANCED_MAX_ITEM_SHARES`` unless 0) and
-finds its own in their prefix sum. The grid, target_shares (``BALANCED_SHARES_PER_SM`` per SM over the M tiles)
-+ B · Hkv CTAs per M tile, holds every share whatever the lengths: the shape fixes it, and a CUDA graph replays
-it with new lengths (CTAs past the last share store nothing). An item's shares fill consecutive slabs of the
-partials; its last to arrive merges them (``merge_splits``; an item of one share writes O itself). ``num_splits=``
-forces target_shares; the merge is always fused.
+finds its own in their prefix sum. The grid, target_shares (``BALANCED_SHARES_PER_SM`` per SM over the M tiles;
+``BALANCED_TARGET = "per-slot"``: splits.py's "The target rule", off) + B · Hkv CTAs per M tile, holds every
+share whatever the lengths: the shape fixes it, and a CUDA graph replays it with new lengths (CTAs past the last
+share store nothing). An item's shares fill consecutive slabs of the partials; its last to arrive merges them
+(``merge_splits``; an item of one share writes O itself). ``num_splits=`` forces target_shares; the merge is
+always fused.
 
 Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one M tile; one launch):
   1. ``seqlen_info``: the sequence's own length and causal offset; the keys any row sees end at
@@ -163,6 +164,9 @@ FUSED_MERGE = True
 # off until bench/decode_ragged_ab.sh: splits.py's "item-share cap"); the lengths' vector >= MIN_BLOCK_B.
 BALANCED_SPLIT = "ragged-split"
 BALANCED_SHARES_PER_SM, BALANCED_MAX_ITEM_SHARES = 2, 0
+# The grid's target rule (splits.BALANCED_TARGETS; splits.py's "The target rule"): "per-slot" counts CTAS_PER_SM_FIT's
+# slots and the items; "per-sm" (BALANCED_SHARES_PER_SM an SM) until bench/decode_target_ab.sh times both.
+BALANCED_TARGET = "per-sm"
 BALANCED_MIN_KEYS, MIN_BLOCK_B = splits.MIN_KEYS_PER_SPLIT, 16
 # Fifth stop's switches (results/h200/decode-floor5/): two CTA slots an SM on full caches (276k D=64 63 -> 85 %).
 SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 2, False, False, False
@@ -679,13 +683,13 @@ def balanced_split(problem: Problem, device: torch.device) -> bool:
     return splits.balanced_split_applies(BALANCED_SPLIT, problem, lambda: planned_num_splits(problem, device))
 
 
-def balanced_target_shares(problem: Problem, device: torch.device) -> int:
-    """The balanced grid's shares per M tile (``splits.balanced_target_shares``) at this rung's
-    ``BALANCED_SHARES_PER_SM``, ``BALANCED_MIN_KEYS`` and key block."""
-    block_n = tile_config(problem).block_n
-    return splits.balanced_target_shares(
-        problem, device, m_blocks_for(problem), block_n, BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS
-    )
+def balanced_target_shares(problem: Problem, device: torch.device, shares: int | None = None) -> int:
+    """The balanced grid's shares per M tile (``splits.resolve_balanced_shares``; ``shares`` forces them) at this
+    rung's ``BALANCED_TARGET`` rule, ``BALANCED_SHARES_PER_SM``, CTA slots, ``BALANCED_MIN_KEYS`` and key block."""
+    config = tile_config(problem)
+    rule = {"target": BALANCED_TARGET, "ctas_per_sm": config.ctas_per_sm or CTAS_PER_SM_FIT[problem.head_dim]}
+    sizes = (m_blocks_for(problem), config.block_n, BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS)
+    return splits.resolve_balanced_shares(shares, problem, device, *sizes, **rule)
 
 
 def bind_balanced(
@@ -696,10 +700,7 @@ def bind_balanced(
     :func:`balanced_target_shares`; forced for tests and sweeps, at least 1) + B · Hkv CTAs per M tile,
     with a workspace of as many slabs of group · Sq partial rows: every allocation and the grid follow
     from the shape, so a CUDA graph captures it once and replays it with new ``cache_seqlens``."""
-    block_n, per_sm = tile_config(problem).block_n, BALANCED_SHARES_PER_SM
-    target = splits.resolve_balanced_shares(
-        shares, problem, q.device, m_blocks_for(problem), block_n, per_sm, BALANCED_MIN_KEYS
-    )
+    block_n, target = tile_config(problem).block_n, balanced_target_shares(problem, q.device, shares)
     m_blocks, items = m_blocks_for(problem), problem.batch * problem.kv_heads
     grid = (target + items, m_blocks)
     workspace = balanced_workspace(problem, grid[0], q.device)

@@ -61,6 +61,21 @@ a chain of L2 round trips as long as the share count over the merge's splits a s
 registers), tens of µs after every key was read. The cap trades that chain for longer shares: a share is the
 item's blocks over the cap, streamed by one CTA. Capping only lowers counts, so the grid still holds every
 share, and the split and the merge read the same capped plan.
+
+**The target rule** (``BALANCED_TARGET`` of each rung: triton/decode, gluon/decode's ``_decode_balanced.py``,
+cute/decode; "per-sm" in all three until the H200 A/B of ``bench/decode_target_ab.sh``): "per-sm" is
+``shares_per_sm`` shares an SM over the M tiles; "per-slot" (:func:`per_slot_target`) counts the balanced kernel's
+CTA slots (SMs × the CTAs an SM holds, over the M tiles) and the B · Hkv items, whose shares each round up, so the
+grid holds up to target + items CTAs. Where the items are few (at most a third of the slots), it reserves their
+rounding: target = slots - items, one wave of shares (seed 43's B=2 Hkv=32 D=64 paged row: 264 + 64 = 328 CTAs on
+264 slots left 24 shares and 40 empty CTAs to a second wave; 200 + 64 fit one). Where the items alone fill a wave,
+it takes :data:`SLOT_SHARES` shares a slot: a share of cdiv(Hkv · Σ blocks, 264) is longer than most sequences of
+seed 43's B=64 Hkv=16 row (1024 items), so almost no item splits and the longest make the tail. In between it keeps
+"per-sm": there one wave's share grows past 1.5 slots' work (without bound as the items near the slots), and two
+shares a slot add a wave of CTAs to a grid the items fill about once (``bench/decode_ragged_model.py``, 2.5 µs
+latency: one wave 254 µs against the per-SM 192 in triton on seed 47's B=64 MQA D=256 row, 64 items on 132 slots;
+two shares a slot 4-6 µs slower in cute on seed 43's B=32 MHA row, 256 items on 264 slots). Like every plan it
+follows from the shape and the device only.
 """
 
 from __future__ import annotations
@@ -180,19 +195,48 @@ def balanced_min_share_blocks(block_n: int, min_keys: int = MIN_KEYS_PER_SPLIT) 
     return -(-min_keys // block_n)
 
 
+BALANCED_TARGETS = ("per-sm", "per-slot")
+# The per-slot rule (module docstring, "The target rule"): shares a CTA slot where the items alone fill a wave, and
+# the most items, as a fraction of the slots, for which one wave of shares (target = slots - items) is taken: its
+# longest share is then at most 1.5 times a slot's work.
+SLOT_SHARES = 2
+ONE_WAVE_ITEMS_FRACTION = 1 / 3
+
+
+def per_slot_target(slots: int, items: int, per_sm: int) -> int:
+    """The "per-slot" target shares of one M tile (module docstring, "The target rule") with ``slots`` CTA slots
+    for the tile and ``items`` (batch, KV head) items; ``per_sm``: the "per-sm" target, kept in between.
+    E.g. on 132 SMs at D=64 (seed 43): B=2 Hkv=32 on 2 slots an SM, 264 slots, 64 items -> 200 (one wave of
+    264 CTAs, not 328); B=64 Hkv=16 on 4 slots an SM, 528 slots, 1024 items -> 1056 (not 264); B=32 MHA on 2
+    slots an SM, 256 items -> the per-sm 264."""
+    if items <= slots * ONE_WAVE_ITEMS_FRACTION:
+        return slots - items
+    if items >= slots:
+        return SLOT_SHARES * slots
+    return per_sm
+
+
 def balanced_target_shares(
     problem: Problem, device: torch.device, m_blocks: int, block_n: int, shares_per_sm: int,
-    min_keys: int = MIN_KEYS_PER_SPLIT,
+    min_keys: int = MIN_KEYS_PER_SPLIT, *, target: str = "per-sm", ctas_per_sm: int = 1,
 ) -> int:  # fmt: skip
-    """The balanced split's shares per M tile (``triton_impl/decode.py``'s "The balanced split"):
-    ``shares_per_sm`` per SM over the ``m_blocks`` M tiles, at most what full sequences fill with
-    ``min_keys``-key shares (more CTAs would only start and stop: 264 on a 300-key cache took 7 s a call
-    under the interpreter). The shape and the device fix it, never the lengths, so a CUDA graph replays
-    the grid with new ``cache_seqlens``."""
-    per_sm = -(-sm_count(device) * shares_per_sm // m_blocks)
+    """The balanced split's shares per M tile (``triton_impl/decode.py``'s "The balanced split"): by the
+    ``target`` rule (module docstring, "The target rule"; one of :data:`BALANCED_TARGETS`, else ValueError),
+    "per-sm" ``shares_per_sm`` per SM over the ``m_blocks`` M tiles, "per-slot" :func:`per_slot_target` on
+    ``ctas_per_sm`` CTA slots an SM; at most what full sequences fill with ``min_keys``-key shares (more CTAs
+    would only start and stop: 264 on a 300-key cache took 7 s a call under the interpreter). The shape and
+    the device fix it, never the lengths, so a CUDA graph replays the grid with new ``cache_seqlens``."""
+    if target not in BALANCED_TARGETS:
+        raise ValueError(f"BALANCED_TARGET must be one of {BALANCED_TARGETS}, got {target!r}")
+    if ctas_per_sm < 1:
+        raise ValueError(f"the balanced kernel's CTAs an SM must be >= 1, got {ctas_per_sm}")
+    items = problem.batch * problem.kv_heads
+    chosen = per_sm = -(-sm_count(device) * shares_per_sm // m_blocks)
+    if target == "per-slot":
+        chosen = per_slot_target(-(-sm_count(device) * ctas_per_sm // m_blocks), items, per_sm)
     sequence_blocks = -(-problem.seqlen_k // block_n)
     shares_per_sequence = -(-sequence_blocks // balanced_min_share_blocks(block_n, min_keys))
-    return max(1, min(per_sm, problem.batch * problem.kv_heads * shares_per_sequence))
+    return max(1, min(chosen, items * shares_per_sequence))
 
 
 BALANCED_SWITCHES = ("ragged", "ragged-split", "always", "never")
@@ -244,13 +288,14 @@ def balanced_plan_sizes(block_n: int, min_keys: int, max_item_shares: int) -> tu
 
 def resolve_balanced_shares(
     shares: int | None, problem: Problem, device: torch.device, m_blocks: int, block_n: int, shares_per_sm: int,
-    min_keys: int = MIN_KEYS_PER_SPLIT,
+    min_keys: int = MIN_KEYS_PER_SPLIT, *, target: str = "per-sm", ctas_per_sm: int = 1,
 ) -> int:  # fmt: skip
     """The balanced split's target shares of one bound call: ``shares`` where a caller forces them (tests,
-    sweeps; at least 1, else ValueError), otherwise :func:`balanced_target_shares`."""
+    sweeps; at least 1, else ValueError), otherwise :func:`balanced_target_shares` by the ``target`` rule."""
     if shares is not None and shares < 1:
         raise ValueError(f"num_splits (the balanced split's shares) must be >= 1, got {shares}")
-    return shares or balanced_target_shares(problem, device, m_blocks, block_n, shares_per_sm, min_keys)
+    rule = {"target": target, "ctas_per_sm": ctas_per_sm}
+    return shares or balanced_target_shares(problem, device, m_blocks, block_n, shares_per_sm, min_keys, **rule)
 
 
 def resolve_num_splits(

@@ -11,7 +11,7 @@ one share writes O and the LSE itself. The shape fixes the grid and the workspac
 replays it with new lengths. Here: the kernel's stores (:func:`_store_balanced`) and the host's sizes
 (:func:`balanced_sizes`, :func:`balanced_constexprs`); the split kernel (``decode.py``, ``BALANCED``) is the
 rule's otherwise. ``BALANCED_MAX_ITEM_SHARES`` (32 since ``results/h200/decode-ragged-cap/``) caps the shares
-of one item, ``common/contract/splits.py``'s "item-share cap".
+of one item, ``common/contract/splits.py``'s "item-share cap"; ``BALANCED_TARGET`` picks its "target rule".
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ from triton_impl.gluon._decode_merge import _last_to_arrive, _merge_tile, _store
 # gluon/decode's item-share cap (splits.py's "item-share cap"; 0: none). 32 (H200, results/h200/decode-ragged-cap/):
 # seed 43's two ragged D=256 rows 140.3 -> 94.7 and 137.0 -> 96.7 us, a full 180k row 177.4 -> 165.0; 48 lost on one.
 BALANCED_MAX_ITEM_SHARES = 32
+# gluon/decode's target rule (splits.BALANCED_TARGETS; splits.py's "The target rule"): "per-slot" counts its ring's
+# CTA slots (split_policy) and the items; "per-sm" (triton/decode's shares an SM) until bench/decode_target_ab.sh.
+BALANCED_TARGET = "per-sm"
 
 
 @gluon.jit
@@ -60,16 +63,18 @@ def _store_balanced(
 
 
 def balanced_sizes(
-    problem: Problem, device: torch.device, shares: int | None, m_blocks: int, block_n: int, slots: int | None
-) -> tuple[int, int, int, int]:
+    problem: Problem, device: torch.device, shares: int | None, m_blocks: int, block_n: int, ctas_per_sm: int,
+    by_slots: bool = False,
+) -> tuple[int, int, int, int]:  # fmt: skip
     """The balanced kernel's (batch size, target shares, fewest key blocks a share takes, most shares an item
-    takes: ``BALANCED_MAX_ITEM_SHARES`` as ``splits.balanced_plan_sizes`` passes it): triton/decode's
-    ``BALANCED_SHARES_PER_SM`` (at most ``slots``, the CTAs an SM holds, unless None) and
-    ``BALANCED_MIN_KEYS`` on ``m_blocks`` tiles of ``block_n``-key blocks (``splits.resolve_balanced_shares``);
-    ``shares`` forces the target."""
+    takes: ``BALANCED_MAX_ITEM_SHARES`` as ``splits.balanced_plan_sizes`` passes it): ``BALANCED_TARGET``'s rule
+    on ``ctas_per_sm`` CTA slots an SM, triton/decode's ``BALANCED_SHARES_PER_SM`` (at most ``ctas_per_sm`` with
+    ``by_slots``, gluon/decode's ``BALANCED_SHARES_BY_SLOTS``) and ``BALANCED_MIN_KEYS`` on ``m_blocks`` tiles of
+    ``block_n``-key blocks (``splits.resolve_balanced_shares``); ``shares`` forces the target."""
     per_sm, min_keys = triton_decode.BALANCED_SHARES_PER_SM, triton_decode.BALANCED_MIN_KEYS
-    per_sm = per_sm if slots is None else min(per_sm, slots)
-    target = splits.resolve_balanced_shares(shares, problem, device, m_blocks, block_n, per_sm, min_keys)
+    per_sm = min(per_sm, ctas_per_sm) if by_slots else per_sm
+    rule = {"target": BALANCED_TARGET, "ctas_per_sm": ctas_per_sm}
+    target = splits.resolve_balanced_shares(shares, problem, device, m_blocks, block_n, per_sm, min_keys, **rule)
     return problem.batch, target, *splits.balanced_plan_sizes(block_n, min_keys, BALANCED_MAX_ITEM_SHARES)
 
 

@@ -662,8 +662,8 @@ class GluonDecode:
         self.balanced = balanced_split(problem, q.device)
         m_blocks, items = m_blocks_for(problem), problem.batch * problem.kv_heads
         if self.balanced:
-            slots = policy.ctas_per_sm if BALANCED_SHARES_BY_SLOTS else None
-            plan = balanced_sizes(problem, q.device, num_splits, m_blocks, decode_config(problem).block_n, slots)
+            slots = (policy.ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
+            plan = balanced_sizes(problem, q.device, num_splits, m_blocks, decode_config(problem).block_n, *slots)
             num_splits = plan[1]
             self.split_grid = (num_splits + items, m_blocks)
             out_partial, lse_partial = balanced_workspace(problem, self.split_grid[0], q.device)
