@@ -32,6 +32,8 @@ keeping the memory system busy, not the tensor cores:
   total key blocks / target_shares, finds its (batch, KV head, split) and stores its partials into the
   slab of its index; the merge kernel finds each item's slabs by the same plan (``MERGE_SLABS_FROM_SPLIT``, off:
   each item's first share stores its (first slab, count), two int32, and the merge kernel reads them instead).
+  The grid is (slabs, M tiles, 1), the share on x; ``M_TILE_MAJOR`` (off) swaps the two, so that a share's M tiles
+  run together and read its K/V blocks once from DRAM, not once per M tile's pass (``splits.balanced_grid``).
 
 Why a second kernel for the merge (as in ``triton/decode``): atomics on O would make the order of fp32
 adds change from run to run, and "the last split to finish merges" needs a global counter per tile,
@@ -201,6 +203,9 @@ BALANCED_TARGET, BALANCED_MIN_KEYS = "per-sm", splits.MIN_KEYS_PER_SPLIT  # "per
 # every thread walking the plan over the batch twice (_decode_plan.py; ncu, seed 47 row 4: a 49 us merge, most of
 # it the plan, beside a 249 us split). Off until bench/cute_merge_plan_ab.sh.
 MERGE_SLABS_FROM_SPLIT = False
+# The balanced grid's M tile on x, the share on y (``splits.balanced_grid``), off until its A/B (ncu, seed 47's
+# B=64 MQA D=256 paged row: 4 M tiles of 32 rows, 249 us, about 4x its 213 MB cache read from DRAM).
+M_TILE_MAJOR = False
 WARPS_SPLIT_ROWS = True  # many packed rows (_decode_warps.py): 0.83-0.94x the time (results/h200/decode-row-split/)
 DECODE_FEATURES = (*FEATURES, PAGED_KV)  # every problem feature, and the paged KV cache (pages of 16 to 256 keys)
 
@@ -224,6 +229,7 @@ class DecodeConfig:
     row_warps: int = 1  # warps along M (``_decode_warps.py``; WARPS_SPLIT_ROWS): 1, the warps split the keys
     balanced_max_shares: int = 0  # the balanced split's most shares an item (BALANCED_MAX_ITEM_SHARES); 0: no cap
     merge_slabs_from_split: bool = False  # balanced: the merge reads the item slabs (MERGE_SLABS_FROM_SPLIT)
+    m_tile_major: bool = False  # the balanced grid's M tile on x, the share on y (M_TILE_MAJOR)
 
     @property
     def keys_per_warp(self) -> int:
@@ -293,32 +299,18 @@ class DecodeKernel:
         batch_kv_heads = mO.shape[0]
         # Balanced: one CTA per partial slab (num_splits of them) and M tile; each plans its item.
         grid_items = 1 if self.config.balanced_min_blocks else batch_kv_heads
+        grid = (num_splits, cute.ceil_div(rows, self.tile_m), grid_items)
+        if cutlass.const_expr(self.config.m_tile_major):  # a share's M tiles dispatched together (balanced only)
+            grid = (grid[1], grid[0], grid_items)
         self.split_kernel(
-            mQ,
-            mK,
-            mV,
-            mO,
-            mLSE,
-            mOPartial,
-            mLSEPartial,
-            mItemSlabs,
-            mCacheSeqlens,
-            mBlockTable,
-            softmax_scale * LOG2_E,
-            sQ_layout,
-            sKV_layout,
-            sO_parts_layout,
-            sLSE_parts_layout,
+            mQ, mK, mV, mO, mLSE, mOPartial, mLSEPartial, mItemSlabs, mCacheSeqlens, mBlockTable,
+            softmax_scale * LOG2_E, sQ_layout, sKV_layout, sO_parts_layout, sLSE_parts_layout,
             # 8 threads cover one 64-element swizzle row with 16 B each.
             cp_async_tiled_copy(dtype, self.threads_per_cta, row_elems=SWIZZLE_COLS),
             # One warp's MMA: each warp multiplies all tile_m rows by its own keys.
             warp_tiled_mma(dtype, WARP_THREADS),
             qkv_ring_storage(dtype, sQ_layout, sKV_layout, SMEM_ALIGN_BYTES),
-        ).launch(
-            grid=(num_splits, cute.ceil_div(rows, self.tile_m), grid_items),
-            block=[self.threads_per_cta, 1, 1],
-            stream=stream,
-        )
+        ).launch(grid=grid, block=[self.threads_per_cta, 1, 1], stream=stream)  # fmt: skip
         if cutlass.const_expr(self.split):
             rows_per_cta = MERGE_THREADS // (self.head_dim // MERGE_COLS)
             plan_inputs = (mQ, mK, mCacheSeqlens, mBlockTable) if self.merge_plans else (None,) * 4
@@ -341,8 +333,11 @@ class DecodeKernel:
         SharedStorage: cutlass.Constexpr,
     ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
-        split, m_block, batch_kv_head = cute.arch.block_idx()
-        num_splits, _, _ = cute.arch.grid_dim()
+        if cutlass.const_expr(self.config.m_tile_major):  # the balanced grid's axes swapped (M_TILE_MAJOR)
+            m_block, split, batch_kv_head = cute.arch.block_idx()
+        else:
+            split, m_block, batch_kv_head = cute.arch.block_idx()
+        num_splits, _, _ = cute.arch.grid_dim()  # the padded split's (balanced: the plan's, below)
         warp_index = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
         kv_heads = mK.shape[1]
@@ -672,6 +667,7 @@ def decode_config(problem: Problem, split: bool, balanced: bool = False) -> Deco
         and splits.balanced_min_share_blocks(TILE_CONFIGS[problem.head_dim].tile_n, BALANCED_MIN_KEYS),
         balanced_max_shares=checked_item_cap(BALANCED_MAX_ITEM_SHARES) if balanced else 0,
         merge_slabs_from_split=balanced and MERGE_SLABS_FROM_SPLIT,
+        m_tile_major=balanced and M_TILE_MAJOR,
     )
 
 
@@ -686,6 +682,7 @@ def launch_plan(problem: Problem, device: torch.device, num_splits: int | None =
         rule = {"target": BALANCED_TARGET, "ctas_per_sm": CTAS_PER_SM_FIT[problem.head_dim]}
         num_splits = splits.resolve_balanced_shares(num_splits, problem, device, m_blocks, tile_n, *shares, **rule)
         slabs, items = num_splits + items, 1
+        splits.balanced_grid(slabs, m_blocks, M_TILE_MAJOR)  # refuses shares past grid y (the kernel builds the grid)
     else:
         num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks, device, split_policy(problem))
     split = slabs is not None or num_splits > 1

@@ -705,7 +705,7 @@ for head_dim, seqlen_q, page_size in json.loads(sys.argv[1]):
                  "batch_size": "i32", "target_shares": "i32", "min_share_blocks": "i32", "max_item_shares": "i32"}
     constexprs = {**feature_constexprs(problem), "HEAD_DIM": head_dim, "BLOCK_M": decode.block_m_for(problem),
                   "BLOCK_N": config.block_n, "PAGE_SIZE": page_size, "SPLITS_PER_STEP": decode._merge_step(problem),
-                  "BLOCK_B": 16}
+                  "BLOCK_B": 16, "M_TILE_MAJOR": decode.M_TILE_MAJOR}
     if page_size:
         signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
     else:

@@ -196,7 +196,8 @@ def balanced_kernel(problem):
     constexprs = {**feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": decode.block_m_for(problem),
                   "BLOCK_N": config.block_n, "PAGE_SIZE": problem.page_size,
                   "SPLITS_PER_STEP": decode._merge_step(problem),
-                  "BLOCK_B": decode.next_power_of_2(max(problem.batch, decode.MIN_BLOCK_B))}
+                  "BLOCK_B": decode.next_power_of_2(max(problem.batch, decode.MIN_BLOCK_B)),
+                  "M_TILE_MAJOR": decode.M_TILE_MAJOR}
     if problem.page_size:
         signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
     else:

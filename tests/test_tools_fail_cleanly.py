@@ -49,6 +49,7 @@ def _fake_sanitizer(folder: Path) -> None:
         ("bench.cute_merge_plan_ab", False, "needs a CUDA GPU"),
         ("bench.decode_ragged_ab", False, "needs a CUDA GPU"),
         ("bench.decode_target_ab", False, "needs a CUDA GPU"),
+        ("bench.decode_mtile_major", False, "needs a CUDA GPU"),
         ("bench.train", False, "needs a CUDA GPU"),
         ("bench.fp8_q_in_kernel", False, "needs a CUDA GPU"),
         ("bench.fp8_pdl", False, "needs a CUDA GPU"),

@@ -70,7 +70,8 @@ finds its own in their prefix sum. The grid, target_shares (``BALANCED_SHARES_PE
 share whatever the lengths: the shape fixes it, and a CUDA graph replays it with new lengths (CTAs past the last
 share store nothing). An item's shares fill consecutive slabs of the partials; its last to arrive merges them
 (``merge_splits``; an item of one share writes O itself). ``num_splits=`` forces target_shares; the merge is
-always fused.
+always fused. The grid is (shares, M tiles), the share on x; ``M_TILE_MAJOR`` (off) swaps the axes so that the M
+tiles of a share run together and read its keys once from DRAM (``splits.balanced_grid``).
 
 Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one M tile; one launch):
   1. ``seqlen_info``: the sequence's own length and causal offset; the keys any row sees end at
@@ -168,6 +169,9 @@ BALANCED_SHARES_PER_SM, BALANCED_MAX_ITEM_SHARES = 2, 0
 # slots and the items; "per-sm" (BALANCED_SHARES_PER_SM an SM) until bench/decode_target_ab.sh times both.
 BALANCED_TARGET = "per-sm"
 BALANCED_MIN_KEYS, MIN_BLOCK_B = splits.MIN_KEYS_PER_SPLIT, 16
+# The balanced grid's M tile on x, fastest, the share on y (``splits.balanced_grid``): off until
+# bench/decode_mtile_major_ab.sh (with 2+ M tiles, e.g. 33-64 rows at D=256, each tile's pass reads the cache again).
+M_TILE_MAJOR = False
 # Fifth stop's switches (results/h200/decode-floor5/): two CTA slots an SM on full caches (276k D=64 63 -> 85 %).
 SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 2, False, False, False
 # Seventh stop's switch, off until bench/decode_fewpairs_ab.sh (``splits.SplitPolicy.fewer_waves``).
@@ -445,12 +449,12 @@ def _balanced_split_kernel(
     BlockTable, stride_btb, Counters, batch_size, target_shares, min_share_blocks, max_item_shares,
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    SPLITS_PER_STEP: tl.constexpr, BLOCK_B: tl.constexpr,
+    SPLITS_PER_STEP: tl.constexpr, BLOCK_B: tl.constexpr, M_TILE_MAJOR: tl.constexpr,
 ):  # fmt: skip
-    """Grid (target_shares + B · Hkv, m_blocks): one share of one M tile's keys per program, then the
-    item's last share to arrive merges (an item of one share writes O and the LSE itself)."""
-    share = tl.program_id(0)
-    m_block = tl.program_id(1)
+    """Grid (target_shares + B · Hkv, m_blocks) (``M_TILE_MAJOR``: the axes swapped): one share of one M tile's keys
+    per program, then the item's last share to arrive merges (an item of one share writes O and the LSE itself)."""
+    share = tl.program_id(1 if M_TILE_MAJOR else 0)
+    m_block = tl.program_id(0 if M_TILE_MAJOR else 1)
     group = heads // kv_heads
     # 0. This CTA's work item and split (``balanced_share``); a CTA past the last share attends an
     # empty range and stores nothing.
@@ -480,7 +484,7 @@ def _balanced_split_kernel(
             store_partials(OutPartial, LsePartial, share * rows + item_row, out, lse, row_ok, HEAD_DIM=HEAD_DIM)
             first_share = share - split
             item_out, item_lse = OutPartial + first_share * rows * HEAD_DIM, LsePartial + first_share * rows
-            work_item = (batch * kv_heads + kv_head) * tl.num_programs(1) + m_block
+            work_item = (batch * kv_heads + kv_head) * tl.num_programs(0 if M_TILE_MAJOR else 1) + m_block
             if last_to_arrive(Counters + work_item, item_shares):
                 if HEAD_DIM >= MERGE_CHUNK_HEAD_DIM and BLOCK_M > MERGE_CHUNK_ROWS:
                     merge_in_chunks(
@@ -702,14 +706,14 @@ def bind_balanced(
     from the shape, so a CUDA graph captures it once and replays it with new ``cache_seqlens``."""
     block_n, target = tile_config(problem).block_n, balanced_target_shares(problem, q.device, shares)
     m_blocks, items = m_blocks_for(problem), problem.batch * problem.kv_heads
-    grid = (target + items, m_blocks)
-    workspace = balanced_workspace(problem, grid[0], q.device)
+    grid = splits.balanced_grid(target + items, m_blocks, M_TILE_MAJOR)
+    workspace = balanced_workspace(problem, target + items, q.device)
     out, lse, _, args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
     sizes = (problem.batch, target, *splits.balanced_plan_sizes(block_n, BALANCED_MIN_KEYS, BALANCED_MAX_ITEM_SHARES))
     options = {
         **feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
         "BLOCK_N": block_n, "PAGE_SIZE": problem.page_size, "SPLITS_PER_STEP": _merge_step(problem),
-        "BLOCK_B": next_power_of_2(max(problem.batch, MIN_BLOCK_B)),
+        "BLOCK_B": next_power_of_2(max(problem.batch, MIN_BLOCK_B)), "M_TILE_MAJOR": M_TILE_MAJOR,
         **launch_options(problem),
     }  # fmt: skip
     counters = arrival_counters(q.device, items * m_blocks)

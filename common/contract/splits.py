@@ -76,6 +76,15 @@ shares a slot add a wave of CTAs to a grid the items fill about once (``bench/de
 latency: one wave 254 µs against the per-SM 192 in triton on seed 47's B=64 MQA D=256 row, 64 items on 132 slots;
 two shares a slot 4-6 µs slower in cute on seed 43's B=32 MHA row, 256 items on 264 slots). Like every plan it
 follows from the shape and the device only.
+
+**The balanced grid's axes** (``M_TILE_MAJOR`` of each decode rung, off until ``bench/decode_mtile_major_ab.sh``):
+:func:`balanced_grid`. The grid has target_shares + B · Hkv share CTAs per M tile; with the share on x (fastest)
+the block scheduler hands out every share of M tile 0, then every share of M tile 1, and so on, so each M tile's
+pass streams the whole cache again, and L2 (50 MB on an H200) does not keep it between passes (ncu, cute/decode on
+seed 47's B=64 MQA D=256 paged row, 4 M tiles of 32 rows: 249 µs for ~870 MB from DRAM, four times its 213 MB
+cache). With the M tile on x the M tiles of one share are dispatched together and read its K/V blocks at about
+the same time: the first from DRAM, the others mostly from L2. Only the axes change: the plan, the partials'
+slabs, the merge and the arrival counters are indexed by (share, M tile) as before.
 """
 
 from __future__ import annotations
@@ -99,6 +108,8 @@ SHORT_CACHE_KEYS = 8192
 FEWER_WAVES_MIN_BUSY = 0.85
 # The SM count the rule assumes where there is no GPU (the interpreter, the sm_90a compile): an H100.
 DEFAULT_SM_COUNT = 132
+# CUDA's largest grid y (and z); x takes up to 2**31 - 1.
+MAX_GRID_Y = 65535
 
 
 def wave_efficiency(ctas: int, sm_count: int) -> float:
@@ -284,6 +295,21 @@ def balanced_plan_sizes(block_n: int, min_keys: int, max_item_shares: int) -> tu
     if max_item_shares < 0:
         raise ValueError(f"BALANCED_MAX_ITEM_SHARES must be >= 0 (0: no cap), got {max_item_shares}")
     return balanced_min_share_blocks(block_n, min_keys), max_item_shares or NO_ITEM_SHARE_CAP
+
+
+def balanced_grid(slabs: int, m_blocks: int, m_tile_major: bool) -> tuple[int, int]:
+    """The balanced split kernel's grid (x, y) over ``slabs`` share CTAs (target_shares + B · Hkv) and ``m_blocks``
+    M tiles: (slabs, m_blocks), the share fastest; ``m_tile_major`` (a rung's ``M_TILE_MAJOR``): (m_blocks, slabs),
+    the M tiles of one share together (module docstring). The shares then lie on y, which CUDA caps at
+    :data:`MAX_GRID_Y`: more is a ValueError, not a launch error."""
+    if not m_tile_major:
+        return slabs, m_blocks
+    if slabs > MAX_GRID_Y:
+        raise ValueError(
+            f"M_TILE_MAJOR puts the balanced split's {slabs} share CTAs (target shares + B · Hkv) on grid y, "
+            f"which CUDA caps at {MAX_GRID_Y}: turn M_TILE_MAJOR off for this shape"
+        )
+    return m_blocks, slabs
 
 
 def resolve_balanced_shares(

@@ -8,10 +8,11 @@ tile, each an equal share of the valid keys (at least ``BALANCED_MIN_KEYS``): a 
 n key blocks takes cdiv(n, share) consecutive CTAs, whose partials are consecutive slabs of group · Sq
 packed rows; the item's last share to arrive merges them (``_merge_tile`` on packed rows), and an item of
 one share writes O and the LSE itself. The shape fixes the grid and the workspace, so a CUDA graph
-replays it with new lengths. Here: the kernel's stores (:func:`_store_balanced`) and the host's sizes
-(:func:`balanced_sizes`, :func:`balanced_constexprs`); the split kernel (``decode.py``, ``BALANCED``) is the
-rule's otherwise. ``BALANCED_MAX_ITEM_SHARES`` (32 since ``results/h200/decode-ragged-cap/``) caps the shares
-of one item, ``common/contract/splits.py``'s "item-share cap"; ``BALANCED_TARGET`` picks its "target rule".
+replays it with new lengths (``M_TILE_MAJOR``: the grid's axes swapped, the M tile on x). Here: the kernel's
+stores (:func:`_store_balanced`) and the host's sizes (:func:`balanced_sizes`, :func:`balanced_constexprs`); the
+split kernel (``decode.py``, ``BALANCED``) is the rule's otherwise. ``BALANCED_MAX_ITEM_SHARES`` (32 since
+``results/h200/decode-ragged-cap/``) caps the shares of one item, ``common/contract/splits.py``'s "item-share cap";
+``BALANCED_TARGET`` picks its "target rule".
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ BALANCED_TARGET = "per-sm"
 @gluon.jit
 def _store_balanced(
     workspace, outputs, tile, work, rows_of, out, lse, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
-    SPLITS_PER_STEP: gl.constexpr, RETURN_LSE: gl.constexpr, num_warps: gl.constexpr,
+    SPLITS_PER_STEP: gl.constexpr, RETURN_LSE: gl.constexpr, M_TILE_MAJOR: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """Store CTA ``share``'s result (``work``: share, split, item shares, has_work): O itself for an item
     of one share; else the partials in slab ``share`` and, in the item's last share to arrive, the merge
@@ -52,8 +53,9 @@ def _store_balanced(
             rows = gl.to_tensor(group * seqlen_q).to(gl.int64)
             packed_row = (head - kv_head * group) * seqlen_q + token
             _store_partials(OutPartial, LsePartial, share * rows + packed_row, out, lse, row_ok, offs_d)
-            # The item's arrival counter: (batch, KV head, M tile), heads // group = Hkv.
-            work_item = (batch * (heads // group) + kv_head) * gl.num_programs(1) + m_block
+            # The item's arrival counter: (batch, KV head, M tile), heads // group = Hkv; M tiles on the grid's y
+            # (x under M_TILE_MAJOR).
+            work_item = (batch * (heads // group) + kv_head) * gl.num_programs(0 if M_TILE_MAJOR else 1) + m_block
             if _last_to_arrive(Counters + work_item, item_shares):
                 first = (share - split) * rows
                 partials = (OutPartial + first * HEAD_DIM, LsePartial + first, rows, item_shares)
@@ -78,9 +80,11 @@ def balanced_sizes(
     return problem.batch, target, *splits.balanced_plan_sizes(block_n, min_keys, BALANCED_MAX_ITEM_SHARES)
 
 
-def balanced_constexprs(problem: Problem, balanced: bool) -> dict[str, int | None]:
+def balanced_constexprs(problem: Problem, balanced: bool, m_tile_major: bool) -> dict[str, int | bool | None]:
     """The split kernel's constexprs of the balanced plan: the lengths' vector, BLOCK_B >= batch (at least
-    triton/decode's ``MIN_BLOCK_B``; None in the padded split's kernel)."""
+    triton/decode's ``MIN_BLOCK_B``; None in the padded split's kernel), and the grid's axes (``M_TILE_MAJOR``,
+    ``m_tile_major``; False in the padded split's kernel)."""
     if not balanced:
-        return {"BLOCK_B": None}
-    return {"BLOCK_B": triton_decode.next_power_of_2(max(problem.batch, triton_decode.MIN_BLOCK_B))}
+        return {"BLOCK_B": None, "M_TILE_MAJOR": False}
+    block_b = triton_decode.next_power_of_2(max(problem.batch, triton_decode.MIN_BLOCK_B))
+    return {"BLOCK_B": block_b, "M_TILE_MAJOR": m_tile_major}

@@ -12,10 +12,11 @@ barrier, one gpu-scope acq_rel atomic on the tile's counter, the last CTA resets
 argument is in triton/decode's ``last_to_arrive``) and its ``merge_splits`` written in Gluon
 (``_merge_splits``, beside it: the same operations element by element in split order, so the same bits
 as triton/decode's merge kernel, which is the two-launch path here too: ``FUSED_MERGE = False``). With
-one split the split kernel writes O and the LSE itself. ``BALANCED_SPLIT`` ("ragged-split": a ragged batch the
-rule splits) takes triton/decode's balanced split instead: a grid of target shares + B · Hkv CTAs per M tile,
-each an equal share of the valid keys by the Triton stack's own device plan (``balanced_share``), its
-partials in a slab of packed rows and the item's last share merging (``BALANCED``; ``_decode_balanced.py``).
+one split the split kernel writes O and the LSE itself. ``BALANCED_SPLIT`` ("ragged-split": a ragged batch the rule
+splits) takes triton/decode's balanced split instead: a grid of target shares + B · Hkv CTAs per M tile, each an equal
+share of the valid keys by the Triton stack's own device plan (``balanced_share``), its partials in a slab of packed
+rows and the item's last share merging (``BALANCED``; ``_decode_balanced.py``); ``M_TILE_MAJOR`` (off) puts the M tile
+on the grid's x, a share's M tiles together (``splits.balanced_grid``).
 
 What Gluon makes explicit (what Triton decides in triton/decode / what this file writes):
   * Copies: the pipeliner turns the K and V loads into ``cp.async``, 16 bytes per thread and
@@ -218,6 +219,7 @@ BALANCED_SPLIT = "ragged-split"
 BALANCED_SHARES_BY_SLOTS = False
 # Triton release -> head dims whose balanced kernel spills (3.9, D=256: 16-40 bytes a thread): never balanced there.
 BALANCED_SPILLS = {"3.9": (256,)}
+M_TILE_MAJOR = False  # triton/decode's (its comment): the balanced grid's M tile on x, the share on y; off until A/B
 SHORT_CACHE_CONFIGS = {128: DecodeConfig(64, 3)}
 # Issue #38's short prefill (off until bench/decode_packed_ab.sh): a full 64-row tile at D=64 in its 105 KB ring is two
 # CTAs an SM, each a serial wgmma-softmax-wgmma chain (seed 41's group 8 Sq=16 1k: 43 %); two stages (41 KB; D=128:
@@ -461,15 +463,15 @@ def _split_kernel(
     CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, HAS_CACHE_SEQLENS: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, SPLIT: gl.constexpr,
     PAGE_SIZE: gl.constexpr, FUSED_MERGE: gl.constexpr, SPLITS_PER_STEP: gl.constexpr, BALANCED: gl.constexpr,
-    BLOCK_B: gl.constexpr, num_warps: gl.constexpr,
+    BLOCK_B: gl.constexpr, M_TILE_MAJOR: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """K and V are (B, Hkv, Sk, D) caches, or (``PAGE_SIZE`` > 0) page pools (num_pages, page_size, Hkv,
     D) that ``desc_k`` / ``desc_v`` see as (num_pages, Hkv, page_size, D), with ``BlockTable`` the
     (B, max_pages) int32 table and ``stride_btb`` its row stride (both None for a contiguous cache);
     their box is a key block, or for pages a chunk of one (``kv_chunk_rows``). ``Counters``: the
     arrival counters of the fused merge (one per M tile of the grid; None without it). ``BALANCED``: the
-    grid is (target_shares + B · Hkv, m_blocks), CTA ``share`` takes the split ``balanced_share`` plans
-    from the ``batch_size`` lengths (the plan's four sizes None without it)."""
+    grid is (target_shares + B · Hkv, m_blocks) (``M_TILE_MAJOR``: swapped), CTA ``share`` takes the split
+    ``balanced_share`` plans from the ``batch_size`` lengths (the plan's four sizes None without it)."""
     HEAD_DIM: gl.constexpr = desc_k.block_type.shape[3]
     dtype: gl.constexpr = desc_k.dtype
     # wgmma's accumulators (S: BLOCK_M × BLOCK_N, O: BLOCK_M × D; a warp holds 16 whole rows of each, a
@@ -484,8 +486,8 @@ def _split_kernel(
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     if BALANCED:
         # 0. This CTA's work item and split; past the last share: an empty range, nothing stored.
-        share = gl.program_id(0)
-        m_block = gl.program_id(1)
+        share = gl.program_id(1 if M_TILE_MAJOR else 0)
+        m_block = gl.program_id(0 if M_TILE_MAJOR else 1)
         sizes = (batch_size, kv_heads, seqlen_q, target_shares, min_share_blocks, max_item_shares)
         batch, kv_head, split, num_splits, has_work = balanced_share(
             CacheSeqlens, share, sizes, seqlen_k, CAUSAL, BOTTOM_RIGHT, HAS_CACHE_SEQLENS, BLOCK_N, BLOCK_B, num_warps,
@@ -569,10 +571,10 @@ def _split_kernel(
     if BALANCED:
         # 7'. O, or the partials in the share's slab and the item's merge (``_decode_balanced.py``).
         workspace, work = (OutPartial, LsePartial, Counters), (share, split, num_splits, has_work)
-        rows_of = (head, token, row, row_ok, offs_d)
         _store_balanced(
-            workspace, outputs, tile, work, rows_of, out, lse, BLOCK_M, HEAD_DIM, SPLITS_PER_STEP, RETURN_LSE, num_warps
-        )
+            workspace, outputs, tile, work, (head, token, row, row_ok, offs_d), out, lse, BLOCK_M, HEAD_DIM,
+            SPLITS_PER_STEP, RETURN_LSE, M_TILE_MAJOR, num_warps,
+        )  # fmt: skip
     elif SPLIT:
         rows = gl.num_programs(2).to(gl.int64) * group * seqlen_q
         _store_partials(OutPartial, LsePartial, split * rows + row, out, lse, row_ok, offs_d)
@@ -624,15 +626,13 @@ def balanced_split(problem: Problem, device: torch.device | None = None) -> bool
 
 
 def split_constexprs(problem: Problem, split: bool, balanced: bool = False) -> dict[str, int | bool | None]:
-    config = decode_config(problem)
+    config, num_warps = decode_config(problem), num_warps_for(problem)
     return {
         **feature_constexprs(problem), "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n,
         "NUM_STAGES": config.num_stages, "SPLIT": split, "PAGE_SIZE": problem.page_size,
         "FUSED_MERGE": split and triton_decode.FUSED_MERGE, "BALANCED": balanced,
-        **balanced_constexprs(problem, balanced),
-        "SPLITS_PER_STEP": triton_decode.merge_splits_per_step(
-            MERGE_ROWS.value, problem.head_dim, num_warps_for(problem)
-        ),
+        **balanced_constexprs(problem, balanced, M_TILE_MAJOR),
+        "SPLITS_PER_STEP": triton_decode.merge_splits_per_step(MERGE_ROWS.value, problem.head_dim, num_warps),
     }  # fmt: skip
 
 
@@ -665,8 +665,8 @@ class GluonDecode:
             slots = (policy.ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
             plan = balanced_sizes(problem, q.device, num_splits, m_blocks, decode_config(problem).block_n, *slots)
             num_splits = plan[1]
-            self.split_grid = (num_splits + items, m_blocks)
-            out_partial, lse_partial = balanced_workspace(problem, self.split_grid[0], q.device)
+            self.split_grid = splits.balanced_grid(num_splits + items, m_blocks, M_TILE_MAJOR)
+            out_partial, lse_partial = balanced_workspace(problem, num_splits + items, q.device)
         else:
             plan = (None,) * 4
             num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks, q.device, policy)
