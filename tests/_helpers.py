@@ -58,6 +58,34 @@ def json_from_child(args: list[str], timeout: float) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def triton_balanced_sm90(problem: Problem) -> Any:
+    """triton/decode's balanced split kernel for ``problem`` compiled for sm_90a as ``bind_balanced`` launches it
+    (its constexprs, ``M_TILE_MAJOR`` as the module holds it, and ``launch_options``): the static tests' one copy,
+    for a child process (``json_from_child``), where Triton compiles instead of interpreting."""
+    from common.toolchain.compile import compile_triton_sm90
+    from triton_impl import decode
+    from triton_impl._host import POINTER_ALIGNED, feature_constexprs, pointer_signature
+
+    signature = {
+        **pointer_signature(problem.dtype), "OutPartial": "*fp32", "LsePartial": "*fp32", "Counters": "*i32",
+        "batch_size": "i32", "target_shares": "i32", "min_share_blocks": "i32", "max_item_shares": "i32",
+    }  # fmt: skip
+    constexprs = {
+        **feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": decode.block_m_for(problem),
+        "BLOCK_N": decode.tile_config(problem).block_n, "PAGE_SIZE": problem.page_size,
+        "SPLITS_PER_STEP": decode._merge_step(problem),
+        "BLOCK_B": decode.next_power_of_2(max(problem.batch, decode.MIN_BLOCK_B)), "M_TILE_MAJOR": decode.M_TILE_MAJOR,
+    }  # fmt: skip
+    if problem.page_size:
+        signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
+    else:
+        constexprs.update({"BlockTable": None, "stride_btb": None})
+    return compile_triton_sm90(
+        decode._balanced_split_kernel, signature, constexprs, options=decode.launch_options(problem),
+        aligned=(*POINTER_ALIGNED, "OutPartial", "LsePartial"),
+    )  # fmt: skip
+
+
 # Runs each script of a batch as ``python -c script *args`` would (its own globals, ``sys.argv``), in one
 # process: one import of torch, Triton and the rungs for the batch. A script that raises gives its traceback
 # in place of its result, so the other scripts still run.

@@ -691,27 +691,15 @@ _BALANCED_COMPILE_SCRIPT = """
 import json, sys, torch
 from common.contract.problem import Problem
 from common.reporting.static import cubin_resources
-from common.toolchain.compile import compile_triton_sm90
+from tests._helpers import triton_balanced_sm90
 from triton_impl import decode
-from triton_impl._host import POINTER_ALIGNED, feature_constexprs, pointer_signature
 results = []
 for head_dim, seqlen_q, page_size in json.loads(sys.argv[1]):
     problem = Problem(
         8, 32, seqlen_q, 32768, head_dim, dtype=torch.bfloat16, causal=True, kv_heads=1 if seqlen_q == 16 else 8,
         causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True, page_size=page_size,
     )
-    config = decode.tile_config(problem)
-    signature = {**pointer_signature(problem.dtype), "OutPartial": "*fp32", "LsePartial": "*fp32", "Counters": "*i32",
-                 "batch_size": "i32", "target_shares": "i32", "min_share_blocks": "i32", "max_item_shares": "i32"}
-    constexprs = {**feature_constexprs(problem), "HEAD_DIM": head_dim, "BLOCK_M": decode.block_m_for(problem),
-                  "BLOCK_N": config.block_n, "PAGE_SIZE": page_size, "SPLITS_PER_STEP": decode._merge_step(problem),
-                  "BLOCK_B": 16, "M_TILE_MAJOR": decode.M_TILE_MAJOR}
-    if page_size:
-        signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
-    else:
-        constexprs.update({"BlockTable": None, "stride_btb": None})
-    binary = compile_triton_sm90(decode._balanced_split_kernel, signature, constexprs, num_warps=config.num_warps,
-        num_stages=decode.num_stages_for(problem), aligned=(*POINTER_ALIGNED, "OutPartial", "LsePartial"))
+    binary = triton_balanced_sm90(problem)
     (resources,) = cubin_resources(binary.cubin).values()
     results.append({
         "registers": resources["registers"], "spill_bytes": resources["local_bytes"] + resources["stack_bytes"],

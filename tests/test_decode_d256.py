@@ -185,26 +185,8 @@ import json, sys
 import torch
 from common.contract.problem import Problem
 from common.reporting.static import cubin_resources
-from common.toolchain.compile import compile_triton_sm90
+from tests._helpers import triton_balanced_sm90
 from triton_impl import decode
-from triton_impl._host import POINTER_ALIGNED, feature_constexprs, pointer_signature
-
-def balanced_kernel(problem):
-    config = decode.tile_config(problem)
-    signature = {**pointer_signature(problem.dtype), "OutPartial": "*fp32", "LsePartial": "*fp32", "Counters": "*i32",
-                 "batch_size": "i32", "target_shares": "i32", "min_share_blocks": "i32", "max_item_shares": "i32"}
-    constexprs = {**feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": decode.block_m_for(problem),
-                  "BLOCK_N": config.block_n, "PAGE_SIZE": problem.page_size,
-                  "SPLITS_PER_STEP": decode._merge_step(problem),
-                  "BLOCK_B": decode.next_power_of_2(max(problem.batch, decode.MIN_BLOCK_B)),
-                  "M_TILE_MAJOR": decode.M_TILE_MAJOR}
-    if problem.page_size:
-        signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
-    else:
-        constexprs.update({"BlockTable": None, "stride_btb": None})
-    return compile_triton_sm90(decode._balanced_split_kernel, signature, constexprs,
-                               options=decode.launch_options(problem),
-                               aligned=(*POINTER_ALIGNED, "OutPartial", "LsePartial"))
 
 decode.WIDE_D256, decode.WIDE_D256_SPILLS = True, ()
 results = []
@@ -212,7 +194,7 @@ for kernel, causal, page_size, group, seqlen_q in json.loads(sys.argv[1]):
     problem = Problem(64, group, seqlen_q, 40448, 256, dtype=torch.bfloat16, causal=causal, kv_heads=1,
                       causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True, page_size=page_size)
     # The split kernel with the merge kernel of the two-launch path (FUSED_MERGE = False; its spills summed in).
-    binaries = decode.compile_sm90(problem) if kernel == "split" else [balanced_kernel(problem)]
+    binaries = decode.compile_sm90(problem) if kernel == "split" else [triton_balanced_sm90(problem)]
     binary, spills = binaries[0], 0
     for compiled in binaries:
         (resources,) = cubin_resources(compiled.cubin).values()

@@ -185,27 +185,9 @@ import json, sys
 import torch
 from common.contract.problem import Problem
 from common.reporting.static import cubin_resources
-from common.toolchain.compile import compile_triton_sm90
+from tests._helpers import triton_balanced_sm90
 from triton_impl import decode
 from triton_impl.gluon import decode as gluon_decode
-from triton_impl._host import POINTER_ALIGNED, feature_constexprs, pointer_signature
-
-def triton_balanced(problem):
-    config = decode.tile_config(problem)
-    signature = {**pointer_signature(problem.dtype), "OutPartial": "*fp32", "LsePartial": "*fp32", "Counters": "*i32",
-                 "batch_size": "i32", "target_shares": "i32", "min_share_blocks": "i32", "max_item_shares": "i32"}
-    constexprs = {**feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": decode.block_m_for(problem),
-                  "BLOCK_N": config.block_n, "PAGE_SIZE": problem.page_size,
-                  "SPLITS_PER_STEP": decode._merge_step(problem),
-                  "BLOCK_B": decode.next_power_of_2(max(problem.batch, decode.MIN_BLOCK_B)),
-                  "M_TILE_MAJOR": decode.M_TILE_MAJOR}
-    if problem.page_size:
-        signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
-    else:
-        constexprs.update({"BlockTable": None, "stride_btb": None})
-    return [compile_triton_sm90(decode._balanced_split_kernel, signature, constexprs,
-                                options=decode.launch_options(problem),
-                                aligned=(*POINTER_ALIGNED, "OutPartial", "LsePartial"))]
 
 results = []
 for rung, batch, kv_heads, group, seqlen_q, head_dim, page_size, on in json.loads(sys.argv[1]):
@@ -217,7 +199,9 @@ for rung, batch, kv_heads, group, seqlen_q, head_dim, page_size, on in json.load
         module, compile_balanced = cute_decode, cute_decode.compile_sm90
     else:
         module = decode if rung == "triton" else gluon_decode
-        compile_balanced = triton_balanced if rung == "triton" else gluon_decode.compile_sm90
+        compile_balanced = gluon_decode.compile_sm90
+        if rung == "triton":
+            compile_balanced = lambda problem: [triton_balanced_sm90(problem)]
     module.M_TILE_MAJOR = on
     (binary, *_) = compile_balanced(problem)
     usages = cubin_resources(binary.cubin)
