@@ -153,22 +153,32 @@ def main(argv: list[str] | None = None) -> int:
     return run(args)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Every row of the module docstring; the markdown table written and printed last; 0 when every timed
-    setting passed its check and every rung was available."""
+def open_rungs(out: Path) -> tuple[object, dict, float]:
+    """The decode A/Bs' start on the GPU: (device, the rungs of RUNG_MODULES that load, by name, the read bandwidth
+    measured in this process), imports frozen, ``out`` made."""
     import torch
 
     from common.contract.registry import discover
     from common.measure.peaks import measure_read_gbps
     from common.measure.runner import freeze_imports
-    from common.measure.timing import time_cuda
 
     device = torch.device("cuda")
     impls = {i.name: i for i in discover(include_baselines=False)[0] if i.name in RUNG_MODULES}
     read_gbps = measure_read_gbps(device)
     print(f"read bandwidth (4 GiB sum, do_bench): {read_gbps:.0f} GB/s", flush=True)
     freeze_imports()
-    args.out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    return device, impls, read_gbps
+
+
+def run(args: argparse.Namespace) -> int:
+    """Every row of the module docstring; the markdown table written and printed last; 0 when every timed
+    setting passed its check and every rung was available."""
+    import torch
+
+    from common.measure.timing import time_cuda
+
+    device, impls, read_gbps = open_rungs(args.out)
     log, rows = CsvLog(args.out / "ragged.csv", COLUMNS), []
 
     def emit(impl: str, case, setting: str, plan: str, status: str, us: float, err: float, why: str) -> None:

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench import require_gpu
-from bench.decode_ragged_ab import RUNG_MODULES, describe_plan, plan_of, switched
+from bench.decode_ragged_ab import RUNG_MODULES, describe_plan, open_rungs, plan_of, switched
 from common.measure.results import CsvLog
 
 SETTINGS = ("per-sm", "per-slot")
@@ -129,16 +129,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from bench.decode_floor import alternating_rounds, summary
-    from common.contract.registry import discover
-    from common.measure.peaks import measure_read_gbps
-    from common.measure.runner import TimingOptions, freeze_imports
+    from common.measure.runner import TimingOptions
 
-    device = torch.device("cuda")
-    impls = {i.name: i for i in discover(include_baselines=False)[0] if i.name in RUNG_MODULES}
-    read_gbps = measure_read_gbps(device)
-    print(f"read bandwidth (4 GiB sum, do_bench): {read_gbps:.0f} GB/s", flush=True)
-    freeze_imports()
-    args.out.mkdir(parents=True, exist_ok=True)
+    device, impls, read_gbps = open_rungs(args.out)
     log, rows, options = CsvLog(args.out / "target.csv", COLUMNS), [], TimingOptions(25.0, args.rep)
     for label, case in cases():
         workload, extra = case.gpu_workload(device)
