@@ -79,18 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from bench.decode_floor import alternating_rounds, summary
-    from common.contract.registry import discover
+    from bench.decode_ragged_ab import open_rungs
     from common.measure.decode_sweep import too_large
-    from common.measure.peaks import measure_read_gbps
-    from common.measure.runner import TimingOptions, freeze_imports
+    from common.measure.runner import TimingOptions
 
-    device = torch.device("cuda")
-    impls = {impl.name: impl for impl in discover(include_baselines=False)[0] if impl.name in RUNG_MODULES}
-    args.out.mkdir(parents=True, exist_ok=True)
-    read_gbps = measure_read_gbps(device)
-    print(f"read {read_gbps:.0f} GB/s", flush=True)
+    device, impls, read_gbps = open_rungs(args.out)
     options = TimingOptions(25.0, args.rep)
-    freeze_imports()
     rows: list[dict] = []
     log = CsvLog(args.out / "decode_mtile_major.csv", COLUMNS)
     for label, case in mtile_cases():
