@@ -1,4 +1,5 @@
-"""cute/decode's ``MERGE_SLABS_FROM_SPLIT`` A/B (off as committed, against on), in one process.
+"""cute/decode's ``MERGE_SLABS_FROM_SPLIT`` A/B (off, the earlier merge, against on, the default since this A/B), in one
+process.
 
 ncu on an H200 (``results/h200/decode-ncu-2026-11-30-fifth/``, seed 47 row 4: B=64 H=8 Hkv=1 Sq=16 D=256
 paged(256) ragged 17..33118, 128 packed rows) put cute/decode's merge kernel at 49 µs beside a 249 µs split

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cute/decode's MERGE_SLABS_FROM_SPLIT (off as committed: under the balanced split every merge thread plans the
+# cute/decode's MERGE_SLABS_FROM_SPLIT (on by default since this A/B; off: under the balanced split every merge thread plans the
 # batch again to find its item's slabs; on: the item's first share stores them) in one device call on one H200
 # (at most 200 s):
 #   1. its GPU tests (tests/test_cute_merge_plan.py -m gpu, cut at 90 s): on against fp64 on a poisoned output and

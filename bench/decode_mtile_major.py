@@ -1,11 +1,12 @@
-"""The balanced split's grid axes, ``M_TILE_MAJOR`` of triton/decode, gluon/decode and cute/decode (off): one process.
+"""The balanced split's grid axes, ``M_TILE_MAJOR`` of triton/decode, gluon/decode and cute/decode: one process.
 
 ncu on an H200, cute/decode on seed 47's B=64 H=8 Hkv=1 Sq=16 D=256 paged(256) ragged 17..33118 row (213 MB of K/V,
 128 packed rows in 4 M tiles of 32): the balanced split kernel's grid (130, 4, 1) has the share on x, so the block
 scheduler runs every share of M tile 0, then every share of M tile 1, and so on, and each M tile's pass reads the whole
 cache from DRAM again (249 µs at 72.5 % of the DRAM throughput, about 870 MB: 16 % of the read bandwidth counted once).
 ``on`` puts the M tile on x (``common.contract.splits.balanced_grid``): the M tiles of a share run together, the first
-reading each K/V block from DRAM, the others mostly from L2. ``off`` is the rungs as committed.
+reading each K/V block from DRAM, the others mostly from L2 (each rung's default since this A/B). ``off`` is the
+rungs as before.
 
 Shapes (:func:`mtile_cases`, in the order timed): seed 47's row 4 (today's M tiles: cute 4, gluon 2, triton 1, its
 128-row ``WIDE_D256`` tile), bench/decode_d256_wide.py's ``64rows-paged`` (B=16 H=32 Hkv=2 Sq=4 D=256 paged(64)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The balanced split's grid axes on one H200 in one device call (at most 200 s): M_TILE_MAJOR of triton/decode,
-# gluon/decode and cute/decode (off as committed: the share on grid x, so every share of M tile 0 runs before any of
+# gluon/decode and cute/decode (off, as before: the share on grid x, so every share of M tile 0 runs before any of
 # M tile 1 and each M tile's pass reads the whole cache from DRAM again; on: the M tile on x, a share's M tiles
 # together, the first reading its K/V blocks from DRAM, the others from L2):
 #   1. the knob's GPU tests (tests/test_decode_mtile_major.py -m gpu): each rung with it on against fp64 on a

@@ -1,4 +1,5 @@
-"""The balanced split's target rule: ``BALANCED_TARGET`` "per-sm" (each decode rung's default) against "per-slot".
+"""The balanced split's target rule: ``BALANCED_TARGET`` "per-sm" against "per-slot" (gluon's and cute's default since
+this A/B).
 
 ``common/contract/splits.py``'s "The target rule". Nsight Compute on an H200
 (``results/h200/decode-ncu-2026-11-30-fifth/``) found two of seed 43's ragged rows far below the read bandwidth

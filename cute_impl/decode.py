@@ -30,10 +30,10 @@ keeping the memory system busy, not the tensor cores:
   long one's few carry its keys. Balanced, the grid is target_shares + B·Hkv CTAs per M tile (the shape
   fixes it: a CUDA graph replays it with new lengths); each CTA reads the B lengths, sizes a share as
   total key blocks / target_shares, finds its (batch, KV head, split) and stores its partials into the
-  slab of its index; the merge kernel finds each item's slabs by the same plan (``MERGE_SLABS_FROM_SPLIT``, off:
-  each item's first share stores its (first slab, count), two int32, and the merge kernel reads them instead).
-  The grid is (slabs, M tiles, 1), the share on x; ``M_TILE_MAJOR`` (off) swaps the two, so that a share's M tiles
-  run together and read its K/V blocks once from DRAM, not once per M tile's pass (``splits.balanced_grid``).
+  slab of its index; each item's first share also stores its (first slab, count), two int32, which the merge
+  kernel reads (``MERGE_SLABS_FROM_SPLIT``; off: every merge thread walks the same plan again).
+  The grid is (M tiles, slabs, 1), the M tile on x (``M_TILE_MAJOR``), so that a share's M tiles run together and
+  read its K/V blocks once from DRAM, not once per M tile's pass (``splits.balanced_grid``).
 
 Why a second kernel for the merge (as in ``triton/decode``): atomics on O would make the order of fp32
 adds change from run to run, and "the last split to finish merges" needs a global counter per tile,
@@ -198,14 +198,18 @@ CTAS_PER_SM_FIT = {64: 2, 128: 2, 256: 1}
 BALANCED_SPLIT = "ragged-split"
 # The item-share cap (splits.py; 0: none): 48, seed 43 MQA D=256 row 97.1 -> 84.8 us (results/h200/decode-ragged-cap/).
 BALANCED_SHARES_PER_SM, BALANCED_MAX_ITEM_SHARES = 2, 48
-BALANCED_TARGET, BALANCED_MIN_KEYS = "per-sm", splits.MIN_KEYS_PER_SPLIT  # "per-slot": splits.py's "target rule"
+# The target rule (splits.py's "The target rule"): "per-slot" against "per-sm" (H200, results/h200/decode-target/):
+# seed 43's B=2 paged row 91.1 -> 72.8 us, B=64 Hkv=16 219.8 -> 204.0, B=8 MQA D=256 98.1 -> 83.7; none 2 % slower.
+BALANCED_TARGET, BALANCED_MIN_KEYS = "per-slot", splits.MIN_KEYS_PER_SPLIT
 # Balanced: the merge kernel reads each item's (first slab, count) that the item's first share stored, instead of
 # every thread walking the plan over the batch twice (_decode_plan.py; ncu, seed 47 row 4: a 49 us merge, most of
-# it the plan, beside a 249 us split). Off until bench/cute_merge_plan_ab.sh.
-MERGE_SLABS_FROM_SPLIT = False
-# The balanced grid's M tile on x, the share on y (``splits.balanced_grid``), off until its A/B (ncu, seed 47's
-# B=64 MQA D=256 paged row: 4 M tiles of 32 rows, 249 us, about 4x its 213 MB cache read from DRAM).
-M_TILE_MAJOR = False
+# it the plan, beside a 249 us split). H200 (results/h200/decode-merge-plan/): that row 300.4 -> 263.7 us (graph),
+# seed 43's B=64 Hkv=16 D=64 row 219.8 -> 180.1; the B=2 control level.
+MERGE_SLABS_FROM_SPLIT = True
+# The balanced grid's M tile on x, the share on y (``splits.balanced_m_tile_major``; ncu, seed 47's B=64 MQA D=256
+# paged row: 4 M tiles of 32 rows read about 4x its 213 MB cache from DRAM). H200 (results/h200/decode-mtile-major/):
+# that row 304.0 -> 258.7 us, B=16 Hkv=2 Sq=4 D=256 paged(64) (2 M tiles) 164.7 -> 135.8; one M tile level.
+M_TILE_MAJOR = True
 WARPS_SPLIT_ROWS = True  # many packed rows (_decode_warps.py): 0.83-0.94x the time (results/h200/decode-row-split/)
 DECODE_FEATURES = (*FEATURES, PAGED_KV)  # every problem feature, and the paged KV cache (pages of 16 to 256 keys)
 
@@ -646,9 +650,10 @@ def balanced_split(problem: Problem, device: torch.device | None = None) -> bool
     return splits.balanced_split_applies(BALANCED_SPLIT, problem, lambda: planned_num_splits(problem, rule_device))
 
 
-def decode_config(problem: Problem, split: bool, balanced: bool = False) -> DecodeConfig:
+def decode_config(problem: Problem, split: bool, balanced: bool = False, m_tile_major: bool = False) -> DecodeConfig:
     """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every bind), with
-    the problem's features as compile-time flags; ``balanced``: the balanced split's (always split)."""
+    the problem's features as compile-time flags; ``balanced``: the balanced split's (always split), its grid's
+    M tile on x with ``m_tile_major`` (``splits.balanced_m_tile_major``)."""
     shape, row_warps = warp_split(WARPS_SPLIT_ROWS, tile_m_for(problem), problem.head_dim, TILE_CONFIGS)
     return DecodeConfig(
         dtype=problem.dtype,
@@ -667,7 +672,7 @@ def decode_config(problem: Problem, split: bool, balanced: bool = False) -> Deco
         and splits.balanced_min_share_blocks(TILE_CONFIGS[problem.head_dim].tile_n, BALANCED_MIN_KEYS),
         balanced_max_shares=checked_item_cap(BALANCED_MAX_ITEM_SHARES) if balanced else 0,
         merge_slabs_from_split=balanced and MERGE_SLABS_FROM_SPLIT,
-        m_tile_major=balanced and M_TILE_MAJOR,
+        m_tile_major=balanced and m_tile_major,
     )
 
 
@@ -682,11 +687,11 @@ def launch_plan(problem: Problem, device: torch.device, num_splits: int | None =
         rule = {"target": BALANCED_TARGET, "ctas_per_sm": CTAS_PER_SM_FIT[problem.head_dim]}
         num_splits = splits.resolve_balanced_shares(num_splits, problem, device, m_blocks, tile_n, *shares, **rule)
         slabs, items = num_splits + items, 1
-        splits.balanced_grid(slabs, m_blocks, M_TILE_MAJOR)  # refuses shares past grid y (the kernel builds the grid)
     else:
         num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks, device, split_policy(problem))
     split = slabs is not None or num_splits > 1
-    return num_splits, slabs, items, decode_config(problem, split=split, balanced=slabs is not None)
+    m_tile_major = slabs is not None and splits.balanced_m_tile_major(slabs, M_TILE_MAJOR)
+    return num_splits, slabs, items, decode_config(problem, split, slabs is not None, m_tile_major)
 
 
 def plan_launch(
@@ -765,7 +770,8 @@ def compile_plan(problem: Problem, split: bool = True) -> DecodeConfig:
     merge; ``split=False``: the split kernel writing O directly) at ``problem``'s head dim, dtype, mask
     and features (one query token when ``problem`` is prefill-sized, as the canonical problem is)."""
     decode_sized = problem if problem.seqlen_q <= MAX_SEQLEN_Q else problem.with_(seqlen_q=1)
-    return decode_config(decode_sized, split=split, balanced=split and balanced_split(decode_sized))
+    balanced = split and balanced_split(decode_sized)
+    return decode_config(decode_sized, split=split, balanced=balanced, m_tile_major=M_TILE_MAJOR)
 
 
 # The host entry points: validate (head dims, every feature, Sq <= 16, a positive scale) → plan (the

@@ -1,7 +1,8 @@
-"""cute/decode's ``MERGE_SLABS_FROM_SPLIT`` (off by default): under the balanced split the merge kernel reads each
-item's (first slab, count), stored by the item's first share, instead of every thread planning the batch again.
+"""cute/decode's ``MERGE_SLABS_FROM_SPLIT`` (on since bench/cute_merge_plan_ab.sh, results/h200/decode-merge-plan/):
+under the balanced split the merge kernel reads each item's (first slab, count), stored by the item's first share,
+instead of every thread planning the batch again.
 
-CPU: off, the configuration, the kernels' arguments and the merge's plan are the committed ones; on, a bind
+CPU: on by default; off, the configuration, the kernels' arguments and the merge's plan are the earlier ones; on, a bind
 allocates the (B·Hkv, 2) int32 item slabs beside the partials (once per bind, as they are: CUDA-graph safe);
 bench/cute_merge_plan_ab.py's rows and settings.
 Static (sm_90a): on, both kernels compile without spills (balanced; paged and not; causal, LSE; D = 64, 128,
@@ -57,8 +58,10 @@ def balanced(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 # ----------------------------------------------------------------------------------------------------
 # CPU: the configuration and the arguments, off and on
 # ----------------------------------------------------------------------------------------------------
-def test_off_keeps_the_committed_plan_and_on_takes_the_balanced_split_only(balanced: pytest.MonkeyPatch):
+def test_on_by_default_and_off_keeps_the_earlier_plan_on_the_balanced_split_only(balanced: pytest.MonkeyPatch):
+    assert decode.MERGE_SLABS_FROM_SPLIT is True
     problem = _problem(4, 2, 4, 4, 4096, 64)
+    balanced.setattr(decode, "MERGE_SLABS_FROM_SPLIT", False)
     config = decode.compile_plan(problem)
     assert config.balanced_min_blocks and not config.merge_slabs_from_split
     assert decode.DecodeKernel(config).merge_plans

@@ -1,14 +1,16 @@
-"""The balanced split's grid axes: ``M_TILE_MAJOR`` in triton/decode, gluon/decode and cute/decode (off in each until
-``bench/decode_mtile_major_ab.sh``), the M tile on grid x and the share on y, so that a share's M tiles run together.
+"""The balanced split's grid axes: ``M_TILE_MAJOR`` in triton/decode, gluon/decode and cute/decode (on in each since
+``bench/decode_mtile_major_ab.sh``, results/h200/decode-mtile-major/), the M tile on grid x and the share on y, so
+that a share's M tiles run together.
 
-CPU: off in every rung; ``splits.balanced_grid`` (the share on x off, the M tile on x on, share CTAs past grid y's
-limit refused); off, each rung launches the grid and constexprs it did (triton: the launch recorded; gluon: the bound
-launch; cute: the compile key, whose only new field stays False), on, the two axes swap on the balanced split only,
-with the same workspace and counters, and the padded split is untouched; triton/decode with it on against fp64 under
+CPU: on in every rung; ``splits.balanced_grid`` (the share on x off, the M tile on x on, share CTAs past grid y's
+limit refused) and ``splits.balanced_m_tile_major`` (the share back on x past grid y's limit, so no shape is refused);
+off, each rung launches the grid and constexprs it did before (triton: the launch recorded; gluon: the bound launch;
+cute: the compile key, whose field is False), on, the two axes swap on the balanced split only, with the same
+workspace and counters, and the padded split is untouched; triton/decode with it on against fp64 under
 the interpreter on 48 packed rows at D=256 (two 32-row M tiles) on the balanced split, ragged and paged ragged; a
 planted kernel that reads the swapped axes on the unswapped grid fails the check. Static (sm_90a): the three rungs'
 balanced kernels with it on compile without spills in about the registers of the knob off (ptxas may move one or two),
-their PTX differing from it.
+their PTX differing from it (one shape a rung).
 GPU (``gpu``; ``bench/decode_mtile_major_ab.sh``): each rung with it on against fp64 on a poisoned output, on seed
 47's paged ragged row's kind (128 rows at D=256: cute 4 M tiles, gluon 2, triton 1) and 64 rows at D=256 paged(64)
 ragged (triton and cute 2 M tiles), on the balanced split.
@@ -52,9 +54,9 @@ def _rung_modules() -> dict[str, object]:
     return modules
 
 
-def test_off_by_default_in_every_rung():
+def test_on_by_default_in_every_rung():
     for name, module in _rung_modules().items():
-        assert module.M_TILE_MAJOR is False, f"{name}: M_TILE_MAJOR is on before its GPU A/B"
+        assert module.M_TILE_MAJOR is True, f"{name}: M_TILE_MAJOR is off though its H200 A/B took it"
 
 
 def test_balanced_grid_puts_the_m_tile_on_x_and_refuses_shares_past_grid_y():
@@ -64,6 +66,9 @@ def test_balanced_grid_puts_the_m_tile_on_x_and_refuses_shares_past_grid_y():
     assert splits.balanced_grid(splits.MAX_GRID_Y + 1, 2, False) == (splits.MAX_GRID_Y + 1, 2)
     with pytest.raises(ValueError, match="on grid y, which CUDA caps at 65535"):
         splits.balanced_grid(splits.MAX_GRID_Y + 1, 2, True)
+    assert splits.balanced_m_tile_major(splits.MAX_GRID_Y, True) is True
+    assert splits.balanced_m_tile_major(splits.MAX_GRID_Y + 1, True) is False
+    assert splits.balanced_m_tile_major(130, False) is False
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -96,6 +101,7 @@ def _triton_launch(problem: Problem, monkeypatch: pytest.MonkeyPatch, shares: in
 
 def test_triton_grid_swaps_on_the_balanced_split_only(monkeypatch: pytest.MonkeyPatch):
     assert decode.m_blocks_for(TWO_TILES) == 2 and decode.balanced_split(TWO_TILES, CPU)
+    monkeypatch.setattr(decode, "M_TILE_MAJOR", False)
     grid, args, options = _triton_launch(TWO_TILES, monkeypatch, shares=6)
     assert grid == (6 + 3, 2) and options["M_TILE_MAJOR"] is False
     monkeypatch.setattr(decode, "M_TILE_MAJOR", True)
@@ -114,6 +120,7 @@ def test_gluon_grid_swaps_on_the_balanced_split_only(monkeypatch: pytest.MonkeyP
     q, k, v = make_inputs(problem, seed=0, device="cpu")
     lengths = torch.tensor((65536, 0, 7), dtype=torch.int32)
     monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", "always")
+    monkeypatch.setattr(gluon_decode, "M_TILE_MAJOR", False)
     off = gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=5)
     monkeypatch.setattr(gluon_decode, "M_TILE_MAJOR", True)
     on = gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=5)
@@ -131,14 +138,15 @@ def test_cute_compile_key_changes_on_the_balanced_split_only(monkeypatch: pytest
     from cute_impl import decode as cute_decode
 
     problem = _problem(64, 1, 8, 16, 40448, 256, has_cache_seqlens=True, page_size=256)  # seed 47's row's kind
+    monkeypatch.setattr(cute_decode, "M_TILE_MAJOR", False)
     num_splits, slabs, items, off = cute_decode.launch_plan(problem, CPU)
     assert cute_decode.m_blocks_for(problem) == 4 and slabs == num_splits + 64 and items == 1
     assert off.m_tile_major is False and off == dataclasses.replace(off, m_tile_major=False)
     monkeypatch.setattr(cute_decode, "M_TILE_MAJOR", True)
     on_plan = cute_decode.launch_plan(problem, CPU)
     assert on_plan[:3] == (num_splits, slabs, items) and on_plan[3] == dataclasses.replace(off, m_tile_major=True)
-    with pytest.raises(ValueError, match="grid y"):
-        cute_decode.launch_plan(problem, CPU, num_splits=splits.MAX_GRID_Y)
+    # Past grid y's limit the share stays on x (splits.balanced_m_tile_major): the plan takes the shape.
+    assert cute_decode.launch_plan(problem, CPU, num_splits=splits.MAX_GRID_Y)[3].m_tile_major is False
     monkeypatch.setattr(cute_decode, "BALANCED_SPLIT", "never")
     padded_on = cute_decode.launch_plan(problem, CPU)[3]
     monkeypatch.setattr(cute_decode, "M_TILE_MAJOR", False)
@@ -217,9 +225,9 @@ print(json.dumps(results))
 # row's kind (128 rows at D=256 paged(256): gluon two 64-row tiles, cute four of 32), 128 rows at D=128 (gluon) and 256
 # at D=64 (triton: two 128-row tiles). Not triton's 64 rows at D=256 contiguous: its default spills 40 bytes (3.8).
 KNOB_COMPILES = {
-    "triton": [(16, 2, 16, 4, 256, 64), (4, 2, 16, 16, 64, 0)],
-    "gluon": [(64, 1, 8, 16, 256, 256), (8, 2, 16, 8, 128, 0)],
-    "cute": [(16, 2, 16, 4, 256, 64), (64, 1, 8, 16, 256, 256)],
+    "triton": [(16, 2, 16, 4, 256, 64)],
+    "gluon": [(64, 1, 8, 16, 256, 256)],
+    "cute": [(64, 1, 8, 16, 256, 256)],
 }
 
 
@@ -313,9 +321,9 @@ def test_bench_times_seed_47s_row_first_with_the_plans_it_names(monkeypatch: pyt
     for (label, rung), plan in BENCH_PLANS.items():
         if rung in rungs:
             assert bench.plan_of(rung, cases[label].problem, CPU) == plan, (label, rung)
-    with bench.applied("triton/decode", "on"):
-        assert decode.M_TILE_MAJOR is True
-    assert decode.M_TILE_MAJOR is False
+    with bench.applied("triton/decode", "off"):
+        assert decode.M_TILE_MAJOR is False
+    assert decode.M_TILE_MAJOR is True
 
 
 def test_bench_table_and_script():

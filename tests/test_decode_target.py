@@ -1,12 +1,14 @@
 """The balanced split's target rule (``common/contract/splits.py``'s "The target rule"; ``BALANCED_TARGET`` of
-triton/decode, gluon/decode's ``_decode_balanced.py`` and cute/decode, "per-sm" by default).
+triton/decode, gluon/decode's ``_decode_balanced.py`` and cute/decode: "per-slot" in gluon and cute, "per-sm" in triton
+since the H200 A/B, results/h200/decode-target/).
 
-CPU: the "per-slot" values of the docstring examples and of each rung on seed 43's rows; the default leaves every
-rung's target as the per-SM formula gives it; an unknown rule is refused by name; the rule's properties (one wave
-of shares where the items are few, two shares a slot where they fill a wave, the per-SM target in between), which
-two planted wrong rules fail; triton/decode with "per-slot" against fp64 under the interpreter on a few-items and
-a many-items ragged batch (on 2 SMs, so that the grids stay small). GPU (``gpu`` marker): the three rungs with
-"per-slot" against fp64 on a poisoned output. ``bench/decode_target_ab.py``'s rows and settings without a GPU.
+CPU: the "per-slot" values of the docstring examples and of each rung on seed 43's rows; each rung's default rule,
+and "per-sm" giving every rung's target as the per-SM formula gives it; an unknown rule is refused by name; the
+rule's properties (one wave of shares where the items are few, two shares a slot where they fill a wave, the per-SM
+target in between), which two planted wrong rules fail; triton/decode with "per-slot" against fp64 under the
+interpreter on a few-items and a many-items ragged batch (on 2 SMs, so that the grids stay small).
+GPU (``gpu`` marker): the three rungs with "per-slot" against fp64 on a poisoned output. ``bench/decode_target_ab.py``'s
+rows and settings without a GPU.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ TARGET_MODULES = {
 # splits.py): case 0, 64 items on 4 / 2 / 2 slots an SM; case 2, 1024 items; case 1, 8 items at D=256 (2 / 1 / 1
 # slots); case 7, 256 items on 3 / 1 / 2 slots an SM: the per-SM 264 in every rung.
 SEED43_PER_SLOT = {0: (464, 200, 200), 2: (1056, 528, 528), 1: (256, 124, 124), 7: (264, 264, 264)}
+# Each rung's rule as committed (the A/B's verdict: splits.py's "The target rule").
+DEFAULT_RULES = {"triton/decode": "per-sm", "gluon/decode": "per-slot", "cute/decode": "per-slot"}
 
 
 def _module(rung: str):
@@ -91,10 +95,12 @@ def _per_sm_reference(rung: str, problem: Problem) -> int:
 
 
 @pytest.mark.parametrize("rung", RUNGS)
-def test_the_default_rule_leaves_every_target_as_it_was(rung: str):
-    """Every rung's switch is "per-sm" as committed, and on every balanced ragged row of seven random sweeps its
-    target is the per-SM formula's (the kernels take the target as an argument: the same target, the same launch)."""
-    assert _module(rung).BALANCED_TARGET == "per-sm"
+def test_each_rung_default_rule_and_per_sm_as_it_was(rung: str, monkeypatch: pytest.MonkeyPatch):
+    """Every rung's switch is its A/B's rule, and under "per-sm" on every balanced ragged row of seven random sweeps
+    its target is the per-SM formula's (the kernels take the target as an argument: the same target, the same
+    launch)."""
+    assert DEFAULT_RULES[rung] == _module(rung).BALANCED_TARGET
+    monkeypatch.setattr(_module(rung), "BALANCED_TARGET", "per-sm")
     rows = [case for seed in (1, 29, 31, 37, 41, 43, 47) for case in random_cases(8, seed)]
     balanced = 0
     for case in rows:

@@ -66,12 +66,12 @@ valid keys, FlashInfer's plan done on the device (``balanced_share``): each CTA 
 as total key blocks / ``target_shares`` (at least ``BALANCED_MIN_KEYS``), gives each (batch, KV head)
 cdiv(its blocks, share) splits (one for an empty sequence; at most ``BALANCED_MAX_ITEM_SHARES`` unless 0) and
 finds its own in their prefix sum. The grid, target_shares (``BALANCED_SHARES_PER_SM`` per SM over the M tiles;
-``BALANCED_TARGET = "per-slot"``: splits.py's "The target rule", off) + B · Hkv CTAs per M tile, holds every
+``BALANCED_TARGET``: "per-sm" here, splits.py's "The target rule") + B · Hkv CTAs per M tile, holds every
 share whatever the lengths: the shape fixes it, and a CUDA graph replays it with new lengths (CTAs past the last
 share store nothing). An item's shares fill consecutive slabs of the partials; its last to arrive merges them
 (``merge_splits``; an item of one share writes O itself). ``num_splits=`` forces target_shares; the merge is
-always fused. The grid is (shares, M tiles), the share on x; ``M_TILE_MAJOR`` (off) swaps the axes so that the M
-tiles of a share run together and read its keys once from DRAM (``splits.balanced_grid``).
+always fused. The grid is (M tiles, shares), the M tile on x (``M_TILE_MAJOR``): the M tiles of a share run
+together and read its keys once from DRAM, not once per M tile's pass (``splits.balanced_grid``).
 
 Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one M tile; one launch):
   1. ``seqlen_info``: the sequence's own length and causal offset; the keys any row sees end at
@@ -165,13 +165,15 @@ FUSED_MERGE = True
 # off until bench/decode_ragged_ab.sh: splits.py's "item-share cap"); the lengths' vector >= MIN_BLOCK_B.
 BALANCED_SPLIT = "ragged-split"
 BALANCED_SHARES_PER_SM, BALANCED_MAX_ITEM_SHARES = 2, 0
-# The grid's target rule (splits.BALANCED_TARGETS; splits.py's "The target rule"): "per-slot" counts CTAS_PER_SM_FIT's
-# slots and the items; "per-sm" (BALANCED_SHARES_PER_SM an SM) until bench/decode_target_ab.sh times both.
+# The grid's target rule (splits.BALANCED_TARGETS; splits.py's "The target rule"): "per-sm", BALANCED_SHARES_PER_SM
+# an SM. "per-slot" (CTAS_PER_SM_FIT's slots and the items) was mixed here (H200, results/h200/decode-target/): seed
+# 43's B=64 Hkv=16 row 218.3 -> 166.9 us, but its B=2 row 90.5 -> 99.3 and a full D=64 cache 150.5 -> 162.3.
 BALANCED_TARGET = "per-sm"
 BALANCED_MIN_KEYS, MIN_BLOCK_B = splits.MIN_KEYS_PER_SPLIT, 16
-# The balanced grid's M tile on x, fastest, the share on y (``splits.balanced_grid``): off until
-# bench/decode_mtile_major_ab.sh (with 2+ M tiles, e.g. 33-64 rows at D=256, each tile's pass reads the cache again).
-M_TILE_MAJOR = False
+# The balanced grid's M tile on x, fastest, the share on y (``splits.balanced_m_tile_major``): with 2+ M tiles each
+# tile's pass read the cache again. H200 (results/h200/decode-mtile-major/): B=16 Hkv=2 Sq=4 D=256 paged(64) ragged
+# (2 M tiles) 285.2 -> 262.5 us; rows of one M tile level.
+M_TILE_MAJOR = True
 # Fifth stop's switches (results/h200/decode-floor5/): two CTA slots an SM on full caches (276k D=64 63 -> 85 %).
 SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 2, False, False, False
 # Seventh stop's switch, off until bench/decode_fewpairs_ab.sh (``splits.SplitPolicy.fewer_waves``).
@@ -706,14 +708,15 @@ def bind_balanced(
     from the shape, so a CUDA graph captures it once and replays it with new ``cache_seqlens``."""
     block_n, target = tile_config(problem).block_n, balanced_target_shares(problem, q.device, shares)
     m_blocks, items = m_blocks_for(problem), problem.batch * problem.kv_heads
-    grid = splits.balanced_grid(target + items, m_blocks, M_TILE_MAJOR)
+    m_tile_major = splits.balanced_m_tile_major(target + items, M_TILE_MAJOR)
+    grid = splits.balanced_grid(target + items, m_blocks, m_tile_major)
     workspace = balanced_workspace(problem, target + items, q.device)
     out, lse, _, args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
     sizes = (problem.batch, target, *splits.balanced_plan_sizes(block_n, BALANCED_MIN_KEYS, BALANCED_MAX_ITEM_SHARES))
     options = {
         **feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
         "BLOCK_N": block_n, "PAGE_SIZE": problem.page_size, "SPLITS_PER_STEP": _merge_step(problem),
-        "BLOCK_B": next_power_of_2(max(problem.batch, MIN_BLOCK_B)), "M_TILE_MAJOR": M_TILE_MAJOR,
+        "BLOCK_B": next_power_of_2(max(problem.batch, MIN_BLOCK_B)), "M_TILE_MAJOR": m_tile_major,
         **launch_options(problem),
     }  # fmt: skip
     counters = arrival_counters(q.device, items * m_blocks)

@@ -63,7 +63,8 @@ item's blocks over the cap, streamed by one CTA. Capping only lowers counts, so 
 share, and the split and the merge read the same capped plan.
 
 **The target rule** (``BALANCED_TARGET`` of each rung: triton/decode, gluon/decode's ``_decode_balanced.py``,
-cute/decode; "per-sm" in all three until the H200 A/B of ``bench/decode_target_ab.sh``): "per-sm" is
+cute/decode; "per-slot" in gluon and cute, "per-sm" in triton, by the H200 A/B of ``bench/decode_target_ab.sh``,
+results/h200/decode-target/): "per-sm" is
 ``shares_per_sm`` shares an SM over the M tiles; "per-slot" (:func:`per_slot_target`) counts the balanced kernel's
 CTA slots (SMs × the CTAs an SM holds, over the M tiles) and the B · Hkv items, whose shares each round up, so the
 grid holds up to target + items CTAs. Where the items are few (at most a third of the slots), it reserves their
@@ -74,17 +75,25 @@ seed 43's B=64 Hkv=16 row (1024 items), so almost no item splits and the longest
 "per-sm": there one wave's share grows past 1.5 slots' work (without bound as the items near the slots), and two
 shares a slot add a wave of CTAs to a grid the items fill about once (``bench/decode_ragged_model.py``, 2.5 µs
 latency: one wave 254 µs against the per-SM 192 in triton on seed 47's B=64 MQA D=256 row, 64 items on 132 slots;
-two shares a slot 4-6 µs slower in cute on seed 43's B=32 MHA row, 256 items on 264 slots). Like every plan it
-follows from the shape and the device only.
+two shares a slot 4-6 µs slower in cute on seed 43's B=32 MHA row, 256 items on 264 slots). Measured, "per-slot"
+against "per-sm": seed 43's B=2 row 88.4 -> 67.4 µs in gluon, 91.1 -> 72.8 in cute; its B=64 Hkv=16 row 172.4 ->
+156.2 in gluon, 219.8 -> 204.0 in cute, 218.3 -> 166.9 in triton; no row of ten more than 2 % slower in gluon or
+cute. Triton keeps "per-sm": its slots (CTAS_PER_SM_FIT) make a larger target there, and the B=2 row lost 10 %
+(90.5 -> 99.3), a full D=64 cache 8 % (150.5 -> 162.3). Like every plan it follows from the shape and the device
+only.
 
-**The balanced grid's axes** (``M_TILE_MAJOR`` of each decode rung, off until ``bench/decode_mtile_major_ab.sh``):
-:func:`balanced_grid`. The grid has target_shares + B · Hkv share CTAs per M tile; with the share on x (fastest)
-the block scheduler hands out every share of M tile 0, then every share of M tile 1, and so on, so each M tile's
-pass streams the whole cache again, and L2 (50 MB on an H200) does not keep it between passes (ncu, cute/decode on
-seed 47's B=64 MQA D=256 paged row, 4 M tiles of 32 rows: 249 µs for ~870 MB from DRAM, four times its 213 MB
-cache). With the M tile on x the M tiles of one share are dispatched together and read its K/V blocks at about
-the same time: the first from DRAM, the others mostly from L2. Only the axes change: the plan, the partials'
-slabs, the merge and the arrival counters are indexed by (share, M tile) as before.
+**The balanced grid's axes** (``M_TILE_MAJOR`` of each decode rung, on since ``bench/decode_mtile_major_ab.sh``):
+:func:`balanced_m_tile_major` and :func:`balanced_grid`. The grid has target_shares + B · Hkv share CTAs per M tile;
+with the share on x (fastest) the block scheduler hands out every share of M tile 0, then every share of M tile 1,
+and so on, so each M tile's pass streams the whole cache again, and L2 (50 MB on an H200) does not keep it between
+passes (ncu, cute/decode on seed 47's B=64 MQA D=256 paged row, 4 M tiles of 32 rows: 249 µs for ~870 MB from DRAM,
+four times its 213 MB cache). With the M tile on x the M tiles of one share are dispatched together and read its K/V
+blocks at about the same time: the first from DRAM, the others mostly from L2. Only the axes change: the plan, the
+partials' slabs, the merge and the arrival counters are indexed by (share, M tile) as before. Measured on an H200
+(results/h200/decode-mtile-major/): seed 47's B=64 MQA D=256 paged row 165.5 -> 127.3 µs in gluon (2 M tiles), 304.0
+-> 258.7 in cute (4); B=16 Hkv=2 Sq=4 D=256 paged(64) (2 M tiles) 285.2 -> 262.5 in triton, 164.7 -> 135.8 in cute;
+rows of one M tile level. Past :data:`MAX_GRID_Y` share CTAs (grid y's cap) the share stays on x: a plan decision,
+so that no shape the share-major grid took is refused.
 """
 
 from __future__ import annotations
@@ -297,11 +306,17 @@ def balanced_plan_sizes(block_n: int, min_keys: int, max_item_shares: int) -> tu
     return balanced_min_share_blocks(block_n, min_keys), max_item_shares or NO_ITEM_SHARE_CAP
 
 
+def balanced_m_tile_major(slabs: int, m_tile_major: bool) -> bool:
+    """Whether the balanced grid of ``slabs`` share CTAs puts the M tile on x: a rung's ``M_TILE_MAJOR``, except past
+    :data:`MAX_GRID_Y` share CTAs, which grid y cannot hold (there each M tile's pass reads the cache again)."""
+    return m_tile_major and slabs <= MAX_GRID_Y
+
+
 def balanced_grid(slabs: int, m_blocks: int, m_tile_major: bool) -> tuple[int, int]:
     """The balanced split kernel's grid (x, y) over ``slabs`` share CTAs (target_shares + B · Hkv) and ``m_blocks``
     M tiles: (slabs, m_blocks), the share fastest; ``m_tile_major`` (a rung's ``M_TILE_MAJOR``): (m_blocks, slabs),
     the M tiles of one share together (module docstring). The shares then lie on y, which CUDA caps at
-    :data:`MAX_GRID_Y`: more is a ValueError, not a launch error."""
+    :data:`MAX_GRID_Y`: more is a ValueError, not a launch error (the rungs ask :func:`balanced_m_tile_major`)."""
     if not m_tile_major:
         return slabs, m_blocks
     if slabs > MAX_GRID_Y:

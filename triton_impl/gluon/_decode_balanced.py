@@ -30,8 +30,9 @@ from triton_impl.gluon._decode_merge import _last_to_arrive, _merge_tile, _store
 # seed 43's two ragged D=256 rows 140.3 -> 94.7 and 137.0 -> 96.7 us, a full 180k row 177.4 -> 165.0; 48 lost on one.
 BALANCED_MAX_ITEM_SHARES = 32
 # gluon/decode's target rule (splits.BALANCED_TARGETS; splits.py's "The target rule"): "per-slot" counts its ring's
-# CTA slots (split_policy) and the items; "per-sm" (triton/decode's shares an SM) until bench/decode_target_ab.sh.
-BALANCED_TARGET = "per-sm"
+# CTA slots (split_policy) and the items. Against "per-sm" (H200, results/h200/decode-target/): seed 43's B=2 paged
+# row 88.4 -> 67.4 us, its B=64 Hkv=16 row 172.4 -> 156.2, a full D=64 cache 163.2 -> 146.0; no row 2 % slower.
+BALANCED_TARGET = "per-slot"
 
 
 @gluon.jit

@@ -15,8 +15,8 @@ as triton/decode's merge kernel, which is the two-launch path here too: ``FUSED_
 one split the split kernel writes O and the LSE itself. ``BALANCED_SPLIT`` ("ragged-split": a ragged batch the rule
 splits) takes triton/decode's balanced split instead: a grid of target shares + B · Hkv CTAs per M tile, each an equal
 share of the valid keys by the Triton stack's own device plan (``balanced_share``), its partials in a slab of packed
-rows and the item's last share merging (``BALANCED``; ``_decode_balanced.py``); ``M_TILE_MAJOR`` (off) puts the M tile
-on the grid's x, a share's M tiles together (``splits.balanced_grid``).
+rows and the item's last share merging (``BALANCED``; ``_decode_balanced.py``); ``M_TILE_MAJOR`` puts the M tile on
+the grid's x, a share's M tiles together (``splits.balanced_grid``).
 
 What Gluon makes explicit (what Triton decides in triton/decode / what this file writes):
   * Copies: the pipeliner turns the K and V loads into ``cp.async``, 16 bytes per thread and
@@ -219,7 +219,9 @@ BALANCED_SPLIT = "ragged-split"
 BALANCED_SHARES_BY_SLOTS = False
 # Triton release -> head dims whose balanced kernel spills (3.9, D=256: 16-40 bytes a thread): never balanced there.
 BALANCED_SPILLS = {"3.9": (256,)}
-M_TILE_MAJOR = False  # triton/decode's (its comment): the balanced grid's M tile on x, the share on y; off until A/B
+# The balanced grid's M tile on x, the share on y (triton/decode's switch): H200 (results/h200/decode-mtile-major/),
+# seed 47's B=64 MQA D=256 paged row (2 M tiles) 165.5 -> 127.3 us; one M tile level.
+M_TILE_MAJOR = True
 SHORT_CACHE_CONFIGS = {128: DecodeConfig(64, 3)}
 # Issue #38's short prefill (off until bench/decode_packed_ab.sh): a full 64-row tile at D=64 in its 105 KB ring is two
 # CTAs an SM, each a serial wgmma-softmax-wgmma chain (seed 41's group 8 Sq=16 1k: 43 %); two stages (41 KB; D=128:
@@ -625,13 +627,15 @@ def balanced_split(problem: Problem, device: torch.device | None = None) -> bool
     return splits.balanced_split_applies(BALANCED_SPLIT, problem, lambda: planned_num_splits(problem, rule_device))
 
 
-def split_constexprs(problem: Problem, split: bool, balanced: bool = False) -> dict[str, int | bool | None]:
+def split_constexprs(
+    problem: Problem, split: bool, balanced: bool = False, m_tile_major: bool = False
+) -> dict[str, int | bool | None]:
     config, num_warps = decode_config(problem), num_warps_for(problem)
     return {
         **feature_constexprs(problem), "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n,
         "NUM_STAGES": config.num_stages, "SPLIT": split, "PAGE_SIZE": problem.page_size,
         "FUSED_MERGE": split and triton_decode.FUSED_MERGE, "BALANCED": balanced,
-        **balanced_constexprs(problem, balanced, M_TILE_MAJOR),
+        **balanced_constexprs(problem, balanced, m_tile_major),
         "SPLITS_PER_STEP": triton_decode.merge_splits_per_step(MERGE_ROWS.value, problem.head_dim, num_warps),
     }  # fmt: skip
 
@@ -665,10 +669,11 @@ class GluonDecode:
             slots = (policy.ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
             plan = balanced_sizes(problem, q.device, num_splits, m_blocks, decode_config(problem).block_n, *slots)
             num_splits = plan[1]
-            self.split_grid = splits.balanced_grid(num_splits + items, m_blocks, M_TILE_MAJOR)
+            m_tile_major = splits.balanced_m_tile_major(num_splits + items, M_TILE_MAJOR)
+            self.split_grid = splits.balanced_grid(num_splits + items, m_blocks, m_tile_major)
             out_partial, lse_partial = balanced_workspace(problem, num_splits + items, q.device)
         else:
-            plan = (None,) * 4
+            plan, m_tile_major = (None,) * 4, False
             num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks, q.device, policy)
             self.split_grid = (num_splits, m_blocks, items)
             out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
@@ -683,7 +688,7 @@ class GluonDecode:
             q, desc_k, desc_v, self.out, lse_arg, lengths_arg, out_partial, lse_partial,
             *q.stride()[:3], *self.out.stride()[:3], *sizes, *paging_arguments(block_table),
         )  # fmt: skip
-        split_options = split_constexprs(problem, num_splits > 1 and not self.balanced, self.balanced)
+        split_options = split_constexprs(problem, num_splits > 1 and not self.balanced, self.balanced, m_tile_major)
         self.split_options = {**split_options, "num_warps": num_warps_for(problem)}
         self.fused_merge = self.split_options["FUSED_MERGE"] or self.balanced
         counters = triton_decode.arrival_counters(q.device, m_blocks * items) if self.fused_merge else None
@@ -777,7 +782,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     }  # fmt: skip
     num_warps = num_warps_for(problem)
     balanced = balanced_split(problem)
-    constexprs = {**split_constexprs(problem, not balanced, balanced), "num_warps": num_warps}
+    constexprs = {**split_constexprs(problem, not balanced, balanced, M_TILE_MAJOR), "num_warps": num_warps}
     plan = ("batch_size", "target_shares", "min_share_blocks", "max_item_shares")
     if balanced:
         signature.update(dict.fromkeys(plan, "i32"))
