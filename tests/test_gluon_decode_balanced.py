@@ -67,9 +67,11 @@ def test_balanced_switch_is_triton_decodes_and_on_where_the_rule_splits_a_ragged
 
 
 def test_balanced_grid_and_workspace_follow_the_shape(monkeypatch: pytest.MonkeyPatch):
-    """target shares (triton/decode's rule on gluon's M tiles and key blocks) + B · Hkv CTAs per M tile,
-    a slab of group · Sq packed rows per CTA; a forced target replaces the rule's, 0 is refused."""
+    """target shares (triton/decode's per-SM rule on gluon's M tiles and key blocks; "per-slot", the default, is
+    tests/test_decode_target.py's) + B · Hkv CTAs per M tile, the M tile on x (M_TILE_MAJOR), a slab of group · Sq
+    packed rows per CTA; a forced target replaces the rule's, 0 is refused."""
     monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", "always")
+    monkeypatch.setattr(_decode_balanced, "BALANCED_TARGET", "per-sm")
     monkeypatch.setattr(gluon_decode, "BALANCED_SHARES_BY_SLOTS", True)
     problem = _problem(3, 32, 2, 8, 65536, 128)  # 128 packed rows: two 64-row M tiles
     q, k, v = make_inputs(problem, seed=0, device="cpu")
@@ -84,14 +86,14 @@ def test_balanced_grid_and_workspace_follow_the_shape(monkeypatch: pytest.Monkey
     assert gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths).num_splits == 2 * target
     monkeypatch.setattr(gluon_decode, "BALANCED_SHARES_BY_SLOTS", True)
     assert run.balanced and run.fused_merge and run.num_splits == target
-    assert run.split_grid == (target + 3 * 2, 2)
+    assert run.split_grid == (2, target + 3 * 2)
     assert run.split_options["BALANCED"] and not run.split_options["SPLIT"] and run.split_options["BLOCK_B"] == 16
     out_partial, lse_partial = run.split_args[6:8]
     assert out_partial.shape == (target + 6, 16 * 8, 128) and lse_partial.shape == (target + 6, 16 * 8)
     min_blocks = -(-triton_decode.BALANCED_MIN_KEYS // block_n)
     assert run.split_args[-4:] == (3, target, min_blocks, _decode_balanced.BALANCED_MAX_ITEM_SHARES)
     forced = gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=5)
-    assert forced.split_grid == (5 + 6, 2) and forced.num_splits == 5
+    assert forced.split_grid == (2, 5 + 6) and forced.num_splits == 5
     with pytest.raises(ValueError, match="must be >= 1, got 0"):
         gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=0)
     monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", "never")
