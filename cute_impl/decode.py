@@ -357,8 +357,6 @@ class DecodeKernel:
         if cutlass.const_expr(self.config.balanced_min_blocks):
             plan = self.balanced_plan(mQ, mK, mCacheSeqlens, mBlockTable, mOPartial.shape[0] - mO.shape[0])
             batch, kv_head, split, num_splits, has_work = plan.share(share)
-            if cutlass.const_expr(self.config.merge_slabs_from_split):
-                store_item_slabs(mItemSlabs[batch * kv_heads + kv_head, None], share, split, num_splits, tidx, m_block)
         seqlen = SeqlenInfo.create(batch, seqlen_q, capacity, mCacheSeqlens, self.bottom_right)
         block_range = split_block_range(split, num_splits, seqlen, seqlen_q, self.tile_n, self.causal)
         n_blocks = block_range.n_block_max - block_range.n_block_min
@@ -450,6 +448,10 @@ class DecodeKernel:
         if cutlass.const_expr(self.config.balanced_min_blocks):
             gO, gLSE = mOPartial[share, 0, None, None], mLSEPartial[share, 0, None]  # this share's slab
             rows = cutlass.Int32(cutlass.select_(has_work, rows, 0))  # a CTA past the last share: no store
+            # Here, not where the plan is made: there ptxas kept the slabs' address over the key loop (an 8-byte
+            # stack frame at D=64 paged). The merge kernel runs after this launch, so the place is free.
+            if cutlass.const_expr(self.config.merge_slabs_from_split):
+                store_item_slabs(mItemSlabs[batch * kv_heads + kv_head, None], share, split, num_splits, tidx, m_block)
         elif cutlass.const_expr(self.split):
             gO = mOPartial[split, batch_kv_head, None, None]  # (rows, D) fp32
             gLSE = mLSEPartial[split, batch_kv_head, None]  # (rows,)

@@ -165,8 +165,9 @@ BALANCED_COMPILES = [(64, 8, 32), (128, 1, 32), (256, 8, 0)]
 def test_balanced_split_compiles_for_sm90_without_spills(
     head_dim: int, seqlen_q: int, page_size: int, monkeypatch: pytest.MonkeyPatch
 ):
-    """Both kernels, spill-free; the merge kernel takes the plan's inputs (q, k, the lengths; paged: the
-    block table), which the padded split's merge does not."""
+    """Both kernels, spill-free; the merge kernel takes the item slabs the split kernel stored (one tensor;
+    ``MERGE_SLABS_FROM_SPLIT``), which the padded split's merge does not (with it off, the plan's inputs:
+    tests/test_cute_merge_plan.py)."""
     problem = _featured(head_dim, torch.bfloat16, seqlen_q=seqlen_q).with_(page_size=page_size)
     monkeypatch.setattr(decode, "BALANCED_SPLIT", "never")
     (padded,) = decode.compile_sm90(problem, split=True)
@@ -178,7 +179,7 @@ def test_balanced_split_compiles_for_sm90_without_spills(
     for name, usage in kernels.items():
         assert usage["stack_bytes"] + usage["local_bytes"] == 0, f"{problem.describe()} {name}: {usage}"
     merge_params = [_merge_params(binary.ptx) for binary in (padded, balanced)]
-    assert merge_params[1] == merge_params[0] + 3 + (page_size > 0), merge_params
+    assert merge_params[1] == merge_params[0] + 1, merge_params
 
 
 def _merge_params(ptx: str) -> int:

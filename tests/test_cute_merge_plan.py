@@ -156,6 +156,7 @@ def test_on_compiles_without_spills_and_its_merge_plans_nothing(
     balanced.setattr(decode, "BALANCED_SPLIT", "never")
     (padded,) = decode.compile_sm90(problem, split=True)
     balanced.setattr(decode, "BALANCED_SPLIT", "always")
+    balanced.setattr(decode, "MERGE_SLABS_FROM_SPLIT", False)
     (off,) = decode.compile_sm90(problem, split=True)
     balanced.setattr(decode, "MERGE_SLABS_FROM_SPLIT", True)
     (on,) = decode.compile_sm90(problem, split=True)
