@@ -344,10 +344,13 @@ def test_gpu_capped_balanced_split_against_fp64_and_deterministic(
 @pytest.mark.gpu
 def test_gpu_planted_cute_merge_reading_the_uncapped_plan_fails_the_check(monkeypatch: pytest.MonkeyPatch):
     """The merge kernel finds an item's slabs by the uncapped share count while the split kernel stored
-    the capped one's: the fp64 check must fail."""
+    the capped one's: the fp64 check must fail. The merge that plans (``MERGE_SLABS_FROM_SPLIT`` off); by default
+    it reads the slabs the split kernel stored (tests/test_cute_merge_plan.py plants a short one)."""
     impl = _capped_rung("cute/decode", 7, monkeypatch)
     from cute_impl import _decode_plan
     from cute_impl import decode as cute_decode
+
+    monkeypatch.setattr(cute_decode, "MERGE_SLABS_FROM_SPLIT", False)
 
     problem = _long_among_short(len(LONG_AMONG_SHORT))
     q, k, v = make_inputs(problem, seed=3, device="cuda", offset=0.5)
