@@ -1,6 +1,6 @@
 """The balanced split's target rule (``common/contract/splits.py``'s "The target rule"; ``BALANCED_TARGET`` of
-triton/decode, gluon/decode's ``_decode_balanced.py`` and cute/decode: "per-slot" in gluon and cute, "per-sm" in triton
-since the H200 A/B, results/h200/decode-target/).
+triton/decode, gluon/decode's ``_decode_balanced.py`` and cute/decode: "per-slot" in gluon and cute, "per-slot-many" in
+triton since the H200 A/B, results/h200/decode-target/).
 
 CPU: the "per-slot" values of the docstring examples and of each rung on seed 43's rows; each rung's default rule,
 and "per-sm" giving every rung's target as the per-SM formula gives it; an unknown rule is refused by name; the
@@ -40,7 +40,7 @@ TARGET_MODULES = {
 # slots); case 7, 256 items on 3 / 1 / 2 slots an SM: the per-SM 264 in every rung.
 SEED43_PER_SLOT = {0: (464, 200, 200), 2: (1056, 528, 528), 1: (256, 124, 124), 7: (264, 264, 264)}
 # Each rung's rule as committed (the A/B's verdict: splits.py's "The target rule").
-DEFAULT_RULES = {"triton/decode": "per-sm", "gluon/decode": "per-slot", "cute/decode": "per-slot"}
+DEFAULT_RULES = {"triton/decode": "per-slot-many", "gluon/decode": "per-slot", "cute/decode": "per-slot"}
 
 
 def _module(rung: str):
@@ -113,7 +113,7 @@ def test_each_rung_default_rule_and_per_sm_as_it_was(rung: str, monkeypatch: pyt
 
 def test_an_unknown_rule_is_refused_by_name(monkeypatch: pytest.MonkeyPatch):
     problem = random_cases(8, 43)[0].problem
-    expected = r"BALANCED_TARGET must be one of \('per-sm', 'per-slot'\), got 'per-wave'"
+    expected = r"BALANCED_TARGET must be one of \('per-sm', 'per-slot', 'per-slot-many'\), got 'per-wave'"
     with pytest.raises(ValueError, match=expected):
         splits.balanced_target_shares(problem, CPU, 1, 64, 2, target="per-wave")
     with pytest.raises(ValueError, match="CTAs an SM must be >= 1, got 0"):
@@ -123,23 +123,23 @@ def test_an_unknown_rule_is_refused_by_name(monkeypatch: pytest.MonkeyPatch):
         decode.balanced_target_shares(problem, CPU)
 
 
-def _rule_violations() -> list[str]:
+def _rule_violations(target_rule: str = "per-slot") -> list[str]:
     """Where "per-slot" breaks its rule (splits.py's "The target rule") over batches, KV heads, M tiles and CTA
     slots an SM, on a cache long enough that the least share does not bind: with at most a third of a tile's slots
-    in items, target + items must fill one wave of them (target = slots - items); with the items filling a wave,
-    two shares a slot; in between, the per-SM target."""
+    in items, target + items must fill one wave of them (target = slots - items; "per-slot-many": the per-SM
+    target); with the items filling a wave, two shares a slot; in between, the per-SM target."""
     wrong = []
     for batch in (1, 2, 3, 8, 16, 33, 64, 128):
         for kv_heads in (1, 2, 8, 32):
             for m_blocks in (1, 2, 4):
                 problem = Problem(batch, kv_heads * 4, 1, 1 << 20, 64, kv_heads=kv_heads, has_cache_seqlens=True)
                 for ctas_per_sm in (1, 2, 4, 5):
-                    rule = {"target": "per-slot", "ctas_per_sm": ctas_per_sm}
+                    rule = {"target": target_rule, "ctas_per_sm": ctas_per_sm}
                     target = splits.balanced_target_shares(problem, CPU, m_blocks, 64, 2, **rule)
                     slots, items = -(-132 * ctas_per_sm // m_blocks), batch * kv_heads
                     per_sm = -(-132 * 2 // m_blocks)
                     if 3 * items <= slots:
-                        ok = target + items == slots
+                        ok = target + items == slots if target_rule == "per-slot" else target == per_sm
                     else:
                         ok = target == (2 * slots if items >= slots else per_sm)
                     if not ok:
@@ -147,8 +147,30 @@ def _rule_violations() -> list[str]:
     return wrong
 
 
-def test_the_per_slot_rule_keeps_its_waves():
-    assert _rule_violations() == []
+def test_the_per_slot_rules_keep_their_waves():
+    assert _rule_violations("per-slot") == []
+    assert _rule_violations("per-slot-many") == []
+
+
+def test_a_planted_one_wave_branch_in_per_slot_many_fails(monkeypatch: pytest.MonkeyPatch):
+    rule = splits.per_slot_target
+    monkeypatch.setattr(splits, "per_slot_target", lambda s, i, p, one_wave=True: rule(s, i, p))
+    assert _rule_violations("per-slot-many")
+
+
+def test_triton_per_slot_many_plans_are_the_ab_s_measured_ones(monkeypatch: pytest.MonkeyPatch):
+    """On every row of bench/decode_target_ab.py, "per-slot-many" plans what "per-slot" or "per-sm" planned there
+    (the rule's H200 times are those rows' measured ones: splits.py's "The target rule"): per-slot's on the rows
+    whose items fill a wave (43/2, 37/6), per-sm's on the others."""
+    from bench import decode_target_ab
+
+    for label, case in decode_target_ab.cases():
+        plans = {}
+        for rule in ("per-sm", "per-slot", "per-slot-many"):
+            monkeypatch.setattr(decode, "BALANCED_TARGET", rule)
+            plans[rule] = plan_of("triton/decode", case.problem, case.lengths, CPU)
+        expected = plans["per-slot"] if label in ("43/2", "37/6") else plans["per-sm"]
+        assert plans["per-slot-many"] == expected, label
 
 
 @pytest.mark.parametrize("planted", ["forgets-the-items", "one-wave-everywhere"])
@@ -157,7 +179,7 @@ def test_a_planted_wrong_rule_fails(planted: str, monkeypatch: pytest.MonkeyPatc
     second wave, the finding's 328 CTAs), and one wave taken up to a full wave of items (tiny targets)."""
     if planted == "forgets-the-items":
         rule = splits.per_slot_target
-        monkeypatch.setattr(splits, "per_slot_target", lambda s, i, p: s if 3 * i <= s else rule(s, i, p))
+        monkeypatch.setattr(splits, "per_slot_target", lambda s, i, p, **_: s if 3 * i <= s else rule(s, i, p))
     else:
         monkeypatch.setattr(splits, "ONE_WAVE_ITEMS_FRACTION", 1.0)
     assert _rule_violations()
@@ -179,6 +201,7 @@ def test_triton_per_slot_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch
     problem, lengths, target = INTERPRETER_CASES[case]
     monkeypatch.setattr(splits, "DEFAULT_SM_COUNT", 2)
     monkeypatch.setattr(decode, "BALANCED_SPLIT", "always")
+    monkeypatch.setattr(decode, "BALANCED_TARGET", "per-sm")
     assert decode.balanced_target_shares(problem, CPU) == 4
     monkeypatch.setattr(decode, "BALANCED_TARGET", "per-slot")
     assert decode.balanced_target_shares(problem, CPU) == target
@@ -222,4 +245,4 @@ def test_the_ab_times_the_rule_rows_first_and_each_setting_where_it_changes_the_
     assert list(decode_target_ab.settings_to_time("gluon/decode", cases["43/0"], CPU)) == ["per-sm", "per-slot"]
     assert list(decode_target_ab.settings_to_time("triton/decode", cases["43/7"], CPU)) == ["per-sm"]
     assert list(decode_target_ab.settings_to_time("triton/decode", cases["47/3"], CPU)) == ["per-sm"]
-    assert decode.BALANCED_TARGET == "per-sm"
+    assert decode.BALANCED_TARGET == "per-slot-many"

@@ -66,7 +66,7 @@ valid keys, FlashInfer's plan done on the device (``balanced_share``): each CTA 
 as total key blocks / ``target_shares`` (at least ``BALANCED_MIN_KEYS``), gives each (batch, KV head)
 cdiv(its blocks, share) splits (one for an empty sequence; at most ``BALANCED_MAX_ITEM_SHARES`` unless 0) and
 finds its own in their prefix sum. The grid, target_shares (``BALANCED_SHARES_PER_SM`` per SM over the M tiles;
-``BALANCED_TARGET``: "per-sm" here, splits.py's "The target rule") + B · Hkv CTAs per M tile, holds every
+``BALANCED_TARGET``: "per-slot-many" here, splits.py's "The target rule") + B · Hkv CTAs per M tile, holds every
 share whatever the lengths: the shape fixes it, and a CUDA graph replays it with new lengths (CTAs past the last
 share store nothing). An item's shares fill consecutive slabs of the partials; its last to arrive merges them
 (``merge_splits``; an item of one share writes O itself). ``num_splits=`` forces target_shares; the merge is
@@ -165,10 +165,11 @@ FUSED_MERGE = True
 # off until bench/decode_ragged_ab.sh: splits.py's "item-share cap"); the lengths' vector >= MIN_BLOCK_B.
 BALANCED_SPLIT = "ragged-split"
 BALANCED_SHARES_PER_SM, BALANCED_MAX_ITEM_SHARES = 2, 0
-# The grid's target rule (splits.BALANCED_TARGETS; splits.py's "The target rule"): "per-sm", BALANCED_SHARES_PER_SM
-# an SM. "per-slot" (CTAS_PER_SM_FIT's slots and the items) was mixed here (H200, results/h200/decode-target/): seed
-# 43's B=64 Hkv=16 row 218.3 -> 166.9 us, but its B=2 row 90.5 -> 99.3 and a full D=64 cache 150.5 -> 162.3.
-BALANCED_TARGET = "per-sm"
+# The grid's target rule (splits.BALANCED_TARGETS; splits.py's "The target rule"): "per-slot-many", two shares a
+# CTAS_PER_SM_FIT slot where the items fill a wave, else BALANCED_SHARES_PER_SM an SM. "per-slot" (H200,
+# results/h200/decode-target/): its two-shares rows won (seed 43's B=64 Hkv=16 row 218.3 -> 166.9 us), its one-wave
+# rows lost (the B=2 row 90.5 -> 99.3, a full D=64 cache 150.5 -> 162.3).
+BALANCED_TARGET = "per-slot-many"
 BALANCED_MIN_KEYS, MIN_BLOCK_B = splits.MIN_KEYS_PER_SPLIT, 16
 # The balanced grid's M tile on x, fastest, the share on y (``splits.balanced_m_tile_major``): with 2+ M tiles each
 # tile's pass read the cache again. H200 (results/h200/decode-mtile-major/): B=16 Hkv=2 Sq=4 D=256 paged(64) ragged

@@ -63,8 +63,8 @@ item's blocks over the cap, streamed by one CTA. Capping only lowers counts, so 
 share, and the split and the merge read the same capped plan.
 
 **The target rule** (``BALANCED_TARGET`` of each rung: triton/decode, gluon/decode's ``_decode_balanced.py``,
-cute/decode; "per-slot" in gluon and cute, "per-sm" in triton, by the H200 A/B of ``bench/decode_target_ab.sh``,
-results/h200/decode-target/): "per-sm" is
+cute/decode; "per-slot" in gluon and cute, "per-slot-many" in triton, by the H200 A/B of
+``bench/decode_target_ab.sh``, results/h200/decode-target/): "per-sm" is
 ``shares_per_sm`` shares an SM over the M tiles; "per-slot" (:func:`per_slot_target`) counts the balanced kernel's
 CTA slots (SMs × the CTAs an SM holds, over the M tiles) and the B · Hkv items, whose shares each round up, so the
 grid holds up to target + items CTAs. Where the items are few (at most a third of the slots), it reserves their
@@ -78,9 +78,11 @@ latency: one wave 254 µs against the per-SM 192 in triton on seed 47's B=64 MQA
 two shares a slot 4-6 µs slower in cute on seed 43's B=32 MHA row, 256 items on 264 slots). Measured, "per-slot"
 against "per-sm": seed 43's B=2 row 88.4 -> 67.4 µs in gluon, 91.1 -> 72.8 in cute; its B=64 Hkv=16 row 172.4 ->
 156.2 in gluon, 219.8 -> 204.0 in cute, 218.3 -> 166.9 in triton; no row of ten more than 2 % slower in gluon or
-cute. Triton keeps "per-sm": its slots (CTAS_PER_SM_FIT) make a larger target there, and the B=2 row lost 10 %
-(90.5 -> 99.3), a full D=64 cache 8 % (150.5 -> 162.3). Like every plan it follows from the shape and the device
-only.
+cute. In triton the one-wave branch lost (its CTAS_PER_SM_FIT slots make larger one-wave targets: the B=2 row
+90.5 -> 99.3, a full D=64 cache 150.5 -> 162.3) and the two-shares branch won (218.3 -> 166.9, seed 37's B=16 Hkv=32
+row 221.7 -> 211.2): "per-slot-many" is "per-slot" without the one-wave branch. On each of the A/B's ten rows its plan
+is one of the two timed (the two-shares rows per-slot's, the others per-sm's), so its times are the measured ones.
+Like every plan it follows from the shape and the device only.
 
 **The balanced grid's axes** (``M_TILE_MAJOR`` of each decode rung, on since ``bench/decode_mtile_major_ab.sh``):
 :func:`balanced_m_tile_major` and :func:`balanced_grid`. The grid has target_shares + B · Hkv share CTAs per M tile;
@@ -215,7 +217,7 @@ def balanced_min_share_blocks(block_n: int, min_keys: int = MIN_KEYS_PER_SPLIT) 
     return -(-min_keys // block_n)
 
 
-BALANCED_TARGETS = ("per-sm", "per-slot")
+BALANCED_TARGETS = ("per-sm", "per-slot", "per-slot-many")
 # The per-slot rule (module docstring, "The target rule"): shares a CTA slot where the items alone fill a wave, and
 # the most items, as a fraction of the slots, for which one wave of shares (target = slots - items) is taken: its
 # longest share is then at most 1.5 times a slot's work.
@@ -223,13 +225,14 @@ SLOT_SHARES = 2
 ONE_WAVE_ITEMS_FRACTION = 1 / 3
 
 
-def per_slot_target(slots: int, items: int, per_sm: int) -> int:
+def per_slot_target(slots: int, items: int, per_sm: int, one_wave: bool = True) -> int:
     """The "per-slot" target shares of one M tile (module docstring, "The target rule") with ``slots`` CTA slots
-    for the tile and ``items`` (batch, KV head) items; ``per_sm``: the "per-sm" target, kept in between.
+    for the tile and ``items`` (batch, KV head) items; ``per_sm``: the "per-sm" target, kept in between and, without
+    ``one_wave`` ("per-slot-many"), where the items are few.
     E.g. on 132 SMs at D=64 (seed 43): B=2 Hkv=32 on 2 slots an SM, 264 slots, 64 items -> 200 (one wave of
     264 CTAs, not 328); B=64 Hkv=16 on 4 slots an SM, 528 slots, 1024 items -> 1056 (not 264); B=32 MHA on 2
     slots an SM, 256 items -> the per-sm 264."""
-    if items <= slots * ONE_WAVE_ITEMS_FRACTION:
+    if one_wave and items <= slots * ONE_WAVE_ITEMS_FRACTION:
         return slots - items
     if items >= slots:
         return SLOT_SHARES * slots
@@ -242,18 +245,20 @@ def balanced_target_shares(
 ) -> int:  # fmt: skip
     """The balanced split's shares per M tile (``triton_impl/decode.py``'s "The balanced split"): by the
     ``target`` rule (module docstring, "The target rule"; one of :data:`BALANCED_TARGETS`, else ValueError),
-    "per-sm" ``shares_per_sm`` per SM over the ``m_blocks`` M tiles, "per-slot" :func:`per_slot_target` on
-    ``ctas_per_sm`` CTA slots an SM; at most what full sequences fill with ``min_keys``-key shares (more CTAs
-    would only start and stop: 264 on a 300-key cache took 7 s a call under the interpreter). The shape and
-    the device fix it, never the lengths, so a CUDA graph replays the grid with new ``cache_seqlens``."""
+    "per-sm" ``shares_per_sm`` per SM over the ``m_blocks`` M tiles, "per-slot" and "per-slot-many"
+    :func:`per_slot_target` on ``ctas_per_sm`` CTA slots an SM; at most what full sequences fill with
+    ``min_keys``-key shares (more CTAs would only start and stop: 264 on a 300-key cache took 7 s a call under the
+    interpreter). The shape and the device fix it, never the lengths, so a CUDA graph replays the grid with new
+    ``cache_seqlens``."""
     if target not in BALANCED_TARGETS:
         raise ValueError(f"BALANCED_TARGET must be one of {BALANCED_TARGETS}, got {target!r}")
     if ctas_per_sm < 1:
         raise ValueError(f"the balanced kernel's CTAs an SM must be >= 1, got {ctas_per_sm}")
     items = problem.batch * problem.kv_heads
     chosen = per_sm = -(-sm_count(device) * shares_per_sm // m_blocks)
-    if target == "per-slot":
-        chosen = per_slot_target(-(-sm_count(device) * ctas_per_sm // m_blocks), items, per_sm)
+    if target != "per-sm":
+        slots = -(-sm_count(device) * ctas_per_sm // m_blocks)
+        chosen = per_slot_target(slots, items, per_sm, one_wave=target == "per-slot")
     sequence_blocks = -(-problem.seqlen_k // block_n)
     shares_per_sequence = -(-sequence_blocks // balanced_min_share_blocks(block_n, min_keys))
     return max(1, min(chosen, items * shares_per_sequence))
