@@ -80,8 +80,9 @@ def rung_plan(rung: str, problem, lengths: tuple[int, ...]) -> RungPlan:
         per_step = triton_decode.merge_splits_per_step(merge_rows, problem.head_dim, module.num_warps_for(problem))
         chunks, merge_kernel = -(-min(rows, module.block_m_for(problem)) // merge_rows), False
     else:
+        shape = module.TILE_CONFIGS[problem.head_dim]
+        block_n, stages, slots = shape.tile_n, shape.stages, module.CTAS_PER_SM_FIT[problem.head_dim]
         target, _, _, config = module.launch_plan(problem, CPU)
-        block_n, stages, slots = config.shape.tile_n, config.shape.stages, module.ctas_per_sm_fit(problem)
         cap, min_keys = config.balanced_max_shares, module.BALANCED_MIN_KEYS
         per_step, chunks, merge_kernel = module.MERGE_SPLITS_PER_STEP, 1, True
     blocks = [-(-length // block_n) for length in lengths]

@@ -15,8 +15,7 @@ products keep their MMA count (the same m16n8k16 tiles, now along N), each warp 
 from shared memory instead of the whole Q tile, and the end merge has one part (a copy through shared memory
 for coalesced stores). A 16-row tile keeps the key split; 32 rows become 2 × 2. With the row split a warp's O is
 16 rows whatever the tile, so D=256 may take 32-row tiles (``ROW_SPLIT_MAX_TILE_M``, on): one M tile, not two, for
-17 to 32 packed rows, each K/V byte read once per (batch, KV head). ``decode.D256_TWO_CTAS`` (off) gives those
-32-row tiles 32-key blocks, 16 keys a warp, a ring that lets two CTAs share an SM (:data:`TWO_CTA_TILES`).
+17 to 32 packed rows, each K/V byte read once per (batch, KV head).
 
 :class:`WarpTiles` is the per-warp arithmetic: which rows and keys a warp takes (views of sQ, sK, sV), where
 its rows start for the causal mask, which key sub-block it masks, where its partial goes in the merge scratch.
@@ -50,23 +49,6 @@ ROW_SPLIT_STAGES: dict[int, int] = {}
 ROW_SPLIT_MAX_TILE_M: dict[int, int] = {256: 32}
 
 
-# The row split's (tile_n, CTAs an SM) per head dim under ``decode.D256_TWO_CTAS`` (off until
-# bench/cute_decode_d256_occ_ab.sh). D=256's table ring is three 64-key stages of K + V, 192 KiB: one CTA of 4 warps an
-# SM (ncu on seed 53's B=3 H=64 Sq=8 96k row, results/h200/decode-ncu-2026-11-30-sixth/: 1 warp a scheduler, 0.25
-# eligible, 70 % of the read bandwidth). Three 32-key stages are 96 KiB, 112 KiB with the 32-row Q tile: two CTAs an SM
-# (2 x (112 + 1 reserved) KiB of its 228; sm_90a: 225-229 registers, 2 x 128 threads of them fit the register file),
-# the same 128 KiB in flight an SM in two rings, each CTA's block compute beside the other's loads. The 2 x 2 warps of
-# a 32-row tile keep 16 keys a warp (one k-step of O += P V); a 16-row tile's four key warps would get 8, so it keeps
-# the table's ring, one CTA an SM.
-TWO_CTA_TILES: dict[int, tuple[int, int]] = {256: (32, 2)}
-
-
-def two_cta_tile(two_ctas: bool, head_dim: int, row_warps: int) -> tuple[int, int] | None:
-    """(tile_n, CTAs an SM) of :data:`TWO_CTA_TILES` for a tile of ``row_warps`` warps along M at ``head_dim`` where
-    ``two_ctas`` (``decode.D256_TWO_CTAS``) takes it, else None (the table's ring)."""
-    return TWO_CTA_TILES.get(head_dim) if two_ctas and row_warps > 1 else None
-
-
 def row_warps_for(split_rows: bool, tile_m: int, num_warps: int) -> int:
     """Warps along M: 1 (warps split the keys), or with ``split_rows`` as many as the tile's 16-row slices
     allow, at most ``num_warps`` (a power of two, as tile_m and num_warps are)."""
@@ -80,18 +62,14 @@ def max_tile_m(split_rows: bool, head_dim: int, shapes: dict[int, T]) -> int:
     return ROW_SPLIT_MAX_TILE_M.get(head_dim, table) if split_rows else table
 
 
-def warp_split(
-    split_rows: bool, tile_m: int, head_dim: int, shapes: dict[int, T], two_ctas: bool = False
-) -> tuple[T, int]:
+def warp_split(split_rows: bool, tile_m: int, head_dim: int, shapes: dict[int, T]) -> tuple[T, int]:
     """(the tile shape, warps along M) of a ``tile_m``-row tile at ``head_dim``: its entry of ``shapes``
     (``decode.TILE_CONFIGS``), with the row split's largest tile (:func:`max_tile_m`) and, where its warps split
-    the rows, ring depth (:data:`ROW_SPLIT_STAGES`) and, with ``two_ctas``, block (:func:`two_cta_tile`)."""
+    the rows, ring depth (:data:`ROW_SPLIT_STAGES`)."""
     shape = shapes[head_dim]._replace(max_tile_m=max_tile_m(split_rows, head_dim, shapes))
     row_warps = row_warps_for(split_rows, tile_m, shape.num_warps)
     if row_warps > 1 and head_dim in ROW_SPLIT_STAGES:
         shape = shape._replace(stages=ROW_SPLIT_STAGES[head_dim])
-    if tile := two_cta_tile(two_ctas, head_dim, row_warps):
-        shape = shape._replace(tile_n=tile[0])
     return shape, row_warps
 
 

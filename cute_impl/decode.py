@@ -75,8 +75,7 @@ Data movement: K and V HBM →(cp.async.cg, 16 B)→ a ``stages``-deep swizzled 
 (``Swizzle<3,3,3>``, as ``pipelined``) →(ldmatrix / ldmatrix.trans)→ registers → ``mma.sync``
 (fp32 accumulate). Q is read once per CTA. Each block is ``tile_n`` keys (64): K + V of one block is
 32 KB at D=128, so ``stages - 1`` = 2 blocks, 64 KB, are in flight per CTA while one is computed, and
-two CTAs fit per SM (``TILE_CONFIGS`` has the budget; at D=256 one, or two on 32-key blocks with
-``D256_TWO_CTAS``, off). Partials: one fp32 write and one read,
+two CTAs fit per SM (``TILE_CONFIGS`` has the budget). Partials: one fp32 write and one read,
 num_splits · rows · (D + 1) · 4 bytes, small beside the cache. A paged cache (``block_table``; pools
 (num_pages, page_size, Hkv, D), FlashAttention's and FlashInfer's NHD layout, seen by the kernel as
 (num_pages, Hkv, page_size, D)) changes only where a K/V row comes from: each thread reads its rows'
@@ -106,7 +105,7 @@ from common.contract.capability import FEATURES, PAGED_KV
 from common.contract.problem import Problem
 from cute_impl._decode_merge import merge_splits, store_item_slabs
 from cute_impl._decode_plan import BalancedPlan, checked_item_cap, sequence_blocks, slab_range, split_block_range
-from cute_impl._decode_warps import MMA_M, WarpTiles, max_tile_m, two_cta_tile, warp_split
+from cute_impl._decode_warps import MMA_M, WarpTiles, max_tile_m, warp_split
 from cute_impl._device import (
     LOG2_E,
     AttentionMask,
@@ -175,7 +174,7 @@ class TileShape(NamedTuple):
 #            (O 128 fp32 registers per thread).
 #   D = 128: a block is 32 KiB; 3 stages (96 KiB, 64 KiB in flight), two CTAs per SM; up to 32 rows.
 #   D = 256: a block is 64 KiB; 3 stages (192 KiB, 128 KiB in flight, one CTA per SM); 16 rows (the row split:
-#            32 where ``_decode_warps.ROW_SPLIT_MAX_TILE_M`` says, on; D256_TWO_CTAS: 32-key blocks there).
+#            32 where ``_decode_warps.ROW_SPLIT_MAX_TILE_M`` says, on).
 # The warps' partials take num_warps · tile_m · D · 4 bytes of the drained ring (64 KiB at most). The
 # first H100 run (results/h100/decode/three-stacks-first/) is this table's; a deeper ring with one CTA
 # per SM (4 stages at D = 128) is untimed.
@@ -193,10 +192,6 @@ SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT = 1, False
 # Seventh stop's switch, off until bench/decode_fewpairs_ab.sh (``splits.SplitPolicy.fewer_waves``).
 FEWER_WAVES = False
 CTAS_PER_SM_FIT = {64: 2, 128: 2, 256: 1}
-# Issue #38's sixth stop (ncu, results/h200/decode-ncu-2026-11-30-sixth/: one CTA an SM at D=256, latency-bound):
-# D=256's 32-row tiles on three 32-key stages, two CTAs an SM, which the split rule and the balanced target then
-# count (``_decode_warps.TWO_CTA_TILES``, :func:`ctas_per_sm_fit`). Off until bench/cute_decode_d256_occ_ab.sh.
-D256_TWO_CTAS = False
 # Issue #38's balanced split (triton/decode's plan, ``_decode_plan.py``; the switch's values in splits.py) where
 # the rule splits a ragged batch (H200, results/h200/decode-balanced-gluon-cute/): B=16 MQA D=256 ragged 190.0
 # -> 147.2 us, B=32 Hkv=2 D=64 ragged 197.8 -> 184.6, B=8 8k 85.0 -> 83.0; B=1 128k 138.1 -> 144.3: not there.
@@ -324,7 +319,9 @@ class DecodeKernel:
             rows_per_cta = MERGE_THREADS // (self.head_dim // MERGE_COLS)
             plan_inputs = (mQ, mK, mCacheSeqlens, mBlockTable) if self.merge_plans else (None,) * 4
             self.merge_kernel(mOPartial, mLSEPartial, mO, mLSE, *plan_inputs, mItemSlabs).launch(
-                grid=(cute.ceil_div(rows, rows_per_cta), batch_kv_heads, 1), block=[MERGE_THREADS, 1, 1], stream=stream
+                grid=(cute.ceil_div(rows, rows_per_cta), batch_kv_heads, 1),
+                block=[MERGE_THREADS, 1, 1],
+                stream=stream,
             )
 
     # ------------------------------------------------------------------------------------------
@@ -417,9 +414,21 @@ class DecodeKernel:
 
         # ---- 3. Main loop: the masked blocks first (they top the split), then the rest -----------
         attend = partial(
-            self.attend_block, kv_copy, warp_mma, smem_operands, tSrQ, tSrK, tOrVt, acc_O, softmax, mask, warps,
-            block_range.n_block_max, n_blocks, seqlen.seqlen_k,
-        )  # fmt: skip
+            self.attend_block,
+            kv_copy,
+            warp_mma,
+            smem_operands,
+            tSrQ,
+            tSrK,
+            tOrVt,
+            acc_O,
+            softmax,
+            mask,
+            warps,
+            block_range.n_block_max,
+            n_blocks,
+            seqlen.seqlen_k,
+        )
         for step in cutlass.range_constexpr(block_range.n_masked_blocks):
             if step < n_blocks:
                 attend(step, masked=True)
@@ -632,23 +641,8 @@ def planned_num_splits(problem: Problem, device: torch.device) -> int:
 
 def split_policy(problem: Problem) -> splits.SplitPolicy:
     """This rung's ask of the split rule, from its fifth-stop switches (default: the rule as it was)."""
-    fit = ctas_per_sm_fit(problem)
-    # The two-CTA tile is there to run two CTAs an SM: the rule fills both slots, whatever SPLIT_CTAS_PER_SM says.
-    ctas = fit if fit > CTAS_PER_SM_FIT[problem.head_dim] else min(SPLIT_CTAS_PER_SM, fit)
-    return splits.SplitPolicy(ctas, SHORT_CACHE_ONE_SPLIT, FEWER_WAVES)
-
-
-def tile_shape(problem: Problem) -> tuple[TileShape, int]:
-    """(the tile shape, warps along M) of ``problem``'s M tiles (``_decode_warps.warp_split``; D256_TWO_CTAS)."""
-    return warp_split(WARPS_SPLIT_ROWS, tile_m_for(problem), problem.head_dim, TILE_CONFIGS, D256_TWO_CTAS)
-
-
-def ctas_per_sm_fit(problem: Problem) -> int:
-    """CTAs an SM ``problem``'s ring leaves room for: :data:`CTAS_PER_SM_FIT`'s, or the two-CTA tile's."""
-    if not D256_TWO_CTAS:  # the table's, without building the tile (a bind plans anew where no plan keeps it)
-        return CTAS_PER_SM_FIT[problem.head_dim]
-    tile = two_cta_tile(D256_TWO_CTAS, problem.head_dim, tile_shape(problem)[1])
-    return tile[1] if tile else CTAS_PER_SM_FIT[problem.head_dim]
+    fit = CTAS_PER_SM_FIT[problem.head_dim]
+    return splits.SplitPolicy(min(SPLIT_CTAS_PER_SM, fit), SHORT_CACHE_ONE_SPLIT, FEWER_WAVES)
 
 
 def balanced_split(problem: Problem, device: torch.device | None = None) -> bool:
@@ -662,7 +656,7 @@ def decode_config(problem: Problem, split: bool, balanced: bool = False, m_tile_
     """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every bind), with
     the problem's features as compile-time flags; ``balanced``: the balanced split's (always split), its grid's
     M tile on x with ``m_tile_major`` (``splits.balanced_m_tile_major``)."""
-    shape, row_warps = tile_shape(problem)
+    shape, row_warps = warp_split(WARPS_SPLIT_ROWS, tile_m_for(problem), problem.head_dim, TILE_CONFIGS)
     return DecodeConfig(
         dtype=problem.dtype,
         head_dim=problem.head_dim,
@@ -676,7 +670,8 @@ def decode_config(problem: Problem, split: bool, balanced: bool = False, m_tile_
         split=split,
         paged=problem.paged,
         merge_splits_per_step=MERGE_SPLITS_PER_STEP,
-        balanced_min_blocks=balanced and splits.balanced_min_share_blocks(shape.tile_n, BALANCED_MIN_KEYS),
+        balanced_min_blocks=balanced
+        and splits.balanced_min_share_blocks(TILE_CONFIGS[problem.head_dim].tile_n, BALANCED_MIN_KEYS),
         balanced_max_shares=checked_item_cap(BALANCED_MAX_ITEM_SHARES) if balanced else 0,
         merge_slabs_from_split=balanced and MERGE_SLABS_FROM_SPLIT,
         m_tile_major=balanced and m_tile_major,
@@ -690,8 +685,8 @@ def launch_plan(problem: Problem, device: torch.device, num_splits: int | None =
     ``num_splits`` overrides the rule (sweeps, tests); ``common.attention`` keeps it with a plan."""
     slabs, items, m_blocks = None, problem.batch * problem.kv_heads, m_blocks_for(problem)
     if balanced_split(problem, device):  # slabs: target_shares + B · Hkv, of all items
-        tile_n, shares = tile_shape(problem)[0].tile_n, (BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS)
-        rule = {"target": BALANCED_TARGET, "ctas_per_sm": ctas_per_sm_fit(problem)}
+        tile_n, shares = TILE_CONFIGS[problem.head_dim].tile_n, (BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS)
+        rule = {"target": BALANCED_TARGET, "ctas_per_sm": CTAS_PER_SM_FIT[problem.head_dim]}
         num_splits = splits.resolve_balanced_shares(num_splits, problem, device, m_blocks, tile_n, *shares, **rule)
         slabs, items = num_splits + items, 1
     else:
@@ -786,9 +781,15 @@ def compile_plan(problem: Problem, split: bool = True) -> DecodeConfig:
 # compile from ``fake_arguments``) → bind (O, the LSE, the split workspace). ``decode_attention`` takes
 # ``num_splits=n`` to force a split count (sweeps, tests; not part of the public API).
 HOST = RungHost(
-    "cute/decode", CompiledKernels(DecodeKernel, fake_arguments), plan=compile_plan, plan_launch=plan_launch,
-    launch_plan=launch_plan, head_dims=HEAD_DIMS, features=DECODE_FEATURES, problem_check=decode_limits,
-)  # fmt: skip
+    "cute/decode",
+    CompiledKernels(DecodeKernel, fake_arguments),
+    plan=compile_plan,
+    plan_launch=plan_launch,
+    launch_plan=launch_plan,
+    head_dims=HEAD_DIMS,
+    features=DECODE_FEATURES,
+    problem_check=decode_limits,
+)
 decode_attention, bind, compile_sm90 = HOST.prepare, HOST.bind, HOST.compile_sm90
 
 
