@@ -84,16 +84,16 @@ POLICY_SHAPES = [
     (4, 2, 282624, False), (1, 8, 131072, False), (3, 2, 55040, False), (2, 4, 131584, False),
     (32, 32, 1024, True), (32, 32, 4864, True), (16, 16, 1280, False), (1, 8, 1024, False),
     (64, 1, 181504, True), (8, 8, 146944, True), (8, 25, 8192, False), (8, 25, 8193, False),
-    (3, 8, 13312, False), (1, 48, 65536, False),
+    (3, 8, 13312, False), (1, 48, 65536, False), (64, 4, 6912, True), (64, 4, 6912, False),
 ]  # fmt: skip
 
 
 def _policy_violations(plan: Callable[[Problem, splits.SplitPolicy], int]) -> list[str]:
     """Where ``plan`` (problem, policy) -> splits breaks the policy's rules on :data:`POLICY_SHAPES` (132
     SMs, one M tile): the default policy is the rule as it was; with ``short_one_split`` a cache of at
-    most SHORT_CACHE_KEYS keys whose items fill a wave takes 1, any other the rule's count; with
-    ``ctas_per_sm = 2`` even work fills 264 slots within WAVE_TOLERANCE of the best count, uneven work
-    keeps the rule's."""
+    most SHORT_CACHE_KEYS keys whose items fill a wave takes 1, any other the rule's count, and on two slots
+    an SM not a ragged batch whose items fit the 264 slots; with ``ctas_per_sm = 2`` even work fills 264 slots
+    within WAVE_TOLERANCE of the best count, uneven work keeps the rule's."""
     sms, wrong = splits.DEFAULT_SM_COUNT, []
     for batch, kv_heads, seqlen_k, ragged in POLICY_SHAPES:
         problem = _problem(batch, kv_heads, seqlen_k, ragged=ragged)
@@ -105,7 +105,10 @@ def _policy_violations(plan: Callable[[Problem, splits.SplitPolicy], int]) -> li
         short = seqlen_k <= splits.SHORT_CACHE_KEYS and ctas >= sms
         if (got := plan(problem, splits.SplitPolicy(short_one_split=True))) != (1 if short else rule):
             wrong.append(f"{where}: short_one_split gave {got}")
-        got = plan(problem, splits.SplitPolicy(ctas_per_sm=2))
+        got, two_slots = plan(problem, splits.SplitPolicy(2, True)), plan(problem, splits.SplitPolicy(ctas_per_sm=2))
+        if got != (1 if short and not (uneven and ctas <= 2 * sms) else two_slots):
+            wrong.append(f"{where}: short_one_split on two slots an SM gave {got}")
+        got = two_slots
         if uneven and got != rule:
             wrong.append(f"{where}: ctas_per_sm=2 changed uneven work's {rule} to {got}")
         most = max(1, min(splits.MAX_SPLITS, seqlen_k // splits.MIN_KEYS_PER_SPLIT))
@@ -145,6 +148,9 @@ def test_split_policy_rules_hold():
     # ragged one split (1024 CTAs, no merge).
     assert _planned(_problem(4, 2, 282624), splits.SplitPolicy(ctas_per_sm=2)) == 32
     assert _planned(_problem(32, 32, 1024, ragged=True), splits.SplitPolicy(short_one_split=True)) == 1
+    # ... but not seed 59's B=64 Hkv=4 6.9k ragged batch, whose 256 items fit one wave of 264 slots.
+    one_wave = [_problem(64, 4, 6912, ragged=ragged) for ragged in (True, False)]
+    assert [_planned(problem, splits.SplitPolicy(2, True)) for problem in one_wave] == [8, 1]
     # fewer_waves: B=3 Hkv=8 13k takes 5 splits (120 CTAs, one wave), not 11 (two); B=1 Hkv=8 128k keeps 16.
     assert [_planned(_problem(3, 8, 13312), splits.SplitPolicy(fewer_waves=fewer)) for fewer in (False, True)] == [
         11,
@@ -176,6 +182,14 @@ def _slots_on_uneven_work(problem: Problem, policy: splits.SplitPolicy) -> int:
     return splits.choose_num_splits(ctas, problem.seqlen_k, sms, uneven, problem.batch)
 
 
+def _short_one_split_on_one_wave_ragged(problem: Problem, policy: splits.SplitPolicy) -> int:
+    """Planted: a short cache's one split for a ragged batch whose items fit one wave too (the rule before seed 59)."""
+    ctas = problem.batch * problem.kv_heads
+    if policy.short_one_split and problem.seqlen_k <= splits.SHORT_CACHE_KEYS and ctas >= splits.DEFAULT_SM_COUNT:
+        return 1
+    return splits.planned_num_splits(problem, 1, CPU, policy)
+
+
 def _fewer_waves_at_any_busy(problem: Problem, policy: splits.SplitPolicy) -> int:
     """Planted: ``fewer_waves`` takes one wave's most splits however idle that wave is."""
     chosen = splits.planned_num_splits(problem, 1, CPU, splits.SplitPolicy(policy.ctas_per_sm, policy.short_one_split))
@@ -200,6 +214,7 @@ def _fewer_waves_on_uneven_work(problem: Problem, policy: splits.SplitPolicy) ->
         _policy_ignored,
         _short_bound_off_by_one,
         _slots_on_uneven_work,
+        _short_one_split_on_one_wave_ragged,
         _fewer_waves_at_any_busy,
         _fewer_waves_on_uneven_work,
     ],

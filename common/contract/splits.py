@@ -39,7 +39,11 @@ every switch, cute/decode none yet, ``results/h200/decode-floor5/``):
 * ``short_one_split``: a padded cache of at most :data:`SHORT_CACHE_KEYS` keys whose items alone fill a
   wave takes one split: its splits would be a block or two of keys each (or empty), every CTA paying
   its fixed cost (launch, Q, the first block's round trip, the partials, the merge) for little streaming
-  (H200: B=32 H=32 MHA Sq=8 1k ragged, 2 splits, 2048 CTAs: 34-52 % of the read bandwidth).
+  (H200: B=32 H=32 MHA Sq=8 1k ragged, 2 splits, 2048 CTAs: 34-52 % of the read bandwidth). Not a ragged batch
+  whose items fit one wave of the rung's CTA slots: there one CTA an item runs as long as the longest sequence
+  while the slots of the short ones idle, where the rule's splits hand the batch to the balanced split (H200,
+  seed 59's B=64 Hkv=4 6.9k paged ragged row: gluon/decode's one split 33 % of the read bandwidth, the other
+  rungs' balanced split 48-51 %). With more items than slots the GPU's scheduler evens them out.
 * ``fewer_waves`` (issue #38's seventh stop, off in every rung until ``bench/decode_fewpairs_ab.sh`` times it):
   even work whose rule count takes more than one wave of CTA slots takes the fewest waves that are still
   at least :data:`FEWER_WAVES_MIN_BUSY` busy (:func:`fewer_waves_splits`). The busy fraction alone cannot
@@ -115,6 +119,9 @@ UNEVEN_MIN_WAVES = 3
 UNEVEN_MAX_WAVES = 16
 # The longest padded cache :attr:`SplitPolicy.short_one_split` keeps in one split.
 SHORT_CACHE_KEYS = 8192
+# Whether :attr:`SplitPolicy.short_one_split` passes over a ragged batch whose items fit one wave of the rung's CTA
+# slots (module docstring, ``short_one_split``; ``bench/decode_knob_ab.py`` times both).
+SHORT_ONE_SPLIT_SKIPS_RAGGED_WAVE = True
 # The least busy fraction :attr:`SplitPolicy.fewer_waves` accepts for a count of fewer waves.
 FEWER_WAVES_MIN_BUSY = 0.85
 # The SM count the rule assumes where there is no GPU (the interpreter, the sm_90a compile): an H100.
@@ -203,7 +210,9 @@ def planned_num_splits(
     ctas_per_split = problem.batch * problem.kv_heads * m_blocks
     uneven = problem.has_cache_seqlens and problem.batch > 1
     sms = sm_count(device)
-    if policy.short_one_split and problem.seqlen_k <= SHORT_CACHE_KEYS and ctas_per_split >= sms:
+    one_wave_ragged = SHORT_ONE_SPLIT_SKIPS_RAGGED_WAVE and uneven and ctas_per_split <= sms * policy.ctas_per_sm
+    short = problem.seqlen_k <= SHORT_CACHE_KEYS and ctas_per_split >= sms
+    if policy.short_one_split and short and not one_wave_ragged:
         return 1
     slots = sms if uneven else sms * policy.ctas_per_sm
     chosen = choose_num_splits(ctas_per_split, problem.seqlen_k, slots, uneven, problem.batch)
