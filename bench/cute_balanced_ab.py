@@ -42,13 +42,16 @@ MODULES = {"cute/decode": "cute_impl.decode", "triton/decode": "triton_impl.deco
 
 def cases(entries: tuple = CASES) -> list:
     """``entries`` (:data:`CASES`) as DecodeCases (the full caches with every length given, so "ragged" would
-    apply)."""
+    apply); an entry that is a DecodeCase already (a caller's variant of a drawn row) is taken as it is."""
     from common.measure.decode_sweep import DecodeCase, decode_problem, random_cases
 
-    drawn = {seed: random_cases(8, seed) for seed in {entry[0] for entry in entries if len(entry) == 2}}
+    pairs = [entry for entry in entries if not isinstance(entry, DecodeCase) and len(entry) == 2]
+    drawn = {seed: random_cases(8, seed) for seed in {entry[0] for entry in pairs}}
     result = []
     for entry in entries:
-        if len(entry) == 2:
+        if isinstance(entry, DecodeCase):
+            result.append(entry)
+        elif len(entry) == 2:
             result.append(drawn[entry[0]][entry[1]])
         else:
             batch, seqlen_k, kv_heads = entry

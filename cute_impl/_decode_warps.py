@@ -15,7 +15,10 @@ products keep their MMA count (the same m16n8k16 tiles, now along N), each warp 
 from shared memory instead of the whole Q tile, and the end merge has one part (a copy through shared memory
 for coalesced stores). A 16-row tile keeps the key split; 32 rows become 2 × 2. With the row split a warp's O is
 16 rows whatever the tile, so D=256 may take 32-row tiles (``ROW_SPLIT_MAX_TILE_M``, on): one M tile, not two, for
-17 to 32 packed rows, each K/V byte read once per (batch, KV head).
+17 to 32 packed rows, each K/V byte read once per (batch, KV head). ``decode.WIDE_M_TILE`` (off) gives D=128
+64-row tiles (:data:`WIDE_M_TILES`): 4 warps of 16 rows × all 64 keys, so 33 to 64 packed rows take one M tile, not
+two 32-row tiles that each stream the share's keys from L2 and run the whole key loop (gluon/decode's
+``WIDE_M_TILE``: one CTA copies the group's keys once).
 
 :class:`WarpTiles` is the per-warp arithmetic: which rows and keys a warp takes (views of sQ, sK, sV), where
 its rows start for the causal mask, which key sub-block it masks, where its partial goes in the merge scratch.
@@ -49,24 +52,37 @@ ROW_SPLIT_STAGES: dict[int, int] = {}
 ROW_SPLIT_MAX_TILE_M: dict[int, int] = {256: 32}
 
 
+# D=128's row-split tile under ``decode.WIDE_M_TILE`` (off until bench/cute_decode_p32_ab.sh). Seed 59 row 2 (B=64 H=32
+# Hkv=8 Sq=16 D=128 paged(32) ragged: 64 packed rows) ran two 32-row M tiles of 2 x 2 warps: 448 us, 48 % of the read
+# bandwidth, where gluon/decode's one 64-row tile took 275 (78 %). sm_90a, a 64-key block a warp: 544 instructions (64
+# HMMA, 16 LDGSTS) per 32-row CTA, so 1088 per 64 rows, and every K/V byte goes to two CTAs from L2; the 64-row tile is
+# 682 (128 HMMA, 16 LDGSTS) for all 64 rows, 204 registers, a 96 KiB ring + 16 KiB Q: still two CTAs an SM.
+WIDE_M_TILES: dict[int, int] = {128: 64}
+
+
 def row_warps_for(split_rows: bool, tile_m: int, num_warps: int) -> int:
     """Warps along M: 1 (warps split the keys), or with ``split_rows`` as many as the tile's 16-row slices
     allow, at most ``num_warps`` (a power of two, as tile_m and num_warps are)."""
     return min(num_warps, tile_m // MMA_M) if split_rows else 1
 
 
-def max_tile_m(split_rows: bool, head_dim: int, shapes: dict[int, T]) -> int:
+def max_tile_m(split_rows: bool, head_dim: int, shapes: dict[int, T], wide: bool = False) -> int:
     """The most packed rows a tile takes at ``head_dim``: its entry of ``shapes`` (``decode.TILE_CONFIGS``), or with
-    ``split_rows`` the row split's (:data:`ROW_SPLIT_MAX_TILE_M`) where it has one."""
+    ``split_rows`` the row split's (:data:`ROW_SPLIT_MAX_TILE_M`) where it has one, and with ``wide``
+    (``decode.WIDE_M_TILE``) :data:`WIDE_M_TILES`' where that has one."""
     table = shapes[head_dim].max_tile_m
-    return ROW_SPLIT_MAX_TILE_M.get(head_dim, table) if split_rows else table
+    if not split_rows:
+        return table
+    row_split = ROW_SPLIT_MAX_TILE_M.get(head_dim, table)
+    return WIDE_M_TILES.get(head_dim, row_split) if wide else row_split
 
 
 def warp_split(split_rows: bool, tile_m: int, head_dim: int, shapes: dict[int, T]) -> tuple[T, int]:
     """(the tile shape, warps along M) of a ``tile_m``-row tile at ``head_dim``: its entry of ``shapes``
-    (``decode.TILE_CONFIGS``), with the row split's largest tile (:func:`max_tile_m`) and, where its warps split
-    the rows, ring depth (:data:`ROW_SPLIT_STAGES`)."""
-    shape = shapes[head_dim]._replace(max_tile_m=max_tile_m(split_rows, head_dim, shapes))
+    (``decode.TILE_CONFIGS``), with the row split's largest tile (:func:`max_tile_m`; ``tile_m`` where
+    :data:`WIDE_M_TILES` made it wider, so that a tile the knob leaves keeps its compile key) and, where its warps
+    split the rows, ring depth (:data:`ROW_SPLIT_STAGES`)."""
+    shape = shapes[head_dim]._replace(max_tile_m=max(tile_m, max_tile_m(split_rows, head_dim, shapes)))
     row_warps = row_warps_for(split_rows, tile_m, shape.num_warps)
     if row_warps > 1 and head_dim in ROW_SPLIT_STAGES:
         shape = shape._replace(stages=ROW_SPLIT_STAGES[head_dim])
