@@ -322,7 +322,7 @@ def test_ring_with_jitter_on_gloo_processes(jitter_worlds, world_size: int, case
 
 def test_jitter_refuses_unknown_points() -> None:
     with pytest.raises(ValueError, match="jitter points must be among"):
-        ring.Jitter(seed=0, points=("kernel", "merge"))
+        ring.Jitter(seed=0, points=("kernel", "allreduce"))
 
 
 @pytest.fixture(scope="module")
@@ -400,8 +400,11 @@ GPU_CASES = [
     # the early read on two H200s (2026-11-30); rank 0's first send waits 2.0 ms, far longer than a step's kernel.
     Case("bug_no_arrival_wait", kernel="triton/hopper", heads=4, local_len=2048, rows=64, causal=False,
          jitter_ms=GPU_JITTER_MS, jitter_points=("send",), bug="no_arrival_wait", **BF16_D128),
+    # Paused before the merges alone: the slot allocated mid-ring is the previous step's partial output, freed by the
+    # host while its merge is queued; with every point paused the merge ran before the receive landed and the bug
+    # passed on four H200s (2026-11-30).
     Case("bug_late_receive_buffer", kernel="triton/hopper", heads=4, kv_heads=4, local_len=2048, rows=64, causal=False,
-         jitter_ms=GPU_JITTER_MS, bug="late_receive_buffer", **BF16_D128),
+         jitter_ms=GPU_JITTER_MS, jitter_points=("merge",), bug="late_receive_buffer", **BF16_D128),
 ]  # fmt: skip
 # Needs three ranks at least: with two, no receive slot is ever reused and the late buffer is harmless.
 NEEDS_THREE_RANKS = {"bug_late_receive_buffer"}

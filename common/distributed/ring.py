@@ -72,7 +72,7 @@ RING_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BACKEND_DEVICE = {"nccl": "cuda", "gloo": "cpu"}
 
 # Where ``Jitter`` may pause: before a local kernel, before a transfer is issued, before it is declared arrived.
-JITTER_POINTS = ("kernel", "send", "receive")
+JITTER_POINTS = ("kernel", "merge", "send", "receive")
 # torch.cuda._sleep spins for a number of clock cycles: about 1.5-2 GHz on the GPUs here (only the
 # order of magnitude matters for a random delay).
 SLEEP_CYCLES_PER_MS = 1_500_000
@@ -119,8 +119,9 @@ def _comm_stream(device: torch.device) -> torch.cuda.Stream:
 class Jitter:
     """Random delays at the ring's ordering points, so that a missing wait shows (a testing hook).
 
-    Before each local kernel (``"kernel"``), before each transfer is issued (``"send"``) and before a
-    transfer is declared arrived (``"receive"``), a random pause of up to ``max_ms``: on a GPU a
+    Before each local kernel (``"kernel"``), before each merge of a partial result (``"merge"``: the partial
+    output stays in use until then), before each transfer is issued (``"send"``) and before a transfer is
+    declared arrived (``"receive"``), a random pause of up to ``max_ms``: on a GPU a
     ``torch.cuda._sleep`` kernel on the stream of that point (compute, or communication), so the
     streams drift apart while the host runs ahead; on CPUs a host sleep. Without a missing wait the
     result is the same with any delays; the ring tests run every case with jitter.
@@ -200,7 +201,7 @@ class KVExchange:
         transfers on the communication stream, everything on the host on CPUs."""
         if self.jitter is None:
             return
-        stream = None if not self.cuda else self.compute if point == "kernel" else self.comm
+        stream = None if not self.cuda else self.compute if point in ("kernel", "merge") else self.comm
         self.jitter.delay(point, stream)
 
     def shard(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -396,6 +397,7 @@ def _ring(
         if not transfer_first:
             exchange.pass_on(step)
         _check_block(block_out, block_lse, out[:, :, rows], q.dtype)
+        exchange.delay("merge")
         merge_partial_(out[:, :, rows], lse[:, :, rows], block_out, block_lse)
     return out.to(q.dtype), lse
 
