@@ -12,7 +12,8 @@ every query head of a GQA group reads the same K/V bytes again. This rung remove
     stacked into one M tile, row r = (head in group) · Sq + query token, padded to at least 16 rows
     for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``; ``WIDE_M_TILE``: one 128-row tile on 8
     warps at D <= 128, two an SM under ``PACKED_OCCUPANCY``; ``WIDE_D256``: 128-row tiles on 8 warps past 64 rows
-    at D=256), so each K/V byte is read from HBM once per KV head, not once per query head.
+    at D=256; ``WGMMA_D256``, off: 17-64 rows at D=256 in one 64-row wgmma tile, not 32-row mma.sync tiles), so
+    each K/V byte is read from HBM once per KV head, not once per query head.
     Many packed rows make a step compute-heavy: a key's 4 · D bytes feed 4 · D · rows FLOPs, rows FLOPs a
     byte, so 128 rows at 4.4 TB/s ask 564 TFLOP/s of the tensor cores (``decode_sweep.roofline_us``).
   * Paged KV cache (``block_table``, vLLM's and FlashInfer's layout): K and V live in pools of pages
@@ -190,7 +191,8 @@ MIN_ARRIVAL_COUNTERS = 1024
 @dataclass(frozen=True)
 class TileConfig:
     """Key tile, warps, depth, the largest packed M tile (BLOCK_M: group · Sq up to it), the CTAs an SM holds
-    (0: ``CTAS_PER_SM_FIT``'s) and the register cap per thread (Triton's ``maxnreg``) that lets it hold them."""
+    (0: ``CTAS_PER_SM_FIT``'s), the register cap per thread (Triton's ``maxnreg``) that lets it hold them, and the
+    smallest M tile (fewer rows are padded to it: 64 for wgmma's m64)."""
 
     block_n: int
     num_warps: int
@@ -198,6 +200,7 @@ class TileConfig:
     max_block_m: int = MAX_BLOCK_M
     ctas_per_sm: int = 0
     max_registers: int | None = None
+    min_block_m: int = MIN_BLOCK_M
 
 
 # K and V stages of BLOCK_N × D: 3 stages of 64 × 128 bf16 take 96 KiB of shared memory. At D=256
@@ -233,12 +236,26 @@ WIDE_D256, WIDE_D256_ABOVE_ROWS = True, 64
 WIDE_D256_CONFIG = TileConfig(16, 8, 3, 128, ctas_per_sm=1)
 # Triton releases whose WIDE_D256 kernels spill (3.9: 16-24 bytes, sm_90a): not there.
 WIDE_D256_SPILLS = ("3.9",)
+# Issue #38's D=256 rows of one wgmma tile (None: off until bench/triton_decode_d256_rows_ab.sh): WGMMA_D256_FROM_ROWS
+# to 64 rows at D=256 take one 64-row tile (padded to 64) on wgmma, 32-key blocks, 4 stages (3 blocks, 96 KB, in
+# flight, 160 KB of shared memory; paged 2 blocks, 129 KB), one CTA an SM, not 32-row mma.sync tiles each reading
+# the item's K/V (gluon/decode's one 64-row tile: 97 % on seed 53's row 0, triton 55 %). "one-warpgroup": gluon's
+# shape, a row's softmax in its warp, 255 registers with 64-192 bytes of spill outside the key loops (sm_90a, Triton
+# 3.6/3.8); "two-warpgroups": warps 4 x 2 (half the keys of S, half of O each; row max, sum and P cross through shared
+# memory), 230-255 registers, spills only balanced contiguous (120). 64-key blocks on 4 warps spill in the paged loop.
+WGMMA_D256: str | None = None
+WGMMA_D256_FROM_ROWS = 17
+WGMMA_D256_CONFIGS = {
+    "one-warpgroup": TileConfig(32, 4, 4, 64, ctas_per_sm=1, min_block_m=64),
+    "two-warpgroups": TileConfig(32, 8, 4, 64, ctas_per_sm=1, min_block_m=64),
+}
 
 
 def tile_config(problem: Problem) -> TileConfig:
     """``problem``'s tile: WIDE_CONFIGS' for many packed rows under WIDE_M_TILE (PACKED_CONFIGS' under
     PACKED_OCCUPANCY), WIDE_D256_CONFIG for more than WIDE_D256_ABOVE_ROWS at D=256 under WIDE_D256 (not in a
-    release of WIDE_D256_SPILLS), SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
+    release of WIDE_D256_SPILLS), WGMMA_D256's candidate for WGMMA_D256_FROM_ROWS to 64 rows at D=256,
+    SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
     rows = problem.kv_group * problem.seqlen_q
     if WIDE_M_TILE and rows > MAX_BLOCK_M and problem.head_dim in WIDE_CONFIGS:
         if PACKED_OCCUPANCY and problem.head_dim in PACKED_CONFIGS:
@@ -247,6 +264,8 @@ def tile_config(problem: Problem) -> TileConfig:
     wide_d256 = WIDE_D256 and problem.head_dim == 256 and triton_release() not in WIDE_D256_SPILLS
     if wide_d256 and rows > WIDE_D256_ABOVE_ROWS:
         return WIDE_D256_CONFIG
+    if WGMMA_D256 and problem.head_dim == 256 and WGMMA_D256_FROM_ROWS <= rows <= MAX_BLOCK_M:
+        return WGMMA_D256_CONFIGS[WGMMA_D256]
     configs = SHORT_CACHE_CONFIGS if SHORT_CACHE_TILE and problem.seqlen_k <= splits.SHORT_CACHE_KEYS else {}
     return configs.get(problem.head_dim, DEFAULT_CONFIGS[problem.head_dim])
 
@@ -547,11 +566,9 @@ def next_power_of_2(n: int) -> int:
 
 
 def block_m_for(problem: Problem) -> int:
-    """Rows of one packed M tile: group · Sq rounded up to a power of two in [16, max_block_m]."""
-    return min(
-        tile_config(problem).max_block_m,
-        max(MIN_BLOCK_M, next_power_of_2(problem.kv_group * problem.seqlen_q)),
-    )
+    """Rows of one packed M tile: group · Sq rounded up to a power of two in [min_block_m, max_block_m]."""
+    config = tile_config(problem)
+    return min(config.max_block_m, max(config.min_block_m, next_power_of_2(problem.kv_group * problem.seqlen_q)))
 
 
 def m_blocks_for(problem: Problem) -> int:

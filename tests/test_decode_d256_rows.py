@@ -1,0 +1,257 @@
+"""Issue #38's D=256 rows of one wgmma tile: ``WGMMA_D256`` in triton/decode (None, off, by default), one 64-row M tile
+(fewer rows padded to it) for ``WGMMA_D256_FROM_ROWS`` to 64 packed rows (group · Sq) at D=256, on the candidate the
+switch names ("one-warpgroup": 4 warps, "two-warpgroups": 8), where the default takes 32-row tiles on mma.sync.
+
+CPU: off, the default's tiles; each candidate, its tile, warps, key block and one CTA an SM on the shapes it is for
+(17-64 rows at D=256) and nothing else (16 rows, WIDE_D256's 128, D=128); triton/decode with the switch on against
+fp64 under the interpreter (64 rows on a full cache forced into two splits, merged in two 32-row chunks; 64 MQA rows
+of one token in pages of 16 over a ragged batch; 20 rows padded to 64 by the two-launch merge; 40 rows padded on the
+balanced split); a planted chunked merge that stores every chunk at the first chunk's rows and a planted tile that
+maps its rows past 32 onto the first 32 fail the check. The interpreter ignores the warp count, so one candidate's
+runs stand for both. Static: each candidate's split kernel (with the two-launch merge kernel) and balanced kernel
+for sm_90a, contiguous and in pages of 64: wgmma and no mma.sync, 64 rows, its threads, one CTA an SM by shared
+memory and registers, spills at most the recorded bytes and none inside the key loops (SASS). GPU (``gpu``;
+``bench/triton_decode_d256_rows_ab.sh``): each candidate against fp64 on a poisoned output, on the A/B rows' kinds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from common.contract.problem import Problem
+from tests._helpers import json_from_child
+
+# The packed-row knobs' shapes, CPU-only mark, GPU check and interpreter check (seed 5, offset 0.5, poisoned output),
+# and the WIDE_D256 tests' planted chunked merge.
+from tests.test_decode_d256 import _merge_every_chunk_as_the_first
+from tests.test_decode_packed import _interpreter_check
+from tests.test_decode_wide import _problem, check_on_gpu, interpreter_only
+from triton_impl import decode
+
+CANDIDATES = sorted(decode.WGMMA_D256_CONFIGS)
+
+
+def _plan(problem: Problem) -> tuple[int, int, int, int, int]:
+    """(rows a CTA takes, warps, M tiles, key block, CTA slots the split rule counts)."""
+    config = decode.tile_config(problem)
+    return (
+        decode.block_m_for(problem), config.num_warps, decode.m_blocks_for(problem), config.block_n,
+        decode.split_policy(problem).ctas_per_sm,
+    )  # fmt: skip
+
+
+# (group, Sq, D): whether the switch gives the shape the 64-row tile. Seed 53's row 0 (8 × 8) and seed 47's row 6
+# (16 × 4): 64 rows; 40 and 20 rows (padded to 64); seed 59's row 5 (8 × 4, 32 rows); 17 rows; 64 MQA heads of one
+# token. Not: 16 rows, WIDE_D256's 128 rows, 64 rows at D=128.
+D256_ROWS_SHAPES = {
+    (8, 8, 256): True, (16, 4, 256): True, (5, 8, 256): True, (5, 4, 256): True, (8, 4, 256): True,
+    (17, 1, 256): True, (64, 1, 256): True, (4, 4, 256): False, (16, 1, 256): False, (8, 16, 256): False,
+    (8, 8, 128): False,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("candidate", CANDIDATES)
+def test_wgmma_d256_changes_only_17_to_64_rows_at_d256(candidate: str, monkeypatch: pytest.MonkeyPatch):
+    assert decode.WGMMA_D256 is None, "off until its GPU A/B"
+    config = decode.WGMMA_D256_CONFIGS[candidate]
+    for (group, seqlen_q, head_dim), taken in D256_ROWS_SHAPES.items():
+        problem = _problem(2, 4, group, seqlen_q, 4096, head_dim)
+        monkeypatch.setattr(decode, "WGMMA_D256", None)
+        default = _plan(problem)
+        monkeypatch.setattr(decode, "WGMMA_D256", candidate)
+        expected = (64, config.num_warps, 1, 32, 1) if taken else default
+        assert _plan(problem) == expected, (candidate, problem.describe())
+        if taken:
+            assert default[0] <= 32, "the default's D=256 tiles of 17-64 rows are 32-row tiles"
+
+
+@pytest.mark.parametrize("candidate", CANDIDATES)
+def test_wgmma_d256_launches_its_warps_and_paged_stages(candidate: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(decode, "WGMMA_D256", candidate)
+    warps = decode.WGMMA_D256_CONFIGS[candidate].num_warps
+    options = {"num_warps": warps, "num_stages": 4, "maxnreg": None}
+    assert decode.launch_options(_problem(2, 1, 8, 8, 4096, 256)) == options
+    paged = _problem(2, 1, 8, 8, 4096, 256, has_cache_seqlens=True, page_size=64)
+    assert decode.launch_options(paged)["num_stages"] == 4 + decode.PAGED_EXTRA_STAGES
+
+
+# ----------------------------------------------------------------------------------------------------
+# triton/decode with the switch against fp64 under the interpreter
+# ----------------------------------------------------------------------------------------------------
+# 8 heads of a group × Sq 8 = 64 rows (seed 53's row 0's kind): a full cache of 77 keys (two 32-key blocks and a
+# tail under the causal diagonal) forced into 2 splits (the fused merge, in two 32-row chunks), at B=2 Hkv=2 so that
+# the chunks' partial rows start past 0; 64 MQA heads × Sq 1 in pages of 16 over a ragged batch (a sequence of 1, one
+# of 3 blocks and a tail, one ending on a block), fp16; 5 × 4 = 20 rows padded to 64 (padding past the group's rows
+# in both chunks) forced into 3 splits; 5 × 8 = 40 rows padded to 64 on a ragged 1k cache the rule splits: the
+# balanced split's kernel on 6 forced shares.
+INTERPRETER_CASES = {
+    "full-split": (_problem(2, 2, 8, 8, 77, 256, dtype=torch.float32), None, 2),
+    "paged-ragged-mqa": (_problem(3, 1, 64, 1, 112, 256, dtype=torch.float16, has_cache_seqlens=True, page_size=16),
+                         (1, 105, 64), None),
+    "padded-20rows": (_problem(1, 2, 5, 4, 200, 256, dtype=torch.float32), None, 3),
+    "balanced-ragged": (_problem(3, 1, 5, 8, 1024, 256, dtype=torch.float32, has_cache_seqlens=True),
+                        (1, 1000, 517), 6),
+}  # fmt: skip
+
+
+def _wgmma_d256(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The switch on (the interpreter runs the same program for either candidate)."""
+    monkeypatch.setattr(decode, "WGMMA_D256", CANDIDATES[0])
+
+
+@interpreter_only
+@pytest.mark.parametrize("case", sorted(INTERPRETER_CASES))
+def test_triton_wgmma_d256_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
+    _wgmma_d256(monkeypatch)
+    problem, lengths, num_splits = INTERPRETER_CASES[case]
+    assert _plan(problem)[0:3:2] == (64, 1)
+    assert decode.balanced_split(problem, torch.device("cpu")) == (case == "balanced-ragged")
+    result = _interpreter_check(problem, lengths, num_splits)
+    assert result.ok, f"{problem.describe()}: {result.summary()}"
+
+
+@interpreter_only
+def test_triton_wgmma_d256_two_launch_merge_against_fp64(monkeypatch: pytest.MonkeyPatch):
+    """The two-launch path (``FUSED_MERGE = False``: the merge kernel, in chunks) on 20 rows padded to 64."""
+    _wgmma_d256(monkeypatch)
+    monkeypatch.setattr(decode, "FUSED_MERGE", False)
+    result = _interpreter_check(*INTERPRETER_CASES["padded-20rows"])
+    assert result.ok, result.summary()
+
+
+@triton.jit
+def _packed_rows_of_half_a_tile(m_block, kv_head, group, seqlen_q, BLOCK_M: tl.constexpr):
+    """A planted mapping: a tile's rows past 32 read and write the first 32's (a tile sized for the 32-row default)."""
+    offs_r = (m_block * BLOCK_M + tl.arange(0, BLOCK_M)) % 32
+    return kv_head * group + offs_r // seqlen_q, offs_r % seqlen_q, offs_r < group * seqlen_q
+
+
+# bug -> (decode's name, replacement, case that passes unplanted).
+PLANTED = {
+    "merge chunks stored at the first chunk's rows": ("merge_in_chunks", _merge_every_chunk_as_the_first, "full-split"),
+    "tile rows past 32 mapped to the first 32": ("packed_rows", _packed_rows_of_half_a_tile, "full-split"),
+}
+
+
+@interpreter_only
+@pytest.mark.parametrize("bug", sorted(PLANTED))
+def test_planted_wgmma_d256_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
+    """Each planted bug fails the fp64 check (poisoned output) of a case that passes unplanted."""
+    _wgmma_d256(monkeypatch)
+    name, replacement, case = PLANTED[bug]
+    monkeypatch.setattr(decode, name, replacement)
+    result = _interpreter_check(*INTERPRETER_CASES[case])
+    assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"
+
+
+# ----------------------------------------------------------------------------------------------------
+# sm_90a: each candidate's split and balanced kernels on wgmma, one CTA an SM
+# ----------------------------------------------------------------------------------------------------
+_COMPILE_SCRIPT = r"""
+import json, re, subprocess, sys, tempfile
+import torch
+from common.contract.problem import Problem
+from common.reporting.static import _SASS_INSTRUCTION, _cuobjdump, cubin_resources
+from tests._helpers import triton_balanced_sm90
+from triton_impl import decode
+
+def local_accesses_in_wgmma_loops(cubin):
+    # LDL/STL inside any loop (a backward branch's span, no EXIT in it) that issues a warpgroup GEMM.
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        sass = subprocess.run([_cuobjdump(), "-sass", handle.name], capture_output=True, text=True, check=True).stdout
+    listing = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _SASS_INSTRUCTION.finditer(sass)]
+    count = 0
+    for end, (address, opcode, operands) in enumerate(listing):
+        target = re.match(r"\s*(0x[0-9a-f]+)", operands)
+        if not opcode.startswith("BRA") or target is None or int(target.group(1), 16) > address:
+            continue
+        body = [op for at, op, _ in listing[: end + 1] if at >= int(target.group(1), 16)]
+        if any(op.startswith("HGMMA") for op in body) and "EXIT" not in body:
+            count += sum(op.startswith(("LDL", "STL")) for op in body)
+    return count
+
+results = []
+for candidate, kernel, page_size, group, seqlen_q in json.loads(sys.argv[1]):
+    decode.WGMMA_D256 = candidate
+    problem = Problem(3, 8 * group, seqlen_q, 96000, 256, dtype=torch.bfloat16, causal=True, kv_heads=8,
+                      causal_alignment="bottom_right", has_cache_seqlens=kernel == "balanced" or bool(page_size),
+                      return_lse=True, page_size=page_size)
+    # The split kernel with the merge kernel of the two-launch path (FUSED_MERGE = False; its spills summed in).
+    binaries = decode.compile_sm90(problem) if kernel == "split" else [triton_balanced_sm90(problem)]
+    binary, spills = binaries[0], 0
+    for compiled in binaries:
+        (resources,) = cubin_resources(compiled.cubin).values()
+        spills += resources["local_bytes"] + resources["stack_bytes"]
+    (resources,) = cubin_resources(binary.cubin).values()
+    results.append({"spill_bytes": spills, "registers": resources["registers"], "shared_bytes": binary.shared_bytes,
+                    "threads": binary.threads_per_cta, "block_m": decode.block_m_for(problem),
+                    "wgmma": binary.ptx.count("wgmma.mma_async"), "mma_sync": binary.ptx.count("mma.sync"),
+                    "loop_local": local_accesses_in_wgmma_loops(binary.cubin)})
+print(json.dumps(results))
+"""
+# (candidate, kernel, page size, group, Sq): the split kernel (a full cache, with the fused merge) and the balanced one,
+# contiguous and in pages of 64, causal bottom-right with the LSE: seed 53's row 0's kind (B=3 Hkv=8, 8 × 8 rows), and
+# 5 × 4 = 20 rows padded to 64 on the split kernel.
+COMPILES = [
+    (candidate, kernel, page, 8, 8) for candidate in CANDIDATES for kernel in ("split", "balanced") for page in (0, 64)
+] + [(candidate, "split", 0, 5, 4) for candidate in CANDIDATES]
+# The most spill bytes (local and stack, the split kernel's with the merge kernel's) a candidate's kernels show
+# (sm_90a, Triton 3.6 and 3.8, bf16; fp16's one-warpgroup split kernel 272 under 3.8): the prologue's merge addresses
+# and the partials' store, never inside a loop of wgmmas (the key loops; the test checks the SASS). The test holds
+# them so that a release that spills more shows.
+SPILL_BYTES_AT_MOST = {"one-warpgroup": 192, "two-warpgroups": 120}
+SM_REGISTERS, SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES, MAX_REGISTERS = 65536, 233472, 1024, 255
+
+
+@pytest.mark.static
+def test_wgmma_d256_kernels_compile_for_sm90_on_wgmma():
+    compiled = json_from_child(["-c", _COMPILE_SCRIPT, json.dumps(COMPILES)], timeout=1200)
+    for key, result in zip(COMPILES, compiled, strict=True):
+        where = f"Triton {triton.__version__} WGMMA_D256 {key}: {result}"
+        warps = decode.WGMMA_D256_CONFIGS[key[0]].num_warps
+        assert result["threads"] == 32 * warps and result["block_m"] == 64, where
+        assert result["wgmma"] > 0 and result["mma_sync"] == 0, where
+        assert result["registers"] <= MAX_REGISTERS and result["registers"] * result["threads"] <= SM_REGISTERS, where
+        assert result["shared_bytes"] + CTA_RESERVED_SHARED_BYTES <= SM_SHARED_BYTES, where
+        assert result["spill_bytes"] <= SPILL_BYTES_AT_MOST[key[0]] and result["loop_local"] == 0, where
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU: triton/decode with each candidate against fp64
+# ----------------------------------------------------------------------------------------------------
+# The A/B rows' kinds, smaller: 16 × 4 = 64 rows on a full 8k cache the rule splits (seed 47's row 6); 8 × 8 = 64 rows
+# in pages of 64 over a ragged batch, with the LSE (seed 53's row 0 paged: the balanced split); 8 × 4 = 32 rows padded
+# to 64 on a full 6000-key cache (seed 59's row 5). The full ones without the LSE, as the sweep's rows: the A/B then
+# finds their kernels in Triton's cache.
+GPU_CASES = {
+    "full-64rows": (_problem(1, 4, 16, 4, 8192, 256).with_(return_lse=False), None),
+    "paged-64rows": (_problem(3, 2, 8, 8, 4160, 256, has_cache_seqlens=True, page_size=64), (17, 4160, 1000)),
+    "full-32rows": (_problem(4, 1, 8, 4, 6000, 256).with_(return_lse=False), None),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("candidate", CANDIDATES)
+@pytest.mark.parametrize("case", sorted(GPU_CASES))
+def test_gpu_wgmma_d256_against_fp64(case: str, candidate: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(decode, "WGMMA_D256", candidate)
+    problem, lengths = GPU_CASES[case]
+    assert decode.tile_config(problem) == decode.WGMMA_D256_CONFIGS[candidate]
+    result = check_on_gpu("triton/decode", problem, lengths, seed=len(case))
+    assert result.ok, f"triton/decode WGMMA_D256={candidate} {problem.describe()}: {result.summary()}"
+
+
+def test_d256_rows_ab_script_runs_the_gpu_tests_then_the_knob_on_the_issue_rows():
+    script = (Path(__file__).parents[1] / "bench" / "triton_decode_d256_rows_ab.sh").read_text()
+    assert "tests/test_decode_d256_rows.py" in script and "-m gpu" in script
+    assert re.search(r"python3 -m bench\.decode_knob_ab --knob triton_impl\.decode:WGMMA_D256\b", script)
+    assert all(row in script for row in ("53/0", "47/6", "59/5"))
