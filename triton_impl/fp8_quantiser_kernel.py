@@ -5,17 +5,21 @@ operands and scales those kernels read, the values of ``common.contract.fp8.quan
 ``tensor_amax_kernel`` reduces per-tensor amaxes. The work is memory-bound (Q, K, V read in 16 bits,
 written in 8), so the kernel is built to keep bytes in flight and to spend few instructions per element.
 
-Launch (``quantise_kernel``; ``FusedQuantiser`` plans it): one grid for all three tensors; programs
-[0, q_programs) take Q's tiles, the next k_programs K's, the rest V's (``single_launch=False``
-launches the same kernel once per tensor), or (``INTERLEAVED``) Q's (if any), K's and V's programs alternating
-in program order, so that an SM holds rotated tiles (instruction-bound) and V's (memory-bound) at once
-(``_interleaved_program``); or a persistent grid (``PERSISTENT``) whose every program takes its share of
-Q's tiles, then of K's, then of V's. A tile is 128 rows (``TILE_ROWS``: the larger block; Q's
-64-row blocks go two to a tile) of one (batch, head), so every tensor's tile has the same shape and one
-warp count (64 fp32 values a thread: 8 warps at D=128) serves the launch. A program loops over
-``tiles_per_program`` tiles of its tensor, strided by the tensor's program count. With ``LAUNCH_DEPENDENTS`` every
-program first executes ``griddepcontrol.launch_dependents`` (programmatic dependent launch: an attention kernel
-launched next with PDL starts its prologue under this launch's last wave and waits before reading its operands).
+Launch (``quantise_kernel``; ``FusedQuantiser`` plans it): one grid for all three tensors; programs [0, q_programs)
+take Q's tiles, the next k_programs K's, the rest V's (``single_launch=False`` launches the same kernel once per
+tensor; with ``QuantiserConfig.value_config`` V runs in a launch of its own), or (``INTERLEAVED``) Q's (if any), K's
+and V's programs alternating in program order, so that an SM holds rotated tiles (instruction-bound) and V's
+(memory-bound) at once (``_interleaved_program``); or a persistent grid (``PERSISTENT``) whose every program takes
+its share of Q's tiles, then of K's, then of V's. A tile is 128 rows (``TILE_ROWS``: the larger block; Q's 64-row
+blocks go two to a tile) of one (batch, head), so every tensor's tile has the same shape and one warp count (64 fp32
+values a thread: 8 warps at D=128) serves the launch. A program loops over ``tiles_per_program`` tiles of its
+tensor, strided by the tensor's program count. ``HOLDS_Q``, ``HOLDS_K`` and ``HOLDS_V`` say whose code a
+binary of program ranges holds: all three by default (a branch without programs is never taken), only the launched
+tensors' where K and V run in launches of their own (``value_config``), so that a launch's registers and shared
+memory are its own tensor's alone (Triton gives each branch its own buffers and the register count is the largest
+branch's). With ``LAUNCH_DEPENDENTS`` every program first executes ``griddepcontrol.launch_dependents``
+(programmatic dependent launch: an attention kernel launched next with PDL starts its prologue under this launch's
+last wave and waits before reading its operands).
 
 Per program (``_quantise_tiles``): the rotation operand is loaded once (the tensor-core sign matrix
 stays in shared memory across the loop); then per tile:
@@ -139,7 +143,8 @@ class TensorKind(NamedTuple):
 class LaunchSetup(NamedTuple):
     """Constexprs shared by the three tensors of a launch. ``LAUNCH_DEPENDENTS``: ``QuantiserConfig``'s
     ``launch_dependents`` (never under the interpreter). ``INTERPRETED``: the CPU interpreter's replacements
-    (module docstring, "Interpreter")."""
+    (module docstring, "Interpreter"). ``HOLDS_Q``, ``HOLDS_K``, ``HOLDS_V``: whether a binary of program ranges
+    holds that tensor's code (module docstring, "Launch")."""
 
     HEAD_DIM: int
     LOG2_HEAD_DIM: int
@@ -153,6 +158,9 @@ class LaunchSetup(NamedTuple):
     INTERLEAVED: bool
     LAUNCH_DEPENDENTS: bool
     INTERPRETED: bool
+    HOLDS_Q: bool = True
+    HOLDS_K: bool = True
+    HOLDS_V: bool = True
 
 
 @triton.jit
@@ -423,7 +431,8 @@ def quantise_kernel(Q, K, V, Q_DESC, K_DESC, V_DESC, q_programs, k_programs, v_p
     """Programs [0, q_programs) quantise Q's tiles, the next k_programs K's, the rest V's (a launch
     for one tensor passes 0 programs for the others), or in the interleaved order (``SETUP.INTERLEAVED``,
     ``_interleaved_program``); a persistent grid (``SETUP.PERSISTENT``, all three
-    counts the grid) has every program quantise its share of Q's tiles, then K's, then V's. Q_DESC,
+    counts the grid) has every program quantise its share of Q's tiles, then K's, then V's. Program ranges run
+    only the code of the tensors ``SETUP`` holds (the others' programs are none in such a launch). Q_DESC,
     K_DESC, V_DESC: each tensor's TMA descriptor where ``SETUP.TMA`` loads it by copies, else None
     (top-level arguments: Triton's launcher expands a descriptor only there, not inside a tuple)."""
     if SETUP.LAUNCH_DEPENDENTS:
@@ -443,10 +452,12 @@ def quantise_kernel(Q, K, V, Q_DESC, K_DESC, V_DESC, q_programs, k_programs, v_p
         else:
             _quantise_tiles(V, V_DESC, index, v_programs, ROTATION, rotation_scale, V_KIND, SETUP)
     elif program < q_programs:
-        _quantise_tiles(Q, Q_DESC, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
+        if SETUP.HOLDS_Q:
+            _quantise_tiles(Q, Q_DESC, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
     elif program < q_programs + k_programs:
-        _quantise_tiles(K, K_DESC, program - q_programs, k_programs, ROTATION, rotation_scale, K_KIND, SETUP)
-    else:
+        if SETUP.HOLDS_K:
+            _quantise_tiles(K, K_DESC, program - q_programs, k_programs, ROTATION, rotation_scale, K_KIND, SETUP)
+    elif SETUP.HOLDS_V:
         _quantise_tiles(V, V_DESC, program - q_programs - k_programs, v_programs, ROTATION, rotation_scale, V_KIND,
                         SETUP)  # fmt: skip
 
