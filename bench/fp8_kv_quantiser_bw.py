@@ -4,12 +4,12 @@ with ``query=False``: K rotated, V transposed and permuted, block scales) agains
 
 Why: at P1 the K/V launch reads 134 MB of bf16 and writes 67 MB of e4m3 (and its scales) in about 77 µs, 60 % of the
 read bandwidth; causal end to end meets issue #37's targets once it takes <= 68 µs. Its 128-register programs fit two
-an SM, each with one 32 KB tile in flight: a binary that holds Q's, K's and V's branches sums their shared memory and
-takes the largest branch's registers, so no configuration of one launch gets more in flight. With V apart, V's binary
-holds V's code only: 16 warps under a 64-register cap with a 4-stage cp.async ring (three 32 KB tiles, two in flight
-while one is computed) fit two programs an SM (96 KB each): twice the default's bytes in flight at the least, twice its
-warps, and each tile read from the ring straight in the transposed layout (3 barriers a tile against 5: no exchange
-of the tile through registers and shared memory). ``candidates`` lists what is timed.
+an SM, each with one 32 KB tile in flight while it computes another, and either those bytes in flight or the programs'
+latency chains set the pace (the measurements so far fit both). A binary holding Q's, K's and V's branches sums their
+shared memory and takes the largest branch's registers, so one launch cannot give V more of either; with V apart,
+V's binary holds V's code alone, and the candidates (``candidates``) give it twice the warps, or a cp.async ring with
+two to three tiles in flight a program; ``l2_prefetch`` asks the L2 for the tile after next in any launch, bytes in
+flight that hold no register. K and V are timed alone too, so that the A/B says which limit it is.
 
 Per shape (P1's K/V: B=2 Hkv=16 S=8192 D=128; D=64: B=4 H=32 S=8192), in one process, L2 flushed before every run
 (``common.measure.timing.time_cuda``, medians over ``--rounds`` interleaved rounds):
@@ -47,6 +47,9 @@ SHAPES = {"P1 D=128": (2, 16, 8192, 128), "D=64": (4, 32, 8192, 64)}
 # FA3's outliers (common.contract.fp8.fa3_inputs), drawn on the GPU: N(0, 1) + N(0, 100) x Bernoulli(0.001).
 OUTLIER_RATE, OUTLIER_STD = 1e-3, 10.0
 E4M3_BYTES, SCALE_BYTES = 1, 4
+# What the defaults' builds use (128 registers: two 8-warp programs an SM at D=128, four 4-warp ones at D=64): the cap
+# of a candidate that adds instructions to a default without one (D=64's), which would otherwise take 130.
+DEFAULT_REGISTERS = 128
 # Indices in KernelOperands.buffers() (q8, k8, vt8, q_scale, k_scale, v_scale) of what the K/V launch writes.
 KV_BUFFERS = (1, 2, 4, 5)
 
@@ -56,38 +59,54 @@ def _warps(head_dim: int, factor: int) -> int:
     return factor * fp8_quantiser._num_warps(fp8_quantiser._tile_rows_of(fp8.VARIANTS[VARIANT]), head_dim)
 
 
-def value_ring(head_dim: int, num_stages: int, warps_factor: int) -> fp8_quantiser.QuantiserConfig:
+def value_ring(head_dim: int, num_stages: int) -> fp8_quantiser.QuantiserConfig:
     """V's launch on a cp.async ring of ``num_stages`` tiles (``num_stages`` - 2 in flight while one is computed,
-    under Triton 3.6's pipeliner), 8 tiles a program, ``warps_factor`` times the default warps; at twice the warps
-    a 64-register cap keeps as many programs an SM as the default's by registers (2 at D=128, 4 at D=64)."""
+    under Triton 3.6's pipeliner), 8 tiles a program, twice the default's warps under a 64-register cap: as many
+    programs an SM as the default's by registers (2 at D=128, 4 at D=64), 96 KB of shared memory at D=128."""
     return fp8_quantiser.QuantiserConfig(
-        tiles_per_program=8,
-        num_stages=num_stages,
-        num_warps=_warps(head_dim, warps_factor),
-        maxnreg=64 if warps_factor > 1 else None,
+        tiles_per_program=8, num_stages=num_stages, num_warps=_warps(head_dim, 2), maxnreg=64
     )
 
 
+def twice_the_warps(head_dim: int) -> fp8_quantiser.QuantiserConfig:
+    """The register prefetch at twice the default's warps under a 64-register cap: as many programs an SM as the
+    default's, twice the warps, the same bytes in flight (spills 24 bytes in V's binary and 32 in K's at D=128 under
+    Triton 3.6: loop invariants reloaded, 5 and 8 local loads a tile)."""
+    return fp8_quantiser.QuantiserConfig(tiles_per_program=8, prefetch=True, num_warps=_warps(head_dim, 2), maxnreg=64)
+
+
 def candidates(head_dim: int) -> dict[str, fp8_quantiser.QuantiserConfig]:
-    """The K/V default, then V apart: at the default's configuration (what splitting the launch costs or gains
-    alone), and on cp.async rings, K keeping the default's launch (its binary holds the sign matrix and the wgmma
-    operand, 64 KB: a 3-stage ring of its own takes 144 KB, one program an SM), or last K at twice the warps."""
+    """The K/V default, then: the L2 asked for the tile after next (``l2_prefetch``, K and V in the default's one
+    launch); V apart, K keeping the default's launch, at the default's configuration (what splitting the launch
+    costs or gains alone), at twice the warps (the same bytes in flight: do the warps' latency chains set the pace?),
+    the two together, on a cp.async ring (two to three tiles in flight a program while one is computed); last K and V
+    both at twice the warps. K keeps its register prefetch: its binary holds the sign matrix and the wgmma operand,
+    64 KB, so a 3-stage ring of its own takes 144 KB, one program an SM. Under Triton 3.6 the ring is unswizzled and V
+    reads it transposed by 2-byte loads (32 LDS.U16 a thread and tile at 16 warps, 8-way bank conflicts: about 4,100
+    shared-memory cycles a tile), where the register path transposes by 16-byte stores and ldmatrix (8 STS.128 and 8
+    LDSM.MT88 at 8 warps, about 512 cycles)."""
     default = fp8_quantiser.default_config(head_dim, fp8.VARIANTS[VARIANT], query=False)
     return {
         "default": default,
+        "L2 prefetch": replace(default, l2_prefetch=True, maxnreg=default.maxnreg or DEFAULT_REGISTERS),
         "V apart": replace(default, value_config=default),
-        "V ring 2x warps, 4 stages": replace(default, value_config=value_ring(head_dim, 4, 2)),
-        "V ring 2x warps, 3 stages": replace(default, value_config=value_ring(head_dim, 3, 2)),
-        "V ring 1x warps, 4 stages": replace(default, value_config=value_ring(head_dim, 4, 1)),
-        # K's register prefetch at twice the warps under a 64-register cap (32 bytes spilled: 8 local loads a tile).
-        "K 2x warps, V ring 2x warps, 4 stages": fp8_quantiser.QuantiserConfig(
-            tiles_per_program=8,
-            prefetch=True,
-            num_warps=_warps(head_dim, 2),
-            maxnreg=64,
-            value_config=value_ring(head_dim, 4, 2),
+        "V 2x warps": replace(default, value_config=twice_the_warps(head_dim)),
+        "L2 prefetch, V 2x warps": replace(
+            default,
+            l2_prefetch=True,
+            maxnreg=default.maxnreg or DEFAULT_REGISTERS,
+            value_config=replace(twice_the_warps(head_dim), l2_prefetch=True),
         ),
+        "V ring 2x warps, 4 stages": replace(default, value_config=value_ring(head_dim, 4)),
+        "K, V 2x warps": replace(twice_the_warps(head_dim), value_config=twice_the_warps(head_dim)),
     }
+
+
+# What each shape times (the D=64 run: fewer builds, the variants that answer its questions).
+TIMED = {
+    "P1 D=128": None,
+    "D=64": ("default", "L2 prefetch", "V 2x warps", "L2 prefetch, V 2x warps"),
+}
 
 
 @dataclass
@@ -142,6 +161,8 @@ def shape_rows(shape: str, args: argparse.Namespace, read_gbps: float) -> list[B
     rows, runs = [], []
     default_bytes = None
     for name, config in candidates(head_dim).items():
+        if TIMED.get(shape) and name not in TIMED[shape]:
+            continue
         quantiser = fp8_quantiser.FusedQuantiser(
             q.shape, k.shape, k.dtype, k.device, fp8.VARIANTS[VARIANT], LAYOUT, config=config, query=False
         )

@@ -234,7 +234,8 @@ def facts(binary):
     return {"registers": usage["registers"], "spills": usage["local_bytes"] + usage["stack_bytes"],
             "shared": binary.shared_bytes, "threads": binary.threads_per_cta,
             "wgmma": bool(re.search(r"wgmma\.mma_async", binary.ptx)),
-            "cp_async": bool(re.search(r"cp\.async\.cg\.shared\.global", binary.ptx))}
+            "cp_async": bool(re.search(r"cp\.async\.cg\.shared\.global", binary.ptx)),
+            "l2_prefetches": len(re.findall(r"cp\.async\.bulk\.prefetch\.L2\.global", binary.ptx))}
 
 quantisation, layout = fp8.VARIANTS["block+rotation"], fp8.ValueLayout(True, 16)
 ring = candidates(128)["V ring 2x warps, 4 stages"]
@@ -242,8 +243,24 @@ built = [facts(b) for b in fused.compile_sm90(128, torch.bfloat16, quantisation,
 # Planted: V's ring in a binary that holds every tensor's branch (no value_config).
 planted = [facts(b) for b in fused.compile_sm90(128, torch.bfloat16, quantisation, layout, config=ring.value_config,
                                                 query=False)]
-print(json.dumps({"built": built, "planted": planted}))
+# The L2 prefetch at P1 and D=64 (one launch, every tensor's branch), and the default without it.
+l2 = [facts(b) for d in (128, 64) for b in fused.compile_sm90(d, torch.bfloat16, quantisation, layout,
+                                                               config=candidates(d)["L2 prefetch"], query=False)]
+plain = [facts(b) for b in fused.compile_sm90(128, torch.bfloat16, quantisation, layout, query=False)]
+print(json.dumps({"built": built, "planted": planted, "l2": l2, "plain": plain}))
 """
+
+
+@functools.cache
+def _build_report() -> dict:
+    """The build probe's facts, compiled once in a process without the interpreter."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", _BUILD_PROBE], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 # Shared memory and registers of one SM of sm_90, and what the hardware reserves per CTA.
 SM90_SHARED_MEMORY_PER_SM, SHARED_MEMORY_PER_CTA_RESERVED, SM90_REGISTERS_PER_SM = 233_472, 1024, 65_536
 
@@ -258,17 +275,25 @@ def test_the_value_ring_builds_two_spill_free_binaries_that_fit_two_programs_an_
     """The A/B's ring at P1 (D = 128, K and V only): K's binary (the wgmma rotation) and V's (cp.async, no wgmma),
     neither spilling, each fitting two programs an SM; the same V configuration in a binary that holds every tensor's
     branch fits fewer (the rule's planted counterpart: the branches' shared memory adds up, 256 KB under Triton 3.8)."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", _BUILD_PROBE], capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.splitlines()[-1])
+    report = _build_report()
     keys, values = report["built"]
     assert keys["wgmma"] and not values["wgmma"] and values["cp_async"], report
     for facts in (keys, values):
         assert facts["spills"] == 0 and _programs_an_sm(facts) >= 2, facts
     (planted,) = report["planted"]
     assert _programs_an_sm(planted) < 2, planted
+
+
+@pytest.mark.static
+def test_the_l2_prefetch_builds_spill_free_with_a_bulk_prefetch_in_each_tensors_loop():
+    """``l2_prefetch`` at P1 and D=64 (the K/V launch's binary, Q's, K's and V's branches): one bulk L2 prefetch in each
+    branch, no spills, as many programs an SM as the default's; the default has none (the rule's counterpart)."""
+    report = _build_report()
+    (plain,) = report["plain"]
+    assert plain["l2_prefetches"] == 0, plain
+    for facts in report["l2"]:
+        assert facts["l2_prefetches"] == 3 and facts["spills"] == 0, facts
+    assert _programs_an_sm(report["l2"][0]) == _programs_an_sm(plain), report
 
 
 # ----------------------------------------------------------------------------------------------------

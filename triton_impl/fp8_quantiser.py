@@ -27,7 +27,8 @@ more bytes in flight an SM than registers allow, and Q's and K's tiles reach the
 passing registers), ``interleave`` (Q's, K's and V's programs alternate, so that rotated tiles, bound by
 instructions, share each SM with V's, bound by memory) and ``value_config`` (V in a launch of its own, whose
 binary holds V's code alone: a cp.async ring and twice the warps under a 64-register cap still fit two programs
-an SM). ``default_config(D, quantisation)`` is what the rungs run; ``python -m bench.fp8_quantiser --ab`` times the
+an SM) and ``l2_prefetch`` (the L2 asked for the tile after next: bytes in flight that hold no register).
+``default_config(D, quantisation)`` is what the rungs run; ``python -m bench.fp8_quantiser --ab`` times the
 candidates against the read bandwidth, ``bench/fp8_kv_quantiser_bw.sh`` the K/V launch's against a torch copy.
 
 Equality with the reference (``operand_differences``): without rotation the arithmetic is the same
@@ -152,6 +153,9 @@ class QuantiserConfig:
       the wgmma accumulators) and V's transposition get registers and shared memory of their own: 16 warps under a
       64-register cap with a cp.async ring (``num_stages``) fit two programs an SM where a binary holding every
       tensor's branch fits fewer. Needs program ranges in both configurations (no persistent grid, no interleaving).
+    * ``l2_prefetch``: each iteration also asks the L2 for the tile after the next (``prefetch.global.L2``, one
+      instruction a thread and a tile), so that the next iteration's load of it hits the L2: up to twice the bytes
+      in flight from the memory, none of them in registers or shared memory. Not under the interpreter.
     """
 
     single_launch: bool = True
@@ -166,6 +170,7 @@ class QuantiserConfig:
     interleave: bool = False
     launch_dependents: bool = False
     value_config: QuantiserConfig | None = None
+    l2_prefetch: bool = False
 
     def __post_init__(self) -> None:
         if self.tiles_per_program < 1 or self.num_stages < 1:
@@ -211,7 +216,7 @@ class QuantiserConfig:
         return (
             f"{'1 launch' if self.single_launch else '3 launches'}{' interleaved' if self.interleave else ''} "
             f"{schedule} {overlap} warps={self.num_warps or 'auto'} maxnreg={self.maxnreg or '-'} {self.division}"
-            f"{' launch-dependents' if self.launch_dependents else ''}"
+            f"{' launch-dependents' if self.launch_dependents else ''}{' l2-prefetch' if self.l2_prefetch else ''}"
             f"{f' | V apart: {self.value_config.describe()}' if self.value_config else ''}"
         )
 
@@ -499,7 +504,8 @@ def _launch_options(
     q_kind, k_kind, v_kind = _tensor_kinds(quantisation, value_layout, rotation_method)
     setup = LaunchSetup(head_dim, int(math.log2(head_dim)), tile_rows, step, config.num_stages, config.prefetch,
                         config.division == "reciprocal", config.programs_per_sm > 0, config.tma, config.interleave,
-                        config.launch_dependents and not interpreted, interpreted, *holds)  # fmt: skip
+                        config.launch_dependents and not interpreted, interpreted, *holds,
+                        L2_PREFETCH=config.l2_prefetch and not interpreted)  # fmt: skip
     options = {"Q_KIND": q_kind, "K_KIND": k_kind, "V_KIND": v_kind, "SETUP": setup,
                "num_warps": config.num_warps or _num_warps(tile_rows, head_dim)}  # fmt: skip
     if config.maxnreg is not None:

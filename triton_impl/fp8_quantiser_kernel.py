@@ -26,7 +26,10 @@ stays in shared memory across the loop); then per tile:
   1. Load the tile's rows in bf16/fp16 (16-byte loads; rows past S as zeros). V for a kernel that
      reads it permuted (``ValueLayout.permuted``) is loaded in slot order (row r of the tile is key
      ``PERMUTED_KEY_ORDER``-mapped r), so that its store in step 5 is a plain transposed tile. With
-     ``prefetch`` the next tile's load is issued before this tile is computed (registers); with
+     ``prefetch`` the next tile's load is issued before this tile is computed (registers), and with
+     ``L2_PREFETCH`` the L2 is asked for the tile after it where tiles lie back to back (one
+     ``cp.async.bulk.prefetch.L2`` a tile: bytes in flight that hold no register, so that the register load of that
+     tile an iteration later finds it in the L2); with
      ``num_stages`` > 1 Triton's pipeliner does it by cp.async into shared memory. With ``TMA`` a
      tensor whose tile is a block of rows in order (Q, K, and V in key order) is a tensor descriptor
      (B, H, S, D) and each tile one TMA copy of a (1, 1, TILE_ROWS, D) box into shared memory (rows
@@ -144,7 +147,8 @@ class LaunchSetup(NamedTuple):
     """Constexprs shared by the three tensors of a launch. ``LAUNCH_DEPENDENTS``: ``QuantiserConfig``'s
     ``launch_dependents`` (never under the interpreter). ``INTERPRETED``: the CPU interpreter's replacements
     (module docstring, "Interpreter"). ``HOLDS_Q``, ``HOLDS_K``, ``HOLDS_V``: whether a binary of program ranges
-    holds that tensor's code (module docstring, "Launch")."""
+    holds that tensor's code (module docstring, "Launch"). ``L2_PREFETCH``: ``QuantiserConfig``'s ``l2_prefetch``
+    (never under the interpreter; module docstring, step 1)."""
 
     HEAD_DIM: int
     LOG2_HEAD_DIM: int
@@ -161,6 +165,7 @@ class LaunchSetup(NamedTuple):
     HOLDS_Q: bool = True
     HOLDS_K: bool = True
     HOLDS_V: bool = True
+    L2_PREFETCH: bool = False
 
 
 @triton.jit
@@ -355,6 +360,35 @@ def _load_tile(T, X_DESC, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
 
 
 @triton.jit
+def _tiles_back_to_back(T, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Whether tile t of tensor T is the TILE_ROWS x D elements from t x TILE_ROWS x D on: a contiguous (B, H, S, D)
+    input whose S is a multiple of the tile and its output's rows (V's keys padded) none more (``_prefetch_tile_to_l2``
+    then needs no division)."""
+    rows_contiguous = (T.stride_d == 1) & (T.stride_s == HEAD_DIM) & (T.seqlen % TILE_ROWS == 0)
+    rows_contiguous = rows_contiguous & (T.out_rows == T.seqlen)
+    return rows_contiguous & (T.stride_h == T.seqlen * HEAD_DIM) & (T.stride_b == T.heads * T.seqlen * HEAD_DIM)
+
+
+@triton.jit
+def _prefetch_tile_to_l2(T, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Ask the L2 for tile ``tile`` of tensor T, whose tiles lie back to back (``_tiles_back_to_back``): one
+    ``cp.async.bulk.prefetch.L2`` of its bytes, issued by the program's first thread. No register or shared memory
+    holds the data and nothing waits for it."""
+    TILE_ELEMENTS: tl.constexpr = TILE_ROWS * HEAD_DIM
+    start = T.X + tile.to(tl.int64) * TILE_ELEMENTS
+    nbytes = tl.full([1], TILE_ELEMENTS * T.X.dtype.element_ty.primitive_bitwidth // 8, tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred leader; .reg .b32 thread; mov.u32 thread, %tid.x; setp.eq.u32 leader, thread, 0; "
+        "@leader cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r",
+        [start + tl.zeros([1], tl.int64), nbytes],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
 def _quantise_tiles(T, X_DESC, program, programs, ROTATION, rotation_scale, KIND: tl.constexpr,
                     SETUP: tl.constexpr):  # fmt: skip
     """Tiles program, program + programs, ... of one tensor (T: its ``TensorArgs``; X_DESC: its TMA
@@ -366,6 +400,8 @@ def _quantise_tiles(T, X_DESC, program, programs, ROTATION, rotation_scale, KIND
         rotation = _rotation_operand(ROTATION, KIND.ROTATE, HEAD_DIM)
     if SETUP.PREFETCH:
         x_next = _load_tile(T, X_DESC, program, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
+    if SETUP.L2_PREFETCH:
+        back_to_back = _tiles_back_to_back(T, TILE_ROWS, HEAD_DIM)
     for tile in tl.range(program, T.tiles, programs, num_stages=SETUP.NUM_STAGES):
         batch_head = (tile // T.tiles_per_head).to(tl.int64)
         m_tile = tile % T.tiles_per_head
@@ -376,6 +412,8 @@ def _quantise_tiles(T, X_DESC, program, programs, ROTATION, rotation_scale, KIND
             x_next = _load_tile(T, X_DESC, tile + programs, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
         else:
             x = _load_tile(T, X_DESC, tile, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
+        if SETUP.L2_PREFETCH and (tile + 2 * programs < T.tiles) & back_to_back:
+            _prefetch_tile_to_l2(T, tile + 2 * programs, TILE_ROWS, HEAD_DIM)
 
         # ---- 2. rotation
         if KIND.ROTATE != ROTATE_NONE:
