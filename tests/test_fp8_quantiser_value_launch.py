@@ -299,9 +299,15 @@ def test_the_l2_prefetch_builds_spill_free_with_a_bulk_prefetch_in_each_tensors_
 # ----------------------------------------------------------------------------------------------------
 # GPU
 # ----------------------------------------------------------------------------------------------------
+# P1 (the A/B's shape, tiles back to back) for every candidate; the ragged GQA shape (S = 777: no L2 prefetch, a
+# partial last tile) for those that change the default's launch itself.
+GPU_CASES = [((2, 16, 16, 8192, 8192, 128), name) for name in CANDIDATE_NAMES] + [
+    ((2, 8, 2, 1000, 777, 128), name) for name in ("L2 prefetch", "L2 prefetch, V 2x warps", "V 2x warps")
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", CANDIDATE_NAMES)
-@pytest.mark.parametrize("shape", [(2, 16, 16, 8192, 8192, 128), (2, 8, 2, 1000, 777, 128)], ids=str)
+@pytest.mark.parametrize(("shape", "name"), GPU_CASES, ids=str)
 def test_gpu_the_bandwidth_candidates_write_the_default_configurations_bytes(shape: tuple, name: str):
     """Compiled, each candidate of bench/fp8_kv_quantiser_bw.py (K and V only, cute/fp8's layout) writes K's and V's
     bytes and scales as the K/V default does, into poisoned buffers, and K alone and V alone (``only``) write theirs."""
