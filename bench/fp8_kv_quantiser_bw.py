@@ -206,8 +206,14 @@ def _time_rounds(runs: list[tuple[BandwidthRow, str, Callable[[], object], list[
 
 
 def markdown(rows: list[BandwidthRow], read_gbps: float, device_name: str) -> str:
+    """The configurations, then the table (last, so that a log's tail shows it)."""
     lines = [
         f"# K/V quantiser bandwidth A/B ({device_name}; read bandwidth {read_gbps:.0f} GB/s)",
+        "",
+        "Configurations:",
+    ]
+    lines += [f"- {r.shape} {r.name}: {r.config}" for r in rows]
+    lines += [
         "",
         "| shape | variant | K+V µs | K µs | V µs | GB/s | % of copy | % of read | same bytes | regs/spills |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -217,7 +223,6 @@ def markdown(rows: list[BandwidthRow], read_gbps: float, device_name: str) -> st
         f"{100 * r.of_copy:.0f} | {100 * r.of_read:.0f} | {r.same_bytes} | {r.resources} |"
         for r in rows
     ]
-    lines += ["", "Configurations:"] + [f"- {r.shape} {r.name}: {r.config}" for r in rows]
     return "\n".join(lines) + "\n"
 
 
