@@ -361,9 +361,8 @@ def _load_tile(T, X_DESC, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
 
 @triton.jit
 def _tiles_back_to_back(T, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Whether tile t of tensor T is the TILE_ROWS x D elements from t x TILE_ROWS x D on: a contiguous (B, H, S, D)
-    input whose S is a multiple of the tile and its output's rows (V's keys padded) none more (``_prefetch_tile_to_l2``
-    then needs no division)."""
+    """Whether tile t of tensor T starts t x TILE_ROWS x D elements into it: a contiguous (B, H, S, D) input, S a
+    multiple of the tile and no padded output rows (V's keys), so that ``_prefetch_tile_to_l2`` needs no division."""
     rows_contiguous = (T.stride_d == 1) & (T.stride_s == HEAD_DIM) & (T.seqlen % TILE_ROWS == 0)
     rows_contiguous = rows_contiguous & (T.out_rows == T.seqlen)
     return rows_contiguous & (T.stride_h == T.seqlen * HEAD_DIM) & (T.stride_b == T.heads * T.seqlen * HEAD_DIM)
