@@ -16,11 +16,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from bench.fp8_kv_quantiser_bw import candidates
 from common.contract import fp8
 from common.contract.problem import Problem
 from triton_impl import fp8_quantiser as fused
+from triton_impl import fp8_quantiser_kernel as kernel
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = ("q8", "k8", "vt8", "q_scale", "k_scale", "v_scale")
@@ -197,6 +200,48 @@ def test_the_bandwidth_ab_judges_each_candidate_and_times_k_v_and_the_copy_in_ro
     assert sum(line.startswith("| small |") for line in table) == len(rows)
 
 
+@triton.jit
+def _back_to_back_kernel(OUT, T, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    tl.store(OUT, kernel._tiles_back_to_back(T, TILE_ROWS, HEAD_DIM).to(tl.int32))
+
+
+def _back_to_back(x: torch.Tensor, tensor: int, layout: fp8.ValueLayout) -> bool:
+    """``_tiles_back_to_back`` of tensor ``tensor`` (0 Q, 1 K, 2 V) of a quantiser whose inputs are all ``x``."""
+    quantisation = fp8.quantisation_named("block+rotation")
+    geometry = fused._geometries(tuple(x.shape), tuple(x.shape), quantisation, layout)[tensor]
+    scratch = torch.zeros(1, dtype=torch.float32)
+    out = torch.zeros(1, dtype=torch.int32)
+    arguments = geometry.arguments(x, torch.zeros(1, dtype=torch.uint8), scratch, scratch, scratch)
+    _back_to_back_kernel[(1,)](out, arguments, TILE_ROWS=fused._tile_rows_of(quantisation), HEAD_DIM=x.shape[-1])
+    return bool(out.item())
+
+
+def test_the_l2_prefetch_asks_only_where_tile_t_starts_t_tiles_in():
+    """``l2_prefetch`` addresses tile t as t tiles from the tensor's start (no division): true for contiguous inputs
+    whose S is a multiple of the tile, K and V (keys padded to 16) alike; false (no prefetch) for a ragged S, a
+    transposed (B, S, H, D) view, or V's keys padded past S (a layout of 256-key multiples at S = 128)."""
+    contiguous = torch.zeros(2, 2, 256, 64, dtype=torch.bfloat16)
+    assert _back_to_back(contiguous, 1, LAYOUTS["cute"]) and _back_to_back(contiguous, 2, LAYOUTS["cute"])
+    assert not _back_to_back(torch.zeros(2, 2, 200, 64, dtype=torch.bfloat16), 1, LAYOUTS["cute"])
+    assert not _back_to_back(torch.zeros(2, 256, 2, 64, dtype=torch.bfloat16).transpose(1, 2), 1, LAYOUTS["cute"])
+    short = torch.zeros(2, 2, 128, 64, dtype=torch.bfloat16)
+    assert not _back_to_back(short, 2, fp8.ValueLayout(permuted=True, key_multiple=256))
+
+
+def test_a_guard_that_forgets_vs_padded_keys_is_caught(monkeypatch: pytest.MonkeyPatch):
+    """The guard test fails a planted bug: the check of V's padded keys dropped, so that a tile past S's last would
+    be asked for at t tiles in (another head's rows)."""
+
+    @triton.jit
+    def without_padding_check(T, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+        rows = (T.stride_d == 1) & (T.stride_s == HEAD_DIM) & (T.seqlen % TILE_ROWS == 0)
+        return rows & (T.stride_h == T.seqlen * HEAD_DIM) & (T.stride_b == T.heads * T.seqlen * HEAD_DIM)
+
+    monkeypatch.setattr(kernel, "_tiles_back_to_back", without_padding_check)
+    short = torch.zeros(2, 2, 128, 64, dtype=torch.bfloat16)
+    assert _back_to_back(short, 2, fp8.ValueLayout(permuted=True, key_multiple=256))
+
+
 def test_value_config_and_only_refuse_what_they_cannot_run():
     with pytest.raises(ValueError, match="value_config launches V on its own by program ranges"):
         Config(value_config=Config(programs_per_sm=1))
@@ -228,6 +273,7 @@ from bench.fp8_kv_quantiser_bw import candidates
 from common.contract import fp8
 from common.reporting.static import cubin_resources
 from triton_impl import fp8_quantiser as fused
+from triton_impl import fp8_quantiser_kernel as kernel
 
 def facts(binary):
     (usage,) = cubin_resources(binary.cubin).values()
