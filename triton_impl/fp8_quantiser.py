@@ -24,9 +24,12 @@ that only 3 or more stages keep a load in flight while a tile is computed), ``nu
 wgmma accumulators), ``division``, ``programs_per_sm`` (a persistent grid whose programs walk Q, K and
 V in turn), ``tma`` (tiles of rows in order copied by TMA into a ``num_stages``-deep shared-memory ring:
 more bytes in flight an SM than registers allow, and Q's and K's tiles reach the rotation's wgmma without
-passing registers) and ``interleave`` (Q's, K's and V's programs alternate, so that rotated tiles, bound by
-instructions, share each SM with V's, bound by memory). ``default_config(D, quantisation)`` is what the
-rungs run; ``python -m bench.fp8_quantiser --ab`` times the candidates against the read bandwidth.
+passing registers), ``interleave`` (Q's, K's and V's programs alternate, so that rotated tiles, bound by
+instructions, share each SM with V's, bound by memory) and ``value_config`` (V in a launch of its own, whose
+binary holds V's code alone: a cp.async ring and twice the warps under a 64-register cap still fit two programs
+an SM) and ``l2_prefetch`` (the L2 asked for the tile after next: bytes in flight that hold no register).
+``default_config(D, quantisation)`` is what the rungs run; ``python -m bench.fp8_quantiser --ab`` times the
+candidates against the read bandwidth, ``bench/fp8_kv_quantiser_bw.sh`` the K/V launch's against a torch copy.
 
 Equality with the reference (``operand_differences``): without rotation the arithmetic is the same
 operation for operation (exact amax, one correctly rounded division, one rounding), so bytes and
@@ -50,6 +53,7 @@ import functools
 import math
 from dataclasses import dataclass
 from itertools import product
+from typing import NamedTuple
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -143,6 +147,15 @@ class QuantiserConfig:
       launched next with programmatic dependent launch (cute/fp8's ``PROGRAMMATIC_LAUNCH``) may start its CTAs
       once every program has started; that kernel waits (``griddepcontrol.wait``) before it reads what this one
       writes. Without such a kernel the instruction does nothing. Not under the interpreter.
+    * ``value_config``: V in a launch of its own with this configuration (its warps, register cap, overlap and
+      tiles per program), after the launch of Q and K (this configuration's); each launch's binary then holds only
+      its own tensors' code (``LaunchSetup.HOLDS_Q``, ...), so that K's rotation (a 32 KB sign matrix in shared memory,
+      the wgmma accumulators) and V's transposition get registers and shared memory of their own: 16 warps under a
+      64-register cap with a cp.async ring (``num_stages``) fit two programs an SM where a binary holding every
+      tensor's branch fits fewer. Needs program ranges in both configurations (no persistent grid, no interleaving).
+    * ``l2_prefetch``: each iteration also asks the L2 for the tile after the next (``prefetch.global.L2``, one
+      instruction a thread and a tile), so that the next iteration's load of it hits the L2: up to twice the bytes
+      in flight from the memory, none of them in registers or shared memory. Not under the interpreter.
     """
 
     single_launch: bool = True
@@ -156,6 +169,8 @@ class QuantiserConfig:
     tma: bool = False
     interleave: bool = False
     launch_dependents: bool = False
+    value_config: QuantiserConfig | None = None
+    l2_prefetch: bool = False
 
     def __post_init__(self) -> None:
         if self.tiles_per_program < 1 or self.num_stages < 1:
@@ -185,6 +200,12 @@ class QuantiserConfig:
                 "interleave orders the programs of one launch: it needs single_launch=True and programs_per_sm=0, "
                 f"got {self.single_launch} and {self.programs_per_sm}"
             )
+        value = self.value_config
+        if value is not None and (value.value_config or any(c.programs_per_sm or c.interleave for c in (self, value))):
+            raise ValueError(
+                "value_config launches V on its own by program ranges: neither configuration may have a persistent "
+                f"grid or interleaving, nor V's a value_config of its own; got {self.describe()}"
+            )
 
     def describe(self) -> str:
         """One compact line for tables: launches, tiles/program, stages, warps, registers, division."""
@@ -195,7 +216,8 @@ class QuantiserConfig:
         return (
             f"{'1 launch' if self.single_launch else '3 launches'}{' interleaved' if self.interleave else ''} "
             f"{schedule} {overlap} warps={self.num_warps or 'auto'} maxnreg={self.maxnreg or '-'} {self.division}"
-            f"{' launch-dependents' if self.launch_dependents else ''}"
+            f"{' launch-dependents' if self.launch_dependents else ''}{' l2-prefetch' if self.l2_prefetch else ''}"
+            f"{f' | V apart: {self.value_config.describe()}' if self.value_config else ''}"
         )
 
 
@@ -424,6 +446,35 @@ def _programs(
     return programs if query else (0, *programs[1:])
 
 
+# ``_Launch.holds`` of a binary that holds every tensor's code (what a launch without ``value_config`` builds).
+ALL_TENSORS = (True, True, True)
+
+
+class _Launch(NamedTuple):
+    """One launch of a pass: its program counts (Q, K, V), its configuration, and whether its binary holds each
+    tensor's code (``LaunchSetup``'s ``HOLDS_Q``, ``HOLDS_K``, ``HOLDS_V``)."""
+
+    programs: tuple[int, ...]
+    config: QuantiserConfig
+    holds: tuple[bool, ...] = ALL_TENSORS
+
+
+def _launch_plans(
+    geometries: tuple[_TensorGeometry, ...], config: QuantiserConfig, sm_count: int, query: bool = True
+) -> tuple[_Launch, ...]:
+    """The launches of a pass: ``config``'s, each binary holding every tensor's code (the default's binary), or with
+    ``config.value_config`` Q's and K's under ``config``, then V's under its own, each binary its own tensors' only."""
+    programs = _programs(geometries, config, sm_count, query)
+    if config.value_config is None:
+        return tuple(_Launch(counts, config) for counts in _launches(programs, config.single_launch))
+    value_programs = _programs(geometries, config.value_config, sm_count, query)[2]
+    first = _launches((*programs[:2], 0), config.single_launch)
+    return (
+        *(_Launch(counts, config, tuple(count > 0 for count in counts)) for counts in first),
+        _Launch((0, 0, value_programs), config.value_config, (False, False, True)),
+    )
+
+
 def _grid(programs: tuple[int, ...], config: QuantiserConfig) -> int:
     """Programs of one launch: the tensors' ranges back to back, or the persistent grid they share."""
     return max(programs) if config.programs_per_sm else sum(programs)
@@ -446,13 +497,15 @@ def _launch_options(
     head_dim: int,
     step: int,
     interpreted: bool,
+    holds: tuple[bool, ...] = ALL_TENSORS,
 ) -> dict:
-    """``quantise_kernel``'s constexprs and launch options for one pass."""
+    """``quantise_kernel``'s constexprs and launch options for one pass (``holds``: ``_Launch.holds``)."""
     tile_rows = _tile_rows_of(quantisation)
     q_kind, k_kind, v_kind = _tensor_kinds(quantisation, value_layout, rotation_method)
     setup = LaunchSetup(head_dim, int(math.log2(head_dim)), tile_rows, step, config.num_stages, config.prefetch,
                         config.division == "reciprocal", config.programs_per_sm > 0, config.tma, config.interleave,
-                        config.launch_dependents and not interpreted, interpreted)  # fmt: skip
+                        config.launch_dependents and not interpreted, interpreted, *holds,
+                        L2_PREFETCH=config.l2_prefetch and not interpreted)  # fmt: skip
     options = {"Q_KIND": q_kind, "K_KIND": k_kind, "V_KIND": v_kind, "SETUP": setup,
                "num_warps": config.num_warps or _num_warps(tile_rows, head_dim)}  # fmt: skip
     if config.maxnreg is not None:
@@ -481,10 +534,12 @@ class _TensorPlan:
 
 
 def _tma_rows(config: QuantiserConfig, quantisation: Quantisation, value_layout: ValueLayout) -> tuple[int, ...]:
-    """Rows of each tensor's TMA box (Q, K, V): the tile's with ``config.tma`` for rows in order (V only in
-    key order), else 0 (pointer loads; the kernel makes the same choice from ``TensorKind.PERMUTED``)."""
+    """Rows of each tensor's TMA box (Q, K, V): the tile's with ``config.tma`` (V's: its ``value_config``'s, if any)
+    for rows in order (V only in key order), else 0 (pointer loads; the kernel makes the same choice from
+    ``TensorKind.PERMUTED``)."""
     rows = _tile_rows_of(quantisation) if config.tma else 0
-    return (rows, rows, 0 if value_layout.permuted else rows)
+    value_tma = (config.value_config or config).tma
+    return (rows, rows, 0 if value_layout.permuted or not value_tma else _tile_rows_of(quantisation))
 
 
 class FusedQuantiser:
@@ -554,12 +609,23 @@ class FusedQuantiser:
                 zip(geometries, _tma_rows(self.config, quantisation, value_layout), strict=True)
             )
         )
-        programs = _programs(geometries, self.config, sm_count(device), query)
-        self._launch_programs = _launches(programs, self.config.single_launch)
-        self._options = {
-            step: _launch_options(quantisation, value_layout, rotation_method, self.config, head_dim, step, interpreted)
-            for step in _steps(quantisation)
-        }
+        self._launch_plans = _launch_plans(geometries, self.config, sm_count(device), query)
+        self._options = tuple(
+            {
+                step: _launch_options(
+                    quantisation,
+                    value_layout,
+                    rotation_method,
+                    launch.config,
+                    head_dim,
+                    step,
+                    interpreted,
+                    launch.holds,
+                )
+                for step in _steps(quantisation)
+            }
+            for launch in self._launch_plans
+        )
         self._rotation = (
             _rotation_operand_tensor(
                 head_dim, quantisation.seed, rotation_method, torch.float32 if interpreted else dtype, device
@@ -570,8 +636,8 @@ class FusedQuantiser:
         self.operands = KernelOperands(
             *(plan.out for plan in self._plans), *(plan.scales for plan in self._plans), quantisation, value_layout
         )
-        # What each pass last launched (Triton's compiled kernel: registers, spills), for reports.
-        self.compiled: dict[int, object] = {}
+        # What each (pass, launch) last launched (Triton's compiled kernel: registers, spills), for reports.
+        self.compiled: dict[tuple[int, int], object] = {}
 
     def _check_inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         for name, tensor, shape in (("q", q, self.q_shape), ("k", k, self.kv_shape), ("v", v, self.kv_shape)):
@@ -584,17 +650,21 @@ class FusedQuantiser:
     @property
     def launches(self) -> int:
         """Kernel launches per call: one or three per pass; per-tensor scales take two passes and the reduction."""
-        per_pass = len(self._launch_programs)
+        per_pass = len(self._launch_plans)
         return per_pass if self.quantisation.block else 2 * per_pass + 1
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> KernelOperands:
-        """Quantise q, k, v into this quantiser's buffers."""
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, only: str | None = None) -> KernelOperands:
+        """Quantise q, k, v into this quantiser's buffers. ``only`` ("q", "k" or "v"): that tensor's programs alone,
+        its binaries unchanged (the A/B's per-tensor times; the other tensors' buffers keep what they held). Block
+        scales and program ranges only (a persistent or interleaved grid maps programs to every tensor)."""
         self._check_inputs(q, k, v)
+        if only is not None:
+            self._check_only(only)
         inputs = (q, k, v)
         tensors = tuple(plan.arguments(x) for plan, x in zip(self._plans, inputs, strict=True))
         descriptors = tuple(plan.descriptor(x) for plan, x in zip(self._plans, inputs, strict=True))
         if self.quantisation.block:
-            self._launch(tensors, descriptors, STEP_BLOCK.value)
+            self._launch(tensors, descriptors, STEP_BLOCK.value, only)
             return self.operands
         self._launch(tensors, descriptors, STEP_AMAX.value)
         tensor_amax_kernel[(len(tensors),)](
@@ -603,13 +673,31 @@ class FusedQuantiser:
         self._launch(tensors, descriptors, STEP_CAST.value)
         return self.operands
 
+    def _check_only(self, only: str) -> None:
+        names = ("q", "k", "v") if self.query else ("k", "v")
+        configs = (self.config, *filter(None, (self.config.value_config,)))
+        if only not in names or not self.quantisation.block or any(c.programs_per_sm or c.interleave for c in configs):
+            raise ValueError(
+                f"only= takes one of {names} with block scales and program ranges, got {only!r} with "
+                f"{self.quantisation.name} and {self.config.describe()}"
+            )
+
     def _launch(
-        self, tensors: tuple[TensorArgs, ...], descriptors: tuple[TensorDescriptor | None, ...], step: int
+        self,
+        tensors: tuple[TensorArgs, ...],
+        descriptors: tuple[TensorDescriptor | None, ...],
+        step: int,
+        only: str | None = None,
     ) -> None:
         rotation, rotation_scale = self._rotation
-        for programs in self._launch_programs:
-            self.compiled[step] = quantise_kernel[(_grid(programs, self.config),)](
-                *tensors, *descriptors, *programs, rotation, rotation_scale, **self._options[step]
+        for index, (launch, options) in enumerate(zip(self._launch_plans, self._options, strict=True)):
+            programs = launch.programs
+            if only is not None:
+                programs = tuple(count if name == only else 0 for name, count in zip("qkv", programs, strict=True))
+            if not any(programs):
+                continue
+            self.compiled[step, index] = quantise_kernel[(_grid(programs, launch.config),)](
+                *tensors, *descriptors, *programs, rotation, rotation_scale, **options[step]
             )
 
 
@@ -627,8 +715,8 @@ def compile_sm90(
 ) -> list[KernelBinary]:
     """Every distinct kernel a ``FusedQuantiser`` of this kind (``query``: its own) launches, compiled for sm_90a
     (no GPU needed) with the specialisation its launches get at that shape (by default P1, contiguous inputs):
-    ``quantise_kernel`` once per pass (block scales: one; per-tensor: amax and cast), then the
-    per-tensor amax reduction."""
+    ``quantise_kernel`` once per pass (block scales: one; per-tensor: amax and cast) and binary of the pass (two
+    with ``value_config``: Q's and K's, then V's), then the per-tensor amax reduction."""
     from triton.runtime.jit import MockTensor
 
     from common.toolchain.compile import compile_triton_sm90_launch
@@ -662,18 +750,31 @@ def compile_sm90(
     )
     tc = quantisation.rotation and rotation_method == "tensor_core"
     rotation = MockTensor(dtype if tc else torch.float32)
-    programs = _launches(_programs(geometries, config, DEFAULT_SM_COUNT, query), config.single_launch)[0]
+    # One build per binary: launches that differ only in their program counts (one per tensor) share the first's.
+    launches: dict[tuple, _Launch] = {}
+    for launch in _launch_plans(geometries, config, DEFAULT_SM_COUNT, query):
+        launches.setdefault((launch.config, launch.holds), launch)
     binaries = [
         compile_triton_sm90_launch(
             quantise_kernel,
             *tensors,
             *descriptors,
-            *programs,
+            *launch.programs,
             rotation,
             1.0,
-            **_launch_options(quantisation, value_layout, rotation_method, config, head_dim, step, interpreted=False),
+            **_launch_options(
+                quantisation,
+                value_layout,
+                rotation_method,
+                launch.config,
+                head_dim,
+                step,
+                interpreted=False,
+                holds=launch.holds,
+            ),
         )
         for step in _steps(quantisation)
+        for launch in launches.values()
     ]
     if not quantisation.block:
         binaries.append(

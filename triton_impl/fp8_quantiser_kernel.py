@@ -5,24 +5,31 @@ operands and scales those kernels read, the values of ``common.contract.fp8.quan
 ``tensor_amax_kernel`` reduces per-tensor amaxes. The work is memory-bound (Q, K, V read in 16 bits,
 written in 8), so the kernel is built to keep bytes in flight and to spend few instructions per element.
 
-Launch (``quantise_kernel``; ``FusedQuantiser`` plans it): one grid for all three tensors; programs
-[0, q_programs) take Q's tiles, the next k_programs K's, the rest V's (``single_launch=False``
-launches the same kernel once per tensor), or (``INTERLEAVED``) Q's (if any), K's and V's programs alternating
-in program order, so that an SM holds rotated tiles (instruction-bound) and V's (memory-bound) at once
-(``_interleaved_program``); or a persistent grid (``PERSISTENT``) whose every program takes its share of
-Q's tiles, then of K's, then of V's. A tile is 128 rows (``TILE_ROWS``: the larger block; Q's
-64-row blocks go two to a tile) of one (batch, head), so every tensor's tile has the same shape and one
-warp count (64 fp32 values a thread: 8 warps at D=128) serves the launch. A program loops over
-``tiles_per_program`` tiles of its tensor, strided by the tensor's program count. With ``LAUNCH_DEPENDENTS`` every
-program first executes ``griddepcontrol.launch_dependents`` (programmatic dependent launch: an attention kernel
-launched next with PDL starts its prologue under this launch's last wave and waits before reading its operands).
+Launch (``quantise_kernel``; ``FusedQuantiser`` plans it): one grid for all three tensors; programs [0, q_programs)
+take Q's tiles, the next k_programs K's, the rest V's (``single_launch=False`` launches the same kernel once per
+tensor; with ``QuantiserConfig.value_config`` V runs in a launch of its own), or (``INTERLEAVED``) Q's (if any), K's
+and V's programs alternating in program order, so that an SM holds rotated tiles (instruction-bound) and V's
+(memory-bound) at once (``_interleaved_program``); or a persistent grid (``PERSISTENT``) whose every program takes
+its share of Q's tiles, then of K's, then of V's. A tile is 128 rows (``TILE_ROWS``: the larger block; Q's 64-row
+blocks go two to a tile) of one (batch, head), so every tensor's tile has the same shape and one warp count (64 fp32
+values a thread: 8 warps at D=128) serves the launch. A program loops over ``tiles_per_program`` tiles of its
+tensor, strided by the tensor's program count. ``HOLDS_Q``, ``HOLDS_K`` and ``HOLDS_V`` say whose code a
+binary of program ranges holds: all three by default (a branch without programs is never taken), only the launched
+tensors' where K and V run in launches of their own (``value_config``), so that a launch's registers and shared
+memory are its own tensor's alone (Triton gives each branch its own buffers and the register count is the largest
+branch's). With ``LAUNCH_DEPENDENTS`` every program first executes ``griddepcontrol.launch_dependents``
+(programmatic dependent launch: an attention kernel launched next with PDL starts its prologue under this launch's
+last wave and waits before reading its operands).
 
 Per program (``_quantise_tiles``): the rotation operand is loaded once (the tensor-core sign matrix
 stays in shared memory across the loop); then per tile:
   1. Load the tile's rows in bf16/fp16 (16-byte loads; rows past S as zeros). V for a kernel that
      reads it permuted (``ValueLayout.permuted``) is loaded in slot order (row r of the tile is key
      ``PERMUTED_KEY_ORDER``-mapped r), so that its store in step 5 is a plain transposed tile. With
-     ``prefetch`` the next tile's load is issued before this tile is computed (registers); with
+     ``prefetch`` the next tile's load is issued before this tile is computed (registers), and with
+     ``L2_PREFETCH`` the L2 is asked for the tile after it where tiles lie back to back (one
+     ``cp.async.bulk.prefetch.L2`` a tile: bytes in flight that hold no register, so that the register load of that
+     tile an iteration later finds it in the L2); with
      ``num_stages`` > 1 Triton's pipeliner does it by cp.async into shared memory. With ``TMA`` a
      tensor whose tile is a block of rows in order (Q, K, and V in key order) is a tensor descriptor
      (B, H, S, D) and each tile one TMA copy of a (1, 1, TILE_ROWS, D) box into shared memory (rows
@@ -139,7 +146,9 @@ class TensorKind(NamedTuple):
 class LaunchSetup(NamedTuple):
     """Constexprs shared by the three tensors of a launch. ``LAUNCH_DEPENDENTS``: ``QuantiserConfig``'s
     ``launch_dependents`` (never under the interpreter). ``INTERPRETED``: the CPU interpreter's replacements
-    (module docstring, "Interpreter")."""
+    (module docstring, "Interpreter"). ``HOLDS_Q``, ``HOLDS_K``, ``HOLDS_V``: whether a binary of program ranges
+    holds that tensor's code (module docstring, "Launch"). ``L2_PREFETCH``: ``QuantiserConfig``'s ``l2_prefetch``
+    (never under the interpreter; module docstring, step 1)."""
 
     HEAD_DIM: int
     LOG2_HEAD_DIM: int
@@ -153,6 +162,10 @@ class LaunchSetup(NamedTuple):
     INTERLEAVED: bool
     LAUNCH_DEPENDENTS: bool
     INTERPRETED: bool
+    HOLDS_Q: bool = True
+    HOLDS_K: bool = True
+    HOLDS_V: bool = True
+    L2_PREFETCH: bool = False
 
 
 @triton.jit
@@ -347,6 +360,34 @@ def _load_tile(T, X_DESC, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
 
 
 @triton.jit
+def _tiles_back_to_back(T, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Whether tile t of tensor T starts t x TILE_ROWS x D elements into it: a contiguous (B, H, S, D) input, S a
+    multiple of the tile and no padded output rows (V's keys), so that ``_prefetch_tile_to_l2`` needs no division."""
+    rows_contiguous = (T.stride_d == 1) & (T.stride_s == HEAD_DIM) & (T.seqlen % TILE_ROWS == 0)
+    rows_contiguous = rows_contiguous & (T.out_rows == T.seqlen)
+    return rows_contiguous & (T.stride_h == T.seqlen * HEAD_DIM) & (T.stride_b == T.heads * T.seqlen * HEAD_DIM)
+
+
+@triton.jit
+def _prefetch_tile_to_l2(T, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Ask the L2 for tile ``tile`` of tensor T, whose tiles lie back to back (``_tiles_back_to_back``): one
+    ``cp.async.bulk.prefetch.L2`` of its bytes, issued by the program's first thread. No register or shared memory
+    holds the data and nothing waits for it."""
+    TILE_ELEMENTS: tl.constexpr = TILE_ROWS * HEAD_DIM
+    start = T.X + tile.to(tl.int64) * TILE_ELEMENTS
+    nbytes = tl.full([1], TILE_ELEMENTS * T.X.dtype.element_ty.primitive_bitwidth // 8, tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred leader; .reg .b32 thread; mov.u32 thread, %tid.x; setp.eq.u32 leader, thread, 0; "
+        "@leader cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r",
+        [start + tl.zeros([1], tl.int64), nbytes],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
 def _quantise_tiles(T, X_DESC, program, programs, ROTATION, rotation_scale, KIND: tl.constexpr,
                     SETUP: tl.constexpr):  # fmt: skip
     """Tiles program, program + programs, ... of one tensor (T: its ``TensorArgs``; X_DESC: its TMA
@@ -358,6 +399,8 @@ def _quantise_tiles(T, X_DESC, program, programs, ROTATION, rotation_scale, KIND
         rotation = _rotation_operand(ROTATION, KIND.ROTATE, HEAD_DIM)
     if SETUP.PREFETCH:
         x_next = _load_tile(T, X_DESC, program, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
+    if SETUP.L2_PREFETCH:
+        back_to_back = _tiles_back_to_back(T, TILE_ROWS, HEAD_DIM)
     for tile in tl.range(program, T.tiles, programs, num_stages=SETUP.NUM_STAGES):
         batch_head = (tile // T.tiles_per_head).to(tl.int64)
         m_tile = tile % T.tiles_per_head
@@ -368,6 +411,8 @@ def _quantise_tiles(T, X_DESC, program, programs, ROTATION, rotation_scale, KIND
             x_next = _load_tile(T, X_DESC, tile + programs, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
         else:
             x = _load_tile(T, X_DESC, tile, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
+        if SETUP.L2_PREFETCH and (tile + 2 * programs < T.tiles) & back_to_back:
+            _prefetch_tile_to_l2(T, tile + 2 * programs, TILE_ROWS, HEAD_DIM)
 
         # ---- 2. rotation
         if KIND.ROTATE != ROTATE_NONE:
@@ -423,7 +468,8 @@ def quantise_kernel(Q, K, V, Q_DESC, K_DESC, V_DESC, q_programs, k_programs, v_p
     """Programs [0, q_programs) quantise Q's tiles, the next k_programs K's, the rest V's (a launch
     for one tensor passes 0 programs for the others), or in the interleaved order (``SETUP.INTERLEAVED``,
     ``_interleaved_program``); a persistent grid (``SETUP.PERSISTENT``, all three
-    counts the grid) has every program quantise its share of Q's tiles, then K's, then V's. Q_DESC,
+    counts the grid) has every program quantise its share of Q's tiles, then K's, then V's. Program ranges run
+    only the code of the tensors ``SETUP`` holds (the others' programs are none in such a launch). Q_DESC,
     K_DESC, V_DESC: each tensor's TMA descriptor where ``SETUP.TMA`` loads it by copies, else None
     (top-level arguments: Triton's launcher expands a descriptor only there, not inside a tuple)."""
     if SETUP.LAUNCH_DEPENDENTS:
@@ -443,10 +489,12 @@ def quantise_kernel(Q, K, V, Q_DESC, K_DESC, V_DESC, q_programs, k_programs, v_p
         else:
             _quantise_tiles(V, V_DESC, index, v_programs, ROTATION, rotation_scale, V_KIND, SETUP)
     elif program < q_programs:
-        _quantise_tiles(Q, Q_DESC, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
+        if SETUP.HOLDS_Q:
+            _quantise_tiles(Q, Q_DESC, program, q_programs, ROTATION, rotation_scale, Q_KIND, SETUP)
     elif program < q_programs + k_programs:
-        _quantise_tiles(K, K_DESC, program - q_programs, k_programs, ROTATION, rotation_scale, K_KIND, SETUP)
-    else:
+        if SETUP.HOLDS_K:
+            _quantise_tiles(K, K_DESC, program - q_programs, k_programs, ROTATION, rotation_scale, K_KIND, SETUP)
+    elif SETUP.HOLDS_V:
         _quantise_tiles(V, V_DESC, program - q_programs - k_programs, v_programs, ROTATION, rotation_scale, V_KIND,
                         SETUP)  # fmt: skip
 
