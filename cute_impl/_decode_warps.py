@@ -15,7 +15,7 @@ products keep their MMA count (the same m16n8k16 tiles, now along N), each warp 
 from shared memory instead of the whole Q tile, and the end merge has one part (a copy through shared memory
 for coalesced stores). A 16-row tile keeps the key split; 32 rows become 2 × 2. With the row split a warp's O is
 16 rows whatever the tile, so D=256 may take 32-row tiles (``ROW_SPLIT_MAX_TILE_M``, on): one M tile, not two, for
-17 to 32 packed rows, each K/V byte read once per (batch, KV head). ``decode.WIDE_M_TILE`` (off) gives D=128
+17 to 32 packed rows, each K/V byte read once per (batch, KV head). ``decode.WIDE_M_TILE`` (on) gives D=128
 64-row tiles (:data:`WIDE_M_TILES`): 4 warps of 16 rows × all 64 keys, so 33 to 64 packed rows take one M tile, not
 two 32-row tiles that each stream the share's keys from L2 and run the whole key loop (gluon/decode's
 ``WIDE_M_TILE``: one CTA copies the group's keys once).
@@ -52,11 +52,12 @@ ROW_SPLIT_STAGES: dict[int, int] = {}
 ROW_SPLIT_MAX_TILE_M: dict[int, int] = {256: 32}
 
 
-# D=128's row-split tile under ``decode.WIDE_M_TILE`` (off until bench/cute_decode_p32_ab.sh). Seed 59 row 2 (B=64 H=32
-# Hkv=8 Sq=16 D=128 paged(32) ragged: 64 packed rows) ran two 32-row M tiles of 2 x 2 warps: 448 us, 48 % of the read
-# bandwidth, where gluon/decode's one 64-row tile took 275 (78 %). sm_90a, a 64-key block a warp: 544 instructions (64
-# HMMA, 16 LDGSTS) per 32-row CTA, so 1088 per 64 rows, and every K/V byte goes to two CTAs from L2; the 64-row tile is
-# 682 (128 HMMA, 16 LDGSTS) for all 64 rows, 204 registers, a 96 KiB ring + 16 KiB Q: still two CTAs an SM.
+# D=128's row-split tile under ``decode.WIDE_M_TILE`` (on since bench/cute_decode_p32_ab.sh: 448 -> 324 us on seed 59
+# row 2). That row (B=64 H=32 Hkv=8 Sq=16 D=128 paged(32) ragged: 64 packed rows) ran two 32-row M tiles of 2 x 2 warps:
+# 448 us, 48 % of the read bandwidth, where gluon/decode's one 64-row tile took 275 (78 %). sm_90a, a 64-key block a
+# warp: 544 instructions (64 HMMA, 16 LDGSTS) per 32-row CTA, so 1088 per 64 rows, and every K/V byte goes to two CTAs
+# from L2; the 64-row tile is 682 (128 HMMA, 16 LDGSTS) for all 64 rows, 204 registers, a 96 KiB ring + 16 KiB Q: still
+# two CTAs an SM.
 WIDE_M_TILES: dict[int, int] = {128: 64}
 
 

@@ -53,9 +53,10 @@ ROW_WARPS = {(8, 16, 64): 4, (2, 16, 64): 2, (8, 5, 64): 4, (8, 16, 128): 2, (16
 def test_warps_split_rows_is_on_and_changes_only_the_warps(monkeypatch: pytest.MonkeyPatch):
     """On by default (results/h200/decode-row-split/); off, every tile keeps the key split and the same plan.
     D=256's 32-row tile (``ROW_SPLIT_MAX_TILE_M``, tests/test_cute_decode_d256.py) rides on the row split: pinned
-    off here, where the row split alone is under test."""
+    off here, where the row split alone is under test, and so is D=128's 64-row tile (``WIDE_M_TILE``)."""
     assert decode.WARPS_SPLIT_ROWS is True, "WARPS_SPLIT_ROWS won its GPU A/B: the default"
     monkeypatch.setattr(_decode_warps, "ROW_SPLIT_MAX_TILE_M", {})
+    monkeypatch.setattr(decode, "WIDE_M_TILE", False)
     for (group, seqlen_q, head_dim), row_warps in ROW_WARPS.items():
         for seqlen_k in (1024, 32768):
             problem = _problem(4, 8, group, seqlen_q, seqlen_k, head_dim)

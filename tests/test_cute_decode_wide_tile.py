@@ -1,8 +1,9 @@
-"""Issue #38's D=128 packed rows: ``decode.WIDE_M_TILE`` in cute/decode (off until bench/cute_decode_p32_ab.sh), D=128's
-64-row tiles of 4 warps × 16 rows (``_decode_warps.WIDE_M_TILES``), so that 33 to 64 packed rows take one M tile, not
-two 32-row tiles that each read the share's K/V and run the whole key loop.
+"""Issue #38's D=128 packed rows: ``decode.WIDE_M_TILE`` in cute/decode (on since bench/cute_decode_p32_ab.sh's H200
+A/B, results/h200/decode-cute-wide-tile/), D=128's 64-row tiles of 4 warps × 16 rows (``_decode_warps.WIDE_M_TILES``),
+so that 33 to 64 packed rows take one M tile, not two 32-row tiles that each read the share's K/V and run the whole key
+loop.
 
-CPU: off by default, and off keeps the 32-row tiles; on, the compile key (64 rows, four row warps) and the plan (one M
+CPU: on by default, and off keeps the 32-row tiles; on, the compile key (64 rows, four row warps) and the plan (one M
 tile, the balanced target of one tile) change at D=128 with more than 32 packed rows only: seed 59 row 2's kind, 128
 rows (two 64-row tiles, not four), 48 rows; 32 and 16 rows at D=128, D=64 and D=256 keep theirs; the CTAs an SM the
 split rule and the balanced target count fit an SM's shared memory on and off (planted: a 128-row wide tile, whose
@@ -67,8 +68,9 @@ def _seed59_row2() -> tuple[Problem, tuple[int, ...]]:
     return case.problem, case.lengths
 
 
-def test_off_by_default_and_off_keeps_two_32_row_tiles():
-    assert decode.WIDE_M_TILE is False, "off until bench/cute_decode_p32_ab.sh"
+def test_on_by_default_and_off_keeps_two_32_row_tiles(monkeypatch: pytest.MonkeyPatch):
+    assert decode.WIDE_M_TILE is True, "taken after bench/cute_decode_p32_ab.sh (results/h200/decode-cute-wide-tile/)"
+    monkeypatch.setattr(decode, "WIDE_M_TILE", False)
     problem, _ = _seed59_row2()
     assert problem.describe().startswith("B=64 H=32 Hkv=8 Sq=16 Sk=26368 D=128") and problem.page_size == 32
     num_splits, slabs, config, m_blocks = _plan(problem)
@@ -96,6 +98,7 @@ CHANGED = {"d128-64rows-balanced": (64, 1), "d128-128rows": (64, 2), "d128-48row
 def test_on_changes_the_key_and_the_plan_at_d128s_many_rows_only(case: str, monkeypatch: pytest.MonkeyPatch):
     problem, balanced = PLANS[case]
     monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
+    monkeypatch.setattr(decode, "WIDE_M_TILE", False)
     off = _plan(problem)
     monkeypatch.setattr(decode, "WIDE_M_TILE", True)
     on = _plan(problem)
@@ -117,10 +120,10 @@ def test_on_changes_the_key_and_the_plan_at_d128s_many_rows_only(case: str, monk
 
 def test_on_seed59_row2_takes_one_64_row_tile_and_the_one_tile_target():
     problem, _ = _seed59_row2()
-    off = _plan(problem)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(decode, "WIDE_M_TILE", True)
-        num_splits, slabs, config, m_blocks = _plan(problem)
+        patch.setattr(decode, "WIDE_M_TILE", False)
+        off = _plan(problem)
+    num_splits, slabs, config, m_blocks = _plan(problem)
     assert (config.tile_m, config.row_warps, m_blocks) == (64, 4, 1)
     # 512 items on 264 slots: two shares a slot (splits.per_slot_target), 528; the grid 1040 CTAs, not 2 x 776.
     assert (num_splits, slabs) == (528, 528 + 512) and off[1] * off[3] == 1552
@@ -158,7 +161,7 @@ def test_ab_times_the_row_and_its_neighbours_off_and_on():
         with switched(decode, switches):
             plans[setting] = [decode.launch_plan(case.problem, CPU)[3] for case in rows]
     assert [off != on for off, on in zip(plans["off"], plans["on"], strict=True)] == [True] * 4 + [False] * 2
-    assert decode.WIDE_M_TILE is False
+    assert decode.WIDE_M_TILE is True
     script = (Path(__file__).parents[1] / "bench" / "cute_decode_p32_ab.sh").read_text()
     assert "tests/test_cute_decode_wide_tile.py" in script and "bench.cute_decode_p32_ab" in script
     assert '".gpu/cutlass-dsl.tar.xz", ".gpu/activate.sh", ".gpu/fa4"' in script

@@ -1,15 +1,15 @@
-"""Issue #38's D=256 rows of one wgmma tile: ``WGMMA_D256`` in triton/decode (None, off, by default), one 64-row M tile
-(fewer rows padded to it) for ``WGMMA_D256_FROM_ROWS`` to 64 packed rows (group · Sq) at D=256, on the candidate the
-switch names ("one-warpgroup": 4 warps, "two-warpgroups": 8), where the default takes 32-row tiles on mma.sync.
+"""Issue #38's D=256 rows of one wgmma tile: ``WGMMA_D256`` in triton/decode ("one-warpgroup" by default), one 64-row M
+tile (fewer rows padded to it) for ``WGMMA_D256_FROM_ROWS`` to 64 packed rows (group · Sq) at D=256, on the candidate
+the switch names ("one-warpgroup": 4 warps, "two-warpgroups": 8), where the default takes 32-row tiles on mma.sync.
 
-CPU: off, the default's tiles; each candidate, its tile, warps, key block and one CTA an SM on the shapes it is for
-(17-64 rows at D=256) and nothing else (16 rows, WIDE_D256's 128, D=128); triton/decode with the switch on against
-fp64 under the interpreter (64 rows on a full cache forced into two splits, merged in two 32-row chunks; 64 MQA rows
-of one token in pages of 16 over a ragged batch; 20 rows padded to 64 by the two-launch merge; 40 rows padded on the
-balanced split); a planted chunked merge that stores every chunk at the first chunk's rows and a planted tile that
-maps its rows past 32 onto the first 32 fail the check. The interpreter ignores the warp count, so one candidate's
-runs stand for both. Static: each candidate's split kernel (with the two-launch merge kernel) and balanced kernel
-for sm_90a, contiguous and in pages of 64: wgmma and no mma.sync, 64 rows, its threads, one CTA an SM by shared
+CPU: the switch on by default; off, the 32-row tiles; each candidate, its tile, warps, key block and one CTA an SM on
+the shapes it is for (17-64 rows at D=256) and nothing else (16 rows, WIDE_D256's 128, D=128); triton/decode with the
+switch on against fp64 under the interpreter (64 rows on a full cache forced into two splits, merged in two 32-row
+chunks; 64 MQA rows of one token in pages of 16 over a ragged batch; 20 rows padded to 64 by the two-launch merge; 40
+rows padded on the balanced split); a planted chunked merge that stores every chunk at the first chunk's rows and a
+planted tile that maps its rows past 32 onto the first 32 fail the check. The interpreter ignores the warp count, so one
+candidate's runs stand for both. Static: each candidate's split kernel (with the two-launch merge kernel) and balanced
+kernel for sm_90a, contiguous and in pages of 64: wgmma and no mma.sync, 64 rows, its threads, one CTA an SM by shared
 memory and registers, spills at most the recorded bytes and none inside the key loops (SASS). GPU (``gpu``;
 ``bench/triton_decode_d256_rows_ab.sh``): each candidate against fp64 on a poisoned output, on the A/B rows' kinds.
 """
@@ -59,7 +59,7 @@ D256_ROWS_SHAPES = {
 
 @pytest.mark.parametrize("candidate", CANDIDATES)
 def test_wgmma_d256_changes_only_17_to_64_rows_at_d256(candidate: str, monkeypatch: pytest.MonkeyPatch):
-    assert decode.WGMMA_D256 is None, "off until its GPU A/B"
+    assert decode.WGMMA_D256 == "one-warpgroup", "taken after its H200 A/B (results/h200/decode-triton-wgmma-d256/)"
     config = decode.WGMMA_D256_CONFIGS[candidate]
     for (group, seqlen_q, head_dim), taken in D256_ROWS_SHAPES.items():
         problem = _problem(2, 4, group, seqlen_q, 4096, head_dim)
