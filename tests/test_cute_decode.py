@@ -108,7 +108,7 @@ def test_tile_m_packs_the_group_and_the_tokens():
 
     assert decode.tile_m_for(problem(32, 8, 1)) == 16  # 4 rows: mma.sync's 16
     assert decode.tile_m_for(problem(32, 8, 5)) == 32  # 20 rows
-    assert decode.m_blocks_for(problem(32, 1, 16)) == 32 * 16 // 32  # MQA, 512 rows in 32-row tiles
+    assert decode.m_blocks_for(problem(32, 1, 16)) == 32 * 16 // 64  # MQA, 512 rows in 64-row tiles (WIDE_M_TILE)
     assert decode.tile_m_for(problem(32, 1, 16, head_dim=64)) == 64
     assert decode.tile_m_for(problem(32, 1, 16, head_dim=256)) == 32  # the row split (_decode_warps)
     # The split count is the shared rule, fed with this rung's CTAs per split.

@@ -140,6 +140,45 @@ def test_device_plan_gives_the_mirrors_shares_cta_by_cta(case: tuple, cap: int):
     assert max(shares) == (min(cap, max(uncapped)) if cap else max(uncapped))
 
 
+@triton.jit
+def _offset_probe_kernel(
+    Lengths, Out, batch_size, kv_heads, seqlen_k, target_shares, stride_b, stride_h, PLANTED_INT32: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):  # fmt: skip
+    """Each program's K offset from ``balanced_share``'s indices as the balanced kernel forms it
+    (``item_offset``), or with ``PLANTED_INT32`` as it was before the fix (``batch · stride_b + kv_head · stride_h``
+    on the plan's int32 indices)."""
+    share = tl.program_id(0)
+    batch, kv_head, _, _, has_work = device.balanced_share(
+        Lengths, share, batch_size, kv_heads, 1, seqlen_k, target_shares, 1, splits.NO_ITEM_SHARE_CAP,
+        False, False, True, 64, BLOCK_B,
+    )  # fmt: skip
+    if PLANTED_INT32:
+        offset = (batch * stride_b + kv_head * stride_h).to(tl.int64)
+    else:
+        offset = device.item_offset(batch, kv_head, stride_b, stride_h)
+    tl.store(Out + share, tl.where(has_work, offset, -1))
+
+
+def _k_offsets(planted: bool) -> tuple[list[int], list[int]]:
+    """(the probe's offsets, the expected ones) of 24 sequences x 2 KV heads whose K strides put the last
+    sequences past 2^31 elements (seed 61's B=32 MHA 47616-key row read before K on an H200 in int32)."""
+    lengths, kv_heads, target, stride_b, stride_h = (100,) * 24, 2, 48, 2**27, 2**26
+    out = torch.full((target + len(lengths) * kv_heads,), -7, dtype=torch.int64)
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32)
+    sizes = (len(lengths), kv_heads, max(lengths), target, stride_b, stride_h)
+    _offset_probe_kernel[(out.numel(),)](cache_seqlens, out, *sizes, PLANTED_INT32=planted, BLOCK_B=32)
+    expected = [b * stride_b + h * stride_h for b in range(len(lengths)) for h in range(kv_heads)]
+    return out.tolist()[: len(expected)], expected
+
+
+def test_balanced_kernel_forms_k_offsets_past_two_to_the_31_in_int64():
+    got, expected = _k_offsets(planted=False)
+    assert max(expected) > 2**31 and got == expected
+    got, expected = _k_offsets(planted=True)
+    assert got != expected, "planted: the plan's int32 indices overflow the offset past 2^31"
+
+
 # ----------------------------------------------------------------------------------------------------
 # triton/decode with the cap against fp64 (interpreter), and a planted bug
 # ----------------------------------------------------------------------------------------------------

@@ -84,6 +84,14 @@ def batch_and_head(batch_head, heads):
 
 
 @triton.jit
+def item_offset(batch, head, stride_b, stride_h):
+    """``batch · stride_b + head · stride_h`` in int64 whatever the indices' type: the balanced plan's are int32,
+    and a K or V of more than 2^31 elements wrapped in int32 (an illegal address on an H200: seed 61's B=32 MHA
+    47616-key row, results/h200/decode-int64-plan/)."""
+    return batch.to(tl.int64) * stride_b + head.to(tl.int64) * stride_h
+
+
+@triton.jit
 def query_heads(batch_head, heads, kv_heads):
     """``(batch, head, kv_head)`` of a query-head grid index ``batch_head`` = batch · heads + head, in
     int64: :func:`batch_and_head`, then :func:`kv_head_index`."""

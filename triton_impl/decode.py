@@ -124,6 +124,7 @@ from triton_impl._device import (
     attended_keys,
     balanced_share,
     batch_and_head,
+    item_offset,
     online_softmax_finalize,
     seqlen_info,
     split_key_range,
@@ -379,8 +380,8 @@ def attend_split(
         v_base = V + kv_head * stride_vh
     else:
         block_table_row = BlockTable
-        k_base = K + batch * stride_kb + kv_head * stride_kh
-        v_base = V + batch * stride_vb + kv_head * stride_vh
+        k_base = K + item_offset(batch, kv_head, stride_kb, stride_kh)
+        v_base = V + item_offset(batch, kv_head, stride_vb, stride_vh)
 
     row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
