@@ -1,6 +1,6 @@
 """Issue #38's D=256 rows of one wgmma tile: ``WGMMA_D256`` in triton/decode ("one-warpgroup" by default), one 64-row M
 tile (fewer rows padded to it) for ``WGMMA_D256_FROM_ROWS`` to 64 packed rows (group · Sq) at D=256, on the candidate
-the switch names ("one-warpgroup": 4 warps, "two-warpgroups": 8), where the default takes 32-row tiles on mma.sync.
+the switch names ("one-warpgroup": 4 warps), where the 32-row tiles ran on mma.sync.
 
 CPU: the switch on by default; off, the 32-row tiles; each candidate, its tile, warps, key block and one CTA an SM on
 the shapes it is for (17-64 rows at D=256) and nothing else (16 rows, WIDE_D256's 128, D=128); triton/decode with the
@@ -208,7 +208,7 @@ COMPILES = [
 # (sm_90a, Triton 3.6 and 3.8, bf16; fp16's one-warpgroup split kernel 272 under 3.8): the prologue's merge addresses
 # and the partials' store, never inside a loop of wgmmas (the key loops; the test checks the SASS). The test holds
 # them so that a release that spills more shows.
-SPILL_BYTES_AT_MOST = {"one-warpgroup": 192, "two-warpgroups": 120}
+SPILL_BYTES_AT_MOST = {"one-warpgroup": 192}
 SM_REGISTERS, SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES, MAX_REGISTERS = 65536, 233472, 1024, 255
 
 

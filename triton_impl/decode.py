@@ -239,19 +239,18 @@ WIDE_D256_CONFIG = TileConfig(16, 8, 3, 128, ctas_per_sm=1)
 WIDE_D256_SPILLS = ("3.9",)
 # Issue #38's D=256 rows of one wgmma tile (None: off; "one-warpgroup" since bench/triton_decode_d256_rows_ab.sh on an
 # H200, results/h200/decode-triton-wgmma-d256/: seed 53 row 0 981.8 -> 618.5 us, seed 47 row 6 166.7 -> 131.4, seed 59
-# row 5 130.3 -> 114.7, row 0's lengths given 1608.9 -> 608.3, paged(64) 2755.7 -> 975.0; two-warpgroups 0.60-1.01x,
-# 16- and 128-row controls level): WGMMA_D256_FROM_ROWS
-# to 64 rows at D=256 take one 64-row tile (padded to 64) on wgmma, 32-key blocks, 4 stages (3 blocks, 96 KB, in
-# flight, 160 KB of shared memory; paged 2 blocks, 129 KB), one CTA an SM, not 32-row mma.sync tiles each reading
-# the item's K/V (gluon/decode's one 64-row tile: 97 % on seed 53's row 0, triton 55 %). "one-warpgroup": gluon's
-# shape, a row's softmax in its warp, 255 registers with 64-192 bytes of spill outside the key loops (sm_90a, Triton
-# 3.6/3.8); "two-warpgroups": warps 4 x 2 (half the keys of S, half of O each; row max, sum and P cross through shared
-# memory), 230-255 registers, spills only balanced contiguous (120). 64-key blocks on 4 warps spill in the paged loop.
+# row 5 130.3 -> 114.7, row 0's lengths given 1608.9 -> 608.3, paged(64) 2755.7 -> 975.0; 16- and 128-row controls
+# level): WGMMA_D256_FROM_ROWS to 64 rows at D=256 take one 64-row tile (padded to 64) on wgmma, 32-key blocks, 4
+# stages (3 blocks, 96 KB, in flight, 160 KB of shared memory; paged 2 blocks, 129 KB), one CTA an SM, not 32-row
+# mma.sync tiles each reading the item's K/V (gluon/decode's one 64-row tile: 97 % on seed 53's row 0, triton 55 %).
+# "one-warpgroup": gluon's shape, a row's softmax in its warp, 255 registers with 64-192 bytes of spill outside the key
+# loops (sm_90a, Triton 3.6/3.8). The same A/B timed 8 warps as 4 x 2 (row max, sum and P crossing warpgroups through
+# shared memory): 0.60-1.01x the 32-row tiles' time, behind one warpgroup on every row; removed. 64-key blocks on 4
+# warps spill in the paged loop.
 WGMMA_D256: str | None = "one-warpgroup"
 WGMMA_D256_FROM_ROWS = 17
 WGMMA_D256_CONFIGS = {
     "one-warpgroup": TileConfig(32, 4, 4, 64, ctas_per_sm=1, min_block_m=64),
-    "two-warpgroups": TileConfig(32, 8, 4, 64, ctas_per_sm=1, min_block_m=64),
 }
 
 
