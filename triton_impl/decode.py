@@ -244,9 +244,9 @@ WIDE_D256_SPILLS = ("3.9",)
 # stages (3 blocks, 96 KB, in flight, 160 KB of shared memory; paged 2 blocks, 129 KB), one CTA an SM, not 32-row
 # mma.sync tiles each reading the item's K/V (gluon/decode's one 64-row tile: 97 % on seed 53's row 0, triton 55 %).
 # "one-warpgroup": gluon's shape, a row's softmax in its warp, 255 registers with 64-192 bytes of spill outside the key
-# loops (sm_90a, Triton 3.6/3.8). The same A/B timed 8 warps as 4 x 2 (row max, sum and P crossing warpgroups through
-# shared memory): 0.60-1.01x the 32-row tiles' time, behind one warpgroup on every row; removed. 64-key blocks on 4
-# warps spill in the paged loop.
+# loops (sm_90a, Triton 3.6/3.8; 256 in the split kernel under 3.9). The same A/B timed 8 warps as 4 x 2 (row max, sum
+# and P crossing warpgroups through shared memory): 0.60-1.01x the 32-row tiles' time, behind one warpgroup on every
+# row; removed. 64-key blocks on 4 warps spill in the paged loop.
 WGMMA_D256: str | None = "one-warpgroup"
 WGMMA_D256_FROM_ROWS = 17
 WGMMA_D256_CONFIGS = {
