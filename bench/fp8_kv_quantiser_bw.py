@@ -68,11 +68,13 @@ def value_ring(head_dim: int, num_stages: int) -> fp8_quantiser.QuantiserConfig:
     )
 
 
-def twice_the_warps(head_dim: int) -> fp8_quantiser.QuantiserConfig:
-    """The register prefetch at twice the default's warps under a 64-register cap: as many programs an SM as the
-    default's, twice the warps, the same bytes in flight (spills 24 bytes in V's binary and 32 in K's at D=128 under
-    Triton 3.6: loop invariants reloaded, 5 and 8 local loads a tile)."""
-    return fp8_quantiser.QuantiserConfig(tiles_per_program=8, prefetch=True, num_warps=_warps(head_dim, 2), maxnreg=64)
+def twice_the_warps(head_dim: int, maxnreg: int = 64) -> fp8_quantiser.QuantiserConfig:
+    """The register prefetch at twice the default's warps under a ``maxnreg`` cap: at 64, as many programs an SM as
+    the default's, twice the warps, the same bytes in flight (spills 24 bytes in V's binary and 32 in K's at D=128
+    under Triton 3.6: loop invariants reloaded, 5 and 8 local loads a tile; 32 bytes in V's at D=64)."""
+    return fp8_quantiser.QuantiserConfig(
+        tiles_per_program=8, prefetch=True, num_warps=_warps(head_dim, 2), maxnreg=maxnreg
+    )
 
 
 def candidates(head_dim: int) -> dict[str, fp8_quantiser.QuantiserConfig]:
@@ -80,13 +82,13 @@ def candidates(head_dim: int) -> dict[str, fp8_quantiser.QuantiserConfig]:
     launch); V apart, K keeping the default's launch, at the default's configuration (what splitting the launch
     costs or gains alone), at twice the warps (the same bytes in flight: do the warps' latency chains set the pace?),
     the two together, on a cp.async ring (two to three tiles in flight a program while one is computed); last K and V
-    both at twice the warps. K keeps its register prefetch: its binary holds the sign matrix and the wgmma operand,
+    both at twice the warps; at D=64 also V's two launches that build without spills under Triton 3.6. K keeps its register prefetch: its binary holds the sign matrix and the wgmma operand,
     64 KB, so a 3-stage ring of its own takes 144 KB, one program an SM. Under Triton 3.6 the ring is unswizzled and V
     reads it transposed by 2-byte loads (32 LDS.U16 a thread and tile at 16 warps, 8-way bank conflicts: about 4,100
     shared-memory cycles a tile), where the register path transposes by 16-byte stores and ldmatrix (8 STS.128 and 8
     LDSM.MT88 at 8 warps, about 512 cycles)."""
     default = fp8_quantiser.default_config(head_dim, fp8.VARIANTS[VARIANT], query=False)
-    return {
+    named = {
         "default": default,
         "L2 prefetch": replace(default, l2_prefetch=True, maxnreg=default.maxnreg or DEFAULT_REGISTERS),
         "V apart": replace(default, value_config=default),
@@ -100,12 +102,18 @@ def candidates(head_dim: int) -> dict[str, fp8_quantiser.QuantiserConfig]:
         "V ring 2x warps, 4 stages": replace(default, value_config=value_ring(head_dim, 4)),
         "K, V 2x warps": replace(twice_the_warps(head_dim), value_config=twice_the_warps(head_dim)),
     }
+    if head_dim == 64:
+        # V's launch without spills under Triton 3.6 (sm_90a): twice the warps at 72 registers (three programs an SM,
+        # 24 warps), or the default's warps with the register prefetch at 128 (four, 16 warps).
+        named["V 2x warps, 72 registers"] = replace(default, value_config=twice_the_warps(head_dim, maxnreg=72))
+        named["V prefetch"] = replace(default, value_config=fp8_quantiser.PREFETCH_CONFIG)
+    return named
 
 
 # What each shape times (the D=64 run: fewer builds, the variants that answer its questions).
 TIMED = {
     "P1 D=128": None,
-    "D=64": ("default", "L2 prefetch", "V 2x warps", "L2 prefetch, V 2x warps"),
+    "D=64": ("default", "V 2x warps", "V 2x warps, 72 registers", "V prefetch"),
 }
 
 

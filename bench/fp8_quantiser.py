@@ -1,7 +1,7 @@
 """The fused FP8 quantiser against the torch one, and what it leaves of each FP8 rung's speed (issue #30).
 
-At P1 (B=2 H=16 S=8192 D=128 bf16; ``--seqlen`` and ``--heads`` change it), on fresh FA3-distributed
-inputs, every timing by ``common.measure.timing.time_cuda`` (L2 flushed before each run, median):
+At P1 (B=2 H=16 S=8192 D=128 bf16; ``--seqlen``, ``--heads``, ``--head-dim`` and ``--batch`` change it), on fresh
+FA3-distributed inputs, every timing by ``common.measure.timing.time_cuda`` (L2 flushed before each run, median):
 
 * Quantisers, Q, K and V together: the torch reference (``common.contract.fp8.quantise`` and V's
   layout by indexing, what the rungs ran before) and the fused one
@@ -40,6 +40,7 @@ kernel quantises Q) in cute/fp8's V layout: ``KV_AB_CANDIDATES``, judged on K's 
 cute/fp8 end to end with the K/V-only default and the fastest candidate. ``--quantiser-rounds`` times the candidates
 again in interleaved rounds (medians).
 
+A configuration ``A|B`` is A with V in a launch of its own under B (``QuantiserConfig.value_config``).
 ``--quantiser-config field=value,...`` runs any mode with another default configuration (the rungs'
 quantiser too), so a configuration the sweep found can be timed end to end before it is committed.
 
@@ -47,6 +48,8 @@ usage (project root):  python -m bench.fp8_quantiser --out results/h200/fp8-quan
                        python -m bench.fp8_quantiser --sweep --out results/h100/fp8-quantiser-sweep
                        python -m bench.fp8_quantiser --ab --out results/h200/fp8-quantiser-ab
                        python -m bench.fp8_quantiser --ab --kv-only --quantiser-rounds 3 --e2e-rounds 3 --out DIR
+                       python -m bench.fp8_quantiser --ab --kv-only --head-dim 64 --batch 4 --heads 32 --e2e-each \
+                           --candidates "tiles_per_program=8,num_stages=2;tiles_per_program=8,num_stages=2|prefetch=1"
                        python -m bench.fp8_quantiser --out DIR --quantiser-config tiles_per_program=8,prefetch=true
 Exits 2 with one line without a GPU.
 """
@@ -394,7 +397,7 @@ def sweep_markdown(rows: list[SweepRow], problem: Problem, device_name: str, lay
 
 
 def run_sweep(args: argparse.Namespace) -> None:
-    problem = Problem.canonical(args.seqlen, heads=args.heads)
+    problem = _problem(args)
     inputs = fp8.fa3_inputs(problem, seed=0, device="cuda")
     # The reference's rotation in full fp32 (a TF32 GEMM would round the matrix's entries).
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -537,12 +540,12 @@ def end_to_end_rows(
     from common.measure.timing import tflops
 
     saved = fp8_quantiser.DEFAULT_CONFIG, fp8_quantiser.KIND_CONFIGS
-    configs = configs or [fp8_quantiser.default_config(128, fp8.VARIANTS[AB_VARIANT])]
+    configs = configs or [fp8_quantiser.default_config(args.head_dim, fp8.VARIANTS[AB_VARIANT])]
     rows, bf16 = [], {}
     try:
         # Causal first: issue #37's missing target, should a device call's time run out.
         for causal in (True, False):
-            problem = Problem.canonical(args.seqlen, heads=args.heads, causal=causal)
+            problem = _problem(args, causal)
             inputs = fp8.fa3_inputs(problem, seed=0, device="cuda")
             bf16_ms = _time(importlib.import_module(BF16_BEST[1]).prepare(*inputs, problem), args)
             bf16[causal] = tflops(problem.flops, bf16_ms)
@@ -624,7 +627,7 @@ def run_ab(args: argparse.Namespace) -> None:
     device = torch.device("cuda")
     read_gbps = measure_read_gbps(device)
     print(f"read bandwidth {read_gbps:.0f} GB/s", flush=True)
-    problem = Problem.canonical(args.seqlen, heads=args.heads)
+    problem = _problem(args)
     inputs = fp8.fa3_inputs(problem, seed=0, device=device)
     # The reference's rotation in full fp32 (a TF32 GEMM would round the matrix's entries).
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -655,8 +658,17 @@ def run_ab(args: argparse.Namespace) -> None:
     print(f"wrote {args.out / 'fp8_quantiser_ab.csv'} and {args.out / 'fp8_quantiser_ab.md'}")
 
 
+def _problem(args: argparse.Namespace, causal: bool = False) -> Problem:
+    """The run's shape: P1 unless ``--seqlen``, ``--heads``, ``--head-dim`` or ``--batch`` change it."""
+    return Problem.canonical(args.seqlen, head_dim=args.head_dim, batch=args.batch, heads=args.heads, causal=causal)
+
+
 def quantiser_config(text: str) -> fp8_quantiser.QuantiserConfig:
-    """``field=value,...`` as a QuantiserConfig (``true``/``false``, ``none``, integers, strings)."""
+    """``field=value,...`` as a QuantiserConfig (``true``/``false``, ``none``, integers, strings); ``A|B``: A with V
+    in a launch of its own under B (``value_config``)."""
+    text, _, value = text.partition("|")
+    if value:
+        return replace(quantiser_config(text), value_config=quantiser_config(value))
     fields = {}
     for item in filter(None, text.split(",")):
         name, _, value = item.partition("=")
@@ -676,6 +688,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seqlen", type=int, default=8192)
     parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=None, help="default: B·S = 16384, P1's tokens")
     parser.add_argument("--only", default=",".join(RUNGS), help="comma-separated rungs")
     parser.add_argument("--warmup-ms", type=float, default=100)
     parser.add_argument("--rep-ms", type=float, default=500)
@@ -740,7 +754,7 @@ def main() -> None:
         return
     rows: list[Row] = []
     for causal in (False, True):
-        problem = Problem.canonical(args.seqlen, heads=args.heads, causal=causal)
+        problem = _problem(args, causal)
         inputs = fp8.fa3_inputs(problem, seed=0, device="cuda")
         if not causal:
             rows += quantiser_rows(problem, inputs, args)
@@ -748,9 +762,7 @@ def main() -> None:
             rows += one_rung_rows(rung, problem, inputs, args)
     args.out.mkdir(parents=True, exist_ok=True)
     write_rows(args.out / "fp8_quantiser.csv", rows)
-    (args.out / "fp8_quantiser.md").write_text(
-        markdown(rows, Problem.canonical(args.seqlen, heads=args.heads), torch.cuda.get_device_name())
-    )
+    (args.out / "fp8_quantiser.md").write_text(markdown(rows, _problem(args), torch.cuda.get_device_name()))
     print(f"wrote {args.out / 'fp8_quantiser.csv'} and {args.out / 'fp8_quantiser.md'}")
 
 

@@ -656,6 +656,18 @@ def test_kv_only_ab_times_the_kv_default_and_the_fastest_candidate_end_to_end(mo
     )
 
 
+def test_a_configuration_with_a_bar_launches_v_apart_under_the_second():
+    """``--candidates``/``--quantiser-config`` text: ``A|B`` is A with ``value_config=B``; without a bar, none."""
+    from bench.fp8_quantiser import quantiser_config
+
+    apart = quantiser_config(
+        "tiles_per_program=8,num_stages=2|tiles_per_program=8,prefetch=true,num_warps=8,maxnreg=72"
+    )
+    want = fused.QuantiserConfig(tiles_per_program=8, prefetch=True, num_warps=8, maxnreg=72)
+    assert apart == fused.QuantiserConfig(tiles_per_program=8, num_stages=2, value_config=want)
+    assert quantiser_config("tiles_per_program=8,num_stages=2").value_config is None
+
+
 # ----------------------------------------------------------------------------------------------------
 # sm_90a builds (no GPU needed)
 # ----------------------------------------------------------------------------------------------------
