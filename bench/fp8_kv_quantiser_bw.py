@@ -82,31 +82,34 @@ def candidates(head_dim: int) -> dict[str, fp8_quantiser.QuantiserConfig]:
     launch); V apart, K keeping the default's launch, at the default's configuration (what splitting the launch
     costs or gains alone), at twice the warps (the same bytes in flight: do the warps' latency chains set the pace?),
     the two together, on a cp.async ring (two to three tiles in flight a program while one is computed); last K and V
-    both at twice the warps; at D=64 also V's two launches that build without spills under Triton 3.6. K keeps its register prefetch: its binary holds the sign matrix and the wgmma operand,
-    64 KB, so a 3-stage ring of its own takes 144 KB, one program an SM. Under Triton 3.6 the ring is unswizzled and V
+    both at twice the warps; at D=64 also V's two launches that build without spills under Triton 3.6. K keeps its
+    register prefetch: its binary holds the sign matrix and the wgmma operand, 64 KB, so a 3-stage ring of its own
+    takes 144 KB, one program an SM. Under Triton 3.6 the ring is unswizzled and V
     reads it transposed by 2-byte loads (32 LDS.U16 a thread and tile at 16 warps, 8-way bank conflicts: about 4,100
     shared-memory cycles a tile), where the register path transposes by 16-byte stores and ldmatrix (8 STS.128 and 8
     LDSM.MT88 at 8 warps, about 512 cycles)."""
     default = fp8_quantiser.default_config(head_dim, fp8.VARIANTS[VARIANT], query=False)
+    # The candidates vary the one launch (D=64's default under Triton 3.6 already runs V apart).
+    base = replace(default, value_config=None)
     named = {
         "default": default,
-        "L2 prefetch": replace(default, l2_prefetch=True, maxnreg=default.maxnreg or DEFAULT_REGISTERS),
-        "V apart": replace(default, value_config=default),
-        "V 2x warps": replace(default, value_config=twice_the_warps(head_dim)),
+        "L2 prefetch": replace(base, l2_prefetch=True, maxnreg=base.maxnreg or DEFAULT_REGISTERS),
+        "V apart": replace(base, value_config=base),
+        "V 2x warps": replace(base, value_config=twice_the_warps(head_dim)),
         "L2 prefetch, V 2x warps": replace(
-            default,
+            base,
             l2_prefetch=True,
-            maxnreg=default.maxnreg or DEFAULT_REGISTERS,
+            maxnreg=base.maxnreg or DEFAULT_REGISTERS,
             value_config=replace(twice_the_warps(head_dim), l2_prefetch=True),
         ),
-        "V ring 2x warps, 4 stages": replace(default, value_config=value_ring(head_dim, 4)),
+        "V ring 2x warps, 4 stages": replace(base, value_config=value_ring(head_dim, 4)),
         "K, V 2x warps": replace(twice_the_warps(head_dim), value_config=twice_the_warps(head_dim)),
     }
     if head_dim == 64:
         # V's launch without spills under Triton 3.6 (sm_90a): twice the warps at 72 registers (three programs an SM,
         # 24 warps), or the default's warps with the register prefetch at 128 (four, 16 warps).
-        named["V 2x warps, 72 registers"] = replace(default, value_config=twice_the_warps(head_dim, maxnreg=72))
-        named["V prefetch"] = replace(default, value_config=fp8_quantiser.PREFETCH_CONFIG)
+        named["V 2x warps, 72 registers"] = replace(base, value_config=twice_the_warps(head_dim, maxnreg=72))
+        named["V prefetch"] = replace(base, value_config=fp8_quantiser.PREFETCH_CONFIG)
     return named
 
 

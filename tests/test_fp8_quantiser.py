@@ -172,7 +172,8 @@ def test_a_quantiser_of_k_and_v_only_writes_their_bytes_and_leaves_q(config: fus
                             ("v_scale", v_scale, full[5])):  # fmt: skip
         assert torch.equal(got, want), f"{name} differs from the full quantiser's"
     assert torch.all(q8 == 0x7F) and torch.all(q_scale.isnan())
-    assert quantiser.launches == (1 if quantiser.config.single_launch else 2)
+    launched = quantiser.config
+    assert quantiser.launches == (1 if launched.single_launch else 2) + (launched.value_config is not None)
 
 
 def test_a_quantiser_of_k_and_v_only_refuses_per_tensor_scales_and_persistent_grids():
@@ -704,11 +705,16 @@ def builds(head_dim, variant, method, layout, config):
     quantisation = fp8.VARIANTS[variant]
     steps = ["block"] if quantisation.block else ["amax", "cast"]
     binaries = fused.compile_sm90(head_dim, torch.bfloat16, quantisation, layout, method, config)
-    roles = steps + ([] if quantisation.block else ["reduce"])
+    # With value_config (block scales only) V's tiles build a binary of their own after Q's and K's.
+    roles = steps * (2 if config.value_config else 1) + ([] if quantisation.block else ["reduce"])
     assert len(binaries) == len(roles), (len(binaries), roles)
+    # V is never rotated: its own binary has no rotation (no wgmma) to find.
+    rotated = [quantisation.rotation] * len(roles)
+    if config.value_config:
+        rotated[1] = False
     name = f"D={head_dim} {variant} {method} {layout} {config.describe()}"
-    return [facts(f"{name} {step}", binary, step, quantisation.rotation, method, config)
-            for step, binary in zip(roles, binaries)]
+    return [facts(f"{name} {step}{' (V)' if index and config.value_config else ''}", binary, step, rotated[index],
+                  method, config) for index, (step, binary) in enumerate(zip(roles, binaries))]
 
 rows, sweep, planted = [], [], []
 for head_dim in (64, 128, 256):
@@ -737,6 +743,23 @@ print(json.dumps({"rows": rows, "sweep": sweep, "planted": planted}))
 """
 
 
+def _default_builds() -> int:
+    """The binaries of every default build the probe makes: per head dim, variant, rotation method and V layout (2),
+    each distinct default (Q, K and V; K and V only) builds 3 binaries per-tensor (amax, cast, reduce), 1 with block
+    scales, 2 with V apart (``value_config``); the butterfly only up to BUTTERFLY_MAX_HEAD_DIM."""
+    total = 0
+    for head_dim in (64, 128, 256):
+        for quantisation in fp8.VARIANTS.values():
+            methods = fused.ROTATION_METHODS if quantisation.rotation else fused.ROTATION_METHODS[:1]
+            for method in methods:
+                if method == "butterfly" and head_dim > fused.BUTTERFLY_MAX_HEAD_DIM:
+                    continue
+                configs = {fused.default_config(head_dim, quantisation, method, query=query) for query in (True, False)}
+                per_launch = 1 if quantisation.block else 3
+                total += 2 * sum(per_launch * (2 if config.value_config else 1) for config in configs)
+    return total
+
+
 @pytest.mark.static
 def test_fused_quantiser_builds_for_sm90_without_spills_and_with_exact_arithmetic():
     """Every launch's build at D = 64, 128, 256 (the default configuration, with the specialisation a
@@ -750,10 +773,7 @@ def test_fused_quantiser_builds_for_sm90_without_spills_and_with_exact_arithmeti
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])
     rows = report["rows"]
-    # Per head dim: per-tensor (3 builds x 2 layouts), block (1 x 2), rotation (3 x 2 x methods), block+rotation
-    # (1 x 2 x methods); the butterfly only up to BUTTERFLY_MAX_HEAD_DIM.
-    expected = sum(6 + 2 + (6 + 2) * (1 + (head_dim <= fused.BUTTERFLY_MAX_HEAD_DIM)) for head_dim in (64, 128, 256))
-    assert len(rows) == expected, len(rows)
+    assert len(rows) == _default_builds(), len(rows)
     for row in rows + report["sweep"]:
         assert not row["approximate_division"], row["name"]
         assert not row["scalar_loads"] and not row["byte_stores"], row["name"]

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 from typing import NamedTuple
 
@@ -237,8 +237,14 @@ DEFAULT_CONFIG = PIPELINED_CONFIG
 PREFETCH_CONFIG = QuantiserConfig(tiles_per_program=8, prefetch=True, maxnreg=128)
 # (head dim, quantisation name, rotation method, query) -> its configuration where it is not DEFAULT_CONFIG. query
 # False (K and V only, half of the tiles rotated) has its own key: bench/fp8_kv_quantiser_ab.sh times its candidates.
+# At D=64 the K/V launch (query False: cute/fp8) runs V apart with the register prefetch (4 warps, 128 registers,
+# four programs an SM), where the one launch's 2-stage ring reads V transposed by bank-conflicted 2-byte loads: 119.6
+# against 163.8 µs at B=4 H=32 S=8192, cute/fp8 end to end 2525.5 -> 2483.0 µs causal, 3950.8 -> 3912.3 not (H200,
+# Triton 3.6, results/h200/fp8-d64-kv-apart/). Under 3.8 V's binary spills 8 bytes, so 3.6 only.
+D64_KV_CONFIG = replace(PIPELINED_CONFIG, value_config=PREFETCH_CONFIG)
 KIND_CONFIGS: dict[tuple[int, str, str, bool], QuantiserConfig] = (
     {(128, *kind): PREFETCH_CONFIG for kind in product(("block+rotation", "block"), ("tensor_core",), (True, False))}
+    | {(64, "block+rotation", "tensor_core", False): D64_KV_CONFIG}
     if triton_release() == "3.6"
     else {}
 )
