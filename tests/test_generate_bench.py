@@ -151,3 +151,26 @@ def test_rounds_measure_the_implementations_in_turn(tmp_path: Path, monkeypatch:
     assert calls == ["a", "b", "c", "a", "c", "a", "c"]  # in turn; the failed "b" is not tried again
     assert [row.rounds for row in rows] == [3, 0, 3] and rows[0].decode_ms_per_token == 4.0
     assert len((tmp_path / "rounds.csv").read_text().splitlines()) == 1 + 7
+
+
+def test_a_static_compiled_row_compiles_afresh_and_fails_at_dynamos_recompile_limit(monkeypatch: pytest.MonkeyPatch):
+    """Each static-compiled row resets Dynamo and runs its generate() calls with the recompile limit fatal (past it
+    the decode step would run eagerly under a "static-compiled" label); other caches leave Dynamo alone."""
+    import torch
+
+    resets, seen = [], []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
+
+    class Model:
+        def generate(self, ids, **kwargs):
+            seen.append(torch._dynamo.config.fail_on_recompile_limit_hit)
+
+    monkeypatch.setattr(generate, "prefill", lambda model, ids, case: torch.zeros(1))
+    clock = generate.Clock(torch.device("cpu"))
+    for cache in ("static-compiled", "dynamic"):
+        case = generate.Case(cache, 1, 12, 3)
+        generate.measure(Model(), torch.ones(1, 12, dtype=torch.long), case, clock, None)
+        fatal = cache == "static-compiled"
+        assert resets == [1] and seen == [fatal] * (1 + 1 + generate.PREFILL_REPEATS), (cache, seen)
+        seen.clear()
+    assert not torch._dynamo.config.fail_on_recompile_limit_hit
