@@ -86,6 +86,24 @@ def triton_balanced_sm90(problem: Problem) -> Any:
     )  # fmt: skip
 
 
+def triton_decode_sm90_facts(problem: Problem, kernel: str) -> tuple[Any, dict[str, int]]:
+    """triton/decode's ``kernel`` ("split": the split kernel, with the merge kernel of the two-launch path,
+    ``FUSED_MERGE = False``, whose spills are summed in; "balanced") for ``problem`` compiled for sm_90a, for a child
+    process: (the kernel's binary, its spill bytes, registers, shared bytes, threads and packed rows a CTA)."""
+    from common.reporting.static import cubin_resources
+    from triton_impl import decode
+
+    binaries = decode.compile_sm90(problem) if kernel == "split" else [triton_balanced_sm90(problem)]
+    binary, spills = binaries[0], 0
+    for compiled in binaries:
+        (resources,) = cubin_resources(compiled.cubin).values()
+        spills += resources["local_bytes"] + resources["stack_bytes"]
+    (resources,) = cubin_resources(binary.cubin).values()
+    facts = {"spill_bytes": spills, "registers": resources["registers"], "shared_bytes": binary.shared_bytes,
+             "threads": binary.threads_per_cta, "block_m": decode.block_m_for(problem)}  # fmt: skip
+    return binary, facts
+
+
 # Runs each script of a batch as ``python -c script *args`` would (its own globals, ``sys.argv``), in one
 # process: one import of torch, Triton and the rungs for the batch. A script that raises gives its traceback
 # in place of its result, so the other scripts still run.

@@ -185,8 +185,7 @@ _COMPILE_SCRIPT = r"""
 import json, sys
 import torch
 from common.contract.problem import Problem
-from common.reporting.static import cubin_resources
-from tests._helpers import triton_balanced_sm90
+from tests._helpers import triton_decode_sm90_facts
 from triton_impl import decode
 
 decode.WIDE_D256, decode.WIDE_D256_SPILLS = True, ()
@@ -194,16 +193,7 @@ results = []
 for kernel, causal, page_size, group, seqlen_q in json.loads(sys.argv[1]):
     problem = Problem(64, group, seqlen_q, 40448, 256, dtype=torch.bfloat16, causal=causal, kv_heads=1,
                       causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True, page_size=page_size)
-    # The split kernel with the merge kernel of the two-launch path (FUSED_MERGE = False; its spills summed in).
-    binaries = decode.compile_sm90(problem) if kernel == "split" else [triton_balanced_sm90(problem)]
-    binary, spills = binaries[0], 0
-    for compiled in binaries:
-        (resources,) = cubin_resources(compiled.cubin).values()
-        spills += resources["local_bytes"] + resources["stack_bytes"]
-    (resources,) = cubin_resources(binary.cubin).values()
-    results.append({"spill_bytes": spills,
-                    "registers": resources["registers"], "shared_bytes": binary.shared_bytes,
-                    "threads": binary.threads_per_cta, "block_m": decode.block_m_for(problem)})
+    results.append(triton_decode_sm90_facts(problem, kernel)[1])
 print(json.dumps(results))
 """
 # (kernel, causal, page size, group, Sq): the split kernel (full caches, with the fused merge) and the balanced one

@@ -25,27 +25,23 @@ import torch
 import triton
 import triton.language as tl
 
-from common.contract.problem import Problem
 from common.toolchain.releases import triton_release
 from tests._helpers import json_from_child
 
 # The packed-row knobs' shapes, CPU-only mark, GPU check and interpreter check (seed 5, offset 0.5, poisoned output),
 # and the WIDE_D256 tests' planted chunked merge.
-from tests.test_decode_d256 import _merge_every_chunk_as_the_first
+from tests.test_decode_d256 import (
+    CTA_RESERVED_SHARED_BYTES,
+    SM_REGISTERS,
+    SM_SHARED_BYTES,
+    _merge_every_chunk_as_the_first,
+    _plan,
+)
 from tests.test_decode_packed import _interpreter_check
 from tests.test_decode_wide import _problem, check_on_gpu, interpreter_only
 from triton_impl import decode
 
 CANDIDATES = sorted(decode.WGMMA_D256_CONFIGS)
-
-
-def _plan(problem: Problem) -> tuple[int, int, int, int, int]:
-    """(rows a CTA takes, warps, M tiles, key block, CTA slots the split rule counts)."""
-    config = decode.tile_config(problem)
-    return (
-        decode.block_m_for(problem), config.num_warps, decode.m_blocks_for(problem), config.block_n,
-        decode.split_policy(problem).ctas_per_sm,
-    )  # fmt: skip
 
 
 # (group, Sq, D): whether the switch gives the shape the 64-row tile. Seed 53's row 0 (8 × 8) and seed 47's row 6
@@ -159,8 +155,8 @@ _COMPILE_SCRIPT = r"""
 import json, re, subprocess, sys, tempfile
 import torch
 from common.contract.problem import Problem
-from common.reporting.static import _SASS_INSTRUCTION, _cuobjdump, cubin_resources
-from tests._helpers import triton_balanced_sm90
+from common.reporting.static import _SASS_INSTRUCTION, _cuobjdump
+from tests._helpers import triton_decode_sm90_facts
 from triton_impl import decode
 
 def local_accesses_in_wgmma_loops(cubin):
@@ -186,16 +182,8 @@ for candidate, kernel, page_size, group, seqlen_q in json.loads(sys.argv[1]):
     problem = Problem(3, 8 * group, seqlen_q, 96000, 256, dtype=torch.bfloat16, causal=True, kv_heads=8,
                       causal_alignment="bottom_right", has_cache_seqlens=kernel == "balanced" or bool(page_size),
                       return_lse=True, page_size=page_size)
-    # The split kernel with the merge kernel of the two-launch path (FUSED_MERGE = False; its spills summed in).
-    binaries = decode.compile_sm90(problem) if kernel == "split" else [triton_balanced_sm90(problem)]
-    binary, spills = binaries[0], 0
-    for compiled in binaries:
-        (resources,) = cubin_resources(compiled.cubin).values()
-        spills += resources["local_bytes"] + resources["stack_bytes"]
-    (resources,) = cubin_resources(binary.cubin).values()
-    results.append({"spill_bytes": spills, "registers": resources["registers"], "shared_bytes": binary.shared_bytes,
-                    "threads": binary.threads_per_cta, "block_m": decode.block_m_for(problem),
-                    "wgmma": binary.ptx.count("wgmma.mma_async"), "mma_sync": binary.ptx.count("mma.sync"),
+    binary, facts = triton_decode_sm90_facts(problem, kernel)
+    results.append({**facts, "wgmma": binary.ptx.count("wgmma.mma_async"), "mma_sync": binary.ptx.count("mma.sync"),
                     "loop_local": local_accesses_in_wgmma_loops(binary.cubin)})
 print(json.dumps(results))
 """
@@ -210,7 +198,7 @@ COMPILES = [
 # split kernel 256 under 3.9. They are the prologue's merge addresses and the partials' store, never inside a loop
 # of wgmmas (the key loops; the test checks the SASS). The test holds them so that a release that spills more shows.
 SPILL_BYTES_AT_MOST = {"one-warpgroup": {"3.9": 256}.get(triton_release(), 192)}
-SM_REGISTERS, SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES, MAX_REGISTERS = 65536, 233472, 1024, 255
+MAX_REGISTERS = 255
 
 
 @pytest.mark.static
