@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue #38's D=256 packed rows on a GPU in one device call (at most about 200 s on an H200): triton/decode's
-# WGMMA_D256 ("one-warpgroup" by default since this A/B, results/h200/decode-triton-wgmma-d256/: 17-64 packed rows at
-# D=256 on one 64-row wgmma tile of 4 warps, 32-key blocks, 4 stages, one CTA an SM) against None, the 32-row mma.sync
-# tiles (its first run also timed "two-warpgroups", 8 warps, since removed):
-#   1. the switch's GPU tests (tests/test_decode_d256_rows.py -m gpu): each candidate against fp64 (poisoned output)
+# WGMMA_D256 (on by default since this A/B, results/h200/decode-triton-wgmma-d256/: 17-64 packed rows at D=256 on one
+# 64-row wgmma tile of 4 warps, 32-key blocks, 4 stages, one CTA an SM) against off, the 32-row mma.sync tiles (its
+# first run, with the switch a candidate's name, also timed "two-warpgroups", 8 warps, since removed):
+#   1. the switch's GPU tests (tests/test_decode_d256_rows.py -m gpu): the switch on against fp64 (poisoned output)
 #      on 64 rows of a full cache, 64 rows paged ragged and 32 rows padded to 64, cut at 55 s;
 #   2. bench.decode_knob_ab, triton/decode only, the values alternating over 2 rounds, each checked against fp64
 #      first: seed 53's row 0 (B=3 H=64 Hkv=8 Sq=8 96k, 64 rows), seed 47's row 6 (B=1 H=64 Hkv=4 Sq=4 71k, 64
@@ -23,7 +23,7 @@ status=0
 timeout 55 python3 -m pytest -q -m gpu tests/test_decode_d256_rows.py >> "$OUT/pytest.log" 2>&1 || status=1
 tail -3 "$OUT/pytest.log"
 timeout 135 python3 -m bench.decode_knob_ab --knob triton_impl.decode:WGMMA_D256 \
-  --values "None,'one-warpgroup'" --rungs triton/decode --rounds 2 --out "$OUT/ab" \
+  --values False,True --rungs triton/decode --rounds 2 --out "$OUT/ab" \
   --rows 53/0 47/6 59/5 53/0:full "53/0:has_cache_seqlens=True,page_size=64,full" 47/4 47/1 \
   > "$OUT/ab.log" 2>&1 || status=1
 grep -E "^[0-9]+/[0-9]" "$OUT/ab.log" | cut -c1-160

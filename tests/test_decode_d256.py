@@ -57,7 +57,7 @@ D256_PLANS = {
 def test_wide_d256_changes_only_the_shapes_of_more_than_64_rows_at_d256(monkeypatch: pytest.MonkeyPatch):
     assert decode.WIDE_D256 is True and decode.WIDE_D256_ABOVE_ROWS == 64, "the measured default"
     monkeypatch.setattr(decode, "WIDE_D256_SPILLS", ())
-    monkeypatch.setattr(decode, "WGMMA_D256", None)  # 17-64 rows' own tile (tests/test_decode_d256_rows.py)
+    monkeypatch.setattr(decode, "WGMMA_D256", False)  # 17-64 rows' own tile (tests/test_decode_d256_rows.py)
     for (group, seqlen_q, head_dim), wide in D256_PLANS.items():
         problem = _problem(2, 4, group, seqlen_q, 4096, head_dim)
         monkeypatch.setattr(decode, "WIDE_D256", False)

@@ -1,17 +1,17 @@
-"""Issue #38's D=256 rows of one wgmma tile: ``WGMMA_D256`` in triton/decode ("one-warpgroup" by default), one 64-row M
-tile (fewer rows padded to it) for ``WGMMA_D256_FROM_ROWS`` to 64 packed rows (group · Sq) at D=256, on the candidate
-the switch names ("one-warpgroup": 4 warps), where the 32-row tiles ran on mma.sync.
+"""Issue #38's D=256 rows of one wgmma tile: ``WGMMA_D256`` in triton/decode (on by default), one 64-row M tile of one
+warpgroup (fewer rows padded to it) for ``WGMMA_D256_FROM_ROWS`` to 64 packed rows (group · Sq) at D=256, where the
+32-row tiles ran on mma.sync.
 
-CPU: the switch on by default; off, the 32-row tiles; each candidate, its tile, warps, key block and one CTA an SM on
-the shapes it is for (17-64 rows at D=256) and nothing else (16 rows, WIDE_D256's 128, D=128); triton/decode with the
-switch on against fp64 under the interpreter (64 rows on a full cache forced into two splits, merged in two 32-row
-chunks; 64 MQA rows of one token in pages of 16 over a ragged batch; 20 rows padded to 64 by the two-launch merge; 40
-rows padded on the balanced split); a planted chunked merge that stores every chunk at the first chunk's rows and a
-planted tile that maps its rows past 32 onto the first 32 fail the check. The interpreter ignores the warp count, so one
-candidate's runs stand for both. Static: each candidate's split kernel (with the two-launch merge kernel) and balanced
-kernel for sm_90a, contiguous and in pages of 64: wgmma and no mma.sync, 64 rows, its threads, one CTA an SM by shared
-memory and registers, spills at most the recorded bytes and none inside the key loops (SASS). GPU (``gpu``;
-``bench/triton_decode_d256_rows_ab.sh``): each candidate against fp64 on a poisoned output, on the A/B rows' kinds.
+CPU: the switch on by default; off, the 32-row tiles; on, its tile, warps, key block and one CTA an SM on the shapes it
+is for (17-64 rows at D=256) and nothing else (16 rows, WIDE_D256's 128, D=128); triton/decode with the switch on
+against fp64 under the interpreter (64 rows on a full cache forced into two splits, merged in two 32-row chunks; 64
+MQA rows of one token in pages of 16 over a ragged batch; 20 rows padded to 64 by the two-launch merge; 40 rows padded
+on the balanced split); a planted chunked merge that stores every chunk at the first chunk's rows and a planted tile
+that maps its rows past 32 onto the first 32 fail the check. Static: the split kernel (with the two-launch merge
+kernel) and balanced kernel for sm_90a, contiguous and in pages of 64: wgmma and no mma.sync, 64 rows, 4 warps, one
+CTA an SM by shared memory and registers, spills at most the recorded bytes and none inside the key loops (SASS). GPU
+(``gpu``; ``bench/triton_decode_d256_rows_ab.sh``): the switch on against fp64 on a poisoned output, on the A/B rows'
+kinds.
 """
 
 from __future__ import annotations
@@ -41,9 +41,6 @@ from tests.test_decode_packed import _interpreter_check
 from tests.test_decode_wide import _problem, check_on_gpu, interpreter_only
 from triton_impl import decode
 
-CANDIDATES = sorted(decode.WGMMA_D256_CONFIGS)
-
-
 # (group, Sq, D): whether the switch gives the shape the 64-row tile. Seed 53's row 0 (8 × 8) and seed 47's row 6
 # (16 × 4): 64 rows; 40 and 20 rows (padded to 64); seed 59's row 5 (8 × 4, 32 rows); 17 rows; 64 MQA heads of one
 # token. Not: 16 rows, WIDE_D256's 128 rows, 64 rows at D=128.
@@ -54,26 +51,22 @@ D256_ROWS_SHAPES = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("candidate", CANDIDATES)
-def test_wgmma_d256_changes_only_17_to_64_rows_at_d256(candidate: str, monkeypatch: pytest.MonkeyPatch):
-    assert decode.WGMMA_D256 == "one-warpgroup", "taken after its H200 A/B (results/h200/decode-triton-wgmma-d256/)"
-    config = decode.WGMMA_D256_CONFIGS[candidate]
+def test_wgmma_d256_changes_only_17_to_64_rows_at_d256(monkeypatch: pytest.MonkeyPatch):
+    assert decode.WGMMA_D256 is True, "taken after its H200 A/B (results/h200/decode-triton-wgmma-d256/)"
     for (group, seqlen_q, head_dim), taken in D256_ROWS_SHAPES.items():
         problem = _problem(2, 4, group, seqlen_q, 4096, head_dim)
-        monkeypatch.setattr(decode, "WGMMA_D256", None)
+        monkeypatch.setattr(decode, "WGMMA_D256", False)
         default = _plan(problem)
-        monkeypatch.setattr(decode, "WGMMA_D256", candidate)
-        expected = (64, config.num_warps, 1, 32, 1) if taken else default
-        assert _plan(problem) == expected, (candidate, problem.describe())
+        monkeypatch.setattr(decode, "WGMMA_D256", True)
+        expected = (64, 4, 1, 32, 1) if taken else default
+        assert _plan(problem) == expected, problem.describe()
         if taken:
             assert default[0] <= 32, "the default's D=256 tiles of 17-64 rows are 32-row tiles"
 
 
-@pytest.mark.parametrize("candidate", CANDIDATES)
-def test_wgmma_d256_launches_its_warps_and_paged_stages(candidate: str, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(decode, "WGMMA_D256", candidate)
-    warps = decode.WGMMA_D256_CONFIGS[candidate].num_warps
-    options = {"num_warps": warps, "num_stages": 4, "maxnreg": None}
+def test_wgmma_d256_launches_its_warps_and_paged_stages(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(decode, "WGMMA_D256", True)
+    options = {"num_warps": 4, "num_stages": 4, "maxnreg": None}
     assert decode.launch_options(_problem(2, 1, 8, 8, 4096, 256)) == options
     paged = _problem(2, 1, 8, 8, 4096, 256, has_cache_seqlens=True, page_size=64)
     assert decode.launch_options(paged)["num_stages"] == 4 + decode.PAGED_EXTRA_STAGES
@@ -99,8 +92,8 @@ INTERPRETER_CASES = {
 
 
 def _wgmma_d256(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The switch on (the interpreter runs the same program for either candidate)."""
-    monkeypatch.setattr(decode, "WGMMA_D256", CANDIDATES[0])
+    """The switch on."""
+    monkeypatch.setattr(decode, "WGMMA_D256", True)
 
 
 @interpreter_only
@@ -149,7 +142,7 @@ def test_planted_wgmma_d256_bug_fails_the_check(bug: str, monkeypatch: pytest.Mo
 
 
 # ----------------------------------------------------------------------------------------------------
-# sm_90a: each candidate's split and balanced kernels on wgmma, one CTA an SM
+# sm_90a: the split and balanced kernels on wgmma, one CTA an SM
 # ----------------------------------------------------------------------------------------------------
 _COMPILE_SCRIPT = r"""
 import json, re, subprocess, sys, tempfile
@@ -177,8 +170,8 @@ def local_accesses_in_wgmma_loops(cubin):
     return count
 
 results = []
-for candidate, kernel, page_size, group, seqlen_q in json.loads(sys.argv[1]):
-    decode.WGMMA_D256 = candidate
+decode.WGMMA_D256 = True
+for kernel, page_size, group, seqlen_q in json.loads(sys.argv[1]):
     problem = Problem(3, 8 * group, seqlen_q, 96000, 256, dtype=torch.bfloat16, causal=True, kv_heads=8,
                       causal_alignment="bottom_right", has_cache_seqlens=kernel == "balanced" or bool(page_size),
                       return_lse=True, page_size=page_size)
@@ -187,17 +180,15 @@ for candidate, kernel, page_size, group, seqlen_q in json.loads(sys.argv[1]):
                     "loop_local": local_accesses_in_wgmma_loops(binary.cubin)})
 print(json.dumps(results))
 """
-# (candidate, kernel, page size, group, Sq): the split kernel (a full cache, with the fused merge) and the balanced one,
+# (kernel, page size, group, Sq): the split kernel (a full cache, with the fused merge) and the balanced one,
 # contiguous and in pages of 64, causal bottom-right with the LSE: seed 53's row 0's kind (B=3 Hkv=8, 8 × 8 rows), and
 # 5 × 4 = 20 rows padded to 64 on the split kernel.
-COMPILES = [
-    (candidate, kernel, page, 8, 8) for candidate in CANDIDATES for kernel in ("split", "balanced") for page in (0, 64)
-] + [(candidate, "split", 0, 5, 4) for candidate in CANDIDATES]
-# The most spill bytes (local and stack, the split kernel's with the merge kernel's) a candidate's kernels show
-# (sm_90a, bf16; fp16's one-warpgroup split kernel 272 under 3.8), per Triton release: 64-192 under 3.6 and 3.8, the
+COMPILES = [(kernel, page, 8, 8) for kernel in ("split", "balanced") for page in (0, 64)] + [("split", 0, 5, 4)]
+# The most spill bytes (local and stack, the split kernel's with the merge kernel's) the kernels show (sm_90a, bf16;
+# fp16's split kernel 272 under 3.8), per Triton release: 64-192 under 3.6 and 3.8, the
 # split kernel 256 under 3.9. They are the prologue's merge addresses and the partials' store, never inside a loop
 # of wgmmas (the key loops; the test checks the SASS). The test holds them so that a release that spills more shows.
-SPILL_BYTES_AT_MOST = {"one-warpgroup": {"3.9": 256}.get(triton_release(), 192)}
+SPILL_BYTES_AT_MOST = {"3.9": 256}.get(triton_release(), 192)
 MAX_REGISTERS = 255
 
 
@@ -206,16 +197,15 @@ def test_wgmma_d256_kernels_compile_for_sm90_on_wgmma():
     compiled = json_from_child(["-c", _COMPILE_SCRIPT, json.dumps(COMPILES)], timeout=1200)
     for key, result in zip(COMPILES, compiled, strict=True):
         where = f"Triton {triton.__version__} WGMMA_D256 {key}: {result}"
-        warps = decode.WGMMA_D256_CONFIGS[key[0]].num_warps
-        assert result["threads"] == 32 * warps and result["block_m"] == 64, where
+        assert result["threads"] == 32 * decode.WGMMA_D256_CONFIG.num_warps and result["block_m"] == 64, where
         assert result["wgmma"] > 0 and result["mma_sync"] == 0, where
         assert result["registers"] <= MAX_REGISTERS and result["registers"] * result["threads"] <= SM_REGISTERS, where
         assert result["shared_bytes"] + CTA_RESERVED_SHARED_BYTES <= SM_SHARED_BYTES, where
-        assert result["spill_bytes"] <= SPILL_BYTES_AT_MOST[key[0]] and result["loop_local"] == 0, where
+        assert result["spill_bytes"] <= SPILL_BYTES_AT_MOST and result["loop_local"] == 0, where
 
 
 # ----------------------------------------------------------------------------------------------------
-# GPU: triton/decode with each candidate against fp64
+# GPU: triton/decode with the switch on against fp64
 # ----------------------------------------------------------------------------------------------------
 # The A/B rows' kinds, smaller: 16 × 4 = 64 rows on a full 8k cache the rule splits (seed 47's row 6); 8 × 8 = 64 rows
 # in pages of 64 over a ragged batch, with the LSE (seed 53's row 0 paged: the balanced split); 8 × 4 = 32 rows padded
@@ -229,14 +219,13 @@ GPU_CASES = {
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("candidate", CANDIDATES)
 @pytest.mark.parametrize("case", sorted(GPU_CASES))
-def test_gpu_wgmma_d256_against_fp64(case: str, candidate: str, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(decode, "WGMMA_D256", candidate)
+def test_gpu_wgmma_d256_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(decode, "WGMMA_D256", True)
     problem, lengths = GPU_CASES[case]
-    assert decode.tile_config(problem) == decode.WGMMA_D256_CONFIGS[candidate]
+    assert decode.tile_config(problem) == decode.WGMMA_D256_CONFIG
     result = check_on_gpu("triton/decode", problem, lengths, seed=len(case))
-    assert result.ok, f"triton/decode WGMMA_D256={candidate} {problem.describe()}: {result.summary()}"
+    assert result.ok, f"triton/decode WGMMA_D256 {problem.describe()}: {result.summary()}"
 
 
 def test_d256_rows_ab_script_runs_the_gpu_tests_then_the_knob_on_the_issue_rows():

@@ -92,7 +92,7 @@ TWO_TILES_LENGTHS = (1, 1000, 517)
 
 @pytest.fixture
 def two_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(decode, "WGMMA_D256", None)
+    monkeypatch.setattr(decode, "WGMMA_D256", False)
 
 
 def _triton_launch(problem: Problem, monkeypatch: pytest.MonkeyPatch, shares: int) -> tuple[tuple, tuple, dict]:

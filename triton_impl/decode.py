@@ -12,7 +12,7 @@ every query head of a GQA group reads the same K/V bytes again. This rung remove
     stacked into one M tile, row r = (head in group) · Sq + query token, padded to at least 16 rows
     for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``; ``WIDE_M_TILE``: one 128-row tile on 8 warps at D
     <= 128, two an SM under ``PACKED_OCCUPANCY``; ``WIDE_D256``: 128-row tiles on 8 warps past 64 rows at D=256;
-    ``WGMMA_D256``, on ("one-warpgroup"): 17-64 rows at D=256 in one 64-row wgmma tile, not 32-row mma.sync tiles), so
+    ``WGMMA_D256``, on: 17-64 rows at D=256 in one 64-row wgmma tile of one warpgroup, not 32-row mma.sync tiles), so
     each K/V byte is read from HBM once per KV head, not once per query head.
     Many packed rows make a step compute-heavy: a key's 4 · D bytes feed 4 · D · rows FLOPs, rows FLOPs a
     byte, so 128 rows at 4.4 TB/s ask 564 TFLOP/s of the tensor cores (``decode_sweep.roofline_us``).
@@ -237,27 +237,25 @@ WIDE_D256, WIDE_D256_ABOVE_ROWS = True, 64
 WIDE_D256_CONFIG = TileConfig(16, 8, 3, 128, ctas_per_sm=1)
 # Triton releases whose WIDE_D256 kernels spill (3.9: 16-24 bytes, sm_90a): not there.
 WIDE_D256_SPILLS = ("3.9",)
-# Issue #38's D=256 rows of one wgmma tile (None: off; "one-warpgroup" since bench/triton_decode_d256_rows_ab.sh on an
+# Issue #38's D=256 rows of one wgmma tile (on since bench/triton_decode_d256_rows_ab.sh on an
 # H200, results/h200/decode-triton-wgmma-d256/: seed 53 row 0 981.8 -> 618.5 us, seed 47 row 6 166.7 -> 131.4, seed 59
 # row 5 130.3 -> 114.7, row 0's lengths given 1608.9 -> 608.3, paged(64) 2755.7 -> 975.0; 16- and 128-row controls
 # level): WGMMA_D256_FROM_ROWS to 64 rows at D=256 take one 64-row tile (padded to 64) on wgmma, 32-key blocks, 4
 # stages (3 blocks, 96 KB, in flight, 160 KB of shared memory; paged 2 blocks, 129 KB), one CTA an SM, not 32-row
 # mma.sync tiles each reading the item's K/V (gluon/decode's one 64-row tile: 97 % on seed 53's row 0, triton 55 %).
-# "one-warpgroup": gluon's shape, a row's softmax in its warp, 255 registers with 64-192 bytes of spill outside the key
+# One warpgroup: gluon's shape, a row's softmax in its warp, 255 registers with 64-192 bytes of spill outside the key
 # loops (sm_90a, Triton 3.6/3.8; 256 in the split kernel under 3.9). The same A/B timed 8 warps as 4 x 2 (row max, sum
 # and P crossing warpgroups through shared memory): 0.60-1.01x the 32-row tiles' time, behind one warpgroup on every
 # row; removed. 64-key blocks on 4 warps spill in the paged loop.
-WGMMA_D256: str | None = "one-warpgroup"
+WGMMA_D256 = True
 WGMMA_D256_FROM_ROWS = 17
-WGMMA_D256_CONFIGS = {
-    "one-warpgroup": TileConfig(32, 4, 4, 64, ctas_per_sm=1, min_block_m=64),
-}
+WGMMA_D256_CONFIG = TileConfig(32, 4, 4, 64, ctas_per_sm=1, min_block_m=64)
 
 
 def tile_config(problem: Problem) -> TileConfig:
     """``problem``'s tile: WIDE_CONFIGS' for many packed rows under WIDE_M_TILE (PACKED_CONFIGS' under
     PACKED_OCCUPANCY), WIDE_D256_CONFIG for more than WIDE_D256_ABOVE_ROWS at D=256 under WIDE_D256 (not in a
-    release of WIDE_D256_SPILLS), WGMMA_D256's candidate for WGMMA_D256_FROM_ROWS to 64 rows at D=256,
+    release of WIDE_D256_SPILLS), WGMMA_D256_CONFIG for WGMMA_D256_FROM_ROWS to 64 rows at D=256 under WGMMA_D256,
     SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
     rows = problem.kv_group * problem.seqlen_q
     if WIDE_M_TILE and rows > MAX_BLOCK_M and problem.head_dim in WIDE_CONFIGS:
@@ -268,7 +266,7 @@ def tile_config(problem: Problem) -> TileConfig:
     if wide_d256 and rows > WIDE_D256_ABOVE_ROWS:
         return WIDE_D256_CONFIG
     if WGMMA_D256 and problem.head_dim == 256 and WGMMA_D256_FROM_ROWS <= rows <= MAX_BLOCK_M:
-        return WGMMA_D256_CONFIGS[WGMMA_D256]
+        return WGMMA_D256_CONFIG
     configs = SHORT_CACHE_CONFIGS if SHORT_CACHE_TILE and problem.seqlen_k <= splits.SHORT_CACHE_KEYS else {}
     return configs.get(problem.head_dim, DEFAULT_CONFIGS[problem.head_dim])
 
