@@ -1,6 +1,7 @@
 """Host time of ``common.attention()`` per decode call on the CPU, with every kernel launch stubbed (issue #39).
 
 python -m bench.host_path [--calls 200] [--rounds 5] [--impls triton/decode,cute/decode,auto] [--profile NAME]
+                          [--transformers]
 
 What a user's eager decode step costs on the host before any kernel runs: the plan key, the plan
 cache, validation and dispatch where the call plans, and the rung's ``bind`` (operands, output, split
@@ -19,6 +20,12 @@ D=128), fp16 (the interpreter refuses bf16), causal bottom-right, in two paths:
 Each round times ``--calls`` calls of each (implementation, path) in turn, in CPU time of the calling
 thread (on a shared machine, wall-clock rounds differed by 2x); the table gives the median of the rounds'
 µs per call. ``--profile IMPL:PATH`` prints cProfile's own and cumulative times of one path instead.
+
+``--transformers`` times what a model's layer calls instead: each implementation through the adapter's attention
+function (``common.integrations.transformers.make_attention_forward``, as ``ladder:<impl>``), beside transformers' own
+``"sdpa"`` attention function with torch's SDPA kernel stubbed alike (its output allocated, nothing computed): the
+host time an eager ``generate()`` step pays per layer, where a DynamicCache's K and V are new, one key longer, at
+every step (``growing`` for its first layer; the other layers hit the plan it made, ``same``).
 """
 
 from __future__ import annotations
@@ -109,12 +116,44 @@ def calls(impl: str, path: str, count: int, start: int) -> list[tuple[torch.Tens
     return [_tensors(DECODE.seqlen_k + start + step) for step in range(count)]
 
 
-def time_calls(impl: str, arguments: list[tuple[torch.Tensor, ...]]) -> float:
-    """µs of this thread's CPU time per ``attention()`` call over ``arguments`` (CPU time: on a shared
-    machine, the time other processes hold the cores would otherwise count)."""
+Call = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object]
+
+
+def api_call(impl: str) -> Call:
+    """One decode call of ``impl`` through ``common.attention``."""
+    return lambda q, k, v: api.attention(q, k, v, causal=True, causal_alignment="bottom_right", impl=impl)
+
+
+def _no_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: object) -> torch.Tensor:
+    """torch's SDPA stubbed: its output allocated, nothing computed (the ladder's launches are no-ops alike)."""
+    return torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)
+
+
+def transformers_call(impl: str) -> Call:
+    """One decode call as a transformers layer makes it: ``"sdpa"`` through transformers' own attention function
+    (torch's SDPA stubbed), any other name through the ladder's adapter as ``ladder:<impl>``."""
+    from types import SimpleNamespace
+
+    module = SimpleNamespace(is_causal=True, training=False, num_key_value_groups=DECODE.heads // DECODE.kv_heads)
+    if impl == "sdpa":
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        torch.nn.functional.scaled_dot_product_attention = _no_sdpa
+        forward = sdpa_attention_forward
+    else:
+        from common.integrations.transformers import make_attention_forward
+
+        forward = make_attention_forward(impl)
+    scaling = DECODE.head_dim**-0.5
+    return lambda q, k, v: forward(module, q, k, v, None, scaling=scaling, dropout=0.0)
+
+
+def time_calls(call: Call, arguments: list[tuple[torch.Tensor, ...]]) -> float:
+    """µs of this thread's CPU time per call over ``arguments`` (CPU time: on a shared machine, the time other
+    processes hold the cores would otherwise count)."""
     begin = time.thread_time()
     for q, k, v in arguments:
-        api.attention(q, k, v, causal=True, causal_alignment="bottom_right", impl=impl)
+        call(q, k, v)
     return (time.thread_time() - begin) / len(arguments) * 1e6
 
 
@@ -124,18 +163,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--impls", default=",".join(IMPLS))
     parser.add_argument("--profile", metavar="NAME", help="cProfile NAME's calls (e.g. cute/decode:growing)")
+    parser.add_argument(
+        "--transformers", action="store_true", help="through the adapter, beside transformers' sdpa (docstring)"
+    )
     args = parser.parse_args()
     stub_launches()
-    impls = args.impls.split(",")
+    impls = args.impls.split(",") + (["sdpa"] if args.transformers else [])
+    make_call = transformers_call if args.transformers else api_call
+    call_of = {impl: make_call(impl) for impl in impls}
     # First calls plan (and for "same" keep the plan): untimed.
     for impl in impls:
         for q, k, v in (_tensors(DECODE.seqlen_k), _tensors(DECODE.seqlen_k - 1)):
-            api.attention(q, k, v, causal=True, causal_alignment="bottom_right", impl=impl)
+            call_of[impl](q, k, v)
     if args.profile:
         impl, path = args.profile.rsplit(":", 1)
         arguments = calls(impl, path, args.calls, 1)
         profiler = cProfile.Profile()
-        profiler.runcall(time_calls, impl, arguments)
+        profiler.runcall(time_calls, call_of[impl], arguments)
         for order in ("tottime", "cumulative"):
             pstats.Stats(profiler).sort_stats(order).print_stats(25)
         return
@@ -146,7 +190,7 @@ def main() -> None:
             for path in PATHS:
                 arguments = calls(impl, path, args.calls, start)
                 start += args.calls
-                times[impl, path].append(time_calls(impl, arguments))
+                times[impl, path].append(time_calls(call_of[impl], arguments))
                 del arguments
     print("| impl | same (plan hit) µs | growing cache µs |")
     print("|---|---:|---:|")
