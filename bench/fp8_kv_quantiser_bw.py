@@ -84,10 +84,10 @@ def candidates(head_dim: int) -> dict[str, fp8_quantiser.QuantiserConfig]:
     the two together, on a cp.async ring (two to three tiles in flight a program while one is computed); last K and V
     both at twice the warps; at D=64 also V's two launches that build without spills under Triton 3.6. K keeps its
     register prefetch: its binary holds the sign matrix and the wgmma operand, 64 KB, so a 3-stage ring of its own
-    takes 144 KB, one program an SM. Under Triton 3.6 the ring is unswizzled and V
-    reads it transposed by 2-byte loads (32 LDS.U16 a thread and tile at 16 warps, 8-way bank conflicts: about 4,100
-    shared-memory cycles a tile), where the register path transposes by 16-byte stores and ldmatrix (8 STS.128 and 8
-    LDSM.MT88 at 8 warps, about 512 cycles)."""
+    takes 144 KB, one program an SM. Under Triton 3.6 the ring is unswizzled and V reads it transposed by 2-byte loads
+    (32 LDS.U16 a thread and tile at 16 warps, 8-way bank conflicts: about 4,100 shared-memory cycles a tile), where
+    the register path transposes by 16-byte stores and ldmatrix (8 STS.128 and 8 LDSM.MT88 at 8 warps, about 512
+    cycles)."""
     default = fp8_quantiser.default_config(head_dim, fp8.VARIANTS[VARIANT], query=False)
     # The candidates vary the one launch (D=64's default under Triton 3.6 already runs V apart).
     base = replace(default, value_config=None)

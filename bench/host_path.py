@@ -70,10 +70,18 @@ def _on_cpu(implementation: Implementation, supports: Callable) -> None:
     object.__setattr__(implementation, "supports", supports)
 
 
+def _no_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: object) -> torch.Tensor:
+    """torch's SDPA stubbed: its output allocated, nothing computed (the ladder's launches are no-ops alike)."""
+    return torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)
+
+
 def stub_launches() -> None:
-    """Replace every launch by a no-op and let the GPU-only decode rungs accept CPU tensors."""
+    """Replace every launch by a no-op (torch's SDPA too, for ``--transformers``' sdpa row) and let the GPU-only decode
+    rungs accept CPU tensors."""
     import triton_impl.decode as triton_decode
     import triton_impl.gluon.decode as gluon_decode
+
+    torch.nn.functional.scaled_dot_product_attention = _no_sdpa
 
     triton_decode._split_kernel = NoLaunch()
     triton_decode._merge_kernel = NoLaunch()
@@ -124,21 +132,15 @@ def api_call(impl: str) -> Call:
     return lambda q, k, v: api.attention(q, k, v, causal=True, causal_alignment="bottom_right", impl=impl)
 
 
-def _no_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: object) -> torch.Tensor:
-    """torch's SDPA stubbed: its output allocated, nothing computed (the ladder's launches are no-ops alike)."""
-    return torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)
-
-
 def transformers_call(impl: str) -> Call:
     """One decode call as a transformers layer makes it: ``"sdpa"`` through transformers' own attention function
-    (torch's SDPA stubbed), any other name through the ladder's adapter as ``ladder:<impl>``."""
+    (torch's SDPA stubbed by ``stub_launches``), any other name through the ladder's adapter as ``ladder:<impl>``."""
     from types import SimpleNamespace
 
     module = SimpleNamespace(is_causal=True, training=False, num_key_value_groups=DECODE.heads // DECODE.kv_heads)
     if impl == "sdpa":
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        torch.nn.functional.scaled_dot_product_attention = _no_sdpa
         forward = sdpa_attention_forward
     else:
         from common.integrations.transformers import make_attention_forward
