@@ -6,8 +6,9 @@ A row is ``SEED/INDEX`` (case INDEX of ``random_cases(8, SEED)``, as ``compare.p
 draws it), optionally followed by ``:`` and comma-separated changes: ``full`` (every sequence at the padded
 length, given as ``cache_seqlens``) or ``FIELD=VALUE`` for a ``Problem`` field (e.g. ``page_size=0``: the same cache
 contiguous). A knob is ``MODULE:NAME`` (e.g. ``common.contract.splits:SHORT_ONE_SPLIT_SKIPS_RAGGED_WAVE``) with its
-values as Python literals. Each row's plan under each value (``bench.decode_ragged_ab.plan_of``) is printed beside
-its time, so a value that changes nothing for a rung reads as the same plan.
+values as Python literals, read as one list (``--values "{128: 64},{128: 64, 256: 64}"`` is two dicts). Each row's
+plan under each value (``bench.decode_ragged_ab.plan_of``) is printed beside its time, so a value that changes nothing
+for a rung reads as the same plan.
 Writes ``knob.csv`` and ``knob.md`` under ``--out`` (the table rewritten after every row).
 
     python -m bench.decode_knob_ab --knob common.contract.splits:SHORT_ONE_SPLIT_SKIPS_RAGGED_WAVE \\
@@ -64,7 +65,9 @@ def knob_set(module: str, name: str, value: object) -> Iterator[None]:
 def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--knob", required=True, help="MODULE:NAME of the constant to set")
-    parser.add_argument("--values", required=True, help="comma-separated Python literals, the default's first")
+    parser.add_argument(
+        "--values", required=True, help="comma-separated Python literals (a dict's commas too), the default's first"
+    )
     parser.add_argument("--rows", nargs="+", required=True, help="SEED/INDEX[:full,FIELD=VALUE...] rows, in order")
     parser.add_argument("--rungs", default=",".join(RUNG_MODULES), help="comma-separated decode rungs (default all)")
     parser.add_argument("--out", type=Path, default=Path("runs/decode-knob"), help="output folder")
@@ -72,7 +75,8 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rep", type=float, default=30.0, help="timed ms per measurement (default 30)")
     args = parser.parse_args(argv)
     args.module, _, args.name = args.knob.partition(":")
-    args.values = [ast.literal_eval(value) for value in args.values.split(",")]
+    # One list literal: a value that holds commas ({128: 64, 256: 64}) stays one value.
+    args.values = ast.literal_eval(f"[{args.values}]")
     args.rungs = args.rungs.split(",")
     if not args.name or len(args.values) < 2 or not set(args.rungs) <= set(RUNG_MODULES):
         parser.error(f"--knob MODULE:NAME, two or more --values, --rungs among {', '.join(RUNG_MODULES)}")

@@ -15,9 +15,9 @@ products keep their MMA count (the same m16n8k16 tiles, now along N), each warp 
 from shared memory instead of the whole Q tile, and the end merge has one part (a copy through shared memory
 for coalesced stores). A 16-row tile keeps the key split; 32 rows become 2 × 2. With the row split a warp's O is
 16 rows whatever the tile, so D=256 may take 32-row tiles (``ROW_SPLIT_MAX_TILE_M``, on): one M tile, not two, for
-17 to 32 packed rows, each K/V byte read once per (batch, KV head). ``decode.WIDE_M_TILE`` (on) gives D=128
-64-row tiles (:data:`WIDE_M_TILES`): 4 warps of 16 rows × all 64 keys, so 33 to 64 packed rows take one M tile, not
-two 32-row tiles that each stream the share's keys from L2 and run the whole key loop (gluon/decode's
+17 to 32 packed rows, each K/V byte read once per (batch, KV head). ``decode.WIDE_M_TILE`` (on) gives D=128 and
+D=256 64-row tiles (:data:`WIDE_M_TILES`): 4 warps of 16 rows × all 64 keys, so 33 to 64 packed rows take one M tile,
+not two 32-row tiles that each stream the share's keys from L2 and run the whole key loop (gluon/decode's
 ``WIDE_M_TILE``: one CTA copies the group's keys once).
 
 :class:`WarpTiles` is the per-warp arithmetic: which rows and keys a warp takes (views of sQ, sK, sV), where
@@ -57,8 +57,12 @@ ROW_SPLIT_MAX_TILE_M: dict[int, int] = {256: 32}
 # 448 us, 48 % of the read bandwidth, where gluon/decode's one 64-row tile took 275 (78 %). sm_90a, a 64-key block a
 # warp: 544 instructions (64 HMMA, 16 LDGSTS) per 32-row CTA, so 1088 per 64 rows, and every K/V byte goes to two CTAs
 # from L2; the 64-row tile is 682 (128 HMMA, 16 LDGSTS) for all 64 rows, 204 registers, a 96 KiB ring + 16 KiB Q: still
-# two CTAs an SM.
-WIDE_M_TILES: dict[int, int] = {128: 64}
+# two CTAs an SM. D=256's 64-row tile (4 warps of 16 rows x all 64 keys: 248-252 registers, no spill; a 192 KiB ring +
+# 32 KiB Q + 1 KiB, one CTA an SM as before) halves the M tiles of 33 or more packed rows. H200
+# (bench/decode_d256_many_rows_ab.sh, results/h200/decode-d256-many-rows/): 0.77-0.89x the time on all six rows of 64
+# to 256 rows, contiguous and paged (seed 67 row 7's 256 rows 692.7 -> 532.6 us, seed 53 row 0's 64 rows 802.4 ->
+# 638.8, 68 -> 85 % of the read bandwidth).
+WIDE_M_TILES: dict[int, int] = {128: 64, 256: 64}
 
 
 def row_warps_for(split_rows: bool, tile_m: int, num_warps: int) -> int:

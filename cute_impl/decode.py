@@ -22,7 +22,7 @@ keeping the memory system busy, not the tensor cores:
   along M, so each warp takes its own ``keys_per_warp`` keys of every K/V block and runs its own online
   softmax: a split inside the split, the warps' partial O and LSE merged through shared memory at the end
   (:func:`merge_splits`, both kernels' formula, ``_decode_merge.py``). ``WARPS_SPLIT_ROWS`` (on) splits the rows
-  first where a tile has more than 16 (``_decode_warps.py``; ``WIDE_M_TILE``, on: D=128's 64-row tile). Why
+  first where a tile has more than 16 (``_decode_warps.py``; ``WIDE_M_TILE``, on: D=128's and D=256's 64-row tiles). Why
   ``mma.sync`` (SM80-style, warp-level), not WGMMA: a 64-row warpgroup tile would be three quarters padding for 16
   packed rows, and no MMA choice matters when the tensor cores idle on memory; ``mma.sync`` lets each warp own its
   keys and its softmax.
@@ -175,7 +175,7 @@ class TileShape(NamedTuple):
 #            (O 128 fp32 registers per thread).
 #   D = 128: a block is 32 KiB; 3 stages (96 KiB, 64 KiB in flight), two CTAs per SM; up to 64 rows (WIDE_M_TILE).
 #   D = 256: a block is 64 KiB; 3 stages (192 KiB, 128 KiB in flight, one CTA per SM); 16 rows (the row split:
-#            32 where ``_decode_warps.ROW_SPLIT_MAX_TILE_M`` says, on).
+#            32 where ``_decode_warps.ROW_SPLIT_MAX_TILE_M`` says, on; 64 under WIDE_M_TILE).
 # The warps' partials take num_warps · tile_m · D · 4 bytes of the drained ring (64 KiB at most). The
 # first H100 run (results/h100/decode/three-stacks-first/) is this table's; a deeper ring with one CTA
 # per SM (4 stages at D = 128) is untimed.
@@ -212,9 +212,10 @@ MERGE_SLABS_FROM_SPLIT = True
 # that row 304.0 -> 258.7 us, B=16 Hkv=2 Sq=4 D=256 paged(64) (2 M tiles) 164.7 -> 135.8; one M tile level.
 M_TILE_MAJOR = True
 WARPS_SPLIT_ROWS = True  # many packed rows (_decode_warps.py): 0.83-0.94x the time (results/h200/decode-row-split/)
-# D=128's 64-row tiles (_decode_warps.WIDE_M_TILES: seed 59 row 2's 64 rows in one M tile, not two). H200
+# D=128's and D=256's 64-row tiles (_decode_warps.WIDE_M_TILES: seed 59 row 2's 64 rows in one M tile, not two). H200
 # (results/h200/decode-cute-wide-tile/): that row 448.5 -> 324.1 us, its lengths contiguous 407.0 -> 304.2, in pages of
-# 128 / 64 444.6 -> 319.0 / 448.5 -> 321.6; Sq=1 and D=64 (plans unchanged) level.
+# 128 / 64 444.6 -> 319.0 / 448.5 -> 321.6; Sq=1 and D=64 (plans unchanged) level. D=256: 0.77-0.89x on 64-256 rows
+# (results/h200/decode-d256-many-rows/).
 WIDE_M_TILE = True
 DECODE_FEATURES = (*FEATURES, PAGED_KV)  # every problem feature, and the paged KV cache (pages of 16 to 256 keys)
 

@@ -110,7 +110,7 @@ def test_tile_m_packs_the_group_and_the_tokens():
     assert decode.tile_m_for(problem(32, 8, 5)) == 32  # 20 rows
     assert decode.m_blocks_for(problem(32, 1, 16)) == 32 * 16 // 64  # MQA, 512 rows in 64-row tiles (WIDE_M_TILE)
     assert decode.tile_m_for(problem(32, 1, 16, head_dim=64)) == 64
-    assert decode.tile_m_for(problem(32, 1, 16, head_dim=256)) == 32  # the row split (_decode_warps)
+    assert decode.tile_m_for(problem(32, 1, 16, head_dim=256)) == 64  # the row split's wide tile (_decode_warps)
     # The split count is the shared rule, fed with this rung's CTAs per split.
     bigger = problem(32, 8, 16)
     assert decode.planned_num_splits(bigger, CPU) == splits.choose_num_splits(

@@ -35,6 +35,13 @@ TILE32 = {256: 32}
 SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES = 232448, 1024
 
 
+@pytest.fixture(autouse=True)
+def _without_d256_wide_tile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """D=256's 64-row tile (``WIDE_M_TILES``, tests/test_cute_decode_wide_tile.py) off: under it the wide tile's 64
+    rows, not this knob, bound D=256's row split (17 to 32 rows still take one 32-row tile of 2 x 2 warps)."""
+    monkeypatch.setattr(_decode_warps, "WIDE_M_TILES", {128: 64})
+
+
 def _problem(batch: int, kv_heads: int, group: int, seqlen_q: int, seqlen_k: int, head_dim: int = 256,
              **changes) -> Problem:  # fmt: skip
     return Problem(

@@ -1,18 +1,20 @@
-"""Issue #38's D=128 packed rows: ``decode.WIDE_M_TILE`` in cute/decode (on since bench/cute_decode_p32_ab.sh's H200
-A/B, results/h200/decode-cute-wide-tile/), D=128's 64-row tiles of 4 warps × 16 rows (``_decode_warps.WIDE_M_TILES``),
-so that 33 to 64 packed rows take one M tile, not two 32-row tiles that each read the share's K/V and run the whole key
-loop.
+"""Issue #38's D=128 and D=256 packed rows: ``decode.WIDE_M_TILE`` in cute/decode (on since
+bench/cute_decode_p32_ab.sh's H200 A/B, results/h200/decode-cute-wide-tile/; D=256 since
+bench/decode_d256_many_rows_ab.sh's, results/h200/decode-d256-many-rows/), 64-row tiles of 4 warps × 16 rows
+(``_decode_warps.WIDE_M_TILES``), so that 33 or more packed rows take half the M tiles of 32 rows, each of which reads
+the share's K/V and runs the whole key loop.
 
 CPU: on by default, and off keeps the 32-row tiles; on, the compile key (64 rows, four row warps) and the plan (one M
-tile, the balanced target of one tile) change at D=128 with more than 32 packed rows only: seed 59 row 2's kind, 128
-rows (two 64-row tiles, not four), 48 rows; 32 and 16 rows at D=128, D=64 and D=256 keep theirs; the CTAs an SM the
-split rule and the balanced target count fit an SM's shared memory on and off (planted: a 128-row wide tile, whose
-ring and Q tile leave room for one CTA an SM, fails it). Static (sm_90a, two compiles): on, the balanced split (paged
-by 32, ragged: the row's kind) and the padded split (contiguous) compile without spills in registers and shared memory
-for two CTAs an SM. GPU (``gpu`` marker; bench/cute_decode_p32_ab.sh runs them): on, against fp64 on a poisoned output
-on seed 59 row 2's kind shrunk (64 rows, paged(32), ragged, balanced), a full contiguous cache with forced splits, and
-40 rows of Sq 5 (the warps' rows hold different tokens) in pages of 16 keys with forced splits; the causal mask taking
-every warp's rows as the first warp's fails the check.
+tile, the balanced target of one tile) change with more than 32 packed rows at D=128 and D=256 only: seed 59 row 2's
+kind, 128 rows (two 64-row tiles, not four), 48 rows, D=256's 64 and 256 rows; 32 and 16 rows at D=128 and D=64 keep
+theirs; the CTAs an SM the split rule and the balanced target count fit an SM's shared memory on and off (planted: a
+128-row wide tile, whose ring and Q tile leave room for one CTA an SM, fails it). Static (sm_90a): on, the balanced
+split (paged, ragged: the rows' kind) and the padded split (contiguous) compile without spills in registers and shared
+memory for two CTAs an SM at D=128 and one at D=256. GPU (``gpu`` marker; bench/cute_decode_p32_ab.sh runs them): on,
+against fp64 on a poisoned output on seed 59 row 2's kind shrunk (64 rows, paged(32), ragged, balanced), a full
+contiguous cache with forced splits, 40 rows of Sq 5 (the warps' rows hold different tokens) in pages of 16 keys with
+forced splits, and at D=256 256 rows of a full cache with forced splits and 64 rows paged(64) ragged balanced; the
+causal mask taking every warp's rows as the first warp's fails the check.
 """
 
 from __future__ import annotations
@@ -34,8 +36,6 @@ from tests.test_cute_decode_rows import PLANTED, _problem, assert_planted_warp_b
 CPU = torch.device("cpu")
 # An SM's shared memory (228 KiB: ncu's "Shared Memory Configuration Size") and what the runtime keeps per CTA.
 SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES = 233472, 1024
-# The most a CTA may ask for where two share an SM: (228 KiB - 2 x 1 KiB) / 2.
-TWO_CTA_SHARED_BYTES = 113 * 1024
 # An SM's register file (32-bit registers), and ptxas' allocation unit per thread.
 REGISTER_FILE, REGISTER_UNIT = 65536, 8
 
@@ -79,8 +79,8 @@ def test_on_by_default_and_off_keeps_two_32_row_tiles(monkeypatch: pytest.Monkey
 
 
 # name -> (problem, BALANCED_SPLIT): seed 59 row 2's kind (64 rows, ragged, balanced), 128 rows at D=128 (two tiles of
-# 64), 48 rows (a 64-row tile a quarter padding) padded; the plans the knob leaves: 32 and 16 rows at D=128, 64 rows
-# at D=64 (its table tile already) and at D=256 (32-row tiles).
+# 64), 48 rows (a 64-row tile a quarter padding) padded, D=256's 64 and 256 rows (seed 67's row 7's kind); the plans the
+# knob leaves: 32 and 16 rows at D=128, 64 rows at D=64 (its table tile already).
 PLANS = {
     "d128-64rows-balanced": (_problem(8, 8, 4, 16, 26368, 128, has_cache_seqlens=True, page_size=32), "always"),
     "d128-128rows": (_problem(2, 8, 8, 16, 32768, 128), "never"),
@@ -89,13 +89,17 @@ PLANS = {
     "d128-16rows": (_problem(2, 8, 4, 4, 32768, 128), "never"),
     "d64-64rows-balanced": (_problem(8, 8, 4, 16, 26368, 64, has_cache_seqlens=True, page_size=32), "always"),
     "d256-64rows": (_problem(2, 8, 4, 16, 32768, 256), "never"),
+    "d256-256rows": (_problem(2, 4, 16, 16, 32768, 256), "never"),
 }
 # name -> (tile_m, M tiles) with the knob on.
-CHANGED = {"d128-64rows-balanced": (64, 1), "d128-128rows": (64, 2), "d128-48rows": (64, 1)}
+CHANGED = {
+    "d128-64rows-balanced": (64, 1), "d128-128rows": (64, 2), "d128-48rows": (64, 1), "d256-64rows": (64, 1),
+    "d256-256rows": (64, 4),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", sorted(PLANS))
-def test_on_changes_the_key_and_the_plan_at_d128s_many_rows_only(case: str, monkeypatch: pytest.MonkeyPatch):
+def test_on_changes_the_key_and_the_plan_at_many_rows_only(case: str, monkeypatch: pytest.MonkeyPatch):
     problem, balanced = PLANS[case]
     monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
     monkeypatch.setattr(decode, "WIDE_M_TILE", False)
@@ -168,35 +172,41 @@ def test_ab_times_the_row_and_its_neighbours_off_and_on():
 
 
 # ----------------------------------------------------------------------------------------------------
-# sm_90a: on, no spills, and two CTAs' registers and shared memory an SM
+# sm_90a: on, no spills, and CTAS_PER_SM_FIT CTAs' registers and shared memory an SM (two at D=128, one at D=256)
 # ----------------------------------------------------------------------------------------------------
-# (page size, BALANCED_SPLIT): the row's kind (balanced, paged by 32, ragged), the padded split on a contiguous cache.
-KNOB_COMPILES = [(32, "always"), (0, "never")]
+# (head dim, page size, BALANCED_SPLIT): the rows' kinds (balanced, paged, ragged), the padded split on a contiguous
+# cache.
+KNOB_COMPILES = [(128, 32, "always"), (128, 0, "never"), (256, 64, "always"), (256, 0, "never")]
 
 
 @pytest.mark.cute_compile
-@pytest.mark.parametrize(("page_size", "balanced"), KNOB_COMPILES)
-def test_on_compiles_for_two_ctas_an_sm(page_size: int, balanced: str, monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize(("head_dim", "page_size", "balanced"), KNOB_COMPILES)
+def test_on_compiles_for_the_ctas_an_sm_it_counts(
+    head_dim: int, page_size: int, balanced: str, monkeypatch: pytest.MonkeyPatch
+):
     monkeypatch.setattr(decode, "WIDE_M_TILE", True)
     monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
-    problem = _problem(2, 4, 4, 16, 4096, 128, has_cache_seqlens=bool(page_size), page_size=page_size)
+    problem = _problem(2, 4, 4, 16, 4096, head_dim, has_cache_seqlens=bool(page_size), page_size=page_size)
     config = decode.compile_plan(problem, split=True)
     assert (config.tile_m, config.row_warps, bool(config.balanced_min_blocks)) == (64, 4, balanced == "always")
+    ctas = decode.CTAS_PER_SM_FIT[head_dim]
     storages = []  # the SharedStorage the split kernel allocates, as the launcher builds it
     real_storage = decode.qkv_ring_storage
     monkeypatch.setattr(decode, "qkv_ring_storage", lambda *args: storages.append(real_storage(*args)) or storages[-1])
     (binary,) = decode.compile_sm90(problem, split=True)
     (shared,) = {storage.size_in_bytes() for storage in storages}
     print(f"WIDE_M_TILE {problem.describe()}: the split kernel allocates {shared} B of shared memory")
-    assert shared == _ring_and_q_bytes(config) <= TWO_CTA_SHARED_BYTES, (problem.describe(), shared)
+    cta_bytes = SM_SHARED_BYTES // ctas - CTA_RESERVED_SHARED_BYTES
+    assert shared == _ring_and_q_bytes(config), (problem.describe(), shared)
     kernels = cubin_resources(binary.cubin)
     assert len(kernels) == 2, sorted(kernels)
     for name, usage in kernels.items():
         registers, spills = usage["registers"], usage["stack_bytes"] + usage["local_bytes"]
         print(f"WIDE_M_TILE {problem.describe()} {name[:40]}: {registers} registers")
         assert spills == 0, f"{problem.describe()} {name}: {registers} registers, {spills} B spilled"
+        assert shared + usage["static_shared_bytes"] <= cta_bytes, (problem.describe(), name, shared)
         allocated = -(-registers // REGISTER_UNIT) * REGISTER_UNIT
-        assert registers <= 255 and 2 * binary.threads_per_cta * allocated <= REGISTER_FILE, (name, registers)
+        assert registers <= 255 and ctas * binary.threads_per_cta * allocated <= REGISTER_FILE, (name, registers)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -204,13 +214,17 @@ def test_on_compiles_for_two_ctas_an_sm(page_size: int, balanced: str, monkeypat
 # ----------------------------------------------------------------------------------------------------
 # name -> (problem, lengths, forced splits, BALANCED_SPLIT): seed 59 row 2's kind shrunk (64 rows, paged(32), ragged
 # with a one-key and a 77-key sequence, the balanced split), 64 rows on a full contiguous cache in 3 forced splits,
-# 40 rows of Sq 5 in pages of 16 keys (a quarter of a block), ragged, 2 forced splits.
+# 40 rows of Sq 5 in pages of 16 keys (a quarter of a block), ragged, 2 forced splits; at D=256, 256 rows (four tiles)
+# on a full cache in 3 forced splits and 64 rows paged(64), ragged, balanced.
 GPU_CASES = {
     "seed59-kind-64rows-paged32-balanced": (_problem(4, 2, 4, 16, 2048, 128, has_cache_seqlens=True, page_size=32),
                                             (1, 2000, 77, 1029), None, "always"),
     "64rows-full-split": (_problem(2, 2, 4, 16, 1000, 128), None, 3, "never"),
     "40rows-sq5-paged16-ragged-split": (_problem(3, 2, 8, 5, 1024, 128, has_cache_seqlens=True, page_size=16),
                                         (1000, 33, 517), 2, "never"),
+    "d256-256rows-full-split": (_problem(2, 2, 16, 16, 1000, 256), None, 3, "never"),
+    "d256-64rows-paged64-balanced": (_problem(3, 2, 4, 16, 2048, 256, has_cache_seqlens=True, page_size=64),
+                                     (1, 2000, 1029), None, "always"),
 }  # fmt: skip
 
 

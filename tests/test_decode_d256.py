@@ -77,8 +77,7 @@ def test_wide_d256_stands_down_in_a_release_whose_kernels_spill(monkeypatch: pyt
 
 
 def test_wide_d256_launches_its_warps_and_paged_stages(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(decode, "WIDE_D256", True)
-    monkeypatch.setattr(decode, "WIDE_D256_SPILLS", ())
+    _wide_d256(monkeypatch)
     assert decode.launch_options(_problem(2, 1, 8, 16, 4096, 256)) == {"num_warps": 8, "num_stages": 3, "maxnreg": None}
     paged = _problem(2, 1, 8, 16, 4096, 256, has_cache_seqlens=True, page_size=256)
     assert decode.launch_options(paged)["num_stages"] == 3 + decode.PAGED_EXTRA_STAGES
@@ -104,9 +103,11 @@ INTERPRETER_CASES = {
 
 
 def _wide_d256(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The knob on, in whatever release runs the interpreter."""
+    """The knob on, in whatever release runs the interpreter, contiguous caches included (by default those take the
+    wgmma tile past 64 rows: ``WGMMA_D256_CONTIGUOUS_ALL_ROWS``, tests/test_decode_d256_rows.py)."""
     monkeypatch.setattr(decode, "WIDE_D256", True)
     monkeypatch.setattr(decode, "WIDE_D256_SPILLS", ())
+    monkeypatch.setattr(decode, "WGMMA_D256_CONTIGUOUS_ALL_ROWS", False)
 
 
 @interpreter_only
@@ -188,7 +189,7 @@ from common.contract.problem import Problem
 from tests._helpers import triton_decode_sm90_facts
 from triton_impl import decode
 
-decode.WIDE_D256, decode.WIDE_D256_SPILLS = True, ()
+decode.WIDE_D256, decode.WIDE_D256_SPILLS, decode.WGMMA_D256_CONTIGUOUS_ALL_ROWS = True, (), False
 results = []
 for kernel, causal, page_size, group, seqlen_q in json.loads(sys.argv[1]):
     problem = Problem(64, group, seqlen_q, 40448, 256, dtype=torch.bfloat16, causal=causal, kv_heads=1,
@@ -234,7 +235,9 @@ GPU_CASES = {
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", sorted(GPU_CASES))
-def test_gpu_wide_d256_against_fp64(case: str):
+def test_gpu_wide_d256_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
+    """The knob's kernels, contiguous ones included (the default's tile for paged caches only)."""
+    monkeypatch.setattr(decode, "WGMMA_D256_CONTIGUOUS_ALL_ROWS", False)
     problem, lengths = GPU_CASES[case]
     if decode.tile_config(problem) != decode.WIDE_D256_CONFIG:
         pytest.skip(f"WIDE_D256 stands down under Triton {triton.__version__} (WIDE_D256_SPILLS)")
@@ -253,9 +256,10 @@ def test_d256_bench_times_seed_47s_rows_first_and_each_setting_where_it_changes_
     assert described[0].startswith("B=64 H=8 Hkv=1 Sq=16 Sk=40448 D=256") and "paged(256)" in described[0]
     assert described[1].startswith("B=1 H=64 Hkv=4 Sq=4 Sk=71168 D=256")
     assert all(case.problem.head_dim == 256 for case in cases.values())
-    # 128 packed rows take every setting; 64 rows are the default's 32-row tiles in each (the controls).
+    # 128 packed rows of a paged cache take every setting; 64 rows are the default's 32-row tiles in each (the
+    # controls), and so are the contiguous 128-row rows since WGMMA_D256_CONTIGUOUS_ALL_ROWS gave them the wgmma tile.
     every, controls = ["default", "narrow", "wide-d256-deep"], ["default"]
-    expected = {"seed47-4": every, "seed47-6": controls, "long-mqa-128k": every, "128rows-4k": every,
+    expected = {"seed47-4": every, "seed47-6": controls, "long-mqa-128k": controls, "128rows-4k": controls,
                 "64rows-paged": controls}  # fmt: skip
     if triton_release() in decode.WIDE_D256_SPILLS:
         expected = {label: ["default"] for label in expected}

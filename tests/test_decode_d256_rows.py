@@ -1,17 +1,20 @@
 """Issue #38's D=256 rows of one wgmma tile: ``WGMMA_D256`` in triton/decode (on by default), one 64-row M tile of one
 warpgroup (fewer rows padded to it) for ``WGMMA_D256_FROM_ROWS`` to 64 packed rows (group · Sq) at D=256, where the
-32-row tiles ran on mma.sync.
+32-row tiles ran on mma.sync; and past 64 rows of a contiguous cache (``WGMMA_D256_CONTIGUOUS_ALL_ROWS``, on) 64-row
+M tiles of the same kernel, where WIDE_D256's 128-row tiles ran (they keep the paged caches).
 
 CPU: the switch on by default; off, the 32-row tiles; on, its tile, warps, key block and one CTA an SM on the shapes it
-is for (17-64 rows at D=256) and nothing else (16 rows, WIDE_D256's 128, D=128); triton/decode with the switch on
-against fp64 under the interpreter (64 rows on a full cache forced into two splits, merged in two 32-row chunks; 64
-MQA rows of one token in pages of 16 over a ragged batch; 20 rows padded to 64 by the two-launch merge; 40 rows padded
-on the balanced split); a planted chunked merge that stores every chunk at the first chunk's rows and a planted tile
-that maps its rows past 32 onto the first 32 fail the check. Static: the split kernel (with the two-launch merge
-kernel) and balanced kernel for sm_90a, contiguous and in pages of 64: wgmma and no mma.sync, 64 rows, 4 warps, one
-CTA an SM by shared memory and registers, spills at most the recorded bytes and none inside the key loops (SASS). GPU
-(``gpu``; ``bench/triton_decode_d256_rows_ab.sh``): the switch on against fp64 on a poisoned output, on the A/B rows'
-kinds.
+is for (17-64 rows at D=256) and nothing else (16 rows, WIDE_D256's 128, D=128); past 64 rows, the contiguous caches'
+plans only; triton/decode with the switch on against fp64 under the interpreter (64 rows on a full cache forced into two
+splits, merged in two 32-row chunks; 64 MQA rows of one token in pages of 16 over a ragged batch; 20 rows padded to 64
+by the two-launch merge; 40 rows padded on the balanced split; 128 rows in two M tiles on a full cache, 208 rows in four
+on the balanced split); a planted chunked merge that stores every chunk at the first chunk's rows, a planted tile that
+maps its rows past 32 onto the first 32 and a planted mapping of every M tile onto the first tile's rows fail the check.
+Static (the same binary whatever the M tiles: they are the grid's): the split kernel (with the two-launch merge kernel)
+and balanced kernel for sm_90a, contiguous and in pages of 64: wgmma and no mma.sync, 64 rows, 4 warps, one CTA an SM by
+shared memory and registers, spills at most the recorded bytes and none inside the key loops (SASS). GPU (``gpu``;
+``bench/triton_decode_d256_rows_ab.sh``): the switch on against fp64 on a poisoned output, on the A/B rows' kinds, and
+the default on 256 contiguous rows and 80 ragged ones (``bench/decode_d256_many_rows_ab.sh``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from tests.test_decode_d256 import (
     SM_REGISTERS,
     SM_SHARED_BYTES,
     _merge_every_chunk_as_the_first,
+    _packed_rows_of_the_first_tile,
     _plan,
 )
 from tests.test_decode_packed import _interpreter_check
@@ -53,6 +57,7 @@ D256_ROWS_SHAPES = {
 
 def test_wgmma_d256_changes_only_17_to_64_rows_at_d256(monkeypatch: pytest.MonkeyPatch):
     assert decode.WGMMA_D256 is True, "taken after its H200 A/B (results/h200/decode-triton-wgmma-d256/)"
+    monkeypatch.setattr(decode, "WGMMA_D256_CONTIGUOUS_ALL_ROWS", False)  # past 64 rows: the test below
     for (group, seqlen_q, head_dim), taken in D256_ROWS_SHAPES.items():
         problem = _problem(2, 4, group, seqlen_q, 4096, head_dim)
         monkeypatch.setattr(decode, "WGMMA_D256", False)
@@ -62,6 +67,29 @@ def test_wgmma_d256_changes_only_17_to_64_rows_at_d256(monkeypatch: pytest.Monke
         assert _plan(problem) == expected, problem.describe()
         if taken:
             assert default[0] <= 32, "the default's D=256 tiles of 17-64 rows are 32-row tiles"
+
+
+# (group, Sq, page size) past 64 rows at D=256 -> the plan with WGMMA_D256_CONTIGUOUS_ALL_ROWS on (None: as off):
+# contiguous 128, 80 (padded to two 64-row tiles) and 256 rows (seed 67's rows 0 and 7) on the wgmma tile; the same in
+# pages of 256 (seed 47's row 4) keep WIDE_D256's tile, as do D=128's many rows.
+CONTIGUOUS_PLANS = {
+    (8, 16, 0): (64, 4, 2, 32, 1), (5, 16, 0): (64, 4, 2, 32, 1), (16, 16, 0): (64, 4, 4, 32, 1),
+    (8, 16, 256): None, (16, 16, 256): None,
+}  # fmt: skip
+
+
+def test_contiguous_all_rows_changes_only_contiguous_caches_past_64_rows(monkeypatch: pytest.MonkeyPatch):
+    assert decode.WGMMA_D256_CONTIGUOUS_ALL_ROWS is True, "taken (results/h200/decode-d256-many-rows/)"
+    monkeypatch.setattr(decode, "WIDE_D256_SPILLS", ())
+    for (group, seqlen_q, page_size), plan in CONTIGUOUS_PLANS.items():
+        problem = _problem(2, 4, group, seqlen_q, 4096, 256, has_cache_seqlens=bool(page_size), page_size=page_size)
+        monkeypatch.setattr(decode, "WGMMA_D256_CONTIGUOUS_ALL_ROWS", False)
+        off = _plan(problem)
+        assert off[:2] == (128, 8), f"{problem.describe()}: WIDE_D256's tile past 64 rows"
+        monkeypatch.setattr(decode, "WGMMA_D256_CONTIGUOUS_ALL_ROWS", True)
+        assert _plan(problem) == (plan or off), problem.describe()
+    d128 = _problem(2, 4, 8, 16, 4096, 128)
+    assert decode.tile_config(d128) == decode.WIDE_CONFIGS[128]
 
 
 def test_wgmma_d256_launches_its_warps_and_paged_stages(monkeypatch: pytest.MonkeyPatch):
@@ -88,6 +116,9 @@ INTERPRETER_CASES = {
     "padded-20rows": (_problem(1, 2, 5, 4, 200, 256, dtype=torch.float32), None, 3),
     "balanced-ragged": (_problem(3, 1, 5, 8, 1024, 256, dtype=torch.float32, has_cache_seqlens=True),
                         (1, 1000, 517), 6),
+    "full-split-128rows": (_problem(2, 2, 8, 16, 77, 256, dtype=torch.float32), None, 2),
+    "balanced-208rows": (_problem(2, 1, 13, 16, 1024, 256, dtype=torch.float16, has_cache_seqlens=True),
+                         (40, 1000), 5),
 }  # fmt: skip
 
 
@@ -101,8 +132,9 @@ def _wgmma_d256(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_triton_wgmma_d256_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
     _wgmma_d256(monkeypatch)
     problem, lengths, num_splits = INTERPRETER_CASES[case]
-    assert _plan(problem)[0:3:2] == (64, 1)
-    assert decode.balanced_split(problem, torch.device("cpu")) == (case == "balanced-ragged")
+    rows = problem.kv_group * problem.seqlen_q
+    assert _plan(problem)[0:3] == (64, 4, -(-rows // 64))
+    assert decode.balanced_split(problem, torch.device("cpu")) == case.startswith("balanced")
     result = _interpreter_check(problem, lengths, num_splits)
     assert result.ok, f"{problem.describe()}: {result.summary()}"
 
@@ -127,6 +159,7 @@ def _packed_rows_of_half_a_tile(m_block, kv_head, group, seqlen_q, BLOCK_M: tl.c
 PLANTED = {
     "merge chunks stored at the first chunk's rows": ("merge_in_chunks", _merge_every_chunk_as_the_first, "full-split"),
     "tile rows past 32 mapped to the first 32": ("packed_rows", _packed_rows_of_half_a_tile, "full-split"),
+    "M tiles mapped to the first tile's rows": ("packed_rows", _packed_rows_of_the_first_tile, "full-split-128rows"),
 }
 
 
@@ -210,11 +243,15 @@ def test_wgmma_d256_kernels_compile_for_sm90_on_wgmma():
 # The A/B rows' kinds, smaller: 16 × 4 = 64 rows on a full 8k cache the rule splits (seed 47's row 6); 8 × 8 = 64 rows
 # in pages of 64 over a ragged batch, with the LSE (seed 53's row 0 paged: the balanced split); 8 × 4 = 32 rows padded
 # to 64 on a full 6000-key cache (seed 59's row 5). The full ones without the LSE, as the sweep's rows: the A/B then
-# finds their kernels in Triton's cache.
+# finds their kernels in Triton's cache. Past 64 rows, contiguous (WGMMA_D256_CONTIGUOUS_ALL_ROWS): 16 × 16 = 256 rows
+# in four M tiles on a full 3000-key cache (seed 67's row 7's kind), 5 × 16 = 80 rows in two on a ragged batch (the
+# balanced split; seed 67's row 0's kind).
 GPU_CASES = {
     "full-64rows": (_problem(1, 4, 16, 4, 8192, 256).with_(return_lse=False), None),
     "paged-64rows": (_problem(3, 2, 8, 8, 4160, 256, has_cache_seqlens=True, page_size=64), (17, 4160, 1000)),
     "full-32rows": (_problem(4, 1, 8, 4, 6000, 256).with_(return_lse=False), None),
+    "full-256rows": (_problem(2, 2, 16, 16, 3000, 256), None),
+    "ragged-80rows": (_problem(3, 2, 5, 16, 5000, 256, has_cache_seqlens=True), (16, 5000, 1234)),
 }
 
 
@@ -233,3 +270,23 @@ def test_d256_rows_ab_script_runs_the_gpu_tests_then_the_knob_on_the_issue_rows(
     assert "tests/test_decode_d256_rows.py" in script and "-m gpu" in script
     assert re.search(r"python3 -m bench\.decode_knob_ab --knob triton_impl\.decode:WGMMA_D256\b", script)
     assert all(row in script for row in ("53/0", "47/6", "59/5"))
+
+
+def test_many_rows_ab_script_times_both_stacks_knobs_on_seed_67s_rows():
+    """bench/decode_d256_many_rows_ab.sh: triton's switch and cute's D=256 64-row tile, each on seed 67's 256-row rows
+    and the 128-row paged ones, the CuTe DSL and TVM-FFI (FA4's wheels) carried."""
+    script = (Path(__file__).parents[1] / "bench" / "decode_d256_many_rows_ab.sh").read_text()
+    assert "triton_impl.decode:WGMMA_D256_CONTIGUOUS_ALL_ROWS False,True triton/decode 67/0 67/7 47/4 53/1" in script
+    assert 'cute_impl._decode_warps:WIDE_M_TILES "{128: 64},{128: 64, 256: 64}" cute/decode' in script
+    assert '".gpu/cutlass-dsl.tar.xz", ".gpu/activate.sh", ".gpu/fa4"' in script
+
+
+def test_knob_ab_reads_values_with_commas_as_one_literal_each():
+    """bench.decode_knob_ab --values: a dict's commas do not cut it (cute's WIDE_M_TILES A/B)."""
+    from bench.decode_knob_ab import arguments
+
+    args = arguments(["--knob", "m:N", "--values", "{128: 64},{128: 64, 256: 64}", "--rows", "67/0"])
+    assert args.values == [{128: 64}, {128: 64, 256: 64}]
+    assert arguments(["--knob", "m:N", "--values", "64,4096", "--rows", "67/0"]).values == [64, 4096]
+    with pytest.raises(SystemExit):
+        arguments(["--knob", "m:N", "--values", "64", "--rows", "67/0"])

@@ -11,8 +11,9 @@ every query head of a GQA group reads the same K/V bytes again. This rung remove
   * GQA packing: the ``group = H / Hkv`` query heads of one KV head share a CTA. Their rows are
     stacked into one M tile, row r = (head in group) · Sq + query token, padded to at least 16 rows
     for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``; ``WIDE_M_TILE``: one 128-row tile on 8 warps at D
-    <= 128, two an SM under ``PACKED_OCCUPANCY``; ``WIDE_D256``: 128-row tiles on 8 warps past 64 rows at D=256;
-    ``WGMMA_D256``, on: 17-64 rows at D=256 in one 64-row wgmma tile of one warpgroup, not 32-row mma.sync tiles), so
+    <= 128, two an SM under ``PACKED_OCCUPANCY``; ``WIDE_D256``: 128-row tiles on 8 warps past 64 rows of a paged cache
+    at D=256; ``WGMMA_D256``, on: from 17 rows at D=256 (past 64 on a contiguous cache only) 64-row wgmma tiles of one
+    warpgroup, not 32-row mma.sync tiles), so
     each K/V byte is read from HBM once per KV head, not once per query head.
     Many packed rows make a step compute-heavy: a key's 4 · D bytes feed 4 · D · rows FLOPs, rows FLOPs a
     byte, so 128 rows at 4.4 TB/s ask 564 TFLOP/s of the tensor cores (``decode_sweep.roofline_us``).
@@ -249,24 +250,33 @@ WIDE_D256_SPILLS = ("3.9",)
 # row; removed. 64-key blocks on 4 warps spill in the paged loop.
 WGMMA_D256 = True
 WGMMA_D256_FROM_ROWS = 17
+# Past 64 rows at D=256, a contiguous cache takes the wgmma tile too (cut into 64-row M tiles, each reading the item's
+# K/V), a paged one WIDE_D256's 128-row tile. H200 A/B of the most rows the wgmma tile takes, 64 against all
+# (bench/decode_d256_many_rows_ab.sh, results/h200/decode-d256-many-rows/): contiguous, 0.65-0.88x the time (seed 67
+# row 0's 256 rows 408.6 -> 308.9 us, row 7 543.2 -> 443.0, seed 47 row 4's 128 rows unpaged 233.1 -> 151.4); paged,
+# 1.09-1.65x (seed 47 row 4 in pages of 256 253.7 -> 284.1, seed 67 row 7 in pages of 64 669.2 -> 1107.3): the paged
+# wgmma tile keeps 2 blocks in flight, and WIDE_D256 reads each page once for 128 rows.
+WGMMA_D256_CONTIGUOUS_ALL_ROWS = True
 WGMMA_D256_CONFIG = TileConfig(32, 4, 4, 64, ctas_per_sm=1, min_block_m=64)
 
 
 def tile_config(problem: Problem) -> TileConfig:
     """``problem``'s tile: WIDE_CONFIGS' for many packed rows under WIDE_M_TILE (PACKED_CONFIGS' under
     PACKED_OCCUPANCY), WIDE_D256_CONFIG for more than WIDE_D256_ABOVE_ROWS at D=256 under WIDE_D256 (not in a
-    release of WIDE_D256_SPILLS), WGMMA_D256_CONFIG for WGMMA_D256_FROM_ROWS to 64 rows at D=256 under WGMMA_D256,
-    SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
+    release of WIDE_D256_SPILLS), WGMMA_D256_CONFIG for WGMMA_D256_FROM_ROWS to 64 rows at D=256 under WGMMA_D256
+    (every count from WGMMA_D256_FROM_ROWS on a contiguous cache under WGMMA_D256_CONTIGUOUS_ALL_ROWS, before
+    WIDE_D256), SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
     rows = problem.kv_group * problem.seqlen_q
     if WIDE_M_TILE and rows > MAX_BLOCK_M and problem.head_dim in WIDE_CONFIGS:
         if PACKED_OCCUPANCY and problem.head_dim in PACKED_CONFIGS:
             return PACKED_CONFIGS[problem.head_dim]
         return WIDE_CONFIGS[problem.head_dim]
+    wgmma_rows = rows <= MAX_BLOCK_M or (WGMMA_D256_CONTIGUOUS_ALL_ROWS and not problem.paged)
+    if WGMMA_D256 and problem.head_dim == 256 and rows >= WGMMA_D256_FROM_ROWS and wgmma_rows:
+        return WGMMA_D256_CONFIG
     wide_d256 = WIDE_D256 and problem.head_dim == 256 and triton_release() not in WIDE_D256_SPILLS
     if wide_d256 and rows > WIDE_D256_ABOVE_ROWS:
         return WIDE_D256_CONFIG
-    if WGMMA_D256 and problem.head_dim == 256 and WGMMA_D256_FROM_ROWS <= rows <= MAX_BLOCK_M:
-        return WGMMA_D256_CONFIG
     configs = SHORT_CACHE_CONFIGS if SHORT_CACHE_TILE and problem.seqlen_k <= splits.SHORT_CACHE_KEYS else {}
     return configs.get(problem.head_dim, DEFAULT_CONFIGS[problem.head_dim])
 
