@@ -1,6 +1,8 @@
 """Issue #38's D=256 packed rows: ``WIDE_D256`` in triton/decode (on by default), 128-row tiles on 8 warps for more
 than 64 packed rows (group · Sq) at D=256, where the knob off takes 32-row tiles on 4 warps; the fused merge of a
-128-row tile runs in 32-row chunks (``merge_in_chunks``).
+128-row tile runs in 32-row chunks (``merge_in_chunks``). By default only a paged cache takes the tile now (a contiguous
+one takes the 64-row wgmma tiles: ``WGMMA_D256_CONTIGUOUS_ALL_ROWS``, tests/test_decode_d256_rows.py); the tests here
+turn that switch off, so the knob's kernels are checked on contiguous caches too.
 
 CPU: off, 32-row tiles; on, the tile, warps and M tiles of the shapes it is for (and none of the others, 64 rows or
 fewer included; none in a release of ``WIDE_D256_SPILLS``); triton/decode with it on against fp64 under the
@@ -10,8 +12,8 @@ planted packed-row → head mapping and a planted chunked merge that stores ever
 the check. Static: the knob's split kernel (with the two-launch merge kernel) and balanced kernel compile for sm_90a
 without spills at 128 rows, contiguous and paged, causal and not, with the LSE, one CTA an SM; under a release of
 ``WIDE_D256_SPILLS`` the test holds the spill that keeps the knob off there. GPU (``gpu``;
-``bench/decode_d256_wide_ab.sh``): the default against fp64 on a poisoned output, on seed 47's paged row's kind, 80
-rows padded to one tile and 256 rows in two tiles.
+``bench/decode_d256_wide_ab.sh``): the knob against fp64 on a poisoned output, on seed 47's paged row's kind (the
+default's tile), 80 rows padded to one tile and 256 rows in two tiles.
 """
 
 from __future__ import annotations
