@@ -123,3 +123,66 @@ def test_planted_span_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(_device, "kv_block_rows", planted)
     result = _check_paged(problem, 3, seed=page_size + 1 + 64)
     assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"
+
+
+# ----------------------------------------------------------------------------------------------------
+# sm_90a: the balanced kernel's unmasked key loop with the switch off and on
+# ----------------------------------------------------------------------------------------------------
+_LOOP_PROBE = r"""
+import json, re, subprocess, sys, tempfile
+import torch
+from common.contract.problem import Problem
+from common.reporting.static import _SASS_INSTRUCTION, _cuobjdump, cubin_resources
+from tests._helpers import triton_balanced_sm90
+from triton_impl import decode
+
+def first_key_loop(cubin):
+    # The first smallest backward-branch span holding an exp2 and an MMA: the unmasked key-block loop.
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        sass = subprocess.run([_cuobjdump(), "-sass", handle.name], capture_output=True, text=True, check=True).stdout
+    listing = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _SASS_INSTRUCTION.finditer(sass)]
+    loops = []
+    for end, (address, opcode, operands) in enumerate(listing):
+        target = re.match(r"\s*(0x[0-9a-f]+)", operands)
+        if not opcode.startswith("BRA") or target is None or int(target.group(1), 16) > address:
+            continue
+        body = [op for at, op, _ in listing[: end + 1] if at >= int(target.group(1), 16)]
+        if "EXIT" not in body and any(op.startswith("MUFU.EX2") for op in body) and any(
+            op.startswith(("HMMA", "HGMMA")) for op in body
+        ):
+            loops.append((int(target.group(1), 16), body))
+    start, body = min(loops)
+    return {"instructions": len(body), "LDS": body.count("LDS"), "IMAD.WIDE.U32": body.count("IMAD.WIDE.U32")}
+
+rows = {}
+for head_dim, page_size, batch, heads, kv_heads, seqlen_q in json.loads(sys.argv[1]):
+    problem = Problem(batch, heads, seqlen_q, 65536, head_dim, causal=True, kv_heads=kv_heads,
+                      causal_alignment="bottom_right", has_cache_seqlens=True, page_size=page_size)
+    for switch in (False, True):
+        decode.PAGED_SPAN_LOOKUP = switch
+        binary = triton_balanced_sm90(problem)
+        (usage,) = cubin_resources(binary.cubin).values()
+        rows[f"D={head_dim} page={page_size} {switch}"] = {
+            **first_key_loop(binary.cubin), "local_bytes": usage["local_bytes"], "registers": usage["registers"]
+        }
+print(json.dumps(rows))
+"""
+# (D, page size, B, H, Hkv, Sq): seed 71 row 3's D=64 tile in pages of 32 (two a block), D=128 in pages of 128 (two
+# blocks a page), seed 71 row 7's D=256 32-key tile in pages of 64, seed 73 row 4's D=256 wgmma tile in pages of 32.
+LOOP_BUILDS = [(64, 32, 2, 16, 16, 1), (128, 128, 4, 32, 8, 1), (256, 64, 16, 1, 1, 8), (256, 32, 32, 32, 8, 8)]
+
+
+def test_the_span_lookup_shortens_the_key_loop_without_spilling():
+    import json
+
+    from tests._helpers import json_from_child
+
+    rows = json_from_child(["-c", _LOOP_PROBE, json.dumps(LOOP_BUILDS)], timeout=1200)
+    for head_dim, page_size, *_ in LOOP_BUILDS:
+        off, on = rows[f"D={head_dim} page={page_size} False"], rows[f"D={head_dim} page={page_size} True"]
+        assert on["local_bytes"] == off["local_bytes"] == 0, (head_dim, page_size, off, on)
+        # Each key's page read back from shared memory and widened to a 64-bit offset: far fewer with the span.
+        assert on["LDS"] < off["LDS"] and on["IMAD.WIDE.U32"] < off["IMAD.WIDE.U32"], (head_dim, page_size, off, on)
+        assert on["instructions"] < off["instructions"], (head_dim, page_size, off, on)

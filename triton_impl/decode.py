@@ -34,6 +34,8 @@ stay coalesced. The table's load takes pipeline stages of its own, so a paged bu
 ``PAGED_EXTRA_STAGES`` more to keep as many K/V blocks in flight as the contiguous one. Page indices
 are not checked (a device synchronisation per call): each must name a page of the pools, the
 caller's contract as in FlashAttention; the entries of pages past a sequence's length are never read.
+``PAGED_SPAN_LOOKUP`` (off until its H200 A/B) reads one entry per page a block spans instead, where BLOCK_N and
+the page size divide one another (``_device.kv_block_rows``).
 
 The merge, in the split kernel (issue #38): a separate merge kernel costs a launch, and the tail of
 the split kernel and the ramp of the merge's CTAs, about 10-15 µs of a 36 µs step at a 160 MB cache;
