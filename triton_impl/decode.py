@@ -220,8 +220,10 @@ PAGED_EXTRA_STAGES = 2
 # spans (``_device.kv_block_rows``: scalar loads; a block inside one page is addressed as a contiguous one from the
 # page's slot), not one per key (``kv_page_slots``: a BLOCK_N-entry cp.async, each key's page read back from shared
 # memory). Only where BLOCK_N and the page size divide one another (``paged_spans``); other sizes keep the per-key
-# lookup. sm_90a, Triton 3.8, the balanced kernel's unmasked key loop: D=64 pages of 32 311 -> 228 instructions a
-# block (contiguous 202), D=256 paged(64) 497 -> 349, the D=256 wgmma tile paged(32) 653 -> 493.
+# lookup. sm_90a, the balanced kernel's unmasked key loop, instructions a block (contiguous beside), Triton 3.6 / 3.8:
+# D=64 paged(32) 380 -> 243 (213) / 311 -> 228 (202); D=256 paged(64) 638 -> 360 (289) / 497 -> 349 (282), and under
+# 3.6 204 -> 156 registers (contiguous 168): 3 CTAs an SM, not 2, for seed 71 row 7's 272 shares; the D=256 wgmma
+# tile paged(32) 772 -> 478 (402) / 653 -> 493 (406). No spill either way (tests/test_decode_paged_pages.py).
 PAGED_SPAN_LOOKUP = False
 # Split-kernel CTAs an SM holds; DEEP_RING's depths; SHORT_CACHE_TILE's (D=128: 37 KB, 96 registers: 5 an SM).
 CTAS_PER_SM_FIT, DEEP_RING_STAGES = {64: 4, 128: 3, 256: 2}, {64: 6, 128: 5, 256: 5}
