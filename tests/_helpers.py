@@ -75,6 +75,7 @@ def triton_balanced_sm90(problem: Problem) -> Any:
         "BLOCK_N": decode.tile_config(problem).block_n, "PAGE_SIZE": problem.page_size,
         "SPLITS_PER_STEP": decode._merge_step(problem),
         "BLOCK_B": decode.next_power_of_2(max(problem.batch, decode.MIN_BLOCK_B)), "M_TILE_MAJOR": decode.M_TILE_MAJOR,
+        "PAGE_SPANS": decode.paged_spans(problem),
     }  # fmt: skip
     if problem.page_size:
         signature.update({"BlockTable": "*i32", "stride_btb": "i32"})

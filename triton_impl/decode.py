@@ -34,6 +34,8 @@ stay coalesced. The table's load takes pipeline stages of its own, so a paged bu
 ``PAGED_EXTRA_STAGES`` more to keep as many K/V blocks in flight as the contiguous one. Page indices
 are not checked (a device synchronisation per call): each must name a page of the pools, the
 caller's contract as in FlashAttention; the entries of pages past a sequence's length are never read.
+``PAGED_SPAN_LOOKUP`` (off until its H200 A/B) reads one entry per page a block spans instead, where BLOCK_N and
+the page size divide one another (``_device.kv_block_rows``).
 
 The merge, in the split kernel (issue #38): a separate merge kernel costs a launch, and the tail of
 the split kernel and the ramp of the merge's CTAs, about 10-15 µs of a 36 µs step at a 160 MB cache;
@@ -214,6 +216,15 @@ HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
 # stages keep both at the same depth (sm_90a, D=128: 71680 bytes of shared memory contiguous at 3
 # stages, 72704 paged at 5, 39424 paged at 3 or 4).
 PAGED_EXTRA_STAGES = 2
+# Issue #38's paged rows (off until bench/decode_knob_ab.py on an H200): one block-table entry per page a key block
+# spans (``_device.kv_block_rows``: scalar loads; a block inside one page is addressed as a contiguous one from the
+# page's slot), not one per key (``kv_page_slots``: a BLOCK_N-entry cp.async, each key's page read back from shared
+# memory). Only where BLOCK_N and the page size divide one another (``paged_spans``); other sizes keep the per-key
+# lookup. sm_90a, the balanced kernel's unmasked key loop, instructions a block (contiguous beside), Triton 3.6 / 3.8:
+# D=64 paged(32) 380 -> 243 (213) / 311 -> 228 (202); D=256 paged(64) 638 -> 360 (289) / 497 -> 349 (282), and under
+# 3.6 204 -> 156 registers (contiguous 168): 3 CTAs an SM, not 2, for seed 71 row 7's 272 shares; the D=256 wgmma
+# tile paged(32) 772 -> 478 (402) / 653 -> 493 (406). No spill either way (tests/test_decode_paged_pages.py).
+PAGED_SPAN_LOOKUP = False
 # Split-kernel CTAs an SM holds; DEEP_RING's depths; SHORT_CACHE_TILE's (D=128: 37 KB, 96 registers: 5 an SM).
 CTAS_PER_SM_FIT, DEEP_RING_STAGES = {64: 4, 128: 3, 256: 2}, {64: 6, 128: 5, 256: 5}
 SHORT_CACHE_CONFIGS = {128: TileConfig(32, 4, 3)}
@@ -285,6 +296,13 @@ def num_stages_for(problem: Problem, deep: bool = False) -> int:
     """The split kernel's depth: the tile's (``deep``: DEEP_RING's), plus PAGED_EXTRA_STAGES when paged."""
     stages = DEEP_RING_STAGES[problem.head_dim] if deep else tile_config(problem).num_stages
     return stages + (PAGED_EXTRA_STAGES if problem.paged else 0)
+
+
+def paged_spans(problem: Problem) -> bool:
+    """Whether ``problem``'s key loop reads one table entry per page a block spans (``PAGED_SPAN_LOOKUP``, a paged
+    cache whose page size and key block divide one another)."""
+    page, block_n = problem.page_size, tile_config(problem).block_n
+    return bool(PAGED_SPAN_LOOKUP and page and (page % block_n == 0 or block_n % page == 0))
 
 
 def launch_options(problem: Problem, deep: bool = False) -> dict[str, int | None]:
@@ -360,7 +378,7 @@ def attend_split(
     q_operand, k_operand, v_operand, BlockTable, stride_btb, CacheSeqlens,
     batch, kv_head, m_block, split, num_splits, group, seqlen_q, seqlen_k, softmax_scale_log2,
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_SPANS: tl.constexpr,
 ):  # fmt: skip
     """Steps 1-4 of the algorithm for M tile ``m_block`` of (``batch``, ``kv_head``) over split ``split``
     of ``num_splits`` of its keys: ``(out, lse, head, offs_m, row_ok)``, O normalised and the natural-log
@@ -403,6 +421,7 @@ def attend_split(
         offs_m, key_begin, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
         CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
         block_table_row=block_table_row, stride_kpage=stride_kb, stride_vpage=stride_vb, PAGE_SIZE=PAGE_SIZE,
+        PAGE_SPANS=PAGE_SPANS,
     )  # fmt: skip
 
     # 4. O and the natural-log LSE of these keys (O = 0, LSE = -inf where there were none).
@@ -424,7 +443,7 @@ def _split_kernel(
     BlockTable, stride_btb, Counters,
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, FUSED_MERGE: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, FUSED_MERGE: tl.constexpr, SPLITS_PER_STEP: tl.constexpr, PAGE_SPANS: tl.constexpr,
 ):  # fmt: skip
     split = tl.program_id(0)
     num_splits = tl.num_programs(0)
@@ -440,7 +459,7 @@ def _split_kernel(
         (Q, stride_qb, stride_qh, stride_qm), k_operand, v_operand, BlockTable, stride_btb, CacheSeqlens,
         batch, kv_head, m_block, split, num_splits, group, seqlen_q, seqlen_k, softmax_scale_log2,
         CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, HEAD_DIM=HEAD_DIM,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE, PAGE_SPANS=PAGE_SPANS,
     )  # fmt: skip
     row = (batch * heads + head) * seqlen_q + offs_m
     out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
@@ -482,7 +501,7 @@ def _balanced_split_kernel(
     BlockTable, stride_btb, Counters, batch_size, target_shares, min_share_blocks, max_item_shares,
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    SPLITS_PER_STEP: tl.constexpr, BLOCK_B: tl.constexpr, M_TILE_MAJOR: tl.constexpr,
+    SPLITS_PER_STEP: tl.constexpr, BLOCK_B: tl.constexpr, M_TILE_MAJOR: tl.constexpr, PAGE_SPANS: tl.constexpr,
 ):  # fmt: skip
     """Grid (target_shares + B · Hkv, m_blocks) (``M_TILE_MAJOR``: the axes swapped): one share of one M tile's keys
     per program, then the item's last share to arrive merges (an item of one share writes O and the LSE itself)."""
@@ -502,7 +521,7 @@ def _balanced_split_kernel(
         (Q, stride_qb, stride_qh, stride_qm), k_operand, v_operand, BlockTable, stride_btb, CacheSeqlens,
         batch, kv_head, m_block, split, item_shares, group, seqlen_q, seqlen_k, softmax_scale_log2,
         CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, HEAD_DIM=HEAD_DIM,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE, PAGE_SPANS=PAGE_SPANS,
     )  # fmt: skip
     row = (batch * heads + head) * seqlen_q + offs_m
     out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
@@ -608,6 +627,7 @@ def _split_constexprs(problem: Problem, *, split: bool) -> dict[str, int | bool]
         **feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
         "BLOCK_N": tile_config(problem).block_n, "SPLIT": split, "PAGE_SIZE": problem.page_size,
         "FUSED_MERGE": split and FUSED_MERGE, "SPLITS_PER_STEP": _merge_step(problem),
+        "PAGE_SPANS": paged_spans(problem),
     }  # fmt: skip
 
 
@@ -746,7 +766,7 @@ def bind_balanced(
         **feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
         "BLOCK_N": block_n, "PAGE_SIZE": problem.page_size, "SPLITS_PER_STEP": _merge_step(problem),
         "BLOCK_B": next_power_of_2(max(problem.batch, MIN_BLOCK_B)), "M_TILE_MAJOR": m_tile_major,
-        **launch_options(problem),
+        "PAGE_SPANS": paged_spans(problem), **launch_options(problem),
     }  # fmt: skip
     counters = arrival_counters(q.device, items * m_blocks)
 
