@@ -1,9 +1,11 @@
 """triton/decode's ``PAGED_SPAN_LOOKUP`` (issue #38's paged rows): one block-table entry per page a key block spans
-(``_device.kv_block_rows``) instead of one per key (``kv_page_slots``). The switch is off by default and engages
-only where the key block and the page size divide one another; with it on, triton/decode against fp64 under the
-interpreter for pages of 16, 32 (several pages a block), 64 (one) and 256 (several blocks a page) over ragged
-lengths (a full, an empty and a mid-page sequence), on both split kernels and at two key-block sizes; and planted
-bugs in the span lookup that the check must fail."""
+(``_device.kv_block_rows``) instead of one per key (``kv_page_slots``). The switch is on by default (since its H200 A/B,
+results/h200/decode-paged-spans/) and engages only where the key block and the page size divide one another; off, the
+per-key lookup against fp64 (the path of any other page size, e.g. 48: tests/test_paged_kv.py); on, triton/decode
+against fp64 under the interpreter for pages of 16, 32 (several pages a block), 64 (one) and 256 (several blocks a page)
+over ragged lengths (a full, an empty and a mid-page sequence), on both split kernels and at two key-block sizes; and
+planted bugs in the span lookup that the check must fail.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +19,12 @@ from tests.test_paged_kv import _check_paged, _paged_problem, interpreter_only
 from triton_impl import _device, decode
 
 
-def test_the_span_lookup_is_off_by_default():
-    assert decode.PAGED_SPAN_LOOKUP is False
+def test_the_span_lookup_is_on_by_default_and_off_takes_the_per_key_lookup(monkeypatch: pytest.MonkeyPatch):
+    assert decode.PAGED_SPAN_LOOKUP is True, "taken after its H200 A/B (results/h200/decode-paged-spans/)"
+    for page_size in (16, 32, 64, 256):
+        assert decode.paged_spans(_paged_problem(page_size))
+    assert not decode.paged_spans(_paged_problem(48))
+    monkeypatch.setattr(decode, "PAGED_SPAN_LOOKUP", False)
     for page_size in (16, 32, 64, 256):
         assert not decode.paged_spans(_paged_problem(page_size))
 
@@ -67,6 +73,19 @@ def test_span_lookup_against_fp64(case: tuple, monkeypatch: pytest.MonkeyPatch):
     problem = _span_problem(page_size, seqlen_q, kv_heads, head_dim)
     assert decode.paged_spans(problem)
     assert decode.balanced_split(problem, torch.device("cpu")) is balanced
+    result = _check_paged(problem, num_splits, seed=page_size + seqlen_q + head_dim)
+    assert result.ok, f"{problem.describe()} splits={num_splits}: {result.summary()}"
+
+
+@interpreter_only
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[6], CASES[9]], ids=_ids)
+def test_per_key_lookup_against_fp64_with_the_switch_off(case: tuple, monkeypatch: pytest.MonkeyPatch):
+    """The lookup per key (the switch off) on the same problems: pages of 16 and 256, balanced at D=64 and D=256."""
+    page_size, seqlen_q, kv_heads, head_dim, num_splits, balanced = case
+    monkeypatch.setattr(decode, "PAGED_SPAN_LOOKUP", False)
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", "always" if balanced else "never")
+    problem = _span_problem(page_size, seqlen_q, kv_heads, head_dim)
+    assert not decode.paged_spans(problem)
     result = _check_paged(problem, num_splits, seed=page_size + seqlen_q + head_dim)
     assert result.ok, f"{problem.describe()} splits={num_splits}: {result.summary()}"
 

@@ -331,7 +331,13 @@ PLANTED = {
 @interpreter_only
 @pytest.mark.parametrize("bug", sorted(PLANTED))
 def test_planted_paging_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
-    problem = _paged_problem(16, 1, 2)  # passes unplanted: test_paged_cache_against_fp64[page16-sq1-hkv2-splits3]
+    """The lookup per key (``kv_page_slots``: any page size that BLOCK_N and the page do not divide, and every one with
+    ``PAGED_SPAN_LOOKUP`` off; the span lookup's own planted bugs are in tests/test_decode_paged_pages.py), unplanted
+    then planted on the same problem and seed."""
+    monkeypatch.setattr(decode, "PAGED_SPAN_LOOKUP", False)
+    problem = _paged_problem(16, 1, 2)
+    unplanted = _check_paged(problem, 3, seed=17)
+    assert unplanted.ok, unplanted.summary()
     monkeypatch.setattr(_device, "kv_page_slots", PLANTED[bug])
     result = _check_paged(problem, 3, seed=17)
     assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"

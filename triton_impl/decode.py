@@ -24,18 +24,19 @@ every query head of a GQA group reads the same K/V bytes again. This rung remove
     differently (``PAGE_SIZE`` constexpr; 0 builds the contiguous kernel with the same PTX
     instructions as before paging).
 
-Paging, page lookup per key rather than per block: ``kv_page_slots`` (``_device.py``) reads the table
-entry of every key of a block (one BLOCK_N-entry load, which Triton's pipeliner issues by
-``cp.async`` ahead of the K/V loads that need it), so a key block may span pages and any page size
-from 16 to 256 works with the tile as it is. Requiring BLOCK_N to divide page_size instead would force
-16-key blocks on vLLM's default page of 16: four times the loop trips, each with a quarter-size MMA. A
-K or V row is D contiguous elements (256 bytes at D=128 in bf16) wherever its page lies, so the loads
-stay coalesced. The table's load takes pipeline stages of its own, so a paged build asks for
-``PAGED_EXTRA_STAGES`` more to keep as many K/V blocks in flight as the contiguous one. Page indices
-are not checked (a device synchronisation per call): each must name a page of the pools, the
+Paging, one table entry per page a key block spans (``PAGED_SPAN_LOOKUP``, on; ``_device.kv_block_rows``): where
+BLOCK_N and the page size divide one another (every power-of-two page from 16 to 256), a block inside one page is
+addressed as a contiguous block from one scalar load of its page, and a block over several pages (pages of 16 or
+32) loads each of its 2-4 pages once and picks a key's page from them. Requiring BLOCK_N to divide page_size instead
+would force 16-key blocks on vLLM's default page of 16: four times the loop trips, each with a quarter-size MMA. Any
+other page size (48, say) takes the lookup per key: ``kv_page_slots`` reads the table entry of every key of a block
+(one BLOCK_N-entry load, which Triton's pipeliner issues by ``cp.async`` ahead of the K/V loads that need it, and
+each key's page read back from shared memory), the only path before the switch; per key, the paged loop ran about
+1.7-2.2x the contiguous one's instructions, per span 1.1-1.25x. A K or V row is D contiguous elements (256 bytes at
+D=128 in bf16) wherever its page lies, so the loads stay coalesced. The table's load takes pipeline stages of its
+own, so a paged build asks for ``PAGED_EXTRA_STAGES`` more to keep as many K/V blocks in flight as the contiguous
+one. Page indices are not checked (a device synchronisation per call): each must name a page of the pools, the
 caller's contract as in FlashAttention; the entries of pages past a sequence's length are never read.
-``PAGED_SPAN_LOOKUP`` (off until its H200 A/B) reads one entry per page a block spans instead, where BLOCK_N and
-the page size divide one another (``_device.kv_block_rows``).
 
 The merge, in the split kernel (issue #38): a separate merge kernel costs a launch, and the tail of
 the split kernel and the ramp of the merge's CTAs, about 10-15 µs of a 36 µs step at a 160 MB cache;
@@ -216,15 +217,18 @@ HEAD_DIMS = tuple(sorted(DEFAULT_CONFIGS))
 # stages keep both at the same depth (sm_90a, D=128: 71680 bytes of shared memory contiguous at 3
 # stages, 72704 paged at 5, 39424 paged at 3 or 4).
 PAGED_EXTRA_STAGES = 2
-# Issue #38's paged rows (off until bench/decode_knob_ab.py on an H200): one block-table entry per page a key block
-# spans (``_device.kv_block_rows``: scalar loads; a block inside one page is addressed as a contiguous one from the
-# page's slot), not one per key (``kv_page_slots``: a BLOCK_N-entry cp.async, each key's page read back from shared
-# memory). Only where BLOCK_N and the page size divide one another (``paged_spans``); other sizes keep the per-key
-# lookup. sm_90a, the balanced kernel's unmasked key loop, instructions a block (contiguous beside), Triton 3.6 / 3.8:
-# D=64 paged(32) 380 -> 243 (213) / 311 -> 228 (202); D=256 paged(64) 638 -> 360 (289) / 497 -> 349 (282), and under
-# 3.6 204 -> 156 registers (contiguous 168): 3 CTAs an SM, not 2, for seed 71 row 7's 272 shares; the D=256 wgmma
-# tile paged(32) 772 -> 478 (402) / 653 -> 493 (406). No spill either way (tests/test_decode_paged_pages.py).
-PAGED_SPAN_LOOKUP = False
+# Issue #38's paged rows: one block-table entry per page a key block spans (``_device.kv_block_rows``: scalar loads; a
+# block inside one page is addressed as a contiguous one from the page's slot), not one per key (``kv_page_slots``: a
+# BLOCK_N-entry cp.async, each key's page read back from shared memory). Only where BLOCK_N and the page size divide
+# one another (``paged_spans``); other sizes keep the per-key lookup. sm_90a, the balanced kernel's unmasked key loop,
+# instructions a block (contiguous beside), Triton 3.6 / 3.8: D=64 paged(32) 380 -> 243 (213) / 311 -> 228 (202); D=256
+# paged(64) 638 -> 360 (289) / 497 -> 349 (282), and under 3.6 204 -> 156 registers (contiguous 168); the D=256 wgmma
+# tile paged(32) 772 -> 478 (402) / 653 -> 493 (406). No spill either way (tests/test_decode_paged_pages.py). On since
+# its H200 A/B (bench/decode_knob_ab.py, results/h200/decode-paged-spans/), each value checked against fp64 first:
+# 0.67-0.86x the time on five paged rows of seeds 71 and 73 (seed 71's 2.2 GB D=64 paged(32) row 819.0 -> 601.3 us, 62
+# -> 84 % of the read bandwidth; seed 73's D=256 paged(32) row 219.3 -> 147.2, 40 -> 60 %), 0.97x on seed 47's
+# 16-key WIDE_D256 row.
+PAGED_SPAN_LOOKUP = True
 # Split-kernel CTAs an SM holds; DEEP_RING's depths; SHORT_CACHE_TILE's (D=128: 37 KB, 96 registers: 5 an SM).
 CTAS_PER_SM_FIT, DEEP_RING_STAGES = {64: 4, 128: 3, 256: 2}, {64: 6, 128: 5, 256: 5}
 SHORT_CACHE_CONFIGS = {128: TileConfig(32, 4, 3)}
