@@ -84,8 +84,9 @@ Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one
      split's [key_begin, key_end) out of them.
   2. Load the packed Q tile: row r reads query head kv_head · group + r // Sq, token r % Sq.
   3. ``attend_key_range``: the split's blocks seen by every row (no mask), then the rest
-     (the sequence tail and the causal diagonal, masked with each row's own token index). Paged: each
-     key's row is found through this sequence's row of the block table (``kv_page_slots``).
+     (the sequence tail and the causal diagonal, masked with each row's own token index). Paged: the
+     block's rows are found through this sequence's row of the block table, one entry per page the block
+     spans (``kv_block_rows``; per key, ``kv_page_slots``, where block and page do not divide).
   4. ``online_softmax_finalize``: O and the natural-log LSE of the split; a split with no key writes
      O = 0 and LSE = -inf, which the merge weighs by exp(-inf) = 0.
   5. Merge (``last_to_arrive``, then ``merge_splits`` in the tile's last CTA): the maximum LSE, then,
@@ -93,8 +94,9 @@ Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one
      the output dtype and fp32.
 
 Data movement: Q is read once per CTA (rows = group · Sq); K (as Kᵀ) and V stream HBM → shared memory
-through ``cp.async`` in ``num_stages`` buffers (Triton's pipeliner; paged, the block table's entries
-for each key block by ``cp.async`` too, a stage ahead of the K/V rows), S, P and O stay in registers;
+through ``cp.async`` in ``num_stages`` buffers (Triton's pipeliner; paged, a block's 1-4 page entries by
+scalar loads, or, per key, its BLOCK_N entries by ``cp.async`` a stage ahead of the K/V rows), S, P and O stay
+in registers;
 the partials go to an fp32 workspace in HBM ((num_splits, B, H, Sq, D) and (num_splits, B, H, Sq)),
 read back once by the tile's last CTA (mostly from L2, where they were just written).
 
