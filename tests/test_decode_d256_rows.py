@@ -178,29 +178,17 @@ def test_planted_wgmma_d256_bug_fails_the_check(bug: str, monkeypatch: pytest.Mo
 # sm_90a: the split and balanced kernels on wgmma, one CTA an SM
 # ----------------------------------------------------------------------------------------------------
 _COMPILE_SCRIPT = r"""
-import json, re, subprocess, sys, tempfile
+import json, sys
 import torch
 from common.contract.problem import Problem
-from common.reporting.static import _SASS_INSTRUCTION, _cuobjdump
+from common.reporting.static import cubin_sass, sass_loops
 from tests._helpers import triton_decode_sm90_facts
 from triton_impl import decode
 
 def local_accesses_in_wgmma_loops(cubin):
-    # LDL/STL inside any loop (a backward branch's span, no EXIT in it) that issues a warpgroup GEMM.
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-        handle.write(cubin)
-        handle.flush()
-        sass = subprocess.run([_cuobjdump(), "-sass", handle.name], capture_output=True, text=True, check=True).stdout
-    listing = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _SASS_INSTRUCTION.finditer(sass)]
-    count = 0
-    for end, (address, opcode, operands) in enumerate(listing):
-        target = re.match(r"\s*(0x[0-9a-f]+)", operands)
-        if not opcode.startswith("BRA") or target is None or int(target.group(1), 16) > address:
-            continue
-        body = [op for at, op, _ in listing[: end + 1] if at >= int(target.group(1), 16)]
-        if any(op.startswith("HGMMA") for op in body) and "EXIT" not in body:
-            count += sum(op.startswith(("LDL", "STL")) for op in body)
-    return count
+    # LDL/STL inside any loop that issues a warpgroup GEMM.
+    loops = [body for _, body in sass_loops(cubin_sass(cubin)) if any(op.startswith("HGMMA") for op in body)]
+    return sum(op.startswith(("LDL", "STL")) for body in loops for op in body)
 
 results = []
 decode.WGMMA_D256 = True

@@ -141,7 +141,7 @@ def test_planted_packed_grid_of_one_64_row_tile_fails_the_check(monkeypatch: pyt
 # sm_90a: the knob's kernels without spills in the key loops, at the registers and shared memory their CTA count needs
 # ----------------------------------------------------------------------------------------------------
 _COMPILE_SCRIPT = r"""
-import json, re, subprocess, sys, tempfile
+import json, sys
 import torch
 from common.contract.problem import Problem
 from common.reporting import static
@@ -150,19 +150,9 @@ from triton_impl.gluon import decode as gluon_decode
 
 def key_loop_spills(cubin):
     # Local loads and stores inside a loop holding a wgmma (a key-block loop).
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-        handle.write(cubin)
-        handle.flush()
-        sass = subprocess.run([static._cuobjdump(), "-sass", handle.name], capture_output=True, text=True).stdout
-    listing = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in static._SASS_INSTRUCTION.finditer(sass)]
-    spills = 0
-    for address, opcode, operands in listing:
-        target = re.match(r"\s*(0x[0-9a-f]+)", operands)
-        if opcode.startswith("BRA") and target and int(target.group(1), 16) < address:
-            body = [op for at, op, _ in listing if int(target.group(1), 16) <= at <= address]
-            if any(op.startswith("HGMMA") for op in body):
-                spills += sum(op.startswith(("LDL", "STL")) for op in body)
-    return spills
+    loops = static.sass_loops(static.cubin_sass(cubin))
+    wgmma_loops = [body for _, body in loops if any(op.startswith("HGMMA") for op in body)]
+    return sum(op.startswith(("LDL", "STL")) for body in wgmma_loops for op in body)
 
 results = []
 for rung, head_dim, group, seqlen_k, page_size in json.loads(sys.argv[1]):

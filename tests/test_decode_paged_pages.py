@@ -148,30 +148,17 @@ def test_planted_span_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPa
 # sm_90a: the balanced kernel's unmasked key loop with the switch off and on
 # ----------------------------------------------------------------------------------------------------
 _LOOP_PROBE = r"""
-import json, re, subprocess, sys, tempfile
+import json, sys
 import torch
 from common.contract.problem import Problem
-from common.reporting.static import _SASS_INSTRUCTION, _cuobjdump, cubin_resources
+from common.reporting.static import cubin_resources, cubin_sass, sass_loops
 from tests._helpers import triton_balanced_sm90
 from triton_impl import decode
 
 def first_key_loop(cubin):
-    # The first smallest backward-branch span holding an exp2 and an MMA: the unmasked key-block loop.
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-        handle.write(cubin)
-        handle.flush()
-        sass = subprocess.run([_cuobjdump(), "-sass", handle.name], capture_output=True, text=True, check=True).stdout
-    listing = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _SASS_INSTRUCTION.finditer(sass)]
-    loops = []
-    for end, (address, opcode, operands) in enumerate(listing):
-        target = re.match(r"\s*(0x[0-9a-f]+)", operands)
-        if not opcode.startswith("BRA") or target is None or int(target.group(1), 16) > address:
-            continue
-        body = [op for at, op, _ in listing[: end + 1] if at >= int(target.group(1), 16)]
-        if "EXIT" not in body and any(op.startswith("MUFU.EX2") for op in body) and any(
-            op.startswith(("HMMA", "HGMMA")) for op in body
-        ):
-            loops.append((int(target.group(1), 16), body))
+    # The first loop holding an exp2 and an MMA: the unmasked key-block loop.
+    loops = [(start, body) for start, body in sass_loops(cubin_sass(cubin))
+             if any(op.startswith("MUFU.EX2") for op in body) and any(op.startswith(("HMMA", "HGMMA")) for op in body)]
     start, body = min(loops)
     return {"instructions": len(body), "LDS": body.count("LDS"), "IMAD.WIDE.U32": body.count("IMAD.WIDE.U32")}
 

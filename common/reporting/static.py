@@ -116,29 +116,46 @@ class LoopCensus:
         return self.gmma_flops / cycles * sms * clock_ghz * 1e-3
 
 
-def loop_census(sass: str) -> LoopCensus | None:
-    """The smallest loop (a backward branch and the instructions it spans, no EXIT among them) holding
-    both MUFU.EX2 and a warpgroup GEMM: the steady-state key-block step. Instructions on a conditional
-    path inside it (the lazy O rescale) count as if taken, so ``instructions`` is an upper bound. None
-    without such a loop."""
+def cubin_sass(cubin: bytes) -> str:
+    """The SASS listing of a cubin (``cuobjdump -sass``)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        return subprocess.run([_cuobjdump(), "-sass", handle.name], capture_output=True, text=True, check=True).stdout
+
+
+def sass_loops(sass: str) -> list[tuple[int, list[str]]]:
+    """Every loop of a SASS listing, as (its first address, the opcodes from there to its backward branch): a
+    backward branch and the instructions it spans, unless EXIT is among them (then it is no loop but a barrier's
+    retry stub after the kernel's end jumping back)."""
     listing = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _SASS_INSTRUCTION.finditer(sass)]
-    best = None
+    loops = []
     for end, (address, opcode, operands) in enumerate(listing):
         target = re.match(r"\s*(0x[0-9a-f]+)", operands)
         if not opcode.startswith("BRA") or target is None or int(target.group(1), 16) > address:
             continue
-        body = [entry for entry in listing[: end + 1] if entry[0] >= int(target.group(1), 16)]
-        gmmas = [shape for _, op, _ in body if (shape := _GMMA_SHAPE.match(op))]
-        opcodes = [op for _, op, _ in body]
-        # A span holding EXIT is no loop: a barrier's retry stub after the kernel's end jumping back.
-        if not gmmas or not any(op.startswith("MUFU.EX2") for op in opcodes) or "EXIT" in opcodes:
+        start = int(target.group(1), 16)
+        body = [op for at, op, _ in listing[: end + 1] if at >= start]
+        if "EXIT" not in body:
+            loops.append((start, body))
+    return loops
+
+
+def loop_census(sass: str) -> LoopCensus | None:
+    """The smallest loop (:func:`sass_loops`) holding both MUFU.EX2 and a warpgroup GEMM: the steady-state
+    key-block step. Instructions on a conditional path inside it (the lazy O rescale) count as if taken, so
+    ``instructions`` is an upper bound. None without such a loop."""
+    best = None
+    for _, body in sass_loops(sass):
+        gmmas = [shape for op in body if (shape := _GMMA_SHAPE.match(op))]
+        if not gmmas or not any(op.startswith("MUFU.EX2") for op in body):
             continue
         if best is None or len(body) < best.instructions:
             flops = [2 * 64 * int(n) * int(k) for _, n, k in (g.groups() for g in gmmas)]
             rates = [TENSOR_FLOPS_PER_CLOCK[g.group(1)] for g in gmmas]
             best = LoopCensus(
                 instructions=len(body),
-                exp2=sum(op.startswith("MUFU.EX2") for op in opcodes),
+                exp2=sum(op.startswith("MUFU.EX2") for op in body),
                 gmma=len(gmmas),
                 gmma_flops=sum(flops),
                 tensor_cycles=sum(f / r for f, r in zip(flops, rates, strict=True)),
@@ -147,12 +164,8 @@ def loop_census(sass: str) -> LoopCensus | None:
 
 
 def cubin_loop_census(cubin: bytes) -> LoopCensus | None:
-    """:func:`loop_census` of a cubin's SASS (``cuobjdump -sass``)."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-        handle.write(cubin)
-        handle.flush()
-        sass = subprocess.run([_cuobjdump(), "-sass", handle.name], capture_output=True, text=True, check=True).stdout
-    return loop_census(sass)
+    """:func:`loop_census` of a cubin's SASS."""
+    return loop_census(cubin_sass(cubin))
 
 
 @dataclass(frozen=True)
