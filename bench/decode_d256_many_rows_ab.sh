@@ -40,6 +40,7 @@ knob_ab triton 150 triton_impl.decode:WGMMA_D256_CONTIGUOUS_ALL_ROWS False,True 
   47/4:page_size=0 53/1:page_size=0
 knob_ab cute 150 cute_impl._decode_warps:WIDE_M_TILES "{128: 64},{128: 64, 256: 64}" cute/decode \
   67/0 67/7 47/4 53/1 53/0 47/6
-knob_ab gluon 60 triton_impl.decode:WGMMA_D256_CONTIGUOUS_ALL_ROWS False,True gluon/decode,triton/decode,cute/decode 67/4
+knob_ab gluon 60 triton_impl.decode:WGMMA_D256_CONTIGUOUS_ALL_ROWS False,True \
+  gluon/decode,triton/decode,cute/decode 67/4
 cat "$OUT/times.txt"
 exit $status
