@@ -175,9 +175,11 @@ for head_dim, page_size, batch, heads, kv_heads, seqlen_q in json.loads(sys.argv
         }
 print(json.dumps(rows))
 """
-# (D, page size, B, H, Hkv, Sq): seed 71 row 3's D=64 tile in pages of 32 (two a block), D=128 in pages of 128 (two
-# blocks a page), seed 71 row 7's D=256 32-key tile in pages of 64, seed 73 row 4's D=256 wgmma tile in pages of 32.
-LOOP_BUILDS = [(64, 32, 2, 16, 16, 1), (128, 128, 4, 32, 8, 1), (256, 64, 16, 1, 1, 8), (256, 32, 32, 32, 8, 8)]
+# (D, page size, B, H, Hkv, Sq): seed 71 row 3's D=64 tile in pages of 32 (two a block) and seed 73 row 4's D=256 wgmma
+# tile in pages of 32 (one a block), the mma.sync and wgmma loops. (D=128 in pages of 128 and D=256's 32-key tile in
+# pages of 64 showed the same, 487 -> 343 and 497 -> 349 instructions under 3.8: two compiles each in every CI leg,
+# left out for CI's time.)
+LOOP_BUILDS = [(64, 32, 2, 16, 16, 1), (256, 32, 32, 32, 8, 8)]
 
 
 def test_the_span_lookup_shortens_the_key_loop_without_spilling():
