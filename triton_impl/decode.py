@@ -231,6 +231,9 @@ PAGED_EXTRA_STAGES = 2
 # -> 84 % of the read bandwidth; seed 73's D=256 paged(32) row 219.3 -> 147.2, 40 -> 60 %), 0.97x on seed 47's
 # 16-key WIDE_D256 row.
 PAGED_SPAN_LOOKUP = True
+# Triton releases whose span builds spill (3.7.1, sm_90a: the D=64 split kernel in pages of 256 8 bytes, the D=256
+# wgmma tile's split kernel in pages of 64 304 against 192 per key; none under 3.6, 3.8, 3.9): the lookup per key there.
+PAGED_SPAN_SPILLS = ("3.7",)
 # Split-kernel CTAs an SM holds; DEEP_RING's depths; SHORT_CACHE_TILE's (D=128: 37 KB, 96 registers: 5 an SM).
 CTAS_PER_SM_FIT, DEEP_RING_STAGES = {64: 4, 128: 3, 256: 2}, {64: 6, 128: 5, 256: 5}
 SHORT_CACHE_CONFIGS = {128: TileConfig(32, 4, 3)}
@@ -305,10 +308,11 @@ def num_stages_for(problem: Problem, deep: bool = False) -> int:
 
 
 def paged_spans(problem: Problem) -> bool:
-    """Whether ``problem``'s key loop reads one table entry per page a block spans (``PAGED_SPAN_LOOKUP``, a paged
-    cache whose page size and key block divide one another)."""
+    """Whether ``problem``'s key loop reads one table entry per page a block spans (``PAGED_SPAN_LOOKUP``, not in a
+    release of ``PAGED_SPAN_SPILLS``, a paged cache whose page size and key block divide one another)."""
     page, block_n = problem.page_size, tile_config(problem).block_n
-    return bool(PAGED_SPAN_LOOKUP and page and (page % block_n == 0 or block_n % page == 0))
+    switched_on = PAGED_SPAN_LOOKUP and triton_release() not in PAGED_SPAN_SPILLS
+    return bool(switched_on and page and (page % block_n == 0 or block_n % page == 0))
 
 
 def launch_options(problem: Problem, deep: bool = False) -> dict[str, int | None]:
