@@ -24,8 +24,9 @@ every query head of a GQA group reads the same K/V bytes again. This rung remove
     differently (``PAGE_SIZE`` constexpr; 0 builds the contiguous kernel with the same PTX
     instructions as before paging).
 
-Paging, one table entry per page a key block spans (``PAGED_SPAN_LOOKUP``, on; ``_device.kv_block_rows``): where
-BLOCK_N and the page size divide one another (every power-of-two page from 16 to 256), a block inside one page is
+Paging, one table entry per page a key block spans (``PAGED_SPAN_LOOKUP``, on, but not under Triton 3.7, whose span
+builds spill: ``PAGED_SPAN_SPILLS``; ``_device.kv_block_rows``): where BLOCK_N and the page size divide one another
+(every power-of-two page from 16 to 256), a block inside one page is
 addressed as a contiguous block from one scalar load of its page, and a block over several pages (pages of 16 or
 32) loads each of its 2-4 pages once and picks a key's page from them. Requiring BLOCK_N to divide page_size instead
 would force 16-key blocks on vLLM's default page of 16: four times the loop trips, each with a quarter-size MMA. Any
