@@ -36,9 +36,9 @@ candidate end to end (``--e2e-rounds`` interleaved rounds, medians), each beside
 V layout, so that e2e - kernel - quantiser is what a call pays beyond its two launches.
 
 ``--ab --kv-only`` times the quantiser of K and V only (``FusedQuantiser(query=False)``, what cute/fp8 runs where its
-kernel quantises Q) in cute/fp8's V layout: ``KV_AB_CANDIDATES``, judged on K's and V's bytes and scales, then
-cute/fp8 end to end with the K/V-only default and the fastest candidate. ``--quantiser-rounds`` times the candidates
-again in interleaved rounds (medians).
+kernel quantises Q) in cute/fp8's V layout: ``KV_AB_CANDIDATES`` (``--candidates kv-d128``: ``KV_D128_CANDIDATES``),
+judged on K's and V's bytes and scales, then cute/fp8 end to end with the K/V-only default and the fastest candidate.
+``--quantiser-rounds`` times the candidates again in interleaved rounds (medians).
 
 A configuration ``A|B`` is A with V in a launch of its own under B (``QuantiserConfig.value_config``).
 ``--quantiser-config field=value,...`` runs any mode with another default configuration (the rungs'
@@ -466,6 +466,27 @@ KV_AB_CANDIDATES = [
     replace(fp8_quantiser.PREFETCH_CONFIG, tiles_per_program=4),
     replace(fp8_quantiser.PREFETCH_CONFIG, num_warps=16, maxnreg=64),
 ]
+# --ab --kv-only --candidates kv-d128 (bench/fp8_kv_d128_ab.sh): the D=128 K/V launch split in two, each binary its
+# own tensor's code (value_config), as D=64's D64_KV_CONFIG does. sm_90a, Triton 3.6, P1, per tile and thread: the
+# one launch's K loop 959 SASS (8 LDG.128, the tile stored to shared memory for the wgmma, MEMBAR, 8 HGMMA, 7 BAR,
+# 10 SHFL, 4 STG.128), V's 841 (8 LDG.128, 5 BAR, 112 PRMT); 128 registers x 8 warps, two programs an SM, 16 warps,
+# one 32 KB tile in flight a program while it computes another. The bandwidth A/B (results/h200/fp8-kv-quantiser-bw/)
+# timed K alone 44.7-45.9 µs, V alone 34.1 in a launch of its own against 40.4 in the one launch (its torch copy
+# 36.5), and the L2 prefetch took V 40.4 -> 38.1 but not K: K's chain (issue about 0.4 a cycle a sub-partition, 7
+# barriers), not its load, sets K's pace, and K is the limiter. Candidates (none spills under 3.6 or 3.8): V apart
+# (D64_KV_CONFIG's shape; 74.2 against 76.7 µs in that A/B, never timed end to end); V apart with V's L2 prefetch
+# (V's tiles back to back at P1); K by TMA (2-stage ring, 99 registers, 114,704 bytes of shared memory: two
+# programs an SM; the rotation's wgmma reads the copy in place, K's loop 815 SASS, no LDG, STS or MEMBAR) with V apart.
+# Triton 3.6 issues K's next copy at the end of the body, so its latency is exposed each tile: K by TMA tells
+# whether K's shorter chain outweighs it.
+KV_D128_CANDIDATES = [
+    fp8_quantiser.PREFETCH_CONFIG,
+    replace(fp8_quantiser.PREFETCH_CONFIG, value_config=fp8_quantiser.PREFETCH_CONFIG),
+    replace(fp8_quantiser.PREFETCH_CONFIG, value_config=replace(fp8_quantiser.PREFETCH_CONFIG, l2_prefetch=True)),
+    Config(tiles_per_program=8, num_stages=2, tma=True, value_config=fp8_quantiser.PREFETCH_CONFIG),
+]
+# Named candidate lists ``--candidates`` takes in place of configurations.
+CANDIDATE_SETS = {"kv-d128": KV_D128_CANDIDATES}
 # The rungs' default quantisation and the V layout the candidates are timed in (gluon/fp8, the best FP8 kernel).
 AB_VARIANT, AB_LAYOUT = "block+rotation", "gluon/fp8"
 # The best bf16 rung (issue #37's denominator).
@@ -683,6 +704,13 @@ def quantiser_config(text: str) -> fp8_quantiser.QuantiserConfig:
         raise argparse.ArgumentTypeError(f"{error} (fields: {names})") from error
 
 
+def candidate_configs(text: str) -> list[fp8_quantiser.QuantiserConfig]:
+    """``--candidates``: a name of ``CANDIDATE_SETS``, or ';'-separated configurations (``quantiser_config``)."""
+    if text in CANDIDATE_SETS:
+        return list(CANDIDATE_SETS[text])
+    return [quantiser_config(spec) for spec in text.split(";") if spec.strip()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -702,9 +730,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--candidates",
-        type=lambda text: [quantiser_config(spec) for spec in text.split(";") if spec.strip()],
+        type=candidate_configs,
         help="--ab's configurations instead of AB_CANDIDATES, ';'-separated, each as --quantiser-config takes it "
-        "(the first is the one the others' bytes are compared with)",
+        f"(the first is the one the others' bytes are compared with), or one of {', '.join(CANDIDATE_SETS)}",
     )
     parser.add_argument(
         "--quantiser-rounds",

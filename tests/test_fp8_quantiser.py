@@ -669,6 +669,18 @@ def test_a_configuration_with_a_bar_launches_v_apart_under_the_second():
     assert quantiser_config("tiles_per_program=8,num_stages=2").value_config is None
 
 
+def test_candidates_take_a_named_list_or_configurations():
+    """``--candidates kv-d128`` is ``KV_D128_CANDIDATES`` (a copy); any other text, ';'-separated configurations."""
+    from bench.fp8_quantiser import KV_D128_CANDIDATES, candidate_configs
+
+    named = candidate_configs("kv-d128")
+    assert named == KV_D128_CANDIDATES and named is not KV_D128_CANDIDATES
+    assert candidate_configs("tiles_per_program=8;tiles_per_program=4") == [
+        fused.QuantiserConfig(tiles_per_program=8),
+        fused.QuantiserConfig(tiles_per_program=4),
+    ]
+
+
 # ----------------------------------------------------------------------------------------------------
 # sm_90a builds (no GPU needed)
 # ----------------------------------------------------------------------------------------------------

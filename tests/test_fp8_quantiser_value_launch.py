@@ -2,7 +2,8 @@
 its tensors' code) and one tensor's programs alone (``FusedQuantiser(..., only=)``, the bandwidth A/B's K and V
 times): on CPU under the Triton interpreter, byte for byte the default configuration's, with planted bugs the
 comparisons catch; the sm_90a builds of the A/B's V ring (no spills, two programs an SM, where a binary holding every
-tensor's branch fits fewer); on the GPU, every candidate of bench/fp8_kv_quantiser_bw.py at P1 and ragged GQA."""
+tensor's branch fits fewer); on the GPU, every candidate of bench/fp8_kv_quantiser_bw.py and of bench/fp8_kv_d128_ab.sh
+(``KV_D128_CANDIDATES``) at P1 and ragged GQA."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import triton
 import triton.language as tl
 
 from bench.fp8_kv_quantiser_bw import candidates
+from bench.fp8_quantiser import KV_D128_CANDIDATES
 from common.contract import fp8
 from common.contract.problem import Problem
 from triton_impl import fp8_quantiser as fused
@@ -118,6 +120,25 @@ def test_the_bandwidth_candidates_write_the_default_configurations_bytes(name: s
         written[key] = _written(quantiser, q, k, v)
     for index in (*TENSOR_BUFFERS["k"], *TENSOR_BUFFERS["v"]):
         assert torch.equal(written[name][index], written["default"][index]), f"{name}: {NAMES[index]} differs"
+
+
+def _kv_written(config: fused.QuantiserConfig, problem: Problem, device: str) -> list[torch.Tensor]:
+    """K's and V's bytes and scales of the K/V-only quantiser (cute/fp8's layout) at ``config`` (poisoned first)."""
+    q, k, v = _inputs(problem, device)
+    quantiser = fused.FusedQuantiser(q.shape, k.shape, q.dtype, q.device, fp8.quantisation_named("block+rotation"),
+                                     LAYOUTS["cute"], config=config, query=False)  # fmt: skip
+    written = _written(quantiser, q, k, v)
+    return [written[index] for index in (*TENSOR_BUFFERS["k"], *TENSOR_BUFFERS["v"])]
+
+
+@pytest.mark.parametrize("config", KV_D128_CANDIDATES[1:], ids=lambda config: config.describe())
+def test_the_d128_kv_candidates_write_the_default_configurations_bytes(config: fused.QuantiserConfig):
+    """Interpreted (V's launch apart, K's tiles by TMA copies; the L2 prefetch is a no-op there), each candidate of
+    bench/fp8_kv_d128_ab.sh writes K's and V's bytes and scales as the first (the K/V default under Triton 3.6) does."""
+    problem = _problem(128, torch.bfloat16)
+    for name, got, want in zip(("k8", "k_scale", "vt8", "v_scale"), _kv_written(config, problem, "cpu"),
+                               _kv_written(KV_D128_CANDIDATES[0], problem, "cpu"), strict=True):  # fmt: skip
+        assert torch.equal(got, want), f"{config.describe()}: {name} differs from the default configuration's"
 
 
 @pytest.mark.parametrize("config", [None, VALUE_CONFIGS[0]], ids=["default", "V apart"])
@@ -380,6 +401,20 @@ def test_gpu_the_bandwidth_candidates_write_the_default_configurations_bytes(sha
                 assert torch.equal(buffer, default[index]), f"{name} only={only}: {NAMES[index]} differs"
             else:
                 assert _poisoned(buffer), f"{name} only={only}: {NAMES[index]} written"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 16, 16, 8192, 8192, 128), (2, 8, 2, 1000, 777, 128)], ids=str)
+@pytest.mark.parametrize("config", KV_D128_CANDIDATES[1:], ids=lambda config: config.describe())
+def test_gpu_the_d128_kv_candidates_write_the_default_configurations_bytes(shape: tuple, config: fused.QuantiserConfig):
+    """Compiled, each candidate of bench/fp8_kv_d128_ab.sh writes K's and V's bytes and scales as the K/V default does
+    (into poisoned buffers), at P1 (V's tiles back to back: the L2 prefetch runs) and a ragged GQA shape (S = 777: K's
+    last TMA box filled past S with zeros, no L2 prefetch)."""
+    batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim = shape
+    problem = Problem(batch, heads, seqlen_q, seqlen_k, head_dim, dtype=torch.bfloat16, kv_heads=kv_heads)
+    for name, got, want in zip(("k8", "k_scale", "vt8", "v_scale"), _kv_written(config, problem, "cuda"),
+                               _kv_written(None, problem, "cuda"), strict=True):  # fmt: skip
+        assert torch.equal(got, want), f"{config.describe()}: {name} differs from the K/V default's"
 
 
 @pytest.mark.gpu
