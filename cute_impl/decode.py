@@ -34,7 +34,9 @@ keeping the memory system busy, not the tensor cores:
   slab of its index; each item's first share also stores its (first slab, count), two int32, which the merge
   kernel reads (``MERGE_SLABS_FROM_SPLIT``; off: every merge thread walks the same plan again).
   The grid is (M tiles, slabs, 1), the M tile on x (``M_TILE_MAJOR``), so that a share's M tiles run together and
-  read its K/V blocks once from DRAM, not once per M tile's pass (``splits.balanced_grid``).
+  read its K/V blocks once from DRAM, not once per M tile's pass (``splits.balanced_grid``). ``BALANCED_SHALLOW_RING``
+  (off) gives it a shallower ring where the grid spills past one wave of the table's CTA slots
+  (:func:`balanced_ring_stages`; splits.py's "The balanced grid past one wave").
 
 Why a second kernel for the merge (as in ``triton/decode``): atomics on O would make the order of fp32
 adds change from run to run, and "the last split to finish merges" needs a global counter per tile,

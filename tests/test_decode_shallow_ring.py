@@ -6,9 +6,9 @@ where the balanced grid spills past one wave of the rung's default CTA slots (se
 rows on 264 slots) and not where it fits one (seed 73's paged B=4 row: 264 CTAs on 264 slots), takes many (seed 43's
 1552) or the split is padded, the plan (target, shares) the same as off; a planted off-by-one in the rule moves seed
 73's paged row and fails that check. Static (sm_90a): the shallow builds without spills, in the registers and shared
-memory of three CTAs an SM where the default's six stages hold two. GPU (``gpu``; ``bench/decode_knob_ab.py``): both
-rungs with {64: 4} against fp64 on a poisoned output on seed 73's row's kind (64 packed rows, ragged, contiguous and in
-pages of 32) and seed 71's (Sq=1 group 2 in pages of 128), the shallow ring checked to be the one launched.
+memory of three CTAs an SM where the default's six stages hold two. GPU (``gpu``; ``bench/decode_shallow_ring_ab.sh``):
+both rungs with {64: 4} against fp64 on a poisoned output on seed 73's row's kind (64 packed rows, ragged) and seed
+71's (Sq=1 group 2 in pages of 128), the shallow ring checked to be the one launched.
 """
 
 from __future__ import annotations
@@ -194,14 +194,11 @@ def test_cute_shallow_ring_holds_three_ctas_an_sm_without_spills(
 # ----------------------------------------------------------------------------------------------------
 # GPU: the shallow ring against fp64
 # ----------------------------------------------------------------------------------------------------
-# name -> (problem, lengths): seed 73's row's kind (B=4 Hkv=32 group 4 × Sq 16, 392 CTAs on an H200's 264 slots),
-# contiguous and in pages of 32; seed 71's (B=8 Hkv=32 group 2 Sq=1 in pages of 128, 520 CTAs).
+# name -> (problem, lengths): seed 73's row's kind (B=4 Hkv=32 group 4 × Sq 16, 392 CTAs on an H200's 264 slots) and
+# seed 71's (B=8 Hkv=32 group 2 Sq=1 in pages of 128, 520 CTAs); bench/decode_shallow_ring_ab.sh's fp64 checks add
+# seed 73's row in pages of 32.
 GPU_CASES = {
     "64rows-ragged": (_problem(4, 32, 4, 16, 12288, 64, has_cache_seqlens=True), (7857, 4311, 58, 6578)),
-    "64rows-paged32-ragged": (
-        _problem(4, 32, 4, 16, 12288, 64, has_cache_seqlens=True, page_size=32),
-        (7857, 4311, 58, 6578),
-    ),
     "sq1-paged128-ragged": (
         _problem(8, 32, 2, 1, 12288, 64, has_cache_seqlens=True, page_size=128),
         (76, 54, 5870, 577, 9375, 12000, 3709, 124),

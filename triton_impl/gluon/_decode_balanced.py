@@ -12,7 +12,8 @@ replays it with new lengths (``M_TILE_MAJOR``: the grid's axes swapped, the M ti
 stores (:func:`_store_balanced`) and the host's sizes (:func:`balanced_sizes`, :func:`balanced_constexprs`); the
 split kernel (``decode.py``, ``BALANCED``) is the rule's otherwise. ``BALANCED_MAX_ITEM_SHARES`` (32 since
 ``results/h200/decode-ragged-cap/``) caps the shares of one item, ``common/contract/splits.py``'s "item-share cap";
-``BALANCED_TARGET`` picks its "target rule".
+``BALANCED_TARGET`` picks its "target rule"; ``BALANCED_SHALLOW_RING`` (off) a shallower ring where the grid spills past
+one wave of the default ring's CTA slots (:func:`balanced_ring_stages`; splits.py's "The balanced grid past one wave").
 """
 
 from __future__ import annotations
