@@ -34,7 +34,9 @@ keeping the memory system busy, not the tensor cores:
   slab of its index; each item's first share also stores its (first slab, count), two int32, which the merge
   kernel reads (``MERGE_SLABS_FROM_SPLIT``; off: every merge thread walks the same plan again).
   The grid is (M tiles, slabs, 1), the M tile on x (``M_TILE_MAJOR``), so that a share's M tiles run together and
-  read its K/V blocks once from DRAM, not once per M tile's pass (``splits.balanced_grid``).
+  read its K/V blocks once from DRAM, not once per M tile's pass (``splits.balanced_grid``). ``BALANCED_SHALLOW_RING``
+  (off) gives it a shallower ring where the grid spills past one wave of the table's CTA slots
+  (:func:`balanced_ring_stages`; splits.py's "The balanced grid past one wave").
 
 Why a second kernel for the merge (as in ``triton/decode``): atomics on O would make the order of fp32
 adds change from run to run, and "the last split to finish merges" needs a global counter per tile,
@@ -217,6 +219,11 @@ WARPS_SPLIT_ROWS = True  # many packed rows (_decode_warps.py): 0.83-0.94x the t
 # 128 / 64 444.6 -> 319.0 / 448.5 -> 321.6; Sq=1 and D=64 (plans unchanged) level. D=256: 0.77-0.89x on 64-256 rows
 # (results/h200/decode-d256-many-rows/).
 WIDE_M_TILE = True
+# Head dim -> the ring's stages where the balanced grid spills past one wave of the table's CTA slots (CTAS_PER_SM_FIT;
+# ``splits.balanced_grid_spills``, splits.py's "The balanced grid past one wave"); {} (off) until its H200 A/B. {64: 4}:
+# a 64 KB ring, three CTAs an SM (sm_90a: 168 registers at 64 rows, 124 at 16), not six stages' two: seed 73's
+# 392-CTA 64-row row (89.6 us, triton/decode 58.4) then runs every share at once. The plan stays.
+BALANCED_SHALLOW_RING: dict[int, int] = {}
 DECODE_FEATURES = (*FEATURES, PAGED_KV)  # every problem feature, and the paged KV cache (pages of 16 to 256 keys)
 
 
@@ -658,11 +665,15 @@ def balanced_split(problem: Problem, device: torch.device | None = None) -> bool
     return splits.balanced_split_applies(BALANCED_SPLIT, problem, lambda: planned_num_splits(problem, rule_device))
 
 
-def decode_config(problem: Problem, split: bool, balanced: bool = False, m_tile_major: bool = False) -> DecodeConfig:
+def decode_config(
+    problem: Problem, split: bool, balanced: bool = False, m_tile_major: bool = False, stages: int | None = None
+) -> DecodeConfig:
     """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every bind), with
     the problem's features as compile-time flags; ``balanced``: the balanced split's (always split), its grid's
-    M tile on x with ``m_tile_major`` (``splits.balanced_m_tile_major``)."""
+    M tile on x with ``m_tile_major`` (``splits.balanced_m_tile_major``), its ring ``stages`` deep where given
+    (:func:`balanced_ring_stages`)."""
     shape, row_warps = warp_split(WARPS_SPLIT_ROWS, tile_m_for(problem), problem.head_dim, TILE_CONFIGS)
+    shape = shape._replace(stages=stages) if stages else shape
     return DecodeConfig(
         dtype=problem.dtype,
         head_dim=problem.head_dim,
@@ -684,6 +695,14 @@ def decode_config(problem: Problem, split: bool, balanced: bool = False, m_tile_
     )
 
 
+def balanced_ring_stages(problem: Problem, device: torch.device, slabs: int) -> int | None:
+    """``BALANCED_SHALLOW_RING``'s depth where the balanced grid of ``slabs`` share CTAs per M tile spills past one
+    wave of the table's CTA slots on ``device`` (``splits.balanced_grid_spills``), else None (the table's ring)."""
+    slots = splits.sm_count(device) * CTAS_PER_SM_FIT[problem.head_dim]
+    spills = splits.balanced_grid_spills(slabs * m_blocks_for(problem), slots)
+    return BALANCED_SHALLOW_RING.get(problem.head_dim) if spills else None
+
+
 def launch_plan(problem: Problem, device: torch.device, num_splits: int | None = None) -> tuple:
     """What a bind of ``problem`` on ``device`` decides before it allocates, from the shape, the device and
     this module's switches: ``(num_splits, slabs, items, config)``, the split count (the balanced split's
@@ -699,7 +718,8 @@ def launch_plan(problem: Problem, device: torch.device, num_splits: int | None =
         num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks, device, split_policy(problem))
     split = slabs is not None or num_splits > 1
     m_tile_major = slabs is not None and splits.balanced_m_tile_major(slabs, M_TILE_MAJOR)
-    return num_splits, slabs, items, decode_config(problem, split, slabs is not None, m_tile_major)
+    stages = None if slabs is None else balanced_ring_stages(problem, device, slabs)
+    return num_splits, slabs, items, decode_config(problem, split, slabs is not None, m_tile_major, stages)
 
 
 def plan_launch(
@@ -779,7 +799,9 @@ def compile_plan(problem: Problem, split: bool = True) -> DecodeConfig:
     and features (one query token when ``problem`` is prefill-sized, as the canonical problem is)."""
     decode_sized = problem if problem.seqlen_q <= MAX_SEQLEN_Q else problem.with_(seqlen_q=1)
     balanced = split and balanced_split(decode_sized)
-    return decode_config(decode_sized, split=split, balanced=balanced, m_tile_major=M_TILE_MAJOR)
+    cpu = torch.device("cpu")
+    stages = balanced_ring_stages(decode_sized, cpu, launch_plan(decode_sized, cpu)[1]) if balanced else None
+    return decode_config(decode_sized, split=split, balanced=balanced, m_tile_major=M_TILE_MAJOR, stages=stages)
 
 
 # The host entry points: validate (head dims, every feature, Sq <= 16, a positive scale) → plan (the

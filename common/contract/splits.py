@@ -100,6 +100,17 @@ partials' slabs, the merge and the arrival counters are indexed by (share, M til
 -> 258.7 in cute (4); B=16 Hkv=2 Sq=4 D=256 paged(64) (2 M tiles) 285.2 -> 262.5 in triton, 164.7 -> 135.8 in cute;
 rows of one M tile level. Past :data:`MAX_GRID_Y` share CTAs (grid y's cap) the share stays on x: a plan decision,
 so that no shape the share-major grid took is refused.
+
+**The balanced grid past one wave** (``BALANCED_SHALLOW_RING`` of gluon/decode and cute/decode, off until its H200
+A/B): the grid holds target_shares + B · Hkv CTAs per M tile, so with "per-sm" shares on two CTA slots an SM (D=64's
+rings) it always takes more than one wave of them, and the shares past the first wave start only as first-wave CTAs
+end: a tail of one share streamed by a lone CTA. Seed 73's B=4 Hkv=32 64-row D=64 ragged row: 392 CTAs (320 with
+keys) on gluon's and cute's 264 slots, 80.7 / 89.6 µs, where triton/decode's kernel (155 registers, 57 KB: three an
+SM) holds all 392 at once, 58.4 µs; seed 71's B=8 Hkv=32 paged row, 520 CTAs, 264 slots against triton's 528. Where
+:func:`balanced_grid_spills` (more than one wave of the default ring's slots, at most
+:data:`SHALLOW_RING_MAX_WAVES`), those rungs take a shallower ring that lets more CTAs share an SM; the plan (target,
+shares) stays. Grids of many waves keep the deep ring: the scheduler backfills them, and each CTA's blocks in flight
+count there (``bench/decode_ragged_model.py``: +1-8 % on seed 43's and 53's 1552-CTA rows with three shallow slots).
 """
 
 from __future__ import annotations
@@ -324,6 +335,19 @@ def balanced_m_tile_major(slabs: int, m_tile_major: bool) -> bool:
     """Whether the balanced grid of ``slabs`` share CTAs puts the M tile on x: a rung's ``M_TILE_MAJOR``, except past
     :data:`MAX_GRID_Y` share CTAs, which grid y cannot hold (there each M tile's pass reads the cache again)."""
     return m_tile_major and slabs <= MAX_GRID_Y
+
+
+# The most waves of a rung's default CTA slots a balanced grid may take for its shallower ring (module docstring).
+SHALLOW_RING_MAX_WAVES = 2
+
+
+def balanced_grid_spills(grid_ctas: int, slots: int) -> bool:
+    """Whether a balanced grid of ``grid_ctas`` CTAs (target_shares + B · Hkv per M tile, all M tiles) takes more than
+    one wave of ``slots`` CTA slots (SMs × the CTAs an SM holds of the rung's default ring) and at most
+    :data:`SHALLOW_RING_MAX_WAVES`: the rung's ``BALANCED_SHALLOW_RING`` applies (module docstring, "The balanced grid
+    past one wave"). E.g. on 132 SMs at two slots: seed 73's 392-CTA row spills, a 264-CTA grid fits, 1552 CTAs are
+    many waves."""
+    return slots < grid_ctas <= SHALLOW_RING_MAX_WAVES * slots
 
 
 def balanced_grid(slabs: int, m_blocks: int, m_tile_major: bool) -> tuple[int, int]:

@@ -12,7 +12,8 @@ replays it with new lengths (``M_TILE_MAJOR``: the grid's axes swapped, the M ti
 stores (:func:`_store_balanced`) and the host's sizes (:func:`balanced_sizes`, :func:`balanced_constexprs`); the
 split kernel (``decode.py``, ``BALANCED``) is the rule's otherwise. ``BALANCED_MAX_ITEM_SHARES`` (32 since
 ``results/h200/decode-ragged-cap/``) caps the shares of one item, ``common/contract/splits.py``'s "item-share cap";
-``BALANCED_TARGET`` picks its "target rule".
+``BALANCED_TARGET`` picks its "target rule"; ``BALANCED_SHALLOW_RING`` (off) a shallower ring where the grid spills past
+one wave of the default ring's CTA slots (:func:`balanced_ring_stages`; splits.py's "The balanced grid past one wave").
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ BALANCED_MAX_ITEM_SHARES = 32
 # CTA slots (split_policy) and the items. Against "per-sm" (H200, results/h200/decode-target/): seed 43's B=2 paged
 # row 88.4 -> 67.4 us, its B=64 Hkv=16 row 172.4 -> 156.2, a full D=64 cache 163.2 -> 146.0; no row 2 % slower.
 BALANCED_TARGET = "per-slot"
+# Head dim -> the ring's stages where the balanced grid spills past one wave of the default ring's CTA slots
+# (``splits.balanced_grid_spills``; splits.py's "The balanced grid past one wave"); {} (off) until its H200 A/B.
+# {64: 4}: 64 KB of K/V + the 8 KB Q tile, three CTAs an SM (sm_90a: 127 registers, 73.8 KB), not D=64's six stages
+# (two): seed 73's 392-CTA 64-row row (80.7 us, triton/decode 58.4) then runs every share at once. The plan stays.
+BALANCED_SHALLOW_RING: dict[int, int] = {}
 
 
 @gluon.jit
@@ -79,6 +85,18 @@ def balanced_sizes(
     rule = {"target": BALANCED_TARGET, "ctas_per_sm": ctas_per_sm}
     target = splits.resolve_balanced_shares(shares, problem, device, m_blocks, block_n, per_sm, min_keys, **rule)
     return problem.batch, target, *splits.balanced_plan_sizes(block_n, min_keys, BALANCED_MAX_ITEM_SHARES)
+
+
+def balanced_ring_stages(
+    problem: Problem, device: torch.device, target: int, m_blocks: int, ctas_per_sm: int, stages: int
+) -> int:
+    """The balanced kernel's ring depth: ``stages`` (the default ring's, of ``ctas_per_sm`` CTA slots an SM), or
+    ``BALANCED_SHALLOW_RING``'s where the grid of (``target`` + B · Hkv) · ``m_blocks`` CTAs spills past one wave of
+    those slots on ``device`` (``splits.balanced_grid_spills``)."""
+    shallow = BALANCED_SHALLOW_RING.get(problem.head_dim)
+    grid = (target + problem.batch * problem.kv_heads) * m_blocks
+    spills = splits.balanced_grid_spills(grid, splits.sm_count(device) * ctas_per_sm)
+    return shallow if shallow and spills else stages
 
 
 def balanced_constexprs(problem: Problem, balanced: bool, m_tile_major: bool) -> dict[str, int | bool | None]:

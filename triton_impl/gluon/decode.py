@@ -135,7 +135,12 @@ from triton_impl._host import (
     rung_result,
     split_workspace,
 )
-from triton_impl.gluon._decode_balanced import _store_balanced, balanced_constexprs, balanced_sizes
+from triton_impl.gluon._decode_balanced import (
+    _store_balanced,
+    balanced_constexprs,
+    balanced_ring_stages,
+    balanced_sizes,
+)
 from triton_impl.gluon._decode_merge import (
     MERGE_ROWS,
     _last_to_arrive,
@@ -627,13 +632,21 @@ def balanced_split(problem: Problem, device: torch.device | None = None) -> bool
     return splits.balanced_split_applies(BALANCED_SPLIT, problem, lambda: planned_num_splits(problem, rule_device))
 
 
+def balanced_stages(problem: Problem, device: torch.device, target: int) -> int:
+    """The balanced kernel's ring depth for ``target`` shares on ``device``: ``decode_config``'s, or where the grid
+    spills past one wave of its CTA slots ``BALANCED_SHALLOW_RING``'s (``_decode_balanced.balanced_ring_stages``)."""
+    slots, stages = split_policy(problem).ctas_per_sm, decode_config(problem).num_stages
+    return balanced_ring_stages(problem, device, target, m_blocks_for(problem), slots, stages)
+
+
 def split_constexprs(
-    problem: Problem, split: bool, balanced: bool = False, m_tile_major: bool = False
+    problem: Problem, split: bool, balanced: bool = False, m_tile_major: bool = False, num_stages: int | None = None
 ) -> dict[str, int | bool | None]:
+    """The split kernel's constexprs; ``num_stages`` (``balanced_stages``) replaces ``decode_config``'s ring depth."""
     config, num_warps = decode_config(problem), num_warps_for(problem)
     return {
         **feature_constexprs(problem), "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n,
-        "NUM_STAGES": config.num_stages, "SPLIT": split, "PAGE_SIZE": problem.page_size,
+        "NUM_STAGES": num_stages or config.num_stages, "SPLIT": split, "PAGE_SIZE": problem.page_size,
         "FUSED_MERGE": split and triton_decode.FUSED_MERGE, "BALANCED": balanced,
         **balanced_constexprs(problem, balanced, m_tile_major),
         "SPLITS_PER_STEP": triton_decode.merge_splits_per_step(MERGE_ROWS.value, problem.head_dim, num_warps),
@@ -668,12 +681,12 @@ class GluonDecode:
         if self.balanced:
             slots = (policy.ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
             plan = balanced_sizes(problem, q.device, num_splits, m_blocks, decode_config(problem).block_n, *slots)
-            num_splits = plan[1]
+            num_splits, stages = plan[1], balanced_stages(problem, q.device, plan[1])
             m_tile_major = splits.balanced_m_tile_major(num_splits + items, M_TILE_MAJOR)
             self.split_grid = splits.balanced_grid(num_splits + items, m_blocks, m_tile_major)
             out_partial, lse_partial = balanced_workspace(problem, num_splits + items, q.device)
         else:
-            plan, m_tile_major = (None,) * 4, False
+            plan, m_tile_major, stages = (None,) * 4, False, None
             num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks, q.device, policy)
             self.split_grid = (num_splits, m_blocks, items)
             out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
@@ -688,7 +701,8 @@ class GluonDecode:
             q, desc_k, desc_v, self.out, lse_arg, lengths_arg, out_partial, lse_partial,
             *q.stride()[:3], *self.out.stride()[:3], *sizes, *paging_arguments(block_table),
         )  # fmt: skip
-        split_options = split_constexprs(problem, num_splits > 1 and not self.balanced, self.balanced, m_tile_major)
+        split_form = (num_splits > 1 and not self.balanced, self.balanced, m_tile_major, stages)
+        split_options = split_constexprs(problem, *split_form)
         self.split_options = {**split_options, "num_warps": num_warps_for(problem)}
         self.fused_merge = self.split_options["FUSED_MERGE"] or self.balanced
         counters = triton_decode.arrival_counters(q.device, m_blocks * items) if self.fused_merge else None
@@ -781,8 +795,13 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
         "heads": "i32", "kv_heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "softmax_scale_log2": "fp32",
     }  # fmt: skip
     num_warps = num_warps_for(problem)
-    balanced = balanced_split(problem)
-    constexprs = {**split_constexprs(problem, not balanced, balanced, M_TILE_MAJOR), "num_warps": num_warps}
+    balanced, stages = balanced_split(problem), None
+    if balanced:  # the plan's target on the rule's default SM count, as balanced_split's
+        slots = (split_policy(problem).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
+        block_n, cpu = decode_config(problem).block_n, torch.device("cpu")
+        target = balanced_sizes(problem, cpu, None, m_blocks_for(problem), block_n, *slots)[1]
+        stages = balanced_stages(problem, cpu, target)
+    constexprs = {**split_constexprs(problem, not balanced, balanced, M_TILE_MAJOR, stages), "num_warps": num_warps}
     plan = ("batch_size", "target_shares", "min_share_blocks", "max_item_shares")
     if balanced:
         signature.update(dict.fromkeys(plan, "i32"))
