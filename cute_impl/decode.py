@@ -35,7 +35,7 @@ keeping the memory system busy, not the tensor cores:
   kernel reads (``MERGE_SLABS_FROM_SPLIT``; off: every merge thread walks the same plan again).
   The grid is (M tiles, slabs, 1), the M tile on x (``M_TILE_MAJOR``), so that a share's M tiles run together and
   read its K/V blocks once from DRAM, not once per M tile's pass (``splits.balanced_grid``). ``BALANCED_SHALLOW_RING``
-  (off) gives it a shallower ring where the grid spills past one wave of the table's CTA slots
+  gives it a shallower ring where the grid spills past one wave of the table's CTA slots
   (:func:`balanced_ring_stages`; splits.py's "The balanced grid past one wave").
 
 Why a second kernel for the merge (as in ``triton/decode``): atomics on O would make the order of fp32
@@ -220,10 +220,11 @@ WARPS_SPLIT_ROWS = True  # many packed rows (_decode_warps.py): 0.83-0.94x the t
 # (results/h200/decode-d256-many-rows/).
 WIDE_M_TILE = True
 # Head dim -> the ring's stages where the balanced grid spills past one wave of the table's CTA slots (CTAS_PER_SM_FIT;
-# ``splits.balanced_grid_spills``, splits.py's "The balanced grid past one wave"); {} (off) until its H200 A/B. {64: 4}:
-# a 64 KB ring, three CTAs an SM (sm_90a: 168 registers at 64 rows, 124 at 16), not six stages' two: seed 73's
-# 392-CTA 64-row row (89.6 us, triton/decode 58.4) then runs every share at once. The plan stays.
-BALANCED_SHALLOW_RING: dict[int, int] = {}
+# ``splits.balanced_grid_spills``, splits.py's "The balanced grid past one wave"). {64: 4}: a 64 KB ring, three CTAs
+# an SM (sm_90a: 168 registers at 64 rows, 124 at 16), not six stages' two, so seed 73's 392-CTA 64-row row runs every
+# share at once. The plan stays. H200 (results/h200/decode-shallow-ring/): 0.77-0.90x on the four rows that spill (seed
+# 73's 90.6 -> 73.9 us, seed 71's paged 357.2 -> 274.7), one-wave and many-wave rows 1.00x.
+BALANCED_SHALLOW_RING: dict[int, int] = {64: 4}
 DECODE_FEATURES = (*FEATURES, PAGED_KV)  # every problem feature, and the paged KV cache (pages of 16 to 256 keys)
 
 

@@ -1,7 +1,7 @@
 """The balanced grid past one wave: ``BALANCED_SHALLOW_RING`` in gluon/decode (``_decode_balanced.py``) and
-cute/decode, off until its H200 A/B (``common/contract/splits.py``'s "The balanced grid past one wave").
+cute/decode, {64: 4} since its H200 A/B (``common/contract/splits.py``'s "The balanced grid past one wave").
 
-CPU: off in both rungs; ``splits.balanced_grid_spills`` at its bounds; with {64: 4} on the sweep rows, the shallow ring
+CPU: {64: 4} in both rungs; ``splits.balanced_grid_spills`` at its bounds; on the sweep rows, the shallow ring
 where the balanced grid spills past one wave of the rung's default CTA slots (seed 73's 392-CTA and seed 71's 520-CTA
 rows on 264 slots) and not where it fits one (seed 73's paged B=4 row: 264 CTAs on 264 slots), takes many (seed 43's
 1552) or the split is padded, the plan (target, shares) the same as off; a planted off-by-one in the rule moves seed
@@ -48,10 +48,10 @@ def _set_knob(monkeypatch: pytest.MonkeyPatch, value: dict[int, int]) -> None:
         monkeypatch.setattr(_cute(), "BALANCED_SHALLOW_RING", value)
 
 
-def test_off_by_default():
-    assert _decode_balanced.BALANCED_SHALLOW_RING == {}, "gluon's shallow ring is untimed: off until its H200 A/B"
+def test_the_timed_ring_is_the_default():
+    assert _decode_balanced.BALANCED_SHALLOW_RING == SHALLOW, "gluon's default is the ring timed on the H200"
     if HAS_CUTE:
-        assert _cute().BALANCED_SHALLOW_RING == {}, "cute's shallow ring is untimed: off until its H200 A/B"
+        assert _cute().BALANCED_SHALLOW_RING == SHALLOW, "cute's default is the ring timed on the H200"
 
 
 def test_grid_spills_past_one_wave_and_at_most_two():
@@ -115,10 +115,10 @@ def test_knob_leaves_the_plan(monkeypatch: pytest.MonkeyPatch):
     for seed, index in ((73, 2), (71, 0)):
         case = random_cases(8, seed)[index]
         for rung in rungs:
+            _set_knob(monkeypatch, {})
             off = plan_of(rung, case.problem, case.lengths, CPU)
-            with pytest.MonkeyPatch.context() as patch:
-                _set_knob(patch, SHALLOW)
-                assert plan_of(rung, case.problem, case.lengths, CPU) == off, f"{rung} {seed}/{index}"
+            _set_knob(monkeypatch, SHALLOW)
+            assert plan_of(rung, case.problem, case.lengths, CPU) == off, f"{rung} {seed}/{index}"
 
 
 def _off_by_one(grid_ctas: int, slots: int) -> bool:

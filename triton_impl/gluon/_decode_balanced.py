@@ -12,7 +12,7 @@ replays it with new lengths (``M_TILE_MAJOR``: the grid's axes swapped, the M ti
 stores (:func:`_store_balanced`) and the host's sizes (:func:`balanced_sizes`, :func:`balanced_constexprs`); the
 split kernel (``decode.py``, ``BALANCED``) is the rule's otherwise. ``BALANCED_MAX_ITEM_SHARES`` (32 since
 ``results/h200/decode-ragged-cap/``) caps the shares of one item, ``common/contract/splits.py``'s "item-share cap";
-``BALANCED_TARGET`` picks its "target rule"; ``BALANCED_SHALLOW_RING`` (off) a shallower ring where the grid spills past
+``BALANCED_TARGET`` picks its "target rule"; ``BALANCED_SHALLOW_RING`` a shallower ring where the grid spills past
 one wave of the default ring's CTA slots (:func:`balanced_ring_stages`; splits.py's "The balanced grid past one wave").
 """
 
@@ -35,10 +35,11 @@ BALANCED_MAX_ITEM_SHARES = 32
 # row 88.4 -> 67.4 us, its B=64 Hkv=16 row 172.4 -> 156.2, a full D=64 cache 163.2 -> 146.0; no row 2 % slower.
 BALANCED_TARGET = "per-slot"
 # Head dim -> the ring's stages where the balanced grid spills past one wave of the default ring's CTA slots
-# (``splits.balanced_grid_spills``; splits.py's "The balanced grid past one wave"); {} (off) until its H200 A/B.
-# {64: 4}: 64 KB of K/V + the 8 KB Q tile, three CTAs an SM (sm_90a: 127 registers, 73.8 KB), not D=64's six stages
-# (two): seed 73's 392-CTA 64-row row (80.7 us, triton/decode 58.4) then runs every share at once. The plan stays.
-BALANCED_SHALLOW_RING: dict[int, int] = {}
+# (``splits.balanced_grid_spills``; splits.py's "The balanced grid past one wave"). {64: 4}: 64 KB of K/V + the
+# 8 KB Q tile, three CTAs an SM (sm_90a: 127 registers, 73.8 KB), not D=64's six stages (two), so seed 73's 392-CTA
+# 64-row row runs every share at once. The plan stays. H200 (results/h200/decode-shallow-ring/): 0.74-0.86x on the four
+# rows that spill (seed 73's 80.9 -> 69.8 us, seed 71's paged 360.6 -> 267.8), one-wave and many-wave rows 1.00x.
+BALANCED_SHALLOW_RING: dict[int, int] = {64: 4}
 
 
 @gluon.jit
