@@ -482,13 +482,13 @@ KV_AB_CANDIDATES = [
 # rotation's wgmma reads through registers (register_operand: ldmatrix from the slot, no store of the tile, no proxy
 # fence, whose MEMBAR waited each tile), V apart: K's loop 905 SASS, 5 BAR, no MEMBAR, 128 registers, 114,688 bytes,
 # two programs an SM (3.8: 897, 4 BAR).
-KCHAIN_RING = replace(fp8_quantiser.PREFETCH_CONFIG, prefetch=False, num_stages=3, register_operand=True)
+K_REGISTER_RING = replace(fp8_quantiser.PREFETCH_CONFIG, prefetch=False, num_stages=3, register_operand=True)
 KV_D128_CANDIDATES = [
     fp8_quantiser.PREFETCH_CONFIG,
     replace(fp8_quantiser.PREFETCH_CONFIG, value_config=fp8_quantiser.PREFETCH_CONFIG),
     replace(fp8_quantiser.PREFETCH_CONFIG, value_config=replace(fp8_quantiser.PREFETCH_CONFIG, l2_prefetch=True)),
     Config(tiles_per_program=8, num_stages=2, tma=True, value_config=fp8_quantiser.PREFETCH_CONFIG),
-    replace(KCHAIN_RING, value_config=fp8_quantiser.PREFETCH_CONFIG),
+    replace(K_REGISTER_RING, value_config=fp8_quantiser.PREFETCH_CONFIG),
 ]
 # Named candidate lists ``--candidates`` takes in place of configurations.
 CANDIDATE_SETS = {"kv-d128": KV_D128_CANDIDATES}
