@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue #37 at D=128 (P1: B=2 H=16 Hkv=16 S=8192 bf16, block+rotation): the K/V quantiser cute/fp8 runs before its
 # kernel, split in two launches as D=64's is (bench.fp8_quantiser's KV_D128_CANDIDATES: V apart; V apart with V's L2
-# prefetch; K by a 2-stage TMA ring with V apart), against the K/V default (one launch, register prefetch), in one
-# device call of about 2 minutes on an H200 (Triton 3.6):
+# prefetch; K by a 2-stage TMA ring with V apart; K by a 3-stage cp.async ring read into registers for the rotation's
+# wgmma, V apart), against the K/V default (one launch, register prefetch), in one device call of about 2.5 minutes
+# on an H200 (Triton 3.6):
 #   1. the candidates' GPU byte tests (tests/test_fp8_quantiser_value_launch.py): K's and V's bytes and scales equal
 #      to the K/V default's into poisoned buffers, at P1 and a ragged GQA shape;
 #   2. bench.fp8_quantiser --ab --kv-only --candidates kv-d128: each candidate judged (against the torch reference
@@ -18,10 +19,10 @@ export PYTHONPATH="${PYTHONPATH:-$PWD}"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.log" 2>&1
 source_carried_activations
 status=0
-timeout 45 python3 -m pytest -q -m gpu -n 3 -p no:cacheprovider tests/test_fp8_quantiser_value_launch.py \
+timeout 60 python3 -m pytest -q -m gpu -n 3 -p no:cacheprovider tests/test_fp8_quantiser_value_launch.py \
   -k "test_gpu_the_d128_kv_candidates" > "$OUT/pytest.log" 2>&1 || status=1
 tail -3 "$OUT/pytest.log"
-timeout 100 python3 -m bench.fp8_quantiser --ab --kv-only --candidates kv-d128 --quantiser-rounds 3 --e2e-rounds 3 \
+timeout 130 python3 -m bench.fp8_quantiser --ab --kv-only --candidates kv-d128 --quantiser-rounds 3 --e2e-rounds 3 \
   --warmup-ms 25 --rep-ms 150 --out "$OUT/ab" > "$OUT/ab.log" 2>&1 || status=1
 tail -40 "$OUT/ab.log"
 exit $status

@@ -478,12 +478,17 @@ KV_AB_CANDIDATES = [
 # (V's tiles back to back at P1); K by TMA (2-stage ring, 99 registers, 114,704 bytes of shared memory: two
 # programs an SM; the rotation's wgmma reads the copy in place, K's loop 815 SASS, no LDG, STS or MEMBAR) with V apart.
 # Triton 3.6 issues K's next copy at the end of the body, so its latency is exposed each tile: K by TMA tells
-# whether K's shorter chain outweighs it.
+# whether K's shorter chain outweighs it. Helper kchain: K's chain by a 3-stage cp.async ring whose slots the
+# rotation's wgmma reads through registers (register_operand: ldmatrix from the slot, no store of the tile, no proxy
+# fence, whose MEMBAR waited each tile), V apart: K's loop 905 SASS, 5 BAR, no MEMBAR, 128 registers, 114,688 bytes,
+# two programs an SM (3.8: 897, 4 BAR).
+K_REGISTER_RING = replace(fp8_quantiser.PREFETCH_CONFIG, prefetch=False, num_stages=3, register_operand=True)
 KV_D128_CANDIDATES = [
     fp8_quantiser.PREFETCH_CONFIG,
     replace(fp8_quantiser.PREFETCH_CONFIG, value_config=fp8_quantiser.PREFETCH_CONFIG),
     replace(fp8_quantiser.PREFETCH_CONFIG, value_config=replace(fp8_quantiser.PREFETCH_CONFIG, l2_prefetch=True)),
     Config(tiles_per_program=8, num_stages=2, tma=True, value_config=fp8_quantiser.PREFETCH_CONFIG),
+    replace(K_REGISTER_RING, value_config=fp8_quantiser.PREFETCH_CONFIG),
 ]
 # Named candidate lists ``--candidates`` takes in place of configurations.
 CANDIDATE_SETS = {"kv-d128": KV_D128_CANDIDATES}

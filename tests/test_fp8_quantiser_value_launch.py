@@ -292,8 +292,9 @@ _BUILD_PROBE = r"""
 import dataclasses, json, re
 import torch
 from bench.fp8_kv_quantiser_bw import candidates
+from bench.fp8_quantiser import KV_D128_CANDIDATES
 from common.contract import fp8
-from common.reporting.static import cubin_resources
+from common.reporting.static import cubin_resources, cubin_sass
 from triton_impl import fp8_quantiser as fused
 from triton_impl import fp8_quantiser_kernel as kernel
 
@@ -303,7 +304,22 @@ def facts(binary):
             "shared": binary.shared_bytes, "threads": binary.threads_per_cta,
             "wgmma": bool(re.search(r"wgmma\.mma_async", binary.ptx)),
             "cp_async": bool(re.search(r"cp\.async\.cg\.shared\.global", binary.ptx)),
-            "l2_prefetches": len(re.findall(r"cp\.async\.bulk\.prefetch\.L2\.global", binary.ptx))}
+            "l2_prefetches": len(re.findall(r"cp\.async\.bulk\.prefetch\.L2\.global", binary.ptx)),
+            "register_a": bool(re.search(r"wgmma\.mma_async[^;]*\}\s*,\s*\{", binary.ptx)),
+            "loop_membars": rotation_loop_membars(cubin_sass(binary.cubin))}
+
+# MEMBARs in the loops (a backward branch and what it spans) that hold the rotation's HGMMA; -1: no such loop.
+def rotation_loop_membars(sass):
+    listing = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)
+    listing = [(int(at, 16), op, rest) for at, op, rest in listing]
+    counts = []
+    for end, (at, op, rest) in enumerate(listing):
+        target = re.match(r"\s*0x([0-9a-f]+)", rest)
+        if op.startswith("BRA") and target and int(target.group(1), 16) < at:
+            body = [o for a, o, _ in listing[: end + 1] if a >= int(target.group(1), 16)]
+            if any(o.startswith("HGMMA") for o in body):
+                counts.append(sum(o.startswith("MEMBAR") for o in body))
+    return max(counts, default=-1)
 
 quantisation, layout = fp8.VARIANTS["block+rotation"], fp8.ValueLayout(True, 16)
 ring = candidates(128)["V ring 2x warps, 4 stages"]
@@ -315,7 +331,12 @@ planted = [facts(b) for b in fused.compile_sm90(128, torch.bfloat16, quantisatio
 l2 = [facts(b) for d in (128, 64) for b in fused.compile_sm90(d, torch.bfloat16, quantisation, layout,
                                                                config=candidates(d)["L2 prefetch"], query=False)]
 plain = [facts(b) for b in fused.compile_sm90(128, torch.bfloat16, quantisation, layout, query=False)]
-print(json.dumps({"built": built, "planted": planted, "l2": l2, "plain": plain}))
+# KV_D128_CANDIDATES' K ring read into registers (helper kchain), and the same ring whose wgmma reads shared memory.
+kchain = KV_D128_CANDIDATES[-1]
+register = [facts(b) for b in fused.compile_sm90(128, torch.bfloat16, quantisation, layout, config=kchain, query=False)]
+ring = [facts(b) for b in fused.compile_sm90(128, torch.bfloat16, quantisation, layout,
+                                             config=dataclasses.replace(kchain, register_operand=False), query=False)]
+print(json.dumps({"built": built, "planted": planted, "l2": l2, "plain": plain, "register": register, "ring": ring}))
 """
 
 
@@ -362,6 +383,22 @@ def test_the_l2_prefetch_builds_spill_free_with_a_bulk_prefetch_in_each_tensors_
     for facts in report["l2"]:
         assert facts["l2_prefetches"] == 3 and facts["spills"] == 0, facts
     assert _programs_an_sm(report["l2"][0]) == _programs_an_sm(plain), report
+
+
+@pytest.mark.static
+def test_the_register_operand_ring_feeds_ks_wgmma_from_registers_with_no_fence_in_its_loop():
+    """``register_operand`` in KV_D128_CANDIDATES' K ring (3 cp.async stages, V apart): K's binary issues the rotation's
+    wgmma with A in registers, no MEMBAR (the proxy fence) in its loop, no spills, two programs an SM. Its counterparts:
+    the same ring with the wgmma reading shared memory needs a copy of the tile beside the ring (one program an SM),
+    and the K/V default fences in its rotation loop."""
+    report = _build_report()
+    keys, values = report["register"]
+    assert keys["register_a"] and keys["loop_membars"] == 0 and keys["spills"] == 0, keys
+    assert _programs_an_sm(keys) >= 2 and values["spills"] == 0, report["register"]
+    ring_keys, _ = report["ring"]
+    assert not ring_keys["register_a"] and _programs_an_sm(ring_keys) < 2, ring_keys
+    (plain,) = report["plain"]
+    assert not plain["register_a"] and plain["loop_membars"] >= 1, plain
 
 
 # ----------------------------------------------------------------------------------------------------

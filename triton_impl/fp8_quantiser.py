@@ -27,7 +27,9 @@ more bytes in flight an SM than registers allow, and Q's and K's tiles reach the
 passing registers), ``interleave`` (Q's, K's and V's programs alternate, so that rotated tiles, bound by
 instructions, share each SM with V's, bound by memory) and ``value_config`` (V in a launch of its own, whose
 binary holds V's code alone: a cp.async ring and twice the warps under a 64-register cap still fit two programs
-an SM) and ``l2_prefetch`` (the L2 asked for the tile after next: bytes in flight that hold no register).
+an SM), ``l2_prefetch`` (the L2 asked for the tile after next: bytes in flight that hold no register) and
+``register_operand`` (the rotation's wgmma reads the tile from registers: no store of it to shared memory, no proxy
+fence; with a cp.async ring, read by ``ldmatrix`` from the ring's slot).
 ``default_config(D, quantisation)`` is what the rungs run; ``python -m bench.fp8_quantiser --ab`` times the
 candidates against the read bandwidth, ``bench/fp8_kv_quantiser_bw.sh`` the K/V launch's against a torch copy.
 
@@ -156,6 +158,12 @@ class QuantiserConfig:
     * ``l2_prefetch``: each iteration also asks the L2 for the tile after the next (``prefetch.global.L2``, one
       instruction a thread and a tile), so that the next iteration's load of it hits the L2: up to twice the bytes
       in flight from the memory, none of them in registers or shared memory. Not under the interpreter.
+    * ``register_operand``: the tensor-core rotation's wgmma takes the tile from registers, not from a copy in
+      shared memory: no store of the tile, no ``fence.proxy.async`` (a ``MEMBAR`` in SASS) and one barrier fewer a
+      tile; with a cp.async ring (``num_stages`` > 1) each thread reads its operand fragment by ``ldmatrix`` from the
+      ring's slot, so the ring needs no extra tile (a 3-stage K-only binary at D=128: 114,688 bytes, two programs an
+      SM, against 147,456 and one). No effect without the tensor-core rotation or under the interpreter; not with
+      ``tma`` (its wgmma already reads the copy where it landed).
     """
 
     single_launch: bool = True
@@ -171,6 +179,7 @@ class QuantiserConfig:
     launch_dependents: bool = False
     value_config: QuantiserConfig | None = None
     l2_prefetch: bool = False
+    register_operand: bool = False
 
     def __post_init__(self) -> None:
         if self.tiles_per_program < 1 or self.num_stages < 1:
@@ -181,6 +190,8 @@ class QuantiserConfig:
             raise ValueError("prefetch (registers) and num_stages > 1 (shared memory) both overlap loads: choose one")
         if self.prefetch and self.tma:
             raise ValueError("prefetch (registers) and tma (shared memory) both overlap loads: choose one")
+        if self.register_operand and self.tma:
+            raise ValueError("register_operand reads the tile into registers; tma's wgmma reads it in shared memory")
         if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps must be a power of two from 1 to 16 or None, got {self.num_warps}")
         if self.maxnreg is not None and not 24 <= self.maxnreg <= 255:
@@ -217,6 +228,7 @@ class QuantiserConfig:
             f"{'1 launch' if self.single_launch else '3 launches'}{' interleaved' if self.interleave else ''} "
             f"{schedule} {overlap} warps={self.num_warps or 'auto'} maxnreg={self.maxnreg or '-'} {self.division}"
             f"{' launch-dependents' if self.launch_dependents else ''}{' l2-prefetch' if self.l2_prefetch else ''}"
+            f"{' register-operand' if self.register_operand else ''}"
             f"{f' | V apart: {self.value_config.describe()}' if self.value_config else ''}"
         )
 
@@ -511,7 +523,8 @@ def _launch_options(
     setup = LaunchSetup(head_dim, int(math.log2(head_dim)), tile_rows, step, config.num_stages, config.prefetch,
                         config.division == "reciprocal", config.programs_per_sm > 0, config.tma, config.interleave,
                         config.launch_dependents and not interpreted, interpreted, *holds,
-                        L2_PREFETCH=config.l2_prefetch and not interpreted)  # fmt: skip
+                        L2_PREFETCH=config.l2_prefetch and not interpreted,
+                        REGISTER_OPERAND=config.register_operand)  # fmt: skip
     options = {"Q_KIND": q_kind, "K_KIND": k_kind, "V_KIND": v_kind, "SETUP": setup,
                "num_warps": config.num_warps or _num_warps(tile_rows, head_dim)}  # fmt: skip
     if config.maxnreg is not None:

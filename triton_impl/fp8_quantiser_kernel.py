@@ -42,6 +42,11 @@ stays in shared memory across the loop); then per tile:
      * ``tensor_core``: the tile times the ±1 sign matrix on wgmma, both operands in the input's own
        type (bf16 or fp16: x · ±1 is exact) with fp32 accumulation, then x c, c = the matrix's fp32
        entry magnitude 1/sqrt(D). Only the order of the fp32 sums differs from torch's fp32 GEMM.
+       Triton stores a loaded or prefetched tile to shared memory for the wgmma (then a proxy fence, a
+       ``MEMBAR`` in SASS, and a barrier each tile); with ``REGISTER_OPERAND`` the wgmma takes x from
+       registers instead (``_in_registers``): from a cp.async ring (``num_stages``) each thread reads its
+       operand fragment by ``ldmatrix`` straight from the ring's slot, with no store, fence or extra tile of
+       shared memory. The same products and sums (the operand's source is all that differs).
      * ``butterfly``: log2(D) radix-2 stages of sums and differences in fp32 (the Hadamard transform
        in constant geometry: y[i] = x[2i] + x[2i+1], y[i + D/2] = x[2i] - x[2i+1] each stage), then
        x the matrix's first row (its column signs times c), + 0 (a column whose sums cancel would be
@@ -148,7 +153,8 @@ class LaunchSetup(NamedTuple):
     ``launch_dependents`` (never under the interpreter). ``INTERPRETED``: the CPU interpreter's replacements
     (module docstring, "Interpreter"). ``HOLDS_Q``, ``HOLDS_K``, ``HOLDS_V``: whether a binary of program ranges
     holds that tensor's code (module docstring, "Launch"). ``L2_PREFETCH``: ``QuantiserConfig``'s ``l2_prefetch``
-    (never under the interpreter; module docstring, step 1)."""
+    (never under the interpreter; module docstring, step 1). ``REGISTER_OPERAND``: ``QuantiserConfig``'s
+    ``register_operand`` (module docstring, step 2)."""
 
     HEAD_DIM: int
     LOG2_HEAD_DIM: int
@@ -166,6 +172,7 @@ class LaunchSetup(NamedTuple):
     HOLDS_K: bool = True
     HOLDS_V: bool = True
     L2_PREFETCH: bool = False
+    REGISTER_OPERAND: bool = False
 
 
 @triton.jit
@@ -191,10 +198,21 @@ def _rotation_operand(ROTATION, ROTATE: tl.constexpr, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
+def _in_registers(x):
+    """x unchanged, through an operation Triton cannot see through (one ``mov.b32`` per two elements, which ptxas
+    removes): Triton keeps a dot's A operand in shared memory where it comes straight from a load or from the loop's
+    carried values, and reads it into registers otherwise (``REGISTER_OPERAND``, module docstring step 2)."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=x.dtype, is_pure=True, pack=2)
+
+
+@triton.jit
 def _rotated(x, rotation, rotation_scale, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, LOG2_HEAD_DIM: tl.constexpr,
-             ROTATE: tl.constexpr, FP32_DOT: tl.constexpr):  # fmt: skip
-    """x (ROWS, D) times random_hadamard(D, seed) in fp32 (module docstring, step 2)."""
+             ROTATE: tl.constexpr, FP32_DOT: tl.constexpr, REGISTER_OPERAND: tl.constexpr):  # fmt: skip
+    """x (ROWS, D) times random_hadamard(D, seed) in fp32 (module docstring, step 2); ``REGISTER_OPERAND``: the
+    tensor cores read x from registers (not under the interpreter's fp32 dot)."""
     if ROTATE == ROTATE_TENSOR_CORE:
+        if REGISTER_OPERAND and not FP32_DOT:
+            x = _in_registers(x)
         # rotation: the ±1 sign matrix in x's type (fp32 for FP32_DOT); x · ±1 is exact, sums in fp32.
         product = tl.dot(x.to(tl.float32), rotation, input_precision="ieee") if FP32_DOT else tl.dot(x, rotation)
         rotated = product * rotation_scale
@@ -417,7 +435,7 @@ def _quantise_tiles(T, X_DESC, program, programs, ROTATION, rotation_scale, KIND
         # ---- 2. rotation
         if KIND.ROTATE != ROTATE_NONE:
             x = _rotated(x, rotation, rotation_scale, TILE_ROWS, HEAD_DIM, SETUP.LOG2_HEAD_DIM, KIND.ROTATE,
-                         SETUP.INTERPRETED)  # fmt: skip
+                         SETUP.INTERPRETED, SETUP.REGISTER_OPERAND)  # fmt: skip
         x = x.to(tl.float32)
 
         # ---- 3. amax (per row, then per block) and scales
