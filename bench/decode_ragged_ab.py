@@ -107,7 +107,7 @@ def plan_of(rung: str, problem, lengths: tuple[int, ...], device) -> tuple:
         )
         min_keys, cap = (
             importlib.import_module("triton_impl.decode").BALANCED_MIN_KEYS,
-            _decode_balanced.BALANCED_MAX_ITEM_SHARES,
+            _decode_balanced.item_share_cap(),
         )
     else:
         block_n, target = module.tile_config(problem).block_n, module.balanced_target_shares(problem, device)

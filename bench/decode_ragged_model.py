@@ -50,12 +50,14 @@ class RungPlan:
     merge_per_step: int
     merge_chunks: int  # gluon merges 16 packed rows at a time
     merge_kernel: bool  # cute: a second kernel
+    merge_group: int = 0  # gluon's BALANCED_MERGE_GROUP: an item's shares merge in runs of that many, then the runs
 
 
 def rung_plan(rung: str, problem, lengths: tuple[int, ...]) -> RungPlan:
     """``rung``'s balanced plan of ``problem`` under its module's current constants."""
     module = importlib.import_module(RUNG_MODULES[rung])
     rows = problem.kv_group * problem.seqlen_q
+    merge_group = 0
     if rung == "triton/decode":
         config = module.tile_config(problem)
         block_n, stages = config.block_n, config.num_stages
@@ -75,7 +77,8 @@ def rung_plan(rung: str, problem, lengths: tuple[int, ...]) -> RungPlan:
             problem, CPU, None, module.m_blocks_for(problem), block_n, slots, module.BALANCED_SHARES_BY_SLOTS
         )
         triton_decode = importlib.import_module("triton_impl.decode")
-        cap, min_keys = _decode_balanced.BALANCED_MAX_ITEM_SHARES, triton_decode.BALANCED_MIN_KEYS
+        cap, min_keys = _decode_balanced.item_share_cap(), triton_decode.BALANCED_MIN_KEYS
+        merge_group = _decode_balanced.BALANCED_MERGE_GROUP
         merge_rows = _decode_merge.MERGE_ROWS.value
         per_step = triton_decode.merge_splits_per_step(merge_rows, problem.head_dim, module.num_warps_for(problem))
         chunks, merge_kernel = -(-min(rows, module.block_m_for(problem)) // merge_rows), False
@@ -89,14 +92,20 @@ def rung_plan(rung: str, problem, lengths: tuple[int, ...]) -> RungPlan:
     min_blocks = splits.balanced_min_share_blocks(block_n, min_keys)
     shares = splits.balanced_item_shares(blocks, problem.kv_heads, target, min_blocks, cap)
     m_blocks = module.m_blocks_for(problem)
-    return RungPlan(block_n, stages - 1, slots, m_blocks, target, tuple(shares), per_step, chunks, merge_kernel)
+    merged = (per_step, chunks, merge_kernel, merge_group)
+    return RungPlan(block_n, stages - 1, slots, m_blocks, target, tuple(shares), *merged)
 
 
 def merge_us(plan: RungPlan, shares: int) -> float:
-    """An item's merge of ``shares`` partials: its L2 round trips (0 for one share: the share writes O)."""
+    """An item's merge of ``shares`` partials after its last share ends: its L2 round trips (0 for one share: the
+    share writes O); with ``merge_group``, the last run's merge and then the runs' (the last share's run is the
+    last to arrive)."""
     if shares == 1:
         return 0.0
-    steps = 2 * -(-shares // plan.merge_per_step) * plan.merge_chunks
+    levels = [shares]
+    if plan.merge_group and shares > plan.merge_group:
+        levels = [min(shares, plan.merge_group), -(-shares // plan.merge_group)]
+    steps = sum(2 * -(-count // plan.merge_per_step) * plan.merge_chunks for count in levels)
     return (decode_model.MERGE_GAP_US if plan.merge_kernel else 0.0) + decode_model.MERGE_STEP_US * steps
 
 

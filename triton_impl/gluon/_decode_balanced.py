@@ -14,6 +14,15 @@ split kernel (``decode.py``, ``BALANCED``) is the rule's otherwise. ``BALANCED_M
 ``results/h200/decode-ragged-cap/``) caps the shares of one item, ``common/contract/splits.py``'s "item-share cap";
 ``BALANCED_TARGET`` picks its "target rule"; ``BALANCED_SHALLOW_RING`` a shallower ring where the grid spills past
 one wave of the default ring's CTA slots (:func:`balanced_ring_stages`; splits.py's "The balanced grid past one wave").
+
+``BALANCED_MERGE_GROUP`` (0: off until its H200 A/B, ``bench/decode_merge_group_ab.sh``) merges an item of more than G
+shares in two levels (:func:`_merge_in_groups`): each run of G consecutive shares has its own arrival counter, and its
+last share to arrive merges the run into the run's first slab (a partial like any other); the last run to arrive merges
+the runs' slabs, G slabs apart. One CTA's merge chain is then cdiv(G, step) + cdiv(runs, step) load steps of each
+pass, not cdiv(shares, step), so the item-share cap, which trades that chain for longer shares, counts runs: an item
+takes at most ``BALANCED_MAX_ITEM_SHARES`` · G shares (:func:`item_share_cap`). Seed 73's B=4 Hkv=2 paged row: under
+the cap of 32 its 164677-key sequence takes 32 shares of 81 key blocks, 2.5 times the others' 33, and its CTAs are the
+tail; with G = 8 it takes 78 even shares, merged in 2 + 4 steps where one CTA's 78 would take 20.
 """
 
 from __future__ import annotations
@@ -40,16 +49,74 @@ BALANCED_TARGET = "per-slot"
 # 64-row row runs every share at once. The plan stays. H200 (results/h200/decode-shallow-ring/): 0.74-0.86x on the four
 # rows that spill (seed 73's 80.9 -> 69.8 us, seed 71's paged 360.6 -> 267.8), one-wave and many-wave rows 1.00x.
 BALANCED_SHALLOW_RING: dict[int, int] = {64: 4}
+# Shares a run of the two-level merge takes (module docstring; 0: one level, the item's last share merges them all).
+BALANCED_MERGE_GROUP = 0
+
+
+def item_share_cap() -> int:
+    """The most shares an item takes (0: no cap): ``BALANCED_MAX_ITEM_SHARES``, times ``BALANCED_MERGE_GROUP`` where
+    the item's shares merge in runs of that many (module docstring)."""
+    if BALANCED_MERGE_GROUP < 0:
+        raise ValueError(f"BALANCED_MERGE_GROUP must be >= 0 (0: one-level merge), got {BALANCED_MERGE_GROUP}")
+    return BALANCED_MAX_ITEM_SHARES * max(BALANCED_MERGE_GROUP, 1)
+
+
+def arrival_counter_count(items: int, slabs: int, m_blocks: int, balanced: bool) -> int:
+    """The fused merge's arrival counters: one per (item, M tile), and with the two-level merge of a balanced launch
+    one more per (share slab, M tile) past the grid's slabs · M tiles (a run's counter, at its first slab)."""
+    grouped = balanced and BALANCED_MERGE_GROUP > 0
+    return m_blocks * (2 * slabs if grouped else items)
+
+
+@gluon.jit
+def _merge_in_groups(
+    workspace, outputs, tile, work, rows, item_counter, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+    SPLITS_PER_STEP: gl.constexpr, RETURN_LSE: gl.constexpr, M_TILE_MAJOR: gl.constexpr, MERGE_GROUP: gl.constexpr,
+    num_warps: gl.constexpr,
+):  # fmt: skip
+    """The two-level merge (module docstring) after CTA ``share`` stored its partials: an item of at most
+    ``MERGE_GROUP`` shares merges in its last share to arrive, as with one level; else the share's run of
+    ``MERGE_GROUP`` (its run counter past the grid's slabs · M tiles, at the run's first slab) merges into the run's
+    first slab in the run's last share to arrive, and the item's last run to arrive merges the runs' slabs."""
+    OutPartial, LsePartial, Counters = workspace
+    share, split, item_shares, _ = work
+    m_block = tile[5]
+    first = share - split
+    runs = (item_shares + MERGE_GROUP - 1) // MERGE_GROUP
+    if runs == 1:
+        if _last_to_arrive(item_counter, item_shares):
+            partials = (OutPartial + first * rows * HEAD_DIM, LsePartial + first * rows, rows, item_shares)
+            _merge_tile(partials, outputs, tile, BLOCK_M, HEAD_DIM, SPLITS_PER_STEP, RETURN_LSE, num_warps, PACKED=True)
+    else:
+        run_first = first + split // MERGE_GROUP * MERGE_GROUP
+        run_shares = gl.minimum(item_shares - (run_first - first), MERGE_GROUP)
+        m_tiles = gl.num_programs(0 if M_TILE_MAJOR else 1)
+        slabs = gl.num_programs(1 if M_TILE_MAJOR else 0)
+        run_counter = Counters + (slabs + run_first) * m_tiles + m_block
+        if _last_to_arrive(run_counter, run_shares):
+            run = (OutPartial + run_first * rows * HEAD_DIM, LsePartial + run_first * rows, rows, run_shares)
+            _merge_tile(
+                run, outputs, tile, BLOCK_M, HEAD_DIM, SPLITS_PER_STEP, RETURN_LSE, num_warps, PACKED=True,
+                INTO_PARTIALS=True,
+            )  # fmt: skip
+            if _last_to_arrive(item_counter, runs):
+                stride = rows * MERGE_GROUP
+                partials = (OutPartial + first * rows * HEAD_DIM, LsePartial + first * rows, stride, runs)
+                _merge_tile(
+                    partials, outputs, tile, BLOCK_M, HEAD_DIM, SPLITS_PER_STEP, RETURN_LSE, num_warps, PACKED=True
+                )
 
 
 @gluon.jit
 def _store_balanced(
     workspace, outputs, tile, work, rows_of, out, lse, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
     SPLITS_PER_STEP: gl.constexpr, RETURN_LSE: gl.constexpr, M_TILE_MAJOR: gl.constexpr, num_warps: gl.constexpr,
+    MERGE_GROUP: gl.constexpr = 0,
 ):  # fmt: skip
     """Store CTA ``share``'s result (``work``: share, split, item shares, has_work): O itself for an item
     of one share; else the partials in slab ``share`` and, in the item's last share to arrive, the merge
-    of its slabs from share - split on. A CTA past the last share stores nothing."""
+    of its slabs from share - split on (with ``MERGE_GROUP``, :func:`_merge_in_groups`). A CTA past the last share
+    stores nothing."""
     OutPartial, LsePartial, Counters = workspace
     batch, kv_head, group, heads, seqlen_q, m_block = tile
     share, split, item_shares, has_work = work
@@ -64,7 +131,12 @@ def _store_balanced(
             # The item's arrival counter: (batch, KV head, M tile), heads // group = Hkv; M tiles on the grid's y
             # (x under M_TILE_MAJOR).
             work_item = (batch * (heads // group) + kv_head) * gl.num_programs(0 if M_TILE_MAJOR else 1) + m_block
-            if _last_to_arrive(Counters + work_item, item_shares):
+            if MERGE_GROUP > 0:
+                _merge_in_groups(
+                    workspace, outputs, tile, work, rows, Counters + work_item, BLOCK_M, HEAD_DIM, SPLITS_PER_STEP,
+                    RETURN_LSE, M_TILE_MAJOR, MERGE_GROUP, num_warps,
+                )  # fmt: skip
+            elif _last_to_arrive(Counters + work_item, item_shares):
                 first = (share - split) * rows
                 partials = (OutPartial + first * HEAD_DIM, LsePartial + first, rows, item_shares)
                 _merge_tile(
@@ -77,7 +149,7 @@ def balanced_sizes(
     by_slots: bool = False,
 ) -> tuple[int, int, int, int]:  # fmt: skip
     """The balanced kernel's (batch size, target shares, fewest key blocks a share takes, most shares an item
-    takes: ``BALANCED_MAX_ITEM_SHARES`` as ``splits.balanced_plan_sizes`` passes it): ``BALANCED_TARGET``'s rule
+    takes: :func:`item_share_cap` as ``splits.balanced_plan_sizes`` passes it): ``BALANCED_TARGET``'s rule
     on ``ctas_per_sm`` CTA slots an SM, triton/decode's ``BALANCED_SHARES_PER_SM`` (at most ``ctas_per_sm`` with
     ``by_slots``, gluon/decode's ``BALANCED_SHARES_BY_SLOTS``) and ``BALANCED_MIN_KEYS`` on ``m_blocks`` tiles of
     ``block_n``-key blocks (``splits.resolve_balanced_shares``); ``shares`` forces the target."""
@@ -85,7 +157,7 @@ def balanced_sizes(
     per_sm = min(per_sm, ctas_per_sm) if by_slots else per_sm
     rule = {"target": BALANCED_TARGET, "ctas_per_sm": ctas_per_sm}
     target = splits.resolve_balanced_shares(shares, problem, device, m_blocks, block_n, per_sm, min_keys, **rule)
-    return problem.batch, target, *splits.balanced_plan_sizes(block_n, min_keys, BALANCED_MAX_ITEM_SHARES)
+    return problem.batch, target, *splits.balanced_plan_sizes(block_n, min_keys, item_share_cap())
 
 
 def balanced_ring_stages(
@@ -102,9 +174,9 @@ def balanced_ring_stages(
 
 def balanced_constexprs(problem: Problem, balanced: bool, m_tile_major: bool) -> dict[str, int | bool | None]:
     """The split kernel's constexprs of the balanced plan: the lengths' vector, BLOCK_B >= batch (at least
-    triton/decode's ``MIN_BLOCK_B``; None in the padded split's kernel), and the grid's axes (``M_TILE_MAJOR``,
-    ``m_tile_major``; False in the padded split's kernel)."""
+    triton/decode's ``MIN_BLOCK_B``; None in the padded split's kernel), the grid's axes (``M_TILE_MAJOR``,
+    ``m_tile_major``; False in the padded split's kernel) and the merge's runs (``BALANCED_MERGE_GROUP``; 0 there)."""
     if not balanced:
-        return {"BLOCK_B": None, "M_TILE_MAJOR": False}
+        return {"BLOCK_B": None, "M_TILE_MAJOR": False, "MERGE_GROUP": 0}
     block_b = triton_decode.next_power_of_2(max(problem.batch, triton_decode.MIN_BLOCK_B))
-    return {"BLOCK_B": block_b, "M_TILE_MAJOR": m_tile_major}
+    return {"BLOCK_B": block_b, "M_TILE_MAJOR": m_tile_major, "MERGE_GROUP": BALANCED_MERGE_GROUP}

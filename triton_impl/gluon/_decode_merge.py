@@ -108,10 +108,13 @@ def _store_partials(OutPartial, LsePartial, partial_row, out, lse, row_ok, offs_
 def _merge_tile(
     partials, outputs, tile, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, SPLITS_PER_STEP: gl.constexpr,
     RETURN_LSE: gl.constexpr, num_warps: gl.constexpr, PACKED: gl.constexpr = False,
+    INTO_PARTIALS: gl.constexpr = False,
 ):  # fmt: skip
     """Merge the tile's real rows (group · Sq of its ``BLOCK_M``, often 4 to 16) ``MERGE_ROWS`` at a
     time, in Q's load layout (whole rows per warp), and store O and the LSE. The partials' rows are
-    (B, H, Sq) rows, or with ``PACKED`` (the balanced split's slabs) the item's packed rows."""
+    (B, H, Sq) rows, or with ``PACKED`` (the balanced split's slabs) the item's packed rows. ``INTO_PARTIALS``
+    (packed only): store the merged O and LSE as a partial in the first slab instead (the balanced split's merge in
+    groups, ``_decode_balanced._merge_in_groups``)."""
     batch, kv_head, group, heads, seqlen_q, m_block = tile
     layout: gl.constexpr = _q_load_layout(HEAD_DIM, num_warps)
     row_layout: gl.constexpr = gl.SliceLayout(1, layout)
@@ -124,4 +127,8 @@ def _merge_tile(
         row = (batch.to(gl.int64) * heads + head) * seqlen_q + token
         partial_row = (head - kv_head * group) * seqlen_q + token if PACKED else row
         out, lse = _merge_splits(partials, partial_row, row_ok, offs_d, SPLITS_PER_STEP, layout)
-        _store_output(outputs, batch, head, token, row, row_ok, offs_d, out, lse, RETURN_LSE)
+        if INTO_PARTIALS:
+            first_out, first_lse, _, _ = partials
+            _store_partials(first_out, first_lse, partial_row, out, lse, row_ok, offs_d)
+        else:
+            _store_output(outputs, batch, head, token, row, row_ok, offs_d, out, lse, RETURN_LSE)

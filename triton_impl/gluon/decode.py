@@ -137,6 +137,7 @@ from triton_impl._host import (
 )
 from triton_impl.gluon._decode_balanced import (
     _store_balanced,
+    arrival_counter_count,
     balanced_constexprs,
     balanced_ring_stages,
     balanced_sizes,
@@ -470,7 +471,7 @@ def _split_kernel(
     CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, HAS_CACHE_SEQLENS: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, SPLIT: gl.constexpr,
     PAGE_SIZE: gl.constexpr, FUSED_MERGE: gl.constexpr, SPLITS_PER_STEP: gl.constexpr, BALANCED: gl.constexpr,
-    BLOCK_B: gl.constexpr, M_TILE_MAJOR: gl.constexpr, num_warps: gl.constexpr,
+    BLOCK_B: gl.constexpr, M_TILE_MAJOR: gl.constexpr, MERGE_GROUP: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """K and V are (B, Hkv, Sk, D) caches, or (``PAGE_SIZE`` > 0) page pools (num_pages, page_size, Hkv,
     D) that ``desc_k`` / ``desc_v`` see as (num_pages, Hkv, page_size, D), with ``BlockTable`` the
@@ -478,7 +479,8 @@ def _split_kernel(
     their box is a key block, or for pages a chunk of one (``kv_chunk_rows``). ``Counters``: the
     arrival counters of the fused merge (one per M tile of the grid; None without it). ``BALANCED``: the
     grid is (target_shares + B · Hkv, m_blocks) (``M_TILE_MAJOR``: swapped), CTA ``share`` takes the split
-    ``balanced_share`` plans from the ``batch_size`` lengths (the plan's four sizes None without it)."""
+    ``balanced_share`` plans from the ``batch_size`` lengths (the plan's four sizes None without it);
+    ``MERGE_GROUP`` > 0 merges an item's shares in runs of that many (``_decode_balanced.py``'s two-level merge)."""
     HEAD_DIM: gl.constexpr = desc_k.block_type.shape[3]
     dtype: gl.constexpr = desc_k.dtype
     # wgmma's accumulators (S: BLOCK_M × BLOCK_N, O: BLOCK_M × D; a warp holds 16 whole rows of each, a
@@ -580,7 +582,7 @@ def _split_kernel(
         workspace, work = (OutPartial, LsePartial, Counters), (share, split, num_splits, has_work)
         _store_balanced(
             workspace, outputs, tile, work, (head, token, row, row_ok, offs_d), out, lse, BLOCK_M, HEAD_DIM,
-            SPLITS_PER_STEP, RETURN_LSE, M_TILE_MAJOR, num_warps,
+            SPLITS_PER_STEP, RETURN_LSE, M_TILE_MAJOR, num_warps, MERGE_GROUP,
         )  # fmt: skip
     elif SPLIT:
         rows = gl.num_programs(2).to(gl.int64) * group * seqlen_q
@@ -705,7 +707,8 @@ class GluonDecode:
         split_options = split_constexprs(problem, *split_form)
         self.split_options = {**split_options, "num_warps": num_warps_for(problem)}
         self.fused_merge = self.split_options["FUSED_MERGE"] or self.balanced
-        counters = triton_decode.arrival_counters(q.device, m_blocks * items) if self.fused_merge else None
+        work_items = arrival_counter_count(items, num_splits + items, m_blocks, self.balanced)
+        counters = triton_decode.arrival_counters(q.device, work_items) if self.fused_merge else None
         self.split_args = (*self.split_args, counters, *plan)
         # Only the two-launch path (more than one split, FUSED_MERGE off) launches the merge kernel.
         two_launch = num_splits > 1 and not self.fused_merge
