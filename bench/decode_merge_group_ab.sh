@@ -3,6 +3,7 @@
 # on one H200 in one device call (about 140 s; the limits sum to 145): BALANCED_MERGE_GROUP of gluon/decode, 0 (the
 # default: the item's last share merges all its shares, at most BALANCED_MAX_ITEM_SHARES = 32 of them) against 8 (runs
 # of 8 shares merged by each run's last share, then the runs by the item's last run; an item takes up to 32 runs).
+# Rows run in order of interest, each written as it ends (a cut run keeps the first).
 #   1. bench.decode_knob_ab, the values alternating over 2 rounds, each checked against fp64 on a poisoned output
 #      first. Rows the knob changes: seed 73's row 0 (B=4 Hkv=2 Sq=1 D=64 paged(64) ragged, its 164677-key sequence
 #      32 capped shares of 81 key blocks -> 78 of 33; 72.5 us), seed 43's rows 1 (B=8 MQA D=256 paged(128), 94.1) and
@@ -22,16 +23,16 @@ source_carried_activations "$OUT/times.txt"
 export PYTHONPATH="${PYTHONPATH:-$PWD}"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >> "$OUT/times.txt" 2>&1
 status=0
-ROWS=(73/0 43/1 43/4 59/1 73/2 43/2)
+ROWS=(73/0 43/1 43/4 73/2 59/1 43/2)
 begun=$SECONDS
-timeout 90 python3 -m bench.decode_knob_ab --knob triton_impl.gluon._decode_balanced:BALANCED_MERGE_GROUP \
+timeout 95 python3 -m bench.decode_knob_ab --knob triton_impl.gluon._decode_balanced:BALANCED_MERGE_GROUP \
   --values 0,8 --rungs gluon/decode --rounds 2 --out "$OUT/gluon" --rows "${ROWS[@]}" > "$OUT/gluon.log" 2>&1 || status=1
-echo "gluon: $((SECONDS - begun)) s (limit 90 s)" >> "$OUT/times.txt"
+echo "gluon: $((SECONDS - begun)) s (limit 95 s)" >> "$OUT/times.txt"
 cat "$OUT/gluon/knob.md" 2>/dev/null || echo "gluon: knob.md not written, no row finished"
 begun=$SECONDS
-timeout 55 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode_merge_group.py > "$OUT/pytest.log" 2>&1 \
+timeout 50 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode_merge_group.py > "$OUT/pytest.log" 2>&1 \
   || status=1
-echo "gpu tests: $((SECONDS - begun)) s (limit 55 s)" >> "$OUT/times.txt"
+echo "gpu tests: $((SECONDS - begun)) s (limit 50 s)" >> "$OUT/times.txt"
 tail -3 "$OUT/pytest.log"
 cat "$OUT/times.txt"
 exit $status

@@ -157,9 +157,8 @@ for seed, index, group in json.loads(sys.argv[1]):
     _decode_balanced.BALANCED_MERGE_GROUP = group
     (binary,) = decode.compile_sm90(random_cases(8, seed)[index].problem)
     (usage,) = cubin_resources(binary.cubin).values()
-    code = binary.ptx.split(".section .debug")[0]
     results.append({"registers": usage["registers"], "spill_bytes": usage["local_bytes"] + usage["stack_bytes"],
-                    "atomics": code.count("atom.global.gpu.acq_rel")})
+                    "atomics": binary.ptx.count("atom.global.gpu.acq_rel")})
 print(json.dumps(results))
 """
 
