@@ -20,3 +20,23 @@ source_carried_activations() {
     fi
   done
 }
+
+# knob_ab NAME LIMIT_S KNOB VALUES RUNGS ROW...: one `bench.decode_knob_ab` run (its log $OUT/NAME.log, its table
+# $OUT/NAME/knob.md, printed), cut at LIMIT_S; a failure sets `status` to 1 (the caller's exit status).
+knob_ab() {
+  local name=$1 limit=$2 knob=$3 values=$4 rungs=$5 begun=$SECONDS
+  shift 5
+  timeout "$limit" python3 -m bench.decode_knob_ab --knob "$knob" --values "$values" --rungs "$rungs" --rounds 2 \
+    --out "$OUT/$name" --rows "$@" > "$OUT/$name.log" 2>&1 || status=1
+  echo "$name: $((SECONDS - begun)) s (limit $limit s)" >> "$OUT/times.txt"
+  cat "$OUT/$name/knob.md" 2>/dev/null || echo "$name: knob.md not written, no row finished"
+}
+
+# gpu_tests LIMIT_S FILE...: the files' `gpu` tests ($OUT/pytest.log), cut at LIMIT_S; a failure sets `status` to 1.
+gpu_tests() {
+  local limit=$1 begun=$SECONDS
+  shift
+  timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider "$@" > "$OUT/pytest.log" 2>&1 || status=1
+  echo "gpu tests: $((SECONDS - begun)) s (limit $limit s)" >> "$OUT/times.txt"
+  tail -3 "$OUT/pytest.log"
+}

@@ -28,14 +28,6 @@ source_carried_activations "$OUT/times.txt"
 export PYTHONPATH="${PYTHONPATH:-$PWD}"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >> "$OUT/times.txt" 2>&1
 status=0
-knob_ab() {  # NAME LIMIT_S KNOB VALUES RUNGS ROWS...
-  local name=$1 limit=$2 knob=$3 values=$4 rungs=$5 begun=$SECONDS
-  shift 5
-  timeout "$limit" python3 -m bench.decode_knob_ab --knob "$knob" --values "$values" --rungs "$rungs" --rounds 2 \
-    --out "$OUT/$name" --rows "$@" > "$OUT/$name.log" 2>&1 || status=1
-  echo "$name: $((SECONDS - begun)) s (limit $limit s)" >> "$OUT/times.txt"
-  cat "$OUT/$name/knob.md" 2>/dev/null || echo "$name: knob.md not written, no row finished"
-}
 knob_ab triton 150 triton_impl.decode:WGMMA_D256_CONTIGUOUS_ALL_ROWS False,True triton/decode 67/0 67/7 47/4 53/1 \
   47/4:page_size=0 53/1:page_size=0
 knob_ab cute 150 cute_impl._decode_warps:WIDE_M_TILES "{128: 64},{128: 64, 256: 64}" cute/decode \

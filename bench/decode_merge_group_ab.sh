@@ -23,16 +23,7 @@ source_carried_activations "$OUT/times.txt"
 export PYTHONPATH="${PYTHONPATH:-$PWD}"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >> "$OUT/times.txt" 2>&1
 status=0
-ROWS=(73/0 43/1 43/4 73/2 59/1 43/2)
-begun=$SECONDS
-timeout 95 python3 -m bench.decode_knob_ab --knob triton_impl.gluon._decode_balanced:BALANCED_MERGE_GROUP \
-  --values 0,8 --rungs gluon/decode --rounds 2 --out "$OUT/gluon" --rows "${ROWS[@]}" > "$OUT/gluon.log" 2>&1 || status=1
-echo "gluon: $((SECONDS - begun)) s (limit 95 s)" >> "$OUT/times.txt"
-cat "$OUT/gluon/knob.md" 2>/dev/null || echo "gluon: knob.md not written, no row finished"
-begun=$SECONDS
-timeout 50 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode_merge_group.py > "$OUT/pytest.log" 2>&1 \
-  || status=1
-echo "gpu tests: $((SECONDS - begun)) s (limit 50 s)" >> "$OUT/times.txt"
-tail -3 "$OUT/pytest.log"
+knob_ab gluon 95 triton_impl.gluon._decode_balanced:BALANCED_MERGE_GROUP 0,8 gluon/decode 73/0 43/1 43/4 73/2 59/1 43/2
+gpu_tests 50 tests/test_decode_merge_group.py
 cat "$OUT/times.txt"
 exit $status

@@ -22,19 +22,8 @@ export PYTHONPATH="${PYTHONPATH:-$PWD}"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >> "$OUT/times.txt" 2>&1
 status=0
 ROWS=(73/2 71/0 73/2:page_size=32 41/3 73/0 43/2)
-knob_ab() {  # NAME LIMIT_S KNOB RUNG
-  local name=$1 limit=$2 knob=$3 rung=$4 begun=$SECONDS
-  timeout "$limit" python3 -m bench.decode_knob_ab --knob "$knob" --values "{},{64: 4}" --rungs "$rung" --rounds 2 \
-    --out "$OUT/$name" --rows "${ROWS[@]}" > "$OUT/$name.log" 2>&1 || status=1
-  echo "$name: $((SECONDS - begun)) s (limit $limit s)" >> "$OUT/times.txt"
-  cat "$OUT/$name/knob.md" 2>/dev/null || echo "$name: knob.md not written, no row finished"
-}
-knob_ab gluon 50 triton_impl.gluon._decode_balanced:BALANCED_SHALLOW_RING gluon/decode
-knob_ab cute 80 cute_impl.decode:BALANCED_SHALLOW_RING cute/decode
-begun=$SECONDS
-timeout 45 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode_shallow_ring.py > "$OUT/pytest.log" 2>&1 \
-  || status=1
-echo "gpu tests: $((SECONDS - begun)) s (limit 45 s)" >> "$OUT/times.txt"
-tail -3 "$OUT/pytest.log"
+knob_ab gluon 50 triton_impl.gluon._decode_balanced:BALANCED_SHALLOW_RING "{},{64: 4}" gluon/decode "${ROWS[@]}"
+knob_ab cute 80 cute_impl.decode:BALANCED_SHALLOW_RING "{},{64: 4}" cute/decode "${ROWS[@]}"
+gpu_tests 45 tests/test_decode_shallow_ring.py
 cat "$OUT/times.txt"
 exit $status
