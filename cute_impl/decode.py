@@ -674,7 +674,7 @@ def decode_config(
     M tile on x with ``m_tile_major`` (``splits.balanced_m_tile_major``), its ring ``stages`` deep where given
     (:func:`balanced_ring_stages`)."""
     shape, row_warps = warp_split(WARPS_SPLIT_ROWS, tile_m_for(problem), problem.head_dim, TILE_CONFIGS)
-    shape = shape._replace(stages=stages) if stages else shape
+    shape = shape._replace(stages=min(stages, shape.stages)) if stages else shape  # shallower, never deeper
     return DecodeConfig(
         dtype=problem.dtype,
         head_dim=problem.head_dim,

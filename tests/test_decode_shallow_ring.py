@@ -235,3 +235,11 @@ def test_gpu_shallow_ring_against_fp64(rung: str, case: str, monkeypatch: pytest
         pytest.skip(f"{rung}'s balanced grid for {case} does not spill past one wave on this GPU ({stages} stages)")
     result = check_on_gpu(rung, problem, lengths, seed=len(case))
     assert result.ok, f"{rung} BALANCED_SHALLOW_RING {problem.describe()}: {result.summary()}"
+
+
+def test_the_shallow_ring_never_deepens_a_shallower_one():
+    """A ring already shallower than the knob's (``PACKED_OCCUPANCY``'s three stages for four CTAs an SM) stays:
+    on seed 73's spilling row the knob gives 4 stages against six, and 3 against three."""
+    problem = random_cases(8, 73)[2].problem
+    ring = [_decode_balanced.balanced_ring_stages(problem, CPU, 264, 1, 2, stages) for stages in (6, 3)]
+    assert ring == [SHALLOW[64], 3]

@@ -294,7 +294,8 @@ def test_a_rotated_zero_is_plus_zero_under_both_divisions(method: str, division:
 
 @triton.jit
 def _rotated_with_signed_zeros(x, rotation, rotation_scale, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                               LOG2_HEAD_DIM: tl.constexpr, ROTATE: tl.constexpr, FP32_DOT: tl.constexpr):  # fmt: skip
+                               LOG2_HEAD_DIM: tl.constexpr, ROTATE: tl.constexpr, FP32_DOT: tl.constexpr,
+                               REGISTER_OPERAND: tl.constexpr):  # fmt: skip
     """The butterfly rotation without ``_rotated``'s + 0: a cancelled sum in a negative column is -0."""
     return kernel._hadamard_butterflies(x.to(tl.float32), ROWS, HEAD_DIM, LOG2_HEAD_DIM) * rotation[None, :]
 

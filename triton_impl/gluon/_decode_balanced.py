@@ -165,11 +165,12 @@ def balanced_ring_stages(
 ) -> int:
     """The balanced kernel's ring depth: ``stages`` (the default ring's, of ``ctas_per_sm`` CTA slots an SM), or
     ``BALANCED_SHALLOW_RING``'s where the grid of (``target`` + B · Hkv) · ``m_blocks`` CTAs spills past one wave of
-    those slots on ``device`` (``splits.balanced_grid_spills``)."""
+    those slots on ``device`` (``splits.balanced_grid_spills``), never deeper than ``stages`` (a ring already
+    shallower, e.g. ``PACKED_OCCUPANCY``'s for more CTAs an SM, stays)."""
     shallow = BALANCED_SHALLOW_RING.get(problem.head_dim)
     grid = (target + problem.batch * problem.kv_heads) * m_blocks
     spills = splits.balanced_grid_spills(grid, splits.sm_count(device) * ctas_per_sm)
-    return shallow if shallow and spills else stages
+    return min(shallow, stages) if shallow and spills else stages
 
 
 def balanced_constexprs(problem: Problem, balanced: bool, m_tile_major: bool) -> dict[str, int | bool | None]:
