@@ -20,6 +20,10 @@ from common.distributed.ring import merge_partial_, ring_attention
 from common.distributed.teardown import leaving_process_group
 from tests.ring_workers import TORCH_CP_LAYOUT, Case, spawn_cases, torch_kernel
 
+# One xdist worker takes the module: its module-scoped worlds of gloo processes (the jitter worlds: 75 s) are spawned
+# once, not once by each worker that draws one of their tests.
+pytestmark = pytest.mark.xdist_group("ring-gloo")
+
 # ----------------------------------------------------------------------------------------------
 # The zig-zag plan: every visible (query, key) pair computed exactly once, nothing else
 # ----------------------------------------------------------------------------------------------
