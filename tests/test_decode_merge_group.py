@@ -25,6 +25,7 @@ from common.contract.check import check_on_inputs
 from common.contract.inputs import make_inputs, make_paged_kv
 from common.contract.problem import Problem
 from common.measure.decode_sweep import random_cases
+from common.toolchain.releases import triton_release
 from tests._helpers import json_from_child
 from tests.test_decode import assert_launches_repeat
 from tests.test_decode_wide import check_on_gpu
@@ -149,6 +150,7 @@ def test_model_merges_seed73s_long_item_in_fewer_steps():
 _GLUON_SCRIPT = r"""
 import json, sys
 from common.measure.decode_sweep import random_cases
+from common.toolchain.releases import triton_release
 from common.reporting.static import cubin_resources
 from triton_impl.gluon import _decode_balanced, decode
 
@@ -165,7 +167,12 @@ print(json.dumps(results))
 
 @pytest.mark.static
 def test_runs_compile_without_spills_and_add_the_runs_atomics():
-    keys = [[seed, index, group] for seed, index in ((73, 0), (43, 1)) for group in (0, GROUP)]
+    """73/0 (D=64) and 43/1 (D=256 MQA), each with and without runs; a release whose balanced kernel spills at a head
+    dim (``BALANCED_SPILLS``: 3.9 at D=256) never runs it there (the padded split does), so that row is not built."""
+    spilling = gluon_decode.BALANCED_SPILLS.get(triton_release(), ())
+    rows = [(seed, index) for seed, index in ((73, 0), (43, 1)) if random_cases(8, seed)[index].problem.head_dim
+            not in spilling]  # fmt: skip
+    keys = [[seed, index, group] for seed, index in rows for group in (0, GROUP)]
     compiled = json_from_child(["-c", _GLUON_SCRIPT, json.dumps(keys)], timeout=600)
     for (seed, index, group), facts in zip(keys, compiled, strict=True):
         where = f"gluon {seed}/{index} group={group}: {facts}"

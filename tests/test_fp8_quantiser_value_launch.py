@@ -21,9 +21,10 @@ import triton
 import triton.language as tl
 
 from bench.fp8_kv_quantiser_bw import candidates
-from bench.fp8_quantiser import KV_D128_CANDIDATES
+from bench.fp8_quantiser import KV_D128_CANDIDATES, V_APART_SPILLS
 from common.contract import fp8
 from common.contract.problem import Problem
+from common.toolchain.releases import triton_release
 from triton_impl import fp8_quantiser as fused
 from triton_impl import fp8_quantiser_kernel as kernel
 
@@ -390,11 +391,13 @@ def test_the_register_operand_ring_feeds_ks_wgmma_from_registers_with_no_fence_i
     """``register_operand`` in KV_D128_CANDIDATES' K ring (3 cp.async stages, V apart): K's binary issues the rotation's
     wgmma with A in registers, no MEMBAR (the proxy fence) in its loop, no spills, two programs an SM. Its counterparts:
     the same ring with the wgmma reading shared memory needs a copy of the tile beside the ring (one program an SM),
-    and the K/V default fences in its rotation loop."""
+    and the K/V default fences in its rotation loop. V's binary (V apart, the register prefetch) spills under the
+    releases of ``V_APART_SPILLS`` alone."""
     report = _build_report()
     keys, values = report["register"]
     assert keys["register_a"] and keys["loop_membars"] == 0 and keys["spills"] == 0, keys
-    assert _programs_an_sm(keys) >= 2 and values["spills"] == 0, report["register"]
+    v_spills = triton_release() in V_APART_SPILLS
+    assert _programs_an_sm(keys) >= 2 and (values["spills"] > 0) == v_spills, report["register"]
     ring_keys, _ = report["ring"]
     assert not ring_keys["register_a"] and _programs_an_sm(ring_keys) < 2, ring_keys
     (plain,) = report["plain"]
