@@ -1,15 +1,15 @@
-"""gluon/decode's two-level merge of the balanced split (``BALANCED_MERGE_GROUP`` in ``_decode_balanced.py``), off
-until its H200 A/B (``bench/decode_merge_group_ab.sh``).
+"""gluon/decode's two-level merge of the balanced split (``BALANCED_MERGE_GROUP`` in ``_decode_balanced.py``), 8
+since its H200 A/B (``bench/decode_merge_group_ab.sh``), 0 the one-level merge.
 
-CPU: off by default; the item-share cap it implies (``BALANCED_MAX_ITEM_SHARES`` runs of G shares) and the arrival
+CPU: on by default; the item-share cap it implies (``BALANCED_MAX_ITEM_SHARES`` runs of G shares) and the arrival
 counters it needs; the plan it changes (seed 73's paged B=4 row: 32 capped shares of 81 key blocks -> 78 of 33) and
 the ones it leaves (triton's and cute's plans, the padded split); the runs' slabs and counters (a mirror of
 ``_merge_in_groups``'s index arithmetic) tile every item and stay inside the counters the host allocates, which a
 planted run that forgets its stride fails; the ragged model's merge shorter with runs. Static (sm_90a): the kernel with
-runs has no spills and two more acq_rel atomics than the default's one (the run's arrival and the item's). GPU
-(``gpu``): against fp64 on a poisoned output on seed 73's row itself and on one long sequence among short ones (runs of
-8 with a partial last run; GQA D=64 contiguous and in pages of 32, MQA D=256 at 8 tokens, two M tiles at D=128), 20
-launches bit for bit (the run counters put back to 0).
+runs has no spills and two more acq_rel atomics than one level's one (the run's arrival and the item's). GPU
+(``gpu``): against fp64 on a poisoned output on seed 73's row itself and on one long sequence among short ones (runs
+of 8 with a partial last run, and one level; GQA D=64 contiguous and in pages of 32, MQA D=256 at 8 tokens, two M
+tiles at D=128), 20 launches bit for bit (the run counters put back to 0).
 """
 
 from __future__ import annotations
@@ -35,10 +35,12 @@ from triton_impl.gluon import decode as gluon_decode
 CPU = torch.device("cpu")
 GROUP = 8
 ON = {"triton_impl.gluon._decode_balanced": {"BALANCED_MERGE_GROUP": GROUP}}
+OFF = {"triton_impl.gluon._decode_balanced": {"BALANCED_MERGE_GROUP": 0}}
 
 
-def test_off_by_default():
-    assert _decode_balanced.BALANCED_MERGE_GROUP == 0, "the two-level merge is untimed: off until its H200 A/B"
+def test_on_by_default_and_off_caps_shares_not_runs(monkeypatch: pytest.MonkeyPatch):
+    assert _decode_balanced.BALANCED_MERGE_GROUP == GROUP, "the H200 A/B took runs of 8 (_decode_balanced.py)"
+    monkeypatch.setattr(_decode_balanced, "BALANCED_MERGE_GROUP", 0)
     assert _decode_balanced.item_share_cap() == _decode_balanced.BALANCED_MAX_ITEM_SHARES
 
 
@@ -53,6 +55,7 @@ def test_cap_counts_runs_and_a_negative_group_is_refused(monkeypatch: pytest.Mon
 
 
 def test_counters_one_per_item_or_two_per_slab_with_runs(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(_decode_balanced, "BALANCED_MERGE_GROUP", 0)
     assert _decode_balanced.arrival_counter_count(8, 264, 2, balanced=True) == 16
     monkeypatch.setattr(_decode_balanced, "BALANCED_MERGE_GROUP", GROUP)
     assert _decode_balanced.arrival_counter_count(8, 264, 2, balanced=True) == 2 * 264 * 2
@@ -65,9 +68,9 @@ def test_counters_one_per_item_or_two_per_slab_with_runs(monkeypatch: pytest.Mon
 def test_seed73_row0_takes_even_shares_and_other_rungs_keep_their_plans():
     case = random_cases(8, 73)[0]
     plans = {}
-    for setting in ({}, ON):
+    for on, setting in ((False, OFF), (True, ON)):
         with switched(setting):
-            plans[bool(setting)] = {
+            plans[on] = {
                 rung: plan_of(rung, case.problem, case.lengths, CPU)
                 for rung in ("triton/decode", "gluon/decode")
             }  # fmt: skip
@@ -136,7 +139,8 @@ def test_model_merges_seed73s_long_item_in_fewer_steps():
     from bench import decode_ragged_model as model
 
     case = random_cases(8, 73)[0]
-    off = model.rung_plan("gluon/decode", case.problem, case.lengths)
+    with switched(OFF):
+        off = model.rung_plan("gluon/decode", case.problem, case.lengths)
     with switched(ON):
         on = model.rung_plan("gluon/decode", case.problem, case.lengths)
     assert on.merge_group == GROUP and max(on.shares) == 78
@@ -191,13 +195,15 @@ GPU_CASES = [(1, 8, 2, 64, 0), (1, 8, 2, 64, 32), (8, 1, 1, 256, 0), (8, 16, 1, 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("group", [0, GROUP], ids=["one-level", "runs"])
 @pytest.mark.parametrize(("seqlen_q", "heads", "kv_heads", "head_dim", "page_size"), GPU_CASES)
 def test_gpu_runs_against_fp64_and_deterministic(
-    seqlen_q: int, heads: int, kv_heads: int, head_dim: int, page_size: int, monkeypatch: pytest.MonkeyPatch
-):
+    seqlen_q: int, heads: int, kv_heads: int, head_dim: int, page_size: int, group: int,
+    monkeypatch: pytest.MonkeyPatch,
+):  # fmt: skip
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    monkeypatch.setattr(_decode_balanced, "BALANCED_MERGE_GROUP", GROUP)
+    monkeypatch.setattr(_decode_balanced, "BALANCED_MERGE_GROUP", group)
     monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", "always")
     problem = Problem(
         len(LONG_AMONG_SHORT), heads, seqlen_q, 40960, head_dim, dtype=torch.bfloat16, causal=True,
@@ -205,14 +211,16 @@ def test_gpu_runs_against_fp64_and_deterministic(
     )  # fmt: skip
     device = torch.device("cuda")
     shares = plan_of("gluon/decode", problem, LONG_AMONG_SHORT, device)[2]
-    assert max(shares) > GROUP and max(shares) % GROUP, f"the long item should end in a partial run: {shares}"
+    assert not group or (max(shares) > group and max(shares) % group), (
+        f"the long item should end in a partial run: {shares}"
+    )
     q, k, v = make_inputs(problem, seed=head_dim + page_size, device="cuda", offset=0.5)
     extra = {"cache_seqlens": torch.tensor(LONG_AMONG_SHORT, dtype=torch.int32, device="cuda")}
     if page_size:
         k, v, extra["block_table"] = make_paged_kv(problem, k, v, seed=page_size)
     impl = gluon_decode.IMPLEMENTATION
     result = check_on_inputs(impl, q, k, v, problem, **extra)
-    assert result.ok, f"gluon/decode BALANCED_MERGE_GROUP={GROUP} {problem.describe()} {shares}: {result.summary()}"
+    assert result.ok, f"gluon/decode BALANCED_MERGE_GROUP={group} {problem.describe()} {shares}: {result.summary()}"
     assert_launches_repeat(impl.prepare(q, k, v, problem, **extra))
 
 

@@ -250,11 +250,14 @@ def test_gluon_balanced_launch_takes_the_cap_and_the_padded_one_does_not(monkeyp
     q, k, v = make_inputs(problem, seed=0, device="cpu")
     lengths = torch.tensor((40960, 0, 7, 300), dtype=torch.int32)
     monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", "always")
+    monkeypatch.setattr(_decode_balanced, "BALANCED_MERGE_GROUP", 0)
     assert gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths).split_args[-1] == 32
     monkeypatch.setattr(_decode_balanced, "BALANCED_MAX_ITEM_SHARES", 0)
     assert gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths).split_args[-1] == splits.NO_ITEM_SHARE_CAP
     monkeypatch.setattr(_decode_balanced, "BALANCED_MAX_ITEM_SHARES", 24)
     assert gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths).split_args[-1] == 24
+    monkeypatch.setattr(_decode_balanced, "BALANCED_MERGE_GROUP", 8)
+    assert gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths).split_args[-1] == 24 * 8, "the cap counts runs"
     monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", "never")
     assert gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=4).split_args[-1] is None
 

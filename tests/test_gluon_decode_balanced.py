@@ -91,7 +91,7 @@ def test_balanced_grid_and_workspace_follow_the_shape(monkeypatch: pytest.Monkey
     out_partial, lse_partial = run.split_args[6:8]
     assert out_partial.shape == (target + 6, 16 * 8, 128) and lse_partial.shape == (target + 6, 16 * 8)
     min_blocks = -(-triton_decode.BALANCED_MIN_KEYS // block_n)
-    assert run.split_args[-4:] == (3, target, min_blocks, _decode_balanced.BALANCED_MAX_ITEM_SHARES)
+    assert run.split_args[-4:] == (3, target, min_blocks, _decode_balanced.item_share_cap())
     forced = gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=5)
     assert forced.split_grid == (2, 5 + 6) and forced.num_splits == 5
     with pytest.raises(ValueError, match="must be >= 1, got 0"):

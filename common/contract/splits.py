@@ -64,7 +64,7 @@ shares of 704 keys in triton/decode), the share that arrives last merges all of 
 a chain of L2 round trips as long as the share count over the merge's splits a step (1-2 at D=256, its O tiles'
 registers), tens of µs after every key was read. The cap trades that chain for longer shares: a share is the
 item's blocks over the cap, streamed by one CTA. Capping only lowers counts, so the grid still holds every
-share, and the split and the merge read the same capped plan. gluon/decode's ``BALANCED_MERGE_GROUP`` (off until its
+share, and the split and the merge read the same capped plan. gluon/decode's ``BALANCED_MERGE_GROUP`` (8, by its
 H200 A/B) shortens the chain instead of the shares: runs of G shares merged by each run's last share, then the runs,
 the cap counting runs (seed 73's B=4 Hkv=2 paged row: 32 shares of 81 key blocks under the cap, 78 of 33 with runs).
 

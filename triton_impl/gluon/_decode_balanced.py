@@ -15,14 +15,15 @@ split kernel (``decode.py``, ``BALANCED``) is the rule's otherwise. ``BALANCED_M
 ``BALANCED_TARGET`` picks its "target rule"; ``BALANCED_SHALLOW_RING`` a shallower ring where the grid spills past
 one wave of the default ring's CTA slots (:func:`balanced_ring_stages`; splits.py's "The balanced grid past one wave").
 
-``BALANCED_MERGE_GROUP`` (0: off until its H200 A/B, ``bench/decode_merge_group_ab.sh``) merges an item of more than G
-shares in two levels (:func:`_merge_in_groups`): each run of G consecutive shares has its own arrival counter, and its
-last share to arrive merges the run into the run's first slab (a partial like any other); the last run to arrive merges
-the runs' slabs, G slabs apart. One CTA's merge chain is then cdiv(G, step) + cdiv(runs, step) load steps of each
-pass, not cdiv(shares, step), so the item-share cap, which trades that chain for longer shares, counts runs: an item
-takes at most ``BALANCED_MAX_ITEM_SHARES`` · G shares (:func:`item_share_cap`). Seed 73's B=4 Hkv=2 paged row: under
-the cap of 32 its 164677-key sequence takes 32 shares of 81 key blocks, 2.5 times the others' 33, and its CTAs are the
-tail; with G = 8 it takes 78 even shares, merged in 2 + 4 steps where one CTA's 78 would take 20.
+``BALANCED_MERGE_GROUP`` (8 since its H200 A/B, ``bench/decode_merge_group_ab.sh``; 0: one level) merges an item of
+more than G shares in two levels (:func:`_merge_in_groups`): each run of G consecutive shares has its own arrival
+counter, and its last share to arrive merges the run into the run's first slab (a partial like any other); the last
+run to arrive merges the runs' slabs, G slabs apart. One CTA's merge chain is then cdiv(G, step) + cdiv(runs, step)
+load steps of each pass, not cdiv(shares, step), so the item-share cap, which trades that chain for longer shares,
+counts runs: an item takes at most ``BALANCED_MAX_ITEM_SHARES`` · G shares (:func:`item_share_cap`). Seed 73's B=4
+Hkv=2 paged row: under the cap of 32 its 164677-key sequence takes 32 shares of 81 key blocks, 2.5 times the others'
+33, and its CTAs are the tail; with G = 8 it takes 78 even shares, merged in 2 + 4 steps where one CTA's 78 would
+take 20.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ BALANCED_TARGET = "per-slot"
 # rows that spill (seed 73's 80.9 -> 69.8 us, seed 71's paged 360.6 -> 267.8), one-wave and many-wave rows 1.00x.
 BALANCED_SHALLOW_RING: dict[int, int] = {64: 4}
 # Shares a run of the two-level merge takes (module docstring; 0: one level, the item's last share merges them all).
-BALANCED_MERGE_GROUP = 0
+# 8 against 0 (H200, results/h200/decode-merge-group/): seed 73's paged row 72.7 -> 56.7 us (43 -> 55 % of the read
+# bandwidth), seed 43's MQA D=256 paged row 94.4 -> 71.0, its ragged D=256 row 97.9 -> 86.4; controls 1.00x; one
+# loss, seed 59's B=32 paged(16) row 135.0 -> 143.4 (1.06x: 45 shorter shares of its long item where the cap held 32).
+BALANCED_MERGE_GROUP = 8
 
 
 def item_share_cap() -> int:
