@@ -2,7 +2,7 @@
 the timed call, as the fake driver sees them enqueued.
 
 ``"write"`` must be ``triton.testing.do_bench`` as before; ``"clean"`` must enqueue the same calls with a clean read
-after every zeroing and before every start event. A planted bug (the read landing after the start event) fails.
+after every zeroing and before every start event, and is the default. A planted bug (the read landing after the start event) fails.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def test_write_is_do_bench_unchanged(device: FakeDevice, monkeypatch: pytest.Mon
         return [3.0, 1.0, 2.0]
 
     monkeypatch.setattr(triton.testing, "do_bench", recorder)
-    result = timing.time_cuda(device.run, warmup_ms=7, rep_ms=9)
+    result = timing.time_cuda(device.run, warmup_ms=7, rep_ms=9, flush="write")
     assert calls == [(device.run, {"warmup": 7, "rep": 9, "return_mode": "all"})]
     assert result == timing.Timing(2.0, 1.0, 3.0, False)
 
@@ -151,6 +151,11 @@ def test_planted_read_after_the_start_event_fails(device: FakeDevice, monkeypatc
     monkeypatch.setattr(timing, "_read_back", lambda cache: device.deferred.append("clean"))
     with pytest.raises(AssertionError):
         assert_flushed_before_every_start(traced(device, "clean"), ["zero", "clean"])
+
+
+def test_clean_is_the_default(device: FakeDevice) -> None:
+    timing.time_cuda(device.run, warmup_ms=1, rep_ms=1)
+    assert device.ops.count("clean") == device.ops.count("zero") > 0
 
 
 def test_unknown_flush_is_refused(device: FakeDevice) -> None:
