@@ -524,8 +524,9 @@ def _rung_end_to_end(
     rung: str, module, problem: Problem, inputs, configs: list[Config], args: argparse.Namespace
 ) -> list[EndToEndRow]:
     """One rung, one causal mode: its kernel only, then per configuration (made the rungs' default while its run is
-    built) the fused quantiser alone in the rung's V layout and end to end (output checked equal to the kernel's);
-    ``args.e2e_rounds`` rounds, each timing every configuration in turn, medians kept."""
+    built, the default put back after: the next rung's capability check reads it) the fused quantiser alone in the
+    rung's V layout and end to end (output checked equal to the kernel's); ``args.e2e_rounds`` rounds, each timing
+    every configuration in turn, medians kept."""
     from common.measure.timing import tflops
 
     kernel_only = module.prepare(*inputs, problem)
@@ -534,13 +535,17 @@ def _rung_end_to_end(
     # The rung's own quantiser: K and V only where its kernel quantises Q (cute/fp8's QUANTISE_Q_IN_KERNEL).
     query = not getattr(module, "quantises_q_in_kernel", lambda *_: False)(problem, quantisation)
     runs, notes = [], []
-    for config in configs:
-        fp8_quantiser.use_config(config)
-        end_to_end = module.prepare_end_to_end(*inputs, problem)
-        notes.append("" if torch.equal(end_to_end(), expected) else "output differs from kernel only")
-        alone = fp8_quantiser.FusedQuantiser(inputs[0].shape, inputs[1].shape, problem.dtype, inputs[0].device,
-                                             quantisation, LAYOUTS[rung], config=config, query=query)  # fmt: skip
-        runs.append((end_to_end, lambda fq=alone: fq(*inputs)))
+    saved = fp8_quantiser.DEFAULT_CONFIG, fp8_quantiser.KIND_CONFIGS
+    try:
+        for config in configs:
+            fp8_quantiser.use_config(config)
+            end_to_end = module.prepare_end_to_end(*inputs, problem)
+            notes.append("" if torch.equal(end_to_end(), expected) else "output differs from kernel only")
+            alone = fp8_quantiser.FusedQuantiser(inputs[0].shape, inputs[1].shape, problem.dtype, inputs[0].device,
+                                                 quantisation, LAYOUTS[rung], config=config, query=query)  # fmt: skip
+            runs.append((end_to_end, lambda fq=alone: fq(*inputs)))
+    finally:
+        fp8_quantiser.DEFAULT_CONFIG, fp8_quantiser.KIND_CONFIGS = saved
     kernel, e2e, alone = [], [[] for _ in configs], [[] for _ in configs]
     for _ in range(args.e2e_rounds):
         kernel.append(_time(kernel_only, args))
@@ -565,30 +570,27 @@ def end_to_end_rows(
     args: argparse.Namespace, configs: list[Config] | None = None
 ) -> tuple[list[EndToEndRow], dict[bool, float]]:
     """Per causal mode: each FP8 rung kernel only and end to end with each of ``configs`` (default: the current
-    default configuration), and the best bf16 rung's TFLOP/s. The default configuration is restored after."""
+    default configuration), and the best bf16 rung's TFLOP/s. The default configuration stays (each rung's
+    :func:`_rung_end_to_end` puts it back)."""
     from common.measure.timing import tflops
 
-    saved = fp8_quantiser.DEFAULT_CONFIG, fp8_quantiser.KIND_CONFIGS
     configs = configs or [fp8_quantiser.default_config(args.head_dim, fp8.VARIANTS[AB_VARIANT])]
     rows, bf16 = [], {}
-    try:
-        # Causal first: issue #37's missing target, should a device call's time run out.
-        for causal in (True, False):
-            problem = _problem(args, causal)
-            inputs = fp8.fa3_inputs(problem, seed=0, device="cuda")
-            bf16_ms = _time(importlib.import_module(BF16_BEST[1]).prepare(*inputs, problem), args)
-            bf16[causal] = tflops(problem.flops, bf16_ms)
-            print(f"{BF16_BEST[0]:10s} causal={causal!s:5s} {bf16_ms * 1e3:9.1f} us {bf16[causal]:7.0f} TFLOP/s",
-                  flush=True)  # fmt: skip
-            for rung in args.only:
-                module = importlib.import_module(RUNGS[rung])
-                ok, reason = module.IMPLEMENTATION.check(problem, inputs[0].device)
-                if not ok:
-                    print(f"{rung}: skipped, {reason}", flush=True)
-                    continue
-                rows += _rung_end_to_end(rung, module, problem, inputs, configs, args)
-    finally:
-        fp8_quantiser.DEFAULT_CONFIG, fp8_quantiser.KIND_CONFIGS = saved
+    # Causal first: issue #37's missing target, should a device call's time run out.
+    for causal in (True, False):
+        problem = _problem(args, causal)
+        inputs = fp8.fa3_inputs(problem, seed=0, device="cuda")
+        bf16_ms = _time(importlib.import_module(BF16_BEST[1]).prepare(*inputs, problem), args)
+        bf16[causal] = tflops(problem.flops, bf16_ms)
+        print(f"{BF16_BEST[0]:10s} causal={causal!s:5s} {bf16_ms * 1e3:9.1f} us {bf16[causal]:7.0f} TFLOP/s",
+              flush=True)  # fmt: skip
+        for rung in args.only:
+            module = importlib.import_module(RUNGS[rung])
+            ok, reason = module.IMPLEMENTATION.check(problem, inputs[0].device)
+            if not ok:
+                print(f"{rung}: skipped, {reason}", flush=True)
+                continue
+            rows += _rung_end_to_end(rung, module, problem, inputs, configs, args)
     return rows, bf16
 
 

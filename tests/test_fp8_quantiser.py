@@ -622,9 +622,11 @@ def test_ab_times_each_configuration_end_to_end_in_rounds(monkeypatch: pytest.Mo
     monkeypatch.setattr(fused, "DEFAULT_CONFIG", fused.DEFAULT_CONFIG)
     monkeypatch.setattr(fused, "KIND_CONFIGS", fused.KIND_CONFIGS)
     problem = Problem.canonical(128, heads=1, causal=True)
+    default = fused.DEFAULT_CONFIG, fused.KIND_CONFIGS
     rows = bench._rung_end_to_end("cute/fp8", rung, problem, (torch.zeros(1, 1, 128, 128),) * 3, configs,
                                   argparse.Namespace(e2e_rounds=2))  # fmt: skip
     assert built == configs
+    assert default == (fused.DEFAULT_CONFIG, fused.KIND_CONFIGS), "the next rung's check reads the default"
     alone = [f"alone {config.describe()}" for config in configs]
     assert timed == ["kernel", "e2e", "e2e"] + ["kernel", "e2e", alone[0], "e2e", alone[1]] * 2
     assert [(row.config, row.kernel_us, row.e2e_us, row.quantiser_us) for row in rows] == [

@@ -2,7 +2,8 @@
 the timed call, as the fake driver sees them enqueued.
 
 ``"write"`` must be ``triton.testing.do_bench`` as before; ``"clean"`` must enqueue the same calls with a clean read
-after every zeroing and before every start event, and is the default. A planted bug (the read landing after the start event) fails.
+after every zeroing and before every start event, and is the default. A planted bug (the read landing after the
+start event) fails.
 """
 
 from __future__ import annotations
