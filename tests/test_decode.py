@@ -930,7 +930,7 @@ def _launch_id(launch: dict) -> str:
 SM90_SHARED_BYTES = 232_448
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def gluon_launches() -> list[dict]:
     """Every GLUON_LAUNCHES entry compiled in one child process without the interpreter (which the CPU
     test session turns on, and which breaks Gluon compilation)."""

@@ -53,7 +53,7 @@ def read_rows(out: Path) -> dict[tuple[str, str], dict[str, str]]:
         return {(row["impl"], row["cache"]): row for row in csv.DictReader(handle)}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
     register_planted()
     out = tmp_path_factory.mktemp("generate")

@@ -108,7 +108,7 @@ COMPILED_IDS = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def builds() -> dict[str, dict]:
     """Every COMPILED variant and every LAUNCHES probe in one child process (one import of torch, Triton
     and the rungs for the module; the module's tests share one pytest-xdist worker), keyed

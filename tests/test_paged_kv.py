@@ -366,7 +366,7 @@ print(json.dumps(rows))
 TABLE_BUFFER_BYTES = 4096
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def paged_builds() -> dict[str, dict]:
     """Both stacks' paged build probes, ``triton`` (above) and ``gluon`` (below), in one child process without
     TRITON_INTERPRET: one import for the two tests (one pytest-xdist group); read one with ``child_result``."""

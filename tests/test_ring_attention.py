@@ -20,8 +20,9 @@ from common.distributed.ring import merge_partial_, ring_attention
 from common.distributed.teardown import leaving_process_group
 from tests.ring_workers import TORCH_CP_LAYOUT, Case, spawn_cases, torch_kernel
 
-# One xdist worker takes the module: its module-scoped worlds of gloo processes (the jitter worlds: 75 s) are spawned
-# once, not once by each worker that draws one of their tests.
+# One xdist worker takes the module, and its worlds of gloo processes (the jitter worlds: 75-100 s) are session-scoped:
+# spawned once. The worker runs the group's tests between other modules' tests, and pytest tears a module-scoped
+# fixture down at each switch (the jitter worlds were spawned twice a CI leg, 2026-12-01).
 pytestmark = pytest.mark.xdist_group("ring-gloo")
 
 # ----------------------------------------------------------------------------------------------
@@ -310,7 +311,7 @@ JITTER_CASES = [
 JITTER_WORLD_SIZES = (3, 4, 5, 8)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def jitter_worlds(tmp_path_factory) -> dict[int, dict[str, list[dict]]]:
     return {
         size: spawn_cases(JITTER_CASES, size, "gloo", tmp_path_factory.mktemp(f"ring{size}_jitter"))
@@ -329,12 +330,12 @@ def test_jitter_refuses_unknown_points() -> None:
         ring.Jitter(seed=0, points=("kernel", "allreduce"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def world2(tmp_path_factory) -> dict[str, list[dict]]:
     return spawn_cases(WORLD2_CASES, 2, "gloo", tmp_path_factory.mktemp("ring2"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def world4(tmp_path_factory) -> dict[str, list[dict]]:
     return spawn_cases(WORLD4_CASES, 4, "gloo", tmp_path_factory.mktemp("ring4"))
 
@@ -424,7 +425,7 @@ def test_ring_over_nccl(gpu_ring, case: Case) -> None:
     _assert_verdicts(gpu_ring[case.name], case.bug)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def gpu_ring(tmp_path_factory) -> dict[str, list[dict]]:
     """Every case on every GPU of the host, one spawn."""
     gpus = torch.cuda.device_count()

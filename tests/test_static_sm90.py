@@ -16,7 +16,7 @@ COMPILED = {impl.name: impl for impl in AVAILABLE if impl.compile_sm90 is not No
 CANONICAL = Problem.canonical(8192)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def static_rows() -> dict[str, StaticRow]:
     rows = static_report_subprocess(CANONICAL) if triton_interpreting() else static_report(CANONICAL)
     return {row.impl: row for row in rows}

@@ -139,7 +139,7 @@ def _compile_probe(code: str) -> dict:
     return json_from_child(["-c", code], timeout=900)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def static_probes() -> dict[str, dict]:
     """The static tests' probes, ``warp-specialised`` (above) and ``fp8-occupancy`` (below), in one child
     process: one import for the two tests (one pytest-xdist group); read one with ``child_result``."""

@@ -92,7 +92,7 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def compiled() -> dict[str, list[int]]:
     """Registers and spill bytes of every case, compiled in a process without TRITON_INTERPRET."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
