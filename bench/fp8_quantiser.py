@@ -535,17 +535,13 @@ def _rung_end_to_end(
     # The rung's own quantiser: K and V only where its kernel quantises Q (cute/fp8's QUANTISE_Q_IN_KERNEL).
     query = not getattr(module, "quantises_q_in_kernel", lambda *_: False)(problem, quantisation)
     runs, notes = [], []
-    saved = fp8_quantiser.DEFAULT_CONFIG, fp8_quantiser.KIND_CONFIGS
-    try:
-        for config in configs:
-            fp8_quantiser.use_config(config)
+    for config in configs:
+        with fp8_quantiser.using_config(config):
             end_to_end = module.prepare_end_to_end(*inputs, problem)
             notes.append("" if torch.equal(end_to_end(), expected) else "output differs from kernel only")
-            alone = fp8_quantiser.FusedQuantiser(inputs[0].shape, inputs[1].shape, problem.dtype, inputs[0].device,
-                                                 quantisation, LAYOUTS[rung], config=config, query=query)  # fmt: skip
-            runs.append((end_to_end, lambda fq=alone: fq(*inputs)))
-    finally:
-        fp8_quantiser.DEFAULT_CONFIG, fp8_quantiser.KIND_CONFIGS = saved
+        alone = fp8_quantiser.FusedQuantiser(inputs[0].shape, inputs[1].shape, problem.dtype, inputs[0].device,
+                                             quantisation, LAYOUTS[rung], config=config, query=query)  # fmt: skip
+        runs.append((end_to_end, lambda fq=alone: fq(*inputs)))
     kernel, e2e, alone = [], [[] for _ in configs], [[] for _ in configs]
     for _ in range(args.e2e_rounds):
         kernel.append(_time(kernel_only, args))

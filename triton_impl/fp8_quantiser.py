@@ -51,8 +51,10 @@ so that path only feeds the CPU tests of the emulation.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from itertools import product
 from typing import NamedTuple
@@ -275,6 +277,18 @@ def use_config(config: QuantiserConfig) -> None:
     """Make ``config`` every head dim's default (bench/fp8_quantiser.py times candidates through the rungs)."""
     global DEFAULT_CONFIG, KIND_CONFIGS
     DEFAULT_CONFIG, KIND_CONFIGS = config, {}
+
+
+@contextlib.contextmanager
+def using_config(config: QuantiserConfig) -> Iterator[None]:
+    """:func:`use_config` for the block; the defaults as they were after it."""
+    global DEFAULT_CONFIG, KIND_CONFIGS
+    saved = DEFAULT_CONFIG, KIND_CONFIGS
+    use_config(config)
+    try:
+        yield
+    finally:
+        DEFAULT_CONFIG, KIND_CONFIGS = saved
 
 
 # ----------------------------------------------------------------------------------------------------
