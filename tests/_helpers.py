@@ -64,19 +64,13 @@ def triton_balanced_sm90(problem: Problem) -> Any:
     for a child process (``json_from_child``), where Triton compiles instead of interpreting."""
     from common.toolchain.compile import compile_triton_sm90
     from triton_impl import decode
-    from triton_impl._host import POINTER_ALIGNED, feature_constexprs, pointer_signature
+    from triton_impl._host import POINTER_ALIGNED, pointer_signature
 
     signature = {
         **pointer_signature(problem.dtype), "OutPartial": "*fp32", "LsePartial": "*fp32", "Counters": "*i32",
         "batch_size": "i32", "target_shares": "i32", "min_share_blocks": "i32", "max_item_shares": "i32",
     }  # fmt: skip
-    constexprs = {
-        **feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": decode.block_m_for(problem),
-        "BLOCK_N": decode.tile_config(problem).block_n, "PAGE_SIZE": problem.page_size,
-        "SPLITS_PER_STEP": decode._merge_step(problem),
-        "BLOCK_B": decode.next_power_of_2(max(problem.batch, decode.MIN_BLOCK_B)), "M_TILE_MAJOR": decode.M_TILE_MAJOR,
-        "PAGE_SPANS": decode.paged_spans(problem),
-    }  # fmt: skip
+    constexprs = decode.balanced_constexprs(problem, decode.M_TILE_MAJOR)
     if problem.page_size:
         signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
     else:

@@ -55,7 +55,7 @@ reads the fp32 partials, num_splits · rows · (D + 1) · 4 bytes, small beside 
 after the other each is an L2 round trip (about 0.5 µs), 10-20 µs at 20-30 splits; so it unrolls
 ``merge_splits_per_step`` splits a step, their loads in flight together (``bench/decode_model.py``); a
 D=256 tile of more than ``MERGE_CHUNK_ROWS`` rows (``WIDE_D256``'s) merges 32 rows at a time
-(``merge_in_chunks``). ``last_to_arrive`` and ``merge_splits`` live in ``_decode_merge.py``.
+(``merge_in_chunks``). The merge and the stores live in ``_decode_merge.py``.
 With one split the split kernel writes O and the LSE itself: no counter, no merge.
 
 The split count: the shared rule of ``common/contract/splits.py`` (examples and reasons there) on this
@@ -75,8 +75,11 @@ finds its own in their prefix sum. The grid, target_shares (``BALANCED_SHARES_PE
 ``BALANCED_TARGET``: "per-slot-many" here, splits.py's "The target rule") + B · Hkv CTAs per M tile, holds every
 share whatever the lengths: the shape fixes it, and a CUDA graph replays it with new lengths (CTAs past the last
 share store nothing). An item's shares fill consecutive slabs of the partials; its last to arrive merges them
-(``merge_splits``; an item of one share writes O itself). ``num_splits=`` forces target_shares; the merge is
-always fused. The grid is (M tiles, shares), the M tile on x (``M_TILE_MAJOR``): the M tiles of a share run
+(``merge_splits``; an item of one share writes O itself), in two levels past ``BALANCED_MERGE_GROUP`` shares
+(gluon/decode's): each run of that many shares has its own arrival counter, its last share merges the run into the
+run's first slab, and the item's last run merges the runs (``_decode_merge.store_balanced_partials``), so the item's
+merge is two short chains, not one of all its shares (seed 73's 164677-key sequence: 81). ``num_splits=`` forces
+target_shares; the merge is always fused. The grid is (M tiles, shares), the M tile on x (``M_TILE_MAJOR``): the M tiles of a share run
 together and read its keys once from DRAM, not once per M tile's pass (``splits.balanced_grid``).
 
 Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one M tile; one launch):
@@ -125,7 +128,17 @@ from common.contract.registry import Runner
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
 from common.toolchain.releases import triton_release
-from triton_impl._decode_merge import last_to_arrive, merge_splits
+from triton_impl._decode_merge import (
+    MERGE_CHUNK_HEAD_DIM,
+    MERGE_CHUNK_ROWS,
+    last_to_arrive,
+    merge_in_chunks,
+    merge_splits,
+    packed_rows,
+    store_balanced_partials,
+    store_output,
+    store_partials,
+)
 from triton_impl._device import (
     attend_key_range,
     attended_keys,
@@ -174,6 +187,10 @@ FUSED_MERGE = True
 # off until bench/decode_ragged_ab.sh: splits.py's "item-share cap"); the lengths' vector >= MIN_BLOCK_B.
 BALANCED_SPLIT = "ragged-split"
 BALANCED_SHARES_PER_SM, BALANCED_MAX_ITEM_SHARES = 2, 0
+# Shares a run of the balanced split's two-level merge takes (``_decode_merge.store_balanced_partials``; 0: one level,
+# the item's last share merges all its shares), gluon/decode's BALANCED_MERGE_GROUP. An item of many shares (seed 73's
+# 164677-key sequence: 81) is then merged in runs of 8 and the runs (2 + 3 load steps a pass, not 11).
+BALANCED_MERGE_GROUP = 8
 # The grid's target rule (splits.BALANCED_TARGETS; splits.py's "The target rule"): "per-slot-many", two shares a
 # CTAS_PER_SM_FIT slot where the items fill a wave, else BALANCED_SHARES_PER_SM an SM. "per-slot" (H200,
 # results/h200/decode-target/): its two-shares rows won (seed 43's B=64 Hkv=16 row 218.3 -> 166.9 us), its one-wave
@@ -188,10 +205,6 @@ M_TILE_MAJOR = True
 SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 2, False, False, False
 # Seventh stop's switch, off until bench/decode_fewpairs_ab.sh (``splits.SplitPolicy.fewer_waves``).
 FEWER_WAVES = False
-# The merge takes a tile of head dim MERGE_CHUNK_HEAD_DIM and more than MERGE_CHUNK_ROWS rows that many rows at a time,
-# so that its O tiles fit the registers the key loop left (gluon/decode's MERGE_ROWS): WIDE_D256's 128-row tile spills
-# 592 bytes merged at once (sm_90a); the default tiles merge in one go.
-MERGE_CHUNK_HEAD_DIM, MERGE_CHUNK_ROWS = tl.constexpr(256), tl.constexpr(32)
 # The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
 MIN_ARRIVAL_COUNTERS = 1024
 
@@ -329,59 +342,6 @@ def split_policy(problem: Problem) -> splits.SplitPolicy:
 
 
 # ----------------------------------------------------------------------------------------------
-# Packed rows of an M tile, and the final O / LSE store
-# ----------------------------------------------------------------------------------------------
-@triton.jit
-def packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M: tl.constexpr):
-    """``(head, offs_m, row_ok)`` of M tile ``m_block`` of a KV head's packed rows: row r is token
-    r % Sq of query head kv_head · group + r // Sq; rows past group · Sq are padding."""
-    offs_r = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    return kv_head * group + offs_r // seqlen_q, offs_r % seqlen_q, offs_r < group * seqlen_q
-
-
-@triton.jit
-def store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM: tl.constexpr, RETURN_LSE: tl.constexpr):
-    """O in the output dtype at ``out_rows`` = (Out, each row's offset), and the LSE when asked."""
-    Out, row_offsets = out_rows
-    offs_d = tl.arange(0, HEAD_DIM)
-    tl.store(Out + row_offsets[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
-    if RETURN_LSE:
-        tl.store(Lse + row, lse, mask=row_ok)
-
-
-@triton.jit
-def store_partials(OutPartial, LsePartial, partial_row, out, lse, row_ok, HEAD_DIM: tl.constexpr):
-    """One split's fp32 O and LSE at rows ``partial_row`` of the partials, for the merge."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    tl.store(OutPartial + partial_row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
-    tl.store(LsePartial + partial_row, lse, mask=row_ok)
-
-
-@triton.jit
-def merge_in_chunks(
-    partials, partial_offset, outputs, batch, kv_head, m_block, group, heads, seqlen_q, rows, num_splits,
-    RETURN_LSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
-):  # fmt: skip
-    """The merge of M tile ``m_block`` MERGE_CHUNK_ROWS rows at a time (a D=256 tile of more rows, whose O tiles in
-    one go would spill): each chunk's packed rows r, their partials at ``partial_offset`` + r of ``partials``
-    (OutPartial, LsePartial), merged and stored to ``outputs`` (Out, Lse, O's batch, head and row strides). The same
-    operations per element as one :func:`merge_splits`: the same bits."""
-    OutPartial, LsePartial = partials
-    Out, Lse, stride_ob, stride_oh, stride_om = outputs
-    for chunk in tl.static_range(BLOCK_M // MERGE_CHUNK_ROWS):
-        chunk_block = m_block * (BLOCK_M // MERGE_CHUNK_ROWS) + chunk
-        head, offs_m, row_ok = packed_rows(chunk_block, kv_head, group, seqlen_q, MERGE_CHUNK_ROWS)
-        packed_row = chunk_block * MERGE_CHUNK_ROWS + tl.arange(0, MERGE_CHUNK_ROWS)
-        out, lse = merge_splits(
-            OutPartial, LsePartial, partial_offset + packed_row, row_ok, rows, num_splits,
-            HEAD_DIM=HEAD_DIM, BLOCK_M=MERGE_CHUNK_ROWS, SPLITS_PER_STEP=SPLITS_PER_STEP,
-        )  # fmt: skip
-        out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
-        row = (batch * heads + head) * seqlen_q + offs_m
-        store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
-
-
-# ----------------------------------------------------------------------------------------------
 # One CTA's work: the packed Q tile of one (batch, KV head) against a range of its keys
 # ----------------------------------------------------------------------------------------------
 @triton.jit
@@ -513,6 +473,7 @@ def _balanced_split_kernel(
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     SPLITS_PER_STEP: tl.constexpr, BLOCK_B: tl.constexpr, M_TILE_MAJOR: tl.constexpr, PAGE_SPANS: tl.constexpr,
+    MERGE_GROUP: tl.constexpr,
 ):  # fmt: skip
     """Grid (target_shares + B · Hkv, m_blocks) (``M_TILE_MAJOR``: the axes swapped): one share of one M tile's keys
     per program, then the item's last share to arrive merges (an item of one share writes O and the LSE itself)."""
@@ -541,26 +502,12 @@ def _balanced_split_kernel(
             store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
         else:
             # 5. Each share's partials are slab ``share`` of group · Sq rows, so the item's are the slabs
-            # from share - split on; its last share to arrive merges them in split order.
-            rows = tl.cast(group * seqlen_q, tl.int64)
-            item_row = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-            store_partials(OutPartial, LsePartial, share * rows + item_row, out, lse, row_ok, HEAD_DIM=HEAD_DIM)
-            first_share = share - split
-            item_out, item_lse = OutPartial + first_share * rows * HEAD_DIM, LsePartial + first_share * rows
-            work_item = (batch * kv_heads + kv_head) * tl.num_programs(0 if M_TILE_MAJOR else 1) + m_block
-            if last_to_arrive(Counters + work_item, item_shares):
-                if HEAD_DIM >= MERGE_CHUNK_HEAD_DIM and BLOCK_M > MERGE_CHUNK_ROWS:
-                    merge_in_chunks(
-                        (item_out, item_lse), 0, (Out, Lse, stride_ob, stride_oh, stride_om), batch, kv_head,
-                        m_block, group, heads, seqlen_q, rows, item_shares, RETURN_LSE, HEAD_DIM, BLOCK_M,
-                        SPLITS_PER_STEP,
-                    )  # fmt: skip
-                else:
-                    out, lse = merge_splits(
-                        item_out, item_lse, item_row, row_ok, rows, item_shares,
-                        HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, SPLITS_PER_STEP=SPLITS_PER_STEP,
-                    )  # fmt: skip
-                    store_output(out_rows, Lse, out, lse, row, row_ok, HEAD_DIM=HEAD_DIM, RETURN_LSE=RETURN_LSE)
+            # from share - split on; its last share to arrive merges them, in runs of MERGE_GROUP.
+            store_balanced_partials(
+                (OutPartial, LsePartial, Counters), (Out, Lse, stride_ob, stride_oh, stride_om),
+                (batch, kv_head, m_block, group, heads, seqlen_q), (share, split, item_shares), out, lse, row_ok,
+                RETURN_LSE, HEAD_DIM, BLOCK_M, SPLITS_PER_STEP, M_TILE_MAJOR, MERGE_GROUP,
+            )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -758,6 +705,25 @@ def balanced_target_shares(problem: Problem, device: torch.device, shares: int |
     return splits.resolve_balanced_shares(shares, problem, device, *sizes, **rule)
 
 
+def balanced_constexprs(problem: Problem, m_tile_major: bool) -> dict[str, int | bool]:
+    """:func:`_balanced_split_kernel`'s constexprs for ``problem`` with the grid's axes ``m_tile_major``."""
+    return {
+        **feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
+        "BLOCK_N": tile_config(problem).block_n, "PAGE_SIZE": problem.page_size,
+        "SPLITS_PER_STEP": _merge_step(problem), "BLOCK_B": next_power_of_2(max(problem.batch, MIN_BLOCK_B)),
+        "M_TILE_MAJOR": m_tile_major,
+        "PAGE_SPANS": paged_spans(problem), "MERGE_GROUP": BALANCED_MERGE_GROUP,
+    }  # fmt: skip
+
+
+def balanced_counter_count(items: int, slabs: int, m_blocks: int) -> int:
+    """The balanced split's arrival counters: one per (item, M tile), and with runs (``BALANCED_MERGE_GROUP``) one
+    per (slab, M tile) past the grid's slabs · M tiles (a run's counter, at its first slab)."""
+    if BALANCED_MERGE_GROUP < 0:
+        raise ValueError(f"BALANCED_MERGE_GROUP must be >= 0 (0: one-level merge), got {BALANCED_MERGE_GROUP}")
+    return m_blocks * (2 * slabs if BALANCED_MERGE_GROUP else items)
+
+
 def bind_balanced(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *,
     cache_seqlens: torch.Tensor | None = None, block_table: torch.Tensor | None = None, shares: int | None = None,
@@ -773,13 +739,8 @@ def bind_balanced(
     workspace = balanced_workspace(problem, target + items, q.device)
     out, lse, _, args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
     sizes = (problem.batch, target, *splits.balanced_plan_sizes(block_n, BALANCED_MIN_KEYS, BALANCED_MAX_ITEM_SHARES))
-    options = {
-        **feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
-        "BLOCK_N": block_n, "PAGE_SIZE": problem.page_size, "SPLITS_PER_STEP": _merge_step(problem),
-        "BLOCK_B": next_power_of_2(max(problem.batch, MIN_BLOCK_B)), "M_TILE_MAJOR": m_tile_major,
-        "PAGE_SPANS": paged_spans(problem), **launch_options(problem),
-    }  # fmt: skip
-    counters = arrival_counters(q.device, items * m_blocks)
+    options = {**balanced_constexprs(problem, m_tile_major), **launch_options(problem)}
+    counters = arrival_counters(q.device, balanced_counter_count(items, target + items, m_blocks))
 
     def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _balanced_split_kernel[grid](*args, counters, *sizes, **options)
