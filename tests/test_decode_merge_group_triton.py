@@ -2,15 +2,15 @@
 the merge in ``_decode_merge.store_balanced_partials``), gluon/decode's (``tests/test_decode_merge_group.py``) in the
 Triton stack; 0 is the one-level merge.
 
-CPU: on by default (8); the arrival counters it needs (two per slab and M tile) and a negative group refused. Under
-the interpreter, against fp64 on a poisoned output: runs that split an item's shares with a partial last run and
-runs of one (D=64 GQA contiguous, D=128 paged, D=256's 80-row tile merged in 32-row chunks back into its partials),
-every counter back at 0 after the launch, and a planted run merge that writes O instead of its first slab failing the
-check. Static (sm_90a): the balanced kernel with runs has no spill in a loop (a few bytes outside them under D=64's
-register cap) and two more acq_rel atomics than one level's one (the run's arrival and the item's). GPU (``gpu``): against fp64 on a poisoned output, one long sequence among short
-ones (runs of 8 with a partial last run, and one level; GQA D=64 contiguous and in pages of 32, MQA D=256 at 8
-tokens, two M tiles at D=128) and seed 73's row 0, 20 launches bit for bit.
-"""
+CPU: on by default (8); the arrival counters it needs (two per slab and M tile) and a negative group refused. Under the
+interpreter, against fp64 on a poisoned output: runs that split an item's shares with a partial last run and runs of one
+(D=64 GQA contiguous, D=128 paged, D=256's 80-row tile merged in 32-row chunks back into its partials), every counter
+back at 0 after the launch, and a planted run merge that writes O instead of its first slab failing the check. Static
+(sm_90a): the balanced kernel with runs has no spill in a loop (a few bytes outside them under D=64's register cap) and
+two more acq_rel atomics than one level's one (the run's arrival and the item's). GPU (``gpu``): against fp64 on a
+poisoned output, one long sequence among short ones (runs of 8 with a partial last run, and one level; GQA D=64
+contiguous and in pages of 32, MQA D=256 at 8 tokens, two M tiles at D=128) and seed 73's row 0, 20 launches bit for
+bit. """
 
 from __future__ import annotations
 

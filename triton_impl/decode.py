@@ -64,23 +64,23 @@ each sequence's splits follow its own length: a short one gets short or empty sp
 (issue #38, timed by ``bench/decode_floor5.sh``): ``SPLIT_CTAS_PER_SM`` (two), ``SHORT_CACHE_ONE_SPLIT``, ``DEEP_RING``
 (cute's ring depth), ``SHORT_CACHE_TILE`` (32-key blocks). ``bind(..., num_splits=n)`` forces a count.
 
-The balanced split (``BALANCED_SPLIT = "ragged-split"``: a call with ``cache_seqlens`` over several sequences
-whose split rule splits them, as in gluon/decode and cute/decode; H200 A/Bs in ``results/h200/decode-balanced/``
-and ``results/h200/decode-balanced-triton/``): in a ragged batch the rule's splits of a short sequence end at
-once while the long one's few carry its keys. ``_balanced_split_kernel`` gives every CTA an equal share of the
-valid keys, FlashInfer's plan done on the device (``balanced_share``): each CTA reads the B lengths, sizes a share
-as total key blocks / ``target_shares`` (at least ``BALANCED_MIN_KEYS``), gives each (batch, KV head)
-cdiv(its blocks, share) splits (one for an empty sequence; at most ``BALANCED_MAX_ITEM_SHARES`` unless 0) and
-finds its own in their prefix sum. The grid, target_shares (``BALANCED_SHARES_PER_SM`` per SM over the M tiles;
-``BALANCED_TARGET``: "per-slot-many" here, splits.py's "The target rule") + B · Hkv CTAs per M tile, holds every
-share whatever the lengths: the shape fixes it, and a CUDA graph replays it with new lengths (CTAs past the last
-share store nothing). An item's shares fill consecutive slabs of the partials; its last to arrive merges them
-(``merge_splits``; an item of one share writes O itself), in two levels past ``BALANCED_MERGE_GROUP`` shares
-(gluon/decode's): each run of that many shares has its own arrival counter, its last share merges the run into the
-run's first slab, and the item's last run merges the runs (``_decode_merge.store_balanced_partials``), so the item's
-merge is two short chains, not one of all its shares (seed 73's 164677-key sequence: 81). ``num_splits=`` forces
-target_shares; the merge is always fused. The grid is (M tiles, shares), the M tile on x (``M_TILE_MAJOR``): the M tiles of a share run
-together and read its keys once from DRAM, not once per M tile's pass (``splits.balanced_grid``).
+The balanced split (``BALANCED_SPLIT = "ragged-split"``: a call with ``cache_seqlens`` over several sequences whose
+split rule splits them, as in gluon/decode and cute/decode; H200 A/Bs in ``results/h200/decode-balanced/`` and
+``results/h200/decode-balanced-triton/``): in a ragged batch the rule's splits of a short sequence end at once while the
+long one's few carry its keys. ``_balanced_split_kernel`` gives every CTA an equal share of the valid keys, FlashInfer's
+plan done on the device (``balanced_share``): each CTA reads the B lengths, sizes a share as total key blocks /
+``target_shares`` (at least ``BALANCED_MIN_KEYS``), gives each (batch, KV head) cdiv(its blocks, share) splits (one for
+an empty sequence; at most ``BALANCED_MAX_ITEM_SHARES`` unless 0) and finds its own in their prefix sum. The grid,
+target_shares (``BALANCED_SHARES_PER_SM`` per SM over the M tiles; ``BALANCED_TARGET``: "per-slot-many" here,
+splits.py's "The target rule") + B · Hkv CTAs per M tile, holds every share whatever the lengths: the shape fixes it,
+and a CUDA graph replays it with new lengths (CTAs past the last share store nothing). An item's shares fill consecutive
+slabs of the partials; its last to arrive merges them (``merge_splits``; an item of one share writes O itself), in two
+levels past ``BALANCED_MERGE_GROUP`` shares (gluon/decode's): each run of that many shares has its own arrival counter,
+its last share merges the run into the run's first slab, and the item's last run merges the runs
+(``_decode_merge.store_balanced_partials``), so the item's merge is two short chains, not one of all its shares (seed
+73's 164677-key sequence: 81). ``num_splits=`` forces target_shares; the merge is always fused. The grid is (M tiles,
+shares), the M tile on x (``M_TILE_MAJOR``): the M tiles of a share run together and read its keys once from DRAM, not
+once per M tile's pass (``splits.balanced_grid``).
 
 Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one M tile; one launch):
   1. ``seqlen_info``: the sequence's own length and causal offset; the keys any row sees end at
