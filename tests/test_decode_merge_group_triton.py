@@ -9,8 +9,9 @@ back at 0 after the launch, and a planted run merge that writes O instead of its
 (sm_90a): the balanced kernel with runs has no spill in a loop (a few bytes outside them under D=64's register cap) and
 two more acq_rel atomics than one level's one (the run's arrival and the item's). GPU (``gpu``): against fp64 on a
 poisoned output, one long sequence among short ones (runs of 8 with a partial last run, and one level; GQA D=64
-contiguous and in pages of 32, MQA D=256 at 8 tokens, two M tiles at D=128) and seed 73's row 0, 20 launches bit for
-bit. """
+contiguous and in pages of 32, MQA D=256 at 8 tokens, two M tiles at D=128) and seed 73's row 0, 20 launches bit
+for bit.
+"""
 
 from __future__ import annotations
 
