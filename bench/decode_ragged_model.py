@@ -8,7 +8,8 @@ CTAs an SM holds and the blocks a CTA keeps in flight. CTAs start in grid order 
 items in (batch, KV head) order) as slots free; an item's merge starts when its last share ends and is a chain
 of dependent L2 round trips: in triton/decode and gluon/decode the last share's (the LSE pass, then the O pass,
 ``merge_splits_per_step`` splits a step; gluon per 16 packed rows), in cute/decode a second kernel after the
-first (its own launch, ``MERGE_SPLITS_PER_STEP`` a step). The step is the later of the last CTA and the last merge.
+first (its own launch, ``MERGE_SPLITS_PER_STEP`` a step; with ``BALANCED_MERGE_RUNS``, the longest of its runs,
+the runs' merge in shared memory taken as free). The step is the later of the last CTA and the last merge.
 
 It ranks limiters, it does not replace the A/B: it misses the harness's fixed cost (``do_bench``'s dirty L2,
 16-28 µs at these sizes, ``results/h200/decode-fewpairs/``) and the B=64 D=64 row's measured time (the model has
@@ -51,13 +52,14 @@ class RungPlan:
     merge_chunks: int  # gluon merges 16 packed rows at a time
     merge_kernel: bool  # cute: a second kernel
     merge_group: int = 0  # gluon's BALANCED_MERGE_GROUP: an item's shares merge in runs of that many, then the runs
+    merge_runs: int = 1  # cute's BALANCED_MERGE_RUNS: an item's shares merge in that many runs at once, then the runs
 
 
 def rung_plan(rung: str, problem, lengths: tuple[int, ...]) -> RungPlan:
     """``rung``'s balanced plan of ``problem`` under its module's current constants."""
     module = importlib.import_module(RUNG_MODULES[rung])
     rows = problem.kv_group * problem.seqlen_q
-    merge_group = 0
+    merge_group, merge_runs = 0, 1
     if rung == "triton/decode":
         config = module.tile_config(problem)
         block_n, stages = config.block_n, config.num_stages
@@ -88,21 +90,22 @@ def rung_plan(rung: str, problem, lengths: tuple[int, ...]) -> RungPlan:
         target, _, _, config = module.launch_plan(problem, CPU)
         cap, min_keys = config.balanced_max_shares, module.BALANCED_MIN_KEYS
         per_step, chunks, merge_kernel = module.MERGE_SPLITS_PER_STEP, 1, True
+        merge_runs = config.merge_runs
     blocks = [-(-length // block_n) for length in lengths]
     min_blocks = splits.balanced_min_share_blocks(block_n, min_keys)
     shares = splits.balanced_item_shares(blocks, problem.kv_heads, target, min_blocks, cap)
     m_blocks = module.m_blocks_for(problem)
     merged = (per_step, chunks, merge_kernel, merge_group)
-    return RungPlan(block_n, stages - 1, slots, m_blocks, target, tuple(shares), *merged)
+    return RungPlan(block_n, stages - 1, slots, m_blocks, target, tuple(shares), *merged, merge_runs)
 
 
 def merge_us(plan: RungPlan, shares: int) -> float:
     """An item's merge of ``shares`` partials after its last share ends: its L2 round trips (0 for one share: the
     share writes O); with ``merge_group``, the last run's merge and then the runs' (the last share's run is the
-    last to arrive)."""
+    last to arrive); with ``merge_runs``, the longest run's (the runs' merge reads shared memory, not L2)."""
     if shares == 1:
         return 0.0
-    levels = [shares]
+    levels = [-(-shares // plan.merge_runs)]
     if plan.merge_group and shares > plan.merge_group:
         levels = [min(shares, plan.merge_group), -(-shares // plan.merge_group)]
     steps = sum(2 * -(-count // plan.merge_per_step) * plan.merge_chunks for count in levels)

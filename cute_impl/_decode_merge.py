@@ -1,9 +1,10 @@
 """cute/decode's merge of parts by their LSE (``cute_impl/decode.py``; triton/decode's is ``_decode_merge.py`` of
 its stack): :func:`merge_splits`, which both kernels run, the split kernel over its warps' parts in shared memory
 and the merge kernel over the splits' partials in HBM, in part order, so that the same parts give the same bits
-whichever kernel brought them; and :func:`store_item_slabs`, the merge kernel's lookup of an item's partial slabs
-under ``decode.MERGE_SLABS_FROM_SPLIT`` (``_decode_plan.py`` says why). Kept beside the rung so that the rung file
-stays readable.
+whichever kernel brought them; :func:`store_item_slabs`, the merge kernel's lookup of an item's partial slabs
+under ``decode.MERGE_SLABS_FROM_SPLIT`` (``_decode_plan.py`` says why); and the merge kernel's two-level merge
+(``decode.BALANCED_MERGE_RUNS``): :func:`merge_thread`, a thread's place, and :func:`merge_run`, the slabs of its
+run. Kept beside the rung so that the rung file stays readable.
 """
 
 from __future__ import annotations
@@ -56,3 +57,24 @@ def store_item_slabs(
     if (split | tidx | m_block) == 0:  # each is >= 0
         item_slabs[0] = share
         item_slabs[1] = item_shares
+
+
+def merge_run(
+    first: cutlass.Int32, count: cutlass.Int32, run: cutlass.Int32, runs: int
+) -> tuple[cutlass.Int32, cutlass.Int32]:
+    """``(first, count)`` of run ``run`` of ``runs`` (``decode.BALANCED_MERGE_RUNS``) of an item's ``count`` partial
+    slabs from ``first``: cdiv(count, runs) consecutive slabs a run, in slab order, so the last runs are shorter or
+    empty (an empty run merges to O = 0, LSE = -inf: no weight). Which slab a run takes depends on the count alone, so
+    the same plan merges in the same order at every launch. Plain arithmetic, so a CPU test checks it."""
+    length = cute.ceil_div(count, runs)
+    begin = cutlass.min(run * length, count)
+    return first + begin, cutlass.min(begin + length, count) - begin
+
+
+def merge_thread(tidx: cutlass.Int32, chunks: int, runs: int) -> tuple[cutlass.Int32, cutlass.Int32, cutlass.Int32]:
+    """``(chunk, run, CTA row)`` of merge-kernel thread ``tidx``: the ``chunks`` chunks of ``MERGE_COLS`` columns of one
+    row and run are consecutive threads (a warp's 16-byte loads of a slab row coalesce), then the runs, then the
+    CTA's rows. One run: run 0 at compile time (the one-chain kernel as it was). Plain arithmetic, as
+    :func:`merge_run`."""
+    run = tidx // chunks % runs if cutlass.const_expr(runs > 1) else 0
+    return tidx % chunks, run, tidx // (chunks * runs)

@@ -37,6 +37,15 @@ keeping the memory system busy, not the tensor cores:
   read its K/V blocks once from DRAM, not once per M tile's pass (``splits.balanced_grid``). ``BALANCED_SHALLOW_RING``
   gives it a shallower ring where the grid spills past one wave of the table's CTA slots
   (:func:`balanced_ring_stages`; splits.py's "The balanced grid past one wave").
+* **The two-level merge** (``BALANCED_MERGE_RUNS``, gluon/decode's ``BALANCED_MERGE_GROUP`` in this rung's separate
+  merge kernel): the item-share cap (``BALANCED_MAX_ITEM_SHARES``) bounds the merge of one item's partials, a chain of
+  dependent L2 round trips in one thread, but leaves a long item's shares longer than the others' (seed 73's B=4
+  Hkv=2 paged row: its 164677-key sequence 48 shares of 54 key blocks against 33, the split's tail). The merge kernel
+  instead cuts an item's partials into up to ``runs`` runs of consecutive slabs (:func:`merge_run`), each merged by
+  its own threads, then merges the runs' results in run order through shared memory; the cap then counts a run's
+  slabs, so that item takes 78 even shares, merged in runs of 10. The order depends on the plan alone: the same bits
+  at every launch. ``runs`` is halved where the merge grid would pass one wave of the GPU's threads
+  (:func:`balanced_merge_runs`: a merge of many items already runs their chains side by side).
 
 Why a second kernel for the merge (as in ``triton/decode``): atomics on O would make the order of fp32
 adds change from run to run, and "the last split to finish merges" needs a global counter per tile,
@@ -73,16 +82,20 @@ Algorithm (split kernel, grid (num_splits, m_blocks, B·Hkv); sections of :meth:
 5. Merge kernel (more than one split; grid (row blocks, B·Hkv)): one thread per 4 columns of a row,
    :func:`merge_splits` over the splits' partials in HBM, its loops unrolled ``MERGE_SPLITS_PER_STEP``
    times so that as many splits' loads are in flight together, O cast to the output dtype, and the LSE.
+   With ``runs`` > 1 (balanced): ``runs`` threads per 4 columns of a row, each merging its run of the item's slabs;
+   each run's 4 columns and LSE go to shared memory (runs, rows, D + 1 fp32); barrier; the run-0 thread merges the
+   runs (:func:`merge_splits` again) and stores.
 
 Data movement: K and V HBM →(cp.async.cg, 16 B)→ a ``stages``-deep swizzled shared-memory ring
 (``Swizzle<3,3,3>``, as ``pipelined``) →(ldmatrix / ldmatrix.trans)→ registers → ``mma.sync``
 (fp32 accumulate). Q is read once per CTA. Each block is ``tile_n`` keys (64): K + V of one block is
 32 KB at D=128, so ``stages - 1`` = 2 blocks, 64 KB, are in flight per CTA while one is computed, and
 two CTAs fit per SM (``TILE_CONFIGS`` has the budget). Partials: one fp32 write and one read,
-num_splits · rows · (D + 1) · 4 bytes, small beside the cache. A paged cache (``block_table``; pools
-(num_pages, page_size, Hkv, D), FlashAttention's and FlashInfer's NHD layout, seen by the kernel as
-(num_pages, Hkv, page_size, D)) changes only where a K/V row comes from: each thread reads its rows'
-pages from the block table and issues the same 16-byte cp.async chunks (``_device.PagedKV``), so
+num_splits · rows · (D + 1) · 4 bytes, small beside the cache (two-level: each read once by its run's thread;
+the runs' results, runs · rows · (D + 1) · 4 bytes a merge CTA, pass through shared memory). A paged
+cache (``block_table``; pools (num_pages, page_size, Hkv, D), FlashAttention's and FlashInfer's NHD layout,
+seen by the kernel as (num_pages, Hkv, page_size, D)) changes only where a K/V row comes from: each thread reads
+its rows' pages from the block table and issues the same 16-byte cp.async chunks (``_device.PagedKV``), so
 any page size of the contract (16 to 256 keys, not necessarily a multiple of ``tile_n``) works.
 
 Constraints: fp16/bf16, D ∈ {64, 128, 256} (``TILE_CONFIGS``), 1 <= Sq <= ``MAX_SEQLEN_Q`` (a longer
@@ -106,7 +119,7 @@ import torch
 from common.contract import splits
 from common.contract.capability import FEATURES, PAGED_KV
 from common.contract.problem import Problem
-from cute_impl._decode_merge import merge_splits, store_item_slabs
+from cute_impl._decode_merge import merge_run, merge_splits, merge_thread, store_item_slabs
 from cute_impl._decode_plan import BalancedPlan, checked_item_cap, sequence_blocks, slab_range, split_block_range
 from cute_impl._decode_warps import MMA_M, WarpTiles, max_tile_m, warp_split
 from cute_impl._device import (
@@ -209,6 +222,14 @@ BALANCED_TARGET, BALANCED_MIN_KEYS = "per-slot", splits.MIN_KEYS_PER_SPLIT
 # it the plan, beside a 249 us split). H200 (results/h200/decode-merge-plan/): that row 300.4 -> 263.7 us (graph),
 # seed 43's B=64 Hkv=16 D=64 row 219.8 -> 180.1; the B=2 control level.
 MERGE_SLABS_FROM_SPLIT = True
+# The two-level merge (module docstring; 0 or 1: one chain an item): the most runs the merge kernel cuts an item's
+# partials into, a power of two; the item-share cap counts a run's slabs (BALANCED_MAX_ITEM_SHARES · runs shares an
+# item). 8: bench/decode_ragged_model.py has seed 73's paged row 50.7 -> 47.0 us, seed 43's MQA D=256 paged row 65.0 ->
+# 59.2, no row slower; untimed (bench/decode_merge_group_cute_ab.sh).
+BALANCED_MERGE_RUNS = 8
+# A merge CTA holds runs · D / MERGE_COLS threads a row: 16 runs of a D=256 row fill 1024, a CTA's most. SM_THREADS:
+# an SM's resident threads (sm_80, sm_90), one wave of which bounds the merge grid (balanced_merge_runs).
+MAX_MERGE_RUNS, SM_THREADS = 16, 2048
 # The balanced grid's M tile on x, the share on y (``splits.balanced_m_tile_major``; ncu, seed 47's B=64 MQA D=256
 # paged row: 4 M tiles of 32 rows read about 4x its 213 MB cache from DRAM). H200 (results/h200/decode-mtile-major/):
 # that row 304.0 -> 258.7 us, B=16 Hkv=2 Sq=4 D=256 paged(64) (2 M tiles) 164.7 -> 135.8; one M tile level.
@@ -245,9 +266,10 @@ class DecodeConfig:
     merge_splits_per_step: int = MERGE_SPLITS_PER_STEP  # the merge kernel's unrolling over the splits
     balanced_min_blocks: int = 0  # the balanced split's least share in key blocks; 0: the padded split
     row_warps: int = 1  # warps along M (``_decode_warps.py``; WARPS_SPLIT_ROWS): 1, the warps split the keys
-    balanced_max_shares: int = 0  # the balanced split's most shares an item (BALANCED_MAX_ITEM_SHARES); 0: no cap
+    balanced_max_shares: int = 0  # the balanced split's most shares an item (BALANCED_MAX_ITEM_SHARES · merge_runs)
     merge_slabs_from_split: bool = False  # balanced: the merge reads the item slabs (MERGE_SLABS_FROM_SPLIT)
     m_tile_major: bool = False  # the balanced grid's M tile on x, the share on y (M_TILE_MAJOR)
+    merge_runs: int = 1  # balanced: the merge kernel's runs an item (BALANCED_MERGE_RUNS); 1: one chain
 
     @property
     def keys_per_warp(self) -> int:
@@ -275,6 +297,12 @@ class DecodeKernel:
             raise ValueError(f"the merge reads item slabs only under the balanced split, got {config}")
         # Balanced: the merge kernel plans afresh which slabs hold its item's partials, unless it reads them.
         self.merge_plans = bool(config.balanced_min_blocks) and not config.merge_slabs_from_split
+        if config.merge_runs > 1 and not config.balanced_min_blocks:
+            raise ValueError(f"the merge runs only under the balanced split, got {config}")
+        # The merge kernel: a thread per MERGE_COLS columns of a row and run, MERGE_THREADS (at least one row) a CTA.
+        merge_row_threads = self.head_dim // MERGE_COLS * config.merge_runs
+        self.merge_rows_per_cta = max(MERGE_THREADS // merge_row_threads, 1)
+        self.merge_threads = self.merge_rows_per_cta * merge_row_threads
         if self.keys_per_warp % MMA_K or self.tile_m % (MMA_M * config.row_warps):
             raise ValueError(f"keys per warp and tile_m must be multiples of 16, got {config}")
         # The warps' fp32 partials (O and LSE) reuse the drained K/V ring (16-bit elements).
@@ -330,11 +358,10 @@ class DecodeKernel:
             qkv_ring_storage(dtype, sQ_layout, sKV_layout, SMEM_ALIGN_BYTES),
         ).launch(grid=grid, block=[self.threads_per_cta, 1, 1], stream=stream)  # fmt: skip
         if cutlass.const_expr(self.split):
-            rows_per_cta = MERGE_THREADS // (self.head_dim // MERGE_COLS)
             plan_inputs = (mQ, mK, mCacheSeqlens, mBlockTable) if self.merge_plans else (None,) * 4
             self.merge_kernel(mOPartial, mLSEPartial, mO, mLSE, *plan_inputs, mItemSlabs).launch(
-                grid=(cute.ceil_div(rows, rows_per_cta), batch_kv_heads, 1),
-                block=[MERGE_THREADS, 1, 1],
+                grid=(cute.ceil_div(rows, self.merge_rows_per_cta), batch_kv_heads, 1),
+                block=[self.merge_threads, 1, 1],
                 stream=stream,
             )
 
@@ -595,10 +622,12 @@ class DecodeKernel:
     ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         row_block, batch_kv_head, _ = cute.arch.block_idx()
-        chunks = self.head_dim // MERGE_COLS
-        chunk = tidx % chunks
-        row = row_block * (MERGE_THREADS // chunks) + tidx // chunks
+        chunks, runs = self.head_dim // MERGE_COLS, self.config.merge_runs
+        chunk, run, cta_row = merge_thread(tidx, chunks, runs)
+        row = row_block * self.merge_rows_per_cta + cta_row
         rows = mO.shape[1]
+        merged = cute.make_rmem_tensor(MERGE_COLS, cutlass.Float32)
+        lse = cutlass.Float32(-cutlass.Float32.inf)
         if row < rows:
             o_parts, lse_parts = mOPartial[None, batch_kv_head, row, None], mLSEPartial[None, batch_kv_head, row]
             if cutlass.const_expr(self.merge_plans):  # mQ, mK, the lengths and table given
@@ -608,20 +637,47 @@ class DecodeKernel:
             elif cutlass.const_expr(self.config.merge_slabs_from_split):  # stored by the item's first share
                 first, count = mItemSlabs[batch_kv_head, 0], mItemSlabs[batch_kv_head, 1]
             if cutlass.const_expr(self.config.balanced_min_blocks):
+                if cutlass.const_expr(runs > 1):  # this thread's run of the item's slabs
+                    first, count = merge_run(first, count, run, runs)
                 o_parts, lse_parts = (
                     slab_range(t, first, count) for t in (mOPartial[None, 0, row, None], mLSEPartial[None, 0, row])
                 )
             # (num_splits, (4, chunks)) of this row: each split's partial O, cut into 16-byte chunks.
             o_chunks = cute.logical_divide(o_parts, (None, MERGE_COLS))
-            merged = cute.make_rmem_tensor(MERGE_COLS, cutlass.Float32)
             lse = merge_splits(
                 lse_parts, o_chunks[None, (None, chunk)], merged,
                 self.config.merge_splits_per_step,
             )  # fmt: skip
-            _store_row_chunk(merged, cute.local_tile(mO[batch_kv_head, row, None], (MERGE_COLS,), (chunk,)))
-            if cutlass.const_expr(mLSE is not None):  # noqa: SIM102
-                if chunk == 0:
-                    mLSE[batch_kv_head, row] = lse
+            if cutlass.const_expr(runs == 1):
+                _store_merged_row(merged, lse, mO[batch_kv_head, row, None], mLSE, batch_kv_head, row, chunk)
+        if cutlass.const_expr(runs > 1):  # every thread of the CTA, for its barrier
+            lse = self.merge_row_runs(merged, lse, chunk, run, cta_row)
+            if row < rows and run == 0:  # run 0 holds the row's merge
+                _store_merged_row(merged, lse, mO[batch_kv_head, row, None], mLSE, batch_kv_head, row, chunk)
+
+    @cute.jit
+    def merge_row_runs(
+        self, merged: cute.Tensor, lse: cutlass.Float32, chunk: cutlass.Int32, run: cutlass.Int32,
+        cta_row: cutlass.Int32,
+    ) -> cutlass.Float32:  # fmt: skip
+        """The two-level merge's second level: this thread's run of its row chunk (``merged``, ``lse``) into shared
+        memory, (runs, CTA rows, D) and (runs, CTA rows) fp32; barrier; the run-0 thread merges the runs in run order
+        (:func:`merge_splits`, the order fixed by the plan: the same bits every launch) into ``merged`` and returns
+        the row's LSE (another run's return is not stored)."""
+        runs, cta_rows = self.config.merge_runs, self.merge_rows_per_cta
+        smem = cutlass.memory.SmemAllocator()
+        o_shape = (runs, cta_rows, self.head_dim)
+        o_layout = cute.make_layout(o_shape, stride=(cta_rows * self.head_dim, self.head_dim, 1))
+        sO_runs = smem.allocate_tensor(cutlass.Float32, o_layout, 16)  # (runs, CTA rows, D)
+        sLSE_runs = smem.allocate_tensor(cutlass.Float32, cute.make_layout((runs, cta_rows), stride=(cta_rows, 1)), 16)
+        cute.autovec_copy(merged, cute.local_tile(sO_runs[run, cta_row, None], (MERGE_COLS,), (chunk,)))
+        if chunk == 0:
+            sLSE_runs[run, cta_row] = lse
+        cute.arch.barrier()
+        sO_chunks = cute.logical_divide(sO_runs, (None, None, MERGE_COLS))  # (runs, CTA rows, (4, chunks))
+        if run == 0:
+            lse = merge_splits(sLSE_runs[None, cta_row], sO_chunks[None, cta_row, (None, chunk)], merged, 0)
+        return lse
 
 
 # ----------------------------------------------------------------------------------------------
@@ -633,6 +689,19 @@ def _store_row_chunk(merged: cute.Tensor, gO_chunk: cute.Tensor):
     out = cute.make_rmem_tensor(MERGE_COLS, gO_chunk.element_type)
     out.store(merged.load().to(gO_chunk.element_type))
     cute.autovec_copy(out, gO_chunk)
+
+
+@cute.jit
+def _store_merged_row(
+    merged: cute.Tensor, lse: cutlass.Float32, gO_row: cute.Tensor, mLSE: cute.Tensor | None,
+    batch_kv_head: cutlass.Int32, row: cutlass.Int32, chunk: cutlass.Int32,
+):  # fmt: skip
+    """The merge kernel's store of one row chunk: ``merged`` into chunk ``chunk`` of O's packed row ``gO_row``, and
+    the row's LSE (chunk 0's thread) where it is returned."""
+    _store_row_chunk(merged, cute.local_tile(gO_row, (MERGE_COLS,), (chunk,)))
+    if cutlass.const_expr(mLSE is not None):  # noqa: SIM102
+        if chunk == 0:
+            mLSE[batch_kv_head, row] = lse
 
 
 # ----------------------------------------------------------------------------------------------
@@ -667,12 +736,14 @@ def balanced_split(problem: Problem, device: torch.device | None = None) -> bool
 
 
 def decode_config(
-    problem: Problem, split: bool, balanced: bool = False, m_tile_major: bool = False, stages: int | None = None
-) -> DecodeConfig:
+    problem: Problem, split: bool, balanced: bool = False, m_tile_major: bool = False, stages: int | None = None,
+    merge_runs: int = 1,
+) -> DecodeConfig:  # fmt: skip
     """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every bind), with
     the problem's features as compile-time flags; ``balanced``: the balanced split's (always split), its grid's
     M tile on x with ``m_tile_major`` (``splits.balanced_m_tile_major``), its ring ``stages`` deep where given
-    (:func:`balanced_ring_stages`)."""
+    (:func:`balanced_ring_stages`), its merge in ``merge_runs`` runs (:func:`balanced_merge_runs`), which its
+    item-share cap counts."""
     shape, row_warps = warp_split(WARPS_SPLIT_ROWS, tile_m_for(problem), problem.head_dim, TILE_CONFIGS)
     shape = shape._replace(stages=min(stages, shape.stages)) if stages else shape  # shallower, never deeper
     return DecodeConfig(
@@ -690,10 +761,38 @@ def decode_config(
         merge_splits_per_step=MERGE_SPLITS_PER_STEP,
         balanced_min_blocks=balanced
         and splits.balanced_min_share_blocks(TILE_CONFIGS[problem.head_dim].tile_n, BALANCED_MIN_KEYS),
-        balanced_max_shares=checked_item_cap(BALANCED_MAX_ITEM_SHARES) if balanced else 0,
+        balanced_max_shares=checked_item_cap(BALANCED_MAX_ITEM_SHARES) * merge_runs if balanced else 0,
         merge_slabs_from_split=balanced and MERGE_SLABS_FROM_SPLIT,
         m_tile_major=balanced and m_tile_major,
+        merge_runs=merge_runs if balanced else 1,
     )
+
+
+def checked_merge_runs(merge_runs: int) -> int:
+    """``BALANCED_MERGE_RUNS`` as the merge takes it: 0 or 1 (one chain) as 1, else a power of two up to
+    :data:`MAX_MERGE_RUNS` (a CTA's threads); anything else is refused by name."""
+    runs = max(merge_runs, 1)
+    if merge_runs < 0 or runs & (runs - 1) or runs > MAX_MERGE_RUNS:
+        raise ValueError(
+            f"cute/decode's BALANCED_MERGE_RUNS must be 0 (one chain) or a power of two up to {MAX_MERGE_RUNS}, "
+            f"got {merge_runs}"
+        )
+    return runs
+
+
+def balanced_merge_runs(problem: Problem, device: torch.device) -> int:
+    """The balanced merge's runs an item (module docstring, "The two-level merge"): ``BALANCED_MERGE_RUNS``, halved
+    while the merge grid, a thread per ``MERGE_COLS`` columns of every packed row of every item and run, would pass
+    one wave of ``device``'s resident threads (:data:`SM_THREADS` an SM). Where the items alone fill the GPU their
+    chains already run side by side; more runs would only add waves of merge CTAs (seed 43's B=64 Hkv=16 Sq=4 row:
+    one run; seed 73's B=4 Hkv=32 Sq=16 row: two)."""
+    runs = checked_merge_runs(BALANCED_MERGE_RUNS)
+    row_threads = problem.batch * problem.kv_heads * problem.kv_group * problem.seqlen_q
+    threads = row_threads * (problem.head_dim // MERGE_COLS)
+    wave = splits.sm_count(device) * SM_THREADS
+    while runs > 1 and threads * runs > wave:
+        runs //= 2
+    return runs
 
 
 def balanced_ring_stages(problem: Problem, device: torch.device, slabs: int) -> int | None:
@@ -720,7 +819,8 @@ def launch_plan(problem: Problem, device: torch.device, num_splits: int | None =
     split = slabs is not None or num_splits > 1
     m_tile_major = slabs is not None and splits.balanced_m_tile_major(slabs, M_TILE_MAJOR)
     stages = None if slabs is None else balanced_ring_stages(problem, device, slabs)
-    return num_splits, slabs, items, decode_config(problem, split, slabs is not None, m_tile_major, stages)
+    runs = 1 if slabs is None else balanced_merge_runs(problem, device)
+    return num_splits, slabs, items, decode_config(problem, split, slabs is not None, m_tile_major, stages, runs)
 
 
 def plan_launch(
@@ -802,7 +902,10 @@ def compile_plan(problem: Problem, split: bool = True) -> DecodeConfig:
     balanced = split and balanced_split(decode_sized)
     cpu = torch.device("cpu")
     stages = balanced_ring_stages(decode_sized, cpu, launch_plan(decode_sized, cpu)[1]) if balanced else None
-    return decode_config(decode_sized, split=split, balanced=balanced, m_tile_major=M_TILE_MAJOR, stages=stages)
+    runs = balanced_merge_runs(decode_sized, cpu) if balanced else 1
+    return decode_config(
+        decode_sized, split=split, balanced=balanced, m_tile_major=M_TILE_MAJOR, stages=stages, merge_runs=runs
+    )
 
 
 # The host entry points: validate (head dims, every feature, Sq <= 16, a positive scale) → plan (the

@@ -65,7 +65,8 @@ def test_cute_refuses_a_cap_of_one_share_by_name(monkeypatch: pytest.MonkeyPatch
             cute_decode.compile_plan(problem)
     for cap in (0, 2):
         monkeypatch.setattr(cute_decode, "BALANCED_MAX_ITEM_SHARES", cap)
-        assert cute_decode.compile_plan(problem).balanced_max_shares == cap
+        config = cute_decode.compile_plan(problem)
+        assert config.balanced_max_shares == cap * config.merge_runs  # the cap counts a merge run's slabs
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -269,7 +270,8 @@ def test_cute_compile_key_carries_the_cap_where_the_split_is_balanced(monkeypatc
     monkeypatch.setattr(cute_decode, "BALANCED_MAX_ITEM_SHARES", 0)
     off = cute_decode.compile_plan(problem)
     monkeypatch.setattr(cute_decode, "BALANCED_MAX_ITEM_SHARES", 24)
-    assert off.balanced_max_shares == 0 and cute_decode.compile_plan(problem).balanced_max_shares == 24
+    capped = cute_decode.compile_plan(problem)  # the cap counts a merge run's slabs (BALANCED_MERGE_RUNS)
+    assert off.balanced_max_shares == 0 and capped.balanced_max_shares == 24 * capped.merge_runs
     assert off != cute_decode.compile_plan(problem), "a cap that leaves the compile key as it was"
     monkeypatch.setattr(cute_decode, "BALANCED_SPLIT", "never")
     assert cute_decode.compile_plan(problem).balanced_max_shares == 0
@@ -288,7 +290,8 @@ def test_cute_capped_balanced_split_compiles_for_sm90_without_spills(
     monkeypatch.setattr(cute_decode, "BALANCED_SPLIT", "always")
     monkeypatch.setattr(cute_decode, "BALANCED_MAX_ITEM_SHARES", 24)
     problem = _long_among_short(head_dim=head_dim).with_(seqlen_q=8, page_size=page_size)
-    assert cute_decode.compile_plan(problem).balanced_max_shares == 24
+    config = cute_decode.compile_plan(problem)
+    assert config.balanced_max_shares == 24 * config.merge_runs  # the cap counts a merge run's slabs
     (binary,) = cute_decode.compile_sm90(problem, split=True)
     kernels = cubin_resources(binary.cubin)
     assert len(kernels) == 2, sorted(kernels)
