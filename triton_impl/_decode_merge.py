@@ -216,6 +216,10 @@ def store_balanced_partials(
     # The item's arrival counter: (batch, KV head, M tile); the M tiles on the grid's y (x under M_TILE_MAJOR).
     m_tiles = tl.num_programs(0 if M_TILE_MAJOR else 1)
     item_counter = Counters + (batch * (heads // group) + kv_head) * m_tiles + m_block
+    # A run's merge unrolls half the splits a step of the item's: the item's merge's values are live across it, and
+    # at the full step the kernel took 24 more registers at 64 rows, D=64 (Triton 3.6: 158 -> 182, two CTAs an SM
+    # instead of three; seed 73's row 2 1.27x slower on the H200). A run is at most MERGE_GROUP slabs.
+    RUN_MERGE_STEP: tl.constexpr = SPLITS_PER_STEP // 2 if SPLITS_PER_STEP > 1 else 1
     if MERGE_GROUP == 0:
         merges_item, stride, count = last_to_arrive(item_counter, item_shares), rows, item_shares
     else:
@@ -232,7 +236,7 @@ def store_balanced_partials(
             if merges_item:
                 run = (OutPartial + run_first * rows * HEAD_DIM, LsePartial + run_first * rows)
                 merge_slabs(
-                    run, rows, run_shares, outputs, tile, row_ok, RETURN_LSE, HEAD_DIM, BLOCK_M, SPLITS_PER_STEP,
+                    run, rows, run_shares, outputs, tile, row_ok, RETURN_LSE, HEAD_DIM, BLOCK_M, RUN_MERGE_STEP,
                     True,
                 )  # fmt: skip
                 merges_item = last_to_arrive(item_counter, runs)
