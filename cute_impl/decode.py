@@ -799,8 +799,7 @@ def balanced_ring_stages(problem: Problem, device: torch.device, slabs: int) -> 
     """``BALANCED_SHALLOW_RING``'s depth where the balanced grid of ``slabs`` share CTAs per M tile spills past one
     wave of the table's CTA slots on ``device`` (``splits.balanced_grid_spills``), else None (the table's ring)."""
     slots = splits.sm_count(device) * CTAS_PER_SM_FIT[problem.head_dim]
-    spills = splits.balanced_grid_spills(slabs * m_blocks_for(problem), slots)
-    return BALANCED_SHALLOW_RING.get(problem.head_dim) if spills else None
+    return splits.shallow_ring_depth(BALANCED_SHALLOW_RING, problem.head_dim, slabs * m_blocks_for(problem), slots)
 
 
 def launch_plan(problem: Problem, device: torch.device, num_splits: int | None = None) -> tuple:

@@ -243,3 +243,14 @@ def test_the_shallow_ring_never_deepens_a_shallower_one():
     problem = random_cases(8, 73)[2].problem
     ring = [_decode_balanced.balanced_ring_stages(problem, CPU, 264, 1, 2, stages) for stages in (6, 3)]
     assert ring == [SHALLOW[64], 3]
+
+
+def test_one_depth_rule_for_both_rungs():
+    """``splits.shallow_ring_depth``, which gluon/decode and cute/decode both ask: the table's depth only where the grid
+    spills past one wave (132 SMs, two slots: seed 73's 392 CTAs spill, 264 fit, 1552 are many waves) and the head dim
+    has an entry."""
+    shallow = {64: 4}
+    assert splits.shallow_ring_depth(shallow, 64, 392, 264) == 4
+    assert splits.shallow_ring_depth(shallow, 64, 264, 264) is None
+    assert splits.shallow_ring_depth(shallow, 64, 1552, 264) is None
+    assert splits.shallow_ring_depth(shallow, 128, 392, 264) is None

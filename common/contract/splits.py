@@ -355,6 +355,14 @@ def balanced_grid_spills(grid_ctas: int, slots: int) -> bool:
     return slots < grid_ctas <= SHALLOW_RING_MAX_WAVES * slots
 
 
+def shallow_ring_depth(shallow: dict[int, int], head_dim: int, grid_ctas: int, slots: int) -> int | None:
+    """A rung's ``BALANCED_SHALLOW_RING`` (``shallow``: head dim -> ring stages) depth for a balanced grid of
+    ``grid_ctas`` CTAs where it spills past one wave of ``slots`` CTA slots (:func:`balanced_grid_spills`), else None:
+    the rung's own ring. Each rung then takes the shallower of this and its ring, never a deeper one."""
+    depth = shallow.get(head_dim)
+    return depth if depth and balanced_grid_spills(grid_ctas, slots) else None
+
+
 def balanced_grid(slabs: int, m_blocks: int, m_tile_major: bool) -> tuple[int, int]:
     """The balanced split kernel's grid (x, y) over ``slabs`` share CTAs (target_shares + B · Hkv) and ``m_blocks``
     M tiles: (slabs, m_blocks), the share fastest; ``m_tile_major`` (a rung's ``M_TILE_MAJOR``): (m_blocks, slabs),

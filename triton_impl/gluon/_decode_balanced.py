@@ -171,10 +171,11 @@ def balanced_ring_stages(
     ``BALANCED_SHALLOW_RING``'s where the grid of (``target`` + B · Hkv) · ``m_blocks`` CTAs spills past one wave of
     those slots on ``device`` (``splits.balanced_grid_spills``), never deeper than ``stages`` (a ring already
     shallower, e.g. ``PACKED_OCCUPANCY``'s for more CTAs an SM, stays)."""
-    shallow = BALANCED_SHALLOW_RING.get(problem.head_dim)
     grid = (target + problem.batch * problem.kv_heads) * m_blocks
-    spills = splits.balanced_grid_spills(grid, splits.sm_count(device) * ctas_per_sm)
-    return min(shallow, stages) if shallow and spills else stages
+    shallow = splits.shallow_ring_depth(
+        BALANCED_SHALLOW_RING, problem.head_dim, grid, splits.sm_count(device) * ctas_per_sm
+    )
+    return min(shallow, stages) if shallow else stages
 
 
 def balanced_constexprs(problem: Problem, balanced: bool, m_tile_major: bool) -> dict[str, int | bool | None]:
