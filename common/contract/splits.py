@@ -64,9 +64,12 @@ shares of 704 keys in triton/decode), the share that arrives last merges all of 
 a chain of L2 round trips as long as the share count over the merge's splits a step (1-2 at D=256, its O tiles'
 registers), tens of µs after every key was read. The cap trades that chain for longer shares: a share is the
 item's blocks over the cap, streamed by one CTA. Capping only lowers counts, so the grid still holds every
-share, and the split and the merge read the same capped plan. gluon/decode's ``BALANCED_MERGE_GROUP`` (8, by its
-H200 A/B) shortens the chain instead of the shares: runs of G shares merged by each run's last share, then the runs,
-the cap counting runs (seed 73's B=4 Hkv=2 paged row: 32 shares of 81 key blocks under the cap, 78 of 33 with runs).
+share, and the split and the merge read the same capped plan. The two-level merge shortens the chain instead of the
+shares, 8 shares a run in every stack by its H200 A/Bs: gluon/decode's and triton/decode's ``BALANCED_MERGE_GROUP``
+(runs of G shares merged by each run's last share, then the runs by the item's last run) and cute/decode's
+``BALANCED_MERGE_RUNS`` (its merge kernel's threads split into runs, merged in run order through shared memory), the
+cap counting a run's shares (seed 73's B=4 Hkv=2 paged row: 32 shares of 81 key blocks under gluon's cap, 78 of 33
+with runs; triton caps nothing and merges its 81 in runs).
 
 **The target rule** (``BALANCED_TARGET`` of each rung: triton/decode, gluon/decode's ``_decode_balanced.py``,
 cute/decode; "per-slot" in gluon and cute, "per-slot-many" in triton, by the H200 A/B of
