@@ -11,9 +11,9 @@
 #      (B=16 MQA Sq=8 D=256 [62]) and 3 (B=2 MQA D=64 502k [15]); seed 43's row 2 (B=64, [9]: one run of 8 and one of
 #      1, the least the runs can gain); control seed 73's row 2 (at most 4 shares an item: the kernel compiled with
 #      runs, no run taken).
-#   2. the knob's GPU tests (tests/test_decode_merge_group_triton.py -m gpu): runs of 8 against fp64 and 20 launches
-#      bit for bit on one long sequence among short ones (D=64 contiguous and paged(32), D=256 MQA Sq=8, two M tiles at
-#      D=128), and seed 73's row 0 itself.
+#   2. the knob's GPU tests (tests/test_decode_merge_group.py -m gpu, triton's and gluon's): runs of 8 against fp64 and
+#      20 launches bit for bit on one long sequence among short ones (D=64 contiguous and paged(32), D=256 MQA Sq=8, two
+#      M tiles at D=128), and seed 73's row 0 itself.
 # Run from the project root carrying the CuTe DSL and FA4's wheels (the harness opens every decode rung): carry
 # [".gpu/cutlass-dsl.tar.xz", ".gpu/activate.sh", ".gpu/fa4"], command `bash bench/decode_merge_group_triton_ab.sh`.
 # Outputs in $OUT: times.txt, triton.log and its folder (knob.csv, knob.md), pytest.log.
@@ -25,6 +25,6 @@ export PYTHONPATH="${PYTHONPATH:-$PWD}"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >> "$OUT/times.txt" 2>&1
 status=0
 knob_ab triton 130 triton_impl.decode:BALANCED_MERGE_GROUP 0,8 triton/decode 73/0 43/1 43/4 59/1 71/7 71/3 43/2 73/2
-gpu_tests 45 tests/test_decode_merge_group_triton.py
+gpu_tests 90 tests/test_decode_merge_group.py
 cat "$OUT/times.txt"
 exit $status

@@ -7,14 +7,16 @@ the ones it leaves (triton's and cute's plans, the padded split); the runs' slab
 ``_merge_in_groups``'s index arithmetic) tile every item and stay inside the counters the host allocates, which a
 planted run that forgets its stride fails; the ragged model's merge shorter with runs. Static (sm_90a): the kernel with
 runs has no spills and two more acq_rel atomics than one level's one (the run's arrival and the item's). GPU
-(``gpu``): against fp64 on a poisoned output on seed 73's row itself and on one long sequence among short ones (runs
-of 8 with a partial last run, and one level; GQA D=64 contiguous and in pages of 32, MQA D=256 at 8 tokens, two M
-tiles at D=128), 20 launches bit for bit (the run counters put back to 0).
+(``gpu``), for gluon/decode and triton/decode (whose runs are the same, ``test_decode_merge_group_triton.py``):
+against fp64 on a poisoned output on seed 73's row itself and on one long sequence among short ones (runs of 8 with a
+partial last run, and one level; GQA D=64 contiguous and in pages of 32, MQA D=256 at 8 tokens, two M tiles at
+D=128), 20 launches bit for bit (the run counters put back to 0).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 
 import pytest
@@ -27,7 +29,7 @@ from common.contract.problem import Problem
 from common.measure.decode_sweep import random_cases
 from common.toolchain.releases import triton_release
 from tests._helpers import json_from_child
-from tests.test_decode import assert_launches_repeat
+from tests.test_decode import LONG_AMONG_SHORT, assert_launches_repeat
 from tests.test_decode_wide import check_on_gpu
 from triton_impl.gluon import _decode_balanced
 from triton_impl.gluon import decode as gluon_decode
@@ -188,49 +190,68 @@ def test_runs_compile_without_spills_and_add_the_runs_atomics():
 # ----------------------------------------------------------------------------------------------------
 # GPU: against fp64, bit for bit over launches
 # ----------------------------------------------------------------------------------------------------
-LONG_AMONG_SHORT = (23, 0, 40000, 1, 700, 5, 64, 3000)
 # (Sq, heads, kv_heads, D, page size): GQA at one token contiguous and in pages of 32, MQA at 8 tokens D=256, and
-# 128 packed rows at D=128 (two M tiles).
+# 128 packed rows at D=128 (two M tiles). The three stacks' merge tests share them (test_decode_merge_group_triton.py,
+# test_decode_merge_group_cute.py).
 GPU_CASES = [(1, 8, 2, 64, 0), (1, 8, 2, 64, 32), (8, 1, 1, 256, 0), (8, 16, 1, 128, 0)]
+
+
+def long_among_short(seqlen_q: int, heads: int, kv_heads: int, head_dim: int, page_size: int) -> tuple:
+    """(problem, inputs q k v, extra) of one long sequence among short ones (``LONG_AMONG_SHORT``) on the GPU."""
+    problem = Problem(
+        len(LONG_AMONG_SHORT), heads, seqlen_q, 40960, head_dim, dtype=torch.bfloat16, causal=True,
+        kv_heads=kv_heads, causal_alignment="bottom_right", has_cache_seqlens=True, page_size=page_size,
+    )  # fmt: skip
+    q, k, v = make_inputs(problem, seed=head_dim + page_size, device="cuda", offset=0.5)
+    extra = {"cache_seqlens": torch.tensor(LONG_AMONG_SHORT, dtype=torch.int32, device="cuda")}
+    if page_size:
+        k, v, extra["block_table"] = make_paged_kv(problem, k, v, seed=page_size)
+    return problem, (q, k, v), extra
+
+
+# The rungs whose split kernel merges in runs (``BALANCED_MERGE_GROUP``): the module of the knob, the rung's module.
+FUSED_RUNS = {
+    "gluon/decode": ("triton_impl.gluon._decode_balanced", "triton_impl.gluon.decode"),
+    "triton/decode": ("triton_impl.decode", "triton_impl.decode"),
+}
+
+
+def _runs_on_gpu(rung: str, group: int, monkeypatch: pytest.MonkeyPatch):
+    """``rung``'s module with runs of ``group`` (0: one level), on a CUDA GPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    knob_module, rung_module = (importlib.import_module(name) for name in FUSED_RUNS[rung])
+    monkeypatch.setattr(knob_module, "BALANCED_MERGE_GROUP", group)
+    return rung_module
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("group", [0, GROUP], ids=["one-level", "runs"])
 @pytest.mark.parametrize(("seqlen_q", "heads", "kv_heads", "head_dim", "page_size"), GPU_CASES)
+@pytest.mark.parametrize("rung", sorted(FUSED_RUNS))
 def test_gpu_runs_against_fp64_and_deterministic(
-    seqlen_q: int, heads: int, kv_heads: int, head_dim: int, page_size: int, group: int,
+    rung: str, seqlen_q: int, heads: int, kv_heads: int, head_dim: int, page_size: int, group: int,
     monkeypatch: pytest.MonkeyPatch,
 ):  # fmt: skip
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    monkeypatch.setattr(_decode_balanced, "BALANCED_MERGE_GROUP", group)
-    monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", "always")
-    problem = Problem(
-        len(LONG_AMONG_SHORT), heads, seqlen_q, 40960, head_dim, dtype=torch.bfloat16, causal=True,
-        kv_heads=kv_heads, causal_alignment="bottom_right", has_cache_seqlens=True, page_size=page_size,
-    )  # fmt: skip
-    device = torch.device("cuda")
-    shares = plan_of("gluon/decode", problem, LONG_AMONG_SHORT, device)[2]
+    module = _runs_on_gpu(rung, group, monkeypatch)
+    monkeypatch.setattr(module, "BALANCED_SPLIT", "always")
+    problem, (q, k, v), extra = long_among_short(seqlen_q, heads, kv_heads, head_dim, page_size)
+    shares = plan_of(rung, problem, LONG_AMONG_SHORT, q.device)[2]
     assert not group or (max(shares) > group and max(shares) % group), (
         f"the long item should end in a partial run: {shares}"
     )
-    q, k, v = make_inputs(problem, seed=head_dim + page_size, device="cuda", offset=0.5)
-    extra = {"cache_seqlens": torch.tensor(LONG_AMONG_SHORT, dtype=torch.int32, device="cuda")}
-    if page_size:
-        k, v, extra["block_table"] = make_paged_kv(problem, k, v, seed=page_size)
-    impl = gluon_decode.IMPLEMENTATION
+    impl = module.IMPLEMENTATION
     result = check_on_inputs(impl, q, k, v, problem, **extra)
-    assert result.ok, f"gluon/decode BALANCED_MERGE_GROUP={group} {problem.describe()} {shares}: {result.summary()}"
+    assert result.ok, f"{rung} BALANCED_MERGE_GROUP={group} {problem.describe()} {shares}: {result.summary()}"
     assert_launches_repeat(impl.prepare(q, k, v, problem, **extra))
 
 
 @pytest.mark.gpu
-def test_gpu_seed73_row0_against_fp64(monkeypatch: pytest.MonkeyPatch):
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    monkeypatch.setattr(_decode_balanced, "BALANCED_MERGE_GROUP", GROUP)
+@pytest.mark.parametrize("rung", sorted(FUSED_RUNS))
+def test_gpu_seed73_row0_against_fp64(rung: str, monkeypatch: pytest.MonkeyPatch):
+    module = _runs_on_gpu(rung, GROUP, monkeypatch)
     case = random_cases(8, 73)[0]
-    if not gluon_decode.balanced_split(case.problem, torch.device("cuda")):
-        pytest.skip("gluon/decode does not take the balanced split for seed 73's row 0 on this GPU")
-    result = check_on_gpu("gluon/decode", case.problem, case.lengths, seed=73)
-    assert result.ok, f"gluon/decode BALANCED_MERGE_GROUP={GROUP} seed 73 row 0: {result.summary()}"
+    if not module.balanced_split(case.problem, torch.device("cuda")):
+        pytest.skip(f"{rung} does not take the balanced split for seed 73's row 0 on this GPU")
+    result = check_on_gpu(rung, case.problem, case.lengths, seed=73)
+    assert result.ok, f"{rung} BALANCED_MERGE_GROUP={GROUP} seed 73 row 0: {result.summary()}"

@@ -39,6 +39,7 @@ from common.reporting.static import cubin_resources
 from cute_impl import _decode_merge, decode
 from tests.test_cute_merge_plan import merge_plans_afresh
 from tests.test_decode import LONG_AMONG_SHORT, assert_launches_repeat
+from tests.test_decode_merge_group import GPU_CASES, long_among_short
 from tests.test_decode_wide import DECODE_IMPLS
 
 CPU = torch.device("cpu")
@@ -238,24 +239,6 @@ def test_runs_compile_without_spills_and_meet_in_shared_memory(row: tuple[int, i
 # ----------------------------------------------------------------------------------------------------
 # GPU: against fp64, bit for bit over launches
 # ----------------------------------------------------------------------------------------------------
-# (Sq, heads, kv_heads, D, page size): GQA at one token contiguous and in pages of 32, MQA at 8 tokens D=256, and
-# 128 packed rows at D=128 (two M tiles).
-GPU_CASES = [(1, 8, 2, 64, 0), (1, 8, 2, 64, 32), (8, 1, 1, 256, 0), (8, 16, 1, 128, 0)]
-
-
-def _long_among_short(seqlen_q: int, heads: int, kv_heads: int, head_dim: int, page_size: int) -> tuple:
-    """(problem, inputs q k v, extra) of one long sequence among short ones on the GPU."""
-    problem = Problem(
-        len(LONG_AMONG_SHORT), heads, seqlen_q, 40960, head_dim, dtype=torch.bfloat16, causal=True,
-        kv_heads=kv_heads, causal_alignment="bottom_right", has_cache_seqlens=True, page_size=page_size,
-    )  # fmt: skip
-    q, k, v = make_inputs(problem, seed=head_dim + page_size, device="cuda", offset=0.5)
-    extra = {"cache_seqlens": torch.tensor(LONG_AMONG_SHORT, dtype=torch.int32, device="cuda")}
-    if page_size:
-        k, v, extra["block_table"] = make_paged_kv(problem, k, v, seed=page_size)
-    return problem, (q, k, v), extra
-
-
 @pytest.fixture
 def balanced_gpu(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """A CUDA GPU and the balanced split on every call."""
@@ -273,7 +256,7 @@ def test_gpu_runs_against_fp64_and_deterministic(
     balanced_gpu: pytest.MonkeyPatch,
 ):  # fmt: skip
     balanced_gpu.setattr(decode, "BALANCED_MERGE_RUNS", runs)
-    problem, (q, k, v), extra = _long_among_short(seqlen_q, heads, kv_heads, head_dim, page_size)
+    problem, (q, k, v), extra = long_among_short(seqlen_q, heads, kv_heads, head_dim, page_size)
     shares = plan_of("cute/decode", problem, LONG_AMONG_SHORT, q.device)[2]
     config = decode.launch_plan(problem, q.device)[3]
     assert config.merge_runs == max(runs, 1)
@@ -311,7 +294,7 @@ def _run_one_slab_short(first, count, run, runs):
 @pytest.mark.gpu
 def test_gpu_planted_run_that_drops_a_slab_fails_the_check(balanced_gpu: pytest.MonkeyPatch):
     balanced_gpu.setattr(decode, "BALANCED_MERGE_RUNS", RUNS)
-    problem, (q, k, v), extra = _long_among_short(*GPU_CASES[0])
+    problem, (q, k, v), extra = long_among_short(*GPU_CASES[0])
     impl = DECODE_IMPLS["cute/decode"]
     assert check_on_inputs(impl, q, k, v, problem, **extra).ok, "the unplanted kernel must pass"
     balanced_gpu.setattr(decode.HOST.kernels, "compiled", {})

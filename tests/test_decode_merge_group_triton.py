@@ -8,9 +8,8 @@ interpreter, against fp64 on a poisoned output: runs that split an item's shares
 back at 0 after the launch, and a planted run merge that writes O instead of its first slab failing the check. Static
 (sm_90a): the balanced kernel with runs has no spill in a loop (a few bytes outside them under D=64's register cap), two
 more acq_rel atomics than one level's one (the run's arrival and the item's) and as many CTAs an SM, but for the rows
-and releases ``OCCUPANCY_LOST`` names. GPU (``gpu``): against fp64 on a poisoned output, one long sequence among short
-ones (runs of 8 with a partial last run, and one level; GQA D=64 contiguous and in pages of 32, MQA D=256 at 8 tokens,
-two M tiles at D=128) and seed 73's row 0, 20 launches bit for bit.
+and releases ``OCCUPANCY_LOST`` names. GPU (``gpu``): with gluon/decode's, ``test_decode_merge_group.py``'s (the same
+runs, the same cases).
 """
 
 from __future__ import annotations
@@ -22,18 +21,16 @@ import torch
 import triton
 import triton.language as tl
 
-from bench.decode_ragged_ab import plan_of
-from common.contract.check import check_on_inputs
-from common.contract.inputs import make_inputs, make_paged_kv
-from common.contract.problem import Problem
-from common.measure.decode_sweep import random_cases
 from common.toolchain.releases import triton_release
 from tests._helpers import json_from_child
-from tests.test_decode import BALANCED_CASES, _balanced_check, assert_launches_repeat, interpreter_only
+from tests.test_decode import (
+    BALANCED_CASES,
+    _balanced_check,
+    interpreter_only,
+)
 from tests.test_decode_d256 import INTERPRETER_CASES as D256_CASES
 from tests.test_decode_d256 import _wide_d256
 from tests.test_decode_packed import _interpreter_check
-from tests.test_decode_wide import check_on_gpu
 from triton_impl import _decode_merge, decode
 
 CPU = torch.device("cpu")
@@ -176,51 +173,3 @@ def test_runs_compile_without_loop_spills_and_keep_the_ctas_an_sm():
         kept = _ctas_an_sm(facts[(*row, GROUP)]) >= _ctas_an_sm(facts[(*row, 0)])
         where = f"triton {row[0]}/{row[1]}: {facts[(*row, 0)]} -> {facts[(*row, GROUP)]}"
         assert kept != (row in OCCUPANCY_LOST.get(triton_release(), set())), where
-
-
-# ----------------------------------------------------------------------------------------------------
-# GPU: against fp64, bit for bit over launches
-# ----------------------------------------------------------------------------------------------------
-LONG_AMONG_SHORT = (23, 0, 40000, 1, 700, 5, 64, 3000)
-# (Sq, heads, kv_heads, D, page size): GQA at one token contiguous and in pages of 32, MQA at 8 tokens D=256, and
-# 128 packed rows at D=128 (two M tiles).
-GPU_CASES = [(1, 8, 2, 64, 0), (1, 8, 2, 64, 32), (8, 1, 1, 256, 0), (8, 16, 1, 128, 0)]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("group", [0, GROUP], ids=["one-level", "runs"])
-@pytest.mark.parametrize(("seqlen_q", "heads", "kv_heads", "head_dim", "page_size"), GPU_CASES)
-def test_gpu_runs_against_fp64_and_deterministic(
-    seqlen_q: int, heads: int, kv_heads: int, head_dim: int, page_size: int, group: int,
-    monkeypatch: pytest.MonkeyPatch,
-):  # fmt: skip
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    monkeypatch.setattr(decode, "BALANCED_MERGE_GROUP", group)
-    monkeypatch.setattr(decode, "BALANCED_SPLIT", "always")
-    problem = Problem(
-        len(LONG_AMONG_SHORT), heads, seqlen_q, 40960, head_dim, dtype=torch.bfloat16, causal=True,
-        kv_heads=kv_heads, causal_alignment="bottom_right", has_cache_seqlens=True, page_size=page_size,
-    )  # fmt: skip
-    q, k, v = make_inputs(problem, seed=head_dim + page_size, device="cuda", offset=0.5)
-    extra = {"cache_seqlens": torch.tensor(LONG_AMONG_SHORT, dtype=torch.int32, device="cuda")}
-    if page_size:
-        k, v, extra["block_table"] = make_paged_kv(problem, k, v, seed=page_size)
-    shares = plan_of("triton/decode", problem, LONG_AMONG_SHORT, torch.device("cuda"))[2]
-    assert max(shares) > GROUP and max(shares) % GROUP, f"the long item should end in a partial run: {shares}"
-    impl = decode.IMPLEMENTATION
-    result = check_on_inputs(impl, q, k, v, problem, **extra)
-    assert result.ok, f"triton/decode BALANCED_MERGE_GROUP={group} {problem.describe()} {shares}: {result.summary()}"
-    assert_launches_repeat(impl.prepare(q, k, v, problem, **extra))
-
-
-@pytest.mark.gpu
-def test_gpu_seed73_row0_against_fp64(monkeypatch: pytest.MonkeyPatch):
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    monkeypatch.setattr(decode, "BALANCED_MERGE_GROUP", GROUP)
-    case = random_cases(8, 73)[0]
-    if not decode.balanced_split(case.problem, torch.device("cuda")):
-        pytest.skip("triton/decode does not take the balanced split for seed 73's row 0 on this GPU")
-    result = check_on_gpu("triton/decode", case.problem, case.lengths, seed=73)
-    assert result.ok, f"triton/decode BALANCED_MERGE_GROUP={GROUP} seed 73 row 0: {result.summary()}"
