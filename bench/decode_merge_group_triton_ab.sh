@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue #38's two-level merge in triton/decode (triton_impl/decode.py's BALANCED_MERGE_GROUP; the merge in
-# _decode_merge.store_balanced_partials) on one H200 in one device call (about 170 s; the limits sum to 175): 0 (one
+# _decode_merge.store_balanced_partials) on one H200 in one device call (about 200 s; the limits sum to 220): 0 (one
 # level: the item's last share merges all its shares, one dependent chain) against 8 (runs of 8 shares merged by each
 # run's last share, then the runs by the item's last run). triton/decode caps no item's shares, so the plan is the same
 # either way: only the merge changes. Rows run in order of interest, each written as it ends (a cut run keeps the first).
