@@ -224,8 +224,9 @@ BALANCED_TARGET, BALANCED_MIN_KEYS = "per-slot", splits.MIN_KEYS_PER_SPLIT
 MERGE_SLABS_FROM_SPLIT = True
 # The two-level merge (module docstring; 0 or 1: one chain an item): the most runs the merge kernel cuts an item's
 # partials into, a power of two; the item-share cap counts a run's slabs (BALANCED_MAX_ITEM_SHARES · runs shares an
-# item). 8: bench/decode_ragged_model.py has seed 73's paged row 50.7 -> 47.0 us, seed 43's MQA D=256 paged row 65.0 ->
-# 59.2, no row slower; untimed (bench/decode_merge_group_cute_ab.sh).
+# item). 8 against 0 (H200, results/h200/decode-merge-group-cute/, bench/decode_merge_group_cute_ab.sh): seed 73's
+# paged row 62.8 -> 47.8 us (48 capped shares -> 78 even ones), seed 43's MQA D=256 paged row 71.6 -> 59.3, no row
+# slower (controls 1.00-1.01x).
 BALANCED_MERGE_RUNS = 8
 # A merge CTA holds runs · D / MERGE_COLS threads a row: 16 runs of a D=256 row fill 1024, a CTA's most. SM_THREADS:
 # an SM's resident threads (sm_80, sm_90), one wave of which bounds the merge grid (balanced_merge_runs).

@@ -188,8 +188,9 @@ FUSED_MERGE = True
 BALANCED_SPLIT = "ragged-split"
 BALANCED_SHARES_PER_SM, BALANCED_MAX_ITEM_SHARES = 2, 0
 # Shares a run of the balanced split's two-level merge takes (``_decode_merge.store_balanced_partials``; 0: one level,
-# the item's last share merges all its shares), gluon/decode's BALANCED_MERGE_GROUP. An item of many shares (seed 73's
-# 164677-key sequence: 81) is then merged in runs of 8 and the runs (2 + 3 load steps a pass, not 11).
+# the item's last share merges all its shares), gluon/decode's BALANCED_MERGE_GROUP. 8 against 0 (H200,
+# results/h200/decode-merge-group-triton/half-step/): seed 73's paged row (one item of 81 shares) 61.6 -> 49.4 us, seed
+# 43's MQA D=256 paged row (155) 112.2 -> 68.6, controls 1.00-1.01x.
 BALANCED_MERGE_GROUP = 8
 # The grid's target rule (splits.BALANCED_TARGETS; splits.py's "The target rule"): "per-slot-many", two shares a
 # CTAS_PER_SM_FIT slot where the items fill a wave, else BALANCED_SHARES_PER_SM an SM. "per-slot" (H200,
