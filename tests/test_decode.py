@@ -681,16 +681,16 @@ def _check_graph_replays(impl: Implementation, paged: bool) -> None:
 # of the plan that some releases keep on the stack across the key loop (one STL and one LDL in the whole
 # kernel; the default kernel needs none), bounded per release (bytes per thread, measured 2026-11-29).
 BALANCED_COMPILES = [(64, 2, 64), (128, 1, 0), (128, 16, 0), (256, 4, 0)]
+# Spill bytes a release's balanced kernel keeps outside every loop (never inside one: the test counts local accesses in
+# the SASS loops), since the two-level merge's runs (BALANCED_MERGE_GROUP = 8): the plan's values across the key loop.
 BALANCED_SPILL_BYTES: dict[tuple[str, tuple[int, int, int]], int] = {
-    ("3.6", (128, 1, 0)): 8,
-    ("3.7", (256, 4, 0)): 8,
-    ("3.8", (256, 4, 0)): 8,
-    ("3.9", (128, 16, 0)): 16,
+    ("3.6", (256, 4, 0)): 16,
+    ("3.8", (64, 2, 64)): 8,
 }
 _BALANCED_COMPILE_SCRIPT = """
 import json, sys, torch
 from common.contract.problem import Problem
-from common.reporting.static import cubin_resources
+from common.reporting.static import cubin_resources, cubin_sass, sass_loops
 from tests._helpers import triton_balanced_sm90
 from triton_impl import decode
 results = []
@@ -701,10 +701,12 @@ for head_dim, seqlen_q, page_size in json.loads(sys.argv[1]):
     )
     binary = triton_balanced_sm90(problem)
     (resources,) = cubin_resources(binary.cubin).values()
+    loops = sass_loops(cubin_sass(binary.cubin))
     results.append({
         "registers": resources["registers"], "spill_bytes": resources["local_bytes"] + resources["stack_bytes"],
         "shared_bytes": binary.shared_bytes, "default_shared_bytes": decode.compile_sm90(problem)[0].shared_bytes,
         "cp_async": "cp.async" in binary.ptx, "arrival_atomic": "atom.global.gpu.acq_rel.add" in binary.ptx,
+        "loop_spills": sum(op.startswith(("STL", "LDL")) for _, body in loops for op in body),
     })
 print(json.dumps(results))
 """
@@ -716,6 +718,7 @@ def test_balanced_split_kernel_compiles_for_sm90_without_spills():
     for case, result in zip(BALANCED_COMPILES, compiled, strict=True):
         head_dim, seqlen_q, page_size = case
         where = f"D={head_dim} Sq={seqlen_q} page={page_size}: {result}"
+        assert result["loop_spills"] == 0, where
         assert result["spill_bytes"] <= BALANCED_SPILL_BYTES.get((triton_release(), case), 0), where
         assert result["cp_async"] and result["arrival_atomic"], where
         assert result["shared_bytes"] == result["default_shared_bytes"], where
