@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from common.contract.check import check_on_inputs
-from common.contract.inputs import make_inputs
+from common.contract.inputs import make_inputs, make_paged_kv
 from common.contract.problem import Problem
 from common.measure import flashinfer as baseline
 from tests._helpers import install_fake_package
 
 CUDA = torch.device("cuda")
-# A stand-in for FlashInfer's decode wrapper: the same call signatures, reading the HND pages through
-# the page table exactly as its kernels do, in torch on the CPU, with FlashInfer's log2 LSE. A row that
+# A stand-in for FlashInfer's decode wrapper: the same call signatures, reading the HND or NHD pages
+# through the page table exactly as its kernels do, in torch on the CPU, with FlashInfer's log2 LSE. A row that
 # sees no key comes out NaN (0/0), as nothing guarantees otherwise.
 STAND_IN = """
 import math
@@ -31,8 +31,8 @@ import torch
 
 class BatchDecodeWithPagedKVCacheWrapper:
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_tensor_cores=False):
-        assert kv_layout == "HND"
-        self.use_tensor_cores = use_tensor_cores
+        assert kv_layout in ("HND", "NHD")
+        self.use_tensor_cores, self.layout = use_tensor_cores, kv_layout
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
              q_data_type, kv_data_type, sm_scale, q_len_per_req=1):
@@ -42,6 +42,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     def run(self, q, paged_kv_cache, *, out=None, lse=None, return_lse=False):
         k_pages, v_pages = paged_kv_cache
+        if self.layout == "NHD":
+            k_pages, v_pages = k_pages.transpose(1, 2), v_pages.transpose(1, 2)
         kv_heads, page_size, head_dim = k_pages.shape[1:]
         group = q.shape[1] // kv_heads
         for b in range(len(self.last)):
@@ -180,18 +182,31 @@ def test_tensor_cores_for_large_groups_and_speculative_steps(kv_heads: int, seql
 def test_every_page_of_the_view_is_its_chunk_of_the_cache(seqlen_k: int, page_size: int) -> None:
     assert baseline.page_size_for(seqlen_k) == page_size
     cache = torch.randn(3, 2, seqlen_k, 8)
-    pages, first_pages = baseline.paged_view(cache, page_size)
+    pages, page_rows = baseline.paged_view(cache, page_size)
     assert pages.data_ptr() == cache.data_ptr() and pages.shape[1:] == (2, page_size, 8)
-    for b, first in enumerate(first_pages):
-        for c in range(seqlen_k // page_size):
-            assert torch.equal(pages[first + c], cache[b, :, c * page_size : (c + 1) * page_size])
+    assert page_rows.shape == (3, seqlen_k // page_size)
+    for b, row in enumerate(page_rows.tolist()):
+        for c, page in enumerate(row):
+            assert torch.equal(pages[page], cache[b, :, c * page_size : (c + 1) * page_size])
 
 
 def test_page_table_follows_each_length_and_gives_an_empty_sequence_one_key() -> None:
-    table = baseline.page_table([33, 0, 16], [0, 100, 200], 16)
+    rows = torch.tensor([[0, 1, 2, 3], [100, 101, 102, 103], [7, 5, 9, 200]])
+    table = baseline.page_table([33, 0, 16], rows, 16)
     assert table.indptr.tolist() == [0, 3, 4, 5]
-    assert table.indices.tolist() == [0, 1, 2, 100, 200]
+    assert table.indices.tolist() == [0, 1, 2, 100, 7]
     assert table.last_page_len.tolist() == [1, 1, 16]
+
+
+def test_a_paged_problem_reads_its_pools_as_nhd_pages_through_the_block_table() -> None:
+    problem = decode_problem(seqlen_k=64, has_cache_seqlens=True, page_size=16)
+    k, v = torch.randn(13, 16, 2, 64), torch.randn(13, 16, 2, 64)
+    block_table = torch.tensor([[3, 1, 4, 0], [5, 9, 2, 6], [12, 8, 7, 10]], dtype=torch.int32)
+    layout, page_size, k_pages, v_pages, page_rows = baseline.kv_pages(k, v, problem, block_table)
+    assert (layout, page_size) == ("NHD", 16)
+    assert k_pages is k and v_pages is v and torch.equal(page_rows, block_table)
+    with pytest.raises(ValueError, match="reads a paged KV cache, but block_table is None"):
+        baseline.kv_pages(k, v, problem, None)
 
 
 def test_a_sequence_shorter_than_sq_is_refused_with_the_reason() -> None:
@@ -218,33 +233,40 @@ def test_rows_without_keys() -> None:
 # ----------------------------------------------------------------------------------------------------
 # The plumbing against fp64 (the stand-in computes; bind does the rest) and planted bugs
 # ----------------------------------------------------------------------------------------------------
-# (kv_heads of 8 heads, Sq, Sk, lengths or None, return_lse): the CUDA-core and tensor-core paths, a
-# speculative step with sequences as short as it may be (``refuse_short_sequences``), an empty
-# sequence, lengths ending mid-page, and a
-# padded length that only pages of one key divide.
+# (kv_heads of 8 heads, Sq, Sk, lengths or None, return_lse, page_size): the CUDA-core and tensor-core
+# paths, a speculative step with sequences as short as it may be (``refuse_short_sequences``), an
+# empty sequence, lengths ending mid-page, a padded length that only pages of one key divide, and
+# paged pools read through a shuffled block table (an empty sequence among them).
 CASES = [
-    (8, 1, 48, None, True),
-    (2, 1, 300, (300, 0, 131), True),
-    (2, 3, 48, (48, 3, 4), True),
-    (1, 5, 77, (77, 40, 9), False),
+    (8, 1, 48, None, True, 0),
+    (2, 1, 300, (300, 0, 131), True, 0),
+    (2, 3, 48, (48, 3, 4), True, 0),
+    (1, 5, 77, (77, 40, 9), False, 0),
+    (2, 1, 64, (64, 0, 17), True, 16),
+    (8, 2, 96, (96, 33, 2), True, 32),
 ]
 
 
 def _check(case: tuple, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    kv_heads, seqlen_q, seqlen_k, lengths, return_lse = case
+    kv_heads, seqlen_q, seqlen_k, lengths, return_lse, page_size = case
     fake_package(tmp_path, STAND_IN, monkeypatch)
     problem = decode_problem(
         kv_heads=kv_heads, seqlen_q=seqlen_q, seqlen_k=seqlen_k, dtype=torch.float32,
-        has_cache_seqlens=lengths is not None, return_lse=return_lse,
+        has_cache_seqlens=lengths is not None, return_lse=return_lse, page_size=page_size,
     )  # fmt: skip
     q, k, v = make_inputs(problem, seed=3, device="cpu", offset=0.5)
     cache_seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32)
+    block_table = None
+    if problem.paged:
+        k, v, block_table = make_paged_kv(problem, k, v, seed=3)
     # bind as prepare: prepare's validation and capability check need a GPU.
     impl = dataclasses.replace(baseline.IMPLEMENTATION, prepare=baseline.bind)
-    return check_on_inputs(impl, q, k, v, problem, cache_seqlens=cache_seqlens)
+    return check_on_inputs(impl, q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"hkv{c[0]}-sq{c[1]}-sk{c[2]}-ragged{c[3] is not None}" for c in CASES])
+@pytest.mark.parametrize(
+    "case", CASES, ids=[f"hkv{c[0]}-sq{c[1]}-sk{c[2]}-ragged{c[3] is not None}-paged{c[5]}" for c in CASES]
+)
 def test_plumbing_against_fp64(case: tuple, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     result = _check(case, monkeypatch, tmp_path)
     assert result.ok, result.summary()
@@ -253,8 +275,8 @@ def test_plumbing_against_fp64(case: tuple, monkeypatch: pytest.MonkeyPatch, tmp
 PAGE_TABLE = baseline.page_table
 
 
-def _shifted_table(lengths, first_pages, page_size):
-    table = PAGE_TABLE(lengths, first_pages, page_size)
+def _shifted_table(lengths, page_rows, page_size):
+    table = PAGE_TABLE(lengths, page_rows, page_size)
     return dataclasses.replace(table, indices=table.indices + 1)
 
 
@@ -265,32 +287,53 @@ PLANTED = {
 }
 
 
+@pytest.mark.parametrize("case", [CASES[1], CASES[4]], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("bug", sorted(PLANTED))
-def test_planted_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_planted_bug_fails_the_check(bug: str, case: tuple, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     name, replacement = PLANTED[bug]
     monkeypatch.setattr(baseline, name, replacement)
-    result = _check(CASES[1], monkeypatch, tmp_path)
+    result = _check(case, monkeypatch, tmp_path)
     assert not result.ok, f"{bug}: the check passed ({result.summary()})"
     print(bug, result.summary())
+
+
+KV_PAGES = baseline.kv_pages
+
+
+def _pools_in_table_order(k, v, problem, block_table):
+    layout, page_size, k_pages, v_pages, page_rows = KV_PAGES(k, v, problem, block_table)
+    return layout, page_size, k_pages, v_pages, torch.arange(page_rows.numel()).view(page_rows.shape)
+
+
+def test_a_block_table_left_unread_fails_the_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(baseline, "kv_pages", _pools_in_table_order)
+    result = _check(CASES[4], monkeypatch, tmp_path)
+    assert not result.ok, f"the pools read in page order passed ({result.summary()})"
 
 
 # ----------------------------------------------------------------------------------------------------
 # GPU: the real FlashInfer against fp64 (skipped only where it is not installed)
 # ----------------------------------------------------------------------------------------------------
-# (dtype, head dim, kv_heads of 32, Sq, Sk, ragged): CUDA-core (group 1) and tensor-core (group 4)
-# decode, a single long sequence (split-KV), a speculative step, fp16 at D=64.
+# (dtype, head dim, kv_heads of 32, Sq, Sk, ragged, page_size): CUDA-core (group 1) and tensor-core
+# (group 4) decode, a single long sequence (split-KV), a speculative step, fp16 at D=64, and paged pools
+# (pages of 16 on both paths, 256 in a speculative step).
 GPU_CASES = [
-    (torch.bfloat16, 128, 8, 1, 4096, True),
-    (torch.bfloat16, 128, 32, 1, 4096, True),
-    (torch.bfloat16, 128, 8, 1, 32768, False),
-    (torch.bfloat16, 128, 8, 4, 4096, True),
-    (torch.float16, 64, 32, 1, 1000, True),
+    (torch.bfloat16, 128, 8, 1, 4096, True, 0),
+    (torch.bfloat16, 128, 32, 1, 4096, True, 0),
+    (torch.bfloat16, 128, 8, 1, 32768, False, 0),
+    (torch.bfloat16, 128, 8, 4, 4096, True, 0),
+    (torch.float16, 64, 32, 1, 1000, True, 0),
+    (torch.bfloat16, 128, 8, 1, 4096, True, 16),
+    (torch.bfloat16, 128, 32, 1, 32768, True, 16),
+    (torch.bfloat16, 128, 8, 4, 4096, True, 256),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "case", GPU_CASES, ids=[f"{str(c[0])[6:]}-d{c[1]}-hkv{c[2]}-sq{c[3]}-sk{c[4]}-ragged{c[5]}" for c in GPU_CASES]
+    "case",
+    GPU_CASES,
+    ids=[f"{str(c[0])[6:]}-d{c[1]}-hkv{c[2]}-sq{c[3]}-sk{c[4]}-ragged{c[5]}-paged{c[6]}" for c in GPU_CASES],
 )
 def test_gpu_flashinfer_against_fp64(case: tuple) -> None:
     if not torch.cuda.is_available():
@@ -298,11 +341,11 @@ def test_gpu_flashinfer_against_fp64(case: tuple) -> None:
     installed, reason = baseline.availability()
     if not installed:
         pytest.skip(reason)
-    dtype, head_dim, kv_heads, seqlen_q, seqlen_k, ragged = case
+    dtype, head_dim, kv_heads, seqlen_q, seqlen_k, ragged, page_size = case
     batch = 4 if ragged else 1
     problem = Problem(
         batch, 32, seqlen_q, seqlen_k, head_dim, dtype=dtype, causal=True, kv_heads=kv_heads,
-        causal_alignment="bottom_right", has_cache_seqlens=ragged, return_lse=True,
+        causal_alignment="bottom_right", has_cache_seqlens=ragged, return_lse=True, page_size=page_size,
     )  # fmt: skip
     ok, reason = baseline.supports(problem, CUDA)
     assert ok, reason
@@ -311,5 +354,8 @@ def test_gpu_flashinfer_against_fp64(case: tuple) -> None:
     shortest = (0, 2) if seqlen_q == 1 else (seqlen_q, seqlen_q + 1)
     lengths = torch.tensor([seqlen_k, shortest[0], seqlen_k // 3 + 1, shortest[1]], dtype=torch.int32, device="cuda")
     lengths = lengths if ragged else None
-    result = check_on_inputs(baseline.IMPLEMENTATION, q, k, v, problem, cache_seqlens=lengths)
+    block_table = None
+    if problem.paged:
+        k, v, block_table = make_paged_kv(problem, k, v, seed=5)
+    result = check_on_inputs(baseline.IMPLEMENTATION, q, k, v, problem, cache_seqlens=lengths, block_table=block_table)
     assert result.ok, f"{problem.describe()}: {result.summary()}"

@@ -8,30 +8,36 @@ every other row is unaffected (``bench/prepare_flashinfer.sh`` carries it to the
 ``bench/flashinfer_probe.sh`` says whether it can build there).
 
 The call: ``BatchDecodeWithPagedKVCacheWrapper`` (``plan`` once per bound call, ``run`` per step).
-  * Layout, zero-copy: the suite's contiguous cache (B, Hkv, Sk, D) is FlashInfer's "HND" paged
-    layout, pages of (Hkv, page_size, D). Page p starts ``p · page_size`` keys into head 0 of the
-    buffer and its heads lie ``Sk · D`` elements apart (FlashInfer reads the cache by its strides),
-    so sequence b's pages are ``b · Hkv · Sk / page_size + c`` for its c-th chunk of keys and the
-    pages tensor is an ``as_strided`` view of K (and of V). ``page_size`` is ``PAGE_SIZE`` (16, the
-    size engines use) or the largest divisor of Sk below it, so that page numbers are whole. (One
-    page of Sk keys per sequence would also be zero-copy, but FlashInfer splits a sequence's keys
-    across CTAs only at page boundaries: such a batch of one long sequence would run on Hkv CTAs.)
+  * Layout, zero-copy either way:
+    - a paged problem's pools (num_pages, page_size, Hkv, D) are FlashInfer's "NHD" layout as they
+      are (the suite's paged layout is FlashAttention's, which is FlashInfer's), and sequence b's pages
+      are its ``block_table`` row;
+    - the suite's contiguous cache (B, Hkv, Sk, D) is FlashInfer's "HND" paged layout, pages of (Hkv,
+      page_size, D). Page p starts ``p · page_size`` keys into head 0 of the buffer and its heads lie
+      ``Sk · D`` elements apart (FlashInfer reads the cache by its strides), so sequence b's pages are
+      ``b · Hkv · Sk / page_size + c`` for its c-th chunk of keys and the pages tensor is an
+      ``as_strided`` view of K (and of V). ``page_size`` is ``PAGE_SIZE`` (16, the size engines use)
+      or the largest divisor of Sk below it, so that page numbers are whole. (One page of Sk keys per
+      sequence would also be zero-copy, but FlashInfer splits a sequence's keys across CTAs only at
+      page boundaries: such a batch of one long sequence would run on Hkv CTAs.)
+    Both end in one (B, pages per sequence) table of page numbers, ``page_rows``.
   * GQA: FlashInfer's own (``num_qo_heads``, ``num_kv_heads``). Groups of ``TENSOR_CORE_MIN_GROUP``
     or more query heads per KV head, and Sq > 1, take its tensor-core path (``use_tensor_cores``,
     SGLang's rule), the others its CUDA-core decode kernel.
   * Per-sequence lengths: the page table (indptr, page indices, last page's length) is built on the
-    host from ``cache_seqlens`` in ``bind`` and planned there, as engines plan once per decode step
-    for all layers; ``run()`` launches only. A caller who changes the lengths in place must bind
-    again (``common.attention`` binds on every call). A sequence with no key is planned as one key
-    and its rows are then set to O = 0, LSE = -inf (the suite's convention), as are the rows of a
-    speculative step that see no key; these fixes run only when some row has no key.
+    host from ``cache_seqlens`` (and a paged problem's ``block_table``) in ``bind`` and planned there,
+    as engines plan once per decode step for all layers; ``run()`` launches only. A caller who changes
+    the lengths or the block table in place must bind again (``common.attention`` binds on every
+    call). A sequence with no key is planned as one key of its first page and its rows are then set
+    to O = 0, LSE = -inf (the suite's convention), as are the rows of a speculative step that see no
+    key; these fixes run only when some row has no key.
   * LSE: FlashInfer's is in base 2 (``m + log2(d)`` over log2-scaled scores); ``run()`` returns it
     times ln 2, laid out (B, H, Sq).
 
 Limits (the capability check): a CUDA GPU of compute capability 8.0 or newer; fp16 and bf16; head dim
 64, 128 or 256; Sq from 1 to ``MAX_SEQLEN_Q``; the causal mask aligned bottom-right (FlashInfer's
 convention: with Sq = 1 the token sees every key; Sq > 1 must be causal); GQA, ``cache_seqlens`` and
-the LSE. Not yet: the paged problems (a block table), which map to ``kv_layout="NHD"``.
+the LSE, paged KV caches (pages of 16 to 256 keys, the suite's range).
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from typing import Any
 
 import torch
 
-from common.contract.capability import BOTTOM_RIGHT, CACHE_SEQLENS, GQA, LSE, check_features
+from common.contract.capability import BOTTOM_RIGHT, CACHE_SEQLENS, GQA, LSE, PAGED_KV, check_features
 from common.contract.devices import lasting
 from common.contract.problem import Problem
 from common.contract.reference import sequence_lengths
@@ -62,8 +68,8 @@ DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (64, 128, 256)
 MIN_CAPABILITY = (8, 0)
 MAX_SEQLEN_Q = 16
-IMPLEMENTED = (GQA, BOTTOM_RIGHT, CACHE_SEQLENS, LSE)
-# Keys per page of the zero-copy view (or the largest divisor of Sk below it).
+IMPLEMENTED = (GQA, BOTTOM_RIGHT, CACHE_SEQLENS, LSE, PAGED_KV)
+# Keys per page of the contiguous cache's zero-copy view (or the largest divisor of Sk below it).
 PAGE_SIZE = 16
 # SGLang's rule: fp16/bf16 groups of 4 or more query heads per KV head decode on tensor cores.
 TENSOR_CORE_MIN_GROUP = 4
@@ -130,12 +136,13 @@ class PageTable:
     last_page_len: torch.Tensor
 
 
-def page_table(lengths: Sequence[int], first_pages: Sequence[int], page_size: int) -> PageTable:
-    """Consecutive pages from each sequence's first page, enough for its length; a sequence with no
-    key gets one page of one key (its rows are overwritten, see :func:`rows_without_keys`)."""
+def page_table(lengths: Sequence[int], page_rows: torch.Tensor, page_size: int) -> PageTable:
+    """Sequence b reads the first pages of ``page_rows[b]`` (host, (B, pages per sequence)), enough for
+    its length; a sequence with no key gets its first page, of one key (its rows are overwritten, see
+    :func:`rows_without_keys`)."""
     pages = [max(1, -(-length // page_size)) for length in lengths]
     indptr = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()], dtype=torch.int32)
-    indices = torch.cat([torch.arange(first, first + count) for first, count in zip(first_pages, pages, strict=True)])
+    indices = torch.cat([row[:count] for row, count in zip(page_rows, pages, strict=True)])
     last = [max(1, length - (count - 1) * page_size) for length, count in zip(lengths, pages, strict=True)]
     return PageTable(indptr, indices.to(torch.int32), torch.tensor(last, dtype=torch.int32))
 
@@ -153,9 +160,9 @@ def rows_without_keys(problem: Problem, lengths: Sequence[int]) -> torch.Tensor 
     return empty if bool(empty.any()) else None
 
 
-def paged_view(cache: torch.Tensor, page_size: int) -> tuple[torch.Tensor, list[int]]:
+def paged_view(cache: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The contiguous (B, Hkv, Sk, D) cache as FlashInfer's HND pages (num_pages, Hkv, page_size, D),
-    zero-copy, and the first page of each sequence (module docstring)."""
+    zero-copy, and each sequence's pages in order, (B, Sk / page_size) on the host (module docstring)."""
     batch, kv_heads, seqlen_k, head_dim = cache.shape
     if not cache.is_contiguous():
         raise ValueError(
@@ -164,11 +171,27 @@ def paged_view(cache: torch.Tensor, page_size: int) -> tuple[torch.Tensor, list[
     if seqlen_k % page_size:
         raise ValueError(f"{NAME}: page_size {page_size} must divide Sk={seqlen_k}")
     pages_per_head = seqlen_k // page_size
-    first_pages = [b * kv_heads * pages_per_head for b in range(batch)]
+    page_rows = torch.arange(batch)[:, None] * (kv_heads * pages_per_head) + torch.arange(pages_per_head)[None, :]
     # The last page of the last sequence's head 0 ends exactly where the buffer's last head begins.
-    num_pages = first_pages[-1] + pages_per_head
+    num_pages = int(page_rows[-1, -1]) + 1
     strides = (page_size * head_dim, seqlen_k * head_dim, head_dim, 1)
-    return cache.as_strided((num_pages, kv_heads, page_size, head_dim), strides), first_pages
+    return cache.as_strided((num_pages, kv_heads, page_size, head_dim), strides), page_rows
+
+
+def kv_pages(
+    k: torch.Tensor, v: torch.Tensor, problem: Problem, block_table: torch.Tensor | None
+) -> tuple[str, int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashInfer's layout name, page size, K and V pages and the (B, pages per sequence) host table of
+    each sequence's pages: a paged problem's pools and block table as they are, else the contiguous
+    cache's zero-copy view."""
+    if problem.paged:
+        if block_table is None:
+            raise ValueError(f"{problem.describe()} reads a paged KV cache, but block_table is None")
+        return "NHD", problem.page_size, k, v, block_table.cpu()
+    page_size = page_size_for(problem.seqlen_k)
+    k_pages, page_rows = paged_view(k.contiguous(), page_size)
+    v_pages, _ = paged_view(v.contiguous(), page_size)
+    return "HND", page_size, k_pages, v_pages, page_rows
 
 
 # ----------------------------------------------------------------------------------------------
@@ -200,22 +223,20 @@ def refuse_short_sequences(problem: Problem, lengths: Sequence[int]) -> None:
 
 
 def bind(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *,
+    cache_seqlens: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+) -> Runner:  # fmt: skip
     """Plan FlashInfer's decode for these tensors (page table on the host, its scheduler, JIT module)
     and return ``run()``, which launches it into the same O (and LSE) buffers every call."""
     module, reason = load_flashinfer()
     if module is None:
         raise RuntimeError(reason)
-    k, v = k.contiguous(), v.contiguous()
-    page_size = page_size_for(problem.seqlen_k)
-    k_pages, first_pages = paged_view(k, page_size)
-    v_pages, _ = paged_view(v, page_size)
+    layout, page_size, k_pages, v_pages, page_rows = kv_pages(k, v, problem, block_table)
     lengths = sequence_lengths(problem, cache_seqlens)
     refuse_short_sequences(problem, lengths)
-    table = page_table(lengths, first_pages, page_size)
+    table = page_table(lengths, page_rows, page_size)
     wrapper = getattr(module, WRAPPER)(
-        _workspace(q.device), kv_layout="HND", use_tensor_cores=uses_tensor_cores(problem)
+        _workspace(q.device), kv_layout=layout, use_tensor_cores=uses_tensor_cores(problem)
     )
     wrapper.plan(
         table.indptr, table.indices, table.last_page_len, problem.heads, problem.kv_heads, problem.head_dim,
@@ -250,15 +271,18 @@ def bind(
 
 
 def prepare(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *, cache_seqlens: torch.Tensor | None = None
-) -> Runner:
-    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D), plan (and JIT-compile, the first time for a
-    dtype and head dim) and launch once."""
-    checked = validate_for_problem(q, k, v, problem, cache_seqlens=cache_seqlens, dtypes=DTYPES, head_dims=HEAD_DIMS)
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *,
+    cache_seqlens: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+) -> Runner:  # fmt: skip
+    """Validate q (B, H, Sq, D), k and v (B, Hkv, Sk, D) or page pools with their ``block_table``, plan
+    (and JIT-compile, the first time for a dtype and head dim) and launch once."""
+    checked = validate_for_problem(
+        q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table, dtypes=DTYPES, head_dims=HEAD_DIMS
+    )
     ok, reason = supports(checked, q.device)
     if not ok:
         raise ValueError(reason)
-    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens), q.device)
+    return warmed_up(bind(q, k, v, checked, cache_seqlens=cache_seqlens, block_table=block_table), q.device)
 
 
 # ----------------------------------------------------------------------------------------------
