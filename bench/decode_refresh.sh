@@ -1,11 +1,8 @@
 #!/usr/bin/env bash
-# The decode rows at this tree in one device call (about 540 s; the limits sum to 545), for issues #38 and #39:
-#   1. bench.prepared_launch: triton_impl._host.DIRECT_LAUNCH off against on (triton/decode's and gluon/decode's
-#      launches after a bound call's first through the compiled kernel, not Triton's JIT) on the decode sweep's small
-#      caches, cute/decode and FlashInfer beside them ($OUT/launch/launch.md);
-#   2. `compare.py --decode` as a user runs it (every default row: the decode and hopper rungs, SDPA, FA4 and
+# The decode rows at this tree in one device call (about 300 s; the limits sum to 435), for issue #38:
+#   1. `compare.py --decode` as a user runs it (every default row: the decode and hopper rungs, SDPA, FA4 and
 #      FlashInfer, now on the paged row too), the README's decode table ($OUT/decode/);
-#   3. the GPU tests of every file that runs triton/decode, gluon/decode or FlashInfer (verbose, $OUT/pytest.log, so
+#   2. the GPU tests of every file that runs triton/decode, gluon/decode or FlashInfer (verbose, $OUT/pytest.log, so
 #      a cut run still names what passed).
 # Run from the project root after `bash .gpu/flashinfer/stash.sh` in a call just before (the CuTe DSL, FA4 and
 # FlashInfer together pass one call's 64 MiB): carry [".gpu/cutlass-dsl.tar.xz", ".gpu/activate.sh", ".gpu/fa4",
@@ -28,13 +25,10 @@ step() {  # step NAME LIMIT_S COMMAND...: one timed step, its output in $OUT/NAM
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || status=1
   echo "$name: $((SECONDS - begun)) s (limit $limit s)" >> "$OUT/times.txt"
 }
-step launch 110 python3 -m bench.prepared_launch --out "$OUT/launch"
 step decode 250 python3 compare.py --decode --out "$OUT/decode"
-step pytest 185 python3 -m pytest -v -m gpu -n 8 -p no:cacheprovider tests/test_prepared_launch.py \
-  tests/test_flashinfer_baseline.py tests/test_decode*.py tests/test_gluon_decode*.py tests/test_plan_cache.py \
-  tests/test_transformers_adapter.py
+step pytest 185 python3 -m pytest -v -m gpu -n 8 -p no:cacheprovider tests/test_flashinfer_baseline.py \
+  tests/test_decode*.py tests/test_gluon_decode*.py tests/test_plan_cache.py tests/test_transformers_adapter.py
 tail -3 "$OUT/pytest.log"
-cat "$OUT/launch/launch.md" 2>/dev/null
 tail -5 "$OUT/decode.log"
 cat "$OUT/times.txt"
 mkdir -p "$FINAL" && tar czf "$FINAL/decode_refresh.tgz" -C "$OUT" .

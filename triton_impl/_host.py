@@ -1,8 +1,7 @@
 """Host helpers shared by the Triton rungs: the entry every rung's ``prepare`` comes from
 (:class:`TritonEntry`: validate (:class:`TritonInputs`), plan, bind, warm up; its registry entry too), input validation,
-the common capability checks, the argument list of the kernels that take Q, K, V and O as strided
-pointers (``online`` to ``pipelined``), and :class:`PreparedLaunch`, a bound call's launch without the JIT's
-per-call work (the decode rungs, whose small steps are host time).
+the common capability checks, and the argument list of the kernels that take Q, K, V and O as strided
+pointers (``online`` to ``pipelined``).
 
 Those kernels share one calling convention: ``Q, K, V, Out, Lse, CacheSeqlens``, then (batch, head,
 row) strides of Q, K, V and O, then ``heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2``, and
@@ -15,7 +14,6 @@ agreement.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -23,7 +21,6 @@ from typing import Any
 
 import torch
 import triton
-from triton.compiler.compiler import CompiledKernel
 
 from common.contract.capability import FEATURES, check_features
 from common.contract.devices import (
@@ -48,10 +45,6 @@ POINTER_ALIGNED = ("Q", "K", "V", "Out", "Lse", *POINTER_STRIDES)
 
 
 Check = Callable[[Problem, torch.device], tuple[bool, str]]
-
-# PreparedLaunch's second and later calls launch the compiled kernel directly (False: every call through the
-# JIT, as a plain ``kernel[grid](...)``; the A/B of bench/prepared_launch.py).
-DIRECT_LAUNCH = True
 
 
 @dataclass(frozen=True)
@@ -219,45 +212,6 @@ def pointer_runner(
         return rung_result(out, lse)
 
     return run
-
-
-class PreparedLaunch:
-    """One kernel launch whose arguments a bound call fixes (its tensors, sizes and constexprs).
-
-    ``kernel[grid](*args, **options)`` costs host time at every call before anything reaches the GPU:
-    Triton's JIT binds the arguments to the signature, specialises each (a pointer's alignment, an
-    int's divisibility), hashes that into its cache key and looks the compiled kernel up. A bound call
-    passes the same arguments every time, so the answer never changes: the first call here goes through
-    the JIT (compiling, or finding the kernel in its cache) and keeps the ``CompiledKernel`` it returns;
-    later calls hand that kernel the same bound arguments (constexprs included, in signature order, as
-    the JIT does after its lookup) on the stream current at the call, so CUDA-graph capture sees the
-    same launch. The arguments are fixed objects: a tensor's contents (``cache_seqlens``, a block table)
-    may change between calls, its storage may not, as for any bound ``run()``. Under the Triton
-    interpreter there is no compiled kernel and every call goes through the JIT."""
-
-    def __init__(self, kernel: triton.JITFunction, grid: tuple[int, ...], args: tuple, options: dict[str, Any]):
-        self.kernel, self.grid, self.args, self.options = kernel, grid, args, options
-        self._launch: Callable[..., None] | None = None
-        self._arguments: tuple = ()
-
-    def __call__(self) -> None:
-        if self._launch is not None:
-            self._launch(*self._arguments)
-            return
-        compiled = self.kernel[self.grid](*self.args, **self.options)
-        if DIRECT_LAUNCH and isinstance(compiled, CompiledKernel):
-            self._arguments = bound_arguments(self.kernel, self.args, self.options)
-            self._launch = compiled[(*self.grid, 1, 1)[:3]]
-
-
-def bound_arguments(kernel: triton.JITFunction, args: tuple, options: dict[str, Any]) -> tuple:
-    """``kernel``'s arguments in signature order, defaults applied, as its JIT hands them to the compiled
-    kernel: ``options`` less the launch options (``num_warps``, ``num_stages``, ...), which are not parameters."""
-    signature = inspect.signature(kernel.fn)
-    parameters = signature.parameters
-    bound = signature.bind(*args, **{name: value for name, value in options.items() if name in parameters})
-    bound.apply_defaults()
-    return tuple(bound.arguments.values())
 
 
 def size_arguments(problem: Problem) -> tuple[int | float, ...]:

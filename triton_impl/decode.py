@@ -113,6 +113,7 @@ caches. Measured figures go to ``docs/perf-log.md`` and ``compare.py --decode``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -150,7 +151,6 @@ from triton_impl._device import (
 )
 from triton_impl._host import (
     POINTER_ALIGNED,
-    PreparedLaunch,
     TritonEntry,
     TritonInputs,
     allocate_lse,
@@ -618,7 +618,7 @@ def arrival_counters(device: torch.device, work_items: int) -> torch.Tensor:
 def merge_launch(
     problem: Problem, num_splits: int, out_partial: torch.Tensor, lse_partial: torch.Tensor, out: torch.Tensor,
     lse_arg: torch.Tensor | None,
-) -> PreparedLaunch:  # fmt: skip
+) -> Callable[[], None]:  # fmt: skip
     """The merge kernel's launch over the splits' partials into O (and the LSE), one program per packed
     M tile of triton/decode's. Shared with gluon/decode."""
     merge_sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, num_splits)
@@ -629,7 +629,10 @@ def merge_launch(
         "SPLITS_PER_STEP": _merge_step(problem), "num_warps": tile_config(problem).num_warps,
     }  # fmt: skip
 
-    return PreparedLaunch(_merge_kernel, merge_grid, merge_args, merge_options)
+    def merge() -> None:
+        _merge_kernel[merge_grid](*merge_args, **merge_options)
+
+    return merge
 
 
 def launch_arguments(
@@ -675,10 +678,8 @@ def bind(
     two_launch = num_splits > 1 and not fused
     merge = merge_launch(problem, num_splits, out_partial, lse_partial, out, lse_arg) if two_launch else None
 
-    split = PreparedLaunch(_split_kernel, split_grid, (*split_args, counters), split_options)
-
     def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        split()
+        _split_kernel[split_grid](*split_args, counters, **split_options)
         if merge is not None:
             merge()
         return rung_result(out, lse)
@@ -742,10 +743,8 @@ def bind_balanced(
     options = {**balanced_constexprs(problem, m_tile_major), **launch_options(problem)}
     counters = arrival_counters(q.device, balanced_counter_count(items, target + items, m_blocks))
 
-    launch = PreparedLaunch(_balanced_split_kernel, grid, (*args, counters, *sizes), options)
-
     def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        launch()
+        _balanced_split_kernel[grid](*args, counters, *sizes, **options)
         return rung_result(out, lse)
 
     run.num_splits = target

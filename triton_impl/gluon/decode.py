@@ -127,7 +127,6 @@ from common.toolchain.releases import triton_release
 from triton_impl import decode as triton_decode
 from triton_impl._host import (
     LOG2_E,
-    PreparedLaunch,
     allocate_lse,
     balanced_workspace,
     feature_buffers,
@@ -716,10 +715,8 @@ class GluonDecode:
         merge_args = (problem, num_splits, out_partial, lse_partial, self.out, lse_arg)
         self._merge = triton_decode.merge_launch(*merge_args) if two_launch else None
 
-        self._split = PreparedLaunch(_split_kernel, self.split_grid, self.split_args, self.split_options)
-
     def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        self._split()
+        _split_kernel[self.split_grid](*self.split_args, **self.split_options)
         if self._merge is not None:
             self._merge()
         return rung_result(self.out, self.lse)
