@@ -43,10 +43,12 @@ RUNG_MODULES = {
     "cute/decode": "cute_impl.decode",
 }
 DECODE_IMPLS = {impl.name: impl for impl in discover(include_baselines=False)[0] if impl.name in RUNG_MODULES}
-SWITCHES = ("SPLIT_CTAS_PER_SM", "SHORT_CACHE_ONE_SPLIT", "DEEP_RING", "SHORT_CACHE_TILE", "FEWER_WAVES")
+SWITCHES = (
+    "SPLIT_CTAS_PER_SM", "SHORT_CACHE_ONE_SPLIT", "DEEP_RING", "SHORT_CACHE_TILE", "FEWER_WAVES", "MANY_ITEMS_FULL_FIT",
+)  # fmt: skip
 SWITCHES_OFF = {
     "SPLIT_CTAS_PER_SM": 1, "SHORT_CACHE_ONE_SPLIT": False, "DEEP_RING": False, "SHORT_CACHE_TILE": False,
-    "FEWER_WAVES": False,
+    "FEWER_WAVES": False, "MANY_ITEMS_FULL_FIT": False,
 }  # fmt: skip
 # Each rung's switches as committed, read before any test turns them off.
 COMMITTED = {
@@ -161,6 +163,44 @@ def test_split_policy_rules_hold():
         splits.SplitPolicy(ctas_per_sm=0)
 
 
+def _full_fit_everywhere(problem: Problem, policy: splits.SplitPolicy) -> int:
+    """Planted: the full fit counted whatever the items (the 4-5 % loss of results/h200/decode-flashinfer-gap/)."""
+    slots = policy.past_wave_ctas_per_sm or policy.ctas_per_sm
+    return splits.planned_num_splits(problem, 1, CPU, splits.SplitPolicy(slots))
+
+
+def _past_wave_violations(plan: Callable[[Problem, splits.SplitPolicy], int]) -> list[str]:
+    """``past_wave_ctas_per_sm``: B=64 Hkv=8 (512 items past a wave of 264 two-slot CTAs) takes three splits
+    at three an SM, one at two; B=1 Hkv=8 128k, B=16 Hkv=4 and B=64 Hkv=4 (items within a wave) keep the two-slot
+    count."""
+    two, past_wave = splits.SplitPolicy(ctas_per_sm=2), splits.SplitPolicy(ctas_per_sm=2, past_wave_ctas_per_sm=3)
+    wrong = []
+    for seqlen_k in (4096, 32768):
+        if (got := (plan(_problem(64, 8, seqlen_k), two), plan(_problem(64, 8, seqlen_k), past_wave))) != (1, 3):
+            wrong.append(f"B=64 Hkv=8 Sk={seqlen_k}: {got} splits at two slots / past a wave, want (1, 3)")
+    for problem in (_problem(1, 8, 131072), _problem(16, 4, 11776), _problem(64, 4, 6912)):
+        if plan(problem, past_wave) != plan(problem, two):
+            wrong.append(f"{problem.describe()}: items within a wave, yet {plan(problem, past_wave)} splits")
+    return wrong
+
+
+def test_past_wave_slots_only_where_the_items_pass_a_wave():
+    assert _past_wave_violations(_planned) == []
+    assert _past_wave_violations(_full_fit_everywhere) != [], "the full fit counted everywhere passed"
+    with pytest.raises(ValueError, match="past_wave_ctas_per_sm"):
+        splits.SplitPolicy(past_wave_ctas_per_sm=-1)
+
+
+def test_triton_decode_counts_its_full_fit_past_a_wave(monkeypatch: pytest.MonkeyPatch):
+    assert COMMITTED["triton/decode"]["MANY_ITEMS_FULL_FIT"] is True, "on since the H200 A/B (decode-flashinfer-gap)"
+    monkeypatch.setattr(decode, "MANY_ITEMS_FULL_FIT", True)
+    monkeypatch.setattr(decode, "SPLIT_CTAS_PER_SM", 2)
+    problem = _problem(64, 8, 32768, group=4)
+    policy = decode.split_policy(problem)
+    assert (policy.ctas_per_sm, policy.past_wave_ctas_per_sm) == (2, 3)
+    assert splits.planned_num_splits(problem, decode.m_blocks_for(problem), CPU, policy) == 3
+
+
 def _policy_ignored(problem: Problem, policy: splits.SplitPolicy) -> int:
     """Planted: the rung's policy never reaches the rule."""
     return splits.planned_num_splits(problem, 1, CPU)
@@ -261,11 +301,11 @@ def test_planted_balanced_switch_bug_fails_its_rules(planted: Callable[..., bool
 
 
 def test_committed_switches_and_with_them_off_each_rung_asks_the_default_policy():
-    """The values the H200 A/Bs chose (results/h200/decode-floor5/, decode-fewpairs/); with every switch off
-    (the fixture) each rung asks the split rule as it was before the fifth stop."""
+    """The values the H200 A/Bs chose (results/h200/decode-floor5/, decode-fewpairs/, decode-flashinfer-gap/); with
+    every switch off (the fixture) each rung asks the split rule as it was before the fifth stop."""
     assert {name: COMMITTED[name] for name in RUNG_MODULES} == {
         "triton/decode": {"SPLIT_CTAS_PER_SM": 2, "SHORT_CACHE_ONE_SPLIT": False, "DEEP_RING": False,
-                          "SHORT_CACHE_TILE": False, "FEWER_WAVES": False},
+                          "SHORT_CACHE_TILE": False, "FEWER_WAVES": False, "MANY_ITEMS_FULL_FIT": True},
         "gluon/decode": {"SPLIT_CTAS_PER_SM": 2, "SHORT_CACHE_ONE_SPLIT": True, "SHORT_CACHE_TILE": True,
                          "FEWER_WAVES": True},
         "cute/decode": {"SPLIT_CTAS_PER_SM": 1, "SHORT_CACHE_ONE_SPLIT": False, "FEWER_WAVES": False},

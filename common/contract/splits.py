@@ -44,6 +44,14 @@ every switch, cute/decode none yet, ``results/h200/decode-floor5/``):
   while the slots of the short ones idle, where the rule's splits hand the batch to the balanced split (H200,
   seed 59's B=64 Hkv=4 6.9k paged ragged row: gluon/decode's one split 33 % of the read bandwidth, the other
   rungs' balanced split 48-51 %). With more items than slots the GPU's scheduler evens them out.
+* ``past_wave_ctas_per_sm`` (issue #38, 2026-12-01 sixth stop; 0: off): even work whose items alone pass a wave
+  of ``ctas_per_sm`` slots counts this many slots an SM instead, the CTAs the rung's tile really fits. There the
+  GPU places that many CTAs on an SM whatever the rule counts, so a count of fewer slots misreads the waves: B=64
+  Hkv=8 D=128 is 512 CTAs, 1.9 waves of two an SM (97 % busy by the count, one split) but 1.3 of the three that
+  fit, whose last wave leaves a third of the SMs idle; counting three takes three splits (3.9 waves). triton/decode
+  (``MANY_ITEMS_FULL_FIT``; H200, ``results/h200/decode-flashinfer-gap/``): 268.5 -> 250.5 us at 4k, 2135.7 ->
+  1883.2 at 32k, level with FlashInfer's; where the items fit a wave (B=1 128k, B=16 Hkv=4) the full fit counted
+  everywhere cost 4-5 %, so only past a wave.
 * ``fewer_waves`` (issue #38's seventh stop, off in every rung until ``bench/decode_fewpairs_ab.sh`` times it):
   even work whose rule count takes more than one wave of CTA slots takes the fewest waves that are still
   at least :data:`FEWER_WAVES_MIN_BUSY` busy (:func:`fewer_waves_splits`). The busy fraction alone cannot
@@ -211,10 +219,22 @@ class SplitPolicy:
     ctas_per_sm: int = 1
     short_one_split: bool = False
     fewer_waves: bool = False
+    past_wave_ctas_per_sm: int = 0
 
     def __post_init__(self) -> None:
         if self.ctas_per_sm < 1:
             raise ValueError(f"SplitPolicy.ctas_per_sm must be >= 1, got {self.ctas_per_sm}")
+        if self.past_wave_ctas_per_sm < 0:
+            raise ValueError(
+                f"SplitPolicy.past_wave_ctas_per_sm must be >= 0 (0: off), got {self.past_wave_ctas_per_sm}"
+            )
+
+    def slots_per_sm(self, ctas_per_split: int, sms: int) -> int:
+        """The CTA slots an SM the rule counts for even work: ``past_wave_ctas_per_sm`` where one split's CTAs
+        alone pass a wave of ``ctas_per_sm`` (module docstring), else ``ctas_per_sm``."""
+        if self.past_wave_ctas_per_sm and ctas_per_split > sms * self.ctas_per_sm:
+            return self.past_wave_ctas_per_sm
+        return self.ctas_per_sm
 
 
 DEFAULT_POLICY = SplitPolicy()
@@ -233,7 +253,7 @@ def planned_num_splits(
     short = problem.seqlen_k <= SHORT_CACHE_KEYS and ctas_per_split >= sms
     if policy.short_one_split and short and not one_wave_ragged:
         return 1
-    slots = sms if uneven else sms * policy.ctas_per_sm
+    slots = sms if uneven else sms * policy.slots_per_sm(ctas_per_split, sms)
     chosen = choose_num_splits(ctas_per_split, problem.seqlen_k, slots, uneven, problem.batch)
     if policy.fewer_waves and not uneven:
         return fewer_waves_splits(ctas_per_split, chosen, slots)
