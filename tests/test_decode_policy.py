@@ -199,6 +199,10 @@ def test_triton_decode_counts_its_full_fit_past_a_wave(monkeypatch: pytest.Monke
     policy = decode.split_policy(problem)
     assert (policy.ctas_per_sm, policy.past_wave_ctas_per_sm) == (2, 3)
     assert splits.planned_num_splits(problem, decode.m_blocks_for(problem), CPU, policy) == 3
+    # Seed 59's row 0: 32 packed rows, a tile of 184 registers that fits two an SM, not CTAS_PER_SM_FIT's three.
+    wide = _problem(32, 16, 3072, group=4, seqlen_q=8)
+    assert decode.block_m_for(wide) == 32 and decode.split_policy(wide).past_wave_ctas_per_sm == 0
+    assert splits.planned_num_splits(wide, decode.m_blocks_for(wide), CPU, decode.split_policy(wide)) == 1
 
 
 def _policy_ignored(problem: Problem, policy: splits.SplitPolicy) -> int:

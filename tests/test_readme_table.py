@@ -94,7 +94,7 @@ def test_table_has_a_column_per_stack_dashes_where_a_rung_is_absent_and_fa4_besi
         (impl, "ok", causal, 500.0)
         for impl in ("triton/hopper", "gluon/hopper", "cute/hopper", "cute/fp8", "sdpa/cudnn", "fa4/sm90")
         for causal in (False, True)
-    ]
+    ] + [("flashinfer/decode", "skipped", causal, float("nan")) for causal in (False, True)]
     _write_run(tmp_path / "canonical", "3.6.0", rows[:2])
     _write_run(tmp_path / "canonical-triton-3.9", "3.9.0", rows)
     shown = tmp_path / "canonical-triton-3.9"
@@ -104,6 +104,9 @@ def test_table_has_a_column_per_stack_dashes_where_a_rung_is_absent_and_fa4_besi
     assert "| hopper | 500 | 500 | 500 | 500 | 500 | 500 |" in table
     baselines = table[table.index("| baseline |") :].splitlines()
     assert [line.split("|")[1].strip() for line in baselines[2:4]] == ["sdpa/cudnn", "fa4/sm90"]
+    # A baseline with no passing row is named below the table, not a row of "skipped".
+    assert "| flashinfer/decode |" not in table
+    assert "Not run in this run: flashinfer/decode (skipped)." in table
     assert "bf16 GEMM 788 burst / 678 sustained, fp8 GEMM 1300 burst" in table
     # The other release is linked by its folder, its table not copied.
     assert f"Triton 3.6.0, CuTe DSL 4.8.1: `{tmp_path / 'canonical'}/`" in table

@@ -207,8 +207,10 @@ SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 2, False
 # Seventh stop's switch, off until bench/decode_fewpairs_ab.sh (``splits.SplitPolicy.fewer_waves``).
 FEWER_WAVES = False
 # ``splits.SplitPolicy.past_wave_ctas_per_sm`` at the tile's full fit: where the items alone pass a wave of
-# SPLIT_CTAS_PER_SM an SM, the rule counts the CTAs that really share an SM (H200, results/h200/decode-flashinfer-gap/:
-# B=64 Hkv=8 D=128 1 -> 3 splits, 4k 268.5 -> 250.5 us, 32k 2135.7 -> 1883.2).
+# SPLIT_CTAS_PER_SM an SM, the rule counts the CTAs that really share an SM, for tiles whose fit is known (a config's
+# own ctas_per_sm, or CTAS_PER_SM_FIT's FIT_BLOCK_M rows). H200 (results/h200/decode-full-fit/): B=64 Hkv=8 D=128 1 -> 3
+# splits, 4k 272.7 -> 255.3 us, 32k 2127.0 -> 1923.9, seed 31's row 1 661.8 -> 606.8; seed 59's row 0, a 32-row tile
+# that fits two, 194.4 -> 222.7 when counted at three (so not counted: its plan stays).
 MANY_ITEMS_FULL_FIT = True
 # The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
 MIN_ARRIVAL_COUNTERS = 1024
@@ -253,8 +255,9 @@ PAGED_SPAN_LOOKUP = True
 # Triton releases whose span builds spill (3.7.1, sm_90a: the D=64 split kernel in pages of 256 8 bytes, the D=256
 # wgmma tile's split kernel in pages of 64 304 against 192 per key; none under 3.6, 3.8, 3.9): the lookup per key there.
 PAGED_SPAN_SPILLS = ("3.7",)
-# Split-kernel CTAs an SM holds; DEEP_RING's depths; SHORT_CACHE_TILE's (D=128: 37 KB, 96 registers: 5 an SM).
-CTAS_PER_SM_FIT, DEEP_RING_STAGES = {64: 4, 128: 3, 256: 2}, {64: 6, 128: 5, 256: 5}
+# Split-kernel CTAs an SM holds at its 16-row tile (FIT_BLOCK_M; a 32-row tile at D=128 takes 184 registers, sm_90a,
+# Triton 3.6: two an SM); DEEP_RING's depths; SHORT_CACHE_TILE's (D=128: 37 KB, 96 registers: 5 an SM).
+CTAS_PER_SM_FIT, FIT_BLOCK_M, DEEP_RING_STAGES = {64: 4, 128: 3, 256: 2}, 16, {64: 6, 128: 5, 256: 5}
 SHORT_CACHE_CONFIGS = {128: TileConfig(32, 4, 3)}
 # Issue #38's packed rows: more than MAX_BLOCK_M packed rows at D <= 128 take one 128-row tile on 8 warps, so the
 # group's keys are loaded once a CTA, not once per 64 rows. Its 8 warps take 170-255 registers a thread (sm_90a):
@@ -343,8 +346,10 @@ def launch_options(problem: Problem, deep: bool = False) -> dict[str, int | None
 def split_policy(problem: Problem) -> splits.SplitPolicy:
     """This rung's ask of the split rule, from its fifth-stop switches (default: the rule as it was) and
     ``MANY_ITEMS_FULL_FIT`` (the tile's full fit counted where the items alone pass a wave)."""
-    fit = tile_config(problem).ctas_per_sm or CTAS_PER_SM_FIT[problem.head_dim]
-    past_wave = fit if MANY_ITEMS_FULL_FIT else 0
+    config = tile_config(problem)
+    fit = config.ctas_per_sm or CTAS_PER_SM_FIT[problem.head_dim]
+    known_fit = config.ctas_per_sm or block_m_for(problem) <= FIT_BLOCK_M
+    past_wave = fit if MANY_ITEMS_FULL_FIT and known_fit else 0
     return splits.SplitPolicy(min(SPLIT_CTAS_PER_SM, fit), SHORT_CACHE_ONE_SPLIT, FEWER_WAVES, past_wave)
 
 

@@ -49,9 +49,10 @@ every switch, cute/decode none yet, ``results/h200/decode-floor5/``):
   GPU places that many CTAs on an SM whatever the rule counts, so a count of fewer slots misreads the waves: B=64
   Hkv=8 D=128 is 512 CTAs, 1.9 waves of two an SM (97 % busy by the count, one split) but 1.3 of the three that
   fit, whose last wave leaves a third of the SMs idle; counting three takes three splits (3.9 waves). triton/decode
-  (``MANY_ITEMS_FULL_FIT``; H200, ``results/h200/decode-flashinfer-gap/``): 268.5 -> 250.5 us at 4k, 2135.7 ->
-  1883.2 at 32k, level with FlashInfer's; where the items fit a wave (B=1 128k, B=16 Hkv=4) the full fit counted
-  everywhere cost 4-5 %, so only past a wave.
+  (``MANY_ITEMS_FULL_FIT``; H200, ``results/h200/decode-flashinfer-gap/``, ``decode-full-fit/``): 268.5 -> 250.5 us
+  at 4k, 2135.7 -> 1883.2 at 32k, level with FlashInfer's; where the items fit a wave (B=1 128k, B=16 Hkv=4) the
+  full fit counted everywhere cost 4-5 %, so only past a wave; and only at a tile whose fit the rung knows (a
+  32-row tile counted at the 16-row tile's three: 1.15x the time).
 * ``fewer_waves`` (issue #38's seventh stop, off in every rung until ``bench/decode_fewpairs_ab.sh`` times it):
   even work whose rule count takes more than one wave of CTA slots takes the fewest waves that are still
   at least :data:`FEWER_WAVES_MIN_BUSY` busy (:func:`fewer_waves_splits`). The busy fraction alone cannot

@@ -81,12 +81,27 @@ def _variants(frame: pd.DataFrame) -> str:
 
 
 def _baselines(frame: pd.DataFrame) -> list[str]:
-    """SDPA backends and FlashAttention-4, in the registry's stack order."""
+    """SDPA backends and FlashAttention-4, in the registry's stack order; a baseline with no passing row in the
+    run (a decode-only one on the prefill problem, one not installed) is named below the table with its reason."""
     rank = {stack: index for index, stack in enumerate(baseline_stacks())}
-    rows = frame[frame["stack"].isin(rank)].drop_duplicates("impl")
-    ordered = sorted(rows["impl"], key=lambda impl: (rank[impl.split("/")[0]], impl))
+    rows = frame[frame["stack"].isin(rank)]
+    ordered = sorted(rows["impl"].drop_duplicates(), key=lambda impl: (rank[impl.split("/")[0]], impl))
+    passing = set(rows.loc[rows["status"] == "ok", "impl"])
     lines = ["| baseline | non-causal | causal |", "|---|---|---|"]
-    return lines + [f"| {impl} | {_speed(frame, impl, False)} | {_speed(frame, impl, True)} |" for impl in ordered]
+    lines += [
+        f"| {impl} | {_speed(frame, impl, False)} | {_speed(frame, impl, True)} |"
+        for impl in ordered
+        if impl in passing
+    ]
+    not_run = [f"{impl} ({_first_reason(rows, impl)})" for impl in ordered if impl not in passing]
+    return lines + (["", f"Not run in this run: {'; '.join(not_run)}."] if not_run else [])
+
+
+def _first_reason(rows: pd.DataFrame, impl: str) -> str:
+    """The first recorded reason of ``impl``'s rows, else their status."""
+    mine = rows[rows["impl"] == impl]
+    reasons = [str(reason) for reason in mine["reason"] if isinstance(reason, str) and reason]
+    return reasons[0] if reasons else str(mine["status"].iloc[0])
 
 
 def _peaks(env: dict) -> str:
