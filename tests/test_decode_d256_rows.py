@@ -168,7 +168,12 @@ PLANTED = {
 def test_planted_wgmma_d256_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
     """Each planted bug fails the fp64 check (poisoned output) of a case that passes unplanted."""
     _wgmma_d256(monkeypatch)
+    # The case's M tiles are the premise of the planted mappings (one 128-row tile would hide the first tile's rows
+    # bug): pinned here, as a CI run once saw that bug pass with the plan left to module state.
+    monkeypatch.setattr(decode, "WGMMA_D256_CONTIGUOUS_ALL_ROWS", True)
     name, replacement, case = PLANTED[bug]
+    problem = INTERPRETER_CASES[case][0]
+    assert _plan(problem)[:3] == (64, 4, -(-problem.kv_group * problem.seqlen_q // 64)), _plan(problem)
     monkeypatch.setattr(decode, name, replacement)
     result = _interpreter_check(*INTERPRETER_CASES[case])
     assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"
