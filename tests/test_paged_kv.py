@@ -370,7 +370,9 @@ TABLE_BUFFER_BYTES = 4096
 def paged_builds() -> dict[str, dict]:
     """Both stacks' paged build probes, ``triton`` (above) and ``gluon`` (below), in one child process without
     TRITON_INTERPRET: one import for the two tests (one pytest-xdist group); read one with ``child_result``."""
-    probes = {"triton": (_PAGED_BUILD_PROBE, []), "gluon": (_GLUON_PAGED_BUILD_PROBE, [])}
+    probes = {
+        "triton": (_PAGED_BUILD_PROBE, []), "gluon": (_GLUON_PAGED_BUILD_PROBE, []), "ahead": (_GLUON_AHEAD_PROBE, []),
+    }  # fmt: skip
     return scripts_in_one_child(probes, timeout=1800)
 
 
@@ -495,6 +497,48 @@ def test_gluon_paged_build_compiles_without_spills_on_the_contiguous_ring(paged_
             )
             assert shared == dense_shared, f"{name}: {shared} bytes of shared memory, contiguous {dense_shared}"
             assert copies > dense_copies if page_size < 64 else copies == dense_copies, f"{name}: {copies} copies"
+
+
+_GLUON_AHEAD_PROBE = """
+import json
+import torch
+from common.contract.problem import Problem
+from common.reporting.static import cubin_sass, sass_loops
+from triton_impl.gluon import decode
+problem = Problem(8, 32, 1, 32768, 64, dtype=torch.bfloat16, kv_heads=8, causal=True, causal_alignment="bottom_right",
+                  has_cache_seqlens=True, page_size=16)
+rows = {}
+for ahead in (False, True):
+    decode.PAGE_ENTRIES_AHEAD = ahead
+    (binary,) = decode.compile_sm90(problem)
+    loops = sorted(sass_loops(cubin_sass(binary.cubin)))
+    body = next(body for _, body in loops if any(op.startswith("HGMMA") for op in body))
+    mmas = [i for i, op in enumerate(body) if op.startswith("HGMMA")]
+    loads = [i for i, op in enumerate(body) if op.startswith("LDG")]
+    rows[str(ahead)] = {"first_mma": mmas[0], "last_mma": mmas[-1], "loads": loads}
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.static
+@pytest.mark.xdist_group("static-sm90")
+def test_gluon_loads_a_refills_table_entries_before_the_steps_wgmmas(paged_builds: dict[str, dict]):
+    """``PAGE_ENTRIES_AHEAD``: in the first key loop of the D=64 build in pages of 16 (four chunks a block), every
+    table load comes before the step's first wgmma; at the refill (the switch off, the planted form) after its
+    last. D=64 because the switch stays on there in every release (``PAGE_ENTRIES_AHEAD_SPILLS``)."""
+    assert 64 not in itertools.chain(*gluon_decode.PAGE_ENTRIES_AHEAD_SPILLS.values())
+    rows = child_result(paged_builds, "ahead")
+    ahead, at_refill = rows["True"], rows["False"]
+    assert len(ahead["loads"]) == len(at_refill["loads"]) == 4, rows
+    assert max(ahead["loads"]) < ahead["first_mma"], rows
+    assert min(at_refill["loads"]) > at_refill["last_mma"], rows
+
+
+def test_pages_ahead_only_where_paged_and_not_in_a_spilling_release(monkeypatch: pytest.MonkeyPatch):
+    problem = _gluon_problem(16, 1, 8, head_dim=64)
+    assert gluon_decode.pages_ahead(problem) and not gluon_decode.pages_ahead(problem.with_(page_size=0))
+    monkeypatch.setattr(gluon_decode, "PAGE_ENTRIES_AHEAD_SPILLS", {triton_release(): (64,)})
+    assert not gluon_decode.pages_ahead(problem)
 
 
 def _gluon_with_splits(num_splits: int | None) -> Implementation:

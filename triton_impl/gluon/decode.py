@@ -47,8 +47,11 @@ page_size (16 keys for vLLM's 16, or for 48), each chunk's page looked up in the
 landing in their place in the ring slot, which stays the contiguous build's: same tile, same wgmmas,
 same ring. Chunks need pages of a multiple of 16 keys (the capability check refuses other sizes). A
 chunk past the sequence's last key reads the sequence's last page in use, never a table entry past
-it (those may be anything). With ``page_size = 0`` the kernel is the contiguous one, instruction for
-instruction.
+it (those may be anything). A refill's table entries are loaded at the top of the step that ends in
+the refill (``PAGE_ENTRIES_AHEAD``), so that their latency passes under the step's wgmmas instead of
+delaying its copies. Each chunk's copy costs a CTA barrier: Triton's shared-memory barrier pass sees
+two copies into one ring slot as a write-after-write, not knowing that their rows differ. With
+``page_size = 0`` the kernel is the contiguous one, instruction for instruction.
 
 Why these choices:
   * wgmma rather than mma_v2 (m16): decoding is memory-bound, so the MMA only has to keep up. A
@@ -236,6 +239,13 @@ PACKED_OCCUPANCY, PACKED_CONFIGS = False, {64: DecodeConfig(64, 2, 4), 128: Deco
 SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES = 233472, 1024
 # Paged: the fewest key rows one TMA copy may take from a page (two 8-row swizzle atoms of the tile).
 MIN_PAGE_CHUNK = 16
+# Paged: a refill's table entries loaded at the top of the step that ends in it (True), their latency under its wgmmas,
+# or at the refill (False). H200, Triton 3.6 (results/h200/gluon-paged-ahead/): B=8 Hkv=8 32k D=128 in pages of 16
+# 324.2 -> 305.3 us, seed 89's row 1 291.9 -> 266.8, seed 59's row 1 154.1 -> 142.8; pages of 32 and 64 0.98-0.99x.
+PAGE_ENTRIES_AHEAD = True
+# Triton release -> head dims whose paged build spills more with the entries ahead (3.9, pages of 16: D=128 80 -> 168
+# bytes a thread, D=256 64 -> 136): loaded at the refill there.
+PAGE_ENTRIES_AHEAD_SPILLS = {"3.9": (128, 256)}
 
 
 def decode_config(problem: Problem) -> DecodeConfig:
@@ -299,6 +309,7 @@ class StepConstants(NamedTuple):
     NUM_STAGES: int
     CAUSAL: bool
     PAGE_SIZE: int  # keys per page of a paged cache, 0 for a contiguous one
+    PAGES_AHEAD: bool  # paged: a refill's table entries loaded at the top of its step (PAGE_ENTRIES_AHEAD)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -323,13 +334,30 @@ def _stage_packed_q(Q, q_smem, batch, kv_head, group, m_block, seqlen_q, q_strid
 
 
 @gluon.jit
-def _load_paged_kv_block(ring, keys, stage, start_n, PAGE_SIZE: gl.constexpr):
+def _block_pages(ring, keys, i, PAGE_SIZE: gl.constexpr):
+    """The pool page of each CHUNK-key chunk of the split's key block ``i`` (a tuple, one load each, all
+    in flight together): chunk c's first key j lies in page ``block_table_row[j // PAGE_SIZE]``. A chunk
+    past the sequence's last key reads its last page in use instead (the table's entries past it may be
+    anything), rows that the mask then hides."""
+    desc_k, _, k_ring, _, _, _ = ring
+    BLOCK_N: gl.constexpr = k_ring.shape[1]
+    CHUNK: gl.constexpr = desc_k.block_type.shape[2]
+    start_n = keys.key_begin + i * BLOCK_N
+    pages = ()
+    for c in gl.static_range(BLOCK_N // CHUNK):
+        entry = gl.minimum((start_n + c * CHUNK) // PAGE_SIZE, keys.last_page)
+        # Gluon's JIT has no starred tuple displays: the tuple grows by concatenation.
+        pages = pages + (gl.load(keys.block_table_row + entry),)  # noqa: RUF005
+    return pages
+
+
+@gluon.jit
+def _load_paged_kv_block(ring, keys, stage, start_n, pages, PAGE_SIZE: gl.constexpr):
     """PagedKV: K and V of the key block from ``start_n`` out of page pools, which the descriptors see
     as (num_pages, Hkv, page_size, D), into ring slot ``stage``, in chunks of CHUNK keys (the
-    descriptors' box) that each lie in one page: chunk c's keys start at page
-    ``block_table_row[j // PAGE_SIZE]``, slot ``j % PAGE_SIZE`` (j its first key), and land in rows
-    [c · CHUNK, (c + 1) · CHUNK) of the slot. A chunk past the sequence's last key reads its last page
-    in use instead (the table's entries past it may be anything), rows that the mask then hides."""
+    descriptors' box) that each lie in one page: chunk c's keys start at page ``pages[c]``
+    (:func:`_block_pages`), slot ``j % PAGE_SIZE`` (j its first key), and land in rows
+    [c · CHUNK, (c + 1) · CHUNK) of the slot."""
     desc_k, desc_v, k_ring, v_ring, k_ready, v_ready = ring
     BLOCK_N: gl.constexpr = k_ring.shape[1]
     CHUNK: gl.constexpr = desc_k.block_type.shape[2]
@@ -337,13 +365,6 @@ def _load_paged_kv_block(ring, keys, stage, start_n, PAGE_SIZE: gl.constexpr):
     mbarrier.expect(v_ready.index(stage), desc_v.block_type.nbytes * (BLOCK_N // CHUNK))
     k_box = _as_box(k_ring.index(stage))
     v_box = _as_box(v_ring.index(stage))
-    # Every chunk's table entry first, so that the loads are in flight together, then the copies.
-    pages = ()
-    for c in gl.static_range(BLOCK_N // CHUNK):
-        first_key = start_n + c * CHUNK
-        entry = gl.minimum(first_key // PAGE_SIZE, keys.last_page)
-        # Gluon's JIT has no starred tuple displays: the tuple grows by concatenation.
-        pages = pages + (gl.load(keys.block_table_row + entry),)  # noqa: RUF005
     for c in gl.static_range(BLOCK_N // CHUNK):
         coords = [pages[c], keys.kv_head, (start_n + c * CHUNK) % PAGE_SIZE, 0]
         _tma_load(desc_k, coords, k_ready.index(stage), k_box.slice(c * CHUNK, CHUNK, dim=2))
@@ -351,17 +372,19 @@ def _load_paged_kv_block(ring, keys, stage, start_n, PAGE_SIZE: gl.constexpr):
 
 
 @gluon.jit
-def _load_kv_block(ring, keys, i, NUM_STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr):
+def _load_kv_block(ring, keys, i, pages, NUM_STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr):
     """TMA K and V of the split's key block ``i`` (``keys``: :class:`SplitKeys`) into ring slot
     i % NUM_STAGES of ``ring`` (:class:`KVRing`); each copy completes its ready barrier with its byte
     count (a box past the padded cache is zero-filled and counted). ``PAGE_SIZE`` > 0: from page pools
-    (:func:`_load_paged_kv_block`)."""
+    (:func:`_load_paged_kv_block`), its chunks' ``pages`` already loaded, or () to load them here."""
     desc_k, desc_v, k_ring, v_ring, k_ready, v_ready = ring
     BLOCK_N: gl.constexpr = k_ring.shape[1]
     stage = i % NUM_STAGES
     start_n = keys.key_begin + i * BLOCK_N
     if PAGE_SIZE:
-        _load_paged_kv_block(ring, keys, stage, start_n, PAGE_SIZE)
+        if len(pages) == 0:
+            pages = _block_pages(ring, keys, i, PAGE_SIZE)
+        _load_paged_kv_block(ring, keys, stage, start_n, pages, PAGE_SIZE)
     else:
         mbarrier.expect(k_ready.index(stage), desc_k.block_type.nbytes)
         _tma_load(desc_k, [keys.batch, keys.kv_head, start_n, 0], k_ready.index(stage), _as_box(k_ring.index(stage)))
@@ -370,13 +393,13 @@ def _load_kv_block(ring, keys, i, NUM_STAGES: gl.constexpr, PAGE_SIZE: gl.conste
 
 
 @gluon.jit
-def _refill(ring, keys, i, NUM_STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr):
+def _refill(ring, keys, i, pages, NUM_STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr):
     """Block ``i`` into the slot that block i - NUM_STAGES has just left, if the split has it. The
     same warps read the slot (their wgmmas have retired) and issue the copy, so program order and one
     barrier over the warpgroup order the two: no empty barriers, as a load warp would need."""
     if i < keys.n_blocks:
         _partition_barrier()
-        _load_kv_block(ring, keys, i, NUM_STAGES, PAGE_SIZE)
+        _load_kv_block(ring, keys, i, pages, NUM_STAGES, PAGE_SIZE)
 
 
 @gluon.jit
@@ -392,6 +415,11 @@ def _decode_step(carry, i, step_args, constants: gl.constexpr, MASKED: gl.conste
     seqlen_k, causal_offset = seqlen
     BLOCK_N: gl.constexpr = k_ring.shape[1]
 
+    # Paged: the refill's table entries now, their latency under this step's wgmmas and softmax
+    # (loaded at the refill, each step waited for them before its copies could start).
+    pages = ()
+    if constants.PAGES_AHEAD:
+        pages = _block_pages(ring, keys, i - 1 + NUM_STAGES, constants.PAGE_SIZE)
     # O is the P V wgmma's accumulator: rescaled to the running maximum before it is issued.
     acc = online_softmax_rescale(acc, alpha)
     k_tile = _ready_tile(k_ring, k_ready, i, NUM_STAGES)
@@ -410,7 +438,7 @@ def _decode_step(carry, i, step_args, constants: gl.constexpr, MASKED: gl.conste
     # P_i's words are written after the wgmma reading P_(i-1)'s has retired (gluon/hopper: written
     # under a running wgmma, they made ptxas serialise every wgmma).
     P = _operand_p(P_f32, v_ring.dtype, p_layout)
-    _refill(ring, keys, i - 1 + NUM_STAGES, NUM_STAGES, constants.PAGE_SIZE)
+    _refill(ring, keys, i - 1 + NUM_STAGES, pages, NUM_STAGES, constants.PAGE_SIZE)
     return acc, P, alpha, row_max, row_sum
 
 
@@ -470,8 +498,9 @@ def _split_kernel(
     batch_size, target_shares, min_share_blocks, max_item_shares,
     CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, HAS_CACHE_SEQLENS: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, SPLIT: gl.constexpr,
-    PAGE_SIZE: gl.constexpr, FUSED_MERGE: gl.constexpr, SPLITS_PER_STEP: gl.constexpr, BALANCED: gl.constexpr,
-    BLOCK_B: gl.constexpr, M_TILE_MAJOR: gl.constexpr, MERGE_GROUP: gl.constexpr, num_warps: gl.constexpr,
+    PAGE_SIZE: gl.constexpr, PAGES_AHEAD: gl.constexpr, FUSED_MERGE: gl.constexpr, SPLITS_PER_STEP: gl.constexpr,
+    BALANCED: gl.constexpr, BLOCK_B: gl.constexpr, M_TILE_MAJOR: gl.constexpr, MERGE_GROUP: gl.constexpr,
+    num_warps: gl.constexpr,
 ):  # fmt: skip
     """K and V are (B, Hkv, Sk, D) caches, or (``PAGE_SIZE`` > 0) page pools (num_pages, page_size, Hkv,
     D) that ``desc_k`` / ``desc_v`` see as (num_pages, Hkv, page_size, D), with ``BlockTable`` the
@@ -549,7 +578,7 @@ def _split_kernel(
     # 3. Put the split's first NUM_STAGES key blocks in flight at once, before anything waits.
     for i in gl.static_range(NUM_STAGES):
         if i < n_blocks:
-            _load_kv_block(ring, keys, i, NUM_STAGES, PAGE_SIZE)
+            _load_kv_block(ring, keys, i, (), NUM_STAGES, PAGE_SIZE)
 
     # 4. The packed Q tile, by pointers, while the first copies fly.
     q_strides = (stride_qb, stride_qh, stride_qm)
@@ -563,7 +592,7 @@ def _split_kernel(
     row_sum = gl.zeros([BLOCK_M], gl.float32, s_rows)
     # What every key block shares, bound once: tensors in a tuple, layouts and flags in a constexpr one.
     step_args = (offs_m, (seqlen_k, causal_offset), softmax_scale_log2)
-    constants: gl.constexpr = StepConstants(s_layout, p_layout, NUM_STAGES, CAUSAL, PAGE_SIZE)
+    constants: gl.constexpr = StepConstants(s_layout, p_layout, NUM_STAGES, CAUSAL, PAGE_SIZE, PAGES_AHEAD)
     if n_blocks > 0:
         acc, row_max, row_sum = _attend_split(q_smem, ring, keys, n_unmasked, step_args, constants)
 
@@ -641,6 +670,13 @@ def balanced_stages(problem: Problem, device: torch.device, target: int) -> int:
     return balanced_ring_stages(problem, device, target, m_blocks_for(problem), slots, stages)
 
 
+def pages_ahead(problem: Problem) -> bool:
+    """Whether a paged problem's refills take table entries loaded a step ahead (``PAGE_ENTRIES_AHEAD``, but not
+    where that spills under this Triton release: ``PAGE_ENTRIES_AHEAD_SPILLS``)."""
+    spills = problem.head_dim in PAGE_ENTRIES_AHEAD_SPILLS.get(triton_release(), ())
+    return problem.paged and PAGE_ENTRIES_AHEAD and not spills
+
+
 def split_constexprs(
     problem: Problem, split: bool, balanced: bool = False, m_tile_major: bool = False, num_stages: int | None = None
 ) -> dict[str, int | bool | None]:
@@ -649,6 +685,7 @@ def split_constexprs(
     return {
         **feature_constexprs(problem), "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n,
         "NUM_STAGES": num_stages or config.num_stages, "SPLIT": split, "PAGE_SIZE": problem.page_size,
+        "PAGES_AHEAD": pages_ahead(problem),
         "FUSED_MERGE": split and triton_decode.FUSED_MERGE, "BALANCED": balanced,
         **balanced_constexprs(problem, balanced, m_tile_major),
         "SPLITS_PER_STEP": triton_decode.merge_splits_per_step(MERGE_ROWS.value, problem.head_dim, num_warps),
