@@ -166,6 +166,9 @@ class QuantiserConfig:
       ring's slot, so the ring needs no extra tile (a 3-stage K-only binary at D=128: 114,688 bytes, two programs an
       SM, against 147,456 and one). No effect without the tensor-core rotation or under the interpreter; not with
       ``tma`` (its wgmma already reads the copy where it landed).
+    * ``ptx_options``: extra ptxas flags (Triton's ``ptx_options``), e.g. ``--regAllocOptLevel=4`` where a release's
+      own ``--regAllocOptLevel=2`` (Triton 3.7 to 3.9) spills a build that fits its registers without it. Not under
+      the interpreter.
     """
 
     single_launch: bool = True
@@ -182,6 +185,7 @@ class QuantiserConfig:
     value_config: QuantiserConfig | None = None
     l2_prefetch: bool = False
     register_operand: bool = False
+    ptx_options: str | None = None
 
     def __post_init__(self) -> None:
         if self.tiles_per_program < 1 or self.num_stages < 1:
@@ -231,6 +235,7 @@ class QuantiserConfig:
             f"{schedule} {overlap} warps={self.num_warps or 'auto'} maxnreg={self.maxnreg or '-'} {self.division}"
             f"{' launch-dependents' if self.launch_dependents else ''}{' l2-prefetch' if self.l2_prefetch else ''}"
             f"{' register-operand' if self.register_operand else ''}"
+            f"{f' ptxas {self.ptx_options}' if self.ptx_options else ''}"
             f"{f' | V apart: {self.value_config.describe()}' if self.value_config else ''}"
         )
 
@@ -244,24 +249,28 @@ DEFAULT_CONFIG = PIPELINED_CONFIG
 # The next tile prefetched in registers under a 128-register cap keeps a load in flight while a tile is
 # computed (Triton 3.6 waits for the shared-memory pipeline's next tile at the top of each iteration):
 # 113.6 µs against PIPELINED_CONFIG's 137.6 at P1 on an H200 under Triton 3.6 (bench/fp8_quantiser.py --ab,
-# 2026-11-29, results/h200/fp8-quantiser-ab/). It spills under Triton 3.8 and 3.9 (16 bytes at D=64, 88 at
-# D=128, sm_90a) and under 3.6 at D=64 (8 bytes), for per-tensor scales at D=128 (16 bytes) and with the
-# butterfly rotation (384 bytes), so it is the default of block scales with the tensor-core rotation at D=128
-# under 3.6 only (tests/test_fp8_quantiser.py compiles every default build spill-free in each release's CI leg).
+# 2026-11-29, results/h200/fp8-quantiser-ab/). Under Triton 3.9 it is 78.3 µs against 135.5 for K and V
+# (cute/fp8's launch), 118.4 against 192.3 for Q, K and V (H200, 2026-12-01, results/h200/fp8-quantiser-3.9/):
+# PIPELINED_CONFIG's 2-stage ring takes 131,072 bytes of shared memory there, one program an SM. It spills at D=64
+# (8 bytes under 3.6 to 3.8), for per-tensor scales at D=128 (16 bytes) and with the butterfly rotation (384 bytes),
+# so it is the default of block scales with the tensor-core rotation at D=128 (tests/test_fp8_quantiser.py compiles
+# every default build spill-free in each release's CI leg).
 PREFETCH_CONFIG = QuantiserConfig(tiles_per_program=8, prefetch=True, maxnreg=128)
+# Triton release -> ptxas flags PREFETCH_CONFIG's D=128 build takes there: 3.9's own --regAllocOptLevel=2 spills it (88
+# bytes a thread, 112 of spill stores; 3.7 and 3.8 pass the same flag without a spill), level 4 assembles it
+# spill-free in 128 registers, as triton/hopper's and triton/fp8's release overrides do.
+PREFETCH_PTX_OPTIONS = {"3.9": "--regAllocOptLevel=4"}
+D128_CONFIG = replace(PREFETCH_CONFIG, ptx_options=PREFETCH_PTX_OPTIONS.get(triton_release()))
 # (head dim, quantisation name, rotation method, query) -> its configuration where it is not DEFAULT_CONFIG. query
 # False (K and V only, half of the tiles rotated) has its own key: bench/fp8_kv_quantiser_ab.sh times its candidates.
 # At D=64 the K/V launch (query False: cute/fp8) runs V apart with the register prefetch (4 warps, 128 registers,
 # four programs an SM), where the one launch's 2-stage ring reads V transposed by bank-conflicted 2-byte loads: 119.6
 # against 163.8 µs at B=4 H=32 S=8192, cute/fp8 end to end 2525.5 -> 2483.0 µs causal, 3950.8 -> 3912.3 not (H200,
-# Triton 3.6, results/h200/fp8-d64-kv-apart/). Under 3.8 V's binary spills 8 bytes, so 3.6 only.
+# Triton 3.6, results/h200/fp8-d64-kv-apart/). Under 3.7 and 3.8 V's binary spills 8 bytes (3.9: 184), so 3.6 only.
 D64_KV_CONFIG = replace(PIPELINED_CONFIG, value_config=PREFETCH_CONFIG)
-KIND_CONFIGS: dict[tuple[int, str, str, bool], QuantiserConfig] = (
-    {(128, *kind): PREFETCH_CONFIG for kind in product(("block+rotation", "block"), ("tensor_core",), (True, False))}
-    | {(64, "block+rotation", "tensor_core", False): D64_KV_CONFIG}
-    if triton_release() == "3.6"
-    else {}
-)
+KIND_CONFIGS: dict[tuple[int, str, str, bool], QuantiserConfig] = {
+    (128, *kind): D128_CONFIG for kind in product(("block+rotation", "block"), ("tensor_core",), (True, False))
+} | ({(64, "block+rotation", "tensor_core", False): D64_KV_CONFIG} if triton_release() == "3.6" else {})
 
 
 def default_config(
@@ -543,6 +552,8 @@ def _launch_options(
                "num_warps": config.num_warps or _num_warps(tile_rows, head_dim)}  # fmt: skip
     if config.maxnreg is not None:
         options["maxnreg"] = config.maxnreg
+    if config.ptx_options and not interpreted:
+        options["ptx_options"] = config.ptx_options
     return options
 
 
