@@ -20,7 +20,7 @@ import pandas as pd
 
 from common.contract.registry import DECODE_RUNGS, RUNGS
 from common.measure.results import baseline_stacks, ladder_stacks
-from common.reporting import context_parallel
+from common.reporting import context_parallel, decode_table
 from common.reporting.decode_table import DECODE_BEGIN, DECODE_END, DECODE_GLOB, column_order, decode_tables
 from common.reporting.generate_table import GENERATE_BEGIN, GENERATE_CSV, GENERATE_END, generate_table
 
@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # The prefill run of the toolchain a fresh `pip install` on the plain package index gets (the README's
 # "Tested versions": Triton 3.9, CuTe DSL 4.8.1). The runs of the other releases sit beside it.
 CANONICAL_DIR = ROOT / "results" / "h200" / "canonical-triton-3.9"
+# The default decode sweep the README shows (the prefill table's GPU); other committed decode runs are named by folder.
+DECODE_SHOWN = Path("results") / "h200" / "decode" / "decode.csv"
 README = ROOT / "README.md"
 LADDER_GUIDE = ROOT / "docs" / "ladder.md"
 # Every document that carries the results table between the markers.
@@ -262,10 +264,29 @@ def decode_pick(csv_path: Path, root: Path) -> str:
 
 
 def decode_block(root: Path) -> str:
-    """The decode pick sentence of every committed decode run, then their tables."""
-    runs = sorted(root.glob(DECODE_GLOB))
-    picks = [decode_pick(csv_path, root) for csv_path in runs]
-    return "\n\n".join([*picks, decode_tables(root)])
+    """The shown decode run's pick sentence and table (``DECODE_SHOWN``, the GPU of the prefill table), then the
+    other committed decode runs by folder with their GPU, Triton and commit; every run's, in path order, where the
+    shown one is not committed."""
+    shown = root / DECODE_SHOWN
+    if not shown.exists():
+        runs = sorted(root.glob(DECODE_GLOB))
+        return "\n\n".join([*(decode_pick(csv_path, root) for csv_path in runs), decode_tables(root)])
+    block = [decode_pick(shown, root), "\n".join(decode_table.run_table(shown, shown.parent / "env.json", root))]
+    others = [_decode_run_named(csv_path, root) for csv_path in sorted(root.glob(DECODE_GLOB)) if csv_path != shown]
+    if others:
+        block.append(
+            f"The same sweep on other GPUs or trees (each folder's `report*.md` holds its table): {'; '.join(others)}."
+        )
+    return "\n\n".join(block)
+
+
+def _decode_run_named(csv_path: Path, root: Path) -> str:
+    """'<GPU>, Triton <release>, commit <short>: `<folder>/`' of one committed decode run."""
+    env_path = csv_path.parent / "env.json"
+    env = json.loads(env_path.read_text()) if env_path.exists() else {}
+    commit = (env.get("git_commit") or "")[:7] or "?"
+    gpu, triton = env.get("gpu") or "unknown GPU", env.get("triton") or "?"
+    return f"{gpu}, Triton {triton}, commit {commit}: `{_shown(csv_path.parent, root)}/`"
 
 
 # ----------------------------------------------------------------------------------------------
