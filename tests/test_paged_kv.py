@@ -541,6 +541,16 @@ def test_pages_ahead_only_where_paged_and_not_in_a_spilling_release(monkeypatch:
     assert not gluon_decode.pages_ahead(problem)
 
 
+def test_pages_ahead_not_in_a_ring_whose_registers_set_its_ctas_an_sm(monkeypatch: pytest.MonkeyPatch):
+    """PACKED_CONFIGS' rings count their CTAs an SM by registers, which the entries held a step would take."""
+    monkeypatch.setattr(gluon_decode, "PACKED_OCCUPANCY", True)
+    packed = Problem(16, 128, 16, 4352, 64, dtype=torch.bfloat16, causal=True, kv_heads=32,
+                     causal_alignment="bottom_right", has_cache_seqlens=True, page_size=16)  # fmt: skip
+    assert gluon_decode.decode_config(packed).ctas_per_sm and not gluon_decode.pages_ahead(packed)
+    monkeypatch.setattr(gluon_decode, "PACKED_OCCUPANCY", False)
+    assert gluon_decode.pages_ahead(packed)
+
+
 def _gluon_with_splits(num_splits: int | None) -> Implementation:
     """gluon/decode with the split count forced."""
     if num_splits is None:

@@ -671,10 +671,12 @@ def balanced_stages(problem: Problem, device: torch.device, target: int) -> int:
 
 
 def pages_ahead(problem: Problem) -> bool:
-    """Whether a paged problem's refills take table entries loaded a step ahead (``PAGE_ENTRIES_AHEAD``, but not
-    where that spills under this Triton release: ``PAGE_ENTRIES_AHEAD_SPILLS``)."""
+    """Whether a paged problem's refills take table entries loaded a step ahead (``PAGE_ENTRIES_AHEAD``), but not
+    where that spills under this Triton release (``PAGE_ENTRIES_AHEAD_SPILLS``) nor in a ring whose CTAs an SM its
+    registers set (``DecodeConfig.ctas_per_sm``: PACKED_CONFIGS' D=64 build in pages of 16 takes 168 registers with
+    them under Triton 3.8, where four CTAs an SM need 128)."""
     spills = problem.head_dim in PAGE_ENTRIES_AHEAD_SPILLS.get(triton_release(), ())
-    return problem.paged and PAGE_ENTRIES_AHEAD and not spills
+    return problem.paged and PAGE_ENTRIES_AHEAD and not spills and not decode_config(problem).ctas_per_sm
 
 
 def split_constexprs(
