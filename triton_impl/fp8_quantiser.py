@@ -232,10 +232,10 @@ class QuantiserConfig:
         )
         return (
             f"{'1 launch' if self.single_launch else '3 launches'}{' interleaved' if self.interleave else ''} "
-            f"{schedule} {overlap} warps={self.num_warps or 'auto'} maxnreg={self.maxnreg or '-'} {self.division}"
+            f"{schedule} {overlap} warps={self.num_warps or 'auto'} maxnreg={self.maxnreg or '-'}"
+            f"{f' ptxas {self.ptx_options}' if self.ptx_options else ''} {self.division}"
             f"{' launch-dependents' if self.launch_dependents else ''}{' l2-prefetch' if self.l2_prefetch else ''}"
             f"{' register-operand' if self.register_operand else ''}"
-            f"{f' ptxas {self.ptx_options}' if self.ptx_options else ''}"
             f"{f' | V apart: {self.value_config.describe()}' if self.value_config else ''}"
         )
 
