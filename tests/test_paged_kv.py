@@ -634,6 +634,108 @@ def test_gpu_planted_gluon_paging_bug_fails_the_check(page_size: int, bug: str):
     assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"
 
 
+# gluon/decode's load warp (PAGED_LOAD_WARP, off by default), where it engages: pages smaller than a key block in a
+# ring one CTA an SM holds, so caches past the short-cache ring's 8k keys. (page size, Sq, kv_heads of 32, forced
+# splits or the rule, head dim): vLLM's 16 with the rule (many laps of the ring in each split) and with 3 splits, 48
+# (chunks of 16, blocks starting mid-page) with speculative Sq 4, 32 at D=256 (64-key blocks).
+LOAD_WARP_CASES = [(16, 1, 8, None, 128), (16, 2, 8, 3, 128), (48, 4, 8, 3, 128), (32, 1, 8, None, 256)]
+
+
+def _load_warp_problem(page_size: int, seqlen_q: int, kv_heads: int, head_dim: int) -> Problem:
+    """Two sequences of a capacity of about 32k keys in whole pages."""
+    problem = _gluon_problem(page_size, seqlen_q, kv_heads, head_dim)
+    return problem.with_(batch=2, seqlen_k=32768 // page_size * page_size)
+
+
+@pytest.fixture
+def load_warp(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gluon_decode, "PAGED_LOAD_WARP", True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case", LOAD_WARP_CASES, ids=[f"page{p}-sq{q}-hkv{h}-splits{s}-d{d}" for p, q, h, s, d in LOAD_WARP_CASES]
+)
+def test_gpu_gluon_load_warp_paged_decode_bf16(case: tuple[int, int, int, int | None, int], load_warp: None):
+    page_size, seqlen_q, kv_heads, num_splits, head_dim = case
+    problem = _load_warp_problem(page_size, seqlen_q, kv_heads, head_dim)
+    assert gluon_decode.load_warp(problem), problem.describe()
+    q, _, (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=page_size + seqlen_q, device="cuda")
+    impl = _gluon_with_splits(num_splits)
+    result = check_on_inputs(impl, q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table)
+    assert result.ok, f"{problem.describe()} splits={num_splits}: {result.summary()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 48])
+def test_gpu_gluon_load_warp_output_equals_its_contiguous_output_bit_for_bit(page_size: int, load_warp: None):
+    _assert_paged_equals_contiguous(gluon_decode.decode_attention, _load_warp_problem(page_size, 2, 8, 128), seed=13)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bug", sorted(GLUON_PLANTED))
+def test_gpu_planted_load_warp_paging_bug_fails_the_check(bug: str, load_warp: None):
+    problem = _load_warp_problem(16, 1, 8, 128)  # passes unplanted: test_gpu_gluon_load_warp_paged_decode_bf16
+    q, _, (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=17, device="cuda")
+
+    def planted_prepare(q, k, v, problem, *, cache_seqlens=None, block_table=None):
+        k, v, block_table = GLUON_PLANTED[bug](k, v, block_table)
+        return gluon_decode.decode_attention(q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table)
+
+    impl = dataclasses.replace(gluon_decode.IMPLEMENTATION, prepare=planted_prepare)
+    result = check_on_inputs(impl, q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table)
+    assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"
+
+
+def test_load_warp_engages_only_where_one_cta_holds_an_sm(load_warp: None):
+    """The rule: every LOAD_WARP_CASES problem takes the load warp; the same pages on an 8k cache (the short-cache
+    ring, two CTAs an SM) and pages of a whole block do not, nor anything with the switch off."""
+    for page, seqlen_q, kv_heads, _, head_dim in LOAD_WARP_CASES:
+        assert gluon_decode.load_warp(_load_warp_problem(page, seqlen_q, kv_heads, head_dim))
+    assert not gluon_decode.load_warp(_gluon_problem(16, 1, 8, 128))
+    assert not gluon_decode.load_warp(_load_warp_problem(128, 1, 8, 128))
+    gluon_decode.PAGED_LOAD_WARP = False
+    assert not gluon_decode.load_warp(_load_warp_problem(16, 1, 8, 128))
+
+
+_LOAD_WARP_PROBE = """
+import json
+import torch
+from common.contract.problem import Problem
+from common.reporting.static import cubin_resources, cubin_sass, sass_loops
+from triton_impl.gluon import decode
+rows = {}
+problem = Problem(8, 32, 1, 32768, 128, dtype=torch.bfloat16, kv_heads=8, causal=True,
+                  causal_alignment="bottom_right", has_cache_seqlens=True, page_size=16)
+for load_warp in (False, True):
+    decode.PAGED_LOAD_WARP = load_warp
+    (binary,) = decode.compile_sm90(problem)
+    usage = next(iter(cubin_resources(binary.cubin).values()))
+    loops = [body for _, body in sass_loops(cubin_sass(binary.cubin))]
+    count = lambda body, prefix: sum(op.startswith(prefix) for op in body)
+    wgmma_loops = [body for body in loops if count(body, "HGMMA")]
+    rows[str(load_warp)] = {
+        "spills": usage["stack_bytes"] + usage["local_bytes"],
+        "wgmma_loop_copies": sum(count(body, "UTMALDG") for body in wgmma_loops),
+        "wgmma_loop_barriers": max(count(body, "BAR.SYNC") for body in wgmma_loops),
+        "copy_loops": sum(1 for body in loops if count(body, "UTMALDG") and not count(body, "HGMMA")),
+    }
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.static
+def test_gluon_load_warp_takes_the_copies_and_their_barriers_out_of_the_key_loop():
+    """PAGED_LOAD_WARP's build in pages of 16 (D=128): spill-free, no TMA copy in the wgmma loops and fewer CTA
+    barriers there than the build whose warpgroup copies (one barrier a chunk), the copies in loops of their own."""
+    from tests._helpers import json_from_child
+
+    rows = json_from_child(["-c", _LOAD_WARP_PROBE], timeout=1200)
+    own, warp = rows["False"], rows["True"]
+    assert warp["spills"] == 0 and warp["wgmma_loop_copies"] == 0 and warp["copy_loops"] > 0, warp
+    assert own["wgmma_loop_copies"] > 0 and warp["wgmma_loop_barriers"] < own["wgmma_loop_barriers"], (own, warp)
+
+
 # ----------------------------------------------------------------------------------------------------
 # GPU: bf16 at decode sizes
 # ----------------------------------------------------------------------------------------------------

@@ -172,6 +172,7 @@ from triton_impl.gluon._device import (
 )
 from triton_impl.gluon._host import (
     GLUON_DTYPES,
+    LOAD_WARPS,
     compile_gluon_sm90,
     descriptor,
     descriptor_type,
@@ -246,6 +247,11 @@ PAGE_ENTRIES_AHEAD = True
 # Triton release -> head dims whose paged build spills more with the entries ahead (3.9, pages of 16: D=128 80 -> 168
 # bytes a thread, D=256 64 -> 136): loaded at the refill there.
 PAGE_ENTRIES_AHEAD_SPILLS = {"3.9": (128, 256)}
+# Paged with pages smaller than a key block: one warp of its own (PAGED_LOAD_REGISTERS a thread) issues every
+# chunk's copy, each block's as the warpgroup frees its slot (an empty barrier a slot), so the barrier pass's barriers
+# between two copies into one slot span that warp instead of the warpgroup, and the table's latency is that warp's.
+# Untimed: off.
+PAGED_LOAD_WARP, PAGED_LOAD_REGISTERS = False, gl.constexpr(48)
 
 
 def decode_config(problem: Problem) -> DecodeConfig:
@@ -310,6 +316,20 @@ class StepConstants(NamedTuple):
     CAUSAL: bool
     PAGE_SIZE: int  # keys per page of a paged cache, 0 for a contiguous one
     PAGES_AHEAD: bool  # paged: a refill's table entries loaded at the top of its step (PAGE_ENTRIES_AHEAD)
+    LOAD_WARP: bool  # paged: a warp of its own copies K and V (PAGED_LOAD_WARP); the warpgroup frees each slot
+
+
+class OutputConstants(NamedTuple):
+    """How the split's O and LSE leave the CTA, at compile time (the kernel's flags of the same names)."""
+
+    RETURN_LSE: bool
+    BALANCED: bool
+    SPLIT: bool
+    FUSED_MERGE: bool
+    SPLITS_PER_STEP: int
+    M_TILE_MAJOR: bool
+    MERGE_GROUP: int
+    num_warps: int
 
 
 # ----------------------------------------------------------------------------------------------
@@ -407,7 +427,7 @@ def _decode_step(carry, i, step_args, constants: gl.constexpr, MASKED: gl.conste
     """Key block i ≥ 1 of the split: issue S_i = Q K_iᵀ and O += P_(i-1) V_(i-1), run the softmax of
     S_i while that P V runs, then refill the slot of block i - 1 with block i - 1 + NUM_STAGES."""
     acc, P, alpha, row_max, row_sum = carry
-    q_smem, ring, keys, offs_m, seqlen, softmax_scale_log2 = step_args
+    q_smem, ring, keys, offs_m, seqlen, softmax_scale_log2, empty = step_args
     s_layout: gl.constexpr = constants.s_layout
     p_layout: gl.constexpr = constants.p_layout
     NUM_STAGES: gl.constexpr = constants.NUM_STAGES
@@ -438,14 +458,19 @@ def _decode_step(carry, i, step_args, constants: gl.constexpr, MASKED: gl.conste
     # P_i's words are written after the wgmma reading P_(i-1)'s has retired (gluon/hopper: written
     # under a running wgmma, they made ptxas serialise every wgmma).
     P = _operand_p(P_f32, v_ring.dtype, p_layout)
-    _refill(ring, keys, i - 1 + NUM_STAGES, pages, NUM_STAGES, constants.PAGE_SIZE)
+    if constants.LOAD_WARP:
+        # Block i - 1's slot is free (S_(i-1) and P V_(i-1) have retired): the load warp may refill it.
+        mbarrier.arrive(empty.index((i - 1) % NUM_STAGES))
+    else:
+        _refill(ring, keys, i - 1 + NUM_STAGES, pages, NUM_STAGES, constants.PAGE_SIZE)
     return acc, P, alpha, row_max, row_sum
 
 
 @gluon.jit
-def _attend_split(q_smem, ring, keys, n_unmasked, step_args, constants: gl.constexpr):
+def _attend_split(q_smem, ring, keys, empty, n_unmasked, step_args, constants: gl.constexpr):
     """Fold the split's key blocks (at least one) into ``(acc, row_max, row_sum)`` of the M tile.
-    ``step_args``: the packed rows' tokens (``offs_m``), ``(seqlen_k, causal_offset)`` and the scale."""
+    ``step_args``: the packed rows' tokens (``offs_m``), ``(seqlen_k, causal_offset)`` and the scale.
+    ``empty``: the slots' empty barriers where a load warp refills them (``constants.LOAD_WARP``), else None."""
     s_layout: gl.constexpr = constants.s_layout
     p_layout: gl.constexpr = constants.p_layout
     o_layout: gl.constexpr = p_layout.parent
@@ -472,7 +497,7 @@ def _attend_split(q_smem, ring, keys, n_unmasked, step_args, constants: gl.const
 
     # Blocks every row sees in full need no mask; then the sequence tail and the causal diagonal.
     carry = (acc, P, alpha, row_max, row_sum)
-    step_args = (q_smem, ring, keys, offs_m, seqlen, softmax_scale_log2)
+    step_args = (q_smem, ring, keys, offs_m, seqlen, softmax_scale_log2, empty)
     for i in range(1, n_unmasked):
         carry = _decode_step(carry, i, step_args, constants, MASKED=False)
     for i in range(gl.maximum(n_unmasked, 1), keys.n_blocks):
@@ -484,6 +509,79 @@ def _attend_split(q_smem, ring, keys, n_unmasked, step_args, constants: gl.const
     v_tile = _ready_tile(v_ring, v_ready, keys.n_blocks - 1, NUM_STAGES)
     acc = warpgroup_mma_wait(0, deps=[_values_product(P, v_tile, acc, p_layout)])
     return acc, row_max, row_sum
+
+
+@gluon.jit
+def _paged_load_partition(ring, keys, empty, NUM_STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """PAGED_LOAD_WARP: the split's key blocks, each into its ring slot once the warpgroup has freed it (the empty
+    barrier's phase of the slot's lap; a fresh barrier counts as having completed the phase before phase 0, so the
+    first lap passes at once). A block's table entries are loaded before the wait, their latency under it. The
+    chunks' copies are this warp's alone: the barrier pass's barriers between them span one warp."""
+    for i in range(keys.n_blocks):
+        pages = _block_pages(ring, keys, i, PAGE_SIZE)
+        mbarrier.wait(empty.index(i % NUM_STAGES), ((i // NUM_STAGES) & 1) ^ 1)
+        _load_kv_block(ring, keys, i, pages, NUM_STAGES, PAGE_SIZE)
+
+
+@gluon.jit
+def _split_consumer(operands, work, constants: gl.constexpr, flags: gl.constexpr):
+    """Steps 4 to 7 of ``_split_kernel`` in the warpgroup: the packed Q tile, the split's key blocks, its O and LSE
+    (or partials) and the merge. ``operands``: Q and its strides, the Q tile, the ring, the split's keys, the
+    empty barriers (None without a load warp), the outputs and the split workspace; ``work``: the tile, the
+    split's unmasked blocks, the lengths and scale, and ``shares``: (share, split, num_splits, has_work) of a
+    balanced split, else ((batch, KV head) item of the grid, split, num_splits, True)."""
+    Q, q_strides, q_smem, ring, keys, empty, outputs, workspace = operands
+    tile, n_unmasked, seqlen, softmax_scale_log2, shares = work
+    batch, kv_head, group, heads, seqlen_q, m_block = tile
+    s_layout: gl.constexpr = constants.s_layout
+    o_layout: gl.constexpr = constants.p_layout.parent
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    HEAD_DIM: gl.constexpr = q_smem.shape[1]
+    num_warps: gl.constexpr = flags.num_warps
+
+    # 4. The packed Q tile, by pointers, while the first copies fly.
+    _stage_packed_q(Q, q_smem, batch, kv_head, group, m_block, seqlen_q, q_strides, num_warps)
+
+    # 5. The split's key blocks; a split with no key keeps O = 0, row_sum = 0 (LSE -inf).
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    _, offs_m, _ = _packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M, s_rows)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    row_max = gl.full([BLOCK_M], float("-inf"), gl.float32, s_rows)
+    row_sum = gl.zeros([BLOCK_M], gl.float32, s_rows)
+    # What every key block shares, bound once: tensors in a tuple, layouts and flags in a constexpr one.
+    step_args = (offs_m, seqlen, softmax_scale_log2)
+    if keys.n_blocks > 0:
+        acc, row_max, row_sum = _attend_split(q_smem, ring, keys, empty, n_unmasked, step_args, constants)
+
+    # 6. This split's O and natural-log LSE, stored from wgmma's accumulator layout. The partials
+    # are (num_splits, B, H, Sq, D) and (num_splits, B, H, Sq), contiguous.
+    out, lse = online_softmax_finalize(acc, row_max, row_sum)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    head, token, row_ok = _packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M, o_rows)
+    lse = gl.convert_layout(lse, o_rows)
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    row = (batch.to(gl.int64) * heads + head) * seqlen_q + token
+    OutPartial, LsePartial, Counters = workspace
+    if flags.BALANCED:
+        # 7'. O, or the partials in the share's slab and the item's merge (``_decode_balanced.py``).
+        _store_balanced(
+            workspace, outputs, tile, shares, (head, token, row, row_ok, offs_d), out, lse, BLOCK_M, HEAD_DIM,
+            flags.SPLITS_PER_STEP, flags.RETURN_LSE, flags.M_TILE_MAJOR, num_warps, flags.MERGE_GROUP,
+        )  # fmt: skip
+    elif flags.SPLIT:
+        _, split, num_splits, _ = shares
+        rows = gl.num_programs(2).to(gl.int64) * group * seqlen_q
+        _store_partials(OutPartial, LsePartial, split * rows + row, out, lse, row_ok, offs_d)
+        # 7. Fused merge: the tile's last split to finish merges all of them.
+        if flags.FUSED_MERGE:
+            work_item = shares[0] * gl.num_programs(1) + m_block
+            if _last_to_arrive(Counters + work_item, num_splits):
+                partials = (OutPartial, LsePartial, rows, num_splits)
+                _merge_tile(
+                    partials, outputs, tile, BLOCK_M, HEAD_DIM, flags.SPLITS_PER_STEP, flags.RETURN_LSE, num_warps
+                )
+    else:
+        _store_output(outputs, batch, head, token, row, row_ok, offs_d, out, lse, flags.RETURN_LSE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -498,9 +596,9 @@ def _split_kernel(
     batch_size, target_shares, min_share_blocks, max_item_shares,
     CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, HAS_CACHE_SEQLENS: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, SPLIT: gl.constexpr,
-    PAGE_SIZE: gl.constexpr, PAGES_AHEAD: gl.constexpr, FUSED_MERGE: gl.constexpr, SPLITS_PER_STEP: gl.constexpr,
-    BALANCED: gl.constexpr, BLOCK_B: gl.constexpr, M_TILE_MAJOR: gl.constexpr, MERGE_GROUP: gl.constexpr,
-    num_warps: gl.constexpr,
+    PAGE_SIZE: gl.constexpr, PAGES_AHEAD: gl.constexpr, LOAD_WARP: gl.constexpr, FUSED_MERGE: gl.constexpr,
+    SPLITS_PER_STEP: gl.constexpr, BALANCED: gl.constexpr, BLOCK_B: gl.constexpr, M_TILE_MAJOR: gl.constexpr,
+    MERGE_GROUP: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """K and V are (B, Hkv, Sk, D) caches, or (``PAGE_SIZE`` > 0) page pools (num_pages, page_size, Hkv,
     D) that ``desc_k`` / ``desc_v`` see as (num_pages, Hkv, page_size, D), with ``BlockTable`` the
@@ -530,6 +628,7 @@ def _split_kernel(
         batch, kv_head, split, num_splits, has_work = balanced_share(
             CacheSeqlens, share, sizes, seqlen_k, CAUSAL, BOTTOM_RIGHT, HAS_CACHE_SEQLENS, BLOCK_N, BLOCK_B, num_warps,
         )  # fmt: skip
+        shares = (share, split, num_splits, has_work)
     else:
         split = gl.program_id(0)
         num_splits = gl.num_programs(0)
@@ -537,6 +636,7 @@ def _split_kernel(
         batch_kv_head = gl.program_id(2)
         batch = batch_kv_head // kv_heads
         kv_head = batch_kv_head % kv_heads
+        shares = (batch_kv_head, split, num_splits, True)
     group = heads // kv_heads
 
     # 1. This sequence's keys, the last one any row sees, and this split's share of them: blocks
@@ -563,6 +663,11 @@ def _split_kernel(
     for stage in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(stage), count=1)
         mbarrier.init(v_ready.index(stage), count=1)
+    if LOAD_WARP:
+        # One arrival a lap: the warpgroup's, once the wgmmas reading the slot's K and V have retired.
+        empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        for stage in gl.static_range(NUM_STAGES):
+            mbarrier.init(empty.index(stage), count=1)
     # The inits are generic-proxy writes and the TMA unit completes the barriers through the async
     # proxy: a proxy fence orders them (the barrier after Q's staging shows them to every warp).
     fence_async_shared()
@@ -575,55 +680,33 @@ def _split_kernel(
     else:
         keys = SplitKeys(batch, kv_head, key_begin, n_blocks, None, None)
 
-    # 3. Put the split's first NUM_STAGES key blocks in flight at once, before anything waits.
-    for i in gl.static_range(NUM_STAGES):
-        if i < n_blocks:
-            _load_kv_block(ring, keys, i, (), NUM_STAGES, PAGE_SIZE)
-
-    # 4. The packed Q tile, by pointers, while the first copies fly.
-    q_strides = (stride_qb, stride_qh, stride_qm)
-    _stage_packed_q(Q, q_smem, batch, kv_head, group, m_block, seqlen_q, q_strides, num_warps)
-
-    # 5. The split's key blocks; a split with no key keeps O = 0, row_sum = 0 (LSE -inf).
-    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-    _, offs_m, _ = _packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M, s_rows)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-    row_max = gl.full([BLOCK_M], float("-inf"), gl.float32, s_rows)
-    row_sum = gl.zeros([BLOCK_M], gl.float32, s_rows)
-    # What every key block shares, bound once: tensors in a tuple, layouts and flags in a constexpr one.
-    step_args = (offs_m, (seqlen_k, causal_offset), softmax_scale_log2)
-    constants: gl.constexpr = StepConstants(s_layout, p_layout, NUM_STAGES, CAUSAL, PAGE_SIZE, PAGES_AHEAD)
-    if n_blocks > 0:
-        acc, row_max, row_sum = _attend_split(q_smem, ring, keys, n_unmasked, step_args, constants)
-
-    # 6. This split's O and natural-log LSE, stored from wgmma's accumulator layout. The partials
-    # are (num_splits, B, H, Sq, D) and (num_splits, B, H, Sq), contiguous.
-    out, lse = online_softmax_finalize(acc, row_max, row_sum)
-    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    head, token, row_ok = _packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M, o_rows)
-    lse = gl.convert_layout(lse, o_rows)
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    row = (batch.to(gl.int64) * heads + head) * seqlen_q + token
+    # 3. Put the split's first NUM_STAGES key blocks in flight at once, before anything waits (with a load
+    # warp: all of them, each as the warpgroup frees its slot), then steps 4 to 7 in the warpgroup.
+    constants: gl.constexpr = StepConstants(s_layout, p_layout, NUM_STAGES, CAUSAL, PAGE_SIZE, PAGES_AHEAD, LOAD_WARP)
+    flags: gl.constexpr = OutputConstants(
+        RETURN_LSE, BALANCED, SPLIT, FUSED_MERGE, SPLITS_PER_STEP, M_TILE_MAJOR, MERGE_GROUP, num_warps
+    )
     outputs = (Out, Lse, stride_ob, stride_oh, stride_om)
     tile = (batch, kv_head, group, heads, seqlen_q, m_block)
-    if BALANCED:
-        # 7'. O, or the partials in the share's slab and the item's merge (``_decode_balanced.py``).
-        workspace, work = (OutPartial, LsePartial, Counters), (share, split, num_splits, has_work)
-        _store_balanced(
-            workspace, outputs, tile, work, (head, token, row, row_ok, offs_d), out, lse, BLOCK_M, HEAD_DIM,
-            SPLITS_PER_STEP, RETURN_LSE, M_TILE_MAJOR, num_warps, MERGE_GROUP,
-        )  # fmt: skip
-    elif SPLIT:
-        rows = gl.num_programs(2).to(gl.int64) * group * seqlen_q
-        _store_partials(OutPartial, LsePartial, split * rows + row, out, lse, row_ok, offs_d)
-        # 7. Fused merge: the tile's last split to finish merges all of them.
-        if FUSED_MERGE:
-            work_item = batch_kv_head * gl.num_programs(1) + m_block
-            if _last_to_arrive(Counters + work_item, num_splits):
-                partials = (OutPartial, LsePartial, rows, num_splits)
-                _merge_tile(partials, outputs, tile, BLOCK_M, HEAD_DIM, SPLITS_PER_STEP, RETURN_LSE, num_warps)
+    work = (tile, n_unmasked, (seqlen_k, causal_offset), softmax_scale_log2, shares)
+    q_strides = (stride_qb, stride_qh, stride_qm)
+    workspace = (OutPartial, LsePartial, Counters)
+    if LOAD_WARP:
+        operands = (Q, q_strides, q_smem, ring, keys, empty, outputs, workspace)
+        gl.warp_specialize(
+            [
+                (_split_consumer, (operands, work, constants, flags)),
+                (_paged_load_partition, (ring, keys, empty, NUM_STAGES, PAGE_SIZE)),
+            ],
+            [LOAD_WARPS],
+            [PAGED_LOAD_REGISTERS],
+        )
     else:
-        _store_output(outputs, batch, head, token, row, row_ok, offs_d, out, lse, RETURN_LSE)
+        operands = (Q, q_strides, q_smem, ring, keys, None, outputs, workspace)
+        for i in gl.static_range(NUM_STAGES):
+            if i < n_blocks:
+                _load_kv_block(ring, keys, i, (), NUM_STAGES, PAGE_SIZE)
+        _split_consumer(operands, work, constants, flags)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -670,6 +753,14 @@ def balanced_stages(problem: Problem, device: torch.device, target: int) -> int:
     return balanced_ring_stages(problem, device, target, m_blocks_for(problem), slots, stages)
 
 
+def load_warp(problem: Problem) -> bool:
+    """Whether a paged problem's copies are a load warp's (``PAGED_LOAD_WARP``: pages smaller than a key block), where
+    one CTA holds an SM (``split_policy``): the build takes 255 registers a thread (sm_90a, Triton 3.6 and 3.8), so two
+    CTAs of 160 threads would not fit one SM's registers."""
+    small_pages = problem.paged and problem.page_size < decode_config(problem).block_n
+    return PAGED_LOAD_WARP and small_pages and split_policy(problem).ctas_per_sm == 1
+
+
 def pages_ahead(problem: Problem) -> bool:
     """Whether a paged problem's refills take table entries loaded a step ahead (``PAGE_ENTRIES_AHEAD``), but not
     where that spills under this Triton release (``PAGE_ENTRIES_AHEAD_SPILLS``) nor in a ring whose CTAs an SM its
@@ -687,7 +778,7 @@ def split_constexprs(
     return {
         **feature_constexprs(problem), "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n,
         "NUM_STAGES": num_stages or config.num_stages, "SPLIT": split, "PAGE_SIZE": problem.page_size,
-        "PAGES_AHEAD": pages_ahead(problem),
+        "PAGES_AHEAD": pages_ahead(problem) and not load_warp(problem), "LOAD_WARP": load_warp(problem),
         "FUSED_MERGE": split and triton_decode.FUSED_MERGE, "BALANCED": balanced,
         **balanced_constexprs(problem, balanced, m_tile_major),
         "SPLITS_PER_STEP": triton_decode.merge_splits_per_step(MERGE_ROWS.value, problem.head_dim, num_warps),
