@@ -459,11 +459,14 @@ for head_dim in decode.HEAD_DIMS:
         features = ptx_features(binary.ptx)
         rows[f"D={head_dim} page={page_size}"] = [usage["stack_bytes"] + usage["local_bytes"], binary.shared_bytes,
                                                   features["cp.async.bulk.tensor"], features["cp.async"],
-                                                  binary.ptx.count("cp.async.bulk.tensor")]
+                                                  binary.ptx.count("cp.async.bulk.tensor"), decode.load_warp(problem)]
 print(json.dumps(rows))
 """
 
 
+# A load warp's build (PAGED_LOAD_WARP) beside the ring: a slot's empty barrier each and warp_specialize's own state
+# (164 bytes at D=128 under Triton 3.6 and 3.8), well under a 1 KB reservation.
+LOAD_WARP_SHARED_BYTES = 256
 # Spills known and accepted per Triton release (bytes per thread), each a bound the build must stay under:
 # Triton 3.9's register allocation spills the paged builds at D=128 and 256 (the chunks' page numbers live
 # beside the ring's barriers and the accumulator); 3.6-3.8 compile every paged build without spills. The
@@ -484,18 +487,20 @@ KNOWN_GLUON_PAGED_SPILLS: dict[tuple[str, str], int] = {
 def test_gluon_paged_build_compiles_without_spills_on_the_contiguous_ring(paged_builds: dict[str, dict]):
     """Every head dim, pages smaller than a key block (16, and 48: not a power of two) and larger (256):
     no spills (but a release's known ones, bounded), TMA and no cp.async, the shared memory of the
-    contiguous build (the same ring), and more copy instructions when a block takes several chunks."""
+    contiguous build (the same ring; with a load warp, its empty barriers beside it), and more copy
+    instructions when a block takes several chunks."""
     rows = child_result(paged_builds, "gluon")
     for head_dim in gluon_decode.HEAD_DIMS:
-        _, dense_shared, _, _, dense_copies = rows[f"D={head_dim} page=0"]
+        _, dense_shared, _, _, dense_copies, _ = rows[f"D={head_dim} page=0"]
         for page_size in (16, 48, 256):
             name = f"D={head_dim} page={page_size}"
-            spills, shared, tma, cp_async, copies = rows[name]
+            spills, shared, tma, cp_async, copies, load_warp = rows[name]
             allowed = KNOWN_GLUON_PAGED_SPILLS.get((triton_release(), name), 0)
             assert spills <= allowed and tma and not cp_async, (
                 f"{name}: {spills} bytes spilled, TMA {tma}, cp.async {cp_async}"
             )
-            assert shared == dense_shared, f"{name}: {shared} bytes of shared memory, contiguous {dense_shared}"
+            extra = LOAD_WARP_SHARED_BYTES if load_warp else 0
+            assert dense_shared <= shared <= dense_shared + extra, f"{name}: {shared} bytes, contiguous {dense_shared}"
             assert copies > dense_copies if page_size < 64 else copies == dense_copies, f"{name}: {copies} copies"
 
 
@@ -675,7 +680,9 @@ def test_gpu_gluon_load_warp_output_equals_its_contiguous_output_bit_for_bit(pag
 @pytest.mark.gpu
 @pytest.mark.parametrize("bug", sorted(GLUON_PLANTED))
 def test_gpu_planted_load_warp_paging_bug_fails_the_check(bug: str, load_warp: None):
-    problem = _load_warp_problem(16, 1, 8, 128)  # passes unplanted: test_gpu_gluon_load_warp_paged_decode_bf16
+    # Four sequences: a shift of every page's slots permutes a full sequence's keys with their values (attention
+    # cannot see it) and shows only where a length ends inside a page (``_lengths``' third and fourth).
+    problem = _load_warp_problem(16, 1, 8, 128).with_(batch=4)
     q, _, (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=17, device="cuda")
 
     def planted_prepare(q, k, v, problem, *, cache_seqlens=None, block_table=None):

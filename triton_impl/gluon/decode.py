@@ -47,10 +47,14 @@ page_size (16 keys for vLLM's 16, or for 48), each chunk's page looked up in the
 landing in their place in the ring slot, which stays the contiguous build's: same tile, same wgmmas,
 same ring. Chunks need pages of a multiple of 16 keys (the capability check refuses other sizes). A
 chunk past the sequence's last key reads the sequence's last page in use, never a table entry past
-it (those may be anything). A refill's table entries are loaded at the top of the step that ends in
-the refill (``PAGE_ENTRIES_AHEAD``), so that their latency passes under the step's wgmmas instead of
-delaying its copies. Each chunk's copy costs a CTA barrier: Triton's shared-memory barrier pass sees
-two copies into one ring slot as a write-after-write, not knowing that their rows differ. With
+it (those may be anything). Each chunk's copy costs a barrier: Triton's shared-memory barrier pass sees
+two copies into one ring slot as a write-after-write, not knowing that their rows differ. So where a
+block takes several chunks and one CTA holds an SM (``PAGED_LOAD_WARP``), a warp of its own issues the
+copies (``_paged_load_partition``, ``gl.warp_specialize``): it loads a block's table entries, waits for
+the slot's empty barrier, which the warpgroup arrives on once the wgmmas reading the slot have retired,
+and copies; the barriers between its copies span one warp, and the table's latency is its own. Elsewhere
+the warpgroup copies, and a refill's table entries are loaded at the top of the step that ends in the
+refill (``PAGE_ENTRIES_AHEAD``), so that their latency passes under the step's wgmmas. With
 ``page_size = 0`` the kernel is the contiguous one, instruction for instruction.
 
 Why these choices:
@@ -61,10 +65,12 @@ Why these choices:
     16-row tile wastes less tensor-core work but splits every row across the warps, with reductions
     and P through shared memory at every block; wgmma keeps a row in one warp and reuses
     gluon/hopper's device code (``_scores``, ``_values_product``, P as packed words, the online softmax).
-  * One warpgroup, no warp specialisation: gluon/hopper's load warp exists so that copies never wait
-    for a busy consumer; here the consumer waits for memory. The warpgroup issues its own copies, and
-    a slot's reuse is ordered by program order plus one barrier over its warps, so the ring needs
-    ready barriers only (no empty barriers, no register budgets per partition). ``WIDE_M_TILE`` (off):
+  * One warpgroup, no warp specialisation for a contiguous cache: gluon/hopper's load warp exists so
+    that copies never wait for a busy consumer; here the consumer waits for memory. The warpgroup issues
+    its own copies, and a slot's reuse is ordered by program order plus one barrier over its warps, so the
+    ring needs ready barriers only (no empty barriers, no register budgets per partition). A paged cache
+    in pages smaller than a key block takes a load warp (above): there each copy would stop the
+    warpgroup at a barrier. ``WIDE_M_TILE`` (off):
     more than 64 packed rows take two warpgroups on one ring (8 warps, 128 rows), so the group's keys
     are copied once a CTA rather than once per 64 rows, and one's softmax can run under the other's wgmmas.
   * The ring depth: at least ``NUM_STAGES - 1`` blocks stay in flight while the warpgroup computes
@@ -249,9 +255,14 @@ PAGE_ENTRIES_AHEAD = True
 PAGE_ENTRIES_AHEAD_SPILLS = {"3.9": (128, 256)}
 # Paged with pages smaller than a key block: one warp of its own (PAGED_LOAD_REGISTERS a thread) issues every
 # chunk's copy, each block's as the warpgroup frees its slot (an empty barrier a slot), so the barrier pass's barriers
-# between two copies into one slot span that warp instead of the warpgroup, and the table's latency is that warp's.
-# Untimed: off.
-PAGED_LOAD_WARP, PAGED_LOAD_REGISTERS = False, gl.constexpr(48)
+# between two copies into one slot span that warp instead of the warpgroup, and the table's latency is that warp's
+# (sm_90a, Triton 3.6, pages of 16, D=128: the warpgroup's key loop 859 SASS, 2 barriers, no copy, against 1306, 10,
+# 16 UTMALDG; spill-free in 3.6-3.9, where 3.9's warpgroup-copy build spills). On since its H200 A/B
+# (bench/gluon_paged_load_warp_ab.sh, results/h200/gluon-paged-load-warp/, 2 rounds, each value checked against fp64
+# first): B=8 Hkv=8 32k D=128 in pages of 16 305.6 -> 274.1 us (contiguous 270.3), of 32 287.9 -> 272.6, of 64
+# 279.1 -> 269.9; seed 89 row 1 268.0 -> 235.6, seed 59 row 1 144.1 -> 121.7, seed 61 row 1 87.9 -> 80.8, seed 101
+# row 0 (D=256) 150.7 -> 148.0; the contiguous row and a short cache's (not engaged) 1.00-1.01x.
+PAGED_LOAD_WARP, PAGED_LOAD_REGISTERS = True, gl.constexpr(48)
 
 
 def decode_config(problem: Problem) -> DecodeConfig:
