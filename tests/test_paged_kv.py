@@ -628,7 +628,12 @@ GLUON_PLANTED = {
 @pytest.mark.parametrize("page_size", [16, 256])
 def test_gpu_planted_gluon_paging_bug_fails_the_check(page_size: int, bug: str):
     problem = _gluon_problem(page_size, 1, 8)  # passes unplanted: test_gpu_gluon_paged_decode_bf16[page16-...]
-    q, _, (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=page_size + 1, device="cuda")
+    _assert_planted_gluon_bug_fails(problem, bug, seed=page_size + 1)
+
+
+def _assert_planted_gluon_bug_fails(problem: Problem, bug: str, seed: int) -> None:
+    """gluon/decode given what GLUON_PLANTED's ``bug`` would read (the reference the true pools) fails the check."""
+    q, _, (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=seed, device="cuda")
 
     def planted_prepare(q, k, v, problem, *, cache_seqlens=None, block_table=None):
         k, v, block_table = GLUON_PLANTED[bug](k, v, block_table)
@@ -639,7 +644,7 @@ def test_gpu_planted_gluon_paging_bug_fails_the_check(page_size: int, bug: str):
     assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"
 
 
-# gluon/decode's load warp (PAGED_LOAD_WARP, off by default), where it engages: pages smaller than a key block in a
+# gluon/decode's load warp (PAGED_LOAD_WARP), where it engages: pages smaller than a key block in a
 # ring one CTA an SM holds, so caches past the short-cache ring's 8k keys. (page size, Sq, kv_heads of 32, forced
 # splits or the rule, head dim): vLLM's 16 with the rule (many laps of the ring in each split) and with 3 splits, 48
 # (chunks of 16, blocks starting mid-page) with speculative Sq 4, 32 at D=256 (64-key blocks).
@@ -682,16 +687,7 @@ def test_gpu_gluon_load_warp_output_equals_its_contiguous_output_bit_for_bit(pag
 def test_gpu_planted_load_warp_paging_bug_fails_the_check(bug: str, load_warp: None):
     # Four sequences: a shift of every page's slots permutes a full sequence's keys with their values (attention
     # cannot see it) and shows only where a length ends inside a page (``_lengths``' third and fourth).
-    problem = _load_warp_problem(16, 1, 8, 128).with_(batch=4)
-    q, _, (k_pages, v_pages, table), lengths = _paged_inputs(problem, seed=17, device="cuda")
-
-    def planted_prepare(q, k, v, problem, *, cache_seqlens=None, block_table=None):
-        k, v, block_table = GLUON_PLANTED[bug](k, v, block_table)
-        return gluon_decode.decode_attention(q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table)
-
-    impl = dataclasses.replace(gluon_decode.IMPLEMENTATION, prepare=planted_prepare)
-    result = check_on_inputs(impl, q, k_pages, v_pages, problem, cache_seqlens=lengths, block_table=table)
-    assert not result.ok, f"{bug}: the check passed a wrong kernel ({result.summary()})"
+    _assert_planted_gluon_bug_fails(_load_warp_problem(16, 1, 8, 128).with_(batch=4), bug, seed=17)
 
 
 def test_load_warp_engages_only_where_one_cta_holds_an_sm(load_warp: None):
