@@ -4,11 +4,14 @@ then timed, the values alternating round by round (``bench.decode_floor.alternat
 
 A row is ``SEED/INDEX`` (case INDEX of ``random_cases(8, SEED)``, as ``compare.py --decode --decode-seed SEED``
 draws it), optionally followed by ``:`` and comma-separated changes: ``full`` (every sequence at the padded
-length, given as ``cache_seqlens``) or ``FIELD=VALUE`` for a ``Problem`` field (e.g. ``page_size=0``: the same cache
-contiguous). A knob is ``MODULE:NAME`` (e.g. ``common.contract.splits:SHORT_ONE_SPLIT_SKIPS_RAGGED_WAVE``) with its
-values as Python literals, read as one list (``--values "{128: 64},{128: 64, 256: 64}"`` is two dicts). Each row's
-plan under each value (``bench.decode_ragged_ab.plan_of``) is printed beside its time, so a value that changes nothing
-for a rung reads as the same plan.
+length, given as ``cache_seqlens``), ``ragged`` (``compare.py --decode``'s ragged batch: its eight lengths from 0 to
+the padded length, ``decode_sweep.ragged_lengths``, given as ``cache_seqlens``; a batch of 8) or ``FIELD=VALUE`` for a
+``Problem`` field (e.g. ``page_size=0``: the same cache contiguous). ``73/3:seqlen_k=32768,head_dim=128,ragged`` is
+the default decode sweep's ragged row (B=8 H=32 Hkv=8 Sq=1 D=128 bf16, bottom-right causal). A knob is
+``MODULE:NAME`` (e.g. ``common.contract.splits:SHORT_ONE_SPLIT_SKIPS_RAGGED_WAVE``) with its values as Python literals,
+read as one list (``--values "{128: 64},{128: 64, 256: 64}"`` is two dicts). Each row's plan under each value
+(``bench.decode_ragged_ab.plan_of``) is printed beside its time, so a value that changes nothing for a rung reads as
+the same plan.
 Writes ``knob.csv`` and ``knob.md`` under ``--out`` (the table rewritten after every row).
 
     python -m bench.decode_knob_ab --knob common.contract.splits:SHORT_ONE_SPLIT_SKIPS_RAGGED_WAVE \\
@@ -33,7 +36,7 @@ COLUMNS = ("row", "impl", "shape", "mb", "setting", "plan", "status", "us", "pct
 
 def parse_row(text: str) -> tuple[str, object]:
     """(label, DecodeCase) of one ``--rows`` entry (module docstring)."""
-    from common.measure.decode_sweep import DecodeCase, random_cases
+    from common.measure.decode_sweep import DecodeCase, ragged_lengths, random_cases
 
     drawn, _, changes = text.partition(":")
     seed, _, index = drawn.partition("/")
@@ -41,19 +44,24 @@ def parse_row(text: str) -> tuple[str, object]:
         case = random_cases(8, int(seed))[int(index)]
     except (ValueError, IndexError) as error:
         raise SystemExit(f"a row is SEED/INDEX with INDEX in 0..7 (then :changes), got {text!r}") from error
-    problem, full = case.problem, False
+    problem, lengths_of = case.problem, None
     for change in filter(None, changes.split(",")):
-        if change == "full":
-            full = True
+        if change in ("full", "ragged"):
+            lengths_of = change
             continue
         field, equals, value = change.partition("=")
         if not equals:
-            raise SystemExit(f"a row's change is 'full' or FIELD=VALUE, got {change!r} in {text!r}")
+            raise SystemExit(f"a row's change is 'full', 'ragged' or FIELD=VALUE, got {change!r} in {text!r}")
         problem = problem.with_(**{field: ast.literal_eval(value)})
-    if full:
-        problem = problem.with_(has_cache_seqlens=True)
+    if lengths_of is None:
+        return text, DecodeCase(problem, case.lengths)
+    problem = problem.with_(has_cache_seqlens=True)
+    if lengths_of == "full":
         return text, DecodeCase(problem, (problem.seqlen_k,) * problem.batch)
-    return text, DecodeCase(problem, case.lengths)
+    lengths = ragged_lengths(problem.seqlen_k)
+    if problem.batch != len(lengths):
+        raise SystemExit(f"'ragged' gives {len(lengths)} sequences, a batch of {problem.batch} in {text!r}")
+    return text, DecodeCase(problem, lengths)
 
 
 @contextlib.contextmanager

@@ -100,8 +100,9 @@ def plan_of(rung: str, problem, lengths: tuple[int, ...], device) -> tuple:
     elif rung == "gluon/decode":
         from triton_impl.gluon import _decode_balanced
 
-        block_n = module.decode_config(problem).block_n
-        slots = (module.split_policy(problem).ctas_per_sm, module.BALANCED_SHARES_BY_SLOTS)
+        config = module.balanced_config(problem, device)
+        block_n = config.block_n
+        slots = (module.split_policy(problem, config).ctas_per_sm, module.BALANCED_SHARES_BY_SLOTS)
         _, target, _, _ = _decode_balanced.balanced_sizes(
             problem, device, None, module.m_blocks_for(problem), block_n, *slots
         )

@@ -73,8 +73,8 @@ def rung_plan(rung: str, problem, lengths: tuple[int, ...]) -> RungPlan:
     elif rung == "gluon/decode":
         from triton_impl.gluon import _decode_balanced, _decode_merge
 
-        config = module.decode_config(problem)
-        block_n, stages, slots = config.block_n, config.num_stages, module.split_policy(problem).ctas_per_sm
+        config = module.balanced_config(problem, CPU)
+        block_n, stages, slots = config.block_n, config.num_stages, module.split_policy(problem, config).ctas_per_sm
         _, target, _, _ = _decode_balanced.balanced_sizes(
             problem, CPU, None, module.m_blocks_for(problem), block_n, slots, module.BALANCED_SHARES_BY_SLOTS
         )

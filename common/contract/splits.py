@@ -274,6 +274,13 @@ SLOT_SHARES = 2
 ONE_WAVE_ITEMS_FRACTION = 1 / 3
 
 
+def per_slot_one_wave(slots: int, items: int) -> bool:
+    """Whether "per-slot" takes its one-wave branch for ``items`` (batch, KV head) items on ``slots`` CTA slots of one
+    M tile (module docstring, "The target rule"): the items at most :data:`ONE_WAVE_ITEMS_FRACTION` of the slots, so
+    that target = slots - items puts the whole grid in one wave."""
+    return items <= slots * ONE_WAVE_ITEMS_FRACTION
+
+
 def per_slot_target(slots: int, items: int, per_sm: int, one_wave: bool = True) -> int:
     """The "per-slot" target shares of one M tile (module docstring, "The target rule") with ``slots`` CTA slots
     for the tile and ``items`` (batch, KV head) items; ``per_sm``: the "per-sm" target, kept in between and, without
@@ -281,7 +288,7 @@ def per_slot_target(slots: int, items: int, per_sm: int, one_wave: bool = True) 
     E.g. on 132 SMs at D=64 (seed 43): B=2 Hkv=32 on 2 slots an SM, 264 slots, 64 items -> 200 (one wave of
     264 CTAs, not 328); B=64 Hkv=16 on 4 slots an SM, 528 slots, 1024 items -> 1056 (not 264); B=32 MHA on 2
     slots an SM, 256 items -> the per-sm 264."""
-    if one_wave and items <= slots * ONE_WAVE_ITEMS_FRACTION:
+    if one_wave and per_slot_one_wave(slots, items):
         return slots - items
     if items >= slots:
         return SLOT_SHARES * slots

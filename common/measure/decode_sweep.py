@@ -123,6 +123,11 @@ def decode_problem(
     )  # fmt: skip
 
 
+def ragged_lengths(seqlen_k: int) -> tuple[int, ...]:
+    """The ragged batch's cache lengths (``RAGGED_FRACTIONS`` of a ``seqlen_k``-key padded cache): one a sequence."""
+    return tuple(round(fraction * seqlen_k) for fraction in RAGGED_FRACTIONS)
+
+
 def decode_cases(
     batches: tuple[int, ...] = BATCHES,
     cache_lengths: tuple[int, ...] = CACHE_LENGTHS,
@@ -138,7 +143,7 @@ def decode_cases(
         for batch in batches
     ]
     if ragged:
-        lengths = tuple(round(fraction * RAGGED_SEQLEN_K) for fraction in RAGGED_FRACTIONS)
+        lengths = ragged_lengths(RAGGED_SEQLEN_K)
         cases.append(DecodeCase(decode_problem(RAGGED_BATCH, RAGGED_SEQLEN_K, min(kv_heads), ragged=True), lengths))
     if paged:
         problem = decode_problem(PAGED_BATCH, PAGED_SEQLEN_K, min(kv_heads), page_size=PAGE_SIZE)

@@ -16,7 +16,8 @@ one split the split kernel writes O and the LSE itself. ``BALANCED_SPLIT`` ("rag
 splits) takes triton/decode's balanced split instead: a grid of target shares + B · Hkv CTAs per M tile, each an equal
 share of the valid keys by the Triton stack's own device plan (``balanced_share``), its partials in a slab of packed
 rows and the item's last share merging (``BALANCED``; ``_decode_balanced.py``); ``M_TILE_MAJOR`` puts the M tile on
-the grid's x, a share's M tiles together (``splits.balanced_grid``).
+the grid's x, a share's M tiles together (``splits.balanced_grid``); ``BALANCED_PAIR_TILE`` (off) gives that kernel a
+ring of 64-key blocks that two CTAs share an SM with where it makes the grid one wave (``balanced_pair_tile``).
 
 What Gluon makes explicit (what Triton decides in triton/decode / what this file writes):
   * Copies: the pipeliner turns the K and V loads into ``cp.async``, 16 bytes per thread and
@@ -144,6 +145,7 @@ from triton_impl._host import (
     rung_result,
     split_workspace,
 )
+from triton_impl.gluon import _decode_balanced
 from triton_impl.gluon._decode_balanced import (
     _store_balanced,
     arrival_counter_count,
@@ -233,6 +235,15 @@ FEWER_WAVES = True
 BALANCED_SPLIT = "ragged-split"
 # True: shares per SM at most the ring's CTA slots (1 at D=128's long ring, D=256): B=1 128k 144.0 -> 200.9 us.
 BALANCED_SHARES_BY_SLOTS = False
+# Issue #38's ragged row (B=8 Hkv=8 32k D=128, lengths 0..32768; H200, results/h200/decode/): gluon 136.5 us, cute
+# 122.7, triton 126.0, FlashInfer 121.9. D=128's 208 KB ring holds one CTA an SM, so "per-slot" (132 slots, 64 items)
+# keeps "per-sm"'s 264 shares: 328 CTAs in 2.5 waves, each SM paying every CTA's ramp (Q, the first blocks' latency)
+# and drain (partials, merge) with nothing else in flight. BALANCED_PAIR_TILE (off until
+# bench/gluon_balanced_pair_ab.sh): where that grid passes one wave and two slots an SM make "per-slot" take its
+# one-wave branch (``balanced_pair_tile``), the balanced kernel takes BALANCED_PAIR_CONFIGS' ring instead (64-key
+# blocks, 3 stages: 112 KB, 172 registers, two CTAs an SM; sm_90a, Triton 3.6): 200 shares + 64 items on 264 slots,
+# cute/decode's plan (bench/decode_ragged_model.py: 135 -> 120 us).
+BALANCED_PAIR_TILE, BALANCED_PAIR_CONFIGS = False, {128: DecodeConfig(64, 3)}
 # Triton release -> head dims whose balanced kernel spills (3.9, D=256: 16-40 bytes a thread): never balanced there.
 BALANCED_SPILLS = {"3.9": (256,)}
 # The balanced grid's M tile on x, the share on y (triton/decode's switch): H200 (results/h200/decode-mtile-major/),
@@ -274,20 +285,21 @@ def decode_config(problem: Problem) -> DecodeConfig:
     return configs.get(problem.head_dim, DEFAULT_CONFIGS[problem.head_dim])
 
 
-def split_policy(problem: Problem) -> splits.SplitPolicy:
-    """The split rule's policy from the switches: CTA slots up to what an SM holds (K/V ring, Q tile)."""
-    config = decode_config(problem)
+def split_policy(problem: Problem, config: DecodeConfig | None = None) -> splits.SplitPolicy:
+    """The split rule's policy from the switches: CTA slots up to what an SM holds (K/V ring, Q tile) of ``config``'s
+    ring (default ``decode_config``'s)."""
+    config = config or decode_config(problem)
     tiles_bytes = (config.num_stages * 2 * config.block_n + block_m_for(problem)) * problem.head_dim * 2
     fit = max(1, SM_SHARED_BYTES // (tiles_bytes + CTA_RESERVED_SHARED_BYTES))
     return splits.SplitPolicy(config.ctas_per_sm or min(SPLIT_CTAS_PER_SM, fit), SHORT_CACHE_ONE_SPLIT, FEWER_WAVES)
 
 
-def kv_chunk_rows(problem: Problem) -> int | None:
-    """Key rows per TMA copy of a K or V block: the whole block for a contiguous cache; for a paged one
-    the largest power of two up to the block that divides ``page_size``, so that each copy lies in one
-    page (a block takes block_n / chunk copies); None when that is below ``MIN_PAGE_CHUNK`` (a page size
-    with no factor 16, which this rung refuses)."""
-    chunk = decode_config(problem).block_n
+def kv_chunk_rows(problem: Problem, config: DecodeConfig | None = None) -> int | None:
+    """Key rows per TMA copy of a K or V block of ``config``'s ring (default ``decode_config``'s): the whole block
+    for a contiguous cache; for a paged one the largest power of two up to the block that divides ``page_size``,
+    so that each copy lies in one page (a block takes block_n / chunk copies); None when that is below
+    ``MIN_PAGE_CHUNK`` (a page size with no factor 16, which this rung refuses)."""
+    chunk = (config or decode_config(problem)).block_n
     while problem.paged and chunk >= MIN_PAGE_CHUNK and problem.page_size % chunk:
         chunk //= 2
     return chunk if chunk >= MIN_PAGE_CHUNK else None
@@ -757,52 +769,91 @@ def balanced_split(problem: Problem, device: torch.device | None = None) -> bool
     return splits.balanced_split_applies(BALANCED_SPLIT, problem, lambda: planned_num_splits(problem, rule_device))
 
 
-def balanced_stages(problem: Problem, device: torch.device, target: int) -> int:
-    """The balanced kernel's ring depth for ``target`` shares on ``device``: ``decode_config``'s, or where the grid
-    spills past one wave of its CTA slots ``BALANCED_SHALLOW_RING``'s (``_decode_balanced.balanced_ring_stages``)."""
-    slots, stages = split_policy(problem).ctas_per_sm, decode_config(problem).num_stages
+def balanced_pair_tile(problem: Problem, device: torch.device | None = None) -> bool:
+    """Whether ``BALANCED_PAIR_TILE`` gives ``problem``'s balanced launch on ``device`` (None: the default SM count, as
+    the sm_90a compile) ``BALANCED_PAIR_CONFIGS``' ring: where the default ring would take it (no short-cache, packed
+    or wide tile), a contiguous cache or pages of whole pair blocks (one copy a block: no load warp, which needs one
+    CTA an SM), and under "per-slot" the pair ring's CTA slots take the one-wave branch (``splits.per_slot_one_wave``)
+    where the default ring's do not (items 45-88 at D=128 on 132 SMs): there the default grid is 264 shares + items
+    on 132 slots, the pair's slots - items shares + items on 264, one wave. Elsewhere both plans are one wave (few
+    items) or many (the items fill the slots), and the longer blocks keep the deeper ring's streaming rate."""
+    pair = BALANCED_PAIR_CONFIGS.get(problem.head_dim)
+    default = decode_config(problem)
+    if not BALANCED_PAIR_TILE or pair is None or default != DEFAULT_CONFIGS[problem.head_dim] or wide_m_tile(problem):
+        return False
+    if problem.page_size % pair.block_n or _decode_balanced.BALANCED_TARGET != "per-slot":
+        return False
+    if not balanced_split(problem, device):
+        return False
+    sms, m_blocks = splits.sm_count(device or torch.device("cpu")), m_blocks_for(problem)
+    items = problem.batch * problem.kv_heads
+
+    def one_wave(config: DecodeConfig) -> bool:
+        return splits.per_slot_one_wave(-(-sms * split_policy(problem, config).ctas_per_sm // m_blocks), items)
+
+    return one_wave(pair) and not one_wave(default)
+
+
+def balanced_config(problem: Problem, device: torch.device | None = None) -> DecodeConfig:
+    """The balanced kernel's ring on ``device``: ``BALANCED_PAIR_CONFIGS``' where ``balanced_pair_tile``, else
+    ``decode_config``'s."""
+    return BALANCED_PAIR_CONFIGS[problem.head_dim] if balanced_pair_tile(problem, device) else decode_config(problem)
+
+
+def balanced_stages(problem: Problem, device: torch.device, target: int, config: DecodeConfig | None = None) -> int:
+    """The balanced kernel's ring depth for ``target`` shares on ``device``: ``config``'s (default ``decode_config``'s),
+    or where the grid spills past one wave of its CTA slots ``BALANCED_SHALLOW_RING``'s
+    (``_decode_balanced.balanced_ring_stages``)."""
+    config = config or decode_config(problem)
+    slots, stages = split_policy(problem, config).ctas_per_sm, config.num_stages
     return balanced_ring_stages(problem, device, target, m_blocks_for(problem), slots, stages)
 
 
-def load_warp(problem: Problem) -> bool:
-    """Whether a paged problem's copies are a load warp's (``PAGED_LOAD_WARP``: pages smaller than a key block), where
-    one CTA holds an SM (``split_policy``): the build takes 255 registers a thread (sm_90a, Triton 3.6 and 3.8), so two
-    CTAs of 160 threads would not fit one SM's registers."""
-    small_pages = problem.paged and problem.page_size < decode_config(problem).block_n
-    return PAGED_LOAD_WARP and small_pages and split_policy(problem).ctas_per_sm == 1
+def load_warp(problem: Problem, config: DecodeConfig | None = None) -> bool:
+    """Whether a paged problem's copies are a load warp's (``PAGED_LOAD_WARP``: pages smaller than a key block of
+    ``config``'s ring, default ``decode_config``'s), where one CTA holds an SM (``split_policy``): the build takes 255
+    registers a thread (sm_90a, Triton 3.6 and 3.8), so two CTAs of 160 threads would not fit one SM's registers."""
+    config = config or decode_config(problem)
+    small_pages = problem.paged and problem.page_size < config.block_n
+    return PAGED_LOAD_WARP and small_pages and split_policy(problem, config).ctas_per_sm == 1
 
 
-def pages_ahead(problem: Problem) -> bool:
+def pages_ahead(problem: Problem, config: DecodeConfig | None = None) -> bool:
     """Whether a paged problem's refills take table entries loaded a step ahead (``PAGE_ENTRIES_AHEAD``), but not
     where that spills under this Triton release (``PAGE_ENTRIES_AHEAD_SPILLS``) nor in a ring whose CTAs an SM its
-    registers set (``DecodeConfig.ctas_per_sm``: PACKED_CONFIGS' D=64 build in pages of 16 takes 168 registers with
-    them under Triton 3.8, where four CTAs an SM need 128)."""
+    registers set (``DecodeConfig.ctas_per_sm`` of ``config``, default ``decode_config``'s: PACKED_CONFIGS' D=64 build
+    in pages of 16 takes 168 registers with them under Triton 3.8, where four CTAs an SM need 128)."""
     spills = problem.head_dim in PAGE_ENTRIES_AHEAD_SPILLS.get(triton_release(), ())
-    return problem.paged and PAGE_ENTRIES_AHEAD and not spills and not decode_config(problem).ctas_per_sm
+    return problem.paged and PAGE_ENTRIES_AHEAD and not spills and not (config or decode_config(problem)).ctas_per_sm
 
 
 def split_constexprs(
-    problem: Problem, split: bool, balanced: bool = False, m_tile_major: bool = False, num_stages: int | None = None
-) -> dict[str, int | bool | None]:
-    """The split kernel's constexprs; ``num_stages`` (``balanced_stages``) replaces ``decode_config``'s ring depth."""
-    config, num_warps = decode_config(problem), num_warps_for(problem)
+    problem: Problem, split: bool, balanced: bool = False, m_tile_major: bool = False, num_stages: int | None = None,
+    config: DecodeConfig | None = None,
+) -> dict[str, int | bool | None]:  # fmt: skip
+    """The split kernel's constexprs on ``config``'s ring (default ``decode_config``'s; ``balanced_config`` for the
+    balanced kernel); ``num_stages`` (``balanced_stages``) replaces its depth."""
+    config, num_warps = config or decode_config(problem), num_warps_for(problem)
     return {
         **feature_constexprs(problem), "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n,
         "NUM_STAGES": num_stages or config.num_stages, "SPLIT": split, "PAGE_SIZE": problem.page_size,
-        "PAGES_AHEAD": pages_ahead(problem) and not load_warp(problem), "LOAD_WARP": load_warp(problem),
+        "PAGES_AHEAD": pages_ahead(problem, config) and not load_warp(problem, config),
+        "LOAD_WARP": load_warp(problem, config),
         "FUSED_MERGE": split and triton_decode.FUSED_MERGE, "BALANCED": balanced,
         **balanced_constexprs(problem, balanced, m_tile_major),
         "SPLITS_PER_STEP": triton_decode.merge_splits_per_step(MERGE_ROWS.value, problem.head_dim, num_warps),
     }  # fmt: skip
 
 
-def kv_descriptor(t: torch.Tensor, problem: Problem, dtype: gl.dtype) -> TensorDescriptor:
-    """K's or V's TMA descriptor: over a (B, Hkv, Sk, D) cache, one key block per copy, each (batch, KV
-    head) with its own bounds; over a page pool (num_pages, page_size, Hkv, D), the same 4-D box of
+def kv_descriptor(
+    t: torch.Tensor, problem: Problem, dtype: gl.dtype, config: DecodeConfig | None = None
+) -> TensorDescriptor:
+    """K's or V's TMA descriptor: over a (B, Hkv, Sk, D) cache, one key block of ``config``'s ring per copy, each
+    (batch, KV head) with its own bounds; over a page pool (num_pages, page_size, Hkv, D), the same 4-D box of
     ``kv_chunk_rows`` keys on the pool seen as (num_pages, Hkv, page_size, D) (a strided view, no copy),
     each (page, KV head) with its own bounds."""
     pool_view = t.permute(0, 2, 1, 3) if problem.paged else t
-    return descriptor(pool_view, kv_chunk_rows(problem), dtype)
+    return descriptor(pool_view, kv_chunk_rows(problem, config), dtype)
 
 
 class GluonDecode:
@@ -820,11 +871,12 @@ class GluonDecode:
     ):  # fmt: skip
         policy = split_policy(problem)
         self.balanced = balanced_split(problem, q.device)
+        config = balanced_config(problem, q.device) if self.balanced else decode_config(problem)
         m_blocks, items = m_blocks_for(problem), problem.batch * problem.kv_heads
         if self.balanced:
-            slots = (policy.ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
-            plan = balanced_sizes(problem, q.device, num_splits, m_blocks, decode_config(problem).block_n, *slots)
-            num_splits, stages = plan[1], balanced_stages(problem, q.device, plan[1])
+            slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
+            plan = balanced_sizes(problem, q.device, num_splits, m_blocks, config.block_n, *slots)
+            num_splits, stages = plan[1], balanced_stages(problem, q.device, plan[1], config)
             m_tile_major = splits.balanced_m_tile_major(num_splits + items, M_TILE_MAJOR)
             self.split_grid = splits.balanced_grid(num_splits + items, m_blocks, m_tile_major)
             out_partial, lse_partial = balanced_workspace(problem, num_splits + items, q.device)
@@ -838,14 +890,14 @@ class GluonDecode:
         self.out = torch.empty_like(q, memory_format=torch.contiguous_format)
         self.lse = allocate_lse(problem, q.device)
         lse_arg, lengths_arg = feature_buffers(self.lse, cache_seqlens, q.device)
-        desc_k, desc_v = (kv_descriptor(t, problem, dtype) for t in (k, v))
+        desc_k, desc_v = (kv_descriptor(t, problem, dtype, config) for t in (k, v))
         sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E)
         self.split_args = (
             q, desc_k, desc_v, self.out, lse_arg, lengths_arg, out_partial, lse_partial,
             *q.stride()[:3], *self.out.stride()[:3], *sizes, *paging_arguments(block_table),
         )  # fmt: skip
         split_form = (num_splits > 1 and not self.balanced, self.balanced, m_tile_major, stages)
-        split_options = split_constexprs(problem, *split_form)
+        split_options = split_constexprs(problem, *split_form, config=config)
         self.split_options = {**split_options, "num_warps": num_warps_for(problem)}
         self.fused_merge = self.split_options["FUSED_MERGE"] or self.balanced
         work_items = arrival_counter_count(items, num_splits + items, m_blocks, self.balanced)
@@ -932,20 +984,22 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     and is compiled, and its resources listed, under that rung."""
     problem = triton_decode.decode_shape(problem)
     element = "*fp16" if problem.dtype == torch.float16 else "*bf16"
-    kv_type = descriptor_type(problem.dtype, kv_chunk_rows(problem), problem.head_dim)
+    balanced, stages = balanced_split(problem), None
+    config = balanced_config(problem) if balanced else decode_config(problem)
+    kv_type = descriptor_type(problem.dtype, kv_chunk_rows(problem, config), problem.head_dim)
     signature = {
         "Q": element, "desc_k": kv_type, "desc_v": kv_type, "Out": element, "Lse": "*fp32", "CacheSeqlens": "*i32",
         "OutPartial": "*fp32", "LsePartial": "*fp32", **dict.fromkeys(SPLIT_ALIGNED[5:], "i32"),
         "heads": "i32", "kv_heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "softmax_scale_log2": "fp32",
     }  # fmt: skip
     num_warps = num_warps_for(problem)
-    balanced, stages = balanced_split(problem), None
     if balanced:  # the plan's target on the rule's default SM count, as balanced_split's
-        slots = (split_policy(problem).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
-        block_n, cpu = decode_config(problem).block_n, torch.device("cpu")
-        target = balanced_sizes(problem, cpu, None, m_blocks_for(problem), block_n, *slots)[1]
-        stages = balanced_stages(problem, cpu, target)
-    constexprs = {**split_constexprs(problem, not balanced, balanced, M_TILE_MAJOR, stages), "num_warps": num_warps}
+        slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
+        cpu = torch.device("cpu")
+        target = balanced_sizes(problem, cpu, None, m_blocks_for(problem), config.block_n, *slots)[1]
+        stages = balanced_stages(problem, cpu, target, config)
+    constexprs = split_constexprs(problem, not balanced, balanced, M_TILE_MAJOR, stages, config)
+    constexprs["num_warps"] = num_warps
     plan = ("batch_size", "target_shares", "min_share_blocks", "max_item_shares")
     if balanced:
         signature.update(dict.fromkeys(plan, "i32"))
