@@ -32,6 +32,31 @@ knob_ab() {
   cat "$OUT/$name/knob.md" 2>/dev/null || echo "$name: knob.md not written, no row finished"
 }
 
+# decode_setup: the carried activations (the CuTe DSL, FA4, FlashInfer where stashed), PYTHONPATH and the GPU's name,
+# logged to $OUT/times.txt, for the decode A/B scripts.
+decode_setup() {
+  source_carried_activations "$OUT/times.txt"
+  # shellcheck disable=SC1091
+  source .gpu/flashinfer/activate.sh >> "$OUT/times.txt" 2>&1 || echo "flashinfer: not activated" >> "$OUT/times.txt"
+  export PYTHONPATH="${PYTHONPATH:-$PWD}"
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >> "$OUT/times.txt" 2>&1
+}
+
+# decode_with_knob LIMIT_S MODULE:NAME PATTERN: `compare.py --decode` of gluon/decode and FlashInfer with that switch
+# set to True in the process ($OUT/decode.tgz), its log's lines matching PATTERN printed; a failure sets `status` to 1.
+decode_with_knob() {
+  local limit=$1 module=${2%%:*} name=${2##*:} begun=$SECONDS
+  timeout "$limit" python3 -c "
+import importlib, runpy, sys
+setattr(importlib.import_module('$module'), '$name', True)
+sys.argv = ['compare.py', '--decode', '--only', 'gluon/decode', '--only', 'flashinfer/decode', '--out', '/tmp/decode']
+runpy.run_path('compare.py', run_name='__main__')
+" > /tmp/decode.log 2>&1 || status=1
+  echo "decode ($name on): $((SECONDS - begun)) s (limit $limit s)" >> "$OUT/times.txt"
+  mkdir -p /tmp/decode && cp /tmp/decode.log /tmp/decode/ && tar czf "$OUT/decode.tgz" -C /tmp decode
+  grep -- "$3" /tmp/decode.log | head -8
+}
+
 # gpu_tests LIMIT_S FILE...: the files' `gpu` tests ($OUT/pytest.log), cut at LIMIT_S; a failure sets `status` to 1.
 gpu_tests() {
   local limit=$1 begun=$SECONDS

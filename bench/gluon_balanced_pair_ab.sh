@@ -17,27 +17,13 @@
 set -uo pipefail
 # shellcheck source=bench/_gpu_run.sh
 source "$(dirname "$0")/_gpu_run.sh" gluon_balanced_pair_ab.sh runs/gluon_balanced_pair_ab
-source_carried_activations "$OUT/times.txt"
-# shellcheck disable=SC1091
-source .gpu/flashinfer/activate.sh >> "$OUT/times.txt" 2>&1 || echo "flashinfer: not activated" >> "$OUT/times.txt"
-export PYTHONPATH="${PYTHONPATH:-$PWD}"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >> "$OUT/times.txt" 2>&1
+decode_setup
 status=0
 gpu_tests 120 tests/test_gluon_decode_pair_tile.py
 # The default sweep's B=8 H=32 Hkv=8 Sq=1 D=128 shape (seed 73's row 3 reshaped): ragged as compare.py's, then full.
 SHAPE=73/3:seqlen_k=32768,head_dim=128
 knob_ab pair 300 triton_impl.gluon.decode:BALANCED_PAIR_TILE False,True gluon/decode \
   "$SHAPE,ragged" 91/3 83/7 57/3 67/5 53/7 59/4 "$SHAPE" 53/6
-begun=$SECONDS
-timeout 110 python3 -c "
-import runpy, sys
-from triton_impl.gluon import decode
-decode.BALANCED_PAIR_TILE = True
-sys.argv = ['compare.py', '--decode', '--only', 'gluon/decode', '--only', 'flashinfer/decode', '--out', '/tmp/decode']
-runpy.run_path('compare.py', run_name='__main__')
-" > /tmp/decode.log 2>&1 || status=1
-echo "decode (BALANCED_PAIR_TILE on): $((SECONDS - begun)) s (limit 110 s)" >> "$OUT/times.txt"
-mkdir -p /tmp/decode && cp /tmp/decode.log /tmp/decode/ && tar czf "$OUT/decode.tgz" -C /tmp decode
-grep "lengths=0" /tmp/decode.log | head -4
+decode_with_knob 110 triton_impl.gluon.decode:BALANCED_PAIR_TILE "lengths=0"
 cat "$OUT/times.txt"
 exit $status

@@ -18,27 +18,13 @@
 set -uo pipefail
 # shellcheck source=bench/_gpu_run.sh
 source "$(dirname "$0")/_gpu_run.sh" gluon_paged_load_warp_ab.sh runs/gluon_paged_load_warp_ab
-source_carried_activations "$OUT/times.txt"
-# shellcheck disable=SC1091
-source .gpu/flashinfer/activate.sh >> "$OUT/times.txt" 2>&1 || echo "flashinfer: not activated" >> "$OUT/times.txt"
-export PYTHONPATH="${PYTHONPATH:-$PWD}"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >> "$OUT/times.txt" 2>&1
+decode_setup
 status=0
 gpu_tests 150 -n 4 tests/test_paged_kv.py tests/test_gluon_decode*.py -k "gluon or load_warp"
 SHAPE=73/3:batch=8,seqlen_k=32768,head_dim=128
 knob_ab load_warp 300 triton_impl.gluon.decode:PAGED_LOAD_WARP False,True gluon/decode \
   "$SHAPE,has_cache_seqlens=True,page_size=16,full" "$SHAPE,has_cache_seqlens=True,page_size=32,full" \
   "$SHAPE,has_cache_seqlens=True,page_size=64,full" "$SHAPE,full" 89/1 59/1 61/1 101/0 67/1
-begun=$SECONDS
-timeout 120 python3 -c "
-import runpy, sys
-from triton_impl.gluon import decode
-decode.PAGED_LOAD_WARP = True
-sys.argv = ['compare.py', '--decode', '--only', 'gluon/decode', '--only', 'flashinfer/decode', '--out', '/tmp/decode']
-runpy.run_path('compare.py', run_name='__main__')
-" > /tmp/decode.log 2>&1 || status=1
-echo "decode (PAGED_LOAD_WARP on): $((SECONDS - begun)) s (limit 120 s)" >> "$OUT/times.txt"
-mkdir -p /tmp/decode && cp /tmp/decode.log /tmp/decode/ && tar czf "$OUT/decode.tgz" -C /tmp decode
-grep "paged" /tmp/decode.log | head -8
+decode_with_knob 120 triton_impl.gluon.decode:PAGED_LOAD_WARP "paged"
 cat "$OUT/times.txt"
 exit $status
