@@ -160,7 +160,7 @@ def test_ab_script_rows_parse_and_the_row_comes_first(monkeypatch: pytest.Monkey
 
     script = (Path(__file__).parents[1] / "bench" / "gluon_balanced_pair_ab.sh").read_text()
     shape = script.split("\nSHAPE=", 1)[1].split("\n", 1)[0]
-    knob_line = script.split("\nknob_ab pair ", 1)[1].split("\nbegun=", 1)[0]
+    knob_line = script.split("\nknob_ab pair ", 1)[1].split("\ndecode_with_knob", 1)[0]
     words = shlex.split(knob_line.replace("\\\n", " ").replace("$SHAPE", shape))
     assert words[2:4] == ["False,True", "gluon/decode"], words
     rows = {text: parse_row(text)[1] for text in words[4:]}
