@@ -274,6 +274,11 @@ SLOT_SHARES = 2
 ONE_WAVE_ITEMS_FRACTION = 1 / 3
 
 
+def per_tile(device: torch.device, per_sm: int, m_blocks: int) -> int:
+    """``per_sm`` an SM of ``device`` (CTA slots, target shares) shared by ``m_blocks`` M tiles, rounded up."""
+    return -(-sm_count(device) * per_sm // m_blocks)
+
+
 def per_slot_one_wave(slots: int, items: int) -> bool:
     """Whether "per-slot" takes its one-wave branch for ``items`` (batch, KV head) items on ``slots`` CTA slots of one
     M tile (module docstring, "The target rule"): the items at most :data:`ONE_WAVE_ITEMS_FRACTION` of the slots, so
@@ -311,9 +316,9 @@ def balanced_target_shares(
     if ctas_per_sm < 1:
         raise ValueError(f"the balanced kernel's CTAs an SM must be >= 1, got {ctas_per_sm}")
     items = problem.batch * problem.kv_heads
-    chosen = per_sm = -(-sm_count(device) * shares_per_sm // m_blocks)
+    chosen = per_sm = per_tile(device, shares_per_sm, m_blocks)
     if target != "per-sm":
-        slots = -(-sm_count(device) * ctas_per_sm // m_blocks)
+        slots = per_tile(device, ctas_per_sm, m_blocks)
         chosen = per_slot_target(slots, items, per_sm, one_wave=target == "per-slot")
     sequence_blocks = -(-problem.seqlen_k // block_n)
     shares_per_sequence = -(-sequence_blocks // balanced_min_share_blocks(block_n, min_keys))

@@ -448,7 +448,8 @@ def _refill(ring, keys, i, pages, NUM_STAGES: gl.constexpr, PAGE_SIZE: gl.conste
 @gluon.jit
 def _decode_step(carry, i, step_args, constants: gl.constexpr, MASKED: gl.constexpr):
     """Key block i ≥ 1 of the split: issue S_i = Q K_iᵀ and O += P_(i-1) V_(i-1), run the softmax of
-    S_i while that P V runs, then refill the slot of block i - 1 with block i - 1 + NUM_STAGES."""
+    S_i while that P V runs, then refill the slot of block i - 1 with block i - 1 + NUM_STAGES (with a
+    load warp: free it for that warp's refill)."""
     acc, P, alpha, row_max, row_sum = carry
     q_smem, ring, keys, offs_m, seqlen, softmax_scale_log2, empty = step_args
     s_layout: gl.constexpr = constants.s_layout
@@ -785,11 +786,12 @@ def balanced_pair_tile(problem: Problem, device: torch.device | None = None) -> 
         return False
     if not balanced_split(problem, device):
         return False
-    sms, m_blocks = splits.sm_count(device or torch.device("cpu")), m_blocks_for(problem)
+    device, m_blocks = device or torch.device("cpu"), m_blocks_for(problem)
     items = problem.batch * problem.kv_heads
 
     def one_wave(config: DecodeConfig) -> bool:
-        return splits.per_slot_one_wave(-(-sms * split_policy(problem, config).ctas_per_sm // m_blocks), items)
+        slots = splits.per_tile(device, split_policy(problem, config).ctas_per_sm, m_blocks)
+        return splits.per_slot_one_wave(slots, items)
 
     return one_wave(pair) and not one_wave(default)
 
@@ -822,9 +824,12 @@ def pages_ahead(problem: Problem, config: DecodeConfig | None = None) -> bool:
     """Whether a paged problem's refills take table entries loaded a step ahead (``PAGE_ENTRIES_AHEAD``), but not
     where that spills under this Triton release (``PAGE_ENTRIES_AHEAD_SPILLS``) nor in a ring whose CTAs an SM its
     registers set (``DecodeConfig.ctas_per_sm`` of ``config``, default ``decode_config``'s: PACKED_CONFIGS' D=64 build
-    in pages of 16 takes 168 registers with them under Triton 3.8, where four CTAs an SM need 128)."""
+    in pages of 16 takes 168 registers with them under Triton 3.8, where four CTAs an SM need 128), nor where a load
+    warp copies (``load_warp``: it loads its blocks' entries itself)."""
+    config = config or decode_config(problem)
     spills = problem.head_dim in PAGE_ENTRIES_AHEAD_SPILLS.get(triton_release(), ())
-    return problem.paged and PAGE_ENTRIES_AHEAD and not spills and not (config or decode_config(problem)).ctas_per_sm
+    warpgroup_copies = not config.ctas_per_sm and not load_warp(problem, config)
+    return problem.paged and PAGE_ENTRIES_AHEAD and not spills and warpgroup_copies
 
 
 def split_constexprs(
@@ -837,7 +842,7 @@ def split_constexprs(
     return {
         **feature_constexprs(problem), "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n,
         "NUM_STAGES": num_stages or config.num_stages, "SPLIT": split, "PAGE_SIZE": problem.page_size,
-        "PAGES_AHEAD": pages_ahead(problem, config) and not load_warp(problem, config),
+        "PAGES_AHEAD": pages_ahead(problem, config),
         "LOAD_WARP": load_warp(problem, config),
         "FUSED_MERGE": split and triton_decode.FUSED_MERGE, "BALANCED": balanced,
         **balanced_constexprs(problem, balanced, m_tile_major),
