@@ -1,8 +1,8 @@
-"""gluon/decode's ``BALANCED_PAIR_TILE`` (off): the balanced kernel on a ring of 64-key blocks that two CTAs share an
+"""gluon/decode's ``BALANCED_PAIR_TILE`` (on): the balanced kernel on a ring of 64-key blocks that two CTAs share an
 SM with (``BALANCED_PAIR_CONFIGS``), where that makes "per-slot" plan one wave of shares and the default ring's one
 CTA an SM does not (``balanced_pair_tile``; issue #38's ragged row, B=8 Hkv=8 32k D=128: 328 CTAs on 132 slots).
 
-CPU: the switch off and its value; which shapes take the pair ring (the items between a third of the default ring's
+CPU: the switch on and its value; which shapes take the pair ring (the items between a third of the default ring's
 slots and a third of the pair's: 45-88 at D=128, one M tile, 132 SMs; contiguous or pages of whole 64-key blocks; not
 the padded split, short caches, D 64 or 256) with boundary cases on both sides and sweep rows; the plan it gives the
 sweep's ragged row (cute/decode's: 200 shares, one wave of 264 slots) and the rows it leaves; ``bench.decode_knob_ab``'s
@@ -47,13 +47,15 @@ def _sweep_ragged():
     return next(case for case in decode_cases() if case.lengths is not None and not case.problem.paged)
 
 
-def test_switch_is_off_and_its_ring_holds_two_ctas_an_sm():
-    assert gluon_decode.BALANCED_PAIR_TILE is False, "off until bench/gluon_balanced_pair_ab.sh times it"
+def test_switch_is_on_and_its_ring_holds_two_ctas_an_sm(monkeypatch: pytest.MonkeyPatch):
+    assert gluon_decode.BALANCED_PAIR_TILE is True, "on since results/h200/gluon-balanced-pair/ (137.6 -> 120.6 us)"
     pair = gluon_decode.BALANCED_PAIR_CONFIGS[128]
     assert (pair.block_n, pair.num_stages) == (64, 3)
     problem = _sweep_ragged().problem
     assert gluon_decode.split_policy(problem, pair).ctas_per_sm == 2
     assert gluon_decode.split_policy(problem).ctas_per_sm == 1
+    assert gluon_decode.balanced_pair_tile(problem, CPU)
+    monkeypatch.setattr(gluon_decode, "BALANCED_PAIR_TILE", False)
     assert not gluon_decode.balanced_pair_tile(problem, CPU)
     assert gluon_decode.balanced_config(problem, CPU) == gluon_decode.DEFAULT_CONFIGS[128]
 
@@ -110,6 +112,7 @@ def test_pair_plan_of_the_sweep_ragged_row_is_one_wave(monkeypatch: pytest.Monke
     from bench.decode_ragged_ab import plan_of
 
     case = _sweep_ragged()
+    monkeypatch.setattr(gluon_decode, "BALANCED_PAIR_TILE", False)
     off = plan_of("gluon/decode", case.problem, case.lengths, CPU)
     assert off == ("balanced", 264, (10, 1, 5, 3, 9, 1, 7, 1))
     monkeypatch.setattr(gluon_decode, "BALANCED_PAIR_TILE", True)

@@ -449,6 +449,9 @@ import torch
 from common.contract.problem import Problem
 from common.reporting.static import cubin_resources, ptx_features
 from triton_impl.gluon import decode
+# One ring for every build compared: these 64 items would take the pair ring (test_gluon_decode_pair_tile.py's) where
+# contiguous or in pages of 256, the default ring in pages of 16 and 48.
+decode.BALANCED_PAIR_TILE = False
 rows = {}
 for head_dim in decode.HEAD_DIMS:
     for page_size in (0, 16, 48, 256):

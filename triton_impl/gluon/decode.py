@@ -16,7 +16,7 @@ one split the split kernel writes O and the LSE itself. ``BALANCED_SPLIT`` ("rag
 splits) takes triton/decode's balanced split instead: a grid of target shares + B · Hkv CTAs per M tile, each an equal
 share of the valid keys by the Triton stack's own device plan (``balanced_share``), its partials in a slab of packed
 rows and the item's last share merging (``BALANCED``; ``_decode_balanced.py``); ``M_TILE_MAJOR`` puts the M tile on
-the grid's x, a share's M tiles together (``splits.balanced_grid``); ``BALANCED_PAIR_TILE`` (off) gives that kernel a
+the grid's x, a share's M tiles together (``splits.balanced_grid``); ``BALANCED_PAIR_TILE`` gives that kernel a
 ring of 64-key blocks that two CTAs share an SM with where it makes the grid one wave (``balanced_pair_tile``).
 
 What Gluon makes explicit (what Triton decides in triton/decode / what this file writes):
@@ -238,12 +238,12 @@ BALANCED_SHARES_BY_SLOTS = False
 # Issue #38's ragged row (B=8 Hkv=8 32k D=128, lengths 0..32768; H200, results/h200/decode/): gluon 136.5 us, cute
 # 122.7, triton 126.0, FlashInfer 121.9. D=128's 208 KB ring holds one CTA an SM, so "per-slot" (132 slots, 64 items)
 # keeps "per-sm"'s 264 shares: 328 CTAs in 2.5 waves, each SM paying every CTA's ramp (Q, the first blocks' latency)
-# and drain (partials, merge) with nothing else in flight. BALANCED_PAIR_TILE (off until
-# bench/gluon_balanced_pair_ab.sh): where that grid passes one wave and two slots an SM make "per-slot" take its
-# one-wave branch (``balanced_pair_tile``), the balanced kernel takes BALANCED_PAIR_CONFIGS' ring instead (64-key
-# blocks, 3 stages: 112 KB, 172 registers, two CTAs an SM; sm_90a, Triton 3.6): 200 shares + 64 items on 264 slots,
-# cute/decode's plan (bench/decode_ragged_model.py: 135 -> 120 us).
-BALANCED_PAIR_TILE, BALANCED_PAIR_CONFIGS = False, {128: DecodeConfig(64, 3)}
+# and drain (partials, merge) with nothing else in flight. BALANCED_PAIR_TILE: where that grid passes one wave and
+# two slots an SM make "per-slot" take its one-wave branch (``balanced_pair_tile``), the balanced kernel takes
+# BALANCED_PAIR_CONFIGS' ring instead (64-key blocks, 3 stages: 112 KB, 172 registers, two CTAs an SM; sm_90a, Triton
+# 3.6): 200 shares + 64 items on 264 slots, cute/decode's plan. H200 (results/h200/gluon-balanced-pair/): the row
+# 137.6 -> 120.6 us (FlashInfer 121.8), sweep rows of 45-88 items 0.87-0.97x, the rest 1.00x.
+BALANCED_PAIR_TILE, BALANCED_PAIR_CONFIGS = True, {128: DecodeConfig(64, 3)}
 # Triton release -> head dims whose balanced kernel spills (3.9, D=256: 16-40 bytes a thread): never balanced there.
 BALANCED_SPILLS = {"3.9": (256,)}
 # The balanced grid's M tile on x, the share on y (triton/decode's switch): H200 (results/h200/decode-mtile-major/),
