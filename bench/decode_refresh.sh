@@ -4,9 +4,10 @@
 #      FlashInfer, now on the paged row too), the README's decode table ($OUT/decode/);
 #   2. the GPU tests of every file that runs triton/decode, gluon/decode or FlashInfer, paged caches included
 #      (verbose, $OUT/pytest.log, so a cut run still names what passed);
-#   3. with SEEDS (space-separated), `compare.py --decode --decode-random 8 --decode-seed S` per seed, the decode rungs
-#      and FlashInfer only: shapes no issue names ($OUT/seedS/, 100 s each; with every rung and baseline, seed 97's
-#      run of 2026-12-01 finished 3 of its 8 shapes in that time).
+#   3. with SEEDS (space-separated), `compare.py --decode --decode-random 8 --decode-seed S` per seed, the three decode
+#      rungs only: shapes no issue names ($OUT/seedS/, 100 s each; with every rung and baseline, seed 97's run of
+#      2026-12-01 finished 3 of its 8 shapes in that time, and FlashInfer JIT-builds each new shape for minutes on a
+#      fresh machine).
 # Run from the project root after `bash .gpu/flashinfer/stash.sh` in a call just before (the CuTe DSL, FA4 and
 # FlashInfer together pass one call's 64 MiB): carry [".gpu/cutlass-dsl.tar.xz", ".gpu/activate.sh", ".gpu/fa4",
 # ".gpu/flashinfer/activate.sh"], command `bash bench/decode_refresh.sh`.
@@ -33,7 +34,8 @@ step pytest 185 python3 -m pytest -v -m gpu -n 8 -p no:cacheprovider tests/test_
   tests/test_decode*.py tests/test_gluon_decode*.py tests/test_paged_kv.py tests/test_plan_cache.py \
   tests/test_transformers_adapter.py
 for seed in ${SEEDS:-}; do
-  step "seed$seed" 100 python3 compare.py --decode --decode-random 8 --decode-seed "$seed" --only '*/decode' \
+  step "seed$seed" 100 python3 compare.py --decode --decode-random 8 --decode-seed "$seed" --only triton/decode \
+    --only gluon/decode --only cute/decode \
     --out "$OUT/seed$seed"
 done
 tail -3 "$OUT/pytest.log"
