@@ -319,7 +319,10 @@ def test_decode_pick_reads_the_spread_of_the_decode_rungs(tmp_path: Path):
     row &= frame["kv_heads"] == 32
     frame.loc[row, "us"] *= 1.5
     frame.to_csv(copy, index=False)
-    assert "within 52 % of one another" in decode_block(tmp_path)
+    rungs = frame["impl"].isin(["triton/decode", "gluon/decode", "cute/decode"])
+    times = frame.loc[rungs & (frame["batch"] == 8) & (frame["seqlen_k"] == 131072) & (frame["kv_heads"] == 32), "us"]
+    widened = round((times.max() / times.min() - 1) * 100)
+    assert widened > 4 and f"within {widened} % of one another" in decode_block(tmp_path)
 
 
 def test_the_decode_block_shows_one_run_and_names_the_others(tmp_path: Path):
