@@ -16,7 +16,8 @@
 # pages-of-16 gap (the key loop's is at most ~3 %): predicted 'never' 0.93-1.00x on the paged row, 0.95-1.00x on the
 # twin.
 # This call: the switch's GPU tests (fp64 on a poisoned output, bit equality with the switch off), then the two A/Bs
-# through bench.decode_knob_ab (2 rounds, each value checked against fp64 on a poisoned output first). About 170 s.
+# through bench.decode_knob_ab (2 rounds, each value checked against fp64 on a poisoned output first). About 170 s
+# (limits 255 s).
 # Run from the project root carrying [".gpu/cutlass-dsl.tar.xz", ".gpu/activate.sh", ".gpu/fa4"] (the harness opens
 # every decode rung), command `bash bench/triton_paged_chunks_ab.sh`.
 # Outputs in $OUT: times.txt, pytest.log, chunks.log, chunks/, plan.log, plan/.
@@ -25,7 +26,7 @@ set -uo pipefail
 source "$(dirname "$0")/_gpu_run.sh" triton_paged_chunks_ab.sh runs/triton_paged_chunks_ab
 decode_setup
 status=0
-gpu_tests 60 tests/test_decode_paged_chunks.py
+gpu_tests 120 tests/test_decode_paged_chunks.py
 SHAPE=73/3:batch=8,seqlen_k=32768,head_dim=128
 knob_ab chunks 90 triton_impl.decode:PAGED_SPAN_CHUNKS False,True triton/decode \
   "$SHAPE,has_cache_seqlens=True,page_size=32,full" 43/7 59/6 "$SHAPE,has_cache_seqlens=True,page_size=16,full" \
