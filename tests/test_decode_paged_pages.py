@@ -113,7 +113,7 @@ def test_span_lookup_fp16_without_a_causal_mask(monkeypatch: pytest.MonkeyPatch)
 @triton.jit
 def _first_page_for_the_block(
     n_start, offs_n, block_table_row, seqlen_k, stride_kpage, stride_kn, stride_vpage, stride_vn,
-    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, SPAN_KEYS: tl.constexpr = 0,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """Every key of a block in the block's first page: the slot taken from the wrong page past the first."""
     page = tl.load(block_table_row + n_start // PAGE_SIZE).to(tl.int64)
@@ -124,7 +124,7 @@ def _first_page_for_the_block(
 @triton.jit
 def _slot_without_the_block_offset(
     n_start, offs_n, block_table_row, seqlen_k, stride_kpage, stride_kn, stride_vpage, stride_vn,
-    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, SPAN_KEYS: tl.constexpr = 0,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """The right page, but every block of it read from the page's first slot."""
     page = tl.load(block_table_row + n_start // PAGE_SIZE).to(tl.int64)

@@ -257,7 +257,7 @@ def kv_page_slots(offs_k, block_table_row, seqlen_k, PAGE_SIZE: tl.constexpr, MA
 @triton.jit
 def kv_block_rows(
     n_start, offs_n, block_table_row, seqlen_k, stride_kpage, stride_kn, stride_vpage, stride_vn,
-    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, SPAN_KEYS: tl.constexpr = 0,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """PagedKV by span (decode's ``PAGED_SPAN_LOOKUP``): the row offsets ``(k_rows, v_rows)`` of the key block
     from ``n_start`` (a multiple of BLOCK_N, below ``seqlen_k``) when BLOCK_N divides PAGE_SIZE or PAGE_SIZE
@@ -265,35 +265,21 @@ def kv_block_rows(
     PAGE_SIZE >= BLOCK_N holds the whole block: one scalar entry, and the rows are the contiguous block's from
     that page's slot ``n_start % PAGE_SIZE`` on. A smaller page: BLOCK_N / PAGE_SIZE scalar entries, key k taking
     entry ``k // PAGE_SIZE``'s page base; ``MASKED``: an entry whose first key is at or past ``seqlen_k`` is not
-    read (page 0; those keys' loads are masked). ``SPAN_KEYS`` > 0 (a divisor of PAGE_SIZE, decode's
-    ``PAGED_SPAN_CHUNKS``): the smaller page's entries read once per SPAN_KEYS keys instead, a page's entry
-    PAGE_SIZE / SPAN_KEYS times (the same rows; a longer loop that the compiler schedules in fewer registers)."""
+    read (page 0; those keys' loads are masked)."""
     if PAGE_SIZE >= BLOCK_N:
         page = tl.load(block_table_row + n_start // PAGE_SIZE).to(tl.int64)
         slot = n_start % PAGE_SIZE + offs_n
         return page * stride_kpage + slot * stride_kn, page * stride_vpage + slot * stride_vn
     else:
+        first_entry = n_start // PAGE_SIZE
+        span = offs_n // PAGE_SIZE
         pages = tl.zeros([BLOCK_N], dtype=tl.int32)
-        if SPAN_KEYS:
-            span = offs_n // SPAN_KEYS
-            for j in tl.static_range(BLOCK_N // SPAN_KEYS):
-                # The entry of the chunk's first key, divided at run time: folded to n_start // PAGE_SIZE + a
-                # constant, the compiler merges a page's reads into one and the loop is the per-page one again.
-                first_key = n_start + j * SPAN_KEYS
-                if MASKED:
-                    page = tl.load(block_table_row + first_key // PAGE_SIZE, mask=first_key < seqlen_k, other=0)
-                else:
-                    page = tl.load(block_table_row + first_key // PAGE_SIZE)
-                pages = tl.where(span == j, page, pages)
-        else:
-            first_entry = n_start // PAGE_SIZE
-            span = offs_n // PAGE_SIZE
-            for j in tl.static_range(BLOCK_N // PAGE_SIZE):
-                if MASKED:
-                    page = tl.load(block_table_row + first_entry + j, mask=n_start + j * PAGE_SIZE < seqlen_k, other=0)
-                else:
-                    page = tl.load(block_table_row + first_entry + j)
-                pages = tl.where(span == j, page, pages)
+        for j in tl.static_range(BLOCK_N // PAGE_SIZE):
+            if MASKED:
+                page = tl.load(block_table_row + first_entry + j, mask=n_start + j * PAGE_SIZE < seqlen_k, other=0)
+            else:
+                page = tl.load(block_table_row + first_entry + j)
+            pages = tl.where(span == j, page, pages)
         pages = pages.to(tl.int64)
         slot = offs_n % PAGE_SIZE
         return pages * stride_kpage + slot * stride_kn, pages * stride_vpage + slot * stride_vn
@@ -375,7 +361,7 @@ def attend_key_blocks(
     offs_m, key_begin, key_end, seqlen_k, causal_offset, softmax_scale_log2,
     CAUSAL: tl.constexpr, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     block_table_row=None, stride_kpage=0, stride_vpage=0, PAGE_SIZE: tl.constexpr = 0,
-    PAGE_SPANS: tl.constexpr = False, SPAN_KEYS: tl.constexpr = 0,
+    PAGE_SPANS: tl.constexpr = False,
 ):  # fmt: skip
     """Fold the keys [key_begin, key_end), BLOCK_N at a time from a block boundary, into (acc, row_max,
     row_sum) of one query tile: S = Q Kᵀ → mask → online softmax → rescale O → O += P V.
@@ -389,8 +375,7 @@ def attend_key_blocks(
     0, key j of the sequence is row ``page · stride_kpage + slot · stride_kn`` with (page, slot) from
     :func:`kv_page_slots` on ``block_table_row``, this sequence's row of the block table; ``PAGE_SPANS`` (the
     caller's promise: PAGE_SIZE > 0, BLOCK_N and PAGE_SIZE dividing one another, and ``key_begin`` a multiple of
-    BLOCK_N): one table entry per page the block spans instead (:func:`kv_block_rows`; ``SPAN_KEYS`` > 0: one
-    per SPAN_KEYS keys of a page smaller than the block).
+    BLOCK_N): one table entry per page the block spans instead (:func:`kv_block_rows`).
     """
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -399,7 +384,7 @@ def attend_key_blocks(
         if PAGE_SPANS:
             k_rows, v_rows = kv_block_rows(
                 n_start, offs_n, block_table_row, seqlen_k, stride_kpage, stride_kn, stride_vpage, stride_vn,
-                PAGE_SIZE, BLOCK_N, MASKED, SPAN_KEYS,
+                PAGE_SIZE, BLOCK_N, MASKED,
             )  # fmt: skip
             k_ptrs = k_base + k_rows[None, :] + offs_d[:, None]
             v_ptrs = v_base + v_rows[:, None] + offs_d[None, :]
@@ -435,7 +420,7 @@ def attend_key_range(
     offs_m, key_begin, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     block_table_row=None, stride_kpage=0, stride_vpage=0, PAGE_SIZE: tl.constexpr = 0,
-    PAGE_SPANS: tl.constexpr = False, SPAN_KEYS: tl.constexpr = 0,
+    PAGE_SPANS: tl.constexpr = False,
 ):  # fmt: skip
     """The peeled mainloop of ``pipelined`` and ``decode`` over keys [key_begin, key_end): first the
     blocks before ``unmasked_end``, which every row of the tile sees in full (no mask: the hot loop),
@@ -446,12 +431,12 @@ def attend_key_range(
         offs_m, key_begin, unmasked_end, seqlen_k, causal_offset, softmax_scale_log2,
         CAUSAL=CAUSAL, MASKED=False, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
         block_table_row=block_table_row, stride_kpage=stride_kpage, stride_vpage=stride_vpage, PAGE_SIZE=PAGE_SIZE,
-        PAGE_SPANS=PAGE_SPANS, SPAN_KEYS=SPAN_KEYS,
+        PAGE_SPANS=PAGE_SPANS,
     )  # fmt: skip
     return attend_key_blocks(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
         offs_m, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
         CAUSAL=CAUSAL, MASKED=True, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
         block_table_row=block_table_row, stride_kpage=stride_kpage, stride_vpage=stride_vpage, PAGE_SIZE=PAGE_SIZE,
-        PAGE_SPANS=PAGE_SPANS, SPAN_KEYS=SPAN_KEYS,
+        PAGE_SPANS=PAGE_SPANS,
     )  # fmt: skip

@@ -26,19 +26,18 @@ every query head of a GQA group reads the same K/V bytes again. This rung remove
 
 Paging, one table entry per page a key block spans (``PAGED_SPAN_LOOKUP``, on, but not under Triton 3.7, whose span
 builds spill: ``PAGED_SPAN_SPILLS``; ``_device.kv_block_rows``): where BLOCK_N and the page size divide one another
-(every power-of-two page from 16 to 256), a block inside one page is addressed as a contiguous block from one scalar
-load of its page, and a block over several pages (pages of 16 or 32) loads each of its 2-4 pages once and picks a key's
-page from them (``PAGED_SPAN_CHUNKS``, off: the balanced kernel reads a page of 32 once per 16 keys, which Triton 3.6
-builds in three CTAs' registers an SM). Requiring BLOCK_N to divide page_size instead would force 16-key blocks on
-vLLM's default page of 16: four times the loop trips, each with a quarter-size MMA. Any other page size (48, say) takes
-the lookup per key: ``kv_page_slots`` reads the table entry of every key of a block (one BLOCK_N-entry load, which
-Triton's pipeliner issues by ``cp.async`` ahead of the K/V loads that need it, and each key's page read back from shared
-memory), the only path before the switch; per key, the paged loop ran about 1.7-2.2x the contiguous one's instructions,
-per span 1.1-1.25x. A K or V row is D contiguous elements (256 bytes at D=128 in bf16) wherever its page lies, so the
-loads stay coalesced. The table's load takes pipeline stages of its own, so a paged build asks for
-``PAGED_EXTRA_STAGES`` more to keep as many K/V blocks in flight as the contiguous one. Page indices are not checked (a
-device synchronisation per call): each must name a page of the pools, the caller's contract as in FlashAttention; the
-entries of pages past a sequence's length are never read.
+(every power-of-two page from 16 to 256), a block inside one page is
+addressed as a contiguous block from one scalar load of its page, and a block over several pages (pages of 16 or
+32) loads each of its 2-4 pages once and picks a key's page from them. Requiring BLOCK_N to divide page_size instead
+would force 16-key blocks on vLLM's default page of 16: four times the loop trips, each with a quarter-size MMA. Any
+other page size (48, say) takes the lookup per key: ``kv_page_slots`` reads the table entry of every key of a block
+(one BLOCK_N-entry load, which Triton's pipeliner issues by ``cp.async`` ahead of the K/V loads that need it, and
+each key's page read back from shared memory), the only path before the switch; per key, the paged loop ran about
+1.7-2.2x the contiguous one's instructions, per span 1.1-1.25x. A K or V row is D contiguous elements (256 bytes at
+D=128 in bf16) wherever its page lies, so the loads stay coalesced. The table's load takes pipeline stages of its
+own, so a paged build asks for ``PAGED_EXTRA_STAGES`` more to keep as many K/V blocks in flight as the contiguous
+one. Page indices are not checked (a device synchronisation per call): each must name a page of the pools, the
+caller's contract as in FlashAttention; the entries of pages past a sequence's length are never read.
 
 The merge, in the split kernel (issue #38): a separate merge kernel costs a launch, and the tail of
 the split kernel and the ramp of the merge's CTAs, about 10-15 µs of a 36 µs step at a 160 MB cache;
@@ -256,18 +255,6 @@ PAGED_SPAN_LOOKUP = True
 # Triton releases whose span builds spill (3.7.1, sm_90a: the D=64 split kernel in pages of 256 8 bytes, the D=256
 # wgmma tile's split kernel in pages of 64 304 against 192 per key; none under 3.6, 3.8, 3.9): the lookup per key there.
 PAGED_SPAN_SPILLS = ("3.7",)
-# Issue #38's pages of 32 (helper `tpaged16`, sm_90a, untimed): under Triton 3.6 (the GPU's) the span build of the
-# fitted 16-row tile at D=128 in pages of 32 takes 189 registers a thread (pages of 16: 158, 64: 152, contiguous 128),
-# so two CTAs an SM hold where the balanced plan counts CTAS_PER_SM_FIT's three: B=8 Hkv=8 32k full lengths is 320
-# CTAs of 103 blocks on 264 slots, 56 of them a second wave. PAGED_SPAN_CHUNKS reads such a page's entry once per
-# SPAN_CHUNK_KEYS keys (twice a page; ``_device.kv_block_rows``' ``SPAN_KEYS``): the loop the compiler builds for pages
-# of 16, 157 registers, three CTAs an SM, 359 instructions a block against 308 (3.8 147 -> 147, 3.9 141 -> 149; no
-# spill in 3.6, 3.8, 3.9; 3.7 keeps the per-key lookup). The balanced kernel only (every paged row of several
-# sequences the rule splits): the padded split kernel's build goes 190 -> 198 registers with it, two CTAs an SM either
-# way. Off until its A/B (bench/triton_paged_chunks_ab.sh).
-PAGED_SPAN_CHUNKS = False
-SPAN_CHUNK_KEYS = 16
-PAGED_SPAN_CHUNK_HEAD_DIMS = (128,)
 # Split-kernel CTAs an SM holds at its 16-row tile (FIT_BLOCK_M; a 32-row tile at D=128 takes 184 registers, sm_90a,
 # Triton 3.6: two an SM); DEEP_RING's depths; SHORT_CACHE_TILE's (D=128: 37 KB, 96 registers: 5 an SM).
 CTAS_PER_SM_FIT, FIT_BLOCK_M, DEEP_RING_STAGES = {64: 4, 128: 3, 256: 2}, 16, {64: 6, 128: 5, 256: 5}
@@ -350,17 +337,6 @@ def paged_spans(problem: Problem) -> bool:
     return bool(switched_on and page and (page % block_n == 0 or block_n % page == 0))
 
 
-def span_keys(problem: Problem) -> int:
-    """Keys per block-table read of the balanced kernel's span lookup for ``problem``: SPAN_CHUNK_KEYS under
-    ``PAGED_SPAN_CHUNKS`` where ``paged_spans`` holds and a page of more keys than that but fewer than a block feeds
-    the fitted tile (at most FIT_BLOCK_M rows, no config's own CTAs an SM) at a head dim of
-    ``PAGED_SPAN_CHUNK_HEAD_DIMS``; else 0 (one read per page)."""
-    config = tile_config(problem)
-    fitted = config.ctas_per_sm == 0 and block_m_for(problem) <= FIT_BLOCK_M
-    chunked = SPAN_CHUNK_KEYS < problem.page_size < config.block_n and problem.head_dim in PAGED_SPAN_CHUNK_HEAD_DIMS
-    return SPAN_CHUNK_KEYS if PAGED_SPAN_CHUNKS and paged_spans(problem) and fitted and chunked else 0
-
-
 def launch_options(problem: Problem, deep: bool = False) -> dict[str, int | None]:
     """The split kernels' warps, depth (``num_stages_for``) and register cap."""
     config = tile_config(problem)
@@ -386,7 +362,6 @@ def attend_split(
     batch, kv_head, m_block, split, num_splits, group, seqlen_q, seqlen_k, softmax_scale_log2,
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_SPANS: tl.constexpr,
-    SPAN_KEYS: tl.constexpr = 0,
 ):  # fmt: skip
     """Steps 1-4 of the algorithm for M tile ``m_block`` of (``batch``, ``kv_head``) over split ``split``
     of ``num_splits`` of its keys: ``(out, lse, head, offs_m, row_ok)``, O normalised and the natural-log
@@ -429,7 +404,7 @@ def attend_split(
         offs_m, key_begin, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
         CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
         block_table_row=block_table_row, stride_kpage=stride_kb, stride_vpage=stride_vb, PAGE_SIZE=PAGE_SIZE,
-        PAGE_SPANS=PAGE_SPANS, SPAN_KEYS=SPAN_KEYS,
+        PAGE_SPANS=PAGE_SPANS,
     )  # fmt: skip
 
     # 4. O and the natural-log LSE of these keys (O = 0, LSE = -inf where there were none).
@@ -510,7 +485,7 @@ def _balanced_split_kernel(
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     SPLITS_PER_STEP: tl.constexpr, BLOCK_B: tl.constexpr, M_TILE_MAJOR: tl.constexpr, PAGE_SPANS: tl.constexpr,
-    MERGE_GROUP: tl.constexpr, SPAN_KEYS: tl.constexpr,
+    MERGE_GROUP: tl.constexpr,
 ):  # fmt: skip
     """Grid (target_shares + B · Hkv, m_blocks) (``M_TILE_MAJOR``: the axes swapped): one share of one M tile's keys
     per program, then the item's last share to arrive merges (an item of one share writes O and the LSE itself)."""
@@ -530,7 +505,7 @@ def _balanced_split_kernel(
         (Q, stride_qb, stride_qh, stride_qm), k_operand, v_operand, BlockTable, stride_btb, CacheSeqlens,
         batch, kv_head, m_block, split, item_shares, group, seqlen_q, seqlen_k, softmax_scale_log2,
         CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, HEAD_DIM=HEAD_DIM,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE, PAGE_SPANS=PAGE_SPANS, SPAN_KEYS=SPAN_KEYS,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE, PAGE_SPANS=PAGE_SPANS,
     )  # fmt: skip
     row = (batch * heads + head) * seqlen_q + offs_m
     out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
@@ -749,7 +724,7 @@ def balanced_constexprs(problem: Problem, m_tile_major: bool) -> dict[str, int |
         "BLOCK_N": tile_config(problem).block_n, "PAGE_SIZE": problem.page_size,
         "SPLITS_PER_STEP": _merge_step(problem), "BLOCK_B": next_power_of_2(max(problem.batch, MIN_BLOCK_B)),
         "M_TILE_MAJOR": m_tile_major,
-        "PAGE_SPANS": paged_spans(problem), "MERGE_GROUP": BALANCED_MERGE_GROUP, "SPAN_KEYS": span_keys(problem),
+        "PAGE_SPANS": paged_spans(problem), "MERGE_GROUP": BALANCED_MERGE_GROUP,
     }  # fmt: skip
 
 
