@@ -266,3 +266,77 @@ def test_gpu_launch_takes_the_pair_ring(monkeypatch: pytest.MonkeyPatch):
     assert (run.split_options["BLOCK_N"], run.split_options["NUM_STAGES"]) == (64, 3)
     slots = 2 * splits.sm_count(device)
     assert run.split_grid == (1, slots), run.split_grid
+
+
+# ----------------------------------------------------------------------------------------------------
+# BALANCED_PAIR_SMALL_PAGES (off): pages smaller than a pair block on the pair ring, copied by the warpgroup
+# ----------------------------------------------------------------------------------------------------
+def _paged_full(page_size: int) -> Problem:
+    """The default run's paged row (B=8 Hkv=8 32k D=128, full lengths as cache_seqlens) in pages of ``page_size``."""
+    return _problem(8, 8, 32768 if page_size != 48 else 32640, page_size=page_size)
+
+
+def test_small_pages_take_the_pair_ring_without_a_load_warp(monkeypatch: pytest.MonkeyPatch):
+    """Off: pages of 16 and 32 keep the default ring's load warp. On: pages dividing the 64-key block take the pair
+    ring, copied in chunks of a page by the warpgroup (two CTAs an SM leave no room for a load warp); 48 (not a
+    divisor) stays on the default ring, and the items' rule still decides (seed 59's row 1 moves, 89 items do not)."""
+    assert gluon_decode.BALANCED_PAIR_SMALL_PAGES is False
+    pair = gluon_decode.BALANCED_PAIR_CONFIGS[128]
+    for page_size in (16, 32, 48):
+        problem = _paged_full(page_size)
+        assert not gluon_decode.balanced_pair_tile(problem, CPU) and gluon_decode.load_warp(problem)
+    monkeypatch.setattr(gluon_decode, "BALANCED_PAIR_SMALL_PAGES", True)
+    for page_size, taken in ((16, True), (32, True), (48, False), (64, True), (0, True)):
+        problem = _paged_full(page_size)
+        assert gluon_decode.balanced_pair_tile(problem, CPU) == taken, page_size
+        config = gluon_decode.balanced_config(problem, CPU)
+        if taken and page_size:
+            assert config == pair and not gluon_decode.load_warp(problem, config)
+            assert gluon_decode.kv_chunk_rows(problem, config) == min(page_size, pair.block_n)
+    assert gluon_decode.balanced_pair_tile(random_cases(8, 59)[1].problem, CPU)
+    assert not gluon_decode.balanced_pair_tile(_problem(89, 1, 65536, page_size=16), CPU)
+
+
+_SMALL_PAGES_SCRIPT = r"""
+import json
+from common.reporting.static import cubin_resources
+from tests.test_gluon_decode_pair_tile import _paged_full
+from triton_impl.gluon import decode
+
+decode.BALANCED_PAIR_SMALL_PAGES = True
+problem = _paged_full(16)
+config = decode.balanced_config(problem)
+(binary,) = decode.compile_sm90(problem)
+(usage,) = cubin_resources(binary.cubin).values()
+print(json.dumps({"block_n": config.block_n, "load_warp": decode.load_warp(problem, config),
+                  "registers": usage["registers"], "spill_bytes": usage["local_bytes"] + usage["stack_bytes"],
+                  "shared_bytes": binary.shared_bytes}))
+"""
+
+
+@pytest.mark.static
+def test_small_pages_pair_build_fits_two_ctas_an_sm():
+    facts = json_from_child(["-c", _SMALL_PAGES_SCRIPT], timeout=600)
+    assert facts["block_n"] == 64 and not facts["load_warp"], facts
+    assert facts["spill_bytes"] == 0 and facts["registers"] <= REGISTERS_FOR_TWO_CTAS, facts
+    assert SM_SHARED_BYTES // (facts["shared_bytes"] + CTA_RESERVED_BYTES) == 2, facts
+
+
+# name -> (problem, lengths): pages of 16 and 32 with ragged lengths (an empty sequence, one ending inside a page).
+SMALL_PAGE_CASES = {
+    "paged16": (_problem(8, 8, 16384, page_size=16), (16384, 0, 17, 9000, 127, 12289, 64, 3001)),
+    "paged32-sq2": (_problem(8, 8, 16384, seqlen_q=2, page_size=32), (2, 16384, 777, 10001, 5000, 129, 15999, 63)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(SMALL_PAGE_CASES))
+def test_gpu_small_pages_on_the_pair_ring_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    problem, lengths = SMALL_PAGE_CASES[case]
+    monkeypatch.setattr(gluon_decode, "BALANCED_PAIR_SMALL_PAGES", True)
+    if not gluon_decode.balanced_pair_tile(problem, torch.device("cuda")):
+        pytest.skip(f"the pair ring does not apply to {case} on this GPU's SM count")
+    result = check_on_gpu("gluon/decode", problem, lengths, seed=len(case))
+    assert result.ok, f"gluon/decode BALANCED_PAIR_SMALL_PAGES {problem.describe()}: {result.summary()}"

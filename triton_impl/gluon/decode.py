@@ -244,6 +244,12 @@ BALANCED_SHARES_BY_SLOTS = False
 # 3.6): 200 shares + 64 items on 264 slots, cute/decode's plan. H200 (results/h200/gluon-balanced-pair/): the row
 # 137.6 -> 120.6 us (FlashInfer 121.8), sweep rows of 45-88 items 0.87-0.97x, the rest 1.00x.
 BALANCED_PAIR_TILE, BALANCED_PAIR_CONFIGS = True, {128: DecodeConfig(64, 3)}
+# The paged row (B=8 Hkv=8 32k D=128 in pages of 16, full lengths given as cache_seqlens; H200, results/h200/decode/):
+# gluon 269.4 us, FlashInfer 249.6. Its balanced grid is the ragged row's 2.5 waves of one CTA an SM (the load warp's
+# ring); the same lengths contiguous took 270.3 (results/h200/gluon-paged-load-warp/), so the plan, not the pages, is
+# the gap. BALANCED_PAIR_SMALL_PAGES (off until bench/gluon_pair_small_pages_ab.sh): pages smaller than the pair ring's
+# 64-key blocks take it too, the warpgroup issuing a block's 16- or 32-key chunks (two CTAs an SM, no load warp).
+BALANCED_PAIR_SMALL_PAGES = False
 # Triton release -> head dims whose balanced kernel spills (3.9, D=256: 16-40 bytes a thread): never balanced there.
 BALANCED_SPILLS = {"3.9": (256,)}
 # The balanced grid's M tile on x, the share on y (triton/decode's switch): H200 (results/h200/decode-mtile-major/),
@@ -774,7 +780,8 @@ def balanced_pair_tile(problem: Problem, device: torch.device | None = None) -> 
     """Whether ``BALANCED_PAIR_TILE`` gives ``problem``'s balanced launch on ``device`` (None: the default SM count, as
     the sm_90a compile) ``BALANCED_PAIR_CONFIGS``' ring: where the default ring would take it (no short-cache, packed
     or wide tile), a contiguous cache or pages of whole pair blocks (one copy a block: no load warp, which needs one
-    CTA an SM), and under "per-slot" the pair ring's CTA slots take the one-wave branch (``splits.per_slot_one_wave``)
+    CTA an SM; with ``BALANCED_PAIR_SMALL_PAGES`` pages dividing a pair block too, copied by the warpgroup in
+    chunks), and under "per-slot" the pair ring's CTA slots take the one-wave branch (``splits.per_slot_one_wave``)
     where the default ring's do not (items 45-88 at D=128 on 132 SMs): there the default grid is 264 shares + items
     on 132 slots, the pair's slots - items shares + items on 264, one wave. Elsewhere both plans are one wave (few
     items) or many (the items fill the slots), and the longer blocks keep the deeper ring's streaming rate."""
@@ -782,7 +789,9 @@ def balanced_pair_tile(problem: Problem, device: torch.device | None = None) -> 
     default = decode_config(problem)
     if not BALANCED_PAIR_TILE or pair is None or default != DEFAULT_CONFIGS[problem.head_dim] or wide_m_tile(problem):
         return False
-    if problem.page_size % pair.block_n or _decode_balanced.BALANCED_TARGET != "per-slot":
+    whole_blocks = problem.page_size % pair.block_n == 0
+    small_pages = BALANCED_PAIR_SMALL_PAGES and problem.paged and pair.block_n % problem.page_size == 0
+    if not (whole_blocks or small_pages) or _decode_balanced.BALANCED_TARGET != "per-slot":
         return False
     if not balanced_split(problem, device):
         return False
