@@ -74,7 +74,8 @@ SHAPES = [
     ("two query tokens", _problem(8, 8, 65536, seqlen_q=2), True),
     ("pages of 64", _problem(8, 8, 65536, page_size=64), True),
     ("pages of 256", _problem(8, 8, 65536, page_size=256), True),
-    ("pages of 32: a load warp's", _problem(8, 8, 65536, page_size=32), False),
+    ("pages of 32: page chunks", _problem(8, 8, 65536, page_size=32), True),
+    ("pages of 48: no chunk divides a pair block", _problem(8, 8, 65520, page_size=48), False),
     ("no cache_seqlens: padded split", _problem(8, 8, 65536, has_cache_seqlens=False), False),
     ("short cache: 64-key tile already", _problem(8, 8, splits.SHORT_CACHE_KEYS), False),
     ("D=64", _problem(8, 8, 65536, head_dim=64), False),
@@ -124,10 +125,10 @@ def test_pair_plan_of_the_sweep_ragged_row_is_one_wave(monkeypatch: pytest.Monke
     assert on[1] + items == slots == 264
 
 
-# Sweep rows (seed/index) the switch moves (45-88 items at D=128, contiguous or pages of 64 and more) and leaves (53/7:
-# 128 items; 59/4: 32; 59/1: pages of 16).
-SWEEP_ROWS = {(53, 6): True, (91, 3): True, (83, 7): True, (57, 3): True, (67, 5): True, (53, 7): False,
-              (59, 4): False, (59, 1): False}  # fmt: skip
+# Sweep rows (seed/index) the switch moves (45-88 items at D=128, contiguous or in pages; 59/1: pages of 16, with
+# BALANCED_PAIR_SMALL_PAGES) and leaves (53/7: 128 items; 59/4: 32; 89/1: 4).
+SWEEP_ROWS = {(53, 6): True, (91, 3): True, (83, 7): True, (57, 3): True, (67, 5): True, (59, 1): True,
+              (53, 7): False, (59, 4): False, (89, 1): False}  # fmt: skip
 
 
 def test_sweep_rows_it_moves_and_leaves(monkeypatch: pytest.MonkeyPatch):
@@ -195,6 +196,8 @@ rows = {
                  and c.problem.kv_heads == 8).problem,
     "paged16": next(c for c in cases if c.problem.paged).problem,
 }
+# The pair tile's own switch: pages of 16 stay on the default ring (BALANCED_PAIR_SMALL_PAGES has its test below).
+decode.BALANCED_PAIR_SMALL_PAGES = False
 results = []
 for name, pair in json.loads(sys.argv[1]):
     decode.BALANCED_PAIR_TILE = pair
@@ -269,7 +272,7 @@ def test_gpu_launch_takes_the_pair_ring(monkeypatch: pytest.MonkeyPatch):
 
 
 # ----------------------------------------------------------------------------------------------------
-# BALANCED_PAIR_SMALL_PAGES (off): pages smaller than a pair block on the pair ring, copied by the warpgroup
+# BALANCED_PAIR_SMALL_PAGES (on): pages smaller than a pair block on the pair ring, copied by the warpgroup
 # ----------------------------------------------------------------------------------------------------
 def _paged_full(page_size: int) -> Problem:
     """The default run's paged row (B=8 Hkv=8 32k D=128, full lengths as cache_seqlens) in pages of ``page_size``."""
@@ -277,11 +280,12 @@ def _paged_full(page_size: int) -> Problem:
 
 
 def test_small_pages_take_the_pair_ring_without_a_load_warp(monkeypatch: pytest.MonkeyPatch):
-    """Off: pages of 16 and 32 keep the default ring's load warp. On: pages dividing the 64-key block take the pair
+    """Off: pages of 16 and 32 keep the default ring's load warp. On (the default): pages dividing the 64-key block take the pair
     ring, copied in chunks of a page by the warpgroup (two CTAs an SM leave no room for a load warp); 48 (not a
     divisor) stays on the default ring, and the items' rule still decides (seed 59's row 1 moves, 89 items do not)."""
-    assert gluon_decode.BALANCED_PAIR_SMALL_PAGES is False
+    assert gluon_decode.BALANCED_PAIR_SMALL_PAGES is True, "on since results/h200/gluon-pair-small-pages/"
     pair = gluon_decode.BALANCED_PAIR_CONFIGS[128]
+    monkeypatch.setattr(gluon_decode, "BALANCED_PAIR_SMALL_PAGES", False)
     for page_size in (16, 32, 48):
         problem = _paged_full(page_size)
         assert not gluon_decode.balanced_pair_tile(problem, CPU) and gluon_decode.load_warp(problem)

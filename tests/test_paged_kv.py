@@ -710,6 +710,8 @@ import torch
 from common.contract.problem import Problem
 from common.reporting.static import cubin_resources, cubin_sass, sass_loops
 from triton_impl.gluon import decode
+# The default ring's build, where the load warp engages (these 64 items take the pair ring by default).
+decode.BALANCED_PAIR_SMALL_PAGES = False
 rows = {}
 problem = Problem(8, 32, 1, 32768, 128, dtype=torch.bfloat16, kv_heads=8, causal=True,
                   causal_alignment="bottom_right", has_cache_seqlens=True, page_size=16)

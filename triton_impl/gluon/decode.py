@@ -247,9 +247,11 @@ BALANCED_PAIR_TILE, BALANCED_PAIR_CONFIGS = True, {128: DecodeConfig(64, 3)}
 # The paged row (B=8 Hkv=8 32k D=128 in pages of 16, full lengths given as cache_seqlens; H200, results/h200/decode/):
 # gluon 269.4 us, FlashInfer 249.6. Its balanced grid is the ragged row's 2.5 waves of one CTA an SM (the load warp's
 # ring); the same lengths contiguous took 270.3 (results/h200/gluon-paged-load-warp/), so the plan, not the pages, is
-# the gap. BALANCED_PAIR_SMALL_PAGES (off until bench/gluon_pair_small_pages_ab.sh): pages smaller than the pair ring's
-# 64-key blocks take it too, the warpgroup issuing a block's 16- or 32-key chunks (two CTAs an SM, no load warp).
-BALANCED_PAIR_SMALL_PAGES = False
+# the gap. BALANCED_PAIR_SMALL_PAGES: pages smaller than the pair ring's 64-key blocks take it too, the warpgroup
+# issuing a block's 16- or 32-key chunks (two CTAs an SM, no load warp). H200 (results/h200/gluon-pair-small-pages/):
+# pages of 16 274.8 -> 253.5 us (the contiguous twin 247.6 in the same run), of 32 272.9 -> 250.4, seed 59 row 1
+# 121.0 -> 113.8; controls 1.00x.
+BALANCED_PAIR_SMALL_PAGES = True
 # Triton release -> head dims whose balanced kernel spills (3.9, D=256: 16-40 bytes a thread): never balanced there.
 BALANCED_SPILLS = {"3.9": (256,)}
 # The balanced grid's M tile on x, the share on y (triton/decode's switch): H200 (results/h200/decode-mtile-major/),
