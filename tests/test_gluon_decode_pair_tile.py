@@ -280,9 +280,10 @@ def _paged_full(page_size: int) -> Problem:
 
 
 def test_small_pages_take_the_pair_ring_without_a_load_warp(monkeypatch: pytest.MonkeyPatch):
-    """Off: pages of 16 and 32 keep the default ring's load warp. On (the default): pages dividing the 64-key block take the pair
-    ring, copied in chunks of a page by the warpgroup (two CTAs an SM leave no room for a load warp); 48 (not a
-    divisor) stays on the default ring, and the items' rule still decides (seed 59's row 1 moves, 89 items do not)."""
+    """Off: pages of 16 and 32 keep the default ring's load warp. On (the default): pages dividing the 64-key block
+    take the pair ring, copied in chunks of a page by the warpgroup (two CTAs an SM leave no room for a load warp); 48
+    (not a divisor) stays on the default ring, and the items' rule still decides (seed 59's row 1 moves, 89 items do
+    not)."""
     assert gluon_decode.BALANCED_PAIR_SMALL_PAGES is True, "on since results/h200/gluon-pair-small-pages/"
     pair = gluon_decode.BALANCED_PAIR_CONFIGS[128]
     monkeypatch.setattr(gluon_decode, "BALANCED_PAIR_SMALL_PAGES", False)
