@@ -17,7 +17,8 @@ splits) takes triton/decode's balanced split instead: a grid of target shares + 
 share of the valid keys by the Triton stack's own device plan (``balanced_share``), its partials in a slab of packed
 rows and the item's last share merging (``BALANCED``; ``_decode_balanced.py``); ``M_TILE_MAJOR`` puts the M tile on
 the grid's x, a share's M tiles together (``splits.balanced_grid``); ``BALANCED_PAIR_TILE`` gives that kernel a
-ring of 64-key blocks that two CTAs share an SM with where it makes the grid one wave (``balanced_pair_tile``).
+ring of 64-key blocks that two CTAs share an SM with where it makes the grid one wave (``balanced_pair_tile``; pages of
+16 or 32 too, by ``BALANCED_PAIR_SMALL_PAGES``, the warpgroup copying their chunks where the load warp would).
 
 What Gluon makes explicit (what Triton decides in triton/decode / what this file writes):
   * Copies: the pipeliner turns the K and V loads into ``cp.async``, 16 bytes per thread and
