@@ -19,7 +19,7 @@ set -uo pipefail
 source "$(dirname "$0")/_gpu_run.sh" gluon_pair_small_pages_ab.sh runs/gluon_pair_small_pages_ab
 decode_setup
 status=0
-gpu_tests 100 tests/test_gluon_decode_pair_tile.py -k small_pages
+gpu_tests 100 tests/test_gluon_decode_pair_tile.py -k "paged16 or paged32"
 SHAPE=73/3:batch=8,seqlen_k=32768,head_dim=128,has_cache_seqlens=True
 knob_ab pages 100 triton_impl.gluon.decode:BALANCED_PAIR_SMALL_PAGES False,True gluon/decode \
   "$SHAPE,page_size=16,full" "$SHAPE,page_size=32,full" 59/1 "$SHAPE,full" "73/3:seqlen_k=32768,head_dim=128,ragged" 89/1

@@ -10,7 +10,7 @@ spelling of that row; a planted off-by-one in the one-wave rule fails the bounda
 build without spills in two CTAs' shared memory and registers, and the switch leaving every build it does not take
 instruction for instruction. GPU (``gpu``; ``bench/gluon_balanced_pair_ab.sh``): against fp64 on a poisoned output
 with the pair ring checked to be the one launched: the sweep's ragged row itself, a smaller ragged batch with an empty
-sequence in fp16, two query tokens, pages of 64.
+sequence in fp16, two query tokens, pages of 64, 16 and 32 (``BALANCED_PAIR_SMALL_PAGES``).
 """
 
 from __future__ import annotations
@@ -235,6 +235,9 @@ GPU_CASES = {
     "fp16-empty": (_problem(8, 8, 16384, dtype=torch.float16), (16384, 0, 1, 9000, 127, 12289, 64, 3000)),
     "sq2": (_problem(8, 8, 16384, seqlen_q=2), (2, 16384, 777, 10001, 5000, 129, 15999, 63)),
     "paged64": (_problem(8, 8, 16384, page_size=64), (16000, 65, 4097, 12000, 0, 8191, 300, 16384)),
+    # BALANCED_PAIR_SMALL_PAGES: page chunks copied by the warpgroup, sequences ending inside a page.
+    "paged16": (_problem(8, 8, 16384, page_size=16), (16384, 0, 17, 9000, 127, 12289, 64, 3001)),
+    "paged32-sq2": (_problem(8, 8, 16384, seqlen_q=2, page_size=32), (2, 16384, 777, 10001, 5000, 129, 15999, 63)),
 }
 
 
@@ -246,6 +249,7 @@ def test_gpu_pair_ring_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
     problem, lengths = GPU_CASES[case]
     device = torch.device("cuda")
     monkeypatch.setattr(gluon_decode, "BALANCED_PAIR_TILE", True)
+    monkeypatch.setattr(gluon_decode, "BALANCED_PAIR_SMALL_PAGES", True)
     if not gluon_decode.balanced_pair_tile(problem, device):
         pytest.skip(f"the pair ring does not apply to {case} on this GPU's SM count")
     result = check_on_gpu("gluon/decode", problem, lengths, seed=len(case))
@@ -325,23 +329,3 @@ def test_small_pages_pair_build_fits_two_ctas_an_sm():
     assert facts["block_n"] == 64 and not facts["load_warp"], facts
     assert facts["spill_bytes"] == 0 and facts["registers"] <= REGISTERS_FOR_TWO_CTAS, facts
     assert SM_SHARED_BYTES // (facts["shared_bytes"] + CTA_RESERVED_BYTES) == 2, facts
-
-
-# name -> (problem, lengths): pages of 16 and 32 with ragged lengths (an empty sequence, one ending inside a page).
-SMALL_PAGE_CASES = {
-    "paged16": (_problem(8, 8, 16384, page_size=16), (16384, 0, 17, 9000, 127, 12289, 64, 3001)),
-    "paged32-sq2": (_problem(8, 8, 16384, seqlen_q=2, page_size=32), (2, 16384, 777, 10001, 5000, 129, 15999, 63)),
-}
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", sorted(SMALL_PAGE_CASES))
-def test_gpu_small_pages_on_the_pair_ring_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    problem, lengths = SMALL_PAGE_CASES[case]
-    monkeypatch.setattr(gluon_decode, "BALANCED_PAIR_SMALL_PAGES", True)
-    if not gluon_decode.balanced_pair_tile(problem, torch.device("cuda")):
-        pytest.skip(f"the pair ring does not apply to {case} on this GPU's SM count")
-    result = check_on_gpu("gluon/decode", problem, lengths, seed=len(case))
-    assert result.ok, f"gluon/decode BALANCED_PAIR_SMALL_PAGES {problem.describe()}: {result.summary()}"
