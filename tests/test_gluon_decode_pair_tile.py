@@ -196,24 +196,31 @@ rows = {
                  and c.problem.kv_heads == 8).problem,
     "paged16": next(c for c in cases if c.problem.paged).problem,
 }
-# The pair tile's own switch: pages of 16 stay on the default ring (BALANCED_PAIR_SMALL_PAGES has its test below).
-decode.BALANCED_PAIR_SMALL_PAGES = False
 results = []
-for name, pair in json.loads(sys.argv[1]):
-    decode.BALANCED_PAIR_TILE = pair
+for name, pair, small_pages in json.loads(sys.argv[1]):
+    decode.BALANCED_PAIR_TILE, decode.BALANCED_PAIR_SMALL_PAGES = pair, small_pages
     (binary,) = decode.compile_sm90(rows[name])
     (usage,) = cubin_resources(binary.cubin).values()
+    config = decode.balanced_config(rows[name])
     results.append({"registers": usage["registers"], "spill_bytes": usage["local_bytes"] + usage["stack_bytes"],
-                    "shared_bytes": binary.shared_bytes,
+                    "shared_bytes": binary.shared_bytes, "block_n": config.block_n,
+                    "load_warp": decode.load_warp(rows[name], config),
                     "sass": hashlib.sha256(cubin_sass(binary.cubin).encode()).hexdigest()})
 print(json.dumps(results))
 """
 
 
+def _compiled(keys: list[list]) -> dict[tuple, dict]:
+    """``_SCRIPT``'s facts of each (row, BALANCED_PAIR_TILE, BALANCED_PAIR_SMALL_PAGES) build, by key."""
+    facts = json_from_child(["-c", _SCRIPT, json.dumps(keys)], timeout=900)
+    return dict(zip(map(tuple, keys), facts, strict=True))
+
+
 @pytest.mark.static
 def test_pair_build_fits_two_ctas_an_sm_and_leaves_the_others():
-    keys = [[name, pair] for name in ("ragged", "full", "paged16") for pair in (False, True)]
-    compiled = dict(zip(map(tuple, keys), json_from_child(["-c", _SCRIPT, json.dumps(keys)], timeout=900), strict=True))
+    # The pair tile's own switch: pages of 16 stay on the default ring (BALANCED_PAIR_SMALL_PAGES has its test below).
+    compiled = _compiled([[name, pair, False] for name in ("ragged", "full", "paged16") for pair in (False, True)])
+    compiled = {key[:2]: facts for key, facts in compiled.items()}
     for key, facts in compiled.items():
         assert facts["spill_bytes"] == 0, (key, facts)
     pair, default = compiled["ragged", True], compiled["ragged", False]
@@ -306,26 +313,9 @@ def test_small_pages_take_the_pair_ring_without_a_load_warp(monkeypatch: pytest.
     assert not gluon_decode.balanced_pair_tile(_problem(89, 1, 65536, page_size=16), CPU)
 
 
-_SMALL_PAGES_SCRIPT = r"""
-import json
-from common.reporting.static import cubin_resources
-from tests.test_gluon_decode_pair_tile import _paged_full
-from triton_impl.gluon import decode
-
-decode.BALANCED_PAIR_SMALL_PAGES = True
-problem = _paged_full(16)
-config = decode.balanced_config(problem)
-(binary,) = decode.compile_sm90(problem)
-(usage,) = cubin_resources(binary.cubin).values()
-print(json.dumps({"block_n": config.block_n, "load_warp": decode.load_warp(problem, config),
-                  "registers": usage["registers"], "spill_bytes": usage["local_bytes"] + usage["stack_bytes"],
-                  "shared_bytes": binary.shared_bytes}))
-"""
-
-
 @pytest.mark.static
 def test_small_pages_pair_build_fits_two_ctas_an_sm():
-    facts = json_from_child(["-c", _SMALL_PAGES_SCRIPT], timeout=600)
+    (facts,) = _compiled([["paged16", True, True]]).values()
     assert facts["block_n"] == 64 and not facts["load_warp"], facts
     assert facts["spill_bytes"] == 0 and facts["registers"] <= REGISTERS_FOR_TWO_CTAS, facts
     assert SM_SHARED_BYTES // (facts["shared_bytes"] + CTA_RESERVED_BYTES) == 2, facts
