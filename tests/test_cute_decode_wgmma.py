@@ -80,6 +80,29 @@ def test_on_leaves_other_plans(case: str, monkeypatch: pytest.MonkeyPatch):
     assert _plan(LEFT[case]) == off
 
 
+def test_ab_script_rows_parse_and_the_switch_moves_the_first_five():
+    """bench/cute_decode_wgmma_ab.sh's knob rows: each parses, the two rows of the class come first, and the switch
+    changes the compile key of exactly the first five (the last two are the controls): a typo costs a device call."""
+    import shlex
+    from pathlib import Path
+
+    from bench.decode_knob_ab import parse_row
+
+    script = (Path(__file__).parents[1] / "bench" / "cute_decode_wgmma_ab.sh").read_text()
+    assert "gpu_tests 150 tests/test_cute_decode_wgmma.py" in script
+    words = shlex.split(script.split("\nknob_ab wgmma ", 1)[1].split("\ncat ", 1)[0].replace("\\\n", " "))
+    assert words[:3] == ["330", "cute_impl.decode:WGMMA_MIN_ROWS", f"0,{ON}"] and words[3] == "cute/decode", words
+    rows = [parse_row(text)[1] for text in words[4:]]
+    assert [case.problem for case in rows[:2]] == [random_cases(8, seed)[row].problem for seed, row in SEED_ROWS]
+    moved = []
+    for case in rows:
+        off = _plan(case.problem)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(decode, "WGMMA_MIN_ROWS", ON)
+            moved.append(_plan(case.problem) != off)
+    assert moved == [True] * 5 + [False] * 2
+
+
 # ----------------------------------------------------------------------------------------------------
 # sm_90a: on, no spills, the CTAs an SM the rule counts, a key loop of HGMMA
 # ----------------------------------------------------------------------------------------------------
