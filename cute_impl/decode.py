@@ -25,7 +25,9 @@ keeping the memory system busy, not the tensor cores:
   first where a tile has more than 16 (``_decode_warps.py``; ``WIDE_M_TILE``, on: D=128's and D=256's 64-row tiles). Why
   ``mma.sync`` (SM80-style, warp-level), not WGMMA: a 64-row warpgroup tile would be three quarters padding for 16
   packed rows, and no MMA choice matters when the tensor cores idle on memory; ``mma.sync`` lets each warp own its
-  keys and its softmax.
+  keys and its softmax. With 128 or more packed rows the step is compute-bound and ``mma.sync`` (half WGMMA's tensor
+  rate on sm_90) trails the WGMMA rungs: ``WGMMA_MIN_ROWS`` (off) runs those 64-row tiles on one warpgroup's WGMMA
+  (``_decode_wgmma.py``).
 * **The balanced split** (``BALANCED_SPLIT``, triton/decode's switch and plan, ``_decode_plan.py``):
   in a ragged batch the padded split leaves most of a short sequence's CTAs without a key while the
   long one's few carry its keys. Balanced, the grid is target_shares + B·Hkv CTAs per M tile (the shape

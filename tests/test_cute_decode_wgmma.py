@@ -3,12 +3,13 @@ many packed rows on one warpgroup's WGMMA (``cute_impl/_decode_wgmma.py``) inste
 
 CPU: off by default; on (128), the compile key of seed 107 row 0 (256 packed rows, D=128) and seed 103 row 0 (128
 rows) gains ``wgmma`` and nothing else of the plan changes (tile, M tiles, split count, balanced slabs), while 64
-packed rows, D=256 and a tile under 64 rows keep theirs. Static (sm_90a): on, the balanced split (paged, ragged) and
-the padded split (contiguous, causal, cache lengths) compile without spills in registers and shared memory for the
-CTAs an SM the split rule counts, and the key loop runs on HGMMA, with no HMMA and no ldmatrix. GPU (``gpu`` marker;
-not run yet): on, against fp64 on a poisoned output over 128 and 256 packed rows at D=128 and D=64, Sq 5 (rows of
-different tokens), ragged, paged, forced splits and the balanced split; the causal mask taking the packed row as
-the token (no ``row % Sq``) must fail the check.
+packed rows, D=256 and a tile under 64 rows keep theirs; bench/cute_decode_wgmma_ab.sh's rows parse and the switch
+moves the five it should. Static (sm_90a): on, the balanced split (paged, ragged) and the padded split (contiguous,
+causal, cache lengths) compile without spills in registers and shared memory for the CTAs an SM the split rule
+counts, and the key loop runs on HGMMA, with no HMMA and no ldmatrix. GPU (``gpu`` marker; not run yet): on, against
+fp64 on a poisoned output over 128 to 256 packed rows at D=128 and D=64, Sq 5 (rows of different tokens), ragged,
+paged, forced splits and the balanced split; the causal mask taking the packed row as the token (no ``row % Sq``)
+must fail the check.
 """
 
 from __future__ import annotations
