@@ -3,7 +3,7 @@
 # trail the WGMMA rungs (H200: seed 107 row 0, B=1 H=512 Hkv=32 Sq=16 D=128, 256 rows on a 21949-key cache, cute 364.8
 # against triton 205.5 / gluon 215.0 us; seed 103 row 0, 128 rows, B=32 Sk=2304, 532.5 against 371.3 / 384.6).
 # WGMMA_MIN_ROWS (cute_impl/_decode_wgmma.py) puts those 64-row tiles on one warpgroup's WGMMA: sm_90a, a 64-key block
-# 350 instructions a warp and 12 HGMMA against 534 and 128 HMMA.16816 (docs/perf-log.md, "Helper `cutewg`").
+# 349 instructions a warp and 12 HGMMA against 534 and 128 HMMA.16816 (docs/perf-log.md, "Helper `cutewg`").
 # Predicted: 107/0 364.8 -> 200-250 us; 103/0 532.5 -> 360-420; 41/1 and 31/6 (D=64, 128 rows) 0.75-1.0x; the
 # controls (59/2: 64 rows; 107/0 at Sq=1: 16 rows; the plan unchanged) 1.00x.
 # This call: the switch's GPU tests (fp64 on a poisoned output, 128-256 packed rows at D=64 and 128, Sq 5, ragged,

@@ -18,9 +18,9 @@ merge through shared memory (one part: the warpgroup's O and LSE) and the merge 
 change: WGMMA's 128-byte-swizzled K-major Q and K, and V's MN-major layout, which the cp.async copy fills through
 a (key, D) view of the same memory.
 
-Per key block (``attend_block``): refill the ring and wait for this block (``refill_kv_ring``), then
-``fence.proxy.async`` (cp.async writes through the generic proxy, WGMMA reads through the async one) and a CTA
-barrier; S; wait; mask (the top blocks of a split); softmax; rescale O; P; P V; wait, so that the slot is free
+Per key block (``attend_wgmma_block``): refill the ring and wait for this block (``refill_kv_ring``), with a
+``fence.proxy.async`` before its last barrier (cp.async writes through the generic proxy, WGMMA reads through the async
+one); S; wait; mask (the top blocks of a split); softmax; rescale O; P; P V; wait, so that the slot is free
 for the next iteration's refill. No S/P V overlap inside the warpgroup yet (cute/hopper's ``next_block``).
 """
 
@@ -238,9 +238,7 @@ class WgmmaDecodeKernel(DecodeKernel):
         slot = step % self.stages
 
         # ---- 3a. Refill the freed slot, wait for this block, hand it to the async proxy ---------
-        refill_kv_ring(kv_copy, step, self.stages, n_block_max, n_blocks, seqlen_k)
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier()
+        refill_kv_ring(kv_copy, step, self.stages, n_block_max, n_blocks, seqlen_k, async_proxy=True)
 
         # ---- 3b. S = Q Kᵀ -----------------------------------------------------------------------
         acc_S = cute.make_rmem_tensor(acc_S_shape, cutlass.Float32)
