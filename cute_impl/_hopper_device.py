@@ -292,14 +292,21 @@ class AttentionMask:
     tile, so :meth:`apply` takes only the block. ``_device.AttentionMask`` is the same rule for the
     ``mma.sync`` fragment of ``pipelined``, whose coordinates it derives from thread 0's static ones
     to save registers; the WGMMA layout differs.
+
+    ``packed_seqlen_q`` (cute/decode's GQA packing on WGMMA, ``_decode_wgmma.py``; compile time None elsewhere): the
+    rows are (head in group) · Sq + token, so the causal diagonal follows the row's token, ``row % seqlen_q``.
     """
 
-    def __init__(self, tile_n: int, causal: bool, tScS: cute.Tensor, row_start: Int32, seqlen: SeqlenInfo):
+    def __init__(
+        self, tile_n: int, causal: bool, tScS: cute.Tensor, row_start: Int32, seqlen: SeqlenInfo,
+        packed_seqlen_q: Int32 | None = None,
+    ):  # fmt: skip
         self.tile_n = tile_n
         self.causal = causal
         self.tScS = tScS
         self.row_start = row_start
         self.seqlen = seqlen
+        self.packed_seqlen_q = packed_seqlen_q
 
     @cute.jit
     def apply(self, acc_S: cute.Tensor, n_block: Int32):
@@ -311,7 +318,10 @@ class AttentionMask:
             key_limit = self.seqlen.seqlen_k - col_start
             if cutlass.const_expr(self.causal):
                 # Row i sees keys j < i + 1 + causal_offset.
-                diagonal_end = self.row_start + cS[r, 0][0] + 1
+                row = self.row_start + cS[r, 0][0]
+                if cutlass.const_expr(self.packed_seqlen_q is not None):
+                    row = row % self.packed_seqlen_q
+                diagonal_end = row + 1
                 if cutlass.const_expr(self.seqlen.bottom_right):
                     diagonal_end = diagonal_end + self.seqlen.causal_offset
                 key_limit = cutlass.min(key_limit, diagonal_end - col_start)

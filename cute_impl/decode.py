@@ -25,7 +25,9 @@ keeping the memory system busy, not the tensor cores:
   first where a tile has more than 16 (``_decode_warps.py``; ``WIDE_M_TILE``, on: D=128's and D=256's 64-row tiles). Why
   ``mma.sync`` (SM80-style, warp-level), not WGMMA: a 64-row warpgroup tile would be three quarters padding for 16
   packed rows, and no MMA choice matters when the tensor cores idle on memory; ``mma.sync`` lets each warp own its
-  keys and its softmax.
+  keys and its softmax. With 128 or more packed rows the step is compute-bound and ``mma.sync`` (half WGMMA's tensor
+  rate on sm_90) trails the WGMMA rungs: ``WGMMA_MIN_ROWS`` (off) runs those 64-row tiles on one warpgroup's WGMMA
+  (``_decode_wgmma.py``).
 * **The balanced split** (``BALANCED_SPLIT``, triton/decode's switch and plan, ``_decode_plan.py``):
   in a ragged batch the padded split leaves most of a short sequence's CTAs without a key while the
   long one's few carry its keys. Balanced, the grid is target_shares + B·Hkv CTAs per M tile (the shape
@@ -247,6 +249,10 @@ WIDE_M_TILE = True
 # share at once. The plan stays. H200 (results/h200/decode-shallow-ring/): 0.77-0.90x on the four rows that spill (seed
 # 73's 90.6 -> 73.9 us, seed 71's paged 357.2 -> 274.7), one-wave and many-wave rows 1.00x.
 BALANCED_SHALLOW_RING: dict[int, int] = {64: 4}
+# Issue #38's compute-bound class (128+ packed rows a KV head: seed 107 row 0, seed 103 row 0): a 64-row tile of at
+# least this many packed rows runs on one warpgroup's WGMMA (``_decode_wgmma.py``; sm_90a only), not 4 warps' mma.sync;
+# 0: never. Off until its GPU tests and A/B (docs/perf-log.md, "Helper `cutewg`"); WGMMA_HEAD_DIMS: those compiled.
+WGMMA_MIN_ROWS, WGMMA_HEAD_DIMS = 0, (64, 128)
 DECODE_FEATURES = (*FEATURES, PAGED_KV)  # every problem feature, and the paged KV cache (pages of 16 to 256 keys)
 
 
@@ -271,6 +277,7 @@ class DecodeConfig:
     merge_slabs_from_split: bool = False  # balanced: the merge reads the item slabs (MERGE_SLABS_FROM_SPLIT)
     m_tile_major: bool = False  # the balanced grid's M tile on x, the share on y (M_TILE_MAJOR)
     merge_runs: int = 1  # balanced: the merge kernel's runs an item (BALANCED_MERGE_RUNS); 1: one chain
+    wgmma: bool = False  # the 64-row tile on one warpgroup's WGMMA (WGMMA_MIN_ROWS, _decode_wgmma.py; sm_90a)
 
     @property
     def keys_per_warp(self) -> int:
@@ -736,15 +743,25 @@ def balanced_split(problem: Problem, device: torch.device | None = None) -> bool
     return splits.balanced_split_applies(BALANCED_SPLIT, problem, lambda: planned_num_splits(problem, rule_device))
 
 
+def wgmma_tile(problem: Problem, device: torch.device) -> bool:
+    """Whether ``WGMMA_MIN_ROWS`` puts ``problem``'s 64-row tiles on WGMMA on ``device`` (a CUDA device of sm_90, or
+    the CPU, whose compile is for sm_90a): at least that many packed rows, at a head dim in ``WGMMA_HEAD_DIMS``."""
+    rows = problem.kv_group * problem.seqlen_q
+    if not WGMMA_MIN_ROWS or rows < WGMMA_MIN_ROWS or problem.head_dim not in WGMMA_HEAD_DIMS:
+        return False
+    hopper = device.type != "cuda" or torch.cuda.get_device_capability(device)[0] == 9
+    return hopper and tile_m_for(problem) == 64
+
+
 def decode_config(
     problem: Problem, split: bool, balanced: bool = False, m_tile_major: bool = False, stages: int | None = None,
-    merge_runs: int = 1,
+    merge_runs: int = 1, wgmma: bool = False,
 ) -> DecodeConfig:  # fmt: skip
     """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every bind), with
     the problem's features as compile-time flags; ``balanced``: the balanced split's (always split), its grid's
     M tile on x with ``m_tile_major`` (``splits.balanced_m_tile_major``), its ring ``stages`` deep where given
     (:func:`balanced_ring_stages`), its merge in ``merge_runs`` runs (:func:`balanced_merge_runs`), which its
-    item-share cap counts."""
+    item-share cap counts; ``wgmma``: the tile on WGMMA (:func:`wgmma_tile`)."""
     shape, row_warps = warp_split(WARPS_SPLIT_ROWS, tile_m_for(problem), problem.head_dim, TILE_CONFIGS)
     shape = shape._replace(stages=min(stages, shape.stages)) if stages else shape  # shallower, never deeper
     return DecodeConfig(
@@ -766,6 +783,7 @@ def decode_config(
         merge_slabs_from_split=balanced and MERGE_SLABS_FROM_SPLIT,
         m_tile_major=balanced and m_tile_major,
         merge_runs=merge_runs if balanced else 1,
+        wgmma=wgmma,
     )
 
 
@@ -820,7 +838,8 @@ def launch_plan(problem: Problem, device: torch.device, num_splits: int | None =
     m_tile_major = slabs is not None and splits.balanced_m_tile_major(slabs, M_TILE_MAJOR)
     stages = None if slabs is None else balanced_ring_stages(problem, device, slabs)
     runs = 1 if slabs is None else balanced_merge_runs(problem, device)
-    return num_splits, slabs, items, decode_config(problem, split, slabs is not None, m_tile_major, stages, runs)
+    config = decode_config(problem, split, slabs is not None, m_tile_major, stages, runs, wgmma_tile(problem, device))
+    return num_splits, slabs, items, config
 
 
 def plan_launch(
@@ -904,8 +923,19 @@ def compile_plan(problem: Problem, split: bool = True) -> DecodeConfig:
     stages = balanced_ring_stages(decode_sized, cpu, launch_plan(decode_sized, cpu)[1]) if balanced else None
     runs = balanced_merge_runs(decode_sized, cpu) if balanced else 1
     return decode_config(
-        decode_sized, split=split, balanced=balanced, m_tile_major=M_TILE_MAJOR, stages=stages, merge_runs=runs
-    )
+        decode_sized, split=split, balanced=balanced, m_tile_major=M_TILE_MAJOR, stages=stages, merge_runs=runs,
+        wgmma=wgmma_tile(decode_sized, cpu),
+    )  # fmt: skip
+
+
+def decode_kernel(config: DecodeConfig) -> DecodeKernel:
+    """The launcher of ``config``: :class:`DecodeKernel`, or with ``config.wgmma`` its WGMMA tile's
+    (``_decode_wgmma.py``, which imports this module)."""
+    if config.wgmma:
+        from cute_impl._decode_wgmma import WgmmaDecodeKernel
+
+        return WgmmaDecodeKernel(config)
+    return DecodeKernel(config)
 
 
 # The host entry points: validate (head dims, every feature, Sq <= 16, a positive scale) → plan (the
@@ -914,7 +944,7 @@ def compile_plan(problem: Problem, split: bool = True) -> DecodeConfig:
 # ``num_splits=n`` to force a split count (sweeps, tests; not part of the public API).
 HOST = RungHost(
     "cute/decode",
-    CompiledKernels(DecodeKernel, fake_arguments),
+    CompiledKernels(decode_kernel, fake_arguments),
     plan=compile_plan,
     plan_launch=plan_launch,
     launch_plan=launch_plan,

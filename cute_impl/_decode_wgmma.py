@@ -1,0 +1,270 @@
+"""cute/decode's 64-row tiles on one warpgroup's WGMMA (``decode.WGMMA_MIN_ROWS``, off; sm_90a only).
+
+Why (issue #38; ``docs/perf-log.md``, "Helper `cutewg`"): with 128 or more packed rows a (batch, KV head) the
+step is compute-bound, and ``mma.sync`` on sm_90 issues at about half WGMMA's tensor rate (this ladder's own
+prefill: cute/pipelined 365 against cute/hopper 698 TFLOP/s). The row split's 64-row tile is 4 warps × 16 rows ×
+all 64 keys of a block: 128 ``HMMA.16816`` a warp a block, each warp waiting on its own MMAs before its softmax.
+Here the same 4 warps are one warpgroup and the same 64 rows one WGMMA M tile, as in cute/hopper:
+
+* S = Q Kᵀ: ``wgmma.m64n64k16`` × D/16, both operands from shared memory (descriptors, no ldmatrix);
+* mask (``_hopper_device.AttentionMask`` with the packed rows' tokens), ``OnlineSoftmax.update`` and ``rescale``
+  in the WGMMA accumulator layout;
+* O += P V: ``wgmma.m64nDk16`` × 64/16 with P converted in registers (the A operand) and V from shared memory
+  seen as the MN-major B operand.
+
+Everything else is :class:`decode.DecodeKernel`'s: the plan (padded or balanced split, one M tile of 64 rows per
+CTA), the grid, the cp.async ring of ``stages`` 64-key blocks (contiguous or paged), the packed Q load, the
+merge through shared memory (one part: the warpgroup's O and LSE) and the merge kernel. Only the shared layouts
+change: WGMMA's 128-byte-swizzled K-major Q and K, and V's MN-major layout, which the cp.async copy fills through
+a (key, D) view of the same memory.
+
+Per key block (``attend_wgmma_block``): refill the ring and wait for this block (``refill_kv_ring``), with a
+``fence.proxy.async`` before its last barrier (cp.async writes through the generic proxy, WGMMA reads through the async
+one); S; wait; mask (the top blocks of a split); softmax; rescale O; P; P V; wait, so that the slot is free
+for the next iteration's refill. No S/P V overlap inside the warpgroup yet (cute/hopper's ``next_block``).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from cute_impl._decode_merge import store_item_slabs
+from cute_impl._decode_plan import split_block_range
+from cute_impl._device import (
+    LOG2_E,
+    RESCALE_THRESHOLD,
+    KVCopy,
+    PagedKV,
+    SeqlenInfo,
+    kv_copy_partitions,
+    load_kv_block,
+    refill_kv_ring,
+)
+from cute_impl._hopper_device import (
+    ROWS_PER_THREAD,
+    ROWS_PER_WARPGROUP,
+    AttentionMask,
+    OnlineSoftmax,
+    rows_by_cols,
+    scores_to_operand_a,
+    warpgroup_gemm,
+    warpgroup_mmas,
+)
+from cute_impl._host import SWIZZLE_COLS, cp_async_tiled_copy, generic_view, qkv_shared_storage, static_head_dim_view
+from cute_impl.decode import SMEM_ALIGN_BYTES, DecodeConfig, DecodeKernel
+
+
+class WgmmaDecodeKernel(DecodeKernel):
+    """:class:`decode.DecodeKernel` with its split kernel's tile on one warpgroup's WGMMA (64 rows, 4 warps)."""
+
+    def __init__(self, config: DecodeConfig):
+        super().__init__(config)
+        if self.tile_m != ROWS_PER_WARPGROUP or self.num_warps * 32 != 128 or self.key_warps != 1:
+            raise ValueError(f"the WGMMA tile is one warpgroup of {ROWS_PER_WARPGROUP} rows, got {config}")
+
+    @cute.jit
+    def __call__(
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
+        mOPartial: cute.Tensor | None, mLSEPartial: cute.Tensor | None, mItemSlabs: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, mBlockTable: cute.Tensor | None, softmax_scale: cutlass.Float32,
+        stream: cuda.CUstream,
+    ):  # fmt: skip
+        """:meth:`decode.DecodeKernel.__call__`'s arguments and launches, with WGMMA's layouts and MMAs."""
+        dtype = mQ.element_type
+        mQ, mK, mV, mO = [static_head_dim_view(t, self.head_dim) for t in (mQ, mK, mV, mO)]
+        mCacheSeqlens, mBlockTable = generic_view(mCacheSeqlens), generic_view(mBlockTable)
+        num_splits = 1
+        if cutlass.const_expr(self.split):
+            mOPartial = static_head_dim_view(mOPartial, self.head_dim)
+            num_splits = mOPartial.shape[0]
+        D, rows_m, row_major = self.head_dim, ROWS_PER_WARPGROUP, LayoutEnum.ROW_MAJOR
+        v_major = LayoutEnum.COL_MAJOR
+        qk_mma, pv_mma = warpgroup_mmas(dtype, self.tile_n, D, v_major.sm90_mma_major_mode())
+        sQ_layout = sm90_utils.make_smem_layout_a(row_major, (rows_m, self.tile_n, D), dtype, 1)  # (64, D, 1)
+        sK_layout = sm90_utils.make_smem_layout_b(row_major, (rows_m, self.tile_n, D), dtype, self.stages)
+        sV_layout = sm90_utils.make_smem_layout_b(v_major, (rows_m, D, self.tile_n), dtype, self.stages)
+        # The warpgroup's partial O (1, 64, D) and LSE (1, 64), fp32, in the drained K ring.
+        sO_parts_layout = cute.make_layout((1, self.tile_m, D), stride=(self.tile_m * D, D, 1))
+        sLSE_parts_layout = cute.make_layout((1, self.tile_m), stride=(self.tile_m, 1))
+        rows = mO.shape[1]
+        batch_kv_heads = mO.shape[0]
+        grid_items = 1 if self.config.balanced_min_blocks else batch_kv_heads
+        grid = (num_splits, cute.ceil_div(rows, self.tile_m), grid_items)
+        if cutlass.const_expr(self.config.m_tile_major):
+            grid = (grid[1], grid[0], grid_items)
+        self.wgmma_split_kernel(
+            mQ, mK, mV, mO, mLSE, mOPartial, mLSEPartial, mItemSlabs, mCacheSeqlens, mBlockTable,
+            softmax_scale * LOG2_E, sQ_layout, sK_layout, sV_layout, sO_parts_layout, sLSE_parts_layout,
+            cp_async_tiled_copy(dtype, self.threads_per_cta, row_elems=SWIZZLE_COLS), qk_mma, pv_mma,
+            qkv_shared_storage(dtype, sQ_layout, sK_layout, SMEM_ALIGN_BYTES),
+        ).launch(grid=grid, block=[self.threads_per_cta, 1, 1], stream=stream)  # fmt: skip
+        if cutlass.const_expr(self.split):
+            plan_inputs = (mQ, mK, mCacheSeqlens, mBlockTable) if self.merge_plans else (None,) * 4
+            self.merge_kernel(mOPartial, mLSEPartial, mO, mLSE, *plan_inputs, mItemSlabs).launch(
+                grid=(cute.ceil_div(rows, self.merge_rows_per_cta), batch_kv_heads, 1),
+                block=[self.merge_threads, 1, 1],
+                stream=stream,
+            )
+
+    @cute.kernel
+    def wgmma_split_kernel(
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
+        mOPartial: cute.Tensor | None, mLSEPartial: cute.Tensor | None, mItemSlabs: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, mBlockTable: cute.Tensor | None, softmax_scale_log2: cutlass.Float32,
+        sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
+        sO_parts_layout: cute.Layout, sLSE_parts_layout: cute.Layout, gmem_tiled_copy: cute.TiledCopy,
+        qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr,
+    ):  # fmt: skip
+        tidx, _, _ = cute.arch.thread_idx()
+        if cutlass.const_expr(self.config.m_tile_major):
+            m_block, split, batch_kv_head = cute.arch.block_idx()
+        else:
+            split, m_block, batch_kv_head = cute.arch.block_idx()
+        num_splits, _, _ = cute.arch.grid_dim()
+        kv_heads = mK.shape[1]
+        batch = batch_kv_head // kv_heads
+        kv_head = batch_kv_head - batch * kv_heads
+        seqlen_q = mQ.shape[2]
+        group = mQ.shape[1] // kv_heads
+        rows = mO.shape[1]
+
+        # ---- 1. This sequence's keys and this split's blocks of them (DecodeKernel's) -----------
+        capacity = self.cache_capacity(mK, mBlockTable)
+        share, has_work = split, True
+        if cutlass.const_expr(self.config.balanced_min_blocks):
+            plan = self.balanced_plan(mQ, mK, mCacheSeqlens, mBlockTable, mOPartial.shape[0] - mO.shape[0])
+            batch, kv_head, split, num_splits, has_work = plan.share(share)
+        seqlen = SeqlenInfo.create(batch, seqlen_q, capacity, mCacheSeqlens, self.bottom_right)
+        block_range = split_block_range(split, num_splits, seqlen, seqlen_q, self.tile_n, self.causal)
+        n_blocks = block_range.n_block_max - block_range.n_block_min
+
+        # ---- Tiles: HBM views, WGMMA's shared layouts, the warpgroup's fragments -----------------
+        tile_kv = (self.tile_n, self.head_dim)
+        gK = gV = pages = None
+        if cutlass.const_expr(self.config.paged):
+            pages = PagedKV(mK, mV, kv_head, mBlockTable[batch, None], mK.shape[2])
+        else:
+            gK = cute.local_tile(mK[batch, kv_head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
+            gV = cute.local_tile(mV[batch, kv_head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
+        cKV = cute.local_tile(cute.make_identity_tensor((seqlen.seqlen_k, self.head_dim)), tile_kv, (None, 0))
+
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)[None, None, 0]  # (64, D)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (tile_n, D, stages)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)  # (D, tile_n, stages)
+        # V's ring as the copy writes it: (tile_n, D, stages), the same memory as the B operand (D, tile_n, stages).
+        by_key = cute.make_layout(
+            (self.tile_n, self.head_dim, self.stages), stride=(self.head_dim, 1, self.tile_n * self.head_dim)
+        )
+        sV_rows = cute.composition(sV, by_key)
+
+        gmem_thr_copy = gmem_tiled_copy.get_slice(tidx)
+        kv_copy = kv_copy_partitions(gmem_tiled_copy, gmem_thr_copy, gK, sK, gV, sV_rows, cKV, pages)
+
+        qk_thr, pv_thr = qk_mma.get_slice(tidx), pv_mma.get_slice(tidx)
+        tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))  # (MMA, 1, D/16)
+        tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, 1, D/16, stages)
+        tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, 1, tile_n/16, stages)
+        tile_s, tile_o = (ROWS_PER_WARPGROUP, self.tile_n), (ROWS_PER_WARPGROUP, self.head_dim)
+        acc_S_shape = qk_thr.partition_shape_C(tile_s)  # ((2, 2, tile_n/8), 1, 1)
+        acc_O = pv_thr.make_fragment_C(pv_thr.partition_shape_C(tile_o))  # ((2, 2, D/8), 1, 1)
+        acc_O.fill(0.0)
+        tOrP = cute.make_rmem_tensor(pv_thr.partition_shape_A(tile_s), mQ.element_type)  # P, the A operand
+        tScS = qk_thr.partition_C(cute.make_identity_tensor(tile_s))  # (row, key) of every S value
+        softmax = OnlineSoftmax(ROWS_PER_THREAD, softmax_scale_log2, rescale_threshold=RESCALE_THRESHOLD)
+        mask = AttentionMask(
+            self.tile_n, self.causal, tScS, m_block * self.tile_m, seqlen, packed_seqlen_q=seqlen_q
+        )  # fmt: skip
+
+        # ---- 2. Prologue: the packed Q tile and the first stages-1 K/V blocks in flight ----------
+        self.load_packed_q(gmem_tiled_copy, gmem_thr_copy, mQ, sQ, batch, kv_head, group, m_block, rows)
+        for stage in cutlass.range_constexpr(self.stages - 1):
+            if stage < n_blocks:
+                load_kv_block(
+                    kv_copy, block_range.n_block_max - 1 - stage, stage, seqlen.seqlen_k, predicated=stage == 0
+                )
+            cute.arch.cp_async_commit_group()
+
+        # ---- 3. Main loop: the masked blocks first (they top the split), then the rest -----------
+        attend = partial(
+            self.attend_wgmma_block, kv_copy, qk_mma, pv_mma, tSrQ, tSrK, tOrV, tOrP, acc_S_shape, acc_O, softmax,
+            mask, block_range.n_block_max, n_blocks, seqlen.seqlen_k,
+        )  # fmt: skip
+        for step in cutlass.range_constexpr(block_range.n_masked_blocks):
+            if step < n_blocks:
+                attend(step, masked=True)
+        for step in cutlass.range(block_range.n_masked_blocks, n_blocks, 1):
+            attend(step, masked=False)
+        cute.arch.cp_async_wait_group(0)
+
+        # ---- 4. Epilogue: the warpgroup's O and LSE through shared memory, stored ---------------
+        lse = softmax.finalize(acc_O, cutlass.Float32(1.0))
+        cute.arch.barrier()
+        sO_parts = storage.sK.get_tensor(sO_parts_layout, dtype=cutlass.Float32)  # (1, 64, D)
+        sLSE_parts = cute.make_tensor(sO_parts.iterator + cute.cosize(sO_parts_layout), sLSE_parts_layout)
+        self.store_warpgroup_part(pv_thr, acc_O, lse, sO_parts[0, None, None], sLSE_parts[0, None])
+        cute.arch.barrier()
+        if cutlass.const_expr(self.config.balanced_min_blocks):
+            gO, gLSE = mOPartial[share, 0, None, None], mLSEPartial[share, 0, None]
+            rows = cutlass.Int32(cutlass.select_(has_work, rows, 0))
+            if cutlass.const_expr(self.config.merge_slabs_from_split):
+                store_item_slabs(mItemSlabs[batch * kv_heads + kv_head, None], share, split, num_splits, tidx, m_block)
+        elif cutlass.const_expr(self.split):
+            gO = mOPartial[split, batch_kv_head, None, None]  # (rows, D) fp32
+            gLSE = mLSEPartial[split, batch_kv_head, None]  # (rows,)
+        else:
+            gO = mO[batch_kv_head, None, None]  # (rows, D)
+            gLSE = mLSE[batch_kv_head, None] if cutlass.const_expr(self.store_lse) else None  # (rows,)
+        self.merge_warps_and_store(sO_parts, sLSE_parts, gO, gLSE, m_block * self.tile_m, rows, tidx)
+
+    @cute.jit
+    def attend_wgmma_block(
+        self, kv_copy: KVCopy, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, tSrQ: cute.Tensor, tSrK: cute.Tensor,
+        tOrV: cute.Tensor, tOrP: cute.Tensor, acc_S_shape: Any, acc_O: cute.Tensor, softmax: OnlineSoftmax,
+        mask: AttentionMask, n_block_max: cutlass.Int32, n_blocks: cutlass.Int32, seqlen_k: cutlass.Int32,
+        step: cutlass.Int32, masked: cutlass.Constexpr,
+    ):  # fmt: skip
+        """Iteration ``step`` (block ``n_block_max - 1 - step``): refill the ring, then the warpgroup's
+        S = Q Kᵀ → mask → online softmax → rescale O → O += P V."""
+        n_block = n_block_max - 1 - step
+        slot = step % self.stages
+
+        # ---- 3a. Refill the freed slot, wait for this block, hand it to the async proxy ---------
+        refill_kv_ring(kv_copy, step, self.stages, n_block_max, n_blocks, seqlen_k, async_proxy=True)
+
+        # ---- 3b. S = Q Kᵀ -----------------------------------------------------------------------
+        acc_S = cute.make_rmem_tensor(acc_S_shape, cutlass.Float32)
+        warpgroup_gemm(qk_mma, acc_S, tA=tSrQ, tB=tSrK, stage=slot, accumulate=False)
+        warpgroup.wait_group(0)
+
+        # ---- 3c./3d. Mask, online softmax, rescale O ---------------------------------------------
+        if cutlass.const_expr(masked):
+            mask.apply(acc_S, n_block)
+        row_scale = softmax.update(acc_S)
+        softmax.rescale(acc_O, row_scale)
+
+        # ---- 3e. O += P V (P from registers); retired before the slot is refilled -------------------
+        scores_to_operand_a(acc_S, tOrP)
+        warpgroup_gemm(pv_mma, acc_O, tA=tOrP, tB=tOrV, stage=slot, accumulate=True)
+        warpgroup.wait_group(0)
+
+    @cute.jit
+    def store_warpgroup_part(
+        self, pv_thr: Any, acc_O: cute.Tensor, lse: cute.Tensor, sO_part: cute.Tensor,
+        sLSE_part: cute.Tensor,
+    ):  # fmt: skip
+        """The warpgroup's normalised O (64, D) and LSE (64,) into the merge scratch; the first lane of each
+        row's quad writes the row's LSE (``lse`` in :func:`_hopper_device.rows_by_cols` row order)."""
+        pv_thr.partition_C(sO_part).store(acc_O.load())  # ((2, 2, D/8), 1, 1)
+        cO = rows_by_cols(pv_thr.partition_C(cute.make_identity_tensor(sO_part.shape)))
+        if cO[0, 0][1] == 0:
+            for r in cutlass.range_constexpr(cute.size(cO, mode=[0])):
+                sLSE_part[cO[r, 0][0]] = lse[r]

@@ -1,0 +1,194 @@
+"""Issue #38's compute-bound class in cute/decode: ``decode.WGMMA_MIN_ROWS`` (0: off), a 64-row tile of at least that
+many packed rows on one warpgroup's WGMMA (``cute_impl/_decode_wgmma.py``) instead of 4 warps' mma.sync.
+
+CPU: off by default; on (128), the compile key of seed 107 row 0 (256 packed rows, D=128) and seed 103 row 0 (128
+rows) gains ``wgmma`` and nothing else of the plan changes (tile, M tiles, split count, balanced slabs), while 64
+packed rows, D=256 and a tile under 64 rows keep theirs; bench/cute_decode_wgmma_ab.sh's rows parse and the switch
+moves the five it should. Static (sm_90a): on, the balanced split (paged, ragged) and the padded split (contiguous,
+causal, cache lengths) compile without spills in registers and shared memory for the CTAs an SM the split rule
+counts, and the key loop runs on HGMMA, with no HMMA and no ldmatrix. GPU (``gpu`` marker; not run yet): on, against
+fp64 on a poisoned output over 128 to 256 packed rows at D=128 and D=64, Sq 5 (rows of different tokens), ragged,
+paged, forced splits and the balanced split; the causal mask taking the packed row as the token (no ``row % Sq``)
+must fail the check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass")
+
+from common.measure.decode_sweep import random_cases
+from common.reporting.static import cubin_resources, cubin_sass, loop_census, sass_loops
+from cute_impl import _decode_wgmma, decode
+from tests.test_cute_decode_rows import RAGGED, _problem, check_forced_splits
+from tests.test_cute_decode_wide_tile import (
+    CTA_RESERVED_SHARED_BYTES,
+    REGISTER_FILE,
+    REGISTER_UNIT,
+    SM_SHARED_BYTES,
+    _ring_and_q_bytes,
+)
+
+CPU = torch.device("cpu")
+ON = 128  # the setting the A/B would time: the rows of the compute-bound class
+# (seed, row) of the sweeps' rows that motivate the switch: 256 and 128 packed rows at D=128.
+SEED_ROWS = [(107, 0), (103, 0)]
+
+
+def _plan(problem) -> tuple:
+    num_splits, slabs, items, config = decode.launch_plan(problem, CPU)
+    return num_splits, slabs, items, config, decode.m_blocks_for(problem)
+
+
+def test_off_by_default():
+    assert decode.WGMMA_MIN_ROWS == 0, "off until its GPU tests and A/B"
+    problem = random_cases(8, 107)[0].problem
+    assert decode.launch_plan(problem, CPU)[3].wgmma is False
+    assert type(decode.decode_kernel(decode.compile_plan(problem))) is decode.DecodeKernel
+
+
+@pytest.mark.parametrize(("seed", "row"), SEED_ROWS)
+def test_on_changes_only_the_tile_mma_of_the_seed_rows(seed: int, row: int, monkeypatch: pytest.MonkeyPatch):
+    problem = random_cases(8, seed)[row].problem
+    assert problem.kv_group * problem.seqlen_q >= ON and problem.head_dim == 128, problem.describe()
+    off = _plan(problem)
+    monkeypatch.setattr(decode, "WGMMA_MIN_ROWS", ON)
+    on = _plan(problem)
+    assert on[3].wgmma and on[3].tile_m == 64 and on[3].row_warps == 4
+    assert on[:3] + on[4:] == off[:3] + off[4:] and dataclasses.replace(on[3], wgmma=False) == off[3]
+    assert isinstance(decode.decode_kernel(on[3]), _decode_wgmma.WgmmaDecodeKernel)
+
+
+# Problems the setting leaves: 64 packed rows (under the threshold), D=256 (not compiled), 32 rows at D=128 (a 32-row
+# tile), and 128 rows on a CUDA device of another generation is not checked here (no GPU).
+LEFT = {
+    "d128-64rows": _problem(2, 8, 4, 16, 32768, 128),
+    "d256-256rows": _problem(2, 4, 16, 16, 32768, 256),
+    "d128-32rows": _problem(2, 8, 2, 16, 32768, 128),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LEFT))
+def test_on_leaves_other_plans(case: str, monkeypatch: pytest.MonkeyPatch):
+    off = _plan(LEFT[case])
+    monkeypatch.setattr(decode, "WGMMA_MIN_ROWS", ON)
+    assert _plan(LEFT[case]) == off
+
+
+def test_ab_script_rows_parse_and_the_switch_moves_the_first_five():
+    """bench/cute_decode_wgmma_ab.sh's knob rows: each parses, the two rows of the class come first, and the switch
+    changes the compile key of exactly the first five (the last two are the controls): a typo costs a device call."""
+    import shlex
+    from pathlib import Path
+
+    from bench.decode_knob_ab import parse_row
+
+    script = (Path(__file__).parents[1] / "bench" / "cute_decode_wgmma_ab.sh").read_text()
+    assert "gpu_tests 150 tests/test_cute_decode_wgmma.py" in script
+    words = shlex.split(script.split("\nknob_ab wgmma ", 1)[1].split("\ncat ", 1)[0].replace("\\\n", " "))
+    assert words[:3] == ["330", "cute_impl.decode:WGMMA_MIN_ROWS", f"0,{ON}"] and words[3] == "cute/decode", words
+    rows = [parse_row(text)[1] for text in words[4:]]
+    assert [case.problem for case in rows[:2]] == [random_cases(8, seed)[row].problem for seed, row in SEED_ROWS]
+    moved = []
+    for case in rows:
+        off = _plan(case.problem)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(decode, "WGMMA_MIN_ROWS", ON)
+            moved.append(_plan(case.problem) != off)
+    assert moved == [True] * 5 + [False] * 2
+
+
+# ----------------------------------------------------------------------------------------------------
+# sm_90a: on, no spills, the CTAs an SM the rule counts, a key loop of HGMMA
+# ----------------------------------------------------------------------------------------------------
+# (head dim, page size, BALANCED_SPLIT): the balanced split paged and ragged, the padded split contiguous.
+COMPILES = [(128, 32, "always"), (128, 0, "never"), (64, 0, "never")]
+
+
+@pytest.mark.cute_compile
+@pytest.mark.parametrize(("head_dim", "page_size", "balanced"), COMPILES)
+def test_on_compiles_spill_free_on_hgmma(head_dim: int, page_size: int, balanced: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(decode, "WGMMA_MIN_ROWS", ON)
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
+    problem = _problem(2, 4, 16, 16, 4096, head_dim, has_cache_seqlens=True, page_size=page_size)
+    config = decode.compile_plan(problem, split=True)
+    assert config.wgmma and bool(config.balanced_min_blocks) == (balanced == "always"), config
+    storages = []  # the SharedStorage the split kernel allocates, as the launcher builds it
+    real_storage = _decode_wgmma.qkv_shared_storage
+    monkeypatch.setattr(
+        _decode_wgmma, "qkv_shared_storage", lambda *args: storages.append(real_storage(*args)) or storages[-1]
+    )
+    (binary,) = decode.compile_sm90(problem, split=True)
+    (shared,) = {storage.size_in_bytes() for storage in storages}
+    assert shared == _ring_and_q_bytes(config), (problem.describe(), shared)  # WGMMA's layouts: the same bytes
+    ctas = decode.CTAS_PER_SM_FIT[head_dim]
+    cta_bytes = SM_SHARED_BYTES // ctas - CTA_RESERVED_SHARED_BYTES
+    kernels = cubin_resources(binary.cubin)
+    assert len(kernels) == 2, sorted(kernels)
+    for name, usage in kernels.items():
+        registers, spills = usage["registers"], usage["stack_bytes"] + usage["local_bytes"]
+        print(f"WGMMA_MIN_ROWS {problem.describe()} {name[:40]}: {registers} registers")
+        assert spills == 0, f"{problem.describe()} {name}: {registers} registers, {spills} B spilled"
+        allocated = -(-registers // REGISTER_UNIT) * REGISTER_UNIT
+        assert ctas * binary.threads_per_cta * allocated <= REGISTER_FILE, (name, registers)
+        assert shared + usage["static_shared_bytes"] <= cta_bytes, (problem.describe(), name, shared)
+    sass = cubin_sass(binary.cubin)
+    census = loop_census(sass)  # S: D/16 wgmma of 64 x 64 x 16; P V: 64/16 of 64 x D x 16
+    assert census is not None and census.gmma == head_dim // 16 + config.shape.tile_n // 16, census
+    loop = min((body for _, body in sass_loops(sass) if any(op.startswith("HGMMA") for op in body)), key=len)
+    print(f"WGMMA_MIN_ROWS {problem.describe()}: {census}, {dict(Counter(op.split('.')[0] for op in loop))}")
+    assert not re.search(r"\bHMMA\.|\bLDSM\b", sass), "the split kernel's tile must not use mma.sync or ldmatrix"
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU: on, against fp64; a planted mask bug
+# ----------------------------------------------------------------------------------------------------
+# name -> (problem, lengths, forced splits, BALANCED_SPLIT).
+GPU_CASES = {
+    "d128-256rows-ragged-split": (_problem(4, 2, 16, 16, 1024, 128, has_cache_seqlens=True), RAGGED, 2, "never"),
+    "d128-128rows-paged-balanced": (_problem(4, 2, 8, 16, 1024, 128, has_cache_seqlens=True, page_size=64), RAGGED,
+                                    None, "always"),
+    "d128-160rows-sq5-paged16-split": (_problem(4, 2, 32, 5, 1024, 128, has_cache_seqlens=True, page_size=16),
+                                       RAGGED, 3, "never"),
+    "d64-128rows-full": (_problem(2, 4, 8, 16, 1000, 64), None, None, "never"),
+}  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(GPU_CASES))
+def test_gpu_wgmma_tile_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("WGMMA needs sm_90")
+    problem, lengths, num_splits, balanced = GPU_CASES[case]
+    monkeypatch.setattr(decode, "WGMMA_MIN_ROWS", ON)
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
+    assert decode.launch_plan(problem, torch.device("cuda"))[3].wgmma, problem.describe()
+    result = check_forced_splits(problem, lengths, num_splits, seed=len(case))
+    assert result.ok, f"WGMMA_MIN_ROWS {problem.describe()}: {result.summary()}"
+
+
+class _UnpackedMask(_decode_wgmma.AttentionMask):
+    """Planted: the causal diagonal at the packed row, not at its token (``row % Sq`` dropped)."""
+
+    def __init__(self, *args, packed_seqlen_q=None, **kwargs):
+        super().__init__(*args, **kwargs)
+
+
+@pytest.mark.gpu
+def test_gpu_planted_unpacked_mask_fails_the_check(monkeypatch: pytest.MonkeyPatch):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("WGMMA needs sm_90")
+    problem, lengths, num_splits, balanced = GPU_CASES["d128-160rows-sq5-paged16-split"]
+    monkeypatch.setattr(decode, "WGMMA_MIN_ROWS", ON)
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
+    assert check_forced_splits(problem, lengths, num_splits, seed=1).ok, "the unplanted kernel must pass"
+    monkeypatch.setattr(decode.HOST.kernels, "compiled", {})
+    monkeypatch.setattr(_decode_wgmma, "AttentionMask", _UnpackedMask)
+    result = check_forced_splits(problem, lengths, num_splits, seed=1)
+    assert not result.ok, f"the unpacked mask passed the check ({result.summary()})"
