@@ -26,7 +26,7 @@ keeping the memory system busy, not the tensor cores:
   ``mma.sync`` (SM80-style, warp-level), not WGMMA: a 64-row warpgroup tile would be three quarters padding for 16
   packed rows, and no MMA choice matters when the tensor cores idle on memory; ``mma.sync`` lets each warp own its
   keys and its softmax. With 128 or more packed rows the step is compute-bound and ``mma.sync`` (half WGMMA's tensor
-  rate on sm_90) trails the WGMMA rungs: ``WGMMA_MIN_ROWS`` (off) runs those 64-row tiles on one warpgroup's WGMMA
+  rate on sm_90) trails the WGMMA rungs: ``WGMMA_MIN_ROWS`` (128) runs those 64-row tiles on one warpgroup's WGMMA
   (``_decode_wgmma.py``).
 * **The balanced split** (``BALANCED_SPLIT``, triton/decode's switch and plan, ``_decode_plan.py``):
   in a ragged batch the padded split leaves most of a short sequence's CTAs without a key while the
@@ -251,8 +251,9 @@ WIDE_M_TILE = True
 BALANCED_SHALLOW_RING: dict[int, int] = {64: 4}
 # Issue #38's compute-bound class (128+ packed rows a KV head: seed 107 row 0, seed 103 row 0): a 64-row tile of at
 # least this many packed rows runs on one warpgroup's WGMMA (``_decode_wgmma.py``; sm_90a only), not 4 warps' mma.sync;
-# 0: never. Off until its GPU tests and A/B (docs/perf-log.md, "Helper `cutewg`"); WGMMA_HEAD_DIMS: those compiled.
-WGMMA_MIN_ROWS, WGMMA_HEAD_DIMS = 0, (64, 128)
+# 0: never. On (128): seed 107 row 0 362.7 -> 294.0 us, 103/0 540.1 -> 402.1, D=64's 128 rows 0.85-0.91x, controls 1.00x
+# (H200, 2026-12-02, results/h200/cute-decode-wgmma/); WGMMA_HEAD_DIMS: those compiled.
+WGMMA_MIN_ROWS, WGMMA_HEAD_DIMS = 128, (64, 128)
 DECODE_FEATURES = (*FEATURES, PAGED_KV)  # every problem feature, and the paged KV cache (pages of 16 to 256 keys)
 
 

@@ -1,12 +1,12 @@
-"""Issue #38's compute-bound class in cute/decode: ``decode.WGMMA_MIN_ROWS`` (0: off), a 64-row tile of at least that
+"""Issue #38's compute-bound class in cute/decode: ``decode.WGMMA_MIN_ROWS`` (128; 0: off), a 64-row tile of at least that
 many packed rows on one warpgroup's WGMMA (``cute_impl/_decode_wgmma.py``) instead of 4 warps' mma.sync.
 
-CPU: off by default; on (128), the compile key of seed 107 row 0 (256 packed rows, D=128) and seed 103 row 0 (128
+CPU: on by default (128, taken on its A/B); on, the compile key of seed 107 row 0 (256 packed rows, D=128) and seed 103 row 0 (128
 rows) gains ``wgmma`` and nothing else of the plan changes (tile, M tiles, split count, balanced slabs), while 64
 packed rows, D=256 and a tile under 64 rows keep theirs; bench/cute_decode_wgmma_ab.sh's rows parse and the switch
 moves the five it should. Static (sm_90a): on, the balanced split (paged, ragged) and the padded split (contiguous,
 causal, cache lengths) compile without spills in registers and shared memory for the CTAs an SM the split rule
-counts, and the key loop runs on HGMMA, with no HMMA and no ldmatrix. GPU (``gpu`` marker; not run yet): on, against
+counts, and the key loop runs on HGMMA, with no HMMA and no ldmatrix. GPU (``gpu`` marker; passed on an H200, 2026-12-02): on, against
 fp64 on a poisoned output over 128 to 256 packed rows at D=128 and D=64, Sq 5 (rows of different tokens), ragged,
 paged, forced splits and the balanced split; the causal mask taking the packed row as the token (no ``row % Sq``)
 must fail the check.
@@ -41,25 +41,26 @@ ON = 128  # the setting the A/B would time: the rows of the compute-bound class
 SEED_ROWS = [(107, 0), (103, 0)]
 
 
-def _plan(problem) -> tuple:
-    num_splits, slabs, items, config = decode.launch_plan(problem, CPU)
-    return num_splits, slabs, items, config, decode.m_blocks_for(problem)
+def _plan(problem, min_rows: int) -> tuple:
+    """The launch plan with ``WGMMA_MIN_ROWS`` at ``min_rows`` (0: the mma.sync tile everywhere)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decode, "WGMMA_MIN_ROWS", min_rows)
+        num_splits, slabs, items, config = decode.launch_plan(problem, CPU)
+        return num_splits, slabs, items, config, decode.m_blocks_for(problem)
 
 
-def test_off_by_default():
-    assert decode.WGMMA_MIN_ROWS == 0, "off until its GPU tests and A/B"
+def test_on_by_default():
+    assert decode.WGMMA_MIN_ROWS == ON, "taken on its A/B (results/h200/cute-decode-wgmma/)"
     problem = random_cases(8, 107)[0].problem
-    assert decode.launch_plan(problem, CPU)[3].wgmma is False
-    assert type(decode.decode_kernel(decode.compile_plan(problem))) is decode.DecodeKernel
+    assert decode.launch_plan(problem, CPU)[3].wgmma is True
+    assert type(decode.decode_kernel(decode.compile_plan(problem))) is _decode_wgmma.WgmmaDecodeKernel
 
 
 @pytest.mark.parametrize(("seed", "row"), SEED_ROWS)
-def test_on_changes_only_the_tile_mma_of_the_seed_rows(seed: int, row: int, monkeypatch: pytest.MonkeyPatch):
+def test_on_changes_only_the_tile_mma_of_the_seed_rows(seed: int, row: int):
     problem = random_cases(8, seed)[row].problem
     assert problem.kv_group * problem.seqlen_q >= ON and problem.head_dim == 128, problem.describe()
-    off = _plan(problem)
-    monkeypatch.setattr(decode, "WGMMA_MIN_ROWS", ON)
-    on = _plan(problem)
+    off, on = _plan(problem, 0), _plan(problem, ON)
     assert on[3].wgmma and on[3].tile_m == 64 and on[3].row_warps == 4
     assert on[:3] + on[4:] == off[:3] + off[4:] and dataclasses.replace(on[3], wgmma=False) == off[3]
     assert isinstance(decode.decode_kernel(on[3]), _decode_wgmma.WgmmaDecodeKernel)
@@ -75,10 +76,8 @@ LEFT = {
 
 
 @pytest.mark.parametrize("case", sorted(LEFT))
-def test_on_leaves_other_plans(case: str, monkeypatch: pytest.MonkeyPatch):
-    off = _plan(LEFT[case])
-    monkeypatch.setattr(decode, "WGMMA_MIN_ROWS", ON)
-    assert _plan(LEFT[case]) == off
+def test_on_leaves_other_plans(case: str):
+    assert _plan(LEFT[case], ON) == _plan(LEFT[case], 0)
 
 
 def test_ab_script_rows_parse_and_the_switch_moves_the_first_five():
@@ -95,12 +94,7 @@ def test_ab_script_rows_parse_and_the_switch_moves_the_first_five():
     assert words[:3] == ["330", "cute_impl.decode:WGMMA_MIN_ROWS", f"0,{ON}"] and words[3] == "cute/decode", words
     rows = [parse_row(text)[1] for text in words[4:]]
     assert [case.problem for case in rows[:2]] == [random_cases(8, seed)[row].problem for seed, row in SEED_ROWS]
-    moved = []
-    for case in rows:
-        off = _plan(case.problem)
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(decode, "WGMMA_MIN_ROWS", ON)
-            moved.append(_plan(case.problem) != off)
+    moved = [_plan(case.problem, ON) != _plan(case.problem, 0) for case in rows]
     assert moved == [True] * 5 + [False] * 2
 
 
