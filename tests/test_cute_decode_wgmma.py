@@ -1,15 +1,15 @@
-"""Issue #38's compute-bound class in cute/decode: ``decode.WGMMA_MIN_ROWS`` (128; 0: off), a 64-row tile of at least that
-many packed rows on one warpgroup's WGMMA (``cute_impl/_decode_wgmma.py``) instead of 4 warps' mma.sync.
+"""Issue #38's compute-bound class in cute/decode: ``decode.WGMMA_MIN_ROWS`` (128; 0: off), a 64-row tile of at least
+that many packed rows on one warpgroup's WGMMA (``cute_impl/_decode_wgmma.py``) instead of 4 warps' mma.sync.
 
-CPU: on by default (128, taken on its A/B); on, the compile key of seed 107 row 0 (256 packed rows, D=128) and seed 103 row 0 (128
-rows) gains ``wgmma`` and nothing else of the plan changes (tile, M tiles, split count, balanced slabs), while 64
-packed rows, D=256 and a tile under 64 rows keep theirs; bench/cute_decode_wgmma_ab.sh's rows parse and the switch
-moves the five it should. Static (sm_90a): on, the balanced split (paged, ragged) and the padded split (contiguous,
-causal, cache lengths) compile without spills in registers and shared memory for the CTAs an SM the split rule
-counts, and the key loop runs on HGMMA, with no HMMA and no ldmatrix. GPU (``gpu`` marker; passed on an H200, 2026-12-02): on, against
-fp64 on a poisoned output over 128 to 256 packed rows at D=128 and D=64, Sq 5 (rows of different tokens), ragged,
-paged, forced splits and the balanced split; the causal mask taking the packed row as the token (no ``row % Sq``)
-must fail the check.
+CPU: on by default (128, taken on its A/B); on, the compile key of seed 107 row 0 (256 packed rows, D=128) and seed
+103 row 0 (128 rows) gains ``wgmma`` and nothing else of the plan changes (tile, M tiles, split count, balanced
+slabs), while 64 packed rows, D=256 and a tile under 64 rows keep theirs; bench/cute_decode_wgmma_ab.sh's rows parse
+and the switch moves the five it should. Static (sm_90a): on, the balanced split (paged, ragged) and the padded split
+(contiguous, causal, cache lengths) compile without spills in registers and shared memory for the CTAs an SM the
+split rule counts, and the key loop runs on HGMMA, with no HMMA and no ldmatrix. GPU (``gpu`` marker; passed on an
+H200, 2026-12-02): on, against fp64 on a poisoned output over 128 to 256 packed rows at D=128 and D=64, Sq 5 (rows of
+different tokens), ragged, paged, forced splits and the balanced split; the causal mask taking the packed row as the
+token (no ``row % Sq``) must fail the check.
 """
 
 from __future__ import annotations

@@ -41,6 +41,8 @@ def _mma_sync_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """This file's subject is the 64-row tile of 4 warps' mma.sync, which 128+ packed rows at D=64 and 128 take only
     with ``WGMMA_MIN_ROWS`` off (or off sm_90); the WGMMA tile is tests/test_cute_decode_wgmma.py's."""
     monkeypatch.setattr(decode, "WGMMA_MIN_ROWS", 0)
+
+
 # An SM's shared memory (228 KiB: ncu's "Shared Memory Configuration Size") and what the runtime keeps per CTA.
 SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES = 233472, 1024
 # An SM's register file (32-bit registers), and ptxas' allocation unit per thread.
