@@ -24,8 +24,10 @@ one); S; wait; mask (the top blocks of a split); softmax; rescale O; P; P V; wai
 for the next iteration's refill. No S/P V overlap inside the warpgroup yet (cute/hopper's ``next_block``).
 
 Measured (H200, 2026-12-02, ``bench/cute_decode_wgmma_ab.sh``, ``results/h200/cute-decode-wgmma/``): 256 packed rows
-at D=128 (seed 107 row 0) 362.7 -> 294.0 µs, 128 rows (seed 103 row 0) 540.1 -> 402.1, D=64's 128 rows 0.85-0.91×;
-the one chain a block is its limit (predicted 200-250 µs on the first row).
+at D=128 (seed 107 row 0) 362.7 -> 294.0 µs, 128 rows (seed 103 row 0) 540.1 -> 402.1, D=64's 128 rows 0.85-0.91×.
+The one chain a block is the tile's limit, so the split rule asks two CTAs an SM for it
+(``decode.WGMMA_SPLIT_CTAS_PER_SM``): one CTA's softmax runs under the other's wgmmas; 107/0 295.2 -> 209.7 µs
+(``results/h200/cute-decode-wgmma-split/``).
 """
 
 from __future__ import annotations

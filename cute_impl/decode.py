@@ -254,6 +254,11 @@ BALANCED_SHALLOW_RING: dict[int, int] = {64: 4}
 # 0: never. On (128): seed 107 row 0 362.7 -> 294.0 us, 103/0 540.1 -> 402.1, D=64's 128 rows 0.85-0.91x, controls 1.00x
 # (H200, 2026-12-02, results/h200/cute-decode-wgmma/); WGMMA_HEAD_DIMS: those compiled.
 WGMMA_MIN_ROWS, WGMMA_HEAD_DIMS = 128, (64, 128)
+# The WGMMA tile's ask of the split rule: two CTAs an SM (its ring leaves room for them), so that one CTA's softmax
+# runs under the other's wgmmas where the grid held one an SM: 107/0 295.2 -> 209.7 us, paged(64) 377.4 -> 256.7, rows
+# already past a wave 1.00x; the same ask of the mma.sync tile cost 107/0 at Sq=1 1.02x (H200, 2026-12-02,
+# results/h200/cute-decode-wgmma-split/).
+WGMMA_SPLIT_CTAS_PER_SM = 2
 DECODE_FEATURES = (*FEATURES, PAGED_KV)  # every problem feature, and the paged KV cache (pages of 16 to 256 keys)
 
 
@@ -728,13 +733,16 @@ def m_blocks_for(problem: Problem) -> int:
 
 def planned_num_splits(problem: Problem, device: torch.device) -> int:
     """The shared split rule (``common/contract/splits.py``) for this rung's M tiles and policy."""
-    return splits.planned_num_splits(problem, m_blocks_for(problem), device, split_policy(problem))
+    return splits.planned_num_splits(problem, m_blocks_for(problem), device, split_policy(problem, device))
 
 
-def split_policy(problem: Problem) -> splits.SplitPolicy:
-    """This rung's ask of the split rule, from its fifth-stop switches (default: the rule as it was)."""
+def split_policy(problem: Problem, device: torch.device | None = None) -> splits.SplitPolicy:
+    """This rung's ask of the split rule, from its fifth-stop switches (default: the rule as it was); the WGMMA
+    tile asks for ``WGMMA_SPLIT_CTAS_PER_SM`` (``device`` as :func:`wgmma_tile` reads it; None: the sm_90a compile)."""
     fit = CTAS_PER_SM_FIT[problem.head_dim]
-    return splits.SplitPolicy(min(SPLIT_CTAS_PER_SM, fit), SHORT_CACHE_ONE_SPLIT, FEWER_WAVES)
+    wgmma = wgmma_tile(problem, device or torch.device("cpu"))
+    ctas_per_sm = WGMMA_SPLIT_CTAS_PER_SM if wgmma else SPLIT_CTAS_PER_SM
+    return splits.SplitPolicy(min(ctas_per_sm, fit), SHORT_CACHE_ONE_SPLIT, FEWER_WAVES)
 
 
 def balanced_split(problem: Problem, device: torch.device | None = None) -> bool:
@@ -834,7 +842,7 @@ def launch_plan(problem: Problem, device: torch.device, num_splits: int | None =
         num_splits = splits.resolve_balanced_shares(num_splits, problem, device, m_blocks, tile_n, *shares, **rule)
         slabs, items = num_splits + items, 1
     else:
-        num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks, device, split_policy(problem))
+        num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks, device, split_policy(problem, device))
     split = slabs is not None or num_splits > 1
     m_tile_major = slabs is not None and splits.balanced_m_tile_major(slabs, M_TILE_MAJOR)
     stages = None if slabs is None else balanced_ring_stages(problem, device, slabs)

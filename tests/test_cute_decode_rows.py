@@ -229,4 +229,5 @@ def assert_planted_warp_bug_fails(bug: str, planted: tuple, case: tuple, monkeyp
 def test_planted_row_split_bug_fails_the_check(bug: str, monkeypatch: pytest.MonkeyPatch):
     name, replacement, case = PLANTED[bug]
     monkeypatch.setattr(decode, "WARPS_SPLIT_ROWS", True)
+    monkeypatch.setattr(decode, "WGMMA_MIN_ROWS", 0)  # 128 rows would take the WGMMA tile, which has no warp rows
     assert_planted_warp_bug_fails(bug, (name, replacement), GPU_CASES[case], monkeypatch)

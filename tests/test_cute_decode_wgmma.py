@@ -57,13 +57,32 @@ def test_on_by_default():
 
 
 @pytest.mark.parametrize(("seed", "row"), SEED_ROWS)
-def test_on_changes_only_the_tile_mma_of_the_seed_rows(seed: int, row: int):
+def test_on_changes_only_the_tile_mma_of_the_seed_rows(seed: int, row: int, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(decode, "WGMMA_SPLIT_CTAS_PER_SM", 1)  # the split rule's ask apart (the test below)
     problem = random_cases(8, seed)[row].problem
     assert problem.kv_group * problem.seqlen_q >= ON and problem.head_dim == 128, problem.describe()
     off, on = _plan(problem, 0), _plan(problem, ON)
     assert on[3].wgmma and on[3].tile_m == 64 and on[3].row_warps == 4
     assert on[:3] + on[4:] == off[:3] + off[4:] and dataclasses.replace(on[3], wgmma=False) == off[3]
     assert isinstance(decode.decode_kernel(on[3]), _decode_wgmma.WgmmaDecodeKernel)
+
+
+@pytest.mark.parametrize(("seed", "row", "splits_off", "splits_on"), [(107, 0, 1, 2), (103, 0, 1, 1)])
+def test_the_wgmma_tile_asks_two_ctas_an_sm(seed: int, row: int, splits_off: int, splits_on: int):
+    """``WGMMA_SPLIT_CTAS_PER_SM``: 107/0's 128 CTAs (one an SM) become 2 splits; 103/0's 2048 CTAs keep one."""
+    problem = random_cases(8, seed)[row].problem
+    assert decode.split_policy(problem).ctas_per_sm == decode.WGMMA_SPLIT_CTAS_PER_SM == 2
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decode, "WGMMA_SPLIT_CTAS_PER_SM", 1)
+        assert decode.launch_plan(problem, CPU)[0] == splits_off
+    assert decode.launch_plan(problem, CPU)[0] == splits_on
+
+
+def test_the_mma_sync_tile_keeps_its_ask():
+    """107/0 at Sq=1 (16 packed rows, the mma.sync tile) keeps ``SPLIT_CTAS_PER_SM``'s one CTA an SM: 4 splits."""
+    problem = dataclasses.replace(random_cases(8, 107)[0].problem, seqlen_q=1)
+    assert decode.split_policy(problem).ctas_per_sm == decode.SPLIT_CTAS_PER_SM == 1
+    assert decode.launch_plan(problem, CPU)[0] == 4
 
 
 # Problems the setting leaves: 64 packed rows (under the threshold), D=256 (not compiled), 32 rows at D=128 (a 32-row

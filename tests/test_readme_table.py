@@ -313,7 +313,8 @@ def test_decode_pick_reads_the_spread_of_the_decode_rungs(tmp_path: Path):
         _copy(path.relative_to(ROOT), tmp_path)
     copy = tmp_path / DECODE_SHOWN  # the H200 run
     assert decode_block(tmp_path) == decode_block(ROOT)
-    assert "within 4 % of one another" in decode_block(ROOT)
+    stated = re.search(r"within (\d+) % of one another", decode_block(ROOT))
+    assert stated, decode_block(ROOT)
     frame = pd.read_csv(copy, dtype={"lengths": str})
     row = (frame["impl"] == "gluon/decode") & (frame["batch"] == 8) & (frame["seqlen_k"] == 131072)
     row &= frame["kv_heads"] == 32
@@ -322,7 +323,7 @@ def test_decode_pick_reads_the_spread_of_the_decode_rungs(tmp_path: Path):
     rungs = frame["impl"].isin(["triton/decode", "gluon/decode", "cute/decode"])
     times = frame.loc[rungs & (frame["batch"] == 8) & (frame["seqlen_k"] == 131072) & (frame["kv_heads"] == 32), "us"]
     widened = round((times.max() / times.min() - 1) * 100)
-    assert widened > 4 and f"within {widened} % of one another" in decode_block(tmp_path)
+    assert widened > int(stated[1]) and f"within {widened} % of one another" in decode_block(tmp_path)
 
 
 def test_the_decode_block_shows_one_run_and_names_the_others(tmp_path: Path):
