@@ -21,7 +21,14 @@ a (key, D) view of the same memory.
 Per key block (``attend_wgmma_block``): refill the ring and wait for this block (``refill_kv_ring``), with a
 ``fence.proxy.async`` before its last barrier (cp.async writes through the generic proxy, WGMMA reads through the async
 one); S; wait; mask (the top blocks of a split); softmax; rescale O; P; P V; wait, so that the slot is free
-for the next iteration's refill. No S/P V overlap inside the warpgroup yet (cute/hopper's ``next_block``).
+for the next iteration's refill.
+
+Overlapped (``decode.WGMMA_OVERLAP``, ``attend_overlapped_block``; cute/hopper's ``next_block``): block n's S = Q Kᵀ is
+issued with block n-1's O += P V (O first pays n-1's rescale factor, under S), S is waited for with P V still in flight
+(``wait_group(1)``) and its mask and softmax run while P V is on the tensor cores; the first block has no P V before it,
+and after the last one its P V is issued alone. Block n-1's V is read during block n, so the ring refills the slot of
+block n-2 (``refill_kv_ring``'s ``held`` = 1): ``stages - 2`` blocks in flight, not ``stages - 1`` (3 stages at D=128:
+one block a step ahead; 6 at D=64: four).
 
 Measured (H200, 2026-12-02, ``bench/cute_decode_wgmma_ab.sh``, ``results/h200/cute-decode-wgmma/``): 256 packed rows
 at D=128 (seed 107 row 0) 362.7 -> 294.0 µs, 128 rows (seed 103 row 0) 540.1 -> 402.1, D=64's 128 rows 0.85-0.91×.
@@ -75,6 +82,10 @@ class WgmmaDecodeKernel(DecodeKernel):
         super().__init__(config)
         if self.tile_m != ROWS_PER_WARPGROUP or self.num_warps * 32 != 128 or self.key_warps != 1:
             raise ValueError(f"the WGMMA tile is one warpgroup of {ROWS_PER_WARPGROUP} rows, got {config}")
+        # Overlapped, the previous block's slot stays held one step (its V): a ring of 3 keeps one block in flight.
+        self.held = 1 if config.wgmma_overlap else 0
+        if self.stages - 1 - self.held < 1:
+            raise ValueError(f"the overlapped WGMMA tile needs a ring of 3 stages or more, got {config}")
 
     @cute.jit
     def __call__(
@@ -190,9 +201,9 @@ class WgmmaDecodeKernel(DecodeKernel):
             self.tile_n, self.causal, tScS, m_block * self.tile_m, seqlen, packed_seqlen_q=seqlen_q
         )  # fmt: skip
 
-        # ---- 2. Prologue: the packed Q tile and the first stages-1 K/V blocks in flight ----------
+        # ---- 2. Prologue: the packed Q tile and the first stages-1-held K/V blocks in flight -----
         self.load_packed_q(gmem_tiled_copy, gmem_thr_copy, mQ, sQ, batch, kv_head, group, m_block, rows)
-        for stage in cutlass.range_constexpr(self.stages - 1):
+        for stage in cutlass.range_constexpr(self.stages - 1 - self.held):
             if stage < n_blocks:
                 load_kv_block(
                     kv_copy, block_range.n_block_max - 1 - stage, stage, seqlen.seqlen_k, predicated=stage == 0
@@ -200,15 +211,31 @@ class WgmmaDecodeKernel(DecodeKernel):
             cute.arch.cp_async_commit_group()
 
         # ---- 3. Main loop: the masked blocks first (they top the split), then the rest -----------
-        attend = partial(
-            self.attend_wgmma_block, kv_copy, qk_mma, pv_mma, tSrQ, tSrK, tOrV, tOrP, acc_S_shape, acc_O, softmax,
-            mask, block_range.n_block_max, n_blocks, seqlen.seqlen_k,
-        )  # fmt: skip
-        for step in cutlass.range_constexpr(block_range.n_masked_blocks):
-            if step < n_blocks:
-                attend(step, masked=True)
-        for step in cutlass.range(block_range.n_masked_blocks, n_blocks, 1):
-            attend(step, masked=False)
+        if cutlass.const_expr(not self.config.wgmma_overlap):
+            attend = partial(
+                self.attend_wgmma_block, kv_copy, qk_mma, pv_mma, tSrQ, tSrK, tOrV, tOrP, acc_S_shape, acc_O,
+                softmax, mask, block_range.n_block_max, n_blocks, seqlen.seqlen_k,
+            )  # fmt: skip
+            for step in cutlass.range_constexpr(block_range.n_masked_blocks):
+                if step < n_blocks:
+                    attend(step, masked=True)
+            for step in cutlass.range(block_range.n_masked_blocks, n_blocks, 1):
+                attend(step, masked=False)
+        else:
+            # Overlapped (WGMMA_OVERLAP): the factor O owes the last softmax update, paid before the next P V.
+            o_scale = cute.make_rmem_tensor(ROWS_PER_THREAD, cutlass.Float32)
+            attend = partial(
+                self.attend_overlapped_block, kv_copy, qk_mma, pv_mma, tSrQ, tSrK, tOrV, tOrP, acc_S_shape, acc_O,
+                softmax, mask, o_scale, block_range.n_block_max, n_blocks, seqlen.seqlen_k,
+            )  # fmt: skip
+            # The first block (always masked: the top of the split) has no P V before it.
+            for step in cutlass.range_constexpr(block_range.n_masked_blocks):
+                if step < n_blocks:
+                    attend(step, masked=True, first=step == 0)
+            for step in cutlass.range(block_range.n_masked_blocks, n_blocks, 1):
+                attend(step, masked=False, first=False)
+            if n_blocks > 0:
+                self.last_values_product(pv_mma, tOrP, tOrV, acc_O, softmax, o_scale, n_blocks - 1)
         cute.arch.cp_async_wait_group(0)
 
         # ---- 4. Epilogue: the warpgroup's O and LSE through shared memory, stored ---------------
@@ -260,6 +287,54 @@ class WgmmaDecodeKernel(DecodeKernel):
         # ---- 3e. O += P V (P from registers); retired before the slot is refilled -------------------
         scores_to_operand_a(acc_S, tOrP)
         warpgroup_gemm(pv_mma, acc_O, tA=tOrP, tB=tOrV, stage=slot, accumulate=True)
+        warpgroup.wait_group(0)
+
+    @cute.jit
+    def attend_overlapped_block(
+        self, kv_copy: KVCopy, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, tSrQ: cute.Tensor, tSrK: cute.Tensor,
+        tOrV: cute.Tensor, tOrP: cute.Tensor, acc_S_shape: Any, acc_O: cute.Tensor, softmax: OnlineSoftmax,
+        mask: AttentionMask, o_scale: cute.Tensor, n_block_max: cutlass.Int32, n_blocks: cutlass.Int32,
+        seqlen_k: cutlass.Int32, step: cutlass.Int32, masked: cutlass.Constexpr, first: cutlass.Constexpr,
+    ):  # fmt: skip
+        """Iteration ``step`` overlapped (``WGMMA_OVERLAP``, cute/hopper's ``next_block``): refill the ring, then
+        issue S = Q Kᵀ of block ``n_block_max - 1 - step`` and the previous block's O += P V, and mask and softmax
+        S while that P V runs. ``first``: no previous block."""
+        n_block = n_block_max - 1 - step
+        slot = step % self.stages
+
+        # ---- 3a. Refill the slot of two steps back (the previous block's V is still read) -------
+        refill_kv_ring(kv_copy, step, self.stages, n_block_max, n_blocks, seqlen_k, async_proxy=True, held=1)
+
+        # ---- 3b./3e. S = Q Kᵀ; O *= the previous factor (under S); O += P V of the previous block ----
+        acc_S = cute.make_rmem_tensor(acc_S_shape, cutlass.Float32)
+        warpgroup_gemm(qk_mma, acc_S, tA=tSrQ, tB=tSrK, stage=slot, accumulate=False)
+        if cutlass.const_expr(not first):
+            softmax.rescale(acc_O, o_scale)
+            warpgroup_gemm(pv_mma, acc_O, tA=tOrP, tB=tOrV, stage=(step - 1) % self.stages, accumulate=True)
+        # S is ready when at most the (later) P V group is still in flight.
+        warpgroup.wait_group(0 if first else 1)
+
+        # ---- 3c./3d. Mask, online softmax, while P V runs ----------------------------------------
+        if cutlass.const_expr(masked):
+            mask.apply(acc_S, n_block)
+        row_scale = softmax.update(acc_S)
+
+        # ---- P staged, then into the A operand once the P V that reads it (and the slot) retired ---
+        rP = cute.make_rmem_tensor(tOrP.layout, tOrP.element_type)
+        scores_to_operand_a(acc_S, rP)
+        if cutlass.const_expr(not first):
+            warpgroup.wait_group(0)
+        o_scale.store(row_scale.load())
+        tOrP.store(rP.load())
+
+    @cute.jit
+    def last_values_product(
+        self, pv_mma: cute.TiledMma, tOrP: cute.Tensor, tOrV: cute.Tensor, acc_O: cute.Tensor, softmax: OnlineSoftmax,
+        o_scale: cute.Tensor, step: cutlass.Int32,
+    ):  # fmt: skip
+        """Overlapped, after the loop: the last block's (iteration ``step``'s) rescale and O += P V, alone."""
+        softmax.rescale(acc_O, o_scale)
+        warpgroup_gemm(pv_mma, acc_O, tA=tOrP, tB=tOrV, stage=step % self.stages, accumulate=True)
         warpgroup.wait_group(0)
 
     @cute.jit
