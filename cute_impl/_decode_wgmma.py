@@ -222,20 +222,31 @@ class WgmmaDecodeKernel(DecodeKernel):
             for step in cutlass.range(block_range.n_masked_blocks, n_blocks, 1):
                 attend(step, masked=False)
         else:
-            # Overlapped (WGMMA_OVERLAP): the factor O owes the last softmax update, paid before the next P V.
+            # Overlapped (WGMMA_OVERLAP): P in two register buffers, step parity's (block n's P is written while
+            # block n-1's P V reads the other), and the factor O owes the last softmax update, paid before a P V.
+            tOrPs = (tOrP, cute.make_rmem_tensor(tOrP.layout, tOrP.element_type))
             o_scale = cute.make_rmem_tensor(ROWS_PER_THREAD, cutlass.Float32)
             attend = partial(
-                self.attend_overlapped_block, kv_copy, qk_mma, pv_mma, tSrQ, tSrK, tOrV, tOrP, acc_S_shape, acc_O,
+                self.attend_overlapped_block, kv_copy, qk_mma, pv_mma, tSrQ, tSrK, tOrV, tOrPs, acc_S_shape, acc_O,
                 softmax, mask, o_scale, block_range.n_block_max, n_blocks, seqlen.seqlen_k,
             )  # fmt: skip
             # The first block (always masked: the top of the split) has no P V before it.
-            for step in cutlass.range_constexpr(block_range.n_masked_blocks):
+            n_masked = block_range.n_masked_blocks
+            for step in cutlass.range_constexpr(n_masked):
                 if step < n_blocks:
-                    attend(step, masked=True, first=step == 0)
-            for step in cutlass.range(block_range.n_masked_blocks, n_blocks, 1):
-                attend(step, masked=False, first=False)
+                    attend(step, masked=True, first=step == 0, parity=step % 2)
+            # The rest two steps an iteration, so that each step's P buffer is known at compile time.
+            for step in cutlass.range(n_masked, n_blocks - 1, 2):
+                attend(step, masked=False, first=False, parity=n_masked % 2)
+                attend(step + 1, masked=False, first=False, parity=(n_masked + 1) % 2)
+            if n_blocks > n_masked and (n_blocks - n_masked) % 2 == 1:
+                attend(n_blocks - 1, masked=False, first=False, parity=n_masked % 2)
+            # The last block's P V, alone, from its step's buffer.
             if n_blocks > 0:
-                self.last_values_product(pv_mma, tOrP, tOrV, acc_O, softmax, o_scale, n_blocks - 1)
+                if (n_blocks - 1) % 2 == 0:
+                    self.last_values_product(pv_mma, tOrPs[0], tOrV, acc_O, softmax, o_scale, n_blocks - 1)
+                else:
+                    self.last_values_product(pv_mma, tOrPs[1], tOrV, acc_O, softmax, o_scale, n_blocks - 1)
         cute.arch.cp_async_wait_group(0)
 
         # ---- 4. Epilogue: the warpgroup's O and LSE through shared memory, stored ---------------
@@ -292,13 +303,15 @@ class WgmmaDecodeKernel(DecodeKernel):
     @cute.jit
     def attend_overlapped_block(
         self, kv_copy: KVCopy, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, tSrQ: cute.Tensor, tSrK: cute.Tensor,
-        tOrV: cute.Tensor, tOrP: cute.Tensor, acc_S_shape: Any, acc_O: cute.Tensor, softmax: OnlineSoftmax,
-        mask: AttentionMask, o_scale: cute.Tensor, n_block_max: cutlass.Int32, n_blocks: cutlass.Int32,
-        seqlen_k: cutlass.Int32, step: cutlass.Int32, masked: cutlass.Constexpr, first: cutlass.Constexpr,
+        tOrV: cute.Tensor, tOrPs: tuple[cute.Tensor, cute.Tensor], acc_S_shape: Any, acc_O: cute.Tensor,
+        softmax: OnlineSoftmax, mask: AttentionMask, o_scale: cute.Tensor, n_block_max: cutlass.Int32,
+        n_blocks: cutlass.Int32, seqlen_k: cutlass.Int32, step: cutlass.Int32, masked: cutlass.Constexpr,
+        first: cutlass.Constexpr, parity: cutlass.Constexpr,
     ):  # fmt: skip
         """Iteration ``step`` overlapped (``WGMMA_OVERLAP``, cute/hopper's ``next_block``): refill the ring, then
         issue S = Q Kᵀ of block ``n_block_max - 1 - step`` and the previous block's O += P V, and mask and softmax
-        S while that P V runs. ``first``: no previous block."""
+        S while that P V runs. ``first``: no previous block; ``parity``: ``step % 2``, this step's P buffer of
+        ``tOrPs`` (the previous step's P V reads the other)."""
         n_block = n_block_max - 1 - step
         slot = step % self.stages
 
@@ -310,7 +323,7 @@ class WgmmaDecodeKernel(DecodeKernel):
         warpgroup_gemm(qk_mma, acc_S, tA=tSrQ, tB=tSrK, stage=slot, accumulate=False)
         if cutlass.const_expr(not first):
             softmax.rescale(acc_O, o_scale)
-            warpgroup_gemm(pv_mma, acc_O, tA=tOrP, tB=tOrV, stage=(step - 1) % self.stages, accumulate=True)
+            warpgroup_gemm(pv_mma, acc_O, tA=tOrPs[1 - parity], tB=tOrV, stage=(step - 1) % self.stages, accumulate=True)
         # S is ready when at most the (later) P V group is still in flight.
         warpgroup.wait_group(0 if first else 1)
 
@@ -319,13 +332,11 @@ class WgmmaDecodeKernel(DecodeKernel):
             mask.apply(acc_S, n_block)
         row_scale = softmax.update(acc_S)
 
-        # ---- P staged, then into the A operand once the P V that reads it (and the slot) retired ---
-        rP = cute.make_rmem_tensor(tOrP.layout, tOrP.element_type)
-        scores_to_operand_a(acc_S, rP)
+        # ---- P into this step's buffer; the P V on the other retires before the slot is refilled --
+        scores_to_operand_a(acc_S, tOrPs[parity])
+        o_scale.store(row_scale.load())
         if cutlass.const_expr(not first):
             warpgroup.wait_group(0)
-        o_scale.store(row_scale.load())
-        tOrP.store(rP.load())
 
     @cute.jit
     def last_values_product(
