@@ -323,7 +323,8 @@ class WgmmaDecodeKernel(DecodeKernel):
         warpgroup_gemm(qk_mma, acc_S, tA=tSrQ, tB=tSrK, stage=slot, accumulate=False)
         if cutlass.const_expr(not first):
             softmax.rescale(acc_O, o_scale)
-            warpgroup_gemm(pv_mma, acc_O, tA=tOrPs[1 - parity], tB=tOrV, stage=(step - 1) % self.stages, accumulate=True)
+            previous = (step - 1) % self.stages
+            warpgroup_gemm(pv_mma, acc_O, tA=tOrPs[1 - parity], tB=tOrV, stage=previous, accumulate=True)
         # S is ready when at most the (later) P V group is still in flight.
         warpgroup.wait_group(0 if first else 1)
 

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Issue #38, the WGMMA tile's next step: WGMMA_OVERLAP (cute_impl/_decode_wgmma.py, attend_overlapped_block; cute/hopper's
+# next_block): each key block's S = Q K^T issued with the previous block's O += P V, its softmax run while that P V is
+# on the tensor cores, P in two register buffers by step parity, the ring one block shallower (3 stages at D=128: one
+# block in flight). sm_90a (docs/perf-log.md, "Helper `cutewg3`"): D=128 186 registers, no spill, two CTAs an SM, 50
+# of a loop's 68 exp2 issued with a wgmma in flight (0 of 34 off); D=64 none (ptxas waits for P V first).
+# Predicted: 107/0 209.7 -> 185-210 us (its 4 M tiles already pull ~6.9 TB/s from L2, triton's 7.0), 103/0 ~400 ->
+# 370-410, 107/0 paged(64) 256.7 -> 220-250, 41/1 and 31/6 (D=64) 0.97-1.03x, the controls (59/2, 107/0 at Sq=1: the
+# mma.sync tile, SASS hashed equal) 1.00x.
+# This call: the switch's GPU tests (fp64 on a poisoned output, 128-256 packed rows at D=64 and 128, Sq 5, ragged,
+# paged, forced and balanced splits, odd and even block counts; a planted dropped last block), then one A/B through
+# bench.decode_knob_ab (False against True, 2 rounds, each value checked against fp64 first). About 190 s.
+# Run from the project root, carrying [".gpu/cutlass-dsl.tar.xz", ".gpu/activate.sh", ".gpu/fa4"], command
+# `bash bench/cute_decode_wgmma_overlap_ab.sh`. Outputs in $OUT: times.txt, pytest.log, overlap.log, overlap/.
+set -uo pipefail
+# shellcheck source=bench/_gpu_run.sh
+source "$(dirname "$0")/_gpu_run.sh" cute_decode_wgmma_overlap_ab.sh runs/cute_decode_wgmma_overlap_ab
+decode_setup
+status=0
+gpu_tests 65 -n 4 tests/test_cute_decode_wgmma_overlap.py
+knob_ab overlap 125 cute_impl.decode:WGMMA_OVERLAP False,True cute/decode \
+  107/0 103/0 41/1 31/6 107/0:page_size=64 59/2 107/0:seqlen_q=1
+cat "$OUT/times.txt"
+exit $status
