@@ -23,12 +23,16 @@ Per key block (``attend_wgmma_block``): refill the ring and wait for this block 
 one); S; wait; mask (the top blocks of a split); softmax; rescale O; P; P V; wait, so that the slot is free
 for the next iteration's refill.
 
-Overlapped (``decode.WGMMA_OVERLAP``, ``attend_overlapped_block``; cute/hopper's ``next_block``): block n's S = Q Kᵀ is
-issued with block n-1's O += P V (O first pays n-1's rescale factor, under S), S is waited for with P V still in flight
-(``wait_group(1)``) and its mask and softmax run while P V is on the tensor cores; the first block has no P V before it,
-and after the last one its P V is issued alone. Block n-1's V is read during block n, so the ring refills the slot of
-block n-2 (``refill_kv_ring``'s ``held`` = 1): ``stages - 2`` blocks in flight, not ``stages - 1`` (3 stages at D=128:
-one block a step ahead; 6 at D=64: four).
+Overlapped (``decode.WGMMA_OVERLAP``, ``attend_overlapped_block``; cute/hopper's ``next_block``): step n waits for
+block n's K/V, issues S = Q K(n)ᵀ, waits (``wait_group(1)``: S may still run) for the P V of step n-2, which ran under
+the last softmax, pays O the factor that softmax left, refills the slot that P V read (block n+stages-2), issues
+O += P(n-1) V(n-1), waits for S (``wait_group(1)``: P V may still run) and masks and softmaxes S(n) into P(n) while
+P V is on the tensor cores. P lives in two register buffers by step parity (the loop takes two steps an iteration).
+The second step of each iteration ``drain``s (``wait_group(0)``) so that no wgmma is in flight across the loop's back
+edge (ptxas serialises every wgmma otherwise, C7514); ptxas hoists that wait above the step's exp2s, so about half of
+the second step's softmax runs under P V. The first block has no P V before it, and after the last one its P V is
+issued alone. Block n-1's V is read during step n, so ``stages - 2`` blocks are in flight, not ``stages - 1`` (3
+stages at D=128: one; 6 at D=64: four).
 
 Measured (H200, 2026-12-02, ``bench/cute_decode_wgmma_ab.sh``, ``results/h200/cute-decode-wgmma/``): 256 packed rows
 at D=128 (seed 107 row 0) 362.7 -> 294.0 µs, 128 rows (seed 103 row 0) 540.1 -> 402.1, D=64's 128 rows 0.85-0.91×.
@@ -58,8 +62,10 @@ from cute_impl._device import (
     PagedKV,
     SeqlenInfo,
     kv_copy_partitions,
+    load_kv_ahead,
     load_kv_block,
     refill_kv_ring,
+    wait_kv_block,
 )
 from cute_impl._hopper_device import (
     ROWS_PER_THREAD,
@@ -82,9 +88,10 @@ class WgmmaDecodeKernel(DecodeKernel):
         super().__init__(config)
         if self.tile_m != ROWS_PER_WARPGROUP or self.num_warps * 32 != 128 or self.key_warps != 1:
             raise ValueError(f"the WGMMA tile is one warpgroup of {ROWS_PER_WARPGROUP} rows, got {config}")
-        # Overlapped, the previous block's slot stays held one step (its V): a ring of 3 keeps one block in flight.
-        self.held = 1 if config.wgmma_overlap else 0
-        if self.stages - 1 - self.held < 1:
+        # Overlapped, the previous block's slot stays held one step (its V): the ring loads ``ahead`` = stages - 2
+        # steps ahead, not stages - 1, and a ring of 3 keeps one block in flight.
+        self.ahead = self.stages - 1 - (1 if config.wgmma_overlap else 0)
+        if self.ahead < 1:
             raise ValueError(f"the overlapped WGMMA tile needs a ring of 3 stages or more, got {config}")
 
     @cute.jit
@@ -201,9 +208,9 @@ class WgmmaDecodeKernel(DecodeKernel):
             self.tile_n, self.causal, tScS, m_block * self.tile_m, seqlen, packed_seqlen_q=seqlen_q
         )  # fmt: skip
 
-        # ---- 2. Prologue: the packed Q tile and the first stages-1-held K/V blocks in flight -----
+        # ---- 2. Prologue: the packed Q tile and the first K/V blocks in flight (stages-1; overlapped stages-2)
         self.load_packed_q(gmem_tiled_copy, gmem_thr_copy, mQ, sQ, batch, kv_head, group, m_block, rows)
-        for stage in cutlass.range_constexpr(self.stages - 1 - self.held):
+        for stage in cutlass.range_constexpr(self.ahead):
             if stage < n_blocks:
                 load_kv_block(
                     kv_copy, block_range.n_block_max - 1 - stage, stage, seqlen.seqlen_k, predicated=stage == 0
@@ -234,13 +241,13 @@ class WgmmaDecodeKernel(DecodeKernel):
             n_masked = block_range.n_masked_blocks
             for step in cutlass.range_constexpr(n_masked):
                 if step < n_blocks:
-                    attend(step, masked=True, first=step == 0, parity=step % 2)
+                    attend(step, masked=True, first=step == 0, parity=step % 2, drain=True)
             # The rest two steps an iteration, so that each step's P buffer is known at compile time.
             for step in cutlass.range(n_masked, n_blocks - 1, 2):
-                attend(step, masked=False, first=False, parity=n_masked % 2)
-                attend(step + 1, masked=False, first=False, parity=(n_masked + 1) % 2)
+                attend(step, masked=False, first=False, parity=n_masked % 2, drain=False)
+                attend(step + 1, masked=False, first=False, parity=(n_masked + 1) % 2, drain=True)
             if n_blocks > n_masked and (n_blocks - n_masked) % 2 == 1:
-                attend(n_blocks - 1, masked=False, first=False, parity=n_masked % 2)
+                attend(n_blocks - 1, masked=False, first=False, parity=n_masked % 2, drain=True)
             # The last block's P V, alone, from its step's buffer.
             if n_blocks > 0:
                 if (n_blocks - 1) % 2 == 0:
@@ -306,37 +313,46 @@ class WgmmaDecodeKernel(DecodeKernel):
         tOrV: cute.Tensor, tOrPs: tuple[cute.Tensor, cute.Tensor], acc_S_shape: Any, acc_O: cute.Tensor,
         softmax: OnlineSoftmax, mask: AttentionMask, o_scale: cute.Tensor, n_block_max: cutlass.Int32,
         n_blocks: cutlass.Int32, seqlen_k: cutlass.Int32, step: cutlass.Int32, masked: cutlass.Constexpr,
-        first: cutlass.Constexpr, parity: cutlass.Constexpr,
+        first: cutlass.Constexpr, parity: cutlass.Constexpr, drain: cutlass.Constexpr,
     ):  # fmt: skip
-        """Iteration ``step`` overlapped (``WGMMA_OVERLAP``, cute/hopper's ``next_block``): refill the ring, then
-        issue S = Q Kᵀ of block ``n_block_max - 1 - step`` and the previous block's O += P V, and mask and softmax
-        S while that P V runs. ``first``: no previous block; ``parity``: ``step % 2``, this step's P buffer of
-        ``tOrPs`` (the previous step's P V reads the other)."""
+        """Iteration ``step`` overlapped (``WGMMA_OVERLAP``, cute/hopper's ``next_block``): issue S = Q Kᵀ of block
+        ``n_block_max - 1 - step``, refill the slot freed by the P V of two steps back, issue the previous block's
+        O += P V, and mask and softmax S while that P V runs. Every wait but ``drain``'s follows an issue, so ptxas
+        cannot hoist it above the softmax's exp2s. ``first``: no previous block; ``parity``: ``step % 2``, this
+        step's P buffer of ``tOrPs`` (the previous step's P V reads the other); ``drain``: retire that P V at the end
+        (the masked steps, the left-over one and the second of each loop iteration: nothing crosses a back edge or a
+        runtime branch in flight)."""
         n_block = n_block_max - 1 - step
         slot = step % self.stages
 
-        # ---- 3a. Refill the slot of two steps back (the previous block's V is still read) -------
-        refill_kv_ring(kv_copy, step, self.stages, n_block_max, n_blocks, seqlen_k, async_proxy=True, held=1)
+        # ---- 3a. This step's block landed (those of the next ahead-1 steps may still load) -------
+        wait_kv_block(self.ahead - 1, async_proxy=True)
 
-        # ---- 3b./3e. S = Q Kᵀ; O *= the previous factor (under S); O += P V of the previous block ----
+        # ---- 3b. S = Q Kᵀ; once P V two steps back retired (it ran under the last softmax), O *= the
+        # factor the last update left, under S ---------------------------------------------------------
         acc_S = cute.make_rmem_tensor(acc_S_shape, cutlass.Float32)
         warpgroup_gemm(qk_mma, acc_S, tA=tSrQ, tB=tSrK, stage=slot, accumulate=False)
         if cutlass.const_expr(not first):
+            warpgroup.wait_group(1)
             softmax.rescale(acc_O, o_scale)
+
+        # ---- 3a'. Refill the slot that P V read, with the block ahead = stages - 2 steps on ---------
+        load_kv_ahead(kv_copy, step + self.ahead, self.stages, n_block_max, n_blocks, seqlen_k)
+
+        # ---- 3e. O += P V of the previous block, from the other P buffer and its slot ------------
+        if cutlass.const_expr(not first):
             previous = (step - 1) % self.stages
             warpgroup_gemm(pv_mma, acc_O, tA=tOrPs[1 - parity], tB=tOrV, stage=previous, accumulate=True)
         # S is ready when at most the (later) P V group is still in flight.
         warpgroup.wait_group(0 if first else 1)
 
-        # ---- 3c./3d. Mask, online softmax, while P V runs ----------------------------------------
+        # ---- 3c./3d. Mask, online softmax and P into this step's buffer, while P V runs -----------
         if cutlass.const_expr(masked):
             mask.apply(acc_S, n_block)
         row_scale = softmax.update(acc_S)
-
-        # ---- P into this step's buffer; the P V on the other retires before the slot is refilled --
-        scores_to_operand_a(acc_S, tOrPs[parity])
         o_scale.store(row_scale.load())
-        if cutlass.const_expr(not first):
+        scores_to_operand_a(acc_S, tOrPs[parity])
+        if cutlass.const_expr(drain):
             warpgroup.wait_group(0)
 
     @cute.jit
@@ -344,7 +360,9 @@ class WgmmaDecodeKernel(DecodeKernel):
         self, pv_mma: cute.TiledMma, tOrP: cute.Tensor, tOrV: cute.Tensor, acc_O: cute.Tensor, softmax: OnlineSoftmax,
         o_scale: cute.Tensor, step: cutlass.Int32,
     ):  # fmt: skip
-        """Overlapped, after the loop: the last block's (iteration ``step``'s) rescale and O += P V, alone."""
+        """Overlapped, after the loop: the last block's (iteration ``step``'s) rescale and O += P V, alone, once
+        the P V before it retired."""
+        warpgroup.wait_group(0)
         softmax.rescale(acc_O, o_scale)
         warpgroup_gemm(pv_mma, acc_O, tA=tOrP, tB=tOrV, stage=step % self.stages, accumulate=True)
         warpgroup.wait_group(0)

@@ -251,26 +251,48 @@ def load_kv_block(
 def refill_kv_ring(
     kv_copy: KVCopy, step: cutlass.Int32, stages: cutlass.Constexpr, n_block_max: cutlass.Int32,
     n_blocks: cutlass.Int32, seqlen_k: cutlass.Int32, async_proxy: cutlass.Constexpr = False,
-    held: cutlass.Constexpr = 0,
 ):  # fmt: skip
     """3a: once every thread is done with the slot freed last iteration, refill it with the block
     ``stages - 1`` steps ahead (if the ``n_blocks`` blocks below ``n_block_max`` have one), then wait
     only for this step's block: ``cp.async.wait_group(stages - 1)``, never for the whole ring.
     ``async_proxy`` (WGMMA reads the block: ``_decode_wgmma.py``): each thread's landed copies are fenced
-    for the async proxy before the barrier that hands the block over. ``held``: blocks before this step
-    still read after it (the overlapped WGMMA tile: 1, the previous block's V), so the freed slot is
-    ``held`` steps older, the refill ``stages - 1 - held`` steps ahead and the wait as deep (the prologue
-    loads as many)."""
+    for the async proxy before the barrier that hands the block over."""
     cute.arch.barrier()
-    ahead = step + stages - 1 - held
+    ahead = step + stages - 1
     if ahead < n_blocks:
         load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % stages, seqlen_k, predicated=False)
-    # Always commit (possibly an empty group) so that "stages-1-held groups pending" means block i landed.
+    # Always commit (possibly an empty group) so that "stages-1 groups pending" means block i landed.
     cute.arch.cp_async_commit_group()
-    cute.arch.cp_async_wait_group(stages - 1 - held)
+    cute.arch.cp_async_wait_group(stages - 1)
     if cutlass.const_expr(async_proxy):
         cute.arch.fence_proxy("async.shared", space="cta")
     cute.arch.barrier()
+
+
+# The same two halves apart, for a loop that frees a slot in the middle of its step (the overlapped WGMMA tile,
+# ``_decode_wgmma.attend_overlapped_block``: the slot two steps back is free only once that step's P V retired).
+@cute.jit
+def wait_kv_block(pending: cutlass.Constexpr, async_proxy: cutlass.Constexpr = False):
+    """Wait for this step's block: ``cp.async.wait_group(pending)`` (the later blocks still loading), with
+    ``async_proxy`` a fence of this thread's landed copies for the async proxy, then the barrier that hands the
+    block to every thread."""
+    cute.arch.cp_async_wait_group(pending)
+    if cutlass.const_expr(async_proxy):
+        cute.arch.fence_proxy("async.shared", space="cta")
+    cute.arch.barrier()
+
+
+@cute.jit
+def load_kv_ahead(
+    kv_copy: KVCopy, ahead: cutlass.Int32, stages: cutlass.Constexpr, n_block_max: cutlass.Int32,
+    n_blocks: cutlass.Int32, seqlen_k: cutlass.Int32,
+):  # fmt: skip
+    """Once every thread is done with slot ``ahead % stages`` (the barrier), load step ``ahead``'s block into it
+    (if the ``n_blocks`` blocks below ``n_block_max`` have one) and commit, an empty group past the last block."""
+    cute.arch.barrier()
+    if ahead < n_blocks:
+        load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % stages, seqlen_k, predicated=False)
+    cute.arch.cp_async_commit_group()
 
 
 def scores(
