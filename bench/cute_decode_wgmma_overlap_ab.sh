@@ -2,11 +2,11 @@
 # Issue #38, the WGMMA tile's next step: WGMMA_OVERLAP (cute_impl/_decode_wgmma.py, attend_overlapped_block; cute/hopper's
 # next_block): each key block's S = Q K^T issued with the previous block's O += P V, its softmax run while that P V is
 # on the tensor cores, P in two register buffers by step parity, the ring one block shallower (3 stages at D=128: one
-# block in flight). sm_90a (docs/perf-log.md, "Helper `cutewg3`"): D=128 186 registers, no spill, two CTAs an SM, 50
-# of a loop's 68 exp2 issued with a wgmma in flight (0 of 34 off); D=64 none (ptxas waits for P V first).
-# Predicted: 107/0 209.7 -> 185-210 us (its 4 M tiles already pull ~6.9 TB/s from L2, triton's 7.0), 103/0 ~400 ->
-# 370-410, 107/0 paged(64) 256.7 -> 220-250, 41/1 and 31/6 (D=64) 0.97-1.03x, the controls (59/2, 107/0 at Sq=1: the
-# mma.sync tile, SASS hashed equal) 1.00x.
+# block in flight). sm_90a (docs/perf-log.md, "Helper `cutewg3`"): D=128 186 registers, no spill, two CTAs an SM, 52
+# of a two-block loop's 68 exp2 issued with a wgmma in flight (0 of 34 off); D=64 148 registers, 34 of 68.
+# Predicted: 107/0 209.7 -> 195-212 us (its 4 M tiles already pull ~6.9 TB/s from L2, triton's 7.0), 103/0 ~400 ->
+# 370-420, 107/0 paged(64) 256.7 -> 215-250, 41/1 72.0 -> 0.95-1.02x, 31/6 160.3 -> 0.92-1.00x, the controls (59/2,
+# 107/0 at Sq=1: the mma.sync tile, SASS hashed equal) 1.00x.
 # This call: the switch's GPU tests (fp64 on a poisoned output, 128-256 packed rows at D=64 and 128, Sq 5, ragged,
 # paged, forced and balanced splits, odd and even block counts; a planted dropped last block), then one A/B through
 # bench.decode_knob_ab (False against True, 2 rounds, each value checked against fp64 first). About 190 s.

@@ -261,10 +261,11 @@ WGMMA_MIN_ROWS, WGMMA_HEAD_DIMS = 128, (64, 128)
 WGMMA_SPLIT_CTAS_PER_SM = 2
 # Issue #38, the WGMMA tile's next step (off until bench/cute_decode_wgmma_overlap_ab.sh): overlap inside the warpgroup,
 # cute/hopper's ``next_block``. Each block issues its S = Q Kᵀ with the previous block's O += P V and runs its softmax
-# while that P V is on the tensor cores, instead of one chain (S, wait, softmax, P V, wait) a block. The ring then holds
-# the previous block's V one step longer: one block fewer in flight (``refill_kv_ring``'s ``held``). Predicted (sm_90a
-# static, docs/perf-log.md, "Helper `cutewg3`"): 107/0 and 103/0 near level (their 4 and 2 M tiles already pull
-# triton's ~6.5-7 TB/s from L2), the D=64 rows 0.85-0.95x.
+# while that P V is on the tensor cores, instead of one chain (S, wait, softmax, P V, wait) a block; the price is one
+# block fewer in flight in the ring (the previous block's V is still read) and 186 registers at D=128 (two CTAs an SM
+# still fit). sm_90a: 52 of a two-block loop's 68 exp2 under a wgmma at D=128, 34 at D=64 (0 off). Predicted
+# (docs/perf-log.md, "Helper `cutewg3`"): 107/0 and 103/0 near level (their 4 and 2 M tiles already pull triton's
+# ~6.5-7 TB/s from L2), 107/0 paged(64) 0.84-0.97x, the D=64 rows 0.92-1.02x.
 WGMMA_OVERLAP = False
 DECODE_FEATURES = (*FEATURES, PAGED_KV)  # every problem feature, and the paged KV cache (pages of 16 to 256 keys)
 
