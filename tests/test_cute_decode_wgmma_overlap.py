@@ -7,9 +7,10 @@ and 31/6) gains ``wgmma_overlap`` and nothing else of the plan moves, while the 
 of 2 stages is refused; bench/cute_decode_wgmma_overlap_ab.sh's rows parse and the switch moves the five it should.
 Static (sm_90a): on, the balanced split (paged, ragged) and the padded split (contiguous) compile without spills for the
 two CTAs an SM the split rule counts, the key loop (two blocks an iteration: P's buffer by step parity) runs on HGMMA
-only, and at D=128 most of its exp2 issue with a wgmma in flight. GPU (``gpu`` marker; not yet run): on, against fp64
-on a poisoned output over 128 to 256 packed rows at D=128 and D=64, Sq 5, ragged, paged, forced splits and the
-balanced split; a planted bug, the last block's P V dropped, must fail the check.
+only, with no serialised wgmma (5 waits a loop) and at least half of its exp2 issued with a wgmma in flight. GPU
+(``gpu`` marker; not yet run): on, against fp64 on a poisoned output over 128 to 256 packed rows at D=128 and D=64, Sq
+5, ragged, paged, forced splits and the balanced split, splits with and without a step left over after the loop; a
+planted bug, the last block's P V dropped, must fail the check.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def test_ab_script_rows_parse_and_the_switch_moves_the_first_five():
     from bench.decode_knob_ab import parse_row
 
     script = (Path(__file__).parents[1] / "bench" / "cute_decode_wgmma_overlap_ab.sh").read_text()
-    assert "gpu_tests 65 -n 4 tests/test_cute_decode_wgmma_overlap.py" in script
+    assert "gpu_tests 80 -n 4 tests/test_cute_decode_wgmma_overlap.py" in script
     words = shlex.split(script.split("\nknob_ab overlap ", 1)[1].split("\ncat ", 1)[0].replace("\\\n", " "))
     assert words[1:4] == ["cute_impl.decode:WGMMA_OVERLAP", "False,True", "cute/decode"], words
     assert words[4:] == MOVED_ROWS + CONTROL_ROWS, words
@@ -163,13 +164,14 @@ def test_on_compiles_spill_free_with_the_softmax_under_the_wgmmas(
 # GPU: on, against fp64; a planted bug
 # ----------------------------------------------------------------------------------------------------
 # name -> (problem, lengths, forced splits, BALANCED_SPLIT): the WGMMA tile's cases, a D=64 tile of Sq 5 split over
-# ragged lengths (splits of 0, 1 and 2 blocks: the first, peeled and last steps), and one long sequence of an odd and
-# an even count of blocks a split (the loop's two steps an iteration and the step left over).
+# ragged lengths (splits of 0, 1 and 2 blocks: the first, masked and last steps only), and one sequence of 38 blocks in
+# 3 splits (13, 13, 12 blocks: 11 and 10 after the two masked ones, a step left over after the loop and none, the last
+# P V from either buffer) and in 4 (10, 10, 10, 8: none left over).
 GPU_CASES = {
     **WGMMA_GPU_CASES,
     "d64-160rows-sq5-ragged-split": (_problem(4, 2, 32, 5, 1024, 64, has_cache_seqlens=True), RAGGED, 3, "never"),
-    "d128-256rows-odd-blocks": (_problem(1, 2, 16, 16, 2373, 128, has_cache_seqlens=True), (2373,), 3, "never"),
-    "d128-256rows-even-blocks": (_problem(1, 2, 16, 16, 2373, 128, has_cache_seqlens=True), (2373,), 2, "never"),
+    "d128-256rows-38blocks-split3": (_problem(1, 2, 16, 16, 2373, 128, has_cache_seqlens=True), (2373,), 3, "never"),
+    "d128-256rows-38blocks-split4": (_problem(1, 2, 16, 16, 2373, 128, has_cache_seqlens=True), (2373,), 4, "never"),
 }
 
 
@@ -201,7 +203,7 @@ class _DroppedLastBlock(_decode_wgmma.WgmmaDecodeKernel):
 @pytest.mark.gpu
 def test_gpu_planted_dropped_last_block_fails_the_check(monkeypatch: pytest.MonkeyPatch):
     _on_hopper()
-    problem, lengths, num_splits, balanced = GPU_CASES["d128-256rows-odd-blocks"]
+    problem, lengths, num_splits, balanced = GPU_CASES["d128-256rows-38blocks-split3"]
     monkeypatch.setattr(decode, "WGMMA_OVERLAP", True)
     monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
     assert check_forced_splits(problem, lengths, num_splits, seed=1).ok, "the unplanted kernel must pass"
