@@ -24,7 +24,7 @@ one); S; wait; mask (the top blocks of a split); softmax; rescale O; P; P V; wai
 for the next iteration's refill.
 
 Overlapped (``decode.WGMMA_OVERLAP``, ``attend_overlapped_block``; cute/hopper's ``next_block``): step n waits for
-block n's K/V, issues S = Q K(n)ᵀ, waits (``wait_group(1)``: S may still run) for the P V of step n-2, which ran under
+block n's K/V, issues S = Q K(n)ᵀ, waits (``wait_group(1)``: S may still run) for the P V of block n-2, which ran under
 the last softmax, pays O the factor that softmax left, refills the slot that P V read (block n+stages-2), issues
 O += P(n-1) V(n-1), waits for S (``wait_group(1)``: P V may still run) and masks and softmaxes S(n) into P(n) while
 P V is on the tensor cores. P lives in two register buffers by step parity (the loop takes two steps an iteration).
