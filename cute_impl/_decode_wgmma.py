@@ -21,13 +21,25 @@ a (key, D) view of the same memory.
 Per key block (``attend_wgmma_block``): refill the ring and wait for this block (``refill_kv_ring``), with a
 ``fence.proxy.async`` before its last barrier (cp.async writes through the generic proxy, WGMMA reads through the async
 one); S; wait; mask (the top blocks of a split); softmax; rescale O; P; P V; wait, so that the slot is free
-for the next iteration's refill. No S/P V overlap inside the warpgroup yet (cute/hopper's ``next_block``).
+for the next iteration's refill.
+
+Overlapped (``attend_overlapped_block``; cute/hopper's ``next_block``; on a ring of at least
+``decode.WGMMA_OVERLAP_MIN_STAGES``): step n waits for block n's K/V, issues S = Q K(n)ᵀ, waits (``wait_group(1)``: S
+may still run) for the P V of block n-2, which ran under the last softmax, pays O the factor that softmax left, refills
+the slot that P V read (block n+stages-2), issues O += P(n-1) V(n-1), waits for S (``wait_group(1)``: P V may still run)
+and masks and softmaxes S(n) into P(n) while P V is on the tensor cores. P lives in two register buffers by step parity
+(the loop takes two steps an iteration). The second step of each iteration ``drain``s (``wait_group(0)``) so that no
+wgmma is in flight across the loop's back edge (ptxas serialises every wgmma otherwise, C7514); ptxas hoists that wait
+above the step's exp2s, so about half of the second step's softmax runs under P V. The first block has no P V before it,
+and after the last one its P V is issued alone. Block n-1's V is read during step n, so ``stages - 2`` blocks are in
+flight, not ``stages - 1`` (3 stages at D=128: one; 6 at D=64: four). Measured with every ring overlapped: D=64
+0.93-0.95× the time, D=128 1.00-1.08× (its one block in flight), hence the rule.
 
 Measured (H200, 2026-12-02, ``bench/cute_decode_wgmma_ab.sh``, ``results/h200/cute-decode-wgmma/``): 256 packed rows
 at D=128 (seed 107 row 0) 362.7 -> 294.0 µs, 128 rows (seed 103 row 0) 540.1 -> 402.1, D=64's 128 rows 0.85-0.91×.
 The one chain a block is the tile's limit, so the split rule asks two CTAs an SM for it
 (``decode.WGMMA_SPLIT_CTAS_PER_SM``): one CTA's softmax runs under the other's wgmmas; 107/0 295.2 -> 209.7 µs
-(``results/h200/cute-decode-wgmma-split/``).
+(``results/h200/cute-decode-wgmma-split/``); the overlap: ``results/h200/cute-decode-wgmma-overlap/``.
 """
 
 from __future__ import annotations
@@ -51,8 +63,10 @@ from cute_impl._device import (
     PagedKV,
     SeqlenInfo,
     kv_copy_partitions,
+    load_kv_ahead,
     load_kv_block,
     refill_kv_ring,
+    wait_kv_block,
 )
 from cute_impl._hopper_device import (
     ROWS_PER_THREAD,
@@ -75,6 +89,11 @@ class WgmmaDecodeKernel(DecodeKernel):
         super().__init__(config)
         if self.tile_m != ROWS_PER_WARPGROUP or self.num_warps * 32 != 128 or self.key_warps != 1:
             raise ValueError(f"the WGMMA tile is one warpgroup of {ROWS_PER_WARPGROUP} rows, got {config}")
+        # Overlapped, the previous block's slot stays held one step (its V): the ring loads ``ahead`` = stages - 2
+        # steps ahead, not stages - 1, and a ring of 3 keeps one block in flight.
+        self.ahead = self.stages - 1 - (1 if config.wgmma_overlap else 0)
+        if self.ahead < 1:
+            raise ValueError(f"the overlapped WGMMA tile needs a ring of 3 stages or more, got {config}")
 
     @cute.jit
     def __call__(
@@ -190,9 +209,9 @@ class WgmmaDecodeKernel(DecodeKernel):
             self.tile_n, self.causal, tScS, m_block * self.tile_m, seqlen, packed_seqlen_q=seqlen_q
         )  # fmt: skip
 
-        # ---- 2. Prologue: the packed Q tile and the first stages-1 K/V blocks in flight ----------
+        # ---- 2. Prologue: the packed Q tile and the first K/V blocks in flight (stages-1; overlapped stages-2)
         self.load_packed_q(gmem_tiled_copy, gmem_thr_copy, mQ, sQ, batch, kv_head, group, m_block, rows)
-        for stage in cutlass.range_constexpr(self.stages - 1):
+        for stage in cutlass.range_constexpr(self.ahead):
             if stage < n_blocks:
                 load_kv_block(
                     kv_copy, block_range.n_block_max - 1 - stage, stage, seqlen.seqlen_k, predicated=stage == 0
@@ -200,15 +219,42 @@ class WgmmaDecodeKernel(DecodeKernel):
             cute.arch.cp_async_commit_group()
 
         # ---- 3. Main loop: the masked blocks first (they top the split), then the rest -----------
-        attend = partial(
-            self.attend_wgmma_block, kv_copy, qk_mma, pv_mma, tSrQ, tSrK, tOrV, tOrP, acc_S_shape, acc_O, softmax,
-            mask, block_range.n_block_max, n_blocks, seqlen.seqlen_k,
-        )  # fmt: skip
-        for step in cutlass.range_constexpr(block_range.n_masked_blocks):
-            if step < n_blocks:
-                attend(step, masked=True)
-        for step in cutlass.range(block_range.n_masked_blocks, n_blocks, 1):
-            attend(step, masked=False)
+        if cutlass.const_expr(not self.config.wgmma_overlap):
+            attend = partial(
+                self.attend_wgmma_block, kv_copy, qk_mma, pv_mma, tSrQ, tSrK, tOrV, tOrP, acc_S_shape, acc_O,
+                softmax, mask, block_range.n_block_max, n_blocks, seqlen.seqlen_k,
+            )  # fmt: skip
+            for step in cutlass.range_constexpr(block_range.n_masked_blocks):
+                if step < n_blocks:
+                    attend(step, masked=True)
+            for step in cutlass.range(block_range.n_masked_blocks, n_blocks, 1):
+                attend(step, masked=False)
+        else:
+            # Overlapped (WGMMA_OVERLAP_MIN_STAGES): P in two register buffers, step parity's (block n's P is written
+            # while block n-1's P V reads the other), and the factor O owes the last softmax update, paid before a P V.
+            tOrPs = (tOrP, cute.make_rmem_tensor(tOrP.layout, tOrP.element_type))
+            o_scale = cute.make_rmem_tensor(ROWS_PER_THREAD, cutlass.Float32)
+            attend = partial(
+                self.attend_overlapped_block, kv_copy, qk_mma, pv_mma, tSrQ, tSrK, tOrV, tOrPs, acc_S_shape, acc_O,
+                softmax, mask, o_scale, block_range.n_block_max, n_blocks, seqlen.seqlen_k,
+            )  # fmt: skip
+            # The first block (always masked: the top of the split) has no P V before it.
+            n_masked = block_range.n_masked_blocks
+            for step in cutlass.range_constexpr(n_masked):
+                if step < n_blocks:
+                    attend(step, masked=True, first=step == 0, parity=step % 2, drain=True)
+            # The rest two steps an iteration, so that each step's P buffer is known at compile time.
+            for step in cutlass.range(n_masked, n_blocks - 1, 2):
+                attend(step, masked=False, first=False, parity=n_masked % 2, drain=False)
+                attend(step + 1, masked=False, first=False, parity=(n_masked + 1) % 2, drain=True)
+            if n_blocks > n_masked and (n_blocks - n_masked) % 2 == 1:
+                attend(n_blocks - 1, masked=False, first=False, parity=n_masked % 2, drain=True)
+            # The last block's P V, alone, from its step's buffer.
+            if n_blocks > 0:
+                if (n_blocks - 1) % 2 == 0:
+                    self.last_values_product(pv_mma, tOrPs[0], tOrV, acc_O, softmax, o_scale, n_blocks - 1)
+                else:
+                    self.last_values_product(pv_mma, tOrPs[1], tOrV, acc_O, softmax, o_scale, n_blocks - 1)
         cute.arch.cp_async_wait_group(0)
 
         # ---- 4. Epilogue: the warpgroup's O and LSE through shared memory, stored ---------------
@@ -260,6 +306,66 @@ class WgmmaDecodeKernel(DecodeKernel):
         # ---- 3e. O += P V (P from registers); retired before the slot is refilled -------------------
         scores_to_operand_a(acc_S, tOrP)
         warpgroup_gemm(pv_mma, acc_O, tA=tOrP, tB=tOrV, stage=slot, accumulate=True)
+        warpgroup.wait_group(0)
+
+    @cute.jit
+    def attend_overlapped_block(
+        self, kv_copy: KVCopy, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, tSrQ: cute.Tensor, tSrK: cute.Tensor,
+        tOrV: cute.Tensor, tOrPs: tuple[cute.Tensor, cute.Tensor], acc_S_shape: Any, acc_O: cute.Tensor,
+        softmax: OnlineSoftmax, mask: AttentionMask, o_scale: cute.Tensor, n_block_max: cutlass.Int32,
+        n_blocks: cutlass.Int32, seqlen_k: cutlass.Int32, step: cutlass.Int32, masked: cutlass.Constexpr,
+        first: cutlass.Constexpr, parity: cutlass.Constexpr, drain: cutlass.Constexpr,
+    ):  # fmt: skip
+        """Iteration ``step`` overlapped (cute/hopper's ``next_block``): issue S = Q Kᵀ of block
+        ``n_block_max - 1 - step``, refill the slot freed by the P V of two steps back, issue the previous block's
+        O += P V, and mask and softmax S while that P V runs. Every wait but ``drain``'s follows an issue, so ptxas
+        cannot hoist it above the softmax's exp2s. ``first``: no previous block; ``parity``: ``step % 2``, this
+        step's P buffer of ``tOrPs`` (the previous step's P V reads the other); ``drain``: retire that P V at the end
+        (the masked steps, the left-over one and the second of each loop iteration: nothing crosses a back edge or a
+        runtime branch in flight)."""
+        n_block = n_block_max - 1 - step
+        slot = step % self.stages
+
+        # ---- 3a. This step's block landed (those of the next ahead-1 steps may still load) -------
+        wait_kv_block(self.ahead - 1, async_proxy=True)
+
+        # ---- 3b. S = Q Kᵀ; once P V two steps back retired (it ran under the last softmax), O *= the
+        # factor the last update left, under S ---------------------------------------------------------
+        acc_S = cute.make_rmem_tensor(acc_S_shape, cutlass.Float32)
+        warpgroup_gemm(qk_mma, acc_S, tA=tSrQ, tB=tSrK, stage=slot, accumulate=False)
+        if cutlass.const_expr(not first):
+            warpgroup.wait_group(1)
+            softmax.rescale(acc_O, o_scale)
+
+        # ---- 3a'. Refill the slot that P V read, with the block ahead = stages - 2 steps on ---------
+        load_kv_ahead(kv_copy, step + self.ahead, self.stages, n_block_max, n_blocks, seqlen_k)
+
+        # ---- 3e. O += P V of the previous block, from the other P buffer and its slot ------------
+        if cutlass.const_expr(not first):
+            previous = (step - 1) % self.stages
+            warpgroup_gemm(pv_mma, acc_O, tA=tOrPs[1 - parity], tB=tOrV, stage=previous, accumulate=True)
+        # S is ready when at most the (later) P V group is still in flight.
+        warpgroup.wait_group(0 if first else 1)
+
+        # ---- 3c./3d. Mask, online softmax and P into this step's buffer, while P V runs -----------
+        if cutlass.const_expr(masked):
+            mask.apply(acc_S, n_block)
+        row_scale = softmax.update(acc_S)
+        o_scale.store(row_scale.load())
+        scores_to_operand_a(acc_S, tOrPs[parity])
+        if cutlass.const_expr(drain):
+            warpgroup.wait_group(0)
+
+    @cute.jit
+    def last_values_product(
+        self, pv_mma: cute.TiledMma, tOrP: cute.Tensor, tOrV: cute.Tensor, acc_O: cute.Tensor, softmax: OnlineSoftmax,
+        o_scale: cute.Tensor, step: cutlass.Int32,
+    ):  # fmt: skip
+        """Overlapped, after the loop: the last block's (iteration ``step``'s) rescale and O += P V, alone, once
+        the P V before it retired."""
+        warpgroup.wait_group(0)
+        softmax.rescale(acc_O, o_scale)
+        warpgroup_gemm(pv_mma, acc_O, tA=tOrP, tB=tOrV, stage=step % self.stages, accumulate=True)
         warpgroup.wait_group(0)
 
     @cute.jit

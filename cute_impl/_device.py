@@ -269,6 +269,32 @@ def refill_kv_ring(
     cute.arch.barrier()
 
 
+# The same two halves apart, for a loop that frees a slot in the middle of its step (the overlapped WGMMA tile,
+# ``_decode_wgmma.attend_overlapped_block``: the slot two steps back is free only once that step's P V retired).
+@cute.jit
+def wait_kv_block(pending: cutlass.Constexpr, async_proxy: cutlass.Constexpr = False):
+    """Wait for this step's block: ``cp.async.wait_group(pending)`` (the later blocks still loading), with
+    ``async_proxy`` a fence of this thread's landed copies for the async proxy, then the barrier that hands the
+    block to every thread."""
+    cute.arch.cp_async_wait_group(pending)
+    if cutlass.const_expr(async_proxy):
+        cute.arch.fence_proxy("async.shared", space="cta")
+    cute.arch.barrier()
+
+
+@cute.jit
+def load_kv_ahead(
+    kv_copy: KVCopy, ahead: cutlass.Int32, stages: cutlass.Constexpr, n_block_max: cutlass.Int32,
+    n_blocks: cutlass.Int32, seqlen_k: cutlass.Int32,
+):  # fmt: skip
+    """Once every thread is done with slot ``ahead % stages`` (the barrier), load step ``ahead``'s block into it
+    (if the ``n_blocks`` blocks below ``n_block_max`` have one) and commit, an empty group past the last block."""
+    cute.arch.barrier()
+    if ahead < n_blocks:
+        load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % stages, seqlen_k, predicated=False)
+    cute.arch.cp_async_commit_group()
+
+
 def scores(
     tiled_mma: cute.TiledMma, smem_operands: LdmatrixOperands, tSrQ: cute.Tensor, tSrK: cute.Tensor,
     slot: cutlass.Int32, tile_mn: tuple[int, int], pieces: int,

@@ -259,6 +259,13 @@ WGMMA_MIN_ROWS, WGMMA_HEAD_DIMS = 128, (64, 128)
 # already past a wave 1.00x; the same ask of the mma.sync tile cost 107/0 at Sq=1 1.02x (H200, 2026-12-02,
 # results/h200/cute-decode-wgmma-split/).
 WGMMA_SPLIT_CTAS_PER_SM = 2
+# Issue #38, the WGMMA tile's overlap inside the warpgroup (cute/hopper's ``next_block``): each block issues its
+# S = Q Kᵀ with the previous block's O += P V and runs its softmax while that P V is on the tensor cores, instead of one
+# chain (S, wait, softmax, P V, wait) a block. The price is one block fewer in flight in the ring (the previous block's
+# V is still read): taken where the ring has at least WGMMA_OVERLAP_MIN_STAGES stages (0: never), so that two or more
+# blocks stay in flight. H200, 2026-12-02 (results/h200/cute-decode-wgmma-overlap/, every WGMMA ring overlapped):
+# D=64's 6 stages 0.93x and 0.95x; D=128's 3 stages (one block in flight) 103/0 1.08x, paged(64) 1.04x, 107/0 1.00x.
+WGMMA_OVERLAP_MIN_STAGES = 4
 DECODE_FEATURES = (*FEATURES, PAGED_KV)  # every problem feature, and the paged KV cache (pages of 16 to 256 keys)
 
 
@@ -284,6 +291,7 @@ class DecodeConfig:
     m_tile_major: bool = False  # the balanced grid's M tile on x, the share on y (M_TILE_MAJOR)
     merge_runs: int = 1  # balanced: the merge kernel's runs an item (BALANCED_MERGE_RUNS); 1: one chain
     wgmma: bool = False  # the 64-row tile on one warpgroup's WGMMA (WGMMA_MIN_ROWS, _decode_wgmma.py; sm_90a)
+    wgmma_overlap: bool = False  # S of a block issued with the previous P V (WGMMA_OVERLAP_MIN_STAGES)
 
     @property
     def keys_per_warp(self) -> int:
@@ -770,7 +778,8 @@ def decode_config(
     the problem's features as compile-time flags; ``balanced``: the balanced split's (always split), its grid's
     M tile on x with ``m_tile_major`` (``splits.balanced_m_tile_major``), its ring ``stages`` deep where given
     (:func:`balanced_ring_stages`), its merge in ``merge_runs`` runs (:func:`balanced_merge_runs`), which its
-    item-share cap counts; ``wgmma``: the tile on WGMMA (:func:`wgmma_tile`)."""
+    item-share cap counts; ``wgmma``: the tile on WGMMA (:func:`wgmma_tile`), overlapped where its ring has
+    ``WGMMA_OVERLAP_MIN_STAGES``."""
     shape, row_warps = warp_split(WARPS_SPLIT_ROWS, tile_m_for(problem), problem.head_dim, TILE_CONFIGS)
     shape = shape._replace(stages=min(stages, shape.stages)) if stages else shape  # shallower, never deeper
     return DecodeConfig(
@@ -793,6 +802,7 @@ def decode_config(
         m_tile_major=balanced and m_tile_major,
         merge_runs=merge_runs if balanced else 1,
         wgmma=wgmma,
+        wgmma_overlap=wgmma and 0 < WGMMA_OVERLAP_MIN_STAGES <= shape.stages,
     )
 
 
