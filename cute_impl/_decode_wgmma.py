@@ -54,14 +54,10 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from cute_impl._decode_merge import store_item_slabs
-from cute_impl._decode_plan import split_block_range
 from cute_impl._device import (
     LOG2_E,
     RESCALE_THRESHOLD,
     KVCopy,
-    PagedKV,
-    SeqlenInfo,
     kv_copy_partitions,
     load_kv_ahead,
     load_kv_block,
@@ -78,7 +74,7 @@ from cute_impl._hopper_device import (
     warpgroup_gemm,
     warpgroup_mmas,
 )
-from cute_impl._host import SWIZZLE_COLS, cp_async_tiled_copy, generic_view, qkv_shared_storage, static_head_dim_view
+from cute_impl._host import SWIZZLE_COLS, cp_async_tiled_copy, qkv_shared_storage
 from cute_impl.decode import SMEM_ALIGN_BYTES, DecodeConfig, DecodeKernel
 
 
@@ -104,12 +100,9 @@ class WgmmaDecodeKernel(DecodeKernel):
     ):  # fmt: skip
         """:meth:`decode.DecodeKernel.__call__`'s arguments and launches, with WGMMA's layouts and MMAs."""
         dtype = mQ.element_type
-        mQ, mK, mV, mO = [static_head_dim_view(t, self.head_dim) for t in (mQ, mK, mV, mO)]
-        mCacheSeqlens, mBlockTable = generic_view(mCacheSeqlens), generic_view(mBlockTable)
-        num_splits = 1
-        if cutlass.const_expr(self.split):
-            mOPartial = static_head_dim_view(mOPartial, self.head_dim)
-            num_splits = mOPartial.shape[0]
+        mQ, mK, mV, mO, mOPartial, mCacheSeqlens, mBlockTable = self.launch_views(
+            mQ, mK, mV, mO, mOPartial, mCacheSeqlens, mBlockTable
+        )  # fmt: skip
         D, rows_m, row_major = self.head_dim, ROWS_PER_WARPGROUP, LayoutEnum.ROW_MAJOR
         v_major = LayoutEnum.COL_MAJOR
         qk_mma, pv_mma = warpgroup_mmas(dtype, self.tile_n, D, v_major.sm90_mma_major_mode())
@@ -119,25 +112,13 @@ class WgmmaDecodeKernel(DecodeKernel):
         # The warpgroup's partial O (1, 64, D) and LSE (1, 64), fp32, in the drained K ring.
         sO_parts_layout = cute.make_layout((1, self.tile_m, D), stride=(self.tile_m * D, D, 1))
         sLSE_parts_layout = cute.make_layout((1, self.tile_m), stride=(self.tile_m, 1))
-        rows = mO.shape[1]
-        batch_kv_heads = mO.shape[0]
-        grid_items = 1 if self.config.balanced_min_blocks else batch_kv_heads
-        grid = (num_splits, cute.ceil_div(rows, self.tile_m), grid_items)
-        if cutlass.const_expr(self.config.m_tile_major):
-            grid = (grid[1], grid[0], grid_items)
         self.wgmma_split_kernel(
             mQ, mK, mV, mO, mLSE, mOPartial, mLSEPartial, mItemSlabs, mCacheSeqlens, mBlockTable,
             softmax_scale * LOG2_E, sQ_layout, sK_layout, sV_layout, sO_parts_layout, sLSE_parts_layout,
             cp_async_tiled_copy(dtype, self.threads_per_cta, row_elems=SWIZZLE_COLS), qk_mma, pv_mma,
             qkv_shared_storage(dtype, sQ_layout, sK_layout, SMEM_ALIGN_BYTES),
-        ).launch(grid=grid, block=[self.threads_per_cta, 1, 1], stream=stream)  # fmt: skip
-        if cutlass.const_expr(self.split):
-            plan_inputs = (mQ, mK, mCacheSeqlens, mBlockTable) if self.merge_plans else (None,) * 4
-            self.merge_kernel(mOPartial, mLSEPartial, mO, mLSE, *plan_inputs, mItemSlabs).launch(
-                grid=(cute.ceil_div(rows, self.merge_rows_per_cta), batch_kv_heads, 1),
-                block=[self.merge_threads, 1, 1],
-                stream=stream,
-            )
+        ).launch(grid=self.split_grid(mO, mOPartial), block=[self.threads_per_cta, 1, 1], stream=stream)  # fmt: skip
+        self.launch_merge(mQ, mK, mO, mLSE, mOPartial, mLSEPartial, mItemSlabs, mCacheSeqlens, mBlockTable, stream)
 
     @cute.kernel
     def wgmma_split_kernel(
@@ -149,38 +130,12 @@ class WgmmaDecodeKernel(DecodeKernel):
         qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr,
     ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
-        if cutlass.const_expr(self.config.m_tile_major):
-            m_block, split, batch_kv_head = cute.arch.block_idx()
-        else:
-            split, m_block, batch_kv_head = cute.arch.block_idx()
-        num_splits, _, _ = cute.arch.grid_dim()
-        kv_heads = mK.shape[1]
-        batch = batch_kv_head // kv_heads
-        kv_head = batch_kv_head - batch * kv_heads
-        seqlen_q = mQ.shape[2]
-        group = mQ.shape[1] // kv_heads
-        rows = mO.shape[1]
-
         # ---- 1. This sequence's keys and this split's blocks of them (DecodeKernel's) -----------
-        capacity = self.cache_capacity(mK, mBlockTable)
-        share, has_work = split, True
-        if cutlass.const_expr(self.config.balanced_min_blocks):
-            plan = self.balanced_plan(mQ, mK, mCacheSeqlens, mBlockTable, mOPartial.shape[0] - mO.shape[0])
-            batch, kv_head, split, num_splits, has_work = plan.share(share)
-        seqlen = SeqlenInfo.create(batch, seqlen_q, capacity, mCacheSeqlens, self.bottom_right)
-        block_range = split_block_range(split, num_splits, seqlen, seqlen_q, self.tile_n, self.causal)
-        n_blocks = block_range.n_block_max - block_range.n_block_min
+        work = self.cta_work(mQ, mK, mO, mOPartial, mCacheSeqlens, mBlockTable)
+        m_block, seqlen, block_range, n_blocks = work.m_block, work.seqlen, work.block_range, work.n_blocks
 
         # ---- Tiles: HBM views, WGMMA's shared layouts, the warpgroup's fragments -----------------
-        tile_kv = (self.tile_n, self.head_dim)
-        gK = gV = pages = None
-        if cutlass.const_expr(self.config.paged):
-            pages = PagedKV(mK, mV, kv_head, mBlockTable[batch, None], mK.shape[2])
-        else:
-            gK = cute.local_tile(mK[batch, kv_head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
-            gV = cute.local_tile(mV[batch, kv_head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
-        cKV = cute.local_tile(cute.make_identity_tensor((seqlen.seqlen_k, self.head_dim)), tile_kv, (None, 0))
-
+        gK, gV, pages, cKV = self.kv_views(mK, mV, mBlockTable, work)
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)[None, None, 0]  # (64, D)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (tile_n, D, stages)
@@ -206,11 +161,13 @@ class WgmmaDecodeKernel(DecodeKernel):
         tScS = qk_thr.partition_C(cute.make_identity_tensor(tile_s))  # (row, key) of every S value
         softmax = OnlineSoftmax(ROWS_PER_THREAD, softmax_scale_log2, rescale_threshold=RESCALE_THRESHOLD)
         mask = AttentionMask(
-            self.tile_n, self.causal, tScS, m_block * self.tile_m, seqlen, packed_seqlen_q=seqlen_q
+            self.tile_n, self.causal, tScS, m_block * self.tile_m, seqlen, packed_seqlen_q=work.seqlen_q
         )  # fmt: skip
 
         # ---- 2. Prologue: the packed Q tile and the first K/V blocks in flight (stages-1; overlapped stages-2)
-        self.load_packed_q(gmem_tiled_copy, gmem_thr_copy, mQ, sQ, batch, kv_head, group, m_block, rows)
+        self.load_packed_q(
+            gmem_tiled_copy, gmem_thr_copy, mQ, sQ, work.batch, work.kv_head, work.group, m_block, work.rows
+        )  # fmt: skip
         for stage in cutlass.range_constexpr(self.ahead):
             if stage < n_blocks:
                 load_kv_block(
@@ -264,17 +221,7 @@ class WgmmaDecodeKernel(DecodeKernel):
         sLSE_parts = cute.make_tensor(sO_parts.iterator + cute.cosize(sO_parts_layout), sLSE_parts_layout)
         self.store_warpgroup_part(pv_thr, acc_O, lse, sO_parts[0, None, None], sLSE_parts[0, None])
         cute.arch.barrier()
-        if cutlass.const_expr(self.config.balanced_min_blocks):
-            gO, gLSE = mOPartial[share, 0, None, None], mLSEPartial[share, 0, None]
-            rows = cutlass.Int32(cutlass.select_(has_work, rows, 0))
-            if cutlass.const_expr(self.config.merge_slabs_from_split):
-                store_item_slabs(mItemSlabs[batch * kv_heads + kv_head, None], share, split, num_splits, tidx, m_block)
-        elif cutlass.const_expr(self.split):
-            gO = mOPartial[split, batch_kv_head, None, None]  # (rows, D) fp32
-            gLSE = mLSEPartial[split, batch_kv_head, None]  # (rows,)
-        else:
-            gO = mO[batch_kv_head, None, None]  # (rows, D)
-            gLSE = mLSE[batch_kv_head, None] if cutlass.const_expr(self.store_lse) else None  # (rows,)
+        gO, gLSE, rows = self.output_slices(mO, mLSE, mOPartial, mLSEPartial, mItemSlabs, work, tidx)
         self.merge_warps_and_store(sO_parts, sLSE_parts, gO, gLSE, m_block * self.tile_m, rows, tidx)
 
     @cute.jit

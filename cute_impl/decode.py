@@ -298,6 +298,28 @@ class DecodeConfig:
         return self.shape.tile_n * self.row_warps // self.shape.num_warps
 
 
+class CtaWork(NamedTuple):
+    """What one CTA of a split kernel works on (:meth:`DecodeKernel.cta_work`): its packed M tile, its share of the
+    keys (the grid's split, or under the balanced split the slab the plan maps to an item and split), that item's
+    (batch, KV head), the sequence's lengths and the split's key blocks."""
+
+    m_block: Any
+    share: Any  # the grid's split index: under the balanced split, this CTA's partial slab
+    split: Any
+    num_splits: Any
+    batch: Any
+    kv_head: Any
+    kv_heads: Any
+    batch_kv_head: Any  # the grid's item (padded split): the row of O and of the partials
+    has_work: Any  # False for a balanced CTA past the last share
+    seqlen: SeqlenInfo
+    block_range: Any
+    n_blocks: Any
+    seqlen_q: Any
+    group: Any
+    rows: Any  # group · Sq packed rows
+
+
 class DecodeKernel:
     """The split kernel and the merge kernel, launched together by :meth:`__call__`."""
 
@@ -350,26 +372,15 @@ class DecodeKernel:
         int32 or None; paged, k and v are pools (num_pages, Hkv, page_size, D) and mBlockTable the
         (B, max_pages_per_seq) int32 table, else None. None-ness is compile time."""
         dtype = mQ.element_type
-        mQ, mK, mV, mO = [static_head_dim_view(t, self.head_dim) for t in (mQ, mK, mV, mO)]
-        # Read through generic pointers (``_host.generic_view``), as they were compiled and measured.
-        mCacheSeqlens, mBlockTable = generic_view(mCacheSeqlens), generic_view(mBlockTable)
-        num_splits = 1
-        if cutlass.const_expr(self.split):
-            mOPartial = static_head_dim_view(mOPartial, self.head_dim)
-            num_splits = mOPartial.shape[0]
+        mQ, mK, mV, mO, mOPartial, mCacheSeqlens, mBlockTable = self.launch_views(
+            mQ, mK, mV, mO, mOPartial, mCacheSeqlens, mBlockTable
+        )  # fmt: skip
         sQ_layout, sKV_layout = swizzled_qkv_layouts(self.tile_m, self.tile_n, self.head_dim, self.stages)
         # The key slices' partial O (key_warps, tile_m, D) and LSE (key_warps, tile_m), fp32, in the ring.
         sO_parts_layout = cute.make_layout(
             (self.key_warps, self.tile_m, self.head_dim), stride=(self.tile_m * self.head_dim, self.head_dim, 1)
         )
         sLSE_parts_layout = cute.make_layout((self.key_warps, self.tile_m), stride=(self.tile_m, 1))
-        rows = mO.shape[1]
-        batch_kv_heads = mO.shape[0]
-        # Balanced: one CTA per partial slab (num_splits of them) and M tile; each plans its item.
-        grid_items = 1 if self.config.balanced_min_blocks else batch_kv_heads
-        grid = (num_splits, cute.ceil_div(rows, self.tile_m), grid_items)
-        if cutlass.const_expr(self.config.m_tile_major):  # a share's M tiles dispatched together (balanced only)
-            grid = (grid[1], grid[0], grid_items)
         self.split_kernel(
             mQ, mK, mV, mO, mLSE, mOPartial, mLSEPartial, mItemSlabs, mCacheSeqlens, mBlockTable,
             softmax_scale * LOG2_E, sQ_layout, sKV_layout, sO_parts_layout, sLSE_parts_layout,
@@ -378,11 +389,38 @@ class DecodeKernel:
             # One warp's MMA: each warp multiplies all tile_m rows by its own keys.
             warp_tiled_mma(dtype, WARP_THREADS),
             qkv_ring_storage(dtype, sQ_layout, sKV_layout, SMEM_ALIGN_BYTES),
-        ).launch(grid=grid, block=[self.threads_per_cta, 1, 1], stream=stream)  # fmt: skip
-        if cutlass.const_expr(self.split):
+        ).launch(grid=self.split_grid(mO, mOPartial), block=[self.threads_per_cta, 1, 1], stream=stream)  # fmt: skip
+        self.launch_merge(mQ, mK, mO, mLSE, mOPartial, mLSEPartial, mItemSlabs, mCacheSeqlens, mBlockTable, stream)
+
+    def launch_views(
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mOPartial: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, mBlockTable: cute.Tensor | None,
+    ) -> tuple:  # fmt: skip
+        """The tensors as the split kernels read them: the head dim static, the plan's inputs through generic
+        pointers (``_host.generic_view``), as they were compiled and measured."""
+        mQ, mK, mV, mO = [static_head_dim_view(t, self.head_dim) for t in (mQ, mK, mV, mO)]
+        if self.split:
+            mOPartial = static_head_dim_view(mOPartial, self.head_dim)
+        return mQ, mK, mV, mO, mOPartial, generic_view(mCacheSeqlens), generic_view(mBlockTable)
+
+    def split_grid(self, mO: cute.Tensor, mOPartial: cute.Tensor | None) -> tuple:
+        """(splits, M tiles, items); balanced, one CTA per partial slab (the partials' first extent) and M tile,
+        each planning its item, with the M tile on x (``m_tile_major``) so that a share's M tiles run together."""
+        num_splits = mOPartial.shape[0] if self.split else 1
+        grid_items = 1 if self.config.balanced_min_blocks else mO.shape[0]
+        grid = (num_splits, cute.ceil_div(mO.shape[1], self.tile_m), grid_items)
+        return (grid[1], grid[0], grid_items) if self.config.m_tile_major else grid
+
+    def launch_merge(
+        self, mQ: cute.Tensor, mK: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor | None,
+        mOPartial: cute.Tensor | None, mLSEPartial: cute.Tensor | None, mItemSlabs: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, mBlockTable: cute.Tensor | None, stream: cuda.CUstream,
+    ) -> None:  # fmt: skip
+        """The merge kernel after a split kernel that wrote partials (none unsplit)."""
+        if self.split:
             plan_inputs = (mQ, mK, mCacheSeqlens, mBlockTable) if self.merge_plans else (None,) * 4
             self.merge_kernel(mOPartial, mLSEPartial, mO, mLSE, *plan_inputs, mItemSlabs).launch(
-                grid=(cute.ceil_div(rows, self.merge_rows_per_cta), batch_kv_heads, 1),
+                grid=(cute.ceil_div(mO.shape[1], self.merge_rows_per_cta), mO.shape[0], 1),
                 block=[self.merge_threads, 1, 1],
                 stream=stream,
             )
@@ -400,41 +438,14 @@ class DecodeKernel:
         SharedStorage: cutlass.Constexpr,
     ):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
-        if cutlass.const_expr(self.config.m_tile_major):  # the balanced grid's axes swapped (M_TILE_MAJOR)
-            m_block, split, batch_kv_head = cute.arch.block_idx()
-        else:
-            split, m_block, batch_kv_head = cute.arch.block_idx()
-        num_splits, _, _ = cute.arch.grid_dim()  # the padded split's (balanced: the plan's, below)
+        # ---- 1. This sequence's keys and this split's blocks of them ---------------------------
+        work = self.cta_work(mQ, mK, mO, mOPartial, mCacheSeqlens, mBlockTable)
         warp_index = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
-        kv_heads = mK.shape[1]
-        batch = batch_kv_head // kv_heads
-        kv_head = batch_kv_head - batch * kv_heads
-        seqlen_q = mQ.shape[2]
-        group = mQ.shape[1] // kv_heads
-        rows = mO.shape[1]  # group · Sq packed rows
-
-        # ---- 1. This sequence's keys and this split's blocks of them ---------------------------
-        capacity = self.cache_capacity(mK, mBlockTable)
-        share, has_work = split, True
-        if cutlass.const_expr(self.config.balanced_min_blocks):
-            plan = self.balanced_plan(mQ, mK, mCacheSeqlens, mBlockTable, mOPartial.shape[0] - mO.shape[0])
-            batch, kv_head, split, num_splits, has_work = plan.share(share)
-        seqlen = SeqlenInfo.create(batch, seqlen_q, capacity, mCacheSeqlens, self.bottom_right)
-        block_range = split_block_range(split, num_splits, seqlen, seqlen_q, self.tile_n, self.causal)
-        n_blocks = block_range.n_block_max - block_range.n_block_min
+        m_block, seqlen, block_range, n_blocks = work.m_block, work.seqlen, work.block_range, work.n_blocks
 
         # ---- Tiles: HBM views, shared memory, each warp's share of a block ----------------------
-        tile_kv = (self.tile_n, self.head_dim)
-        gK = gV = pages = None
-        if cutlass.const_expr(self.config.paged):
-            # No tiled view: each row of a block is gathered from its page (load_kv_block).
-            pages = PagedKV(mK, mV, kv_head, mBlockTable[batch, None], mK.shape[2])
-        else:
-            gK = cute.local_tile(mK[batch, kv_head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
-            gV = cute.local_tile(mV[batch, kv_head, None, None], tile_kv, (None, 0))  # (tile_n, D, n_blocks)
-        cKV = cute.local_tile(cute.make_identity_tensor((seqlen.seqlen_k, self.head_dim)), tile_kv, (None, 0))
-
+        gK, gV, pages, cKV = self.kv_views(mK, mV, mBlockTable, work)
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout)  # (tile_m, D)
         sK = storage.sKV.get_tensor(sKV_layout)  # (tile_n, D, stages)
@@ -462,11 +473,13 @@ class DecodeKernel:
         # Rows and keys counted in the warp's sub-tiles: its row block and its keys' sub-block of each block.
         mask = AttentionMask(
             warps.rows_per_warp, self.keys_per_warp, self.causal, warp_mma, lane, warps.mask_m_block(m_block), seqlen,
-            packed_seqlen_q=seqlen_q,
+            packed_seqlen_q=work.seqlen_q,
         )  # fmt: skip
 
         # ---- 2. Prologue: the packed Q tile and the first stages-1 K/V blocks in flight ----------
-        self.load_packed_q(gmem_tiled_copy, gmem_thr_copy, mQ, sQ, batch, kv_head, group, m_block, rows)
+        self.load_packed_q(
+            gmem_tiled_copy, gmem_thr_copy, mQ, sQ, work.batch, work.kv_head, work.group, m_block, work.rows
+        )  # fmt: skip
         for stage in cutlass.range_constexpr(self.stages - 1):
             if stage < n_blocks:
                 # Q joins the group of the first block; only that block can be cut by seqlen_k.
@@ -508,20 +521,73 @@ class DecodeKernel:
         sLSE_parts = cute.make_tensor(sO_parts.iterator + cute.cosize(sO_parts_layout), sLSE_parts_layout)
         self.store_warp_part(thr_mma, acc_O, lse, *warps.part(sO_parts, sLSE_parts))
         cute.arch.barrier()
-        if cutlass.const_expr(self.config.balanced_min_blocks):
-            gO, gLSE = mOPartial[share, 0, None, None], mLSEPartial[share, 0, None]  # this share's slab
-            rows = cutlass.Int32(cutlass.select_(has_work, rows, 0))  # a CTA past the last share: no store
+        gO, gLSE, rows = self.output_slices(mO, mLSE, mOPartial, mLSEPartial, mItemSlabs, work, tidx)
+        self.merge_warps_and_store(sO_parts, sLSE_parts, gO, gLSE, m_block * self.tile_m, rows, tidx)
+
+    def cta_work(
+        self, mQ: cute.Tensor, mK: cute.Tensor, mO: cute.Tensor, mOPartial: cute.Tensor | None,
+        mCacheSeqlens: cute.Tensor | None, mBlockTable: cute.Tensor | None,
+    ) -> CtaWork:  # fmt: skip
+        """This CTA's :class:`CtaWork` from its block index: the padded split's (split, M tile, item), or the balanced
+        split's (slab, M tile) planned into an item and split (``balanced_plan``); the split's key blocks."""
+        if self.config.m_tile_major:  # the balanced grid's axes swapped (M_TILE_MAJOR)
+            m_block, split, batch_kv_head = cute.arch.block_idx()
+        else:
+            split, m_block, batch_kv_head = cute.arch.block_idx()
+        num_splits, _, _ = cute.arch.grid_dim()  # the padded split's (balanced: the plan's, below)
+        kv_heads = mK.shape[1]
+        batch = batch_kv_head // kv_heads
+        kv_head = batch_kv_head - batch * kv_heads
+        seqlen_q = mQ.shape[2]
+        group, rows = mQ.shape[1] // kv_heads, mO.shape[1]
+        capacity = self.cache_capacity(mK, mBlockTable)
+        share, has_work = split, True
+        if self.config.balanced_min_blocks:
+            plan = self.balanced_plan(mQ, mK, mCacheSeqlens, mBlockTable, mOPartial.shape[0] - mO.shape[0])
+            batch, kv_head, split, num_splits, has_work = plan.share(share)
+        seqlen = SeqlenInfo.create(batch, seqlen_q, capacity, mCacheSeqlens, self.bottom_right)
+        block_range = split_block_range(split, num_splits, seqlen, seqlen_q, self.tile_n, self.causal)
+        n_blocks = block_range.n_block_max - block_range.n_block_min
+        return CtaWork(
+            m_block, share, split, num_splits, batch, kv_head, kv_heads, batch_kv_head, has_work, seqlen, block_range,
+            n_blocks, seqlen_q, group, rows,
+        )  # fmt: skip
+
+    def kv_views(self, mK: cute.Tensor, mV: cute.Tensor, mBlockTable: cute.Tensor | None, work: CtaWork) -> tuple:
+        """(gK, gV, pages, cKV): the item's K and V tiled by blocks (tile_n, D, n_blocks), or under a paged cache
+        none and its pages (each row of a block gathered from its page, ``load_kv_block``); the blocks' (key, d)."""
+        tile_kv = (self.tile_n, self.head_dim)
+        gK = gV = pages = None
+        if self.config.paged:
+            pages = PagedKV(mK, mV, work.kv_head, mBlockTable[work.batch, None], mK.shape[2])
+        else:
+            gK = cute.local_tile(mK[work.batch, work.kv_head, None, None], tile_kv, (None, 0))
+            gV = cute.local_tile(mV[work.batch, work.kv_head, None, None], tile_kv, (None, 0))
+        cKV = cute.local_tile(cute.make_identity_tensor((work.seqlen.seqlen_k, self.head_dim)), tile_kv, (None, 0))
+        return gK, gV, pages, cKV
+
+    def output_slices(
+        self, mO: cute.Tensor, mLSE: cute.Tensor | None, mOPartial: cute.Tensor | None,
+        mLSEPartial: cute.Tensor | None, mItemSlabs: cute.Tensor | None, work: CtaWork, tidx: Any,
+    ) -> tuple:  # fmt: skip
+        """(gO, gLSE, rows) this CTA stores: its share's slab (balanced; no rows past the last share, and the item's
+        slabs where the merge reads them), its split's partials, or O and the LSE themselves."""
+        rows = work.rows
+        if self.config.balanced_min_blocks:
+            gO, gLSE = mOPartial[work.share, 0, None, None], mLSEPartial[work.share, 0, None]  # this share's slab
+            rows = cutlass.Int32(cutlass.select_(work.has_work, rows, 0))  # a CTA past the last share: no store
             # Here, not where the plan is made: there ptxas kept the slabs' address over the key loop (an 8-byte
             # stack frame at D=64 paged). The merge kernel runs after this launch, so the place is free.
-            if cutlass.const_expr(self.config.merge_slabs_from_split):
-                store_item_slabs(mItemSlabs[batch * kv_heads + kv_head, None], share, split, num_splits, tidx, m_block)
-        elif cutlass.const_expr(self.split):
-            gO = mOPartial[split, batch_kv_head, None, None]  # (rows, D) fp32
-            gLSE = mLSEPartial[split, batch_kv_head, None]  # (rows,)
+            if self.config.merge_slabs_from_split:
+                item_slabs = mItemSlabs[work.batch * work.kv_heads + work.kv_head, None]
+                store_item_slabs(item_slabs, work.share, work.split, work.num_splits, tidx, work.m_block)
+        elif self.split:
+            gO = mOPartial[work.split, work.batch_kv_head, None, None]  # (rows, D) fp32
+            gLSE = mLSEPartial[work.split, work.batch_kv_head, None]  # (rows,)
         else:
-            gO = mO[batch_kv_head, None, None]  # (rows, D)
-            gLSE = mLSE[batch_kv_head, None] if cutlass.const_expr(self.store_lse) else None  # (rows,)
-        self.merge_warps_and_store(sO_parts, sLSE_parts, gO, gLSE, m_block * self.tile_m, rows, tidx)
+            gO = mO[work.batch_kv_head, None, None]  # (rows, D)
+            gLSE = mLSE[work.batch_kv_head, None] if self.store_lse else None  # (rows,)
+        return gO, gLSE, rows
 
     @cute.jit
     def cache_capacity(self, mK: cute.Tensor, mBlockTable: cute.Tensor | None) -> cutlass.Int32:

@@ -24,16 +24,10 @@ import torch
 pytest.importorskip("cutlass")
 
 from common.measure.decode_sweep import random_cases
-from common.reporting.static import cubin_resources, cubin_sass, loop_census, sass_loops
+from common.reporting.static import cubin_sass, loop_census, sass_loops
 from cute_impl import _decode_wgmma, decode
 from tests.test_cute_decode_rows import RAGGED, _problem, check_forced_splits
-from tests.test_cute_decode_wide_tile import (
-    CTA_RESERVED_SHARED_BYTES,
-    REGISTER_FILE,
-    REGISTER_UNIT,
-    SM_SHARED_BYTES,
-    _ring_and_q_bytes,
-)
+from tests.test_cute_decode_wide_tile import _ring_and_q_bytes, assert_kernels_fit
 
 CPU = torch.device("cpu")
 ON = 128  # the setting the A/B would time: the rows of the compute-bound class
@@ -141,17 +135,7 @@ def test_on_compiles_spill_free_on_hgmma(head_dim: int, page_size: int, balanced
     (binary,) = decode.compile_sm90(problem, split=True)
     (shared,) = {storage.size_in_bytes() for storage in storages}
     assert shared == _ring_and_q_bytes(config), (problem.describe(), shared)  # WGMMA's layouts: the same bytes
-    ctas = decode.CTAS_PER_SM_FIT[head_dim]
-    cta_bytes = SM_SHARED_BYTES // ctas - CTA_RESERVED_SHARED_BYTES
-    kernels = cubin_resources(binary.cubin)
-    assert len(kernels) == 2, sorted(kernels)
-    for name, usage in kernels.items():
-        registers, spills = usage["registers"], usage["stack_bytes"] + usage["local_bytes"]
-        print(f"WGMMA_MIN_ROWS {problem.describe()} {name[:40]}: {registers} registers")
-        assert spills == 0, f"{problem.describe()} {name}: {registers} registers, {spills} B spilled"
-        allocated = -(-registers // REGISTER_UNIT) * REGISTER_UNIT
-        assert ctas * binary.threads_per_cta * allocated <= REGISTER_FILE, (name, registers)
-        assert shared + usage["static_shared_bytes"] <= cta_bytes, (problem.describe(), name, shared)
+    assert_kernels_fit(binary, decode.CTAS_PER_SM_FIT[head_dim], f"WGMMA_MIN_ROWS {problem.describe()}", shared)
     sass = cubin_sass(binary.cubin)
     census = loop_census(sass)  # S: D/16 wgmma of 64 x 64 x 16; P V: 64/16 of 64 x D x 16
     assert census is not None and census.gmma == head_dim // 16 + config.shape.tile_n // 16, census
@@ -179,12 +163,20 @@ GPU_CASES = {
 def test_gpu_wgmma_tile_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("WGMMA needs sm_90")
-    problem, lengths, num_splits, balanced = GPU_CASES[case]
-    monkeypatch.setattr(decode, "WGMMA_MIN_ROWS", ON)
+    check_gpu_case(case, GPU_CASES[case], monkeypatch, ("WGMMA_MIN_ROWS", ON), "wgmma")
+
+
+def check_gpu_case(
+    name: str, case: tuple, monkeypatch: pytest.MonkeyPatch, switch: tuple[str, int], engaged: str
+) -> None:  # fmt: skip
+    """``case`` (problem, lengths, forced splits, BALANCED_SPLIT) with decode's ``switch`` (name, value) set: its plan
+    engages the ``engaged`` field of the compile key, and its output matches fp64 on a poisoned output."""
+    problem, lengths, num_splits, balanced = case
+    monkeypatch.setattr(decode, *switch)
     monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
-    assert decode.launch_plan(problem, torch.device("cuda"))[3].wgmma, problem.describe()
-    result = check_forced_splits(problem, lengths, num_splits, seed=len(case))
-    assert result.ok, f"WGMMA_MIN_ROWS {problem.describe()}: {result.summary()}"
+    assert getattr(decode.launch_plan(problem, torch.device("cuda"))[3], engaged), problem.describe()
+    result = check_forced_splits(problem, lengths, num_splits, seed=len(name))
+    assert result.ok, f"{switch[0]} {problem.describe()}: {result.summary()}"
 
 
 class _UnpackedMask(_decode_wgmma.AttentionMask):
@@ -198,11 +190,21 @@ class _UnpackedMask(_decode_wgmma.AttentionMask):
 def test_gpu_planted_unpacked_mask_fails_the_check(monkeypatch: pytest.MonkeyPatch):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("WGMMA needs sm_90")
-    problem, lengths, num_splits, balanced = GPU_CASES["d128-160rows-sq5-paged16-split"]
-    monkeypatch.setattr(decode, "WGMMA_MIN_ROWS", ON)
+    planted = (_decode_wgmma, "AttentionMask", _UnpackedMask)
+    case = GPU_CASES["d128-160rows-sq5-paged16-split"]
+    assert_planted_bug_fails(case, monkeypatch, ("WGMMA_MIN_ROWS", ON), planted, "the unpacked mask")
+
+
+def assert_planted_bug_fails(
+    case: tuple, monkeypatch: pytest.MonkeyPatch, switch: tuple[str, int], planted: tuple, bug: str
+) -> None:  # fmt: skip
+    """``case`` (as :func:`check_gpu_case`'s) with decode's ``switch`` set passes the fp64 check, then fails it once
+    ``planted`` (an object, the name of one of its attributes, the planted replacement) is compiled in."""
+    problem, lengths, num_splits, balanced = case
+    monkeypatch.setattr(decode, *switch)
     monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
     assert check_forced_splits(problem, lengths, num_splits, seed=1).ok, "the unplanted kernel must pass"
     monkeypatch.setattr(decode.HOST.kernels, "compiled", {})
-    monkeypatch.setattr(_decode_wgmma, "AttentionMask", _UnpackedMask)
+    monkeypatch.setattr(*planted)
     result = check_forced_splits(problem, lengths, num_splits, seed=1)
-    assert not result.ok, f"the unpacked mask passed the check ({result.summary()})"
+    assert not result.ok, f"{bug} passed the check ({result.summary()})"

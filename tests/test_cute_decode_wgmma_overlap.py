@@ -28,11 +28,12 @@ pytest.importorskip("cutlass")
 import cutlass.cute as cute
 
 from common.measure.decode_sweep import random_cases
-from common.reporting.static import _SASS_INSTRUCTION, cubin_resources, cubin_sass, loop_census, sass_loops
+from common.reporting.static import _SASS_INSTRUCTION, cubin_sass, loop_census, sass_loops
 from cute_impl import _decode_wgmma, decode
-from tests.test_cute_decode_rows import RAGGED, _problem, check_forced_splits
+from tests.test_cute_decode_rows import RAGGED, _problem
 from tests.test_cute_decode_wgmma import GPU_CASES as WGMMA_GPU_CASES
-from tests.test_cute_decode_wide_tile import REGISTER_FILE, REGISTER_UNIT
+from tests.test_cute_decode_wgmma import assert_planted_bug_fails, check_gpu_case
+from tests.test_cute_decode_wide_tile import assert_kernels_fit
 
 CPU = torch.device("cpu")
 EVERY_RING = 3  # the shallowest ring the overlapped loop takes: every WGMMA tile overlapped
@@ -147,12 +148,7 @@ def test_on_compiles_spill_free_with_the_softmax_under_the_wgmmas(
     config = decode.compile_plan(problem, split=True)
     assert config.wgmma_overlap and bool(config.balanced_min_blocks) == (balanced == "always"), config
     (binary,) = decode.compile_sm90(problem, split=True)
-    ctas = decode.CTAS_PER_SM_FIT[head_dim]
-    for name, usage in cubin_resources(binary.cubin).items():
-        registers, spills = usage["registers"], usage["stack_bytes"] + usage["local_bytes"]
-        print(f"WGMMA overlap {problem.describe()} {name[:40]}: {registers} registers")
-        assert spills == 0, f"{problem.describe()} {name}: {registers} registers, {spills} B spilled"
-        assert ctas * binary.threads_per_cta * -(-registers // REGISTER_UNIT) * REGISTER_UNIT <= REGISTER_FILE
+    assert_kernels_fit(binary, decode.CTAS_PER_SM_FIT[head_dim], f"WGMMA overlap {problem.describe()}")
     sass = cubin_sass(binary.cubin)
     census = loop_census(sass)  # two blocks an iteration: 2 x (S: D/16 wgmma; P V: 64/16)
     assert census is not None and census.gmma == 2 * (head_dim // 16 + config.shape.tile_n // 16), census
@@ -191,12 +187,7 @@ def _on_hopper():
 @pytest.mark.parametrize("case", sorted(GPU_CASES))
 def test_gpu_overlapped_tile_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
     _on_hopper()
-    problem, lengths, num_splits, balanced = GPU_CASES[case]
-    monkeypatch.setattr(decode, "WGMMA_OVERLAP_MIN_STAGES", EVERY_RING)
-    monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
-    assert decode.launch_plan(problem, torch.device("cuda"))[3].wgmma_overlap, problem.describe()
-    result = check_forced_splits(problem, lengths, num_splits, seed=len(case))
-    assert result.ok, f"WGMMA overlap {problem.describe()}: {result.summary()}"
+    check_gpu_case(case, GPU_CASES[case], monkeypatch, ("WGMMA_OVERLAP_MIN_STAGES", EVERY_RING), "wgmma_overlap")
 
 
 class _DroppedLastBlock(_decode_wgmma.WgmmaDecodeKernel):
@@ -210,11 +201,6 @@ class _DroppedLastBlock(_decode_wgmma.WgmmaDecodeKernel):
 @pytest.mark.gpu
 def test_gpu_planted_dropped_last_block_fails_the_check(monkeypatch: pytest.MonkeyPatch):
     _on_hopper()
-    problem, lengths, num_splits, balanced = GPU_CASES["d128-256rows-38blocks-split3"]
-    monkeypatch.setattr(decode, "WGMMA_OVERLAP_MIN_STAGES", EVERY_RING)
-    monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
-    assert check_forced_splits(problem, lengths, num_splits, seed=1).ok, "the unplanted kernel must pass"
-    monkeypatch.setattr(decode.HOST.kernels, "compiled", {})
-    monkeypatch.setattr(_decode_wgmma, "WgmmaDecodeKernel", _DroppedLastBlock)
-    result = check_forced_splits(problem, lengths, num_splits, seed=1)
-    assert not result.ok, f"the dropped last block passed the check ({result.summary()})"
+    planted = (_decode_wgmma, "WgmmaDecodeKernel", _DroppedLastBlock)
+    case, switch = GPU_CASES["d128-256rows-38blocks-split3"], ("WGMMA_OVERLAP_MIN_STAGES", EVERY_RING)
+    assert_planted_bug_fails(case, monkeypatch, switch, planted, "the dropped last block")
