@@ -9,7 +9,7 @@ set -uo pipefail
 source "$(dirname "$0")/_gpu_run.sh" decode_rung_check.sh runs/decode_rung_check
 decode_setup
 status=0
-stack=${STACK:?STACK names the decode rung's stack: triton, gluon or cute}
+stack=${STACK:?STACK names the stack of the decode rung: triton, gluon or cute}
 gpu_tests 170 -n 8 tests/test_"$stack"_decode*.py tests/test_decode*.py tests/test_paged_kv.py -k "$stack"
 for seed in ${SEEDS:-}; do
   begun=$SECONDS
