@@ -257,19 +257,12 @@ def refill_kv_ring(
     only for this step's block: ``cp.async.wait_group(stages - 1)``, never for the whole ring.
     ``async_proxy`` (WGMMA reads the block: ``_decode_wgmma.py``): each thread's landed copies are fenced
     for the async proxy before the barrier that hands the block over."""
-    cute.arch.barrier()
-    ahead = step + stages - 1
-    if ahead < n_blocks:
-        load_kv_block(kv_copy, n_block_max - 1 - ahead, ahead % stages, seqlen_k, predicated=False)
     # Always commit (possibly an empty group) so that "stages-1 groups pending" means block i landed.
-    cute.arch.cp_async_commit_group()
-    cute.arch.cp_async_wait_group(stages - 1)
-    if cutlass.const_expr(async_proxy):
-        cute.arch.fence_proxy("async.shared", space="cta")
-    cute.arch.barrier()
+    load_kv_ahead(kv_copy, step + stages - 1, stages, n_block_max, n_blocks, seqlen_k)
+    wait_kv_block(stages - 1, async_proxy)
 
 
-# The same two halves apart, for a loop that frees a slot in the middle of its step (the overlapped WGMMA tile,
+# Its two halves, apart for a loop that frees a slot in the middle of its step (the overlapped WGMMA tile,
 # ``_decode_wgmma.attend_overlapped_block``: the slot two steps back is free only once that step's P V retired).
 @cute.jit
 def wait_kv_block(pending: cutlass.Constexpr, async_proxy: cutlass.Constexpr = False):
