@@ -33,14 +33,13 @@ from common.contract.problem import Problem
 from common.measure.decode_sweep import decode_cases, random_cases
 from tests._helpers import json_from_child
 from tests.test_decode import interpreter_only
+from tests.test_decode_merge_group_triton import _ctas_an_sm
 from tests.test_decode_packed import _interpreter_check
 from triton_impl import decode
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[1]
 SWITCH = "BALANCED_BUILD_FIT"
-# An SM's registers and shared memory (sm_90), the 1 KB the driver reserves a CTA, the register allocation unit.
-SM_REGISTERS, SM_SHARED_BYTES, CTA_RESERVED_BYTES, REGISTER_UNIT = 65536, 233472, 1024, 8
 
 
 def _problem(group: int, seqlen_q: int, head_dim: int = 128, page_size: int = 0, **changes) -> Problem:
@@ -194,12 +193,6 @@ print(json.dumps(results))
 # (group, Sq, page size) at D=128: 64 rows (127/5's 40 padded) in pages of 256 and 16 and contiguous, 32 rows paged
 # and contiguous, and the 16-row tile, which holds CTAS_PER_SM_FIT's three.
 BUILDS = [(5, 8, 256), (5, 8, 16), (4, 16, 0), (4, 8, 256), (4, 8, 0), (2, 8, 256)]
-
-
-def _ctas_an_sm(facts: dict) -> int:
-    registers = -(-facts["registers"] // REGISTER_UNIT) * REGISTER_UNIT
-    by_registers = SM_REGISTERS // (registers * facts["threads"])
-    return min(by_registers, SM_SHARED_BYTES // (facts["shared_bytes"] + CTA_RESERVED_BYTES))
 
 
 @pytest.mark.static

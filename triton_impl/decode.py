@@ -722,7 +722,8 @@ def balanced_split(problem: Problem, device: torch.device) -> bool:
 
 def balanced_target_shares(problem: Problem, device: torch.device, shares: int | None = None) -> int:
     """The balanced grid's shares per M tile (``splits.resolve_balanced_shares``; ``shares`` forces them) at this
-    rung's ``BALANCED_TARGET`` rule, ``BALANCED_SHARES_PER_SM``, CTA slots, ``BALANCED_MIN_KEYS`` and key block."""
+    rung's ``BALANCED_TARGET`` rule, ``BALANCED_SHARES_PER_SM``, CTA slots, ``BALANCED_MIN_KEYS`` and key block; under
+    ``BALANCED_BUILD_FIT``, at most :func:`balanced_one_wave_target`."""
     config = tile_config(problem)
     rule = {"target": BALANCED_TARGET, "ctas_per_sm": config.ctas_per_sm or CTAS_PER_SM_FIT[problem.head_dim]}
     sizes = (m_blocks_for(problem), config.block_n, BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS)
