@@ -72,15 +72,15 @@ plan done on the device (``balanced_share``): each CTA reads the B lengths, size
 ``target_shares`` (at least ``BALANCED_MIN_KEYS``), gives each (batch, KV head) cdiv(its blocks, share) splits (one for
 an empty sequence; at most ``BALANCED_MAX_ITEM_SHARES`` unless 0) and finds its own in their prefix sum. The grid,
 target_shares (``BALANCED_SHARES_PER_SM`` per SM over the M tiles; ``BALANCED_TARGET``: "per-slot-many" here,
-splits.py's "The target rule") + B · Hkv CTAs per M tile, holds every share whatever the lengths: the shape fixes it,
-and a CUDA graph replays it with new lengths (CTAs past the last share store nothing). An item's shares fill consecutive
-slabs of the partials; its last to arrive merges them (``merge_splits``; an item of one share writes O itself), in two
-levels past ``BALANCED_MERGE_GROUP`` shares (gluon/decode's): each run of that many shares has its own arrival counter,
-its last share merges the run into the run's first slab, and the item's last run merges the runs
-(``_decode_merge.store_balanced_partials``), so the item's merge is two short chains, not one of all its shares (seed
-73's 164677-key sequence: 81). ``num_splits=`` forces target_shares; the merge is always fused. The grid is (M tiles,
-shares), the M tile on x (``M_TILE_MAJOR``): the M tiles of a share run together and read its keys once from DRAM, not
-once per M tile's pass (``splits.balanced_grid``).
+splits.py's "The target rule"; ``BALANCED_BUILD_FIT``, off: at most one wave of the CTAs the build holds) + B · Hkv
+CTAs per M tile, holds every share whatever the lengths: the shape fixes it, and a CUDA graph replays it with new
+lengths (CTAs past the last share store nothing). An item's shares fill consecutive slabs of the partials; its last to
+arrive merges them (``merge_splits``; an item of one share writes O itself), in two levels past ``BALANCED_MERGE_GROUP``
+shares (gluon/decode's): each run of that many shares has its own arrival counter, its last share merges the run into
+the run's first slab, and the item's last run merges the runs (``_decode_merge.store_balanced_partials``), so the item's
+merge is two short chains, not one of all its shares (seed 73's 164677-key sequence: 81). ``num_splits=`` forces
+target_shares; the merge is always fused. The grid is (M tiles, shares), the M tile on x (``M_TILE_MAJOR``): the M tiles
+of a share run together and read its keys once from DRAM, not once per M tile's pass (``splits.balanced_grid``).
 
 Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one M tile; one launch):
   1. ``seqlen_info``: the sequence's own length and causal offset; the keys any row sees end at
@@ -212,6 +212,18 @@ FEWER_WAVES = False
 # splits, 4k 272.7 -> 255.3 us, 32k 2127.0 -> 1923.9, seed 31's row 1 661.8 -> 606.8; seed 59's row 0, a 32-row tile
 # that fits two, 194.4 -> 222.7 when counted at three (so not counted: its plan stays).
 MANY_ITEMS_FULL_FIT = True
+# Issue #38's seed 127 row 5 (off until bench/triton_decode_build_fit_ab.sh; H200: triton 76.4 us, gluon 70.4): at
+# D=128 the default tile's builds of 17-64 packed rows hold two CTAs an SM, not CTAS_PER_SM_FIT's three (sm_90a, the
+# balanced kernel, Triton 3.6 and 3.8: 168-255 registers, 77-116 KB of shared memory, contiguous and paged).
+# "per-slot-many" keeps the per-SM target where the items are few, so 127/5's 264 shares and 64 items put 296 working
+# CTAs on the build's 264 slots: a second wave, started as the first ends (gluon/decode: 200 + 64, one wave). On:
+# where the launched tile's build holds fewer CTAs an SM than the plan counts (BALANCED_BUILD_CTAS_PER_SM, by (head
+# dim, packed rows a tile); a static test compiles each), the target is at most the build's slots less the items
+# ("per-slot"'s one-wave branch at the slots the kernel has), where the items are at most a third of those slots.
+# Only the target, a kernel argument, changes: no build does. Its many-items branch (2 x 396 shares) stays: the fluid
+# model has it within 3 % at 2 x 264 (docs/perf-log.md, "Helper `tfit`").
+BALANCED_BUILD_FIT = False
+BALANCED_BUILD_CTAS_PER_SM = {(128, 32): 2, (128, 64): 2}
 # The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
 MIN_ARRIVAL_COUNTERS = 1024
 
@@ -710,11 +722,33 @@ def balanced_split(problem: Problem, device: torch.device) -> bool:
 
 def balanced_target_shares(problem: Problem, device: torch.device, shares: int | None = None) -> int:
     """The balanced grid's shares per M tile (``splits.resolve_balanced_shares``; ``shares`` forces them) at this
-    rung's ``BALANCED_TARGET`` rule, ``BALANCED_SHARES_PER_SM``, CTA slots, ``BALANCED_MIN_KEYS`` and key block."""
+    rung's ``BALANCED_TARGET`` rule, ``BALANCED_SHARES_PER_SM``, CTA slots, ``BALANCED_MIN_KEYS`` and key block; under
+    ``BALANCED_BUILD_FIT``, at most :func:`balanced_one_wave_target`."""
     config = tile_config(problem)
     rule = {"target": BALANCED_TARGET, "ctas_per_sm": config.ctas_per_sm or CTAS_PER_SM_FIT[problem.head_dim]}
     sizes = (m_blocks_for(problem), config.block_n, BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS)
-    return splits.resolve_balanced_shares(shares, problem, device, *sizes, **rule)
+    target = splits.resolve_balanced_shares(shares, problem, device, *sizes, **rule)
+    one_wave = None if shares else balanced_one_wave_target(problem, device)
+    return target if one_wave is None else min(target, one_wave)
+
+
+def balanced_build_ctas_per_sm(problem: Problem) -> int | None:
+    """The CTAs an SM the balanced kernel's build of ``problem`` holds where it is fewer than the plan counts
+    (``BALANCED_BUILD_CTAS_PER_SM``: the default tile, by head dim and packed rows a tile), else None."""
+    if tile_config(problem) != DEFAULT_CONFIGS[problem.head_dim]:
+        return None
+    return BALANCED_BUILD_CTAS_PER_SM.get((problem.head_dim, block_m_for(problem)))
+
+
+def balanced_one_wave_target(problem: Problem, device: torch.device) -> int | None:
+    """Under ``BALANCED_BUILD_FIT``, the most target shares that keep the balanced grid in one wave of the slots
+    the build holds (slots - B · Hkv items, per M tile) where the items are few (``splits.per_slot_one_wave``);
+    else None."""
+    fit = balanced_build_ctas_per_sm(problem) if BALANCED_BUILD_FIT else None
+    if fit is None:
+        return None
+    slots, items = splits.per_tile(device, fit, m_blocks_for(problem)), problem.batch * problem.kv_heads
+    return slots - items if splits.per_slot_one_wave(slots, items) else None
 
 
 def balanced_constexprs(problem: Problem, m_tile_major: bool) -> dict[str, int | bool]:
