@@ -1,9 +1,9 @@
-"""triton/decode's ``BALANCED_BUILD_FIT`` (off): the balanced target at most one wave of the CTAs an SM the launched
-tile's build holds, where the plan counts more (``BALANCED_BUILD_CTAS_PER_SM``: D=128's default tile of 17-64 packed
-rows, two an SM against ``CTAS_PER_SM_FIT``'s three) and the items are few (issue #38's seed 127 row 5: 264 target
-shares and 64 items, 296 working CTAs on 264 slots; on, 200 + 64, gluon/decode's plan).
+"""triton/decode's ``BALANCED_BUILD_FIT`` (on since 2026-12-02): the balanced target at most one wave of the CTAs an SM
+the launched tile's build holds, where the plan counts more (``BALANCED_BUILD_CTAS_PER_SM``: D=128's default tile of
+17-64 packed rows, two an SM against ``CTAS_PER_SM_FIT``'s three) and the items are few (issue #38's seed 127 row 5:
+264 target shares and 64 items, 296 working CTAs on 264 slots; on, 200 + 64, gluon/decode's plan).
 
-CPU: off by default, and off the plan as committed; on, the target it gives (slots less the items) and the shapes it
+CPU: on by default; on, the target it gives (slots less the items) and the shapes it
 leaves (16-row, D=64, D=256 and wide tiles, many items, forced shares), the build's constexprs and launch options
 unchanged; under the interpreter, on 8 SMs, the capped plan against fp64; the rows of seeds 29-127 and of the default
 sweep it moves (twelve, no default row); ``bench/triton_decode_build_fit_ab.sh``'s rows parse and the switch moves
@@ -65,15 +65,14 @@ def _moves(problem: Problem, lengths: tuple[int, ...], monkeypatch: pytest.Monke
     off = plan_of("triton/decode", problem, lengths, CPU)
     monkeypatch.setattr(decode, SWITCH, True)
     on = plan_of("triton/decode", problem, lengths, CPU)
-    monkeypatch.setattr(decode, SWITCH, False)
     return on != off
 
 
-def test_switch_is_off_and_its_table_names_the_two_fit_tiles():
-    assert decode.BALANCED_BUILD_FIT is False, "off until bench/triton_decode_build_fit_ab.sh"
+def test_switch_is_on_and_its_table_names_the_two_fit_tiles():
+    assert decode.BALANCED_BUILD_FIT is True, "taken: results/h200/triton-decode-build-fit/"
     assert decode.BALANCED_BUILD_CTAS_PER_SM == {(128, 32): 2, (128, 64): 2}
     assert all(fit < decode.CTAS_PER_SM_FIT[dim] for (dim, _), fit in decode.BALANCED_BUILD_CTAS_PER_SM.items())
-    assert decode.balanced_one_wave_target(random_cases(8, 127)[5].problem, CPU) is None
+    assert decode.balanced_one_wave_target(random_cases(8, 127)[5].problem, CPU) is not None
 
 
 # ----------------------------------------------------------------------------------------------------

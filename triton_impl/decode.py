@@ -72,7 +72,7 @@ plan done on the device (``balanced_share``): each CTA reads the B lengths, size
 ``target_shares`` (at least ``BALANCED_MIN_KEYS``), gives each (batch, KV head) cdiv(its blocks, share) splits (one for
 an empty sequence; at most ``BALANCED_MAX_ITEM_SHARES`` unless 0) and finds its own in their prefix sum. The grid,
 target_shares (``BALANCED_SHARES_PER_SM`` per SM over the M tiles; ``BALANCED_TARGET``: "per-slot-many" here,
-splits.py's "The target rule"; ``BALANCED_BUILD_FIT``, off: at most one wave of the CTAs the build holds) + B · Hkv
+splits.py's "The target rule"; ``BALANCED_BUILD_FIT``: at most one wave of the CTAs the build holds) + B · Hkv
 CTAs per M tile, holds every share whatever the lengths: the shape fixes it, and a CUDA graph replays it with new
 lengths (CTAs past the last share store nothing). An item's shares fill consecutive slabs of the partials; its last to
 arrive merges them (``merge_splits``; an item of one share writes O itself), in two levels past ``BALANCED_MERGE_GROUP``
@@ -212,7 +212,8 @@ FEWER_WAVES = False
 # splits, 4k 272.7 -> 255.3 us, 32k 2127.0 -> 1923.9, seed 31's row 1 661.8 -> 606.8; seed 59's row 0, a 32-row tile
 # that fits two, 194.4 -> 222.7 when counted at three (so not counted: its plan stays).
 MANY_ITEMS_FULL_FIT = True
-# Issue #38's seed 127 row 5 (off until bench/triton_decode_build_fit_ab.sh; H200: triton 76.4 us, gluon 70.4): at
+# Issue #38's seed 127 row 5 (H200: triton 76.4 us, gluon 70.4; taken 2026-12-02, results/h200/triton-decode-build-fit/:
+# 127/5 76.1 -> 66.1 us, the long rows 68/2, 48/3 and 84/7 0.74-0.80x, the controls 1.00x): at
 # D=128 the default tile's builds of 17-64 packed rows hold two CTAs an SM, not CTAS_PER_SM_FIT's three (sm_90a, the
 # balanced kernel, Triton 3.6 and 3.8: 168-255 registers, 77-116 KB of shared memory, contiguous and paged).
 # "per-slot-many" keeps the per-SM target where the items are few, so 127/5's 264 shares and 64 items put 296 working
@@ -222,7 +223,7 @@ MANY_ITEMS_FULL_FIT = True
 # ("per-slot"'s one-wave branch at the slots the kernel has), where the items are at most a third of those slots.
 # Only the target, a kernel argument, changes: no build does. Its many-items branch (2 x 396 shares) stays: the fluid
 # model has it within 3 % at 2 x 264 (docs/perf-log.md, "Helper `tfit`").
-BALANCED_BUILD_FIT = False
+BALANCED_BUILD_FIT = True
 BALANCED_BUILD_CTAS_PER_SM = {(128, 32): 2, (128, 64): 2}
 # The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
 MIN_ARRIVAL_COUNTERS = 1024
