@@ -282,6 +282,40 @@ class RungHost:
             setattr(run, attribute, value)
         return run
 
+    def make_binder(
+        self, problem: Problem, device: torch.device, planned: Any, ready: bool
+    ) -> Callable[..., Runner]:  # fmt: skip
+        """:meth:`bind` in two for a rung with ``launch_plan`` (``planned`` is its answer for ``problem`` and
+        ``device``): the returned ``binder(q, k, v, cache_seqlens, block_table)`` allocates through
+        ``plan_launch`` and launches the compiled kernel of ``planned``'s configuration, looked up once (at
+        the first call, after ``prepare`` compiled it) instead of hashing the configuration per bind.
+        ``ready``: every q, k, v passed is kernel-addressable (the plan key proves it): no ``kernel_operand``."""
+        compiled = None
+
+        def binder(
+            q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor | None,
+            block_table: torch.Tensor | None,
+        ) -> Runner:  # fmt: skip
+            nonlocal compiled
+            if not ready:
+                q, k, v = (kernel_operand(t) for t in (q, k, v))
+            launch = self.plan_launch(
+                q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table, planned=planned
+            )
+            if compiled is None:
+                compiled = self.kernels.kernel(launch.config)
+            arguments, result, kernel = launch.arguments, launch.result, compiled
+
+            def run() -> Any:
+                kernel(*arguments)
+                return result
+
+            for attribute, value in (launch.chosen or {}).items():
+                setattr(run, attribute, value)
+            return run
+
+        return binder
+
     def compile_sm90(self, problem: Problem, **options: Any) -> list[KernelBinary]:
         """The kernels of ``plan(problem)`` compiled for sm_90a on fake tensors (no GPU needed)."""
         return self.kernels.binaries(self.plan(problem, **options), self.name.replace("/", "_"))
@@ -292,7 +326,9 @@ class RungHost:
         stack, rung = self.name.split("/")
         return Implementation(
             name=self.name, stack=stack, rung=rung, prepare=self.prepare, bind=self.bind,
-            compile_sm90=self.compile_sm90, runs_on_cpu=False, plan_bind=self.launch_plan, **entry_fields,
+            compile_sm90=self.compile_sm90, runs_on_cpu=False, plan_bind=self.launch_plan,
+            # Only a rung whose launch plan is made once per plan has a configuration fixed by the plan key.
+            make_binder=None if self.launch_plan is None else self.make_binder, **entry_fields,
         )  # fmt: skip
 
 

@@ -648,11 +648,15 @@ def merge_launch(
 
 def launch_arguments(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, workspace: tuple[torch.Tensor, torch.Tensor],
-    cache_seqlens: torch.Tensor | None, block_table: torch.Tensor | None,
+    cache_seqlens: torch.Tensor | None, block_table: torch.Tensor | None, *, ready: bool = False,
+    sizes: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, tuple]:  # fmt: skip
     """``(out, lse, lse_arg, args)``: O and the LSE allocated, and the arguments both split kernels
-    take before ``Counters``, with ``workspace`` (the partial O and LSE) as OutPartial, LsePartial."""
-    q, k, v = (kernel_operand(t) for t in (q, k, v))
+    take before ``Counters``, with ``workspace`` (the partial O and LSE) as OutPartial, LsePartial.
+    ``ready``: q, k and v are known kernel-addressable (a plan key proves it), so no check runs;
+    ``sizes``: :func:`size_arguments` of ``problem``, where a binder made them once."""
+    if not ready:
+        q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = allocate_lse(problem, q.device)
     lse_arg, lengths_arg = feature_buffers(lse, cache_seqlens, q.device)
@@ -660,9 +664,12 @@ def launch_arguments(
     strides = (*q.stride()[:3], *kv_strides, *out.stride()[:3])
     args = (
         q, k, v, out, lse_arg, lengths_arg, *workspace,
-        *strides, *size_arguments(problem), *paging_arguments(block_table),
+        *strides, *(sizes or size_arguments(problem)), *paging_arguments(block_table),
     )  # fmt: skip
     return out, lse, lse_arg, args
+
+
+Binder = Callable[..., Runner]
 
 
 def bind(
@@ -673,33 +680,55 @@ def bind(
     ``block_table`` when the problem is paged) and return ``run()`` launching the split kernel, which
     merges its splits itself (with ``FUSED_MERGE`` off and more than one split, the merge kernel
     follows). ``num_splits`` overrides the rule (sweeps, tests). A call with ``cache_seqlens`` binds
-    :func:`bind_balanced` instead (``BALANCED_SPLIT``)."""
-    if balanced_split(problem, q.device):
-        return bind_balanced(q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table, shares=num_splits)
-    num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device, split_policy(problem))
-    out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
-    workspace = (out_partial, lse_partial)
-    out, lse, lse_arg, split_args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
+    :func:`bind_balanced` instead (``BALANCED_SPLIT``). :func:`make_binder` and one call of its binder."""
+    return make_binder(problem, q.device, num_splits=num_splits)(q, k, v, cache_seqlens, block_table)
+
+
+def make_binder(
+    problem: Problem, device: torch.device, planned: object = None, ready: bool = False, num_splits: int | None = None
+) -> Binder:
+    """``bind`` in two: what ``problem`` and ``device`` decide (the split count, grid, constexprs and the
+    kernels' size arguments), worked out here once, and the returned ``binder(q, k, v, cache_seqlens,
+    block_table)``, which only allocates O, the LSE and the workspace and returns ``run()``.
+    ``common.attention`` keeps one per plan (the registry's ``make_binder``; ``planned`` unused), so a plan
+    hit skips the dozen small functions that decide the launch. ``ready``: every q, k, v passed is
+    kernel-addressable (the plan key proves it), so the binder skips ``kernel_operand``."""
+    if balanced_split(problem, device):
+        return balanced_binder(problem, device, ready, shares=num_splits)
+    num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), device, split_policy(problem))
     split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
-    deep = DEEP_RING and split_grid[0] * split_grid[1] * split_grid[2] <= splits.sm_count(q.device)
+    deep = DEEP_RING and split_grid[0] * split_grid[1] * split_grid[2] <= splits.sm_count(device)
     split_options = {**_split_constexprs(problem, split=num_splits > 1), **launch_options(problem, deep)}
     fused = split_options["FUSED_MERGE"]
-    counters = arrival_counters(q.device, split_grid[1] * split_grid[2]) if fused else None
     # Only the two-launch path (more than one split, FUSED_MERGE off) launches the merge kernel.
     two_launch = num_splits > 1 and not fused
-    merge = merge_launch(problem, num_splits, out_partial, lse_partial, out, lse_arg) if two_launch else None
+    sizes = size_arguments(problem)
 
-    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        _split_kernel[split_grid](*split_args, counters, **split_options)
-        if merge is not None:
-            merge()
-        return rung_result(out, lse)
+    def binder(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor | None,
+        block_table: torch.Tensor | None,
+    ) -> Runner:  # fmt: skip
+        out_partial, lse_partial = workspace = split_workspace(problem, num_splits, q.device)
+        out, lse, lse_arg, split_args = launch_arguments(
+            q, k, v, problem, workspace, cache_seqlens, block_table, ready=ready, sizes=sizes
+        )
+        # Looked up per bind: a larger grid bound since may have replaced the device's counters.
+        counters = arrival_counters(q.device, split_grid[1] * split_grid[2]) if fused else None
+        merge = merge_launch(problem, num_splits, out_partial, lse_partial, out, lse_arg) if two_launch else None
 
-    run.num_splits = num_splits
-    run.fused_merge = fused
-    run.balanced = False
-    run.num_stages = split_options["num_stages"]
-    return run
+        def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+            _split_kernel[split_grid](*split_args, counters, **split_options)
+            if merge is not None:
+                merge()
+            return rung_result(out, lse)
+
+        run.num_splits = num_splits
+        run.fused_merge = fused
+        run.balanced = False
+        run.num_stages = split_options["num_stages"]
+        return run
+
+    return binder
 
 
 def balanced_split(problem: Problem, device: torch.device) -> bool:
@@ -744,24 +773,41 @@ def bind_balanced(
     :func:`balanced_target_shares`; forced for tests and sweeps, at least 1) + B · Hkv CTAs per M tile,
     with a workspace of as many slabs of group · Sq partial rows: every allocation and the grid follow
     from the shape, so a CUDA graph captures it once and replays it with new ``cache_seqlens``."""
-    block_n, target = tile_config(problem).block_n, balanced_target_shares(problem, q.device, shares)
+    return balanced_binder(problem, q.device, shares=shares)(q, k, v, cache_seqlens, block_table)
+
+
+def balanced_binder(problem: Problem, device: torch.device, ready: bool = False, shares: int | None = None) -> Binder:
+    """:func:`bind_balanced` in two, as :func:`make_binder`: the grid, sizes and constexprs once, the
+    allocations at each call of the binder."""
+    block_n, target = tile_config(problem).block_n, balanced_target_shares(problem, device, shares)
     m_blocks, items = m_blocks_for(problem), problem.batch * problem.kv_heads
     m_tile_major = splits.balanced_m_tile_major(target + items, M_TILE_MAJOR)
     grid = splits.balanced_grid(target + items, m_blocks, m_tile_major)
-    workspace = balanced_workspace(problem, target + items, q.device)
-    out, lse, _, args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
     sizes = (problem.batch, target, *splits.balanced_plan_sizes(block_n, BALANCED_MIN_KEYS, BALANCED_MAX_ITEM_SHARES))
     options = {**balanced_constexprs(problem, m_tile_major), **launch_options(problem)}
-    counters = arrival_counters(q.device, balanced_counter_count(items, target + items, m_blocks))
+    counter_count = balanced_counter_count(items, target + items, m_blocks)
+    kernel_sizes = size_arguments(problem)
 
-    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        _balanced_split_kernel[grid](*args, counters, *sizes, **options)
-        return rung_result(out, lse)
+    def binder(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor | None,
+        block_table: torch.Tensor | None,
+    ) -> Runner:  # fmt: skip
+        workspace = balanced_workspace(problem, target + items, q.device)
+        out, lse, _, args = launch_arguments(
+            q, k, v, problem, workspace, cache_seqlens, block_table, ready=ready, sizes=kernel_sizes
+        )
+        counters = arrival_counters(q.device, counter_count)
 
-    run.num_splits = target
-    run.fused_merge = True
-    run.balanced = True
-    return run
+        def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+            _balanced_split_kernel[grid](*args, counters, *sizes, **options)
+            return rung_result(out, lse)
+
+        run.num_splits = target
+        run.fused_merge = True
+        run.balanced = True
+        return run
+
+    return binder
 
 
 # prepare = validate (paged caches too) → the capability check on the validated problem → bind → warm
@@ -831,5 +877,5 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
 
 IMPLEMENTATION = ENTRY.implementation(
     supports, compile_sm90, required_ptx=("mma.sync", "cp.async"), source_file=__file__,
-    default_configs=DEFAULT_CONFIGS, check_reads_seqlen_k=False,
+    default_configs=DEFAULT_CONFIGS, check_reads_seqlen_k=False, make_binder=make_binder,
 )  # fmt: skip

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
@@ -69,7 +70,12 @@ from common.contract import dispatch
 from common.contract.autograd import AttentionFunction, detached, requires_grad
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner, get, per_call_inputs, with_backward
-from common.contract.validation import OPERAND_ALIGNMENT_BYTES, validate_attention_inputs, validate_longer_cache
+from common.contract.validation import (
+    OPERAND_ALIGNMENT_BYTES,
+    is_kernel_addressable,
+    validate_attention_inputs,
+    validate_longer_cache,
+)
 
 DEFAULT_IMPL = "triton/pipelined"
 # Plans kept before the least recently used one is dropped: a plan is a few hundred bytes, and a
@@ -92,6 +98,9 @@ class Plan:
     for_every_seqlen_k: bool = False
     # The rung's ``plan_bind(problem, device)``, which each bind of this plan takes (None: it has none).
     planned: object = None
+    # The rung's ``make_binder(problem, device, planned, ready)``: its bind less what the plan key decides,
+    # which every bind of this plan calls instead (None: the rung has none; ``_bind`` calls its ``bind``).
+    binder: Callable[..., Runner] | None = None
 
 
 @dataclass(frozen=True)
@@ -294,7 +303,7 @@ def _make_plan(
         problem = validate_longer_cache(earlier.problem, k, v, options.cache_seqlens)
         if earlier.for_every_seqlen_k and earlier.implementation.bind is not None:
             # ... and every input of the capability check (or dispatch) but Sk, which that check ignores.
-            plan = _plan(earlier.implementation, problem, True, q.device)
+            plan = _plan(earlier.implementation, problem, True, q, k, v)
             return plan, _bind(plan, q, k, v, options)
     else:
         problem = validate_attention_inputs(
@@ -323,7 +332,7 @@ def _make_plan(
         for_every_seqlen_k = not implementation.check_reads_seqlen_k
     if options.differentiable:
         _check_backward(implementation, problem, q.device)
-    plan = _plan(implementation, problem, for_every_seqlen_k and not options.differentiable, q.device)
+    plan = _plan(implementation, problem, for_every_seqlen_k and not options.differentiable, q, k, v)
     if earlier is not None and earlier.implementation is implementation and implementation.bind is not None:
         return plan, _bind(plan, q, k, v, options)
     extra = per_call_inputs(problem, options.cache_seqlens, options.block_table)
@@ -333,14 +342,30 @@ def _make_plan(
     return plan, run
 
 
-def _plan(implementation: Implementation, problem: Problem, for_every_seqlen_k: bool, device: torch.device) -> Plan:
-    """The plan of a checked problem, with the rung's ``plan_bind`` made once for all its binds."""
+def _plan(
+    implementation: Implementation, problem: Problem, for_every_seqlen_k: bool, q: torch.Tensor, k: torch.Tensor,
+    v: torch.Tensor,
+) -> Plan:  # fmt: skip
+    """The plan of a checked problem made for q, k, v, with the rung's ``plan_bind`` and ``make_binder``
+    made once for all its binds."""
+    device = q.device
     planned = None if implementation.plan_bind is None else implementation.plan_bind(problem, device)
-    return Plan(implementation, problem, for_every_seqlen_k, planned)
+    binder = None
+    if implementation.make_binder is not None:
+        # Addressability reads only what the plan key holds (strides, dtype, 16-byte alignment of the
+        # base), so every later call of this plan's key answers as these tensors do.
+        ready = is_kernel_addressable(q) and is_kernel_addressable(k) and is_kernel_addressable(v)
+        binder = implementation.make_binder(problem, device, planned, ready)
+    return Plan(implementation, problem, for_every_seqlen_k, planned, binder)
 
 
 def _bind(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options) -> Runner:
-    """The launch of an already-planned signature: the rung's ``bind`` (no validation, no warm-up)."""
+    """The launch of an already-planned signature: the plan's binder, else the rung's ``bind`` (no
+    validation, no warm-up)."""
+    if plan.binder is not None:
+        # The plan key holds whether cache_seqlens and block_table are given, so it proves what
+        # per_call_inputs checks: they are given exactly as the plan's problem states.
+        return plan.binder(q, k, v, options.cache_seqlens, options.block_table)
     extra = per_call_inputs(plan.problem, options.cache_seqlens, options.block_table)
     bind = plan.implementation.bind
     if bind is None:
