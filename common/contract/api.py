@@ -386,8 +386,13 @@ def autocast_operands(
     same, so that a model trained under autocast runs the same kernels with either. The cast is
     differentiable: gradients reach the fp32 tensors in fp32. Like autocast, fp64 is left alone.
     """
-    # Anything but a tensor goes on unchanged to validation, which names it.
-    if not isinstance(q, torch.Tensor) or not torch.is_autocast_enabled(q.device.type):
+    # Anything but a tensor, or a tensor on a device the API does not run (which autocast may not know:
+    # "meta" raises there), goes on unchanged to validation, which names it.
+    if (
+        not isinstance(q, torch.Tensor)
+        or q.device.type not in API_DEVICE_TYPES
+        or not torch.is_autocast_enabled(q.device.type)
+    ):
         return q, k, v
     dtype = torch.get_autocast_dtype(q.device.type)
 
