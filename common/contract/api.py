@@ -42,6 +42,14 @@ A rung with ``plan_bind`` (cute/decode) has its split count and configuration de
 at every bind: its module switches (``BALANCED_SPLIT``, the tile table, ...) are read when a signature
 is planned, so ``clear_plan_cache()`` after changing one.
 
+The hit path: a rung with ``make_binder`` (the decode rungs) has its ``bind`` split at the plan key. The plan
+keeps a *binder*, made with the plan, holding everything the key decides (split count, grid, constexprs,
+size arguments, the compiled kernel, whether q, k and v are kernel-addressable, which reads only strides,
+dtype and base alignment); a later call of the key is the key, one lookup and the binder, which allocates
+this call's O, LSE and split workspace (never a previous call's: results must not alias) and binds the
+tensors. Everything the binder skips is proven by the key: a call whose strides, dtype, device or
+alignment differ has another key and plans again.
+
 The cache keeps the :data:`PLAN_CACHE_SIZE` most recently used plans; ``clear_plan_cache()`` empties
 it and ``plan_cache_info()`` reports hits, misses and size. Plans hold no tensors: memory belongs to
 the caller and to each rung's own compile cache.
@@ -256,14 +264,18 @@ def _growing_key(
 def _cacheable(impl: object, q: object, k: object, v: object, options: Options) -> bool:
     """Arguments of the types a plan is keyed on; anything else takes the full path every call, so
     that ``causal=1`` or ``softmax_scale=True`` never hit a plan validated for a bool and a float."""
+    # Spelled out rather than all() over generators: it runs at every call, and each generator costs.
     return (
         type(impl) is str
         and type(options.causal) is bool
         and type(options.return_lse) is bool
         and type(options.causal_alignment) is str
         and type(options.softmax_scale) in _SCALE_TYPES
-        and all(t is None or isinstance(t, torch.Tensor) for t in (options.cache_seqlens, options.block_table))
-        and all(isinstance(t, torch.Tensor) for t in (q, k, v))
+        and (options.cache_seqlens is None or isinstance(options.cache_seqlens, torch.Tensor))
+        and (options.block_table is None or isinstance(options.block_table, torch.Tensor))
+        and isinstance(q, torch.Tensor)
+        and isinstance(k, torch.Tensor)
+        and isinstance(v, torch.Tensor)
     )
 
 
@@ -388,13 +400,12 @@ def autocast_operands(
     """
     # Anything but a tensor, or a tensor on a device the API does not run (which autocast may not know:
     # "meta" raises there), goes on unchanged to validation, which names it.
-    if (
-        not isinstance(q, torch.Tensor)
-        or q.device.type not in API_DEVICE_TYPES
-        or not torch.is_autocast_enabled(q.device.type)
-    ):
+    if not isinstance(q, torch.Tensor):
         return q, k, v
-    dtype = torch.get_autocast_dtype(q.device.type)
+    device_type = q.device.type
+    if device_type not in API_DEVICE_TYPES or not torch.is_autocast_enabled(device_type):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(device_type)
 
     def cast(t: torch.Tensor) -> torch.Tensor:
         castable = isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
