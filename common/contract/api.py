@@ -363,7 +363,8 @@ def _plan(
     device = q.device
     planned = None if implementation.plan_bind is None else implementation.plan_bind(problem, device)
     binder = None
-    if implementation.make_binder is not None:
+    # A rung without bind re-prepares at every call (_bind), binder or not.
+    if implementation.make_binder is not None and implementation.bind is not None:
         # Addressability reads only what the plan key holds (strides, dtype, 16-byte alignment of the
         # base), so every later call of this plan's key answers as these tensors do.
         ready = is_kernel_addressable(q) and is_kernel_addressable(k) and is_kernel_addressable(v)
