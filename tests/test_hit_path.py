@@ -270,3 +270,36 @@ def test_cute_decode_copies_what_a_kernel_cannot_address(cute_stubbed: list) -> 
         attention(q, inner_strided(k), v, **decode)
         passed = cute_stubbed[-1][1]
         assert passed.stride(-1) == 1 and torch.equal(passed, k)
+
+
+# ----------------------------------------------------------------------------------------------
+# gluon/decode: the binder's launch against bind's (no Gluon kernel runs on a CPU)
+# ----------------------------------------------------------------------------------------------
+def _launch_fields(launch: object) -> list:
+    """A GluonDecode's grid, constexprs and arguments, each tensor as its layout (new allocations differ in
+    address only) and each TMA descriptor as its base, shape, strides and box."""
+
+    def field(argument: object) -> object:
+        if isinstance(argument, torch.Tensor):
+            return ("tensor", tuple(argument.shape), argument.stride(), argument.dtype)
+        if hasattr(argument, "block_shape"):
+            base = argument.base
+            return ("descriptor", base.data_ptr(), tuple(argument.shape), tuple(argument.strides), argument.block_shape)
+        return argument
+
+    return [launch.split_grid, launch.split_options, [field(argument) for argument in launch.split_args]]
+
+
+@pytest.mark.parametrize("lengths", [None, [77, 30]], ids=["padded-split", "cache-seqlens"])
+def test_gluon_decode_binder_launches_what_bind_does(lengths: list[int] | None) -> None:
+    from triton_impl.gluon import decode as gluon_decode
+
+    problem = DECODE.with_(dtype=torch.float16, head_dim=128, seqlen_k=4096, has_cache_seqlens=lengths is not None)
+    cache_seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32)
+    q, k, v = (t.half() for t in inputs(problem, seed=3))
+    bound = gluon_decode.bind(q, k, v, problem, cache_seqlens=cache_seqlens)
+    binder = gluon_decode.make_binder(problem, torch.device("cpu"), None, True)
+    launches = [binder(q, k, v, cache_seqlens, None) for _ in range(2)]
+    assert _launch_fields(launches[0]) == _launch_fields(bound)
+    # Each bind allocates its own O: two launches of one binder never share it.
+    assert launches[0].out.data_ptr() != launches[1].out.data_ptr()
