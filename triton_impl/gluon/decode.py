@@ -886,14 +886,15 @@ class GluonDecodePlan:
         self.balanced = balanced_split(problem, device)
         config = balanced_config(problem, device) if self.balanced else decode_config(problem)
         m_blocks, self.items = m_blocks_for(problem), problem.batch * problem.kv_heads
+        # The split kernel's last arguments: the balanced plan's sizes (``balanced_sizes``), or four Nones.
         if self.balanced:
             slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
-            self.sizes_tail = balanced_sizes(problem, device, num_splits, m_blocks, config.block_n, *slots)
-            num_splits, stages = self.sizes_tail[1], balanced_stages(problem, device, self.sizes_tail[1], config)
+            self.balanced_args = balanced_sizes(problem, device, num_splits, m_blocks, config.block_n, *slots)
+            num_splits, stages = self.balanced_args[1], balanced_stages(problem, device, self.balanced_args[1], config)
             m_tile_major = splits.balanced_m_tile_major(num_splits + self.items, M_TILE_MAJOR)
             self.split_grid = splits.balanced_grid(num_splits + self.items, m_blocks, m_tile_major)
         else:
-            self.sizes_tail, m_tile_major, stages = (None,) * 4, False, None
+            self.balanced_args, m_tile_major, stages = (None,) * 4, False, None
             num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks, device, split_policy(problem))
             self.split_grid = (num_splits, m_blocks, self.items)
         self.num_splits = num_splits
@@ -944,7 +945,7 @@ class GluonDecode:
         self.split_args = (
             q, desc_k, desc_v, self.out, lse_arg, lengths_arg, out_partial, lse_partial,
             *q.stride()[:3], *self.out.stride()[:3], *plan.sizes, *paging_arguments(block_table),
-            counters, *plan.sizes_tail,
+            counters, *plan.balanced_args,
         )  # fmt: skip
         merge_args = (problem, plan.num_splits, out_partial, lse_partial, self.out, lse_arg)
         self._merge = triton_decode.merge_launch(*merge_args) if plan.two_launch else None
