@@ -217,6 +217,46 @@ class Launch(NamedTuple):
     chosen: dict[str, Any] | None = None
 
 
+class PlannedBinder:
+    """A rung's bind less what its ``launch_plan`` decided (``planned``): ``binder(q, k, v, cache_seqlens,
+    block_table)`` allocates through ``plan_launch`` and launches the compiled kernel of ``planned``'s configuration,
+    looked up once (at the first call, after ``prepare`` compiled it) instead of hashing the configuration per bind.
+    ``ready``: every q, k, v passed is kernel-addressable (the plan key proves it): no ``kernel_operand``."""
+
+    def __init__(
+        self, host: "RungHost", problem: Problem, planned: Any, ready: bool, compiled: Callable[..., Any] | None = None
+    ):
+        self.host, self.problem, self.planned, self.ready, self.compiled = host, problem, planned, ready, compiled
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor | None,
+        block_table: torch.Tensor | None,
+    ) -> Runner:  # fmt: skip
+        if not self.ready:
+            q, k, v = (kernel_operand(t) for t in (q, k, v))
+        launch = self.host.plan_launch(
+            q, k, v, self.problem, cache_seqlens=cache_seqlens, block_table=block_table, planned=self.planned
+        )
+        if self.compiled is None:
+            self.compiled = self.host.kernels.kernel(launch.config)
+        arguments, result, kernel = launch.arguments, launch.result, self.compiled
+
+        def run() -> Any:
+            kernel(*arguments)
+            return result
+
+        for attribute, value in (launch.chosen or {}).items():
+            setattr(run, attribute, value)
+        return run
+
+    def grown(self, problem: Problem, device: torch.device, planned: Any) -> "PlannedBinder":
+        """The binder of ``problem``, a longer cache of this binder's family, whose ``launch_plan`` is ``planned``
+        (the registry's growing binder): ``plan_launch`` reads the problem only for what the family shares (the
+        kernel takes Sk from K's shape), so where Sk left the launch plan as it was, the compiled kernel is kept."""
+        compiled = self.compiled if planned == self.planned else None
+        return PlannedBinder(self.host, problem, planned, self.ready, compiled)
+
+
 class RungHost:
     """One rung's host entry points, configured once: validate → plan → bind.
 
@@ -282,39 +322,10 @@ class RungHost:
             setattr(run, attribute, value)
         return run
 
-    def make_binder(
-        self, problem: Problem, device: torch.device, planned: Any, ready: bool
-    ) -> Callable[..., Runner]:  # fmt: skip
+    def make_binder(self, problem: Problem, device: torch.device, planned: Any, ready: bool) -> PlannedBinder:
         """:meth:`bind` in two for a rung with ``launch_plan`` (``planned`` is its answer for ``problem`` and
-        ``device``): the returned ``binder(q, k, v, cache_seqlens, block_table)`` allocates through
-        ``plan_launch`` and launches the compiled kernel of ``planned``'s configuration, looked up once (at
-        the first call, after ``prepare`` compiled it) instead of hashing the configuration per bind.
-        ``ready``: every q, k, v passed is kernel-addressable (the plan key proves it): no ``kernel_operand``."""
-        compiled = None
-
-        def binder(
-            q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor | None,
-            block_table: torch.Tensor | None,
-        ) -> Runner:  # fmt: skip
-            nonlocal compiled
-            if not ready:
-                q, k, v = (kernel_operand(t) for t in (q, k, v))
-            launch = self.plan_launch(
-                q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table, planned=planned
-            )
-            if compiled is None:
-                compiled = self.kernels.kernel(launch.config)
-            arguments, result, kernel = launch.arguments, launch.result, compiled
-
-            def run() -> Any:
-                kernel(*arguments)
-                return result
-
-            for attribute, value in (launch.chosen or {}).items():
-                setattr(run, attribute, value)
-            return run
-
-        return binder
+        ``device``): a :class:`PlannedBinder` (the registry's ``make_binder``)."""
+        return PlannedBinder(self, problem, planned, ready)
 
     def compile_sm90(self, problem: Problem, **options: Any) -> list[KernelBinary]:
         """The kernels of ``plan(problem)`` compiled for sm_90a on fake tensors (no GPU needed)."""

@@ -113,6 +113,7 @@ caches. Measured figures go to ``docs/perf-log.md`` and ``compare.py --decode``.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -669,9 +670,6 @@ def launch_arguments(
     return out, lse, lse_arg, args
 
 
-Binder = Callable[..., Runner]
-
-
 def bind(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, *,
     cache_seqlens: torch.Tensor | None = None, block_table: torch.Tensor | None = None, num_splits: int | None = None,
@@ -686,34 +684,78 @@ def bind(
 
 def make_binder(
     problem: Problem, device: torch.device, planned: object = None, ready: bool = False, num_splits: int | None = None
-) -> Binder:
+) -> SplitBinder:
     """``bind`` in two: what ``problem`` and ``device`` decide (the split count, grid, constexprs and the
-    kernels' size arguments), worked out here once, and the returned ``binder(q, k, v, cache_seqlens,
+    kernels' size arguments), worked out here once, and the returned binder ``(q, k, v, cache_seqlens,
     block_table)``, which only allocates O, the LSE and the workspace and returns ``run()``.
     ``common.attention`` keeps one per plan (the registry's ``make_binder``; ``planned`` unused), so a plan
     hit skips the dozen small functions that decide the launch. ``ready``: every q, k, v passed is
     kernel-addressable (the plan key proves it), so the binder skips ``kernel_operand``."""
     if balanced_split(problem, device):
-        return balanced_binder(problem, device, ready, shares=num_splits)
-    num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), device, split_policy(problem))
-    split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
-    deep = DEEP_RING and split_grid[0] * split_grid[1] * split_grid[2] <= splits.sm_count(device)
-    split_options = {**_split_constexprs(problem, split=num_splits > 1), **launch_options(problem, deep)}
-    fused = split_options["FUSED_MERGE"]
-    # Only the two-launch path (more than one split, FUSED_MERGE off) launches the merge kernel.
-    two_launch = num_splits > 1 and not fused
-    sizes = size_arguments(problem)
+        return BalancedBinder(problem, device, ready, shares=num_splits)
+    return PaddedBinder(problem, device, ready, num_splits)
 
-    def binder(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor | None,
+
+def seqlen_k_decisions(problem: Problem, device: torch.device) -> tuple[bool, TileConfig, int]:
+    """What :func:`make_binder` decides from Sk by the rule: the balanced split or not, the tile
+    (``SHORT_CACHE_TILE``) and the split count (the balanced split's target shares). Every other decision
+    follows from these and the rest of the problem, so a longer cache whose decisions are its family's
+    binds as that binder does with Sk's size argument changed (:meth:`SplitBinder.grown`)."""
+    if balanced_split(problem, device):
+        return True, tile_config(problem), balanced_target_shares(problem, device)
+    return False, tile_config(problem), planned_num_splits(problem, device)
+
+
+class SplitBinder:
+    """What both binders hold: the problem, whether q, k, v are kernel-addressable (``ready``), the kernels'
+    size arguments, and the decisions that Sk enters (:func:`seqlen_k_decisions`)."""
+
+    problem: Problem
+    ready: bool
+    sizes: tuple[int | float, ...]
+    decisions: tuple[bool, TileConfig, int]
+
+    def grown(self, problem: Problem, device: torch.device, planned: object = None) -> SplitBinder:
+        """The binder of ``problem``, a longer cache of this binder's family (the registry's growing binder): this
+        one with Sk's size argument changed where Sk leaves :func:`seqlen_k_decisions` as they were, else a new one.
+        The module switches stay those read when the family was planned (``clear_plan_cache()`` re-reads them)."""
+        if seqlen_k_decisions(problem, device) != self.decisions:
+            return make_binder(problem, device, ready=self.ready)
+        longer = copy.copy(self)
+        longer.problem, longer.sizes = problem, size_arguments(problem)
+        return longer
+
+
+class PaddedBinder(SplitBinder):
+    """The split kernel over the padded Sk's splits (and the merge kernel where ``FUSED_MERGE`` is off)."""
+
+    def __init__(self, problem: Problem, device: torch.device, ready: bool, num_splits: int | None = None):
+        num_splits = splits.resolve_num_splits(
+            num_splits, problem, m_blocks_for(problem), device, split_policy(problem)
+        )
+        self.problem, self.ready, self.num_splits = problem, ready, num_splits
+        self.decisions = (False, tile_config(problem), num_splits)
+        self.split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
+        deep = DEEP_RING and num_splits * self.split_grid[1] * self.split_grid[2] <= splits.sm_count(device)
+        self.split_options = {**_split_constexprs(problem, split=num_splits > 1), **launch_options(problem, deep)}
+        self.fused = self.split_options["FUSED_MERGE"]
+        # Only the two-launch path (more than one split, FUSED_MERGE off) launches the merge kernel.
+        self.two_launch = num_splits > 1 and not self.fused
+        self.sizes = size_arguments(problem)
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor | None,
         block_table: torch.Tensor | None,
     ) -> Runner:  # fmt: skip
+        problem, num_splits = self.problem, self.num_splits
+        split_grid, split_options = self.split_grid, self.split_options
         out_partial, lse_partial = workspace = split_workspace(problem, num_splits, q.device)
         out, lse, lse_arg, split_args = launch_arguments(
-            q, k, v, problem, workspace, cache_seqlens, block_table, ready=ready, sizes=sizes
+            q, k, v, problem, workspace, cache_seqlens, block_table, ready=self.ready, sizes=self.sizes
         )
         # Looked up per bind: a larger grid bound since may have replaced the device's counters.
-        counters = arrival_counters(q.device, split_grid[1] * split_grid[2]) if fused else None
+        counters = arrival_counters(q.device, split_grid[1] * split_grid[2]) if self.fused else None
+        two_launch = self.two_launch
         merge = merge_launch(problem, num_splits, out_partial, lse_partial, out, lse_arg) if two_launch else None
 
         def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -723,12 +765,10 @@ def make_binder(
             return rung_result(out, lse)
 
         run.num_splits = num_splits
-        run.fused_merge = fused
+        run.fused_merge = self.fused
         run.balanced = False
         run.num_stages = split_options["num_stages"]
         return run
-
-    return binder
 
 
 def balanced_split(problem: Problem, device: torch.device) -> bool:
@@ -773,41 +813,47 @@ def bind_balanced(
     :func:`balanced_target_shares`; forced for tests and sweeps, at least 1) + B · Hkv CTAs per M tile,
     with a workspace of as many slabs of group · Sq partial rows: every allocation and the grid follow
     from the shape, so a CUDA graph captures it once and replays it with new ``cache_seqlens``."""
-    return balanced_binder(problem, q.device, shares=shares)(q, k, v, cache_seqlens, block_table)
+    return BalancedBinder(problem, q.device, shares=shares)(q, k, v, cache_seqlens, block_table)
 
 
-def balanced_binder(problem: Problem, device: torch.device, ready: bool = False, shares: int | None = None) -> Binder:
+class BalancedBinder(SplitBinder):
     """:func:`bind_balanced` in two, as :func:`make_binder`: the grid, sizes and constexprs once, the
     allocations at each call of the binder."""
-    block_n, target = tile_config(problem).block_n, balanced_target_shares(problem, device, shares)
-    m_blocks, items = m_blocks_for(problem), problem.batch * problem.kv_heads
-    m_tile_major = splits.balanced_m_tile_major(target + items, M_TILE_MAJOR)
-    grid = splits.balanced_grid(target + items, m_blocks, m_tile_major)
-    sizes = (problem.batch, target, *splits.balanced_plan_sizes(block_n, BALANCED_MIN_KEYS, BALANCED_MAX_ITEM_SHARES))
-    options = {**balanced_constexprs(problem, m_tile_major), **launch_options(problem)}
-    counter_count = balanced_counter_count(items, target + items, m_blocks)
-    kernel_sizes = size_arguments(problem)
 
-    def binder(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor | None,
+    def __init__(self, problem: Problem, device: torch.device, ready: bool = False, shares: int | None = None):
+        block_n, target = tile_config(problem).block_n, balanced_target_shares(problem, device, shares)
+        m_blocks, items = m_blocks_for(problem), problem.batch * problem.kv_heads
+        self.problem, self.ready, self.target, self.slabs = problem, ready, target, target + items
+        self.decisions = (True, tile_config(problem), target)
+        m_tile_major = splits.balanced_m_tile_major(self.slabs, M_TILE_MAJOR)
+        self.grid = splits.balanced_grid(self.slabs, m_blocks, m_tile_major)
+        min_share_blocks, max_item_shares = splits.balanced_plan_sizes(
+            block_n, BALANCED_MIN_KEYS, BALANCED_MAX_ITEM_SHARES
+        )
+        self.plan_sizes = (problem.batch, target, min_share_blocks, max_item_shares)
+        self.options = {**balanced_constexprs(problem, m_tile_major), **launch_options(problem)}
+        self.counter_count = balanced_counter_count(items, self.slabs, m_blocks)
+        self.sizes = size_arguments(problem)
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor | None,
         block_table: torch.Tensor | None,
     ) -> Runner:  # fmt: skip
-        workspace = balanced_workspace(problem, target + items, q.device)
+        problem, grid, plan_sizes, options = self.problem, self.grid, self.plan_sizes, self.options
+        workspace = balanced_workspace(problem, self.slabs, q.device)
         out, lse, _, args = launch_arguments(
-            q, k, v, problem, workspace, cache_seqlens, block_table, ready=ready, sizes=kernel_sizes
+            q, k, v, problem, workspace, cache_seqlens, block_table, ready=self.ready, sizes=self.sizes
         )
-        counters = arrival_counters(q.device, counter_count)
+        counters = arrival_counters(q.device, self.counter_count)
 
         def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-            _balanced_split_kernel[grid](*args, counters, *sizes, **options)
+            _balanced_split_kernel[grid](*args, counters, *plan_sizes, **options)
             return rung_result(out, lse)
 
-        run.num_splits = target
+        run.num_splits = self.target
         run.fused_merge = True
         run.balanced = True
         return run
-
-    return binder
 
 
 # prepare = validate (paged caches too) → the capability check on the validated problem → bind → warm

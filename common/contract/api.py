@@ -28,7 +28,7 @@ FlashAttention's ``flash_attn_with_kvcache``.
 
 A decode step against a growing cache (transformers' DynamicCache: K and V are whole contiguous
 (B, Hkv, Sk, D) tensors one key longer at every step) is a new signature at every step. Where a plan of
-the same signature *less Sk* (:func:`growing_cache_key`) was prepared, the key proves everything
+the same signature *less Sk* (:func:`growing_cache_key`) was made (the last one is kept), the key proves everything
 validation checks but what reads Sk, so only that is checked again (v as long as k, the values of
 ``cache_seqlens``; ``validation.validate_longer_cache``); the capability check (or the dispatch) runs
 on the new problem in full, unless it answers alike for every Sk (``Implementation.check_reads_seqlen_k``
@@ -36,7 +36,12 @@ False: the decode rungs; for a stack name, every candidate the dispatch tried) a
 differentiable: then the growing key proves all of its inputs, and the earlier plan's rung is taken
 as it is. Where that earlier plan has the same rung, the new one only binds: the rung
 compiled and warmed up for the earlier length, and its kernels take Sk as an argument, so ``prepare``'s
-warm-up launch (a second kernel launch per step) and its rung-level set-up are skipped.
+warm-up launch (a second kernel launch per step) and its rung-level set-up are skipped. Where the earlier
+plan's binder has ``grown`` (the decode rungs; the registry's growing binder), the new plan's binder is
+its ``grown(problem, device, planned)``: the rung re-decides only what Sk enters (the split rule, the
+balanced split's applicability and shares, the short-cache tile) and takes everything else from the
+earlier binder, so a growing step costs about a hit plus the split rule. Those binders keep the module
+switches read when the family was planned: ``clear_plan_cache()`` after changing one, as for any plan.
 
 A rung with ``plan_bind`` (cute/decode) has its split count and configuration decided once per plan, not
 at every bind: its module switches (``BALANCED_SPLIT``, the tile table, ...) are read when a signature
@@ -159,7 +164,7 @@ class PlanCache:
 
 
 _PLANS = PlanCache()
-# growing_cache_key -> the last plan prepared under it (see the module docstring).
+# growing_cache_key -> the last plan made under it (see the module docstring).
 _GROWING = PlanCache()
 
 
@@ -315,7 +320,9 @@ def _make_plan(
         problem = validate_longer_cache(earlier.problem, k, v, options.cache_seqlens)
         if earlier.for_every_seqlen_k and earlier.implementation.bind is not None:
             # ... and every input of the capability check (or dispatch) but Sk, which that check ignores.
-            plan = _plan(earlier.implementation, problem, True, q, k, v)
+            plan = _plan(earlier.implementation, problem, True, q, k, v, earlier.binder)
+            # The next step grows from this plan's binder, whose decisions are its length's.
+            _GROWING.put(growing, plan)
             return plan, _bind(plan, q, k, v, options)
     else:
         problem = validate_attention_inputs(
@@ -344,11 +351,14 @@ def _make_plan(
         for_every_seqlen_k = not implementation.check_reads_seqlen_k
     if options.differentiable:
         _check_backward(implementation, problem, q.device)
-    plan = _plan(implementation, problem, for_every_seqlen_k and not options.differentiable, q, k, v)
-    if earlier is not None and earlier.implementation is implementation and implementation.bind is not None:
-        return plan, _bind(plan, q, k, v, options)
-    extra = per_call_inputs(problem, options.cache_seqlens, options.block_table)
-    run = implementation.prepare(q, k, v, problem, **extra)
+    same_rung = earlier is not None and earlier.implementation is implementation
+    family = earlier.binder if same_rung else None
+    plan = _plan(implementation, problem, for_every_seqlen_k and not options.differentiable, q, k, v, family)
+    if same_rung and implementation.bind is not None:
+        run = _bind(plan, q, k, v, options)
+    else:
+        extra = per_call_inputs(problem, options.cache_seqlens, options.block_table)
+        run = implementation.prepare(q, k, v, problem, **extra)
     if growing is not None:
         _GROWING.put(growing, plan)
     return plan, run
@@ -356,15 +366,21 @@ def _make_plan(
 
 def _plan(
     implementation: Implementation, problem: Problem, for_every_seqlen_k: bool, q: torch.Tensor, k: torch.Tensor,
-    v: torch.Tensor,
+    v: torch.Tensor, family: Callable[..., Runner] | None = None,
 ) -> Plan:  # fmt: skip
     """The plan of a checked problem made for q, k, v, with the rung's ``plan_bind`` and ``make_binder``
-    made once for all its binds."""
+    made once for all its binds; ``family``: the binder of this rung's plan of a shorter cache under the
+    same growing key, whose ``grown`` (where it has one) makes this plan's binder from its own decisions."""
     device = q.device
     planned = None if implementation.plan_bind is None else implementation.plan_bind(problem, device)
     binder = None
     # A rung without bind re-prepares at every call (_bind), binder or not.
     if implementation.make_binder is not None and implementation.bind is not None:
+        grown = getattr(family, "grown", None)
+        if grown is not None:
+            # The growing key holds what addressability reads (dtype, 16-byte alignment of the base; the
+            # strides of a contiguous cache follow from its shape), so the family's binder knows it.
+            return Plan(implementation, problem, for_every_seqlen_k, planned, grown(problem, device, planned))
         # Addressability reads only what the plan key holds (strides, dtype, 16-byte alignment of the
         # base), so every later call of this plan's key answers as these tensors do.
         ready = is_kernel_addressable(q) and is_kernel_addressable(k) and is_kernel_addressable(v)

@@ -120,7 +120,7 @@ Measured figures go to ``docs/perf-log.md`` and ``compare.py --decode``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -138,13 +138,13 @@ from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import triton_release
 from triton_impl import decode as triton_decode
 from triton_impl._host import (
-    LOG2_E,
     allocate_lse,
     balanced_workspace,
     feature_buffers,
     feature_constexprs,
     paging_arguments,
     rung_result,
+    size_arguments,
     split_workspace,
 )
 from triton_impl.gluon import _decode_balanced
@@ -874,6 +874,26 @@ def kv_descriptor(
     return descriptor(pool_view, kv_chunk_rows(problem, config), dtype)
 
 
+def seqlen_k_decisions(
+    problem: Problem, device: torch.device, num_splits: int | None = None
+) -> tuple[bool, DecodeConfig, int]:
+    """What a bind of ``problem`` on ``device`` decides from Sk: the balanced split or not, the ring
+    (``SHORT_CACHE_TILE``, ``balanced_config``) and the split count (the balanced split's target shares;
+    ``num_splits`` forces it). Every other decision of :class:`GluonDecodePlan` follows from these and the rest
+    of the problem (:meth:`GluonDecodePlan.grown`)."""
+    if balanced_split(problem, device):
+        config = balanced_config(problem, device)
+        slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
+        target = balanced_sizes(problem, device, num_splits, m_blocks_for(problem), config.block_n, *slots)[1]
+        return True, config, target
+    policy = split_policy(problem)
+    return (
+        False,
+        decode_config(problem),
+        splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), device, policy),
+    )
+
+
 class GluonDecodePlan:
     """What a bind of ``problem`` on ``device`` decides before it sees a tensor, worked out once: the split
     count (the balanced split's shares), the grid, the ring's configuration and constexprs, the kernel's
@@ -883,23 +903,21 @@ class GluonDecodePlan:
 
     def __init__(self, problem: Problem, device: torch.device, num_splits: int | None = None):
         self.problem = problem
-        self.balanced = balanced_split(problem, device)
-        config = balanced_config(problem, device) if self.balanced else decode_config(problem)
+        self.decisions = self.balanced, config, num_splits = seqlen_k_decisions(problem, device, num_splits)
         m_blocks, self.items = m_blocks_for(problem), problem.batch * problem.kv_heads
         # The split kernel's last arguments: the balanced plan's sizes (``balanced_sizes``), or four Nones.
         if self.balanced:
             slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
             self.balanced_args = balanced_sizes(problem, device, num_splits, m_blocks, config.block_n, *slots)
-            num_splits, stages = self.balanced_args[1], balanced_stages(problem, device, self.balanced_args[1], config)
+            stages = balanced_stages(problem, device, num_splits, config)
             m_tile_major = splits.balanced_m_tile_major(num_splits + self.items, M_TILE_MAJOR)
             self.split_grid = splits.balanced_grid(num_splits + self.items, m_blocks, m_tile_major)
         else:
             self.balanced_args, m_tile_major, stages = (None,) * 4, False, None
-            num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks, device, split_policy(problem))
             self.split_grid = (num_splits, m_blocks, self.items)
         self.num_splits = num_splits
         self.box_rows = kv_chunk_rows(problem, config)
-        self.sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E)
+        self.sizes = size_arguments(problem)
         split_form = (num_splits > 1 and not self.balanced, self.balanced, m_tile_major, stages)
         self.split_options = {
             **split_constexprs(problem, *split_form, config=config),
@@ -909,6 +927,16 @@ class GluonDecodePlan:
         self.work_items = arrival_counter_count(self.items, num_splits + self.items, m_blocks, self.balanced)
         # Only the two-launch path (more than one split, FUSED_MERGE off) launches the merge kernel.
         self.two_launch = num_splits > 1 and not self.fused_merge
+
+    def grown(self, problem: Problem, device: torch.device) -> GluonDecodePlan:
+        """The plan of ``problem``, a longer cache of this plan's family: this one with Sk's size argument changed
+        where Sk leaves :func:`seqlen_k_decisions` as they were, else a new plan. The module switches stay those read
+        when the family was planned (``clear_plan_cache()`` re-reads them)."""
+        if seqlen_k_decisions(problem, device) != self.decisions:
+            return GluonDecodePlan(problem, device)
+        longer = copy.copy(self)
+        longer.problem, longer.sizes = problem, size_arguments(problem)
+        return longer
 
     def workspace(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The split partials of one launch: the balanced split's slabs, or the padded-Sk splits'."""
@@ -967,23 +995,31 @@ def bind(
     return GluonDecode(q, k, v, problem, cache_seqlens, num_splits, block_table)
 
 
-def make_binder(
-    problem: Problem, device: torch.device, planned: object = None, ready: bool = False
-) -> Callable[..., GluonDecode]:
-    """``bind`` in two (the registry's ``make_binder``): the :class:`GluonDecodePlan` once, and a binder
-    ``(q, k, v, cache_seqlens, block_table)`` that builds the launch of those tensors on it. ``ready``:
-    every q, k, v passed is kernel-addressable (the plan key proves it), so no ``kernel_operand``."""
-    plan = GluonDecodePlan(problem, device)
+def make_binder(problem: Problem, device: torch.device, planned: object = None, ready: bool = False) -> GluonBinder:
+    """``bind`` in two (the registry's ``make_binder``): the :class:`GluonDecodePlan` once, and a
+    :class:`GluonBinder` that builds the launch of each call's tensors on it."""
+    return GluonBinder(problem, GluonDecodePlan(problem, device), ready)
 
-    def binder(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor | None,
+
+class GluonBinder:
+    """``binder(q, k, v, cache_seqlens, block_table)``: the launch of those tensors on ``plan``. ``ready``: every
+    q, k, v passed is kernel-addressable (the plan key proves it), so no ``kernel_operand``."""
+
+    def __init__(self, problem: Problem, plan: GluonDecodePlan, ready: bool):
+        self.problem, self.plan, self.ready = problem, plan, ready
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor | None,
         block_table: torch.Tensor | None,
     ) -> GluonDecode:  # fmt: skip
-        if not ready:
+        if not self.ready:
             q, k, v = (kernel_operand(t) for t in (q, k, v))
-        return GluonDecode(q, k, v, problem, cache_seqlens, block_table=block_table, plan=plan)
+        return GluonDecode(q, k, v, self.problem, cache_seqlens, block_table=block_table, plan=self.plan)
 
-    return binder
+    def grown(self, problem: Problem, device: torch.device, planned: object = None) -> GluonBinder:
+        """The binder of ``problem``, a longer cache of this binder's family (the registry's growing binder), on
+        :meth:`GluonDecodePlan.grown`."""
+        return GluonBinder(problem, self.plan.grown(problem, device), self.ready)
 
 
 def decode_attention(
