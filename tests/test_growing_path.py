@@ -71,7 +71,7 @@ def grown_against_fresh(name: str, problem: Problem, lengths: tuple[int, ...]) -
     answers = []
     for length in lengths:
         longer = problem.with_seqlen_k(length)
-        binder = binder.grown(longer, CPU, planned(longer))
+        binder = binder.grown(longer, CPU)
         answers.append((length, state(binder) == state(implementation.make_binder(longer, CPU, planned(longer), True))))
     return answers
 
@@ -94,14 +94,43 @@ def test_the_lengths_cross_the_rules_thresholds() -> None:
     assert ragged == {False, True}, "the balanced split should apply to some ragged lengths and not to others"
 
 
+def rung_decisions(name: str) -> object:
+    """The rung's ``seqlen_k_decisions(problem, device)``: what its binder decides from Sk."""
+    if name == "triton/decode":
+        return triton_decode.seqlen_k_decisions
+    if name == "gluon/decode":
+        from triton_impl.gluon import decode as gluon_decode
+
+        return gluon_decode.seqlen_k_decisions
+    from cute_impl import decode as cute_decode
+
+    return cute_decode.seqlen_k_decisions
+
+
+@pytest.mark.parametrize("name", binder_rungs())
+def test_one_seqlen_k_class_is_one_padded_decision(name: str) -> None:
+    """What the growing binders' shortcut rests on (``splits.same_padded_split``): two lengths of one
+    ``splits.seqlen_k_class`` get the same padded-split decisions, checked over lengths from 1 to 80k keys,
+    several batch shapes, with and without per-sequence lengths."""
+    decisions = rung_decisions(name)
+    lengths = sorted({*range(1, 80_000, 97), *(n + d for n in (8192, 65_536) for d in (-1, 0, 1))})
+    for problem in (DECODE, RAGGED, DECODE.with_(batch=16, kv_heads=8, heads=32)):
+        by_class: dict = {}
+        for length in lengths:
+            longer = problem.with_seqlen_k(length)
+            decided = decisions(longer, CPU)
+            if not decided[0]:
+                assert by_class.setdefault(splits.seqlen_k_class(length), decided) == decided, (problem, length)
+
+
 def keep_old_split_count(monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted: a grown binder that never re-decides (the family's first split count, forever)."""
     monkeypatch.setattr(triton_decode, "seqlen_k_decisions", lambda problem, device: (False, None, 0))
     original = triton_decode.SplitBinder.grown
 
-    def frozen(self, problem, device, planned=None):
+    def frozen(self, problem, device):
         self.decisions = (False, None, 0)
-        return original(self, problem, device, planned)
+        return original(self, problem, device)
 
     monkeypatch.setattr(triton_decode.SplitBinder, "grown", frozen)
 
@@ -110,8 +139,8 @@ def keep_old_lengths(monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted: a grown binder that keeps the family's Sk in the kernel's size arguments."""
     original = triton_decode.SplitBinder.grown
 
-    def stale(self, problem, device, planned=None):
-        longer = original(self, problem, device, planned)
+    def stale(self, problem, device):
+        longer = original(self, problem, device)
         longer.sizes = self.sizes
         return longer
 
@@ -125,6 +154,18 @@ PLANTS = {"old-split-count": keep_old_split_count, "old-lengths": keep_old_lengt
 def test_planted_grown_binders_fail_the_structural_check(planted: str, monkeypatch: pytest.MonkeyPatch) -> None:
     PLANTS[planted](monkeypatch)
     answers = grown_against_fresh("triton/decode", DECODE, STRUCTURE_LENGTHS)
+    assert not all(equal for _, equal in answers), "the planted bug went unseen"
+
+
+def test_a_planted_cute_binder_keeping_its_launch_plan_fails_the_structural_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """cute/decode's planted bug: decisions that never change, so every grown binder keeps the first launch plan."""
+    pytest.importorskip("cutlass")
+    from cute_impl import decode as cute_decode
+
+    monkeypatch.setattr(cute_decode.HOST, "seqlen_k_decisions", lambda problem, device: "unchanged")
+    answers = grown_against_fresh("cute/decode", DECODE, STRUCTURE_LENGTHS)
     assert not all(equal for _, equal in answers), "the planted bug went unseen"
 
 

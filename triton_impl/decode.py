@@ -113,7 +113,6 @@ caches. Measured figures go to ``docs/perf-log.md`` and ``compare.py --decode``.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -161,6 +160,7 @@ from triton_impl._host import (
     kv_row_strides,
     paging_arguments,
     pointer_signature,
+    resized,
     rung_result,
     size_arguments,
     split_workspace,
@@ -715,15 +715,14 @@ class SplitBinder:
     sizes: tuple[int | float, ...]
     decisions: tuple[bool, TileConfig, int]
 
-    def grown(self, problem: Problem, device: torch.device, planned: object = None) -> SplitBinder:
+    def grown(self, problem: Problem, device: torch.device) -> SplitBinder:
         """The binder of ``problem``, a longer cache of this binder's family (the registry's growing binder): this
         one with Sk's size argument changed where Sk leaves :func:`seqlen_k_decisions` as they were, else a new one.
         The module switches stay those read when the family was planned (``clear_plan_cache()`` re-reads them)."""
-        if seqlen_k_decisions(problem, device) != self.decisions:
+        unchanged = splits.same_padded_split(self.decisions[0], problem, self.problem)
+        if not unchanged and seqlen_k_decisions(problem, device) != self.decisions:
             return make_binder(problem, device, ready=self.ready)
-        longer = copy.copy(self)
-        longer.problem, longer.sizes = problem, size_arguments(problem)
-        return longer
+        return resized(self, problem)
 
 
 class PaddedBinder(SplitBinder):

@@ -38,7 +38,7 @@ as it is. Where that earlier plan has the same rung, the new one only binds: the
 compiled and warmed up for the earlier length, and its kernels take Sk as an argument, so ``prepare``'s
 warm-up launch (a second kernel launch per step) and its rung-level set-up are skipped. Where the earlier
 plan's binder has ``grown`` (the decode rungs; the registry's growing binder), the new plan's binder is
-its ``grown(problem, device, planned)``: the rung re-decides only what Sk enters (the split rule, the
+its ``grown(problem, device)``: the rung re-decides only what Sk enters (the split rule, the
 balanced split's applicability and shares, the short-cache tile) and takes everything else from the
 earlier binder, so a growing step costs about a hit plus the split rule. Those binders keep the module
 switches read when the family was planned: ``clear_plan_cache()`` after changing one, as for any plan.
@@ -109,7 +109,8 @@ class Plan:
     implementation: Implementation
     problem: Problem
     for_every_seqlen_k: bool = False
-    # The rung's ``plan_bind(problem, device)``, which each bind of this plan takes (None: it has none).
+    # The rung's ``plan_bind(problem, device)``, which each bind of this plan takes (None: it has none, or the
+    # binder was grown from its family's and holds its own).
     planned: object = None
     # The rung's ``make_binder(problem, device, planned, ready)``: its bind less what the plan key decides,
     # which every bind of this plan calls instead (None: the rung has none; ``_bind`` calls its ``bind``).
@@ -372,15 +373,16 @@ def _plan(
     made once for all its binds; ``family``: the binder of this rung's plan of a shorter cache under the
     same growing key, whose ``grown`` (where it has one) makes this plan's binder from its own decisions."""
     device = q.device
+    grown = getattr(family, "grown", None)
+    if grown is not None:
+        # The growing key holds what addressability reads (dtype, 16-byte alignment of the base; the strides
+        # of a contiguous cache follow from its shape), so the family's binder knows it; it holds its own
+        # decisions (plan_bind's too), so the plan keeps none.
+        return Plan(implementation, problem, for_every_seqlen_k, None, grown(problem, device))
     planned = None if implementation.plan_bind is None else implementation.plan_bind(problem, device)
     binder = None
     # A rung without bind re-prepares at every call (_bind), binder or not.
     if implementation.make_binder is not None and implementation.bind is not None:
-        grown = getattr(family, "grown", None)
-        if grown is not None:
-            # The growing key holds what addressability reads (dtype, 16-byte alignment of the base; the
-            # strides of a contiguous cache follow from its shape), so the family's binder knows it.
-            return Plan(implementation, problem, for_every_seqlen_k, planned, grown(problem, device, planned))
         # Addressability reads only what the plan key holds (strides, dtype, 16-byte alignment of the
         # base), so every later call of this plan's key answers as these tensors do.
         ready = is_kernel_addressable(q) and is_kernel_addressable(k) and is_kernel_addressable(v)

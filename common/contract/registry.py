@@ -44,12 +44,11 @@ The contract of an implementation:
   decides, done once per plan; ``binder(q, k, v, cache_seqlens, block_table)`` then only allocates and
   returns the same ``run()`` as ``bind`` for tensors of that key (shapes, strides, dtypes, device and
   alignment as when planned; ``ready``: q, k and v were kernel-addressable, so are these). ``common.attention``
-  calls it on every plan hit instead of ``bind``. A *growing binder* also has ``grown(problem, device, planned)``
-  (``planned``: ``plan_bind``'s answer for ``problem``, or None): the binder of ``problem``, a longer cache of
-  its family (a contiguous KV cache whose plan key differs only in Sk: ``common.contract.api.growing_cache_key``),
-  which re-decides only what Sk enters and takes the rest from this binder; it must hold what ``make_binder``
-  makes for ``problem`` from scratch under the switches read when the family was planned
-  (``tests/test_growing_path.py``). ``common.attention`` calls it at each step of a growing cache.
+  calls it on every plan hit instead of ``bind``. A *growing binder* also has ``grown(problem, device)``: the
+  binder of ``problem``, a longer cache of its family (a contiguous KV cache whose plan key differs only in Sk:
+  ``common.contract.api.growing_cache_key``), which re-decides only what Sk enters and takes the rest from this
+  binder; it must hold what ``make_binder`` makes for ``problem`` from scratch under the switches read when the
+  family was planned (``tests/test_growing_path.py``). ``common.attention`` calls it at each step of a growing cache.
 * ``check_reads_seqlen_k``: True (the default) unless ``supports`` (and the device check) answers alike
   for every Sk > Sq of a problem otherwise the same; ``tests/test_plan_cache.py`` holds each rung that
   says False to it.

@@ -120,7 +120,6 @@ Measured figures go to ``docs/perf-log.md`` and ``compare.py --decode``.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -143,6 +142,7 @@ from triton_impl._host import (
     feature_buffers,
     feature_constexprs,
     paging_arguments,
+    resized,
     rung_result,
     size_arguments,
     split_workspace,
@@ -932,11 +932,10 @@ class GluonDecodePlan:
         """The plan of ``problem``, a longer cache of this plan's family: this one with Sk's size argument changed
         where Sk leaves :func:`seqlen_k_decisions` as they were, else a new plan. The module switches stay those read
         when the family was planned (``clear_plan_cache()`` re-reads them)."""
-        if seqlen_k_decisions(problem, device) != self.decisions:
+        unchanged = splits.same_padded_split(self.balanced, problem, self.problem)
+        if not unchanged and seqlen_k_decisions(problem, device) != self.decisions:
             return GluonDecodePlan(problem, device)
-        longer = copy.copy(self)
-        longer.problem, longer.sizes = problem, size_arguments(problem)
-        return longer
+        return resized(self, problem)
 
     def workspace(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The split partials of one launch: the balanced split's slabs, or the padded-Sk splits'."""
@@ -1016,7 +1015,7 @@ class GluonBinder:
             q, k, v = (kernel_operand(t) for t in (q, k, v))
         return GluonDecode(q, k, v, self.problem, cache_seqlens, block_table=block_table, plan=self.plan)
 
-    def grown(self, problem: Problem, device: torch.device, planned: object = None) -> GluonBinder:
+    def grown(self, problem: Problem, device: torch.device) -> GluonBinder:
         """The binder of ``problem``, a longer cache of this binder's family (the registry's growing binder), on
         :meth:`GluonDecodePlan.grown`."""
         return GluonBinder(problem, self.plan.grown(problem, device), self.ready)
