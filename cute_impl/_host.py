@@ -224,7 +224,7 @@ class PlannedBinder:
     looked up once (at the first call, after ``prepare`` compiled it) instead of hashing the configuration per bind.
     ``ready``: every q, k, v passed is kernel-addressable (the plan key proves it): no ``kernel_operand``."""
 
-    def __init__(self, host: "RungHost", problem: Problem, planned: Any, ready: bool, decisions: Hashable):
+    def __init__(self, host: "RungHost", problem: Problem, planned: Any, ready: bool, decisions: tuple[bool, int]):
         self.host, self.problem, self.planned, self.ready, self.decisions = host, problem, planned, ready, decisions
         self.compiled: Callable[..., Any] | None = None
 
@@ -288,7 +288,7 @@ class RungHost:
         features: Collection[str] = FEATURES,
         problem_check: Callable[[Problem], tuple[bool, str]] | None = None,
         launch_plan: Callable[[Problem, torch.device], Any] | None = None,
-        seqlen_k_decisions: Callable[[Problem, torch.device], Hashable] | None = None,
+        seqlen_k_decisions: Callable[[Problem, torch.device], tuple[bool, int]] | None = None,
     ):
         self.name = name
         self.kernels = kernels
