@@ -34,6 +34,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from cutlass.cute.typing import AddressSpace
 
+from common.contract import splits
 from common.contract.capability import FEATURES, check_common, check_features
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner, per_call_inputs, warmed_up
@@ -217,12 +218,59 @@ class Launch(NamedTuple):
     chosen: dict[str, Any] | None = None
 
 
+class PlannedBinder:
+    """A rung's bind less what its ``launch_plan`` decided (``planned``): ``binder(q, k, v, cache_seqlens,
+    block_table)`` allocates through ``plan_launch`` and launches the compiled kernel of ``planned``'s configuration,
+    looked up once (at the first call, after ``prepare`` compiled it) instead of hashing the configuration per bind.
+    ``ready``: every q, k, v passed is kernel-addressable (the plan key proves it): no ``kernel_operand``."""
+
+    def __init__(self, host: "RungHost", problem: Problem, planned: Any, ready: bool, decisions: tuple[bool, int]):
+        self.host, self.problem, self.planned, self.ready, self.decisions = host, problem, planned, ready, decisions
+        self.compiled: Callable[..., Any] | None = None
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor | None,
+        block_table: torch.Tensor | None,
+    ) -> Runner:  # fmt: skip
+        if not self.ready:
+            q, k, v = (kernel_operand(t) for t in (q, k, v))
+        launch = self.host.plan_launch(
+            q, k, v, self.problem, cache_seqlens=cache_seqlens, block_table=block_table, planned=self.planned
+        )
+        if self.compiled is None:
+            self.compiled = self.host.kernels.kernel(launch.config)
+        arguments, result, kernel = launch.arguments, launch.result, self.compiled
+
+        def run() -> Any:
+            kernel(*arguments)
+            return result
+
+        for attribute, value in (launch.chosen or {}).items():
+            setattr(run, attribute, value)
+        return run
+
+    def grown(self, problem: Problem, device: torch.device) -> "PlannedBinder":
+        """The binder of ``problem``, a longer cache of this binder's family (the registry's growing binder): where
+        Sk leaves the rung's ``seqlen_k_decisions`` as they were, this binder's launch plan and compiled kernel for
+        ``problem`` (``plan_launch`` reads the problem only for what the family shares; the kernel takes Sk from
+        K's shape), else a new binder on a new ``launch_plan``. The module switches stay those read when the family
+        was planned (``clear_plan_cache()`` re-reads them)."""
+        unchanged = splits.same_padded_split(self.decisions[0], problem, self.problem)
+        if not unchanged and self.host.seqlen_k_decisions(problem, device) != self.decisions:
+            return self.host.make_binder(problem, device, self.host.launch_plan(problem, device), self.ready)
+        longer = PlannedBinder(self.host, problem, self.planned, self.ready, self.decisions)
+        longer.compiled = self.compiled
+        return longer
+
+
 class RungHost:
     """One rung's host entry points, configured once: validate → plan → bind.
 
     ``plan(problem, **options)`` is the compile key of a problem (:meth:`compile_sm90` compiles it);
     ``launch_plan(problem, device)`` (optional) what ``plan_launch`` decides before it allocates, which it
-    takes back as ``planned=`` (the registry's ``plan_bind``);
+    takes back as ``planned=`` (the registry's ``plan_bind``), with ``seqlen_k_decisions(problem, device)`` the part
+    of it that Sk enters, ``(balanced, count)``: the balanced split or not and the split count (equal decisions: an
+    equal launch plan; :meth:`PlannedBinder.grown`);
     ``plan_launch(q, k, v, problem, *, cache_seqlens, **options)`` allocates the outputs of validated,
     kernel-ready q, k, v and returns the :class:`Launch`. ``head_dims``, ``features`` (names of
     ``common.contract.capability.FEATURES``) and ``problem_check`` (the rung's own limits, as its
@@ -240,12 +288,14 @@ class RungHost:
         features: Collection[str] = FEATURES,
         problem_check: Callable[[Problem], tuple[bool, str]] | None = None,
         launch_plan: Callable[[Problem, torch.device], Any] | None = None,
+        seqlen_k_decisions: Callable[[Problem, torch.device], tuple[bool, int]] | None = None,
     ):
         self.name = name
         self.kernels = kernels
         self.plan = plan
         self.plan_launch = plan_launch
         self.launch_plan = launch_plan
+        self.seqlen_k_decisions = seqlen_k_decisions
         self.head_dims = tuple(head_dims)
         self.features = tuple(features)
         self.problem_check = problem_check
@@ -282,6 +332,11 @@ class RungHost:
             setattr(run, attribute, value)
         return run
 
+    def make_binder(self, problem: Problem, device: torch.device, planned: Any, ready: bool) -> PlannedBinder:
+        """:meth:`bind` in two for a rung with ``launch_plan`` (``planned`` is its answer for ``problem`` and
+        ``device``): a :class:`PlannedBinder` (the registry's ``make_binder``)."""
+        return PlannedBinder(self, problem, planned, ready, self.seqlen_k_decisions(problem, device))
+
     def compile_sm90(self, problem: Problem, **options: Any) -> list[KernelBinary]:
         """The kernels of ``plan(problem)`` compiled for sm_90a on fake tensors (no GPU needed)."""
         return self.kernels.binaries(self.plan(problem, **options), self.name.replace("/", "_"))
@@ -292,7 +347,9 @@ class RungHost:
         stack, rung = self.name.split("/")
         return Implementation(
             name=self.name, stack=stack, rung=rung, prepare=self.prepare, bind=self.bind,
-            compile_sm90=self.compile_sm90, runs_on_cpu=False, plan_bind=self.launch_plan, **entry_fields,
+            compile_sm90=self.compile_sm90, runs_on_cpu=False, plan_bind=self.launch_plan,
+            # Only a rung whose launch plan is made once per plan has a configuration fixed by the plan key.
+            make_binder=None if self.launch_plan is None else self.make_binder, **entry_fields,
         )  # fmt: skip
 
 

@@ -906,19 +906,28 @@ def balanced_ring_stages(problem: Problem, device: torch.device, slabs: int) -> 
     return splits.shallow_ring_depth(BALANCED_SHALLOW_RING, problem.head_dim, slabs * m_blocks_for(problem), slots)
 
 
+def seqlen_k_decisions(problem: Problem, device: torch.device, num_splits: int | None = None) -> tuple[bool, int]:
+    """What :func:`launch_plan` decides from Sk: the balanced split or not, and the split count (the balanced
+    split's target shares; ``num_splits`` forces it). Everything else it decides (slabs, ring, merge runs, the
+    configuration) follows from these and the rest of the problem, so equal decisions are an equal launch plan
+    (``RungHost``'s growing binder)."""
+    m_blocks = m_blocks_for(problem)
+    if balanced_split(problem, device):
+        tile_n, shares = TILE_CONFIGS[problem.head_dim].tile_n, (BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS)
+        rule = {"target": BALANCED_TARGET, "ctas_per_sm": CTAS_PER_SM_FIT[problem.head_dim]}
+        return True, splits.resolve_balanced_shares(num_splits, problem, device, m_blocks, tile_n, *shares, **rule)
+    return False, splits.resolve_num_splits(num_splits, problem, m_blocks, device, split_policy(problem, device))
+
+
 def launch_plan(problem: Problem, device: torch.device, num_splits: int | None = None) -> tuple:
     """What a bind of ``problem`` on ``device`` decides before it allocates, from the shape, the device and
     this module's switches: ``(num_splits, slabs, items, config)``, the split count (the balanced split's
     shares), the balanced workspace's slabs (None: padded-Sk splits) and items a slab, the compile key.
     ``num_splits`` overrides the rule (sweeps, tests); ``common.attention`` keeps it with a plan."""
-    slabs, items, m_blocks = None, problem.batch * problem.kv_heads, m_blocks_for(problem)
-    if balanced_split(problem, device):  # slabs: target_shares + B · Hkv, of all items
-        tile_n, shares = TILE_CONFIGS[problem.head_dim].tile_n, (BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS)
-        rule = {"target": BALANCED_TARGET, "ctas_per_sm": CTAS_PER_SM_FIT[problem.head_dim]}
-        num_splits = splits.resolve_balanced_shares(num_splits, problem, device, m_blocks, tile_n, *shares, **rule)
+    slabs, items = None, problem.batch * problem.kv_heads
+    balanced, num_splits = seqlen_k_decisions(problem, device, num_splits)
+    if balanced:  # slabs: target_shares + B · Hkv, of all items
         slabs, items = num_splits + items, 1
-    else:
-        num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks, device, split_policy(problem, device))
     split = slabs is not None or num_splits > 1
     m_tile_major = slabs is not None and splits.balanced_m_tile_major(slabs, M_TILE_MAJOR)
     stages = None if slabs is None else balanced_ring_stages(problem, device, slabs)
@@ -1033,6 +1042,7 @@ HOST = RungHost(
     plan=compile_plan,
     plan_launch=plan_launch,
     launch_plan=launch_plan,
+    seqlen_k_decisions=seqlen_k_decisions,
     head_dims=HEAD_DIMS,
     features=DECODE_FEATURES,
     problem_check=decode_limits,

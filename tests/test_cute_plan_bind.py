@@ -86,7 +86,9 @@ def stale_after_first(monkeypatch: pytest.MonkeyPatch) -> None:
     def stale(*args: object) -> api.Plan:
         plan = real(*args)
         first.append(plan.planned)
-        return dataclasses.replace(plan, planned=first[0])
+        # The binder holds the decisions it was made with: a stale plan's is made from the stale ones.
+        binder = plan.implementation.make_binder(plan.problem, CPU, first[0], True)
+        return dataclasses.replace(plan, planned=first[0], binder=binder)
 
     monkeypatch.setattr(api, "_plan", stale)
 

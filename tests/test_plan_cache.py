@@ -51,10 +51,12 @@ def counted(impl_name: str, calls: Counter, monkeypatch: pytest.MonkeyPatch) -> 
 
         return wrapper
 
+    # A plan's binder is the rung's bind split at the plan key: each of its calls counts as a bind.
     wrapped = dataclasses.replace(
         impl,
         prepare=counting("prepare", impl.prepare),
         bind=impl.bind and counting("bind", impl.bind),
+        make_binder=impl.make_binder and (lambda *planned: counting("bind", impl.make_binder(*planned))),
     )
     monkeypatch.setattr(api, "get", lambda name: wrapped if name == impl_name else get(name))
 

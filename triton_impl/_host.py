@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import triton
@@ -218,6 +218,19 @@ def size_arguments(problem: Problem) -> tuple[int | float, ...]:
     """The scalar arguments every Triton attention kernel takes after its buffers (``SIZE_SIGNATURE``):
     head counts, lengths and the softmax scale in log2 units."""
     return (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E)
+
+
+Sized = TypeVar("Sized")
+
+
+def resized(binder: Sized, problem: Problem) -> Sized:
+    """A shallow copy of ``binder`` (triton/decode's binder, gluon/decode's plan: objects holding a ``problem`` and
+    its :func:`size_arguments` as ``sizes``) for ``problem``, a longer cache of its family, with both replaced
+    (``copy.copy`` costs three times this)."""
+    longer = object.__new__(type(binder))
+    longer.__dict__.update(binder.__dict__)
+    longer.problem, longer.sizes = problem, size_arguments(problem)
+    return longer
 
 
 def compile_pointer_kernel(

@@ -160,6 +160,7 @@ from triton_impl._host import (
     kv_row_strides,
     paging_arguments,
     pointer_signature,
+    resized,
     rung_result,
     size_arguments,
     split_workspace,
@@ -661,11 +662,15 @@ def merge_launch(
 
 def launch_arguments(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, workspace: tuple[torch.Tensor, torch.Tensor],
-    cache_seqlens: torch.Tensor | None, block_table: torch.Tensor | None,
+    cache_seqlens: torch.Tensor | None, block_table: torch.Tensor | None, *, ready: bool = False,
+    sizes: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, tuple]:  # fmt: skip
     """``(out, lse, lse_arg, args)``: O and the LSE allocated, and the arguments both split kernels
-    take before ``Counters``, with ``workspace`` (the partial O and LSE) as OutPartial, LsePartial."""
-    q, k, v = (kernel_operand(t) for t in (q, k, v))
+    take before ``Counters``, with ``workspace`` (the partial O and LSE) as OutPartial, LsePartial.
+    ``ready``: q, k and v are known kernel-addressable (a plan key proves it), so no check runs;
+    ``sizes``: :func:`size_arguments` of ``problem``, where a binder made them once."""
+    if not ready:
+        q, k, v = (kernel_operand(t) for t in (q, k, v))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = allocate_lse(problem, q.device)
     lse_arg, lengths_arg = feature_buffers(lse, cache_seqlens, q.device)
@@ -673,7 +678,7 @@ def launch_arguments(
     strides = (*q.stride()[:3], *kv_strides, *out.stride()[:3])
     args = (
         q, k, v, out, lse_arg, lengths_arg, *workspace,
-        *strides, *size_arguments(problem), *paging_arguments(block_table),
+        *strides, *(sizes or size_arguments(problem)), *paging_arguments(block_table),
     )  # fmt: skip
     return out, lse, lse_arg, args
 
@@ -686,33 +691,96 @@ def bind(
     ``block_table`` when the problem is paged) and return ``run()`` launching the split kernel, which
     merges its splits itself (with ``FUSED_MERGE`` off and more than one split, the merge kernel
     follows). ``num_splits`` overrides the rule (sweeps, tests). A call with ``cache_seqlens`` binds
-    :func:`bind_balanced` instead (``BALANCED_SPLIT``)."""
-    if balanced_split(problem, q.device):
-        return bind_balanced(q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table, shares=num_splits)
-    num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), q.device, split_policy(problem))
-    out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
-    workspace = (out_partial, lse_partial)
-    out, lse, lse_arg, split_args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
-    split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
-    deep = DEEP_RING and split_grid[0] * split_grid[1] * split_grid[2] <= splits.sm_count(q.device)
-    split_options = {**_split_constexprs(problem, split=num_splits > 1), **launch_options(problem, deep)}
-    fused = split_options["FUSED_MERGE"]
-    counters = arrival_counters(q.device, split_grid[1] * split_grid[2]) if fused else None
-    # Only the two-launch path (more than one split, FUSED_MERGE off) launches the merge kernel.
-    two_launch = num_splits > 1 and not fused
-    merge = merge_launch(problem, num_splits, out_partial, lse_partial, out, lse_arg) if two_launch else None
+    :func:`bind_balanced` instead (``BALANCED_SPLIT``). :func:`make_binder` and one call of its binder."""
+    return make_binder(problem, q.device, num_splits=num_splits)(q, k, v, cache_seqlens, block_table)
 
-    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        _split_kernel[split_grid](*split_args, counters, **split_options)
-        if merge is not None:
-            merge()
-        return rung_result(out, lse)
 
-    run.num_splits = num_splits
-    run.fused_merge = fused
-    run.balanced = False
-    run.num_stages = split_options["num_stages"]
-    return run
+def make_binder(
+    problem: Problem, device: torch.device, planned: object = None, ready: bool = False, num_splits: int | None = None
+) -> SplitBinder:
+    """``bind`` in two: what ``problem`` and ``device`` decide (the split count, grid, constexprs and the
+    kernels' size arguments), worked out here once, and the returned binder ``(q, k, v, cache_seqlens,
+    block_table)``, which only allocates O, the LSE and the workspace and returns ``run()``.
+    ``common.attention`` keeps one per plan (the registry's ``make_binder``; ``planned`` unused), so a plan
+    hit skips the dozen small functions that decide the launch. ``ready``: every q, k, v passed is
+    kernel-addressable (the plan key proves it), so the binder skips ``kernel_operand``."""
+    if balanced_split(problem, device):
+        return BalancedBinder(problem, device, ready, shares=num_splits)
+    return PaddedBinder(problem, device, ready, num_splits)
+
+
+def seqlen_k_decisions(problem: Problem, device: torch.device) -> tuple[bool, TileConfig, int]:
+    """What :func:`make_binder` decides from Sk by the rule: the balanced split or not, the tile
+    (``SHORT_CACHE_TILE``) and the split count (the balanced split's target shares). Every other decision
+    follows from these and the rest of the problem, so a longer cache whose decisions are its family's
+    binds as that binder does with Sk's size argument changed (:meth:`SplitBinder.grown`)."""
+    if balanced_split(problem, device):
+        return True, tile_config(problem), balanced_target_shares(problem, device)
+    return False, tile_config(problem), planned_num_splits(problem, device)
+
+
+class SplitBinder:
+    """What both binders hold: the problem, whether q, k, v are kernel-addressable (``ready``), the kernels'
+    size arguments, and the decisions that Sk enters (:func:`seqlen_k_decisions`)."""
+
+    problem: Problem
+    ready: bool
+    sizes: tuple[int | float, ...]
+    decisions: tuple[bool, TileConfig, int]
+
+    def grown(self, problem: Problem, device: torch.device) -> SplitBinder:
+        """The binder of ``problem``, a longer cache of this binder's family (the registry's growing binder): this
+        one with Sk's size argument changed where Sk leaves :func:`seqlen_k_decisions` as they were, else a new one.
+        The module switches stay those read when the family was planned (``clear_plan_cache()`` re-reads them)."""
+        unchanged = splits.same_padded_split(self.decisions[0], problem, self.problem)
+        if not unchanged and seqlen_k_decisions(problem, device) != self.decisions:
+            return make_binder(problem, device, ready=self.ready)
+        return resized(self, problem)
+
+
+class PaddedBinder(SplitBinder):
+    """The split kernel over the padded Sk's splits (and the merge kernel where ``FUSED_MERGE`` is off)."""
+
+    def __init__(self, problem: Problem, device: torch.device, ready: bool, num_splits: int | None = None):
+        num_splits = splits.resolve_num_splits(
+            num_splits, problem, m_blocks_for(problem), device, split_policy(problem)
+        )
+        self.problem, self.ready, self.num_splits = problem, ready, num_splits
+        self.decisions = (False, tile_config(problem), num_splits)
+        self.split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
+        deep = DEEP_RING and num_splits * self.split_grid[1] * self.split_grid[2] <= splits.sm_count(device)
+        self.split_options = {**_split_constexprs(problem, split=num_splits > 1), **launch_options(problem, deep)}
+        self.fused = self.split_options["FUSED_MERGE"]
+        # Only the two-launch path (more than one split, FUSED_MERGE off) launches the merge kernel.
+        self.two_launch = num_splits > 1 and not self.fused
+        self.sizes = size_arguments(problem)
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor | None,
+        block_table: torch.Tensor | None,
+    ) -> Runner:  # fmt: skip
+        problem, num_splits = self.problem, self.num_splits
+        split_grid, split_options = self.split_grid, self.split_options
+        out_partial, lse_partial = workspace = split_workspace(problem, num_splits, q.device)
+        out, lse, lse_arg, split_args = launch_arguments(
+            q, k, v, problem, workspace, cache_seqlens, block_table, ready=self.ready, sizes=self.sizes
+        )
+        # Looked up per bind: a larger grid bound since may have replaced the device's counters.
+        counters = arrival_counters(q.device, split_grid[1] * split_grid[2]) if self.fused else None
+        two_launch = self.two_launch
+        merge = merge_launch(problem, num_splits, out_partial, lse_partial, out, lse_arg) if two_launch else None
+
+        def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+            _split_kernel[split_grid](*split_args, counters, **split_options)
+            if merge is not None:
+                merge()
+            return rung_result(out, lse)
+
+        run.num_splits = num_splits
+        run.fused_merge = self.fused
+        run.balanced = False
+        run.num_stages = split_options["num_stages"]
+        return run
 
 
 def balanced_split(problem: Problem, device: torch.device) -> bool:
@@ -779,24 +847,47 @@ def bind_balanced(
     :func:`balanced_target_shares`; forced for tests and sweeps, at least 1) + B · Hkv CTAs per M tile,
     with a workspace of as many slabs of group · Sq partial rows: every allocation and the grid follow
     from the shape, so a CUDA graph captures it once and replays it with new ``cache_seqlens``."""
-    block_n, target = tile_config(problem).block_n, balanced_target_shares(problem, q.device, shares)
-    m_blocks, items = m_blocks_for(problem), problem.batch * problem.kv_heads
-    m_tile_major = splits.balanced_m_tile_major(target + items, M_TILE_MAJOR)
-    grid = splits.balanced_grid(target + items, m_blocks, m_tile_major)
-    workspace = balanced_workspace(problem, target + items, q.device)
-    out, lse, _, args = launch_arguments(q, k, v, problem, workspace, cache_seqlens, block_table)
-    sizes = (problem.batch, target, *splits.balanced_plan_sizes(block_n, BALANCED_MIN_KEYS, BALANCED_MAX_ITEM_SHARES))
-    options = {**balanced_constexprs(problem, m_tile_major), **launch_options(problem)}
-    counters = arrival_counters(q.device, balanced_counter_count(items, target + items, m_blocks))
+    return BalancedBinder(problem, q.device, shares=shares)(q, k, v, cache_seqlens, block_table)
 
-    def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        _balanced_split_kernel[grid](*args, counters, *sizes, **options)
-        return rung_result(out, lse)
 
-    run.num_splits = target
-    run.fused_merge = True
-    run.balanced = True
-    return run
+class BalancedBinder(SplitBinder):
+    """:func:`bind_balanced` in two, as :func:`make_binder`: the grid, sizes and constexprs once, the
+    allocations at each call of the binder."""
+
+    def __init__(self, problem: Problem, device: torch.device, ready: bool = False, shares: int | None = None):
+        block_n, target = tile_config(problem).block_n, balanced_target_shares(problem, device, shares)
+        m_blocks, items = m_blocks_for(problem), problem.batch * problem.kv_heads
+        self.problem, self.ready, self.target, self.slabs = problem, ready, target, target + items
+        self.decisions = (True, tile_config(problem), target)
+        m_tile_major = splits.balanced_m_tile_major(self.slabs, M_TILE_MAJOR)
+        self.grid = splits.balanced_grid(self.slabs, m_blocks, m_tile_major)
+        min_share_blocks, max_item_shares = splits.balanced_plan_sizes(
+            block_n, BALANCED_MIN_KEYS, BALANCED_MAX_ITEM_SHARES
+        )
+        self.plan_sizes = (problem.batch, target, min_share_blocks, max_item_shares)
+        self.options = {**balanced_constexprs(problem, m_tile_major), **launch_options(problem)}
+        self.counter_count = balanced_counter_count(items, self.slabs, m_blocks)
+        self.sizes = size_arguments(problem)
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor | None,
+        block_table: torch.Tensor | None,
+    ) -> Runner:  # fmt: skip
+        problem, grid, plan_sizes, options = self.problem, self.grid, self.plan_sizes, self.options
+        workspace = balanced_workspace(problem, self.slabs, q.device)
+        out, lse, _, args = launch_arguments(
+            q, k, v, problem, workspace, cache_seqlens, block_table, ready=self.ready, sizes=self.sizes
+        )
+        counters = arrival_counters(q.device, self.counter_count)
+
+        def run() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+            _balanced_split_kernel[grid](*args, counters, *plan_sizes, **options)
+            return rung_result(out, lse)
+
+        run.num_splits = self.target
+        run.fused_merge = True
+        run.balanced = True
+        return run
 
 
 # prepare = validate (paged caches too) → the capability check on the validated problem → bind → warm
@@ -866,5 +957,5 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
 
 IMPLEMENTATION = ENTRY.implementation(
     supports, compile_sm90, required_ptx=("mma.sync", "cp.async"), source_file=__file__,
-    default_configs=DEFAULT_CONFIGS, check_reads_seqlen_k=False,
+    default_configs=DEFAULT_CONFIGS, check_reads_seqlen_k=False, make_binder=make_binder,
 )  # fmt: skip

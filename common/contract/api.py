@@ -28,7 +28,7 @@ FlashAttention's ``flash_attn_with_kvcache``.
 
 A decode step against a growing cache (transformers' DynamicCache: K and V are whole contiguous
 (B, Hkv, Sk, D) tensors one key longer at every step) is a new signature at every step. Where a plan of
-the same signature *less Sk* (:func:`growing_cache_key`) was prepared, the key proves everything
+the same signature *less Sk* (:func:`growing_cache_key`) was made (the last one is kept), the key proves everything
 validation checks but what reads Sk, so only that is checked again (v as long as k, the values of
 ``cache_seqlens``; ``validation.validate_longer_cache``); the capability check (or the dispatch) runs
 on the new problem in full, unless it answers alike for every Sk (``Implementation.check_reads_seqlen_k``
@@ -36,11 +36,24 @@ False: the decode rungs; for a stack name, every candidate the dispatch tried) a
 differentiable: then the growing key proves all of its inputs, and the earlier plan's rung is taken
 as it is. Where that earlier plan has the same rung, the new one only binds: the rung
 compiled and warmed up for the earlier length, and its kernels take Sk as an argument, so ``prepare``'s
-warm-up launch (a second kernel launch per step) and its rung-level set-up are skipped.
+warm-up launch (a second kernel launch per step) and its rung-level set-up are skipped. Where the earlier
+plan's binder has ``grown`` (the decode rungs; the registry's growing binder), the new plan's binder is
+its ``grown(problem, device)``: the rung re-decides only what Sk enters (the split rule, the
+balanced split's applicability and shares, the short-cache tile) and takes everything else from the
+earlier binder, so a growing step costs about a hit plus the split rule. Those binders keep the module
+switches read when the family was planned: ``clear_plan_cache()`` after changing one, as for any plan.
 
 A rung with ``plan_bind`` (cute/decode) has its split count and configuration decided once per plan, not
 at every bind: its module switches (``BALANCED_SPLIT``, the tile table, ...) are read when a signature
 is planned, so ``clear_plan_cache()`` after changing one.
+
+The hit path: a rung with ``make_binder`` (the decode rungs) has its ``bind`` split at the plan key. The plan
+keeps a *binder*, made with the plan, holding everything the key decides (split count, grid, constexprs,
+size arguments, the compiled kernel, whether q, k and v are kernel-addressable, which reads only strides,
+dtype and base alignment); a later call of the key is the key, one lookup and the binder, which allocates
+this call's O, LSE and split workspace (never a previous call's: results must not alias) and binds the
+tensors. Everything the binder skips is proven by the key: a call whose strides, dtype, device or
+alignment differ has another key and plans again.
 
 The cache keeps the :data:`PLAN_CACHE_SIZE` most recently used plans; ``clear_plan_cache()`` empties
 it and ``plan_cache_info()`` reports hits, misses and size. Plans hold no tensors: memory belongs to
@@ -58,6 +71,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
@@ -69,7 +83,12 @@ from common.contract import dispatch
 from common.contract.autograd import AttentionFunction, detached, requires_grad
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, Runner, get, per_call_inputs, with_backward
-from common.contract.validation import OPERAND_ALIGNMENT_BYTES, validate_attention_inputs, validate_longer_cache
+from common.contract.validation import (
+    OPERAND_ALIGNMENT_BYTES,
+    is_kernel_addressable,
+    validate_attention_inputs,
+    validate_longer_cache,
+)
 
 DEFAULT_IMPL = "triton/pipelined"
 # Plans kept before the least recently used one is dropped: a plan is a few hundred bytes, and a
@@ -90,8 +109,12 @@ class Plan:
     implementation: Implementation
     problem: Problem
     for_every_seqlen_k: bool = False
-    # The rung's ``plan_bind(problem, device)``, which each bind of this plan takes (None: it has none).
+    # The rung's ``plan_bind(problem, device)``, which each bind of this plan takes (None: it has none, or the
+    # binder was grown from its family's and holds its own).
     planned: object = None
+    # The rung's ``make_binder(problem, device, planned, ready)``: its bind less what the plan key decides,
+    # which every bind of this plan calls instead (None: the rung has none; ``_bind`` calls its ``bind``).
+    binder: Callable[..., Runner] | None = None
 
 
 @dataclass(frozen=True)
@@ -142,7 +165,7 @@ class PlanCache:
 
 
 _PLANS = PlanCache()
-# growing_cache_key -> the last plan prepared under it (see the module docstring).
+# growing_cache_key -> the last plan made under it (see the module docstring).
 _GROWING = PlanCache()
 
 
@@ -247,14 +270,18 @@ def _growing_key(
 def _cacheable(impl: object, q: object, k: object, v: object, options: Options) -> bool:
     """Arguments of the types a plan is keyed on; anything else takes the full path every call, so
     that ``causal=1`` or ``softmax_scale=True`` never hit a plan validated for a bool and a float."""
+    # Spelled out rather than all() over generators: it runs at every call, and each generator costs.
     return (
         type(impl) is str
         and type(options.causal) is bool
         and type(options.return_lse) is bool
         and type(options.causal_alignment) is str
         and type(options.softmax_scale) in _SCALE_TYPES
-        and all(t is None or isinstance(t, torch.Tensor) for t in (options.cache_seqlens, options.block_table))
-        and all(isinstance(t, torch.Tensor) for t in (q, k, v))
+        and (options.cache_seqlens is None or isinstance(options.cache_seqlens, torch.Tensor))
+        and (options.block_table is None or isinstance(options.block_table, torch.Tensor))
+        and isinstance(q, torch.Tensor)
+        and isinstance(k, torch.Tensor)
+        and isinstance(v, torch.Tensor)
     )
 
 
@@ -294,7 +321,9 @@ def _make_plan(
         problem = validate_longer_cache(earlier.problem, k, v, options.cache_seqlens)
         if earlier.for_every_seqlen_k and earlier.implementation.bind is not None:
             # ... and every input of the capability check (or dispatch) but Sk, which that check ignores.
-            plan = _plan(earlier.implementation, problem, True, q.device)
+            plan = _plan(earlier.implementation, problem, True, q, k, v, earlier.binder)
+            # The next step grows from this plan's binder, whose decisions are its length's.
+            _GROWING.put(growing, plan)
             return plan, _bind(plan, q, k, v, options)
     else:
         problem = validate_attention_inputs(
@@ -323,24 +352,51 @@ def _make_plan(
         for_every_seqlen_k = not implementation.check_reads_seqlen_k
     if options.differentiable:
         _check_backward(implementation, problem, q.device)
-    plan = _plan(implementation, problem, for_every_seqlen_k and not options.differentiable, q.device)
-    if earlier is not None and earlier.implementation is implementation and implementation.bind is not None:
-        return plan, _bind(plan, q, k, v, options)
-    extra = per_call_inputs(problem, options.cache_seqlens, options.block_table)
-    run = implementation.prepare(q, k, v, problem, **extra)
+    same_rung = earlier is not None and earlier.implementation is implementation
+    family = earlier.binder if same_rung else None
+    plan = _plan(implementation, problem, for_every_seqlen_k and not options.differentiable, q, k, v, family)
+    if same_rung and implementation.bind is not None:
+        run = _bind(plan, q, k, v, options)
+    else:
+        extra = per_call_inputs(problem, options.cache_seqlens, options.block_table)
+        run = implementation.prepare(q, k, v, problem, **extra)
     if growing is not None:
         _GROWING.put(growing, plan)
     return plan, run
 
 
-def _plan(implementation: Implementation, problem: Problem, for_every_seqlen_k: bool, device: torch.device) -> Plan:
-    """The plan of a checked problem, with the rung's ``plan_bind`` made once for all its binds."""
+def _plan(
+    implementation: Implementation, problem: Problem, for_every_seqlen_k: bool, q: torch.Tensor, k: torch.Tensor,
+    v: torch.Tensor, family: Callable[..., Runner] | None = None,
+) -> Plan:  # fmt: skip
+    """The plan of a checked problem made for q, k, v, with the rung's ``plan_bind`` and ``make_binder``
+    made once for all its binds; ``family``: the binder of this rung's plan of a shorter cache under the
+    same growing key, whose ``grown`` (where it has one) makes this plan's binder from its own decisions."""
+    device = q.device
+    grown = getattr(family, "grown", None)
+    if grown is not None:
+        # The growing key holds what addressability reads (dtype, 16-byte alignment of the base; the strides
+        # of a contiguous cache follow from its shape), so the family's binder knows it; it holds its own
+        # decisions (plan_bind's too), so the plan keeps none.
+        return Plan(implementation, problem, for_every_seqlen_k, None, grown(problem, device))
     planned = None if implementation.plan_bind is None else implementation.plan_bind(problem, device)
-    return Plan(implementation, problem, for_every_seqlen_k, planned)
+    binder = None
+    # A rung without bind re-prepares at every call (_bind), binder or not.
+    if implementation.make_binder is not None and implementation.bind is not None:
+        # Addressability reads only what the plan key holds (strides, dtype, 16-byte alignment of the
+        # base), so every later call of this plan's key answers as these tensors do.
+        ready = is_kernel_addressable(q) and is_kernel_addressable(k) and is_kernel_addressable(v)
+        binder = implementation.make_binder(problem, device, planned, ready)
+    return Plan(implementation, problem, for_every_seqlen_k, planned, binder)
 
 
 def _bind(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Options) -> Runner:
-    """The launch of an already-planned signature: the rung's ``bind`` (no validation, no warm-up)."""
+    """The launch of an already-planned signature: the plan's binder, else the rung's ``bind`` (no
+    validation, no warm-up)."""
+    if plan.binder is not None:
+        # The plan key holds whether cache_seqlens and block_table are given, so it proves what
+        # per_call_inputs checks: they are given exactly as the plan's problem states.
+        return plan.binder(q, k, v, options.cache_seqlens, options.block_table)
     extra = per_call_inputs(plan.problem, options.cache_seqlens, options.block_table)
     bind = plan.implementation.bind
     if bind is None:
@@ -361,10 +417,14 @@ def autocast_operands(
     same, so that a model trained under autocast runs the same kernels with either. The cast is
     differentiable: gradients reach the fp32 tensors in fp32. Like autocast, fp64 is left alone.
     """
-    # Anything but a tensor goes on unchanged to validation, which names it.
-    if not isinstance(q, torch.Tensor) or not torch.is_autocast_enabled(q.device.type):
+    # Anything but a tensor, or a tensor on a device the API does not run (which autocast may not know:
+    # "meta" raises there), goes on unchanged to validation, which names it.
+    if not isinstance(q, torch.Tensor):
         return q, k, v
-    dtype = torch.get_autocast_dtype(q.device.type)
+    device_type = q.device.type
+    if device_type not in API_DEVICE_TYPES or not torch.is_autocast_enabled(device_type):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(device_type)
 
     def cast(t: torch.Tensor) -> torch.Tensor:
         castable = isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64

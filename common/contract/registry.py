@@ -40,6 +40,15 @@ The contract of an implementation:
   and the rung's module switches decide (split count, configuration), which ``bind(..., planned=planned)``
   takes instead of deciding again; ``common.attention`` makes it once per plan, so a plan hit (the other
   layers of a decode step) only allocates and launches.
+* ``make_binder(problem, device, planned, ready) -> binder`` (optional): ``bind``'s work that the plan key
+  decides, done once per plan; ``binder(q, k, v, cache_seqlens, block_table)`` then only allocates and
+  returns the same ``run()`` as ``bind`` for tensors of that key (shapes, strides, dtypes, device and
+  alignment as when planned; ``ready``: q, k and v were kernel-addressable, so are these). ``common.attention``
+  calls it on every plan hit instead of ``bind``. A *growing binder* also has ``grown(problem, device)``: the
+  binder of ``problem``, a longer cache of its family (a contiguous KV cache whose plan key differs only in Sk:
+  ``common.contract.api.growing_cache_key``), which re-decides only what Sk enters and takes the rest from this
+  binder; it must hold what ``make_binder`` makes for ``problem`` from scratch under the switches read when the
+  family was planned (``tests/test_growing_path.py``). ``common.attention`` calls it at each step of a growing cache.
 * ``check_reads_seqlen_k``: True (the default) unless ``supports`` (and the device check) answers alike
   for every Sk > Sq of a problem otherwise the same; ``tests/test_plan_cache.py`` holds each rung that
   says False to it.
@@ -171,6 +180,10 @@ class Implementation(DeviceChecked):
     backward: Backward | None = field(default=None, compare=False)
     # What ``bind`` decides from the problem and the device alone (see the module docstring).
     plan_bind: Callable[[Problem, torch.device], Any] | None = field(default=None, compare=False)
+    # ``bind`` split in two at the plan key: what the key decides once, the allocations per call (module docstring).
+    make_binder: Callable[[Problem, torch.device, Any, bool], Callable[..., Runner]] | None = field(
+        default=None, compare=False
+    )
     # False where ``check`` gives one answer for every Sk > Sq of a problem otherwise the same (the decode
     # rungs): ``common.attention`` then checks a growing cache's family once, not at every step.
     check_reads_seqlen_k: bool = field(default=True, compare=False)

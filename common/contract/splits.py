@@ -241,6 +241,21 @@ class SplitPolicy:
 DEFAULT_POLICY = SplitPolicy()
 
 
+def seqlen_k_class(seqlen_k: int) -> tuple[int, bool]:
+    """All that :func:`planned_num_splits` reads of Sk: the most splits its keys allow and whether the cache is
+    short (at most :data:`SHORT_CACHE_KEYS`, the bound of the decode rungs' short-cache tiles too). Two lengths of
+    one class get one split count for a problem otherwise the same, so a growing cache re-asks the rule only where
+    its class changes (every ``MIN_KEYS_PER_SPLIT`` keys up to ``MAX_SPLITS`` of them, and at the short bound)."""
+    return min(MAX_SPLITS, seqlen_k // MIN_KEYS_PER_SPLIT), seqlen_k <= SHORT_CACHE_KEYS
+
+
+def same_padded_split(balanced: bool, longer: Problem, earlier: Problem) -> bool:
+    """Whether a rung's padded split (not ``balanced``: whose target shares read Sk more finely) of ``earlier``
+    stays as it is for ``longer``, the same problem at another Sk: both lengths of one :func:`seqlen_k_class`.
+    The rule then answers alike, the balanced split's applicability (which asks it) too."""
+    return not balanced and seqlen_k_class(longer.seqlen_k) == seqlen_k_class(earlier.seqlen_k)
+
+
 def planned_num_splits(
     problem: Problem, m_blocks: int, device: torch.device, policy: SplitPolicy = DEFAULT_POLICY
 ) -> int:

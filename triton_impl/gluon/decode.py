@@ -137,13 +137,14 @@ from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import triton_release
 from triton_impl import decode as triton_decode
 from triton_impl._host import (
-    LOG2_E,
     allocate_lse,
     balanced_workspace,
     feature_buffers,
     feature_constexprs,
     paging_arguments,
+    resized,
     rung_result,
+    size_arguments,
     split_workspace,
 )
 from triton_impl.gluon import _decode_balanced
@@ -873,57 +874,108 @@ def kv_descriptor(
     return descriptor(pool_view, kv_chunk_rows(problem, config), dtype)
 
 
+def seqlen_k_decisions(
+    problem: Problem, device: torch.device, num_splits: int | None = None
+) -> tuple[bool, DecodeConfig, int]:
+    """What a bind of ``problem`` on ``device`` decides from Sk: the balanced split or not, the ring
+    (``SHORT_CACHE_TILE``, ``balanced_config``) and the split count (the balanced split's target shares;
+    ``num_splits`` forces it). Every other decision of :class:`GluonDecodePlan` follows from these and the rest
+    of the problem (:meth:`GluonDecodePlan.grown`)."""
+    if balanced_split(problem, device):
+        config = balanced_config(problem, device)
+        slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
+        target = balanced_sizes(problem, device, num_splits, m_blocks_for(problem), config.block_n, *slots)[1]
+        return True, config, target
+    policy = split_policy(problem)
+    return (
+        False,
+        decode_config(problem),
+        splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), device, policy),
+    )
+
+
+class GluonDecodePlan:
+    """What a bind of ``problem`` on ``device`` decides before it sees a tensor, worked out once: the split
+    count (the balanced split's shares), the grid, the ring's configuration and constexprs, the kernel's
+    size arguments and the K/V descriptors' box rows. ``common.attention`` keeps one per plan (the registry's
+    ``make_binder``), so a plan hit only allocates, builds the two descriptors and launches.
+    ``num_splits`` overrides the rule."""
+
+    def __init__(self, problem: Problem, device: torch.device, num_splits: int | None = None):
+        self.problem = problem
+        self.decisions = self.balanced, config, num_splits = seqlen_k_decisions(problem, device, num_splits)
+        m_blocks, self.items = m_blocks_for(problem), problem.batch * problem.kv_heads
+        # The split kernel's last arguments: the balanced plan's sizes (``balanced_sizes``), or four Nones.
+        if self.balanced:
+            slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
+            self.balanced_args = balanced_sizes(problem, device, num_splits, m_blocks, config.block_n, *slots)
+            stages = balanced_stages(problem, device, num_splits, config)
+            m_tile_major = splits.balanced_m_tile_major(num_splits + self.items, M_TILE_MAJOR)
+            self.split_grid = splits.balanced_grid(num_splits + self.items, m_blocks, m_tile_major)
+        else:
+            self.balanced_args, m_tile_major, stages = (None,) * 4, False, None
+            self.split_grid = (num_splits, m_blocks, self.items)
+        self.num_splits = num_splits
+        self.box_rows = kv_chunk_rows(problem, config)
+        self.sizes = size_arguments(problem)
+        split_form = (num_splits > 1 and not self.balanced, self.balanced, m_tile_major, stages)
+        self.split_options = {
+            **split_constexprs(problem, *split_form, config=config),
+            "num_warps": num_warps_for(problem),
+        }
+        self.fused_merge = self.split_options["FUSED_MERGE"] or self.balanced
+        self.work_items = arrival_counter_count(self.items, num_splits + self.items, m_blocks, self.balanced)
+        # Only the two-launch path (more than one split, FUSED_MERGE off) launches the merge kernel.
+        self.two_launch = num_splits > 1 and not self.fused_merge
+
+    def grown(self, problem: Problem, device: torch.device) -> GluonDecodePlan:
+        """The plan of ``problem``, a longer cache of this plan's family: this one with Sk's size argument changed
+        where Sk leaves :func:`seqlen_k_decisions` as they were, else a new plan. The module switches stay those read
+        when the family was planned (``clear_plan_cache()`` re-reads them)."""
+        unchanged = splits.same_padded_split(self.balanced, problem, self.problem)
+        if not unchanged and seqlen_k_decisions(problem, device) != self.decisions:
+            return GluonDecodePlan(problem, device)
+        return resized(self, problem)
+
+    def workspace(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The split partials of one launch: the balanced split's slabs, or the padded-Sk splits'."""
+        if self.balanced:
+            return balanced_workspace(self.problem, self.num_splits + self.items, device)
+        return split_workspace(self.problem, self.num_splits, device)
+
+
 class GluonDecode:
     """Prepared launch: K's and V's TMA descriptors, O, the LSE and the split workspace built once for
     validated q, k, v; calling it launches the split kernel (which merges its splits itself, or, with
     ``FUSED_MERGE`` off, then triton/decode's merge) and returns O, or (O, lse) when the problem
     returns the LSE.
     ``cache_seqlens`` (and a paged problem's ``block_table``) are read by the kernel at every launch;
-    ``num_splits`` overrides the rule."""
+    ``num_splits`` overrides the rule; ``plan``: the :class:`GluonDecodePlan` of this problem and device,
+    made once for many binds (``num_splits`` is then its own)."""
 
     def __init__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
         cache_seqlens: torch.Tensor | None = None, num_splits: int | None = None,
-        block_table: torch.Tensor | None = None,
+        block_table: torch.Tensor | None = None, plan: GluonDecodePlan | None = None,
     ):  # fmt: skip
-        policy = split_policy(problem)
-        self.balanced = balanced_split(problem, q.device)
-        config = balanced_config(problem, q.device) if self.balanced else decode_config(problem)
-        m_blocks, items = m_blocks_for(problem), problem.batch * problem.kv_heads
-        if self.balanced:
-            slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
-            plan = balanced_sizes(problem, q.device, num_splits, m_blocks, config.block_n, *slots)
-            num_splits, stages = plan[1], balanced_stages(problem, q.device, plan[1], config)
-            m_tile_major = splits.balanced_m_tile_major(num_splits + items, M_TILE_MAJOR)
-            self.split_grid = splits.balanced_grid(num_splits + items, m_blocks, m_tile_major)
-            out_partial, lse_partial = balanced_workspace(problem, num_splits + items, q.device)
-        else:
-            plan, m_tile_major, stages = (None,) * 4, False, None
-            num_splits = splits.resolve_num_splits(num_splits, problem, m_blocks, q.device, policy)
-            self.split_grid = (num_splits, m_blocks, items)
-            out_partial, lse_partial = split_workspace(problem, num_splits, q.device)
+        plan = plan or GluonDecodePlan(problem, q.device, num_splits)
+        self.balanced, self.split_grid, self.num_splits = plan.balanced, plan.split_grid, plan.num_splits
+        self.split_options, self.fused_merge = plan.split_options, plan.fused_merge
+        out_partial, lse_partial = plan.workspace(q.device)
         dtype = GLUON_DTYPES[q.dtype]
-        self.num_splits = num_splits
         self.out = torch.empty_like(q, memory_format=torch.contiguous_format)
         self.lse = allocate_lse(problem, q.device)
         lse_arg, lengths_arg = feature_buffers(self.lse, cache_seqlens, q.device)
-        desc_k, desc_v = (kv_descriptor(t, problem, dtype, config) for t in (k, v))
-        sizes = (problem.heads, problem.kv_heads, problem.seqlen_q, problem.seqlen_k, problem.scale * LOG2_E)
+        pools = (t.permute(0, 2, 1, 3) for t in (k, v)) if problem.paged else (k, v)
+        desc_k, desc_v = (descriptor(t, plan.box_rows, dtype) for t in pools)
+        counters = triton_decode.arrival_counters(q.device, plan.work_items) if self.fused_merge else None
         self.split_args = (
             q, desc_k, desc_v, self.out, lse_arg, lengths_arg, out_partial, lse_partial,
-            *q.stride()[:3], *self.out.stride()[:3], *sizes, *paging_arguments(block_table),
+            *q.stride()[:3], *self.out.stride()[:3], *plan.sizes, *paging_arguments(block_table),
+            counters, *plan.balanced_args,
         )  # fmt: skip
-        split_form = (num_splits > 1 and not self.balanced, self.balanced, m_tile_major, stages)
-        split_options = split_constexprs(problem, *split_form, config=config)
-        self.split_options = {**split_options, "num_warps": num_warps_for(problem)}
-        self.fused_merge = self.split_options["FUSED_MERGE"] or self.balanced
-        work_items = arrival_counter_count(items, num_splits + items, m_blocks, self.balanced)
-        counters = triton_decode.arrival_counters(q.device, work_items) if self.fused_merge else None
-        self.split_args = (*self.split_args, counters, *plan)
-        # Only the two-launch path (more than one split, FUSED_MERGE off) launches the merge kernel.
-        two_launch = num_splits > 1 and not self.fused_merge
-        merge_args = (problem, num_splits, out_partial, lse_partial, self.out, lse_arg)
-        self._merge = triton_decode.merge_launch(*merge_args) if two_launch else None
+        merge_args = (problem, plan.num_splits, out_partial, lse_partial, self.out, lse_arg)
+        self._merge = triton_decode.merge_launch(*merge_args) if plan.two_launch else None
 
     def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _split_kernel[self.split_grid](*self.split_args, **self.split_options)
@@ -940,6 +992,33 @@ def bind(
     paged; no launch); ``num_splits`` overrides the rule."""
     q, k, v = (kernel_operand(t) for t in (q, k, v))
     return GluonDecode(q, k, v, problem, cache_seqlens, num_splits, block_table)
+
+
+def make_binder(problem: Problem, device: torch.device, planned: object = None, ready: bool = False) -> GluonBinder:
+    """``bind`` in two (the registry's ``make_binder``): the :class:`GluonDecodePlan` once, and a
+    :class:`GluonBinder` that builds the launch of each call's tensors on it."""
+    return GluonBinder(problem, GluonDecodePlan(problem, device), ready)
+
+
+class GluonBinder:
+    """``binder(q, k, v, cache_seqlens, block_table)``: the launch of those tensors on ``plan``. ``ready``: every
+    q, k, v passed is kernel-addressable (the plan key proves it), so no ``kernel_operand``."""
+
+    def __init__(self, problem: Problem, plan: GluonDecodePlan, ready: bool):
+        self.problem, self.plan, self.ready = problem, plan, ready
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor | None,
+        block_table: torch.Tensor | None,
+    ) -> GluonDecode:  # fmt: skip
+        if not self.ready:
+            q, k, v = (kernel_operand(t) for t in (q, k, v))
+        return GluonDecode(q, k, v, self.problem, cache_seqlens, block_table=block_table, plan=self.plan)
+
+    def grown(self, problem: Problem, device: torch.device) -> GluonBinder:
+        """The binder of ``problem``, a longer cache of this binder's family (the registry's growing binder), on
+        :meth:`GluonDecodePlan.grown`."""
+        return GluonBinder(problem, self.plan.grown(problem, device), self.ready)
 
 
 def decode_attention(
@@ -1035,5 +1114,5 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
 
 IMPLEMENTATION = gluon_implementation(
     "decode", supports, compile_sm90, prepare=decode_attention, bind=bind, source_file=__file__,
-    default_configs=DEFAULT_CONFIGS, check_reads_seqlen_k=False,
+    default_configs=DEFAULT_CONFIGS, check_reads_seqlen_k=False, make_binder=make_binder,
 )  # fmt: skip
