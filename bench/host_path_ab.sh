@@ -10,12 +10,14 @@ set -euo pipefail
 source "$(dirname "$0")/_gpu_run.sh" host_path_ab.sh runs/host_path_ab
 BASE=${BASE:?BASE must name the other tree}
 ROOT=$PWD
+source_carried_activations
+PATHS=${PYTHONPATH:+:$PYTHONPATH}
 for pair in $(seq "${PAIRS:-3}"); do
   for side in base new; do
     tree=$ROOT
     [ "$side" = base ] && tree=$BASE
-    (cd "$tree" && PYTHONPATH=$PWD python3 -m bench.host_path --calls 200 --rounds 5 > "$OUT/$side-$pair.md")
-    (cd "$tree" && PYTHONPATH=$PWD python3 -m bench.host_path --calls 200 --rounds 5 --transformers \
+    (cd "$tree" && PYTHONPATH=$PWD$PATHS python3 -m bench.host_path --calls 200 --rounds 5 > "$OUT/$side-$pair.md")
+    (cd "$tree" && PYTHONPATH=$PWD$PATHS python3 -m bench.host_path --calls 200 --rounds 5 --transformers \
       > "$OUT/$side-tf-$pair.md")
   done
 done
