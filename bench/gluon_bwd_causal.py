@@ -1,18 +1,23 @@
-"""gluon/backward/hopper's causal knobs against the same tiles without them, in one process on one GPU (issue #40):
-``consumer_ranges`` (each consumer warpgroup its own block range: the steps its half of the diagonal sees
-nothing in are skipped) and ``limit_mask`` (the masked steps compare each value once against its row's
-limit; the dQ pass masks P after the exp), alone and together (``triton_impl/gluon/backward_ranges.py``).
+"""gluon/backward/hopper's variants against a baseline, in one process on one GPU (issue #40). ``--set causal``
+(the default): the causal knobs against the same tiles without them, ``consumer_ranges`` (each consumer
+warpgroup its own block range: the steps its half of the diagonal sees nothing in are skipped) and
+``limit_mask`` (the masked steps compare each value once against its row's limit; the dQ pass masks P after
+the exp), alone and together (``triton_impl/gluon/backward_ranges.py``). ``--set d64``: D=64's default against
+its 128-query-row dK/dV step (``late_dv``, ``triton_impl/gluon/backward_late_dv.py``), its 128-key dQ pass,
+and both, at the D=64 anchor causal and not.
 
 Per shape (P1 causal, B=8 S=2048 causal, P1 non-causal as the control): q, k, v and dO seeded, O and the LSE
 from gluon/hopper; each variant's dQ, dK and dV first compared with the knob-less tiles' (the largest relative L2
-distance of the three: the knobs change no product, only the rounding of S · scale − LSE₂ in the dQ steps no
-longer masked before the exp, so far below cuDNN's 3e-3 from the knob-less tiles); then ``--rounds`` rounds, each
+distance of the three: the causal knobs change no product, only the rounding of S · scale − LSE₂ in the dQ steps
+no longer masked before the exp; D=64's change the products' shapes and dPᵀ − D's summation order; all far below
+cuDNN's 3e-3 from the baseline); then ``--rounds`` rounds, each
 timing FA4's backward (through autograd, as ``bench.backward``) and every variant in turn (device events, L2
 flushed, median): a drift of the GPU's speed over the run reaches every variant alike. Backward TFLOP/s count
 2.5 × the forward's FLOPs, halved causal. Writes ``ab.csv`` (one row per shape, variant and round) and prints
-a table last: the median over rounds, × FA4 and × the knob-less tiles (D=128's default before the knobs were measured).
+a table last: the median over rounds, × FA4 and × the baseline (the set's first variant: for ``causal`` the
+knob-less tiles, D=128's default before the knobs were measured; for ``d64`` D=64's default).
 
-    python -m bench.gluon_bwd_causal --out $OUT/ab [--rounds 3] [--budget-s 100] [--shape "P1 causal" ...]
+    python -m bench.gluon_bwd_causal --out $OUT/ab [--set causal|d64] [--rounds 3] [--budget-s 100] [--shape NAME ...]
 """
 
 from __future__ import annotations
@@ -35,20 +40,35 @@ VARIANTS = (
     "dkdv 128x32 s3, dq 128x64 s3 overlap tma_rows heaviest_first limit_mask",
 )
 AB_SHAPES = ("P1 causal", "B8 S2048 causal", "P1")
+# ALL_CANDIDATES[64]'s labels: D=64's default first, then the 128-row dK/dV step, the 128-key dQ pass, both.
+D64_VARIANTS = (
+    "dkdv 128x64 s2, dq 128x64 s2 tma_rows",
+    "dkdv 128x128 s2, dq 128x64 s2 tma_rows late_dv",
+    "dkdv 128x64 s2, dq 128x128 s2 tma_rows",
+    "dkdv 128x128 s2, dq 128x128 s2 tma_rows late_dv",
+)
+D64_CAUSAL = ("D64 B4 H32 causal", 4, 32, 8192, 64, True)
+# --set: (head dim, labels with the baseline first, shapes by name).
+AB_SETS = {
+    "causal": (128, VARIANTS, AB_SHAPES),
+    "d64": (64, D64_VARIANTS, ("D64 B4 H32", D64_CAUSAL[0])),
+}
 # Shorter than time_cuda's defaults: the rounds, not one long timing, even out drift.
 WARMUP_MS, REP_MS = 50, 300
 
 
-def _variants(head_dim: int) -> dict[str, object]:
+def _variants(head_dim: int, labels: tuple[str, ...] = VARIANTS) -> dict[str, object]:
     from triton_impl.gluon import backward as gluon_backward
 
     pool = gluon_backward.ALL_CANDIDATES[head_dim]
-    return {label: next(tiles for tiles in pool if tiles.label == label) for label in VARIANTS}
+    return {label: next(tiles for tiles in pool if tiles.label == label) for label in labels}
 
 
-def run_shape(shape: tuple, rounds: int, writer: csv.DictWriter, deadline: float) -> list[dict]:
-    """Check each variant's gradients against the knob-less tiles', then time FA4 and the variants ``rounds`` times
-    (after the first, only while ``time.monotonic()`` is before ``deadline``)."""
+def run_shape(
+    shape: tuple, rounds: int, writer: csv.DictWriter, deadline: float, labels: tuple[str, ...] = VARIANTS
+) -> list[dict]:
+    """Check each variant's gradients against the baseline's (``labels``' first), then time FA4 and the variants
+    ``rounds`` times (after the first, only while ``time.monotonic()`` is before ``deadline``)."""
     import torch
 
     from common.contract.api import attention
@@ -61,12 +81,12 @@ def run_shape(shape: tuple, rounds: int, writer: csv.DictWriter, deadline: float
     q, k, v, d_out = inputs
     with torch.no_grad():
         out, lse = attention(q, k, v, causal=problem.causal, impl="gluon/hopper", return_lse=True)
-    variants = _variants(problem.head_dim)
+    variants = _variants(problem.head_dim, labels)
 
     def backward(tiles):
         return lambda: hopper_gradients(q, k, v, out, lse, d_out, problem, tiles=tiles)
 
-    reference = backward(variants[VARIANTS[0]])()
+    reference = backward(variants[labels[0]])()
     differences = {}
     for label, tiles in variants.items():
         grads = backward(tiles)()
@@ -85,7 +105,7 @@ def run_shape(shape: tuple, rounds: int, writer: csv.DictWriter, deadline: float
             ms = time_cuda(backward(tiles), warmup_ms=WARMUP_MS, rep_ms=REP_MS).ms
             row = {"shape": shape[0], "variant": label, "round": round_, "bwd_ms": ms,
                    "bwd_tflops": backward_flops(problem) / ms / 1e9, "fa4_tflops": fa4,
-                   "distance_vs_no_knobs": differences[label]}  # fmt: skip
+                   "distance_vs_baseline": differences[label]}  # fmt: skip
             writer.writerow(row)
             rows.append(row)
             print(" | ".join(f"{value:.4g}" if isinstance(value, float) else str(value) for value in row.values()),
@@ -94,9 +114,9 @@ def run_shape(shape: tuple, rounds: int, writer: csv.DictWriter, deadline: float
     return rows
 
 
-def print_table(rows: list[dict]) -> None:
-    """Median TFLOP/s over rounds per (shape, variant), × FA4 and × the knob-less tiles, and the gradients' distance."""
-    print(f"\n{'shape':16s} {'variant':28s} {'TFLOP/s':>8s} {'x FA4':>6s} {'x none':>7s} {'dist none':>11s}")
+def print_table(rows: list[dict], baseline: str = VARIANTS[0]) -> None:
+    """Median TFLOP/s over rounds per (shape, variant), × FA4 and × the baseline, and the gradients' distance."""
+    print(f"\n{'shape':18s} {'variant':48s} {'TFLOP/s':>8s} {'x FA4':>6s} {'x base':>7s} {'dist base':>11s}")
     for shape in dict.fromkeys(row["shape"] for row in rows):
         mine = [row for row in rows if row["shape"] == shape]
         fa4 = statistics.median(row["fa4_tflops"] for row in mine)
@@ -104,11 +124,11 @@ def print_table(rows: list[dict]) -> None:
         for label in dict.fromkeys(row["variant"] for row in mine):
             chosen = [row for row in mine if row["variant"] == label]
             medians[label] = (statistics.median(row["bwd_tflops"] for row in chosen), chosen[0])
-        print(f"{shape:16s} {'FA4 sm90':28s} {fa4:8.1f}")
+        print(f"{shape:18s} {'FA4 sm90':48s} {fa4:8.1f}")
         for label, (tflops, row) in medians.items():
-            name = "no knobs" if label == VARIANTS[0] else label.split("heaviest_first ")[-1]
-            print(f"{shape:16s} {name:28s} {tflops:8.1f} {tflops / fa4:6.3f} {tflops / medians[VARIANTS[0]][0]:7.3f} "
-                  f"{row['distance_vs_no_knobs']:11.3g}")  # fmt: skip
+            name = "baseline" if label == baseline else label.split("heaviest_first ")[-1]
+            print(f"{shape:18s} {name:48s} {tflops:8.1f} {tflops / fa4:6.3f} {tflops / medians[baseline][0]:7.3f} "
+                  f"{row['distance_vs_baseline']:11.3g}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,24 +136,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/gluon_bwd_causal"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=100.0, help="rounds after the first stop past this")
-    parser.add_argument("--shape", action="append", help=f"anchor shapes by name (default {AB_SHAPES})")
+    parser.add_argument("--set", choices=tuple(AB_SETS), default="causal", help="which variants and shapes")
+    parser.add_argument("--shape", action="append", help="anchor shapes by name (default: the set's)")
     args = parser.parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
         print("bench.gluon_bwd_causal needs a CUDA GPU (Hopper); none is visible", file=sys.stderr)
         return 2
-    names = args.shape or list(AB_SHAPES)
+    head_dim, labels, set_shapes = AB_SETS[args.set]
+    names = args.shape or list(set_shapes)
+    known = (*SHAPES, D64_CAUSAL)
     args.out.mkdir(parents=True, exist_ok=True)
     rows, deadline = [], time.monotonic() + args.budget_s
     with (args.out / "ab.csv").open("w", newline="") as handle:
-        fields = ("shape", "variant", "round", "bwd_ms", "bwd_tflops", "fa4_tflops", "distance_vs_no_knobs")
+        fields = ("shape", "variant", "round", "bwd_ms", "bwd_tflops", "fa4_tflops", "distance_vs_baseline")
         writer = csv.DictWriter(handle, fields)
         writer.writeheader()
         for name in names:
-            rows += run_shape(next(shape for shape in SHAPES if shape[0] == name), args.rounds, writer, deadline)
+            shape = next(shape for shape in known if shape[0] == name)
+            assert shape[4] == head_dim, f"--set {args.set} times D={head_dim}, {name} is D={shape[4]}"
+            rows += run_shape(shape, args.rounds, writer, deadline, labels)
             handle.flush()
-    print_table(rows)
+    print_table(rows, labels[0])
     return 0
 
 

@@ -65,6 +65,9 @@ Measured (H200, P1 = B=2 H=16 S=8192 D=128 bf16): 465.2 / causal 455.1 TFLOP/s (
 FA4's sm90 backward, which makes dQ += dS K once and bulk-adds it; ours runs seven (the dQ pass). Causal takes 0.511
 of the non-causal time for 0.508 of the steps (FA4 0.541). D=128's default has both causal knobs (``consumer_ranges``,
 ``limit_mask``: ``backward_ranges.py``): +1.9 / +2.1 % at B=8 S=2048 causal in two runs, +0.4 / +0.6 % at P1 causal.
+D=64 (B=4 H=32 S=8192): 387.7, 0.73× FA4. ``late_dv`` (``backward_late_dv.py``, off, untimed) puts the dK/dV step in
+FlashAttention-4's order, which lets it take 128 query rows there: m64n128 wgmmas for Sᵀ and dPᵀ, less shared-memory
+operand traffic per FLOP.
 """
 
 from __future__ import annotations
@@ -128,8 +131,17 @@ from triton_impl.gluon.backward_dq import (
     previous_dq_t,
     transposed_accumulator,
 )
+from triton_impl.gluon.backward_late_dv import dp_t_minus_delta
 from triton_impl.gluon.backward_ranges import last_product, previous_stage, release_previous
-from triton_impl.gluon.backward_rows import ROW_ALIGN, allocate_rows, dkdv_rows, head_rows, load_slot, step_rows
+from triton_impl.gluon.backward_rows import (
+    ROW_ALIGN,
+    allocate_rows,
+    dkdv_rows,
+    head_rows,
+    load_slot,
+    step_row,
+    step_rows,
+)
 
 BACKWARD_NAME = "gluon/backward/hopper"
 DTYPES = (torch.float16, torch.bfloat16)
@@ -164,6 +176,8 @@ class BackwardTiles:
     consumer_ranges: bool = False
     # Masked steps: one compare a value with its row's limit, the dQ pass's mask after the exp (ditto).
     limit_mask: bool = False
+    # dK/dV: dPᵀ − D by the wgmma, LSE₂ read late, dV += Pᵀ dO after dSᵀ (``backward_late_dv.py``): 128 rows at D=64.
+    late_dv: bool = False
 
     def __post_init__(self) -> None:
         # Overlapped, a slot is freed one step late: one slot would deadlock the load warp.
@@ -175,6 +189,8 @@ class BackwardTiles:
             raise ValueError(f"the atomic in-kernel dQ is built for the non-overlapped steps only, got {self}")
         if self.consumer_ranges and self.dq != "pass":
             raise ValueError(f"an in-kernel dQ shares every step's dSᵀ between the consumers: no own ranges, {self}")
+        if self.late_dv and (self.overlap or self.dq != "pass"):
+            raise ValueError(f"late_dv is built for the plain steps with the dQ pass only, got {self}")
 
     @property
     def overlaps_dq(self) -> bool:
@@ -186,14 +202,15 @@ class BackwardTiles:
         overlap = {(True, True): " overlap", (True, False): " overlap dkdv", (False, True): " overlap dq"}
         suffix = overlap.get((self.overlap, self.overlaps_dq), "")
         rows = " tma_rows" * self.tma_rows + " heaviest_first" * self.heaviest_first
-        rows += " consumer_ranges" * self.consumer_ranges + " limit_mask" * self.limit_mask
+        rows += " consumer_ranges" * self.consumer_ranges + " limit_mask" * self.limit_mask + " late_dv" * self.late_dv
         return f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, {dq}{suffix}{rows}"
 
 
 # Per head dim, the default first; none spills for sm_90a (tests/test_backward.py). A dK/dV consumer thread holds dK
 # and dV (2 × 64 fp32 registers at D=128) beside Sᵀ and dPᵀ: 64 query rows per slot spill there (120 bytes under
-# 3.8), 32 do not; at D=64, 128 rows spill, 64 do not. The overlapped ones hold a slot one step longer (three slots
-# or more); under 3.9 they spill (16-64 bytes): the plain s3 with tma_rows is D=128's default there. Measured: perf-log.
+# 3.8), 32 do not; at D=64, 128 rows spill in the plain order, not with ``late_dv``. The overlapped ones hold a slot
+# one step longer (three slots or more); under 3.9 they spill (16-64 bytes): the plain s3 with tma_rows is D=128's
+# default there. Measured: perf-log.
 OVERLAP_SPILLS = ("3.9",)
 ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     64: (
@@ -201,6 +218,8 @@ ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(64, 3, 64, 3, overlap=True), BackwardTiles(64, 3, 64, 3, overlap=True, tma_rows=True),
         BackwardTiles(64, 2, 64, 2, tma_rows=True, heaviest_first=True),
         BackwardTiles(64, 2, 64, 2, tma_rows=True, heaviest_first=True, consumer_ranges=True, limit_mask=True),
+        BackwardTiles(128, 2, 64, 2, tma_rows=True, late_dv=True), BackwardTiles(64, 2, 128, 2, tma_rows=True),
+        BackwardTiles(128, 2, 128, 2, tma_rows=True, late_dv=True),
     ),
     128: (
         BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True, heaviest_first=True, consumer_ranges=True,
@@ -220,9 +239,21 @@ ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
 # non-causal/causal: 3.6 40/40, 3.8 16/8, 3.9 160/120; P1: 3.6 16/8, 3.8 0/0): no release lists it. The reduce
 # dQ lost plain (H200, P1 / causal 450.2 / 428.8 with tma_rows, the default 466.5 / 443.3) and overlapped
 # (462.3 / 430.3 against 463.3 / 443.4; it spills under 3.6 outside the step loops: KNOWN_SPILLS): off.
+# late_dv's 128-row step at D=64 (``backward_late_dv.py``) builds spill-free non-causal under 3.6, 3.8 and 3.9; causal,
+# 3.6 spills 24 bytes per thread outside the step loops (the store coordinates, around the masked loop's 32 hoisted
+# column indices) and 3.9 40-56 bytes in them: listed by the other releases only (tests/test_gluon_backward_late_dv.py).
+LATE_DV_SPILLS = ("3.6", "3.9")
+
+
+def _listed(tiles: BackwardTiles) -> bool:
+    """Whether this Triton release lists ``tiles``: a dQ pass, and no variant that spills under it."""
+    release = triton_release()
+    spills = (tiles.overlap and release in OVERLAP_SPILLS) or (tiles.late_dv and release in LATE_DV_SPILLS)
+    return tiles.dq == "pass" and not spills
+
+
 CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
-    head_dim: tuple(t for t in tiles if t.dq == "pass" and not (t.overlap and triton_release() in OVERLAP_SPILLS))
-    for head_dim, tiles in ALL_CANDIDATES.items()
+    head_dim: tuple(filter(_listed, tiles)) for head_dim, tiles in ALL_CANDIDATES.items()
 }
 
 
@@ -239,6 +270,7 @@ class StepConstants(NamedTuple):
     TMA_ROWS: bool = False  # LSE₂ and D come with Q and dO into the ring (``BackwardTiles.tma_rows``)
     LIMIT_MASK: bool = False  # masked steps compare with a limit per row (``BackwardTiles.limit_mask``)
     CONSUMER_RANGES: bool = False  # dK/dV: a consumer may skip steps (``BackwardTiles.consumer_ranges``)
+    LATE_DV: bool = False  # dK/dV: dV's product issued after dSᵀ is made (``BackwardTiles.late_dv``)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -341,7 +373,10 @@ def _dkdv_step(carry, step, m_start, batch_head, step_args, constants: gl.conste
     q_tile = _ready_tile(q_ring, q_ready, step, NUM_STAGES)
     s_t_token = _scores(k_smem, q_tile, s_layout)
     do_tile = _ready_tile(do_ring, do_ready, step, NUM_STAGES)
-    dp_t_token = _scores(v_smem, do_tile, s_layout)
+    if constants.LATE_DV:  # ``backward_late_dv``: the wgmma leaves dPᵀ − D
+        dp_t_token = dp_t_minus_delta(v_smem, do_tile, Delta, m_start, batch_head, seqlen_q, step, constants)
+    else:
+        dp_t_token = _scores(v_smem, do_tile, s_layout)
     # wgmmas retire in order; overlapped, the previous dK and (in-kernel dQ) dQᵀ products follow Sᵀ and dPᵀ.
     LATER: gl.constexpr = 1 + OVERLAP + (NUM_CONSUMERS if OVERLAP and constants.DQ != "pass" else 0)
     if OVERLAP:
@@ -353,15 +388,18 @@ def _dkdv_step(carry, step, m_start, batch_head, step_args, constants: gl.conste
     lse_log2, delta = step_rows(LseLog2, Delta, row_base, offs_m, seqlen_q, step, NUM_STAGES, constants.TMA_ROWS)
 
     s_t = warpgroup_mma_wait(LATER, deps=[s_t_token])
+    if constants.LATE_DV:  # LSE₂ read once Sᵀ is in registers, not held under the wgmmas
+        lse_log2 = step_row(LseLog2, row_base, offs_m, seqlen_q, step, NUM_STAGES, constants.TMA_ROWS, float("inf"))
     p_t = gl.exp2(s_t * scale_log2 - lse_log2[None, :])
     if MASKED:
         p_t = backward_ranges.mask_p_t(p_t, offs_n, offs_m, m_start, seqlen_k, causal_offset, constants)
-    dv_token = _values_product(_operand_p(p_t, q_ring.dtype, p_layout), do_tile, dv, p_layout)
-    # dV += Pᵀ dO runs while dSᵀ = Pᵀ ∘ (dPᵀ − D) is made (overlapped: the previous dK, dQᵀ too).
-    dp_t = warpgroup_mma_wait(LATER, deps=[dp_t_token])
+    if not constants.LATE_DV:
+        dv_token = _values_product(_operand_p(p_t, q_ring.dtype, p_layout), do_tile, dv, p_layout)
+    # dV += Pᵀ dO runs while dSᵀ = Pᵀ ∘ (dPᵀ − D) is made (overlapped: the previous dK, dQᵀ too); late_dv: nothing.
+    dp_t = warpgroup_mma_wait(LATER - constants.LATE_DV, deps=[dp_t_token])
     if OVERLAP and constants.DQ != "pass":
         delta = late_delta(Delta, row_base, offs_m, seqlen_q, step, NUM_STAGES, constants.TMA_ROWS)
-    d_s_t = p_t * (dp_t - delta[None, :])
+    d_s_t = p_t * dp_t if constants.LATE_DV else p_t * (dp_t - delta[None, :])
     if OVERLAP:
         # dSᵀ's words take the registers of the previous step's, which its dK product reads: made after
         # it has retired (as gluon/hopper's P), and with it the previous slot is free.
@@ -382,6 +420,9 @@ def _dkdv_step(carry, step, m_start, batch_head, step_args, constants: gl.conste
         carry = plain_dq_share(dk_token, dv_token, d_s_t, empty.index(step % NUM_STAGES), step, (batch_head, m_start),
                                seqlen_q, vectors, s_layout, constants.DQ)  # fmt: skip
     else:
+        if constants.LATE_DV:
+            # Pᵀ's 16-bit copy made only now (FlashAttention-4's order): its words are not live beside dPᵀ.
+            dv_token = _values_product(_operand_p(p_t, q_ring.dtype, p_layout), do_tile, dv, p_layout)
         dk_token = _values_product(_operand_p(d_s_t, q_ring.dtype, p_layout), q_tile, dk, p_layout)
         dv, dk = warpgroup_mma_wait(0, deps=[dv_token, dk_token])
         mbarrier.arrive(empty.index(step % NUM_STAGES), count=1)
@@ -457,7 +498,7 @@ def _dkdv_kernel(
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale_log2,
     NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, OVERLAP: gl.constexpr,
     DQ: gl.constexpr, TMA_ROWS: gl.constexpr, HEAVIEST_FIRST: gl.constexpr, CONSUMER_RANGES: gl.constexpr,
-    LIMIT_MASK: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    LIMIT_MASK: gl.constexpr, LATE_DV: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """dK and dV (B, Hkv, Sk, D) of one 128-key block of one (batch, KV head); Q, dO by 4-D descriptors
     with a BLOCK_M-row box, K, V, dK, dV with a 64-row box; LSE₂ and D fp32 (B·H·Sq) vectors (TMA_ROWS: 3-D
@@ -476,7 +517,7 @@ def _dkdv_kernel(
     # Pᵀ and dSᵀ as wgmma's A operand from registers: two 16-bit k per thread and register.
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     constants: gl.constexpr = StepConstants(
-        s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP, DQ, TMA_ROWS, LIMIT_MASK, CONSUMER_RANGES
+        s_layout, acc_layout, p_layout, NUM_STAGES, CAUSAL, OVERLAP, DQ, TMA_ROWS, LIMIT_MASK, CONSUMER_RANGES, LATE_DV
     )
 
     n_block, batch_kv_head = gl.program_id(0), gl.program_id(1)
@@ -742,7 +783,7 @@ def _launches(
             accumulator_descriptor(accum_t, problem, tiles.dkdv_block_m) if accum_t is not None
             else delta if dq_accum is None else dq_accum, *scalars,
         ),
-        {**options, "NUM_STAGES": tiles.dkdv_stages, "DQ": tiles.dq},
+        {**options, "NUM_STAGES": tiles.dkdv_stages, "DQ": tiles.dq, "LATE_DV": tiles.late_dv},
     )  # fmt: skip
     if accum_t is not None:
         return [preprocess, dkdv, convert_launch(accum_t, dq, problem)], (dq, dk, dv)
