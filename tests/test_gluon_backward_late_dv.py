@@ -3,11 +3,12 @@ accumulator seeded with −D), LSE₂ read once Sᵀ has retired, dV += Pᵀ dO 
 takes 128 query rows at D=64.
 
 On CPU: the knob refuses the overlapped steps and an in-kernel dQ, names itself, and is listed exactly by the
-releases that build it without spills; the A/B (``bench/gluon_bwd_d64_ab.sh``) names real variants. Static (a child process without the interpreter): at D=64 with 128 query
-rows, non-causal, no spills and no serialised wgmmas under every release, m64n128 products and a step of 64 exp2
-a thread; causal spill-free where listed; planted: the same 128-row tiles in the plain order spill, which the rule
-detects. On the GPU: every late_dv candidate against fp64 on ragged, causal (both alignments), GQA/MQA, one-query
-and many-block shapes; planted: the dK/dV kernel given D = 0 (a lost seed) fails the rule on dK.
+releases that build it without spills (D=64's default there); the A/B (``bench/gluon_bwd_d64_ab.sh``) names real
+variants. Static (a child process without the interpreter): at D=64 with 128 query rows, non-causal, no spills and
+no serialised wgmmas under every release, m64n128 products and a step of 64 exp2 a thread; causal spill-free where
+listed; planted: the same 128-row tiles in the plain order spill, which the rule detects. On the GPU: every late_dv
+candidate against fp64 on ragged, causal (both alignments), GQA/MQA, one-query and many-block shapes; planted: the
+dK/dV kernel given D = 0 (a lost seed) fails the rule on dK.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ LATE_DV = [tiles for tiles in gluon_backward.ALL_CANDIDATES[64] if tiles.late_dv
 
 def test_late_dv_is_checked_named_and_listed_where_it_builds() -> None:
     """Overlapped steps and an in-kernel dQ are refused; the label says ``late_dv``; 128-row candidates at D=64 only,
-    in CANDIDATES exactly when the installed release is not among LATE_DV_SPILLS; the defaults have it off."""
+    in CANDIDATES exactly when the installed release is not among LATE_DV_SPILLS, and D=64's default there."""
     tiles = gluon_backward.BackwardTiles
     for wrong in ({"overlap": True}, {"dq": "reduce"}):
         with pytest.raises(ValueError, match="late_dv"):
@@ -39,7 +40,8 @@ def test_late_dv_is_checked_named_and_listed_where_it_builds() -> None:
     assert LATE_DV and all(t.dkdv_block_m == 128 and t.tma_rows for t in LATE_DV)
     listed = triton_release() not in gluon_backward.LATE_DV_SPILLS
     assert all((t in gluon_backward.CANDIDATES[64]) == listed for t in LATE_DV)
-    assert not any(variants[0].late_dv for variants in gluon_backward.ALL_CANDIDATES.values())
+    # D=64's default where it builds spill-free (results/h200/gluon-backward-d64-late-dv/), else the plain step's.
+    assert gluon_backward.CANDIDATES[64][0].late_dv == listed
 
 
 # Each late_dv candidate and the same tiles in the plain order, D=64, the anchor shape causal and not and the

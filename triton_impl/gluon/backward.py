@@ -65,9 +65,10 @@ Measured (H200, P1 = B=2 H=16 S=8192 D=128 bf16): 465.2 / causal 455.1 TFLOP/s (
 FA4's sm90 backward, which makes dQ += dS K once and bulk-adds it; ours runs seven (the dQ pass). Causal takes 0.511
 of the non-causal time for 0.508 of the steps (FA4 0.541). D=128's default has both causal knobs (``consumer_ranges``,
 ``limit_mask``: ``backward_ranges.py``): +1.9 / +2.1 % at B=8 S=2048 causal in two runs, +0.4 / +0.6 % at P1 causal.
-D=64 (B=4 H=32 S=8192): 387.7, 0.73× FA4. ``late_dv`` (``backward_late_dv.py``, off, untimed) puts the dK/dV step in
-FlashAttention-4's order, which lets it take 128 query rows there: m64n128 wgmmas for Sᵀ and dPᵀ, less shared-memory
-operand traffic per FLOP.
+D=64 (B=4 H=32 S=8192): 383.5 / causal 366.6, 0.74× / 0.75× FA4. ``late_dv`` (``backward_late_dv.py``) puts the dK/dV
+step in FlashAttention-4's order, which lets it take 128 query rows there (m64n128 wgmmas for Sᵀ and dPᵀ, less
+shared-memory operand traffic per FLOP); with the 128-key dQ pass, 397.0 / 384.2 (+3.5 / +4.8 %, 0.77× / 0.78× FA4;
+2026-12-02, Triton 3.6): D=64's default where it builds spill-free (3.7, 3.8; ``LATE_DV_SPILLS``).
 """
 
 from __future__ import annotations
@@ -206,7 +207,8 @@ class BackwardTiles:
         return f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, {dq}{suffix}{rows}"
 
 
-# Per head dim, the default first; none spills for sm_90a (tests/test_backward.py). A dK/dV consumer thread holds dK
+# Per head dim, the default first (the first a release lists: ``CANDIDATES``); none spills for sm_90a
+# (tests/test_backward.py). A dK/dV consumer thread holds dK
 # and dV (2 × 64 fp32 registers at D=128) beside Sᵀ and dPᵀ: 64 query rows per slot spill there (120 bytes under
 # 3.8), 32 do not; at D=64, 128 rows spill in the plain order, not with ``late_dv``. The overlapped ones hold a slot
 # one step longer (three slots or more); under 3.9 they spill (16-64 bytes): the plain s3 with tma_rows is D=128's
@@ -214,12 +216,12 @@ class BackwardTiles:
 OVERLAP_SPILLS = ("3.9",)
 ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     64: (
+        BackwardTiles(128, 2, 128, 2, tma_rows=True, late_dv=True),
         BackwardTiles(64, 2, 64, 2, tma_rows=True), BackwardTiles(64, 2, 64, 2), BackwardTiles(64, 3, 128, 2),
         BackwardTiles(64, 3, 64, 3, overlap=True), BackwardTiles(64, 3, 64, 3, overlap=True, tma_rows=True),
         BackwardTiles(64, 2, 64, 2, tma_rows=True, heaviest_first=True),
         BackwardTiles(64, 2, 64, 2, tma_rows=True, heaviest_first=True, consumer_ranges=True, limit_mask=True),
         BackwardTiles(128, 2, 64, 2, tma_rows=True, late_dv=True), BackwardTiles(64, 2, 128, 2, tma_rows=True),
-        BackwardTiles(128, 2, 128, 2, tma_rows=True, late_dv=True),
     ),
     128: (
         BackwardTiles(32, 3, 64, 3, overlap=True, tma_rows=True, heaviest_first=True, consumer_ranges=True,
