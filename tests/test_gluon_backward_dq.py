@@ -23,6 +23,7 @@ import torch
 
 from common import attention
 from common.contract.inputs import make_inputs
+from common.contract.problem import Problem
 from tests import test_gluon_backward_rows as backward_rows_tests
 from tests._helpers import json_from_child
 from tests.test_backward import assert_all_pass, problem
@@ -201,15 +202,20 @@ GPU_SHAPES = {**backward_rows_tests.GPU_SHAPES, "sq1000_sk777_gqa": problem(1000
 GPU_CASES = [pytest.param(name, tiles, id=f"{name}-{tiles.label}") for tiles in REDUCE for name in GPU_SHAPES]
 
 
-def _gradients(shape: str, tiles: gluon_backward.BackwardTiles):
-    prob = GPU_SHAPES[shape].with_(head_dim=128, dtype=torch.bfloat16)
-    q, k, v = make_inputs(prob, seed=23, device="cuda", offset=0.5)
-    d_out = torch.randn(q.shape, generator=torch.Generator(device="cuda").manual_seed(9), device="cuda").bfloat16()
+def gluon_gradients(prob: Problem, tiles: gluon_backward.BackwardTiles, seed: int, d_out_seed: int):
+    """``tiles``' gradients of ``prob`` in bf16 from gluon/hopper's O and LSE, with the operands the rule needs."""
+    q, k, v = make_inputs(prob, seed=seed, device="cuda", offset=0.5)
+    generator = torch.Generator(device="cuda").manual_seed(d_out_seed)
+    d_out = torch.randn(q.shape, generator=generator, device="cuda").bfloat16()
     with torch.no_grad():
         out, lse = attention(q, k, v, causal=prob.causal, causal_alignment=prob.causal_alignment,
                              impl="gluon/hopper", return_lse=True)  # fmt: skip
     grads = gluon_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=tiles)
     return grads, (q, k, v, d_out, prob)
+
+
+def _gradients(shape: str, tiles: gluon_backward.BackwardTiles):
+    return gluon_gradients(GPU_SHAPES[shape].with_(head_dim=128, dtype=torch.bfloat16), tiles, 23, 9)
 
 
 @pytest.mark.gpu

@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from common import attention
-from common.contract.inputs import make_inputs
 from common.toolchain.releases import triton_release
 from tests import test_gluon_backward_rows as backward_rows_tests
 from tests._helpers import json_from_child
 from tests.test_backward import assert_all_pass, problem
+from tests.test_gluon_backward_dq import gluon_gradients
 from triton_impl.gluon import backward as gluon_backward
 
 LATE_DV = [tiles for tiles in gluon_backward.ALL_CANDIDATES[64] if tiles.late_dv]
@@ -103,14 +102,7 @@ GPU_CASES = [pytest.param(name, tiles, id=f"{name}-{tiles.label}") for tiles in 
 
 
 def _gradients(shape: str, tiles: gluon_backward.BackwardTiles):
-    prob = GPU_SHAPES[shape].with_(head_dim=64, dtype=torch.bfloat16)
-    q, k, v = make_inputs(prob, seed=29, device="cuda", offset=0.5)
-    d_out = torch.randn(q.shape, generator=torch.Generator(device="cuda").manual_seed(11), device="cuda").bfloat16()
-    with torch.no_grad():
-        out, lse = attention(q, k, v, causal=prob.causal, causal_alignment=prob.causal_alignment,
-                             impl="gluon/hopper", return_lse=True)  # fmt: skip
-    grads = gluon_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=tiles)
-    return grads, (q, k, v, d_out, prob)
+    return gluon_gradients(GPU_SHAPES[shape].with_(head_dim=64, dtype=torch.bfloat16), tiles, 29, 11)
 
 
 @pytest.mark.gpu
@@ -141,14 +133,16 @@ def test_gpu_a_lost_delta_seed_fails_the_rule(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_the_ab_names_real_variants() -> None:
-    """``bench/gluon_bwd_d64_ab.sh`` runs ``bench.gluon_bwd_causal --set d64``: D=64's default first, then every
-    late_dv candidate and the 128-key dQ pass by their labels, at the D=64 anchor causal and not."""
+    """``bench/gluon_bwd_d64_ab.sh`` runs ``bench.gluon_bwd_causal --set d64``: the plain 64-row step first (D=64's
+    default where late_dv spills), then every late_dv candidate and the 128-key dQ pass by their labels, at the D=64
+    anchor causal and not."""
     from bench import gluon_bwd_causal
 
     script = (Path(__file__).parents[1] / "bench" / "gluon_bwd_d64_ab.sh").read_text()
     assert "bench.gluon_bwd_causal --set d64" in script
     head_dim, labels, shapes = gluon_bwd_causal.AB_SETS["d64"]
     chosen = list(gluon_bwd_causal._variants(head_dim, labels).values())
-    assert chosen[0] == gluon_backward.CANDIDATES[64][0] and set(LATE_DV) <= set(chosen)
+    plain = next(t for t in gluon_backward.ALL_CANDIDATES[64] if not t.late_dv)
+    assert chosen[0] == plain and set(LATE_DV) <= set(chosen)
     assert any(t.dq_block_n == 128 and not t.late_dv for t in chosen)
     assert shapes == ("D64 B4 H32", gluon_bwd_causal.D64_CAUSAL[0])

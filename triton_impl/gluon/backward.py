@@ -68,7 +68,7 @@ of the non-causal time for 0.508 of the steps (FA4 0.541). D=128's default has b
 D=64 (B=4 H=32 S=8192): 383.5 / causal 366.6, 0.74× / 0.75× FA4. ``late_dv`` (``backward_late_dv.py``) puts the dK/dV
 step in FlashAttention-4's order, which lets it take 128 query rows there (m64n128 wgmmas for Sᵀ and dPᵀ, less
 shared-memory operand traffic per FLOP); with the 128-key dQ pass, 397.0 / 384.2 (+3.5 / +4.8 %, 0.77× / 0.78× FA4;
-2026-12-02, Triton 3.6): D=64's default where it builds spill-free (3.7, 3.8; ``LATE_DV_SPILLS``).
+2026-12-02, Triton 3.6): D=64's default where it builds spill-free (3.8; ``LATE_DV_SPILLS``).
 """
 
 from __future__ import annotations
@@ -242,9 +242,9 @@ ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
 # dQ lost plain (H200, P1 / causal 450.2 / 428.8 with tma_rows, the default 466.5 / 443.3) and overlapped
 # (462.3 / 430.3 against 463.3 / 443.4; it spills under 3.6 outside the step loops: KNOWN_SPILLS): off.
 # late_dv's 128-row step at D=64 (``backward_late_dv.py``) builds spill-free non-causal under 3.6, 3.8 and 3.9; causal,
-# 3.6 spills 24 bytes per thread outside the step loops (the store coordinates, around the masked loop's 32 hoisted
-# column indices) and 3.9 40-56 bytes in them: listed by the other releases only (tests/test_gluon_backward_late_dv.py).
-LATE_DV_SPILLS = ("3.6", "3.9")
+# 3.6 and 3.7 spill 24 bytes per thread outside the step loops (the store coordinates, around the masked loop's 32
+# hoisted column indices) and 3.9 40-56 bytes in them: listed by 3.8 only (tests/test_gluon_backward_late_dv.py).
+LATE_DV_SPILLS = ("3.6", "3.7", "3.9")
 
 
 def _listed(tiles: BackwardTiles) -> bool:
