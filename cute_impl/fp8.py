@@ -22,7 +22,7 @@ Algorithm
    reads Q in bf16/fp16, each consumer warpgroup rotating, scaling and rounding its 64-row box as the
    quantiser would (``_fp8_query.py``: Q's scale block is that box), so a call reads Q once instead of
    three times; the emulation and FP8_RULE are unchanged (the kernel's Q is the quantiser's).
-   ``LEAN_Q_QUANTISATION`` (issue #37, off by default): the same e4m3 Q from ~160 fewer instructions a consumer
+   ``LEAN_Q_QUANTISATION`` (issue #37, off by default): the same e4m3 Q from 162 fewer instructions a consumer
    thread and tile (the amax before x c, the box written by stmatrix; ``_fp8_query.py``, "lean").
    ``PROGRAMMATIC_LAUNCH`` (issue #37, off by default): end to end, the kernel is launched by programmatic
    dependent launch, so that it starts under the quantiser's last wave and waits for it only before reading what
@@ -138,10 +138,10 @@ QUANTISE_Q_HEAD_DIMS = (128,)
 # when a launch is built. Off until the A/B.
 PROGRAMMATIC_LAUNCH = False
 # Issue #37's lean Q quantisation (bench/fp8_tile_work_ab.sh times it): with ``QUANTISE_Q_IN_KERNEL``, the same
-# e4m3 Q from about 200 fewer instructions a consumer thread and tile, of the ~2000 it runs outside the key-block
+# e4m3 Q from 162 fewer instructions a consumer thread and tile at P1, of the 1964 it runs outside the key-block
 # steps (``HopperAttentionConfig.lean_quantise_q``): the amax before the rotation's x c, and the e4m3 box written
 # by stmatrix from a rotation with its sign matrix's columns reordered (``sign_matrix_transposed``). Read when a
-# launch is built. Off until the A/B.
+# launch is built. Off until the A/B; predicted -2 to -6 us of 695 causal (docs/perf-log.md, helper `f8t`).
 LEAN_Q_QUANTISATION = False
 
 
