@@ -494,9 +494,11 @@ def test_gpu_cute_fp8_q_in_kernel_with_a_wrong_rotation_fails_the_rule(monkeypat
     fp8 = _module("cute_impl.fp8")
     problem, (q, k, v) = fa3_case(Q_IN_KERNEL_SHAPES["ragged-gqa"], "causal", seed=3)
     monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
-    monkeypatch.setattr(fp8, "sign_matrix_transposed",
-                        lambda head_dim, seed, dtype, device: torch.sign(random_hadamard(head_dim, seed, device))
-                        .to(dtype).contiguous())  # fmt: skip
+
+    def untransposed(head_dim, seed, dtype, device, paired=False):
+        return torch.sign(random_hadamard(head_dim, seed, device)).to(dtype).contiguous()
+
+    monkeypatch.setattr(fp8, "sign_matrix_transposed", untransposed)
     result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
     assert not result.ok, f"a wrong rotation of Q passed: {result.summary()}"
 
