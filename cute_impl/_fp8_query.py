@@ -29,28 +29,37 @@ warpgroup and tile, on the box the producer loaded by TMA in the input dtype:
 4. The e4m3 values go to the warpgroup's e4m3 Q box (the A operand of S = Q Kᵀ), at the accumulator's
    coordinates, then a proxy fence and the warpgroup's barrier before its first wgmma reads them.
 
+``lean`` (``HopperAttentionConfig.lean_quantise_q``): the same bytes from fewer instructions. Step 2 takes the
+amax of the products before x c and multiplies it by c once (rounding is monotone and c > 0); step 4 writes the box
+with four ``stmatrix.x4`` a thread (``PairedBoxStore``: e4m3 pairs as 16-bit elements) instead of 32 two-byte
+stores whose swizzled addresses cost about 100 integer instructions. stmatrix puts a lane's pairs at other columns
+than the accumulator's, so the sign matrix's columns come reordered (``paired_columns``): the accumulator then
+holds, at each column, the rotated column that stmatrix stores there. At P1, 162 of a consumer thread's ~1960
+instructions a tile outside the key-block steps.
+
 Bit equality with the quantiser holds where the fp32 sums of step 1 are the same: the same k16 groups
 in the same order on the same tensor cores, which is what Triton's wgmma for the quantiser's
 (128, D) x (D, D) product issues; the GPU tests compare the scales and judge the kernel by the FP8
 rule against the emulation of the full quantiser's operands.
 
 Cost: both consumer warpgroups quantise at once at a tile's start, so the tensor cores idle meanwhile:
-the rotation (two 64 x D x D bf16 products) and about 550 instructions a thread (x c, amax, the division,
-the cast, 32 two-byte stores), per tile of 128 rows.
+the rotation (two 64 x D x D bf16 products) and about 790 instructions a thread (x c twice, amax, the division's
+390, the cast, 32 two-byte stores and their addresses; another 454 in the path of a block of tiny values), per
+tile of 128 rows; ``lean`` about 630.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import warpgroup
+from cutlass import BFloat16, Float32, Int32
+from cutlass.cute.nvgpu import warp, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from common.contract.fp8 import E4M3_MAX, random_hadamard
+from common.contract.fp8 import E4M3_MAX, KEY_GROUP, PERMUTED_KEY_ORDER, random_hadamard
 from cute_impl._hopper_device import (
     PRODUCER_ARRIVES,
     ROWS_PER_WARPGROUP,
@@ -71,6 +80,26 @@ def rotation_scale(head_dim: int) -> float:
     """c: the fp32 magnitude of every entry of ``random_hadamard(head_dim, seed)`` (the same for every seed),
     read as the quantiser reads it."""
     return random_hadamard(head_dim, 0)[0, 0].abs().item()
+
+
+def paired_columns(head_dim: int) -> list[int]:
+    """``lean``: the rotated column that the accumulator's column c holds when the sign matrix's columns come in
+    this order. A lane's accumulator holds, in each group of 16 columns, the pairs 2t, 2t+1 and 2t+8, 2t+9; with the
+    e4m3 pairs taken as 16-bit elements, stmatrix stores a lane's two elements at pair slots 2t and 2t+1, i.e.
+    column 8h + 2t + e at 4t + 2h + e: the inverse of ``PERMUTED_KEY_ORDER`` (V's keys, reordered for the same
+    reason). Column c of the product is one sum over the same k16 groups whichever column of the matrix it uses,
+    so the values are the default's, only computed in other registers."""
+    inverse = [PERMUTED_KEY_ORDER.index(c) for c in range(KEY_GROUP)]
+    return [c - c % KEY_GROUP + inverse[c % KEY_GROUP] for c in range(head_dim)]
+
+
+def fragment_pair(index: int) -> int:
+    """``lean``: the accumulator's e4m3 pair (its ((2, 2, D/8), 1, 1) values taken two by two: pair k is row half
+    k % 2 of column group k // 2) that element ``index`` = e + 2 r + 4 m of the 16-bit stmatrix fragment
+    ((2, 2, D/16), 1, 1) holds: row half r of group 2 m + e, whose columns stmatrix stores at pair slots 2t + e of
+    16-bit group m."""
+    e, r, m = index % 2, index // 2 % 2, index // 4
+    return r + 2 * (2 * m + e)
 
 
 def rotation_mma(dtype: type[cutlass.Numeric], head_dim: int) -> cute.TiledMma:
@@ -149,13 +178,49 @@ def quotient(x: Float32, divisor: Float32, reciprocal: Float32) -> Float32:
     return q
 
 
+class PairedBoxStore(ReadOnlyInRegions):
+    """``lean``: warpgroup ``w``'s e4m3 Q box written by stmatrix, Q's e4m3 pairs as 16-bit elements of a
+    (64, D/2) view of the same swizzled bytes (128-byte rows either way), from a rotation whose columns come in
+    :func:`paired_columns`' order: four ``stmatrix.x4`` a thread instead of 32 two-byte stores, each with its own
+    swizzled address (about 100 integer instructions a tile)."""
+
+    def __init__(self, sQ_pairs: cute.Tensor, w: Int32, wg_tidx: Int32):
+        rows, pair_cols = cute.size(sQ_pairs, mode=[0]), cute.size(sQ_pairs, mode=[1])
+        k_major = cute.nvgpu.OperandMajorMode.K
+        # Never run: its C partition is the 16-bit accumulator layout that stmatrix stores.
+        pairs_mma = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, k_major, k_major, Float32, (1, 1, 1),
+                                                      (rows, pair_cols))  # fmt: skip
+        atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), BFloat16)
+        self.thr_store = cute.make_tiled_copy_C(atom, pairs_mma).get_slice(wg_tidx)
+        self.pairs_shape = pairs_mma.get_slice(wg_tidx).partition_shape_C((rows, pair_cols))  # ((2, 2, D/16), 1, 1)
+        self.box = sQ_pairs[None, None, w]  # (64, D/2) 16-bit
+
+    @staticmethod
+    def view(boxes: Any, head_dim: int, warpgroups: int) -> cute.Tensor:
+        """The (64, D/2, warpgroup) 16-bit view of the e4m3 Q boxes' shared memory (``boxes``, a storage field)."""
+        tiler = (ROWS_PER_WARPGROUP, head_dim // 2, head_dim // 2)
+        layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tiler, BFloat16, warpgroups)
+        return boxes.get_tensor(layout.outer, swizzle=layout.inner, dtype=BFloat16)
+
+    @cute.jit
+    def store(self, rQ8: cute.Tensor) -> None:
+        """``rQ8``: the accumulator's e4m3 values ((2, 2, D/8), 1, 1), into the box by ``fragment_pair``'s register
+        renaming (no instruction) and stmatrix."""
+        pairs = cute.recast_tensor(rQ8, BFloat16)
+        fragment = cute.make_rmem_tensor(self.pairs_shape, BFloat16)
+        for i in cutlass.range_constexpr(cute.size(fragment)):
+            fragment[i] = pairs[fragment_pair(i)]
+        # Partitioned here, not once per CTA: four addresses live across the key-block loops cost a spill there.
+        cute.copy(self.thr_store, self.thr_store.retile(fragment), self.thr_store.partition_D(self.box))
+
+
 class QueryQuantiser(ReadOnlyInRegions):
     """Steps 1-4 of the module docstring for consumer warpgroup ``w``: :meth:`rotate` issues the product of its
     loaded input-dtype Q box, :meth:`quantise` turns it into its e4m3 Q box and returns the block's scale."""
 
     def __init__(
         self, mma: cute.TiledMma, sQ_in: cute.Tensor, sR: cute.Tensor, sQ: cute.Tensor, amax: cute.Tensor,
-        rotation_full: cute.Pointer, w: Int32, wg_tidx: Int32, scale: float,
+        rotation_full: cute.Pointer, w: Int32, wg_tidx: Int32, scale: float, paired: PairedBoxStore | None = None,
     ):  # fmt: skip
         thr = mma.get_slice(wg_tidx)
         self.mma = mma
@@ -171,6 +236,8 @@ class QueryQuantiser(ReadOnlyInRegions):
         self.lane = wg_tidx % cute.arch.WARP_SIZE
         self.scale = scale
         self.barrier = NamedBarrier.QUANTISE_WG1 + w
+        # ``lean``: the amax taken before x c (one multiply instead of 64) and the box written by ``paired``.
+        self.paired = paired
 
     @cute.jit
     def wait_rotation(self) -> None:
@@ -201,14 +268,17 @@ class QueryQuantiser(ReadOnlyInRegions):
         warpgroup.wait_group(0)
         acc = cute.make_rmem_tensor(self.acc_shape, Float32)
         acc.store(rotated.load() * Float32(self.scale))
-        # 2. amax: thread, warp, warpgroup (through shared memory), then the scale.
-        values = [cute.math.abs(acc[i]) for i in range(cute.size(acc))]
+        # 2. amax: thread, warp, warpgroup (through shared memory), then the scale. ``lean``: of the products
+        # before x c, times c once: rounding is monotone and c > 0, so max |x c| = max |x| c bit for bit.
+        values = [cute.math.abs((rotated if self.paired is not None else acc)[i]) for i in range(cute.size(acc))]
         amax = cute.arch.warp_reduction_max(tree_reduce(values, cute.arch.fmax), threads_in_group=cute.arch.WARP_SIZE)
         first = self.w * WARPS_PER_WARPGROUP
         if self.lane == 0:
             self.amax[first + self.warp] = amax
         cute.arch.barrier(barrier_id=self.barrier, number_of_threads=THREADS_PER_WARPGROUP)
         amax = tree_reduce([self.amax[first + i] for i in range(WARPS_PER_WARPGROUP)], cute.arch.fmax)
+        if cutlass.const_expr(self.paired is not None):
+            amax = amax * Float32(self.scale)
         scale = Float32(cutlass.select_(amax > 0.0, amax / Float32(E4M3_MAX), Float32(1.0)))
         # 3. x / scale correctly rounded (the reciprocal division), e4m3 with saturation.
         divisor, reciprocal, factor = divisor_of(scale)
@@ -223,7 +293,10 @@ class QueryQuantiser(ReadOnlyInRegions):
         rQ8 = cute.make_rmem_tensor_like(acc, self.tRsQ8.element_type)
         rQ8.store(acc.load().to(self.tRsQ8.element_type))
         # 4. Into the e4m3 box, visible to the async proxy (wgmma) of every warp of the warpgroup.
-        cute.autovec_copy(rQ8, self.tRsQ8)
+        if cutlass.const_expr(self.paired is not None):
+            self.paired.store(rQ8)
+        else:
+            cute.autovec_copy(rQ8, self.tRsQ8)
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=self.barrier, number_of_threads=THREADS_PER_WARPGROUP)
         return scale

@@ -77,6 +77,10 @@ class HopperAttentionConfig:
     # before its normalisation and O store, so that the tensor cores run it under that epilogue instead of
     # at the next tile's start (``hopper.py``, step 5).
     rotate_ahead: bool = False
+    # With ``quantise_q`` (``fp8.LEAN_Q_QUANTISATION``): the same e4m3 Q with fewer instructions a tile, the amax
+    # taken before x c and the e4m3 box written by stmatrix, the sign matrix's columns in
+    # ``_fp8_query.paired_columns``' order (``_fp8_query.PairedBoxStore``).
+    lean_quantise_q: bool = False
     # Programmatic dependent launch (``fp8.py``'s ``PROGRAMMATIC_LAUNCH``): launched with programmatic stream
     # serialisation, so that the CTAs start while the kernel before (the fused quantiser, which signals
     # ``griddepcontrol.launch_dependents``) finishes; each role executes ``griddepcontrol.wait`` before its first

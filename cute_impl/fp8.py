@@ -22,6 +22,8 @@ Algorithm
    reads Q in bf16/fp16, each consumer warpgroup rotating, scaling and rounding its 64-row box as the
    quantiser would (``_fp8_query.py``: Q's scale block is that box), so a call reads Q once instead of
    three times; the emulation and FP8_RULE are unchanged (the kernel's Q is the quantiser's).
+   ``LEAN_Q_QUANTISATION`` (issue #37, off by default): the same e4m3 Q from 162 fewer instructions a consumer
+   thread and tile (the amax before x c, the box written by stmatrix; ``_fp8_query.py``, "lean").
    ``PROGRAMMATIC_LAUNCH`` (issue #37, off by default): end to end, the kernel is launched by programmatic
    dependent launch, so that it starts under the quantiser's last wave and waits for it only before reading what
    it writes (``hopper.py``, "Programmatic dependent launch").
@@ -106,6 +108,7 @@ from common.contract.registry import Implementation, Runner
 from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
 from cute_impl._device import LOG2_E
+from cute_impl._fp8_query import paired_columns
 from cute_impl._hopper_host import DEFAULT_TILE_N, HopperAttentionConfig, default_config
 from cute_impl.hopper import KERNELS, ROWS_PER_WARPGROUP, validated_problem, wgmma_supports
 from triton_impl import fp8_quantiser
@@ -134,6 +137,12 @@ QUANTISE_Q_HEAD_DIMS = (128,)
 # launch takes it: a kernel-only run follows any kernel, which may write Q while the kernel reads it early. Read
 # when a launch is built. Off until the A/B.
 PROGRAMMATIC_LAUNCH = False
+# Issue #37's lean Q quantisation (bench/fp8_tile_work_ab.sh times it): with ``QUANTISE_Q_IN_KERNEL``, the same
+# e4m3 Q from 162 fewer instructions a consumer thread and tile at P1, of the 1964 it runs outside the key-block
+# steps (``HopperAttentionConfig.lean_quantise_q``): the amax before the rotation's x c, and the e4m3 box written
+# by stmatrix from a rotation with its sign matrix's columns reordered (``sign_matrix_transposed``). Read when a
+# launch is built. Off until the A/B; predicted -2 to -6 us of 695 causal (docs/perf-log.md, helper `f8t`).
+LEAN_Q_QUANTISATION = False
 
 
 # D=64 configurations for issue #37's A/B (``python -m bench.gluon_sweep bench 3 --cands fp8-d64``;
@@ -177,6 +186,8 @@ def fp8_config(problem: Problem, quantisation: Quantisation, **knobs: Any) -> Ho
     config = dataclasses.replace(default_config(problem, fp8=True), **{"block_scales": quantisation.block, **knobs})
     if config.rotate_ahead and not config.quantise_q:
         raise ValueError("cute/fp8 issues the next tile's rotation ahead (rotate_ahead) only with quantise_q")
+    if config.lean_quantise_q and not config.quantise_q:
+        raise ValueError("cute/fp8 quantises Q lean (lean_quantise_q) only with quantise_q")
     if config.quantise_q and not (quantisation.block and quantisation.rotation):
         raise ValueError(
             f"cute/fp8 quantises Q in its kernel only with block scales and rotation, got {quantisation.name}"
@@ -233,7 +244,8 @@ def quantised_launcher(
         )
     scales = (operands.q_scale, operands.k_scale, operands.v_scale)
     rotation = None if query is None else sign_matrix_transposed(problem.head_dim, operands.quantisation.seed,
-                                                                   query.dtype, query.device)  # fmt: skip
+                                                                   query.dtype, query.device,
+                                                                   paired=config.lean_quantise_q)  # fmt: skip
     run = KERNELS.launcher(
         config,
         operands.q8 if query is None else kernel_operand(query),
@@ -252,11 +264,16 @@ def quantised_launcher(
 
 
 @functools.cache
-def sign_matrix_transposed(head_dim: int, seed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def sign_matrix_transposed(
+    head_dim: int, seed: int, dtype: torch.dtype, device: torch.device, paired: bool = False
+) -> torch.Tensor:
     """The ±1 signs of ``random_hadamard(head_dim, seed)`` transposed, (D, D) in ``dtype``: the K-major B
-    operand of the in-kernel rotation (the quantiser's sign matrix; its magnitude is the kernel's constant)."""
-    matrix = random_hadamard(head_dim, seed, device)
-    return lasting(lambda: torch.sign(matrix).T.to(dtype).contiguous(), device)
+    operand of the in-kernel rotation (the quantiser's sign matrix; its magnitude is the kernel's constant).
+    ``paired`` (``lean_quantise_q``): its output columns in ``paired_columns``' order, for the stmatrix store."""
+    matrix = torch.sign(random_hadamard(head_dim, seed, device)).T
+    if paired:
+        matrix = matrix[torch.tensor(paired_columns(head_dim), device=device)]
+    return lasting(lambda: matrix.to(dtype).contiguous(), device)
 
 
 def quantises_q_in_kernel(problem: Problem, quantisation: Quantisation) -> bool:
@@ -280,7 +297,8 @@ def launch(
     launched right after the quantiser (end to end), so ``PROGRAMMATIC_LAUNCH`` applies."""
     in_kernel = quantises_q_in_kernel(problem, quantisation)
     pdl = after_quantiser and PROGRAMMATIC_LAUNCH
-    config = fp8_config(problem, quantisation, quantise_q=in_kernel, pdl=pdl)
+    config = fp8_config(problem, quantisation, quantise_q=in_kernel, pdl=pdl,
+                        lean_quantise_q=in_kernel and LEAN_Q_QUANTISATION)  # fmt: skip
     quantiser_config = fp8_quantiser.default_config(problem.head_dim, quantisation, query=not in_kernel)
     fused = FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, VALUE_LAYOUT, query=not in_kernel,
                            config=dataclasses.replace(quantiser_config, launch_dependents=pdl))  # fmt: skip

@@ -149,6 +149,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 from cute_impl._device import LOG2_E, RESCALE_THRESHOLD, BlockRange, SeqlenInfo, kv_head_index
 from cute_impl._fp8_query import (
+    PairedBoxStore,
     QueryLayouts,
     QueryQuantiser,
     init_rotation_barrier,
@@ -227,6 +228,7 @@ class HopperAttention:
         self.pingpong = config.pingpong
         # FP8: Q read in its input dtype and quantised by each consumer warpgroup (``_fp8_query.py``).
         self.quantise_q, self.rotate_ahead = config.quantise_q, config.quantise_q and config.rotate_ahead
+        self.lean_quantise_q = config.quantise_q and config.lean_quantise_q
         self.input_dtype = CUTE_DTYPES[config.dtype]
         self.rotation_scale = rotation_scale(config.head_dim) if config.quantise_q else 1.0
         # Problem features, all compile time so that the canonical kernel stays as it was.
@@ -428,9 +430,12 @@ class HopperAttention:
             quantiser = None
             if cutlass.const_expr(self.quantise_q):
                 q_amax = storage.q_amax.get_tensor(cute.make_layout(W * WARPS_PER_WARPGROUP))
+                paired = None
+                if cutlass.const_expr(self.lean_quantise_q):
+                    paired = PairedBoxStore(PairedBoxStore.view(storage.sQ, D, W), w, wg_tidx)
                 quantiser = QueryQuantiser(
                     rotation_mma(self.input_dtype, D), sQ_in, sR, sQ, q_amax, storage.rotation_full.data_ptr(), w,
-                    wg_tidx, self.rotation_scale,
+                    wg_tidx, self.rotation_scale, paired,
                 )  # fmt: skip
                 quantiser.wait_rotation()
             q_state = QueryBoxes.consumer_state()

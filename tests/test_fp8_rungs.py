@@ -160,12 +160,88 @@ def test_cute_fp8_q_in_kernel_compiles_to_the_rotation_wgmma_without_spills(caus
 
 
 @pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+def test_cute_fp8_lean_q_store_puts_every_rotated_column_in_place():
+    """A model of ``lean_quantise_q``'s store for each lane t of a quad: the accumulator's e4m3 pair k holds columns
+    8 (k // 2) + 2t + b (b = 0, 1) of row half k % 2 (wgmma's C layout); stmatrix stores element e + 2r + 4m of the
+    16-bit fragment at 16-bit column 8m + 2t + e of row half r, e4m3 columns 16m + 4t + 2e + b. With the sign matrix's
+    columns in ``paired_columns``' order, accumulator column c holds rotated column ``paired_columns(D)[c]``: every
+    value must land on its own column. Planted: the default order, and ``PERMUTED_KEY_ORDER`` uninverted, do not."""
+    from common.contract.fp8 import KEY_GROUP, PERMUTED_KEY_ORDER
+    from cute_impl._fp8_query import fragment_pair, paired_columns
+
+    head_dim = 128
+
+    def misplaced(order: list[int]) -> int:
+        wrong = 0
+        for t in range(4):
+            for element in range(head_dim // 4):  # ((2, 2, D/16), 1, 1) 16-bit elements a thread
+                e, r, m = element % 2, element // 2 % 2, element // 4
+                pair = fragment_pair(element)
+                assert pair % 2 == r, "a fragment element must keep its row half"
+                for b in range(2):
+                    wrong += order[8 * (pair // 2) + 2 * t + b] != 16 * m + 4 * t + 2 * e + b
+        return wrong
+
+    order = paired_columns(head_dim)
+    assert sorted(order) == list(range(head_dim))
+    assert sorted(fragment_pair(i) for i in range(head_dim // 4)) == list(range(head_dim // 4))
+    assert misplaced(order) == 0
+    assert misplaced(list(range(head_dim))) > 0
+    assert misplaced([c - c % KEY_GROUP + PERMUTED_KEY_ORDER[c % KEY_GROUP] for c in range(head_dim)]) > 0
+
+
+def _tile_work(sass: str) -> int:
+    """SASS instructions of the consumers' tile loop (the longest loop with the rotation's wgmma) outside the
+    key-block loops in it (those with e4m3 wgmma and exp2), as ``common.reporting.static.sass_loops`` finds them."""
+    from common.reporting.static import sass_loops
+
+    loops = sass_loops(sass)
+    start, tile = max(((at, body) for at, body in loops if any(op.startswith("HGMMA") for op in body)),
+                      key=lambda loop: len(loop[1]))  # fmt: skip
+
+    def key_block_step(at: int, body: list[str]) -> bool:
+        ops = ("QGMMA", "MUFU.EX2")
+        return start < at and len(body) < len(tile) and all(any(op.startswith(o) for op in body) for o in ops)
+
+    return len(tile) - sum(len(body) for at, body in loops if key_block_step(at, body))
+
+
+@pytest.mark.cute_compile
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cute_fp8_lean_q_quantisation_runs_fewer_instructions_a_tile(causal: bool):
+    """``lean_quantise_q`` at P1 (Q in the kernel): four stmatrix a consumer thread instead of 32 two-byte shared
+    stores, the same registers and at least 150 SASS instructions fewer a tile outside the key-block steps (P1 causal
+    2418 -> 2256, non-causal 2328 -> 2174, of which 454 the path of a block of tiny values, never taken at P1); causal,
+    one value a tile to local memory (8 bytes of stack, as the other causal FP8 builds that carry one more value),
+    non-causal none. Knob off, the fingerprint of the default build is unchanged (checked when it was written)."""
+    from common.reporting.static import cubin_resources, cubin_sass
+
+    fp8 = _module("cute_impl.fp8")
+    problem = Problem(2, 16, 8192, 8192, 128, dtype=torch.bfloat16, causal=causal)
+    built = {}
+    for lean in (False, True):
+        binary = fp8.compile_sm90(problem, quantise_q=True, lean_quantise_q=lean)[0]
+        (usage,) = cubin_resources(binary.cubin).values()
+        sass = cubin_sass(binary.cubin)
+        built[lean] = (usage["registers"], usage["stack_bytes"], sass.count("STSM"), sass.count("STS.U16"),
+                       _tile_work(sass))  # fmt: skip
+    default_registers, _, default_stsm, default_sts, default_work = built[False]
+    registers, stack, stsm, sts, work = built[True]
+    assert registers == default_registers and stack <= (CAUSAL_STACK_BYTES if causal else 0), built
+    assert (stsm, sts) == (default_stsm + 4, default_sts - 32), built
+    assert work <= default_work - 150, built
+
+
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
 def test_cute_q_in_kernel_needs_block_scales_and_rotation():
     fp8 = _module("cute_impl.fp8")
     with pytest.raises(ValueError, match="quantises Q in its kernel only with block scales and rotation, got block"):
         fp8.fp8_config(Problem(1, 1, 64, 64, 128), VARIANTS["block"], quantise_q=True)
     with pytest.raises(ValueError, match="rotation ahead \\(rotate_ahead\\) only with quantise_q"):
         fp8.fp8_config(Problem(1, 1, 64, 64, 128), VARIANTS["block+rotation"], rotate_ahead=True)
+    with pytest.raises(ValueError, match="lean \\(lean_quantise_q\\) only with quantise_q"):
+        fp8.fp8_config(Problem(1, 1, 64, 64, 128), VARIANTS["block+rotation"], lean_quantise_q=True)
 
 
 _TRITON_PROBE = """
@@ -418,8 +494,58 @@ def test_gpu_cute_fp8_q_in_kernel_with_a_wrong_rotation_fails_the_rule(monkeypat
     fp8 = _module("cute_impl.fp8")
     problem, (q, k, v) = fa3_case(Q_IN_KERNEL_SHAPES["ragged-gqa"], "causal", seed=3)
     monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
-    monkeypatch.setattr(fp8, "sign_matrix_transposed",
-                        lambda head_dim, seed, dtype, device: torch.sign(random_hadamard(head_dim, seed, device))
-                        .to(dtype).contiguous())  # fmt: skip
+
+    def untransposed(head_dim, seed, dtype, device, paired=False):
+        return torch.sign(random_hadamard(head_dim, seed, device)).to(dtype).contiguous()
+
+    monkeypatch.setattr(fp8, "sign_matrix_transposed", untransposed)
     result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
     assert not result.ok, f"a wrong rotation of Q passed: {result.summary()}"
+
+
+# cute/fp8 with its Q quantised lean (``LEAN_Q_QUANTISATION``, issue #37): the amax before x c and the e4m3 box
+# written by stmatrix from a rotation with reordered columns change how Q's e4m3 bytes are computed and written, not
+# their values: Q's scales and O equal the default's bit for bit, besides FP8_RULE.
+LEAN_SHAPES = {"p1-like": Q_IN_KERNEL_SHAPES["p1-like"], "ragged-gqa": Q_IN_KERNEL_SHAPES["ragged-gqa"]}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("shape", list(LEAN_SHAPES))
+def test_gpu_cute_fp8_lean_q_quantisation_is_the_defaults(shape: str, mask: str, monkeypatch: pytest.MonkeyPatch):
+    """Kernel only (poisoned outputs) by FP8_RULE; Q's scales and O equal the default's bit for bit, kernel only and
+    end to end."""
+    fp8 = _module("cute_impl.fp8")
+    problem, (q, k, v) = fa3_case(LEAN_SHAPES[shape], mask, seed=7)
+    monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
+    default = fp8.prepare(q, k, v, problem)
+    out, q_scale = default().clone(), default.quantiser.operands.q_scale.clone()
+    monkeypatch.setattr(fp8, "LEAN_Q_QUANTISATION", True)
+    result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
+    assert result.ok, f"{problem.describe()}: {result.summary()}"
+    lean = fp8.prepare(q, k, v, problem)
+    assert lean.config.lean_quantise_q
+    differing = (run_poisoned(lean) != out).sum().item()
+    assert differing == 0, f"{differing} of {out.numel()} outputs differ from the default's"
+    assert torch.equal(lean.quantiser.operands.q_scale, q_scale)
+    assert torch.equal(run_poisoned(fp8.prepare_end_to_end(q, k, v, problem)), out)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+def test_gpu_cute_fp8_lean_q_with_the_default_column_order_fails_the_rule(monkeypatch: pytest.MonkeyPatch):
+    """Planted bug: the lean store from a rotation in the default column order (``paired`` ignored), which puts
+    rotated columns where stmatrix stores other ones: the rule must fail it."""
+    fp8 = _module("cute_impl.fp8")
+    problem, (q, k, v) = fa3_case(LEAN_SHAPES["ragged-gqa"], "causal", seed=7)
+    unpaired = fp8.sign_matrix_transposed
+    monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
+    monkeypatch.setattr(fp8, "LEAN_Q_QUANTISATION", True)
+    monkeypatch.setattr(
+        fp8,
+        "sign_matrix_transposed",
+        lambda head_dim, seed, dtype, device, paired=False: unpaired(head_dim, seed, dtype, device),
+    )
+    result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
+    assert not result.ok, f"a misplaced Q passed: {result.summary()}"
