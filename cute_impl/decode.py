@@ -247,8 +247,11 @@ WIDE_M_TILE = True
 # ``splits.balanced_grid_spills``, splits.py's "The balanced grid past one wave"). {64: 4}: a 64 KB ring, three CTAs
 # an SM (sm_90a: 168 registers at 64 rows, 124 at 16), not six stages' two, so seed 73's 392-CTA 64-row row runs every
 # share at once. The plan stays. H200 (results/h200/decode-shallow-ring/): 0.77-0.90x on the four rows that spill (seed
-# 73's 90.6 -> 73.9 us, seed 71's paged 357.2 -> 274.7), one-wave and many-wave rows 1.00x.
-BALANCED_SHALLOW_RING: dict[int, int] = {64: 4}
+# 73's 90.6 -> 73.9 us, seed 71's paged 357.2 -> 274.7), one-wave and many-wave rows 1.00x. {128: 2}: a two-stage
+# D=128 ring (70 KB, 128 registers at 16 rows: three CTAs an SM, not three stages' two), seed 131 row 4's 392-CTA
+# paged(32) grid 93.3 -> 84.5 us, 107/1 0.96x, 128/5 0.95x, 90/1 (64 rows, still two an SM) 0.99x, control 1.00x (H200,
+# 2026-12-02, results/h200/decode-seed131-rings/).
+BALANCED_SHALLOW_RING: dict[int, int] = {64: 4, 128: 2}
 # Issue #38's compute-bound class (128+ packed rows a KV head: seed 107 row 0, seed 103 row 0): a 64-row tile of at
 # least this many packed rows runs on one warpgroup's WGMMA (``_decode_wgmma.py``; sm_90a only), not 4 warps' mma.sync;
 # 0: never. On (128): seed 107 row 0 362.7 -> 294.0 us, 103/0 540.1 -> 402.1, D=64's 128 rows 0.85-0.91x, controls 1.00x

@@ -22,7 +22,7 @@ Algorithm
    reads Q in bf16/fp16, each consumer warpgroup rotating, scaling and rounding its 64-row box as the
    quantiser would (``_fp8_query.py``: Q's scale block is that box), so a call reads Q once instead of
    three times; the emulation and FP8_RULE are unchanged (the kernel's Q is the quantiser's).
-   ``LEAN_Q_QUANTISATION`` (issue #37, off by default): the same e4m3 Q from 162 fewer instructions a consumer
+   ``LEAN_Q_QUANTISATION`` (issue #37, on by default): the same e4m3 Q from 162 fewer instructions a consumer
    thread and tile (the amax before x c, the box written by stmatrix; ``_fp8_query.py``, "lean").
    ``PROGRAMMATIC_LAUNCH`` (issue #37, off by default): end to end, the kernel is launched by programmatic
    dependent launch, so that it starts under the quantiser's last wave and waits for it only before reading what
@@ -141,8 +141,9 @@ PROGRAMMATIC_LAUNCH = False
 # e4m3 Q from 162 fewer instructions a consumer thread and tile at P1, of the 1964 it runs outside the key-block
 # steps (``HopperAttentionConfig.lean_quantise_q``): the amax before the rotation's x c, and the e4m3 box written
 # by stmatrix from a rotation with its sign matrix's columns reordered (``sign_matrix_transposed``). Read when a
-# launch is built. Off until the A/B; predicted -2 to -6 us of 695 causal (docs/perf-log.md, helper `f8t`).
-LEAN_Q_QUANTISATION = False
+# launch is built. H200, P1, 3 rounds (results/h200/fp8-lean-q/): kernel causal 693.7 -> 679.4 us, non-causal
+# 1327.9 -> 1310.7 (predicted -2 to -6), O bit for bit the full quantisation's.
+LEAN_Q_QUANTISATION = True
 
 
 # D=64 configurations for issue #37's A/B (``python -m bench.gluon_sweep bench 3 --cands fp8-d64``;

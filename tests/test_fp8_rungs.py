@@ -503,9 +503,9 @@ def test_gpu_cute_fp8_q_in_kernel_with_a_wrong_rotation_fails_the_rule(monkeypat
     assert not result.ok, f"a wrong rotation of Q passed: {result.summary()}"
 
 
-# cute/fp8 with its Q quantised lean (``LEAN_Q_QUANTISATION``, issue #37): the amax before x c and the e4m3 box
-# written by stmatrix from a rotation with reordered columns change how Q's e4m3 bytes are computed and written, not
-# their values: Q's scales and O equal the default's bit for bit, besides FP8_RULE.
+# cute/fp8 with its Q quantised lean (``LEAN_Q_QUANTISATION``, issue #37, the default): the amax before x c and the
+# e4m3 box written by stmatrix from a rotation with reordered columns change how Q's e4m3 bytes are computed and
+# written, not their values: Q's scales and O equal the full quantisation's bit for bit, besides FP8_RULE.
 LEAN_SHAPES = {"p1-like": Q_IN_KERNEL_SHAPES["p1-like"], "ragged-gqa": Q_IN_KERNEL_SHAPES["ragged-gqa"]}
 
 
@@ -513,14 +513,16 @@ LEAN_SHAPES = {"p1-like": Q_IN_KERNEL_SHAPES["p1-like"], "ragged-gqa": Q_IN_KERN
 @pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("shape", list(LEAN_SHAPES))
-def test_gpu_cute_fp8_lean_q_quantisation_is_the_defaults(shape: str, mask: str, monkeypatch: pytest.MonkeyPatch):
-    """Kernel only (poisoned outputs) by FP8_RULE; Q's scales and O equal the default's bit for bit, kernel only and
-    end to end."""
+def test_gpu_cute_fp8_lean_q_quantisation_is_the_full_ones(shape: str, mask: str, monkeypatch: pytest.MonkeyPatch):
+    """Kernel only (poisoned outputs) by FP8_RULE; Q's scales and O equal the full quantisation's bit for bit, kernel
+    only and end to end."""
     fp8 = _module("cute_impl.fp8")
     problem, (q, k, v) = fa3_case(LEAN_SHAPES[shape], mask, seed=7)
     monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
-    default = fp8.prepare(q, k, v, problem)
-    out, q_scale = default().clone(), default.quantiser.operands.q_scale.clone()
+    monkeypatch.setattr(fp8, "LEAN_Q_QUANTISATION", False)
+    full = fp8.prepare(q, k, v, problem)
+    assert not full.config.lean_quantise_q
+    out, q_scale = full().clone(), full.quantiser.operands.q_scale.clone()
     monkeypatch.setattr(fp8, "LEAN_Q_QUANTISATION", True)
     result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
     assert result.ok, f"{problem.describe()}: {result.summary()}"

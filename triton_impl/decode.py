@@ -62,8 +62,7 @@ The split count: the shared rule of ``common/contract/splits.py`` (examples and 
 rung's CTAs per split, ``B · Hkv · m_blocks``, and the padded Sk, never ``cache_seqlens`` (inside the kernel
 each sequence's splits follow its own length: a short one gets short or empty splits). Fifth-stop switches
 (issue #38, timed by ``bench/decode_floor5.sh``): ``SPLIT_CTAS_PER_SM`` (two), ``SHORT_CACHE_ONE_SPLIT``, ``DEEP_RING``
-(cute's ring depth), ``SHORT_CACHE_TILE`` (32-key blocks); ``PAIR_DEEP_RING`` (off): a deeper ring where the grid is one
-wave of two CTAs an SM (seed 131 row 7). ``bind(..., num_splits=n)`` forces a count.
+(cute's ring depth), ``SHORT_CACHE_TILE`` (32-key blocks). ``bind(..., num_splits=n)`` forces a count.
 
 The balanced split (``BALANCED_SPLIT = "ragged-split"``: a call with ``cache_seqlens`` over several sequences whose
 split rule splits them, as in gluon/decode and cute/decode; H200 A/Bs in ``results/h200/decode-balanced/`` and
@@ -208,18 +207,6 @@ M_TILE_MAJOR = True
 SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, DEEP_RING, SHORT_CACHE_TILE = 2, False, False, False
 # Seventh stop's switch, off until bench/decode_fewpairs_ab.sh (``splits.SplitPolicy.fewer_waves``).
 FEWER_WAVES = False
-# Issue #38's seed 131 row 7 (H200, Triton 3.6: B=2 H=4 Hkv=2 Sq=1 Sk=169216 D=64, four items, 173 MB): triton 62.3 us
-# against gluon/decode's 53.5 on the same 63 splits (252 CTAs, one wave of two an SM). Both run two CTAs an SM; the
-# default D=64 16-row build (36864 bytes: two 16 KB K/V buffers) keeps at most 64 KB an SM in flight, and a buffer is
-# refilled only once its block is computed, so a block costs about (latency + compute) / 2; gluon's six-stage ring
-# keeps five blocks a CTA. PAIR_DEEP_RING (off until bench/triton_decode_pair_ring_ab.sh): where the padded split's grid
-# passes one CTA an SM and fits one wave of SPLIT_CTAS_PER_SM (``pair_ring_stages``), the contiguous 16-row tile takes
-# PAIR_RING_STAGES' depth, the deepest whose build still holds SPLIT_CTAS_PER_SM CTAs an SM (sm_90a: 6 stages at D=64,
-# 86016 bytes, 128 registers under Triton 3.6 and 3.7, 138 under 3.9, no spill). The plan stays. Not D=128 or D=256:
-# their 16-row builds already keep two 32 KB blocks a CTA in flight (128 KB an SM at two CTAs).
-PAIR_DEEP_RING, PAIR_RING_STAGES = False, {64: 6}
-# Triton releases whose deep build spills (3.8: 8 bytes a thread at 5-7 stages, 80 registers; none at 3): not there.
-PAIR_RING_SPILLS = ("3.8",)
 # ``splits.SplitPolicy.past_wave_ctas_per_sm`` at the tile's full fit: where the items alone pass a wave of
 # SPLIT_CTAS_PER_SM an SM, the rule counts the CTAs that really share an SM, for tiles whose fit is known (a config's
 # own ctas_per_sm, or CTAS_PER_SM_FIT's FIT_BLOCK_M rows). H200 (results/h200/decode-full-fit/): B=64 Hkv=8 D=128 1 -> 3
@@ -368,29 +355,6 @@ def launch_options(problem: Problem, deep: bool = False) -> dict[str, int | None
     """The split kernels' warps, depth (``num_stages_for``) and register cap."""
     config = tile_config(problem)
     return {"num_warps": config.num_warps, "num_stages": num_stages_for(problem, deep), "maxnreg": config.max_registers}
-
-
-def pair_ring_stages(problem: Problem, grid_ctas: int, device: torch.device) -> int | None:
-    """Under ``PAIR_DEEP_RING``, ``PAIR_RING_STAGES``' depth for the padded split kernel of ``problem`` on a grid of
-    ``grid_ctas`` CTAs that passes one CTA an SM of ``device`` but fits one wave of ``SPLIT_CTAS_PER_SM`` (there the GPU
-    runs about that many an SM, whatever more the default build would hold); only the contiguous default tile of at
-    most ``FIT_BLOCK_M`` rows, whose deep build's fit the static test checks; not in a release of ``PAIR_RING_SPILLS``.
-    Else None (the tile's own depth)."""
-    switched_on = PAIR_DEEP_RING and triton_release() not in PAIR_RING_SPILLS
-    stages = PAIR_RING_STAGES.get(problem.head_dim) if switched_on else None
-    default_tile = tile_config(problem) == DEFAULT_CONFIGS[problem.head_dim] and block_m_for(problem) <= FIT_BLOCK_M
-    if stages is None or problem.paged or not default_tile:
-        return None
-    sms = splits.sm_count(device)
-    return stages if sms < grid_ctas <= SPLIT_CTAS_PER_SM * sms else None
-
-
-def split_launch_options(problem: Problem, grid_ctas: int, device: torch.device) -> dict[str, int | None]:
-    """The padded split kernel's launch options on a grid of ``grid_ctas`` CTAs: ``DEEP_RING``'s depth where the grid
-    is at most one CTA an SM, :func:`pair_ring_stages`' where it is one wave of two, else the tile's."""
-    options = launch_options(problem, DEEP_RING and grid_ctas <= splits.sm_count(device))
-    stages = pair_ring_stages(problem, grid_ctas, device)
-    return options if stages is None else {**options, "num_stages": stages}
 
 
 def split_policy(problem: Problem) -> splits.SplitPolicy:
@@ -784,9 +748,8 @@ class PaddedBinder(SplitBinder):
         self.problem, self.ready, self.num_splits = problem, ready, num_splits
         self.decisions = (False, tile_config(problem), num_splits)
         self.split_grid = (num_splits, m_blocks_for(problem), problem.batch * problem.kv_heads)
-        grid_ctas = num_splits * self.split_grid[1] * self.split_grid[2]
-        options = split_launch_options(problem, grid_ctas, device)
-        self.split_options = {**_split_constexprs(problem, split=num_splits > 1), **options}
+        deep = DEEP_RING and num_splits * self.split_grid[1] * self.split_grid[2] <= splits.sm_count(device)
+        self.split_options = {**_split_constexprs(problem, split=num_splits > 1), **launch_options(problem, deep)}
         self.fused = self.split_options["FUSED_MERGE"]
         # Only the two-launch path (more than one split, FUSED_MERGE off) launches the merge kernel.
         self.two_launch = num_splits > 1 and not self.fused
