@@ -112,6 +112,9 @@ CHANGED = {
 def test_on_changes_the_key_and_the_plan_at_many_rows_only(case: str, monkeypatch: pytest.MonkeyPatch):
     problem, balanced = PLANS[case]
     monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
+    # The ring's depth held: off, d128-64rows-balanced's two 32-row tiles spill past one wave, where the shallow
+    # D=128 ring (test_decode_shallow_ring.py) would take it, not the wide tile.
+    monkeypatch.setattr(decode, "BALANCED_SHALLOW_RING", {})
     monkeypatch.setattr(decode, "WIDE_M_TILE", False)
     off = _plan(problem)
     monkeypatch.setattr(decode, "WIDE_M_TILE", True)
