@@ -98,6 +98,7 @@ def test_write_rows_takes_mappings_or_dataclasses_under_the_first_rows_keys_or_g
     assert (tmp_path / "dicts.csv").read_text().splitlines() == ["b,a", "x,1", "y,2"]
 
 
+@pytest.mark.slow
 def test_cpu_run_end_to_end(tmp_path: Path):
     out = tmp_path / "run"
     done = subprocess.run(

@@ -48,6 +48,8 @@ from tests.test_decode_packed import _interpreter_check
 from tests.test_decode_wide import _problem, check_on_gpu, interpreter_only
 from triton_impl import decode
 
+pytestmark = pytest.mark.slow
+
 # (group, Sq, D): whether the switch gives the shape the 64-row tile. Seed 53's row 0 (8 × 8) and seed 47's row 6
 # (16 × 4): 64 rows; 40 and 20 rows (padded to 64); seed 59's row 5 (8 × 4, 32 rows); 17 rows; 64 MQA heads of one
 # token. Not: 16 rows, WIDE_D256's 128 rows, 64 rows at D=128.

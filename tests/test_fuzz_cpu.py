@@ -18,6 +18,8 @@ from common.contract.problem import Problem
 from common.contract.registry import discover
 from common.tools.fuzz import plain
 
+pytestmark = pytest.mark.slow
+
 settings.register_profile(
     "ci", max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )

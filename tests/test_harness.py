@@ -356,6 +356,7 @@ def test_runner_records_an_emulation_rules_yardstick_and_the_variant():
 
 
 # ---------------------------------------------------------------- isolation (compare.py --isolate)
+@pytest.mark.slow
 def test_isolated_hang_becomes_a_timeout_row():
     from common.measure.isolation import measure_isolated
     from tests.fakes import HANGS
@@ -367,6 +368,7 @@ def test_isolated_hang_becomes_a_timeout_row():
     assert row.status == "timeout" and "8 s" in row.reason
 
 
+@pytest.mark.slow
 def test_isolated_crash_becomes_a_failed_row():
     from common.measure.isolation import measure_isolated
     from tests.fakes import CRASH_EXIT_CODE, CRASHES
@@ -377,6 +379,7 @@ def test_isolated_crash_becomes_a_failed_row():
     assert row.status == "failed" and f"exited with {CRASH_EXIT_CODE}" in row.reason
 
 
+@pytest.mark.slow
 def test_isolated_good_implementation_round_trips_its_row():
     from common.measure.isolation import measure_isolated
 

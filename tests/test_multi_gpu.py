@@ -175,6 +175,7 @@ def test_gpus_without_enough_gpus_is_refused(monkeypatch, capsys) -> None:
     assert "--gpus 2 needs 2 CUDA GPUs, this process sees 1" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_gpus_end_to_end_with_two_cpu_workers(monkeypatch, tmp_path: Path) -> None:
     """The parent spreads 2 problems over 2 'GPUs'; each worker (no GPU here: CPU mode) measures its
     whole problem; the merged CSV has both, each with its GPU, and the report its same-GPU ratios."""

@@ -319,6 +319,7 @@ def jitter_worlds(tmp_path_factory) -> dict[int, dict[str, list[dict]]]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", JITTER_CASES, ids=lambda case: case.name)
 @pytest.mark.parametrize("world_size", JITTER_WORLD_SIZES)
 def test_ring_with_jitter_on_gloo_processes(jitter_worlds, world_size: int, case: Case) -> None:
