@@ -127,7 +127,10 @@ shares) stays. Grids of many waves keep the deep ring: the scheduler backfills t
 count there (``bench/decode_ragged_model.py``: +1-8 % on seed 43's and 53's 1552-CTA rows with three shallow slots).
 On an H200 (``results/h200/decode-shallow-ring/``, {64: 4}: four stages, three CTAs an SM) the rows that spill took
 0.74-0.86x the time in gluon and 0.77-0.90x in cute (seed 71's row 360.6 -> 267.8 / 357.2 -> 274.7 µs, 61 -> 82 %
-and 62 -> 80 %; seed 73's 80.9 -> 69.8 / 90.6 -> 73.9), a one-wave and a many-wave row 1.00x.
+and 62 -> 80 %; seed 73's 80.9 -> 69.8 / 90.6 -> 73.9), a one-wave and a many-wave row 1.00x. cute/decode's D=128
+ring takes two stages there ({128: 2}: 70 KB, three CTAs an SM at 16 rows where three stages hold two): seed 131's
+B=32 Hkv=4 paged(32) ragged row, 392 CTAs on 264 slots, 93.3 -> 84.5 µs (66 -> 73 %), 0.95-0.99x on three more
+(``results/h200/decode-seed131-rings/``); gluon/decode has no D=128 entry (untimed).
 """
 
 from __future__ import annotations
