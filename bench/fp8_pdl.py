@@ -19,6 +19,7 @@ import statistics
 import torch
 
 from bench import fp8_q_in_kernel, require_gpu
+from bench.fp8_q_in_kernel import cell
 from bench.fp8_quantiser import _time
 from common.contract.problem import Problem
 from common.measure.timing import tflops
@@ -67,10 +68,6 @@ def case_rows(causal: bool, inputs, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def _cell(value: object, digits: int) -> str:
-    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-
 def main() -> None:
     args = fp8_q_in_kernel.arguments(__doc__, "runs/fp8_pdl")
     require_gpu("bench.fp8_pdl")
@@ -79,8 +76,8 @@ def main() -> None:
              "| causal | what | µs | TFLOP/s | ÷ cute/hopper | gap µs | spread µs | O off = on |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in rows:
-        lines.append(f"| {row['causal']} | {row['what']} | {row['us']:.1f} | {_cell(row['tflops'], 0)} | "
-                     f"{_cell(row['vs_bf16'], 3)} | {_cell(row['gap_us'], 1)} | {row['spread_us']:.1f} | "
+        lines.append(f"| {row['causal']} | {row['what']} | {row['us']:.1f} | {cell(row['tflops'], 0)} | "
+                     f"{cell(row['vs_bf16'], 3)} | {cell(row['gap_us'], 1)} | {row['spread_us']:.1f} | "
                      f"{row['same_output']} |")  # fmt: skip
     fp8_q_in_kernel.write(args.out, "fp8_pdl", rows, lines)
 

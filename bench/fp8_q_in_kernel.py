@@ -110,6 +110,11 @@ def both_masks(
     return case_rows(True, inputs, args) + case_rows(False, inputs, args)
 
 
+def cell(value: object, digits: int) -> str:
+    """A table cell: a float to ``digits`` places, anything else (an empty cell, a name) as it is."""
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
 def write(out: Path, stem: str, rows: list[dict], lines: list[str]) -> None:
     """``rows`` to ``stem.csv`` and the table ``lines`` to ``stem.md`` under ``out``; the table printed."""
     out.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ import sys
 import torch
 
 from bench import fp8_q_in_kernel, require_gpu
+from bench.fp8_q_in_kernel import cell
 from bench.fp8_quantiser import _time
 from common.contract.problem import Problem
 from common.measure.timing import tflops
@@ -83,10 +84,6 @@ def case_rows(causal: bool, inputs, args: argparse.Namespace) -> list[dict]:
                     "tflops": "", "vs_bf16": "", "spread_us": ""} for name, kind in differing]  # fmt: skip
 
 
-def _cell(value: object, digits: int) -> str:
-    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-
 def main() -> None:
     args = fp8_q_in_kernel.arguments(__doc__, "runs/fp8_tile_work")
     require_gpu("bench.fp8_tile_work")
@@ -95,8 +92,8 @@ def main() -> None:
              "| causal | rung | setting | what | µs | TFLOP/s | ÷ cute/hopper | spread µs |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in rows:
-        cells = [row["causal"], row["rung"], row["setting"], row["what"], _cell(row["us"], 1),
-                 _cell(row["tflops"], 0), _cell(row["vs_bf16"], 3), _cell(row["spread_us"], 1)]  # fmt: skip
+        cells = [row["causal"], row["rung"], row["setting"], row["what"], cell(row["us"], 1),
+                 cell(row["tflops"], 0), cell(row["vs_bf16"], 3), cell(row["spread_us"], 1)]  # fmt: skip
         lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
     fp8_q_in_kernel.write(args.out, "fp8_tile_work", rows, lines)
     # A setting whose O differs was not timed: the run fails, so the A/B cannot be read as a result.
