@@ -12,8 +12,6 @@ from common.contract.problem import Problem
 from common.contract.registry import discover
 from tests.numerics import HARD_INPUTS
 
-pytestmark = pytest.mark.interpreter_core
-
 AVAILABLE, _ = discover(include_baselines=False)
 CPU_RUNGS = [impl.name for impl in AVAILABLE if impl.runs_on_cpu]
 BY_NAME = {impl.name: impl for impl in AVAILABLE}
