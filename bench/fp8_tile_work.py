@@ -94,7 +94,7 @@ def main() -> None:
     for row in rows:
         cells = [row["causal"], row["rung"], row["setting"], row["what"], cell(row["us"], 1),
                  cell(row["tflops"], 0), cell(row["vs_bf16"], 3), cell(row["spread_us"], 1)]  # fmt: skip
-        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+        lines.append("| " + " | ".join(str(text) for text in cells) + " |")
     fp8_q_in_kernel.write(args.out, "fp8_tile_work", rows, lines)
     # A setting whose O differs was not timed: the run fails, so the A/B cannot be read as a result.
     if any(row["us"] == "" for row in rows):

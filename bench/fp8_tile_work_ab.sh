@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Issue #37: cute/fp8 with its Q quantised lean (cute_impl.fp8.LEAN_Q_QUANTISATION, the default since this A/B's run
-# of 2026-12-02, results/h200/fp8-lean-q/: the amax before
-# the rotation's x c, the e4m3 Q box written by stmatrix from a rotation with reordered columns; ~160 fewer
-# instructions a consumer thread and tile) against the full one, in one device call (about 4 minutes on an H200;
-# carry [".gpu/cutlass-dsl.tar.xz", ".gpu/activate.sh", ".gpu/fa4"]: fa4 carries the TVM-FFI the CuTe rungs need):
+# Issue #37: cute/fp8 with its Q quantised lean (cute_impl.fp8.LEAN_Q_QUANTISATION, the default since this A/B's
+# run of 2026-12-02, results/h200/fp8-lean-q/: the amax before the rotation's x c, the e4m3 Q box written by stmatrix
+# from a rotation with reordered columns; ~160 fewer instructions a consumer thread and tile) against the full one,
+# in one device call (about 4 minutes on an H200; carry [".gpu/cutlass-dsl.tar.xz", ".gpu/activate.sh", ".gpu/fa4"]:
+# fa4 carries the TVM-FFI the CuTe rungs need):
 #   1. the knob's 7 GPU tests (tests/test_fp8_rungs.py -k lean_q): kernel only by FP8_RULE against the emulation on a
 #      P1-like shape (512 tiles: every persistent CTA requantises several Q boxes) and a ragged GQA one, every mask,
-#      Q's scales and O equal to the full quantisation's bit for bit, kernel only and end to end; a planted rotation in the
-#      default column order fails the rule;
+#      Q's scales and O equal to the full quantisation's bit for bit, kernel only and end to end; a planted rotation
+#      in the default column order fails the rule;
 #   2. bench.fp8_tile_work at P1 (B=2 H=16 S=8192 D=128 bf16), causal then non-causal, one process, 3 interleaved
 #      rounds, each setting's O checked equal to the full Q's before it is timed: cute/hopper (bf16), cute/fp8
 #      kernel only and end to end per setting, the K/V quantiser alone.

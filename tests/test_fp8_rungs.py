@@ -529,7 +529,7 @@ def test_gpu_cute_fp8_lean_q_quantisation_is_the_full_ones(shape: str, mask: str
     lean = fp8.prepare(q, k, v, problem)
     assert lean.config.lean_quantise_q
     differing = (run_poisoned(lean) != out).sum().item()
-    assert differing == 0, f"{differing} of {out.numel()} outputs differ from the default's"
+    assert differing == 0, f"{differing} of {out.numel()} outputs differ from the full quantisation's"
     assert torch.equal(lean.quantiser.operands.q_scale, q_scale)
     assert torch.equal(run_poisoned(fp8.prepare_end_to_end(q, k, v, problem)), out)
 
