@@ -166,6 +166,36 @@ def test_gpu_wgmma_tile_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch)
     check_gpu_case(case, GPU_CASES[case], monkeypatch, ("WGMMA_MIN_ROWS", ON), "wgmma")
 
 
+# The tiles of 64-127 packed rows (seed 137 row 1: 80 rows, 36 % of the bandwidth on mma.sync) with the switch at 64,
+# the setting bench/cute_decode_wgmma64_ab.sh times: one full M tile and a partial one, Sq 5 and 6, paged and ragged.
+FROM_64 = 64
+GPU_CASES_FROM_64 = {
+    "d64-80rows-full": (_problem(2, 2, 5, 16, 1000, 64), None, None, "never"),
+    "d128-64rows-ragged-split": (_problem(4, 2, 4, 16, 1024, 128, has_cache_seqlens=True), RAGGED, 2, "never"),
+    "d128-96rows-sq6-paged16-balanced": (_problem(4, 2, 16, 6, 1024, 128, has_cache_seqlens=True, page_size=16),
+                                         RAGGED, None, "always"),
+    "d64-80rows-sq5-paged32-split": (_problem(4, 2, 16, 5, 1024, 64, has_cache_seqlens=True, page_size=32), RAGGED,
+                                     3, "never"),
+}  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(GPU_CASES_FROM_64))
+def test_gpu_wgmma_tile_from_64_rows_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("WGMMA needs sm_90")
+    check_gpu_case(case, GPU_CASES_FROM_64[case], monkeypatch, ("WGMMA_MIN_ROWS", FROM_64), "wgmma")
+
+
+@pytest.mark.gpu
+def test_gpu_planted_unpacked_mask_fails_the_check_at_80_rows(monkeypatch: pytest.MonkeyPatch):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("WGMMA needs sm_90")
+    planted = (_decode_wgmma, "AttentionMask", _UnpackedMask)
+    case = GPU_CASES_FROM_64["d64-80rows-sq5-paged32-split"]
+    assert_planted_bug_fails(case, monkeypatch, ("WGMMA_MIN_ROWS", FROM_64), planted, "the unpacked mask")
+
+
 def check_gpu_case(
     name: str, case: tuple, monkeypatch: pytest.MonkeyPatch, switch: tuple[str, int], engaged: str
 ) -> None:  # fmt: skip
