@@ -1,6 +1,6 @@
-"""cute/decode's 64-row tiles on one warpgroup's WGMMA (``decode.WGMMA_MIN_ROWS``, 128; sm_90a only).
+"""cute/decode's 64-row tiles on one warpgroup's WGMMA (``decode.WGMMA_MIN_ROWS``, 64; sm_90a only).
 
-Why (issue #38; ``docs/perf-log.md``, "Helper `cutewg`"): with 128 or more packed rows a (batch, KV head) the
+Why (issue #38; ``docs/perf-log.md``, "Helper `cutewg`"): with 64 or more packed rows a (batch, KV head) the
 step is compute-bound, and ``mma.sync`` on sm_90 issues at about half WGMMA's tensor rate (this ladder's own
 prefill: cute/pipelined 365 against cute/hopper 698 TFLOP/s). The row split's 64-row tile is 4 warps × 16 rows ×
 all 64 keys of a block: 128 ``HMMA.16816`` a warp a block, each warp waiting on its own MMAs before its softmax.

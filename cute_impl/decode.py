@@ -25,8 +25,8 @@ keeping the memory system busy, not the tensor cores:
   first where a tile has more than 16 (``_decode_warps.py``; ``WIDE_M_TILE``, on: D=128's and D=256's 64-row tiles). Why
   ``mma.sync`` (SM80-style, warp-level), not WGMMA: a 64-row warpgroup tile would be three quarters padding for 16
   packed rows, and no MMA choice matters when the tensor cores idle on memory; ``mma.sync`` lets each warp own its
-  keys and its softmax. With 128 or more packed rows the step is compute-bound and ``mma.sync`` (half WGMMA's tensor
-  rate on sm_90) trails the WGMMA rungs: ``WGMMA_MIN_ROWS`` (128) runs those 64-row tiles on one warpgroup's WGMMA
+  keys and its softmax. With 64 or more packed rows the step is compute-bound and ``mma.sync`` (half WGMMA's tensor
+  rate on sm_90) trails the WGMMA rungs: ``WGMMA_MIN_ROWS`` (64) runs those 64-row tiles on one warpgroup's WGMMA
   (``_decode_wgmma.py``).
 * **The balanced split** (``BALANCED_SPLIT``, triton/decode's switch and plan, ``_decode_plan.py``):
   in a ragged batch the padded split leaves most of a short sequence's CTAs without a key while the
@@ -252,11 +252,13 @@ WIDE_M_TILE = True
 # paged(32) grid 93.3 -> 84.5 us, 107/1 0.96x, 128/5 0.95x, 90/1 (64 rows, still two an SM) 0.99x, control 1.00x (H200,
 # 2026-12-02, results/h200/decode-seed131-rings/).
 BALANCED_SHALLOW_RING: dict[int, int] = {64: 4, 128: 2}
-# Issue #38's compute-bound class (128+ packed rows a KV head: seed 107 row 0, seed 103 row 0): a 64-row tile of at
-# least this many packed rows runs on one warpgroup's WGMMA (``_decode_wgmma.py``; sm_90a only), not 4 warps' mma.sync;
-# 0: never. On (128): seed 107 row 0 362.7 -> 294.0 us, 103/0 540.1 -> 402.1, D=64's 128 rows 0.85-0.91x, controls 1.00x
-# (H200, 2026-12-02, results/h200/cute-decode-wgmma/); WGMMA_HEAD_DIMS: those compiled.
-WGMMA_MIN_ROWS, WGMMA_HEAD_DIMS = 128, (64, 128)
+# Issue #38's compute-bound class (64+ packed rows a KV head): a 64-row tile of at least this many packed rows runs on
+# one warpgroup's WGMMA (``_decode_wgmma.py``; sm_90a only), not 4 warps' mma.sync; 0: never. At 128: seed 107 row 0
+# 362.7 -> 294.0 us, 103/0 540.1 -> 402.1, D=64's 128 rows 0.85-0.91x, controls 1.00x (results/h200/cute-decode-wgmma/).
+# At 64 (the tiles of 64-127 rows too, the WGMMA tile's two-CTA ask doubling a padded split): seed 137 row 1 (80 rows,
+# D=64) 214.8 -> 125.9 us, 97/7 0.70x, the other seven sweep rows of 64-127 rows 0.84-0.97x, controls 1.00x (H200,
+# 2026-12-02, results/h200/cute-decode-wgmma-64/). WGMMA_HEAD_DIMS: those compiled.
+WGMMA_MIN_ROWS, WGMMA_HEAD_DIMS = 64, (64, 128)
 # The WGMMA tile's ask of the split rule: two CTAs an SM (its ring leaves room for them), so that one CTA's softmax
 # runs under the other's wgmmas where the grid held one an SM: 107/0 295.2 -> 209.7 us, paged(64) 377.4 -> 256.7, rows
 # already past a wave 1.00x; the same ask of the mma.sync tile cost 107/0 at Sq=1 1.02x (H200, 2026-12-02,

@@ -1,15 +1,15 @@
-"""Issue #38's compute-bound class in cute/decode: ``decode.WGMMA_MIN_ROWS`` (128; 0: off), a 64-row tile of at least
+"""Issue #38's compute-bound class in cute/decode: ``decode.WGMMA_MIN_ROWS`` (64; 0: off), a 64-row tile of at least
 that many packed rows on one warpgroup's WGMMA (``cute_impl/_decode_wgmma.py``) instead of 4 warps' mma.sync.
 
-CPU: on by default (128, taken on its A/B); on, the compile key of seed 107 row 0 (256 packed rows, D=128) and seed
-103 row 0 (128 rows) gains ``wgmma`` and nothing else of the plan changes (tile, M tiles, split count, balanced
-slabs), while 64 packed rows, D=256 and a tile under 64 rows keep theirs; bench/cute_decode_wgmma_ab.sh's rows parse
-and the switch moves the five it should. Static (sm_90a): on, the balanced split (paged, ragged) and the padded split
-(contiguous, causal, cache lengths) compile without spills in registers and shared memory for the CTAs an SM the
-split rule counts, and the key loop runs on HGMMA, with no HMMA and no ldmatrix. GPU (``gpu`` marker; passed on an
-H200, 2026-12-02): on, against fp64 on a poisoned output over 128 to 256 packed rows at D=128 and D=64, Sq 5 (rows of
-different tokens), ragged, paged, forced splits and the balanced split; the causal mask taking the packed row as the
-token (no ``row % Sq``) must fail the check.
+CPU: on by default (128 taken on its A/B, then 64 on its own, whose rows the switch moves); at 128, the compile key
+of seed 107 row 0 (256 packed rows, D=128) and seed 103 row 0 (128 rows) gains ``wgmma`` and nothing else of the plan
+changes (tile, M tiles, split count, balanced slabs), while 64 packed rows, D=256 and a tile under 64 rows keep theirs;
+bench/cute_decode_wgmma_ab.sh's rows parse and the switch moves the five it should. Static (sm_90a): on, the balanced
+split (paged, ragged) and the padded split (contiguous, causal, cache lengths) compile without spills in registers and
+shared memory for the CTAs an SM the split rule counts, and the key loop runs on HGMMA, with no HMMA and no ldmatrix.
+GPU (``gpu`` marker; passed on an H200, 2026-12-02): on, against fp64 on a poisoned output over 64 to 256 packed rows
+at D=128 and D=64, Sq 5 and 6 (rows of different tokens), ragged, paged, forced splits and the balanced split; the
+causal mask taking the packed row as the token (no ``row % Sq``) must fail the check, at 160 and at 80 rows.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from tests.test_cute_decode_rows import RAGGED, _problem, check_forced_splits
 from tests.test_cute_decode_wide_tile import _ring_and_q_bytes, assert_kernels_fit
 
 CPU = torch.device("cpu")
-ON = 128  # the setting the A/B would time: the rows of the compute-bound class
+ON = 128  # the setting the first A/B timed: the rows of the compute-bound class
+FROM_64 = 64  # the default since the second (bench/cute_decode_wgmma64_ab.sh): the tiles of 64-127 packed rows too
 # (seed, row) of the sweeps' rows that motivate the switch: 256 and 128 packed rows at D=128.
 SEED_ROWS = [(107, 0), (103, 0)]
 
@@ -43,11 +44,29 @@ def _plan(problem, min_rows: int) -> tuple:
         return num_splits, slabs, items, config, decode.m_blocks_for(problem)
 
 
-def test_on_by_default():
-    assert decode.WGMMA_MIN_ROWS == ON, "taken on its A/B (results/h200/cute-decode-wgmma/)"
-    problem = random_cases(8, 107)[0].problem
-    assert decode.launch_plan(problem, CPU)[3].wgmma is True
-    assert type(decode.decode_kernel(decode.compile_plan(problem))) is _decode_wgmma.WgmmaDecodeKernel
+def test_on_by_default_from_64_rows():
+    """128 taken on its A/B (results/h200/cute-decode-wgmma/), then 64 on bench/cute_decode_wgmma64_ab.sh's
+    (results/h200/cute-decode-wgmma-64/): seed 137 row 1's 80 packed rows take the WGMMA tile, 16 rows do not."""
+    assert decode.WGMMA_MIN_ROWS == FROM_64
+    for problem in (random_cases(8, 107)[0].problem, random_cases(8, 137)[1].problem):
+        assert decode.launch_plan(problem, CPU)[3].wgmma is True, problem.describe()
+        assert type(decode.decode_kernel(decode.compile_plan(problem))) is _decode_wgmma.WgmmaDecodeKernel
+    assert decode.launch_plan(random_cases(8, 137)[7].problem, CPU)[3].wgmma is False
+
+
+def test_ab_64_script_rows_parse_and_the_switch_moves_the_first_nine():
+    """bench/cute_decode_wgmma64_ab.sh's knob rows: each parses, and 64 against 128 changes the compile key of exactly
+    the first nine (64-127 packed rows); the Sq=1 and 256-row controls keep theirs."""
+    import shlex
+    from pathlib import Path
+
+    from bench.decode_knob_ab import parse_row
+
+    script = (Path(__file__).parents[1] / "bench" / "cute_decode_wgmma64_ab.sh").read_text()
+    words = shlex.split(script.split("\nknob_ab wgmma64 ", 1)[1].split("\ncat ", 1)[0].replace("\\\n", " "))
+    assert words[1:4] == ["cute_impl.decode:WGMMA_MIN_ROWS", f"{ON},{FROM_64}", "cute/decode"], words
+    rows = [parse_row(text)[1].problem for text in words[4:]]
+    assert [_plan(problem, FROM_64) != _plan(problem, ON) for problem in rows] == [True] * 9 + [False] * 2
 
 
 @pytest.mark.parametrize(("seed", "row"), SEED_ROWS)
@@ -166,9 +185,9 @@ def test_gpu_wgmma_tile_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch)
     check_gpu_case(case, GPU_CASES[case], monkeypatch, ("WGMMA_MIN_ROWS", ON), "wgmma")
 
 
-# The tiles of 64-127 packed rows (seed 137 row 1: 80 rows, 36 % of the bandwidth on mma.sync) with the switch at 64,
-# the setting bench/cute_decode_wgmma64_ab.sh times: one full M tile and a partial one, Sq 5 and 6, paged and ragged.
-FROM_64 = 64
+# The tiles of 64-127 packed rows (seed 137 row 1: 80 rows, 36 % of the bandwidth on mma.sync, 61 % on WGMMA) with the
+# switch at 64, the default since bench/cute_decode_wgmma64_ab.sh: a full M tile and a partial one, Sq 5 and 6, paged
+# and ragged.
 GPU_CASES_FROM_64 = {
     "d64-80rows-full": (_problem(2, 2, 5, 16, 1000, 64), None, None, "never"),
     "d128-64rows-ragged-split": (_problem(4, 2, 4, 16, 1024, 128, has_cache_seqlens=True), RAGGED, 2, "never"),

@@ -37,14 +37,17 @@ from tests.test_cute_decode_wide_tile import assert_kernels_fit
 
 CPU = torch.device("cpu")
 EVERY_RING = 3  # the shallowest ring the overlapped loop takes: every WGMMA tile overlapped
-# The rows bench/cute_decode_wgmma_overlap_ab.sh times: the WGMMA tile's five, then two of the mma.sync tile's.
+# The rows bench/cute_decode_wgmma_overlap_ab.sh times: the WGMMA tile's five, then two of the mma.sync tile's. That A/B
+# ran with the WGMMA tile from 128 packed rows, where 59/2's 64 rows were on mma.sync: its plans here are taken there.
 MOVED_ROWS = ["107/0", "103/0", "41/1", "31/6", "107/0:page_size=64"]
 CONTROL_ROWS = ["59/2", "107/0:seqlen_q=1"]
+AB_WGMMA_MIN_ROWS = 128
 
 
 def _plan(problem, overlap: bool) -> tuple:
-    """The launch plan with every WGMMA ring overlapped (``overlap``) or none."""
+    """The launch plan with every WGMMA ring overlapped (``overlap``) or none, the WGMMA tile as the A/B had it."""
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decode, "WGMMA_MIN_ROWS", AB_WGMMA_MIN_ROWS)
         patch.setattr(decode, "WGMMA_OVERLAP_MIN_STAGES", EVERY_RING if overlap else 0)
         num_splits, slabs, items, config = decode.launch_plan(problem, CPU)
         return num_splits, slabs, items, config, decode.m_blocks_for(problem)
