@@ -39,7 +39,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(autouse=True)
 def _mma_sync_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    """This file's subject is the 64-row tile of 4 warps' mma.sync, which 128+ packed rows at D=64 and 128 take only
+    """This file's subject is the 64-row tile of 4 warps' mma.sync, which 64+ packed rows at D=64 and 128 take only
     with ``WGMMA_MIN_ROWS`` off (or off sm_90); the WGMMA tile is tests/test_cute_decode_wgmma.py's."""
     monkeypatch.setattr(decode, "WGMMA_MIN_ROWS", 0)
 
