@@ -177,14 +177,6 @@ GPU_CASES = {
 }  # fmt: skip
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", sorted(GPU_CASES))
-def test_gpu_wgmma_tile_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("WGMMA needs sm_90")
-    check_gpu_case(case, GPU_CASES[case], monkeypatch, ("WGMMA_MIN_ROWS", ON), "wgmma")
-
-
 # The tiles of 64-127 packed rows (seed 137 row 1: 80 rows, 36 % of the bandwidth on mma.sync, 61 % on WGMMA) with the
 # switch at 64, the default since bench/cute_decode_wgmma64_ab.sh: a full M tile and a partial one, Sq 5 and 6, paged
 # and ragged.
@@ -196,23 +188,19 @@ GPU_CASES_FROM_64 = {
     "d64-80rows-sq5-paged32-split": (_problem(4, 2, 16, 5, 1024, 64, has_cache_seqlens=True, page_size=32), RAGGED,
                                      3, "never"),
 }  # fmt: skip
+# name -> (case, the WGMMA_MIN_ROWS it runs under).
+SWITCHED_CASES = {name: (case, ON) for name, case in GPU_CASES.items()} | {
+    name: (case, FROM_64) for name, case in GPU_CASES_FROM_64.items()
+}
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", sorted(GPU_CASES_FROM_64))
-def test_gpu_wgmma_tile_from_64_rows_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize("case", sorted(SWITCHED_CASES))
+def test_gpu_wgmma_tile_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("WGMMA needs sm_90")
-    check_gpu_case(case, GPU_CASES_FROM_64[case], monkeypatch, ("WGMMA_MIN_ROWS", FROM_64), "wgmma")
-
-
-@pytest.mark.gpu
-def test_gpu_planted_unpacked_mask_fails_the_check_at_80_rows(monkeypatch: pytest.MonkeyPatch):
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("WGMMA needs sm_90")
-    planted = (_decode_wgmma, "AttentionMask", _UnpackedMask)
-    case = GPU_CASES_FROM_64["d64-80rows-sq5-paged32-split"]
-    assert_planted_bug_fails(case, monkeypatch, ("WGMMA_MIN_ROWS", FROM_64), planted, "the unpacked mask")
+    problem_case, min_rows = SWITCHED_CASES[case]
+    check_gpu_case(case, problem_case, monkeypatch, ("WGMMA_MIN_ROWS", min_rows), "wgmma")
 
 
 def check_gpu_case(
@@ -236,12 +224,13 @@ class _UnpackedMask(_decode_wgmma.AttentionMask):
 
 
 @pytest.mark.gpu
-def test_gpu_planted_unpacked_mask_fails_the_check(monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize("case", ["d128-160rows-sq5-paged16-split", "d64-80rows-sq5-paged32-split"])
+def test_gpu_planted_unpacked_mask_fails_the_check(case: str, monkeypatch: pytest.MonkeyPatch):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("WGMMA needs sm_90")
     planted = (_decode_wgmma, "AttentionMask", _UnpackedMask)
-    case = GPU_CASES["d128-160rows-sq5-paged16-split"]
-    assert_planted_bug_fails(case, monkeypatch, ("WGMMA_MIN_ROWS", ON), planted, "the unpacked mask")
+    problem_case, min_rows = SWITCHED_CASES[case]
+    assert_planted_bug_fails(problem_case, monkeypatch, ("WGMMA_MIN_ROWS", min_rows), planted, "the unpacked mask")
 
 
 def assert_planted_bug_fails(
