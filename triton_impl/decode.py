@@ -226,6 +226,12 @@ MANY_ITEMS_FULL_FIT = True
 # model has it within 3 % at 2 x 264 (docs/perf-log.md, "Helper `tfit`").
 BALANCED_BUILD_FIT = True
 BALANCED_BUILD_CTAS_PER_SM = {(128, 32): 2, (128, 64): 2}
+# Issue #38's seed 137 row 5 (B=32 H=5 Hkv=1 Sq=4 D=256 ragged; H200: triton 48 % of the read bandwidth, gluon 61 %,
+# cute 63 %): a tile whose config holds one CTA an SM (``ctas_per_sm=1``: the D=256 wgmma tile, the wide tiles) counts
+# one slot an SM in "per-slot-many", whose per-SM target where the items are few is then two shares a slot: 264 shares
+# and 32 items are 296 CTAs on 132 slots, 2.2 waves (gluon and cute plan 100 shares, one wave). On (off until
+# bench/triton_decode_mqa256_ab.sh): BALANCED_BUILD_FIT's one-wave cap at the one slot such a config declares.
+ONE_SLOT_ONE_WAVE = False
 # The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
 MIN_ARRIVAL_COUNTERS = 1024
 
@@ -803,8 +809,12 @@ def balanced_target_shares(problem: Problem, device: torch.device, shares: int |
 
 def balanced_build_ctas_per_sm(problem: Problem) -> int | None:
     """The CTAs an SM the balanced kernel's build of ``problem`` holds where it is fewer than the plan counts
-    (``BALANCED_BUILD_CTAS_PER_SM``: the default tile, by head dim and packed rows a tile), else None."""
-    if tile_config(problem) != DEFAULT_CONFIGS[problem.head_dim]:
+    (``BALANCED_BUILD_CTAS_PER_SM``: the default tile, by head dim and packed rows a tile; with ``ONE_SLOT_ONE_WAVE``,
+    a config's own one CTA an SM), else None."""
+    config = tile_config(problem)
+    if ONE_SLOT_ONE_WAVE and config.ctas_per_sm == 1:
+        return 1
+    if config != DEFAULT_CONFIGS[problem.head_dim]:
         return None
     return BALANCED_BUILD_CTAS_PER_SM.get((problem.head_dim, block_m_for(problem)))
 
