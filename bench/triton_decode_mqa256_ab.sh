@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue #38: triton/decode's ONE_SLOT_ONE_WAVE (off; on, BALANCED_BUILD_FIT's one-wave cap at the one CTA an SM a tile's
-# config declares, where the items are few). Seed 137 row 5 (B=32 H=5 Hkv=1 Sq=4 D=256 ragged, 184 MB) reads 48 % of
+# Issue #38: triton/decode's ONE_SLOT_ONE_WAVE (on since this A/B, results/h200/triton-decode-one-wave/:
+# BALANCED_BUILD_FIT's one-wave cap at the one CTA an SM a tile's config declares, where the items are few). Seed 137 row 5 (B=32 H=5 Hkv=1 Sq=4 D=256 ragged, 184 MB) reads 48 % of
 # the read bandwidth (86.7 us; gluon 61 %, cute 63 %): its D=256 wgmma tile holds one CTA an SM, and "per-slot-many"
 # gives it 264 shares + 32 items, 296 CTAs on 132 slots (2.2 waves); on, 100 + 32, one wave, as gluon and cute plan it.
 # This call: the switch's GPU tests (fp64 on 137/5's kind shrunk, the launch's target, a planted share bug), then

@@ -407,7 +407,8 @@ def test_balanced_split_is_the_default_with_cache_seqlens_and_its_grid_is_fixed_
     long = problem.with_(seqlen_k=65536)
     assert decode.balanced_target_shares(long, CPU) == splits.DEFAULT_SM_COUNT * decode.BALANCED_SHARES_PER_SM
     mqa = _decode_problem(16, 1, heads=8).with_(seqlen_k=65536)  # 128 packed rows: one wide M tile
-    assert decode.balanced_target_shares(mqa, CPU) == splits.DEFAULT_SM_COUNT * decode.BALANCED_SHARES_PER_SM
+    # The wide tile holds one CTA an SM (ONE_SLOT_ONE_WAVE): one wave of its slots less the 3 items.
+    assert decode.balanced_target_shares(mqa, CPU) == splits.DEFAULT_SM_COUNT - mqa.batch * mqa.kv_heads
     monkeypatch.setattr(decode, "WIDE_M_TILE", False)  # two 64-row M tiles share the SMs
     assert decode.balanced_target_shares(mqa, CPU) == splits.DEFAULT_SM_COUNT * decode.BALANCED_SHARES_PER_SM // 2
     with pytest.raises(ValueError, match="must be >= 1, got 0"):

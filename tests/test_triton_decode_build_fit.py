@@ -42,6 +42,13 @@ ROOT = Path(__file__).resolve().parents[1]
 SWITCH = "BALANCED_BUILD_FIT"
 
 
+@pytest.fixture(autouse=True)
+def _build_fit_table_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The switch's own table (two CTAs an SM at D=128's 32 and 64 rows): ``ONE_SLOT_ONE_WAVE``'s cap at a config's
+    one CTA an SM, which this switch also gates, is test_triton_decode_one_wave.py's."""
+    monkeypatch.setattr(decode, "ONE_SLOT_ONE_WAVE", False)
+
+
 def _problem(group: int, seqlen_q: int, head_dim: int = 128, page_size: int = 0, **changes) -> Problem:
     """A ragged-capable decode step of ``batch`` sequences (4) and ``kv_heads`` KV heads (4) of ``group`` query heads
     (bottom-right causal, ``cache_seqlens``)."""

@@ -1,9 +1,9 @@
-"""triton/decode's ``ONE_SLOT_ONE_WAVE`` (off until bench/triton_decode_mqa256_ab.sh): ``BALANCED_BUILD_FIT``'s one-wave
-cap at the one CTA an SM a tile's config declares (``ctas_per_sm=1``: the D=256 wgmma tile, the wide tiles), where the
-items are few (issue #38's seed 137 row 5, B=32 H=5 Hkv=1 Sq=4 D=256 ragged: 264 target shares and 32 items, 296 CTAs
-on 132 slots; on, 100 + 32, one wave, as gluon/decode and cute/decode plan it).
+"""triton/decode's ``ONE_SLOT_ONE_WAVE`` (on since bench/triton_decode_mqa256_ab.sh's A/B): ``BALANCED_BUILD_FIT``'s
+one-wave cap at the one CTA an SM a tile's config declares (``ctas_per_sm=1``: the D=256 wgmma tile, the wide tiles),
+where the items are few (issue #38's seed 137 row 5, B=32 H=5 Hkv=1 Sq=4 D=256 ragged: 264 target shares and 32
+items, 296 CTAs on 132 slots; on, 100 + 32, one wave, as gluon/decode and cute/decode plan it).
 
-CPU: off by default; on, 137/5's target is the slots less the items and the build (constexprs, launch options, tile)
+CPU: on by default; on, 137/5's target is the slots less the items and the build (constexprs, launch options, tile)
 is the same; the sweep rows it moves (seeds 1-149: three, all D=256 wgmma tiles) and none of the default sweep; a
 two-CTA tile (D=128's 32 rows, BALANCED_BUILD_FIT's own table) and forced shares keep their target; under the
 interpreter, on 8 SMs, the capped plan against fp64. GPU (``gpu``; the A/B script): 137/5's kind shrunk (D=256, Sq 4,
@@ -54,8 +54,8 @@ def _plans(case, monkeypatch: pytest.MonkeyPatch) -> tuple:
     return tuple(plans)
 
 
-def test_off_by_default():
-    assert decode.ONE_SLOT_ONE_WAVE is False, "off until its A/B (bench/triton_decode_mqa256_ab.sh)"
+def test_on_by_default():
+    assert decode.ONE_SLOT_ONE_WAVE is True, "taken on its A/B (results/h200/triton-decode-one-wave/)"
 
 
 def test_seed_137_row_5_takes_one_wave_of_its_one_slot_an_sm(monkeypatch: pytest.MonkeyPatch):
@@ -122,11 +122,32 @@ def test_one_wave_target_against_fp64_under_the_interpreter(monkeypatch: pytest.
 # GPU: 137/5's kind, shrunk, against fp64 with the launch's target; a planted bug
 # ----------------------------------------------------------------------------------------------------
 # name -> (problem, lengths): group 5, Sq 4 (20 packed rows, the wgmma tile padded to 64), one KV head, ragged with an
-# empty sequence, few items; contiguous and in pages of 64.
+# empty sequence, few items; contiguous and in pages of 64. Caches long enough that the one-wave cap binds: below
+# about (slots - items) · BALANCED_MIN_KEYS keys the minimum share already keeps the target under it, off and on.
 GPU_CASES = {
-    "contiguous-20rows": (_problem(5, 4, 256, batch=6, kv_heads=1, seqlen_k=8192), (8192, 0, 4099, 17, 6000, 300)),
-    "paged64-20rows": (_problem(5, 4, 256, batch=4, kv_heads=1, seqlen_k=4096, page_size=64), (4096, 1000, 0, 65)),
+    "contiguous-20rows": (_problem(5, 4, 256, batch=6, kv_heads=1, seqlen_k=32768), (32768, 0, 4099, 17, 24000, 300)),
+    "paged64-20rows": (_problem(5, 4, 256, batch=4, kv_heads=1, seqlen_k=40960, page_size=64), (40960, 1000, 0, 65)),
 }
+
+
+def _targets(problem, device: torch.device, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
+    """The balanced target with the switch off, then on (the GPU cases' split as ``_switch_on`` asks it)."""
+    monkeypatch.setattr(decode, "BALANCED_SPLIT", "always")
+    targets = []
+    for on in (False, True):
+        monkeypatch.setattr(decode, SWITCH, on)
+        targets.append(decode.balanced_target_shares(problem, device))
+    return targets[0], targets[1]
+
+
+@pytest.mark.parametrize("case", sorted(GPU_CASES))
+def test_the_gpu_cases_are_ones_the_switch_moves(case: str, monkeypatch: pytest.MonkeyPatch):
+    """At the H200's 132 SMs each GPU case's target drops to the slots less the items: a case the cap does not bind
+    would check the default plan twice (the sixth stop's first cases, 8k and 4k caches, did)."""
+    problem = GPU_CASES[case][0]
+    slots = splits.per_tile(CPU, 1, decode.m_blocks_for(problem))
+    off, on = _targets(problem, CPU, monkeypatch)
+    assert slots == 132 and on == slots - problem.batch < off, (case, off, on)
 
 
 def _switch_on(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,10 +163,11 @@ def test_gpu_one_wave_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
     from tests.test_decode_wide import check_on_gpu
 
     problem, lengths = GPU_CASES[case]
-    _switch_on(monkeypatch)
     device = torch.device("cuda")
     items, sms = problem.batch * problem.kv_heads, torch.cuda.get_device_properties(0).multi_processor_count
-    assert decode.balanced_target_shares(problem, device) == sms - items, case
+    off, on = _targets(problem, device, monkeypatch)
+    assert on == sms - items < off, (case, off, on)
+    _switch_on(monkeypatch)
     result = check_on_gpu("triton/decode", problem, lengths, seed=len(case))
     assert result.ok, f"triton/decode {SWITCH} {problem.describe()}: {result.summary()}"
 

@@ -229,9 +229,11 @@ BALANCED_BUILD_CTAS_PER_SM = {(128, 32): 2, (128, 64): 2}
 # Issue #38's seed 137 row 5 (B=32 H=5 Hkv=1 Sq=4 D=256 ragged; H200: triton 48 % of the read bandwidth, gluon 61 %,
 # cute 63 %): a tile whose config holds one CTA an SM (``ctas_per_sm=1``: the D=256 wgmma tile, the wide tiles) counts
 # one slot an SM in "per-slot-many", whose per-SM target where the items are few is then two shares a slot: 264 shares
-# and 32 items are 296 CTAs on 132 slots, 2.2 waves (gluon and cute plan 100 shares, one wave). On (off until
-# bench/triton_decode_mqa256_ab.sh): BALANCED_BUILD_FIT's one-wave cap at the one slot such a config declares.
-ONE_SLOT_ONE_WAVE = False
+# and 32 items are 296 CTAs on 132 slots, 2.2 waves (gluon and cute plan 100 shares, one wave). On: BALANCED_BUILD_FIT's
+# one-wave cap at the one slot such a config declares. Taken 2026-12-02 (H200, Triton 3.6,
+# bench/triton_decode_mqa256_ab.sh, results/h200/triton-decode-one-wave/): 137/5 87.1 -> 71.6 us (48 -> 59 %), 43/4
+# 109.2 -> 85.4, 83/5 178.2 -> 132.5, controls 1.00x.
+ONE_SLOT_ONE_WAVE = True
 # The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
 MIN_ARRIVAL_COUNTERS = 1024
 
