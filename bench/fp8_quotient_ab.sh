@@ -11,8 +11,9 @@
 #      kernel only and end to end per setting, the K/V quantiser alone.
 # Predicts (docs/perf-log.md, helper `f8e2`): 128 FFMA fewer a consumer thread and tile run (256 static, registers 168
 # and stack unchanged), on the issue slots of the Q quantisation that both consumer warpgroups run at a tile's start
-# while the tensor cores idle: causal kernel and end to end -2 to -11 us (751 -> 740-749 end to end, best guess
-# -5 us, 1.09x cute/hopper's 814; the issue's 1.1x only at the optimistic end), non-causal -2 to -10 us.
+# while the tensor cores idle: causal kernel -2 to -5 us (best guess -3), end to end the same us (751 -> 746-749,
+# 1.087-1.091x cute/hopper's 814; not the issue's 1.1x alone), non-causal -2 to -5 us. Below what 3 rounds resolve
+# (spreads 5-10 us): read the run as "O bit-equal, no loss" unless it moves more than its own spread.
 # Take-rule: O bit-equal and neither mask's kernel median slower than the default's by more than the larger of the
 # two settings' spreads; then Q_QUOTIENT_CORRECTIONS = 1 becomes the default.
 # Run from the project root: `bash bench/fp8_quotient_ab.sh`. Outputs in $OUT: gpu.log, pytest.log, ab.log,

@@ -207,8 +207,8 @@ def fp8_config(problem: Problem, quantisation: Quantisation, **knobs: Any) -> Ho
         raise ValueError("cute/fp8 quantises Q lean (lean_quantise_q) only with quantise_q")
     if config.q_quotient_corrections not in Q_QUOTIENT_CORRECTION_CHOICES:
         raise ValueError(
-            f"cute/fp8 corrects Q's quotients {Q_QUOTIENT_CORRECTION_CHOICES} times, "
-            f"got {config.q_quotient_corrections}"
+            f"cute/fp8 corrects Q's quotients once or twice (q_quotient_corrections in "
+            f"{Q_QUOTIENT_CORRECTION_CHOICES}), got {config.q_quotient_corrections}"
         )
     if config.q_quotient_corrections != ROTATED_CORRECTIONS and not config.quantise_q:
         raise ValueError("cute/fp8 divides Q by its scale (q_quotient_corrections) only with quantise_q")

@@ -263,7 +263,7 @@ def test_cute_fp8_one_quotient_correction_runs_fewer_instructions_a_tile(causal:
 def test_cute_fp8_quotient_corrections_are_one_or_the_quantisers():
     fp8 = _module("cute_impl.fp8")
     problem, quantisation = Problem(1, 1, 64, 64, 128), VARIANTS["block+rotation"]
-    with pytest.raises(ValueError, match=r"corrects Q's quotients \(1, 2\) times, got 3"):
+    with pytest.raises(ValueError, match=r"once or twice \(q_quotient_corrections in \(1, 2\)\), got 3"):
         fp8.fp8_config(problem, quantisation, quantise_q=True, q_quotient_corrections=3)
     with pytest.raises(ValueError, match=r"q_quotient_corrections\) only with quantise_q"):
         fp8.fp8_config(problem, quantisation, q_quotient_corrections=1)
