@@ -24,7 +24,9 @@ warpgroup and tile, on the box the producer loaded by TMA in the input dtype:
    ``_divisor_of`` and ``_quotient``, the same operations: r = 1 / d once per block by IEEE division,
    then per element q = x · r and ``ROTATED_CORRECTIONS`` Markstein steps of two fmas; a block of tiny
    values moved up by a power of two first, an infinite scale as d = r = 0): five instructions an
-   element instead of ``div.rn``'s ten and its slow-path branch. Then e4m3 by ``cvt.rn.satfinite``
+   element instead of ``div.rn``'s ten and its slow-path branch. ``HopperAttentionConfig.q_quotient_corrections``
+   = 1 (``fp8.Q_QUOTIENT_CORRECTIONS``) takes one step, three instructions an element: the same quotient, for
+   every fp32 x and divisor (``common/tools/fp8_quotient.py``). Then e4m3 by ``cvt.rn.satfinite``
    (saturating as the reference's clamp).
 4. The e4m3 values go to the warpgroup's e4m3 Q box (the A operand of S = Q Kᵀ), at the accumulator's
    coordinates, then a proxy fence and the warpgroup's barrier before its first wgmma reads them.
@@ -166,13 +168,14 @@ def divisor_of(scale: Float32) -> tuple[Float32, Float32, Float32]:
     return divisor, reciprocal, factor
 
 
-def quotient(x: Float32, divisor: Float32, reciprocal: Float32) -> Float32:
-    """The quantiser's ``_quotient`` (reciprocal division, rotated values): q = x · r, then
-    ``ROTATED_CORRECTIONS`` times q = fma(fma(d, q, -x), -r, q), the residual formed exactly; correctly
-    rounded by Markstein's theorem, the sign of a zero kept."""
+def quotient(x: Float32, divisor: Float32, reciprocal: Float32, corrections: int = ROTATED_CORRECTIONS) -> Float32:
+    """The quantiser's ``_quotient`` (reciprocal division, rotated values): q = x · r, then ``corrections`` times
+    q = fma(fma(d, q, -x), -r, q), the residual formed exactly; correctly rounded by Markstein's theorem, the sign of
+    a zero kept. The quantiser takes ``ROTATED_CORRECTIONS`` (2); one is already exact for every fp32 x and every
+    divisor of the normal range (``common/tools/fp8_quotient.py`` proves it), two fmas an element fewer."""
     q = x * reciprocal
     minus_x, minus_reciprocal = x * Float32(-1.0), reciprocal * Float32(-1.0)
-    for _ in range(ROTATED_CORRECTIONS):
+    for _ in range(corrections):
         residual = cute.math.fma(divisor, q, minus_x)
         q = cute.math.fma(residual, minus_reciprocal, q)
     return q
@@ -221,6 +224,7 @@ class QueryQuantiser(ReadOnlyInRegions):
     def __init__(
         self, mma: cute.TiledMma, sQ_in: cute.Tensor, sR: cute.Tensor, sQ: cute.Tensor, amax: cute.Tensor,
         rotation_full: cute.Pointer, w: Int32, wg_tidx: Int32, scale: float, paired: PairedBoxStore | None = None,
+        corrections: int = ROTATED_CORRECTIONS,
     ):  # fmt: skip
         thr = mma.get_slice(wg_tidx)
         self.mma = mma
@@ -238,6 +242,8 @@ class QueryQuantiser(ReadOnlyInRegions):
         self.barrier = NamedBarrier.QUANTISE_WG1 + w
         # ``lean``: the amax taken before x c (one multiply instead of 64) and the box written by ``paired``.
         self.paired = paired
+        # Markstein corrections of each quotient (``HopperAttentionConfig.q_quotient_corrections``).
+        self.corrections = corrections
 
     @cute.jit
     def wait_rotation(self) -> None:
@@ -286,10 +292,10 @@ class QueryQuantiser(ReadOnlyInRegions):
         # would still take an issue slot an element); the branch is the same for the whole warpgroup.
         if factor == Float32(1.0):
             for i in cutlass.range(cute.size(acc), unroll_full=True):
-                acc[i] = quotient(acc[i], divisor, reciprocal)
+                acc[i] = quotient(acc[i], divisor, reciprocal, self.corrections)
         else:  # a block of tiny values, moved up with its divisor by a power of two (exact)
             for i in cutlass.range(cute.size(acc), unroll_full=True):
-                acc[i] = quotient(acc[i] * factor, divisor, reciprocal)
+                acc[i] = quotient(acc[i] * factor, divisor, reciprocal, self.corrections)
         rQ8 = cute.make_rmem_tensor_like(acc, self.tRsQ8.element_type)
         rQ8.store(acc.load().to(self.tRsQ8.element_type))
         # 4. Into the e4m3 box, visible to the async proxy (wgmma) of every warp of the warpgroup.

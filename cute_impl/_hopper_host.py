@@ -28,6 +28,7 @@ from cute_impl._host import (
     fake_stream,
     fake_tensor,
 )
+from triton_impl.fp8_quantiser import ROTATED_CORRECTIONS
 
 # FP8 operands: e4m3 (torch's float8_e4m3fn tensors, passed as they are).
 FP8_CUTLASS = Float8E4M3FN
@@ -81,6 +82,9 @@ class HopperAttentionConfig:
     # taken before x c and the e4m3 box written by stmatrix, the sign matrix's columns in
     # ``_fp8_query.paired_columns``' order (``_fp8_query.PairedBoxStore``).
     lean_quantise_q: bool = False
+    # With ``quantise_q`` (``fp8.Q_QUOTIENT_CORRECTIONS``): Markstein corrections of each Q value's quotient by its
+    # block scale after q = x · (1 / scale) (``_fp8_query.quotient``): 2 as the quantiser, or 1 (the same quotient).
+    q_quotient_corrections: int = ROTATED_CORRECTIONS
     # Programmatic dependent launch (``fp8.py``'s ``PROGRAMMATIC_LAUNCH``): launched with programmatic stream
     # serialisation, so that the CTAs start while the kernel before (the fused quantiser, which signals
     # ``griddepcontrol.launch_dependents``) finishes; each role executes ``griddepcontrol.wait`` before its first

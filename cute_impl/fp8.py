@@ -24,6 +24,8 @@ Algorithm
    three times; the emulation and FP8_RULE are unchanged (the kernel's Q is the quantiser's).
    ``LEAN_Q_QUANTISATION`` (issue #37, on by default): the same e4m3 Q from 162 fewer instructions a consumer
    thread and tile (the amax before x c, the box written by stmatrix; ``_fp8_query.py``, "lean").
+   ``Q_QUOTIENT_CORRECTIONS`` (issue #37, 2 by default as the quantiser): 1, the same correctly rounded quotient
+   of each Q value by its block scale from one Markstein correction instead of two (``_fp8_query.quotient``).
    ``PROGRAMMATIC_LAUNCH`` (issue #37, off by default): end to end, the kernel is launched by programmatic
    dependent launch, so that it starts under the quantiser's last wave and waits for it only before reading what
    it writes (``hopper.py``, "Programmatic dependent launch").
@@ -113,7 +115,13 @@ from cute_impl._hopper_host import DEFAULT_TILE_N, HopperAttentionConfig, defaul
 from cute_impl.hopper import KERNELS, ROWS_PER_WARPGROUP, validated_problem, wgmma_supports
 from triton_impl import fp8_quantiser
 from triton_impl.fp8_launch import Fp8Entry, QuantisedLaunch
-from triton_impl.fp8_quantiser import FusedQuantiser, compile_sm90_for, quantise_for_kernel, shared_memory_supported
+from triton_impl.fp8_quantiser import (
+    ROTATED_CORRECTIONS,
+    FusedQuantiser,
+    compile_sm90_for,
+    quantise_for_kernel,
+    shared_memory_supported,
+)
 
 # What compare.py and the tests run: the most accurate variant whose kernel is within 5 % of the
 # per-tensor kernel's speed in every stack (issue #17): block scales + rotation, the most accurate on
@@ -144,6 +152,14 @@ PROGRAMMATIC_LAUNCH = False
 # launch is built. H200, P1, 3 rounds (results/h200/fp8-lean-q/): kernel causal 693.7 -> 679.4 us, non-causal
 # 1327.9 -> 1310.7 (predicted -2 to -6), O bit for bit the full quantisation's.
 LEAN_Q_QUANTISATION = True
+# Issue #37's Q quotient (bench/fp8_quotient_ab.sh times it): with ``QUANTISE_Q_IN_KERNEL``, the Markstein corrections
+# of each Q value's quotient by its block scale after q = x · (1 / scale) (``_fp8_query.quotient``,
+# ``HopperAttentionConfig.q_quotient_corrections``): ``ROTATED_CORRECTIONS`` (2) as the quantiser, or 1, the same
+# correctly rounded quotient for every fp32 x and scale (``common/tools/fp8_quotient.py`` proves it) from two fmas an
+# element fewer (P1 causal: 256 static instructions fewer a consumer thread's tile). Read when a launch is built.
+# The quantiser's value until the A/B.
+Q_QUOTIENT_CORRECTIONS = ROTATED_CORRECTIONS
+Q_QUOTIENT_CORRECTION_CHOICES = (1, ROTATED_CORRECTIONS)
 
 
 # D=64 configurations for issue #37's A/B (``python -m bench.gluon_sweep bench 3 --cands fp8-d64``;
@@ -189,6 +205,13 @@ def fp8_config(problem: Problem, quantisation: Quantisation, **knobs: Any) -> Ho
         raise ValueError("cute/fp8 issues the next tile's rotation ahead (rotate_ahead) only with quantise_q")
     if config.lean_quantise_q and not config.quantise_q:
         raise ValueError("cute/fp8 quantises Q lean (lean_quantise_q) only with quantise_q")
+    if config.q_quotient_corrections not in Q_QUOTIENT_CORRECTION_CHOICES:
+        raise ValueError(
+            f"cute/fp8 corrects Q's quotients once or twice (q_quotient_corrections in "
+            f"{Q_QUOTIENT_CORRECTION_CHOICES}), got {config.q_quotient_corrections}"
+        )
+    if config.q_quotient_corrections != ROTATED_CORRECTIONS and not config.quantise_q:
+        raise ValueError("cute/fp8 divides Q by its scale (q_quotient_corrections) only with quantise_q")
     if config.quantise_q and not (quantisation.block and quantisation.rotation):
         raise ValueError(
             f"cute/fp8 quantises Q in its kernel only with block scales and rotation, got {quantisation.name}"
@@ -299,7 +322,9 @@ def launch(
     in_kernel = quantises_q_in_kernel(problem, quantisation)
     pdl = after_quantiser and PROGRAMMATIC_LAUNCH
     config = fp8_config(problem, quantisation, quantise_q=in_kernel, pdl=pdl,
-                        lean_quantise_q=in_kernel and LEAN_Q_QUANTISATION)  # fmt: skip
+                        lean_quantise_q=in_kernel and LEAN_Q_QUANTISATION,
+                        q_quotient_corrections=Q_QUOTIENT_CORRECTIONS if in_kernel else ROTATED_CORRECTIONS,
+                        )  # fmt: skip
     quantiser_config = fp8_quantiser.default_config(problem.head_dim, quantisation, query=not in_kernel)
     fused = FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, VALUE_LAYOUT, query=not in_kernel,
                            config=dataclasses.replace(quantiser_config, launch_dependents=pdl))  # fmt: skip

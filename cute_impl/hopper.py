@@ -229,6 +229,7 @@ class HopperAttention:
         # FP8: Q read in its input dtype and quantised by each consumer warpgroup (``_fp8_query.py``).
         self.quantise_q, self.rotate_ahead = config.quantise_q, config.quantise_q and config.rotate_ahead
         self.lean_quantise_q = config.quantise_q and config.lean_quantise_q
+        self.q_quotient_corrections = config.q_quotient_corrections
         self.input_dtype = CUTE_DTYPES[config.dtype]
         self.rotation_scale = rotation_scale(config.head_dim) if config.quantise_q else 1.0
         # Problem features, all compile time so that the canonical kernel stays as it was.
@@ -435,7 +436,7 @@ class HopperAttention:
                     paired = PairedBoxStore(PairedBoxStore.view(storage.sQ, D, W), w, wg_tidx)
                 quantiser = QueryQuantiser(
                     rotation_mma(self.input_dtype, D), sQ_in, sR, sQ, q_amax, storage.rotation_full.data_ptr(), w,
-                    wg_tidx, self.rotation_scale, paired,
+                    wg_tidx, self.rotation_scale, paired, self.q_quotient_corrections,
                 )  # fmt: skip
                 quantiser.wait_rotation()
             q_state = QueryBoxes.consumer_state()

@@ -233,6 +233,43 @@ def test_cute_fp8_lean_q_quantisation_runs_fewer_instructions_a_tile(causal: boo
     assert work <= default_work - 150, built
 
 
+@pytest.mark.cute_compile
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cute_fp8_one_quotient_correction_runs_fewer_instructions_a_tile(causal: bool):
+    """``q_quotient_corrections`` = 1 at P1 (Q in the kernel, lean, as launched): two fmas fewer for each of a consumer
+    thread's 64 Q values in both copies of the division loop (the usual one and the tiny-block one), so 256 fewer
+    ``fma.rn.f32`` in the PTX, FFMA in the SASS and instructions of the tile outside the key-block steps (P1 causal
+    2256 -> 2000, non-causal 2174 -> 1918); registers not above the default's, no spill, the stack the default's."""
+    from common.reporting.static import cubin_resources, cubin_sass
+
+    fp8 = _module("cute_impl.fp8")
+    problem = Problem(2, 16, 8192, 8192, 128, dtype=torch.bfloat16, causal=causal)
+    built = {}
+    for corrections in (fp8.ROTATED_CORRECTIONS, 1):
+        binary = fp8.compile_sm90(problem, quantise_q=True, lean_quantise_q=True, q_quotient_corrections=corrections)[0]
+        (usage,) = cubin_resources(binary.cubin).values()
+        sass = cubin_sass(binary.cubin)
+        built[corrections] = (usage["registers"], usage["stack_bytes"], usage["local_bytes"],
+                              binary.ptx.count("fma.rn.f32"), sass.count("FFMA"), _tile_work(sass))  # fmt: skip
+    default_registers, default_stack, _, default_fma, default_ffma, default_work = built[fp8.ROTATED_CORRECTIONS]
+    registers, stack, spills, fma, ffma, work = built[1]
+    assert registers <= default_registers and stack == default_stack and spills == 0, built
+    fewer = 2 * 2 * 64  # two fmas, two loop copies, 64 values a thread
+    assert (fma, ffma, work) == (default_fma - fewer, default_ffma - fewer, default_work - fewer), built
+
+
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+def test_cute_fp8_quotient_corrections_are_one_or_the_quantisers():
+    fp8 = _module("cute_impl.fp8")
+    problem, quantisation = Problem(1, 1, 64, 64, 128), VARIANTS["block+rotation"]
+    with pytest.raises(ValueError, match=r"once or twice \(q_quotient_corrections in \(1, 2\)\), got 3"):
+        fp8.fp8_config(problem, quantisation, quantise_q=True, q_quotient_corrections=3)
+    with pytest.raises(ValueError, match=r"q_quotient_corrections\) only with quantise_q"):
+        fp8.fp8_config(problem, quantisation, q_quotient_corrections=1)
+    assert fp8.fp8_config(problem, quantisation, quantise_q=True, q_quotient_corrections=1).q_quotient_corrections == 1
+
+
 @pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
 def test_cute_q_in_kernel_needs_block_scales_and_rotation():
     fp8 = _module("cute_impl.fp8")
@@ -551,3 +588,31 @@ def test_gpu_cute_fp8_lean_q_with_the_default_column_order_fails_the_rule(monkey
     )
     result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
     assert not result.ok, f"a misplaced Q passed: {result.summary()}"
+
+
+# cute/fp8 with one Markstein correction of each Q value's quotient (``Q_QUOTIENT_CORRECTIONS`` = 1, issue #37):
+# ``common/tools/fp8_quotient.py`` proves the quotient the quantiser's two corrections give, so Q's scales and O must
+# equal the default's bit for bit, kernel only and end to end, besides FP8_RULE.
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("shape", list(LEAN_SHAPES))
+def test_gpu_cute_fp8_one_quotient_correction_is_the_default(shape: str, mask: str, monkeypatch: pytest.MonkeyPatch):
+    """Kernel only (poisoned outputs) by FP8_RULE; Q's scales and O equal the default's bit for bit, kernel only and
+    end to end."""
+    fp8 = _module("cute_impl.fp8")
+    problem, (q, k, v) = fa3_case(LEAN_SHAPES[shape], mask, seed=11)
+    monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
+    monkeypatch.setattr(fp8, "Q_QUOTIENT_CORRECTIONS", fp8.ROTATED_CORRECTIONS)
+    default = fp8.prepare(q, k, v, problem)
+    assert default.config.q_quotient_corrections == fp8.ROTATED_CORRECTIONS
+    out, q_scale = default().clone(), default.quantiser.operands.q_scale.clone()
+    monkeypatch.setattr(fp8, "Q_QUOTIENT_CORRECTIONS", 1)
+    result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
+    assert result.ok, f"{problem.describe()}: {result.summary()}"
+    one = fp8.prepare(q, k, v, problem)
+    assert one.config.q_quotient_corrections == 1
+    differing = (run_poisoned(one) != out).sum().item()
+    assert differing == 0, f"{differing} of {out.numel()} outputs differ from the default's"
+    assert torch.equal(one.quantiser.operands.q_scale, q_scale)
+    assert torch.equal(run_poisoned(fp8.prepare_end_to_end(q, k, v, problem)), out)
