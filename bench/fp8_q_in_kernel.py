@@ -110,6 +110,18 @@ def both_masks(
     return case_rows(True, inputs, args) + case_rows(False, inputs, args)
 
 
+def interleaved_samples(runs: dict, rounds: int, args: argparse.Namespace) -> dict:
+    """key -> each round's time (ms) of ``runs``' run: the runs in their order on even rounds, reversed on odd ones.
+    At P1 a run's time depends on its place in a round (H200, 2026-12-03, results/h200/fp8-quotient/: the same two
+    kernels 5-20 µs apart by place, either way round), so a setting never keeps the same place."""
+    samples: dict = {key: [] for key in runs}
+    order = list(runs)
+    for round_index in range(rounds):
+        for key in order if round_index % 2 == 0 else reversed(order):
+            samples[key].append(_time(runs[key], args))
+    return samples
+
+
 def cell(value: object, digits: int) -> str:
     """A table cell: a float to ``digits`` places, anything else (an empty cell, a name) as it is."""
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)

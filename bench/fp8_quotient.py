@@ -1,11 +1,12 @@
 """cute/fp8 with one Markstein correction of each Q value's quotient by its block scale
-(``cute_impl.fp8.Q_QUOTIENT_CORRECTIONS`` = 1) against the default (2, as the fused quantiser), issue #37: at P1
-(B=2 H=16 S=8192 D=128 bf16, FA3 inputs), causal first, then non-causal, in one process, ``--rounds`` interleaved
-rounds (medians; every timing ``common.measure.timing.time_cuda``: L2 flushed, median): cute/hopper (bf16, the issue's
-denominator), then per setting cute/fp8 kernel only and end to end (the K/V quantiser + the kernel per call), and the
-quantiser alone once per round. Before any timing, each setting's kernel-only and end-to-end O is checked equal to
-the default's kernel only bit for bit (``common/tools/fp8_quotient.py`` proves the quotient the same); one that
-differs is not timed and the run exits 1. Writes ``fp8_quotient.csv`` and ``.md`` to ``--out``.
+(``cute_impl.fp8.Q_QUOTIENT_CORRECTIONS`` = 1, the default since this A/B) against 2 (the fused quantiser's), issue
+#37: at P1 (B=2 H=16 S=8192 D=128 bf16, FA3 inputs), causal first, then non-causal, in one process, ``--rounds``
+interleaved rounds, the order reversed every other round (``fp8_q_in_kernel.interleaved_samples``) (medians; every
+timing ``common.measure.timing.time_cuda``: L2 flushed, median): cute/hopper (bf16, the issue's denominator), then
+per setting cute/fp8 kernel only and end to end (the K/V quantiser + the kernel per call), and the quantiser alone
+once per round. Before any timing, each setting's kernel-only and end-to-end O is checked equal to 2's kernel only
+bit for bit (``common/tools/fp8_quotient.py`` proves the quotient the same); one that differs is not timed and the
+run exits 1. Writes ``fp8_quotient.csv`` and ``.md`` to ``--out``.
 
 usage (project root, GPU):  python -m bench.fp8_quotient [--out DIR] [--rounds 3]
 """
@@ -20,7 +21,6 @@ import torch
 
 from bench import fp8_q_in_kernel, require_gpu
 from bench.fp8_q_in_kernel import cell
-from bench.fp8_quantiser import _time
 from common.contract.problem import Problem
 from common.measure.timing import tflops
 
@@ -64,12 +64,9 @@ def case_rows(causal: bool, inputs, args: argparse.Namespace) -> list[dict]:
     runs = _runs(problem, inputs)
     differing = _differing(runs)
     for name, kind in differing:
-        print(f"causal={causal!s:5s} cute/fp8 {name} {kind}: O differs from the default's, not timed", flush=True)
+        print(f"causal={causal!s:5s} cute/fp8 {name} {kind}: O differs from 2 corrections', not timed", flush=True)
         del runs[(name, kind)]
-    samples: dict[tuple[str, str], list[float]] = {key: [] for key in runs}
-    for _ in range(args.rounds):
-        for key, run in runs.items():
-            samples[key].append(_time(run, args))
+    samples = fp8_q_in_kernel.interleaved_samples(runs, args.rounds, args)
     us = {key: statistics.median(values) * 1e3 for key, values in samples.items()}
     rows = []
     for (name, kind), values in samples.items():

@@ -20,7 +20,6 @@ import torch
 
 from bench import fp8_q_in_kernel, require_gpu
 from bench.fp8_q_in_kernel import cell
-from bench.fp8_quantiser import _time
 from common.contract.problem import Problem
 from common.measure.timing import tflops
 
@@ -63,10 +62,7 @@ def case_rows(causal: bool, inputs, args: argparse.Namespace) -> list[dict]:
     for name, kind in differing:
         print(f"causal={causal!s:5s} cute/fp8 {name} {kind}: O differs from the full Q's, not timed", flush=True)
         del runs[(name, kind)]
-    samples: dict[tuple[str, str], list[float]] = {key: [] for key in runs}
-    for _ in range(args.rounds):
-        for key, run in runs.items():
-            samples[key].append(_time(run, args))
+    samples = fp8_q_in_kernel.interleaved_samples(runs, args.rounds, args)
     us = {key: statistics.median(values) * 1e3 for key, values in samples.items()}
     rows = []
     for (name, kind), values in samples.items():

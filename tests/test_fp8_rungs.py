@@ -590,29 +590,31 @@ def test_gpu_cute_fp8_lean_q_with_the_default_column_order_fails_the_rule(monkey
     assert not result.ok, f"a misplaced Q passed: {result.summary()}"
 
 
-# cute/fp8 with one Markstein correction of each Q value's quotient (``Q_QUOTIENT_CORRECTIONS`` = 1, issue #37):
-# ``common/tools/fp8_quotient.py`` proves the quotient the quantiser's two corrections give, so Q's scales and O must
-# equal the default's bit for bit, kernel only and end to end, besides FP8_RULE.
+# cute/fp8 with one Markstein correction of each Q value's quotient (``Q_QUOTIENT_CORRECTIONS`` = 1, the default since
+# issue #37's A/B): ``common/tools/fp8_quotient.py`` proves the quotient the quantiser's two corrections give, so Q's
+# scales and O must equal two corrections' bit for bit, kernel only and end to end, besides FP8_RULE.
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("shape", list(LEAN_SHAPES))
-def test_gpu_cute_fp8_one_quotient_correction_is_the_default(shape: str, mask: str, monkeypatch: pytest.MonkeyPatch):
-    """Kernel only (poisoned outputs) by FP8_RULE; Q's scales and O equal the default's bit for bit, kernel only and
-    end to end."""
+def test_gpu_cute_fp8_one_quotient_correction_is_two_corrections(
+    shape: str, mask: str, monkeypatch: pytest.MonkeyPatch
+):
+    """Kernel only (poisoned outputs) by FP8_RULE; Q's scales and O equal two corrections' bit for bit, kernel only
+    and end to end."""
     fp8 = _module("cute_impl.fp8")
     problem, (q, k, v) = fa3_case(LEAN_SHAPES[shape], mask, seed=11)
     monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
     monkeypatch.setattr(fp8, "Q_QUOTIENT_CORRECTIONS", fp8.ROTATED_CORRECTIONS)
-    default = fp8.prepare(q, k, v, problem)
-    assert default.config.q_quotient_corrections == fp8.ROTATED_CORRECTIONS
-    out, q_scale = default().clone(), default.quantiser.operands.q_scale.clone()
+    two = fp8.prepare(q, k, v, problem)
+    assert two.config.q_quotient_corrections == fp8.ROTATED_CORRECTIONS
+    out, q_scale = two().clone(), two.quantiser.operands.q_scale.clone()
     monkeypatch.setattr(fp8, "Q_QUOTIENT_CORRECTIONS", 1)
     result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
     assert result.ok, f"{problem.describe()}: {result.summary()}"
     one = fp8.prepare(q, k, v, problem)
     assert one.config.q_quotient_corrections == 1
     differing = (run_poisoned(one) != out).sum().item()
-    assert differing == 0, f"{differing} of {out.numel()} outputs differ from the default's"
+    assert differing == 0, f"{differing} of {out.numel()} outputs differ from two corrections'"
     assert torch.equal(one.quantiser.operands.q_scale, q_scale)
     assert torch.equal(run_poisoned(fp8.prepare_end_to_end(q, k, v, problem)), out)
