@@ -76,16 +76,17 @@ def problem(
                    causal_alignment=alignment)  # fmt: skip
 
 
-# The tests that share hopper_binaries' compiles: one worker, so that each compile is paid once.
+# The tests that share hopper_binaries' compiles (here and in the knob files test_cute_backward_gap, _desc and
+# _epilogue): one worker, so that each compile is paid once.
 HOPPER_GROUP = "cute-backward-hopper"
 
 
 @functools.cache
 def hopper_binaries(prob: Problem, has_dlse: bool, tiles: hopper_backward.BackwardTiles) -> tuple:
-    """``hopper_backward.compile_sm90`` of the module as written, once a key: the static tests below compile the
-    same (problem, dLSE, tiles) in several tests (dq="reduce" and the default candidate with every feature on);
-    they run on one worker (``xdist_group``), so each is compiled once. A planted bug (a patched module) calls
-    ``compile_sm90`` itself, never this."""
+    """``hopper_backward.compile_sm90`` of the module as written, once a key: the static tests compile the same
+    (problem, dLSE, tiles) in several tests (dq="reduce" and the default candidate with every feature on here; a
+    knob's tiles without it and the staged defaults in the knob files); they run on one worker (``xdist_group``),
+    so each is compiled once. A planted bug (a patched module) calls ``compile_sm90`` itself, never this."""
     return tuple(hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=tiles))
 
 
@@ -334,6 +335,7 @@ def spilled_bytes(binary) -> int:
     return sum(usage["stack_bytes"] + usage["local_bytes"] for usage in cubin_resources(binary.cubin).values())
 
 
+@pytest.mark.xdist_group(HOPPER_GROUP)
 @pytest.mark.cute_compile
 @pytest.mark.static
 def test_hopper_dq_reduce_128_rows_at_d64(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -345,7 +347,7 @@ def test_hopper_dq_reduce_128_rows_at_d64(monkeypatch: pytest.MonkeyPatch) -> No
     causal, alignment, kv_heads, has_dlse = VARIANTS["causal_bottom_right_mqa_dlse"]
     prob = problem(1000, 777, 64, causal=causal, alignment=alignment, kv_heads=kv_heads)
     assert DQ_REDUCE_128 in hopper_backward.CANDIDATES[64] and DQ_REDUCE_128 not in hopper_backward.CANDIDATES[128]
-    binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=DQ_REDUCE_128)
+    binaries = hopper_binaries(prob, has_dlse, DQ_REDUCE_128)
     assert hgmma_per_step(binaries) == {"dkdv": 2 * 4 + 8 + 8 + 2 * 4, "postprocess": 0}
     dkdv = binaries[1]
     sass = sass_of(dkdv)
