@@ -15,6 +15,7 @@ differentiated too.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import subprocess
@@ -73,6 +74,20 @@ def problem(
     """Four query heads, batch 1."""
     return Problem(1, 4, seqlen_q, seqlen_k, head_dim, dtype, causal=causal, kv_heads=kv_heads,
                    causal_alignment=alignment)  # fmt: skip
+
+
+# The tests that share hopper_binaries' compiles (here and in the knob files test_cute_backward_gap, _desc and
+# _epilogue): one worker, so that each compile is paid once.
+HOPPER_GROUP = "cute-backward-hopper"
+
+
+@functools.cache
+def hopper_binaries(prob: Problem, has_dlse: bool, tiles: hopper_backward.BackwardTiles) -> tuple:
+    """``hopper_backward.compile_sm90`` of the module as written, once a key: the static tests compile the same
+    (problem, dLSE, tiles) in several tests (dq="reduce" and the default candidate with every feature on here; a
+    knob's tiles without it and the staged defaults in the knob files); they run on one worker (``xdist_group``),
+    so each is compiled once. A planted bug (a patched module) calls ``compile_sm90`` itself, never this."""
+    return tuple(hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=tiles))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -134,6 +149,7 @@ def wgmma_serialised(sass: str) -> bool:
     return sass.count("WARPGROUP.ARRIVE") * 2 > sass.count("HGMMA.")
 
 
+@pytest.mark.xdist_group(HOPPER_GROUP)
 @pytest.mark.cute_compile
 @pytest.mark.static
 def test_hopper_compiles_without_spills_to_unserialised_wgmma_and_tma() -> None:
@@ -145,7 +161,7 @@ def test_hopper_compiles_without_spills_to_unserialised_wgmma_and_tma() -> None:
     causal, alignment, kv_heads, has_dlse = VARIANTS["causal_bottom_right_mqa_dlse"]
     prob = problem(1000, 777, 128, causal=causal, alignment=alignment, kv_heads=kv_heads)
     separate_pass = hopper_backward.CANDIDATES[128][0]
-    binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=separate_pass)
+    binaries = list(hopper_binaries(prob, has_dlse, separate_pass))
     assert [binary.name.rsplit("_", 1)[-1] for binary in binaries] == ["preprocess", "dkdv", "dq"]
     overlapped = hopper_backward.BackwardTiles(64, 64, 3, dq_overlap=True)
     binaries += hopper_backward.compile_sm90(prob, tiles=overlapped)[2:]
@@ -180,6 +196,7 @@ def hgmma_per_step(binaries: list) -> dict[str, int]:
     return {binary.name.rsplit("_", 1)[-1]: sass_of(binary).count("HGMMA.") // 2 for binary in binaries[1:]}
 
 
+@pytest.mark.xdist_group(HOPPER_GROUP)
 @pytest.mark.cute_compile
 @pytest.mark.static
 @pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
@@ -192,7 +209,7 @@ def test_hopper_dq_reduce_computes_dq_in_the_dkdv_kernel(head_dim: int) -> None:
     runs four products per step in its dK/dV kernel and three more in its dQ kernel."""
     causal, alignment, kv_heads, has_dlse = VARIANTS["causal_bottom_right_mqa_dlse"]
     prob = problem(1000, 777, head_dim, causal=causal, alignment=alignment, kv_heads=kv_heads)
-    binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=DQ_REDUCE)
+    binaries = hopper_binaries(prob, has_dlse, DQ_REDUCE)
     assert [binary.name.rsplit("_", 1)[-1] for binary in binaries] == ["preprocess", "dkdv", "postprocess"]
     k_steps = head_dim // 16
     assert hgmma_per_step(binaries) == {"dkdv": 2 * k_steps + 4 + 4 + 2 * 4, "postprocess": 0}
@@ -205,7 +222,7 @@ def test_hopper_dq_reduce_computes_dq_in_the_dkdv_kernel(head_dim: int) -> None:
         assert not ATOMICS.search(binary.ptx), f"{binary.name}: dQ is added by bulk reduce-adds, not atomics"
     assert not wgmma_serialised(sass_of(dkdv)), "ptxas serialised the wgmmas"
     assert dkdv.ptx.count(BULK_REDUCE_ADD) == hopper_dq.CONSUMER_WARPGROUPS and "stmatrix" in dkdv.ptx
-    default = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=hopper_backward.CANDIDATES[head_dim][0])
+    default = hopper_binaries(prob, has_dlse, hopper_backward.CANDIDATES[head_dim][0])
     assert hgmma_per_step(default) == {"dkdv": 2 * k_steps + 4 + 4, "dq": hgmma_per_step(default)["dq"]}
     assert not any(BULK_REDUCE_ADD in binary.ptx for binary in default)
 
@@ -240,6 +257,7 @@ TMA_ROWS = list(
 GLOBAL_LOAD = re.compile(r"(?<![A-Z])LDG\.")
 
 
+@pytest.mark.xdist_group(HOPPER_GROUP)
 @pytest.mark.cute_compile
 @pytest.mark.static
 @pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
@@ -252,8 +270,8 @@ def test_hopper_tma_rows_load_lse_and_d_by_tma_only(head_dim: int) -> None:
     causal, alignment, kv_heads, has_dlse = VARIANTS["causal_bottom_right_mqa_dlse"]
     prob = problem(1000, 777, head_dim, causal=causal, alignment=alignment, kv_heads=kv_heads)
     tiles = next(tiles for tiles in TMA_ROWS if tiles.stages == 2)
-    binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=tiles)
-    default = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=DQ_REDUCE)
+    binaries = hopper_binaries(prob, has_dlse, tiles)
+    default = hopper_binaries(prob, has_dlse, DQ_REDUCE)
     assert hgmma_per_step(binaries) == hgmma_per_step(default)
     dkdv, default_dkdv = binaries[1], default[1]
     for usage in cubin_resources(dkdv.cubin).values():
@@ -317,6 +335,7 @@ def spilled_bytes(binary) -> int:
     return sum(usage["stack_bytes"] + usage["local_bytes"] for usage in cubin_resources(binary.cubin).values())
 
 
+@pytest.mark.xdist_group(HOPPER_GROUP)
 @pytest.mark.cute_compile
 @pytest.mark.static
 def test_hopper_dq_reduce_128_rows_at_d64(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -328,7 +347,7 @@ def test_hopper_dq_reduce_128_rows_at_d64(monkeypatch: pytest.MonkeyPatch) -> No
     causal, alignment, kv_heads, has_dlse = VARIANTS["causal_bottom_right_mqa_dlse"]
     prob = problem(1000, 777, 64, causal=causal, alignment=alignment, kv_heads=kv_heads)
     assert DQ_REDUCE_128 in hopper_backward.CANDIDATES[64] and DQ_REDUCE_128 not in hopper_backward.CANDIDATES[128]
-    binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=DQ_REDUCE_128)
+    binaries = hopper_binaries(prob, has_dlse, DQ_REDUCE_128)
     assert hgmma_per_step(binaries) == {"dkdv": 2 * 4 + 8 + 8 + 2 * 4, "postprocess": 0}
     dkdv = binaries[1]
     sass = sass_of(dkdv)

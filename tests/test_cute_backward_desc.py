@@ -30,6 +30,7 @@ from cute_impl.backward import hopper_desc
 from tests.test_backward import assert_all_pass
 from tests.test_cute_backward import (
     BASE,
+    HOPPER_GROUP,
     hopper_gradients_of,
     knob_cases,
     sass_of,
@@ -86,6 +87,7 @@ def test_the_ab_script_names_every_knob_candidate_and_no_unknown_label() -> None
     assert labels_in_script(script.replace("stagedepi_rebase", "stagedepi_rebasd", 1))
 
 
+@pytest.mark.xdist_group(HOPPER_GROUP)
 @pytest.mark.cute_compile
 @pytest.mark.static
 @pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
@@ -100,6 +102,7 @@ def test_rebased_operands_compile_to_the_same_products_without_spills(head_dim: 
         assert not wgmma_serialised(sass_of(dkdv)), f"{tiles.label}: ptxas serialised the wgmmas"
 
 
+@pytest.mark.xdist_group(HOPPER_GROUP)
 @pytest.mark.cute_compile
 @pytest.mark.static
 @pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
@@ -117,7 +120,7 @@ def test_rebased_step_issues_fewer_uniform_instructions_per_hgmma(
         assert fewer >= FEWER_UNIFORM_PER_HGMMA, (tiles.label, fewer)
     monkeypatch.setattr(hopper_desc, "rebased", kept_pointer)
     tiles = REBASED[head_dim][-1]
-    planted, _ = compile_dkdv(head_dim, tiles, "full_mha")
+    planted, _ = compile_dkdv(head_dim, tiles, "full_mha", planted=True)
     fewer = uniform_per_hgmma(unmasked_step(sass_of(before))) - uniform_per_hgmma(unmasked_step(sass_of(planted)))
     assert fewer < FEWER_UNIFORM_PER_HGMMA
 
@@ -134,7 +137,7 @@ def test_a_rebase_off_the_swizzle_period_is_refused_or_skipped(monkeypatch: pyte
     assert spilled_bytes(dkdv) == 0
     monkeypatch.setattr(hopper_desc, "SMEM_ALIGN_BYTES", 2 * hopper_desc.SMEM_ALIGN_BYTES)
     with pytest.raises(Exception, match="swizzle period"):
-        compile_dkdv(128, REBASED[128][-1], "full_mha")
+        compile_dkdv(128, REBASED[128][-1], "full_mha", planted=True)
 
 
 REBASED_CASES = knob_cases(REBASED)

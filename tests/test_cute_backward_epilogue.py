@@ -29,9 +29,11 @@ from tests.test_backward import assert_all_pass
 from tests.test_cute_backward import (
     GLOBAL_ACCESS,
     GPU_CASES,
+    HOPPER_GROUP,
     VARIANTS,
     dkdv_shared_bytes,
     hgmma_per_step,
+    hopper_binaries,
     hopper_gradients_of,
     long_cases,
     problem,
@@ -64,6 +66,7 @@ def test_each_default_is_the_accumulator_store_with_the_epilogue_staged() -> Non
         assert staged.label == accumulator_store.label + "_stagedepi"
 
 
+@pytest.mark.xdist_group(HOPPER_GROUP)
 @pytest.mark.cute_compile
 @pytest.mark.static
 @pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
@@ -77,8 +80,8 @@ def test_staged_epilogue_stores_dk_and_dv_by_tma_only(head_dim: int) -> None:
     causal, alignment, kv_heads, has_dlse = VARIANTS["causal_bottom_right_mqa_dlse"]
     prob = problem(1000, 777, head_dim, causal=causal, alignment=alignment, kv_heads=kv_heads)
     staged, accumulator = STAGED[head_dim], ACCUMULATOR_STORE[head_dim]
-    binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=staged)
-    accumulator_binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=accumulator)
+    binaries = hopper_binaries(prob, has_dlse, staged)
+    accumulator_binaries = hopper_binaries(prob, has_dlse, accumulator)
     assert hgmma_per_step(binaries) == hgmma_per_step(accumulator_binaries)
     dkdv, accumulator_dkdv = binaries[1], accumulator_binaries[1]
     for usage in cubin_resources(dkdv.cubin).values():

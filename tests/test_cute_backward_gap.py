@@ -29,8 +29,10 @@ from tests.test_backward import assert_all_pass
 from tests.test_cute_backward import (
     BASE,
     DQ_REDUCE_80,
+    HOPPER_GROUP,
     VARIANTS,
     hgmma_per_step,
+    hopper_binaries,
     hopper_gradients_of,
     knob_cases,
     problem,
@@ -96,15 +98,20 @@ def test_the_ab_script_names_every_knob_candidate_and_no_unknown_label() -> None
     assert labels_in_script(script.replace("_latedv", "_late_dv", 1))
 
 
-def compile_dkdv(head_dim: int, tiles: hopper_backward.BackwardTiles, variant: str) -> tuple:
+def compile_dkdv(head_dim: int, tiles: hopper_backward.BackwardTiles, variant: str, *, planted: bool = False) -> tuple:
     """The dK/dV kernel of ``tiles`` at ``VARIANTS[variant]`` (Sq 1000, Sk 777) and the HGMMAs per step of
-    its kernels."""
+    its kernels: from ``hopper_binaries`` (compiled once a key), or, ``planted`` (under a patched module),
+    compiled afresh."""
     causal, alignment, kv_heads, has_dlse = VARIANTS[variant]
     prob = problem(1000, 777, head_dim, causal=causal, alignment=alignment, kv_heads=kv_heads)
-    binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=tiles)
+    if planted:
+        binaries = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=tiles)
+    else:
+        binaries = hopper_binaries(prob, has_dlse, tiles)
     return binaries[1], hgmma_per_step(binaries)
 
 
+@pytest.mark.xdist_group(HOPPER_GROUP)
 @pytest.mark.cute_compile
 @pytest.mark.static
 @pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
@@ -127,6 +134,7 @@ def test_late_dv_issues_dv_after_ds_without_spills(head_dim: int) -> None:
         assert not dv_after_drain(unmasked_step(sass_of(base)))
 
 
+@pytest.mark.xdist_group(HOPPER_GROUP)
 @pytest.mark.cute_compile
 @pytest.mark.static
 def test_late_dv_80_rows_read_fp32_pt_in_a_shorter_step(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,7 +151,7 @@ def test_late_dv_80_rows_read_fp32_pt_in_a_shorter_step(monkeypatch: pytest.Monk
     assert sum(bool(ROUND_ONE.search(text)) for text in before_step) == ROWS_80 // 2
     assert len(before_step) - len(step) >= SHORTER_80, (len(before_step), len(step))
     monkeypatch.setattr(hopper_rows, "lse_in_accumulator", lambda tile_m: False)
-    planted, _ = compile_dkdv(128, late, "full_mha")
+    planted, _ = compile_dkdv(128, late, "full_mha", planted=True)
     assert spilled_bytes(planted) > 0 or wgmma_serialised(sass_of(planted))
 
 
