@@ -7,6 +7,7 @@ process without ``TRITON_INTERPRET`` (the checks then see what a GPU process see
 
     python -m tests.capability_matrix                  # JSON rows on the last line of stdout
     python -m tests.capability_matrix --stacks triton  # the Triton rungs' rows only
+    python -m tests.capability_matrix --impls triton/fp8,gluon/fp8  # those rungs' rows only
     python -m tests.capability_matrix --plant-fp8-d256 # triton/fp8's check forced to accept D=256
 
 No GPU is needed: the device is an H200 as the checks read it (``pretend_sm90``).
@@ -148,12 +149,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plant-fp8-d256", action="store_true", help="triton/fp8 accepting D=256 (a planted bug)")
     parser.add_argument("--stacks", default="", help="comma-separated stacks whose rows to make (default: all)")
+    parser.add_argument("--impls", default="", help="comma-separated implementations whose rows to make (default: all)")
     args = parser.parse_args()
     if args.plant_fp8_d256:
         rows = matrix(planted_fp8_d256(), (torch.bfloat16,), (256,), ("decode",))
     else:
-        stacks = set(filter(None, args.stacks.split(",")))
-        rows = matrix([impl for impl in implementations() if not stacks or impl.stack in stacks])
+        stacks, names = (set(filter(None, text.split(","))) for text in (args.stacks, args.impls))
+        chosen = [impl for impl in implementations() if (not stacks or impl.stack in stacks)
+                  and (not names or impl.name in names)]  # fmt: skip
+        unknown = names - {impl.name for impl in implementations()}
+        if unknown:
+            parser.error(f"--impls names no registered implementation: {', '.join(sorted(unknown))}")
+        rows = matrix(chosen)
     print(json.dumps(rows))
 
 
