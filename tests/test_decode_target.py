@@ -6,7 +6,8 @@ CPU: the "per-slot" values of the docstring examples and of each rung on seed 43
 and "per-sm" giving every rung's target as the per-SM formula gives it; an unknown rule is refused by name; the
 rule's properties (one wave of shares where the items are few, two shares a slot where they fill a wave, the per-SM
 target in between), which two planted wrong rules fail; triton/decode with "per-slot" against fp64 under the
-interpreter on a few-items and a many-items ragged batch (on 2 SMs, so that the grids stay small).
+interpreter on a few-items and a many-items ragged batch (on 2 SMs, so that the grids stay small); the GPU cases
+planned on 132 SMs, each rule a plan of its own (the GPU test's premise).
 GPU (``gpu`` marker): the three rungs with "per-slot" against fp64 on a poisoned output. ``bench/decode_target_ab.py``'s
 rows and settings without a GPU.
 """
@@ -222,17 +223,39 @@ GPU_CASES = {
 }  # fmt: skip
 
 
+def _per_slot_and_per_sm_plans(rung: str, case: str, device: torch.device, monkeypatch: pytest.MonkeyPatch) -> tuple:
+    """``rung``'s plans of GPU case ``case`` under "per-slot" and "per-sm", the rule left at "per-slot". triton/decode's
+    ``ONE_SLOT_ONE_WAVE`` is turned off: its one-wave cap binds on these few-item rows under either rule (both plans
+    then equal), and these tests are about the rule."""
+    problem, lengths = GPU_CASES[case]
+    if rung == "triton/decode":
+        monkeypatch.setattr(decode, "ONE_SLOT_ONE_WAVE", False)
+    plans = []
+    for rule in ("per-slot", "per-sm"):
+        monkeypatch.setattr(_module(rung), "BALANCED_TARGET", rule)
+        plans.append(plan_of(rung, problem, lengths, device))
+    monkeypatch.setattr(_module(rung), "BALANCED_TARGET", "per-slot")
+    return tuple(plans)
+
+
+@pytest.mark.parametrize("rung", RUNGS)
+@pytest.mark.parametrize("case", sorted(GPU_CASES))
+def test_the_rules_plan_each_gpu_case_differently_at_132_sms(rung: str, case: str, monkeypatch: pytest.MonkeyPatch):
+    """The GPU test's premise, checked where CI runs: on the H200's 132 SMs each case is balanced and the two rules
+    give two plans (the 2026-12-03 GPU suite found triton/decode's D=256 case planned alike once ONE_SLOT_ONE_WAVE
+    was on)."""
+    monkeypatch.setattr(splits, "DEFAULT_SM_COUNT", 132)
+    per_slot, per_sm = _per_slot_and_per_sm_plans(rung, case, CPU, monkeypatch)
+    assert per_slot[0] == "balanced" and per_slot != per_sm, (per_slot, per_sm)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rung", RUNGS)
 @pytest.mark.parametrize("case", sorted(GPU_CASES))
 def test_gpu_per_slot_against_fp64(rung: str, case: str, monkeypatch: pytest.MonkeyPatch):
     problem, lengths = GPU_CASES[case]
-    device = torch.device("cuda")
-    monkeypatch.setattr(_module(rung), "BALANCED_TARGET", "per-slot")
-    per_slot = plan_of(rung, problem, lengths, device)
-    monkeypatch.setattr(_module(rung), "BALANCED_TARGET", "per-sm")
-    assert per_slot[0] == "balanced" and per_slot != plan_of(rung, problem, lengths, device)
-    monkeypatch.setattr(_module(rung), "BALANCED_TARGET", "per-slot")
+    per_slot, per_sm = _per_slot_and_per_sm_plans(rung, case, torch.device("cuda"), monkeypatch)
+    assert per_slot[0] == "balanced" and per_slot != per_sm
     result = check_on_gpu(rung, problem, lengths, seed=len(case))
     assert result.ok, f"{rung} per-slot {problem.describe()}: {result.summary()}"
 
