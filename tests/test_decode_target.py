@@ -67,12 +67,18 @@ def test_per_slot_target_of_the_docstring_examples():
     assert splits.per_slot_target(264, 264, 300) == 528
 
 
+def _balanced_spills(rung: str, problem: Problem) -> bool:
+    """gluon/decode's balanced kernel spills at ``problem``'s head dim under this Triton release (``BALANCED_SPILLS``:
+    3.9 at D=256), so the rung takes the padded split there under either target rule."""
+    return rung == "gluon/decode" and problem.head_dim in gluon_decode.BALANCED_SPILLS.get(triton_release(), ())
+
+
 @pytest.mark.parametrize("rung", RUNGS)
 def test_each_rung_per_slot_target_on_seed_43s_rows(rung: str, monkeypatch: pytest.MonkeyPatch):
     cases = random_cases(8, 43)
     for index, targets in SEED43_PER_SLOT.items():
         case = cases[index]
-        if rung == "gluon/decode" and case.problem.head_dim in gluon_decode.BALANCED_SPILLS.get(triton_release(), ()):
+        if _balanced_spills(rung, case.problem):
             continue  # gluon's balanced kernel spills at this head dim in this release: the padded split, no target
         per_slot = _target(rung, case.problem, case.lengths, "per-slot", monkeypatch)
         assert per_slot == targets[RUNGS.index(rung)], f"{rung} seed 43 case {index}: {per_slot}"
@@ -246,6 +252,9 @@ def test_the_rules_plan_each_gpu_case_differently_at_132_sms(rung: str, case: st
     was on)."""
     monkeypatch.setattr(splits, "DEFAULT_SM_COUNT", 132)
     per_slot, per_sm = _per_slot_and_per_sm_plans(rung, case, CPU, monkeypatch)
+    if _balanced_spills(rung, GPU_CASES[case][0]):  # no balanced kernel here under this release: no target to differ
+        assert per_slot[0] == per_sm[0] == "padded", (per_slot, per_sm)
+        return
     assert per_slot[0] == "balanced" and per_slot != per_sm, (per_slot, per_sm)
 
 
@@ -254,6 +263,9 @@ def test_the_rules_plan_each_gpu_case_differently_at_132_sms(rung: str, case: st
 @pytest.mark.parametrize("case", sorted(GPU_CASES))
 def test_gpu_per_slot_against_fp64(rung: str, case: str, monkeypatch: pytest.MonkeyPatch):
     problem, lengths = GPU_CASES[case]
+    if _balanced_spills(rung, problem):
+        release = triton_release()
+        pytest.skip(f"{rung} takes the padded split at D={problem.head_dim} under Triton {release} (BALANCED_SPILLS)")
     per_slot, per_sm = _per_slot_and_per_sm_plans(rung, case, torch.device("cuda"), monkeypatch)
     assert per_slot[0] == "balanced" and per_slot != per_sm
     result = check_on_gpu(rung, problem, lengths, seed=len(case))
