@@ -17,6 +17,8 @@ CPU_RUNGS = [impl.name for impl in AVAILABLE if impl.runs_on_cpu]
 BY_NAME = {impl.name: impl for impl in AVAILABLE}
 # (Sq, Sk): a single row, odd lengths, exactly one tile, a tile and a half, and Sq != Sk both ways.
 SEQLENS = [(1, 1), (77, 77), (128, 128), (200, 200), (77, 200), (200, 77), (1, 130)]
+# The newest CI leg (torch and Triton as the plain package index has them) runs this file beside the static tests.
+pytestmark = pytest.mark.teaching
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run on CPU-only machines")
