@@ -3,7 +3,9 @@
 - a test that compiles a CuTe DSL kernel in its own process carries the ``cute_compile`` marker, which
   .ci/run runs in one leg only (its header says why), unless it is allowed below with the reason;
 - a batch of child scripts (``tests._helpers.scripts_in_one_child``) gives each script's failure to the
-  test that reads it, and the other scripts' results still stand.
+  test that reads it, and the other scripts' results still stand;
+- the newest CI leg's selection (``.ci/run``) keeps the CPU teaching mode's tests: a file's ``teaching`` marker
+  removed, or the marker dropped from the leg's ``-m``, would leave that leg with the static tests alone, silently.
 
 The marker rule reads the test files' syntax: a call counts as a CuTe compile when it is the toolchain's
 ``compile_cute_sm90`` or a ``compile_sm90`` / ``binaries`` call whose receiver names a ``cute_impl`` module
@@ -191,3 +193,25 @@ def test_a_failing_script_of_a_batch_fails_only_its_own_test():
     assert child_result(results, "good") == "fine"
     with pytest.raises(pytest.fail.Exception, match=r"(?s)bad failed in the child process.*AssertionError: planted"):
         child_result(results, "bad")
+
+
+def teaching_leg_gaps(ci_script: str, rung_tests_source: str) -> list[str]:
+    """What keeps the newest leg from the teaching tests: its ``-m`` without ``teaching``, or test_rungs_cpu.py
+    without a module-wide ``teaching`` marker."""
+    newest = next((line for line in ci_script.splitlines() if line.strip().startswith("newest)")), "")
+    gaps = [] if "teaching" in newest else [f".ci/run's newest selection lacks teaching: {newest.strip()!r}"]
+    tree = ast.parse(rung_tests_source)
+    assigns = [node for node in tree.body if isinstance(node, ast.Assign)]
+    marks = [node.value for node in assigns if "pytestmark" in {getattr(t, "id", "") for t in node.targets}]
+    if not any(isinstance(mark, ast.Attribute) and mark.attr == "teaching" for mark in marks):
+        gaps.append("tests/test_rungs_cpu.py has no pytestmark = pytest.mark.teaching")
+    return gaps
+
+
+def test_the_newest_leg_runs_the_teaching_tests():
+    ci_script = (TESTS.parent / ".ci" / "run").read_text()
+    rung_tests = (TESTS / "test_rungs_cpu.py").read_text()
+    assert teaching_leg_gaps(ci_script, rung_tests) == []
+    # Planted: the marker gone from the leg, or from the file.
+    assert len(teaching_leg_gaps(ci_script.replace("static or teaching", "static"), rung_tests)) == 1
+    assert len(teaching_leg_gaps(ci_script, rung_tests.replace("pytest.mark.teaching", "pytest.mark.slow"))) == 1
