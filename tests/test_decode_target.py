@@ -70,7 +70,7 @@ def test_per_slot_target_of_the_docstring_examples():
 def _balanced_spills(rung: str, problem: Problem) -> bool:
     """gluon/decode's balanced kernel spills at ``problem``'s head dim under this Triton release (``BALANCED_SPILLS``:
     3.9 at D=256), so the rung takes the padded split there under either target rule."""
-    return rung == "gluon/decode" and problem.head_dim in gluon_decode.BALANCED_SPILLS.get(triton_release(), ())
+    return rung == "gluon/decode" and gluon_decode.balanced_spills(problem.head_dim)
 
 
 @pytest.mark.parametrize("rung", RUNGS)

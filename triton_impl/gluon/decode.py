@@ -770,11 +770,16 @@ def planned_num_splits(problem: Problem, device: torch.device) -> int:
     return splits.planned_num_splits(problem, m_blocks_for(problem), device, split_policy(problem))
 
 
+def balanced_spills(head_dim: int) -> bool:
+    """Whether the balanced kernel spills at ``head_dim`` under this Triton release (``BALANCED_SPILLS``)."""
+    return head_dim in BALANCED_SPILLS.get(triton_release(), ())
+
+
 def balanced_split(problem: Problem, device: torch.device | None = None) -> bool:
     """Whether ``BALANCED_SPLIT`` takes ``problem`` on ``device`` (``splits.balanced_split_applies``, this
     rung's split rule; without a device, its default SM count, as the sm_90a compile assumes; never where
-    the balanced kernel spills under this Triton release: ``BALANCED_SPILLS``)."""
-    if problem.head_dim in BALANCED_SPILLS.get(triton_release(), ()):
+    the balanced kernel spills under this Triton release: ``balanced_spills``)."""
+    if balanced_spills(problem.head_dim):
         return False
     rule_device = device or torch.device("cpu")
     return splits.balanced_split_applies(BALANCED_SPLIT, problem, lambda: planned_num_splits(problem, rule_device))
