@@ -361,14 +361,15 @@ def attend_key_blocks(
     offs_m, key_begin, key_end, seqlen_k, causal_offset, softmax_scale_log2,
     CAUSAL: tl.constexpr, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     block_table_row=None, stride_kpage=0, stride_vpage=0, PAGE_SIZE: tl.constexpr = 0,
-    PAGE_SPANS: tl.constexpr = False,
+    PAGE_SPANS: tl.constexpr = False, mask_from=0, MASK_FROM: tl.constexpr = False,
 ):  # fmt: skip
     """Fold the keys [key_begin, key_end), BLOCK_N at a time from a block boundary, into (acc, row_max,
     row_sum) of one query tile: S = Q Kᵀ → mask → online softmax → rescale O → O += P V.
 
     ``MASKED=False`` is the hot loop: every key in range is visible, so loads are unmasked and the
     softmax needs no -inf guard. ``MASKED=True`` handles the sequence tail and the causal diagonal
-    (``seqlen_k`` and ``causal_offset`` from :func:`seqlen_info`).
+    (``seqlen_k`` and ``causal_offset`` from :func:`seqlen_info`); with ``MASK_FROM`` it masks S only in the blocks
+    from key ``mask_from`` on (the loads and the guard stay masked), so one pipelined loop walks a whole range.
     S is scaled before the maximum, so any sign of the softmax scale works.
 
     ``PAGE_SIZE`` > 0: K and V are page pools; ``k_base`` and ``v_base`` point at this KV head in page
@@ -405,7 +406,10 @@ def attend_key_blocks(
 
         # S = Q Kᵀ on tensor cores, in the log2 domain.
         S = tl.dot(q, k_t) * softmax_scale_log2
-        if MASKED:
+        if MASK_FROM:
+            if n_start + BLOCK_N > mask_from:
+                S = attention_mask(S, offs_m, offs_k, seqlen_k, causal_offset, CAUSAL)
+        elif MASKED:
             S = attention_mask(S, offs_m, offs_k, seqlen_k, causal_offset, CAUSAL)
         P, alpha, row_max, row_sum = online_softmax_update(S, row_max, row_sum, softmax_scale_log2, True, MASKED)
         # O += P V with P in the input dtype, onto O rescaled to the new maximum.
@@ -420,12 +424,21 @@ def attend_key_range(
     offs_m, key_begin, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     block_table_row=None, stride_kpage=0, stride_vpage=0, PAGE_SIZE: tl.constexpr = 0,
-    PAGE_SPANS: tl.constexpr = False,
+    PAGE_SPANS: tl.constexpr = False, ONE_LOOP: tl.constexpr = False,
 ):  # fmt: skip
     """The peeled mainloop of ``pipelined`` and ``decode`` over keys [key_begin, key_end): first the
     blocks before ``unmasked_end``, which every row of the tile sees in full (no mask: the hot loop),
     then the rest, masked (the sequence tail and the causal diagonal). Arguments as in
-    :func:`attend_key_blocks`."""
+    :func:`attend_key_blocks`. ``ONE_LOOP``: one masked loop over the whole range, S masked from ``unmasked_end``
+    on (``MASK_FROM``): one pipeline to fill and drain, not two, for a split of few blocks."""
+    if ONE_LOOP:
+        return attend_key_blocks(
+            acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
+            offs_m, key_begin, key_end, seqlen_k, causal_offset, softmax_scale_log2,
+            CAUSAL=CAUSAL, MASKED=True, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+            block_table_row=block_table_row, stride_kpage=stride_kpage, stride_vpage=stride_vpage,
+            PAGE_SIZE=PAGE_SIZE, PAGE_SPANS=PAGE_SPANS, mask_from=unmasked_end, MASK_FROM=True,
+        )  # fmt: skip
     acc, row_max, row_sum = attend_key_blocks(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_vn,
         offs_m, key_begin, unmasked_end, seqlen_k, causal_offset, softmax_scale_log2,

@@ -87,8 +87,10 @@ Algorithm (grid = (num_splits, m_blocks, B · Hkv); one program per split of one
      ``key_end`` (the length; causal: at most Sq + causal_offset); ``split_key_range`` cuts this
      split's [key_begin, key_end) out of them.
   2. Load the packed Q tile: row r reads query head kv_head · group + r // Sq, token r % Sq.
-  3. ``attend_key_range``: the split's blocks seen by every row (no mask), then the rest
-     (the sequence tail and the causal diagonal, masked with each row's own token index). Paged: the
+  3. ``attend_key_range``: the split's blocks in one pipelined loop (``ONE_KEY_LOOP``), its loads masked at the
+     sequence's end and S masked with each row's own token index in the blocks some row may not see (the sequence
+     tail and the causal diagonal); with the switch off, the blocks seen by every row in an unmasked loop, then
+     the rest in a masked one. Paged: the
      block's rows are found through this sequence's row of the block table, one entry per page the block
      spans (``kv_block_rows``; per key, ``kv_page_slots``, where block and page do not divide).
   4. ``online_softmax_finalize``: O and the natural-log LSE of the split; a split with no key writes
@@ -236,6 +238,16 @@ BALANCED_BUILD_CTAS_PER_SM = {(128, 32): 2, (128, 64): 2}
 ONE_SLOT_ONE_WAVE = True
 # The fewest arrival counters allocated on a device (a small grid's buffer then serves larger ones).
 MIN_ARRIVAL_COUNTERS = 1024
+# Issue #38's short items: a split's keys in one pipelined loop whose loads are masked and whose S is masked from the
+# first block a row may not see, not an unmasked loop and a masked one, each a pipeline to fill and drain (seed 151
+# row 1's ~10-block items paid two ramps an item). sm_90a, Triton 3.6: one loop of 459-501 static instructions against
+# 314-353 + 458-498, no spill. On since its H200 A/B (bench/triton_decode_one_loop_ab.sh, 24 sweep rows, each value
+# checked against fp64 first; results/h200/triton-decode-one-loop/): 151/1 196.1 -> 180.9 us (39 -> 42 %), the short
+# and ragged rows 0.92-0.97x, 22 others 0.98-1.00x, one 1.02x (117/3, D=128 paged(32) with long items).
+ONE_KEY_LOOP = True
+# Triton releases whose one-loop builds spill (3.8: the 16-row D=128 split kernel in pages of 256, 8 bytes at 128
+# registers, and seed 73 row 0's balanced kernel with runs one CTA an SM short of one level's): two loops there.
+ONE_KEY_LOOP_SPILLS = ("3.8",)
 
 
 @dataclass(frozen=True)
@@ -359,6 +371,12 @@ def paged_spans(problem: Problem) -> bool:
     return bool(switched_on and page and (page % block_n == 0 or block_n % page == 0))
 
 
+def one_key_loop() -> bool:
+    """Whether the split kernels walk a split's keys in one loop (``ONE_KEY_LOOP``, not in a release of
+    ``ONE_KEY_LOOP_SPILLS``)."""
+    return ONE_KEY_LOOP and triton_release() not in ONE_KEY_LOOP_SPILLS
+
+
 def launch_options(problem: Problem, deep: bool = False) -> dict[str, int | None]:
     """The split kernels' warps, depth (``num_stages_for``) and register cap."""
     config = tile_config(problem)
@@ -384,6 +402,7 @@ def attend_split(
     batch, kv_head, m_block, split, num_splits, group, seqlen_q, seqlen_k, softmax_scale_log2,
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_SPANS: tl.constexpr,
+    ONE_KEY_LOOP: tl.constexpr = False,
 ):  # fmt: skip
     """Steps 1-4 of the algorithm for M tile ``m_block`` of (``batch``, ``kv_head``) over split ``split``
     of ``num_splits`` of its keys: ``(out, lse, head, offs_m, row_ok)``, O normalised and the natural-log
@@ -418,7 +437,8 @@ def attend_split(
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
 
     # 3. Keys every row sees (below the first token's diagonal and inside the sequence) need no
-    # mask; the rest of the range (the tail and the diagonal) takes each row's own token index.
+    # mask; the rest of the range (the tail and the diagonal) takes each row's own token index
+    # (``ONE_KEY_LOOP``: in the same loop, from ``unmasked_end`` on).
     visible_to_all = tl.minimum(seqlen_k, causal_offset + 1) if CAUSAL else seqlen_k
     unmasked_end = tl.minimum(tl.maximum(visible_to_all // BLOCK_N * BLOCK_N, key_begin), key_end)
     acc, row_max, row_sum = attend_key_range(
@@ -426,7 +446,7 @@ def attend_split(
         offs_m, key_begin, unmasked_end, key_end, seqlen_k, causal_offset, softmax_scale_log2,
         CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
         block_table_row=block_table_row, stride_kpage=stride_kb, stride_vpage=stride_vb, PAGE_SIZE=PAGE_SIZE,
-        PAGE_SPANS=PAGE_SPANS,
+        PAGE_SPANS=PAGE_SPANS, ONE_LOOP=ONE_KEY_LOOP,
     )  # fmt: skip
 
     # 4. O and the natural-log LSE of these keys (O = 0, LSE = -inf where there were none).
@@ -449,6 +469,7 @@ def _split_kernel(
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     PAGE_SIZE: tl.constexpr, FUSED_MERGE: tl.constexpr, SPLITS_PER_STEP: tl.constexpr, PAGE_SPANS: tl.constexpr,
+    ONE_KEY_LOOP: tl.constexpr,
 ):  # fmt: skip
     split = tl.program_id(0)
     num_splits = tl.num_programs(0)
@@ -464,7 +485,7 @@ def _split_kernel(
         (Q, stride_qb, stride_qh, stride_qm), k_operand, v_operand, BlockTable, stride_btb, CacheSeqlens,
         batch, kv_head, m_block, split, num_splits, group, seqlen_q, seqlen_k, softmax_scale_log2,
         CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, HEAD_DIM=HEAD_DIM,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE, PAGE_SPANS=PAGE_SPANS,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE, PAGE_SPANS=PAGE_SPANS, ONE_KEY_LOOP=ONE_KEY_LOOP,
     )  # fmt: skip
     row = (batch * heads + head) * seqlen_q + offs_m
     out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
@@ -507,7 +528,7 @@ def _balanced_split_kernel(
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     SPLITS_PER_STEP: tl.constexpr, BLOCK_B: tl.constexpr, M_TILE_MAJOR: tl.constexpr, PAGE_SPANS: tl.constexpr,
-    MERGE_GROUP: tl.constexpr,
+    MERGE_GROUP: tl.constexpr, ONE_KEY_LOOP: tl.constexpr,
 ):  # fmt: skip
     """Grid (target_shares + B · Hkv, m_blocks) (``M_TILE_MAJOR``: the axes swapped): one share of one M tile's keys
     per program, then the item's last share to arrive merges (an item of one share writes O and the LSE itself)."""
@@ -527,7 +548,7 @@ def _balanced_split_kernel(
         (Q, stride_qb, stride_qh, stride_qm), k_operand, v_operand, BlockTable, stride_btb, CacheSeqlens,
         batch, kv_head, m_block, split, item_shares, group, seqlen_q, seqlen_k, softmax_scale_log2,
         CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, HEAD_DIM=HEAD_DIM,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE, PAGE_SPANS=PAGE_SPANS,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE, PAGE_SPANS=PAGE_SPANS, ONE_KEY_LOOP=ONE_KEY_LOOP,
     )  # fmt: skip
     row = (batch * heads + head) * seqlen_q + offs_m
     out_rows = (Out, batch * stride_ob + head * stride_oh + offs_m * stride_om)
@@ -619,7 +640,7 @@ def _split_constexprs(problem: Problem, *, split: bool) -> dict[str, int | bool]
         **feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
         "BLOCK_N": tile_config(problem).block_n, "SPLIT": split, "PAGE_SIZE": problem.page_size,
         "FUSED_MERGE": split and FUSED_MERGE, "SPLITS_PER_STEP": _merge_step(problem),
-        "PAGE_SPANS": paged_spans(problem),
+        "PAGE_SPANS": paged_spans(problem), "ONE_KEY_LOOP": one_key_loop(),
     }  # fmt: skip
 
 
@@ -839,7 +860,7 @@ def balanced_constexprs(problem: Problem, m_tile_major: bool) -> dict[str, int |
         "BLOCK_N": tile_config(problem).block_n, "PAGE_SIZE": problem.page_size,
         "SPLITS_PER_STEP": _merge_step(problem), "BLOCK_B": next_power_of_2(max(problem.batch, MIN_BLOCK_B)),
         "M_TILE_MAJOR": m_tile_major,
-        "PAGE_SPANS": paged_spans(problem), "MERGE_GROUP": BALANCED_MERGE_GROUP,
+        "PAGE_SPANS": paged_spans(problem), "MERGE_GROUP": BALANCED_MERGE_GROUP, "ONE_KEY_LOOP": one_key_loop(),
     }  # fmt: skip
 
 
