@@ -2,11 +2,12 @@
 in one pipelined loop, S masked from the first block some row may not see (``_device.attend_key_range(...,
 ONE_LOOP=True)``), not an unmasked loop and a masked one, each its own software pipeline in Triton.
 
-CPU: on by default (but under a release of ``ONE_KEY_LOOP_SPILLS``), read into both kernels' constexprs. Under the
-interpreter, against fp64 on a poisoned output, with the switch on and off: a paged ragged batch (an empty sequence,
-one ending mid-block, one on a block boundary; causal bottom-right over 4 tokens, so the diagonal and the tail fall in
-the split's last blocks), 128 packed rows on a full cache (top-left: the diagonal in the first block), the balanced
-split over a ragged batch; a planted loop that masks S from past the range's end (never) fails the same check. Static
+CPU: on by default at D=64 and 128 (but under a release of ``ONE_KEY_LOOP_SPILLS``), read into both kernels'
+constexprs. Under the interpreter, against fp64 on a poisoned output, with the switch on and off: a paged ragged batch
+(an empty sequence, one ending mid-block, one on a block boundary; causal bottom-right over 4 tokens, so the diagonal
+and the tail fall in the split's last blocks), 128 packed rows on a full cache (top-left: the diagonal in the first
+block), the balanced split over a ragged batch; a planted loop that masks S from past the range's end (never) fails the
+same check. Static
 (sm_90a): the split and balanced kernels of seed 151 row 1's kind have one key loop (a SASS loop holding the MMAs)
 with the switch and two without, and no spill either way (under any release: the spills of ``ONE_KEY_LOOP_SPILLS`` are
 on other tiles). GPU: the default runs in every decode GPU test; ``bench/triton_decode_one_loop_ab.sh`` checked both
@@ -50,12 +51,14 @@ CASES = {
 
 def test_on_by_default_in_both_kernels_but_where_it_spills(monkeypatch: pytest.MonkeyPatch):
     assert decode.ONE_KEY_LOOP is True, "taken: results/h200/triton-decode-one-loop/"
-    assert decode.ONE_KEY_LOOP_SPILLS == ("3.8",)
+    assert decode.ONE_KEY_LOOP_SPILLS == ("3.7", "3.8") and decode.ONE_KEY_LOOP_HEAD_DIMS == (64, 128)
+    d256 = CASES["balanced-ragged"][0].with_(head_dim=256)
     for switch, release, expected in ((True, "3.6", True), (True, "3.8", False), (False, "3.6", False)):
         monkeypatch.setattr(decode, "ONE_KEY_LOOP", switch)
         monkeypatch.setattr(decode, "triton_release", lambda release=release: release)
         assert decode._split_constexprs(CASES["wide-full"][0], split=True)["ONE_KEY_LOOP"] is expected
         assert decode.balanced_constexprs(CASES["balanced-ragged"][0], True)["ONE_KEY_LOOP"] is expected
+        assert decode.balanced_constexprs(d256, True)["ONE_KEY_LOOP"] is False
 
 
 @interpreter_only

@@ -244,10 +244,15 @@ MIN_ARRIVAL_COUNTERS = 1024
 # 314-353 + 458-498, no spill. On since its H200 A/B (bench/triton_decode_one_loop_ab.sh, 24 sweep rows, each value
 # checked against fp64 first; results/h200/triton-decode-one-loop/): 151/1 196.1 -> 180.9 us (39 -> 42 %), the short
 # and ragged rows 0.92-0.97x, 22 others 0.98-1.00x, one 1.02x (117/3, D=128 paged(32) with long items).
+# D=256 gains nothing (163/7 0.99x, 181/0 1.00x) and its one-loop builds spill past the two loops' under Triton 3.6
+# (the 64-row wgmma tile's split kernel 264 bytes outside its loop against 192; seed 43 row 1's balanced kernel with
+# runs 184 registers against 159, two CTAs an SM not three): ONE_KEY_LOOP_HEAD_DIMS leaves it out.
 ONE_KEY_LOOP = True
-# Triton releases whose one-loop builds spill (3.8: the 16-row D=128 split kernel in pages of 256, 8 bytes at 128
-# registers, and seed 73 row 0's balanced kernel with runs one CTA an SM short of one level's): two loops there.
-ONE_KEY_LOOP_SPILLS = ("3.8",)
+ONE_KEY_LOOP_HEAD_DIMS = (64, 128)
+# Triton releases whose one-loop builds spill (sm_90a; 3.8: the 16-row D=128 split kernel in pages of 256, 8 bytes at
+# 128 registers, and seed 73 row 0's balanced kernel with runs one CTA an SM short of one level's; 3.7.1: the balanced
+# D=64 Sq=2 kernel in pages of 64, 8 bytes outside its loop): two loops there.
+ONE_KEY_LOOP_SPILLS = ("3.7", "3.8")
 
 
 @dataclass(frozen=True)
@@ -371,10 +376,11 @@ def paged_spans(problem: Problem) -> bool:
     return bool(switched_on and page and (page % block_n == 0 or block_n % page == 0))
 
 
-def one_key_loop() -> bool:
-    """Whether the split kernels walk a split's keys in one loop (``ONE_KEY_LOOP``, not in a release of
-    ``ONE_KEY_LOOP_SPILLS``)."""
-    return ONE_KEY_LOOP and triton_release() not in ONE_KEY_LOOP_SPILLS
+def one_key_loop(problem: Problem) -> bool:
+    """Whether the split kernels walk ``problem``'s splits in one loop each (``ONE_KEY_LOOP``, at a head dim of
+    ``ONE_KEY_LOOP_HEAD_DIMS``, not in a release of ``ONE_KEY_LOOP_SPILLS``)."""
+    in_scope = problem.head_dim in ONE_KEY_LOOP_HEAD_DIMS and triton_release() not in ONE_KEY_LOOP_SPILLS
+    return ONE_KEY_LOOP and in_scope
 
 
 def launch_options(problem: Problem, deep: bool = False) -> dict[str, int | None]:
@@ -640,7 +646,7 @@ def _split_constexprs(problem: Problem, *, split: bool) -> dict[str, int | bool]
         **feature_constexprs(problem), "HEAD_DIM": problem.head_dim, "BLOCK_M": block_m_for(problem),
         "BLOCK_N": tile_config(problem).block_n, "SPLIT": split, "PAGE_SIZE": problem.page_size,
         "FUSED_MERGE": split and FUSED_MERGE, "SPLITS_PER_STEP": _merge_step(problem),
-        "PAGE_SPANS": paged_spans(problem), "ONE_KEY_LOOP": one_key_loop(),
+        "PAGE_SPANS": paged_spans(problem), "ONE_KEY_LOOP": one_key_loop(problem),
     }  # fmt: skip
 
 
@@ -860,7 +866,7 @@ def balanced_constexprs(problem: Problem, m_tile_major: bool) -> dict[str, int |
         "BLOCK_N": tile_config(problem).block_n, "PAGE_SIZE": problem.page_size,
         "SPLITS_PER_STEP": _merge_step(problem), "BLOCK_B": next_power_of_2(max(problem.batch, MIN_BLOCK_B)),
         "M_TILE_MAJOR": m_tile_major,
-        "PAGE_SPANS": paged_spans(problem), "MERGE_GROUP": BALANCED_MERGE_GROUP, "ONE_KEY_LOOP": one_key_loop(),
+        "PAGE_SPANS": paged_spans(problem), "MERGE_GROUP": BALANCED_MERGE_GROUP, "ONE_KEY_LOOP": one_key_loop(problem),
     }  # fmt: skip
 
 
