@@ -32,7 +32,8 @@ RUNGS = {"cute/fp8": ("cute_impl.fp8", "cute/hopper"), "triton/fp8": ("triton_im
 @dataclass(frozen=True)
 class Fp8KnobAB:
     """``knob`` (an attribute of ``rung``'s module, read when a launch is built) at each of ``settings`` (name ->
-    value, the first the reference every O is compared with); ``config_field``: the launch config's field that must
+    value, or a dict of several attributes and their values; the first the reference every O is compared with);
+    ``config_field``: the launch config's field that must
     then hold the value; ``title`` and ``stem`` name the table and its files; ``quantiser_each``: the quantiser is
     timed for every setting (the knob changes what it quantises), not the first setting's alone."""
 
@@ -57,14 +58,18 @@ class Fp8KnobAB:
         fp8 = importlib.import_module(RUNGS[self.rung][0])
         hopper = importlib.import_module(RUNGS[self.rung][0].replace(".fp8", ".hopper"))
         runs: dict[Key, object] = {("bf16", "kernel"): hopper.prepare(*inputs, problem)}
-        default = getattr(fp8, self.knob)
         for name, value in self.settings.items():
-            setattr(fp8, self.knob, value)
+            # A setting sets the knob, or (a dict) several of the module's attributes.
+            assignments = value if isinstance(value, dict) else {self.knob: value}
+            defaults = {attribute: getattr(fp8, attribute) for attribute in assignments}
+            for attribute, assigned in assignments.items():
+                setattr(fp8, attribute, assigned)
             try:
                 runs[(name, "kernel")] = fp8.prepare(*inputs, problem)
                 runs[(name, "e2e")] = fp8.prepare_end_to_end(*inputs, problem)
             finally:
-                setattr(fp8, self.knob, default)
+                for attribute, default in defaults.items():
+                    setattr(fp8, attribute, default)
             if self.config_field:
                 assert getattr(runs[(name, "kernel")].config, self.config_field) == value, (name, self.config_field)
         for name in self.settings if self.quantiser_each else (self.reference,):

@@ -42,8 +42,9 @@ def _cpu_case(name: str, mask: str) -> tuple[Problem, tuple[torch.Tensor, ...], 
     return problem, make_inputs(problem, seed=5, offset=0.5, device="cpu"), edge_cache_seqlens(batch, seqlen_k, "cpu")
 
 
-def _bound(problem, inputs, lengths, in_kernel: bool, monkeypatch: pytest.MonkeyPatch):
+def _bound(problem, inputs, lengths, in_kernel: bool, monkeypatch: pytest.MonkeyPatch, by_tma: bool = False):
     monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", in_kernel)
+    monkeypatch.setattr(fp8, "ROTATION_BY_TMA", by_tma)
     bound = fp8.bind(*inputs, problem, cache_seqlens=lengths)
     assert bound.quantiser.query is not in_kernel and bound.kernel._kwargs["QUANTISE_Q"] is in_kernel
     out, lse = bound()
@@ -77,12 +78,15 @@ def test_the_kernel_takes_q_and_the_rotation_together_in_tiles_of_one_scale_bloc
 
 
 @interpreter_only
+@pytest.mark.parametrize("by_tma", [False, True], ids=["matrix-loaded", "matrix-by-tma"])
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("name", list(CPU_CASES))
-def test_q_in_the_kernel_is_the_quantisers_q_bit_for_bit(name: str, mask: str, monkeypatch: pytest.MonkeyPatch):
+def test_q_in_the_kernel_is_the_quantisers_q_bit_for_bit(
+    name: str, mask: str, by_tma: bool, monkeypatch: pytest.MonkeyPatch
+):
     problem, inputs, lengths = _cpu_case(name, mask)
     quantised = _bound(problem, inputs, lengths, False, monkeypatch)
-    in_kernel = _bound(problem, inputs, lengths, True, monkeypatch)
+    in_kernel = _bound(problem, inputs, lengths, True, monkeypatch, by_tma)
     for label, expected, got in zip(("O", "LSE", "Q's e4m3 bytes", "Q's scales"), quantised, in_kernel, strict=True):
         assert torch.equal(got, expected), f"{name} {mask}: {label} differ from the quantiser's path"
     assert torch.isfinite(in_kernel[0]).all()
@@ -157,14 +161,18 @@ GPU_SHAPES = {"p1-like": (2, 8, 8, 4096, 4096), "ragged-gqa": (2, 8, 2, 1000, 77
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("by_tma", [False, True], ids=["matrix-loaded", "matrix-by-tma"])
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("shape", list(GPU_SHAPES))
-def test_gpu_q_in_kernel_meets_the_rule_and_is_the_quantisers_q(shape: str, mask: str, monkeypatch: pytest.MonkeyPatch):
+def test_gpu_q_in_kernel_meets_the_rule_and_is_the_quantisers_q(
+    shape: str, mask: str, by_tma: bool, monkeypatch: pytest.MonkeyPatch
+):
     """Kernel only (poisoned outputs) by FP8_RULE against the emulation of the full quantiser's operands; end to end
     equal to kernel only; Q's e4m3 bytes and scales and O equal the quantiser's path bit for bit (the same k16
     groups of the rotation in the same order, the same divisions)."""
     problem, (q, k, v) = fa3_case(GPU_SHAPES[shape], mask, seed=3)
     monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
+    monkeypatch.setattr(fp8, "ROTATION_BY_TMA", by_tma)
     result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
     assert result.ok, f"{problem.describe()}: {result.summary()}"
     in_kernel = fp8.prepare(q, k, v, problem)

@@ -88,6 +88,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from common.contract import fp8 as fp8_quantisation
 from common.contract.devices import triton_device_supported, triton_interpreting
@@ -161,6 +162,9 @@ DEFAULT_QUANTISATION = Quantisation(block=True, rotation=True)
 # (``fp8_quantiser_kernel.quantise_query_block``), so the quantiser runs for K and V only: Q's bytes are read once,
 # by the kernel, instead of read, written in e4m3 and read again. Read when a launch is built (``launch``).
 QUANTISE_Q_IN_KERNEL = False
+# With it, the sign matrix copied by TMA into shared memory, where the rotation's wgmma reads it (not loaded into
+# registers and stored to shared memory by every CTA). Read when a launch is built.
+ROTATION_BY_TMA = False
 
 
 def default_config(head_dim: int) -> HopperKernelConfig:
@@ -245,7 +249,7 @@ def _fp8_attention_kernel(
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
     BLOCK_SCALED: tl.constexpr, Q_QUANT_BLOCK: tl.constexpr, KV_QUANT_BLOCK: tl.constexpr,
-    QUANTISE_Q: tl.constexpr, INTERPRETED: tl.constexpr,
+    QUANTISE_Q: tl.constexpr, INTERPRETED: tl.constexpr, ROTATION_TMA: tl.constexpr,
 ):  # fmt: skip
     m_block, batch_head, head, start_m, coords = tile_coordinates(
         CacheSeqlens, heads, kv_heads, seqlen_q, seqlen_k, BLOCK_M, CAUSAL, BOTTOM_RIGHT, HAS_CACHE_SEQLENS
@@ -262,7 +266,14 @@ def _fp8_attention_kernel(
     if QUANTISE_Q:
         # The tile is one scale block (BLOCK_M = Q_QUANT_BLOCK): quantised as the fused quantiser would.
         q, q_scale = quantise_query_block(
-            q, ROTATION, rotation_scale, Q_SCALE + start_m // Q_QUANT_BLOCK, BLOCK_M, HEAD_DIM, INTERPRETED
+            q,
+            ROTATION,
+            rotation_scale,
+            Q_SCALE + start_m // Q_QUANT_BLOCK,
+            BLOCK_M,
+            HEAD_DIM,
+            INTERPRETED,
+            ROTATION_TMA,
         )
         # Into Q8 (the quantiser's buffer for Q's e4m3 bytes, (B, H, Sq, D)) and back.
         q = _through_memory(q, Q8 + batch_head.to(tl.int64) * seqlen_q * HEAD_DIM, start_m, seqlen_q, BLOCK_M, HEAD_DIM)
@@ -308,6 +319,7 @@ def kernel_constexprs(
         "KV_QUANT_BLOCK": quantisation.kv_block_rows,
         "QUANTISE_Q": quantise_q,
         "INTERPRETED": triton_interpreting(),
+        "ROTATION_TMA": quantise_q and ROTATION_BY_TMA,
     }
 
 
@@ -361,6 +373,8 @@ class Fp8Attention:
         # Kept: the descriptor points into it.
         self.query = None if query is None else kernel_operand(query)
         rotation_operand, rotation_scale = rotation or (operands.q_scale, 1.0)  # a placeholder pointer, never read
+        if quantise_q and ROTATION_BY_TMA:
+            rotation_operand = TensorDescriptor.from_tensor(rotation_operand, list(rotation_operand.shape))
         self._args = (
             descriptor(operands.q8 if query is None else self.query, config.block_m, head_dim),
             descriptor(operands.k8, config.block_n, head_dim),
@@ -469,7 +483,13 @@ def compile_sm90(
         "Q_SCALE": "*fp32",
         "K_SCALE": "*fp32",
         "V_SCALE": "*fp32",
-        "ROTATION": f"*{TRITON_DTYPES[problem.dtype]}" if quantise_q else "*fp32",
+        "ROTATION": (
+            f"tensordesc<{TRITON_DTYPES[problem.dtype]}[{head_dim},{head_dim}]>"
+            if ROTATION_BY_TMA
+            else f"*{TRITON_DTYPES[problem.dtype]}"
+        )
+        if quantise_q
+        else "*fp32",
         "rotation_scale": "fp32",
         "Q8": "*fp8e4nv",
         "q_blocks": "i32",
