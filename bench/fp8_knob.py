@@ -1,18 +1,15 @@
-"""One FP8 rung's knob A/B at P1 (B=2 H=16 S=8192 D=128 bf16, FA3 inputs), issue #37, shared by
-``bench.fp8_tile_work``, ``bench.fp8_quotient`` (``cute_impl.fp8``'s knobs) and ``bench.triton_fp8_q_in_kernel``
-(``triton_impl.fp8``'s): causal first, then non-causal, in one process, ``--rounds`` rounds in
-``fp8_q_in_kernel.interleaved_samples``' order (reversed every other round; medians, every timing
-``common.measure.timing.time_cuda``: L2 flushed): the stack's bf16 hopper rung (the denominator), then per setting
-the FP8 rung kernel only and end to end (the quantiser + the kernel per call), and the quantiser alone (the first
-setting's, or every setting's where the knob changes what it quantises). Before any timing each setting's
-kernel-only and end-to-end O is checked equal to the first setting's kernel only, bit for bit (these knobs change
-how Q's e4m3 values are computed, not their bytes); one that differs is not timed and the run exits 1."""
+"""One ``cute_impl.fp8`` knob's A/B at P1 (B=2 H=16 S=8192 D=128 bf16, FA3 inputs), issue #37, shared by
+``bench.fp8_tile_work`` and ``bench.fp8_quotient``: causal first, then non-causal, in one process, ``--rounds`` rounds
+in ``fp8_q_in_kernel.interleaved_samples``' order (reversed every other round; medians, every timing
+``common.measure.timing.time_cuda``: L2 flushed): cute/hopper (bf16, the issue's denominator), then per setting
+cute/fp8 kernel only and end to end (the K/V quantiser + the kernel per call), and the quantiser alone. Before any
+timing each setting's kernel-only and end-to-end O is checked equal to the first setting's kernel only, bit for bit
+(these knobs change how Q's e4m3 values are computed, not their bytes); one that differs is not timed and the run
+exits 1."""
 
 from __future__ import annotations
 
 import argparse
-import functools
-import importlib
 import statistics
 import sys
 from dataclasses import dataclass
@@ -25,59 +22,45 @@ from common.contract.problem import Problem
 from common.measure.timing import tflops
 
 Key = tuple[str, str]
-# FP8 rung -> (its module, the same stack's bf16 hopper rung, whose module is the same name's).
-RUNGS = {"cute/fp8": ("cute_impl.fp8", "cute/hopper"), "triton/fp8": ("triton_impl.fp8", "triton/hopper")}
 
 
 @dataclass(frozen=True)
 class Fp8KnobAB:
-    """``knob`` (an attribute of ``rung``'s module, read when a launch is built) at each of ``settings`` (name ->
-    value, or a dict of several attributes and their values; the first the reference every O is compared with);
-    ``config_field``: the launch config's field that must
-    then hold the value; ``title`` and ``stem`` name the table and its files; ``quantiser_each``: the quantiser is
-    timed for every setting (the knob changes what it quantises), not the first setting's alone."""
+    """``knob`` (a ``cute_impl.fp8`` attribute, read when a launch is built) at each of ``settings`` (name -> value,
+    the first the reference every O is compared with); ``config_field``: the launch config's field that must then
+    hold the value; ``title`` and ``stem`` name the table and its files."""
 
     knob: str
     settings: dict[str, object]
     title: str
     stem: str
     config_field: str | None = None
-    rung: str = "cute/fp8"
-    quantiser_each: bool = False
 
     @property
     def reference(self) -> str:
         return next(iter(self.settings))
 
-    @property
-    def bf16_rung(self) -> str:
-        return RUNGS[self.rung][1]
-
     def runs(self, problem: Problem, inputs) -> dict[Key, object]:
         """What one case times, keyed (setting, kind)."""
-        fp8 = importlib.import_module(RUNGS[self.rung][0])
-        hopper = importlib.import_module(RUNGS[self.rung][0].replace(".fp8", ".hopper"))
+        from cute_impl import fp8, hopper
+
         runs: dict[Key, object] = {("bf16", "kernel"): hopper.prepare(*inputs, problem)}
+        default = getattr(fp8, self.knob)
         for name, value in self.settings.items():
-            # A setting sets the knob, or (a dict) several of the module's attributes.
-            assignments = value if isinstance(value, dict) else {self.knob: value}
-            defaults = {attribute: getattr(fp8, attribute) for attribute in assignments}
-            for attribute, assigned in assignments.items():
-                setattr(fp8, attribute, assigned)
+            setattr(fp8, self.knob, value)
             try:
                 runs[(name, "kernel")] = fp8.prepare(*inputs, problem)
                 runs[(name, "e2e")] = fp8.prepare_end_to_end(*inputs, problem)
             finally:
-                for attribute, default in defaults.items():
-                    setattr(fp8, attribute, default)
+                setattr(fp8, self.knob, default)
             if self.config_field:
                 assert getattr(runs[(name, "kernel")].config, self.config_field) == value, (name, self.config_field)
-        for name in self.settings if self.quantiser_each else (self.reference,):
-            runs[(name, "quantiser")] = functools.partial(runs[(name, "kernel")].quantise, *inputs)
+        kernel = runs[(self.reference, "kernel")]
+        runs[(self.reference, "quantiser")] = lambda: kernel.quantise(*inputs)
         return runs
 
     def differing(self, runs: dict[Key, object]) -> list[Key]:
-        """The FP8 rung's runs whose O differs from the reference setting's kernel only (each launched once more after
+        """The cute/fp8 runs whose O differs from the reference setting's kernel only (each launched once more after
         NaN-poisoning its O, so an unwritten tile cannot pass)."""
         from common.contract.check import run_poisoned
 
@@ -90,18 +73,19 @@ class Fp8KnobAB:
         runs = self.runs(problem, inputs)
         differing = self.differing(runs)
         for name, kind in differing:
-            print(f"causal={causal!s:5s} {self.rung} {name} {kind}: O differs from {self.reference}'s, not timed")
+            print(f"causal={causal!s:5s} cute/fp8 {name} {kind}: O differs from {self.reference}'s, not timed")
             del runs[(name, kind)]
         samples = fp8_q_in_kernel.interleaved_samples(runs, args.rounds, args)
         rows = [self._row(causal, key, values, samples, problem) for key, values in samples.items()]
-        return rows + [{"causal": causal, "rung": self.rung, "setting": name, "what": f"{kind}: O differs", "us": "",
+        return rows + [{"causal": causal, "rung": "cute/fp8", "setting": name, "what": f"{kind}: O differs", "us": "",
                         "tflops": "", "vs_bf16": "", "spread_us": ""} for name, kind in differing]  # fmt: skip
 
-    def _row(self, causal: bool, key: Key, values: list[float], samples: dict, problem: Problem) -> dict:
+    @staticmethod
+    def _row(causal: bool, key: Key, values: list[float], samples: dict, problem: Problem) -> dict:
         (name, kind), us = key, statistics.median(values) * 1e3
         bf16_us = statistics.median(samples[("bf16", "kernel")]) * 1e3
         attention = kind != "quantiser"
-        row = {"causal": causal, "rung": self.bf16_rung if name == "bf16" else self.rung, "setting": name,
+        row = {"causal": causal, "rung": "cute/hopper" if name == "bf16" else "cute/fp8", "setting": name,
                "what": kind, "us": us, "tflops": tflops(problem.flops, us * 1e-3) if attention else "",
                "vs_bf16": bf16_us / us if attention else "",
                "spread_us": (max(values) - min(values)) * 1e3}  # fmt: skip
@@ -114,8 +98,8 @@ class Fp8KnobAB:
         args = fp8_q_in_kernel.arguments(doc, f"runs/{self.stem}")
         require_gpu(f"bench.{self.stem}")
         rows = fp8_q_in_kernel.both_masks(args, self.case_rows)
-        lines = [f"# {self.rung}, {self.title}, {torch.cuda.get_device_name()} (P1, {args.rounds} rounds)", "",
-                 f"| causal | rung | setting | what | µs | TFLOP/s | ÷ {self.bf16_rung} | spread µs |",
+        lines = [f"# cute/fp8, {self.title}, {torch.cuda.get_device_name()} (P1, {args.rounds} rounds)", "",
+                 "| causal | rung | setting | what | µs | TFLOP/s | ÷ cute/hopper | spread µs |",
                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for row in rows:
             cells = [row["causal"], row["rung"], row["setting"], row["what"], cell(row["us"], 1),

@@ -88,25 +88,21 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from common.contract import fp8 as fp8_quantisation
 from common.contract.devices import triton_device_supported, triton_interpreting
 from common.contract.fp8 import KernelOperands, KernelOrder, Quantisation, ValueLayout
 from common.contract.problem import Problem
 from common.contract.registry import Implementation
-from common.contract.validation import kernel_operand
 from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import release_configs
 from triton_impl._device import online_softmax_finalize, online_softmax_rescale
 from triton_impl._host import TritonInputs, allocate_lse, feature_buffers, rung_result
 from triton_impl.fp8_launch import Fp8Entry, QuantisedLaunch
 from triton_impl.fp8_quantiser import FusedQuantiser, compile_sm90_for, shared_memory_supported
-from triton_impl.fp8_quantiser_kernel import quantise_query_block
 from triton_impl.hopper import (
     HEAD_DIMS,
     SCALAR_SIGNATURE,
-    TRITON_DTYPES,
     HopperKernelConfig,
     block_softmax,
     compile_kernel_sm90,
@@ -157,29 +153,8 @@ INTERPRETER_CONFIG = HopperKernelConfig(64, 32, 4, 1)
 DEFAULT_QUANTISATION = Quantisation(block=True, rotation=True)
 
 
-# Issue #37's knob (bench/fp8_q_in_kernel_ab.sh times it): the kernel takes Q in bf16/fp16 and quantises its own
-# 64-row tile, which is exactly one of Q's scale blocks, as the fused quantiser would
-# (``fp8_quantiser_kernel.quantise_query_block``), so the quantiser runs for K and V only: Q's bytes are read once,
-# by the kernel, instead of read, written in e4m3 and read again. Read when a launch is built (``launch``).
-QUANTISE_Q_IN_KERNEL = False
-# With it, the sign matrix copied by TMA into shared memory, where the rotation's wgmma reads it (not loaded into
-# registers and stored to shared memory by every CTA). Read when a launch is built.
-ROTATION_BY_TMA = False
-
-
 def default_config(head_dim: int) -> HopperKernelConfig:
     return INTERPRETER_CONFIG if triton_interpreting() else DEFAULT_CONFIGS[head_dim]
-
-
-def quantises_q_in_kernel(quantisation: Quantisation, config: HopperKernelConfig) -> bool:
-    """Whether a launch of ``config`` takes Q unquantised: ``QUANTISE_Q_IN_KERNEL`` on, block scales with rotation
-    (what ``quantise_query_block`` computes) and a tile of exactly one Q scale block."""
-    return (
-        QUANTISE_Q_IN_KERNEL
-        and quantisation.block
-        and quantisation.rotation
-        and config.block_m == quantisation.q_block_rows
-    )
 
 
 def candidate_configs(head_dim: int) -> list[HopperKernelConfig]:
@@ -227,29 +202,13 @@ def fp8_attention_step(
 
 
 @triton.jit
-def _through_memory(x, X, start_m, seqlen_q, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """The (BLOCK_M, D) tile x stored to rows [start_m, start_m + BLOCK_M) of X (rows past Sq not) and loaded
-    back after a barrier of the CTA. Why: Triton gives wgmma an A operand computed in registers from
-    registers, and ptxas then waits on every wgmma of the kernel (a warpgroup arrive and wait around each: the
-    key loop's GEMMs serialised); read from memory, it is a loaded tile that Triton stages in shared memory,
-    as the quantiser's e4m3 Q is."""
-    rows = start_m + tl.arange(0, BLOCK_M)
-    pointers = X + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
-    in_rows = rows[:, None] < seqlen_q
-    tl.store(pointers, x, mask=in_rows)
-    tl.debug_barrier()
-    return tl.load(pointers, mask=in_rows, other=0.0)
-
-
-@triton.jit
 def _fp8_attention_kernel(
-    desc_q, desc_k, desc_v, desc_o, LSE, CacheSeqlens, Q_SCALE, K_SCALE, V_SCALE, ROTATION, rotation_scale, Q8,
+    desc_q, desc_k, desc_v, desc_o, LSE, CacheSeqlens, Q_SCALE, K_SCALE, V_SCALE,
     heads, kv_heads, seqlen_q, seqlen_k, q_blocks, kv_blocks, softmax_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
     BLOCK_SCALED: tl.constexpr, Q_QUANT_BLOCK: tl.constexpr, KV_QUANT_BLOCK: tl.constexpr,
-    QUANTISE_Q: tl.constexpr, INTERPRETED: tl.constexpr, ROTATION_TMA: tl.constexpr,
 ):  # fmt: skip
     m_block, batch_head, head, start_m, coords = tile_coordinates(
         CacheSeqlens, heads, kv_heads, seqlen_q, seqlen_k, BLOCK_M, CAUSAL, BOTTOM_RIGHT, HAS_CACHE_SEQLENS
@@ -260,28 +219,13 @@ def _fp8_attention_kernel(
     K_SCALE += (batch * kv_heads + kv_head) * kv_blocks
     V_SCALE += (batch * kv_heads + kv_head) * kv_blocks
 
-    # 1. Q8 tile, loaded once (or, QUANTISE_Q, Q's tile quantised here); rows past Sq read as zeros. Its
-    # descale (per tensor: s_q · s_k) folds into the softmax scale.
+    # 1. Q8 tile, loaded once; rows past Sq read as zeros. Its descale (per tensor: s_q · s_k) folds
+    # into the softmax scale.
     q = desc_q.load([batch, head, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
-    if QUANTISE_Q:
-        # The tile is one scale block (BLOCK_M = Q_QUANT_BLOCK): quantised as the fused quantiser would.
-        q, q_scale = quantise_query_block(
-            q,
-            ROTATION,
-            rotation_scale,
-            Q_SCALE + start_m // Q_QUANT_BLOCK,
-            BLOCK_M,
-            HEAD_DIM,
-            INTERPRETED,
-            ROTATION_TMA,
-        )
-        # Into Q8 (the quantiser's buffer for Q's e4m3 bytes, (B, H, Sq, D)) and back.
-        q = _through_memory(q, Q8 + batch_head.to(tl.int64) * seqlen_q * HEAD_DIM, start_m, seqlen_q, BLOCK_M, HEAD_DIM)
-    elif BLOCK_SCALED:
-        q_scale = tl.load(Q_SCALE + start_m // Q_QUANT_BLOCK)
+    if BLOCK_SCALED:
+        softmax_scale_log2 = softmax_scale_log2 * tl.load(Q_SCALE + start_m // Q_QUANT_BLOCK)
     else:
-        q_scale = tl.load(Q_SCALE) * tl.load(K_SCALE)
-    softmax_scale_log2 = softmax_scale_log2 * q_scale
+        softmax_scale_log2 = softmax_scale_log2 * tl.load(Q_SCALE) * tl.load(K_SCALE)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # The last block's P V and its V scale, in flight until the next step adds them.
     pv = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -307,19 +251,13 @@ def _fp8_attention_kernel(
 # ----------------------------------------------------------------------------------------------
 # Host: quantise (triton_impl.fp8_quantiser), build descriptors, launch
 # ----------------------------------------------------------------------------------------------
-def kernel_constexprs(
-    problem: Problem, config: HopperKernelConfig, quantisation: Quantisation, quantise_q: bool
-) -> dict[str, object]:
-    """The kernel's compile-time arguments: hopper's ``tile_constexprs``, the quantisation's scales and whether
-    the kernel quantises Q (``quantise_q``; under the interpreter with its replacements)."""
+def kernel_constexprs(problem: Problem, config: HopperKernelConfig, quantisation: Quantisation) -> dict[str, object]:
+    """The kernel's compile-time arguments: hopper's ``tile_constexprs`` and the quantisation's scales."""
     return {
         **tile_constexprs(problem, config),
         "BLOCK_SCALED": quantisation.block,
         "Q_QUANT_BLOCK": quantisation.q_block_rows,
         "KV_QUANT_BLOCK": quantisation.kv_block_rows,
-        "QUANTISE_Q": quantise_q,
-        "INTERPRETED": triton_interpreting(),
-        "ROTATION_TMA": quantise_q and ROTATION_BY_TMA,
     }
 
 
@@ -336,14 +274,11 @@ def check_quantisation_blocks(quantisation: Quantisation, config: HopperKernelCo
 
 class Fp8Attention:
     """Prepared launch over quantised operands (buffers the fused quantiser writes); calling it
-    launches the kernel and returns O (bf16). With ``query`` (Q in bf16/fp16) and ``rotation`` (the quantiser's,
-    ``FusedQuantiser.rotation``) the kernel quantises Q itself (``QUANTISE_Q``), reading ``query`` at every launch
-    instead of ``operands.q8``, and writes Q's scales into ``operands.q_scale``."""
+    launches the kernel and returns O (bf16)."""
 
     def __init__(
         self, operands: KernelOperands, problem: Problem, config: HopperKernelConfig,
-        cache_seqlens: torch.Tensor | None = None, *,
-        query: torch.Tensor | None = None, rotation: tuple[torch.Tensor, float] | None = None,
+        cache_seqlens: torch.Tensor | None = None,
     ):  # fmt: skip
         batch, heads, seqlen_q, head_dim = operands.q8.shape
         if config.overlap:
@@ -353,13 +288,6 @@ class Fp8Attention:
             )
         quantisation = operands.quantisation
         check_quantisation_blocks(quantisation, config)
-        quantise_q = query is not None
-        if quantise_q != (rotation is not None) or (quantise_q and config.block_m != quantisation.q_block_rows):
-            raise ValueError(
-                "the kernel quantises Q from its input (query) with the quantiser's rotation, both given, in tiles "
-                f"of one Q scale block: got query={quantise_q}, rotation={rotation is not None}, "
-                f"BLOCK_M={config.block_m}, q_block_rows={quantisation.q_block_rows}"
-            )
         self.config = config
         self.variant = quantisation.name
         # Kept as attributes: the descriptors point into these buffers.
@@ -370,13 +298,8 @@ class Fp8Attention:
         self.out = torch.empty(operands.q8.shape, device=device, dtype=torch.bfloat16)
         self.lse = allocate_lse(problem, device)
         # K8, Vᵀ and the K and V scales keep the KV heads (B, Hkv, ...): the kernel indexes them by KV head.
-        # Kept: the descriptor points into it.
-        self.query = None if query is None else kernel_operand(query)
-        rotation_operand, rotation_scale = rotation or (operands.q_scale, 1.0)  # a placeholder pointer, never read
-        if quantise_q and ROTATION_BY_TMA:
-            rotation_operand = TensorDescriptor.from_tensor(rotation_operand, list(rotation_operand.shape))
         self._args = (
-            descriptor(operands.q8 if query is None else self.query, config.block_m, head_dim),
+            descriptor(operands.q8, config.block_m, head_dim),
             descriptor(operands.k8, config.block_n, head_dim),
             descriptor(self.vt8, head_dim, config.block_n),
             descriptor(self.out, config.block_m, head_dim),
@@ -384,15 +307,12 @@ class Fp8Attention:
             operands.q_scale,
             operands.k_scale,
             operands.v_scale,
-            rotation_operand,
-            rotation_scale,
-            operands.q8,
         )
         self._kwargs = {
             **kernel_sizes(problem),
             "q_blocks": operands.q_scale.shape[-1],
             "kv_blocks": operands.k_scale.shape[-1],
-            **kernel_constexprs(problem, config, quantisation, quantise_q),
+            **kernel_constexprs(problem, config, quantisation),
             **config.launch_options(),
         }
         self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
@@ -402,9 +322,9 @@ class Fp8Attention:
         return rung_result(self.out, self.lse)
 
 
-def quantiser(q: torch.Tensor, k: torch.Tensor, quantisation: Quantisation, query: bool = True) -> FusedQuantiser:
-    """The fused quantiser of this signature, writing V in this kernel's layout (``query`` False: K and V only)."""
-    return FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, VALUE_LAYOUT, query=query)
+def quantiser(q: torch.Tensor, k: torch.Tensor, quantisation: Quantisation) -> FusedQuantiser:
+    """The fused quantiser of this signature, writing V in this kernel's layout."""
+    return FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, VALUE_LAYOUT)
 
 
 def launch(
@@ -412,15 +332,9 @@ def launch(
     cache_seqlens: torch.Tensor | None = None,
 ) -> QuantisedLaunch:  # fmt: skip
     """The fused quantiser's buffers and the kernel's descriptors over them, at the default
-    configuration; nothing launched. With ``QUANTISE_Q_IN_KERNEL`` the quantiser does K and V only and the
-    kernel reads ``q`` itself (this very tensor, at every launch)."""
-    config = default_config(problem.head_dim)
-    in_kernel = quantises_q_in_kernel(quantisation, config)
-    fused = quantiser(q, k, quantisation, query=not in_kernel)
-    kernel = Fp8Attention(
-        fused.operands, problem, config, cache_seqlens,
-        query=q if in_kernel else None, rotation=fused.rotation if in_kernel else None,
-    )  # fmt: skip
+    configuration; nothing launched."""
+    fused = quantiser(q, k, quantisation)
+    kernel = Fp8Attention(fused.operands, problem, default_config(problem.head_dim), cache_seqlens)
     return QuantisedLaunch(fused, kernel)
 
 
@@ -463,19 +377,13 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 
 def compile_sm90(
-    problem: Problem, config: HopperKernelConfig | None = None, quantisation: Quantisation = DEFAULT_QUANTISATION,
-    quantise_q: bool | None = None,
-) -> list[KernelBinary]:  # fmt: skip
-    """The kernel for sm_90a at the default configuration of this head dim (no GPU needed); ``quantise_q``: Q
-    quantised in the kernel (default: as ``launch`` decides)."""
+    problem: Problem, config: HopperKernelConfig | None = None, quantisation: Quantisation = DEFAULT_QUANTISATION
+) -> list[KernelBinary]:
+    """The kernel for sm_90a at the default configuration of this head dim (no GPU needed)."""
     config = config or DEFAULT_CONFIGS[problem.head_dim]
-    if quantise_q is None:
-        quantise_q = quantises_q_in_kernel(quantisation, config)
     head_dim = problem.head_dim
-    # Q's tile in its input dtype with QUANTISE_Q, and the sign matrix in that dtype.
-    query_type = TRITON_DTYPES[problem.dtype] if quantise_q else "fp8e4nv"
     signature = {
-        "desc_q": f"tensordesc<{query_type}[1,1,{config.block_m},{head_dim}]>",
+        "desc_q": f"tensordesc<fp8e4nv[1,1,{config.block_m},{head_dim}]>",
         "desc_k": f"tensordesc<fp8e4nv[1,1,{config.block_n},{head_dim}]>",
         "desc_v": f"tensordesc<fp8e4nv[1,1,{head_dim},{config.block_n}]>",
         "desc_o": f"tensordesc<bf16[1,1,{config.block_m},{head_dim}]>",
@@ -483,19 +391,10 @@ def compile_sm90(
         "Q_SCALE": "*fp32",
         "K_SCALE": "*fp32",
         "V_SCALE": "*fp32",
-        "ROTATION": (
-            f"tensordesc<{TRITON_DTYPES[problem.dtype]}[{head_dim},{head_dim}]>"
-            if ROTATION_BY_TMA
-            else f"*{TRITON_DTYPES[problem.dtype]}"
-        )
-        if quantise_q
-        else "*fp32",
-        "rotation_scale": "fp32",
-        "Q8": "*fp8e4nv",
         "q_blocks": "i32",
         "kv_blocks": "i32",
     }
-    constexprs = kernel_constexprs(problem, config, quantisation, quantise_q)
+    constexprs = kernel_constexprs(problem, config, quantisation)
     return [compile_kernel_sm90(_fp8_attention_kernel, signature, constexprs, config)]
 
 

@@ -81,7 +81,6 @@ from triton_impl.fp8_quantiser_kernel import (
     ROTATE_BUTTERFLY,
     ROTATE_NONE,
     ROTATE_TENSOR_CORE,
-    ROTATED_QUOTIENT_CORRECTIONS,
     STEP_AMAX,
     STEP_BLOCK,
     STEP_CAST,
@@ -104,7 +103,7 @@ INPUT_DTYPES = (torch.float16, torch.bfloat16)
 # Newton corrections after q = x · (1/s): one where x is a bf16/fp16 value (exact for every such value and
 # every scale of such an amax: tests/test_fp8_quantiser.py checks all pairs), Markstein's two where the
 # rotation made x any fp32 value.
-UNROTATED_CORRECTIONS, ROTATED_CORRECTIONS = 1, ROTATED_QUOTIENT_CORRECTIONS.value
+UNROTATED_CORRECTIONS, ROTATED_CORRECTIONS = 1, 2
 # Elements per thread of a tile: 64 fp32 values keep the tile, the rotation and the cast in registers.
 ELEMENTS_PER_THREAD = 64
 MAX_WARPS = 16
@@ -691,13 +690,6 @@ class FusedQuantiser:
                     f"{name}: expected {shape} {self.dtype} on {self.device} (this quantiser's signature), "
                     f"got {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}"
                 )
-
-    @property
-    def rotation(self) -> tuple[torch.Tensor, float]:
-        """What its kernel multiplies Q and K by, (operand, c) as ``_rotation_operand`` reads it: the ±1 sign
-        matrix in the tile's dtype (fp32 under the interpreter) and its magnitude c for the tensor cores; for a
-        kernel that quantises Q itself with this quantiser's rotation (``triton/fp8``'s ``QUANTISE_Q``)."""
-        return self._rotation
 
     @property
     def launches(self) -> int:

@@ -112,9 +112,6 @@ TINY_SCALE_FACTOR = tl.constexpr(2.0**89)
 FP32_MAX = tl.constexpr(torch.finfo(torch.float32).max)
 # What one launch of quantise_kernel does (STEP): a block-scaled pass, or per-tensor's amax or cast pass.
 STEP_BLOCK, STEP_AMAX, STEP_CAST = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
-# Newton corrections of a rotated value's reciprocal division (module docstring, step 4; the host's
-# ``fp8_quantiser.ROTATED_CORRECTIONS``, which a launch passes as ``TensorKind.CORRECTIONS``).
-ROTATED_QUOTIENT_CORRECTIONS = tl.constexpr(2)
 ROTATE_NONE, ROTATE_TENSOR_CORE, ROTATE_BUTTERFLY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
@@ -461,26 +458,6 @@ def _quantise_tiles(T, X_DESC, program, programs, ROTATION, rotation_scale, KIND
             else:
                 out_ptrs = T.OUT + (batch_head * T.out_rows + slots[:, None]) * HEAD_DIM + offs_d[None, :]
                 tl.store(out_ptrs, y8, mask=slots[:, None] < T.out_rows)
-
-
-@triton.jit
-def quantise_query_block(x, ROTATION, rotation_scale, SCALE, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         INTERPRETED: tl.constexpr, ROTATION_TMA: tl.constexpr = False):  # fmt: skip
-    """Steps 2-4 for one scale block of Q rows (``ROWS``, in Q's input dtype; rows past Sq as zeros), inside an
-    attention kernel that quantises its own Q tile (``triton/fp8``'s ``QUANTISE_Q``): the tensor-core rotation,
-    the block's amax and scale (stored to ``SCALE``), x / scale by the reciprocal division with the rotated
-    values' corrections, e4m3. The same functions as a tile of ``_quantise_tiles`` with block scales and rotation,
-    hence the same bytes and scale where the rotation's sums are (the same k16 groups in the same order).
-    Returns (e4m3 block, scale). ``ROTATION_TMA``: ROTATION is a TMA descriptor of the (D, D) sign matrix, one box,
-    which the rotation's wgmma reads where the copy put it (no pass through registers)."""
-    rotation = ROTATION.load([0, 0]) if ROTATION_TMA else _rotation_operand(ROTATION, ROTATE_TENSOR_CORE, HEAD_DIM)
-    x = _rotated(x, rotation, rotation_scale, ROWS, HEAD_DIM, 0, ROTATE_TENSOR_CORE, INTERPRETED, False)
-    scale = _scale_of(tl.max(tl.max(tl.abs(x), axis=1), axis=0))
-    tl.store(SCALE, scale)
-    divisor, reciprocal, factor = _divisor_of(scale)
-    quotient = _quotient(x, scale, divisor, reciprocal, factor, factor != 1.0, True, ROTATED_QUOTIENT_CORRECTIONS,
-                         INTERPRETED)  # fmt: skip
-    return _to_e4m3(quotient, INTERPRETED), scale
 
 
 @triton.jit
