@@ -63,26 +63,23 @@ def kept_pointer(tensor: cute.Tensor, swizzle: cute.Swizzle, layout: cute.Layout
 
 def test_rebased_candidates_are_listed_tiles_with_the_knob() -> None:
     """Each head dim lists its staged tiles (``BASE``, last, without it) with the knob, D=128 also its 80-row
-    ``late_dv`` step (the non-causal D=128 default) and its causal default, D=64 its default (late_dv with the
-    rebase); each label ends with ``_rebase``."""
+    ``late_dv`` step (the non-causal D=128 default), D=64 its default (late_dv with the rebase); each label ends with
+    ``_rebase``."""
     assert hopper_backward.DEFAULTS[128, False] in REBASED[128]
     for head_dim, variants in REBASED.items():
         base = BASE[head_dim]
         assert not base.rebased_operands and replace(base, rebased_operands=True) in variants, head_dim
         assert all(tiles.label.endswith("_rebase") for tiles in variants)
-    assert sorted(tiles.tile_m for tiles in REBASED[128]) == [64, 64, 80]
-    assert replace(hopper_backward.DEFAULTS[128, True], rebased_operands=True) in REBASED[128]
+    assert sorted(tiles.tile_m for tiles in REBASED[128]) == [64, 80]
     assert hopper_backward.DEFAULTS[64, False] in REBASED[64]
 
 
 def test_the_ab_script_names_every_knob_candidate_and_no_unknown_label() -> None:
-    """``bench/cute_bwd_desc_ab.sh``, ``bench/cute_bwd_d64_ab.sh`` (D=64 with both knobs) and ``cute_bwd_causal_ab.sh``
-    (D=128 causal with both) name each knob
+    """``bench/cute_bwd_desc_ab.sh`` and ``bench/cute_bwd_d64_ab.sh`` (D=64 with both knobs) name each knob
     candidate and each head dim's staged base, and every label they pass is a candidate's (no GPU touched).
     Planted: a misspelt label is found."""
     bench = Path(__file__).parents[1] / "bench"
-    scripts = ("cute_bwd_desc_ab.sh", "cute_bwd_d64_ab.sh", "cute_bwd_causal_ab.sh")
-    script = "\n".join((bench / name).read_text() for name in scripts)
+    script = "\n".join((bench / name).read_text() for name in ("cute_bwd_desc_ab.sh", "cute_bwd_d64_ab.sh"))
     for head_dim, variants in REBASED.items():
         labels = {tiles.label for tiles in variants} | {BASE[head_dim].label}
         assert all(label in script for label in labels), head_dim

@@ -266,18 +266,6 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(
             64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True, rebased_operands=True
         ),
-        # The causal D=128 default with rebased descriptors (the two together never ran; bench/cute_bwd_causal_ab.sh).
-        BackwardTiles(
-            64,
-            64,
-            2,
-            dq="reduce",
-            tma_rows=True,
-            heaviest_first=True,
-            staged_epilogue=True,
-            late_dv=True,
-            rebased_operands=True,
-        ),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True),
     ),
