@@ -105,7 +105,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma
@@ -131,6 +130,7 @@ from triton_impl.gluon._host import (
     gluon_implementation,
     gluon_supported,
     launch_constexprs,
+    launch_grid,
     launch_options,
     validate_gluon_inputs,
 )
@@ -390,8 +390,9 @@ class GluonFp8Attention:
             operands.k_scale.shape[-1],
         )
         quant_blocks = (quantisation.q_block_rows, quantisation.kv_block_rows)
-        self._options = launch_options(config, problem, quant_blocks)
-        self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
+        self.persistent = hopper.PERSISTENT
+        self._options = launch_options(config, problem, quant_blocks, self.persistent)
+        self._grid = launch_grid(config, (batch, heads, seqlen_q), self.persistent, operands.q8.device)
 
     def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         hopper.attention_kernel[self._grid](*self._args, **self._options)
@@ -458,7 +459,7 @@ def compile_sm90(
     quant_blocks = (quantisation.q_block_rows, quantisation.kv_block_rows)
     constexprs = {
         **feature_arguments(problem)[1],
-        **launch_constexprs(config, problem, quant_blocks),
+        **launch_constexprs(config, problem, quant_blocks, hopper.PERSISTENT),
         "num_warps": config.num_warps,
     }
     signature = hopper.kernel_signature(problem, operand_types, scale_types)
