@@ -579,7 +579,6 @@ def _consumer(index: gl.constexpr, consumer_args, constants: gl.constexpr):
         if HANDS_FIRST_TURN:
             _pass_turn(own_turn, constants.PINGPONG)
         ring_base = 0
-        turn_base = 0
         for local in range(persistent_tile_count(cta, ctas, q_tiles * batch_heads)):
             m_block, batch_head = persistent_tile(local, cta, ctas, q_tiles, CAUSAL=constants.CAUSAL)
             batch, head, _, kv_batch_head, start_m, n_block_max, seqlen = _tile_coords(
@@ -589,11 +588,11 @@ def _consumer(index: gl.constexpr, consumer_args, constants: gl.constexpr):
                 descs, smem, o_smem.index(index), barriers, own_turn,
                 (batch, head, start_m + index * WG_M, n_block_max, batch_head, kv_batch_head),
                 LSE, seqlen_q, seqlen, softmax_scale_log2, scales,
-                (ring_base, turn_base, local & 1, q_empty.index(index)), constants, HANDS_FIRST_TURN=False,
+                (ring_base, ring_base + local, local & 1, q_empty.index(index)), constants, HANDS_FIRST_TURN=False,
             )  # fmt: skip
-            # Every consumer visits the tile's n_block_max blocks, and takes a turn for each and for the last P V.
+            # Every consumer visits the tile's n_block_max blocks and takes a turn for each and one for the
+            # last P V: the turns of the tiles before are the blocks before plus one a tile (ring_base + local).
             ring_base += n_block_max
-            turn_base += n_block_max + 1
         # The last tile's O store must have read its buffer before the CTA exits.
         tma.store_wait(0)
     else:
