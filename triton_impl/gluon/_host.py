@@ -30,6 +30,7 @@ from common.contract.registry import Implementation, Supports
 from common.contract.validation import validate_for_problem
 from common.toolchain.arch import check_sm90
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
+from common.toolchain.releases import installed_triton, triton_release
 from triton_impl._host import tile_rung_supported
 
 # What the PTX of every Gluon rung holds: TMA loads, wgmma and mbarriers (tiles never come by cp.async).
@@ -134,6 +135,25 @@ def launch_options(
         "num_warps": config.num_warps,
         "maxnreg": config.maxnreg,
     }
+
+
+# Persistent builds (``gluon/hopper.PERSISTENT``) refused under a release, where they spill in a key-block loop:
+# release -> (rung, the key of the rung's table of tiles) -> why (sm_90a, ptxas of that release; docs/perf-log.md,
+# helper ``gpers``). Under Triton 3.6 and 3.8 every persistent build keeps its block loops free of local memory.
+PERSISTENT_REFUSED: dict[str, dict[tuple[str, object], str]] = {
+    "3.9": {
+        ("gluon/hopper", 64): "the three consumers' key-block loops spill (3 to 19 local accesses a block)",
+        ("gluon/fp8", (128, False)): "the load warp's block loop spills (224 bytes of stack in all)",
+    },
+}
+
+
+def check_persistent(rung: str, key: object) -> None:
+    """Raise, saying why, where the persistent build of ``rung``'s tile ``key`` is refused under the installed
+    Triton (``PERSISTENT_REFUSED``): never a silent fallback to one CTA per tile."""
+    reason = PERSISTENT_REFUSED.get(triton_release(), {}).get((rung, key))
+    if reason:
+        raise ValueError(f"{rung} {key}: PERSISTENT is refused under Triton {installed_triton()}: {reason}")
 
 
 def sm_count(device: torch.device) -> int:

@@ -124,6 +124,7 @@ from triton_impl.gluon._host import (
     CONSUMER_ROWS,
     GLUON_DTYPES,
     GluonConfig,
+    check_persistent,
     descriptor,
     descriptor_type,
     feature_arguments,
@@ -391,6 +392,8 @@ class GluonFp8Attention:
         )
         quant_blocks = (quantisation.q_block_rows, quantisation.kv_block_rows)
         self.persistent = hopper.PERSISTENT
+        if self.persistent:
+            check_persistent(RUNG, (head_dim, problem.causal))
         self._options = launch_options(config, problem, quant_blocks, self.persistent)
         self._grid = launch_grid(config, (batch, heads, seqlen_q), self.persistent, operands.q8.device)
 
@@ -449,6 +452,8 @@ def compile_sm90(
     config = config or default_config(problem)
     check_quantisation_blocks(quantisation, config)
     head_dim = problem.head_dim
+    if hopper.PERSISTENT:
+        check_persistent(RUNG, (head_dim, problem.causal))
     operand_types = {
         "desc_q": descriptor_type(torch.float8_e4m3fn, CONSUMER_ROWS, head_dim),
         "desc_k": descriptor_type(torch.float8_e4m3fn, config.block_n, head_dim),

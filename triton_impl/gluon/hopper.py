@@ -144,6 +144,7 @@ from triton_impl.gluon._host import (
     LOAD_REGISTERS,
     LOAD_WARPS,
     GluonConfig,
+    check_persistent,
     compile_gluon_sm90,
     descriptor,
     descriptor_type,
@@ -839,6 +840,8 @@ class GluonAttention:
             *FP16_SCALES,
         )
         self.persistent = PERSISTENT
+        if self.persistent:
+            check_persistent(RUNG, problem.head_dim)
         self._options = launch_options(config, problem, persistent=self.persistent)
         self._grid = launch_grid(config, (batch, heads, seqlen_q), self.persistent, q.device)
 
@@ -897,6 +900,8 @@ def kernel_signature(problem: Problem, operand_types: dict[str, str], scale_type
 def compile_sm90(problem: Problem, config: GluonConfig | None = None) -> list[KernelBinary]:
     """The kernel for sm_90a at the default configuration of this head dim (no GPU needed)."""
     config = config or DEFAULT_CONFIGS[problem.head_dim]
+    if PERSISTENT:
+        check_persistent(RUNG, problem.head_dim)
     q_type = descriptor_type(problem.dtype, CONSUMER_ROWS, problem.head_dim)
     kv_type = descriptor_type(problem.dtype, config.block_n, problem.head_dim)
     operand_types = {"desc_q": q_type, "desc_k": kv_type, "desc_v": kv_type, "desc_o": q_type}
