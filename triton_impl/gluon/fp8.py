@@ -96,8 +96,9 @@ applies unchanged.
 Constraints: fp16 or bf16 inputs, bf16 output; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal or not;
 softmax_scale ≥ 0; exactly sm_90; Triton 3.6 or 3.9. Block scales need Q blocks that are whole
 consumer tiles (a multiple of 64 rows) and K/V blocks that are whole key blocks (a multiple of
-BLOCK_N). No interpreter path, as for ``gluon/hopper``. Not done: the gluon/hopper list (lazy O
-rescaling, a persistent scheduler).
+BLOCK_N). No interpreter path, as for ``gluon/hopper``. Persistent CTAs: ``gluon/hopper.PERSISTENT`` (read when
+the launch is built) runs this kernel persistent too (O already had its own buffer here); refused under Triton
+3.9 at D=128 non-causal, where the load warp's block loop spills. Not done: lazy O rescaling.
 """
 
 from __future__ import annotations

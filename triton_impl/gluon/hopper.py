@@ -28,7 +28,8 @@ you write):
     and partitions them (``_tma_partition``).
   * Barriers: Triton's pipeliner allocates and phases them / ``q_ready``, ``k_ready``, ``v_ready``,
     ``k_empty``, ``v_empty`` and ``turn`` allocated and initialised in ``attention_kernel``, phased
-    by block index in ``_load_partition`` and ``_ready_tile`` / ``PipelineTmaAsync`` producer and
+    by ring place (block index, plus the blocks of earlier tiles when persistent) in ``_load_blocks`` and
+    ``_ready_tile`` / ``PipelineTmaAsync`` producer and
     consumer objects in ``cute_impl/hopper.py``.
   * Warpgroup MMA: ``tl.dot``, with wait depths chosen by the compiler / ``warpgroup_mma(...,
     is_async=True)`` and ``warpgroup_mma_wait(n, deps)`` in ``_pipelined_step`` / ``cute.gemm`` on
@@ -46,7 +47,8 @@ you write):
   is why each consumer warpgroup is its own partition (one 8-warp partition kept the two
   warpgroups in lockstep).
 
-Algorithm (``attention_kernel``: one CTA per ``consumers`` × 64 query rows of one (batch, head)):
+Algorithm (``attention_kernel``: one CTA per ``consumers`` × 64 query rows of one (batch, head); persistent
+CTAs below):
   1. Load warp: TMA each consumer's Q tile once; for each key block, wait until its K slot is
      empty, TMA K; wait until its V slot is empty, TMA V; each copy completes its ready barrier.
   2. Each consumer, block 0: S = Q K₀ᵀ, ``attention_mask`` and ``online_softmax_update``, P in
@@ -60,6 +62,27 @@ Algorithm (``attention_kernel``: one CTA per ``consumers`` × 64 query rows of o
      Triton 3.9's schedule runs D=64 faster without it, ``common.toolchain.releases``).
   4. The last P V; ``online_softmax_finalize`` (O /= row_sum, lse); O through shared memory (the
      consumer's Q buffer) and a TMA store; lse to an fp32 (B, H, Sq) buffer.
+
+Persistent CTAs (``PERSISTENT``, off by default until timed; gluon/fp8 follows the same switch): the grid is
+min(tiles, SMs × CTAs an SM holds: one, as ``maxnreg`` fills the register file) (``_host.launch_grid``), and
+every partition walks the same tiles, the TileScheduler's (``_device.persistent_tile``: a head's query blocks
+consecutive, so the CTAs running together share its K and V in L2; causal ones longest first, dealt as a
+snake over the CTAs so long and short tiles even out). What changes, so that a tile's fill and drain, its Q
+load and its epilogue overlap the neighbouring tiles' work instead of leaving the tensor cores idle:
+  * the load warp loads a consumer's next Q tile once that consumer has released its buffer (``q_empty``,
+    one arrival a tile once its last S = Q Kᵀ has retired), which happens under the tile's last P V and
+    epilogue, and runs its K/V rings on across tiles: a block's slot and phase come from its place in the
+    rings (``ring_base`` + n, ``ring_base`` the blocks of the CTA's earlier tiles), its coordinates, mask and
+    FP8 scales from its key block n; the last V slot of a tile is released too;
+  * q_ready's phase flips per tile, the ping-pong turns count on across tiles (a tile takes n_block_max + 1
+    turns, so its first is ``ring_base`` + the tiles before);
+  * O leaves through its own shared buffer for fp16/bf16 too (the next tile's Q is loading into the Q
+    buffer), and the TMA store stays in flight under the next tile: a consumer waits for its previous store
+    to have read the buffer (``tma.store_wait``) before writing the next O, and for the last one before exit.
+Shared memory with O's buffer: D=128 bf16 197 KB (160 without), D=64 bf16 115 KB (90), gluon/fp8 as before (it
+had one). Under Triton 3.9 the persistent builds of D=64 and of gluon/fp8 D=128 non-causal spill in a block
+loop and are refused with that reason (``_host.PERSISTENT_REFUSED``); under 3.6 and 3.8 no key-block loop
+touches local memory (a few scalars of the tile, up to 64 bytes, spill around it once a tile).
 
 Partitions and barriers: the load warp (``_load_partition``, ``LOAD_REGISTERS`` registers) fills two
 rings of ``NUM_STAGES`` slots, each slot with a ready barrier (``k_ready``/``v_ready``, completed by
@@ -92,7 +115,8 @@ partitions took the kernel from triton/hopper's speed well above it at D=128; a 
 consumer is what D=64 needs; ping-pong costs more than it gives at D=128 in bf16 (gluon/fp8 takes it:
 its softmax is as long as its GEMMs); P packed by inline ``cvt`` rather than Triton's conversion
 saved Triton 3.6's ptxas a PRMT per word (it shows at D=64, where issue is tight). Not done: lazy O
-rescaling and a persistent tile scheduler. Backward (``common.attention`` with inputs that require grad):
+rescaling; the persistent tile scheduler is built but not yet timed (``PERSISTENT``, docs/perf-log.md, helper
+``gpers``). Backward (``common.attention`` with inputs that require grad):
 ``triton_impl/gluon/backward.py``, from this rung's O and LSE.
 """
 
