@@ -3,10 +3,10 @@ tile, issue #37: kernel only, gluon/hopper (bf16) and gluon/fp8 (the quantiser o
 S=8192 D=128) and at D=64 (B=4 H=32 S=8192), causal first, then non-causal, FA3 inputs, in one process,
 ``--rounds`` interleaved rounds (``fp8_q_in_kernel.interleaved_samples``: the order reversed every other round;
 medians; every timing ``common.measure.timing.time_cuda``: L2 flushed). Before any timing each persistent launch's
-O (and the LSE) is checked equal bit for bit to the switch-off launch's, on NaN-poisoned buffers (the per-tile
-arithmetic is the same); one that differs is not timed and the run exits 1. A persistent build the installed
-Triton refuses (``_host.PERSISTENT_REFUSED``) is listed as refused, not timed. Writes ``gluon_persistent.csv`` and
-``.md`` to ``--out``.
+O is checked equal bit for bit to the switch-off launch's, on NaN-poisoned buffers (the per-tile arithmetic is the
+same); one that differs is still timed, its largest difference noted, and the run exits 1. A persistent build the
+installed Triton refuses (``_host.PERSISTENT_REFUSED``) is listed as refused, not timed. Writes
+``gluon_persistent.csv`` and ``.md`` to ``--out``.
 
 usage (project root, GPU):  python -m bench.gluon_persistent_ab [--out DIR] [--rounds 3]
 """
@@ -42,10 +42,9 @@ def prepared(module, inputs, problem: Problem, persistent: bool):
         hopper.PERSISTENT = False
 
 
-def case_rows(shape: str, causal: bool, args: argparse.Namespace) -> list[dict]:
+def case_rows(shape: str, causal: bool, inputs, args: argparse.Namespace) -> list[dict]:
     batch, heads, head_dim = SHAPES[shape]
     problem = Problem(batch, heads, args.seqlen, args.seqlen, head_dim, dtype=torch.bfloat16, causal=causal)
-    inputs = contract.fa3_inputs(problem, seed=0, device="cuda")
     runs, notes = {}, {}
     for rung, module in RUNGS.items():
         for name, persistent in SETTINGS.items():
@@ -53,10 +52,13 @@ def case_rows(shape: str, causal: bool, args: argparse.Namespace) -> list[dict]:
                 runs[(rung, name)] = prepared(module, inputs, problem, persistent)
             except ValueError as error:
                 notes[(rung, name)] = f"refused: {error}"
-        reference = run_poisoned(runs[(rung, "off")]).clone()
-        if (rung, "persistent") in runs and not torch.equal(run_poisoned(runs[(rung, "persistent")]), reference):
-            notes[(rung, "persistent")] = "O differs from off"
-            del runs[(rung, "persistent")]
+        reference = run_poisoned(runs[(rung, "off")]).float()
+        if (rung, "persistent") in runs:
+            out = run_poisoned(runs[(rung, "persistent")]).float()
+            if not torch.equal(out, reference):
+                # Still timed (the call is not wasted), but the run fails: the per-tile arithmetic should be the same.
+                largest = (out - reference).abs().max().item()
+                notes[(rung, "persistent")] = f"O differs from off: max |diff| {largest:.3g}"
     samples = fp8_q_in_kernel.interleaved_samples(runs, args.rounds, args)
     rows = []
     for (rung, name), values in samples.items():
@@ -64,7 +66,7 @@ def case_rows(shape: str, causal: bool, args: argparse.Namespace) -> list[dict]:
         off_us = statistics.median(samples[(rung, "off")]) * 1e3
         row = {"shape": shape, "causal": causal, "rung": rung, "setting": name, "us": us,
                "tflops": tflops(problem.flops, us * 1e-3), "vs_off": off_us / us,
-               "spread_us": (max(values) - min(values)) * 1e3, "note": ""}  # fmt: skip
+               "spread_us": (max(values) - min(values)) * 1e3, "note": notes.pop((rung, name), "")}  # fmt: skip
         print(f"{shape:8s} causal={causal!s:5s} {rung:12s} {name:10s} {us:8.1f} us {row['tflops']:5.0f} TFLOP/s "
               f"{row['vs_off']:.3f}x off (spread {row['spread_us']:.1f} us)", flush=True)  # fmt: skip
         rows.append(row)
@@ -78,7 +80,12 @@ def case_rows(shape: str, causal: bool, args: argparse.Namespace) -> list[dict]:
 def main() -> None:
     args = fp8_q_in_kernel.arguments(__doc__, "runs/gluon_persistent")
     require_gpu("bench.gluon_persistent_ab")
-    rows = [row for shape in SHAPES for causal in (True, False) for row in case_rows(shape, causal, args)]
+    rows = []
+    for shape, (batch, heads, head_dim) in SHAPES.items():
+        # One draw of the FA3 inputs a shape, for both masks (at these sizes it takes seconds on the host).
+        problem = Problem(batch, heads, args.seqlen, args.seqlen, head_dim, dtype=torch.bfloat16)
+        inputs = contract.fa3_inputs(problem, seed=0, device="cuda")
+        rows += [row for causal in (True, False) for row in case_rows(shape, causal, inputs, args)]
     lines = [f"# gluon persistent CTAs, kernel only, {torch.cuda.get_device_name()} ({args.rounds} rounds)", "",
              "| shape | causal | rung | setting | µs | TFLOP/s | ÷ off | spread µs | note |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -87,8 +94,8 @@ def main() -> None:
                  cell(row["vs_off"], 3), cell(row["spread_us"], 1), row["note"]]  # fmt: skip
         lines.append("| " + " | ".join(str(text) for text in cells) + " |")
     fp8_q_in_kernel.write(args.out, "gluon_persistent", rows, lines)
-    # A persistent launch whose O differs was not timed: the run fails, so the A/B cannot be read as a result.
-    if any(row["note"] == "O differs from off" for row in rows):
+    # A persistent launch whose O differs from the off one's fails the run, so the A/B cannot be read as a result.
+    if any(row["note"].startswith("O differs") for row in rows):
         sys.exit(1)
 
 

@@ -8,7 +8,8 @@
 #      one tile left unwritten must fail both checks;
 #   2. bench.gluon_persistent_ab: P1 (B=2 H=16 S=8192 D=128 bf16) and D=64 (B=4 H=32 S=8192), causal then
 #      non-causal, gluon/hopper and gluon/fp8 kernel only, switch off vs on, 3 interleaved rounds (medians, L2
-#      flushed), each persistent O checked equal to the off one before it is timed (cut at 240 s).
+#      flushed), each persistent O checked equal to the off one before it is timed (a difference is noted and fails the
+#      run; cut at 240 s).
 # Predicts (docs/perf-log.md, helper `gpers`): cute/hopper gained +3-5 % non-causal and +2-4 % causal from the same
 # change; here the per-tile fill, Q load and epilogue are about 1 of 64 key blocks at P1 non-causal (the tile loop's
 # ~2.3k instructions a consumer against ~470 a key block), so non-causal +1.5 to +4 % (gluon/hopper ~+2 %, gluon/fp8
