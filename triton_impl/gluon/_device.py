@@ -358,9 +358,13 @@ def online_softmax_finalize(acc, row_max, row_sum, P_EXPONENT: gl.constexpr = 0.
 
 
 @gluon.jit
-def _ready_tile(ring, ready, n_block, NUM_STAGES: gl.constexpr):
-    """Block n's tile of a K or V ring, once its TMA copy has landed."""
+def _ready_tile(ring, ready, n_block, NUM_STAGES: gl.constexpr, UNSIGNED: gl.constexpr = False):
+    """Block n's tile of a K or V ring, once its TMA copy has landed (``n_block``: its place in the ring).
+    ``UNSIGNED``: the place is a uint32 (gluon/hopper's persistent CTAs, where it is a sum of runtime counts: as a
+    signed int, every % and // by the ring's size would correct its sign, five uniform instructions a block)."""
     stage = n_block % NUM_STAGES
+    if UNSIGNED:
+        stage = stage.to(gl.int32)
     mbarrier.wait(ready.index(stage), (n_block // NUM_STAGES) & 1)
     return ring.index(stage)
 

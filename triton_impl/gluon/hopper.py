@@ -257,8 +257,9 @@ def _load_q(desc_q, q_smem, q_ready, consumer: gl.constexpr, batch, head, start_
 @gluon.jit
 def _load_blocks(descs, rings, barriers, batch, kv_head, n_block_max, ring_base, constants: gl.constexpr):
     """K and V of key blocks [0, n_block_max) of one tile: key block n goes to ring place ``ring_base`` + n,
-    ``ring_base`` the blocks loaded for the CTA's earlier tiles (0 with one tile per CTA), which gives the
-    slot and the phase of its barriers; the key block itself gives the coordinates."""
+    ``ring_base`` the blocks loaded for the CTA's earlier tiles (0 with one tile per CTA; a uint32 when
+    persistent, so that the slot and phase are a mask and a shift), which gives the slot and the phase of its
+    barriers; the key block itself gives the coordinates."""
     _, desc_k, desc_v, _ = descs
     k_ring, v_ring = rings
     k_ready, v_ready, k_empty, v_empty = barriers
@@ -266,7 +267,8 @@ def _load_blocks(descs, rings, barriers, batch, kv_head, n_block_max, ring_base,
     BLOCK_N: gl.constexpr = k_ring.shape[1]
     for n_block in range(n_block_max):
         ring_block = ring_base + n_block
-        stage = ring_block % NUM_STAGES
+        # A uint32 place (persistent CTAs) gives a uint32 slot; .index takes an int32 (a no-op for an int32 one).
+        stage = (ring_block % NUM_STAGES).to(gl.int32)
         # A fresh mbarrier counts as having completed the phase before phase 0: the first lap waits on
         # phase 1 and passes at once.
         empty_phase = ((ring_block // NUM_STAGES) & 1) ^ 1
@@ -305,7 +307,7 @@ def _load_partition(operands, constants: gl.constexpr):
                 _load_q(desc_q, q_smem, q_ready, consumer, batch, head, start_m)
             _load_blocks(
                 descs, (k_ring, v_ring), (k_ready, v_ready, k_empty, v_empty), batch, kv_head, n_block_max,
-                ring_base, constants,
+                ring_base.to(gl.uint32), constants,
             )  # fmt: skip
             ring_base += n_block_max
     else:
@@ -344,8 +346,9 @@ def _release(k_empty, v_empty, ring_block, NUM_STAGES: gl.constexpr):
     Gluon lowers an arrive to one thread of the partition after a barrier over the partition's
     warps, so this warpgroup's arrival comes after all four of its warps passed their wait; the
     slot's barrier completes when every consumer warpgroup has arrived."""
-    mbarrier.arrive(k_empty.index(ring_block % NUM_STAGES), count=1)
-    mbarrier.arrive(v_empty.index((ring_block - 1) % NUM_STAGES), count=1)
+    # A uint32 place (persistent CTAs) gives a uint32 slot; .index takes an int32 (a no-op for an int32 one).
+    mbarrier.arrive(k_empty.index((ring_block % NUM_STAGES).to(gl.int32)), count=1)
+    mbarrier.arrive(v_empty.index(((ring_block - 1) % NUM_STAGES).to(gl.int32)), count=1)
 
 
 @gluon.jit
@@ -375,8 +378,8 @@ def _pipelined_step(carry, n_block, step_args, constants: gl.constexpr, MASKED: 
         acc = online_softmax_rescale(acc, alpha)
     # Key block n (coordinates, mask, scales) sits at ring place ring_base + n (slot and phase).
     ring_block = ring_base + n_block
-    k_tile = _ready_tile(k_ring, k_ready, ring_block, NUM_STAGES)
-    v_tile = _ready_tile(v_ring, v_ready, ring_block - 1, NUM_STAGES)
+    k_tile = _ready_tile(k_ring, k_ready, ring_block, NUM_STAGES, UNSIGNED=constants.PERSISTENT)
+    v_tile = _ready_tile(v_ring, v_ready, ring_block - 1, NUM_STAGES, UNSIGNED=constants.PERSISTENT)
     FP8_MASKED: gl.constexpr = FP8 and MASKED
     _take_turn(turn, turn_base + n_block, PINGPONG)
     if FP8_MASKED:
@@ -506,12 +509,15 @@ def _softmax_partition(
     mbarrier.wait(q_ready, q_phase)
     row_max = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
     row_sum = gl.zeros([BLOCK_M], gl.float32, row_layout)
-    k_tile = _ready_tile(k_ring, k_ready, ring_base, NUM_STAGES)
+    k_tile = _ready_tile(k_ring, k_ready, ring_base, NUM_STAGES, UNSIGNED=PERSISTENT)
     _take_turn(turn, turn_base, PINGPONG)
     s_token = _scores(q_smem, k_tile, s_layout)
     _pass_turn(turn, PINGPONG)
     S = warpgroup_mma_wait(0, deps=[s_token])
-    mbarrier.arrive(k_empty.index(ring_base % NUM_STAGES), count=1)
+    if PERSISTENT:
+        mbarrier.arrive(k_empty.index((ring_base % NUM_STAGES).to(gl.int32)), count=1)
+    else:
+        mbarrier.arrive(k_empty.index(0), count=1)
     S = attention_mask(S * first_scale_log2, offs_m, 0, seqlen_k, causal_offset, CAUSAL=CAUSAL)
     P_f32, alpha, row_max, row_sum = online_softmax_update(
         S, row_max, row_sum, first_scale_log2, S_SCALED=True, MASKED=True,
@@ -544,7 +550,7 @@ def _softmax_partition(
     # The last block's P V, then normalise (FP8: acc is O over the last V block's scale, s_v).
     if not FP8:
         acc = online_softmax_rescale(acc, alpha)
-    v_tile = _ready_tile(v_ring, v_ready, ring_base + n_block_max - 1, NUM_STAGES)
+    v_tile = _ready_tile(v_ring, v_ready, ring_base + n_block_max - 1, NUM_STAGES, UNSIGNED=PERSISTENT)
     _take_turn(turn, turn_base + n_block_max, PINGPONG)
     pv_token = fp8.values_product(P, v_tile, p_layout) if FP8 else _values_product(P, v_tile, acc, p_layout)
     _pass_turn(turn, PINGPONG)
@@ -556,7 +562,7 @@ def _softmax_partition(
         acc = warpgroup_mma_wait(0, deps=[pv_token])
     if PERSISTENT:
         # The last V slot goes back too: the rings run on into the CTA's next tile.
-        mbarrier.arrive(v_empty.index((ring_base + n_block_max - 1) % NUM_STAGES), count=1)
+        mbarrier.arrive(v_empty.index(((ring_base + n_block_max - 1) % NUM_STAGES).to(gl.int32)), count=1)
 
     # The LSE is (B, H, Sq) contiguous, indexed by the query head (batch_head), not the KV head.
     out, lse = online_softmax_finalize(acc, row_max, row_sum, P_EXPONENT=constants.P_EXPONENT)
@@ -613,7 +619,8 @@ def _consumer(index: gl.constexpr, consumer_args, constants: gl.constexpr):
                 descs, smem, o_smem.index(index), barriers, own_turn,
                 (batch, head, start_m + index * WG_M, n_block_max, batch_head, kv_batch_head),
                 LSE, seqlen_q, seqlen, softmax_scale_log2, scales,
-                (ring_base, ring_base + local, local & 1, q_empty.index(index)), constants, HANDS_FIRST_TURN=False,
+                (ring_base.to(gl.uint32), (ring_base + local).to(gl.uint32), local & 1, q_empty.index(index)),
+                constants, HANDS_FIRST_TURN=False,
             )  # fmt: skip
             # Every consumer visits the tile's n_block_max blocks and takes a turn for each and one for the
             # last P V: the turns of the tiles before are the blocks before plus one a tile (ring_base + local).
