@@ -10,13 +10,14 @@
 #      non-causal, gluon/hopper and gluon/fp8 kernel only, switch off vs on, 3 interleaved rounds (medians, L2
 #      flushed), each persistent O checked equal to the off one before it is timed (a difference is noted and fails the
 #      run; cut at 240 s).
-# Predicts (docs/perf-log.md, helper `gpers`): cute/hopper gained +3-5 % non-causal and +2-4 % causal from the same
-# change; here the per-tile fill, Q load and epilogue are about 1 of 64 key blocks at P1 non-causal (the tile loop's
-# ~2.3k instructions a consumer against ~470 a key block), so non-causal +1.5 to +4 % (gluon/hopper ~+2 %, gluon/fp8
-# +2 to +4 %: its blocks are half as long, so the fixed costs weigh twice; 867 -> 885-900 TFLOP/s), causal +1 to +4 %
-# (the snake's busiest CTA has 3 % more key blocks than the mean against one CTA per tile's tail), D=64 within
-# -2 to +3 % (cute/hopper kept one CTA per tile at causal D=64: 470 vs 482). A loss of more than the spread at a shape
-# keeps the switch off there.
+# Predicts (docs/perf-log.md, helper `gpers`): one CTA per tile fills the register file, so a new tile's CTA starts only
+# once the last one has left, and each tile pays its Q and first K/V load, its first S alone on the tensor cores, its
+# last P V alone and its epilogue, ~2-3 us of a ~80-110 us tile at these shapes; persistent CTAs hide most of it under
+# the neighbouring tiles (cute/hopper measured +3-5 % non-causal, +2-4 % causal), while the key-block loops grow by
+# 0-6 instructions (under 1.3 %). So gluon/hopper P1 non-causal +1.5 to +3 %, gluon/fp8 P1 non-causal +2 to +4 %
+# (867 -> 885-900 TFLOP/s: its tiles are shorter, the fixed cost weighs more), causal D=128 +1 to +4 % (the snake's
+# busiest CTA has 3 % more key blocks than the mean), D=64 -2 to +2 % (cute/hopper: no gain non-causal, kept one CTA
+# per tile causal). A loss beyond the spread at a shape keeps the switch off there.
 # Run from the project root: `bash bench/gluon_persistent_ab.sh`. Outputs in $OUT: gpu.log, pytest.log, times.txt,
 # ab.log, ab/gluon_persistent.{csv,md}.
 set -uo pipefail
