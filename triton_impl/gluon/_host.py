@@ -142,8 +142,8 @@ def launch_options(
 # helper ``gpers``). Under Triton 3.6 and 3.8 every persistent build keeps its block loops free of local memory.
 PERSISTENT_REFUSED: dict[str, dict[tuple[str, object], str]] = {
     "3.9": {
-        ("gluon/hopper", 64): "the three consumers' key-block loops spill (3 to 19 local accesses a block)",
-        ("gluon/fp8", (128, False)): "the load warp's block loop spills (224 bytes of stack in all)",
+        ("gluon/hopper", 64): "the consumers' masked key-block loops spill (3 to 19 local accesses a block)",
+        ("gluon/fp8", (128, False)): "the load warp's block loop spills (one local access a block; 224 bytes of stack)",
     },
 }
 
