@@ -5,7 +5,9 @@ Python ints through ``.fn``) deals every tile to exactly one CTA at several shap
 rounds, causal ones longest first; a planted order (the snake without its count) fails that check. The launch grid
 with the switch off and on. Static (sm_90a, in a child process): the switch off builds the kernel without the
 persistent machinery (no Q-empty barriers, O in the Q buffer for fp16/bf16); on, every build keeps its key-block
-loops free of local memory and fits shared memory with O's own buffer.
+loops free of local memory and fits shared memory with O's own buffer, or is refused where the installed Triton's
+ptxas spills in a block loop (``_host.PERSISTENT_REFUSED``); a prepared persistent launch compiles through Triton's
+JIT binder with its 1-D grid.
 GPU (``gpu`` marker): with the switch on, on shapes where every CTA walks several tiles, gluon/hopper against the
 fp64 reference by its own rule (poisoned outputs) and gluon/fp8 by FP8_RULE, both causal alignments and not, GQA,
 Sq != Sk, cache_seqlens and the LSE; O equal bit for bit to the one-CTA-per-tile kernel's (the per-tile
@@ -170,6 +172,24 @@ PERSISTENT_STACK_BYTES = 64
 SHARED_MEMORY_BYTES = 232_448
 
 
+# A prepared persistent launch on CPU tensors compiled through Triton's JIT binder (test_gluon's launch probe, the
+# switch on): the launch's arguments, options (PERSISTENT among them) and 1-D grid agree with the kernel.
+_LAUNCH_SCRIPT = """
+import json, sys
+from triton_impl.gluon import hopper
+hopper.PERSISTENT = True
+from tests.test_gluon import _LAUNCH_SCRIPT
+exec(_LAUNCH_SCRIPT.replace("print(json.dumps({", "print(json.dumps({'grid': list(launch._grid), "
+                            "'persistent': launch._options['PERSISTENT'],"))
+"""
+# (rung, Sq, Sk, head_dim, causal, features), as test_gluon's LAUNCHES (builds no release refuses).
+LAUNCHES = {
+    "hopper": ("hopper", 300, 517, 128, False, {}),
+    "fp8-gqa-kv-cache": ("fp8", 1000, 77, 128, True, {"kv_heads": 2, "causal_alignment": "bottom_right",
+                                                      "has_cache_seqlens": True, "return_lse": True}),
+}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def builds() -> dict[str, dict]:
     scripts = {
@@ -178,7 +198,17 @@ def builds() -> dict[str, dict]:
         for on in (True, False)
         if on or name == "hopper-d128-full"
     }
+    scripts |= {f"launch/{name}": (_LAUNCH_SCRIPT, [json.dumps(spec)]) for name, spec in LAUNCHES.items()}
     return scripts_in_one_child(scripts, timeout=1800)
+
+
+@pytest.mark.static
+@pytest.mark.parametrize("probe", list(LAUNCHES))
+def test_persistent_launch_compiles_through_the_jit_binder(probe: str, builds: dict[str, dict]):
+    result = child_result(builds, f"launch/{probe}")
+    assert result["persistent"] is True and len(result["grid"]) == 1, result
+    assert result["e4m3"] == (LAUNCHES[probe][0] == "fp8"), result
+    assert result["spill_bytes"] <= PERSISTENT_STACK_BYTES, result
 
 
 @pytest.mark.static
