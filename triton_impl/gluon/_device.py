@@ -4,9 +4,6 @@ kernel) and ``gluon/decode``; the kernels themselves are in their rung files.
 The softmax side uses the names of the Triton stack (``triton_impl/_device.py``) and the CuTe stack
 (``cute_impl/_hopper_device.py``), as ``@gluon.jit`` functions (Gluon inlines them):
 
-* ``TileScheduler`` → :func:`persistent_tile_count`, :func:`persistent_tile` (gluon/hopper's persistent CTAs):
-  how many tiles a CTA walks, and which (query block, batch · head) its i-th one is: a snake over the
-  CTAs, a head's tiles consecutive, causal ones longest first.
 * ``kv_head`` → :func:`kv_head_index`: GQA, the KV head a query head reads,
   ``head // (heads // kv_heads)``; the K and V TMA coordinates (and FP8's K/V scales) use it, so
   K and V are never repeated.
@@ -99,42 +96,6 @@ def heaviest_first(block, item, blocks, items):
     within = linear - first * blocks
     block = within // size
     return block, first + within - block * size
-
-
-# ----------------------------------------------------------------------------------------------
-# TileScheduler (gluon/hopper's persistent CTAs)
-# ----------------------------------------------------------------------------------------------
-# Plain integer arithmetic, no gl call: the tests run these very functions on Python ints (``.fn``).
-@gluon.jit
-def persistent_tile_count(cta, ctas, tiles):
-    """TileScheduler: how many of the launch's ``tiles`` CTA ``cta`` of the ``ctas`` persistent CTAs takes.
-
-    Tiles are dealt in rounds of one per CTA, in CTA order in even rounds and in reverse in odd ones (a
-    snake, :func:`persistent_tile`): every CTA takes one tile of each full round, and one of the last,
-    partial round if its place there (``tiles - rounds · ctas`` places are filled) holds a tile."""
-    rounds = tiles // ctas
-    filled = tiles - rounds * ctas
-    place = cta + rounds % 2 * (ctas - 1 - 2 * cta)
-    # 1 when place < filled, else 0 (both lie in [0, ctas)).
-    return rounds + (filled - place + ctas - 1) // ctas
-
-
-@gluon.jit
-def persistent_tile(local, cta, ctas, q_tiles, CAUSAL: gl.constexpr):
-    """TileScheduler: ``(m_block, batch_head)`` of the ``local``-th tile of CTA ``cta`` (of ``ctas``).
-
-    Tile t of the launch is query block t % q_tiles of (batch · heads + head) = t // q_tiles: a head's
-    query blocks are consecutive, so the CTAs that run together read the same K and V, from L2. Causal,
-    a head's blocks go from the last (the longest: it sees the most keys) to the first, and the snake
-    (round r takes tiles r · ctas ... r · ctas + ctas - 1, CTA ``cta`` the ``cta``-th of them in even
-    rounds and the ``cta``-th from the end in odd ones) gives a CTA that drew a long tile in one round a
-    short one in the next, so that the CTAs finish together."""
-    tile = local * ctas + cta + local % 2 * (ctas - 1 - 2 * cta)
-    batch_head = tile // q_tiles
-    m_block = tile % q_tiles
-    if CAUSAL:
-        m_block = q_tiles - 1 - m_block
-    return m_block, batch_head
 
 
 # ----------------------------------------------------------------------------------------------
@@ -358,13 +319,9 @@ def online_softmax_finalize(acc, row_max, row_sum, P_EXPONENT: gl.constexpr = 0.
 
 
 @gluon.jit
-def _ready_tile(ring, ready, n_block, NUM_STAGES: gl.constexpr, UNSIGNED: gl.constexpr = False):
-    """Block n's tile of a K or V ring, once its TMA copy has landed (``n_block``: its place in the ring).
-    ``UNSIGNED``: the place is a uint32 (gluon/hopper's persistent CTAs, where it is a sum of runtime counts: as a
-    signed int, every % and // by the ring's size would correct its sign, five uniform instructions a block)."""
+def _ready_tile(ring, ready, n_block, NUM_STAGES: gl.constexpr):
+    """Block n's tile of a K or V ring, once its TMA copy has landed."""
     stage = n_block % NUM_STAGES
-    if UNSIGNED:
-        stage = stage.to(gl.int32)
     mbarrier.wait(ready.index(stage), (n_block // NUM_STAGES) & 1)
     return ring.index(stage)
 

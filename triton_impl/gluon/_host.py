@@ -6,8 +6,7 @@
   static compile (``descriptor_type``); ``gluon/decode`` builds its K and V descriptors the same way.
 * The registry entry of every Gluon rung (``gluon_implementation``).
 * Validation and the capability check of the two prefill rungs (``validate_gluon_inputs``,
-  ``gluon_supported``), the hopper kernel's constexprs, launch options and grid (one CTA per tile, or
-  persistent CTAs: ``launch_grid``, ``sm_count``), and the sm_90a compile
+  ``gluon_supported``), the hopper kernel's constexprs and launch options, and the sm_90a compile
   of any Gluon kernel without a GPU (``compile_gluon_sm90``).
 
 It is the Gluon twin of ``triton_impl/_host.py``; the device vocabulary is in ``_device.py``.
@@ -30,7 +29,6 @@ from common.contract.registry import Implementation, Supports
 from common.contract.validation import validate_for_problem
 from common.toolchain.arch import check_sm90
 from common.toolchain.compile import KernelBinary, compile_triton_sm90
-from common.toolchain.releases import installed_triton, triton_release
 from triton_impl._host import tile_rung_supported
 
 # What the PTX of every Gluon rung holds: TMA loads, wgmma and mbarriers (tiles never come by cp.async).
@@ -50,8 +48,6 @@ LOAD_REGISTERS = gl.constexpr(24)
 LOAD_WARPS = gl.constexpr(1)
 # Consumer warpgroups: the default partition and one or two workers, each with its own query rows.
 CONSUMER_WARPS = gl.constexpr(4)
-# The SMs a persistent launch fills where no device is at hand (a static compile): an H100's or H200's.
-DEFAULT_SM_COUNT = 132
 
 
 @dataclass(frozen=True)
@@ -91,23 +87,13 @@ class GluonConfig:
         return min(MAX_REGISTERS, left // (self.consumers * WARPGROUP_THREADS) // 8 * 8)
 
     @property
-    def ctas_per_sm(self) -> int:
-        """CTAs of the kernel that one SM holds at once: ``maxnreg`` over every warp fills the register
-        file, so one (the persistent grid's CTAs per SM)."""
-        return CTA_REGISTERS // (self.maxnreg * self._warpgroups * WARPGROUP_THREADS)
-
-    @property
     def _warpgroups(self) -> int:
         return self.consumers + (LOAD_WARPS.value + 3) // 4
 
 
-def launch_constexprs(
-    config: GluonConfig, problem: Problem, quant_blocks: tuple[int, int] | None = None, persistent: bool = False
-) -> dict:
+def launch_constexprs(config: GluonConfig, problem: Problem, quant_blocks: tuple[int, int] | None = None) -> dict:
     """The hopper kernel's constexprs but num_warps; ``quant_blocks`` (FP8): the Q and K/V quantisation
-    block rows; ``persistent``: CTAs that walk tiles (``gluon/hopper.PERSISTENT``, read by the caller when
-    it builds the launch). The problem features are flags, so a problem without them compiles the plain
-    kernel."""
+    block rows. The problem features are flags, so a problem without them compiles the plain kernel."""
     q_rows, kv_rows = quant_blocks or (1, 1)
     return {
         "NUM_STAGES": config.num_stages,
@@ -122,56 +108,16 @@ def launch_constexprs(
         "Q_QUANT_BLOCK": q_rows,
         "KV_QUANT_BLOCK": kv_rows,
         "ROW_TREE": config.row_tree,
-        "PERSISTENT": persistent,
     }
 
 
-def launch_options(
-    config: GluonConfig, problem: Problem, quant_blocks: tuple[int, int] | None = None, persistent: bool = False
-) -> dict:
+def launch_options(config: GluonConfig, problem: Problem, quant_blocks: tuple[int, int] | None = None) -> dict:
     """Everything a launch of the hopper kernel passes by keyword: its constexprs, warps and ``maxnreg``."""
     return {
-        **launch_constexprs(config, problem, quant_blocks, persistent),
+        **launch_constexprs(config, problem, quant_blocks),
         "num_warps": config.num_warps,
         "maxnreg": config.maxnreg,
     }
-
-
-# Persistent builds (``gluon/hopper.PERSISTENT``) refused under a release, where they spill in a key-block loop:
-# release -> (rung, the key of the rung's table of tiles) -> why (sm_90a, ptxas of that release; docs/perf-log.md,
-# helper ``gpers``). Under Triton 3.6 and 3.8 every persistent build keeps its block loops free of local memory.
-PERSISTENT_REFUSED: dict[str, dict[tuple[str, object], str]] = {
-    "3.9": {
-        ("gluon/hopper", 64): "the consumers' masked key-block loops spill (3 to 19 local accesses a block)",
-        ("gluon/fp8", (128, False)): "the load warp's block loop spills (one local access a block; 224 bytes of stack)",
-    },
-}
-
-
-def check_persistent(rung: str, key: object) -> None:
-    """Raise, saying why, where the persistent build of ``rung``'s tile ``key`` is refused under the installed
-    Triton (``PERSISTENT_REFUSED``): never a silent fallback to one CTA per tile."""
-    reason = PERSISTENT_REFUSED.get(triton_release(), {}).get((rung, key))
-    if reason:
-        raise ValueError(f"{rung} {key}: PERSISTENT is refused under Triton {installed_triton()}: {reason}")
-
-
-def sm_count(device: torch.device) -> int:
-    """The SMs of ``device`` (a CUDA device), or ``DEFAULT_SM_COUNT`` for any other (a static compile)."""
-    if device.type != "cuda":
-        return DEFAULT_SM_COUNT
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def launch_grid(config: GluonConfig, shape: tuple[int, int, int], persistent: bool, device: torch.device) -> tuple:
-    """The hopper kernel's grid for ``shape`` = (B, H, Sq): one CTA per tile, (query blocks, B · H); or,
-    ``persistent``, as many CTAs as the device holds at once (``sm_count`` x ``ctas_per_sm``), fewer when
-    there are fewer tiles, each walking its share of them (``_device.persistent_tile``)."""
-    batch, heads, seqlen_q = shape
-    q_tiles = -(-seqlen_q // config.block_m)
-    if not persistent:
-        return (q_tiles, batch * heads)
-    return (min(q_tiles * batch * heads, sm_count(device) * config.ctas_per_sm),)
 
 
 def descriptor(tensor: torch.Tensor, box_rows: int, dtype: gl.dtype, box_cols: int | None = None) -> TensorDescriptor:

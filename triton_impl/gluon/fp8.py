@@ -96,9 +96,8 @@ applies unchanged.
 Constraints: fp16 or bf16 inputs, bf16 output; D ∈ {64, 128}; any Sq, Sk ≥ 1; causal or not;
 softmax_scale ≥ 0; exactly sm_90; Triton 3.6 or 3.9. Block scales need Q blocks that are whole
 consumer tiles (a multiple of 64 rows) and K/V blocks that are whole key blocks (a multiple of
-BLOCK_N). No interpreter path, as for ``gluon/hopper``. Persistent CTAs: ``gluon/hopper.PERSISTENT`` (read when
-the launch is built) runs this kernel persistent too (O already had its own buffer here); refused under Triton
-3.9 at D=128 non-causal, where the load warp's block loop spills. Not done: lazy O rescaling.
+BLOCK_N). No interpreter path, as for ``gluon/hopper``. Not done: the gluon/hopper list (lazy O
+rescaling, a persistent scheduler).
 """
 
 from __future__ import annotations
@@ -106,6 +105,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma
@@ -125,14 +125,12 @@ from triton_impl.gluon._host import (
     CONSUMER_ROWS,
     GLUON_DTYPES,
     GluonConfig,
-    check_persistent,
     descriptor,
     descriptor_type,
     feature_arguments,
     gluon_implementation,
     gluon_supported,
     launch_constexprs,
-    launch_grid,
     launch_options,
     validate_gluon_inputs,
 )
@@ -392,11 +390,8 @@ class GluonFp8Attention:
             operands.k_scale.shape[-1],
         )
         quant_blocks = (quantisation.q_block_rows, quantisation.kv_block_rows)
-        self.persistent = hopper.PERSISTENT
-        if self.persistent:
-            check_persistent(RUNG, (head_dim, problem.causal))
-        self._options = launch_options(config, problem, quant_blocks, self.persistent)
-        self._grid = launch_grid(config, (batch, heads, seqlen_q), self.persistent, operands.q8.device)
+        self._options = launch_options(config, problem, quant_blocks)
+        self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
 
     def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         hopper.attention_kernel[self._grid](*self._args, **self._options)
@@ -453,8 +448,6 @@ def compile_sm90(
     config = config or default_config(problem)
     check_quantisation_blocks(quantisation, config)
     head_dim = problem.head_dim
-    if hopper.PERSISTENT:
-        check_persistent(RUNG, (head_dim, problem.causal))
     operand_types = {
         "desc_q": descriptor_type(torch.float8_e4m3fn, CONSUMER_ROWS, head_dim),
         "desc_k": descriptor_type(torch.float8_e4m3fn, config.block_n, head_dim),
@@ -465,7 +458,7 @@ def compile_sm90(
     quant_blocks = (quantisation.q_block_rows, quantisation.kv_block_rows)
     constexprs = {
         **feature_arguments(problem)[1],
-        **launch_constexprs(config, problem, quant_blocks, hopper.PERSISTENT),
+        **launch_constexprs(config, problem, quant_blocks),
         "num_warps": config.num_warps,
     }
     signature = hopper.kernel_signature(problem, operand_types, scale_types)

@@ -28,8 +28,7 @@ you write):
     and partitions them (``_tma_partition``).
   * Barriers: Triton's pipeliner allocates and phases them / ``q_ready``, ``k_ready``, ``v_ready``,
     ``k_empty``, ``v_empty`` and ``turn`` allocated and initialised in ``attention_kernel``, phased
-    by ring place (block index, plus the blocks of earlier tiles when persistent) in ``_load_blocks`` and
-    ``_ready_tile`` / ``PipelineTmaAsync`` producer and
+    by block index in ``_load_partition`` and ``_ready_tile`` / ``PipelineTmaAsync`` producer and
     consumer objects in ``cute_impl/hopper.py``.
   * Warpgroup MMA: ``tl.dot``, with wait depths chosen by the compiler / ``warpgroup_mma(...,
     is_async=True)`` and ``warpgroup_mma_wait(n, deps)`` in ``_pipelined_step`` / ``cute.gemm`` on
@@ -47,8 +46,7 @@ you write):
   is why each consumer warpgroup is its own partition (one 8-warp partition kept the two
   warpgroups in lockstep).
 
-Algorithm (``attention_kernel``: one CTA per ``consumers`` × 64 query rows of one (batch, head); persistent
-CTAs below):
+Algorithm (``attention_kernel``: one CTA per ``consumers`` × 64 query rows of one (batch, head)):
   1. Load warp: TMA each consumer's Q tile once; for each key block, wait until its K slot is
      empty, TMA K; wait until its V slot is empty, TMA V; each copy completes its ready barrier.
   2. Each consumer, block 0: S = Q K₀ᵀ, ``attention_mask`` and ``online_softmax_update``, P in
@@ -62,27 +60,6 @@ CTAs below):
      Triton 3.9's schedule runs D=64 faster without it, ``common.toolchain.releases``).
   4. The last P V; ``online_softmax_finalize`` (O /= row_sum, lse); O through shared memory (the
      consumer's Q buffer) and a TMA store; lse to an fp32 (B, H, Sq) buffer.
-
-Persistent CTAs (``PERSISTENT``, off by default until timed; gluon/fp8 follows the same switch): the grid is
-min(tiles, SMs × CTAs an SM holds: one, as ``maxnreg`` fills the register file) (``_host.launch_grid``), and
-every partition walks the same tiles, the TileScheduler's (``_device.persistent_tile``: a head's query blocks
-consecutive, so the CTAs running together share its K and V in L2; causal ones longest first, dealt as a
-snake over the CTAs so long and short tiles even out). What changes, so that a tile's fill and drain, its Q
-load and its epilogue overlap the neighbouring tiles' work instead of leaving the tensor cores idle:
-  * the load warp loads a consumer's next Q tile once that consumer has released its buffer (``q_empty``,
-    one arrival a tile once its last S = Q Kᵀ has retired), which happens under the tile's last P V and
-    epilogue, and runs its K/V rings on across tiles: a block's slot and phase come from its place in the
-    rings (``ring_base`` + n, ``ring_base`` the blocks of the CTA's earlier tiles), its coordinates, mask and
-    FP8 scales from its key block n; the last V slot of a tile is released too;
-  * q_ready's phase flips per tile, the ping-pong turns count on across tiles (a tile takes n_block_max + 1
-    turns, so its first is ``ring_base`` + the tiles before);
-  * O leaves through its own shared buffer for fp16/bf16 too (the next tile's Q is loading into the Q
-    buffer), and the TMA store stays in flight under the next tile: a consumer waits for its previous store
-    to have read the buffer (``tma.store_wait``) before writing the next O, and for the last one before exit.
-Shared memory with O's buffer: D=128 bf16 197 KB (160 without), D=64 bf16 115 KB (90), gluon/fp8 as before (it
-had one). Under Triton 3.9 the persistent builds of D=64 and of gluon/fp8 D=128 non-causal spill in a block
-loop and are refused with that reason (``_host.PERSISTENT_REFUSED``); under 3.6 and 3.8 no key-block loop
-touches local memory (a few scalars of the tile, up to 64 bytes, spill around it once a tile).
 
 Partitions and barriers: the load warp (``_load_partition``, ``LOAD_REGISTERS`` registers) fills two
 rings of ``NUM_STAGES`` slots, each slot with a ready barrier (``k_ready``/``v_ready``, completed by
@@ -115,8 +92,7 @@ partitions took the kernel from triton/hopper's speed well above it at D=128; a 
 consumer is what D=64 needs; ping-pong costs more than it gives at D=128 in bf16 (gluon/fp8 takes it:
 its softmax is as long as its GEMMs); P packed by inline ``cvt`` rather than Triton's conversion
 saved Triton 3.6's ptxas a PRMT per word (it shows at D=64, where issue is tight). Not done: lazy O
-rescaling; the persistent tile scheduler is built but not yet timed (``PERSISTENT``, docs/perf-log.md, helper
-``gpers``). Backward (``common.attention`` with inputs that require grad):
+rescaling and a persistent tile scheduler. Backward (``common.attention`` with inputs that require grad):
 ``triton_impl/gluon/backward.py``, from this rung's O and LSE.
 """
 
@@ -125,6 +101,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -157,8 +134,6 @@ from triton_impl.gluon._device import (
     online_softmax_finalize,
     online_softmax_rescale,
     online_softmax_update,
-    persistent_tile,
-    persistent_tile_count,
     seqlen_info,
 )
 from triton_impl.gluon._host import (
@@ -168,7 +143,6 @@ from triton_impl.gluon._host import (
     LOAD_REGISTERS,
     LOAD_WARPS,
     GluonConfig,
-    check_persistent,
     compile_gluon_sm90,
     descriptor,
     descriptor_type,
@@ -176,33 +150,26 @@ from triton_impl.gluon._host import (
     gluon_implementation,
     gluon_supported,
     launch_constexprs,
-    launch_grid,
     launch_options,
     validate_gluon_inputs,
 )
 
 RUNG = "gluon/hopper"
 DTYPES = (torch.float16, torch.bfloat16)
-# Persistent CTAs (``attention_kernel``'s ``PERSISTENT``): a grid of as many CTAs as the GPU holds at once,
-# each walking tiles of the TileScheduler, for gluon/hopper and gluon/fp8 alike. Read when a launch is built
-# (``GluonAttention``, gluon/fp8's ``GluonFp8Attention``, ``compile_sm90``); off until timed on the H200.
-PERSISTENT = False
 
 
-class KernelConstants(NamedTuple):
-    """What the partitions (every consumer warpgroup and each of its pipelined steps, and the load warp)
-    share at compile time: built once by ``attention_kernel`` as a ``gl.constexpr`` (a plain tuple
-    variable would turn its flags into tensors), read by field name on the device (Gluon takes
-    NamedTuples; its ``aggregate`` is not public in Triton 3.6)."""
+class ConsumerConstants(NamedTuple):
+    """What every consumer warpgroup and each of its pipelined steps share at compile time: built once
+    by ``attention_kernel`` as a ``gl.constexpr`` (a plain tuple variable would turn its flags into
+    tensors), read by field name on the device (Gluon takes NamedTuples; its ``aggregate`` is not
+    public in Triton 3.6)."""
 
     s_layout: gl.NVMMADistributedLayout  # S = Q Kᵀ's accumulator
     o_layout: gl.NVMMADistributedLayout  # O's accumulator
     p_layout: gl.DotOperandLayout  # P as the A operand of P V, from registers
     NUM_STAGES: int
     CAUSAL: bool
-    GQA: bool
     BOTTOM_RIGHT: bool
-    HAS_CACHE_SEQLENS: bool
     PINGPONG: bool
     NUM_CONSUMERS: int
     FP8: bool
@@ -210,68 +177,30 @@ class KernelConstants(NamedTuple):
     Q_QUANT_BLOCK: int
     KV_QUANT_BLOCK: int
     ROW_TREE: bool
-    PERSISTENT: bool
-    BLOCK_M: int  # the CTA's query rows: NUM_CONSUMERS x 64
-    BLOCK_N: int
-
-
-@gluon.jit
-def _tile_coords(m_block, batch_head, problem, constants: gl.constexpr):
-    """One tile, query block ``m_block`` of (batch · heads + head) = ``batch_head``: ``(batch, head,
-    kv_head, kv_batch_head, start_m, n_block_max, seqlen)``, ``seqlen`` its sequence's ``(seqlen_k,
-    causal_offset)`` (:func:`seqlen_info`) and ``n_block_max`` the key blocks the CTA loads for it.
-    ``problem``: ``(CacheSeqlens, heads, kv_heads, seqlen_q, seqlen_k)``, the kernel's arguments."""
-    CacheSeqlens, heads, kv_heads, seqlen_q, seqlen_k = problem
-    BOTTOM_RIGHT: gl.constexpr = constants.BOTTOM_RIGHT
-    HAS_CACHE_SEQLENS: gl.constexpr = constants.HAS_CACHE_SEQLENS
-    batch = batch_head // heads
-    head = batch_head % heads
-    kv_head = kv_head_index(head, heads, kv_heads) if constants.GQA else head
-    kv_batch_head = batch * kv_heads + kv_head if constants.GQA else batch_head
-    seqlen_k, causal_offset = seqlen_info(
-        CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, BOTTOM_RIGHT=BOTTOM_RIGHT
-    )
-    start_m = m_block * constants.BLOCK_M
-    _, n_block_max, _ = block_range(
-        start_m, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT,
-        BLOCK_M=constants.BLOCK_M, BLOCK_N=constants.BLOCK_N,
-    )  # fmt: skip
-    if BOTTOM_RIGHT or HAS_CACHE_SEQLENS:
-        # Rows that see no key still take block 0 (loaded, then masked in full): the consumers'
-        # pipeline starts with it, and the mask makes their O 0 and their lse -inf.
-        n_block_max = gl.maximum(n_block_max, 1)
-    return batch, head, kv_head, kv_batch_head, start_m, n_block_max, (seqlen_k, causal_offset)
 
 
 # ----------------------------------------------------------------------------------------------
 # Load partition: one warp issuing TMA copies
 # ----------------------------------------------------------------------------------------------
 @gluon.jit
-def _load_q(desc_q, q_smem, q_ready, consumer: gl.constexpr, batch, head, start_m):
-    """TMA consumer ``consumer``'s Q tile (its 64 rows of the tile from ``start_m``) into its buffer."""
-    mbarrier.expect(q_ready.index(consumer), desc_q.block_type.nbytes)
-    consumer_m = start_m + consumer * q_smem.shape[1]
-    _tma_load(desc_q, [batch, head, consumer_m, 0], q_ready.index(consumer), _as_box(q_smem.index(consumer)))
-
-
-@gluon.jit
-def _load_blocks(descs, rings, barriers, batch, kv_head, n_block_max, ring_base, constants: gl.constexpr):
-    """K and V of key blocks [0, n_block_max) of one tile: key block n goes to ring place ``ring_base`` + n,
-    ``ring_base`` the blocks loaded for the CTA's earlier tiles (0 with one tile per CTA; a uint32 when
-    persistent, so that the slot and phase are a mask and a shift), which gives the slot and the phase of its
-    barriers; the key block itself gives the coordinates."""
-    _, desc_k, desc_v, _ = descs
-    k_ring, v_ring = rings
-    k_ready, v_ready, k_empty, v_empty = barriers
-    NUM_STAGES: gl.constexpr = constants.NUM_STAGES
+def _load_partition(operands, NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr, FP8: gl.constexpr):
+    descs, smem, barriers, coords = operands
+    desc_q, desc_k, desc_v, _ = descs
+    q_smem, k_ring, v_ring = smem
+    q_ready, k_ready, v_ready, k_empty, v_empty = barriers
+    batch, head, kv_head, start_m, n_block_max = coords
     BLOCK_N: gl.constexpr = k_ring.shape[1]
+
+    # One Q tile per consumer warpgroup, each with its own barrier.
+    for consumer in gl.static_range(CONSUMERS):
+        mbarrier.expect(q_ready.index(consumer), desc_q.block_type.nbytes)
+        consumer_m = start_m + consumer * q_smem.shape[1]
+        _tma_load(desc_q, [batch, head, consumer_m, 0], q_ready.index(consumer), _as_box(q_smem.index(consumer)))
     for n_block in range(n_block_max):
-        ring_block = ring_base + n_block
-        # A uint32 place (persistent CTAs) gives a uint32 slot; .index takes an int32 (a no-op for an int32 one).
-        stage = (ring_block % NUM_STAGES).to(gl.int32)
+        stage = n_block % NUM_STAGES
         # A fresh mbarrier counts as having completed the phase before phase 0: the first lap waits on
         # phase 1 and passes at once.
-        empty_phase = ((ring_block // NUM_STAGES) & 1) ^ 1
+        empty_phase = ((n_block // NUM_STAGES) & 1) ^ 1
         start_n = n_block * BLOCK_N
         mbarrier.wait(k_empty.index(stage), empty_phase)
         mbarrier.expect(k_ready.index(stage), desc_k.block_type.nbytes)
@@ -280,45 +209,8 @@ def _load_blocks(descs, rings, barriers, batch, kv_head, n_block_max, ring_base,
         mbarrier.wait(v_empty.index(stage), empty_phase)
         mbarrier.expect(v_ready.index(stage), desc_v.block_type.nbytes)
         # FP8 reads Vᵀ (B, H, D, Sk): its key block is a column block.
-        v_coords = [batch, kv_head, 0, start_n] if constants.FP8 else [batch, kv_head, start_n, 0]
+        v_coords = [batch, kv_head, 0, start_n] if FP8 else [batch, kv_head, start_n, 0]
         _tma_load(desc_v, v_coords, v_ready.index(stage), _as_box(v_ring.index(stage)))
-
-
-@gluon.jit
-def _load_partition(operands, constants: gl.constexpr):
-    """The load warp. One tile per CTA: each consumer's Q tile, then K and V of every key block. Persistent:
-    the same for each of the CTA's tiles, each consumer's next Q tile once that consumer has released its
-    buffer (``q_empty``: its last S = Q Kᵀ of the previous tile has retired), the K/V rings running on
-    across tiles."""
-    descs, smem, barriers, coords = operands
-    desc_q = descs[0]
-    q_smem, k_ring, v_ring = smem
-    CONSUMERS: gl.constexpr = constants.NUM_CONSUMERS
-    if constants.PERSISTENT:
-        q_ready, k_ready, v_ready, k_empty, v_empty, q_empty = barriers
-        cta, ctas, q_tiles, batch_heads, problem = coords
-        ring_base = 0
-        for local in range(persistent_tile_count(cta, ctas, q_tiles * batch_heads)):
-            m_block, batch_head = persistent_tile(local, cta, ctas, q_tiles, CAUSAL=constants.CAUSAL)
-            batch, head, kv_head, _, start_m, n_block_max, _ = _tile_coords(m_block, batch_head, problem, constants)
-            for consumer in gl.static_range(CONSUMERS):
-                # Completed once per tile by the consumer; a fresh barrier passes the first wait.
-                mbarrier.wait(q_empty.index(consumer), (local & 1) ^ 1)
-                _load_q(desc_q, q_smem, q_ready, consumer, batch, head, start_m)
-            _load_blocks(
-                descs, (k_ring, v_ring), (k_ready, v_ready, k_empty, v_empty), batch, kv_head, n_block_max,
-                ring_base.to(gl.uint32), constants,
-            )  # fmt: skip
-            ring_base += n_block_max
-    else:
-        q_ready, k_ready, v_ready, k_empty, v_empty = barriers
-        batch, head, kv_head, start_m, n_block_max = coords
-        # One Q tile per consumer warpgroup, each with its own barrier.
-        for consumer in gl.static_range(CONSUMERS):
-            _load_q(desc_q, q_smem, q_ready, consumer, batch, head, start_m)
-        _load_blocks(
-            descs, (k_ring, v_ring), (k_ready, v_ready, k_empty, v_empty), batch, kv_head, n_block_max, 0, constants
-        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -339,16 +231,14 @@ def _pass_turn(turn, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _release(k_empty, v_empty, ring_block, NUM_STAGES: gl.constexpr):
-    """Hand K_n's and V_(n-1)'s slots back to the load warp (the wgmmas reading them have retired);
-    ``ring_block``: K_n's place in the rings.
+def _release(k_empty, v_empty, n_block, NUM_STAGES: gl.constexpr):
+    """Hand K_n's and V_(n-1)'s slots back to the load warp (the wgmmas reading them have retired).
 
     Gluon lowers an arrive to one thread of the partition after a barrier over the partition's
     warps, so this warpgroup's arrival comes after all four of its warps passed their wait; the
     slot's barrier completes when every consumer warpgroup has arrived."""
-    # A uint32 place (persistent CTAs) gives a uint32 slot; .index takes an int32 (a no-op for an int32 one).
-    mbarrier.arrive(k_empty.index((ring_block % NUM_STAGES).to(gl.int32)), count=1)
-    mbarrier.arrive(v_empty.index(((ring_block - 1) % NUM_STAGES).to(gl.int32)), count=1)
+    mbarrier.arrive(k_empty.index(n_block % NUM_STAGES), count=1)
+    mbarrier.arrive(v_empty.index((n_block - 1) % NUM_STAGES), count=1)
 
 
 @gluon.jit
@@ -360,9 +250,8 @@ def _pipelined_step(carry, n_block, step_args, constants: gl.constexpr, MASKED: 
     carried ``alpha`` already includes s_v(n-2) / s_v(n-1) (``fp8.rescale_factor``), so one FFMA per
     element, acc · alpha + P V, both rescales O and adds the block: multiplying the product by its
     scale and O by alpha separately took a second pass over O's 64 registers per block."""
-    smem, barriers, turn, offs_m, seqlen, softmax_scale_log2, fp8_scales, walk = step_args
+    smem, barriers, turn, offs_m, seqlen, softmax_scale_log2, fp8_scales = step_args
     seqlen_k, causal_offset = seqlen
-    ring_base, turn_base = walk
     p_layout: gl.constexpr = constants.p_layout
     NUM_STAGES: gl.constexpr = constants.NUM_STAGES
     PINGPONG: gl.constexpr = constants.PINGPONG
@@ -376,12 +265,10 @@ def _pipelined_step(carry, n_block, step_args, constants: gl.constexpr, MASKED: 
     if not FP8:
         # O is this block's wgmma accumulator: rescaled before the wgmma is issued.
         acc = online_softmax_rescale(acc, alpha)
-    # Key block n (coordinates, mask, scales) sits at ring place ring_base + n (slot and phase).
-    ring_block = ring_base + n_block
-    k_tile = _ready_tile(k_ring, k_ready, ring_block, NUM_STAGES, UNSIGNED=constants.PERSISTENT)
-    v_tile = _ready_tile(v_ring, v_ready, ring_block - 1, NUM_STAGES, UNSIGNED=constants.PERSISTENT)
+    k_tile = _ready_tile(k_ring, k_ready, n_block, NUM_STAGES)
+    v_tile = _ready_tile(v_ring, v_ready, n_block - 1, NUM_STAGES)
     FP8_MASKED: gl.constexpr = FP8 and MASKED
-    _take_turn(turn, turn_base + n_block, PINGPONG)
+    _take_turn(turn, n_block, PINGPONG)
     if FP8_MASKED:
         # FP8 masked blocks (the ragged last block, the causal diagonal) run P_(n-1) V_(n-1) to the end
         # before S_n is issued: its product's and P's registers are free again while S_n is masked
@@ -418,7 +305,7 @@ def _pipelined_step(carry, n_block, step_args, constants: gl.constexpr, MASKED: 
         acc = warpgroup_mma_wait(0, deps=[pv_token])
         P = _operand_p(P_f32, v_ring.dtype, p_layout)
         alpha = alpha_n
-    _release(k_empty, v_empty, ring_block, NUM_STAGES)
+    _release(k_empty, v_empty, n_block, NUM_STAGES)
     return acc, P, alpha, row_max, row_sum
 
 
@@ -435,7 +322,6 @@ def _softmax_partition(
     seqlen,
     softmax_scale_log2,
     scales,
-    walk,
     constants: gl.constexpr,
     HANDS_FIRST_TURN: gl.constexpr,
 ):
@@ -446,20 +332,14 @@ def _softmax_partition(
     for fp16/bf16; FP8 writes bf16 O, twice the bytes of its e4m3 Q tile, through its own buffer).
 
     ``seqlen``: this sequence's ``(seqlen_k, causal_offset)`` (:func:`seqlen_info`).
-    ``walk``: where the tile sits in the CTA's walk, ``(ring_base, turn_base, q_phase, q_empty)``: the
-    key blocks and the ping-pong turns of the CTA's earlier tiles (the rings' and the turns' barriers
-    count on across tiles), the phase of this tile's Q barrier, and (persistent) the barrier that hands
-    the Q buffer back to the load warp once the tile's last S = Q Kᵀ has retired; ``(0, 0, 0, None)``
-    with one tile per CTA.
     FP8 (``scales``: the fp32 scales of Q (B, H, blocks), K and V (B, Hkv, blocks) and the block
     counts): this warpgroup's 64 rows lie in one Q quantisation block, whose scale joins the softmax
     scale; K's and V's scales are those of the KV head (``kv_batch_head`` = batch · Hkv + kv_head).
     ``constants``: the layouts and flags every consumer shares (:class:`ConsumerConstants`)."""
     _, _, _, desc_o = descs
     q_smem, k_ring, v_ring = smem
-    q_ready, k_ready, v_ready, k_empty, v_empty = barriers
+    q_ready, k_ready, v_ready, k_empty, _ = barriers
     batch, head, start_m, n_block_max, batch_head, kv_batch_head = coords
-    ring_base, turn_base, q_phase, q_empty = walk
     seqlen_k, causal_offset = seqlen
     BLOCK_M: gl.constexpr = q_smem.shape[0]
     BLOCK_N: gl.constexpr = k_ring.shape[1]
@@ -470,7 +350,6 @@ def _softmax_partition(
     CAUSAL: gl.constexpr = constants.CAUSAL
     PINGPONG: gl.constexpr = constants.PINGPONG
     FP8: gl.constexpr = constants.FP8
-    PERSISTENT: gl.constexpr = constants.PERSISTENT
     KV_QUANT_BLOCK: gl.constexpr = constants.KV_QUANT_BLOCK
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
@@ -506,18 +385,15 @@ def _softmax_partition(
 
     # Block 0 starts the pipeline: its S and softmax run before the loop (masked: it may be ragged
     # or on the causal diagonal).
-    mbarrier.wait(q_ready, q_phase)
+    mbarrier.wait(q_ready, 0)
     row_max = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
     row_sum = gl.zeros([BLOCK_M], gl.float32, row_layout)
-    k_tile = _ready_tile(k_ring, k_ready, ring_base, NUM_STAGES, UNSIGNED=PERSISTENT)
-    _take_turn(turn, turn_base, PINGPONG)
+    k_tile = _ready_tile(k_ring, k_ready, 0, NUM_STAGES)
+    _take_turn(turn, 0, PINGPONG)
     s_token = _scores(q_smem, k_tile, s_layout)
     _pass_turn(turn, PINGPONG)
     S = warpgroup_mma_wait(0, deps=[s_token])
-    if PERSISTENT:
-        mbarrier.arrive(k_empty.index((ring_base % NUM_STAGES).to(gl.int32)), count=1)
-    else:
-        mbarrier.arrive(k_empty.index(0), count=1)
+    mbarrier.arrive(k_empty.index(0), count=1)
     S = attention_mask(S * first_scale_log2, offs_m, 0, seqlen_k, causal_offset, CAUSAL=CAUSAL)
     P_f32, alpha, row_max, row_sum = online_softmax_update(
         S, row_max, row_sum, first_scale_log2, S_SCALED=True, MASKED=True,
@@ -529,7 +405,7 @@ def _softmax_partition(
     # Blocks every row sees in full, then the causal diagonal and the ragged last block. What every
     # step shares is bound once: the tensors in a tuple, the layouts and flags in ``constants``.
     carry = (acc, P, alpha, row_max, row_sum)
-    step_args = (smem, barriers, turn, offs_m, seqlen, softmax_scale_log2, fp8_scales, (ring_base, turn_base))
+    step_args = (smem, barriers, turn, offs_m, seqlen, softmax_scale_log2, fp8_scales)
     for n_block in range(1, n_unmasked):
         carry = _pipelined_step(carry, n_block, step_args, constants, MASKED=False)
     FP8_FULL: gl.constexpr = FP8 and not CAUSAL
@@ -543,15 +419,12 @@ def _softmax_partition(
         for n_block in range(gl.maximum(n_unmasked, 1), n_block_max):
             carry = _pipelined_step(carry, n_block, step_args, constants, MASKED=True)
     acc, P, alpha, row_max, row_sum = carry
-    if PERSISTENT:
-        # Every S = Q Kᵀ of the tile has retired: the load warp may bring this consumer's next Q tile.
-        mbarrier.arrive(q_empty, count=1)
 
     # The last block's P V, then normalise (FP8: acc is O over the last V block's scale, s_v).
     if not FP8:
         acc = online_softmax_rescale(acc, alpha)
-    v_tile = _ready_tile(v_ring, v_ready, ring_base + n_block_max - 1, NUM_STAGES, UNSIGNED=PERSISTENT)
-    _take_turn(turn, turn_base + n_block_max, PINGPONG)
+    v_tile = _ready_tile(v_ring, v_ready, n_block_max - 1, NUM_STAGES)
+    _take_turn(turn, n_block_max, PINGPONG)
     pv_token = fp8.values_product(P, v_tile, p_layout) if FP8 else _values_product(P, v_tile, acc, p_layout)
     _pass_turn(turn, PINGPONG)
     if FP8:
@@ -560,92 +433,49 @@ def _softmax_partition(
         acc = fp8.accumulate(acc, alpha, pv) * fp8.block_scale(v_scales, n_block_max - 1, BLOCK_N, KV_QUANT_BLOCK)
     else:
         acc = warpgroup_mma_wait(0, deps=[pv_token])
-    if PERSISTENT:
-        # The last V slot goes back too: the rings run on into the CTA's next tile.
-        mbarrier.arrive(v_empty.index(((ring_base + n_block_max - 1) % NUM_STAGES).to(gl.int32)), count=1)
 
     # The LSE is (B, H, Sq) contiguous, indexed by the query head (batch_head), not the KV head.
     out, lse = online_softmax_finalize(acc, row_max, row_sum, P_EXPONENT=constants.P_EXPONENT)
     gl.store(LSE + batch_head.to(gl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
 
-    # O through shared memory (o_smem: this warpgroup's Q buffer, free now, for fp16/bf16 with one tile
-    # per CTA; its own buffer otherwise) and one TMA store; rows past Sq are clipped by the descriptor's
-    # per-(batch, head) bounds. Persistent: the store runs on under the next tile, and the previous
-    # tile's store must have read the buffer before it is written again.
-    if PERSISTENT:
-        tma.store_wait(0)
+    # O through shared memory (o_smem: this warpgroup's Q buffer, free now, for fp16/bf16) and one
+    # TMA store; rows past Sq are clipped by the descriptor's per-(batch, head) bounds.
     _partition_barrier()
     o_smem.store(out.to(desc_o.dtype))
     fence_async_shared()
     _partition_barrier()
     _tma_store(desc_o, [batch, head, start_m, 0], _as_box(o_smem))
-    if not PERSISTENT:
-        tma.store_wait(0)
+    tma.store_wait(0)
 
 
 @gluon.jit
 def _consumer(index: gl.constexpr, consumer_args, constants: gl.constexpr):
-    """Consumer ``index``: its slice of the CTA's query rows, Q and O buffers, Q barriers and turn.
+    """Consumer ``index``: its slice of the CTA's query rows, Q and O buffers, Q barrier and turn.
     ``consumer_args`` (tensors, buffers, barriers) and ``constants`` (layouts and flags) are what every
-    consumer shares, built once by ``attention_kernel``. One tile per CTA: ``tile`` is the CTA's tile.
-    Persistent: ``tile`` is the CTA's schedule, and the consumer walks the same tiles as the load warp,
-    counting the key blocks and the ping-pong turns of the tiles it has done."""
-    descs, io_smem, q_barriers, turn, rings, ring_barriers, tile, shapes = consumer_args
+    consumer shares, built once by ``attention_kernel``."""
+    descs, io_smem, q_ready, turn, rings, ring_barriers, tile, shapes = consumer_args
     NUM_CONSUMERS: gl.constexpr = constants.NUM_CONSUMERS
     q_smem, o_smem = io_smem
     k_ring, v_ring = rings
     k_ready, v_ready, k_empty, v_empty = ring_barriers
+    batch, head, start_m, n_block_max, batch_head, kv_batch_head = tile
+    LSE, seqlen_q, seqlen, softmax_scale_log2, scales = shapes
     WG_M: gl.constexpr = q_smem.shape[1]
-    smem = (q_smem.index(index), k_ring, v_ring)
-    own_turn = (turn.index(index), turn.index((index + 1) % NUM_CONSUMERS))
-    HANDS_FIRST_TURN: gl.constexpr = index == NUM_CONSUMERS - 1
-    if constants.PERSISTENT:
-        q_ready, q_empty = q_barriers
-        cta, ctas, q_tiles, batch_heads, problem = tile
-        LSE, softmax_scale_log2, scales = shapes
-        seqlen_q = problem[3]
-        barriers = (q_ready.index(index), k_ready, v_ready, k_empty, v_empty)
-        # The turns go round once for the whole walk: a tile's first wgmma waits for the other
-        # consumer's last one of the previous tile.
-        if HANDS_FIRST_TURN:
-            _pass_turn(own_turn, constants.PINGPONG)
-        ring_base = 0
-        for local in range(persistent_tile_count(cta, ctas, q_tiles * batch_heads)):
-            m_block, batch_head = persistent_tile(local, cta, ctas, q_tiles, CAUSAL=constants.CAUSAL)
-            batch, head, _, kv_batch_head, start_m, n_block_max, seqlen = _tile_coords(
-                m_block, batch_head, problem, constants
-            )
-            _softmax_partition(
-                descs, smem, o_smem.index(index), barriers, own_turn,
-                (batch, head, start_m + index * WG_M, n_block_max, batch_head, kv_batch_head),
-                LSE, seqlen_q, seqlen, softmax_scale_log2, scales,
-                (ring_base.to(gl.uint32), (ring_base + local).to(gl.uint32), local & 1, q_empty.index(index)),
-                constants, HANDS_FIRST_TURN=False,
-            )  # fmt: skip
-            # Every consumer visits the tile's n_block_max blocks and takes a turn for each and one for the
-            # last P V: the turns of the tiles before are the blocks before plus one a tile (ring_base + local).
-            ring_base += n_block_max
-        # The last tile's O store must have read its buffer before the CTA exits.
-        tma.store_wait(0)
-    else:
-        batch, head, start_m, n_block_max, batch_head, kv_batch_head = tile
-        LSE, seqlen_q, seqlen, softmax_scale_log2, scales = shapes
-        _softmax_partition(
-            descs,
-            smem,
-            o_smem.index(index),
-            (q_barriers.index(index), k_ready, v_ready, k_empty, v_empty),
-            own_turn,
-            (batch, head, start_m + index * WG_M, n_block_max, batch_head, kv_batch_head),
-            LSE,
-            seqlen_q,
-            seqlen,
-            softmax_scale_log2,
-            scales,
-            (0, 0, 0, None),
-            constants,
-            HANDS_FIRST_TURN=HANDS_FIRST_TURN,
-        )
+    _softmax_partition(
+        descs,
+        (q_smem.index(index), k_ring, v_ring),
+        o_smem.index(index),
+        (q_ready.index(index), k_ready, v_ready, k_empty, v_empty),
+        (turn.index(index), turn.index((index + 1) % NUM_CONSUMERS)),
+        (batch, head, start_m + index * WG_M, n_block_max, batch_head, kv_batch_head),
+        LSE,
+        seqlen_q,
+        seqlen,
+        softmax_scale_log2,
+        scales,
+        constants,
+        HANDS_FIRST_TURN=index == NUM_CONSUMERS - 1,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -686,14 +516,11 @@ def attention_kernel(
     KV_QUANT_BLOCK: gl.constexpr,
     ROW_TREE: gl.constexpr,
     num_warps: gl.constexpr,
-    PERSISTENT: gl.constexpr = False,
 ):
     """fp16/bf16, or (FP8) e4m3 Q, K and Vᵀ with fp32 scales per (batch, head, quantisation block)
     (Q_SCALE etc., None for fp16/bf16; K's and V's per KV head) and O in bf16. K and V have
     ``kv_heads`` heads (``GQA`` when fewer than ``heads``); ``CacheSeqlens`` is the (B,) int32 key
-    lengths (``HAS_CACHE_SEQLENS``, else None); ``LSE`` the (B, H, Sq) fp32 output. ``PERSISTENT``: a
-    1-D grid of CTAs that each walk tiles of the TileScheduler (``persistent_tile``), else one CTA per
-    tile on a (query blocks, B · H) grid."""
+    lengths (``HAS_CACHE_SEQLENS``, else None); ``LSE`` the (B, H, Sq) fp32 output."""
     # Each consumer warpgroup (num_warps = 4) owns WG_M = 64 query rows: one m64 wgmma per GEMM.
     WG_M: gl.constexpr = desc_q.block_type.shape[2]
     BLOCK_M: gl.constexpr = NUM_CONSUMERS * WG_M
@@ -710,36 +537,24 @@ def attention_kernel(
     )
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
 
-    constants: gl.constexpr = KernelConstants(
-        s_layout=s_layout,
-        o_layout=o_layout,
-        # P as wgmma's A operand from registers: 32 bits of k per thread and register (2 × 16-bit, 4 × e4m3).
-        p_layout=gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if FP8 else 2),
-        NUM_STAGES=NUM_STAGES,
-        CAUSAL=CAUSAL,
-        GQA=GQA,
-        BOTTOM_RIGHT=BOTTOM_RIGHT,
-        HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS,
-        PINGPONG=PINGPONG,
-        NUM_CONSUMERS=NUM_CONSUMERS,
-        FP8=FP8,
-        # FP8 lifts P by 2^P_EXPONENT before its e4m3 conversion; the lift cancels in O and leaves the LSE.
-        P_EXPONENT=fp8.P_EXPONENT if FP8 else 0.0,
-        Q_QUANT_BLOCK=Q_QUANT_BLOCK,
-        KV_QUANT_BLOCK=KV_QUANT_BLOCK,
-        ROW_TREE=ROW_TREE,
-        PERSISTENT=PERSISTENT,
-        BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N,
+    # Causal tiles near the bottom do the most work: launching them first shortens the tail.
+    m_block = gl.num_programs(0) - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)
+    batch_head = gl.program_id(1)
+    batch = batch_head // heads
+    head = batch_head % heads
+    kv_head = kv_head_index(head, heads, kv_heads) if GQA else head
+    kv_batch_head = batch * kv_heads + kv_head if GQA else batch_head
+    seqlen_k, causal_offset = seqlen_info(
+        CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, BOTTOM_RIGHT=BOTTOM_RIGHT
     )
-    problem = (CacheSeqlens, heads, kv_heads, seqlen_q, seqlen_k)
-    if not PERSISTENT:
-        # Causal tiles near the bottom do the most work: launching them first shortens the tail.
-        m_block = gl.num_programs(0) - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)
-        batch_head = gl.program_id(1)
-        batch, head, kv_head, kv_batch_head, start_m, n_block_max, seqlen = _tile_coords(
-            m_block, batch_head, problem, constants
-        )
+    start_m = m_block * BLOCK_M
+    _, n_block_max, _ = block_range(
+        start_m, seqlen_k, causal_offset, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N
+    )
+    if BOTTOM_RIGHT or HAS_CACHE_SEQLENS:
+        # Rows that see no key still take block 0 (loaded, then masked in full): the consumers'
+        # pipeline starts with it, and the mask makes their O 0 and their lse -inf.
+        n_block_max = gl.maximum(n_block_max, 1)
 
     q_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, WG_M, HEAD_DIM], tile_layout)
     k_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
@@ -751,11 +566,7 @@ def attention_kernel(
         o_smem = gl.allocate_shared_memory(desc_o.dtype, [NUM_CONSUMERS, WG_M, HEAD_DIM], o_tile_layout)
     else:
         v_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
-        if PERSISTENT:
-            # The next tile's Q loads into the Q buffer while this tile's O is stored: O has its own.
-            o_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, WG_M, HEAD_DIM], tile_layout)
-        else:
-            o_smem = q_smem
+        o_smem = q_smem
     q_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -766,11 +577,6 @@ def attention_kernel(
     for consumer in gl.static_range(NUM_CONSUMERS):
         mbarrier.init(q_ready.index(consumer), count=1)
         mbarrier.init(turn.index(consumer), count=1)
-    if PERSISTENT:
-        # q_empty.index(i): consumer i's Q buffer is free (one arrival a tile, once its last S has retired).
-        q_empty = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-        for consumer in gl.static_range(NUM_CONSUMERS):
-            mbarrier.init(q_empty.index(consumer), count=1)
     for stage in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(stage), count=1)
         mbarrier.init(v_ready.index(stage), count=1)
@@ -786,26 +592,35 @@ def attention_kernel(
     descs = (desc_q, desc_k, desc_v, desc_o)
     rings = (k_ring, v_ring)
     ring_barriers = (k_ready, v_ready, k_empty, v_empty)
-    scales = (Q_SCALE, K_SCALE, V_SCALE, q_blocks, kv_blocks)
+    tile = (batch, head, start_m, n_block_max, batch_head, kv_batch_head)
+    seqlen = (seqlen_k, causal_offset)
+    shapes = (LSE, seqlen_q, seqlen, softmax_scale_log2, (Q_SCALE, K_SCALE, V_SCALE, q_blocks, kv_blocks))
+    loader = (
+        descs,
+        (q_smem, k_ring, v_ring),
+        (q_ready, k_ready, v_ready, k_empty, v_empty),
+        (batch, head, kv_head, start_m, n_block_max),
+    )
     # What every consumer shares, written once: the tensors, buffers and barriers in a tuple, the
-    # layouts and flags in the constexpr ``constants``.
-    if PERSISTENT:
-        # The schedule: this CTA, the grid's CTAs, the query tiles of a head and the B · H heads.
-        q_tiles = (seqlen_q + BLOCK_M - 1) // BLOCK_M
-        schedule = (gl.program_id(0), gl.num_programs(0), q_tiles, desc_q.shape[0] * heads, problem)
-        loader = (descs, (q_smem, k_ring, v_ring), (q_ready, k_ready, v_ready, k_empty, v_empty, q_empty), schedule)
-        shapes = (LSE, softmax_scale_log2, scales)
-        consumer_args = (descs, (q_smem, o_smem), (q_ready, q_empty), turn, rings, ring_barriers, schedule, shapes)
-    else:
-        tile = (batch, head, start_m, n_block_max, batch_head, kv_batch_head)
-        shapes = (LSE, seqlen_q, seqlen, softmax_scale_log2, scales)
-        loader = (
-            descs,
-            (q_smem, k_ring, v_ring),
-            (q_ready, k_ready, v_ready, k_empty, v_empty),
-            (batch, head, kv_head, start_m, n_block_max),
-        )
-        consumer_args = (descs, (q_smem, o_smem), q_ready, turn, rings, ring_barriers, tile, shapes)
+    # layouts and flags in a constexpr NamedTuple.
+    consumer_args = (descs, (q_smem, o_smem), q_ready, turn, rings, ring_barriers, tile, shapes)
+    constants: gl.constexpr = ConsumerConstants(
+        s_layout=s_layout,
+        o_layout=o_layout,
+        # P as wgmma's A operand from registers: 32 bits of k per thread and register (2 × 16-bit, 4 × e4m3).
+        p_layout=gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if FP8 else 2),
+        NUM_STAGES=NUM_STAGES,
+        CAUSAL=CAUSAL,
+        BOTTOM_RIGHT=BOTTOM_RIGHT,
+        PINGPONG=PINGPONG,
+        NUM_CONSUMERS=NUM_CONSUMERS,
+        FP8=FP8,
+        # FP8 lifts P by 2^P_EXPONENT before its e4m3 conversion; the lift cancels in O and leaves the LSE.
+        P_EXPONENT=fp8.P_EXPONENT if FP8 else 0.0,
+        Q_QUANT_BLOCK=Q_QUANT_BLOCK,
+        KV_QUANT_BLOCK=KV_QUANT_BLOCK,
+        ROW_TREE=ROW_TREE,
+    )
     # The first partition runs in the kernel's own warps; the others are workers with their warp
     # counts and register budgets.
     if NUM_CONSUMERS == 2:
@@ -813,7 +628,7 @@ def attention_kernel(
             [
                 (_consumer, (0, consumer_args, constants)),
                 (_consumer, (1, consumer_args, constants)),
-                (_load_partition, (loader, constants)),
+                (_load_partition, (loader, NUM_STAGES, NUM_CONSUMERS, FP8)),
             ],
             [CONSUMER_WARPS, LOAD_WARPS],
             [CONSUMER_REGS, LOAD_REGISTERS],
@@ -824,7 +639,7 @@ def attention_kernel(
                 (_consumer, (0, consumer_args, constants)),
                 (_consumer, (1, consumer_args, constants)),
                 (_consumer, (2, consumer_args, constants)),
-                (_load_partition, (loader, constants)),
+                (_load_partition, (loader, NUM_STAGES, NUM_CONSUMERS, FP8)),
             ],
             [CONSUMER_WARPS, CONSUMER_WARPS, LOAD_WARPS],
             [CONSUMER_REGS, CONSUMER_REGS, LOAD_REGISTERS],
@@ -870,11 +685,8 @@ class GluonAttention:
             problem.scale * LOG2_E,
             *FP16_SCALES,
         )
-        self.persistent = PERSISTENT
-        if self.persistent:
-            check_persistent(RUNG, problem.head_dim)
-        self._options = launch_options(config, problem, persistent=self.persistent)
-        self._grid = launch_grid(config, (batch, heads, seqlen_q), self.persistent, q.device)
+        self._options = launch_options(config, problem)
+        self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
 
     def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         attention_kernel[self._grid](*self._args, **self._options)
@@ -931,8 +743,6 @@ def kernel_signature(problem: Problem, operand_types: dict[str, str], scale_type
 def compile_sm90(problem: Problem, config: GluonConfig | None = None) -> list[KernelBinary]:
     """The kernel for sm_90a at the default configuration of this head dim (no GPU needed)."""
     config = config or DEFAULT_CONFIGS[problem.head_dim]
-    if PERSISTENT:
-        check_persistent(RUNG, problem.head_dim)
     q_type = descriptor_type(problem.dtype, CONSUMER_ROWS, problem.head_dim)
     kv_type = descriptor_type(problem.dtype, config.block_n, problem.head_dim)
     operand_types = {"desc_q": q_type, "desc_k": kv_type, "desc_v": kv_type, "desc_o": q_type}
@@ -940,7 +750,7 @@ def compile_sm90(problem: Problem, config: GluonConfig | None = None) -> list[Ke
     constexprs = {
         **dict.fromkeys(SCALE_ARGS),
         **feature_arguments(problem)[1],
-        **launch_constexprs(config, problem, persistent=PERSISTENT),
+        **launch_constexprs(config, problem),
         "num_warps": config.num_warps,
     }
     return [compile_kernel_sm90(signature, constexprs, config)]
