@@ -61,7 +61,7 @@ def case_rows(causal: bool, inputs, args: argparse.Namespace) -> list[dict]:
         row = {"causal": causal, "pingpong": name, "what": kind, "us": us, "tflops": tflops(problem.flops, us * 1e-3),
                "vs_off": off_us / us, "spread_us": (max(values) - min(values)) * 1e3}  # fmt: skip
         print(f"causal={causal!s:5s} pingpong={name:3s} {kind:6s} {us:8.1f} us {row['tflops']:6.1f} TFLOP/s "
-              f"{row['vs_off']:.3f}x off (spread {row['spread_us']:.1f} us)", flush=True)  # fmt: skip
+              f"{row['vs_off']:.3f}x off's speed (spread {row['spread_us']:.1f} us)", flush=True)  # fmt: skip
         rows.append(row)
     return rows + [{"causal": causal, "pingpong": name, "what": f"{kind}: O differs", "us": "", "tflops": "",
                     "vs_off": "", "spread_us": ""} for name, kind in differing]  # fmt: skip
@@ -72,7 +72,7 @@ def main() -> None:
     require_gpu("bench.gluon_fp8_pingpong")
     rows = fp8_q_in_kernel.both_masks(args, case_rows)
     lines = [f"# gluon/fp8 D=128, ping-pong off and on, {torch.cuda.get_device_name()} (P1, {args.rounds} rounds)", "",
-             "| causal | ping-pong | what | µs | TFLOP/s | ÷ off's time | spread µs |",
+             "| causal | ping-pong | what | µs | TFLOP/s | speed ÷ off's | spread µs |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in rows:
         cells = [row["causal"], row["pingpong"], row["what"], cell(row["us"], 1), cell(row["tflops"], 0),
