@@ -80,7 +80,9 @@ RELEASE_OVERRIDES: dict[str, dict[tuple[str, Hashable], dict[str, Any]]] = {
         # hand-made row trees measured 0.984 / 0.978 there at P1, causal or not (3.6: 1.072 / 1.024); D=64 keeps
         # them (3.9: 1.122 / 1.060) (docs/perf-log.md, "Fourth stop").
         ("gluon/fp8", (128, False)): {"row_tree": False},
-        ("gluon/fp8", (128, True)): {"row_tree": False},
+        # Causal D=128 with ping-pong keeps 8 bytes of stack under 3.9 in the build with every feature on
+        # (3.6, 3.7 and 3.8: none), so 3.9 runs it without.
+        ("gluon/fp8", (128, True)): {"row_tree": False, "pingpong": False},
     },
 }
 
