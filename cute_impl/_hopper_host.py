@@ -106,7 +106,7 @@ def default_config(problem: Problem, fp8: bool = False) -> HopperAttentionConfig
     # time, so waiting for the turn costs more than the overlap it enforces (D=64: 3.0 % slower
     # non-causal; causal it measured 3.7 % faster, but with GQA, cache lengths and the LSE together it
     # spills; results/h200/fp8-d64/).
-    pingpong = not fp8 and not problem.causal
+    pingpong = (not fp8 and not problem.causal) or (fp8 and problem.head_dim == 128)
     # D=64 has half the GEMM work per score: two warpgroups leave the softmax's latency exposed.
     consumer_warpgroups = 3 if problem.head_dim == 64 else 2
     return HopperAttentionConfig(
