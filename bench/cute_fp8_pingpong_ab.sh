@@ -8,6 +8,9 @@
 # 1.02-1.06x, end to end the same microseconds; non-causal level or up to 2.4 % slower (its last A/B, before Q was
 # quantised in the kernel). Take-rule: the tests pass, O bit-equal, and a mask takes ping-pong where its kernel median
 # is faster by more than the smaller setting's spread.
+# Run 2026-12-04 (results/h200/cute-fp8-pingpong/; H200, Triton 3.6): 114 tests passed, refuted: with ping-pong the
+# causal kernel took 726.0 against 676.6 us (0.93x as fast), non-causal 1458.9 against 1335.0 (0.92x); the default
+# keeps it off (so "the candidate default" above is what the run tested, since reverted).
 # Run from the project root: `bash bench/cute_fp8_pingpong_ab.sh`. Outputs in $OUT: gpu.log, pytest.log, ab.log,
 # ab/cute_fp8_pingpong.{csv,md}.
 set -uo pipefail
