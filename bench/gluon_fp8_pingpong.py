@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import statistics
 import sys
 
@@ -29,7 +30,7 @@ from common.measure.timing import tflops
 SETTINGS = {"off": False, "on": True}
 
 
-def _runs(problem: Problem, inputs) -> dict[tuple[str, str], object]:
+def _fp8_runs(problem: Problem, inputs) -> dict[tuple[str, str], object]:
     """(setting, kernel / e2e) -> gluon/fp8's run with ping-pong at that setting (read when the launch is built)."""
     from triton_impl.gluon import fp8
 
@@ -45,13 +46,33 @@ def _runs(problem: Problem, inputs) -> dict[tuple[str, str], object]:
     return runs
 
 
-def case_rows(causal: bool, inputs, args: argparse.Namespace) -> list[dict]:
+def _hopper_runs(problem: Problem, inputs) -> dict[tuple[str, str], object]:
+    """(setting, kernel) -> gluon/hopper's run with ping-pong at that setting (its table is read when it binds)."""
+    from triton_impl.gluon import hopper
+
+    table = hopper.DEFAULT_CONFIGS
+    dim = problem.head_dim
+    runs = {}
+    for name, pingpong in SETTINGS.items():
+        hopper.DEFAULT_CONFIGS = {**table, dim: dataclasses.replace(table[dim], pingpong=pingpong)}
+        try:
+            runs[(name, "kernel")] = hopper.prepare(*inputs, problem)
+        finally:
+            hopper.DEFAULT_CONFIGS = table
+    return runs
+
+
+# rung -> its runs per setting: gluon/fp8 kernel only and end to end, gluon/hopper (bf16) its kernel.
+RUNS = {"gluon/fp8": _fp8_runs, "gluon/hopper": _hopper_runs}
+
+
+def case_rows(causal: bool, inputs, args: argparse.Namespace, rung: str = "gluon/fp8") -> list[dict]:
     problem = Problem.canonical(args.seqlen, heads=args.heads, causal=causal)
-    runs = _runs(problem, inputs)
+    runs = RUNS[rung](problem, inputs)
     reference = run_poisoned(runs[("off", "kernel")]).clone()
     differing = [key for key, run in runs.items() if not torch.equal(run_poisoned(run), reference)]
     for key in differing:
-        print(f"causal={causal!s:5s} gluon/fp8 pingpong {key[0]} {key[1]}: O differs from off's, not timed")
+        print(f"causal={causal!s:5s} {rung} pingpong {key[0]} {key[1]}: O differs from off's, not timed")
         del runs[key]
     samples = fp8_q_in_kernel.interleaved_samples(runs, args.rounds, args)
     rows = []
@@ -67,18 +88,19 @@ def case_rows(causal: bool, inputs, args: argparse.Namespace) -> list[dict]:
                     "vs_off": "", "spread_us": ""} for name, kind in differing]  # fmt: skip
 
 
-def main() -> None:
-    args = fp8_q_in_kernel.arguments(__doc__, "runs/gluon_fp8_pingpong")
-    require_gpu("bench.gluon_fp8_pingpong")
-    rows = fp8_q_in_kernel.both_masks(args, case_rows)
-    lines = [f"# gluon/fp8 D=128, ping-pong off and on, {torch.cuda.get_device_name()} (P1, {args.rounds} rounds)", "",
+def main(rung: str = "gluon/fp8", doc: str = __doc__) -> None:
+    stem = rung.replace("/", "_") + "_pingpong"
+    args = fp8_q_in_kernel.arguments(doc, f"runs/{stem}")
+    require_gpu(f"bench.{stem}")
+    rows = fp8_q_in_kernel.both_masks(args, functools.partial(case_rows, rung=rung))
+    lines = [f"# {rung} D=128, ping-pong off and on, {torch.cuda.get_device_name()} (P1, {args.rounds} rounds)", "",
              "| causal | ping-pong | what | µs | TFLOP/s | speed ÷ off's | spread µs |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in rows:
         cells = [row["causal"], row["pingpong"], row["what"], cell(row["us"], 1), cell(row["tflops"], 0),
                  cell(row["vs_off"], 3), cell(row["spread_us"], 1)]  # fmt: skip
         lines.append("| " + " | ".join(str(text) for text in cells) + " |")
-    fp8_q_in_kernel.write(args.out, "gluon_fp8_pingpong", rows, lines)
+    fp8_q_in_kernel.write(args.out, stem, rows, lines)
     if any(row["us"] == "" for row in rows):
         sys.exit(1)
 

@@ -59,6 +59,7 @@ def _fake_sanitizer(folder: Path) -> None:
         ("bench.fp8_quotient", False, "needs a CUDA GPU"),
         ("bench.cute_fp8_pingpong", False, "needs a CUDA GPU"),
         ("bench.gluon_fp8_pingpong", False, "needs a CUDA GPU"),
+        ("bench.gluon_hopper_pingpong", False, "needs a CUDA GPU"),
         ("bench.decode_floor", False, "needs a CUDA GPU"),
         ("bench.decode_splits", False, "needs a CUDA GPU"),
         ("bench.generate_syncs", False, "needs a CUDA GPU"),

@@ -649,7 +649,9 @@ def attention_kernel(
 # ----------------------------------------------------------------------------------------------
 # Host: configuration, prepared launch, bind, prepare
 # ----------------------------------------------------------------------------------------------
-DEFAULT_CONFIGS = release_configs(RUNG, {64: GluonConfig(128, 2, consumers=3, pingpong=True), 128: GluonConfig(128, 2)})
+DEFAULT_CONFIGS = release_configs(
+    RUNG, {64: GluonConfig(128, 2, consumers=3, pingpong=True), 128: GluonConfig(128, 2, pingpong=True)}
+)
 # The kernel's FP8 scale arguments (Q_SCALE, K_SCALE, V_SCALE, q_blocks, kv_blocks), absent here.
 FP16_SCALES = (None,) * 5
 SCALE_ARGS = ("Q_SCALE", "K_SCALE", "V_SCALE", "q_blocks", "kv_blocks")
