@@ -13,7 +13,9 @@ Candidate sets (``--cands``):
   gluon/hopper, and triton/fp8, cute/fp8 (``results/h200/gluon-ab/``; those logs came from an earlier
   script that timed each candidate once with ``time_cuda``'s defaults and judged bf16 by max error).
 - ``fp8-d64``: issue #37's FP8 at D=64 (B=4 H=32 S=8192, non-causal and causal): the defaults and
-  ``D64_CANDIDATES`` of cute/fp8 and gluon/fp8 against cute/hopper, the best bf16 rung (needs the CuTe DSL).
+  ``D64_CANDIDATES`` of cute/fp8 and gluon/fp8 against cute/hopper, the best bf16 rung (needs the CuTe DSL);
+- ``fp8-pingpong``: gluon/fp8 at P1, causal and not, 2-4 ring stages with ping-pong and row trees (the defaults
+  since 2026-12-04; ``results/h200/gluon-fp8-pingpong-stages/``).
 
 Subcommands (from the project root):
 
@@ -107,6 +109,19 @@ def _row_tree() -> list[tuple]:
     ]
 
 
+def _fp8_pingpong() -> list[tuple]:
+    """gluon/fp8 at D=128 around the defaults since its causal one took ping-pong (2026-12-04): ring depth."""
+    pp = {"pingpong": True, "row_tree": True}
+    return [
+        *_configs("fp8 P1c", "fp8", "P1c", [
+            ("128,3,pp (default)", C(128, 3, **pp)), ("128,2,pp", C(128, 2, **pp)), ("128,4,pp", C(128, 4, **pp)),
+        ]),
+        *_configs("fp8 P1", "fp8", "P1", [
+            ("128,2,pp (default)", C(128, 2, **pp)), ("128,3,pp", C(128, 3, **pp)), ("128,4,pp", C(128, 4, **pp)),
+        ]),
+    ]  # fmt: skip
+
+
 def _first_ab(rung: str, baselines: tuple[str, ...], configs: dict[int, list[C]]) -> list[tuple]:
     cands = []
     for name, shape in SHAPES.items():
@@ -145,6 +160,7 @@ CANDIDATE_SETS = {
     "gluon-ab-hopper": lambda: _first_ab("hopper", ("triton/hopper", "cute/hopper", "gluon/hopper"), FIRST_AB_HOPPER),
     "gluon-ab-fp8": lambda: _first_ab("fp8", ("triton/fp8", "gluon/fp8", "cute/fp8", "gluon/hopper"), FIRST_AB_FP8),
     "fp8-d64": _fp8_d64,
+    "fp8-pingpong": _fp8_pingpong,
 }
 
 
