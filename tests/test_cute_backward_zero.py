@@ -151,6 +151,11 @@ def preprocess_binary(head_dim: int, tiles: hopper_backward.BackwardTiles):
     return binary
 
 
+def ctas_per_sm(registers: int) -> int:
+    """The preprocess's CTAs an SM that its registers allow (65536 a multiprocessor, allocated 8 a thread at a time)."""
+    return 65536 // (-(-registers // 8) * 8 * tiled.ROWS_THREADS)
+
+
 def global_stores(sass: str) -> Counter:
     return Counter(match.group(2) for match in GLOBAL_ACCESS.finditer(sass) if match.group(1) == "STG")
 
@@ -159,15 +164,15 @@ def global_stores(sass: str) -> Counter:
 @pytest.mark.static
 @pytest.mark.parametrize("head_dim", hopper_backward.HEAD_DIMS, ids=lambda d: f"d{d}")
 def test_preprocess_zeroes_by_16_byte_stores(head_dim: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The zeroing preprocess compiles without spills and with no more registers than the default's (its
-    stores come before the loads: six CTAs an SM at D=128 kept); beside the default's stores (D and LSE₂, 4
-    bytes a row) it adds one store, ``STG.E.128`` of zeros, in its loop, and the same 16-byte loads of O and
-    dO. Planted: zeros stored four bytes at a time (``_device.ZERO_VECTOR`` = 1) add a 4-byte store instead."""
+    """The zeroing preprocess compiles without spills and holds as many CTAs an SM as the default (its
+    stores come before the loads), or more; beside the default's stores (D and LSE₂, 4 bytes a row) it adds one store,
+    ``STG.E.128`` of zeros, in its loop, and the same 16-byte loads of O and dO. Planted: zeros stored four
+    bytes at a time (``_device.ZERO_VECTOR`` = 1) add a 4-byte store instead."""
     zeroing = preprocess_binary(head_dim, ZEROED[head_dim])
     default = preprocess_binary(head_dim, BASE[head_dim])
     (usage,), (default_usage,) = cubin_resources(zeroing.cubin).values(), cubin_resources(default.cubin).values()
     assert usage["stack_bytes"] + usage["local_bytes"] == 0, usage
-    assert usage["registers"] <= default_usage["registers"], (usage, default_usage)
+    assert ctas_per_sm(usage["registers"]) >= ctas_per_sm(default_usage["registers"]), (usage, default_usage)
     sass, default_sass = sass_of(zeroing), sass_of(default)
     added = global_stores(sass) - global_stores(default_sass)
     assert added == Counter({"128": 1}) and re.search(r"STG\.E\.128 desc\[\w+\]\[R\d+\.64\], RZ", sass), added

@@ -258,18 +258,29 @@ class _PreprocessKernel:
         tOrdO = cute.make_rmem_tensor_like(tOgdO)
         tOrO.fill(0.0)
         tOrdO.fill(0.0)
-        for m in cutlass.range_constexpr(cute.size(tOrO, mode=[1])):
-            if tOcO[0, m, 0][0] < seqlen_q:
+        gLSE, gLSE2, gDelta = (t[batch, head, None] for t in (mLSE, mLSE2, mDelta))  # (Sq,)
+        rows = cute.size(tOrO, mode=[1])
+        # Each row's LSE (and dLSE) loaded with its O and dO: read after the row's D is stored, as it once was,
+        # every load waited for the one before it (the stores may alias them), eight DRAM latencies in series.
+        lses = cute.make_rmem_tensor(rows, cutlass.Float32)
+        d_lses = cute.make_rmem_tensor(rows, cutlass.Float32)
+        lses.fill(0.0)
+        d_lses.fill(0.0)
+        for m in cutlass.range_constexpr(rows):
+            row = tOcO[0, m, 0][0]
+            if row < seqlen_q:
                 cute.copy(tiled_copy, tOgO[None, m, None], tOrO[None, m, None])
                 cute.copy(tiled_copy, tOgdO[None, m, None], tOrdO[None, m, None])
+                lses[m] = gLSE[row]
+                if cutlass.const_expr(self.has_dlse):
+                    d_lses[m] = mdLSE[batch, head, row]
         # This thread's share of each of its rows, summed over the copy vector and the D steps.
         partial_sums = (tOrO.load().to(cutlass.Float32) * tOrdO.load().to(cutlass.Float32)).reduce(
             cute.ReductionOp.ADD, init_val=0.0, reduction_profile=(0, None, 1)
         )
-        row_sums = cute.make_rmem_tensor(cute.size(tOrO, mode=[1]), cutlass.Float32)
+        row_sums = cute.make_rmem_tensor(rows, cutlass.Float32)
         row_sums.store(partial_sums)
-        gLSE, gLSE2, gDelta = (t[batch, head, None] for t in (mLSE, mLSE2, mDelta))  # (Sq,)
-        for m in cutlass.range_constexpr(cute.size(row_sums)):
+        for m in cutlass.range_constexpr(rows):
             total = lanes_allreduce_sum(row_sums[m], threads_per_row)
             row = tOcO[0, m, 0][0]
             # The row's first lane writes D and LSE₂ (rows past Sq are not written).
@@ -277,10 +288,10 @@ class _PreprocessKernel:
             if tOcO[0, m, 0][1] == 0:  # noqa: SIM102
                 if row < seqlen_q:
                     if cutlass.const_expr(self.has_dlse):
-                        total = total - mdLSE[batch, head, row]
+                        total = total - d_lses[m]
                     gDelta[row] = total
                     # Guard: a row that sees no key has LSE -inf; +inf makes its P = exp2(S − inf) = 0, not NaN.
-                    lse = gLSE[row]
+                    lse = lses[m]
                     lse2 = cutlass.select_(lse == -cutlass.Float32.inf, cutlass.Float32.inf, lse * LOG2_E)
                     gLSE2[row] = cutlass.Float32(lse2)
 
