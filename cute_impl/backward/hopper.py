@@ -82,7 +82,8 @@ dq="reduce" zeroes its dQaccum by a separate fill (``torch.zeros``: 29 µs at B=
 ``results/h200/backward-kernels-2026-11-30/``): the candidates ``*_zeropre`` (``BackwardTiles.zero_in_preprocess``)
 allocate it by ``torch.empty`` and have the preprocess zero it, each CTA its 64 rows' share by 16-byte stores
 issued before its loads of O and dO, the last CTA of a head the layout's padding too, as FlashAttention-4's
-preprocess does (timed level with the fill, left off: ``results/h200/backward-zero-in-preprocess/``);
+preprocess does (timed level with the fill, left off: ``results/h200/backward-zero-in-preprocess/``; level again
+once the preprocess loaded its LSE ahead, 2026-12-04: ``results/h200/backward-zero-in-preprocess-2026-12-04/``);
 dq="reduce" takes 64 query rows per step, 128 at D=64
 (FA3's D=64 step, the D=64 default; dV then issued after dSᵀ, ptxas serialised the loop otherwise) or 80
 at D=128 (FA4's non-causal step, the non-causal D=128 default with ``late_dv``), and its

@@ -21,7 +21,9 @@ every anchor shape on an H200 (``triton_impl/backward/tiled.py``'s candidates).
 Algorithm (three launches, one kernel class each):
   1. ``_PreprocessKernel`` (one CTA per ``ROWS_TILE_M`` query rows of one (batch, head)): D =
      rowsum(dO ∘ O) − dLSE and LSE₂ = LSE · LOG2_E (+inf where a row sees no key, so that its P is
-     exp2(S − inf) = 0 rather than NaN), both (B, H, Sq) fp32.
+     exp2(S − inf) = 0 rather than NaN), both (B, H, Sq) fp32. Every load (O, dO, the LSE, dLSE) is issued
+     before the first store: an LSE read after its row's D was stored waits for the load before it (the two
+     may alias), and eight such waits a CTA made it 1.2x slower (results/h200/backward-preprocess-lse-ahead/).
   2. ``_DKDVKernel`` (one CTA per ``tile_n`` keys of one (batch, KV head)):
      a. K and V to shared memory once; dK = dV = 0 in registers.
      b. For every query head of the KV head's group (GQA sums there, in registers: no atomics), for
