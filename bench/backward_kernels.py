@@ -11,6 +11,11 @@ how far a rung is from FlashAttention-4, not in which kernel; a backward is thre
 main kernel's work grows with S², so at B=8 S=2048 the small kernels weigh four times what they weigh at
 P1 (the same B·S). Back-to-back calls with warm L2, not the L2-flushed medians of ``bench.backward``.
 
+``--flush``: each backward after ``common.measure.timing``'s clean L2 flush, the wall the median of each call's own
+events, as ``bench.backward`` times it (the flush's kernels left out): whether the flushed medians' gap to the kernels'
+sum (cute/hopper against FA4, 2026-12-04: 771 against 745 µs at B8 S2048 causal where the back-to-back kernels are
+level) is in the kernels or between them.
+
 ``--cute-variant LABEL`` (repeatable) adds rows ``cute/hopper[LABEL]``: that candidate of
 ``cute_impl/backward/hopper.py`` called directly on cute/hopper's O and LSE (outside autograd), to see which
 kernel a knob moves (``bench/cute_bwd_zero_ab.sh``); a label the shape's head dim lacks is left out there.
@@ -24,12 +29,14 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench.backward import BASELINES, chosen_shapes, problem_of, shape_inputs
 from bench.generate_trace import kernel_times, wall_micros
+from common.measure.timing import clean_flush
 
 EXIT_MISSING = 2
 IMPLS = ("gluon/hopper", "cute/hopper", *BASELINES)
@@ -62,17 +69,28 @@ def variant_backward(shape: tuple, label: str) -> Callable[[], object] | None:
     return lambda: hopper.hopper_gradients(q, k, v, out, lse, d_out, problem, tiles=tiles)
 
 
-def profile_backward(shape: tuple, impl: str, calls: int, backward: Callable[[], object]) -> tuple[dict, list[dict]]:
-    """The summary row and the kernel rows of ``impl``'s ``backward`` at ``shape``."""
+def profile_backward(
+    shape: tuple, impl: str, calls: int, backward: Callable[[], object], flush: Callable[[], None] | None = None
+) -> tuple[dict, list[dict]]:
+    """The summary row and the kernel rows of ``impl``'s ``backward`` at ``shape``; with ``flush``, each call after
+    it (the wall the median of each call's own events, the flush's kernels left out by profiling it alone)."""
     for _ in range(WARMUP_CALLS):
         backward()
 
     def run() -> None:
         for _ in range(calls):
+            if flush is not None:
+                flush()
             backward()
 
-    wall = wall_micros(run) / calls
-    micros, launches, _host = kernel_times(run)
+    if flush is None:
+        wall = wall_micros(run) / calls
+        micros, launches, _host = kernel_times(run)
+    else:
+        wall = statistics.median(flushed_walls(backward, flush, calls))
+        micros, launches, _host = kernel_times(run)
+        flush_micros, flush_launches, _ = kernel_times(lambda: [flush() for _ in range(calls)])
+        micros, launches = micros - flush_micros, launches - flush_launches
     label = {"shape": shape[0], "impl": impl}
     kernels = [
         {**label, "kernel": name[:NAME_WIDTH], "launches": launches[name] / calls, "us": us / calls}
@@ -80,6 +98,21 @@ def profile_backward(shape: tuple, impl: str, calls: int, backward: Callable[[],
     ]
     head = {**label, "wall_us": wall, "kernel_us": sum(row["us"] for row in kernels)}
     return head | {"launches": sum(row["launches"] for row in kernels)}, kernels
+
+
+def flushed_walls(backward: Callable[[], object], flush: Callable[[], None], calls: int) -> list[float]:
+    """µs of each of ``calls`` backwards between its own events, each after ``flush``, all queued before one sync
+    (as ``common.measure.timing.time_cuda`` times them)."""
+    import torch
+
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
+    for start, stop in events:
+        flush()
+        start.record()
+        backward()
+        stop.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(stop) * 1e3 for start, stop in events]
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -108,6 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--cute-variant", action="append", default=[], help="cute/hopper candidates too (labels)")
     parser.add_argument("--calls", type=int, default=5, help="backwards profiled per row (default 5)")
+    parser.add_argument(
+        "--flush", action="store_true", help="each backward after time_cuda's clean L2 flush, as bench.backward times"
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/backward-kernels"), help="output folder")
     args = parser.parse_args(argv)
     shapes = chosen_shapes(args.shape)
@@ -128,7 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             backward = make()
             if backward is None:
                 continue
-            head, rows = profile_backward(shape, impl, args.calls, backward)
+            flush = clean_flush() if args.flush else None
+            head, rows = profile_backward(shape, impl, args.calls, backward, flush)
             show(head, rows)
             heads.append(head)
             kernels.extend(rows)

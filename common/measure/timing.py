@@ -97,6 +97,20 @@ def _read_back(cache: torch.Tensor) -> None:
     cache[: CLEAN_READ_BYTES // cache.element_size()].sum()
 
 
+def clean_flush() -> Callable[[], None]:
+    """The ``"clean"`` flush as a call: do_bench's zeroing of its L2-sized buffer, then ``_read_back``."""
+    import triton
+
+    driver = triton.runtime.driver.active
+    cache = driver.get_empty_cache_for_benchmark()
+
+    def flush() -> None:
+        driver.clear_cache(cache)
+        _read_back(cache)
+
+    return flush
+
+
 def _bench_clean(fn: Callable[[], object], warmup_ms: float, rep_ms: float) -> list[float]:
     """``do_bench(fn, warmup_ms, rep_ms, return_mode="all")`` step for step, with ``_read_back`` after each
     zeroing: the same driver calls, estimate, warm-up and repetition counts."""
@@ -106,12 +120,7 @@ def _bench_clean(fn: Callable[[], object], warmup_ms: float, rep_ms: float) -> l
     device = driver.get_device_interface()
     fn()
     device.synchronize()
-    cache = driver.get_empty_cache_for_benchmark()
-
-    def flush() -> None:
-        driver.clear_cache(cache)
-        _read_back(cache)
-
+    flush = clean_flush()
     start, end = device.Event(enable_timing=True), device.Event(enable_timing=True)
     start.record()
     for _ in range(ESTIMATE_RUNS):
