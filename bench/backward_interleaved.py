@@ -22,17 +22,20 @@ from common.measure.results import write_rows
 from common.measure.timing import time_cuda
 
 EXIT_MISSING = 2
+IMPLS = ("fa4/sm90", "cute/hopper", "gluon/hopper", "sdpa/cudnn")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--impl", action="append", required=True, help="implementations, the first the reference")
+    parser.add_argument(
+        "--impl", action="append", help=f"implementations, the first the reference (default {', '.join(IMPLS)})"
+    )
     parser.add_argument("--shape", action="append", help="anchor shapes by name (repeatable; default all)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--rep-ms", type=float, default=100)
     parser.add_argument("--out", type=Path, default=Path("runs/backward-interleaved"))
     args = parser.parse_args()
-    shapes = chosen_shapes(args.shape)
+    shapes, impls = chosen_shapes(args.shape), args.impl or list(IMPLS)
     import torch
 
     if not torch.cuda.is_available():
@@ -41,12 +44,12 @@ def main() -> int:
     rows = []
     for shape in shapes:
         problem, inputs = problem_of(shape), shape_inputs(shape)
-        calls = {impl: gradients_of(contender(impl, problem), inputs)[1] for impl in args.impl}
+        calls = {impl: gradients_of(contender(impl, problem), inputs)[1] for impl in impls}
         samples = {impl: [] for impl in calls}
         for round_index in range(args.rounds):
-            for impl in args.impl if round_index % 2 == 0 else reversed(args.impl):
+            for impl in impls if round_index % 2 == 0 else reversed(impls):
                 samples[impl].append(time_cuda(calls[impl], warmup_ms=20, rep_ms=args.rep_ms).ms)
-        reference = statistics.median(samples[args.impl[0]])
+        reference = statistics.median(samples[impls[0]])
         for impl, values in samples.items():
             ms = statistics.median(values)
             each = " ".join(f"{value:.4f}" for value in values)
