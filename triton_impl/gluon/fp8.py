@@ -282,10 +282,11 @@ def operand_p(P_f32, p_layout: gl.constexpr):
 # registers and masked blocks finishing the previous P V first, 128-key blocks fit the 240 registers
 # of a D=128 consumer (O, the running P V, S and P live at once) without spills on Triton 3.6 and
 # 3.9, causal or not; they replaced the causal build's 64-key blocks taken two per loop iteration.
-# D=128 takes ping-pong (faster on 3.9, even on 3.6; causal at P1 on Triton 3.6, 690.6 against 729.4 µs,
-# docs/perf-log.md, "Twelfth stop") and, causal, a third stage. D=64 runs two
-# consumers with 128-key blocks. Row max and sum are trees (``row_tree``; docs/perf-log.md, "Fourth
-# stop"): Triton 3.6 makes a dependent chain of them, 3.9 a tree of its own (kept at D=128).
+# D=128 takes ping-pong (faster on 3.9, even on 3.6; causal at P1 under 3.6 696.8 against 738.5 µs,
+# docs/perf-log.md, "twelfth stop", where 3.9 runs causal without it: common.toolchain.releases) and,
+# causal, a third stage. D=64 runs two consumers with 128-key blocks. Row max and sum are trees
+# (``row_tree``; docs/perf-log.md, "Fourth stop"): Triton 3.6 makes a dependent chain of them, 3.9 a
+# tree of its own (kept at D=128).
 DEFAULT_CONFIGS = release_configs(
     RUNG,
     {
