@@ -8,6 +8,12 @@ scripts only drive it for runs that the harness does not express.
 """
 
 import sys
+from collections.abc import Callable, Hashable, Mapping
+from typing import TypeVar
+
+Key = TypeVar("Key", bound=Hashable)
+Run = TypeVar("Run")
+Sample = TypeVar("Sample")
 
 
 def require_gpu(what: str) -> None:
@@ -17,3 +23,16 @@ def require_gpu(what: str) -> None:
     if not torch.cuda.is_available():
         print(f"{what} needs a CUDA GPU (Hopper); none is visible", file=sys.stderr)
         sys.exit(2)
+
+
+def interleaved(runs: Mapping[Key, Run], rounds: int, measure: Callable[[Run], Sample]) -> dict[Key, list[Sample]]:
+    """key -> ``measure(runs[key])`` once a round: the keys in their order on even rounds, reversed on odd ones. A
+    run's time depends on its place in a round (H200, 2026-12-03, results/h200/fp8-quotient/: the same two kernels
+    5-20 µs apart by place, either way round; 2026-12-04: a heated GPU's lower clock charged to the rows timed last),
+    so no key keeps the same place."""
+    order = list(runs)
+    samples: dict[Key, list[Sample]] = {key: [] for key in order}
+    for round_index in range(rounds):
+        for key in order if round_index % 2 == 0 else reversed(order):
+            samples[key].append(measure(runs[key]))
+    return samples

@@ -17,6 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from bench import interleaved
 from bench.backward import chosen_shapes, problem_of, shape_inputs
 from common.measure.backward import backward_flops, contender, gradients_of
 from common.measure.environment import gpu_clocks
@@ -56,12 +57,10 @@ def main() -> int:
     for shape in shapes:
         problem, inputs = problem_of(shape), shape_inputs(shape)
         calls = {impl: gradients_of(contender(impl, problem), inputs)[1] for impl in impls}
-        samples = {impl: [] for impl in calls}
-        states = {impl: [] for impl in calls}
-        for round_index in range(args.rounds):
-            for impl in impls if round_index % 2 == 0 else reversed(impls):
-                samples[impl].append(time_cuda(calls[impl], warmup_ms=20, rep_ms=args.rep_ms).ms)
-                states[impl].append(gpu_state())
+        measured = interleaved(
+            calls, args.rounds, lambda run: (time_cuda(run, warmup_ms=20, rep_ms=args.rep_ms).ms, gpu_state())
+        )
+        samples = {impl: [ms for ms, _ in pairs] for impl, pairs in measured.items()}
         reference = statistics.median(samples[impls[0]])
         for impl, values in samples.items():
             ms = statistics.median(values)
@@ -69,7 +68,7 @@ def main() -> int:
             rows.append({"shape": shape[0], "impl": impl, "ms": round(ms, 4),
                          "tflops": round(backward_flops(problem) / ms / 1e9, 1),
                          "speed_vs_first": round(reference / ms, 4), "rounds_ms": each,
-                         "rounds_sm_clock_temp": " ".join(states[impl])})  # fmt: skip
+                         "rounds_sm_clock_temp": " ".join(state for _, state in measured[impl])})  # fmt: skip
             print(rows[-1], flush=True)
         del calls
         torch.cuda.empty_cache()

@@ -23,7 +23,7 @@ from types import ModuleType
 
 import torch
 
-from bench import require_gpu
+from bench import interleaved, require_gpu
 from common.contract.problem import Problem
 from common.measure.results import write_rows
 from common.measure.timing import time_cuda
@@ -89,11 +89,9 @@ def main() -> None:
         for run, *_ in launches.values():
             run()
         check(operands, [outputs for _, *outputs in launches.values()])
-        samples = {name: [] for name in launches}
-        for round_index in range(args.rounds):
-            order = list(launches) if round_index % 2 == 0 else list(reversed(launches))
-            for name in order:
-                samples[name].append(time_cuda(launches[name][0], warmup_ms=10, rep_ms=100).ms * 1e3)
+        samples = interleaved(
+            launches, args.rounds, lambda launch: time_cuda(launch[0], warmup_ms=10, rep_ms=100).ms * 1e3
+        )
         read_bytes = 2 * operands[0].numel() * operands[0].element_size()
         for name, values in samples.items():
             us = statistics.median(values)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bench import require_gpu
+from bench import interleaved, require_gpu
 from bench.fp8_quantiser import _time
 from common.contract import fp8 as contract
 from common.contract.problem import Problem
@@ -111,15 +111,9 @@ def both_masks(
 
 
 def interleaved_samples(runs: dict, rounds: int, args: argparse.Namespace) -> dict:
-    """key -> each round's time (ms) of ``runs``' run: the runs in their order on even rounds, reversed on odd ones.
-    At P1 a run's time depends on its place in a round (H200, 2026-12-03, results/h200/fp8-quotient/: the same two
-    kernels 5-20 µs apart by place, either way round), so a setting never keeps the same place."""
-    samples: dict = {key: [] for key in runs}
-    order = list(runs)
-    for round_index in range(rounds):
-        for key in order if round_index % 2 == 0 else reversed(order):
-            samples[key].append(_time(runs[key], args))
-    return samples
+    """key -> each round's time (ms) of ``runs``' run, in ``bench.interleaved``'s order (reversed every other
+    round)."""
+    return interleaved(runs, rounds, lambda run: _time(run, args))
 
 
 def cell(value: object, digits: int) -> str:
