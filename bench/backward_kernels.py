@@ -83,12 +83,9 @@ def profile_backward(
                 flush()
             backward()
 
-    if flush is None:
-        wall = wall_micros(run) / calls
-        micros, launches, _host = kernel_times(run)
-    else:
-        wall = statistics.median(flushed_walls(backward, flush, calls))
-        micros, launches, _host = kernel_times(run)
+    wall = wall_micros(run) / calls if flush is None else statistics.median(flushed_walls(backward, flush, calls))
+    micros, launches, _host = kernel_times(run)
+    if flush is not None:
         flush_micros, flush_launches, _ = kernel_times(lambda: [flush() for _ in range(calls)])
         micros, launches = micros - flush_micros, launches - flush_launches
     label = {"shape": shape[0], "impl": impl}
