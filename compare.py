@@ -242,20 +242,20 @@ def build_parser() -> argparse.ArgumentParser:
         "backward workload (--backward)",
         "forward + backward and backward alone of every implementation with a backward (ladder rungs, SDPA "
         "backends, FA4) on the prefill problems (--seqlen, --head-dim, --causal, --kv-heads, ...), each "
-        "gradient judged against fp64; writes backward.csv, env.json, plots and report.md. Each row is "
-        "timed after the one before it, in the registry's order; with --rounds N every row of a problem is "
-        "checked first, then all are timed N times, the order reversed every other round (a GPU that a long "
-        "run heats slows down, and the rows timed last would pay), each reporting its median over rounds and "
-        "the rounds themselves (rounds_ms)",
+        "gradient judged against fp64; writes backward.csv, env.json, plots and report.md. A problem's rows "
+        "are timed one after another in the ladder's order, so a GPU that the run heats (a lower clock) "
+        "charges the last ones; --rounds N checks them all first, then times them N times, the order "
+        "reversed every other round",
     )
     backward.add_argument("--backward", action="store_true", help="run the backward sweep instead of the forward one")
     backward.add_argument(
         "--rounds",
         type=_positive_int,
         default=1,
-        help="--backward: time every row of a problem in N interleaved rounds, the order reversed every other "
-        "round; each row's median over rounds (default 1: one pass in order; an even N gives every row the "
-        "early and the late places equally)",
+        metavar="N",
+        help="--backward: N interleaved rounds per problem; each row's median over rounds, its rounds in a "
+        "rounds_ms column (default 1: one pass in order, no such column; an even N gives every row the early "
+        "and the late places equally)",
     )
     return parser
 

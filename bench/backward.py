@@ -8,6 +8,7 @@
     python -m bench.backward --candidates --rung cute --variant default --variant m64_s2_dqreduce --out $OUT/c
     python -m bench.backward --shape P1 --shape 'P1 causal' --impl gluon/hopper --out $OUT/p1   # a selection
     python -m bench.backward --candidates --shape 'D256 B2 H16 S4096' --out $OUT/d256   # a shape only named
+    python -m bench.backward --rounds 4 --shape 'D64 B4 H32' --impl cute/hopper --out $OUT/r   # interleaved
 
 Default mode: per (shape, implementation) -- each forward rung that has a backward (through
 ``common.attention``'s autograd), SDPA's cuDNN and flash backends and FlashAttention-4's backward
@@ -26,10 +27,23 @@ timed alone, beside cuDNN's, flash's and FA4's backward timed alike. Writes cand
 table per shape with TFLOP/s and the ratios to cuDNN and FA4; the fastest correct variant per head dim
 is the one to make the default.
 
+``--rounds N`` (both modes; default 1): one pass times the rows one after another in a fixed order, the
+baselines first, and a GPU that a long run has heated (700 W cap, lower clock) makes the rows timed last
+look slower (issue #40's ratios to FA4 are ratios within one run). With N > 1, per shape, every row is
+checked first (gradients and distances, once; a ``wrong`` variant is not timed), then every row's timings
+are taken once per round, the order reversed every other round (``common.measure.rounds``; an even N gives
+each row the early and the late places equally); each time is the median over rounds of that round's
+median, and ``rounds_ms`` lists the backward's per-round values; a shape's rows are written together,
+after its rounds. With one round each row is checked, timed and written before the next is checked (one
+row's graphs in memory at a time), and there is no ``rounds_ms`` column.
+
 TFLOP/s of the backward = 2.5 × the forward's FLOPs (4·D per unmasked score) / time, as issue #40
-counts them. Rows after ``--budget-s`` seconds are written ``skipped`` (the whole run stays within one
-GPU call). Correctness against fp64 is the GPU tests' business (``tests/test_backward.py``); the
-distances here make a wrong row stand out. Without a GPU it says so in one line and exits 2.
+counts them. Rows reached after ``--budget-s`` seconds are written ``skipped`` (the whole run stays within
+one GPU call); with rounds, the budget is asked again before each round after the first: a checked row
+always gets one round, and rounds cut short keep what they measured (``reason``: "timed in k of N
+rounds"), so a run may pass the budget by one round of one shape. Correctness against fp64 is the GPU
+tests' business (``tests/test_backward.py``); the distances here make a wrong row stand out. Without a GPU
+it says so in one line and exits 2.
 """
 
 from __future__ import annotations
@@ -390,8 +404,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rounds",
         type=int,
         default=1,
+        metavar="N",
         help="time each shape's rows in N rounds, the order reversed every other round; each row's median "
-        "over rounds (default 1: one pass in order)",
+        "over rounds, its rounds in rounds_ms (default 1: one pass in order)",
     )
     args = parser.parse_args(argv)
     if args.rounds < 1:
