@@ -25,6 +25,7 @@ from bench.fp8_quantiser import _time
 from common.contract import fp8 as contract
 from common.contract.problem import Problem
 from common.measure.results import write_rows
+from common.measure.rounds import interleaved_rounds
 from common.measure.timing import tflops
 
 # Each setting: the knob, and knobs of ``fp8_config`` on top of the default configuration. "on+ahead" issues the
@@ -114,12 +115,7 @@ def interleaved_samples(runs: dict, rounds: int, args: argparse.Namespace) -> di
     """key -> each round's time (ms) of ``runs``' run: the runs in their order on even rounds, reversed on odd ones.
     At P1 a run's time depends on its place in a round (H200, 2026-12-03, results/h200/fp8-quotient/: the same two
     kernels 5-20 µs apart by place, either way round), so a setting never keeps the same place."""
-    samples: dict = {key: [] for key in runs}
-    order = list(runs)
-    for round_index in range(rounds):
-        for key in order if round_index % 2 == 0 else reversed(order):
-            samples[key].append(_time(runs[key], args))
-    return samples
+    return interleaved_rounds({key: functools.partial(_time, run, args) for key, run in runs.items()}, rounds)
 
 
 def cell(value: object, digits: int) -> str:
