@@ -242,9 +242,21 @@ def build_parser() -> argparse.ArgumentParser:
         "backward workload (--backward)",
         "forward + backward and backward alone of every implementation with a backward (ladder rungs, SDPA "
         "backends, FA4) on the prefill problems (--seqlen, --head-dim, --causal, --kv-heads, ...), each "
-        "gradient judged against fp64; writes backward.csv, env.json, plots and report.md",
+        "gradient judged against fp64; writes backward.csv, env.json, plots and report.md. A problem's rows "
+        "are timed one after another in the ladder's order, so a GPU that the run heats (a lower clock) "
+        "charges the last ones; --rounds N checks them all first, then times them N times, the order "
+        "reversed every other round",
     )
     backward.add_argument("--backward", action="store_true", help="run the backward sweep instead of the forward one")
+    backward.add_argument(
+        "--rounds",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="--backward: N interleaved rounds per problem; each row's median over rounds, its rounds in a "
+        "rounds_ms column (default 1: one pass in order, no such column; an even N gives every row the early "
+        "and the late places equally)",
+    )
     return parser
 
 
@@ -256,6 +268,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--generate must come first: the arguments after it go to bench/generate.py")
     if args.cuda_graph and args.device == "cpu":
         parser.error("--cuda-graph needs --device cuda")
+    if args.rounds > 1 and not args.backward:
+        parser.error("--rounds applies to --backward")
     if args.gpus and (args.decode or args.list or args.device == "cpu" or args.jobs):
         parser.error("--gpus spreads the prefill sweep over GPUs: it takes no --decode, --list, --device cpu or --jobs")
     return args
@@ -936,7 +950,8 @@ def backward_timer(device: str):
 def run_backward(args: argparse.Namespace) -> int:
     """Every selected implementation with a backward on every problem: gradients judged against fp64
     (2 × SDPA's error per gradient), backward and forward + backward timed, rows to backward.csv as they
-    finish; then plots and report.md."""
+    finish (``--rounds`` > 1: a problem's rows together, after its interleaved rounds); then plots and
+    report.md."""
     import csv
 
     import pandas as pd
@@ -944,8 +959,9 @@ def run_backward(args: argparse.Namespace) -> int:
 
     from common.contract.gradients import sdpa_gradients
     from common.contract.registry import discover
-    from common.measure.backward import COLUMNS, backward_row, differentiable, reference_gradients_by_head
+    from common.measure.backward import COLUMNS, backward_rows, differentiable, reference_gradients_by_head
     from common.measure.environment import manifest
+    from common.measure.rounds import ROUNDS_COLUMN
     from common.reporting.backward_report import write_backward_report
 
     device_name, teaching = resolve_device(args.device)
@@ -963,14 +979,15 @@ def run_backward(args: argparse.Namespace) -> int:
     _record_left_out(env, f"forward-only: {', '.join(forward_only)}" if forward_only else "")
     (out_dir / "env.json").write_text(json.dumps(env, indent=2))
     timer, records = backward_timer(device_name), []
+    # The per-round times only with rounds to show: one round writes the columns it always has.
+    columns = (*COLUMNS, ROUNDS_COLUMN) if args.rounds > 1 else COLUMNS
     with (out_dir / "backward.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, COLUMNS)
+        writer = csv.DictWriter(handle, columns)
         writer.writeheader()
         for problem in problems:
             inputs = backward_inputs(problem, device_name)
             judged_against = (reference_gradients_by_head(*inputs, problem), sdpa_gradients(*inputs, problem))
-            for impl in implementations:
-                record = backward_row(impl, problem, inputs, judged_against, timer)
+            for record in backward_rows(implementations, problem, inputs, judged_against, timer, args.rounds):
                 records.append(record)
                 writer.writerow(record)
                 handle.flush()
@@ -979,12 +996,12 @@ def run_backward(args: argparse.Namespace) -> int:
                     for key, spec in (("bwd_ms", "9.3f"), ("bwd_tflops", "6.1f"))
                 )
                 status = f"{record['status']:8s} {ms} ms {tflops} TFLOP/s"
-                print(f"{impl.name:22s} {problem.describe():56s} {status} {record['reason']}")
+                print(f"{record['impl']:22s} {problem.describe():56s} {status} {record['reason']}")
             del inputs, judged_against
             if device_name == "cuda":
                 torch.cuda.empty_cache()
     written = write_backward_report(
-        pd.DataFrame.from_records(records, columns=COLUMNS), env, out_dir, device_name == "cpu"
+        pd.DataFrame.from_records(records, columns=columns), env, out_dir, device_name == "cpu"
     )
     print(f"wrote {out_dir}/backward.csv, env.json, {', '.join(path.name for path in written)}")
     from common.measure.results import BAD_STATUSES

@@ -7,9 +7,12 @@ holds what the runs showed. The harness proper (``compare.py``, ``common/``) sta
 scripts only drive it for runs that the harness does not express.
 """
 
+import functools
 import sys
 from collections.abc import Callable, Hashable, Mapping
 from typing import TypeVar
+
+from common.measure.rounds import interleaved_rounds
 
 Key = TypeVar("Key", bound=Hashable)
 Run = TypeVar("Run")
@@ -26,13 +29,9 @@ def require_gpu(what: str) -> None:
 
 
 def interleaved(runs: Mapping[Key, Run], rounds: int, measure: Callable[[Run], Sample]) -> dict[Key, list[Sample]]:
-    """key -> ``measure(runs[key])`` once a round: the keys in their order on even rounds, reversed on odd ones. A
-    run's time depends on its place in a round (H200, 2026-12-03, results/h200/fp8-quotient/: the same two kernels
-    5-20 µs apart by place, either way round; 2026-12-04: a heated GPU's lower clock charged to the rows timed last),
-    so no key keeps the same place."""
-    order = list(runs)
-    samples: dict[Key, list[Sample]] = {key: [] for key in order}
-    for round_index in range(rounds):
-        for key in order if round_index % 2 == 0 else reversed(order):
-            samples[key].append(measure(runs[key]))
-    return samples
+    """key -> ``measure(runs[key])`` once a round: the keys in their order on even rounds, reversed on odd ones
+    (``common.measure.rounds.interleaved_rounds``, the loop ``compare.py --backward --rounds`` times in). A run's
+    time depends on its place in a round (H200, 2026-12-03, results/h200/fp8-quotient/: the same two kernels 5-20 µs
+    apart by place, either way round; 2026-12-04: a heated GPU's lower clock charged to the rows timed last), so no
+    key keeps the same place."""
+    return interleaved_rounds({key: functools.partial(measure, run) for key, run in runs.items()}, rounds)

@@ -8,6 +8,7 @@
     python -m bench.backward --candidates --rung cute --variant default --variant m64_s2_dqreduce --out $OUT/c
     python -m bench.backward --shape P1 --shape 'P1 causal' --impl gluon/hopper --out $OUT/p1   # a selection
     python -m bench.backward --candidates --shape 'D256 B2 H16 S4096' --out $OUT/d256   # a shape only named
+    python -m bench.backward --rounds 4 --shape 'D64 B4 H32' --impl cute/hopper --out $OUT/r   # interleaved
 
 Default mode: per (shape, implementation) -- each forward rung that has a backward (through
 ``common.attention``'s autograd), SDPA's cuDNN and flash backends and FlashAttention-4's backward
@@ -26,10 +27,23 @@ timed alone, beside cuDNN's, flash's and FA4's backward timed alike. Writes cand
 table per shape with TFLOP/s and the ratios to cuDNN and FA4; the fastest correct variant per head dim
 is the one to make the default.
 
+``--rounds N`` (both modes; default 1): one pass times the rows one after another in a fixed order, the
+baselines first, and a GPU that a long run has heated (700 W cap, lower clock) makes the rows timed last
+look slower (issue #40's ratios to FA4 are ratios within one run). With N > 1, per shape, every row is
+checked first (gradients and distances, once; a ``wrong`` variant is not timed), then every row's timings
+are taken once per round, the order reversed every other round (``common.measure.rounds``; an even N gives
+each row the early and the late places equally); each time is the median over rounds of that round's
+median, and ``rounds_ms`` lists the backward's per-round values; a shape's rows are written together,
+after its rounds. With one round each row is checked, timed and written before the next is checked (one
+row's graphs in memory at a time), and there is no ``rounds_ms`` column.
+
 TFLOP/s of the backward = 2.5 × the forward's FLOPs (4·D per unmasked score) / time, as issue #40
-counts them. Rows after ``--budget-s`` seconds are written ``skipped`` (the whole run stays within one
-GPU call). Correctness against fp64 is the GPU tests' business (``tests/test_backward.py``); the
-distances here make a wrong row stand out. Without a GPU it says so in one line and exits 2.
+counts them. Rows reached after ``--budget-s`` seconds are written ``skipped`` (the whole run stays within
+one GPU call); with rounds, the budget is asked again before each round after the first: a checked row
+always gets one round, and rounds cut short keep what they measured (``reason``: "timed in k of N
+rounds"), so a run may pass the budget by one round of one shape. Correctness against fp64 is the GPU
+tests' business (``tests/test_backward.py``); the distances here make a wrong row stand out. Without a GPU
+it says so in one line and exits 2.
 """
 
 from __future__ import annotations
@@ -114,23 +128,77 @@ def distances(grads: tuple, reference: tuple | None) -> dict[str, float]:
     }
 
 
-class Table:
-    """Rows to a CSV (flushed as they come) and to the console, with the budget's clock."""
+class Checked(NamedTuple):
+    """A row after its check: its numbers so far (distances; a ``status`` if it failed the check), its calls
+    to time by column (none: not timed) and the backward's FLOPs, for its TFLOP/s."""
 
-    def __init__(self, path: Path, budget_s: float):
+    numbers: dict
+    calls: dict[str, Callable[[], object]]
+    flops: float = 0.0
+
+
+class Table:
+    """Rows to a CSV (flushed as they come) and to the console, with the budget's clock. A row is checked
+    when it is added; with one round it is timed and written at once (one row's graphs in memory at a time),
+    with more it waits for :meth:`time_pending`, which times a shape's rows in interleaved rounds."""
+
+    def __init__(self, path: Path, budget_s: float, rounds: int = 1):
+        from common.measure.rounds import ROUNDS_COLUMN
+
+        # The per-round times only with rounds to show: one round writes the columns it always has.
+        self.columns = (*COLUMNS, ROUNDS_COLUMN) if rounds > 1 else COLUMNS
         self.handle = path.open("w", newline="")
-        self.writer = csv.DictWriter(self.handle, COLUMNS)
+        self.writer = csv.DictWriter(self.handle, self.columns)
         self.writer.writeheader()
         self.deadline = time.monotonic() + budget_s
+        self.rounds = rounds
         self.failed = 0
+        # (record, calls to time, FLOPs) of the rows checked and not yet timed.
+        self.pending: list[tuple[dict, dict, float]] = []
         # (shape, baseline) -> backward TFLOP/s, for the ratios of the rows that follow.
         self.baselines: dict[tuple[str, str], float] = {}
 
     def over_budget(self) -> bool:
         return time.monotonic() > self.deadline
 
+    def add(self, base: dict, check: Callable[[], Checked]) -> dict:
+        """One row: ``check()``'s numbers, or ``skipped`` past the budget, or ``failed`` with the error; timed
+        later unless the check failed. Returns the record, which gets its times when they are taken."""
+        record = {**base, "status": "ok", "reason": ""}
+        calls, flops = {}, 0.0
+        if self.over_budget():
+            record |= {"status": "skipped", "reason": "past --budget-s"}
+        else:
+            try:
+                numbers, calls, flops = check()
+                record |= numbers
+            except Exception as error:  # noqa: BLE001 - a failed row is recorded and the sweep goes on
+                record |= {"status": "failed", "reason": f"{type(error).__name__}: {error}"[:300]}
+        self.pending.append((record, calls if record["status"] == "ok" else {}, flops))
+        if self.rounds == 1:
+            self.time_pending()
+        return record
+
+    def time_pending(self) -> None:
+        """Time the rows checked so far in interleaved rounds (``common.measure.rounds``; the budget asked
+        before every round but the first, so that a checked row has at least one) and write them in the
+        order they were added."""
+        import torch
+
+        from common.measure.rounds import time_rows
+
+        time_rows([(record, calls) for record, calls, _ in self.pending], self.rounds, _timer,
+                  go_on=lambda: not self.over_budget())  # fmt: skip
+        for record, _calls, flops in self.pending:
+            if "bwd_ms" in record:
+                record["bwd_tflops"] = flops / record["bwd_ms"] / 1e9
+            self.write(record)
+        self.pending = []
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+
     def write(self, record: dict) -> None:
-        """Write ``record`` with its ratios to the baselines of its shape measured before it."""
+        """Write ``record`` with its ratios to the baselines of its shape written before it."""
         if record["status"] not in ("ok", "skipped"):
             self.failed += 1
         if record["status"] == "ok":
@@ -141,44 +209,26 @@ class Table:
         self.writer.writerow(record)
         self.handle.flush()
         shown = {key: f"{value:.4g}" if isinstance(value, float) else value for key, value in record.items()}
-        print(" | ".join(str(shown.get(column, "")) for column in COLUMNS), flush=True)
+        print(" | ".join(str(shown.get(column, "")) for column in self.columns), flush=True)
 
     def close(self) -> None:
         self.handle.close()
 
 
-def measure(table: Table, base: dict, run: Callable[[], dict]) -> dict:
-    """One row: ``run()``'s numbers, or ``skipped`` past the budget, or ``failed`` with the error."""
-    import torch
+def autograd_row(shape: tuple, impl: str, inputs: tuple, reference: tuple | None, keep: dict) -> Callable[[], Checked]:
+    """The check of one implementation through autograd (its gradients go to ``keep[impl]``); the backward
+    alone and forward + backward to time."""
 
-    record = {**base, "status": "ok", "reason": ""}
-    if table.over_budget():
-        record |= {"status": "skipped", "reason": "past --budget-s"}
-    else:
-        try:
-            record |= run()
-        except Exception as error:  # noqa: BLE001 - a failed row is recorded and the sweep goes on
-            record |= {"status": "failed", "reason": f"{type(error).__name__}: {error}"[:300]}
-    table.write(record)
-    if DEVICE == "cuda":
-        torch.cuda.empty_cache()
-    return record
-
-
-def autograd_row(shape: tuple, impl: str, inputs: tuple, reference: tuple | None, keep: dict) -> Callable[[], dict]:
-    """The numbers of one implementation through autograd; its gradients go to ``keep[impl]``."""
-
-    def run() -> dict:
-        from common.measure.backward import contender, gradients_of, time_backward
+    def check() -> Checked:
+        from common.measure.backward import backward_flops, contender, gradients_of
 
         problem = problem_of(shape)
         grads, backward, forward_backward = gradients_of(contender(impl, problem), inputs)
         keep[impl] = grads
-        timing = time_backward(problem, backward, forward_backward, _timer)
-        numbers = {"bwd_ms": timing.bwd_ms, "fwd_bwd_ms": timing.fwd_bwd_ms, "bwd_tflops": timing.bwd_tflops}
-        return numbers | distances(grads, reference)
+        calls = {"bwd_ms": backward, "fwd_bwd_ms": forward_backward}
+        return Checked(distances(grads, reference), calls, backward_flops(problem))
 
-    return run
+    return check
 
 
 def baselines_first(impls: Sequence[str]) -> list[str]:
@@ -188,14 +238,18 @@ def baselines_first(impls: Sequence[str]) -> list[str]:
     return [REFERENCE, *[impl for impl in BASELINES[1:] if impl in impls], *others]
 
 
-def run_ladder(out_dir: Path, impls: Sequence[str], budget_s: float, shapes: Sequence[str] | None = None) -> int:
-    """Every implementation on every shape (``shapes``: the names to keep, default all)."""
-    table = Table(out_dir / "results.csv", budget_s)
+def run_ladder(
+    out_dir: Path, impls: Sequence[str], budget_s: float, shapes: Sequence[str] | None = None, rounds: int = 1
+) -> int:
+    """Every implementation on every shape (``shapes``: the names to keep, default all), each shape's rows
+    timed in ``rounds`` interleaved rounds."""
+    table = Table(out_dir / "results.csv", budget_s, rounds)
     for shape in chosen_shapes(shapes):
         inputs, grads = shape_inputs(shape), {}
         for impl in baselines_first(impls):
             base = {"shape": shape[0], "impl": impl, "variant": ""}
-            measure(table, base, autograd_row(shape, impl, inputs, grads.get(REFERENCE), grads))
+            table.add(base, autograd_row(shape, impl, inputs, grads.get(REFERENCE), grads))
+        table.time_pending()
     table.close()
     return 1 if table.failed else 0
 
@@ -235,10 +289,10 @@ CANDIDATE_RUNGS = {
 
 def candidate_row(
     shape: tuple, config, inputs: tuple, saved: tuple, reference: tuple, rung: CandidateRung = CANDIDATE_RUNGS["tiled"]
-) -> Callable[[], dict]:
-    """A variant of ``rung``: checked against cuDNN's gradients, then its backward timed alone."""
+) -> Callable[[], Checked]:
+    """A variant of ``rung``: checked against cuDNN's gradients, then (if close) its backward to time alone."""
 
-    def run() -> dict:
+    def check() -> Checked:
         from common.measure.backward import backward_flops
 
         # Looked up when the row runs, so that a test can plant a wrong variant in the module.
@@ -253,11 +307,10 @@ def candidate_row(
         found = distances(backward(), reference)
         far = {label: value for label, value in found.items() if not value <= CHECK_BOUND}
         if far:
-            return found | {"status": "wrong", "reason": f"farther than {CHECK_BOUND} from cuDNN: {far}"}
-        ms = _timer(backward)
-        return found | {"bwd_ms": ms, "bwd_tflops": backward_flops(problem) / ms / 1e9}
+            return Checked(found | {"status": "wrong", "reason": f"farther than {CHECK_BOUND} from cuDNN: {far}"}, {})
+        return Checked(found, {"bwd_ms": backward}, backward_flops(problem))
 
-    return run
+    return check
 
 
 def run_candidates(
@@ -266,11 +319,13 @@ def run_candidates(
     shapes: Sequence[str] | None = None,
     rung: str = "tiled",
     variants: Sequence[str] | None = None,
+    rounds: int = 1,
 ) -> int:
     """``variants``: only the candidates with these labels, in this order (default all); ``default``
     names each head dim's first candidate, the rung's default. A named label may also be one of the rung's
     ``ALL_CANDIDATES`` that no release lists (an off-by-default variant under A/B); a label a head dim
-    lacks is left out at that head dim."""
+    lacks is left out at that head dim. Each shape's rows, baselines and variants, are timed in ``rounds``
+    interleaved rounds."""
     import torch
 
     from common.contract.api import attention
@@ -283,7 +338,7 @@ def run_candidates(
     if set(variants or ()) - known:
         raise ValueError(f"--variant {sorted(set(variants) - known)} not among {rung}'s candidates {sorted(known)}")
     forward = candidate.forward or CANDIDATE_FORWARD
-    table = Table(out_dir / "candidates.csv", budget_s)
+    table = Table(out_dir / "candidates.csv", budget_s, rounds)
     summary = []
     for shape in chosen_shapes(shapes):
         if shape[4] not in candidates:
@@ -292,8 +347,9 @@ def run_candidates(
         inputs, grads, records = shape_inputs(shape), {}, []
         for impl in BASELINES:
             base = {"shape": shape[0], "impl": impl, "variant": ""}
-            records.append(measure(table, base, autograd_row(shape, impl, inputs, grads.get(REFERENCE), grads)))
+            records.append(table.add(base, autograd_row(shape, impl, inputs, grads.get(REFERENCE), grads)))
         if REFERENCE not in grads:
+            table.time_pending()
             print(f"{shape[0]}: no cuDNN gradients to check the candidates against; shape left out", flush=True)
             continue
         with torch.no_grad():
@@ -306,7 +362,8 @@ def run_candidates(
         for config in configs:
             base = {"shape": shape[0], "impl": candidate.name, "variant": config.label}
             row = candidate_row(shape, config, inputs, saved, grads[REFERENCE], candidate)
-            records.append(measure(table, base, row))
+            records.append(table.add(base, row))
+        table.time_pending()
         summary += records
     table.close()
     print_summary(summary)
@@ -343,7 +400,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--budget-s", type=float, default=DEFAULT_BUDGET_S, help="rows after this many seconds are skipped"
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="time each shape's rows in N rounds, the order reversed every other round; each row's median "
+        "over rounds, its rounds in rounds_ms (default 1: one pass in order)",
+    )
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     chosen_shapes(args.shape)
     import torch
 
@@ -352,8 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_MISSING
     args.out.mkdir(parents=True, exist_ok=True)
     if args.candidates:
-        return run_candidates(args.out, args.budget_s, args.shape, args.rung, args.variant)
-    return run_ladder(args.out, args.impl or IMPLS, args.budget_s, args.shape)
+        return run_candidates(args.out, args.budget_s, args.shape, args.rung, args.variant, args.rounds)
+    return run_ladder(args.out, args.impl or IMPLS, args.budget_s, args.shape, args.rounds)
 
 
 if __name__ == "__main__":

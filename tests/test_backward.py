@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -646,6 +647,124 @@ def test_bench_ladder_rows_past_the_budget_are_skipped(tiny_bench, tmp_path: Pat
     assert {row["status"] for row in read_rows(tmp_path / "results.csv")} == {"skipped"}
 
 
+class Timed:
+    """A call to time, named (implementation, column) for the fake timer's log."""
+
+    def __init__(self, call, label: tuple[str, str]):
+        self.call, self.label = call, label
+
+    def __call__(self):
+        return self.call()
+
+
+@pytest.fixture
+def logged_bench(tiny_bench, monkeypatch: pytest.MonkeyPatch) -> list:
+    """The tiny bench with every gradient check and timing logged in order: ('check', impl) when an
+    implementation's gradients are taken, (impl, 'bwd'/'fwd_bwd') when a call is timed. The fake timer
+    returns the call's place in the log, a clock that slows by 1 ms a call."""
+    import common.measure.backward as measure_backward
+
+    log, real = [], measure_backward.gradients_of
+
+    def gradients_of(entry, inputs):
+        log.append(("check", entry.name))
+        grads, backward, forward_backward = real(entry, inputs)
+        return grads, Timed(backward, (entry.name, "bwd")), Timed(forward_backward, (entry.name, "fwd_bwd"))
+
+    def timer(call) -> float:
+        call()
+        log.append(call.label)
+        return float(len(log))
+
+    monkeypatch.setattr(measure_backward, "gradients_of", gradients_of)
+    monkeypatch.setattr(tiny_bench, "_timer", timer)
+    return log
+
+
+LADDER = ["sdpa/math", "triton/tiled"]
+LADDER_TIMINGS = [(impl, column) for impl in LADDER for column in ("bwd", "fwd_bwd")]
+
+
+def test_bench_one_round_checks_and_times_row_by_row_as_before(tiny_bench, logged_bench: list, tmp_path: Path) -> None:
+    """``--rounds 1`` (the default) is the bench as it was: each row checked, then timed, before the next is
+    checked, the columns without ``rounds_ms``, each time the timer's one value."""
+    assert tiny_bench.run_ladder(tmp_path, ["triton/tiled"], budget_s=600) == 0
+    assert logged_bench == [("check", "sdpa/math"), *LADDER_TIMINGS[:2], ("check", "triton/tiled"), *LADDER_TIMINGS[2:]]
+    with (tmp_path / "results.csv").open() as handle:
+        assert handle.readline().strip() == ",".join(tiny_bench.COLUMNS)
+    rows = read_rows(tmp_path / "results.csv")
+    assert [(row["bwd_ms"], row["fwd_bwd_ms"]) for row in rows] == [("2.0", "3.0"), ("5.0", "6.0")]
+    assert float(rows[1]["vs_cudnn"]) == pytest.approx(2 / 5)
+
+
+@pytest.mark.parametrize("rounds", [1, 4])
+def test_bench_rounds_check_every_row_first_then_alternate_the_order(
+    tiny_bench, logged_bench: list, tmp_path: Path, rounds: int
+) -> None:
+    """``--rounds 4``: both rows checked before any timing, then four rounds, the second and fourth in reverse;
+    each row's times are the medians of its rounds (``rounds_ms``). On the fake's steadily slowing clock the
+    ladder row, last in one pass, reads 0.4x cuDNN; in four rounds the two read the same, 1.0x. Planted:
+    one round would leave the bias (so the ratio test can fail)."""
+    assert tiny_bench.run_ladder(tmp_path, ["triton/tiled"], budget_s=600, rounds=rounds) == 0
+    rows = read_rows(tmp_path / "results.csv")
+    ratio = float(rows[1]["vs_cudnn"])
+    if rounds == 1:
+        assert ratio == pytest.approx(0.4)
+        return
+    checks = [("check", impl) for impl in LADDER]
+    one_round = LADDER_TIMINGS
+    assert logged_bench == [*checks, *one_round, *one_round[::-1], *one_round, *one_round[::-1]]
+    for row in rows:
+        each = [float(value) for value in row["rounds_ms"].split()]
+        assert len(each) == rounds and float(row["bwd_ms"]) == statistics.median(each), row
+    assert ratio == pytest.approx(1.0)
+
+
+def test_bench_rounds_stop_at_the_budget_keeping_the_rounds_so_far(
+    tiny_bench, logged_bench: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The budget runs out during the first round of the first shape: that shape's checked rows keep that
+    round (ok, 'timed in 1 of 3 rounds'); the next shape's rows are skipped, past --budget-s."""
+    shape = tiny_bench.SHAPES[0]
+    monkeypatch.setattr(tiny_bench, "SHAPES", (shape, ("tiny", *shape[1:5], False)))
+    monkeypatch.setattr(tiny_bench.Table, "over_budget", lambda table: ("sdpa/math", "bwd") in logged_bench)
+    assert tiny_bench.run_ladder(tmp_path, ["triton/tiled"], budget_s=600, rounds=3) == 0
+    rows = read_rows(tmp_path / "results.csv")
+    assert [(row["shape"], row["status"]) for row in rows] == [
+        ("tiny causal", "ok"), ("tiny causal", "ok"), ("tiny", "skipped"), ("tiny", "skipped")]  # fmt: skip
+    assert all(row["reason"] == "timed in 1 of 3 rounds" and len(row["rounds_ms"].split()) == 1 for row in rows[:2])
+    assert {row["reason"] for row in rows[2:]} == {"past --budget-s"}
+
+
+def test_bench_candidate_rounds_interleave_the_baselines_and_the_variants(
+    tiny_bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--candidates --rounds 2``: cuDNN's two timings and every variant's backward in one order, reversed in
+    the second round; a wrong variant is checked but never timed."""
+    calls, real = [], tiled_backward.tiled_gradients
+    wrong = tiled_backward.CANDIDATES[64][1].label
+
+    def timer(call) -> float:
+        call()
+        calls.append(call)
+        return float(len(calls))
+
+    def one_wrong(*args, config, **kwargs):
+        dq, dk, dv = real(*args, config=config, **kwargs)
+        return (dq * 2 if config.label == wrong else dq), dk, dv
+
+    monkeypatch.setattr(tiny_bench, "_timer", timer)
+    monkeypatch.setattr(tiled_backward, "tiled_gradients", one_wrong)
+    assert tiny_bench.run_candidates(tmp_path, budget_s=600, rounds=2) == 1
+    rows = read_rows(tmp_path / "candidates.csv")
+    timed = [row for row in rows if row["status"] == "ok"]
+    assert len(timed) == len(rows) - 1 == len(tiled_backward.CANDIDATES[64])
+    first, second = calls[: len(calls) // 2], calls[len(calls) // 2 :]
+    assert len(first) == len(timed) + 1 and second == first[::-1]
+    assert all(len(row["rounds_ms"].split()) == 2 for row in timed)
+    assert next(row for row in rows if row["variant"] == wrong)["rounds_ms"] == ""
+
+
 # ----------------------------------------------------------------------------------------------
 # compare.py --backward on CPU: a tiny problem under the interpreter, judged against fp64
 # ----------------------------------------------------------------------------------------------
@@ -669,6 +788,35 @@ def test_compare_backward_writes_rows_plots_and_report(tmp_path: Path) -> None:
         assert (tmp_path / name).stat().st_size > 0, name
     report = (tmp_path / "report.md").read_text()
     assert "CPU run" in report and "| triton/hopper | triton/backward/tiled | ok |" in report
+
+
+def test_compare_backward_rounds_alternate_the_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--rounds 3``: every row that passed its capability check timed three times, the order of the second
+    round the first's reversed; each row's times the medians of its rounds (``rounds_ms``), a skipped row
+    untimed. ``--rounds`` is refused without ``--backward``."""
+    import compare
+
+    calls = []
+
+    def timer(call) -> float:
+        call()
+        calls.append(call)
+        return float(len(calls))
+
+    monkeypatch.setattr(compare, "backward_timer", lambda device: timer)
+    assert compare.main([*COMPARE_ARGS, "--rounds", "3", "--out", str(tmp_path)]) == 0
+    rows = {row["impl"]: row for row in read_rows(tmp_path / "backward.csv")}
+    ok = [row for row in rows.values() if row["status"] == "ok"]
+    assert len(ok) == 3 and len(calls) == 3 * 2 * len(ok)
+    first, second, third = (calls[index : index + 2 * len(ok)] for index in range(0, len(calls), 2 * len(ok)))
+    assert second == first[::-1] and third == first
+    for row in ok:
+        each = [float(value) for value in row["rounds_ms"].split()]
+        assert len(each) == 3 and float(row["bwd_ms"]) == statistics.median(each), row
+    assert rows["sdpa/cudnn"]["status"] == "skipped" and rows["sdpa/cudnn"]["rounds_ms"] == ""
+    with pytest.raises(SystemExit) as refused:
+        compare.main(["--rounds", "2", "--device", "cpu"])
+    assert refused.value.code == 2
 
 
 def test_compare_backward_reports_a_wrong_gradient_and_exits_1(tmp_path: Path, monkeypatch) -> None:

@@ -6,16 +6,16 @@ An implementation here is anything that differentiates attention: a ladder rung 
 ``flash_attn_func``, whose backward is FA4's own SM90 kernel). :func:`contender` gives each the same
 shape: leaves (q, k, v requiring grad, laid out as the implementation reads them) and a forward.
 
-:func:`measure_backward` runs the forward once with inputs that require grad (plans, compiles, warm-up
-outside the timing), takes the gradients of ⟨O, dO⟩, then times ``torch.autograd.grad`` of that same
-graph alone (``retain_graph``) and forward + backward together. TFLOP/s of the backward = 2.5 × the
-forward's FLOPs (4·B·H·Sq·Sk·D, halved when causal) / time, as issue #40 counts them (five products of
-the forward's size, of which the recomputation of S is one: 5/2 of the forward's two).
+:func:`gradients_of` runs the forward once with inputs that require grad (plans, compiles, warm-up
+outside the timing) and takes the gradients of ⟨O, dO⟩; the rows then time ``torch.autograd.grad`` of that
+same graph alone (``retain_graph``) and forward + backward together (:func:`backward_rows`). TFLOP/s of the
+backward = 2.5 × the forward's FLOPs (4·B·H·Sq·Sk·D, halved when causal) / time, as issue #40 counts them
+(five products of the forward's size, of which the recomputation of S is one: 5/2 of the forward's two).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -101,14 +101,6 @@ def contender(name: str, problem: Problem) -> Contender:
     return Contender(name, _plain_leaf, ladder)
 
 
-@dataclass(frozen=True)
-class BackwardTiming:
-    bwd_ms: float
-    fwd_bwd_ms: float
-    bwd_tflops: float
-    fwd_bwd_tflops: float
-
-
 def gradients_of(entry: Contender, inputs: tuple[torch.Tensor, ...]) -> tuple[Gradients, Callable, Callable]:
     """(dq, dk, dv) of ⟨O, dO⟩ by ``entry``, and two callables: the backward of that graph alone
     (replayable) and forward + backward."""
@@ -126,13 +118,6 @@ def gradients_of(entry: Contender, inputs: tuple[torch.Tensor, ...]) -> tuple[Gr
             return torch.autograd.grad(entry.forward(*leaves), leaves, d_out)
 
     return grads, backward, forward_backward
-
-
-def time_backward(problem: Problem, backward: Callable, forward_backward: Callable, timer: Timer) -> BackwardTiming:
-    """Both timings (``timer`` returns milliseconds) and their TFLOP/s."""
-    bwd_ms, both_ms = timer(backward), timer(forward_backward)
-    flops = backward_flops(problem)
-    return BackwardTiming(bwd_ms, both_ms, flops / bwd_ms / 1e9, (flops + forward_flops(problem)) / both_ms / 1e9)
 
 
 def relative_distance(mine: torch.Tensor, theirs: torch.Tensor) -> float:
@@ -193,16 +178,14 @@ def shape_columns(problem: Problem) -> dict:
     }  # fmt: skip
 
 
-def backward_row(
-    implementation,
-    problem: Problem,
-    inputs: tuple[torch.Tensor, ...],
-    judged_against: tuple[Gradients, Gradients],
-    timer: Timer,
-) -> dict:
-    """One row: skipped (with the capability check's reason), failed (with the error), or the gradients
-    judged per gradient against fp64 by the yardstick rule (``wrong`` if one fails) and both timings.
-    ``judged_against`` = (the fp64 reference's gradients, SDPA's in the problem's dtype)."""
+def checked_row(
+    implementation, problem: Problem, inputs: tuple[torch.Tensor, ...], judged_against: tuple[Gradients, Gradients]
+) -> tuple[dict, dict[str, Callable[[], object]]]:
+    """One row before its timing, and its calls to time by column: skipped (with the capability check's
+    reason) or failed (with the error), untimed; or the gradients judged per gradient against fp64 by the
+    yardstick rule (``wrong`` if one fails, still timed: what a fix may cost) with the backward alone
+    (``bwd_ms``) and forward + backward (``fwd_bwd_ms``) to time. ``judged_against`` = (the fp64
+    reference's gradients, SDPA's in the problem's dtype)."""
     from common.contract.gradients import judge_gradients
 
     # A ladder rung names its backward rung (several forwards share one); a baseline is its own.
@@ -211,18 +194,45 @@ def backward_row(
            "rung": implementation.rung, **shape_columns(problem), "status": "ok", "reason": ""}  # fmt: skip
     ok, reason = capability(implementation, problem, inputs[0].device)
     if not ok:
-        return row | {"status": "skipped", "reason": reason}
+        return row | {"status": "skipped", "reason": reason}, {}
     try:
         grads, backward, forward_backward = gradients_of(contender(implementation.name, problem), inputs)
         checks = judge_gradients(grads, *judged_against, rule=implementation.error_rule)
-        timing = time_backward(problem, backward, forward_backward, timer)
     except Exception as error:  # noqa: BLE001 - a failed row is recorded and the sweep goes on
-        return row | {"status": "failed", "reason": f"{type(error).__name__}: {error}"[:400]}
+        return row | {"status": "failed", "reason": f"{type(error).__name__}: {error}"[:400]}, {}
     for check in checks:
         row[f"{check.name}_err"] = check.error.rel_l2_err
         row[f"{check.name}_bound"] = implementation.error_rule.rel_l2_limit(check.sdpa_error.rel_l2_err)
     wrong = [f"{check.name} {check.reason}" for check in checks if not check.ok]
     if wrong:
         row |= {"status": "wrong", "reason": "; ".join(wrong)}
-    return row | {"bwd_ms": timing.bwd_ms, "fwd_bwd_ms": timing.fwd_bwd_ms, "bwd_tflops": timing.bwd_tflops,
-                  "fwd_bwd_tflops": timing.fwd_bwd_tflops}  # fmt: skip
+    return row, {"bwd_ms": backward, "fwd_bwd_ms": forward_backward}
+
+
+def backward_rows(
+    implementations: Sequence,
+    problem: Problem,
+    inputs: tuple[torch.Tensor, ...],
+    judged_against: tuple[Gradients, Gradients],
+    timer: Timer,
+    rounds: int = 1,
+) -> Iterator[dict]:
+    """The rows of one problem, in ``implementations``' order, each as it is finished (:func:`checked_row`,
+    then timed with its TFLOP/s). With one round each row is checked and timed before the next is checked,
+    so that one implementation's graph is in memory at a time; with more, every row is checked first, then
+    all are timed in interleaved rounds (``common.measure.rounds``), so that none keeps the last, hottest
+    place, and the rows come out together."""
+    from common.measure.rounds import time_rows
+
+    groups = [[implementation] for implementation in implementations] if rounds == 1 else [implementations]
+    flops = backward_flops(problem)
+    for group in groups:
+        checked = [checked_row(implementation, problem, inputs, judged_against) for implementation in group]
+        time_rows(checked, rounds, timer)
+        rows = [row for row, _calls in checked]
+        del checked  # the group's graphs go before the next group's are built
+        for row in rows:
+            if "bwd_ms" in row:
+                row |= {"bwd_tflops": flops / row["bwd_ms"] / 1e9,
+                        "fwd_bwd_tflops": (flops + forward_flops(problem)) / row["fwd_bwd_ms"] / 1e9}  # fmt: skip
+            yield row
