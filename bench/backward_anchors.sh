@@ -21,6 +21,7 @@ for anchor in "p1 2 16 8192 128 both" "d64 4 32 8192 64 false" "b8-s2048 8 16 20
   begun=$SECONDS
   run=/tmp/backward_anchors/$label
   rm -rf "$run"
+  mkdir -p "$run"
   timeout 400 python3 compare.py --backward --rounds "$rounds" --no-static --only triton/hopper --only gluon/hopper \
     --only cute/hopper --only sdpa/cudnn --only sdpa/flash --only 'fa4/*' --batch "$batch" --heads "$heads" \
     --seqlen "$seqlen" --head-dim "$head_dim" --causal "$causal" --out "$run" > "$run.log" 2>&1

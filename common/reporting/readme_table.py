@@ -385,12 +385,13 @@ def context_parallel_block(root: Path) -> str:
 # ----------------------------------------------------------------------------------------------
 # Backward (README only): the committed compare.py --backward run (bench/backward.py's results.csv reads too)
 # ----------------------------------------------------------------------------------------------
-BACKWARD_CSV = Path("results") / "h200" / "backward-anchors-2026-11-30-fourth" / "backward.csv"
+BACKWARD_CSV = Path("results") / "h200" / "backward-anchors-2026-12-04-rounds" / "backward.csv"
 BACKWARD_BEGIN, BACKWARD_END = "<!-- backward:begin -->", "<!-- backward:end -->"
 
 
 def backward_pick(frame: pd.DataFrame) -> str:
-    """The fastest baseline's name and the ladder's best backward as a share of it, per shape."""
+    """Which backward to train with: the ladder's best against the fastest baseline, per shape, as a share of the
+    baseline's TFLOP/s, and at how many shapes each leads."""
     ok = frame[frame["status"] == "ok"]
     stack = ok["impl"].str.split("/").str[0]
     baselines, ladder = ok[stack.isin(baseline_stacks())], ok[stack.isin(ladder_stacks())]
@@ -402,9 +403,15 @@ def backward_pick(frame: pd.DataFrame) -> str:
     names = ", ".join(f"`{impl}`" for impl in fastest["impl"].unique())
     best = ladder.loc[ladder.groupby("shape", sort=False)["bwd_tflops"].idxmax(), "impl"]
     leaders = ", ".join(f"`{impl}`" for impl in dict.fromkeys(best))
+    span = f"{shares.min():.2f}-{shares.max():.2f}×"
+    ahead = int((shares >= 1).sum())
+    if ahead == len(shares):
+        return f"Training: for speed use {leaders}; it runs at {span} the fastest baseline's ({names}) TFLOP/s."
+    if ahead == 0:
+        return f"Training: for speed use {names}; the ladder's fastest backward ({leaders}) runs at {span} its TFLOP/s."
     return (
-        f"Training: for speed use {names}; the ladder's fastest backward ({leaders}) runs at "
-        f"{shares.min():.2f}-{shares.max():.2f}× its TFLOP/s."
+        f"Training: the ladder's fastest backward ({leaders}) runs at {span} the fastest baseline's ({names}) "
+        f"TFLOP/s, ahead at {ahead} of {len(shares)} shapes."
     )
 
 
