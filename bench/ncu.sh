@@ -2,6 +2,7 @@
 # Nsight Compute (--set full) of one launch per spec, each run by bench.ncu_target: one device call.
 #   bash bench/ncu.sh TAG "IMPL B H S D CAUSAL" ...     (project root; $OUT set)
 #   bash bench/ncu.sh TAG "IMPL decode SEED INDEX" ...  (a random decode case of compare.py --decode-seed SEED)
+#   bash bench/ncu.sh TAG "IMPL backward NAME" ...      (every kernel of one backward at bench.backward's shape NAME)
 #   e.g. bash bench/ncu.sh t36 "gluon/fp8 2 16 8192 128 0" "gluon/hopper 4 32 8192 64 0"
 # Writes $OUT/ncu-TAG-NAME.tgz as each spec ends (a call cut short keeps the specs done; a call returns 8 files):
 # the details page, the raw metrics (csv) and the SASS source page (csv). NCU_TIMEOUT_S (default 240) bounds each.

@@ -5,6 +5,9 @@ between ``cudaProfilerStart``/``Stop`` (inputs, quantisation and compile happen 
     python -m bench.ncu_target IMPL decode SEED INDEX         the INDEX-th of ``random_cases(.., SEED)``: the decode
                                                               shapes of ``compare.py --decode-random N --decode-seed
                                                               SEED`` (their lengths, paging and cache included)
+    python -m bench.ncu_target IMPL backward NAME             the backward through autograd (every kernel of one
+                                                              backward) at ``bench.backward``'s shape NAME, e.g.
+                                                              B8 S2048 causal
 
 ``bench/ncu.sh`` runs it under ncu.
 """
@@ -20,9 +23,10 @@ from common.contract.problem import Problem
 from common.contract.registry import get
 
 
-def prefill_runner(impl: str, shape: list[int]) -> tuple[Callable[[], object], Problem]:
+def prefill_runner(
+    impl: str, batch: int, heads: int, seqlen: int, head_dim: int, causal: int
+) -> tuple[Callable[[], object], Problem]:
     """The prepared runner of ``impl`` at B H S D CAUSAL (Sq = Sk = S, bf16)."""
-    batch, heads, seqlen, head_dim, causal = shape
     problem = Problem(batch, heads, seqlen, seqlen, head_dim, dtype=torch.bfloat16, causal=bool(causal))
     q, k, v = make_inputs(problem, seed=0)
     return get(impl).prepare(q, k, v, problem), problem
@@ -38,17 +42,44 @@ def decode_runner(impl: str, seed: int, index: int) -> tuple[Callable[[], object
     return get(impl).prepare(workload.q, workload.k, workload.v, case.problem, **extra), case.problem
 
 
+def backward_runner(impl: str, name: str) -> tuple[Callable[[], object], Problem]:
+    """``impl``'s backward through autograd at ``bench.backward``'s shape ``name`` (the forward runs once, before)."""
+    from bench.backward import chosen_shapes, problem_of
+    from bench.backward_kernels import autograd_backward
+
+    (shape,) = chosen_shapes([name])
+    return autograd_backward(shape, impl), problem_of(shape)
+
+
+def parsed_target(words: list[str], parser: argparse.ArgumentParser) -> tuple[str, list]:
+    """("backward", [NAME]), ("decode", [SEED, INDEX]) or ("prefill", [B, H, S, D, CAUSAL]) from the command line's
+    words; a wrong count or a non-integer is the parser's error (before any GPU is asked for)."""
+    if words[0] == "backward":
+        if len(words) == 1:
+            parser.error("expected backward NAME, got no NAME")
+        return "backward", [" ".join(words[1:])]  # bench/ncu.sh passes a name's words apart
+    kind = "decode" if words[0] == "decode" else "prefill"
+    numbers = words[kind == "decode" :]
+    if len(numbers) != (2 if kind == "decode" else 5) or not all(word.isdigit() for word in numbers):
+        parser.error(f"expected B H S D CAUSAL, decode SEED INDEX or backward NAME, got {' '.join(words)}")
+    return kind, [int(word) for word in numbers]
+
+
+RUNNERS = {
+    "backward": backward_runner,
+    "decode": decode_runner,
+    "prefill": lambda impl, *shape: prefill_runner(impl, list(shape)),
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("impl", help="registry name, e.g. gluon/fp8")
-    parser.add_argument("shape", nargs="+", help="B H S D CAUSAL, or: decode SEED INDEX")
+    parser.add_argument("shape", nargs="+", help="B H S D CAUSAL, or: decode SEED INDEX, or: backward NAME")
     args = parser.parse_args()
-    decode = args.shape[0] == "decode"
-    numbers = [int(word) for word in args.shape[decode:]]
-    if len(numbers) != (2 if decode else 5):
-        parser.error(f"expected B H S D CAUSAL or decode SEED INDEX, got {' '.join(args.shape)}")
+    kind, values = parsed_target(args.shape, parser)
     require_gpu("bench.ncu_target")
-    runner, problem = decode_runner(args.impl, *numbers) if decode else prefill_runner(args.impl, numbers)
+    runner, problem = RUNNERS[kind](args.impl, *values)
     for _ in range(3):
         runner()
     torch.cuda.synchronize()

@@ -1,0 +1,27 @@
+"""``bench.ncu_target``'s command line: the three kinds of target it profiles, and what it refuses before asking for a
+GPU (a wrong count or a non-number is the parser's error, exit 2 with the expected forms named)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from bench.ncu_target import RUNNERS, parsed_target
+
+
+def test_each_form_parses_to_its_runner():
+    parser = argparse.ArgumentParser()
+    # bench/ncu.sh splits a spec into words: a backward shape's name comes back whole.
+    assert parsed_target(["backward", "B8", "S2048", "causal"], parser) == ("backward", ["B8 S2048 causal"])
+    assert parsed_target(["decode", "151", "1"], parser) == ("decode", [151, 1])
+    assert parsed_target(["2", "16", "8192", "128", "1"], parser) == ("prefill", [2, 16, 8192, 128, 1])
+    assert set(RUNNERS) == {"backward", "decode", "prefill"}
+
+
+@pytest.mark.parametrize("words", [["backward"], ["decode", "151"], ["2", "16", "x", "128", "1"], ["2", "16"]])
+def test_a_malformed_target_is_the_parsers_error(words: list[str], capsys):
+    with pytest.raises(SystemExit) as ended:
+        parsed_target(words, argparse.ArgumentParser())
+    assert ended.value.code == 2
+    assert "expected" in capsys.readouterr().err
