@@ -604,19 +604,22 @@ def ladder_sorted(items: list) -> list:
     return sorted(items, key=key)
 
 
+def unavailable_row(item, problem):
+    """The row of an implementation whose module is not here: skipped with its reason, failed when broken."""
+    from common.measure.runner import blank_row
+
+    stack, rung = item.name.split("/")
+    status = "failed" if broken_import(item) else "skipped"
+    return blank_row(item.name, stack, rung, problem, status, f"unavailable: {item.reason}")
+
+
 def _measure_problem(problem, chosen: list, measure_one, run: Run, log, progress, task) -> None:
     """Rows for one problem in ladder order; an unavailable module is skipped, or failed when broken."""
     from common.contract.registry import Unavailable
-    from common.measure.runner import blank_row
 
     for item in chosen:
         progress.update(task, description=f"{item.name} {problem.describe()}")
-        if isinstance(item, Unavailable):
-            stack, rung = item.name.split("/")
-            status = "failed" if broken_import(item) else "skipped"
-            row = blank_row(item.name, stack, rung, problem, status, f"unavailable: {item.reason}")
-        else:
-            row = measure_one(item)
+        row = unavailable_row(item, problem) if isinstance(item, Unavailable) else measure_one(item)
         _record(row, run, log, progress)
         progress.advance(task)
 
@@ -846,10 +849,6 @@ def run_decode(args: argparse.Namespace) -> int:
     chosen, left_out = without_teaching_rungs(
         ladder_sorted(select(available + missing, args.only, args.skip)), args, "--decode"
     )
-    implementations = [item for item in chosen if not isinstance(item, Unavailable)]
-    broken = [
-        f"{item.name} (import failed)" for item in chosen if isinstance(item, Unavailable) and broken_import(item)
-    ]
     out_dir = args.out or Path("runs") / f"{dt.datetime.now():%Y%m%d-%H%M%S}-decode"
     out_dir.mkdir(parents=True, exist_ok=True)
     env = manifest(device)
@@ -872,9 +871,11 @@ def run_decode(args: argparse.Namespace) -> int:
             # Drawn on the GPU: the CPU's generator takes about a minute for the largest caches.
             cache_seqlens = None if reason else case.cache_seqlens(device)
             workload = None if reason else make_workload(case.problem, "cuda", cache_seqlens, on_device=True)
-            for impl in implementations:
+            for impl in chosen:
                 started = time.perf_counter()
-                if workload is None:
+                if isinstance(impl, Unavailable):  # said in every case's rows, as the prefill sweep says it
+                    row = unavailable_row(impl, case.problem)
+                elif workload is None:
                     row = blank_row(impl.name, impl.stack, impl.rung, case.problem, "skipped", reason)
                 else:
                     row = measure(impl, workload, device, options, peaks)
@@ -914,7 +915,7 @@ def run_decode(args: argparse.Namespace) -> int:
     print(f"wrote {out_dir}/decode.csv, env.json, {', '.join(path.name for path in written)}")
     from common.measure.results import BAD_STATUSES
 
-    bad = sorted({f"{r['impl']} ({r['status']})" for r in records if r["status"] in BAD_STATUSES} | set(broken))
+    bad = sorted({f"{r['impl']} ({r['status']})" for r in records if r["status"] in BAD_STATUSES})
     if bad:
         print(f"compare.py: did not pass: {', '.join(bad)}", file=sys.stderr)
     return 1 if bad else 0

@@ -293,6 +293,23 @@ def test_broken_import_is_told_apart_from_an_absent_optional_package(monkeypatch
     assert compare.broken_import(Unavailable("cute_impl.naive", "import failed: NameError: name 'x' is not defined"))
 
 
+def test_an_unavailable_rung_has_a_row_with_its_reason(monkeypatch: pytest.MonkeyPatch):
+    """The prefill and decode sweeps write one row per case for a rung whose module is not here (a user who asked for
+    cute/decode without the CuTe DSL reads why it has no numbers): skipped when a package is absent, failed when the
+    rung is broken. A planted broken import must not read as skipped."""
+    monkeypatch.setitem(compare.OPTIONAL_PACKAGES, "surely_absent_package", "a package this machine lacks")
+    problem = Problem(1, 8, 1, 4096, 128, kv_heads=2)
+    absent = compare.unavailable_row(
+        Unavailable("cute_impl.decode", "import failed: No module named 'surely_absent_package'"), problem
+    )
+    assert (absent.impl, absent.stack, absent.rung, absent.status) == ("cute/decode", "cute", "decode", "skipped")
+    assert absent.reason == "unavailable: import failed: No module named 'surely_absent_package'"
+    broken = compare.unavailable_row(
+        Unavailable("cute_impl.decode", "import failed: No module named 'cutlas'"), problem
+    )
+    assert broken.status == "failed"
+
+
 # Loads a CuTe rung in a fresh process, TVM-FFI hidden when argv[1] is "hidden": prints the rung's status.
 WITHOUT_TVM_FFI = """
 import importlib.util, sys
