@@ -708,6 +708,9 @@ def test_hopper_tma_rows_is_the_default_and_the_deterministic_switch_leaves_it()
         "m128_s2_dqreduce_tmarows_stagedepi_latedv_rebase",
         "m80_s2_dqreduce_tmarows_stagedepi_latedv_rebase",
         "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_rebase",
+        "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_latedv_pdl",
+        "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_zeropre_latedv_pdl",
+        "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_zeropre_latedv_pdl_postrev",
     }
     defaults = {key: hopper_backward.default_tiles(*key).label for key in hopper_backward.DEFAULTS}
     assert defaults == {

@@ -42,9 +42,10 @@ from tests.test_cute_backward import (
     wgmma_serialised,
 )
 
-# The knob's candidates, each head dim's (those also rebased: tests/test_cute_backward_desc.py).
+# The knob's candidates, each head dim's (those also rebased: tests/test_cute_backward_desc.py; chained by PDL:
+# tests/test_cute_backward_short.py).
 LATE_DV = {
-    head_dim: [t for t in variants if t.late_dv and not t.rebased_operands]
+    head_dim: [t for t in variants if t.late_dv and not t.rebased_operands and not t.dependent_launch]
     for head_dim, variants in hopper_backward.CANDIDATES.items()
 }
 # dV += Pᵀ dO and dK += dSᵀ Q read their A operand from registers: "HGMMA.64xNx16.F32.BF16 Rd, Ra, gdesc[...]".

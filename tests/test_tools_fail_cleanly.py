@@ -66,6 +66,7 @@ def _fake_sanitizer(folder: Path) -> None:
         ("bench.generate_trace", False, "needs a CUDA GPU"),
         ("bench.backward_kernels", False, "needs a CUDA GPU"),
         ("bench.backward_interleaved", False, "needs a CUDA GPU"),
+        ("bench.cute_bwd_short_ab", False, "needs a CUDA GPU"),
     ],
 )
 def test_tool_names_what_is_missing_and_exits_2(module: str, with_sanitizer: bool, missing: str, tmp_path: Path):

@@ -94,6 +94,12 @@ descriptors of the boxes a runtime index picks (each warpgroup's K and V, dQ's K
 the box's own address, not re-added in 64 bits every k-step (sm_90a, P1's unmasked step: 438 → 410 SASS
 instructions, 160 → 138 uniform ones; ``bench/cute_bwd_desc_ab.sh``): in the non-causal D=128 default, 80 rows a
 step (``DEFAULTS``: the measurements). Candidates: ``bench.backward --candidates``.
+
+Short causal rows (``CHAINED_CAUSAL``, candidates, issue #40): ``dependent_launch`` chains the three launches by
+programmatic dependent launch (the dK/dV CTAs' launch, set-up and K/V loads under the preprocess's last wave, the
+postprocess's launch under the dK/dV kernel's tail; ``griddepcontrol.wait`` before each first read of the previous
+kernel's writes), with or without ``zero_in_preprocess``; ``postprocess_reversed`` has the postprocess take the
+(batch, head) items last first, so that it starts on the dQaccum the dK/dV kernel's last CTAs leave in L2.
 """
 
 from __future__ import annotations
@@ -199,6 +205,17 @@ class BackwardTiles:
     # share of Kᵀ and the step's dS buffer for dQ) built from the box's own address (``hopper_desc.py``), so that
     # the k-steps do not redo a 64-bit add with carry on each descriptor.
     rebased_operands: bool = False
+    # dq="reduce": programmatic dependent launch along the chain preprocess → dK/dV → postprocess. The preprocess
+    # signals ``griddepcontrol.launch_dependents`` as each CTA starts; the dK/dV kernel, launched with programmatic
+    # stream serialisation, signals likewise, loads K and V, and waits (``griddepcontrol.wait``) before its first
+    # read of what the preprocess writes (LSE₂, D, dQaccum: the producer before the ring, the dQ writer and the
+    # consumers before anything); the postprocess, launched so too, waits before reading dQaccum. The dK/dV CTAs'
+    # launch, set-up and K/V loads then run under the preprocess's last wave, the postprocess's launch under the
+    # dK/dV kernel's tail, as FlashAttention-4 chains its preprocess and main kernel.
+    dependent_launch: bool = False
+    # dq="reduce": the postprocess takes the (batch, head) items last first, so that it starts on the dQaccum that
+    # the dK/dV kernel's last CTAs (the last items, heaviest_first's last group) leave in L2 (``hopper_dq.py``).
+    postprocess_reversed: bool = False
 
     def __post_init__(self) -> None:
         # Overlapped, a slot is freed one step late: one slot would deadlock the producer.
@@ -206,6 +223,8 @@ class BackwardTiles:
             raise ValueError(f"overlapped steps need two ring slots or more, got {self}")
         if self.dq not in ("pass", "reduce"):
             raise ValueError(f"dq is 'pass' or 'reduce', got {self.dq!r}")
+        if (self.dependent_launch or self.postprocess_reversed) and self.dq != "reduce":
+            raise ValueError(f"dependent_launch and postprocess_reversed need dq='reduce''s postprocess, got {self}")
         if self.zero_in_preprocess and self.dq != "reduce":
             raise ValueError(f"zero_in_preprocess zeroes dq='reduce''s dQaccum (the pass has none), got {self}")
         # dQ's M is 64 query rows (a step's 64, D split between the warpgroups, or 128, one half each) or, at
@@ -221,11 +240,21 @@ class BackwardTiles:
         rows = ("_tmarows" if self.tma_rows else "") + ("_heaviestfirst" if self.heaviest_first else "")
         rows += ("_stagedepi" if self.staged_epilogue else "") + ("_zeropre" if self.zero_in_preprocess else "")
         rows += ("_latedv" if self.late_dv else "") + ("_rebase" if self.rebased_operands else "")
+        rows += ("_pdl" if self.dependent_launch else "") + ("_postrev" if self.postprocess_reversed else "")
         if self.dq == "reduce":
             return f"m{self.tile_m}_s{self.stages}_dqreduce" + ("_dkdvoverlap" if self.dkdv_overlap else "") + rows
         overlaps = ("_dkdvoverlap" if self.dkdv_overlap else "") + ("_dqoverlap" if self.dq_overlap else "")
         return f"m{self.tile_m}_dqn{self.dq_tile_n}_s{self.stages}" + overlaps + rows
 
+
+_CAUSAL_128 = BackwardTiles(
+    64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True, late_dv=True
+)
+CHAINED_CAUSAL = (
+    replace(_CAUSAL_128, dependent_launch=True),
+    replace(_CAUSAL_128, dependent_launch=True, zero_in_preprocess=True),
+    replace(_CAUSAL_128, dependent_launch=True, zero_in_preprocess=True, postprocess_reversed=True),
+)
 
 # The first of each head dim is the deterministic default (``default_tiles``); ``DEFAULTS`` names the others'.
 # D=128: 64 query rows per dK/dV step is the register limit (docstring), 32 leave room to overlap; the
@@ -267,6 +296,9 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(
             64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True, rebased_operands=True
         ),
+        # Issue #40's short causal rows (B8 S2048): the causal default chained by PDL, with the fill or without it,
+        # and without it with the postprocess's items last first.
+        *CHAINED_CAUSAL,
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True),
     ),
@@ -306,6 +338,7 @@ class _DKDVKernel:
         self.staged_epilogue = config.tiles.staged_epilogue
         self.late_dv = config.tiles.late_dv
         self.rebase = config.tiles.rebased_operands
+        self.pdl = config.tiles.dependent_launch
         self.threads_per_cta = THREADS_PER_CTA
 
     @cute.jit
@@ -353,6 +386,7 @@ class _DKDVKernel:
             smem=self.shared_storage.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=1,
+            use_pdl=self.pdl,
         )  # fmt: skip
 
     @cute.kernel
@@ -368,6 +402,8 @@ class _DKDVKernel:
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         warp_group = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+        if cutlass.const_expr(self.pdl):  # the postprocess may launch once every CTA has started (it waits)
+            cute.arch.griddepcontrol_launch_dependents()
         n_block, kv_head, batch = cute.arch.block_idx()
         if cutlass.const_expr(self.heaviest_first):
             n_block, kv_head, batch = heaviest_first(n_block, kv_head, batch)
@@ -411,6 +447,8 @@ class _DKDVKernel:
                 tVsV, tVgV = tma_partition(tma_atom_V, sV, gV)
                 load_fixed((tma_atom_K, tma_atom_V), (tKgK, tVgV), (tKsK, tVsV), n_block * CONSUMER_WARPGROUPS,
                            kv_producer)  # fmt: skip
+                if cutlass.const_expr(self.pdl):  # K and V are the caller's; LSE₂ and D the preprocess's
+                    cute.arch.griddepcontrol_wait()
                 for head_in_group in cutlass.range(group, unroll=1):
                     bh = (kv_head * group + head_in_group, batch)
                     gQ = cute.local_tile(mQ[None, None, bh], (self.tile_m, D), (None, 0))  # (tile_m, D, m)
@@ -426,6 +464,8 @@ class _DKDVKernel:
                         q_producer = load_pair(atoms, tuple(g[None, m_block] for g in sources), slots, q_producer)
             if cutlass.const_expr(self.dq_reduce):  # noqa: SIM102 (a compile-time and a runtime test)
                 if warp_idx == 1:  # dq="reduce": adds the consumers' dQ tiles into dQaccum
+                    if cutlass.const_expr(self.pdl):  # dQaccum zeroed before (by the preprocess or a fill)
+                        cute.arch.griddepcontrol_wait()
                     n_start = n_block * KEY_TILE
                     columns = hopper_dq.dq_columns(D, self.tile_m)
                     hopper_dq.dq_writer(mdQaccum, storage.dQ, columns, query_blocks, group, kv_head, batch, n_start)
@@ -433,6 +473,8 @@ class _DKDVKernel:
         # ==== Consumer warpgroups: 64 keys each =======================================================
         if warp_group > 0:
             cute.arch.setmaxregister_increase(CONSUMER_REGISTERS[CONSUMER_WARPGROUPS])
+            if cutlass.const_expr(self.pdl):  # without tma_rows they read LSE₂ and D from HBM
+                cute.arch.griddepcontrol_wait()
             n_start = n_block * KEY_TILE
             m_block_min, m_block_unmasked, m_block_max = query_blocks(n_start)
             w = warp_group - 1
@@ -602,7 +644,11 @@ def _fake_postprocess_arguments(config: HopperBackwardConfig) -> tuple:
 
 
 def _postprocess_kernel(config: HopperBackwardConfig) -> hopper_dq.DQPostprocessKernel:
-    return hopper_dq.DQPostprocessKernel(CUTE_DTYPES[config.dtype], config.head_dim, config.tiles.tile_m)
+    tiles = config.tiles
+    dtype = CUTE_DTYPES[config.dtype]
+    return hopper_dq.DQPostprocessKernel(
+        dtype, config.head_dim, tiles.tile_m, tiles.dependent_launch, tiles.postprocess_reversed
+    )
 
 
 # The binaries' names: this prefix and the kernel's key.
@@ -635,9 +681,7 @@ DEFAULTS: dict[tuple[int, bool], BackwardTiles] = {
     (128, False): BackwardTiles(
         80, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True, rebased_operands=True
     ),
-    (128, True): BackwardTiles(
-        64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True, late_dv=True
-    ),
+    (128, True): _CAUSAL_128,
 }
 
 
@@ -667,7 +711,11 @@ def backward_config(problem: Problem, tiles: BackwardTiles | None = None) -> Hop
 
 def preprocess_config(problem: Problem, tiles: BackwardTiles, has_dlse: bool) -> tiled.BackwardConfig:
     """The compile key of ``tiled``'s preprocess as this rung runs it (``zero_in_preprocess``: zeroing dQaccum)."""
-    return replace(tiled.backward_config(problem, has_dlse), zero_dq_accum=tiles.zero_in_preprocess)
+    return replace(
+        tiled.backward_config(problem, has_dlse),
+        zero_dq_accum=tiles.zero_in_preprocess,
+        launch_dependents=tiles.dependent_launch,
+    )
 
 
 def dq_accumulator(problem: Problem, tiles: BackwardTiles, device: torch.device) -> torch.Tensor:

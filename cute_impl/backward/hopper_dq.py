@@ -348,10 +348,23 @@ class DQPostprocessKernel:
     16-byte row pieces, a warp's pieces whole 128-byte lines (rows past Sq not written). Transposed
     (80 query rows): read back into the fragment, then through shared memory (``store_transposed``)."""
 
-    def __init__(self, dtype: type[cutlass.Numeric], head_dim: int, tile_m: int):
+    def __init__(
+        self,
+        dtype: type[cutlass.Numeric],
+        head_dim: int,
+        tile_m: int,
+        dependent_launch: bool = False,
+        last_items_first: bool = False,
+    ):
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
+        # Launched with programmatic stream serialisation after the dK/dV kernel (``BackwardTiles.dependent_launch``):
+        # its CTAs may start in the dK/dV kernel's tail and wait (``griddepcontrol.wait``) before reading dQaccum.
+        self.dependent_launch = dependent_launch
+        # The (batch, head) items in reverse order (``BackwardTiles.postprocess_reversed``): the dK/dV kernel's last
+        # CTAs (the last items, in its grid's order and in ``heaviest_first``'s groups) leave their dQaccum in L2.
+        self.last_items_first = last_items_first
         self.threads_per_cta = CONSUMER_WARPGROUPS * THREADS_PER_WARPGROUP
         # Transposed: each warpgroup's (tile_m, 64) dQ tile staged in shared memory (``store_transposed``).
         staged = CONSUMER_WARPGROUPS * tile_m * TRANSPOSED_PITCH * dtype.width // 8
@@ -368,12 +381,17 @@ class DQPostprocessKernel:
             block=[self.threads_per_cta, 1, 1],
             smem=self.shared_bytes,
             stream=stream,
+            use_pdl=self.dependent_launch,
         )
 
     @cute.kernel
     def kernel(self, mma: cute.TiledMma, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.last_items_first):
+            head, batch = mdQaccum.shape[1] - 1 - head, mdQaccum.shape[0] - 1 - batch
+        if cutlass.const_expr(self.dependent_launch):
+            cute.arch.griddepcontrol_wait()  # dQaccum is final once the dK/dV grid has ended
         w = tidx // THREADS_PER_WARPGROUP
         wg_tidx = tidx % THREADS_PER_WARPGROUP
         columns, rows = dq_columns(self.head_dim, self.tile_m), ROWS_PER_WARPGROUP

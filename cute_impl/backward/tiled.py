@@ -172,6 +172,9 @@ class BackwardConfig:
     has_dlse: bool = False  # the LSE is differentiated too: D = rowsum(dO ∘ O) − dLSE
     # hopper's dq="reduce" with zero_in_preprocess: the preprocess also zeroes its rows of the fp32 dQaccum.
     zero_dq_accum: bool = False
+    # hopper's dependent_launch: each CTA signals ``griddepcontrol.launch_dependents`` as it starts, so that the
+    # dK/dV kernel (launched with programmatic stream serialisation) starts under this one's last wave.
+    launch_dependents: bool = False
 
     @property
     def tiles(self) -> TileShape:
@@ -194,6 +197,7 @@ class _PreprocessKernel:
         self.head_dim = config.head_dim
         self.has_dlse = config.has_dlse
         self.zero_dq_accum = config.zero_dq_accum
+        self.launch_dependents = config.launch_dependents
         self.threads_per_cta = ROWS_THREADS
 
     @cute.jit
@@ -240,6 +244,11 @@ class _PreprocessKernel:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
+        # The dependent dK/dV kernel may start once every CTA of this one has signalled; it waits for this grid's
+        # end (``griddepcontrol.wait``) before its first read of D, LSE₂ or dQaccum. Launched without PDL, this
+        # kernel starts after everything before it, so what it reads is final.
+        if cutlass.const_expr(self.launch_dependents):
+            cute.arch.griddepcontrol_launch_dependents()
         seqlen_q = mO.shape[2]
         tile = (ROWS_TILE_M, self.head_dim)
         gO = cute.local_tile(mO[batch, head, None, None], tile, (m_block, 0))  # (ROWS_TILE_M, D)
