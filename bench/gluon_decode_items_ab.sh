@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Issue #38: gluon/decode's ITEMS_IN_FLIGHT (helper gitems, docs/perf-log.md). Seed 151 row 1 (B=64 H=160 Hkv=32
+# Sq=16 D=64 paged(128), ~650 keys an item: 4096 tiles of ~10 key blocks) reads 42 % of the bandwidth: each of ~15 CTAs
+# an SM in turn pays its Q, its ring's fill and its O store alone. On: min(tiles, slots) CTAs walk tiles claimed by
+# their load warp, which copies the next tile's Q and first blocks under the current one's last blocks and O.
+# Predicted (perf log): 151/1 0.70-0.85x the time; the other short-item rows 0.8-1.0x; long items (93/4) 0.95-1.02x.
+# This call: the switch's GPU tests (fp64, a wrong result on a planted skipped-tile launch, a hang cut by timeout),
+# then bench.gluon_decode_items_ab (off against on, 4 rounds, order reversed every other round, L2 flushed, medians,
+# each setting checked against fp64 first) on seed 151's rows it takes and seven rows of other seeds. About 240 s.
+# Run from the project root, no carry: `bash bench/gluon_decode_items_ab.sh`. Outputs in $OUT: times.txt,
+# pytest.log, items.log, items/ (items.csv, items.md).
+set -uo pipefail
+# shellcheck source=bench/_gpu_run.sh
+source "$(dirname "$0")/_gpu_run.sh" gluon_decode_items_ab.sh runs/gluon_decode_items_ab
+decode_setup
+status=0
+gpu_tests 120 tests/test_gluon_decode_items.py
+begun=$SECONDS
+timeout 200 python3 -m bench.gluon_decode_items_ab --rounds 4 --rep 20 --out "$OUT/items" \
+  --rows 151/1 151/5 41/2 61/7 119/5 129/5 67/1 167/1 163/6 93/4 > "$OUT/items.log" 2>&1 || status=1
+echo "items: $((SECONDS - begun)) s (limit 200 s)" >> "$OUT/times.txt"
+cat "$OUT/items/items.md" 2>/dev/null || tail -20 "$OUT/items.log"
+cat "$OUT/times.txt"
+exit $status
