@@ -10,12 +10,14 @@ builds it takes being ``_split_kernel`` with it off. GPU (``gpu``; ``bench/gluon
 on a poisoned output with the items kernel checked to be the one launched: 151/1 itself, items of one key block and
 of many, ragged, paged (pages of 16 and 128) and contiguous, GQA groups 1 / 5 / 8, D 64 / 128, fp16, the LSE, an
 empty sequence; three launches in a row (the claim counter back to 0); a planted launch whose counter starts past
-the last tile (every CTA's first tile only) fails the check.
+the last tile (every CTA's first tile only) fails the check, and so does (or hangs, in a child process cut by a
+timeout) a planted ring whose places and phases restart at every tile.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 import torch
@@ -254,3 +256,60 @@ def test_gpu_repeated_launches_and_a_planted_skip(monkeypatch: pytest.MonkeyPatc
     counter.zero_()
     assert planted.isnan().any(), "a launch that skipped tiles should leave rows unwritten"
     assert not first.isnan().any()
+
+
+_PLANTED = """
+import hashlib, json, sys
+from triton.experimental import gluon
+from triton_impl.gluon import decode
+
+
+@gluon.jit
+def _planted_ring_place(keys, i):
+    # Planted: the ring's places (slots and barrier phases) restart at every tile, as if not carried across tiles.
+    return i
+
+
+decode.ITEMS_IN_FLIGHT = True
+if sys.argv[2] == "planted":
+    decode._ring_place = _planted_ring_place
+from tests.test_decode_wide import check_on_gpu
+from tests.test_gluon_decode_items import GPU_CASES
+
+problem, lengths = GPU_CASES[sys.argv[1]]
+if sys.argv[3] == "static":
+    from common.reporting.static import cubin_sass
+
+    (binary,) = decode.compile_sm90(problem)
+    print(json.dumps({"sass": hashlib.sha256(cubin_sass(binary.cubin).encode()).hexdigest()}))
+else:
+    result = check_on_gpu("gluon/decode", problem, lengths, seed=1)
+    print(json.dumps({"ok": bool(result.ok), "summary": result.summary()}))
+"""
+
+
+def _planted_child(tmp_path, *args: str, timeout: float) -> dict:
+    """``_PLANTED`` run as a file (a Gluon function needs one for its source) with ``args``."""
+    script = tmp_path / "planted_ring.py"
+    script.write_text(_PLANTED)
+    return json_from_child([str(script), *args], timeout=timeout)
+
+
+@pytest.mark.static
+def test_planted_ring_restart_reaches_the_build(tmp_path):
+    """The planted ``_ring_place`` below is the one the items kernel compiles with (its SASS differs)."""
+    planted = _planted_child(tmp_path, "151/1", "planted", "static", timeout=600)
+    plain = _planted_child(tmp_path, "151/1", "plain", "static", timeout=600)
+    assert planted["sass"] != plain["sass"]
+
+
+@pytest.mark.gpu
+def test_gpu_planted_ring_restart_fails(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """A planted ``_ring_place`` that ignores the CTA's earlier tiles must give a wrong O, or hang: the child is cut
+    at 90 s, which counts as caught."""
+    _require_items(GPU_CASES["one-block-items"][0], monkeypatch)
+    try:
+        verdict = _planted_child(tmp_path, "one-block-items", "planted", "gpu", timeout=90)
+    except subprocess.TimeoutExpired:
+        return
+    assert not verdict["ok"], f"the planted ring restart passed the check: {verdict['summary']}"

@@ -815,24 +815,30 @@ def _claimed_item(items, j, layout: gl.constexpr):
 
 
 @gluon.jit
-def _next_claim(Counter, num_tiles):
-    """The next tile for a CTA past its first: grid + the launch's claims so far. Every CTA makes one claim past the
-    last tile and then stops, so the launch makes ``num_tiles`` claims in all and the last one (number num_tiles - 1)
-    puts the counter back to 0 for the next launch."""
-    claim = gl.atomic_add(Counter, 1, sem="relaxed", scope="gpu")
-    if claim == num_tiles - 1:
-        gl.store(Counter, 0)
-    return gl.num_programs(0) + claim
+def _next_claim(Counter):
+    """A claim on the launch's next tile after the first wave's: grid + the claims made so far. Every CTA claims
+    until it gets a tile past the last, so a launch makes ``num_tiles`` claims in all, and the last of them (the
+    tile grid + num_tiles - 1) puts the counter back to 0 for the next launch."""
+    return gl.num_programs(0) + gl.atomic_add(Counter, 1, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
+def _tile_length(CacheSeqlens, t, m_blocks, kv_heads, seqlen_k, HAS_CACHE_SEQLENS: gl.constexpr):
+    """Tile ``t``'s ``cache_seqlens`` entry as loaded (clamped where it is used, so that the load's latency passes
+    under what comes between), or the padded Sk."""
+    if HAS_CACHE_SEQLENS:
+        seqlen_k = gl.load(CacheSeqlens + t // m_blocks // kv_heads)
+    return seqlen_k
 
 
 @gluon.jit
 def _items_load_partition(operands, sizes, constants: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                           HAS_CACHE_SEQLENS: gl.constexpr):  # fmt: skip
-    """ITEMS_IN_FLIGHT's load warp: claims the CTA's tiles (its first by the CTA's index, then from ``Counter``:
-    the first CTA with a free Q buffer takes the next tile), publishes each with its sequence's length, copies its
-    Q tile and then its key blocks as the warpgroup frees ring slots (``_paged_load_partition`` at the ring place
-    after the CTA's earlier items: the slots' phases run on). A claim past the last tile, published without Q, ends
-    both partitions."""
+    """ITEMS_IN_FLIGHT's load warp: the CTA's tiles (its first by the CTA's index, each next one claimed from
+    ``Counter`` a tile ahead, its length loaded under the current tile's copies), each published with its length
+    (the claim), its Q tile copied into the claim's buffer and its key blocks into the ring as the warpgroup frees
+    slots (``_paged_load_partition`` at the ring places after the CTA's earlier tiles: the slots' phases run on). A
+    claim past the last tile, published without Q, ends both partitions."""
     desc_q, items, ring, empty, CacheSeqlens, BlockTable, stride_btb, Counter = operands
     heads, kv_heads, seqlen_q, seqlen_k_padded, m_blocks, num_tiles = sizes
     NUM_STAGES: gl.constexpr = constants.NUM_STAGES
@@ -841,7 +847,10 @@ def _items_load_partition(operands, sizes, constants: gl.constexpr, BOTTOM_RIGHT
     BLOCK_N: gl.constexpr = ring.k_ring.shape[1]
     claim_layout: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])
     group = heads // kv_heads
+    last_claim = gl.num_programs(0) + num_tiles - 1
     t = gl.program_id(0)
+    upcoming = _next_claim(Counter)
+    length = _tile_length(CacheSeqlens, t, m_blocks, kv_heads, seqlen_k_padded, HAS_CACHE_SEQLENS)
     ring_base = t * 0
     j = ring_base
     claimed = t < num_tiles
@@ -851,10 +860,11 @@ def _items_load_partition(operands, sizes, constants: gl.constexpr, BOTTOM_RIGHT
         # Item j - 2 has left the buffer (its wgmmas on Q have retired, its claim was read).
         mbarrier.wait(items.q_empty.index(buffer), ((j // 2) & 1) ^ 1)
         batch, kv_head, m_block = _item_tile(gl.minimum(t, num_tiles - 1), m_blocks, kv_heads)
+        # Clamped, as seqlen_info's, so that a bad length cannot make the copies read past the padded cache.
+        seqlen_k = gl.minimum(gl.maximum(length, 0), seqlen_k_padded)
         seqlen_k, causal_offset = seqlen_info(
-            CacheSeqlens, batch, seqlen_q, seqlen_k_padded, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS,
-            BOTTOM_RIGHT=BOTTOM_RIGHT,
-        )  # fmt: skip
+            None, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS=False, BOTTOM_RIGHT=BOTTOM_RIGHT
+        )
         items.claim.index(buffer).store(gl.where(gl.arange(0, 2, layout=claim_layout) == 0, t, seqlen_k))
         # Every lane's store before the arrival that publishes it.
         _partition_barrier()
@@ -863,6 +873,10 @@ def _items_load_partition(operands, sizes, constants: gl.constexpr, BOTTOM_RIGHT
             mbarrier.expect(q_ready, desc_q.block_type.nbytes)
             q_row = kv_head * group * seqlen_q + m_block * BLOCK_M
             _tma_load(desc_q, [batch, 0, q_row, 0], q_ready, _as_box(items.q_smem.index(buffer)))
+            if upcoming == last_claim:
+                gl.store(Counter, 0)
+            next_tile = gl.minimum(upcoming, num_tiles - 1)
+            length = _tile_length(CacheSeqlens, next_tile, m_blocks, kv_heads, seqlen_k_padded, HAS_CACHE_SEQLENS)
             key_begin, n_blocks, _ = _split_blocks(0, 1, seqlen_k, seqlen_q, causal_offset, constants.CAUSAL, BLOCK_N)
             if PAGE_SIZE:
                 table_row = BlockTable + batch * stride_btb
@@ -871,7 +885,9 @@ def _items_load_partition(operands, sizes, constants: gl.constexpr, BOTTOM_RIGHT
                 keys = SplitKeys(batch, kv_head, key_begin, n_blocks, None, None, ring_base)
             _paged_load_partition(ring, keys, empty, NUM_STAGES, PAGE_SIZE)
             ring_base += n_blocks
-            t = _next_claim(Counter, num_tiles)
+            t = upcoming
+            if t < num_tiles:
+                upcoming = _next_claim(Counter)
         else:
             mbarrier.arrive(q_ready)
         j += 1
