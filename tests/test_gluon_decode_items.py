@@ -94,6 +94,24 @@ def test_shapes_it_takes(monkeypatch: pytest.MonkeyPatch):
     }
 
 
+def test_ab_script_rows_parse_and_the_switch_takes_them(monkeypatch: pytest.MonkeyPatch):
+    """bench/gluon_decode_items_ab.sh's rows: each parses, 151/1 first, and the switch takes every one at 132 SMs (a
+    row it left would time the same kernel twice)."""
+    import shlex
+    from pathlib import Path
+
+    from bench.decode_knob_ab import parse_row
+
+    script = (Path(__file__).parents[1] / "bench" / "gluon_decode_items_ab.sh").read_text()
+    line = script.split("python3 -m bench.gluon_decode_items_ab", 1)[1].split(" > ", 1)[0]
+    words = shlex.split(line.replace("\\\n", " "))
+    rows = words[words.index("--rows") + 1 :]
+    assert rows[0] == "151/1" and len([row for row in rows if not row.startswith("151/")]) >= 6, rows
+    monkeypatch.setattr(gluon_decode, "ITEMS_IN_FLIGHT", True)
+    for text in rows:
+        assert gluon_decode.items_in_flight(parse_row(text)[1].problem, CPU), text
+
+
 # ----------------------------------------------------------------------------------------------------
 # sm_90a: the items builds (no spills, their CTAs an SM); the switch leaves the others
 # ----------------------------------------------------------------------------------------------------
@@ -305,11 +323,11 @@ def test_planted_ring_restart_reaches_the_build(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_planted_ring_restart_fails(tmp_path, monkeypatch: pytest.MonkeyPatch):
-    """A planted ``_ring_place`` that ignores the CTA's earlier tiles must give a wrong O, or hang: the child is cut
-    at 90 s, which counts as caught."""
+    """A planted ``_ring_place`` that ignores the CTA's earlier tiles must give a wrong O, or hang: the child (one
+    compile of a few seconds, then a launch of milliseconds) is cut at 60 s, which counts as caught."""
     _require_items(GPU_CASES["one-block-items"][0], monkeypatch)
     try:
-        verdict = _planted_child(tmp_path, "one-block-items", "planted", "gpu", timeout=90)
+        verdict = _planted_child(tmp_path, "one-block-items", "planted", "gpu", timeout=60)
     except subprocess.TimeoutExpired:
         return
     assert not verdict["ok"], f"the planted ring restart passed the check: {verdict['summary']}"

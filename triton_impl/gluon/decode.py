@@ -19,6 +19,10 @@ rows and the item's last share merging (``BALANCED``; ``_decode_balanced.py``); 
 the grid's x, a share's M tiles together (``splits.balanced_grid``); ``BALANCED_PAIR_TILE`` gives that kernel a
 ring of 64-key blocks that two CTAs share an SM with where it makes the grid one wave (``balanced_pair_tile``; pages of
 16 or 32 too, by ``BALANCED_PAIR_SMALL_PAGES``, the warpgroup copying their chunks where the load warp would).
+``ITEMS_IN_FLIGHT`` (off; issue #38's many short items, one split each) launches ``_items_kernel`` instead: fewer CTAs
+than tiles, each walking the tiles its load warp claims from a counter, the ring and its barrier phases running on
+across tiles (``SplitKeys.ring_base``) and the next tile's Q in a second buffer, so that a tile's Q, first copies and
+O store pass under its neighbours' key blocks rather than each CTA paying them alone.
 
 What Gluon makes explicit (what Triton decides in triton/decode / what this file writes):
   * Copies: the pipeliner turns the K and V loads into ``cp.async``, 16 bytes per thread and
@@ -111,7 +115,8 @@ CTA may use); 1 <= Sq <= ``MAX_SEQLEN_Q`` (a prefill-sized Sq is refused: use a 
 MQA; causal top-left or bottom-right; ``cache_seqlens``; the LSE; softmax_scale >= 0 (the scale is
 applied after the row maximum); exactly sm_90; Triton 3.6 to 3.9 (``_device.py`` picks the TMA and
 barrier names); a paged cache with pages of a multiple of 16 keys (16 to 256). There is no
-interpreter path: Gluon compiles only for a GPU. Not done: FP8 caches, a persistent scheduler. Keys
+interpreter path: Gluon compiles only for a GPU. Not done: FP8 caches, a persistent scheduler but for
+``ITEMS_IN_FLIGHT``'s one-split tiles. Keys
 past a sequence's own length inside its last block (or chunk) are loaded (TMA clips only at the
 padded cache or the page) and weighed by P = 0, so a non-finite value stored there would reach O, as
 in gluon/hopper (triton/decode masks those loads).
@@ -379,6 +384,12 @@ class OutputConstants(NamedTuple):
 # ----------------------------------------------------------------------------------------------
 # Device parts: the packed rows, the K/V ring, one pipelined key block
 # ----------------------------------------------------------------------------------------------
+@gluon.constexpr_function
+def _accumulator_layout(num_warps, columns):
+    """A wgmma accumulator of ``columns`` columns (S: BLOCK_N, O: D), each warp 16 whole rows."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, columns, 16])
+
+
 @gluon.jit
 def _ring_place(keys, i):
     """The ring place of the split's key block ``i``: i, or under ``ITEMS_IN_FLIGHT`` after the CTA's earlier items'
@@ -585,10 +596,11 @@ def _split_blocks(split, num_splits, seqlen_k, seqlen_q, causal_offset, CAUSAL: 
 
 @gluon.jit
 def _paged_load_partition(ring, keys, empty, NUM_STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr):
-    """PAGED_LOAD_WARP: the split's key blocks, each into its ring slot once the warpgroup has freed it (the empty
-    barrier's phase of the slot's lap; a fresh barrier counts as having completed the phase before phase 0, so the
-    first lap passes at once). A block's table entries are loaded before the wait, their latency under it. The
-    chunks' copies are this warp's alone: the barrier pass's barriers between them span one warp."""
+    """PAGED_LOAD_WARP (and ``_items_kernel``'s load warp, for a contiguous cache too): the split's key blocks, each
+    into its ring slot once the warpgroup has freed it (the empty barrier's phase of the slot's lap; a fresh barrier
+    counts as having completed the phase before phase 0, so the first lap passes at once). A block's table entries
+    are loaded before the wait, their latency under it. The chunks' copies are this warp's alone: the barrier pass's
+    barriers between them span one warp."""
     for i in range(keys.n_blocks):
         place = _ring_place(keys, i)
         if PAGE_SIZE:  # noqa: SIM108 - a constexpr branch, not a value (the contiguous cache has no pages)
@@ -689,12 +701,8 @@ def _split_kernel(
     # wgmma's accumulators (S: BLOCK_M × BLOCK_N, O: BLOCK_M × D; a warp holds 16 whole rows of each, a
     # warpgroup 64: with WIDE_M_TILE's 8 warps the two warpgroups issue their own wgmmas on the same ring)
     # and P as the A operand of P V from registers.
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
-    )
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
-    )
+    s_layout: gl.constexpr = _accumulator_layout(num_warps, BLOCK_N)
+    o_layout: gl.constexpr = _accumulator_layout(num_warps, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     if BALANCED:
         # 0. This CTA's work item and split; past the last share: an empty range, nothing stored.
@@ -959,12 +967,8 @@ def _items_kernel(
     0 between launches. K, V, the block table and the outputs as ``_split_kernel``'s."""
     HEAD_DIM: gl.constexpr = desc_k.block_type.shape[3]
     dtype: gl.constexpr = desc_k.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
-    )
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
-    )
+    s_layout: gl.constexpr = _accumulator_layout(num_warps, BLOCK_N)
+    o_layout: gl.constexpr = _accumulator_layout(num_warps, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     m_blocks = (heads // kv_heads * seqlen_q + BLOCK_M - 1) // BLOCK_M
 
