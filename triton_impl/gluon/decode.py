@@ -823,11 +823,20 @@ def _claimed_item(items, j, layout: gl.constexpr):
 
 
 @gluon.jit
-def _next_claim(Counter):
-    """A claim on the launch's next tile after the first wave's: grid + the claims made so far. Every CTA claims
-    until it gets a tile past the last, so a launch makes ``num_tiles`` claims in all, and the last of them (the
-    tile grid + num_tiles - 1) puts the counter back to 0 for the next launch."""
-    return gl.num_programs(0) + gl.atomic_add(Counter, 1, sem="relaxed", scope="gpu")
+def _claim(Counter, layout: gl.constexpr):
+    """Issue a claim on the launch's next tile after the first wave's: one lane's atomic on ``Counter``, its old value
+    in that lane and 0 in the others (``layout``: a lane an element), so that nothing waits for it until
+    :func:`_claimed_tile` reads it (a scalar atomic's value is broadcast at once, through shared memory). Every CTA
+    claims until it gets a tile past the last, so a launch makes ``num_tiles`` claims in all, and the last of them
+    (the tile grid + num_tiles - 1) puts the counter back to 0 for the next launch."""
+    first = gl.arange(0, 32, layout=layout) == 0
+    return gl.atomic_add(Counter + first.to(gl.int32) * 0, first.to(gl.int32), mask=first, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
+def _claimed_tile(claim):
+    """The tile a :func:`_claim` took: grid + the claims made before it."""
+    return gl.num_programs(0) + gl.sum(claim, axis=0)
 
 
 @gluon.jit
@@ -854,10 +863,11 @@ def _items_load_partition(operands, sizes, constants: gl.constexpr, BOTTOM_RIGHT
     BLOCK_M: gl.constexpr = items.q_smem.shape[1]
     BLOCK_N: gl.constexpr = ring.k_ring.shape[1]
     claim_layout: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])
+    lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     group = heads // kv_heads
     last_claim = gl.num_programs(0) + num_tiles - 1
     t = gl.program_id(0)
-    upcoming = _next_claim(Counter)
+    pending = _claim(Counter, lane_layout)
     length = _tile_length(CacheSeqlens, t, m_blocks, kv_heads, seqlen_k_padded, HAS_CACHE_SEQLENS)
     ring_base = t * 0
     j = ring_base
@@ -881,6 +891,8 @@ def _items_load_partition(operands, sizes, constants: gl.constexpr, BOTTOM_RIGHT
             mbarrier.expect(q_ready, desc_q.block_type.nbytes)
             q_row = kv_head * group * seqlen_q + m_block * BLOCK_M
             _tma_load(desc_q, [batch, 0, q_row, 0], q_ready, _as_box(items.q_smem.index(buffer)))
+            # The claim issued a tile ago (its latency under that tile's copies).
+            upcoming = _claimed_tile(pending)
             if upcoming == last_claim:
                 gl.store(Counter, 0)
             next_tile = gl.minimum(upcoming, num_tiles - 1)
@@ -895,7 +907,7 @@ def _items_load_partition(operands, sizes, constants: gl.constexpr, BOTTOM_RIGHT
             ring_base += n_blocks
             t = upcoming
             if t < num_tiles:
-                upcoming = _next_claim(Counter)
+                pending = _claim(Counter, lane_layout)
         else:
             mbarrier.arrive(q_ready)
         j += 1
