@@ -19,6 +19,10 @@ rows and the item's last share merging (``BALANCED``; ``_decode_balanced.py``); 
 the grid's x, a share's M tiles together (``splits.balanced_grid``); ``BALANCED_PAIR_TILE`` gives that kernel a
 ring of 64-key blocks that two CTAs share an SM with where it makes the grid one wave (``balanced_pair_tile``; pages of
 16 or 32 too, by ``BALANCED_PAIR_SMALL_PAGES``, the warpgroup copying their chunks where the load warp would).
+``ITEMS_IN_FLIGHT`` (off; issue #38's many short items, one split each) launches ``_items_kernel`` instead: fewer CTAs
+than tiles, each walking the tiles its load warp claims from a counter, the ring and its barrier phases running on
+across tiles (``SplitKeys.ring_base``) and the next tile's Q in a second buffer, so that a tile's Q, first copies and
+O store pass under its neighbours' key blocks rather than each CTA paying them alone.
 
 What Gluon makes explicit (what Triton decides in triton/decode / what this file writes):
   * Copies: the pipeliner turns the K and V loads into ``cp.async``, 16 bytes per thread and
@@ -111,7 +115,8 @@ CTA may use); 1 <= Sq <= ``MAX_SEQLEN_Q`` (a prefill-sized Sq is refused: use a 
 MQA; causal top-left or bottom-right; ``cache_seqlens``; the LSE; softmax_scale >= 0 (the scale is
 applied after the row maximum); exactly sm_90; Triton 3.6 to 3.9 (``_device.py`` picks the TMA and
 barrier names); a paged cache with pages of a multiple of 16 keys (16 to 256). There is no
-interpreter path: Gluon compiles only for a GPU. Not done: FP8 caches, a persistent scheduler. Keys
+interpreter path: Gluon compiles only for a GPU. Not done: FP8 caches, a persistent scheduler but for
+``ITEMS_IN_FLIGHT``'s one-split tiles. Keys
 past a sequence's own length inside its last block (or chunk) are loaded (TMA clips only at the
 padded cache or the page) and weighed by P = 0, so a non-finite value stored there would reach O, as
 in gluon/hopper (triton/decode masks those loads).
@@ -183,6 +188,7 @@ from triton_impl.gluon._device import (
 from triton_impl.gluon._host import (
     GLUON_DTYPES,
     LOAD_WARPS,
+    WARPGROUP_THREADS,
     compile_gluon_sm90,
     descriptor,
     descriptor_type,
@@ -284,6 +290,13 @@ PAGE_ENTRIES_AHEAD_SPILLS = {"3.9": (128, 256)}
 # 279.1 -> 269.9; seed 89 row 1 268.0 -> 235.6, seed 59 row 1 144.1 -> 121.7, seed 61 row 1 87.9 -> 80.8, seed 101
 # row 0 (D=256) 150.7 -> 148.0; the contiguous row and a short cache's (not engaged) 1.00-1.01x.
 PAGED_LOAD_WARP, PAGED_LOAD_REGISTERS = True, gl.constexpr(48)
+# Issue #38's short items (seed 151 row 1: B=64 Hkv=32 group 5 Sq=16 D=64 paged, ~650 keys an item: 4096 tiles of
+# ~10 key blocks, ~15 CTAs an SM in turn, each paying its Q, its ring's fill and its O store alone: 42 % of the read
+# bandwidth). ITEMS_IN_FLIGHT: where the rule plans one split and the tiles pass the CTA slots, min(tiles, slots) CTAs
+# each walk tiles that their load warp claims from a counter (``_items_kernel``); the load warp copies the next
+# tile's Q (a second buffer) and first key blocks while the warpgroup finishes the current one, the ring and its
+# barrier phases running on across tiles. Off until bench/gluon_decode_items_ab.sh (docs/perf-log.md, helper gitems).
+ITEMS_IN_FLIGHT, ITEMS_HEAD_DIMS, ITEMS_Q_BUFFERS = False, (64, 128), 2
 
 
 def decode_config(problem: Problem) -> DecodeConfig:
@@ -330,7 +343,8 @@ class KVRing(NamedTuple):
 class SplitKeys(NamedTuple):
     """Where the split's key blocks lie: its (batch, KV head), its first key and its block count; for
     a paged cache also this sequence's row of the block table and the index of its last entry in use
-    (both None for a contiguous cache)."""
+    (both None for a contiguous cache); and under ``ITEMS_IN_FLIGHT`` the ring place of its block 0, the key blocks
+    of the CTA's earlier items (the ring and its barrier phases run on across items; None: block i at place i)."""
 
     batch: object
     kv_head: object
@@ -338,6 +352,7 @@ class SplitKeys(NamedTuple):
     n_blocks: object
     block_table_row: object
     last_page: object
+    ring_base: object = None
 
 
 class StepConstants(NamedTuple):
@@ -350,6 +365,7 @@ class StepConstants(NamedTuple):
     PAGE_SIZE: int  # keys per page of a paged cache, 0 for a contiguous one
     PAGES_AHEAD: bool  # paged: a refill's table entries loaded at the top of its step (PAGE_ENTRIES_AHEAD)
     LOAD_WARP: bool  # paged: a warp of its own copies K and V (PAGED_LOAD_WARP); the warpgroup frees each slot
+    ITEMS: bool = False  # ITEMS_IN_FLIGHT: the split's last slot freed too (the load warp runs on into the next item)
 
 
 class OutputConstants(NamedTuple):
@@ -368,6 +384,22 @@ class OutputConstants(NamedTuple):
 # ----------------------------------------------------------------------------------------------
 # Device parts: the packed rows, the K/V ring, one pipelined key block
 # ----------------------------------------------------------------------------------------------
+@gluon.constexpr_function
+def _accumulator_layout(num_warps, columns):
+    """A wgmma accumulator of ``columns`` columns (S: BLOCK_N, O: D), each warp 16 whole rows."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, columns, 16])
+
+
+@gluon.jit
+def _ring_place(keys, i):
+    """The ring place of the split's key block ``i``: i, or under ``ITEMS_IN_FLIGHT`` after the CTA's earlier items'
+    blocks (its slot place % NUM_STAGES, its lap place // NUM_STAGES)."""
+    place = i
+    if keys.ring_base is not None:
+        place = keys.ring_base + i
+    return place
+
+
 @gluon.jit
 def _stage_packed_q(Q, q_smem, batch, kv_head, group, m_block, seqlen_q, q_strides, num_warps: gl.constexpr):
     """Load the packed Q tile by pointers (its rows come from ``group`` heads) into ``q_smem``, zeros
@@ -427,12 +459,12 @@ def _load_paged_kv_block(ring, keys, stage, start_n, pages, PAGE_SIZE: gl.conste
 @gluon.jit
 def _load_kv_block(ring, keys, i, pages, NUM_STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr):
     """TMA K and V of the split's key block ``i`` (``keys``: :class:`SplitKeys`) into ring slot
-    i % NUM_STAGES of ``ring`` (:class:`KVRing`); each copy completes its ready barrier with its byte
+    (ring_base + i) % NUM_STAGES of ``ring`` (:class:`KVRing`); each copy completes its ready barrier with its byte
     count (a box past the padded cache is zero-filled and counted). ``PAGE_SIZE`` > 0: from page pools
     (:func:`_load_paged_kv_block`), its chunks' ``pages`` already loaded, or () to load them here."""
     desc_k, desc_v, k_ring, v_ring, k_ready, v_ready = ring
     BLOCK_N: gl.constexpr = k_ring.shape[1]
-    stage = i % NUM_STAGES
+    stage = _ring_place(keys, i) % NUM_STAGES
     start_n = keys.key_begin + i * BLOCK_N
     if PAGE_SIZE:
         if len(pages) == 0:
@@ -476,8 +508,8 @@ def _decode_step(carry, i, step_args, constants: gl.constexpr, MASKED: gl.conste
         pages = _block_pages(ring, keys, i - 1 + NUM_STAGES, constants.PAGE_SIZE)
     # O is the P V wgmma's accumulator: rescaled to the running maximum before it is issued.
     acc = online_softmax_rescale(acc, alpha)
-    k_tile = _ready_tile(k_ring, k_ready, i, NUM_STAGES)
-    v_tile = _ready_tile(v_ring, v_ready, i - 1, NUM_STAGES)
+    k_tile = _ready_tile(k_ring, k_ready, _ring_place(keys, i), NUM_STAGES)
+    v_tile = _ready_tile(v_ring, v_ready, _ring_place(keys, i - 1), NUM_STAGES)
     s_token = _scores(q_smem, k_tile, s_layout)
     pv_token = _values_product(P, v_tile, acc, p_layout)
     # wgmmas retire in order: one left in flight means S_i is done and P V still runs.
@@ -494,7 +526,7 @@ def _decode_step(carry, i, step_args, constants: gl.constexpr, MASKED: gl.conste
     P = _operand_p(P_f32, v_ring.dtype, p_layout)
     if constants.LOAD_WARP:
         # Block i - 1's slot is free (S_(i-1) and P V_(i-1) have retired): the load warp may refill it.
-        mbarrier.arrive(empty.index((i - 1) % NUM_STAGES))
+        mbarrier.arrive(empty.index(_ring_place(keys, i - 1) % NUM_STAGES))
     else:
         _refill(ring, keys, i - 1 + NUM_STAGES, pages, NUM_STAGES, constants.PAGE_SIZE)
     return acc, P, alpha, row_max, row_sum
@@ -520,7 +552,7 @@ def _attend_split(q_smem, ring, keys, empty, n_unmasked, step_args, constants: g
     # sequence's tail or on the causal diagonal, and the rows may not have seen a key yet).
     row_max = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
     row_sum = gl.zeros([BLOCK_M], gl.float32, row_layout)
-    k_tile = _ready_tile(k_ring, k_ready, 0, NUM_STAGES)
+    k_tile = _ready_tile(k_ring, k_ready, _ring_place(keys, 0), NUM_STAGES)
     S = warpgroup_mma_wait(0, deps=[_scores(q_smem, k_tile, s_layout)])
     S = attention_mask(S * softmax_scale_log2, offs_m, keys.key_begin, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL)
     P_f32, alpha, row_max, row_sum = online_softmax_update(
@@ -540,20 +572,42 @@ def _attend_split(q_smem, ring, keys, empty, n_unmasked, step_args, constants: g
 
     # The last block's P V.
     acc = online_softmax_rescale(acc, alpha)
-    v_tile = _ready_tile(v_ring, v_ready, keys.n_blocks - 1, NUM_STAGES)
+    last = _ring_place(keys, keys.n_blocks - 1)
+    v_tile = _ready_tile(v_ring, v_ready, last, NUM_STAGES)
     acc = warpgroup_mma_wait(0, deps=[_values_product(P, v_tile, acc, p_layout)])
+    if constants.ITEMS:
+        # The load warp's ring runs on into the CTA's next item: its last slot is free too.
+        mbarrier.arrive(empty.index(last % NUM_STAGES))
     return acc, row_max, row_sum
 
 
 @gluon.jit
+def _split_blocks(split, num_splits, seqlen_k, seqlen_q, causal_offset, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Step 1's key blocks of split ``split`` of ``num_splits`` of a sequence of ``seqlen_k`` keys: ``(key_begin,
+    n_blocks, n_unmasked)``, blocks [0, n_unmasked) seen by every row, [n_unmasked, n_blocks) masked."""
+    key_end = gl.maximum(gl.minimum(seqlen_k, seqlen_q + causal_offset), 0) if CAUSAL else seqlen_k
+    key_begin, key_end = split_key_range(split, num_splits, key_end, BLOCK_N)
+    visible_to_all = gl.minimum(seqlen_k, causal_offset + 1) if CAUSAL else seqlen_k
+    unmasked_end = gl.minimum(gl.maximum(visible_to_all // BLOCK_N * BLOCK_N, key_begin), key_end)
+    n_blocks = (key_end - key_begin + BLOCK_N - 1) // BLOCK_N
+    n_unmasked = (unmasked_end - key_begin) // BLOCK_N
+    return key_begin, n_blocks, n_unmasked
+
+
+@gluon.jit
 def _paged_load_partition(ring, keys, empty, NUM_STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr):
-    """PAGED_LOAD_WARP: the split's key blocks, each into its ring slot once the warpgroup has freed it (the empty
-    barrier's phase of the slot's lap; a fresh barrier counts as having completed the phase before phase 0, so the
-    first lap passes at once). A block's table entries are loaded before the wait, their latency under it. The
-    chunks' copies are this warp's alone: the barrier pass's barriers between them span one warp."""
+    """PAGED_LOAD_WARP (and ``_items_kernel``'s load warp, for a contiguous cache too): the split's key blocks, each
+    into its ring slot once the warpgroup has freed it (the empty barrier's phase of the slot's lap; a fresh barrier
+    counts as having completed the phase before phase 0, so the first lap passes at once). A block's table entries
+    are loaded before the wait, their latency under it. The chunks' copies are this warp's alone: the barrier pass's
+    barriers between them span one warp."""
     for i in range(keys.n_blocks):
-        pages = _block_pages(ring, keys, i, PAGE_SIZE)
-        mbarrier.wait(empty.index(i % NUM_STAGES), ((i // NUM_STAGES) & 1) ^ 1)
+        place = _ring_place(keys, i)
+        if PAGE_SIZE:  # noqa: SIM108 - a constexpr branch, not a value (the contiguous cache has no pages)
+            pages = _block_pages(ring, keys, i, PAGE_SIZE)
+        else:
+            pages = ()
+        mbarrier.wait(empty.index(place % NUM_STAGES), ((place // NUM_STAGES) & 1) ^ 1)
         _load_kv_block(ring, keys, i, pages, NUM_STAGES, PAGE_SIZE)
 
 
@@ -647,12 +701,8 @@ def _split_kernel(
     # wgmma's accumulators (S: BLOCK_M × BLOCK_N, O: BLOCK_M × D; a warp holds 16 whole rows of each, a
     # warpgroup 64: with WIDE_M_TILE's 8 warps the two warpgroups issue their own wgmmas on the same ring)
     # and P as the A operand of P V from registers.
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
-    )
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
-    )
+    s_layout: gl.constexpr = _accumulator_layout(num_warps, BLOCK_N)
+    o_layout: gl.constexpr = _accumulator_layout(num_warps, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     if BALANCED:
         # 0. This CTA's work item and split; past the last share: an empty range, nothing stored.
@@ -678,12 +728,9 @@ def _split_kernel(
     seqlen_k, causal_offset = seqlen_info(
         CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, BOTTOM_RIGHT=BOTTOM_RIGHT
     )
-    key_end = gl.maximum(gl.minimum(seqlen_k, seqlen_q + causal_offset), 0) if CAUSAL else seqlen_k
-    key_begin, key_end = split_key_range(split, num_splits, key_end, BLOCK_N)
-    visible_to_all = gl.minimum(seqlen_k, causal_offset + 1) if CAUSAL else seqlen_k
-    unmasked_end = gl.minimum(gl.maximum(visible_to_all // BLOCK_N * BLOCK_N, key_begin), key_end)
-    n_blocks = (key_end - key_begin + BLOCK_N - 1) // BLOCK_N
-    n_unmasked = (unmasked_end - key_begin) // BLOCK_N
+    key_begin, n_blocks, n_unmasked = _split_blocks(
+        split, num_splits, seqlen_k, seqlen_q, causal_offset, CAUSAL, BLOCK_N
+    )
 
     # 2. Shared memory: the packed Q tile, and a ring of NUM_STAGES K and V slots, each with a ready
     # barrier that its TMA copy completes.
@@ -741,6 +788,240 @@ def _split_kernel(
             if i < n_blocks:
                 _load_kv_block(ring, keys, i, (), NUM_STAGES, PAGE_SIZE)
         _split_consumer(operands, work, constants, flags)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel 1': ITEMS_IN_FLIGHT, one CTA walking many tiles, its load warp running ahead across them
+# ----------------------------------------------------------------------------------------------
+class ItemBuffers(NamedTuple):
+    """What the load warp hands the warpgroup, one item at a time, two of each (item j of the CTA in buffer j % 2):
+    the packed Q tile (a TMA copy), the claim (tile, seqlen_k) as two int32, and their barriers: ``q_ready`` (the
+    load warp's arrival, then Q's bytes) and ``q_empty`` (the warpgroup's, once item j's wgmmas have retired)."""
+
+    q_smem: object
+    claim: object
+    q_ready: object
+    q_empty: object
+
+
+@gluon.jit
+def _item_tile(t, m_blocks, kv_heads):
+    """(batch, KV head, M tile) of tile ``t``: M tile t % m_blocks of item t // m_blocks, so that an item's M tiles
+    run on neighbouring CTAs at once and share its K and V in L2."""
+    batch_kv_head = t // m_blocks
+    return batch_kv_head // kv_heads, batch_kv_head % kv_heads, t % m_blocks
+
+
+@gluon.jit
+def _claimed_item(items, j, layout: gl.constexpr):
+    """The CTA's item j: (tile, seqlen_k) once the load warp has published it and, for a tile, Q has landed."""
+    buffer = j % 2
+    mbarrier.wait(items.q_ready.index(buffer), (j // 2) & 1)
+    claim = items.claim.index(buffer).load(layout)
+    first = gl.arange(0, 2, layout=layout) == 0
+    return gl.sum(gl.where(first, claim, 0), axis=0), gl.sum(gl.where(first, 0, claim), axis=0)
+
+
+@gluon.jit
+def _claim(Counter, layout: gl.constexpr):
+    """Issue a claim on the launch's next tile after the first wave's: one lane's atomic on ``Counter``, its old value
+    in that lane and 0 in the others (``layout``: a lane an element), so that nothing waits for it until
+    :func:`_claimed_tile` reads it (a scalar atomic's value is broadcast at once, through shared memory). Every CTA
+    claims until it gets a tile past the last, so a launch makes ``num_tiles`` claims in all, and the last of them
+    (the tile grid + num_tiles - 1) puts the counter back to 0 for the next launch."""
+    first = gl.arange(0, 32, layout=layout) == 0
+    return gl.atomic_add(Counter + first.to(gl.int32) * 0, first.to(gl.int32), mask=first, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
+def _claimed_tile(claim):
+    """The tile a :func:`_claim` took: grid + the claims made before it."""
+    return gl.num_programs(0) + gl.sum(claim, axis=0)
+
+
+@gluon.jit
+def _tile_length(CacheSeqlens, t, m_blocks, kv_heads, seqlen_k, HAS_CACHE_SEQLENS: gl.constexpr):
+    """Tile ``t``'s ``cache_seqlens`` entry as loaded (clamped where it is used, so that the load's latency passes
+    under what comes between), or the padded Sk."""
+    if HAS_CACHE_SEQLENS:
+        seqlen_k = gl.load(CacheSeqlens + t // m_blocks // kv_heads)
+    return seqlen_k
+
+
+@gluon.jit
+def _items_load_partition(operands, sizes, constants: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                          HAS_CACHE_SEQLENS: gl.constexpr):  # fmt: skip
+    """ITEMS_IN_FLIGHT's load warp: the CTA's tiles (its first by the CTA's index, each next one claimed from
+    ``Counter`` a tile ahead, its length loaded under the current tile's copies), each published with its length
+    (the claim), its Q tile copied into the claim's buffer and its key blocks into the ring as the warpgroup frees
+    slots (``_paged_load_partition`` at the ring places after the CTA's earlier tiles: the slots' phases run on). A
+    claim past the last tile, published without Q, ends both partitions."""
+    desc_q, items, ring, empty, CacheSeqlens, BlockTable, stride_btb, Counter = operands
+    heads, kv_heads, seqlen_q, seqlen_k_padded, m_blocks, num_tiles = sizes
+    NUM_STAGES: gl.constexpr = constants.NUM_STAGES
+    PAGE_SIZE: gl.constexpr = constants.PAGE_SIZE
+    BLOCK_M: gl.constexpr = items.q_smem.shape[1]
+    BLOCK_N: gl.constexpr = ring.k_ring.shape[1]
+    claim_layout: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])
+    lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    group = heads // kv_heads
+    last_claim = gl.num_programs(0) + num_tiles - 1
+    t = gl.program_id(0)
+    pending = _claim(Counter, lane_layout)
+    length = _tile_length(CacheSeqlens, t, m_blocks, kv_heads, seqlen_k_padded, HAS_CACHE_SEQLENS)
+    ring_base = t * 0
+    j = ring_base
+    claimed = t < num_tiles
+    while claimed:
+        claimed = t < num_tiles
+        buffer = j % 2
+        # Item j - 2 has left the buffer (its wgmmas on Q have retired, its claim was read).
+        mbarrier.wait(items.q_empty.index(buffer), ((j // 2) & 1) ^ 1)
+        batch, kv_head, m_block = _item_tile(gl.minimum(t, num_tiles - 1), m_blocks, kv_heads)
+        # Clamped, as seqlen_info's, so that a bad length cannot make the copies read past the padded cache.
+        seqlen_k = gl.minimum(gl.maximum(length, 0), seqlen_k_padded)
+        seqlen_k, causal_offset = seqlen_info(
+            None, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS=False, BOTTOM_RIGHT=BOTTOM_RIGHT
+        )
+        items.claim.index(buffer).store(gl.where(gl.arange(0, 2, layout=claim_layout) == 0, t, seqlen_k))
+        # Every lane's store before the arrival that publishes it.
+        _partition_barrier()
+        q_ready = items.q_ready.index(buffer)
+        if claimed:
+            mbarrier.expect(q_ready, desc_q.block_type.nbytes)
+            q_row = kv_head * group * seqlen_q + m_block * BLOCK_M
+            _tma_load(desc_q, [batch, 0, q_row, 0], q_ready, _as_box(items.q_smem.index(buffer)))
+            # The claim issued a tile ago (its latency under that tile's copies).
+            upcoming = _claimed_tile(pending)
+            if upcoming == last_claim:
+                gl.store(Counter, 0)
+            next_tile = gl.minimum(upcoming, num_tiles - 1)
+            length = _tile_length(CacheSeqlens, next_tile, m_blocks, kv_heads, seqlen_k_padded, HAS_CACHE_SEQLENS)
+            key_begin, n_blocks, _ = _split_blocks(0, 1, seqlen_k, seqlen_q, causal_offset, constants.CAUSAL, BLOCK_N)
+            if PAGE_SIZE:
+                table_row = BlockTable + batch * stride_btb
+                keys = SplitKeys(batch, kv_head, key_begin, n_blocks, table_row, (seqlen_k - 1) // PAGE_SIZE, ring_base)
+            else:
+                keys = SplitKeys(batch, kv_head, key_begin, n_blocks, None, None, ring_base)
+            _paged_load_partition(ring, keys, empty, NUM_STAGES, PAGE_SIZE)
+            ring_base += n_blocks
+            t = upcoming
+            if t < num_tiles:
+                pending = _claim(Counter, lane_layout)
+        else:
+            mbarrier.arrive(q_ready)
+        j += 1
+
+
+@gluon.jit
+def _items_consumer(operands, sizes, constants: gl.constexpr, flags: gl.constexpr, BOTTOM_RIGHT: gl.constexpr):
+    """ITEMS_IN_FLIGHT's warpgroup: steps 4 to 6 of ``_split_consumer`` for each item the load warp publishes, in
+    its order, until a claim past the last tile: item j's Q from buffer j % 2, its key blocks at the ring places
+    after the CTA's earlier items (``SplitKeys.ring_base``), its last slot freed too (``constants.ITEMS``), Q's buffer
+    freed once its wgmmas have retired, so that the load warp's copies of the next items run under this one's last
+    blocks and its O store."""
+    items, ring, empty, outputs = operands
+    heads, kv_heads, seqlen_q, softmax_scale_log2, m_blocks, num_tiles = sizes
+    s_layout: gl.constexpr = constants.s_layout
+    o_layout: gl.constexpr = constants.p_layout.parent
+    BLOCK_M: gl.constexpr = items.q_smem.shape[1]
+    HEAD_DIM: gl.constexpr = items.q_smem.shape[2]
+    BLOCK_N: gl.constexpr = ring.k_ring.shape[1]
+    claim_layout: gl.constexpr = gl.BlockedLayout([2], [32], [flags.num_warps], [0])
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    group = heads // kv_heads
+    ring_base = gl.program_id(0) * 0
+    j = ring_base
+    t, seqlen_k = _claimed_item(items, j, claim_layout)
+    while t < num_tiles:
+        batch, kv_head, m_block = _item_tile(t, m_blocks, kv_heads)
+        seqlen_k, causal_offset = seqlen_info(None, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS=False,
+                                              BOTTOM_RIGHT=BOTTOM_RIGHT)  # fmt: skip
+        key_begin, n_blocks, n_unmasked = _split_blocks(
+            0, 1, seqlen_k, seqlen_q, causal_offset, constants.CAUSAL, BLOCK_N
+        )
+        keys = SplitKeys(batch, kv_head, key_begin, n_blocks, None, None, ring_base)
+        _, offs_m, _ = _packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M, s_rows)
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+        row_max = gl.full([BLOCK_M], float("-inf"), gl.float32, s_rows)
+        row_sum = gl.zeros([BLOCK_M], gl.float32, s_rows)
+        if n_blocks > 0:
+            step_args = (offs_m, (seqlen_k, causal_offset), softmax_scale_log2)
+            q_smem = items.q_smem.index(j % 2)
+            acc, row_max, row_sum = _attend_split(q_smem, ring, keys, empty, n_unmasked, step_args, constants)
+        # Every wgmma reading this Q has retired: its buffer and claim may take item j + 2.
+        mbarrier.arrive(items.q_empty.index(j % 2))
+        out, lse = online_softmax_finalize(acc, row_max, row_sum)
+        head, token, row_ok = _packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M, o_rows)
+        lse = gl.convert_layout(lse, o_rows)
+        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        row = (batch.to(gl.int64) * heads + head) * seqlen_q + token
+        _store_output(outputs, batch, head, token, row, row_ok, offs_d, out, lse, flags.RETURN_LSE)
+        ring_base += n_blocks
+        j += 1
+        t, seqlen_k = _claimed_item(items, j, claim_layout)
+
+
+@gluon.jit
+def _items_kernel(
+    desc_q, desc_k, desc_v, Out, Lse, CacheSeqlens,
+    stride_ob, stride_oh, stride_om,
+    heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2, BlockTable, stride_btb, Counter, num_tiles,
+    CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, HAS_CACHE_SEQLENS: gl.constexpr, RETURN_LSE: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr,
+    num_warps: gl.constexpr,
+):  # fmt: skip
+    """ITEMS_IN_FLIGHT: the split kernel's one-split form (``SPLIT`` off) for ``num_tiles`` tiles (M tiles of each
+    (batch, KV head)) on a grid of fewer CTAs, each walking the tiles its load warp claims (``_items_load_partition``,
+    ``_items_consumer``). ``desc_q``: Q seen as (B, 1, H · Sq, D), a box of BLOCK_M packed rows (the rows past a
+    KV head's group · Sq are the next heads' or TMA's zeros, computed on and never stored); ``Counter``: one int32,
+    0 between launches. K, V, the block table and the outputs as ``_split_kernel``'s."""
+    HEAD_DIM: gl.constexpr = desc_k.block_type.shape[3]
+    dtype: gl.constexpr = desc_k.dtype
+    s_layout: gl.constexpr = _accumulator_layout(num_warps, BLOCK_N)
+    o_layout: gl.constexpr = _accumulator_layout(num_warps, HEAD_DIM)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    m_blocks = (heads // kv_heads * seqlen_q + BLOCK_M - 1) // BLOCK_M
+
+    # Shared memory: two Q tiles and claims, the K/V ring; ready barriers (Q's, the ring's) and empty ones.
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_layout)
+    claim = gl.allocate_shared_memory(gl.int32, [2, 2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    k_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
+    v_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for stage in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(stage), count=1)
+        mbarrier.init(v_ready.index(stage), count=1)
+        mbarrier.init(empty.index(stage), count=1)
+    for buffer in gl.static_range(2):
+        mbarrier.init(q_ready.index(buffer), count=1)
+        mbarrier.init(q_empty.index(buffer), count=1)
+    fence_async_shared()
+    ring = KVRing(desc_k, desc_v, k_ring, v_ring, k_ready, v_ready)
+    items = ItemBuffers(q_smem, claim, q_ready, q_empty)
+
+    constants: gl.constexpr = StepConstants(s_layout, p_layout, NUM_STAGES, CAUSAL, PAGE_SIZE, False, True, True)
+    flags: gl.constexpr = OutputConstants(RETURN_LSE, False, False, False, 1, False, 0, num_warps)
+    outputs = (Out, Lse, stride_ob, stride_oh, stride_om)
+    consumer_operands = (items, ring, empty, outputs)
+    consumer_sizes = (heads, kv_heads, seqlen_q, softmax_scale_log2, m_blocks, num_tiles)
+    load_operands = (desc_q, items, ring, empty, CacheSeqlens, BlockTable, stride_btb, Counter)
+    load_sizes = (heads, kv_heads, seqlen_q, seqlen_k, m_blocks, num_tiles)
+    gl.warp_specialize(
+        [
+            (_items_consumer, (consumer_operands, consumer_sizes, constants, flags, BOTTOM_RIGHT)),
+            (_items_load_partition, (load_operands, load_sizes, constants, BOTTOM_RIGHT, HAS_CACHE_SEQLENS)),
+        ],
+        [LOAD_WARPS],
+        [PAGED_LOAD_REGISTERS],
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -827,6 +1108,67 @@ def balanced_stages(problem: Problem, device: torch.device, target: int, config:
     config = config or decode_config(problem)
     slots, stages = split_policy(problem, config).ctas_per_sm, config.num_stages
     return balanced_ring_stages(problem, device, target, m_blocks_for(problem), slots, stages)
+
+
+def items_tiles(problem: Problem) -> int:
+    """The tiles ``_items_kernel`` walks: every M tile of every (batch, KV head)."""
+    return m_blocks_for(problem) * problem.batch * problem.kv_heads
+
+
+def _items_fit(problem: Problem, config: DecodeConfig) -> int:
+    """CTAs an SM whose shared memory holds ``config``'s ring and ``ITEMS_Q_BUFFERS`` Q tiles."""
+    tiles_bytes = (config.num_stages * 2 * config.block_n + ITEMS_Q_BUFFERS * BLOCK_M) * problem.head_dim * 2
+    return SM_SHARED_BYTES // (tiles_bytes + CTA_RESERVED_SHARED_BYTES)
+
+
+def items_config(problem: Problem) -> DecodeConfig:
+    """``_items_kernel``'s ring: ``decode_config``'s, one stage shallower at a time (down to 2) while the second Q
+    buffer would leave fewer CTAs an SM than the split kernel's (D=64: 6 stages, 96 + 16 KB, two CTAs as before;
+    D=128 short caches: 64-key blocks in 2 stages, 64 + 32 KB, two; D=128: 192 + 32 KB, one as before)."""
+    config = decode_config(problem)
+    default_fit = split_policy(problem, config).ctas_per_sm
+    while config.num_stages > 2 and _items_fit(problem, config) < default_fit:
+        config = DecodeConfig(config.block_n, config.num_stages - 1, config.ctas_per_sm)
+    return config
+
+
+def items_ctas_per_sm(problem: Problem) -> int:
+    """``_items_kernel``'s CTAs an SM, by the shared memory of ``items_config``'s ring and two Q tiles."""
+    return _items_fit(problem, items_config(problem))
+
+
+def items_maxnreg(problem: Problem) -> int:
+    """Registers a thread at launch for ``items_ctas_per_sm`` CTAs an SM: a CTA is two warpgroups (the warpgroup and
+    the load warp's, padded: setmaxnreg takes whole warpgroups), 128 a thread for two CTAs, of which the load warp's
+    warpgroup gives all but ``PAGED_LOAD_REGISTERS`` to the warpgroup (208); 255 (the most) for one."""
+    threads = 2 * WARPGROUP_THREADS
+    return min(255, 65536 // (items_ctas_per_sm(problem) * threads) // 8 * 8)
+
+
+def items_grid(problem: Problem, device: torch.device | None = None) -> int:
+    """``_items_kernel``'s CTAs: one a CTA slot of ``device`` (default SM count without one), at most one a tile."""
+    slots = items_ctas_per_sm(problem) * splits.sm_count(device or torch.device("cpu"))
+    return min(items_tiles(problem), slots)
+
+
+def items_in_flight(problem: Problem, device: torch.device | None = None) -> bool:
+    """Whether ``ITEMS_IN_FLIGHT`` takes ``problem`` on ``device`` (None: the default SM count, as the sm_90a compile):
+    a head dim of ``ITEMS_HEAD_DIMS`` in one warpgroup's tile, one split by the rule (not the balanced split), and more
+    tiles than the grid's CTAs (otherwise no CTA has a next tile to load ahead)."""
+    if not ITEMS_IN_FLIGHT or problem.head_dim not in ITEMS_HEAD_DIMS or wide_m_tile(problem):
+        return False
+    if balanced_split(problem, device) or planned_num_splits(problem, device or torch.device("cpu")) != 1:
+        return False
+    return items_tiles(problem) > items_grid(problem, device)
+
+
+def items_constexprs(problem: Problem) -> dict[str, int | bool]:
+    """``_items_kernel``'s constexprs and launch options on ``items_config``'s ring."""
+    config = items_config(problem)
+    return {
+        **feature_constexprs(problem), "BLOCK_M": BLOCK_M, "BLOCK_N": config.block_n,
+        "NUM_STAGES": config.num_stages, "PAGE_SIZE": problem.page_size, "num_warps": NUM_WARPS,
+    }  # fmt: skip
 
 
 def load_warp(problem: Problem, config: DecodeConfig | None = None) -> bool:
@@ -929,6 +1271,11 @@ class GluonDecodePlan:
             "num_warps": num_warps_for(problem),
         }
         self.fused_merge = self.split_options["FUSED_MERGE"] or self.balanced
+        # ITEMS_IN_FLIGHT: the one-split launch as ``_items_kernel`` on fewer CTAs, each walking tiles.
+        self.items_in_flight = num_splits == 1 and not self.balanced and items_in_flight(problem, device)
+        if self.items_in_flight:
+            self.items_grid, self.num_tiles = (items_grid(problem, device),), items_tiles(problem)
+            self.items_options = {**items_constexprs(problem), "maxnreg": items_maxnreg(problem)}
         self.work_items = arrival_counter_count(self.items, num_splits + self.items, m_blocks, self.balanced)
         # Only the two-launch path (more than one split, FUSED_MERGE off) launches the merge kernel.
         self.two_launch = num_splits > 1 and not self.fused_merge
@@ -981,12 +1328,35 @@ class GluonDecode:
         )  # fmt: skip
         merge_args = (problem, plan.num_splits, out_partial, lse_partial, self.out, lse_arg)
         self._merge = triton_decode.merge_launch(*merge_args) if plan.two_launch else None
+        self.items_args = None
+        q_rows = packed_q_rows(q) if plan.items_in_flight else None
+        if q_rows is not None:
+            self.items_grid, self.items_options = plan.items_grid, plan.items_options
+            self.items_args = (
+                descriptor(q_rows, BLOCK_M, dtype), desc_k, desc_v, self.out, lse_arg, lengths_arg,
+                *self.out.stride()[:3], *plan.sizes, *paging_arguments(block_table),
+                triton_decode.arrival_counters(q.device, 1), plan.num_tiles,
+            )  # fmt: skip
 
     def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if self.items_args is not None:
+            _items_kernel[self.items_grid](*self.items_args, **self.items_options)
+            return rung_result(self.out, self.lse)
         _split_kernel[self.split_grid](*self.split_args, **self.split_options)
         if self._merge is not None:
             self._merge()
         return rung_result(self.out, self.lse)
+
+
+def packed_q_rows(q: torch.Tensor) -> torch.Tensor | None:
+    """Q (B, H, Sq, D) as ``_items_kernel``'s TMA reads its packed rows, (B, 1, H · Sq, D): a view where a head's
+    tokens follow the previous head's (a contiguous Q), else None (such a launch keeps ``_split_kernel``, which
+    loads Q by pointers: a copy made here would not see a later write into q)."""
+    batch, heads, seqlen_q, head_dim = q.shape
+    try:
+        return q.view(batch, 1, heads * seqlen_q, head_dim)
+    except RuntimeError:
+        return None
 
 
 def bind(
@@ -1085,6 +1455,8 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     and is compiled, and its resources listed, under that rung."""
     problem = triton_decode.decode_shape(problem)
     element = "*fp16" if problem.dtype == torch.float16 else "*bf16"
+    if items_in_flight(problem):
+        return [compile_items_sm90(problem, element)]
     balanced, stages = balanced_split(problem), None
     config = balanced_config(problem) if balanced else decode_config(problem)
     kv_type = descriptor_type(problem.dtype, kv_chunk_rows(problem, config), problem.head_dim)
@@ -1115,6 +1487,27 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     else:
         constexprs["Counters"] = None
     return [compile_gluon_sm90(_split_kernel, signature, constexprs, {"num_warps": num_warps}, SPLIT_ALIGNED)]
+
+
+ITEMS_ALIGNED = ("Out", "Lse", "stride_ob", "stride_oh", "stride_om")
+
+
+def compile_items_sm90(problem: Problem, element: str) -> KernelBinary:
+    """``_items_kernel`` for sm_90a at ``problem``'s head dim, dtype and features (``ITEMS_IN_FLIGHT``)."""
+    kv_type = descriptor_type(problem.dtype, kv_chunk_rows(problem, items_config(problem)), problem.head_dim)
+    signature = {
+        "desc_q": descriptor_type(problem.dtype, BLOCK_M, problem.head_dim), "desc_k": kv_type, "desc_v": kv_type,
+        "Out": element, "Lse": "*fp32", "CacheSeqlens": "*i32", **dict.fromkeys(ITEMS_ALIGNED[2:], "i32"),
+        "heads": "i32", "kv_heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "softmax_scale_log2": "fp32",
+        "Counter": "*i32", "num_tiles": "i32",
+    }  # fmt: skip
+    constexprs = items_constexprs(problem)
+    if problem.paged:
+        signature.update({"BlockTable": "*i32", "stride_btb": "i32"})
+    else:
+        constexprs.update({"BlockTable": None, "stride_btb": None})
+    options = {"num_warps": NUM_WARPS, "maxnreg": items_maxnreg(problem)}
+    return compile_gluon_sm90(_items_kernel, signature, constexprs, options, ITEMS_ALIGNED)
 
 
 IMPLEMENTATION = gluon_implementation(

@@ -1,0 +1,333 @@
+"""gluon/decode's ``ITEMS_IN_FLIGHT`` (off; issue #38's short items, seed 151 row 1): ``_items_kernel``, a grid of
+min(tiles, CTA slots) CTAs each walking the tiles its load warp claims, the ring and its phases running on across
+tiles, the next tile's Q in a second buffer.
+
+CPU: the switch off by default; which shapes it takes (one split by the rule, D 64 / 128, more tiles than slots) and
+the plan it gives seed 151 row 1 (264 CTAs of 4096 tiles, 128 registers at launch). Static (sm_90a, child process,
+the running Triton release): the items builds without spills or local memory, their CTAs an SM by shared memory as
+``items_ctas_per_sm`` says; the switch leaving every build it does not take instruction for instruction, and the
+builds it takes being ``_split_kernel`` with it off. GPU (``gpu``; ``bench/gluon_decode_items_ab.sh``): against fp64
+on a poisoned output with the items kernel checked to be the one launched: 151/1 itself, items of one key block and
+of many, ragged, paged (pages of 16 and 128) and contiguous, GQA groups 1 / 5 / 8, D 64 / 128, fp16, the LSE, an
+empty sequence; three launches in a row (the claim counter back to 0); a planted launch whose counter starts past
+the last tile (every CTA's first tile only) fails the check, and so does (or hangs, in a child process cut by a
+timeout) a planted ring whose places and phases restart at every tile.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+
+from common.contract.problem import Problem
+from common.measure.decode_sweep import random_cases
+from tests._helpers import json_from_child
+from tests.test_decode_wide import check_on_gpu
+from triton_impl.gluon import decode as gluon_decode
+
+CPU = torch.device("cpu")
+SM_SHARED_BYTES, CTA_RESERVED_BYTES = 233472, 1024
+
+
+def _problem(batch: int, kv_heads: int, seqlen_k: int, head_dim: int = 64, **changes) -> Problem:
+    """A decode step of group 5 (bottom-right causal, ``cache_seqlens`` unless told otherwise)."""
+    return Problem(
+        batch, kv_heads * changes.pop("group", 5), changes.pop("seqlen_q", 16), seqlen_k, head_dim,
+        dtype=changes.pop("dtype", torch.bfloat16), causal=changes.pop("causal", True), kv_heads=kv_heads,
+        causal_alignment="bottom_right", has_cache_seqlens=changes.pop("has_cache_seqlens", True),
+        return_lse=changes.pop("return_lse", False), **changes,
+    )  # fmt: skip
+
+
+def _row(seed: int, index: int):
+    return random_cases(8, seed)[index]
+
+
+def test_switch_is_off_and_takes_seed_151_row_1(monkeypatch: pytest.MonkeyPatch):
+    assert gluon_decode.ITEMS_IN_FLIGHT is False, "off until bench/gluon_decode_items_ab.sh"
+    problem = _row(151, 1).problem
+    assert not gluon_decode.items_in_flight(problem, CPU)
+    assert not gluon_decode.GluonDecodePlan(problem, CPU).items_in_flight
+    monkeypatch.setattr(gluon_decode, "ITEMS_IN_FLIGHT", True)
+    assert gluon_decode.items_in_flight(problem, CPU)
+    plan = gluon_decode.GluonDecodePlan(problem, CPU)
+    assert plan.items_in_flight and plan.items_grid == (264,) and plan.num_tiles == 4096
+    assert plan.items_options["maxnreg"] == 128 and plan.items_options["NUM_STAGES"] == 6
+    assert gluon_decode.items_ctas_per_sm(problem) == 2
+
+
+def test_items_ring_keeps_the_split_kernels_ctas_an_sm():
+    """The second Q buffer costs a stage where it would cost a CTA an SM: D=64's six stages keep two CTAs, D=128's
+    short-cache ring (64-key blocks) goes from 3 stages to 2 to keep two, D=128's long ring keeps its one."""
+    long_d128 = _problem(64, 16, 12288, head_dim=128, group=1, seqlen_q=1, has_cache_seqlens=False)
+    expected = [(_row(151, 1).problem, (64, 6), 2), (_row(151, 5).problem, (64, 2), 2), (long_d128, (128, 3), 1)]
+    for problem, ring, ctas in expected:
+        config = gluon_decode.items_config(problem)
+        assert ((config.block_n, config.num_stages), gluon_decode.items_ctas_per_sm(problem)) == (ring, ctas)
+        assert gluon_decode.split_policy(problem).ctas_per_sm == ctas, problem.describe()
+
+
+# (name, problem, taken): what the switch takes at 132 SMs.
+SHAPES = [
+    ("151/1", _row(151, 1).problem, True),
+    ("151/5: D=128 one CTA an SM", _row(151, 5).problem, True),
+    ("41/2", _row(41, 2).problem, True),
+    ("D=256", _row(151, 1).problem.with_(head_dim=256), False),
+    (
+        "D=128 long ring: one CTA an SM",
+        _problem(64, 16, 12288, head_dim=128, group=1, seqlen_q=1, has_cache_seqlens=False),
+        True,
+    ),
+    ("few tiles: one wave", _problem(4, 8, 4096), False),
+    ("split by the rule: long cache, few items", _problem(2, 4, 65536), False),
+    ("sweep ragged row: balanced", _row(73, 3).problem.with_(seqlen_k=32768, head_dim=128, batch=8), False),
+]
+
+
+def test_shapes_it_takes(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(gluon_decode, "ITEMS_IN_FLIGHT", True)
+    assert {name: gluon_decode.items_in_flight(problem, CPU) for name, problem, _ in SHAPES} == {
+        name: taken for name, _, taken in SHAPES
+    }
+
+
+def test_ab_script_rows_parse_and_the_switch_takes_them(monkeypatch: pytest.MonkeyPatch):
+    """bench/gluon_decode_items_ab.sh's rows: each parses, 151/1 first, and the switch takes every one at 132 SMs (a
+    row it left would time the same kernel twice)."""
+    import shlex
+    from pathlib import Path
+
+    from bench.decode_knob_ab import parse_row
+
+    script = (Path(__file__).parents[1] / "bench" / "gluon_decode_items_ab.sh").read_text()
+    line = script.split("python3 -m bench.gluon_decode_items_ab", 1)[1].split(" > ", 1)[0]
+    words = shlex.split(line.replace("\\\n", " "))
+    rows = words[words.index("--rows") + 1 :]
+    assert rows[0] == "151/1" and len([row for row in rows if not row.startswith("151/")]) >= 6, rows
+    monkeypatch.setattr(gluon_decode, "ITEMS_IN_FLIGHT", True)
+    for text in rows:
+        assert gluon_decode.items_in_flight(parse_row(text)[1].problem, CPU), text
+
+
+# ----------------------------------------------------------------------------------------------------
+# sm_90a: the items builds (no spills, their CTAs an SM); the switch leaves the others
+# ----------------------------------------------------------------------------------------------------
+_SCRIPT = r"""
+import hashlib, json, re, sys
+import torch
+from common.contract.problem import Problem
+from common.measure.decode_sweep import random_cases
+from common.reporting.static import cubin_resources, cubin_sass
+from triton_impl.gluon import decode
+
+rows = {
+    "151/1": random_cases(8, 151)[1].problem,
+    "151/5": random_cases(8, 151)[5].problem,
+    "67/1 paged16": random_cases(8, 67)[1].problem,
+    "129/5 contiguous": random_cases(8, 129)[5].problem,
+    "fp16 non-causal lse": random_cases(8, 41)[2].problem.with_(dtype=torch.float16, causal=False, return_lse=True),
+    "151/0 d128 few tiles": random_cases(8, 151)[0].problem,
+    "151/1 d256": random_cases(8, 151)[1].problem.with_(head_dim=256),
+    "long d128": Problem(64, 16, 1, 12288, 128, dtype=torch.bfloat16, causal=True, kv_heads=16,
+                         causal_alignment="bottom_right"),
+}
+results = {}
+for name, switch in json.loads(sys.argv[1]):
+    decode.ITEMS_IN_FLIGHT = switch
+    (binary,) = decode.compile_sm90(rows[name])
+    (kernel, usage), = cubin_resources(binary.cubin).items()
+    sass = cubin_sass(binary.cubin)
+    results[f"{name}|{switch}"] = {
+        "kernel": kernel, "registers": usage["registers"], "spill_bytes": usage["local_bytes"] + usage["stack_bytes"],
+        "local_ops": len(re.findall(r"\b(?:LDL|STL)\b", sass)), "shared_bytes": binary.shared_bytes,
+        "setmaxnreg": sorted(set(re.findall(r"USETMAXREG\.\w+\.CTAPOOL (?:UP0, )?(0x[0-9a-f]+)", sass))),
+        "items": decode.items_in_flight(rows[name]), "ctas_per_sm": decode.items_ctas_per_sm(rows[name]),
+        "sass": hashlib.sha256(sass.encode()).hexdigest(),
+    }
+print(json.dumps(results))
+"""
+TAKEN = ("151/1", "151/5", "67/1 paged16", "129/5 contiguous", "fp16 non-causal lse", "long d128")
+LEFT = ("151/0 d128 few tiles", "151/1 d256")
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, dict]:
+    keys = [[name, switch] for name in TAKEN + LEFT for switch in (False, True)]
+    return json_from_child(["-c", _SCRIPT, json.dumps(keys)], timeout=1500)
+
+
+@pytest.mark.static
+def test_items_builds_fit_without_spills(compiled: dict[str, dict]):
+    for name in TAKEN:
+        facts = compiled[f"{name}|True"]
+        print(name, {key: value for key, value in facts.items() if key != "sass"})
+        assert facts["items"] and facts["kernel"] == "_items_kernel", (name, facts)
+        assert facts["spill_bytes"] == 0 and facts["local_ops"] == 0, (name, facts)
+        ctas = SM_SHARED_BYTES // (facts["shared_bytes"] + CTA_RESERVED_BYTES)
+        assert ctas == facts["ctas_per_sm"], (name, ctas, facts)
+        # Two warpgroups' registers at launch fit that many CTAs an SM.
+        assert facts["registers"] * 256 * ctas <= 65536, (name, facts)
+
+
+@pytest.mark.static
+def test_switch_off_is_the_split_kernel_and_leaves_other_builds(compiled: dict[str, dict]):
+    for name in TAKEN:
+        assert compiled[f"{name}|False"]["kernel"] == "_split_kernel", name
+    for name in LEFT:
+        off, on = compiled[f"{name}|False"], compiled[f"{name}|True"]
+        assert not on["items"] and on["sass"] == off["sass"], name
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU: the items kernel against fp64
+# ----------------------------------------------------------------------------------------------------
+def _lengths(batch: int, low: int, high: int, seed: int) -> tuple[int, ...]:
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randint(low, high + 1, (batch,), generator=generator).tolist())
+
+
+# name -> (problem, lengths or None for full): every case has more tiles than 2 x 132 CTA slots.
+GPU_CASES = {
+    "151/1": (_row(151, 1).problem, _row(151, 1).lengths),
+    "one-block-items": (_problem(64, 8, 4096, group=1, seqlen_q=1), _lengths(64, 1, 64, 1)),
+    "many-block-items-g8": (_problem(32, 16, 8192, group=8, seqlen_q=2), _lengths(32, 2000, 8192, 2)),
+    "ragged-empty-fp16": (_problem(64, 8, 2048, dtype=torch.float16), (0, *_lengths(63, 1, 2048, 3))),
+    "paged16-d128": (_problem(64, 8, 2048, head_dim=128, group=8, seqlen_q=1, page_size=16), _lengths(64, 1, 2048, 4)),
+    "contiguous-d128-lse": (_problem(64, 8, 1024, head_dim=128, seqlen_q=4, return_lse=True), _lengths(64, 1, 1024, 5)),
+    "full-non-causal": (_problem(64, 8, 768, causal=False, has_cache_seqlens=False), None),
+}
+
+
+def _require_items(problem: Problem, monkeypatch: pytest.MonkeyPatch) -> torch.device:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    device = torch.device("cuda")
+    monkeypatch.setattr(gluon_decode, "ITEMS_IN_FLIGHT", True)
+    assert gluon_decode.items_in_flight(problem, device), problem.describe()
+    return device
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(GPU_CASES))
+def test_gpu_items_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
+    problem, lengths = GPU_CASES[case]
+    _require_items(problem, monkeypatch)
+    result = check_on_gpu("gluon/decode", problem, lengths, seed=len(case))
+    assert result.ok, f"gluon/decode ITEMS_IN_FLIGHT {problem.describe()}: {result.summary()}"
+
+
+def _bound(case: str, device: torch.device):
+    from common.contract.inputs import make_inputs, make_paged_kv
+
+    problem, lengths = GPU_CASES[case]
+    q, k, v = make_inputs(problem, seed=3, device="cuda", offset=0.5)
+    block_table = None
+    if problem.paged:
+        k, v, block_table = make_paged_kv(problem, k, v, seed=3)
+    cache_seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32, device=device)
+    run = gluon_decode.bind(q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table)
+    return run, (q, k, v, cache_seqlens, block_table)
+
+
+@pytest.mark.gpu
+def test_gpu_q_with_heads_not_following_tokens_keeps_the_split_kernel(monkeypatch: pytest.MonkeyPatch):
+    """A (B, Sq, H, D) Q seen as (B, H, Sq, D): its packed rows are no TMA box, so the launch keeps ``_split_kernel``
+    (a copy would miss later writes into q), and is right."""
+    from common.contract.check import check_on_inputs
+    from common.contract.inputs import make_inputs
+    from common.contract.registry import discover
+
+    problem, lengths = GPU_CASES["ragged-empty-fp16"]
+    device = _require_items(problem, monkeypatch)
+    q, k, v = make_inputs(problem, seed=5, device="cuda", offset=0.5)
+    q_strided = q.transpose(1, 2).contiguous().transpose(1, 2)
+    assert gluon_decode.packed_q_rows(q_strided) is None and gluon_decode.packed_q_rows(q) is not None
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    run = gluon_decode.bind(q_strided, k, v, problem, cache_seqlens=cache_seqlens)
+    assert run.items_args is None
+    impl = next(i for i in discover(include_baselines=False)[0] if i.name == "gluon/decode")
+    result = check_on_inputs(impl, q_strided, k, v, problem, cache_seqlens=cache_seqlens)
+    assert result.ok, result.summary()
+
+
+@pytest.mark.gpu
+def test_gpu_repeated_launches_and_a_planted_skip(monkeypatch: pytest.MonkeyPatch):
+    """Three launches of one bound items launch give the same O (the claim counter is back to 0 after each); a launch
+    whose counter starts at the tile count (planted: claims past the last tile from the start, so each CTA computes
+    only its first tile) leaves rows unwritten."""
+    device = _require_items(GPU_CASES["151/1"][0], monkeypatch)
+    run, _ = _bound("151/1", device)
+    assert run.items_args is not None and run.items_grid[0] < run.items_args[-1]
+    counter = run.items_args[-2]
+    first = run().clone()
+    for _ in range(2):
+        run.out.fill_(float("nan"))
+        assert torch.equal(run(), first)
+        assert counter[0].item() == 0
+    run.out.fill_(float("nan"))
+    counter[0] = run.items_args[-1]
+    planted = run()
+    torch.cuda.synchronize()
+    counter.zero_()
+    assert planted.isnan().any(), "a launch that skipped tiles should leave rows unwritten"
+    assert not first.isnan().any()
+
+
+_PLANTED = """
+import hashlib, json, sys
+from triton.experimental import gluon
+from triton_impl.gluon import decode
+
+
+@gluon.jit
+def _planted_ring_place(keys, i):
+    # Planted: the ring's places (slots and barrier phases) restart at every tile, as if not carried across tiles.
+    return i
+
+
+decode.ITEMS_IN_FLIGHT = True
+if sys.argv[2] == "planted":
+    decode._ring_place = _planted_ring_place
+from tests.test_decode_wide import check_on_gpu
+from tests.test_gluon_decode_items import GPU_CASES
+
+problem, lengths = GPU_CASES[sys.argv[1]]
+if sys.argv[3] == "static":
+    from common.reporting.static import cubin_sass
+
+    (binary,) = decode.compile_sm90(problem)
+    print(json.dumps({"sass": hashlib.sha256(cubin_sass(binary.cubin).encode()).hexdigest()}))
+else:
+    result = check_on_gpu("gluon/decode", problem, lengths, seed=1)
+    print(json.dumps({"ok": bool(result.ok), "summary": result.summary()}))
+"""
+
+
+def _planted_child(tmp_path, *args: str, timeout: float) -> dict:
+    """``_PLANTED`` run as a file (a Gluon function needs one for its source) with ``args``."""
+    script = tmp_path / "planted_ring.py"
+    script.write_text(_PLANTED)
+    return json_from_child([str(script), *args], timeout=timeout)
+
+
+@pytest.mark.static
+def test_planted_ring_restart_reaches_the_build(tmp_path):
+    """The planted ``_ring_place`` below is the one the items kernel compiles with (its SASS differs)."""
+    planted = _planted_child(tmp_path, "151/1", "planted", "static", timeout=600)
+    plain = _planted_child(tmp_path, "151/1", "plain", "static", timeout=600)
+    assert planted["sass"] != plain["sass"]
+
+
+@pytest.mark.gpu
+def test_gpu_planted_ring_restart_fails(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """A planted ``_ring_place`` that ignores the CTA's earlier tiles must give a wrong O, or hang: the child (one
+    compile of a few seconds, then a launch of milliseconds) is cut at 60 s, which counts as caught."""
+    _require_items(GPU_CASES["one-block-items"][0], monkeypatch)
+    try:
+        verdict = _planted_child(tmp_path, "one-block-items", "planted", "gpu", timeout=60)
+    except subprocess.TimeoutExpired:
+        return
+    assert not verdict["ok"], f"the planted ring restart passed the check: {verdict['summary']}"
