@@ -46,11 +46,29 @@ def _row(seed: int, index: int):
     return random_cases(8, seed)[index]
 
 
-def test_switch_is_off_and_takes_seed_151_row_1(monkeypatch: pytest.MonkeyPatch):
-    assert gluon_decode.ITEMS_IN_FLIGHT is False, "off until bench/gluon_decode_items_ab.sh"
+def test_the_default_takes_the_timed_class_only(monkeypatch: pytest.MonkeyPatch):
+    """ "many-rows" takes the D=64 rows of two or more M tiles that gained (151/1, 93/4, 41/1), not the one-tile or
+    D=128 rows that lost (41/2, 61/7, 151/5, 167/1); True takes those too, False none. A planted gate that takes
+    every row the kernel can must fail."""
+    assert gluon_decode.ITEMS_IN_FLIGHT == "many-rows", "D=64 items of two or more M tiles, as timed"
+    gained, lost = ("151/1", "93/4", "41/1"), ("41/2", "61/7", "151/5", "167/1")
+
+    def taken() -> set[str]:
+        rows = (*gained, *lost)
+        return {row for row in rows if gluon_decode.items_in_flight(_row(*map(int, row.split("/"))).problem, CPU)}
+
+    assert taken() == set(gained)
+    with monkeypatch.context() as planted:  # a gate that does not count the M tiles
+        planted.setattr(gluon_decode, "m_blocks_for", lambda problem: 2)
+        assert taken() - set(gained) == {"41/2", "61/7"}, "a planted gate without the M tiles must take rows that lost"
+    monkeypatch.setattr(gluon_decode, "ITEMS_IN_FLIGHT", True)
+    assert taken() == {*gained, *lost}
+    monkeypatch.setattr(gluon_decode, "ITEMS_IN_FLIGHT", False)
+    assert taken() == set()
+
+
+def test_switch_on_takes_seed_151_row_1(monkeypatch: pytest.MonkeyPatch):
     problem = _row(151, 1).problem
-    assert not gluon_decode.items_in_flight(problem, CPU)
-    assert not gluon_decode.GluonDecodePlan(problem, CPU).items_in_flight
     monkeypatch.setattr(gluon_decode, "ITEMS_IN_FLIGHT", True)
     assert gluon_decode.items_in_flight(problem, CPU)
     plan = gluon_decode.GluonDecodePlan(problem, CPU)
@@ -323,11 +341,15 @@ def test_planted_ring_restart_reaches_the_build(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_planted_ring_restart_fails(tmp_path, monkeypatch: pytest.MonkeyPatch):
-    """A planted ``_ring_place`` that ignores the CTA's earlier tiles must give a wrong O, or hang: the child (one
-    compile of a few seconds, then a launch of milliseconds) is cut at 60 s, which counts as caught."""
+    """A planted ``_ring_place`` that ignores the CTA's earlier tiles must give a wrong O, hang or fault: the child
+    (one compile of a few seconds, then a launch of milliseconds) is cut at 60 s, which counts as caught, and a
+    kernel fault in the child (seen on the H200, 2026-12-04: "unspecified launch failure") is caught too."""
     _require_items(GPU_CASES["one-block-items"][0], monkeypatch)
     try:
         verdict = _planted_child(tmp_path, "one-block-items", "planted", "gpu", timeout=60)
     except subprocess.TimeoutExpired:
+        return
+    except AssertionError as failed:  # json_from_child's own assertion: the child exited with an error
+        assert "CUDA error" in str(failed), f"the planted child failed before its check:\n{failed}"
         return
     assert not verdict["ok"], f"the planted ring restart passed the check: {verdict['summary']}"

@@ -19,7 +19,8 @@ rows and the item's last share merging (``BALANCED``; ``_decode_balanced.py``); 
 the grid's x, a share's M tiles together (``splits.balanced_grid``); ``BALANCED_PAIR_TILE`` gives that kernel a
 ring of 64-key blocks that two CTAs share an SM with where it makes the grid one wave (``balanced_pair_tile``; pages of
 16 or 32 too, by ``BALANCED_PAIR_SMALL_PAGES``, the warpgroup copying their chunks where the load warp would).
-``ITEMS_IN_FLIGHT`` (off; issue #38's many short items, one split each) launches ``_items_kernel`` instead: fewer CTAs
+``ITEMS_IN_FLIGHT`` ("many-rows": D=64 items of two or more M tiles; issue #38's many short items, one split each)
+launches ``_items_kernel`` instead: fewer CTAs
 than tiles, each walking the tiles its load warp claims from a counter, the ring and its barrier phases running on
 across tiles (``SplitKeys.ring_base``) and the next tile's Q in a second buffer, so that a tile's Q, first copies and
 O store pass under its neighbours' key blocks rather than each CTA paying them alone.
@@ -295,8 +296,13 @@ PAGED_LOAD_WARP, PAGED_LOAD_REGISTERS = True, gl.constexpr(48)
 # bandwidth). ITEMS_IN_FLIGHT: where the rule plans one split and the tiles pass the CTA slots, min(tiles, slots) CTAs
 # each walk tiles that their load warp claims from a counter (``_items_kernel``); the load warp copies the next
 # tile's Q (a second buffer) and first key blocks while the warpgroup finishes the current one, the ring and its
-# barrier phases running on across tiles. Off until bench/gluon_decode_items_ab.sh (docs/perf-log.md, helper gitems).
-ITEMS_IN_FLIGHT, ITEMS_HEAD_DIMS, ITEMS_Q_BUFFERS = False, (64, 128), 2
+# barrier phases running on across tiles. Timed (bench/gluon_decode_items_ab.sh, H200, 2026-12-04,
+# results/h200/gluon-decode-items/): D=64 tiles of more than one 64-row M tile gain (151/1 0.918x, 93/4 0.912x,
+# 41/1 0.804x), rows of one M tile are mixed (119/5 0.850x; 41/2 1.064x, 61/7 1.222x) and D=128's shallower ring
+# loses (151/5 1.349x, 167/1 1.076x). "many-rows" (the default) takes only the first class; True takes every tile the
+# kernel can (the tests' setting), False none.
+ITEMS_IN_FLIGHT, ITEMS_HEAD_DIMS, ITEMS_Q_BUFFERS = "many-rows", (64, 128), 2
+ITEMS_MANY_ROWS_HEAD_DIMS = (64,)
 
 
 def decode_config(problem: Problem) -> DecodeConfig:
@@ -1154,8 +1160,12 @@ def items_grid(problem: Problem, device: torch.device | None = None) -> int:
 def items_in_flight(problem: Problem, device: torch.device | None = None) -> bool:
     """Whether ``ITEMS_IN_FLIGHT`` takes ``problem`` on ``device`` (None: the default SM count, as the sm_90a compile):
     a head dim of ``ITEMS_HEAD_DIMS`` in one warpgroup's tile, one split by the rule (not the balanced split), and more
-    tiles than the grid's CTAs (otherwise no CTA has a next tile to load ahead)."""
+    tiles than the grid's CTAs (otherwise no CTA has a next tile to load ahead); under "many-rows" also a head dim of
+    ``ITEMS_MANY_ROWS_HEAD_DIMS`` and two or more M tiles an item."""
     if not ITEMS_IN_FLIGHT or problem.head_dim not in ITEMS_HEAD_DIMS or wide_m_tile(problem):
+        return False
+    many_rows = problem.head_dim in ITEMS_MANY_ROWS_HEAD_DIMS and m_blocks_for(problem) >= 2
+    if ITEMS_IN_FLIGHT == "many-rows" and not many_rows:
         return False
     if balanced_split(problem, device) or planned_num_splits(problem, device or torch.device("cpu")) != 1:
         return False
