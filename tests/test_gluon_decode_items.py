@@ -61,6 +61,9 @@ def test_the_default_takes_the_timed_class_only(monkeypatch: pytest.MonkeyPatch)
     with monkeypatch.context() as planted:  # a gate that does not count the M tiles
         planted.setattr(gluon_decode, "m_blocks_for", lambda problem: 2)
         assert taken() - set(gained) == {"41/2", "61/7"}, "a planted gate without the M tiles must take rows that lost"
+    with monkeypatch.context() as packed:  # PACKED_OCCUPANCY's ring (four CTAs on 64 registers) keeps its kernel
+        packed.setattr(gluon_decode, "PACKED_OCCUPANCY", True)
+        assert not taken() & {"151/1", "93/4", "41/1"}
     monkeypatch.setattr(gluon_decode, "ITEMS_IN_FLIGHT", True)
     assert taken() == {*gained, *lost}
     monkeypatch.setattr(gluon_decode, "ITEMS_IN_FLIGHT", False)

@@ -305,12 +305,17 @@ ITEMS_IN_FLIGHT, ITEMS_HEAD_DIMS, ITEMS_Q_BUFFERS = "many-rows", (64, 128), 2
 ITEMS_MANY_ROWS_HEAD_DIMS = (64,)
 
 
+def packed_occupancy(problem: Problem) -> bool:
+    """Whether PACKED_OCCUPANCY's ring applies: a full 64-row tile (not WIDE_M_TILE's) at a head dim it has."""
+    full_tile = problem.kv_group * problem.seqlen_q >= BLOCK_M and not wide_m_tile(problem)
+    return PACKED_OCCUPANCY and full_tile and problem.head_dim in PACKED_CONFIGS
+
+
 def decode_config(problem: Problem) -> DecodeConfig:
-    """``problem``'s ring: PACKED_CONFIGS' for a full 64-row tile under PACKED_OCCUPANCY (not WIDE_M_TILE's),
-    SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
-    packed = PACKED_OCCUPANCY and problem.kv_group * problem.seqlen_q >= BLOCK_M and not wide_m_tile(problem)
+    """``problem``'s ring: PACKED_CONFIGS' under ``packed_occupancy``, SHORT_CACHE_CONFIGS' for a short cache under
+    SHORT_CACHE_TILE, else the default."""
     configs = SHORT_CACHE_CONFIGS if SHORT_CACHE_TILE and problem.seqlen_k <= splits.SHORT_CACHE_KEYS else {}
-    configs = PACKED_CONFIGS if packed and problem.head_dim in PACKED_CONFIGS else configs
+    configs = PACKED_CONFIGS if packed_occupancy(problem) else configs
     return configs.get(problem.head_dim, DEFAULT_CONFIGS[problem.head_dim])
 
 
@@ -1160,9 +1165,15 @@ def items_grid(problem: Problem, device: torch.device | None = None) -> int:
 def items_in_flight(problem: Problem, device: torch.device | None = None) -> bool:
     """Whether ``ITEMS_IN_FLIGHT`` takes ``problem`` on ``device`` (None: the default SM count, as the sm_90a compile):
     a head dim of ``ITEMS_HEAD_DIMS`` in one warpgroup's tile, one split by the rule (not the balanced split), and more
-    tiles than the grid's CTAs (otherwise no CTA has a next tile to load ahead); under "many-rows" also a head dim of
-    ``ITEMS_MANY_ROWS_HEAD_DIMS`` and two or more M tiles an item."""
-    if not ITEMS_IN_FLIGHT or problem.head_dim not in ITEMS_HEAD_DIMS or wide_m_tile(problem):
+    tiles than the grid's CTAs (otherwise no CTA has a next tile to load ahead), not under PACKED_OCCUPANCY's ring;
+    under "many-rows" also a head dim of ``ITEMS_MANY_ROWS_HEAD_DIMS`` and two or more M tiles an item."""
+    # PACKED_OCCUPANCY's ring holds more CTAs an SM on fewer registers than the items kernel's two Q tiles allow.
+    if (
+        not ITEMS_IN_FLIGHT
+        or problem.head_dim not in ITEMS_HEAD_DIMS
+        or wide_m_tile(problem)
+        or packed_occupancy(problem)
+    ):
         return False
     many_rows = problem.head_dim in ITEMS_MANY_ROWS_HEAD_DIMS and m_blocks_for(problem) >= 2
     if ITEMS_IN_FLIGHT == "many-rows" and not many_rows:
