@@ -103,9 +103,9 @@ kernel's writes), with or without ``zero_in_preprocess``; ``postprocess_reversed
 (H200, 2026-12-04, ``results/h200/backward-chained-causal/``): the full chain +0.8 / +1.6 % at B=8 S=2048 causal in two
 calls, +0.1 to +1.3 % elsewhere, every difference inside its rounds' spread: left as candidates.
 
-Where it stands (H200, 2026-12-04, ``compare.py --backward --rounds 4``, ``results/h200/backward-anchors-2026-12-04-rounds/``):
-600 / 568 / 520 / 444 TFLOP/s at P1 / P1 causal / D=64 B=4 H=32 / B=8 S=2048 causal, 1.01 / 1.02 / 1.01 / 0.98×
-FlashAttention-4's sm90 backward and 1.12-1.19× cuDNN's.
+Where it stands (H200, 2026-12-04, ``compare.py --backward --rounds 4``,
+``results/h200/backward-anchors-2026-12-04-rounds/``): 600 / 568 / 520 / 444 TFLOP/s at P1 / P1 causal / D=64 B=4
+H=32 / B=8 S=2048 causal, 1.01 / 1.02 / 1.01 / 0.98× FlashAttention-4's sm90 backward and 1.12-1.19× cuDNN's.
 """
 
 from __future__ import annotations
