@@ -7,7 +7,11 @@
 # Writes $OUT/ncu-TAG-NAME.tgz as each spec ends (a call cut short keeps the specs done; a call returns 8 files):
 # the details page, the raw metrics (csv) and the SASS source page (csv). NCU_TIMEOUT_S (default 240) bounds each.
 # Produced results/h200/gluon-fourth-stop/ncu/ (the *.details.txt).
-export PYTHONUNBUFFERED=1
+# The CuTe DSL and FA4 where carried (.gpu/, ../shared/gpu/README.md), for cute/* and fa4/* targets.
+# shellcheck source=bench/_gpu_run.sh
+source "$(dirname "$0")/_gpu_run.sh" ncu.sh runs/ncu
+source_carried_activations
+export PYTHONPATH="${PYTHONPATH:-$PWD}"
 tag=$1
 shift
 for spec in "$@"; do
