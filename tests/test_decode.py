@@ -384,17 +384,21 @@ def balanced(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_balanced_split_is_the_default_with_cache_seqlens_and_its_grid_is_fixed_by_the_shape(
     monkeypatch: pytest.MonkeyPatch,
 ):
-    """As committed ("ragged-split"), a call with cache_seqlens over several sequences that the split rule
-    splits takes the balanced split; one sequence, a rule of one split or no cache_seqlens the padded-Sk
-    split. The balanced grid follows from the shape and the SM count (a CUDA graph keeps it), never from
-    the lengths."""
+    """As committed ("ragged-split-long"), a call with cache_seqlens over several sequences that the split rule
+    splits takes the balanced split, and so does any call the rule splits past LONG_CHAIN_SPLITS; one sequence,
+    a rule of one split or no cache_seqlens below that the padded-Sk split. The balanced grid follows from the
+    shape and the SM count (a CUDA graph keeps it), never from the lengths."""
     monkeypatch.setattr(decode, "BALANCED_SPLIT", COMMITTED_BALANCED_SPLIT)
-    assert COMMITTED_BALANCED_SPLIT == "ragged-split"
+    assert COMMITTED_BALANCED_SPLIT == "ragged-split-long"
     problem = _balanced_problem(1, 2, 64, 0, (300, 0, 131))
     long = problem.with_(seqlen_k=65536)
     assert decode.planned_num_splits(long, CPU) > 1 and decode.balanced_split(long, CPU)
-    assert not decode.balanced_split(long.with_(has_cache_seqlens=False), CPU)
-    assert not decode.balanced_split(long.with_(batch=1), CPU)
+    for short in (long.with_(has_cache_seqlens=False, seqlen_k=16384), long.with_(batch=1, seqlen_k=16384)):
+        assert 1 < decode.planned_num_splits(short, CPU) <= splits.LONG_CHAIN_SPLITS
+        assert not decode.balanced_split(short, CPU), short.describe()
+        longer = short.with_(seqlen_k=65536)
+        assert decode.planned_num_splits(longer, CPU) > splits.LONG_CHAIN_SPLITS
+        assert decode.balanced_split(longer, CPU), longer.describe()
     assert decode.balanced_split(problem, CPU) == (decode.planned_num_splits(problem, CPU) > 1)
     monkeypatch.setattr(decode, "BALANCED_SPLIT", "ragged")
     inputs = make_inputs(problem, seed=0, device="cpu")

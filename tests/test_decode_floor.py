@@ -104,7 +104,7 @@ def test_floor_model_splits_name_timed_shapes_and_beat_the_rule_in_the_model():
 
 def test_floor_balanced_settings_turn_the_knob_for_triton_only_and_restore_it():
     committed = (triton_decode.BALANCED_SPLIT, triton_decode.BALANCED_SHARES_PER_SM)
-    assert committed == ("ragged-split", 2)
+    assert committed == ("ragged-split-long", 2)
     with decode_floor.applied("after", "triton/decode", 128):
         assert triton_decode.BALANCED_SPLIT == "never"
     with decode_floor.applied("balanced-4", "triton/decode", 128):

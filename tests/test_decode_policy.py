@@ -273,11 +273,15 @@ def test_planted_policy_bug_fails_the_rules(planted: Callable[[Problem, splits.S
 def _balanced_violations(applies: Callable[..., bool]) -> list[str]:
     """The switch's rules, on a ragged batch, a padded one, one sequence, and a rule that does not split."""
     ragged, padded = _problem(4, 8, 65536, ragged=True), _problem(4, 8, 65536)
-    single = _problem(1, 8, 65536, ragged=True)
+    single, long = _problem(1, 8, 65536, ragged=True), splits.LONG_CHAIN_SPLITS
     cases = {  # (switch, problem, the rule's split count): applies
         ("never", ragged, 8): False, ("always", padded, 1): True, ("ragged", ragged, 1): True,
         ("ragged", padded, 8): False, ("ragged-split", ragged, 8): True, ("ragged-split", ragged, 1): False,
         ("ragged-split", single, 8): False, ("ragged-split", padded, 8): False,
+        ("ragged-split", single, long + 1): False, ("ragged-split-long", ragged, 8): True,
+        ("ragged-split-long", ragged, 1): False, ("ragged-split-long", single, long): False,
+        ("ragged-split-long", single, long + 1): True, ("ragged-split-long", padded, long + 1): True,
+        ("ragged-split-long", padded, 8): False,
     }  # fmt: skip
     return [str(case) for case, want in cases.items() if applies(case[0], case[1], lambda n=case[2]: n) != want]
 
@@ -291,6 +295,18 @@ def _ragged_split_at_one_sequence(switch: str, problem: Problem, rule: Callable[
     return one or splits.balanced_split_applies(switch, problem, rule)
 
 
+def _long_chain_from_the_bound(switch: str, problem: Problem, rule: Callable[[], int]) -> bool:
+    """Planted: the long chain counted from LONG_CHAIN_SPLITS itself, not above it."""
+    at_bound = switch == "ragged-split-long" and rule() == splits.LONG_CHAIN_SPLITS
+    return at_bound or splits.balanced_split_applies(switch, problem, rule)
+
+
+def _long_chain_only_with_lengths(switch: str, problem: Problem, rule: Callable[[], int]) -> bool:
+    """Planted: the long chain taken only for calls with cache_seqlens (full caches keep the padded split)."""
+    long_full = switch == "ragged-split-long" and not problem.has_cache_seqlens
+    return not long_full and splits.balanced_split_applies(switch, problem, rule)
+
+
 def test_balanced_switch_values_and_their_rules():
     assert not _balanced_violations(splits.balanced_split_applies)
     with pytest.raises(ValueError, match="must be one of"):
@@ -299,7 +315,15 @@ def test_balanced_switch_values_and_their_rules():
         splits.balanced_split_applies("ragged-split", _problem(4, 8, 65536, ragged=True))
 
 
-@pytest.mark.parametrize("planted", [_ragged_split_ignores_the_rule, _ragged_split_at_one_sequence])
+@pytest.mark.parametrize(
+    "planted",
+    [
+        _ragged_split_ignores_the_rule,
+        _ragged_split_at_one_sequence,
+        _long_chain_from_the_bound,
+        _long_chain_only_with_lengths,
+    ],
+)
 def test_planted_balanced_switch_bug_fails_its_rules(planted: Callable[..., bool]):
     assert _balanced_violations(planted), f"{planted.__name__} passed the switch's rules"
 

@@ -45,9 +45,10 @@ def _problem(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int
 def test_balanced_switch_is_triton_decodes_and_on_where_the_rule_splits_a_ragged_batch(
     monkeypatch: pytest.MonkeyPatch,
 ):
-    """The committed "ragged-split" (results/h200/decode-balanced-gluon-cute/): a ragged batch the rule
-    splits, not one sequence, not a batch whose items alone fill the GPU (the rule's one split)."""
-    assert gluon_decode.BALANCED_SPLIT == "ragged-split"
+    """The committed "ragged-split-long" (results/h200/decode-balanced-gluon-cute/, decode-long-few-heads/): a
+    ragged batch the rule splits, not one sequence, not a batch whose items alone fill the GPU (the rule's one
+    split), unless the rule splits past LONG_CHAIN_SPLITS (``test_decode_long_chain.py``'s rows)."""
+    assert gluon_decode.BALANCED_SPLIT == "ragged-split-long"
     problem = _problem(3, 8, 2, 1, 4096, 128)
     full, single, many = (
         problem.with_(has_cache_seqlens=False),
@@ -58,7 +59,8 @@ def test_balanced_switch_is_triton_decodes_and_on_where_the_rule_splits_a_ragged
     assert gluon_decode.planned_num_splits(many, torch.device("cpu")) == 1
     cases = (
         ("never", False, False, False, False), ("ragged", True, False, True, True),
-        ("ragged-split", True, False, False, False), ("always", True, True, True, True),
+        ("ragged-split", True, False, False, False), ("ragged-split-long", True, False, False, False),
+        ("always", True, True, True, True),
     )  # fmt: skip
     for switch, *expected in cases:
         monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", switch)

@@ -231,7 +231,7 @@ def test_a_knob_flipped_then_clear_plan_cache_is_seen_by_the_next_growing_call(
     reads it. Planted: a ``clear_plan_cache`` that keeps the growing families, whose binders keep the old value."""
     monkeypatch.setattr(triton_decode, "_split_kernel", NoLaunch())
     monkeypatch.setattr(triton_decode, "_merge_kernel", NoLaunch())
-    length = 40_000
+    length = 12_000  # splits, but not past LONG_CHAIN_SPLITS (the balanced split has no second merge launch)
     assert triton_decode.planned_num_splits(DECODE.with_seqlen_k(length), CPU) > 1, "FUSED_MERGE needs splits"
     for step in (length - 2, length - 1):
         decode_step(step)

@@ -64,9 +64,10 @@ each sequence's splits follow its own length: a short one gets short or empty sp
 (issue #38, timed by ``bench/decode_floor5.sh``): ``SPLIT_CTAS_PER_SM`` (two), ``SHORT_CACHE_ONE_SPLIT``, ``DEEP_RING``
 (cute's ring depth), ``SHORT_CACHE_TILE`` (32-key blocks). ``bind(..., num_splits=n)`` forces a count.
 
-The balanced split (``BALANCED_SPLIT = "ragged-split"``: a call with ``cache_seqlens`` over several sequences whose
-split rule splits them, as in gluon/decode and cute/decode; H200 A/Bs in ``results/h200/decode-balanced/`` and
-``results/h200/decode-balanced-triton/``): in a ragged batch the rule's splits of a short sequence end at once while the
+The balanced split (``BALANCED_SPLIT = "ragged-split-long"``: a call with ``cache_seqlens`` over several sequences
+whose split rule splits them, as in cute/decode, and, as in gluon/decode, any call the rule splits into a long merge
+chain; H200 A/Bs in ``results/h200/decode-balanced/``, ``results/h200/decode-balanced-triton/`` and
+``results/h200/decode-long-few-heads/``): in a ragged batch the rule's splits of a short sequence end at once while the
 long one's few carry its keys. ``_balanced_split_kernel`` gives every CTA an equal share of the valid keys, FlashInfer's
 plan done on the device (``balanced_share``): each CTA reads the B lengths, sizes a share as total key blocks /
 ``target_shares`` (at least ``BALANCED_MIN_KEYS``), gives each (batch, KV head) cdiv(its blocks, share) splits (one for
@@ -185,10 +186,12 @@ MERGE_STEP_REGISTERS = 64
 FUSED_MERGE = True
 # The balanced split (module docstring; switch values: splits.BALANCED_SWITCHES): on an H200 +2 to +19 points
 # on ragged caches, up to -8 on full ones (results/h200/decode-balanced/); "ragged-split" rather than "ragged"
-# (every call with cache_seqlens): level on every ragged row, B=1 128k 146.7 -> 145.2 us (decode-balanced-triton).
+# (every call with cache_seqlens): level on every ragged row, B=1 128k 146.7 -> 145.2 us (decode-balanced-triton);
+# "ragged-split-long" (also any call the rule splits past splits.LONG_CHAIN_SPLITS: the padded split's merge chain):
+# one sequence over two KV heads 65.9 -> 45.8 us, 100.0 -> 61.7 paged (results/h200/decode-long-few-heads/).
 # Shares >= BALANCED_MIN_KEYS keys, BALANCED_SHARES_PER_SM per SM, <= BALANCED_MAX_ITEM_SHARES an item (0: no cap,
 # off until bench/decode_ragged_ab.sh: splits.py's "item-share cap"); the lengths' vector >= MIN_BLOCK_B.
-BALANCED_SPLIT = "ragged-split"
+BALANCED_SPLIT = "ragged-split-long"
 BALANCED_SHARES_PER_SM, BALANCED_MAX_ITEM_SHARES = 2, 0
 # Shares a run of the balanced split's two-level merge takes (``_decode_merge.store_balanced_partials``; 0: one level,
 # the item's last share merges all its shares), gluon/decode's BALANCED_MERGE_GROUP. 8 against 0 (H200,

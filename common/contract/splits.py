@@ -343,21 +343,31 @@ def balanced_target_shares(
     return max(1, min(chosen, items * shares_per_sequence))
 
 
-BALANCED_SWITCHES = ("ragged", "ragged-split", "always", "never")
+BALANCED_SWITCHES = ("ragged", "ragged-split", "ragged-split-long", "always", "never")
+# Above this many splits an item, the padded split's merge chain costs more than the balanced shares' extra CTAs:
+# the last CTA of a tile merges its splits in ``2 · ceil(splits / splits a step)`` dependent L2 round trips after the
+# last key was read, where the balanced plan merges runs of 8 shares (H200, results/h200/decode-long-few-heads/: one
+# 133k-367k sequence over 1-2 KV heads at 63-122 splits 0.60-0.91x the time; 32 splits level at 152/0, one
+# 128k sequence over 8 KV heads at 16 slower, results/h200/decode-balanced-gluon-cute/).
+LONG_CHAIN_SPLITS = 32
 
 
 def balanced_split_applies(switch: str, problem: Problem, rule_splits: Callable[[], int] | None = None) -> bool:
     """Whether a rung's ``BALANCED_SPLIT`` switch gives ``problem``'s calls the balanced split: "always",
     "ragged" (calls with ``cache_seqlens``), "ragged-split" (calls with ``cache_seqlens`` over more than one
     sequence whose split rule, ``rule_splits()``, splits them: where the items alone fill the GPU or one
-    sequence is all the work, the shares only add CTAs; H200, results/h200/decode-balanced-gluon-cute/) or
-    "never"; anything else is a ValueError."""
+    sequence is all the work, the shares only add CTAs; H200, results/h200/decode-balanced-gluon-cute/),
+    "ragged-split-long" ("ragged-split"'s calls and every call, with ``cache_seqlens`` or not, whose rule splits
+    an item more than :data:`LONG_CHAIN_SPLITS` times: a long merge chain) or "never"; anything else is a
+    ValueError."""
     if switch not in BALANCED_SWITCHES:
         raise ValueError(f"BALANCED_SPLIT must be one of {BALANCED_SWITCHES}, got {switch!r}")
-    if switch == "ragged-split":
+    if switch.startswith("ragged-split"):
         if rule_splits is None:
-            raise ValueError("BALANCED_SPLIT 'ragged-split' needs the rung's split rule (rule_splits)")
-        return problem.has_cache_seqlens and problem.batch > 1 and rule_splits() > 1
+            raise ValueError(f"BALANCED_SPLIT {switch!r} needs the rung's split rule (rule_splits)")
+        count = rule_splits()
+        ragged_split = problem.has_cache_seqlens and problem.batch > 1 and count > 1
+        return ragged_split or (switch == "ragged-split-long" and count > LONG_CHAIN_SPLITS)
     return switch == "always" or (switch == "ragged" and problem.has_cache_seqlens)
 
 

@@ -12,13 +12,14 @@ barrier, one gpu-scope acq_rel atomic on the tile's counter, the last CTA resets
 argument is in triton/decode's ``last_to_arrive``) and its ``merge_splits`` written in Gluon
 (``_merge_splits``, beside it: the same operations element by element in split order, so the same bits
 as triton/decode's merge kernel, which is the two-launch path here too: ``FUSED_MERGE = False``). With
-one split the split kernel writes O and the LSE itself. ``BALANCED_SPLIT`` ("ragged-split": a ragged batch the rule
-splits) takes triton/decode's balanced split instead: a grid of target shares + B · Hkv CTAs per M tile, each an equal
-share of the valid keys by the Triton stack's own device plan (``balanced_share``), its partials in a slab of packed
-rows and the item's last share merging (``BALANCED``; ``_decode_balanced.py``); ``M_TILE_MAJOR`` puts the M tile on
-the grid's x, a share's M tiles together (``splits.balanced_grid``); ``BALANCED_PAIR_TILE`` gives that kernel a
-ring of 64-key blocks that two CTAs share an SM with where it makes the grid one wave (``balanced_pair_tile``; pages of
-16 or 32 too, by ``BALANCED_PAIR_SMALL_PAGES``, the warpgroup copying their chunks where the load warp would).
+one split the split kernel writes O and the LSE itself. ``BALANCED_SPLIT`` ("ragged-split-long": a ragged batch the
+rule splits, or any call it splits into a long merge chain) takes triton/decode's balanced split instead: a grid of
+target shares + B · Hkv CTAs per M tile, each an equal share of the valid keys by the Triton stack's own device plan
+(``balanced_share``), its partials in a slab of packed rows and the item's last share merging (``BALANCED``;
+``_decode_balanced.py``); ``M_TILE_MAJOR`` puts the M tile on the grid's x, a share's M tiles together
+(``splits.balanced_grid``); ``BALANCED_PAIR_TILE`` gives that kernel a ring of 64-key blocks that two CTAs share an SM
+with where it makes the grid one wave (``balanced_pair_tile``; pages of 16 or 32 too, by
+``BALANCED_PAIR_SMALL_PAGES``, the warpgroup copying their chunks where the load warp would).
 ``ITEMS_IN_FLIGHT`` ("many-rows": D=64 items of two or more M tiles; issue #38's many short items, one split each)
 launches ``_items_kernel`` instead: fewer CTAs
 than tiles, each walking the tiles its load warp claims from a counter, the ring and its barrier phases running on
@@ -240,8 +241,10 @@ SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, SHORT_CACHE_TILE = 2, True, True
 FEWER_WAVES = True
 # triton/decode's balanced split (its switch, values and share plan), where the rule splits a ragged batch
 # (H200, results/h200/decode-balanced-gluon-cute/): B=16 MQA D=256 ragged 213.5 -> 154.4 us, B=8 8k 84.9 -> 78.5;
-# where the rule does not split, B=32 Hkv=32 ragged 124.3 -> 160.8, and at B=1 128k 136.8 -> 144.0: not there.
-BALANCED_SPLIT = "ragged-split"
+# where the rule does not split, B=32 Hkv=32 ragged 124.3 -> 160.8, and at B=1 128k 136.8 -> 144.0: not there;
+# "ragged-split-long" (also any call the rule splits past splits.LONG_CHAIN_SPLITS, a long merge chain): one sequence
+# over two KV heads 191.8 -> 114.4 us (D=256 paged), 73.8 -> 59.8 (results/h200/decode-long-few-heads/).
+BALANCED_SPLIT = "ragged-split-long"
 # True: shares per SM at most the ring's CTA slots (1 at D=128's long ring, D=256): B=1 128k 144.0 -> 200.9 us.
 BALANCED_SHARES_BY_SLOTS = False
 # Issue #38's ragged row (B=8 Hkv=8 32k D=128, lengths 0..32768; H200, results/h200/decode/): gluon 136.5 us, cute
