@@ -86,10 +86,13 @@ def switched(switches: dict[str, dict[str, int]]) -> Iterator[None]:
         yield
 
 
-def plan_of(rung: str, problem, lengths: tuple[int, ...], device) -> tuple:
+def plan_of(rung: str, problem, lengths: tuple[int, ...] | None, device) -> tuple:
     """What the rung launches under its current constants: ("padded", splits) or ("balanced", target shares,
-    each sequence's item shares by ``splits.balanced_item_shares``), to tell settings of the same plan."""
+    each sequence's item shares by ``splits.balanced_item_shares``; a full cache, ``lengths`` None, is B full
+    sequences), to tell settings of the same plan."""
     from common.contract import splits
+
+    lengths = lengths or (problem.seqlen_k,) * problem.batch
 
     module = importlib.import_module(RUNG_MODULES[rung])
     if not module.balanced_split(problem, device):
