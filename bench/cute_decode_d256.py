@@ -13,7 +13,7 @@ Shapes (:func:`d256_cases`, in the order timed): seed 43's row; seed 43's ragged
 split); 64 packed rows at D=256 (four 16-row tiles or two 32-row ones); 32 rows paged at full length (balanced);
 20 rows on one long sequence (the split rule's splits double as the M tiles halve); and a control whose plan the
 knob does not change (seed 43's 16-row MQA paged ragged row: the A/B's noise). Every setting is timed on every
-shape, checked against fp64 on a poisoned output first (median, L2 flushed), the settings alternating for
+shape, checked against fp64 on a poisoned output first (median, L2 flushed), the settings interleaved for
 ``--rounds`` rounds. Writes ``cute_decode_d256.csv`` and ``cute_decode_d256.md`` under ``--out``.
 
     python -m bench.cute_decode_d256 --out runs/cute-decode-d256       # from the project root, on a GPU

@@ -15,7 +15,7 @@ Shapes (:func:`rows_cases`, in the order timed, :data:`ORDER`): bench.decode_pac
 neighbours, seed 31's paged ragged 128-row row, two long caches that must not regress) and two 32-row rows of seed
 41 (2 × 2 warps).
 A setting is timed only where it changes the plan; each is checked against fp64 on a poisoned output, then timed
-(median, L2 flushed), the settings alternating for ``--rounds`` rounds. Writes ``cute_decode_rows.csv`` and
+(median, L2 flushed), the settings interleaved for ``--rounds`` rounds. Writes ``cute_decode_rows.csv`` and
 ``cute_decode_rows.md`` under ``--out``.
 
     python -m bench.cute_decode_rows --out runs/cute-decode-rows       # from the project root, on a GPU
@@ -92,7 +92,7 @@ def ab_arguments(name: str, argv: list[str] | None, doc: str) -> argparse.Namesp
     """The options both cute/decode A/Bs take (this one and ``bench.cute_decode_d256``)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(f"runs/{name.replace('_', '-')}"), help="output folder")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the settings (default 2)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the settings (default 2)")
     parser.add_argument("--rep", type=float, default=30.0, help="timed repetitions per variant, ms (default 30)")
     parser.add_argument("--labels", default="", help="comma-separated labels to time (default all, in order)")
     return parser.parse_args(argv)
@@ -100,14 +100,14 @@ def ab_arguments(name: str, argv: list[str] | None, doc: str) -> argparse.Namesp
 
 def time_settings(name: str, args: argparse.Namespace, cases: list, settings_of, applied_setting, markdown_of) -> int:
     """cute/decode's A/B loop: the read bandwidth first, then per case (``args.labels``' only, if given) the
-    settings ``settings_of(problem, device)`` alternating ``args.rounds`` times under ``applied_setting``, each
+    settings ``settings_of(problem, device)`` interleaved ``args.rounds`` times under ``applied_setting``, each
     checked against fp64 and timed (L2 flushed, median); ``{name}.csv`` row by row and ``{name}.md`` (by
     ``markdown_of(rows, read_gbps)``) after every case, so that a run cut short keeps the cases done. 0 when
     every row is ok."""
     require_gpu(f"bench.{name}")
     import torch
 
-    from bench.decode_floor import alternating_rounds, summary
+    from bench.decode_floor import interleaved_settings, summary
     from common.contract.registry import discover
     from common.measure.decode_sweep import too_large
     from common.measure.peaks import measure_read_gbps
@@ -130,8 +130,8 @@ def time_settings(name: str, args: argparse.Namespace, cases: list, settings_of,
             print(f"{label}: skipped: {skip}", flush=True)
             continue
         settings = settings_of(case.problem, device)
-        results = alternating_rounds(impl, case, case.gpu_workload(device), settings, args.rounds, options,
-                                     applied_setting)  # fmt: skip
+        results = interleaved_settings(impl, case, case.gpu_workload(device), settings, args.rounds, options,
+                                       applied_setting)  # fmt: skip
         for setting, measured in results.items():
             with applied_setting(setting):
                 plan = plan_of(case.problem, device)

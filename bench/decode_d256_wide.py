@@ -11,8 +11,8 @@ first A/B (``results/h200/decode-d256-wide/``) also timed a 64-row tile for 33-6
 
 Shapes (:func:`d256_cases`, in the order timed): seed 47's two rows, a long MQA cache (128 rows on 128k keys) that
 must not regress, 128 packed rows on a full 4k cache, 64 rows in pages of 64 over a ragged batch. Every setting is
-checked against fp64 on a poisoned output, then timed (median, L2 flushed), alternating for ``--rounds`` rounds
-(``bench.decode_floor.alternating_rounds``, as ``bench/decode_packed.py``). Writes ``decode_d256_wide.csv`` and
+checked against fp64 on a poisoned output, then timed (median, L2 flushed), interleaved for ``--rounds`` rounds
+(``bench.decode_floor.interleaved_settings``, as ``bench/decode_packed.py``). Writes ``decode_d256_wide.csv`` and
 ``decode_d256_wide.md`` under ``--out``: µs, % of the read bandwidth and of the roofline
 (``decode_sweep.roofline_us``), both ceilings measured in the same run.
 
@@ -93,13 +93,13 @@ def settings_to_time(problem) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/decode-d256-wide"), help="output folder")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the settings (default 2)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the settings (default 2)")
     parser.add_argument("--rep", type=float, default=60.0, help="timed repetitions per variant, ms (default 60)")
     args = parser.parse_args(argv)
     require_gpu("bench.decode_d256_wide")
     import torch
 
-    from bench.decode_floor import alternating_rounds, summary
+    from bench.decode_floor import interleaved_settings, summary
     from common.contract.registry import discover
     from common.measure.decode_sweep import roofline_us, too_large
     from common.measure.peaks import measure_bf16_sustained_tflops, measure_read_gbps
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         roofline = roofline_us(case, read_gbps, gemm_tflops)
         workload, extra = case.gpu_workload(device)
         settings = settings_to_time(case.problem)
-        results = alternating_rounds(impl, case, (workload, extra), settings, args.rounds, options, applied)
+        results = interleaved_settings(impl, case, (workload, extra), settings, args.rounds, options, applied)
         for setting, measured in results.items():
             status, us, rel_l2_err, reason = summary(measured)
             record = {

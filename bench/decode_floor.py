@@ -42,10 +42,11 @@ Settings, each applied at bind time by module constants the rungs read there:
 
 For the low shapes of ``compare.py --decode --decode-random 10 --decode-seed 1``
 (``results/h200/decode-random/``) and two good ones, each (rung, setting) is checked against the fp64
-reference (poisoned output) and timed (median, L2 flushed), the settings alternating for
-``--rounds`` rounds so that drift hits all alike. Writes ``decode_floor.csv`` and ``decode_floor.md``
-(µs, mean of the rounds' medians, and % of the read bandwidth measured in the same run, counting each
-key of each sequence's own length once, as ``compare.py --decode`` does) under ``--out``.
+reference (poisoned output) and timed (median, L2 flushed), the settings interleaved for ``--rounds``
+rounds (their order reversed every other round, ``bench.interleaved``) so that drift hits all alike.
+Writes ``decode_floor.csv`` and ``decode_floor.md`` (µs, mean of the rounds' medians, and % of the read
+bandwidth measured in the same run, counting each key of each sequence's own length once, as
+``compare.py --decode`` does) under ``--out``.
 
     python -m bench.decode_floor --out runs/decode-floor       # from the project root, on a GPU
 """
@@ -62,7 +63,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
-from bench import require_gpu
+from bench import interleaved, require_gpu
 from common.measure.results import CsvLog
 
 # Indices into random_cases(10, seed=1): the low ones (B=8 Hkv=8 D=64 ragged; B=32 Hkv=32 ragged; B=3
@@ -263,25 +264,28 @@ def model_splits(setting: str, shape_index: int, impl_name: str) -> int | None:
     return MODEL_SPLITS[shape_index, impl_name] if setting == "after+splits" else None
 
 
-def alternating_rounds(
+def interleaved_settings(
     impl, case, prepared_inputs: tuple, settings: list[str], rounds: int, options,
     apply: Callable[[str], contextlib.AbstractContextManager],
     forced_splits: Callable[[str], int | None] = lambda _: None,
 ) -> dict[str, list[tuple[str, float, float, int, str]]]:  # fmt: skip
     """setting -> one :func:`measure` a round: each of ``settings`` under ``apply(setting)`` (its constants),
     prepared in the first round (a failed prepare is that round's row), then checked and timed at
-    ``forced_splits(setting)`` (None: the rule), the settings alternating round by round so that drift hits
-    all alike. ``prepared_inputs``: the workload and its per-call inputs (``per_call_inputs``)."""
+    ``forced_splits(setting)`` (None: the rule), in :func:`bench.interleaved`'s rounds (the settings' order
+    reversed every other round, so that no setting keeps the place a heated GPU favours or penalises).
+    ``prepared_inputs``: the workload and its per-call inputs (``per_call_inputs``)."""
     workload, extra = prepared_inputs
-    results: dict[str, list[tuple[str, float, float, int, str]]] = {setting: [] for setting in settings}
-    for round_index in range(rounds):
-        for setting in settings:
-            with apply(setting):
-                if round_index == 0 and (failed := prepared(impl, workload, case.problem, extra)):
-                    results[setting].append(failed)
-                    continue
-                results[setting].append(measure(impl, case, workload, options, forced_splits(setting)))
-    return results
+    seen: set[str] = set()
+
+    def once(setting: str) -> tuple[str, float, float, int, str]:
+        with apply(setting):
+            if setting not in seen:
+                seen.add(setting)
+                if failed := prepared(impl, workload, case.problem, extra):
+                    return failed
+            return measure(impl, case, workload, options, forced_splits(setting))
+
+    return interleaved({setting: setting for setting in settings}, rounds, once)
 
 
 def summary(measured: list[tuple[str, float, float, int, str]]) -> tuple[str, float, float, str]:
@@ -295,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/decode-floor"), help="output folder")
     parser.add_argument("--only", default="*/decode", help="glob on decode rung names (default every one)")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the settings (default 2)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the settings (default 2)")
     parser.add_argument("--rep", type=float, default=150.0, help="timed repetitions per variant, ms")
     parser.add_argument(
         "--settings", default=",".join(SETTINGS), help=f"comma-separated subset of {','.join(SETTINGS)} (default all)"
@@ -350,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             if chosen_fifth and not set(settings) & set(FIFTH_SETTINGS):
                 print(f"{impl.name:14s} {case.describe()}: no fifth-stop setting changes its plan", flush=True)
                 continue
-            results = alternating_rounds(
+            results = interleaved_settings(
                 impl, case, (workload, extra), settings, args.rounds, options,
                 apply=partial(applied, impl_name=impl.name, head_dim=head_dim),
                 forced_splits=partial(model_splits, shape_index=index, impl_name=impl.name),

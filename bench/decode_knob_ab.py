@@ -1,6 +1,7 @@
 """Any decode knob A/B in one process: a module constant set to each of its values in turn, on rows of the random
 decode sweep (``common.measure.decode_sweep.random_cases``), each value checked against fp64 on a poisoned output,
-then timed, the values alternating round by round (``bench.decode_floor.alternating_rounds``).
+then timed (L2 flushed, a median a round, the mean over rounds), the values interleaved, their order reversed every
+other round (``bench.decode_floor.interleaved_settings``).
 
 A row is ``SEED/INDEX`` (case INDEX of ``random_cases(8, SEED)``, as ``compare.py --decode --decode-seed SEED``
 draws it), optionally followed by ``:`` and comma-separated changes: ``full`` (every sequence at the padded
@@ -10,8 +11,8 @@ the padded length, ``decode_sweep.ragged_lengths``, given as ``cache_seqlens``; 
 the default decode sweep's ragged row (B=8 H=32 Hkv=8 Sq=1 D=128 bf16, bottom-right causal). A knob is
 ``MODULE:NAME`` (e.g. ``common.contract.splits:SHORT_ONE_SPLIT_SKIPS_RAGGED_WAVE``) with its values as Python literals,
 read as one list (``--values "{128: 64},{128: 64, 256: 64}"`` is two dicts). Each row's plan under each value
-(``bench.decode_ragged_ab.plan_of``) is printed beside its time, so a value that changes nothing for a rung reads as
-the same plan.
+(``bench.decode_ragged_ab.plan_of``; for gluon/decode, whether ``ITEMS_IN_FLIGHT``'s kernel takes it) is printed beside
+its time, so a value that changes nothing for a rung reads as the same plan.
 Writes ``knob.csv`` and ``knob.md`` under ``--out`` (the table rewritten after every row).
 
     python -m bench.decode_knob_ab --knob common.contract.splits:SHORT_ONE_SPLIT_SKIPS_RAGGED_WAVE \\
@@ -70,6 +71,18 @@ def knob_set(module: str, name: str, value: object) -> Iterator[None]:
         yield
 
 
+def knob_plan(rung: str, case, device) -> str:
+    """``rung``'s plan of ``case`` under the current constants (``plan_of``); for gluon/decode, with the CTAs of
+    ``ITEMS_IN_FLIGHT``'s kernel where it takes the row (its one split on fewer CTAs, each walking many tiles)."""
+    plan = describe_plan(plan_of(rung, case.problem, case.lengths, device))
+    if rung == "gluon/decode":
+        from triton_impl.gluon import decode as gluon_decode
+
+        if gluon_decode.items_in_flight(case.problem, device):
+            return f"{plan}, items kernel on {gluon_decode.items_grid(case.problem, device)} CTAs"
+    return plan
+
+
 def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--knob", required=True, help="MODULE:NAME of the constant to set")
@@ -79,7 +92,7 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rows", nargs="+", required=True, help="SEED/INDEX[:full,FIELD=VALUE...] rows, in order")
     parser.add_argument("--rungs", default=",".join(RUNG_MODULES), help="comma-separated decode rungs (default all)")
     parser.add_argument("--out", type=Path, default=Path("runs/decode-knob"), help="output folder")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the values (default 2)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the values (default 2)")
     parser.add_argument("--rep", type=float, default=30.0, help="timed ms per measurement (default 30)")
     args = parser.parse_args(argv)
     args.module, _, args.name = args.knob.partition(":")
@@ -102,7 +115,7 @@ def run(args: argparse.Namespace, rows: list[tuple[str, object]]) -> int:
     """Every row, each rung, each value; 0 when every value passed its check and every rung was available."""
     import torch
 
-    from bench.decode_floor import alternating_rounds, summary
+    from bench.decode_floor import interleaved_settings, summary
     from common.measure.runner import TimingOptions
 
     device, impls, read_gbps = open_rungs(args.out)
@@ -118,8 +131,8 @@ def run(args: argparse.Namespace, rows: list[tuple[str, object]]) -> int:
             plans = {}
             for setting in settings:
                 with knob_set(args.module, args.name, apply[setting]):
-                    plans[setting] = describe_plan(plan_of(rung, case.problem, case.lengths, device))
-            timed = alternating_rounds(
+                    plans[setting] = knob_plan(rung, case, device)
+            timed = interleaved_settings(
                 impls[rung], case, (workload, extra), settings, args.rounds, options,
                 lambda setting: knob_set(args.module, args.name, apply[setting]),
             )  # fmt: skip

@@ -12,8 +12,8 @@ Shapes (:func:`mtile_cases`, in the order timed): seed 47's row 4 (today's M til
 128-row ``WIDE_D256`` tile), bench/decode_d256_wide.py's ``64rows-paged`` (B=16 H=32 Hkv=2 Sq=4 D=256 paged(64)
 ragged: triton and cute 2 M tiles, gluon 1), and seed 43's row 0 (B=2 H=256 Hkv=32 Sq=4 D=64 paged(64) ragged, 32
 rows: one M tile in every rung), the control, where the knob only turns a (slabs, 1) grid into (1, slabs). Each
-(rung, setting) is checked against fp64 on a poisoned output, then timed (median, L2 flushed), the settings alternating
-for ``--rounds`` rounds (``bench.decode_floor.alternating_rounds``). Writes ``decode_mtile_major.csv`` and
+(rung, setting) is checked against fp64 on a poisoned output, then timed (median, L2 flushed), the settings interleaved
+for ``--rounds`` rounds (``bench.decode_floor.interleaved_settings``). Writes ``decode_mtile_major.csv`` and
 ``decode_mtile_major.md`` under ``--out``: µs and % of the read bandwidth measured in the same run.
 
     python -m bench.decode_mtile_major --out runs/decode-mtile-major     # from the project root, on a GPU
@@ -73,13 +73,13 @@ def plan_of(impl_name: str, problem, device) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/decode-mtile-major"), help="output folder")
-    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of the settings (default 1)")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds of the settings (default 1)")
     parser.add_argument("--rep", type=float, default=30.0, help="timed repetitions per variant, ms (default 30)")
     args = parser.parse_args(argv)
     require_gpu("bench.decode_mtile_major")
     import torch
 
-    from bench.decode_floor import alternating_rounds, summary
+    from bench.decode_floor import interleaved_settings, summary
     from bench.decode_ragged_ab import open_rungs
     from common.measure.decode_sweep import too_large
     from common.measure.runner import TimingOptions
@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             plan = plan_of(impl_name, case.problem, device)
             apply = partial(applied, impl_name)
-            results = alternating_rounds(impls[impl_name], case, (workload, extra), list(SETTINGS), args.rounds,
-                                         options, apply)  # fmt: skip
+            results = interleaved_settings(impls[impl_name], case, (workload, extra), list(SETTINGS), args.rounds,
+                                           options, apply)  # fmt: skip
             for setting, measured in results.items():
                 status, us, rel_l2_err, reason = summary(measured)
                 record = {

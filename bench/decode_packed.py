@@ -15,7 +15,7 @@ Shapes (:func:`packed_cases`, in the order timed): seed 41's row and its D=128 t
 rows at D=64 on 2k and at D=128 on 1k (gluon's knob only), seed 31's worst row (128 rows, paged, ragged), then two
 long caches the knob also changes, which must not regress (128 rows at D=64 on 32k; 256 rows at D=128 on 16k). A
 setting is timed only where it changes the rung's plan; each (rung, setting) is checked against fp64 on a poisoned
-output, then timed (median, L2 flushed), the settings alternating for ``--rounds`` rounds. Writes
+output, then timed (median, L2 flushed), the settings interleaved for ``--rounds`` rounds. Writes
 ``decode_packed.csv`` and ``decode_packed.md`` under ``--out``: µs, % of the read bandwidth and % of the roofline
 (``decode_sweep.roofline_us``: max(bytes / read bandwidth, FLOPs / sustained bf16 GEMM rate)), both ceilings
 measured in the same run.
@@ -101,14 +101,14 @@ def settings_to_time(impl_name: str, problem) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/decode-packed"), help="output folder")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the settings (default 2)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the settings (default 2)")
     parser.add_argument("--rep", type=float, default=60.0, help="timed repetitions per variant, ms (default 60)")
     parser.add_argument("--labels", default="", help="comma-separated labels to time (default all, in order)")
     args = parser.parse_args(argv)
     require_gpu("bench.decode_packed")
     import torch
 
-    from bench.decode_floor import alternating_rounds, summary
+    from bench.decode_floor import interleaved_settings, summary
     from common.contract.registry import discover
     from common.measure.decode_sweep import roofline_us, too_large
     from common.measure.peaks import measure_bf16_sustained_tflops, measure_read_gbps
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         workload, extra = case.gpu_workload(device)
         for impl in impls:
             settings = settings_to_time(impl.name, case.problem)
-            results = alternating_rounds(
+            results = interleaved_settings(
                 impl, case, (workload, extra), settings, args.rounds, options,
                 apply=partial(applied, impl_name=impl.name),
             )  # fmt: skip

@@ -15,7 +15,7 @@ the model's worst loss in triton/decode, 3 slots an SM), then controls whose pla
 43's case 7, seed 47's cases 3 and 7 as drawn: B=1, and a full cache without lengths, not balanced). Each rung is
 timed under each setting whose plan (target shares, each item's share count; ``bench.decode_ragged_ab.plan_of``)
 differs from the default's ("=" otherwise), checked against fp64 on a poisoned output first, the settings
-alternating (``bench.decode_floor.alternating_rounds``).
+interleaved (``bench.decode_floor.interleaved_settings``).
 Writes ``target.csv`` and ``target.md`` under ``--out`` (the table rewritten after every row). ``--model`` prints
 ``bench/decode_ragged_model.py``'s prediction of the same rows instead (no GPU).
 
@@ -107,7 +107,7 @@ def model_table(latency_us: float, merge_step_us: float) -> str:
 def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/decode-target"), help="output folder")
-    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of the settings (default 1)")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds of the settings (default 1)")
     parser.add_argument("--rep", type=float, default=30.0, help="timed ms per measurement (default 30)")
     parser.add_argument("--model", action="store_true", help="print the model's prediction of the rows (no GPU)")
     parser.add_argument("--latency-us", type=float, default=1.75, help="--model: a CTA's load latency, µs")
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     setting passed its check and every rung was available."""
     import torch
 
-    from bench.decode_floor import alternating_rounds, summary
+    from bench.decode_floor import interleaved_settings, summary
     from common.measure.runner import TimingOptions
 
     device, impls, read_gbps = open_rungs(args.out)
@@ -142,7 +142,9 @@ def run(args: argparse.Namespace) -> int:
                 continue
             plans = settings_to_time(rung, case, device)
             apply = functools.partial(applied, rung)
-            results = alternating_rounds(impls[rung], case, (workload, extra), list(plans), args.rounds, options, apply)
+            results = interleaved_settings(
+                impls[rung], case, (workload, extra), list(plans), args.rounds, options, apply
+            )
             for setting, measured in results.items():
                 status, us, err, reason = summary(measured)
                 record = {"label": label, "impl": rung, "shape": case.describe(),

@@ -1,7 +1,10 @@
 """bench/decode_model.py and bench/decode_floor.py without a GPU: the model's grid layout and merge cost,
-the A/B's refusal, its settings (set and restored) and its table."""
+the A/B's refusal, its settings (set and restored), its table, and its rounds (the loop every decode A/B times in:
+each setting prepared once, then checked and timed once a round, the order reversed every other round)."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -211,3 +214,72 @@ def test_floor_prepare_failure_is_a_row_not_a_crash():
     failed = decode_floor.prepared(Failing(), Workload(), RAGGED.problem, {})
     assert failed[0] == "failed" and failed[4] == "prepare: RuntimeError: out of shared memory"
     assert decode_floor.prepared(Working(), Workload(), RAGGED.problem, {}) is None
+
+
+def _rounds_in_one_order(runs: dict, rounds: int, measure) -> dict:
+    """Planted: the decode A/B's loop as it was before it called ``bench.interleaved``, every round in one order."""
+    samples: dict = {key: [] for key in runs}
+    for _ in range(rounds):
+        for key, run in runs.items():
+            samples[key].append(measure(run))
+    return samples
+
+
+def _floor_rounds(monkeypatch: pytest.MonkeyPatch, rounds: int, failing: tuple[str, ...] = ()) -> tuple[list, dict]:
+    """``interleaved_settings`` over settings a, b, c with the prepare and the measurement faked: the events (prepare
+    or measure, the setting applied then, the forced split count) in order, and what it returned. A setting in
+    ``failing`` fails its prepare."""
+    events: list[tuple] = []
+    applied: list[str] = []
+
+    @contextlib.contextmanager
+    def apply(setting: str):
+        applied.append(setting)
+        try:
+            yield
+        finally:
+            applied.pop()
+
+    def prepared(impl, workload, problem, extra):
+        events.append(("prepare", applied[-1]))
+        return ("failed", float("nan"), float("nan"), 0, "prepare: planted") if applied[-1] in failing else None
+
+    def measure(impl, case, workload, options, num_splits=None):
+        events.append(("measure", applied[-1], num_splits))
+        return "ok", float(len(events)), 0.0, num_splits or 1, ""
+
+    monkeypatch.setattr(decode_floor, "prepared", prepared)
+    monkeypatch.setattr(decode_floor, "measure", measure)
+    results = decode_floor.interleaved_settings(
+        None, RAGGED, (None, {}), ["a", "b", "c"], rounds, None, apply, forced_splits={"b": 4}.get
+    )
+    return events, results
+
+
+@pytest.mark.parametrize("loop", ["bench.interleaved", "planted: one order"])
+def test_floor_rounds_reverse_the_settings_every_other_round(loop: str, monkeypatch: pytest.MonkeyPatch):
+    """The decode A/B loop (decode_floor, decode_knob_ab and the other decode benches) measures each setting once a
+    round, the order reversed every other round (``bench.interleaved``); a planted loop that keeps one order fails."""
+    if loop.startswith("planted"):
+        monkeypatch.setattr(decode_floor, "interleaved", _rounds_in_one_order)
+    events, results = _floor_rounds(monkeypatch, 4)
+    order = [event[1] for event in events if event[0] == "measure"]
+    assert sorted(results) == ["a", "b", "c"] and all(len(rows) == 4 for rows in results.values())
+    if loop.startswith("planted"):
+        assert order != [*"abc", *"cba", *"abc", *"cba"], order
+        return
+    assert order == [*"abc", *"cba", *"abc", *"cba"], order
+
+
+def test_floor_rounds_prepare_each_setting_once_before_its_first_measurement(monkeypatch: pytest.MonkeyPatch):
+    """Each setting is prepared (validated, compiled) under its own constants in the first round only, just before its
+    first check and timing; a failed prepare is that round's row and the later rounds still measure it; the forced
+    split count reaches the measurement."""
+    events, results = _floor_rounds(monkeypatch, 3, failing=("c",))
+    assert events == [
+        ("prepare", "a"), ("measure", "a", None), ("prepare", "b"), ("measure", "b", 4), ("prepare", "c"),
+        ("measure", "c", None), ("measure", "b", 4), ("measure", "a", None),
+        ("measure", "a", None), ("measure", "b", 4), ("measure", "c", None),
+    ]  # fmt: skip
+    assert [row[0] for row in results["c"]] == ["failed", "ok", "ok"] and results["c"][0][4] == "prepare: planted"
+    assert [row[0] for row in results["a"]] == ["ok"] * 3 and [row[3] for row in results["b"]] == [4] * 3

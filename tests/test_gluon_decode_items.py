@@ -6,7 +6,7 @@ CPU: the switch off by default; which shapes it takes (one split by the rule, D 
 the plan it gives seed 151 row 1 (264 CTAs of 4096 tiles, 128 registers at launch). Static (sm_90a, child process,
 the running Triton release): the items builds without spills or local memory, their CTAs an SM by shared memory as
 ``items_ctas_per_sm`` says; the switch leaving every build it does not take instruction for instruction, and the
-builds it takes being ``_split_kernel`` with it off. GPU (``gpu``; ``bench/gluon_decode_items_ab.sh``): against fp64
+builds it takes being ``_split_kernel`` with it off. GPU (``gpu``; run before bench/README.md's A/B): against fp64
 on a poisoned output with the items kernel checked to be the one launched: 151/1 itself, items of one key block and
 of many, ragged, paged (pages of 16 and 128) and contiguous, GQA groups 1 / 5 / 8, D 64 / 128, fp16, the LSE, an
 empty sequence; three launches in a row (the claim counter back to 0); a planted launch whose counter starts past
@@ -115,22 +115,48 @@ def test_shapes_it_takes(monkeypatch: pytest.MonkeyPatch):
     }
 
 
-def test_ab_script_rows_parse_and_the_switch_takes_them(monkeypatch: pytest.MonkeyPatch):
-    """bench/gluon_decode_items_ab.sh's rows: each parses, 151/1 first, and the switch takes every one at 132 SMs (a
-    row it left would time the same kernel twice)."""
+def _readme_ab() -> list[str]:
+    """The words of bench/README.md's ``ITEMS_IN_FLIGHT`` A/B command (``bench.decode_knob_ab``)."""
+    import re
     import shlex
     from pathlib import Path
 
-    from bench.decode_knob_ab import parse_row
+    readme = (Path(__file__).parents[1] / "bench" / "README.md").read_text()
+    commands = re.findall(
+        r"`python -m (bench\.decode_knob_ab --knob triton_impl\.gluon\.decode:ITEMS_IN_FLIGHT [^`]+)`", readme
+    )
+    assert len(commands) == 1, commands
+    return shlex.split(commands[0])
 
-    script = (Path(__file__).parents[1] / "bench" / "gluon_decode_items_ab.sh").read_text()
-    line = script.split("python3 -m bench.gluon_decode_items_ab", 1)[1].split(" > ", 1)[0]
-    words = shlex.split(line.replace("\\\n", " "))
-    rows = words[words.index("--rows") + 1 :]
+
+def test_ab_rows_parse_and_the_switch_takes_them(monkeypatch: pytest.MonkeyPatch):
+    """bench/README.md's A/B (``bench.decode_knob_ab`` on ``ITEMS_IN_FLIGHT``, off against on, gluon/decode): its
+    arguments parse, and of its rows, 151/1 first, the switch takes every one at 132 SMs (a row it left would time the
+    same kernel twice)."""
+    from bench.decode_knob_ab import arguments, parse_row
+
+    words = _readme_ab()
+    args = arguments(words[1:])
+    assert words[0] == "bench.decode_knob_ab" and args.knob == "triton_impl.gluon.decode:ITEMS_IN_FLIGHT"
+    assert args.values == [False, True] and args.rungs == ["gluon/decode"] and args.rounds >= 2, args
+    rows = args.rows
     assert rows[0] == "151/1" and len([row for row in rows if not row.startswith("151/")]) >= 6, rows
     monkeypatch.setattr(gluon_decode, "ITEMS_IN_FLIGHT", True)
     for text in rows:
         assert gluon_decode.items_in_flight(parse_row(text)[1].problem, CPU), text
+
+
+def test_knob_plan_names_the_items_kernel_where_it_is_taken(monkeypatch: pytest.MonkeyPatch):
+    """``bench.decode_knob_ab``'s plan of a row tells the two values apart where the switch takes the row (151/1: the
+    items kernel on 264 CTAs) and reads the same where it does not (151/0)."""
+    from bench.decode_knob_ab import knob_plan, parse_row
+
+    plans = {}
+    for switch in (False, True):
+        monkeypatch.setattr(gluon_decode, "ITEMS_IN_FLIGHT", switch)
+        plans[switch] = {row: knob_plan("gluon/decode", parse_row(row)[1], CPU) for row in ("151/1", "151/0")}
+    assert plans[True]["151/1"] == f"{plans[False]['151/1']}, items kernel on 264 CTAs", plans
+    assert "items" not in plans[False]["151/1"] and plans[True]["151/0"] == plans[False]["151/0"], plans
 
 
 # ----------------------------------------------------------------------------------------------------

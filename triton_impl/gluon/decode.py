@@ -299,8 +299,8 @@ PAGED_LOAD_WARP, PAGED_LOAD_REGISTERS = True, gl.constexpr(48)
 # bandwidth). ITEMS_IN_FLIGHT: where the rule plans one split and the tiles pass the CTA slots, min(tiles, slots) CTAs
 # each walk tiles that their load warp claims from a counter (``_items_kernel``); the load warp copies the next
 # tile's Q (a second buffer) and first key blocks while the warpgroup finishes the current one, the ring and its
-# barrier phases running on across tiles. Timed (bench/gluon_decode_items_ab.sh, H200, 2026-12-04,
-# results/h200/gluon-decode-items/): D=64 tiles of more than one 64-row M tile gain (151/1 0.918x, 93/4 0.912x,
+# barrier phases running on across tiles. Timed (H200, 2026-12-04, results/h200/gluon-decode-items/; the A/B is
+# bench.decode_knob_ab's, bench/README.md): D=64 tiles of more than one 64-row M tile gain (151/1 0.918x, 93/4 0.912x,
 # 41/1 0.804x), rows of one M tile are mixed (119/5 0.850x; 41/2 1.064x, 61/7 1.222x) and D=128's shallower ring
 # loses (151/5 1.349x, 167/1 1.076x). "many-rows" (the default) takes only the first class; True takes every tile the
 # kernel can (the tests' setting), False none.
@@ -626,25 +626,21 @@ def _paged_load_partition(ring, keys, empty, NUM_STAGES: gl.constexpr, PAGE_SIZE
 
 
 @gluon.jit
-def _split_consumer(operands, work, constants: gl.constexpr, flags: gl.constexpr):
-    """Steps 4 to 7 of ``_split_kernel`` in the warpgroup: the packed Q tile, the split's key blocks, its O and LSE
-    (or partials) and the merge. ``operands``: Q and its strides, the Q tile, the ring, the split's keys, the
-    empty barriers (None without a load warp), the outputs and the split workspace; ``work``: the tile, the
-    split's unmasked blocks, the lengths and scale, and ``shares``: (share, split, num_splits, has_work) of a
-    balanced split, else ((batch, KV head) item of the grid, split, num_splits, True)."""
-    Q, q_strides, q_smem, ring, keys, empty, outputs, workspace = operands
-    tile, n_unmasked, seqlen, softmax_scale_log2, shares = work
+def _split_o_lse(q_smem, ring, keys, empty, work, constants: gl.constexpr, q_release):
+    """Steps 5 and 6 of ``_split_consumer`` (and of each of ``_items_consumer``'s tiles): the split's key blocks
+    folded into O (a split with no key keeps O = 0, row_sum = 0: LSE -inf), then its O and natural-log LSE in wgmma's
+    accumulator layout, with the packed rows' output coordinates ``(head, token, row, row_ok, offs_d)`` (``row``: the
+    row of the (B, H, Sq) outputs). ``work``: the tile, the split's unmasked blocks, the lengths and scale;
+    ``q_release``: a barrier to arrive on once every wgmma reading Q has retired (``_items_consumer``'s Q buffer), or
+    None."""
+    tile, n_unmasked, seqlen, softmax_scale_log2 = work
     batch, kv_head, group, heads, seqlen_q, m_block = tile
     s_layout: gl.constexpr = constants.s_layout
     o_layout: gl.constexpr = constants.p_layout.parent
     BLOCK_M: gl.constexpr = q_smem.shape[0]
     HEAD_DIM: gl.constexpr = q_smem.shape[1]
-    num_warps: gl.constexpr = flags.num_warps
 
-    # 4. The packed Q tile, by pointers, while the first copies fly.
-    _stage_packed_q(Q, q_smem, batch, kv_head, group, m_block, seqlen_q, q_strides, num_warps)
-
-    # 5. The split's key blocks; a split with no key keeps O = 0, row_sum = 0 (LSE -inf).
+    # 5. The split's key blocks.
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     _, offs_m, _ = _packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M, s_rows)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
@@ -654,20 +650,46 @@ def _split_consumer(operands, work, constants: gl.constexpr, flags: gl.constexpr
     step_args = (offs_m, seqlen, softmax_scale_log2)
     if keys.n_blocks > 0:
         acc, row_max, row_sum = _attend_split(q_smem, ring, keys, empty, n_unmasked, step_args, constants)
+    if q_release is not None:
+        mbarrier.arrive(q_release)
 
-    # 6. This split's O and natural-log LSE, stored from wgmma's accumulator layout. The partials
-    # are (num_splits, B, H, Sq, D) and (num_splits, B, H, Sq), contiguous.
+    # 6. The split's O and LSE, from wgmma's accumulator layout, and the rows they go to.
     out, lse = online_softmax_finalize(acc, row_max, row_sum)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     head, token, row_ok = _packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M, o_rows)
     lse = gl.convert_layout(lse, o_rows)
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
     row = (batch.to(gl.int64) * heads + head) * seqlen_q + token
+    return out, lse, (head, token, row, row_ok, offs_d)
+
+
+@gluon.jit
+def _split_consumer(operands, work, constants: gl.constexpr, flags: gl.constexpr):
+    """Steps 4 to 7 of ``_split_kernel`` in the warpgroup: the packed Q tile, the split's key blocks, its O and LSE
+    (or partials) and the merge. ``operands``: Q and its strides, the Q tile, the ring, the split's keys, the
+    empty barriers (None without a load warp), the outputs and the split workspace; ``work``: the tile, the
+    split's unmasked blocks, the lengths and scale, and ``shares``: (share, split, num_splits, has_work) of a
+    balanced split, else ((batch, KV head) item of the grid, split, num_splits, True)."""
+    Q, q_strides, q_smem, ring, keys, empty, outputs, workspace = operands
+    tile, n_unmasked, seqlen, softmax_scale_log2, shares = work
+    batch, kv_head, group, _, seqlen_q, m_block = tile
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    HEAD_DIM: gl.constexpr = q_smem.shape[1]
+    num_warps: gl.constexpr = flags.num_warps
+
+    # 4. The packed Q tile, by pointers, while the first copies fly.
+    _stage_packed_q(Q, q_smem, batch, kv_head, group, m_block, seqlen_q, q_strides, num_warps)
+
+    # 5 and 6. The split's key blocks, then its O and LSE with their rows. The partials are
+    # (num_splits, B, H, Sq, D) and (num_splits, B, H, Sq), contiguous.
+    tile_work = (tile, n_unmasked, seqlen, softmax_scale_log2)
+    out, lse, rows_of = _split_o_lse(q_smem, ring, keys, empty, tile_work, constants, None)
+    head, token, row, row_ok, offs_d = rows_of
     OutPartial, LsePartial, Counters = workspace
     if flags.BALANCED:
         # 7'. O, or the partials in the share's slab and the item's merge (``_decode_balanced.py``).
         _store_balanced(
-            workspace, outputs, tile, shares, (head, token, row, row_ok, offs_d), out, lse, BLOCK_M, HEAD_DIM,
+            workspace, outputs, tile, shares, rows_of, out, lse, BLOCK_M, HEAD_DIM,
             flags.SPLITS_PER_STEP, flags.RETURN_LSE, flags.M_TILE_MAJOR, num_warps, flags.MERGE_GROUP,
         )  # fmt: skip
     elif flags.SPLIT:
@@ -936,14 +958,8 @@ def _items_consumer(operands, sizes, constants: gl.constexpr, flags: gl.constexp
     blocks and its O store."""
     items, ring, empty, outputs = operands
     heads, kv_heads, seqlen_q, softmax_scale_log2, m_blocks, num_tiles = sizes
-    s_layout: gl.constexpr = constants.s_layout
-    o_layout: gl.constexpr = constants.p_layout.parent
-    BLOCK_M: gl.constexpr = items.q_smem.shape[1]
-    HEAD_DIM: gl.constexpr = items.q_smem.shape[2]
     BLOCK_N: gl.constexpr = ring.k_ring.shape[1]
     claim_layout: gl.constexpr = gl.BlockedLayout([2], [32], [flags.num_warps], [0])
-    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     group = heads // kv_heads
     ring_base = gl.program_id(0) * 0
     j = ring_base
@@ -956,21 +972,12 @@ def _items_consumer(operands, sizes, constants: gl.constexpr, flags: gl.constexp
             0, 1, seqlen_k, seqlen_q, causal_offset, constants.CAUSAL, BLOCK_N
         )
         keys = SplitKeys(batch, kv_head, key_begin, n_blocks, None, None, ring_base)
-        _, offs_m, _ = _packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M, s_rows)
-        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-        row_max = gl.full([BLOCK_M], float("-inf"), gl.float32, s_rows)
-        row_sum = gl.zeros([BLOCK_M], gl.float32, s_rows)
-        if n_blocks > 0:
-            step_args = (offs_m, (seqlen_k, causal_offset), softmax_scale_log2)
-            q_smem = items.q_smem.index(j % 2)
-            acc, row_max, row_sum = _attend_split(q_smem, ring, keys, empty, n_unmasked, step_args, constants)
-        # Every wgmma reading this Q has retired: its buffer and claim may take item j + 2.
-        mbarrier.arrive(items.q_empty.index(j % 2))
-        out, lse = online_softmax_finalize(acc, row_max, row_sum)
-        head, token, row_ok = _packed_rows(m_block, kv_head, group, seqlen_q, BLOCK_M, o_rows)
-        lse = gl.convert_layout(lse, o_rows)
-        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-        row = (batch.to(gl.int64) * heads + head) * seqlen_q + token
+        tile = (batch, kv_head, group, heads, seqlen_q, m_block)
+        work = (tile, n_unmasked, (seqlen_k, causal_offset), softmax_scale_log2)
+        # Once every wgmma reading this Q has retired, its buffer and claim may take item j + 2.
+        q_smem, q_release = items.q_smem.index(j % 2), items.q_empty.index(j % 2)
+        out, lse, rows_of = _split_o_lse(q_smem, ring, keys, empty, work, constants, q_release)
+        head, token, row, row_ok, offs_d = rows_of
         _store_output(outputs, batch, head, token, row, row_ok, offs_d, out, lse, flags.RETURN_LSE)
         ring_base += n_blocks
         j += 1
