@@ -212,8 +212,10 @@ FEWER_WAVES = False
 CTAS_PER_SM_FIT = {64: 2, 128: 2, 256: 1}
 # Issue #38's balanced split (triton/decode's plan, ``_decode_plan.py``; the switch's values in splits.py) where
 # the rule splits a ragged batch (H200, results/h200/decode-balanced-gluon-cute/): B=16 MQA D=256 ragged 190.0
-# -> 147.2 us, B=32 Hkv=2 D=64 ragged 197.8 -> 184.6, B=8 8k 85.0 -> 83.0; B=1 128k 138.1 -> 144.3: not there.
-BALANCED_SPLIT = "ragged-split"
+# -> 147.2 us, B=32 Hkv=2 D=64 ragged 197.8 -> 184.6, B=8 8k 85.0 -> 83.0; B=1 128k 138.1 -> 144.3: not there;
+# "ragged-split-long" (also any call the rule splits past splits.LONG_CHAIN_SPLITS, a long merge chain): one sequence
+# over two KV heads 65.4 -> 54.8 us (paged 16), 52.9 -> 45.1 (MQA D=256 Sq=8) (results/h200/decode-long-chain/).
+BALANCED_SPLIT = "ragged-split-long"
 # The item-share cap (splits.py; 0: none): 48, seed 43 MQA D=256 row 97.1 -> 84.8 us (results/h200/decode-ragged-cap/).
 BALANCED_SHARES_PER_SM, BALANCED_MAX_ITEM_SHARES = 2, 48
 # The target rule (splits.py's "The target rule"): "per-slot" against "per-sm" (H200, results/h200/decode-target/):

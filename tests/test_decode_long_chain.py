@@ -1,12 +1,12 @@
-"""The balanced split for long merge chains (``BALANCED_SPLIT = "ragged-split-long"`` of triton/decode and
-gluon/decode, issue #38; ``splits.LONG_CHAIN_SPLITS``).
+"""The balanced split for long merge chains (``BALANCED_SPLIT = "ragged-split-long"`` of the three decode rungs,
+issue #38; ``splits.LONG_CHAIN_SPLITS``).
 
 Where the split rule cuts few (batch, KV head) items into many splits (one long sequence over one or two KV heads),
-the padded split's last CTA merges them in a chain of dependent L2 round trips after every key was read; the
-balanced plan merges runs of shares instead (H200, results/h200/decode-long-few-heads/). CPU: the committed switch
-gives these rows, with and without ``cache_seqlens``, the balanced split, and keeps the padded split where the rule
-splits less (a planted "ragged-split" fails). GPU: each row against fp64 on a poisoned output, with the plan the CPU
-predicted.
+the padded split's last CTA merges them in a chain of dependent L2 round trips after every key was read; the balanced
+plan merges runs of shares instead (H200, results/h200/decode-long-few-heads/, decode-long-chain/). CPU: the committed
+switch gives these rows, with and without ``cache_seqlens``, the balanced split, and keeps the padded split where the
+rule splits less (a planted "ragged-split" fails). GPU: each row against fp64 on a poisoned output, with the plan the
+CPU predicted.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from common.contract.problem import Problem
 from common.contract.registry import discover
 
 CPU = torch.device("cpu")
-RUNGS = {"triton/decode": "triton_impl.decode", "gluon/decode": "triton_impl.gluon.decode"}
+RUNGS = {
+    "triton/decode": "triton_impl.decode", "gluon/decode": "triton_impl.gluon.decode", "cute/decode": "cute_impl.decode"
+}  # fmt: skip
 
 
 class Row(NamedTuple):
@@ -55,6 +57,8 @@ SHORT_ROWS = [
 
 
 def _module(rung: str):
+    if rung == "cute/decode":
+        pytest.importorskip("cutlass")
     return importlib.import_module(RUNGS[rung])
 
 
@@ -91,6 +95,7 @@ def _inputs(row: Row, seed: int) -> tuple[tuple[torch.Tensor, ...], dict[str, to
 @pytest.mark.parametrize("row", LONG_ROWS + SHORT_ROWS, ids=[row.name for row in LONG_ROWS + SHORT_ROWS])
 @pytest.mark.parametrize("rung", sorted(RUNGS))
 def test_gpu_long_chain_rows_against_fp64(rung: str, row: Row):
+    _module(rung)
     impl = {impl.name: impl for impl in discover(include_baselines=False)[0]}[rung]
     inputs, extra = _inputs(row, seed=len(row.name))
     result = check_on_inputs(impl, *inputs, row.problem, **extra)
