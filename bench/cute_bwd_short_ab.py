@@ -1,12 +1,12 @@
-"""cute/backward/hopper's causal D=128 default against its chained candidates (``hopper.CHAINED_CAUSAL``: the three
-launches chained by programmatic dependent launch, then without the dQaccum fill, then with the postprocess's items
-last first) and FA4's backward, on short causal rows (issue #40: B8 S2048 causal at 0.973x FA4 on 2026-12-04).
-Per shape: each cute row's gradients checked against the default's first (dK and dV bit for bit, dQ within fp32
-reduce-add reordering), then ``--rounds`` interleaved rounds (the order reversed every other round; each measurement
-``time_cuda``'s L2-flushed median), the table giving each row's median over rounds and its speed against FA4 and
-against the default (their time ÷ the row's). The cute rows run on cute/hopper's O and LSE
-(``bench.backward_kernels.variant_backward``), FA4 through autograd as ``bench.backward_interleaved`` times it.
-Writes ``cute_bwd_short.csv`` and ``.md`` to ``--out``.
+"""cute/backward/hopper's unchained causal D=128 step (``hopper.UNCHAINED_CAUSAL``) against its chained candidates
+(``hopper.CHAINED_CAUSAL``: the three launches chained by programmatic dependent launch, then without the dQaccum
+fill, then with the postprocess's items last first) and FA4's backward, on short causal rows (issue #40: B8 S2048
+causal at 0.973x FA4 on 2026-12-04). Per shape: each cute row's gradients checked against the unchained step's first
+(dK and dV bit for bit, dQ within fp32 reduce-add reordering), then ``--rounds`` interleaved rounds (the order
+reversed every other round; each measurement ``time_cuda``'s L2-flushed median), the table giving each row's median
+over rounds and its speed against FA4 and against the unchained step (their time ÷ the row's). The cute rows run on
+cute/hopper's O and LSE (``bench.backward_kernels.variant_backward``), FA4 through autograd as
+``bench.backward_interleaved`` times it. Writes ``cute_bwd_short.csv`` and ``.md`` to ``--out``.
 
 usage (project root, GPU, the CuTe DSL and FA4 activated):
     python -m bench.cute_bwd_short_ab [--out DIR] [--rounds 4]
@@ -34,7 +34,7 @@ SHAPES = (
     ("P1 causal", 2, 16, 8192, 128, True),
 )
 FA4 = "fa4/sm90"
-DQ_TOLERANCE = 1e-2  # |dQ − the default's dQ| / max |the default's dQ|: reduce-adds in another order, not a bug
+DQ_TOLERANCE = 1e-2  # |dQ − the unchained dQ| / max |the unchained dQ|: reduce-adds in another order, not a bug
 
 
 # The switches a row name lists, in the order the candidates add them.
@@ -42,22 +42,23 @@ SWITCHES = {"dependent_launch": "pdl", "zero_in_preprocess": "zeropre", "postpro
 
 
 def cute_rows() -> dict[str, str]:
-    """{row name: candidate label}: the causal D=128 default, then each chained candidate named by its switches."""
+    """{row name: candidate label}: the unchained causal D=128 step, then each chained candidate named by its switches
+    (the last, every switch, the causal D=128 default since 2026-12-04)."""
     from cute_impl.backward import hopper
 
-    rows = {"default": hopper.DEFAULTS[128, True].label}
+    rows = {"unchained": hopper.UNCHAINED_CAUSAL.label}
     for tiles in hopper.CHAINED_CAUSAL:
         rows["+".join(short for switch, short in SWITCHES.items() if getattr(tiles, switch))] = tiles.label
     return rows
 
 
 def check(calls: dict[str, object]) -> dict[str, str]:
-    """{row: verdict}: each cute row's (dq, dk, dv) against the default's, dK and dV bit for bit and dQ within
+    """{row: verdict}: each cute row's (dq, dk, dv) against the unchained step's, dK and dV bit for bit and dQ within
     ``DQ_TOLERANCE`` ("ok"), or what differs (the row is still timed; the GPU tests judge the gradients)."""
-    expected = calls["default"]()
+    expected = calls["unchained"]()
     verdicts = {}
     for name, call in calls.items():
-        if name in ("default", FA4):
+        if name in ("unchained", FA4):
             continue
         dq, dk, dv = call()
         error = ((dq.float() - expected[0].float()).abs().max() / expected[0].float().abs().max()).item()
@@ -82,12 +83,13 @@ def main() -> None:
         verdicts = check(calls)
         print(shape[0], verdicts, flush=True)
         samples = interleaved(calls, args.rounds, lambda run: time_cuda(run, warmup_ms=20, rep_ms=args.rep_ms).ms)
-        fa4, default = statistics.median(samples[FA4]), statistics.median(samples["default"])
+        fa4, unchained = statistics.median(samples[FA4]), statistics.median(samples["unchained"])
         for name, values in samples.items():
             ms = statistics.median(values)
             rows.append({"shape": shape[0], "row": name, "us": round(ms * 1e3, 1),
                          "tflops": round(backward_flops(problem) / ms / 1e9, 1), "vs_fa4": round(fa4 / ms, 4),
-                         "vs_default": round(default / ms, 4), "spread_us": round((max(values) - min(values)) * 1e3, 1),
+                         "vs_unchained": round(unchained / ms, 4),
+                         "spread_us": round((max(values) - min(values)) * 1e3, 1),
                          "check": verdicts.get(name, "-"),
                          "rounds_us": " ".join(f"{value * 1e3:.1f}" for value in values)})  # fmt: skip
             print(rows[-1], flush=True)
@@ -97,9 +99,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_rows(out / "cute_bwd_short.csv", rows)
     lines = [f"# cute/hopper's causal backward, chained candidates against FA4, {torch.cuda.get_device_name()}", "",
-             "| shape | row | µs | TFLOP/s | speed vs FA4 | speed vs default | spread µs | check |",
+             "| shape | row | µs | TFLOP/s | speed vs FA4 | speed vs unchained | spread µs | check |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    lines += [f"| {r['shape']} | {r['row']} | {r['us']} | {r['tflops']} | {r['vs_fa4']} | {r['vs_default']} | "
+    lines += [f"| {r['shape']} | {r['row']} | {r['us']} | {r['tflops']} | {r['vs_fa4']} | {r['vs_unchained']} | "
               f"{r['spread_us']} | {r['check']} |" for r in rows]  # fmt: skip
     (out / "cute_bwd_short.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

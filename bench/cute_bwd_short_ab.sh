@@ -15,7 +15,9 @@
 #      2026-12-04) close, and does the postprocess read faster with its items reversed.
 # Predicted (docs/perf-log.md, helper cshort): at B8 S2048 causal pdl 0.5-1.2 % faster than the default, pdl+zeropre
 # 0.7-1.5 %, pdl+zeropre+postrev 1.0-2.0 % (FA4 ratio 0.973x -> 0.98-0.99x); at P1 causal each within 0.5 %.
-# Take-rule: the tests pass and a candidate is faster than the default at every shape by more than its spread.
+# Take-rule: the tests pass and a candidate is faster than the default at every shape by more than its spread. Since
+# 2026-12-04 the full chain is the causal D=128 default (faster in nine medians of three calls, results/h200/
+# backward-chained-causal-20rounds/), and the tool's first row is the unchained step (hopper.UNCHAINED_CAUSAL).
 # Run from the project root carrying the CuTe DSL and FA4 (../shared/gpu/README.md):
 #   carry   [".gpu/cutlass-dsl.tar.xz", ".gpu/activate.sh", ".gpu/fa4"]
 #   command bash bench/cute_bwd_short_ab.sh

@@ -507,8 +507,9 @@ def test_hopper_heaviest_first_remaps_only_the_causal_launch() -> None:
     for head_dim in hopper_backward.HEAD_DIMS:
         causal_default = hopper_backward.default_tiles(head_dim, causal=True)
         ordered = replace(
-            causal_default, heaviest_first=True, staged_epilogue=False, late_dv=False, rebased_operands=False
-        )
+            causal_default, heaviest_first=True, staged_epilogue=False, late_dv=False, rebased_operands=False,
+            zero_in_preprocess=False, dependent_launch=False, postprocess_reversed=False,
+        )  # fmt: skip
         assert ordered in hopper_backward.CANDIDATES[head_dim]
         for causal in (True, False):
             prob = problem(1000, 777, head_dim, causal=causal, alignment="bottom_right", kv_heads=2)
@@ -717,7 +718,7 @@ def test_hopper_tma_rows_is_the_default_and_the_deterministic_switch_leaves_it()
         (64, False): "m128_s2_dqreduce_tmarows_stagedepi_latedv_rebase",
         (64, True): "m128_s2_dqreduce_tmarows_stagedepi_latedv_rebase",
         (128, False): "m80_s2_dqreduce_tmarows_stagedepi_latedv_rebase",
-        (128, True): "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_latedv",
+        (128, True): "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_zeropre_latedv_pdl_postrev",
     }
     assert all(tiles in hopper_backward.CANDIDATES[key[0]] for key, tiles in hopper_backward.DEFAULTS.items())
     torch.use_deterministic_algorithms(True)

@@ -6,16 +6,16 @@ before anything else (the consumers); the postprocess, launched so too, waits be
 switch, ``postprocess_reversed``, has the postprocess take the (batch, head) items last first, where the dK/dV
 kernel's last CTAs leave their dQaccum in L2.
 
-Without a GPU: the three candidates are the causal D=128 default with the switch (then with ``zero_in_preprocess``,
-then with the reversed postprocess too);
-no default takes it; they compile for sm_90a without spills, the dK/dV kernel at the default's registers and within
-a few SASS instructions of it; in the PTX each wait sits before the first read of what the previous kernel writes
-and after the loads of what it does not (planted: a wait moved below the next read, and waits that emit nothing,
-fail); the dK/dV kernel and the postprocess are launched with programmatic stream serialisation exactly with the
-switch, the preprocess never; the default's three kernels hold no ``griddepcontrol``. With a GPU: the candidates
-against fp64 by the yardstick rule (``knob_cases``: one query or key, rows that see no key, MQA, ragged tails, both
-causal alignments, GQA over two batches, many blocks), D, LSE₂ and dQaccum poisoned before each call; dK and dV bit
-for bit the default's (no reduce-add there); planted: the dK/dV kernel reading D and LSE₂ before the preprocess wrote
+Without a GPU: the three candidates are the unchained causal D=128 step (``UNCHAINED_CAUSAL``) with the switch (then
+with ``zero_in_preprocess``, then with the reversed postprocess too); the last is the causal D=128 default, no other
+default chains; they compile for sm_90a without spills, the dK/dV kernel at the unchained step's registers and within
+a few SASS instructions of it; in the PTX each wait sits before the first read of what the previous kernel writes and
+after the loads of what it does not (planted: a wait moved below the next read, and waits that emit nothing, fail);
+the dK/dV kernel and the postprocess are launched with programmatic stream serialisation exactly with the switch, the
+preprocess never; the unchained step's three kernels hold no ``griddepcontrol``. With a GPU: the candidates against
+fp64 by the yardstick rule (``knob_cases``: one query or key, rows that see no key, MQA, ragged tails, both causal
+alignments, GQA over two batches, many blocks), D, LSE₂ and dQaccum poisoned before each call; dK and dV bit for bit
+the unchained step's (no reduce-add there); planted: the dK/dV kernel reading D and LSE₂ before the preprocess wrote
 them (what a missing wait may read; the preprocess skipped, deterministic) fails the rule. The race itself is no GPU
 test: a missing wait shows only sometimes (``tests/test_fp8_pdl.py``); its placement is what the PTX rules check.
 """
@@ -58,7 +58,7 @@ INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?!\s|NOP\b)[^;]*;")
 # Any read or write of global memory by a consumer (loads, TMA stores, plain stores).
 CONSUMER_GLOBAL = re.compile(r"\bld\.global\b|\bst\.global\b|cp\.async\.bulk\.tensor\.\d+d\.global")
 CHAINED = hopper_backward.CHAINED_CAUSAL
-DEFAULT = hopper_backward.DEFAULTS[128, True]
+UNCHAINED = hopper_backward.UNCHAINED_CAUSAL  # the unchained build every candidate is compared with
 # The K and V boxes the producer loads before its wait: two per warpgroup, a D=128 row of 256 bytes is two
 # 128-byte swizzle atoms (two TMA copies each).
 KV_LOADS_BEFORE_WAIT = 2 * 2 * 2
@@ -67,15 +67,18 @@ KV_LOADS_BEFORE_WAIT = 2 * 2 * 2
 POISON = float("nan")
 
 
-def test_the_candidates_are_the_causal_default_with_the_switches() -> None:
-    """Listed at D=128 beside the defaults; no default chains or reverses; both switches need dq="reduce" (the
-    separate pass has no postprocess) and name themselves in the label."""
-    assert not any(t.dependent_launch or t.postprocess_reversed for t in hopper_backward.DEFAULTS.values())
-    chained = replace(DEFAULT, dependent_launch=True)
+def test_the_candidates_are_the_unchained_step_with_the_switches() -> None:
+    """Listed at D=128 beside the defaults; the causal D=128 default is the full chain, no other default chains or
+    reverses; both switches need dq="reduce" (the separate pass has no postprocess) and name themselves in the
+    label."""
+    others = [tiles for key, tiles in hopper_backward.DEFAULTS.items() if key != (128, True)]
+    assert hopper_backward.DEFAULTS[128, True] == CHAINED[-1]
+    assert not any(t.dependent_launch or t.postprocess_reversed for t in others)
+    chained = replace(UNCHAINED, dependent_launch=True)
     zeroed = replace(chained, zero_in_preprocess=True)
     assert (chained, zeroed, replace(zeroed, postprocess_reversed=True)) == CHAINED
     assert all(tiles in hopper_backward.CANDIDATES[128] for tiles in CHAINED)
-    assert CHAINED[0].label == DEFAULT.label + "_pdl"
+    assert CHAINED[0].label == UNCHAINED.label + "_pdl"
     assert CHAINED[2].label.endswith("_pdl_postrev")
     for switch in ("dependent_launch", "postprocess_reversed"):
         with pytest.raises(ValueError, match=switch):
@@ -94,13 +97,13 @@ def test_the_ab_script_runs_these_tests_then_times_every_candidate() -> None:
     assert CHAINED[-1].label in script and not labels_in_script(script)
     assert labels_in_script(script.replace("_postrev", "_post_rev"))
     labels = list(cute_rows().values())
-    assert labels == [DEFAULT.label, *(tiles.label for tiles in CHAINED)]
+    assert labels == [UNCHAINED.label, *(tiles.label for tiles in CHAINED)]
 
 
 def test_only_the_chained_launch_signals_from_the_preprocess() -> None:
     """The preprocess's compile key takes ``launch_dependents`` from the switch alone."""
     prob = problem(1000, 777, 128, causal=True)
-    for tiles in (DEFAULT, *CHAINED):
+    for tiles in (UNCHAINED, *CHAINED):
         config = hopper_backward.preprocess_config(prob, tiles, False)
         assert config.launch_dependents == tiles.dependent_launch
         assert config.zero_dq_accum == tiles.zero_in_preprocess
@@ -127,21 +130,21 @@ def resources(binary) -> dict:
 @pytest.mark.cute_compile
 @pytest.mark.static
 @pytest.mark.parametrize("variant", ["causal_top_left_gqa", "causal_bottom_right_mqa_dlse"])
-def test_chained_kernels_compile_without_spills_at_the_defaults_registers(variant: str) -> None:
-    """The candidates' three kernels for sm_90a: no spills; the dK/dV kernel at the default's registers and at most
-    16 SASS instructions longer, NOPs left out (a signal and three waits: 1827 -> 1831 at the top-left GQA build);
-    the postprocess (items reversed or not) with the default's 16-byte loads and stores."""
-    default = binaries(DEFAULT, variant)
+def test_chained_kernels_compile_without_spills_at_the_unchained_registers(variant: str) -> None:
+    """The candidates' three kernels for sm_90a: no spills; the dK/dV kernel at the unchained step's registers and at
+    most 16 SASS instructions longer, NOPs left out (a signal and three waits: 1827 -> 1831 at the top-left GQA
+    build); the postprocess (items reversed or not) with the unchained step's 16-byte loads and stores."""
+    unchained = binaries(UNCHAINED, variant)
     for tiles in CHAINED:
         chained = binaries(tiles, variant)
         assert list(chained) == ["preprocess", "dkdv", "postprocess"]
         for name, binary in chained.items():
             usage = resources(binary)
             assert usage["stack_bytes"] + usage["local_bytes"] == 0, f"{tiles.label} {name}: {usage}"
-        assert resources(chained["dkdv"])["registers"] == resources(default["dkdv"])["registers"]
-        lengths = [len(INSTRUCTION.findall(sass_of(b["dkdv"]))) for b in (default, chained)]
+        assert resources(chained["dkdv"])["registers"] == resources(unchained["dkdv"])["registers"]
+        lengths = [len(INSTRUCTION.findall(sass_of(b["dkdv"]))) for b in (unchained, chained)]
         assert 0 < lengths[1] - lengths[0] <= 16, lengths
-        accesses = [sorted(GLOBAL_ACCESS.findall(sass_of(b["postprocess"]))) for b in (default, chained)]
+        accesses = [sorted(GLOBAL_ACCESS.findall(sass_of(b["postprocess"]))) for b in (unchained, chained)]
         assert accesses[0] == accesses[1], f"{tiles.label}: the postprocess's global accesses changed"
 
 
@@ -184,9 +187,9 @@ def chained_ptx(tiles: hopper_backward.BackwardTiles) -> dict[str, str]:
 @pytest.mark.static
 @pytest.mark.parametrize("tiles", CHAINED, ids=lambda tiles: tiles.label)
 def test_each_wait_sits_before_the_first_read_of_the_previous_kernels_writes(tiles) -> None:
-    """The rules of ``waits_in_place`` on each candidate; the default's kernels hold no ``griddepcontrol``."""
+    """The rules of ``waits_in_place`` on each candidate; the unchained step's kernels hold no ``griddepcontrol``."""
     assert waits_in_place(chained_ptx(tiles)) == []
-    assert not any("griddepcontrol" in binary.ptx for binary in binaries(DEFAULT).values())
+    assert not any("griddepcontrol" in binary.ptx for binary in binaries(UNCHAINED).values())
 
 
 def _moved_below(text: str, marker: str, pattern: re.Pattern, start: int = 0) -> str:
@@ -226,10 +229,10 @@ def test_the_wait_rules_catch_a_late_or_missing_wait(monkeypatch: pytest.MonkeyP
 
 @pytest.mark.xdist_group(HOPPER_GROUP)
 @pytest.mark.cute_compile
-@pytest.mark.parametrize("tiles", [DEFAULT, CHAINED[0]], ids=["default", "chained"])
+@pytest.mark.parametrize("tiles", [UNCHAINED, CHAINED[0]], ids=["unchained", "chained"])
 def test_launched_with_programmatic_stream_serialisation_exactly_with_the_switch(tiles) -> None:
     """The TVM-FFI host functions of the dK/dV kernel and the postprocess set
-    cudaLaunchAttributeProgrammaticStreamSerialization to 1 exactly with the switch (the default is the planted
+    cudaLaunchAttributeProgrammaticStreamSerialization to 1 exactly with the switch (the unchained step is the planted
     bug of the chained rule: the attribute there, its value 0); the preprocess, launched after whatever came
     before, never sets it to 1."""
     prob = problem(1000, 777, 128, causal=True, kv_heads=2)
@@ -272,7 +275,7 @@ def _needs_gpu() -> None:
 @pytest.mark.parametrize("case", list(CASES))
 def test_gpu_chained_candidates_pass_the_rule(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The candidate against fp64 by the rule from cute/hopper's O and LSE, its buffers poisoned; dK and dV equal
-    the causal default's (the same tiles without the switch) bit for bit."""
+    the unchained step's (the same tiles without the switch) bit for bit."""
     _needs_gpu()
     prob, tiles = CASES[case]
     poisoned_buffers(monkeypatch)
