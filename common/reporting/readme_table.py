@@ -385,7 +385,7 @@ def context_parallel_block(root: Path) -> str:
 # ----------------------------------------------------------------------------------------------
 # Backward (README only): the committed compare.py --backward run (bench/backward.py's results.csv reads too)
 # ----------------------------------------------------------------------------------------------
-BACKWARD_CSV = Path("results") / "h200" / "backward-anchors-2026-12-04-rounds" / "backward.csv"
+BACKWARD_CSV = Path("results") / "h200" / "backward-anchors-2026-12-04-chained" / "backward.csv"
 BACKWARD_BEGIN, BACKWARD_END = "<!-- backward:begin -->", "<!-- backward:end -->"
 
 

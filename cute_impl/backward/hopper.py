@@ -106,8 +106,8 @@ rounds) at B=8 S=2048, B=16 S=1024 and P1 causal, +0.4 to +1.6 %, each inside it
 bit the unchained build's. Taken on that consistency.
 
 Where it stands (H200, 2026-12-04, ``compare.py --backward --rounds 4``,
-``results/h200/backward-anchors-2026-12-04-rounds/``): 600 / 568 / 520 / 444 TFLOP/s at P1 / P1 causal / D=64 B=4
-H=32 / B=8 S=2048 causal, 1.01 / 1.02 / 1.01 / 0.98× FlashAttention-4's sm90 backward and 1.12-1.19× cuDNN's.
+``results/h200/backward-anchors-2026-12-04-chained/``): 606 / 571 / 529 / 451 TFLOP/s at P1 / P1 causal / D=64 B=4
+H=32 / B=8 S=2048 causal, 1.01 / 1.02 / 1.02 / 0.97× FlashAttention-4's sm90 backward and 1.12-1.20× cuDNN's.
 """
 
 from __future__ import annotations
