@@ -127,7 +127,7 @@ Measured figures go to ``docs/perf-log.md`` and ``compare.py --decode``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -245,6 +245,10 @@ FEWER_WAVES = True
 # "ragged-split-long" (also any call the rule splits past splits.LONG_CHAIN_SPLITS, a long merge chain): one sequence
 # over two KV heads 191.8 -> 114.4 us (D=256 paged), 73.8 -> 59.8 (results/h200/decode-long-few-heads/).
 BALANCED_SPLIT = "ragged-split-long"
+# Off until its A/B (bench/decode_knob_ab.py): the switch asks the rule without SHORT_CACHE_ONE_SPLIT, so that a
+# short ragged cache whose items the exception keeps in one split each (the longest item the whole step: seed 211's
+# B=16 Hkv=16 D=256 row, lengths 22..6575, 49 % where triton/decode and cute/decode balance it at 75 %) takes shares.
+BALANCED_PAST_SHORT_CACHE = False
 # True: shares per SM at most the ring's CTA slots (1 at D=128's long ring, D=256): B=1 128k 144.0 -> 200.9 us.
 BALANCED_SHARES_BY_SLOTS = False
 # Issue #38's ragged row (B=8 Hkv=8 32k D=128, lengths 0..32768; H200, results/h200/decode/): gluon 136.5 us, cute
@@ -1084,7 +1088,12 @@ def balanced_split(problem: Problem, device: torch.device | None = None) -> bool
     if balanced_spills(problem.head_dim):
         return False
     rule_device = device or torch.device("cpu")
-    return splits.balanced_split_applies(BALANCED_SPLIT, problem, lambda: planned_num_splits(problem, rule_device))
+    policy = split_policy(problem)
+    if BALANCED_PAST_SHORT_CACHE:
+        policy = replace(policy, short_one_split=False)
+    return splits.balanced_split_applies(
+        BALANCED_SPLIT, problem, lambda: splits.planned_num_splits(problem, m_blocks_for(problem), rule_device, policy)
+    )
 
 
 def balanced_pair_tile(problem: Problem, device: torch.device | None = None) -> bool:
