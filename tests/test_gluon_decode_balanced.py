@@ -278,3 +278,23 @@ def test_gpu_gluon_balanced_plan_missing_a_sequence_fails_the_check(monkeypatch:
     (q, k, v), extra = _inputs(case, seed=2)
     result = check_on_inputs(gluon_decode.IMPLEMENTATION, q, k, v, case.problem, **extra)
     assert not result.ok, f"the planted plan passed: {result.summary()}"
+
+
+def test_balanced_past_short_cache_takes_the_short_ragged_rows_the_exception_keeps_whole(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Off as committed (results/h200/gluon-decode-past-short-cache/: one row 2.26x slower): seed 211's row 7, a short
+    ragged cache the rule keeps in one split (SHORT_CACHE_ONE_SPLIT), keeps the padded split; on, the switch asks the
+    rule without the exception and the row takes the balanced split; a full cache still never does."""
+    from common.measure.decode_sweep import random_cases
+
+    problem = random_cases(8, 211)[7].problem
+    cpu = torch.device("cpu")
+    assert gluon_decode.BALANCED_PAST_SHORT_CACHE is False
+    assert gluon_decode.planned_num_splits(problem, cpu) == 1 and not gluon_decode.balanced_split(problem, cpu)
+    monkeypatch.setattr(gluon_decode, "BALANCED_PAST_SHORT_CACHE", True)
+    assert gluon_decode.balanced_split(problem, cpu)
+    assert not gluon_decode.balanced_split(problem.with_(has_cache_seqlens=False), cpu)
+    monkeypatch.setattr(gluon_decode, "SHORT_CACHE_ONE_SPLIT", False)  # the exception gone: the switch's own rule
+    monkeypatch.setattr(gluon_decode, "BALANCED_PAST_SHORT_CACHE", False)
+    assert gluon_decode.balanced_split(problem, cpu)

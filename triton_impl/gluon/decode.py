@@ -245,9 +245,11 @@ FEWER_WAVES = True
 # "ragged-split-long" (also any call the rule splits past splits.LONG_CHAIN_SPLITS, a long merge chain): one sequence
 # over two KV heads 191.8 -> 114.4 us (D=256 paged), 73.8 -> 59.8 (results/h200/decode-long-few-heads/).
 BALANCED_SPLIT = "ragged-split-long"
-# Off until its A/B (bench/decode_knob_ab.py): the switch asks the rule without SHORT_CACHE_ONE_SPLIT, so that a
-# short ragged cache whose items the exception keeps in one split each (the longest item the whole step: seed 211's
-# B=16 Hkv=16 D=256 row, lengths 22..6575, 49 % where triton/decode and cute/decode balance it at 75 %) takes shares.
+# True: the switch asks the rule without SHORT_CACHE_ONE_SPLIT, so that a short ragged cache whose items the exception
+# keeps in one split each (the longest item then the whole step) takes shares. H200 A/B over 16 rows it changes
+# (results/h200/gluon-decode-past-short-cache/): seed 211's B=16 Hkv=16 D=256 row 119.7 -> 79.4 us (49 -> 74 %), 12
+# more 0.81-0.97x, but seed 126's B=64 MHA Sq=2 1.5k row 61.8 -> 139.4 and two D=256 rows of 1024 items 1.03-1.05x:
+# off until a narrower rule keeps those.
 BALANCED_PAST_SHORT_CACHE = False
 # True: shares per SM at most the ring's CTA slots (1 at D=128's long ring, D=256): B=1 128k 144.0 -> 200.9 us.
 BALANCED_SHARES_BY_SLOTS = False
