@@ -65,3 +65,17 @@ gpu_tests() {
   echo "gpu tests: $((SECONDS - begun)) s (limit $limit s)" >> "$OUT/times.txt"
   tail -3 "$OUT/pytest.log"
 }
+
+# decode_seeds LIMIT_S SEED...: `compare.py --decode --decode-random 8` at each seed for the three decode rungs
+# ($OUT/seedN.log, $OUT/seedN/), each cut at LIMIT_S, its lowest-bandwidth line printed; a failure sets `status` to 1.
+decode_seeds() {
+  local limit=$1 seed begun
+  shift
+  for seed in "$@"; do
+    begun=$SECONDS
+    timeout "$limit" python3 compare.py --decode --decode-random 8 --decode-seed "$seed" --only triton/decode \
+      --only gluon/decode --only cute/decode --out "$OUT/seed$seed" > "$OUT/seed$seed.log" 2>&1 || status=1
+    echo "seed$seed: $((SECONDS - begun)) s (limit $limit s)" >> "$OUT/times.txt"
+    grep 'lowest %' "$OUT/seed$seed.log"
+  done
+}

@@ -19,12 +19,6 @@ status=0
 gpu_tests 200 -n 8 tests/test_cute_decode*.py tests/test_decode*.py tests/test_paged_kv.py -k cute
 knob_ab split 150 cute_impl.decode:WGMMA_SPLIT_CTAS_PER_SM 1,2 cute/decode 107/0 103/0 41/1 107/0:page_size=64 59/2 \
   107/0:seqlen_q=1
-for seed in 107 103; do
-  begun=$SECONDS
-  timeout 100 python3 compare.py --decode --decode-random 8 --decode-seed "$seed" --only triton/decode \
-    --only gluon/decode --only cute/decode --out "$OUT/seed$seed" > "$OUT/seed$seed.log" 2>&1 || status=1
-  echo "seed$seed: $((SECONDS - begun)) s (limit 100 s)" >> "$OUT/times.txt"
-  grep 'lowest %' "$OUT/seed$seed.log"
-done
+decode_seeds 100 107 103
 cat "$OUT/times.txt"
 exit $status

@@ -24,12 +24,6 @@ run_tests backward 200 tests/test_backward.py tests/test_cute_backward.py tests/
   -k "test_cute_backward_short or (cute and not candidate and not tma_rows and not 80_rows and not 128_rows)"
 run_tests decode 150 tests/test_decode_long_chain.py tests/test_gluon_decode_items.py tests/test_decode.py \
   tests/test_paged_kv.py tests/test_gluon_decode_balanced.py -k "long_chain or items or gluon or balanced"
-for seed in 211 227; do
-  begun=$SECONDS
-  timeout 90 python3 compare.py --decode --decode-random 8 --decode-seed "$seed" --only triton/decode \
-    --only gluon/decode --only cute/decode --out "$OUT/seed$seed" > "$OUT/seed$seed.log" 2>&1 || status=1
-  echo "seed$seed: $((SECONDS - begun)) s (limit 90 s)" >> "$OUT/times.txt"
-  grep 'lowest %' "$OUT/seed$seed.log"
-done
+decode_seeds 90 211 227
 cat "$OUT/times.txt"
 exit $status

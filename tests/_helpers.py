@@ -18,7 +18,7 @@ import torch
 
 from common.contract.check import check_on_inputs
 from common.contract.fp8 import fa3_inputs
-from common.contract.inputs import make_inputs
+from common.contract.inputs import make_inputs, make_paged_kv
 from common.contract.problem import Problem
 from common.contract.registry import Implementation
 from common.reporting.static import compile_environment
@@ -191,3 +191,17 @@ def feature_grid(seqlens: tuple[tuple[int, int], ...] = ((77, 1000), (1000, 77),
         pytest.mark.gpu,
     )
     return lambda test: functools.reduce(lambda marked, mark: mark(marked), marks, test)
+
+
+def decode_call_inputs(
+    problem: Problem, lengths: tuple[int, ...] | None, seed: int
+) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+    """(q, k, v) on the GPU (offset inputs) and the call's keyword tensors: ``cache_seqlens`` from ``lengths`` (None:
+    a full cache) and, for a paged problem, the page pools and their shuffled block table."""
+    q, k, v = make_inputs(problem, seed=seed, device="cuda", offset=0.5)
+    extra = {}
+    if lengths is not None:
+        extra["cache_seqlens"] = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    if problem.paged:
+        k, v, extra["block_table"] = make_paged_kv(problem, k, v, seed=seed)
+    return (q, k, v), extra

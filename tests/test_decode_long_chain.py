@@ -19,9 +19,9 @@ import torch
 
 from common.contract import splits
 from common.contract.check import check_on_inputs
-from common.contract.inputs import make_inputs, make_paged_kv
 from common.contract.problem import Problem
 from common.contract.registry import discover
+from tests._helpers import decode_call_inputs
 
 CPU = torch.device("cpu")
 RUNGS = {
@@ -81,23 +81,13 @@ def test_planted_ragged_split_keeps_the_long_chains(rung: str, monkeypatch: pyte
     assert not any(_module(rung).balanced_split(row.problem, CPU) for row in LONG_ROWS)
 
 
-def _inputs(row: Row, seed: int) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
-    q, k, v = make_inputs(row.problem, seed=seed, device="cuda", offset=0.5)
-    extra = {}
-    if row.lengths is not None:
-        extra["cache_seqlens"] = torch.tensor(row.lengths, dtype=torch.int32, device="cuda")
-    if row.problem.paged:
-        k, v, extra["block_table"] = make_paged_kv(row.problem, k, v, seed=seed)
-    return (q, k, v), extra
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("row", LONG_ROWS + SHORT_ROWS, ids=[row.name for row in LONG_ROWS + SHORT_ROWS])
 @pytest.mark.parametrize("rung", sorted(RUNGS))
 def test_gpu_long_chain_rows_against_fp64(rung: str, row: Row):
     _module(rung)
     impl = {impl.name: impl for impl in discover(include_baselines=False)[0]}[rung]
-    inputs, extra = _inputs(row, seed=len(row.name))
+    inputs, extra = decode_call_inputs(row.problem, row.lengths, seed=len(row.name))
     result = check_on_inputs(impl, *inputs, row.problem, **extra)
     assert result.ok, f"{rung} {row.problem.describe()}: {result.summary()}"
     run = impl.prepare(*inputs, row.problem, **extra)

@@ -21,10 +21,10 @@ import torch
 
 from common.contract import splits
 from common.contract.check import check_on_inputs
-from common.contract.inputs import make_inputs, make_paged_kv
+from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.toolchain.releases import triton_release
-from tests._helpers import json_from_child
+from tests._helpers import decode_call_inputs, json_from_child
 from tests.test_decode import _check_graph_replays, _with_splits, assert_launches_repeat
 from triton_impl import decode as triton_decode
 from triton_impl.gluon import _decode_balanced
@@ -207,22 +207,12 @@ CASES = [
 ]
 
 
-def _inputs(case: BalancedCase, seed: int) -> tuple[tuple, dict]:
-    q, k, v = make_inputs(case.problem, seed=seed, device="cuda", offset=0.5)
-    extra = {}
-    if case.lengths is not None:
-        extra["cache_seqlens"] = torch.tensor(case.lengths, dtype=torch.int32, device="cuda")
-    if case.problem.paged:
-        k, v, extra["block_table"] = make_paged_kv(case.problem, k, v, seed=seed)
-    return (q, k, v), extra
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_gpu_gluon_balanced_split_against_fp64_and_deterministic(case: BalancedCase, monkeypatch: pytest.MonkeyPatch):
     """Against fp64 (poisoned), then 20 launches with the same bits (the merging CTA varies on a GPU)."""
     monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", "always")
-    (q, k, v), extra = _inputs(case, seed=CASES.index(case) + 1)
+    (q, k, v), extra = decode_call_inputs(case.problem, case.lengths, seed=CASES.index(case) + 1)
     impl = (
         gluon_decode.IMPLEMENTATION if case.shares is None else _with_splits(case.shares, gluon_decode.IMPLEMENTATION)
     )
@@ -275,7 +265,7 @@ def test_gpu_gluon_balanced_plan_missing_a_sequence_fails_the_check(monkeypatch:
 
     monkeypatch.setattr(gluon_decode, "balanced_sizes", one_sequence_short)
     case = CASES[1]
-    (q, k, v), extra = _inputs(case, seed=2)
+    (q, k, v), extra = decode_call_inputs(case.problem, case.lengths, seed=2)
     result = check_on_inputs(gluon_decode.IMPLEMENTATION, q, k, v, case.problem, **extra)
     assert not result.ok, f"the planted plan passed: {result.summary()}"
 
