@@ -288,3 +288,24 @@ def test_balanced_past_short_cache_takes_the_short_ragged_rows_the_exception_kee
     monkeypatch.setattr(gluon_decode, "SHORT_CACHE_ONE_SPLIT", False)  # the exception gone: the switch's own rule
     monkeypatch.setattr(gluon_decode, "BALANCED_PAST_SHORT_CACHE", False)
     assert gluon_decode.balanced_split(problem, cpu)
+
+
+def test_balanced_past_short_cache_stops_at_its_waves(monkeypatch: pytest.MonkeyPatch):
+    """PAST_SHORT_MAX_WAVES: under the switch, a short ragged row whose one-split grid passes that many waves of the
+    rule's CTA slots keeps the padded split (seed 179's row 3 and seed 49's row 6: 1024 D=256 items on 132 slots, 7.8
+    waves, 1.03-1.05x balanced on the H200), one of 3.9 waves (seed 56's row 5, 0.95x) takes the balanced split; with
+    no bound (the plant: the switch as first timed) the 7.8-wave rows take it too; a negative bound is refused."""
+    from common.measure.decode_sweep import random_cases
+
+    cpu = torch.device("cpu")
+    many_waves = [random_cases(8, 179)[3].problem, random_cases(8, 49)[6].problem]
+    few_waves = random_cases(8, 56)[5].problem
+    monkeypatch.setattr(gluon_decode, "BALANCED_PAST_SHORT_CACHE", True)
+    assert gluon_decode.PAST_SHORT_MAX_WAVES == 4
+    assert gluon_decode.balanced_split(few_waves, cpu)
+    assert not any(gluon_decode.balanced_split(problem, cpu) for problem in many_waves)
+    monkeypatch.setattr(gluon_decode, "PAST_SHORT_MAX_WAVES", 0)
+    assert all(gluon_decode.balanced_split(problem, cpu) for problem in many_waves)
+    monkeypatch.setattr(gluon_decode, "PAST_SHORT_MAX_WAVES", -1)
+    with pytest.raises(ValueError, match="PAST_SHORT_MAX_WAVES"):
+        gluon_decode.balanced_split(few_waves, cpu)
