@@ -317,6 +317,21 @@ PAGED_LOAD_WARP, PAGED_LOAD_REGISTERS = True, gl.constexpr(48)
 # kernel can (the tests' setting), False none.
 ITEMS_IN_FLIGHT, ITEMS_HEAD_DIMS, ITEMS_Q_BUFFERS = "many-rows", (64, 128), 2
 ITEMS_MANY_ROWS_HEAD_DIMS = (64,)
+# Issue #38's compute-bound class (seeds 229 and 233: 256 packed rows a KV head, 256 FLOPs a K/V byte, past the read
+# bandwidth's roofline; H200, 2026-12-04: gluon/decode at 38-44 % of the read bandwidth, 59-68 % of the roofline). One
+# warpgroup a CTA runs one chain a block (S, softmax, P V), and D=128's 208 KB ring holds one CTA an SM; WIDE_M_TILE's
+# two warpgroups in one partition keep lockstep (0.87-1.19x the time, results/h200/gluon-decode-wide-256/).
+# TWO_CONSUMERS: the padded split's items of two or more M tiles take them two a CTA, on gluon/hopper's partitions: a
+# load warp fills one ring, two consumer warpgroups each own 64 rows, a Q tile and a register budget, so that one's
+# softmax runs under the other's wgmmas and a K/V block is copied once for 128 rows. TWO_CONSUMER_CONFIGS: the ring
+# (D=128: gluon/hopper's 2 stages of 128 keys, 160 KB with both Q tiles; D=256: 2 of 64 keys, 192 KB), one CTA an SM.
+# Untimed.
+TWO_CONSUMERS = False
+TWO_CONSUMER_CONFIGS = {128: DecodeConfig(128, 2, ctas_per_sm=1), 256: DecodeConfig(64, 2, ctas_per_sm=1)}
+# setmaxnreg of each consumer (the register file less the load warp's warpgroup, over two warpgroups: 232) and the
+# registers a thread at launch (the file over the CTA's three warpgroups: 168).
+TWO_CONSUMER_REGISTERS = (65536 - PAGED_LOAD_REGISTERS.value * WARPGROUP_THREADS) // (2 * WARPGROUP_THREADS) // 8 * 8
+TWO_CONSUMER_MAXNREG = 65536 // (3 * WARPGROUP_THREADS) // 8 * 8
 
 
 def packed_occupancy(problem: Problem) -> bool:
@@ -404,6 +419,7 @@ class OutputConstants(NamedTuple):
     M_TILE_MAJOR: bool
     MERGE_GROUP: int
     num_warps: int
+    CONSUMERS: int = 1  # M tiles a CTA (TWO_CONSUMERS): the grid's M tiles are its y extent times this
 
 
 # ----------------------------------------------------------------------------------------------
@@ -709,7 +725,7 @@ def _split_consumer(operands, work, constants: gl.constexpr, flags: gl.constexpr
         _store_partials(OutPartial, LsePartial, split * rows + row, out, lse, row_ok, offs_d)
         # 7. Fused merge: the tile's last split to finish merges all of them.
         if flags.FUSED_MERGE:
-            work_item = shares[0] * gl.num_programs(1) + m_block
+            work_item = shares[0] * (gl.num_programs(1) * flags.CONSUMERS) + m_block
             if _last_to_arrive(Counters + work_item, num_splits):
                 partials = (OutPartial, LsePartial, rows, num_splits)
                 _merge_tile(
@@ -733,7 +749,7 @@ def _split_kernel(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, SPLIT: gl.constexpr,
     PAGE_SIZE: gl.constexpr, PAGES_AHEAD: gl.constexpr, LOAD_WARP: gl.constexpr, FUSED_MERGE: gl.constexpr,
     SPLITS_PER_STEP: gl.constexpr, BALANCED: gl.constexpr, BLOCK_B: gl.constexpr, M_TILE_MAJOR: gl.constexpr,
-    MERGE_GROUP: gl.constexpr, num_warps: gl.constexpr,
+    MERGE_GROUP: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """K and V are (B, Hkv, Sk, D) caches, or (``PAGE_SIZE`` > 0) page pools (num_pages, page_size, Hkv,
     D) that ``desc_k`` / ``desc_v`` see as (num_pages, Hkv, page_size, D), with ``BlockTable`` the
@@ -742,7 +758,10 @@ def _split_kernel(
     arrival counters of the fused merge (one per M tile of the grid; None without it). ``BALANCED``: the
     grid is (target_shares + B · Hkv, m_blocks) (``M_TILE_MAJOR``: swapped), CTA ``share`` takes the split
     ``balanced_share`` plans from the ``batch_size`` lengths (the plan's four sizes None without it);
-    ``MERGE_GROUP`` > 0 merges an item's shares in runs of that many (``_decode_balanced.py``'s two-level merge)."""
+    ``MERGE_GROUP`` > 0 merges an item's shares in runs of that many (``_decode_balanced.py``'s two-level merge).
+    ``CONSUMERS`` = 2 (``TWO_CONSUMERS``, padded split only): CTA (split, y, item) takes M tiles 2y and 2y + 1 on two
+    consumer partitions of 4 warps (``CONSUMER_REGS`` registers each), each with its own Q tile, beside a load warp
+    that fills the one ring they share (an empty barrier a slot, one arrival per consumer)."""
     HEAD_DIM: gl.constexpr = desc_k.block_type.shape[3]
     dtype: gl.constexpr = desc_k.dtype
     # wgmma's accumulators (S: BLOCK_M × BLOCK_N, O: BLOCK_M × D; a warp holds 16 whole rows of each, a
@@ -763,7 +782,7 @@ def _split_kernel(
     else:
         split = gl.program_id(0)
         num_splits = gl.num_programs(0)
-        m_block = gl.program_id(1)
+        m_block = gl.program_id(1) * CONSUMERS
         batch_kv_head = gl.program_id(2)
         batch = batch_kv_head // kv_heads
         kv_head = batch_kv_head % kv_heads
@@ -782,7 +801,10 @@ def _split_kernel(
     # 2. Shared memory: the packed Q tile, and a ring of NUM_STAGES K and V slots, each with a ready
     # barrier that its TMA copy completes.
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_layout)
+    if CONSUMERS == 2:
+        q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_layout)
+    else:
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_layout)
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     k_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
     v_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
@@ -792,10 +814,10 @@ def _split_kernel(
         mbarrier.init(k_ready.index(stage), count=1)
         mbarrier.init(v_ready.index(stage), count=1)
     if LOAD_WARP:
-        # One arrival a lap: the warpgroup's, once the wgmmas reading the slot's K and V have retired.
+        # One arrival a lap from each consumer, once the wgmmas reading the slot's K and V have retired.
         empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         for stage in gl.static_range(NUM_STAGES):
-            mbarrier.init(empty.index(stage), count=1)
+            mbarrier.init(empty.index(stage), count=CONSUMERS)
     # The inits are generic-proxy writes and the TMA unit completes the barriers through the async
     # proxy: a proxy fence orders them (the barrier after Q's staging shows them to every warp).
     fence_async_shared()
@@ -812,14 +834,30 @@ def _split_kernel(
     # warp: all of them, each as the warpgroup frees its slot), then steps 4 to 7 in the warpgroup.
     constants: gl.constexpr = StepConstants(s_layout, p_layout, NUM_STAGES, CAUSAL, PAGE_SIZE, PAGES_AHEAD, LOAD_WARP)
     flags: gl.constexpr = OutputConstants(
-        RETURN_LSE, BALANCED, SPLIT, FUSED_MERGE, SPLITS_PER_STEP, M_TILE_MAJOR, MERGE_GROUP, num_warps
+        RETURN_LSE, BALANCED, SPLIT, FUSED_MERGE, SPLITS_PER_STEP, M_TILE_MAJOR, MERGE_GROUP, num_warps, CONSUMERS
     )
     outputs = (Out, Lse, stride_ob, stride_oh, stride_om)
     tile = (batch, kv_head, group, heads, seqlen_q, m_block)
     work = (tile, n_unmasked, (seqlen_k, causal_offset), softmax_scale_log2, shares)
     q_strides = (stride_qb, stride_qh, stride_qm)
     workspace = (OutPartial, LsePartial, Counters)
-    if LOAD_WARP:
+    if CONSUMERS == 2:
+        # Each consumer its own partition (one 8-warp partition would keep the two warpgroups in lockstep, as
+        # gluon/hopper's docstring says), so that one's softmax runs under the other's wgmmas.
+        second = (batch, kv_head, group, heads, seqlen_q, m_block + 1)
+        work_1 = (second, n_unmasked, (seqlen_k, causal_offset), softmax_scale_log2, shares)
+        operands_0 = (Q, q_strides, q_smem.index(0), ring, keys, empty, outputs, workspace)
+        operands_1 = (Q, q_strides, q_smem.index(1), ring, keys, empty, outputs, workspace)
+        gl.warp_specialize(
+            [
+                (_split_consumer, (operands_0, work, constants, flags)),
+                (_split_consumer, (operands_1, work_1, constants, flags)),
+                (_paged_load_partition, (ring, keys, empty, NUM_STAGES, PAGE_SIZE)),
+            ],
+            [num_warps, LOAD_WARPS],
+            [CONSUMER_REGS, PAGED_LOAD_REGISTERS],
+        )
+    elif LOAD_WARP:
         operands = (Q, q_strides, q_smem, ring, keys, empty, outputs, workspace)
         gl.warp_specialize(
             [
@@ -1078,6 +1116,20 @@ def m_blocks_for(problem: Problem) -> int:
     return -(-problem.kv_group * problem.seqlen_q // block_m_for(problem))
 
 
+def two_consumers(problem: Problem) -> bool:
+    """``TWO_CONSUMERS`` applies to ``problem``'s padded split: two or more M tiles an item at a head dim of
+    ``TWO_CONSUMER_CONFIGS``, not under WIDE_M_TILE's or PACKED_OCCUPANCY's tiles (the balanced split keeps one
+    consumer)."""
+    if not TWO_CONSUMERS or problem.head_dim not in TWO_CONSUMER_CONFIGS or wide_m_tile(problem):
+        return False
+    return m_blocks_for(problem) >= 2 and not packed_occupancy(problem)
+
+
+def grid_m_blocks(problem: Problem, consumers: int) -> int:
+    """The split grid's M extent: ``m_blocks_for``'s tiles, ``consumers`` a CTA."""
+    return -(-m_blocks_for(problem) // consumers)
+
+
 def planned_num_splits(problem: Problem, device: torch.device) -> int:
     """The shared split rule (``common/contract/splits.py``) on this rung's M tiles and policy."""
     return splits.planned_num_splits(problem, m_blocks_for(problem), device, split_policy(problem))
@@ -1210,6 +1262,7 @@ def items_in_flight(problem: Problem, device: torch.device | None = None) -> boo
         or problem.head_dim not in ITEMS_HEAD_DIMS
         or wide_m_tile(problem)
         or packed_occupancy(problem)
+        or two_consumers(problem)
     ):
         return False
     many_rows = problem.head_dim in ITEMS_MANY_ROWS_HEAD_DIMS and m_blocks_for(problem) >= 2
@@ -1252,11 +1305,17 @@ def pages_ahead(problem: Problem, config: DecodeConfig | None = None) -> bool:
 
 def split_constexprs(
     problem: Problem, split: bool, balanced: bool = False, m_tile_major: bool = False, num_stages: int | None = None,
-    config: DecodeConfig | None = None,
+    config: DecodeConfig | None = None, consumers: int = 1,
 ) -> dict[str, int | bool | None]:  # fmt: skip
     """The split kernel's constexprs on ``config``'s ring (default ``decode_config``'s; ``balanced_config`` for the
-    balanced kernel); ``num_stages`` (``balanced_stages``) replaces its depth."""
+    balanced kernel); ``num_stages`` (``balanced_stages``) replaces its depth; ``consumers`` M tiles a CTA
+    (``two_consumers``: two, whose copies are a load warp's)."""
     config, num_warps = config or decode_config(problem), num_warps_for(problem)
+    if consumers == 2:
+        return {
+            **split_constexprs(problem, split, config=config), "LOAD_WARP": True, "PAGES_AHEAD": False,
+            "CONSUMERS": 2, "CONSUMER_REGS": TWO_CONSUMER_REGISTERS,
+        }  # fmt: skip
     return {
         **feature_constexprs(problem), "BLOCK_M": block_m_for(problem), "BLOCK_N": config.block_n,
         "NUM_STAGES": num_stages or config.num_stages, "SPLIT": split, "PAGE_SIZE": problem.page_size,
@@ -1265,6 +1324,7 @@ def split_constexprs(
         "FUSED_MERGE": split and triton_decode.FUSED_MERGE, "BALANCED": balanced,
         **balanced_constexprs(problem, balanced, m_tile_major),
         "SPLITS_PER_STEP": triton_decode.merge_splits_per_step(MERGE_ROWS.value, problem.head_dim, num_warps),
+        "CONSUMERS": 1, "CONSUMER_REGS": 0,
     }  # fmt: skip
 
 
@@ -1291,12 +1351,10 @@ def seqlen_k_decisions(
         slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
         target = balanced_sizes(problem, device, num_splits, m_blocks_for(problem), config.block_n, *slots)[1]
         return True, config, target
-    policy = split_policy(problem)
-    return (
-        False,
-        decode_config(problem),
-        splits.resolve_num_splits(num_splits, problem, m_blocks_for(problem), device, policy),
-    )
+    consumers = 2 if two_consumers(problem) else 1
+    config = TWO_CONSUMER_CONFIGS[problem.head_dim] if consumers == 2 else decode_config(problem)
+    ctas = grid_m_blocks(problem, consumers)
+    return False, config, splits.resolve_num_splits(num_splits, problem, ctas, device, split_policy(problem, config))
 
 
 class GluonDecodePlan:
@@ -1310,6 +1368,7 @@ class GluonDecodePlan:
         self.problem = problem
         self.decisions = self.balanced, config, num_splits = seqlen_k_decisions(problem, device, num_splits)
         m_blocks, self.items = m_blocks_for(problem), problem.batch * problem.kv_heads
+        self.consumers = 1 if self.balanced or not two_consumers(problem) else 2
         # The split kernel's last arguments: the balanced plan's sizes (``balanced_sizes``), or four Nones.
         if self.balanced:
             slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
@@ -1319,14 +1378,15 @@ class GluonDecodePlan:
             self.split_grid = splits.balanced_grid(num_splits + self.items, m_blocks, m_tile_major)
         else:
             self.balanced_args, m_tile_major, stages = (None,) * 4, False, None
-            self.split_grid = (num_splits, m_blocks, self.items)
+            self.split_grid = (num_splits, grid_m_blocks(problem, self.consumers), self.items)
         self.num_splits = num_splits
         self.box_rows = kv_chunk_rows(problem, config)
         self.sizes = size_arguments(problem)
         split_form = (num_splits > 1 and not self.balanced, self.balanced, m_tile_major, stages)
         self.split_options = {
-            **split_constexprs(problem, *split_form, config=config),
+            **split_constexprs(problem, *split_form, config=config, consumers=self.consumers),
             "num_warps": num_warps_for(problem),
+            **({"maxnreg": TWO_CONSUMER_MAXNREG} if self.consumers == 2 else {}),
         }
         self.fused_merge = self.split_options["FUSED_MERGE"] or self.balanced
         # ITEMS_IN_FLIGHT: the one-split launch as ``_items_kernel`` on fewer CTAs, each walking tiles.
@@ -1334,7 +1394,8 @@ class GluonDecodePlan:
         if self.items_in_flight:
             self.items_grid, self.num_tiles = (items_grid(problem, device),), items_tiles(problem)
             self.items_options = {**items_constexprs(problem), "maxnreg": items_maxnreg(problem)}
-        self.work_items = arrival_counter_count(self.items, num_splits + self.items, m_blocks, self.balanced)
+        counted_m_blocks = grid_m_blocks(problem, self.consumers) * self.consumers
+        self.work_items = arrival_counter_count(self.items, num_splits + self.items, counted_m_blocks, self.balanced)
         # Only the two-launch path (more than one split, FUSED_MERGE off) launches the merge kernel.
         self.two_launch = num_splits > 1 and not self.fused_merge
 
@@ -1516,7 +1577,9 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     if items_in_flight(problem):
         return [compile_items_sm90(problem, element)]
     balanced, stages = balanced_split(problem), None
+    consumers = 2 if not balanced and two_consumers(problem) else 1
     config = balanced_config(problem) if balanced else decode_config(problem)
+    config = TWO_CONSUMER_CONFIGS[problem.head_dim] if consumers == 2 else config
     kv_type = descriptor_type(problem.dtype, kv_chunk_rows(problem, config), problem.head_dim)
     signature = {
         "Q": element, "desc_k": kv_type, "desc_v": kv_type, "Out": element, "Lse": "*fp32", "CacheSeqlens": "*i32",
@@ -1529,8 +1592,9 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
         cpu = torch.device("cpu")
         target = balanced_sizes(problem, cpu, None, m_blocks_for(problem), config.block_n, *slots)[1]
         stages = balanced_stages(problem, cpu, target, config)
-    constexprs = split_constexprs(problem, not balanced, balanced, M_TILE_MAJOR, stages, config)
+    constexprs = split_constexprs(problem, not balanced, balanced, M_TILE_MAJOR, stages, config, consumers)
     constexprs["num_warps"] = num_warps
+    options = {"num_warps": num_warps, **({"maxnreg": TWO_CONSUMER_MAXNREG} if consumers == 2 else {})}
     plan = ("batch_size", "target_shares", "min_share_blocks", "max_item_shares")
     if balanced:
         signature.update(dict.fromkeys(plan, "i32"))
@@ -1544,7 +1608,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
         signature["Counters"] = "*i32"
     else:
         constexprs["Counters"] = None
-    return [compile_gluon_sm90(_split_kernel, signature, constexprs, {"num_warps": num_warps}, SPLIT_ALIGNED)]
+    return [compile_gluon_sm90(_split_kernel, signature, constexprs, options, SPLIT_ALIGNED)]
 
 
 ITEMS_ALIGNED = ("Out", "Lse", "stride_ob", "stride_oh", "stride_om")

@@ -1,0 +1,243 @@
+"""gluon/decode's ``TWO_CONSUMERS`` (off; issue #38's compute-bound class, seeds 229 and 233: 256 packed rows a KV
+head): the padded split's items of two or more M tiles take them two a CTA, on two consumer partitions and a load warp
+that share one ring.
+
+CPU: the switch off by default; which shapes it takes (two or more M tiles at D 128 / 256, not D=64, not one tile, the
+balanced split keeping one consumer) and the plan it gives seed 233's row 5 (the grid's M extent halved, the split rule
+fed the CTA's M tiles, the arrival counters of every M tile, the ring and registers). Static (sm_90a, child process,
+the running Triton release): the two-consumer builds without spills or local memory, in the shared memory the split
+rule counts one CTA an SM for, with the setmaxnreg budgets; the switch leaving every build it does not take
+instruction for instruction. GPU (``gpu``; run before ``bench/two_consumers_ab.sh``'s A/B): against fp64 on a
+poisoned output with the two-consumer plan checked to be the one launched: full and ragged caches, paged (pages of
+16, 64 and 256), an odd count of M tiles, both causal alignments and none, GQA groups 5 to 128, D 128 / 256, fp16, the
+LSE, splits; a planted grid one M extent short (its last M tiles never computed) fails the check.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from common import clear_plan_cache
+from common.contract.problem import Problem
+from common.measure.decode_sweep import random_cases
+from tests._helpers import json_from_child
+from tests.test_decode_wide import check_on_gpu
+from triton_impl.gluon import decode as gluon_decode
+
+CPU = torch.device("cpu")
+SM_SHARED_BYTES, CTA_RESERVED_BYTES = 233472, 1024
+
+
+def _problem(batch: int, kv_heads: int, seqlen_k: int, head_dim: int = 128, **changes) -> Problem:
+    """A decode step of group 16 and Sq 16 (256 packed rows; bottom-right causal, full cache unless told otherwise)."""
+    return Problem(
+        batch, kv_heads * changes.pop("group", 16), changes.pop("seqlen_q", 16), seqlen_k, head_dim,
+        dtype=changes.pop("dtype", torch.bfloat16), causal=changes.pop("causal", True), kv_heads=kv_heads,
+        causal_alignment=changes.pop("causal_alignment", "bottom_right"),
+        has_cache_seqlens=changes.pop("has_cache_seqlens", False), return_lse=changes.pop("return_lse", False),
+        **changes,
+    )  # fmt: skip
+
+
+def _row(seed: int, index: int):
+    return random_cases(8, seed)[index]
+
+
+# (name, problem, taken): what the switch takes.
+SHAPES = [
+    ("233/5: D=128, 256 rows", _row(233, 5).problem, True),
+    ("229/2: D=256, 256 rows", _row(229, 2).problem, True),
+    ("139/1: D=128, 256 rows, two splits", _row(139, 1).problem, True),
+    ("80 rows: two M tiles", _problem(8, 8, 8192, group=5), True),
+    ("64 rows: one M tile", _problem(8, 8, 8192, group=4), False),
+    ("D=64", _row(234, 1).problem, False),
+]
+
+
+def test_switch_is_off_by_default_and_takes_two_or_more_tiles(monkeypatch: pytest.MonkeyPatch):
+    assert gluon_decode.TWO_CONSUMERS is False
+    assert not any(gluon_decode.two_consumers(problem) for _, problem, _ in SHAPES)
+    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", True)
+    assert {name: gluon_decode.two_consumers(problem) for name, problem, _ in SHAPES} == {
+        name: taken for name, _, taken in SHAPES
+    }
+    monkeypatch.setattr(gluon_decode, "WIDE_M_TILE", True)  # its 128-row tile is one M tile of two warpgroups
+    assert not gluon_decode.two_consumers(_row(233, 5).problem)
+
+
+def test_plan_of_seed_233_row_5(monkeypatch: pytest.MonkeyPatch):
+    """Two M tiles a CTA: the grid's M extent 2 of 4, the ring and registers of the two-consumer build, one arrival
+    counter per 64-row M tile."""
+    problem = _row(233, 5).problem
+    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", True)
+    plan = gluon_decode.GluonDecodePlan(problem, CPU)
+    assert not plan.balanced and plan.consumers == 2
+    assert plan.split_grid == (plan.num_splits, 2, 128), plan.split_grid
+    options = plan.split_options
+    assert (options["CONSUMERS"], options["LOAD_WARP"], options["PAGES_AHEAD"]) == (2, True, False), options
+    assert (options["CONSUMER_REGS"], options["maxnreg"], options["num_warps"]) == (232, 168, 4), options
+    assert (options["BLOCK_M"], options["BLOCK_N"], options["NUM_STAGES"]) == (64, 128, 2), options
+    assert plan.work_items == 4 * 128
+
+
+def test_split_rule_counts_the_ctas_m_tiles(monkeypatch: pytest.MonkeyPatch):
+    """Seed 139's row 1 (16 items of four M tiles): the rule is fed two CTA M tiles an item on one CTA an SM, not the
+    four 64-row tiles (planted: those plan fewer splits for this row)."""
+    problem = _row(139, 1).problem
+    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", True)
+    plan = gluon_decode.GluonDecodePlan(problem, CPU)
+    policy = gluon_decode.split_policy(problem, gluon_decode.TWO_CONSUMER_CONFIGS[128])
+    assert policy.ctas_per_sm == 1 and plan.consumers == 2
+    expected = gluon_decode.splits.planned_num_splits(problem, 2, CPU, policy)
+    assert plan.num_splits == expected
+    planted = gluon_decode.splits.planned_num_splits(problem, 4, CPU, policy)
+    assert planted != expected, (planted, expected)
+
+
+def test_odd_m_tiles_and_splits_count_every_tile(monkeypatch: pytest.MonkeyPatch):
+    """Three M tiles (160 rows) take a grid of two CTAs an item, the second's second tile all padding, and the
+    arrival counters cover four tiles an item (the kernel indexes them by the grid's M extent times two)."""
+    problem = _problem(1, 2, 65536, group=10)
+    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", True)
+    assert gluon_decode.m_blocks_for(problem) == 3
+    plan = gluon_decode.GluonDecodePlan(problem, CPU)
+    assert plan.consumers == 2 and plan.split_grid[1:] == (2, 2) and plan.num_splits > 1, plan.split_grid
+    assert plan.work_items == 4 * 2
+
+
+def test_balanced_split_keeps_one_consumer(monkeypatch: pytest.MonkeyPatch):
+    problem = _row(176, 6).problem  # ragged, 256 rows: the balanced split
+    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", True)
+    assert gluon_decode.two_consumers(problem)
+    plan = gluon_decode.GluonDecodePlan(problem, CPU)
+    assert plan.balanced and plan.consumers == 1 and plan.split_options["CONSUMERS"] == 1
+
+
+# ----------------------------------------------------------------------------------------------------
+# sm_90a: the two-consumer builds (no spills, one CTA an SM); the switch leaves the others
+# ----------------------------------------------------------------------------------------------------
+_SCRIPT = r"""
+import hashlib, json, re, sys
+import torch
+from common.measure.decode_sweep import random_cases
+from common.reporting.static import cubin_resources, cubin_sass
+from triton_impl.gluon import decode
+
+rows = {
+    "233/5": random_cases(8, 233)[5].problem,
+    "229/2 d256": random_cases(8, 229)[2].problem,
+    "233/5 paged16 fp16 lse": random_cases(8, 233)[5].problem.with_(
+        page_size=16, has_cache_seqlens=True, dtype=torch.float16, return_lse=True),
+    "229/2 d256 paged64 top-left": random_cases(8, 229)[2].problem.with_(
+        page_size=64, has_cache_seqlens=True, causal_alignment="top_left"),
+    "64 rows": random_cases(8, 233)[5].problem.with_(heads=128),
+    "d64": random_cases(8, 234)[1].problem,
+}
+SETMAXNREG = r"USETMAXREG\.\w+\.CTAPOOL (?:UP0, )?(0x[0-9a-f]+)"
+results = {}
+for name, switch in json.loads(sys.argv[1]):
+    decode.TWO_CONSUMERS = switch
+    (binary,) = decode.compile_sm90(rows[name])
+    (kernel, usage), = cubin_resources(binary.cubin).items()
+    sass = cubin_sass(binary.cubin)
+    results[f"{name}|{switch}"] = {
+        "registers": usage["registers"], "spill_bytes": usage["local_bytes"] + usage["stack_bytes"],
+        "local_ops": len(re.findall(r"\b(?:LDL|STL)\b", sass)), "shared_bytes": binary.shared_bytes,
+        "setmaxnreg": sorted({int(n, 16) for n in re.findall(SETMAXNREG, sass)}),
+        "hgmma": len(re.findall(r"\bHGMMA\b", sass)), "two": decode.two_consumers(rows[name]),
+        "sass": hashlib.sha256(sass.encode()).hexdigest(),
+    }
+print(json.dumps(results))
+"""
+TAKEN = ("233/5", "229/2 d256", "233/5 paged16 fp16 lse", "229/2 d256 paged64 top-left")
+LEFT = ("64 rows", "d64")
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, dict]:
+    keys = [[name, switch] for name in TAKEN + LEFT for switch in (False, True)]
+    return json_from_child(["-c", _SCRIPT, json.dumps(keys)], timeout=1500)
+
+
+@pytest.mark.static
+def test_two_consumer_builds_fit_one_cta_an_sm_without_spills(compiled: dict[str, dict]):
+    for name in TAKEN:
+        facts = compiled[f"{name}|True"]
+        print(name, {key: value for key, value in facts.items() if key != "sass"})
+        assert facts["two"] and facts["spill_bytes"] == 0 and facts["local_ops"] == 0, (name, facts)
+        assert facts["shared_bytes"] + CTA_RESERVED_BYTES <= SM_SHARED_BYTES, (name, facts)
+        # 168 a thread at launch over three warpgroups; the consumers' 232 and the load warp's 48 are set in the kernel.
+        assert facts["registers"] <= gluon_decode.TWO_CONSUMER_MAXNREG, (name, facts)
+        assert {48, 232} <= set(facts["setmaxnreg"]), (name, facts)
+        off = compiled[f"{name}|False"]
+        # Both consumers issue the same wgmmas a block as the one-consumer build's warpgroup.
+        assert facts["hgmma"] >= off["hgmma"] and not off["two"], (name, facts["hgmma"], off["hgmma"])
+
+
+@pytest.mark.static
+def test_switch_leaves_the_builds_it_does_not_take(compiled: dict[str, dict]):
+    for name in LEFT:
+        off, on = compiled[f"{name}|False"], compiled[f"{name}|True"]
+        assert not on["two"] and on["sass"] == off["sass"], name
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU: the two-consumer launch against fp64
+# ----------------------------------------------------------------------------------------------------
+def _lengths(batch: int, low: int, high: int, seed: int) -> tuple[int, ...]:
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randint(low, high + 1, (batch,), generator=generator).tolist())
+
+
+# name -> (problem, lengths or None for full)
+GPU_CASES = {
+    "233/5": (_row(233, 5).problem, None),
+    "229/2-d256": (_row(229, 2).problem.with_(seqlen_k=20480), None),
+    "139/1-splits": (_row(139, 1).problem, None),
+    "odd-m-tiles-g10": (_problem(1, 2, 16384, group=10), None),
+    "g8-sq16-top-left": (_problem(4, 8, 4096, group=8, seqlen_q=16, causal_alignment="top_left"), None),
+    "non-causal-fp16-lse": (_problem(2, 4, 8192, causal=False, dtype=torch.float16, return_lse=True), None),
+    "ragged-lengths": (_problem(16, 8, 2048, has_cache_seqlens=True), _lengths(16, 1, 2048, 1)),
+    "ragged-empty": (_problem(16, 8, 1024, has_cache_seqlens=True), (0, *_lengths(15, 1, 1024, 2))),
+    "paged16-ragged": (_problem(16, 8, 2048, page_size=16, has_cache_seqlens=True), _lengths(16, 1, 2048, 3)),
+    "paged64-d256": (_problem(8, 8, 2048, head_dim=256, page_size=64, has_cache_seqlens=True), _lengths(8, 1, 2048, 4)),
+    "paged256-full": (_problem(16, 8, 2048, page_size=256, has_cache_seqlens=True), (2048,) * 16),
+    "d256-g8-sq16": (_problem(4, 4, 8192, head_dim=256, group=8, seqlen_q=16), None),
+    "mqa-sq1-g128": (_problem(4, 1, 16384, group=128, seqlen_q=1), None),
+}
+
+
+def _require_two(problem: Problem, lengths, monkeypatch: pytest.MonkeyPatch) -> torch.device:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    device = torch.device("cuda")
+    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", True)
+    plan = gluon_decode.GluonDecodePlan(problem, device)
+    assert plan.consumers == 2 and not plan.balanced, (problem.describe(), plan.balanced)
+    return device
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(GPU_CASES))
+def test_gpu_two_consumers_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
+    problem, lengths = GPU_CASES[case]
+    _require_two(problem, lengths, monkeypatch)
+    result = check_on_gpu("gluon/decode", problem, lengths, seed=len(case))
+    assert result.ok, f"gluon/decode TWO_CONSUMERS {problem.describe()}: {result.summary()}"
+
+
+@pytest.mark.gpu
+def test_gpu_a_grid_one_m_extent_short_fails(monkeypatch: pytest.MonkeyPatch):
+    """Planted: the grid's M extent one short, so that the last two M tiles of every item are never computed; the
+    rows they leave hold the poison and the check fails."""
+    problem, lengths = GPU_CASES["233/5"]
+    _require_two(problem, lengths, monkeypatch)
+    clear_plan_cache()  # a plan made by an earlier test would keep the real grid
+    real = gluon_decode.grid_m_blocks
+    monkeypatch.setattr(gluon_decode, "grid_m_blocks", lambda problem, consumers: real(problem, consumers) - 1)
+    result = check_on_gpu("gluon/decode", problem, lengths, seed=7)
+    clear_plan_cache()
+    assert not result.ok, "a launch that skips M tiles must fail the fp64 check"
