@@ -42,6 +42,15 @@ def _problem(batch: int, kv_heads: int, seqlen_k: int, head_dim: int = 128, **ch
     )  # fmt: skip
 
 
+# The rings timed (head dim -> (key block, stages)): gluon/hopper's two stages, then deeper rings.
+CANDIDATES = {
+    "hopper-rings": {128: (128, 2), 256: (64, 2)},
+    "deep": {128: (128, 3), 256: (32, 5)},
+    "small-blocks": {128: (64, 6), 256: (32, 4)},
+}
+RINGS = CANDIDATES["deep"]
+
+
 def _row(seed: int, index: int):
     return random_cases(8, seed)[index]
 
@@ -58,9 +67,9 @@ SHAPES = [
 
 
 def test_switch_is_off_by_default_and_takes_two_or_more_tiles(monkeypatch: pytest.MonkeyPatch):
-    assert gluon_decode.TWO_CONSUMERS is False
+    assert gluon_decode.TWO_CONSUMERS == {}
     assert not any(gluon_decode.two_consumers(problem) for _, problem, _ in SHAPES)
-    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", True)
+    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", RINGS)
     assert {name: gluon_decode.two_consumers(problem) for name, problem, _ in SHAPES} == {
         name: taken for name, _, taken in SHAPES
     }
@@ -72,14 +81,14 @@ def test_plan_of_seed_233_row_5(monkeypatch: pytest.MonkeyPatch):
     """Two M tiles a CTA: the grid's M extent 2 of 4, the ring and registers of the two-consumer build, one arrival
     counter per 64-row M tile."""
     problem = _row(233, 5).problem
-    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", True)
+    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", RINGS)
     plan = gluon_decode.GluonDecodePlan(problem, CPU)
     assert not plan.balanced and plan.consumers == 2
     assert plan.split_grid == (plan.num_splits, 2, 128), plan.split_grid
     options = plan.split_options
     assert (options["CONSUMERS"], options["LOAD_WARP"], options["PAGES_AHEAD"]) == (2, True, False), options
     assert (options["CONSUMER_REGS"], options["maxnreg"], options["num_warps"]) == (232, 168, 4), options
-    assert (options["BLOCK_M"], options["BLOCK_N"], options["NUM_STAGES"]) == (64, 128, 2), options
+    assert (options["BLOCK_M"], options["BLOCK_N"], options["NUM_STAGES"]) == (64, 128, 3), options
     assert plan.work_items == 4 * 128
 
 
@@ -87,9 +96,9 @@ def test_split_rule_counts_the_ctas_m_tiles(monkeypatch: pytest.MonkeyPatch):
     """Seed 139's row 1 (16 items of four M tiles): the rule is fed two CTA M tiles an item on one CTA an SM, not the
     four 64-row tiles (planted: those plan fewer splits for this row)."""
     problem = _row(139, 1).problem
-    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", True)
+    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", RINGS)
     plan = gluon_decode.GluonDecodePlan(problem, CPU)
-    policy = gluon_decode.split_policy(problem, gluon_decode.TWO_CONSUMER_CONFIGS[128])
+    policy = gluon_decode.split_policy(problem, gluon_decode.two_consumer_config(problem))
     assert policy.ctas_per_sm == 1 and plan.consumers == 2
     expected = gluon_decode.splits.planned_num_splits(problem, 2, CPU, policy)
     assert plan.num_splits == expected
@@ -101,7 +110,7 @@ def test_odd_m_tiles_and_splits_count_every_tile(monkeypatch: pytest.MonkeyPatch
     """Three M tiles (160 rows) take a grid of two CTAs an item, the second's second tile all padding, and the
     arrival counters cover four tiles an item (the kernel indexes them by the grid's M extent times two)."""
     problem = _problem(1, 2, 65536, group=10)
-    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", True)
+    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", RINGS)
     assert gluon_decode.m_blocks_for(problem) == 3
     plan = gluon_decode.GluonDecodePlan(problem, CPU)
     assert plan.consumers == 2 and plan.split_grid[1:] == (2, 2) and plan.num_splits > 1, plan.split_grid
@@ -110,7 +119,7 @@ def test_odd_m_tiles_and_splits_count_every_tile(monkeypatch: pytest.MonkeyPatch
 
 def test_balanced_split_keeps_one_consumer(monkeypatch: pytest.MonkeyPatch):
     problem = _row(176, 6).problem  # ragged, 256 rows: the balanced split
-    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", True)
+    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", RINGS)
     assert gluon_decode.two_consumers(problem)
     plan = gluon_decode.GluonDecodePlan(problem, CPU)
     assert plan.balanced and plan.consumers == 1 and plan.split_options["CONSUMERS"] == 1
@@ -139,7 +148,7 @@ rows = {
 SETMAXNREG = r"USETMAXREG\.\w+\.CTAPOOL (?:UP0, )?(0x[0-9a-f]+)"
 results = {}
 for name, switch in json.loads(sys.argv[1]):
-    decode.TWO_CONSUMERS = switch
+    decode.TWO_CONSUMERS = {128: (128, 3), 256: (32, 5)} if switch else {}
     (binary,) = decode.compile_sm90(rows[name])
     (kernel, usage), = cubin_resources(binary.cubin).items()
     sass = cubin_sass(binary.cubin)
@@ -210,23 +219,28 @@ GPU_CASES = {
 }
 
 
-def _require_two(problem: Problem, lengths, monkeypatch: pytest.MonkeyPatch) -> torch.device:
+def _require_two(
+    problem: Problem, lengths, monkeypatch: pytest.MonkeyPatch, rings: dict = RINGS
+) -> torch.device:  # fmt: skip
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     device = torch.device("cuda")
-    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", True)
+    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", rings)
     plan = gluon_decode.GluonDecodePlan(problem, device)
     assert plan.consumers == 2 and not plan.balanced, (problem.describe(), plan.balanced)
     return device
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("candidate", sorted(CANDIDATES))
 @pytest.mark.parametrize("case", sorted(GPU_CASES))
-def test_gpu_two_consumers_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
+def test_gpu_two_consumers_against_fp64(case: str, candidate: str, monkeypatch: pytest.MonkeyPatch):
     problem, lengths = GPU_CASES[case]
-    _require_two(problem, lengths, monkeypatch)
+    _require_two(problem, lengths, monkeypatch, CANDIDATES[candidate])
+    clear_plan_cache()  # the rings are read when a plan is made
     result = check_on_gpu("gluon/decode", problem, lengths, seed=len(case))
-    assert result.ok, f"gluon/decode TWO_CONSUMERS {problem.describe()}: {result.summary()}"
+    clear_plan_cache()
+    assert result.ok, f"gluon/decode TWO_CONSUMERS={CANDIDATES[candidate]} {problem.describe()}: {result.summary()}"
 
 
 @pytest.mark.gpu

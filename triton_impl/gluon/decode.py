@@ -323,11 +323,12 @@ ITEMS_MANY_ROWS_HEAD_DIMS = (64,)
 # two warpgroups in one partition keep lockstep (0.87-1.19x the time, results/h200/gluon-decode-wide-256/).
 # TWO_CONSUMERS: the padded split's items of two or more M tiles take them two a CTA, on gluon/hopper's partitions: a
 # load warp fills one ring, two consumer warpgroups each own 64 rows, a Q tile and a register budget, so that one's
-# softmax runs under the other's wgmmas and a K/V block is copied once for 128 rows. TWO_CONSUMER_CONFIGS: the ring
-# (D=128: gluon/hopper's 2 stages of 128 keys, 160 KB with both Q tiles; D=256: 2 of 64 keys, 192 KB), one CTA an SM.
-# Untimed.
-TWO_CONSUMERS = False
-TWO_CONSUMER_CONFIGS = {128: DecodeConfig(128, 2, ctas_per_sm=1), 256: DecodeConfig(64, 2, ctas_per_sm=1)}
+# softmax runs under the other's wgmmas and a K/V block is copied once for 128 rows. Head dim -> (key block, stages)
+# of that ring, one CTA an SM (both Q tiles beside it); empty: off. H200, 2026-12-04, with gluon/hopper's two stages
+# ({128: (128, 2), 256: (64, 2)}; results/h200/gluon-decode-two-consumers/): 233/5 0.89x the time, 107/0 0.95x, but
+# 128-row and D=256 rows 1.04-1.53x: a slot is freed once both consumers' P V of its block has retired, so with two
+# stages the next block's copy starts one step before it is needed.
+TWO_CONSUMERS: dict[int, tuple[int, int]] = {}
 # setmaxnreg of each consumer (the register file less the load warp's warpgroup, over two warpgroups: 232) and the
 # registers a thread at launch (the file over the CTA's three warpgroups: 168).
 TWO_CONSUMER_REGISTERS = (65536 - PAGED_LOAD_REGISTERS.value * WARPGROUP_THREADS) // (2 * WARPGROUP_THREADS) // 8 * 8
@@ -1118,11 +1119,16 @@ def m_blocks_for(problem: Problem) -> int:
 
 def two_consumers(problem: Problem) -> bool:
     """``TWO_CONSUMERS`` applies to ``problem``'s padded split: two or more M tiles an item at a head dim of
-    ``TWO_CONSUMER_CONFIGS``, not under WIDE_M_TILE's or PACKED_OCCUPANCY's tiles (the balanced split keeps one
+    ``TWO_CONSUMERS``, not under WIDE_M_TILE's or PACKED_OCCUPANCY's tiles (the balanced split keeps one
     consumer)."""
-    if not TWO_CONSUMERS or problem.head_dim not in TWO_CONSUMER_CONFIGS or wide_m_tile(problem):
+    if problem.head_dim not in TWO_CONSUMERS or wide_m_tile(problem):
         return False
     return m_blocks_for(problem) >= 2 and not packed_occupancy(problem)
+
+
+def two_consumer_config(problem: Problem) -> DecodeConfig:
+    """``TWO_CONSUMERS``' ring at ``problem``'s head dim, one CTA an SM."""
+    return DecodeConfig(*TWO_CONSUMERS[problem.head_dim], ctas_per_sm=1)
 
 
 def grid_m_blocks(problem: Problem, consumers: int) -> int:
@@ -1352,7 +1358,7 @@ def seqlen_k_decisions(
         target = balanced_sizes(problem, device, num_splits, m_blocks_for(problem), config.block_n, *slots)[1]
         return True, config, target
     consumers = 2 if two_consumers(problem) else 1
-    config = TWO_CONSUMER_CONFIGS[problem.head_dim] if consumers == 2 else decode_config(problem)
+    config = two_consumer_config(problem) if consumers == 2 else decode_config(problem)
     ctas = grid_m_blocks(problem, consumers)
     return False, config, splits.resolve_num_splits(num_splits, problem, ctas, device, split_policy(problem, config))
 
@@ -1579,7 +1585,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     balanced, stages = balanced_split(problem), None
     consumers = 2 if not balanced and two_consumers(problem) else 1
     config = balanced_config(problem) if balanced else decode_config(problem)
-    config = TWO_CONSUMER_CONFIGS[problem.head_dim] if consumers == 2 else config
+    config = two_consumer_config(problem) if consumers == 2 else config
     kv_type = descriptor_type(problem.dtype, kv_chunk_rows(problem, config), problem.head_dim)
     signature = {
         "Q": element, "desc_k": kv_type, "desc_v": kv_type, "Out": element, "Lse": "*fp32", "CacheSeqlens": "*i32",
