@@ -136,7 +136,9 @@ def test_gluon_grid_swaps_on_the_balanced_split_only(monkeypatch: pytest.MonkeyP
     assert [tuple(t.shape) for t in on.split_args[6:8]] == [tuple(t.shape) for t in off.split_args[6:8]]
     monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", "never")
     padded = gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=5)
-    assert padded.split_grid == (5, 2, 6) and padded.split_options["M_TILE_MAJOR"] is False
+    # The padded split's two M tiles are one CTA's two consumers (TWO_CONSUMERS at D=128).
+    assert padded.split_grid == (5, 1, 6) and padded.split_options["M_TILE_MAJOR"] is False
+    assert padded.split_options["CONSUMERS"] == 2
 
 
 @needs_cute

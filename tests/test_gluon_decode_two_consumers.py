@@ -1,16 +1,17 @@
-"""gluon/decode's ``TWO_CONSUMERS`` (off; issue #38's compute-bound class, seeds 229 and 233: 256 packed rows a KV
-head): the padded split's items of two or more M tiles take them two a CTA, on two consumer partitions and a load warp
-that share one ring.
+"""gluon/decode's ``TWO_CONSUMERS`` (issue #38's compute-bound class, seeds 229 and 233: 256 packed rows a KV head):
+the padded split's items of two or more M tiles take them two a CTA, on two consumer partitions and a load warp that
+share one ring (on at D=128 since its H200 A/B: 6 stages of 64 keys at two M tiles, 3 of 128 past them).
 
-CPU: the switch off by default; which shapes it takes (two or more M tiles at D 128 / 256, not D=64, not one tile, the
-balanced split keeping one consumer) and the plan it gives seed 233's row 5 (the grid's M extent halved, the split rule
-fed the CTA's M tiles, the arrival counters of every M tile, the ring and registers). Static (sm_90a, child process,
-the running Triton release): the two-consumer builds without spills or local memory, in the shared memory the split
-rule counts one CTA an SM for, with the setmaxnreg budgets; the switch leaving every build it does not take
-instruction for instruction. GPU (``gpu``; run before ``bench/two_consumers_ab.sh``'s A/B): against fp64 on a
-poisoned output with the two-consumer plan checked to be the one launched: full and ragged caches, paged (pages of
-16, 64 and 256), an odd count of M tiles, both causal alignments and none, GQA groups 5 to 128, D 128 / 256, fp16, the
-LSE, splits; a planted grid one M extent short (its last M tiles never computed) fails the check.
+CPU: what the default takes (D=128 items of two or more M tiles; not D=256 or D=64, not one tile, the balanced split
+keeping one consumer) and with which ring; the plan it gives seed 233's row 5 (the grid's M extent halved, the
+arrival counters of every M tile, the ring and registers) and seed 139's row 1 (the split rule fed the CTA's M tiles).
+Static (sm_90a, child process, the running Triton release): the two-consumer builds (D=128, and D=256 as a candidate)
+without spills or local memory, in the shared memory one CTA an SM has, with the setmaxnreg budgets; the switch leaving
+every build it does not take instruction for instruction. GPU (``gpu``; ``bench/two_consumers_ab.sh`` runs them first):
+against fp64 on a poisoned output with the two-consumer plan checked to be the one launched, for the default rings and
+the candidates timed beside them: full and ragged caches (an empty sequence too), paged (pages of 16, 64 and 256), an
+odd count of M tiles, both causal alignments and none, GQA groups 5 to 128, D 128 / 256, fp16, the LSE, splits; a
+planted grid one M extent short (its last M tiles never computed) fails the check.
 """
 
 from __future__ import annotations
@@ -42,23 +43,25 @@ def _problem(batch: int, kv_heads: int, seqlen_k: int, head_dim: int = 128, **ch
     )  # fmt: skip
 
 
-# The rings timed (head dim -> (key block, stages)): gluon/hopper's two stages, then deeper rings.
+# The rings timed (head dim -> (ring at two M tiles, ring past two), each (key block, stages)): the default's, then
+# the candidates it was chosen from (gluon/hopper's two stages; D=256 is not taken by the default).
 CANDIDATES = {
-    "hopper-rings": {128: (128, 2), 256: (64, 2)},
-    "deep": {128: (128, 3), 256: (32, 5)},
-    "small-blocks": {128: (64, 6), 256: (32, 4)},
+    "default": {128: ((64, 6), (128, 3))},
+    "hopper-rings": {128: ((128, 2), (128, 2)), 256: ((64, 2), (64, 2))},
+    "d256-deep": {256: ((32, 5), (32, 5))},
+    "d256-small-blocks": {256: ((32, 4), (32, 4))},
 }
-RINGS = CANDIDATES["deep"]
+RINGS = CANDIDATES["default"]
 
 
 def _row(seed: int, index: int):
     return random_cases(8, seed)[index]
 
 
-# (name, problem, taken): what the switch takes.
+# (name, problem, taken): what the default takes.
 SHAPES = [
     ("233/5: D=128, 256 rows", _row(233, 5).problem, True),
-    ("229/2: D=256, 256 rows", _row(229, 2).problem, True),
+    ("229/2: D=256, 256 rows", _row(229, 2).problem, False),
     ("139/1: D=128, 256 rows, two splits", _row(139, 1).problem, True),
     ("80 rows: two M tiles", _problem(8, 8, 8192, group=5), True),
     ("64 rows: one M tile", _problem(8, 8, 8192, group=4), False),
@@ -66,13 +69,22 @@ SHAPES = [
 ]
 
 
-def test_switch_is_off_by_default_and_takes_two_or_more_tiles(monkeypatch: pytest.MonkeyPatch):
-    assert gluon_decode.TWO_CONSUMERS == {}
-    assert not any(gluon_decode.two_consumers(problem) for _, problem, _ in SHAPES)
-    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", RINGS)
+def test_default_takes_d128_items_of_two_or_more_tiles(monkeypatch: pytest.MonkeyPatch):
+    """As timed: D=128 items of two M tiles on 6 stages of 64 keys, of more on 3 of 128; D=256 and D=64 keep one
+    consumer; off ({}), nothing (planted: the 128-key ring at two M tiles, which lost there)."""
+    assert gluon_decode.TWO_CONSUMERS == RINGS
     assert {name: gluon_decode.two_consumers(problem) for name, problem, _ in SHAPES} == {
         name: taken for name, _, taken in SHAPES
     }
+    rings = {name: gluon_decode.two_consumer_config(problem) for name, problem, taken in SHAPES if taken}
+    assert {name: (config.block_n, config.num_stages) for name, config in rings.items()} == {
+        "233/5: D=128, 256 rows": (128, 3),
+        "139/1: D=128, 256 rows, two splits": (128, 3),
+        "80 rows: two M tiles": (64, 6),
+    }
+    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", {})
+    assert not any(gluon_decode.two_consumers(problem) for _, problem, _ in SHAPES)
+    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", RINGS)
     monkeypatch.setattr(gluon_decode, "WIDE_M_TILE", True)  # its 128-row tile is one M tile of two warpgroups
     assert not gluon_decode.two_consumers(_row(233, 5).problem)
 
@@ -109,7 +121,7 @@ def test_split_rule_counts_the_ctas_m_tiles(monkeypatch: pytest.MonkeyPatch):
 def test_odd_m_tiles_and_splits_count_every_tile(monkeypatch: pytest.MonkeyPatch):
     """Three M tiles (160 rows) take a grid of two CTAs an item, the second's second tile all padding, and the
     arrival counters cover four tiles an item (the kernel indexes them by the grid's M extent times two)."""
-    problem = _problem(1, 2, 65536, group=10)
+    problem = _problem(1, 2, 65536, group=10)  # three M tiles: the ring past two
     monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", RINGS)
     assert gluon_decode.m_blocks_for(problem) == 3
     plan = gluon_decode.GluonDecodePlan(problem, CPU)
@@ -148,7 +160,7 @@ rows = {
 SETMAXNREG = r"USETMAXREG\.\w+\.CTAPOOL (?:UP0, )?(0x[0-9a-f]+)"
 results = {}
 for name, switch in json.loads(sys.argv[1]):
-    decode.TWO_CONSUMERS = {128: (128, 3), 256: (32, 5)} if switch else {}
+    decode.TWO_CONSUMERS = {128: ((64, 6), (128, 3)), 256: ((32, 5), (32, 5))} if switch else {}
     (binary,) = decode.compile_sm90(rows[name])
     (kernel, usage), = cubin_resources(binary.cubin).items()
     sass = cubin_sass(binary.cubin)
@@ -231,9 +243,17 @@ def _require_two(
     return device
 
 
+# (case, candidate) pairs where the candidate's rings take the case's head dim.
+GPU_PAIRS = [
+    (case, candidate)
+    for case, (problem, _) in sorted(GPU_CASES.items())
+    for candidate, rings in CANDIDATES.items()
+    if problem.head_dim in rings
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("candidate", sorted(CANDIDATES))
-@pytest.mark.parametrize("case", sorted(GPU_CASES))
+@pytest.mark.parametrize(("case", "candidate"), GPU_PAIRS)
 def test_gpu_two_consumers_against_fp64(case: str, candidate: str, monkeypatch: pytest.MonkeyPatch):
     problem, lengths = GPU_CASES[case]
     _require_two(problem, lengths, monkeypatch, CANDIDATES[candidate])

@@ -323,12 +323,17 @@ ITEMS_MANY_ROWS_HEAD_DIMS = (64,)
 # two warpgroups in one partition keep lockstep (0.87-1.19x the time, results/h200/gluon-decode-wide-256/).
 # TWO_CONSUMERS: the padded split's items of two or more M tiles take them two a CTA, on gluon/hopper's partitions: a
 # load warp fills one ring, two consumer warpgroups each own 64 rows, a Q tile and a register budget, so that one's
-# softmax runs under the other's wgmmas and a K/V block is copied once for 128 rows. Head dim -> (key block, stages)
-# of that ring, one CTA an SM (both Q tiles beside it); empty: off. H200, 2026-12-04, with gluon/hopper's two stages
-# ({128: (128, 2), 256: (64, 2)}; results/h200/gluon-decode-two-consumers/): 233/5 0.89x the time, 107/0 0.95x, but
-# 128-row and D=256 rows 1.04-1.53x: a slot is freed once both consumers' P V of its block has retired, so with two
-# stages the next block's copy starts one step before it is needed.
-TWO_CONSUMERS: dict[int, tuple[int, int]] = {}
+# softmax runs under the other's wgmmas and a K/V block is copied once for 128 rows. Head dim -> the ring (key block,
+# stages) for items of two M tiles and for items of more, one CTA an SM (both Q tiles beside it); empty: off.
+# H200, 2026-12-04 (results/h200/gluon-decode-two-consumers/, the time against one consumer, 2 rounds):
+# - gluon/hopper's two stages (128 keys at D=128, 64 at D=256): 233/5 0.89x, 107/0 0.95x, the rest 0.99-1.53x: a slot
+#   is freed once both consumers' P V of its block has retired, so the next block's copy starts one step ahead;
+# - D=128, 3 stages of 128 keys: the 256-row rows 0.74-0.89x (233/5 862.8 -> 656.0 us, 38 -> 50 % of the read
+#   bandwidth, 59 -> 78 % of the roofline), the 128-row rows 0.92-1.10x;
+# - D=128, 6 stages of 64 keys: the 128-row rows 0.87-0.99x, the 256-row rows 0.82-0.96x (O's rescale and a block's
+#   fixed steps come twice as often a key);
+# - D=256 (64 keys x 2, 32 x 5, 32 x 4): 0.94-1.38x, where the one-consumer ring already holds 3 stages of 64 keys.
+TWO_CONSUMERS: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {128: ((64, 6), (128, 3))}
 # setmaxnreg of each consumer (the register file less the load warp's warpgroup, over two warpgroups: 232) and the
 # registers a thread at launch (the file over the CTA's three warpgroups: 168).
 TWO_CONSUMER_REGISTERS = (65536 - PAGED_LOAD_REGISTERS.value * WARPGROUP_THREADS) // (2 * WARPGROUP_THREADS) // 8 * 8
@@ -1127,8 +1132,9 @@ def two_consumers(problem: Problem) -> bool:
 
 
 def two_consumer_config(problem: Problem) -> DecodeConfig:
-    """``TWO_CONSUMERS``' ring at ``problem``'s head dim, one CTA an SM."""
-    return DecodeConfig(*TWO_CONSUMERS[problem.head_dim], ctas_per_sm=1)
+    """``TWO_CONSUMERS``' ring at ``problem``'s head dim and M tiles, one CTA an SM."""
+    two_tiles, more = TWO_CONSUMERS[problem.head_dim]
+    return DecodeConfig(*(two_tiles if m_blocks_for(problem) == 2 else more), ctas_per_sm=1)
 
 
 def grid_m_blocks(problem: Problem, consumers: int) -> int:
