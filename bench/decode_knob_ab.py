@@ -73,13 +73,19 @@ def knob_set(module: str, name: str, value: object) -> Iterator[None]:
 
 def knob_plan(rung: str, case, device) -> str:
     """``rung``'s plan of ``case`` under the current constants (``plan_of``); for gluon/decode, with the CTAs of
-    ``ITEMS_IN_FLIGHT``'s kernel where it takes the row (its one split on fewer CTAs, each walking many tiles)."""
+    ``ITEMS_IN_FLIGHT``'s kernel where it takes the row (its one split on fewer CTAs, each walking many tiles), or
+    ``TWO_CONSUMERS``' two M tiles a CTA."""
     plan = describe_plan(plan_of(rung, case.problem, case.lengths, device))
     if rung == "gluon/decode":
         from triton_impl.gluon import decode as gluon_decode
 
         if gluon_decode.items_in_flight(case.problem, device):
             return f"{plan}, items kernel on {gluon_decode.items_grid(case.problem, device)} CTAs"
+        if (
+            plan_of(rung, case.problem, case.lengths, device)[0] == "padded"
+            and gluon_decode.consumers_for(case.problem, device) == 2
+        ):
+            return f"{plan}, two M tiles a CTA"
     return plan
 
 

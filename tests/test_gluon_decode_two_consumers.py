@@ -129,6 +129,20 @@ def test_odd_m_tiles_and_splits_count_every_tile(monkeypatch: pytest.MonkeyPatch
     assert plan.work_items == 4 * 2
 
 
+def test_a_split_the_balanced_switch_would_take_keeps_one_consumer(monkeypatch: pytest.MonkeyPatch):
+    """Seeds 222 row 2 and 228 row 0 (B=1-2, one or two KV heads, 128 rows): two consumers a CTA would have the rule
+    split each item 63 times, a merge chain ``BALANCED_SPLIT`` ("ragged-split-long") never leaves padded; they keep one
+    consumer and its 32 splits (planted: a ``consumers_for`` that does not ask the switch takes them)."""
+    rows = (_row(222, 2).problem, _row(228, 0).problem)
+    for problem in rows:
+        assert gluon_decode.two_consumers(problem) and gluon_decode.consumers_for(problem, CPU) == 1
+        plan = gluon_decode.GluonDecodePlan(problem, CPU)
+        assert plan.consumers == 1 and plan.split_grid == (32, 2, plan.items), plan.split_grid
+    monkeypatch.setattr(gluon_decode.splits, "balanced_split_applies", lambda switch, problem, rule=None: False)
+    assert all(gluon_decode.consumers_for(problem, CPU) == 2 for problem in rows)
+    assert all(gluon_decode.planned_num_splits(problem, CPU) == 63 for problem in rows)
+
+
 def test_balanced_split_keeps_one_consumer(monkeypatch: pytest.MonkeyPatch):
     problem = _row(176, 6).problem  # ragged, 256 rows: the balanced split
     monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", RINGS)
@@ -151,9 +165,11 @@ rows = {
     "233/5": random_cases(8, 233)[5].problem,
     "229/2 d256": random_cases(8, 229)[2].problem,
     "233/5 paged16 fp16 lse": random_cases(8, 233)[5].problem.with_(
-        page_size=16, has_cache_seqlens=True, dtype=torch.float16, return_lse=True),
+        batch=16, kv_heads=8, heads=128, seqlen_k=2048, page_size=16, has_cache_seqlens=True, dtype=torch.float16,
+        return_lse=True),
     "229/2 d256 paged64 top-left": random_cases(8, 229)[2].problem.with_(
-        page_size=64, has_cache_seqlens=True, causal_alignment="top_left"),
+        batch=16, kv_heads=8, heads=128, seqlen_k=2048, page_size=64, has_cache_seqlens=True,
+        causal_alignment="top_left"),
     "64 rows": random_cases(8, 233)[5].problem.with_(heads=128),
     "d64": random_cases(8, 234)[1].problem,
 }
@@ -168,7 +184,7 @@ for name, switch in json.loads(sys.argv[1]):
         "registers": usage["registers"], "spill_bytes": usage["local_bytes"] + usage["stack_bytes"],
         "local_ops": len(re.findall(r"\b(?:LDL|STL)\b", sass)), "shared_bytes": binary.shared_bytes,
         "setmaxnreg": sorted({int(n, 16) for n in re.findall(SETMAXNREG, sass)}),
-        "hgmma": len(re.findall(r"\bHGMMA\b", sass)), "two": decode.two_consumers(rows[name]),
+        "hgmma": len(re.findall(r"\bHGMMA\b", sass)), "two": decode.consumers_for(rows[name]) == 2,
         "sass": hashlib.sha256(sass.encode()).hexdigest(),
     }
 print(json.dumps(results))
@@ -224,7 +240,10 @@ GPU_CASES = {
     "ragged-lengths": (_problem(16, 8, 2048, has_cache_seqlens=True), _lengths(16, 1, 2048, 1)),
     "ragged-empty": (_problem(16, 8, 1024, has_cache_seqlens=True), (0, *_lengths(15, 1, 1024, 2))),
     "paged16-ragged": (_problem(16, 8, 2048, page_size=16, has_cache_seqlens=True), _lengths(16, 1, 2048, 3)),
-    "paged64-d256": (_problem(8, 8, 2048, head_dim=256, page_size=64, has_cache_seqlens=True), _lengths(8, 1, 2048, 4)),
+    "paged64-d256": (
+        _problem(32, 8, 2048, head_dim=256, group=8, page_size=64, has_cache_seqlens=True),
+        _lengths(32, 1, 2048, 4),
+    ),
     "paged256-full": (_problem(16, 8, 2048, page_size=256, has_cache_seqlens=True), (2048,) * 16),
     "d256-g8-sq16": (_problem(4, 4, 8192, head_dim=256, group=8, seqlen_q=16), None),
     "mqa-sq1-g128": (_problem(4, 1, 16384, group=128, seqlen_q=1), None),

@@ -1137,14 +1137,31 @@ def two_consumer_config(problem: Problem) -> DecodeConfig:
     return DecodeConfig(*(two_tiles if m_blocks_for(problem) == 2 else more), ctas_per_sm=1)
 
 
+def consumers_for(problem: Problem, device: torch.device | None = None) -> int:
+    """M tiles a CTA of ``problem``'s launch on ``device`` (None: the default SM count, as the sm_90a compile): two
+    where ``two_consumers`` takes it, the balanced split does not, and the two-consumer split is one that
+    ``BALANCED_SPLIT`` would leave padded (no split of a ragged batch, no merge chain past
+    ``splits.LONG_CHAIN_SPLITS``: its CTAs hold twice the rows, so the rule may split an item twice as often; H200,
+    seed 222's row 2, B=1 Hkv=2: 63 splits 157.2 us against one consumer's 32 in 122.0); else one."""
+    device = device or torch.device("cpu")
+    if not two_consumers(problem) or balanced_split(problem, device):
+        return 1
+    policy = split_policy(problem, two_consumer_config(problem))
+    rule = lambda: splits.planned_num_splits(problem, grid_m_blocks(problem, 2), device, policy)  # noqa: E731
+    return 1 if splits.balanced_split_applies(BALANCED_SPLIT, problem, rule) else 2
+
+
 def grid_m_blocks(problem: Problem, consumers: int) -> int:
     """The split grid's M extent: ``m_blocks_for``'s tiles, ``consumers`` a CTA."""
     return -(-m_blocks_for(problem) // consumers)
 
 
 def planned_num_splits(problem: Problem, device: torch.device) -> int:
-    """The shared split rule (``common/contract/splits.py``) on this rung's M tiles and policy."""
-    return splits.planned_num_splits(problem, m_blocks_for(problem), device, split_policy(problem))
+    """The shared split rule (``common/contract/splits.py``) on this rung's padded launch: its CTAs' M tiles (two a
+    CTA where ``consumers_for`` says so, on ``TWO_CONSUMERS``' ring) and policy."""
+    consumers = consumers_for(problem, device)
+    config = two_consumer_config(problem) if consumers == 2 else None
+    return splits.planned_num_splits(problem, grid_m_blocks(problem, consumers), device, split_policy(problem, config))
 
 
 def balanced_spills(head_dim: int) -> bool:
@@ -1355,7 +1372,8 @@ def seqlen_k_decisions(
     problem: Problem, device: torch.device, num_splits: int | None = None
 ) -> tuple[bool, DecodeConfig, int]:
     """What a bind of ``problem`` on ``device`` decides from Sk: the balanced split or not, the ring
-    (``SHORT_CACHE_TILE``, ``balanced_config``) and the split count (the balanced split's target shares;
+    (``SHORT_CACHE_TILE``, ``balanced_config``, ``two_consumer_config`` where ``consumers_for`` gives two: its one CTA
+    an SM tells it from the one-consumer rings) and the split count (the balanced split's target shares;
     ``num_splits`` forces it). Every other decision of :class:`GluonDecodePlan` follows from these and the rest
     of the problem (:meth:`GluonDecodePlan.grown`)."""
     if balanced_split(problem, device):
@@ -1363,7 +1381,7 @@ def seqlen_k_decisions(
         slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
         target = balanced_sizes(problem, device, num_splits, m_blocks_for(problem), config.block_n, *slots)[1]
         return True, config, target
-    consumers = 2 if two_consumers(problem) else 1
+    consumers = consumers_for(problem, device)
     config = two_consumer_config(problem) if consumers == 2 else decode_config(problem)
     ctas = grid_m_blocks(problem, consumers)
     return False, config, splits.resolve_num_splits(num_splits, problem, ctas, device, split_policy(problem, config))
@@ -1380,7 +1398,7 @@ class GluonDecodePlan:
         self.problem = problem
         self.decisions = self.balanced, config, num_splits = seqlen_k_decisions(problem, device, num_splits)
         m_blocks, self.items = m_blocks_for(problem), problem.batch * problem.kv_heads
-        self.consumers = 1 if self.balanced or not two_consumers(problem) else 2
+        self.consumers = 1 if self.balanced else consumers_for(problem, device)
         # The split kernel's last arguments: the balanced plan's sizes (``balanced_sizes``), or four Nones.
         if self.balanced:
             slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
@@ -1588,8 +1606,7 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     element = "*fp16" if problem.dtype == torch.float16 else "*bf16"
     if items_in_flight(problem):
         return [compile_items_sm90(problem, element)]
-    balanced, stages = balanced_split(problem), None
-    consumers = 2 if not balanced and two_consumers(problem) else 1
+    balanced, stages, consumers = balanced_split(problem), None, consumers_for(problem)
     config = balanced_config(problem) if balanced else decode_config(problem)
     config = two_consumer_config(problem) if consumers == 2 else config
     kv_type = descriptor_type(problem.dtype, kv_chunk_rows(problem, config), problem.head_dim)
