@@ -25,6 +25,10 @@ launches ``_items_kernel`` instead: fewer CTAs
 than tiles, each walking the tiles its load warp claims from a counter, the ring and its barrier phases running on
 across tiles (``SplitKeys.ring_base``) and the next tile's Q in a second buffer, so that a tile's Q, first copies and
 O store pass under its neighbours' key blocks rather than each CTA paying them alone.
+``TWO_CONSUMERS`` (D=128 items of two or more M tiles in a padded split; issue #38's compute-bound class, 128-256
+packed rows a KV head) gives a CTA two M tiles on gluon/hopper's partitions: a load warp filling one ring, two
+consumer warpgroups each with its own 64 rows, Q tile and register budget, so that one's softmax runs under the
+other's wgmmas and each K/V block is copied once for both (``consumers_for``; ``_split_kernel``'s ``CONSUMERS``).
 
 What Gluon makes explicit (what Triton decides in triton/decode / what this file writes):
   * Copies: the pipeliner turns the K and V loads into ``cp.async``, 16 bytes per thread and
@@ -89,7 +93,8 @@ Why these choices:
     store to shared memory take any strides and zero the padding rows, and Q is a few KB against
     the megabytes of K and V a split reads.
 
-Algorithm (grid = (num_splits, m_blocks, B · Hkv); one CTA of one warpgroup per split of one M tile):
+Algorithm (grid = (num_splits, m_blocks, B · Hkv); one CTA of one warpgroup per split of one M tile; under
+``TWO_CONSUMERS`` the M extent is halved and steps 4 to 7 run in each consumer on its tile):
   1. ``seqlen_info``: the sequence's own length and causal offset; the keys any row sees end at
      ``key_end``; ``split_key_range`` cuts this split's [key_begin, key_end) out of them, of which
      blocks [0, n_unmasked) are seen by every row and [n_unmasked, n_blocks) are masked.
