@@ -81,10 +81,7 @@ def knob_plan(rung: str, case, device) -> str:
 
         if gluon_decode.items_in_flight(case.problem, device):
             return f"{plan}, items kernel on {gluon_decode.items_grid(case.problem, device)} CTAs"
-        if (
-            plan_of(rung, case.problem, case.lengths, device)[0] == "padded"
-            and gluon_decode.consumers_for(case.problem, device) == 2
-        ):
+        if gluon_decode.consumers_for(case.problem, device) == 2:
             return f"{plan}, two M tiles a CTA"
     return plan
 

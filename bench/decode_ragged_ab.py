@@ -103,12 +103,9 @@ def plan_of(rung: str, problem, lengths: tuple[int, ...] | None, device) -> tupl
     elif rung == "gluon/decode":
         from triton_impl.gluon import _decode_balanced
 
-        config = module.balanced_config(problem, device)
+        # The plan's own ring and target shares (two consumers a CTA where ``consumers_for`` says so).
+        _, config, target = module.seqlen_k_decisions(problem, device)
         block_n = config.block_n
-        slots = (module.split_policy(problem, config).ctas_per_sm, module.BALANCED_SHARES_BY_SLOTS)
-        _, target, _, _ = _decode_balanced.balanced_sizes(
-            problem, device, None, module.m_blocks_for(problem), block_n, *slots
-        )
         min_keys, cap = (
             importlib.import_module("triton_impl.decode").BALANCED_MIN_KEYS,
             _decode_balanced.item_share_cap(),

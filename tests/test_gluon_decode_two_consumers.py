@@ -93,6 +93,22 @@ def test_default_takes_d128_items_of_two_or_more_tiles(monkeypatch: pytest.Monke
     assert not gluon_decode.two_consumers(_row(233, 5).problem)
 
 
+def test_chunked_pages_keep_one_consumer_under_the_releases_that_spill(monkeypatch: pytest.MonkeyPatch):
+    """Under Triton 3.9 the two-consumer build spills where a key block is copied in page chunks: pages smaller than
+    the ring's key block keep one consumer there, pages of a whole block do not; other releases take both (planted:
+    3.9 out of ``TWO_CONSUMER_CHUNK_SPILLS``)."""
+    paged = {size: _problem(16, 8, 2048, page_size=size, has_cache_seqlens=True) for size in (16, 64, 128)}
+    assert all(gluon_decode.two_consumers(problem) for problem in paged.values())
+    monkeypatch.setattr(gluon_decode, "triton_release", lambda: "3.9")
+    assert {size: gluon_decode.two_consumers(problem) for size, problem in paged.items()} == {
+        16: False,
+        64: False,
+        128: True,
+    }
+    monkeypatch.setattr(gluon_decode, "TWO_CONSUMER_CHUNK_SPILLS", ())
+    assert all(gluon_decode.two_consumers(problem) for problem in paged.values())
+
+
 def test_plan_of_seed_233_row_5(monkeypatch: pytest.MonkeyPatch):
     """Two M tiles a CTA: the grid's M extent 2 of 4, the ring and registers of the two-consumer build, one arrival
     counter per 64-row M tile."""
@@ -147,6 +163,29 @@ def test_a_split_the_balanced_switch_would_take_keeps_one_consumer(monkeypatch: 
     assert all(gluon_decode.planned_num_splits(problem, CPU) == 63 for problem in rows)
 
 
+def test_balanced_two_consumers_plan(monkeypatch: pytest.MonkeyPatch):
+    """``BALANCED_TWO_CONSUMERS`` (off): seed 92's row 0 (ragged, pages of 16, 256 rows) takes the balanced kernel on
+    two consumers: the grid's M extent halved (1 of 2: the M tile on x), the target shares fed the CTA's M tile on the
+    one-CTA ring (6 stages of 64 keys here: two M tiles), the ring kept at its depth, one arrival counter per 64-row M
+    tile and slab (the two-level merge's)."""
+    problem = _row(92, 0).problem
+    assert gluon_decode.BALANCED_TWO_CONSUMERS is False
+    assert gluon_decode.GluonDecodePlan(problem, CPU).consumers == 1
+    monkeypatch.setattr(gluon_decode, "BALANCED_TWO_CONSUMERS", True)
+    plan = gluon_decode.GluonDecodePlan(problem, CPU)
+    assert plan.balanced and plan.consumers == 2 and plan.split_options["CONSUMERS"] == 2
+    assert plan.split_grid == (1, plan.num_splits + plan.items), plan.split_grid
+    assert (plan.split_options["BLOCK_N"], plan.split_options["NUM_STAGES"], plan.split_options["BALANCED"]) == (
+        64,
+        6,
+        True,
+    )
+    slots = (1, gluon_decode.BALANCED_SHARES_BY_SLOTS)
+    expected = gluon_decode.balanced_sizes(problem, CPU, None, 1, 64, *slots)[1]
+    assert plan.num_splits == expected, (plan.num_splits, expected)
+    assert plan.work_items == 2 * (plan.num_splits + plan.items) * 2
+
+
 def test_balanced_split_keeps_one_consumer(monkeypatch: pytest.MonkeyPatch):
     problem = _row(176, 6).problem  # ragged, 256 rows: the balanced split
     monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", RINGS)
@@ -174,6 +213,7 @@ rows = {
     "229/2 d256 paged64 top-left": random_cases(8, 229)[2].problem.with_(
         batch=16, kv_heads=8, heads=128, seqlen_k=2048, page_size=64, has_cache_seqlens=True,
         causal_alignment="top_left"),
+    "92/0 balanced paged16": random_cases(8, 92)[0].problem,
     "64 rows": random_cases(8, 233)[5].problem.with_(heads=128),
     "d64": random_cases(8, 234)[1].problem,
 }
@@ -181,6 +221,7 @@ SETMAXNREG = r"USETMAXREG\.\w+\.CTAPOOL (?:UP0, )?(0x[0-9a-f]+)"
 results = {}
 for name, switch in json.loads(sys.argv[1]):
     decode.TWO_CONSUMERS = {128: ((64, 6), (128, 3)), 256: ((32, 5), (32, 5))} if switch else {}
+    decode.BALANCED_TWO_CONSUMERS = switch
     (binary,) = decode.compile_sm90(rows[name])
     (kernel, usage), = cubin_resources(binary.cubin).items()
     sass = cubin_sass(binary.cubin)
@@ -193,10 +234,18 @@ for name, switch in json.loads(sys.argv[1]):
     }
 print(json.dumps(results))
 """
-TAKEN = ("233/5", "229/2 d256", "233/5 paged16 fp16 lse", "229/2 d256 paged64 top-left")
+TAKEN = ("233/5", "229/2 d256", "233/5 paged16 fp16 lse", "229/2 d256 paged64 top-left", "92/0 balanced paged16")
 # Spill bytes and local-memory instructions allowed per build (Triton 3.8): the paged fp16 build with the LSE keeps two
 # kernel arguments in local memory, stored once at the kernel's start and read once in each consumer's epilogue.
 ALLOWED_SPILLS = {"233/5 paged16 fp16 lse": (8, 6)}
+# The builds taken under the running release (Triton 3.9: not those copied in page chunks, pages of 16 against 64- or
+# 128-key blocks; ``TWO_CONSUMER_CHUNK_SPILLS``).
+CHUNKED = ("233/5 paged16 fp16 lse", "92/0 balanced paged16")
+TAKEN_HERE = tuple(
+    name
+    for name in TAKEN
+    if name not in CHUNKED or gluon_decode.triton_release() not in gluon_decode.TWO_CONSUMER_CHUNK_SPILLS
+)
 LEFT = ("64 rows", "d64")
 
 
@@ -209,6 +258,9 @@ def compiled() -> dict[str, dict]:
 @pytest.mark.static
 def test_two_consumer_builds_fit_one_cta_an_sm_without_spills(compiled: dict[str, dict]):
     for name in TAKEN:
+        if name not in TAKEN_HERE:
+            assert not compiled[f"{name}|True"]["two"], name
+            continue
         facts = compiled[f"{name}|True"]
         print(name, {key: value for key, value in facts.items() if key != "sass"})
         spill_bytes, local_ops = ALLOWED_SPILLS.get(name, (0, 0))
@@ -268,6 +320,37 @@ def _require_two(
     plan = gluon_decode.GluonDecodePlan(problem, device)
     assert plan.consumers == 2 and not plan.balanced, (problem.describe(), plan.balanced)
     return device
+
+
+# name -> (problem, lengths): calls the balanced split takes, on two consumers under BALANCED_TWO_CONSUMERS.
+BALANCED_GPU_CASES = {
+    "92/0-paged16": (_row(92, 0).problem, _row(92, 0).lengths),
+    "176/6": (_row(176, 6).problem, _row(176, 6).lengths),
+    "ragged-split-empty": (_problem(3, 4, 8192, has_cache_seqlens=True), (5, 8192, 0)),
+    "two-level-merge-lse": (
+        _problem(4, 2, 65536, group=8, has_cache_seqlens=True, return_lse=True),
+        (65536, 100, 5000, 1),
+    ),
+    "paged64-odd-tiles-fp16": (
+        _problem(2, 4, 16384, group=10, page_size=64, has_cache_seqlens=True, dtype=torch.float16),
+        (16000, 3000),
+    ),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(BALANCED_GPU_CASES))
+def test_gpu_balanced_two_consumers_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
+    problem, lengths = BALANCED_GPU_CASES[case]
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    monkeypatch.setattr(gluon_decode, "BALANCED_TWO_CONSUMERS", True)
+    plan = gluon_decode.GluonDecodePlan(problem, torch.device("cuda"))
+    assert plan.balanced and plan.consumers == 2, problem.describe()
+    clear_plan_cache()
+    result = check_on_gpu("gluon/decode", problem, lengths, seed=len(case))
+    clear_plan_cache()
+    assert result.ok, f"gluon/decode BALANCED_TWO_CONSUMERS {problem.describe()}: {result.summary()}"
 
 
 # (case, candidate) pairs where the candidate's rings take the case's head dim.

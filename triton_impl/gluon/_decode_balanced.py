@@ -76,7 +76,7 @@ def arrival_counter_count(items: int, slabs: int, m_blocks: int, balanced: bool)
 def _merge_in_groups(
     workspace, outputs, tile, work, rows, item_counter, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
     SPLITS_PER_STEP: gl.constexpr, RETURN_LSE: gl.constexpr, M_TILE_MAJOR: gl.constexpr, MERGE_GROUP: gl.constexpr,
-    num_warps: gl.constexpr,
+    num_warps: gl.constexpr, CONSUMERS: gl.constexpr = 1,
 ):  # fmt: skip
     """The two-level merge (module docstring) after CTA ``share`` stored its partials: an item of at most
     ``MERGE_GROUP`` shares merges in its last share to arrive, as with one level; else the share's run of
@@ -94,7 +94,7 @@ def _merge_in_groups(
     else:
         run_first = first + split // MERGE_GROUP * MERGE_GROUP
         run_shares = gl.minimum(item_shares - (run_first - first), MERGE_GROUP)
-        m_tiles = gl.num_programs(0 if M_TILE_MAJOR else 1)
+        m_tiles = gl.num_programs(0 if M_TILE_MAJOR else 1) * CONSUMERS
         slabs = gl.num_programs(1 if M_TILE_MAJOR else 0)
         run_counter = Counters + (slabs + run_first) * m_tiles + m_block
         if _last_to_arrive(run_counter, run_shares):
@@ -115,12 +115,12 @@ def _merge_in_groups(
 def _store_balanced(
     workspace, outputs, tile, work, rows_of, out, lse, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
     SPLITS_PER_STEP: gl.constexpr, RETURN_LSE: gl.constexpr, M_TILE_MAJOR: gl.constexpr, num_warps: gl.constexpr,
-    MERGE_GROUP: gl.constexpr = 0,
+    MERGE_GROUP: gl.constexpr = 0, CONSUMERS: gl.constexpr = 1,
 ):  # fmt: skip
     """Store CTA ``share``'s result (``work``: share, split, item shares, has_work): O itself for an item
     of one share; else the partials in slab ``share`` and, in the item's last share to arrive, the merge
     of its slabs from share - split on (with ``MERGE_GROUP``, :func:`_merge_in_groups`). A CTA past the last share
-    stores nothing."""
+    stores nothing. ``CONSUMERS``: M tiles a CTA (the grid's M tiles are its M extent times this)."""
     OutPartial, LsePartial, Counters = workspace
     batch, kv_head, group, heads, seqlen_q, m_block = tile
     share, split, item_shares, has_work = work
@@ -133,12 +133,13 @@ def _store_balanced(
             packed_row = (head - kv_head * group) * seqlen_q + token
             _store_partials(OutPartial, LsePartial, share * rows + packed_row, out, lse, row_ok, offs_d)
             # The item's arrival counter: (batch, KV head, M tile), heads // group = Hkv; M tiles on the grid's y
-            # (x under M_TILE_MAJOR).
-            work_item = (batch * (heads // group) + kv_head) * gl.num_programs(0 if M_TILE_MAJOR else 1) + m_block
+            # (x under M_TILE_MAJOR), CONSUMERS a CTA.
+            m_tiles = gl.num_programs(0 if M_TILE_MAJOR else 1) * CONSUMERS
+            work_item = (batch * (heads // group) + kv_head) * m_tiles + m_block
             if MERGE_GROUP > 0:
                 _merge_in_groups(
                     workspace, outputs, tile, work, rows, Counters + work_item, BLOCK_M, HEAD_DIM, SPLITS_PER_STEP,
-                    RETURN_LSE, M_TILE_MAJOR, MERGE_GROUP, num_warps,
+                    RETURN_LSE, M_TILE_MAJOR, MERGE_GROUP, num_warps, CONSUMERS,
                 )  # fmt: skip
             elif _last_to_arrive(Counters + work_item, item_shares):
                 first = (share - split) * rows

@@ -339,6 +339,13 @@ ITEMS_MANY_ROWS_HEAD_DIMS = (64,)
 #   fixed steps come twice as often a key);
 # - D=256 (64 keys x 2, 32 x 5, 32 x 4): 0.94-1.38x, where the one-consumer ring already holds 3 stages of 64 keys.
 TWO_CONSUMERS: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {128: ((64, 6), (128, 3))}
+# Triton releases whose two-consumer build spills where a key block is copied in page chunks (3.9: 64-88 bytes a
+# thread with the LSE, pages of 16 to 64; 3.6, 3.7.1 and 3.8 none, but 8 bytes outside every loop for one fp16 build):
+# one consumer there.
+TWO_CONSUMER_CHUNK_SPILLS = ("3.9",)
+# The balanced split's calls (ragged or paged batches the rule splits, long chains) of the same class on two consumers
+# too: the balanced kernel's grid with half the M extent, its target shares fed the CTA's M tiles on that ring. Untimed.
+BALANCED_TWO_CONSUMERS = False
 # setmaxnreg of each consumer (the register file less the load warp's warpgroup, over two warpgroups: 232) and the
 # registers a thread at launch (the file over the CTA's three warpgroups: 168).
 TWO_CONSUMER_REGISTERS = (65536 - PAGED_LOAD_REGISTERS.value * WARPGROUP_THREADS) // (2 * WARPGROUP_THREADS) // 8 * 8
@@ -728,7 +735,7 @@ def _split_consumer(operands, work, constants: gl.constexpr, flags: gl.constexpr
         # 7'. O, or the partials in the share's slab and the item's merge (``_decode_balanced.py``).
         _store_balanced(
             workspace, outputs, tile, shares, rows_of, out, lse, BLOCK_M, HEAD_DIM,
-            flags.SPLITS_PER_STEP, flags.RETURN_LSE, flags.M_TILE_MAJOR, num_warps, flags.MERGE_GROUP,
+            flags.SPLITS_PER_STEP, flags.RETURN_LSE, flags.M_TILE_MAJOR, num_warps, flags.MERGE_GROUP, flags.CONSUMERS,
         )  # fmt: skip
     elif flags.SPLIT:
         _, split, num_splits, _ = shares
@@ -770,7 +777,8 @@ def _split_kernel(
     grid is (target_shares + B · Hkv, m_blocks) (``M_TILE_MAJOR``: swapped), CTA ``share`` takes the split
     ``balanced_share`` plans from the ``batch_size`` lengths (the plan's four sizes None without it);
     ``MERGE_GROUP`` > 0 merges an item's shares in runs of that many (``_decode_balanced.py``'s two-level merge).
-    ``CONSUMERS`` = 2 (``TWO_CONSUMERS``, padded split only): CTA (split, y, item) takes M tiles 2y and 2y + 1 on two
+    ``CONSUMERS`` = 2 (``TWO_CONSUMERS``; the balanced split's under ``BALANCED_TWO_CONSUMERS``): the CTA of M extent y
+    takes M tiles 2y and 2y + 1 on two
     consumer partitions of 4 warps (``CONSUMER_REGS`` registers each), each with its own Q tile, beside a load warp
     that fills the one ring they share (an empty barrier a slot, one arrival per consumer)."""
     HEAD_DIM: gl.constexpr = desc_k.block_type.shape[3]
@@ -784,7 +792,7 @@ def _split_kernel(
     if BALANCED:
         # 0. This CTA's work item and split; past the last share: an empty range, nothing stored.
         share = gl.program_id(1 if M_TILE_MAJOR else 0)
-        m_block = gl.program_id(0 if M_TILE_MAJOR else 1)
+        m_block = gl.program_id(0 if M_TILE_MAJOR else 1) * CONSUMERS
         sizes = (batch_size, kv_heads, seqlen_q, target_shares, min_share_blocks, max_item_shares)
         batch, kv_head, split, num_splits, has_work = balanced_share(
             CacheSeqlens, share, sizes, seqlen_k, CAUSAL, BOTTOM_RIGHT, HAS_CACHE_SEQLENS, BLOCK_N, BLOCK_B, num_warps,
@@ -1129,11 +1137,14 @@ def m_blocks_for(problem: Problem) -> int:
 
 def two_consumers(problem: Problem) -> bool:
     """``TWO_CONSUMERS`` applies to ``problem``'s padded split: two or more M tiles an item at a head dim of
-    ``TWO_CONSUMERS``, not under WIDE_M_TILE's or PACKED_OCCUPANCY's tiles (the balanced split keeps one
-    consumer)."""
+    ``TWO_CONSUMERS``, not under WIDE_M_TILE's or PACKED_OCCUPANCY's tiles, nor in page chunks under a release of
+    ``TWO_CONSUMER_CHUNK_SPILLS`` (the balanced split keeps one consumer)."""
     if problem.head_dim not in TWO_CONSUMERS or wide_m_tile(problem):
         return False
-    return m_blocks_for(problem) >= 2 and not packed_occupancy(problem)
+    if m_blocks_for(problem) < 2 or packed_occupancy(problem):
+        return False
+    chunked = problem.paged and problem.page_size < two_consumer_config(problem).block_n
+    return not (chunked and triton_release() in TWO_CONSUMER_CHUNK_SPILLS)
 
 
 def two_consumer_config(problem: Problem) -> DecodeConfig:
@@ -1144,13 +1155,16 @@ def two_consumer_config(problem: Problem) -> DecodeConfig:
 
 def consumers_for(problem: Problem, device: torch.device | None = None) -> int:
     """M tiles a CTA of ``problem``'s launch on ``device`` (None: the default SM count, as the sm_90a compile): two
-    where ``two_consumers`` takes it, the balanced split does not, and the two-consumer split is one that
+    where ``two_consumers`` takes it and either the balanced split takes it under ``BALANCED_TWO_CONSUMERS`` or the
+    two-consumer split is one that
     ``BALANCED_SPLIT`` would leave padded (no split of a ragged batch, no merge chain past
     ``splits.LONG_CHAIN_SPLITS``: its CTAs hold twice the rows, so the rule may split an item twice as often; H200,
     seed 222's row 2, B=1 Hkv=2: 63 splits 157.2 us against one consumer's 32 in 122.0); else one."""
     device = device or torch.device("cpu")
-    if not two_consumers(problem) or balanced_split(problem, device):
+    if not two_consumers(problem):
         return 1
+    if balanced_split(problem, device):
+        return 2 if BALANCED_TWO_CONSUMERS else 1
     policy = split_policy(problem, two_consumer_config(problem))
     rule = lambda: splits.planned_num_splits(problem, grid_m_blocks(problem, 2), device, policy)  # noqa: E731
     return 1 if splits.balanced_split_applies(BALANCED_SPLIT, problem, rule) else 2
@@ -1347,7 +1361,8 @@ def split_constexprs(
     config, num_warps = config or decode_config(problem), num_warps_for(problem)
     if consumers == 2:
         return {
-            **split_constexprs(problem, split, config=config), "LOAD_WARP": True, "PAGES_AHEAD": False,
+            **split_constexprs(problem, split, balanced, m_tile_major, num_stages, config),
+            "LOAD_WARP": True, "PAGES_AHEAD": False,
             "CONSUMERS": 2, "CONSUMER_REGS": TWO_CONSUMER_REGISTERS,
         }  # fmt: skip
     return {
@@ -1381,12 +1396,13 @@ def seqlen_k_decisions(
     an SM tells it from the one-consumer rings) and the split count (the balanced split's target shares;
     ``num_splits`` forces it). Every other decision of :class:`GluonDecodePlan` follows from these and the rest
     of the problem (:meth:`GluonDecodePlan.grown`)."""
-    if balanced_split(problem, device):
-        config = balanced_config(problem, device)
-        slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
-        target = balanced_sizes(problem, device, num_splits, m_blocks_for(problem), config.block_n, *slots)[1]
-        return True, config, target
     consumers = consumers_for(problem, device)
+    if balanced_split(problem, device):
+        config = two_consumer_config(problem) if consumers == 2 else balanced_config(problem, device)
+        slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
+        m_blocks = grid_m_blocks(problem, consumers)
+        target = balanced_sizes(problem, device, num_splits, m_blocks, config.block_n, *slots)[1]
+        return True, config, target
     config = two_consumer_config(problem) if consumers == 2 else decode_config(problem)
     ctas = grid_m_blocks(problem, consumers)
     return False, config, splits.resolve_num_splits(num_splits, problem, ctas, device, split_policy(problem, config))
@@ -1402,18 +1418,19 @@ class GluonDecodePlan:
     def __init__(self, problem: Problem, device: torch.device, num_splits: int | None = None):
         self.problem = problem
         self.decisions = self.balanced, config, num_splits = seqlen_k_decisions(problem, device, num_splits)
-        m_blocks, self.items = m_blocks_for(problem), problem.batch * problem.kv_heads
-        self.consumers = 1 if self.balanced else consumers_for(problem, device)
+        self.items, self.consumers = problem.batch * problem.kv_heads, consumers_for(problem, device)
+        m_blocks = grid_m_blocks(problem, self.consumers)
         # The split kernel's last arguments: the balanced plan's sizes (``balanced_sizes``), or four Nones.
         if self.balanced:
             slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
             self.balanced_args = balanced_sizes(problem, device, num_splits, m_blocks, config.block_n, *slots)
-            stages = balanced_stages(problem, device, num_splits, config)
+            # The two-consumer ring keeps its depth (two stages lost there: TWO_CONSUMERS' note).
+            stages = balanced_stages(problem, device, num_splits, config) if self.consumers == 1 else None
             m_tile_major = splits.balanced_m_tile_major(num_splits + self.items, M_TILE_MAJOR)
             self.split_grid = splits.balanced_grid(num_splits + self.items, m_blocks, m_tile_major)
         else:
             self.balanced_args, m_tile_major, stages = (None,) * 4, False, None
-            self.split_grid = (num_splits, grid_m_blocks(problem, self.consumers), self.items)
+            self.split_grid = (num_splits, m_blocks, self.items)
         self.num_splits = num_splits
         self.box_rows = kv_chunk_rows(problem, config)
         self.sizes = size_arguments(problem)
@@ -1429,7 +1446,7 @@ class GluonDecodePlan:
         if self.items_in_flight:
             self.items_grid, self.num_tiles = (items_grid(problem, device),), items_tiles(problem)
             self.items_options = {**items_constexprs(problem), "maxnreg": items_maxnreg(problem)}
-        counted_m_blocks = grid_m_blocks(problem, self.consumers) * self.consumers
+        counted_m_blocks = m_blocks * self.consumers
         self.work_items = arrival_counter_count(self.items, num_splits + self.items, counted_m_blocks, self.balanced)
         # Only the two-launch path (more than one split, FUSED_MERGE off) launches the merge kernel.
         self.two_launch = num_splits > 1 and not self.fused_merge
@@ -1624,8 +1641,8 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     if balanced:  # the plan's target on the rule's default SM count, as balanced_split's
         slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
         cpu = torch.device("cpu")
-        target = balanced_sizes(problem, cpu, None, m_blocks_for(problem), config.block_n, *slots)[1]
-        stages = balanced_stages(problem, cpu, target, config)
+        target = balanced_sizes(problem, cpu, None, grid_m_blocks(problem, consumers), config.block_n, *slots)[1]
+        stages = balanced_stages(problem, cpu, target, config) if consumers == 1 else None
     constexprs = split_constexprs(problem, not balanced, balanced, M_TILE_MAJOR, stages, config, consumers)
     constexprs["num_warps"] = num_warps
     options = {"num_warps": num_warps, **({"maxnreg": TWO_CONSUMER_MAXNREG} if consumers == 2 else {})}
