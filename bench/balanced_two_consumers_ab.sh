@@ -10,11 +10,7 @@ set -o pipefail
 source "$(dirname "$0")/_gpu_run.sh" balanced_two_consumers_ab.sh runs/balanced_two_consumers
 decode_setup
 status=0
-begun=$SECONDS
-timeout 200 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_gluon_decode_two_consumers.py \
-  > "$OUT/pytest.log" 2>&1 || status=1
-echo "gpu tests: $((SECONDS - begun)) s (limit 200 s)" >> "$OUT/times.txt"
-tail -3 "$OUT/pytest.log"
+gpu_tests 200 -n 8 tests/test_gluon_decode_two_consumers.py
 knob_ab balanced_two 200 triton_impl.gluon.decode:BALANCED_TWO_CONSUMERS False,True gluon/decode \
   92/0 84/1 176/6 62/1 185/5 120/2 132/6 189/2 208/2 215/4 61/7 211/7
 cat "$OUT/times.txt"

@@ -11,11 +11,7 @@ set -o pipefail
 source "$(dirname "$0")/_gpu_run.sh" two_consumers_ab.sh runs/two_consumers
 decode_setup
 status=0
-begun=$SECONDS
-timeout 240 python3 -m pytest -q -m gpu -n 6 -p no:cacheprovider tests/test_gluon_decode_two_consumers.py \
-  > "$OUT/pytest.log" 2>&1 || status=1
-echo "gpu tests: $((SECONDS - begun)) s (limit 240 s)" >> "$OUT/times.txt"
-tail -3 "$OUT/pytest.log"
+gpu_tests 240 -n 6 tests/test_gluon_decode_two_consumers.py
 knob_ab two 400 triton_impl.gluon.decode:TWO_CONSUMERS \
   "{},{128: (128, 2), 256: (64, 2)},{128: (128, 3), 256: (32, 5)},{128: (64, 6), 256: (32, 4)}" gluon/decode \
   233/5 139/1 200/4 18/2 107/0 229/2 62/4 169/4 161/5 170/2 54/7 171/0 52/5 27/3 96/1 21/3 234/1

@@ -9,12 +9,9 @@ set -o pipefail
 source "$(dirname "$0")/_gpu_run.sh" two_consumers_check.sh runs/two_consumers_check
 decode_setup
 status=0
-begun=$SECONDS
-timeout 220 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_gluon_decode_two_consumers.py \
+gpu_tests 220 -n 8 tests/test_gluon_decode_two_consumers.py \
   tests/test_decode.py tests/test_paged_kv.py tests/test_decode_wide.py tests/test_decode_packed.py \
-  tests/test_decode_long_chain.py -k "gluon or two_consumers" > "$OUT/pytest.log" 2>&1 || status=1
-echo "gpu tests: $((SECONDS - begun)) s (limit 220 s)" >> "$OUT/times.txt"
-tail -3 "$OUT/pytest.log"
+  tests/test_decode_long_chain.py -k "gluon or two_consumers"
 knob_ab check 260 triton_impl.gluon.decode:TWO_CONSUMERS "{128: ((64, 6), (128, 3))},{}" gluon/decode \
   12/4 46/2 78/7 79/1 96/5 99/7 115/3 140/1 155/4 157/4 173/1 174/0 188/3 204/4 222/2 228/0 69/4 14/7
 cat "$OUT/times.txt"
