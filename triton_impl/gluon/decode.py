@@ -340,7 +340,8 @@ ITEMS_MANY_ROWS_HEAD_DIMS = (64,)
 # - D=256 (64 keys x 2, 32 x 5, 32 x 4): 0.94-1.38x, where the one-consumer ring already holds 3 stages of 64 keys.
 TWO_CONSUMERS: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {128: ((64, 6), (128, 3))}
 # Triton releases whose two-consumer build spills where a key block is copied in page chunks (3.9: 64-88 bytes a
-# thread with the LSE, pages of 16 to 64; 3.6, 3.7.1 and 3.8 none, but 8 bytes outside every loop for one fp16 build):
+# thread with the LSE, pages of 16 to 64; 3.6, 3.7.1 and 3.8 none but two 4-byte arguments in two builds, reloaded in
+# the consumers' loops from L1):
 # one consumer there.
 TWO_CONSUMER_CHUNK_SPILLS = ("3.9",)
 # The balanced split's calls (ragged or paged batches the rule splits, long chains) of the same class on two consumers
