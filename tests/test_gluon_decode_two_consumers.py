@@ -54,6 +54,7 @@ CANDIDATES = {
     "hopper-rings": {128: ((128, 2), (128, 2)), 256: ((64, 2), (64, 2))},
     "d256-deep": {256: ((32, 5), (32, 5))},
     "d256-small-blocks": {256: ((32, 4), (32, 4))},
+    "d64": {64: ((64, 8), (128, 4))},
 }
 RINGS = CANDIDATES["default"]
 
@@ -308,6 +309,15 @@ GPU_CASES = {
     "paged256-full": (_problem(16, 8, 2048, page_size=256, has_cache_seqlens=True), (2048,) * 16),
     "d256-g8-sq16": (_problem(4, 4, 8192, head_dim=256, group=8, seqlen_q=16), None),
     "mqa-sq1-g128": (_problem(4, 1, 16384, group=128, seqlen_q=1), None),
+    "d64-256-rows-splits": (_problem(2, 4, 32768, head_dim=64), None),
+    "d64-128-rows-paged16-ragged": (
+        _problem(32, 8, 2048, head_dim=64, group=8, page_size=16, has_cache_seqlens=True),
+        _lengths(32, 1, 2048, 5),
+    ),
+    "d64-odd-tiles-lse-top-left": (
+        _problem(8, 8, 4096, head_dim=64, group=10, return_lse=True, causal_alignment="top_left"),
+        None,
+    ),
 }
 
 
