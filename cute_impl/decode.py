@@ -261,6 +261,12 @@ BALANCED_SHALLOW_RING: dict[int, int] = {64: 4, 128: 2}
 # D=64) 214.8 -> 125.9 us, 97/7 0.70x, the other seven sweep rows of 64-127 rows 0.84-0.97x, controls 1.00x (H200,
 # 2026-12-02, results/h200/cute-decode-wgmma-64/). WGMMA_HEAD_DIMS: those compiled.
 WGMMA_MIN_ROWS, WGMMA_HEAD_DIMS = 64, (64, 128)
+# Issue #38's D=256 rows of 64+ packed rows (seed 229 row 2: 256 rows, cute 2092.0 us against gluon's 1206.9, 39 % of
+# the tensor roofline on mma.sync): True adds 256 to WGMMA_HEAD_DIMS. TILE_CONFIGS' D=256 ring (3 stages of 64 keys,
+# 32 KB of K and of V each, and Q's 32 KB: 224 KB) fits one CTA an SM, so the split rule's WGMMA ask reads
+# CTAS_PER_SM_FIT's one, and the overlap (4+ stages) stays off: the one chain a block (sm_90a: 204-210 registers, no
+# spills). Untimed (off until bench/cute_decode_wgmma_d256_ab.sh).
+WGMMA_D256 = False
 # The WGMMA tile's ask of the split rule: two CTAs an SM (its ring leaves room for them), so that one CTA's softmax
 # runs under the other's wgmmas where the grid held one an SM: 107/0 295.2 -> 209.7 us, paged(64) 377.4 -> 256.7, rows
 # already past a wave 1.00x; the same ask of the mma.sync tile cost 107/0 at Sq=1 1.02x (H200, 2026-12-02,
@@ -835,9 +841,11 @@ def balanced_split(problem: Problem, device: torch.device | None = None) -> bool
 
 def wgmma_tile(problem: Problem, device: torch.device) -> bool:
     """Whether ``WGMMA_MIN_ROWS`` puts ``problem``'s 64-row tiles on WGMMA on ``device`` (a CUDA device of sm_90, or
-    the CPU, whose compile is for sm_90a): at least that many packed rows, at a head dim in ``WGMMA_HEAD_DIMS``."""
+    the CPU, whose compile is for sm_90a): at least that many packed rows, at a head dim in ``WGMMA_HEAD_DIMS`` (and
+    256 with ``WGMMA_D256``)."""
     rows = problem.kv_group * problem.seqlen_q
-    if not WGMMA_MIN_ROWS or rows < WGMMA_MIN_ROWS or problem.head_dim not in WGMMA_HEAD_DIMS:
+    head_dims = (*WGMMA_HEAD_DIMS, 256) if WGMMA_D256 else WGMMA_HEAD_DIMS
+    if not WGMMA_MIN_ROWS or rows < WGMMA_MIN_ROWS or problem.head_dim not in head_dims:
         return False
     hopper = device.type != "cuda" or torch.cuda.get_device_capability(device)[0] == 9
     return hopper and tile_m_for(problem) == 64
