@@ -4,8 +4,9 @@
 # tiles on 4 warps' mma.sync. WGMMA_D256 (cute_impl/decode.py, off, untimed) puts them on one warpgroup's WGMMA
 # (cute_impl/_decode_wgmma.py): sm_90a, a 64-key block 501 instructions a warp and 20 HGMMA against 837 and 256
 # HMMA.16816 + 144 LDSM, 210 registers, 224 KB of shared memory (one CTA an SM) (docs/perf-log.md, "Helper `cwg256`").
-# Predicted: 229/2 2092 -> 1000-1300 us; the other rows of 128-256 packed rows 0.55-0.85x; the controls (229/3: 32
-# rows, 43/1: 16 rows, paged; the plan unchanged) 1.00x.
+# Predicted (docs/perf-log.md's model: D=128's one-CTA WGMMA chain, 107/0's 0.857 us a 64-key block, plus the second
+# 512 tensor cycles of D=256): 229/2 2092 -> 1300-1450 us; the other rows of 128-256 packed rows 0.6-0.9x; the controls
+# (229/3: 32 rows, 43/1: 16 rows, paged; the plan unchanged) 1.00x.
 # This call: the switch's GPU tests (fp64 on a poisoned output, 64-256 packed rows at D=256, Sq 1/4/5/16, ragged, paged
 # 16/64/128, forced and balanced splits, both causal alignments; a planted mask bug), then one A/B through
 # bench.decode_knob_ab (False against True, 2 rounds, each value checked against fp64 first) on the eleven rows and the
