@@ -35,9 +35,10 @@ and after the last one its P V is issued alone. Block n-1's V is read during ste
 flight, not ``stages - 1`` (3 stages at D=128: one; 6 at D=64: four). Measured with every ring overlapped: D=64
 0.93-0.95× the time, D=128 1.00-1.08× (its one block in flight), hence the rule.
 
-At D=256 (``decode.WGMMA_D256``, off, untimed) the same code runs ``TILE_CONFIGS``' D=256 ring: 3 stages of 64 keys
-(Q 32 KB, K and V 32 KB a stage: 224 KB, one CTA an SM), O 64 × 256 fp32 (128 registers a thread), S on
-``wgmma.m64n64k16`` × 16 and P V on ``wgmma.m64n256k16`` × 4; 3 stages keep it on the one chain a block.
+At D=256 (``decode.WGMMA_D256``, off, untimed) O is 64 × 256 fp32 (128 registers a thread), S
+``wgmma.m64n{tile_n}k16`` × 16 and P V ``wgmma.m64n256k16`` × tile_n/16, on one of two 224 KB rings (one CTA an SM):
+``TILE_CONFIGS``' 3 stages of 64 keys (Q 32 KB, K and V 32 KB a stage), the one chain a block; or 6 stages of 32 keys,
+overlapped.
 
 Measured (H200, 2026-12-02, ``bench/cute_decode_wgmma_ab.sh``, ``results/h200/cute-decode-wgmma/``): 256 packed rows
 at D=128 (seed 107 row 0) 362.7 -> 294.0 µs, 128 rows (seed 103 row 0) 540.1 -> 402.1, D=64's 128 rows 0.85-0.91×.
