@@ -13,8 +13,9 @@ Here the same 4 warps are one warpgroup and the same 64 rows one WGMMA M tile, a
   seen as the MN-major B operand.
 
 Everything else is :class:`decode.DecodeKernel`'s: the plan (padded or balanced split, one M tile of 64 rows per
-CTA), the grid, the cp.async ring of ``stages`` 64-key blocks (contiguous or paged), the packed Q load, the
-merge through shared memory (one part: the warpgroup's O and LSE) and the merge kernel. Only the shared layouts
+CTA), the grid, the cp.async ring of ``stages`` 64-key blocks (32 on ``decode.WGMMA_D256``'s (32, 6); contiguous or
+paged), the packed Q load, the merge through shared memory (one part: the warpgroup's O and LSE) and the merge
+kernel. Only the shared layouts
 change: WGMMA's 128-byte-swizzled K-major Q and K, and V's MN-major layout, which the cp.async copy fills through
 a (key, D) view of the same memory.
 

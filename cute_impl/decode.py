@@ -877,8 +877,8 @@ def decode_config(
     the problem's features as compile-time flags; ``balanced``: the balanced split's (always split), its grid's
     M tile on x with ``m_tile_major`` (``splits.balanced_m_tile_major``), its ring ``stages`` deep where given
     (:func:`balanced_ring_stages`), its merge in ``merge_runs`` runs (:func:`balanced_merge_runs`), which its
-    item-share cap counts; ``wgmma``: the tile on WGMMA (:func:`wgmma_tile`), overlapped where its ring has
-    ``WGMMA_OVERLAP_MIN_STAGES``."""
+    item-share cap counts; ``wgmma``: the tile on WGMMA (:func:`wgmma_tile`; at D=256 on ``WGMMA_D256``'s ring,
+    :func:`wgmma_ring`), overlapped where its ring has ``WGMMA_OVERLAP_MIN_STAGES``."""
     shape, row_warps = warp_split(WARPS_SPLIT_ROWS, tile_m_for(problem), problem.head_dim, TILE_CONFIGS)
     shape = wgmma_ring(shape, problem.head_dim, wgmma)
     shape = shape._replace(stages=min(stages, shape.stages)) if stages else shape  # shallower, never deeper
