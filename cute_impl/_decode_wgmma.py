@@ -13,8 +13,9 @@ Here the same 4 warps are one warpgroup and the same 64 rows one WGMMA M tile, a
   seen as the MN-major B operand.
 
 Everything else is :class:`decode.DecodeKernel`'s: the plan (padded or balanced split, one M tile of 64 rows per
-CTA), the grid, the cp.async ring of ``stages`` 64-key blocks (contiguous or paged), the packed Q load, the
-merge through shared memory (one part: the warpgroup's O and LSE) and the merge kernel. Only the shared layouts
+CTA), the grid, the cp.async ring of ``stages`` 64-key blocks (32 on ``decode.WGMMA_D256``'s (32, 6); contiguous or
+paged), the packed Q load, the merge through shared memory (one part: the warpgroup's O and LSE) and the merge
+kernel. Only the shared layouts
 change: WGMMA's 128-byte-swizzled K-major Q and K, and V's MN-major layout, which the cp.async copy fills through
 a (key, D) view of the same memory.
 
@@ -34,6 +35,11 @@ above the step's exp2s, so about half of the second step's softmax runs under P 
 and after the last one its P V is issued alone. Block n-1's V is read during step n, so ``stages - 2`` blocks are in
 flight, not ``stages - 1`` (3 stages at D=128: one; 6 at D=64: four). Measured with every ring overlapped: D=64
 0.93-0.95× the time, D=128 1.00-1.08× (its one block in flight), hence the rule.
+
+At D=256 (``decode.WGMMA_D256``, off, untimed) O is 64 × 256 fp32 (128 registers a thread), S
+``wgmma.m64n{tile_n}k16`` × 16 and P V ``wgmma.m64n256k16`` × tile_n/16, on one of two 224 KB rings (one CTA an SM):
+``TILE_CONFIGS``' 3 stages of 64 keys (Q 32 KB, K and V 32 KB a stage), the one chain a block; or 6 stages of 32 keys,
+overlapped.
 
 Measured (H200, 2026-12-02, ``bench/cute_decode_wgmma_ab.sh``, ``results/h200/cute-decode-wgmma/``): 256 packed rows
 at D=128 (seed 107 row 0) 362.7 -> 294.0 µs, 128 rows (seed 103 row 0) 540.1 -> 402.1, D=64's 128 rows 0.85-0.91×.

@@ -261,6 +261,14 @@ BALANCED_SHALLOW_RING: dict[int, int] = {64: 4, 128: 2}
 # D=64) 214.8 -> 125.9 us, 97/7 0.70x, the other seven sweep rows of 64-127 rows 0.84-0.97x, controls 1.00x (H200,
 # 2026-12-02, results/h200/cute-decode-wgmma-64/). WGMMA_HEAD_DIMS: those compiled.
 WGMMA_MIN_ROWS, WGMMA_HEAD_DIMS = 64, (64, 128)
+# Issue #38's D=256 rows of 64+ packed rows (seed 229 row 2: 256 rows, cute 2092.0 us against gluon's 1206.9, 39 % of
+# the tensor roofline on mma.sync): WGMMA_D256 adds 256 to WGMMA_HEAD_DIMS with the WGMMA tile's ring as (keys a
+# block, stages); None: D=256 stays on mma.sync. Both rings are 224 KB (Q 32 KB, K and V 256 keys' worth), one CTA an
+# SM, so the split rule's WGMMA ask reads CTAS_PER_SM_FIT's one. (64, 3): TILE_CONFIGS' ring, short of the overlap's
+# WGMMA_OVERLAP_MIN_STAGES, so the one chain a block; (32, 6): 32-key blocks, deep enough for the overlap (sm_90a:
+# 204-211 registers, no spills). Untimed (off until bench/cute_decode_wgmma_d256_ab.sh).
+WGMMA_D256: tuple[int, int] | None = None
+WGMMA_D256_RINGS = ((64, 3), (32, 6))
 # The WGMMA tile's ask of the split rule: two CTAs an SM (its ring leaves room for them), so that one CTA's softmax
 # runs under the other's wgmmas where the grid held one an SM: 107/0 295.2 -> 209.7 us, paged(64) 377.4 -> 256.7, rows
 # already past a wave 1.00x; the same ask of the mma.sync tile cost 107/0 at Sq=1 1.02x (H200, 2026-12-02,
@@ -835,12 +843,30 @@ def balanced_split(problem: Problem, device: torch.device | None = None) -> bool
 
 def wgmma_tile(problem: Problem, device: torch.device) -> bool:
     """Whether ``WGMMA_MIN_ROWS`` puts ``problem``'s 64-row tiles on WGMMA on ``device`` (a CUDA device of sm_90, or
-    the CPU, whose compile is for sm_90a): at least that many packed rows, at a head dim in ``WGMMA_HEAD_DIMS``."""
+    the CPU, whose compile is for sm_90a): at least that many packed rows, at a head dim in ``WGMMA_HEAD_DIMS`` (and
+    256 with ``WGMMA_D256``)."""
     rows = problem.kv_group * problem.seqlen_q
-    if not WGMMA_MIN_ROWS or rows < WGMMA_MIN_ROWS or problem.head_dim not in WGMMA_HEAD_DIMS:
+    head_dims = (*WGMMA_HEAD_DIMS, 256) if wgmma_d256_ring() else WGMMA_HEAD_DIMS
+    if not WGMMA_MIN_ROWS or rows < WGMMA_MIN_ROWS or problem.head_dim not in head_dims:
         return False
     hopper = device.type != "cuda" or torch.cuda.get_device_capability(device)[0] == 9
     return hopper and tile_m_for(problem) == 64
+
+
+def wgmma_d256_ring() -> tuple[int, int] | None:
+    """``WGMMA_D256`` checked: None, or one of :data:`WGMMA_D256_RINGS` (those compiled and fitting one CTA an SM)."""
+    if WGMMA_D256 is not None and WGMMA_D256 not in WGMMA_D256_RINGS:
+        raise ValueError(f"cute/decode's WGMMA_D256 must be None or one of {WGMMA_D256_RINGS}, got {WGMMA_D256!r}")
+    return WGMMA_D256
+
+
+def wgmma_ring(shape: TileShape, head_dim: int, wgmma: bool) -> TileShape:
+    """``shape`` (a :data:`TILE_CONFIGS` entry), with ``WGMMA_D256``'s block and stages on the WGMMA tile at D=256: the
+    ring the kernel runs, whose blocks the balanced split's shares count."""
+    ring = wgmma_d256_ring()
+    if wgmma and head_dim == 256 and ring is not None:
+        return shape._replace(tile_n=ring[0], stages=ring[1])
+    return shape
 
 
 def decode_config(
@@ -851,9 +877,10 @@ def decode_config(
     the problem's features as compile-time flags; ``balanced``: the balanced split's (always split), its grid's
     M tile on x with ``m_tile_major`` (``splits.balanced_m_tile_major``), its ring ``stages`` deep where given
     (:func:`balanced_ring_stages`), its merge in ``merge_runs`` runs (:func:`balanced_merge_runs`), which its
-    item-share cap counts; ``wgmma``: the tile on WGMMA (:func:`wgmma_tile`), overlapped where its ring has
-    ``WGMMA_OVERLAP_MIN_STAGES``."""
+    item-share cap counts; ``wgmma``: the tile on WGMMA (:func:`wgmma_tile`; at D=256 on ``WGMMA_D256``'s ring,
+    :func:`wgmma_ring`), overlapped where its ring has ``WGMMA_OVERLAP_MIN_STAGES``."""
     shape, row_warps = warp_split(WARPS_SPLIT_ROWS, tile_m_for(problem), problem.head_dim, TILE_CONFIGS)
+    shape = wgmma_ring(shape, problem.head_dim, wgmma)
     shape = shape._replace(stages=min(stages, shape.stages)) if stages else shape  # shallower, never deeper
     return DecodeConfig(
         dtype=problem.dtype,
@@ -868,8 +895,7 @@ def decode_config(
         split=split,
         paged=problem.paged,
         merge_splits_per_step=MERGE_SPLITS_PER_STEP,
-        balanced_min_blocks=balanced
-        and splits.balanced_min_share_blocks(TILE_CONFIGS[problem.head_dim].tile_n, BALANCED_MIN_KEYS),
+        balanced_min_blocks=balanced and splits.balanced_min_share_blocks(shape.tile_n, BALANCED_MIN_KEYS),
         balanced_max_shares=checked_item_cap(BALANCED_MAX_ITEM_SHARES) * merge_runs if balanced else 0,
         merge_slabs_from_split=balanced and MERGE_SLABS_FROM_SPLIT,
         m_tile_major=balanced and m_tile_major,
@@ -920,7 +946,8 @@ def seqlen_k_decisions(problem: Problem, device: torch.device, num_splits: int |
     (``RungHost``'s growing binder)."""
     m_blocks = m_blocks_for(problem)
     if balanced_split(problem, device):
-        tile_n, shares = TILE_CONFIGS[problem.head_dim].tile_n, (BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS)
+        tile_n = wgmma_ring(TILE_CONFIGS[problem.head_dim], problem.head_dim, wgmma_tile(problem, device)).tile_n
+        shares = (BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS)
         rule = {"target": BALANCED_TARGET, "ctas_per_sm": CTAS_PER_SM_FIT[problem.head_dim]}
         return True, splits.resolve_balanced_shares(num_splits, problem, device, m_blocks, tile_n, *shares, **rule)
     return False, splits.resolve_num_splits(num_splits, problem, m_blocks, device, split_policy(problem, device))
