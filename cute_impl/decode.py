@@ -266,8 +266,10 @@ WGMMA_MIN_ROWS, WGMMA_HEAD_DIMS = 64, (64, 128)
 # block, stages); None: D=256 stays on mma.sync. Both rings are 224 KB (Q 32 KB, K and V 256 keys' worth), one CTA an
 # SM, so the split rule's WGMMA ask reads CTAS_PER_SM_FIT's one. (64, 3): TILE_CONFIGS' ring, short of the overlap's
 # WGMMA_OVERLAP_MIN_STAGES, so the one chain a block; (32, 6): 32-key blocks, deep enough for the overlap (sm_90a:
-# 204-211 registers, no spills). Untimed (off until bench/cute_decode_wgmma_d256_ab.sh).
-WGMMA_D256: tuple[int, int] | None = None
+# 204-211 registers, no spills). H200, 2026-12-04 (results/h200/decode-many-rows-2026-12-04/, 2 rounds): the seven
+# rows of 128-256 packed rows at D=256 0.69-0.75x on either ring (229/2 2109.6 -> 1476.7 us at (64, 3), 1482.7 at
+# (32, 6): the overlap buys nothing here), the control 1.00x; (64, 3) taken, the shorter loop.
+WGMMA_D256: tuple[int, int] | None = (64, 3)
 WGMMA_D256_RINGS = ((64, 3), (32, 6))
 # The WGMMA tile's ask of the split rule: two CTAs an SM (its ring leaves room for them), so that one CTA's softmax
 # runs under the other's wgmmas where the grid held one an SM: 107/0 295.2 -> 209.7 us, paged(64) 377.4 -> 256.7, rows

@@ -98,8 +98,9 @@ def test_the_mma_sync_tile_keeps_its_ask():
     assert decode.launch_plan(problem, CPU)[0] == 4
 
 
-# Problems the setting leaves: 64 packed rows (under the threshold), D=256 (not compiled), 32 rows at D=128 (a 32-row
-# tile), and 128 rows on a CUDA device of another generation is not checked here (no GPU).
+# Problems the setting leaves: 64 packed rows (under the threshold), D=256 with its own switch off (WGMMA_D256 None;
+# tests/test_cute_decode_wgmma_d256.py has it on), 32 rows at D=128 (a 32-row tile), and 128 rows on a CUDA device of
+# another generation is not checked here (no GPU).
 LEFT = {
     "d128-64rows": _problem(2, 8, 4, 16, 32768, 128),
     "d256-256rows": _problem(2, 4, 16, 16, 32768, 256),
@@ -108,7 +109,8 @@ LEFT = {
 
 
 @pytest.mark.parametrize("case", sorted(LEFT))
-def test_on_leaves_other_plans(case: str):
+def test_on_leaves_other_plans(case: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(decode, "WGMMA_D256", None)
     assert _plan(LEFT[case], ON) == _plan(LEFT[case], 0)
 
 

@@ -1,9 +1,10 @@
-"""Issue #38's D=256 rows of 64+ packed rows in cute/decode: ``decode.WGMMA_D256`` (None: off; untimed) adds D=256 to
+"""Issue #38's D=256 rows of 64+ packed rows in cute/decode: ``decode.WGMMA_D256`` ((64, 3) since its H200 A/B; None:
+off) adds D=256 to
 the head dims whose 64-row tiles run on one warpgroup's WGMMA (``cute_impl/_decode_wgmma.py``) instead of 4 warps'
 mma.sync (seed 229 row 2, 256 packed rows at D=256: cute 2092.0 us against gluon's 1206.9 on an H200), on a ring of
 (keys a block, stages): (64, 3), ``TILE_CONFIGS``' (the one chain a block), or (32, 6) (overlapped).
 
-CPU: off by default, and then seed 229 row 2 keeps the mma.sync tile; at (64, 3) its compile key and a paged ragged
+CPU: (64, 3) by default, None keeping seed 229 row 2 on the mma.sync tile; at (64, 3) its compile key and a paged ragged
 shape's gain ``wgmma`` and nothing else of the plan changes (tile, M tiles, split count, slabs); at (32, 6) the ring's
 blocks halve, the overlap is on and the balanced split's least share stays 512 keys; the split rule's ask reads one CTA
 an SM on both rings, whose Q and ring (224 KB) leave no room for a second; D=64 and D=128 rows and D=256 rows under 64
@@ -58,8 +59,12 @@ def _plan(problem, ring: tuple[int, int] | None) -> tuple:
         return num_splits, slabs, items, config, decode.m_blocks_for(problem)
 
 
-def test_off_by_default():
-    assert decode.WGMMA_D256 is None and set(decode.WGMMA_D256_RINGS) == set(RINGS)
+def test_the_default_is_the_chain_ring_and_none_is_the_mma_sync_tile(monkeypatch: pytest.MonkeyPatch):
+    """(64, 3), as timed (both rings 0.69-0.75x the mma.sync tile's time on the class, level with each other); None
+    keeps seed 229 row 2 on the mma.sync tile."""
+    assert decode.WGMMA_D256 == CHAIN and set(decode.WGMMA_D256_RINGS) == set(RINGS)
+    assert decode.launch_plan(SEED229_ROW2, CPU)[3].wgmma is True
+    monkeypatch.setattr(decode, "WGMMA_D256", None)
     assert decode.launch_plan(SEED229_ROW2, CPU)[3].wgmma is False
     assert type(decode.decode_kernel(decode.compile_plan(SEED229_ROW2))) is decode.DecodeKernel
 

@@ -840,9 +840,12 @@ def test_gluon_decode_refuses_with_a_reason(problem: Problem, needs: str):
 
 
 def test_gluon_split_plan_counts_its_own_m_tiles(monkeypatch: pytest.MonkeyPatch):
-    # 16 tokens of 32 query heads over one KV head: 512 packed rows, eight 64-row M tiles per sequence.
+    # 16 tokens of 32 query heads over one KV head: 512 packed rows, eight 64-row M tiles per sequence, two a CTA
+    # (TWO_CONSUMERS at D=128: four CTAs a sequence and split); one a CTA without it.
     mqa = Problem(2, 32, 16, 131072, 128, kv_heads=1)
-    assert gluon_decode.m_blocks_for(mqa) == 8
+    assert gluon_decode.m_blocks_for(mqa) == 8 and gluon_decode.consumers_for(mqa, CPU) == 2
+    assert gluon_decode.planned_num_splits(mqa, CPU) == splits.choose_num_splits(2 * 4, 131072, splits.DEFAULT_SM_COUNT)
+    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", {})
     expected = splits.choose_num_splits(2 * 8, 131072, splits.DEFAULT_SM_COUNT)
     assert gluon_decode.planned_num_splits(mqa, CPU) == expected
     # One token of a group of 4: one tile; the rule then matches triton/decode's for the same CTAs and the

@@ -126,6 +126,8 @@ def test_gluon_grid_swaps_on_the_balanced_split_only(monkeypatch: pytest.MonkeyP
     q, k, v = make_inputs(problem, seed=0, device="cpu")
     lengths = torch.tensor((65536, 0, 7), dtype=torch.int32)
     monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", "always")
+    # One consumer a CTA in the balanced split: this test's M tiles are the grid's.
+    monkeypatch.setattr(gluon_decode, "BALANCED_TWO_CONSUMERS", ())
     monkeypatch.setattr(gluon_decode, "M_TILE_MAJOR", False)
     off = gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=5)
     monkeypatch.setattr(gluon_decode, "M_TILE_MAJOR", True)

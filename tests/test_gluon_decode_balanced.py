@@ -75,6 +75,8 @@ def test_balanced_grid_and_workspace_follow_the_shape(monkeypatch: pytest.Monkey
     monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", "always")
     monkeypatch.setattr(_decode_balanced, "BALANCED_TARGET", "per-sm")
     monkeypatch.setattr(gluon_decode, "BALANCED_SHARES_BY_SLOTS", True)
+    # One consumer a CTA: this test's M tiles are the grid's (two a CTA: tests/test_gluon_decode_two_consumers.py).
+    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", {})
     problem = _problem(3, 32, 2, 8, 65536, 128)  # 128 packed rows: two 64-row M tiles
     q, k, v = make_inputs(problem, seed=0, device="cpu")
     lengths = torch.tensor((65536, 0, 7), dtype=torch.int32)
@@ -100,8 +102,7 @@ def test_balanced_grid_and_workspace_follow_the_shape(monkeypatch: pytest.Monkey
         gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=0)
     monkeypatch.setattr(gluon_decode, "BALANCED_SPLIT", "never")
     default = gluon_decode.bind(q, k, v, problem, cache_seqlens=lengths, num_splits=5)
-    # The padded split's two M tiles are one CTA's two consumers (TWO_CONSUMERS at D=128).
-    assert not default.balanced and default.split_grid == (5, 1, 6) and default.split_args[-4:] == (None,) * 4
+    assert not default.balanced and default.split_grid == (5, 2, 6) and default.split_args[-4:] == (None,) * 4
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -152,6 +152,7 @@ def test_knob_plan_names_the_items_kernel_where_it_is_taken(monkeypatch: pytest.
     from bench.decode_knob_ab import knob_plan, parse_row
 
     plans = {}
+    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", {})  # 151/1 off the items kernel: one consumer a CTA
     for switch in (False, True):
         monkeypatch.setattr(gluon_decode, "ITEMS_IN_FLIGHT", switch)
         plans[switch] = {row: knob_plan("gluon/decode", parse_row(row)[1], CPU) for row in ("151/1", "151/0")}

@@ -1,21 +1,24 @@
 """gluon/decode's ``TWO_CONSUMERS`` (issue #38's compute-bound class, seeds 229 and 233: 256 packed rows a KV head):
-the padded split's items of two or more M tiles take them two a CTA, on two consumer partitions and a load warp that
-share one ring (on at D=128 since its H200 A/B: 6 stages of 64 keys at two M tiles, 3 of 128 past them).
+items of two or more M tiles take them two a CTA, on two consumer partitions and a load warp that share one ring (on
+since the H200 A/Bs: D=128 on 6 stages of 64 keys at two M tiles and 3 of 128 past them, D=64 on 8 of 64 and 4 of
+128; the balanced split's calls too at D=128, ``BALANCED_TWO_CONSUMERS``).
 
-CPU: what the default takes (D=128 items of two or more M tiles; not D=256 or D=64, not one tile, the balanced split
-keeping one consumer, and so does a two-consumer split the balanced switch would take) and with which ring; the plan
-it gives seed 233's row 5 (the grid's M extent halved, the arrival counters of every M tile, the ring and registers)
-and seed 139's row 1 (the split rule fed the CTA's M tiles).
+CPU: what the default takes (D=128 and D=64 items of two or more M tiles; not D=256, not one tile, not the rows
+``ITEMS_IN_FLIGHT``'s kernel takes, not a two-consumer split the balanced switch would take; the balanced split at
+D=128 only) and with which ring; the plans of seed 233's row 5 (the grid's M extent halved, the arrival counters of
+every M tile, the ring and registers), seed 139's row 1 (the split rule fed the CTA's M tiles) and seed 92's row 0
+(the balanced kernel on two consumers); the release whose page-chunk builds spill keeping one consumer there.
 
-Static (sm_90a, child process, the running Triton release): the two-consumer builds (D=128, and D=256 as a candidate)
-without spills or local memory (two builds: two 4-byte arguments), in the shared memory one CTA an SM
-has, with the setmaxnreg budgets; the switch leaving every build it does not take instruction for instruction.
+Static (sm_90a, child process, the running Triton release): the two-consumer builds (D=128, the balanced one, and
+D=256 as a candidate) without spills or local memory (two builds: two 4-byte arguments), in the shared memory one
+CTA an SM has, with the setmaxnreg budgets; the switch leaving every build it does not take instruction for
+instruction.
 
-GPU (``gpu``; ``bench/two_consumers_ab.sh`` runs them first): against fp64 on a poisoned output with the two-consumer
-plan checked to be the one launched, for the default rings and the candidates timed beside them: full and ragged
-caches (an empty sequence too), paged (pages of 16, 64 and 256), an odd count of M tiles, both causal alignments and
-none, GQA groups 5 to 128, D 128 / 256, fp16, the LSE, splits; a planted grid one M extent short (its last M tiles
-never computed) fails the check.
+GPU (``gpu``; the A/B scripts run them first): against fp64 on a poisoned output with the two-consumer plan checked to
+be the one launched, for the default rings and the candidates timed beside them: full and ragged caches (an empty
+sequence too), paged (pages of 16, 64 and 256), an odd count of M tiles, both causal alignments and none, GQA groups 5
+to 128, D 64 / 128 / 256, fp16, the LSE, splits, the balanced split and its two-level merge; a planted grid one M
+extent short (its last M tiles never computed) fails the check.
 """
 
 from __future__ import annotations
@@ -50,11 +53,10 @@ def _problem(batch: int, kv_heads: int, seqlen_k: int, head_dim: int = 128, **ch
 # The rings timed (head dim -> (ring at two M tiles, ring past two), each (key block, stages)): the default's, then
 # the candidates it was chosen from (gluon/hopper's two stages; D=256 is not taken by the default).
 CANDIDATES = {
-    "default": {128: ((64, 6), (128, 3))},
+    "default": {128: ((64, 6), (128, 3)), 64: ((64, 8), (128, 4))},
     "hopper-rings": {128: ((128, 2), (128, 2)), 256: ((64, 2), (64, 2))},
     "d256-deep": {256: ((32, 5), (32, 5))},
     "d256-small-blocks": {256: ((32, 4), (32, 4))},
-    "d64": {64: ((64, 8), (128, 4))},
 }
 RINGS = CANDIDATES["default"]
 
@@ -70,25 +72,28 @@ SHAPES = [
     ("139/1: D=128, 256 rows, two splits", _row(139, 1).problem, True),
     ("80 rows: two M tiles", _problem(8, 8, 8192, group=5), True),
     ("64 rows: one M tile", _problem(8, 8, 8192, group=4), False),
-    ("D=64", _row(234, 1).problem, False),
+    ("D=64, 256 rows", _row(234, 1).problem, True),
+    ("D=64, 256 rows: the items kernel's", _row(231, 6).problem, False),
 ]
 
 
 def test_default_takes_d128_items_of_two_or_more_tiles(monkeypatch: pytest.MonkeyPatch):
-    """As timed: D=128 items of two M tiles on 6 stages of 64 keys, of more on 3 of 128; D=256 and D=64 keep one
-    consumer; off ({}), nothing (planted: the 128-key ring at two M tiles, which lost there)."""
+    """As timed: D=128 items of two M tiles on 6 stages of 64 keys, of more on 3 of 128; D=64 on 8 of 64 and 4 of 128,
+    where ``ITEMS_IN_FLIGHT``'s kernel does not take the row; D=256 keeps one consumer; off ({}), nothing."""
     assert gluon_decode.TWO_CONSUMERS == RINGS
-    assert {name: gluon_decode.two_consumers(problem) for name, problem, _ in SHAPES} == {
+    assert {name: gluon_decode.consumers_for(problem, CPU) == 2 for name, problem, _ in SHAPES} == {
         name: taken for name, _, taken in SHAPES
     }
+    assert gluon_decode.items_in_flight(_row(231, 6).problem, CPU)
     rings = {name: gluon_decode.two_consumer_config(problem) for name, problem, taken in SHAPES if taken}
     assert {name: (config.block_n, config.num_stages) for name, config in rings.items()} == {
         "233/5: D=128, 256 rows": (128, 3),
         "139/1: D=128, 256 rows, two splits": (128, 3),
         "80 rows: two M tiles": (64, 6),
+        "D=64, 256 rows": (128, 4),
     }
     monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", {})
-    assert not any(gluon_decode.two_consumers(problem) for _, problem, _ in SHAPES)
+    assert not any(gluon_decode.consumers_for(problem, CPU) == 2 for _, problem, _ in SHAPES)
     monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", RINGS)
     monkeypatch.setattr(gluon_decode, "WIDE_M_TILE", True)  # its 128-row tile is one M tile of two warpgroups
     assert not gluon_decode.two_consumers(_row(233, 5).problem)
@@ -165,14 +170,12 @@ def test_a_split_the_balanced_switch_would_take_keeps_one_consumer(monkeypatch: 
 
 
 def test_balanced_two_consumers_plan(monkeypatch: pytest.MonkeyPatch):
-    """``BALANCED_TWO_CONSUMERS`` (off): seed 92's row 0 (ragged, pages of 16, 256 rows) takes the balanced kernel on
-    two consumers: the grid's M extent halved (1 of 2: the M tile on x), the target shares fed the CTA's M tile on the
-    one-CTA ring (6 stages of 64 keys here: two M tiles), the ring kept at its depth, one arrival counter per 64-row M
-    tile and slab (the two-level merge's)."""
+    """``BALANCED_TWO_CONSUMERS`` (D=128, as timed): seed 92's row 0 (ragged, pages of 16, 256 rows) takes the balanced
+    kernel on two consumers: the grid's M extent halved (1 of 2: the M tile on x), the target shares fed the CTA's M
+    tile on the one-CTA ring (6 stages of 64 keys here: two M tiles), the ring kept at its depth, one arrival counter
+    per 64-row M tile and slab (the two-level merge's); () keeps one consumer."""
     problem = _row(92, 0).problem
-    assert gluon_decode.BALANCED_TWO_CONSUMERS is False
-    assert gluon_decode.GluonDecodePlan(problem, CPU).consumers == 1
-    monkeypatch.setattr(gluon_decode, "BALANCED_TWO_CONSUMERS", True)
+    assert gluon_decode.BALANCED_TWO_CONSUMERS == (128,)
     plan = gluon_decode.GluonDecodePlan(problem, CPU)
     assert plan.balanced and plan.consumers == 2 and plan.split_options["CONSUMERS"] == 2
     assert plan.split_grid == (1, plan.num_splits + plan.items), plan.split_grid
@@ -185,14 +188,20 @@ def test_balanced_two_consumers_plan(monkeypatch: pytest.MonkeyPatch):
     expected = gluon_decode.balanced_sizes(problem, CPU, None, 1, 64, *slots)[1]
     assert plan.num_splits == expected, (plan.num_splits, expected)
     assert plan.work_items == 2 * (plan.num_splits + plan.items) * 2
+    monkeypatch.setattr(gluon_decode, "BALANCED_TWO_CONSUMERS", ())
+    assert gluon_decode.GluonDecodePlan(problem, CPU).consumers == 1
 
 
-def test_balanced_split_keeps_one_consumer(monkeypatch: pytest.MonkeyPatch):
-    problem = _row(176, 6).problem  # ragged, 256 rows: the balanced split
-    monkeypatch.setattr(gluon_decode, "TWO_CONSUMERS", RINGS)
-    assert gluon_decode.two_consumers(problem)
-    plan = gluon_decode.GluonDecodePlan(problem, CPU)
-    assert plan.balanced and plan.consumers == 1 and plan.split_options["CONSUMERS"] == 1
+def test_balanced_split_at_an_untimed_head_dim_keeps_one_consumer():
+    """D=64's balanced calls (untimed on two consumers) keep one consumer; D=128's take two."""
+    d64 = _problem(3, 4, 8192, head_dim=64, has_cache_seqlens=True)  # ragged, 256 rows: the balanced split
+    d128 = _row(176, 6).problem
+    assert gluon_decode.two_consumers(d64) and gluon_decode.two_consumers(d128)
+    plans = [gluon_decode.GluonDecodePlan(problem, CPU) for problem in (d64, d128)]
+    assert [(plan.balanced, plan.consumers, plan.split_options["CONSUMERS"]) for plan in plans] == [
+        (True, 1, 1),
+        (True, 2, 2),
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -222,7 +231,7 @@ SETMAXNREG = r"USETMAXREG\.\w+\.CTAPOOL (?:UP0, )?(0x[0-9a-f]+)"
 results = {}
 for name, switch in json.loads(sys.argv[1]):
     decode.TWO_CONSUMERS = {128: ((64, 6), (128, 3)), 256: ((32, 5), (32, 5))} if switch else {}
-    decode.BALANCED_TWO_CONSUMERS = switch
+    decode.BALANCED_TWO_CONSUMERS = (128,) if switch else ()
     (binary,) = decode.compile_sm90(rows[name])
     (kernel, usage), = cubin_resources(binary.cubin).items()
     sass = cubin_sass(binary.cubin)
@@ -355,7 +364,7 @@ def test_gpu_balanced_two_consumers_against_fp64(case: str, monkeypatch: pytest.
     problem, lengths = BALANCED_GPU_CASES[case]
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    monkeypatch.setattr(gluon_decode, "BALANCED_TWO_CONSUMERS", True)
+    monkeypatch.setattr(gluon_decode, "BALANCED_TWO_CONSUMERS", (128,))
     plan = gluon_decode.GluonDecodePlan(problem, torch.device("cuda"))
     assert plan.balanced and plan.consumers == 2, problem.describe()
     clear_plan_cache()

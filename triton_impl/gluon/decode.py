@@ -337,16 +337,21 @@ ITEMS_MANY_ROWS_HEAD_DIMS = (64,)
 #   bandwidth, 59 -> 78 % of the roofline), the 128-row rows 0.92-1.10x;
 # - D=128, 6 stages of 64 keys: the 128-row rows 0.87-0.99x, the 256-row rows 0.82-0.96x (O's rescale and a block's
 #   fixed steps come twice as often a key);
-# - D=256 (64 keys x 2, 32 x 5, 32 x 4): 0.94-1.38x, where the one-consumer ring already holds 3 stages of 64 keys.
-TWO_CONSUMERS: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {128: ((64, 6), (128, 3))}
+# - D=256 (64 keys x 2, 32 x 5, 32 x 4): 0.94-1.38x, where the one-consumer ring already holds 3 stages of 64 keys;
+# - D=64, 8 stages of 64 keys at two M tiles, 4 of 128 past them (results/h200/decode-many-rows-2026-12-04/): the five
+#   rows the padded split kernel ran 0.78-0.92x (234/1 1228.0 -> 987.6 us), the three ITEMS_IN_FLIGHT ran 0.95-1.06x:
+#   that kernel keeps its rows (``items_in_flight`` is asked first).
+TWO_CONSUMERS: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {128: ((64, 6), (128, 3)), 64: ((64, 8), (128, 4))}
 # Triton releases whose two-consumer build spills where a key block is copied in page chunks (3.9: 64-88 bytes a
 # thread with the LSE, pages of 16 to 64; 3.6, 3.7.1 and 3.8 none but two 4-byte arguments in two builds, reloaded in
 # the consumers' loops from L1):
 # one consumer there.
 TWO_CONSUMER_CHUNK_SPILLS = ("3.9",)
-# The balanced split's calls (ragged or paged batches the rule splits, long chains) of the same class on two consumers
-# too: the balanced kernel's grid with half the M extent, its target shares fed the CTA's M tiles on that ring. Untimed.
-BALANCED_TWO_CONSUMERS = False
+# Head dims whose balanced split's calls (ragged or paged batches the rule splits, long chains) of the same class take
+# two consumers too: the balanced kernel's grid with half the M extent, its target shares fed the CTA's M tiles on that
+# ring. H200, 2026-12-04 (results/h200/decode-many-rows-2026-12-04/, D=128): six of seven ragged rows of the class
+# 0.84-0.98x (176/6 192.8 -> 162.3 us), 62/1 (Sq=8, two M tiles) 1.04x, the control 1.00x. D=64's untimed: not taken.
+BALANCED_TWO_CONSUMERS: tuple[int, ...] = (128,)
 # setmaxnreg of each consumer (the register file less the load warp's warpgroup, over two warpgroups: 232) and the
 # registers a thread at launch (the file over the CTA's three warpgroups: 168).
 TWO_CONSUMER_REGISTERS = (65536 - PAGED_LOAD_REGISTERS.value * WARPGROUP_THREADS) // (2 * WARPGROUP_THREADS) // 8 * 8
@@ -1156,8 +1161,8 @@ def two_consumer_config(problem: Problem) -> DecodeConfig:
 
 def consumers_for(problem: Problem, device: torch.device | None = None) -> int:
     """M tiles a CTA of ``problem``'s launch on ``device`` (None: the default SM count, as the sm_90a compile): two
-    where ``two_consumers`` takes it and either the balanced split takes it under ``BALANCED_TWO_CONSUMERS`` or the
-    two-consumer split is one that
+    where ``two_consumers`` takes it and either the balanced split takes it at a head dim of ``BALANCED_TWO_CONSUMERS``
+    or, ``ITEMS_IN_FLIGHT``'s kernel not taking it, the two-consumer split is one that
     ``BALANCED_SPLIT`` would leave padded (no split of a ragged batch, no merge chain past
     ``splits.LONG_CHAIN_SPLITS``: its CTAs hold twice the rows, so the rule may split an item twice as often; H200,
     seed 222's row 2, B=1 Hkv=2: 63 splits 157.2 us against one consumer's 32 in 122.0); else one."""
@@ -1165,7 +1170,9 @@ def consumers_for(problem: Problem, device: torch.device | None = None) -> int:
     if not two_consumers(problem):
         return 1
     if balanced_split(problem, device):
-        return 2 if BALANCED_TWO_CONSUMERS else 1
+        return 2 if problem.head_dim in BALANCED_TWO_CONSUMERS else 1
+    if items_in_flight(problem, device):
+        return 1
     policy = split_policy(problem, two_consumer_config(problem))
     rule = lambda: splits.planned_num_splits(problem, grid_m_blocks(problem, 2), device, policy)  # noqa: E731
     return 1 if splits.balanced_split_applies(BALANCED_SPLIT, problem, rule) else 2
@@ -1311,13 +1318,15 @@ def items_in_flight(problem: Problem, device: torch.device | None = None) -> boo
         or problem.head_dim not in ITEMS_HEAD_DIMS
         or wide_m_tile(problem)
         or packed_occupancy(problem)
-        or two_consumers(problem)
     ):
         return False
     many_rows = problem.head_dim in ITEMS_MANY_ROWS_HEAD_DIMS and m_blocks_for(problem) >= 2
     if ITEMS_IN_FLIGHT == "many-rows" and not many_rows:
         return False
-    if balanced_split(problem, device) or planned_num_splits(problem, device or torch.device("cpu")) != 1:
+    # One split by the one-consumer rule (the kernel's tiles are 64 rows a CTA); asked before TWO_CONSUMERS.
+    rule_device = device or torch.device("cpu")
+    one_consumer = splits.planned_num_splits(problem, m_blocks_for(problem), rule_device, split_policy(problem))
+    if balanced_split(problem, device) or one_consumer != 1:
         return False
     return items_tiles(problem) > items_grid(problem, device)
 
