@@ -1173,9 +1173,8 @@ def consumers_for(problem: Problem, device: torch.device | None = None) -> int:
         return 2 if problem.head_dim in BALANCED_TWO_CONSUMERS else 1
     if items_in_flight(problem, device):
         return 1
-    policy = split_policy(problem, two_consumer_config(problem))
-    rule = lambda: splits.planned_num_splits(problem, grid_m_blocks(problem, 2), device, policy)  # noqa: E731
-    return 1 if splits.balanced_split_applies(BALANCED_SPLIT, problem, rule) else 2
+    two_consumer_splits = lambda: rule_splits(problem, device, 2)  # noqa: E731
+    return 1 if splits.balanced_split_applies(BALANCED_SPLIT, problem, two_consumer_splits) else 2
 
 
 def grid_m_blocks(problem: Problem, consumers: int) -> int:
@@ -1183,12 +1182,19 @@ def grid_m_blocks(problem: Problem, consumers: int) -> int:
     return -(-m_blocks_for(problem) // consumers)
 
 
-def planned_num_splits(problem: Problem, device: torch.device) -> int:
-    """The shared split rule (``common/contract/splits.py``) on this rung's padded launch: its CTAs' M tiles (two a
-    CTA where ``consumers_for`` says so, on ``TWO_CONSUMERS``' ring) and policy."""
-    consumers = consumers_for(problem, device)
+def rule_splits(
+    problem: Problem, device: torch.device, consumers: int = 1, policy: splits.SplitPolicy | None = None
+) -> int:  # fmt: skip
+    """The shared split rule (``common/contract/splits.py``) on a launch of ``consumers`` M tiles a CTA: its grid's M
+    extent and ``policy`` (default: ``split_policy`` of that launch's ring, ``TWO_CONSUMERS``' for two)."""
     config = two_consumer_config(problem) if consumers == 2 else None
-    return splits.planned_num_splits(problem, grid_m_blocks(problem, consumers), device, split_policy(problem, config))
+    policy = policy or split_policy(problem, config)
+    return splits.planned_num_splits(problem, grid_m_blocks(problem, consumers), device, policy)
+
+
+def planned_num_splits(problem: Problem, device: torch.device) -> int:
+    """The split rule on this rung's padded launch of ``problem`` on ``device`` (its consumers, ``consumers_for``)."""
+    return rule_splits(problem, device, consumers_for(problem, device))
 
 
 def balanced_spills(head_dim: int) -> bool:
@@ -1206,9 +1212,7 @@ def balanced_split(problem: Problem, device: torch.device | None = None) -> bool
     policy = split_policy(problem)
     if BALANCED_PAST_SHORT_CACHE and past_short_few_waves(problem, rule_device):
         policy = replace(policy, short_one_split=False)
-    return splits.balanced_split_applies(
-        BALANCED_SPLIT, problem, lambda: splits.planned_num_splits(problem, m_blocks_for(problem), rule_device, policy)
-    )
+    return splits.balanced_split_applies(BALANCED_SPLIT, problem, lambda: rule_splits(problem, rule_device, 1, policy))
 
 
 def past_short_few_waves(problem: Problem, device: torch.device) -> bool:
@@ -1325,8 +1329,7 @@ def items_in_flight(problem: Problem, device: torch.device | None = None) -> boo
         return False
     # One split by the one-consumer rule (the kernel's tiles are 64 rows a CTA); asked before TWO_CONSUMERS.
     rule_device = device or torch.device("cpu")
-    one_consumer = splits.planned_num_splits(problem, m_blocks_for(problem), rule_device, split_policy(problem))
-    if balanced_split(problem, device) or one_consumer != 1:
+    if balanced_split(problem, device) or rule_splits(problem, rule_device) != 1:
         return False
     return items_tiles(problem) > items_grid(problem, device)
 
