@@ -46,13 +46,15 @@ one CTA of 8 warps holds two 64-row M tiles, the tiled MMAs' two atoms along M, 
 its warpgroup's 64 rows and each warpgroup issues and waits for its own wgmmas. Both warpgroups share one ring of
 ``decode.TWO_WARPGROUP_RINGS``' 6 stages (Q 32 KB, 192 KB of K/V, one CTA an SM, overlapped, 4 blocks in flight: the
 two one-warpgroup CTAs' 2 + 2) and both issue its cp.async copies, 256 threads a block. Not a producer warp: this
-kernel's ring is cp.async, whose hand-over is each thread's ``wait_group`` then the CTA barrier, and that barrier
-(256 threads, in ``wait_kv_block``) already counts both warpgroups' arrivals before a slot is refilled or read, as
-gluon/decode's per-slot empty barrier does; a producer would need an mbarrier ring (TMA, or cp.async's
-``cp.async.mbarrier.arrive``) and setmaxnreg, with no register pressure to relieve (186 registers, no spills). The
-price: the barrier keeps the warpgroups within a step of each other, so their softmaxes overlap each other's wgmmas
-only inside that step. Each K/V block is read from L2 once per 128 rows, not per 64; the split rule is fed the
-halved M tiles and one CTA an SM (``decode.padded_m_blocks``, ``split_policy``).
+kernel's ring is cp.async, whose hand-over is each thread's ``wait_group`` then a CTA barrier, and its two CTA barriers
+a step (256 threads) already count both warpgroups' arrivals: ``wait_kv_block``'s before a block is read (gluon's
+ready barrier) and ``load_kv_ahead``'s before a slot is refilled, which each thread reaches only after its own
+warpgroup's ``wait_group`` retired the P V that read the slot (gluon's per-slot empty barrier counting both
+consumers). A producer would need an mbarrier ring (TMA, or ``cp.async.mbarrier.arrive``) and setmaxnreg, with no
+register pressure to relieve (186 registers, no spills). The price: the barriers keep the two warpgroups in one step,
+so the tensor cores see both warpgroups' wgmmas together and both softmaxes together, under their P Vs. Each K/V block
+is read from L2 once per 128 rows, not per 64; the split rule is fed the halved M tiles and one CTA an SM
+(``decode.padded_m_blocks``, ``split_policy``).
 
 Measured (H200, 2026-12-02, ``bench/cute_decode_wgmma_ab.sh``, ``results/h200/cute-decode-wgmma/``): 256 packed rows
 at D=128 (seed 107 row 0) 362.7 -> 294.0 µs, 128 rows (seed 103 row 0) 540.1 -> 402.1, D=64's 128 rows 0.85-0.91×.
