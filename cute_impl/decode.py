@@ -839,18 +839,20 @@ def padded_m_blocks(problem: Problem, device: torch.device) -> int:
 
 
 def planned_num_splits(problem: Problem, device: torch.device) -> int:
-    """The shared split rule (``common/contract/splits.py``) for this rung's padded CTAs along M and policy."""
-    return splits.planned_num_splits(problem, padded_m_blocks(problem, device), device, split_policy(problem, device))
+    """The shared split rule (``common/contract/splits.py``) for this rung's one-warpgroup M tiles and policy: the
+    balanced split's question, which the padded split's two-warpgroup CTA leaves as it was."""
+    return splits.planned_num_splits(problem, m_blocks_for(problem), device, split_policy(problem, device))
 
 
-def split_policy(problem: Problem, device: torch.device | None = None) -> splits.SplitPolicy:
+def split_policy(
+    problem: Problem, device: torch.device | None = None, two_warpgroups: bool = False
+) -> splits.SplitPolicy:  # fmt: skip
     """This rung's ask of the split rule, from its fifth-stop switches (default: the rule as it was); the WGMMA
     tile asks for ``WGMMA_SPLIT_CTAS_PER_SM`` (``device`` as :func:`wgmma_tile` reads it; None: the sm_90a compile),
-    the padded split's two-warpgroup CTA for the one its ring leaves room for (``TWO_WARPGROUP_CTAS_PER_SM``)."""
+    the padded split's ``two_warpgroups`` CTA for the one its ring leaves room for (``TWO_WARPGROUP_CTAS_PER_SM``)."""
     fit = CTAS_PER_SM_FIT[problem.head_dim]
-    device = device or torch.device("cpu")
-    ctas_per_sm = WGMMA_SPLIT_CTAS_PER_SM if wgmma_tile(problem, device) else SPLIT_CTAS_PER_SM
-    if two_warpgroup_tile(problem, device):
+    ctas_per_sm = WGMMA_SPLIT_CTAS_PER_SM if wgmma_tile(problem, device or torch.device("cpu")) else SPLIT_CTAS_PER_SM
+    if two_warpgroups:
         ctas_per_sm = TWO_WARPGROUP_CTAS_PER_SM
     return splits.SplitPolicy(min(ctas_per_sm, fit), SHORT_CACHE_ONE_SPLIT, FEWER_WAVES)
 
@@ -988,8 +990,9 @@ def seqlen_k_decisions(problem: Problem, device: torch.device, num_splits: int |
         shares = (BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS)
         rule = {"target": BALANCED_TARGET, "ctas_per_sm": CTAS_PER_SM_FIT[problem.head_dim]}
         return True, splits.resolve_balanced_shares(num_splits, problem, device, m_blocks, tile_n, *shares, **rule)
-    m_blocks = padded_m_blocks(problem, device)
-    return False, splits.resolve_num_splits(num_splits, problem, m_blocks, device, split_policy(problem, device))
+    # The padded split: its CTAs along M and what an SM holds of them, two tiles a CTA on the two-warpgroup tile.
+    policy = split_policy(problem, device, two_warpgroup_tile(problem, device))
+    return False, splits.resolve_num_splits(num_splits, problem, padded_m_blocks(problem, device), device, policy)
 
 
 def launch_plan(problem: Problem, device: torch.device, num_splits: int | None = None) -> tuple:
