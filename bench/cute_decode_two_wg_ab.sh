@@ -4,7 +4,7 @@
 # 2026-12-04), each 64-row M tile its own one-warpgroup CTA (two an SM). WGMMA_TWO_WARPGROUPS (cute_impl/decode.py, off;
 # untimed) puts two M tiles in one CTA of two warpgroups sharing one K/V ring of 6 stages (cute_impl/_decode_wgmma.py,
 # "Two warpgroups"; sm_90a: 186 registers, no spills, 224 KB + 1 KB, one CTA an SM; docs/perf-log.md, "Helper `cwg2`").
-# Predicted (docs/perf-log.md's model): 233/5 789 -> 640-720 us, the other rows of 128-256 packed rows 0.85-0.95x; the
+# Predicted (docs/perf-log.md's model): 233/5 789 -> 680-750 us, the other rows of 128-256 packed rows 0.85-1.05x; the
 # controls (59/2: 64 rows paged, balanced; 137/1: 80 rows at D=64; plans unchanged) 1.00x.
 # This call: the switch's GPU tests (fp64 on a poisoned output, 128-320 packed rows, Sq 8/16, full and ragged, paged
 # 16/64, forced splits and the rule's, both causal alignments, odd M tiles, the LSE; a planted rows bug), then one A/B
