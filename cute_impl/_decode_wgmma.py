@@ -41,6 +41,21 @@ At D=256 (``decode.WGMMA_D256``, off, untimed) O is 64 × 256 fp32 (128 register
 ``TILE_CONFIGS``' 3 stages of 64 keys (Q 32 KB, K and V 32 KB a stage), the one chain a block; or 6 stages of 32 keys,
 overlapped.
 
+Two warpgroups (``decode.WGMMA_TWO_WARPGROUPS``, off, untimed; D=128, the padded split, rows of two tiles or more):
+one CTA of 8 warps holds two 64-row M tiles, the tiled MMAs' two atoms along M, so each thread's slice of S, P and O is
+its warpgroup's 64 rows and each warpgroup issues and waits for its own wgmmas. Both warpgroups share one ring of
+``decode.TWO_WARPGROUP_RINGS``' 6 stages (Q 32 KB, 192 KB of K/V, one CTA an SM, overlapped, 4 blocks in flight: the
+two one-warpgroup CTAs' 2 + 2) and both issue its cp.async copies, 256 threads a block. Not a producer warp: this
+kernel's ring is cp.async, whose hand-over is each thread's ``wait_group`` then a CTA barrier, and its two CTA barriers
+a step (256 threads) already count both warpgroups' arrivals: ``wait_kv_block``'s before a block is read (gluon's
+ready barrier) and ``load_kv_ahead``'s before a slot is refilled, which each thread reaches only after its own
+warpgroup's ``wait_group`` retired the P V that read the slot (gluon's per-slot empty barrier counting both
+consumers). A producer would need an mbarrier ring (TMA, or ``cp.async.mbarrier.arrive``) and setmaxnreg, with no
+register pressure to relieve (186 registers, no spills). The price: the barriers keep the two warpgroups in one step,
+so the tensor cores see both warpgroups' wgmmas together and both softmaxes together, under their P Vs. Each K/V block
+is read from L2 once per 128 rows, not per 64; the split rule is fed the halved M tiles and one CTA an SM
+(``decode.padded_m_blocks``, ``split_policy``).
+
 Measured (H200, 2026-12-02, ``bench/cute_decode_wgmma_ab.sh``, ``results/h200/cute-decode-wgmma/``): 256 packed rows
 at D=128 (seed 107 row 0) 362.7 -> 294.0 µs, 128 rows (seed 103 row 0) 540.1 -> 402.1, D=64's 128 rows 0.85-0.91×.
 The one chain a block is the tile's limit, so the split rule asks two CTAs an SM for it
@@ -83,14 +98,21 @@ from cute_impl._hopper_device import (
 from cute_impl._host import SWIZZLE_COLS, cp_async_tiled_copy, qkv_shared_storage
 from cute_impl.decode import SMEM_ALIGN_BYTES, DecodeConfig, DecodeKernel
 
+WARPGROUP_THREADS = 128
+
 
 class WgmmaDecodeKernel(DecodeKernel):
     """:class:`decode.DecodeKernel` with its split kernel's tile on one warpgroup's WGMMA (64 rows, 4 warps)."""
 
     def __init__(self, config: DecodeConfig):
         super().__init__(config)
-        if self.tile_m != ROWS_PER_WARPGROUP or self.num_warps * 32 != 128 or self.key_warps != 1:
-            raise ValueError(f"the WGMMA tile is one warpgroup of {ROWS_PER_WARPGROUP} rows, got {config}")
+        # Two warpgroups (decode.WGMMA_TWO_WARPGROUPS): two 64-row tiles of one CTA, one a warpgroup.
+        self.warpgroups = 2 if config.two_warpgroups else 1
+        warpgroup_threads = self.warpgroups * WARPGROUP_THREADS
+        if self.tile_m != ROWS_PER_WARPGROUP * self.warpgroups or self.threads_per_cta != warpgroup_threads:
+            raise ValueError(f"the WGMMA tile is {ROWS_PER_WARPGROUP} rows a warpgroup, got {config}")
+        if self.key_warps != 1:
+            raise ValueError(f"the WGMMA tile's warps take every key of a block, got {config}")
         # Overlapped, the previous block's slot stays held one step (its V): the ring loads ``ahead`` = stages - 2
         # steps ahead, not stages - 1, and a ring of 3 keeps one block in flight.
         self.ahead = self.stages - 1 - (1 if config.wgmma_overlap else 0)
@@ -109,13 +131,13 @@ class WgmmaDecodeKernel(DecodeKernel):
         mQ, mK, mV, mO, mOPartial, mCacheSeqlens, mBlockTable = self.launch_views(
             mQ, mK, mV, mO, mOPartial, mCacheSeqlens, mBlockTable
         )  # fmt: skip
-        D, rows_m, row_major = self.head_dim, ROWS_PER_WARPGROUP, LayoutEnum.ROW_MAJOR
+        D, rows_m, row_major = self.head_dim, self.tile_m, LayoutEnum.ROW_MAJOR
         v_major = LayoutEnum.COL_MAJOR
-        qk_mma, pv_mma = warpgroup_mmas(dtype, self.tile_n, D, v_major.sm90_mma_major_mode())
-        sQ_layout = sm90_utils.make_smem_layout_a(row_major, (rows_m, self.tile_n, D), dtype, 1)  # (64, D, 1)
+        qk_mma, pv_mma = warpgroup_mmas(dtype, self.tile_n, D, v_major.sm90_mma_major_mode(), self.warpgroups)
+        sQ_layout = sm90_utils.make_smem_layout_a(row_major, (rows_m, self.tile_n, D), dtype, 1)  # (tile_m, D, 1)
         sK_layout = sm90_utils.make_smem_layout_b(row_major, (rows_m, self.tile_n, D), dtype, self.stages)
         sV_layout = sm90_utils.make_smem_layout_b(v_major, (rows_m, D, self.tile_n), dtype, self.stages)
-        # The warpgroup's partial O (1, 64, D) and LSE (1, 64), fp32, in the drained K ring.
+        # The warpgroups' partial O (1, tile_m, D) and LSE (1, tile_m), fp32, in the drained K ring (and V's beyond).
         sO_parts_layout = cute.make_layout((1, self.tile_m, D), stride=(self.tile_m * D, D, 1))
         sLSE_parts_layout = cute.make_layout((1, self.tile_m), stride=(self.tile_m, 1))
         self.wgmma_split_kernel(
@@ -143,7 +165,7 @@ class WgmmaDecodeKernel(DecodeKernel):
         # ---- Tiles: HBM views, WGMMA's shared layouts, the warpgroup's fragments -----------------
         gK, gV, pages, cKV = self.kv_views(mK, mV, mBlockTable, work)
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)[None, None, 0]  # (64, D)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)[None, None, 0]  # (tile_m, D)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (tile_n, D, stages)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)  # (D, tile_n, stages)
         # V's ring as the copy writes it: (tile_n, D, stages), the same memory as the B operand (D, tile_n, stages).
@@ -159,7 +181,8 @@ class WgmmaDecodeKernel(DecodeKernel):
         tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))  # (MMA, 1, D/16)
         tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, 1, D/16, stages)
         tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, 1, tile_n/16, stages)
-        tile_s, tile_o = (ROWS_PER_WARPGROUP, self.tile_n), (ROWS_PER_WARPGROUP, self.head_dim)
+        # Two warpgroups: the tiled MMAs' second atom along M, so each thread's slice is its warpgroup's 64 rows.
+        tile_s, tile_o = (self.tile_m, self.tile_n), (self.tile_m, self.head_dim)
         acc_S_shape = qk_thr.partition_shape_C(tile_s)  # ((2, 2, tile_n/8), 1, 1)
         acc_O = pv_thr.make_fragment_C(pv_thr.partition_shape_C(tile_o))  # ((2, 2, D/8), 1, 1)
         acc_O.fill(0.0)
@@ -223,7 +246,7 @@ class WgmmaDecodeKernel(DecodeKernel):
         # ---- 4. Epilogue: the warpgroup's O and LSE through shared memory, stored ---------------
         lse = softmax.finalize(acc_O, cutlass.Float32(1.0))
         cute.arch.barrier()
-        sO_parts = storage.sK.get_tensor(sO_parts_layout, dtype=cutlass.Float32)  # (1, 64, D)
+        sO_parts = storage.sK.get_tensor(sO_parts_layout, dtype=cutlass.Float32)  # (1, tile_m, D)
         sLSE_parts = cute.make_tensor(sO_parts.iterator + cute.cosize(sO_parts_layout), sLSE_parts_layout)
         self.store_warpgroup_part(pv_thr, acc_O, lse, sO_parts[0, None, None], sLSE_parts[0, None])
         cute.arch.barrier()
@@ -326,7 +349,7 @@ class WgmmaDecodeKernel(DecodeKernel):
         self, pv_thr: Any, acc_O: cute.Tensor, lse: cute.Tensor, sO_part: cute.Tensor,
         sLSE_part: cute.Tensor,
     ):  # fmt: skip
-        """The warpgroup's normalised O (64, D) and LSE (64,) into the merge scratch; the first lane of each
+        """The warpgroups' normalised O (tile_m, D) and LSE (tile_m,) into the merge scratch; the first lane of each
         row's quad writes the row's LSE (``lse`` in :func:`_hopper_device.rows_by_cols` row order)."""
         pv_thr.partition_C(sO_part).store(acc_O.load())  # ((2, 2, D/8), 1, 1)
         cO = rows_by_cols(pv_thr.partition_C(cute.make_identity_tensor(sO_part.shape)))

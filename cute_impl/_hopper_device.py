@@ -552,16 +552,19 @@ def head_major(t: cute.Tensor | None) -> cute.Tensor | None:
 
 
 def warpgroup_mmas(
-    dtype: type[cutlass.Numeric], tile_n: int, head_dim: int, v_major: cute.nvgpu.OperandMajorMode
-) -> tuple[cute.TiledMma, cute.TiledMma]:
+    dtype: type[cutlass.Numeric], tile_n: int, head_dim: int, v_major: cute.nvgpu.OperandMajorMode,
+    warpgroups: int = 1,
+) -> tuple[cute.TiledMma, cute.TiledMma]:  # fmt: skip
     """One consumer warpgroup's tiled WGMMAs: S = Q Kᵀ (64 x tile_n, both operands from shared
-    memory, K-major) and O = P V (64 x D, P from registers, V K-major for FP8 and MN-major else)."""
-    k_major = cute.nvgpu.OperandMajorMode.K
+    memory, K-major) and O = P V (64 x D, P from registers, V K-major for FP8 and MN-major else);
+    ``warpgroups`` > 1: that many warpgroups stacked along M, each its own 64 rows (cute/decode's two
+    warpgroups, ``_decode_wgmma.py``)."""
+    k_major, atoms = cute.nvgpu.OperandMajorMode.K, (warpgroups, 1, 1)
     qk_mma = sm90_utils.make_trivial_tiled_mma(
-        dtype, dtype, k_major, k_major, Float32, (1, 1, 1), (ROWS_PER_WARPGROUP, tile_n)
+        dtype, dtype, k_major, k_major, Float32, atoms, (ROWS_PER_WARPGROUP, tile_n)
     )
     pv_mma = sm90_utils.make_trivial_tiled_mma(
-        dtype, dtype, k_major, v_major, Float32, (1, 1, 1), (ROWS_PER_WARPGROUP, head_dim), warpgroup.OperandSource.RMEM
+        dtype, dtype, k_major, v_major, Float32, atoms, (ROWS_PER_WARPGROUP, head_dim), warpgroup.OperandSource.RMEM
     )
     return qk_mma, pv_mma
 

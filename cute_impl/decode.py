@@ -283,6 +283,15 @@ WGMMA_SPLIT_CTAS_PER_SM = 2
 # blocks stay in flight. H200, 2026-12-02 (results/h200/cute-decode-wgmma-overlap/, every WGMMA ring overlapped):
 # D=64's 6 stages 0.93x and 0.95x; D=128's 3 stages (one block in flight) 103/0 1.08x, paged(64) 1.04x, 107/0 1.00x.
 WGMMA_OVERLAP_MIN_STAGES = 4
+# Issue #38's 128-256 packed rows at D=128 (seed 233 row 5, 256 rows: cute 789.4 us, gluon's two consumers 656.0): two
+# of the WGMMA tile's 64-row M tiles in one CTA of two warpgroups sharing one K/V ring (``_decode_wgmma.py``, "Two
+# warpgroups"), so that a block is read from L2 once per 128 rows and one warpgroup's softmax runs under the other's
+# wgmmas in one CTA, not across two. Padded split only (the balanced split keeps one warpgroup), rows of at least two
+# tiles, head dim -> the ring's stages: Q (32 KB) and 6 blocks of 32 KB fill the SM, one CTA (the split rule's ask),
+# deep enough for the overlap. Off: untimed (helper cwg2, docs/perf-log.md).
+WGMMA_TWO_WARPGROUPS = False
+TWO_WARPGROUP_RINGS = {128: 6}
+WARPGROUP_ROWS, TWO_WARPGROUP_CTAS_PER_SM = 64, 1
 DECODE_FEATURES = (*FEATURES, PAGED_KV)  # every problem feature, and the paged KV cache (pages of 16 to 256 keys)
 
 
@@ -309,6 +318,7 @@ class DecodeConfig:
     merge_runs: int = 1  # balanced: the merge kernel's runs an item (BALANCED_MERGE_RUNS); 1: one chain
     wgmma: bool = False  # the 64-row tile on one warpgroup's WGMMA (WGMMA_MIN_ROWS, _decode_wgmma.py; sm_90a)
     wgmma_overlap: bool = False  # S of a block issued with the previous P V (WGMMA_OVERLAP_MIN_STAGES)
+    two_warpgroups: bool = False  # two 64-row WGMMA tiles a CTA on one ring (WGMMA_TWO_WARPGROUPS)
 
     @property
     def keys_per_warp(self) -> int:
@@ -822,17 +832,28 @@ def m_blocks_for(problem: Problem) -> int:
     return -(-problem.kv_group * problem.seqlen_q // tile_m_for(problem))
 
 
+def padded_m_blocks(problem: Problem, device: torch.device) -> int:
+    """The padded split's CTAs along M: :func:`m_blocks_for`'s tiles, two a CTA on :func:`two_warpgroup_tile`."""
+    m_blocks = m_blocks_for(problem)
+    return -(-m_blocks // 2) if two_warpgroup_tile(problem, device) else m_blocks
+
+
 def planned_num_splits(problem: Problem, device: torch.device) -> int:
-    """The shared split rule (``common/contract/splits.py``) for this rung's M tiles and policy."""
+    """The shared split rule (``common/contract/splits.py``) for this rung's one-warpgroup M tiles and policy: the
+    balanced split's question, which the padded split's two-warpgroup CTA leaves as it was."""
     return splits.planned_num_splits(problem, m_blocks_for(problem), device, split_policy(problem, device))
 
 
-def split_policy(problem: Problem, device: torch.device | None = None) -> splits.SplitPolicy:
+def split_policy(
+    problem: Problem, device: torch.device | None = None, two_warpgroups: bool = False
+) -> splits.SplitPolicy:  # fmt: skip
     """This rung's ask of the split rule, from its fifth-stop switches (default: the rule as it was); the WGMMA
-    tile asks for ``WGMMA_SPLIT_CTAS_PER_SM`` (``device`` as :func:`wgmma_tile` reads it; None: the sm_90a compile)."""
+    tile asks for ``WGMMA_SPLIT_CTAS_PER_SM`` (``device`` as :func:`wgmma_tile` reads it; None: the sm_90a compile),
+    the padded split's ``two_warpgroups`` CTA for the one its ring leaves room for (``TWO_WARPGROUP_CTAS_PER_SM``)."""
     fit = CTAS_PER_SM_FIT[problem.head_dim]
-    wgmma = wgmma_tile(problem, device or torch.device("cpu"))
-    ctas_per_sm = WGMMA_SPLIT_CTAS_PER_SM if wgmma else SPLIT_CTAS_PER_SM
+    ctas_per_sm = WGMMA_SPLIT_CTAS_PER_SM if wgmma_tile(problem, device or torch.device("cpu")) else SPLIT_CTAS_PER_SM
+    if two_warpgroups:
+        ctas_per_sm = TWO_WARPGROUP_CTAS_PER_SM
     return splits.SplitPolicy(min(ctas_per_sm, fit), SHORT_CACHE_ONE_SPLIT, FEWER_WAVES)
 
 
@@ -855,6 +876,16 @@ def wgmma_tile(problem: Problem, device: torch.device) -> bool:
     return hopper and tile_m_for(problem) == 64
 
 
+def two_warpgroup_tile(problem: Problem, device: torch.device) -> bool:
+    """Whether ``WGMMA_TWO_WARPGROUPS`` would put two of ``problem``'s WGMMA tiles in one CTA of the padded split: a
+    WGMMA tile (:func:`wgmma_tile`) at a head dim of ``TWO_WARPGROUP_RINGS`` with at least two tiles' packed rows (the
+    balanced split, decided from this padded plan, keeps one warpgroup: :func:`launch_plan`)."""
+    rows = problem.kv_group * problem.seqlen_q
+    if not WGMMA_TWO_WARPGROUPS or problem.head_dim not in TWO_WARPGROUP_RINGS or rows < 2 * WARPGROUP_ROWS:
+        return False
+    return wgmma_tile(problem, device)
+
+
 def wgmma_d256_ring() -> tuple[int, int] | None:
     """``WGMMA_D256`` checked: None, or one of :data:`WGMMA_D256_RINGS` (those compiled and fitting one CTA an SM)."""
     if WGMMA_D256 is not None and WGMMA_D256 not in WGMMA_D256_RINGS:
@@ -873,21 +904,27 @@ def wgmma_ring(shape: TileShape, head_dim: int, wgmma: bool) -> TileShape:
 
 def decode_config(
     problem: Problem, split: bool, balanced: bool = False, m_tile_major: bool = False, stages: int | None = None,
-    merge_runs: int = 1, wgmma: bool = False,
+    merge_runs: int = 1, wgmma: bool = False, two_warpgroups: bool = False,
 ) -> DecodeConfig:  # fmt: skip
     """The configuration :data:`TILE_CONFIGS` holds for this head dim now (read at every bind), with
     the problem's features as compile-time flags; ``balanced``: the balanced split's (always split), its grid's
     M tile on x with ``m_tile_major`` (``splits.balanced_m_tile_major``), its ring ``stages`` deep where given
     (:func:`balanced_ring_stages`), its merge in ``merge_runs`` runs (:func:`balanced_merge_runs`), which its
     item-share cap counts; ``wgmma``: the tile on WGMMA (:func:`wgmma_tile`; at D=256 on ``WGMMA_D256``'s ring,
-    :func:`wgmma_ring`), overlapped where its ring has ``WGMMA_OVERLAP_MIN_STAGES``."""
-    shape, row_warps = warp_split(WARPS_SPLIT_ROWS, tile_m_for(problem), problem.head_dim, TILE_CONFIGS)
+    :func:`wgmma_ring`), overlapped where its ring has ``WGMMA_OVERLAP_MIN_STAGES``; ``two_warpgroups``: two of
+    those tiles a CTA, 8 warps on ``TWO_WARPGROUP_RINGS``' ring (:func:`two_warpgroup_tile`)."""
+    tile_m = tile_m_for(problem)
+    shape, row_warps = warp_split(WARPS_SPLIT_ROWS, tile_m, problem.head_dim, TILE_CONFIGS)
     shape = wgmma_ring(shape, problem.head_dim, wgmma)
+    if two_warpgroups:  # each warp 16 rows of the CTA's two tiles, all keys of a block (the WGMMA layout)
+        tile_m, stages = 2 * WARPGROUP_ROWS, TWO_WARPGROUP_RINGS[problem.head_dim]
+        shape = shape._replace(num_warps=2 * shape.num_warps, max_tile_m=tile_m, stages=stages)
+        row_warps = shape.num_warps
     shape = shape._replace(stages=min(stages, shape.stages)) if stages else shape  # shallower, never deeper
     return DecodeConfig(
         dtype=problem.dtype,
         head_dim=problem.head_dim,
-        tile_m=tile_m_for(problem),
+        tile_m=tile_m,
         shape=shape,
         row_warps=row_warps,
         causal=problem.causal,
@@ -904,6 +941,7 @@ def decode_config(
         merge_runs=merge_runs if balanced else 1,
         wgmma=wgmma,
         wgmma_overlap=wgmma and 0 < WGMMA_OVERLAP_MIN_STAGES <= shape.stages,
+        two_warpgroups=two_warpgroups,
     )
 
 
@@ -946,13 +984,15 @@ def seqlen_k_decisions(problem: Problem, device: torch.device, num_splits: int |
     split's target shares; ``num_splits`` forces it). Everything else it decides (slabs, ring, merge runs, the
     configuration) follows from these and the rest of the problem, so equal decisions are an equal launch plan
     (``RungHost``'s growing binder)."""
-    m_blocks = m_blocks_for(problem)
-    if balanced_split(problem, device):
+    if balanced_split(problem, device):  # one warpgroup a CTA: the 64-row tiles
+        m_blocks = m_blocks_for(problem)
         tile_n = wgmma_ring(TILE_CONFIGS[problem.head_dim], problem.head_dim, wgmma_tile(problem, device)).tile_n
         shares = (BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS)
         rule = {"target": BALANCED_TARGET, "ctas_per_sm": CTAS_PER_SM_FIT[problem.head_dim]}
         return True, splits.resolve_balanced_shares(num_splits, problem, device, m_blocks, tile_n, *shares, **rule)
-    return False, splits.resolve_num_splits(num_splits, problem, m_blocks, device, split_policy(problem, device))
+    # The padded split: its CTAs along M and what an SM holds of them, two tiles a CTA on the two-warpgroup tile.
+    policy = split_policy(problem, device, two_warpgroup_tile(problem, device))
+    return False, splits.resolve_num_splits(num_splits, problem, padded_m_blocks(problem, device), device, policy)
 
 
 def launch_plan(problem: Problem, device: torch.device, num_splits: int | None = None) -> tuple:
@@ -968,7 +1008,9 @@ def launch_plan(problem: Problem, device: torch.device, num_splits: int | None =
     m_tile_major = slabs is not None and splits.balanced_m_tile_major(slabs, M_TILE_MAJOR)
     stages = None if slabs is None else balanced_ring_stages(problem, device, slabs)
     runs = 1 if slabs is None else balanced_merge_runs(problem, device)
-    config = decode_config(problem, split, slabs is not None, m_tile_major, stages, runs, wgmma_tile(problem, device))
+    two_warpgroups = slabs is None and two_warpgroup_tile(problem, device)
+    wgmma = wgmma_tile(problem, device)
+    config = decode_config(problem, split, slabs is not None, m_tile_major, stages, runs, wgmma, two_warpgroups)
     return num_splits, slabs, items, config
 
 
@@ -1054,7 +1096,7 @@ def compile_plan(problem: Problem, split: bool = True) -> DecodeConfig:
     runs = balanced_merge_runs(decode_sized, cpu) if balanced else 1
     return decode_config(
         decode_sized, split=split, balanced=balanced, m_tile_major=M_TILE_MAJOR, stages=stages, merge_runs=runs,
-        wgmma=wgmma_tile(decode_sized, cpu),
+        wgmma=wgmma_tile(decode_sized, cpu), two_warpgroups=not balanced and two_warpgroup_tile(decode_sized, cpu),
     )  # fmt: skip
 
 
