@@ -189,8 +189,10 @@ def test_on_compiles_spill_free_on_hgmma(shape: str, ring: tuple[int, int], monk
 
 
 @pytest.mark.cute_compile
-def test_planted_mma_sync_tile_fails_the_key_loop_rule():
-    """Off, seed 229 row 2 compiles the mma.sync tile (HMMA.16816 and LDSM in its key loop): the rule must fail."""
+def test_planted_mma_sync_tile_fails_the_key_loop_rule(monkeypatch: pytest.MonkeyPatch):
+    """Off (None), seed 229 row 2 compiles the mma.sync tile (HMMA.16816 and LDSM in its key loop): the rule must
+    fail."""
+    monkeypatch.setattr(decode, "WGMMA_D256", None)
     config = decode.compile_plan(SEED229_ROW2, split=True)
     assert not config.wgmma
     (binary,) = decode.compile_sm90(SEED229_ROW2, split=True)

@@ -10,7 +10,7 @@ D=128 in tests/test_cute_decode.py), the split kernel takes the slabs, and the m
 takes neither q, k, the lengths nor the block table, and divides nothing at runtime (:func:`merge_plans_afresh`; the
 committed merge and a planted one that still plans under the knob are caught). GPU (``gpu`` marker;
 bench/cute_merge_plan_ab.sh runs them): on, against fp64 on a poisoned output and bit for bit equal to off, on seed
-47 row 4's kind shrunk (MQA 128 packed rows at D=256 in 4 M tiles, paged(256), ragged, B=8) and a D=64 GQA one with
+47 row 4's kind shrunk (MQA 128 packed rows at D=256, paged(256), ragged, B=8) and a D=64 GQA one with
 an empty sequence and one long enough for the item-share cap; a split kernel that stores one slab too few fails the
 check; a CUDA graph replays with new lengths.
 """
@@ -122,8 +122,10 @@ def test_ab_times_the_named_rows_with_the_knob_off_and_on():
 # sm_90a: spill-free, and a merge kernel that plans nothing
 # ----------------------------------------------------------------------------------------------------
 def _entry(ptx: str, kernel: str) -> str:
-    """The PTX of ``kernel`` (``split_kernel`` or ``merge_kernel``): its parameters and body."""
-    return next(e for e in ptx.split(".entry ")[1:] if e.startswith(f"kernel_cutlass_{kernel}"))
+    """The PTX of ``kernel`` (``split_kernel`` or ``merge_kernel``; the WGMMA tile's split kernel is
+    ``wgmma_split_kernel``): its parameters and body."""
+    names = (f"kernel_cutlass_{kernel}", f"kernel_cutlass_wgmma_{kernel}")
+    return next(e for e in ptx.split(".entry ")[1:] if e.startswith(names))
 
 
 def _params(ptx: str, kernel: str) -> int:
@@ -140,8 +142,9 @@ def merge_plans_afresh(ptx: str) -> bool:
 
 
 # (D, Sq, page size, Hkv of 8 heads): GQA 16 rows at D=64 contiguous and seed 47 row 4's kind at D=256 (MQA, 128
-# packed rows in 4 M tiles, pages of 256). The default (on) at D=128 paged: tests/test_cute_decode.py's balanced
-# compiles (spill-free, the merge taking the slabs); three compiles a shape here, so two shapes (CI time).
+# packed rows, pages of 256: two 64-row M tiles on the WGMMA tile since WGMMA_D256). The default (on) at D=128 paged:
+# tests/test_cute_decode.py's balanced compiles (spill-free, the merge taking the slabs); three compiles a shape here,
+# so two shapes (CI time).
 KNOB_COMPILES = [(64, 8, 0, 4), (256, 16, 256, 1)]
 
 
