@@ -25,10 +25,11 @@ launches ``_items_kernel`` instead: fewer CTAs
 than tiles, each walking the tiles its load warp claims from a counter, the ring and its barrier phases running on
 across tiles (``SplitKeys.ring_base``) and the next tile's Q in a second buffer, so that a tile's Q, first copies and
 O store pass under its neighbours' key blocks rather than each CTA paying them alone.
-``TWO_CONSUMERS`` (D=128 items of two or more M tiles in a padded split; issue #38's compute-bound class, 128-256
-packed rows a KV head) gives a CTA two M tiles on gluon/hopper's partitions: a load warp filling one ring, two
-consumer warpgroups each with its own 64 rows, Q tile and register budget, so that one's softmax runs under the
-other's wgmmas and each K/V block is copied once for both (``consumers_for``; ``_split_kernel``'s ``CONSUMERS``).
+``TWO_CONSUMERS`` (D=64 and D=128 items of two or more M tiles; issue #38's compute-bound class, 128-256 packed rows
+a KV head; the balanced split's too at D=128, ``BALANCED_TWO_CONSUMERS``) gives a CTA two M tiles on gluon/hopper's
+partitions: a load warp filling one ring, two consumer warpgroups each with its own 64 rows, Q tile and register
+budget, so that one's softmax runs under the other's wgmmas and each K/V block is copied once for both
+(``consumers_for``; ``_split_kernel``'s ``CONSUMERS``).
 
 What Gluon makes explicit (what Triton decides in triton/decode / what this file writes):
   * Copies: the pipeliner turns the K and V loads into ``cp.async``, 16 bytes per thread and
