@@ -11,7 +11,7 @@ source "$(dirname "$0")/_gpu_run.sh" balanced_two_consumers_ab.sh runs/balanced_
 decode_setup
 status=0
 gpu_tests 200 -n 8 tests/test_gluon_decode_two_consumers.py
-knob_ab balanced_two 200 triton_impl.gluon.decode:BALANCED_TWO_CONSUMERS False,True gluon/decode \
+knob_ab balanced_two 200 triton_impl.gluon.decode:BALANCED_TWO_CONSUMERS "(),(128,)" gluon/decode \
   92/0 84/1 176/6 62/1 185/5 120/2 132/6 189/2 208/2 215/4 61/7 211/7
 cat "$OUT/times.txt"
 exit $status

@@ -14,7 +14,7 @@ source "$(dirname "$0")/_gpu_run.sh" decode_many_rows_ab.sh runs/decode_many_row
 decode_setup
 status=0
 gpu_tests 100 -n 8 tests/test_gluon_decode_two_consumers.py tests/test_cute_decode_wgmma_d256.py
-knob_ab balanced_two 80 triton_impl.gluon.decode:BALANCED_TWO_CONSUMERS False,True gluon/decode \
+knob_ab balanced_two 80 triton_impl.gluon.decode:BALANCED_TWO_CONSUMERS "(),(128,)" gluon/decode \
   92/0 84/1 176/6 62/1 185/5 120/2 132/6 61/7
 knob_ab wgmma_d256 130 cute_impl.decode:WGMMA_D256 'None,(64,3),(32,6)' cute/decode \
   229/2 62/4 67/7 169/4 161/5 27/3 96/1 43/1
