@@ -30,7 +30,7 @@ from common.measure.decode_sweep import random_cases
 from common.reporting.static import cubin_sass, loop_census
 from cute_impl import _decode_wgmma, decode
 from tests.test_cute_decode_rows import RAGGED, _problem
-from tests.test_cute_decode_wgmma import assert_planted_bug_fails, check_gpu_case
+from tests.test_cute_decode_wgmma import assert_planted_bug_fails, check_gpu_case, compile_with_shared_bytes
 from tests.test_cute_decode_wide_tile import (
     CTA_RESERVED_SHARED_BYTES,
     SM_SHARED_BYTES,
@@ -165,13 +165,7 @@ def test_on_compiles_spill_free_on_hgmma(shape: str, monkeypatch: pytest.MonkeyP
         monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
     config = decode.compile_plan(problem, split=True)
     assert config.two_warpgroups and config.wgmma_overlap and not config.balanced_min_blocks, config
-    storages = []  # the SharedStorage the split kernel allocates, as the launcher builds it
-    real_storage = _decode_wgmma.qkv_shared_storage
-    monkeypatch.setattr(
-        _decode_wgmma, "qkv_shared_storage", lambda *args: storages.append(real_storage(*args)) or storages[-1]
-    )
-    (binary,) = decode.compile_sm90(problem, split=True)
-    (shared,) = {storage.size_in_bytes() for storage in storages}
+    binary, shared = compile_with_shared_bytes(problem, monkeypatch)
     label = problem.describe()
     assert shared == _ring_and_q_bytes(config), (label, shared)
     assert_kernels_fit(binary, decode.TWO_WARPGROUP_CTAS_PER_SM, f"WGMMA_TWO_WARPGROUPS {label}", shared)

@@ -139,6 +139,19 @@ def test_ab_script_rows_parse_and_the_switch_moves_the_first_five():
 COMPILES = [(128, 32, "always"), (128, 0, "never"), (64, 0, "never")]
 
 
+def compile_with_shared_bytes(problem, monkeypatch: pytest.MonkeyPatch) -> tuple:
+    """The split build of ``problem`` for sm_90a and the bytes of the SharedStorage its split kernel allocates, as the
+    launcher builds it (``_decode_wgmma.qkv_shared_storage`` wrapped for the one compile)."""
+    storages = []
+    real_storage = _decode_wgmma.qkv_shared_storage
+    monkeypatch.setattr(
+        _decode_wgmma, "qkv_shared_storage", lambda *args: storages.append(real_storage(*args)) or storages[-1]
+    )
+    (binary,) = decode.compile_sm90(problem, split=True)
+    (shared,) = {storage.size_in_bytes() for storage in storages}
+    return binary, shared
+
+
 @pytest.mark.cute_compile
 @pytest.mark.parametrize(("head_dim", "page_size", "balanced"), COMPILES)
 def test_on_compiles_spill_free_on_hgmma(head_dim: int, page_size: int, balanced: str, monkeypatch: pytest.MonkeyPatch):
@@ -148,13 +161,7 @@ def test_on_compiles_spill_free_on_hgmma(head_dim: int, page_size: int, balanced
     problem = _problem(2, 4, 16, 16, 4096, head_dim, has_cache_seqlens=True, page_size=page_size)
     config = decode.compile_plan(problem, split=True)
     assert config.wgmma and bool(config.balanced_min_blocks) == (balanced == "always"), config
-    storages = []  # the SharedStorage the split kernel allocates, as the launcher builds it
-    real_storage = _decode_wgmma.qkv_shared_storage
-    monkeypatch.setattr(
-        _decode_wgmma, "qkv_shared_storage", lambda *args: storages.append(real_storage(*args)) or storages[-1]
-    )
-    (binary,) = decode.compile_sm90(problem, split=True)
-    (shared,) = {storage.size_in_bytes() for storage in storages}
+    binary, shared = compile_with_shared_bytes(problem, monkeypatch)
     assert shared == _ring_and_q_bytes(config), (problem.describe(), shared)  # WGMMA's layouts: the same bytes
     assert_kernels_fit(binary, decode.CTAS_PER_SM_FIT[head_dim], f"WGMMA_MIN_ROWS {problem.describe()}", shared)
     sass = cubin_sass(binary.cubin)

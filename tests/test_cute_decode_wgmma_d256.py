@@ -33,7 +33,12 @@ from common.measure.decode_sweep import random_cases
 from common.reporting.static import cubin_sass, loop_census, sass_loops
 from cute_impl import _decode_wgmma, decode
 from tests.test_cute_decode_rows import RAGGED, _problem
-from tests.test_cute_decode_wgmma import _UnpackedMask, assert_planted_bug_fails, check_gpu_case
+from tests.test_cute_decode_wgmma import (
+    _UnpackedMask,
+    assert_planted_bug_fails,
+    check_gpu_case,
+    compile_with_shared_bytes,
+)
 from tests.test_cute_decode_wgmma_overlap import exp2_under_wgmma
 from tests.test_cute_decode_wide_tile import (
     CTA_RESERVED_SHARED_BYTES,
@@ -170,13 +175,7 @@ def test_on_compiles_spill_free_on_hgmma(shape: str, ring: tuple[int, int], monk
     config = decode.compile_plan(problem, split=True)
     assert config.wgmma and config.wgmma_overlap == (ring == OVERLAPPED), config
     assert bool(config.balanced_min_blocks) == problem.paged, config  # the padded split and the balanced one
-    storages = []  # the SharedStorage the split kernel allocates, as the launcher builds it
-    real_storage = _decode_wgmma.qkv_shared_storage
-    monkeypatch.setattr(
-        _decode_wgmma, "qkv_shared_storage", lambda *args: storages.append(real_storage(*args)) or storages[-1]
-    )
-    (binary,) = decode.compile_sm90(problem, split=True)
-    (shared,) = {storage.size_in_bytes() for storage in storages}
+    binary, shared = compile_with_shared_bytes(problem, monkeypatch)
     label = f"{ring} {problem.describe()}"
     assert shared == _ring_and_q_bytes(config), (label, shared)
     assert_kernels_fit(binary, decode.CTAS_PER_SM_FIT[256], f"WGMMA_D256 {label}", shared)
