@@ -1143,9 +1143,9 @@ def m_blocks_for(problem: Problem) -> int:
 
 
 def two_consumers(problem: Problem) -> bool:
-    """``TWO_CONSUMERS`` applies to ``problem``'s padded split: two or more M tiles an item at a head dim of
+    """``TWO_CONSUMERS`` may apply to ``problem``: two or more M tiles an item at a head dim of
     ``TWO_CONSUMERS``, not under WIDE_M_TILE's or PACKED_OCCUPANCY's tiles, nor in page chunks under a release of
-    ``TWO_CONSUMER_CHUNK_SPILLS`` (the balanced split keeps one consumer)."""
+    ``TWO_CONSUMER_CHUNK_SPILLS``; ``consumers_for`` decides the launch (the items kernel, the balanced split)."""
     if problem.head_dim not in TWO_CONSUMERS or wide_m_tile(problem):
         return False
     if m_blocks_for(problem) < 2 or packed_occupancy(problem):
