@@ -17,10 +17,15 @@ Per shape (P1's K/V: B=2 Hkv=16 S=8192 D=128; D=64: B=4 H=32 S=8192), in one pro
   candidate that differs is timed but marked), then K and V together, K alone and V alone (``FusedQuantiser``'s
   ``only``), with the registers and spills of each launch;
 * the roofline: ``torch`` copies of K and V into e4m3 tensors (``Tensor.copy_``: read bf16, write e4m3, the same
-  bytes less the scales), and the HBM read bandwidth (``measure_read_gbps``).
+  bytes less the scales), and the HBM read bandwidth (``measure_read_gbps``);
+* two more ceilings (``ceilings``), to tell whether torch's cast is itself the limit: the plainest Triton stream of
+  the same bytes (``_stream_cast``: BLOCK elements a program, one 16-byte load and an 8-byte store a thread and step,
+  no rotation, no scale), at two block sizes, and a bf16 copy (read bf16, write bf16: the write side doubled), its
+  GB/s counted over the bytes it moves.
 Columns: µs, GB/s (bytes read and written, scales included), % of the copy's GB/s, % of the read bandwidth.
 
-usage (project root): python -m bench.fp8_kv_quantiser_bw --out DIR [--rounds 3]   (bench/fp8_kv_quantiser_bw.sh)
+usage (project root): python -m bench.fp8_kv_quantiser_bw --out DIR [--rounds 3] [--only default,...]
+(bench/fp8_kv_quantiser_bw.sh)
 Exits 2 with one line without a GPU.
 """
 
@@ -158,6 +163,56 @@ def _inputs(batch: int, kv_heads: int, seqlen: int, head_dim: int) -> tuple[torc
     return torch.empty_like(k), k, v
 
 
+# The stream ceilings' elements a program (8 warps: 16 and 64 elements a thread).
+STREAM_BLOCKS = (4096, 16384)
+
+
+def _stream_cast_kernel():
+    """The Triton stream (built on first use: the module imports without Triton's GPU backend)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def stream_cast(src, dst, n, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        keep = offsets < n
+        values = tl.load(src + offsets, mask=keep, eviction_policy="evict_first")
+        tl.store(dst + offsets, values.to(dst.dtype.element_ty), mask=keep)
+
+    return stream_cast
+
+
+def stream_cast(src: torch.Tensor, dst: torch.Tensor, block: int) -> None:
+    """dst = src cast, element by element, by ``_stream_cast_kernel`` (both contiguous, the same size)."""
+    kernel = _stream_cast_kernel()
+    n = src.numel()
+    kernel[(-(-n // block),)](src, dst, n, BLOCK=block, num_warps=8)
+
+
+def ceilings(shape: str, k: torch.Tensor, v: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor) -> list[tuple]:
+    """The Triton stream at each block size and the bf16 copy: (row, field, run, samples) for ``_time_rounds``, the
+    bf16 copy's row marked by its name (its bytes differ)."""
+    runs = []
+    for block in STREAM_BLOCKS:
+        row = BandwidthRow(shape, f"triton stream {block}", f"BLOCK={block}, 8 warps", "-", "-", float("nan"))
+        runs += [
+            (row, "kv_us", lambda b=block: (stream_cast(k, k8, b), stream_cast(v, v8, b)), []),
+            (row, "k_us", lambda b=block: stream_cast(k, k8, b), []),
+            (row, "v_us", lambda b=block: stream_cast(v, v8, b), []),
+        ]
+    k16, v16 = torch.empty_like(k), torch.empty_like(v)
+    row = BandwidthRow(shape, BF16_COPY, "k16.copy_(k), v16.copy_(v)", "-", "-", float("nan"))
+    runs += [
+        (row, "kv_us", lambda: (k16.copy_(k), v16.copy_(v)), []),
+        (row, "k_us", lambda: k16.copy_(k), []),
+        (row, "v_us", lambda: v16.copy_(v), []),
+    ]
+    return runs
+
+
+BF16_COPY = "torch bf16 copy"
+
+
 def _resources(quantiser: fp8_quantiser.FusedQuantiser) -> str:
     """Registers/spilled bytes of each launch, as Triton reports them."""
     handles = [quantiser.compiled[key] for key in sorted(quantiser.compiled)]
@@ -172,7 +227,7 @@ def shape_rows(shape: str, args: argparse.Namespace, read_gbps: float) -> list[B
     rows, runs = [], []
     default_bytes = None
     for name, config in candidates(head_dim).items():
-        if TIMED.get(shape) and name not in TIMED[shape]:
+        if (TIMED.get(shape) and name not in TIMED[shape]) or (args.only and name not in args.only.split(",")):
             continue
         quantiser = fp8_quantiser.FusedQuantiser(
             q.shape, k.shape, k.dtype, k.device, fp8.VARIANTS[VARIANT], LAYOUT, config=config, query=False
@@ -196,10 +251,16 @@ def shape_rows(shape: str, args: argparse.Namespace, read_gbps: float) -> list[B
         (copy, "k_us", lambda: k8.copy_(k), []),
         (copy, "v_us", lambda: v8.copy_(v), []),
     ]
-    _time_rounds(runs, args)
-    copy_gbps = kv_bytes(batch, kv_heads, seqlen, head_dim, scales=False) / 1e9 / (copy.kv_us * 1e-6)
+    extra = ceilings(shape, k, v, k8, v8)
+    rows += list(dict.fromkeys(run[0] for run in extra))
+    _time_rounds(runs + extra, args)
+    copy_bytes = kv_bytes(batch, kv_heads, seqlen, head_dim, scales=False) / 1e9
+    copy_gbps = copy_bytes / (copy.kv_us * 1e-6)
+    # The bf16 copy writes 2 bytes an element where the others write 1: its own bytes.
+    bf16_bytes = copy_bytes * 4 / (2 + E4M3_BYTES)
     for row in rows:
-        row.gbps = copy_gbps if row is copy else gbytes / (row.kv_us * 1e-6)
+        moved = gbytes if row.same_bytes != "-" else bf16_bytes if row.name == BF16_COPY else copy_bytes
+        row.gbps = moved / (row.kv_us * 1e-6)
         row.of_copy, row.of_read = row.gbps / copy_gbps, row.gbps / read_gbps
     return rows
 
@@ -244,6 +305,7 @@ def main() -> None:
     parser.add_argument("--warmup-ms", type=float, default=25)
     parser.add_argument("--rep-ms", type=float, default=100)
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
+    parser.add_argument("--only", default="", help="comma-separated candidate names (default: every candidate)")
     args = parser.parse_args()
     require_gpu("bench/fp8_kv_quantiser_bw.py")
     from common.measure.peaks import measure_read_gbps
