@@ -1403,14 +1403,15 @@ def kv_descriptor(
 
 
 def seqlen_k_decisions(
-    problem: Problem, device: torch.device, num_splits: int | None = None
+    problem: Problem, device: torch.device, num_splits: int | None = None, consumers: int | None = None
 ) -> tuple[bool, DecodeConfig, int]:
     """What a bind of ``problem`` on ``device`` decides from Sk: the balanced split or not, the ring
     (``SHORT_CACHE_TILE``, ``balanced_config``, ``two_consumer_config`` where ``consumers_for`` gives two: its one CTA
     an SM tells it from the one-consumer rings) and the split count (the balanced split's target shares;
     ``num_splits`` forces it). Every other decision of :class:`GluonDecodePlan` follows from these and the rest
-    of the problem (:meth:`GluonDecodePlan.grown`)."""
-    consumers = consumers_for(problem, device)
+    of the problem (:meth:`GluonDecodePlan.grown`). ``consumers``: ``consumers_for``'s answer where the caller
+    has it."""
+    consumers = consumers or consumers_for(problem, device)
     if balanced_split(problem, device):
         config = two_consumer_config(problem) if consumers == 2 else balanced_config(problem, device)
         slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
@@ -1431,8 +1432,9 @@ class GluonDecodePlan:
 
     def __init__(self, problem: Problem, device: torch.device, num_splits: int | None = None):
         self.problem = problem
-        self.decisions = self.balanced, config, num_splits = seqlen_k_decisions(problem, device, num_splits)
         self.items, self.consumers = problem.batch * problem.kv_heads, consumers_for(problem, device)
+        decisions = seqlen_k_decisions(problem, device, num_splits, self.consumers)
+        self.decisions = self.balanced, config, num_splits = decisions
         m_blocks = grid_m_blocks(problem, self.consumers)
         # The split kernel's last arguments: the balanced plan's sizes (``balanced_sizes``), or four Nones.
         if self.balanced:
