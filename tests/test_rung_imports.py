@@ -1,8 +1,8 @@
 """No silent skips: every rung module the registry lists imports, or the tests fail.
 
 The registry turns a module that fails to import into an ``Unavailable`` row (compare.py reports it
-and exits non-zero); here the same failure is a test failure. CuTe rungs are skipped only when the
-CuTe DSL package itself is not installed.
+and exits non-zero); here the same failure is a test failure, and so is a listed module with no file. CuTe rungs
+are skipped only when the CuTe DSL package itself is not installed.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ def test_the_registry_lists_both_ladders():
 def test_every_rung_module_imports(module_name: str):
     if module_name.startswith("cute_impl.") and not HAS_CUTLASS:
         pytest.skip("the CuTe DSL (nvidia-cutlass-dsl) is not installed")
-    if module_name not in LADDER_MODULES and importlib.util.find_spec(module_name) is None:
-        pytest.skip(f"{module_name} is listed ahead of its implementation (no such file yet)")
+    assert importlib.util.find_spec(module_name) is not None, f"{module_name} is listed but has no file"
     loaded = _load(module_name)
     assert not isinstance(loaded, Unavailable), f"{module_name}: {loaded.reason}"
     assert loaded, f"{module_name} defines no implementation"
