@@ -117,7 +117,7 @@ caches. Measured figures go to ``docs/perf-log.md`` and ``compare.py --decode``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -307,6 +307,14 @@ SHORT_CACHE_CONFIGS = {128: TileConfig(32, 4, 3)}
 # such shapes, 1.00x on the fourth (H200, results/h200/decode-packed-ab/); gluon/decode's lost there (off).
 WIDE_M_TILE = True
 WIDE_CONFIGS = {64: TileConfig(64, 8, 5, 128, ctas_per_sm=1), 128: TileConfig(64, 8, 3, 128, ctas_per_sm=1)}
+# Issue #38's compute-bound rows (128-256 packed rows a KV head: seed 233's row 5 at 62 % of the roofline): the wide
+# tile's (key block, stages) on a contiguous cache, by head dim ({}: WIDE_CONFIGS' everywhere; off, untimed). A
+# 128-key block halves the per-block work (the row max and sum's shuffles, O's rescale, the ring's waits) per key:
+# sm_90a, the unmasked key loop's instructions a warp against its tensor cycles, 64 keys twice -> 128 keys once,
+# Triton 3.6: D=128 1064 -> 934 (1024 tensor cycles: issue-bound -> tensor-bound), D=64 918 -> 812 (512); 3.8: 760 ->
+# 605 and 638 -> 530; 255 registers at D=128 and 207-228 at D=64, no spill, one CTA an SM (D=128 two stages 160 KB,
+# three 224 KB). Paged caches keep 64-key blocks: a 128-key block spills there (8 bytes under 3.8, 104-120 under 3.6).
+WIDE_CONTIGUOUS_RINGS: dict[int, tuple[int, int]] = {}
 # Issue #38's short prefill (off until bench/decode_packed_ab.sh): at D=64 the wide tile takes 209 registers (sm_90a),
 # one CTA an SM whose warpgroups meet at a barrier every block (seed 41's group 8 Sq=16 1k row: 41 % of the read
 # bandwidth); 32-key blocks take 128: two CTAs an SM, one's softmax under the other's wgmmas (D=128: 238 registers).
@@ -346,14 +354,18 @@ WGMMA_D256_CONFIG = TileConfig(32, 4, 4, 64, ctas_per_sm=1, min_block_m=64)
 
 def tile_config(problem: Problem) -> TileConfig:
     """``problem``'s tile: WIDE_CONFIGS' for many packed rows under WIDE_M_TILE (PACKED_CONFIGS' under
-    PACKED_OCCUPANCY), WIDE_D256_CONFIG for more than WIDE_D256_ABOVE_ROWS at D=256 under WIDE_D256 (not in a
-    release of WIDE_D256_SPILLS), WGMMA_D256_CONFIG for WGMMA_D256_FROM_ROWS to 64 rows at D=256 under WGMMA_D256
-    (every count from WGMMA_D256_FROM_ROWS on a contiguous cache under WGMMA_D256_CONTIGUOUS_ALL_ROWS, before
-    WIDE_D256), SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
+    PACKED_OCCUPANCY; WIDE_CONTIGUOUS_RINGS' key block and depth on a contiguous cache), WIDE_D256_CONFIG for more
+    than WIDE_D256_ABOVE_ROWS at D=256 under WIDE_D256 (not in a release of WIDE_D256_SPILLS), WGMMA_D256_CONFIG for
+    WGMMA_D256_FROM_ROWS to 64 rows at D=256 under WGMMA_D256 (every count from WGMMA_D256_FROM_ROWS on a contiguous
+    cache under WGMMA_D256_CONTIGUOUS_ALL_ROWS, before WIDE_D256), SHORT_CACHE_CONFIGS' for a short cache under
+    SHORT_CACHE_TILE, else the default."""
     rows = problem.kv_group * problem.seqlen_q
     if WIDE_M_TILE and rows > MAX_BLOCK_M and problem.head_dim in WIDE_CONFIGS:
         if PACKED_OCCUPANCY and problem.head_dim in PACKED_CONFIGS:
             return PACKED_CONFIGS[problem.head_dim]
+        if not problem.paged and problem.head_dim in WIDE_CONTIGUOUS_RINGS:
+            block_n, num_stages = WIDE_CONTIGUOUS_RINGS[problem.head_dim]
+            return replace(WIDE_CONFIGS[problem.head_dim], block_n=block_n, num_stages=num_stages)
         return WIDE_CONFIGS[problem.head_dim]
     wgmma_rows = rows <= MAX_BLOCK_M or (WGMMA_D256_CONTIGUOUS_ALL_ROWS and not problem.paged)
     if WGMMA_D256 and problem.head_dim == 256 and rows >= WGMMA_D256_FROM_ROWS and wgmma_rows:
