@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +57,21 @@ def json_from_child(args: list[str], timeout: float) -> Any:
         [sys.executable, *args], cwd=ROOT, env=compile_environment(), capture_output=True, text=True, timeout=timeout
     )
     assert done.returncode == 0, f"the child process failed:\n{done.stderr[-4000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def json_from_child_with_empty_triton_cache(script: str, timeout: float) -> Any:
+    """Run ``python -c script`` from the project root (this process's environment, the root as ``PYTHONPATH``)
+    with an empty Triton cache of its own, and return its last stdout line, parsed as JSON. For a planted bug on
+    the GPU: Triton keys a compiled kernel on its callees' source as first seen in the process, so in a shared
+    process (or from the disk cache) the unplanted kernel could run for the planted one, or the planted one be
+    cached for later tests. A failing child fails the test with the end of its stderr."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "TRITON_CACHE_DIR": cache, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(
+            [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

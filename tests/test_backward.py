@@ -247,16 +247,20 @@ def model_backward(q, k, v, out, lse, d_out, prob: Problem, bug: str | None = No
     return dq, dk, dv
 
 
-@pytest.mark.parametrize("bug", [None, *BUGS])
-def test_the_rule_fails_planted_bugs(bug: str | None) -> None:
-    # GQA, causal bottom-right, keys over five model blocks, so every planted bug has something to break.
-    prob = problem(37, 150, causal=True, alignment="bottom_right")
+def failed_checks_of_planted_bug(prob: Problem, bug: str | None) -> tuple[set[str], str]:
+    """The names of the rule's checks that ``model_backward`` with ``bug`` planted (None: none) fails on ``prob``
+    (inputs of seed 4), and every check's summary."""
     q, k, v, d_out = inputs(prob, seed=4)
     out, lse = reference_attention(q, k, v, prob, with_lse=True)
     grads = model_backward(q, k, v, out, lse, d_out, prob, bug)
     checks = judge_gradients(grads, reference_gradients(q, k, v, d_out, prob), sdpa_gradients(q, k, v, d_out, prob))
-    failed = {check.name for check in checks if not check.ok}
-    summary = "\n".join(check.summary() for check in checks)
+    return {check.name for check in checks if not check.ok}, "\n".join(check.summary() for check in checks)
+
+
+@pytest.mark.parametrize("bug", [None, *BUGS])
+def test_the_rule_fails_planted_bugs(bug: str | None) -> None:
+    # GQA, causal bottom-right, keys over five model blocks, so every planted bug has something to break.
+    failed, summary = failed_checks_of_planted_bug(problem(37, 150, causal=True, alignment="bottom_right"), bug)
     if bug is None:
         assert not failed, summary
     else:

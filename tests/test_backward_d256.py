@@ -24,9 +24,7 @@ import pytest
 import torch
 import triton
 
-from common.contract.gradients import judge_gradients, reference_gradients, sdpa_gradients
 from common.contract.inputs import make_inputs
-from common.contract.reference import reference_attention
 from common.toolchain.releases import triton_release
 from tests._helpers import json_from_child
 from tests.test_backward import (
@@ -40,9 +38,9 @@ from tests.test_backward import (
     check_gpu_gradients,
     check_gpu_lse_gradients,
     check_gradients,
+    failed_checks_of_planted_bug,
     inputs,
     interpreter_runs_fp64_dots,
-    model_backward,
     problem,
 )
 from triton_impl.backward import naive as naive_backward
@@ -82,12 +80,7 @@ def test_the_rule_fails_planted_bugs_at_d256(bug: str | None) -> None:
     """The planted bugs of ``tests/test_backward.py``'s model, at D=256: GQA, causal bottom-right, keys
     over three model blocks."""
     prob = problem(13, 77, head_dim=HEAD_DIM, causal=True, alignment="bottom_right")
-    q, k, v, d_out = inputs(prob, seed=4)
-    out, lse = reference_attention(q, k, v, prob, with_lse=True)
-    grads = model_backward(q, k, v, out, lse, d_out, prob, bug)
-    checks = judge_gradients(grads, reference_gradients(q, k, v, d_out, prob), sdpa_gradients(q, k, v, d_out, prob))
-    failed = {check.name for check in checks if not check.ok}
-    summary = "\n".join(check.summary() for check in checks)
+    failed, summary = failed_checks_of_planted_bug(prob, bug)
     assert (not failed) if bug is None else set(BUGS[bug]) <= failed, summary
 
 

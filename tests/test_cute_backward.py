@@ -18,8 +18,6 @@ from __future__ import annotations
 import functools
 import itertools
 import re
-import subprocess
-import tempfile
 from dataclasses import replace
 
 import pytest
@@ -35,7 +33,7 @@ from common.contract.gradients import judge_gradients
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention
-from common.reporting.static import _cuobjdump, cubin_resources
+from common.reporting.static import cubin_resources, cubin_sass
 from common.toolchain.arch import SM90_SHARED_MEMORY_BYTES
 from common.toolchain.compile import compile_cute_sm90
 from cute_impl._host import CUTE_DTYPES
@@ -137,10 +135,7 @@ def test_fp16_compiles_without_spills() -> None:
 
 
 def sass_of(binary) -> str:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-        handle.write(binary.cubin)
-        handle.flush()
-        return subprocess.run([_cuobjdump(), "-sass", handle.name], capture_output=True, text=True, check=True).stdout
+    return cubin_sass(binary.cubin)
 
 
 def wgmma_serialised(sass: str) -> bool:

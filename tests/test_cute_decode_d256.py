@@ -27,7 +27,13 @@ from common.contract import splits
 from common.contract.problem import Problem
 from common.reporting.static import cubin_resources
 from cute_impl import _decode_warps, decode
-from tests.test_cute_decode_rows import RAGGED, assert_planted_warp_bug_fails, check_forced_splits
+from tests.test_cute_decode_rows import (
+    RAGGED,
+    _first_rows_mask,
+    _first_rows_part,
+    assert_planted_warp_bug_fails,
+    check_forced_splits,
+)
 
 CPU = torch.device("cpu")
 TILE32 = {256: 32}
@@ -188,25 +194,10 @@ def test_gpu_tile32_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
     assert result.ok, f"ROW_SPLIT_MAX_TILE_M {problem.describe()}: {result.summary()}"
 
 
-_REAL_PART = _decode_warps.WarpTiles.part
-
-
-def _first_rows_part(self, sO_parts, sLSE_parts):
-    """Planted: the second row warp's O and LSE over the first's rows (rows 16.. of the tile never merged)."""
-    row_warp, self.row_warp = self.row_warp, 0
-    try:
-        return _REAL_PART(self, sO_parts, sLSE_parts)
-    finally:
-        self.row_warp = row_warp
-
-
-def _first_rows_mask(self, m_block):
-    """Planted: the causal mask takes the second row warp's rows as the first's (Sq 3: rows 16, 17 are tokens 1, 2,
-    masked as tokens 0, 1)."""
-    return m_block * self.row_warps
-
-
-# bug -> (method of WarpTiles, replacement, GPU case it must fail on).
+# bug -> (method of WarpTiles, replacement, GPU case it must fail on). The replacements are the row split's
+# (tests/test_cute_decode_rows.py): here the second row warp's O and LSE stored over the first's rows (rows 16.. of
+# the tile never merged), and the causal mask taking the second row warp's rows as the first's (Sq 3: rows 16, 17
+# are tokens 1, 2, masked as tokens 0, 1).
 PLANTED = {
     "second row warp stored over the first's rows": ("part", _first_rows_part, "20rows-full"),
     "mask takes the first row warp's rows": ("mask_m_block", _first_rows_mask, "18rows-sq3-paged-ragged"),

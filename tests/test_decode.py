@@ -880,7 +880,7 @@ GLUON_LAUNCHES = [
 ]  # fmt: skip
 
 _GLUON_LAUNCH_SCRIPT = """
-import json, subprocess, sys, tempfile
+import json, sys
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
@@ -888,7 +888,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import create_function_from_signature
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
-from common.reporting.static import _cuobjdump, cubin_resources, ptx_features
+from common.reporting.static import cubin_resources, cubin_sass, ptx_features
 from triton_impl.gluon import decode
 kernel = decode._split_kernel
 target = GPUTarget("cuda", 90, 32)
@@ -914,10 +914,7 @@ for launch in json.loads(sys.argv[1]):
     source = GluonASTSource(kernel, signature, constexprs, attrs)
     compiled = triton.compile(source, target=target, options=options.__dict__)
     (resources,) = cubin_resources(compiled.asm["cubin"]).values()
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-        handle.write(compiled.asm["cubin"])
-        handle.flush()
-        sass = subprocess.run([_cuobjdump(), "-sass", handle.name], capture_output=True, text=True, check=True).stdout
+    sass = cubin_sass(compiled.asm["cubin"])
     results.append({
         "registers": resources["registers"],
         "spill_bytes": resources["local_bytes"] + resources["stack_bytes"],

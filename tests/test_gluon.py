@@ -60,9 +60,8 @@ _COMPILE_SCRIPT = """
 import json, re, sys
 import torch
 from common.contract.problem import Problem
-from common.reporting.static import _cuobjdump, cubin_resources, ptx_features
+from common.reporting.static import cubin_resources, cubin_sass, ptx_features
 from common.contract.fp8 import VARIANTS
-import subprocess, tempfile
 from triton_impl.gluon import fp8, hopper
 rung, head_dim, causal, dtype, variant, features = json.loads(sys.argv[1])
 shape = {"batch": 1, "heads": 1, "seqlen_q": 256, "seqlen_k": 256, **features}
@@ -72,10 +71,7 @@ if rung == "fp8":
 else:
     (binary,) = hopper.compile_sm90(problem)
 (resources,) = cubin_resources(binary.cubin).values()
-with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-    handle.write(binary.cubin)
-    handle.flush()
-    sass = subprocess.run([_cuobjdump(), "-sass", handle.name], capture_output=True, text=True, check=True).stdout
+sass = cubin_sass(binary.cubin)
 tokens = (("init", "mbarrier.init"), ("fence", "fence.proxy.async"), ("wait", "mbarrier.try_wait"))
 events = [kind for line in binary.ptx.splitlines() for kind, token in tokens if token in line]
 instructions = [

@@ -138,9 +138,9 @@ KNOWN_SPILLS = {
 # The reduce variants' dK/dV kernel at ragged GQA shapes (non-causal, causal bottom-right) and at P1 (and
 # causal), and the atomic variant (the plant: per-element atomics, no bulk reduce) at the ragged causal one.
 SASS_SCRIPT = """
-import json, re, subprocess, tempfile, torch
+import json, re, torch
 from common.contract.problem import Problem
-from common.reporting.static import _cuobjdump, cubin_resources
+from common.reporting.static import cubin_resources, cubin_sass
 from common.toolchain.releases import triton_release
 from tests.test_gluon_backward_dq import step_loop_spills
 from triton_impl.gluon import backward as gluon_backward
@@ -157,11 +157,7 @@ rows = []
 for tiles, name in chosen:
     binaries = gluon_backward.compile_sm90(shapes[name], tiles)
     dkdv = binaries[1]
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-        handle.write(dkdv.cubin)
-        handle.flush()
-        sass = subprocess.run([_cuobjdump(), "-sass", handle.name], capture_output=True, text=True,
-                              check=True).stdout
+    sass = cubin_sass(dkdv.cubin)
     usage = next(iter(cubin_resources(dkdv.cubin).values()))
     rows.append({
         "tiles": tiles.label, "shape": name, "launches": [b.name for b in binaries],

@@ -245,16 +245,13 @@ def test_consumer_ranges_refuse_an_in_kernel_dq_and_are_named() -> None:
 
 
 STATIC_SCRIPT = """
-import dataclasses, json, re, subprocess, tempfile, torch
+import dataclasses, json, re, torch
 from common.contract.problem import Problem
-from common.reporting.static import _SASS_INSTRUCTION, _cuobjdump, cubin_resources
+from common.reporting.static import _SASS_INSTRUCTION, cubin_resources, cubin_sass
 from triton_impl.gluon import backward as gluon_backward
 
 def step_loops(cubin):
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-        handle.write(cubin)
-        handle.flush()
-        sass = subprocess.run([_cuobjdump(), "-sass", handle.name], capture_output=True, text=True, check=True).stdout
+    sass = cubin_sass(cubin)
     listing = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _SASS_INSTRUCTION.finditer(sass)]
     spans = []
     for address, opcode, operands in listing:

@@ -69,9 +69,9 @@ def test_preprocess_pads_each_heads_rows_and_the_descriptors_stop_at_sq() -> Non
 # For the first tma_rows candidate of each head dim and the same tiles reading HBM: the dK/dV kernel's SASS
 # facts at a ragged GQA causal bottom-right shape.
 SASS_SCRIPT = """
-import dataclasses, json, re, subprocess, tempfile, torch
+import dataclasses, json, re, torch
 from common.contract.problem import Problem
-from common.reporting.static import _cuobjdump, cubin_resources, loop_census
+from common.reporting.static import cubin_resources, cubin_sass, loop_census
 from triton_impl.gluon import backward as gluon_backward
 rows = {}
 for head_dim, variants in gluon_backward.CANDIDATES.items():
@@ -80,11 +80,7 @@ for head_dim, variants in gluon_backward.CANDIDATES.items():
                       causal_alignment="bottom_right")
     for name, chosen in (("tma_rows", tiles), ("hbm", dataclasses.replace(tiles, tma_rows=False))):
         dkdv = gluon_backward.compile_sm90(problem, chosen)[1]
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-            handle.write(dkdv.cubin)
-            handle.flush()
-            sass = subprocess.run([_cuobjdump(), "-sass", handle.name], capture_output=True, text=True,
-                                  check=True).stdout
+        sass = cubin_sass(dkdv.cubin)
         usage = next(iter(cubin_resources(dkdv.cubin).values()))
         rows[f"{head_dim} {name}"] = {
             "global_loads": len(re.findall(r"(?<![A-Z])LDG[.\\s]", sass)),

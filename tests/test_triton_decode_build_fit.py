@@ -17,11 +17,7 @@ cache, so that neither holds the unplanted kernel).
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,7 +27,7 @@ from bench.decode_ragged_ab import plan_of
 from common.contract import splits
 from common.contract.problem import Problem
 from common.measure.decode_sweep import decode_cases, random_cases
-from tests._helpers import json_from_child
+from tests._helpers import json_from_child, json_from_child_with_empty_triton_cache
 from tests.test_decode import interpreter_only
 from tests.test_decode_merge_group_triton import _ctas_an_sm
 from tests.test_decode_packed import _interpreter_check
@@ -262,9 +258,8 @@ def test_gpu_launch_takes_one_wave_of_the_builds_slots(monkeypatch: pytest.Monke
     assert run.balanced and run.num_splits == 2 * sms - problem.batch * problem.kv_heads, run.num_splits
 
 
-# The planted bug in a process of its own with an empty Triton cache: Triton keys a kernel's compiled binary on its
-# callees' source as first seen in the process, so in this one (or from the disk cache) the unplanted kernel could be
-# launched for the planted one, or the planted one cached for later tests.
+# The planted bug in a process of its own with an empty Triton cache (``json_from_child_with_empty_triton_cache``
+# says why).
 _PLANTED_PROBE = """
 import json
 import pytest
@@ -289,12 +284,6 @@ def test_gpu_planted_share_boundary_bug_fails_the_check():
     passes unplanted (``test_gpu_build_fit_against_fp64[paged256-40rows]``)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "TRITON_CACHE_DIR": cache, "PYTHONPATH": str(ROOT)}
-        done = subprocess.run(
-            [sys.executable, "-c", _PLANTED_PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-        )
-    assert done.returncode == 0, done.stderr[-4000:]
-    child = json.loads(done.stdout.strip().splitlines()[-1])
+    child = json_from_child_with_empty_triton_cache(_PLANTED_PROBE, timeout=300)
     assert child["one_wave"] is not None, child
     assert not child["ok"], f"the check passed a wrong kernel ({child['summary']})"

@@ -13,12 +13,7 @@ with the launch's target checked; a planted share-boundary bug fails the same ch
 
 from __future__ import annotations
 
-import json
-import os
 import shlex
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +22,7 @@ import torch
 from bench.decode_ragged_ab import plan_of
 from common.contract import splits
 from common.measure.decode_sweep import decode_cases, random_cases
+from tests._helpers import json_from_child_with_empty_triton_cache
 from tests.test_decode import interpreter_only
 from tests.test_decode_packed import _interpreter_check
 from tests.test_triton_decode_build_fit import _problem
@@ -172,7 +168,7 @@ def test_gpu_one_wave_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
     assert result.ok, f"triton/decode {SWITCH} {problem.describe()}: {result.summary()}"
 
 
-# In a process of its own with an empty Triton cache (test_triton_decode_build_fit.py says why).
+# In a process of its own with an empty Triton cache (``json_from_child_with_empty_triton_cache`` says why).
 _PLANTED_PROBE = """
 import json
 import pytest
@@ -196,13 +192,7 @@ def test_gpu_planted_share_boundary_bug_fails_the_check():
     """Every share's keys one block late on the contiguous case, which passes unplanted."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "TRITON_CACHE_DIR": cache, "PYTHONPATH": str(ROOT)}
-        done = subprocess.run(
-            [sys.executable, "-c", _PLANTED_PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-        )
-    assert done.returncode == 0, done.stderr[-4000:]
-    child = json.loads(done.stdout.strip().splitlines()[-1])
+    child = json_from_child_with_empty_triton_cache(_PLANTED_PROBE, timeout=300)
     problem = GPU_CASES["contiguous-20rows"][0]
     assert child["target"] == torch.cuda.get_device_properties(0).multi_processor_count - problem.batch, child
     assert not child["ok"], f"the check passed a wrong kernel ({child['summary']})"

@@ -326,6 +326,13 @@ def _ready_tile(ring, ready, n_block, NUM_STAGES: gl.constexpr):
     return ring.index(stage)
 
 
+@gluon.constexpr_function
+def _accumulator_layout(num_warps, columns):
+    """A wgmma accumulator of ``columns`` columns (S: BLOCK_N, O: D; the backward's Sᵀ: BLOCK_M, dK, dV, dQ: D), each
+    warp 16 whole rows."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, columns, 16])
+
+
 @gluon.jit
 def _scores(q_smem, k_tile, s_layout: gl.constexpr):
     """Issue S = Q Kᵀ asynchronously: a wgmma token, not yet a tensor."""

@@ -93,6 +93,7 @@ from triton_impl.backward import tiled
 from triton_impl.backward._host import compile_launches, run_launches
 from triton_impl.gluon import backward_ranges
 from triton_impl.gluon._device import (
+    _accumulator_layout,
     _as_box,
     _operand_p,
     _partition_barrier,
@@ -510,12 +511,8 @@ def _dkdv_kernel(
     BLOCK_N: gl.constexpr = NUM_CONSUMERS * WG_N
     BLOCK_M: gl.constexpr = desc_q.block_type.shape[2]
     HEAD_DIM: gl.constexpr = desc_q.block_type.shape[3]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16]
-    )
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
-    )
+    s_layout: gl.constexpr = _accumulator_layout(num_warps, BLOCK_M)
+    acc_layout: gl.constexpr = _accumulator_layout(num_warps, HEAD_DIM)
     # Pᵀ and dSᵀ as wgmma's A operand from registers: two 16-bit k per thread and register.
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     constants: gl.constexpr = StepConstants(
@@ -675,12 +672,8 @@ def _dq_kernel(
     BLOCK_M: gl.constexpr = NUM_CONSUMERS * WG_M
     BLOCK_N: gl.constexpr = desc_k.block_type.shape[2]
     HEAD_DIM: gl.constexpr = desc_q.block_type.shape[3]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
-    )
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
-    )
+    s_layout: gl.constexpr = _accumulator_layout(num_warps, BLOCK_N)
+    acc_layout: gl.constexpr = _accumulator_layout(num_warps, HEAD_DIM)
     # dS as wgmma's A operand from registers: two 16-bit k per thread and register.
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     constants: gl.constexpr = StepConstants(

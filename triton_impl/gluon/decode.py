@@ -178,6 +178,7 @@ from triton_impl.gluon._decode_merge import (
     _store_partials,
 )
 from triton_impl.gluon._device import (
+    _accumulator_layout,
     _as_box,
     _operand_p,
     _partition_barrier,
@@ -450,12 +451,6 @@ class OutputConstants(NamedTuple):
 # ----------------------------------------------------------------------------------------------
 # Device parts: the packed rows, the K/V ring, one pipelined key block
 # ----------------------------------------------------------------------------------------------
-@gluon.constexpr_function
-def _accumulator_layout(num_warps, columns):
-    """A wgmma accumulator of ``columns`` columns (S: BLOCK_N, O: D), each warp 16 whole rows."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, columns, 16])
-
-
 @gluon.jit
 def _ring_place(keys, i):
     """The ring place of the split's key block ``i``: i, or under ``ITEMS_IN_FLIGHT`` after the CTA's earlier items'
