@@ -72,7 +72,7 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
-from cutlass.cute.nvgpu import warp, warpgroup
+from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.memory import SmemAllocator
 
@@ -219,6 +219,100 @@ def reduce_add_bulk(gmem: cute.Pointer, smem: cute.Pointer, size_bytes: int, *, 
     )
 
 
+@dsl_user_op
+def count_arrival(counter: cute.Pointer, lane: Int32, *, loc=None, ip=None) -> Int32:
+    """The calling warp's bulk adds (complete: ``cp.async.bulk.wait_group`` without ``.read`` before this) made
+    visible to the generic proxy (``fence.proxy.async.global``), then lane 0 adds 1 to ``counter`` (an int32 in
+    global memory) with gpu-scope acquire-release semantics; every lane gets the count before its add."""
+    return Int32(
+        llvm.inline_asm(
+            Int32.mlir_type,
+            [counter.llvm_ptr, Int32(lane).ir_value(loc=loc, ip=ip)],
+            "{\n\t.reg .pred leader;\n\t.reg .b32 before;\n\tmov.b32 before, 0;\n\t"
+            "setp.eq.u32 leader, $2, 0;\n\tfence.proxy.async.global;\n\t"
+            "@leader atom.acq_rel.gpu.global.add.u32 before, [$1], 1;\n\t"
+            "shfl.sync.idx.b32 $0, before, 0, 0x1f, 0xffffffff;\n\t}",
+            "=r,l,r",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def acquire(counter: cute.Pointer, *, loc=None, ip=None) -> None:
+    """This thread's gpu-scope acquire of ``counter`` (the value lane 0's add made the last one): what every
+    contributor released before its add is visible to this thread's later loads."""
+    llvm.inline_asm(
+        Int32.mlir_type,
+        [counter.llvm_ptr],
+        "ld.acquire.gpu.global.b32 $0, [$1];",
+        "=r,l",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+class DQFinish(ReadOnlyInRegions):
+    """``BackwardTiles.dq_finish_in_kernel``: the dQ writer's counting and finishing (steps 5-6 of the module
+    docstring). ``mdQ`` (Sq, D, (H, B)); ``mCounters`` (B, H, query blocks) int32, zeroed with dQaccum;
+    ``contributors(m_block)``: how many key blocks add into query block ``m_block``
+    (``_device.query_block_contributors``)."""
+
+    def __init__(self, mdQ: cute.Tensor, mCounters: cute.Tensor, softmax_scale: Float32, contributors, tile_m: int):
+        self.mdQ = mdQ
+        self.mCounters = mCounters
+        self.softmax_scale = softmax_scale
+        self.contributors = contributors
+        self.tile_m = tile_m
+
+    @cute.jit
+    def arrive(
+        self, mdQaccum: cute.Tensor, sdQ: cute.Tensor, columns: cutlass.Constexpr, batch: Int32, head: Int32,
+        m_block: Int32,
+    ):  # fmt: skip
+        """Step 5, after this warp's adds into query block ``m_block`` of ``head`` have completed: count this key
+        block in. Step 6, if it was the block's last: acquire, copy the block's two finished chunks from L2 into
+        the staging tiles ``sdQ`` (free: their bulk reads done) by ``cp.async`` (16 bytes a copy, none held in
+        registers: the warp has 24 a thread), then dQ = softmax_scale · dQaccum from there, rows past Sq dropped."""
+        lane = cute.arch.lane_idx()
+        counter = self.mCounters[batch, head, None].iterator + m_block
+        arrived = count_arrival(counter, lane) + 1
+        if arrived == self.contributors(m_block):
+            acquire(counter)
+            copy = cute.make_copy_atom(
+                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float32, num_bits_per_copy=128
+            )
+            vectors = ROWS_PER_WARPGROUP * columns // VALUES_PER_VECTOR
+            for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
+                gChunk = as_vectors(mdQaccum[batch, head, m_block, w, None], cute.AddressSpace.gmem)  # (4, vectors)
+                sChunk = as_vectors(sdQ[None, w])  # (4, vectors)
+                for v in cutlass.range(vectors // WARP_THREADS, unroll=8):
+                    cute.copy(copy, gChunk[None, lane + v * WARP_THREADS], sChunk[None, lane + v * WARP_THREADS])
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.sync_warp()  # every lane's copies landed, read by the others
+            for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
+                row_box, column_box = dq_box(w, self.tile_m)
+                box = m_block * (self.tile_m // ROWS_PER_WARPGROUP) + row_box
+                gdQ = cute.local_tile(self.mdQ[None, None, (head, batch)], (ROWS_PER_WARPGROUP, columns),
+                                      (box, column_box))  # fmt: skip
+                rows_left = self.mdQ.shape[0] - box * ROWS_PER_WARPGROUP
+                store_row_pieces(sdQ[None, w], gdQ, columns, lane, rows_left, self.softmax_scale)
+            cute.arch.sync_warp()  # the tiles read before the consumers may write them again
+
+
+def as_vectors(chunk: cute.Tensor, memspace=None) -> cute.Tensor:
+    """A flat fp32 tile (16-byte aligned, which the DSL cannot see through a runtime index) as (4, vectors), in
+    ``memspace`` (default: the tile's own; ``cp.async`` wants dQaccum's generic pointer as a global one)."""
+    start = chunk.iterator
+    memspace = start.memspace if memspace is None else memspace
+    aligned = cute.make_ptr(Float32, start.toint(), memspace, assumed_align=VALUES_PER_VECTOR * 4)
+    return cute.make_tensor(aligned, cute.make_layout((VALUES_PER_VECTOR, cute.size(chunk) // VALUES_PER_VECTOR)))
+
+
 class DQReduce(ReadOnlyInRegions):
     """One consumer warpgroup's share of the dQ path (steps 1-3 of the module docstring)."""
 
@@ -317,27 +411,48 @@ class DQReduce(ReadOnlyInRegions):
 @cute.jit
 def dq_writer(
     mdQaccum: cute.Tensor, sdQ_storage, columns: cutlass.Constexpr, query_blocks, group: Int32, kv_head: Int32,
-    batch: Int32, n_start: Int32,
+    batch: Int32, n_start: Int32, finish: DQFinish | None = None,
 ):  # fmt: skip
     """Step 4, one warp: per query block of every head of the group (the consumers' order), free both
-    staging tiles (their last bulk reads done), then add each, once staged, to its ``dQaccum`` chunk."""
+    staging tiles (their last bulk reads done), then add each, once staged, to its ``dQaccum`` chunk.
+    ``finish`` (``dq_finish_in_kernel``, steps 5-6): before freeing the tiles, count in the block whose adds
+    were committed two blocks ago (complete by then: the wait rarely waits) and, if it was that block's last
+    key block, finish its dQ through the free staging tiles; after the loop, the last two blocks."""
     chunk_values = ROWS_PER_WARPGROUP * columns
     sdQ = sdQ_storage.get_tensor(cute.make_layout((chunk_values, CONSUMER_WARPGROUPS)))
     handshake = WARP_THREADS + THREADS_PER_WARPGROUP
     m_block_min, _, m_block_max = query_blocks(n_start)
+    # finish: the blocks whose adds were committed one and two blocks ago (-1: none yet), not yet counted.
+    last_head, last_block, older_head, older_block = Int32(0), Int32(-1), Int32(0), Int32(-1)
     for head_in_group in cutlass.range(group, unroll=1):
         head = kv_head * group + head_in_group
         for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
-            for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
-                cute.arch.cp_async_bulk_wait_group(CONSUMER_WARPGROUPS - 1 - w, read=True)
-                cute.arch.barrier_arrive(barrier_id=int(DQBarrier.DQ_EMPTY_WG1) + w, number_of_threads=handshake)
+            if cutlass.const_expr(finish is None):
+                for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
+                    cute.arch.cp_async_bulk_wait_group(CONSUMER_WARPGROUPS - 1 - w, read=True)
+                    cute.arch.barrier_arrive(barrier_id=int(DQBarrier.DQ_EMPTY_WG1) + w, number_of_threads=handshake)
+            else:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)  # both tiles free
+                if older_block >= 0:  # its two groups complete: all but the last block's two
+                    cute.arch.cp_async_bulk_wait_group(CONSUMER_WARPGROUPS, read=False)
+                    finish.arrive(mdQaccum, sdQ, columns, batch, older_head, older_block)
+                for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
+                    cute.arch.barrier_arrive(barrier_id=int(DQBarrier.DQ_EMPTY_WG1) + w, number_of_threads=handshake)
             for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
                 cute.arch.barrier(barrier_id=int(DQBarrier.DQ_FULL_WG1) + w, number_of_threads=handshake)
                 with cute.arch.elect_one():
                     gdQaccum = mdQaccum[batch, head, m_block, w, None]  # (64 · columns,)
                     reduce_add_bulk(gdQaccum.iterator, sdQ[None, w].iterator, chunk_values * Float32.width // 8)
                 cute.arch.cp_async_bulk_commit_group()
-    cute.arch.cp_async_bulk_wait_group(0, read=True)
+            older_head, older_block, last_head, last_block = last_head, last_block, head, m_block
+    if cutlass.const_expr(finish is None):
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
+    else:
+        cute.arch.cp_async_bulk_wait_group(0, read=False)  # every add complete, the tiles free
+        if older_block >= 0:
+            finish.arrive(mdQaccum, sdQ, columns, batch, older_head, older_block)
+        if last_block >= 0:
+            finish.arrive(mdQaccum, sdQ, columns, batch, last_head, last_block)
 
 
 class DQPostprocessKernel:
@@ -453,6 +568,38 @@ def store_quad_rows(
                     gX.element_type, target.iterator.toint(), target.iterator.memspace, assumed_align=16
                 )
                 cute.autovec_copy(out, cute.make_tensor(aligned, target.layout))
+
+
+@cute.jit
+def store_row_pieces(
+    chunk: cute.Tensor, gX: cute.Tensor, columns: cutlass.Constexpr, lane: Int32, rows_left: Int32, scale: Float32
+):  # fmt: skip
+    """``store_quad_rows`` by one warp within the dQ writer's 24 registers a thread: a row piece (8 adjacent
+    columns of one row) at a time, its 8 values read as the 8-byte halves of the row quad's four vectors (the
+    other half, the row 8 below, read by the next piece from the same 64 bytes, by then in L1 or L2) instead
+    of the whole 64 bytes at once (16 values: ptxas spilled the loop at 24 registers)."""
+    vectors = columns // COLUMNS_PER_QUAD
+    quads = THREADS_PER_WARPGROUP // QUAD
+    start = chunk.iterator
+    pairs = cute.make_tensor(
+        cute.make_ptr(Float32, start.toint(), start.memspace, assumed_align=8),
+        cute.make_layout((2, 2, QUAD, quads * vectors), stride=(1, 2, VALUES_PER_VECTOR, QUAD * VALUES_PER_VECTOR)),
+    )  # (value in pair, half, lane of the quad, group)
+    for s in cutlass.range(quads * vectors * 2 // WARP_THREADS, unroll=1):
+        group = (lane + s * WARP_THREADS) // 2
+        half = (lane + s * WARP_THREADS) % 2
+        vector, quad = group % vectors, group // vectors
+        row = (quad // QUADS_PER_WARP) * 16 + quad % QUADS_PER_WARP + 8 * half
+        piece = cute.make_rmem_tensor((2, QUAD), Float32)
+        cute.autovec_copy(pairs[None, half, None, vector * quads + quad], piece)
+        out = cute.make_rmem_tensor(COLUMNS_PER_QUAD, gX.element_type)
+        out.store((piece.load() * scale).to(gX.element_type))
+        if row < rows_left:
+            target = cute.local_tile(gX[row, None], (COLUMNS_PER_QUAD,), (vector,))
+            aligned = cute.make_ptr(
+                gX.element_type, target.iterator.toint(), target.iterator.memspace, assumed_align=16
+            )
+            cute.autovec_copy(out, cute.make_tensor(aligned, target.layout))
 
 
 @cute.jit
