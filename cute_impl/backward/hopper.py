@@ -279,6 +279,10 @@ CHAINED_CAUSAL = (
 # Issue #40: the causal D=128 default with dQ finished in the dK/dV kernel (no postprocess launch), and the D=64
 # default chained so too (``BackwardTiles.dq_finish_in_kernel``).
 FINISHED_CAUSAL = replace(CHAINED_CAUSAL[-1], postprocess_reversed=False, dq_finish_in_kernel=True)
+FINISHED_D64 = BackwardTiles(
+    128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True, rebased_operands=True,
+    dq_finish_in_kernel=True,
+)  # fmt: skip
 
 # The first of each head dim is the deterministic default (``default_tiles``); ``DEFAULTS`` names the others'.
 # D=128: 64 query rows per dK/dV step is the register limit (docstring), 32 leave room to overlap; the
@@ -299,6 +303,7 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(
             128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True, rebased_operands=True
         ),
+        FINISHED_D64,
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True),
     ),
