@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,6 +63,21 @@ def test_the_candidates_finish_the_defaults_and_the_switch_is_validated() -> Non
     ):
         with pytest.raises(ValueError, match="dq_finish_in_kernel"):
             replace(wrong, dq_finish_in_kernel=True)
+
+
+def test_the_ab_script_runs_these_tests_then_times_the_finished_candidates() -> None:
+    """``bench/cute_bwd_finish_ab.sh`` runs this file's GPU tests before ``bench.cute_bwd_finish_ab``, whose rows are
+    each head dim's default and its finished candidate by label, and profiles the finished candidate by a label that
+    exists (no GPU touched; planted: a misspelt label is found)."""
+    from bench.cute_bwd_finish_ab import cute_rows
+    from tests.test_cute_backward_gap import labels_in_script
+
+    script = (Path(__file__).parents[1] / "bench" / "cute_bwd_finish_ab.sh").read_text()
+    assert script.index("tests/test_cute_backward_finish.py") < script.index("bench.cute_bwd_finish_ab")
+    assert FINISHED.label in script and not labels_in_script(script)
+    assert labels_in_script(script.replace("_dqfinish", "_dq_finish"))
+    assert cute_rows(128) == {"default": hopper_backward.DEFAULTS[128, True].label, "finish": FINISHED.label}
+    assert cute_rows(64) == {"default": hopper_backward.DEFAULTS[64, False].label, "finish": FINISHED_D64.label}
 
 
 def contributors_by_ranges(m_block: int, tile_m: int, seqlen_q: int, seqlen_k: int, causal: bool, offset: int) -> int:
