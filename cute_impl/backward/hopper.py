@@ -103,7 +103,9 @@ postprocess take the (batch, head) items last first, so that it starts on the dQ
 leave in L2. Timed against ``UNCHAINED_CAUSAL`` (H200, 2026-12-04, ``results/h200/backward-chained-causal/`` and
 ``backward-chained-causal-20rounds/``): the full chain faster in all nine medians of three calls (4, 10 and 20
 rounds) at B=8 S=2048, B=16 S=1024 and P1 causal, +0.4 to +1.6 %, each inside its rounds' spread; dK and dV bit for
-bit the unchained build's. Taken on that consistency.
+bit the unchained build's. Taken on that consistency. ``dq_finish_in_kernel`` (``FINISHED_CAUSAL``, ``FINISHED_D64``;
+off, under A/B: ``bench/cute_bwd_finish_ab.sh``) drops the postprocess: each query block's last key block converts
+its dQ in the dK/dV kernel, counted by an int32 counter a block beside dQaccum (``hopper_dq.DQFinish``).
 
 Where it stands (H200, 2026-12-04, ``compare.py --backward --rounds 4``,
 ``results/h200/backward-anchors-2026-12-04-chained/``): 606 / 571 / 529 / 451 TFLOP/s at P1 / P1 causal / D=64 B=4

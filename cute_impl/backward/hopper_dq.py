@@ -1,5 +1,6 @@
 """dQ without recomputation for the CuTe ``hopper`` backward (``hopper.py``, ``BackwardTiles(dq="reduce")``):
-the pieces the dK/dV kernel adds to compute dQ itself, and the small kernel that finishes dQ.
+the pieces the dK/dV kernel adds to compute dQ itself, and the small kernel that finishes dQ (or, with
+``BackwardTiles.dq_finish_in_kernel``, the dK/dV kernel's finish of each query block by its last key block).
 
 What it adds: ``hopper.py``'s default runs a second kernel for dQ that recomputes S and dP, seven
 products per (query block, key block) where five are counted. Here the dK/dV kernel, which already
@@ -29,6 +30,24 @@ How data moves, per step (``DQReduce``):
      staged tile to its chunk of ``dQaccum`` with one ``cp.reduce.async.bulk...add.f32`` (the L2 does
      the adds, asynchronously: the consumers never wait on atomics) and frees the tile once the bulk
      copy has read it (``cp.async.bulk.wait_group.read``).
+With ``BackwardTiles.dq_finish_in_kernel`` (``DQFinish``) there is no postprocess launch; the writer also
+  5. counts each query block in once its two adds have completed: two blocks later (so that the wait rarely
+     waits), ``cp.async.bulk.wait_group`` without ``.read`` (``.read`` only says the staging tile was read; the
+     adds may still be on their way to L2), ``fence.proxy.async.global`` (the async proxy's writes ordered before
+     the generic proxy's), then lane 0 adds 1 to the block's int32 counter with a gpu-scope acquire-release atomic;
+  6. if that add brought the counter to the block's number of key blocks (``_device.query_block_contributors``:
+     the key blocks whose ``query_block_range`` holds it; GQA: one counter per query head, each head's key blocks
+     counted once), every lane acquires the counter (``ld.acquire.gpu``: all contributors' released adds visible),
+     copies the block's two finished chunks from L2 into the two staging tiles (free then: their bulk reads are
+     waited for before the consumers may refill them) by ``cp.async.cg`` (16 bytes a copy, no registers held:
+     the producer warpgroup has 24 a thread) and writes dQ = softmax_scale · dQaccum from there, a row piece a lane
+     (``store_row_pieces``; rows past Sq dropped). Rows that see no key (causal bottom-right, Sq > Sk) lie in
+     blocks no key block adds into: the host zeroes those rows of dQ. The counters sit after each head's chunks in
+     the dQaccum buffer (``hopper.dq_accumulator``), zeroed with it by the fill or the preprocess. What it removes:
+     the postprocess's launch and its pass over dQaccum from HBM (at B=8 H=16 S=2048 D=128, 134 MB read and 67 MB
+     written, ~50 µs after the dK/dV kernel); what it adds: each block's finish (32 KB from L2, 16 KB of dQ) in
+     the writer warp of whichever CTA adds last, which under the causal mask is mostly key block 0, each item's
+     longest CTA, while its consumers run the next step (they wait for the writer only at the next hand-over).
 ``dQaccum`` is (B, H, query blocks, 2, 64 · D/2) fp32, zeroed before the dK/dV kernel (by a fill, or by the
 preprocess: ``BackwardTiles.zero_in_preprocess``), each chunk one warpgroup's tile in fragment order;
 ``DQPostprocessKernel`` scales each chunk and stores dQ, rows past Sq dropped. It reads a chunk by row quads
@@ -58,7 +77,9 @@ dPᵀ (``dkdv_overlap``: ptxas keeps that asynchronous at D=64 and serialises ev
 rows D=64 runs m64n32 dQ products, at 128 rows (FlashAttention-3's D=64 tile) m64n64 ones, with 64 KB
 of dS buffers (``hopper.py`` then issues dV after dSᵀ and ``hopper_rows`` reads LSE₂ and D where used:
 both spilled or serialised otherwise), at 80 rows m64n80 dQᵀ ones. Timed: ``bench/cute_bwd_fused_dq_ab.sh``
-(128 rows), ``bench/cute_bwd_d128_ab.sh`` (80 rows). With ``BackwardTiles.rebased_operands`` the warpgroup's Kᵀ
+(128 rows), ``bench/cute_bwd_d128_ab.sh`` (80 rows). ``dq_finish_in_kernel``: 64 or 128 query rows a step (not the
+80-row dQᵀ, whose finish would need its transposed store through shared memory), no reversed postprocess (none is
+launched); timed by ``bench/cute_bwd_finish_ab.sh``. With ``BackwardTiles.rebased_operands`` the warpgroup's Kᵀ
 box and each step's dS buffer are described from their own addresses (``hopper_desc.py``).
 """
 
@@ -444,7 +465,8 @@ def dq_writer(
                     gdQaccum = mdQaccum[batch, head, m_block, w, None]  # (64 · columns,)
                     reduce_add_bulk(gdQaccum.iterator, sdQ[None, w].iterator, chunk_values * Float32.width // 8)
                 cute.arch.cp_async_bulk_commit_group()
-            older_head, older_block, last_head, last_block = last_head, last_block, head, m_block
+            if cutlass.const_expr(finish is not None):
+                older_head, older_block, last_head, last_block = last_head, last_block, head, m_block
     if cutlass.const_expr(finish is None):
         cute.arch.cp_async_bulk_wait_group(0, read=True)
     else:
