@@ -300,6 +300,9 @@ class DQFinish(ReadOnlyInRegions):
         registers: the warp has 24 a thread), then dQ = softmax_scale · dQaccum from there, rows past Sq dropped."""
         lane = cute.arch.lane_idx()
         counter = self.mCounters[batch, head, None].iterator + m_block
+        # The adds' issuer (``elect_one``: the lowest lane, 0) waited for them; the barrier orders its wait before
+        # lane 0's count even were another lane elected.
+        cute.arch.sync_warp()
         arrived = count_arrival(counter, lane) + 1
         if arrived == self.contributors(m_block):
             acquire(counter)
