@@ -402,7 +402,7 @@ class _DKDVKernel:
         tma_atom_dO, mdO_tma = cpasync.make_tiled_tma_atom(load, mdO, one_stage(sQ_layout), (self.tile_m, D))
         self.kv_bytes = 2 * CONSUMER_WARPGROUPS * cute.size_in_bytes(self.dtype, one_stage(sKV_layout))
         self.q_bytes = 2 * cute.size_in_bytes(self.dtype, one_stage(sQ_layout))
-        extra = hopper_dq.dq_storage_fields(self.dtype, D, self.tile_m) if self.dq_reduce else {}
+        extra = hopper_dq.dq_storage_fields(self.dtype, D, self.tile_m, self.finish) if self.dq_reduce else {}
         row_atoms = (None, None)
         if cutlass.const_expr(self.tma_rows):  # mLSE2 and mDelta become TMA coordinates
             row_atoms, (mLSE2, mDelta) = hopper_rows.tma_atoms(mLSE2, mDelta, self.tile_m)
@@ -499,22 +499,27 @@ class _DKDVKernel:
                     atoms, sources, slots = loads
                     for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
                         q_producer = load_pair(atoms, tuple(g[None, m_block] for g in sources), slots, q_producer)
-            if cutlass.const_expr(self.dq_reduce):  # noqa: SIM102 (a compile-time and a runtime test)
+            if cutlass.const_expr(self.dq_reduce):
+                columns = hopper_dq.dq_columns(D, self.tile_m)
+                finish = None
+                if cutlass.const_expr(self.finish):  # the last key block of a query block converts its dQ
+                    contributors = functools.partial(
+                        query_block_contributors, tile_n=KEY_TILE, tile_m=self.tile_m, seqlen_k=seqlen_k,
+                        causal=self.causal, causal_offset=causal_offset,
+                    )  # fmt: skip
+                    finish = hopper_dq.DQFinish(mdQ, mCounters, softmax_scale, contributors, self.tile_m, storage)
                 if warp_idx == 1:  # dq="reduce": adds the consumers' dQ tiles into dQaccum
                     if cutlass.const_expr(self.pdl):  # dQaccum zeroed before (by the preprocess or a fill)
                         cute.arch.griddepcontrol_wait()
                     n_start = n_block * KEY_TILE
-                    columns = hopper_dq.dq_columns(D, self.tile_m)
-                    finish = None
-                    if cutlass.const_expr(self.finish):  # the last key block of a query block converts its dQ
-                        contributors = functools.partial(
-                            query_block_contributors, tile_n=KEY_TILE, tile_m=self.tile_m, seqlen_k=seqlen_k,
-                            causal=self.causal, causal_offset=causal_offset,
-                        )  # fmt: skip
-                        finish = hopper_dq.DQFinish(mdQ, mCounters, softmax_scale, contributors, self.tile_m)
                     hopper_dq.dq_writer(
                         mdQaccum, storage.dQ, columns, query_blocks, group, kv_head, batch, n_start, finish
                     )
+                if cutlass.const_expr(self.finish):  # noqa: SIM102 (a compile-time and a runtime test)
+                    if warp_idx > 1:  # the idle warps 2 and 3 help the writer finish dQ
+                        if cutlass.const_expr(self.pdl):
+                            cute.arch.griddepcontrol_wait()
+                        finish.help(mdQaccum, storage.dQ, columns, batch, tidx - hopper_dq.WARP_THREADS)
 
         # ==== Consumer warpgroups: 64 keys each =======================================================
         if warp_group > 0:

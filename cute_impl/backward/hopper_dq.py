@@ -183,7 +183,7 @@ def keys_mn_major(dtype: type[cutlass.Numeric], head_dim: int) -> cute.ComposedL
     return streamed_layouts(dtype, ROWS_PER_WARPGROUP, head_dim, CONSUMER_WARPGROUPS)[1]
 
 
-def dq_storage_fields(dtype: type[cutlass.Numeric], head_dim: int, tile_m: int) -> dict:
+def dq_storage_fields(dtype: type[cutlass.Numeric], head_dim: int, tile_m: int, finish: bool = False) -> dict:
     """The shared memory the dQ path adds: the dS buffers and one fp32 staging tile per warpgroup (128
     query rows per step: D=64 only, the kernel then takes 195 KB; at D=128 it would not fit the 227 KB;
     80 rows, transposed: D=128 only, 226 KB in all with two ring slots)."""
@@ -193,10 +193,13 @@ def dq_storage_fields(dtype: type[cutlass.Numeric], head_dim: int, tile_m: int) 
         raise ValueError(f"dq='reduce' takes {tile_m} query rows per step at D=128 only (dQᵀ), got D={head_dim}")
     staged = CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP * dq_columns(head_dim, tile_m)
     written = ds_layouts(dtype, tile_m)[0]
-    return {
+    fields = {
         "dS": cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(written)], SMEM_ALIGN_BYTES],
         "dQ": cute.struct.Align[cute.struct.MemRange[Float32, staged], SMEM_ALIGN_BYTES],
     }
+    if finish:  # the (head, query block) the dQ writer posts to its helpers (``DQFinish``)
+        fields["dQ_request"] = cute.struct.Align[cute.struct.MemRange[Int32, 2], 16]
+    return fields
 
 
 def staged_dq_layout(columns: int) -> cute.Layout:
@@ -276,28 +279,38 @@ def acquire(counter: cute.Pointer, *, loc=None, ip=None) -> None:
     )
 
 
-class DQFinish(ReadOnlyInRegions):
-    """``BackwardTiles.dq_finish_in_kernel``: the dQ writer's counting and finishing (steps 5-6 of the module
-    docstring). ``mdQ`` (Sq, D, (H, B)); ``mCounters`` (B, H, query blocks) int32, zeroed with dQaccum;
-    ``contributors(m_block)``: how many key blocks add into query block ``m_block``
-    (``_device.query_block_contributors``)."""
+# The finish's warps: the dQ writer (warp 1 of the producer warpgroup) and the idle warps 2 and 3.
+FINISH_THREADS = 3 * WARP_THREADS
+# Their named barrier, after ``hopper_epilogue.EpilogueBarrier``'s (6-8; that module imports this one).
+FINISH_BARRIER = int(max(DQBarrier)) + 4
+# The request that sends the helper warps home.
+NO_BLOCK = -1
 
-    def __init__(self, mdQ: cute.Tensor, mCounters: cute.Tensor, softmax_scale: Float32, contributors, tile_m: int):
+
+class DQFinish(ReadOnlyInRegions):
+    """``BackwardTiles.dq_finish_in_kernel``: the dQ writer's counting and the finish it shares with warps 2 and 3
+    of the producer warpgroup (steps 5-6 of the module docstring). ``mdQ`` (Sq, D, (H, B)); ``mCounters`` (B, H,
+    query blocks) int32, zeroed with dQaccum; ``contributors(m_block)``: how many key blocks add into query block
+    ``m_block`` (``_device.query_block_contributors``); ``storage.dQ_request``: the (head, query block) the writer
+    posts to the helpers."""
+
+    def __init__(
+        self, mdQ: cute.Tensor, mCounters: cute.Tensor, softmax_scale: Float32, contributors, tile_m: int, storage
+    ):  # fmt: skip
         self.mdQ = mdQ
         self.mCounters = mCounters
         self.softmax_scale = softmax_scale
         self.contributors = contributors
         self.tile_m = tile_m
+        self.sRequest = storage.dQ_request.get_tensor(cute.make_layout(2))
 
     @cute.jit
     def arrive(
         self, mdQaccum: cute.Tensor, sdQ: cute.Tensor, columns: cutlass.Constexpr, batch: Int32, head: Int32,
         m_block: Int32,
     ):  # fmt: skip
-        """Step 5, after this warp's adds into query block ``m_block`` of ``head`` have completed: count this key
-        block in. Step 6, if it was the block's last: acquire, copy the block's two finished chunks from L2 into
-        the staging tiles ``sdQ`` (free: their bulk reads done) by ``cp.async`` (16 bytes a copy, none held in
-        registers: the warp has 24 a thread), then dQ = softmax_scale · dQaccum from there, rows past Sq dropped."""
+        """The writer, step 5, after its adds into query block ``m_block`` of ``head`` have completed: count this
+        key block in. Step 6, if it was the block's last: post the block to the helpers and finish it with them."""
         lane = cute.arch.lane_idx()
         counter = self.mCounters[batch, head, None].iterator + m_block
         # The adds' issuer (``elect_one``: the lowest lane, 0) waited for them; the barrier orders its wait before
@@ -305,27 +318,66 @@ class DQFinish(ReadOnlyInRegions):
         cute.arch.sync_warp()
         arrived = count_arrival(counter, lane) + 1
         if arrived == self.contributors(m_block):
-            acquire(counter)
-            copy = cute.make_copy_atom(
-                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float32, num_bits_per_copy=128
-            )
-            vectors = ROWS_PER_WARPGROUP * columns // VALUES_PER_VECTOR
-            for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
-                gChunk = as_vectors(mdQaccum[batch, head, m_block, w, None], cute.AddressSpace.gmem)  # (4, vectors)
-                sChunk = as_vectors(sdQ[None, w])  # (4, vectors)
-                for v in cutlass.range(vectors // WARP_THREADS, unroll=8):
-                    cute.copy(copy, gChunk[None, lane + v * WARP_THREADS], sChunk[None, lane + v * WARP_THREADS])
-            cute.arch.cp_async_commit_group()
-            cute.arch.cp_async_wait_group(0)
-            cute.arch.sync_warp()  # every lane's copies landed, read by the others
-            for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
-                row_box, column_box = dq_box(w, self.tile_m)
-                box = m_block * (self.tile_m // ROWS_PER_WARPGROUP) + row_box
-                gdQ = cute.local_tile(self.mdQ[None, None, (head, batch)], (ROWS_PER_WARPGROUP, columns),
-                                      (box, column_box))  # fmt: skip
-                rows_left = self.mdQ.shape[0] - box * ROWS_PER_WARPGROUP
-                store_row_pieces(sdQ[None, w], gdQ, columns, lane, rows_left, self.softmax_scale)
-            cute.arch.sync_warp()  # the tiles read before the consumers may write them again
+            if lane == 0:
+                self.sRequest[0] = head
+                self.sRequest[1] = m_block
+            cute.arch.barrier(barrier_id=FINISH_BARRIER, number_of_threads=FINISH_THREADS)  # posted
+            self.convert(mdQaccum, sdQ, columns, batch, head, m_block, lane)
+
+    @cute.jit
+    def done(self):
+        """The writer, after its last count: send the helpers home."""
+        if cute.arch.lane_idx() == 0:
+            self.sRequest[0] = NO_BLOCK
+        cute.arch.barrier(barrier_id=FINISH_BARRIER, number_of_threads=FINISH_THREADS)
+
+    @cute.jit
+    def help(self, mdQaccum: cute.Tensor, sdQ_storage, columns: cutlass.Constexpr, batch: Int32, thread: Int32):
+        """Warps 2 and 3 (``thread``: 32-95 of the finish's threads): finish each block the writer posts, until it
+        posts ``NO_BLOCK``."""
+        sdQ = staging_tiles(sdQ_storage, columns)
+        cute.arch.barrier(barrier_id=FINISH_BARRIER, number_of_threads=FINISH_THREADS)
+        head = self.sRequest[0]
+        while head != NO_BLOCK:
+            self.convert(mdQaccum, sdQ, columns, batch, head, self.sRequest[1], thread)
+            cute.arch.barrier(barrier_id=FINISH_BARRIER, number_of_threads=FINISH_THREADS)
+            head = self.sRequest[0]
+
+    @cute.jit
+    def convert(
+        self, mdQaccum: cute.Tensor, sdQ: cute.Tensor, columns: cutlass.Constexpr, batch: Int32, head: Int32,
+        m_block: Int32, thread: Int32,
+    ):  # fmt: skip
+        """Step 6 by the finish's 96 threads (``thread``: this one's index): acquire the block's counter, copy its two
+        finished chunks from L2 into the staging tiles ``sdQ`` (free: their bulk reads done) by ``cp.async`` (16
+        bytes a copy, none held in registers: the producer warpgroup has 24 a thread), then dQ = softmax_scale ·
+        dQaccum from there, rows past Sq dropped; returns once all 96 are done with the tiles."""
+        acquire(self.mCounters[batch, head, None].iterator + m_block)
+        copy = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float32, num_bits_per_copy=128
+        )
+        vectors = ROWS_PER_WARPGROUP * columns // VALUES_PER_VECTOR
+        for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
+            gChunk = as_vectors(mdQaccum[batch, head, m_block, w, None], cute.AddressSpace.gmem)  # (4, vectors)
+            sChunk = as_vectors(sdQ[None, w])  # (4, vectors)
+            for v in cutlass.range(thread, vectors, FINISH_THREADS, unroll=4):
+                cute.copy(copy, gChunk[None, v], sChunk[None, v])
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier(barrier_id=FINISH_BARRIER, number_of_threads=FINISH_THREADS)  # every copy landed
+        for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
+            row_box, column_box = dq_box(w, self.tile_m)
+            box = m_block * (self.tile_m // ROWS_PER_WARPGROUP) + row_box
+            gdQ = cute.local_tile(self.mdQ[None, None, (head, batch)], (ROWS_PER_WARPGROUP, columns),
+                                  (box, column_box))  # fmt: skip
+            rows_left = self.mdQ.shape[0] - box * ROWS_PER_WARPGROUP
+            store_row_pieces(sdQ[None, w], gdQ, columns, thread, rows_left, self.softmax_scale, FINISH_THREADS)
+        cute.arch.barrier(barrier_id=FINISH_BARRIER, number_of_threads=FINISH_THREADS)  # the tiles read
+
+
+def staging_tiles(sdQ_storage, columns: int) -> cute.Tensor:
+    """The two fp32 staging tiles (64 · ``columns``, warpgroup), each in fragment order."""
+    return sdQ_storage.get_tensor(cute.make_layout((ROWS_PER_WARPGROUP * columns, CONSUMER_WARPGROUPS)))
 
 
 def as_vectors(chunk: cute.Tensor, memspace=None) -> cute.Tensor:
@@ -443,7 +495,7 @@ def dq_writer(
     were committed two blocks ago (complete by then: the wait rarely waits) and, if it was that block's last
     key block, finish its dQ through the free staging tiles; after the loop, the last two blocks."""
     chunk_values = ROWS_PER_WARPGROUP * columns
-    sdQ = sdQ_storage.get_tensor(cute.make_layout((chunk_values, CONSUMER_WARPGROUPS)))
+    sdQ = staging_tiles(sdQ_storage, columns)
     handshake = WARP_THREADS + THREADS_PER_WARPGROUP
     m_block_min, _, m_block_max = query_blocks(n_start)
     # finish: the blocks whose adds were committed one and two blocks ago (-1: none yet), not yet counted.
@@ -478,6 +530,7 @@ def dq_writer(
             finish.arrive(mdQaccum, sdQ, columns, batch, older_head, older_block)
         if last_block >= 0:
             finish.arrive(mdQaccum, sdQ, columns, batch, last_head, last_block)
+        finish.done()
 
 
 class DQPostprocessKernel:
@@ -597,7 +650,8 @@ def store_quad_rows(
 
 @cute.jit
 def store_row_pieces(
-    chunk: cute.Tensor, gX: cute.Tensor, columns: cutlass.Constexpr, lane: Int32, rows_left: Int32, scale: Float32
+    chunk: cute.Tensor, gX: cute.Tensor, columns: cutlass.Constexpr, thread: Int32, rows_left: Int32, scale: Float32,
+    threads: cutlass.Constexpr,
 ):  # fmt: skip
     """``store_quad_rows`` by one warp within the dQ writer's 24 registers a thread: a row piece (8 adjacent
     columns of one row) at a time, its 8 values read as the 8-byte halves of the row quad's four vectors (the
@@ -610,9 +664,8 @@ def store_row_pieces(
         cute.make_ptr(Float32, start.toint(), start.memspace, assumed_align=8),
         cute.make_layout((2, 2, QUAD, quads * vectors), stride=(1, 2, VALUES_PER_VECTOR, QUAD * VALUES_PER_VECTOR)),
     )  # (value in pair, half, lane of the quad, group)
-    for s in cutlass.range(quads * vectors * 2 // WARP_THREADS, unroll=1):
-        group = (lane + s * WARP_THREADS) // 2
-        half = (lane + s * WARP_THREADS) % 2
+    for piece_index in cutlass.range(thread, quads * vectors * 2, threads, unroll=1):
+        group, half = piece_index // 2, piece_index % 2
         vector, quad = group % vectors, group // vectors
         row = (quad // QUADS_PER_WARP) * 16 + quad % QUADS_PER_WARP + 8 * half
         piece = cute.make_rmem_tensor((2, QUAD), Float32)
