@@ -37,17 +37,20 @@ With ``BackwardTiles.dq_finish_in_kernel`` (``DQFinish``) there is no postproces
      the generic proxy's), then lane 0 adds 1 to the block's int32 counter with a gpu-scope acquire-release atomic;
   6. if that add brought the counter to the block's number of key blocks (``_device.query_block_contributors``:
      the key blocks whose ``query_block_range`` holds it; GQA: one counter per query head, each head's key blocks
-     counted once), every lane acquires the counter (``ld.acquire.gpu``: all contributors' released adds visible),
-     copies the block's two finished chunks from L2 into the two staging tiles (free then: their bulk reads are
-     waited for before the consumers may refill them) by ``cp.async.cg`` (16 bytes a copy, no registers held:
-     the producer warpgroup has 24 a thread) and writes dQ = softmax_scale · dQaccum from there, a row piece a lane
-     (``store_row_pieces``; rows past Sq dropped). Rows that see no key (causal bottom-right, Sq > Sk) lie in
+     counted once), it posts the block in shared memory to warps 2 and 3 of the producer warpgroup (idle
+     otherwise; named barrier ``FINISH_BARRIER`` of the three warps), and the 96 threads each acquire the counter
+     (``ld.acquire.gpu``: all contributors' released adds visible), copy the block's two finished chunks from L2
+     into the two staging tiles (free then: their bulk reads are waited for before the consumers may refill them)
+     by ``cp.async.cg`` (16 bytes a copy, no registers held: the producer warpgroup has 24 a thread), meet, and
+     write dQ = softmax_scale · dQaccum from there, a row piece a thread (``store_row_pieces``; rows past Sq
+     dropped), meeting again before the writer frees the tiles; after its last count the writer posts
+     ``NO_BLOCK`` and the helpers return. Rows that see no key (causal bottom-right, Sq > Sk) lie in
      blocks no key block adds into: the host zeroes those rows of dQ. The counters sit after each head's chunks in
      the dQaccum buffer (``hopper.dq_accumulator``), zeroed with it by the fill or the preprocess. What it removes:
      the postprocess's launch and its pass over dQaccum from HBM (at B=8 H=16 S=2048 D=128, 134 MB read and 67 MB
      written, ~50 µs after the dK/dV kernel); what it adds: each block's finish (32 KB from L2, 16 KB of dQ) in
-     the writer warp of whichever CTA adds last, which under the causal mask is mostly key block 0, each item's
-     longest CTA, while its consumers run the next step (they wait for the writer only at the next hand-over).
+     the producer warpgroup of whichever CTA adds last, while its consumers run the next step (they wait for the
+     writer only at the next hand-over).
 ``dQaccum`` is (B, H, query blocks, 2, 64 · D/2) fp32, zeroed before the dK/dV kernel (by a fill, or by the
 preprocess: ``BackwardTiles.zero_in_preprocess``), each chunk one warpgroup's tile in fragment order;
 ``DQPostprocessKernel`` scales each chunk and stores dQ, rows past Sq dropped. It reads a chunk by row quads
@@ -653,10 +656,11 @@ def store_row_pieces(
     chunk: cute.Tensor, gX: cute.Tensor, columns: cutlass.Constexpr, thread: Int32, rows_left: Int32, scale: Float32,
     threads: cutlass.Constexpr,
 ):  # fmt: skip
-    """``store_quad_rows`` by one warp within the dQ writer's 24 registers a thread: a row piece (8 adjacent
-    columns of one row) at a time, its 8 values read as the 8-byte halves of the row quad's four vectors (the
-    other half, the row 8 below, read by the next piece from the same 64 bytes, by then in L1 or L2) instead
-    of the whole 64 bytes at once (16 values: ptxas spilled the loop at 24 registers)."""
+    """``store_quad_rows`` by ``threads`` threads of the producer warpgroup (24 registers a thread), from a staging
+    tile in shared memory: a row piece (8 adjacent columns of one row) at a time, pieces ``thread + threads · s``,
+    its 8 values read as the 8-byte halves of the row quad's four vectors (the other half, the row 8 below, is the
+    next piece) instead of the whole 64 bytes at once (16 values: ptxas spilled at 24 registers); rows at or past
+    ``rows_left`` are not written."""
     vectors = columns // COLUMNS_PER_QUAD
     quads = THREADS_PER_WARPGROUP // QUAD
     start = chunk.iterator
