@@ -12,9 +12,9 @@
 #      and its dQ within reduce-add reordering first;
 #   3. bench.backward_kernels --flush at B8 S2048 causal (≤ 45 s): the default, the finished candidate and FA4 kernel
 #      by kernel: how much longer the dK/dV kernel runs for its finishes against the postprocess it saves.
-# Predicted (docs/perf-log.md, helper fpost): at B8 S2048 causal between 2 % slower and 3 % faster than the default
-# (the ~50 µs postprocess removed against finishes concentrated in each item's key block 0, the longest CTA); at P1
-# causal within ±1 %.
+# Predicted (docs/perf-log.md, helper fpost): B8 S2048 causal 3-6 % faster than the default (the ~50 µs postprocess
+# removed against the finishes at the dK/dV kernel's tail; 1.00-1.03x FA4), B16 H16 S1024 causal similar, P1 causal
+# +0.5 to +2 %, D64 B4 H32 +0.3 to +0.9 %.
 # Take-rule: the tests pass and the finished candidate is faster than the default at every causal D=128 shape by more
 # than its spread.
 # Run from the project root carrying the CuTe DSL and FA4 (../shared/gpu/README.md):
