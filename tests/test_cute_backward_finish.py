@@ -256,9 +256,11 @@ def finished_gradients(
         out, lse = attention(
             q, k, v, causal=prob.causal, causal_alignment=prob.causal_alignment, impl="cute/hopper", return_lse=True
         )
-    if monkeypatch is not None:
-        poisoned_allocations(monkeypatch)
-    grads = hopper_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=tiles)
+    if monkeypatch is None:
+        return (q, k, v, d_out), hopper_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=tiles)
+    with monkeypatch.context() as patch:  # the poison for the backward's allocations only, not the reference's
+        poisoned_allocations(patch)
+        grads = hopper_backward.hopper_gradients(q, k, v, out, lse, d_out, prob, tiles=tiles)
     return (q, k, v, d_out), grads
 
 
