@@ -229,8 +229,9 @@ class BackwardTiles:
     postprocess_reversed: bool = False
     # dq="reduce": no postprocess launch. Each query block of each head gets an int32 arrival counter beside its
     # dQaccum (zeroed with it); the dQ writer counts a key block in once its adds into the block have completed, and
-    # the writer that brings the count to the block's number of key blocks converts the block's dQ itself
-    # (dQ = softmax_scale · dQaccum, read back from L2; ``hopper_dq.DQFinish``). 64 or 128 query rows per step.
+    # the writer that brings the count to the block's number of key blocks converts the block's dQ with the producer
+    # warpgroup's idle warps 2 and 3 (dQ = softmax_scale · dQaccum, read back from L2; ``hopper_dq.DQFinish``). 64 or
+    # 128 query rows per step.
     dq_finish_in_kernel: bool = False
 
     def __post_init__(self) -> None:
@@ -247,7 +248,7 @@ class BackwardTiles:
         # 80 rows, half of D (dQᵀ; ``hopper_dq.dq_box``); it retires within its step (dK may not); no dQ kernel.
         if self.dq == "reduce" and (self.tile_m not in (64, 80, 128) or self.dq_overlap):
             raise ValueError(f"dq='reduce' takes 64, 80 or 128 query rows per step and no dq_overlap, got {self}")
-        # The finish converts 64-row chunks by row quads (``hopper_dq.store_quad_rows``), not the 80-row dQᵀ; there
+        # The finish converts 64-row chunks by row pieces (``hopper_dq.store_row_pieces``), not the 80-row dQᵀ; there
         # is no postprocess to reverse.
         if self.dq_finish_in_kernel and (self.dq != "reduce" or self.tile_m == 80 or self.postprocess_reversed):
             raise ValueError(f"dq_finish_in_kernel needs dq='reduce', 64 or 128 rows, no postprocess, got {self}")
@@ -279,7 +280,7 @@ CHAINED_CAUSAL = (
     replace(UNCHAINED_CAUSAL, dependent_launch=True, zero_in_preprocess=True, postprocess_reversed=True),
 )
 # Issue #40: the causal D=128 default with dQ finished in the dK/dV kernel (no postprocess launch), and the D=64
-# default chained so too (``BackwardTiles.dq_finish_in_kernel``).
+# default so finished (``BackwardTiles.dq_finish_in_kernel``).
 FINISHED_CAUSAL = replace(CHAINED_CAUSAL[-1], postprocess_reversed=False, dq_finish_in_kernel=True)
 FINISHED_D64 = BackwardTiles(
     128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True, rebased_operands=True,
