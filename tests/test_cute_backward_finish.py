@@ -20,7 +20,6 @@ for bit the unfinished build's; planted: converting one key block early fails th
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -32,13 +31,13 @@ pytest.importorskip("cutlass")
 
 from common import attention
 from common.contract.problem import Problem
-from common.reporting.static import cubin_resources
 from common.toolchain.arch import SM90A
 from cute_impl._host import CompiledKernels
 from cute_impl.backward import _device
 from cute_impl.backward import hopper as hopper_backward
 from tests.test_backward import assert_all_pass
-from tests.test_cute_backward import HOPPER_GROUP, VARIANTS, gpu_inputs, knob_cases, problem
+from tests.test_cute_backward import HOPPER_GROUP, gpu_inputs, knob_cases
+from tests.test_cute_backward_short import binaries, resources
 
 FINISHED = hopper_backward.FINISHED_CAUSAL
 FINISHED_D64 = hopper_backward.FINISHED_D64
@@ -140,21 +139,6 @@ def test_the_counters_lie_after_each_heads_chunks_inside_the_zeroed_span() -> No
 # ----------------------------------------------------------------------------------------------
 # Static: the sm_90a builds, the order of wait, fence, count, acquire and copies in the PTX
 # ----------------------------------------------------------------------------------------------
-@functools.cache
-def binaries(tiles: hopper_backward.BackwardTiles, variant: str = "causal_bottom_right_mqa_dlse") -> dict:
-    """{preprocess, dkdv[, postprocess]: binary} of ``tiles`` with ``variant``'s compile-time features."""
-    causal, alignment, kv_heads, has_dlse = VARIANTS[variant]
-    head_dim = 64 if tiles.tile_m == 128 else 128
-    prob = problem(1000, 777, head_dim, causal=causal, alignment=alignment, kv_heads=kv_heads)
-    built = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=tiles)
-    return {binary.name.rsplit("_", 1)[-1]: binary for binary in built}
-
-
-def resources(binary) -> dict:
-    (usage,) = cubin_resources(binary.cubin).values()
-    return usage
-
-
 @pytest.mark.xdist_group(HOPPER_GROUP)
 @pytest.mark.cute_compile
 @pytest.mark.static

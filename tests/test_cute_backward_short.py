@@ -114,9 +114,11 @@ def test_only_the_chained_launch_signals_from_the_preprocess() -> None:
 # ----------------------------------------------------------------------------------------------
 @functools.cache
 def binaries(tiles: hopper_backward.BackwardTiles, variant: str = "causal_bottom_right_mqa_dlse") -> dict:
-    """{preprocess, dkdv, postprocess: binary} of ``tiles`` with ``variant``'s compile-time features."""
+    """{preprocess, dkdv[, postprocess]: binary} of ``tiles`` with ``variant``'s compile-time features (D=64 where the
+    tiles take 128 query rows a step, else D=128)."""
     causal, alignment, kv_heads, has_dlse = VARIANTS[variant]
-    prob = problem(1000, 777, 128, causal=causal, alignment=alignment, kv_heads=kv_heads)
+    head_dim = 64 if tiles.tile_m == 128 else 128
+    prob = problem(1000, 777, head_dim, causal=causal, alignment=alignment, kv_heads=kv_heads)
     built = hopper_backward.compile_sm90(prob, has_dlse=has_dlse, tiles=tiles)
     return {binary.name.rsplit("_", 1)[-1]: binary for binary in built}
 
