@@ -177,3 +177,58 @@ def test_the_gpu_suite_script_names_what_is_missing_and_exits_2(tmp_path: Path):
     assert done.returncode == MISSING_EXIT, f"exit {done.returncode}:\n{done.stdout}\n{done.stderr}"
     assert len(lines) == 1 and "needs a CUDA GPU" in lines[0], lines
     assert not any(tmp_path.iterdir()), "it wrote before refusing"
+
+
+# python3 as bench/side_by_side.sh calls it: the CUDA check passes, torch counts $GPUS devices.
+FAKE_TORCH_PYTHON = """#!/usr/bin/env bash
+if [ "$1" = -c ] && [[ "$2" == *device_count* ]]; then echo "$GPUS"; fi
+"""
+# A job: records the GPU it was given in its $OUT, and fails when its name says so.
+FAKE_JOB = """#!/usr/bin/env bash
+source "$(dirname "$0")/_gpu_run.sh" "$(basename "$0")" runs/job
+echo "$CUDA_VISIBLE_DEVICES" > "$OUT/gpu.txt"
+case "$0" in *fails*) exit 1 ;; esac
+"""
+
+
+def side_by_side(tmp_path: Path, gpus: int, jobs: list[str], script: str | None = None) -> subprocess.CompletedProcess:
+    """``bench/side_by_side.sh`` (or ``script``, its text) over ``jobs`` (names of FAKE_JOB copies) on a faked host of
+    ``gpus`` GPUs, $OUT and $SIDE (its jobs' folders) under ``tmp_path``."""
+    fakes, bench = tmp_path / "bin", tmp_path / "bench"
+    for folder in (fakes, bench):
+        folder.mkdir(parents=True, exist_ok=True)
+    (fakes / "python3").write_text(FAKE_TORCH_PYTHON)
+    (fakes / "python3").chmod(0o755)
+    (bench / "_gpu_run.sh").write_text((ROOT / "bench" / "_gpu_run.sh").read_text())
+    (bench / "side_by_side.sh").write_text(script or (ROOT / "bench" / "side_by_side.sh").read_text())
+    for job in jobs:
+        (bench / job).write_text(FAKE_JOB)
+    env = dict(os.environ, PATH=f"{fakes}{os.pathsep}{os.environ['PATH']}", GPUS=str(gpus), OUT=str(tmp_path / "out"))
+    env["SIDE"] = str(tmp_path / "side")
+    command = ["bash", str(bench / "side_by_side.sh"), *(str(bench / job) for job in jobs)]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+
+
+def _gpus_given(tmp_path: Path, jobs: list[str]) -> list[str]:
+    return [(tmp_path / "side" / job.removesuffix(".sh") / "gpu.txt").read_text().strip() for job in jobs]
+
+
+def test_side_by_side_gives_each_job_its_own_gpu_and_reports_a_failed_one(tmp_path: Path):
+    """Three jobs on a faked 4-GPU host: GPUs 0, 1 and 2, one archive back, exit 1 because one job failed. Planted:
+    every job on the first GPU (the counter never advanced) fails the rule."""
+    jobs = ["a.sh", "b.sh", "c_fails.sh"]
+    done = side_by_side(tmp_path, 4, jobs)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert _gpus_given(tmp_path, jobs) == ["0", "1", "2"]
+    assert (tmp_path / "out" / "side.tgz").is_file() and "=== c_fails (GPU 2): exit 1" in done.stdout
+    script = (ROOT / "bench" / "side_by_side.sh").read_text()
+    planted = script.replace("gpu=$((gpu + 1))", ":")
+    assert planted != script
+    side_by_side(tmp_path / "planted", 4, jobs, planted)
+    assert _gpus_given(tmp_path / "planted", jobs) != ["0", "1", "2"]
+
+
+def test_side_by_side_refuses_more_jobs_than_gpus_in_one_line(tmp_path: Path):
+    done = side_by_side(tmp_path, 2, ["a.sh", "b.sh", "c.sh"])
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.returncode == MISSING_EXIT and len(lines) == 1 and "takes 1 to 2 scripts" in lines[0], lines
