@@ -189,12 +189,15 @@ def stream_cast(src: torch.Tensor, dst: torch.Tensor, block: int) -> None:
     kernel[(-(-n // block),)](src, dst, n, BLOCK=block, num_warps=8)
 
 
-def ceilings(shape: str, k: torch.Tensor, v: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor) -> list[tuple]:
-    """The Triton stream at each block size and the bf16 copy: (row, field, run, samples) for ``_time_rounds``, the
-    bf16 copy's row marked by its name (its bytes differ)."""
-    runs = []
+def ceilings(
+    shape: str, k: torch.Tensor, v: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor
+) -> tuple[list[BandwidthRow], list[tuple]]:
+    """The Triton stream at each block size and the bf16 copy: their rows (the bf16 copy's marked by its name: its
+    bytes differ) and their (row, field, run, samples) for ``_time_rounds``."""
+    rows, runs = [], []
     for block in STREAM_BLOCKS:
         row = BandwidthRow(shape, f"triton stream {block}", f"BLOCK={block}, 8 warps", "-", "-", float("nan"))
+        rows.append(row)
         runs += [
             (row, "kv_us", lambda b=block: (stream_cast(k, k8, b), stream_cast(v, v8, b)), []),
             (row, "k_us", lambda b=block: stream_cast(k, k8, b), []),
@@ -202,12 +205,13 @@ def ceilings(shape: str, k: torch.Tensor, v: torch.Tensor, k8: torch.Tensor, v8:
         ]
     k16, v16 = torch.empty_like(k), torch.empty_like(v)
     row = BandwidthRow(shape, BF16_COPY, "k16.copy_(k), v16.copy_(v)", "-", "-", float("nan"))
+    rows.append(row)
     runs += [
         (row, "kv_us", lambda: (k16.copy_(k), v16.copy_(v)), []),
         (row, "k_us", lambda: k16.copy_(k), []),
         (row, "v_us", lambda: v16.copy_(v), []),
     ]
-    return runs
+    return rows, runs
 
 
 BF16_COPY = "torch bf16 copy"
@@ -251,9 +255,9 @@ def shape_rows(shape: str, args: argparse.Namespace, read_gbps: float) -> list[B
         (copy, "k_us", lambda: k8.copy_(k), []),
         (copy, "v_us", lambda: v8.copy_(v), []),
     ]
-    extra = ceilings(shape, k, v, k8, v8)
-    rows += list(dict.fromkeys(run[0] for run in extra))
-    _time_rounds(runs + extra, args)
+    ceiling_rows, ceiling_runs = ceilings(shape, k, v, k8, v8)
+    rows += ceiling_rows
+    _time_rounds(runs + ceiling_runs, args)
     copy_bytes = kv_bytes(batch, kv_heads, seqlen, head_dim, scales=False) / 1e9
     copy_gbps = copy_bytes / (copy.kv_us * 1e-6)
     # The bf16 copy writes 2 bytes an element where the others write 1: its own bytes.

@@ -193,8 +193,9 @@ def test_a_call_that_launches_every_tensor_for_only_one_is_caught(monkeypatch: p
 
 def test_the_bandwidth_ab_judges_each_candidate_and_times_k_v_and_the_copy_in_rounds(monkeypatch: pytest.MonkeyPatch):
     """bench/fp8_kv_quantiser_bw.py at a small shape (interpreted, timings stubbed): every candidate judged against
-    the default's bytes, then every run (K+V, K alone, V alone per candidate, and the torch copies) timed once a
-    round in turn, medians kept, GB/s against the copy's and the read bandwidth."""
+    the default's bytes, then every run (K+V, K alone, V alone per candidate, the torch copies and the ceilings: the
+    Triton stream at two block sizes, the bf16 copy) timed once a round in turn, medians kept, GB/s against the
+    copy's and the read bandwidth; ``--only default`` leaves the other candidates out."""
     import argparse
     from types import SimpleNamespace
 
@@ -205,7 +206,8 @@ def test_the_bandwidth_ab_judges_each_candidate_and_times_k_v_and_the_copy_in_ro
     monkeypatch.setitem(bench.SHAPES, "small", tuple(k.shape))
     monkeypatch.setattr(bench, "_inputs", lambda *shape: (torch.empty_like(k), k, v))
     names = [name for name in candidates(64) if name != "default"]  # D=64 has two candidates more
-    calls, runs = [], 3 * (len(names) + 2)
+    ceilings = [f"triton stream {block}" for block in bench.STREAM_BLOCKS] + [bench.BF16_COPY]
+    calls, runs = [], 3 * (len(names) + 2 + len(ceilings))
 
     def time_cuda(run, **options):
         run()
@@ -213,14 +215,20 @@ def test_the_bandwidth_ab_judges_each_candidate_and_times_k_v_and_the_copy_in_ro
         return SimpleNamespace(ms=1e-3 if len(calls) <= runs else 2e-3)  # 1 µs each run the first round, then 2
 
     monkeypatch.setattr(timing, "time_cuda", time_cuda)
-    rows = bench.shape_rows("small", argparse.Namespace(rounds=2, warmup_ms=0, rep_ms=0), read_gbps=1.0)
+    options = argparse.Namespace(rounds=2, warmup_ms=0, rep_ms=0, only="")
+    rows = bench.shape_rows("small", options, read_gbps=1.0)
     assert len(calls) == 2 * runs and calls[:runs] == calls[runs:]
-    assert [row.name for row in rows] == ["default", *names, "torch copy (roofline)"]
-    assert [row.same_bytes for row in rows] == ["first", *["yes"] * len(names), "-"]
+    assert [row.name for row in rows] == ["default", *names, "torch copy (roofline)", *ceilings]
+    assert [row.same_bytes for row in rows] == ["first", *["yes"] * len(names), *["-"] * (1 + len(ceilings))]
     assert all(row.kv_us == row.k_us == row.v_us == 1.5 for row in rows)
-    assert rows[-1].of_copy == 1.0 and rows[0].of_read == rows[0].gbps
+    copy, stream, bf16_copy = rows[len(names) + 1], rows[len(names) + 2], rows[-1]
+    assert copy.of_copy == stream.of_copy == 1.0 and rows[0].of_read == rows[0].gbps
+    assert bf16_copy.of_copy == pytest.approx(4 / 3)  # 2 bytes written an element where the e4m3 copy writes 1
     table = bench.markdown(rows, 1.0, "cpu").splitlines()
     assert sum(line.startswith("| small |") for line in table) == len(rows)
+    calls.clear()
+    only = bench.shape_rows("small", argparse.Namespace(**{**vars(options), "only": "default"}), read_gbps=1.0)
+    assert [row.name for row in only] == ["default", "torch copy (roofline)", *ceilings]
 
 
 @triton.jit
