@@ -3,11 +3,12 @@ on a contiguous cache.
 
 CPU: off, the wide tile is ``WIDE_CONFIGS``' everywhere; on, a contiguous cache of more than 64 packed rows at the
 knob's head dims takes its key block and depth, a paged one keeps 64-key blocks, and rows that are not the wide tile's
-are untouched. Interpreter: triton/decode with it on against fp64 (128-key blocks over ragged lengths with tails, both
-causal alignments); a planted kernel that drops each sequence's last 128-key block fails the check. Static:
-the 128-key wide builds compile for sm_90a without spills where the knob's comment says they do (D=64 in both split
-kernels, D=128 in the padded one). GPU (``gpu``; run before its A/B): against fp64 on a poisoned output at 256 rows of
-D=128 (seed 233's row 5's kind) and 128 rows of D=64, full and ragged.
+are untouched; the A/B script runs the GPU tests first on rows it can draw. Interpreter: triton/decode with it on
+against fp64 (128-key blocks over ragged lengths with tails, both causal alignments); a planted kernel that drops each
+sequence's last 128-key block fails the check. Static: the 128-key wide builds compile for sm_90a without spills where
+the knob's comment says they do (D=64 in both split kernels, D=128 in the padded one). GPU (``gpu``; run before its
+A/B): against fp64 on a poisoned output at 256 rows of D=128 (seed 233's row 5's kind) and 128 rows of D=64, full and
+ragged.
 """
 
 from __future__ import annotations
@@ -147,3 +148,22 @@ def test_gpu_128_key_wide_tile_against_fp64(case: str, monkeypatch: pytest.Monke
     assert decode.tile_config(problem).block_n == 128
     result = check_on_gpu("triton/decode", problem, lengths, seed=len(case))
     assert result.ok, f"triton/decode WIDE_CONTIGUOUS_RINGS {problem.describe()}: {result.summary()}"
+
+
+def test_the_ab_script_runs_the_gpu_tests_first_on_rows_it_can_draw():
+    """``bench/triton_decode_wide_rings_ab.sh``: this file's GPU tests before the A/B; its values are the knob's
+    forms (off first); every row is one ``bench.decode_knob_ab`` draws, the class's first."""
+    import ast
+    import shlex
+    from pathlib import Path
+
+    from bench.decode_knob_ab import parse_row
+
+    script = (Path(__file__).parents[1] / "bench" / "triton_decode_wide_rings_ab.sh").read_text()
+    assert script.index("tests/test_triton_decode_wide_rings.py") < script.index("knob_ab wide_rings")
+    words = shlex.split(script[script.index("knob_ab wide_rings") :].split("\ncat ")[0].replace("\\\n", " "))
+    knob, values, rungs, rows = words[3], ast.literal_eval(f"[{words[4]}]"), words[5], words[6:]
+    assert (knob, rungs, values[0]) == ("triton_impl.decode:WIDE_CONTIGUOUS_RINGS", "triton/decode", {})
+    assert all(set(value) <= {64, 128} and all(block == 128 for block, _ in value.values()) for value in values[1:])
+    problems = [parse_row(row)[1].problem for row in rows]
+    assert problems[0].kv_group * problems[0].seqlen_q == 256 and problems[0].head_dim == 128
