@@ -248,17 +248,11 @@ def finished_gradients(
     return (q, k, v, d_out), grads
 
 
-def _needs_gpu() -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", list(CASES))
 def test_gpu_finished_candidates_pass_the_rule(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The candidate against fp64 by the rule from cute/hopper's O and LSE, its buffers poisoned; dK and dV equal
     the unfinished build's (the same tiles with the postprocess) bit for bit."""
-    _needs_gpu()
     prob, tiles = CASES[case]
     inputs, grads = finished_gradients(prob, tiles, monkeypatch)
     assert_all_pass(grads, *inputs, prob)
@@ -273,7 +267,6 @@ PLANTED_CASE = next(case for case in CASES if case.startswith("gqa_causal_bottom
 def test_gpu_finishing_one_key_block_early_fails_the_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted: each block finished at one count fewer (before its last key block's adds, or never where one key
     block adds into it), compiled afresh: the rule fails on dQ."""
-    _needs_gpu()
     prob, tiles = CASES[PLANTED_CASE]
     count = _device.query_block_contributors
     monkeypatch.setattr(hopper_backward, "query_block_contributors", lambda *args, **kwargs: count(*args, **kwargs) - 1)
