@@ -19,7 +19,7 @@ Per shape (P1's K/V: B=2 Hkv=16 S=8192 D=128; D=64: B=4 H=32 S=8192), in one pro
 * the roofline: ``torch`` copies of K and V into e4m3 tensors (``Tensor.copy_``: read bf16, write e4m3, the same
   bytes less the scales), and the HBM read bandwidth (``measure_read_gbps``);
 * two more ceilings (``ceilings``), to tell whether torch's cast is itself the limit: the plainest Triton stream of
-  the same bytes (``_stream_cast``: BLOCK elements a program, one 16-byte load and an 8-byte store a thread and step,
+  the same bytes (``stream_cast``: BLOCK elements a program, one 16-byte load and an 8-byte store a thread and step,
   no rotation, no scale), at two block sizes, and a bf16 copy (read bf16, write bf16: the write side doubled), its
   GB/s counted over the bytes it moves.
 Columns: µs, GB/s (bytes read and written, scales included), % of the copy's GB/s, % of the read bandwidth.
@@ -40,6 +40,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 from bench import require_gpu
 from common.contract import fp8
@@ -167,26 +169,19 @@ def _inputs(batch: int, kv_heads: int, seqlen: int, head_dim: int) -> tuple[torc
 STREAM_BLOCKS = (4096, 16384)
 
 
-def _stream_cast_kernel():
-    """The Triton stream (built on first use: the module imports without Triton's GPU backend)."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def stream_cast(src, dst, n, BLOCK: tl.constexpr):
-        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        keep = offsets < n
-        values = tl.load(src + offsets, mask=keep, eviction_policy="evict_first")
-        tl.store(dst + offsets, values.to(dst.dtype.element_ty), mask=keep)
-
-    return stream_cast
+@triton.jit
+def _stream_cast_kernel(src, dst, n, BLOCK: tl.constexpr):
+    """The plainest stream: BLOCK elements a program, loaded, cast to ``dst``'s type, stored."""
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    keep = offsets < n
+    values = tl.load(src + offsets, mask=keep, eviction_policy="evict_first")
+    tl.store(dst + offsets, values.to(dst.dtype.element_ty), mask=keep)
 
 
 def stream_cast(src: torch.Tensor, dst: torch.Tensor, block: int) -> None:
     """dst = src cast, element by element, by ``_stream_cast_kernel`` (both contiguous, the same size)."""
-    kernel = _stream_cast_kernel()
     n = src.numel()
-    kernel[(-(-n // block),)](src, dst, n, BLOCK=block, num_warps=8)
+    _stream_cast_kernel[(-(-n // block),)](src, dst, n, BLOCK=block, num_warps=8)
 
 
 def ceilings(

@@ -312,8 +312,9 @@ WIDE_CONFIGS = {64: TileConfig(64, 8, 5, 128, ctas_per_sm=1), 128: TileConfig(64
 # 128-key block halves the per-block work (the row max and sum's shuffles, O's rescale, the ring's waits) per key:
 # sm_90a, the unmasked key loop's instructions a warp against its tensor cycles, 64 keys twice -> 128 keys once,
 # Triton 3.6: D=128 1064 -> 934 (1024 tensor cycles: issue-bound -> tensor-bound), D=64 918 -> 812 (512); 3.8: 760 ->
-# 605 and 638 -> 530; 255 registers at D=128 and 207-228 at D=64, no spill, one CTA an SM (D=128 two stages 160 KB,
-# three 224 KB). Paged caches keep 64-key blocks: a 128-key block spills there (8 bytes under 3.8, 104-120 under 3.6).
+# 605 and 638 -> 530; 255 registers at D=128 and 207-237 at D=64, one CTA an SM (D=128 two stages 160 KB, three 224
+# KB). No spill at D=64; at D=128 none in the padded split kernel under 3.6-3.8, 48 bytes under 3.9, 8-32 bytes in the
+# balanced kernel. Paged caches keep 64-key blocks: a 128-key block spills there (8 bytes under 3.8, 104-120 under 3.6).
 WIDE_CONTIGUOUS_RINGS: dict[int, tuple[int, int]] = {}
 # Issue #38's short prefill (off until bench/decode_packed_ab.sh): at D=64 the wide tile takes 209 registers (sm_90a),
 # one CTA an SM whose warpgroups meet at a barrier every block (seed 41's group 8 Sq=16 1k row: 41 % of the read
