@@ -450,17 +450,26 @@ class BlockRange:
         return BlockRange(0, n_block_max, tile_m // tile_n if causal else 1)
 
     @staticmethod
-    def create_exact(m_block: cutlass.Int32, seqlen: SeqlenInfo, tile_m: int, tile_n: int, causal: bool) -> BlockRange:
+    def create_exact(
+        m_block: cutlass.Int32, seqlen: SeqlenInfo, tile_m: int, tile_n: int, causal: bool,
+        packed_seqlen_q: cutlass.Int32 | None = None,
+    ) -> BlockRange:  # fmt: skip
         """The range of query tile ``m_block`` with ``n_masked_blocks`` counted at run time: only the
         blocks that reach past the tile's first row's diagonal (and at least the top one, which Sk may
         cut). A tile whose rows see no key (bottom-right with Sq > Sk, or a ``cache_seqlens`` of 0)
         still visits block 0, fully masked: its rows keep row_sum 0 and come out as O = 0 and LSE =
-        -inf with no branch around the pipelines (the producer loads that block like any other)."""
+        -inf with no branch around the pipelines (the producer loads that block like any other).
+        ``packed_seqlen_q`` (cute/decode's packed rows on ``hopper``'s kernel, compile time None elsewhere): the
+        rows are (head in group) · Sq + token, so a tile may hold every token: its diagonal runs from token 0's
+        to token Sq - 1's."""
         visible_keys = seqlen.seqlen_k
         if cutlass.const_expr(causal):
             # Row i sees keys j <= i + causal_offset: the tile's last row (m_block + 1) * tile_m - 1
-            # bounds the keys worth loading.
-            last_row_end = (m_block + 1) * tile_m
+            # bounds the keys worth loading (packed: the last token, Sq - 1).
+            if cutlass.const_expr(packed_seqlen_q is not None):
+                last_row_end = packed_seqlen_q
+            else:
+                last_row_end = (m_block + 1) * tile_m
             if cutlass.const_expr(seqlen.bottom_right):
                 last_row_end = last_row_end + seqlen.causal_offset
             visible_keys = cutlass.min(seqlen.seqlen_k, last_row_end)
@@ -473,7 +482,7 @@ class BlockRange:
             return BlockRange(0, n_block_max, cutlass.Int32(1))
         # Blocks that reach past the tile's first row's diagonal cross it; at least one block is
         # masked so that a ragged Sk is always covered.
-        first_row_end = m_block * tile_m
+        first_row_end = 0 if cutlass.const_expr(packed_seqlen_q is not None) else m_block * tile_m
         if cutlass.const_expr(seqlen.bottom_right):
             # Rows before the diagonal (first_row_end + offset < 0) make every block a crossing one.
             first_row_end = cutlass.max(first_row_end + seqlen.causal_offset, 0)

@@ -90,6 +90,10 @@ class HopperAttentionConfig:
     # ``griddepcontrol.launch_dependents``) finishes; each role executes ``griddepcontrol.wait`` before its first
     # read of what that kernel writes (``hopper.py``, "Programmatic dependent launch").
     pdl: bool = False
+    # cute/decode's packed rows (``decode.PACKED_PREFILL_MIN_ROWS``): q and O are (B, Hkv, group · Sq, D), row
+    # (head in group) · Sq + token of one KV head's query heads, so the kernel's tokens are its rows // group and the
+    # causal diagonal follows each row's token (FA3's pack-GQA, head-major as cute/decode packs); 1: rows are tokens.
+    packed_group: int = 1
 
     @property
     def out_dtype(self) -> torch.dtype:

@@ -209,13 +209,36 @@ def fake_attention_arguments(config: Any) -> tuple[Any, ...]:
 
 class Launch(NamedTuple):
     """What one ``bind`` launches: the compile key, the kernel's arguments (the launch counterparts of
-    its fakes, without the stream), what ``run()`` returns, and what the plan chose that callers may
-    read on ``run`` (decode's ``num_splits``)."""
+    its fakes, without the stream), what ``run()`` returns, what the plan chose that callers may
+    read on ``run`` (decode's ``num_splits``), and the torch work ``run()`` does before the kernel
+    (``prologue``: decode's packed q for cute/hopper's kernel; None: none)."""
 
     config: Hashable
     arguments: tuple[Any, ...]
     result: Any
     chosen: dict[str, Any] | None = None
+    prologue: Callable[[], None] | None = None
+
+
+def launch_runner(kernel: Callable[..., Any], launch: Launch) -> Runner:
+    """The launch-only ``run()`` of ``launch`` on its compiled ``kernel``, carrying what the plan chose."""
+    arguments, result, prologue = launch.arguments, launch.result, launch.prologue
+    if prologue is None:
+
+        def run() -> Any:
+            kernel(*arguments)
+            return result
+
+    else:
+
+        def run() -> Any:
+            prologue()
+            kernel(*arguments)
+            return result
+
+    for attribute, value in (launch.chosen or {}).items():
+        setattr(run, attribute, value)
+    return run
 
 
 class PlannedBinder:
@@ -239,15 +262,7 @@ class PlannedBinder:
         )
         if self.compiled is None:
             self.compiled = self.host.kernels.kernel(launch.config)
-        arguments, result, kernel = launch.arguments, launch.result, self.compiled
-
-        def run() -> Any:
-            kernel(*arguments)
-            return result
-
-        for attribute, value in (launch.chosen or {}).items():
-            setattr(run, attribute, value)
-        return run
+        return launch_runner(self.compiled, launch)
 
     def grown(self, problem: Problem, device: torch.device) -> "PlannedBinder":
         """The binder of ``problem``, a longer cache of this binder's family (the registry's growing binder): where
@@ -327,10 +342,7 @@ class RungHost:
         ``inputs``: the per-call inputs (``cache_seqlens``) and the options of ``plan_launch``."""
         q, k, v = (kernel_operand(t) for t in (q, k, v))
         launch = self.plan_launch(q, k, v, problem, **inputs)
-        run = self.kernels.runner(launch.config, launch.arguments, launch.result)
-        for attribute, value in (launch.chosen or {}).items():
-            setattr(run, attribute, value)
-        return run
+        return launch_runner(self.kernels.kernel(launch.config), launch)
 
     def make_binder(self, problem: Problem, device: torch.device, planned: Any, ready: bool) -> PlannedBinder:
         """:meth:`bind` in two for a rung with ``launch_plan`` (``planned`` is its answer for ``problem`` and

@@ -109,7 +109,7 @@ and the page size are runtime sizes). Not here: FP8 caches, a persistent schedul
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -121,6 +121,7 @@ import torch
 from common.contract import splits
 from common.contract.capability import FEATURES, PAGED_KV
 from common.contract.problem import Problem
+from cute_impl import hopper as hopper_rung
 from cute_impl._decode_merge import merge_run, merge_splits, merge_thread, store_item_slabs
 from cute_impl._decode_plan import BalancedPlan, checked_item_cap, sequence_blocks, slab_range, split_block_range
 from cute_impl._decode_warps import MMA_M, WarpTiles, max_tile_m, warp_split
@@ -140,6 +141,9 @@ from cute_impl._device import (
     scores,
     values_product,
 )
+from cute_impl._hopper_host import HopperAttentionConfig, default_config
+from cute_impl._hopper_host import fake_arguments as hopper_fake_arguments
+from cute_impl._hopper_host import tensor_arguments as hopper_tensor_arguments
 from cute_impl._host import (
     CUTE_DTYPES,
     SWIZZLE_COLS,
@@ -292,6 +296,15 @@ WGMMA_OVERLAP_MIN_STAGES = 4
 WGMMA_TWO_WARPGROUPS = False
 TWO_WARPGROUP_RINGS = {128: 6}
 WARPGROUP_ROWS, TWO_WARPGROUP_CTAS_PER_SM = 64, 1
+# Issue #38's compute-bound class on cute/hopper's kernel (FlashAttention-3's pack-GQA): a contiguous cache of at least
+# this many packed rows (group · Sq) a KV head runs cute/hopper's persistent forward on q packed as (B, Hkv, group · Sq,
+# D) (``HopperAttentionConfig.packed_group``: each row's causal diagonal is its token's), 128-row tiles over all of a
+# sequence's keys, no split and no merge, where those tiles fill at least PACKED_PREFILL_MIN_WAVE_SHARE of the grid's
+# waves (that kernel does not split the keys: a grid short of the SMs stays on the split kernels). 256 packed rows ask
+# 256 FLOPs a K/V byte, past the read bandwidth's roofline, where cute/hopper's loop runs at 670-690 TFLOP/s (P1) and
+# the WGMMA tile's at about 470 (233/5: 789.4 us). None: off, untimed (docs/perf-log.md, 2026-12-05).
+PACKED_PREFILL_MIN_ROWS: int | None = None
+PACKED_PREFILL_MIN_WAVE_SHARE = 0.9
 DECODE_FEATURES = (*FEATURES, PAGED_KV)  # every problem feature, and the paged KV cache (pages of 16 to 256 keys)
 
 
@@ -886,6 +899,67 @@ def two_warpgroup_tile(problem: Problem, device: torch.device) -> bool:
     return wgmma_tile(problem, device)
 
 
+def packed_prefill_config(problem: Problem) -> HopperAttentionConfig:
+    """cute/hopper's configuration for ``problem``'s packed rows (Hkv heads of group · Sq rows, so no GQA in the
+    kernel): its default for ``problem``, with the consumer warpgroups that pad the rows least (two, 128-row tiles;
+    three at D=64 where 192-row tiles pad no more)."""
+    rows = problem.kv_group * problem.seqlen_q
+    warpgroups = 2
+    if problem.head_dim == 64 and -(-rows // 192) * 192 <= -(-rows // 128) * 128:
+        warpgroups = 3
+    config = default_config(problem)
+    return replace(config, gqa=False, packed_group=problem.kv_group, consumer_warpgroups=warpgroups)
+
+
+def packed_prefill_tiles(problem: Problem) -> int:
+    """The packed prefill's tiles: each (batch, KV head)'s group · Sq rows in tiles of its configuration's rows."""
+    tile_m = WARPGROUP_ROWS * packed_prefill_config(problem).consumer_warpgroups
+    return problem.batch * problem.kv_heads * -(-problem.kv_group * problem.seqlen_q // tile_m)
+
+
+def packed_prefill(problem: Problem, device: torch.device | None = None) -> bool:
+    """Whether ``PACKED_PREFILL_MIN_ROWS`` runs ``problem`` on cute/hopper's kernel (module constants) on ``device``
+    (a CUDA device of sm_90, or the CPU, whose compile is for sm_90a; None: the CPU): that many packed rows or more, a
+    contiguous cache, a head dim and dtype cute/hopper takes, and tiles that fill the grid's waves."""
+    rows = problem.kv_group * problem.seqlen_q
+    if PACKED_PREFILL_MIN_ROWS is None or rows < PACKED_PREFILL_MIN_ROWS or problem.paged:
+        return False
+    if problem.head_dim not in hopper_rung.HEAD_DIMS or problem.dtype not in hopper_rung.DTYPES:
+        return False
+    device = device or torch.device("cpu")
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] != 9:
+        return False
+    share = splits.wave_efficiency(packed_prefill_tiles(problem), splits.sm_count(device))
+    return share >= PACKED_PREFILL_MIN_WAVE_SHARE
+
+
+def packed_prefill_launch(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, config: HopperAttentionConfig,
+    cache_seqlens: torch.Tensor | None,
+) -> Launch:  # fmt: skip
+    """The launch of :func:`packed_prefill`: q (B, H, Sq, D) copied to its packed rows (B, Hkv, group · Sq, D), row
+    (head in group) · Sq + token, at every run (the launch's prologue); O (B, H, Sq, D) contiguous is already that
+    packing, (B, Hkv, group · Sq, D), and so is the LSE, so the kernel writes both in place."""
+    batch, kv_heads, group, seqlen_q, head_dim = (
+        problem.batch, problem.kv_heads, problem.kv_group, problem.seqlen_q, problem.head_dim
+    )  # fmt: skip
+    rows = group * seqlen_q
+    packed_q = q.new_empty((batch, kv_heads, rows, head_dim))
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, problem.heads, seqlen_q), dtype=torch.float32, device=q.device)
+    outputs = (out.view(batch, kv_heads, rows, head_dim), lse.view(batch, kv_heads, rows))
+    tensors = hopper_tensor_arguments(config, (packed_q, k, v, *outputs), None, cache_seqlens)
+    scalars = (problem.scale * LOG2_E, 1.0, splits.sm_count(q.device))
+    by_kv_head = q.unflatten(1, (kv_heads, group))  # (B, Hkv, group, Sq, D): a view
+
+    def pack_q() -> None:
+        packed_q.view(batch, kv_heads, group, seqlen_q, head_dim).copy_(by_kv_head)
+
+    result = (out, lse) if problem.return_lse else out
+    chosen = {"num_splits": 1, "balanced": False, "packed_prefill": True}
+    return Launch(config, (*tensors, *scalars), result, chosen, prologue=pack_q)
+
+
 def wgmma_d256_ring() -> tuple[int, int] | None:
     """``WGMMA_D256`` checked: None, or one of :data:`WGMMA_D256_RINGS` (those compiled and fitting one CTA an SM)."""
     if WGMMA_D256 is not None and WGMMA_D256 not in WGMMA_D256_RINGS:
@@ -984,6 +1058,8 @@ def seqlen_k_decisions(problem: Problem, device: torch.device, num_splits: int |
     split's target shares; ``num_splits`` forces it). Everything else it decides (slabs, ring, merge runs, the
     configuration) follows from these and the rest of the problem, so equal decisions are an equal launch plan
     (``RungHost``'s growing binder)."""
+    if packed_prefill(problem, device):  # cute/hopper's kernel: all of a sequence's keys a tile
+        return False, 1
     if balanced_split(problem, device):  # one warpgroup a CTA: the 64-row tiles
         m_blocks = m_blocks_for(problem)
         tile_n = wgmma_ring(TILE_CONFIGS[problem.head_dim], problem.head_dim, wgmma_tile(problem, device)).tile_n
@@ -1001,6 +1077,8 @@ def launch_plan(problem: Problem, device: torch.device, num_splits: int | None =
     shares), the balanced workspace's slabs (None: padded-Sk splits) and items a slab, the compile key.
     ``num_splits`` overrides the rule (sweeps, tests); ``common.attention`` keeps it with a plan."""
     slabs, items = None, problem.batch * problem.kv_heads
+    if num_splits is None and packed_prefill(problem, device):
+        return 1, None, items, packed_prefill_config(problem)
     balanced, num_splits = seqlen_k_decisions(problem, device, num_splits)
     if balanced:  # slabs: target_shares + B · Hkv, of all items
         slabs, items = num_splits + items, 1
@@ -1023,6 +1101,8 @@ def plan_launch(
     Paged (``block_table``): k and v are (num_pages, page_size, Hkv, D) pools, passed as their
     (num_pages, Hkv, page_size, D) view. ``planned``: :func:`launch_plan` of this problem and device."""
     num_splits, slabs, items, config = planned or launch_plan(problem, q.device, num_splits)
+    if isinstance(config, HopperAttentionConfig):
+        return packed_prefill_launch(q, k, v, problem, config, cache_seqlens)
     batch_kv_heads, rows, head_dim = problem.batch * problem.kv_heads, problem.kv_group * problem.seqlen_q, q.shape[3]
     # empty_like: a third of the host time of torch.empty with a shape, dtype and device to parse.
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -1070,11 +1150,14 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
     return decode_limits(problem)
 
 
-def fake_arguments(config: DecodeConfig) -> tuple[Any, ...]:
-    """:meth:`DecodeKernel.__call__`'s arguments without data, as ``bind`` passes them: q, k, v
-    (B, H or Hkv, S, D) (paged: k and v (num_pages, Hkv, page_size, D)), the packed O (B·Hkv, rows, D)
-    and LSE (or None), the split partials (or None), the merge's item slabs (or None), the key lengths (or
-    None), the block table (or None), the softmax scale (its value does not enter the code) and the stream."""
+def fake_arguments(config: DecodeConfig | HopperAttentionConfig) -> tuple[Any, ...]:
+    """:meth:`DecodeKernel.__call__`'s arguments without data, as ``bind`` passes them (cute/hopper's own for
+    :func:`packed_prefill`'s configuration): q, k, v (B, H or Hkv, S, D) (paged: k and v (num_pages, Hkv,
+    page_size, D)), the packed O (B·Hkv, rows, D) and LSE (or None), the split partials (or None), the merge's
+    item slabs (or None), the key lengths (or None), the block table (or None), the softmax scale (its value does
+    not enter the code) and the stream."""
+    if isinstance(config, HopperAttentionConfig):
+        return hopper_fake_arguments(config)
     element = CUTE_DTYPES[config.dtype]
     operands = [fake_tensor(element, 4) for _ in range(3)]
     packed = [fake_tensor(element, 3), fake_tensor(cutlass.Float32, 2) if config.return_lse else None]
@@ -1100,9 +1183,11 @@ def compile_plan(problem: Problem, split: bool = True) -> DecodeConfig:
     )  # fmt: skip
 
 
-def decode_kernel(config: DecodeConfig) -> DecodeKernel:
+def decode_kernel(config: DecodeConfig | HopperAttentionConfig) -> Any:
     """The launcher of ``config``: :class:`DecodeKernel`, or with ``config.wgmma`` its WGMMA tile's
-    (``_decode_wgmma.py``, which imports this module)."""
+    (``_decode_wgmma.py``, which imports this module), or cute/hopper's for :func:`packed_prefill`'s configuration."""
+    if isinstance(config, HopperAttentionConfig):
+        return hopper_rung.HopperAttention(config)
     if config.wgmma:
         from cute_impl._decode_wgmma import WgmmaDecodeKernel
 

@@ -235,6 +235,7 @@ class HopperAttention:
         # Problem features, all compile time so that the canonical kernel stays as it was.
         self.gqa, self.bottom_right, self.has_cache_seqlens = config.gqa, config.bottom_right, config.has_cache_seqlens
         self.pdl = config.pdl
+        self.packed_group = config.packed_group
 
     # ------------------------------------------------------------------------------------------------
     # Host side: layouts, TMA descriptors, launch
@@ -326,16 +327,22 @@ class HopperAttention:
         rows, D, W = ROWS_PER_WARPGROUP, self.head_dim, self.consumer_warpgroups
         scheduler = TileScheduler(self.tile_m, self.causal, seqlen_q, mQ.shape[2][0], mQ.shape[2][1])
         local_tiles = scheduler.local_tile_count()
+        # Packed rows (cute/decode): group · Sq rows of Sq tokens; the diagonal is each row's token's.
+        tokens, packed_seqlen_q = seqlen_q, None
+        if cutlass.const_expr(self.packed_group > 1):
+            tokens = seqlen_q // self.packed_group
+            packed_seqlen_q = tokens
         seqlen_info = functools.partial(
             SeqlenInfo.create,
-            seqlen_q=seqlen_q,
+            seqlen_q=tokens,
             seqlen_k=seqlen_k,
             cache_seqlens=mCacheSeqlens,
             bottom_right=self.bottom_right,
         )
         block_range = functools.partial(
-            BlockRange.create_exact, tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal
-        )
+            BlockRange.create_exact, tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal,
+            packed_seqlen_q=packed_seqlen_q,
+        )  # fmt: skip
         kv_head_batch = functools.partial(self.kv_head_batch, heads=mQ.shape[2][0], kv_heads=mK.shape[2][0])
 
         # ==== Shared memory and barriers ==================================================================
@@ -484,7 +491,7 @@ class HopperAttention:
                     p_exponent_offset=FP8_P_EXPONENT_OFFSET if self.separate_pv else 0.0,
                     rescale_threshold=0.0 if self.separate_pv else RESCALE_THRESHOLD,
                 )
-                mask = AttentionMask(self.tile_n, self.causal, tScS, row_start, seqlen)
+                mask = AttentionMask(self.tile_n, self.causal, tScS, row_start, seqlen, packed_seqlen_q)
                 first_block = functools.partial(self.first_block, gemms, softmax, scales, mask)
                 masked_block = functools.partial(self.next_block, gemms, softmax, scales, mask)
                 unmasked_block = functools.partial(self.next_block, gemms, softmax, scales, None)
