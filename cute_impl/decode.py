@@ -1058,7 +1058,7 @@ def seqlen_k_decisions(problem: Problem, device: torch.device, num_splits: int |
     split's target shares; ``num_splits`` forces it). Everything else it decides (slabs, ring, merge runs, the
     configuration) follows from these and the rest of the problem, so equal decisions are an equal launch plan
     (``RungHost``'s growing binder)."""
-    if packed_prefill(problem, device):  # cute/hopper's kernel: all of a sequence's keys a tile
+    if num_splits is None and packed_prefill(problem, device):  # cute/hopper's kernel: all of a sequence's keys a tile
         return False, 1
     if balanced_split(problem, device):  # one warpgroup a CTA: the 64-row tiles
         m_blocks = m_blocks_for(problem)
