@@ -28,6 +28,11 @@ keeping the memory system busy, not the tensor cores:
   keys and its softmax. With 64 or more packed rows the step is compute-bound and ``mma.sync`` (half WGMMA's tensor
   rate on sm_90) trails the WGMMA rungs: ``WGMMA_MIN_ROWS`` (64) runs those 64-row tiles on one warpgroup's WGMMA
   (``_decode_wgmma.py``).
+* **Many packed rows on the prefill kernel** (``PACKED_PREFILL_MIN_ROWS``, off): with 256 packed rows a K/V byte
+  carries 256 FLOPs, past the read bandwidth's roofline, and the step is a prefill of group · Sq rows against the
+  cache. Where its tiles fill the machine and the cache is contiguous, the step copies q to its packed rows and runs
+  cute/hopper's persistent kernel on them (FlashAttention-3's pack-GQA; ``HopperAttentionConfig.packed_group``: each
+  row's causal diagonal is its token's), writing O and the LSE in place: no split and no merge.
 * **The balanced split** (``BALANCED_SPLIT``, triton/decode's switch and plan, ``_decode_plan.py``):
   in a ragged batch the padded split leaves most of a short sequence's CTAs without a key while the
   long one's few carry its keys. Balanced, the grid is target_shares + B·Hkv CTAs per M tile (the shape

@@ -109,6 +109,8 @@ with the block max; a zero one would turn the mask's -inf into NaN in the exp2 F
 row strides (TMA). Any Sq, Sk >= 1; GQA/MQA (Hkv divides H); causal aligned top-left (SDPA's) or
 bottom-right (KV cache); ``cache_seqlens`` (B,) int32, contiguous; ``return_lse``. Each feature is a
 compile-time flag of ``HopperAttentionConfig``: without them the kernel is the canonical one, unchanged.
+``packed_group`` (cute/decode's many packed rows): q and O hold (head in group) · Sq + token rows of each KV head,
+so the kernel's tokens are its rows / group and the mask and key range follow each row's token.
 head_dim 256 is refused: its 64 x 256 fp32 O alone takes 128 of the 240 registers per consumer
 thread, and Q plus one K/V stage (64 + 128 KB at tile_n = 128) leaves no room for a second stage.
 
