@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -222,3 +223,20 @@ def decode_call_inputs(
     if problem.paged:
         k, v, extra["block_table"] = make_paged_kv(problem, k, v, seed=seed)
     return (q, k, v), extra
+
+
+def knob_ab_words(script_name: str, name: str) -> list[str]:
+    """The words after ``knob_ab NAME`` in ``bench/SCRIPT_NAME`` up to the line that starts with ``cat``: the
+    A/B's limit, knob, values, rungs and rows, as the shell passes them."""
+    script = (ROOT / "bench" / script_name).read_text()
+    line = script.split(f"\nknob_ab {name} ", 1)[1].split("\ncat ", 1)[0]
+    return shlex.split(line.replace("\\\n", " "))
+
+
+def knob_ab_problems(script_name: str, name: str) -> tuple[list[str], list[Problem]]:
+    """:func:`knob_ab_words` split into the A/B's limit, knob, values and rungs, and the Problems of its rows
+    (``bench.decode_knob_ab.parse_row``)."""
+    from bench.decode_knob_ab import parse_row
+
+    words = knob_ab_words(script_name, name)
+    return words[:4], [parse_row(text)[1].problem for text in words[4:]]

@@ -17,7 +17,6 @@ memory. GPU (``gpu`` marker): on, against fp64 on a poisoned output; planted, th
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,7 @@ from common.reporting.static import cubin_resources
 from cute_impl import _host, decode
 from cute_impl._device import BlockRange, SeqlenInfo
 from cute_impl._hopper_host import HopperAttentionConfig, default_config
+from tests._helpers import knob_ab_problems
 from tests.test_cute_decode_rows import RAGGED, _problem
 from tests.test_cute_decode_wgmma import check_gpu_case
 
@@ -187,13 +187,11 @@ def test_the_runner_runs_the_prologue_before_the_kernel():
 
 
 def test_ab_script_rows_parse_and_the_switch_moves_the_first_rows():
-    from bench.decode_knob_ab import parse_row
 
     script = (Path(__file__).parents[1] / "bench" / "cute_decode_packed_prefill_ab.sh").read_text()
     assert "gpu_tests 120 -n 8 tests/test_cute_decode_packed_prefill.py" in script
-    words = shlex.split(script.split("\nknob_ab packed_prefill ", 1)[1].split("\ncat ", 1)[0].replace("\\\n", " "))
-    assert words[:4] == ["240", "cute_impl.decode:PACKED_PREFILL_MIN_ROWS", "None,128,256", "cute/decode"], words
-    rows = [parse_row(text)[1].problem for text in words[4:]]
+    head, rows = knob_ab_problems("cute_decode_packed_prefill_ab.sh", "packed_prefill")
+    assert head == ["240", "cute_impl.decode:PACKED_PREFILL_MIN_ROWS", "None,128,256", "cute/decode"], head
     assert rows[0] == SEED233_ROW5
     moved = [isinstance(_config(problem, 128)[3], HopperAttentionConfig) for problem in rows]
     controls = moved.index(False)
@@ -250,22 +248,26 @@ GPU_CASES = {
 }  # fmt: skip
 
 
+NEEDS_SM90 = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+    reason="cute/hopper's kernel needs sm_90",
+)
+
+
 @pytest.mark.gpu
+@NEEDS_SM90
 @pytest.mark.parametrize("case", sorted(GPU_CASES))
 def test_gpu_packed_prefill_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("cute/hopper's kernel needs sm_90")
     monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_WAVE_SHARE", 0.0)  # the small test grids take it too
     check_gpu_case(case, GPU_CASES[case], monkeypatch, SWITCH, "packed_group")
 
 
 @pytest.mark.gpu
+@NEEDS_SM90
 @pytest.mark.parametrize("case", ["256rows-g16-sq16-d128-ragged", "128rows-g16-sq8-top-left"])
 def test_gpu_planted_kernel_without_the_packing_fails_the_check(case: str, monkeypatch: pytest.MonkeyPatch):
     """The same plan with ``packed_group`` 1 compiled in: the kernel takes its rows for tokens (the diagonal at the
     row, the bottom-right offset Sk - group · Sq)."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("cute/hopper's kernel needs sm_90")
     from tests.test_cute_decode_rows import check_forced_splits
 
     monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_WAVE_SHARE", 0.0)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from common.contract import splits
 from common.measure.decode_sweep import random_cases
 from common.reporting.static import cubin_sass, loop_census
 from cute_impl import _decode_wgmma, decode
+from tests._helpers import knob_ab_problems
 from tests.test_cute_decode_rows import RAGGED, _problem
 from tests.test_cute_decode_wgmma import assert_planted_bug_fails, check_gpu_case, compile_with_shared_bytes
 from tests.test_cute_decode_wide_tile import (
@@ -127,13 +127,11 @@ def test_on_leaves_other_plans(case: str):
 
 
 def test_ab_script_rows_parse_and_the_switch_moves_the_first_ten():
-    from bench.decode_knob_ab import parse_row
 
     script = (Path(__file__).parents[1] / "bench" / "cute_decode_two_wg_ab.sh").read_text()
     assert "gpu_tests 90 tests/test_cute_decode_two_wg.py" in script
-    words = shlex.split(script.split("\nknob_ab two_wg ", 1)[1].split("\ncat ", 1)[0].replace("\\\n", " "))
-    assert words[:4] == ["150", "cute_impl.decode:WGMMA_TWO_WARPGROUPS", "False,True", "cute/decode"], words
-    rows = [parse_row(text)[1].problem for text in words[4:]]
+    head, rows = knob_ab_problems("cute_decode_two_wg_ab.sh", "two_wg")
+    assert head == ["150", "cute_impl.decode:WGMMA_TWO_WARPGROUPS", "False,True", "cute/decode"], head
     assert rows[0] == SEED233_ROW5
     assert [_plan(problem, True) != _plan(problem, False) for problem in rows] == [True] * 10 + [False] * 2
 

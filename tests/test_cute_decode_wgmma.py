@@ -26,6 +26,7 @@ pytest.importorskip("cutlass")
 from common.measure.decode_sweep import random_cases
 from common.reporting.static import cubin_sass, loop_census, sass_loops
 from cute_impl import _decode_wgmma, decode
+from tests._helpers import knob_ab_problems, knob_ab_words
 from tests.test_cute_decode_rows import RAGGED, _problem, check_forced_splits
 from tests.test_cute_decode_wide_tile import _ring_and_q_bytes, assert_kernels_fit
 
@@ -57,15 +58,8 @@ def test_on_by_default_from_64_rows():
 def test_ab_64_script_rows_parse_and_the_switch_moves_the_first_nine():
     """bench/cute_decode_wgmma64_ab.sh's knob rows: each parses, and 64 against 128 changes the compile key of exactly
     the first nine (64-127 packed rows); the Sq=1 and 256-row controls keep theirs."""
-    import shlex
-    from pathlib import Path
-
-    from bench.decode_knob_ab import parse_row
-
-    script = (Path(__file__).parents[1] / "bench" / "cute_decode_wgmma64_ab.sh").read_text()
-    words = shlex.split(script.split("\nknob_ab wgmma64 ", 1)[1].split("\ncat ", 1)[0].replace("\\\n", " "))
-    assert words[1:4] == ["cute_impl.decode:WGMMA_MIN_ROWS", f"{ON},{FROM_64}", "cute/decode"], words
-    rows = [parse_row(text)[1].problem for text in words[4:]]
+    head, rows = knob_ab_problems("cute_decode_wgmma64_ab.sh", "wgmma64")
+    assert head[1:] == ["cute_impl.decode:WGMMA_MIN_ROWS", f"{ON},{FROM_64}", "cute/decode"], head
     assert [_plan(problem, FROM_64) != _plan(problem, ON) for problem in rows] == [True] * 9 + [False] * 2
 
 
@@ -117,14 +111,13 @@ def test_on_leaves_other_plans(case: str, monkeypatch: pytest.MonkeyPatch):
 def test_ab_script_rows_parse_and_the_switch_moves_the_first_five():
     """bench/cute_decode_wgmma_ab.sh's knob rows: each parses, the two rows of the class come first, and the switch
     changes the compile key of exactly the first five (the last two are the controls): a typo costs a device call."""
-    import shlex
     from pathlib import Path
 
     from bench.decode_knob_ab import parse_row
 
     script = (Path(__file__).parents[1] / "bench" / "cute_decode_wgmma_ab.sh").read_text()
     assert "gpu_tests 150 tests/test_cute_decode_wgmma.py" in script
-    words = shlex.split(script.split("\nknob_ab wgmma ", 1)[1].split("\ncat ", 1)[0].replace("\\\n", " "))
+    words = knob_ab_words("cute_decode_wgmma_ab.sh", "wgmma")
     assert words[:3] == ["330", "cute_impl.decode:WGMMA_MIN_ROWS", f"0,{ON}"] and words[3] == "cute/decode", words
     rows = [parse_row(text)[1] for text in words[4:]]
     assert [case.problem for case in rows[:2]] == [random_cases(8, seed)[row].problem for seed, row in SEED_ROWS]

@@ -32,6 +32,7 @@ pytest.importorskip("cutlass")
 from common.measure.decode_sweep import random_cases
 from common.reporting.static import cubin_sass, loop_census, sass_loops
 from cute_impl import _decode_wgmma, decode
+from tests._helpers import knob_ab_problems
 from tests.test_cute_decode_rows import RAGGED, _problem
 from tests.test_cute_decode_wgmma import (
     _UnpackedMask,
@@ -136,16 +137,12 @@ def test_ab_script_rows_parse_and_the_switch_moves_the_first_eleven():
     """bench/cute_decode_wgmma_d256_ab.sh's knob rows: each parses, seed 229 row 2 first, and the switch changes the
     compile key of exactly the first eleven (128-256 packed rows at D=256) on either ring; the last two are the
     controls."""
-    import shlex
     from pathlib import Path
-
-    from bench.decode_knob_ab import parse_row
 
     script = (Path(__file__).parents[1] / "bench" / "cute_decode_wgmma_d256_ab.sh").read_text()
     assert "gpu_tests 120 tests/test_cute_decode_wgmma_d256.py" in script
-    words = shlex.split(script.split("\nknob_ab wgmma_d256 ", 1)[1].split("\ncat ", 1)[0].replace("\\\n", " "))
-    assert words[:4] == ["180", "cute_impl.decode:WGMMA_D256", "None,(64,3),(32,6)", "cute/decode"], words
-    rows = [parse_row(text)[1].problem for text in words[4:]]
+    head, rows = knob_ab_problems("cute_decode_wgmma_d256_ab.sh", "wgmma_d256")
+    assert head == ["180", "cute_impl.decode:WGMMA_D256", "None,(64,3),(32,6)", "cute/decode"], head
     assert rows[0] == SEED229_ROW2 and all(problem.head_dim == 256 for problem in rows)
     for ring in RINGS:
         assert [_plan(problem, ring) != _plan(problem, None) for problem in rows] == [True] * 11 + [False] * 2

@@ -30,6 +30,7 @@ import cutlass.cute as cute
 from common.measure.decode_sweep import random_cases
 from common.reporting.static import _SASS_INSTRUCTION, cubin_sass, loop_census, sass_loops
 from cute_impl import _decode_wgmma, decode
+from tests._helpers import knob_ab_words
 from tests.test_cute_decode_rows import RAGGED, _problem
 from tests.test_cute_decode_wgmma import GPU_CASES as WGMMA_GPU_CASES
 from tests.test_cute_decode_wgmma import assert_planted_bug_fails, check_gpu_case
@@ -97,14 +98,13 @@ def test_a_ring_of_two_stages_is_refused():
 def test_ab_script_rows_parse_and_the_switch_moves_the_first_five():
     """bench/cute_decode_wgmma_overlap_ab.sh's knob rows: each parses, and the switch changes the compile key of
     exactly the first five (the last two are the controls): a typo costs a device call."""
-    import shlex
     from pathlib import Path
 
     from bench.decode_knob_ab import parse_row
 
     script = (Path(__file__).parents[1] / "bench" / "cute_decode_wgmma_overlap_ab.sh").read_text()
     assert "gpu_tests 80 -n 4 tests/test_cute_decode_wgmma_overlap.py" in script
-    words = shlex.split(script.split("\nknob_ab overlap ", 1)[1].split("\ncat ", 1)[0].replace("\\\n", " "))
+    words = knob_ab_words("cute_decode_wgmma_overlap_ab.sh", "overlap")
     assert words[1:4] == ["cute_impl.decode:WGMMA_OVERLAP_MIN_STAGES", f"0,{EVERY_RING}", "cute/decode"], words
     assert words[4:] == MOVED_ROWS + CONTROL_ROWS, words
     moved = [_plan(parse_row(text)[1].problem, True) != _plan(parse_row(text)[1].problem, False) for text in words[4:]]

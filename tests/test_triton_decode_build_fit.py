@@ -17,7 +17,6 @@ cache, so that neither holds the unplanted kernel).
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ from bench.decode_ragged_ab import plan_of
 from common.contract import splits
 from common.contract.problem import Problem
 from common.measure.decode_sweep import decode_cases, random_cases
-from tests._helpers import json_from_child, json_from_child_with_empty_triton_cache
+from tests._helpers import json_from_child, json_from_child_with_empty_triton_cache, knob_ab_words
 from tests.test_decode import interpreter_only
 from tests.test_decode_merge_group_triton import _ctas_an_sm
 from tests.test_decode_packed import _interpreter_check
@@ -168,7 +167,7 @@ def test_ab_script_rows_parse_and_the_switch_moves_the_first_six(monkeypatch: py
 
     script = (ROOT / "bench" / "triton_decode_build_fit_ab.sh").read_text()
     assert "gpu_tests 60 tests/test_triton_decode_build_fit.py" in script
-    words = shlex.split(script.split("\nknob_ab fit ", 1)[1].split("\ncat ", 1)[0].replace("\\\n", " "))
+    words = knob_ab_words("triton_decode_build_fit_ab.sh", "fit")
     assert words[:4] == ["85", f"triton_impl.decode:{SWITCH}", "False,True", "triton/decode"], words
     assert words[4:] == AB_ROWS
     rows = [parse_row(text)[1] for text in words[4:]]

@@ -13,7 +13,6 @@ with the launch's target checked; a planted share-boundary bug fails the same ch
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ import torch
 from bench.decode_ragged_ab import plan_of
 from common.contract import splits
 from common.measure.decode_sweep import decode_cases, random_cases
-from tests._helpers import json_from_child_with_empty_triton_cache
+from tests._helpers import json_from_child_with_empty_triton_cache, knob_ab_words
 from tests.test_decode import interpreter_only
 from tests.test_decode_packed import _interpreter_check
 from tests.test_triton_decode_build_fit import _problem
@@ -94,7 +93,7 @@ def test_ab_script_rows_parse_and_the_switch_moves_the_first_three(monkeypatch: 
 
     script = (ROOT / "bench" / "triton_decode_mqa256_ab.sh").read_text()
     assert "gpu_tests 150 tests/test_triton_decode_one_wave.py" in script
-    words = shlex.split(script.split("\nknob_ab mqa256 ", 1)[1].split("\ncat ", 1)[0].replace("\\\n", " "))
+    words = knob_ab_words("triton_decode_mqa256_ab.sh", "mqa256")
     assert words[1:4] == [f"triton_impl.decode:{SWITCH}", "False,True", "triton/decode"], words
     moved = [len(set(_plans(parse_row(text)[1], monkeypatch))) > 1 for text in words[4:]]
     assert moved == [True] * 3 + [False] * 2
