@@ -133,7 +133,7 @@ Measured figures go to ``docs/perf-log.md`` and ``compare.py --decode``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -252,17 +252,6 @@ FEWER_WAVES = True
 # "ragged-split-long" (also any call the rule splits past splits.LONG_CHAIN_SPLITS, a long merge chain): one sequence
 # over two KV heads 191.8 -> 114.4 us (D=256 paged), 73.8 -> 59.8 (results/h200/decode-long-few-heads/).
 BALANCED_SPLIT = "ragged-split-long"
-# True: the switch asks the rule without SHORT_CACHE_ONE_SPLIT, so that a short ragged cache whose items the exception
-# keeps in one split each (the longest item then the whole step) takes shares. H200 A/B over 16 rows it changes
-# (results/h200/gluon-decode-past-short-cache/): seed 211's B=16 Hkv=16 D=256 row 119.7 -> 79.4 us (49 -> 74 %), 12
-# more 0.81-0.97x, but seed 126's B=64 MHA Sq=2 1.5k row 61.8 -> 139.4 and two D=256 rows of 1024 items 1.03-1.05x:
-# off until a narrower rule keeps those. PAST_SHORT_MAX_WAVES (0: no bound): the switch takes only rows whose padded
-# grid (B · Hkv · M tiles CTAs, one split) is at most that many waves of the rule's CTA slots; past them the block
-# scheduler already evens ragged items out and the shares only add CTAs and merges. The 13 rows that gained are 1.9 or
-# 3.9 waves, the two D=256 rows that lost 3-5 % 7.8 (1024 items on 132 slots); seed 126's row 2 (3.9 waves) is not
-# told apart by any shape quantity from seed 56's row 5 (0.95x), and its plan predicts ~1.0x, not 2.26x
-# (docs/perf-log.md, helper ``pastshort``): re-time it before reading it as the plan's. Untimed.
-BALANCED_PAST_SHORT_CACHE, PAST_SHORT_MAX_WAVES = False, 4
 # True: shares per SM at most the ring's CTA slots (1 at D=128's long ring, D=256): B=1 128k 144.0 -> 200.9 us.
 BALANCED_SHARES_BY_SLOTS = False
 # Issue #38's ragged row (B=8 Hkv=8 32k D=128, lengths 0..32768; H200, results/h200/decode/): gluon 136.5 us, cute
@@ -1206,20 +1195,7 @@ def balanced_split(problem: Problem, device: torch.device | None = None) -> bool
         return False
     rule_device = device or torch.device("cpu")
     policy = split_policy(problem)
-    if BALANCED_PAST_SHORT_CACHE and past_short_few_waves(problem, rule_device):
-        policy = replace(policy, short_one_split=False)
     return splits.balanced_split_applies(BALANCED_SPLIT, problem, lambda: rule_splits(problem, rule_device, 1, policy))
-
-
-def past_short_few_waves(problem: Problem, device: torch.device) -> bool:
-    """Whether ``BALANCED_PAST_SHORT_CACHE`` may ask the rule without the short-cache exception for ``problem`` on
-    ``device``: its one-split grid of B · Hkv · M tiles CTAs at most ``PAST_SHORT_MAX_WAVES`` waves of the rule's CTA
-    slots (``split_policy``; 0: any grid)."""
-    if PAST_SHORT_MAX_WAVES < 0:
-        raise ValueError(f"PAST_SHORT_MAX_WAVES must be >= 0 (0: no bound), got {PAST_SHORT_MAX_WAVES}")
-    ctas = problem.batch * problem.kv_heads * m_blocks_for(problem)
-    slots = splits.sm_count(device) * split_policy(problem).ctas_per_sm
-    return not PAST_SHORT_MAX_WAVES or ctas <= PAST_SHORT_MAX_WAVES * slots
 
 
 def balanced_pair_tile(problem: Problem, device: torch.device | None = None) -> bool:
