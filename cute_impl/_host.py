@@ -156,13 +156,7 @@ class CompiledKernels(Generic[Config]):
         """Compile (cached on ``config``) and return the launch-only ``run()``: it passes ``arguments``
         (the launch counterparts of the fakes, without the stream: the call launches on torch's
         current stream) and returns ``result``."""
-        compiled = self.kernel(config)
-
-        def run() -> Any:
-            compiled(*arguments)
-            return result
-
-        return run
+        return launch_runner(self.kernel(config), Launch(config, tuple(arguments), result))
 
 
 @dataclass(frozen=True)
