@@ -36,7 +36,8 @@ MERGE_TILE_M = 16
 
 def merge_config(config: HopperAttentionConfig) -> decode.DecodeConfig:
     """cute/decode's configuration whose merge kernel merges ``config``'s splits: the padded split's merge (one chain
-    a row, ``MERGE_SPLITS_PER_STEP``), the LSE always written (the packed prefill always allocates it)."""
+    a row, unrolled ``DecodeConfig``'s default ``MERGE_SPLITS_PER_STEP`` times: fixed, since ``config``, the compile
+    key, does not hold it), the LSE always written (the packed prefill always allocates it)."""
     return decode.DecodeConfig(
         dtype=config.dtype,
         head_dim=config.head_dim,

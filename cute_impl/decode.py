@@ -32,7 +32,11 @@ keeping the memory system busy, not the tensor cores:
   carries 256 FLOPs, past the read bandwidth's roofline, and the step is a prefill of group · Sq rows against the
   cache. Where its tiles fill the machine and the cache is contiguous, the step copies q to its packed rows and runs
   cute/hopper's persistent kernel on them (FlashAttention-3's pack-GQA; ``HopperAttentionConfig.packed_group``: each
-  row's causal diagonal is its token's), writing O and the LSE in place: no split and no merge.
+  row's causal diagonal is its token's), writing O and the LSE in place: no split and no merge. With
+  ``PACKED_PREFILL_SPLITS`` (off), a problem whose tiles fall short of the waves (B · Hkv small, long caches: seed 139
+  row 1's 32 tiles) takes the fewest key splits that fill them inside that kernel (``HopperAttentionConfig.key_splits``,
+  FlashAttention-3's num_splits; each split several key blocks), fp32 partials merged by this rung's merge kernel
+  (``_decode_packed_splits.py``, step 5 below), so that every contiguous row of many packed rows runs there.
 * **The balanced split** (``BALANCED_SPLIT``, triton/decode's switch and plan, ``_decode_plan.py``):
   in a ragged batch the padded split leaves most of a short sequence's CTAs without a key while the
   long one's few carry its keys. Balanced, the grid is target_shares + B·Hkv CTAs per M tile (the shape

@@ -111,6 +111,14 @@ bottom-right (KV cache); ``cache_seqlens`` (B,) int32, contiguous; ``return_lse`
 compile-time flag of ``HopperAttentionConfig``: without them the kernel is the canonical one, unchanged.
 ``packed_group`` (cute/decode's many packed rows): q and O hold (head in group) · Sq + token rows of each KV head,
 so the kernel's tokens are its rows / group and the mask and key range follow each row's token.
+``key_splits`` (cute/decode's packed prefill on a grid short of the SMs, ``decode.PACKED_PREFILL_SPLITS``; FA3's
+``num_splits``): O and the LSE are fp32 partials (splits, B, H, Sq, D) and (splits, B, H, Sq), the split count their
+leading extent (a runtime size); the scheduler deals (query block, split, head, batch) tiles, query block fastest
+(a head's and split's tiles, which read the same K and V, run together); a tile visits its split's share of its key
+blocks (``_device.key_split_range``: cdiv(blocks, splits) a split, per sequence, the masked blocks in the split that
+holds them, an empty split one fully masked block, so its producer and consumers agree as for any tile) and writes
+its normalised O and natural-log LSE straight from the accumulator registers (no stmatrix or TMA store: fp32), rows
+past Sq skipped, for cute/decode's merge kernel (``_decode_packed_splits.py``). 16-bit only.
 head_dim 256 is refused: its 64 x 256 fp32 O alone takes 128 of the 240 registers per consumer
 thread, and Q plus one K/V stage (64 + 128 KB at tile_n = 128) leaves no room for a second stage.
 

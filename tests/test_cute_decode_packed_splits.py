@@ -6,13 +6,14 @@ FlashAttention-3's num_splits), fp32 partials per split merged by cute/decode's 
 CPU: off by default (no configuration, no plan changes; seed 139 row 1 and 107 row 0 stay on the split kernels); on,
 139/1 takes 4 splits and 107/0 2, the fewest that fill the waves, bounded by the key blocks (a short cache keeps the
 split kernels) and the cap; every sweep row of 128+ packed rows takes it; the split key ranges against brute force
-(every key block once across the splits, masked blocks in their split's masked top, empty splits for short ragged
-rows seeing no key, a diagonal across two blocks; planted: a boundary off by one, a masked count of 1, an empty split that sees keys); the launch's
-partials, their merge views and the in-place outputs with the kernel and the merge simulated in float64 against the
-reference (planted: the merge's weights in log2 units); bench/cute_decode_packed_splits_ab.sh's rows parse and the
-switch moves its first rows only; ``plan_of`` names the splits. Static (sm_90a): the split builds compile through
-cute/decode's kernels (cute/hopper's and the merge) without local memory. GPU (``gpu`` marker): forced splits 2-8
-against fp64 on a poisoned output; planted, a split boundary off by one and the merge's weights in log2 units fail.
+(every key block once across the splits, masked blocks in their split's masked top, a diagonal across two blocks,
+empty splits for short ragged rows seeing no key; planted: a boundary off by one, a masked count of 1, an empty split
+that sees keys); the launch's partials, their merge views and the in-place outputs with the kernel and the merge
+simulated in float64 against the reference (planted: the merge's weights in log2 units);
+bench/cute_decode_packed_splits_ab.sh's rows parse and the switch moves its first rows only; ``plan_of`` names the
+splits. Static (sm_90a): the split builds compile through cute/decode's kernels (cute/hopper's and the merge) without
+local memory. GPU (``gpu`` marker): forced splits 2-8 against fp64 on a poisoned output; planted, a split boundary off
+by one and the merge's weights in log2 units fail.
 """
 
 from __future__ import annotations
@@ -355,8 +356,8 @@ GPU_CASES = {
     "128rows-mqa-sq1-7": (_problem(2, 1, 128, 1, 3000, 128), None, 7),
     "160rows-g32-sq5-half-tile-6": (_problem(2, 2, 32, 5, 777, 128), None, 6),
     "256rows-d128-non-causal-4": (_problem(2, 2, 16, 16, 1500, 128).with_(causal=False), None, 4),
-    "128rows-d64-non-causal-ragged-3": (_problem(4, 2, 8, 16, 1024, 64, has_cache_seqlens=True).with_(causal=False), RAGGED,
-                                        3),
+    "128rows-d64-non-causal-ragged-3": (_problem(4, 2, 8, 16, 1024, 64, has_cache_seqlens=True).with_(causal=False),
+                                        RAGGED, 3),
 }  # fmt: skip
 
 
