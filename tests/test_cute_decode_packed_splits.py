@@ -5,19 +5,21 @@ FlashAttention-3's num_splits), fp32 partials per split merged by cute/decode's 
 
 CPU: off by default (no configuration, no plan changes; seed 139 row 1 and 107 row 0 stay on the split kernels); on,
 139/1 takes 4 splits and 107/0 2, the fewest that fill the waves, bounded by the key blocks (a short cache keeps the
-split kernels) and the cap; every sweep row of 128+ packed rows takes it; the split key ranges against brute force
-(every key block once across the splits, masked blocks in their split's masked top, a diagonal across two blocks,
-empty splits for short ragged rows seeing no key; planted: a boundary off by one, a masked count of 1, an empty split
-that sees keys); the launch's partials, their merge views and the in-place outputs with the kernel and the merge
-simulated in float64 against the reference (planted: the merge's weights in log2 units);
-bench/cute_decode_packed_splits_ab.sh's rows parse and the switch moves its first rows only; ``plan_of`` names the
-splits. Static (sm_90a): the split builds compile through cute/decode's kernels (cute/hopper's and the merge) without
-local memory. GPU (``gpu`` marker): forced splits 2-8 against fp64 on a poisoned output; planted, a split boundary off
-by one and the merge's weights in log2 units fail.
+split kernels) and the cap; every sweep row of 128+ packed rows takes it; key splits refused alone, in FP8 and by the
+launcher of a configuration without them; the split key ranges against brute force (every key block once across the
+splits, masked blocks in their split's masked top, a diagonal across two blocks, empty splits for short ragged rows
+seeing no key; planted: a boundary off by one, a masked count of 1, an empty split that sees keys); the launch's
+partials, their merge views and the in-place outputs with the kernel and the merge simulated in float64 against the
+reference (planted: the merge's weights in log2 units); bench/cute_decode_packed_splits_ab.sh's rows parse, the switch
+moves its first rows only and ``--set`` holds the packed prefill on; ``plan_of`` names the splits. Static (sm_90a): the
+split builds compile through cute/decode's kernels (cute/hopper's and the merge) without local memory. GPU (``gpu``
+marker): forced splits 2-8 against fp64 on a poisoned output; planted, a split boundary off by one and the merge's
+weights in log2 units fail.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -108,6 +110,22 @@ def test_every_sweep_row_of_many_packed_rows_takes_it():
     taken = [isinstance(_plan(p)[3], HopperAttentionConfig) for p in many]
     unsplit = [isinstance(_plan(p, splits_on=False)[3], HopperAttentionConfig) for p in many]
     assert all(taken) and sum(taken) - sum(unsplit) >= 30, (sum(taken), sum(unsplit), len(many))
+
+
+def test_key_splits_are_refused_where_they_cannot_run():
+    """A key-split configuration only launches with its merge (cute/decode), only in 16 bits; the launcher of both
+    only takes one."""
+    from cute_impl import hopper
+    from cute_impl._decode_packed_splits import PackedSplitsKernel
+
+    config = decode.packed_prefill_config(SEED139_ROW1, key_splits=True)
+    q = torch.zeros(1, 1, 1, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="key_splits launches through cute/decode"):
+        hopper.KERNELS.launcher(config, q, q, q, 1.0, 1.0, sm_count=1)
+    with pytest.raises(ValueError, match="fp32 partials only, got fp8=True"):
+        hopper.HopperAttention(dataclasses.replace(config, fp8=True))
+    with pytest.raises(ValueError, match="need a key_splits configuration"):
+        PackedSplitsKernel(decode.packed_prefill_config(SEED139_ROW1))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -308,6 +326,19 @@ def test_ab_script_rows_parse_and_the_switch_moves_the_first_rows():
     moved = [_plan(p)[3] != _plan(p, splits_on=False)[3] for p in rows]
     controls = moved.index(False)
     assert controls >= 4 and not any(moved[controls:]) and len(moved) - controls == 2, moved
+
+
+def test_the_ab_holds_the_packed_prefill_on_through_knob_ab_set():
+    from bench.decode_knob_ab import arguments
+
+    script = (Path(__file__).parents[1] / "bench" / "cute_decode_packed_splits_ab.sh").read_text()
+    assert 'export KNOB_AB_SET="cute_impl.decode:PACKED_PREFILL_MIN_ROWS=128"' in script
+    base = ["--knob", "cute_impl.decode:PACKED_PREFILL_SPLITS", "--values", "False,True", "--rows", "139/1"]
+    held = arguments([*base, "--set", "cute_impl.decode:PACKED_PREFILL_MIN_ROWS=128"]).held
+    assert held == {"cute_impl.decode": {"PACKED_PREFILL_MIN_ROWS": 128}}
+    assert arguments(base).held == {}
+    with pytest.raises(SystemExit):  # planted: the module without its constant's name
+        arguments([*base, "--set", "cute_impl.decode=128"])
 
 
 def test_the_ab_plan_column_names_the_splits(monkeypatch: pytest.MonkeyPatch):
