@@ -24,10 +24,12 @@ source_carried_activations() {
 # knob_ab NAME LIMIT_S KNOB VALUES RUNGS ROW...: one `bench.decode_knob_ab` run (its log $OUT/NAME.log, its table
 # $OUT/NAME/knob.md, printed), cut at LIMIT_S; a failure sets `status` to 1 (the caller's exit status).
 knob_ab() {
-  local name=$1 limit=$2 knob=$3 values=$4 rungs=$5 begun=$SECONDS
+  local name=$1 limit=$2 knob=$3 values=$4 rungs=$5 begun=$SECONDS held=() constant
   shift 5
+  # KNOB_AB_SET: MODULE:NAME=LITERAL words held for the whole run (bench.decode_knob_ab's --set).
+  for constant in ${KNOB_AB_SET:-}; do held+=(--set "$constant"); done
   timeout "$limit" python3 -m bench.decode_knob_ab --knob "$knob" --values "$values" --rungs "$rungs" --rounds 2 \
-    --out "$OUT/$name" --rows "$@" > "$OUT/$name.log" 2>&1 || status=1
+    ${held[@]+"${held[@]}"} --out "$OUT/$name" --rows "$@" > "$OUT/$name.log" 2>&1 || status=1
   echo "$name: $((SECONDS - begun)) s (limit $limit s)" >> "$OUT/times.txt"
   cat "$OUT/$name/knob.md" 2>/dev/null || echo "$name: knob.md not written, no row finished"
 }

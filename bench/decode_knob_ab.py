@@ -12,7 +12,9 @@ the default decode sweep's ragged row (B=8 H=32 Hkv=8 Sq=1 D=128 bf16, bottom-ri
 ``MODULE:NAME`` (e.g. ``common.contract.splits:SHORT_ONE_SPLIT_SKIPS_RAGGED_WAVE``) with its values as Python literals,
 read as one list (``--values "{128: 64},{128: 64, 256: 64}"`` is two dicts). Each row's plan under each value
 (``bench.decode_ragged_ab.plan_of``; for gluon/decode, whether ``ITEMS_IN_FLIGHT``'s kernel takes it) is printed beside
-its time, so a value that changes nothing for a rung reads as the same plan.
+its time, so a value that changes nothing for a rung reads as the same plan. ``--set MODULE:NAME=LITERAL`` (repeatable)
+holds another constant at a value for the whole run, under every value of the knob (a switch that only acts with
+another one on: cute/decode's ``PACKED_PREFILL_SPLITS`` under ``PACKED_PREFILL_MIN_ROWS``).
 Writes ``knob.csv`` and ``knob.md`` under ``--out`` (the table rewritten after every row).
 
     python -m bench.decode_knob_ab --knob common.contract.splits:SHORT_ONE_SPLIT_SKIPS_RAGGED_WAVE \\
@@ -97,7 +99,11 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("runs/decode-knob"), help="output folder")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the values (default 2)")
     parser.add_argument("--rep", type=float, default=30.0, help="timed ms per measurement (default 30)")
+    parser.add_argument(
+        "--set", action="append", default=[], help="MODULE:NAME=LITERAL held for the whole run (repeatable)"
+    )
     args = parser.parse_args(argv)
+    args.held = held_constants(parser, args.set)
     args.module, _, args.name = args.knob.partition(":")
     # One list literal: a value that holds commas ({128: 64, 256: 64}) stays one value.
     args.values = ast.literal_eval(f"[{args.values}]")
@@ -107,11 +113,24 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def held_constants(parser: argparse.ArgumentParser, texts: list[str]) -> dict[str, dict[str, object]]:
+    """``--set`` entries as ``switched`` takes them: {module: {name: value}}."""
+    held: dict[str, dict[str, object]] = {}
+    for text in texts:
+        knob, equals, value = text.partition("=")
+        module, _, name = knob.partition(":")
+        if not (equals and name):
+            parser.error(f"--set takes MODULE:NAME=LITERAL, got {text!r}")
+        held.setdefault(module, {})[name] = ast.literal_eval(value)
+    return held
+
+
 def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
     rows = [parse_row(text) for text in args.rows]
     require_gpu("bench.decode_knob_ab")
-    return run(args, rows)
+    with switched(args.held):
+        return run(args, rows)
 
 
 def run(args: argparse.Namespace, rows: list[tuple[str, object]]) -> int:

@@ -506,6 +506,33 @@ def split_key_range(
     return BlockRange(n_block_min, n_block_max, n_masked_blocks)
 
 
+def key_split_range(
+    blocks: BlockRange, seqlen: SeqlenInfo, split: cutlass.Int32, num_splits: cutlass.Int32
+) -> tuple[BlockRange, SeqlenInfo]:
+    """Split ``split`` of ``num_splits`` of a query tile's ``blocks`` (``hopper``'s key splits,
+    ``HopperAttentionConfig.key_splits``; FlashAttention-3's ``num_splits``), per sequence: cdiv(blocks, num_splits)
+    blocks a split from ``n_block_min``, so a short sequence's last splits are empty. The tile's masked blocks (its
+    top ``n_masked_blocks``) fall in the splits that hold them, counted from each split's top (the top split's, unless
+    they span more than one split's blocks); every split masks its first block, so the count is at least 1.
+
+    An empty split runs as a tile that sees no key (:meth:`BlockRange.create_exact`): block ``n_block_min``, fully
+    masked by a ``seqlen_k`` of 0 in the returned :class:`SeqlenInfo`, so it writes O = 0 and LSE = -inf (no weight in
+    the merge) and its producer and consumers load and wait for the one block as any tile's. Plain arithmetic, so that
+    a CPU test runs it on Python ints."""
+    n_blocks = blocks.n_block_max - blocks.n_block_min
+    blocks_per_split = (n_blocks + num_splits - 1) // num_splits
+    low = cutlass.min(blocks.n_block_min + split * blocks_per_split, blocks.n_block_max)
+    high = cutlass.min(low + blocks_per_split, blocks.n_block_max)
+    empty = 1 - cutlass.min(high - low, 1)  # 1 for an empty split, else 0
+    masked_from = blocks.n_block_max - blocks.n_masked_blocks
+    n_masked = cutlass.max(high - cutlass.max(low, masked_from), 1)
+    low = low - empty * (low - blocks.n_block_min)
+    high = high + empty * (low + 1 - high)
+    # A split's rows may see no key (compile time): an empty split's see none.
+    split_seqlen = SeqlenInfo(seqlen.seqlen_k * (1 - empty), seqlen.causal_offset, seqlen.bottom_right, True)
+    return BlockRange(low, high, n_masked), split_seqlen
+
+
 class AttentionMask:
     """-inf for keys past the sequence's ``seqlen_k`` and, when causal, for keys right of the diagonal
     (row i sees j <= i + causal_offset), in the S fragment of one query tile; bound to that tile and

@@ -176,6 +176,8 @@ class WorkTile(NamedTuple):
     m_block: Int32
     # (head, batch): indexes the last mode of every (S, X, (H, B)) view.
     head_batch: tuple[Int32, Int32]
+    # The tile's key split (``HopperAttentionConfig.key_splits``); 0 without splits.
+    split: Int32 | int = 0
 
 
 class TileScheduler(ReadOnlyInRegions):
@@ -187,20 +189,30 @@ class TileScheduler(ReadOnlyInRegions):
     snake then hands a CTA that drew a long tile in one round a short one in the next, so the CTAs
     finish together (a plain round robin gives CTA 0 the longest tile of every round). With one CTA
     per tile (grid = tiles) every CTA gets exactly its own tile.
+
+    ``splits`` (``HopperAttentionConfig.key_splits``, a runtime count; None, compile time, without): every query
+    tile is that many tiles, one per key split, dealt (query block, split, head, batch) fastest first, so that the
+    tiles that read the same K and V (one head's, one split's) stay consecutive.
     """
 
-    def __init__(self, tile_m: int, causal: bool, seqlen_q: Int32, heads: Int32, batch: Int32):
+    def __init__(
+        self, tile_m: int, causal: bool, seqlen_q: Int32, heads: Int32, batch: Int32, splits: Int32 | None = None
+    ):  # fmt: skip
         self.causal = causal
         self.heads = heads
+        self.splits = splits
         self.query_blocks = (seqlen_q + tile_m - 1) // tile_m
         self.tile_count = self.query_blocks * heads * batch
+        if splits is not None:
+            self.tile_count = self.tile_count * splits
         self.cta, _, _ = cute.arch.block_idx()
         self.ctas, _, _ = cute.arch.grid_dim()
 
     @staticmethod
-    def tile_total(tile_m: int, seqlen_q: Int32, heads: Int32, batch: Int32) -> Int32:
-        """All query tiles of the launch (host side: sizes the grid)."""
-        return (seqlen_q + tile_m - 1) // tile_m * heads * batch
+    def tile_total(tile_m: int, seqlen_q: Int32, heads: Int32, batch: Int32, splits: Int32 | None = None) -> Int32:
+        """All tiles of the launch (host side: sizes the grid): query tiles, times the key splits where given."""
+        tiles = (seqlen_q + tile_m - 1) // tile_m * heads * batch
+        return tiles if splits is None else tiles * splits
 
     @staticmethod
     def tile_of_cta(local: Int32, cta: Int32, ctas: Int32) -> Int32:
@@ -229,7 +241,11 @@ class TileScheduler(ReadOnlyInRegions):
         if cutlass.const_expr(self.causal):
             m_block = self.query_blocks - 1 - m_block
         head_batch = tile // self.query_blocks
-        return WorkTile(m_block, (head_batch % self.heads, head_batch // self.heads))
+        split = 0
+        if cutlass.const_expr(self.splits is not None):
+            split = head_batch % self.splits
+            head_batch = head_batch // self.splits
+        return WorkTile(m_block, (head_batch % self.heads, head_batch // self.heads), split)
 
 
 class QueryBoxes(ReadOnlyInRegions):
@@ -740,6 +756,17 @@ class OutputEpilogue(ReadOnlyInRegions):
                 row = row_start + cO[r, 0][0]
                 if row < seqlen_q:
                     gLSE[row] = lse[r]
+
+    @cute.jit
+    def store_partial(self, acc_O: cute.Tensor, gO: cute.Tensor, tOcO: cute.Tensor, row_start: Int32, seqlen_q: Int32):
+        """Key splits: the normalised fp32 O straight from the accumulator into the split's (Sq, D) partial ``gO``,
+        rows past Sq skipped (stmatrix and the TMA store move 16-bit values; the merge reads fp32)."""
+        rO, cO = rows_by_cols(acc_O), rows_by_cols(tOcO)
+        for r in cutlass.range_constexpr(cute.size(rO, mode=[0])):
+            row = row_start + cO[r, 0][0]
+            if row < seqlen_q:
+                for c in cutlass.range_constexpr(cute.size(rO, mode=[1])):
+                    gO[row, cO[r, c][1]] = rO[r, c]
 
     @cute.jit
     def store_output(self, acc_O: cute.Tensor, gO_head: cute.Tensor, m_block: Int32):

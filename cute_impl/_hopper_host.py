@@ -94,6 +94,11 @@ class HopperAttentionConfig:
     # (head in group) · Sq + token of one KV head's query heads, so the kernel's tokens are its rows // group and the
     # causal diagonal follows each row's token (FA3's pack-GQA, head-major as cute/decode packs); 1: rows are tokens.
     packed_group: int = 1
+    # Key splits (FlashAttention-3's num_splits; cute/decode's packed prefill, ``decode.PACKED_PREFILL_SPLITS``): every
+    # query tile is one tile per split of its key blocks (``_device.key_split_range``), the split count the leading
+    # extent of O and the LSE, then fp32 partials (splits, B, H, Sq, D) and (splits, B, H, Sq) written from the
+    # registers (normalised O, natural-log LSE), for cute/decode's merge kernel. 16-bit only.
+    key_splits: bool = False
 
     @property
     def out_dtype(self) -> torch.dtype:
@@ -129,13 +134,15 @@ def default_config(problem: Problem, fp8: bool = False) -> HopperAttentionConfig
 
 
 def fake_arguments(config: HopperAttentionConfig) -> tuple[Any, ...]:
-    """The kernel's arguments for compiling ``config``: q, k, v (V transposed for FP8), o, lse, the
-    key lengths (None without them), the three FP8 scale tensors (None for 16-bit), the rotation's
+    """The kernel's arguments for compiling ``config``: q, k, v (V transposed for FP8), o, lse (``key_splits``: their
+    fp32 partials), the key lengths (None without them), the three FP8 scale tensors (None for 16-bit), the rotation's
     (D, D) sign matrix (``quantise_q`` only, else None), the scalars and the stream."""
     element = FP8_CUTLASS if config.fp8 else CUTE_DTYPES[config.dtype]
     query = CUTE_DTYPES[config.dtype] if config.quantise_q else element
     operands = [fake_tensor(query, 4), fake_tensor(element, 4), fake_tensor(element, 4)]
     outputs = [fake_tensor(CUTE_DTYPES[config.out_dtype], 4), fake_tensor(Float32, 3)]
+    if config.key_splits:  # the fp32 partials, the split count leading
+        outputs = [fake_tensor(Float32, 5), fake_tensor(Float32, 4)]
     cache_seqlens = fake_cache_seqlens() if config.has_cache_seqlens else None
     scales = [fake_tensor(Float32, 3) for _ in range(3)] if config.fp8 else [None] * 3
     rotation = fake_tensor(CUTE_DTYPES[config.dtype], 2) if config.quantise_q else None
@@ -190,7 +197,10 @@ class HopperKernels(CompiledKernels[HopperAttentionConfig]):
         (B, Hkv, blocks), fp32 (with ``quantise_q`` q is bf16/fp16 and the kernel writes Q's scales into
         ``scales[0]``; ``rotation`` is the transposed (D, D) sign matrix of the Hadamard rotation, in q's
         dtype). ``cache_seqlens``: the (B,) int32 key lengths, read at every launch.
-        The kernel always writes the LSE; ``run()`` returns (O, lse) when ``return_lse``, else O."""
+        The kernel always writes the LSE; ``run()`` returns (O, lse) when ``return_lse``, else O. A ``key_splits``
+        configuration writes partials that a merge must follow: cute/decode launches it (``_decode_packed_splits``)."""
+        if config.key_splits:
+            raise ValueError(f"key_splits launches through cute/decode's packed prefill, not alone: {config}")
         batch, heads, seqlen_q, head_dim = q.shape
         o = torch.empty((batch, heads, seqlen_q, head_dim), dtype=config.out_dtype, device=q.device)
         lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)

@@ -32,7 +32,11 @@ keeping the memory system busy, not the tensor cores:
   carries 256 FLOPs, past the read bandwidth's roofline, and the step is a prefill of group · Sq rows against the
   cache. Where its tiles fill the machine and the cache is contiguous, the step copies q to its packed rows and runs
   cute/hopper's persistent kernel on them (FlashAttention-3's pack-GQA; ``HopperAttentionConfig.packed_group``: each
-  row's causal diagonal is its token's), writing O and the LSE in place: no split and no merge.
+  row's causal diagonal is its token's), writing O and the LSE in place: no split and no merge. With
+  ``PACKED_PREFILL_SPLITS`` (off), a problem whose tiles fall short of the waves (B · Hkv small, long caches: seed 139
+  row 1's 32 tiles) takes the fewest key splits that fill them inside that kernel (``HopperAttentionConfig.key_splits``,
+  FlashAttention-3's num_splits; each split several key blocks), fp32 partials merged by this rung's merge kernel
+  (``_decode_packed_splits.py``, step 5 below), so that every contiguous row of many packed rows runs there.
 * **The balanced split** (``BALANCED_SPLIT``, triton/decode's switch and plan, ``_decode_plan.py``):
   in a ragged batch the padded split leaves most of a short sequence's CTAs without a key while the
   long one's few carry its keys. Balanced, the grid is target_shares + B·Hkv CTAs per M tile (the shape
@@ -146,7 +150,7 @@ from cute_impl._device import (
     scores,
     values_product,
 )
-from cute_impl._hopper_host import HopperAttentionConfig, default_config
+from cute_impl._hopper_host import DEFAULT_TILE_N, HopperAttentionConfig, default_config
 from cute_impl._hopper_host import fake_arguments as hopper_fake_arguments
 from cute_impl._hopper_host import tensor_arguments as hopper_tensor_arguments
 from cute_impl._host import (
@@ -310,6 +314,16 @@ WARPGROUP_ROWS, TWO_WARPGROUP_CTAS_PER_SM = 64, 1
 # the WGMMA tile's at about 470 (233/5: 789.4 us). None: off, untimed (docs/perf-log.md, 2026-12-05).
 PACKED_PREFILL_MIN_ROWS: int | None = None
 PACKED_PREFILL_MIN_WAVE_SHARE = 0.9
+# Issue #38's rows of many packed rows but few tiles (B · Hkv small, long caches: seed 139 row 1's 32 tiles, 107/0's 64
+# on 132 SMs): the packed prefill splits the keys inside cute/hopper's kernel (``HopperAttentionConfig.key_splits``,
+# FlashAttention-3's num_splits), the fewest splits whose tiles fill PACKED_PREFILL_MIN_WAVE_SHARE of the waves with at
+# least PACKED_PREFILL_MIN_SPLIT_BLOCKS key blocks of 128 keys a split (a split's Q load, first masked block and
+# partials' write are paid once, so a split keeps several blocks) and at most PACKED_PREFILL_MAX_SPLITS (the merge's
+# chain a row), then cute/decode's merge kernel (``_decode_packed_splits.py``). False: such rows stay on the split
+# kernels (the unsplit route as it was). Off: untimed (bench/cute_decode_packed_splits_ab.sh; docs/perf-log.md).
+PACKED_PREFILL_SPLITS = False
+PACKED_PREFILL_MIN_SPLIT_BLOCKS = 4
+PACKED_PREFILL_MAX_SPLITS = 128
 DECODE_FEATURES = (*FEATURES, PAGED_KV)  # every problem feature, and the paged KV cache (pages of 16 to 256 keys)
 
 
@@ -904,16 +918,18 @@ def two_warpgroup_tile(problem: Problem, device: torch.device) -> bool:
     return wgmma_tile(problem, device)
 
 
-def packed_prefill_config(problem: Problem) -> HopperAttentionConfig:
+def packed_prefill_config(problem: Problem, key_splits: bool = False) -> HopperAttentionConfig:
     """cute/hopper's configuration for ``problem``'s packed rows (Hkv heads of group · Sq rows, so no GQA in the
     kernel): its default for ``problem``, with the consumer warpgroups that pad the rows least (two, 128-row tiles;
-    three at D=64 where 192-row tiles pad no more)."""
+    three at D=64 where 192-row tiles pad no more); ``key_splits``: the keys split (:func:`packed_prefill_splits`)."""
     rows = problem.kv_group * problem.seqlen_q
     warpgroups = 2
     if problem.head_dim == 64 and -(-rows // 192) * 192 <= -(-rows // 128) * 128:
         warpgroups = 3
     config = default_config(problem)
-    return replace(config, gqa=False, packed_group=problem.kv_group, consumer_warpgroups=warpgroups)
+    return replace(
+        config, gqa=False, packed_group=problem.kv_group, consumer_warpgroups=warpgroups, key_splits=key_splits
+    )
 
 
 def packed_prefill_tiles(problem: Problem) -> int:
@@ -925,26 +941,51 @@ def packed_prefill_tiles(problem: Problem) -> int:
 def packed_prefill(problem: Problem, device: torch.device | None = None) -> bool:
     """Whether ``PACKED_PREFILL_MIN_ROWS`` runs ``problem`` on cute/hopper's kernel (module constants) on ``device``
     (a CUDA device of sm_90, or the CPU, whose compile is for sm_90a; None: the CPU): that many packed rows or more, a
-    contiguous cache, a head dim and dtype cute/hopper takes, and tiles that fill the grid's waves."""
+    contiguous cache, a head dim and dtype cute/hopper takes, and tiles that fill the grid's waves, split or not
+    (:func:`packed_prefill_splits`)."""
+    return packed_prefill_splits(problem, device) is not None
+
+
+def packed_prefill_key_blocks(problem: Problem) -> int:
+    """The key blocks of 128 keys (cute/hopper's ``tile_n``) that a packed tile of ``problem``'s padded Sk visits: all
+    of them, or causal top-left only those up to the last token's diagonal (Sq keys)."""
+    keys = problem.seqlen_k
+    if problem.causal and not problem.bottom_right:
+        keys = min(keys, problem.seqlen_q)
+    return -(-keys // DEFAULT_TILE_N)
+
+
+def packed_prefill_splits(problem: Problem, device: torch.device | None = None) -> int | None:
+    """The packed prefill's key splits for ``problem`` on ``device`` (as :func:`packed_prefill`), or None where it does
+    not run: 1 where its tiles fill ``PACKED_PREFILL_MIN_WAVE_SHARE`` of the grid's waves; with
+    ``PACKED_PREFILL_SPLITS`` else the fewest splits whose tiles do, each keeping ``PACKED_PREFILL_MIN_SPLIT_BLOCKS``
+    key blocks of the padded Sk, at most ``PACKED_PREFILL_MAX_SPLITS``."""
     rows = problem.kv_group * problem.seqlen_q
     if PACKED_PREFILL_MIN_ROWS is None or rows < PACKED_PREFILL_MIN_ROWS or problem.paged:
-        return False
+        return None
     if problem.head_dim not in hopper_rung.HEAD_DIMS or problem.dtype not in hopper_rung.DTYPES:
-        return False
+        return None
     device = device or torch.device("cpu")
     if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] != 9:
-        return False
-    share = splits.wave_efficiency(packed_prefill_tiles(problem), splits.sm_count(device))
-    return share >= PACKED_PREFILL_MIN_WAVE_SHARE
+        return None
+    most = 1
+    if PACKED_PREFILL_SPLITS:
+        most = min(PACKED_PREFILL_MAX_SPLITS, packed_prefill_key_blocks(problem) // PACKED_PREFILL_MIN_SPLIT_BLOCKS)
+    tiles, sms = packed_prefill_tiles(problem), splits.sm_count(device)
+    fills = (
+        n for n in range(1, max(most, 1) + 1) if splits.wave_efficiency(tiles * n, sms) >= PACKED_PREFILL_MIN_WAVE_SHARE
+    )
+    return next(fills, None)
 
 
 def packed_prefill_launch(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, config: HopperAttentionConfig,
-    cache_seqlens: torch.Tensor | None,
+    cache_seqlens: torch.Tensor | None, num_splits: int = 1,
 ) -> Launch:  # fmt: skip
     """The launch of :func:`packed_prefill`: q (B, H, Sq, D) copied to its packed rows (B, Hkv, group · Sq, D), row
     (head in group) · Sq + token, at every run (the launch's prologue); O (B, H, Sq, D) contiguous is already that
-    packing, (B, Hkv, group · Sq, D), and so is the LSE, so the kernel writes both in place."""
+    packing, (B, Hkv, group · Sq, D), and so is the LSE, so the kernel writes both in place (with ``key_splits``, the
+    merge kernel after the ``num_splits`` splits' partials: ``_decode_packed_splits.py``)."""
     batch, kv_heads, group, seqlen_q, head_dim = (
         problem.batch, problem.kv_heads, problem.kv_group, problem.seqlen_q, problem.head_dim
     )  # fmt: skip
@@ -953,16 +994,22 @@ def packed_prefill_launch(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, problem.heads, seqlen_q), dtype=torch.float32, device=q.device)
     outputs = (out.view(batch, kv_heads, rows, head_dim), lse.view(batch, kv_heads, rows))
-    tensors = hopper_tensor_arguments(config, (packed_q, k, v, *outputs), None, cache_seqlens)
-    scalars = (problem.scale * LOG2_E, 1.0, splits.sm_count(q.device))
+    if config.key_splits:
+        from cute_impl import _decode_packed_splits
+
+        scalars = (problem.scale * LOG2_E, splits.sm_count(q.device))
+        arguments = _decode_packed_splits.launch_arguments(packed_q, k, v, outputs, num_splits, cache_seqlens, scalars)
+    else:
+        tensors = hopper_tensor_arguments(config, (packed_q, k, v, *outputs), None, cache_seqlens)
+        arguments = (*tensors, problem.scale * LOG2_E, 1.0, splits.sm_count(q.device))
     by_kv_head = q.unflatten(1, (kv_heads, group))  # (B, Hkv, group, Sq, D): a view
 
     def pack_q() -> None:
         packed_q.view(batch, kv_heads, group, seqlen_q, head_dim).copy_(by_kv_head)
 
     result = (out, lse) if problem.return_lse else out
-    chosen = {"num_splits": 1, "balanced": False, "packed_prefill": True}
-    return Launch(config, (*tensors, *scalars), result, chosen, prologue=pack_q)
+    chosen = {"num_splits": num_splits, "balanced": False, "packed_prefill": True}
+    return Launch(config, arguments, result, chosen, prologue=pack_q)
 
 
 def wgmma_d256_ring() -> tuple[int, int] | None:
@@ -1063,8 +1110,10 @@ def seqlen_k_decisions(problem: Problem, device: torch.device, num_splits: int |
     split's target shares; ``num_splits`` forces it). Everything else it decides (slabs, ring, merge runs, the
     configuration) follows from these and the rest of the problem, so equal decisions are an equal launch plan
     (``RungHost``'s growing binder)."""
-    if num_splits is None and packed_prefill(problem, device):  # cute/hopper's kernel: all of a sequence's keys a tile
-        return False, 1
+    # cute/hopper's kernel: all of a sequence's keys a tile, or its key splits' share.
+    packed_splits = None if num_splits is not None else packed_prefill_splits(problem, device)
+    if packed_splits is not None:
+        return False, packed_splits
     if balanced_split(problem, device):  # one warpgroup a CTA: the 64-row tiles
         m_blocks = m_blocks_for(problem)
         tile_n = wgmma_ring(TILE_CONFIGS[problem.head_dim], problem.head_dim, wgmma_tile(problem, device)).tile_n
@@ -1082,8 +1131,9 @@ def launch_plan(problem: Problem, device: torch.device, num_splits: int | None =
     shares), the balanced workspace's slabs (None: padded-Sk splits) and items a slab, the compile key.
     ``num_splits`` overrides the rule (sweeps, tests); ``common.attention`` keeps it with a plan."""
     slabs, items = None, problem.batch * problem.kv_heads
-    if num_splits is None and packed_prefill(problem, device):
-        return 1, None, items, packed_prefill_config(problem)
+    packed_splits = None if num_splits is not None else packed_prefill_splits(problem, device)
+    if packed_splits is not None:
+        return packed_splits, None, items, packed_prefill_config(problem, key_splits=packed_splits > 1)
     balanced, num_splits = seqlen_k_decisions(problem, device, num_splits)
     if balanced:  # slabs: target_shares + B · Hkv, of all items
         slabs, items = num_splits + items, 1
@@ -1107,7 +1157,7 @@ def plan_launch(
     (num_pages, Hkv, page_size, D) view. ``planned``: :func:`launch_plan` of this problem and device."""
     num_splits, slabs, items, config = planned or launch_plan(problem, q.device, num_splits)
     if isinstance(config, HopperAttentionConfig):
-        return packed_prefill_launch(q, k, v, problem, config, cache_seqlens)
+        return packed_prefill_launch(q, k, v, problem, config, cache_seqlens, num_splits)
     batch_kv_heads, rows, head_dim = problem.batch * problem.kv_heads, problem.kv_group * problem.seqlen_q, q.shape[3]
     # empty_like: a third of the host time of torch.empty with a shape, dtype and device to parse.
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -1161,6 +1211,10 @@ def fake_arguments(config: DecodeConfig | HopperAttentionConfig) -> tuple[Any, .
     page_size, D)), the packed O (B·Hkv, rows, D) and LSE (or None), the split partials (or None), the merge's
     item slabs (or None), the key lengths (or None), the block table (or None), the softmax scale (its value does
     not enter the code) and the stream."""
+    if isinstance(config, HopperAttentionConfig) and config.key_splits:
+        from cute_impl import _decode_packed_splits
+
+        return _decode_packed_splits.fake_arguments(config)
     if isinstance(config, HopperAttentionConfig):
         return hopper_fake_arguments(config)
     element = CUTE_DTYPES[config.dtype]
@@ -1191,6 +1245,10 @@ def compile_plan(problem: Problem, split: bool = True) -> DecodeConfig:
 def decode_kernel(config: DecodeConfig | HopperAttentionConfig) -> Any:
     """The launcher of ``config``: :class:`DecodeKernel`, or with ``config.wgmma`` its WGMMA tile's
     (``_decode_wgmma.py``, which imports this module), or cute/hopper's for :func:`packed_prefill`'s configuration."""
+    if isinstance(config, HopperAttentionConfig) and config.key_splits:
+        from cute_impl._decode_packed_splits import PackedSplitsKernel
+
+        return PackedSplitsKernel(config)
     if isinstance(config, HopperAttentionConfig):
         return hopper_rung.HopperAttention(config)
     if config.wgmma:

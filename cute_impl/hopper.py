@@ -111,6 +111,14 @@ bottom-right (KV cache); ``cache_seqlens`` (B,) int32, contiguous; ``return_lse`
 compile-time flag of ``HopperAttentionConfig``: without them the kernel is the canonical one, unchanged.
 ``packed_group`` (cute/decode's many packed rows): q and O hold (head in group) · Sq + token rows of each KV head,
 so the kernel's tokens are its rows / group and the mask and key range follow each row's token.
+``key_splits`` (cute/decode's packed prefill on a grid short of the SMs, ``decode.PACKED_PREFILL_SPLITS``; FA3's
+``num_splits``): O and the LSE are fp32 partials (splits, B, H, Sq, D) and (splits, B, H, Sq), the split count their
+leading extent (a runtime size); the scheduler deals (query block, split, head, batch) tiles, query block fastest
+(a head's and split's tiles, which read the same K and V, run together); a tile visits its split's share of its key
+blocks (``_device.key_split_range``: cdiv(blocks, splits) a split, per sequence, the masked blocks in the split that
+holds them, an empty split one fully masked block, so its producer and consumers agree as for any tile) and writes
+its normalised O and natural-log LSE straight from the accumulator registers (no stmatrix or TMA store: fp32), rows
+past Sq skipped, for cute/decode's merge kernel (``_decode_packed_splits.py``). 16-bit only.
 head_dim 256 is refused: its 64 x 256 fp32 O alone takes 128 of the 240 registers per consumer
 thread, and Q plus one K/V stage (64 + 128 KB at tile_n = 128) leaves no room for a second stage.
 
@@ -127,6 +135,7 @@ What the measurements taught (figures: ``docs/ladder.md``; A/B runs: ``docs/perf
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -149,7 +158,7 @@ try:  # The DSL is optional for the rest of the suite; the registry reports the 
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError(f"cute/hopper needs nvidia-cutlass-dsl: {error}") from error
 
-from cute_impl._device import LOG2_E, RESCALE_THRESHOLD, BlockRange, SeqlenInfo, kv_head_index
+from cute_impl._device import LOG2_E, RESCALE_THRESHOLD, BlockRange, SeqlenInfo, key_split_range, kv_head_index
 from cute_impl._fp8_query import (
     PairedBoxStore,
     QueryLayouts,
@@ -176,6 +185,7 @@ from cute_impl._hopper_device import (
     TileScheduler,
     WarpgroupGemms,
     WarpgroupTurns,
+    WorkTile,
     add_block_product,
     head_major,
     load_block,
@@ -238,6 +248,10 @@ class HopperAttention:
         self.gqa, self.bottom_right, self.has_cache_seqlens = config.gqa, config.bottom_right, config.has_cache_seqlens
         self.pdl = config.pdl
         self.packed_group = config.packed_group
+        # Key splits (cute/decode's packed prefill): O and the LSE are fp32 partials per split, merged afterwards.
+        self.key_splits = config.key_splits
+        if config.key_splits and config.fp8:
+            raise ValueError(f"key_splits writes 16-bit rungs' fp32 partials only, got fp8=True: {config}")
 
     # ------------------------------------------------------------------------------------------------
     # Host side: layouts, TMA descriptors, launch
@@ -260,9 +274,16 @@ class HopperAttention:
         ]
         # Views of the same memory: (S, D, (H, B)) for the TMA boxes, V as the B operand of P V, and
         # (X, (H, B)) for the LSE and the FP8 scales.
-        mQ, mK, mO = (sequence_major(t) for t in (mQ, mK, mO))
+        mQ, mK = sequence_major(mQ), sequence_major(mK)
         mV = value_operand_view(mV, self.v_transposed)
-        mLSE, mQScale, mKScale, mVScale = (head_major(t) for t in (mLSE, mQScale, mKScale, mVScale))
+        mQScale, mKScale, mVScale = (head_major(t) for t in (mQScale, mKScale, mVScale))
+        # Key splits: O and the LSE are the fp32 partials (splits, B, H, Sq, D) and (splits, B, H, Sq), indexed as
+        # they are (no TMA store); else O is TMA-stored through its (S, D, (H, B)) view.
+        splits = None
+        if cutlass.const_expr(self.key_splits):
+            splits = mO.shape[0]
+        else:
+            mO, mLSE = sequence_major(mO), head_major(mLSE)
         D, rows = self.head_dim, ROWS_PER_WARPGROUP
         v_layout = LayoutEnum.ROW_MAJOR if self.v_transposed else LayoutEnum.COL_MAJOR
         qk_mma, pv_mma = warpgroup_mmas(self.dtype, self.tile_n, D, v_layout.sm90_mma_major_mode())
@@ -284,8 +305,10 @@ class HopperAttention:
         tma_atom_Q, mQ_tma = cpasync.make_tiled_tma_atom(load, mQ, one_stage(q_box), (rows, D))
         tma_atom_K, mK_tma = cpasync.make_tiled_tma_atom(load, mK, one_stage(smem.k), (self.tile_n, D))
         tma_atom_V, mV_tma = cpasync.make_tiled_tma_atom(load, mV, one_stage(smem.v), (D, self.tile_n))
-        store = cpasync.CopyBulkTensorTileS2GOp()
-        tma_atom_O, mO_tma = cpasync.make_tiled_tma_atom(store, mO, one_stage(smem.o), (rows, D))
+        tma_atom_O, mO_tma = None, mO
+        if cutlass.const_expr(not self.key_splits):
+            store = cpasync.CopyBulkTensorTileS2GOp()
+            tma_atom_O, mO_tma = cpasync.make_tiled_tma_atom(store, mO, one_stage(smem.o), (rows, D))
         self.q_bytes, self.k_bytes, self.v_bytes = (
             cute.size_in_bytes(dtype, one_stage(layout))
             for dtype, layout in ((q_dtype, q_box), (self.dtype, smem.k), (self.dtype, smem.v))
@@ -293,7 +316,7 @@ class HopperAttention:
         self.shared_storage = smem.storage(
             self.dtype, self.out_dtype, self.consumer_warpgroups, self.kv_stages, self.o_aliases_q, extra_fields
         )
-        tiles = TileScheduler.tile_total(self.tile_m, mQ.shape[0], mQ.shape[2][0], mQ.shape[2][1])
+        tiles = TileScheduler.tile_total(self.tile_m, mQ.shape[0], mQ.shape[2][0], mQ.shape[2][1], splits)
         ctas = cutlass.min(tiles, sm_count) if cutlass.const_expr(self.persistent) else tiles
         self.kernel(
             qk_mma, pv_mma, tma_atom_Q, mQ_tma, tma_atom_K, mK_tma, tma_atom_V, mV_tma, tma_atom_O, mO_tma, mLSE,
@@ -327,7 +350,8 @@ class HopperAttention:
         warp_group = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
         rows, D, W = ROWS_PER_WARPGROUP, self.head_dim, self.consumer_warpgroups
-        scheduler = TileScheduler(self.tile_m, self.causal, seqlen_q, mQ.shape[2][0], mQ.shape[2][1])
+        splits = mO.shape[0] if cutlass.const_expr(self.key_splits) else None  # the partials' leading extent
+        scheduler = TileScheduler(self.tile_m, self.causal, seqlen_q, mQ.shape[2][0], mQ.shape[2][1], splits)
         local_tiles = scheduler.local_tile_count()
         # Packed rows (cute/decode): group · Sq rows of Sq tokens; the diagonal is each row's token's.
         tokens, packed_seqlen_q = seqlen_q, None
@@ -346,6 +370,7 @@ class HopperAttention:
             packed_seqlen_q=packed_seqlen_q,
         )  # fmt: skip
         kv_head_batch = functools.partial(self.kv_head_batch, heads=mQ.shape[2][0], kv_heads=mK.shape[2][0])
+        tile_keys = functools.partial(self.tile_keys, seqlen_info=seqlen_info, block_range=block_range, splits=splits)
 
         # ==== Shared memory and barriers ==================================================================
         storage = SmemAllocator().allocate(self.shared_storage)
@@ -383,7 +408,8 @@ class HopperAttention:
                     load_rotation(tma_atom_R, mR, sR, storage.rotation_full.data_ptr(), self.rotation_bytes)
                 q_state = QueryBoxes.producer_state()
                 for local_tile in cutlass.range(local_tiles, unroll=1):
-                    m_block, bh = scheduler.work_tile(local_tile)
+                    tile = scheduler.work_tile(local_tile)
+                    m_block, bh = tile.m_block, tile.head_batch
                     # GQA: K and V boxes come from the query head's KV head, never from a repeated copy.
                     kv_bh = kv_head_batch(bh)
                     gQ = cute.local_tile(mQ[None, None, bh], (rows, D), (None, 0))  # (64, D, Sq/64)
@@ -401,7 +427,7 @@ class HopperAttention:
                     q_state.advance()
                     if cutlass.const_expr(self.pdl and self.quantise_q):
                         cute.arch.griddepcontrol_wait()
-                    blocks = block_range(m_block, seqlen_info(bh[1]))
+                    _, blocks = tile_keys(tile)
                     for i in cutlass.range(blocks.n_block_max - blocks.n_block_min, unroll=1):
                         n_block = blocks.n_block_max - 1 - i
                         k_producer = load_block(tma_atom_K, tKgK[None, n_block], tKsK, k_producer)
@@ -458,9 +484,9 @@ class HopperAttention:
             # over the whole tile loop.
             turns.start()
             for local_tile in cutlass.range(local_tiles, unroll=1):
-                m_block, bh = scheduler.work_tile(local_tile)
-                seqlen = seqlen_info(bh[1])
-                blocks = block_range(m_block, seqlen)
+                tile = scheduler.work_tile(local_tile)
+                m_block, bh = tile.m_block, tile.head_batch
+                seqlen, blocks = tile_keys(tile)
                 row_start = m_block * self.tile_m + w * rows
                 tile_scale_log2, tile_output_scale, scales = softmax_scale_log2, output_scale, None
                 q_scale = None
@@ -528,16 +554,34 @@ class HopperAttention:
 
                 # 3. Normalise, log-sum-exp.
                 lse = softmax.finalize(acc_O, tile_output_scale)
-                epilogue.store_lse(mLSE[None, bh], lse, tOcO, row_start, seqlen_q)
-
-                # 4. O -> SMEM (stmatrix) -> TMA store.
-                epilogue.store_output(acc_O, mO[None, None, bh], m_block)
+                if cutlass.const_expr(self.key_splits):
+                    # 4, key splits: the split's fp32 partials straight from registers (the merge follows).
+                    head, batch = bh
+                    epilogue.store_lse(mLSE[tile.split, batch, head, None], lse, tOcO, row_start, seqlen_q)
+                    epilogue.store_partial(acc_O, mO[tile.split, batch, head, None, None], tOcO, row_start, seqlen_q)
+                else:
+                    epilogue.store_lse(mLSE[None, bh], lse, tOcO, row_start, seqlen_q)
+                    # 4. O -> SMEM (stmatrix) -> TMA store.
+                    epilogue.store_output(acc_O, mO[None, None, bh], m_block)
             turns.finish()
             if cutlass.const_expr(self.rotate_ahead):
                 warpgroup.wait_group(0)  # the rotation issued after the last tile
             if wg_tidx < cute.arch.WARP_SIZE:
                 # The last TMA store must have read shared memory before the CTA exits.
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    def tile_keys(
+        self, tile: WorkTile, seqlen_info: Callable[..., SeqlenInfo], block_range: Callable[..., BlockRange],
+        splits: Int32 | None,
+    ) -> tuple[SeqlenInfo, BlockRange]:  # fmt: skip
+        """The tile's sequence and key blocks, the same for its producer and its consumers (each load is one wait):
+        all the blocks its rows see, or with key splits its split's share (``key_split_range``: an empty split is
+        one fully masked block)."""
+        seqlen = seqlen_info(tile.head_batch[1])
+        blocks = block_range(tile.m_block, seqlen)
+        if self.key_splits:
+            blocks, seqlen = key_split_range(blocks, seqlen, tile.split, splits)
+        return seqlen, blocks
 
     def kv_head_batch(self, bh: tuple[Int32, Int32], heads: Int32, kv_heads: Int32) -> tuple[Int32, Int32]:
         """(KV head, batch) of the tile's (head, batch): what indexes K, V and their FP8 scales."""
