@@ -68,6 +68,15 @@ gpu_tests() {
   tail -3 "$OUT/pytest.log"
 }
 
+# decode_defaults_tests LIMIT_S: the fifteenth stop's decode defaults through their default path (gluon/decode's
+# TWO_CONSUMERS and consumers_for, cute/decode's WGMMA_D256: the files' GPU tests with nothing monkeypatched, and the
+# gluon and cute rows of tests/test_decode.py), cut at LIMIT_S ($OUT/defaults.log); a failure sets `status` to 1.
+decode_defaults_tests() {
+  gpu_tests "$1" -n 8 tests/test_gluon_decode_two_consumers.py tests/test_cute_decode_wgmma_d256.py \
+    tests/test_decode.py -k "two_consumers or wgmma_d256 or gluon or cute"
+  mv "$OUT/pytest.log" "$OUT/defaults.log"
+}
+
 # decode_seeds LIMIT_S SEED...: `compare.py --decode --decode-random 8` at each seed for the three decode rungs
 # ($OUT/seedN.log, $OUT/seedN/), each cut at LIMIT_S, its lowest-bandwidth line printed; a failure sets `status` to 1.
 decode_seeds() {

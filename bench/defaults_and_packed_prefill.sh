@@ -15,9 +15,7 @@ set -uo pipefail
 source "$(dirname "$0")/_gpu_run.sh" defaults_and_packed_prefill.sh runs/defaults_and_packed_prefill
 decode_setup
 status=0
-gpu_tests 130 -n 8 tests/test_gluon_decode_two_consumers.py tests/test_cute_decode_wgmma_d256.py tests/test_decode.py \
-  -k "two_consumers or wgmma_d256 or gluon or cute"
-mv "$OUT/pytest.log" "$OUT/defaults.log"
+decode_defaults_tests 130
 gpu_tests 150 -n 8 tests/test_cute_decode_packed_prefill.py tests/test_cute_decode_packed_splits.py
 mv "$OUT/pytest.log" "$OUT/packed_tests.log"
 knob_ab packed_prefill 240 cute_impl.decode:PACKED_PREFILL_MIN_ROWS 'None,128,256' cute/decode \

@@ -15,9 +15,7 @@ set -o pipefail
 source "$(dirname "$0")/_gpu_run.sh" defaults_check_2026_12_04b.sh runs/defaults_check_b
 decode_setup
 status=0
-gpu_tests 150 -n 8 tests/test_gluon_decode_two_consumers.py tests/test_cute_decode_wgmma_d256.py tests/test_decode.py \
-  -k "two_consumers or wgmma_d256 or gluon or cute"
-mv "$OUT/pytest.log" "$OUT/defaults.log"
+decode_defaults_tests 150
 gpu_tests 90 -n 8 tests/test_cute_decode_two_wg.py
 mv "$OUT/pytest.log" "$OUT/two_wg_tests.log"
 knob_ab two_wg 150 cute_impl.decode:WGMMA_TWO_WARPGROUPS 'False,True' cute/decode \
