@@ -938,14 +938,6 @@ def packed_prefill_tiles(problem: Problem) -> int:
     return problem.batch * problem.kv_heads * -(-problem.kv_group * problem.seqlen_q // tile_m)
 
 
-def packed_prefill(problem: Problem, device: torch.device | None = None) -> bool:
-    """Whether ``PACKED_PREFILL_MIN_ROWS`` runs ``problem`` on cute/hopper's kernel (module constants) on ``device``
-    (a CUDA device of sm_90, or the CPU, whose compile is for sm_90a; None: the CPU): that many packed rows or more, a
-    contiguous cache, a head dim and dtype cute/hopper takes, and tiles that fill the grid's waves, split or not
-    (:func:`packed_prefill_splits`)."""
-    return packed_prefill_splits(problem, device) is not None
-
-
 def packed_prefill_key_blocks(problem: Problem) -> int:
     """The key blocks of 128 keys (cute/hopper's ``tile_n``) that a packed tile of ``problem``'s padded Sk visits: all
     of them, or causal top-left only those up to the last token's diagonal (Sq keys)."""
@@ -956,10 +948,12 @@ def packed_prefill_key_blocks(problem: Problem) -> int:
 
 
 def packed_prefill_splits(problem: Problem, device: torch.device | None = None) -> int | None:
-    """The packed prefill's key splits for ``problem`` on ``device`` (as :func:`packed_prefill`), or None where it does
-    not run: 1 where its tiles fill ``PACKED_PREFILL_MIN_WAVE_SHARE`` of the grid's waves; with
-    ``PACKED_PREFILL_SPLITS`` else the fewest splits whose tiles do, each keeping ``PACKED_PREFILL_MIN_SPLIT_BLOCKS``
-    key blocks of the padded Sk, at most ``PACKED_PREFILL_MAX_SPLITS``."""
+    """Whether ``PACKED_PREFILL_MIN_ROWS`` runs ``problem`` on cute/hopper's kernel (module constants) on ``device`` (a
+    CUDA device of sm_90, or the CPU, whose compile is for sm_90a; None: the CPU), and with how many key splits: None
+    where it does not run (fewer packed rows, a paged cache, a head dim or dtype cute/hopper does not take, or no
+    split count whose tiles fill the grid's waves); 1 where its tiles fill ``PACKED_PREFILL_MIN_WAVE_SHARE`` of the
+    grid's waves; with ``PACKED_PREFILL_SPLITS`` else the fewest splits whose tiles do, each keeping
+    ``PACKED_PREFILL_MIN_SPLIT_BLOCKS`` key blocks of the padded Sk, at most ``PACKED_PREFILL_MAX_SPLITS``."""
     rows = problem.kv_group * problem.seqlen_q
     if PACKED_PREFILL_MIN_ROWS is None or rows < PACKED_PREFILL_MIN_ROWS or problem.paged:
         return None
@@ -982,8 +976,8 @@ def packed_prefill_launch(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, config: HopperAttentionConfig,
     cache_seqlens: torch.Tensor | None, num_splits: int = 1,
 ) -> Launch:  # fmt: skip
-    """The launch of :func:`packed_prefill`: q (B, H, Sq, D) copied to its packed rows (B, Hkv, group · Sq, D), row
-    (head in group) · Sq + token, at every run (the launch's prologue); O (B, H, Sq, D) contiguous is already that
+    """The launch of :func:`packed_prefill_splits`: q (B, H, Sq, D) copied to its packed rows (B, Hkv, group · Sq, D),
+    row (head in group) · Sq + token, at every run (the launch's prologue); O (B, H, Sq, D) contiguous is already that
     packing, (B, Hkv, group · Sq, D), and so is the LSE, so the kernel writes both in place (with ``key_splits``, the
     merge kernel after the ``num_splits`` splits' partials: ``_decode_packed_splits.py``)."""
     batch, kv_heads, group, seqlen_q, head_dim = (
@@ -1207,7 +1201,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 
 def fake_arguments(config: DecodeConfig | HopperAttentionConfig) -> tuple[Any, ...]:
     """:meth:`DecodeKernel.__call__`'s arguments without data, as ``bind`` passes them (cute/hopper's own for
-    :func:`packed_prefill`'s configuration): q, k, v (B, H or Hkv, S, D) (paged: k and v (num_pages, Hkv,
+    :func:`packed_prefill_splits`' configuration): q, k, v (B, H or Hkv, S, D) (paged: k and v (num_pages, Hkv,
     page_size, D)), the packed O (B·Hkv, rows, D) and LSE (or None), the split partials (or None), the merge's
     item slabs (or None), the key lengths (or None), the block table (or None), the softmax scale (its value does
     not enter the code) and the stream."""
@@ -1244,7 +1238,8 @@ def compile_plan(problem: Problem, split: bool = True) -> DecodeConfig:
 
 def decode_kernel(config: DecodeConfig | HopperAttentionConfig) -> Any:
     """The launcher of ``config``: :class:`DecodeKernel`, or with ``config.wgmma`` its WGMMA tile's
-    (``_decode_wgmma.py``, which imports this module), or cute/hopper's for :func:`packed_prefill`'s configuration."""
+    (``_decode_wgmma.py``, which imports this module), or cute/hopper's for :func:`packed_prefill_splits`'
+    configuration."""
     if isinstance(config, HopperAttentionConfig) and config.key_splits:
         from cute_impl._decode_packed_splits import PackedSplitsKernel
 
