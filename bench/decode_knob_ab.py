@@ -57,7 +57,12 @@ def parse_row(text: str) -> tuple[str, object]:
             raise SystemExit(f"a row's change is 'full', 'ragged' or FIELD=VALUE, got {change!r} in {text!r}")
         problem = problem.with_(**{field: ast.literal_eval(value)})
     if lengths_of is None:
-        return text, DecodeCase(problem, case.lengths)
+        lengths = case.lengths if problem.has_cache_seqlens else None
+        if lengths is not None and len(lengths) != problem.batch:
+            raise SystemExit(
+                f"the drawn lengths are {len(lengths)}, a batch of {problem.batch} in {text!r}: add 'full'"
+            )
+        return text, DecodeCase(problem, lengths)
     problem = problem.with_(has_cache_seqlens=True)
     if lengths_of == "full":
         return text, DecodeCase(problem, (problem.seqlen_k,) * problem.batch)

@@ -28,12 +28,14 @@ keeping the memory system busy, not the tensor cores:
   keys and its softmax. With 64 or more packed rows the step is compute-bound and ``mma.sync`` (half WGMMA's tensor
   rate on sm_90) trails the WGMMA rungs: ``WGMMA_MIN_ROWS`` (64) runs those 64-row tiles on one warpgroup's WGMMA
   (``_decode_wgmma.py``).
-* **Many packed rows on the prefill kernel** (``PACKED_PREFILL_MIN_ROWS``, off): with 256 packed rows a K/V byte
+* **Many packed rows on the prefill kernel** (``PACKED_PREFILL_MIN_ROWS``, 128): with 256 packed rows a K/V byte
   carries 256 FLOPs, past the read bandwidth's roofline, and the step is a prefill of group · Sq rows against the
-  cache. Where its tiles fill the machine and the cache is contiguous, the step copies q to its packed rows and runs
-  cute/hopper's persistent kernel on them (FlashAttention-3's pack-GQA; ``HopperAttentionConfig.packed_group``: each
-  row's causal diagonal is its token's), writing O and the LSE in place: no split and no merge. With
-  ``PACKED_PREFILL_SPLITS`` (off), a problem whose tiles fall short of the waves (B · Hkv small, long caches: seed 139
+  cache. Where its tiles fill the machine and the cache is contiguous (uneven cache lengths: 256 rows and
+  ``splits.UNEVEN_MIN_WAVES`` waves of tiles, as a tile's work is its sequence's length), the step copies q to its
+  packed rows and runs cute/hopper's persistent kernel on them (FlashAttention-3's pack-GQA;
+  ``HopperAttentionConfig.packed_group``: each row's causal diagonal is its token's), writing O and the LSE in place:
+  no split and no merge. With
+  ``PACKED_PREFILL_SPLITS`` (on), a problem whose tiles fall short of the waves (B · Hkv small, long caches: seed 139
   row 1's 32 tiles) takes the fewest key splits that fill them inside that kernel (``HopperAttentionConfig.key_splits``,
   FlashAttention-3's num_splits; each split several key blocks), fp32 partials merged by this rung's merge kernel
   (``_decode_packed_splits.py``, step 5 below), so that every contiguous row of many packed rows runs there.
@@ -311,8 +313,16 @@ WARPGROUP_ROWS, TWO_WARPGROUP_CTAS_PER_SM = 64, 1
 # sequence's keys, no split and no merge, where those tiles fill at least PACKED_PREFILL_MIN_WAVE_SHARE of the grid's
 # waves (that kernel does not split the keys: a grid short of the SMs stays on the split kernels). 256 packed rows ask
 # 256 FLOPs a K/V byte, past the read bandwidth's roofline, where cute/hopper's loop runs at 670-690 TFLOP/s (P1) and
-# the WGMMA tile's at about 470 (233/5: 789.4 us). None: off, untimed (docs/perf-log.md, 2026-12-05).
-PACKED_PREFILL_MIN_ROWS: int | None = None
+# the WGMMA tile's at about 470 (233/5 on H100, 2026-12-05: 860.3 us split, 561.7 packed; None turns it off).
+# Uneven work (cache lengths over more than one sequence, ``splits``' module docstring): a tile runs its sequence's
+# length, unknown to the plan, so a grid of one wave waits on the longest sequence (H100, 2026-12-05: 214/0, 128 tiles,
+# lengths 21..129169, 2.59x the split kernels' time) and short uneven tiles pay their prologue on a few blocks (69/4,
+# 128 rows, lengths 20..1426: 1.27x). Such a problem takes the packed prefill only at PACKED_PREFILL_UNEVEN_MIN_ROWS
+# packed rows and ``splits.UNEVEN_MIN_WAVES`` waves of tiles, so that a freed SM takes the next tile (176/6, 256 rows,
+# 3.9 waves, lengths 23..6920: 0.75x). Full caches take it from 128 rows (157/4 0.89x, 204/4 0.87x, 140/1 0.95x;
+# 256-row rows 0.63-0.90x; results/h100/decode-packed-prefill-2026-12-05/).
+PACKED_PREFILL_MIN_ROWS: int | None = 128
+PACKED_PREFILL_UNEVEN_MIN_ROWS = 256
 PACKED_PREFILL_MIN_WAVE_SHARE = 0.9
 # Issue #38's rows of many packed rows but few tiles (B · Hkv small, long caches: seed 139 row 1's 32 tiles, 107/0's 64
 # on 132 SMs): the packed prefill splits the keys inside cute/hopper's kernel (``HopperAttentionConfig.key_splits``,
@@ -320,8 +330,11 @@ PACKED_PREFILL_MIN_WAVE_SHARE = 0.9
 # least PACKED_PREFILL_MIN_SPLIT_BLOCKS key blocks of 128 keys a split (a split's Q load, first masked block and
 # partials' write are paid once, so a split keeps several blocks) and at most PACKED_PREFILL_MAX_SPLITS (the merge's
 # chain a row), then cute/decode's merge kernel (``_decode_packed_splits.py``). False: such rows stay on the split
-# kernels (the unsplit route as it was). Off: untimed (bench/cute_decode_packed_splits_ab.sh; docs/perf-log.md).
-PACKED_PREFILL_SPLITS = False
+# kernels. H100, 2026-12-05 (bench/packed_prefill_defaults_check.sh, results/h100/decode-packed-prefill-2026-12-05/):
+# 0.61-0.74x the split kernels' time on eight of its twelve rows (four never timed before), 0.87x on 248/4, 1.00-1.01x
+# on 246/0 and the controls, 1.05x on 228/0 (two tiles of 60 splits against the balanced split at 89 % of the
+# bandwidth).
+PACKED_PREFILL_SPLITS = True
 PACKED_PREFILL_MIN_SPLIT_BLOCKS = 4
 PACKED_PREFILL_MAX_SPLITS = 128
 DECODE_FEATURES = (*FEATURES, PAGED_KV)  # every problem feature, and the paged KV cache (pages of 16 to 256 keys)
@@ -962,12 +975,18 @@ def packed_prefill_splits(problem: Problem, device: torch.device | None = None) 
     device = device or torch.device("cpu")
     if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] != 9:
         return None
+    uneven = problem.has_cache_seqlens and problem.batch > 1
+    if uneven and rows < PACKED_PREFILL_UNEVEN_MIN_ROWS:
+        return None
     most = 1
     if PACKED_PREFILL_SPLITS:
         most = min(PACKED_PREFILL_MAX_SPLITS, packed_prefill_key_blocks(problem) // PACKED_PREFILL_MIN_SPLIT_BLOCKS)
     tiles, sms = packed_prefill_tiles(problem), splits.sm_count(device)
+    least_tiles = splits.UNEVEN_MIN_WAVES * sms if uneven else 0
     fills = (
-        n for n in range(1, max(most, 1) + 1) if splits.wave_efficiency(tiles * n, sms) >= PACKED_PREFILL_MIN_WAVE_SHARE
+        n
+        for n in range(1, max(most, 1) + 1)
+        if tiles * n >= least_tiles and splits.wave_efficiency(tiles * n, sms) >= PACKED_PREFILL_MIN_WAVE_SHARE
     )
     return next(fills, None)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -226,11 +227,11 @@ def decode_call_inputs(
 
 
 def knob_ab_words(script_name: str, name: str) -> list[str]:
-    """The words after ``knob_ab NAME`` in ``bench/SCRIPT_NAME`` up to the line that starts with ``cat``: the
-    A/B's limit, knob, values, rungs and rows, as the shell passes them."""
+    """The words after ``knob_ab NAME`` in ``bench/SCRIPT_NAME`` to the end of its command (the first line that does
+    not end in a backslash): the A/B's limit, knob, values, rungs and rows, as the shell passes them."""
     script = (ROOT / "bench" / script_name).read_text()
-    line = script.split(f"\nknob_ab {name} ", 1)[1].split("\ncat ", 1)[0]
-    return shlex.split(line.replace("\\\n", " "))
+    command = re.match(r"(?:[^\n]*\\\n)*[^\n]*", script.split(f"\nknob_ab {name} ", 1)[1]).group(0)
+    return shlex.split(command.replace("\\\n", " "))
 
 
 def knob_ab_problems(script_name: str, name: str) -> tuple[list[str], list[Problem]]:

@@ -36,6 +36,15 @@ from tests.test_cute_decode_rows import (
 )
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _split_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This switch acts on the split kernels; the packed prefill (on by default since 2026-12-05) takes the contiguous
+    rows of 128+ packed rows, so it is off here and every row keeps the plan the switch was measured on."""
+    monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_ROWS", None)
+
+
 TILE32 = {256: 32}
 # An SM's shared memory a CTA may take (227 KiB) and what the runtime keeps of it per CTA.
 SM_SHARED_BYTES, CTA_RESERVED_SHARED_BYTES = 232448, 1024

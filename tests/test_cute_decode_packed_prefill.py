@@ -1,17 +1,18 @@
-"""Issue #38's compute-bound class on cute/hopper's kernel: ``decode.PACKED_PREFILL_MIN_ROWS`` (off, untimed) runs a
-contiguous cache of many packed rows (group · Sq a KV head) on cute/hopper's persistent forward, q packed as (B, Hkv,
-group · Sq, D) by the launch's prologue and O and the LSE written in place (``HopperAttentionConfig.packed_group``:
-each row's causal diagonal is its token's).
+"""Issue #38's compute-bound class on cute/hopper's kernel: ``decode.PACKED_PREFILL_MIN_ROWS`` (128) runs a contiguous
+cache of many packed rows (group · Sq a KV head) on cute/hopper's persistent forward, q packed as (B, Hkv, group · Sq,
+D) by the launch's prologue and O and the LSE written in place (``HopperAttentionConfig.packed_group``: each row's
+causal diagonal is its token's).
 
-CPU: off by default and no sweep row of seeds 1-239 taking it; on, seed 233 row 5's plan is cute/hopper's configuration
-(packed group 16, no GQA in the kernel, 128-row tiles, one split), D=64 choosing the warpgroups that pad least, and
-paged caches, too few rows, D=256, a grid short of a wave and a forced split count keeping the split kernels; the
-packed tile's key-block range against brute force over every row's token (planted: the row taken for its token fails);
-the prologue's packing and the in-place outputs inverting each other (planted: token-major packing fails); the
-runner's prologue running before the kernel; bench/cute_decode_packed_prefill_ab.sh's rows parse and the switch moves
-its first rows only. Static (sm_90a): the packed builds compile through cute/decode's own kernels without local
-memory. GPU (``gpu`` marker): on, against fp64 on a poisoned output; planted, the kernel built without the packing
-(``packed_group`` 1: each row's diagonal at its row) must fail the check.
+CPU: on by default from 128 rows, uneven work only from 256 rows and three waves of tiles (every sweep row of seeds
+1-239 it takes; the measured losses kept off, planted: without the guard they move); seed 233 row 5's plan is
+cute/hopper's configuration (packed group 16, no GQA in the kernel, 128-row tiles, one split), D=64 choosing the
+warpgroups that pad least, and paged caches, too few rows, D=256, a grid short of a wave and a forced split count
+keeping the split kernels; the packed tile's key-block range against brute force over every row's token (planted: the
+row taken for its token fails); the prologue's packing and the in-place outputs inverting each other (planted:
+token-major packing fails); the runner's prologue running before the kernel; bench/cute_decode_packed_prefill_ab.sh's
+rows parse and the switch moves its first rows only. Static (sm_90a): the packed builds compile through cute/decode's
+own kernels without local memory. GPU (``gpu`` marker): on, against fp64 on a poisoned output; planted, the kernel built
+without the packing (``packed_group`` 1: each row's diagonal at its row) must fail the check.
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ from tests.test_cute_decode_rows import RAGGED, _problem
 from tests.test_cute_decode_wgmma import check_gpu_case
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _unsplit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This file is the unsplit route's (its GPU A/B ran with the key splits off); the key splits, on by default, are
+    tests/test_cute_decode_packed_splits.py's."""
+    monkeypatch.setattr(decode, "PACKED_PREFILL_SPLITS", False)
+
+
 SEED233_ROW5 = random_cases(8, 233)[5].problem  # B=4 H=512 Hkv=32 Sq=16 Sk=22016 D=128: 256 packed rows, 256 tiles
 SWITCH = ("PACKED_PREFILL_MIN_ROWS", 128)
 
@@ -48,10 +58,23 @@ def _config(problem, min_rows: int | None = 256, wave_share: float | None = None
         return decode.launch_plan(problem, CPU, num_splits)
 
 
-def test_off_by_default_and_no_sweep_row_takes_it():
-    assert decode.PACKED_PREFILL_MIN_ROWS is None
-    rows = [case.problem for seed in range(1, 240) for case in random_cases(8, seed)]
-    assert not any(isinstance(decode.launch_plan(problem, CPU)[3], HopperAttentionConfig) for problem in rows)
+def _takes(problem) -> bool:
+    """Whether the default plan runs ``problem`` on the packed prefill."""
+    return isinstance(decode.launch_plan(problem, CPU)[3], HopperAttentionConfig)
+
+
+def test_on_by_default_from_128_rows_and_uneven_work_from_256_rows_and_three_waves():
+    """Every sweep row of seeds 1-239 the default takes is contiguous with 128+ packed rows, and uneven (lengths over
+    more than one sequence) only with 256+ rows and ``splits.UNEVEN_MIN_WAVES`` waves of tiles."""
+    assert decode.PACKED_PREFILL_MIN_ROWS == 128 and decode.PACKED_PREFILL_UNEVEN_MIN_ROWS == 256
+    taken = [case.problem for seed in range(1, 240) for case in random_cases(8, seed) if _takes(case.problem)]
+    assert len(taken) >= 10
+    for problem in taken:
+        rows = problem.kv_group * problem.seqlen_q
+        assert rows >= 128 and not problem.paged, problem.describe()
+        if problem.has_cache_seqlens and problem.batch > 1:
+            waves = decode.packed_prefill_tiles(problem) / splits.sm_count(CPU)
+            assert rows >= 256 and waves >= splits.UNEVEN_MIN_WAVES, problem.describe()
     assert HopperAttentionConfig(torch.bfloat16, 128, True).packed_group == 1
     assert default_config(SEED233_ROW5).packed_group == 1
 
@@ -252,13 +275,40 @@ def test_ab_script_rows_parse_and_the_switch_moves_the_first_rows():
     assert head == ["240", "cute_impl.decode:PACKED_PREFILL_MIN_ROWS", "None,128,256", "cute/decode"], head
     assert rows[0] == SEED233_ROW5
     moved = [isinstance(_config(problem, 128)[3], HopperAttentionConfig) for problem in rows]
-    controls = moved.index(False)
-    assert controls >= 4 and not any(moved[controls:]), moved
+    # 62/1 (128 tiles), 214/0 (128 tiles) and 69/4 (128 rows) are uneven work the guard keeps on the split kernels;
+    # 139/1 and 107/0 fill too little of a wave unsplit.
+    assert moved == [True] * 5 + [False, True, False, True, False, True, False, False], moved
+
+
+def test_defaults_check_rows_parse_and_the_default_moves_all_but_the_control():
+    """bench/packed_prefill_defaults_check.sh's rows against None: the default takes every row but the last, uneven
+    work of 256 tiles; a drawn row's lengths go with its cache lengths and its batch (a changed batch asks 'full')."""
+    from bench.decode_knob_ab import parse_row
+
+    head, rows = knob_ab_problems("packed_prefill_defaults_check.sh", "packed_default")
+    assert head == ["110", "cute_impl.decode:PACKED_PREFILL_MIN_ROWS", "128,None", "cute/decode"], head
+    assert [_takes(problem) for problem in rows] == [True] * 4 + [False]
+    assert parse_row("62/1:has_cache_seqlens=False")[1].lengths is None
+    with pytest.raises(SystemExit, match="add 'full'"):
+        parse_row("176/6:batch=4")
+
+
+def test_uneven_work_below_256_rows_or_three_waves_keeps_the_split_kernels(monkeypatch: pytest.MonkeyPatch):
+    """The measured losses (H100, 2026-12-05) stay on the split kernels; planted: without the guard they move."""
+    from bench.decode_knob_ab import parse_row
+
+    row = lambda name: parse_row(name)[1].problem  # noqa: E731
+    lost = [row(name) for name in ("62/1", "214/0", "69/4")]
+    assert not any(_takes(problem) for problem in lost) and _takes(row("176/6"))
+    monkeypatch.setattr(decode, "PACKED_PREFILL_UNEVEN_MIN_ROWS", 128)
+    monkeypatch.setattr(splits, "UNEVEN_MIN_WAVES", 0)
+    assert all(_takes(problem) for problem in lost)
 
 
 def test_the_ab_plan_column_names_the_packed_route(monkeypatch: pytest.MonkeyPatch):
     from bench.decode_ragged_ab import describe_plan, plan_of
 
+    monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_ROWS", None)
     assert plan_of("cute/decode", SEED233_ROW5, None, CPU)[0] == "padded"
     monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_ROWS", 128)
     plan = plan_of("cute/decode", SEED233_ROW5, None, CPU)
@@ -269,7 +319,7 @@ def test_the_ab_plan_column_names_the_packed_route(monkeypatch: pytest.MonkeyPat
 # sm_90a: the packed builds through cute/decode's kernels
 # ----------------------------------------------------------------------------------------------------
 COMPILED = {
-    "d128-bottom-right-lengths": SEED233_ROW5.with_(has_cache_seqlens=True),
+    "d128-bottom-right-lengths": SEED233_ROW5.with_(batch=8, has_cache_seqlens=True),
     "d64-top-left": _problem(64, 32, 16, 16, 8192, 64).with_(causal_alignment="top_left"),
     "d128-non-causal": SEED233_ROW5.with_(causal=False),
 }
@@ -312,11 +362,18 @@ NEEDS_SM90 = pytest.mark.skipif(
 )
 
 
+def _small_grids_take_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test grids are small and their lengths few: the plan's wave share and uneven-work guard let them in."""
+    monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_WAVE_SHARE", 0.0)
+    monkeypatch.setattr(decode, "PACKED_PREFILL_UNEVEN_MIN_ROWS", 128)
+    monkeypatch.setattr(splits, "UNEVEN_MIN_WAVES", 0)
+
+
 @pytest.mark.gpu
 @NEEDS_SM90
 @pytest.mark.parametrize("case", sorted(GPU_CASES))
 def test_gpu_packed_prefill_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_WAVE_SHARE", 0.0)  # the small test grids take it too
+    _small_grids_take_it(monkeypatch)
     check_gpu_case(case, GPU_CASES[case], monkeypatch, SWITCH, "packed_group")
 
 
@@ -328,12 +385,13 @@ def test_gpu_planted_kernel_without_the_packing_fails_the_check(case: str, monke
     row, the bottom-right offset Sk - group · Sq)."""
     from tests.test_cute_decode_rows import check_forced_splits
 
-    monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_WAVE_SHARE", 0.0)
+    _small_grids_take_it(monkeypatch)
     monkeypatch.setattr(decode, *SWITCH)
     problem, lengths, _, balanced = GPU_CASES[case]
     monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
     assert check_forced_splits(problem, lengths, None, seed=1).ok, "the unplanted kernel must pass"
     real = decode.packed_prefill_config
-    monkeypatch.setattr(decode, "packed_prefill_config", lambda p: dataclasses.replace(real(p), packed_group=1))
+    unpacked = lambda p, key_splits=False: dataclasses.replace(real(p, key_splits), packed_group=1)  # noqa: E731
+    monkeypatch.setattr(decode, "packed_prefill_config", unpacked)
     result = check_forced_splits(problem, lengths, None, seed=1)
     assert not result.ok, f"the kernel without the packing passed the check ({result.summary()})"

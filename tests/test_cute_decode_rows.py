@@ -53,9 +53,11 @@ ROW_WARPS = {(8, 16, 64): 4, (2, 16, 64): 2, (8, 5, 64): 4, (8, 16, 128): 2, (16
 def test_warps_split_rows_is_on_and_changes_only_the_warps(monkeypatch: pytest.MonkeyPatch):
     """On by default (results/h200/decode-row-split/); off, every tile keeps the key split and the same plan.
     D=256's 32-row tile (``ROW_SPLIT_MAX_TILE_M``, tests/test_cute_decode_d256.py) rides on the row split: pinned
-    off here, where the row split alone is under test, and so is D=128's 64-row tile (``WIDE_M_TILE``)."""
+    off here, where the row split alone is under test, and so is D=128's 64-row tile (``WIDE_M_TILE``) and the packed
+    prefill, which takes the rows of 128+ packed rows off the split kernels."""
     assert decode.WARPS_SPLIT_ROWS is True, "WARPS_SPLIT_ROWS won its GPU A/B: the default"
     monkeypatch.setattr(_decode_warps, "ROW_SPLIT_MAX_TILE_M", {})
+    monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_ROWS", None)
     monkeypatch.setattr(decode, "WIDE_M_TILE", False)
     for (group, seqlen_q, head_dim), row_warps in ROW_WARPS.items():
         for seqlen_k in (1024, 32768):
@@ -82,8 +84,10 @@ def test_row_split_stages_set_only_the_row_split_ring(monkeypatch: pytest.Monkey
     decode.DecodeKernel(decode.decode_config(seed41_kind, split=True))  # the one-part scratch fits the ring
 
 
-def test_split_rule_counts_the_m_tiles_the_grid_launches():
-    """The rule's CTAs per split are B · Hkv · m_blocks, the split kernel's grid (splits, m_blocks, B · Hkv)."""
+def test_split_rule_counts_the_m_tiles_the_grid_launches(monkeypatch: pytest.MonkeyPatch):
+    """The rule's CTAs per split are B · Hkv · m_blocks, the split kernel's grid (splits, m_blocks, B · Hkv); its 128
+    packed rows would take the packed prefill, off here."""
+    monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_ROWS", None)
     problem = _problem(2, 8, 8, 16, 32768, 64)
     assert decode.m_blocks_for(problem) == 2
     expected = splits.planned_num_splits(problem, 2, CPU, decode.split_policy(problem))
@@ -99,19 +103,21 @@ def test_a_warp_split_that_does_not_divide_the_tile_is_refused():
 
 
 def test_bench_times_each_setting_where_it_changes_the_plan_and_restores_the_switches():
-    """bench/cute_decode_rows.py: seed 41's row first, with all three settings; D=128's rows without the D=64
-    ring's; the switches as committed after; the table names every setting's ratio to the default."""
+    """bench/cute_decode_rows.py: seed 41's row first, now the packed prefill's (no setting changes it, so only the
+    default is timed), the other D=64 rows with all three settings; D=128's rows without the D=64 ring's; the
+    switches as committed after; the table names every setting's ratio to the default."""
     from bench import cute_decode_rows
 
     cases = dict(cute_decode_rows.rows_cases())
     assert next(iter(cases)) == "seed41-1" and len(cases) == len(cute_decode_rows.ORDER)
     assert cases["seed41-1"].describe().startswith("B=16 H=256 Hkv=32 Sq=16 Sk=1024 D=64")
     timed = {label: cute_decode_rows.settings_to_time(case.problem, CPU) for label, case in cases.items()}
-    assert timed["seed41-1"] == list(cute_decode_rows.SETTINGS)
-    assert timed["128rows-d128-1k"] == ["default", "rows"]
+    assert timed["seed41-1"] == ["default"] and timed["64rows-d64-2k"] == list(cute_decode_rows.SETTINGS)
+    assert timed["64rows-d128-1k"] == ["default", "rows"]
     assert decode.WARPS_SPLIT_ROWS is True and _decode_warps.ROW_SPLIT_STAGES == {}
+    assert cute_decode_rows.plan_of(cases["seed41-1"].problem, CPU) == "packed prefill: 512 tiles, 1 key splits"
     with cute_decode_rows.applied("rows-s4"):
-        assert cute_decode_rows.plan_of(cases["seed41-1"].problem, CPU) == "64x2 w4x1 s4 splits 1"
+        assert cute_decode_rows.plan_of(cases["64rows-d64-2k"].problem, CPU) == "64x1 w4x1 s4 splits 1"
     row = {"label": "seed41-1", "shape": "s", "plan": "p", "status": "ok", "pct_read_bw": 30.0}
     rows = [
         {**row, "setting": setting, "us": us}

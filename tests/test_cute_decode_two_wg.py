@@ -39,6 +39,15 @@ from tests.test_cute_decode_wide_tile import (
 )
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _split_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This switch acts on the split kernels; the packed prefill (on by default since 2026-12-05) takes the contiguous
+    rows of 128+ packed rows, so it is off here and every row keeps the plan the switch was measured on."""
+    monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_ROWS", None)
+
+
 SEED233_ROW5 = random_cases(8, 233)[5].problem  # B=4 H=512 Hkv=32 Sq=16 Sk=22016 D=128: 256 packed rows, full cache
 # 256 packed rows (group 16, Sq 16), paged(64) and ragged: the balanced split by default.
 PAGED_RAGGED = _problem(16, 8, 16, 16, 2048, 128, has_cache_seqlens=True, page_size=64)

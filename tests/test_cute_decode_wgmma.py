@@ -31,6 +31,15 @@ from tests.test_cute_decode_rows import RAGGED, _problem, check_forced_splits
 from tests.test_cute_decode_wide_tile import _ring_and_q_bytes, assert_kernels_fit
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _split_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This switch acts on the split kernels; the packed prefill (on by default since 2026-12-05) takes the contiguous
+    rows of 128+ packed rows, so it is off here and every row keeps the plan the switch was measured on."""
+    monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_ROWS", None)
+
+
 ON = 128  # the setting the first A/B timed: the rows of the compute-bound class
 FROM_64 = 64  # the default since the second (bench/cute_decode_wgmma64_ab.sh): the tiles of 64-127 packed rows too
 # (seed, row) of the sweeps' rows that motivate the switch: 256 and 128 packed rows at D=128.

@@ -37,6 +37,15 @@ from tests.test_cute_decode_wgmma import assert_planted_bug_fails, check_gpu_cas
 from tests.test_cute_decode_wide_tile import assert_kernels_fit
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _split_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This switch acts on the split kernels; the packed prefill (on by default since 2026-12-05) takes the contiguous
+    rows of 128+ packed rows, so it is off here and every row keeps the plan the switch was measured on."""
+    monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_ROWS", None)
+
+
 EVERY_RING = 3  # the shallowest ring the overlapped loop takes: every WGMMA tile overlapped
 # The rows bench/cute_decode_wgmma_overlap_ab.sh times: the WGMMA tile's five, then two of the mma.sync tile's. That A/B
 # ran with the WGMMA tile from 128 packed rows, where 59/2's 64 rows were on mma.sync: its plans here are taken there.

@@ -38,6 +38,13 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(autouse=True)
+def _split_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This switch acts on the split kernels; the packed prefill (on by default since 2026-12-05) takes the contiguous
+    rows of 128+ packed rows, so it is off here and every row keeps the plan the switch was measured on."""
+    monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_ROWS", None)
+
+
+@pytest.fixture(autouse=True)
 def _mma_sync_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """This file's subject is the 64-row tile of 4 warps' mma.sync, which 64+ packed rows at D=64 and 128 take only
     with ``WGMMA_MIN_ROWS`` off (or off sm_90); the WGMMA tile is tests/test_cute_decode_wgmma.py's."""
