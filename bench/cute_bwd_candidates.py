@@ -1,11 +1,10 @@
-"""The machinery of the cute/hopper backward candidates' A/Bs (``bench.cute_bwd_short_ab``,
-``bench.cute_bwd_finish_ab``): per shape, each cute row's gradients checked against a base row's first (dK and dV bit
-for bit, dQ finite and within fp32 reduce-add reordering), then ``--rounds`` interleaved rounds (the order reversed
-every other round; each measurement ``time_cuda``'s L2-flushed median) of the cute rows and FA4's backward, the table
-giving each row's median over rounds and its speed against FA4 and against the base (their time ÷ the row's). The cute
-rows run on cute/hopper's O and LSE (``bench.backward_kernels.variant_backward``), FA4 through autograd as
-``bench.backward_interleaved`` times it. Not a tool of its own: the A/Bs name their shapes and rows and call
-:func:`main`."""
+"""The machinery of the cute/hopper backward candidates' A/B (``bench.cute_bwd_short_ab``): per shape, each cute
+row's gradients checked against a base row's first (dK and dV bit for bit, dQ finite and within fp32 reduce-add
+reordering), then ``--rounds`` interleaved rounds (the order reversed every other round; each measurement
+``time_cuda``'s L2-flushed median) of the cute rows and FA4's backward, the table giving each row's median over rounds
+and its speed against FA4 and against the base (their time ÷ the row's). The cute rows run on cute/hopper's O and LSE
+(``bench.backward_kernels.variant_backward``), FA4 through autograd as ``bench.backward_interleaved`` times it. Not a
+tool of its own: the A/B names its shapes and rows and calls :func:`main`."""
 
 from __future__ import annotations
 

@@ -707,8 +707,6 @@ def test_hopper_tma_rows_is_the_default_and_the_deterministic_switch_leaves_it()
         "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_latedv_pdl",
         "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_zeropre_latedv_pdl",
         "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_zeropre_latedv_pdl_postrev",
-        "m64_s2_dqreduce_tmarows_heaviestfirst_stagedepi_zeropre_latedv_pdl_dqfinish",
-        "m128_s2_dqreduce_tmarows_stagedepi_latedv_rebase_dqfinish",
     }
     defaults = {key: hopper_backward.default_tiles(*key).label for key in hopper_backward.DEFAULTS}
     assert defaults == {

@@ -40,11 +40,9 @@ from tests.test_cute_backward import (
 )
 from tests.test_cute_backward_gap import BOX_ROWS, compile_dkdv, labels_in_script
 
-# The knob's candidates, each head dim's (not the D=64 default with dQ finished in the dK/dV kernel, another knob's:
-# tests/test_cute_backward_finish.py).
+# The knob's candidates, each head dim's.
 REBASED = {
-    head_dim: [t for t in variants if t.rebased_operands and not t.dq_finish_in_kernel]
-    for head_dim, variants in hopper_backward.CANDIDATES.items()
+    head_dim: [t for t in variants if t.rebased_operands] for head_dim, variants in hopper_backward.CANDIDATES.items()
 }
 # An instruction of the uniform datapath (UIADD3, UIADD3.X, UMOV, ULOP3, ...), predicated or not.
 UNIFORM = re.compile(r"^(?:@!?U?P\w+\s+)?U[A-Z0-9]+\b")

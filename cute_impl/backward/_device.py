@@ -262,25 +262,6 @@ def query_block_range(
     return m_block_min, m_block_unmasked, m_block_max
 
 
-def query_block_contributors(
-    m_block: cutlass.Int32,
-    tile_n: int,
-    tile_m: int,
-    seqlen_k: cutlass.Int32,
-    causal: bool,
-    causal_offset,
-) -> cutlass.Int32:
-    """How many key blocks of ``tile_n`` keys have query block ``m_block`` in their ``query_block_range`` (each
-    adds into its dQ once): every key block, or, causal, the key blocks n with max(n · tile_n − causal_offset, 0)
-    < (m_block + 1) · tile_m, i.e. n < ((m_block + 1) · tile_m + causal_offset) / tile_n (0 where that is ≤ 0:
-    rows that see no key)."""
-    key_blocks = (seqlen_k + tile_n - 1) // tile_n
-    if cutlass.const_expr(not causal):
-        return key_blocks
-    reach = cutlass.max((m_block + 1) * tile_m + causal_offset + tile_n - 1, 0)
-    return cutlass.min(reach // tile_n, key_blocks)
-
-
 # The CTAs of one wave on an H100 or H200 (SXM): heaviest_first's group size. Elsewhere the groups are only
 # sized for another wave, never wrong.
 WAVE_CTAS = 132

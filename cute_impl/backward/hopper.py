@@ -103,9 +103,7 @@ postprocess take the (batch, head) items last first, so that it starts on the dQ
 leave in L2. Timed against ``UNCHAINED_CAUSAL`` (H200, 2026-12-04, ``results/h200/backward-chained-causal/`` and
 ``backward-chained-causal-20rounds/``): the full chain faster in all nine medians of three calls (4, 10 and 20
 rounds) at B=8 S=2048, B=16 S=1024 and P1 causal, +0.4 to +1.6 %, each inside its rounds' spread; dK and dV bit for
-bit the unchained build's. Taken on that consistency. ``dq_finish_in_kernel`` (``FINISHED_CAUSAL``, ``FINISHED_D64``;
-off, under A/B: ``bench/cute_bwd_finish_ab.sh``) drops the postprocess: each query block's last key block converts
-its dQ in the dK/dV kernel, counted by an int32 counter a block beside dQaccum (``hopper_dq.DQFinish``).
+bit the unchained build's. Taken on that consistency.
 
 Where it stands (H200, 2026-12-04, ``compare.py --backward --rounds 4``,
 ``results/h200/backward-anchors-2026-12-04-chained/``): 606 / 571 / 529 / 451 TFLOP/s at P1 / P1 causal / D=64 B=4
@@ -165,7 +163,6 @@ from cute_impl.backward._device import (
     heaviest_first,
     load_fixed,
     load_pair,
-    query_block_contributors,
     query_block_range,
     shared_storage,
     smem_tensor,
@@ -227,12 +224,6 @@ class BackwardTiles:
     # dq="reduce": the postprocess takes the (batch, head) items last first, so that it starts on the dQaccum that
     # the dK/dV kernel's last CTAs (the last items, heaviest_first's last group) leave in L2 (``hopper_dq.py``).
     postprocess_reversed: bool = False
-    # dq="reduce": no postprocess launch. Each query block of each head gets an int32 arrival counter beside its
-    # dQaccum (zeroed with it); the dQ writer counts a key block in once its adds into the block have completed, and
-    # the writer that brings the count to the block's number of key blocks converts the block's dQ with the producer
-    # warpgroup's idle warps 2 and 3 (dQ = softmax_scale · dQaccum, read back from L2; ``hopper_dq.DQFinish``). 64 or
-    # 128 query rows per step.
-    dq_finish_in_kernel: bool = False
 
     def __post_init__(self) -> None:
         # Overlapped, a slot is freed one step late: one slot would deadlock the producer.
@@ -248,10 +239,6 @@ class BackwardTiles:
         # 80 rows, half of D (dQᵀ; ``hopper_dq.dq_box``); it retires within its step (dK may not); no dQ kernel.
         if self.dq == "reduce" and (self.tile_m not in (64, 80, 128) or self.dq_overlap):
             raise ValueError(f"dq='reduce' takes 64, 80 or 128 query rows per step and no dq_overlap, got {self}")
-        # The finish converts 64-row chunks by row pieces (``hopper_dq.store_row_pieces``), not the 80-row dQᵀ; there
-        # is no postprocess to reverse.
-        if self.dq_finish_in_kernel and (self.dq != "reduce" or self.tile_m == 80 or self.postprocess_reversed):
-            raise ValueError(f"dq_finish_in_kernel needs dq='reduce', 64 or 128 rows, no postprocess, got {self}")
         # 80 rows seed Sᵀ with the staged LSE₂ (``hopper_rows.seed_scores``); the separate pass has no dQᵀ.
         if self.tile_m == 80 and (self.dq != "reduce" or not self.tma_rows or self.dkdv_overlap):
             raise ValueError(f"80 query rows per step take dq='reduce' and tma_rows, not overlapped, got {self}")
@@ -262,7 +249,6 @@ class BackwardTiles:
         rows += ("_stagedepi" if self.staged_epilogue else "") + ("_zeropre" if self.zero_in_preprocess else "")
         rows += ("_latedv" if self.late_dv else "") + ("_rebase" if self.rebased_operands else "")
         rows += ("_pdl" if self.dependent_launch else "") + ("_postrev" if self.postprocess_reversed else "")
-        rows += "_dqfinish" if self.dq_finish_in_kernel else ""
         if self.dq == "reduce":
             return f"m{self.tile_m}_s{self.stages}_dqreduce" + ("_dkdvoverlap" if self.dkdv_overlap else "") + rows
         overlaps = ("_dkdvoverlap" if self.dkdv_overlap else "") + ("_dqoverlap" if self.dq_overlap else "")
@@ -279,13 +265,6 @@ CHAINED_CAUSAL = (
     replace(UNCHAINED_CAUSAL, dependent_launch=True, zero_in_preprocess=True),
     replace(UNCHAINED_CAUSAL, dependent_launch=True, zero_in_preprocess=True, postprocess_reversed=True),
 )
-# Issue #40: the causal D=128 default with dQ finished in the dK/dV kernel (no postprocess launch), and the D=64
-# default so finished (``BackwardTiles.dq_finish_in_kernel``).
-FINISHED_CAUSAL = replace(CHAINED_CAUSAL[-1], postprocess_reversed=False, dq_finish_in_kernel=True)
-FINISHED_D64 = BackwardTiles(
-    128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True, rebased_operands=True,
-    dq_finish_in_kernel=True,
-)  # fmt: skip
 
 # The first of each head dim is the deterministic default (``default_tiles``); ``DEFAULTS`` names the others'.
 # D=128: 64 query rows per dK/dV step is the register limit (docstring), 32 leave room to overlap; the
@@ -306,7 +285,6 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         BackwardTiles(
             128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True, late_dv=True, rebased_operands=True
         ),
-        FINISHED_D64,
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True),
         BackwardTiles(128, 64, 2, dq="reduce", tma_rows=True, staged_epilogue=True),
     ),
@@ -331,7 +309,6 @@ CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
         # Issue #40's short causal rows (B8 S2048): the causal default chained by PDL, with the fill or without it,
         # and without it with the postprocess's items last first.
         *CHAINED_CAUSAL,
-        FINISHED_CAUSAL,
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True),
         BackwardTiles(64, 64, 2, dq="reduce", tma_rows=True, heaviest_first=True, staged_epilogue=True),
     ),
@@ -372,24 +349,20 @@ class _DKDVKernel:
         self.late_dv = config.tiles.late_dv
         self.rebase = config.tiles.rebased_operands
         self.pdl = config.tiles.dependent_launch
-        self.finish = config.tiles.dq_finish_in_kernel
         self.threads_per_cta = THREADS_PER_CTA
 
     @cute.jit
     def __call__(
         self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
         mDelta: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, softmax_scale: Float32,
-        mdQaccum: cute.Tensor | None, mdQ: cute.Tensor | None, mCounters: cute.Tensor | None, stream: cuda.CUstream,
+        mdQaccum: cute.Tensor | None, stream: cuda.CUstream,
     ):  # fmt: skip
         """q, do (B, H, Sq, D); k, v, dk, dv (B, Hkv, Sk, D); lse2, delta (B, H, Sq) fp32; dq="reduce":
-        dq_accum (B, H, query blocks, 2, tile_m · D/2) fp32, zeroed (``hopper_dq.py``), else None;
-        ``dq_finish_in_kernel``: dq (B, H, Sq, D) and the counters (B, H, query blocks) int32, zeroed, else None."""
+        dq_accum (B, H, query blocks, 2, tile_m · D/2) fp32, zeroed (``hopper_dq.py``), else None."""
         # Every tensor addressed through a generic pointer (``_host.generic_view``), as measured.
         mQ, mK, mV, mdO, mLSE2, mDelta, mdK, mdV = [generic_view(t) for t in (mQ, mK, mV, mdO, mLSE2, mDelta, mdK, mdV)]
         if cutlass.const_expr(mdQaccum is not None):
             mdQaccum = generic_view(mdQaccum)
-        if cutlass.const_expr(mdQ is not None):
-            mdQ, mCounters = sequence_major(generic_view(mdQ)), generic_view(mCounters)  # (Sq, D, (H, B))
         mQ, mK, mV, mdO, mdK, mdV = (sequence_major(t) for t in (mQ, mK, mV, mdO, mdK, mdV))  # (S, D, (H, B))
         mLSE2, mDelta = head_major(mLSE2), head_major(mDelta)  # (Sq, (H, B))
         D, rows = self.head_dim, ROWS_PER_WARPGROUP
@@ -403,7 +376,7 @@ class _DKDVKernel:
         tma_atom_dO, mdO_tma = cpasync.make_tiled_tma_atom(load, mdO, one_stage(sQ_layout), (self.tile_m, D))
         self.kv_bytes = 2 * CONSUMER_WARPGROUPS * cute.size_in_bytes(self.dtype, one_stage(sKV_layout))
         self.q_bytes = 2 * cute.size_in_bytes(self.dtype, one_stage(sQ_layout))
-        extra = hopper_dq.dq_storage_fields(self.dtype, D, self.tile_m, self.finish) if self.dq_reduce else {}
+        extra = hopper_dq.dq_storage_fields(self.dtype, D, self.tile_m) if self.dq_reduce else {}
         row_atoms = (None, None)
         if cutlass.const_expr(self.tma_rows):  # mLSE2 and mDelta become TMA coordinates
             row_atoms, (mLSE2, mDelta) = hopper_rows.tma_atoms(mLSE2, mDelta, self.tile_m)
@@ -415,8 +388,8 @@ class _DKDVKernel:
             store_atoms, (mdK, mdV) = hopper_epilogue.tma_store_atoms(mdK, mdV, one_stage(sKV_layout), D)
         self.kernel(
             st_mma, grad_mma, tma_atom_K, mK_tma, tma_atom_V, mV_tma, tma_atom_Q, mQ_tma, tma_atom_dO, mdO_tma,
-            mLSE2, mDelta, mdK, mdV, softmax_scale, sKV_layout, sQ_layout, sQt_layout, mdQaccum, mdQ, mCounters,
-            *row_atoms, *store_atoms, mQ.shape[2][0] // mK.shape[2][0],
+            mLSE2, mDelta, mdK, mdV, softmax_scale, sKV_layout, sQ_layout, sQt_layout, mdQaccum, *row_atoms,
+            *store_atoms, mQ.shape[2][0] // mK.shape[2][0],
         ).launch(
             grid=[cute.ceil_div(mK.shape[0], KEY_TILE), mK.shape[2][0], mK.shape[2][1]],
             block=[self.threads_per_cta, 1, 1],
@@ -432,8 +405,7 @@ class _DKDVKernel:
         tma_atom_V: cute.CopyAtom, mV: cute.Tensor, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor,
         tma_atom_dO: cute.CopyAtom, mdO: cute.Tensor, mLSE2: cute.Tensor, mDelta: cute.Tensor, mdK: cute.Tensor,
         mdV: cute.Tensor, softmax_scale: Float32, sKV_layout: cute.ComposedLayout, sQ_layout: cute.ComposedLayout,
-        sQt_layout: cute.ComposedLayout, mdQaccum: cute.Tensor | None, mdQ: cute.Tensor | None,
-        mCounters: cute.Tensor | None, tma_atom_LSE2: cute.CopyAtom | None,
+        sQt_layout: cute.ComposedLayout, mdQaccum: cute.Tensor | None, tma_atom_LSE2: cute.CopyAtom | None,
         tma_atom_Delta: cute.CopyAtom | None, tma_atom_dK: cute.CopyAtom | None, tma_atom_dV: cute.CopyAtom | None,
         group: Int32,
     ):  # fmt: skip
@@ -500,27 +472,13 @@ class _DKDVKernel:
                     atoms, sources, slots = loads
                     for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
                         q_producer = load_pair(atoms, tuple(g[None, m_block] for g in sources), slots, q_producer)
-            if cutlass.const_expr(self.dq_reduce):
-                columns = hopper_dq.dq_columns(D, self.tile_m)
-                finish = None
-                if cutlass.const_expr(self.finish):  # the last key block of a query block converts its dQ
-                    contributors = functools.partial(
-                        query_block_contributors, tile_n=KEY_TILE, tile_m=self.tile_m, seqlen_k=seqlen_k,
-                        causal=self.causal, causal_offset=causal_offset,
-                    )  # fmt: skip
-                    finish = hopper_dq.DQFinish(mdQ, mCounters, softmax_scale, contributors, self.tile_m, storage)
+            if cutlass.const_expr(self.dq_reduce):  # noqa: SIM102 (a compile-time and a runtime test)
                 if warp_idx == 1:  # dq="reduce": adds the consumers' dQ tiles into dQaccum
                     if cutlass.const_expr(self.pdl):  # dQaccum zeroed before (by the preprocess or a fill)
                         cute.arch.griddepcontrol_wait()
                     n_start = n_block * KEY_TILE
-                    hopper_dq.dq_writer(
-                        mdQaccum, storage.dQ, columns, query_blocks, group, kv_head, batch, n_start, finish
-                    )
-                if cutlass.const_expr(self.finish):  # noqa: SIM102 (a compile-time and a runtime test)
-                    if warp_idx > 1:  # the idle warps 2 and 3 help the writer finish dQ
-                        if cutlass.const_expr(self.pdl):
-                            cute.arch.griddepcontrol_wait()
-                        finish.help(mdQaccum, storage.dQ, columns, batch, tidx - hopper_dq.WARP_THREADS)
+                    columns = hopper_dq.dq_columns(D, self.tile_m)
+                    hopper_dq.dq_writer(mdQaccum, storage.dQ, columns, query_blocks, group, kv_head, batch, n_start)
 
         # ==== Consumer warpgroups: 64 keys each =======================================================
         if warp_group > 0:
@@ -681,8 +639,7 @@ def _fake_dkdv_arguments(config: HopperBackwardConfig) -> tuple:
     rows = [fake_tensor(Float32, 3) for _ in range(2)]
     gradients = [fake_tensor(element, 4) for _ in range(2)]
     dq_accum = fake_tensor(Float32, 5) if config.tiles.dq == "reduce" else None
-    finished = (fake_tensor(element, 4), fake_tensor(Int32, 3)) if config.tiles.dq_finish_in_kernel else (None, None)
-    return (*operands, *rows, *gradients, Float32(1.0), dq_accum, *finished, fake_stream())
+    return (*operands, *rows, *gradients, Float32(1.0), dq_accum, fake_stream())
 
 
 def _fake_dq_arguments(config: HopperBackwardConfig) -> tuple:
@@ -714,10 +671,7 @@ KERNELS = {
 
 
 def _kernel_names(config: HopperBackwardConfig) -> tuple[str, ...]:
-    """The kernels after the preprocess: dK/dV then dQ's pass, or dK/dV with dQ then dQ's postprocess, or dK/dV
-    alone (``dq_finish_in_kernel``)."""
-    if config.tiles.dq_finish_in_kernel:
-        return ("dkdv",)
+    """The kernels after the preprocess: dK/dV then dQ's pass, or dK/dV with dQ then dQ's postprocess."""
     return ("dkdv", "postprocess") if config.tiles.dq == "reduce" else ("dkdv", "dq")
 
 
@@ -776,34 +730,12 @@ def preprocess_config(problem: Problem, tiles: BackwardTiles, has_dlse: bool) ->
 
 def dq_accumulator(problem: Problem, tiles: BackwardTiles, device: torch.device) -> torch.Tensor:
     """dq="reduce"'s fp32 dQaccum, (B, H, query blocks, 2, tile_m · D/2), contiguous: zeroed here, or, with
-    ``zero_in_preprocess``, left as ``torch.empty`` gives it for the preprocess to zero. With
-    ``dq_finish_in_kernel`` each head's span also holds its query blocks' int32 counters after its chunks
-    (``dq_counters``; padded to 16 bytes), zeroed with them: the returned dQaccum is then a view of that buffer."""
+    ``zero_in_preprocess``, left as ``torch.empty`` gives it for the preprocess to zero."""
     query_blocks = -(-problem.seqlen_q // tiles.tile_m)
     chunk = tiles.tile_m * problem.head_dim // CONSUMER_WARPGROUPS
     shape = (problem.batch, problem.heads, query_blocks, CONSUMER_WARPGROUPS, chunk)
     allocate = torch.empty if tiles.zero_in_preprocess else torch.zeros
-    if not tiles.dq_finish_in_kernel:
-        return allocate(shape, dtype=torch.float32, device=device)
-    values = query_blocks * CONSUMER_WARPGROUPS * chunk
-    buffer = allocate((problem.batch, problem.heads, values + _counter_span(query_blocks)), dtype=torch.float32,
-                      device=device)  # fmt: skip
-    return buffer[:, :, :values].unflatten(2, shape[2:])
-
-
-# The counters' span in fp32 words: a multiple of 4, so that each head's span stays 16-byte aligned.
-def _counter_span(query_blocks: int) -> int:
-    return -(-query_blocks // 4) * 4
-
-
-def dq_counters(dq_accum: torch.Tensor) -> torch.Tensor:
-    """``dq_finish_in_kernel``'s counters (B, H, query blocks) int32: the words after each head's chunks in the
-    buffer of ``dq_accumulator``'s view ``dq_accum``."""
-    batch, heads, query_blocks = dq_accum.shape[:3]
-    values = dq_accum[0, 0].numel()
-    head_span = dq_accum.stride(1)
-    flat = dq_accum.as_strided((batch, heads, head_span), (dq_accum.stride(0), head_span, 1))
-    return flat[:, :, values : values + query_blocks].view(torch.int32)
+    return allocate(shape, dtype=torch.float32, device=device)
 
 
 def _launch(
@@ -817,30 +749,14 @@ def _launch(
     q, k, v, out, d_out, lse, d_lse, dq, dk, dv = operands
     dq_accum = dq_accumulator(problem, tiles, device) if tiles.dq == "reduce" else None
     preprocess = tiled.KERNELS["preprocess"].kernel(preprocess_config(problem, tiles, d_lse is not None))
-    zeroed_here = _whole_span(dq_accum) if tiles.zero_in_preprocess else None
+    zeroed_here = dq_accum.view(problem.batch, problem.heads, -1) if tiles.zero_in_preprocess else None
     preprocess(out, d_out, lse, d_lse, lse_log2, delta, zeroed_here)
-    if tiles.dq_finish_in_kernel:
-        # Rows that see no key (causal bottom-right, Sq > Sk) lie in query blocks no key block adds into: zeroed here.
-        unseen = max(0, problem.seqlen_q - problem.seqlen_k) if problem.causal and problem.bottom_right else 0
-        if unseen:
-            dq[:, :, :unseen].zero_()
-        counters = dq_counters(dq_accum)
-        dkdv = KERNELS["dkdv"].kernel(config)
-        dkdv(q, k, v, d_out, lse_log2, delta, dk, dv, problem.scale, dq_accum, dq, counters)
-        return
     if dq_accum is not None:
-        KERNELS["dkdv"].kernel(config)(q, k, v, d_out, lse_log2, delta, dk, dv, problem.scale, dq_accum, None, None)
+        KERNELS["dkdv"].kernel(config)(q, k, v, d_out, lse_log2, delta, dk, dv, problem.scale, dq_accum)
         KERNELS["postprocess"].kernel(config)(dq_accum, dq, problem.scale)
         return
-    KERNELS["dkdv"].kernel(config)(q, k, v, d_out, lse_log2, delta, dk, dv, problem.scale, None, None, None)
+    KERNELS["dkdv"].kernel(config)(q, k, v, d_out, lse_log2, delta, dk, dv, problem.scale, None)
     KERNELS["dq"].kernel(config)(q, k, v, d_out, lse_log2, delta, dq, problem.scale)
-
-
-def _whole_span(dq_accum: torch.Tensor) -> torch.Tensor:
-    """(B, H, n): each head's whole span of ``dq_accum``'s buffer (with ``dq_finish_in_kernel``, its counters too),
-    what the preprocess zeroes."""
-    batch, heads = dq_accum.shape[:2]
-    return dq_accum.as_strided((batch, heads, dq_accum.stride(1)), (dq_accum.stride(0), dq_accum.stride(1), 1))
 
 
 def compile_sm90(problem: Problem, has_dlse: bool = False, tiles: BackwardTiles | None = None) -> list[KernelBinary]:

@@ -1,6 +1,5 @@
 """dQ without recomputation for the CuTe ``hopper`` backward (``hopper.py``, ``BackwardTiles(dq="reduce")``):
-the pieces the dK/dV kernel adds to compute dQ itself, and the small kernel that finishes dQ (or, with
-``BackwardTiles.dq_finish_in_kernel``, the dK/dV kernel's finish of each query block by its last key block).
+the pieces the dK/dV kernel adds to compute dQ itself, and the small kernel that finishes dQ.
 
 What it adds: ``hopper.py``'s default runs a second kernel for dQ that recomputes S and dP, seven
 products per (query block, key block) where five are counted. Here the dK/dV kernel, which already
@@ -30,27 +29,6 @@ How data moves, per step (``DQReduce``):
      staged tile to its chunk of ``dQaccum`` with one ``cp.reduce.async.bulk...add.f32`` (the L2 does
      the adds, asynchronously: the consumers never wait on atomics) and frees the tile once the bulk
      copy has read it (``cp.async.bulk.wait_group.read``).
-With ``BackwardTiles.dq_finish_in_kernel`` (``DQFinish``) there is no postprocess launch; the writer also
-  5. counts each query block in once its two adds have completed: two blocks later (so that the wait rarely
-     waits), ``cp.async.bulk.wait_group`` without ``.read`` (``.read`` only says the staging tile was read; the
-     adds may still be on their way to L2), ``fence.proxy.async.global`` (the async proxy's writes ordered before
-     the generic proxy's), then lane 0 adds 1 to the block's int32 counter with a gpu-scope acquire-release atomic;
-  6. if that add brought the counter to the block's number of key blocks (``_device.query_block_contributors``:
-     the key blocks whose ``query_block_range`` holds it; GQA: one counter per query head, each head's key blocks
-     counted once), it posts the block in shared memory to warps 2 and 3 of the producer warpgroup (idle
-     otherwise; named barrier ``FINISH_BARRIER`` of the three warps), and the 96 threads each acquire the counter
-     (``ld.acquire.gpu``: all contributors' released adds visible), copy the block's two finished chunks from L2
-     into the two staging tiles (free then: their bulk reads are waited for before the consumers may refill them)
-     by ``cp.async.cg`` (16 bytes a copy, no registers held: the producer warpgroup has 24 a thread), meet, and
-     write dQ = softmax_scale · dQaccum from there, a row piece a thread (``store_row_pieces``; rows past Sq
-     dropped), meeting again before the writer frees the tiles; after its last count the writer posts
-     ``NO_BLOCK`` and the helpers return. Rows that see no key (causal bottom-right, Sq > Sk) lie in
-     blocks no key block adds into: the host zeroes those rows of dQ. The counters sit after each head's chunks in
-     the dQaccum buffer (``hopper.dq_accumulator``), zeroed with it by the fill or the preprocess. What it removes:
-     the postprocess's launch and its pass over dQaccum from HBM (at B=8 H=16 S=2048 D=128, 134 MB read and 67 MB
-     written, ~50 µs after the dK/dV kernel); what it adds: each block's finish (32 KB from L2, 16 KB of dQ) in
-     the producer warpgroup of whichever CTA adds last, while its consumers run the next step (they wait for the
-     writer only at the next hand-over).
 ``dQaccum`` is (B, H, query blocks, 2, 64 · D/2) fp32, zeroed before the dK/dV kernel (by a fill, or by the
 preprocess: ``BackwardTiles.zero_in_preprocess``), each chunk one warpgroup's tile in fragment order;
 ``DQPostprocessKernel`` scales each chunk and stores dQ, rows past Sq dropped. It reads a chunk by row quads
@@ -60,7 +38,9 @@ fragment and stored through the MMA's partition, two bytes a store, it took 139 
 (134 MB of dQaccum) against FlashAttention-4's 49 (``results/h200/backward-kernels-2026-11-30/``).
 Transposed (80 query rows) it reads each thread's vectors back into the dQᵀ fragment (16-byte loads), writes
 them by transposed stmatrix into a (tile_m, 64) tile in shared memory and stores 16-byte row pieces from there
-(``store_transposed``, as FlashAttention-4's postprocess does for its transposed dQ).
+(``store_transposed``, as FlashAttention-4's postprocess does for its transposed dQ). Finishing dQ in the dK/dV
+kernel instead (each query block by its last key block, no postprocess) was tried and lost: 0.80-0.87x at the causal
+D=128 shapes (H100, 2026-12-05, ``docs/perf-log.md``).
 
 Resources: shared memory gains 32 KB of dS buffers (2 buffers × 2 warpgroups × 64 × 64 × 2 bytes) and
 64 · D · 4 bytes of staging (D=128: 192 KB in all with two ring slots); the kernel compiles without
@@ -80,9 +60,7 @@ dPᵀ (``dkdv_overlap``: ptxas keeps that asynchronous at D=64 and serialises ev
 rows D=64 runs m64n32 dQ products, at 128 rows (FlashAttention-3's D=64 tile) m64n64 ones, with 64 KB
 of dS buffers (``hopper.py`` then issues dV after dSᵀ and ``hopper_rows`` reads LSE₂ and D where used:
 both spilled or serialised otherwise), at 80 rows m64n80 dQᵀ ones. Timed: ``bench/cute_bwd_fused_dq_ab.sh``
-(128 rows), ``bench/cute_bwd_d128_ab.sh`` (80 rows). ``dq_finish_in_kernel``: 64 or 128 query rows a step (not the
-80-row dQᵀ, whose finish would need its transposed store through shared memory), no reversed postprocess (none is
-launched); timed by ``bench/cute_bwd_finish_ab.sh``. With ``BackwardTiles.rebased_operands`` the warpgroup's Kᵀ
+(128 rows), ``bench/cute_bwd_d128_ab.sh`` (80 rows). With ``BackwardTiles.rebased_operands`` the warpgroup's Kᵀ
 box and each step's dS buffer are described from their own addresses (``hopper_desc.py``).
 """
 
@@ -96,7 +74,7 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
-from cutlass.cute.nvgpu import cpasync, warp, warpgroup
+from cutlass.cute.nvgpu import warp, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.memory import SmemAllocator
 
@@ -186,7 +164,7 @@ def keys_mn_major(dtype: type[cutlass.Numeric], head_dim: int) -> cute.ComposedL
     return streamed_layouts(dtype, ROWS_PER_WARPGROUP, head_dim, CONSUMER_WARPGROUPS)[1]
 
 
-def dq_storage_fields(dtype: type[cutlass.Numeric], head_dim: int, tile_m: int, finish: bool = False) -> dict:
+def dq_storage_fields(dtype: type[cutlass.Numeric], head_dim: int, tile_m: int) -> dict:
     """The shared memory the dQ path adds: the dS buffers and one fp32 staging tile per warpgroup (128
     query rows per step: D=64 only, the kernel then takes 195 KB; at D=128 it would not fit the 227 KB;
     80 rows, transposed: D=128 only, 226 KB in all with two ring slots)."""
@@ -196,13 +174,10 @@ def dq_storage_fields(dtype: type[cutlass.Numeric], head_dim: int, tile_m: int, 
         raise ValueError(f"dq='reduce' takes {tile_m} query rows per step at D=128 only (dQᵀ), got D={head_dim}")
     staged = CONSUMER_WARPGROUPS * ROWS_PER_WARPGROUP * dq_columns(head_dim, tile_m)
     written = ds_layouts(dtype, tile_m)[0]
-    fields = {
+    return {
         "dS": cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(written)], SMEM_ALIGN_BYTES],
         "dQ": cute.struct.Align[cute.struct.MemRange[Float32, staged], SMEM_ALIGN_BYTES],
     }
-    if finish:  # the (head, query block) the dQ writer posts to its helpers (``DQFinish``)
-        fields["dQ_request"] = cute.struct.Align[cute.struct.MemRange[Int32, 2], 16]
-    return fields
 
 
 def staged_dq_layout(columns: int) -> cute.Layout:
@@ -244,152 +219,6 @@ def reduce_add_bulk(gmem: cute.Pointer, smem: cute.Pointer, size_bytes: int, *, 
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
     )
-
-
-@dsl_user_op
-def count_arrival(counter: cute.Pointer, lane: Int32, *, loc=None, ip=None) -> Int32:
-    """The calling warp's bulk adds (complete: ``cp.async.bulk.wait_group`` without ``.read`` before this) made
-    visible to the generic proxy (``fence.proxy.async.global``), then lane 0 adds 1 to ``counter`` (an int32 in
-    global memory) with gpu-scope acquire-release semantics; every lane gets the count before its add."""
-    return Int32(
-        llvm.inline_asm(
-            Int32.mlir_type,
-            [counter.llvm_ptr, Int32(lane).ir_value(loc=loc, ip=ip)],
-            "{\n\t.reg .pred leader;\n\t.reg .b32 before;\n\tmov.b32 before, 0;\n\t"
-            "setp.eq.u32 leader, $2, 0;\n\tfence.proxy.async.global;\n\t"
-            "@leader atom.acq_rel.gpu.global.add.u32 before, [$1], 1;\n\t"
-            "shfl.sync.idx.b32 $0, before, 0, 0x1f, 0xffffffff;\n\t}",
-            "=r,l,r",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
-
-
-@dsl_user_op
-def acquire(counter: cute.Pointer, *, loc=None, ip=None) -> None:
-    """This thread's gpu-scope acquire of ``counter`` (the value lane 0's add made the last one): what every
-    contributor released before its add is visible to this thread's later loads."""
-    llvm.inline_asm(
-        Int32.mlir_type,
-        [counter.llvm_ptr],
-        "ld.acquire.gpu.global.b32 $0, [$1];",
-        "=r,l",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-
-
-# The finish's warps: the dQ writer (warp 1 of the producer warpgroup) and the idle warps 2 and 3.
-FINISH_THREADS = 3 * WARP_THREADS
-# Their named barrier, after ``hopper_epilogue.EpilogueBarrier``'s (6-8; that module imports this one).
-FINISH_BARRIER = int(max(DQBarrier)) + 4
-# The request that sends the helper warps home.
-NO_BLOCK = -1
-
-
-class DQFinish(ReadOnlyInRegions):
-    """``BackwardTiles.dq_finish_in_kernel``: the dQ writer's counting and the finish it shares with warps 2 and 3
-    of the producer warpgroup (steps 5-6 of the module docstring). ``mdQ`` (Sq, D, (H, B)); ``mCounters`` (B, H,
-    query blocks) int32, zeroed with dQaccum; ``contributors(m_block)``: how many key blocks add into query block
-    ``m_block`` (``_device.query_block_contributors``); ``storage.dQ_request``: the (head, query block) the writer
-    posts to the helpers."""
-
-    def __init__(
-        self, mdQ: cute.Tensor, mCounters: cute.Tensor, softmax_scale: Float32, contributors, tile_m: int, storage
-    ):  # fmt: skip
-        self.mdQ = mdQ
-        self.mCounters = mCounters
-        self.softmax_scale = softmax_scale
-        self.contributors = contributors
-        self.tile_m = tile_m
-        self.sRequest = storage.dQ_request.get_tensor(cute.make_layout(2))
-
-    @cute.jit
-    def arrive(
-        self, mdQaccum: cute.Tensor, sdQ: cute.Tensor, columns: cutlass.Constexpr, batch: Int32, head: Int32,
-        m_block: Int32,
-    ):  # fmt: skip
-        """The writer, step 5, after its adds into query block ``m_block`` of ``head`` have completed: count this
-        key block in. Step 6, if it was the block's last: post the block to the helpers and finish it with them."""
-        lane = cute.arch.lane_idx()
-        counter = self.mCounters[batch, head, None].iterator + m_block
-        # The adds' issuer (``elect_one``: the lowest lane, 0) waited for them; the barrier orders its wait before
-        # lane 0's count even were another lane elected.
-        cute.arch.sync_warp()
-        arrived = count_arrival(counter, lane) + 1
-        if arrived == self.contributors(m_block):
-            if lane == 0:
-                self.sRequest[0] = head
-                self.sRequest[1] = m_block
-            cute.arch.barrier(barrier_id=FINISH_BARRIER, number_of_threads=FINISH_THREADS)  # posted
-            self.convert(mdQaccum, sdQ, columns, batch, head, m_block, lane)
-
-    @cute.jit
-    def done(self):
-        """The writer, after its last count: send the helpers home."""
-        if cute.arch.lane_idx() == 0:
-            self.sRequest[0] = NO_BLOCK
-        cute.arch.barrier(barrier_id=FINISH_BARRIER, number_of_threads=FINISH_THREADS)
-
-    @cute.jit
-    def help(self, mdQaccum: cute.Tensor, sdQ_storage, columns: cutlass.Constexpr, batch: Int32, thread: Int32):
-        """Warps 2 and 3 (``thread``: 32-95 of the finish's threads): finish each block the writer posts, until it
-        posts ``NO_BLOCK``."""
-        sdQ = staging_tiles(sdQ_storage, columns)
-        cute.arch.barrier(barrier_id=FINISH_BARRIER, number_of_threads=FINISH_THREADS)
-        head = self.sRequest[0]
-        while head != NO_BLOCK:
-            self.convert(mdQaccum, sdQ, columns, batch, head, self.sRequest[1], thread)
-            cute.arch.barrier(barrier_id=FINISH_BARRIER, number_of_threads=FINISH_THREADS)
-            head = self.sRequest[0]
-
-    @cute.jit
-    def convert(
-        self, mdQaccum: cute.Tensor, sdQ: cute.Tensor, columns: cutlass.Constexpr, batch: Int32, head: Int32,
-        m_block: Int32, thread: Int32,
-    ):  # fmt: skip
-        """Step 6 by the finish's 96 threads (``thread``: this one's index): acquire the block's counter, copy its two
-        finished chunks from L2 into the staging tiles ``sdQ`` (free: their bulk reads done) by ``cp.async`` (16
-        bytes a copy, none held in registers: the producer warpgroup has 24 a thread), then dQ = softmax_scale ·
-        dQaccum from there, rows past Sq dropped; returns once all 96 are done with the tiles."""
-        acquire(self.mCounters[batch, head, None].iterator + m_block)
-        copy = cute.make_copy_atom(
-            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float32, num_bits_per_copy=128
-        )
-        vectors = ROWS_PER_WARPGROUP * columns // VALUES_PER_VECTOR
-        for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
-            gChunk = as_vectors(mdQaccum[batch, head, m_block, w, None], cute.AddressSpace.gmem)  # (4, vectors)
-            sChunk = as_vectors(sdQ[None, w])  # (4, vectors)
-            for v in cutlass.range(thread, vectors, FINISH_THREADS, unroll=4):
-                cute.copy(copy, gChunk[None, v], sChunk[None, v])
-        cute.arch.cp_async_commit_group()
-        cute.arch.cp_async_wait_group(0)
-        cute.arch.barrier(barrier_id=FINISH_BARRIER, number_of_threads=FINISH_THREADS)  # every copy landed
-        for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
-            row_box, column_box = dq_box(w, self.tile_m)
-            box = m_block * (self.tile_m // ROWS_PER_WARPGROUP) + row_box
-            gdQ = cute.local_tile(self.mdQ[None, None, (head, batch)], (ROWS_PER_WARPGROUP, columns),
-                                  (box, column_box))  # fmt: skip
-            rows_left = self.mdQ.shape[0] - box * ROWS_PER_WARPGROUP
-            store_row_pieces(sdQ[None, w], gdQ, columns, thread, rows_left, self.softmax_scale, FINISH_THREADS)
-        cute.arch.barrier(barrier_id=FINISH_BARRIER, number_of_threads=FINISH_THREADS)  # the tiles read
-
-
-def staging_tiles(sdQ_storage, columns: int) -> cute.Tensor:
-    """The two fp32 staging tiles (64 · ``columns``, warpgroup), each in fragment order."""
-    return sdQ_storage.get_tensor(cute.make_layout((ROWS_PER_WARPGROUP * columns, CONSUMER_WARPGROUPS)))
-
-
-def as_vectors(chunk: cute.Tensor, memspace=None) -> cute.Tensor:
-    """A flat fp32 tile (16-byte aligned, which the DSL cannot see through a runtime index) as (4, vectors), in
-    ``memspace`` (default: the tile's own; ``cp.async`` wants dQaccum's generic pointer as a global one)."""
-    start = chunk.iterator
-    memspace = start.memspace if memspace is None else memspace
-    aligned = cute.make_ptr(Float32, start.toint(), memspace, assumed_align=VALUES_PER_VECTOR * 4)
-    return cute.make_tensor(aligned, cute.make_layout((VALUES_PER_VECTOR, cute.size(chunk) // VALUES_PER_VECTOR)))
 
 
 class DQReduce(ReadOnlyInRegions):
@@ -490,50 +319,27 @@ class DQReduce(ReadOnlyInRegions):
 @cute.jit
 def dq_writer(
     mdQaccum: cute.Tensor, sdQ_storage, columns: cutlass.Constexpr, query_blocks, group: Int32, kv_head: Int32,
-    batch: Int32, n_start: Int32, finish: DQFinish | None = None,
+    batch: Int32, n_start: Int32,
 ):  # fmt: skip
     """Step 4, one warp: per query block of every head of the group (the consumers' order), free both
-    staging tiles (their last bulk reads done), then add each, once staged, to its ``dQaccum`` chunk.
-    ``finish`` (``dq_finish_in_kernel``, steps 5-6): before freeing the tiles, count in the block whose adds
-    were committed two blocks ago (complete by then: the wait rarely waits) and, if it was that block's last
-    key block, finish its dQ through the free staging tiles; after the loop, the last two blocks."""
+    staging tiles (their last bulk reads done), then add each, once staged, to its ``dQaccum`` chunk."""
     chunk_values = ROWS_PER_WARPGROUP * columns
-    sdQ = staging_tiles(sdQ_storage, columns)
+    sdQ = sdQ_storage.get_tensor(cute.make_layout((chunk_values, CONSUMER_WARPGROUPS)))
     handshake = WARP_THREADS + THREADS_PER_WARPGROUP
     m_block_min, _, m_block_max = query_blocks(n_start)
-    # finish: the blocks whose adds were committed one and two blocks ago (-1: none yet), not yet counted.
-    last_head, last_block, older_head, older_block = Int32(0), Int32(-1), Int32(0), Int32(-1)
     for head_in_group in cutlass.range(group, unroll=1):
         head = kv_head * group + head_in_group
         for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
-            if cutlass.const_expr(finish is None):
-                for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
-                    cute.arch.cp_async_bulk_wait_group(CONSUMER_WARPGROUPS - 1 - w, read=True)
-                    cute.arch.barrier_arrive(barrier_id=int(DQBarrier.DQ_EMPTY_WG1) + w, number_of_threads=handshake)
-            else:
-                cute.arch.cp_async_bulk_wait_group(0, read=True)  # both tiles free
-                if older_block >= 0:  # its two groups complete: all but the last block's two
-                    cute.arch.cp_async_bulk_wait_group(CONSUMER_WARPGROUPS, read=False)
-                    finish.arrive(mdQaccum, sdQ, columns, batch, older_head, older_block)
-                for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
-                    cute.arch.barrier_arrive(barrier_id=int(DQBarrier.DQ_EMPTY_WG1) + w, number_of_threads=handshake)
+            for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
+                cute.arch.cp_async_bulk_wait_group(CONSUMER_WARPGROUPS - 1 - w, read=True)
+                cute.arch.barrier_arrive(barrier_id=int(DQBarrier.DQ_EMPTY_WG1) + w, number_of_threads=handshake)
             for w in cutlass.range_constexpr(CONSUMER_WARPGROUPS):
                 cute.arch.barrier(barrier_id=int(DQBarrier.DQ_FULL_WG1) + w, number_of_threads=handshake)
                 with cute.arch.elect_one():
                     gdQaccum = mdQaccum[batch, head, m_block, w, None]  # (64 · columns,)
                     reduce_add_bulk(gdQaccum.iterator, sdQ[None, w].iterator, chunk_values * Float32.width // 8)
                 cute.arch.cp_async_bulk_commit_group()
-            if cutlass.const_expr(finish is not None):
-                older_head, older_block, last_head, last_block = last_head, last_block, head, m_block
-    if cutlass.const_expr(finish is None):
-        cute.arch.cp_async_bulk_wait_group(0, read=True)
-    else:
-        cute.arch.cp_async_bulk_wait_group(0, read=False)  # every add complete, the tiles free
-        if older_block >= 0:
-            finish.arrive(mdQaccum, sdQ, columns, batch, older_head, older_block)
-        if last_block >= 0:
-            finish.arrive(mdQaccum, sdQ, columns, batch, last_head, last_block)
-        finish.done()
+    cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
 class DQPostprocessKernel:
@@ -649,39 +455,6 @@ def store_quad_rows(
                     gX.element_type, target.iterator.toint(), target.iterator.memspace, assumed_align=16
                 )
                 cute.autovec_copy(out, cute.make_tensor(aligned, target.layout))
-
-
-@cute.jit
-def store_row_pieces(
-    chunk: cute.Tensor, gX: cute.Tensor, columns: cutlass.Constexpr, thread: Int32, rows_left: Int32, scale: Float32,
-    threads: cutlass.Constexpr,
-):  # fmt: skip
-    """``store_quad_rows`` by ``threads`` threads of the producer warpgroup (24 registers a thread), from a staging
-    tile in shared memory: a row piece (8 adjacent columns of one row) at a time, pieces ``thread + threads · s``,
-    its 8 values read as the 8-byte halves of the row quad's four vectors (the other half, the row 8 below, is the
-    next piece) instead of the whole 64 bytes at once (16 values: ptxas spilled at 24 registers); rows at or past
-    ``rows_left`` are not written."""
-    vectors = columns // COLUMNS_PER_QUAD
-    quads = THREADS_PER_WARPGROUP // QUAD
-    start = chunk.iterator
-    pairs = cute.make_tensor(
-        cute.make_ptr(Float32, start.toint(), start.memspace, assumed_align=8),
-        cute.make_layout((2, 2, QUAD, quads * vectors), stride=(1, 2, VALUES_PER_VECTOR, QUAD * VALUES_PER_VECTOR)),
-    )  # (value in pair, half, lane of the quad, group)
-    for piece_index in cutlass.range(thread, quads * vectors * 2, threads, unroll=1):
-        group, half = piece_index // 2, piece_index % 2
-        vector, quad = group % vectors, group // vectors
-        row = (quad // QUADS_PER_WARP) * 16 + quad % QUADS_PER_WARP + 8 * half
-        piece = cute.make_rmem_tensor((2, QUAD), Float32)
-        cute.autovec_copy(pairs[None, half, None, vector * quads + quad], piece)
-        out = cute.make_rmem_tensor(COLUMNS_PER_QUAD, gX.element_type)
-        out.store((piece.load() * scale).to(gX.element_type))
-        if row < rows_left:
-            target = cute.local_tile(gX[row, None], (COLUMNS_PER_QUAD,), (vector,))
-            aligned = cute.make_ptr(
-                gX.element_type, target.iterator.toint(), target.iterator.memspace, assumed_align=16
-            )
-            cute.autovec_copy(out, cute.make_tensor(aligned, target.layout))
 
 
 @cute.jit
