@@ -71,9 +71,10 @@ def plan_of(problem, device) -> str:
     """Rows a tile x M tiles, warps along M x along the keys, ring stages, splits (or the packed prefill's tiles, which
     the settings here do not touch)."""
     from cute_impl import decode
+    from cute_impl._hopper_host import HopperAttentionConfig
 
     num_splits, slabs, _, config = decode.launch_plan(problem, device)
-    if decode.packed_prefill_splits(problem, device) is not None:
+    if isinstance(config, HopperAttentionConfig):
         return f"packed prefill: {decode.packed_prefill_tiles(problem)} tiles, {num_splits} key splits"
     key_warps = config.shape.num_warps // config.row_warps
     split = f"shares {num_splits}" if slabs else f"splits {num_splits}"

@@ -275,7 +275,7 @@ def rule_splits(case: DecodeCase, stack: StackModel) -> int:
     """The split count the shared rule gives this rung (``splits.planned_num_splits`` on 132 SMs)."""
     p = case.problem
     ctas_per_split = p.batch * p.kv_heads * m_blocks(case, stack)
-    return splits.choose_num_splits(ctas_per_split, p.seqlen_k, SM_COUNT, p.has_cache_seqlens and p.batch > 1, p.batch)
+    return splits.choose_num_splits(ctas_per_split, p.seqlen_k, SM_COUNT, splits.uneven_work(p), p.batch)
 
 
 def with_tile_candidate(stack: StackModel, head_dim: int) -> StackModel | None:

@@ -34,11 +34,11 @@ keeping the memory system busy, not the tensor cores:
   ``splits.UNEVEN_MIN_WAVES`` waves of tiles, as a tile's work is its sequence's length), the step copies q to its
   packed rows and runs cute/hopper's persistent kernel on them (FlashAttention-3's pack-GQA;
   ``HopperAttentionConfig.packed_group``: each row's causal diagonal is its token's), writing O and the LSE in place:
-  no split and no merge. With
-  ``PACKED_PREFILL_SPLITS`` (on), a problem whose tiles fall short of the waves (B · Hkv small, long caches: seed 139
-  row 1's 32 tiles) takes the fewest key splits that fill them inside that kernel (``HopperAttentionConfig.key_splits``,
-  FlashAttention-3's num_splits; each split several key blocks), fp32 partials merged by this rung's merge kernel
-  (``_decode_packed_splits.py``, step 5 below), so that every contiguous row of many packed rows runs there.
+  no split and no merge. With ``PACKED_PREFILL_SPLITS`` (on), a problem whose tiles fall short of the waves (B · Hkv
+  small, long caches: seed 139 row 1's 32 tiles) takes the fewest key splits that fill them inside that kernel
+  (``HopperAttentionConfig.key_splits``, FlashAttention-3's num_splits; each split several key blocks), fp32 partials
+  merged by this rung's merge kernel (``_decode_packed_splits.py``, step 5 below), so that every contiguous row of many
+  packed rows runs there.
 * **The balanced split** (``BALANCED_SPLIT``, triton/decode's switch and plan, ``_decode_plan.py``):
   in a ragged batch the padded split leaves most of a short sequence's CTAs without a key while the
   long one's few carry its keys. Balanced, the grid is target_shares + B·Hkv CTAs per M tile (the shape
@@ -963,8 +963,9 @@ def packed_prefill_key_blocks(problem: Problem) -> int:
 def packed_prefill_splits(problem: Problem, device: torch.device | None = None) -> int | None:
     """Whether ``PACKED_PREFILL_MIN_ROWS`` runs ``problem`` on cute/hopper's kernel (module constants) on ``device`` (a
     CUDA device of sm_90, or the CPU, whose compile is for sm_90a; None: the CPU), and with how many key splits: None
-    where it does not run (fewer packed rows, a paged cache, a head dim or dtype cute/hopper does not take, or no
-    split count whose tiles fill the grid's waves); 1 where its tiles fill ``PACKED_PREFILL_MIN_WAVE_SHARE`` of the
+    where it does not run (fewer packed rows, a paged cache, a head dim or dtype cute/hopper does not take, uneven work
+    below ``PACKED_PREFILL_UNEVEN_MIN_ROWS`` rows, or no split count whose tiles fill the grid's waves, and for uneven
+    work ``splits.UNEVEN_MIN_WAVES`` waves); 1 where its tiles fill ``PACKED_PREFILL_MIN_WAVE_SHARE`` of the
     grid's waves; with ``PACKED_PREFILL_SPLITS`` else the fewest splits whose tiles do, each keeping
     ``PACKED_PREFILL_MIN_SPLIT_BLOCKS`` key blocks of the padded Sk, at most ``PACKED_PREFILL_MAX_SPLITS``."""
     rows = problem.kv_group * problem.seqlen_q
@@ -975,7 +976,7 @@ def packed_prefill_splits(problem: Problem, device: torch.device | None = None) 
     device = device or torch.device("cpu")
     if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] != 9:
         return None
-    uneven = problem.has_cache_seqlens and problem.batch > 1
+    uneven = splits.uneven_work(problem)
     if uneven and rows < PACKED_PREFILL_UNEVEN_MIN_ROWS:
         return None
     most = 1

@@ -167,6 +167,11 @@ def wave_efficiency(ctas: int, sm_count: int) -> float:
     return ctas / (waves * sm_count)
 
 
+def uneven_work(problem: Problem) -> bool:
+    """Whether ``problem``'s CTAs carry uneven work (module docstring): cache lengths over more than one sequence."""
+    return problem.has_cache_seqlens and problem.batch > 1
+
+
 def uneven_fewest_splits(ctas_per_split: int, batch: int, most: int, sm_count: int) -> int:
     """The fewest splits of uneven work (module docstring): :data:`UNEVEN_MIN_WAVES` waves of CTAs, and
     one sequence's splits alone filling a wave up to :data:`UNEVEN_MAX_WAVES` waves; at most ``most``."""
@@ -266,7 +271,7 @@ def planned_num_splits(
     M tiles: B · Hkv · m_blocks CTAs per split, the padded Sk, ``device``'s SMs; uneven work where
     several sequences have their own lengths; ``policy`` as the module docstring says."""
     ctas_per_split = problem.batch * problem.kv_heads * m_blocks
-    uneven = problem.has_cache_seqlens and problem.batch > 1
+    uneven = uneven_work(problem)
     sms = sm_count(device)
     one_wave_ragged = SHORT_ONE_SPLIT_SKIPS_RAGGED_WAVE and uneven and ctas_per_split <= sms * policy.ctas_per_sm
     short = problem.seqlen_k <= SHORT_CACHE_KEYS and ctas_per_split >= sms
@@ -366,7 +371,7 @@ def balanced_split_applies(switch: str, problem: Problem, rule_splits: Callable[
         if rule_splits is None:
             raise ValueError(f"BALANCED_SPLIT {switch!r} needs the rung's split rule (rule_splits)")
         count = rule_splits()
-        ragged_split = problem.has_cache_seqlens and problem.batch > 1 and count > 1
+        ragged_split = uneven_work(problem) and count > 1
         return ragged_split or (switch == "ragged-split-long" and count > LONG_CHAIN_SPLITS)
     return switch == "always" or (switch == "ragged" and problem.has_cache_seqlens)
 
