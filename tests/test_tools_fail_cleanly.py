@@ -115,6 +115,81 @@ def test_a_cut_gpu_run_settles_only_what_its_log_finished(tmp_path: Path):
     }
 
 
+# A part's log with two failures: one out of memory beside other workers, one a wrong answer.
+PART_LOG = """\
+[gw0] [ 33%] PASSED tests/test_a.py::test_x[d128]
+[gw1] [ 66%] FAILED tests/test_paged_kv.py::test_gpu_paged[page64-d128]
+[gw2] [100%] FAILED tests/test_rungs_gpu.py::test_gpu_matches_reference[cute/fp8-sq1000-sk77]
+=================================== FAILURES ===================================
+_ test_gpu_paged[page64-d128] _
+    def test_gpu_paged(case):
+_ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _
+E       torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1024.00 MiB.
+______ test_gpu_matches_reference[cute/fp8-sq1000-sk77] _______
+E       AssertionError: cute/fp8 WRONG (rel_l2 4.674e-01 > ...)
+=========================== short test summary info ============================
+FAILED tests/test_paged_kv.py::test_gpu_paged[page64-d128] - torch.OutOfMemoryError: CUDA out of memory
+"""
+OUT_OF_MEMORY_TEST = "tests/test_paged_kv.py::test_gpu_paged[page64-d128]"
+WRONG_TEST = "tests/test_rungs_gpu.py::test_gpu_matches_reference[cute/fp8-sq1000-sk77]"
+
+
+def test_only_failures_out_of_memory_are_run_again(tmp_path: Path):
+    """Of a part's failures, only the one whose report names an out-of-memory error is run again alone. Planted: every
+    failure run again would give the wrong answer a second chance (a race's wrong answer may not come twice)."""
+    from common.tools import gpu_tests
+
+    log = tmp_path / "gpu-tests-1.log"
+    log.write_text(PART_LOG)
+    assert gpu_tests.failed_tests(log) == [OUT_OF_MEMORY_TEST, WRONG_TEST]
+    assert gpu_tests.out_of_memory_failures(log) == [OUT_OF_MEMORY_TEST]
+    planted = gpu_tests.failed_tests(log)  # every failure taken as out of memory
+    assert WRONG_TEST in planted and planted != gpu_tests.out_of_memory_failures(log)
+
+
+@pytest.mark.parametrize(
+    ("wrong_answer", "alone", "status"),
+    [(False, "PASSED", 0), (False, "FAILED", 1), (True, "PASSED", 1)],
+    ids=["memory-only-passes-alone", "memory-only-fails-alone", "with-a-wrong-answer"],
+)
+def test_a_part_passes_only_when_its_memory_failures_pass_alone(
+    tmp_path: Path, monkeypatch, wrong_answer: bool, alone: str, status: int
+):
+    """The rerun's status decides only where every other test passed; its outcome is the test's last line in the log.
+    Planted: the rerun's status returned whatever else failed passes the part with a wrong answer in it."""
+    from common.tools import gpu_tests
+
+    text = PART_LOG if wrong_answer else PART_LOG.replace("FAILED tests/test_rungs_gpu", "PASSED tests/test_rungs_gpu")
+    log = tmp_path / "gpu-tests-1.log"
+    log.write_text(text)
+    reruns, statuses = [], []
+
+    def fake_run_part(test_ids, workers, to, mode="w"):
+        reruns.append((list(test_ids), workers, mode))
+        with to.open(mode) as sink:
+            sink.write(f"[gw0] [100%] {alone} {OUT_OF_MEMORY_TEST} \n")
+        statuses.append(0 if alone == "PASSED" else 1)
+        return statuses[-1]
+
+    monkeypatch.setattr(gpu_tests, "run_part", fake_run_part)
+    assert gpu_tests.rerun_out_of_memory(1, log) == status
+    assert reruns == [([OUT_OF_MEMORY_TEST], 1, "a")]
+    assert log.read_text().startswith(text), "the rerun must append to the part's log"
+    assert (OUT_OF_MEMORY_TEST in gpu_tests.failed_tests(log)) == (alone == "FAILED")
+    assert "run again alone: " in log.read_text().splitlines()[-1]
+    if wrong_answer:  # the rerun itself passed: a rule returning its status would pass the part
+        assert statuses == [0]
+
+
+def test_a_part_that_passed_runs_nothing_again(tmp_path: Path, monkeypatch):
+    from common.tools import gpu_tests
+
+    log = tmp_path / "gpu-tests-1.log"
+    log.write_text(PART_LOG)
+    monkeypatch.setattr(gpu_tests, "run_part", lambda *args, **kwargs: pytest.fail("nothing to run again"))
+    assert gpu_tests.rerun_out_of_memory(0, log) == 0
+
+
 def test_gpu_tests_names_a_done_log_that_is_not_there(tmp_path: Path, capsys):
     from common.tools import gpu_tests
 
