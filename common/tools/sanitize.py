@@ -36,6 +36,9 @@ SMALL_PROBLEMS = (
     Problem(2, 40, 200, 200, 64, dtype=torch.bfloat16, causal=False),
     # The same with causal tiles of unequal length, dealt forwards then backwards (D=128 is persistent).
     Problem(2, 40, 200, 200, 128, dtype=torch.bfloat16, causal=True),
+    # Sq >> Sk causal at D=128 in fp16 (8 query tiles of one key block): cute/fp8 answered it wrong once in the H100's
+    # suite (2026-12-05, tests/test_cute_fp8_repeat.py), with a kernel that had passed it on the H200.
+    Problem(2, 3, 1000, 77, 128, dtype=torch.float16, causal=True),
     # A decode step (the decode rungs take only this one): 3 tokens, GQA, bottom-right, keys enough for
     # the split rule to take 8 splits and so run the merge kernel.
     Problem(2, 8, 3, 4096, 128, dtype=torch.bfloat16, causal=True, kv_heads=2, causal_alignment="bottom_right"),
