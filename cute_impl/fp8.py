@@ -313,6 +313,16 @@ def quantises_q_in_kernel(problem: Problem, quantisation: Quantisation) -> bool:
     )
 
 
+def query_knobs(in_kernel: bool) -> dict[str, Any]:
+    """The fields of ``fp8_config`` that follow from whether the kernel quantises Q (``quantises_q_in_kernel``): the
+    module's knobs for Q's quantisation where it does, none of them where it does not."""
+    return {
+        "quantise_q": in_kernel,
+        "lean_quantise_q": in_kernel and LEAN_Q_QUANTISATION,
+        "q_quotient_corrections": Q_QUOTIENT_CORRECTIONS if in_kernel else ROTATED_CORRECTIONS,
+    }
+
+
 def launch(
     q: torch.Tensor, k: torch.Tensor, problem: Problem, quantisation: Quantisation = DEFAULT_QUANTISATION, *,
     cache_seqlens: torch.Tensor | None = None, after_quantiser: bool = False,
@@ -323,10 +333,7 @@ def launch(
     launched right after the quantiser (end to end), so ``PROGRAMMATIC_LAUNCH`` applies."""
     in_kernel = quantises_q_in_kernel(problem, quantisation)
     pdl = after_quantiser and PROGRAMMATIC_LAUNCH
-    config = fp8_config(problem, quantisation, quantise_q=in_kernel, pdl=pdl,
-                        lean_quantise_q=in_kernel and LEAN_Q_QUANTISATION,
-                        q_quotient_corrections=Q_QUOTIENT_CORRECTIONS if in_kernel else ROTATED_CORRECTIONS,
-                        )  # fmt: skip
+    config = fp8_config(problem, quantisation, pdl=pdl, **query_knobs(in_kernel))
     quantiser_config = fp8_quantiser.default_config(problem.head_dim, quantisation, query=not in_kernel)
     fused = FusedQuantiser(q.shape, k.shape, q.dtype, q.device, quantisation, VALUE_LAYOUT, query=not in_kernel,
                            config=dataclasses.replace(quantiser_config, launch_dependents=pdl))  # fmt: skip
@@ -360,7 +367,11 @@ bind, prepare, prepare_end_to_end, emulate = ENTRY.bind, ENTRY.prepare, ENTRY.pr
 def compile_sm90(
     problem: Problem, quantisation: Quantisation = DEFAULT_QUANTISATION, **knobs: Any
 ) -> list[KernelBinary]:
-    return KERNELS.binaries(fp8_config(problem, quantisation, **knobs), "cute_fp8_attention")
+    """The kernel ``launch`` compiles for ``problem`` (Q quantised in it where ``quantises_q_in_kernel``), for sm_90a;
+    ``knobs`` replace fields of that configuration (``quantise_q`` brings its own Q knobs)."""
+    in_kernel = knobs.get("quantise_q", quantises_q_in_kernel(problem, quantisation))
+    config = fp8_config(problem, quantisation, **{**query_knobs(in_kernel), **knobs})
+    return KERNELS.binaries(config, "cute_fp8_attention")
 
 
 def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
