@@ -2,15 +2,17 @@
 # Issue #37: is cute/fp8's one wrong answer in the H100's suite (2026-12-05: B=2 H=3 Sq=1000 Sk=77 D=128 fp16 causal,
 # rel_l2 0.467 against its emulation's 0.019; results/h100/gpu-suite-2026-12-05/) a race? Its SASS is the build that
 # passed the case in every earlier suite on the H200, and its inputs are seeded, so only a kernel whose output varies
-# from launch to launch gives it now and then. One device call (about 5 minutes; carry [".gpu/cutlass-dsl.tar.xz",
-# ".gpu/activate.sh", ".gpu/fa4"]):
+# from launch to launch, or state an earlier test left in the worker, gives it now and then. One device call (about 8
+# minutes; carry [".gpu/cutlass-dsl.tar.xz", ".gpu/activate.sh", ".gpu/fa4"]):
+#   0. the 62 tests the failing worker (gw5 of call 2's part 1) ran, in its order, in one process, ending with the case:
+#      a failure here and not in step 1 points at state an earlier test left (a cached kernel, a patched module);
 #   1. tests/test_cute_fp8_repeat.py alone: 200 launches a case, kernel only and end to end, each bit-equal to the
 #      first, the first within FP8_RULE; then the suite's case itself;
 #   2. eight copies of step 1's file at once (the GPU loaded as in the suite, where the answer went wrong);
 #   3. compute-sanitizer racecheck and synccheck on cute/fp8 (common.tools.sanitize: its small problems hold the case).
 # A race shows as a launch that differs (steps 1-2) or a hazard (step 3); none of them in all three is evidence against
 # a race at this launch count, not proof. Run from the project root: `bash bench/cute_fp8_race_check.sh`. Outputs in
-# $OUT: gpu.log, alone.log, loaded-N.log, sanitizer.md.
+# $OUT: gpu.log, replay.log, alone.log, loaded-N.log, sanitizer.md.
 set -uo pipefail
 # shellcheck source=bench/_gpu_run.sh
 source "$(dirname "$0")/_gpu_run.sh" cute_fp8_race_check.sh runs/cute_fp8_race_check
@@ -18,6 +20,20 @@ source_carried_activations
 export PYTHONPATH="${PYTHONPATH:-$PWD}"
 nvidia-smi --query-gpu=name,memory.total --format=csv >> "$OUT/gpu.log" 2>&1
 status=0
+python3 - > "$OUT/replay-ids.txt" <<'PY'
+from pathlib import Path
+from common.tools.gpu_tests import OUTCOME
+log = Path("results/h100/gpu-suite-2026-12-05/call2-gpu-tests-1.log").read_text().splitlines()
+for line in log:
+    match = OUTCOME.search(line) if line.startswith("[gw5]") else None
+    if match:
+        print(match.group(2))
+        if match.group(1) == "FAILED":
+            break
+PY
+mapfile -t replay < "$OUT/replay-ids.txt"
+timeout 240 python3 -m pytest -v -m gpu -p no:cacheprovider "${replay[@]}" > "$OUT/replay.log" 2>&1 || status=1
+echo "replay of ${#replay[@]} tests: $(tail -n 1 "$OUT/replay.log")"
 timeout 150 python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_cute_fp8_repeat.py \
   "tests/test_rungs_gpu.py::test_gpu_matches_reference[cute/fp8-sq1000-sk77-d128-fp16-causal]" \
   > "$OUT/alone.log" 2>&1 || status=1
