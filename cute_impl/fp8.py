@@ -295,11 +295,17 @@ def sign_matrix_transposed(
 ) -> torch.Tensor:
     """The ±1 signs of ``random_hadamard(head_dim, seed)`` transposed, (D, D) in ``dtype``: the K-major B
     operand of the in-kernel rotation (the quantiser's sign matrix; its magnitude is the kernel's constant).
-    ``paired`` (``lean_quantise_q``): its output columns in ``paired_columns``' order, for the stmatrix store."""
-    matrix = torch.sign(random_hadamard(head_dim, seed, device)).T
+    ``paired`` (``lean_quantise_q``): its output columns in ``paired_columns``' order, for the stmatrix store.
+
+    Built on the host and copied by ``lasting``'s own stream, which waits for no stream of the caller: a matrix
+    computed on the caller's stream and read there raced with that stream (on a busy GPU the copy read the
+    allocation before the signs were written, and the process kept that matrix: one wrong answer in the H100's
+    suite, 2026-12-05, ``tests/test_lasting_buffers.py``)."""
+    matrix = torch.sign(random_hadamard(head_dim, seed)).T
     if paired:
-        matrix = matrix[torch.tensor(paired_columns(head_dim), device=device)]
-    return lasting(lambda: matrix.to(dtype).contiguous(), device)
+        matrix = matrix[torch.tensor(paired_columns(head_dim))]
+    host = matrix.to(dtype).contiguous()
+    return lasting(lambda: host.to(device), device)
 
 
 def quantises_q_in_kernel(problem: Problem, quantisation: Quantisation) -> bool:

@@ -309,12 +309,14 @@ def _rotation_operand_tensor(
 ) -> tuple[torch.Tensor, float]:
     """What ``_rotation_operand`` reads for random_hadamard(head_dim, seed): (sign matrix in
     ``dot_dtype``, c) for the tensor cores, (first row, unused 1.0) for the butterflies. Built once per
-    key, like the matrix itself (the host reads c once, here)."""
-    matrix = random_hadamard(head_dim, seed, device)
+    key, like the matrix itself (c read here, from the host's matrix). Built on the host and copied by ``lasting``'s
+    stream, which waits for no stream of the caller (``tests/test_lasting_buffers.py``)."""
+    matrix = random_hadamard(head_dim, seed)
     if method == "tensor_core":
-        magnitude = matrix[0, 0].abs().item()
-        return lasting(lambda: torch.sign(matrix).to(dot_dtype).contiguous(), device), magnitude
-    return lasting(lambda: matrix[0].contiguous(), device), 1.0
+        signs = torch.sign(matrix).to(dot_dtype).contiguous()
+        return lasting(lambda: signs.to(device), device), matrix[0, 0].abs().item()
+    first_row = matrix[0].contiguous()
+    return lasting(lambda: first_row.to(device), device), 1.0
 
 
 def _check_quantisation(
