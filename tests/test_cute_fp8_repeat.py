@@ -3,11 +3,14 @@
 Why: in the whole GPU suite on an H100 (2026-12-05, two parts of eight workers sharing the GPU,
 ``results/h100/gpu-suite-2026-12-05/``) cute/fp8 gave a wrong answer once at B=2 H=3 Sq=1000 Sk=77 D=128 fp16 causal
 (rel_l2 0.467 against its emulation's 0.019), a case whose inputs are seeded and which had passed in every earlier
-suite on the H200. The kernel that ran is the one those suites ran (its SASS SHA-256 equal to the build of 2abce4f,
-whose suite passed it), so a wrong answer that comes only sometimes points at a race. A kernel without one writes the
-same bits on every launch: these tests launch it many times, alone and end to end (the quantiser first), and name
-the first launch whose output differs from the first's. ``bench/cute_fp8_race_check.sh`` runs them alone, then
-eight copies at once (a loaded GPU, as in the suite), then compute-sanitizer's racecheck and synccheck.
+suite on the H200, with the same kernel (its SASS SHA-256 equal to the build of 2abce4f, whose suite passed it).
+The cause found in the source: the rotation's sign matrix, cached for the process, was computed on the caller's
+stream and copied on ``lasting``'s, which waits for none of the caller's, so on a busy GPU the copy could read the
+allocation before the signs were written (fixed; ``tests/test_lasting_buffers.py`` checks the rule and the race).
+These tests check the kernel itself for the other cause a seeded wrong answer can have, a race inside it: a kernel
+without one writes the same bits on every launch. They launch it many times, alone and end to end (the quantiser
+first), and name the first launch whose output differs from the first's. ``bench/cute_fp8_race_check.sh`` runs them
+alone and eight copies at once (a loaded GPU, as in the suite), with compute-sanitizer's racecheck and synccheck.
 """
 
 from __future__ import annotations
