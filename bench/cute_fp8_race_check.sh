@@ -35,7 +35,8 @@ PY
 mapfile -t replay < "$OUT/replay-ids.txt"
 timeout 240 python3 -m pytest -v -m gpu -p no:cacheprovider "${replay[@]}" > "$OUT/replay.log" 2>&1 || status=1
 echo "replay of ${#replay[@]} tests: $(tail -n 1 "$OUT/replay.log")"
-timeout 150 python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_lasting_buffers.py tests/test_cute_fp8_repeat.py \
+timeout 150 python3 -m pytest -v -m gpu -p no:cacheprovider \
+  tests/test_lasting_buffers.py tests/test_cute_fp8_repeat.py \
   "tests/test_rungs_gpu.py::test_gpu_matches_reference[cute/fp8-sq1000-sk77-d128-fp16-causal]" \
   > "$OUT/alone.log" 2>&1 || status=1
 tail -2 "$OUT/alone.log"
