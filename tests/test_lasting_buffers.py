@@ -82,13 +82,18 @@ def cached_tensors_built_in_place(source: str) -> list[str]:
     return found
 
 
-def test_every_cached_device_tensor_is_built_through_lasting():
-    offenders = [
-        f"{path.relative_to(ROOT)}::{name}"
+def offenders_in_the_sources(rule: Callable[[str], list[str]]) -> list[str]:
+    """``file::finding`` for each finding of ``rule`` (a source text's findings) in SOURCE_DIRS' Python files."""
+    return [
+        f"{path.relative_to(ROOT)}::{finding}"
         for folder in SOURCE_DIRS
         for path in sorted((ROOT / folder).rglob("*.py"))
-        for name in cached_tensors_built_in_place(path.read_text())
+        for finding in rule(path.read_text())
     ]
+
+
+def test_every_cached_device_tensor_is_built_through_lasting():
+    offenders = offenders_in_the_sources(cached_tensors_built_in_place)
     assert not offenders, f"cached tensors built on the caller's thread (use devices.lasting): {offenders}"
 
 
@@ -139,12 +144,7 @@ def device_work_outside_the_factory(source: str) -> list[str]:
 
 
 def test_no_device_work_outside_a_lasting_factory():
-    offenders = [
-        f"{path.relative_to(ROOT)}::{line}"
-        for folder in SOURCE_DIRS
-        for path in sorted((ROOT / folder).rglob("*.py"))
-        for line in device_work_outside_the_factory(path.read_text())
-    ]
+    offenders = offenders_in_the_sources(device_work_outside_the_factory)
     assert not offenders, f"device work on the caller's stream that a lasting factory may read early: {offenders}"
 
 
