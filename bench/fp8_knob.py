@@ -69,7 +69,7 @@ class Fp8KnobAB:
         return [key for key in checked if not torch.equal(run_poisoned(runs[key]), reference)]
 
     def case_rows(self, causal: bool, inputs, args: argparse.Namespace) -> list[dict]:
-        problem = Problem.canonical(args.seqlen, heads=args.heads, causal=causal)
+        problem = fp8_q_in_kernel.problem_of(args, causal)
         runs = self.runs(problem, inputs)
         differing = self.differing(runs)
         for name, kind in differing:

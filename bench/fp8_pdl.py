@@ -44,7 +44,7 @@ def _runs(problem: Problem, inputs) -> dict:
 
 
 def case_rows(causal: bool, inputs, args: argparse.Namespace) -> list[dict]:
-    problem = Problem.canonical(args.seqlen, heads=args.heads, causal=causal)
+    problem = fp8_q_in_kernel.problem_of(args, causal)
     runs = _runs(problem, inputs)
     same = torch.equal(runs["e2e off"]().clone(), runs["e2e on"]())
     samples: dict[str, list[float]] = {name: [] for name in runs}

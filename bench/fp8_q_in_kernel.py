@@ -1,5 +1,6 @@
 """cute/fp8 with Q quantised in its kernel (``cute_impl.fp8.QUANTISE_Q_IN_KERNEL``) against the default (the fused
-quantiser writes Q too), issue #37: at P1 (B=2 H=16 S=8192 D=128 bf16, FA3 inputs), non-causal and causal, in one
+quantiser writes Q too), issue #37: at P1 (B=2 H=16 S=8192 D=128 bf16, FA3 inputs; ``--head-dim 64 --batch 4``: the
+issue's D=64 shape, B=4 H=32, with the knob at D=64, which the default leaves off), non-causal and causal, in one
 process, ``--rounds`` interleaved rounds (medians; every timing ``common.measure.timing.time_cuda``: L2 flushed,
 median): cute/hopper (bf16, the issue's denominator), then per setting (``SETTINGS``: off, on, on with the
 rotation ahead, on with ping-pong) cute/fp8 kernel only, end to end (quantiser + kernel per call) and the fused
@@ -40,16 +41,19 @@ SETTINGS: dict[str, tuple[bool, dict]] = {
 
 
 def _runs(problem: Problem, inputs, cute_fp8, in_kernel: bool, knobs: dict) -> dict:
-    """kernel / e2e / quantiser runs of cute/fp8 with the knob set to ``in_kernel`` and ``knobs`` added to its
-    configuration (both read when each launch is built)."""
-    default_config = cute_fp8.fp8_config
+    """kernel / e2e / quantiser runs of cute/fp8 with the knob set to ``in_kernel`` (at the problem's head dim, which
+    ``QUANTISE_Q_HEAD_DIMS`` may not hold: D=64's is timed here) and ``knobs`` added to its configuration (all read
+    when each launch is built)."""
+    default_config, head_dims = cute_fp8.fp8_config, cute_fp8.QUANTISE_Q_HEAD_DIMS
     cute_fp8.QUANTISE_Q_IN_KERNEL = in_kernel
+    cute_fp8.QUANTISE_Q_HEAD_DIMS = (problem.head_dim,)
     cute_fp8.fp8_config = functools.partial(default_config, **knobs)
     try:
         kernel = cute_fp8.prepare(*inputs, problem)
         end_to_end = cute_fp8.prepare_end_to_end(*inputs, problem)
     finally:
         cute_fp8.QUANTISE_Q_IN_KERNEL = False
+        cute_fp8.QUANTISE_Q_HEAD_DIMS = head_dims
         cute_fp8.fp8_config = default_config
     # The kernel-only launch's own quantiser (Q, K, V; K and V only with the knob), timed alone: once per knob
     # value (the other knobs leave it as it is).
@@ -63,7 +67,7 @@ def case_rows(causal: bool, inputs, args: argparse.Namespace) -> list[dict]:
     from cute_impl import fp8 as cute_fp8
     from cute_impl import hopper
 
-    problem = Problem.canonical(args.seqlen, heads=args.heads, causal=causal)
+    problem = problem_of(args, causal)
     bf16 = hopper.prepare(*inputs, problem)
     runs = {name: _runs(problem, inputs, cute_fp8, on, knobs) for name, (on, knobs) in SETTINGS.items()}
     reference = runs["off"]["kernel"]().clone()
@@ -94,11 +98,18 @@ def arguments(doc: str = __doc__, out: str = "runs/fp8_q_in_kernel") -> argparse
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(out))
     parser.add_argument("--seqlen", type=int, default=8192)
-    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--head-dim", type=int, choices=(64, 128), default=128)
+    parser.add_argument("--batch", type=int, help="default: the canonical B·S = 16384")
+    parser.add_argument("--heads", type=int, help="default: the canonical H·D = 2048")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup-ms", type=float, default=25)
     parser.add_argument("--rep-ms", type=float, default=150)
     return parser.parse_args()
+
+
+def problem_of(args: argparse.Namespace, causal: bool = False) -> Problem:
+    """The command line's problem: P1 by default, D=64's issue shape with ``--head-dim 64 --batch 4``."""
+    return Problem.canonical(args.seqlen, head_dim=args.head_dim, batch=args.batch, heads=args.heads, causal=causal)
 
 
 def both_masks(
@@ -106,7 +117,7 @@ def both_masks(
 ) -> list[dict]:
     """``case_rows`` causal (the issue's target, should the device call's time run out), then non-causal, on one
     draw of the FA3 inputs (at P1 it takes seconds on the host)."""
-    inputs = contract.fa3_inputs(Problem.canonical(args.seqlen, heads=args.heads), seed=0, device="cuda")
+    inputs = contract.fa3_inputs(problem_of(args), seed=0, device="cuda")
     return case_rows(True, inputs, args) + case_rows(False, inputs, args)
 
 
@@ -133,7 +144,8 @@ def main() -> None:
     args = arguments()
     require_gpu("bench.fp8_q_in_kernel")
     rows = both_masks(args, case_rows)
-    lines = [f"# cute/fp8, Q quantised in the kernel, {torch.cuda.get_device_name()} (P1, {args.rounds} rounds)", "",
+    lines = [f"# cute/fp8, Q quantised in the kernel, {torch.cuda.get_device_name()} ({problem_of(args).describe()}, "
+             f"{args.rounds} rounds)", "",
              "| causal | rung | Q in kernel | what | µs | TFLOP/s | ÷ cute/hopper | spread µs | O = knob off |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in rows:

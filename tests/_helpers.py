@@ -176,12 +176,14 @@ def feature_problem(
     )  # fmt: skip
 
 
-def fa3_case(dims: tuple[int, int, int, int, int], mask: str, seed: int) -> tuple[Problem, tuple[torch.Tensor, ...]]:
-    """The FP8 rungs' GPU case: a bf16 D=128 problem of ``dims`` (batch, heads, kv_heads, Sq, Sk) under the
+def fa3_case(
+    dims: tuple[int, int, int, int, int], mask: str, seed: int, head_dim: int = 128
+) -> tuple[Problem, tuple[torch.Tensor, ...]]:
+    """The FP8 rungs' GPU case: a bf16 problem of ``dims`` (batch, heads, kv_heads, Sq, Sk) at ``head_dim`` under the
     ``MASKS[mask]`` alignment, and FA3's inputs for it drawn with ``seed``."""
     batch, heads, kv_heads, seqlen_q, seqlen_k = dims
     problem = feature_problem(
-        (seqlen_q, seqlen_k), 128, kv_heads, mask, cache_lengths=False, return_lse=False, batch=batch, heads=heads
+        (seqlen_q, seqlen_k), head_dim, kv_heads, mask, cache_lengths=False, return_lse=False, batch=batch, heads=heads
     )
     return problem, fa3_inputs(problem, seed=seed, device="cuda")
 

@@ -471,8 +471,23 @@ Q_IN_KERNEL_SHAPES = {
 def test_gpu_cute_fp8_q_in_kernel_meets_the_rule(shape: str, mask: str, monkeypatch: pytest.MonkeyPatch):
     """Kernel only (poisoned outputs) by FP8_RULE, and end to end (the K/V-only quantiser, then the kernel
     reading bf16 Q) equal to kernel only."""
+    _check_q_in_kernel(shape, mask, 128, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUTLASS, reason="needs nvidia-cutlass-dsl")
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("shape", list(Q_IN_KERNEL_SHAPES))
+def test_gpu_cute_fp8_q_in_kernel_at_d64_meets_the_rule(shape: str, mask: str, monkeypatch: pytest.MonkeyPatch):
+    """The same at D=64 (three consumer warpgroups, each quantising its own 64-row box), which the default leaves to
+    the quantiser (``QUANTISE_Q_HEAD_DIMS``) until its A/B (``bench/fp8_q_in_kernel_ab.sh``)."""
+    monkeypatch.setattr(_module("cute_impl.fp8"), "QUANTISE_Q_HEAD_DIMS", (64, 128))
+    _check_q_in_kernel(shape, mask, 64, monkeypatch)
+
+
+def _check_q_in_kernel(shape: str, mask: str, head_dim: int, monkeypatch: pytest.MonkeyPatch) -> None:
     fp8 = _module("cute_impl.fp8")
-    problem, (q, k, v) = fa3_case(Q_IN_KERNEL_SHAPES[shape], mask, seed=3)
+    problem, (q, k, v) = fa3_case(Q_IN_KERNEL_SHAPES[shape], mask, seed=3, head_dim=head_dim)
     monkeypatch.setattr(fp8, "QUANTISE_Q_IN_KERNEL", True)
     result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
     assert result.ok, f"{problem.describe()}: {result.summary()}"
