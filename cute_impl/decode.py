@@ -935,10 +935,7 @@ def packed_prefill_config(problem: Problem, key_splits: bool = False) -> HopperA
     """cute/hopper's configuration for ``problem``'s packed rows (Hkv heads of group · Sq rows, so no GQA in the
     kernel): its default for ``problem``, with the consumer warpgroups that pad the rows least (two, 128-row tiles;
     three at D=64 where 192-row tiles pad no more); ``key_splits``: the keys split (:func:`packed_prefill_splits`)."""
-    rows = problem.kv_group * problem.seqlen_q
-    warpgroups = 2
-    if problem.head_dim == 64 and -(-rows // 192) * 192 <= -(-rows // 128) * 128:
-        warpgroups = 3
+    warpgroups = splits.packed_prefill_warpgroups(problem)
     config = default_config(problem)
     return replace(
         config, gqa=False, packed_group=problem.kv_group, consumer_warpgroups=warpgroups, key_splits=key_splits
@@ -946,9 +943,9 @@ def packed_prefill_config(problem: Problem, key_splits: bool = False) -> HopperA
 
 
 def packed_prefill_tiles(problem: Problem) -> int:
-    """The packed prefill's tiles: each (batch, KV head)'s group · Sq rows in tiles of its configuration's rows."""
-    tile_m = WARPGROUP_ROWS * packed_prefill_config(problem).consumer_warpgroups
-    return problem.batch * problem.kv_heads * -(-problem.kv_group * problem.seqlen_q // tile_m)
+    """The packed prefill's tiles: each (batch, KV head)'s group · Sq rows in tiles of its configuration's rows
+    (``splits.packed_prefill_tiles``, the rule both decode rungs share)."""
+    return splits.packed_prefill_tiles(problem)
 
 
 def packed_prefill_key_blocks(problem: Problem) -> int:
@@ -967,29 +964,22 @@ def packed_prefill_splits(problem: Problem, device: torch.device | None = None) 
     below ``PACKED_PREFILL_UNEVEN_MIN_ROWS`` rows, or no split count whose tiles fill the grid's waves, and for uneven
     work ``splits.UNEVEN_MIN_WAVES`` waves); 1 where its tiles fill ``PACKED_PREFILL_MIN_WAVE_SHARE`` of the
     grid's waves; with ``PACKED_PREFILL_SPLITS`` else the fewest splits whose tiles do, each keeping
-    ``PACKED_PREFILL_MIN_SPLIT_BLOCKS`` key blocks of the padded Sk, at most ``PACKED_PREFILL_MAX_SPLITS``."""
-    rows = problem.kv_group * problem.seqlen_q
-    if PACKED_PREFILL_MIN_ROWS is None or rows < PACKED_PREFILL_MIN_ROWS or problem.paged:
+    ``PACKED_PREFILL_MIN_SPLIT_BLOCKS`` key blocks of the padded Sk, at most ``PACKED_PREFILL_MAX_SPLITS``. The rule
+    past this rung's own checks is ``splits.packed_prefill_splits``, which gluon/decode asks too."""
+    if PACKED_PREFILL_MIN_ROWS is None:
         return None
     if problem.head_dim not in hopper_rung.HEAD_DIMS or problem.dtype not in hopper_rung.DTYPES:
         return None
     device = device or torch.device("cpu")
     if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] != 9:
         return None
-    uneven = splits.uneven_work(problem)
-    if uneven and rows < PACKED_PREFILL_UNEVEN_MIN_ROWS:
-        return None
     most = 1
     if PACKED_PREFILL_SPLITS:
         most = min(PACKED_PREFILL_MAX_SPLITS, packed_prefill_key_blocks(problem) // PACKED_PREFILL_MIN_SPLIT_BLOCKS)
-    tiles, sms = packed_prefill_tiles(problem), splits.sm_count(device)
-    least_tiles = splits.UNEVEN_MIN_WAVES * sms if uneven else 0
-    fills = (
-        n
-        for n in range(1, max(most, 1) + 1)
-        if tiles * n >= least_tiles and splits.wave_efficiency(tiles * n, sms) >= PACKED_PREFILL_MIN_WAVE_SHARE
+    policy = splits.PackedPrefillPolicy(
+        PACKED_PREFILL_MIN_ROWS, PACKED_PREFILL_UNEVEN_MIN_ROWS, PACKED_PREFILL_MIN_WAVE_SHARE
     )
-    return next(fills, None)
+    return splits.packed_prefill_splits(problem, device, policy, most)
 
 
 def packed_prefill_launch(

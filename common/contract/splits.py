@@ -131,6 +131,18 @@ and 62 -> 80 %; seed 73's 80.9 -> 69.8 / 90.6 -> 73.9), a one-wave and a many-wa
 ring takes two stages there ({128: 2}: 70 KB, three CTAs an SM at 16 rows where three stages hold two): seed 131's
 B=32 Hkv=4 paged(32) ragged row, 392 CTAs on 264 slots, 93.3 -> 84.5 µs (66 -> 73 %), 0.95-0.99x on three more
 (``results/h200/decode-seed131-rings/``); gluon/decode has no D=128 entry (untimed).
+
+**The packed prefill** (issue #38's compute-bound class: cute/decode's ``PACKED_PREFILL_MIN_ROWS``, on; gluon/decode's,
+off and untimed): a contiguous cache of many packed rows a KV head (group · Sq, head-major) runs on the rung's prefill
+kernel (cute/hopper, gluon/hopper) with q packed as (B, Hkv, group · Sq, D), each row's causal diagonal its token's.
+The rule both rungs ask is :func:`packed_prefill_splits` under a :class:`PackedPrefillPolicy` of the rung's module
+constants: at least ``min_rows`` packed rows, uneven work (:func:`uneven_work`) only from ``uneven_min_rows`` rows and
+:data:`UNEVEN_MIN_WAVES` waves of tiles (a tile's work is its sequence's length, unknown to the plan: a freed SM must
+find the next tile), and the fewest key splits (up to ``most``; 1 for a rung that cannot split the keys) whose tiles
+fill ``min_wave_share`` of the grid's waves. Tiles are :data:`WARPGROUP_ROWS` rows a consumer warpgroup, two or three
+warpgroups, whichever pads the rows least (:func:`packed_prefill_warpgroups`). The rung checks its own head dims,
+dtypes and device first. H100 (cute/decode, 2026-12-05, results/h100/decode-packed-prefill-2026-12-05/): seed 233 row
+5, 256 rows, 860.3 -> 561.7 µs (54 -> 83 % of the read bandwidth).
 """
 
 from __future__ import annotations
@@ -469,3 +481,62 @@ def resolve_num_splits(
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     return num_splits
+
+
+# The query rows of one consumer warpgroup of the prefill kernels (one m64 wgmma), the packed prefill's tile unit.
+WARPGROUP_ROWS = 64
+
+
+@dataclass(frozen=True)
+class PackedPrefillPolicy:
+    """A rung's packed-prefill constants (module docstring, "The packed prefill"): ``min_rows`` packed rows at least
+    (None: off), ``uneven_min_rows`` for uneven work, ``min_wave_share`` the least busy fraction of the grid's waves."""
+
+    min_rows: int | None
+    uneven_min_rows: int
+    min_wave_share: float
+
+
+def packed_rows(problem: Problem) -> int:
+    """The packed rows of one (batch, KV head): its group's query heads times Sq."""
+    return problem.kv_group * problem.seqlen_q
+
+
+def packed_prefill_warpgroups(problem: Problem) -> int:
+    """The packed prefill's consumer warpgroups a tile, those that pad ``problem``'s packed rows least: two (128-row
+    tiles), three at D=64 (the prefill kernels' three-warpgroup head dim) where 192-row tiles pad no more."""
+    rows = packed_rows(problem)
+    if problem.head_dim == 64 and -(-rows // (3 * WARPGROUP_ROWS)) * 3 <= -(-rows // (2 * WARPGROUP_ROWS)) * 2:
+        return 3
+    return 2
+
+
+def packed_prefill_tiles(problem: Problem) -> int:
+    """The packed prefill's tiles: each (batch, KV head)'s packed rows in tiles of :func:`packed_prefill_warpgroups`."""
+    tile_m = WARPGROUP_ROWS * packed_prefill_warpgroups(problem)
+    return problem.batch * problem.kv_heads * -(-packed_rows(problem) // tile_m)
+
+
+def packed_prefill_splits(
+    problem: Problem, device: torch.device, policy: PackedPrefillPolicy, most: int = 1
+) -> int | None:  # fmt: skip
+    """Whether ``policy`` runs ``problem`` on the packed prefill on ``device`` (module docstring, "The packed
+    prefill"; the rung has checked its head dim, dtype and device), and with how many key splits: None where it does
+    not (off, fewer packed rows than ``min_rows``, a paged cache, uneven work below ``uneven_min_rows`` rows or
+    :data:`UNEVEN_MIN_WAVES` waves of tiles, no count up to ``most`` whose tiles fill ``min_wave_share`` of the
+    waves), else the fewest such count. E.g. on 132 SMs at 128 rows: seed 233 row 5 (B=4 Hkv=32, 256 rows: 256 tiles,
+    97 % of two waves) 1; B=1 of it (64 tiles, half a wave) None unsplit."""
+    rows = packed_rows(problem)
+    if policy.min_rows is None or rows < policy.min_rows or problem.paged:
+        return None
+    uneven = uneven_work(problem)
+    if uneven and rows < policy.uneven_min_rows:
+        return None
+    tiles, sms = packed_prefill_tiles(problem), sm_count(device)
+    least_tiles = UNEVEN_MIN_WAVES * sms if uneven else 0
+    fills = (
+        n
+        for n in range(1, max(most, 1) + 1)
+        if tiles * n >= least_tiles and wave_efficiency(tiles * n, sms) >= policy.min_wave_share
+    )
+    return next(fills, None)

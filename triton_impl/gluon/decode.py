@@ -30,6 +30,17 @@ a KV head; the balanced split's too at D=128, ``BALANCED_TWO_CONSUMERS``) gives 
 partitions: a load warp filling one ring, two consumer warpgroups each with its own 64 rows, Q tile and register
 budget, so that one's softmax runs under the other's wgmmas and each K/V block is copied once for both
 (``consumers_for``; ``_split_kernel``'s ``CONSUMERS``).
+``PACKED_PREFILL_MIN_ROWS`` (None: off, untimed; cute/decode's route at 128) takes that class further, off the split
+kernels: at 128+ packed rows a KV head a step is a prefill of group · Sq rows against the cache (256 rows ask 256 FLOPs
+a K/V byte, past the read bandwidth's roofline), so a contiguous cache whose 128-row tiles (192 at D=64 where they pad
+no more) fill the grid's waves runs gluon/hopper's warp-specialised forward on q packed as (B, Hkv, group · Sq, D),
+copied at every call (:class:`PackedPrefill`); O and the LSE, contiguous, are that packing already and are written in
+place: no split, no merge. Its kernel's ``PACKED_GROUP`` takes each row's causal diagonal and the bottom-right offset
+(Sk - Sq, per sequence with ``cache_seqlens``) from its token, row % Sq. The rule is cute/decode's
+(``splits.packed_prefill_splits``: uneven cache lengths only from 256 rows and ``splits.UNEVEN_MIN_WAVES`` waves of
+tiles, since a tile runs its sequence's length). Limits: no key splits (gluon/hopper's kernel has none; a grid short of
+the waves, few (batch, KV head) items on a long cache, stays on the split kernels), no paged cache, D 64 and 128 only,
+and a copy of q (group · Sq · D elements a KV head) before each launch. bench/gluon_packed_prefill_ab.sh times it.
 
 What Gluon makes explicit (what Triton decides in triton/decode / what this file writes):
   * Copies: the pipeliner turns the K and V loads into ``cp.async``, 16 bytes per thread and
@@ -95,7 +106,8 @@ Why these choices:
     the megabytes of K and V a split reads.
 
 Algorithm (grid = (num_splits, m_blocks, B · Hkv); one CTA of one warpgroup per split of one M tile; under
-``TWO_CONSUMERS`` the M extent is halved and steps 4 to 7 run in each consumer on its tile):
+``TWO_CONSUMERS`` the M extent is halved and steps 4 to 7 run in each consumer on its tile; the packed prefill runs
+gluon/hopper's algorithm instead, on grid (packed tiles, B · Hkv)):
   1. ``seqlen_info``: the sequence's own length and causal offset; the keys any row sees end at
      ``key_end``; ``split_key_range`` cuts this split's [key_begin, key_end) out of them, of which
      blocks [0, n_unmasked) are seen by every row and [n_unmasked, n_blocks) are masked.
@@ -133,7 +145,7 @@ Measured figures go to ``docs/perf-log.md`` and ``compare.py --decode``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -161,6 +173,7 @@ from triton_impl._host import (
     split_workspace,
 )
 from triton_impl.gluon import _decode_balanced
+from triton_impl.gluon import hopper as gluon_hopper
 from triton_impl.gluon._decode_balanced import (
     _store_balanced,
     arrival_counter_count,
@@ -198,6 +211,7 @@ from triton_impl.gluon._host import (
     GLUON_DTYPES,
     LOAD_WARPS,
     WARPGROUP_THREADS,
+    GluonConfig,
     compile_gluon_sm90,
     descriptor,
     descriptor_type,
@@ -347,6 +361,18 @@ BALANCED_TWO_CONSUMERS: tuple[int, ...] = (128,)
 # registers a thread at launch (the file over the CTA's three warpgroups: 168).
 TWO_CONSUMER_REGISTERS = (65536 - PAGED_LOAD_REGISTERS.value * WARPGROUP_THREADS) // (2 * WARPGROUP_THREADS) // 8 * 8
 TWO_CONSUMER_MAXNREG = 65536 // (3 * WARPGROUP_THREADS) // 8 * 8
+# Issue #38's compute-bound class on gluon/hopper's kernel (cute/decode's PACKED_PREFILL_MIN_ROWS, FlashAttention-3's
+# pack-GQA): a contiguous cache of at least this many packed rows (group · Sq) a KV head runs gluon/hopper's
+# warp-specialised forward on q packed as (B, Hkv, group · Sq, D) (``attention_kernel``'s PACKED_GROUP: each row's
+# causal diagonal is its token's), 128-row tiles (192 at D=64 where they pad no more) over all of a sequence's keys, no
+# split and no merge, where those tiles fill PACKED_PREFILL_MIN_WAVE_SHARE of the grid's waves, uneven work only from
+# PACKED_PREFILL_UNEVEN_MIN_ROWS rows and ``splits.UNEVEN_MIN_WAVES`` waves of tiles: cute/decode's rule and constants
+# (``splits.packed_prefill_splits``). No key splits: a grid short of the waves stays on the split kernels. cute/decode
+# measured the route at 233/5 860.3 -> 561.7 us (H100, 2026-12-05); here TWO_CONSUMERS runs that row at 656.0 us
+# (H200). None: off, untimed (bench/gluon_packed_prefill_ab.sh times None against 128).
+PACKED_PREFILL_MIN_ROWS: int | None = None
+PACKED_PREFILL_UNEVEN_MIN_ROWS = 256
+PACKED_PREFILL_MIN_WAVE_SHARE = 0.9
 
 
 def packed_occupancy(problem: Problem) -> bool:
@@ -1182,6 +1208,33 @@ def planned_num_splits(problem: Problem, device: torch.device) -> int:
     return rule_splits(problem, device, consumers_for(problem, device))
 
 
+def packed_prefill(problem: Problem, device: torch.device | None = None) -> bool:
+    """Whether ``PACKED_PREFILL_MIN_ROWS`` runs ``problem`` on gluon/hopper's kernel on ``device`` (None: the CPU, whose
+    compile is for sm_90a, at the rule's default SM count): a head dim and dtype gluon/hopper takes, then the rule
+    cute/decode shares (``splits.packed_prefill_splits`` on this module's constants) with one split, the only count
+    gluon/hopper's kernel runs."""
+    if PACKED_PREFILL_MIN_ROWS is None:
+        return False
+    if problem.head_dim not in gluon_hopper.DEFAULT_CONFIGS or problem.dtype not in gluon_hopper.DTYPES:
+        return False
+    policy = splits.PackedPrefillPolicy(
+        PACKED_PREFILL_MIN_ROWS, PACKED_PREFILL_UNEVEN_MIN_ROWS, PACKED_PREFILL_MIN_WAVE_SHARE
+    )
+    return splits.packed_prefill_splits(problem, device or torch.device("cpu"), policy) == 1
+
+
+def packed_prefill_config(problem: Problem) -> GluonConfig:
+    """gluon/hopper's configuration for ``problem``'s packed rows: its default at this head dim with the consumer
+    warpgroups that pad the rows least (``splits.packed_prefill_warpgroups``: two, 128-row tiles; three at D=64 where
+    192-row tiles pad no more)."""
+    return replace(gluon_hopper.DEFAULT_CONFIGS[problem.head_dim], consumers=splits.packed_prefill_warpgroups(problem))
+
+
+def packed_prefill_tiles(problem: Problem) -> int:
+    """The packed prefill's CTAs: each (batch, KV head)'s packed rows in tiles of ``packed_prefill_config``'s rows."""
+    return splits.packed_prefill_tiles(problem)
+
+
 def balanced_spills(head_dim: int) -> bool:
     """Whether the balanced kernel spills at ``head_dim`` under this Triton release (``BALANCED_SPILLS``)."""
     return head_dim in BALANCED_SPILLS.get(triton_release(), ())
@@ -1375,13 +1428,16 @@ def kv_descriptor(
 
 def seqlen_k_decisions(
     problem: Problem, device: torch.device, num_splits: int | None = None, consumers: int | None = None
-) -> tuple[bool, DecodeConfig, int]:
+) -> tuple[bool, DecodeConfig | GluonConfig, int]:
     """What a bind of ``problem`` on ``device`` decides from Sk: the balanced split or not, the ring
     (``SHORT_CACHE_TILE``, ``balanced_config``, ``two_consumer_config`` where ``consumers_for`` gives two: its one CTA
     an SM tells it from the one-consumer rings) and the split count (the balanced split's target shares;
     ``num_splits`` forces it). Every other decision of :class:`GluonDecodePlan` follows from these and the rest
     of the problem (:meth:`GluonDecodePlan.grown`). ``consumers``: ``consumers_for``'s answer where the caller
-    has it."""
+    has it. The packed prefill (``packed_prefill``; not with a forced split count): gluon/hopper's configuration, one
+    split (its route reads the padded Sk nowhere, so a longer cache keeps it)."""
+    if num_splits is None and packed_prefill(problem, device):
+        return False, packed_prefill_config(problem), 1
     consumers = consumers or consumers_for(problem, device)
     if balanced_split(problem, device):
         config = two_consumer_config(problem) if consumers == 2 else balanced_config(problem, device)
@@ -1399,11 +1455,21 @@ class GluonDecodePlan:
     count (the balanced split's shares), the grid, the ring's configuration and constexprs, the kernel's
     size arguments and the K/V descriptors' box rows. ``common.attention`` keeps one per plan (the registry's
     ``make_binder``), so a plan hit only allocates, builds the two descriptors and launches.
-    ``num_splits`` overrides the rule."""
+    ``num_splits`` overrides the rule. ``packed_prefill``: the plan is ``PACKED_PREFILL_MIN_ROWS``' launch on
+    gluon/hopper's kernel (``packed_config``, its consumers; :class:`PackedPrefill`), and nothing else of it is set
+    but the decisions, the sizes and the one split."""
 
     def __init__(self, problem: Problem, device: torch.device, num_splits: int | None = None):
         self.problem = problem
-        self.items, self.consumers = problem.batch * problem.kv_heads, consumers_for(problem, device)
+        self.items = problem.batch * problem.kv_heads
+        self.packed_prefill = num_splits is None and packed_prefill(problem, device)
+        if self.packed_prefill:
+            self.decisions = seqlen_k_decisions(problem, device)
+            self.balanced, self.packed_config, self.num_splits = self.decisions
+            self.consumers, self.items_in_flight = self.packed_config.consumers, False
+            self.sizes = size_arguments(problem)
+            return
+        self.consumers = consumers_for(problem, device)
         decisions = seqlen_k_decisions(problem, device, num_splits, self.consumers)
         self.decisions = self.balanced, config, num_splits = decisions
         m_blocks = grid_m_blocks(problem, self.consumers)
@@ -1469,6 +1535,11 @@ class GluonDecode:
         block_table: torch.Tensor | None = None, plan: GluonDecodePlan | None = None,
     ):  # fmt: skip
         plan = plan or GluonDecodePlan(problem, q.device, num_splits)
+        self.packed = None
+        if plan.packed_prefill:
+            self.packed = PackedPrefill(q, k, v, plan.problem, plan.packed_config, cache_seqlens)
+            self.balanced, self.num_splits = False, 1
+            return
         self.balanced, self.split_grid, self.num_splits = plan.balanced, plan.split_grid, plan.num_splits
         self.split_options, self.fused_merge = plan.split_options, plan.fused_merge
         out_partial, lse_partial = plan.workspace(q.device)
@@ -1497,12 +1568,44 @@ class GluonDecode:
             )  # fmt: skip
 
     def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if self.packed is not None:
+            return self.packed()
         if self.items_args is not None:
             _items_kernel[self.items_grid](*self.items_args, **self.items_options)
             return rung_result(self.out, self.lse)
         _split_kernel[self.split_grid](*self.split_args, **self.split_options)
         if self._merge is not None:
             self._merge()
+        return rung_result(self.out, self.lse)
+
+
+class PackedPrefill:
+    """The packed prefill's prepared launch (``PACKED_PREFILL_MIN_ROWS``): at every call q (B, H, Sq, D) is copied to
+    its packed rows (B, Hkv, group · Sq, D), row (head in group) · Sq + token (so a later write into q is seen), and
+    gluon/hopper's kernel runs on them (``GluonAttention`` with ``packed_group``: each row's diagonal its token's). Its
+    O and LSE, (B, Hkv, group · Sq, ...) contiguous, are O (B, H, Sq, D) and the LSE (B, H, Sq) as views."""
+
+    def __init__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, config: GluonConfig,
+        cache_seqlens: torch.Tensor | None,
+    ):  # fmt: skip
+        batch, heads, seqlen_q, head_dim = q.shape
+        kv_heads, group = problem.kv_heads, problem.kv_group
+        self.packed_q = q.new_empty((batch, kv_heads, group * seqlen_q, head_dim))
+        self.by_kv_head = q.unflatten(1, (kv_heads, group))  # (B, Hkv, group, Sq, D): a view
+        self.attention = gluon_hopper.GluonAttention(
+            self.packed_q, k, v, problem, config, cache_seqlens, packed_group=group
+        )
+        self.out = self.attention.out.view(batch, heads, seqlen_q, head_dim)
+        self.lse = self.attention.lse.view(batch, heads, seqlen_q) if problem.return_lse else None
+
+    def pack_q(self) -> None:
+        """q's rows into ``packed_q``: (B, Hkv, group, Sq, D) is its (B, Hkv, group · Sq, D), head-major."""
+        self.packed_q.view(self.by_kv_head.shape).copy_(self.by_kv_head)
+
+    def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        self.pack_q()
+        self.attention()
         return rung_result(self.out, self.lse)
 
 
@@ -1612,6 +1715,8 @@ def compile_sm90(problem: Problem) -> list[KernelBinary]:
     ``problem`` is prefill-sized; no GPU needed). The two-launch path's merge is triton/decode's kernel
     and is compiled, and its resources listed, under that rung."""
     problem = triton_decode.decode_shape(problem)
+    if packed_prefill(problem):  # PACKED_PREFILL_MIN_ROWS: gluon/hopper's kernel on the packed rows
+        return gluon_hopper.compile_sm90(problem, packed_prefill_config(problem), problem.kv_group)
     element = "*fp16" if problem.dtype == torch.float16 else "*bf16"
     if items_in_flight(problem):
         return [compile_items_sm90(problem, element)]

@@ -77,6 +77,17 @@ masks block 0: the pipeline needs one block, and the mask makes it O = 0, lse = 
 features are constexprs (``GQA``, ``BOTTOM_RIGHT``, ``HAS_CACHE_SEQLENS``), so with them off the
 kernel is the plain one: the KV head is the head, the causal offset a constant 0, Sk the argument.
 
+Packed rows (``PACKED_GROUP`` > 1; gluon/decode's ``PACKED_PREFILL_MIN_ROWS``, off and untimed; cute/hopper's
+``packed_group``): a decode step of many query rows a KV head runs here with Q, O and the LSE as (B, Hkv, group
+· Sq, ...), row (head in group) · Sq + token (FlashAttention-3's pack-GQA, head-major), so one CTA's K/V blocks
+serve the whole group and the step is a prefill's, compute-bound, not a split decode kernel's. The kernel sees
+Hkv heads of group · Sq rows and no GQA; what changes is where a row's token comes from: the tokens are seqlen_q
+// PACKED_GROUP, the bottom-right offset is Sk - Sq (per sequence with ``CacheSeqlens``), the causal mask takes
+each row's diagonal at its token, row % Sq, and a tile may hold every token, so its block range
+(``packed_block_range``) loads up to the last token's diagonal and leaves unmasked only the blocks token 0 sees
+in full. fp16/bf16 only (gluon/fp8 never sets it); with it 1 the build is the unpacked one, instruction for
+instruction.
+
 Data movement: HBM → SMEM by ``cp.async.bulk.tensor`` on 4-D descriptors over (B, H, S, D) with a
 (1, 1, rows, D) box, so each (batch, head) has its own bounds (a ragged tail reads zeros and the O
 store clips rows past Sq); SMEM → tensor cores by ``wgmma.mma_async``; O registers → SMEM → HBM by
@@ -177,6 +188,24 @@ class ConsumerConstants(NamedTuple):
     Q_QUANT_BLOCK: int
     KV_QUANT_BLOCK: int
     ROW_TREE: bool
+    PACKED_GROUP: int  # gluon/decode's packed rows (``attention_kernel``'s PACKED_GROUP); 1: rows are tokens
+
+
+@gluon.jit
+def packed_block_range(
+    tokens, seqlen_k, causal_offset, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr
+):  # fmt: skip
+    """``block_range`` of a tile of packed rows (``PACKED_GROUP``; cute's ``BlockRange.create_exact`` with
+    ``packed_seqlen_q``): rows (head in group) · Sq + token, so a tile may hold every token of the ``tokens`` (Sq).
+    Its blocks seen in full by every row are token 0's, the blocks it loads end at token Sq - 1's diagonal: two
+    one-row ranges of ``block_range``, ``(n_block_min, n_block_max, n_masked_blocks)`` as there."""
+    _, first_token_max, first_token_masked = block_range(
+        0, seqlen_k, causal_offset, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, BLOCK_M=1, BLOCK_N=BLOCK_N
+    )
+    _, n_block_max, _ = block_range(
+        tokens - 1, seqlen_k, causal_offset, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, BLOCK_M=1, BLOCK_N=BLOCK_N
+    )
+    return 0, n_block_max, n_block_max - (first_token_max - first_token_masked)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -250,7 +279,7 @@ def _pipelined_step(carry, n_block, step_args, constants: gl.constexpr, MASKED: 
     carried ``alpha`` already includes s_v(n-2) / s_v(n-1) (``fp8.rescale_factor``), so one FFMA per
     element, acc · alpha + P V, both rescales O and adds the block: multiplying the product by its
     scale and O by alpha separately took a second pass over O's 64 registers per block."""
-    smem, barriers, turn, offs_m, seqlen, softmax_scale_log2, fp8_scales = step_args
+    smem, barriers, turn, mask_rows, seqlen, softmax_scale_log2, fp8_scales = step_args
     seqlen_k, causal_offset = seqlen
     p_layout: gl.constexpr = constants.p_layout
     NUM_STAGES: gl.constexpr = constants.NUM_STAGES
@@ -287,7 +316,7 @@ def _pipelined_step(carry, n_block, step_args, constants: gl.constexpr, MASKED: 
     S = warpgroup_mma_wait(0 if FP8_MASKED else 1, deps=[s_token])
     if MASKED:
         S = attention_mask(
-            S * softmax_scale_log2, offs_m, n_block * BLOCK_N, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL
+            S * softmax_scale_log2, mask_rows, n_block * BLOCK_N, seqlen_k, causal_offset, CAUSAL=constants.CAUSAL
         )
     P_f32, alpha_n, row_max, row_sum = online_softmax_update(
         S, row_max, row_sum, softmax_scale_log2, S_SCALED=MASKED, MASKED=MASKED,
@@ -351,19 +380,29 @@ def _softmax_partition(
     PINGPONG: gl.constexpr = constants.PINGPONG
     FP8: gl.constexpr = constants.FP8
     KV_QUANT_BLOCK: gl.constexpr = constants.KV_QUANT_BLOCK
+    PACKED_GROUP: gl.constexpr = constants.PACKED_GROUP
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
     # This warpgroup's unmasked blocks; it visits the CTA's n_block_max blocks, as the load warp
     # loads them (blocks past its own causal range are masked out in full).
-    _, n_block_max_own, n_masked_blocks = block_range(
-        start_m,
-        seqlen_k,
-        causal_offset,
-        CAUSAL=CAUSAL,
-        BOTTOM_RIGHT=constants.BOTTOM_RIGHT,
-        BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N,
-    )
+    if PACKED_GROUP > 1:
+        # Packed rows: the causal diagonal of row r is its token's, r % Sq (seqlen_q counts the packed rows).
+        tokens = seqlen_q // PACKED_GROUP
+        mask_rows = offs_m % tokens
+        _, n_block_max_own, n_masked_blocks = packed_block_range(
+            tokens, seqlen_k, causal_offset, CAUSAL=CAUSAL, BOTTOM_RIGHT=constants.BOTTOM_RIGHT, BLOCK_N=BLOCK_N
+        )
+    else:
+        mask_rows = offs_m
+        _, n_block_max_own, n_masked_blocks = block_range(
+            start_m,
+            seqlen_k,
+            causal_offset,
+            CAUSAL=CAUSAL,
+            BOTTOM_RIGHT=constants.BOTTOM_RIGHT,
+            BLOCK_M=BLOCK_M,
+            BLOCK_N=BLOCK_N,
+        )
     n_unmasked = n_block_max_own - n_masked_blocks
     if HANDS_FIRST_TURN:
         _pass_turn(turn, PINGPONG)
@@ -394,7 +433,7 @@ def _softmax_partition(
     _pass_turn(turn, PINGPONG)
     S = warpgroup_mma_wait(0, deps=[s_token])
     mbarrier.arrive(k_empty.index(0), count=1)
-    S = attention_mask(S * first_scale_log2, offs_m, 0, seqlen_k, causal_offset, CAUSAL=CAUSAL)
+    S = attention_mask(S * first_scale_log2, mask_rows, 0, seqlen_k, causal_offset, CAUSAL=CAUSAL)
     P_f32, alpha, row_max, row_sum = online_softmax_update(
         S, row_max, row_sum, first_scale_log2, S_SCALED=True, MASKED=True,
         P_EXPONENT=constants.P_EXPONENT, ROW_TREE=constants.ROW_TREE,
@@ -405,7 +444,7 @@ def _softmax_partition(
     # Blocks every row sees in full, then the causal diagonal and the ragged last block. What every
     # step shares is bound once: the tensors in a tuple, the layouts and flags in ``constants``.
     carry = (acc, P, alpha, row_max, row_sum)
-    step_args = (smem, barriers, turn, offs_m, seqlen, softmax_scale_log2, fp8_scales)
+    step_args = (smem, barriers, turn, mask_rows, seqlen, softmax_scale_log2, fp8_scales)
     for n_block in range(1, n_unmasked):
         carry = _pipelined_step(carry, n_block, step_args, constants, MASKED=False)
     FP8_FULL: gl.constexpr = FP8 and not CAUSAL
@@ -516,11 +555,16 @@ def attention_kernel(
     KV_QUANT_BLOCK: gl.constexpr,
     ROW_TREE: gl.constexpr,
     num_warps: gl.constexpr,
+    PACKED_GROUP: gl.constexpr = 1,
 ):
     """fp16/bf16, or (FP8) e4m3 Q, K and Vᵀ with fp32 scales per (batch, head, quantisation block)
     (Q_SCALE etc., None for fp16/bf16; K's and V's per KV head) and O in bf16. K and V have
     ``kv_heads`` heads (``GQA`` when fewer than ``heads``); ``CacheSeqlens`` is the (B,) int32 key
-    lengths (``HAS_CACHE_SEQLENS``, else None); ``LSE`` the (B, H, Sq) fp32 output."""
+    lengths (``HAS_CACHE_SEQLENS``, else None); ``LSE`` the (B, H, Sq) fp32 output.
+    ``PACKED_GROUP`` > 1 (gluon/decode's packed rows, fp16/bf16 only): Q, O and LSE are (B, Hkv, group · Sq, ...)
+    with ``heads`` = ``kv_heads`` and ``seqlen_q`` = group · Sq rows, row (head in group) · Sq + token; the tokens
+    are ``seqlen_q // PACKED_GROUP``, each row's causal diagonal is its token's and the bottom-right offset is
+    Sk - Sq, as in the unpacked problem."""
     # Each consumer warpgroup (num_warps = 4) owns WG_M = 64 query rows: one m64 wgmma per GEMM.
     WG_M: gl.constexpr = desc_q.block_type.shape[2]
     BLOCK_M: gl.constexpr = NUM_CONSUMERS * WG_M
@@ -544,13 +588,20 @@ def attention_kernel(
     head = batch_head % heads
     kv_head = kv_head_index(head, heads, kv_heads) if GQA else head
     kv_batch_head = batch * kv_heads + kv_head if GQA else batch_head
+    # Packed rows: the sequence's tokens (not its rows) set the bottom-right offset, and a tile may hold every token.
+    tokens = seqlen_q // PACKED_GROUP if PACKED_GROUP > 1 else seqlen_q
     seqlen_k, causal_offset = seqlen_info(
-        CacheSeqlens, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, BOTTOM_RIGHT=BOTTOM_RIGHT
+        CacheSeqlens, batch, tokens, seqlen_k, HAS_CACHE_SEQLENS=HAS_CACHE_SEQLENS, BOTTOM_RIGHT=BOTTOM_RIGHT
     )
     start_m = m_block * BLOCK_M
-    _, n_block_max, _ = block_range(
-        start_m, seqlen_k, causal_offset, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N
-    )
+    if PACKED_GROUP > 1:
+        _, n_block_max, _ = packed_block_range(
+            tokens, seqlen_k, causal_offset, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, BLOCK_N=BLOCK_N
+        )
+    else:
+        _, n_block_max, _ = block_range(
+            start_m, seqlen_k, causal_offset, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N
+        )
     if BOTTOM_RIGHT or HAS_CACHE_SEQLENS:
         # Rows that see no key still take block 0 (loaded, then masked in full): the consumers'
         # pipeline starts with it, and the mask makes their O 0 and their lse -inf.
@@ -620,6 +671,7 @@ def attention_kernel(
         Q_QUANT_BLOCK=Q_QUANT_BLOCK,
         KV_QUANT_BLOCK=KV_QUANT_BLOCK,
         ROW_TREE=ROW_TREE,
+        PACKED_GROUP=PACKED_GROUP,
     )
     # The first partition runs in the kernel's own warps; the others are workers with their warp
     # counts and register budgets.
@@ -662,11 +714,15 @@ class GluonAttention:
     (O, lse) when the problem returns the LSE (the kernel writes lse either way).
 
     k and v are (B, Hkv, Sk, D): their descriptors cover the KV heads only, and the kernel's TMA
-    coordinates name the KV head. ``cache_seqlens`` is read by the kernel at every launch."""
+    coordinates name the KV head. ``cache_seqlens`` is read by the kernel at every launch.
+    ``packed_group`` > 1 (gluon/decode's packed rows): q is ``problem``'s rows packed as (B, Hkv, group · Sq, D), so
+    O and the LSE are (B, Hkv, group · Sq, ...) too, and the kernel takes them for Hkv heads of their own (no GQA)
+    whose tokens are the rows // group (``PACKED_GROUP``); the features (causal alignment, cache lengths) are
+    ``problem``'s."""
 
     def __init__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, config: GluonConfig,
-        cache_seqlens: torch.Tensor | None = None,
+        cache_seqlens: torch.Tensor | None = None, packed_group: int = 1,
     ):  # fmt: skip
         batch, heads, seqlen_q, _ = q.shape
         dtype = GLUON_DTYPES[q.dtype]
@@ -688,6 +744,8 @@ class GluonAttention:
             *FP16_SCALES,
         )
         self._options = launch_options(config, problem)
+        if packed_group > 1:
+            self._options.update(GQA=False, PACKED_GROUP=packed_group)
         self._grid = (triton.cdiv(seqlen_q, config.block_m), batch * heads)
 
     def __call__(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -723,6 +781,7 @@ def supports(problem: Problem, device: torch.device) -> tuple[bool, str]:
 def compile_kernel_sm90(signature: dict[str, str], constexprs: dict[str, object], config: GluonConfig) -> KernelBinary:
     """``attention_kernel`` for sm_90a without a GPU (gluon/hopper's and gluon/fp8's signatures)."""
     options = {"num_warps": config.num_warps, "maxnreg": config.maxnreg}
+    constexprs = {"PACKED_GROUP": 1, **constexprs}  # the unpacked kernel unless told (gluon/decode's packed rows)
     return compile_gluon_sm90(attention_kernel, signature, constexprs, options, aligned=("LSE",))
 
 
@@ -742,8 +801,9 @@ def kernel_signature(problem: Problem, operand_types: dict[str, str], scale_type
     }
 
 
-def compile_sm90(problem: Problem, config: GluonConfig | None = None) -> list[KernelBinary]:
-    """The kernel for sm_90a at the default configuration of this head dim (no GPU needed)."""
+def compile_sm90(problem: Problem, config: GluonConfig | None = None, packed_group: int = 1) -> list[KernelBinary]:
+    """The kernel for sm_90a at the default configuration of this head dim (no GPU needed); ``packed_group`` > 1:
+    gluon/decode's packed rows of ``problem`` (as ``GluonAttention`` launches them: no GQA, ``PACKED_GROUP``)."""
     config = config or DEFAULT_CONFIGS[problem.head_dim]
     q_type = descriptor_type(problem.dtype, CONSUMER_ROWS, problem.head_dim)
     kv_type = descriptor_type(problem.dtype, config.block_n, problem.head_dim)
@@ -754,7 +814,10 @@ def compile_sm90(problem: Problem, config: GluonConfig | None = None) -> list[Ke
         **feature_arguments(problem)[1],
         **launch_constexprs(config, problem),
         "num_warps": config.num_warps,
+        "PACKED_GROUP": packed_group,
     }
+    if packed_group > 1:
+        constexprs["GQA"] = False
     return [compile_kernel_sm90(signature, constexprs, config)]
 
 
