@@ -89,14 +89,19 @@ def switched(switches: dict[str, dict[str, int]]) -> Iterator[None]:
 def plan_of(rung: str, problem, lengths: tuple[int, ...] | None, device) -> tuple:
     """What the rung launches under its current constants: ("padded", splits), ("balanced", target shares,
     each sequence's item shares by ``splits.balanced_item_shares``; a full cache, ``lengths`` None, is B full
-    sequences) or, cute/decode's ``PACKED_PREFILL_MIN_ROWS``, ("packed-prefill", tiles), with its key splits
-    (``PACKED_PREFILL_SPLITS``) ("packed-prefill", tiles, splits), to tell settings of the same plan."""
+    sequences) or, cute/decode's and gluon/decode's ``PACKED_PREFILL_MIN_ROWS``, ("packed-prefill", tiles), with
+    cute's key splits (``PACKED_PREFILL_SPLITS``) ("packed-prefill", tiles, splits), to tell settings of the same
+    plan."""
     from common.contract import splits
 
     lengths = lengths or (problem.seqlen_k,) * problem.batch
 
     module = importlib.import_module(RUNG_MODULES[rung])
-    packed_splits = module.packed_prefill_splits(problem, device) if rung == "cute/decode" else None
+    packed_splits = None
+    if rung == "cute/decode":
+        packed_splits = module.packed_prefill_splits(problem, device)
+    elif rung == "gluon/decode" and module.packed_prefill(problem, device):
+        packed_splits = 1
     if packed_splits is not None:
         tiles = module.packed_prefill_tiles(problem)
         return ("packed-prefill", tiles) if packed_splits == 1 else ("packed-prefill", tiles, packed_splits)
@@ -126,7 +131,7 @@ def plan_of(rung: str, problem, lengths: tuple[int, ...] | None, device) -> tupl
 def describe_plan(plan: tuple) -> str:
     if plan[0] == "packed-prefill":
         splits = f", {plan[2]} key splits and the merge" if len(plan) > 2 else ""
-        return f"cute/hopper's kernel, {plan[1]} packed tiles{splits}"
+        return f"the stack's prefill kernel (cute/hopper, gluon/hopper), {plan[1]} packed tiles{splits}"
     if plan[0] == "padded":
         return f"{plan[1]} padded splits"
     return f"{plan[1]} target, most shares an item {max(plan[2])}"

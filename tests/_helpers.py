@@ -243,3 +243,66 @@ def knob_ab_problems(script_name: str, name: str) -> tuple[list[str], list[Probl
 
     words = knob_ab_words(script_name, name)
     return words[:4], [parse_row(text)[1].problem for text in words[4:]]
+
+
+def packed_rows_by_rule(
+    problem: Problem, lengths: tuple[int, ...], token_of_row: Callable[[torch.Tensor], torch.Tensor],
+    k: torch.Tensor, v: torch.Tensor, packed_q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+) -> None:  # fmt: skip
+    """The packed prefill's kernel replaced by its rule in float64 (cute/decode's and gluon/decode's CPU stand-in):
+    packed row r of a KV head sees key j < its sequence's length and, causal, j <= token_of_row(r) + the causal
+    offset (length - Sq bottom-right, 0 top-left); O (in ``out``'s dtype) and the LSE written into the packed outputs
+    (B, Hkv, rows, D) and (B, Hkv, rows)."""
+    rows, keys = torch.arange(packed_q.shape[2]), torch.arange(problem.seqlen_k)
+    for b, length in enumerate(lengths):
+        offset = length - problem.seqlen_q if problem.causal_alignment == "bottom_right" else 0
+        visible = keys[None, :] < length
+        if problem.causal:
+            visible = visible & (keys[None, :] <= token_of_row(rows)[:, None] + offset)
+        for kv_head in range(problem.kv_heads):
+            scores = packed_q[b, kv_head].double() @ k[b, kv_head].double().T * problem.scale
+            row_lse = torch.logsumexp(scores.masked_fill(~visible, float("-inf")), dim=-1)
+            probs = torch.exp(scores.masked_fill(~visible, float("-inf")) - row_lse.nan_to_num(neginf=0.0)[:, None])
+            out[b, kv_head] = (probs @ v[b, kv_head].double()).to(out.dtype)
+            lse[b, kv_head] = row_lse.float()
+
+
+def packed_rows_match(
+    out: torch.Tensor, lse: torch.Tensor, reference: tuple[torch.Tensor, torch.Tensor], check_lse: bool = True
+) -> bool:
+    """Whether a packed route's O (rounded once to its dtype) and, with ``check_lse``, its LSE (the same rows
+    infinite) are the float64 reference's."""
+    ref_out, ref_lse = reference
+    if not torch.allclose(out.double(), ref_out, rtol=1e-3, atol=1e-3):
+        return False
+    seen = torch.isfinite(ref_lse)
+    return not check_lse or (
+        torch.equal(seen, torch.isfinite(lse)) and torch.allclose(lse.double()[seen], ref_lse[seen], atol=1e-5)
+    )
+
+
+def _packed_step(batch: int, kv_heads: int, group: int, seqlen_q: int, seqlen_k: int, **changes: Any) -> Problem:
+    fields = {"dtype": torch.float16, "causal": True, "causal_alignment": "bottom_right", "return_lse": True}
+    return Problem(
+        batch, kv_heads * group, seqlen_q, seqlen_k, 64, kv_heads=kv_heads, has_cache_seqlens=True,
+        **{**fields, **changes},
+    )  # fmt: skip
+
+
+# The packed prefill's CPU stand-in cases (problem, lengths): both alignments and none, Sq 1 and 5, lengths below Sq
+# (rows that see no key) and of one key; fp16 D=64 with cache lengths, returning the LSE.
+PACKED_STAND_IN_CASES = {
+    "bottom-right-ragged": (_packed_step(3, 2, 8, 5, 40), (40, 3, 17)),
+    "top-left": (_packed_step(2, 2, 16, 5, 33, causal_alignment="top_left"), (33, 9)),
+    "non-causal": (_packed_step(2, 1, 8, 4, 30, causal=False), (30, 1)),
+    "one-token": (_packed_step(2, 2, 16, 1, 20), (20, 0)),
+}
+
+
+def packed_stand_in_matches(stand_in: Callable[..., tuple], case: str) -> bool:
+    """Whether ``stand_in`` (a stack's packed route with its kernel replaced by :func:`packed_rows_by_rule`, called as
+    ``stand_in(problem, lengths, token_of_row)``) gives case ``case`` of ``PACKED_STAND_IN_CASES``'s O and LSE with each
+    row's token its row % Sq."""
+    problem, lengths = PACKED_STAND_IN_CASES[case]
+    (out, lse), reference = stand_in(problem, lengths, lambda rows: rows % problem.seqlen_q)
+    return packed_rows_match(out, lse, reference)

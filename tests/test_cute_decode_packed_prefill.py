@@ -31,7 +31,13 @@ from common.reporting.static import cubin_resources
 from cute_impl import _host, decode
 from cute_impl._device import BlockRange, SeqlenInfo
 from cute_impl._hopper_host import HopperAttentionConfig, default_config
-from tests._helpers import knob_ab_problems
+from tests._helpers import (
+    PACKED_STAND_IN_CASES,
+    knob_ab_problems,
+    packed_rows_by_rule,
+    packed_rows_match,
+    packed_stand_in_matches,
+)
 from tests.test_cute_decode_rows import RAGGED, _problem
 from tests.test_cute_decode_wgmma import check_gpu_case
 
@@ -212,49 +218,23 @@ def _packed_kernel_stand_in(problem, lengths: tuple[int, ...], token_of_row) -> 
     launch = decode.packed_prefill_launch(q, k, v, problem, decode.packed_prefill_config(problem), cache_seqlens)
     launch.prologue()
     packed_q, out_packed, lse_packed = launch.arguments[0], launch.arguments[3], launch.arguments[4]
-    rows = torch.arange(packed_q.shape[2])
-    for b, length in enumerate(lengths):
-        offset = length - problem.seqlen_q if problem.causal_alignment == "bottom_right" else 0
-        visible = torch.arange(problem.seqlen_k)[None, :] < length
-        if problem.causal:
-            visible = visible & (torch.arange(problem.seqlen_k)[None, :] <= token_of_row(rows)[:, None] + offset)
-        for kv_head in range(problem.kv_heads):
-            scores = packed_q[b, kv_head].double() @ k[b, kv_head].double().T * problem.scale
-            lse = torch.logsumexp(scores.masked_fill(~visible, float("-inf")), dim=-1)
-            probs = torch.exp(scores.masked_fill(~visible, float("-inf")) - lse.nan_to_num(neginf=0.0)[:, None])
-            out_packed[b, kv_head] = (probs @ v[b, kv_head].double()).to(out_packed.dtype)
-            lse_packed[b, kv_head] = lse.float()
+    packed_rows_by_rule(problem, lengths, token_of_row, k, v, packed_q, out_packed, lse_packed)
     reference = reference_attention(q, k, v, problem, cache_seqlens=cache_seqlens, with_lse=True)
     return launch.result, reference
 
 
-# (problem, lengths): both alignments and none, Sq 1 and 5, lengths below Sq (rows that see no key) and of one key.
-STAND_IN_CASES = {
-    "bottom-right-ragged": (_problem(3, 2, 8, 5, 40, 64), (40, 3, 17)),
-    "top-left": (_problem(2, 2, 16, 5, 33, 64).with_(causal_alignment="top_left"), (33, 9)),
-    "non-causal": (_problem(2, 1, 8, 4, 30, 64).with_(causal=False), (30, 1)),
-    "one-token": (_problem(2, 2, 16, 1, 20, 64), (20, 0)),
-}
-
-
-@pytest.mark.parametrize("case", sorted(STAND_IN_CASES))
+@pytest.mark.parametrize("case", sorted(PACKED_STAND_IN_CASES))
 def test_the_packed_rows_with_their_tokens_diagonal_are_the_gqa_problem(case: str):
     """The route's packing, the kernel's masking rule (each row's token is row % Sq) and the in-place outputs give
     the original problem's O and LSE (float64 against the reference, O rounded once to the output dtype)."""
-    problem, lengths = STAND_IN_CASES[case]
-    problem = problem.with_(dtype=torch.float16, has_cache_seqlens=True)
-    (out, lse), (ref_out, ref_lse) = _packed_kernel_stand_in(problem, lengths, lambda r: r % problem.seqlen_q)
-    assert torch.allclose(out.double(), ref_out, rtol=1e-3, atol=1e-3), (out.double() - ref_out).abs().max()
-    seen = torch.isfinite(ref_lse)
-    assert torch.equal(seen, torch.isfinite(lse)) and torch.allclose(lse.double()[seen], ref_lse[seen], atol=1e-5)
+    assert packed_stand_in_matches(_packed_kernel_stand_in, case)
 
 
 def test_planted_token_major_diagonal_fails_the_gqa_problem():
     """The diagonal at row // group (a token-major packing's token) on the head-major rows: O differs."""
-    problem, lengths = STAND_IN_CASES["bottom-right-ragged"]
-    problem = problem.with_(dtype=torch.float16, has_cache_seqlens=True)
-    (out, _), (ref_out, _) = _packed_kernel_stand_in(problem, lengths, lambda r: r // problem.kv_group)
-    assert not torch.allclose(out.double(), ref_out, rtol=1e-3, atol=1e-3)
+    problem, lengths = PACKED_STAND_IN_CASES["bottom-right-ragged"]
+    (out, lse), reference = _packed_kernel_stand_in(problem, lengths, lambda r: r // problem.kv_group)
+    assert not packed_rows_match(out, lse, reference, check_lse=False)
 
 
 def test_the_runner_runs_the_prologue_before_the_kernel():
@@ -312,7 +292,7 @@ def test_the_ab_plan_column_names_the_packed_route(monkeypatch: pytest.MonkeyPat
     assert plan_of("cute/decode", SEED233_ROW5, None, CPU)[0] == "padded"
     monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_ROWS", 128)
     plan = plan_of("cute/decode", SEED233_ROW5, None, CPU)
-    assert plan == ("packed-prefill", 256) and "cute/hopper" in describe_plan(plan)
+    assert plan == ("packed-prefill", 256) and "prefill kernel" in describe_plan(plan)
 
 
 # ----------------------------------------------------------------------------------------------------

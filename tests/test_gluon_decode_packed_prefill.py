@@ -32,7 +32,14 @@ from common import clear_plan_cache
 from common.contract import splits
 from common.contract.problem import Problem
 from common.measure.decode_sweep import random_cases
-from tests._helpers import json_from_child, knob_ab_problems
+from tests._helpers import (
+    PACKED_STAND_IN_CASES,
+    json_from_child,
+    knob_ab_problems,
+    packed_rows_by_rule,
+    packed_rows_match,
+    packed_stand_in_matches,
+)
 from tests.test_decode_wide import check_on_gpu
 from triton_impl.gluon import decode as gluon_decode
 from triton_impl.gluon import hopper as gluon_hopper
@@ -112,6 +119,17 @@ def test_seed233_row5_is_gluon_hoppers_kernel_on_packed_rows():
     assert gluon_decode.packed_prefill_tiles(SEED233_ROW5) == 256
     longer = plan.grown(SEED233_ROW5.with_seqlen_k(500_000), CPU)  # the growing binder keeps the route
     assert longer.packed_prefill and longer.problem.seqlen_k == 500_000 and longer.sizes[3] == 500_000
+
+
+def test_the_ab_plan_column_names_the_packed_route(monkeypatch: pytest.MonkeyPatch):
+    """Planted: the column as it was, cute/decode's route only, says "padded" for a row the switch moved."""
+    from bench.decode_ragged_ab import describe_plan, plan_of
+
+    assert plan_of("gluon/decode", SEED233_ROW5, None, CPU)[0] == "padded"
+    monkeypatch.setattr(gluon_decode, *SWITCH)
+    plan = plan_of("gluon/decode", SEED233_ROW5, None, CPU)
+    assert plan == ("packed-prefill", 256), plan
+    assert "prefill kernel" in describe_plan(plan)
 
 
 @pytest.mark.usefixtures("switched")
@@ -239,53 +257,27 @@ def _packed_kernel_stand_in(problem: Problem, lengths: tuple[int, ...], token_of
     launch = _launch(problem, q, k, v, cache_seqlens)
 
     def kernel(packed_q, out, lse):
-        rows, keys = torch.arange(packed_q.shape[2]), torch.arange(problem.seqlen_k)
-        for b, length in enumerate(lengths):
-            offset = length - problem.seqlen_q if problem.causal_alignment == "bottom_right" else 0
-            visible = keys[None, :] < length
-            if problem.causal:
-                visible = visible & (keys[None, :] <= token_of_row(rows)[:, None] + offset)
-            for kv_head in range(problem.kv_heads):
-                scores = packed_q[b, kv_head].double() @ k[b, kv_head].double().T * problem.scale
-                row_lse = torch.logsumexp(scores.masked_fill(~visible, float("-inf")), dim=-1)
-                probs = torch.exp(scores.masked_fill(~visible, float("-inf")) - row_lse.nan_to_num(neginf=0.0)[:, None])
-                out[b, kv_head] = (probs @ v[b, kv_head].double()).to(out.dtype)
-                lse[b, kv_head] = row_lse.float()
+        packed_rows_by_rule(problem, lengths, token_of_row, k, v, packed_q, out, lse)
 
     _stand_in(launch, kernel)
     reference = reference_attention(q, k, v, problem, cache_seqlens=cache_seqlens, with_lse=True)
     return launch(), reference
 
 
-# (problem, lengths): both alignments and none, Sq 1 and 5, lengths below Sq (rows that see no key) and of one key.
-STAND_IN_CASES = {
-    "bottom-right-ragged": (_problem(3, 2, 8, 5, 40, 64), (40, 3, 17)),
-    "top-left": (_problem(2, 2, 16, 5, 33, 64, causal_alignment="top_left"), (33, 9)),
-    "non-causal": (_problem(2, 1, 8, 4, 30, 64, causal=False), (30, 1)),
-    "one-token": (_problem(2, 2, 16, 1, 20, 64), (20, 0)),
-}
-
-
-@pytest.mark.parametrize("case", sorted(STAND_IN_CASES))
+@pytest.mark.parametrize("case", sorted(PACKED_STAND_IN_CASES))
 def test_the_packed_rows_with_their_tokens_diagonal_are_the_gqa_problem(case: str):
     """The launch's packing, the kernel's masking rule (each row's token is row % Sq) and the in-place outputs give
     the original problem's O and LSE (float64 against the reference, O rounded once to the output dtype)."""
-    problem, lengths = STAND_IN_CASES[case]
-    problem = problem.with_(dtype=torch.float16, has_cache_seqlens=True)
-    (out, lse), (ref_out, ref_lse) = _packed_kernel_stand_in(problem, lengths, lambda r: r % problem.seqlen_q)
-    assert torch.allclose(out.double(), ref_out, rtol=1e-3, atol=1e-3), (out.double() - ref_out).abs().max()
-    seen = torch.isfinite(ref_lse)
-    assert torch.equal(seen, torch.isfinite(lse)) and torch.allclose(lse.double()[seen], ref_lse[seen], atol=1e-5)
+    assert packed_stand_in_matches(_packed_kernel_stand_in, case)
 
 
 @pytest.mark.parametrize("token_of_row", ["row // group", "row"])
 def test_planted_wrong_token_of_row_fails_the_gqa_problem(token_of_row: str):
     """The diagonal at row // group (a token-major packing's token) or at the packed row itself: O differs."""
-    problem, lengths = STAND_IN_CASES["bottom-right-ragged"]
-    problem = problem.with_(dtype=torch.float16, has_cache_seqlens=True)
+    problem, lengths = PACKED_STAND_IN_CASES["bottom-right-ragged"]
     wrong = (lambda r: r // problem.kv_group) if token_of_row == "row // group" else (lambda r: r)
-    (out, _), (ref_out, _) = _packed_kernel_stand_in(problem, lengths, wrong)
-    assert not torch.allclose(out.double(), ref_out, rtol=1e-3, atol=1e-3)
+    (out, lse), reference = _packed_kernel_stand_in(problem, lengths, wrong)
+    assert not packed_rows_match(out, lse, reference, check_lse=False)
 
 
 def test_ab_script_rows_parse_and_the_switch_moves_the_rows_cutes_unsplit_route_moved(
