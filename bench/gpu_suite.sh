@@ -56,12 +56,5 @@ fi
 cat "$OUT/times.txt"
 for log in "$OUT"/gpu-tests-*.log; do echo "$(basename "$log"): $(tail -n 1 "$log")"; done
 # Each log's failures by their last outcome: a test that ran out of memory and passed alone is not one.
-python3 -c "
-import sys
-from pathlib import Path
-from common.tools.gpu_tests import failed_tests
-for log in sys.argv[1:]:
-    for test in failed_tests(Path(log))[:40]:
-        print(f'FAILED {test}')
-" "$OUT"/gpu-tests-*.log
+python3 -m common.tools.gpu_tests --failed "$OUT"/gpu-tests-*.log
 ! grep -q "rc=[1-9]" "$OUT/times.txt"

@@ -181,6 +181,20 @@ def test_a_part_passes_only_when_its_memory_failures_pass_alone(
         assert statuses == [0]
 
 
+def test_failed_prints_each_logs_failures_by_last_outcome(tmp_path: Path, capsys):
+    """``--failed`` (the suite's summary): the wrong answer, and not the out-of-memory failure that passed alone.
+    Planted: its first outcome read (as a grep of FAILED lines would) lists both."""
+    from common.tools import gpu_tests
+
+    log = tmp_path / "gpu-tests-1.log"
+    log.write_text(PART_LOG + f"[gw0] [100%] PASSED {OUT_OF_MEMORY_TEST} \n")
+    assert gpu_tests.main(["--failed", str(log)]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"FAILED {WRONG_TEST}"]
+    first = [line for line in PART_LOG.splitlines() if line.startswith("FAILED ")]
+    assert any(OUT_OF_MEMORY_TEST in line for line in first)
+    assert gpu_tests.main(["--failed", str(tmp_path / "gone.log")]) == MISSING_EXIT
+
+
 def test_a_part_that_passed_runs_nothing_again(tmp_path: Path, monkeypatch):
     from common.tools import gpu_tests
 

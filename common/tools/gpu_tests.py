@@ -2,6 +2,7 @@
 
     python -m common.tools.gpu_tests --part 1/2 --log $OUT/gpu-tests-1.log      # one call
     python -m common.tools.gpu_tests --part 2/2 --log $OUT/gpu-tests-2.log      # the next
+    python -m common.tools.gpu_tests --failed $OUT/gpu-tests-*.log                # what failed, by last outcome
 
 The whole ``-m gpu`` suite takes longer than a device call may run (over 440 s on 8 workers against a
 600 s limit), and a call cut by its limit loses the names of the tests it never reached. A part is every
@@ -159,15 +160,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=8, help="xdist workers (default 8)")
     parser.add_argument("--log", type=Path, default=Path("runs/gpu-tests.log"), help="where the output goes too")
     parser.add_argument("--done", type=Path, nargs="*", default=[], help="logs of a cut run: skip what they settled")
+    parser.add_argument("--failed", type=Path, nargs="+", help="print these logs' failures (last outcomes) and exit")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    missing = [str(log) for log in args.done if not log.is_file()]
-    if missing:
-        print(f"gpu_tests: --done expects logs of an earlier run; not files: {', '.join(missing)}", file=sys.stderr)
-        return EXIT_MISSING
+    for option, logs in (("--done", args.done), ("--failed", args.failed or [])):
+        missing = [str(log) for log in logs if not log.is_file()]
+        if missing:
+            not_files = ", ".join(missing)
+            print(f"gpu_tests: {option} expects logs of an earlier run; not files: {not_files}", file=sys.stderr)
+            return EXIT_MISSING
+    if args.failed:
+        # A test that ran out of memory and then passed alone is not one (its last outcome).
+        for log in args.failed:
+            print("\n".join(f"FAILED {test}" for test in failed_tests(log)[:40]) or f"{log.name}: no failure")
+        return 0
     import torch
 
     if not torch.cuda.is_available():
