@@ -185,12 +185,18 @@ def _stale_then_busy(size: int, device: torch.device) -> None:
 
 
 def _raced_sign_matrix(head_dim: int, seed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The planted builder: cute/fp8's sign matrix as it was, the signs on the caller's stream."""
+    """The planted builder: cute/fp8's sign matrix as it was, the signs written on the caller's stream and copied on
+    lasting's. They are written into a block of sevens finished before that stream was held busy, so the copy reads
+    the sevens whichever block the allocator would have given (on the H100, 2026-12-06, a fresh block from the
+    allocator sometimes held the signs already, and the planted race passed)."""
     from common.contract.devices import lasting
     from common.contract.fp8 import random_hadamard
 
-    matrix = torch.sign(random_hadamard(head_dim, seed, device)).T
-    return lasting(lambda: matrix.to(dtype).contiguous(), device)
+    matrix = torch.full((head_dim, head_dim), 7.0, device=device)
+    torch.cuda.synchronize(device)
+    torch.cuda._sleep(200_000_000)
+    torch.sign(random_hadamard(head_dim, seed, device), out=matrix)
+    return lasting(lambda: matrix.T.to(dtype).contiguous(), device)
 
 
 @pytest.mark.gpu
@@ -211,7 +217,6 @@ def test_gpu_sign_matrices_built_while_the_callers_stream_is_busy(dtype: torch.d
     expected = torch.sign(random_hadamard(head_dim, seed)).T
     if paired:
         expected = expected[torch.tensor(paired_columns(head_dim))]
-    _stale_then_busy(head_dim * head_dim, device)
     raced = _raced_sign_matrix(head_dim, seed, dtype, device)
     torch.cuda.synchronize(device)
     assert not torch.equal(raced.cpu(), torch.sign(random_hadamard(head_dim, seed)).T.to(dtype)), "planted raced"

@@ -110,7 +110,10 @@ read back once by the tile's last CTA (mostly from L2, where they were just writ
 Constraints: fp16 and bf16 on a CUDA GPU (fp32 under the Triton interpreter only); D ∈ {64, 128,
 256}; 1 <= Sq <= ``MAX_SEQLEN_Q`` (a prefill-sized Sq is refused: use a prefill rung); GQA and MQA;
 causal top-left or bottom-right (the KV-cache convention); ``cache_seqlens``; the LSE; a paged KV
-cache with pages of 16 to 256 keys (with ``cache_seqlens``). Not yet: a persistent scheduler, FP8
+cache with pages of 16 to 256 keys (with ``cache_seqlens``). The fused merge's arrival counters are one
+buffer a device, shared with gluon/decode: a bind on another stream than the last waits for it
+(``order_counter_users``), so decode launches from several streams run one after another, and a CUDA graph
+replayed beside eager decode launches must be ordered by its caller. Not yet: a persistent scheduler, FP8
 caches. Measured figures go to ``docs/perf-log.md`` and ``compare.py --decode``.
 """
 
@@ -669,15 +672,19 @@ def _split_constexprs(problem: Problem, *, split: bool) -> dict[str, int | bool]
 # Per device, the arrival counters of the fused merge (one int32 per M tile of the grid), zeroed once
 # and kept zero between launches by the kernel itself.
 _ARRIVAL_COUNTERS: dict[torch.device, torch.Tensor] = {}
+# Per device, the stream of the last eager bind that took the counters (see order_counter_users).
+_COUNTER_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def arrival_counters(device: torch.device, work_items: int) -> torch.Tensor:
     """The process-lifetime counters of ``device``, at least ``work_items`` of them: a larger grid than
     any before allocates a new zeroed buffer (a power of two of counters) outside any CUDA-graph pool
-    (:func:`~common.contract.devices.lasting`); runners bound earlier keep theirs. Launches that share
-    the counters must not overlap (one stream), as for the split workspace of one runner."""
+    (:func:`~common.contract.devices.lasting`); runners bound earlier keep theirs. Every launch of the
+    device shares them, so a bind on another stream than the last one's is ordered after it
+    (:func:`order_counter_users`); the runner must then run on the stream it was bound on."""
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
+    order_counter_users(device)
     counters = _ARRIVAL_COUNTERS.get(device)
     if counters is None or counters.numel() < work_items:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -689,6 +696,27 @@ def arrival_counters(device: torch.device, work_items: int) -> torch.Tensor:
         counters = lasting(lambda: torch.zeros(size, dtype=torch.int32, device=device), device)
         _ARRIVAL_COUNTERS[device] = counters
     return counters
+
+
+def order_counter_users(device: torch.device) -> None:
+    """Make the current stream of ``device`` wait for the stream of the last eager bind there, when they differ.
+
+    Two launches that share the arrival counters must not overlap: both would count their CTAs in one counter, so
+    a CTA would take itself for its tile's last before the others had stored their partials, and merge a partial
+    that is not written yet (a wrong answer, no error). Waiting costs nothing while a process keeps to one stream;
+    on a switch the new stream waits for what is queued on the last one (``Stream.wait_stream``). A capturing
+    stream neither waits (a captured wait on an event recorded outside the capture is refused by CUDA) nor becomes
+    the last one; so a graph replayed on one stream while decode launches run on another is not ordered by this,
+    and the caller must order them, as for any two users of one buffer."""
+    if device.type != "cuda":
+        return
+    stream = torch.cuda.current_stream(device)
+    last = _COUNTER_STREAMS.get(device)
+    if last == stream or torch.cuda.is_current_stream_capturing():
+        return
+    if last is not None:
+        stream.wait_stream(last)
+    _COUNTER_STREAMS[device] = stream
 
 
 def merge_launch(
