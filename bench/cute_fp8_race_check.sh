@@ -13,7 +13,8 @@
 #   3. compute-sanitizer racecheck and synccheck on cute/fp8 (common.tools.sanitize: its small problems hold the case).
 # A race inside the kernel would show as a launch that differs (steps 1-2) or a hazard (step 3); none in all three is
 # evidence against one at this launch count, not proof. Run from the project root: `bash bench/cute_fp8_race_check.sh`.
-# Outputs in $OUT: gpu.log, replay.log, alone.log, loaded-N.log, sanitizer.md.
+# Outputs in $OUT (five files: a device call brings back only so many): gpu.log, replay.log, alone.log, loaded.log
+# (the eight copies' logs one after another), sanitizer.md.
 set -uo pipefail
 # shellcheck source=bench/_gpu_run.sh
 source "$(dirname "$0")/_gpu_run.sh" cute_fp8_race_check.sh runs/cute_fp8_race_check
@@ -21,7 +22,8 @@ source_carried_activations
 export PYTHONPATH="${PYTHONPATH:-$PWD}"
 nvidia-smi --query-gpu=name,memory.total --format=csv >> "$OUT/gpu.log" 2>&1
 status=0
-python3 - > "$OUT/replay-ids.txt" <<'PY'
+ids=$(mktemp)
+python3 - > "$ids" <<'PY'
 from pathlib import Path
 from common.tools.gpu_tests import OUTCOME
 log = Path("results/h100/gpu-suite-2026-12-05/call2-gpu-tests-1.log").read_text().splitlines()
@@ -32,7 +34,7 @@ for line in log:
         if match.group(1) == "FAILED":
             break
 PY
-mapfile -t replay < "$OUT/replay-ids.txt"
+mapfile -t replay < "$ids"
 timeout 240 python3 -m pytest -v -m gpu -p no:cacheprovider "${replay[@]}" > "$OUT/replay.log" 2>&1 || status=1
 echo "replay of ${#replay[@]} tests: $(tail -n 1 "$OUT/replay.log")"
 timeout 150 python3 -m pytest -v -m gpu -p no:cacheprovider \
@@ -40,14 +42,16 @@ timeout 150 python3 -m pytest -v -m gpu -p no:cacheprovider \
   "tests/test_rungs_gpu.py::test_gpu_matches_reference[cute/fp8-sq1000-sk77-d128-fp16-causal]" \
   > "$OUT/alone.log" 2>&1 || status=1
 tail -2 "$OUT/alone.log"
+loaded=$(mktemp -d)
 for copy in 1 2 3 4 5 6 7 8; do
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cute_fp8_repeat.py \
-    > "$OUT/loaded-$copy.log" 2>&1 &
+    > "$loaded/$copy.log" 2>&1 &
 done
 wait
 for copy in 1 2 3 4 5 6 7 8; do
-  echo "loaded-$copy: $(tail -n 1 "$OUT/loaded-$copy.log")"
-  grep -q " passed" "$OUT/loaded-$copy.log" && ! grep -q "failed\|error" "$OUT/loaded-$copy.log" || status=1
+  { echo "== loaded copy $copy"; cat "$loaded/$copy.log"; } >> "$OUT/loaded.log"
+  echo "loaded-$copy: $(tail -n 1 "$loaded/$copy.log")"
+  grep -q " passed" "$loaded/$copy.log" && ! grep -q "failed\|error" "$loaded/$copy.log" || status=1
 done
 timeout 200 python3 -m common.tools.sanitize --impl cute/fp8 --tools racecheck,synccheck --out "$OUT/sanitizer.md" \
   || status=1
