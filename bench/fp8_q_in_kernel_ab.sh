@@ -21,8 +21,9 @@
 set -uo pipefail
 # shellcheck source=bench/_gpu_run.sh
 source "$(dirname "$0")/_gpu_run.sh" fp8_q_in_kernel_ab.sh runs/fp8_q_in_kernel_ab
-export PYTHONPATH="${PYTHONPATH:-$PWD}"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.log" 2>&1
+source_carried_activations
+export PYTHONPATH="${PYTHONPATH:-$PWD}"
 status=0
 timeout 150 python3 -m pytest -q -m gpu -n 6 -p no:cacheprovider tests/test_fp8_rungs.py -k q_in_kernel \
   > "$OUT/pytest.log" 2>&1 || status=1

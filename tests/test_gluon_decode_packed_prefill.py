@@ -1,11 +1,11 @@
-"""Issue #38's compute-bound class on gluon/hopper's kernel: ``decode.PACKED_PREFILL_MIN_ROWS`` (off, untimed; 128 in
+"""Issue #38's compute-bound class on gluon/hopper's kernel: ``decode.PACKED_PREFILL_MIN_ROWS`` (128 by default and in
 these tests) runs a contiguous cache of many packed rows (group · Sq a KV head) on gluon/hopper's warp-specialised
 forward, q packed as (B, Hkv, group · Sq, D) by the launch (``PackedPrefill``) and O and the LSE written in place
 (``attention_kernel``'s ``PACKED_GROUP``: each row's causal diagonal and bottom-right offset are its token's).
 The counterpart of tests/test_cute_decode_packed_prefill.py (cute/decode's route, whose rule this one shares:
 ``splits.packed_prefill_splits``), without key splits.
 
-CPU: off by default; on, every sweep row of seeds 1-239 it takes is contiguous with 128+ packed rows, uneven work only
+CPU: on by default at 128; on, every sweep row of seeds 1-239 it takes is contiguous with 128+ packed rows, uneven work only
 with 256+ rows and three waves of tiles, and (where the CuTe DSL is installed) exactly the rows cute/decode's unsplit
 rule takes; seed 233 row 5's plan is gluon/hopper's configuration (two consumers, 256 tiles, one split, kept by a
 longer cache), D=64 choosing the consumers that pad least, and paged caches, too few rows, D=256, a grid short of a
@@ -68,8 +68,10 @@ def _sweep() -> list[tuple[str, Problem]]:
     ]
 
 
-def test_off_by_default():
-    assert gluon_decode.PACKED_PREFILL_MIN_ROWS is None
+def test_on_by_default_at_cute_decodes_rows_and_off_at_none(monkeypatch: pytest.MonkeyPatch):
+    assert gluon_decode.PACKED_PREFILL_MIN_ROWS == 128
+    assert gluon_decode.packed_prefill(SEED233_ROW5)
+    monkeypatch.setattr(gluon_decode, "PACKED_PREFILL_MIN_ROWS", None)
     assert not gluon_decode.packed_prefill(SEED233_ROW5)
     plan = gluon_decode.GluonDecodePlan(SEED233_ROW5, CPU)
     assert not plan.packed_prefill and not isinstance(plan.decisions[1], gluon_hopper.GluonConfig)
@@ -125,6 +127,7 @@ def test_the_ab_plan_column_names_the_packed_route(monkeypatch: pytest.MonkeyPat
     """Planted: the column as it was, cute/decode's route only, says "padded" for a row the switch moved."""
     from bench.decode_ragged_ab import describe_plan, plan_of
 
+    monkeypatch.setattr(gluon_decode, "PACKED_PREFILL_MIN_ROWS", None)
     assert plan_of("gluon/decode", SEED233_ROW5, None, CPU)[0] == "padded"
     monkeypatch.setattr(gluon_decode, *SWITCH)
     plan = plan_of("gluon/decode", SEED233_ROW5, None, CPU)

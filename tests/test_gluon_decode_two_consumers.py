@@ -39,6 +39,13 @@ CPU = torch.device("cpu")
 SM_SHARED_BYTES, CTA_RESERVED_BYTES = 233472, 1024
 
 
+@pytest.fixture(autouse=True)
+def split_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two consumers are the split kernels': the packed prefill (``PACKED_PREFILL_MIN_ROWS``), which takes many
+    of these rows by default (tests/test_gluon_decode_packed_prefill.py), is off here."""
+    monkeypatch.setattr(gluon_decode, "PACKED_PREFILL_MIN_ROWS", None)
+
+
 def _problem(batch: int, kv_heads: int, seqlen_k: int, head_dim: int = 128, **changes) -> Problem:
     """A decode step of group 16 and Sq 16 (256 packed rows; bottom-right causal, full cache unless told otherwise)."""
     return Problem(
@@ -214,6 +221,7 @@ from common.measure.decode_sweep import random_cases
 from common.reporting.static import cubin_resources, cubin_sass
 from triton_impl.gluon import decode
 
+decode.PACKED_PREFILL_MIN_ROWS = None  # the split kernels' builds: the packed prefill would take 233/5
 rows = {
     "233/5": random_cases(8, 233)[5].problem,
     "229/2 d256": random_cases(8, 229)[2].problem,

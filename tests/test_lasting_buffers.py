@@ -188,14 +188,16 @@ def _raced_sign_matrix(head_dim: int, seed: int, dtype: torch.dtype, device: tor
     """The planted builder: cute/fp8's sign matrix as it was, the signs written on the caller's stream and copied on
     lasting's. They are written into a block of sevens finished before that stream was held busy, so the copy reads
     the sevens whichever block the allocator would have given (on the H100, 2026-12-06, a fresh block from the
-    allocator sometimes held the signs already, and the planted race passed)."""
+    allocator sometimes held the signs already, and the planted race passed). The rotation is made on the GPU before
+    the stream is held: its first build copies from the host, which waits for the stream and would end the race."""
     from common.contract.devices import lasting
     from common.contract.fp8 import random_hadamard
 
+    rotation = random_hadamard(head_dim, seed, device)
     matrix = torch.full((head_dim, head_dim), 7.0, device=device)
     torch.cuda.synchronize(device)
     torch.cuda._sleep(200_000_000)
-    torch.sign(random_hadamard(head_dim, seed, device), out=matrix)
+    torch.sign(rotation, out=matrix)
     return lasting(lambda: matrix.T.to(dtype).contiguous(), device)
 
 

@@ -30,7 +30,7 @@ a KV head; the balanced split's too at D=128, ``BALANCED_TWO_CONSUMERS``) gives 
 partitions: a load warp filling one ring, two consumer warpgroups each with its own 64 rows, Q tile and register
 budget, so that one's softmax runs under the other's wgmmas and each K/V block is copied once for both
 (``consumers_for``; ``_split_kernel``'s ``CONSUMERS``).
-``PACKED_PREFILL_MIN_ROWS`` (None: off, untimed; cute/decode's route at 128) takes that class further, off the split
+``PACKED_PREFILL_MIN_ROWS`` (128, cute/decode's; None turns it off) takes that class further, off the split
 kernels: at 128+ packed rows a KV head a step is a prefill of group · Sq rows against the cache (256 rows ask 256 FLOPs
 a K/V byte, past the read bandwidth's roofline), so a contiguous cache whose 128-row tiles (192 at D=64 where they pad
 no more) fill the grid's waves runs gluon/hopper's warp-specialised forward on q packed as (B, Hkv, group · Sq, D),
@@ -368,9 +368,10 @@ TWO_CONSUMER_MAXNREG = 65536 // (3 * WARPGROUP_THREADS) // 8 * 8
 # split and no merge, where those tiles fill PACKED_PREFILL_MIN_WAVE_SHARE of the grid's waves, uneven work only from
 # PACKED_PREFILL_UNEVEN_MIN_ROWS rows and ``splits.UNEVEN_MIN_WAVES`` waves of tiles: cute/decode's rule and constants
 # (``splits.packed_prefill_splits``). No key splits: a grid short of the waves stays on the split kernels. cute/decode
-# measured the route at 233/5 860.3 -> 561.7 us (H100, 2026-12-05); here TWO_CONSUMERS runs that row at 656.0 us
-# (H200). None: off, untimed (bench/gluon_packed_prefill_ab.sh times None against 128).
-PACKED_PREFILL_MIN_ROWS: int | None = None
+# measured the route at 233/5 860.3 -> 561.7 us (H100, 2026-12-05). Here (bench/gluon_packed_prefill_ab.sh, H100,
+# 2026-12-06, Triton 3.6, against None, two rounds): the nine moved rows 0.96-1.02x (231/6 1011.6 -> 974.0 us, 18/2
+# 166.9 -> 159.8, 233/5 580.4 -> 570.3; 176/6 165.1 -> 169.0), the four it leaves 0.99-1.00x. None turns it off.
+PACKED_PREFILL_MIN_ROWS: int | None = 128
 PACKED_PREFILL_UNEVEN_MIN_ROWS = 256
 PACKED_PREFILL_MIN_WAVE_SHARE = 0.9
 
