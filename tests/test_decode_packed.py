@@ -161,6 +161,7 @@ for rung, head_dim, group, seqlen_k, page_size in json.loads(sys.argv[1]):
                       page_size=page_size)
     module = decode if rung == "triton" else gluon_decode
     module.PACKED_OCCUPANCY = True
+    gluon_decode.PACKED_PREFILL_MIN_ROWS = None  # the split kernels': 128 packed rows would take the packed prefill
     binary = module.compile_sm90(problem)[0]
     (resources,) = static.cubin_resources(binary.cubin).values()
     results.append({"spill_bytes": resources["local_bytes"] + resources["stack_bytes"],
