@@ -42,18 +42,19 @@ SETTINGS: dict[str, tuple[bool, dict]] = {
 
 def _runs(problem: Problem, inputs, cute_fp8, in_kernel: bool, knobs: dict) -> dict:
     """kernel / e2e / quantiser runs of cute/fp8 with the knob set to ``in_kernel`` (at the problem's head dim, which
-    ``QUANTISE_Q_HEAD_DIMS`` may not hold: D=64's is timed here) and ``knobs`` added to its configuration (all read
+    ``QUANTISE_Q_HEAD_DIMS`` and ``QUANTISE_Q_CAUSAL_HEAD_DIMS`` may not hold: causal D=64's is timed here) and ``knobs`` added to its configuration (all read
     when each launch is built)."""
-    default_config, head_dims = cute_fp8.fp8_config, cute_fp8.QUANTISE_Q_HEAD_DIMS
+    default_config = cute_fp8.fp8_config
+    head_dims = cute_fp8.QUANTISE_Q_HEAD_DIMS, cute_fp8.QUANTISE_Q_CAUSAL_HEAD_DIMS
     cute_fp8.QUANTISE_Q_IN_KERNEL = in_kernel
-    cute_fp8.QUANTISE_Q_HEAD_DIMS = (problem.head_dim,)
+    cute_fp8.QUANTISE_Q_HEAD_DIMS = cute_fp8.QUANTISE_Q_CAUSAL_HEAD_DIMS = (problem.head_dim,)
     cute_fp8.fp8_config = functools.partial(default_config, **knobs)
     try:
         kernel = cute_fp8.prepare(*inputs, problem)
         end_to_end = cute_fp8.prepare_end_to_end(*inputs, problem)
     finally:
         cute_fp8.QUANTISE_Q_IN_KERNEL = False
-        cute_fp8.QUANTISE_Q_HEAD_DIMS = head_dims
+        cute_fp8.QUANTISE_Q_HEAD_DIMS, cute_fp8.QUANTISE_Q_CAUSAL_HEAD_DIMS = head_dims
         cute_fp8.fp8_config = default_config
     # The kernel-only launch's own quantiser (Q, K, V; K and V only with the knob), timed alone: once per knob
     # value (the other knobs leave it as it is).

@@ -18,7 +18,7 @@ Algorithm
    ``DEFAULT_QUANTISATION`` (block scales and rotation) is what compare.py runs; ``quantisation=``
    selects the other ``common.contract.fp8.VARIANTS``. The quantiser writes steps 2 and 3's layout
    (``VALUE_LAYOUT``) directly; ``prepare_end_to_end``'s run() is that quantiser and the kernel.
-   ``QUANTISE_Q_IN_KERNEL`` (on by default at D=128; issue #37): the quantiser does K and V only and the kernel
+   ``QUANTISE_Q_IN_KERNEL`` (on by default at D=128, and at D=64 without the causal mask; issue #37): the quantiser does K and V only and the kernel
    reads Q in bf16/fp16, each consumer warpgroup rotating, scaling and rounding its 64-row box as the
    quantiser would (``_fp8_query.py``: Q's scale block is that box), so a call reads Q once instead of
    three times; the emulation and FP8_RULE are unchanged (the kernel's Q is the quantiser's).
@@ -134,9 +134,13 @@ VALUE_LAYOUT = ValueLayout(permuted=True, key_multiple=KEY_GROUP)
 # K and V only. Read when a launch is built (``launch``), so tests and benches can set it. On by default for
 # block scales with rotation at the head dims in QUANTISE_Q_HEAD_DIMS, where it was measured (H200, P1 causal:
 # end to end 813.6 -> 789.4 us, non-causal 1415.7 -> 1413.3; results/h200/fp8-q-in-kernel-ab2/) and its GPU
-# tests run; D=64 keeps the quantiser's Q (compiled spill-free, not run on a GPU).
+# tests run; with the causal mask only at the head dims in QUANTISE_Q_CAUSAL_HEAD_DIMS. D=64 (H100, B=4 H=32
+# S=8192, 3 rounds, results/h100/fp8-q-in-kernel-2026-12-06/): non-causal end to end 3889.3 -> 3654.8 us (kernel
+# 3674.5 -> 3554.9); causal the kernel loses 2241.5 -> 2374.3 us (its Q quantisation is not halved by the mask
+# while its key blocks are) for 2473.5 -> 2453.4 end to end, so causal D=64 keeps the quantiser's Q.
 QUANTISE_Q_IN_KERNEL = True
-QUANTISE_Q_HEAD_DIMS = (128,)
+QUANTISE_Q_HEAD_DIMS = (64, 128)
+QUANTISE_Q_CAUSAL_HEAD_DIMS = (128,)
 # Issue #37's PDL knob (bench/fp8_pdl_ab.sh times it): end to end, the fused quantiser signals
 # ``griddepcontrol.launch_dependents`` as each program starts (``QuantiserConfig.launch_dependents``) and the kernel
 # is launched with programmatic dependent launch (``HopperAttentionConfig.pdl``), so that its CTAs start (launch,
@@ -310,13 +314,10 @@ def sign_matrix_transposed(
 
 def quantises_q_in_kernel(problem: Problem, quantisation: Quantisation) -> bool:
     """Whether ``launch`` takes Q unquantised: ``QUANTISE_Q_IN_KERNEL`` on, block scales with rotation (the only
-    variant the kernel's Q quantisation implements) and a head dim in ``QUANTISE_Q_HEAD_DIMS``."""
-    return (
-        QUANTISE_Q_IN_KERNEL
-        and quantisation.block
-        and quantisation.rotation
-        and problem.head_dim in QUANTISE_Q_HEAD_DIMS
-    )
+    variant the kernel's Q quantisation implements) and a head dim in ``QUANTISE_Q_HEAD_DIMS`` (causal: in
+    ``QUANTISE_Q_CAUSAL_HEAD_DIMS``)."""
+    head_dims = QUANTISE_Q_CAUSAL_HEAD_DIMS if problem.causal else QUANTISE_Q_HEAD_DIMS
+    return QUANTISE_Q_IN_KERNEL and quantisation.block and quantisation.rotation and problem.head_dim in head_dims
 
 
 def query_knobs(in_kernel: bool) -> dict[str, Any]:

@@ -479,9 +479,10 @@ def test_gpu_cute_fp8_q_in_kernel_meets_the_rule(shape: str, mask: str, monkeypa
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("shape", list(Q_IN_KERNEL_SHAPES))
 def test_gpu_cute_fp8_q_in_kernel_at_d64_meets_the_rule(shape: str, mask: str, monkeypatch: pytest.MonkeyPatch):
-    """The same at D=64 (three consumer warpgroups, each quantising its own 64-row box), which the default leaves to
-    the quantiser (``QUANTISE_Q_HEAD_DIMS``) until its A/B (``bench/fp8_q_in_kernel_ab.sh``)."""
-    monkeypatch.setattr(_module("cute_impl.fp8"), "QUANTISE_Q_HEAD_DIMS", (64, 128))
+    """The same at D=64 (three consumer warpgroups, each quantising its own 64-row box), the default without the
+    causal mask, which causal D=64 leaves to the quantiser (``QUANTISE_Q_CAUSAL_HEAD_DIMS``: its A/B,
+    ``bench/fp8_q_in_kernel_ab.sh``)."""
+    monkeypatch.setattr(_module("cute_impl.fp8"), "QUANTISE_Q_CAUSAL_HEAD_DIMS", (64, 128))
     _check_q_in_kernel(shape, mask, 64, monkeypatch)
 
 
