@@ -42,8 +42,8 @@ SETTINGS: dict[str, tuple[bool, dict]] = {
 
 def _runs(problem: Problem, inputs, cute_fp8, in_kernel: bool, knobs: dict) -> dict:
     """kernel / e2e / quantiser runs of cute/fp8 with the knob set to ``in_kernel`` (at the problem's head dim, which
-    ``QUANTISE_Q_HEAD_DIMS`` and ``QUANTISE_Q_CAUSAL_HEAD_DIMS`` may not hold: causal D=64's is timed here) and ``knobs`` added to its configuration (all read
-    when each launch is built)."""
+    ``QUANTISE_Q_HEAD_DIMS`` and ``QUANTISE_Q_CAUSAL_HEAD_DIMS`` may not hold: causal D=64's is timed here) and
+    ``knobs`` added to its configuration (all read when each launch is built)."""
     default_config = cute_fp8.fp8_config
     head_dims = cute_fp8.QUANTISE_Q_HEAD_DIMS, cute_fp8.QUANTISE_Q_CAUSAL_HEAD_DIMS
     cute_fp8.QUANTISE_Q_IN_KERNEL = in_kernel

@@ -5,7 +5,7 @@ forward, q packed as (B, Hkv, group · Sq, D) by the launch (``PackedPrefill``) 
 The counterpart of tests/test_cute_decode_packed_prefill.py (cute/decode's route, whose rule this one shares:
 ``splits.packed_prefill_splits``), without key splits.
 
-CPU: on by default at 128; on, every sweep row of seeds 1-239 it takes is contiguous with 128+ packed rows, uneven work only
+CPU: on by default at 128; every sweep row of seeds 1-239 it takes is contiguous with 128+ packed rows, uneven work only
 with 256+ rows and three waves of tiles, and (where the CuTe DSL is installed) exactly the rows cute/decode's unsplit
 rule takes; seed 233 row 5's plan is gluon/hopper's configuration (two consumers, 256 tiles, one split, kept by a
 longer cache), D=64 choosing the consumers that pad least, and paged caches, too few rows, D=256, a grid short of a
