@@ -21,7 +21,8 @@ Algorithm
    ``QUANTISE_Q_IN_KERNEL`` (on by default at D=128, and at D=64 without the causal mask; issue #37): the
    quantiser does K and V only and the kernel reads Q in bf16/fp16, each consumer warpgroup rotating, scaling
    and rounding its 64-row box as the quantiser would (``_fp8_query.py``: Q's scale block is that box), so a
-   call reads Q once instead of three times; the emulation and FP8_RULE are unchanged (the kernel's Q is the quantiser's).
+   call reads Q once instead of three times; the emulation and FP8_RULE are unchanged (the kernel's Q is the
+   quantiser's).
    ``LEAN_Q_QUANTISATION`` (issue #37, on by default): the same e4m3 Q from 162 fewer instructions a consumer
    thread and tile (the amax before x c, the box written by stmatrix; ``_fp8_query.py``, "lean").
    ``Q_QUOTIENT_CORRECTIONS`` (issue #37, 1 by default; 2 as the quantiser): the same correctly rounded quotient
