@@ -186,19 +186,22 @@ def _stale_then_busy(size: int, device: torch.device) -> None:
 
 def _raced_sign_matrix(head_dim: int, seed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """The planted builder: cute/fp8's sign matrix as it was, the signs written on the caller's stream and copied on
-    lasting's. They are written into a block of sevens finished before that stream was held busy, so the copy reads
-    the sevens whichever block the allocator would have given (on the H100, 2026-12-06, a fresh block from the
-    allocator sometimes held the signs already, and the planted race passed). The rotation is made on the GPU before
-    the stream is held: its first build copies from the host, which waits for the stream and would end the race."""
+    lasting's. Nothing may wait for the held stream before the copy runs, so the signs go into a block of sevens
+    finished before it was held (a fresh block may hold the signs already), and the rotation (its first build copies
+    from the host, which waits), the copy's destination (an allocation on lasting's new stream is a cudaMalloc,
+    which may wait for the whole device) and a first lasting build (a process's first side stream makes torch's
+    pool of streams) are made before too. Runs without them let the planted race pass on an H100 (2026-12-06)."""
     from common.contract.devices import lasting
     from common.contract.fp8 import random_hadamard
 
+    lasting(lambda: None, device)
     rotation = random_hadamard(head_dim, seed, device)
     matrix = torch.full((head_dim, head_dim), 7.0, device=device)
+    copied = torch.empty(head_dim, head_dim, dtype=dtype, device=device)
     torch.cuda.synchronize(device)
     torch.cuda._sleep(200_000_000)
     torch.sign(rotation, out=matrix)
-    return lasting(lambda: matrix.T.to(dtype).contiguous(), device)
+    return lasting(lambda: copied.copy_(matrix.T), device)
 
 
 @pytest.mark.gpu
