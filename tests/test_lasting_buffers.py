@@ -186,18 +186,20 @@ def _stale_then_busy(size: int, device: torch.device) -> None:
 
 def _raced_sign_matrix(head_dim: int, seed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """The planted builder: cute/fp8's sign matrix as it was, the signs written on the caller's stream and copied on
-    lasting's. Nothing may wait for the held stream before the copy runs, so the signs go into a block of sevens
-    finished before it was held (a fresh block may hold the signs already), and the rotation (its first build copies
-    from the host, which waits), the copy's destination (an allocation on lasting's new stream is a cudaMalloc,
-    which may wait for the whole device) and a first lasting build (a process's first side stream makes torch's
-    pool of streams) are made before too. Runs without them let the planted race pass on an H100 (2026-12-06)."""
+    lasting's. Nothing may wait for the held stream before the copy runs, so everything that may wait for the whole
+    device is done before the stream is held: a kernel's first launch (lazy module loading: the sign and the copy
+    run once first), the rotation's first build (a copy from the host), an allocation on lasting's new stream (a
+    cudaMalloc: the copy's destination is allocated first) and the process's first side stream (torch's pool of
+    streams: one lasting build first). The signs then go into a block of sevens finished before the stream was held.
+    Without these the planted race passed on an H100 and an H200 (2026-12-06)."""
     from common.contract.devices import lasting
     from common.contract.fp8 import random_hadamard
 
     lasting(lambda: None, device)
     rotation = random_hadamard(head_dim, seed, device)
-    matrix = torch.full((head_dim, head_dim), 7.0, device=device)
-    copied = torch.empty(head_dim, head_dim, dtype=dtype, device=device)
+    matrix = torch.sign(rotation)
+    copied = torch.empty(head_dim, head_dim, dtype=dtype, device=device).copy_(matrix.T)
+    matrix.fill_(7.0)
     torch.cuda.synchronize(device)
     torch.cuda._sleep(200_000_000)
     torch.sign(rotation, out=matrix)
