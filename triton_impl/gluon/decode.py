@@ -369,8 +369,8 @@ TWO_CONSUMER_MAXNREG = 65536 // (3 * WARPGROUP_THREADS) // 8 * 8
 # PACKED_PREFILL_UNEVEN_MIN_ROWS rows and ``splits.UNEVEN_MIN_WAVES`` waves of tiles: cute/decode's rule and constants
 # (``splits.packed_prefill_splits``). No key splits: a grid short of the waves stays on the split kernels. cute/decode
 # measured the route at 233/5 860.3 -> 561.7 us (H100, 2026-12-05). Here (bench/gluon_packed_prefill_ab.sh, H100,
-# 2026-12-06, Triton 3.6, against None, two rounds): the nine moved rows 0.96-1.02x (231/6 1011.6 -> 974.0 us, 18/2
-# 166.9 -> 159.8, 233/5 580.4 -> 570.3; 176/6 165.1 -> 169.0), the four it leaves 0.99-1.00x. None turns it off.
+# 2026-12-06, Triton 3.6, against None, two rounds): the eight moved rows 0.96-1.02x (231/6 1011.6 -> 974.0 us, 18/2
+# 166.9 -> 159.8, 233/5 580.4 -> 570.3; 176/6 165.1 -> 169.0), the five it leaves 0.99-1.00x. None turns it off.
 PACKED_PREFILL_MIN_ROWS: int | None = 128
 PACKED_PREFILL_UNEVEN_MIN_ROWS = 256
 PACKED_PREFILL_MIN_WAVE_SHARE = 0.9
