@@ -307,6 +307,17 @@ WGMMA_OVERLAP_MIN_STAGES = 4
 WGMMA_TWO_WARPGROUPS = False
 TWO_WARPGROUP_RINGS = {128: 6}
 WARPGROUP_ROWS, TWO_WARPGROUP_CTAS_PER_SM = 64, 1
+# Issue #38's 65-127 packed rows at D=128 (seed 1206 row 1: B=8 H=10 Hkv=2 Sq=16 Sk=66304, 80 rows, 8 padded splits;
+# H100, 2026-12-06: triton 200.8 us, gluon's two consumers 203.2, cute 263.9, 87/86/66 % of the read bandwidth, cute
+# on two 64-row CTAs a split): the fewest packed rows WGMMA_TWO_WARPGROUPS' CTA takes. Below two tiles' rows its
+# second warpgroup is part padding (80 rows: 48 of its 64), but each K/V block is read once per CTA, not once per
+# 64-row CTA, as triton's one 128-row tile and gluon's two consumers read it. The kernel pads such a CTA as it pads
+# the one-warpgroup tile: Q zero-filled past group · Sq (``load_packed_q``), so S is finite; a padded row's causal
+# diagonal is its row % Sq, a real token's; no row past group · Sq is stored (``merge_warps_and_store``), nor read by
+# the merge. A wholly padded second warpgroup (192 rows' second CTA) runs the same loop on zeros. One tile's rows (64
+# or fewer) never take it, whatever this says: its second warpgroup would be all padding. Default 2 · WARPGROUP_ROWS
+# (the rule as it was); 65: untimed (helper twg65, docs/perf-log.md).
+TWO_WARPGROUP_MIN_ROWS = 2 * WARPGROUP_ROWS
 # Issue #38's compute-bound class on cute/hopper's kernel (FlashAttention-3's pack-GQA): a contiguous cache of at least
 # this many packed rows (group · Sq) a KV head runs cute/hopper's persistent forward on q packed as (B, Hkv, group · Sq,
 # D) (``HopperAttentionConfig.packed_group``: each row's causal diagonal is its token's), 128-row tiles over all of a
@@ -923,10 +934,13 @@ def wgmma_tile(problem: Problem, device: torch.device) -> bool:
 
 def two_warpgroup_tile(problem: Problem, device: torch.device) -> bool:
     """Whether ``WGMMA_TWO_WARPGROUPS`` would put two of ``problem``'s WGMMA tiles in one CTA of the padded split: a
-    WGMMA tile (:func:`wgmma_tile`) at a head dim of ``TWO_WARPGROUP_RINGS`` with at least two tiles' packed rows (the
-    balanced split, decided from this padded plan, keeps one warpgroup: :func:`launch_plan`)."""
+    WGMMA tile (:func:`wgmma_tile`) at a head dim of ``TWO_WARPGROUP_RINGS`` with at least ``TWO_WARPGROUP_MIN_ROWS``
+    packed rows and more than one tile's (the balanced split, decided from this padded plan, keeps one warpgroup:
+    :func:`launch_plan`)."""
     rows = problem.kv_group * problem.seqlen_q
-    if not WGMMA_TWO_WARPGROUPS or problem.head_dim not in TWO_WARPGROUP_RINGS or rows < 2 * WARPGROUP_ROWS:
+    if not WGMMA_TWO_WARPGROUPS or problem.head_dim not in TWO_WARPGROUP_RINGS:
+        return False
+    if rows < TWO_WARPGROUP_MIN_ROWS or rows <= WARPGROUP_ROWS:
         return False
     return wgmma_tile(problem, device)
 

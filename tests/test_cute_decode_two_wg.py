@@ -10,6 +10,13 @@ its first ten. Static (sm_90a): seed 233 row 5 and a paged ragged 256-row shape 
 without spills, 256 threads of one CTA an SM, a key loop of two overlapped blocks' HGMMA and no mma.sync; off
 (planted: the one-warpgroup tile) the rule fails. GPU (``gpu`` marker; bench/cute_decode_two_wg_ab.sh): on, against
 fp64 on a poisoned output; the planted rows bug (a CTA's rows taken in 64-row tiles) must fail the check.
+
+``decode.TWO_WARPGROUP_MIN_ROWS`` (128 by default; helper twg65, untimed at 65): CPU, on at 65, seed 1206 row 1 (80
+packed rows, 8 padded splits) is one two-warpgroup CTA a (pair, split), the split rule fed one CTA along M and one CTA
+an SM, its split count staying; at 128 it keeps two one-warpgroup CTAs; 64 rows never take it, whatever the constant;
+of the sweep's rows of 65-127 packed rows at D=128 (all 80 rows), 65 moves the eight on the padded split, their split
+counts staying; planted, a rule that ignores the constant or drops the one-tile guard fails; the A/B script's rows
+parse and 65 moves exactly its first seven. Static: seed 1206 row 1 compiles as above. GPU: 80 rows, full and ragged.
 """
 
 from __future__ import annotations
@@ -146,6 +153,118 @@ def test_ab_script_rows_parse_and_the_switch_moves_the_first_ten():
 
 
 # ----------------------------------------------------------------------------------------------------
+# TWO_WARPGROUP_MIN_ROWS: from 65 packed rows (one CTA, its second warpgroup part padding); one tile's rows never
+# ----------------------------------------------------------------------------------------------------
+SEED1206_ROW1 = random_cases(8, 1206)[1].problem  # B=8 H=10 Hkv=2 Sq=16 Sk=66304 D=128: 80 packed rows, full cache
+SIXTY_FOUR_ROWS = random_cases(8, 75)[0].problem  # B=8 H=8 Hkv=2 Sq=16 Sk=108800 D=128: 64 packed rows, full cache
+# The sweep's (seed, row)s of 65-127 packed rows at D=128 on the padded split (full caches, all 80 rows).
+MOVED_80_ROWS = [(85, 1), (97, 7), (95, 4), (56, 0), (186, 2), (138, 1), (117, 7), (132, 7)]
+
+
+def _plan_from(problem, min_rows: int, on: bool = True) -> tuple:
+    """:func:`_plan` with ``TWO_WARPGROUP_MIN_ROWS`` at ``min_rows``."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decode, "TWO_WARPGROUP_MIN_ROWS", min_rows)
+        return _plan(problem, on)
+
+
+def assert_one_two_warpgroup_cta(problem) -> None:
+    """On at 65: ``problem`` (65-127 packed rows) is one CTA along M of 128 rows on 8 warps and the overlapped
+    6-stage ring, where off it is two one-warpgroup CTAs; the split count and kind stay."""
+    off, on = _plan_from(problem, 65, on=False), _plan_from(problem, 65)
+    config = on[3]
+    assert config.two_warpgroups and config.wgmma_overlap, config
+    assert (config.tile_m, config.shape.num_warps, config.row_warps, config.shape.stages) == (128, 8, 8, 6), config
+    assert (off[4], on[4]) == (2, 1) and on[:3] == off[:3], (off, on)
+
+
+def assert_one_tile_keeps_one_warpgroup(problem) -> None:
+    """On, with the constant at 1 (every row count): ``problem``'s one 64-row tile keeps its one-warpgroup CTA."""
+    assert _plan_from(problem, 1) == _plan_from(problem, 1, on=False)
+
+
+def test_min_rows_default_is_two_tiles():
+    assert decode.TWO_WARPGROUP_MIN_ROWS == 2 * decode.WARPGROUP_ROWS == 128
+    assert not _plan(SEED1206_ROW1, True)[3].two_warpgroups and _plan(SEED1206_ROW1, True)[4] == 2
+
+
+def test_from_65_rows_seed1206_row1_is_one_cta_and_feeds_the_rule_half(monkeypatch: pytest.MonkeyPatch):
+    """Seed 1206 row 1 (80 rows): one two-warpgroup CTA a (pair, split), 8 splits as before; the padded rule sees one
+    CTA along M (two tiles) and one CTA an SM."""
+    assert (SEED1206_ROW1.kv_group * SEED1206_ROW1.seqlen_q, decode.m_blocks_for(SEED1206_ROW1)) == (80, 2)
+    assert_one_two_warpgroup_cta(SEED1206_ROW1)
+    assert _plan_from(SEED1206_ROW1, 65)[:2] == (8, None)
+    calls = []
+    real = splits.planned_num_splits
+    monkeypatch.setattr(splits, "planned_num_splits", lambda *args: calls.append(args) or real(*args))
+    monkeypatch.setattr(decode, "WGMMA_TWO_WARPGROUPS", True)
+    monkeypatch.setattr(decode, "TWO_WARPGROUP_MIN_ROWS", 65)
+    decode.launch_plan(SEED1206_ROW1, CPU)
+    _, m_blocks, _, policy = calls[-1]
+    assert (m_blocks, policy.ctas_per_sm) == (1, 1), calls
+
+
+def test_one_tile_never_takes_it():
+    assert decode.m_blocks_for(SIXTY_FOUR_ROWS) == 1 and decode.wgmma_tile(SIXTY_FOUR_ROWS, CPU)
+    assert_one_tile_keeps_one_warpgroup(SIXTY_FOUR_ROWS)
+    assert not _plan_from(SIXTY_FOUR_ROWS, 65)[3].two_warpgroups
+
+
+def _ignores_the_constant(problem, device) -> bool:
+    """Planted: the rule as it was, two tiles' rows (128) whatever TWO_WARPGROUP_MIN_ROWS says."""
+    rows = problem.kv_group * problem.seqlen_q
+    return decode.WGMMA_TWO_WARPGROUPS and rows >= 2 * decode.WARPGROUP_ROWS and decode.wgmma_tile(problem, device)
+
+
+def _no_one_tile_guard(problem, device) -> bool:
+    """Planted: the constant alone, so that a 64-row tile takes a CTA whose second warpgroup is all padding."""
+    rows = problem.kv_group * problem.seqlen_q
+    return decode.WGMMA_TWO_WARPGROUPS and rows >= decode.TWO_WARPGROUP_MIN_ROWS and decode.wgmma_tile(problem, device)
+
+
+@pytest.mark.parametrize(
+    ("planted", "check", "problem"),
+    [(_ignores_the_constant, assert_one_two_warpgroup_cta, SEED1206_ROW1),
+     (_no_one_tile_guard, assert_one_tile_keeps_one_warpgroup, SIXTY_FOUR_ROWS)],
+    ids=["ignores-the-constant", "no-one-tile-guard"],
+)  # fmt: skip
+def test_planted_rules_fail(planted, check, problem, monkeypatch: pytest.MonkeyPatch):
+    check(problem)
+    monkeypatch.setattr(decode, "two_warpgroup_tile", planted)
+    with pytest.raises(AssertionError):
+        check(problem)
+
+
+def test_from_65_rows_the_sweep_moves_the_eight_padded_80_row_rows():
+    """Of the sweep's rows of 65-127 packed rows at D=128 (seeds 1-239: twenty, all 80 rows, group 5 x Sq 16), 65
+    moves the eight on the padded split (full caches), each one CTA along M with its split count; the twelve with
+    cache lengths keep the balanced split and their plans."""
+    rows = {
+        (seed, i): case.problem
+        for seed in range(1, 240)
+        for i, case in enumerate(random_cases(8, seed))
+        if case.problem.head_dim == 128 and 64 < case.problem.kv_group * case.problem.seqlen_q < 128
+    }
+    assert len(rows) == 20 and {p.kv_group * p.seqlen_q for p in rows.values()} == {80}
+    moved = {key for key, p in rows.items() if _plan_from(p, 65)[:4] != _plan_from(p, 65, on=False)[:4]}
+    assert moved == set(MOVED_80_ROWS), sorted(moved)
+    for key in moved:
+        assert_one_two_warpgroup_cta(rows[key])
+    assert all(_plan_from(p, 65)[1] is not None for key, p in rows.items() if key not in moved)
+
+
+def test_rows_ab_script_rows_parse_and_65_moves_the_first_seven():
+    script = (Path(__file__).parents[1] / "bench" / "cute_decode_two_wg_rows_ab.sh").read_text()
+    assert "gpu_tests 120 tests/test_cute_decode_two_wg.py" in script
+    assert 'export KNOB_AB_SET="cute_impl.decode:TWO_WARPGROUP_MIN_ROWS=65"' in script
+    head, rows = knob_ab_problems("cute_decode_two_wg_rows_ab.sh", "two_wg_rows")
+    assert head == ["150", "cute_impl.decode:WGMMA_TWO_WARPGROUPS", "False,True", "cute/decode"], head
+    assert rows[0] == SEED1206_ROW1 and rows[-1] == SIXTY_FOUR_ROWS
+    assert [_plan_from(p, 65)[:4] != _plan_from(p, 65, on=False)[:4] for p in rows] == [True] * 7 + [False] * 2
+    assert not any(_plan_from(p, 128)[:4] != _plan_from(p, 128, on=False)[:4] for p in rows)
+
+
+# ----------------------------------------------------------------------------------------------------
 # sm_90a: on, no spills, one CTA of 256 threads an SM, a key loop of HGMMA; off (planted), the rule fails
 # ----------------------------------------------------------------------------------------------------
 def assert_two_warpgroup_key_loop(binary, sass: str, config: decode.DecodeConfig, label: str) -> None:
@@ -160,14 +279,20 @@ def assert_two_warpgroup_key_loop(binary, sass: str, config: decode.DecodeConfig
     assert not re.search(r"\bHMMA\.|\bLDSM\b", sass), f"{label}: the split kernel's tile must not use mma.sync"
 
 
-COMPILED = {"seed233-row5": (SEED233_ROW5, None), "paged64-ragged-padded": (PAGED_RAGGED, "never")}
+# name -> (problem, BALANCED_SPLIT or None: the default, TWO_WARPGROUP_MIN_ROWS)
+COMPILED = {
+    "seed233-row5": (SEED233_ROW5, None, 128),
+    "paged64-ragged-padded": (PAGED_RAGGED, "never", 128),
+    "seed1206-row1-80rows": (SEED1206_ROW1, None, 65),
+}
 
 
 @pytest.mark.cute_compile
 @pytest.mark.parametrize("shape", sorted(COMPILED))
 def test_on_compiles_spill_free_on_hgmma(shape: str, monkeypatch: pytest.MonkeyPatch):
-    problem, balanced = COMPILED[shape]
+    problem, balanced, min_rows = COMPILED[shape]
     monkeypatch.setattr(decode, "WGMMA_TWO_WARPGROUPS", True)
+    monkeypatch.setattr(decode, "TWO_WARPGROUP_MIN_ROWS", min_rows)
     if balanced is not None:
         monkeypatch.setattr(decode, "BALANCED_SPLIT", balanced)
     config = decode.compile_plan(problem, split=True)
@@ -192,9 +317,12 @@ def test_planted_one_warpgroup_tile_fails_the_key_loop_rule():
 # ----------------------------------------------------------------------------------------------------
 # GPU: on, against fp64; a planted rows bug
 # ----------------------------------------------------------------------------------------------------
-# name -> (problem, lengths, forced splits, BALANCED_SPLIT); every case has 128+ packed rows at D=128 and the padded
-# split (the balanced split keeps one warpgroup), the LSE returned.
+# name -> (problem, lengths, forced splits, BALANCED_SPLIT); every case has 80 or 128+ packed rows at D=128 and the
+# padded split (the balanced split keeps one warpgroup), the LSE returned; TWO_WARPGROUP_MIN_ROWS at 65 for all (the
+# 128+ rows take the CTA at either value; 80 rows: one CTA, 48 of its second warpgroup's 64 rows padding).
 GPU_CASES = {
+    "80rows-g5-sq16-full-rule": (_problem(2, 2, 5, 16, 2048, 128), None, None, "never"),
+    "80rows-g5-sq16-ragged-split": (_problem(4, 2, 5, 16, 1024, 128, has_cache_seqlens=True), RAGGED, 2, "never"),
     "256rows-g16-sq16-full-split": (_problem(2, 2, 16, 16, 2048, 128), None, 3, "never"),
     "256rows-g16-sq16-full-rule": (_problem(2, 2, 16, 16, 2048, 128), None, None, "never"),
     "128rows-g8-sq16-ragged-split": (_problem(4, 2, 8, 16, 1024, 128, has_cache_seqlens=True), RAGGED, 2, "never"),
@@ -214,6 +342,7 @@ GPU_CASES = {
 def test_gpu_two_warpgroups_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("WGMMA needs sm_90")
+    monkeypatch.setattr(decode, "TWO_WARPGROUP_MIN_ROWS", 65)
     check_gpu_case(case, GPU_CASES[case], monkeypatch, ("WGMMA_TWO_WARPGROUPS", True), "two_warpgroups")
 
 
