@@ -10,7 +10,7 @@
 # 16/64, forced splits and the rule's, both causal alignments, odd M tiles, the LSE; a planted rows bug), then one A/B
 # through bench.decode_knob_ab (off against on, 2 rounds, each value checked against fp64 first) on the ten rows and
 # the two controls, seed 233 row 5 first (the table is rewritten after every row: a cut run keeps the rows it
-# finished). About 250 s.
+# finished). About 280 s.
 # Run from the project root, carrying [".gpu/cutlass-dsl.tar.xz", ".gpu/activate.sh", ".gpu/fa4"], command
 # `bash bench/cute_decode_two_wg_ab.sh`. Outputs in $OUT: times.txt, pytest.log, two_wg.log, two_wg/.
 set -uo pipefail
@@ -18,7 +18,7 @@ set -uo pipefail
 source "$(dirname "$0")/_gpu_run.sh" cute_decode_two_wg_ab.sh runs/cute_decode_two_wg_ab
 decode_setup
 status=0
-gpu_tests 90 tests/test_cute_decode_two_wg.py
+gpu_tests 120 tests/test_cute_decode_two_wg.py
 knob_ab two_wg 150 cute_impl.decode:WGMMA_TWO_WARPGROUPS 'False,True' cute/decode \
   233/5 139/1 200/4 18/2 107/0 79/1 157/4 204/4 54/7 171/0 59/2 137/1
 cat "$OUT/times.txt"
