@@ -145,7 +145,7 @@ def test_on_leaves_other_plans(case: str):
 def test_ab_script_rows_parse_and_the_switch_moves_the_first_ten():
 
     script = (Path(__file__).parents[1] / "bench" / "cute_decode_two_wg_ab.sh").read_text()
-    assert "gpu_tests 90 tests/test_cute_decode_two_wg.py" in script
+    assert "gpu_tests 120 tests/test_cute_decode_two_wg.py" in script
     head, rows = knob_ab_problems("cute_decode_two_wg_ab.sh", "two_wg")
     assert head == ["150", "cute_impl.decode:WGMMA_TWO_WARPGROUPS", "False,True", "cute/decode"], head
     assert rows[0] == SEED233_ROW5
