@@ -68,7 +68,7 @@ def parsed_target(words: list[str], parser: argparse.ArgumentParser) -> tuple[st
 RUNNERS = {
     "backward": backward_runner,
     "decode": decode_runner,
-    "prefill": lambda impl, *shape: prefill_runner(impl, list(shape)),
+    "prefill": prefill_runner,
 }
 
 

@@ -41,8 +41,8 @@ At D=256 (``decode.WGMMA_D256``, off, untimed) O is 64 × 256 fp32 (128 register
 ``TILE_CONFIGS``' 3 stages of 64 keys (Q 32 KB, K and V 32 KB a stage), the one chain a block; or 6 stages of 32 keys,
 overlapped.
 
-Two warpgroups (``decode.WGMMA_TWO_WARPGROUPS``, off, untimed; D=128, the padded split, rows of two tiles or more, or
-from ``decode.TWO_WARPGROUP_MIN_ROWS`` when it is set lower, its second warpgroup part padding):
+Two warpgroups (``decode.WGMMA_TWO_WARPGROUPS``; D=128, the padded split, by default 65-127 packed rows, its second
+warpgroup part padding: ``decode.TWO_WARPGROUP_MIN_ROWS`` and ``TWO_WARPGROUP_MAX_ROWS``):
 one CTA of 8 warps holds two 64-row M tiles, the tiled MMAs' two atoms along M, so each thread's slice of S, P and O is
 its warpgroup's 64 rows and each warpgroup issues and waits for its own wgmmas. Both warpgroups share one ring of
 ``decode.TWO_WARPGROUP_RINGS``' 6 stages (Q 32 KB, 192 KB of K/V, one CTA an SM, overlapped, 4 blocks in flight: the

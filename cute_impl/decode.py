@@ -301,10 +301,11 @@ WGMMA_OVERLAP_MIN_STAGES = 4
 # Issue #38's 128-256 packed rows at D=128 (seed 233 row 5, 256 rows: cute 789.4 us, gluon's two consumers 656.0): two
 # of the WGMMA tile's 64-row M tiles in one CTA of two warpgroups sharing one K/V ring (``_decode_wgmma.py``, "Two
 # warpgroups"), so that a block is read from L2 once per 128 rows and one warpgroup's softmax runs under the other's
-# wgmmas in one CTA, not across two. Padded split only (the balanced split keeps one warpgroup), rows of at least two
-# tiles, head dim -> the ring's stages: Q (32 KB) and 6 blocks of 32 KB fill the SM, one CTA (the split rule's ask),
-# deep enough for the overlap. Off: untimed (helper cwg2, docs/perf-log.md).
-WGMMA_TWO_WARPGROUPS = False
+# wgmmas in one CTA, not across two. Padded split only (the balanced split keeps one warpgroup), head dim -> the ring's
+# stages: Q (32 KB) and 6 blocks of 32 KB fill the SM, one CTA (the split rule's ask), deep enough for the overlap.
+# Built for rows of two tiles or more, which the packed prefill now takes on contiguous caches; on by default for the
+# 65-127 rows where it was timed to pay (TWO_WARPGROUP_MIN_ROWS and TWO_WARPGROUP_MAX_ROWS below).
+WGMMA_TWO_WARPGROUPS = True
 TWO_WARPGROUP_RINGS = {128: 6}
 WARPGROUP_ROWS, TWO_WARPGROUP_CTAS_PER_SM = 64, 1
 # Issue #38's 65-127 packed rows at D=128 (seed 1206 row 1: B=8 H=10 Hkv=2 Sq=16 Sk=66304, 80 rows, 8 padded splits;
@@ -315,9 +316,14 @@ WARPGROUP_ROWS, TWO_WARPGROUP_CTAS_PER_SM = 64, 1
 # the one-warpgroup tile: Q zero-filled past group · Sq (``load_packed_q``), so S is finite; a padded row's causal
 # diagonal is its row % Sq, a real token's; no row past group · Sq is stored (``merge_warps_and_store``), nor read by
 # the merge. A wholly padded second warpgroup (192 rows' second CTA) runs the same loop on zeros. One tile's rows (64
-# or fewer) never take it, whatever this says: its second warpgroup would be all padding. Default 2 · WARPGROUP_ROWS
-# (the rule as it was); 65: untimed (helper twg65, docs/perf-log.md).
-TWO_WARPGROUP_MIN_ROWS = 2 * WARPGROUP_ROWS
+# or fewer) never take it, whatever this says: its second warpgroup would be all padding. H100, 2026-12-06, off
+# against on from 65 rows (results/h100/cute-decode-two-wg-rows-2026-12-06/, cute-decode-two-wg-left-2026-12-06/):
+# every 80-row row of the sweep 0.58-0.90x (1206/1 255.6 -> 192.0 us, 67 -> 89 %; 56/0 1552.4 -> 896.2), controls
+# 1.00x. TWO_WARPGROUP_MAX_ROWS: the most packed rows it takes (None: no bound). Of the rows of two tiles or more the
+# packed prefill leaves (paged or ragged), 7/3 (256 rows, paged 16) gained 0.93x but 69/4 (128 rows, ragged, 1 split
+# of at most 12 key blocks) lost 2.20x: one CTA an SM has no other CTA to run under a short split's fill and drain.
+TWO_WARPGROUP_MIN_ROWS = WARPGROUP_ROWS + 1
+TWO_WARPGROUP_MAX_ROWS: int | None = 2 * WARPGROUP_ROWS - 1
 # Issue #38's compute-bound class on cute/hopper's kernel (FlashAttention-3's pack-GQA): a contiguous cache of at least
 # this many packed rows (group · Sq) a KV head runs cute/hopper's persistent forward on q packed as (B, Hkv, group · Sq,
 # D) (``HopperAttentionConfig.packed_group``: each row's causal diagonal is its token's), 128-row tiles over all of a
@@ -934,13 +940,15 @@ def wgmma_tile(problem: Problem, device: torch.device) -> bool:
 
 def two_warpgroup_tile(problem: Problem, device: torch.device) -> bool:
     """Whether ``WGMMA_TWO_WARPGROUPS`` would put two of ``problem``'s WGMMA tiles in one CTA of the padded split: a
-    WGMMA tile (:func:`wgmma_tile`) at a head dim of ``TWO_WARPGROUP_RINGS`` with at least ``TWO_WARPGROUP_MIN_ROWS``
-    packed rows and more than one tile's (the balanced split, decided from this padded plan, keeps one warpgroup:
-    :func:`launch_plan`)."""
+    WGMMA tile (:func:`wgmma_tile`) at a head dim of ``TWO_WARPGROUP_RINGS`` with ``TWO_WARPGROUP_MIN_ROWS`` to
+    ``TWO_WARPGROUP_MAX_ROWS`` packed rows and more than one tile's (the balanced split, decided from this padded plan,
+    keeps one warpgroup: :func:`launch_plan`)."""
     rows = problem.kv_group * problem.seqlen_q
     if not WGMMA_TWO_WARPGROUPS or problem.head_dim not in TWO_WARPGROUP_RINGS:
         return False
     if rows < TWO_WARPGROUP_MIN_ROWS or rows <= WARPGROUP_ROWS:
+        return False
+    if TWO_WARPGROUP_MAX_ROWS is not None and rows > TWO_WARPGROUP_MAX_ROWS:
         return False
     return wgmma_tile(problem, device)
 

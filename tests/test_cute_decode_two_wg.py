@@ -1,8 +1,10 @@
-"""Issue #38's 128-256 packed rows at D=128 in cute/decode: ``decode.WGMMA_TWO_WARPGROUPS`` (off, untimed) puts two of
-the WGMMA tile's 64-row M tiles in one CTA of two warpgroups sharing one K/V ring (``cute_impl/_decode_wgmma.py``, "Two
-warpgroups"), in the padded split.
+"""Issue #38's packed rows at D=128 in cute/decode: ``decode.WGMMA_TWO_WARPGROUPS`` puts two of the WGMMA tile's 64-row
+M tiles in one CTA of two warpgroups sharing one K/V ring (``cute_impl/_decode_wgmma.py``, "Two warpgroups"), in the
+padded split. This file tests the mechanism as it was built and timed: every test starts from the switch off, from two
+tiles' rows (128) and no upper bound, with the packed prefill off (the fixture below); the defaults (on for 65-127
+rows) are ``tests/test_cute_decode_two_wg_default.py``'s.
 
-CPU: off by default, every sweep row of seeds 1-239 keeping the one-warpgroup plan; on, seed 233 row 5's compile key is
+CPU: off, every sweep row of seeds 1-239 keeping the one-warpgroup plan; on, seed 233 row 5's compile key is
 128 rows, 8 warps and the 6-stage overlapped ring, the split rule is fed the halved M tiles (rounded up: odd tiles) and
 one CTA an SM (the Q and ring bytes fit one and not two), the split count staying; the balanced split, 64-row tiles,
 D=64 and the mma.sync tiles keep their plans; bench/cute_decode_two_wg_ab.sh's rows parse and the switch moves exactly
@@ -11,7 +13,7 @@ without spills, 256 threads of one CTA an SM, a key loop of two overlapped block
 (planted: the one-warpgroup tile) the rule fails. GPU (``gpu`` marker; bench/cute_decode_two_wg_ab.sh): on, against
 fp64 on a poisoned output; the planted rows bug (a CTA's rows taken in 64-row tiles) must fail the check.
 
-``decode.TWO_WARPGROUP_MIN_ROWS`` (128 by default; helper twg65, untimed at 65): CPU, on at 65, seed 1206 row 1 (80
+``decode.TWO_WARPGROUP_MIN_ROWS`` (helper twg65; 65 by default since 2026-12-06): CPU, on at 65, seed 1206 row 1 (80
 packed rows, 8 padded splits) is one two-warpgroup CTA a (pair, split), the split rule fed one CTA along M and one CTA
 an SM, its split count staying; at 128 it keeps two one-warpgroup CTAs; 64 rows never take it, whatever the constant;
 of the sweep's rows of 65-127 packed rows at D=128 (all 80 rows), 65 moves the eight on the padded split, their split
@@ -51,8 +53,12 @@ CPU = torch.device("cpu")
 @pytest.fixture(autouse=True)
 def _split_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """This switch acts on the split kernels; the packed prefill (on by default since 2026-12-05) takes the contiguous
-    rows of 128+ packed rows, so it is off here and every row keeps the plan the switch was measured on."""
+    rows of 128+ packed rows, so it is off here and every row keeps the plan the switch was measured on. The switch
+    starts off, from two tiles' rows, with no upper bound: the mechanism as built, whatever the defaults."""
     monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_ROWS", None)
+    monkeypatch.setattr(decode, "WGMMA_TWO_WARPGROUPS", False)
+    monkeypatch.setattr(decode, "TWO_WARPGROUP_MIN_ROWS", 2 * decode.WARPGROUP_ROWS)
+    monkeypatch.setattr(decode, "TWO_WARPGROUP_MAX_ROWS", None)
 
 
 SEED233_ROW5 = random_cases(8, 233)[5].problem  # B=4 H=512 Hkv=32 Sq=16 Sk=22016 D=128: 256 packed rows, full cache
@@ -70,8 +76,8 @@ def _plan(problem, on: bool, balanced: str | None = None) -> tuple:
         return (*decode.launch_plan(problem, CPU), decode.padded_m_blocks(problem, CPU))
 
 
-def test_off_by_default_and_no_sweep_row_takes_it():
-    assert decode.WGMMA_TWO_WARPGROUPS is False and decode.TWO_WARPGROUP_RINGS == {128: 6}
+def test_off_no_sweep_row_takes_it():
+    assert decode.TWO_WARPGROUP_RINGS == {128: 6}
     rows = [case.problem for seed in range(1, 240) for case in random_cases(8, seed)]
     assert not any(decode.launch_plan(problem, CPU)[3].two_warpgroups for problem in rows)
     assert all(decode.padded_m_blocks(problem, CPU) == decode.m_blocks_for(problem) for problem in rows)
@@ -183,7 +189,7 @@ def assert_one_tile_keeps_one_warpgroup(problem) -> None:
     assert _plan_from(problem, 1) == _plan_from(problem, 1, on=False)
 
 
-def test_min_rows_default_is_two_tiles():
+def test_from_two_tiles_rows_seed1206_row1_keeps_two_ctas():
     assert decode.TWO_WARPGROUP_MIN_ROWS == 2 * decode.WARPGROUP_ROWS == 128
     assert not _plan(SEED1206_ROW1, True)[3].two_warpgroups and _plan(SEED1206_ROW1, True)[4] == 2
 

@@ -7,6 +7,7 @@ import argparse
 
 import pytest
 
+from bench import ncu_target
 from bench.ncu_target import RUNNERS, parsed_target
 
 
@@ -25,3 +26,20 @@ def test_a_malformed_target_is_the_parsers_error(words: list[str], capsys):
         parsed_target(words, argparse.ArgumentParser())
     assert ended.value.code == 2
     assert "expected" in capsys.readouterr().err
+
+
+def test_the_prefill_runner_takes_the_parsed_numbers(monkeypatch: pytest.MonkeyPatch):
+    """The parsed B H S D CAUSAL reach the problem as they were given (a runner that took them as one list raised
+    before any launch)."""
+
+    class Rung:
+        def prepare(self, q, k, v, problem):
+            return lambda: (q, k, v)
+
+    monkeypatch.setattr(ncu_target, "get", lambda impl: Rung())
+    monkeypatch.setattr(ncu_target, "make_inputs", lambda problem, seed: ("q", "k", "v"))
+    kind, values = parsed_target(["4", "32", "8192", "64", "1"], argparse.ArgumentParser())
+    runner, problem = RUNNERS[kind]("cute/fp8", *values)
+    assert runner() == ("q", "k", "v")
+    shape = (problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k, problem.head_dim, problem.causal)
+    assert shape == (4, 32, 8192, 8192, 64, True)
