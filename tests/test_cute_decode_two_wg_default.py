@@ -23,7 +23,8 @@ from tests.test_cute_decode_wgmma import check_gpu_case
 
 CPU = torch.device("cpu")
 MOVED_80_ROWS = {(85, 1), (97, 7), (95, 4), (56, 0), (186, 2), (138, 1), (117, 7), (132, 7)}
-LEFT_TWO_TILES = {(7, 3): 256, (69, 4): 128}  # (seed, row) -> packed rows: paged or ragged, the packed prefill's leavings
+# (seed, row) -> packed rows: paged or ragged, the packed prefill's leavings.
+LEFT_TWO_TILES = {(7, 3): 256, (69, 4): 128}
 
 
 def _plan(problem, on: bool = True) -> tuple:
