@@ -41,16 +41,17 @@ At D=256 (``decode.WGMMA_D256``, off, untimed) O is 64 × 256 fp32 (128 register
 ``TILE_CONFIGS``' 3 stages of 64 keys (Q 32 KB, K and V 32 KB a stage), the one chain a block; or 6 stages of 32 keys,
 overlapped.
 
-Two warpgroups (``decode.WGMMA_TWO_WARPGROUPS``; D=128, the padded split, by default 65-127 packed rows, its second
-warpgroup part padding: ``decode.TWO_WARPGROUP_MIN_ROWS`` and ``TWO_WARPGROUP_MAX_ROWS``):
+Two warpgroups (``decode.WGMMA_TWO_WARPGROUPS``; the head dims of ``decode.TWO_WARPGROUP_RINGS``, D=128 by default,
+the padded split, by default 65-127 packed rows, its second warpgroup part padding: ``decode.TWO_WARPGROUP_MIN_ROWS``
+and ``TWO_WARPGROUP_MAX_ROWS``):
 one CTA of 8 warps holds two 64-row M tiles, the tiled MMAs' two atoms along M, so each thread's slice of S, P and O is
 its warpgroup's 64 rows and each warpgroup issues and waits for its own wgmmas. Both warpgroups share one ring of
-``decode.TWO_WARPGROUP_RINGS``' 6 stages (Q 32 KB, 192 KB of K/V, one CTA an SM, overlapped, 4 blocks in flight: the
-two one-warpgroup CTAs' 2 + 2) and both issue its cp.async copies, 256 threads a block. Not a producer warp: this
-kernel's ring is cp.async, whose hand-over is each thread's ``wait_group`` then a CTA barrier, and its two CTA barriers
-a step (256 threads) already count both warpgroups' arrivals: ``wait_kv_block``'s before a block is read (gluon's
-ready barrier) and ``load_kv_ahead``'s before a slot is refilled, which each thread reaches only after its own
-warpgroup's ``wait_group`` retired the P V that read the slot (gluon's per-slot empty barrier counting both
+``decode.TWO_WARPGROUP_RINGS``' 6 stages at D=128 (Q 32 KB, 192 KB of K/V, one CTA an SM, overlapped, 4 blocks in
+flight: the two one-warpgroup CTAs' 2 + 2) and both issue its cp.async copies, 256 threads a block. Not a producer
+warp: this kernel's ring is cp.async, whose hand-over is each thread's ``wait_group`` then a CTA barrier, and its two
+CTA barriers a step (256 threads) already count both warpgroups' arrivals: ``wait_kv_block``'s before a block is read
+(gluon's ready barrier) and ``load_kv_ahead``'s before a slot is refilled, which each thread reaches only after its
+own warpgroup's ``wait_group`` retired the P V that read the slot (gluon's per-slot empty barrier counting both
 consumers). A producer would need an mbarrier ring (TMA, or ``cp.async.mbarrier.arrive``) and setmaxnreg, with no
 register pressure to relieve (186 registers, no spills). The price: the barriers keep the two warpgroups in one step,
 so the tensor cores see both warpgroups' wgmmas together and both softmaxes together, under their P Vs. Each K/V block

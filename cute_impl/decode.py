@@ -305,6 +305,10 @@ WGMMA_OVERLAP_MIN_STAGES = 4
 # stages: Q (32 KB) and 6 blocks of 32 KB fill the SM, one CTA (the split rule's ask), deep enough for the overlap.
 # Built for rows of two tiles or more, which the packed prefill now takes on contiguous caches; on by default for the
 # 65-127 rows where it was timed to pay (TWO_WARPGROUP_MIN_ROWS and TWO_WARPGROUP_MAX_ROWS below).
+# TWO_WARPGROUP_RINGS: the head dims it takes and their ring's stages. D=64 is not in it: its 80-row rows (137/1 at
+# 61 % of the read bandwidth on two 64-row CTAs a split, H200) are the next candidate, {64: 10} (Q 16 KB and ten
+# 16 KB blocks, eight in flight as the two CTAs' 4 + 4; sm_90a: 143 registers, no spills), built and untimed
+# (bench/cute_decode_two_wg_d64_ab.sh).
 WGMMA_TWO_WARPGROUPS = True
 TWO_WARPGROUP_RINGS = {128: 6}
 WARPGROUP_ROWS, TWO_WARPGROUP_CTAS_PER_SM = 64, 1
