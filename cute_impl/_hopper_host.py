@@ -99,6 +99,10 @@ class HopperAttentionConfig:
     # extent of O and the LSE, then fp32 partials (splits, B, H, Sq, D) and (splits, B, H, Sq) written from the
     # registers (normalised O, natural-log LSE), for cute/decode's merge kernel. 16-bit only.
     key_splits: bool = False
+    # FP8 block scales addressed with 32-bit strides (``fp8.SCALE_INDEX_32BIT``): the (B, H, blocks) scale tensors are
+    # small, and with 64-bit strides ptxas recomputes each key block's scale addresses from the batch and head
+    # strides inside the key loop (six 64-bit multiply-adds for K's and V's each, uniform registers being short).
+    scale_index_32: bool = False
 
     @property
     def out_dtype(self) -> torch.dtype:
@@ -144,7 +148,8 @@ def fake_arguments(config: HopperAttentionConfig) -> tuple[Any, ...]:
     if config.key_splits:  # the fp32 partials, the split count leading
         outputs = [fake_tensor(Float32, 5), fake_tensor(Float32, 4)]
     cache_seqlens = fake_cache_seqlens() if config.has_cache_seqlens else None
-    scales = [fake_tensor(Float32, 3) for _ in range(3)] if config.fp8 else [None] * 3
+    scale_bits = 32 if config.scale_index_32 else 64
+    scales = [fake_tensor(Float32, 3, scale_bits) for _ in range(3)] if config.fp8 else [None] * 3
     rotation = fake_tensor(CUTE_DTYPES[config.dtype], 2) if config.quantise_q else None
     # The scalars' values do not enter the code: softmax_scale_log2, output_scale, SM count.
     scalars = [Float32(1.0), Float32(1.0), Int32(STATIC_SM_COUNT)]

@@ -102,14 +102,17 @@ def cache_seqlens_tensor(cache_seqlens: torch.Tensor) -> torch.Tensor:
     return cache_seqlens
 
 
-def fake_tensor(element_type: type, rank: int) -> Any:
+def fake_tensor(element_type: type, rank: int, stride_bits: int = 64) -> Any:
     """What a launch passes for a torch operand, without data: a CUDA tensor (global memory) with
     every dimension and outer stride symbolic, the last dimension contiguous, 16-byte aligned
     (``kernel_operand`` guarantees both, and the TVM-FFI call checks them). The compiled function reads
     each tensor's sizes and strides in the order this type declares (a static head dim here would
-    shift every stride after it)."""
+    shift every stride after it). ``stride_bits``: 64, or 32 for a tensor of fewer than 2^31 elements."""
+    if stride_bits not in (32, 64):
+        raise ValueError(f"a fake tensor's strides are 32 or 64 bits, got {stride_bits}")
     sizes = tuple(cute.sym_int() for _ in range(rank))
-    strides = (*(cute.sym_int64() for _ in range(rank - 1)), 1)
+    stride = cute.sym_int64 if stride_bits == 64 else cute.sym_int
+    strides = (*(stride() for _ in range(rank - 1)), 1)
     return make_fake_tensor(element_type, sizes, strides, assumed_align=OPERAND_ALIGNMENT_BYTES)
 
 

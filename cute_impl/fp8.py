@@ -27,6 +27,8 @@ Algorithm
    thread and tile (the amax before x c, the box written by stmatrix; ``_fp8_query.py``, "lean").
    ``Q_QUOTIENT_CORRECTIONS`` (issue #37, 1 by default; 2 as the quantiser): the same correctly rounded quotient
    of each Q value by its block scale from one Markstein correction instead of two (``_fp8_query.quotient``).
+   ``SCALE_INDEX_32BIT`` (issue #37, off by default): K's and V's block scales read with 32-bit strides, so that the
+   causal key loop no longer recomputes their addresses from 64-bit strides a block.
    ``PROGRAMMATIC_LAUNCH`` (issue #37, off by default): end to end, the kernel is launched by programmatic
    dependent launch, so that it starts under the quantiser's last wave and waits for it only before reading what
    it writes (``hopper.py``, "Programmatic dependent launch").
@@ -167,6 +169,13 @@ LEAN_Q_QUANTISATION = True
 # way round; averaged over both orders the kernel -2.1 µs causal, +0.9 non-causal, end to end +0.9 / +6 (spreads 4-67).
 Q_QUOTIENT_CORRECTIONS = 1
 Q_QUOTIENT_CORRECTION_CHOICES = (1, ROTATED_CORRECTIONS)
+# Issue #37's block-scale addressing (bench/fp8_scale_index_ab.sh times it): the K and V block scales read with 32-bit
+# strides (``HopperAttentionConfig.scale_index_32``). With 64-bit ones, ptxas recomputes each key block's two scale
+# addresses from the batch and head strides inside the causal key loop (Nsight Compute of causal D=64,
+# results/h100/cute-decode-two-wg-left-2026-12-06/ncu/: the step 29 instructions longer than the non-causal one's).
+# sm_90a, Triton-independent: the causal key loop 504 -> 486 instructions at D=64 and 575 -> 557 at P1 D=128,
+# non-causal 475 and 549 -> 546. Off: untimed. Read when a launch is built.
+SCALE_INDEX_32BIT = False
 
 
 # D=64 configurations for issue #37's A/B (``python -m bench.gluon_sweep bench 3 --cands fp8-d64``;
@@ -207,7 +216,8 @@ D64_CANDIDATES: dict[bool, dict[str, dict[str, Any]]] = {
 def fp8_config(problem: Problem, quantisation: Quantisation, **knobs: Any) -> HopperAttentionConfig:
     """``hopper``'s FP8 configuration, reading block scales when ``quantisation`` has them; ``knobs``
     replace fields of the default (``D64_CANDIDATES``)."""
-    config = dataclasses.replace(default_config(problem, fp8=True), **{"block_scales": quantisation.block, **knobs})
+    fields = {"block_scales": quantisation.block, "scale_index_32": SCALE_INDEX_32BIT, **knobs}
+    config = dataclasses.replace(default_config(problem, fp8=True), **fields)
     if config.rotate_ahead and not config.quantise_q:
         raise ValueError("cute/fp8 issues the next tile's rotation ahead (rotate_ahead) only with quantise_q")
     if config.lean_quantise_q and not config.quantise_q:
