@@ -1289,13 +1289,16 @@ def fake_arguments(config: DecodeConfig | HopperAttentionConfig) -> tuple[Any, .
 def compile_plan(problem: Problem, split: bool = True) -> DecodeConfig:
     """What ``compile_sm90`` compiles: the split form (the split kernel writing partials, and the
     merge; ``split=False``: the split kernel writing O directly) at ``problem``'s head dim, dtype, mask
-    and features (one query token when ``problem`` is prefill-sized, as the canonical problem is)."""
+    and features (one query token when ``problem`` is prefill-sized, as the canonical problem is). Balanced where
+    the launch plan makes balanced slabs: a problem the packed prefill takes has none, whatever ``balanced_split``
+    says, and compiles the padded split's kernels."""
     decode_sized = problem if problem.seqlen_q <= MAX_SEQLEN_Q else problem.with_(seqlen_q=1)
-    balanced = split and balanced_split(decode_sized)
     cpu = torch.device("cpu")
+    slabs = launch_plan(decode_sized, cpu)[1]
+    balanced = split and slabs is not None
     two_warpgroups = warpgroups_plan(decode_sized, cpu, balanced)
     shallow = balanced and not two_warpgroups
-    stages = balanced_ring_stages(decode_sized, cpu, launch_plan(decode_sized, cpu)[1]) if shallow else None
+    stages = balanced_ring_stages(decode_sized, cpu, slabs) if shallow else None
     runs = balanced_merge_runs(decode_sized, cpu) if balanced else 1
     return decode_config(
         decode_sized, split=split, balanced=balanced, m_tile_major=M_TILE_MAJOR, stages=stages, merge_runs=runs,

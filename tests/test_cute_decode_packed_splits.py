@@ -11,7 +11,9 @@ blocks in their split's masked top, a diagonal across two blocks, empty splits f
 planted: a boundary off by one, a masked count of 1, an empty split that sees keys); the launch's partials, their
 merge views and the in-place outputs with the kernel and the merge simulated in float64 against the reference
 (planted: the merge's weights in log2 units); bench/cute_decode_packed_splits_ab.sh's rows parse, the switch moves
-its first rows only and ``--set`` holds the packed prefill on; ``plan_of`` names the splits. Static (sm_90a): the
+its first rows only and ``--set`` holds the packed prefill on; ``plan_of`` names the splits; ``compile_plan`` of a
+row the key splits take while ``balanced_split`` says yes (98/2) is the padded split's (it raised before). Static
+(sm_90a): the
 split builds compile through cute/decode's kernels (cute/hopper's and the merge) without local memory. GPU (``gpu``
 marker): forced splits 2-8 against fp64 on a poisoned output; planted, a split boundary off by one and the merge's
 weights in log2 units fail.
@@ -465,3 +467,17 @@ def test_planted_kernel_boundary_drops_blocks_on_ints():
     assert not _split_faults(blocks, seqlen, [15], 3, key_split_range)
     assert _split_faults(blocks, seqlen, [15], 3, _off_by_one_kernel_boundary)
     assert math.isclose(LOG2_E, _decode_merge.COMBINE_LOG2_E)
+
+
+def test_compile_plan_of_a_row_the_packed_prefill_takes_is_the_padded_split():
+    """Seed 98 row 2 (128 packed rows at D=64 over 353k keys): the split rule's splits pass LONG_CHAIN_SPLITS, so
+    ``balanced_split`` says yes, but the packed prefill takes the row in 40 key splits and the launch plan makes no
+    balanced slabs.
+    ``compile_plan`` follows the plan and compiles the padded split's kernels; asking ``balanced_split`` alone, as it
+    did until 2026-12-06, handed the shallow ring's rule no slabs and raised a TypeError."""
+    problem = random_cases(8, 98)[2].problem
+    assert decode.balanced_split(problem) and decode.launch_plan(problem, torch.device("cpu"))[1] is None
+    config = decode.compile_plan(problem)
+    assert isinstance(config, decode.DecodeConfig) and not config.balanced_min_blocks, config
+    for case in random_cases(8, 98):  # none of the seed's rows raises
+        decode.compile_plan(case.problem)
