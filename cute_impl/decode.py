@@ -331,11 +331,11 @@ TWO_WARPGROUP_MIN_ROWS = WARPGROUP_ROWS + 1
 TWO_WARPGROUP_MAX_ROWS: int | None = 2 * WARPGROUP_ROWS - 1
 # Issue #38's 65-127 packed rows on the balanced split (cache lengths: 12 of the sweep's 20 80-row rows at D=128; 86/4
 # at 54 % of the read bandwidth on an H100, 2026-12-06, where the padded rows' two-warpgroup CTA took 1206/1 from 67
-# to 89 %): the same CTA for each share, the share's M tiles in one CTA. The share rule is asked for one CTA along M and
-# one CTA an SM (the same 132 "per-slot" shares as two 64-row tiles on two slots an SM), and the ring keeps its 6
-# stages: the shallow ring (BALANCED_SHALLOW_RING) lets more one-warpgroup CTAs onto an SM past a wave, and the
-# two-warpgroup CTA is one an SM by its registers whatever its ring. sm_90a at 86/4: 193 registers, no spills. Off:
-# untimed (bench/cute_decode_two_wg_balanced_ab.sh).
+# to 89 %): the same CTA for each share, the share's M tiles in one CTA. The share rule is asked for one CTA along M,
+# one CTA an SM and half the shares an SM (so the same shares as two 64-row tiles on two slots an SM), and the ring
+# keeps its 6 stages: the shallow ring (BALANCED_SHALLOW_RING) lets more one-warpgroup CTAs onto an SM past a wave,
+# and the two-warpgroup CTA is one an SM by its registers whatever its ring. sm_90a at 86/4: 193 registers, no
+# spills. Off: untimed (bench/cute_decode_two_wg_balanced_ab.sh).
 BALANCED_TWO_WARPGROUPS = False
 # Issue #38's compute-bound class on cute/hopper's kernel (FlashAttention-3's pack-GQA): a contiguous cache of at least
 # this many packed rows (group · Sq) a KV head runs cute/hopper's persistent forward on q packed as (B, Hkv, group · Sq,
