@@ -28,13 +28,15 @@ Key = tuple[str, str]
 class Fp8KnobAB:
     """``knob`` (a ``cute_impl.fp8`` attribute, read when a launch is built) at each of ``settings`` (name -> value,
     the first the reference every O is compared with); ``config_field``: the launch config's field that must then
-    hold the value; ``title`` and ``stem`` name the table and its files."""
+    hold the value; ``title`` and ``stem`` name the table and its files; ``max_rel_l2``: 0 (O bit for bit the
+    reference's) or the relative L2 distance a knob that reorders fp32 arithmetic may leave."""
 
     knob: str
     settings: dict[str, object]
     title: str
     stem: str
     config_field: str | None = None
+    max_rel_l2: float = 0.0
 
     @property
     def reference(self) -> str:
@@ -66,7 +68,14 @@ class Fp8KnobAB:
 
         reference = runs[(self.reference, "kernel")]().clone()
         checked = [key for key in runs if key[0] != "bf16" and key[1] != "quantiser"]
-        return [key for key in checked if not torch.equal(run_poisoned(runs[key]), reference)]
+        return [key for key in checked if not self.same(run_poisoned(runs[key]), reference)]
+
+    def same(self, out: torch.Tensor, reference: torch.Tensor) -> bool:
+        """``out`` is ``reference`` bit for bit, or within ``max_rel_l2`` of it (NaN never is)."""
+        if self.max_rel_l2 == 0.0:
+            return torch.equal(out, reference)
+        distance = torch.linalg.vector_norm((out - reference).double()) / torch.linalg.vector_norm(reference.double())
+        return bool(distance <= self.max_rel_l2)
 
     def case_rows(self, causal: bool, inputs, args: argparse.Namespace) -> list[dict]:
         problem = fp8_q_in_kernel.problem_of(args, causal)

@@ -465,6 +465,26 @@ class OnlineSoftmax:
 
 
 @cute.jit
+def fold_block_product(
+    acc_O: cute.Tensor, acc_PV: cute.Tensor, o_scale: cute.Tensor, v_scale: cute.Tensor, pv_scale: Float32 | None
+):
+    """``fold_v_scale``: O, held as O / s_v(last) and owing ``o_scale``'s row factors, takes one key block's P V in
+    one FMA a value, O = O · (factor · s_v(last) / s_v(this)) + P V (``pv_scale``: this block's V scale; None with
+    per-tensor scales, which the output scale carries), and this block's frame becomes the last."""
+    rO, rPV = rows_by_cols(acc_O), rows_by_cols(acc_PV)
+    ratio = Float32(1.0)
+    if cutlass.const_expr(pv_scale is not None):
+        # An approximate reciprocal (1 ulp): IEEE division's slow path is a call with a stack frame, and an ulp a
+        # block of O's frame is far inside e4m3's error.
+        ratio = v_scale[0] * cute.arch.rcp_approx(pv_scale)
+        v_scale[0] = pv_scale
+    for r in cutlass.range_constexpr(cute.size(rO, mode=[0])):
+        factor = o_scale[r] * ratio
+        for c in cutlass.range_constexpr(cute.size(rO, mode=[1])):
+            rO[r, c] = rO[r, c] * factor + rPV[r, c]
+
+
+@cute.jit
 def add_block_product(acc_O: cute.Tensor, acc_PV: cute.Tensor, pv_scale: Float32 | None = None):
     """O += P V of one key block (times its V scale with FP8 block quantisation: one FMA per value)."""
     if cutlass.const_expr(pv_scale is None):
@@ -724,8 +744,11 @@ class WarpgroupGemms(NamedTuple):
     tOrP: cute.Tensor  # P in the A-operand register layout
     turns: WarpgroupTurns
     # 16-bit: the factor per row that O still owes the last softmax update; applied just before the
-    # next O += P V is issued, while S = Q Kᵀ runs on the tensor cores.
+    # next O += P V is issued, while S = Q Kᵀ runs on the tensor cores. FP8 with ``fold_v_scale``: applied in
+    # :func:`fold_block_product`.
     o_scale: cute.Tensor  # (ROWS_PER_THREAD,) fp32
+    # FP8 with ``fold_v_scale``: the V scale of the last key block O holds (its frame), else None.
+    v_scale: cute.Tensor | None = None  # (1,) fp32
 
 
 class OutputEpilogue(ReadOnlyInRegions):

@@ -103,6 +103,11 @@ class HopperAttentionConfig:
     # small, and with 64-bit strides ptxas recomputes each key block's scale addresses from the batch and head
     # strides inside the key loop (six 64-bit multiply-adds for K's and V's each, uniform registers being short).
     scale_index_32: bool = False
+    # FP8 (``fp8.FOLD_V_SCALE``): O kept in the frame of its last key block's V scale and owing the last softmax
+    # update's row factor, so that each block's P V joins it in one FMA a value, acc = acc · (owed factor · s_v(last) /
+    # s_v(this)) + P V, as gluon/fp8 accumulates, instead of an FMA with the V scale and a conditional multiply by
+    # the row factor; the last block's V scale joins the output scale.
+    fold_v_scale: bool = False
 
     @property
     def out_dtype(self) -> torch.dtype:

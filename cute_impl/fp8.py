@@ -176,6 +176,16 @@ Q_QUOTIENT_CORRECTION_CHOICES = (1, ROTATED_CORRECTIONS)
 # sm_90a, Triton-independent: the causal key loop 504 -> 486 instructions at D=64 and 575 -> 557 at P1 D=128,
 # non-causal 475 and 549 -> 546. Off: untimed. Read when a launch is built.
 SCALE_INDEX_32BIT = False
+# Issue #37's folded V scale (bench/fp8_fold_v_ab.sh times it): each key block's separate P V joins O in one FMA a
+# value, O held in its last V block's frame and owing the last softmax update's row factors
+# (``HopperAttentionConfig.fold_v_scale``; gluon/fp8's ``accumulate``), instead of an FMA with the block's V scale
+# and a warp-uniform conditional multiply of O by the row factors, taken at 47-59 % of the D=64 blocks (Nsight
+# Compute, results/h100/cute-decode-two-wg-left-2026-12-06/ncu/). At D=128 the key step is issue-bound: the gluon
+# kernel's step is 466 instructions against this one's 549, 59 of them the conditional FMULs. Off: untimed. Read
+# when a launch is built. FOLD_V_SCALE_HEAD_DIMS: where it applies; D=64's three consumers at 128 registers carry
+# the owed row factors and the V scale across the loop only by spilling (88 bytes with GQA, cache lengths and the LSE).
+FOLD_V_SCALE = False
+FOLD_V_SCALE_HEAD_DIMS = (128,)
 
 
 # D=64 configurations for issue #37's A/B (``python -m bench.gluon_sweep bench 3 --cands fp8-d64``;
@@ -216,7 +226,9 @@ D64_CANDIDATES: dict[bool, dict[str, dict[str, Any]]] = {
 def fp8_config(problem: Problem, quantisation: Quantisation, **knobs: Any) -> HopperAttentionConfig:
     """``hopper``'s FP8 configuration, reading block scales when ``quantisation`` has them; ``knobs``
     replace fields of the default (``D64_CANDIDATES``)."""
-    fields = {"block_scales": quantisation.block, "scale_index_32": SCALE_INDEX_32BIT, **knobs}
+    fold = FOLD_V_SCALE and problem.head_dim in FOLD_V_SCALE_HEAD_DIMS
+    fields = {"block_scales": quantisation.block, "scale_index_32": SCALE_INDEX_32BIT, "fold_v_scale": fold}
+    fields.update(knobs)
     config = dataclasses.replace(default_config(problem, fp8=True), **fields)
     if config.rotate_ahead and not config.quantise_q:
         raise ValueError("cute/fp8 issues the next tile's rotation ahead (rotate_ahead) only with quantise_q")

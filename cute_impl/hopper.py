@@ -187,6 +187,7 @@ from cute_impl._hopper_device import (
     WarpgroupTurns,
     WorkTile,
     add_block_product,
+    fold_block_product,
     head_major,
     load_block,
     one_stage,
@@ -236,6 +237,8 @@ class HopperAttention:
         # FP8 tensor-core accumulator keeps fewer mantissa bits than fp32 (see fp8.py's measurements).
         self.fp8 = config.fp8
         self.separate_pv = config.fp8
+        # FP8: each block's P V folded into O in one FMA a value, O in its last V block's frame (``fp8.FOLD_V_SCALE``).
+        self.fold_v_scale = config.fp8 and config.fold_v_scale
         self.block_scales = config.block_scales
         self.pingpong = config.pingpong
         # FP8: Q read in its input dtype and quantised by each consumer warpgroup (``_fp8_query.py``).
@@ -462,6 +465,7 @@ class HopperAttention:
                 tOrP=tOrP,
                 turns=turns,
                 o_scale=cute.make_rmem_tensor(ROWS_PER_THREAD, Float32),
+                v_scale=cute.make_rmem_tensor(1, Float32) if cutlass.const_expr(self.fold_v_scale) else None,
             )
             quantiser = None
             if cutlass.const_expr(self.quantise_q):
@@ -553,6 +557,8 @@ class HopperAttention:
                     quantiser.rotate(rotated_ahead, cleared=True)
 
                 # 3. Normalise, log-sum-exp.
+                if cutlass.const_expr(self.fold_v_scale and self.block_scales):
+                    tile_output_scale = tile_output_scale * gemms.v_scale[0]  # O is in its last V block's frame
                 lse = softmax.finalize(acc_O, tile_output_scale)
                 if cutlass.const_expr(self.key_splits):
                     # 4, key splits: the split's fp32 partials straight from registers (the merge follows).
@@ -610,8 +616,10 @@ class HopperAttention:
         k_slot.release()
         mask.apply(acc_S, n_block)
         row_scale = softmax.update(acc_S, key_scale)
-        if cutlass.const_expr(not self.separate_pv):
+        if cutlass.const_expr(not self.separate_pv or self.fold_v_scale):
             gemms.o_scale.store(row_scale.load())
+        if cutlass.const_expr(self.fold_v_scale):
+            gemms.v_scale[0] = Float32(1.0)  # any finite frame: O is still zero
         scores_to_operand_a(acc_S, gemms.tOrP)
         return k_consumer
 
@@ -648,7 +656,10 @@ class HopperAttention:
         # P's registers (and, FP8, O) are rewritten below: the O += P V that reads them must retire first.
         warpgroup.wait_group(0)
         v_slot.release()
-        if cutlass.const_expr(self.separate_pv):
+        if cutlass.const_expr(self.fold_v_scale):
+            fold_block_product(acc_O, acc_PV, gemms.o_scale, gemms.v_scale, pv_scale)
+            gemms.o_scale.store(row_scale.load())
+        elif cutlass.const_expr(self.separate_pv):
             softmax.rescale(acc_O, row_scale, acc_PV, pv_scale)
         else:
             gemms.o_scale.store(row_scale.load())
@@ -672,7 +683,9 @@ class HopperAttention:
         pv_scale = None if scales is None else scales.value(n_block)
         warpgroup.wait_group(0)
         v_slot.release()
-        if cutlass.const_expr(self.separate_pv):
+        if cutlass.const_expr(self.fold_v_scale):
+            fold_block_product(acc_O, acc_PV, gemms.o_scale, gemms.v_scale, pv_scale)
+        elif cutlass.const_expr(self.separate_pv):
             add_block_product(acc_O, acc_PV, pv_scale)
         return v_consumer
 

@@ -58,6 +58,7 @@ def _fake_sanitizer(folder: Path) -> None:
         ("bench.fp8_tile_work", False, "needs a CUDA GPU"),
         ("bench.fp8_quotient", False, "needs a CUDA GPU"),
         ("bench.fp8_scale_index", False, "needs a CUDA GPU"),
+        ("bench.fp8_fold_v", False, "needs a CUDA GPU"),
         ("bench.cute_fp8_pingpong", False, "needs a CUDA GPU"),
         ("bench.gluon_fp8_pingpong", False, "needs a CUDA GPU"),
         ("bench.gluon_hopper_pingpong", False, "needs a CUDA GPU"),

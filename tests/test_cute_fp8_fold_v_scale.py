@@ -1,0 +1,150 @@
+"""cute/fp8 with each key block's P V folded into O in one FMA a value (``fp8.FOLD_V_SCALE``, issue #37; off and
+untimed): O held in its last V block's frame and owing the last softmax update's row factors, as gluon/fp8 accumulates,
+instead of an FMA with the block's V scale and a warp-uniform conditional multiply by the row factors.
+
+CPU: off by default, and the module constant reaches the configuration at D=128 only (``FOLD_V_SCALE_HEAD_DIMS``).
+Static (sm_90a): the key step at least 40 instructions shorter at D=128 and 20 at D=64, causal and not, with no more
+registers, spills or stack; the every-feature build (GQA, cache lengths, the LSE, bottom-right) no more spilled at
+D=128, and at D=64 spilled (why D=64 is left out); planted, a fold that adds and rescales apart (the old arithmetic)
+fails the rule. GPU (``gpu``; bench/fp8_fold_v_ab.sh): FP8_RULE against the emulation on ragged GQA shapes with cache
+lengths and the LSE, every mask, at D=128 and (the knob forced) D=64, and on FA3's outlier inputs; planted, the fold
+without the V-scale ratio fails it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass")
+
+import cutlass
+import cutlass.cute as cute
+
+from common.contract.check import check_on_inputs
+from common.contract.fp8 import fa3_inputs
+from common.contract.inputs import make_inputs
+from common.contract.problem import Problem
+from common.reporting.static import cubin_resources, cubin_sass, loop_census
+from cute_impl import _hopper_device, fp8, hopper
+from tests._helpers import MASKS, edge_cache_seqlens, feature_problem
+
+MIN_CUT = {128: 40, 64: 20}  # key-step instructions the fold must save (the census counts the rescale as taken)
+
+
+def test_off_by_default_and_the_constant_reaches_the_config_at_d128_only(monkeypatch: pytest.MonkeyPatch):
+    problem = Problem(2, 16, 8192, 8192, 128, dtype=torch.bfloat16)
+    assert fp8.FOLD_V_SCALE is False and fp8.FOLD_V_SCALE_HEAD_DIMS == (128,)
+    assert not fp8.fp8_config(problem, fp8.DEFAULT_QUANTISATION).fold_v_scale
+    monkeypatch.setattr(fp8, "FOLD_V_SCALE", True)
+    assert fp8.fp8_config(problem, fp8.DEFAULT_QUANTISATION).fold_v_scale
+    assert not fp8.fp8_config(problem.with_(head_dim=64), fp8.DEFAULT_QUANTISATION).fold_v_scale
+
+
+def _build(problem: Problem, on: bool) -> tuple[int, int, int]:
+    """(key-step instructions, registers, spilled and stack bytes) of cute/fp8's kernel for ``problem``."""
+    (binary, *_) = fp8.compile_sm90(problem, fold_v_scale=on)
+    usage = next(iter(cubin_resources(binary.cubin).values()))
+    spilled = usage["local_bytes"] + usage["stack_bytes"]
+    return loop_census(cubin_sass(binary.cubin)).instructions, usage["registers"], spilled
+
+
+def assert_shorter_step(head_dim: int, causal: bool) -> None:
+    batch, heads = (2, 16) if head_dim == 128 else (4, 32)
+    problem = Problem(batch, heads, 8192, 8192, head_dim, dtype=torch.bfloat16, causal=causal)
+    (off, off_registers, off_spilled), (on, on_registers, on_spilled) = _build(problem, False), _build(problem, True)
+    print(f"D={head_dim} causal={causal}: key step {off} -> {on} instructions, {off_registers} -> {on_registers} regs")
+    assert on <= off - MIN_CUT[head_dim], (off, on)
+    assert on_registers <= off_registers and on_spilled <= off_spilled, (off_registers, on_registers, on_spilled)
+
+
+@pytest.mark.cute_compile
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_on_shortens_the_key_step(head_dim: int, causal: bool):
+    assert_shorter_step(head_dim, causal)
+
+
+def assert_no_more_spilled_with_every_feature(head_dim: int) -> None:
+    problem = feature_problem((1000, 777), head_dim, 2, "causal_bottom_right", True)
+    assert _build(problem, True)[2] <= _build(problem, False)[2], head_dim
+
+
+@pytest.mark.cute_compile
+def test_on_spills_no_more_with_every_feature_where_it_applies():
+    """D=128 (``FOLD_V_SCALE_HEAD_DIMS``); D=64, left out, spills 88 bytes so (the rule must fail there)."""
+    assert_no_more_spilled_with_every_feature(128)
+    with pytest.raises(AssertionError):
+        assert_no_more_spilled_with_every_feature(64)
+
+
+@cute.jit
+def _apart(acc_O: cute.Tensor, acc_PV: cute.Tensor, o_scale: cute.Tensor, v_scale: cute.Tensor, pv_scale):
+    """Planted: the old arithmetic under the new name, P V added with its V scale, then O multiplied by the row factors
+    when any row of the warp moved."""
+    _hopper_device.add_block_product(acc_O, acc_PV, pv_scale)
+    rO = _hopper_device.rows_by_cols(acc_O)
+    moved = o_scale[0] != 1.0
+    for r in cutlass.range_constexpr(1, cute.size(rO, mode=[0])):
+        moved = moved | (o_scale[r] != 1.0)
+    if cute.arch.vote_any_sync(moved):
+        for r in cutlass.range_constexpr(cute.size(rO, mode=[0])):
+            for c in cutlass.range_constexpr(cute.size(rO, mode=[1])):
+                rO[r, c] = rO[r, c] * o_scale[r]
+
+
+@pytest.mark.cute_compile
+def test_planted_fold_apart_fails_the_rule(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(hopper, "fold_block_product", _apart)
+    with pytest.raises(AssertionError):
+        assert_shorter_step(128, False)
+
+
+def check_folded(head_dim: int, mask: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cute/fp8 folded on a ragged GQA shape with cache lengths and the LSE, offset inputs, judged by FP8_RULE against
+    the emulation of its quantisation on poisoned outputs."""
+    monkeypatch.setattr(fp8, "FOLD_V_SCALE", True)
+    monkeypatch.setattr(fp8, "FOLD_V_SCALE_HEAD_DIMS", (64, 128))
+    problem = feature_problem((1000, 777), head_dim, 2, mask, True)
+    q, k, v = make_inputs(problem, seed=23, offset=0.5)
+    cache_seqlens = edge_cache_seqlens(problem.batch, problem.seqlen_k, "cuda")
+    result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem, cache_seqlens=cache_seqlens)
+    assert result.ok, f"folded {problem.describe()}: {result.summary()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_folded_meets_the_rule(head_dim: int, mask: str, monkeypatch: pytest.MonkeyPatch):
+    check_folded(head_dim, mask, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_folded_meets_the_rule_on_fa3_outliers(causal: bool, monkeypatch: pytest.MonkeyPatch):
+    """A long shape (32 key blocks a row, each its own V scale) on FA3's outlier inputs."""
+    monkeypatch.setattr(fp8, "FOLD_V_SCALE", True)
+    problem = Problem(1, 8, 4096, 4096, 128, dtype=torch.bfloat16, causal=causal)
+    q, k, v = fa3_inputs(problem, seed=5, device="cuda")
+    result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem)
+    assert result.ok, f"folded {problem.describe()}: {result.summary()}"
+
+
+@cute.jit
+def _without_ratio(acc_O: cute.Tensor, acc_PV: cute.Tensor, o_scale: cute.Tensor, v_scale: cute.Tensor, pv_scale):
+    """Planted: the fold without s_v(last) / s_v(this), so every block's P V is taken in the last block's frame."""
+    rO, rPV = _hopper_device.rows_by_cols(acc_O), _hopper_device.rows_by_cols(acc_PV)
+    if cutlass.const_expr(pv_scale is not None):
+        v_scale[0] = pv_scale
+    for r in cutlass.range_constexpr(cute.size(rO, mode=[0])):
+        for c in cutlass.range_constexpr(cute.size(rO, mode=[1])):
+            rO[r, c] = rO[r, c] * o_scale[r] + rPV[r, c]
+
+
+@pytest.mark.gpu
+def test_gpu_planted_fold_without_the_ratio_fails(monkeypatch: pytest.MonkeyPatch):
+    check_folded(128, "causal", monkeypatch)
+    monkeypatch.setattr(hopper.KERNELS, "compiled", {})  # the planted build must not be the cached one
+    monkeypatch.setattr(hopper, "fold_block_product", _without_ratio)
+    with pytest.raises(AssertionError):
+        check_folded(128, "causal", monkeypatch)
