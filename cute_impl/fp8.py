@@ -29,6 +29,8 @@ Algorithm
    of each Q value by its block scale from one Markstein correction instead of two (``_fp8_query.quotient``).
    ``SCALE_INDEX_32BIT`` (issue #37, off by default): K's and V's block scales read with 32-bit strides, so that the
    causal key loop no longer recomputes their addresses from 64-bit strides a block.
+   ``FOLD_V_SCALE`` (issue #37, off by default, D=128): each block's P V joins O in one FMA a value, O kept in its
+   last V block's frame and owing the last softmax update's row factors, as gluon/fp8 accumulates.
    ``PROGRAMMATIC_LAUNCH`` (issue #37, off by default): end to end, the kernel is launched by programmatic
    dependent launch, so that it starts under the quantiser's last wave and waits for it only before reading what
    it writes (``hopper.py``, "Programmatic dependent launch").
