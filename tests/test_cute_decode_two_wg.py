@@ -362,6 +362,14 @@ class _OneTileRows(_decode_wgmma.WgmmaDecodeKernel):
         super().merge_warps_and_store(sO_parts, sLSE_parts, gO, gLSE, row_start // 2, rows, tidx)
 
 
+def assert_planted_one_tile_rows_fail(case: tuple, monkeypatch: pytest.MonkeyPatch, switch: tuple, label: str) -> None:
+    """``case`` (two CTAs along M: 256 rows, the upper bound and the packed prefill off) passes with decode's
+    ``switch`` set, and fails with the CTA's rows taken in 64-row tiles (:class:`_OneTileRows`)."""
+    monkeypatch.setattr(decode, "TWO_WARPGROUP_MAX_ROWS", None)
+    monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_ROWS", None)
+    assert_planted_bug_fails(case, monkeypatch, switch, (_decode_wgmma, "WgmmaDecodeKernel", _OneTileRows), label)
+
+
 @pytest.mark.gpu
 def test_gpu_planted_one_tile_rows_fail_the_check(monkeypatch: pytest.MonkeyPatch):
     if torch.cuda.get_device_capability()[0] != 9:

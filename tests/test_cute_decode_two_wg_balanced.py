@@ -21,11 +21,11 @@ pytest.importorskip("cutlass")
 from common.contract import splits
 from common.measure.decode_sweep import random_cases
 from common.reporting.static import cubin_sass
-from cute_impl import _decode_wgmma, decode
+from cute_impl import decode
 from tests._helpers import knob_ab_problems
 from tests.test_cute_decode_rows import RAGGED, _problem
-from tests.test_cute_decode_two_wg import _OneTileRows, assert_two_warpgroup_key_loop
-from tests.test_cute_decode_wgmma import assert_planted_bug_fails, check_gpu_case, compile_with_shared_bytes
+from tests.test_cute_decode_two_wg import assert_planted_one_tile_rows_fail, assert_two_warpgroup_key_loop
+from tests.test_cute_decode_wgmma import check_gpu_case, compile_with_shared_bytes
 from tests.test_cute_decode_wide_tile import _ring_and_q_bytes, assert_kernels_fit
 
 CPU = torch.device("cpu")
@@ -130,9 +130,6 @@ def test_gpu_balanced_two_warpgroups_against_fp64(case: str, monkeypatch: pytest
 def test_gpu_planted_one_tile_rows_fail_the_check(monkeypatch: pytest.MonkeyPatch):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("WGMMA needs sm_90")
-    monkeypatch.setattr(decode, "TWO_WARPGROUP_MAX_ROWS", None)
-    monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_ROWS", None)
     case = (_problem(4, 2, 16, 16, 1024, 128, has_cache_seqlens=True), RAGGED, None, "always")  # 256 rows, 2 CTAs
-    planted = (_decode_wgmma, "WgmmaDecodeKernel", _OneTileRows)
     switch = ("BALANCED_TWO_WARPGROUPS", True)
-    assert_planted_bug_fails(case, monkeypatch, switch, planted, "the one-tile rows on the balanced split")
+    assert_planted_one_tile_rows_fail(case, monkeypatch, switch, "the one-tile rows on the balanced split")
