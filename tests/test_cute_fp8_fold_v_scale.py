@@ -25,9 +25,9 @@ from common.contract.check import check_on_inputs
 from common.contract.fp8 import fa3_inputs
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
-from common.reporting.static import cubin_resources, cubin_sass, loop_census
 from cute_impl import _hopper_device, fp8, hopper
 from tests._helpers import MASKS, edge_cache_seqlens, feature_problem
+from tests.test_cute_fp8_scale_index import key_step_build
 
 MIN_CUT = {128: 40, 64: 20}  # key-step instructions the fold must save (the census counts the rescale as taken)
 
@@ -42,11 +42,7 @@ def test_off_by_default_and_the_constant_reaches_the_config_at_d128_only(monkeyp
 
 
 def _build(problem: Problem, on: bool) -> tuple[int, int, int]:
-    """(key-step instructions, registers, spilled and stack bytes) of cute/fp8's kernel for ``problem``."""
-    (binary, *_) = fp8.compile_sm90(problem, fold_v_scale=on)
-    usage = next(iter(cubin_resources(binary.cubin).values()))
-    spilled = usage["local_bytes"] + usage["stack_bytes"]
-    return loop_census(cubin_sass(binary.cubin)).instructions, usage["registers"], spilled
+    return key_step_build(problem, fold_v_scale=on)
 
 
 def assert_shorter_step(head_dim: int, causal: bool) -> None:
@@ -78,19 +74,10 @@ def test_on_spills_no_more_with_every_feature_where_it_applies():
         assert_no_more_spilled_with_every_feature(64)
 
 
-@cute.jit
 def _apart(acc_O: cute.Tensor, acc_PV: cute.Tensor, o_scale: cute.Tensor, v_scale: cute.Tensor, pv_scale):
-    """Planted: the old arithmetic under the new name, P V added with its V scale, then O multiplied by the row factors
-    when any row of the warp moved."""
-    _hopper_device.add_block_product(acc_O, acc_PV, pv_scale)
-    rO = _hopper_device.rows_by_cols(acc_O)
-    moved = o_scale[0] != 1.0
-    for r in cutlass.range_constexpr(1, cute.size(rO, mode=[0])):
-        moved = moved | (o_scale[r] != 1.0)
-    if cute.arch.vote_any_sync(moved):
-        for r in cutlass.range_constexpr(cute.size(rO, mode=[0])):
-            for c in cutlass.range_constexpr(cute.size(rO, mode=[1])):
-                rO[r, c] = rO[r, c] * o_scale[r]
+    """Planted: the old arithmetic under the new name, ``OnlineSoftmax.rescale``'s P V added with its V scale, then O
+    multiplied by the row factors when any row of the warp moved (the method reads nothing of its softmax)."""
+    _hopper_device.OnlineSoftmax.rescale(None, acc_O, o_scale, acc_PV, pv_scale)
 
 
 @pytest.mark.cute_compile

@@ -43,15 +43,17 @@ def test_fake_tensor_refuses_another_stride_width():
         _host.fake_tensor(torch.float32, 3, 16)
 
 
-def _build(problem: Problem, on: bool) -> tuple[int, int, int]:
-    """(key-loop instructions, registers, spilled and stack bytes) of cute/fp8's kernel for ``problem``."""
-    (binary, *_) = fp8.compile_sm90(problem, scale_index_32=on)
+def key_step_build(problem: Problem, **knobs: bool) -> tuple[int, int, int]:
+    """(key-step instructions, registers, spilled and stack bytes) of cute/fp8's kernel for ``problem`` with ``knobs``
+    replacing fields of its configuration (shared with ``tests/test_cute_fp8_fold_v_scale.py``)."""
+    (binary, *_) = fp8.compile_sm90(problem, **knobs)
     usage = next(iter(cubin_resources(binary.cubin).values()))
-    return (
-        loop_census(cubin_sass(binary.cubin)).instructions,
-        usage["registers"],
-        usage["local_bytes"] + usage["stack_bytes"],
-    )
+    spilled = usage["local_bytes"] + usage["stack_bytes"]
+    return loop_census(cubin_sass(binary.cubin)).instructions, usage["registers"], spilled
+
+
+def _build(problem: Problem, on: bool) -> tuple[int, int, int]:
+    return key_step_build(problem, scale_index_32=on)
 
 
 def assert_shorter_causal_step(head_dim: int, batch: int, heads: int) -> None:
