@@ -1,4 +1,4 @@
-"""cute/fp8 with each key block's P V folded into O in one FMA a value (``cute_impl.fp8.FOLD_V_SCALE``, off by default)
+"""cute/fp8 with each key block's P V folded into O in one FMA a value (``cute_impl.fp8.FOLD_V_SCALE``, on by default)
 against the P V added with its V scale and O rescaled apart, issue #37: at P1 (B=2 H=16 S=8192 D=128 bf16, FA3 inputs;
 D=128 only, ``FOLD_V_SCALE_HEAD_DIMS``), causal first, then non-causal, in one process, ``--rounds``
 interleaved rounds, the order reversed every other round (``fp8_q_in_kernel.interleaved_samples``; medians, every

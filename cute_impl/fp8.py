@@ -27,10 +27,12 @@ Algorithm
    thread and tile (the amax before x c, the box written by stmatrix; ``_fp8_query.py``, "lean").
    ``Q_QUOTIENT_CORRECTIONS`` (issue #37, 1 by default; 2 as the quantiser): the same correctly rounded quotient
    of each Q value by its block scale from one Markstein correction instead of two (``_fp8_query.quotient``).
-   ``SCALE_INDEX_32BIT`` (issue #37, off by default): K's and V's block scales read with 32-bit strides, so that the
-   causal key loop no longer recomputes their addresses from 64-bit strides a block.
-   ``FOLD_V_SCALE`` (issue #37, off by default, D=128): each block's P V joins O in one FMA a value, O kept in its
-   last V block's frame and owing the last softmax update's row factors, as gluon/fp8 accumulates.
+   ``SCALE_INDEX_32BIT`` (issue #37, on by default, causal only): K's and V's block scales read with 32-bit strides,
+   so that the causal key loop no longer recomputes their addresses from 64-bit strides a block (causal kernels
+   0.97-0.99x the time; non-causal D=64 lost 1.12x, so ``SCALE_INDEX_32BIT_CAUSAL_ONLY``).
+   ``FOLD_V_SCALE`` (issue #37, on by default, D=128): each block's P V joins O in one FMA a value, O kept in its
+   last V block's frame and owing the last softmax update's row factors, as gluon/fp8 accumulates (P1 kernels
+   0.95x the time).
    ``PROGRAMMATIC_LAUNCH`` (issue #37, off by default): end to end, the kernel is launched by programmatic
    dependent launch, so that it starts under the quantiser's last wave and waits for it only before reading what
    it writes (``hopper.py``, "Programmatic dependent launch").
@@ -176,17 +178,23 @@ Q_QUOTIENT_CORRECTION_CHOICES = (1, ROTATED_CORRECTIONS)
 # addresses from the batch and head strides inside the causal key loop (Nsight Compute of causal D=64,
 # results/h100/cute-decode-two-wg-left-2026-12-06/ncu/: the step 29 instructions longer than the non-causal one's).
 # sm_90a, Triton-independent: the causal key loop 504 -> 486 instructions at D=64 and 575 -> 557 at P1 D=128,
-# non-causal 475 and 549 -> 546. Off: untimed. Read when a launch is built.
-SCALE_INDEX_32BIT = False
+# non-causal 475 and 549 -> 546. H100, 2026-12-06, with FOLD_V_SCALE on (results/h100/fp8-scale-index-2026-12-06/):
+# causal kernels 0.989x the time at P1 and 0.968x at D=64 (B=4 H=32), each the same in the call without the fold;
+# non-causal 1.00x at P1 but 1.12x at D=64 (3527 -> 3944 us, twice, with the same instruction count: unexplained),
+# hence SCALE_INDEX_32BIT_CAUSAL_ONLY. Both read when a launch is built.
+SCALE_INDEX_32BIT = True
+SCALE_INDEX_32BIT_CAUSAL_ONLY = True
 # Issue #37's folded V scale (bench/fp8_fold_v_ab.sh times it): each key block's separate P V joins O in one FMA a
 # value, O held in its last V block's frame and owing the last softmax update's row factors
-# (``HopperAttentionConfig.fold_v_scale``; gluon/fp8's ``accumulate``), instead of an FMA with the block's V scale
-# and a warp-uniform conditional multiply of O by the row factors, taken at 47-59 % of the D=64 blocks (Nsight
-# Compute, results/h100/cute-decode-two-wg-left-2026-12-06/ncu/). At D=128 the key step is issue-bound: the gluon
-# kernel's step is 466 instructions against this one's 549, 59 of them the conditional FMULs. Off: untimed. Read
-# when a launch is built. FOLD_V_SCALE_HEAD_DIMS: where it applies; D=64's three consumers at 128 registers carry
-# the owed row factors and the V scale across the loop only by spilling (88 bytes with GQA, cache lengths and the LSE).
-FOLD_V_SCALE = False
+# (``HopperAttentionConfig.fold_v_scale``; gluon/fp8's ``accumulate``), instead of an FMA with the block's V scale and a
+# warp-uniform conditional multiply of O by the row factors, taken at 47-59 % of the D=64 blocks (Nsight Compute,
+# results/h100/cute-decode-two-wg-left-2026-12-06/ncu/). At D=128 the key step is issue-bound: the gluon kernel's step
+# is 466 instructions against this one's 549, 59 of them the conditional FMULs; folded, 489. H100, 2026-12-06
+# (results/h100/fp8-fold-v-2026-12-06/): P1 kernels 0.950x the time causal (802 -> 844 TFLOP/s) and 0.947x non-causal
+# (833 -> 880), causal end to end 1.069 -> 1.105x cute/hopper's kernel. Read when a launch is built.
+# FOLD_V_SCALE_HEAD_DIMS: where it applies; D=64's three consumers at 128 registers carry the owed row factors and the V
+# scale across the loop only by spilling (88 bytes with GQA, cache lengths and the LSE).
+FOLD_V_SCALE = True
 FOLD_V_SCALE_HEAD_DIMS = (128,)
 
 
@@ -229,7 +237,8 @@ def fp8_config(problem: Problem, quantisation: Quantisation, **knobs: Any) -> Ho
     """``hopper``'s FP8 configuration, reading block scales when ``quantisation`` has them; ``knobs``
     replace fields of the default (``D64_CANDIDATES``)."""
     fold = FOLD_V_SCALE and problem.head_dim in FOLD_V_SCALE_HEAD_DIMS
-    fields = {"block_scales": quantisation.block, "scale_index_32": SCALE_INDEX_32BIT, "fold_v_scale": fold}
+    index_32 = SCALE_INDEX_32BIT and (problem.causal or not SCALE_INDEX_32BIT_CAUSAL_ONLY)
+    fields = {"block_scales": quantisation.block, "scale_index_32": index_32, "fold_v_scale": fold}
     fields.update(knobs)
     config = dataclasses.replace(default_config(problem, fp8=True), **fields)
     if config.rotate_ahead and not config.quantise_q:

@@ -1,8 +1,9 @@
-"""cute/fp8 with each key block's P V folded into O in one FMA a value (``fp8.FOLD_V_SCALE``, issue #37; off and
-untimed): O held in its last V block's frame and owing the last softmax update's row factors, as gluon/fp8 accumulates,
-instead of an FMA with the block's V scale and a warp-uniform conditional multiply by the row factors.
+"""cute/fp8 with each key block's P V folded into O in one FMA a value (``fp8.FOLD_V_SCALE``, issue #37; on by default
+at D=128 since 2026-12-06, results/h100/fp8-fold-v-2026-12-06/): O held in its last V block's frame and owing the last
+softmax update's row factors, as gluon/fp8 accumulates, instead of an FMA with the block's V scale and a warp-uniform
+conditional multiply by the row factors.
 
-CPU: off by default, and the module constant reaches the configuration at D=128 only (``FOLD_V_SCALE_HEAD_DIMS``).
+CPU: on by default, and the module constant reaches the configuration at D=128 only (``FOLD_V_SCALE_HEAD_DIMS``).
 Static (sm_90a): the key step at least 40 instructions shorter at D=128 and 20 at D=64, causal and not, with no more
 registers, spills or stack; the every-feature build (GQA, cache lengths, the LSE, bottom-right) no more spilled at
 D=128, and at D=64 spilled (why D=64 is left out); planted, a fold that adds and rescales apart (the old arithmetic)
@@ -32,13 +33,13 @@ from tests.test_cute_fp8_scale_index import key_step_build
 MIN_CUT = {128: 40, 64: 20}  # key-step instructions the fold must save (the census counts the rescale as taken)
 
 
-def test_off_by_default_and_the_constant_reaches_the_config_at_d128_only(monkeypatch: pytest.MonkeyPatch):
+def test_on_by_default_and_the_constant_reaches_the_config_at_d128_only(monkeypatch: pytest.MonkeyPatch):
     problem = Problem(2, 16, 8192, 8192, 128, dtype=torch.bfloat16)
-    assert fp8.FOLD_V_SCALE is False and fp8.FOLD_V_SCALE_HEAD_DIMS == (128,)
-    assert not fp8.fp8_config(problem, fp8.DEFAULT_QUANTISATION).fold_v_scale
-    monkeypatch.setattr(fp8, "FOLD_V_SCALE", True)
+    assert fp8.FOLD_V_SCALE is True and fp8.FOLD_V_SCALE_HEAD_DIMS == (128,)
     assert fp8.fp8_config(problem, fp8.DEFAULT_QUANTISATION).fold_v_scale
     assert not fp8.fp8_config(problem.with_(head_dim=64), fp8.DEFAULT_QUANTISATION).fold_v_scale
+    monkeypatch.setattr(fp8, "FOLD_V_SCALE", False)
+    assert not fp8.fp8_config(problem, fp8.DEFAULT_QUANTISATION).fold_v_scale
 
 
 def _build(problem: Problem, on: bool) -> tuple[int, int, int]:
@@ -87,16 +88,16 @@ def test_planted_fold_apart_fails_the_rule(monkeypatch: pytest.MonkeyPatch):
         assert_shorter_step(128, False)
 
 
-def check_folded(head_dim: int, mask: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """cute/fp8 folded on a ragged GQA shape with cache lengths and the LSE, offset inputs, judged by FP8_RULE against
-    the emulation of its quantisation on poisoned outputs."""
-    monkeypatch.setattr(fp8, "FOLD_V_SCALE", True)
+def check_folded(head_dim: int, mask: str, monkeypatch: pytest.MonkeyPatch, folded: bool = True) -> None:
+    """cute/fp8 folded (or, ``folded`` False, apart) on a ragged GQA shape with cache lengths and the LSE, offset
+    inputs, judged by FP8_RULE against the emulation of its quantisation on poisoned outputs."""
+    monkeypatch.setattr(fp8, "FOLD_V_SCALE", folded)
     monkeypatch.setattr(fp8, "FOLD_V_SCALE_HEAD_DIMS", (64, 128))
     problem = feature_problem((1000, 777), head_dim, 2, mask, True)
     q, k, v = make_inputs(problem, seed=23, offset=0.5)
     cache_seqlens = edge_cache_seqlens(problem.batch, problem.seqlen_k, "cuda")
     result = check_on_inputs(fp8.IMPLEMENTATION, q, k, v, problem, cache_seqlens=cache_seqlens)
-    assert result.ok, f"folded {problem.describe()}: {result.summary()}"
+    assert result.ok, f"folded={folded} {problem.describe()}: {result.summary()}"
 
 
 @pytest.mark.gpu
@@ -104,6 +105,12 @@ def check_folded(head_dim: int, mask: str, monkeypatch: pytest.MonkeyPatch) -> N
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_gpu_folded_meets_the_rule(head_dim: int, mask: str, monkeypatch: pytest.MonkeyPatch):
     check_folded(head_dim, mask, monkeypatch)
+
+
+@pytest.mark.gpu
+def test_gpu_apart_still_meets_the_rule(monkeypatch: pytest.MonkeyPatch):
+    """The switch turned off (the arithmetic before the fold) at D=128, causal: what the A/B timed against."""
+    check_folded(128, "causal", monkeypatch, folded=False)
 
 
 @pytest.mark.gpu

@@ -1,16 +1,17 @@
-"""cute/fp8's block scales read with 32-bit strides (``fp8.SCALE_INDEX_32BIT``, issue #37; off and untimed).
+"""cute/fp8's block scales read with 32-bit strides (``fp8.SCALE_INDEX_32BIT``, issue #37; on by default for the causal
+mask only since 2026-12-06, results/h100/fp8-scale-index-2026-12-06/).
 
 Nsight Compute of the causal D=64 kernel (results/h100/cute-decode-two-wg-left-2026-12-06/ncu/) found its key-block
 step 29 instructions longer than the non-causal one's: ptxas recomputes K's and V's block-scale addresses from the
 64-bit batch and head strides every block. With 32-bit strides for the (B, H, blocks) scale tensors the step shrinks.
 
-CPU: off by default and the module constant reaches the configuration; ``fake_tensor`` refuses a stride width it does
-not make. Static (sm_90a): causal D=64 and D=128, the key loop at least 15 instructions shorter with no more
-registers, spills or stack, non-causal no longer; the every-feature causal build (GQA, cache lengths, the LSE,
-bottom-right) no more spilled; planted, scale tensors left at 64-bit strides whatever the knob fail the rule. GPU
-(``gpu``; bench/fp8_scale_index_ab.sh): O and the LSE bit for bit the knob-off kernel's (the same arithmetic, other
-addresses) on ragged GQA shapes with cache lengths, causal and not, D=64 and 128; planted, a V scale read one block
-off fails that equality.
+CPU: on by default, reaching the configuration of causal problems only (``SCALE_INDEX_32BIT_CAUSAL_ONLY``);
+``fake_tensor`` refuses a stride width it does not make. Static (sm_90a): causal D=64 and D=128, the key loop at least
+15 instructions shorter with no more registers, spills or stack, non-causal no longer; the every-feature causal build
+(GQA, cache lengths, the LSE, bottom-right) no more spilled; planted, scale tensors left at 64-bit strides whatever the
+knob fail the rule. GPU (``gpu``; bench/fp8_scale_index_ab.sh): O and the LSE bit for bit the knob-off kernel's (the
+same arithmetic, other addresses) on ragged GQA shapes with cache lengths, causal and not (the restriction lifted), D=64
+and 128; planted, a V scale read one block off fails that equality.
 """
 
 from __future__ import annotations
@@ -30,12 +31,16 @@ from tests._helpers import edge_cache_seqlens
 FEATURES = {"kv_heads": 2, "causal_alignment": "bottom_right", "has_cache_seqlens": True, "return_lse": True}
 
 
-def test_off_by_default_and_the_constant_reaches_the_config(monkeypatch: pytest.MonkeyPatch):
-    problem = Problem(2, 16, 8192, 8192, 128, dtype=torch.bfloat16, causal=True)
-    assert fp8.SCALE_INDEX_32BIT is False
-    assert not fp8.fp8_config(problem, fp8.DEFAULT_QUANTISATION).scale_index_32
-    monkeypatch.setattr(fp8, "SCALE_INDEX_32BIT", True)
-    assert fp8.fp8_config(problem, fp8.DEFAULT_QUANTISATION).scale_index_32
+def test_on_by_default_for_causal_problems_only(monkeypatch: pytest.MonkeyPatch):
+    causal = Problem(2, 16, 8192, 8192, 128, dtype=torch.bfloat16, causal=True)
+    full = causal.with_(causal=False)
+    assert fp8.SCALE_INDEX_32BIT is True and fp8.SCALE_INDEX_32BIT_CAUSAL_ONLY is True
+    assert fp8.fp8_config(causal, fp8.DEFAULT_QUANTISATION).scale_index_32
+    assert not fp8.fp8_config(full, fp8.DEFAULT_QUANTISATION).scale_index_32
+    monkeypatch.setattr(fp8, "SCALE_INDEX_32BIT_CAUSAL_ONLY", False)
+    assert fp8.fp8_config(full, fp8.DEFAULT_QUANTISATION).scale_index_32
+    monkeypatch.setattr(fp8, "SCALE_INDEX_32BIT", False)
+    assert not fp8.fp8_config(causal, fp8.DEFAULT_QUANTISATION).scale_index_32
 
 
 def test_fake_tensor_refuses_another_stride_width():
@@ -91,6 +96,7 @@ def _outputs(problem: Problem, inputs: tuple, cache_seqlens: torch.Tensor, on: b
     ``BlockScales.value``, and run), on poisoned outputs."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(fp8, "SCALE_INDEX_32BIT", on)
+        patch.setattr(fp8, "SCALE_INDEX_32BIT_CAUSAL_ONLY", False)
         if planted is not None:
             patch.setattr(_hopper_device.BlockScales, "value", planted)
         return tuple(t.clone() for t in run_poisoned(fp8.prepare(*inputs, problem, cache_seqlens=cache_seqlens)))
