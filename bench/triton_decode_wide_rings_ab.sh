@@ -19,6 +19,9 @@ source "$(dirname "$0")/_gpu_run.sh" triton_decode_wide_rings_ab.sh runs/triton_
 decode_setup
 status=0
 gpu_tests 60 tests/test_triton_decode_wide_rings.py
+# The ring is the wide tile's; since 2026-12-06 D=64 takes 64-row tiles by default, so the A/B holds the wide tile
+# at D=64 as it was when this ran (results/h200/decode-wide-rings-2026-12-05/).
+export KNOB_AB_SET="triton_impl.decode:WIDE_M_TILE_HEAD_DIMS=(64,128)"
 knob_ab wide_rings 240 triton_impl.decode:WIDE_CONTIGUOUS_RINGS \
   '{},{64: (128, 3), 128: (128, 2)},{64: (128, 3), 128: (128, 3)}' triton/decode \
   233/5 139/1 200/4 18/2 79/1 157/4 204/4 54/7 171/0 103/0 41/1 137/1 93/4 149/4 59/2 61/3 73/3

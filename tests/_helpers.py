@@ -153,6 +153,15 @@ def child_result(results: dict[str, dict], key: str) -> Any:
     return entry["result"]
 
 
+def triton_wide_tile_at_every_head_dim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """triton/decode's ``WIDE_M_TILE`` on at each head dim it has a wide tile for (``WIDE_CONFIGS``), D=64 included,
+    which the default (``WIDE_M_TILE_HEAD_DIMS``) leaves to 64-row tiles since 2026-12-06: the wide tile's own tests."""
+    from triton_impl import decode
+
+    monkeypatch.setattr(decode, "WIDE_M_TILE", True)
+    monkeypatch.setattr(decode, "WIDE_M_TILE_HEAD_DIMS", tuple(decode.WIDE_CONFIGS))
+
+
 # The masks of the CuTe rungs' feature tests: (causal, causal_alignment).
 MASKS = {"full": (False, "top_left"), "causal": (True, "top_left"), "causal_bottom_right": (True, "bottom_right")}
 

@@ -38,7 +38,7 @@ from common.contract.problem import Problem
 from common.contract.registry import Implementation, discover
 from common.measure.timing import capture
 from common.toolchain.releases import triton_release
-from tests._helpers import json_from_child
+from tests._helpers import json_from_child, triton_wide_tile_at_every_head_dim
 from triton_impl import _decode_merge, decode
 from triton_impl import _device as device
 from triton_impl._device import split_key_range
@@ -411,6 +411,7 @@ def test_balanced_split_is_the_default_with_cache_seqlens_and_its_grid_is_fixed_
     long = problem.with_(seqlen_k=65536)
     assert decode.balanced_target_shares(long, CPU) == splits.DEFAULT_SM_COUNT * decode.BALANCED_SHARES_PER_SM
     mqa = _decode_problem(16, 1, heads=8).with_(seqlen_k=65536)  # 128 packed rows: one wide M tile
+    triton_wide_tile_at_every_head_dim(monkeypatch)  # the default leaves D=64 to 64-row tiles
     # The wide tile holds one CTA an SM (ONE_SLOT_ONE_WAVE): one wave of its slots less the 3 items.
     assert decode.balanced_target_shares(mqa, CPU) == splits.DEFAULT_SM_COUNT - mqa.batch * mqa.kv_heads
     monkeypatch.setattr(decode, "WIDE_M_TILE", False)  # two 64-row M tiles share the SMs

@@ -1,8 +1,9 @@
-"""Issue #38's packed rows: ``WIDE_M_TILE`` in triton/decode (on by default) and gluon/decode (off), one CTA
-for up to 128 packed rows (group · Sq) at D <= 128 instead of one per 64.
+"""Issue #38's packed rows: ``WIDE_M_TILE`` in triton/decode (on by default at D=128, ``WIDE_M_TILE_HEAD_DIMS``)
+and gluon/decode (off), one CTA for up to 128 packed rows (group · Sq) at D <= 128 instead of one per 64.
 
-CPU: off, every rung plans with 64-row tiles; on, the tile, warps and M tiles of the shapes it is for (and none
-of the others); triton/decode with it on against fp64 under the interpreter, contiguous and paged; a
+CPU: off, every rung plans with 64-row tiles; on (triton's at every head dim it has a tile for), the tile, warps and
+M tiles of the shapes it is for (and none of the others); triton's default takes it at D=128 only (planted, a default
+that takes it at D=64 fails); triton/decode with it on against fp64 under the interpreter, contiguous and paged; a
 planted wide plan whose grid still counts 64-row tiles fails the check. Static: both rungs' wide kernels
 compile for sm_90a without spills, in the shared memory a CTA may take (gluon's D=128 ring and 128-row Q
 tile: 224 KB). GPU (``gpu`` marker; run for ``results/h200/decode-packed-ab/``): both rungs with it on against
@@ -21,7 +22,7 @@ from common.contract.check import check_on_inputs
 from common.contract.inputs import make_inputs, make_paged_kv
 from common.contract.problem import Problem
 from common.contract.registry import Implementation, discover
-from tests._helpers import json_from_child
+from tests._helpers import json_from_child, triton_wide_tile_at_every_head_dim
 from triton_impl import decode
 from triton_impl.gluon import decode as gluon_decode
 
@@ -57,6 +58,8 @@ def test_wide_tile_takes_the_shapes_of_more_than_64_rows_at_d_up_to_128(name: st
     module = MODULES[name]
     # triton/decode's D=256 tiles of more than 64 rows are WIDE_D256's (tests/test_decode_d256.py), not this knob's.
     monkeypatch.setattr(module, "WIDE_D256", False, raising=False)
+    if module is decode:
+        monkeypatch.setattr(decode, "WIDE_M_TILE_HEAD_DIMS", tuple(decode.WIDE_CONFIGS))
     for (group, seqlen_q, head_dim), wide in WIDE_PLANS.items():
         problem = _problem(2, 4, group, seqlen_q, 4096, head_dim)
         monkeypatch.setattr(module, "WIDE_M_TILE", False)
@@ -64,6 +67,26 @@ def test_wide_tile_takes_the_shapes_of_more_than_64_rows_at_d_up_to_128(name: st
         assert default[:2] != (128, 8), f"{name}: the default takes 128-row tiles at {problem.describe()}"
         monkeypatch.setattr(module, "WIDE_M_TILE", True)
         assert _rows_per_tile(module, problem) == (wide or default), f"{name} {problem.describe()}"
+
+
+def assert_triton_default_wide_at_d128_only() -> None:
+    """triton/decode's default: 128 packed rows take the wide tile at D=128, two 64-row tiles at D=64 (where they
+    ran 0.71-0.99x its time on the tree of 2026-12-06, results/h100/triton-decode-wide-d64-2026-12-06/)."""
+    for head_dim, wide in ((64, False), (128, True)):
+        problem = _problem(2, 4, 16, 8, 4096, head_dim)
+        expected = (128, 8, 1) if wide else (64, 4, 2)
+        assert _rows_per_tile(decode, problem) == expected, f"default at {problem.describe()}"
+
+
+def test_triton_default_takes_the_wide_tile_at_d128_only():
+    assert decode.WIDE_M_TILE and decode.WIDE_M_TILE_HEAD_DIMS == (128,)
+    assert_triton_default_wide_at_d128_only()
+
+
+def test_planted_default_wide_at_d64_fails(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(decode, "WIDE_M_TILE_HEAD_DIMS", (64, 128))
+    with pytest.raises(AssertionError):
+        assert_triton_default_wide_at_d128_only()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -88,7 +111,7 @@ WIDE_LENGTHS = (1, 150, 64)
 @interpreter_only
 @pytest.mark.parametrize("page_size", [0, 32])
 def test_triton_wide_tile_against_fp64(page_size: int, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(decode, "WIDE_M_TILE", True)
+    triton_wide_tile_at_every_head_dim(monkeypatch)
     problem = _problem(3, 1, 16, 8, 192, 64, dtype=torch.float32, has_cache_seqlens=True, page_size=page_size)
     assert _rows_per_tile(decode, problem) == (128, 8, 1)
     ok, summary = _interpreter_check(problem, WIDE_LENGTHS)
@@ -99,7 +122,7 @@ def test_triton_wide_tile_against_fp64(page_size: int, monkeypatch: pytest.Monke
 def test_planted_wide_grid_of_64_row_tiles_fails_the_check(monkeypatch: pytest.MonkeyPatch):
     """A planted plan: the wide tile, but only the first 64-row tile's worth of rows in the grid (M tiles
     counted as 128 rows in two 64-row tiles would cover them; one 64-row tile does not)."""
-    monkeypatch.setattr(decode, "WIDE_M_TILE", True)
+    triton_wide_tile_at_every_head_dim(monkeypatch)
     monkeypatch.setattr(decode, "WIDE_CONFIGS", {64: decode.TileConfig(64, 8, 3, max_block_m=64)})
     monkeypatch.setattr(decode, "m_blocks_for", lambda problem: 1)
     problem = _problem(3, 1, 16, 8, 192, 64, dtype=torch.float32, has_cache_seqlens=True)
@@ -123,6 +146,7 @@ for rung, head_dim, seqlen_k, page_size in json.loads(sys.argv[1]):
                       causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True, page_size=page_size)
     module = decode if rung == "triton" else gluon_decode
     module.WIDE_M_TILE = True
+    decode.WIDE_M_TILE_HEAD_DIMS = tuple(decode.WIDE_CONFIGS)
     binary = module.compile_sm90(problem)[0]
     (resources,) = cubin_resources(binary.cubin).values()
     results.append({"spill_bytes": resources["local_bytes"] + resources["stack_bytes"],
@@ -163,6 +187,7 @@ def test_gpu_wide_tile_against_fp64(impl_name: str, case: str, monkeypatch: pyte
     problem, lengths = GPU_CASES[case]
     module = MODULES[impl_name]
     monkeypatch.setattr(module, "WIDE_M_TILE", True)
+    monkeypatch.setattr(decode, "WIDE_M_TILE_HEAD_DIMS", tuple(decode.WIDE_CONFIGS))
     assert _rows_per_tile(module, problem)[:2] == (128, 8)
     result = check_on_gpu(impl_name, problem, lengths, seed=len(case))
     assert result.ok, f"{impl_name} WIDE_M_TILE {problem.describe()}: {result.summary()}"

@@ -20,11 +20,18 @@ import torch
 
 from common.contract.problem import Problem
 from common.toolchain.releases import triton_release
-from tests._helpers import json_from_child
+from tests._helpers import json_from_child, triton_wide_tile_at_every_head_dim
 from tests.test_decode_wide import _interpreter_check, check_on_gpu, interpreter_only
 from triton_impl import decode
 
 ON = {64: (128, 3), 128: (128, 2)}
+
+
+@pytest.fixture(autouse=True)
+def wide_tile_at_d64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The knob is the wide tile's ring, and D=64 left the wide tile's default (``WIDE_M_TILE_HEAD_DIMS``) after the
+    knob's A/B: its tests turn the wide tile on at D=64 as it was then."""
+    triton_wide_tile_at_every_head_dim(monkeypatch)
 
 
 def _problem(group: int, seqlen_q: int, seqlen_k: int, head_dim: int, **changes) -> Problem:
@@ -105,6 +112,7 @@ from common.reporting.static import cubin_resources
 from tests._helpers import triton_balanced_sm90
 from triton_impl import decode
 decode.WIDE_CONTIGUOUS_RINGS = {64: (128, 3), 128: (128, 2)}
+decode.WIDE_M_TILE_HEAD_DIMS = (64, 128)
 results = []
 for head_dim, kernel in json.loads(sys.argv[1]):
     problem = Problem(2, 32, 16, 8192, head_dim, dtype=torch.bfloat16, causal=True, kv_heads=2,

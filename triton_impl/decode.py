@@ -10,10 +10,10 @@ every query head of a GQA group reads the same K/V bytes again. This rung remove
     tile to finish merges them all: lse = log Σₛ exp(lseₛ), O = Σₛ exp(lseₛ - lse) · Oₛ.
   * GQA packing: the ``group = H / Hkv`` query heads of one KV head share a CTA. Their rows are
     stacked into one M tile, row r = (head in group) · Sq + query token, padded to at least 16 rows
-    for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``; ``WIDE_M_TILE``: one 128-row tile on 8 warps at D
-    <= 128, two an SM under ``PACKED_OCCUPANCY``; ``WIDE_D256``: 128-row tiles on 8 warps past 64 rows of a paged cache
-    at D=256; ``WGMMA_D256``, on: from 17 rows at D=256 (past 64 on a contiguous cache only) 64-row wgmma tiles of one
-    warpgroup, not 32-row mma.sync tiles), so
+    for ``tl.dot`` (and cut into several tiles past ``MAX_BLOCK_M``; ``WIDE_M_TILE``: one 128-row tile on 8
+    warps at D=128 (``WIDE_M_TILE_HEAD_DIMS``), two an SM under ``PACKED_OCCUPANCY``; ``WIDE_D256``: 128-row
+    tiles on 8 warps past 64 rows of a paged cache at D=256; ``WGMMA_D256``, on: from 17 rows at D=256 (past 64
+    on a contiguous cache only) 64-row wgmma tiles of one warpgroup, not 32-row mma.sync tiles), so
     each K/V byte is read from HBM once per KV head, not once per query head.
     Many packed rows make a step compute-heavy: a key's 4 · D bytes feed 4 · D · rows FLOPs, rows FLOPs a
     byte, so 128 rows at 4.4 TB/s ask 564 TFLOP/s of the tensor cores (``decode_sweep.roofline_us``).
@@ -308,7 +308,12 @@ SHORT_CACHE_CONFIGS = {128: TileConfig(32, 4, 3)}
 # group's keys are loaded once a CTA, not once per 64 rows. Its 8 warps take 170-255 registers a thread (sm_90a):
 # one CTA an SM, so D=64 keeps 4 blocks in flight, not 2. On: 0.80-0.92x the 64-row tiles' time on three of four
 # such shapes, 1.00x on the fourth (H200, results/h200/decode-packed-ab/); gluon/decode's lost there (off).
+# WIDE_M_TILE_HEAD_DIMS: where it applies. On the tree of 2026-12-06 (H100, results/h100/triton-decode-wide-d64-2026-
+# 12-06/) the 64-row tiles beat it on every D=64 row timed, 0.71-0.99x the time (seed 2026 row 4's 128 rows on the
+# balanced split 374.6 -> 267.1 us, 57 -> 80 % of the read bandwidth; seed 31 row 6 paged 0.84x; seed 41 row 1
+# 0.85x), the D=128 rows 0.91-1.03x: D=128 keeps it.
 WIDE_M_TILE = True
+WIDE_M_TILE_HEAD_DIMS = (128,)
 WIDE_CONFIGS = {64: TileConfig(64, 8, 5, 128, ctas_per_sm=1), 128: TileConfig(64, 8, 3, 128, ctas_per_sm=1)}
 # Issue #38's compute-bound rows (128-256 packed rows a KV head: seed 233's row 5 at 62 % of the roofline): the wide
 # tile's (key block, stages) on a contiguous cache, by head dim ({}: WIDE_CONFIGS' everywhere; off, untimed). A
@@ -357,16 +362,17 @@ WGMMA_D256_CONFIG = TileConfig(32, 4, 4, 64, ctas_per_sm=1, min_block_m=64)
 
 
 def tile_config(problem: Problem) -> TileConfig:
-    """``problem``'s tile: WIDE_CONFIGS' for many packed rows under WIDE_M_TILE (PACKED_CONFIGS' under
-    PACKED_OCCUPANCY; WIDE_CONTIGUOUS_RINGS' key block and depth on a contiguous cache), WIDE_D256_CONFIG for more
-    than WIDE_D256_ABOVE_ROWS at D=256 under WIDE_D256 (not in a release of WIDE_D256_SPILLS), WGMMA_D256_CONFIG for
-    WGMMA_D256_FROM_ROWS to 64 rows at D=256 under WGMMA_D256 (every count from WGMMA_D256_FROM_ROWS on a contiguous
-    cache under WGMMA_D256_CONTIGUOUS_ALL_ROWS, before WIDE_D256), SHORT_CACHE_CONFIGS' for a short cache under
-    SHORT_CACHE_TILE, else the default."""
+    """``problem``'s tile: PACKED_CONFIGS' for many packed rows under WIDE_M_TILE and PACKED_OCCUPANCY, else
+    WIDE_CONFIGS' at WIDE_M_TILE_HEAD_DIMS (WIDE_CONTIGUOUS_RINGS' key block and depth on a contiguous cache),
+    WIDE_D256_CONFIG for more than WIDE_D256_ABOVE_ROWS at D=256 under WIDE_D256 (not in a release of
+    WIDE_D256_SPILLS), WGMMA_D256_CONFIG for WGMMA_D256_FROM_ROWS to 64 rows at D=256 under WGMMA_D256 (every count
+    from WGMMA_D256_FROM_ROWS on a contiguous cache under WGMMA_D256_CONTIGUOUS_ALL_ROWS, before WIDE_D256),
+    SHORT_CACHE_CONFIGS' for a short cache under SHORT_CACHE_TILE, else the default."""
     rows = problem.kv_group * problem.seqlen_q
-    if WIDE_M_TILE and rows > MAX_BLOCK_M and problem.head_dim in WIDE_CONFIGS:
-        if PACKED_OCCUPANCY and problem.head_dim in PACKED_CONFIGS:
-            return PACKED_CONFIGS[problem.head_dim]
+    wide = WIDE_M_TILE and rows > MAX_BLOCK_M
+    if wide and PACKED_OCCUPANCY and problem.head_dim in PACKED_CONFIGS:
+        return PACKED_CONFIGS[problem.head_dim]
+    if wide and problem.head_dim in WIDE_M_TILE_HEAD_DIMS:
         if not problem.paged and problem.head_dim in WIDE_CONTIGUOUS_RINGS:
             block_n, num_stages = WIDE_CONTIGUOUS_RINGS[problem.head_dim]
             return replace(WIDE_CONFIGS[problem.head_dim], block_n=block_n, num_stages=num_stages)
