@@ -9,6 +9,9 @@
 # long splits (0.58-0.73x); the short unsplit ones (93/4, 108/1, 151/1, 221/7: 16-104 blocks, 1-2 splits, 2048 or
 # 1024 pairs) 0.85-1.30x: D=128's 69/4 (at most 12 blocks a pair, one CTA an SM) lost 2.20x, 186/2 (29 blocks) gained
 # 0.88x. The controls (189/3: D=64 80 rows, balanced split; 1206/1: D=128) 1.00x, the same plan.
+# Measured (H100, 2026-12-06, rows and limits cut to share a call;
+# results/h100/cute-decode-two-wg-candidates-2026-12-06/): 1.02-1.13x slower on every row it took (137/1 128.1 ->
+# 143.9 us); left out of the default.
 # This call: the candidate's GPU tests (fp64 on a poisoned output: 80 rows full, ragged, paged 128), then one A/B
 # through bench.decode_knob_ab (2 rounds, each value checked against fp64 first), seed 137 row 1 first (the table is
 # rewritten after every row: a cut run keeps the rows it finished). About 300 s.

@@ -301,15 +301,16 @@ WGMMA_OVERLAP_MIN_STAGES = 4
 # Issue #38's 128-256 packed rows at D=128 (seed 233 row 5, 256 rows: cute 789.4 us, gluon's two consumers 656.0): two
 # of the WGMMA tile's 64-row M tiles in one CTA of two warpgroups sharing one K/V ring (``_decode_wgmma.py``, "Two
 # warpgroups"), so that a block is read from L2 once per 128 rows and one warpgroup's softmax runs under the other's
-# wgmmas in one CTA, not across two. Padded split (the balanced split too with BALANCED_TWO_WARPGROUPS), head dim ->
-# the ring's stages: Q (32 KB) and 6 blocks of 32 KB fill the SM, one CTA (the split rule's ask), deep enough for the
-# overlap.
+# wgmmas in one CTA, not across two. Padded split only (the balanced split keeps one warpgroup: its two-warpgroup
+# candidate lost, below), head dim -> the ring's stages: Q (32 KB) and 6 blocks of 32 KB fill the SM, one CTA (the
+# split rule's ask), deep enough for the overlap.
 # Built for rows of two tiles or more, which the packed prefill now takes on contiguous caches; on by default for the
 # 65-127 rows where it was timed to pay (TWO_WARPGROUP_MIN_ROWS and TWO_WARPGROUP_MAX_ROWS below).
-# TWO_WARPGROUP_RINGS: the head dims it takes and their ring's stages. D=64 is not in it: its 80-row rows (137/1 at
-# 61 % of the read bandwidth on two 64-row CTAs a split, H200) are the next candidate, {64: 10} (Q 16 KB and ten
-# 16 KB blocks, eight in flight as the two CTAs' 4 + 4; sm_90a: 143 registers, no spills), built and untimed
-# (bench/cute_decode_two_wg_d64_ab.sh).
+# TWO_WARPGROUP_RINGS: the head dims it takes and their ring's stages. D=64 is not in it: {64: 8} and {64: 10} (Q 16
+# KB and eight or ten 16 KB blocks; sm_90a: 143 registers, no spills) ran 1.02-1.13x the time of two 64-row CTAs a
+# split on every D=64 row they took (H100, 2026-12-06, bench/cute_decode_two_wg_d64_ab.sh,
+# results/h100/cute-decode-two-wg-candidates-2026-12-06/: 137/1 128.1 -> 143.9 us), whose two CTAs an SM already run
+# one's softmax under the other's loads.
 WGMMA_TWO_WARPGROUPS = True
 TWO_WARPGROUP_RINGS = {128: 6}
 WARPGROUP_ROWS, TWO_WARPGROUP_CTAS_PER_SM = 64, 1
@@ -329,14 +330,10 @@ WARPGROUP_ROWS, TWO_WARPGROUP_CTAS_PER_SM = 64, 1
 # of at most 12 key blocks) lost 2.20x: one CTA an SM has no other CTA to run under a short split's fill and drain.
 TWO_WARPGROUP_MIN_ROWS = WARPGROUP_ROWS + 1
 TWO_WARPGROUP_MAX_ROWS: int | None = 2 * WARPGROUP_ROWS - 1
-# Issue #38's 65-127 packed rows on the balanced split (cache lengths: 12 of the sweep's 20 80-row rows at D=128; 86/4
-# at 54 % of the read bandwidth on an H100, 2026-12-06, where the padded rows' two-warpgroup CTA took 1206/1 from 67
-# to 89 %): the same CTA for each share, the share's M tiles in one CTA. The share rule is asked for one CTA along M,
-# one CTA an SM and half the shares an SM (so the same shares as two 64-row tiles on two slots an SM), and the ring
-# keeps its 6 stages: the shallow ring (BALANCED_SHALLOW_RING) lets more one-warpgroup CTAs onto an SM past a wave,
-# and the two-warpgroup CTA is one an SM by its registers whatever its ring. sm_90a at 86/4: 193 registers, no
-# spills. Off: untimed (bench/cute_decode_two_wg_balanced_ab.sh).
-BALANCED_TWO_WARPGROUPS = False
+# The balanced split's shares of 65-127 packed rows on the same CTA (86/4 at 54 % of the read bandwidth; the same
+# shares, the 6-stage ring) lost on an H100, 2026-12-06: 0.97-1.06x the one-warpgroup tiles' time over nine rows
+# (86/4 1.03x; results/h100/cute-decode-two-wg-candidates-2026-12-06/). Each share is a few key blocks an item, and one
+# CTA an SM has no other to run under its fill and drain. Removed after that A/B (ced40d1 built it).
 # Issue #38's compute-bound class on cute/hopper's kernel (FlashAttention-3's pack-GQA): a contiguous cache of at least
 # this many packed rows (group · Sq) a KV head runs cute/hopper's persistent forward on q packed as (B, Hkv, group · Sq,
 # D) (``HopperAttentionConfig.packed_group``: each row's causal diagonal is its token's), 128-row tiles over all of a
@@ -907,15 +904,10 @@ def m_blocks_for(problem: Problem) -> int:
     return -(-problem.kv_group * problem.seqlen_q // tile_m_for(problem))
 
 
-def cta_m_blocks(problem: Problem, two_warpgroups: bool) -> int:
-    """CTAs along M: :func:`m_blocks_for`'s 64-row tiles, two a CTA with ``two_warpgroups``."""
-    m_blocks = m_blocks_for(problem)
-    return -(-m_blocks // 2) if two_warpgroups else m_blocks
-
-
 def padded_m_blocks(problem: Problem, device: torch.device) -> int:
     """The padded split's CTAs along M: :func:`m_blocks_for`'s tiles, two a CTA on :func:`two_warpgroup_tile`."""
-    return cta_m_blocks(problem, two_warpgroup_tile(problem, device))
+    m_blocks = m_blocks_for(problem)
+    return -(-m_blocks // 2) if two_warpgroup_tile(problem, device) else m_blocks
 
 
 def planned_num_splits(problem: Problem, device: torch.device) -> int:
@@ -959,8 +951,8 @@ def wgmma_tile(problem: Problem, device: torch.device) -> bool:
 def two_warpgroup_tile(problem: Problem, device: torch.device) -> bool:
     """Whether ``WGMMA_TWO_WARPGROUPS`` would put two of ``problem``'s WGMMA tiles in one CTA of the padded split: a
     WGMMA tile (:func:`wgmma_tile`) at a head dim of ``TWO_WARPGROUP_RINGS`` with ``TWO_WARPGROUP_MIN_ROWS`` to
-    ``TWO_WARPGROUP_MAX_ROWS`` packed rows and more than one tile's (the balanced split, decided from the one-warpgroup
-    plan, takes it only with ``BALANCED_TWO_WARPGROUPS``: :func:`balanced_two_warpgroup_tile`)."""
+    ``TWO_WARPGROUP_MAX_ROWS`` packed rows and more than one tile's (the balanced split, decided from this padded plan,
+    keeps one warpgroup: :func:`launch_plan`)."""
     rows = problem.kv_group * problem.seqlen_q
     if not WGMMA_TWO_WARPGROUPS or problem.head_dim not in TWO_WARPGROUP_RINGS:
         return False
@@ -969,17 +961,6 @@ def two_warpgroup_tile(problem: Problem, device: torch.device) -> bool:
     if TWO_WARPGROUP_MAX_ROWS is not None and rows > TWO_WARPGROUP_MAX_ROWS:
         return False
     return wgmma_tile(problem, device)
-
-
-def balanced_two_warpgroup_tile(problem: Problem, device: torch.device) -> bool:
-    """Whether ``BALANCED_TWO_WARPGROUPS`` gives the balanced split's shares of ``problem`` the two-warpgroup CTA: the
-    padded split's rows and head dims (:func:`two_warpgroup_tile`)."""
-    return BALANCED_TWO_WARPGROUPS and two_warpgroup_tile(problem, device)
-
-
-def warpgroups_plan(problem: Problem, device: torch.device, balanced: bool) -> bool:
-    """Two warpgroups a CTA or one, on the balanced split or the padded one."""
-    return (balanced_two_warpgroup_tile if balanced else two_warpgroup_tile)(problem, device)
 
 
 def packed_prefill_config(problem: Problem, key_splits: bool = False) -> HopperAttentionConfig:
@@ -1169,15 +1150,11 @@ def seqlen_k_decisions(problem: Problem, device: torch.device, num_splits: int |
     packed_splits = None if num_splits is not None else packed_prefill_splits(problem, device)
     if packed_splits is not None:
         return False, packed_splits
-    if balanced_split(problem, device):  # the 64-row tiles, or two a CTA (BALANCED_TWO_WARPGROUPS)
-        two_warpgroups = balanced_two_warpgroup_tile(problem, device)
-        m_blocks = cta_m_blocks(problem, two_warpgroups)
+    if balanced_split(problem, device):  # one warpgroup a CTA: the 64-row tiles
+        m_blocks = m_blocks_for(problem)
         tile_n = wgmma_ring(TILE_CONFIGS[problem.head_dim], problem.head_dim, wgmma_tile(problem, device)).tile_n
-        fit = CTAS_PER_SM_FIT[problem.head_dim]
-        ctas_per_sm = TWO_WARPGROUP_CTAS_PER_SM if two_warpgroups else fit
-        # Shares an SM count CTAs: the two-warpgroup CTA takes the SM's slots of the one-warpgroup CTAs it replaces.
-        shares = (max(1, BALANCED_SHARES_PER_SM * ctas_per_sm // fit), BALANCED_MIN_KEYS)
-        rule = {"target": BALANCED_TARGET, "ctas_per_sm": ctas_per_sm}
+        shares = (BALANCED_SHARES_PER_SM, BALANCED_MIN_KEYS)
+        rule = {"target": BALANCED_TARGET, "ctas_per_sm": CTAS_PER_SM_FIT[problem.head_dim]}
         return True, splits.resolve_balanced_shares(num_splits, problem, device, m_blocks, tile_n, *shares, **rule)
     # The padded split: its CTAs along M and what an SM holds of them, two tiles a CTA on the two-warpgroup tile.
     policy = split_policy(problem, device, two_warpgroup_tile(problem, device))
@@ -1198,9 +1175,9 @@ def launch_plan(problem: Problem, device: torch.device, num_splits: int | None =
         slabs, items = num_splits + items, 1
     split = slabs is not None or num_splits > 1
     m_tile_major = slabs is not None and splits.balanced_m_tile_major(slabs, M_TILE_MAJOR)
-    two_warpgroups = warpgroups_plan(problem, device, slabs is not None)
-    stages = None if slabs is None or two_warpgroups else balanced_ring_stages(problem, device, slabs)
+    stages = None if slabs is None else balanced_ring_stages(problem, device, slabs)
     runs = 1 if slabs is None else balanced_merge_runs(problem, device)
+    two_warpgroups = slabs is None and two_warpgroup_tile(problem, device)
     wgmma = wgmma_tile(problem, device)
     config = decode_config(problem, split, slabs is not None, m_tile_major, stages, runs, wgmma, two_warpgroups)
     return num_splits, slabs, items, config
@@ -1296,13 +1273,11 @@ def compile_plan(problem: Problem, split: bool = True) -> DecodeConfig:
     cpu = torch.device("cpu")
     slabs = launch_plan(decode_sized, cpu)[1]
     balanced = split and slabs is not None
-    two_warpgroups = warpgroups_plan(decode_sized, cpu, balanced)
-    shallow = balanced and not two_warpgroups
-    stages = balanced_ring_stages(decode_sized, cpu, slabs) if shallow else None
+    stages = balanced_ring_stages(decode_sized, cpu, slabs) if balanced else None
     runs = balanced_merge_runs(decode_sized, cpu) if balanced else 1
     return decode_config(
         decode_sized, split=split, balanced=balanced, m_tile_major=M_TILE_MAJOR, stages=stages, merge_runs=runs,
-        wgmma=wgmma_tile(decode_sized, cpu), two_warpgroups=two_warpgroups,
+        wgmma=wgmma_tile(decode_sized, cpu), two_warpgroups=not balanced and two_warpgroup_tile(decode_sized, cpu),
     )  # fmt: skip
 
 

@@ -1,6 +1,8 @@
-"""cute/decode's two-warpgroup CTA at D=64 (issue #38; built, off and untimed): ``decode.TWO_WARPGROUP_RINGS`` without
-64 by default; with ``{64: 10}`` the D=64 rows of 65-127 packed rows on the padded split (80 rows: 137/1 at 61 % of the
-read bandwidth on two 64-row CTAs a split) take one CTA of two warpgroups on a 10-stage ring, as D=128's do on 6.
+"""cute/decode's two-warpgroup CTA at D=64 (issue #38; built, off: timed 1.02-1.13x slower on an H100, 2026-12-06,
+results/h100/cute-decode-two-wg-candidates-2026-12-06/, so it stays a setting of the mechanism, not the default):
+``decode.TWO_WARPGROUP_RINGS`` without 64 by default; with ``{64: 10}`` the D=64 rows of 65-127 packed rows on the
+padded split (80 rows: 137/1 at 61 % of the read bandwidth on two 64-row CTAs a split) take one CTA of two warpgroups on
+a 10-stage ring, as D=128's do on 6.
 
 CPU: off by default; on, of the sweep's D=64 rows (seeds 1-239) exactly the seven 80-row rows on the padded split move,
 each to one 128-row CTA of 8 warps on the overlapped 10-stage ring, their split counts staying but 221/7's (1 -> 2: the
