@@ -3,6 +3,7 @@
 #   bash bench/ncu.sh TAG "IMPL B H S D CAUSAL" ...     (project root; $OUT set)
 #   bash bench/ncu.sh TAG "IMPL decode SEED INDEX" ...  (a random decode case of compare.py --decode-seed SEED)
 #   bash bench/ncu.sh TAG "IMPL backward NAME" ...      (every kernel of one backward at bench.backward's shape NAME)
+#   a spec may end in --set MODULE:NAME=LITERAL (bench.ncu_target holds that constant), e.g. a build off by default
 #   e.g. bash bench/ncu.sh t36 "gluon/fp8 2 16 8192 128 0" "gluon/hopper 4 32 8192 64 0"
 # Writes $OUT/ncu-TAG-NAME.tgz as each spec ends (a call cut short keeps the specs done; a call returns 8 files):
 # the details page, the raw metrics (csv) and the SASS source page (csv). NCU_TIMEOUT_S (default 240) bounds each.
@@ -16,7 +17,8 @@ tag=$1
 shift
 for spec in "$@"; do
   read -r impl shape <<< "$spec"
-  name=${impl//\//_}_${shape// /_}
+  # Letters, digits, '.', '_' and '-' only: a --set's ':' and '=' would not come back from the device.
+  name=$(printf '%s_%s' "${impl//\//_}" "${shape// /_}" | tr -c 'A-Za-z0-9_.-' '_')
   res=/tmp/ncu-$tag-$name
   mkdir -p "$res"
   # shellcheck disable=SC2086 # the shape's words are the target's arguments

@@ -9,7 +9,8 @@ between ``cudaProfilerStart``/``Stop`` (inputs, quantisation and compile happen 
                                                               backward) at ``bench.backward``'s shape NAME, e.g.
                                                               B8 S2048 causal
 
-``bench/ncu.sh`` runs it under ncu.
+``--set MODULE:NAME=LITERAL`` (repeatable, after the target) holds a module constant for the prepare and the profiled
+launch, as ``bench.decode_knob_ab`` does, e.g. a build its default leaves out. ``bench/ncu.sh`` runs it under ncu.
 """
 
 import argparse
@@ -72,14 +73,8 @@ RUNNERS = {
 }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("impl", help="registry name, e.g. gluon/fp8")
-    parser.add_argument("shape", nargs="+", help="B H S D CAUSAL, or: decode SEED INDEX, or: backward NAME")
-    args = parser.parse_args()
-    kind, values = parsed_target(args.shape, parser)
-    require_gpu("bench.ncu_target")
-    runner, problem = RUNNERS[kind](args.impl, *values)
+def profile(runner: Callable[[], object]) -> None:
+    """Three warm-up launches, then one between the profiler's start and stop."""
     for _ in range(3):
         runner()
     torch.cuda.synchronize()
@@ -87,7 +82,24 @@ def main() -> None:
     runner()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
-    print(args.impl, problem.describe(), "profiled", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from bench.decode_knob_ab import held_constants
+    from bench.decode_ragged_ab import switched
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("impl", help="registry name, e.g. gluon/fp8")
+    parser.add_argument("shape", nargs="+", help="B H S D CAUSAL, or: decode SEED INDEX, or: backward NAME")
+    parser.add_argument("--set", action="append", default=[], help="MODULE:NAME=LITERAL held (repeatable)")
+    args = parser.parse_args(argv)
+    kind, values = parsed_target(args.shape, parser)
+    held = held_constants(parser, args.set)
+    require_gpu("bench.ncu_target")
+    with switched(held):
+        runner, problem = RUNNERS[kind](args.impl, *values)
+        profile(runner)
+    print(args.impl, problem.describe(), "profiled", *args.set, flush=True)
 
 
 if __name__ == "__main__":

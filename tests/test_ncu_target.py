@@ -1,5 +1,6 @@
-"""``bench.ncu_target``'s command line: the three kinds of target it profiles, and what it refuses before asking for a
-GPU (a wrong count or a non-number is the parser's error, exit 2 with the expected forms named)."""
+"""``bench.ncu_target``'s command line: the three kinds of target it profiles, what it refuses before asking for a
+GPU (a wrong count or a non-number is the parser's error, exit 2 with the expected forms named), and ``--set``'s
+constants held over the prepare and the profiled launch only."""
 
 from __future__ import annotations
 
@@ -43,3 +44,32 @@ def test_the_prefill_runner_takes_the_parsed_numbers(monkeypatch: pytest.MonkeyP
     assert runner() == ("q", "k", "v")
     shape = (problem.batch, problem.heads, problem.seqlen_q, problem.seqlen_k, problem.head_dim, problem.causal)
     assert shape == (4, 32, 8192, 8192, 64, True)
+
+
+def test_set_holds_a_constant_over_the_prepare_and_the_profiled_launch(monkeypatch: pytest.MonkeyPatch):
+    from triton_impl import decode
+
+    seen = []
+
+    class Problem:
+        def describe(self) -> str:
+            return "a problem"
+
+    def runner(impl: str, *values: int):
+        seen.append(("prepare", decode.WIDE_M_TILE))
+        return (lambda: None), Problem()
+
+    monkeypatch.setattr(ncu_target, "require_gpu", lambda name: None)
+    monkeypatch.setattr(ncu_target, "profile", lambda run: seen.append(("profile", decode.WIDE_M_TILE)))
+    monkeypatch.setitem(RUNNERS, "prefill", runner)
+    default = decode.WIDE_M_TILE
+    ncu_target.main(["triton/decode", "1", "2", "64", "64", "0", "--set", "triton_impl.decode:WIDE_M_TILE=False"])
+    assert seen == [("prepare", False), ("profile", False)] and decode.WIDE_M_TILE is default
+
+
+def test_a_malformed_set_is_the_parsers_error(monkeypatch: pytest.MonkeyPatch, capsys):
+    monkeypatch.setattr(ncu_target, "require_gpu", lambda name: pytest.fail("asked for a GPU"))
+    with pytest.raises(SystemExit) as ended:
+        ncu_target.main(["cute/fp8", "4", "32", "8192", "64", "0", "--set", "cute_impl.fp8:SCALE_INDEX_32BIT"])
+    assert ended.value.code == 2
+    assert "MODULE:NAME=LITERAL" in capsys.readouterr().err
