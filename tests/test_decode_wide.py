@@ -71,7 +71,7 @@ def test_wide_tile_takes_the_shapes_of_more_than_64_rows_at_d_up_to_128(name: st
 
 def assert_triton_default_wide_at_d128_only() -> None:
     """triton/decode's default: 128 packed rows take the wide tile at D=128, two 64-row tiles at D=64 (where they
-    ran 0.71-0.99x its time on the tree of 2026-12-06, results/h100/triton-decode-wide-d64-2026-12-06/)."""
+    ran 0.71-1.00x its time on the tree of 2026-12-06, results/h100/triton-decode-wide-d64-2026-12-06/)."""
     for head_dim, wide in ((64, False), (128, True)):
         problem = _problem(2, 4, 16, 8, 4096, head_dim)
         expected = (128, 8, 1) if wide else (64, 4, 2)

@@ -309,9 +309,9 @@ SHORT_CACHE_CONFIGS = {128: TileConfig(32, 4, 3)}
 # one CTA an SM, so D=64 keeps 4 blocks in flight, not 2. On: 0.80-0.92x the 64-row tiles' time on three of four
 # such shapes, 1.00x on the fourth (H200, results/h200/decode-packed-ab/); gluon/decode's lost there (off).
 # WIDE_M_TILE_HEAD_DIMS: where it applies. On the tree of 2026-12-06 (H100,
-# results/h100/triton-decode-wide-d64-2026-12-06/) the 64-row tiles beat it on every D=64 row timed, 0.71-0.99x the
-# time (seed 2026 row 4's 128 rows on the balanced split 374.6 -> 267.1 us, 57 -> 80 % of the read bandwidth; seed 31
-# row 6 paged 0.84x; seed 41 row 1 0.85x), the D=128 rows 0.91-1.03x: D=128 keeps it.
+# results/h100/triton-decode-wide-d64-2026-12-06/) the 64-row tiles took 0.71-1.00x its time on the seven D=64 rows
+# timed, never more (seed 2026 row 4's 128 rows on the balanced split 374.6 -> 267.1 us, 57 -> 80 % of the read
+# bandwidth; seed 31 row 6 paged 0.84x; seed 41 row 1 0.85x), the D=128 rows 0.91-1.03x: D=128 keeps it.
 WIDE_M_TILE = True
 WIDE_M_TILE_HEAD_DIMS = (128,)
 WIDE_CONFIGS = {64: TileConfig(64, 8, 5, 128, ctas_per_sm=1), 128: TileConfig(64, 8, 3, 128, ctas_per_sm=1)}
