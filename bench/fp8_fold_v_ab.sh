@@ -13,7 +13,7 @@
 # forced at D=64, and FA3's outlier inputs; planted, the fold without the V-scale ratio fails), then
 # `bench.fp8_fold_v` at P1, 3 rounds (O within 2e-3 relative L2 of the unfolded kernel's before timing). About 250 s.
 # Run from the project root, carrying [".gpu/cutlass-dsl.tar.xz", ".gpu/activate.sh", ".gpu/fa4"], command
-# `bash bench/fp8_fold_v_ab.sh`. Outputs in $OUT: gpu.log, pytest.log, ab.log, ab/.
+# `bash bench/fp8_fold_v_ab.sh`. Outputs in $OUT: gpu.log, times.txt, pytest.log, ab.log, ab/.
 set -uo pipefail
 # shellcheck source=bench/_gpu_run.sh
 source "$(dirname "$0")/_gpu_run.sh" fp8_fold_v_ab.sh runs/fp8_fold_v_ab
@@ -21,9 +21,7 @@ source_carried_activations
 export PYTHONPATH="${PYTHONPATH:-$PWD}"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >> "$OUT/gpu.log" 2>&1
 status=0
-timeout 120 python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/test_cute_fp8_fold_v_scale.py \
-  > "$OUT/pytest.log" 2>&1 || status=1
-tail -3 "$OUT/pytest.log"
+gpu_tests 120 -n 4 tests/test_cute_fp8_fold_v_scale.py
 timeout 100 python3 -m bench.fp8_fold_v --rounds 3 --out "$OUT/ab" > "$OUT/ab.log" 2>&1 || status=1
 tail -14 "$OUT/ab.log"
 exit $status

@@ -10,7 +10,7 @@
 # lengths, both masks, D=64 and 128; a planted V scale one block off fails), then `bench.fp8_scale_index` at P1 and
 # at D=64 (B=4 H=32), 3 rounds each. About 330 s.
 # Run from the project root, carrying [".gpu/cutlass-dsl.tar.xz", ".gpu/activate.sh", ".gpu/fa4"], command
-# `bash bench/fp8_scale_index_ab.sh`. Outputs in $OUT: gpu.log, pytest.log, ab.log, ab/, ab64.log, ab64/.
+# `bash bench/fp8_scale_index_ab.sh`. Outputs in $OUT: gpu.log, times.txt, pytest.log, ab.log, ab/, ab64.log, ab64/.
 set -uo pipefail
 # shellcheck source=bench/_gpu_run.sh
 source "$(dirname "$0")/_gpu_run.sh" fp8_scale_index_ab.sh runs/fp8_scale_index_ab
@@ -18,9 +18,7 @@ source_carried_activations
 export PYTHONPATH="${PYTHONPATH:-$PWD}"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >> "$OUT/gpu.log" 2>&1
 status=0
-timeout 120 python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/test_cute_fp8_scale_index.py \
-  > "$OUT/pytest.log" 2>&1 || status=1
-tail -3 "$OUT/pytest.log"
+gpu_tests 120 -n 4 tests/test_cute_fp8_scale_index.py
 timeout 100 python3 -m bench.fp8_scale_index --rounds 3 --out "$OUT/ab" > "$OUT/ab.log" 2>&1 || status=1
 tail -14 "$OUT/ab.log"
 timeout 100 python3 -m bench.fp8_scale_index --head-dim 64 --batch 4 --rounds 3 --out "$OUT/ab64" \

@@ -64,8 +64,8 @@ def _build(problem: Problem, on: bool) -> tuple[int, int, int]:
 def assert_shorter_causal_step(head_dim: int, batch: int, heads: int) -> None:
     causal = Problem(batch, heads, 8192, 8192, head_dim, dtype=torch.bfloat16, causal=True)
     (off, off_registers, off_spills), (on, on_registers, on_spills) = _build(causal, False), _build(causal, True)
-    print(f"D={head_dim} causal key loop: {off} -> {on} instructions, {off_registers} -> {on_registers} registers")
-    assert on <= off - 15 and on_registers <= off_registers and on_spills <= off_spills, (off, on)
+    where = f"D={head_dim} causal key loop: {off} -> {on} instructions, {off_registers} -> {on_registers} registers"
+    assert on <= off - 15 and on_registers <= off_registers and on_spills <= off_spills, where
     plain = causal.with_(causal=False)
     assert _build(plain, True)[0] <= _build(plain, False)[0]
 
