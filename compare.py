@@ -35,7 +35,7 @@ import re
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 CONSOLE_WIDTH = 160
@@ -758,7 +758,7 @@ def exit_status(run: Run) -> int:
 # ----------------------------------------------------------------------------------------------
 DECODE_COLUMNS = (
     "impl", "case", "batch", "heads", "kv_heads", "seqlen_k", "lengths", "status", "us", "gbps", "pct_read_bw",
-    "pct_roofline", "rel_l2_err", "sdpa_rel_l2_err", "reason",
+    "pct_roofline", "read_floor_us", "pct_read_floor", "rel_l2_err", "sdpa_rel_l2_err", "reason",
 )  # fmt: skip
 
 
@@ -776,15 +776,20 @@ def decode_cases_for(args: argparse.Namespace) -> list:
     )
 
 
-def decode_record(row, case, read_gbps: float | None, gemm_tflops: float | None = None) -> dict:
+def decode_record(
+    row, case, read_gbps: float | None, gemm_tflops: float | None = None, read_floor_us: float | None = None
+) -> dict:
     """A decode.csv record: the time in µs, K+V bytes read per second and their share of the read peak,
-    and the share of the roofline (``decode_sweep.roofline_us``: the bytes at ``read_gbps`` or the FLOPs
-    at ``gemm_tflops``, the sustained bf16 GEMM rate, whichever takes longer)."""
+    the share of the roofline (``decode_sweep.roofline_us``: the bytes at ``read_gbps`` or the FLOPs
+    at ``gemm_tflops``, the sustained bf16 GEMM rate, whichever takes longer), and the share of
+    ``read_floor_us``, the time a plain read of the case's K+V bytes took in the same run
+    (``peaks.same_size_read_us``; NaN where not measured)."""
     from common.measure.decode_sweep import roofline_us
 
     measured = row.status in ("ok", "wrong")
     gbps = case.kv_bytes_read / (row.ms * 1e-3) / 1e9 if measured else float("nan")
     us = row.ms * 1e3 if measured else float("nan")
+    floor_us = read_floor_us if read_floor_us else float("nan")
     problem = case.problem
     return {
         "impl": row.impl, "case": case.describe(), "batch": problem.batch, "heads": problem.heads,
@@ -792,6 +797,7 @@ def decode_record(row, case, read_gbps: float | None, gemm_tflops: float | None 
         "lengths": " ".join(map(str, case.lengths)) if case.lengths else "", "status": row.status,
         "us": us, "gbps": gbps, "pct_read_bw": 100 * gbps / read_gbps if read_gbps else float("nan"),
         "pct_roofline": 100 * roofline_us(case, read_gbps, gemm_tflops) / us,
+        "read_floor_us": floor_us, "pct_read_floor": 100 * floor_us / us,
         "rel_l2_err": row.rel_l2_err, "sdpa_rel_l2_err": row.sdpa_rel_l2_err, "reason": row.reason,
     }  # fmt: skip
 
@@ -799,7 +805,7 @@ def decode_record(row, case, read_gbps: float | None, gemm_tflops: float | None 
 def lowest_bandwidth_line(records: list[dict]) -> str:
     """Each implementation's lowest share of the read bandwidth over the cases it ran (the issue #38
     yardstick: a decode rung is as good as its worst shape), and the case where it fell that low (with its
-    share of the roofline where that differs)."""
+    share of the roofline where that differs, and of a plain read of the same bytes where it was measured)."""
     from common.reporting.decode_table import bandwidth_share
 
     worst: dict[str, dict] = {}
@@ -809,10 +815,17 @@ def lowest_bandwidth_line(records: list[dict]) -> str:
             if held is None or record["pct_read_bw"] < held["pct_read_bw"]:
                 worst[record["impl"]] = record
     parts = [
-        f"{impl} {bandwidth_share(record['pct_read_bw'], record.get('pct_roofline', math.nan))} ({record['case']})"
+        f"{impl} {bandwidth_share(record['pct_read_bw'], record.get('pct_roofline', math.nan))}"
+        f"{_same_size_read_share(record)} ({record['case']})"
         for impl, record in worst.items()
     ]
     return "lowest % of read bandwidth: " + ("; ".join(parts) if parts else "no row ran")
+
+
+def _same_size_read_share(record: dict) -> str:
+    """'; N % of a same-size read' where the record has that share, else nothing."""
+    share = record.get("pct_read_floor", math.nan)
+    return f"; {share:.0f} % of a same-size read" if math.isfinite(share) else ""
 
 
 def write_decode_outputs(records: list[dict], env: dict, peaks, out_dir: Path) -> list[Path]:
@@ -839,7 +852,7 @@ def run_decode(args: argparse.Namespace) -> int:
     from common.contract.registry import Unavailable, discover
     from common.measure.decode_sweep import too_large
     from common.measure.environment import manifest
-    from common.measure.peaks import measure_peaks
+    from common.measure.peaks import measure_peaks, same_size_read_us
     from common.measure.runner import blank_row, freeze_imports, make_workload, measure
 
     if not torch.cuda.is_available() or args.device == "cpu":
@@ -868,6 +881,9 @@ def run_decode(args: argparse.Namespace) -> int:
         writer.writeheader()
         for case in decode_cases_for(args):
             reason = too_large(case, device)
+            # Before the case's own tensors, so that the two never hold the GPU's memory at once.
+            read_floor_us = None if reason else same_size_read_us(case.kv_bytes_read, device, **asdict(options))
+            torch.cuda.empty_cache()
             # Drawn on the GPU: the CPU's generator takes about a minute for the largest caches.
             cache_seqlens = None if reason else case.cache_seqlens(device)
             workload = None if reason else make_workload(case.problem, "cuda", cache_seqlens, on_device=True)
@@ -879,13 +895,13 @@ def run_decode(args: argparse.Namespace) -> int:
                     row = blank_row(impl.name, impl.stack, impl.rung, case.problem, "skipped", reason)
                 else:
                     row = measure(impl, workload, device, options, peaks)
-                record = decode_record(row, case, read_gbps, peaks.bf16_sustained_tflops)
+                record = decode_record(row, case, read_gbps, peaks.bf16_sustained_tflops, read_floor_us)
                 records.append(record)
                 writer.writerow(record)
                 handle.flush()
                 speed = (
                     f"{record['us']:9.1f} us {record['gbps']:7.0f} GB/s {record['pct_read_bw']:4.0f}% "
-                    f"{record['pct_roofline']:4.0f}% roof"
+                    f"{record['pct_roofline']:4.0f}% roof {record['pct_read_floor']:4.0f}% same-size read"
                 )
                 # The row's wall time (compile, checks and timing): what the sweep's length is made of.
                 took = f"[{time.perf_counter() - started:5.1f} s]"
@@ -897,13 +913,20 @@ def run_decode(args: argparse.Namespace) -> int:
     read = _number(read_gbps or float("nan"), ".0f")
     gemm = _number(peaks.bf16_sustained_tflops or float("nan"), ".0f")
     table = Table(
-        title=f"Decode: µs, GB/s of K+V read, % of {read} GB/s read, % of the roofline (also {gemm} TFLOP/s bf16)"
+        title=f"Decode: µs, GB/s of K+V read, % of {read} GB/s read, % of the roofline (also {gemm} TFLOP/s bf16), "
+        "% of the speed of a plain read of the same bytes"
     )
-    for column in ("impl", "case", "status", "µs", "GB/s", "% read BW", "% roofline", "rel L2 err"):
+    for column in ("impl", "case", "status", "µs", "GB/s", "% read BW", "% roofline", "% same-size read", "rel L2 err"):
         table.add_column(column, no_wrap=column != "case")
     table.add_column("reason", overflow="fold", ratio=1)
     for record in records:
-        shown = (("us", ".1f"), ("gbps", ".0f"), ("pct_read_bw", ".0f"), ("pct_roofline", ".0f"))
+        shown = (
+            ("us", ".1f"),
+            ("gbps", ".0f"),
+            ("pct_read_bw", ".0f"),
+            ("pct_roofline", ".0f"),
+            ("pct_read_floor", ".0f"),
+        )
         cells = [_number(record[key], spec) for key, spec in shown]
         status = f"[{_status_colour(record['status'])}]{record['status']}[/]"
         table.add_row(

@@ -432,6 +432,52 @@ def test_decode_record_reports_kv_bytes_per_second_and_share_of_read_bandwidth()
     assert record["gbps"] == pytest.approx(case.kv_bytes_read / 1e-5 / 1e9)
 
 
+def test_decode_record_gives_the_share_of_a_same_size_read_and_nan_without_one():
+    """``pct_read_floor`` is the same-size read's time over the row's: a row as fast as the read is 100 %, one twice
+    as slow 50 %; without a measured read (None, 0) NaN, never a number, and the lowest line leaves it out."""
+    case = compare.decode_cases_for(compare.parse_args(["--decode", "--decode-batch", "1", "--decode-seqlen", "4096"]))[
+        0
+    ]
+    row = blank_row("triton/decode", "triton", "decode", case.problem, "ok", "")
+    row.ms = 0.02
+    record = compare.decode_record(row, case, READ_GBPS, GEMM_TFLOPS, read_floor_us=10.0)
+    assert record["read_floor_us"] == 10.0 and record["pct_read_floor"] == pytest.approx(50.0)
+    # Planted: the row's time over the read's (200 %) is not the share.
+    assert record["pct_read_floor"] != pytest.approx(100 * 20.0 / 10.0)
+    for missing in (None, 0.0):
+        unmeasured = compare.decode_record(row, case, READ_GBPS, GEMM_TFLOPS, read_floor_us=missing)
+        assert math.isnan(unmeasured["read_floor_us"]) and math.isnan(unmeasured["pct_read_floor"])
+    assert set(record) == set(compare.DECODE_COLUMNS)
+    rows = [record | {"impl": "a", "case": "small"}, unmeasured | {"impl": "b", "case": "small"}]
+    share = f"{record['pct_read_bw']:.0f} %"
+    assert compare.lowest_bandwidth_line(rows) == (
+        f"lowest % of read bandwidth: a {share}; 50 % of a same-size read (small); b {share} (small)"
+    )
+
+
+@pytest.mark.gpu
+def test_gpu_same_size_read_reads_that_many_bytes():
+    """``same_size_read_us`` of 1 GiB takes about what the measured read bandwidth gives 1 GiB (a read that large
+    pays no fixed cost to speak of); planted, a read of four times the bytes (elements counted as bytes) falls
+    outside the same window."""
+    from common.measure.peaks import measure_read_gbps, same_size_read_us
+
+    device = torch.device("cuda")
+    nbytes = 2**30
+    expected_us = nbytes / measure_read_gbps(device) / 1e3
+    window = (0.9 * expected_us, 1.3 * expected_us)
+    measured = same_size_read_us(nbytes, device)
+    assert window[0] <= measured <= window[1], (measured, expected_us)
+    planted = same_size_read_us(4 * nbytes, device)
+    assert not window[0] <= planted <= window[1], (planted, expected_us)
+
+
+def test_same_size_read_is_none_off_a_gpu():
+    from common.measure.peaks import same_size_read_us
+
+    assert same_size_read_us(2**20, torch.device("cpu")) is None
+
+
 def _kept_scores(case) -> int:
     """Scores the bottom-right causal mask keeps, counted on an explicit (Sq, Sk) mask per sequence."""
     p = case.problem

@@ -1,5 +1,6 @@
 """Measured ceilings, once per run: bf16 and fp8 GEMM (burst and sustained), device-to-device copy,
-and HBM read bandwidth (a read-only reduction; the ceiling of ``compare.py --decode``).
+and HBM read bandwidth (a read-only reduction; the ceiling of ``compare.py --decode``); and, per decode case, the
+time a read of the case's own bytes takes (``same_size_read_us``).
 
 A GPU runs faster for a moment than it can hold. On the H200 (``results/h200/gemm-burst.log``) an
 8192^3 bf16 GEMM runs at ~807 TFLOP/s for its first ~15 calls after a light spin-up (device copies:
@@ -144,6 +145,20 @@ def _copy_gbps(device: torch.device) -> float:
     copy_ms = time_cuda(lambda: target.copy_(source)).ms
     # A copy reads and writes every byte.
     return 2 * COPY_BYTES / (copy_ms * 1e-3) / 1e9
+
+
+def same_size_read_us(
+    nbytes: int, device: torch.device, *, warmup_ms: float = 100, rep_ms: float = 500, cuda_graph: bool = False
+) -> float | None:
+    """The time in µs a plain read of ``nbytes`` takes here: ``measure_read_gbps``'s sum over that many bytes of
+    fp32 (rounded up to a whole element), timed as a decode row is (``time_cuda`` with the row's warm-up, repetitions
+    and graph mode, the L2 flushed before each run); None without a GPU. A read of a few hundred MB pays a fixed cost
+    (launch, first bytes, the last wave's tail) that ``COPY_BYTES`` hides: the floor a decode step of that size has."""
+    if device.type != "cuda":
+        return None
+    source = torch.randn(-(-nbytes // 4), device=device)
+    timing = time_cuda(lambda: source.sum(), warmup_ms=warmup_ms, rep_ms=rep_ms, cuda_graph=cuda_graph)
+    return timing.ms * 1e3
 
 
 def measure_read_gbps(device: torch.device) -> float | None:
