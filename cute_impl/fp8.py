@@ -180,9 +180,12 @@ Q_QUOTIENT_CORRECTION_CHOICES = (1, ROTATED_CORRECTIONS)
 # sm_90a, Triton-independent: the causal key loop 504 -> 486 instructions at D=64 and 575 -> 557 at P1 D=128,
 # non-causal 475 and 549 -> 546. H100, 2026-12-06, with FOLD_V_SCALE on (results/h100/fp8-scale-index-2026-12-06/):
 # causal kernels 0.989x the time at P1 and 0.968x at D=64 (B=4 H=32), each the same in the call without the fold;
-# non-causal 1.00x at P1 but 1.12x at D=64 (3527 -> 3944 us, twice, with the same instruction count: unexplained),
-# hence SCALE_INDEX_32BIT_CAUSAL_ONLY. With ping-pong (off by default) the causal D=128 build with Q in the kernel
-# takes an 8-byte stack frame with them (none with 64-bit strides). Both read when a launch is built.
+# non-causal 1.00x at P1 but 1.12x at D=64 (3527 -> 3944 us, twice, with the same instruction count), hence
+# SCALE_INDEX_32BIT_CAUSAL_ONLY. Nsight Compute of both non-causal D=64 builds
+# (results/h100/fp8-d64-scale-index-ncu-2026-12-06/: 3.53 against 3.93 ms) puts the loss in the three consumers' wait
+# for K's full barrier, 6156 -> 22371 stall samples: scheduled otherwise, they seem to run in step and free each K/V
+# stage together and late. With ping-pong (off by default) the causal D=128 build with Q in the kernel takes an 8-byte
+# stack frame with them (none with 64-bit strides). Both read when a launch is built.
 SCALE_INDEX_32BIT = True
 SCALE_INDEX_32BIT_CAUSAL_ONLY = True
 # Issue #37's folded V scale (bench/fp8_fold_v_ab.sh times it): each key block's separate P V joins O in one FMA a
