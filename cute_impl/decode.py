@@ -221,6 +221,8 @@ HEAD_DIMS = tuple(sorted(TILE_CONFIGS))
 # triton/decode): the split rule's even work fills SPLIT_CTAS_PER_SM CTA slots per SM, at most the
 # CTAS_PER_SM_FIT this table's rings leave room for; SHORT_CACHE_ONE_SPLIT keeps a short cache whose
 # items fill a wave in one split (no merge kernel, a CTA's fixed cost paid once per item).
+# bench/cute_decode_short_one_split_ab.sh times SHORT_CACHE_ONE_SPLIT (104 sweep rows move, balanced -> one padded
+# split): seed 5309 row 1, short paged ragged caches, read 53 % in cute/decode against 66 % in gluon/decode's one split.
 SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT = 1, False
 # Seventh stop's switch, off until bench/decode_fewpairs_ab.sh (``splits.SplitPolicy.fewer_waves``).
 FEWER_WAVES = False

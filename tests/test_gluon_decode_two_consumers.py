@@ -28,10 +28,11 @@ import json
 import pytest
 import torch
 
+from bench.decode_knob_ab import parse_row
 from common import clear_plan_cache
 from common.contract.problem import Problem
 from common.measure.decode_sweep import random_cases
-from tests._helpers import json_from_child
+from tests._helpers import json_from_child, knob_ab_words
 from tests.test_decode_wide import check_on_gpu
 from triton_impl.gluon import decode as gluon_decode
 
@@ -211,6 +212,42 @@ def test_balanced_split_at_an_untimed_head_dim_keeps_one_consumer():
     ]
 
 
+# BALANCED_TWO_CONSUMERS' untimed D=64 candidate (bench/gluon_decode_balanced_two_d64_ab.sh).
+BALANCED_D64 = (64, 128)
+
+
+def test_balanced_two_consumers_d64_candidate_plan(monkeypatch: pytest.MonkeyPatch):
+    """With ``BALANCED_TWO_CONSUMERS`` at (64, 128) (off; issue #38's seed 5309 row 2: 128 packed rows at D=64 over two
+    long sequences, gluon/decode 54 % of the read bandwidth on an H100), that row's balanced launch takes two consumers:
+    the grid's M extent 2 -> 1 with the same 100 target shares, the ring TWO_CONSUMERS' two-M-tile one at D=64 (8
+    stages of 64 keys, against the one-consumer balanced ring's 6)."""
+    problem = _row(5309, 2).problem
+    default = gluon_decode.GluonDecodePlan(problem, CPU)
+    assert default.balanced and default.consumers == 1 and default.split_grid == (2, 132), default.split_grid
+    monkeypatch.setattr(gluon_decode, "BALANCED_TWO_CONSUMERS", BALANCED_D64)
+    plan = gluon_decode.GluonDecodePlan(problem, CPU)
+    assert plan.balanced and plan.consumers == 2 and plan.split_grid == (1, 132), plan.split_grid
+    assert plan.num_splits == default.num_splits == 100
+    assert (plan.split_options["BLOCK_N"], plan.split_options["NUM_STAGES"]) == gluon_decode.TWO_CONSUMERS[64][0]
+
+
+def test_balanced_two_consumers_d64_ab_rows_move_but_the_control(monkeypatch: pytest.MonkeyPatch):
+    """``bench/gluon_decode_balanced_two_d64_ab.sh``'s rows: each takes two consumers under the candidate (one by
+    default), its last, the control, one either way."""
+    words = knob_ab_words("gluon_decode_balanced_two_d64_ab.sh", "balanced_two_d64")
+    assert words[1:4] == ["triton_impl.gluon.decode:BALANCED_TWO_CONSUMERS", "(128,),(64, 128)", "gluon/decode"]
+    consumers = {}
+    for row in words[4:]:
+        problem = parse_row(row)[1].problem
+        for switch in ((128,), BALANCED_D64):
+            monkeypatch.setattr(gluon_decode, "BALANCED_TWO_CONSUMERS", switch)
+            consumers[row, switch] = gluon_decode.consumers_for(problem, CPU)
+    moved = [row for row in words[4:] if (consumers[row, (128,)], consumers[row, BALANCED_D64]) == (1, 2)]
+    assert moved == words[4:-1] and words[4] == "5309/2", moved
+    control = words[-1]
+    assert consumers[control, (128,)] == consumers[control, BALANCED_D64] == 1
+
+
 # ----------------------------------------------------------------------------------------------------
 # sm_90a: the two-consumer builds (no spills, one CTA an SM); the switch leaves the others
 # ----------------------------------------------------------------------------------------------------
@@ -234,12 +271,16 @@ rows = {
     "92/0 balanced paged16": random_cases(8, 92)[0].problem,
     "64 rows": random_cases(8, 233)[5].problem.with_(heads=128),
     "d64": random_cases(8, 234)[1].problem,
+    "5309/2 balanced d64": random_cases(8, 5309)[2].problem,
 }
+# The switch's settings: off, the default's (D=128 and the D=256 candidate), and BALANCED_TWO_CONSUMERS' D=64 candidate
+# (the default rings, which hold D=64's).
+RINGS = {False: {}, True: {128: ((64, 6), (128, 3)), 256: ((32, 5), (32, 5))}, "d64": dict(decode.TWO_CONSUMERS)}
+BALANCED = {False: (), True: (128,), "d64": (64, 128)}
 SETMAXNREG = r"USETMAXREG\.\w+\.CTAPOOL (?:UP0, )?(0x[0-9a-f]+)"
 results = {}
 for name, switch in json.loads(sys.argv[1]):
-    decode.TWO_CONSUMERS = {128: ((64, 6), (128, 3)), 256: ((32, 5), (32, 5))} if switch else {}
-    decode.BALANCED_TWO_CONSUMERS = (128,) if switch else ()
+    decode.TWO_CONSUMERS, decode.BALANCED_TWO_CONSUMERS = RINGS[switch], BALANCED[switch]
     (binary,) = decode.compile_sm90(rows[name])
     (kernel, usage), = cubin_resources(binary.cubin).items()
     sass = cubin_sass(binary.cubin)
@@ -266,11 +307,13 @@ TAKEN_HERE = tuple(
     if name not in CHUNKED or gluon_decode.triton_release() not in gluon_decode.TWO_CONSUMER_CHUNK_SPILLS
 )
 LEFT = ("64 rows", "d64")
+D64_BALANCED_BUILD = "5309/2 balanced d64"
 
 
 @pytest.fixture(scope="module")
 def compiled() -> dict[str, dict]:
     keys = [[name, switch] for name in TAKEN + LEFT for switch in (False, True)]
+    keys += [[D64_BALANCED_BUILD, False], [D64_BALANCED_BUILD, "d64"]]
     return json_from_child(["-c", _SCRIPT, json.dumps(keys)], timeout=1500)
 
 
@@ -291,6 +334,17 @@ def test_two_consumer_builds_fit_one_cta_an_sm_without_spills(compiled: dict[str
         off = compiled[f"{name}|False"]
         # Both consumers issue the same wgmmas a block as the one-consumer build's warpgroup.
         assert facts["hgmma"] >= off["hgmma"] and not off["two"], (name, facts["hgmma"], off["hgmma"])
+
+
+@pytest.mark.static
+def test_balanced_two_consumers_d64_candidate_builds_one_cta_an_sm_without_spills(compiled: dict[str, dict]):
+    """The D=64 candidate's balanced build (seed 5309's row 2): two consumers without spills or local memory, in one
+    CTA's shared memory, at the two-consumer register budget (Triton 3.6 and 3.8 here: 168 registers, 147912 bytes)."""
+    facts, off = compiled[f"{D64_BALANCED_BUILD}|d64"], compiled[f"{D64_BALANCED_BUILD}|False"]
+    assert facts["two"] and not off["two"], (facts, off)
+    assert facts["spill_bytes"] == 0 and facts["local_ops"] == 0, facts
+    assert facts["shared_bytes"] + CTA_RESERVED_BYTES <= SM_SHARED_BYTES, facts
+    assert facts["registers"] <= gluon_decode.TWO_CONSUMER_MAXNREG and {48, 232} <= set(facts["setmaxnreg"]), facts
 
 
 @pytest.mark.static
@@ -369,19 +423,44 @@ BALANCED_GPU_CASES = {
 }
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", sorted(BALANCED_GPU_CASES))
-def test_gpu_balanced_two_consumers_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
-    problem, lengths = BALANCED_GPU_CASES[case]
+# The same at D=64 under the candidate BALANCED_D64: the two rows its A/B leads with, and a paged top-left case with the
+# LSE, an empty sequence and an odd count of M tiles (group 10, Sq 16: 160 rows, three M tiles).
+BALANCED_D64_GPU_CASES = {
+    "5309/2": (_row(5309, 2).problem, _row(5309, 2).lengths),
+    "56/6": (_row(56, 6).problem, _row(56, 6).lengths),
+    "paged256-top-left-lse-odd-tiles": (
+        _problem(
+            3, 2, 32768, head_dim=64, group=10, page_size=256, has_cache_seqlens=True, return_lse=True,
+            causal_alignment="top_left",
+        ),
+        (30000, 0, 777),
+    ),
+}  # fmt: skip
+
+
+def _check_balanced_two(case: str, problem: Problem, lengths, switch: tuple[int, ...], monkeypatch) -> None:
+    """``problem`` on the balanced kernel's two consumers under ``BALANCED_TWO_CONSUMERS = switch``, against fp64."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    monkeypatch.setattr(gluon_decode, "BALANCED_TWO_CONSUMERS", (128,))
+    monkeypatch.setattr(gluon_decode, "BALANCED_TWO_CONSUMERS", switch)
     plan = gluon_decode.GluonDecodePlan(problem, torch.device("cuda"))
     assert plan.balanced and plan.consumers == 2, problem.describe()
     clear_plan_cache()
     result = check_on_gpu("gluon/decode", problem, lengths, seed=len(case))
     clear_plan_cache()
-    assert result.ok, f"gluon/decode BALANCED_TWO_CONSUMERS {problem.describe()}: {result.summary()}"
+    assert result.ok, f"gluon/decode BALANCED_TWO_CONSUMERS={switch} {problem.describe()}: {result.summary()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(BALANCED_GPU_CASES))
+def test_gpu_balanced_two_consumers_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
+    _check_balanced_two(case, *BALANCED_GPU_CASES[case], (128,), monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(BALANCED_D64_GPU_CASES))
+def test_gpu_balanced_two_consumers_d64_candidate_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
+    _check_balanced_two(case, *BALANCED_D64_GPU_CASES[case], BALANCED_D64, monkeypatch)
 
 
 # (case, candidate) pairs where the candidate's rings take the case's head dim.

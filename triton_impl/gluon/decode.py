@@ -355,7 +355,9 @@ TWO_CONSUMER_CHUNK_SPILLS = ("3.9",)
 # Head dims whose balanced split's calls (ragged or paged batches the rule splits, long chains) of the same class take
 # two consumers too: the balanced kernel's grid with half the M extent, its target shares fed the CTA's M tiles on that
 # ring. H200, 2026-12-04 (results/h200/decode-many-rows-2026-12-04/, D=128): six of seven ragged rows of the class
-# 0.84-0.98x (176/6 192.8 -> 162.3 us), 62/1 (Sq=8, two M tiles) 1.04x, the control 1.00x. D=64's untimed: not taken.
+# 0.84-0.98x (176/6 192.8 -> 162.3 us), 62/1 (Sq=8, two M tiles) 1.04x, the control 1.00x. D=64's untimed: not taken
+# (bench/gluon_decode_balanced_two_d64_ab.sh times (64, 128) on the 13 sweep rows it moves, seed 5309 row 2 first: 54 %
+# of the read bandwidth on an H100; sm_90a, Triton 3.6 and 3.8: 168 registers, 147912 bytes, no spill).
 BALANCED_TWO_CONSUMERS: tuple[int, ...] = (128,)
 # setmaxnreg of each consumer (the register file less the load warp's warpgroup, over two warpgroups: 232) and the
 # registers a thread at launch (the file over the CTA's three warpgroups: 168).
