@@ -171,6 +171,17 @@ def test_decode_table_has_a_row_per_case_decode_rungs_first_and_names_what_did_n
     assert "- skipped (refuses this problem): B=8, 8 KV heads, 32k ragged (0..32k): sdpa/cudnn" in table
 
 
+def test_decode_cells_show_the_share_of_a_same_size_read_where_the_run_timed_one(tmp_path: Path):
+    """A run with ``pct_read_floor`` (compare.py since 2026-12-06) shows it in each measured cell and says so in its
+    heading; a row without one (NaN) shows the bandwidth share alone."""
+    records = [_decode_record("triton/decode", 1, 4096, us=192.5, pct_read_floor=97.4)]
+    records += [_decode_record("cute/decode", 1, 4096, us=200.0, pct_read_floor=float("nan"))]
+    _write_decode_run(tmp_path / "results" / "h100" / "decode", records)
+    table = decode_tables(tmp_path)
+    assert "| 1 | 8 | 4k | 192.5 µs (90 %; 97 % of a same-size read) | 200.0 µs (90 %) |" in table
+    assert "the share of a plain read of the same bytes timed in the same run." in table
+
+
 def test_no_decode_run_says_so(tmp_path: Path):
     assert decode_tables(tmp_path) == "_No decode run committed yet._"
 

@@ -27,6 +27,8 @@ ROOFLINE_NOTE = (
     "; where the step's FLOPs at the sustained bf16 GEMM rate take longer than its bytes at the read bandwidth, "
     "also the share of that roofline"
 )
+# Runs since 2026-12-06 time a plain read of each case's bytes beside its rows (compare.py's ``pct_read_floor``).
+READ_FLOOR_NOTE = "; and the share of a plain read of the same bytes timed in the same run"
 
 
 def column_order(impls: list[str]) -> list[str]:
@@ -78,11 +80,14 @@ def bandwidth_share(pct_read_bw: float, pct_roofline: float) -> str:
 
 def cell(row: pd.Series) -> str:
     """'192.5 µs (90 %)' for a passing row, '123.3 µs (44 %; 54 % roofline)' where the tensor cores, not
-    the read bandwidth, set the least time (``pct_roofline``, runs since issue #38's roofline), marked
-    when wrong; the status for a row that did not run."""
+    the read bandwidth, set the least time (``pct_roofline``, runs since issue #38's roofline), '...; 97 % of a
+    same-size read' where the run timed one (``pct_read_floor``), marked when wrong; the status for a row that did
+    not run."""
     if row["status"] not in ("ok", "wrong") or not math.isfinite(row["us"]):
         return str(row["status"])
     share = bandwidth_share(row["pct_read_bw"], row.get("pct_roofline", math.nan))
+    floor = row.get("pct_read_floor", math.nan)
+    share += f"; {floor:.0f} % of a same-size read" if math.isfinite(floor) else ""
     text = f"{row['us']:.1f} µs ({share})" if math.isfinite(row["pct_read_bw"]) else f"{row['us']:.1f} µs"
     return text if row["status"] == "ok" else f"{text} (wrong)"
 
@@ -124,7 +129,8 @@ def run_table(csv_path: Path, env_path: Path, root: Path) -> list[str]:
         f"Decode on the {env.get('gpu') or 'unknown GPU'}, {shape}, Triton {env.get('triton') or '?'}: µs per step "
         f"(median, L2 flushed) and, in brackets, the share of the HBM read bandwidth measured in the same run "
         f"({f'{read:.0f} GB/s' if read else 'not measured'}), counting each K and V byte a step must read once "
-        f"(from `{_shown(csv_path, root)}`){ROOFLINE_NOTE if 'pct_roofline' in frame else ''}.",
+        f"(from `{_shown(csv_path, root)}`){ROOFLINE_NOTE if 'pct_roofline' in frame else ''}"
+        f"{READ_FLOOR_NOTE if 'pct_read_floor' in frame else ''}.",
         "",
         "| B | KV heads | cache | " + " | ".join(impls) + " |",
         "|---|---|---|" + "---|" * len(impls),
