@@ -19,6 +19,10 @@ be the one launched, for the default rings and the candidates timed beside them:
 sequence too), paged (pages of 16, 64 and 256), an odd count of M tiles, both causal alignments and none, GQA groups 5
 to 128, D 64 / 128 / 256, fp16, the LSE, splits, the balanced split and its two-level merge; a planted grid one M
 extent short (its last M tiles never computed) fails the check.
+
+``BALANCED_TWO_CONSUMERS``' untimed D=64 candidate, (64, 128), for ``bench/gluon_decode_balanced_two_d64_ab.sh``: its
+plan at seed 5309's row 2, its sm_90a build (no spills, one CTA an SM), the script's rows (each moved, the control
+not), and three GPU cases against fp64.
 """
 
 from __future__ import annotations
