@@ -806,7 +806,7 @@ def lowest_bandwidth_line(records: list[dict]) -> str:
     """Each implementation's lowest share of the read bandwidth over the cases it ran (the issue #38
     yardstick: a decode rung is as good as its worst shape), and the case where it fell that low (with its
     share of the roofline where that differs, and of a plain read of the same bytes where it was measured)."""
-    from common.reporting.decode_table import bandwidth_share
+    from common.reporting.decode_table import bandwidth_share, same_size_read_share
 
     worst: dict[str, dict] = {}
     for record in records:
@@ -816,16 +816,10 @@ def lowest_bandwidth_line(records: list[dict]) -> str:
                 worst[record["impl"]] = record
     parts = [
         f"{impl} {bandwidth_share(record['pct_read_bw'], record.get('pct_roofline', math.nan))}"
-        f"{_same_size_read_share(record)} ({record['case']})"
+        f"{same_size_read_share(record.get('pct_read_floor', math.nan))} ({record['case']})"
         for impl, record in worst.items()
     ]
     return "lowest % of read bandwidth: " + ("; ".join(parts) if parts else "no row ran")
-
-
-def _same_size_read_share(record: dict) -> str:
-    """'; N % of a same-size read' where the record has that share, else nothing."""
-    share = record.get("pct_read_floor", math.nan)
-    return f"; {share:.0f} % of a same-size read" if math.isfinite(share) else ""
 
 
 def write_decode_outputs(records: list[dict], env: dict, peaks, out_dir: Path) -> list[Path]:

@@ -78,6 +78,12 @@ def bandwidth_share(pct_read_bw: float, pct_roofline: float) -> str:
     return f"{pct_read_bw:.0f} %" + (f"; {pct_roofline:.0f} % roofline" if compute_bound else "")
 
 
+def same_size_read_share(pct_read_floor: float) -> str:
+    """'; 97 % of a same-size read' (the share of a plain read of the row's bytes, ``pct_read_floor``), or nothing
+    where the run did not time one (NaN)."""
+    return f"; {pct_read_floor:.0f} % of a same-size read" if math.isfinite(pct_read_floor) else ""
+
+
 def cell(row: pd.Series) -> str:
     """'192.5 µs (90 %)' for a passing row, '123.3 µs (44 %; 54 % roofline)' where the tensor cores, not
     the read bandwidth, set the least time (``pct_roofline``, runs since issue #38's roofline), '...; 97 % of a
@@ -86,8 +92,7 @@ def cell(row: pd.Series) -> str:
     if row["status"] not in ("ok", "wrong") or not math.isfinite(row["us"]):
         return str(row["status"])
     share = bandwidth_share(row["pct_read_bw"], row.get("pct_roofline", math.nan))
-    floor = row.get("pct_read_floor", math.nan)
-    share += f"; {floor:.0f} % of a same-size read" if math.isfinite(floor) else ""
+    share += same_size_read_share(row.get("pct_read_floor", math.nan))
     text = f"{row['us']:.1f} µs ({share})" if math.isfinite(row["pct_read_bw"]) else f"{row['us']:.1f} µs"
     return text if row["status"] == "ok" else f"{text} (wrong)"
 
