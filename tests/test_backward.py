@@ -355,7 +355,8 @@ def test_a_backward_refuses_cache_seqlens_with_its_reason() -> None:
 # Every backward rung compiles for sm_90a without spills (a child process without the interpreter)
 # ----------------------------------------------------------------------------------------------
 # ``python -c COMPILE_SCRIPT STACKS``: the defaults of the backward rungs of STACKS (comma-separated; the Triton
-# rungs' at D=256 too), and with "triton" and "gluon" their tile candidates (this release's CANDIDATES).
+# rungs' at D=256 too), and with "triton" and "gluon" their tile candidates (this release's CANDIDATES; Gluon's
+# non-causal builds from its NON_CAUSAL_CANDIDATES).
 COMPILE_SCRIPT = """
 import json, sys, torch
 from common.contract.problem import Problem
@@ -383,9 +384,11 @@ for head_dim, configs in (tiled.CANDIDATES if "triton" in stacks else {}).items(
                 rows.append([config.label, head_dim, binary.name, usage["stack_bytes"] + usage["local_bytes"]])
 # The Gluon rung's tile variants, ragged, non-causal and causal bottom-right (the default's causal top-left
 # build is above); the preprocess is the tiled rung's, compiled above.
-for head_dim, variants in (gluon_backward.CANDIDATES if "gluon" in stacks else {}).items():
-    for tiles in variants:
-        for features in ({}, {"causal": True, "causal_alignment": "bottom_right"}):
+listings = ((gluon_backward.NON_CAUSAL_CANDIDATES, {}),
+            (gluon_backward.CANDIDATES, {"causal": True, "causal_alignment": "bottom_right"}))
+for listed, features in listings if "gluon" in stacks else ():
+    for head_dim, variants in listed.items():
+        for tiles in variants:
             problem = Problem(2, 16, 1000, 777, head_dim, torch.bfloat16, kv_heads=4, **features)
             # An in-kernel dQ's last launch is a conversion kernel (tests/test_gluon_backward_dq.py).
             for binary in gluon_backward.compile_sm90(problem, tiles)[1 : 3 if tiles.dq == "pass" else 2]:

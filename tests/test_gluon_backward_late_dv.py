@@ -30,7 +30,8 @@ LATE_DV = [tiles for tiles in gluon_backward.ALL_CANDIDATES[64] if tiles.late_dv
 
 def test_late_dv_is_checked_named_and_listed_where_it_builds() -> None:
     """Overlapped steps and an in-kernel dQ are refused; the label says ``late_dv``; 128-row candidates at D=64 only,
-    in CANDIDATES exactly when the installed release is not among LATE_DV_SPILLS, and D=64's default there."""
+    in CANDIDATES (both masks) exactly when the installed release is not among LATE_DV_SPILLS and in
+    NON_CAUSAL_CANDIDATES under every release; D=64's default where listed, but not for one query."""
     tiles = gluon_backward.BackwardTiles
     for wrong in ({"overlap": True}, {"dq": "reduce"}):
         with pytest.raises(ValueError, match="late_dv"):
@@ -39,8 +40,45 @@ def test_late_dv_is_checked_named_and_listed_where_it_builds() -> None:
     assert LATE_DV and all(t.dkdv_block_m == 128 and t.tma_rows for t in LATE_DV)
     listed = triton_release() not in gluon_backward.LATE_DV_SPILLS
     assert all((t in gluon_backward.CANDIDATES[64]) == listed for t in LATE_DV)
+    assert all(t in gluon_backward.NON_CAUSAL_CANDIDATES[64] for t in LATE_DV)
     # D=64's default where it builds spill-free (results/h200/gluon-backward-d64-late-dv/), else the plain step's.
-    assert gluon_backward.CANDIDATES[64][0].late_dv == listed
+    default = gluon_backward.default_tiles
+    assert default(problem(1000, 777, causal=True)).late_dv == listed
+    assert default(problem(1000, 777)).late_dv
+    assert not default(problem(1, 777)).late_dv
+    assert not default(problem(1000, 777, head_dim=128)).late_dv
+
+
+# The default's dK/dV and dQ kernels for one query (Sq = 1, a constant to Triton) at both head dims and masks, and
+# late_dv's there (planted: it spills, which is why the default leaves it for one query).
+ONE_QUERY_SCRIPT = """
+import dataclasses, json, torch
+from common.contract.problem import Problem
+from common.reporting.static import cubin_resources
+from triton_impl.gluon import backward as gluon_backward
+rows = {}
+for head_dim in (64, 128):
+    for causal in (False, True):
+        problem = Problem(1, 4, 1, 300, head_dim, torch.bfloat16, causal=causal)
+        chosen = {"default": gluon_backward.default_tiles(problem)}
+        if head_dim == 64 and not causal:
+            chosen["late_dv"] = gluon_backward.ALL_CANDIDATES[64][0]
+        for name, tiles in chosen.items():
+            for binary in gluon_backward.compile_sm90(problem, tiles)[1:3]:
+                usage = next(iter(cubin_resources(binary.cubin).values()))
+                rows[f"{name}|{head_dim}|{causal}|{binary.name}"] = usage["stack_bytes"] + usage["local_bytes"]
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.static
+def test_one_query_default_builds_without_spills() -> None:
+    """A one-query backward's default kernels spill nothing at D=64 and 128, causal and not; planted: late_dv's
+    dK/dV kernel at Sq = 1 spills (144-208 bytes a thread under 3.6 and 3.8), so the rule would catch it."""
+    rows = json_from_child(["-c", ONE_QUERY_SCRIPT], timeout=600)
+    defaults = {key: spill for key, spill in rows.items() if key.startswith("default|")}
+    assert len(defaults) == 8 and not any(defaults.values()), defaults
+    assert rows["late_dv|64|False|_dkdv_kernel"] > 0, ("planted: late_dv's one-query spill must be detected", rows)
 
 
 # Each late_dv candidate and the same tiles in the plain order, D=64, the anchor shape causal and not and the

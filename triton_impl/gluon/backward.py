@@ -68,7 +68,7 @@ of the non-causal time for 0.508 of the steps (FA4 0.541). D=128's default has b
 D=64 (B=4 H=32 S=8192): 383.5 / causal 366.6, 0.74× / 0.75× FA4. ``late_dv`` (``backward_late_dv.py``) puts the dK/dV
 step in FlashAttention-4's order, which lets it take 128 query rows there (m64n128 wgmmas for Sᵀ and dPᵀ, less
 shared-memory operand traffic per FLOP); with the 128-key dQ pass, 397.0 / 384.2 (+3.5 / +4.8 %, 0.77× / 0.78× FA4;
-2026-12-02, Triton 3.6): D=64's default where it builds spill-free (3.8; ``LATE_DV_SPILLS``).
+2026-12-02, Triton 3.6): D=64's default non-causal, and causal where it builds spill-free (3.8; ``LATE_DV_SPILLS``).
 """
 
 from __future__ import annotations
@@ -208,12 +208,11 @@ class BackwardTiles:
         return f"dkdv 128x{self.dkdv_block_m} s{self.dkdv_stages}, {dq}{suffix}{rows}"
 
 
-# Per head dim, the default first (the first a release lists: ``CANDIDATES``); none spills for sm_90a
-# (tests/test_backward.py). A dK/dV consumer thread holds dK
-# and dV (2 × 64 fp32 registers at D=128) beside Sᵀ and dPᵀ: 64 query rows per slot spill there (120 bytes under
-# 3.8), 32 do not; at D=64, 128 rows spill in the plain order, not with ``late_dv``. The overlapped ones hold a slot
-# one step longer (three slots or more); under 3.9 they spill (16-64 bytes): the plain s3 with tma_rows is D=128's
-# default there. Measured: perf-log.
+# Per head dim, the default first (the first a release lists for the mask: ``default_tiles``); none spills for sm_90a
+# (tests/test_backward.py). A dK/dV consumer thread holds dK and dV (2 × 64 fp32 registers at D=128) beside Sᵀ and dPᵀ:
+# 64 query rows per slot spill there (120 bytes under 3.8), 32 do not; at D=64, 128 rows spill in the plain order, not
+# with ``late_dv``. The overlapped ones hold a slot one step longer (three slots or more); under 3.9 they spill (16-64
+# bytes): the plain s3 with tma_rows is D=128's default there. Measured: perf-log.
 OVERLAP_SPILLS = ("3.9",)
 ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
     64: (
@@ -242,22 +241,35 @@ ALL_CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
 # non-causal/causal: 3.6 40/40, 3.8 16/8, 3.9 160/120; P1: 3.6 16/8, 3.8 0/0): no release lists it. The reduce
 # dQ lost plain (H200, P1 / causal 450.2 / 428.8 with tma_rows, the default 466.5 / 443.3) and overlapped
 # (462.3 / 430.3 against 463.3 / 443.4; it spills under 3.6 outside the step loops: KNOWN_SPILLS): off.
-# late_dv's 128-row step at D=64 (``backward_late_dv.py``) builds spill-free non-causal under 3.6, 3.8 and 3.9; causal,
+# late_dv's 128-row step at D=64 (``backward_late_dv.py``) builds spill-free non-causal under every release; causal,
 # 3.6 and 3.7 spill 24 bytes per thread outside the step loops (the store coordinates, around the masked loop's 32
-# hoisted column indices) and 3.9 40-56 bytes in them: listed by 3.8 only (tests/test_gluon_backward_late_dv.py).
+# hoisted column indices) and 3.9 40-56 bytes in them: listed for both masks by 3.8 only, non-causal by every release
+# (tests/test_gluon_backward_late_dv.py). Its non-causal build is the one timed under 3.6 (+3.5 %, above).
 LATE_DV_SPILLS = ("3.6", "3.7", "3.9")
 
 
-def _listed(tiles: BackwardTiles) -> bool:
-    """Whether this Triton release lists ``tiles``: a dQ pass, and no variant that spills under it."""
+def _listed(tiles: BackwardTiles, causal: bool) -> bool:
+    """Whether this Triton release lists ``tiles`` for a mask: a dQ pass, and no variant that spills there."""
     release = triton_release()
-    spills = (tiles.overlap and release in OVERLAP_SPILLS) or (tiles.late_dv and release in LATE_DV_SPILLS)
-    return tiles.dq == "pass" and not spills
+    late_dv_spills = tiles.late_dv and causal and release in LATE_DV_SPILLS
+    return tiles.dq == "pass" and not ((tiles.overlap and release in OVERLAP_SPILLS) or late_dv_spills)
 
 
-CANDIDATES: dict[int, tuple[BackwardTiles, ...]] = {
-    head_dim: tuple(filter(_listed, tiles)) for head_dim, tiles in ALL_CANDIDATES.items()
-}
+def _candidates(causal: bool) -> dict[int, tuple[BackwardTiles, ...]]:
+    return {head_dim: tuple(t for t in tiles if _listed(t, causal)) for head_dim, tiles in ALL_CANDIDATES.items()}
+
+
+# What this release lists for both masks (the causal default first), and for non-causal problems (their default first).
+CANDIDATES = _candidates(causal=True)
+NON_CAUSAL_CANDIDATES = _candidates(causal=False)
+
+
+def default_tiles(problem: Problem) -> BackwardTiles:
+    """The variant ``problem`` runs when none is named: the first its mask's list holds at its head dim, but not
+    late_dv for one query: Triton specialises Sq = 1 as a constant, and late_dv's dK/dV kernel then spills (144-208
+    bytes a thread under 3.6 and 3.8; the 64-row step none)."""
+    listed = (CANDIDATES if problem.causal else NON_CAUSAL_CANDIDATES)[problem.head_dim]
+    return next(tiles for tiles in listed if not (tiles.late_dv and problem.seqlen_q == 1))
 
 
 class StepConstants(NamedTuple):
@@ -744,7 +756,7 @@ def _launches(
 ) -> tuple[list[Launch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """The preprocess, dK/dV and dQ (a dQ pass, or the in-kernel dQ's conversion) launches and the
     (dq, dk, dv) they write."""
-    tiles = tiles or CANDIDATES[problem.head_dim][0]
+    tiles = tiles or default_tiles(problem)
     if tiles.dq != "pass" and problem.head_dim != IN_KERNEL_HEAD_DIM:
         # Each consumer's dQᵀ share is half of D's rows: one m64 wgmma at D=128, too few rows below.
         raise ValueError(f"{BACKWARD_NAME}: dq={tiles.dq!r} needs head_dim 128, got {problem.head_dim}")
@@ -808,7 +820,7 @@ def hopper_gradients(
     problem: Problem, *, d_lse: torch.Tensor | None = None, tiles: BackwardTiles | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """The rung's ``Gradients`` (``common.contract.registry``: dq, dk, dv from O, the LSE, dO and dLSE);
-    ``tiles`` replaces the head dim's default variant (``CANDIDATES``)."""
+    ``tiles`` replaces the problem's default variant (``default_tiles``)."""
     return run_launches(_launches, q, k, v, out, lse, d_out, problem, d_lse, tiles=tiles)
 
 
