@@ -221,9 +221,12 @@ HEAD_DIMS = tuple(sorted(TILE_CONFIGS))
 # triton/decode): the split rule's even work fills SPLIT_CTAS_PER_SM CTA slots per SM, at most the
 # CTAS_PER_SM_FIT this table's rings leave room for; SHORT_CACHE_ONE_SPLIT keeps a short cache whose
 # items fill a wave in one split (no merge kernel, a CTA's fixed cost paid once per item).
-# bench/cute_decode_short_one_split_ab.sh times SHORT_CACHE_ONE_SPLIT (104 sweep rows move, balanced -> one padded
-# split): seed 5309 row 1, short paged ragged caches, read 53 % in cute/decode against 66 % in gluon/decode's one split.
-SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT = 1, False
+# bench/cute_decode_short_one_split_ab.sh timed SHORT_CACHE_ONE_SPLIT (H100, 2026-12-06, twenty-sixth stop,
+# results/h100/cute-decode-short-one-split-2026-12-06/): of 13 rows that move (balanced -> one padded split), the ten
+# at D=64 and 128 ran 0.81-0.97x the time on nine (seed 5309 row 1 92.7 -> 74.7 us, 53 -> 65 % of the read bandwidth)
+# and 1.08x on one (147/7, paged(16) D=64); at D=256 1.25x (211/7) and 1.02x (53/5) against 0.95x (179/3): taken where
+# it won (SHORT_CACHE_ONE_SPLIT_HEAD_DIMS), D=256 keeps the balanced split.
+SPLIT_CTAS_PER_SM, SHORT_CACHE_ONE_SPLIT, SHORT_CACHE_ONE_SPLIT_HEAD_DIMS = 1, True, (64, 128)
 # Seventh stop's switch, off until bench/decode_fewpairs_ab.sh (``splits.SplitPolicy.fewer_waves``).
 FEWER_WAVES = False
 CTAS_PER_SM_FIT = {64: 2, 128: 2, 256: 1}
@@ -928,7 +931,8 @@ def split_policy(
     ctas_per_sm = WGMMA_SPLIT_CTAS_PER_SM if wgmma_tile(problem, device or torch.device("cpu")) else SPLIT_CTAS_PER_SM
     if two_warpgroups:
         ctas_per_sm = TWO_WARPGROUP_CTAS_PER_SM
-    return splits.SplitPolicy(min(ctas_per_sm, fit), SHORT_CACHE_ONE_SPLIT, FEWER_WAVES)
+    one_split = SHORT_CACHE_ONE_SPLIT and problem.head_dim in SHORT_CACHE_ONE_SPLIT_HEAD_DIMS
+    return splits.SplitPolicy(min(ctas_per_sm, fit), one_split, FEWER_WAVES)
 
 
 def balanced_split(problem: Problem, device: torch.device | None = None) -> bool:

@@ -336,7 +336,7 @@ def test_committed_switches_and_with_them_off_each_rung_asks_the_default_policy(
                           "SHORT_CACHE_TILE": False, "FEWER_WAVES": False, "MANY_ITEMS_FULL_FIT": True},
         "gluon/decode": {"SPLIT_CTAS_PER_SM": 2, "SHORT_CACHE_ONE_SPLIT": True, "SHORT_CACHE_TILE": True,
                          "FEWER_WAVES": True},
-        "cute/decode": {"SPLIT_CTAS_PER_SM": 1, "SHORT_CACHE_ONE_SPLIT": False, "FEWER_WAVES": False},
+        "cute/decode": {"SPLIT_CTAS_PER_SM": 1, "SHORT_CACHE_ONE_SPLIT": True, "FEWER_WAVES": False},
     }  # fmt: skip
     problem = _problem(4, 2, 282624, head_dim=64)
     for name, module_name in RUNG_MODULES.items():
