@@ -322,9 +322,9 @@ def run_candidates(
     rounds: int = 1,
 ) -> int:
     """``variants``: only the candidates with these labels, in this order (default all); ``default``
-    names each head dim's first candidate, the rung's default. A named label may also be one of the rung's
-    ``ALL_CANDIDATES`` that no release lists (an off-by-default variant under A/B); a label a head dim
-    lacks is left out at that head dim. Each shape's rows, baselines and variants, are timed in ``rounds``
+    names each head dim's first candidate for the shape's mask, the rung's default. A named label may also be
+    one of the rung's ``ALL_CANDIDATES`` that no release lists (an off-by-default variant under A/B); a label a
+    head dim lacks is left out at that head dim. Each shape's rows, baselines and variants, are timed in ``rounds``
     interleaved rounds."""
     import torch
 
@@ -354,7 +354,9 @@ def run_candidates(
             continue
         with torch.no_grad():
             saved = attention(*inputs[:3], causal=shape[5], impl=forward, return_lse=True)
-        configs = candidates[shape[4]]
+        # gluon/hopper lists more for a non-causal problem (``NON_CAUSAL_CANDIDATES``), its default among them.
+        listed = candidates if shape[5] else getattr(module, "NON_CAUSAL_CANDIDATES", candidates)
+        configs = listed[shape[4]]
         if variants:  # in the order given, so that the budget skips the last ones named
             labels = [configs[0].label if label == DEFAULT_VARIANT else label for label in variants]
             pool = nameable[shape[4]]

@@ -613,6 +613,18 @@ def test_bench_candidates_times_a_named_variant_no_release_lists(
     assert [row["variant"] for row in rows if row["impl"] == "triton/backward/tiled"] == [listed[0].label, extra.label]
 
 
+def test_bench_candidates_default_is_the_masks_first(tiny_bench, tmp_path: Path, monkeypatch) -> None:
+    """A rung with ``NON_CAUSAL_CANDIDATES`` (gluon/hopper) has its non-causal shapes' ``default`` and sweep from that
+    list, its causal ones from ``CANDIDATES``. Planted: a non-causal list led by another variant leads the row."""
+    listed = tiled_backward.CANDIDATES[64]
+    monkeypatch.setattr(tiled_backward, "NON_CAUSAL_CANDIDATES", {64: (listed[1], listed[0])}, raising=False)
+    monkeypatch.setattr(tiny_bench, "SHAPES", (("tiny", 1, 2, 130, 64, False), ("tiny causal", 1, 2, 130, 64, True)))
+    assert tiny_bench.run_candidates(tmp_path, budget_s=600, variants=["default"]) == 0
+    rows = read_rows(tmp_path / "candidates.csv")
+    chosen = [(row["shape"], row["variant"]) for row in rows if row["impl"] == "triton/backward/tiled"]
+    assert chosen == [("tiny", listed[1].label), ("tiny causal", listed[0].label)], chosen
+
+
 def test_bench_candidates_reports_a_wrong_variant_untimed(tiny_bench, tmp_path: Path, monkeypatch) -> None:
     """A variant whose dQ is off (the softmax scale applied twice) is 'wrong' and has no time."""
     real = tiled_backward.tiled_gradients

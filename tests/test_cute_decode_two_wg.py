@@ -54,8 +54,10 @@ CPU = torch.device("cpu")
 def _split_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """This switch acts on the split kernels; the packed prefill (on by default since 2026-12-05) takes the contiguous
     rows of 128+ packed rows, so it is off here and every row keeps the plan the switch was measured on. The switch
-    starts off, from two tiles' rows, with no upper bound: the mechanism as built, whatever the defaults."""
+    starts off, from two tiles' rows, with no upper bound: the mechanism as built, whatever the defaults. Short ragged
+    caches keep the balanced split they were measured on (``SHORT_CACHE_ONE_SPLIT`` off, as until 2026-12-06)."""
     monkeypatch.setattr(decode, "PACKED_PREFILL_MIN_ROWS", None)
+    monkeypatch.setattr(decode, "SHORT_CACHE_ONE_SPLIT", False)
     monkeypatch.setattr(decode, "WGMMA_TWO_WARPGROUPS", False)
     monkeypatch.setattr(decode, "TWO_WARPGROUP_MIN_ROWS", 2 * decode.WARPGROUP_ROWS)
     monkeypatch.setattr(decode, "TWO_WARPGROUP_MAX_ROWS", None)

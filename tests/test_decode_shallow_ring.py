@@ -86,11 +86,12 @@ def _cute_stages(problem: Problem) -> int | None:
 
 # Sweep rows -> (gluon's, cute's) ring depth with the knob on: seed 73's 392-CTA row and seed 71's 520-CTA row spill
 # past one wave of 264 slots; seed 73's paged B=4 row fills exactly one (256 + 8 and 256 + 8 CTAs); seed 43's and 53's
-# 1552-CTA rows are many waves; seed 61's B=32 MQA row is padded in gluon and 1552 CTAs in cute; seed 73's full D=64
+# 1552-CTA rows are many waves; seed 61's B=32 MQA row is padded in both (in cute since its short-cache one split,
+# 2026-12-06; 1552 CTAs before); seed 73's full D=64
 # row is padded in both. D=128: seed 131's paged(32) row (392 CTAs) spills in both, gluon keeping its three stages
 # (no 128 entry), cute taking two; seed 131's B=1 H=512 row is padded in both.
 SHALLOW_ROWS = {
-    (73, 2): (4, 4), (71, 0): (4, 4), (73, 0): (6, 6), (43, 2): (6, 6), (53, 4): (6, 6), (61, 7): (None, 6),
+    (73, 2): (4, 4), (71, 0): (4, 4), (73, 0): (6, 6), (43, 2): (6, 6), (53, 4): (6, 6), (61, 7): (None, None),
     (73, 3): (None, None), (131, 4): (3, 2), (131, 3): (None, None),
 }  # fmt: skip
 
