@@ -143,7 +143,7 @@ def test_floor_fifth_settings_set_each_rungs_switches_and_restore_them():
     committed = {
         triton_decode: (2, False, False, False),
         gluon_decode: (2, True, None, True),
-        cute_decode: (1, False, None, None),
+        cute_decode: (1, True, None, None),
     }
     for module, values in committed.items():
         assert values == tuple(getattr(module, name, None) for name in decode_floor.FIFTH_OFF)
