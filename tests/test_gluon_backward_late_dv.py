@@ -52,7 +52,7 @@ def test_late_dv_is_checked_named_and_listed_where_it_builds() -> None:
 # The default's dK/dV and dQ kernels for one query (Sq = 1, a constant to Triton) at both head dims and masks, and
 # late_dv's there (planted: it spills, which is why the default leaves it for one query).
 ONE_QUERY_SCRIPT = """
-import dataclasses, json, torch
+import json, torch
 from common.contract.problem import Problem
 from common.reporting.static import cubin_resources
 from triton_impl.gluon import backward as gluon_backward
