@@ -42,6 +42,8 @@ CASES = [
     ("rotation", "butterfly"),
     ("block+rotation", "tensor_core"),
     ("block+rotation", "butterfly"),
+    ("rotation", "kronecker"),
+    ("block+rotation", "kronecker"),
 ]
 
 
@@ -283,9 +285,9 @@ def _bytes_at_rotated_zeros(device: str, method: str, division: str) -> tuple[to
 @pytest.mark.parametrize("division", fused.DIVISIONS)
 @pytest.mark.parametrize("method", fused.ROTATION_METHODS)
 def test_a_rotated_zero_is_plus_zero_under_both_divisions(method: str, division: str):
-    """A rotated value whose sums cancel exactly is written as +0 (0x00) by both rotation methods and both
-    divisions, so the ``division`` knob cannot change its byte: the butterflies' column sign comes after
-    the sums (the rotated zero would be -0 in a negative column) and the reciprocal division under
+    """A rotated value whose sums cancel exactly is written as +0 (0x00) by every rotation method and both
+    divisions, so the ``division`` knob cannot change its byte: the butterflies' (and the Kronecker rotation's) column
+    sign comes after the sums (the rotated zero would be -0 in a negative column) and the reciprocal division under
     Triton 3.6 turns x = -0 into +0 where ``div.rn`` keeps -0 (issue #37: the GPU knob test's 0x80/0x00)."""
     written, in_negative_columns = _bytes_at_rotated_zeros("cpu", method, division)
     assert in_negative_columns > 0, "the rows must cancel in columns of negative sign"
@@ -305,6 +307,28 @@ def test_a_rotated_minus_zero_fails_the_zero_rule(monkeypatch: pytest.MonkeyPatc
     kernel did before issue #37), which the ieee division writes as 0x80."""
     monkeypatch.setattr(kernel, "_rotated", _rotated_with_signed_zeros)
     written, _ = _bytes_at_rotated_zeros("cpu", "butterfly", "ieee")
+    assert (written == 0x80).any(), sorted(set(written.tolist()))
+
+
+@triton.jit
+def _kronecker_with_signed_zeros(blocks, rotation, FP32_DOT: tl.constexpr, REGISTER_OPERAND: tl.constexpr):
+    """The Kronecker rotation without its + 0: a cancelled sum in a negative column is -0."""
+    hadamard_16, signs = rotation
+    products = ()
+    for block in tl.static_range(len(blocks)):
+        products = products + (tl.dot(blocks[block].to(tl.float32), hadamard_16, input_precision="ieee"),)  # noqa: RUF005
+    products = kernel._butterflies_across(products)
+    rotated = ()
+    for block in tl.static_range(len(blocks)):
+        rotated = rotated + (products[block] * signs[block][None, :],)  # noqa: RUF005
+    return rotated
+
+
+def test_a_kronecker_minus_zero_fails_the_zero_rule(monkeypatch: pytest.MonkeyPatch):
+    """The rule above fails the same planted bug in the Kronecker rotation (its column sign after the sums without
+    the + 0), which the ieee division writes as 0x80."""
+    monkeypatch.setattr(kernel, "_kronecker_rotated", _kronecker_with_signed_zeros)
+    written, _ = _bytes_at_rotated_zeros("cpu", "kronecker", "ieee")
     assert (written == 0x80).any(), sorted(set(written.tolist()))
 
 
@@ -558,6 +582,11 @@ def test_bad_inputs_are_refused_with_what_was_expected():
             (1, 1, 64, 256), (1, 1, 64, 256), torch.float16, "cpu", fp8.quantisation_named("rotation"), layout,
             "butterfly",
         )  # fmt: skip
+    with pytest.raises(ValueError, match=r"kronecker rotation runs up to head_dim 128 .*got 256"):
+        fused.FusedQuantiser(
+            (1, 1, 64, 256), (1, 1, 64, 256), torch.float16, "cpu", fp8.quantisation_named("rotation"), layout,
+            "kronecker",
+        )  # fmt: skip
     with pytest.raises(ValueError, match="rotation_method must be one of"):
         fused.FusedQuantiser((1, 1, 64, 64), (1, 1, 64, 64), torch.float16, "cpu", quantisation, layout, "fft")
     for knobs, message in (
@@ -736,7 +765,7 @@ for head_dim in (64, 128, 256):
     for variant, quantisation in fp8.VARIANTS.items():
         methods = fused.ROTATION_METHODS if quantisation.rotation else fused.ROTATION_METHODS[:1]
         for method in methods:
-            if method == "butterfly" and head_dim > fused.BUTTERFLY_MAX_HEAD_DIM:
+            if head_dim > fused.MAX_HEAD_DIM_OF_METHOD.get(method, head_dim):
                 continue
             # The launch of K and V only (query=False) has a KIND_CONFIGS key of its own: built where it differs.
             defaults = dict.fromkeys(fused.default_config(head_dim, quantisation, method, query=query)
@@ -761,13 +790,14 @@ print(json.dumps({"rows": rows, "sweep": sweep, "planted": planted}))
 def _default_builds() -> int:
     """The binaries of every default build the probe makes: per head dim, variant, rotation method and V layout (2),
     each distinct default (Q, K and V; K and V only) builds 3 binaries per-tensor (amax, cast, reduce), 1 with block
-    scales, 2 with V apart (``value_config``); the butterfly only up to BUTTERFLY_MAX_HEAD_DIM."""
+    scales, 2 with V apart (``value_config``); the butterfly and Kronecker rotations only up to their
+    ``MAX_HEAD_DIM_OF_METHOD``."""
     total = 0
     for head_dim in (64, 128, 256):
         for quantisation in fp8.VARIANTS.values():
             methods = fused.ROTATION_METHODS if quantisation.rotation else fused.ROTATION_METHODS[:1]
             for method in methods:
-                if method == "butterfly" and head_dim > fused.BUTTERFLY_MAX_HEAD_DIM:
+                if head_dim > fused.MAX_HEAD_DIM_OF_METHOD.get(method, head_dim):
                     continue
                 configs = {fused.default_config(head_dim, quantisation, method, query=query) for query in (True, False)}
                 per_launch = 1 if quantisation.block else 3
@@ -800,7 +830,7 @@ def test_fused_quantiser_builds_for_sm90_without_spills_and_with_exact_arithmeti
             per_element = row["ieee_divisions"] >= fused.ELEMENTS_PER_THREAD
             assert per_element == (row["division"] == "ieee"), (row["name"], row["ieee_divisions"])
             assert row["fma"] or row["division"] == "ieee", row["name"]
-        if row["rotated"] and row["method"] == "tensor_core":
+        if row["rotated"] and row["method"] in ("tensor_core", "kronecker"):
             assert row["wgmma"], row["name"]
     for row in rows:
         assert row["spills"] == 0, f"{row['name']}: {row['spills']} bytes spilled"
@@ -881,7 +911,8 @@ GPU_KNOB_CONFIGS = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", GPU_KNOB_CONFIGS, ids=lambda config: config.describe())
 @pytest.mark.parametrize(("variant", "method"), [("block+rotation", "tensor_core"), ("block", "tensor_core"),
-                                                 ("per-tensor", "tensor_core"), ("rotation", "butterfly")])  # fmt: skip
+                                                 ("per-tensor", "tensor_core"), ("rotation", "butterfly"),
+                                                 ("block+rotation", "kronecker")])  # fmt: skip
 @pytest.mark.parametrize("shape", [(2, 16, 16, 8192, 8192, 128), (2, 8, 2, 1000, 777, 128)], ids=str)
 def test_gpu_every_knob_writes_the_default_configurations_bytes(
     shape: tuple, variant: str, method: str, config: fused.QuantiserConfig

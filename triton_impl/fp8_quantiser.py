@@ -79,6 +79,7 @@ from common.toolchain.compile import KernelBinary
 from common.toolchain.releases import triton_release
 from triton_impl.fp8_quantiser_kernel import (
     ROTATE_BUTTERFLY,
+    ROTATE_KRONECKER,
     ROTATE_NONE,
     ROTATE_TENSOR_CORE,
     STEP_AMAX,
@@ -92,9 +93,13 @@ from triton_impl.fp8_quantiser_kernel import (
 )
 from triton_impl.hopper import descriptor
 
-ROTATION_METHODS = ("tensor_core", "butterfly")
-# The butterflies' reshapes spill at D = 256 (16 warps, 128 registers a thread): refused there.
-BUTTERFLY_MAX_HEAD_DIM = 128
+ROTATION_METHODS = ("tensor_core", "butterfly", "kronecker")
+# Each method's rotation in the kernel (``TensorKind.ROTATE``).
+ROTATE_OF_METHOD = {"tensor_core": ROTATE_TENSOR_CORE, "butterfly": ROTATE_BUTTERFLY, "kronecker": ROTATE_KRONECKER}
+# The largest head dim of each method that has one: the butterflies' reshapes spill at D = 256 (16 warps, 128
+# registers a thread), and so do the Kronecker rotation's sixteen 16-column blocks (16 to 40 bytes, sm_90a): refused
+# there.
+MAX_HEAD_DIM_OF_METHOD = {"butterfly": 128, "kronecker": 128}
 # Measured on the GPU by bench/fp8_quantiser.py; until then the tensor-core product, the reference's own form.
 DEFAULT_ROTATION_METHOD = "tensor_core"
 # How each element is divided by its scale (``fp8_quantiser_kernel``'s docstring, step 4).
@@ -331,9 +336,10 @@ def _check_quantisation(
             f"a permuted V layout needs kv_block_rows that are whole groups of {KEY_GROUP} keys, "
             f"got {quantisation.kv_block_rows}"
         )
-    if quantisation.rotation and rotation_method == "butterfly" and head_dim > BUTTERFLY_MAX_HEAD_DIM:
+    most = MAX_HEAD_DIM_OF_METHOD.get(rotation_method)
+    if quantisation.rotation and most is not None and head_dim > most:
         raise ValueError(
-            f"the butterfly rotation runs up to head_dim {BUTTERFLY_MAX_HEAD_DIM} (at more it spills registers); "
+            f"the {rotation_method} rotation runs up to head_dim {most} (at more it spills registers); "
             f"got {head_dim}: use rotation_method='tensor_core'"
         )
 
@@ -408,7 +414,7 @@ def _tensor_kinds(
     """Q and K in rows, rotated if asked; V transposed in its layout, never rotated."""
     rotate = ROTATE_NONE.value
     if quantisation.rotation:
-        rotate = (ROTATE_TENSOR_CORE if rotation_method == "tensor_core" else ROTATE_BUTTERFLY).value
+        rotate = ROTATE_OF_METHOD[rotation_method].value
     qk_corrections = UNROTATED_CORRECTIONS if rotate == ROTATE_NONE.value else ROTATED_CORRECTIONS
     q_rows, kv_rows = quantisation.q_block_rows, quantisation.kv_block_rows
     return (

@@ -38,7 +38,7 @@ stays in shared memory across the loop); then per tile:
      never passes through registers before its product (no address arithmetic, no repacking, no
      store to shared memory).
   2. Q and K with ``rotation``: multiply by ``random_hadamard(D, seed)`` = sign matrix x c, the same
-     matrix as the reference, one of two ways (``ROTATION_METHODS``):
+     matrix as the reference, one of three ways (``ROTATION_METHODS``):
      * ``tensor_core``: the tile times the ±1 sign matrix on wgmma, both operands in the input's own
        type (bf16 or fp16: x · ±1 is exact) with fp32 accumulation, then x c, c = the matrix's fp32
        entry magnitude 1/sqrt(D). Only the order of the fp32 sums differs from torch's fp32 GEMM.
@@ -51,7 +51,17 @@ stays in shared memory across the loop); then per tile:
        in constant geometry: y[i] = x[2i] + x[2i+1], y[i + D/2] = x[2i] - x[2i+1] each stage), then
        x the matrix's first row (its column signs times c), + 0 (a column whose sums cancel would be
        -0 where its sign is negative). Up to D = 128 (more spills registers).
-     Either way a rotated zero is +0 (the tensor cores' cancelled sums are +0, times c > 0), so its
+     * ``kronecker``: Sylvester's H_D is H_{D/16} ⊗ H_16, so column block a of x H_D is the sum over j of
+       H_{D/16}[j, a] (x_j H_16), x_j the tile's 16-column block j: each block is loaded on its own, multiplied
+       by H_16 on the tensor cores (one m64n16k16 wgmma a warpgroup, exact products, fp32 sums), and the
+       log2(D/16) butterfly stages run across the blocks (elementwise adds of whole tensors: no data moves
+       between threads), then x the column signs times c, + 0 as above. 1/8 of the tensor-core work of
+       ``tensor_core`` at D=128 (whose 128 x 128 x 128 product a tile is about 0.56 µs of an SM's tensor cores,
+       8.7 µs of P1's K launch where it does not overlap the loads), 3 fp32 adds an element. The tile stays a
+       tuple of 16-column blocks through steps 3-5 (row amax over the blocks, each block divided and stored
+       on its own). Up to D = 128 (at 256 its sixteen blocks spill registers); loads by pointers (a TMA box is
+       whole rows).
+     Every way a rotated zero is +0 (the tensor cores' cancelled sums are +0, times c > 0), so its
      division cannot depend on how the division carries a zero's sign (step 4).
   3. amax per row, then per block (per-tensor: the tensor's, below); scale = amax / 448 by IEEE
      division (1 for an all-zero group), as ``block_scales``, stored per block.
@@ -113,6 +123,10 @@ FP32_MAX = tl.constexpr(torch.finfo(torch.float32).max)
 # What one launch of quantise_kernel does (STEP): a block-scaled pass, or per-tensor's amax or cast pass.
 STEP_BLOCK, STEP_AMAX, STEP_CAST = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 ROTATE_NONE, ROTATE_TENSOR_CORE, ROTATE_BUTTERFLY = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+ROTATE_KRONECKER = tl.constexpr(3)
+# The Kronecker rotation's column block: Sylvester's H_16 on the tensor cores (one wgmma k-step of 16). Its blocks
+# travel as tuples grown by concatenation (noqa RUF005): Triton's compiler takes no starred tuple display.
+KRONECKER_COLUMNS = tl.constexpr(16)
 
 
 class TensorArgs(NamedTuple):
@@ -186,12 +200,30 @@ def _hadamard_butterflies(x, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, LOG2_HE
 
 
 @triton.jit
-def _rotation_operand(ROTATION, ROTATE: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _hadamard_16(dtype: tl.constexpr):
+    """Sylvester's 16 x 16 Hadamard matrix in ``dtype``: entry (i, j) is (-1)^popcount(i & j)."""
+    offs = tl.arange(0, KRONECKER_COLUMNS)
+    both = offs[:, None] & offs[None, :]
+    parity = (both ^ (both >> 1) ^ (both >> 2) ^ (both >> 3)) & 1
+    return (1 - 2 * parity).to(dtype)
+
+
+@triton.jit
+def _rotation_operand(ROTATION, ROTATE: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                      FP32_DOT: tl.constexpr):  # fmt: skip
     """What ``_rotated`` multiplies by, loaded once per program: the (D, D) ±1 sign matrix (tensor
-    cores; Triton keeps it in shared memory across the tile loop) or the matrix's first row (butterflies)."""
+    cores; Triton keeps it in shared memory across the tile loop), the matrix's first row (butterflies), or
+    Sylvester's H_16 in ``DOT_DTYPE`` (fp32 for the interpreter's ``FP32_DOT``) and the first row's column blocks
+    (Kronecker)."""
     offs_d = tl.arange(0, HEAD_DIM)
     if ROTATE == ROTATE_TENSOR_CORE:
         rotation = tl.load(ROTATION + offs_d[:, None] * HEAD_DIM + offs_d[None, :])
+    elif ROTATE == ROTATE_KRONECKER:
+        offs_c = tl.arange(0, KRONECKER_COLUMNS)
+        signs = ()
+        for block in tl.static_range(HEAD_DIM // KRONECKER_COLUMNS):
+            signs = signs + (tl.load(ROTATION + block * KRONECKER_COLUMNS + offs_c),)  # noqa: RUF005
+        rotation = (_hadamard_16(tl.float32 if FP32_DOT else DOT_DTYPE), signs)
     else:
         rotation = tl.load(ROTATION + offs_d)
     return rotation
@@ -222,6 +254,43 @@ def _rotated(x, rotation, rotation_scale, ROWS: tl.constexpr, HEAD_DIM: tl.const
         # negative; + 0.0 makes it +0 (IEEE: -0 + +0 = +0), as the tensor-core product gives (module
         # docstring, steps 2 and 4). Compiled, the multiply and the add are one fma with a zero addend.
         rotated = _hadamard_butterflies(x.to(tl.float32), ROWS, HEAD_DIM, LOG2_HEAD_DIM) * rotation[None, :] + 0.0
+    return rotated
+
+
+@triton.jit
+def _butterflies_across(blocks):
+    """Sylvester's Hadamard matrix over a tuple of 2^k same-shape tensors: block a of the result is the sum over j of
+    H[j, a] x blocks[j], in k stages of y[i] = x[2i] + x[2i+1], y[i + n/2] = x[2i] - x[2i+1] (the constant geometry of
+    ``_hadamard_butterflies``, here across whole tensors: elementwise adds, no data moves between threads)."""
+    for _ in tl.static_range(len(blocks).bit_length() - 1):
+        sums = ()
+        differences = ()
+        for pair in tl.static_range(len(blocks) // 2):
+            sums = sums + (blocks[2 * pair] + blocks[2 * pair + 1],)  # noqa: RUF005
+            differences = differences + (blocks[2 * pair] - blocks[2 * pair + 1],)  # noqa: RUF005
+        blocks = sums + differences
+    return blocks
+
+
+@triton.jit
+def _kronecker_rotated(blocks, rotation, FP32_DOT: tl.constexpr, REGISTER_OPERAND: tl.constexpr):
+    """The tile's 16-column blocks (a tuple, in the input's type) times random_hadamard(D, seed), as 16-column blocks
+    in fp32 (module docstring, step 2, ``kronecker``): H_D = H_{D/16} ⊗ H_16, so block a of x H_D is the sum over j of
+    H_{D/16}[j, a] (x_j H_16): one (rows, 16) x (16, 16) product a block on the tensor cores (exact products, fp32
+    sums), then the butterflies across the blocks in fp32, then x the column signs times c (+ 0: ``_rotated``)."""
+    hadamard_16, signs = rotation
+    products = ()
+    for block in tl.static_range(len(blocks)):
+        x = blocks[block]
+        if FP32_DOT:
+            product = tl.dot(x.to(tl.float32), hadamard_16, input_precision="ieee")
+        else:
+            product = tl.dot(_in_registers(x) if REGISTER_OPERAND else x, hadamard_16)
+        products = products + (product,)  # noqa: RUF005
+    products = _butterflies_across(products)
+    rotated = ()
+    for block in tl.static_range(len(blocks)):
+        rotated = rotated + (products[block] * signs[block][None, :] + 0.0,)  # noqa: RUF005
     return rotated
 
 
@@ -365,16 +434,39 @@ def _load_tile(T, X_DESC, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
         box = X_DESC.load([batch_head_32 // T.heads, batch_head_32 % T.heads, (tile % T.tiles_per_head) * TILE_ROWS, 0])
         x = box.reshape(TILE_ROWS, HEAD_DIM)
     else:
-        batch_head = (tile // T.tiles_per_head).to(tl.int64)
-        rows = _tile_rows(tile % T.tiles_per_head, TILE_ROWS, PERMUTED)
-        offs_d = tl.arange(0, HEAD_DIM)
-        x_ptrs = (T.X + (batch_head // T.heads) * T.stride_b + (batch_head % T.heads) * T.stride_h
-                  + rows[:, None] * T.stride_s + offs_d[None, :] * T.stride_d)  # fmt: skip
-        # A tile past the last reads no row (its valid length is 0): one comparison per row, a mask Triton
-        # 3.9's interpreter also takes (it refuses a tensor mask combined with a scalar one).
-        valid_rows = tl.where(tile < T.tiles, T.seqlen, 0)
-        x = tl.load(x_ptrs, mask=rows[:, None] < valid_rows, other=0.0)
+        x = _load_columns(T, tile, 0, TILE_ROWS, HEAD_DIM, PERMUTED)
     return x
+
+
+@triton.jit
+def _load_columns(T, tile, first_column, TILE_ROWS: tl.constexpr, COLUMNS: tl.constexpr, PERMUTED: tl.constexpr):
+    """Columns [first_column, first_column + COLUMNS) of tile ``tile`` of tensor T by pointers (``_load_tile``'s rows
+    and zeros)."""
+    batch_head = (tile // T.tiles_per_head).to(tl.int64)
+    rows = _tile_rows(tile % T.tiles_per_head, TILE_ROWS, PERMUTED)
+    offs_d = first_column + tl.arange(0, COLUMNS)
+    x_ptrs = (T.X + (batch_head // T.heads) * T.stride_b + (batch_head % T.heads) * T.stride_h
+              + rows[:, None] * T.stride_s + offs_d[None, :] * T.stride_d)  # fmt: skip
+    # A tile past the last reads no row (its valid length is 0): one comparison per row, a mask Triton
+    # 3.9's interpreter also takes (it refuses a tensor mask combined with a scalar one).
+    valid_rows = tl.where(tile < T.tiles, T.seqlen, 0)
+    return tl.load(x_ptrs, mask=rows[:, None] < valid_rows, other=0.0)
+
+
+@triton.jit
+def _load_blocks(T, X_DESC, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCKS: tl.constexpr,
+                 PERMUTED: tl.constexpr, TMA: tl.constexpr):  # fmt: skip
+    """Tile ``tile`` of tensor T as a tuple of BLOCKS column blocks: the whole tile (``_load_tile``) where BLOCKS is
+    1, else each block of D / BLOCKS columns by a load of its own (the Kronecker rotation's 16-column blocks, by
+    pointers: a TMA box is whole rows)."""
+    if BLOCKS == 1:
+        blocks = (_load_tile(T, X_DESC, tile, TILE_ROWS, HEAD_DIM, PERMUTED, TMA),)
+    else:
+        blocks = ()
+        for block in tl.static_range(BLOCKS):
+            columns = _load_columns(T, tile, block * (HEAD_DIM // BLOCKS), TILE_ROWS, HEAD_DIM // BLOCKS, PERMUTED)
+            blocks = blocks + (columns,)  # noqa: RUF005
+    return blocks
 
 
 @triton.jit
@@ -409,14 +501,17 @@ def _prefetch_tile_to_l2(T, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexp
 def _quantise_tiles(T, X_DESC, program, programs, ROTATION, rotation_scale, KIND: tl.constexpr,
                     SETUP: tl.constexpr):  # fmt: skip
     """Tiles program, program + programs, ... of one tensor (T: its ``TensorArgs``; X_DESC: its TMA
-    descriptor or None; KIND: its ``TensorKind``): the module docstring's steps 1-5 for each."""
+    descriptor or None; KIND: its ``TensorKind``): the module docstring's steps 1-5 for each. A tile is a tuple of
+    column blocks: one of D columns, or D / 16 of 16 under the Kronecker rotation, which rotates blocks."""
     HEAD_DIM: tl.constexpr = SETUP.HEAD_DIM
     TILE_ROWS: tl.constexpr = SETUP.TILE_ROWS
-    offs_d = tl.arange(0, HEAD_DIM)
+    BLOCKS: tl.constexpr = HEAD_DIM // KRONECKER_COLUMNS if KIND.ROTATE == ROTATE_KRONECKER else 1
+    COLUMNS: tl.constexpr = HEAD_DIM // BLOCKS
+    offs_c = tl.arange(0, COLUMNS)
     if KIND.ROTATE != ROTATE_NONE:
-        rotation = _rotation_operand(ROTATION, KIND.ROTATE, HEAD_DIM)
+        rotation = _rotation_operand(ROTATION, KIND.ROTATE, HEAD_DIM, T.X.dtype.element_ty, SETUP.INTERPRETED)
     if SETUP.PREFETCH:
-        x_next = _load_tile(T, X_DESC, program, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
+        x_next = _load_blocks(T, X_DESC, program, TILE_ROWS, HEAD_DIM, BLOCKS, KIND.PERMUTED, SETUP.TMA)
     if SETUP.L2_PREFETCH:
         back_to_back = _tiles_back_to_back(T, TILE_ROWS, HEAD_DIM)
     for tile in tl.range(program, T.tiles, programs, num_stages=SETUP.NUM_STAGES):
@@ -426,38 +521,43 @@ def _quantise_tiles(T, X_DESC, program, programs, ROTATION, rotation_scale, KIND
         # ---- 1. load (PREFETCH: this tile came with the previous one; ask for the next before computing)
         if SETUP.PREFETCH:
             x = x_next
-            x_next = _load_tile(T, X_DESC, tile + programs, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
+            x_next = _load_blocks(T, X_DESC, tile + programs, TILE_ROWS, HEAD_DIM, BLOCKS, KIND.PERMUTED, SETUP.TMA)
         else:
-            x = _load_tile(T, X_DESC, tile, TILE_ROWS, HEAD_DIM, KIND.PERMUTED, SETUP.TMA)
+            x = _load_blocks(T, X_DESC, tile, TILE_ROWS, HEAD_DIM, BLOCKS, KIND.PERMUTED, SETUP.TMA)
         if SETUP.L2_PREFETCH and (tile + 2 * programs < T.tiles) & back_to_back:
             _prefetch_tile_to_l2(T, tile + 2 * programs, TILE_ROWS, HEAD_DIM)
 
         # ---- 2. rotation
-        if KIND.ROTATE != ROTATE_NONE:
-            x = _rotated(x, rotation, rotation_scale, TILE_ROWS, HEAD_DIM, SETUP.LOG2_HEAD_DIM, KIND.ROTATE,
-                         SETUP.INTERPRETED, SETUP.REGISTER_OPERAND)  # fmt: skip
-        x = x.to(tl.float32)
+        if KIND.ROTATE == ROTATE_KRONECKER:
+            x = _kronecker_rotated(x, rotation, SETUP.INTERPRETED, SETUP.REGISTER_OPERAND)
+        elif KIND.ROTATE != ROTATE_NONE:
+            x = (_rotated(x[0], rotation, rotation_scale, TILE_ROWS, HEAD_DIM, SETUP.LOG2_HEAD_DIM, KIND.ROTATE,
+                          SETUP.INTERPRETED, SETUP.REGISTER_OPERAND),)  # fmt: skip
 
         # ---- 3. amax (per row, then per block) and scales
-        row_amax = tl.max(tl.abs(x), axis=1)
+        row_amax = tl.max(tl.abs(x[0].to(tl.float32)), axis=1)
+        for block in tl.static_range(1, BLOCKS):
+            row_amax = tl.maximum(row_amax, tl.max(tl.abs(x[block]), axis=1))
         if SETUP.STEP == STEP_AMAX:
             tl.store(T.TILE_AMAX + tile, tl.max(row_amax, axis=0))
         else:
             scale, divisor, reciprocal, factor, prescaled = _row_scales(row_amax, T, batch_head, m_tile, KIND, SETUP)
-
-            # ---- 4. divide by the scale, round to e4m3 (saturating)
-            y = _quotient(x, scale[:, None], divisor[:, None], reciprocal[:, None], factor[:, None], prescaled,
-                          SETUP.RECIPROCAL_DIVISION, KIND.CORRECTIONS, SETUP.INTERPRETED)  # fmt: skip
-            y8 = _to_e4m3(y, SETUP.INTERPRETED)
-
-            # ---- 5. store: rows, or Vᵀ with its keys (slots) contiguous
             slots = m_tile * TILE_ROWS + tl.arange(0, TILE_ROWS)
-            if KIND.TRANSPOSED:
-                out_ptrs = T.OUT + (batch_head * HEAD_DIM + offs_d[:, None]) * T.out_rows + slots[None, :]
-                tl.store(out_ptrs, tl.trans(y8), mask=slots[None, :] < T.out_rows)
-            else:
-                out_ptrs = T.OUT + (batch_head * T.out_rows + slots[:, None]) * HEAD_DIM + offs_d[None, :]
-                tl.store(out_ptrs, y8, mask=slots[:, None] < T.out_rows)
+            for block in tl.static_range(BLOCKS):
+                # ---- 4. divide by the scale, round to e4m3 (saturating)
+                y = _quotient(x[block].to(tl.float32), scale[:, None], divisor[:, None], reciprocal[:, None],
+                              factor[:, None], prescaled, SETUP.RECIPROCAL_DIVISION, KIND.CORRECTIONS,
+                              SETUP.INTERPRETED)  # fmt: skip
+                y8 = _to_e4m3(y, SETUP.INTERPRETED)
+
+                # ---- 5. store: rows, or Vᵀ with its keys (slots) contiguous
+                offs_d = block * COLUMNS + offs_c
+                if KIND.TRANSPOSED:
+                    out_ptrs = T.OUT + (batch_head * HEAD_DIM + offs_d[:, None]) * T.out_rows + slots[None, :]
+                    tl.store(out_ptrs, tl.trans(y8), mask=slots[None, :] < T.out_rows)
+                else:
+                    out_ptrs = T.OUT + (batch_head * T.out_rows + slots[:, None]) * HEAD_DIM + offs_d[None, :]
+                    tl.store(out_ptrs, y8, mask=slots[:, None] < T.out_rows)
 
 
 @triton.jit

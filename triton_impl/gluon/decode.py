@@ -26,7 +26,8 @@ than tiles, each walking the tiles its load warp claims from a counter, the ring
 across tiles (``SplitKeys.ring_base``) and the next tile's Q in a second buffer, so that a tile's Q, first copies and
 O store pass under its neighbours' key blocks rather than each CTA paying them alone.
 ``TWO_CONSUMERS`` (D=64 and D=128 items of two or more M tiles; issue #38's compute-bound class, 128-256 packed rows
-a KV head; the balanced split's too at D=128, ``BALANCED_TWO_CONSUMERS``) gives a CTA two M tiles on gluon/hopper's
+a KV head; the balanced split's too at D=128, ``BALANCED_TWO_CONSUMERS``, and where it keeps the target shares at
+``BALANCED_TWO_CONSUMERS_SAME_TARGET``' head dims) gives a CTA two M tiles on gluon/hopper's
 partitions: a load warp filling one ring, two consumer warpgroups each with its own 64 rows, Q tile and register
 budget, so that one's softmax runs under the other's wgmmas and each K/V block is copied once for both
 (``consumers_for``; ``_split_kernel``'s ``CONSUMERS``).
@@ -359,6 +360,15 @@ TWO_CONSUMER_CHUNK_SPILLS = ("3.9",)
 # (bench/gluon_decode_balanced_two_d64_ab.sh times (64, 128) on the 13 sweep rows it moves, seed 5309 row 2 first: 54 %
 # of the read bandwidth on an H100; sm_90a, Triton 3.6 and 3.8: 168 registers, 147912 bytes, no spill).
 BALANCED_TWO_CONSUMERS: tuple[int, ...] = (128,)
+# Head dims whose balanced calls of the class take two consumers only where that keeps the plan's target shares
+# (``balanced_two_consumers``): the target rules count shares over the grid's M tiles, so one CTA of two M tiles
+# doubles the target wherever neither "per-slot"'s one-wave branch nor the full sequences' cap sets it (132 -> 264 on
+# 132 SMs: a second wave of shares for CTAs that each hold an SM). D=64 at (64, 128) on an H100, 2026-12-06
+# (results/h100/gluon-decode-balanced-two-d64-2026-12-06/): the eight rows of the same target 0.86-0.99x (5309/2 152.1
+# -> 131.1 us), the three of 132 -> 264 that lose 1.15-1.24x (2026/4, 221/1, 104/3) and two doubled rows that gain
+# (214/0 66 -> 132 0.93x, 189/3 132 -> 264 0.87x), which this rule leaves too. Untimed as a rule: () (off);
+# bench/gluon_decode_two_consumer_target_ab.sh times (64,).
+BALANCED_TWO_CONSUMERS_SAME_TARGET: tuple[int, ...] = ()
 # setmaxnreg of each consumer (the register file less the load warp's warpgroup, over two warpgroups: 232) and the
 # registers a thread at launch (the file over the CTA's three warpgroups: 168).
 TWO_CONSUMER_REGISTERS = (65536 - PAGED_LOAD_REGISTERS.value * WARPGROUP_THREADS) // (2 * WARPGROUP_THREADS) // 8 * 8
@@ -1175,8 +1185,8 @@ def two_consumer_config(problem: Problem) -> DecodeConfig:
 
 def consumers_for(problem: Problem, device: torch.device | None = None) -> int:
     """M tiles a CTA of ``problem``'s launch on ``device`` (None: the default SM count, as the sm_90a compile): two
-    where ``two_consumers`` takes it and either the balanced split takes it at a head dim of ``BALANCED_TWO_CONSUMERS``
-    or, ``ITEMS_IN_FLIGHT``'s kernel not taking it, the two-consumer split is one that
+    where ``two_consumers`` takes it and either the balanced split takes it on two (``balanced_two_consumers``) or,
+    ``ITEMS_IN_FLIGHT``'s kernel not taking it, the two-consumer split is one that
     ``BALANCED_SPLIT`` would leave padded (no split of a ragged batch, no merge chain past
     ``splits.LONG_CHAIN_SPLITS``: its CTAs hold twice the rows, so the rule may split an item twice as often; H200,
     seed 222's row 2, B=1 Hkv=2: 63 splits 157.2 us against one consumer's 32 in 122.0); else one."""
@@ -1184,11 +1194,27 @@ def consumers_for(problem: Problem, device: torch.device | None = None) -> int:
     if not two_consumers(problem):
         return 1
     if balanced_split(problem, device):
-        return 2 if problem.head_dim in BALANCED_TWO_CONSUMERS else 1
+        return 2 if balanced_two_consumers(problem, device) else 1
     if items_in_flight(problem, device):
         return 1
     two_consumer_splits = lambda: rule_splits(problem, device, 2)  # noqa: E731
     return 1 if splits.balanced_split_applies(BALANCED_SPLIT, problem, two_consumer_splits) else 2
+
+
+def balanced_two_consumers(problem: Problem, device: torch.device) -> bool:
+    """Whether the balanced split's launch of ``problem`` (which ``two_consumers`` takes) on ``device`` runs two M tiles
+    a CTA: at a head dim of ``BALANCED_TWO_CONSUMERS`` always; at one of ``BALANCED_TWO_CONSUMERS_SAME_TARGET`` only
+    where the two-consumer plan's target shares are no more than the one-consumer plan's (``balanced_target``). Where
+    the target holds, the same shares run in half the CTAs and each key block is copied once for both M tiles (D=64:
+    0.86-0.99x the time); where it doubles (the target rules count shares over the grid's M tiles, which two a CTA
+    halve), every item is cut into twice the shares, whose CTAs, one an SM, take more waves, each paying its ramp and
+    drain (seeds 2026/4, 221/1 and 104/3 at D=64: 1.15-1.24x). The targets follow from the shape and the device only,
+    never the lengths, so a CUDA graph replayed with new lengths keeps its launch."""
+    if problem.head_dim in BALANCED_TWO_CONSUMERS:
+        return True
+    if problem.head_dim not in BALANCED_TWO_CONSUMERS_SAME_TARGET:
+        return False
+    return balanced_target(problem, device, 2) <= balanced_target(problem, device, 1)
 
 
 def grid_m_blocks(problem: Problem, consumers: int) -> int:
@@ -1287,6 +1313,21 @@ def balanced_config(problem: Problem, device: torch.device | None = None) -> Dec
     """The balanced kernel's ring on ``device``: ``BALANCED_PAIR_CONFIGS``' where ``balanced_pair_tile``, else
     ``decode_config``'s."""
     return BALANCED_PAIR_CONFIGS[problem.head_dim] if balanced_pair_tile(problem, device) else decode_config(problem)
+
+
+def balanced_launch_config(problem: Problem, device: torch.device, consumers: int) -> DecodeConfig:
+    """The balanced kernel's ring on ``consumers`` M tiles a CTA: ``two_consumer_config``'s for two, else
+    ``balanced_config``'s."""
+    return two_consumer_config(problem) if consumers == 2 else balanced_config(problem, device)
+
+
+def balanced_target(problem: Problem, device: torch.device, consumers: int, num_splits: int | None = None) -> int:
+    """The balanced plan's target shares on ``device`` for ``consumers`` M tiles a CTA (``balanced_sizes`` on that
+    launch's ring, CTA slots and grid M extent); ``num_splits`` forces them."""
+    config = balanced_launch_config(problem, device, consumers)
+    slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
+    m_blocks = grid_m_blocks(problem, consumers)
+    return balanced_sizes(problem, device, num_splits, m_blocks, config.block_n, *slots)[1]
 
 
 def balanced_stages(problem: Problem, device: torch.device, target: int, config: DecodeConfig | None = None) -> int:
@@ -1443,11 +1484,8 @@ def seqlen_k_decisions(
         return False, packed_prefill_config(problem), 1
     consumers = consumers or consumers_for(problem, device)
     if balanced_split(problem, device):
-        config = two_consumer_config(problem) if consumers == 2 else balanced_config(problem, device)
-        slots = (split_policy(problem, config).ctas_per_sm, BALANCED_SHARES_BY_SLOTS)
-        m_blocks = grid_m_blocks(problem, consumers)
-        target = balanced_sizes(problem, device, num_splits, m_blocks, config.block_n, *slots)[1]
-        return True, config, target
+        config = balanced_launch_config(problem, device, consumers)
+        return True, config, balanced_target(problem, device, consumers, num_splits)
     config = two_consumer_config(problem) if consumers == 2 else decode_config(problem)
     ctas = grid_m_blocks(problem, consumers)
     return False, config, splits.resolve_num_splits(num_splits, problem, ctas, device, split_policy(problem, config))
