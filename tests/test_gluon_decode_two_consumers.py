@@ -20,8 +20,9 @@ sequence too), paged (pages of 16, 64 and 256), an odd count of M tiles, both ca
 to 128, D 64 / 128 / 256, fp16, the LSE, splits, the balanced split and its two-level merge; a planted grid one M
 extent short (its last M tiles never computed) fails the check.
 
-``BALANCED_TWO_CONSUMERS``' untimed D=64 candidate, (64, 128), for ``bench/gluon_decode_balanced_two_d64_ab.sh``: its
-plan at seed 5309's row 2, its sm_90a build (no spills, one CTA an SM), the script's rows (each moved, the control
+``BALANCED_TWO_CONSUMERS``' D=64 candidate, (64, 128), timed by ``bench/gluon_decode_balanced_two_d64_ab.sh`` and not
+taken (``BALANCED_TWO_CONSUMERS_SAME_TARGET`` took its winning rows: tests/test_gluon_decode_two_consumers_target.py):
+its plan at seed 5309's row 2, its sm_90a build (no spills, one CTA an SM), the script's rows (each moved, the control
 not), and three GPU cases against fp64.
 """
 
@@ -204,27 +205,33 @@ def test_balanced_two_consumers_plan(monkeypatch: pytest.MonkeyPatch):
     assert gluon_decode.GluonDecodePlan(problem, CPU).consumers == 1
 
 
-def test_balanced_split_at_an_untimed_head_dim_keeps_one_consumer():
-    """D=64's balanced calls (untimed on two consumers) keep one consumer; D=128's take two."""
+def test_balanced_split_at_d64_takes_two_consumers_only_under_the_target_rule(monkeypatch: pytest.MonkeyPatch):
+    """D=64's balanced calls take two consumers through ``BALANCED_TWO_CONSUMERS_SAME_TARGET`` alone (here the target
+    holds), one without it; D=128's take two either way."""
     d64 = _problem(3, 4, 8192, head_dim=64, has_cache_seqlens=True)  # ragged, 256 rows: the balanced split
     d128 = _row(176, 6).problem
     assert gluon_decode.two_consumers(d64) and gluon_decode.two_consumers(d128)
-    plans = [gluon_decode.GluonDecodePlan(problem, CPU) for problem in (d64, d128)]
-    assert [(plan.balanced, plan.consumers, plan.split_options["CONSUMERS"]) for plan in plans] == [
-        (True, 1, 1),
-        (True, 2, 2),
-    ]
+    for rule, d64_consumers in (((64,), 2), ((), 1)):
+        monkeypatch.setattr(gluon_decode, "BALANCED_TWO_CONSUMERS_SAME_TARGET", rule)
+        plans = [gluon_decode.GluonDecodePlan(problem, CPU) for problem in (d64, d128)]
+        assert [(plan.balanced, plan.consumers, plan.split_options["CONSUMERS"]) for plan in plans] == [
+            (True, d64_consumers, d64_consumers),
+            (True, 2, 2),
+        ]
 
 
-# BALANCED_TWO_CONSUMERS' untimed D=64 candidate (bench/gluon_decode_balanced_two_d64_ab.sh).
+# BALANCED_TWO_CONSUMERS' D=64 candidate (bench/gluon_decode_balanced_two_d64_ab.sh; not taken: the target rule took
+# its winning rows).
 BALANCED_D64 = (64, 128)
 
 
 def test_balanced_two_consumers_d64_candidate_plan(monkeypatch: pytest.MonkeyPatch):
-    """With ``BALANCED_TWO_CONSUMERS`` at (64, 128) (off; issue #38's seed 5309 row 2: 128 packed rows at D=64 over two
-    long sequences, gluon/decode 54 % of the read bandwidth on an H100), that row's balanced launch takes two consumers:
-    the grid's M extent 2 -> 1 with the same 100 target shares, the ring TWO_CONSUMERS' two-M-tile one at D=64 (8
-    stages of 64 keys, against the one-consumer balanced ring's 6)."""
+    """With ``BALANCED_TWO_CONSUMERS`` at (64, 128) (not taken; issue #38's seed 5309 row 2: 128 packed rows at D=64
+    over two long sequences, gluon/decode 54 % of the read bandwidth on an H100), that row's balanced launch takes two
+    consumers: the grid's M extent 2 -> 1 with the same 100 target shares, the ring TWO_CONSUMERS' two-M-tile one at
+    D=64 (8 stages of 64 keys, against the one-consumer balanced ring's 6). The target rule, which takes this row too,
+    is held off: this is the candidate's plan against the one-consumer plan it was timed against."""
+    monkeypatch.setattr(gluon_decode, "BALANCED_TWO_CONSUMERS_SAME_TARGET", ())
     problem = _row(5309, 2).problem
     default = gluon_decode.GluonDecodePlan(problem, CPU)
     assert default.balanced and default.consumers == 1 and default.split_grid == (2, 132), default.split_grid
@@ -236,8 +243,9 @@ def test_balanced_two_consumers_d64_candidate_plan(monkeypatch: pytest.MonkeyPat
 
 
 def test_balanced_two_consumers_d64_ab_rows_move_but_the_control(monkeypatch: pytest.MonkeyPatch):
-    """``bench/gluon_decode_balanced_two_d64_ab.sh``'s rows: each takes two consumers under the candidate (one by
-    default), its last, the control, one either way."""
+    """``bench/gluon_decode_balanced_two_d64_ab.sh``'s rows: each takes two consumers under the candidate (one by the
+    default it ran against, which had no target rule), its last, the control, one either way."""
+    monkeypatch.setattr(gluon_decode, "BALANCED_TWO_CONSUMERS_SAME_TARGET", ())
     words = knob_ab_words("gluon_decode_balanced_two_d64_ab.sh", "balanced_two_d64")
     assert words[1:4] == ["triton_impl.gluon.decode:BALANCED_TWO_CONSUMERS", "(128,),(64, 128)", "gluon/decode"]
     consumers = {}

@@ -1,4 +1,4 @@
-"""gluon/decode's ``BALANCED_TWO_CONSUMERS_SAME_TARGET`` (issue #38; off, untimed as a rule): at its head dims the
+"""gluon/decode's ``BALANCED_TWO_CONSUMERS_SAME_TARGET`` (issue #38; on at D=64): at its head dims the
 balanced split's calls of two or more M tiles take two consumers a CTA only where the two-consumer plan's target
 shares are no more than the one-consumer plan's (``balanced_two_consumers``).
 
@@ -8,14 +8,13 @@ lost 1.15-1.24x on 2026/4, 221/1 and 104/3, whose target doubles (132 -> 264) be
 over the grid's M tiles. The rule reads the two plans' targets (``balanced_target``), so it leaves every doubled row,
 214/0 and 189/3 (0.93x, 0.87x there) among them.
 
-CPU: with the switch at (64,), the sweep rows of an unchanged target plan two consumers on the plan the timed candidate
-launched, the doubled rows one; off, ``consumers_for`` is the pre-rule ``BALANCED_TWO_CONSUMERS`` test; D=128 keeps
-its unconditional two; seed 6007's row 4 (gluon's lowest row, 44 % of the read bandwidth) is the items kernel's either
-way; the A/B script's rows move as predicted. Planted: a rule that ignores the targets takes the losing rows.
+CPU: with the switch at (64,) (the default), the sweep rows of an unchanged target plan two consumers on the plan the
+timed candidate launched, the doubled rows one, and no other sweep row moves; off, ``consumers_for`` is the pre-rule
+``BALANCED_TWO_CONSUMERS`` test; D=128 keeps its unconditional two; seed 6007's row 4 (gluon's lowest row, 44 % of the
+read bandwidth) is the items kernel's either way. Planted: a rule that ignores the targets takes the losing rows.
 
-GPU (``gpu``; bench/gluon_decode_two_consumer_target_ab.sh runs them first): the D=64 candidate's fp64 cases of
-tests/test_gluon_decode_two_consumers.py through this switch, the two-consumer balanced plan checked to be the one
-launched.
+GPU (``gpu``): the D=64 candidate's fp64 cases of tests/test_gluon_decode_two_consumers.py through this switch, the
+two-consumer balanced plan checked to be the one launched.
 """
 
 from __future__ import annotations
@@ -26,13 +25,15 @@ import torch
 from bench.decode_knob_ab import parse_row
 from common import clear_plan_cache
 from common.contract.problem import Problem
-from tests._helpers import knob_ab_words
+from common.measure.decode_sweep import random_cases
 from tests.test_decode_wide import check_on_gpu
 from tests.test_gluon_decode_two_consumers import BALANCED_D64_GPU_CASES
 from triton_impl.gluon import decode as gluon_decode
 
 CPU = torch.device("cpu")
 SWITCH = "BALANCED_TWO_CONSUMERS_SAME_TARGET"
+# The committed sweep's named seeds (issue #38's fresh seeds in results/), beside seeds 1-239.
+NAMED_SEEDS = (1206, 2026, 3001, 3010, 3048, 4711, 5309, 6007, 6841)
 RULE_ON = (64,)
 
 # The D=64 balanced rows of the H100 A/B of (64, 128) (all two M tiles but 214/0's four): those whose two-consumer
@@ -58,10 +59,11 @@ def _consumers(rows, monkeypatch: pytest.MonkeyPatch, switch: tuple[int, ...]) -
     return {row: gluon_decode.consumers_for(_problem(row), CPU) for row in rows}
 
 
-def test_default_is_off_and_consumers_are_the_pre_rule_ones(monkeypatch: pytest.MonkeyPatch):
-    """Off (the default), a balanced call takes two consumers exactly where its head dim is in
+def test_default_is_on_at_d64_and_off_gives_the_pre_rule_consumers(monkeypatch: pytest.MonkeyPatch):
+    """The default is (64,); off, a balanced call takes two consumers exactly where its head dim is in
     ``BALANCED_TWO_CONSUMERS``: D=128's rows two, every D=64 row of the A/B one."""
-    assert getattr(gluon_decode, SWITCH) == ()
+    assert getattr(gluon_decode, SWITCH) == RULE_ON
+    monkeypatch.setattr(gluon_decode, SWITCH, ())
     rows = (*SAME_TARGET, *DOUBLED_TARGET, *CONTROLS, "92/0", "176/6")
     for row in rows:
         problem = _problem(row)
@@ -136,17 +138,15 @@ def test_rule_leaves_d128_and_the_controls(monkeypatch: pytest.MonkeyPatch):
         assert (plan.balanced, plan.consumers, plan.num_splits, plan.items_in_flight) == (False, 1, 1, True)
 
 
-def test_ab_script_rows_move_as_predicted(monkeypatch: pytest.MonkeyPatch):
-    """``bench/gluon_decode_two_consumer_target_ab.sh``: the switch off against (64,), the rows of an unchanged target
-    moved to two consumers, the losing rows, 214/0 and the controls not."""
-    words = knob_ab_words("gluon_decode_two_consumer_target_ab.sh", "two_consumer_target")
-    assert words[1:4] == [f"triton_impl.gluon.decode:{SWITCH}", "(),(64,)", "gluon/decode"]
-    rows = words[4:]
-    off, on = _consumers(rows, monkeypatch, ()), _consumers(rows, monkeypatch, RULE_ON)
-    moved = [row for row in rows if (off[row], on[row]) == (1, 2)]
-    assert moved == [row for row in rows if row in SAME_TARGET] and moved[0] == "5309/2", moved
-    assert all(off[row] == on[row] == 1 for row in rows if row not in moved)
-    assert set(LOSING) <= set(rows) and rows[-1] == "5309/4"
+def test_rule_moves_only_the_timed_rows_of_the_sweep(monkeypatch: pytest.MonkeyPatch):
+    """Over the committed sweep (seeds 1-239 and the named seeds), the rule at (64,) against off moves exactly the eight
+    rows of an unchanged target, every one timed at 0.86-0.99x: the default carries no untimed row."""
+    seeds = (*range(1, 240), *NAMED_SEEDS)
+    problems = {f"{seed}/{index}": case.problem for seed in seeds for index, case in enumerate(random_cases(8, seed))}
+    balanced = [row for row, problem in problems.items() if problem.head_dim == 64 and gluon_decode.two_consumers(
+        problem) and gluon_decode.balanced_split(problem, CPU)]  # fmt: skip
+    off, on = (_consumers(balanced, monkeypatch, switch) for switch in ((), RULE_ON))
+    assert sorted(row for row in balanced if off[row] != on[row]) == sorted(SAME_TARGET)
 
 
 # ----------------------------------------------------------------------------------------------------

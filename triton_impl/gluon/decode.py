@@ -356,9 +356,9 @@ TWO_CONSUMER_CHUNK_SPILLS = ("3.9",)
 # Head dims whose balanced split's calls (ragged or paged batches the rule splits, long chains) of the same class take
 # two consumers too: the balanced kernel's grid with half the M extent, its target shares fed the CTA's M tiles on that
 # ring. H200, 2026-12-04 (results/h200/decode-many-rows-2026-12-04/, D=128): six of seven ragged rows of the class
-# 0.84-0.98x (176/6 192.8 -> 162.3 us), 62/1 (Sq=8, two M tiles) 1.04x, the control 1.00x. D=64's untimed: not taken
-# (bench/gluon_decode_balanced_two_d64_ab.sh times (64, 128) on the 13 sweep rows it moves, seed 5309 row 2 first: 54 %
-# of the read bandwidth on an H100; sm_90a, Triton 3.6 and 3.8: 168 registers, 147912 bytes, no spill).
+# 0.84-0.98x (176/6 192.8 -> 162.3 us), 62/1 (Sq=8, two M tiles) 1.04x, the control 1.00x. D=64 not unconditionally
+# (bench/gluon_decode_balanced_two_d64_ab.sh timed (64, 128) on the 13 sweep rows it moves: three lost; sm_90a, Triton
+# 3.6 and 3.8: 168 registers, 147912 bytes, no spill), but under the next rule.
 BALANCED_TWO_CONSUMERS: tuple[int, ...] = (128,)
 # Head dims whose balanced calls of the class take two consumers only where that keeps the plan's target shares
 # (``balanced_two_consumers``): the target rules count shares over the grid's M tiles, so one CTA of two M tiles
@@ -366,9 +366,9 @@ BALANCED_TWO_CONSUMERS: tuple[int, ...] = (128,)
 # 132 SMs: a second wave of shares for CTAs that each hold an SM). D=64 at (64, 128) on an H100, 2026-12-06
 # (results/h100/gluon-decode-balanced-two-d64-2026-12-06/): the eight rows of the same target 0.86-0.99x (5309/2 152.1
 # -> 131.1 us), the three of 132 -> 264 that lose 1.15-1.24x (2026/4, 221/1, 104/3) and two doubled rows that gain
-# (214/0 66 -> 132 0.93x, 189/3 132 -> 264 0.87x), which this rule leaves too. Untimed as a rule: () (off);
-# bench/gluon_decode_two_consumer_target_ab.sh times (64,).
-BALANCED_TWO_CONSUMERS_SAME_TARGET: tuple[int, ...] = ()
+# (214/0 66 -> 132 0.93x, 189/3 132 -> 264 0.87x), which this rule leaves too. On at D=64: the sweep rows it moves are
+# exactly those eight, each on the plan that A/B timed (tests/test_gluon_decode_two_consumers_target.py holds both).
+BALANCED_TWO_CONSUMERS_SAME_TARGET: tuple[int, ...] = (64,)
 # setmaxnreg of each consumer (the register file less the load warp's warpgroup, over two warpgroups: 232) and the
 # registers a thread at launch (the file over the CTA's three warpgroups: 168).
 TWO_CONSUMER_REGISTERS = (65536 - PAGED_LOAD_REGISTERS.value * WARPGROUP_THREADS) // (2 * WARPGROUP_THREADS) // 8 * 8
