@@ -8,6 +8,8 @@ rotation's tensor work costs when it does not overlap the loads: 2048 tiles of 1
 SM at about 0.56 µs a tile, 8.7 µs. H_D = H_{D/16} ⊗ H_16 needs 1/8 of those products at D=128 (1/4 at D=64), plus 3
 fp32 adds an element. Predicted: K 44.3 -> 35-38 µs, K+V 80.3 -> 72-75 µs, if the 16-column blocks' loads, layout
 conversions and registers cost no more than the product saved (the sm_90a builds differ: see the table's regs/spills).
+Measured (H100, 2026-12-06, results/h100/fp8-kronecker-rotation-2026-12-06/): K 81.9-96.5 µs against 44.6, every
+candidate correct: they cost more than they save.
 
 Per shape (P1's K/V, B=2 Hkv=16 S=8192 D=128; D=64: B=4 H=32 S=8192), in one process, L2 flushed before every run
 (``bench.fp8_kv_quantiser_bw``'s inputs, timing rounds and table):

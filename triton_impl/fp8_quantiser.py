@@ -100,7 +100,8 @@ ROTATE_OF_METHOD = {"tensor_core": ROTATE_TENSOR_CORE, "butterfly": ROTATE_BUTTE
 # registers a thread), and so do the Kronecker rotation's sixteen 16-column blocks (16 to 40 bytes, sm_90a): refused
 # there.
 MAX_HEAD_DIM_OF_METHOD = {"butterfly": 128, "kronecker": 128}
-# Measured on the GPU by bench/fp8_quantiser.py; until then the tensor-core product, the reference's own form.
+# Measured on the GPU by bench/fp8_quantiser.py; until then the tensor-core product, the reference's own form. The
+# Kronecker rotation runs P1's K in 1.84-2.16x its time (H100, bench/fp8_kronecker_ab.py, 2026-12-06).
 DEFAULT_ROTATION_METHOD = "tensor_core"
 # How each element is divided by its scale (``fp8_quantiser_kernel``'s docstring, step 4).
 DIVISIONS = ("reciprocal", "ieee")

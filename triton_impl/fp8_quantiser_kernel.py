@@ -60,7 +60,9 @@ stays in shared memory across the loop); then per tile:
        8.7 µs of P1's K launch where it does not overlap the loads), 3 fp32 adds an element. The tile stays a
        tuple of 16-column blocks through steps 3-5 (row amax over the blocks, each block divided and stored
        on its own). Up to D = 128 (at 256 its sixteen blocks spill registers); loads by pointers (a TMA box is
-       whole rows).
+       whole rows). Slower, measured: P1's K 81.9-96.5 µs against ``tensor_core``'s 44.6 on an H100 (2026-12-06,
+       results/h100/fp8-kronecker-rotation-2026-12-06/): the eight 32-byte-a-row loads and their layout
+       conversions cost more than the product saved, so the default's time over its stream is not its tensor work.
      Every way a rotated zero is +0 (the tensor cores' cancelled sums are +0, times c > 0), so its
      division cannot depend on how the division carries a zero's sign (step 4).
   3. amax per row, then per block (per-tensor: the tensor's, below); scale = amax / 448 by IEEE
