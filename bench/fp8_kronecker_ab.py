@@ -31,7 +31,6 @@ import csv
 import functools
 import sys
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import torch
 
@@ -46,6 +45,7 @@ from bench.fp8_kv_quantiser_bw import (
     _time_rounds,
     kv_bytes,
     markdown,
+    timing_parser,
 )
 from common.contract import fp8
 from triton_impl import fp8_quantiser
@@ -126,13 +126,7 @@ def shape_rows(shape: str, args: argparse.Namespace) -> tuple[list[BandwidthRow]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--warmup-ms", type=float, default=25)
-    parser.add_argument("--rep-ms", type=float, default=100)
-    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
-    args = parser.parse_args()
+    args = timing_parser(__doc__).parse_args()
     require_gpu("bench/fp8_kronecker_ab.py")
     rows, passed = [], True
     for shape in args.shapes.split(","):

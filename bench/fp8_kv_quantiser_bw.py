@@ -297,13 +297,19 @@ def markdown(rows: list[BandwidthRow], read_gbps: float, device_name: str) -> st
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def timing_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments of a quantiser A/B over ``SHAPES`` in interleaved rounds (``_time_rounds``'s)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup-ms", type=float, default=25)
     parser.add_argument("--rep-ms", type=float, default=100)
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
+    return parser
+
+
+def main() -> None:
+    parser = timing_parser(__doc__)
     parser.add_argument("--only", default="", help="comma-separated candidate names (default: every candidate)")
     args = parser.parse_args()
     require_gpu("bench/fp8_kv_quantiser_bw.py")
