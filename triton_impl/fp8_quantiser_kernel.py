@@ -441,12 +441,13 @@ def _load_tile(T, X_DESC, tile, TILE_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
 
 
 @triton.jit
-def _load_columns(T, tile, first_column, TILE_ROWS: tl.constexpr, COLUMNS: tl.constexpr, PERMUTED: tl.constexpr):
-    """Columns [first_column, first_column + COLUMNS) of tile ``tile`` of tensor T by pointers (``_load_tile``'s rows
+def _load_columns(T, tile, FIRST_COLUMN: tl.constexpr, TILE_ROWS: tl.constexpr, COLUMNS: tl.constexpr,
+                  PERMUTED: tl.constexpr):  # fmt: skip
+    """Columns [FIRST_COLUMN, FIRST_COLUMN + COLUMNS) of tile ``tile`` of tensor T by pointers (``_load_tile``'s rows
     and zeros)."""
     batch_head = (tile // T.tiles_per_head).to(tl.int64)
     rows = _tile_rows(tile % T.tiles_per_head, TILE_ROWS, PERMUTED)
-    offs_d = first_column + tl.arange(0, COLUMNS)
+    offs_d = FIRST_COLUMN + tl.arange(0, COLUMNS)
     x_ptrs = (T.X + (batch_head // T.heads) * T.stride_b + (batch_head % T.heads) * T.stride_h
               + rows[:, None] * T.stride_s + offs_d[None, :] * T.stride_d)  # fmt: skip
     # A tile past the last reads no row (its valid length is 0): one comparison per row, a mask Triton
@@ -544,7 +545,6 @@ def _quantise_tiles(T, X_DESC, program, programs, ROTATION, rotation_scale, KIND
             tl.store(T.TILE_AMAX + tile, tl.max(row_amax, axis=0))
         else:
             scale, divisor, reciprocal, factor, prescaled = _row_scales(row_amax, T, batch_head, m_tile, KIND, SETUP)
-            slots = m_tile * TILE_ROWS + tl.arange(0, TILE_ROWS)
             for block in tl.static_range(BLOCKS):
                 # ---- 4. divide by the scale, round to e4m3 (saturating)
                 y = _quotient(x[block].to(tl.float32), scale[:, None], divisor[:, None], reciprocal[:, None],
@@ -553,6 +553,7 @@ def _quantise_tiles(T, X_DESC, program, programs, ROTATION, rotation_scale, KIND
                 y8 = _to_e4m3(y, SETUP.INTERPRETED)
 
                 # ---- 5. store: rows, or Vᵀ with its keys (slots) contiguous
+                slots = m_tile * TILE_ROWS + tl.arange(0, TILE_ROWS)
                 offs_d = block * COLUMNS + offs_c
                 if KIND.TRANSPOSED:
                     out_ptrs = T.OUT + (batch_head * HEAD_DIM + offs_d[:, None]) * T.out_rows + slots[None, :]
