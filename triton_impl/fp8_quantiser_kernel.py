@@ -552,7 +552,8 @@ def _quantise_tiles(T, X_DESC, program, programs, ROTATION, rotation_scale, KIND
                               SETUP.INTERPRETED)  # fmt: skip
                 y8 = _to_e4m3(y, SETUP.INTERPRETED)
 
-                # ---- 5. store: rows, or Vᵀ with its keys (slots) contiguous
+                # ---- 5. store: rows, or Vᵀ with its keys (slots) contiguous. The slots are computed here, not once
+                # before the loop: hoisted, the default build's 128 registers spill 16 bytes under Triton 3.7.
                 slots = m_tile * TILE_ROWS + tl.arange(0, TILE_ROWS)
                 offs_d = block * COLUMNS + offs_c
                 if KIND.TRANSPOSED:
