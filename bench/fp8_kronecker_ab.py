@@ -83,12 +83,7 @@ def _checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str, con
         q.shape, k.shape, k.dtype, k.device, quantisation, LAYOUT, rotation_method=method, config=config
     )
     quantiser.operands.poison_()
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False  # the reference's rotation in full fp32
-    try:
-        reference = fp8.kernel_operands(fp8.quantise(q, k, v, quantisation), LAYOUT)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
+    reference = fp8.kernel_operands(fp8.quantise(q, k, v, quantisation), LAYOUT)
     differences = fp8_quantiser.operand_differences(quantiser(q, k, v), reference)
     return ("ok" if differences.ok else "FAILED") + f": {differences.summary()}"
 
@@ -128,6 +123,8 @@ def shape_rows(shape: str, args: argparse.Namespace) -> tuple[list[BandwidthRow]
 def main() -> None:
     args = timing_parser(__doc__).parse_args()
     require_gpu("bench/fp8_kronecker_ab.py")
+    # The reference's rotation in full fp32 (a TF32 GEMM would round the matrix's entries), as bench/fp8_quantiser.py.
+    torch.backends.cuda.matmul.allow_tf32 = False
     rows, passed = [], True
     for shape in args.shapes.split(","):
         shape_result, shape_passed = shape_rows(shape, args)
