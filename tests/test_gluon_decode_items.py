@@ -1,17 +1,18 @@
-"""gluon/decode's ``ITEMS_IN_FLIGHT`` (off; issue #38's short items, seed 151 row 1): ``_items_kernel``, a grid of
-min(tiles, CTA slots) CTAs each walking the tiles its load warp claims, the ring and its phases running on across
-tiles, the next tile's Q in a second buffer.
+"""gluon/decode's ``ITEMS_IN_FLIGHT`` ("many-rows": D=64 items of two or more M tiles; issue #38's short items, seed 151
+row 1): ``_items_kernel``, a grid of min(tiles, CTA slots) CTAs each walking the tiles its load warp claims, the ring
+and its phases running on across tiles, the next tile's Q in a second buffer.
 
-CPU: the switch off by default; which shapes it takes (one split by the rule, D 64 / 128, more tiles than slots) and
-the plan it gives seed 151 row 1 (264 CTAs of 4096 tiles, 128 registers at launch). Static (sm_90a, child process,
-the running Triton release): the items builds without spills or local memory, their CTAs an SM by shared memory as
-``items_ctas_per_sm`` says; the switch leaving every build it does not take instruction for instruction, and the
-builds it takes being ``_split_kernel`` with it off. GPU (``gpu``; run before bench/README.md's A/B): against fp64
-on a poisoned output with the items kernel checked to be the one launched: 151/1 itself, items of one key block and
-of many, ragged, paged (pages of 16 and 128) and contiguous, GQA groups 1 / 5 / 8, D 64 / 128, fp16, the LSE, an
-empty sequence; three launches in a row (the claim counter back to 0); a planted launch whose counter starts past
-the last tile (every CTA's first tile only) fails the check, and so does (or hangs, in a child process cut by a
-timeout) a planted ring whose places and phases restart at every tile.
+CPU: the default takes only the timed class (D=64, two or more M tiles; a planted gate without the M tiles fails); which
+shapes the switch on takes (one split by the rule, D 64 / 128, more tiles than slots) and the plan it gives seed 151 row
+1 (264 CTAs of 4096 tiles, 128 registers at launch). Static (sm_90a, child process, the running Triton release): the
+items builds without spills or local memory, their CTAs an SM by shared memory as ``items_ctas_per_sm`` says; the switch
+leaving every build it does not take instruction for instruction, and the builds it takes being ``_split_kernel`` with
+it off. GPU (``gpu``; run before bench/README.md's A/B): against fp64 on a poisoned output with the items kernel checked
+to be the one launched: 151/1 itself, items of one key block and of many, ragged, paged (pages of 16 and 128) and
+contiguous, GQA groups 1 / 5 / 8, D 64 / 128, fp16, the LSE, an empty sequence; three launches in a row (the claim
+counter back to 0); a planted launch whose counter starts past the last tile (every CTA's first tile only) fails the
+check, and so does (or hangs, in a child process cut by a timeout) a planted ring whose places and phases restart at
+every tile.
 """
 
 from __future__ import annotations
