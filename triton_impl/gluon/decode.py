@@ -333,8 +333,8 @@ ITEMS_MANY_ROWS_HEAD_DIMS = (64,)
 # triton/decode's 64-row CTAs of 4 warps, more of them an SM, read 54 %). Head dim -> CTAs an SM the items kernel's ring
 # is made shallow enough for (``items_config``), so that more consumers' fixed costs a tile (Q, the first blocks' wait,
 # O's normalisation and store) run under one another's copies. D=64 at three: 3 stages of 64 keys, 64.4 KB, 80
-# registers at launch (the warpgroup 112 after the load warp's 48), spill-free under 3.6 and 3.8 (four: 2 stages,
-# 64 registers, spills). Off (empty): untimed, bench/gluon_decode_items_occupancy_ab.sh times it. Not applied under the
+# registers at launch (the warpgroup 112 after the load warp's 48), spill-free under 3.6 to 3.8 (four: 2 stages, 64
+# registers, spills). Off (empty): untimed, bench/gluon_decode_items_occupancy_ab.sh times it. Not applied under the
 # releases of ITEMS_CTAS_PER_SM_SPILLS (3.9: the fp16 non-causal build with the LSE spills 8 bytes a thread).
 ITEMS_CTAS_PER_SM: dict[int, int] = {}
 ITEMS_CTAS_PER_SM_SPILLS = ("3.9",)
