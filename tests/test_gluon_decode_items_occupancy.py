@@ -97,8 +97,7 @@ def test_on_6007_4_takes_three_ctas_an_sm(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_planted_knob_that_does_nothing_fails(monkeypatch: pytest.MonkeyPatch):
-    default_config = gluon_decode.decode_config
-    monkeypatch.setattr(gluon_decode, "items_config", lambda problem: default_config(problem))
+    monkeypatch.setattr(gluon_decode, "items_config", gluon_decode.decode_config)
     assert not _target_plan_is_three_ctas(monkeypatch)
 
 
@@ -112,7 +111,6 @@ def test_knob_moves_exactly_the_items_rows_at_d64(monkeypatch: pytest.MonkeyPatc
     eight items-kernel rows; every other row, D=128's items rows among them, keeps its launch."""
     seeds = (*range(1, 240), *NAMED_SEEDS)
     sweep = {f"{seed}/{index}": case.problem for seed in seeds for index, case in enumerate(random_cases(8, seed))}
-    monkeypatch.setattr(gluon_decode, KNOB, {})
     condition = [
         row
         for row, problem in sweep.items()
