@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from common.contract import validation
 from common.contract.api import attention, clear_plan_cache, plan_cache_info
 from common.contract.capability import FEATURES, KNOWN_FEATURES, PAGED_KV, check_features, needed_features
 from common.contract.check import check_implementation, check_on_inputs
@@ -24,6 +25,7 @@ from common.contract.inputs import make_block_table, make_inputs, make_paged_kv,
 from common.contract.problem import Problem
 from common.contract.reference import gather_pages, reference_attention
 from common.contract.registry import Implementation, discover, per_call_inputs
+from common.contract.validation import validate_attention_inputs
 from common.measure.peaks import Peaks
 from common.measure.runner import TimingOptions, make_workload, measure
 from common.toolchain.releases import triton_release
@@ -215,7 +217,23 @@ BAD_PAGED_INPUTS = {
     "pool rank": (lambda q, k, v, t, n: (q, k[0], v[0], t, n), ValueError, r"rank 4 \(num_pages, page_size, kv_heads"),
     "kv heads": (lambda q, k, v, t, n: (q[:, :7], k, v, t, n), ValueError, r"must divide q's heads .* got q 7"),
     "head dim": (lambda q, k, v, t, n: (q[..., :32], k, v, t, n), ValueError, r"same head_dim, got q 32 and k 64"),
+    "page past the pool": (
+        lambda q, k, v, t, n: (q, k, v, _with_entry(t, 0, 3, k.shape[0]), n),
+        ValueError,
+        r"page indices in \[0, num_pages\) = \[0, 10\), got values in \[\d+, 10\]",
+    ),
+    "negative page": (
+        lambda q, k, v, t, n: (q, k, v, _with_entry(t, 1, 0, -1), n),
+        ValueError,
+        r"= \[0, 10\), got values in \[-1, \d+\]",
+    ),
 }
+
+
+def _with_entry(table: torch.Tensor, batch: int, slot: int, page: int) -> torch.Tensor:
+    changed = table.clone()
+    changed[batch, slot] = page
+    return changed
 
 
 @pytest.mark.parametrize("case", sorted(BAD_PAGED_INPUTS))
@@ -227,6 +245,53 @@ def test_bad_paged_input_is_refused_clearly(case: str):
             q, k, v, causal=True, causal_alignment="bottom_right", cache_seqlens=lengths, block_table=table,
             impl="triton/decode",
         )  # fmt: skip
+
+
+def _page_check_outcomes() -> dict[str, str]:
+    """The validation's verdict on two tables of ``_api_inputs`` (lengths 64 and 5, pages of 16): sequence 1's one
+    page in use past the pool, and sequence 1's three pages past its length set to indices no pool has."""
+    q, k, v, table, lengths = _api_inputs()
+    past_the_length = table.clone()
+    past_the_length[1, 1:] = torch.tensor([10**6, -7, k.shape[0]], dtype=torch.int32)
+    tables = {"in use, past the pool": _with_entry(table, 1, 0, k.shape[0]), "past the length": past_the_length}
+    outcomes = {}
+    for name, bad in tables.items():
+        try:
+            options = {"allow_gqa": True, "dtypes": (q.dtype,), "device_types": ("cpu",)}
+            validate_attention_inputs(q, k, v, cache_seqlens=lengths, block_table=bad, **options)
+            outcomes[name] = "accepted"
+        except ValueError:
+            outcomes[name] = "refused"
+    return outcomes
+
+
+def test_page_indices_are_checked_where_read_and_only_there():
+    assert _page_check_outcomes() == {"in use, past the pool": "refused", "past the length": "accepted"}
+
+
+def test_entries_past_a_sequences_length_change_nothing():
+    q, k, v, table, lengths = _api_inputs()
+    garbage = table.clone()
+    garbage[1, 1:] = torch.tensor([10**6, -7, k.shape[0]], dtype=torch.int32)
+    outputs = [attention(q, k, v, cache_seqlens=lengths, block_table=t, impl="triton/decode") for t in (table, garbage)]
+    assert torch.equal(*outputs)
+
+
+PAGES_IN_USE_BOUNDS = validation._pages_in_use_bounds
+PLANTED_PAGE_CHECKS = {
+    # Every entry, read or not: refuses vLLM's padding past a sequence's pages.
+    "every entry": lambda lengths, table, page_size: (table.amin(), table.amax()),
+    # Whole pages only (floor for ceil): misses the page a partial last page of keys is in.
+    "whole pages": lambda lengths, table, page_size: PAGES_IN_USE_BOUNDS(
+        lengths // page_size * page_size, table, page_size
+    ),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED_PAGE_CHECKS))
+def test_planted_page_check_fails_the_rule(bug: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(validation, "_pages_in_use_bounds", PLANTED_PAGE_CHECKS[bug])
+    assert _page_check_outcomes() != {"in use, past the pool": "refused", "past the length": "accepted"}
 
 
 def test_a_rung_without_paging_refuses_a_block_table_with_its_reason():

@@ -22,8 +22,9 @@ A paged cache's page size is k's dim 1, so it is in the key with k's shape.
 ``cache_seqlens`` is an input, not part of the plan: its values are checked (in [0, Sk], one device
 synchronisation) when a signature is planned; later calls check only its signature through the key,
 and the kernels clamp each length to [0, Sk], so a bad value cannot read out of bounds.
-``block_table`` (a paged KV cache) is an input too; its values, the page indices, are never checked
-(that would synchronise every call): an index outside the pools is the caller's contract, as in
+``block_table`` (a paged KV cache) is an input too; its values, the page indices a call reads, are checked with
+``cache_seqlens``' (in [0, num_pages), the same synchronisation) when a signature is planned; later calls are not
+checked (that would synchronise every call): an index outside the pools there is the caller's contract, as in
 FlashAttention's ``flash_attn_with_kvcache``.
 
 A decode step against a growing cache (transformers' DynamicCache: K and V are whole contiguous
@@ -471,8 +472,8 @@ def attention(
     (num_pages, page_size, Hkv, D), page_size in [16, 256]. Sequence b's key j lives in page
     ``block_table[b, j // page_size]``, slot ``j % page_size``; Sk = max_pages_per_seq · page_size.
     ``cache_seqlens`` is then required. Only the entries of pages holding keys below a sequence's
-    length are read, and they are not checked: each must lie in [0, num_pages) (the caller's contract,
-    as in FlashAttention; checking would synchronise every call).
+    length are read; each must lie in [0, num_pages). The first call of a signature checks them (ValueError);
+    later calls do not (the caller's contract, as in FlashAttention; checking would synchronise every call).
 
     The first call of a signature prepares a plan (validates, compiles, warms up); later calls with
     new tensors of the same signature bind and launch only. Raises ValueError for an unknown

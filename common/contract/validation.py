@@ -5,9 +5,12 @@ bad call never reaches device code. Tensors a kernel cannot address directly (in
 contiguous, misaligned strides) are copied explicitly by :func:`kernel_operand`, never read wrongly.
 
 A paged KV cache (``block_table`` given) changes what k and v are: page pools (num_pages, page_size,
-Hkv, D) instead of (B, Hkv, Sk, D). Everything about it is checked except the page indices themselves:
-reading them would cost a device synchronisation per call, so an index outside [0, num_pages) is the
-caller's contract, as in FlashAttention's ``flash_attn_with_kvcache``.
+Hkv, D) instead of (B, Hkv, Sk, D). Its page indices are checked with the values of ``cache_seqlens``, in the
+same device synchronisation: each entry of a page holding keys below its sequence's length must lie in
+[0, num_pages) (entries past a sequence's length are never read and may be anything, as vLLM's padding).
+``common.contract.api`` validates when it plans a signature; a later call of that signature is not checked
+(that would synchronise every call), and an index outside the pools there is the caller's contract, as in
+FlashAttention's ``flash_attn_with_kvcache``.
 """
 
 from __future__ import annotations
@@ -119,9 +122,18 @@ def _check_alignment(causal_alignment: object) -> str:
     return causal_alignment
 
 
-def check_cache_seqlens(cache_seqlens: object, batch: int, seqlen_k: int, device: torch.device) -> torch.Tensor:
-    """``cache_seqlens`` must be a (B,) int32 tensor on the inputs' device with values in [0, Sk].
-    Checking the values reads them back (one device synchronisation)."""
+def check_cache_seqlens(
+    cache_seqlens: object,
+    batch: int,
+    seqlen_k: int,
+    device: torch.device,
+    block_table: torch.Tensor | None = None,
+    num_pages: int = 0,
+) -> torch.Tensor:
+    """``cache_seqlens`` must be a (B,) int32 tensor on the inputs' device with values in [0, Sk]; with a
+    ``block_table`` (already checked by :func:`check_block_table`) of pools of ``num_pages`` pages, the entries in
+    use (pages holding keys below each sequence's length) must lie in [0, num_pages). Checking the values reads
+    them back: one device synchronisation for both."""
     if not isinstance(cache_seqlens, torch.Tensor):
         raise TypeError(f"cache_seqlens must be a torch.Tensor or None, got {type(cache_seqlens).__name__}")
     if tuple(cache_seqlens.shape) != (batch,):
@@ -130,18 +142,38 @@ def check_cache_seqlens(cache_seqlens: object, batch: int, seqlen_k: int, device
         raise TypeError(f"cache_seqlens must be int32, got {dtype_name(cache_seqlens.dtype)}")
     if cache_seqlens.device != device:
         raise ValueError(f"cache_seqlens must be on the inputs' device {device}, got {cache_seqlens.device}")
-    low, high = (int(x) for x in torch.aminmax(cache_seqlens))
+    bounds = [*torch.aminmax(cache_seqlens)]
+    if block_table is not None:
+        bounds += _pages_in_use_bounds(cache_seqlens, block_table, seqlen_k // block_table.shape[1])
+    low, high, *pages = torch.stack(bounds).tolist()
     if low < 0 or high > seqlen_k:
         raise ValueError(
             f"cache_seqlens must lie in [0, Sk] = [0, {seqlen_k}] (Sk the padded key length, or the block "
             f"table's capacity max_pages_per_seq * page_size), got values in [{low}, {high}]"
         )
+    if pages and (pages[0] < 0 or pages[1] >= num_pages):
+        raise ValueError(
+            f"block_table's entries for the keys below each sequence's length must be page indices in "
+            f"[0, num_pages) = [0, {num_pages}), got values in [{pages[0]}, {pages[1]}] (entries past a "
+            f"sequence's length are not read and may be anything)"
+        )
     return cache_seqlens
 
 
+def _pages_in_use_bounds(
+    cache_seqlens: torch.Tensor, block_table: torch.Tensor, page_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(min, max) of the block table's entries that the kernels read, sequence b's first ceil(length / page_size),
+    as device scalars; 0 stands for the entries not read (a valid index: a pool has a page at least)."""
+    pages_used = (cache_seqlens + page_size - 1).div(page_size, rounding_mode="floor")
+    slots = torch.arange(block_table.shape[1], device=block_table.device)
+    in_use = torch.where(slots < pages_used[:, None], block_table, 0)
+    return in_use.amin(), in_use.amax()
+
+
 def check_block_table(block_table: object, batch: int, device: torch.device) -> torch.Tensor:
-    """``block_table`` must be a (B, max_pages_per_seq) int32 tensor on the inputs' device. Its values,
-    the page indices, are not read (see the module docstring)."""
+    """``block_table`` must be a (B, max_pages_per_seq) int32 tensor on the inputs' device. Its values, the page
+    indices, are read with ``cache_seqlens``' (:func:`check_cache_seqlens`)."""
     if not isinstance(block_table, torch.Tensor):
         raise TypeError(f"block_table must be a torch.Tensor or None, got {type(block_table).__name__}")
     if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] < 1:
@@ -178,7 +210,7 @@ def validate_attention_inputs(
     ``block_table``: None, or a paged KV cache: k and v are then page pools (num_pages, page_size,
     Hkv, D), Sk = max_pages_per_seq · page_size, and ``cache_seqlens`` is required.
     Raises TypeError for wrong types/dtypes and ValueError for wrong shapes, devices, head dims,
-    empty tensors, a non-finite scale, an unknown alignment or bad lengths; each message names what
+    empty tensors, a non-finite scale, an unknown alignment, bad lengths or page indices; each message names what
     was expected and what was given.
     """
     paged = block_table is not None
@@ -207,7 +239,8 @@ def validate_attention_inputs(
     else:
         page_size, kv_heads, seqlen_k = 0, k.shape[1], k.shape[2]
     if cache_seqlens is not None:
-        check_cache_seqlens(cache_seqlens, batch, seqlen_k, q.device)
+        pages = (block_table, k.shape[0]) if paged else (None, 0)
+        check_cache_seqlens(cache_seqlens, batch, seqlen_k, q.device, *pages)
     if head_dims is not None and head_dim not in head_dims:
         raise ValueError(f"head_dim must be one of {sorted(head_dims)}, got {head_dim}")
     return Problem(
