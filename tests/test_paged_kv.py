@@ -251,13 +251,11 @@ def _page_check_outcomes() -> dict[str, str]:
     """The validation's verdict on two tables of ``_api_inputs`` (lengths 64 and 5, pages of 16): sequence 1's one
     page in use past the pool, and sequence 1's three pages past its length set to indices no pool has."""
     q, k, v, table, lengths = _api_inputs()
-    past_the_length = table.clone()
-    past_the_length[1, 1:] = torch.tensor([10**6, -7, k.shape[0]], dtype=torch.int32)
-    tables = {"in use, past the pool": _with_entry(table, 1, 0, k.shape[0]), "past the length": past_the_length}
+    tables = {"in use, past the pool": _with_entry(table, 1, 0, k.shape[0]), "past the length": _past_the_length(table)}
+    options = {"allow_gqa": True, "dtypes": (q.dtype,), "device_types": ("cpu",)}
     outcomes = {}
     for name, bad in tables.items():
         try:
-            options = {"allow_gqa": True, "dtypes": (q.dtype,), "device_types": ("cpu",)}
             validate_attention_inputs(q, k, v, cache_seqlens=lengths, block_table=bad, **options)
             outcomes[name] = "accepted"
         except ValueError:
@@ -265,15 +263,24 @@ def _page_check_outcomes() -> dict[str, str]:
     return outcomes
 
 
+def _past_the_length(table: torch.Tensor) -> torch.Tensor:
+    """``_api_inputs``' table with sequence 1's three pages past its 5 keys set to indices no pool of 10 pages has."""
+    changed = table.clone()
+    changed[1, 1:] = torch.tensor([10**6, -7, 10], dtype=torch.int32)
+    return changed
+
+
+PAGE_CHECK_RULE = {"in use, past the pool": "refused", "past the length": "accepted"}
+
+
 def test_page_indices_are_checked_where_read_and_only_there():
-    assert _page_check_outcomes() == {"in use, past the pool": "refused", "past the length": "accepted"}
+    assert _page_check_outcomes() == PAGE_CHECK_RULE
 
 
 def test_entries_past_a_sequences_length_change_nothing():
     q, k, v, table, lengths = _api_inputs()
-    garbage = table.clone()
-    garbage[1, 1:] = torch.tensor([10**6, -7, k.shape[0]], dtype=torch.int32)
-    outputs = [attention(q, k, v, cache_seqlens=lengths, block_table=t, impl="triton/decode") for t in (table, garbage)]
+    tables = (table, _past_the_length(table))
+    outputs = [attention(q, k, v, cache_seqlens=lengths, block_table=t, impl="triton/decode") for t in tables]
     assert torch.equal(*outputs)
 
 
@@ -291,7 +298,7 @@ PLANTED_PAGE_CHECKS = {
 @pytest.mark.parametrize("bug", sorted(PLANTED_PAGE_CHECKS))
 def test_planted_page_check_fails_the_rule(bug: str, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(validation, "_pages_in_use_bounds", PLANTED_PAGE_CHECKS[bug])
-    assert _page_check_outcomes() != {"in use, past the pool": "refused", "past the length": "accepted"}
+    assert _page_check_outcomes() != PAGE_CHECK_RULE
 
 
 def test_a_rung_without_paging_refuses_a_block_table_with_its_reason():
