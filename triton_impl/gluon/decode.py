@@ -328,16 +328,6 @@ PAGED_LOAD_WARP, PAGED_LOAD_REGISTERS = True, gl.constexpr(48)
 # kernel can (the tests' setting), False none.
 ITEMS_IN_FLIGHT, ITEMS_HEAD_DIMS, ITEMS_Q_BUFFERS = "many-rows", (64, 128), 2
 ITEMS_MANY_ROWS_HEAD_DIMS = (64,)
-# ITEMS_CTAS_PER_SM (issue #38's lowest gluon row, seed 6007's row 4: B=32 H=512 Hkv=32 Sq=8 Sk=4608 D=64, ragged
-# 16..4292, 2048 tiles of ~650 keys on average: the items kernel 123.7 µs (44 % of an H100's read bandwidth) where
-# triton/decode's 64-row CTAs of 4 warps, more of them an SM, read 54 %). Head dim -> CTAs an SM the items kernel's ring
-# is made shallow enough for (``items_config``), so that more consumers' fixed costs a tile (Q, the first blocks' wait,
-# O's normalisation and store) run under one another's copies. D=64 at three: 3 stages of 64 keys, 64.4 KB, 80
-# registers at launch (the warpgroup 112 after the load warp's 48), spill-free under 3.6 to 3.8 (four: 2 stages, 64
-# registers, spills). Off (empty): untimed, bench/gluon_decode_items_occupancy_ab.sh times it. Not applied under the
-# releases of ITEMS_CTAS_PER_SM_SPILLS (3.9: the fp16 non-causal build with the LSE spills 8 bytes a thread).
-ITEMS_CTAS_PER_SM: dict[int, int] = {}
-ITEMS_CTAS_PER_SM_SPILLS = ("3.9",)
 # Issue #38's compute-bound class (seeds 229 and 233: 256 packed rows a KV head, 256 FLOPs a K/V byte, past the read
 # bandwidth's roofline; H200, 2026-12-04: gluon/decode at 38-44 % of the read bandwidth, 59-68 % of the roofline). One
 # warpgroup a CTA runs one chain a block (S, softmax, P V), and D=128's 208 KB ring holds one CTA an SM; WIDE_M_TILE's
@@ -1362,12 +1352,11 @@ def _items_fit(problem: Problem, config: DecodeConfig) -> int:
 
 def items_config(problem: Problem) -> DecodeConfig:
     """``_items_kernel``'s ring: ``decode_config``'s, one stage shallower at a time (down to 2) while the second Q
-    buffer would leave fewer CTAs an SM than the split kernel's, or than ``ITEMS_CTAS_PER_SM`` asks where it applies
-    (D=64: 6 stages, 96 + 16 KB, two CTAs as before; D=128 short caches: 64-key blocks in 2 stages, 64 + 32 KB, two;
-    D=128: 192 + 32 KB, one as before)."""
+    buffer would leave fewer CTAs an SM than the split kernel's (D=64: 6 stages, 96 + 16 KB, two CTAs as before; D=128
+    short caches: 64-key blocks in 2 stages, 64 + 32 KB, two; D=128: 192 + 32 KB, one as before). A shallower D=64 ring
+    for three CTAs an SM took 0.97-1.02x the time (results/h100/gluon-decode-items-occupancy-2026-12-07/)."""
     config = decode_config(problem)
-    asked = 0 if triton_release() in ITEMS_CTAS_PER_SM_SPILLS else ITEMS_CTAS_PER_SM.get(problem.head_dim, 0)
-    wanted = asked or split_policy(problem, config).ctas_per_sm
+    wanted = split_policy(problem, config).ctas_per_sm
     while config.num_stages > 2 and _items_fit(problem, config) < wanted:
         config = DecodeConfig(config.block_n, config.num_stages - 1, config.ctas_per_sm)
     return config
