@@ -41,6 +41,7 @@ SETTLED = {"PASSED", "SKIPPED", "XFAIL", "XPASS"}
 # one on the left where the name is long); a traceback's frames are parted by "_ _ _ _".
 SECTION = re.compile(r"^_+ ([^_\s].*?) _+$")
 OUT_OF_MEMORY = ("torch.OutOfMemoryError", "CUDA error: out of memory", "CUDA_ERROR_OUT_OF_MEMORY")
+SLOWEST_REPORTED = 40
 
 
 def parse_part(text: str) -> tuple[int, int]:
@@ -118,8 +119,10 @@ def collect_gpu_tests() -> list[str]:
 
 def run_part(test_ids: Sequence[str], workers: int, log: Path, mode: str = "w") -> int:
     """pytest on ``test_ids`` with ``workers`` xdist workers, its output to stdout and ``log`` line by line (``mode``
-    "a": after what ``log`` holds)."""
-    command = [sys.executable, "-m", "pytest", "-v", "-m", "gpu", "-n", str(workers), "--dist", "loadgroup", *test_ids]
+    "a": after what ``log`` holds). The slowest tests' times close the log: the whole suite takes two device calls on
+    one GPU, and they say where that time goes."""
+    command = [sys.executable, "-m", "pytest", "-v", "-m", "gpu", "-n", str(workers), "--dist", "loadgroup"]
+    command += ["--durations", str(SLOWEST_REPORTED), *test_ids]
     log.parent.mkdir(parents=True, exist_ok=True)
     with (
         log.open(mode) as sink,
