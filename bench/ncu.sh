@@ -29,7 +29,7 @@ for spec in "$@"; do
   ncu --import "$res/$name.ncu-rep" --page raw --csv > "$res/$name.raw.csv" 2>&1
   ncu --import "$res/$name.ncu-rep" --page source --csv --print-source sass > "$res/$name.sass.csv" 2>&1 || true
   tail -2 "$res/$name.log"
-  grep -E "^  [a-z_]|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occ|Issue Slots Busy|Warp Cycles Per Issued" \
+  grep -E "^  [a-z_]|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occ|L2 Hit Rate|Issue Slots Busy|Warp Cycles Per Issued" \
     "$res/$name.details.txt" | head -40
   rm -f "$res"/*.ncu-rep
   tar czf "$OUT/ncu-$tag-$name.tgz" -C /tmp "ncu-$tag-$name"
