@@ -44,12 +44,7 @@ def modelled_pct(case: DecodeCase, args: argparse.Namespace, l2_shared: bool, lo
     """The modelled share of the read bandwidth, %."""
     ctas = ((args.fixed_us, megabytes, None) for megabytes in tile_megabytes(case, l2_shared, longest_first))
     cap = decode_model.stream_cap(args.in_flight, BLOCK_N, case.problem.head_dim)
-    # The fluid model reads its bandwidth from the module: the measured one for this run, then the module's again.
-    saved, decode_model.READ_GBPS = decode_model.READ_GBPS, args.read_gbps
-    try:
-        elapsed = decode_model.fluid_run(ctas, args.slots, cap, lambda tag, now: None, step_us=0.1)
-    finally:
-        decode_model.READ_GBPS = saved
+    elapsed = decode_model.fluid_run(ctas, args.slots, cap, lambda tag, now: None, 0.1, args.read_gbps)
     return case.kv_bytes_read / (args.read_gbps * 1e3) / elapsed * 100
 
 

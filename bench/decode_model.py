@@ -166,11 +166,12 @@ def fluid_run(
     cap: float,
     on_end: Callable[[object, float], None],
     step_us: float = STEP_US,
+    read_gbps: float | None = None,
 ) -> float:
     """Steps 1-3 of the module docstring on ``ctas`` (fixed µs, MB, tag) in launch order, in steps of
     ``step_us``: µs from the first CTA's start to the last one's end, ``on_end(tag, now)`` called as each
-    CTA ends."""
-    bandwidth = READ_GBPS / 1e3  # MB per µs
+    CTA ends. ``read_gbps``: the read bandwidth shared (default ``READ_GBPS``, the H200's)."""
+    bandwidth = (read_gbps or READ_GBPS) / 1e3  # MB per µs
     pending = iter(ctas)
     active: list[list] = []  # per CTA: [fixed µs left, MB left, tag]
     now = 0.0
