@@ -13,6 +13,17 @@ contiguous, GQA groups 1 / 5 / 8, D 64 / 128, fp16, the LSE, an empty sequence; 
 counter back to 0); a planted launch whose counter starts past the last tile (every CTA's first tile only) fails the
 check, and so does (or hangs, in a child process cut by a timeout) a planted ring whose places and phases restart at
 every tile.
+
+``ITEMS_TWO_CONSUMERS`` (a tile is two M tiles of an item on two consumer warpgroups, one ring): CPU, which shapes it
+takes (two or more M tiles at its head dims) and 6007/4's plan (132 CTAs of 1024 tiles, 168 registers at launch);
+static, its builds without spills, one CTA an SM; GPU, the cases of two or more M tiles (an odd count too: the last
+tile's second M tile past the item's rows) against fp64, and a planted consumer that computes its tile's first M tile
+instead of its own must fail.
+
+``ITEMS_LONGEST_FIRST`` (the load warps claim the longest sequences' tiles first): CPU, the batches it orders (with
+``cache_seqlens``, up to ``ITEMS_LONGEST_FIRST_MAX_BATCH``); static, its builds without spills; GPU, every ragged case
+against fp64 under one and two consumers, a batch of tied lengths among them, where a planted rank without the tie-break
+(two batches of one rank: one computed twice, one never) must fail.
 """
 
 from __future__ import annotations
@@ -72,8 +83,10 @@ def test_the_default_takes_the_timed_class_only(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_switch_on_takes_seed_151_row_1(monkeypatch: pytest.MonkeyPatch):
+    """One consumer a CTA (``ITEMS_TWO_CONSUMERS`` empty): 264 CTAs of 4096 tiles on 128 registers."""
     problem = _row(151, 1).problem
     monkeypatch.setattr(gluon_decode, "ITEMS_IN_FLIGHT", True)
+    monkeypatch.setattr(gluon_decode, "ITEMS_TWO_CONSUMERS", {})
     assert gluon_decode.items_in_flight(problem, CPU)
     plan = gluon_decode.GluonDecodePlan(problem, CPU)
     assert plan.items_in_flight and plan.items_grid == (264,) and plan.num_tiles == 4096
@@ -81,9 +94,11 @@ def test_switch_on_takes_seed_151_row_1(monkeypatch: pytest.MonkeyPatch):
     assert gluon_decode.items_ctas_per_sm(problem) == 2
 
 
-def test_items_ring_keeps_the_split_kernels_ctas_an_sm():
-    """The second Q buffer costs a stage where it would cost a CTA an SM: D=64's six stages keep two CTAs, D=128's
-    short-cache ring (64-key blocks) goes from 3 stages to 2 to keep two, D=128's long ring keeps its one."""
+def test_items_ring_keeps_the_split_kernels_ctas_an_sm(monkeypatch: pytest.MonkeyPatch):
+    """One consumer a CTA: the second Q buffer costs a stage where it would cost a CTA an SM: D=64's six stages keep
+    two CTAs, D=128's short-cache ring (64-key blocks) goes from 3 stages to 2 to keep two, D=128's long ring keeps its
+    one."""
+    monkeypatch.setattr(gluon_decode, "ITEMS_TWO_CONSUMERS", {})
     long_d128 = _problem(64, 16, 12288, head_dim=128, group=1, seqlen_q=1, has_cache_seqlens=False)
     expected = [(_row(151, 1).problem, (64, 6), 2), (_row(151, 5).problem, (64, 2), 2), (long_d128, (128, 3), 1)]
     for problem, ring, ctas in expected:
@@ -147,6 +162,43 @@ def test_ab_rows_parse_and_the_switch_takes_them(monkeypatch: pytest.MonkeyPatch
         assert gluon_decode.items_in_flight(parse_row(text)[1].problem, CPU), text
 
 
+TWO_CONSUMERS_ON = {64: (64, 8), 128: (64, 4)}
+
+
+def test_two_consumers_take_items_of_two_or_more_m_tiles(monkeypatch: pytest.MonkeyPatch):
+    """Under ``ITEMS_TWO_CONSUMERS`` (D=64's 8 stages of 64 keys, as timed) a tile is two M tiles at its head dims
+    (one-tile items and other head dims keep one consumer), 6007/4's plan is 132 CTAs (one an SM) of 1024 tiles on 168
+    registers at launch, and empty means one."""
+    row = _row(6007, 4).problem
+    assert gluon_decode.ITEMS_TWO_CONSUMERS == {64: (64, 8)}
+    one_tile = _problem(64, 8, 4096, group=1, seqlen_q=1)
+    assert [gluon_decode.items_consumers(p) for p in (row, one_tile, row.with_(head_dim=128))] == [2, 1, 1]
+    plan = gluon_decode.GluonDecodePlan(row, CPU)
+    assert plan.items_in_flight and plan.items_grid == (132,) and plan.num_tiles == 1024, plan.items_grid
+    options = plan.items_options
+    assert (options["CONSUMERS"], options["NUM_STAGES"], options["maxnreg"]) == (2, 8, 168), options
+    assert options["CONSUMER_REGS"] == gluon_decode.TWO_CONSUMER_REGISTERS
+    three_tiles = _problem(64, 8, 2048, group=12)
+    assert gluon_decode.m_blocks_for(three_tiles) == 3 and gluon_decode.items_tiles(three_tiles) == 64 * 8 * 2
+    monkeypatch.setattr(gluon_decode, "ITEMS_TWO_CONSUMERS", {})
+    assert gluon_decode.items_consumers(row) == 1 and gluon_decode.items_tiles(row) == 2048
+
+
+def test_longest_first_orders_ragged_batches_up_to_its_cap(monkeypatch: pytest.MonkeyPatch):
+    """``items_order_block``: 0 (claim order) while ``ITEMS_LONGEST_FIRST`` is off, for full lengths and past the cap;
+    else the batch as a power of two of at least 64 rows. On by default, as timed."""
+    row = _row(6007, 4).problem
+    assert gluon_decode.ITEMS_LONGEST_FIRST and gluon_decode.items_order_block(row) == 64
+    with monkeypatch.context() as off:
+        off.setattr(gluon_decode, "ITEMS_LONGEST_FIRST", False)
+        assert gluon_decode.items_order_block(row) == 0
+    cap = gluon_decode.ITEMS_LONGEST_FIRST_MAX_BATCH
+    batches = {batch: gluon_decode.items_order_block(row.with_(batch=batch)) for batch in (8, 32, 65, cap, cap + 1)}
+    assert batches == {8: 64, 32: 64, 65: 128, cap: cap, cap + 1: 0}, batches
+    assert gluon_decode.items_order_block(row.with_(has_cache_seqlens=False)) == 0
+    assert gluon_decode.GluonDecodePlan(row, CPU).items_options["ORDER_BLOCK_B"] == 64
+
+
 def test_knob_plan_names_the_items_kernel_where_it_is_taken(monkeypatch: pytest.MonkeyPatch):
     """``bench.decode_knob_ab``'s plan of a row tells the two values apart where the switch takes the row (151/1: the
     items kernel on 264 CTAs) and reads the same where it does not (151/0)."""
@@ -157,7 +209,7 @@ def test_knob_plan_names_the_items_kernel_where_it_is_taken(monkeypatch: pytest.
     for switch in (False, True):
         monkeypatch.setattr(gluon_decode, "ITEMS_IN_FLIGHT", switch)
         plans[switch] = {row: knob_plan("gluon/decode", parse_row(row)[1], CPU) for row in ("151/1", "151/0")}
-    assert plans[True]["151/1"] == f"{plans[False]['151/1']}, items kernel on 264 CTAs", plans
+    assert plans[True]["151/1"] == f"{plans[False]['151/1']}, items kernel on 132 CTAs", plans
     assert "items" not in plans[False]["151/1"] and plans[True]["151/0"] == plans[False]["151/0"], plans
 
 
@@ -182,10 +234,14 @@ rows = {
     "151/1 d256": random_cases(8, 151)[1].problem.with_(head_dim=256),
     "long d128": Problem(64, 16, 1, 12288, 128, dtype=torch.bfloat16, causal=True, kv_heads=16,
                          causal_alignment="bottom_right"),
+    "6007/4 fp16 lse": random_cases(8, 6007)[4].problem.with_(dtype=torch.float16, return_lse=True),
+    "196/0 paged32": random_cases(8, 196)[0].problem,
 }
 results = {}
 for name, switch in json.loads(sys.argv[1]):
-    decode.ITEMS_IN_FLIGHT = switch
+    decode.ITEMS_IN_FLIGHT = switch if switch not in ("two", "longest") else True
+    decode.ITEMS_TWO_CONSUMERS = {64: (64, 8), 128: (64, 4)} if switch in ("two", "longest") else {}
+    decode.ITEMS_LONGEST_FIRST = switch == "longest"
     (binary,) = decode.compile_sm90(rows[name])
     (kernel, usage), = cubin_resources(binary.cubin).items()
     sass = cubin_sass(binary.cubin)
@@ -194,17 +250,20 @@ for name, switch in json.loads(sys.argv[1]):
         "local_ops": len(re.findall(r"\b(?:LDL|STL)\b", sass)), "shared_bytes": binary.shared_bytes,
         "setmaxnreg": sorted(set(re.findall(r"USETMAXREG\.\w+\.CTAPOOL (?:UP0, )?(0x[0-9a-f]+)", sass))),
         "items": decode.items_in_flight(rows[name]), "ctas_per_sm": decode.items_ctas_per_sm(rows[name]),
+        "consumers": decode.items_consumers(rows[name]), "order_block": decode.items_order_block(rows[name]),
         "sass": hashlib.sha256(sass.encode()).hexdigest(),
     }
 print(json.dumps(results))
 """
 TAKEN = ("151/1", "151/5", "67/1 paged16", "129/5 contiguous", "fp16 non-causal lse", "long d128")
 LEFT = ("151/0 d128 few tiles", "151/1 d256")
+TWO = ("151/1", "6007/4 fp16 lse", "196/0 paged32")  # items of two or more M tiles (196/0: four)
 
 
 @pytest.fixture(scope="module")
 def compiled() -> dict[str, dict]:
     keys = [[name, switch] for name in TAKEN + LEFT for switch in (False, True)]
+    keys += [[name, switch] for name in TWO for switch in (True, "two", "longest") if [name, switch] not in keys]
     return json_from_child(["-c", _SCRIPT, json.dumps(keys)], timeout=1500)
 
 
@@ -219,6 +278,30 @@ def test_items_builds_fit_without_spills(compiled: dict[str, dict]):
         assert ctas == facts["ctas_per_sm"], (name, ctas, facts)
         # Two warpgroups' registers at launch fit that many CTAs an SM.
         assert facts["registers"] * 256 * ctas <= 65536, (name, facts)
+
+
+@pytest.mark.static
+def test_two_consumer_builds_fit_without_spills(compiled: dict[str, dict]):
+    """Under ``ITEMS_TWO_CONSUMERS`` the items builds of two-tile items take two consumers, spill nothing, and hold one
+    CTA an SM whose three warpgroups' launch registers fit the register file."""
+    for name in TWO:
+        facts = compiled[f"{name}|two"]
+        assert facts["kernel"] == "_items_kernel" and facts["consumers"] == 2, (name, facts)
+        assert facts["spill_bytes"] == 0 and facts["local_ops"] == 0, (name, facts)
+        ctas = SM_SHARED_BYTES // (facts["shared_bytes"] + CTA_RESERVED_BYTES)
+        assert ctas == facts["ctas_per_sm"] == 1, (name, ctas, facts)
+        assert facts["registers"] * 384 <= 65536, (name, facts)
+        assert facts["sass"] != compiled[f"{name}|True"]["sass"], name
+
+
+@pytest.mark.static
+def test_longest_first_builds_fit_without_spills(compiled: dict[str, dict]):
+    """Under ``ITEMS_LONGEST_FIRST`` (and two consumers) the load warp's ranks fit its registers: no spill."""
+    for name in TWO:
+        facts = compiled[f"{name}|longest"]
+        assert facts["order_block"] == 64 and facts["consumers"] == 2, (name, facts)
+        assert facts["spill_bytes"] == 0 and facts["local_ops"] == 0, (name, facts)
+        assert facts["sass"] != compiled[f"{name}|two"]["sass"], name
 
 
 @pytest.mark.static
@@ -259,6 +342,14 @@ def _require_items(problem: Problem, monkeypatch: pytest.MonkeyPatch) -> torch.d
     return device
 
 
+# Items of two or more M tiles, the cases ITEMS_TWO_CONSUMERS takes (with those of GPU_CASES that have them).
+TWO_CONSUMER_CASES = {
+    "odd-m-tiles-paged16": (_problem(64, 8, 2048, group=12, page_size=16), _lengths(64, 1, 2048, 6)),
+    "two-tiles-d128-lse": (_problem(64, 8, 1024, head_dim=128, group=8, return_lse=True), _lengths(64, 0, 1024, 7)),
+    **{name: case for name, case in GPU_CASES.items() if gluon_decode.m_blocks_for(case[0]) >= 2},
+}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", sorted(GPU_CASES))
 def test_gpu_items_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
@@ -266,6 +357,42 @@ def test_gpu_items_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
     _require_items(problem, monkeypatch)
     result = check_on_gpu("gluon/decode", problem, lengths, seed=len(case))
     assert result.ok, f"gluon/decode ITEMS_IN_FLIGHT {problem.describe()}: {result.summary()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(TWO_CONSUMER_CASES))
+def test_gpu_two_consumer_items_against_fp64(case: str, monkeypatch: pytest.MonkeyPatch):
+    problem, lengths = TWO_CONSUMER_CASES[case]
+    monkeypatch.setattr(gluon_decode, "ITEMS_TWO_CONSUMERS", TWO_CONSUMERS_ON)
+    _require_items(problem, monkeypatch)
+    assert gluon_decode.items_consumers(problem) == 2, problem.describe()
+    result = check_on_gpu("gluon/decode", problem, lengths, seed=len(case))
+    assert result.ok, f"gluon/decode ITEMS_TWO_CONSUMERS {problem.describe()}: {result.summary()}"
+
+
+# Ragged cases, and a batch whose lengths tie (a rank without the tie-break gives two batches one rank).
+TIED_LENGTHS = (100, 2000, 1000, 2000) * 16
+LONGEST_FIRST_CASES = {
+    "tied-two-tiles": (_problem(64, 8, 2048), TIED_LENGTHS),
+    **{name: case for name, case in {**GPU_CASES, **TWO_CONSUMER_CASES}.items() if case[1] is not None},
+}
+LONGEST_FIRST_RUNS = [
+    (name, consumers)
+    for name, (problem, _) in sorted(LONGEST_FIRST_CASES.items())
+    for consumers in ((1, 2) if gluon_decode.m_blocks_for(problem) >= 2 else (1,))
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("case", "consumers"), LONGEST_FIRST_RUNS)
+def test_gpu_longest_first_against_fp64(case: str, consumers: int, monkeypatch: pytest.MonkeyPatch):
+    problem, lengths = LONGEST_FIRST_CASES[case]
+    monkeypatch.setattr(gluon_decode, "ITEMS_LONGEST_FIRST", True)
+    monkeypatch.setattr(gluon_decode, "ITEMS_TWO_CONSUMERS", TWO_CONSUMERS_ON if consumers == 2 else {})
+    _require_items(problem, monkeypatch)
+    assert gluon_decode.items_consumers(problem) == consumers and gluon_decode.items_order_block(problem) > 0
+    result = check_on_gpu("gluon/decode", problem, lengths, seed=len(case))
+    assert result.ok, f"gluon/decode ITEMS_LONGEST_FIRST {problem.describe()}: {result.summary()}"
 
 
 def _bound(case: str, device: torch.device):
@@ -328,6 +455,7 @@ def test_gpu_repeated_launches_and_a_planted_skip(monkeypatch: pytest.MonkeyPatc
 _PLANTED = """
 import hashlib, json, sys
 from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 from triton_impl.gluon import decode
 
 
@@ -337,13 +465,41 @@ def _planted_ring_place(keys, i):
     return i
 
 
+@gluon.jit
+def _planted_batch_ranks(CacheSeqlens, batch_size, BLOCK_B: gl.constexpr):
+    # Planted: ranks without the tie-break, so that batches of one length share a rank.
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    batches = gl.arange(0, BLOCK_B, layout=layout)
+    lengths = gl.load(CacheSeqlens + batches, mask=batches < batch_size, other=-1)
+    ranks = gl.zeros([BLOCK_B], gl.int32, layout)
+    for other in gl.static_range(BLOCK_B):
+        length = gl.load(CacheSeqlens + other, mask=other < batch_size, other=-1)
+        ranks += (length > lengths).to(gl.int32)
+    return batches, ranks
+
+
+@gluon.jit
+def _planted_consumer_m_block(m_group, CONSUMERS: gl.constexpr, CONSUMER: gl.constexpr):
+    # Planted: every consumer computes its tile's first M tile, as if the consumer index were lost.
+    return m_group * CONSUMERS
+
+
 decode.ITEMS_IN_FLIGHT = True
 if sys.argv[2] == "planted":
     decode._ring_place = _planted_ring_place
+if sys.argv[2].endswith("consumer"):
+    decode.ITEMS_TWO_CONSUMERS = {64: (64, 8), 128: (64, 4)}
+if sys.argv[2] == "planted-consumer":
+    decode._consumer_m_block = _planted_consumer_m_block
+if sys.argv[2].endswith("ties"):
+    decode.ITEMS_LONGEST_FIRST = True
+if sys.argv[2] == "planted-ties":
+    decode._batch_ranks = _planted_batch_ranks
 from tests.test_decode_wide import check_on_gpu
-from tests.test_gluon_decode_items import GPU_CASES
+from tests.test_gluon_decode_items import GPU_CASES, LONGEST_FIRST_CASES, TWO_CONSUMER_CASES
 
-problem, lengths = GPU_CASES[sys.argv[1]]
+cases = {**GPU_CASES, **TWO_CONSUMER_CASES, **LONGEST_FIRST_CASES}
+problem, lengths = cases[sys.argv[1]]
 if sys.argv[3] == "static":
     from common.reporting.static import cubin_sass
 
@@ -364,9 +520,16 @@ def _planted_child(tmp_path, *args: str, timeout: float) -> dict:
 
 @pytest.mark.static
 def test_planted_ring_restart_reaches_the_build(tmp_path):
-    """The planted ``_ring_place`` below is the one the items kernel compiles with (its SASS differs)."""
+    """The planted ``_ring_place`` and ``_consumer_m_block`` below are the ones the items kernel compiles with (their
+    SASS differs from the plain build's)."""
     planted = _planted_child(tmp_path, "151/1", "planted", "static", timeout=600)
     plain = _planted_child(tmp_path, "151/1", "plain", "static", timeout=600)
+    assert planted["sass"] != plain["sass"]
+    planted = _planted_child(tmp_path, "151/1", "planted-consumer", "static", timeout=600)
+    plain = _planted_child(tmp_path, "151/1", "plain-consumer", "static", timeout=600)
+    assert planted["sass"] != plain["sass"]
+    planted = _planted_child(tmp_path, "tied-two-tiles", "planted-ties", "static", timeout=600)
+    plain = _planted_child(tmp_path, "tied-two-tiles", "plain-ties", "static", timeout=600)
     assert planted["sass"] != plain["sass"]
 
 
@@ -384,3 +547,32 @@ def test_gpu_planted_ring_restart_fails(tmp_path, monkeypatch: pytest.MonkeyPatc
         assert "CUDA error" in str(failed), f"the planted child failed before its check:\n{failed}"
         return
     assert not verdict["ok"], f"the planted ring restart passed the check: {verdict['summary']}"
+
+
+@pytest.mark.gpu
+def test_gpu_planted_consumer_tile_fails(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """Under ``ITEMS_TWO_CONSUMERS`` a planted ``_consumer_m_block`` that gives both consumers their tile's first M
+    tile leaves the second M tile's rows unwritten on the poisoned output: the check must fail (the plain child, the
+    same case and switches, passes it)."""
+    _require_items(TWO_CONSUMER_CASES["odd-m-tiles-paged16"][0], monkeypatch)
+    plain = _planted_child(tmp_path, "odd-m-tiles-paged16", "plain-consumer", "gpu", timeout=300)
+    assert plain["ok"], plain["summary"]
+    verdict = _planted_child(tmp_path, "odd-m-tiles-paged16", "planted-consumer", "gpu", timeout=300)
+    assert not verdict["ok"], f"the planted consumer tile passed the check: {verdict['summary']}"
+
+
+@pytest.mark.gpu
+def test_gpu_planted_rank_without_tie_break_fails(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """Under ``ITEMS_LONGEST_FIRST`` a planted ``_batch_ranks`` without the tie-break gives tied batches one rank, so
+    one of them is computed twice and another never, and a claim of a missing rank takes the sum of the tied batches'
+    indices (a batch past the last, its stores out of bounds): the check must fail, or the child fault or hang (cut at
+    60 s), as the planted ring's. The plain ranks pass the same case (``test_gpu_longest_first_against_fp64``)."""
+    _require_items(LONGEST_FIRST_CASES["tied-two-tiles"][0], monkeypatch)
+    try:
+        verdict = _planted_child(tmp_path, "tied-two-tiles", "planted-ties", "gpu", timeout=60)
+    except subprocess.TimeoutExpired:
+        return
+    except AssertionError as failed:  # json_from_child's own assertion: the child exited with an error
+        assert "CUDA error" in str(failed), f"the planted child failed before its check:\n{failed}"
+        return
+    assert not verdict["ok"], f"the planted rank passed the check: {verdict['summary']}"

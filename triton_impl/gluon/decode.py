@@ -24,7 +24,10 @@ with where it makes the grid one wave (``balanced_pair_tile``; pages of 16 or 32
 launches ``_items_kernel`` instead: fewer CTAs
 than tiles, each walking the tiles its load warp claims from a counter, the ring and its barrier phases running on
 across tiles (``SplitKeys.ring_base``) and the next tile's Q in a second buffer, so that a tile's Q, first copies and
-O store pass under its neighbours' key blocks rather than each CTA paying them alone.
+O store pass under its neighbours' key blocks rather than each CTA paying them alone. ``ITEMS_TWO_CONSUMERS`` (D=64)
+makes a tile two M tiles of an item on two consumer warpgroups beside the load warp, one CTA an SM, so that an item's K
+and V are read once rather than once per M tile; ``ITEMS_LONGEST_FIRST`` has the load warps rank a ragged batch by
+length and claim the longest sequences' tiles first, so that the launch does not end on a few long items alone.
 ``TWO_CONSUMERS`` (D=64 and D=128 items of two or more M tiles; issue #38's compute-bound class, 128-256 packed rows
 a KV head; the balanced split's too at D=128, ``BALANCED_TWO_CONSUMERS``, and where it keeps the target shares at
 ``BALANCED_TWO_CONSUMERS_SAME_TARGET``' head dims) gives a CTA two M tiles on gluon/hopper's
@@ -328,6 +331,23 @@ PAGED_LOAD_WARP, PAGED_LOAD_REGISTERS = True, gl.constexpr(48)
 # kernel can (the tests' setting), False none.
 ITEMS_IN_FLIGHT, ITEMS_HEAD_DIMS, ITEMS_Q_BUFFERS = "many-rows", (64, 128), 2
 ITEMS_MANY_ROWS_HEAD_DIMS = (64,)
+# The items kernel's lowest rows (seed 6007 row 4: B=32 H=512 Hkv=32 Sq=8 D=64, ragged 16..4292; 44 % of the read
+# bandwidth) under Nsight Compute (H100, 2026-12-07, results/h100/gluon-decode-items-2026-12-07/): its SMs asked L2
+# for 354 MB, 2.07x the 171 MB of K and V (each of an item's two M tiles reads them), and DRAM gave 231 MB (1.35x;
+# triton/decode's split kernel 187 MB). ITEMS_TWO_CONSUMERS: head dim -> the ring (key block, stages) on which a tile
+# is two M tiles of an item, on two consumer warpgroups beside the load warp (TWO_CONSUMERS' partitions), so that a
+# K/V block is copied once for both; one CTA an SM. Empty: one consumer. H100, 2026-12-07 (same folder, against {},
+# two rounds): the seven items rows 0.82-1.00x (6007/4 121.7 -> 115.2 us, 221/7 248.8 -> 203.5, 31/6 0.86x, 23/2 0.87x,
+# 151/1 0.89x, 108/1 0.98x, 196/0 1.00x); 11 stages no better than 8.
+ITEMS_TWO_CONSUMERS: dict[int, tuple[int, int]] = {64: (64, 8)}
+# 6007/4 on two consumers under Nsight Compute (same folder): DRAM 196 MB, but its SMs busy 60 % of the launch on
+# average (sm__cycles_active 136k of 229k cycles, the busiest 196k): a ragged batch's long items claimed late run alone
+# at the end. ITEMS_LONGEST_FIRST: with ``cache_seqlens`` and
+# at most ITEMS_LONGEST_FIRST_MAX_BATCH sequences, the load warps rank the batch by length (``_batch_ranks``) and claim
+# the longest sequences' tiles first (longest processing time first). H100, 2026-12-07 (same folder, two consumers,
+# against claim order, two rounds): 6007/4 116.1 -> 88.1 us (47 -> 62 % of the read bandwidth), 221/7 205.9 -> 148.6
+# (57 -> 80 %), 23/2 0.81x, 31/6 0.85x, 151/1 0.85x, 196/0 0.96x.
+ITEMS_LONGEST_FIRST, ITEMS_LONGEST_FIRST_MAX_BATCH = True, 128
 # Issue #38's compute-bound class (seeds 229 and 233: 256 packed rows a KV head, 256 FLOPs a K/V byte, past the read
 # bandwidth's roofline; H200, 2026-12-04: gluon/decode at 38-44 % of the read bandwidth, 59-68 % of the roofline). One
 # warpgroup a CTA runs one chain a block (S, softmax, P V), and D=128's 208 KB ring holds one CTA an SM; WIDE_M_TILE's
@@ -460,6 +480,7 @@ class StepConstants(NamedTuple):
     PAGES_AHEAD: bool  # paged: a refill's table entries loaded at the top of its step (PAGE_ENTRIES_AHEAD)
     LOAD_WARP: bool  # paged: a warp of its own copies K and V (PAGED_LOAD_WARP); the warpgroup frees each slot
     ITEMS: bool = False  # ITEMS_IN_FLIGHT: the split's last slot freed too (the load warp runs on into the next item)
+    CONSUMERS: int = 1  # ITEMS_IN_FLIGHT: M tiles a tile of the items kernel (ITEMS_TWO_CONSUMERS), a consumer each
 
 
 class OutputConstants(NamedTuple):
@@ -928,9 +949,10 @@ def _split_kernel(
 # Kernel 1': ITEMS_IN_FLIGHT, one CTA walking many tiles, its load warp running ahead across them
 # ----------------------------------------------------------------------------------------------
 class ItemBuffers(NamedTuple):
-    """What the load warp hands the warpgroup, one item at a time, two of each (item j of the CTA in buffer j % 2):
-    the packed Q tile (a TMA copy), the claim (tile, seqlen_k) as two int32, and their barriers: ``q_ready`` (the
-    load warp's arrival, then Q's bytes) and ``q_empty`` (the warpgroup's, once item j's wgmmas have retired)."""
+    """What the load warp hands the consumers, one item at a time, two of each (item j of the CTA in buffer j % 2):
+    the packed Q tiles (TMA copies, one a consumer: consumer c's of buffer b at ``b * CONSUMERS + c``), the claim
+    (tile, seqlen_k) as two int32, and their barriers: ``q_ready`` (the load warp's arrival, then Q's bytes) and
+    ``q_empty`` (one arrival a consumer, once its wgmmas of item j have retired)."""
 
     q_smem: object
     claim: object
@@ -939,11 +961,18 @@ class ItemBuffers(NamedTuple):
 
 
 @gluon.jit
-def _item_tile(t, m_blocks, kv_heads):
-    """(batch, KV head, M tile) of tile ``t``: M tile t % m_blocks of item t // m_blocks, so that an item's M tiles
-    run on neighbouring CTAs at once and share its K and V in L2."""
-    batch_kv_head = t // m_blocks
-    return batch_kv_head // kv_heads, batch_kv_head % kv_heads, t % m_blocks
+def _item_tile(t, m_groups, kv_heads):
+    """(batch, KV head, M group) of tile ``t``: the group of ``CONSUMERS`` M tiles t % m_groups of item t // m_groups,
+    so that an item's groups are claimed one after the other (one group, both M tiles, under two consumers)."""
+    batch_kv_head = t // m_groups
+    return batch_kv_head // kv_heads, batch_kv_head % kv_heads, t % m_groups
+
+
+@gluon.jit
+def _consumer_m_block(m_group, CONSUMERS: gl.constexpr, CONSUMER: gl.constexpr):
+    """The M tile that consumer ``CONSUMER`` of ``CONSUMERS`` computes of M group ``m_group``: the group's CONSUMER-th
+    (the load warp copied its Q tile into that consumer's buffer)."""
+    return m_group * CONSUMERS + CONSUMER
 
 
 @gluon.jit
@@ -974,26 +1003,58 @@ def _claimed_tile(claim):
 
 
 @gluon.jit
-def _tile_length(CacheSeqlens, t, m_blocks, kv_heads, seqlen_k, HAS_CACHE_SEQLENS: gl.constexpr):
+def _tile_length(CacheSeqlens, t, m_groups, kv_heads, seqlen_k, HAS_CACHE_SEQLENS: gl.constexpr):
     """Tile ``t``'s ``cache_seqlens`` entry as loaded (clamped where it is used, so that the load's latency passes
     under what comes between), or the padded Sk."""
     if HAS_CACHE_SEQLENS:
-        seqlen_k = gl.load(CacheSeqlens + t // m_blocks // kv_heads)
+        seqlen_k = gl.load(CacheSeqlens + t // m_groups // kv_heads)
     return seqlen_k
 
 
 @gluon.jit
+def _batch_ranks(CacheSeqlens, batch_size, BLOCK_B: gl.constexpr):
+    """``ITEMS_LONGEST_FIRST``: (batch, its rank) for batches 0..BLOCK_B-1 across the load warp's lanes, rank 0 the
+    longest ``cache_seqlens`` entry (ties by index; the batches past the last ranked last): each batch counts the
+    entries that come before it, one (a scalar load, all issued before any is used) at a time."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    batches = gl.arange(0, BLOCK_B, layout=layout)
+    lengths = gl.load(CacheSeqlens + batches, mask=batches < batch_size, other=-1)
+    ranks = gl.zeros([BLOCK_B], gl.int32, layout)
+    for other in gl.static_range(BLOCK_B):
+        length = gl.load(CacheSeqlens + other, mask=other < batch_size, other=-1)
+        ranks += ((length > lengths) | ((length == lengths) & (other < batches))).to(gl.int32)
+    return batches, ranks
+
+
+@gluon.jit
+def _ordered_tile(claim, order, per_batch, num_tiles):
+    """The tile that claim ``claim`` (below ``num_tiles``; clamped) takes: the same index without an ``order``, else
+    the (claim // per_batch)-th longest batch's tile claim % per_batch, so that the longest items start first and
+    the short ones fill the last CTAs' gaps (``ITEMS_LONGEST_FIRST``)."""
+    tile = gl.minimum(claim, num_tiles - 1)
+    if order is not None:
+        batches, ranks = order
+        batch = gl.sum(gl.where(ranks == tile // per_batch, batches, 0), axis=0)
+        tile = batch * per_batch + tile % per_batch
+    return tile
+
+
+@gluon.jit
 def _items_load_partition(operands, sizes, constants: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                          HAS_CACHE_SEQLENS: gl.constexpr):  # fmt: skip
+                          HAS_CACHE_SEQLENS: gl.constexpr, ORDER_BLOCK_B: gl.constexpr):  # fmt: skip
     """ITEMS_IN_FLIGHT's load warp: the CTA's tiles (its first by the CTA's index, each next one claimed from
     ``Counter`` a tile ahead, its length loaded under the current tile's copies), each published with its length
-    (the claim), its Q tile copied into the claim's buffer and its key blocks into the ring as the warpgroup frees
+    (the claim), its Q tiles copied into the claim's buffer and its key blocks into the ring as the consumers free
     slots (``_paged_load_partition`` at the ring places after the CTA's earlier tiles: the slots' phases run on). A
-    claim past the last tile, published without Q, ends both partitions."""
+    claim past the last tile, published without Q, ends every partition. A tile is ``CONSUMERS`` M tiles of an item,
+    a Q tile copied for each consumer, their key blocks copied once for all of them. ``ORDER_BLOCK_B`` > 0
+    (``ITEMS_LONGEST_FIRST``): claims take the batches longest first (``_ordered_tile``); the claim published is
+    the tile taken, or the claim itself past the last."""
     desc_q, items, ring, empty, CacheSeqlens, BlockTable, stride_btb, Counter = operands
-    heads, kv_heads, seqlen_q, seqlen_k_padded, m_blocks, num_tiles = sizes
+    heads, kv_heads, seqlen_q, seqlen_k_padded, m_groups, num_tiles = sizes
     NUM_STAGES: gl.constexpr = constants.NUM_STAGES
     PAGE_SIZE: gl.constexpr = constants.PAGE_SIZE
+    CONSUMERS: gl.constexpr = constants.CONSUMERS
     BLOCK_M: gl.constexpr = items.q_smem.shape[1]
     BLOCK_N: gl.constexpr = ring.k_ring.shape[1]
     claim_layout: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])
@@ -1002,7 +1063,13 @@ def _items_load_partition(operands, sizes, constants: gl.constexpr, BOTTOM_RIGHT
     last_claim = gl.num_programs(0) + num_tiles - 1
     t = gl.program_id(0)
     pending = _claim(Counter, lane_layout)
-    length = _tile_length(CacheSeqlens, t, m_blocks, kv_heads, seqlen_k_padded, HAS_CACHE_SEQLENS)
+    per_batch = kv_heads * m_groups
+    if ORDER_BLOCK_B:  # noqa: SIM108 - a constexpr branch, not a value (claim order has no ranks)
+        order = _batch_ranks(CacheSeqlens, num_tiles // per_batch, ORDER_BLOCK_B)
+    else:
+        order = None
+    tile = _ordered_tile(t, order, per_batch, num_tiles)
+    length = _tile_length(CacheSeqlens, tile, m_groups, kv_heads, seqlen_k_padded, HAS_CACHE_SEQLENS)
     ring_base = t * 0
     j = ring_base
     claimed = t < num_tiles
@@ -1011,26 +1078,30 @@ def _items_load_partition(operands, sizes, constants: gl.constexpr, BOTTOM_RIGHT
         buffer = j % 2
         # Item j - 2 has left the buffer (its wgmmas on Q have retired, its claim was read).
         mbarrier.wait(items.q_empty.index(buffer), ((j // 2) & 1) ^ 1)
-        batch, kv_head, m_block = _item_tile(gl.minimum(t, num_tiles - 1), m_blocks, kv_heads)
+        batch, kv_head, m_group = _item_tile(tile, m_groups, kv_heads)
         # Clamped, as seqlen_info's, so that a bad length cannot make the copies read past the padded cache.
         seqlen_k = gl.minimum(gl.maximum(length, 0), seqlen_k_padded)
         seqlen_k, causal_offset = seqlen_info(
             None, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS=False, BOTTOM_RIGHT=BOTTOM_RIGHT
         )
-        items.claim.index(buffer).store(gl.where(gl.arange(0, 2, layout=claim_layout) == 0, t, seqlen_k))
+        published = gl.where(claimed, tile, t)
+        items.claim.index(buffer).store(gl.where(gl.arange(0, 2, layout=claim_layout) == 0, published, seqlen_k))
         # Every lane's store before the arrival that publishes it.
         _partition_barrier()
         q_ready = items.q_ready.index(buffer)
         if claimed:
-            mbarrier.expect(q_ready, desc_q.block_type.nbytes)
-            q_row = kv_head * group * seqlen_q + m_block * BLOCK_M
-            _tma_load(desc_q, [batch, 0, q_row, 0], q_ready, _as_box(items.q_smem.index(buffer)))
+            mbarrier.expect(q_ready, CONSUMERS * desc_q.block_type.nbytes)
+            for consumer in gl.static_range(CONSUMERS):
+                # A group's M tile past the item's rows reads the next heads' rows (or TMA's zeros): never stored.
+                q_row = kv_head * group * seqlen_q + _consumer_m_block(m_group, CONSUMERS, consumer) * BLOCK_M
+                q_box = _as_box(items.q_smem.index(buffer * CONSUMERS + consumer))
+                _tma_load(desc_q, [batch, 0, q_row, 0], q_ready, q_box)
             # The claim issued a tile ago (its latency under that tile's copies).
             upcoming = _claimed_tile(pending)
             if upcoming == last_claim:
                 gl.store(Counter, 0)
-            next_tile = gl.minimum(upcoming, num_tiles - 1)
-            length = _tile_length(CacheSeqlens, next_tile, m_blocks, kv_heads, seqlen_k_padded, HAS_CACHE_SEQLENS)
+            next_tile = _ordered_tile(upcoming, order, per_batch, num_tiles)
+            length = _tile_length(CacheSeqlens, next_tile, m_groups, kv_heads, seqlen_k_padded, HAS_CACHE_SEQLENS)
             key_begin, n_blocks, _ = _split_blocks(0, 1, seqlen_k, seqlen_q, causal_offset, constants.CAUSAL, BLOCK_N)
             if PAGE_SIZE:
                 table_row = BlockTable + batch * stride_btb
@@ -1039,7 +1110,7 @@ def _items_load_partition(operands, sizes, constants: gl.constexpr, BOTTOM_RIGHT
                 keys = SplitKeys(batch, kv_head, key_begin, n_blocks, None, None, ring_base)
             _paged_load_partition(ring, keys, empty, NUM_STAGES, PAGE_SIZE)
             ring_base += n_blocks
-            t = upcoming
+            t, tile = upcoming, next_tile
             if t < num_tiles:
                 pending = _claim(Counter, lane_layout)
         else:
@@ -1048,14 +1119,16 @@ def _items_load_partition(operands, sizes, constants: gl.constexpr, BOTTOM_RIGHT
 
 
 @gluon.jit
-def _items_consumer(operands, sizes, constants: gl.constexpr, flags: gl.constexpr, BOTTOM_RIGHT: gl.constexpr):
-    """ITEMS_IN_FLIGHT's warpgroup: steps 4 to 6 of ``_split_consumer`` for each item the load warp publishes, in
-    its order, until a claim past the last tile: item j's Q from buffer j % 2, its key blocks at the ring places
-    after the CTA's earlier items (``SplitKeys.ring_base``), its last slot freed too (``constants.ITEMS``), Q's buffer
-    freed once its wgmmas have retired, so that the load warp's copies of the next items run under this one's last
-    blocks and its O store."""
+def _items_consumer(operands, sizes, constants: gl.constexpr, flags: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                    CONSUMER: gl.constexpr):  # fmt: skip
+    """ITEMS_IN_FLIGHT's warpgroup ``CONSUMER``: steps 4 to 6 of ``_split_consumer`` for each item the load warp
+    publishes, in its order, until a claim past the last tile: its M tile of item j (the tile's ``CONSUMER``-th), Q
+    from buffer j % 2, its key blocks at the ring places after the CTA's earlier items (``SplitKeys.ring_base``), its
+    last slot freed too (``constants.ITEMS``), Q's buffer freed once its wgmmas have retired, so that the load warp's
+    copies of the next items run under this one's last blocks and its O store."""
     items, ring, empty, outputs = operands
-    heads, kv_heads, seqlen_q, softmax_scale_log2, m_blocks, num_tiles = sizes
+    heads, kv_heads, seqlen_q, softmax_scale_log2, m_groups, num_tiles = sizes
+    CONSUMERS: gl.constexpr = constants.CONSUMERS
     BLOCK_N: gl.constexpr = ring.k_ring.shape[1]
     claim_layout: gl.constexpr = gl.BlockedLayout([2], [32], [flags.num_warps], [0])
     group = heads // kv_heads
@@ -1063,7 +1136,8 @@ def _items_consumer(operands, sizes, constants: gl.constexpr, flags: gl.constexp
     j = ring_base
     t, seqlen_k = _claimed_item(items, j, claim_layout)
     while t < num_tiles:
-        batch, kv_head, m_block = _item_tile(t, m_blocks, kv_heads)
+        batch, kv_head, m_group = _item_tile(t, m_groups, kv_heads)
+        m_block = _consumer_m_block(m_group, CONSUMERS, CONSUMER)
         seqlen_k, causal_offset = seqlen_info(None, batch, seqlen_q, seqlen_k, HAS_CACHE_SEQLENS=False,
                                               BOTTOM_RIGHT=BOTTOM_RIGHT)  # fmt: skip
         key_begin, n_blocks, n_unmasked = _split_blocks(
@@ -1073,7 +1147,7 @@ def _items_consumer(operands, sizes, constants: gl.constexpr, flags: gl.constexp
         tile = (batch, kv_head, group, heads, seqlen_q, m_block)
         work = (tile, n_unmasked, (seqlen_k, causal_offset), softmax_scale_log2)
         # Once every wgmma reading this Q has retired, its buffer and claim may take item j + 2.
-        q_smem, q_release = items.q_smem.index(j % 2), items.q_empty.index(j % 2)
+        q_smem, q_release = items.q_smem.index(j % 2 * CONSUMERS + CONSUMER), items.q_empty.index(j % 2)
         out, lse, rows_of = _split_o_lse(q_smem, ring, keys, empty, work, constants, q_release)
         head, token, row, row_ok, offs_d = rows_of
         _store_output(outputs, batch, head, token, row, row_ok, offs_d, out, lse, flags.RETURN_LSE)
@@ -1089,23 +1163,29 @@ def _items_kernel(
     heads, kv_heads, seqlen_q, seqlen_k, softmax_scale_log2, BlockTable, stride_btb, Counter, num_tiles,
     CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr, HAS_CACHE_SEQLENS: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr,
-    num_warps: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, ORDER_BLOCK_B: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
-    """ITEMS_IN_FLIGHT: the split kernel's one-split form (``SPLIT`` off) for ``num_tiles`` tiles (M tiles of each
-    (batch, KV head)) on a grid of fewer CTAs, each walking the tiles its load warp claims (``_items_load_partition``,
-    ``_items_consumer``). ``desc_q``: Q seen as (B, 1, H · Sq, D), a box of BLOCK_M packed rows (the rows past a
-    KV head's group · Sq are the next heads' or TMA's zeros, computed on and never stored); ``Counter``: one int32,
-    0 between launches. K, V, the block table and the outputs as ``_split_kernel``'s."""
+    """ITEMS_IN_FLIGHT: the split kernel's one-split form (``SPLIT`` off) for ``num_tiles`` tiles (``CONSUMERS`` M
+    tiles of a (batch, KV head) each) on a grid of fewer CTAs, each walking the tiles its load warp claims
+    (``_items_load_partition``, ``_items_consumer``). ``desc_q``: Q seen as (B, 1, H · Sq, D), a box of BLOCK_M packed
+    rows (the rows past a KV head's group · Sq are the next heads' or TMA's zeros, computed on and never stored);
+    ``Counter``: one int32, 0 between launches. K, V, the block table and the outputs as ``_split_kernel``'s.
+    ``CONSUMERS`` = 2 (``ITEMS_TWO_CONSUMERS``): two consumer partitions of 4 warps (``CONSUMER_REGS`` registers
+    each) take a tile's two M tiles on the one ring, so that an item's K and V are read once, not once an M tile.
+    ``ORDER_BLOCK_B`` > 0 (``ITEMS_LONGEST_FIRST``; a power of two, at least the batch): tiles claimed longest batch
+    first."""
     HEAD_DIM: gl.constexpr = desc_k.block_type.shape[3]
     dtype: gl.constexpr = desc_k.dtype
     s_layout: gl.constexpr = _accumulator_layout(num_warps, BLOCK_N)
     o_layout: gl.constexpr = _accumulator_layout(num_warps, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     m_blocks = (heads // kv_heads * seqlen_q + BLOCK_M - 1) // BLOCK_M
+    m_groups = (m_blocks + CONSUMERS - 1) // CONSUMERS
 
-    # Shared memory: two Q tiles and claims, the K/V ring; ready barriers (Q's, the ring's) and empty ones.
+    # Shared memory: two buffers of Q tiles (one a consumer) and claims, the K/V ring; ready barriers (Q's, the
+    # ring's) and empty ones (an arrival a consumer).
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
-    q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [2 * CONSUMERS, BLOCK_M, HEAD_DIM], q_layout)
     claim = gl.allocate_shared_memory(gl.int32, [2, 2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     k_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout)
@@ -1118,29 +1198,48 @@ def _items_kernel(
     for stage in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(stage), count=1)
         mbarrier.init(v_ready.index(stage), count=1)
-        mbarrier.init(empty.index(stage), count=1)
+        mbarrier.init(empty.index(stage), count=CONSUMERS)
     for buffer in gl.static_range(2):
         mbarrier.init(q_ready.index(buffer), count=1)
-        mbarrier.init(q_empty.index(buffer), count=1)
+        mbarrier.init(q_empty.index(buffer), count=CONSUMERS)
     fence_async_shared()
     ring = KVRing(desc_k, desc_v, k_ring, v_ring, k_ready, v_ready)
     items = ItemBuffers(q_smem, claim, q_ready, q_empty)
 
-    constants: gl.constexpr = StepConstants(s_layout, p_layout, NUM_STAGES, CAUSAL, PAGE_SIZE, False, True, True)
+    constants: gl.constexpr = StepConstants(
+        s_layout, p_layout, NUM_STAGES, CAUSAL, PAGE_SIZE, False, True, True, CONSUMERS
+    )
     flags: gl.constexpr = OutputConstants(RETURN_LSE, False, False, False, 1, False, 0, num_warps)
     outputs = (Out, Lse, stride_ob, stride_oh, stride_om)
     consumer_operands = (items, ring, empty, outputs)
-    consumer_sizes = (heads, kv_heads, seqlen_q, softmax_scale_log2, m_blocks, num_tiles)
+    consumer_sizes = (heads, kv_heads, seqlen_q, softmax_scale_log2, m_groups, num_tiles)
     load_operands = (desc_q, items, ring, empty, CacheSeqlens, BlockTable, stride_btb, Counter)
-    load_sizes = (heads, kv_heads, seqlen_q, seqlen_k, m_blocks, num_tiles)
-    gl.warp_specialize(
-        [
-            (_items_consumer, (consumer_operands, consumer_sizes, constants, flags, BOTTOM_RIGHT)),
-            (_items_load_partition, (load_operands, load_sizes, constants, BOTTOM_RIGHT, HAS_CACHE_SEQLENS)),
-        ],
-        [LOAD_WARPS],
-        [PAGED_LOAD_REGISTERS],
-    )
+    load_sizes = (heads, kv_heads, seqlen_q, seqlen_k, m_groups, num_tiles)
+    if CONSUMERS == 2:
+        gl.warp_specialize(
+            [
+                (_items_consumer, (consumer_operands, consumer_sizes, constants, flags, BOTTOM_RIGHT, 0)),
+                (_items_consumer, (consumer_operands, consumer_sizes, constants, flags, BOTTOM_RIGHT, 1)),
+                (
+                    _items_load_partition,
+                    (load_operands, load_sizes, constants, BOTTOM_RIGHT, HAS_CACHE_SEQLENS, ORDER_BLOCK_B),
+                ),
+            ],
+            [num_warps, LOAD_WARPS],
+            [CONSUMER_REGS, PAGED_LOAD_REGISTERS],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_items_consumer, (consumer_operands, consumer_sizes, constants, flags, BOTTOM_RIGHT, 0)),
+                (
+                    _items_load_partition,
+                    (load_operands, load_sizes, constants, BOTTOM_RIGHT, HAS_CACHE_SEQLENS, ORDER_BLOCK_B),
+                ),
+            ],
+            [LOAD_WARPS],
+            [PAGED_LOAD_REGISTERS],
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1339,22 +1438,32 @@ def balanced_stages(problem: Problem, device: torch.device, target: int, config:
     return balanced_ring_stages(problem, device, target, m_blocks_for(problem), slots, stages)
 
 
+def items_consumers(problem: Problem) -> int:
+    """M tiles a tile of ``_items_kernel``: two (``ITEMS_TWO_CONSUMERS``, at its head dims, for items of two or more
+    M tiles), else one."""
+    return 2 if problem.head_dim in ITEMS_TWO_CONSUMERS and m_blocks_for(problem) >= 2 else 1
+
+
 def items_tiles(problem: Problem) -> int:
-    """The tiles ``_items_kernel`` walks: every M tile of every (batch, KV head)."""
-    return m_blocks_for(problem) * problem.batch * problem.kv_heads
+    """The tiles ``_items_kernel`` walks: every ``items_consumers`` M tiles of every (batch, KV head)."""
+    return -(-m_blocks_for(problem) // items_consumers(problem)) * problem.batch * problem.kv_heads
 
 
 def _items_fit(problem: Problem, config: DecodeConfig) -> int:
-    """CTAs an SM whose shared memory holds ``config``'s ring and ``ITEMS_Q_BUFFERS`` Q tiles."""
-    tiles_bytes = (config.num_stages * 2 * config.block_n + ITEMS_Q_BUFFERS * BLOCK_M) * problem.head_dim * 2
+    """CTAs an SM whose shared memory holds ``config``'s ring and ``ITEMS_Q_BUFFERS`` Q tiles a consumer."""
+    q_rows = ITEMS_Q_BUFFERS * items_consumers(problem) * BLOCK_M
+    tiles_bytes = (config.num_stages * 2 * config.block_n + q_rows) * problem.head_dim * 2
     return SM_SHARED_BYTES // (tiles_bytes + CTA_RESERVED_SHARED_BYTES)
 
 
 def items_config(problem: Problem) -> DecodeConfig:
-    """``_items_kernel``'s ring: ``decode_config``'s, one stage shallower at a time (down to 2) while the second Q
-    buffer would leave fewer CTAs an SM than the split kernel's (D=64: 6 stages, 96 + 16 KB, two CTAs as before; D=128
-    short caches: 64-key blocks in 2 stages, 64 + 32 KB, two; D=128: 192 + 32 KB, one as before). A shallower D=64 ring
-    for three CTAs an SM took 0.97-1.02x the time (results/h100/gluon-decode-items-occupancy-2026-12-07/)."""
+    """``_items_kernel``'s ring: ``ITEMS_TWO_CONSUMERS``' under two consumers; else ``decode_config``'s, one stage
+    shallower at a time (down to 2) while the second Q buffer would leave fewer CTAs an SM than the split kernel's
+    (D=64: 6 stages, 96 + 16 KB, two CTAs as before; D=128 short caches: 64-key blocks in 2 stages, 64 + 32 KB, two;
+    D=128: 192 + 32 KB, one as before). A shallower D=64 ring for three CTAs an SM took 0.97-1.02x the time
+    (results/h100/gluon-decode-items-occupancy-2026-12-07/)."""
+    if items_consumers(problem) == 2:
+        return DecodeConfig(*ITEMS_TWO_CONSUMERS[problem.head_dim])
     config = decode_config(problem)
     wanted = split_policy(problem, config).ctas_per_sm
     while config.num_stages > 2 and _items_fit(problem, config) < wanted:
@@ -1368,10 +1477,11 @@ def items_ctas_per_sm(problem: Problem) -> int:
 
 
 def items_maxnreg(problem: Problem) -> int:
-    """Registers a thread at launch for ``items_ctas_per_sm`` CTAs an SM: a CTA is two warpgroups (the warpgroup and
-    the load warp's, padded: setmaxnreg takes whole warpgroups), 128 a thread for two CTAs, of which the load warp's
-    warpgroup gives all but ``PAGED_LOAD_REGISTERS`` to the warpgroup (208); 255 (the most) for one."""
-    threads = 2 * WARPGROUP_THREADS
+    """Registers a thread at launch for ``items_ctas_per_sm`` CTAs an SM: a CTA is a warpgroup a consumer and the load
+    warp's (padded: setmaxnreg takes whole warpgroups), 128 a thread for two CTAs of one consumer, of which the load
+    warp's warpgroup gives all but ``PAGED_LOAD_REGISTERS`` to the warpgroup (208); 255 (the most) for one; 168 for one
+    of two consumers (``TWO_CONSUMER_MAXNREG``, each consumer then taking ``TWO_CONSUMER_REGISTERS``)."""
+    threads = (items_consumers(problem) + 1) * WARPGROUP_THREADS
     return min(255, 65536 // (items_ctas_per_sm(problem) * threads) // 8 * 8)
 
 
@@ -1406,11 +1516,22 @@ def items_in_flight(problem: Problem, device: torch.device | None = None) -> boo
 
 def items_constexprs(problem: Problem) -> dict[str, int | bool]:
     """``_items_kernel``'s constexprs and launch options on ``items_config``'s ring."""
-    config = items_config(problem)
+    config, consumers = items_config(problem), items_consumers(problem)
     return {
         **feature_constexprs(problem), "BLOCK_M": BLOCK_M, "BLOCK_N": config.block_n,
-        "NUM_STAGES": config.num_stages, "PAGE_SIZE": problem.page_size, "num_warps": NUM_WARPS,
+        "NUM_STAGES": config.num_stages, "PAGE_SIZE": problem.page_size, "CONSUMERS": consumers,
+        "CONSUMER_REGS": TWO_CONSUMER_REGISTERS if consumers == 2 else 0, "ORDER_BLOCK_B": items_order_block(problem),
+        "num_warps": NUM_WARPS,
     }  # fmt: skip
+
+
+def items_order_block(problem: Problem) -> int:
+    """``_items_kernel``'s ORDER_BLOCK_B: 0 (claim order) unless ``ITEMS_LONGEST_FIRST`` takes ``problem`` (its
+    ``cache_seqlens``, at most ITEMS_LONGEST_FIRST_MAX_BATCH sequences), else the batch as a power of two, at least 64
+    (sm_90a, Triton 3.8: the load warp's 48 registers spill 8 bytes at 32 and 864 at 256, none at 64 and 128)."""
+    if not (ITEMS_LONGEST_FIRST and problem.has_cache_seqlens and problem.batch <= ITEMS_LONGEST_FIRST_MAX_BATCH):
+        return 0
+    return max(64, 1 << (problem.batch - 1).bit_length())
 
 
 def load_warp(problem: Problem, config: DecodeConfig | None = None) -> bool:
