@@ -347,7 +347,7 @@ ITEMS_TWO_CONSUMERS: dict[int, tuple[int, int]] = {64: (64, 8)}
 # the longest sequences' tiles first (longest processing time first). H100, 2026-12-07 (same folder, two consumers,
 # against claim order, two rounds): 6007/4 116.1 -> 88.1 us (47 -> 62 % of the read bandwidth), 221/7 205.9 -> 148.6
 # (57 -> 80 %), 23/2 0.81x, 31/6 0.85x, 151/1 0.85x, 196/0 0.96x.
-ITEMS_LONGEST_FIRST, ITEMS_LONGEST_FIRST_MAX_BATCH = True, 128
+ITEMS_LONGEST_FIRST, ITEMS_LONGEST_FIRST_MAX_BATCH = True, 256
 # Issue #38's compute-bound class (seeds 229 and 233: 256 packed rows a KV head, 256 FLOPs a K/V byte, past the read
 # bandwidth's roofline; H200, 2026-12-04: gluon/decode at 38-44 % of the read bandwidth, 59-68 % of the roofline). One
 # warpgroup a CTA runs one chain a block (S, softmax, P V), and D=128's 208 KB ring holds one CTA an SM; WIDE_M_TILE's
@@ -1015,14 +1015,19 @@ def _tile_length(CacheSeqlens, t, m_groups, kv_heads, seqlen_k, HAS_CACHE_SEQLEN
 def _batch_ranks(CacheSeqlens, batch_size, BLOCK_B: gl.constexpr):
     """``ITEMS_LONGEST_FIRST``: (batch, its rank) for batches 0..BLOCK_B-1 across the load warp's lanes, rank 0 the
     longest ``cache_seqlens`` entry (ties by index; the batches past the last ranked last): each batch counts the
-    entries that come before it, one (a scalar load, all issued before any is used) at a time."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    batches = gl.arange(0, BLOCK_B, layout=layout)
-    lengths = gl.load(CacheSeqlens + batches, mask=batches < batch_size, other=-1)
-    ranks = gl.zeros([BLOCK_B], gl.int32, layout)
-    for other in gl.static_range(BLOCK_B):
-        length = gl.load(CacheSeqlens + other, mask=other < batch_size, other=-1)
-        ranks += ((length > lengths) | ((length == lengths) & (other < batches))).to(gl.int32)
+    entries that come before it, CHUNK at a time in a loop (not unrolled: the load warp's 48 registers hold one
+    chunk, where every entry's load issued at once spilled)."""
+    CHUNK: gl.constexpr = 8
+    layout: gl.constexpr = gl.BlockedLayout([1, CHUNK], [32, 1], [1, 1], [1, 0])
+    batches = gl.arange(0, BLOCK_B, layout=gl.SliceLayout(1, layout))
+    lengths = gl.expand_dims(gl.load(CacheSeqlens + batches, mask=batches < batch_size, other=-1), 1)
+    rows = gl.expand_dims(batches, 1)
+    ranks = gl.zeros([BLOCK_B], gl.int32, gl.SliceLayout(1, layout))
+    for chunk in range(BLOCK_B // CHUNK):
+        columns = chunk * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(0, layout))
+        others = gl.expand_dims(gl.load(CacheSeqlens + columns, mask=columns < batch_size, other=-1), 0)
+        before = (others > lengths) | ((others == lengths) & (gl.expand_dims(columns, 0) < rows))
+        ranks += gl.sum(before.to(gl.int32), axis=1)
     return batches, ranks
 
 
@@ -1527,11 +1532,12 @@ def items_constexprs(problem: Problem) -> dict[str, int | bool]:
 
 def items_order_block(problem: Problem) -> int:
     """``_items_kernel``'s ORDER_BLOCK_B: 0 (claim order) unless ``ITEMS_LONGEST_FIRST`` takes ``problem`` (its
-    ``cache_seqlens``, at most ITEMS_LONGEST_FIRST_MAX_BATCH sequences), else the batch as a power of two, at least 64
-    (sm_90a, Triton 3.8: the load warp's 48 registers spill 8 bytes at 32 and 864 at 256, none at 64 and 128)."""
+    ``cache_seqlens``, at most ITEMS_LONGEST_FIRST_MAX_BATCH sequences), else the batch as a power of two, at least a
+    warp's 32 lanes (sm_90a, Triton 3.8 and 3.9: ``_batch_ranks`` spills nothing in the load warp's 48 registers from 32
+    to 256 rows, 112 and 264 bytes at 512)."""
     if not (ITEMS_LONGEST_FIRST and problem.has_cache_seqlens and problem.batch <= ITEMS_LONGEST_FIRST_MAX_BATCH):
         return 0
-    return max(64, 1 << (problem.batch - 1).bit_length())
+    return max(32, 1 << (problem.batch - 1).bit_length())
 
 
 def load_warp(problem: Problem, config: DecodeConfig | None = None) -> bool:
