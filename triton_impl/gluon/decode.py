@@ -342,11 +342,12 @@ ITEMS_MANY_ROWS_HEAD_DIMS = (64,)
 ITEMS_TWO_CONSUMERS: dict[int, tuple[int, int]] = {64: (64, 8)}
 # 6007/4 on two consumers under Nsight Compute (same folder): DRAM 196 MB, but its SMs busy 60 % of the launch on
 # average (sm__cycles_active 136k of 229k cycles, the busiest 196k): a ragged batch's long items claimed late run alone
-# at the end. ITEMS_LONGEST_FIRST: with ``cache_seqlens`` and
-# at most ITEMS_LONGEST_FIRST_MAX_BATCH sequences, the load warps rank the batch by length (``_batch_ranks``) and claim
-# the longest sequences' tiles first (longest processing time first). H100, 2026-12-07 (same folder, two consumers,
-# against claim order, two rounds): 6007/4 116.1 -> 88.1 us (47 -> 62 % of the read bandwidth), 221/7 205.9 -> 148.6
-# (57 -> 80 %), 23/2 0.81x, 31/6 0.85x, 151/1 0.85x, 196/0 0.96x.
+# at the end. ITEMS_LONGEST_FIRST: with ``cache_seqlens`` and at most ITEMS_LONGEST_FIRST_MAX_BATCH sequences, the load
+# warps rank the batch by length (``_batch_ranks``) and claim the longest sequences' tiles first (longest processing
+# time first). H100, 2026-12-07 (same folder, two consumers, against claim order, two rounds): 6007/4 116.1 -> 88.1 us
+# (47 -> 62 % of the read bandwidth), 221/7 205.9 -> 148.6 (57 -> 80 %), 23/2 0.81x, 31/6 0.85x, 151/1 0.85x, 196/0
+# 0.96x. Timed with the ranks unrolled, at least 64 rows; the chunked loop that replaced it (no spill under Triton 3.9)
+# has not run on a GPU.
 ITEMS_LONGEST_FIRST, ITEMS_LONGEST_FIRST_MAX_BATCH = True, 256
 # Issue #38's compute-bound class (seeds 229 and 233: 256 packed rows a KV head, 256 FLOPs a K/V byte, past the read
 # bandwidth's roofline; H200, 2026-12-04: gluon/decode at 38-44 % of the read bandwidth, 59-68 % of the roofline). One
