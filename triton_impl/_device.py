@@ -84,6 +84,21 @@ def batch_and_head(batch_head, heads):
 
 
 @triton.jit
+def longest_first_item(batch_kv_head, kv_heads, CacheSeqlens, batch_size, BLOCK_B: tl.constexpr):
+    """``LONGEST_FIRST``: the (batch, KV head) index that grid index ``batch_kv_head`` takes when the grid's items run
+    longest sequence first: the same KV head of the (batch_kv_head // kv_heads)-th longest ``cache_seqlens`` entry
+    (ties by index; the batches past ``batch_size`` last), the order of gluon/decode's ``_batch_ranks``. Each batch's
+    rank is the count of entries before it, a [BLOCK_B, BLOCK_B] comparison in the CTA's registers."""
+    offs = tl.arange(0, BLOCK_B)
+    lengths = tl.load(CacheSeqlens + offs, mask=offs < batch_size, other=-1)
+    longer = lengths[None, :] > lengths[:, None]
+    tied_before = (lengths[None, :] == lengths[:, None]) & (offs[None, :] < offs[:, None])
+    ranks = tl.sum((longer | tied_before).to(tl.int32), axis=1)
+    batch = tl.sum(tl.where(ranks == batch_kv_head // kv_heads, offs, 0), axis=0)
+    return batch * kv_heads + batch_kv_head % kv_heads
+
+
+@triton.jit
 def item_offset(batch, head, stride_b, stride_h):
     """``batch · stride_b + head · stride_h`` in int64 whatever the indices' type: the balanced plan's are int32,
     and a K or V of more than 2^31 elements wrapped in int32 (an illegal address on an H200: seed 61's B=32 MHA

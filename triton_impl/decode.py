@@ -151,6 +151,7 @@ from triton_impl._device import (
     balanced_share,
     batch_and_head,
     item_offset,
+    longest_first_item,
     online_softmax_finalize,
     seqlen_info,
     split_key_range,
@@ -259,6 +260,16 @@ ONE_KEY_LOOP_HEAD_DIMS = (64, 128)
 # 128 registers, and seed 73 row 0's balanced kernel with runs one CTA an SM short of one level's; 3.7.1: the balanced
 # D=64 Sq=2 kernel in pages of 64, 8 bytes outside its loop): two loops there.
 ONE_KEY_LOOP_SPILLS = ("3.7", "3.8")
+# Issue #38's ragged rows on the padded split (seed 6007 row 4, B=32 Hkv=32 Sq=8 D=64, ragged 16..4292: 54 % of the
+# read bandwidth; under Nsight Compute, H100, 2026-12-07, results/h100/gluon-decode-items-2026-12-07/, the SMs busy
+# 140k of 177k cycles on average, min 106k, max 170k): the grid's items are dispatched in z order, so a long sequence
+# late in the batch runs alone at the end. LONGEST_FIRST: with ``cache_seqlens`` and at most LONGEST_FIRST_MAX_BATCH
+# sequences, each CTA ranks the batch by length (``longest_first_item``) and grid item z takes the (z // Hkv)-th
+# longest sequence, gluon/decode's ITEMS_LONGEST_FIRST order (there 0.72-0.96x on six ragged rows, H100); 6007/4's
+# build (sm_90a) keeps its registers under Triton 3.8 (156) and takes 189 for 180 under 3.9, no spill. Off: not
+# timed on this kernel yet (``python -m bench.decode_knob_ab --knob triton_impl.decode:LONGEST_FIRST --values
+# False,True --rungs triton/decode --rows 6007/4 221/7 23/2 31/6 151/1 196/0``).
+LONGEST_FIRST, LONGEST_FIRST_MAX_BATCH = False, 64
 
 
 @dataclass(frozen=True)
@@ -500,12 +511,15 @@ def _split_kernel(
     CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_CACHE_SEQLENS: tl.constexpr, RETURN_LSE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     PAGE_SIZE: tl.constexpr, FUSED_MERGE: tl.constexpr, SPLITS_PER_STEP: tl.constexpr, PAGE_SPANS: tl.constexpr,
-    ONE_KEY_LOOP: tl.constexpr,
+    ONE_KEY_LOOP: tl.constexpr, ORDER_BLOCK_B: tl.constexpr,
 ):  # fmt: skip
     split = tl.program_id(0)
     num_splits = tl.num_programs(0)
     m_block = tl.program_id(1)
     batch_kv_head = tl.program_id(2)
+    if ORDER_BLOCK_B:  # LONGEST_FIRST: the grid's items (dispatched in z order) longest sequence first
+        batch_size = tl.num_programs(2) // kv_heads
+        batch_kv_head = longest_first_item(batch_kv_head, kv_heads, CacheSeqlens, batch_size, ORDER_BLOCK_B)
     batch, kv_head = batch_and_head(batch_kv_head, kv_heads)
     group = heads // kv_heads
 
@@ -672,7 +686,16 @@ def _split_constexprs(problem: Problem, *, split: bool) -> dict[str, int | bool]
         "BLOCK_N": tile_config(problem).block_n, "SPLIT": split, "PAGE_SIZE": problem.page_size,
         "FUSED_MERGE": split and FUSED_MERGE, "SPLITS_PER_STEP": _merge_step(problem),
         "PAGE_SPANS": paged_spans(problem), "ONE_KEY_LOOP": one_key_loop(problem),
+        "ORDER_BLOCK_B": order_block(problem),
     }  # fmt: skip
+
+
+def order_block(problem: Problem) -> int:
+    """``_split_kernel``'s ORDER_BLOCK_B: 0 (grid order) unless ``LONGEST_FIRST`` takes ``problem`` (its
+    ``cache_seqlens``, at most LONGEST_FIRST_MAX_BATCH sequences), else the batch as a power of two, at least 16."""
+    if not (LONGEST_FIRST and problem.has_cache_seqlens and problem.batch <= LONGEST_FIRST_MAX_BATCH):
+        return 0
+    return max(16, 1 << (problem.batch - 1).bit_length())
 
 
 # Per device, the arrival counters of the fused merge (one int32 per M tile of the grid), zeroed once

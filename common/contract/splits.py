@@ -173,6 +173,13 @@ DEFAULT_SM_COUNT = 132
 MAX_GRID_Y = 65535
 
 
+def longest_first_order(lengths: Sequence[int]) -> list[int]:
+    """The batch indices longest ``cache_seqlens`` entry first, ties by index: the order in which gluon/decode's
+    ``ITEMS_LONGEST_FIRST`` claims and triton/decode's ``LONGEST_FIRST`` dispatches a ragged batch's items (the
+    kernels rank each entry by the count of entries before it; this is the host's statement of the same order)."""
+    return sorted(range(len(lengths)), key=lambda batch: (-lengths[batch], batch))
+
+
 def wave_efficiency(ctas: int, sm_count: int) -> float:
     """Busy fraction of the waves ``ctas`` CTAs take on ``sm_count`` SMs (1 = the last wave is full)."""
     waves = -(-ctas // sm_count)
