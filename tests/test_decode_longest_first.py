@@ -13,8 +13,6 @@ spills nothing. GPU: 6007/4's shape and a paged ragged batch against fp64 with i
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 
 import pytest
@@ -23,11 +21,12 @@ import triton
 import triton.language as tl
 
 from common.contract import splits
-from common.contract.check import check_on_inputs
-from common.contract.inputs import make_inputs, make_paged_kv
 from common.contract.problem import Problem
 from common.measure.decode_sweep import random_cases
 from tests._helpers import json_from_child
+
+# The interpreter check of the other packed-row knobs (seed 5, offset 0.5, poisoned output, forced splits).
+from tests.test_decode_packed import _interpreter_check
 from tests.test_decode_wide import _problem, check_on_gpu, interpreter_only
 from triton_impl import decode
 from triton_impl._device import longest_first_item
@@ -55,18 +54,6 @@ def test_longest_first_order_is_a_permutation_longest_first():
     lengths = (40, 77, 40, 3, 77, 0)
     order = splits.longest_first_order(lengths)
     assert order == [1, 4, 0, 2, 3, 5] and sorted(order) == list(range(len(lengths)))
-
-
-def _interpreter_check(problem: Problem, lengths: tuple[int, ...], num_splits: int | None = None):
-    q, k, v = make_inputs(problem, seed=7, device="cpu", offset=0.5)
-    block_table = None
-    if problem.paged:
-        k, v, block_table = make_paged_kv(problem, k, v, seed=7)
-    impl = decode.IMPLEMENTATION
-    if num_splits is not None:  # the prepare keyword the public API lacks
-        impl = dataclasses.replace(impl, prepare=functools.partial(impl.prepare, num_splits=num_splits))
-    cache_seqlens = torch.tensor(lengths, dtype=torch.int32)
-    return check_on_inputs(impl, q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table)
 
 
 # name -> (problem, lengths, forced splits): every case on the padded split kernel (not the balanced one).
