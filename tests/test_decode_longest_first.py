@@ -3,7 +3,7 @@ form): the padded split's grid items, dispatched in z order, take the batch's se
 sequence late in a ragged batch does not run alone at the end.
 
 CPU: off by default; ``order_block`` (0 without ``cache_seqlens``, past ``LONGEST_FIRST_MAX_BATCH`` or off; else the
-batch as a power of two of at least 16) reaches the split kernel's constexprs, and the balanced split's are untouched.
+batch as a power of two of at least 16) reaches the padded split kernel's constexprs.
 Interpreter (CPU-only machines): with it on, against fp64 on ragged batches of one split and of two (the fused merge
 reads the remapped item's counter), paged, and tied lengths; ``splits.longest_first_order`` (the host's statement of
 the order) against the items ``longest_first_item`` gives each grid index (a kernel of its own); a planted rank without
