@@ -693,9 +693,7 @@ def _split_constexprs(problem: Problem, *, split: bool) -> dict[str, int | bool]
 def order_block(problem: Problem) -> int:
     """``_split_kernel``'s ORDER_BLOCK_B: 0 (grid order) unless ``LONGEST_FIRST`` takes ``problem`` (its
     ``cache_seqlens``, at most LONGEST_FIRST_MAX_BATCH sequences), else the batch as a power of two, at least 16."""
-    if not (LONGEST_FIRST and problem.has_cache_seqlens and problem.batch <= LONGEST_FIRST_MAX_BATCH):
-        return 0
-    return max(16, 1 << (problem.batch - 1).bit_length())
+    return splits.longest_first_block(problem, LONGEST_FIRST, LONGEST_FIRST_MAX_BATCH, 16)
 
 
 # Per device, the arrival counters of the fused merge (one int32 per M tile of the grid), zeroed once

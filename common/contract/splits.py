@@ -180,6 +180,15 @@ def longest_first_order(lengths: Sequence[int]) -> list[int]:
     return sorted(range(len(lengths)), key=lambda batch: (-lengths[batch], batch))
 
 
+def longest_first_block(problem: Problem, switch: bool, max_batch: int, min_block: int) -> int:
+    """The batch rows a kernel ranks for :func:`longest_first_order` (its ORDER_BLOCK_B): 0 (its own order) unless
+    ``switch`` is on and ``problem`` has ``cache_seqlens`` and at most ``max_batch`` sequences, else the batch as a
+    power of two, at least ``min_block``."""
+    if not (switch and problem.has_cache_seqlens and problem.batch <= max_batch):
+        return 0
+    return max(min_block, 1 << (problem.batch - 1).bit_length())
+
+
 def wave_efficiency(ctas: int, sm_count: int) -> float:
     """Busy fraction of the waves ``ctas`` CTAs take on ``sm_count`` SMs (1 = the last wave is full)."""
     waves = -(-ctas // sm_count)

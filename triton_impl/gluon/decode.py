@@ -1536,9 +1536,7 @@ def items_order_block(problem: Problem) -> int:
     ``cache_seqlens``, at most ITEMS_LONGEST_FIRST_MAX_BATCH sequences), else the batch as a power of two, at least a
     warp's 32 lanes (sm_90a, Triton 3.8 and 3.9: ``_batch_ranks`` spills nothing in the load warp's 48 registers from 32
     to 256 rows, 112 and 264 bytes at 512)."""
-    if not (ITEMS_LONGEST_FIRST and problem.has_cache_seqlens and problem.batch <= ITEMS_LONGEST_FIRST_MAX_BATCH):
-        return 0
-    return max(32, 1 << (problem.batch - 1).bit_length())
+    return splits.longest_first_block(problem, ITEMS_LONGEST_FIRST, ITEMS_LONGEST_FIRST_MAX_BATCH, 32)
 
 
 def load_warp(problem: Problem, config: DecodeConfig | None = None) -> bool:
