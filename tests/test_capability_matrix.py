@@ -79,6 +79,7 @@ def test_the_parts_cover_every_implementation_once():
 
 
 @pytest.mark.static
+@pytest.mark.release
 @pytest.mark.parametrize("part", list(MATRIX_PARTS))
 def test_every_case_is_refused_with_a_reason_or_builds_within_sm90(part: str):
     rows = _matrix("--impls", ",".join(MATRIX_PARTS[part]))
@@ -92,6 +93,7 @@ def test_every_case_is_refused_with_a_reason_or_builds_within_sm90(part: str):
 
 
 @pytest.mark.static
+@pytest.mark.release
 @pytest.mark.xdist_group("capability-matrix")
 def test_a_check_that_accepts_fp8_at_head_dim_256_fails_the_matrix():
     """The planted bug of issue #38: triton/fp8 accepting D=256, where its quantiser overflows."""

@@ -721,6 +721,7 @@ print(json.dumps(results))
 
 
 @pytest.mark.static
+@pytest.mark.release
 def test_balanced_split_kernel_compiles_for_sm90_without_spills():
     compiled = json_from_child(["-c", _BALANCED_COMPILE_SCRIPT, json.dumps(BALANCED_COMPILES)], timeout=1200)
     for case, result in zip(BALANCED_COMPILES, compiled, strict=True):
@@ -949,6 +950,7 @@ def gluon_launches() -> list[dict]:
 
 
 @pytest.mark.static
+@pytest.mark.release
 @pytest.mark.xdist_group("gluon-compile")
 @pytest.mark.parametrize("index", range(len(GLUON_LAUNCHES)), ids=[_launch_id(launch) for launch in GLUON_LAUNCHES])
 def test_gluon_decode_launches_compile_without_spills(index: int, gluon_launches: list[dict]):

@@ -760,8 +760,10 @@ def builds(head_dim, variant, method, layout, config):
     return [facts(f"{name} {step}{' (V)' if index and config.value_config else ''}", binary, step, rotated[index],
                   method, config) for index, (step, binary) in enumerate(zip(roles, binaries))]
 
+# "defaults": every launch's default build; "sweep": the bench's sweep and the planted register cap.
+only_defaults = sys.argv[1] == "defaults"
 rows, sweep, planted = [], [], []
-for head_dim in (64, 128, 256):
+for head_dim in (64, 128, 256) if only_defaults else ():
     for variant, quantisation in fp8.VARIANTS.items():
         methods = fused.ROTATION_METHODS if quantisation.rotation else fused.ROTATION_METHODS[:1]
         for method in methods:
@@ -775,14 +777,15 @@ for head_dim in (64, 128, 256):
                     rows += builds(head_dim, variant, method, layout, config)
 # What bench/fp8_quantiser.py --sweep times (the knobs that change the binary), and a spilling register cap.
 layout = fp8.ValueLayout(True, 128)
-for variant, method in FULL_GRID:
+for variant, method in () if only_defaults else FULL_GRID:
     seen = set()
     for config in sweep_configs(full=True):
         key = (config.num_stages, config.prefetch, config.num_warps, config.maxnreg, config.division, config.tma)
         if key not in seen:
             seen.add(key)
             sweep += builds(128, variant, method, layout, config)
-planted += builds(128, "block+rotation", "tensor_core", layout, fused.QuantiserConfig(num_stages=2, maxnreg=96))
+if not only_defaults:
+    planted += builds(128, "block+rotation", "tensor_core", layout, fused.QuantiserConfig(num_stages=2, maxnreg=96))
 print(json.dumps({"rows": rows, "sweep": sweep, "planted": planted}))
 """
 
@@ -805,21 +808,22 @@ def _default_builds() -> int:
     return total
 
 
-@pytest.mark.static
-def test_fused_quantiser_builds_for_sm90_without_spills_and_with_exact_arithmetic():
-    """Every launch's build at D = 64, 128, 256 (the default configuration, with the specialisation a
-    P1 launch gets): no spills; the hardware's round-to-nearest-even e4m3 cast, never Triton's
-    approximate division; the reciprocal division instead of a div.rn per element (div.rn left only
-    for the block scales); the tensor-core rotation on wgmma; 16-byte global loads and stores. The
-    sweep's configurations build; a register cap that spills is caught (the spill check sees it)."""
+def _build_probe(what: str) -> dict[str, list[dict]]:
+    """``_BUILD_PROBE`` in a child process without the interpreter: ``what`` "defaults" (every launch's default
+    build) or "sweep" (the bench's sweep and the planted register cap)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", _BUILD_PROBE], capture_output=True, text=True, env=env, timeout=1500)
+    command = [sys.executable, "-c", _BUILD_PROBE, what]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.splitlines()[-1])
-    rows = report["rows"]
-    assert len(rows) == _default_builds(), len(rows)
-    for row in rows + report["sweep"]:
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def _assert_exact_arithmetic(rows: list[dict]) -> None:
+    """The hardware's round-to-nearest-even e4m3 cast, never Triton's approximate division; the reciprocal division
+    instead of a div.rn per element (div.rn left only for the block scales); the tensor-core rotation on wgmma;
+    16-byte global loads and stores."""
+    for row in rows:
         assert not row["approximate_division"], row["name"]
         assert not row["scalar_loads"] and not row["byte_stores"], row["name"]
         if row["step"] == "reduce":
@@ -832,9 +836,28 @@ def test_fused_quantiser_builds_for_sm90_without_spills_and_with_exact_arithmeti
             assert row["fma"] or row["division"] == "ieee", row["name"]
         if row["rotated"] and row["method"] in ("tensor_core", "kronecker"):
             assert row["wgmma"], row["name"]
+
+
+@pytest.mark.static
+@pytest.mark.release
+def test_fused_quantiser_builds_for_sm90_without_spills_and_with_exact_arithmetic():
+    """Every launch's build at D = 64, 128, 256 (the default configuration, with the specialisation a
+    P1 launch gets): no spills and exact arithmetic (``_assert_exact_arithmetic``)."""
+    rows = _build_probe("defaults")["rows"]
+    assert len(rows) == _default_builds(), len(rows)
+    _assert_exact_arithmetic(rows)
     for row in rows:
         assert row["spills"] == 0, f"{row['name']}: {row['spills']} bytes spilled"
-    assert all(row["spills"] > 0 for row in report["planted"]), report["planted"]
+
+
+@pytest.mark.static
+def test_the_sweeps_quantiser_builds_keep_exact_arithmetic_and_a_spilling_cap_is_caught():
+    """The configurations bench/fp8_quantiser.py --sweep times build with exact arithmetic; a register cap that
+    spills is caught (the spill check sees it). Under the README's release only (the knobs, not the defaults)."""
+    report = _build_probe("sweep")
+    assert report["sweep"] and not report["rows"]
+    _assert_exact_arithmetic(report["sweep"])
+    assert report["planted"] and all(row["spills"] > 0 for row in report["planted"]), report["planted"]
 
 
 # ----------------------------------------------------------------------------------------------------

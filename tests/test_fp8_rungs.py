@@ -303,6 +303,7 @@ print(json.dumps(rows))
 
 
 @pytest.mark.static
+@pytest.mark.release
 def test_triton_fp8_variants_compile_to_e4m3_wgmma_without_spills():
     """The interpreter's e4m3 cast does not round to nearest, so on a CPU the Triton rung is checked
     by compiling every variant for sm_90a (in a process without TRITON_INTERPRET)."""

@@ -31,7 +31,7 @@ from triton_impl.gluon import fp8, hopper
 from triton_impl.gluon._host import LOAD_REGISTERS
 
 # The compile fixture runs once, for every variant, in one pytest-xdist worker (--dist loadgroup).
-pytestmark = [pytest.mark.xdist_group("gluon-compile"), pytest.mark.static]
+pytestmark = [pytest.mark.xdist_group("gluon-compile"), pytest.mark.static, pytest.mark.release]
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 # (rung, head_dim, causal, dtype name, fp8 quantisation, features) variants compiled on the CPU;

@@ -186,12 +186,12 @@ def test_two_consumers_take_items_of_two_or_more_m_tiles(monkeypatch: pytest.Mon
 
 def test_longest_first_orders_ragged_batches_up_to_its_cap(monkeypatch: pytest.MonkeyPatch):
     """``items_order_block``: 0 (claim order) while ``ITEMS_LONGEST_FIRST`` is off, for full lengths and past the cap;
-    else the batch as a power of two of at least 32 rows. On by default, as timed."""
+    else the batch as a power of two of at least 32 rows. Off by default until its rank loop has run on a GPU."""
     row = _row(6007, 4).problem
-    assert gluon_decode.ITEMS_LONGEST_FIRST and gluon_decode.items_order_block(row) == 32
-    with monkeypatch.context() as off:
-        off.setattr(gluon_decode, "ITEMS_LONGEST_FIRST", False)
-        assert gluon_decode.items_order_block(row) == 0
+    assert not gluon_decode.ITEMS_LONGEST_FIRST and gluon_decode.items_order_block(row) == 0
+    assert gluon_decode.GluonDecodePlan(row, CPU).items_options["ORDER_BLOCK_B"] == 0
+    monkeypatch.setattr(gluon_decode, "ITEMS_LONGEST_FIRST", True)
+    assert gluon_decode.items_order_block(row) == 32
     cap = gluon_decode.ITEMS_LONGEST_FIRST_MAX_BATCH
     batches = {batch: gluon_decode.items_order_block(row.with_(batch=batch)) for batch in (8, 32, 65, cap, cap + 1)}
     assert batches == {8: 32, 32: 32, 65: 128, cap: cap, cap + 1: 0}, batches
@@ -267,6 +267,7 @@ def compiled() -> dict[str, dict]:
     return json_from_child(["-c", _SCRIPT, json.dumps(keys)], timeout=1500)
 
 
+@pytest.mark.xdist_group("gluon-decode-items-compile")
 @pytest.mark.static
 def test_items_builds_fit_without_spills(compiled: dict[str, dict]):
     for name in TAKEN:
@@ -280,6 +281,7 @@ def test_items_builds_fit_without_spills(compiled: dict[str, dict]):
         assert facts["registers"] * 256 * ctas <= 65536, (name, facts)
 
 
+@pytest.mark.xdist_group("gluon-decode-items-compile")
 @pytest.mark.static
 def test_two_consumer_builds_fit_without_spills(compiled: dict[str, dict]):
     """Under ``ITEMS_TWO_CONSUMERS`` the items builds of two-tile items take two consumers, spill nothing, and hold one
@@ -294,6 +296,7 @@ def test_two_consumer_builds_fit_without_spills(compiled: dict[str, dict]):
         assert facts["sass"] != compiled[f"{name}|True"]["sass"], name
 
 
+@pytest.mark.xdist_group("gluon-decode-items-compile")
 @pytest.mark.static
 def test_longest_first_builds_fit_without_spills(compiled: dict[str, dict]):
     """Under ``ITEMS_LONGEST_FIRST`` (and two consumers) the load warp's ranks fit its registers: no spill."""
@@ -304,6 +307,7 @@ def test_longest_first_builds_fit_without_spills(compiled: dict[str, dict]):
         assert facts["sass"] != compiled[f"{name}|two"]["sass"], name
 
 
+@pytest.mark.xdist_group("gluon-decode-items-compile")
 @pytest.mark.static
 def test_switch_off_is_the_split_kernel_and_leaves_other_builds(compiled: dict[str, dict]):
     for name in TAKEN:

@@ -344,6 +344,7 @@ def compiled() -> dict[str, dict]:
     return json_from_child(["-c", _SCRIPT, json.dumps(COMPILED)], timeout=900)
 
 
+@pytest.mark.xdist_group("gluon-decode-packed-prefill-compile")
 @pytest.mark.static
 @pytest.mark.parametrize(("head_dim", "group"), COMPILED)
 def test_packed_builds_compile_without_local_memory(head_dim: int, group: int, compiled: dict[str, dict]):

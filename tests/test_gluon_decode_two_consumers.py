@@ -329,6 +329,7 @@ def compiled() -> dict[str, dict]:
     return json_from_child(["-c", _SCRIPT, json.dumps(keys)], timeout=1500)
 
 
+@pytest.mark.xdist_group("gluon-decode-two-consumers-compile")
 @pytest.mark.static
 def test_two_consumer_builds_fit_one_cta_an_sm_without_spills(compiled: dict[str, dict]):
     for name in TAKEN:
@@ -348,6 +349,7 @@ def test_two_consumer_builds_fit_one_cta_an_sm_without_spills(compiled: dict[str
         assert facts["hgmma"] >= off["hgmma"] and not off["two"], (name, facts["hgmma"], off["hgmma"])
 
 
+@pytest.mark.xdist_group("gluon-decode-two-consumers-compile")
 @pytest.mark.static
 def test_balanced_two_consumers_d64_candidate_builds_one_cta_an_sm_without_spills(compiled: dict[str, dict]):
     """The D=64 candidate's balanced build (seed 5309's row 2): two consumers without spills or local memory, in one
@@ -359,6 +361,7 @@ def test_balanced_two_consumers_d64_candidate_builds_one_cta_an_sm_without_spill
     assert facts["registers"] <= gluon_decode.TWO_CONSUMER_MAXNREG and {48, 232} <= set(facts["setmaxnreg"]), facts
 
 
+@pytest.mark.xdist_group("gluon-decode-two-consumers-compile")
 @pytest.mark.static
 def test_switch_leaves_the_builds_it_does_not_take(compiled: dict[str, dict]):
     for name in LEFT:

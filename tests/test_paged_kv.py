@@ -449,6 +449,7 @@ def paged_builds() -> dict[str, dict]:
 
 
 @pytest.mark.static
+@pytest.mark.release
 @pytest.mark.xdist_group("static-sm90")
 def test_paged_build_compiles_without_spills_at_the_contiguous_depth(paged_builds: dict[str, dict]):
     rows = child_result(paged_builds, "triton")
@@ -558,6 +559,7 @@ KNOWN_GLUON_PAGED_SPILLS: dict[tuple[str, str], int] = {
 
 
 @pytest.mark.static
+@pytest.mark.release
 @pytest.mark.xdist_group("static-sm90")
 def test_gluon_paged_build_compiles_without_spills_on_the_contiguous_ring(paged_builds: dict[str, dict]):
     """Every head dim, pages smaller than a key block (16, and 48: not a power of two) and larger (256):

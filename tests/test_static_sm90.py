@@ -10,7 +10,7 @@ from common.contract.registry import discover
 from common.reporting.static import StaticRow, loop_census, static_report, static_report_subprocess
 
 # Every rung compiles once, in one pytest-xdist worker (--dist loadgroup), for the module's fixture.
-pytestmark = [pytest.mark.xdist_group("static-sm90"), pytest.mark.static]
+pytestmark = [pytest.mark.xdist_group("static-sm90"), pytest.mark.static, pytest.mark.release]
 AVAILABLE, _ = discover(include_baselines=False)
 COMPILED = {impl.name: impl for impl in AVAILABLE if impl.compile_sm90 is not None}
 CANONICAL = Problem.canonical(8192)

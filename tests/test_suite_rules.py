@@ -5,7 +5,9 @@
 - a batch of child scripts (``tests._helpers.scripts_in_one_child``) gives each script's failure to the
   test that reads it, and the other scripts' results still stand;
 - the newest CI leg's selection (``.ci/run``) keeps the CPU teaching mode's tests: a file's ``teaching`` marker
-  removed, or the marker dropped from the leg's ``-m``, would leave that leg with the static tests alone, silently.
+  removed, or the marker dropped from the leg's ``-m``, would leave that leg with the static tests alone, silently;
+- the three release legs (gpu-machine, newest, triton-3.7) select the ``release`` tests, and the files that compile
+  every rung's default builds carry that marker: without it a release leg would compile nothing of theirs, silently.
 
 The marker rule reads the test files' syntax: a call counts as a CuTe compile when it is the toolchain's
 ``compile_cute_sm90`` or a ``compile_sm90`` / ``binaries`` call whose receiver names a ``cute_impl`` module
@@ -213,5 +215,33 @@ def test_the_newest_leg_runs_the_teaching_tests():
     rung_tests = (TESTS / "test_rungs_cpu.py").read_text()
     assert teaching_leg_gaps(ci_script, rung_tests) == []
     # Planted: the marker gone from the leg, or from the file.
-    assert len(teaching_leg_gaps(ci_script.replace("static or teaching", "static"), rung_tests)) == 1
+    assert len(teaching_leg_gaps(ci_script.replace("release or teaching", "release"), rung_tests)) == 1
     assert len(teaching_leg_gaps(ci_script, rung_tests.replace("pytest.mark.teaching", "pytest.mark.slow"))) == 1
+
+
+# The files whose static tests compile every rung's default builds: what each Triton release must compile.
+RELEASE_FILES = ("test_static_sm90.py", "test_triton_releases.py", "test_gluon.py", "test_capability_matrix.py")
+
+
+def release_leg_gaps(ci_script: str, sources: dict[str, str]) -> list[str]:
+    """What keeps a release leg from the default builds: a leg's ``-m`` without ``release``, or one of
+    ``RELEASE_FILES`` (``sources``: name -> text) without a ``pytest.mark.release`` on it or on a test."""
+    lines = {line.strip() for line in ci_script.splitlines()}
+    selections = [line for line in lines if line.startswith(("newest)", "gpu-machine | triton-3.7)"))]
+    gaps = [] if len(selections) == 2 else [f".ci/run's release legs' selections not found: {selections}"]
+    gaps += [f".ci/run's selection lacks release: {line!r}" for line in selections if "release" not in line]
+    for name, source in sources.items():
+        marked = any(isinstance(node, ast.Attribute) and node.attr == "release" for node in ast.walk(ast.parse(source)))
+        if not marked:
+            gaps.append(f"tests/{name} has no pytest.mark.release")
+    return gaps
+
+
+def test_the_release_legs_compile_every_rungs_default_builds():
+    ci_script = (TESTS.parent / ".ci" / "run").read_text()
+    sources = {name: (TESTS / name).read_text() for name in RELEASE_FILES}
+    assert release_leg_gaps(ci_script, sources) == []
+    # Planted: the marker gone from a leg's selection, or from a file.
+    assert len(release_leg_gaps(ci_script.replace('"release and', '"static and'), sources)) == 1
+    unmarked = {**sources, "test_static_sm90.py": sources["test_static_sm90.py"].replace("mark.release", "mark.slow")}
+    assert len(release_leg_gaps(ci_script, unmarked)) == 1

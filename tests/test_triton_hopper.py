@@ -148,6 +148,7 @@ def static_probes() -> dict[str, dict]:
 
 
 @pytest.mark.static
+@pytest.mark.release
 @pytest.mark.xdist_group("triton-hopper-compile")
 def test_warp_specialised_configs_use_setmaxnreg(static_probes: dict[str, dict]):
     rows = child_result(static_probes, "warp-specialised")
@@ -178,6 +179,7 @@ CTA_RESERVED_SHARED_BYTES = 1024
 
 
 @pytest.mark.static
+@pytest.mark.release
 @pytest.mark.xdist_group("triton-hopper-compile")
 def test_fp8_default_configs_fit_two_ctas_per_sm(static_probes: dict[str, dict]):
     # The fp8 defaults rely on two independent one-warpgroup CTAs per SM (triton_impl/fp8.py).

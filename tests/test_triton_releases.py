@@ -40,7 +40,7 @@ from triton_impl.gluon import hopper as gluon_hopper
 
 ROOT = Path(__file__).resolve().parent.parent
 # One worker compiles them all (pytest-xdist's --dist loadgroup), not one copy per worker.
-pytestmark = [pytest.mark.xdist_group("triton-releases"), pytest.mark.static]
+pytestmark = [pytest.mark.xdist_group("triton-releases"), pytest.mark.static, pytest.mark.release]
 
 HEAD_DIMS = {
     "naive": naive.HEAD_DIMS,
