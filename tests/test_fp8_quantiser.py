@@ -760,10 +760,10 @@ def builds(head_dim, variant, method, layout, config):
     return [facts(f"{name} {step}{' (V)' if index and config.value_config else ''}", binary, step, rotated[index],
                   method, config) for index, (step, binary) in enumerate(zip(roles, binaries))]
 
-# "defaults": every launch's default build; "sweep": the bench's sweep and the planted register cap.
-only_defaults = sys.argv[1] == "defaults"
+# A head dim: every launch's default build at it; "sweep": the bench's sweep and the planted register cap.
+only_defaults = sys.argv[1] != "sweep"
 rows, sweep, planted = [], [], []
-for head_dim in (64, 128, 256) if only_defaults else ():
+for head_dim in (int(sys.argv[1]),) if only_defaults else ():
     for variant, quantisation in fp8.VARIANTS.items():
         methods = fused.ROTATION_METHODS if quantisation.rotation else fused.ROTATION_METHODS[:1]
         for method in methods:
@@ -790,27 +790,26 @@ print(json.dumps({"rows": rows, "sweep": sweep, "planted": planted}))
 """
 
 
-def _default_builds() -> int:
-    """The binaries of every default build the probe makes: per head dim, variant, rotation method and V layout (2),
-    each distinct default (Q, K and V; K and V only) builds 3 binaries per-tensor (amax, cast, reduce), 1 with block
-    scales, 2 with V apart (``value_config``); the butterfly and Kronecker rotations only up to their
+def _default_builds(head_dim: int) -> int:
+    """The binaries of every default build the probe makes at ``head_dim``: per variant, rotation method and V layout
+    (2), each distinct default (Q, K and V; K and V only) builds 3 binaries per-tensor (amax, cast, reduce), 1 with
+    block scales, 2 with V apart (``value_config``); the butterfly and Kronecker rotations only up to their
     ``MAX_HEAD_DIM_OF_METHOD``."""
     total = 0
-    for head_dim in (64, 128, 256):
-        for quantisation in fp8.VARIANTS.values():
-            methods = fused.ROTATION_METHODS if quantisation.rotation else fused.ROTATION_METHODS[:1]
-            for method in methods:
-                if head_dim > fused.MAX_HEAD_DIM_OF_METHOD.get(method, head_dim):
-                    continue
-                configs = {fused.default_config(head_dim, quantisation, method, query=query) for query in (True, False)}
-                per_launch = 1 if quantisation.block else 3
-                total += 2 * sum(per_launch * (2 if config.value_config else 1) for config in configs)
+    for quantisation in fp8.VARIANTS.values():
+        methods = fused.ROTATION_METHODS if quantisation.rotation else fused.ROTATION_METHODS[:1]
+        for method in methods:
+            if head_dim > fused.MAX_HEAD_DIM_OF_METHOD.get(method, head_dim):
+                continue
+            configs = {fused.default_config(head_dim, quantisation, method, query=query) for query in (True, False)}
+            per_launch = 1 if quantisation.block else 3
+            total += 2 * sum(per_launch * (2 if config.value_config else 1) for config in configs)
     return total
 
 
 def _build_probe(what: str) -> dict[str, list[dict]]:
-    """``_BUILD_PROBE`` in a child process without the interpreter: ``what`` "defaults" (every launch's default
-    build) or "sweep" (the bench's sweep and the planted register cap)."""
+    """``_BUILD_PROBE`` in a child process without the interpreter: ``what`` a head dim (every launch's default build
+    at it) or "sweep" (the bench's sweep and the planted register cap)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     command = [sys.executable, "-c", _BUILD_PROBE, what]
@@ -840,11 +839,13 @@ def _assert_exact_arithmetic(rows: list[dict]) -> None:
 
 @pytest.mark.static
 @pytest.mark.release
-def test_fused_quantiser_builds_for_sm90_without_spills_and_with_exact_arithmetic():
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_fused_quantiser_builds_for_sm90_without_spills_and_with_exact_arithmetic(head_dim: int):
     """Every launch's build at D = 64, 128, 256 (the default configuration, with the specialisation a
-    P1 launch gets): no spills and exact arithmetic (``_assert_exact_arithmetic``)."""
-    rows = _build_probe("defaults")["rows"]
-    assert len(rows) == _default_builds(), len(rows)
+    P1 launch gets): no spills and exact arithmetic (``_assert_exact_arithmetic``). One head dim a test, so that
+    two workers share the release legs' longest test (150-220 s in one piece, 2026-12-07)."""
+    rows = _build_probe(str(head_dim))["rows"]
+    assert len(rows) == _default_builds(head_dim), len(rows)
     _assert_exact_arithmetic(rows)
     for row in rows:
         assert row["spills"] == 0, f"{row['name']}: {row['spills']} bytes spilled"
