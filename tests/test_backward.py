@@ -385,7 +385,7 @@ for head_dim, configs in (tiled.CANDIDATES if "triton" in stacks and not default
                 assert binary.shared_bytes <= 232_448, (config.label, binary.name, binary.shared_bytes)
                 rows.append([config.label, head_dim, binary.name, usage["stack_bytes"] + usage["local_bytes"]])
 # The Gluon rung's tile variants, ragged, non-causal and causal bottom-right (the default's causal top-left
-# build is above); the preprocess is the tiled rung's, compiled above.
+# build is the defaults' run's); the preprocess is the tiled rung's, compiled there too.
 listings = ((gluon_backward.NON_CAUSAL_CANDIDATES, {}),
             (gluon_backward.CANDIDATES, {"causal": True, "causal_alignment": "bottom_right"}))
 for listed, features in listings if "gluon" in stacks and not defaults else ():
@@ -461,7 +461,7 @@ def test_every_backward_tile_candidate_compiles_for_sm90a_without_spills(stack: 
     """Every tile candidate of the tiled rung and of the Gluon rung (the A/B's knobs), causal and not, all
     within the H200's shared memory per block; the Gluon kernels also with the PTX they claim (TMA, mbarriers,
     wgmma, setmaxnreg; no mma.sync or cp.async). Under the README's release only (the release legs compile the
-    defaults above: with the candidates, 260 s under Triton 3.7 on CI's two cores, 2026-12-07)."""
+    defaults above: with the candidates, 261 s under Triton 3.7 on two cores, cold, 2026-12-07)."""
     _compiled_backwards((stack,), "candidates")
 
 
