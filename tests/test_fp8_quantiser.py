@@ -6,11 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,11 +16,11 @@ from common.contract import fp8
 from common.contract.capability import SM90_SHARED_MEMORY_BYTES
 from common.contract.inputs import make_inputs
 from common.contract.problem import Problem
+from tests._helpers import json_from_child
 from triton_impl import fp8_launch
 from triton_impl import fp8_quantiser as fused
 from triton_impl import fp8_quantiser_kernel as kernel
 
-ROOT = Path(__file__).resolve().parent.parent
 # Elements per program of the division tests' kernel.
 DIVISION_BLOCK = 1 << 16
 # The three kernels' V layouts: triton/fp8 (key order), cute/fp8 (permuted, 16), gluon/fp8 (permuted, 128).
@@ -810,12 +805,7 @@ def _default_builds(head_dim: int) -> int:
 def _build_probe(what: str) -> dict[str, list[dict]]:
     """``_BUILD_PROBE`` in a child process without the interpreter: ``what`` a head dim (every launch's default build
     at it) or "sweep" (the bench's sweep and the planted register cap)."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    command = [sys.executable, "-c", _BUILD_PROBE, what]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1500)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
+    return json_from_child(["-c", _BUILD_PROBE, what], timeout=1500)
 
 
 def _assert_exact_arithmetic(rows: list[dict]) -> None:
