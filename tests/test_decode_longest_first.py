@@ -1,8 +1,8 @@
-"""triton/decode's ``LONGEST_FIRST`` (off until timed; gluon/decode's ``ITEMS_LONGEST_FIRST`` is its items kernel's
+"""triton/decode's ``LONGEST_FIRST`` (on by default; gluon/decode's ``ITEMS_LONGEST_FIRST`` is its items kernel's
 form): the padded split's grid items, dispatched in z order, take the batch's sequences longest first, so that a long
 sequence late in a ragged batch does not run alone at the end.
 
-CPU: off by default; ``order_block`` (0 without ``cache_seqlens``, past ``LONGEST_FIRST_MAX_BATCH`` or off; else the
+CPU: on by default; ``order_block`` (0 without ``cache_seqlens``, past ``LONGEST_FIRST_MAX_BATCH`` or off; else the
 batch as a power of two of at least 16) reaches the padded split kernel's constexprs.
 Interpreter (CPU-only machines): with it on, against fp64 on ragged batches of one split and of two (the fused merge
 reads the remapped item's counter), paged, and tied lengths; ``splits.longest_first_order`` (the host's statement of
@@ -39,9 +39,11 @@ def _ragged(batch: int, seqlen_k: int, **changes) -> Problem:
     return _problem(batch, 1, 4, 2, seqlen_k, 64, dtype=torch.float32, has_cache_seqlens=True, **changes)
 
 
-def test_off_by_default_and_the_blocks_it_takes(monkeypatch: pytest.MonkeyPatch):
+def test_on_by_default_and_the_blocks_it_takes(monkeypatch: pytest.MonkeyPatch):
     row = random_cases(8, 6007)[4].problem
-    assert decode.LONGEST_FIRST is False and decode.order_block(row) == 0
+    assert decode.LONGEST_FIRST is True and decode.order_block(row) == 32
+    monkeypatch.setattr(decode, "LONGEST_FIRST", False)
+    assert decode.order_block(row) == 0
     monkeypatch.setattr(decode, "LONGEST_FIRST", True)
     cap = decode.LONGEST_FIRST_MAX_BATCH
     blocks = {batch: decode.order_block(row.with_(batch=batch)) for batch in (1, 16, 17, 32, cap, cap + 1)}
@@ -151,10 +153,21 @@ def test_build_with_it_on_spills_nothing():
 GPU_CASES = {
     "6007/4": (random_cases(8, 6007)[4].problem, random_cases(8, 6007)[4].lengths),
     "paged64-ragged": (
-        _problem(64, 4, 4, 4, 2048, 128, has_cache_seqlens=True, page_size=64),
-        tuple(torch.randint(1, 2049, (64,), generator=torch.Generator().manual_seed(3)).tolist()),
+        _problem(64, 4, 4, 4, 512, 128, has_cache_seqlens=True, page_size=64),
+        tuple(torch.randint(1, 513, (64,), generator=torch.Generator().manual_seed(3)).tolist()),
     ),
 }
+
+
+def test_gpu_cases_stay_on_the_padded_split(monkeypatch: pytest.MonkeyPatch):
+    """Each GPU case reaches the switch on a Hopper GPU's 132 SMs (H100 SXM and H200): ordered, one padded split, not
+    the balanced split (paged64-ragged at 2048 keys split four ways there and took the balanced split, H100)."""
+    monkeypatch.setattr(decode, "LONGEST_FIRST", True)
+    monkeypatch.setattr(splits, "sm_count", lambda device: 132)
+    for case, (problem, _) in GPU_CASES.items():
+        cuda = torch.device("cuda")
+        assert decode.order_block(problem) > 0, case
+        assert not decode.balanced_split(problem, cuda) and decode.planned_num_splits(problem, cuda) == 1, case
 
 
 @pytest.mark.gpu

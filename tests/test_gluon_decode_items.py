@@ -186,9 +186,12 @@ def test_two_consumers_take_items_of_two_or_more_m_tiles(monkeypatch: pytest.Mon
 
 def test_longest_first_orders_ragged_batches_up_to_its_cap(monkeypatch: pytest.MonkeyPatch):
     """``items_order_block``: 0 (claim order) while ``ITEMS_LONGEST_FIRST`` is off, for full lengths and past the cap;
-    else the batch as a power of two of at least 32 rows. Off by default until its rank loop has run on a GPU."""
+    else the batch as a power of two of at least 32 rows. On by default."""
     row = _row(6007, 4).problem
-    assert not gluon_decode.ITEMS_LONGEST_FIRST and gluon_decode.items_order_block(row) == 0
+    assert gluon_decode.ITEMS_LONGEST_FIRST
+    assert gluon_decode.GluonDecodePlan(row, CPU).items_options["ORDER_BLOCK_B"] == 32
+    monkeypatch.setattr(gluon_decode, "ITEMS_LONGEST_FIRST", False)
+    assert gluon_decode.items_order_block(row) == 0
     assert gluon_decode.GluonDecodePlan(row, CPU).items_options["ORDER_BLOCK_B"] == 0
     monkeypatch.setattr(gluon_decode, "ITEMS_LONGEST_FIRST", True)
     assert gluon_decode.items_order_block(row) == 32

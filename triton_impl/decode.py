@@ -265,11 +265,11 @@ ONE_KEY_LOOP_SPILLS = ("3.7", "3.8")
 # 140k of 177k cycles on average, min 106k, max 170k): the grid's items are dispatched in z order, so a long sequence
 # late in the batch runs alone at the end. LONGEST_FIRST: with ``cache_seqlens`` and at most LONGEST_FIRST_MAX_BATCH
 # sequences, each CTA ranks the batch by length (``longest_first_item``) and grid item z takes the (z // Hkv)-th
-# longest sequence, gluon/decode's ITEMS_LONGEST_FIRST order (there 0.72-0.96x on six ragged rows, H100); 6007/4's
-# build (sm_90a) keeps its registers under Triton 3.8 (156) and takes 189 for 180 under 3.9, no spill. Off: not
-# timed on this kernel yet (``python -m bench.decode_knob_ab --knob triton_impl.decode:LONGEST_FIRST --values
-# False,True --rungs triton/decode --rows 6007/4 221/7 23/2 31/6 151/1 196/0``).
-LONGEST_FIRST, LONGEST_FIRST_MAX_BATCH = False, 64
+# longest sequence, gluon/decode's ITEMS_LONGEST_FIRST order; 6007/4's build (sm_90a) keeps its registers under
+# Triton 3.8 (156) and takes 189 for 180 under 3.9, no spill. H100, 2026-12-07 (results/h100/longest-first-2026-12-07/,
+# against z order, two rounds): 6007/4 101.5 -> 81.9 us (53 -> 66 % of the read bandwidth), 221/7 189.4 -> 146.8 (62 ->
+# 80 %), 23/2 0.95x, 31/6 0.90x, 151/1 0.92x, 196/0 1.00x.
+LONGEST_FIRST, LONGEST_FIRST_MAX_BATCH = True, 64
 
 
 @dataclass(frozen=True)

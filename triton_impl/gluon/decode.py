@@ -347,10 +347,10 @@ ITEMS_TWO_CONSUMERS: dict[int, tuple[int, int]] = {64: (64, 8)}
 # warps rank the batch by length (``_batch_ranks``) and claim the longest sequences' tiles first (longest processing
 # time first). H100, 2026-12-07 (same folder, two consumers, against claim order, two rounds): 6007/4 116.1 -> 88.1 us
 # (47 -> 62 % of the read bandwidth), 221/7 205.9 -> 148.6 (57 -> 80 %), 23/2 0.81x, 31/6 0.85x, 151/1 0.85x, 196/0
-# 0.96x. Timed with the ranks unrolled, at least 64 rows. The chunked loop that replaced it (the unrolled form spilled
-# under Triton 3.9) has not run on a GPU, so the switch stays off until tests/test_gluon_decode_items.py's GPU tests
-# pass on it: a default that has never run is not shipped.
-ITEMS_LONGEST_FIRST, ITEMS_LONGEST_FIRST_MAX_BATCH = False, 256
+# 0.96x, timed with the ranks unrolled. The chunked loop that replaced it (the unrolled form spilled under Triton 3.9),
+# H100, 2026-12-07 (results/h100/longest-first-2026-12-07/, the same A/B): 6007/4 116.9 -> 85.1 us (46 -> 63 %), 221/7
+# 205.9 -> 145.9 (57 -> 81 %), 23/2 0.79x, 31/6 0.82x, 151/1 0.84x, 196/0 0.95x; its GPU tests passed there.
+ITEMS_LONGEST_FIRST, ITEMS_LONGEST_FIRST_MAX_BATCH = True, 256
 # Issue #38's compute-bound class (seeds 229 and 233: 256 packed rows a KV head, 256 FLOPs a K/V byte, past the read
 # bandwidth's roofline; H200, 2026-12-04: gluon/decode at 38-44 % of the read bandwidth, 59-68 % of the roofline). One
 # warpgroup a CTA runs one chain a block (S, softmax, P V), and D=128's 208 KB ring holds one CTA an SM; WIDE_M_TILE's
