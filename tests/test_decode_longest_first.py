@@ -164,8 +164,8 @@ def test_gpu_cases_stay_on_the_padded_split(monkeypatch: pytest.MonkeyPatch):
     the balanced split (paged64-ragged at 2048 keys split four ways there and took the balanced split, H100)."""
     monkeypatch.setattr(decode, "LONGEST_FIRST", True)
     monkeypatch.setattr(splits, "sm_count", lambda device: 132)
+    cuda = torch.device("cuda")
     for case, (problem, _) in GPU_CASES.items():
-        cuda = torch.device("cuda")
         assert decode.order_block(problem) > 0, case
         assert not decode.balanced_split(problem, cuda) and decode.planned_num_splits(problem, cuda) == 1, case
 

@@ -60,7 +60,10 @@ With one split the split kernel writes O and the LSE itself: no counter, no merg
 
 The split count: the shared rule of ``common/contract/splits.py`` (examples and reasons there) on this
 rung's CTAs per split, ``B · Hkv · m_blocks``, and the padded Sk, never ``cache_seqlens`` (inside the kernel
-each sequence's splits follow its own length: a short one gets short or empty splits). Fifth-stop switches
+each sequence's splits follow its own length: a short one gets short or empty splits). The grid's items run in z
+order, so in a ragged batch a long sequence late in the batch would run alone at the end; ``LONGEST_FIRST`` (on, with
+``cache_seqlens`` and at most ``LONGEST_FIRST_MAX_BATCH`` sequences) has each CTA rank the batch by length
+(``longest_first_item``) so that grid item z takes the (z // Hkv)-th longest sequence. Fifth-stop switches
 (issue #38, timed by ``bench/decode_floor5.sh``): ``SPLIT_CTAS_PER_SM`` (two), ``SHORT_CACHE_ONE_SPLIT``, ``DEEP_RING``
 (cute's ring depth), ``SHORT_CACHE_TILE`` (32-key blocks). ``bind(..., num_splits=n)`` forces a count.
 

@@ -27,8 +27,7 @@ across tiles (``SplitKeys.ring_base``) and the next tile's Q in a second buffer,
 O store pass under its neighbours' key blocks rather than each CTA paying them alone. ``ITEMS_TWO_CONSUMERS`` (D=64)
 makes a tile two M tiles of an item on two consumer warpgroups beside the load warp, one CTA an SM, so that an item's K
 and V are read once rather than once per M tile; ``ITEMS_LONGEST_FIRST`` has the load warps rank a ragged batch by
-length and claim the longest sequences' tiles first, so that the launch does not end on a few long items alone (off
-until its rank loop has run on a GPU).
+length and claim the longest sequences' tiles first, so that the launch does not end on a few long items alone.
 ``TWO_CONSUMERS`` (D=64 and D=128 items of two or more M tiles; issue #38's compute-bound class, 128-256 packed rows
 a KV head; the balanced split's too at D=128, ``BALANCED_TWO_CONSUMERS``, and where it keeps the target shares at
 ``BALANCED_TWO_CONSUMERS_SAME_TARGET``' head dims) gives a CTA two M tiles on gluon/hopper's
