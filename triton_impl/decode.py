@@ -61,8 +61,8 @@ With one split the split kernel writes O and the LSE itself: no counter, no merg
 The split count: the shared rule of ``common/contract/splits.py`` (examples and reasons there) on this
 rung's CTAs per split, ``B · Hkv · m_blocks``, and the padded Sk, never ``cache_seqlens`` (inside the kernel
 each sequence's splits follow its own length: a short one gets short or empty splits). The grid's items run in z
-order, so in a ragged batch a long sequence late in the batch would run alone at the end; ``LONGEST_FIRST`` (on, with
-``cache_seqlens`` and at most ``LONGEST_FIRST_MAX_BATCH`` sequences) has each CTA rank the batch by length
+order, so in a ragged batch a long sequence late in the batch would run alone at the end; ``LONGEST_FIRST`` (on at D=64,
+with ``cache_seqlens`` and at most ``LONGEST_FIRST_MAX_BATCH`` sequences) has each CTA rank the batch by length
 (``longest_first_item``) so that grid item z takes the (z // Hkv)-th longest sequence. Fifth-stop switches
 (issue #38, timed by ``bench/decode_floor5.sh``): ``SPLIT_CTAS_PER_SM`` (two), ``SHORT_CACHE_ONE_SPLIT``, ``DEEP_RING``
 (cute's ring depth), ``SHORT_CACHE_TILE`` (32-key blocks). ``bind(..., num_splits=n)`` forces a count.
@@ -271,8 +271,10 @@ ONE_KEY_LOOP_SPILLS = ("3.7", "3.8")
 # longest sequence, gluon/decode's ITEMS_LONGEST_FIRST order; 6007/4's build (sm_90a) keeps its registers under
 # Triton 3.8 (156) and takes 189 for 180 under 3.9, no spill. H100, 2026-12-07 (results/h100/longest-first-2026-12-07/,
 # against z order, two rounds): 6007/4 101.5 -> 81.9 us (53 -> 66 % of the read bandwidth), 221/7 189.4 -> 146.8 (62 ->
-# 80 %), 23/2 0.95x, 31/6 0.90x, 151/1 0.92x, 196/0 1.00x.
-LONGEST_FIRST, LONGEST_FIRST_MAX_BATCH = True, 64
+# 80 %), 23/2 0.95x, 31/6 0.90x, 151/1 0.92x, 196/0 1.00x. Those rows are all D=64, and the rank's [B, B] comparison
+# costs registers the wide builds lack (Triton 3.8, sm_90a: WIDE_D256's 128-row split kernel 64 bytes of spill at 255
+# registers, WIDE_CONTIGUOUS_RINGS' D=128 split 72 bytes), so the switch takes the head dims it was timed on.
+LONGEST_FIRST, LONGEST_FIRST_MAX_BATCH, LONGEST_FIRST_HEAD_DIMS = True, 64, (64,)
 
 
 @dataclass(frozen=True)
@@ -695,8 +697,10 @@ def _split_constexprs(problem: Problem, *, split: bool) -> dict[str, int | bool]
 
 def order_block(problem: Problem) -> int:
     """``_split_kernel``'s ORDER_BLOCK_B: 0 (grid order) unless ``LONGEST_FIRST`` takes ``problem`` (its
-    ``cache_seqlens``, at most LONGEST_FIRST_MAX_BATCH sequences), else the batch as a power of two, at least 16."""
-    return splits.longest_first_block(problem, LONGEST_FIRST, LONGEST_FIRST_MAX_BATCH, 16)
+    ``cache_seqlens``, at most LONGEST_FIRST_MAX_BATCH sequences, a head dim of LONGEST_FIRST_HEAD_DIMS), else the
+    batch as a power of two, at least 16."""
+    switch = LONGEST_FIRST and problem.head_dim in LONGEST_FIRST_HEAD_DIMS
+    return splits.longest_first_block(problem, switch, LONGEST_FIRST_MAX_BATCH, 16)
 
 
 # Per device, the arrival counters of the fused merge (one int32 per M tile of the grid), zeroed once
