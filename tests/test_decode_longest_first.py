@@ -1,9 +1,9 @@
-"""triton/decode's ``LONGEST_FIRST`` (on by default; gluon/decode's ``ITEMS_LONGEST_FIRST`` is its items kernel's
-form): the padded split's grid items, dispatched in z order, take the batch's sequences longest first, so that a long
-sequence late in a ragged batch does not run alone at the end.
+"""triton/decode's ``LONGEST_FIRST`` (on by default at D=64; gluon/decode's ``ITEMS_LONGEST_FIRST`` is its items
+kernel's form): the padded split's grid items, dispatched in z order, take the batch's sequences longest first, so that
+a long sequence late in a ragged batch does not run alone at the end.
 
-CPU: on by default; ``order_block`` (0 without ``cache_seqlens``, past ``LONGEST_FIRST_MAX_BATCH`` or off; else the
-batch as a power of two of at least 16) reaches the padded split kernel's constexprs.
+CPU: on by default; ``order_block`` (0 without ``cache_seqlens``, past ``LONGEST_FIRST_MAX_BATCH``, off or D != 64; else
+the batch as a power of two of at least 16) reaches the padded split kernel's constexprs.
 Interpreter (CPU-only machines): with it on, against fp64 on ragged batches of one split and of two (the fused merge
 reads the remapped item's counter), paged, and tied lengths; ``splits.longest_first_order`` (the host's statement of
 the order) against the items ``longest_first_item`` gives each grid index (a kernel of its own); a planted rank without
