@@ -515,7 +515,7 @@ def dispatch_table(device, where: str):
         for name in DISPATCH_NAMES:
             choice = choose(name, problem, device)
             chosen = choice.implementation.name if choice.implementation else "[red]nothing: refused[/]"
-            skipped = "\n".join(f"{candidate}: {reason}" for candidate, reason in choice.refusals)
+            skipped = "\n".join(choice.refusal_lines())
             table.add_row(name, problem.describe(), chosen, skipped)
     return table
 

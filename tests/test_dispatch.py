@@ -166,7 +166,18 @@ def test_a_stack_that_cannot_run_lists_every_candidate(name: str) -> None:
     with pytest.raises(ValueError, match=f"no rung of '{name}' can run") as refused:
         attention(q, k, v, impl=name)
     for candidate in dispatch.routes(name, DECODE):
-        assert f"{candidate}: {candidate} needs a CUDA GPU" in str(refused.value)
+        assert f"  {candidate} needs a CUDA GPU" in str(refused.value)
+        assert f"{candidate}: {candidate}" not in str(refused.value)
+
+
+def test_each_refusal_names_its_candidate_once() -> None:
+    """A reason that opens with the rung's name keeps it; any other gets it in front (planted: the doubled form)."""
+    choice = dispatch.Choice(
+        "triton", None, (("triton/hopper", "triton/hopper: bf16 refused"), ("triton/tiled", "bf16 refused"))
+    )
+    lines = choice.refusal_lines()
+    assert lines == ("triton/hopper: bf16 refused", "triton/tiled: bf16 refused")
+    assert "triton/hopper: triton/hopper" not in choice.describe()
 
 
 def test_an_unknown_name_lists_the_stack_names() -> None:

@@ -92,10 +92,18 @@ class Choice:
         tried = (*(lookup(candidate) for candidate, _ in self.refusals), self.implementation)
         return all(not isinstance(item, Implementation) or not item.check_reads_seqlen_k for item in tried)
 
+    def refusal_lines(self) -> tuple[str, ...]:
+        """Each refusal as 'candidate: reason', the name said once: many capability checks already open their
+        reason with the rung's name ("cute/tiled needs a CUDA GPU ...")."""
+        return tuple(
+            reason if reason.split(" ", 1)[0].rstrip(":") == candidate else f"{candidate}: {reason}"
+            for candidate, reason in self.refusals
+        )
+
     def describe(self) -> str:
         """'triton -> triton/decode' and the refusals that led there, for listings and errors."""
         chosen = self.implementation.name if self.implementation else "nothing"
-        skipped = "; ".join(f"{candidate}: {reason}" for candidate, reason in self.refusals)
+        skipped = "; ".join(self.refusal_lines())
         return f"{self.name} -> {chosen}" + (f" (skipped {skipped})" if skipped else "")
 
 
@@ -128,7 +136,7 @@ def resolve_choice(name: str, problem: Problem, device: torch.device) -> Choice:
     """:func:`choose`, with a ValueError listing every candidate's refusal where none accepts."""
     choice = choose(name, problem, device)
     if choice.implementation is None:
-        reasons = "\n".join(f"  {candidate}: {reason}" for candidate, reason in choice.refusals)
+        reasons = "\n".join(f"  {line}" for line in choice.refusal_lines())
         raise ValueError(f"no rung of {name!r} can run {problem.describe()} on {device}:\n{reasons}")
     return choice
 
