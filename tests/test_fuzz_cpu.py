@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from common.contract.check import check_implementation
 from common.contract.problem import Problem
 from common.contract.registry import discover
-from common.tools.fuzz import plain
+from common.tools.fuzz import fitted, paged
 
 pytestmark = pytest.mark.slow
 
@@ -46,12 +46,14 @@ problems = st.builds(
 def featured_problems(draw: st.DrawFn) -> Problem:
     """A random problem with GQA, a causal alignment, per-sequence lengths and the LSE drawn too."""
     problem = draw(problems)
-    return problem.with_(
+    featured = problem.with_(
         kv_heads=draw(st.sampled_from([d for d in (1, 2) if problem.heads % d == 0])),
         causal_alignment=draw(st.sampled_from(["top_left", "bottom_right"])),
         has_cache_seqlens=draw(st.booleans()),
         return_lse=draw(st.booleans()),
     )
+    page_size = draw(st.sampled_from([0, 0, 16, 32]))  # half on a paged cache (the rungs that read one)
+    return paged(featured, page_size) if page_size else featured
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter fuzzing runs on CPU-only machines")
@@ -59,15 +61,9 @@ def featured_problems(draw: st.DrawFn) -> Problem:
 @given(problem=featured_problems(), seed=st.integers(0, 2**16), offset=st.floats(-2.0, 2.0))
 def test_random_problems_match_the_reference(impl_name: str, problem: Problem, seed: int, offset: float):
     impl = CPU_RUNGS[impl_name]
-    ok, reason = impl.check(problem, torch.device("cpu"))
-    if not ok and "use a prefill rung" in reason:
-        # triton/decode takes 1 to 16 query tokens: the drawn problem with its Sq folded into that range.
-        problem = problem.with_(seqlen_q=1 + (problem.seqlen_q - 1) % 16)
-        ok, _ = impl.check(problem, torch.device("cpu"))
-    if not ok:
-        # Rungs that do not implement the drawn features are fuzzed on the plain problem.
-        problem = plain(problem)
-        ok, _ = impl.check(problem, torch.device("cpu"))
-    assume(ok)
+    # The drawn problem as the rung takes it: triton/decode's Sq folded into its 1 to 16, a rung without paging on a
+    # contiguous cache, one without the other features on the plain problem.
+    problem = fitted(impl, problem, torch.device("cpu"))
+    assume(problem is not None)
     result = check_implementation(impl, problem, device="cpu", seed=seed, offset=offset)
     assert result.ok, f"{impl_name} {problem.describe()} seed={seed} offset={offset}: {result.summary()}"

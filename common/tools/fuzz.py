@@ -17,28 +17,54 @@ from pathlib import Path
 import torch
 
 from common.contract.check import check_implementation
+from common.contract.dispatch import DECODE_MAX_SEQLEN_Q
 from common.contract.problem import CAUSAL_ALIGNMENTS, Problem
 from common.contract.registry import Implementation, discover
 
 MAX_SEQLEN = 3000
 SEED_STRIDE = 1_000_000
+# Page sizes a paged draw takes (FlashAttention's and FlashInfer's range, Problem's MIN_PAGE_SIZE to MAX_PAGE_SIZE).
+PAGE_SIZES = (16, 32, 64, 128, 256)
 
 
 def random_features(problem: Problem, rng: random.Random) -> Problem:
     """``problem`` with GQA (kv_heads a random divisor of heads), a random causal alignment,
-    per-sequence lengths and the LSE each drawn at random."""
+    per-sequence lengths and the LSE each drawn at random, then a paged cache half the time (drawn last,
+    so that a seed keeps the features it drew before paging was drawn)."""
     divisors = [d for d in range(1, problem.heads + 1) if problem.heads % d == 0]
-    return problem.with_(
+    featured = problem.with_(
         kv_heads=rng.choice(divisors),
         causal_alignment=rng.choice(CAUSAL_ALIGNMENTS),
         has_cache_seqlens=rng.random() < 0.5,
         return_lse=rng.random() < 0.5,
     )
+    return paged(featured, rng.choice(PAGE_SIZES)) if rng.random() < 0.5 else featured
+
+
+def paged(problem: Problem, page_size: int) -> Problem:
+    """``problem`` reading its K and V from a page pool (FlashAttention's layout, a shuffled block table): the
+    capacity rounded up to whole pages, and per-sequence lengths, which a block table does not hold."""
+    capacity = -(-problem.seqlen_k // page_size) * page_size
+    return problem.with_(page_size=page_size, seqlen_k=capacity, has_cache_seqlens=True)
 
 
 def plain(problem: Problem) -> Problem:
     """``problem`` without the features of :func:`random_features` (what every rung runs)."""
-    return problem.with_(kv_heads=problem.heads, causal_alignment="top_left", has_cache_seqlens=False, return_lse=False)
+    return problem.with_(
+        kv_heads=problem.heads, causal_alignment="top_left", has_cache_seqlens=False, return_lse=False, page_size=0
+    )
+
+
+def fitted(impl: Implementation, problem: Problem, device: torch.device) -> Problem | None:
+    """The drawn ``problem`` as ``impl`` takes it, or None where it takes none of these: a decode rung's Sq folded
+    into its 1..``DECODE_MAX_SEQLEN_Q`` (a prefill-sized Sq is another rung's problem), then, where the rung
+    refuses, the same problem on a contiguous cache, then the plain problem."""
+    if impl.rung == "decode" and problem.seqlen_q > DECODE_MAX_SEQLEN_Q:
+        problem = problem.with_(seqlen_q=1 + (problem.seqlen_q - 1) % DECODE_MAX_SEQLEN_Q)
+    for candidate in (problem, problem.with_(page_size=0), plain(problem)):
+        if impl.check(candidate, device)[0]:
+            return candidate
+    return None
 
 
 def random_problem(seed: int) -> tuple[Problem, float]:
@@ -73,13 +99,9 @@ class FuzzSummary:
 
 
 def fuzz_one(impl: Implementation, seed: int, summary: FuzzSummary) -> None:
-    problem, offset = random_problem(seed)
-    ok, _ = impl.check(problem, torch.device("cuda"))
-    if not ok:
-        # A rung that does not implement the drawn features still runs the plain problem.
-        problem = plain(problem)
-        ok, _ = impl.check(problem, torch.device("cuda"))
-    if not ok:
+    drawn, offset = random_problem(seed)
+    problem = fitted(impl, drawn, torch.device("cuda"))
+    if problem is None:
         summary.skipped += 1
         return
     summary.ran += 1
@@ -98,8 +120,9 @@ def summary_markdown(summaries: list[FuzzSummary], count: int, base_seed: int) -
         "",
         f"{count} random problems per rung (seeds {base_seed}..; B 1-3, H 1-4, Sq/Sk log-uniform in 1..{MAX_SEQLEN}, "
         "D 64/128, fp16/bf16, causal or not, default or random scale, V offset in [-1, 1]; kv_heads a random "
-        "divisor of H, either causal alignment, per-sequence key lengths and the LSE at random, or the plain "
-        "problem where a rung does not implement them).",
+        "divisor of H, either causal alignment, per-sequence key lengths and the LSE at random, half the problems "
+        f"on a paged cache (pages of {', '.join(map(str, PAGE_SIZES))} keys); a decode rung's Sq folded into 1.."
+        f"{DECODE_MAX_SEQLEN_Q}; where a rung refuses, the same problem on a contiguous cache, then the plain one).",
         "",
         "| impl | ran | skipped (capability) | mismatches |",
         "|---|---|---|---|",

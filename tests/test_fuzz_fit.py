@@ -1,0 +1,54 @@
+"""How the fuzzers (``common.tools.fuzz`` on the GPU, ``tests/test_fuzz_cpu.py`` under the interpreter) fit a drawn
+problem to a rung: a decode rung gets a decode-sized Sq, a rung without paging the same problem on a contiguous cache,
+and half the draws are paged. Each rule's planted break fails here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from common.contract.dispatch import DECODE_MAX_SEQLEN_Q
+from common.contract.problem import Problem
+from common.contract.registry import discover
+from common.tools import fuzz
+
+CPU = torch.device("cpu")
+AVAILABLE = {impl.name: impl for impl in discover(include_baselines=False)[0]}
+# A prefill-sized draw with every feature and pages of 32: what a seed may hand any rung.
+DRAWN = Problem(
+    batch=2, heads=4, seqlen_q=100, seqlen_k=224, head_dim=64, dtype=torch.float16, kv_heads=2, causal=True,
+    causal_alignment="bottom_right", has_cache_seqlens=True, return_lse=True, page_size=32,
+)  # fmt: skip
+
+
+def test_a_decode_rung_gets_the_draw_with_its_sq_folded_and_its_pages_kept() -> None:
+    problem = fuzz.fitted(AVAILABLE["triton/decode"], DRAWN, CPU)
+    assert problem == DRAWN.with_(seqlen_q=1 + (DRAWN.seqlen_q - 1) % DECODE_MAX_SEQLEN_Q)
+    assert 1 <= problem.seqlen_q <= DECODE_MAX_SEQLEN_Q and problem.paged
+
+
+def test_a_rung_without_pages_keeps_the_other_features() -> None:
+    problem = fuzz.fitted(AVAILABLE["triton/tiled"], DRAWN, CPU)
+    assert problem == DRAWN.with_(page_size=0), "GQA, alignment, lengths and the LSE kept on a contiguous cache"
+
+
+def test_a_rung_that_takes_nothing_drawn_is_skipped() -> None:
+    refusing = dataclasses.replace(AVAILABLE["triton/tiled"], supports=lambda problem, device: (False, "planted"))
+    assert fuzz.fitted(refusing, DRAWN, CPU) is None
+
+
+def test_paged_rounds_the_capacity_up_to_whole_pages_and_keeps_the_rest() -> None:
+    contiguous = DRAWN.with_(page_size=0, has_cache_seqlens=False, seqlen_k=130)
+    problem = fuzz.paged(contiguous, 64)
+    assert (problem.page_size, problem.seqlen_k, problem.has_cache_seqlens) == (64, 192, True)
+    assert problem.with_(page_size=0, seqlen_k=130, has_cache_seqlens=False) == contiguous
+    assert fuzz.plain(problem) == fuzz.plain(contiguous).with_(seqlen_k=192)
+
+
+def test_draws_are_paged_about_half_the_time_and_reproducible() -> None:
+    drawn = [fuzz.random_problem(seed) for seed in range(200)]
+    assert drawn == [fuzz.random_problem(seed) for seed in range(200)]
+    page_sizes = {problem.page_size for problem, _ in drawn}
+    assert page_sizes == {0, *fuzz.PAGE_SIZES}
+    assert 60 <= sum(problem.paged for problem, _ in drawn) <= 140
