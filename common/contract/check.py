@@ -118,15 +118,24 @@ def check_implementation(
     seed: int = 0,
     offset: float = 0.5,
 ) -> CheckResult:
-    """Fresh seeded inputs (and key lengths when the problem carries them, page pools and a shuffled
-    block table when it is paged), poisoned output, error vs fp64 reference, judged by the impl's rule
-    (and the LSE rule when it returns the LSE)."""
+    """Fresh seeded inputs (:func:`seeded_inputs`), poisoned output, error vs fp64 reference, judged by the impl's
+    rule (and the LSE rule when it returns the LSE)."""
+    q, k, v, cache_seqlens, block_table = seeded_inputs(problem, seed=seed, device=device, offset=offset)
+    return check_on_inputs(impl, q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table)
+
+
+def seeded_inputs(
+    problem: Problem, *, seed: int = 0, device: str | torch.device = "cuda", offset: float = 0.5
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``(q, k, v, cache_seqlens, block_table)`` of ``seed``: key lengths when the problem carries them (the first
+    sequence full, from B = 3 the last one empty), page pools and a shuffled block table when it is paged (k and v
+    are then the pools), None where it has neither."""
     q, k, v = make_inputs(problem, seed=seed, device=device, offset=offset)
     cache_seqlens = make_cache_seqlens(problem, seed=seed, device=device) if problem.has_cache_seqlens else None
     block_table = None
     if problem.paged:
         k, v, block_table = make_paged_kv(problem, k, v, seed=seed)
-    return check_on_inputs(impl, q, k, v, problem, cache_seqlens=cache_seqlens, block_table=block_table)
+    return q, k, v, cache_seqlens, block_table
 
 
 def check_on_inputs(

@@ -3,7 +3,8 @@
     python -m common.tools.sanitize --impl '*' --out results/h200/sanitizer.md
 
 Each (rung, tool) pair runs in its own ``compute-sanitizer`` process that checks the rung on a few
-small problems (ragged lengths, Sq != Sk, causal and not) and runs nothing but the rung's own
+small problems (ragged lengths, Sq != Sk, causal and not; for the decode rungs each of their launch plans, paged
+caches and empty sequences among them: ``DECODE_PLANS``) and runs nothing but the rung's own
 kernels; the summary records the verdict and the first error lines.
 """
 
@@ -21,12 +22,43 @@ from pathlib import Path
 
 import torch
 
-from common.contract.check import run_poisoned
-from common.contract.inputs import make_inputs
+from common.contract.check import run_poisoned, seeded_inputs
 from common.contract.problem import Problem
-from common.contract.registry import discover
+from common.contract.registry import discover, per_call_inputs
 
 TOOLS = ("memcheck", "racecheck")
+
+
+def _decode_step(
+    batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, kv_heads: int, **changes: object
+) -> Problem:
+    """A bf16 decode step, bottom-right causal, with per-sequence key lengths (from B = 3 the last one empty)."""
+    return Problem(
+        batch, heads, seqlen_q, seqlen_k, head_dim, dtype=torch.bfloat16, causal=True, kv_heads=kv_heads,
+        causal_alignment="bottom_right", has_cache_seqlens=changes.pop("has_cache_seqlens", True), **changes,
+    )  # fmt: skip
+
+
+# The decode rungs' launch plans on a Hopper GPU's 132 SMs, one small problem each (at most 67 MB of K and V, so that
+# an instrumented run stays short), the pages indexed through a shuffled block table: where a plan reads out of
+# bounds (a page index, a share past its item, an empty sequence), memcheck sees it. tests/test_sanitize_problems.py
+# checks that each rung's plans are all here.
+DECODE_PLANS = {
+    # The balanced split in all three (shares of the valid keys, merged in groups), pages of 16.
+    "balanced, pages of 16": _decode_step(4, 8, 1, 2048, 128, 2, page_size=16),
+    # MQA at D=256 in pages of 256: the balanced split on the widest rows.
+    "balanced, D=256, pages of 256": _decode_step(3, 8, 2, 1024, 256, 1, page_size=256),
+    # One long sequence over one KV head: 32 shares an item, the grouped merge.
+    "balanced, one long item": _decode_step(2, 4, 1, 16384, 128, 1),
+    # 256 packed rows on a contiguous cache: cute/decode's packed prefill with key splits and their merge (cute/hopper's
+    # kernel), gluon/decode's two consumers a CTA, triton/decode's padded split.
+    "packed prefill with key splits": _decode_step(2, 32, 16, 8192, 64, 2, has_cache_seqlens=False),
+    # 128 packed rows over 128 (batch, KV head) tiles: the packed prefill without key splits in gluon and cute.
+    "packed prefill": _decode_step(8, 128, 16, 1024, 64, 16, has_cache_seqlens=False),
+    # 1024 short items of 80 rows in pages of 64: gluon/decode's items kernel (claims, longest first), triton/decode's
+    # one padded split dispatched longest first, an empty sequence.
+    "items, pages of 64": _decode_step(64, 40, 16, 512, 64, 8, page_size=64),
+}
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_PROBLEMS = (
     Problem(1, 2, 77, 77, 64, dtype=torch.bfloat16, causal=True),
@@ -39,11 +71,12 @@ SMALL_PROBLEMS = (
     # Sq >> Sk causal at D=128 in fp16 (8 query tiles of one key block): cute/fp8 answered it wrong once in the H100's
     # suite (2026-12-05, tests/test_cute_fp8_repeat.py), with a kernel that had passed it on the H200.
     Problem(2, 3, 1000, 77, 128, dtype=torch.float16, causal=True),
-    # A decode step (the decode rungs take only this one): 3 tokens, GQA, bottom-right, keys enough for
-    # the split rule to take 8 splits and so run the merge kernel.
+    # A decode step: 3 tokens, GQA, bottom-right, keys enough for the split rule to take 8 splits and so run the merge
+    # kernel.
     Problem(2, 8, 3, 4096, 128, dtype=torch.bfloat16, causal=True, kv_heads=2, causal_alignment="bottom_right"),
+    *DECODE_PLANS.values(),
 )
-TIMEOUT_S = 300
+TIMEOUT_S = 600
 SANITIZER_ERROR_EXIT = 99
 # Triton 3.8's kernel loader (``loadBinary`` in its ``cuda_utils``) makes a ``cuFuncSetAttribute`` call that
 # the driver refuses with CUDA_ERROR_INVALID_VALUE and Triton ignores; memcheck reports host API errors like
@@ -64,8 +97,8 @@ def _child(impl_name: str) -> int:
         if not ok:
             print(f"skip {problem.describe()}: {reason}")
             continue
-        q, k, v = make_inputs(problem, seed=problem.seqlen_q)
-        out = run_poisoned(impl.prepare(q, k, v, problem))
+        q, k, v, cache_seqlens, block_table = seeded_inputs(problem, seed=problem.seqlen_q)
+        out = run_poisoned(impl.prepare(q, k, v, problem, **per_call_inputs(problem, cache_seqlens, block_table)))
         torch.cuda.synchronize()
         unwritten = int((~torch.isfinite(out)).sum().item())
         print(f"{problem.describe()}: {unwritten} non-finite output elements")
