@@ -941,19 +941,11 @@ def run_decode(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------------
 # --backward: the backward pass of every implementation that has one (common/measure/backward.py)
 # ----------------------------------------------------------------------------------------------
-BACKWARD_SEED, BACKWARD_D_OUT_SEED = 0, 7
-
-
 def backward_inputs(problem, device: str) -> tuple:
-    """q, k, v as the forward sweep makes them and a seeded standard-normal dO."""
-    import torch
+    """q, k, v as the forward sweep makes them (seed 0) and a seeded standard-normal dO."""
+    from common.contract.gradients import backward_inputs as seeded
 
-    from common.contract.inputs import make_inputs
-
-    q, k, v = make_inputs(problem, seed=BACKWARD_SEED, device=device)
-    generator = torch.Generator(device=device).manual_seed(BACKWARD_D_OUT_SEED)
-    d_out = torch.randn(q.shape, generator=generator, device=device, dtype=torch.float32).to(problem.dtype)
-    return q, k, v, d_out
+    return seeded(problem, seed=0, device=device)
 
 
 def backward_timer(device: str):

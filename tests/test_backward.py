@@ -871,6 +871,24 @@ def test_compare_backward_reports_a_wrong_gradient_and_exits_1(tmp_path: Path, m
         assert rows[impl]["status"] == "wrong" and rows[impl]["reason"].startswith("dk"), rows[impl]
 
 
+def test_a_checked_row_runs_the_problems_own_softmax_scale() -> None:
+    """The sweep's ladder contender runs ``problem.softmax_scale``, as the fp64 reference and SDPA do (the CPU gradient
+    fuzz found it at the default scale: dQ, dK, dV 0.45 off at a scale of 0.5). Planted: judged at the default scale,
+    the same row is wrong."""
+    from common.contract.gradients import backward_inputs
+    from common.contract.registry import lookup
+    from common.measure.backward import checked_row
+
+    prob = problem(17, 23, causal=True).with_(softmax_scale=0.5)
+    inputs = backward_inputs(prob, seed=3, device="cpu", offset=0.5)
+    judged_against = (reference_gradients(*inputs, prob), sdpa_gradients(*inputs, prob))
+    row, _ = checked_row(lookup("triton/tiled"), prob, inputs, judged_against)
+    assert row["status"] == "ok", row["reason"]
+    default = prob.with_(softmax_scale=None)
+    planted = (reference_gradients(*inputs, default), sdpa_gradients(*inputs, default))
+    assert checked_row(lookup("triton/tiled"), prob, inputs, planted)[0]["status"] == "wrong"
+
+
 # ----------------------------------------------------------------------------------------------
 # bench/train.py: the data, the verdict, and a tiny training run on CPU (fp32, interpreter)
 # ----------------------------------------------------------------------------------------------

@@ -14,9 +14,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from common.contract.check import check_implementation
+from common.contract.gradients import backward_inputs, reference_gradients, sdpa_gradients
 from common.contract.problem import Problem
 from common.contract.registry import discover
-from common.tools.fuzz import fitted, paged
+from common.measure.backward import checked_row
+from common.tools.fuzz import backward_fitted, fitted, paged
 
 pytestmark = pytest.mark.slow
 
@@ -67,3 +69,22 @@ def test_random_problems_match_the_reference(impl_name: str, problem: Problem, s
     assume(problem is not None)
     result = check_implementation(impl, problem, device="cpu", seed=seed, offset=offset)
     assert result.ok, f"{impl_name} {problem.describe()} seed={seed} offset={offset}: {result.summary()}"
+
+
+CPU_BACKWARDS = {name: impl for name, impl in CPU_RUNGS.items() if impl.backward is not None}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter fuzzing runs on CPU-only machines")
+@pytest.mark.parametrize("impl_name", sorted(CPU_BACKWARDS))
+@settings(max_examples=settings.default.max_examples // 2)  # a backward check costs about three forward ones
+@given(problem=featured_problems(), seed=st.integers(0, 2**16), offset=st.floats(-2.0, 2.0))
+def test_random_gradients_match_the_reference(impl_name: str, problem: Problem, seed: int, offset: float):
+    """dQ, dK and dV through ``attention()``'s autograd, each against float64 by the rung's rule with SDPA's gradient
+    error as the yardstick, as ``python -m common.tools.fuzz --backward`` judges them on the GPU."""
+    impl = CPU_BACKWARDS[impl_name]
+    problem = backward_fitted(impl, problem, torch.device("cpu"))
+    assume(problem is not None)
+    inputs = backward_inputs(problem, seed=seed, device="cpu", offset=offset)
+    judged_against = (reference_gradients(*inputs, problem), sdpa_gradients(*inputs, problem))
+    row, _ = checked_row(impl, problem, inputs, judged_against)
+    assert row["status"] == "ok", f"{impl_name} {problem.describe()} seed={seed} offset={offset}: {row['reason']}"

@@ -15,12 +15,25 @@ from dataclasses import dataclass
 
 import torch
 
+from common.contract.inputs import make_inputs
 from common.contract.metrics import SDPA_RELATIVE_RULE, ErrorRule, ErrorStats, error_stats
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention, sdpa
 
 GRADIENT_NAMES = ("dq", "dk", "dv")
 Gradients = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+# dO's generator is seeded this far past the inputs' seed: dO is not q's numbers again.
+D_OUT_SEED_OFFSET = 7
+
+
+def backward_inputs(
+    problem: Problem, *, seed: int = 0, device: str | torch.device = "cuda", offset: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v as a forward check makes them (``offset`` added to v) and a seeded standard-normal dO."""
+    q, k, v = make_inputs(problem, seed=seed, device=device, offset=offset)
+    generator = torch.Generator(device=device).manual_seed(seed + D_OUT_SEED_OFFSET)
+    d_out = torch.randn(q.shape, generator=generator, device=device, dtype=torch.float32).to(problem.dtype)
+    return q, k, v, d_out
 
 
 def _gradients(

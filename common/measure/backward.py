@@ -96,7 +96,10 @@ def contender(name: str, problem: Problem) -> Contender:
     from common.contract.api import attention
 
     def ladder(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return attention(q, k, v, causal=problem.causal, causal_alignment=problem.causal_alignment, impl=name)
+        return attention(
+            q, k, v, causal=problem.causal, causal_alignment=problem.causal_alignment,
+            softmax_scale=problem.softmax_scale, impl=name,
+        )  # fmt: skip
 
     return Contender(name, _plain_leaf, ladder)
 

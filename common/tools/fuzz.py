@@ -2,6 +2,7 @@
 
 python -m common.tools.fuzz --impl 'cute/*' --count 40 --out results/h200/fuzz.md
 python -m common.tools.fuzz --impl cute/tiled --reproduce 1000017
+python -m common.tools.fuzz --backward --impl '*/hopper' --count 20   # the gradients of the rungs with a backward
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import fnmatch
 import math
 import random
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +25,8 @@ from common.contract.registry import Implementation, discover
 
 MAX_SEQLEN = 3000
 SEED_STRIDE = 1_000_000
+# A capability check on one problem: (accepted, reason).
+Accepts = Callable[[Problem], tuple[bool, str]]
 # Page sizes a paged draw takes (FlashAttention's and FlashInfer's range, Problem's MIN_PAGE_SIZE to MAX_PAGE_SIZE).
 PAGE_SIZES = (16, 32, 64, 128, 256)
 
@@ -55,16 +59,30 @@ def plain(problem: Problem) -> Problem:
     )
 
 
-def fitted(impl: Implementation, problem: Problem, device: torch.device) -> Problem | None:
+def fitted(
+    impl: Implementation, problem: Problem, device: torch.device, accepts: Accepts | None = None
+) -> Problem | None:
     """The drawn ``problem`` as ``impl`` takes it, or None where it takes none of these: a decode rung's Sq folded
     into its 1..``DECODE_MAX_SEQLEN_Q`` (a prefill-sized Sq is another rung's problem), then, where the rung
-    refuses, the same problem on a contiguous cache, then the plain problem."""
+    refuses, the same problem on a contiguous cache, then the plain problem. ``accepts``: the capability check
+    (default: the rung's forward check)."""
+    accepts = accepts or (lambda candidate: impl.check(candidate, device))
     if impl.rung == "decode" and problem.seqlen_q > DECODE_MAX_SEQLEN_Q:
         problem = problem.with_(seqlen_q=1 + (problem.seqlen_q - 1) % DECODE_MAX_SEQLEN_Q)
     for candidate in (problem, problem.with_(page_size=0), plain(problem)):
-        if impl.check(candidate, device)[0]:
+        if accepts(candidate)[0]:
             return candidate
     return None
+
+
+def backward_fitted(impl: Implementation, problem: Problem, device: torch.device) -> Problem | None:
+    """The drawn ``problem`` as ``impl``'s forward and backward both take it through autograd: without the features
+    ``attention()``'s autograd path does not carry (cache lengths, pages, the LSE as an output), keeping GQA and the
+    causal alignment where the backward takes them, else the plain problem; None where neither."""
+    from common.measure.backward import capability
+
+    forward_only = problem.with_(has_cache_seqlens=False, return_lse=False, page_size=0)
+    return fitted(impl, forward_only, device, accepts=lambda candidate: capability(impl, candidate, device))
 
 
 def random_problem(seed: int) -> tuple[Problem, float]:
@@ -114,11 +132,39 @@ def fuzz_one(impl: Implementation, seed: int, summary: FuzzSummary) -> None:
         summary.mismatches.append(f"seed {seed}: {problem.describe()} offset={offset:.2f}: {result.summary()}")
 
 
-def summary_markdown(summaries: list[FuzzSummary], count: int, base_seed: int) -> str:
+def fuzz_backward_one(impl: Implementation, seed: int, summary: FuzzSummary) -> None:
+    """The gradients of ``seed``'s problem (``backward_fitted``) by ``attention()``'s autograd, each of dQ, dK and dV
+    judged against float64 by the rung's rule with SDPA's own gradient error as the yardstick
+    (``common.measure.backward.checked_row``, as ``compare.py --backward``)."""
+    from common.contract.gradients import backward_inputs, sdpa_gradients
+    from common.measure.backward import checked_row, reference_gradients_by_head
+
+    drawn, offset = random_problem(seed)
+    problem = backward_fitted(impl, drawn, torch.device("cuda"))
+    if problem is None:
+        summary.skipped += 1
+        return
+    summary.ran += 1
+    inputs = backward_inputs(problem, seed=seed, offset=offset)
+    judged_against = (reference_gradients_by_head(*inputs, problem), sdpa_gradients(*inputs, problem))
+    row, _ = checked_row(impl, problem, inputs, judged_against)
+    if row["status"] != "ok":
+        summary.mismatches.append(f"seed {seed}: {problem.describe()} offset={offset:.2f}: {row['reason']}")
+
+
+def summary_markdown(summaries: list[FuzzSummary], count: int, base_seed: int, backward: bool = False) -> str:
+    what = (
+        "Gradients (dQ, dK, dV by `attention()`'s autograd, each against float64 by the rung's rule with SDPA's "
+        "gradient error as the yardstick) of the rungs with a backward, on problems without cache lengths, pages or "
+        "the LSE. "
+        if backward
+        else ""
+    )
     lines = [
-        "# GPU fuzz summary",
+        f"# GPU fuzz summary{' (backward)' if backward else ''}",
         "",
-        f"{count} random problems per rung (seeds {base_seed}..; B 1-3, H 1-4, Sq/Sk log-uniform in 1..{MAX_SEQLEN}, "
+        what
+        + f"{count} random problems per rung (seeds {base_seed}..; B 1-3, H 1-4, Sq/Sk log-uniform in 1..{MAX_SEQLEN}, "
         "D 64/128, fp16/bf16, causal or not, default or random scale, V offset in [-1, 1]; kv_heads a random "
         "divisor of H, either causal alignment, per-sequence key lengths and the LSE at random, half the problems "
         f"on a paged cache (pages of {', '.join(map(str, PAGE_SIZES))} keys); a decode rung's Sq folded into 1.."
@@ -140,6 +186,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--reproduce", type=int, help="run the single problem of this seed")
     parser.add_argument("--out", type=Path, help="write the markdown summary here")
+    parser.add_argument(
+        "--backward", action="store_true", help="fuzz the gradients (dQ, dK, dV) of the rungs with a backward instead"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         # Without a GPU every rung would only be skipped: say so instead of a CUDA traceback.
@@ -150,6 +199,9 @@ def main() -> None:
         sys.exit(2)
     available, _ = discover(include_baselines=False)
     chosen = [impl for impl in available if fnmatch.fnmatch(impl.name, args.impl)]
+    if args.backward:
+        chosen = [impl for impl in chosen if impl.backward is not None]
+    fuzz = fuzz_backward_one if args.backward else fuzz_one
     summaries = []
     for impl in chosen:
         summary = FuzzSummary(impl.name)
@@ -159,12 +211,12 @@ def main() -> None:
             else range(args.seed * SEED_STRIDE, args.seed * SEED_STRIDE + args.count)
         )
         for seed in seeds:
-            fuzz_one(impl, seed, summary)
+            fuzz(impl, seed, summary)
         print(f"{impl.name:18s} ran {summary.ran:4d} skipped {summary.skipped:4d} mismatches {len(summary.mismatches)}")
         for line in summary.mismatches:
             print(f"    {line}")
         summaries.append(summary)
-    text = summary_markdown(summaries, args.count, args.seed * SEED_STRIDE)
+    text = summary_markdown(summaries, args.count, args.seed * SEED_STRIDE, args.backward)
     if args.out:
         args.out.write_text(text)
 
