@@ -46,9 +46,23 @@ def test_paged_rounds_the_capacity_up_to_whole_pages_and_keeps_the_rest() -> Non
     assert fuzz.plain(problem) == fuzz.plain(contiguous).with_(seqlen_k=192)
 
 
-def test_draws_are_paged_about_half_the_time_and_reproducible() -> None:
+def test_draws_are_paged_about_half_the_time_wide_a_quarter_and_reproducible() -> None:
     drawn = [fuzz.random_problem(seed) for seed in range(200)]
     assert drawn == [fuzz.random_problem(seed) for seed in range(200)]
     page_sizes = {problem.page_size for problem, _ in drawn}
     assert page_sizes == {0, *fuzz.PAGE_SIZES}
     assert 60 <= sum(problem.paged for problem, _ in drawn) <= 140
+    assert {problem.head_dim for problem, _ in drawn} == {64, 128, 256}
+    assert 25 <= sum(problem.head_dim == 256 for problem, _ in drawn) <= 75
+
+
+def test_a_rung_without_d256_takes_the_draw_at_d128() -> None:
+    wide = DRAWN.with_(head_dim=256)
+    tiled = AVAILABLE["triton/tiled"]
+    assert fuzz.fitted(tiled, wide, CPU) == wide.with_(page_size=0)
+
+    def without_d256(problem: Problem, device: torch.device) -> tuple[bool, str]:
+        return (False, "planted: D=256 refused") if problem.head_dim > 128 else tiled.supports(problem, device)
+
+    narrow = dataclasses.replace(tiled, supports=without_d256)
+    assert fuzz.fitted(narrow, wide, CPU) == DRAWN.with_(head_dim=128, page_size=0)

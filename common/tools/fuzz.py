@@ -25,6 +25,8 @@ from common.contract.registry import Implementation, discover
 
 MAX_SEQLEN = 3000
 SEED_STRIDE = 1_000_000
+# The head dim a quarter of the draws take last (the decode rungs' widest tiles, D=256's own plans).
+WIDE_HEAD_DIM, WIDE_SHARE = 256, 0.25
 # A capability check on one problem: (accepted, reason).
 Accepts = Callable[[Problem], tuple[bool, str]]
 # Page sizes a paged draw takes (FlashAttention's and FlashInfer's range, Problem's MIN_PAGE_SIZE to MAX_PAGE_SIZE).
@@ -33,8 +35,8 @@ PAGE_SIZES = (16, 32, 64, 128, 256)
 
 def random_features(problem: Problem, rng: random.Random) -> Problem:
     """``problem`` with GQA (kv_heads a random divisor of heads), a random causal alignment,
-    per-sequence lengths and the LSE each drawn at random, then a paged cache half the time (drawn last,
-    so that a seed keeps the features it drew before paging was drawn)."""
+    per-sequence lengths and the LSE each drawn at random, then a paged cache half the time and D=256 a quarter
+    of the time (drawn last, so that a seed keeps the features it drew before these were drawn)."""
     divisors = [d for d in range(1, problem.heads + 1) if problem.heads % d == 0]
     featured = problem.with_(
         kv_heads=rng.choice(divisors),
@@ -42,7 +44,8 @@ def random_features(problem: Problem, rng: random.Random) -> Problem:
         has_cache_seqlens=rng.random() < 0.5,
         return_lse=rng.random() < 0.5,
     )
-    return paged(featured, rng.choice(PAGE_SIZES)) if rng.random() < 0.5 else featured
+    featured = paged(featured, rng.choice(PAGE_SIZES)) if rng.random() < 0.5 else featured
+    return featured.with_(head_dim=WIDE_HEAD_DIM) if rng.random() < WIDE_SHARE else featured
 
 
 def paged(problem: Problem, page_size: int) -> Problem:
@@ -64,14 +67,17 @@ def fitted(
 ) -> Problem | None:
     """The drawn ``problem`` as ``impl`` takes it, or None where it takes none of these: a decode rung's Sq folded
     into its 1..``DECODE_MAX_SEQLEN_Q`` (a prefill-sized Sq is another rung's problem), then, where the rung
-    refuses, the same problem on a contiguous cache, then the plain problem. ``accepts``: the capability check
-    (default: the rung's forward check)."""
+    refuses, the same problem on a contiguous cache, then the plain problem, and where it refuses all three at
+    D=256, the same at D=128. ``accepts``: the capability check (default: the rung's forward check)."""
     accepts = accepts or (lambda candidate: impl.check(candidate, device))
     if impl.rung == "decode" and problem.seqlen_q > DECODE_MAX_SEQLEN_Q:
         problem = problem.with_(seqlen_q=1 + (problem.seqlen_q - 1) % DECODE_MAX_SEQLEN_Q)
-    for candidate in (problem, problem.with_(page_size=0), plain(problem)):
-        if accepts(candidate)[0]:
-            return candidate
+    # A rung without D=256 takes the same problem at D=128.
+    shapes = (problem, problem.with_(head_dim=128)) if problem.head_dim == WIDE_HEAD_DIM else (problem,)
+    for shape in shapes:
+        for candidate in (shape, shape.with_(page_size=0), plain(shape)):
+            if accepts(candidate)[0]:
+                return candidate
     return None
 
 
@@ -165,10 +171,11 @@ def summary_markdown(summaries: list[FuzzSummary], count: int, base_seed: int, b
         "",
         what
         + f"{count} random problems per rung (seeds {base_seed}..; B 1-3, H 1-4, Sq/Sk log-uniform in 1..{MAX_SEQLEN}, "
-        "D 64/128, fp16/bf16, causal or not, default or random scale, V offset in [-1, 1]; kv_heads a random "
-        "divisor of H, either causal alignment, per-sequence key lengths and the LSE at random, half the problems "
-        f"on a paged cache (pages of {', '.join(map(str, PAGE_SIZES))} keys); a decode rung's Sq folded into 1.."
-        f"{DECODE_MAX_SEQLEN_Q}; where a rung refuses, the same problem on a contiguous cache, then the plain one).",
+        f"D 64/128 ({WIDE_HEAD_DIM} for a quarter), fp16/bf16, causal or not, default or random scale, V offset in "
+        "[-1, 1]; kv_heads a random divisor of H, either causal alignment, per-sequence key lengths and the LSE at "
+        f"random, half the problems on a paged cache (pages of {', '.join(map(str, PAGE_SIZES))} keys); a decode "
+        f"rung's Sq folded into 1..{DECODE_MAX_SEQLEN_Q}; where a rung refuses, the same problem on a contiguous "
+        f"cache, then the plain one, then the same at D=128).",
         "",
         "| impl | ran | skipped (capability) | mismatches |",
         "|---|---|---|---|",
