@@ -31,23 +31,30 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 AVAILABLE, _ = discover(include_baselines=False)
 CPU_RUNGS = {impl.name: impl for impl in AVAILABLE if impl.runs_on_cpu}
 
-problems = st.builds(
-    Problem,
-    batch=st.integers(1, 3),
-    heads=st.integers(1, 2),
-    seqlen_q=st.integers(1, 150),
-    seqlen_k=st.integers(1, 150),
-    head_dim=st.sampled_from([32, 64, 256]),
-    dtype=st.sampled_from([torch.float16, torch.float32]),
-    causal=st.booleans(),
-    softmax_scale=st.one_of(st.none(), st.floats(0.02, 0.5)),
-)
+
+@st.composite
+def problems(draw: st.DrawFn) -> Problem:
+    """A random plain problem; a random softmax scale is 1/4 to 4 times the default 1/sqrt(D). Far past that the
+    softmax of standard-normal inputs is one-hot (8 times at D=256: P = (1, 2e-10) at Sq=1 Sk=2), dQ and dK vanish
+    (1e-8 against dV's 16) and the gradient rule, relative to the reference's norm, compares rounding noise: the
+    backward's D = rowsum(dO ∘ O) from the rounded O leaves 3e-5 in each Triton backward, SDPA's fp16 math 0."""
+    head_dim = draw(st.sampled_from([32, 64, 256]))
+    return Problem(
+        batch=draw(st.integers(1, 3)),
+        heads=draw(st.integers(1, 2)),
+        seqlen_q=draw(st.integers(1, 150)),
+        seqlen_k=draw(st.integers(1, 150)),
+        head_dim=head_dim,
+        dtype=draw(st.sampled_from([torch.float16, torch.float32])),
+        causal=draw(st.booleans()),
+        softmax_scale=draw(st.one_of(st.none(), st.floats(0.25, 4.0).map(lambda times: times / head_dim**0.5))),
+    )
 
 
 @st.composite
 def featured_problems(draw: st.DrawFn) -> Problem:
     """A random problem with GQA, a causal alignment, per-sequence lengths and the LSE drawn too."""
-    problem = draw(problems)
+    problem = draw(problems())
     featured = problem.with_(
         kv_heads=draw(st.sampled_from([d for d in (1, 2) if problem.heads % d == 0])),
         causal_alignment=draw(st.sampled_from(["top_left", "bottom_right"])),
