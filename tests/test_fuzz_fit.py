@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from common.contract.dispatch import DECODE_MAX_SEQLEN_Q
@@ -66,3 +67,40 @@ def test_a_rung_without_d256_takes_the_draw_at_d128() -> None:
 
     narrow = dataclasses.replace(tiled, supports=without_d256)
     assert fuzz.fitted(narrow, wide, CPU) == DRAWN.with_(head_dim=128, page_size=0)
+
+
+def _interpreter_sized(problem: Problem) -> bool:
+    scores = problem.seqlen_q * problem.seqlen_k * problem.batch * problem.heads
+    return problem.dtype == torch.float16 and scores < 40_000
+
+
+# The interpreter's share of the GPU tool's draws: fp16 (it refuses bf16) and small enough to run in seconds.
+SMALL_SEEDS = [seed for seed in range(400) if _interpreter_sized(fuzz.random_problem(seed)[0])][:3]
+
+
+def test_the_gpu_tool_fuzzes_forward_and_backward_seeds_end_to_end() -> None:
+    """``fuzz_one`` and ``fuzz_backward_one`` as ``main`` runs them, here on the interpreter: each seed's problem is
+    run or skipped, every run one right."""
+    impl = AVAILABLE["triton/tiled"]
+    forward, backward = fuzz.FuzzSummary(impl.name), fuzz.FuzzSummary(impl.name)
+    for seed in SMALL_SEEDS:
+        fuzz.fuzz_one(impl, seed, forward, device="cpu")
+        fuzz.fuzz_backward_one(impl, seed, backward, device="cpu")
+    for summary in (forward, backward):
+        assert summary.ran + summary.skipped == len(SMALL_SEEDS) and summary.ran and not summary.mismatches, summary
+
+
+def test_planted_a_wrong_gradient_is_a_mismatch_naming_its_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import common.measure.backward as measure_backward
+
+    real = measure_backward.gradients_of
+
+    def dv_doubled(entry, inputs):
+        (dq, dk, dv), backward, forward_backward = real(entry, inputs)
+        return (dq, dk, 2 * dv), backward, forward_backward
+
+    monkeypatch.setattr(measure_backward, "gradients_of", dv_doubled)
+    summary = fuzz.FuzzSummary("triton/tiled")
+    fuzz.fuzz_backward_one(AVAILABLE["triton/tiled"], SMALL_SEEDS[0], summary, device="cpu")
+    assert len(summary.mismatches) == 1 and summary.mismatches[0].startswith(f"seed {SMALL_SEEDS[0]}:")
+    assert "dv" in summary.mismatches[0]

@@ -122,15 +122,27 @@ class FuzzSummary:
     mismatches: list[str] = field(default_factory=list)
 
 
-def fuzz_one(impl: Implementation, seed: int, summary: FuzzSummary) -> None:
+def drawn_for(
+    seed: int, summary: FuzzSummary, fit: Callable[[Problem], Problem | None]
+) -> tuple[Problem, float] | None:
+    """``seed``'s problem as ``fit`` gives it to the rung, and its V offset, counted in ``summary`` as run; None,
+    counted as skipped, where the rung takes none of the problem's forms."""
     drawn, offset = random_problem(seed)
-    problem = fitted(impl, drawn, torch.device("cuda"))
+    problem = fit(drawn)
     if problem is None:
         summary.skipped += 1
-        return
+        return None
     summary.ran += 1
+    return problem, offset
+
+
+def fuzz_one(impl: Implementation, seed: int, summary: FuzzSummary, device: str = "cuda") -> None:
+    """``seed``'s problem (``fitted``) on ``impl`` against float64, a mismatch or a crash recorded with its seed."""
+    if (draw := drawn_for(seed, summary, lambda drawn: fitted(impl, drawn, torch.device(device)))) is None:
+        return
+    problem, offset = draw
     try:
-        result = check_implementation(impl, problem, seed=seed, offset=offset)
+        result = check_implementation(impl, problem, device=device, seed=seed, offset=offset)
     except Exception as error:  # noqa: BLE001 - a crash is a finding, with its seed
         summary.mismatches.append(f"seed {seed}: {problem.describe()}: raised {type(error).__name__}: {error}")
         return
@@ -138,20 +150,17 @@ def fuzz_one(impl: Implementation, seed: int, summary: FuzzSummary) -> None:
         summary.mismatches.append(f"seed {seed}: {problem.describe()} offset={offset:.2f}: {result.summary()}")
 
 
-def fuzz_backward_one(impl: Implementation, seed: int, summary: FuzzSummary) -> None:
+def fuzz_backward_one(impl: Implementation, seed: int, summary: FuzzSummary, device: str = "cuda") -> None:
     """The gradients of ``seed``'s problem (``backward_fitted``) by ``attention()``'s autograd, each of dQ, dK and dV
     judged against float64 by the rung's rule with SDPA's own gradient error as the yardstick
     (``common.measure.backward.checked_row``, as ``compare.py --backward``)."""
     from common.contract.gradients import backward_inputs, sdpa_gradients
     from common.measure.backward import checked_row, reference_gradients_by_head
 
-    drawn, offset = random_problem(seed)
-    problem = backward_fitted(impl, drawn, torch.device("cuda"))
-    if problem is None:
-        summary.skipped += 1
+    if (draw := drawn_for(seed, summary, lambda drawn: backward_fitted(impl, drawn, torch.device(device)))) is None:
         return
-    summary.ran += 1
-    inputs = backward_inputs(problem, seed=seed, offset=offset)
+    problem, offset = draw
+    inputs = backward_inputs(problem, seed=seed, device=device, offset=offset)
     judged_against = (reference_gradients_by_head(*inputs, problem), sdpa_gradients(*inputs, problem))
     row, _ = checked_row(impl, problem, inputs, judged_against)
     if row["status"] != "ok":
