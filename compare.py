@@ -941,13 +941,6 @@ def run_decode(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------------
 # --backward: the backward pass of every implementation that has one (common/measure/backward.py)
 # ----------------------------------------------------------------------------------------------
-def backward_inputs(problem, device: str) -> tuple:
-    """q, k, v as the forward sweep makes them (seed 0) and a seeded standard-normal dO."""
-    from common.contract.gradients import backward_inputs as seeded
-
-    return seeded(problem, seed=0, device=device)
-
-
 def backward_timer(device: str):
     """Milliseconds of one call: device-event medians on a GPU, one wall-clock run under the interpreter."""
     from common.measure.timing import time_cuda, time_host
@@ -967,7 +960,7 @@ def run_backward(args: argparse.Namespace) -> int:
     import pandas as pd
     import torch
 
-    from common.contract.gradients import sdpa_gradients
+    from common.contract.gradients import backward_inputs, sdpa_gradients
     from common.contract.registry import discover
     from common.measure.backward import COLUMNS, backward_rows, differentiable, reference_gradients_by_head
     from common.measure.environment import manifest
@@ -995,7 +988,7 @@ def run_backward(args: argparse.Namespace) -> int:
         writer = csv.DictWriter(handle, columns)
         writer.writeheader()
         for problem in problems:
-            inputs = backward_inputs(problem, device_name)
+            inputs = backward_inputs(problem, seed=0, device=device_name)
             judged_against = (reference_gradients_by_head(*inputs, problem), sdpa_gradients(*inputs, problem))
             for record in backward_rows(implementations, problem, inputs, judged_against, timer, args.rounds):
                 records.append(record)

@@ -26,7 +26,13 @@ import triton
 import triton.language as tl
 
 from common import attention, plan_cache_info
-from common.contract.gradients import Gradients, judge_gradients, reference_gradients, sdpa_gradients
+from common.contract.gradients import (
+    Gradients,
+    backward_inputs,
+    judge_gradients,
+    reference_gradients,
+    sdpa_gradients,
+)
 from common.contract.inputs import make_cache_seqlens, make_inputs
 from common.contract.problem import Problem
 from common.contract.reference import reference_attention, visible_keys_mask
@@ -70,15 +76,11 @@ CASES = {
     "mqa_causal_bottom_right_sq_gt_sk": problem(53, 37, kv_heads=1, causal=True, alignment="bottom_right"),
     "mha_d128_causal_top_left_long_keys": problem(37, 150, heads=2, kv_heads=2, head_dim=128, causal=True),
 }
-D_OUT_SEED = 7
 
 
 def inputs(prob: Problem, seed: int = 0, offset: float = 0.5) -> tuple[torch.Tensor, ...]:
-    """q, k, v (v offset so that O is not near zero) and a standard-normal dO."""
-    q, k, v = make_inputs(prob, seed=seed, device="cpu", offset=offset)
-    generator = torch.Generator().manual_seed(seed + D_OUT_SEED)
-    d_out = torch.randn(q.shape, generator=generator, dtype=torch.float32).to(prob.dtype)
-    return q, k, v, d_out
+    """q, k, v (v offset so that O is not near zero) and a standard-normal dO, on the CPU."""
+    return backward_inputs(prob, seed=seed, device="cpu", offset=offset)
 
 
 def ladder_gradients(impl: str, prob: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d_out) -> Gradients:
@@ -875,7 +877,6 @@ def test_a_checked_row_runs_the_problems_own_softmax_scale() -> None:
     """The sweep's ladder contender runs ``problem.softmax_scale``, as the fp64 reference and SDPA do (the CPU gradient
     fuzz found it at the default scale: dQ, dK, dV 0.45 off at a scale of 0.5). Planted: judged at the default scale,
     the same row is wrong."""
-    from common.contract.gradients import backward_inputs
     from common.contract.registry import lookup
     from common.measure.backward import checked_row
 
