@@ -104,3 +104,11 @@ def test_planted_a_wrong_gradient_is_a_mismatch_naming_its_seed(monkeypatch: pyt
     fuzz.fuzz_backward_one(AVAILABLE["triton/tiled"], SMALL_SEEDS[0], summary, device="cpu")
     assert len(summary.mismatches) == 1 and summary.mismatches[0].startswith(f"seed {SMALL_SEEDS[0]}:")
     assert "dv" in summary.mismatches[0]
+
+
+def test_each_seeds_outcome_line_names_what_it_did() -> None:
+    """The GPU tool prints each seed's outcome as it ends (a run cut by a device call's limit keeps its findings)."""
+    summary = fuzz.FuzzSummary("triton/tiled", ran=3, skipped=1, mismatches=["seed 7: wrong"])
+    assert fuzz.seed_outcome(8, 2, 1, summary) == "seed 8: passed"
+    assert fuzz.seed_outcome(8, 3, 1, summary) == "seed 8: skipped (capability)"
+    assert fuzz.seed_outcome(7, 2, 0, summary) == "seed 7: wrong"

@@ -167,6 +167,13 @@ def fuzz_backward_one(impl: Implementation, seed: int, summary: FuzzSummary, dev
         summary.mismatches.append(f"seed {seed}: {problem.describe()} offset={offset:.2f}: {row['reason']}")
 
 
+def seed_outcome(seed: int, ran_before: int, mismatches_before: int, summary: FuzzSummary) -> str:
+    """What ``seed`` did to ``summary`` (its counts before it given): its mismatch line, "passed" or "skipped"."""
+    if len(summary.mismatches) > mismatches_before:
+        return summary.mismatches[-1]
+    return f"seed {seed}: {'passed' if summary.ran > ran_before else 'skipped (capability)'}"
+
+
 def summary_markdown(summaries: list[FuzzSummary], count: int, base_seed: int, backward: bool = False) -> str:
     what = (
         "Gradients (dQ, dK, dV by `attention()`'s autograd, each against float64 by the rung's rule with SDPA's "
@@ -227,10 +234,11 @@ def main() -> None:
             else range(args.seed * SEED_STRIDE, args.seed * SEED_STRIDE + args.count)
         )
         for seed in seeds:
+            before = summary.ran, len(summary.mismatches)
             fuzz(impl, seed, summary)
+            # Each seed's outcome as it ends: a run cut by its time limit still shows what it reached and found.
+            print(f"{impl.name} {seed_outcome(seed, *before, summary)}", flush=True)
         print(f"{impl.name:18s} ran {summary.ran:4d} skipped {summary.skipped:4d} mismatches {len(summary.mismatches)}")
-        for line in summary.mismatches:
-            print(f"    {line}")
         summaries.append(summary)
     text = summary_markdown(summaries, args.count, args.seed * SEED_STRIDE, args.backward)
     if args.out:
