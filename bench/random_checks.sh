@@ -9,7 +9,8 @@
 #   command LIMIT_S=520 bash bench/random_checks.sh
 # Outputs: $OUT/times.txt and $OUT/random_checks.tgz (a call returns 8 files at most), which holds fuzz-<rung>.md and
 # .log per decode and hopper rung (the hopper rungs' named `-backward`), sanitizer-<rung>.md and .log. Each job's table
-# is written when the job ends and the archive when all have, so LIMIT_S (default 520) stays under the call's limit.
+# is written when the job ends and the archive every 30 s, so a cut call keeps what its jobs reached; LIMIT_S
+# (default 520) bounds each job and stays under the call's limit.
 set -uo pipefail
 # shellcheck source=bench/_gpu_run.sh
 source "$(dirname "$0")/_gpu_run.sh" random_checks.sh runs/random_checks
@@ -20,6 +21,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >> "$OUT/times.tx
 work=/tmp/random_checks
 mkdir -p "$work"
 
+jobs=()
 # job NAME COMMAND...: one check in the background, its output to $work/NAME.log, its time and exit status to times.txt.
 job() {
   local name=$1
@@ -29,6 +31,7 @@ job() {
     timeout "$LIMIT_S" "$@" > "$work/$name.log" 2>&1
     echo "$name rc=$? $((SECONDS - begun)) s (limit $LIMIT_S s)" >> "$OUT/times.txt"
   ) &
+  jobs+=($!)
 }
 
 for stack in triton gluon cute; do
@@ -40,8 +43,13 @@ for stack in triton gluon cute; do
   job "fuzz-$stack-backward" python3 -m common.tools.fuzz --backward --impl "$stack/hopper" --count 20 \
     --out "$work/fuzz-$stack-backward.md"
 done
-wait
-tar czf "$OUT/random_checks.tgz" -C /tmp random_checks
+# The logs so far, archived every 30 s: a call cut by its device-time limit still returns each seed reached.
+snapshot() { tar czf "$OUT/snapshot.tgz" -C /tmp random_checks && mv -f "$OUT/snapshot.tgz" "$OUT/random_checks.tgz"; }
+(while sleep 30; do snapshot; done) &
+snapshots=$!
+wait "${jobs[@]}"
+kill "$snapshots"
+snapshot
 cat "$OUT/times.txt"
 tail -n 8 "$work"/fuzz-*.log
 cat "$work"/sanitizer-*.md
