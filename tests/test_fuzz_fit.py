@@ -5,6 +5,10 @@ and half the draws are paged. Each rule's planted break fails here."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +19,7 @@ from common.contract.registry import discover
 from common.tools import fuzz
 
 CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parent.parent
 AVAILABLE = {impl.name: impl for impl in discover(include_baselines=False)[0]}
 # A prefill-sized draw with every feature and pages of 32: what a seed may hand any rung.
 DRAWN = Problem(
@@ -112,3 +117,24 @@ def test_each_seeds_outcome_line_names_what_it_did() -> None:
     assert fuzz.seed_outcome(8, 2, 1, summary) == "seed 8: passed"
     assert fuzz.seed_outcome(8, 3, 1, summary) == "seed 8: skipped (capability)"
     assert fuzz.seed_outcome(7, 2, 0, summary) == "seed 7: wrong"
+
+
+def test_the_cpu_fuzzer_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without TRITON_INTERPRET=1 every Triton rung would refuse the CPU: the tool says so instead of skipping all."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert "needs TRITON_INTERPRET=1, got None" in fuzz.missing_device("cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert fuzz.missing_device("cpu") is None
+
+
+def test_the_tool_fuzzes_on_the_cpu_from_its_command_line(tmp_path: Path) -> None:
+    """``--device cpu`` as a user without a GPU runs it: each seed's line, then the table, nothing wrong."""
+    table = tmp_path / "fuzz.md"
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
+    command = [sys.executable, "-m", "common.tools.fuzz", "--device", "cpu", "--impl", "triton/tiled", "--count", "3"]
+    done = subprocess.run([*command, "--out", str(table)], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert sum(line.startswith("triton/tiled seed ") for line in done.stdout.splitlines()) == 3, done.stdout
+    text = table.read_text()
+    assert text.startswith("# CPU (Triton interpreter) fuzz summary") and "| triton/tiled | " in text
+    assert "| 0 |\n" in text, text

@@ -3,6 +3,10 @@
 python -m common.tools.fuzz --impl 'cute/*' --count 40 --out results/h200/fuzz.md
 python -m common.tools.fuzz --impl cute/tiled --reproduce 1000017
 python -m common.tools.fuzz --backward --impl '*/hopper' --count 20   # the gradients of the rungs with a backward
+TRITON_INTERPRET=1 python -m common.tools.fuzz --device cpu --impl 'triton/*' --count 20   # the same seeds, no GPU
+
+On the CPU the Triton rungs run under the interpreter and take what their capability checks accept there (fp16 and
+fp32, not bf16); the other stacks refuse, so a seed's skip says what the CPU could not check.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import math
+import os
 import random
 import sys
 from collections.abc import Callable
@@ -174,7 +179,9 @@ def seed_outcome(seed: int, ran_before: int, mismatches_before: int, summary: Fu
     return f"seed {seed}: {'passed' if summary.ran > ran_before else 'skipped (capability)'}"
 
 
-def summary_markdown(summaries: list[FuzzSummary], count: int, base_seed: int, backward: bool = False) -> str:
+def summary_markdown(
+    summaries: list[FuzzSummary], count: int, base_seed: int, backward: bool = False, device: str = "cuda"
+) -> str:
     what = (
         "Gradients (dQ, dK, dV by `attention()`'s autograd, each against float64 by the rung's rule with SDPA's "
         "gradient error as the yardstick) of the rungs with a backward, on problems without cache lengths, pages or "
@@ -182,8 +189,9 @@ def summary_markdown(summaries: list[FuzzSummary], count: int, base_seed: int, b
         if backward
         else ""
     )
+    where = "GPU" if device == "cuda" else "CPU (Triton interpreter)"
     lines = [
-        f"# GPU fuzz summary{' (backward)' if backward else ''}",
+        f"# {where} fuzz summary{' (backward)' if backward else ''}",
         "",
         what
         + f"{count} random problems per rung (seeds {base_seed}..; B 1-3, H 1-4, Sq/Sk log-uniform in 1..{MAX_SEQLEN}, "
@@ -202,6 +210,21 @@ def summary_markdown(summaries: list[FuzzSummary], count: int, base_seed: int, b
     return "\n".join(lines) + "\n"
 
 
+def missing_device(device: str) -> str | None:
+    """What the fuzzer lacks to run a rung on ``device`` (a CUDA GPU; the Triton interpreter for "cpu"), or None."""
+    if device == "cuda" and not torch.cuda.is_available():
+        return (
+            "common.tools.fuzz needs a CUDA GPU, and torch sees none (torch.cuda.is_available() is False); "
+            "--device cpu runs the Triton rungs under TRITON_INTERPRET=1"
+        )
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        return (
+            "common.tools.fuzz --device cpu runs the Triton rungs under the interpreter and needs TRITON_INTERPRET=1, "
+            f"got {os.environ.get('TRITON_INTERPRET')!r}"
+        )
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--impl", default="*", help="glob on implementation names")
@@ -212,13 +235,14 @@ def main() -> None:
     parser.add_argument(
         "--backward", action="store_true", help="fuzz the gradients (dQ, dK, dV) of the rungs with a backward instead"
     )
+    parser.add_argument(
+        "--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the Triton rungs under TRITON_INTERPRET=1"
+    )
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        # Without a GPU every rung would only be skipped: say so instead of a CUDA traceback.
-        print(
-            "common.tools.fuzz needs a CUDA GPU, and torch sees none (torch.cuda.is_available() is False)",
-            file=sys.stderr,
-        )
+    missing = missing_device(args.device)
+    if missing:
+        # Without its device every rung would only be skipped: say so instead of a table of skips.
+        print(missing, file=sys.stderr)
         sys.exit(2)
     available, _ = discover(include_baselines=False)
     chosen = [impl for impl in available if fnmatch.fnmatch(impl.name, args.impl)]
@@ -235,12 +259,12 @@ def main() -> None:
         )
         for seed in seeds:
             before = summary.ran, len(summary.mismatches)
-            fuzz(impl, seed, summary)
+            fuzz(impl, seed, summary, device=args.device)
             # Each seed's outcome as it ends: a run cut by its time limit still shows what it reached and found.
             print(f"{impl.name} {seed_outcome(seed, *before, summary)}", flush=True)
         print(f"{impl.name:18s} ran {summary.ran:4d} skipped {summary.skipped:4d} mismatches {len(summary.mismatches)}")
         summaries.append(summary)
-    text = summary_markdown(summaries, args.count, args.seed * SEED_STRIDE, args.backward)
+    text = summary_markdown(summaries, args.count, args.seed * SEED_STRIDE, args.backward, args.device)
     if args.out:
         args.out.write_text(text)
 
