@@ -113,10 +113,24 @@ def test_planted_a_wrong_gradient_is_a_mismatch_naming_its_seed(monkeypatch: pyt
 
 def test_each_seeds_outcome_line_names_what_it_did() -> None:
     """The GPU tool prints each seed's outcome as it ends (a run cut by a device call's limit keeps its findings)."""
-    summary = fuzz.FuzzSummary("triton/tiled", ran=3, skipped=1, mismatches=["seed 7: wrong"])
-    assert fuzz.seed_outcome(8, 2, 1, summary) == "seed 8: passed"
-    assert fuzz.seed_outcome(8, 3, 1, summary) == "seed 8: skipped (capability)"
-    assert fuzz.seed_outcome(7, 2, 0, summary) == "seed 7: wrong"
+    summary = fuzz.FuzzSummary("triton/tiled", ran=3, skipped=1, oversized=1, mismatches=["seed 7: wrong"])
+    assert fuzz.seed_outcome(8, (2, 1, 1), summary) == "seed 8: passed"
+    assert fuzz.seed_outcome(8, (3, 1, 1), summary) == "seed 8: skipped (capability)"
+    assert fuzz.seed_outcome(8, (3, 0, 1), summary).startswith("seed 8: skipped (over the interpreter's")
+    assert fuzz.seed_outcome(7, (2, 1, 0), summary) == "seed 7: wrong"
+
+
+def test_on_the_cpu_a_seed_over_the_size_cap_is_skipped_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap applies to the problem as fitted (a decode rung's folded Sq), and only on the CPU; planted: with the
+    cap at one score fewer than a seed's problem, it is oversized, not run."""
+    impl = AVAILABLE["triton/tiled"]
+    seed = SMALL_SEEDS[0]
+    problem = fuzz.fitted(impl, fuzz.random_problem(seed)[0], CPU)
+    assert fuzz.size_cap("cuda") is None and fuzz.size_cap("cpu") == fuzz.INTERPRETER_MAX_SCORES
+    monkeypatch.setattr(fuzz, "INTERPRETER_MAX_SCORES", fuzz.scores(problem) - 1)
+    summary = fuzz.FuzzSummary(impl.name)
+    fuzz.fuzz_one(impl, seed, summary, device="cpu")
+    assert (summary.ran, summary.skipped, summary.oversized) == (0, 0, 1)
 
 
 def test_the_cpu_fuzzer_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:

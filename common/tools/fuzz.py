@@ -19,6 +19,7 @@ import random
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -36,6 +37,9 @@ WIDE_HEAD_DIM, WIDE_SHARE = 256, 0.25
 Accepts = Callable[[Problem], tuple[bool, str]]
 # Page sizes a paged draw takes (FlashAttention's and FlashInfer's range, Problem's MIN_PAGE_SIZE to MAX_PAGE_SIZE).
 PAGE_SIZES = (16, 32, 64, 128, 256)
+# On the CPU a seed runs only where its problem has at most this many scores (B·H·Sq·Sk): the interpreter takes seconds
+# there, and minutes at the GPU draws' largest (2.7 M scores took over 3 minutes in triton/naive's forward).
+INTERPRETER_MAX_SCORES = 200_000
 
 
 def random_features(problem: Problem, rng: random.Random) -> Problem:
@@ -124,26 +128,46 @@ class FuzzSummary:
     impl: str
     ran: int = 0
     skipped: int = 0
+    oversized: int = 0
     mismatches: list[str] = field(default_factory=list)
+
+    def counts(self) -> tuple[int, int, int]:
+        """(ran, oversized, mismatches) so far: what ``seed_outcome`` compares a seed's end with."""
+        return self.ran, self.oversized, len(self.mismatches)
 
 
 def drawn_for(
-    seed: int, summary: FuzzSummary, fit: Callable[[Problem], Problem | None]
+    seed: int, summary: FuzzSummary, fit: Callable[[Problem], Problem | None], max_scores: int | None = None
 ) -> tuple[Problem, float] | None:
     """``seed``'s problem as ``fit`` gives it to the rung, and its V offset, counted in ``summary`` as run; None,
-    counted as skipped, where the rung takes none of the problem's forms."""
+    counted as skipped, where the rung takes none of the problem's forms, or as oversized where the form it takes has
+    more than ``max_scores`` scores (B·H·Sq·Sk)."""
     drawn, offset = random_problem(seed)
     problem = fit(drawn)
     if problem is None:
         summary.skipped += 1
         return None
+    if max_scores is not None and scores(problem) > max_scores:
+        summary.oversized += 1
+        return None
     summary.ran += 1
     return problem, offset
 
 
+def scores(problem: Problem) -> int:
+    """B·H·Sq·Sk: the attention scores a problem computes, what an interpreted rung's time grows with."""
+    return problem.batch * problem.heads * problem.seqlen_q * problem.seqlen_k
+
+
+def size_cap(device: str) -> int | None:
+    """The most scores a seed may have on ``device``: none on a GPU, ``INTERPRETER_MAX_SCORES`` on the CPU."""
+    return INTERPRETER_MAX_SCORES if torch.device(device).type == "cpu" else None
+
+
 def fuzz_one(impl: Implementation, seed: int, summary: FuzzSummary, device: str = "cuda") -> None:
     """``seed``'s problem (``fitted``) on ``impl`` against float64, a mismatch or a crash recorded with its seed."""
-    if (draw := drawn_for(seed, summary, lambda drawn: fitted(impl, drawn, torch.device(device)))) is None:
+    fit = partial(fitted, impl, device=torch.device(device))
+    if (draw := drawn_for(seed, summary, fit, size_cap(device))) is None:
         return
     problem, offset = draw
     try:
@@ -162,7 +186,8 @@ def fuzz_backward_one(impl: Implementation, seed: int, summary: FuzzSummary, dev
     from common.contract.gradients import backward_inputs, sdpa_gradients
     from common.measure.backward import checked_row, reference_gradients_by_head
 
-    if (draw := drawn_for(seed, summary, lambda drawn: backward_fitted(impl, drawn, torch.device(device)))) is None:
+    fit = partial(backward_fitted, impl, device=torch.device(device))
+    if (draw := drawn_for(seed, summary, fit, size_cap(device))) is None:
         return
     problem, offset = draw
     inputs = backward_inputs(problem, seed=seed, device=device, offset=offset)
@@ -172,11 +197,16 @@ def fuzz_backward_one(impl: Implementation, seed: int, summary: FuzzSummary, dev
         summary.mismatches.append(f"seed {seed}: {problem.describe()} offset={offset:.2f}: {row['reason']}")
 
 
-def seed_outcome(seed: int, ran_before: int, mismatches_before: int, summary: FuzzSummary) -> str:
-    """What ``seed`` did to ``summary`` (its counts before it given): its mismatch line, "passed" or "skipped"."""
-    if len(summary.mismatches) > mismatches_before:
+def seed_outcome(seed: int, before: tuple[int, int, int], summary: FuzzSummary) -> str:
+    """What ``seed`` did to ``summary``, given its ``counts()`` before: its mismatch line, "passed", or why skipped."""
+    ran, oversized, mismatches = summary.counts()
+    if mismatches > before[2]:
         return summary.mismatches[-1]
-    return f"seed {seed}: {'passed' if summary.ran > ran_before else 'skipped (capability)'}"
+    if ran > before[0]:
+        return f"seed {seed}: passed"
+    if oversized > before[1]:
+        return f"seed {seed}: skipped (over the interpreter's {INTERPRETER_MAX_SCORES} scores)"
+    return f"seed {seed}: skipped (capability)"
 
 
 def summary_markdown(
@@ -201,10 +231,12 @@ def summary_markdown(
         f"rung's Sq folded into 1..{DECODE_MAX_SEQLEN_Q}; where a rung refuses, the same problem on a contiguous "
         f"cache, then the plain one, then the same at D=128).",
         "",
-        "| impl | ran | skipped (capability) | mismatches |",
-        "|---|---|---|---|",
+        "| impl | ran | skipped (capability) | skipped (size) | mismatches |",
+        "|---|---|---|---|---|",
     ]
-    lines += [f"| {s.impl} | {s.ran} | {s.skipped} | {len(s.mismatches)} |" for s in summaries]
+    if size_cap(device) is not None:
+        lines[2] += f" On the CPU a seed runs where its problem has at most {size_cap(device)} scores (B·H·Sq·Sk)."
+    lines += [f"| {s.impl} | {s.ran} | {s.skipped} | {s.oversized} | {len(s.mismatches)} |" for s in summaries]
     for summary in summaries:
         lines += [f"- {summary.impl} {line}" for line in summary.mismatches]
     return "\n".join(lines) + "\n"
@@ -258,11 +290,14 @@ def main() -> None:
             else range(args.seed * SEED_STRIDE, args.seed * SEED_STRIDE + args.count)
         )
         for seed in seeds:
-            before = summary.ran, len(summary.mismatches)
+            before = summary.counts()
             fuzz(impl, seed, summary, device=args.device)
             # Each seed's outcome as it ends: a run cut by its time limit still shows what it reached and found.
-            print(f"{impl.name} {seed_outcome(seed, *before, summary)}", flush=True)
-        print(f"{impl.name:18s} ran {summary.ran:4d} skipped {summary.skipped:4d} mismatches {len(summary.mismatches)}")
+            print(f"{impl.name} {seed_outcome(seed, before, summary)}", flush=True)
+        print(
+            f"{impl.name:18s} ran {summary.ran:4d} skipped {summary.skipped:4d} (size {summary.oversized}) "
+            f"mismatches {len(summary.mismatches)}"
+        )
         summaries.append(summary)
     text = summary_markdown(summaries, args.count, args.seed * SEED_STRIDE, args.backward, args.device)
     if args.out:
