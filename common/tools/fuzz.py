@@ -1,4 +1,4 @@
-"""GPU fuzzing: random problems per rung against the fp64 reference, each reproducible by its seed.
+"""Fuzzing: random problems per rung against the fp64 reference, each reproducible by its seed, on the GPU.
 
 python -m common.tools.fuzz --impl 'cute/*' --count 40 --out results/h200/fuzz.md
 python -m common.tools.fuzz --impl cute/tiled --reproduce 1000017
