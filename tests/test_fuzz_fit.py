@@ -146,7 +146,9 @@ def test_the_tool_fuzzes_on_the_cpu_from_its_command_line(tmp_path: Path) -> Non
     table = tmp_path / "fuzz.md"
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
     command = [sys.executable, "-m", "common.tools.fuzz", "--device", "cpu", "--impl", "triton/tiled", "--count", "3"]
-    done = subprocess.run([*command, "--out", str(table)], capture_output=True, text=True, env=env, cwd=ROOT)
+    done = subprocess.run(
+        [*command, "--out", str(table)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert sum(line.startswith("triton/tiled seed ") for line in done.stdout.splitlines()) == 3, done.stdout
     text = table.read_text()
